@@ -1,0 +1,1 @@
+"""The hccc compiler: front ends, verifier, scheduler, lowering, ProgramIR and code generation."""

@@ -1,0 +1,1 @@
+"""Front ends: lark grammars, parsers and the bounded evaluator for .rccl programs."""

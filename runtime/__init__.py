@@ -1,0 +1,1 @@
+"""hccc runtime: reference executor, simulator, emulation and GPU back ends."""

@@ -1,0 +1,1 @@
+"""Jinja templates for emitted kernels and build files (package data)."""
