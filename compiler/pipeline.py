@@ -1,0 +1,74 @@
+"""The whole compile, stage by stage: load -> verify -> build ProgramIR -> generate into OUTDIR.
+
+The command line is a thin layer over these functions; tests and build systems can call them too.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .algorithm import Algorithm
+from .diagnostics import CompileError, Diagnostic, SourceFile
+
+TARGETS = ("auto", "cuda", "hip", "all")
+
+
+@dataclass
+class CompileOptions:
+    scheduler: str = "hpds"          # hpds | rr
+    tb_alloc: str = "state"          # state | connection
+    chunk_bytes: int = 1 << 20       # micro-batch slice (FIFO slot) size
+    target: str = "auto"             # auto | cuda | hip | all
+    max_transfers: int = 10 ** 7
+
+
+@dataclass
+class StageTimes:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+
+def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorithm:
+    """Read an algorithm file, choosing the front end by extension (``.rccl``)."""
+    p = Path(path)
+    src = SourceFile.read(p)
+    suffix = p.suffix.lower()
+    if suffix in (".rccl", ".resccl", ""):
+        from .frontend import parse_rccl
+        return parse_rccl(src.text, str(p), max_transfers=max_transfers)
+    raise CompileError([Diagnostic(
+        f"don't know how to read '{p.name}': expected a .rccl (ResCCLang) file", None)])
+
+
+def platforms_for(nranks: int, target: str) -> list[list[str]]:
+    """Platforms to emit for each rank. Without a cluster description every rank is CUDA."""
+    if target in ("auto", "cuda"):
+        return [["cuda"]] * nranks
+    if target == "hip":
+        return [["hip"]] * nranks
+    if target == "all":
+        return [["cuda", "hip"]] * nranks
+    raise ValueError(f"unknown target {target!r}")
+
+
+def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
+                      times: StageTimes | None = None):
+    """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files)."""
+    from .build import build_program
+    from .codegen import generate
+    from .output_dir import atomic_output_dir
+    from .verify import verify
+
+    times = times or StageTimes()
+    times.run("verify", verify, alg)
+    ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
+                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes)
+    with atomic_output_dir(outdir) as tmp:
+        files = times.run("codegen", generate, ir, tmp, platforms=platforms_for(ir.nranks, opts.target))
+    return ir, files

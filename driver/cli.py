@@ -1,0 +1,152 @@
+"""The ``hccc`` command line (DESIGN.md section 10).
+
+    hccc ALGO -o OUTDIR [--target auto|cuda|hip|all] [--scheduler hpds|rr] [--tb-alloc state|connection]
+                        [--chunk-size BYTES] [--max-transfers N]
+    hccc check ALGO [--json]
+
+Bad input: ``FILE:LINE:COL: error: ...`` on stderr with the source line and a caret, exit status 1.
+Usage errors: exit status 2. Never a Python traceback for bad input (set HCCC_DEBUG=1 to see one for
+an internal error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from . import __version__
+
+SUBCOMMANDS = ("check",)
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``64K``, ``1M``, ``1G`` (binary multiples; an optional trailing ``B``/``iB``)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _SUFFIX and t[-1:] else ""
+    num = t[:-1] if unit else t
+    if not num.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid size '{text}' (expected e.g. 4096, 64K, 1M, 1G)")
+    value = int(num) * _SUFFIX[unit]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: '{text}'")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return int(text)
+
+
+def _compile_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hccc",
+        description="Compile a collective-communication algorithm into verified, scheduled CUDA/HIP kernels.",
+        epilog="Other commands: 'hccc check ALGO' verifies only. Run 'hccc check -h' for its options.")
+    p.add_argument("algo", metavar="ALGO", help="algorithm file (.rccl)")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
+                   help="platform of the emitted kernels (auto: CUDA for every rank without a cluster)")
+    p.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
+                   help="HPDS (ResCCL Algorithm 1) or the round-robin baseline")
+    p.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
+                   help="state-based thread-block allocation or the connection-based baseline")
+    p.add_argument("--chunk-size", type=parse_size, default=1 << 20, metavar="BYTES",
+                   help="micro-batch slice size per chunk, e.g. 512K, 1M (default 1M)")
+    p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N",
+                   help="refuse programs with more transfers than this (default 10^7)")
+    p.add_argument("--timings", action="store_true", help="print the time spent in each stage")
+    p.add_argument("--version", action="version", version=f"hccc {__version__}")
+    return p
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hccc check", description="Verify an algorithm and print a summary.")
+    p.add_argument("algo", metavar="ALGO", help="algorithm file (.rccl)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
+    return p
+
+
+def cmd_compile(args) -> int:
+    from hccc.compiler.pipeline import CompileOptions, StageTimes, compile_algorithm, load_algorithm
+
+    times = StageTimes()
+    alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
+    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
+                          target=args.target, max_transfers=args.max_transfers)
+    ir, files = compile_algorithm(alg, args.output, opts, times)
+    st = ir.stats
+    print(f"hccc: {ir.name}: {ir.collective} on {ir.nranks} ranks, {st.get('transfers')} transfers, "
+          f"{st.get('subpipelines')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
+          f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
+          f"in total); {len(files)} files in {args.output}")
+    if args.timings:
+        for k, v in times.seconds.items():
+            print(f"  {k:16s} {v:8.3f} s")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from hccc.compiler.pipeline import load_algorithm
+    from hccc.compiler.verify import verify
+
+    alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+    report = verify(alg)
+    summary = {"valid": True, "collective": alg.header.collective.value, "nranks": alg.header.nranks,
+               "transfers": alg.ntransfers, "steps": report.steps}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.algo}: valid {alg.header.collective.dsl_name} on {alg.header.nranks} ranks "
+              f"({alg.ntransfers} transfers, {report.steps} steps)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from hccc.compiler.diagnostics import CompileError, render_all
+
+    json_mode = False
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            cmd, rest = argv[0], argv[1:]
+            args = _check_parser().parse_args(rest)
+            json_mode = bool(getattr(args, "json", False))
+            return {"check": cmd_check}[cmd](args)
+        args = _compile_parser().parse_args(argv)
+        return cmd_compile(args)
+    except CompileError as err:
+        sys.stderr.write(render_all(err) + "\n")
+        if json_mode:
+            print(json.dumps({"valid": False, "errors": [
+                {"message": d.message,
+                 "file": d.location.source.name if d.location else None,
+                 "line": d.location.line if d.location else None,
+                 "col": d.location.col if d.location else None} for d in err.diagnostics]}))
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("hccc: interrupted\n")
+        return 130
+    except MemoryError:
+        sys.stderr.write("hccc: error: out of memory (try a smaller program or --max-transfers)\n")
+        return 1
+    except BrokenPipeError:
+        return 1
+    except Exception as exc:  # an hccc bug, not bad input: say so plainly
+        if os.environ.get("HCCC_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.write(f"hccc: internal error: {type(exc).__name__}: {exc}\n"
+                         "hccc: this is a bug in hccc; rerun with HCCC_DEBUG=1 for details\n")
+        return 3
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,37 @@
+"""Shared test configuration: hypothesis profiles and the compiler-availability policy."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# "dev" (default): quick local runs. "ci": reproducible (derandomised), no deadlines on a loaded
+# 2-core machine. "thorough": many more examples for a local soak.
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skip the test when it is missing, unless CI demands it."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail(f"{name} is required (HCCC_REQUIRE_COMPILERS is set) but not on PATH")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+@pytest.fixture
+def nvcc() -> str:
+    return require_tool("nvcc")
+
+
+@pytest.fixture
+def hipcc() -> str:
+    return require_tool("hipcc")
