@@ -1,0 +1,346 @@
+"""``hccc.testing``: hypothesis strategies and assertions for people testing collective algorithms.
+
+Sections:
+
+1. building blocks: :func:`ring_orders`, :func:`hm_shapes`, :func:`trees`, :func:`sizes`,
+   :func:`dtypes`, :func:`ops`;
+2. :func:`valid_programs`: random *valid* Algorithms of every collective (ring, tree, direct,
+   recursive doubling and HM families, random rank relabelings and random validity-preserving
+   step re-numberings);
+3. :func:`mutations`: mutants of a valid Algorithm that every correct verifier must reject;
+4. assertions: :func:`assert_implements` (static proof through the verifier). Assertions about
+   executed kernels belong in section 4 as well.
+
+Example::
+
+    from hypothesis import given
+    from hccc.testing import valid_programs, assert_implements
+
+    @given(valid_programs("allreduce", max_ranks=8))
+    def test_my_pass_keeps_programs_valid(alg):
+        assert_implements(my_pass(alg))
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+
+from .compiler import generators as gen
+from .compiler.algorithm import RECV, RRC, Algorithm, Collective
+from .compiler.diagnostics import CompileError, render_all
+from .compiler.verify import verify
+
+__all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid_programs",
+           "relabel_ranks", "renumber_steps", "mutations", "live_transfers", "assert_implements"]
+
+DTYPES = ("float32", "float16", "bfloat16", "int32")
+OPS = ("sum", "max", "min")
+
+
+# ====================================================================== 1. building blocks
+def ring_orders(n: int) -> st.SearchStrategy[list[int]]:
+    """Ring orders over ranks ``0..n-1`` (permutations)."""
+    return st.permutations(list(range(n)))
+
+
+def hm_shapes(max_ranks: int = 8, *, min_nodes: int = 1, min_gpus: int = 1) -> st.SearchStrategy[tuple[int, int]]:
+    """``(nNodes, GPUs per node)`` with ``nNodes * G <= max_ranks``."""
+    pairs = [(a, b) for a in range(min_nodes, max_ranks + 1) for b in range(min_gpus, max_ranks + 1)
+             if a * b <= max_ranks]
+    if not pairs:
+        raise ValueError("no HM shape fits max_ranks")
+    return st.sampled_from(pairs)
+
+
+@st.composite
+def trees(draw, n: int) -> list[tuple[int, int]]:
+    """A random spanning tree over ranks ``0..n-1`` as ``n-1`` undirected ``(a, b)`` edges.
+
+    Every labelled tree can be drawn: ranks are visited in a random order and each one attaches to
+    a random, earlier-visited rank. Used by :func:`hccc.compiler.generators.tree_allgather` & co.
+    """
+    perm = draw(st.permutations(list(range(n))))
+    edges = []
+    for i in range(1, n):
+        j = draw(st.integers(0, i - 1))
+        edges.append((perm[j], perm[i]))
+    return edges
+
+
+def sizes(min_elements: int = 1, max_elements: int = 1 << 16) -> st.SearchStrategy[int]:
+    """Buffer sizes in elements per rank, biased to awkward values (1, primes, non-multiples)."""
+    special = [v for v in (1, 2, 3, 7, 8, 63, 64, 65, 1000, 1023, 4096, 65535, 65536)
+               if min_elements <= v <= max_elements]
+    ints = st.integers(min_elements, max_elements)
+    return st.one_of(st.sampled_from(special), ints) if special else ints
+
+
+def dtypes() -> st.SearchStrategy[str]:
+    """Element types the runtime supports."""
+    return st.sampled_from(DTYPES)
+
+
+def ops() -> st.SearchStrategy[str]:
+    """Reduction operators."""
+    return st.sampled_from(OPS)
+
+
+# ====================================================================== 2. valid programs
+def _from_columns(alg: Algorithm, src, dst, step, chunk, op) -> Algorithm:
+    rows = np.stack([np.asarray(x, dtype=np.int64) for x in (src, dst, step, chunk, op)], axis=1)
+    return Algorithm.from_rows(alg.header, rows.tolist())
+
+
+def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
+    """Rename rank ``r`` to ``perm[r]`` and chunk ``c`` to ``perm[c]``.
+
+    Validity is preserved: the preconditions (rank ``r`` owns chunk ``r``, or holds its own
+    contribution to every chunk) and postconditions are invariant under renaming ranks and chunk
+    ids together, and races / holdings are renamed consistently.
+    """
+    p = np.asarray(list(perm), dtype=np.int64)
+    return _from_columns(alg, p[alg.src], p[alg.dst], alg.step, p[alg.chunk], alg.op)
+
+
+def renumber_steps(alg: Algorithm, rnd) -> Algorithm:
+    """Random step re-numbering that keeps a valid program valid.
+
+    Each step is split into 1-3 consecutive sub-steps (transfers assigned at random) and the steps
+    are spread apart by random gaps. In a valid program no ``(rank, chunk)`` is written twice or
+    both written and read within one step, so every transfer of a step sees the same state whether
+    the step runs at once or in any sequence; spreading keeps the relative order.
+    """
+    if not len(alg):
+        return alg
+    _, dense = np.unique(alg.step, return_inverse=True)
+    nsteps = int(dense.max()) + 1
+    splits = np.array([rnd.randint(1, 3) for _ in range(nsteps)], dtype=np.int64)
+    gaps = np.array([rnd.randint(0, 2) for _ in range(nsteps)], dtype=np.int64)
+    base = rnd.randint(0, 3) + np.concatenate([[0], np.cumsum(splits + gaps)[:-1]])
+    sub = np.array([rnd.randrange(int(splits[t])) for t in dense.tolist()], dtype=np.int64)
+    return _from_columns(alg, alg.src, alg.dst, base[dense] + sub, alg.chunk, alg.op)
+
+
+_FAMILIES = {
+    Collective.ALLGATHER: ("ring", "tree", "direct", "recursive_doubling", "hm"),
+    Collective.REDUCESCATTER: ("ring", "tree", "direct", "hm"),
+    Collective.ALLREDUCE: ("ring", "tree", "direct", "hm"),
+}
+
+
+@st.composite
+def valid_programs(draw, collective: str | Collective | None = None, max_ranks: int = 8,
+                   min_ranks: int = 1) -> Algorithm:
+    """Random valid Algorithms (of ``collective``, or of any collective when ``None``).
+
+    Families: ring (random order), tree (random spanning tree), direct (full mesh), recursive
+    doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape); then optionally a
+    random rank relabeling and a random validity-preserving step re-numbering.
+    """
+    if collective is None:
+        coll = draw(st.sampled_from(list(Collective)))
+    else:
+        coll = collective if isinstance(collective, Collective) else Collective.parse(str(collective))
+        if coll is None:
+            raise ValueError(f"unknown collective {collective!r}")
+    family = draw(st.sampled_from(_FAMILIES[coll]))
+    tag = coll.value
+    if family == "hm":
+        nnodes, g = draw(hm_shapes(max_ranks).filter(lambda s: s[0] * s[1] >= min_ranks))
+        n = nnodes * g
+        alg = {Collective.ALLGATHER: gen.hm_allgather, Collective.REDUCESCATTER: gen.hm_reducescatter,
+               Collective.ALLREDUCE: gen.hm_allreduce}[coll](nnodes, g)
+    elif family == "recursive_doubling":
+        pows = [1 << k for k in range(0, 8) if min_ranks <= (1 << k) <= max_ranks]
+        n = draw(st.sampled_from(pows or [1]))
+        alg = gen.recursive_doubling_allgather(n)
+    else:
+        n = draw(st.integers(max(1, min_ranks), max_ranks))
+        if family == "ring":
+            order = draw(ring_orders(n))
+            alg = getattr(gen, f"ring_{tag}")(n, order)
+        elif family == "tree":
+            alg = getattr(gen, f"tree_{tag}")(n, draw(trees(n)))
+        else:
+            alg = getattr(gen, f"direct_{tag}")(n)
+    if draw(st.booleans()):
+        alg = relabel_ranks(alg, draw(st.permutations(list(range(n)))))
+    if draw(st.booleans()):
+        alg = renumber_steps(alg, draw(st.randoms(use_true_random=False)))
+    return alg
+
+
+# ====================================================================== 3. mutations
+def _output_keys(alg: Algorithm) -> np.ndarray:
+    n = alg.header.nranks
+    c = alg.header.nchunks
+    if alg.header.collective is Collective.REDUCESCATTER:
+        r = np.arange(n, dtype=np.int64)
+        return r * c + r
+    return np.arange(n * c, dtype=np.int64)
+
+
+def live_transfers(alg: Algorithm) -> np.ndarray:
+    """Boolean mask: transfers whose written value reaches a postcondition-checked (rank, chunk).
+
+    Backward data-flow over the steps of a valid program: a ``(rank, chunk)`` is live when its
+    current value is used by an output; a transfer is live when its destination is live right
+    after its step; a live ``recv`` kills the destination's older value, a live ``rrc`` keeps it
+    (it reduces into it); a live transfer makes its source live.
+    """
+    C = alg.header.nchunks
+    live = np.zeros(alg.header.nranks * C, dtype=bool)
+    live[_output_keys(alg)] = True
+    out = np.zeros(len(alg), dtype=bool)
+    if not len(alg):
+        return out
+    wk = alg.dst * C + alg.chunk
+    rk = alg.src * C + alg.chunk
+    order = np.argsort(alg.step, kind="stable")
+    steps = alg.step[order]
+    bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, len(order)]
+    for si in range(len(bounds) - 2, -1, -1):
+        idx = order[bounds[si]:bounds[si + 1]]
+        lv = live[wk[idx]]
+        out[idx] = lv
+        kill = idx[lv & (alg.op[idx] == RECV)]
+        live[wk[kill]] = False
+        live[rk[idx[lv]]] = True
+    return out
+
+
+def _describe(alg: Algorithm, i: int) -> str:
+    s, d, t, c, o = (int(alg.src[i]), int(alg.dst[i]), int(alg.step[i]), int(alg.chunk[i]), int(alg.op[i]))
+    return f"#{i} ({s}->{d} chunk {c} step {t} {'recv' if o == RECV else 'rrc'})"
+
+
+def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
+    """Candidates per mutation kind; see :func:`mutations` for why each one must be rejected."""
+    n = len(alg)
+    C = alg.header.nchunks
+    coll = alg.header.collective
+    wk = (alg.dst * C + alg.chunk).tolist()
+    rk = (alg.src * C + alg.chunk).tolist()
+    step = alg.step.tolist()
+    op = alg.op.tolist()
+    writes: dict[int, list[int]] = {}
+    reads: dict[int, list[int]] = {}
+    for i in range(n):
+        writes.setdefault(wk[i], []).append(i)
+        reads.setdefault(rk[i], []).append(i)
+    for d in (writes, reads):
+        for lst in d.values():
+            lst.sort(key=lambda i: (step[i], i))
+    cands: dict[str, list] = {"duplicate": list(range(n)), "drop": [], "duplicate-rrc": [], "reorder": []}
+    if coll is Collective.ALLGATHER:
+        for key, ws in writes.items():
+            r, c = divmod(key, C)
+            if r == c:
+                continue  # the owner's chunk is defined from the start
+            first = ws[0]
+            t1 = step[first]
+            t_next = step[ws[1]] if len(ws) > 1 else None
+            rs = [j for j in reads.get(key, []) if step[j] > t1 and (t_next is None or step[j] < t_next)]
+            if t_next is None or rs:
+                cands["drop"].append(first)
+            cands["reorder"].extend((first, j) for j in reads.get(key, []) if step[j] > t1)
+        return cands
+    live = live_transfers(alg).tolist()
+    cands["drop"] = [i for i in range(n) if op[i] == RRC and live[i]]
+    cands["duplicate-rrc"] = [i for i in range(n) if op[i] == RRC]
+    # reorder (a -> b): a is an rrc into K, b is a live transfer reading K after a, and between the
+    # two steps nothing else touches K or b's destination J, and nothing writes a's source P.
+    step_arr = alg.step
+    wk_arr = np.asarray(wk)
+    rk_arr = np.asarray(rk)
+    for a in range(n):
+        if op[a] != RRC:
+            continue
+        K, P, t1 = wk[a], rk[a], step[a]
+        later = [j for j in reads.get(K, []) if step[j] > t1]
+        if not later:
+            continue
+        b = later[0]
+        t2 = step[b]
+        J = wk[b]
+        if not live[b] or J == P:
+            continue
+        win = (step_arr > t1) & (step_arr <= t2)
+        win[a] = win[b] = False
+        touches = win & ((wk_arr == K) | (rk_arr == K) | (wk_arr == J) | (rk_arr == J) | (wk_arr == P))
+        if touches.any():
+            continue
+        cands["reorder"].append((a, b))
+    return cands
+
+
+@st.composite
+def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
+    """``(description, mutant)`` for a *valid*, non-empty ``alg``; every mutant must be rejected.
+
+    Kinds, and why the verifier's semantics (DESIGN.md section 3) must reject each:
+
+    * ``duplicate``: a copy of transfer ``i`` in the same step. Two writes to one (rank, chunk)
+      in one step: a race.
+    * ``duplicate-rrc``: a copy of an ``rrc`` in a new step right after it (steps doubled, copy at
+      2t+1). Nothing happens in between and a valid step never writes what it reads, so the copy
+      reduces the same nonempty set S into a chunk that already contains S: double counting.
+    * ``drop`` (Allgather): the first write of a non-owner (rank, chunk) K, when K is read before
+      its next write or has no next write. Without it K is empty until then: a read of undefined
+      data, or K misses its chunk at the end.
+    * ``drop`` (Reducescatter/Allreduce): a *live* ``rrc`` (:func:`live_transfers`). Values are
+      disjoint unions of contributions; removing the reduction removes its nonempty source set S
+      from every output derived from it (S cannot arrive another way, it would overlap), so an
+      output misses contributions.
+    * ``reorder`` (Allgather): swap the steps of the first write ``a`` of a non-owner K and a later
+      reader ``b`` of K. The state before ``a``'s step is unchanged and K is empty there, so ``b``
+      now reads undefined data (or races).
+    * ``reorder`` (Reducescatter/Allreduce): swap the steps of an ``rrc`` ``a`` (into K, from P)
+      and the first later reader ``b`` of K when ``b`` is live and, between the two steps, nothing
+      else touches K or ``b``'s destination J and nothing writes P. Then (unless a race appears)
+      everything matches the original except that J lacks a's nonempty set S, and J's value
+      reaches an output: that output misses S.
+    """
+    if not len(alg):
+        raise ValueError("mutations() needs a non-empty valid program")
+    cands = _mutation_candidates(alg)
+    kinds = [k for k in ("drop", "duplicate", "duplicate-rrc", "reorder") if cands[k]]
+    kind = draw(st.sampled_from(kinds))
+    rows = np.stack([alg.src, alg.dst, alg.step, alg.chunk, alg.op.astype(np.int64)], axis=1)
+    if kind == "drop":
+        i = draw(st.sampled_from(cands["drop"]))
+        new = np.delete(rows, i, axis=0)
+        desc = f"drop {_describe(alg, i)}"
+    elif kind == "duplicate":
+        i = draw(st.sampled_from(cands["duplicate"]))
+        new = np.insert(rows, i + 1, rows[i], axis=0)
+        desc = f"duplicate {_describe(alg, i)} in the same step"
+    elif kind == "duplicate-rrc":
+        i = draw(st.sampled_from(cands["duplicate-rrc"]))
+        new = rows.copy()
+        new[:, 2] *= 2
+        extra = new[i].copy()
+        extra[2] += 1
+        new = np.insert(new, i + 1, extra, axis=0)
+        desc = f"repeat {_describe(alg, i)} right after its step"
+    else:
+        a, b = draw(st.sampled_from(cands["reorder"]))
+        new = rows.copy()
+        new[a, 2], new[b, 2] = rows[b, 2], rows[a, 2]
+        desc = f"swap the steps of {_describe(alg, a)} and {_describe(alg, b)}"
+    return desc, Algorithm.from_rows(alg.header, new.tolist())
+
+
+# ====================================================================== 4. assertions
+def assert_implements(alg: Algorithm, *, max_errors: int = 20) -> None:
+    """Assert that ``alg`` implements its collective (static proof by the verifier).
+
+    Raises ``AssertionError`` carrying the rendered diagnostics when it does not.
+    """
+    try:
+        verify(alg, max_errors=max_errors)
+    except CompileError as exc:
+        raise AssertionError(f"{alg.header.name} does not implement {alg.header.collective.dsl_name}:\n"
+                             + render_all(exc)) from None

@@ -1,0 +1,235 @@
+"""Unit tests of hccc.compiler.verify: every error class, its message and its location."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from hccc.compiler import generators as gen
+from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+from hccc.compiler.diagnostics import CompileError, Location, SourceFile, render, render_all
+from hccc.compiler.verify import VerifyError, VerifyReport, verify
+
+SRC = SourceFile("algo.rccl", "\n".join(f"    transfer line {i}" for i in range(1, 60)))
+
+
+def located(coll: str, nranks: int, rows, loop_vars=("n", "r"), loop_values=None) -> Algorithm:
+    """Algorithm whose transfer i sits at algo.rccl line 10+i, col 13, with loop values (0, i)."""
+    header = Header(nranks, Collective.parse(coll), "t", location=Location(SRC, 1, 1))
+    rows = list(rows)
+    n = len(rows)
+    arr = np.asarray(rows, dtype=np.int64).reshape(-1, 5)
+    sites = [TransferSite(Location(SRC, 10 + i, 13), tuple(loop_vars)) for i in range(n)]
+    vals = loop_values or [[0, i] for i in range(n)]
+    return Algorithm(header, arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), arr[:, 3].copy(),
+                     arr[:, 4].astype(np.uint8), np.arange(n, dtype=np.int64), sites,
+                     [np.asarray([v], dtype=np.int64).reshape(1, len(loop_vars)) for v in vals])
+
+
+def errors_of(alg: Algorithm, **kw) -> VerifyError:
+    with pytest.raises(VerifyError) as ei:
+        verify(alg, **kw)
+    assert isinstance(ei.value, CompileError)
+    return ei.value
+
+
+def ring_ag_rows(n):
+    return [(r, (r + 1) % n, k, (r - k) % n, RECV) for k in range(n - 1) for r in range(n)]
+
+
+# ---------------------------------------------------------------- success
+def test_report_fields():
+    rep = verify(gen.ring_allreduce(6))
+    assert rep == VerifyReport(Collective.ALLREDUCE, 6, 60, 10)
+
+
+def test_single_rank_empty_program_is_valid():
+    for coll in Collective:
+        assert verify(Algorithm.from_rows(Header(1, coll), [])).transfers == 0
+
+
+def test_step_values_need_not_be_dense():
+    rows = [(s, d, 10 * t + 3, c, o) for s, d, t, c, o in ring_ag_rows(4)]
+    assert verify(Algorithm.from_rows(Header(4, Collective.ALLGATHER), rows)).steps == 3
+
+
+def test_more_than_64_ranks_bitsets():
+    alg = gen.ring_allreduce(70)
+    assert verify(alg).nranks == 70
+    bad = alg.subset(np.arange(len(alg)) != 5)
+    err = errors_of(bad)
+    assert err.kinds[0] == "postcondition"
+
+
+# ---------------------------------------------------------------- the message format of the brief
+def test_written_twice_exact_rendering():
+    # rank 0 and rank 1 both write rank 2 chunk 0 at step 0; the second writer carries the error
+    alg = located("allreduce", 4, [(0, 2, 0, 0, RRC), (1, 2, 0, 0, RRC)],
+                  loop_values=[[0, 1], [0, 2]])
+    err = errors_of(alg)
+    assert err.kinds == ["write-write-race"]
+    d = err.diagnostics[0]
+    assert render(d).splitlines()[0] == "algo.rccl:11:13: error: rank 2 chunk 0 is written twice at step 0 (n=0, r=2)"
+    assert d.notes == ("the other write is at algo.rccl:10:13 (n=0, r=1)",)
+    assert render(d).splitlines()[2].index("^") == 4 + 12
+
+
+# ---------------------------------------------------------------- static errors
+@pytest.mark.parametrize("row,kind,msg", [
+    ((4, 1, 0, 0, RECV), "src-out-of-range", "source rank 4 is out of range (nRanks=4: ranks 0..3)"),
+    ((-1, 1, 0, 0, RECV), "src-out-of-range", "source rank -1 is out of range"),
+    ((0, 7, 0, 0, RECV), "dst-out-of-range", "destination rank 7 is out of range"),
+    ((0, 1, 0, 4, RECV), "chunk-out-of-range", "chunk 4 is out of range (each rank holds chunks 0..3)"),
+    ((0, 1, 0, -2, RECV), "chunk-out-of-range", "chunk -2 is out of range"),
+    ((0, 1, -1, 0, RECV), "negative-step", "step -1 is negative"),
+    ((0, 1, 0, 0, 5), "bad-op", "unknown transfer operation 5"),
+    ((2, 2, 3, 1, RECV), "self-transfer", "rank 2 sends chunk 1 to itself at step 3"),
+])
+def test_static_errors(row, kind, msg):
+    rows = ring_ag_rows(4) + [row]
+    alg = located("allgather", 4, rows)
+    err = errors_of(alg)
+    assert err.kinds[0] == kind
+    d = err.diagnostics[0]
+    assert d.message.startswith(msg)
+    assert d.message.endswith(f"(n=0, r={len(rows) - 1})")
+    assert (d.location.line, d.location.col) == (10 + len(rows) - 1, 13)
+
+
+def test_static_error_precedence_one_per_transfer():
+    alg = located("allgather", 4, [(9, 9, -1, 9, 7)])
+    err = errors_of(alg)
+    assert err.kinds == ["src-out-of-range"]
+
+
+# ---------------------------------------------------------------- dynamic errors
+def test_read_write_race():
+    # step 0: 0 -> 1 writes rank 1 chunk 0; 1 -> 2 reads rank 1 chunk 0 in the same step
+    alg = located("allgather", 3, [(0, 1, 0, 0, RECV), (1, 2, 0, 0, RECV)])
+    err = errors_of(alg)
+    assert err.kinds[0] == "read-write-race"
+    d = err.diagnostics[0]
+    assert d.message == "rank 1 chunk 0 is written and read at step 0 (n=0, r=0)"
+    assert d.location.line == 10
+    assert d.notes == ("it is read at algo.rccl:11:13 (n=0, r=1)",)
+
+
+def test_undefined_source():
+    alg = located("allgather", 3, [(1, 2, 0, 0, RECV)])
+    err = errors_of(alg)
+    assert err.kinds == ["undefined-source"]
+    assert err.diagnostics[0].message == "rank 1 does not hold chunk 0 at step 0 (it sends it to rank 2) (n=0, r=0)"
+
+
+def test_undefined_target():
+    alg = located("allgather", 3, [(0, 1, 0, 0, RRC)])
+    err = errors_of(alg)
+    assert err.kinds == ["undefined-target"]
+    assert "rrc into rank 1 chunk 0 at step 0, which holds no data yet (reduction into undefined data)" \
+        in err.diagnostics[0].message
+
+
+def test_reduction_in_allgather():
+    alg = located("allgather", 3, [(1, 0, 0, 1, RECV), (1, 0, 1, 1, RRC)])
+    err = errors_of(alg)
+    assert err.kinds[0] == "allgather-reduction"
+    assert err.diagnostics[0].message.startswith("reduction (rrc) of chunk 1 from rank 1 into rank 0 at step 1 "
+                                                 "in an Allgather")
+    assert err.diagnostics[0].location.line == 11
+
+
+def test_double_count():
+    alg = located("reducescatter", 3, [(0, 1, 0, 1, RRC), (1, 2, 1, 1, RRC), (2, 1, 2, 1, RRC)])
+    err = errors_of(alg)
+    assert err.kinds == ["double-count"]
+    assert err.diagnostics[0].message == ("rrc of chunk 1 from rank 2 into rank 1 at step 2 counts the "
+                                          "contribution of rank(s) 0, 1 twice (n=0, r=2)")
+
+
+def test_postcondition_allgather_and_summary():
+    rows = ring_ag_rows(4)[:-1]  # rank 0 never receives chunk 1
+    err = errors_of(located("allgather", 4, rows))
+    assert err.kinds == ["postcondition"]
+    d = err.diagnostics[0]
+    assert d.message == "rank 0 does not hold chunk 1 at the end"
+    assert (d.location.line, d.location.col) == (1, 1)
+
+
+def test_postcondition_reduce_message_and_summary():
+    # ring AllReduce over 8 ranks cut after AllGather step 2 (global step 9): rank j holds chunks
+    # j, j-1, j-2, j-3 complete and misses 4 others
+    alg = gen.ring_allreduce(8)
+    alg = Algorithm.from_rows(Header(8, Collective.ALLREDUCE, location=Location(SRC, 1, 1)),
+                              [r for r in alg.rows() if r[2] < 10])
+    err = errors_of(alg)
+    assert err.kinds == ["postcondition"] * 5 + ["postcondition-summary"]
+    assert err.diagnostics[0].message == "rank 0 does not hold chunk 1 at the end (has contributions from 7 of 8 ranks)"
+    assert err.diagnostics[0].notes == ("postcondition of Allreduce",)
+    assert err.total == 32 and err.more == 0
+    assert err.diagnostics[5].message == "27 more (rank, chunk) pairs do not meet the Allreduce postcondition (32 of 64 in total)"
+    assert all(d.location == Location(SRC, 1, 1) for d in err.diagnostics)
+
+
+def test_postcondition_counts_contributions():
+    # ring ReduceScatter without its last step: chunk r never reaches rank r (only its own part)
+    alg = gen.ring_reducescatter(8)
+    alg = alg.subset(alg.step < 6)
+    err = errors_of(alg)
+    assert err.diagnostics[0].message == "rank 0 does not hold chunk 0 at the end (has contributions from 1 of 8 ranks)"
+    assert err.total == 8
+
+
+def test_empty_program_unmet_unless_single_rank():
+    err = errors_of(Algorithm.from_rows(Header(2, Collective.ALLREDUCE), []))
+    assert err.kinds[0] == "postcondition"
+    assert "the program has no transfers" in err.diagnostics[0].notes
+
+
+def test_postcondition_not_reported_after_other_errors():
+    rows = ring_ag_rows(4)[:-1] + [(0, 0, 0, 0, RECV)]
+    err = errors_of(located("allgather", 4, rows))
+    assert err.kinds == ["self-transfer"]
+
+
+def test_max_errors_and_more():
+    rows = [(0, 0, 0, 0, RECV)] * 30
+    err = errors_of(located("allgather", 2, rows), max_errors=7)
+    assert len(err.diagnostics) == 7 and err.more == 23 and err.total == 30
+    assert "23 more error(s) not shown" in render_all(err)
+
+
+def test_error_order_static_then_by_step_then_kind():
+    rows = [(1, 2, 5, 1, RECV),            # fine: rank 1 owns chunk 1
+            (2, 0, 3, 1, RECV),            # undefined source at step 3 (rank 2 gets chunk 1 at step 5)
+            (0, 1, 3, 0, RECV), (2, 1, 3, 0, RECV),  # rank 1 chunk 0 written twice at step 3
+            (0, 9, 1, 0, RECV)]            # static
+    err = errors_of(located("allgather", 3, rows))
+    assert err.kinds == ["dst-out-of-range", "write-write-race", "undefined-source"]
+    assert [d.location.line for d in err.diagnostics] == [14, 13, 11]
+
+
+def test_racing_transfers_do_not_change_state():
+    # the race on rank 1 chunk 0 leaves it empty, so forwarding it later reads undefined data
+    rows = [(0, 1, 0, 0, RECV), (2, 1, 0, 0, RECV), (1, 2, 1, 0, RECV)]
+    err = errors_of(located("allreduce", 3, rows))
+    assert err.kinds == ["write-write-race"]  # allreduce: rank 1 still holds its own part
+    err = errors_of(located("allgather", 3, rows))
+    assert err.kinds == ["write-write-race", "undefined-source"]
+
+
+def test_bad_header():
+    with pytest.raises(CompileError):
+        verify(Algorithm.from_rows(Header(0, Collective.ALLGATHER), []))
+
+
+# ---------------------------------------------------------------- performance (printed, not asserted)
+def test_verify_1024_gpu_hm_allreduce_time(capsys):
+    alg = gen.hm_allreduce(128, 8)
+    assert len(alg) == 2_095_104
+    t0 = time.perf_counter()
+    rep = verify(alg)
+    dt = time.perf_counter() - t0
+    assert rep.transfers == 2_095_104 and rep.steps == 128 * 7 + 2 * 127 + 128
+    with capsys.disabled():
+        print(f"\n[perf] verify HM AllReduce 128x8 (2,095,104 transfers): {dt:.2f} s")
