@@ -1,0 +1,269 @@
+"""Tests for hccc.compiler.dag: the dependency DAG against an all-pairs oracle."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+import hccc.compiler.dag as dag_module
+from hccc.compiler.dag import build_dag
+
+
+# ------------------------------------------------------------------ algorithm builders (numpy)
+def make_alg(rows, nranks: int, coll=Collective.ALLGATHER) -> Algorithm:
+    return Algorithm.from_rows(Header(nranks=nranks, collective=coll), rows)
+
+
+def _from_array(arr: np.ndarray, nranks: int, coll: Collective, gpn: int = 0) -> Algorithm:
+    n = len(arr)
+    h = Header(nranks=nranks, collective=coll, name="HM", gpu_per_node=gpn)
+    return Algorithm(h, arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), arr[:, 3].copy(),
+                     arr[:, 4].astype(np.uint8), np.zeros(n, np.int64), [TransferSite(None, ())],
+                     [np.zeros((n, 0), np.int64)])
+
+
+def hm_allreduce(nodes: int, G: int) -> Algorithm:
+    """HM AllReduce (DESIGN.md section 3), built directly with numpy."""
+    N = nodes * G
+    s = np.arange(N)
+    o = np.arange(G - 1)
+    b = np.arange(nodes)
+    k = np.arange(nodes - 1)
+    S, O, B = np.meshgrid(s, o, b, indexing="ij")
+    peer = (S // G) * G + (S % G + O + 1) % G
+    rrc = np.full_like(S, RRC)
+    recv = np.full_like(S, RECV)
+    p1 = np.stack([S, peer, B * (G - 1) + O, peer % G + G * B, rrc], -1).reshape(-1, 5)
+    p4 = np.stack([S, peer, nodes * (G - 1) + 2 * nodes - 2 + B, (S + B * G) % N, recv],
+                  -1).reshape(-1, 5)
+    S2, K = np.meshgrid(s, k, indexing="ij")
+    nxt = (S2 + G) % N
+    p2 = np.stack([S2, nxt, nodes * (G - 1) + K, (S2 - K * G) % N, np.full_like(S2, RRC)],
+                  -1).reshape(-1, 5)
+    p3 = np.stack([S2, nxt, nodes * (G - 1) + nodes - 1 + K, (S2 - (K + nodes - 1) * G) % N,
+                   np.full_like(S2, RECV)], -1).reshape(-1, 5)
+    arr = np.concatenate([p1, p2, p3, p4]).astype(np.int64)
+    return _from_array(arr, N, Collective.ALLREDUCE, G)
+
+
+def ring_allgather(order: list[int]) -> Algorithm:
+    """Ring AllGather along the rank permutation ``order``."""
+    N = len(order)
+    rows = []
+    for k in range(N - 1):
+        for i in range(N):
+            rows.append((order[i], order[(i + 1) % N], k, order[(i - k) % N], RECV))
+    return make_alg(rows, N)
+
+
+def ring_allreduce(order: list[int]) -> Algorithm:
+    N = len(order)
+    rows = []
+    for k in range(2 * (N - 1)):
+        op = RRC if k < N - 1 else RECV
+        for i in range(N):
+            rows.append((order[i], order[(i + 1) % N], k, order[(i - k) % N], op))
+    return make_alg(rows, N, Collective.ALLREDUCE)
+
+
+def direct_allgather(N: int) -> Algorithm:
+    return make_alg([(r, d, 0, r, RECV) for r in range(N) for d in range(N) if d != r], N)
+
+
+# ------------------------------------------------------------------ strategies
+@st.composite
+def random_tables(draw):
+    """Arbitrary transfer tables (races, self-transfers and all): the DAG must still be exact."""
+    nranks = draw(st.integers(2, 5))
+    nchunks = draw(st.integers(1, 3))
+    rows = draw(st.lists(st.tuples(st.integers(0, nranks - 1), st.integers(0, nranks - 1),
+                                   st.integers(0, 6), st.integers(0, nchunks - 1),
+                                   st.sampled_from([RECV, RRC])), min_size=0, max_size=40))
+    return make_alg(rows, nranks)
+
+
+@st.composite
+def structured_programs(draw):
+    kind = draw(st.sampled_from(["ring_ag", "ring_ar", "hm", "direct"]))
+    if kind == "hm":
+        return hm_allreduce(draw(st.integers(2, 3)), draw(st.integers(2, 3)))
+    if kind == "direct":
+        return direct_allgather(draw(st.integers(2, 5)))
+    order = draw(st.permutations(list(range(draw(st.integers(2, 6))))))
+    return ring_allgather(order) if kind == "ring_ag" else ring_allreduce(order)
+
+
+programs = st.one_of(random_tables(), structured_programs())
+
+
+# ------------------------------------------------------------------ oracle
+def naive_relation(alg: Algorithm) -> np.ndarray:
+    """dep[a, b]: b depends directly on a (all pairs, straight from the definition)."""
+    rows = list(alg.rows())
+    n = len(rows)
+    dep = np.zeros((n, n), bool)
+    for a, (s1, d1, t1, c1, o1) in enumerate(rows):
+        r1 = {s1} | ({d1} if o1 == RRC else set())
+        for b, (s2, d2, t2, c2, o2) in enumerate(rows):
+            if c1 != c2 or t1 >= t2:
+                continue
+            r2 = {s2} | ({d2} if o2 == RRC else set())
+            if d1 in r2 or d2 in r1 or d1 == d2:
+                dep[a, b] = True
+    return dep
+
+
+def closure(adj: np.ndarray) -> np.ndarray:
+    reach = adj.copy()
+    for k in range(len(adj)):
+        reach |= reach[:, [k]] & reach[[k], :]
+    return reach
+
+
+def reduction_of(reach: np.ndarray) -> set[tuple[int, int]]:
+    """Transitive reduction of a transitively closed DAG relation."""
+    via = (reach.astype(np.int64) @ reach.astype(np.int64)) > 0
+    red = reach & ~via
+    return set(zip(*map(lambda x: x.tolist(), np.nonzero(red))))
+
+
+def dag_adj(dag) -> np.ndarray:
+    adj = np.zeros((dag.ntasks, dag.ntasks), bool)
+    adj[dag.edge_src, dag.edge_dst] = True
+    return adj
+
+
+# ------------------------------------------------------------------ property tests
+@settings(max_examples=150)
+@given(programs)
+def test_reachability_equals_naive_relation_and_is_reduced(alg):
+    dag = build_dag(alg)
+    reach_naive = closure(naive_relation(alg))
+    adj = dag_adj(dag)
+    assert (closure(adj) == reach_naive).all()
+    # No edge implied by another path: the edge set is exactly the (unique) transitive reduction.
+    edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
+    assert edges == reduction_of(reach_naive)
+    assert len(edges) == dag.nedges  # no duplicates
+
+
+@settings(max_examples=100)
+@given(programs)
+def test_csr_links_and_shape(alg):
+    dag = build_dag(alg)
+    n = len(alg)
+    assert dag.ntasks == n
+    assert dag.edge_src.dtype == np.int64 and dag.edge_dst.dtype == np.int64
+    assert dag.link.dtype == np.int64
+    # Edges sorted by (src, dst), step strictly increasing, same chunk.
+    code = dag.edge_src * max(n, 1) + dag.edge_dst
+    assert (np.diff(code) > 0).all()
+    assert (alg.step[dag.edge_src] < alg.step[dag.edge_dst]).all()
+    assert (alg.chunk[dag.edge_src] == alg.chunk[dag.edge_dst]).all()
+    for t in range(n):
+        succ = set(dag.successors(t).tolist())
+        pred = set(dag.predecessors(t).tolist())
+        assert succ == set(dag.edge_dst[dag.edge_src == t].tolist())
+        assert pred == set(dag.edge_src[dag.edge_dst == t].tolist())
+    assert (dag.indegree() == np.bincount(dag.edge_dst, minlength=n)).all()
+    # Links: equal ids exactly when (src, dst) equal; link_src/link_dst give the pair back.
+    for a in range(n):
+        for b in range(n):
+            same = (alg.src[a], alg.dst[a]) == (alg.src[b], alg.dst[b])
+            assert same == (dag.link[a] == dag.link[b])
+    assert (dag.link_src[dag.link] == alg.src).all()
+    assert (dag.link_dst[dag.link] == alg.dst).all()
+    assert (dag.chunk_ids[dag.chunk_index] == alg.chunk).all()
+
+
+@settings(max_examples=40)
+@given(programs)
+def test_deterministic_and_row_order_independent(alg):
+    d1, d2 = build_dag(alg), build_dag(alg)
+    assert np.array_equal(d1.edge_src, d2.edge_src) and np.array_equal(d1.edge_dst, d2.edge_dst)
+    # Permuting the rows permutes the edges and nothing else.
+    n = len(alg)
+    perm = np.random.default_rng(n).permutation(n)
+    alg2 = make_alg([tuple(r) for r in np.stack([alg.src, alg.dst, alg.step, alg.chunk,
+                                                 alg.op.astype(np.int64)], 1)[perm]],
+                    alg.header.nranks)
+    d3 = build_dag(alg2)
+    e1 = set(zip(d1.edge_src.tolist(), d1.edge_dst.tolist()))
+    e3 = {(int(perm[a]), int(perm[b])) for a, b in zip(d3.edge_src.tolist(), d3.edge_dst.tolist())}
+    assert e1 == e3
+
+
+@settings(max_examples=40)
+@given(programs)
+def test_sparse_ids_and_multikey_sort_give_the_same_dag(alg):
+    """Huge, sparse step and chunk ids (sort path), the multi-key sort and bitset freeing."""
+    d1 = build_dag(alg)
+    alg2 = make_alg([(s, d, t * 10**12 - 5, c * 10**9 + 7, o) for s, d, t, c, o in alg.rows()],
+                    alg.header.nranks)
+    d2 = build_dag(alg2)
+    old = dag_module._KEY_LIMIT, dag_module._KEEP_ALL_BITSETS
+    dag_module._KEY_LIMIT = 0          # multi-key sort
+    dag_module._KEEP_ALL_BITSETS = 0   # free ancestor bitsets early
+    try:
+        d3 = build_dag(alg)
+    finally:
+        dag_module._KEY_LIMIT, dag_module._KEEP_ALL_BITSETS = old
+    for d in (d2, d3):
+        assert np.array_equal(d1.edge_src, d.edge_src) and np.array_equal(d1.edge_dst, d.edge_dst)
+        assert np.array_equal(d1.link, d.link)
+    assert (d2.chunk_ids[d2.chunk_index] == alg2.chunk).all()
+
+
+# ------------------------------------------------------------------ hand-checked examples
+def test_ring_allgather_chains():
+    dag = build_dag(ring_allgather([0, 1, 2, 3]))
+    # Row (k, i) = 4k + i sends chunk (i - k) % 4 from rank i; the chunk then moves on from i + 1.
+    expected = {(4 * k + i, 4 * (k + 1) + (i + 1) % 4) for k in range(2) for i in range(4)}
+    assert set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist())) == expected
+    assert dag.nlinks == 4
+
+
+def test_war_and_redundant_waw():
+    # t0 writes (1,0); t1 reads (1,0) and writes (2,0); t2 overwrites (1,0).
+    # t2 depends on t0 (WAW) and on t1 (WAR); t0 -> t1 -> t2 makes t0 -> t2 redundant.
+    alg = make_alg([(0, 1, 0, 0, RECV), (1, 2, 1, 0, RECV), (3, 1, 2, 0, RECV)], 4)
+    dag = build_dag(alg)
+    assert set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist())) == {(0, 1), (1, 2)}
+
+
+def test_rrc_reads_destination():
+    # t1 (rrc into 2) reads (2, 0), which t0 wrote; a recv in its place would not (WAW is
+    # still a dependency, so the edge exists either way); t2's later read of (2,0) follows t1 only.
+    alg = make_alg([(0, 2, 0, 0, RECV), (1, 2, 1, 0, RRC), (2, 3, 2, 0, RECV)], 4)
+    dag = build_dag(alg)
+    assert set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist())) == {(0, 1), (1, 2)}
+
+
+def test_same_step_accesses_are_unordered_and_chunks_independent():
+    alg = make_alg([(0, 1, 0, 0, RECV), (2, 1, 0, 0, RECV), (1, 3, 1, 0, RECV),
+                    (0, 1, 0, 1, RECV), (1, 2, 1, 1, RECV)], 4)
+    dag = build_dag(alg)
+    # The racy writes 0 and 1 both precede the read 2; chunk 1 has its own edge 3 -> 4.
+    assert set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist())) == {(0, 2), (1, 2), (3, 4)}
+
+
+def test_empty_algorithm():
+    dag = build_dag(make_alg([], 2))
+    assert dag.ntasks == 0 and dag.nedges == 0 and len(dag.link) == 0
+    assert list(dag.succ_ptr) == [0] and list(dag.pred_ptr) == [0]
+
+
+def test_hm_allreduce_4x8_shape():
+    alg = hm_allreduce(4, 8)
+    assert len(alg) == 1984
+    dag = build_dag(alg)
+    # 4 nodes x 8 GPUs: 8*7 intra links per node + 32 ring links.
+    assert dag.nlinks == 4 * 56 + 32
+    # Edges per chunk, by hand: phase 1 = 4 node chains of 7 rrc (6 edges each) = 24; phase 2 =
+    # 3 ring rrc, each after its sender's value and its receiver's chain tail = 6; phase 3 = 3
+    # ring recv, each after the previous ring transfer only (the WAW/WAR edges to earlier writers
+    # and readers are implied through the ring) = 3; phase 4 = 28 recv, each after the holder's
+    # final write only (WAR on the peers' phase-1 reads is implied) = 28. 61 * 32 chunks.
+    assert dag.nedges == 61 * 32
+    assert (alg.step[dag.edge_src] < alg.step[dag.edge_dst]).all()
