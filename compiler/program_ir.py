@@ -7,7 +7,11 @@ primitives in ``seq`` order, each one for every micro-batch before the next (tas
 Buffers (MSCCL's model, so MSCCL XML fits): per rank an ``input`` buffer of ``in_chunks`` chunks,
 an ``output`` buffer of ``out_chunks`` chunks and a ``scratch`` buffer of ``scratch_chunks`` chunks.
 A chunk is ``1/nchunks`` of the collective's full buffer (for AllGather the output, for
-ReduceScatter and AllReduce the input). In-place runs alias the buffers as the collective dictates:
+ReduceScatter and AllReduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
+elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (uneven counts: sizes differ by at most one).
+A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter output) holds only the
+rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
+the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
 AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce
 ``input == output``; a COPY whose source and destination coincide is then skipped.
 

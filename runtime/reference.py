@@ -1,0 +1,228 @@
+"""Reference executor: runs a ProgramIR on per-rank numpy buffers. The oracle for every other backend.
+
+Element layout. The collective's *full buffer* has ``count`` elements split into ``nchunks`` chunks;
+chunk ``c`` covers elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (so sizes differ by at most
+one element when ``count`` does not divide evenly, and chunks may be empty). A buffer of ``nchunks``
+chunk slots (AllReduce input/output, AllGather output, ReduceScatter input) is laid out like the
+full buffer. A buffer of ``k < nchunks`` slots holds only rank ``r``'s own part, chunks
+``r*k .. r*k+k-1`` (AllGather input, ReduceScatter output), so slot ``i`` is chunk ``r*k+i``.
+Scratch is laid out like the full buffer, repeated when it has more than ``nchunks`` slots
+(slot ``i`` has the size of chunk ``i % nchunks``).
+
+Per-rank inputs: AllGather rank ``r`` passes its own part; ReduceScatter and AllReduce pass the full
+buffer. In-place runs alias buffers as ``program_ir`` describes (AllGather ``input`` is rank ``r``'s
+part of ``output``, ReduceScatter ``output`` is rank ``r``'s part of ``input``, AllReduce
+``input == output``). Out-of-place outputs and scratch start as garbage (NaN / INT_MIN) so a chunk
+that is never written shows up.
+
+Order. Matched send/receive pairs are joined into chains (see :mod:`hccc.compiler.ir_check`); the
+chains run one at a time in a topological order of the wait graph (program order + dependencies),
+each for every micro-batch (``nmicro`` slices of every chunk) before the next. ``seed`` shuffles
+the topological order, which exposes missing dependencies in tests.
+
+bfloat16: numpy has no bfloat16, so pass float32 buffers with ``bf16=True``; every reduction result
+is then rounded to bfloat16 (round to nearest even) and stays representable.
+"""
+from __future__ import annotations
+
+from functools import reduce as _fold
+
+import numpy as np
+
+from hccc.compiler.ir_check import check_structure, match_connections, topological_components
+from hccc.compiler.program_ir import Buf, Op, ProgramIR
+
+OPS = ("sum", "max", "min")
+DTYPES = ("float32", "float16", "bfloat16", "int32")
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16 (ties to even), returned as float32."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    out = (rounded & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(a), a, out).astype(np.float32)
+
+
+def _reducer(op: str, bf16: bool):
+    if op not in OPS:
+        raise ValueError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
+    f = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    if bf16:
+        return lambda a, b: round_bf16(f(a, b))
+    return lambda a, b: f(a, b).astype(a.dtype, copy=False)
+
+
+def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
+    c = np.arange(nchunks + 1, dtype=np.int64)
+    return c * count // nchunks
+
+
+def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
+    """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements."""
+    b = chunk_bounds(count, nchunks)
+    if collective == "allgather":
+        k = nchunks // nranks
+        return int(b[rank * k + k] - b[rank * k])
+    return count
+
+
+def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32", *,
+                nchunks: int | None = None, seed: int = 0, low: int = -8, high: int = 9) -> list[np.ndarray]:
+    """Random small-integer inputs (exact under any reduction order) of the right per-rank length."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    nchunks = nchunks or nranks
+    rng = np.random.default_rng(seed)
+    np_dt = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+    return [rng.integers(low, high, input_length(collective, r, nranks, nchunks, count)).astype(np_dt)
+            for r in range(nranks)]
+
+
+def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
+             nchunks: int | None = None, bf16: bool = False) -> list[np.ndarray]:
+    """What each rank's output must hold, computed directly from the inputs (no IR involved)."""
+    coll = str(getattr(collective, "value", collective)).lower()
+    N = len(inputs)
+    nchunks = nchunks or N
+    red = _reducer(op, bf16)
+    if coll == "allgather":
+        full = np.concatenate([np.asarray(x) for x in inputs])
+        return [full.copy() for _ in range(N)]
+    total = _fold(red, [np.asarray(x) for x in inputs])
+    if coll == "allreduce":
+        return [total.copy() for _ in range(N)]
+    if coll == "reducescatter":
+        b = chunk_bounds(len(total), nchunks)
+        k = nchunks // N
+        return [total[b[r * k]:b[r * k + k]].copy() for r in range(N)]
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def _garbage(dtype) -> object:
+    return np.nan if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace: bool = False,
+            nmicro: int | None = None, seed: int | None = None, bf16: bool = False,
+            return_scratch: bool = False):
+    """Run ``ir`` on ``inputs`` (one array per rank) and return each rank's output buffer."""
+    check_structure(ir)
+    N, C = ir.nranks, ir.nchunks
+    if len(inputs) != N:
+        raise ValueError(f"expected {N} input buffers, got {len(inputs)}")
+    coll = ir.collective
+    dtype = np.asarray(inputs[0]).dtype
+    red = _reducer(op, bf16)
+    if coll == "allgather":
+        # the full buffer is the concatenation of all ranks' parts
+        count = int(sum(len(x) for x in inputs))
+    else:
+        count = len(inputs[0])
+    for r in range(N):
+        want = input_length(coll, r, N, C, count) if coll == "allgather" else count
+        if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
+            raise ValueError(f"rank {r}: input must have {want} elements of {dtype}")
+    bounds = chunk_bounds(count, C)
+
+    def layout(slots: int):
+        """(array length, slot start function) for a buffer of ``slots`` slots on rank r."""
+        if slots < C:
+            def start(r, i):
+                return int(bounds[r * slots + i] - bounds[r * slots])
+            return (lambda r: int(bounds[r * slots + slots] - bounds[r * slots])), start
+
+        def start_full(r, i):
+            return int((i // C) * count + bounds[i % C])
+        return (lambda r: int(-(-slots // C) * count)), start_full
+
+    lay = {Buf.INPUT: layout(ir.in_chunks), Buf.OUTPUT: layout(ir.out_chunks),
+           Buf.SCRATCH: layout(ir.scratch_chunks)}
+    bufs: list[dict[int, np.ndarray]] = []
+    g = _garbage(dtype)
+    for r in range(N):
+        inp = np.array(inputs[r], dtype=dtype, copy=True)
+        if inplace:
+            if coll == "allreduce":
+                out = inp
+            elif coll == "allgather":
+                out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
+                kk = ir.in_chunks
+                s0 = int(bounds[r * kk])
+                out[s0:s0 + len(inp)] = inp
+                inp = out[s0:s0 + len(inp)]
+            else:
+                kk = ir.out_chunks
+                out = inp[int(bounds[r * kk]):int(bounds[r * kk + kk])]
+        else:
+            out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
+        scr = np.full(lay[Buf.SCRATCH][0](r), g, dtype=dtype)
+        bufs.append({Buf.INPUT: inp, Buf.OUTPUT: out, Buf.SCRATCH: scr})
+
+    P = {k: v for k, v in ir.prims.items()}
+
+    def region(i: int, side: str) -> np.ndarray:
+        b = int(P[f"{side}_buf"][i])
+        r = int(P["rank"][i])
+        off = int(P[f"{side}_off"][i])
+        cnt = int(P["count"][i])
+        start = lay[b][1]
+        return bufs[r][b][start(r, off):start(r, off + cnt)]
+
+    comp, order = topological_components(ir, np.random.default_rng(seed) if seed is not None else None)
+    s, rcv = match_connections(ir)
+    nxt = np.full(ir.nprims, -1, dtype=np.int64)
+    nxt[s] = rcv
+    nxt_l = nxt.tolist()
+    ops = P["op"].tolist()
+    m_count = max(1, int(nmicro or 1))
+    for head in order.tolist():
+        chain = [head]
+        while nxt_l[chain[-1]] >= 0:
+            chain.append(nxt_l[chain[-1]])
+        regions = []
+        length = None
+        for i in chain:
+            o = Op(ops[i])
+            src = region(i, "src") if o.reads_src else None
+            dst = region(i, "dst") if o.writes_dst else None
+            for a in (src, dst):
+                if a is not None:
+                    if length is None:
+                        length = len(a)
+                    elif len(a) != length:
+                        raise ValueError(f"primitive {i}: region of {len(a)} elements where the chain "
+                                         f"moves {length} (count does not fit this IR)")
+            regions.append((o, src, dst))
+        length = length or 0
+        for m in range(m_count):
+            lo, hi = m * length // m_count, (m + 1) * length // m_count
+            v = None
+            for o, src, dst in regions:
+                sl = slice(lo, hi)
+                if o == Op.SEND:
+                    v = src[sl].copy()
+                elif o == Op.RECV:
+                    dst[sl] = v
+                elif o == Op.RECV_REDUCE_COPY:
+                    dst[sl] = red(v, src[sl])
+                elif o == Op.RECV_COPY_SEND:
+                    dst[sl] = v
+                elif o == Op.RECV_REDUCE_SEND:
+                    v = red(v, src[sl])
+                elif o == Op.RECV_REDUCE_COPY_SEND:
+                    v = red(v, src[sl])
+                    dst[sl] = v
+                elif o == Op.COPY:
+                    dst[sl] = src[sl].copy()
+                elif o == Op.REDUCE:
+                    dst[sl] = red(dst[sl].copy(), src[sl])
+    outs = [b[Buf.OUTPUT].copy() for b in bufs]
+    if return_scratch:
+        return outs, [b[Buf.SCRATCH].copy() for b in bufs]
+    return outs
+
+
+__all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "round_bf16", "OPS",
+           "DTYPES"]

@@ -1,0 +1,380 @@
+"""Lowering (compiler/lower.py) and the middle of the pipeline (compiler/build.py).
+
+Also home of the random valid-program strategy shared by test_tb_alloc / test_ir_check /
+test_reference: per chunk a random reduction tree (ReduceScatter / AllReduce) and a random broadcast
+tree (AllGather / AllReduce), with steps chosen so there are no races. It is an oracle independent of
+the compiler (and checked with the verifier, which is another engineer's code).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler import generators as G
+from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header
+from hccc.compiler.build import build_from_schedule, build_program, sanitize_identifier
+from hccc.compiler.dag import build_dag
+from hccc.compiler.ir_check import check_deadlock, check_fifo_order, check_structure
+from hccc.compiler.lower import buffer_sizes, lower
+from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler.schedule import Schedule
+from hccc.compiler.verify import verify
+
+
+# ------------------------------------------------------------------------------ random programs
+def _bcast_rows(rng, n, c, root, t0):
+    """Broadcast chunk c from root: every other rank receives once, after its sender holds it."""
+    have = {root: t0 - 1}
+    rows = []
+    for r in rng.permutation([x for x in range(n) if x != root]).tolist():
+        holders = sorted(have)
+        s = holders[int(rng.integers(len(holders)))]
+        t = have[s] + 1 + int(rng.integers(0, 2))
+        rows.append((s, r, t, c, RECV))
+        have[r] = t
+    return rows, max(have.values())
+
+
+def _reduce_rows(rng, n, c, root, t0):
+    """Reduce chunk c onto root over a random tree: a node sends (rrc) after all its children did,
+    siblings at distinct steps."""
+    order = [root] + rng.permutation([x for x in range(n) if x != root]).tolist()
+    parent = {order[i]: order[int(rng.integers(i))] for i in range(1, n)}
+    children = {x: [] for x in order}
+    for x, p in parent.items():
+        children[p].append(x)
+    send_t = {}
+    ready = {}
+
+    def visit(x):
+        for ch in children[x]:
+            visit(ch)
+        kids = sorted(children[x], key=lambda k: (send_t[k], k))
+        last = t0 - 1
+        for k in kids:
+            send_t[k] = max(send_t[k], last + 1)
+            last = send_t[k]
+        ready[x] = max([t0] + [send_t[k] + 1 for k in kids])
+        if x != root:
+            send_t[x] = ready[x] + int(rng.integers(0, 2))
+
+    visit(root)
+    rows = [(x, parent[x], send_t[x], c, RRC) for x in parent]
+    return rows, ready[root] - 1
+
+
+def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") -> Algorithm:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(n):
+        t0 = int(rng.integers(0, 3))
+        if coll == Collective.ALLGATHER:
+            rows += _bcast_rows(rng, n, c, c, t0)[0]
+        elif coll == Collective.REDUCESCATTER:
+            rows += _reduce_rows(rng, n, c, c, t0)[0]
+        else:
+            root = int(rng.integers(n))
+            r1, t_end = _reduce_rows(rng, n, c, root, t0)
+            r2, _ = _bcast_rows(rng, n, c, root, t_end + 1 + int(rng.integers(0, 2)))
+            rows += r1 + r2
+    h = Header(nranks=n, collective=coll, name=name)
+    return Algorithm.from_rows(h, rows)
+
+
+colls = st.sampled_from(list(Collective))
+
+
+@st.composite
+def algorithms(draw, max_ranks=6):
+    coll = draw(colls)
+    n = draw(st.integers(1, max_ranks))
+    seed = draw(st.integers(0, 2 ** 31))
+    return random_algorithm(coll, n, seed)
+
+
+EXAMPLES = [
+    lambda: G.ring_allgather(4), lambda: G.ring_reducescatter(5), lambda: G.ring_allreduce(4),
+    lambda: G.direct_allgather(3), lambda: G.direct_reducescatter(4), lambda: G.direct_allreduce(3),
+    lambda: G.recursive_doubling_allgather(8), lambda: G.hm_allreduce(2, 4),
+    lambda: G.hm_allreduce(3, 2), lambda: G.hm_allgather(3, 2), lambda: G.hm_reducescatter(2, 3),
+    lambda: G.hm_allreduce(4, 8),
+]
+
+
+def step_schedule(alg: Algorithm) -> Schedule:
+    """A stand-in schedule independent of HPDS: one sub-pipeline per step, tasks in step order."""
+    steps, inv = np.unique(alg.step, return_inverse=True)
+    order = np.argsort(alg.step, kind="stable").astype(np.int64)
+    return Schedule(subpipeline=inv.astype(np.int32), order=order, scheduler="step")
+
+
+# ------------------------------------------------------------------------------ tests
+def test_random_generator_makes_valid_programs():
+    for coll in Collective:
+        for n in (1, 2, 3, 5):
+            for seed in range(4):
+                verify(random_algorithm(coll, n, seed))
+
+
+def _lower_checked(alg, sched=None, **kw):
+    dag = build_dag(alg)
+    sched = sched if sched is not None else step_schedule(alg)
+    low = lower(alg, dag, sched, **kw)
+    return dag, sched, low
+
+
+def test_every_transfer_becomes_one_send_and_one_receive():
+    alg = G.hm_allreduce(2, 4)
+    _, _, low = _lower_checked(alg, fuse=False)
+    c = low.cols
+    sends = c["op"] == Op.SEND
+    recvs = np.isin(c["op"], [Op.RECV, Op.RECV_REDUCE_COPY])
+    assert sends.sum() == recvs.sum() == alg.ntransfers
+    assert np.array_equal(np.sort(c["task"][sends]), np.arange(alg.ntransfers))
+    assert np.array_equal(np.sort(c["task"][recvs]), np.arange(alg.ntransfers))
+    t = c["task"][sends]
+    assert np.array_equal(c["rank"][sends], alg.src[t]) and np.array_equal(c["send_peer"][sends], alg.dst[t])
+    t = c["task"][recvs]
+    assert np.array_equal(c["rank"][recvs], alg.dst[t]) and np.array_equal(c["recv_peer"][recvs], alg.src[t])
+    assert np.array_equal(c["op"][recvs] == Op.RECV_REDUCE_COPY, alg.op[t] == RRC)
+
+
+def _oracle_locations(alg):
+    """Per task, by brute force: (send src buf, off), (recv dst buf, off), (recv reduce src buf, off)."""
+    coll = alg.header.collective
+    first = {}
+    for i, (s, d, stp, c, o) in enumerate(alg.rows()):
+        first[(d, c)] = min(first.get((d, c), stp), stp)
+
+    def wloc(r, c):
+        if coll == Collective.REDUCESCATTER:
+            return (Buf.OUTPUT, 0) if r == c else (Buf.SCRATCH, c)
+        return (Buf.OUTPUT, c)
+
+    def inloc(r, c):
+        return (Buf.INPUT, 0 if coll == Collective.ALLGATHER else c)
+
+    out = []
+    for i, (s, d, stp, c, o) in enumerate(alg.rows()):
+        snd = inloc(s, c) if stp < first.get((s, c), 1 << 62) else wloc(s, c)
+        red = None
+        if o == RRC:
+            red = inloc(d, c) if stp <= first[(d, c)] else wloc(d, c)
+        out.append((snd, wloc(d, c), red))
+    return out
+
+
+@given(algorithms())
+@settings(max_examples=40)
+def test_buffer_mapping_matches_brute_force(alg):
+    _, _, low = _lower_checked(alg, fuse=False)
+    c = low.cols
+    want = _oracle_locations(alg)
+    for i in range(low.nprims):
+        t = int(c["task"][i])
+        op = Op(int(c["op"][i]))
+        if op == Op.COPY:
+            continue
+        snd, dstloc, red = want[t]
+        if op == Op.SEND:
+            assert (c["src_buf"][i], c["src_off"][i]) == snd
+            assert c["dst_buf"][i] == Buf.NONE
+        else:
+            assert (c["dst_buf"][i], c["dst_off"][i]) == dstloc
+            if op == Op.RECV_REDUCE_COPY:
+                assert (c["src_buf"][i], c["src_off"][i]) == red
+            else:
+                assert c["src_buf"][i] == Buf.NONE
+    assert (low.in_chunks, low.out_chunks, low.scratch_chunks) == buffer_sizes(alg.header.collective,
+                                                                              alg.header.nranks)
+
+
+def test_buffer_sizes():
+    assert buffer_sizes(Collective.ALLGATHER, 8) == (1, 8, 0)
+    assert buffer_sizes(Collective.REDUCESCATTER, 8) == (8, 1, 8)
+    assert buffer_sizes(Collective.ALLREDUCE, 8) == (8, 8, 0)
+
+
+def test_allgather_gets_local_copy_of_own_chunk():
+    alg = G.ring_allgather(4)
+    _, _, low = _lower_checked(alg)
+    c = low.cols
+    cp = np.flatnonzero(c["op"] == Op.COPY)
+    assert sorted(c["rank"][cp].tolist()) == [0, 1, 2, 3]
+    for i in cp:
+        r = int(c["rank"][i])
+        assert (c["src_buf"][i], c["src_off"][i], c["dst_buf"][i], c["dst_off"][i]) == \
+            (Buf.INPUT, 0, Buf.OUTPUT, r)
+
+
+@pytest.mark.parametrize("coll", list(Collective))
+def test_one_rank_program_is_a_local_copy(coll):
+    alg = Algorithm.from_rows(Header(nranks=1, collective=coll, name="solo"), [])
+    ir = build_program(alg)
+    assert ir.nprims == 1 and ir.prims["op"][0] == Op.COPY and list(ir.ntbs) == [1]
+    check_structure(ir)
+
+
+def test_fusion_on_a_pipelined_chain():
+    # chunk 0 travels 0 -> 1 -> 2 -> 3; one sub-pipeline holds the whole chain (task-level execution)
+    h = Header(nranks=4, collective=Collective.ALLGATHER, name="chain")
+    rows = [(0, 1, 0, 0, RECV), (1, 2, 1, 0, RECV), (2, 3, 2, 0, RECV)]
+    rows += [(1, 0, 0, 1, RECV), (1, 2, 0, 1, RECV), (1, 3, 0, 1, RECV)]
+    rows += [(2, 0, 0, 2, RECV), (2, 1, 1, 2, RECV), (2, 3, 0, 2, RECV)]
+    rows += [(3, 0, 1, 3, RECV), (3, 1, 0, 3, RECV), (3, 2, 1, 3, RECV)]
+    alg = Algorithm.from_rows(h, rows)
+    verify(alg)
+    dag = build_dag(alg)
+    one = Schedule(np.zeros(len(rows), np.int32), np.argsort(alg.step, kind="stable"), "one")
+    low = lower(alg, dag, one)
+    c = low.cols
+    fused = np.flatnonzero(c["op"] == Op.RECV_COPY_SEND)
+    pairs = sorted((int(c["task"][i]), int(c["task2"][i])) for i in fused)
+    assert (1, 2) in pairs
+    # task 4 (1 -> 2, chunk 1) sits on task 1's link between tasks 0 and 1 in the sub-pipeline: fusing
+    # 0 with 1 would reorder sends on connection 1 -> 2, so it must not happen
+    assert (0, 1) not in pairs
+    # move task 4 after task 1 and the fusion becomes legal
+    order = [t for t in np.argsort(alg.step, kind="stable").tolist() if t != 4]
+    order.insert(order.index(1) + 1, 4)
+    low3 = lower(alg, dag, Schedule(np.zeros(len(rows), np.int32), np.array(order), "one"))
+    c3 = low3.cols
+    pairs3 = {(int(c3["task"][i]), int(c3["task2"][i])) for i in np.flatnonzero(c3["task2"] >= 0)}
+    assert (0, 1) in pairs3
+    # the (1,2,0,1) and (1,3,0,1) transfers are sends of rank 1's own chunk: never fused
+    assert all(a not in (3, 4, 5) for a, _ in pairs)
+    ir = build_from_schedule(alg, dag, one)
+    assert ir.stats["fused"] == low.nfused
+    # different sub-pipelines: no fusion
+    low2 = lower(alg, dag, step_schedule(alg))
+    assert not np.isin(low2.cols["op"], [Op.RECV_COPY_SEND, Op.RECV_REDUCE_COPY_SEND]).any()
+
+
+@given(algorithms())
+@settings(max_examples=40)
+def test_fusion_conditions_hold(alg):
+    dag = build_dag(alg)
+    # everything in one sub-pipeline: as much fusion as possible
+    sched = Schedule(np.zeros(alg.ntransfers, np.int32), np.argsort(alg.step, kind="stable"), "one")
+    low = lower(alg, dag, sched)
+    c = low.cols
+    preds = {}
+    for a, b in zip(dag.edge_src.tolist(), dag.edge_dst.tolist()):
+        preds.setdefault(b, []).append(a)
+    fused = np.flatnonzero(c["task2"] >= 0)
+    seen_a, seen_b = set(), set()
+    for i in fused:
+        a, b = int(c["task"][i]), int(c["task2"][i])
+        assert a not in seen_a and b not in seen_b
+        seen_a.add(a), seen_b.add(b)
+        assert alg.dst[a] == alg.src[b] and alg.chunk[a] == alg.chunk[b]
+        # a is b's only predecessor that wrote b's source
+        writers = [u for u in preds.get(b, []) if alg.dst[u] == alg.src[b]]
+        assert writers == [a]
+        assert Op(int(c["op"][i])) == (Op.RECV_REDUCE_COPY_SEND if alg.op[a] == RRC else Op.RECV_COPY_SEND)
+        assert c["send_peer"][i] == alg.dst[b]
+    # the fused sends have no separate SEND primitive
+    plain = set(c["task"][c["op"] == Op.SEND].tolist())
+    assert plain.isdisjoint(seen_b) and plain | seen_b == set(range(alg.ntransfers))
+
+
+@pytest.mark.parametrize("make", EXAMPLES)
+@pytest.mark.parametrize("scheduler", ["hpds", "rr"])
+def test_examples_lower_deadlock_free(make, scheduler):
+    alg = make()
+    ir = build_program(alg, scheduler=scheduler)
+    check_structure(ir)
+    check_fifo_order(ir)
+    check_deadlock(ir)
+    s = ir.stats
+    for k in ("transfers", "subpipelines", "tbs_state_based", "tbs_connection_based", "tbs_per_rank_max",
+              "scheduler", "tb_alloc"):
+        assert k in s
+    assert s["transfers"] == alg.ntransfers
+    assert s["tbs_state_based"] <= s["tbs_connection_based"]
+    assert s["scheduler"] == scheduler and s["tb_alloc"] == "state"
+
+
+def test_hm_allreduce_4x8_fits_16_tbs():
+    ir = build_program(G.hm_allreduce(4, 8))
+    assert ir.stats["tbs_per_rank_max"] <= 16
+    assert ir.stats["transfers"] == 1984
+
+
+@given(algorithms(), st.sampled_from(["hpds", "rr", "step", "one"]), st.sampled_from(["state", "connection"]))
+@settings(max_examples=60)
+def test_random_programs_lower_deadlock_free(alg, scheduler, mode):
+    dag = build_dag(alg)
+    if scheduler == "step":
+        sched = step_schedule(alg)
+    elif scheduler == "one":
+        sched = Schedule(np.zeros(alg.ntransfers, np.int32), np.argsort(alg.step, kind="stable"), "one")
+    else:
+        from hccc.compiler.build import schedule_algorithm
+        sched = schedule_algorithm(alg, dag, scheduler)
+    ir = build_from_schedule(alg, dag, sched, tb_alloc=mode)   # runs all three checks
+    check_deadlock(ir)
+    assert ir.stats["tb_alloc"] == mode
+
+
+def test_dependencies_stay_on_one_rank_and_cross_tbs():
+    ir = build_program(G.hm_allreduce(2, 4), scheduler="rr")
+    assert len(ir.dep_prim)
+    assert np.array_equal(ir.prims["rank"][ir.dep_prim], ir.prims["rank"][ir.dep_on])
+    assert (ir.prims["tb"][ir.dep_prim] != ir.prims["tb"][ir.dep_on]).all()
+
+
+def test_tb_order_follows_pipeline_then_insertion():
+    alg = G.ring_allreduce(4)
+    dag = build_dag(alg)
+    sched = step_schedule(alg)
+    ir = build_from_schedule(alg, dag, sched, fuse=False)
+    pos = sched.position()
+    for sl in ir.tb_slices().values():
+        pipe = ir.prims["pipeline"][sl].astype(np.int64)
+        t = ir.prims["task"][sl]
+        key = np.where(t >= 0, pipe * (len(pos) + 1) + pos[np.maximum(t, 0)], -1)
+        assert (np.diff(key) > 0).all()
+
+
+def test_sanitize_identifier():
+    assert sanitize_identifier("HM") == "HM"
+    assert sanitize_identifier("my algo-2!") == "my_algo_2"
+    assert sanitize_identifier("9lives") == "_9lives"
+    assert sanitize_identifier("") == "algo"
+    assert sanitize_identifier("ü/../;rm -rf") == "rm_rf"
+    assert len(sanitize_identifier("x" * 500)) == 64
+
+
+@given(st.text(max_size=100))
+def test_sanitize_identifier_property(text):
+    import re
+    s = sanitize_identifier(text)
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", s)
+    assert sanitize_identifier(text) == s
+
+
+def test_build_program_name_and_determinism():
+    alg = G.hm_allreduce(2, 4, name="HM all-reduce")
+    a = build_program(alg)
+    b = build_program(alg)
+    assert a.name == "HM_all_reduce"
+    assert a.to_json() == b.to_json()
+    assert build_program(alg, name="x y").name == "x_y"
+
+
+def test_unverified_allgather_errors_are_located_compile_errors():
+    from hccc.compiler.diagnostics import CompileError
+    h = Header(nranks=3, collective=Collective.ALLGATHER, name="bad")
+    # rank 1 forwards chunk 0 before it receives it
+    alg = Algorithm.from_rows(h, [(1, 2, 0, 0, RECV), (0, 1, 1, 0, RECV), (1, 0, 0, 1, RECV),
+                                  (1, 2, 1, 1, RECV), (2, 0, 0, 2, RECV), (2, 1, 0, 2, RECV)])
+    with pytest.raises(CompileError, match="rank 1 sends chunk 0 before holding it at step 0"):
+        build_program(alg)
+    # rank 2 never gets chunk 1
+    alg = Algorithm.from_rows(h, [(0, 1, 0, 0, RECV), (0, 2, 0, 0, RECV), (1, 0, 0, 1, RECV),
+                                  (2, 0, 0, 2, RECV), (2, 1, 0, 2, RECV)])
+    with pytest.raises(CompileError, match="rank 2 never receives chunk 1"):
+        build_program(alg)
