@@ -1,0 +1,619 @@
+"""ResCCLang (.rccl) parser: lark LALR grammar + indentation post-lexer -> a small typed AST.
+
+The AST is deliberately tiny (one class per construct, positions as :class:`Location`) and is
+checked statically here: header parameters, reserved words, ``range()`` / ``transfer()`` arity,
+transfer ops, string values outside the header, loop nesting and expression depth. Evaluation
+lives in :mod:`evaluator`.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lark import Lark, Token, Tree
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
+from ..algorithm import RECV, RRC, Collective, Header
+from ..diagnostics import CompileError, Diagnostic, Location, SourceFile
+
+# Bounds that are static properties of the text.
+MAX_LOOP_NESTING = 64
+MAX_EXPR_DEPTH = 200
+INT_LIMIT = 2 ** 62  # |x| <= INT_LIMIT for every integer the program handles
+
+RESERVED = frozenset({"def", "ResCCLAlgo", "for", "in", "range", "transfer", "recv", "rrc", "pass"})
+_KEYWORD_TYPES = {"DEF", "RESCCLALGO", "FOR", "IN", "RANGE", "TRANSFER", "RECV", "RRC", "PASS"}
+_UNSUPPORTED_PY = frozenset({
+    "if", "elif", "else", "while", "return", "import", "from", "class", "with", "try", "except",
+    "break", "continue", "lambda", "print", "yield", "global", "del", "assert", "raise",
+})
+
+
+# ---------------------------------------------------------------------------------------- AST
+class Node:
+    __slots__ = ("loc",)
+
+
+class Int(Node):
+    __slots__ = ("value",)
+
+    def __init__(self, value: int, loc: Location):
+        self.value, self.loc = value, loc
+
+
+class Var(Node):
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, loc: Location):
+        self.name, self.loc = name, loc
+
+
+class BinOp(Node):
+    """``left op right``; ``op`` as written (``/`` and ``//`` both floor-divide)."""
+
+    __slots__ = ("op", "left", "right")
+
+    def __init__(self, op: str, left: Node, right: Node, loc: Location):
+        self.op, self.left, self.right, self.loc = op, left, right, loc
+
+
+class Neg(Node):
+    __slots__ = ("operand",)
+
+    def __init__(self, operand: Node, loc: Location):
+        self.operand, self.loc = operand, loc
+
+
+class Assign(Node):
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: Node, loc: Location):
+        self.name, self.value, self.loc = name, value, loc
+
+
+class For(Node):
+    """``for var in range(args): body``. ``carried`` etc. are filled in by the evaluator's analysis."""
+
+    __slots__ = ("var", "args", "body", "range_loc", "carried", "trip_known_positive",
+                 "direct_transfers")
+
+    def __init__(self, var: str, args: list, body: list, loc: Location, range_loc: Location):
+        self.var, self.args, self.body, self.loc, self.range_loc = var, args, body, loc, range_loc
+        self.carried = False
+        self.trip_known_positive = False
+        self.direct_transfers: list = []
+
+
+class Transfer(Node):
+    __slots__ = ("args", "op", "site", "loop_vars", "needs_key")
+
+    def __init__(self, args: list, op: int, site: int, loop_vars: tuple, loc: Location):
+        self.args, self.op, self.site, self.loop_vars, self.loc = args, op, site, loop_vars, loc
+        self.needs_key = False
+
+
+class Pass(Node):
+    __slots__ = ()
+
+    def __init__(self, loc: Location):
+        self.loc = loc
+
+
+@dataclass
+class Program:
+    """A parsed ``.rccl`` file: header, body statements and the transfer call sites in order."""
+
+    source: SourceFile
+    header: Header
+    body: list
+    transfers: list  # Transfer nodes, index == site id
+
+
+# ------------------------------------------------------------------------- lark + indentation
+_GRAMMAR = Path(__file__).with_name("rccl.lark")
+_PARSER: Lark | None = None
+
+
+class _Indenter:
+    """Turns ``_NL`` tokens into ``_NL`` + ``_INDENT`` / ``_DEDENT`` (Python rules, incl. TabError)."""
+
+    always_accept = ("_NL",)
+
+    def __init__(self) -> None:
+        self.source: SourceFile | None = None
+        self.open_parens: list[Token] = []
+
+    @staticmethod
+    def _widths(indent: str) -> tuple[int, int]:
+        """Width with tab size 8 and with tab size 1 (Python's consistency check)."""
+        w8 = w1 = 0
+        for ch in indent:
+            if ch == "\t":
+                w8 = (w8 // 8 + 1) * 8
+                w1 += 1
+            elif ch == " ":
+                w8 += 1
+                w1 += 1
+        return w8, w1
+
+    def _err(self, line: int, col: int, msg: str) -> CompileError:
+        return CompileError.at(Location(self.source, line, col), msg)
+
+    def process(self, stream):
+        stack = [(0, 0)]
+        opened = self.open_parens = []
+        for tok in stream:
+            t = tok.type
+            if t == "LPAR":
+                opened.append(tok)
+            elif t == "RPAR" and opened:
+                opened.pop()
+            if t != "_NL":
+                yield tok
+                continue
+            if opened:
+                continue  # implicit line joining inside parentheses
+            yield tok
+            if "\n" not in tok.value:
+                continue
+            indent = tok.value.rsplit("\n", 1)[1]
+            line = tok.end_line
+            col = len(indent) + 1
+            w = self._widths(indent)
+            top = stack[-1]
+            if w == top:
+                continue
+            if w[0] > top[0] and w[1] > top[1]:
+                stack.append(w)
+                yield Token("_INDENT", indent, tok.end_pos, line, col, line, col, tok.end_pos)
+                continue
+            if (w[0] > top[0]) != (w[1] > top[1]) or (w[0] == top[0]) != (w[1] == top[1]):
+                raise self._err(line, 1, "inconsistent use of tabs and spaces in indentation")
+            while stack[-1][0] > w[0]:
+                stack.pop()
+                yield Token("_DEDENT", indent, tok.end_pos, line, col, line, col, tok.end_pos)
+            if stack[-1] != w:
+                raise self._err(line, col, "unindent does not match any outer indentation level")
+        while len(stack) > 1:
+            stack.pop()
+            yield Token("_DEDENT", "", 0, 0, 0, 0, 0, 0)
+
+
+def _parser() -> Lark:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
+                       lexer="basic", propagate_positions=True, postlex=_Indenter(),
+                       maybe_placeholders=True)
+    return _PARSER
+
+
+_TERMINAL_NAMES = {
+    "_NL": "end of line", "_INDENT": "an indented block", "_DEDENT": "end of the indented block",
+    "$END": "end of file", "NAME": "an identifier", "INT": "an integer", "STRING": "a string",
+    "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "COLON": "':'", "EQUAL": "'='",
+    "SEMICOLON": "';'", "ADDOP": "'+' or '-'", "MULOP": "'*', '/', '//' or '%'",
+    "DEF": "'def'", "RESCCLALGO": "'ResCCLAlgo'", "FOR": "'for'", "IN": "'in'",
+    "RANGE": "'range'", "TRANSFER": "'transfer'", "RECV": "'recv'", "RRC": "'rrc'",
+    "PASS": "'pass'",
+}
+_EXPR_START = {"NAME", "INT", "LPAR", "ADDOP", "STRING"}
+_STMT_START = {"NAME", "FOR", "TRANSFER", "PASS"}
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type in ("$END", "_DEDENT") and not tok.value:
+        return "end of file"
+    if tok.type == "_NL":
+        return "end of line"
+    if tok.type == "_INDENT":
+        return "indent"
+    if tok.type == "_DEDENT":
+        return "end of the indented block"
+    if tok.type in _KEYWORD_TYPES:
+        return f"keyword '{tok.value}'"
+    if tok.type == "NAME":
+        return f"identifier '{tok.value}'"
+    if tok.type == "INT":
+        return f"integer {tok.value}"
+    if tok.type == "STRING":
+        v = tok.value if len(tok.value) <= 40 else tok.value[:37] + "..."
+        return f"string {v}"
+    return f"'{tok.value}'"
+
+
+def _describe_expected(expected: set[str]) -> str:
+    exp = set(expected)
+    parts: list[str] = []
+    if _EXPR_START - {"STRING"} <= exp:
+        exp -= _EXPR_START | {"RECV", "RRC"}
+        parts.append("an expression")
+    if {"FOR", "TRANSFER", "NAME"} <= exp:
+        exp -= _STMT_START
+        parts.append("a statement")
+    if exp & {"ADDOP", "MULOP"}:
+        exp -= {"ADDOP", "MULOP"}
+        parts.append("an operator")
+    exp.discard("SEMICOLON")
+    names = sorted({_TERMINAL_NAMES.get(e, e.lower()) for e in exp})
+    parts.extend(names)
+    if not parts:
+        return ""
+    if len(parts) == 1:
+        return parts[0]
+    return ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _end_location(source: SourceFile) -> Location:
+    lines = source.text.split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines = lines[:-1]
+    return Location(source, max(1, len(lines)), len(lines[-1]) + 1 if lines else 1)
+
+
+def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
+    text = source.text
+    if isinstance(exc, UnexpectedCharacters):
+        loc = Location(source, exc.line, exc.column)
+        ch = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else exc.char
+        if ch in "\"'":
+            return CompileError.at(loc, "unterminated string literal")
+        if ch == "." and exc.pos_in_stream > 0 and text[exc.pos_in_stream - 1].isdigit():
+            return CompileError.at(loc, "floating-point numbers are not supported (integers only)")
+        if ch == "\r":
+            return CompileError.at(loc, "stray carriage return (use \\n or \\r\\n line endings)")
+        shown = repr(ch) if ch.isprintable() and ch not in " " else f"U+{ord(ch):04X}"
+        hint = ""
+        if ch in "<>!":
+            hint = " (comparisons and conditionals are not part of ResCCLang)"
+        elif ch in "[]{}":
+            hint = " (lists and dicts are not part of ResCCLang)"
+        return CompileError.at(loc, f"unexpected character {shown}{hint}")
+    if isinstance(exc, UnexpectedEOF):
+        return CompileError.at(_end_location(source), "unexpected end of file")
+    if isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        if tok.type == "$END" or (tok.type == "_DEDENT" and not tok.line):
+            loc = _end_location(source)
+        else:
+            loc = Location(source, tok.line or 1, tok.column or 1)
+        expected = set(exc.expected or ())
+        line_text = source.line_text(loc.line) or ""
+        first_word = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", line_text)
+        if first_word and first_word.group(1) in _UNSUPPORTED_PY and first_word.group(1) not in RESERVED:
+            w = first_word.group(1)
+            return CompileError.at(Location(source, loc.line, first_word.start(1) + 1),
+                                   f"'{w}' is not supported in ResCCLang (statements: assignment, "
+                                   f"for ... in range(...), transfer(...))")
+        if tok.type == "_INDENT":
+            return CompileError.at(loc, "unexpected indent")
+        if "_INDENT" in expected and tok.type != "_INDENT":
+            return CompileError.at(loc, "expected an indented block")
+        if tok.type in _KEYWORD_TYPES and "NAME" in expected:
+            return CompileError.at(loc, f"'{tok.value}' is a reserved word and cannot be used as a name")
+        if tok.type == "NAME" and "RESCCLALGO" in expected:
+            return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found identifier "
+                                        f"'{tok.value}'")
+        if "RESCCLALGO" in expected:
+            return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found "
+                                        f"{_describe_token(tok)}")
+        kw = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(?!=)", line_text)
+        if kw and kw.group(1) in RESERVED and (tok.type == "EQUAL" or tok.type in _KEYWORD_TYPES):
+            return CompileError.at(Location(source, loc.line, kw.start(1) + 1),
+                                   f"'{kw.group(1)}' is a reserved word and cannot be assigned")
+        if tok.type == "MULOP" and tok.value == "*" and text_at(source, tok, -1) == "*":
+            return CompileError.at(Location(source, loc.line, max(1, loc.col - 1)),
+                                   "the power operator '**' is not supported")
+        if tok.type == "EQUAL" and text_at(source, tok, -1) == "=":
+            return CompileError.at(Location(source, loc.line, max(1, loc.col - 1)),
+                                   "comparisons ('==') are not part of ResCCLang")
+        if tok.type == "EQUAL" and "EQUAL" not in expected:
+            return CompileError.at(loc, "unexpected '=' (only 'name = expression' assignments are "
+                                        "supported)")
+        opened = _parser().options.postlex.open_parens  # type: ignore[union-attr]
+        if tok.type in ("$END", "_DEDENT") and opened:
+            p = opened[-1]
+            return CompileError.at(Location(source, p.line, p.column), "'(' was never closed")
+        if tok.type == "$END" and expected == {"_DEDENT"}:
+            return CompileError.at(loc, "unexpected end of file")
+        if expected == {"$END"}:
+            return CompileError.at(loc, f"unexpected {_describe_token(tok)} after the algorithm "
+                                        f"body (statements must be indented under the header)")
+        if not opened and "_NL" in expected:  # LALR lookaheads merged from other contexts
+            expected -= {"RPAR", "COMMA"}
+        want = _describe_expected(expected)
+        msg = f"unexpected {_describe_token(tok)}"
+        if want:
+            msg += f"; expected {want}"
+        notes: tuple[str, ...] = ()
+        if opened and opened[-1].line < loc.line:
+            p = opened[-1]
+            notes = (f"the '(' at line {p.line}, column {p.column} is not closed",)
+        return CompileError([Diagnostic(msg, loc, notes=notes)])
+    return CompileError.at(Location(source, 1, 1), f"syntax error: {exc}")
+
+
+def text_at(source: SourceFile, tok: Token, offset: int) -> str:
+    """The character ``offset`` places after the start of ``tok`` (empty past the end)."""
+    pos = (tok.start_pos or 0) + offset
+    return source.text[pos] if 0 <= pos < len(source.text) else ""
+
+
+_BLANK = re.compile(r"\A(\s*(#[^\n]*)?(\n|\Z))*\Z")
+
+
+def parse_tree(source: SourceFile) -> Tree:
+    """Run the lark parser; all syntax errors become located :class:`CompileError`."""
+    text = source.text
+    if _BLANK.match(text):
+        raise CompileError.at(Location(source, 1, 1),
+                              "empty program: expected a 'ResCCLAlgo(...)' header")
+    m = re.match(r"\A(?:[ \t\f]*(?:#[^\n]*)?\r?\n)*([ \t\f]+)\S", text)
+    if m:
+        line = text.count("\n", 0, m.end(1)) + 1
+        raise CompileError.at(Location(source, line, 1), "unexpected indent")
+    if not text.endswith("\n"):
+        text += "\n"
+    parser = _parser()
+    parser.options.postlex.source = source  # type: ignore[union-attr]
+    try:
+        return parser.parse(text)
+    except CompileError:
+        raise
+    except LarkError as exc:
+        raise _syntax_error(exc, source) from None
+
+
+# ---------------------------------------------------------------------------- tree -> AST
+_PARAMS = {
+    # name: (kind, required, default)
+    "nRanks": ("int", True, None),
+    "OpType": ("optype", True, None),
+    "nChannels": ("int", False, 1),
+    "nWarps": ("int", False, 16),
+    "AlgoName": ("str", False, "algo"),
+    "GPUPerNode": ("int", False, 0),
+    "NICPerNode": ("int", False, 0),
+}
+_PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0}
+# Header integers that the body may read as predefined variables.
+HEADER_VARS = ("nRanks", "nChannels", "nWarps", "GPUPerNode", "NICPerNode")
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+
+
+def _unquote(s: str) -> str:
+    body = s[1:-1]
+    if "\\" not in body:
+        return body
+    out = []
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            out.append(_ESCAPES.get(nxt, "\\" + nxt))
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _parse_int_literal(tok: Token, source: SourceFile, negative: bool = False) -> int:
+    v = int(tok.value.replace("_", ""))
+    if negative:
+        v = -v
+    if abs(v) > INT_LIMIT:
+        raise CompileError.at(Location(source, tok.line, tok.column),
+                              f"integer literal {tok.value} is too large (|x| must be at most 2**62)")
+    return v
+
+
+class _Builder:
+    def __init__(self, source: SourceFile):
+        self.source = source
+        self.transfers: list[Transfer] = []
+
+    def loc(self, tok: Token) -> Location:
+        return Location(self.source, tok.line, tok.column)
+
+    def tree_loc(self, tree: Tree) -> Location:
+        return Location(self.source, tree.meta.line, tree.meta.column)
+
+    def node_loc(self, node) -> Location:
+        return self.loc(node) if isinstance(node, Token) else self.tree_loc(node)
+
+    # ---------------------------------------------------------------- header
+    def header(self, tree: Tree) -> Header:
+        kids = [k for k in tree.children]
+        head_tok = next(k for k in kids if isinstance(k, Token))
+        loc = self.loc(head_tok)
+        seen: dict[str, object] = {}
+        for p in kids:
+            if not isinstance(p, Tree) or p.data != "param":
+                continue
+            name_tok, val = p.children
+            name = str(name_tok)
+            if name not in _PARAMS:
+                close = difflib.get_close_matches(name, list(_PARAMS), n=1)
+                if not close:
+                    close = [k for k in _PARAMS if k.lower() == name.lower()]
+                hint = f"; did you mean '{close[0]}'?" if close else \
+                    f" (known: {', '.join(_PARAMS)})"
+                raise CompileError.at(self.loc(name_tok), f"unknown header parameter '{name}'{hint}")
+            if name in seen:
+                raise CompileError.at(self.loc(name_tok), f"duplicate header parameter '{name}'")
+            seen[name] = self.param_value(name, val)
+        for name, (_, required, _) in _PARAMS.items():
+            if required and name not in seen:
+                raise CompileError.at(loc, f"missing required header parameter '{name}'")
+        return Header(
+            nranks=seen["nRanks"], collective=seen["OpType"],
+            name=seen.get("AlgoName", "algo"),
+            nchannels=seen.get("nChannels", 1), nwarps=seen.get("nWarps", 16),
+            gpu_per_node=seen.get("GPUPerNode", 0), nic_per_node=seen.get("NICPerNode", 0),
+            location=loc,
+        )
+
+    def param_value(self, name: str, val: Tree):
+        kind = _PARAMS[name][0]
+        vloc = self.tree_loc(val)
+        if val.data == "pint" or val.data == "pint_signed":
+            if kind != "int":
+                want = "a string" if kind == "str" else "a collective name"
+                raise CompileError.at(vloc, f"header parameter '{name}' must be {want}, not an integer")
+            if val.data == "pint":
+                v = _parse_int_literal(val.children[0], self.source)
+            else:
+                sign, itok = val.children
+                v = _parse_int_literal(itok, self.source, negative=(sign == "-"))
+            lo = _PARAM_MIN[name]
+            if v < lo:
+                raise CompileError.at(vloc, f"header parameter '{name}' must be at least {lo}, got {v}")
+            return v
+        if val.data == "pstring":
+            text = _unquote(str(val.children[0]))
+        else:  # bare word
+            text = str(val.children[0])
+            if kind == "str":
+                raise CompileError.at(vloc, f"header parameter '{name}' must be a quoted string")
+        if kind == "int":
+            raise CompileError.at(vloc, f"header parameter '{name}' must be an integer, not a "
+                                        f"{'string' if val.data == 'pstring' else 'name'}")
+        if kind == "optype":
+            c = Collective.parse(text)
+            if c is None:
+                shown = text if len(text) <= 40 else text[:37] + "..."
+                raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected Allgather, "
+                                            f"Allreduce or Reducescatter)")
+            return c
+        return text
+
+    # ---------------------------------------------------------------- statements
+    def suite(self, tree: Tree, loop_vars: tuple, depth: int) -> list:
+        out: list = []
+        for ch in tree.children:
+            if isinstance(ch, Tree):
+                self.stmt(ch, loop_vars, depth, out)
+        return out
+
+    def stmt(self, tree: Tree, loop_vars: tuple, depth: int, out: list) -> None:
+        d = tree.data
+        if d == "simple_stmt":
+            for ch in tree.children:
+                if isinstance(ch, Tree):
+                    self.stmt(ch, loop_vars, depth, out)
+        elif d == "assign":
+            name_tok, exp = tree.children
+            out.append(Assign(str(name_tok), self.expr(exp, 0), self.loc(name_tok)))
+        elif d == "pass_stmt":
+            out.append(Pass(self.loc(tree.children[0])))
+        elif d == "transfer":
+            out.append(self.transfer(tree, loop_vars))
+        elif d == "for_stmt":
+            for_tok, var_tok, _in, range_tok, *rest = tree.children
+            body = rest[-1]
+            args = [a for a in rest[:-1] if a is not None]
+            loc = self.loc(for_tok)
+            if depth + 1 > MAX_LOOP_NESTING:
+                raise CompileError.at(loc, f"loops nested too deeply (more than {MAX_LOOP_NESTING})")
+            if not 1 <= len(args) <= 3:
+                raise CompileError.at(self.loc(range_tok),
+                                      f"range() takes 1 to 3 arguments, got {len(args)}")
+            eargs = [self.expr(a, 0) for a in args]
+            var = str(var_tok)
+            node = For(var, eargs, [], loc, self.loc(range_tok))
+            node.body = self.suite(body, loop_vars + (var,), depth + 1)
+            out.append(node)
+        else:  # pragma: no cover - grammar and builder out of sync
+            raise AssertionError(f"unknown statement {d}")
+
+    def transfer(self, tree: Tree, loop_vars: tuple) -> Transfer:
+        tok = tree.children[0]
+        args = [a for a in tree.children[1:] if a is not None]
+        loc = self.loc(tok)
+        if len(args) != 5:
+            raise CompileError.at(loc, f"transfer() takes 5 arguments (src, dst, step, chunk, op), "
+                                       f"got {len(args)}")
+        names = ("src", "dst", "step", "chunk")
+        vals = []
+        for i, a in enumerate(args[:4]):
+            if isinstance(a, Tree) and a.data == "opword":
+                raise CompileError.at(self.tree_loc(a), f"'{a.children[0]}' is an operation; "
+                                                        f"transfer() argument {i + 1} ({names[i]}) "
+                                                        f"must be an integer expression")
+            vals.append(self.expr(a, 0))
+        op = self.op_arg(args[4])
+        site = len(self.transfers)
+        t = Transfer(vals, op, site, loop_vars, loc)
+        self.transfers.append(t)
+        return t
+
+    def op_arg(self, a) -> int:
+        if isinstance(a, Tree):
+            if a.data == "opword":
+                return RECV if a.children[0] == "recv" else RRC
+            if a.data in ("var", "string"):
+                raw = str(a.children[0])
+                word = _unquote(raw) if a.data == "string" else raw
+                if word.lower() == "recv":
+                    return RECV
+                if word.lower() == "rrc":
+                    return RRC
+                shown = raw if len(raw) <= 40 else raw[:37] + "..."
+                raise CompileError.at(self.tree_loc(a), f"unknown transfer op {shown} "
+                                                        f"(expected recv or rrc)")
+        raise CompileError.at(self.node_loc(a), "transfer() argument 5 must be the operation "
+                                                "recv or rrc")
+
+    # ---------------------------------------------------------------- expressions
+    def expr(self, t, depth: int) -> Node:
+        if depth > MAX_EXPR_DEPTH:
+            raise CompileError.at(self.node_loc(t), f"expression nested too deeply "
+                                                    f"(more than {MAX_EXPR_DEPTH} levels)")
+        if isinstance(t, Token):  # pragma: no cover - every atom is wrapped by an alias
+            raise AssertionError(f"bare token {t!r}")
+        d = t.data
+        if d == "int":
+            tok = t.children[0]
+            return Int(_parse_int_literal(tok, self.source), self.loc(tok))
+        if d == "var":
+            tok = t.children[0]
+            return Var(str(tok), self.loc(tok))
+        if d == "string":
+            raise CompileError.at(self.tree_loc(t), "strings are only allowed in the header and as "
+                                                    "the transfer op; values are integers")
+        if d == "unary":
+            op_tok, operand = t.children
+            inner = self.expr(operand, depth + 1)
+            if op_tok == "+":
+                return inner
+            if isinstance(inner, Int):
+                return Int(-inner.value, self.loc(op_tok))
+            return Neg(inner, self.loc(op_tok))
+        if d == "binop":
+            left, op_tok, right = t.children
+            for side in (left, right):
+                if isinstance(side, Tree) and side.data == "string":
+                    raise CompileError.at(self.loc(op_tok), f"unsupported operand for '{op_tok}': "
+                                                            f"a string (arithmetic needs integers)")
+            return BinOp(str(op_tok), self.expr(left, depth + 1), self.expr(right, depth + 1),
+                         self.loc(op_tok))
+        if d == "opword":
+            raise CompileError.at(self.tree_loc(t), f"'{t.children[0]}' is a reserved word and "
+                                                    f"cannot be used as a value")
+        raise AssertionError(f"unknown expression {d}")  # pragma: no cover
+
+
+def parse_program(source: SourceFile) -> Program:
+    """Parse and statically check ``source``; evaluation is :func:`evaluator.evaluate`."""
+    tree = parse_tree(source)
+    header_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "header")
+    suite_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "suite")
+    b = _Builder(source)
+    header = b.header(header_tree)
+    body = b.suite(suite_tree, (), 0)
+    return Program(source, header, body, b.transfers)
