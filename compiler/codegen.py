@@ -252,14 +252,15 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- entry point
-def _check(ir: ProgramIR, platforms: list[str]) -> None:
+def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
     if not isinstance(ir.name, str) or not _NAME_RE.fullmatch(ir.name):
         raise ValueError(f"ProgramIR name {ir.name!r} is not a sanitised identifier")
     if len(platforms) != ir.nranks:
         raise ValueError(f"platforms has {len(platforms)} entries, expected {ir.nranks}")
-    for pl in platforms:
-        if pl not in PLATFORMS:
-            raise ValueError(f"unknown platform {pl!r} (expected one of {', '.join(PLATFORMS)})")
+    for pls in platforms:
+        for pl in pls:
+            if pl not in PLATFORMS:
+                raise ValueError(f"unknown platform {pl!r} (expected one of {', '.join(PLATFORMS)})")
     if ir.chunk_bytes <= 0 or ir.chunk_bytes % 16 or ir.chunk_bytes > (1 << 30):
         raise ValueError("chunk_bytes must be a positive multiple of 16 of at most 1 GiB")
     if ir.nchunks < 1:
@@ -270,13 +271,15 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
-    ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``. Returns the written paths, sorted.
+    ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
+    the first is the platform the rank runs on (manifest ``platform``/``source``), every one gets a
+    source (manifest ``sources``). Returns the written paths, sorted.
     ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
     """
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
     outdir = pathlib.Path(outdir)
-    platforms = list(platforms)
+    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
     _check(ir, platforms)
     if not _is_canonical(ir):
         ir = _sorted_copy(ir)
@@ -302,14 +305,14 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
     pipe = ir.prims["pipeline"]
 
-    present = [pl for pl in PLATFORMS if pl in platforms]
+    present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
     rank_tpl = env.get_template("common/rank.j2")
     rank_entries = []
     sources: dict[str, list[str]] = {pl: [] for pl in present}
     for r in range(ir.nranks):
-        pl = platforms[r]
+        pl = platforms[r][0]
         source = f"{name}_r{r}.{EXT[pl]}"
         kernel = f"hccc_{name}_r{r}"
         tbs = []
@@ -320,14 +323,19 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                             pipelines=_ranges(pls.tolist()),
                             body="\n".join(lines[sl])))
             nprims += sl.stop - sl.start
-        written[source] = rank_tpl.render(
-            **common, source=source, rank=r, platform=pl, ntbs=ntbs[r], nprims=nprims,
-            nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
-            nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[pl],
-            ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
-            out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes, tbs=tbs)
-        sources[pl].append(source)
+        rank_sources = {}
+        for rpl in platforms[r]:
+            rsrc = f"{name}_r{r}.{EXT[rpl]}"
+            written[rsrc] = rank_tpl.render(
+                **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
+                nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
+                nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
+                ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
+                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes, tbs=tbs)
+            sources[rpl].append(rsrc)
+            rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
+                                 sources=rank_sources,
                                  send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
                                  progress_slots=int(col.nprogress[r])))
 
@@ -337,7 +345,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         fname = f"{name}_{pl}.{EXT[pl]}"
         umbrella[pl] = fname
         written[fname] = umb_tpl.render(**common, source=fname, platform=pl, files=sources[pl],
-                                        ranks=[r for r in range(ir.nranks) if platforms[r] == pl])
+                                        ranks=[r for r in range(ir.nranks) if pl in platforms[r]])
     hdr_ctx = dict(version=VERSION, nslots=NSLOTS, dtypes=DTYPES, ops=REDOPS)
     written["hccc_platform.h"] = env.get_template("common/hccc_platform.h.j2").render(**hdr_ctx)
     written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)

@@ -46,12 +46,17 @@ def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorit
         f"don't know how to read '{p.name}': expected a .rccl (ResCCLang) file", None)])
 
 
-def platforms_for(nranks: int, target: str) -> list[str]:
-    """Platform of each rank. Without a cluster description every rank is CUDA."""
+def platforms_for(nranks: int, target: str) -> list[tuple[str, ...]]:
+    """Platforms emitted for each rank (the first is the one it runs on).
+
+    Without a cluster description every rank is CUDA; ``all`` emits CUDA and HIP for every rank.
+    """
     if target in ("auto", "cuda"):
-        return ["cuda"] * nranks
+        return [("cuda",)] * nranks
     if target == "hip":
-        return ["hip"] * nranks
+        return [("hip",)] * nranks
+    if target == "all":
+        return [("cuda", "hip")] * nranks
     raise ValueError(f"unknown target {target!r}")
 
 

@@ -175,6 +175,11 @@ def test_every_example_checks_and_compiles(tmp_path, example):
     assert json.loads(p.stdout)["valid"] is True
     p = run_cli(str(EXAMPLES / example), "-o", str(tmp_path / "k"), "--target", "all")
     assert p.returncode == 0, p.stderr
+    man = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    assert set(man["libraries"]) == {"cuda", "hip"}
+    for r in man["ranks"]:
+        assert set(r["sources"]) == {"cuda", "hip"}
+        assert all((tmp_path / "k" / f).is_file() for f in r["sources"].values())
 
 
 def test_hm_allreduce_4x8_tb_counts(tmp_path):
