@@ -58,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     g = args.gpus_per_node
     sizes = [int(x) for x in args.gpus.split(",")]
-    console = Console()
+    console = Console(width=160)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hccc-bench-") as tmp:
         for n in sizes:
