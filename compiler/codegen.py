@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import pathlib
-import re
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import jinja2
 import numpy as np
 
 from .ir_check import check_structure
-from .program_ir import Buf, Op, ProgramIR
+from .program_ir import NAME_RE, Buf, Op, ProgramIR
 
 MANIFEST_SCHEMA = "hccc.manifest/1"
 VERSION = "0.1.0"
@@ -34,7 +33,6 @@ DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf1
 REDOPS = ("sum", "max", "min")
 NSLOTS = 8
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
 _RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
@@ -253,7 +251,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> list[str]:
 
 # ---------------------------------------------------------------------------- entry point
 def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
-    if not isinstance(ir.name, str) or not _NAME_RE.fullmatch(ir.name):
+    if not isinstance(ir.name, str) or not NAME_RE.fullmatch(ir.name):
         raise ValueError(f"ProgramIR name {ir.name!r} is not a sanitised identifier")
     if len(platforms) != ir.nranks:
         raise ValueError(f"platforms has {len(platforms)} entries, expected {ir.nranks}")

@@ -43,6 +43,9 @@ import numpy as np
 
 SCHEMA = "hccc.program/1"
 
+#: What a ProgramIR name must look like: the only user text that reaches generated code and paths.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
 
 class Op(IntEnum):
     SEND = 0
@@ -199,7 +202,7 @@ class ProgramIR:
             return obj[key]
 
         name = need(d, "name", str)
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
+        if not NAME_RE.fullmatch(name):
             raise IRFormatError("field 'name' must be an identifier of at most 64 characters")
         coll = need(d, "collective", str)
         if coll not in ("allgather", "reducescatter", "allreduce"):
