@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .algorithm import Algorithm
-from .diagnostics import CompileError, Diagnostic, SourceFile
+from .diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 TARGETS = ("auto", "cuda", "hip", "all")
 
@@ -75,3 +75,50 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     with atomic_output_dir(outdir) as tmp:
         files = times.run("codegen", generate, ir, tmp, platforms=platforms_for(ir.nranks, opts.target))
     return ir, files
+
+
+IR_SUFFIXES = (".json",)
+XML_SUFFIXES = (".xml",)
+
+
+def load_program(path: str | Path, opts: CompileOptions | None = None):
+    """Any runnable input as a ProgramIR.
+
+    - ``.json``: a ProgramIR as written into OUTDIR; taken exactly as given (structure is validated on
+      load, the collective is *not* re-verified), so hand-edited IRs can be tried.
+    - ``.xml``: an MSCCL XML algorithm (``hccc.compiler.msccl_xml.import_xml``).
+    - anything else: an algorithm file, verified, scheduled and lowered with ``opts``.
+    Raises :class:`CompileError` with a located message for bad input.
+    """
+    from .build import build_program
+    from .verify import verify
+
+    opts = opts or CompileOptions()
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix in IR_SUFFIXES:
+        from .program_ir import IRFormatError, ProgramIR
+        src = SourceFile.read(p)
+        try:
+            return ProgramIR.from_json(src.text)
+        except IRFormatError as exc:
+            raise CompileError([Diagnostic(str(exc), Location(src, exc.line, exc.col))]) from None
+    if suffix in XML_SUFFIXES:
+        from .msccl_xml import import_xml
+        return import_xml(p)
+    alg = load_algorithm(p, max_transfers=opts.max_transfers)
+    verify(alg)
+    return build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
+                         chunk_bytes=opts.chunk_bytes)
+
+
+def load_cluster(path: str | Path):
+    """Any cluster description as a :class:`~hccc.compiler.topology.Topology`, by extension:
+    ``.topo`` (HeteCCL-style cluster DSL) or ``.json`` (a TACCL topology profile,
+    ``hccc.compiler.taccl.load_taccl``). Bad input raises a located :class:`CompileError`."""
+    p = Path(path)
+    if p.suffix.lower() == ".json":
+        from .taccl import load_taccl
+        return load_taccl(p)
+    from .frontend.topo_parser import load_topology
+    return load_topology(p)

@@ -3,6 +3,11 @@
     hccc ALGO -o OUTDIR [--target auto|cuda|hip|all] [--scheduler hpds|rr] [--tb-alloc state|connection]
                         [--chunk-size BYTES] [--max-transfers N]
     hccc check ALGO [--json]
+    hccc run | fuzz | topo | sim ...        one module each: ``hccc.cmd_<name>``
+
+Every subcommand module provides ``configure(parser)`` (adds its arguments to an
+``argparse.ArgumentParser``) and ``run(args) -> int`` (the exit status); this file only dispatches and
+turns errors into messages.
 
 Bad input: ``FILE:LINE:COL: error: ...`` on stderr with the source line and a caret, exit status 1.
 Usage errors: exit status 2. Never a Python traceback for bad input (set HCCC_DEBUG=1 to see one for
@@ -18,7 +23,14 @@ import traceback
 
 from . import __version__
 
-SUBCOMMANDS = ("check",)
+# name -> (module, one-line summary). "check" lives here; the others in hccc.cmd_<name>.
+SUBCOMMANDS = {
+    "check": (None, "verify an algorithm and print a summary"),
+    "run": ("hccc.cmd_run", "compile, run the kernels (CPU emulation or CUDA) and check them"),
+    "fuzz": ("hccc.cmd_fuzz", "run random sizes/dtypes/ops through the kernels and the oracle"),
+    "topo": ("hccc.cmd_topo", "summarise a cluster description"),
+    "sim": ("hccc.cmd_sim", "simulate an algorithm on a cluster (alpha-beta model)"),
+}
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -45,7 +57,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hccc",
         description="Compile a collective-communication algorithm into verified, scheduled CUDA/HIP kernels.",
-        epilog="Other commands: 'hccc check ALGO' verifies only. Run 'hccc check -h' for its options.")
+        epilog="Other commands: " + "; ".join(f"'hccc {k}' {v[1]}" for k, v in SUBCOMMANDS.items())
+        + ". Run 'hccc COMMAND -h' for a command's options.")
     p.add_argument("algo", metavar="ALGO", help="algorithm file (.rccl)")
     p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
     p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
@@ -114,9 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in SUBCOMMANDS:
             cmd, rest = argv[0], argv[1:]
-            args = _check_parser().parse_args(rest)
+            modname, summary = SUBCOMMANDS[cmd]
+            if modname is None:
+                args = _check_parser().parse_args(rest)
+                json_mode = bool(getattr(args, "json", False))
+                return cmd_check(args)
+            import importlib
+            mod = importlib.import_module(modname)
+            parser = argparse.ArgumentParser(prog=f"hccc {cmd}", description=summary[0].upper() + summary[1:] + ".")
+            mod.configure(parser)
+            args = parser.parse_args(rest)
             json_mode = bool(getattr(args, "json", False))
-            return {"check": cmd_check}[cmd](args)
+            return mod.run(args)
         args = _compile_parser().parse_args(argv)
         return cmd_compile(args)
     except CompileError as err:

@@ -1,0 +1,147 @@
+"""The platform layer (DESIGN.md section 7): one interface for memory, modules and launches, with a
+CPU-emulation, a CUDA and (where a HIP runtime is importable) a HIP implementation, chosen at start.
+
+Everything above this layer (``hccc.runtime.launcher``: buffers, FIFOs, kernel arguments, checking)
+is platform-neutral and speaks only the names below. Device memory is addressed by integer pointers
+(``DevicePtr``), so argument structs can be packed the same way everywhere.
+
+Model (CUDA's, which the CPU emulation follows):
+- ``malloc(nbytes)`` returns 256-byte-aligned, zeroed memory; ``free`` releases it.
+- ``memcpy_htod`` / ``memcpy_dtoh`` / ``memset`` are synchronous with respect to the host.
+- ``build(outdir, manifest, instance)`` compiles the sources this platform runs (one module per call,
+  cached by content hash) and ``load(path)`` returns a :class:`Module` whose ``function(symbol)``
+  gives a launchable kernel.
+- ``launch(fn, grid, block, args, stream)`` starts a kernel asynchronously on ``stream``;
+  ``synchronize()`` waits for every stream. Kernels of different streams run concurrently (the
+  generated kernels of different ranks spin on each other, so they must).
+- ``timer()`` measures device time between two points on a stream (CUDA events; host clock on CPU).
+- ``max_resident_blocks(fn, block)`` says how many blocks of ``fn`` can be resident at once, so the
+  launcher can refuse plainly instead of deadlocking.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+DevicePtr = int
+
+
+class PlatformError(RuntimeError):
+    """A platform cannot be used (missing compiler or runtime, no device, ...); message for the user."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One kernel instantiation: element type and reduction operator."""
+
+    dtype: str   # float32 | float16 | bfloat16 | int32
+    op: str      # sum | max | min
+
+
+class Module(abc.ABC):
+    @abc.abstractmethod
+    def function(self, symbol: str) -> Any:
+        """The kernel named ``symbol`` (raises PlatformError when absent)."""
+
+
+class Timer(abc.ABC):
+    @abc.abstractmethod
+    def start(self, stream: Any = None) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self, stream: Any = None) -> None: ...
+
+    @abc.abstractmethod
+    def elapsed_us(self) -> float:
+        """Microseconds between start and stop (synchronises)."""
+
+
+class Platform(abc.ABC):
+    #: "cpu", "cuda" or "hip" (the manifest's platform names; "cpu" runs the "cuda" sources)
+    name: str = ""
+    #: manifest platform whose sources this platform compiles
+    source_platform: str = ""
+    #: the kernel timeout is counted in these ticks per microsecond (clock64 cycles or nanoseconds)
+    ticks_per_us: float = 1000.0
+
+    # ---------------------------------------------------------------- memory
+    @abc.abstractmethod
+    def malloc(self, nbytes: int) -> DevicePtr: ...
+
+    @abc.abstractmethod
+    def free(self, ptr: DevicePtr) -> None: ...
+
+    @abc.abstractmethod
+    def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
+        """Copy a contiguous numpy array (or bytes) to device memory."""
+
+    @abc.abstractmethod
+    def memcpy_dtoh(self, dst: Any, src: DevicePtr) -> None:
+        """Fill a contiguous numpy array from device memory."""
+
+    @abc.abstractmethod
+    def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None: ...
+
+    # ---------------------------------------------------------------- code
+    @abc.abstractmethod
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
+        """Compile the emitted sources of ``ranks`` (all when None) for ``instance``; returns the
+        path of a loadable module (a shared library, cubin, ...). Cached by content hash."""
+
+    @abc.abstractmethod
+    def load(self, path: Path) -> Module: ...
+
+    # ---------------------------------------------------------------- execution
+    @abc.abstractmethod
+    def stream(self) -> Any: ...
+
+    @abc.abstractmethod
+    def launch(self, fn: Any, grid: int, block: int, args: bytes, stream: Any) -> None:
+        """Start ``fn`` with ``grid`` blocks of ``block`` threads; ``args`` is the packed argument
+        struct (the kernels take one ``hccc_args`` by value)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abc.abstractmethod
+    def timer(self) -> Timer: ...
+
+    @abc.abstractmethod
+    def max_resident_blocks(self, fn: Any, block: int) -> int: ...
+
+    def close(self) -> None:
+        """Release what the platform holds (modules, memory pools)."""
+
+
+_FACTORIES: dict[str, Callable[[], Platform]] = {}
+
+
+def register(name: str, factory: Callable[[], Platform]) -> None:
+    _FACTORIES[name] = factory
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return sorted(_FACTORIES)
+
+
+def get_platform(name: str) -> Platform:
+    """The platform named ``name`` ("cpu", "cuda", "hip"); PlatformError with the reason when it
+    cannot be used here."""
+    _load_builtin()
+    if name not in _FACTORIES:
+        raise PlatformError(f"unknown backend '{name}' (known: {', '.join(sorted(_FACTORIES))})")
+    return _FACTORIES[name]()
+
+
+def _load_builtin() -> None:
+    if _FACTORIES:
+        return
+    from . import cpu  # noqa: F401  (registers "cpu")
+    from . import cuda  # noqa: F401  (registers "cuda"; importing it never needs CuPy)
+    try:
+        from . import hip  # noqa: F401  (registers "hip" when present)
+    except ImportError:
+        pass
