@@ -30,6 +30,7 @@ SUBCOMMANDS = {
     "fuzz": ("hccc.cmd_fuzz", "run random sizes/dtypes/ops through the kernels and the oracle"),
     "topo": ("hccc.cmd_topo", "summarise a cluster description"),
     "sim": ("hccc.cmd_sim", "simulate an algorithm on a cluster (alpha-beta model)"),
+    "xml": ("hccc.cmd_xml", "export an algorithm as MSCCL XML"),
 }
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
