@@ -7,7 +7,7 @@ Heterogeneous GPUs finish a training step only when the slowest one does. Given 
     every b_i is the floor or the ceiling of its exact share B * s_i / S (so it stays proportional,
     within one unit), and among all such roundings that sum to B we take the one with the smallest
     step time max_i b_i / s_i: the ``B - sum(floor)`` extra units go to the GPUs whose time after
-    one more unit, (floor_i + 1) / s_i, is smallest (ties: the lower index).
+    one more unit, (min_each + floor_i + 1) / s_i, is smallest (ties: the lower index).
 
 Choosing the k smallest (floor_i + 1) / s_i is optimal within that family because the step time of a
 choice is the largest of the chosen values and of the unchanged floors (tested against brute force).
@@ -42,7 +42,7 @@ def balance(speeds, batch: int, *, min_each: int = 0) -> list[int]:
     share = [rest * s / total for s in sp]
     b = [int(x) for x in share]                      # floors (Fractions are exact)
     extra = rest - sum(b)                            # 0 <= extra < n
-    order = sorted((i for i in range(n) if b[i] != share[i]), key=lambda i: (Fraction(b[i] + 1) / sp[i], i))
+    order = sorted((i for i in range(n) if b[i] != share[i]), key=lambda i: (Fraction(b[i] + 1 + min_each) / sp[i], i))
     for i in order[:extra]:
         b[i] += 1
     return [x + min_each for x in b]
