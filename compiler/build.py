@@ -91,10 +91,16 @@ def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str =
 
 
 def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "state",
-                  chunk_bytes: int = 1 << 20, name: str | None = None,
+                  chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = False,
                   timings: dict | None = None) -> ProgramIR:
     """Run dag -> schedule -> lower -> TB allocation -> checks; ``stats`` holds transfers,
-    subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc."""
+    subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
+
+    ``fuse`` (off by default) merges a receive and the send that forwards the same chunk into one
+    fused primitive (recvCopySend / recvReduceSend ...). It saves a pass over memory but ties the two
+    connection ends to one TB, which then serialises every other transfer on those connections; in
+    the simulator this costs up to 2.3x on HM AllReduce across A100 nodes (benchmarks/resccl_eval.py),
+    so it is opt-in (``--fuse``)."""
     from .dag import build_dag
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
@@ -105,7 +111,7 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     t["dag"] = t1 - t0
     t["schedule"] = t2 - t1
     ir = build_from_schedule(alg, dag, sched, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes, name=name,
-                             timings=t)
+                             fuse=fuse, timings=t)
     ir.stats["scheduler"] = "rr" if scheduler in ("rr", "round_robin", "round-robin") else scheduler
     return ir
 

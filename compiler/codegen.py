@@ -266,13 +266,15 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
 
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
-             timings: dict | None = None) -> list[pathlib.Path]:
+             timings: dict | None = None, manifest_extra: dict | None = None) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
     the first is the platform the rank runs on (manifest ``platform``/``source``), every one gets a
     source (manifest ``sources``). Returns the written paths, sorted.
     ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
+    ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
+    that the manifest already has is a ValueError.
     """
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
@@ -391,6 +393,10 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         "ranks": rank_entries,
         "stats": _jsonable(stats),
     }
+    for key, value in (manifest_extra or {}).items():
+        if key in manifest:
+            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
+        manifest[key] = value
     written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
     paths = []

@@ -4,12 +4,17 @@ The command line is a thin layer over these functions; tests and build systems c
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .algorithm import Algorithm
 from .diagnostics import CompileError, Diagnostic, Location, SourceFile
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 TARGETS = ("auto", "cuda", "hip", "all")
 
@@ -21,6 +26,7 @@ class CompileOptions:
     chunk_bytes: int = 1 << 20       # micro-batch slice (FIFO slot) size
     target: str = "auto"             # auto | cuda | hip | all
     max_transfers: int = 10 ** 7
+    fuse: bool = False               # fused recv+send primitives (see build.build_program)
 
 
 @dataclass
@@ -46,11 +52,61 @@ def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorit
         f"don't know how to read '{p.name}': expected a .rccl (ResCCLang) file", None)])
 
 
-def platforms_for(nranks: int, target: str) -> list[tuple[str, ...]]:
+VENDOR_PLATFORM = {"nvidia": "cuda", "amd": "hip"}
+
+
+@dataclass(frozen=True)
+class ClusterSource:
+    """A cluster description loaded for a compile: the model and the file it came from."""
+
+    topology: "Topology"
+    path: Path
+    sha256: str
+
+    @property
+    def name(self) -> str:
+        """What diagnostics call the cluster: its file name."""
+        return self.path.name
+
+    def manifest_entry(self) -> dict:
+        """The manifest's ``topology`` object (kept small: per-node facts and the vendor of each rank)."""
+        t = self.topology
+        return {
+            "name": t.name,
+            "file": self.path.name,
+            "sha256": self.sha256,
+            "nranks": int(t.nranks),
+            "nodes": [{"name": nd.name, "first_rank": nd.offset, "ngpus": nd.ngpus, "vendor": nd.vendor,
+                       "model": nd.model} for nd in t.nodes],
+            "rank_vendor": list(t.rank_vendor),
+        }
+
+
+def read_cluster(path: str | Path) -> ClusterSource:
+    """:func:`load_cluster` plus the file's SHA-256 (recorded in the manifest)."""
+    p = Path(path)
+    topo = load_cluster(p)
+    try:
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot read '{p}': {exc.strerror or exc}", None)]) from None
+    return ClusterSource(topo, p, digest)
+
+
+def platforms_for(nranks: int, target: str, topology=None) -> list[tuple[str, ...]]:
     """Platforms emitted for each rank (the first is the one it runs on).
 
-    Without a cluster description every rank is CUDA; ``all`` emits CUDA and HIP for every rank.
+    ``auto`` takes each rank's platform from its node's vendor when a ``topology`` is given (NVIDIA ->
+    CUDA, AMD -> HIP) and is CUDA for every rank otherwise; ``cuda`` / ``hip`` force one platform;
+    ``all`` emits CUDA and HIP for every rank (the vendor's platform first with a topology).
     """
+    if topology is not None and target in ("auto", "all"):
+        if topology.nranks != nranks:
+            raise ValueError(f"topology has {topology.nranks} ranks, the program {nranks}")
+        own = [VENDOR_PLATFORM[v] for v in topology.rank_vendor]
+        if target == "auto":
+            return [(p,) for p in own]
+        return [(p,) + tuple(q for q in ("cuda", "hip") if q != p) for p in own]
     if target in ("auto", "cuda"):
         return [("cuda",)] * nranks
     if target == "hip":
@@ -61,20 +117,69 @@ def platforms_for(nranks: int, target: str) -> list[tuple[str, ...]]:
 
 
 def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
-                      times: StageTimes | None = None):
-    """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files)."""
+                      times: StageTimes | None = None, cluster: ClusterSource | None = None,
+                      xml_limits=None):
+    """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files, notes).
+
+    With a ``cluster``, the algorithm must also fit it (:func:`~hccc.compiler.topology_check.
+    check_on_topology`: rank count, a link under every transfer), ranks take their platform from their
+    node's vendor (unless ``opts.target`` forces one) and the manifest records the cluster.
+    """
     from .build import build_program
-    from .codegen import generate
-    from .output_dir import atomic_output_dir
     from .verify import verify
 
     times = times or StageTimes()
     times.run("verify", verify, alg)
+    if cluster is not None:
+        from .topology_check import check_on_topology
+        times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
-                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes)
+                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True)
+
+
+def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
+                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False):
+    """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
+    MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
+    user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
+    still written).
+
+    ``checked``: the caller already checked the program against ``cluster``; otherwise every
+    connection of the IR must be a link of the cluster.
+    """
+    from .codegen import generate
+    from .msccl_format import XmlLimits
+    from .msccl_export import export_xml
+    from .output_dir import atomic_output_dir
+
+    times = times or StageTimes()
+    extra: dict = {}
+    topo = None
+    if cluster is not None:
+        topo = cluster.topology
+        if not checked:
+            from .topology_check import check_ir_on_topology
+            times.run("topology", check_ir_on_topology, ir, topo, cluster.name)
+        extra["topology"] = cluster.manifest_entry()
+    notes: list[str] = []
+    xml_text = None
+    try:
+        xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits())
+        extra["msccl_xml"] = f"{ir.name}.xml"
+    except CompileError as exc:
+        extra["msccl_xml"] = None
+        notes.append("MSCCL XML not written (the kernels are): "
+                     + "; ".join(d.message for d in exc.diagnostics[:3])
+                     + (" ..." if len(exc.diagnostics) > 3 else ""))
+    platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
-        files = times.run("codegen", generate, ir, tmp, platforms=platforms_for(ir.nranks, opts.target))
-    return ir, files
+        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None)
+        if xml_text is not None:
+            xml_path = Path(tmp) / f"{ir.name}.xml"
+            xml_path.write_text(xml_text, encoding="utf-8")
+            files = sorted([*files, xml_path])
+    return ir, files, notes
 
 
 IR_SUFFIXES = (".json",)
@@ -109,7 +214,7 @@ def load_program(path: str | Path, opts: CompileOptions | None = None):
     alg = load_algorithm(p, max_transfers=opts.max_transfers)
     verify(alg)
     return build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
-                         chunk_bytes=opts.chunk_bytes)
+                         chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
 
 
 def load_cluster(path: str | Path):

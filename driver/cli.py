@@ -1,8 +1,8 @@
 """The ``hccc`` command line (DESIGN.md section 10).
 
-    hccc ALGO -o OUTDIR [--target auto|cuda|hip|all] [--scheduler hpds|rr] [--tb-alloc state|connection]
-                        [--chunk-size BYTES] [--max-transfers N]
-    hccc check ALGO [--json]
+    hccc ALGO -o OUTDIR [--topology T] [--target auto|cuda|hip|all] [--scheduler hpds|rr]
+                        [--tb-alloc state|connection] [--chunk-size BYTES] [--max-transfers N]
+    hccc check ALGO [--topology T] [--json]
     hccc run | fuzz | topo | sim ...        one module each: ``hccc.cmd_<name>``
 
 Every subcommand module provides ``configure(parser)`` (adds its arguments to an
@@ -57,16 +57,24 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+_TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the algorithm's nRanks must equal its "
+                  "GPU count and every transfer must use one of its links")
+
+
 def _compile_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hccc",
         description="Compile a collective-communication algorithm into verified, scheduled CUDA/HIP kernels.",
         epilog="Other commands: " + "; ".join(f"'hccc {k}' {v[1]}" for k, v in SUBCOMMANDS.items())
         + ". Run 'hccc COMMAND -h' for a command's options.")
-    p.add_argument("algo", metavar="ALGO", help="algorithm file (.rccl)")
+    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml, or a ProgramIR .json "
+                   "(the last two are emitted as given, without scheduling)")
     p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--topology", metavar="T", help=_TOPOLOGY_HELP + "; ranks take their platform from their "
+                   "node's vendor and the manifest records the cluster")
     p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
-                   help="platform of the emitted kernels (auto: CUDA for every rank without a cluster)")
+                   help="platform of the emitted kernels (auto: each rank's vendor with --topology (NVIDIA -> "
+                        "CUDA, AMD -> HIP), CUDA for every rank without one; cuda/hip/all override it)")
     p.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
                    help="HPDS (ResCCL Algorithm 1) or the round-robin baseline")
     p.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
@@ -75,32 +83,56 @@ def _compile_parser() -> argparse.ArgumentParser:
                    help="micro-batch slice size per chunk, e.g. 512K, 1M (default 1M)")
     p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N",
                    help="refuse programs with more transfers than this (default 10^7)")
+    p.add_argument("--fuse", action="store_true",
+                   help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
+                        "because it serialises the TB's other connections")
     p.add_argument("--timings", action="store_true", help="print the time spent in each stage")
+    from hccc.cmd_xml import add_limit_arguments
+    add_limit_arguments(p)
     p.add_argument("--version", action="version", version=f"hccc {__version__}")
     return p
 
 
 def _check_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hccc check", description="Verify an algorithm and print a summary.")
-    p.add_argument("algo", metavar="ALGO", help="algorithm file (.rccl)")
+    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl or an MSCCL .xml")
+    p.add_argument("--topology", metavar="T", help=_TOPOLOGY_HELP)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
     return p
 
 
 def cmd_compile(args) -> int:
-    from hccc.compiler.pipeline import CompileOptions, StageTimes, compile_algorithm, load_algorithm
+    from hccc.cmd_xml import limits_from_args
+    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, StageTimes, compile_algorithm,
+                                        compile_program, load_algorithm, load_program)
 
     times = StageTimes()
-    alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
     opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
-                          target=args.target, max_transfers=args.max_transfers)
-    ir, files = compile_algorithm(alg, args.output, opts, times)
+                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse)
+    cluster = None
+    if args.topology is not None:
+        from hccc.compiler.pipeline import read_cluster
+        cluster = times.run("topology", read_cluster, args.topology)
+    limits = limits_from_args(args)
+    if os.path.splitext(args.algo)[1].lower() in IR_SUFFIXES + XML_SUFFIXES:
+        ir = times.run("parse", load_program, args.algo, opts)
+        ir, files, notes = compile_program(ir, args.output, opts, times, cluster=cluster, xml_limits=limits)
+    else:
+        alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
+        ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits)
+    for note in notes:
+        sys.stderr.write(f"hccc: warning: {note}\n")
     st = ir.stats
     print(f"hccc: {ir.name}: {ir.collective} on {ir.nranks} ranks, {st.get('transfers')} transfers, "
-          f"{st.get('subpipelines')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
+          f"{st.get('subpipelines', 'no')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
           f"in total); {len(files)} files in {args.output}")
+    if cluster is not None:
+        from hccc.compiler.pipeline import platforms_for
+        runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]
+        print(f"  cluster {cluster.name}: {len(cluster.topology.nodes)} node(s); ranks running "
+              + ", ".join(f"{pl} {runs.count(pl)}" for pl in ("cuda", "hip") if pl in runs))
     if args.timings:
         for k, v in times.seconds.items():
             print(f"  {k:16s} {v:8.3f} s")
@@ -108,18 +140,59 @@ def cmd_compile(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from hccc.compiler.pipeline import load_algorithm
+    from hccc.compiler.pipeline import XML_SUFFIXES, load_algorithm
     from hccc.compiler.verify import verify
 
+    if os.path.splitext(args.algo)[1].lower() in XML_SUFFIXES:
+        return _check_xml(args)
     alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+    cluster = None
+    if args.topology is not None:
+        from hccc.compiler.pipeline import read_cluster
+        cluster = read_cluster(args.topology)
     report = verify(alg)
     summary = {"valid": True, "collective": alg.header.collective.value, "nranks": alg.header.nranks,
                "transfers": alg.ntransfers, "steps": report.steps}
+    if cluster is not None:
+        from hccc.compiler.topology_check import check_on_topology, link_usage
+        check_on_topology(alg, cluster.topology, cluster.name)
+        usage = link_usage(alg, cluster.topology)
+        summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256,
+                               "pairs": usage["pairs"], "transfers_by_class": usage["transfers_by_class"]}
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"{args.algo}: valid {alg.header.collective.dsl_name} on {alg.header.nranks} ranks "
               f"({alg.ntransfers} transfers, {report.steps} steps)")
+        if cluster is not None:
+            use = summary["topology"]
+            by = ", ".join(f"{k} {v}" for k, v in use["transfers_by_class"].items()) or "none"
+            print(f"  fits cluster {cluster.name}: {use['pairs']} linked rank pairs used; transfers by link "
+                  f"class: {by}")
+    return 0
+
+
+def _check_xml(args) -> int:
+    """``hccc check X.xml``: import (which proves the collective symbolically and checks the TB
+    pairs for deadlocks) and summarise."""
+    from hccc.compiler.pipeline import load_program
+
+    ir = load_program(args.algo)
+    summary = {"valid": True, "collective": ir.collective, "nranks": int(ir.nranks),
+               "transfers": int(ir.stats.get("transfers", 0)), "format": "msccl-xml",
+               "execution": ir.stats.get("execution"), "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
+    if args.topology is not None:
+        from hccc.compiler.pipeline import read_cluster
+        from hccc.compiler.topology_check import check_ir_on_topology
+        cluster = read_cluster(args.topology)
+        check_ir_on_topology(ir, cluster.topology, cluster.name)
+        summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.algo}: valid {ir.collective} on {ir.nranks} ranks (MSCCL XML, {summary['transfers']} "
+              f"transfers, {summary['tbs_per_rank_max']} thread blocks per rank at most, "
+              f"{summary['execution']}-level execution)")
     return 0
 
 

@@ -8,8 +8,11 @@ Sections:
    recursive doubling and HM families, random rank relabelings and random validity-preserving
    step re-numberings);
 3. :func:`mutations`: mutants of a valid Algorithm that every correct verifier must reject;
-4. assertions: :func:`assert_implements` (static proof through the verifier). Assertions about
-   executed kernels belong in section 4 as well.
+4. assertions: :func:`assert_implements` (static proof through the verifier and, with
+   ``backend=``, the emitted kernels run against the oracle);
+5. running emitted kernels (CPU emulation or a GPU) against the reference executor:
+   :class:`KernelCase`, :func:`kernel_cases` (strategy), :func:`run_case`,
+   :func:`assert_kernels_match`, :func:`fuzz_kernels` (what ``hccc fuzz`` runs).
 
 Example::
 
@@ -22,6 +25,8 @@ Example::
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -33,7 +38,9 @@ from .compiler.diagnostics import CompileError, render_all
 from .compiler.verify import verify
 
 __all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid_programs",
-           "relabel_ranks", "renumber_steps", "mutations", "live_transfers", "assert_implements"]
+           "relabel_ranks", "renumber_steps", "mutations", "live_transfers", "assert_implements",
+           "KernelCase", "kernel_cases", "default_counts", "kernel_runner", "run_case",
+           "assert_kernels_match", "fuzz_kernels", "FuzzReport"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
@@ -334,13 +341,248 @@ def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
 
 
 # ====================================================================== 4. assertions
-def assert_implements(alg: Algorithm, *, max_errors: int = 20) -> None:
-    """Assert that ``alg`` implements its collective (static proof by the verifier).
+def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | None = None,
+                      counts: Sequence[int] | None = None, dtypes: Sequence[str] = ("float32",),
+                      ops: Sequence[str] = ("sum",), inplace: Sequence[bool] = (False, True),
+                      chunk_bytes: int = 256, scheduler: str = "hpds", tb_alloc: str = "state",
+                      nthreads: int | None = None, timeout_s: float = 10.0) -> None:
+    """Assert that ``alg`` implements its collective.
 
-    Raises ``AssertionError`` carrying the rendered diagnostics when it does not.
+    Always: the static proof of the verifier (``AssertionError`` with the rendered diagnostics).
+    With ``backend`` (``"cpu"``, ``"cuda"``): also compile ``alg`` (``scheduler``, ``tb_alloc``,
+    ``chunk_bytes``), run the *emitted kernels* for every combination of ``dtypes`` x ``ops`` x
+    ``inplace`` at ``counts`` elements (default: sizes giving empty and one-element chunks, a
+    remainder, one and several micro-batches, FIFO wrap-around) and compare every element with the
+    reference executor (:func:`assert_kernels_match`).
     """
     try:
         verify(alg, max_errors=max_errors)
     except CompileError as exc:
         raise AssertionError(f"{alg.header.name} does not implement {alg.header.collective.dsl_name}:\n"
                              + render_all(exc)) from None
+    if backend is None:
+        return
+    from .compiler.build import build_program
+    ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes)
+    assert_kernels_match(ir, backend=backend, counts=counts, dtypes=dtypes, ops=ops, inplace=inplace,
+                         nthreads=nthreads, timeout_s=timeout_s)
+
+
+# ====================================================================== 5. running emitted kernels
+@dataclass(frozen=True)
+class KernelCase:
+    """One run of a program's kernels: ``count`` elements of the full buffer."""
+    count: int
+    dtype: str = "float32"
+    op: str = "sum"
+    inplace: bool = False
+    nthreads: int = 1
+
+    def describe(self) -> str:
+        return (f"count={self.count} dtype={self.dtype} op={self.op} "
+                f"{'in-place' if self.inplace else 'out-of-place'} threads/TB={self.nthreads}")
+
+
+def default_counts(ir, dtype: str = "float32") -> list[int]:
+    """Sizes worth checking for ``ir``: empty and one-element chunks, a remainder, one micro-batch,
+    several micro-batches with a ragged last one, and more micro-batches than FIFO slots."""
+    from .runtime.launcher import ELEMENT_BYTES
+    C = ir.nchunks
+    E = max(1, ir.chunk_bytes // ELEMENT_BYTES[dtype])
+    return sorted({0, 1, C, C + 1, C * E - 1, C * 3 * E + C // 2 + 1, C * 9 * E + 3})
+
+
+@st.composite
+def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str] = OPS,
+                 max_microbatches: int = 20, threads: Sequence[int] = (1, 2, 3, 4),
+                 inplace: Sequence[bool] = (False, True)) -> KernelCase:
+    """Random :class:`KernelCase` for ``ir``: sizes from 0 elements to ``max_microbatches`` slices
+    per chunk, biased to edges (empty, one-element and ragged chunks, exact multiples of the slice,
+    the FIFO depth and one past it), remainders of the chunk split, every dtype / op, in-place and
+    out-of-place, and several threads per thread block."""
+    from .compiler.codegen import NSLOTS
+    from .runtime.launcher import ELEMENT_BYTES
+    dtype = draw(st.sampled_from(list(dtypes)))
+    op = draw(st.sampled_from(list(ops)))
+    C = ir.nchunks
+    E = max(1, ir.chunk_bytes // ELEMENT_BYTES[dtype])
+    edges = sorted({0, 1, 2, E - 1, E, E + 1, 2 * E, NSLOTS * E, NSLOTS * E + 1,
+                    max_microbatches * E})
+    # integers first: shrinking moves towards the first branch, so a failing edge size can still
+    # shrink to the smallest failing size
+    per_chunk = draw(st.one_of(st.integers(0, max_microbatches * E), st.sampled_from(edges)))
+    rem = draw(st.one_of(st.just(0), st.integers(0, C - 1)))   # chunks of per_chunk or +1
+    count = per_chunk * C + rem
+    return KernelCase(count=count, dtype=dtype, op=op, inplace=draw(st.sampled_from(list(inplace))),
+                      nthreads=draw(st.sampled_from(list(threads))))
+
+
+_RUNNERS: "OrderedDict[tuple, object]" = OrderedDict()
+_MAX_RUNNERS = 8
+
+
+_PLATFORMS: dict[tuple, object] = {}
+
+
+def _platform(backend):
+    """The platform for test runs (one per backend name and build settings, shared by the cached
+    runners): the CPU emulation builds without optimisation (quick to compile; small test sizes
+    do not need fast kernels) unless ``HCCC_CPU_OPT`` says otherwise."""
+    import os
+    from .runtime.platform import get_platform
+    if not isinstance(backend, str):
+        return backend
+    opt = os.environ.get("HCCC_CPU_OPT") or "-O0"
+    key = (backend, opt if backend == "cpu" else None)
+    if key not in _PLATFORMS:
+        if backend == "cpu":
+            from .runtime.cpu import CpuPlatform
+            _PLATFORMS[key] = CpuPlatform(opt=opt)
+        else:
+            _PLATFORMS[key] = get_platform(backend)
+    return _PLATFORMS[key]
+
+
+def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
+                  timeout_s: float = 10.0):
+    """A :class:`hccc.runtime.launcher.Runner` for ``ir``, kept for reuse within the process (the
+    last few are cached, keyed by the IR's content, backend and instance)."""
+    import hashlib
+    from .runtime.launcher import Runner
+    bname = backend if isinstance(backend, str) else f"{type(backend).__name__}@{id(backend)}"
+    key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op)
+    hit = _RUNNERS.get(key)
+    if hit is not None:
+        _RUNNERS.move_to_end(key)
+        if isinstance(hit, BaseException):
+            raise hit
+        hit.timeout_s = timeout_s
+        return hit
+    try:
+        runner = Runner(ir, _platform(backend), dtype, op, timeout_s=timeout_s)
+    except Exception as exc:  # remembered: a failing build is not retried for every example
+        _RUNNERS[key] = exc
+        raise
+    _RUNNERS[key] = runner
+    while len(_RUNNERS) > _MAX_RUNNERS:
+        _, old = _RUNNERS.popitem(last=False)
+        if not isinstance(old, BaseException):
+            old.close()
+    return runner
+
+
+def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0):
+    """Run one :class:`KernelCase` through the emitted kernels; the :class:`RunResult`."""
+    runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s)
+    res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed)
+    if getattr(runner, "_broken", None):
+        # kernels that ignore the abort flag still hold that platform: start afresh next time
+        for cache in (_RUNNERS, _PLATFORMS):
+            for k in [k for k, v in cache.items() if v is runner or v is runner.platform]:
+                del cache[k]
+    return res
+
+
+def describe_failure(case: KernelCase, res) -> str:
+    """One line: the case, then why it failed (stuck, wrong elements, or not the collective)."""
+    if res.stuck is not None:
+        return f"{case.describe()}: {res.stuck}"
+    if res.wrong:
+        why = f"{res.wrong} element(s) differ from the reference executor"
+    elif res.collective_wrong > 0:
+        why = (f"the program does not implement {res.collective}: {res.collective_wrong} element(s) "
+               "of its reference run differ from the collective's definition")
+    else:
+        why = "failed"
+    return f"{case.describe()}: {why}" + (f"; first: {res.first_wrong}" if res.first_wrong else "")
+
+
+def assert_kernels_match(ir, *, backend="cpu", counts: Sequence[int] | None = None,
+                         dtypes: Sequence[str] = ("float32",), ops: Sequence[str] = ("sum",),
+                         inplace: Sequence[bool] = (False, True), nthreads: int | None = None,
+                         timeout_s: float = 10.0, seed: int = 0) -> None:
+    """Run ``ir``'s emitted kernels and assert that every output element equals the reference
+    executor's, that no run sticks, and that the reference run implements the collective.
+    ``counts`` default to :func:`default_counts`; ``nthreads`` to 2 threads per thread block."""
+    for dtype in dtypes:
+        for op in ops:
+            for count in (counts if counts is not None else default_counts(ir, dtype)):
+                for ip in inplace:
+                    case = KernelCase(int(count), dtype, op, bool(ip), int(nthreads or 2))
+                    res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed)
+                    if not res.ok:
+                        raise AssertionError(f"{ir.name}: emitted kernels disagree with the oracle: "
+                                             + describe_failure(case, res))
+
+
+@dataclass
+class FuzzReport:
+    """What :func:`fuzz_kernels` found: ``failure`` is the minimal failing case (shrunk), if any."""
+    cases: list = field(default_factory=list)      # (KernelCase, RunResult) of every run
+    failure: tuple | None = None                   # (KernelCase, message)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeout_s: float = 5.0,
+                 dtypes: Sequence[str] = DTYPES, ops: Sequence[str] = OPS,
+                 max_microbatches: int = 20, threads: Sequence[int] = (1, 2, 3, 4),
+                 progress=None) -> FuzzReport:
+    """Hypothesis-driven runs of ``ir``'s emitted kernels against the oracle (:func:`kernel_cases`).
+
+    A smoke run (several micro-batches, float32 / sum) goes first: a program that sticks there is
+    reported at once instead of once per shrinking step. Otherwise the first failing case is shrunk
+    by hypothesis and returned in :attr:`FuzzReport.failure`. ``progress(i, case, result)`` is
+    called after every run.
+    """
+    import time
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    from .compiler.codegen import NSLOTS
+    from .runtime.launcher import ELEMENT_BYTES
+
+    t0 = time.perf_counter()
+    report = FuzzReport()
+
+    def one(case: KernelCase):
+        res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed)
+        report.cases.append((case, res))
+        if progress is not None:
+            progress(len(report.cases), case, res)
+        return res
+
+    E = max(1, ir.chunk_bytes // ELEMENT_BYTES["float32"])
+    smoke = KernelCase(ir.nchunks * (NSLOTS + 1) * E + 1, "float32" if "float32" in dtypes else dtypes[0],
+                       "sum" if "sum" in ops else ops[0], False, threads[0])
+    res = one(smoke)
+    if not res.ok:
+        report.failure = (smoke, describe_failure(smoke, res))
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    failures: list[tuple] = []
+
+    @hseed(seed)
+    @settings(max_examples=max(1, int(examples)), database=None, deadline=None, derandomize=False,
+              phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(kernel_cases(ir, dtypes=dtypes, ops=ops, max_microbatches=max_microbatches,
+                        threads=threads))
+    def prop(case):
+        r = one(case)
+        if not r.ok:
+            failures.append((case, describe_failure(case, r)))
+            raise AssertionError(failures[-1][1])
+
+    try:
+        prop()
+    except AssertionError:
+        if not failures:
+            raise
+        report.failure = failures[-1]   # hypothesis replays the shrunk example last
+    report.seconds = time.perf_counter() - t0
+    return report

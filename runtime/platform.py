@@ -111,6 +111,30 @@ class Platform(abc.ABC):
     @abc.abstractmethod
     def max_resident_blocks(self, fn: Any, block: int) -> int: ...
 
+    def block_threads(self, emitted: int) -> int:
+        """Threads per block to launch when the caller does not choose; ``emitted`` is what the
+        kernels were generated for (manifest ``nthreads``). The CPU emulation launches fewer."""
+        return int(emitted)
+
+    # ---------------------------------------------------------------- devices (one rank per GPU)
+    def device_count(self) -> int:
+        """Devices this platform places ranks on (1: every rank on one device)."""
+        return 1
+
+    def placement(self, nranks: int) -> list[int]:
+        """Device of each rank. A launcher calls ``set_device(placement[r])`` before allocating
+        rank ``r``'s buffers and the FIFOs it receives on, and before creating its stream."""
+        return [0] * nranks
+
+    def set_device(self, index: int) -> None:
+        """Make device ``index`` current for the following malloc / stream calls."""
+        if index != 0:
+            raise PlatformError(f"{self.name or 'this platform'} has a single device, not {index}")
+
+    def enable_peer_access(self, devices: list[int]) -> None:
+        """Let each of ``devices`` write the others' memory (FIFOs live in the receiver's memory);
+        PlatformError naming the pair when impossible. Nothing to do with one device."""
+
     def close(self) -> None:
         """Release what the platform holds (modules, memory pools)."""
 
@@ -140,7 +164,14 @@ def _load_builtin() -> None:
     if _FACTORIES:
         return
     from . import cpu  # noqa: F401  (registers "cpu")
-    from . import cuda  # noqa: F401  (registers "cuda"; importing it never needs CuPy)
+    try:
+        from . import cuda  # noqa: F401  (registers "cuda"; importing it never needs CuPy)
+    except ImportError as exc:
+        reason = str(exc)
+
+        def _no_cuda() -> Platform:
+            raise PlatformError(f"the CUDA backend is not available in this installation ({reason})")
+        register("cuda", _no_cuda)
     try:
         from . import hip  # noqa: F401  (registers "hip" when present)
     except ImportError:

@@ -104,6 +104,37 @@ def _garbage(dtype) -> object:
     return np.nan if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
+def _run_in_prim_order(ir: ProgramIR, region, red, seed) -> None:
+    """Programs marked ``stats["execution"] == "algorithm"`` (MSCCL XML: every TB runs its whole
+    program once per slice) may not be ordered chain by chain; run them one primitive at a time in
+    a happens-before order (program order, dependencies, send before its receive). Slices are
+    independent, so one pass over whole regions gives the same result."""
+    from hccc.compiler.ir_symbolic import prim_order
+
+    s, rcv = match_connections(ir)
+    sender = np.full(ir.nprims, -1, dtype=np.int64)
+    sender[rcv] = s
+    wire = {}
+    ops = ir.prims["op"].tolist()
+    for i in prim_order(ir, rng=np.random.default_rng(seed) if seed is not None else None).tolist():
+        o = Op(ops[i])
+        src = region(i, "src") if o.reads_src else None
+        dst = region(i, "dst") if o.writes_dst else None
+        v = wire.pop(int(sender[i])) if o.receives else None
+        if o in (Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND):
+            v = red(v, src)
+        elif o == Op.SEND:
+            v = src.copy()
+        elif o == Op.COPY:
+            dst[:] = src.copy()
+        elif o == Op.REDUCE:
+            dst[:] = red(dst.copy(), src)
+        if o.writes_dst and o not in (Op.COPY, Op.REDUCE):
+            dst[:] = v
+        if o.sends:
+            wire[i] = v
+
+
 def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace: bool = False,
             nmicro: int | None = None, seed: int | None = None, bf16: bool = False,
             return_scratch: bool = False):
@@ -170,7 +201,11 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         start = lay[b][1]
         return bufs[r][b][start(r, off):start(r, off + cnt)]
 
-    comp, order = topological_components(ir, np.random.default_rng(seed) if seed is not None else None)
+    if (ir.stats or {}).get("execution") == "algorithm":
+        _run_in_prim_order(ir, region, red, seed)
+        order = np.zeros(0, np.int64)   # done: the chain loop below has nothing to run
+    else:
+        comp, order = topological_components(ir, np.random.default_rng(seed) if seed is not None else None)
     s, rcv = match_connections(ir)
     nxt = np.full(ir.nprims, -1, dtype=np.int64)
     nxt[s] = rcv

@@ -3,6 +3,7 @@ graph the spec describes (links, classes, bandwidths, lanes, alpha, shared group
 from __future__ import annotations
 
 import math
+from collections import Counter
 from fractions import Fraction
 
 from hypothesis import given, settings
@@ -200,7 +201,8 @@ def test_roundtrip_matches_spec(spec):
     tg = sorted(((g.kind, frozenset((int(topo.link_src[i]), int(topo.link_dst[i]),
                                      ("direct", "switch", "internode", "nic")[topo.link_class[i]])
                                     for i in g.members), g.bandwidth_gbps * g.lanes) for g in topo.groups), key=repr)
-    assert tg == groups
+    # multisets: the repr order of a frozenset depends on string hashing, so sorted-by-repr lists may differ
+    assert Counter(tg) == Counter(groups)
     # ranks, vendors
     assert topo.nranks == sum(n.ngpus for n in spec.nodes)
     for n, info in zip(spec.nodes, topo.nodes):

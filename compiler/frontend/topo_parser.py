@@ -43,7 +43,7 @@ _NODE_RE = re.compile(r"node([0-9]+)")
 _SIZE_RE = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)([KMGkmg]i?[Bb]?|[Bb])?")
 _SUFFIX = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "latency", "vendor", "gpu",
-               "gamma", "nic", "chunksize")
+               "gamma", "nic", "pcie", "chunksize")
 
 
 @lru_cache(maxsize=1)
@@ -96,6 +96,7 @@ class NodeSpec:
     gpu: str | None = None
     gamma: Num | None = None
     nics: list[NicSpec] | None = None
+    pcie: list[NicSpec] | None = None  # PCIe switches: same entry form as a NIC
     comment: str | None = None
     name: str | None = None  # default node<index+1>
 
@@ -219,6 +220,8 @@ def format_topology(spec: ClusterSpec) -> str:
             out.append(f"define latency = {_fmt_scalar_map(node.latency)}")
         if node.nics:
             out.append(f"define nic = {_fmt_list(node.nics)}")
+        if node.pcie:
+            out.append(f"define pcie = {_fmt_list(node.pcie)}")
     for inter in spec.internodes:
         out.append("")
         out.extend(_fmt_comment(inter.comment))
@@ -356,7 +359,7 @@ class _Walker:
                 if not isinstance(ctx, _Inter):
                     raise self.err(name_tok, "interbandwidth must follow 'define internode = (nodeX, nodeY)'")
                 self._once(ctx.defs, key, name_tok, value)
-            elif key in ("bandwidth", "nic"):
+            elif key in ("bandwidth", "nic", "pcie"):
                 if not isinstance(ctx, _Node):
                     raise self.err(name_tok, f"{key} must follow a node definition 'define nodeK = G'")
                 self._once(ctx.defs, key, name_tok, value)
@@ -568,11 +571,61 @@ class _Walker:
                     if members.size:
                         b.add_group("nic", direction, f"{nname} nic{idx} {_fmt_ids(gpus)} {direction}", members,
                                     bw, lanes, nic_alpha)
+        self.pcie_groups(b, offsets, glat)
         chunk = self.chunksize[1] if self.chunksize else DEFAULT_CHUNK_SIZE
         try:
             return b.build(chunk)
         except DuplicateLinkError as exc:
             raise self.duplicate(b, exc) from None
+
+    def pcie_groups(self, b: TopologyBuilder, offsets: dict[str, int], glat: dict[str, Fraction]) -> None:
+        """``define pcie = [((gpus...) -> (bw, lanes)), ...]``: the GPUs behind one PCIe switch share its
+        uplink. Each switch becomes an egress and an ingress group over every link that is not ``direct``
+        (NVLink bypasses PCIe) and leaves / enters the switch's GPUs for a GPU outside them."""
+        sw_of = np.full(b.nranks, -1, dtype=np.int64)
+        table: list[tuple[str, int, tuple[int, ...], Fraction, int, Fraction]] = []
+        for nd in self.nodes:
+            if "pcie" not in nd.defs:
+                continue
+            loc, v = nd.defs["pcie"]
+            lst = self.expect(v, "list", "pcie")
+            off = offsets[nd.name]
+            lat: dict[str, Fraction] = {}
+            if "latency" in nd.defs:
+                lat = self.scalar_map(nd.defs["latency"][0], nd.defs["latency"][1], ("direct", "switch"), "latency",
+                                      nonneg=True, maximum=MAX_LATENCY_US)
+            a = lat.get("switch", glat.get("switch", DEFAULT_ALPHA_US["switch"]))
+            idx = 0
+            for e in lst.children:
+                if e.data != "link":
+                    raise self.err(e, "a pcie entry is ((gpus...) -> (bandwidth, lanes))")
+                ids_tree, spec_tree = e.children
+                gpus = self.ids(ids_tree, nd.ngpus, nd.name, "PCIe switch group")
+                bw, lanes = self.spec(spec_tree)
+                for g in gpus:
+                    if sw_of[off + g] >= 0:
+                        other = table[sw_of[off + g]]
+                        raise self.err(ids_tree, f"GPU {g} of {nd.name} is already behind PCIe switch {other[1]} "
+                                                 f"({_fmt_ids(other[2])})")
+                    sw_of[off + g] = len(table)
+                table.append((nd.name, idx, gpus, bw, lanes, a))
+                idx += 1
+        if not table or not b.nlinks:
+            return
+        src, dst, cls = b.link_arrays()
+        s_own, d_own = sw_of[src], sw_of[dst]
+        through = (cls != CLASS_CODE["direct"]) & (s_own != d_own)
+        for direction, owner in (("egress", s_own), ("ingress", d_own)):
+            ids = np.nonzero(through & (owner >= 0))[0]
+            own = owner[ids]
+            order = np.argsort(own, kind="stable")
+            ids, own = ids[order], own[order]
+            bounds = np.searchsorted(own, np.arange(len(table) + 1))
+            for k, (nname, idx, gpus, bw, lanes, a) in enumerate(table):
+                members = ids[bounds[k]:bounds[k + 1]]
+                if members.size:
+                    b.add_group("pcie", direction, f"{nname} pcie{idx} {_fmt_ids(gpus)} {direction}", members,
+                                bw, lanes, a)
 
     def bwmap(self, value, what: str) -> list[tuple[str, list]]:
         tree = self.expect(value, "map", what)

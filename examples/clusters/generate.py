@@ -9,12 +9,16 @@ Figures (GB/s = 10^9 bytes/s per direction unless said otherwise; 1 Gbps = 0.125
   H20  : NVSwitch, 900 GB/s bidirectional per GPU = 450 GB/s each way (9 x 50 GB/s ports);
          400 Gbps (50 GB/s) NICs, one per two GPUs.  4-GPU H20 nodes: NVLink mesh, 2 NICs.
   V100 : NVLink 25 GB/s per link; 8-GPU node = two 4-GPU NVLink islands joined by a 48 GB/s UPI;
-         GPU pairs behind 16 GB/s PCIe switches, each switch with a 100 Gbps (12.5 GB/s) NIC.
-         4-GPU V100 nodes: NVLink mesh, NICs at 100 or 64 Gbps (12.5 or 8 GB/s).
+         GPU pairs behind 16 GB/s PCIe switches (`define pcie`: cross-island and NIC traffic of a
+         pair share its switch), each switch with a 100 Gbps (12.5 GB/s) NIC.
+         4-GPU V100 nodes: NVLink mesh, NICs at 100 or 64 Gbps (12.5 or 8 GB/s), one per GPU pair.
   A100 : ResCCL testbed: NVSwitch (12 x 25 GB/s = 300 GB/s each way), 200 Gbps (25 GB/s) NICs,
-         one NIC per two GPUs.
-  Mixed: HetCCL testbed: 2 x 4 V100-PCIe (Gen3, 16 GB/s) + 2 x 4 AMD W7800 (Gen4, 32 GB/s), one
-         200 Gbps HDR InfiniBand NIC per node.
+         one NIC per two GPUs. 4-GPU A100 boards (HGX A100 4-GPU) have no NVSwitch: each GPU's 12
+         NVLinks go 4 to each peer, the same 300 GB/s per GPU as a full mesh of 4 x 25 GB/s.
+  Mixed: HetCCL testbed: 2 x 4 V100-PCIe (Gen3 x16, 16 GB/s) + 2 x 4 AMD W7800 (Gen4 x16,
+         32 GB/s), one 200 Gbps HDR InfiniBand NIC per node. Every GPU-to-GPU copy and every NIC
+         transfer of a GPU crosses its own PCIe link (`define pcie`, one GPU per entry), so a V100
+         feeds the 25 GB/s NIC at 16 GB/s at most.
   gamma (reduction throughput) is a rough third of the GPU's memory bandwidth.
 """
 from __future__ import annotations
@@ -61,8 +65,10 @@ def v100_node8() -> NodeSpec:
                         "switch": [SharedSpec(tuple(isl0), tuple(isl1), 48, 1)]},
                     vendor="nvidia", gpu="V100-SXM2-16GB", gamma=300,
                     nics=[NicSpec(p, "12.5") for p in _pairs(8)],
+                    pcie=[NicSpec(p, 16) for p in _pairs(8)],
                     comment="V100 x8: two NVLink islands (0-3, 4-7; 2 x 25 GB/s per pair) joined by a 48 GB/s UPI;\n"
-                            "GPU pairs sit behind 16 GB/s PCIe switches, each with a 100 Gbps (12.5 GB/s) NIC")
+                            "GPU pairs sit behind 16 GB/s PCIe switches (carrying their cross-island and NIC\n"
+                            "traffic), each switch with a 100 Gbps (12.5 GB/s) NIC")
 
 
 def v100_node4(nic_gbps: int) -> NodeSpec:
@@ -84,9 +90,13 @@ def a100_node(ngpus: int) -> NodeSpec:
                     comment=f"A100 x{ngpus}: {what}; 200 Gbps (25 GB/s) NICs, one per GPU pair")
 
 
-def pcie_node(vendor: str, gpu: str, gbps) -> NodeSpec:
-    return NodeSpec(4, nvswitch(4, gbps, 1), vendor=vendor, gpu=gpu, nics=[NicSpec((0, 1, 2, 3), 25)],
-                    comment=f"{gpu} x4 on PCIe ({gbps} GB/s each way per GPU); one 200 Gbps HDR NIC")
+def pcie_node(vendor: str, gpu: str, gbps, gen: int) -> NodeSpec:
+    """GPUs on their own PCIe x16 links: peer copies and NIC traffic of a GPU share that link."""
+    links = [LinkSpec(a, b, gbps, 1) for a in range(4) for b in range(4) if a != b]
+    return NodeSpec(4, {"switch": links}, vendor=vendor, gpu=gpu, nics=[NicSpec((0, 1, 2, 3), 25)],
+                    pcie=[NicSpec((g,), gbps) for g in range(4)],
+                    comment=f"{gpu} x4, each on a PCIe Gen{gen} x16 link ({gbps} GB/s each way) that carries its\n"
+                            "peer copies and its NIC traffic; one 200 Gbps (25 GB/s) HDR NIC")
 
 
 def cluster(nodes: list[NodeSpec], comment: str, **kw) -> ClusterSpec:
@@ -135,8 +145,8 @@ def clusters() -> dict[str, str]:
         out[f"a100_topo{i}"] = format_topology(cluster(
             [a100_node(g) for _ in range(nn)],
             f"ResCCL Topo{i} (section 5.1 / Table 3): {nn} servers x {g} A100, {nn * g} GPUs"))
-    mixed = [pcie_node("nvidia", "V100-PCIe", 16), pcie_node("nvidia", "V100-PCIe", 16),
-             pcie_node("amd", "W7800", 32), pcie_node("amd", "W7800", 32)]
+    mixed = [pcie_node("nvidia", "V100-PCIe", 16, 3), pcie_node("nvidia", "V100-PCIe", 16, 3),
+             pcie_node("amd", "W7800", 32, 4), pcie_node("amd", "W7800", 32, 4)]
     out["mixed_v100_w7800"] = format_topology(cluster(
         mixed, "Mixed-vendor cluster (HetCCL testbed): 2 nodes x 4 NVIDIA V100 + 2 nodes x 4 AMD W7800,\n"
                "200 Gbps InfiniBand; reduction throughput per vendor",

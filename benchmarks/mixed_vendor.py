@@ -1,0 +1,113 @@
+"""Simulated bus bandwidth of HetCCL's C2C algorithms against a flat ring, with cross-cluster bytes.
+
+    python benchmarks/mixed_vendor.py [--sizes 1M,16M,256M] [--execution task|algorithm] [--json]
+
+Setups (example clusters in ``examples/clusters``):
+
+* ``mixed_v100_w7800``: 2 nodes x 4 NVIDIA V100-PCIe + 2 nodes x 4 AMD W7800, one 200 Gbps NIC per node
+  (the HetCCL NVIDIA+AMD testbed): two vendor clusters of 8 GPUs;
+* ``a100_topo4 2+2``: 4 nodes x 8 A100 split into two 2-node clusters (HetCCL section 6.1.3's "2+2 C2C"
+  experiment on four 8-GPU nodes);
+* ``a100_topo2 1+1``: 2 nodes x 8 A100, one node per cluster (HetCCL's 2-node setups).
+
+For AllGather and AllReduce each row is one algorithm: the flat ring over all ranks in rank order
+(``hccc.compiler.generators``) or a C2C variant (``hccc.compiler.c2c``: border ranks = every GPU behind a
+NIC, or one per NIC; intra-cluster ring or mesh; K pieces). Every algorithm is verified, lowered
+exactly as ``hccc`` does (HPDS, state-based TBs) and simulated by ``hccc.runtime.simulator`` (alpha-beta
+model with shared NIC / PCIe groups). ``xMB`` is the data that crosses cluster boundaries for the
+largest size (both algorithms counted with the same clusters); busbw uses nccl-tests' factors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from hccc.cli import parse_size
+from hccc.compiler.c2c import cross_cluster_chunks, plan_c2c
+from hccc.compiler.frontend.topo_parser import load_topology
+from hccc.compiler.generators import ring_allgather, ring_allreduce
+from hccc.compiler.hierarchy import hierarchy
+from hccc.compiler.verify import verify
+from hccc.runtime.simulator import build_for_execution, simulate
+
+CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
+SETUPS = (("mixed_v100_w7800", None), ("a100_topo4", 2), ("a100_topo2", 1))
+VARIANTS = (  # (label, border rule, intra-cluster algorithm, pieces)
+    ("c2c", "nic", "ring", 1),
+    ("c2c K=2", "nic", "ring", 2),
+    ("c2c mesh", "nic", "mesh", 1),
+    ("c2c 1/NIC", "one-per-nic", "ring", 1),
+    ("c2c 1/NIC K=2", "one-per-nic", "ring", 2),
+)
+
+
+def algorithms(topo, coll: str, nodes_per_cluster):
+    """(label, Algorithm, Hierarchy used to count cross-cluster bytes) for one setup."""
+    base = hierarchy(topo, nodes_per_cluster=nodes_per_cluster)
+    ring = {"allgather": ring_allgather, "allreduce": ring_allreduce}[coll](topo.nranks, name="ring")
+    out = [("flat ring", ring, base)]
+    for label, border, intra, k in VARIANTS:
+        hier = hierarchy(topo, nodes_per_cluster=nodes_per_cluster, border=border)
+        plan = plan_c2c(topo, coll, hier=hier, intra=intra, pipeline=k)
+        out.append((label + (f" (K={plan.pieces})" if plan.pieces != k else ""), plan.algorithm(), hier))
+    return out
+
+
+def run(sizes: list[int], execution: str) -> list[dict]:
+    rows = []
+    for stem, npc in SETUPS:
+        topo = load_topology(CLUSTERS / f"{stem}.topo")
+        name = stem + (f" {'+'.join(['' + str(npc)] * (len(topo.nodes) // npc))}" if npc else "")
+        for coll in ("allgather", "allreduce"):
+            for label, alg, hier in algorithms(topo, coll, npc):
+                verify(alg)
+                t0 = time.perf_counter()
+                ir = build_for_execution(alg, execution)
+                res = [simulate(ir, topo, s, execution=execution) for s in sizes]
+                send, _ = cross_cluster_chunks(alg, hier)
+                rows.append({
+                    "setup": name, "clusters": hier.nclusters, "collective": coll, "algorithm": label,
+                    "transfers": alg.ntransfers, "steps": alg.nsteps,
+                    "cross_cluster_bytes": int(send.sum()) * (max(sizes) // topo.nranks),
+                    "busbw_GBps": {str(s): r.busbw_GBps for s, r in zip(sizes, res)},
+                    "lower_bound_busbw_GBps": {str(s): r.busbw_GBps * r.time_s / r.lower_bound_s
+                                               for s, r in zip(sizes, res)},
+                    "seconds": time.perf_counter() - t0,
+                })
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1M,16M,256M",
+                    help="comma-separated buffer sizes (nccl-tests' size), e.g. 1M,64M,1G")
+    ap.add_argument("--execution", choices=("task", "algorithm"), default="task")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = run(sizes, args.execution)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    tab = Table(title=f"simulated busbw (GB/s), {args.execution}-level execution; xMB = MB crossing "
+                      f"clusters at {args.sizes.split(',')[-1]}")
+    for col in ("setup", "coll", "algorithm", "transfers", "steps", "xMB",
+                *[f"busbw {s}" for s in args.sizes.split(",")], "bound"):
+        tab.add_column(col, justify="left" if col in ("setup", "coll", "algorithm") else "right")
+    for r in rows:
+        last = str(max(sizes))
+        tab.add_row(r["setup"], r["collective"], r["algorithm"], str(r["transfers"]), str(r["steps"]),
+                    f"{r['cross_cluster_bytes'] / 2**20:.0f}",
+                    *[f"{r['busbw_GBps'][str(s)]:.2f}" for s in sizes],
+                    f"{r['lower_bound_busbw_GBps'][last]:.2f}")
+    Console(width=200).print(tab)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,418 @@
+"""CPU emulation platform: the emitted kernel sources compiled with g++ and ``hccc_cpu_emu.h``.
+
+Build. One shared library per (generated sources, instance): the rank sources are split into
+translation units of at least four ranks, at most one per CPU core, compiled in parallel (the
+shared headers are parsed once per unit, not once per rank) with ``-DHCCC_FOR_EACH_INSTANCE(X)=
+X(dtype, ctype, op, HCCC_OP)`` so only the requested instantiation is compiled, and linked with
+``cpu_launcher.cpp`` (this package; its object is cached separately, it does not depend on the
+program). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
+Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
+``HCCC_CPU_MAX_THREADS`` (thread budget, default 8192).
+
+Execution. A launch creates ``grid x block`` OS threads (one per emulated GPU thread) and returns
+at once; ``synchronize`` waits for every launch of every stream. Memory is host memory, 256-byte
+aligned and zeroed (large blocks are anonymous mappings without huge pages, so FIFO slots sized
+for whole chunks cost only what a run touches); pointers are plain addresses. Timers use the
+steady clock (see :class:`CpuTimer`). Kernel timeouts are in nanoseconds.
+"""
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import ctypes
+import mmap
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import cache
+from .kernel_abi import Args
+from .platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
+
+CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
+REDOPS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
+ALIGN = 256
+_FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+#: allocations from this size up are page-aligned anonymous mappings
+_MMAP_MIN = 1 << 16
+_ABORT_OFFSET = Args.abort_flag.offset
+#: threads per TB when the caller does not choose (the emitted kernels ask for 512 and more)
+DEFAULT_BLOCK_THREADS = 2
+_CXX_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-gnu-unique",
+              "-fno-strict-aliasing", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
+
+
+def _launcher_source() -> str:
+    return resources.files("hccc.runtime").joinpath("cpu_launcher.cpp").read_text()
+
+
+@dataclass
+class _Launch:
+    module: "CpuModule"
+    handle: int
+    start_ns: int = 0
+    end_ns: int | None = None
+
+
+@dataclass
+class CpuStream:
+    """Launches not yet waited for, in order."""
+    pending: list[_Launch] = field(default_factory=list)
+    last: _Launch | None = None
+
+
+@dataclass
+class CpuKernel:
+    module: "CpuModule"
+    symbol: str
+    address: int
+
+
+class CpuModule(Module):
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.lib = ctypes.CDLL(str(self.path), mode=os.RTLD_LOCAL)
+        except OSError as exc:
+            raise PlatformError(f"cannot load the CPU module {self.path}: {exc}") from None
+        lib = self.lib
+        lib.hccc_cpu_abi.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        lib.hccc_cpu_abi.restype = None
+        lib.hccc_cpu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                        ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64]
+        lib.hccc_cpu_launch.restype = ctypes.c_void_p
+        lib.hccc_cpu_start.argtypes = [ctypes.c_void_p]
+        lib.hccc_cpu_start.restype = None
+        lib.hccc_cpu_wait.argtypes = [ctypes.c_void_p, ctypes.c_double]
+        lib.hccc_cpu_wait.restype = ctypes.c_int
+        lib.hccc_cpu_times.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.POINTER(ctypes.c_uint64)]
+        lib.hccc_cpu_times.restype = None
+        lib.hccc_cpu_release.argtypes = [ctypes.c_void_p]
+        lib.hccc_cpu_release.restype = None
+        from .kernel_abi import sizes
+        out = (ctypes.c_uint64 * 4)()
+        lib.hccc_cpu_abi(out)
+        if tuple(out[:3]) != sizes():
+            raise PlatformError(f"{self.path}: kernel ABI mismatch (struct sizes {tuple(out[:3])}, "
+                                f"the host packs {sizes()})")
+        self.nslots = int(out[3])
+
+    def function(self, symbol: str) -> CpuKernel:
+        try:
+            fn = getattr(self.lib, symbol)
+        except AttributeError:
+            raise PlatformError(f"kernel {symbol} not found in {self.path.name}") from None
+        return CpuKernel(self, symbol, ctypes.cast(fn, ctypes.c_void_p).value)
+
+
+class CpuTimer(Timer):
+    """Host steady clock.
+
+    ``start(stream)`` reads the clock and ``stop(stream)`` refers to the end of that stream's last
+    launch. Without a stream the timer spans every stream: ``start()`` holds back the launches that
+    follow (their threads are created but wait), ``stop()`` lets them all go at once and refers to
+    the end of the last launch of every stream; thread creation is thus not part of the time.
+    """
+
+    def __init__(self, platform: "CpuPlatform"):
+        self.platform = platform
+        self.t0: int | None = None
+        self.until: list[_Launch] | None = None
+        self.t1: int | None = None
+        self.spans_all = False
+
+    def start(self, stream: Any = None) -> None:
+        self.until, self.t1 = None, None
+        self.spans_all = not isinstance(stream, CpuStream)
+        if self.spans_all:
+            self.platform._hold()
+        self.t0 = time.monotonic_ns()
+
+    def stop(self, stream: Any = None) -> None:
+        if self.t0 is None:
+            raise PlatformError("timer stopped before it was started")
+        if self.spans_all:
+            released = self.platform._release()
+            if released is not None:
+                self.t0 = released
+        streams = [stream] if isinstance(stream, CpuStream) else list(self.platform._streams)
+        self.until = [s.last for s in streams if s.last is not None and s.last.end_ns is None]
+        self.t1 = time.monotonic_ns()
+
+    def elapsed_us(self) -> float:
+        if self.t0 is None or self.t1 is None:
+            raise PlatformError("timer read before it was started and stopped")
+        if self.until:
+            if any(x.end_ns is None for x in self.until):
+                self.platform.synchronize()
+            self.t1 = max(x.end_ns for x in self.until)
+            self.until = None
+        return max(0.0, (self.t1 - self.t0) / 1000.0)
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    source_platform = "cuda"
+    ticks_per_us = 1000.0
+
+    def __init__(self, *, cxx: str | None = None, opt: str | None = None, jobs: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, max_threads: int | None = None):
+        self.cxx = cxx or os.environ.get("HCCC_CXX") or "g++"
+        self.opt = opt or os.environ.get("HCCC_CPU_OPT") or "-O1"
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.cache_dir = cache_dir
+        self.max_threads = max_threads or int(os.environ.get("HCCC_CPU_MAX_THREADS", "8192"))
+        self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap
+        self._starts: list[int] = []               # sorted aligned addresses
+        self._sizes: dict[int, int] = {}
+        self._streams: list[CpuStream] = []
+        self._cxx_id: str | None = None
+        self._cxx_exe: str | None = None
+        self._sync_lock = threading.Lock()
+        self._held: list[_Launch] | None = None    # launches waiting for CpuTimer.stop()
+
+    # ---------------------------------------------------------------- memory
+    def malloc(self, nbytes: int) -> DevicePtr:
+        n = max(int(nbytes), 1)
+        if n >= _MMAP_MIN:
+            # Anonymous pages, zeroed by the kernel when first touched, without transparent huge
+            # pages: FIFO slots are sized for whole chunks but small runs touch a few bytes of each,
+            # and zeroing a 2 MiB page per touched slot would dominate the run.
+            m = mmap.mmap(-1, n)
+            if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+                m.madvise(mmap.MADV_NOHUGEPAGE)
+            ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+            backing: Any = m
+        else:
+            raw = np.zeros(n + ALIGN, dtype=np.uint8)
+            ptr = (raw.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
+            backing = raw
+        self._allocs[ptr] = backing
+        self._sizes[ptr] = n
+        bisect.insort(self._starts, ptr)
+        return ptr
+
+    def free(self, ptr: DevicePtr) -> None:
+        if ptr not in self._allocs:
+            raise PlatformError(f"free of unknown pointer {ptr:#x}")
+        backing = self._allocs.pop(ptr)
+        if isinstance(backing, mmap.mmap):
+            try:
+                backing.close()
+            except BufferError:
+                pass  # still exported (a ctypes view alive): the mapping goes with its last user
+        del self._sizes[ptr]
+        self._starts.pop(bisect.bisect_left(self._starts, ptr))
+
+    def _check(self, ptr: int, nbytes: int) -> None:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if nbytes == 0:
+            return
+        if i < 0 or ptr + nbytes > self._starts[i] + self._sizes[self._starts[i]]:
+            raise PlatformError(f"memory access [{ptr:#x}, +{nbytes}) outside every allocation")
+
+    def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
+        if isinstance(src, (bytes, bytearray)):
+            self._check(dst, len(src))
+            ctypes.memmove(dst, bytes(src), len(src))
+            return
+        a = np.ascontiguousarray(src)
+        self._check(dst, a.nbytes)
+        ctypes.memmove(dst, a.ctypes.data, a.nbytes)
+
+    def memcpy_dtoh(self, dst: Any, src: DevicePtr) -> None:
+        if not (isinstance(dst, np.ndarray) and dst.flags.c_contiguous and dst.flags.writeable):
+            raise PlatformError("memcpy_dtoh needs a writable contiguous numpy array")
+        self._check(src, dst.nbytes)
+        ctypes.memmove(dst.ctypes.data, src, dst.nbytes)
+
+    def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
+        self._check(ptr, nbytes)
+        ctypes.memset(ptr, value, nbytes)
+
+    # ---------------------------------------------------------------- code
+    def _compiler_id(self) -> str:
+        if self._cxx_id is None:
+            exe = shutil.which(self.cxx)
+            if exe is None:
+                raise PlatformError(f"the CPU backend needs a C++ compiler: '{self.cxx}' not found "
+                                    "(install g++, or set HCCC_CXX)")
+            try:
+                out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise PlatformError(f"cannot run {exe}: {exc}") from None
+            self._cxx_exe = exe
+            self._cxx_id = exe + " " + (out.stdout.splitlines()[0] if out.stdout else "")
+        return self._cxx_id
+
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
+        outdir = Path(outdir)
+        if instance.dtype not in CTYPES or instance.op not in REDOPS:
+            raise PlatformError(f"no kernels for {instance.dtype}/{instance.op}")
+        entries = manifest["ranks"]
+        if ranks is not None:
+            wanted = set(ranks)
+            entries = [e for e in entries if e["rank"] in wanted]
+        sources = []
+        for e in entries:
+            srcs = e.get("sources") or {}
+            sources.append(srcs.get(self.source_platform) or e["source"])
+        headers = list(manifest.get("headers", []))
+        for name in sources + headers:
+            if not isinstance(name, str) or not _FILENAME.fullmatch(name):
+                raise PlatformError(f"manifest.json: {name!r} is not a plain file name")
+        compiler = self._compiler_id()
+        exe = self._cxx_exe
+        define = (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
+                  f"{instance.op}, {REDOPS[instance.op]})")
+        flags = [*_CXX_FLAGS, self.opt]
+        launcher_obj = self._launcher_object(outdir, headers, flags)
+        key = cache.content_key(
+            "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
+            cache.files_digest([outdir / f for f in sources + headers], outdir))
+        # translation units: a few ranks each (the headers are parsed once per unit), in parallel
+        ngroups = max(1, min(self.jobs, len(sources) // 4))
+        groups = [sources[i::ngroups] for i in range(ngroups)] if sources else []
+
+        def make(tmp: Path) -> None:
+            units = []
+            for i, grp in enumerate(groups):
+                tu = tmp / f"unit{i}.cpp"
+                tu.write_text("".join(f'#include "{f}"\n' for f in grp))
+                units.append(tu)
+
+            def compile_unit(tu: Path):
+                cmd = [exe, *flags, define, "-I", str(outdir), "-c", str(tu),
+                       "-o", str(tu.with_suffix(".o"))]
+                return subprocess.run(cmd, capture_output=True, text=True)
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs) as ex:
+                results = list(ex.map(compile_unit, units))
+            for tu, res in zip(units, results):
+                if res.returncode != 0:
+                    raise PlatformError(f"g++ failed on the emitted sources ({tu.name}):\n"
+                                        + res.stderr[-4000:])
+            objs = [str(tu.with_suffix(".o")) for tu in units] + [str(launcher_obj)]
+            res = subprocess.run([exe, "-shared", "-pthread", *objs, "-o", str(tmp / "module.so")],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                raise PlatformError("linking the CPU module failed:\n" + res.stderr[-4000:])
+            for tu in units:
+                os.unlink(tu.with_suffix(".o"))
+
+        return cache.entry("cpu", key, make, root=self.cache_dir) / "module.so"
+
+    def _launcher_object(self, outdir: Path, headers: list[str], flags: list[str]) -> Path:
+        """``cpu_launcher.cpp`` compiled against the emitted headers (cached: it depends on the
+        headers and flags only, not on the program)."""
+        exe = self._cxx_exe
+        launcher = _launcher_source()
+        key = cache.content_key("cpu-launcher", self._compiler_id(), " ".join(flags), launcher,
+                                cache.files_digest([outdir / h for h in headers], outdir))
+
+        def make(tmp: Path) -> None:
+            for h in headers:
+                shutil.copyfile(outdir / h, tmp / h)
+            (tmp / "launcher.cpp").write_text(launcher)
+            res = subprocess.run([exe, *flags, "-I", str(tmp), "-c", str(tmp / "launcher.cpp"), "-o",
+                                  str(tmp / "launcher.o")], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise PlatformError("g++ failed on the CPU launcher:\n" + res.stderr[-4000:])
+
+        return cache.entry("cpu_launcher", key, make, root=self.cache_dir) / "launcher.o"
+
+    def load(self, path: Path) -> CpuModule:
+        return CpuModule(Path(path))
+
+    # ---------------------------------------------------------------- execution
+    def stream(self) -> CpuStream:
+        s = CpuStream()
+        self._streams.append(s)
+        return s
+
+    def block_threads(self, emitted: int) -> int:
+        return min(int(emitted), DEFAULT_BLOCK_THREADS)
+
+    def launch(self, fn: Any, grid: int, block: int, args: bytes, stream: Any) -> None:
+        if not isinstance(fn, CpuKernel):
+            raise PlatformError("not a CPU kernel")
+        if not isinstance(stream, CpuStream):
+            raise PlatformError("not a CPU stream")
+        if grid == 0:
+            return
+        err = ctypes.create_string_buffer(512)
+        hold = self._held is not None
+        h = fn.module.lib.hccc_cpu_launch(fn.address, int(grid), int(block), bytes(args), len(args),
+                                          0 if hold else 1, err, len(err))
+        if not h:
+            # the ranks already launched would wait for this one until their timeout: abort them
+            if len(args) >= _ABORT_OFFSET + 8:
+                flag = int.from_bytes(bytes(args)[_ABORT_OFFSET:_ABORT_OFFSET + 8], "little")
+                if flag:
+                    ctypes.c_uint32.from_address(flag).value = 1
+            self._release()
+            raise PlatformError(f"launch of {fn.symbol} failed: {err.value.decode(errors='replace')}")
+        rec = _Launch(fn.module, h)
+        if hold:
+            self._held.append(rec)
+        stream.pending.append(rec)
+        stream.last = rec
+
+    def _hold(self) -> None:
+        self._release()
+        self._held = []
+
+    def _release(self) -> int | None:
+        """Start the held launches; returns the clock at that moment (None if none was held)."""
+        if self._held is None:
+            return None
+        held, self._held = self._held, None
+        t = time.monotonic_ns()
+        for rec in held:
+            rec.module.lib.hccc_cpu_start(rec.handle)
+        return t
+
+    def synchronize(self) -> None:
+        self._release()
+        with self._sync_lock:
+            self._synchronize()
+
+    def _synchronize(self) -> None:
+        for s in self._streams:
+            while s.pending:
+                rec = s.pending[0]
+                lib = rec.module.lib
+                lib.hccc_cpu_wait(rec.handle, -1.0)
+                t0, t1 = ctypes.c_uint64(), ctypes.c_uint64()
+                lib.hccc_cpu_times(rec.handle, ctypes.byref(t0), ctypes.byref(t1))
+                lib.hccc_cpu_release(rec.handle)
+                rec.start_ns, rec.end_ns = t0.value, t1.value
+                s.pending.pop(0)
+
+    def timer(self) -> CpuTimer:
+        return CpuTimer(self)
+
+    def max_resident_blocks(self, fn: Any, block: int) -> int:
+        return max(0, self.max_threads // max(1, int(block)))
+
+    def close(self) -> None:
+        if any(s.pending for s in self._streams):
+            return  # kernels still running (a stuck launch): their memory must stay
+        self._allocs.clear()
+        self._sizes.clear()
+        self._starts.clear()
+
+
+register("cpu", CpuPlatform)
+
+__all__ = ["CpuPlatform", "CpuModule", "CpuKernel", "CpuStream", "CpuTimer"]

@@ -1,0 +1,180 @@
+// Launcher of the CPU emulation platform (hccc.runtime.cpu), compiled into every CPU module next
+// to the emitted rank kernels (hccc_cpu_emu.h models thread blocks as groups of OS threads).
+//
+// C API (loaded with ctypes):
+//   hccc_cpu_abi(out[4])                    sizeof hccc_args, hccc_conn, hccc_error; HCCC_NSLOTS
+//   hccc_cpu_now_ns()                       the clock the launches are timed with (steady clock)
+//   hccc_cpu_launch(fn, grid, block, args, nargs, start, err, nerr)
+//                                           create grid x block threads that run kernel fn on a copy
+//                                           of args (one hccc_args), at once when start != 0, else
+//                                           at hccc_cpu_start; returns a handle, or null with a
+//                                           message in err (then nothing keeps running)
+//   hccc_cpu_start(h)                       let the threads of a held launch run
+//   hccc_cpu_wait(h, timeout_s)             0 once every thread has returned, 1 after timeout_s
+//                                           seconds (timeout_s < 0: wait forever)
+//   hccc_cpu_times(h, &start, &end)         launch time and time the last thread returned (ns)
+//   hccc_cpu_release(h)                     join and free a finished launch
+#include "hccc_prims.h"
+
+#include <pthread.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#define HCCC_CPU_API extern "C" __attribute__((visibility("default")))
+
+typedef void (*hccc_cpu_kernel)(hccc_args);
+
+// Stack of each emulated GPU thread: the kernels need little, and thousands of threads may run.
+#ifndef HCCC_CPU_STACK_BYTES
+#define HCCC_CPU_STACK_BYTES (256 * 1024)
+#endif
+
+namespace {
+
+struct Launch;
+
+struct Worker {
+  Launch* launch;
+  hccc_cpu_kernel kernel;
+  hccc_cpu_block* block;
+  int tid;
+};
+
+struct Launch {
+  hccc_args args;
+  std::vector<std::unique_ptr<hccc_cpu_block>> blocks;
+  std::vector<Worker> workers;
+  std::vector<pthread_t> threads;
+  std::mutex mu;
+  std::condition_variable cv;
+  int gate = 0;  // 0: threads wait to start, 1: run the kernel, 2: leave without running it
+  int running = 0;
+  uint64_t t_start = 0, t_end = 0;
+
+  void body(const Worker& w) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [this] { return gate != 0; });
+      if (gate == 2) return;
+    }
+    hccc_cpu_run_thread(w.kernel, args, w.block, w.tid);
+    const uint64_t now = hccc_clock();
+    std::lock_guard<std::mutex> lock(mu);
+    if (--running == 0) {
+      t_end = now;
+      cv.notify_all();
+    }
+  }
+
+  void open_gate(int value) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gate = value;
+    }
+    cv.notify_all();
+  }
+};
+
+void* thread_main(void* p) {
+  const Worker* w = static_cast<const Worker*>(p);
+  w->launch->body(*w);
+  return nullptr;
+}
+
+}  // namespace
+
+HCCC_CPU_API void hccc_cpu_abi(uint64_t* out) {
+  out[0] = sizeof(hccc_args);
+  out[1] = sizeof(hccc_conn);
+  out[2] = sizeof(hccc_error);
+  out[3] = HCCC_NSLOTS;
+}
+
+HCCC_CPU_API uint64_t hccc_cpu_now_ns() { return hccc_clock(); }
+
+HCCC_CPU_API void hccc_cpu_start(void* h) {
+  Launch* L = static_cast<Launch*>(h);
+  {
+    std::lock_guard<std::mutex> lock(L->mu);
+    if (L->gate != 0) return;
+    L->t_start = hccc_clock();
+    if (L->running == 0) L->t_end = L->t_start;
+  }
+  L->open_gate(1);
+}
+
+HCCC_CPU_API void* hccc_cpu_launch(void* fn, int grid, int block, const void* args, uint64_t nargs,
+                                   int start, char* err, uint64_t nerr) {
+  if (nargs != sizeof(hccc_args) || grid < 0 || block < 1) {
+    snprintf(err, nerr, "bad launch: grid %d, block %d, %llu argument bytes (expected %zu)", grid,
+             block, (unsigned long long)nargs, sizeof(hccc_args));
+    return nullptr;
+  }
+  std::unique_ptr<Launch> L(new Launch());
+  memcpy(&L->args, args, sizeof(hccc_args));
+  const hccc_cpu_kernel kernel = reinterpret_cast<hccc_cpu_kernel>(fn);
+  L->blocks.reserve((size_t)grid);
+  for (int b = 0; b < grid; ++b) {
+    L->blocks.emplace_back(new hccc_cpu_block());
+    hccc_cpu_block_init(L->blocks.back().get(), b, block);
+  }
+  // Start every thread behind a gate, so a failure to create one (out of threads) can still
+  // cancel the launch before any TB runs (a partly started TB would wait at its barrier forever).
+  const size_t nthreads = (size_t)grid * (size_t)block;
+  L->workers.reserve(nthreads);
+  for (int b = 0; b < grid; ++b)
+    for (int t = 0; t < block; ++t)
+      L->workers.push_back(Worker{L.get(), kernel, L->blocks[(size_t)b].get(), t});
+  L->threads.reserve(nthreads);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, HCCC_CPU_STACK_BYTES);
+  int rc = 0;
+  for (size_t i = 0; i < nthreads && rc == 0; ++i) {
+    pthread_t th;
+    rc = pthread_create(&th, &attr, thread_main, &L->workers[i]);
+    if (rc == 0) L->threads.push_back(th);
+  }
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    snprintf(err, nerr, "cannot start %d x %d threads (%zu started): %s", grid, block,
+             L->threads.size(), strerror(rc));
+    L->open_gate(2);
+    for (pthread_t th : L->threads) pthread_join(th, nullptr);
+    return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(L->mu);
+    L->running = (int)nthreads;
+  }
+  if (start) hccc_cpu_start(L.get());
+  return L.release();
+}
+
+HCCC_CPU_API int hccc_cpu_wait(void* h, double timeout_s) {
+  Launch* L = static_cast<Launch*>(h);
+  std::unique_lock<std::mutex> lock(L->mu);
+  if (timeout_s < 0) {
+    L->cv.wait(lock, [L] { return L->running == 0; });
+    return 0;
+  }
+  const bool done = L->cv.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                   [L] { return L->running == 0; });
+  return done ? 0 : 1;
+}
+
+HCCC_CPU_API void hccc_cpu_times(void* h, uint64_t* start, uint64_t* end) {
+  Launch* L = static_cast<Launch*>(h);
+  std::lock_guard<std::mutex> lock(L->mu);
+  *start = L->t_start;
+  *end = L->t_end;
+}
+
+HCCC_CPU_API void hccc_cpu_release(void* h) {
+  Launch* L = static_cast<Launch*>(h);
+  for (pthread_t th : L->threads) pthread_join(th, nullptr);
+  delete L;
+}

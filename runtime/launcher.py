@@ -1,0 +1,633 @@
+"""Run a ProgramIR's emitted kernels on a platform and check them against the reference executor.
+
+Platform-neutral: everything here goes through :class:`hccc.runtime.platform.Platform` (memory,
+build/load, streams, launches, timers), so the CPU emulation and CUDA run the same code.
+
+One :class:`Runner` holds one build (program x platform x dtype x op) and the size-independent
+state: per rank the FIFOs it receives on (``NSLOTS * chunk_bytes`` slot bytes, in the receiver's
+memory), their head/tail counters, the progress counters of its TBs and its connection tables;
+globally the abort flag and the error record. :meth:`Runner.run` then allocates the size-dependent
+buffers (input, output, scratch), zeroes every counter, flag and the error record, uploads
+inputs (outputs and scratch start as garbage: NaN / INT_MIN, so an element never written shows
+up), launches every rank on its own stream, waits (with a host-side watchdog on top of the kernels'
+own timeout), decodes the error record, reads the outputs back and compares them with
+:func:`hccc.runtime.reference.execute` run on the same inputs (the oracle; exact comparison:
+inputs are small integers, and the reference reduces in the program's own order, rounding
+bfloat16 after every reduction like the kernels do). The oracle's outputs are also compared with
+the collective's definition (:func:`~hccc.runtime.reference.expected`), which catches IRs
+(hand-edited ``.json`` files are not re-verified) that do not implement their collective. A
+program the reference executor refuses (it can deadlock with one FIFO slot, though the real FIFO
+depth may hide that) is compared with the collective's definition directly
+(:attr:`RunResult.oracle` says which).
+
+Sizes: ``nbytes`` is the size of the collective's full buffer, nccl-tests' ``S``: the AllReduce
+buffer of each rank, the AllGather *output* of each rank, the ReduceScatter *input* of each rank.
+``count = nbytes / sizeof(dtype)`` elements; any count works (chunks then differ by one element,
+and may be empty). algbw = S / time, busbw = algbw * :func:`busbw_factor` (nccl-tests'
+PERFORMANCE.md).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import threading
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from hccc.compiler.program_ir import IRFormatError, ProgramIR
+from hccc.compiler.codegen import buffer_bases
+
+from . import cache, reference
+from .kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
+from .platform import Instance, Platform, PlatformError, get_platform
+
+DTYPES = ("float32", "float16", "bfloat16", "int32")
+OPS = ("sum", "max", "min")
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+_DEVICE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
+                 "int32": np.int32}
+_GARBAGE = {"float32": np.float32(np.nan), "float16": np.float16(np.nan),
+            "bfloat16": np.uint16(0x7FC0), "int32": np.int32(np.iinfo(np.int32).min)}
+#: largest magnitude every partial sum of the inputs may reach and stay exact in the type
+_EXACT = {"float32": 1 << 24, "float16": 2048, "bfloat16": 256, "int32": 1 << 30}
+
+
+# ============================================================================ results
+@dataclass
+class RunResult:
+    bytes: int
+    count: int
+    dtype: str
+    op: str
+    inplace: bool
+    wrong: int            # elements differing from the oracle (all ranks)
+    time_us: float        # mean time of the timed iterations (nan when none completed)
+    stuck: str | None     # "rank R, TB T stuck in <op> for chunk C (micro-batch M)" or None
+    first_wrong: str | None  # e.g. "rank 3, output element 17: got 1.0, expected 2.0"
+    collective: str = ""
+    nranks: int = 0
+    iters: int = 0
+    #: elements where the oracle itself differs from the collective's definition (an IR that does
+    #: not implement its collective); -1 when not checked
+    collective_wrong: int = 0
+    nthreads: int = 0     # threads per thread block
+    algbw_GBps: float = field(default=float("nan"))
+    busbw_GBps: float = field(default=float("nan"))
+    #: what the outputs were compared with: "reference" (the reference executor run of the
+    #: program), "definition" (the collective's definition, for programs the reference executor
+    #: refuses as possibly deadlocking), None when not checked
+    oracle: str | None = None
+    #: every rank's output buffer (``Runner.run(keep_outputs=True)``; bfloat16 as float32)
+    outputs: list | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.time_us and self.time_us > 0 and math.isfinite(self.time_us):
+            self.algbw_GBps = self.bytes / (self.time_us * 1e3)
+            self.busbw_GBps = self.algbw_GBps * busbw_factor(self.collective, self.nranks)
+
+    @property
+    def ok(self) -> bool:
+        return self.wrong == 0 and self.stuck is None and self.collective_wrong <= 0
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "outputs"}
+        for k in ("time_us", "algbw_GBps", "busbw_GBps"):
+            if not math.isfinite(d[k]):
+                d[k] = None
+        return d
+
+
+def busbw_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: AllReduce 2(n-1)/n, AllGather and ReduceScatter (n-1)/n."""
+    n = int(nranks)
+    if n <= 0:
+        return 0.0
+    c = str(collective).lower()
+    if c == "allreduce":
+        return 2.0 * (n - 1) / n
+    if c in ("allgather", "reducescatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+# ============================================================================ generation cache
+_TEMPLATES_DIGEST: str | None = None
+
+
+def _templates_digest() -> str:
+    global _TEMPLATES_DIGEST
+    if _TEMPLATES_DIGEST is None:
+        root = Path(str(resources.files("hccc.templates")))
+        files = [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+        _TEMPLATES_DIGEST = cache.files_digest(files, root)
+    return _TEMPLATES_DIGEST
+
+
+def generated_sources(ir: ProgramIR, platform: str, cache_dir=None) -> Path:
+    """Directory with ``ir``'s emitted sources for ``platform`` ("cuda" or "hip") and its
+    manifest, from the cache (keyed by the IR JSON, the templates and the hccc version)."""
+    from hccc.compiler.codegen import generate
+
+    text = ir.to_json()
+    key = cache.content_key("generated", platform, _templates_digest(), text)
+
+    def make(tmp: Path) -> None:
+        generate(ir, tmp, platforms=[platform] * ir.nranks)
+
+    return cache.entry("gen", key, make, root=cache_dir)
+
+
+# ============================================================================ the runner
+def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
+    """First element of chunk slot ``j`` (slots past ``nchunks`` wrap into a further copy)."""
+    return (j // nchunks) * count + int(bounds[j % nchunks])
+
+
+class Runner:
+    """One build of ``ir`` for one platform and instance, run at any number of sizes.
+
+    ``nthreads``: threads per thread block (default: the platform's choice for the emitted
+    kernels, see :meth:`Platform.block_threads`). ``timeout_s``: kernel spin-wait limit (0 = none).
+    ``watchdog_s``: host-side limit per launch (default: generous, from timeout and size).
+    """
+
+    def __init__(self, ir: ProgramIR, backend: str | Platform = "cpu", dtype: str = "float32",
+                 op: str = "sum", *, nthreads: int | None = None, cache_dir=None,
+                 timeout_s: float = 10.0, watchdog_s: float | None = None):
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r} (expected one of {', '.join(OPS)})")
+        if nthreads is not None and int(nthreads) < 1:
+            raise ValueError("nthreads must be positive")
+        self.ir = ir
+        self.dtype, self.op = dtype, op
+        self.timeout_s = float(timeout_s)
+        self.watchdog_s = watchdog_s
+        self.platform = get_platform(backend) if isinstance(backend, str) else backend
+        self._own_platform = isinstance(backend, str)
+        self._allocs: list[int] = []
+        self._broken: str | None = None
+        self._closed = False
+        try:
+            self._setup(nthreads, cache_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self, nthreads, cache_dir) -> None:
+        ir, pf = self.ir, self.platform
+        if cache_dir is not None and hasattr(pf, "cache_dir"):
+            pf.cache_dir = cache_dir
+        self.gendir = generated_sources(ir, pf.source_platform, cache_dir)
+        self.manifest = man = json.loads((self.gendir / "manifest.json").read_text())
+        self.nranks = N = int(man["nranks"])
+        self.nslots = int(man["nslots"])
+        self.chunk_bytes = int(man["chunk_bytes"])
+        ranks = man["ranks"]
+        self.grid = [int(e["tbs"]) for e in ranks]
+        emitted = int(man["nthreads"].get(pf.source_platform, 1))
+        self.block = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
+        self.placement = list(pf.placement(N))
+        devices = sorted(set(self.placement))
+        if len(devices) > 1:
+            pf.enable_peer_access(devices)
+
+        self.module = pf.load(pf.build(self.gendir, man, Instance(self.dtype, self.op)))
+        pattern = man.get("kernel_symbol", "{kernel}_{dtype}_{op}")
+        self.fns = []
+        for e in ranks:
+            sym = (pattern.replace("{kernel}", e["kernel"]).replace("{dtype}", self.dtype)
+                   .replace("{op}", self.op))
+            self.fns.append(self.module.function(sym))
+        self._check_residency()
+
+        # size-independent memory: FIFOs (in the receiver's memory), counters, connection tables
+        recv_index: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.ctrl, self.ctrl_bytes, self.prog_ptr = [], [], []
+        self.slots_ptr, self.heads, self.tails = [], [], []
+        slot_bytes = self.nslots * self.chunk_bytes
+        for r, e in enumerate(ranks):
+            pf.set_device(self.placement[r])
+            nrecv, nprog = len(e["recv_conns"]), int(e["progress_slots"])
+            nbytes = 16 * nrecv + 8 * max(nprog, 1)
+            ctrl = self._malloc(nbytes)
+            slots = self._malloc(max(nrecv, 1) * slot_bytes)
+            self.ctrl.append(ctrl)
+            self.ctrl_bytes.append(nbytes)
+            self.prog_ptr.append(ctrl + 16 * nrecv)
+            self.slots_ptr.append(slots)
+            for j, (peer, ch) in enumerate(e["recv_conns"]):
+                recv_index[(int(peer), r, int(ch))] = (r, j)
+        self.orphans: list[tuple[int, int]] = []   # sends nobody receives: FIFO in sender memory
+        send_tables, recv_tables = [], []
+        for r, e in enumerate(ranks):
+            recv_tables.append([(self.slots_ptr[r] + j * slot_bytes, self.ctrl[r] + 16 * j,
+                                 self.ctrl[r] + 16 * j + 8) for j in range(len(e["recv_conns"]))])
+            tab = []
+            for peer, ch in e["send_conns"]:
+                hit = recv_index.get((r, int(peer), int(ch)))
+                if hit is not None:
+                    d, j = hit
+                    tab.append((self.slots_ptr[d] + j * slot_bytes, self.ctrl[d] + 16 * j,
+                                self.ctrl[d] + 16 * j + 8))
+                else:
+                    pf.set_device(self.placement[r])
+                    fifo = self._malloc(slot_bytes + 16)
+                    self.orphans.append((fifo, slot_bytes + 16))
+                    tab.append((fifo + 16, fifo, fifo + 8))
+            send_tables.append(tab)
+        self.send_tab, self.recv_tab = [], []
+        for r in range(N):
+            pf.set_device(self.placement[r])
+            for tabs, out in ((send_tables, self.send_tab), (recv_tables, self.recv_tab)):
+                blob = conn_table(tabs[r])
+                ptr = self._malloc(max(len(blob), 8))
+                if blob:
+                    pf.memcpy_htod(ptr, blob)
+                out.append(ptr)
+        pf.set_device(self.placement[0] if N else 0)
+        self.flags = self._malloc(64 + ctypes.sizeof(ErrorRecord))
+        self.abort_ptr, self.error_ptr = self.flags, self.flags + 64
+        self.streams = []
+        for r in range(N):
+            pf.set_device(self.placement[r])
+            self.streams.append(pf.stream())
+
+    def _check_residency(self, block: int | None = None) -> None:
+        """Every TB of every rank must be resident at once (they spin on each other)."""
+        block = self.block if block is None else block
+        by_dev: dict[int, list[int]] = {}
+        for r, d in enumerate(self.placement):
+            if self.grid[r] > 0:
+                by_dev.setdefault(d, []).append(r)
+        for d, rs in by_dev.items():
+            self.platform.set_device(d)
+            need = sum(self.grid[r] for r in rs)
+            cap = min(self.platform.max_resident_blocks(self.fns[r], block) for r in rs)
+            if need > cap:
+                raise PlatformError(
+                    f"cannot run {self.ir.name} on {self.platform.name}: its {len(rs)} ranks on "
+                    f"device {d} need {need} thread blocks of {block} threads resident at once, "
+                    f"but at most {cap} fit; use fewer threads per block or fewer ranks per device")
+
+    def _malloc(self, nbytes: int) -> int:
+        ptr = self.platform.malloc(int(nbytes))
+        self._allocs.append(ptr)
+        return ptr
+
+    # ------------------------------------------------------------------ sizes
+    def layout(self, count: int):
+        """Per rank: (input length, output length, scratch length, input offset in output or
+        -1, output offset in input or -1) in elements, for in-place aliasing."""
+        ir = self.ir
+        C = ir.nchunks
+        bounds = reference.chunk_bounds(count, C)
+        maxc = -(-count // C) if count else 0
+        in_base, out_base = buffer_bases(ir)
+        rows = []
+        for r in range(self.nranks):
+            ib, ob = int(in_base[r]), int(out_base[r])
+            i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
+            o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
+            in_in_out = o0 <= i0 and i1 <= o1
+            out_in_in = i0 <= o0 and o1 <= i1
+            rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
+                         i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
+        return rows
+
+    def default_watchdog(self, nbytes: int) -> float:
+        total = nbytes * max(self.nranks, 1) * 4
+        return max(30.0, 3.0 * self.timeout_s) + total / 20e6
+
+    # ------------------------------------------------------------------ one run
+    def run(self, nbytes: int | None = None, *, count: int | None = None, inplace: bool = False,
+            iters: int = 1, warmup: int = 0, seed: int = 0, timeout_s: float | None = None,
+            nthreads: int | None = None, check: bool = True, inputs: list | None = None,
+            keep_outputs: bool = False) -> RunResult:
+        """Run at ``nbytes`` (the collective's full buffer, see the module docstring) or ``count``
+        elements; returns a :class:`RunResult` (never raises for wrong results or stuck kernels).
+        ``nthreads`` overrides the runner's threads per thread block for this run. ``inputs``
+        (one array per rank, as :func:`hccc.runtime.reference.make_inputs` lays them out; float32
+        for bfloat16) replaces the generated small-integer data. ``keep_outputs`` stores every
+        rank's output (as the oracle sees it) in :attr:`RunResult.outputs`."""
+        if self._closed:
+            raise PlatformError("runner is closed")
+        if self._broken:
+            raise PlatformError(f"the {self.platform.name} platform is unusable after an earlier "
+                                f"run: {self._broken}")
+        es = ELEMENT_BYTES[self.dtype]
+        if (nbytes is None) == (count is None):
+            raise ValueError("give exactly one of nbytes and count")
+        if count is None:
+            if nbytes < 0 or nbytes % es:
+                raise ValueError(f"{nbytes} bytes is not a whole number of {self.dtype} elements "
+                                 f"({es} bytes each)")
+            count = nbytes // es
+        count = int(count)
+        if count < 0:
+            raise ValueError("count must be non-negative")
+        if iters < 1 or warmup < 0:
+            raise ValueError("iters must be >= 1 and warmup >= 0")
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        block = self.block if nthreads is None else int(nthreads)
+        if block < 1:
+            raise ValueError("nthreads must be positive")
+        if block != self.block:
+            self._check_residency(block)
+        ir, pf, N = self.ir, self.platform, self.nranks
+        coll = ir.collective
+        lay = self.layout(count)
+        if inplace:
+            bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
+            if bad:
+                raise ValueError(f"in-place is not defined for this program's buffers (rank {bad[0]}: "
+                                 "input and output do not overlay)")
+
+        # inputs (small integers: exact under every reduction order and type)
+        if inputs is None:
+            bound = max(1, min(8, _EXACT[self.dtype] // max(N, 1)))
+            inputs = reference.make_inputs(coll, N, count, self.dtype, nchunks=ir.nchunks,
+                                           seed=seed, low=-bound, high=bound + 1)
+        else:
+            npdt = np.float32 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+            if len(inputs) != N:
+                raise ValueError(f"expected {N} input arrays, got {len(inputs)}")
+        for r in range(N):
+            if len(inputs[r]) != lay[r][0]:
+                raise ValueError(f"rank {r}: this program's input buffer holds {lay[r][0]} elements "
+                                 f"where a {coll} passes {len(inputs[r])}; the oracle cannot run it")
+        dev_inputs = [_to_device(x, self.dtype) for x in inputs]
+
+        # size-dependent buffers
+        ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
+        bufs = []
+        try:
+            for r in range(N):
+                pf.set_device(self.placement[r])
+                n_in, n_out, n_scr, in_off, out_off = lay[r]
+                if inplace and in_off >= 0:
+                    out_p = pf.malloc(max(n_out * es, 16))
+                    in_p, own = out_p + in_off * es, [out_p]
+                elif inplace:
+                    in_p = pf.malloc(max(n_in * es, 16))
+                    out_p, own = in_p + out_off * es, [in_p]
+                else:
+                    in_p = pf.malloc(max(n_in * es, 16))
+                    out_p = pf.malloc(max(n_out * es, 16))
+                    own = [in_p, out_p]
+                scr_p = pf.malloc(max(n_scr * es, 16))
+                own.append(scr_p)
+                bufs.append((in_p, out_p, scr_p, own))
+
+            args = []
+            for r in range(N):
+                in_p, out_p, scr_p, _ = bufs[r]
+                a = Args(input=in_p, output=out_p, scratch=scr_p, count=count,
+                         send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
+                         progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
+                         timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0)
+                args.append(bytes(a))
+
+            limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
+            times, stuck = [], None
+            for it in range(warmup + iters):
+                self._prepare(bufs, lay, dev_inputs, inplace, ddt)
+                timer = pf.timer()
+                timer.start()
+                for r in range(N):
+                    if self.grid[r] > 0:
+                        pf.set_device(self.placement[r])
+                        pf.launch(self.fns[r], self.grid[r], block, args[r], self.streams[r])
+                timer.stop()
+                stuck = self._wait(limit)
+                if stuck is None:
+                    stuck = self._error_message()
+                if stuck is not None:
+                    break
+                if it >= warmup:
+                    times.append(timer.elapsed_us())
+
+            wrong, first, coll_wrong, outs, oracle = 0, None, 0, None, None
+            if stuck is None and (check or keep_outputs):
+                outs = []
+                for r in range(N):
+                    pf.set_device(self.placement[r])
+                    host = np.empty(lay[r][1], dtype=ddt)
+                    pf.memcpy_dtoh(host, bufs[r][1])
+                    outs.append(_from_device(host, self.dtype))
+                if check:
+                    wrong, first, coll_wrong, oracle = self._compare(outs, inputs, inplace)
+        finally:
+            if not self._broken:
+                for in_p, out_p, scr_p, own in bufs:
+                    for p in own:
+                        pf.free(p)
+        return RunResult(bytes=count * es, count=count, dtype=self.dtype, op=self.op,
+                         inplace=bool(inplace), wrong=int(wrong),
+                         time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
+                         first_wrong=first, collective=coll, nranks=N, iters=len(times),
+                         collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
+                         outputs=outs if keep_outputs else None, oracle=oracle)
+
+    def _prepare(self, bufs, lay, dev_inputs, inplace, ddt) -> None:
+        """Zero counters, flags and the error record; outputs and scratch to garbage; inputs in."""
+        pf = self.platform
+        g = _GARBAGE[self.dtype]
+        for r in range(self.nranks):
+            pf.memset(self.ctrl[r], 0, self.ctrl_bytes[r])
+        for fifo, nbytes in self.orphans:
+            pf.memset(fifo, 0, 16)
+        pf.memset(self.flags, 0, 64 + ctypes.sizeof(ErrorRecord))
+        for r in range(self.nranks):
+            in_p, out_p, scr_p, _ = bufs[r]
+            n_in, n_out, n_scr = lay[r][:3]
+            if n_out:
+                pf.memcpy_htod(out_p, np.full(n_out, g, dtype=ddt))
+            if n_scr:
+                pf.memcpy_htod(scr_p, np.full(n_scr, g, dtype=ddt))
+            if n_in:
+                pf.memcpy_htod(in_p, dev_inputs[r])
+
+    def _wait(self, limit: float) -> str | None:
+        """Synchronize under the host watchdog; None when every kernel finished."""
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def waiter():
+            try:
+                self.platform.synchronize()
+            except BaseException as exc:  # reported below, in the caller's thread
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=waiter, name="hccc-synchronize", daemon=True).start()
+        if done.wait(limit):
+            if failure:
+                raise failure[0]
+            return None
+        # Raise the abort flag (in a thread of its own: on some platforms a copy may wait).
+        threading.Thread(target=lambda: self.platform.memset(self.abort_ptr, 1, 4),
+                         name="hccc-abort", daemon=True).start()
+        grace = max(5.0, 2.0 * self.timeout_s)
+        if done.wait(grace):
+            rec = self._error_message()
+            return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
+                    + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
+        self._broken = (f"kernels still running {limit + grace:.0f} s after launch and ignore the "
+                        "abort flag")
+        return f"host watchdog: {self._broken}"
+
+    def _error_message(self) -> str | None:
+        raw = np.zeros(64 + ctypes.sizeof(ErrorRecord), dtype=np.uint8)
+        self.platform.memcpy_dtoh(raw, self.flags)
+        aborted = int(raw[:4].view(np.uint32)[0]) != 0
+        e = ErrorRecord.from_buffer_copy(raw[64:].tobytes())
+        if not e.valid:
+            return "aborted without an error record" if aborted else None
+        return describe_stuck(self.ir, e, self.platform.ticks_per_us)
+
+    def _compare(self, outs, inputs, inplace):
+        """(wrong, first wrong, collective_wrong, oracle name) for the kernels' outputs."""
+        ir = self.ir
+        bf16 = self.dtype == "bfloat16"
+        coll = reference.expected(ir.collective, [np.array(x) for x in inputs], self.op,
+                                  nchunks=ir.nchunks, bf16=bf16)
+        try:
+            want = reference.execute(ir, [np.array(x) for x in inputs], op=self.op, inplace=inplace,
+                                     bf16=bf16)
+        except IRFormatError:
+            # The reference executor refuses programs that can deadlock under its worst-case model
+            # (one FIFO slot); they may still run with the real FIFO depth. Compare with the
+            # collective's definition instead.
+            wrong, first = self._count(outs, coll, self._close, "")
+            return wrong, first, 0, "definition"
+        wrong, first = self._count(outs, want, _same, "")
+        coll_wrong, coll_first = self._count(want, coll, self._close, "reference run")
+        return wrong, first or coll_first, coll_wrong, "reference"
+
+    def _count(self, got, want, same, what: str):
+        """Elements of ``got`` differing from ``want`` (all ranks) and a line about the first."""
+        total, first = 0, None
+        coll = self.ir.collective
+        for r in range(self.nranks):
+            a, b = np.asarray(got[r]), np.asarray(want[r])
+            if len(a) != len(b):
+                total += max(len(a), len(b))
+                first = first or f"rank {r}: {len(a)} output elements where {len(b)} are expected"
+                continue
+            bad = ~same(a, b)
+            n = int(bad.sum())
+            if n and first is None:
+                i = int(np.flatnonzero(bad)[0])
+                if what:
+                    first = (f"rank {r}, output element {i}: the {what} gives {_fmt(a[i])}, "
+                             f"{coll} needs {_fmt(b[i])}")
+                else:
+                    first = f"rank {r}, output element {i}: got {_fmt(a[i])}, expected {_fmt(b[i])}"
+            total += n
+        return total, first
+
+    def _close(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Elementwise agreement of the reference run with the collective's definition: exact
+        for int32 (and for the generated small-integer data, which every order sums exactly);
+        floats within the rounding that a different reduction order may cause."""
+        if self.dtype == "int32":
+            return _same(a, b)
+        eps = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[self.dtype]
+        tol = 4 * max(self.nranks, 1) * eps
+        scale = float(np.nanmax(np.abs(b))) if b.size and not np.isnan(b).all() else 0.0
+        return np.isclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._broken:
+            return  # kernels may still use the memory: leave it
+        for p in self._allocs:
+            try:
+                self.platform.free(p)
+            except Exception:
+                pass
+        self._allocs.clear()
+        if self._own_platform:
+            self.platform.close()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ============================================================================ helpers
+def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
+    """"rank R, TB T stuck in <op> for chunk C (micro-batch M)" plus what it waited for."""
+    msg = (f"rank {e.rank}, TB {e.tb} stuck in {op_name(e.op)} for chunk {e.chunk} "
+           f"(micro-batch {e.microbatch})")
+    p = ir.prims
+    hit = np.flatnonzero((p["rank"] == e.rank) & (p["tb"] == e.tb) & (p["seq"] == e.seq))
+    peer = None
+    if len(hit):
+        i = int(hit[0])
+        if e.wait == WAIT_DATA:
+            peer = int(p["recv_peer"][i])
+        elif e.wait == WAIT_SLOT:
+            peer = int(p["send_peer"][i])
+    what = {WAIT_DATA: f"waiting for data from rank {peer}" if peer is not None else "waiting for data",
+            WAIT_SLOT: (f"waiting for a free FIFO slot towards rank {peer}" if peer is not None
+                        else "waiting for a free FIFO slot"),
+            WAIT_DEP: "waiting for another thread block of its rank"}.get(e.wait, "waiting")
+    extra = [what, f"primitive {e.seq}"]
+    if e.task >= 0:
+        extra.append(f"task {e.task}")
+    if ticks_per_us > 0:
+        extra.append(f"gave up after {e.waited / ticks_per_us / 1e6:.3g} s")
+    return msg + ": " + ", ".join(extra)
+
+
+def _to_device(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        bits = reference.round_bf16(np.asarray(x, np.float32)).view(np.uint32)
+        return (bits >> 16).astype(np.uint16)
+    return np.ascontiguousarray(x, dtype=_DEVICE_DTYPE[dtype])
+
+
+def _from_device(a: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    eq = a == b
+    if np.issubdtype(a.dtype, np.floating):
+        eq |= np.isnan(a) & np.isnan(b)
+    return eq
+
+
+def _fmt(v) -> str:
+    return repr(v.item()) if hasattr(v, "item") else repr(v)
+
+
+def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, dtype: str = "float32",
+                op: str = "sum", inplace: bool = False, iters: int = 1, warmup: int = 0,
+                timeout_s: float = 10.0, seed: int = 0, nthreads: int | None = None,
+                cache_dir=None) -> RunResult:
+    """Build, run once at ``nbytes`` and check (see :class:`Runner` for many sizes)."""
+    with Runner(ir, backend, dtype, op, nthreads=nthreads, cache_dir=cache_dir,
+                timeout_s=timeout_s) as runner:
+        return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
+
+
+__all__ = ["RunResult", "Runner", "run_program", "busbw_factor", "generated_sources",
+           "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

@@ -1,0 +1,619 @@
+"""The simulator's event loop: columnar arrays in, completion times and busy times out.
+
+Compiled with numba (``@njit(cache=True)``) when it is installed (extra ``sim``); without numba the
+very same functions run as plain Python, which is fine for small programs. Everything here works on
+flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
+does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
+
+Data layout (G thread blocks, P primitives, C connections, R resources, K = resources per flow):
+
+* a TB ``g`` owns primitives ``tb_ptr[g] .. tb_ptr[g+1]-1`` and runs them in that order;
+* primitive flags ``1`` send, ``2`` receive, ``4`` reduce; connection ids, FIFO positions
+  (``spos``/``rpos``: chunks posted earlier on the connection by the TB), ``cnt`` chunks, the anchor
+  chunk that sizes its slices, the rank (for its reduction resource) and the link it sends over;
+* cross-TB dependencies as CSR ``dep_ptr``/``dep_on``; ``rdep_ptr``/``rdep_tb`` lists, for every
+  primitive, the TBs whose primitives wait for it (so they can be woken);
+* a *flow* is the bandwidth phase of a slot write (over the link and its shared groups) or of a
+  reduction (over the rank's reduction resource). A TB runs at most one flow at a time, so flows
+  are indexed by TB. Resources hold doubly-linked lists of flow incidences (``g*K + j``).
+
+Events live in one indexed binary heap over items ``0..G-1`` (the completion of TB ``g``'s current
+flow) and ``G..G+C-1`` (the next pending slot of connection ``c`` becoming visible to its
+receiver). All events of one instant are processed before bandwidth shares are recomputed, once per
+connected component of the resources touched (progressive filling, max-min fair).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba is the extra "sim"; the plain-Python fallback keeps the simulator usable without it
+    from numba import njit as _numba_njit
+
+    def _jit(fn):
+        return _numba_njit(cache=True, nogil=True)(fn)
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only where numba is missing
+    def _jit(fn):
+        return fn
+
+    HAVE_NUMBA = False
+
+F_SEND = 1
+F_RECV = 2
+F_REDUCE = 4
+
+# TB states
+S_READY = 0      # trying to start its current unit (may be blocked)
+S_BUSY = 1       # a flow of the current unit is running
+S_PHASE = 2      # a phase of the current unit finished; continue with the next phase
+S_DONE = 3
+
+# What a blocked TB waits for (diagnostics)
+W_NONE = 0
+W_DEP = 1
+W_DATA = 2
+W_SLOT = 3
+
+# Interval kinds recorded for the timeline
+K_SEND = 0
+K_REDUCE = 1
+K_RECV = 2
+
+STATUS_OK = 0
+STATUS_DEADLOCK = 1
+
+_INF = np.inf
+
+
+# ---------------------------------------------------------------------------- indexed heap
+@_jit
+def _heap_less(hkey, hitem, a, b):
+    ka = hkey[a]
+    kb = hkey[b]
+    if ka < kb:
+        return True
+    if ka > kb:
+        return False
+    return hitem[a] < hitem[b]
+
+
+@_jit
+def _heap_swap(hkey, hitem, hpos, a, b):
+    ka = hkey[a]
+    ia = hitem[a]
+    hkey[a] = hkey[b]
+    hitem[a] = hitem[b]
+    hkey[b] = ka
+    hitem[b] = ia
+    hpos[hitem[a]] = a
+    hpos[hitem[b]] = b
+
+
+@_jit
+def _heap_up(hkey, hitem, hpos, i):
+    while i > 0:
+        parent = (i - 1) // 2
+        if _heap_less(hkey, hitem, i, parent):
+            _heap_swap(hkey, hitem, hpos, i, parent)
+            i = parent
+        else:
+            break
+
+
+@_jit
+def _heap_down(hkey, hitem, hpos, i, n):
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            break
+        best = left
+        right = left + 1
+        if right < n and _heap_less(hkey, hitem, right, left):
+            best = right
+        if _heap_less(hkey, hitem, best, i):
+            _heap_swap(hkey, hitem, hpos, best, i)
+            i = best
+        else:
+            break
+
+
+@_jit
+def _heap_set(hkey, hitem, hpos, hn, item, key):
+    """Insert ``item`` with ``key`` or change its key. ``hn`` is a 1-element size array."""
+    i = hpos[item]
+    if i < 0:
+        i = hn[0]
+        hn[0] += 1
+        hkey[i] = key
+        hitem[i] = item
+        hpos[item] = i
+        _heap_up(hkey, hitem, hpos, i)
+    else:
+        old = hkey[i]
+        hkey[i] = key
+        if key < old:
+            _heap_up(hkey, hitem, hpos, i)
+        else:
+            _heap_down(hkey, hitem, hpos, i, hn[0])
+
+
+@_jit
+def _heap_pop(hkey, hitem, hpos, hn):
+    item = hitem[0]
+    last = hn[0] - 1
+    hn[0] = last
+    hpos[item] = -1
+    if last > 0:
+        hkey[0] = hkey[last]
+        hitem[0] = hitem[last]
+        hpos[hitem[0]] = 0
+        _heap_down(hkey, hitem, hpos, 0, last)
+    return item
+
+
+# ---------------------------------------------------------------------------- flows
+@_jit
+def _flow_start(g, res_ids, lo, hi, nbytes, t, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
+                fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                dirty_mark, dirty_epoch):
+    """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` at time t (rate 0 until
+    the next share computation)."""
+    nres = hi - lo
+    fl_nres[g] = nres
+    fl_rate[g] = 0.0
+    fl_rem[g] = nbytes
+    fl_last[g] = t
+    fl_start[g] = t
+    for j in range(nres):
+        r = res_ids[lo + j]
+        inc = g * K + j
+        fl_res[inc] = r
+        h = res_head[r]
+        inc_next[inc] = h
+        inc_prev[inc] = -1
+        if h >= 0:
+            inc_prev[h] = inc
+        res_head[r] = inc
+        res_n[r] += 1
+        if res_n[r] == 1:
+            res_busy_t0[r] = t
+        if dirty_mark[r] != dirty_epoch:
+            dirty_mark[r] = dirty_epoch
+            dirty[dirty_n[0]] = r
+            dirty_n[0] += 1
+
+
+@_jit
+def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+               res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch):
+    for j in range(fl_nres[g]):
+        inc = g * K + j
+        r = fl_res[inc]
+        pv = inc_prev[inc]
+        nx = inc_next[inc]
+        if pv >= 0:
+            inc_next[pv] = nx
+        else:
+            res_head[r] = nx
+        if nx >= 0:
+            inc_prev[nx] = pv
+        res_n[r] -= 1
+        if res_n[r] == 0:
+            res_busy[r] += t - res_busy_t0[r]
+        if dirty_mark[r] != dirty_epoch:
+            dirty_mark[r] = dirty_epoch
+            dirty[dirty_n[0]] = r
+            dirty_n[0] += 1
+    fl_nres[g] = 0
+    fl_rate[g] = 0.0
+
+
+@_jit
+def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres, fl_rate,
+           fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
+           new_rate, stack, hkey, hitem, hpos, hn, counters):
+    """Max-min fair rates (progressive filling) on every component touching a dirty resource;
+    flows whose rate changes get a new completion time in the heap."""
+    for d in range(ndirty):
+        r0 = dirty[d]
+        if mark_res[r0] == epoch:
+            continue
+        # ---- the connected component of resources and flows around r0
+        nres = 0
+        nfl = 0
+        sp = 0
+        stack[sp] = r0
+        sp += 1
+        mark_res[r0] = epoch
+        while sp > 0:
+            sp -= 1
+            r = stack[sp]
+            comp_res[nres] = r
+            nres += 1
+            inc = res_head[r]
+            while inc >= 0:
+                g = inc // K
+                if mark_fl[g] != epoch:
+                    mark_fl[g] = epoch
+                    comp_fl[nfl] = g
+                    nfl += 1
+                    for j in range(fl_nres[g]):
+                        r2 = fl_res[g * K + j]
+                        if mark_res[r2] != epoch:
+                            mark_res[r2] = epoch
+                            stack[sp] = r2
+                            sp += 1
+                inc = inc_next[inc]
+        if nfl == 0:
+            continue
+        counters[1] += 1
+        counters[2] += nfl
+        # ---- progressive filling
+        for k in range(nres):
+            r = comp_res[k]
+            rem[r] = res_cap[r]
+            cnt[r] = res_n[r]
+        for k in range(nfl):
+            frozen[comp_fl[k]] = False
+        level = 0.0
+        left = nfl
+        while left > 0:
+            best = _INF
+            arg = -1
+            for k in range(nres):
+                r = comp_res[k]
+                if cnt[r] > 0:
+                    s = rem[r] / cnt[r]
+                    if s < best:
+                        best = s
+                        arg = r
+            level += best
+            for k in range(nres):
+                r = comp_res[k]
+                if cnt[r] > 0:
+                    rem[r] -= best * cnt[r]
+            for k in range(nres):
+                r = comp_res[k]
+                if cnt[r] > 0 and (r == arg or rem[r] <= 1e-12 * res_cap[r]):
+                    inc = res_head[r]
+                    while inc >= 0:
+                        g = inc // K
+                        if not frozen[g]:
+                            frozen[g] = True
+                            new_rate[g] = level
+                            left -= 1
+                            for j in range(fl_nres[g]):
+                                cnt[fl_res[g * K + j]] -= 1
+                        inc = inc_next[inc]
+        # ---- apply
+        for k in range(nfl):
+            g = comp_fl[k]
+            nr = new_rate[g]
+            if nr != fl_rate[g]:
+                if fl_rate[g] > 0.0:
+                    fl_rem[g] -= fl_rate[g] * (t - fl_last[g])
+                    if fl_rem[g] < 0.0:
+                        fl_rem[g] = 0.0
+                fl_last[g] = t
+                fl_rate[g] = nr
+                _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
+
+
+# ---------------------------------------------------------------------------- the event loop
+@_jit
+def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
+               tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
+               dep_ptr, dep_on, rdep_ptr, rdep_tb,
+               c_total, c_stb, c_rtb, c_alpha,
+               link_res_ptr, link_res, res_cap, rank_cres, chunk_len, K):
+    """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
+    for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
+    whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
+    Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
+    G = tb_ptr.shape[0] - 1
+    P = p_flags.shape[0]
+    C = c_total.shape[0]
+    R = res_cap.shape[0]
+    NS = nslots
+    # ---- TB state
+    tb_pos = np.empty(G, np.int64)
+    for g in range(G):
+        tb_pos[g] = tb_ptr[g]
+    tb_m = np.zeros(G, np.int64)
+    tb_i = np.zeros(G, np.int64)
+    tb_state = np.zeros(G, np.int64)
+    tb_phase = np.zeros(G, np.int64)
+    tb_wait = np.zeros(G, np.int64)
+    tb_depok = np.zeros(G, np.bool_)
+    tb_ready_t = np.zeros(G, np.float64)
+    tb_busy = np.zeros(G, np.float64)
+    tb_finish = np.zeros(G, np.float64)
+    tb_bytes = np.zeros(G, np.float64)
+    tb_spost = np.zeros(G, np.int64)
+    tb_rpost = np.zeros(G, np.int64)
+    progress = np.zeros(P, np.int64)
+    # ---- connections
+    c_head = np.zeros(C, np.int64)      # slots consumed by the receiver
+    c_posted = np.zeros(C, np.int64)    # slots the sender has finished writing
+    c_tail = np.zeros(C, np.int64)      # slots visible to the receiver
+    c_vist = np.zeros(C * NS, np.float64)    # visibility time of post k at k % NS
+    c_sstart = np.zeros(C * NS, np.float64)  # start of the sender's write of post k
+    # ---- flows and resources
+    fl_res = np.full(G * K, -1, np.int64)
+    fl_nres = np.zeros(G, np.int64)
+    fl_rate = np.zeros(G, np.float64)
+    fl_rem = np.zeros(G, np.float64)
+    fl_last = np.zeros(G, np.float64)
+    fl_start = np.zeros(G, np.float64)
+    res_head = np.full(R, -1, np.int64)
+    res_n = np.zeros(R, np.int64)
+    inc_next = np.full(G * K, -1, np.int64)
+    inc_prev = np.full(G * K, -1, np.int64)
+    res_busy_t0 = np.zeros(R, np.float64)
+    res_busy = np.zeros(R, np.float64)
+    dirty = np.empty(R, np.int64)
+    dirty_n = np.zeros(1, np.int64)
+    dirty_mark = np.zeros(R, np.int64)
+    dirty_epoch = 1
+    mark_res = np.zeros(R, np.int64)
+    mark_fl = np.zeros(G, np.int64)
+    share_epoch = 0
+    comp_res = np.empty(R, np.int64)
+    comp_fl = np.empty(G, np.int64)
+    rem = np.zeros(R, np.float64)
+    cnt = np.zeros(R, np.int64)
+    frozen = np.zeros(G, np.bool_)
+    new_rate = np.zeros(G, np.float64)
+    stack = np.empty(R, np.int64)
+    # ---- heap over G flow items and C visibility items
+    NI = G + C
+    hkey = np.empty(NI, np.float64)
+    hitem = np.empty(NI, np.int64)
+    hpos = np.full(NI, -1, np.int64)
+    hn = np.zeros(1, np.int64)
+    # ---- worklist of TBs to (re)try
+    wl = np.empty(G, np.int64)
+    in_wl = np.zeros(G, np.bool_)
+    wn = 0
+    # ---- recording
+    if rec_lim > G:
+        rec_lim = G
+    units = 0
+    for p in range(tb_ptr[rec_lim]):
+        units += p_cnt[p] * nmb
+    nrec_cap = 3 * units + 1
+    rec_tb = np.zeros(nrec_cap, np.int64)
+    rec_prim = np.zeros(nrec_cap, np.int64)
+    rec_mb = np.zeros(nrec_cap, np.int64)
+    rec_kind = np.zeros(nrec_cap, np.int64)
+    rec_t0 = np.zeros(nrec_cap, np.float64)
+    rec_t1 = np.zeros(nrec_cap, np.float64)
+    nrec = 0
+    # counters: [events, share components, share flows, batches]
+    counters = np.zeros(4, np.int64)
+
+    ndone = 0
+    for g in range(G):
+        if tb_ptr[g + 1] == tb_ptr[g]:
+            tb_state[g] = S_DONE
+            ndone += 1
+        else:
+            wl[wn] = g
+            wn += 1
+            in_wl[g] = True
+
+    t = 0.0
+    status = STATUS_OK
+    while True:
+        # ============================================ process the worklist at time t
+        while wn > 0:
+            wn -= 1
+            g = wl[wn]
+            in_wl[g] = False
+            while True:
+                st = tb_state[g]
+                if st == S_BUSY or st == S_DONE:
+                    break
+                p = tb_pos[g]
+                m = tb_m[g]
+                i = tb_i[g]
+                fl = p_flags[p]
+                if st == S_READY:
+                    if not tb_depok[g]:
+                        ok = True
+                        for d in range(dep_ptr[p], dep_ptr[p + 1]):
+                            if progress[dep_on[d]] < m + 1:
+                                ok = False
+                                break
+                        if not ok:
+                            tb_wait[g] = W_DEP
+                            break
+                        tb_depok[g] = True
+                    rc = -1
+                    sc = -1
+                    if fl & F_RECV:
+                        rc = p_rconn[p]
+                        if mode == 0:
+                            rpost = p_rpos[p] * nmb + m * p_cnt[p] + i
+                        else:
+                            rpost = m * c_total[rc] + p_rpos[p] + i
+                        if c_tail[rc] <= rpost:
+                            tb_wait[g] = W_DATA
+                            break
+                        tb_rpost[g] = rpost
+                    if fl & F_SEND:
+                        sc = p_sconn[p]
+                        if mode == 0:
+                            spost = p_spos[p] * nmb + m * p_cnt[p] + i
+                        else:
+                            spost = m * c_total[sc] + p_spos[p] + i
+                        if c_head[sc] + NS <= spost:
+                            tb_wait[g] = W_SLOT
+                            break
+                        tb_spost[g] = spost
+                    tb_wait[g] = W_NONE
+                    # geometry of this slice
+                    ch = p_chunk[p] + i
+                    ln = chunk_len[ch]
+                    off = m * slice_elems
+                    ne = 0
+                    if ln > off:
+                        ne = ln - off
+                        if ne > slice_elems:
+                            ne = slice_elems
+                    tb_bytes[g] = ne * esize
+                    if rc >= 0:
+                        # the receiver counts as busy while its slot is being written to it
+                        k = tb_rpost[g] % NS
+                        vis = c_vist[rc * NS + k]
+                        b0 = c_sstart[rc * NS + k]
+                        if tb_ready_t[g] > b0:
+                            b0 = tb_ready_t[g]
+                        if vis > b0:
+                            tb_busy[g] += vis - b0
+                            if g < rec_lim:
+                                rec_tb[nrec] = g
+                                rec_prim[nrec] = p
+                                rec_mb[nrec] = m
+                                rec_kind[nrec] = K_RECV
+                                rec_t0[nrec] = b0
+                                rec_t1[nrec] = vis
+                                nrec += 1
+                    tb_phase[g] = 0
+                    tb_state[g] = S_PHASE
+                    st = S_PHASE
+                # ---- st == S_PHASE: start the next phase of the unit, or complete it
+                nb = tb_bytes[g]
+                ph = tb_phase[g]
+                if ph < 1 and (fl & F_REDUCE) and nb > 0.0:
+                    cres = rank_cres[p_rank[p]]
+                    if cres >= 0:
+                        _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, fl_res, fl_nres,
+                                    fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next,
+                                    inc_prev, res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        tb_phase[g] = 1
+                        tb_state[g] = S_BUSY
+                        break
+                if ph < 2 and (fl & F_SEND):
+                    sc = p_sconn[p]
+                    c_sstart[sc * NS + tb_spost[g] % NS] = t
+                    if nb > 0.0:
+                        lk = p_link[p]
+                        _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
+                                    fl_res, fl_nres, fl_rate, fl_rem, fl_last, fl_start, res_head,
+                                    res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                                    dirty_mark, dirty_epoch)
+                        tb_phase[g] = 2
+                        tb_state[g] = S_BUSY
+                        break
+                # ---- the unit is complete
+                if fl & F_SEND:
+                    sc = p_sconn[p]
+                    k = tb_spost[g]
+                    vt = t + c_alpha[sc]
+                    c_vist[sc * NS + k % NS] = vt
+                    c_posted[sc] = k + 1
+                    if c_tail[sc] == k:
+                        _heap_set(hkey, hitem, hpos, hn, G + sc, vt)
+                if fl & F_RECV:
+                    rc = p_rconn[p]
+                    c_head[rc] = tb_rpost[g] + 1
+                    o = c_stb[rc]
+                    if not in_wl[o] and tb_state[o] == S_READY:
+                        in_wl[o] = True
+                        wl[wn] = o
+                        wn += 1
+                i += 1
+                finished = False
+                if i == p_cnt[p]:
+                    i = 0
+                    progress[p] = m + 1
+                    for d in range(rdep_ptr[p], rdep_ptr[p + 1]):
+                        o = rdep_tb[d]
+                        if not in_wl[o] and tb_state[o] == S_READY:
+                            in_wl[o] = True
+                            wl[wn] = o
+                            wn += 1
+                    tb_depok[g] = False
+                    if mode == 0:
+                        m += 1
+                        if m == nmb:
+                            m = 0
+                            p += 1
+                            if p == tb_ptr[g + 1]:
+                                finished = True
+                    else:
+                        p += 1
+                        if p == tb_ptr[g + 1]:
+                            p = tb_ptr[g]
+                            m += 1
+                            if m == nmb:
+                                finished = True
+                tb_pos[g] = p
+                tb_m[g] = m
+                tb_i[g] = i
+                tb_ready_t[g] = t
+                if finished:
+                    tb_state[g] = S_DONE
+                    tb_finish[g] = t
+                    ndone += 1
+                    break
+                tb_state[g] = S_READY
+        # ============================================ bandwidth shares for what changed at t
+        if dirty_n[0] > 0:
+            share_epoch += 1
+            _share(t, dirty, dirty_n[0], K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres,
+                   fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl, rem,
+                   cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters)
+            dirty_n[0] = 0
+            dirty_epoch += 1
+        if ndone == G:
+            break
+        if hn[0] == 0:
+            status = STATUS_DEADLOCK
+            break
+        # ============================================ every event of the next instant
+        t = hkey[0]
+        counters[3] += 1
+        while hn[0] > 0 and hkey[0] == t:
+            item = _heap_pop(hkey, hitem, hpos, hn)
+            counters[0] += 1
+            if item < G:
+                g = item
+                _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                           res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                tb_busy[g] += t - fl_start[g]
+                if g < rec_lim:
+                    rec_tb[nrec] = g
+                    rec_prim[nrec] = tb_pos[g]
+                    rec_mb[nrec] = tb_m[g]
+                    rec_kind[nrec] = K_REDUCE if tb_phase[g] == 1 else K_SEND
+                    rec_t0[nrec] = fl_start[g]
+                    rec_t1[nrec] = t
+                    nrec += 1
+                tb_state[g] = S_PHASE
+                if not in_wl[g]:
+                    in_wl[g] = True
+                    wl[wn] = g
+                    wn += 1
+            else:
+                c = item - G
+                c_tail[c] += 1
+                if c_tail[c] < c_posted[c]:
+                    _heap_set(hkey, hitem, hpos, hn, item, c_vist[c * NS + c_tail[c] % NS])
+                o = c_rtb[c]
+                if not in_wl[o] and tb_state[o] == S_READY:
+                    in_wl[o] = True
+                    wl[wn] = o
+                    wn += 1
+    t_end = 0.0
+    for g in range(G):
+        if tb_state[g] == S_DONE and tb_finish[g] > t_end:
+            t_end = tb_finish[g]
+    for r in range(R):
+        if res_n[r] > 0:
+            res_busy[r] += t - res_busy_t0[r]
+    return (status, t_end, t, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
+            counters, rec_tb[:nrec], rec_prim[:nrec], rec_mb[:nrec], rec_kind[:nrec], rec_t0[:nrec],
+            rec_t1[:nrec])

@@ -1,0 +1,298 @@
+"""From a ProgramIR and a Topology to the flat arrays the event loop runs on.
+
+:func:`prepare` does the size-independent work once per (program, cluster): global TB numbering,
+connection ids and FIFO positions, the link of every sending primitive (``Topology.link_between``),
+the resources a flow occupies (the link, its shared groups, or the rank's reduction unit), the
+dependency lists in both directions and the slice anchor chunk of every primitive (the same one the
+generated kernels use, :func:`hccc.compiler.codegen.analyse`). :func:`geometry` adds what depends on
+the buffer size: elements per chunk, the slice length and the micro-batch count, exactly as
+``hccc_prims.h`` computes them.
+
+A resource is identified by an integer: links ``0..L-1``, shared groups ``L..L+NG-1``, the
+reduction units of ranks ``L+NG..L+NG+N-1`` (only for ranks whose node declares ``gamma``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hccc.compiler.program_ir import Op, ProgramIR
+from hccc.compiler.topology import Topology
+
+from .sim_engine import F_RECV, F_REDUCE, F_SEND
+
+_FLAGS = np.array([(F_SEND if Op(i).sends else 0) | (F_RECV if Op(i).receives else 0)
+                   | (F_REDUCE if Op(i).reduces else 0) for i in range(len(Op))], dtype=np.int64)
+
+#: Bytes per element the sizes are counted in (float32, like nccl-tests' default).
+DEFAULT_ELEMENT_BYTES = 4
+
+
+class SimulationError(ValueError):
+    """The program cannot run on the cluster (missing link, rank count mismatch, deadlock)."""
+
+
+@dataclass
+class SimProgram:
+    """Size-independent simulation input (all arrays int64 / float64, ready for the engine)."""
+
+    nranks: int
+    nchunks: int
+    collective: str
+    chunk_bytes: int
+    tb_ptr: np.ndarray        # G + 1
+    tb_rank: np.ndarray       # G
+    tb_local: np.ndarray      # G: TB index within its rank
+    p_flags: np.ndarray
+    p_sconn: np.ndarray
+    p_rconn: np.ndarray
+    p_spos: np.ndarray
+    p_rpos: np.ndarray
+    p_cnt: np.ndarray
+    p_chunk: np.ndarray
+    p_rank: np.ndarray
+    p_link: np.ndarray        # link of sending primitives, -1 otherwise
+    p_pipeline: np.ndarray
+    dep_ptr: np.ndarray
+    dep_on: np.ndarray
+    rdep_ptr: np.ndarray
+    rdep_tb: np.ndarray
+    c_total: np.ndarray       # chunks posted on each connection in one micro-batch
+    c_stb: np.ndarray
+    c_rtb: np.ndarray
+    c_alpha: np.ndarray
+    c_link: np.ndarray
+    c_src: np.ndarray
+    c_dst: np.ndarray
+    link_res_ptr: np.ndarray
+    link_res: np.ndarray
+    res_cap: np.ndarray
+    rank_cres: np.ndarray     # reduction resource per rank, -1 = free (gamma not modelled)
+    K: int                    # most resources one flow holds
+    link_alpha: np.ndarray    # per link, seconds
+    nlinks: int
+    ngroups: int
+
+    @property
+    def ntbs(self) -> int:
+        return int(len(self.tb_ptr) - 1)
+
+    @property
+    def nprims(self) -> int:
+        return int(len(self.p_flags))
+
+
+def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    o = np.lexsort((values, keys))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
+    return ptr, values[o].astype(np.int64)
+
+
+def _fifo_positions(key: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Chunks posted earlier on the same connection, in primitive (canonical) order."""
+    o = np.lexsort((np.arange(len(key)), key))
+    ks = key[o]
+    c = count[o]
+    new = np.r_[True, ks[1:] != ks[:-1]] if len(ks) else np.zeros(0, bool)
+    csum = np.cumsum(c) - c
+    start = np.maximum.accumulate(np.where(new, np.arange(len(ks)), 0)) if len(ks) else ks
+    pos = np.empty(len(key), dtype=np.int64)
+    pos[o] = csum - csum[start]
+    return pos
+
+
+def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
+    """Size-independent arrays for simulating ``ir`` on ``topo`` (see the module docstring).
+
+    Raises :class:`SimulationError` when the rank counts differ or a sending primitive has no link.
+    """
+    from hccc.compiler.codegen import analyse
+
+    N = int(ir.nranks)
+    if topo.nranks != N:
+        raise SimulationError(f"the program has {N} ranks but the cluster '{topo.name}' has "
+                              f"{topo.nranks} GPUs")
+    p = ir.prims
+    n = ir.nprims
+    op = p["op"].astype(np.int64)
+    flags = _FLAGS[op]
+    rank = p["rank"].astype(np.int64)
+    tb = p["tb"].astype(np.int64)
+    ntbs = np.asarray(ir.ntbs, dtype=np.int64)
+    tb_base = np.r_[0, np.cumsum(ntbs)].astype(np.int64)
+    gtb = tb_base[rank] + tb
+    G = int(tb_base[-1])
+    tb_ptr = np.searchsorted(gtb, np.arange(G + 1)).astype(np.int64)
+    tb_rank = np.repeat(np.arange(N, dtype=np.int64), ntbs)
+    tb_local = np.arange(G, dtype=np.int64) - tb_base[tb_rank]
+    count = p["count"].astype(np.int64)
+    ch = p["channel"].astype(np.int64)
+    nch = int(ch.max()) + 1 if n else 1
+    sends = (flags & F_SEND) > 0
+    recvs = (flags & F_RECV) > 0
+    speer = p["send_peer"].astype(np.int64)
+    rpeer = p["recv_peer"].astype(np.int64)
+    skey = np.where(sends, (rank * N + speer) * nch + ch, -1)
+    rkey = np.where(recvs, (rpeer * N + rank) * nch + ch, -1)
+    allk = np.concatenate([skey[sends], rkey[recvs]])
+    ukeys = np.unique(allk)
+    C = len(ukeys)
+    sconn = np.full(n, -1, dtype=np.int64)
+    rconn = np.full(n, -1, dtype=np.int64)
+    sconn[sends] = np.searchsorted(ukeys, skey[sends])
+    rconn[recvs] = np.searchsorted(ukeys, rkey[recvs])
+    spos = np.zeros(n, dtype=np.int64)
+    rpos = np.zeros(n, dtype=np.int64)
+    si = np.flatnonzero(sends)
+    ri = np.flatnonzero(recvs)
+    spos[si] = _fifo_positions(sconn[si], count[si])
+    rpos[ri] = _fifo_positions(rconn[ri], count[ri])
+    c_total = np.bincount(sconn[si], weights=count[si], minlength=C).astype(np.int64)
+    r_total = np.bincount(rconn[ri], weights=count[ri], minlength=C).astype(np.int64)
+    if not np.array_equal(c_total, r_total):
+        raise SimulationError("a connection carries different numbers of chunks at its two ends")
+    c_stb = np.full(C, -1, dtype=np.int64)
+    c_rtb = np.full(C, -1, dtype=np.int64)
+    c_stb[sconn[si]] = gtb[si]
+    c_rtb[rconn[ri]] = gtb[ri]
+    if C and (c_stb.min() < 0 or c_rtb.min() < 0):
+        raise SimulationError("a connection has a sending end without a receiving end (or vice versa)")
+    pair = ukeys // nch
+    c_src = pair // N
+    c_dst = pair % N
+    # ---- links: one lookup per distinct ordered pair
+    c_link = np.empty(C, dtype=np.int64)
+    c_alpha = np.empty(C, dtype=np.float64)
+    upairs, inv = np.unique(pair, return_inverse=True)
+    for j, pr in enumerate(upairs.tolist()):
+        u, v = divmod(int(pr), N)
+        lk = topo.link_between(u, v)
+        if lk is None:
+            who = int(si[np.flatnonzero(c_src[sconn[si]] * N + c_dst[sconn[si]] == pr)[0]])
+            raise SimulationError(
+                f"rank {u} sends to rank {v} (primitive {who}, task {int(p['task'][who])}) but the "
+                f"cluster '{topo.name}' has no link {u} -> {v}")
+        c_link[inv == j] = lk.id
+        c_alpha[inv == j] = lk.alpha
+    p_link = np.full(n, -1, dtype=np.int64)
+    p_link[si] = c_link[sconn[si]]
+    # ---- resources
+    L = topo.nlinks
+    NG = len(topo.groups)
+    res_cap = np.concatenate([
+        topo.link_bandwidth * topo.link_lanes,
+        np.array([g.capacity_bytes for g in topo.groups], dtype=np.float64),
+        np.where(np.isfinite(topo.rank_gamma), topo.rank_gamma, 1.0),
+    ]).astype(np.float64)
+    rank_cres = np.where(np.isfinite(topo.rank_gamma), L + NG + np.arange(N), -1).astype(np.int64)
+    # link -> its shared groups (CSR), from the groups' member lists
+    if NG:
+        gm = np.concatenate([np.asarray(g.members, dtype=np.int64) for g in topo.groups])
+        gg = np.repeat(np.arange(NG, dtype=np.int64), [len(g.members) for g in topo.groups])
+    else:
+        gm = gg = np.zeros(0, dtype=np.int64)
+    lg_ptr, lg = _csr(gm, gg, L)
+    link_res_ptr = lg_ptr + np.arange(L + 1, dtype=np.int64)
+    link_res = np.empty(L + len(lg), dtype=np.int64)
+    first = link_res_ptr[:-1]
+    link_res[first] = np.arange(L)
+    if len(lg):
+        owner = np.repeat(np.arange(L), np.diff(lg_ptr))
+        link_res[np.arange(len(lg)) + owner + 1] = L + lg
+    K = int(max(1, np.diff(link_res_ptr).max() if L else 1))
+    # ---- dependencies
+    dp = np.asarray(ir.dep_prim, dtype=np.int64)
+    do = np.asarray(ir.dep_on, dtype=np.int64)
+    dep_ptr, dep_on = _csr(dp, do, n)
+    rdep_ptr, rdep_prim = _csr(do, dp, n)
+    rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
+    chunk = analyse(ir).chunk.astype(np.int64)
+    return SimProgram(
+        nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
+        tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
+        p_rconn=rconn, p_spos=spos, p_rpos=rpos, p_cnt=count, p_chunk=chunk, p_rank=rank,
+        p_link=p_link, p_pipeline=p["pipeline"].astype(np.int64), dep_ptr=dep_ptr, dep_on=dep_on,
+        rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=c_total, c_stb=c_stb,
+        c_rtb=c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=c_src, c_dst=c_dst,
+        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres, K=K,
+        link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Buffer geometry for one size, as the kernels compute it (``hccc_ctx_init``)."""
+
+    nbytes: int             # the collective's full buffer (nccl-tests' "size")
+    count: int              # elements in the full buffer
+    element_bytes: int
+    slice_elems: int        # elements per micro-batch slice (chunk_bytes / element size)
+    nmb: int                # micro-batches
+    chunk_len: np.ndarray   # elements per chunk of the full buffer
+
+
+def geometry(nbytes: int, nchunks: int, chunk_bytes: int,
+             element_bytes: int = DEFAULT_ELEMENT_BYTES) -> Geometry:
+    """Chunk c covers elements [c*count//nchunks, (c+1)*count//nchunks); slices of
+    ``chunk_bytes // element_bytes`` elements; ``nmb = max(1, ceil(ceil(count/nchunks) / slice))``."""
+    if nbytes < 0 or element_bytes < 1 or chunk_bytes < 1 or nchunks < 1:
+        raise ValueError("sizes must be positive")
+    count = int(nbytes) // int(element_bytes)
+    bounds = np.arange(nchunks + 1, dtype=np.int64) * count // nchunks
+    chunk_len = np.diff(bounds).astype(np.int64)
+    maxc = -(-count // nchunks)
+    slice_elems = max(1, int(chunk_bytes) // int(element_bytes))
+    nmb = max(1, -(-maxc // slice_elems))
+    return Geometry(int(nbytes), count, int(element_bytes), slice_elems, nmb, chunk_len)
+
+
+def send_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
+    """Bytes each primitive sends over its link in the whole run (0 for non-sending primitives)."""
+    cnt = prog.p_cnt
+    total = np.zeros(prog.nprims, dtype=np.float64)
+    # consecutive chunks chunk .. chunk+cnt-1
+    clen = np.r_[0, np.cumsum(geo.chunk_len)]
+    elems = clen[prog.p_chunk + cnt] - clen[prog.p_chunk]
+    m = (prog.p_flags & F_SEND) > 0
+    total[m] = elems[m] * geo.element_bytes
+    return total
+
+
+def reduce_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
+    """Bytes each primitive reduces in the whole run (0 for non-reducing primitives)."""
+    clen = np.r_[0, np.cumsum(geo.chunk_len)]
+    elems = clen[prog.p_chunk + prog.p_cnt] - clen[prog.p_chunk]
+    out = np.zeros(prog.nprims, dtype=np.float64)
+    m = (prog.p_flags & F_REDUCE) > 0
+    out[m] = elems[m] * geo.element_bytes
+    return out
+
+
+def resource_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
+    """Bytes that cross every resource in the whole run (links, groups, reduction units)."""
+    R = len(prog.res_cap)
+    out = np.zeros(R, dtype=np.float64)
+    sb = send_bytes(prog, geo)
+    m = prog.p_link >= 0
+    per_link = np.bincount(prog.p_link[m], weights=sb[m], minlength=prog.nlinks)
+    lens = np.diff(prog.link_res_ptr)
+    owner = np.repeat(np.arange(prog.nlinks), lens)
+    np.add.at(out, prog.link_res, per_link[owner])
+    rb = reduce_bytes(prog, geo)
+    cres = prog.rank_cres[prog.p_rank]
+    mr = (rb > 0) & (cres >= 0)
+    np.add.at(out, cres[mr], rb[mr])
+    return out
+
+
+def lower_bound(prog: SimProgram, geo: Geometry) -> float:
+    """A schedule-independent lower bound on the completion time (seconds).
+
+    Every resource carries its bytes at no more than its capacity; on a link the last byte then
+    still needs the link's latency to reach the receiver, which must see it before it finishes."""
+    rb = resource_bytes(prog, geo)
+    t = rb / prog.res_cap
+    L = prog.nlinks
+    t[:L] = np.where(rb[:L] > 0, t[:L] + prog.link_alpha, 0.0)
+    return float(t.max()) if len(t) else 0.0

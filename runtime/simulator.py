@@ -1,0 +1,298 @@
+"""Alpha-beta(-gamma) simulation of a ProgramIR on a cluster (DESIGN.md section 7).
+
+What is simulated (the semantics of the generated kernels, ``templates/common/hccc_prims.h.j2``):
+
+* Every thread block (TB) of every rank starts at time 0 and runs its primitives in order.
+  **Task-level** execution (hccc's kernels): a primitive runs all of its micro-batches before the
+  TB's next primitive. **Algorithm-level** execution (the MSCCL-like baseline): micro-batch ``m``
+  runs the TB's whole primitive list before micro-batch ``m+1``.
+* Geometry as in the kernels: with ``count`` elements, chunk ``c`` is elements
+  ``[c*count//nchunks, (c+1)*count//nchunks)``; micro-batch ``m`` of a chunk is its slice of
+  ``chunk_bytes / element_bytes`` elements (possibly empty: empty slices still post their flags).
+  A unit of work is one slice of one chunk of one primitive.
+* Connections are FIFOs of ``NSLOTS = 8`` slots. The k-th slot written on a connection is the k-th
+  read; a sender blocks while 8 slots are unread, a receiver until its slot is visible. A unit
+  starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
+  slot is visible and its send slot is free.
+* Costs of a unit: a reducing primitive first reduces the slice on its rank's reduction unit
+  (``bytes / gamma``; free when the node declares no ``gamma``); a sending primitive then writes
+  the slice into the peer's slot: a *flow* over ``Topology.link_between(src, dst)`` and every
+  shared group of that link, at a max-min fair share (progressive filling) of the link capacity
+  (bandwidth x lanes), of each group's capacity and of the reduction unit, recomputed whenever a
+  flow starts or ends. The slot becomes visible to the receiver ``alpha`` (the link's latency)
+  after the write ends; latency does not hold the link or the sender, so a stream of slots pays it
+  once and a chain of dependent transfers pays it per hop. The receiver's copy out of the slot is
+  not charged (it runs at memory speed, well above any link here); it frees the slot at once.
+  Hence one transfer of ``S`` bytes (one slice) on an idle link takes exactly ``alpha + S*beta``.
+  Local primitives: ``REDUCE`` costs ``bytes / gamma`` like any reduction, ``COPY`` and ``NOP``
+  are free. Reductions running at once on one rank share its ``gamma`` max-min fairly.
+* Metrics. Completion time = when the last TB finishes. ``algbw = size / time`` and
+  ``busbw = algbw * factor`` with nccl-tests' size (the collective's full buffer: AllGather output,
+  ReduceScatter / AllReduce input) and factors (AllReduce ``2(n-1)/n``, AllGather and
+  ReduceScatter ``(n-1)/n``). A TB is *busy* while it writes or reduces, and while a slot it is
+  waiting for is being written to it; its *lifetime* is from launch to its last primitive; its idle
+  ratio is ``1 - busy/lifetime`` (ResCCL Table 3's "avg idle" / "max idle"; "comm time" is the
+  average busy ratio). Link utilisation = bytes carried / (capacity x completion time).
+* :func:`hccc.runtime.sim_model.lower_bound` is a schedule-independent bound (bytes over capacity
+  per resource, plus latency on links) that every simulated time respects.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hccc.compiler.program_ir import ProgramIR
+from hccc.compiler.topology import Topology
+
+from . import sim_engine as eng
+from .sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
+                        lower_bound, prepare, resource_bytes)
+
+NSLOTS = 8
+#: Default bound on the slices one simulation may process (about a minute of engine time).
+MAX_UNITS = 200_000_000
+EXECUTIONS = ("task", "algorithm")
+GB = 1e9
+
+__all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
+           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution"]
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """nccl-tests' busbw / algbw factor."""
+    n = int(nranks)
+    if n <= 0:
+        raise ValueError("nranks must be positive")
+    c = collective.lower()
+    if c == "allreduce":
+        return 2.0 * (n - 1) / n
+    if c in ("allgather", "reducescatter"):
+        return (n - 1) / n
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+@dataclass
+class Timeline:
+    """Recorded intervals: TB ``tb`` ran ``kind`` (0 send, 1 reduce, 2 receive) of primitive
+    ``prim`` for micro-batch ``mb`` over ``[t0, t1]`` seconds."""
+
+    tb: np.ndarray
+    prim: np.ndarray
+    mb: np.ndarray
+    kind: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+
+
+@dataclass
+class SimResult:
+    """One simulated size (see the module docstring for the definitions)."""
+
+    nbytes: int
+    collective: str
+    nranks: int
+    execution: str
+    time_s: float
+    micro_batches: int
+    lower_bound_s: float
+    tb_rank: np.ndarray
+    tb_local: np.ndarray
+    tb_busy: np.ndarray        # seconds
+    tb_finish: np.ndarray      # seconds (the TB's lifetime)
+    link_bytes: np.ndarray     # per link of the cluster
+    link_capacity: np.ndarray  # bytes/s per link
+    link_busy: np.ndarray      # seconds with at least one flow on the link
+    events: int
+    wall_s: float
+    timeline: Timeline | None = None
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def time_us(self) -> float:
+        return self.time_s * 1e6
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / self.time_s / GB if self.time_s > 0 else 0.0
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * bus_factor(self.collective, self.nranks)
+
+    @property
+    def ntbs(self) -> int:
+        return int(len(self.tb_busy))
+
+    @property
+    def tbs_per_rank_max(self) -> int:
+        return int(np.bincount(self.tb_rank, minlength=self.nranks).max()) if self.ntbs else 0
+
+    @property
+    def tb_idle(self) -> np.ndarray:
+        life = self.tb_finish
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(life > 0, 1.0 - self.tb_busy / np.where(life > 0, life, 1.0), 0.0)
+        return np.clip(r, 0.0, 1.0)
+
+    @property
+    def tb_idle_avg(self) -> float:
+        return float(self.tb_idle.mean()) if self.ntbs else 0.0
+
+    @property
+    def tb_idle_max(self) -> float:
+        return float(self.tb_idle.max()) if self.ntbs else 0.0
+
+    @property
+    def comm_time(self) -> float:
+        """Average busy ratio of the TBs (ResCCL Table 3's "comm time")."""
+        return 1.0 - self.tb_idle_avg
+
+    @property
+    def link_utilisation(self) -> np.ndarray:
+        """Per link: bytes carried / (capacity x completion time)."""
+        if self.time_s <= 0:
+            return np.zeros(len(self.link_bytes))
+        return self.link_bytes / (self.link_capacity * self.time_s)
+
+    def summary(self) -> dict:
+        """Plain data for ``hccc sim --json`` (one entry of ``results``)."""
+        used = self.link_bytes > 0
+        util = self.link_utilisation[used]
+        return {
+            "bytes": int(self.nbytes),
+            "time_us": self.time_us,
+            "algbw_GBps": self.algbw_GBps,
+            "busbw_GBps": self.busbw_GBps,
+            "micro_batches": int(self.micro_batches),
+            "lower_bound_us": self.lower_bound_s * 1e6,
+            "tbs": self.ntbs,
+            "tbs_per_rank_max": self.tbs_per_rank_max,
+            "tb_idle_avg": self.tb_idle_avg,
+            "tb_idle_max": self.tb_idle_max,
+            "comm_time": self.comm_time,
+            "links_used": int(used.sum()),
+            "link_util_avg": float(util.mean()) if len(util) else 0.0,
+            "link_util_max": float(util.max()) if len(util) else 0.0,
+        }
+
+
+def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, nslots: int):
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")
+    return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
+            float(geo.element_bytes), int(rec_lim),
+            prog.tb_ptr, prog.p_flags, prog.p_sconn, prog.p_rconn, prog.p_spos, prog.p_rpos,
+            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_link,
+            prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
+            prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
+            prog.link_res_ptr, prog.link_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
+            int(prog.K))
+
+
+_WAIT_TEXT = {eng.W_DEP: "waits for another TB (dependency)", eng.W_DATA: "waits for data",
+              eng.W_SLOT: "waits for a free FIFO slot", eng.W_NONE: "is stuck"}
+
+
+def _deadlock_message(prog: SimProgram, tb_state, tb_wait, tb_pos, tb_m) -> str:
+    stuck = np.flatnonzero(tb_state != eng.S_DONE)
+    parts = []
+    for g in stuck[:4].tolist():
+        p = int(tb_pos[g])
+        what = _WAIT_TEXT.get(int(tb_wait[g]), "is stuck")
+        peer = ""
+        if tb_wait[g] == eng.W_DATA:
+            peer = f" from rank {int(prog.c_src[prog.p_rconn[p]])}"
+        elif tb_wait[g] == eng.W_SLOT:
+            peer = f" towards rank {int(prog.c_dst[prog.p_sconn[p]])}"
+        parts.append(f"rank {int(prog.tb_rank[g])} tb {int(prog.tb_local[g])} {what}{peer} at "
+                     f"primitive {p} (micro-batch {int(tb_m[g])})")
+    more = f" (and {len(stuck) - 4} more TBs)" if len(stuck) > 4 else ""
+    return "simulation deadlock: " + "; ".join(parts) + more
+
+
+def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
+             execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
+             record: bool | int = False, nslots: int = NSLOTS,
+             max_units: int | None = MAX_UNITS) -> SimResult:
+    """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
+
+    ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
+    ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
+    integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
+    past it the call fails fast with advice instead of running for hours.
+    Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
+    """
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    if int(nslots) < 1:
+        raise ValueError("nslots must be at least 1")
+    geo = geometry(int(nbytes), prog.nchunks, prog.chunk_bytes, element_bytes)
+    units = int(prog.p_cnt.sum()) * geo.nmb
+    if max_units is not None and units > max_units:
+        raise SimulationError(
+            f"{nbytes} bytes make {geo.nmb} micro-batches of {prog.nprims} primitives ({units:,} slices, "
+            f"more than the limit of {max_units:,}); use a larger chunk size")
+    rec_lim = prog.ntbs if record is True else int(record)
+    t0 = time.perf_counter()
+    out = eng.run_engine(*_engine_args(prog, geo, execution, rec_lim, nslots))
+    wall = time.perf_counter() - t0
+    (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
+     counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
+    if status != eng.STATUS_OK:
+        raise SimulationError(_deadlock_message(prog, tb_state, tb_wait, tb_pos, tb_m))
+    L = prog.nlinks
+    rb = resource_bytes(prog, geo)
+    timeline = Timeline(r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) if rec_lim > 0 else None
+    return SimResult(
+        nbytes=int(nbytes), collective=prog.collective, nranks=prog.nranks, execution=execution,
+        time_s=float(t_end), micro_batches=int(geo.nmb), lower_bound_s=lower_bound(prog, geo),
+        tb_rank=prog.tb_rank, tb_local=prog.tb_local, tb_busy=np.asarray(tb_busy),
+        tb_finish=np.asarray(tb_finish), link_bytes=rb[:L], link_capacity=prog.res_cap[:L],
+        link_busy=np.asarray(res_busy[:L]), events=int(counters[0]), wall_s=wall,
+        timeline=timeline,
+        stats={"instants": int(counters[3]), "share_components": int(counters[1]),
+               "share_flows": int(counters[2])})
+
+
+def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, **kw) -> list[SimResult]:
+    """:func:`simulate` for every size, preparing the program once."""
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    return [simulate(prog, topo, s, **kw) for s in sizes]
+
+
+# ---------------------------------------------------------------------------- programs per mode
+def step_schedule(alg):
+    """The schedule algorithm-level execution runs: one sub-pipeline per step, in step order (rows
+    in program order within a step)."""
+    from hccc.compiler.schedule import Schedule
+
+    step = np.asarray(alg.step, dtype=np.int64)
+    _, dense = np.unique(step, return_inverse=True)
+    order = np.lexsort((np.arange(len(step)), step)).astype(np.int64)
+    return Schedule(subpipeline=dense.astype(np.int32), order=order, scheduler="step")
+
+
+def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
+                        tb_alloc: str | None = None, chunk_bytes: int = 1 << 20,
+                        fuse: bool = False) -> ProgramIR:
+    """The ProgramIR each execution mode runs.
+
+    ``task``: hccc's pipeline (``scheduler``, ``tb_alloc`` default state-based; ``fuse=True``
+    lowers with receive-and-forward fusion, the compiler's ``--fuse``, for comparisons).
+    ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
+    fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
+    """
+    from hccc.compiler.build import build_from_schedule, build_program, schedule_algorithm
+    from hccc.compiler.dag import build_dag
+
+    if execution == "task":
+        return build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
+                             chunk_bytes=chunk_bytes, fuse=fuse)
+    if execution == "algorithm":
+        dag = build_dag(alg)
+        ir = build_from_schedule(alg, dag, step_schedule(alg), tb_alloc=tb_alloc or "connection",
+                                 chunk_bytes=chunk_bytes)
+        ir.stats["scheduler"] = "step"
+        return ir
+    raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")

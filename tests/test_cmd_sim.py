@@ -1,0 +1,157 @@
+"""``hccc sim``: the nccl-tests-like table, the JSON schema, the timeline plot and the errors."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from hccc.cli import main
+from hccc.compiler.build import build_program
+from hccc.compiler.pipeline import load_algorithm, load_cluster
+from hccc.runtime.simulator import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples"
+TOPO1 = str(EX / "clusters" / "a100_topo1.topo")
+HM_AR = str(EX / "hm_allreduce_2x4.rccl")
+
+
+def sim(capsys, *args):
+    rc = main(["sim", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_table_has_one_row_per_size(capsys):
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "1M,64M")
+    assert rc == 0, err
+    rows = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
+    assert len(rows) == 2
+    fields = rows[1].split()
+    assert fields[0] == str(64 << 20) and fields[1] == str((64 << 20) // 4) and fields[2] == "float32"
+    ref = simulate(build_program(load_algorithm(HM_AR)), load_cluster(TOPO1), 64 << 20)
+    assert float(fields[3]) == pytest.approx(ref.time_us, abs=0.01)
+    assert float(fields[5]) == pytest.approx(ref.busbw_GBps, abs=0.01)
+    assert "state-based TBs" in out and "a100_topo1" in out
+
+
+def test_json_schema_and_values(capsys):
+    rc, out, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "1M,64M,1G", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert [r["bytes"] for r in d["results"]] == [1 << 20, 64 << 20, 1 << 30]
+    for r in d["results"]:
+        assert {"bytes", "time_us", "algbw_GBps", "busbw_GBps"} <= set(r)
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 7 / 8)
+        assert r["time_us"] >= r["lower_bound_us"] * (1 - 1e-12)
+    assert d["tbs_per_rank_max"] == max(1, d["tbs_per_rank_max"])
+    assert 0 <= d["tb_idle_avg"] <= d["tb_idle_max"] <= 1
+    assert d["tb_idle_avg"] == d["results"][-1]["tb_idle_avg"]
+    assert d["collective"] == "allreduce" and d["nranks"] == 8 and d["execution"] == "task"
+    assert d["tbs_state_based"] <= d["tbs_connection_based"]
+
+
+@pytest.mark.parametrize("extra", [["--scheduler", "rr"], ["--tb-alloc", "connection"],
+                                   ["--execution", "algorithm"], ["--chunk-size", "256K"],
+                                   ["--dtype", "float16"]])
+def test_options(capsys, extra):
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M", "--json", *extra)
+    assert rc == 0, err
+    d = json.loads(out)
+    if "--execution" in extra:
+        assert d["execution"] == "algorithm" and d["tb_alloc"] == "connection" and d["scheduler"] == "step"
+        assert d["tbs_total"] == d["tbs_connection_based"]
+    if "--scheduler" in extra:
+        assert d["scheduler"] == "rr"
+    if "--chunk-size" in extra:
+        assert d["chunk_bytes"] == 256 << 10 and d["results"][0]["micro_batches"] == 4
+    if "--dtype" in extra:
+        assert d["dtype"] == "float16"
+
+
+def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
+    _, a, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "256M", "--json", "--execution", "algorithm")
+    _, t, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "256M", "--json")
+    assert json.loads(t)["results"][0]["time_us"] <= json.loads(a)["results"][0]["time_us"]
+
+
+def test_ir_json_input(capsys, tmp_path):
+    ir = build_program(load_algorithm(HM_AR), chunk_bytes=1 << 19)
+    p = tmp_path / "prog.json"
+    p.write_text(ir.to_json())
+    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["chunk_bytes"] == 1 << 19 and d["results"][0]["micro_batches"] == 4
+
+
+def test_plot_writes_an_image(capsys, tmp_path):
+    png = tmp_path / "timeline.png"
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "1M,16M", "--plot", str(png))
+    assert rc == 0, err
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "timeline of 16MB" in out
+
+
+def test_rank_mismatch_is_a_clean_error(capsys):
+    rc, out, err = sim(capsys, str(EX / "hm_allreduce_4x8.rccl"), "--topology", TOPO1)
+    assert rc == 1
+    assert "error: the program has 32 ranks but the cluster 'a100_topo1' has 8 GPUs" in err
+    assert "Traceback" not in err
+
+
+def test_missing_link_is_a_clean_error(capsys, tmp_path):
+    topo = tmp_path / "line.topo"
+    topo.write_text("define nodenum = 1\ndefine node1 = 3\n"
+                    "define bandwidth = {direct => [((0,1) -> (25,1)), ((1,2) -> (25,1))]}\n")
+    algo = tmp_path / "ring3.rccl"
+    algo.write_text('def ResCCLAlgo(nRanks=3, nChannels=1, nWarps=16, AlgoName="r3", OpType="Allgather", '
+                    'GPUPerNode=3, NICPerNode=0):\n    for s in range(0, 2):\n        for r in range(3):\n'
+                    '            transfer(r, (r + 1) % 3, s, (r - s + 3) % 3, recv)\n')
+    rc, out, err = sim(capsys, str(algo), "--topology", str(topo))
+    assert rc == 1
+    assert re.search(r"error: rank 2 sends to rank 0 .*no link 2 -> 0", err), err
+
+
+def test_bad_topology_file_is_located(capsys, tmp_path):
+    topo = tmp_path / "bad.topo"
+    topo.write_text("define nodenum = 1\ndefine node1 = two\n")
+    rc, _, err = sim(capsys, HM_AR, "--topology", str(topo))
+    assert rc == 1
+    assert re.search(r"bad\.topo:2:\d+: error:", err), err
+
+
+@pytest.mark.parametrize("args", [["--sizes", "12Q"], ["--chunk-size", "100"], ["--execution", "stage"]])
+def test_usage_errors_exit_2(capsys, args):
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", HM_AR, "--topology", TOPO1, *args])
+    assert exc.value.code == 2
+
+
+def test_topology_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", HM_AR])
+    assert exc.value.code == 2
+
+
+def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
+    """An MSCCL ring that is deadlock-free only under MSCCL's algorithm-level execution is simulated
+    that way by default; forced task-level, the simulator finds the FIFO deadlock the kernels would hit."""
+    topo = tmp_path / "mesh4.topo"
+    links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(4) for b in range(4) if a != b)
+    topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
+    xml = EX / "msccl" / "allreduce_ring_4.xml"
+    from hccc.compiler.pipeline import load_program
+
+    ir = load_program(xml)
+    if ir.stats.get("execution") != "algorithm":
+        pytest.skip("this example also passes the task-level check")
+    rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["execution"] == "algorithm"
+    rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--execution", "task")
+    assert rc == 1 and "simulation deadlock" in err and "waits for a free FIFO slot" in err

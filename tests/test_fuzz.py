@@ -1,0 +1,96 @@
+"""``hccc fuzz`` and :func:`hccc.testing.fuzz_kernels`: random cases through the emitted kernels,
+failures shrunk to a minimal case with a command that reproduces it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+import hccc.testing as ht
+from hccc.cli import main
+from hccc.compiler import generators as gen
+from hccc.compiler.build import build_program
+from hccc.compiler.program_ir import Buf, Op
+from test_codegen_irs import _ir_from_rows
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+@pytest.fixture(autouse=True)
+def quick_builds(monkeypatch):
+    monkeypatch.setenv("HCCC_CPU_OPT", "-O0")
+
+
+def test_fuzz_an_example_passes(capsys):
+    rc = main(["fuzz", "examples/ring_reducescatter_8.rccl", "--examples", "8", "--seed", "3",
+               "--dtypes", "int32,float16", "--json"])
+    out = capsys.readouterr().out
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] is True
+    assert doc["cases"] == 9                      # the smoke run and 8 random cases
+    assert doc["chunk_bytes"] == 256 and set(doc["dtypes"]) <= {"int32", "float16"}
+
+
+def test_fuzz_text_summary(capsys, tmp_path):
+    algo = tmp_path / "ag.rccl"
+    algo.write_text(gen.ring_allgather_rccl(3, name="ag3"))
+    rc = main(["fuzz", str(algo), "--examples", "5", "--ops", "sum"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("hccc fuzz: ag3: 6 cases passed")
+
+
+def test_fuzz_reports_a_stuck_program_at_once(capsys, tmp_path):
+    rows = []
+    for r in range(2):
+        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
+                         dst_off=1 - r, task=1 - r))
+        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
+                         src_off=0, task=r))
+    p = tmp_path / "stuck.json"
+    ir = _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
+    ir.chunk_bytes = 64
+    p.write_text(ir.to_json())
+    rc = main(["fuzz", str(p), "--timeout", "0.3"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAILED after 1 case(s)" in out and "stuck in recv" in out
+    assert "reproduce: hccc run " in out and "--chunk-size" not in out   # an IR keeps its chunks
+
+
+def test_failures_are_shrunk_to_a_minimal_case(monkeypatch):
+    """A (simulated) kernel bug that appears from 100 int32 elements on: hypothesis shrinks the
+    failing case to the simplest operator, out-of-place, one thread, and a size at (or, when the
+    first failure drew an edge size, near) the threshold, never above the first failure found."""
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=64)
+    real = ht.run_case
+
+    def buggy(ir_, case, *a, **k):
+        res = real(ir_, case, *a, **k)
+        if case.dtype == "int32" and case.count >= 100:
+            res = dataclasses.replace(res, wrong=1, first_wrong="rank 0, output element 0: injected")
+        return res
+
+    monkeypatch.setattr(ht, "run_case", buggy)
+    rep = ht.fuzz_kernels(ir, examples=60, seed=1, dtypes=["float32", "int32"])
+    assert not rep.ok
+    case, msg = rep.failure
+    assert (case.dtype, case.op, case.inplace, case.nthreads) == ("int32", "sum", False, 1)
+    first = next(c for c, r in rep.cases if not r.ok)
+    assert 100 <= case.count <= min(first.count, 128)     # 128: 2 slices per chunk, an edge size
+    assert "1 element(s) differ" in msg and "injected" in msg
+
+
+def test_fuzz_reports_a_program_that_is_not_its_collective(capsys, tmp_path):
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    i = [k for k in range(ir.nprims) if ir.prims["op"][k] == Op.RECV_REDUCE_COPY][0]
+    ir.prims["op"][i] = Op.RECV
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    p = tmp_path / "bad.json"
+    p.write_text(ir.to_json())
+    rc = main(["fuzz", str(p), "--examples", "3", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not doc["ok"]
+    assert "does not implement allreduce" in doc["failure"]["message"]
+    assert doc["failure"]["repro"].startswith("hccc run ")

@@ -1,0 +1,55 @@
+"""Property: for random valid programs of every collective (``hccc.testing.valid_programs``: rings,
+trees, full meshes, recursive doubling, HM shapes, odd rank counts, relabelled ranks, renumbered
+steps), the emitted kernels run on the CPU emulation produce exactly what the reference executor
+computes, and that is the collective, at random sizes, dtypes, operators, in-place or not, with one
+or several threads per thread block.
+"""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.build import build_program
+from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler import generators as gen
+from hccc.testing import (assert_implements, assert_kernels_match, describe_failure, kernel_cases,
+                          run_case, valid_programs)
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+@settings(max_examples=10)
+@given(data=st.data())
+def test_random_programs_kernels_match_oracle(collective, data):
+    alg = data.draw(valid_programs(collective, max_ranks=6), label="program")
+    chunk = data.draw(st.sampled_from([32, 64, 256]), label="chunk_bytes")
+    ir = build_program(alg, chunk_bytes=chunk)
+    dtype = data.draw(st.sampled_from(["float32", "float16", "bfloat16", "int32"]), label="dtype")
+    op = data.draw(st.sampled_from(["sum", "max", "min"]), label="op")
+    for _ in range(2):   # two sizes per build
+        case = data.draw(kernel_cases(ir, dtypes=[dtype], ops=[op], max_microbatches=12), label="case")
+        res = run_case(ir, case)
+        assert res.ok, f"{alg.header.name} ({alg.header.nranks} ranks): " + describe_failure(case, res)
+        assert res.oracle == "reference"
+
+
+def test_assert_implements_runs_the_kernels():
+    alg = gen.ring_allreduce(5, [0, 3, 1, 4, 2])
+    assert_implements(alg, backend="cpu", counts=[0, 7, 5 * 64 * 3 + 2], dtypes=["int32"],
+                      ops=["max"], chunk_bytes=64)
+
+
+def test_assert_kernels_match_reports_a_program_that_is_not_the_collective():
+    alg = gen.ring_allreduce(3)
+    ir = build_program(alg, chunk_bytes=64)
+    i = int(np.flatnonzero(ir.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    ir.prims["op"][i] = Op.RECV
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    with pytest.raises(AssertionError, match="does not implement allreduce"):
+        assert_kernels_match(ir, counts=[99], dtypes=["int32"], inplace=[False])

@@ -1,0 +1,66 @@
+"""``hccc xml``: exit codes, options, atomic output, located errors for XML input."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from hccc.cli import main
+from hccc.compiler.msccl_xml import XmlLimits, export_xml
+from hccc.compiler.pipeline import load_program
+
+ROOT = Path(__file__).resolve().parent.parent
+RING = ROOT / "examples" / "ring_allgather_8.rccl"
+
+
+def test_writes_the_exported_text(tmp_path, capsys):
+    out = tmp_path / "ring.xml"
+    assert main(["xml", str(RING), "-o", str(out)]) == 0
+    assert out.read_text() == export_xml(load_program(RING), XmlLimits())
+    said = capsys.readouterr().out
+    assert said.startswith(f"hccc: wrote {out}: ring_allgather_8, allgather on 8 ranks, 16 thread blocks")
+
+
+def test_stdout_and_options(capsys):
+    assert main(["xml", str(RING), "-o", "-", "--proto", "LL128", "--min-bytes", "1K", "--max-bytes", "1M",
+                 "--tb-alloc", "connection", "--scheduler", "rr"]) == 0
+    root = ET.fromstring(capsys.readouterr().out)
+    assert (root.get("proto"), root.get("minBytes"), root.get("maxBytes")) == ("LL128", "1024", str(1 << 20))
+
+
+def test_limit_error_keeps_the_old_file(tmp_path, capsys):
+    out = tmp_path / "ring.xml"
+    out.write_text("old")
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "hccc: error: the algorithm does not fit the MSCCL runtime" in err and "--xml-max-steps" in err
+    assert out.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["ring.xml"], "no temporary file left behind"
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-legacy"]) == 1
+    assert main(["xml", str(RING), "-o", str(out), "--xml-legacy"]) == 0
+
+
+def test_xml_input_is_reexported_and_errors_are_located(tmp_path, capsys):
+    sample = ROOT / "examples" / "msccl" / "allreduce_allpairs_4.xml"
+    out = tmp_path / "again.xml"
+    assert main(["xml", str(sample), "-o", str(out)]) == 0
+    bad = tmp_path / "bad.xml"
+    bad.write_text(sample.read_text().replace('coll="allreduce"', 'coll="alltoall"'))
+    assert main(["xml", str(bad), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:1:" in err and "unsupported collective 'alltoall'" in err and "^" in err
+
+
+def test_usage_errors_exit_2():
+    r = subprocess.run([sys.executable, "-m", "hccc.cli", "xml", str(RING)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "-o" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "hccc.cli", "xml", str(RING), "-o", "x.xml", "--proto", "LL256"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+
+
+def test_output_directory_is_refused(tmp_path, capsys):
+    assert main(["xml", str(RING), "-o", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err

@@ -1,0 +1,224 @@
+"""The symbolic proof behind MSCCL import (compiler/ir_symbolic.py), checked against independent oracles:
+the numpy reference executor, brute-force reachability and a brute-force run of the deadlock model."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.build import build_program
+from hccc.compiler.ir_check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
+from hccc.compiler.ir_symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
+from hccc.compiler.pipeline import load_program
+from hccc.compiler.program_ir import Buf, Op
+from hccc.runtime.reference import execute, expected, make_inputs
+from hccc.testing import valid_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_compiled_examples_are_proven_in_both_modes(path):
+    ir = load_program(path)
+    prove(ir, False)
+    prove(ir, True)
+
+
+@given(valid_programs(max_ranks=6), st.sampled_from(["state", "connection"]))
+@settings(max_examples=40)
+def test_compiled_random_programs_are_proven(alg, tb_alloc):
+    ir = build_program(alg, tb_alloc=tb_alloc)
+    prove(ir, False)
+    prove(ir, True)
+
+
+def _numeric_ok(ir, inplace, seeds=(0, 1, 2)):
+    for s in seeds:
+        inp = make_inputs(ir.collective, ir.nranks, 3 * ir.nchunks, nchunks=ir.nchunks, seed=s,
+                          low=-10 ** 5, high=10 ** 5)
+        got = execute(ir, inp, inplace=inplace, seed=s)
+        want = expected(ir.collective, inp, nchunks=ir.nchunks)
+        if not all(np.array_equal(a, b) for a, b in zip(got, want)):
+            return False
+    return True
+
+
+@st.composite
+def mutants(draw):
+    alg = draw(valid_programs(max_ranks=5))
+    ir = build_program(alg, tb_alloc=draw(st.sampled_from(["state", "connection"])))
+    m = copy.deepcopy(ir)
+    p = m.prims
+    kind = draw(st.sampled_from(["dst", "src", "dep", "op"]))
+    if kind == "dep" and len(m.dep_prim):
+        j = draw(st.integers(0, len(m.dep_prim) - 1))
+        m.dep_prim = np.delete(m.dep_prim, j)
+        m.dep_on = np.delete(m.dep_on, j)
+    elif kind == "op":
+        cand = np.flatnonzero(np.isin(p["op"], [Op.RECV, Op.RECV_REDUCE_COPY]))
+        if len(cand):
+            i = int(cand[draw(st.integers(0, len(cand) - 1))])
+            if p["op"][i] == Op.RECV:
+                p["op"][i] = Op.RECV_REDUCE_COPY
+                p["src_buf"][i], p["src_off"][i] = p["dst_buf"][i], p["dst_off"][i]
+            else:
+                p["op"][i] = Op.RECV
+                p["src_buf"][i], p["src_off"][i] = Buf.NONE, 0
+    else:
+        col = "dst" if kind == "dst" else "src"
+        used = p[f"{col}_buf"] != Buf.NONE
+        cand = np.flatnonzero(used)
+        if len(cand):
+            i = int(cand[draw(st.integers(0, len(cand) - 1))])
+            size = {Buf.INPUT: m.in_chunks, Buf.OUTPUT: m.out_chunks, Buf.SCRATCH: m.scratch_chunks}[int(p[f"{col}_buf"][i])]
+            p[f"{col}_off"][i] = draw(st.integers(0, max(0, size - int(p["count"][i]))))
+    return m, draw(st.booleans())
+
+
+@given(mutants())
+@settings(max_examples=150)
+def test_proof_agrees_with_the_reference_executor(case):
+    """Proven => every run computes the collective; a value error => some run does not."""
+    ir, inplace = case
+    try:
+        check_structure(ir)
+        check_fifo_order(ir)
+        check_deadlock(ir)       # the reference executor needs hccc's own (task-level) order
+    except IRFormatError:
+        return
+    try:
+        prove(ir, inplace)
+    except ProofError as e:
+        if e.kind == "value":
+            assert not _numeric_ok(ir, inplace), f"proof says wrong but the runs agree: {e}"
+        return
+    assert _numeric_ok(ir, inplace)
+
+
+@given(valid_programs(max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
+@settings(max_examples=40)
+def test_happens_before_is_reachability(alg, seed, budget_cols):
+    ir = build_program(alg)
+    n = ir.nprims
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    p = ir.prims
+    for i in range(n - 1):
+        if p["rank"][i] == p["rank"][i + 1] and p["tb"][i] == p["tb"][i + 1]:
+            g.add_edge(i, i + 1)
+    g.add_edges_from(zip(ir.dep_on.tolist(), ir.dep_prim.tolist()))
+    s, r = match_connections(ir)
+    g.add_edges_from(zip(s.tolist(), r.tolist()))
+    rng = np.random.default_rng(seed)
+    same_rank = [(a, b) for a in range(n) for b in range(n) if a != b and p["rank"][a] == p["rank"][b]]
+    if not same_rank:
+        return
+    pick = rng.choice(len(same_rank), size=min(200, len(same_rank)), replace=False)
+    qa = np.array([same_rank[k][0] for k in pick])
+    qb = np.array([same_rank[k][1] for k in pick])
+    # a tiny memory budget forces the column-block path
+    got = happens_before(ir, qa, qb, budget=4 * n * budget_cols)
+    want = np.array([nx.has_path(g, int(a), int(b)) for a, b in zip(qa, qb)])
+    assert np.array_equal(got, want)
+
+
+def _stuck(ir, capacity):
+    """Brute force: run the model (program order, dependencies, FIFO matching, capacity)."""
+    p = ir.prims
+    n = ir.nprims
+    s, r = match_connections(ir)
+    sender = np.full(n, -1, np.int64)
+    sender[r] = s
+    conn = {}
+    for i in range(n):
+        if Op(int(p["op"][i])).sends:
+            conn[i] = (int(p["rank"][i]), int(p["send_peer"][i]), int(p["channel"][i]))
+    deps = {}
+    for a, b in zip(ir.dep_prim.tolist(), ir.dep_on.tolist()):
+        deps.setdefault(a, []).append(b)
+    done = np.zeros(n, bool)
+    inflight = {}
+    tbs = {}
+    for i in range(n):
+        tbs.setdefault((int(p["rank"][i]), int(p["tb"][i])), []).append(i)
+    pc = {k: 0 for k in tbs}
+    progress = True
+    while progress:
+        progress = False
+        for k, lst in tbs.items():
+            while pc[k] < len(lst):
+                i = lst[pc[k]]
+                o = Op(int(p["op"][i]))
+                if any(not done[d] for d in deps.get(i, [])):
+                    break
+                if o.receives and not done[sender[i]]:
+                    break
+                if o.sends and capacity is not None and inflight.get(conn[i], 0) >= capacity:
+                    break
+                if o.receives:
+                    c = conn[int(sender[i])]
+                    inflight[c] -= 1
+                if o.sends:
+                    inflight[conn[i]] = inflight.get(conn[i], 0) + 1
+                done[i] = True
+                pc[k] += 1
+                progress = True
+    return not done.all()
+
+
+@st.composite
+def shuffled_programs(draw):
+    """Valid programs whose thread blocks run their primitives in a random order (may deadlock)."""
+    ir = build_program(draw(valid_programs(max_ranks=5)))
+    m = copy.deepcopy(ir)
+    p = m.prims
+    keys = p["rank"].astype(np.int64) * (1 << 20) + p["tb"]
+    for k in np.unique(keys):
+        idx = np.flatnonzero(keys == k)
+        perm = draw(st.permutations(list(range(len(idx)))))
+        p["seq"][idx] = np.asarray(perm, np.int32)
+    m.sort_canonical()
+    return m
+
+
+@given(shuffled_programs(), st.sampled_from([None, 1, 2, 3]))
+@settings(max_examples=120)
+def test_buffered_deadlock_check_matches_brute_force(ir, capacity):
+    try:
+        check_structure(ir)
+    except IRFormatError:
+        return
+    stuck = _stuck(ir, capacity)
+    try:
+        check_deadlock_buffered(ir, capacity)
+        ok = True
+    except ProofError as e:
+        assert e.kind == "deadlock" and e.prims
+        ok = False
+    assert ok == (not stuck)
+    if capacity is None:
+        try:
+            order = prim_order(ir)
+            assert not stuck and sorted(order.tolist()) == list(range(ir.nprims))
+        except ProofError:
+            assert stuck
+
+
+def test_ring_needs_two_buffered_messages():
+    """One TB per rank around a ring (s, rrs, ..., r): fine with two messages in flight, not one."""
+    from hccc.compiler.msccl_xml import import_xml
+    ir = import_xml(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
+    for cap in (1, 2, 3):
+        stuck = _stuck(ir, cap)
+        assert stuck == (cap == 1)
+        if stuck:
+            with pytest.raises(ProofError, match="deadlock"):
+                check_deadlock_buffered(ir, cap)
+        else:
+            check_deadlock_buffered(ir, cap)

@@ -1,0 +1,362 @@
+"""The CPU emulation platform and the platform-neutral launcher.
+
+The generated kernels are compiled with g++ and the emulation header, every thread block runs as a
+group of OS threads, and the outputs are compared with numpy closed forms of the collectives (an
+oracle independent of the reference executor; the launcher's own check against the reference
+executor must agree). Covers remainders, many micro-batches with FIFO wrap-around, fused
+primitives, cross-TB dependencies, in-place runs, several threads per block with real barriers,
+the deadlock report, the host watchdog, the kernel ABI, the build cache and the emulation header.
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from hccc.compiler.codegen import generate
+from hccc.compiler.program_ir import Buf, Op
+from hccc.runtime import cache, kernel_abi, reference
+from hccc.runtime.cpu import CpuPlatform
+from hccc.runtime.launcher import Runner, busbw_factor, run_program
+from hccc.runtime.platform import PlatformError, get_platform
+from test_codegen_irs import _ir_from_rows, ring_allgather, ring_allreduce, ring_allreduce_fused
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32}
+REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
+
+
+@pytest.fixture(scope="module")
+def pf():
+    """One CPU platform for the module; -O0 builds (quick to compile)."""
+    p = CpuPlatform(opt="-O0")
+    yield p
+    p.close()
+
+
+def bounds(count, nchunks):
+    return [c * count // nchunks for c in range(nchunks + 1)]
+
+
+def reduced(x: np.ndarray, op: str, dtype: str) -> np.ndarray:
+    return REDUCE[op](x, axis=0).astype(NP[dtype])
+
+
+def run_check(runner: Runner, inputs, **kw):
+    res = runner.run(count=len(inputs[0]) if runner.ir.collective != "allgather" else kw.pop("count"),
+                     inputs=inputs, keep_outputs=True, **kw)
+    assert res.stuck is None, res.stuck
+    assert res.wrong == 0 and res.collective_wrong == 0, res.first_wrong
+    return res.outputs
+
+
+# ---------------------------------------------------------------------------- collectives
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_allreduce(pf, n):
+    ir = ring_allreduce(n)
+    ir.chunk_bytes = 64          # 16 float32 per slice: many micro-batches, FIFO wrap-around
+    rng = np.random.default_rng(n)
+    cases = [(1000, "float32", "sum", 1), (997, "int32", "max", 2), (3, "int32", "sum", 4),
+             (333, "float16", "min", 3), (n * 16 * 9, "int32", "min", 2), (0, "float32", "sum", 2)]
+    for count, dtype, op, nt in cases:
+        with Runner(ir, pf, dtype, op, nthreads=nt) as runner:
+            x = rng.integers(-50, 50, size=(n, count)).astype(NP[dtype])
+            outs = run_check(runner, list(x))
+            for r in range(n):
+                np.testing.assert_array_equal(outs[r], reduced(x, op, dtype), err_msg=f"{count} {dtype} {op} r{r}")
+    # in place (input == output), random non-integer floats: the same order of additions as the
+    # reference executor, so still exact
+    with Runner(ir, pf, "float32", "sum", nthreads=2) as runner:
+        x = rng.standard_normal((n, 500)).astype(np.float32)
+        outs = run_check(runner, list(x), inplace=True)
+        np.testing.assert_allclose(outs[0], x.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_allreduce_fused(pf, n):
+    """Fused primitives (recvReduceSend, recvReduceCopySend, recvCopySend) with nmb < NSLOTS.
+    The reference executor refuses this program (it deadlocks with one FIFO slot), so the runs are
+    checked against the collective's definition."""
+    ir = ring_allreduce_fused(n, name="fused")
+    ir.chunk_bytes = 64
+    rng = np.random.default_rng(n)
+    for count, dtype, op in [(n * 16 * 7, "int32", "sum"), (100, "float32", "max"), (7, "float16", "sum")]:
+        with Runner(ir, pf, dtype, op, nthreads=2) as runner:
+            x = rng.integers(-9, 9, size=(n, count)).astype(NP[dtype])
+            res = runner.run(count=count, inputs=list(x), keep_outputs=True)
+            assert res.ok and res.oracle == "definition", (res.stuck, res.first_wrong)
+            for r in range(n):
+                np.testing.assert_array_equal(res.outputs[r], reduced(x, op, dtype))
+
+
+@pytest.mark.parametrize("nthreads", [1, 3])
+def test_ring_allgather_with_cross_tb_deps(pf, nthreads):
+    n = 3
+    ir = ring_allgather(n)
+    ir.chunk_bytes = 32
+    rng = np.random.default_rng(0)
+    with Runner(ir, pf, "float32", "sum", nthreads=nthreads) as runner:
+        for count in (300, 301, 2, 96, 0):
+            b = bounds(count, n)
+            full = rng.standard_normal(count).astype(np.float32)
+            parts = [full[b[r]:b[r + 1]] for r in range(n)]
+            for inplace in (False, True):
+                outs = run_check(runner, parts, count=count, inplace=inplace)
+                for r in range(n):
+                    np.testing.assert_array_equal(outs[r], full)
+
+
+def test_bfloat16_rounds_like_the_reference(pf):
+    """bf16 sums of values that do not stay exact: every partial sum is rounded to bf16, in the
+    program's order, exactly as the reference executor does."""
+    n = 4
+    ir = ring_allreduce(n)
+    ir.chunk_bytes = 64
+    rng = np.random.default_rng(1)
+    x = reference.round_bf16(rng.standard_normal((n, 777)).astype(np.float32) * 100)
+    with Runner(ir, pf, "bfloat16", "sum", nthreads=2) as runner:
+        res = runner.run(count=777, inputs=list(x), keep_outputs=True)
+        assert res.stuck is None and res.wrong == 0, res.first_wrong
+        want = reference.execute(ir, list(x), op="sum", bf16=True)
+        for r in range(n):
+            np.testing.assert_array_equal(res.outputs[r], want[r])
+            # bf16 values: the low 16 bits are zero
+            assert not (res.outputs[r].view(np.uint32) & 0xFFFF).any()
+
+
+# ---------------------------------------------------------------------------- failures
+def _stuck_ir():
+    """Both ranks receive before they send."""
+    rows = []
+    for r in range(2):
+        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
+                         dst_off=1 - r, task=1 - r))
+        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
+                         src_off=0, task=r))
+        rows.append(dict(rank=r, tb=1, seq=0, op=Op.COPY, src_buf=Buf.INPUT, src_off=0,
+                         dst_buf=Buf.OUTPUT, dst_off=r))
+    return _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
+
+
+@pytest.mark.parametrize("nthreads", [1, 4])
+def test_deadlock_times_out_reports_and_aborts(pf, nthreads):
+    """The timeout names rank, TB, primitive and chunk, and every TB exits (the run returns)."""
+    with Runner(_stuck_ir(), pf, "float32", "sum", nthreads=nthreads, timeout_s=0.2) as runner:
+        res = runner.run(count=16)
+        assert res.stuck is not None and res.wrong == 0
+        m = re.match(r"rank ([01]), TB 0 stuck in recv for chunk ([01]) \(micro-batch 0\): waiting for "
+                     r"data from rank ([01])", res.stuck)
+        assert m, res.stuck
+        r, c, peer = (int(g) for g in m.groups())
+        assert c == 1 - r and peer == 1 - r
+        # the runner stays usable: a second run reports again
+        assert runner.run(count=40).stuck is not None
+
+
+def test_host_watchdog_aborts_when_kernels_never_time_out(pf):
+    with Runner(_stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=0, watchdog_s=0.5) as runner:
+        res = runner.run(count=16)
+        assert res.stuck is not None and res.stuck.startswith("host watchdog"), res.stuck
+        assert "aborted" in res.stuck
+
+
+def test_wrong_program_is_counted(pf):
+    """A receive that drops a contribution: the kernels agree with the reference run of the IR,
+    but that run is not the collective, which the result says."""
+    ir = ring_allreduce(3)
+    ir.chunk_bytes = 64
+    i = int(np.flatnonzero(ir.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    ir.prims["op"][i] = Op.RECV
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    with Runner(ir, pf, "int32", "sum") as runner:
+        res = runner.run(count=99)
+        assert res.stuck is None and res.wrong == 0
+        assert res.collective_wrong > 0 and not res.ok
+        assert "allreduce needs" in res.first_wrong
+
+
+def test_structurally_invalid_ir_is_refused(pf):
+    from hccc.compiler.program_ir import IRFormatError
+    ir = ring_allreduce(2)
+    ir.prims["send_peer"][0] = 7
+    with pytest.raises(IRFormatError):
+        Runner(ir, pf)
+
+
+def test_too_many_threads_are_refused():
+    pf = CpuPlatform(opt="-O0", max_threads=8)
+    with pytest.raises(PlatformError, match="resident"):
+        Runner(ring_allreduce(4), pf, nthreads=2)
+
+
+# ---------------------------------------------------------------------------- API details
+def test_run_program_and_sizes(pf):
+    ir = ring_allreduce(4)
+    ir.chunk_bytes = 64
+    res = run_program(ir, backend=pf, nbytes=4096, dtype="float16", op="max", iters=2, warmup=1)
+    assert res.ok and res.count == 2048 and res.bytes == 4096 and res.iters == 2
+    assert res.time_us > 0 and res.algbw_GBps == pytest.approx(4096 / (res.time_us * 1e3))
+    assert res.busbw_GBps == pytest.approx(res.algbw_GBps * 1.5)
+    js = res.to_json()
+    assert set(js) >= {"bytes", "dtype", "op", "wrong", "time_us", "algbw_GBps", "busbw_GBps", "stuck"}
+    with pytest.raises(ValueError, match="whole number"):
+        run_program(ir, backend=pf, nbytes=4097, dtype="float32")
+
+
+def test_busbw_factor_closed_forms():
+    for n in (1, 2, 3, 8, 32):
+        assert busbw_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
+        assert busbw_factor("allgather", n) == pytest.approx((n - 1) / n)
+        assert busbw_factor("reducescatter", n) == pytest.approx((n - 1) / n)
+    with pytest.raises(ValueError):
+        busbw_factor("alltoall", 4)
+
+
+def test_kernel_abi_matches_the_header(pf, tmp_path):
+    """The struct sizes the host packs equal the C++ sizeof of the emitted header's structs (the
+    module checks it at load), and the error record decodes."""
+    assert kernel_abi.sizes() == (80, 24, 56)
+    ir = ring_allreduce(2)
+    with Runner(ir, pf) as runner:
+        out = (ctypes.c_uint64 * 4)()
+        runner.module.lib.hccc_cpu_abi(out)
+        assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == runner.nslots
+    e = kernel_abi.ErrorRecord(claimed=1, valid=1, rank=3, tb=2, seq=1, op=int(Op.RECV_REDUCE_COPY),
+                               wait=kernel_abi.WAIT_DATA, chunk=5, task=9, microbatch=4, waited=2000)
+    from hccc.runtime.launcher import describe_stuck
+    msg = describe_stuck(ir, e, 1000.0)
+    assert msg.startswith("rank 3, TB 2 stuck in recv_reduce_copy for chunk 5 (micro-batch 4)")
+
+
+def test_platform_memory(pf):
+    for n in (1, 100, 4096, 1 << 17):
+        p = pf.malloc(n)
+        assert p % 256 == 0
+        a = np.arange(n, dtype=np.uint8)
+        pf.memcpy_htod(p, a)
+        b = np.empty(n, np.uint8)
+        pf.memcpy_dtoh(b, p)
+        np.testing.assert_array_equal(a, b)
+        pf.memset(p, 7, n)
+        pf.memcpy_dtoh(b, p)
+        assert (b == 7).all()
+        with pytest.raises(PlatformError, match="outside"):
+            pf.memcpy_dtoh(np.empty(n + 1, np.uint8), p)
+        pf.free(p)
+    with pytest.raises(PlatformError):
+        pf.free(12345)
+
+
+def test_get_platform_cpu_and_cuda_errors():
+    assert get_platform("cpu").name == "cpu"
+    with pytest.raises(PlatformError, match="unknown backend"):
+        get_platform("tpu")
+
+
+# ---------------------------------------------------------------------------- the emulation header
+EMU_TEST = r"""
+#define HCCC_PLATFORM_CPU 1
+#include "hccc_prims.h"
+#include <thread>
+#include <vector>
+// Every thread writes its tid into a block-shared array; after the barrier, each thread checks
+// what every other thread of its block wrote, and that the leader's block-shared value is its
+// own block's (so the arena is shared within a block and private to it).
+static int failures = 0;
+void body() {
+  HCCC_SHARED_VAR(int, who);
+  HCCC_SHARED_VAR(int[64], seen);
+  for (int round = 0; round < 200; ++round) {
+    if (hccc_tid() == 0) who = hccc_block() * 1000 + round;
+    seen[hccc_tid()] = hccc_block() * 100 + hccc_tid() + round;
+    hccc_barrier();
+    for (int t = 0; t < hccc_nthreads(); ++t)
+      if (seen[t] != hccc_block() * 100 + t + round) __atomic_add_fetch(&failures, 1, __ATOMIC_RELAXED);
+    if (who != hccc_block() * 1000 + round) __atomic_add_fetch(&failures, 1, __ATOMIC_RELAXED);
+    hccc_barrier();
+  }
+}
+int main() {
+  const int nb = 5, nt = 7;
+  std::vector<hccc_cpu_block> blocks(nb);
+  std::vector<std::thread> th;
+  for (int b = 0; b < nb; ++b) hccc_cpu_block_init(&blocks[b], b, nt);
+  for (int b = 0; b < nb; ++b)
+    for (int t = 0; t < nt; ++t)
+      th.emplace_back([&, b, t] { hccc_cpu_run_thread([](int) { body(); }, 0, &blocks[b], t); });
+  for (auto& x : th) x.join();
+  printf("failures %d\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.parametrize("std", ["c++17", "c++20"])
+def test_emulation_header_blocks_barriers_and_shared_storage(tmp_path, std):
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    generate(ring_allreduce(2), gen, platforms=["cuda", "cuda"])
+    (tmp_path / "t.cpp").write_text(EMU_TEST)
+    exe = tmp_path / "t"
+    res = subprocess.run(["g++", f"-std={std}", "-O1", "-pthread", "-Wall", "-I", str(gen),
+                          str(tmp_path / "t.cpp"), "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "failures 0", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------- the build cache
+def _publish(args):
+    root, key, tag = args
+    from hccc.runtime import cache as c
+
+    def build(tmp):
+        (tmp / "value").write_text(tag)
+    return str(c.entry("race", key, build, root=root)), (c.entry("race", key, build, root=root) / "value").read_text()
+
+
+def test_cache_entry_is_atomic_under_concurrent_builders(tmp_path):
+    key = cache.content_key("race", 1)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        got = pool.map(_publish, [(str(tmp_path), key, f"w{i}") for i in range(8)])
+    paths = {p for p, _ in got}
+    values = {v for _, v in got}
+    assert len(paths) == 1 and len(values) == 1        # everyone uses the one published entry
+    leftovers = [p.name for p in (tmp_path / "race").iterdir() if p.name != key]
+    assert leftovers == []                              # losers cleaned up their private copies
+
+
+def test_cache_failed_build_leaves_nothing(tmp_path):
+    def build(tmp):
+        (tmp / "half").write_text("x")
+        raise RuntimeError("compiler failed")
+    key = cache.content_key("fail")
+    with pytest.raises(RuntimeError):
+        cache.entry("k", key, build, root=tmp_path)
+    assert list((tmp_path / "k").iterdir()) == []
+
+
+def test_cache_keys():
+    assert cache.content_key("ab", "c") != cache.content_key("a", "bc")   # parts are delimited
+    assert cache.content_key(b"x") == cache.content_key("x")
+    with pytest.raises(ValueError):
+        cache.entry("k", "../evil", lambda p: None)
+
+
+def test_build_is_cached_by_content(tmp_path):
+    pf = CpuPlatform(opt="-O0", cache_dir=tmp_path)
+    ir = ring_allreduce(2)
+    with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r1:
+        lib1 = r1.module.path
+    with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r2:
+        assert r2.module.path == lib1
+    with Runner(ir, pf, "int32", "min", cache_dir=tmp_path) as r3:
+        assert r3.module.path != lib1
