@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.compiler import generators as G
+from hccc.compiler.pipeline import CompileOptions
 from hccc.compiler.build import build_program
 from hccc.compiler.diagnostics import CompileError, render_all
 from hccc.compiler.ir_symbolic import prove
@@ -136,7 +137,7 @@ def test_allgather_sends_read_the_output_copy():
 
 
 def test_forwarding_primitives_survive_when_the_peers_fit():
-    ir = load_program(ROOT / "examples" / "hm_allreduce_4x4.rccl")
+    ir = load_program(ROOT / "examples" / "hm_allreduce_4x4.rccl", CompileOptions(fuse=True))
     text = export_xml(ir)
     assert 'type="rrcs"' in text
     assert "tb id=" in text
@@ -144,7 +145,8 @@ def test_forwarding_primitives_survive_when_the_peers_fit():
 
 def test_unfused_when_one_thread_block_would_need_two_peers():
     """A state-based TB forwarding from one peer to two others becomes receive + send halves."""
-    ir = load_program(ROOT / "examples" / "hm_allreduce_4x8.rccl")
+    ir = load_program(ROOT / "examples" / "hm_allreduce_4x8.rccl", CompileOptions(fuse=True))
+    assert np.isin(ir.prims["op"], [3, 4, 5]).any()
     fused = int(np.isin(ir.prims["op"], [3, 4, 5]).sum())
     text = export_xml(ir)
     assert text.count('type="rrcs"') + text.count('type="rcs"') + text.count('type="rrs"') <= fused

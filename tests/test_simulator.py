@@ -436,6 +436,7 @@ def test_build_without_fusion_has_no_fused_primitives():
     fused = [int(o) for o in (Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND)]
     plain = build_for_execution(alg, "task", fuse=False)
     assert not np.isin(plain.prims["op"], fused).any()
-    assert np.isin(build_for_execution(alg, "task").prims["op"], fused).any()
+    assert np.isin(build_for_execution(alg, "task", fuse=True).prims["op"], fused).any()
+    assert not np.isin(build_for_execution(alg, "task").prims["op"], fused).any()   # fusion is opt-in
     assert plain.stats["scheduler"] == "hpds" and plain.stats["fusion"] is False
-    assert int(plain.ntbs.sum()) >= int(build_for_execution(alg, "task").ntbs.sum())
+    assert int(plain.ntbs.sum()) >= int(build_for_execution(alg, "task", fuse=True).ntbs.sum())
