@@ -1,6 +1,7 @@
 """Atomic output directories: a failed run leaves nothing behind, a good run replaces the old output.
 
-Files are written into a fresh temporary sibling of OUTDIR; only when everything succeeded is it renamed
+Single files (``write_text_atomically``) follow the same rule: written beside the target, renamed into
+place, removed on failure. Files are written into a fresh temporary sibling of OUTDIR; only when everything succeeded is it renamed
 into place. An existing OUTDIR is replaced only when it is empty or was written by hccc (it holds
 ``manifest.json``), so a typo in ``-o`` cannot wipe an unrelated directory.
 """
@@ -55,4 +56,31 @@ def atomic_output_dir(outdir: str | Path):
             os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling and a rename: a failed write leaves an
+    existing file untouched and no partial file behind. Failures are CompileErrors for the user."""
+    path = Path(path).resolve()
+    if not path.parent.is_dir():
+        raise CompileError([Diagnostic(f"cannot write '{path}': directory '{path.parent}' does not exist", None)])
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot write '{path}': {exc.strerror or exc}", None)]) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise CompileError([Diagnostic(f"cannot write '{path}': {exc.strerror or exc}", None)]) from None
         raise

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from hccc.compiler.diagnostics import CompileError, Diagnostic
@@ -61,26 +59,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of a line of text (on stderr with -o -)")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise CompileError([Diagnostic(f"cannot write '{path}': directory '{parent}' does not exist", None)])
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise CompileError([Diagnostic(f"cannot write '{path}': {exc.strerror or exc}", None)]) from None
-
-
 def run(args) -> int:
     from hccc.compiler.c2c import plan_c2c
+    from hccc.compiler.output_dir import write_text_atomically
     from hccc.compiler.hierarchy import HierarchyError, hierarchy
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.verify import verify
@@ -101,7 +82,7 @@ def run(args) -> int:
     if to_stdout:
         sys.stdout.write(text)
     else:
-        _write_atomic(Path(args.output), text)
+        write_text_atomically(Path(args.output), text)
     summary = plan.summary()
     if args.json:
         summary["output"] = None if to_stdout else str(args.output)

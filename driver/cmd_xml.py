@@ -9,9 +9,7 @@ The file is replaced atomically: a failed export leaves an existing file untouch
 """
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -66,21 +64,6 @@ def limits_from_args(args):
     return lim.with_(**changes)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def run(args) -> int:
     from hccc.compiler.diagnostics import CompileError, Diagnostic
     from hccc.compiler.msccl_export import export_summary, export_xml
@@ -101,7 +84,8 @@ def run(args) -> int:
                                        None)])
     if not out.parent.exists() and str(out.parent):
         raise CompileError([Diagnostic(f"cannot write '{out}': directory '{out.parent}' does not exist", None)])
-    write_atomically(out, text)
+    from hccc.compiler.output_dir import write_text_atomically
+    write_text_atomically(out, text)
     s = export_summary(text)
     print(f"hccc: wrote {out}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {s['tbs']} thread blocks, "
           f"{s['steps']} steps ({s['nops']} nops)")

@@ -30,15 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
 
 # HeteCCL Appendix A, Fig. 10 (6 GPUs: node1 = 2, node2 = 4), every GPU pair linked
-FIG10 = """\
-define nodenum = 2
-define node1 = 2
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define node2 = 4
-define bandwidth = {switch => [(((0,1),(2,3)) >-> (16,1))], direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((2,3) -> (25,2)), ((3,2) -> (25,2))]}
-define internode = (node1, node2)
-define interbandwidth = {switch => [(((0,1),(0,1,2,3)) >-> (8,1))]}
-"""
+from cluster_texts import FIG10  # noqa: E402
 
 # V100 (4 + 8) without the UPI: the two NVLink islands of node2 (ranks 4-7, 8-11) are not linked
 V100_NO_UPI = """\

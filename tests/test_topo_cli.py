@@ -25,15 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
 EXAMPLES = sorted(p.name for p in CLUSTERS.glob("*.topo"))
 
-FIG10 = """\
-define nodenum = 2
-define node1 = 2
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define node2 = 4
-define bandwidth = {switch => [(((0,1),(2,3)) >-> (16,1))], direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((2,3) -> (25,2)), ((3,2) -> (25,2))]}
-define internode = (node1, node2)
-define interbandwidth = {switch => [(((0,1),(0,1,2,3)) >-> (8,1))]}
-"""
+from cluster_texts import FIG10  # noqa: E402
 
 # a homogeneous 2 x 4 mesh: every GPU pair NVLinked inside a node, one 12.5 GB/s NIC per node
 MESH = """\

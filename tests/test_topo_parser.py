@@ -8,15 +8,7 @@ import pytest
 from hccc.compiler.diagnostics import CompileError, render
 from hccc.compiler.frontend.topo_parser import load_topology, parse_topology
 
-DESIGN_EXAMPLE = """\
-define nodenum = 2
-define node1 = 2
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define node2 = 4
-define bandwidth = {switch => [(((0,1),(2,3)) >-> (16,1))], direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((2,3) -> (25,2)), ((3,2) -> (25,2))]}
-define internode = (node1, node2)
-define interbandwidth = {switch => [(((0,1),(0,1,2,3)) >-> (8,1))]}
-"""
+from cluster_texts import FIG10 as DESIGN_EXAMPLE  # noqa: E402
 
 # The listing as printed in the HeteCCL paper (Fig. 10): its parenthesisation ( ( (A) , (B) >-> (bw,n) ) ) and
 # line breaks.  The extracted text drops a ']' after the switch list and a ')' on line 7; those are restored.
