@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "topo": ("hccc.cmd_topo", "summarise a cluster description"),
     "sim": ("hccc.cmd_sim", "simulate an algorithm on a cluster (alpha-beta model)"),
     "xml": ("hccc.cmd_xml", "export an algorithm as MSCCL XML"),
+    "synth": ("hccc.cmd_synth", "synthesise a schedule for a cluster (SMT + CEGIS)"),
     "gen": ("hccc.cmd_gen", "generate algorithms (c2c: mixed-vendor hierarchical collectives)"),
     "balance": ("hccc.cmd_balance", "micro-batch sizes proportional to measured GPU speeds"),
 }

@@ -1,1 +1,19 @@
-"""Schedule synthesis for heterogeneous clusters (HeteCCL section 5, Appendix H-I)."""
+"""Schedule synthesis for heterogeneous clusters (HeteCCL section 5, Appendix H-I).
+
+    from hccc.compiler.synth import synthesize, to_rccl
+    result = synthesize(topology, "allgather", time_limit=10)
+    text = to_rccl(result, topology)
+
+Modules: :mod:`.problem` (the chunked network model, tasks, schedules), :mod:`.greedy` (the
+hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamples), :mod:`.smt`
+(z3 encodings, incremental), :mod:`.cegis` (the CEGIS loop and step minimisation), :mod:`.bounds`
+(step and bandwidth lower bounds), :mod:`.collectives` (AllGather, Broadcast, ReduceScatter,
+AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
+(Algorithm and ResCCLang text).
+"""
+from .collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
+from .emit import to_algorithm, to_rccl
+from .problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
+
+__all__ = ["COLLECTIVES", "SynthResult", "synthesize", "bandwidth_cut_bound", "to_algorithm", "to_rccl",
+           "Network", "Schedule", "Task", "allgather_task", "broadcast_task", "network_from_topology"]

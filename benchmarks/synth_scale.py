@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Synthesis at scale: time, steps and lower bounds; simulated busbw against a ring and the cut bound.
+
+    python benchmarks/synth_scale.py                  # everything (a few minutes)
+    python benchmarks/synth_scale.py --quick          # the six HeteCCL clusters (V100) and 64 GPUs
+    python benchmarks/synth_scale.py --json out.json  # also write the rows as JSON
+
+Rows:
+* HeteCCL's six heterogeneous clusters (section 6.1) in both flavours (``examples/clusters/{h20,v100}_*``);
+* scaled heterogeneous clusters of 16, 32, 48 and 64 GPUs (mixes of 4- and 8-GPU nodes);
+* 128 to 1,024 GPUs: 2 to 16 copies of the 64-GPU cluster, synthesised through hierarchical
+  composition (one pod solved, pods as nodes, composed).
+
+Columns: synthesis wall time, steps and the step lower bound (gap = steps - bound) for AllGather and
+AllReduce; for the clusters of up to 64 GPUs, when the simulator is available, the simulated busbw at
+1 GiB of the synthesised schedule, of an NCCL-style ring (ranks in node order) and ForestColl's cut
+bound expressed as a busbw, with the ratios synthesised/ring and synthesised/bound.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+from hccc.compiler.build import build_program
+from hccc.compiler.frontend.topo_parser import format_topology, parse_topology
+from hccc.compiler.generators import ring_allgather, ring_allreduce
+from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology, synthesize, to_algorithm
+from hccc.compiler.verify import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SIZE = 1 << 30
+HETECCL = ["4_8", "4x2_8", "4x3", "4x3_8", "8x2_4", "4x2_8x2"]
+POD64 = [4, 4, 4, 4, 8, 8, 8, 8, 8, 8]
+SCALED = {16: [4, 4, 8], 32: [4, 4, 8, 8, 8], 48: [4, 4, 4, 4, 8, 8, 8, 8], 64: POD64}
+
+
+def _node_builders():
+    spec = importlib.util.spec_from_file_location("cluster_gen", ROOT / "examples" / "clusters" / "generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def scaled_cluster(sizes: list[int], flavour: str, name: str):
+    """A cluster of 4- and 8-GPU nodes in the V100 or H20 flavour of examples/clusters."""
+    g = _node_builders()
+    nodes, k = [], 0
+    for s in sizes:
+        if flavour == "h20":
+            nodes.append(g.h20_node8() if s == 8 else g.h20_node4())
+        else:
+            nodes.append(g.v100_node8() if s == 8 else g.v100_node4(64 if k % 2 == 0 else 100))
+            k += s == 4
+    return parse_topology(format_topology(g.cluster(nodes, f"{sum(sizes)} GPUs")), name)
+
+
+def _simulator():
+    try:
+        from hccc.runtime.simulator import simulate
+    except ImportError:
+        return None
+    return simulate
+
+
+def _factor(coll: str, n: int) -> float:
+    return (2.0 if coll == "allreduce" else 1.0) * (n - 1) / n
+
+
+def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int) -> dict:
+    from hccc.cmd_synth import simulated_score
+
+    t0 = time.perf_counter()
+    # what `hccc synth` does: greedy variants, the simulator choosing among the fewest-step ones
+    score = simulated_score(topo, SIZE) if (sim is not None and variants > 1) else None
+    res = synthesize(topo, coll, time_limit=time_limit, variants=variants, score=score)
+    wall = time.perf_counter() - t0
+    row = {"cluster": label, "gpus": topo.nranks, "collective": coll, "seconds": round(wall, 2),
+           "steps": res.steps, "lower_bound": res.lower_bound_steps, "gap": res.gap,
+           "composed": bool(res.composed), "timed_out": res.timed_out}
+    if sim is not None and topo.nranks <= 64:
+        alg = to_algorithm(res, topo)
+        verify(alg)
+        n = topo.nranks
+        s = sim(build_program(alg), topo, SIZE)
+        ring = (ring_allgather if coll == "allgather" else ring_allreduce)(n)
+        r = sim(build_program(ring), topo, SIZE)
+        cut = bandwidth_cut_bound(network_from_topology(topo), coll, n, 1, 0, SIZE)
+        cut_busbw = SIZE / cut / 1e9 * _factor(coll, n)
+        row.update({"busbw": round(s.busbw_GBps, 2), "ring_busbw": round(r.busbw_GBps, 2),
+                    "cut_busbw": round(cut_busbw, 2), "vs_ring": round(s.busbw_GBps / r.busbw_GBps, 2),
+                    "vs_cut": round(s.busbw_GBps / cut_busbw, 3)})
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="V100 HeteCCL clusters and 64 GPUs only")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per synthesis (default 10)")
+    ap.add_argument("--max-gpus", type=int, default=1024, help="largest composed cluster (default 1024)")
+    ap.add_argument("--no-sim", action="store_true", help="skip the simulated busbw columns")
+    ap.add_argument("--variants", type=int, default=3, help="greedy variants per phase (default 3, as hccc synth)")
+    ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    sim = None if args.no_sim else _simulator()
+    cases = []
+    flavours = ["v100"] if args.quick else ["h20", "v100"]
+    for fl in flavours:
+        for lab in HETECCL:
+            cases.append((f"{fl}_{lab}", lambda fl=fl, lab=lab: load_cluster(ROOT / "examples" / "clusters" / f"{fl}_{lab}.topo")))
+    for n, sizes in SCALED.items():
+        if args.quick and n != 64:
+            continue
+        cases.append((f"scaled_{n}", lambda sizes=sizes, n=n: scaled_cluster(sizes, "v100", f"scaled_{n}")))
+    if not args.quick:
+        for copies in (2, 4, 8, 16):
+            n = 64 * copies
+            if n > args.max_gpus:
+                break
+            cases.append((f"pods_{n}", lambda copies=copies, n=n: scaled_cluster(POD64 * copies, "v100", f"pods_{n}")))
+    rows = []
+    for label, make in cases:
+        topo = make()
+        for coll in ("allgather", "allreduce"):
+            row = run_case(topo, label, coll, args.time_limit, sim, args.variants)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    _print_table(rows, sim is not None)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _print_table(rows, with_sim: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="hccc synth: synthesis time, steps vs lower bound; simulated busbw at 1 GiB (GB/s)")
+    cols = ["cluster", "GPUs", "collective", "time (s)", "steps", "bound", "gap"]
+    if with_sim:
+        cols += ["busbw", "ring", "cut bound", "x ring", "of bound"]
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("cluster", "collective") else "right")
+    for r in rows:
+        cells = [r["cluster"] + (" (composed)" if r["composed"] else ""), str(r["gpus"]), r["collective"],
+                 f"{r['seconds']:.2f}" + ("*" if r["timed_out"] else ""), str(r["steps"]), str(r["lower_bound"]),
+                 str(r["gap"])]
+        if with_sim:
+            if "busbw" in r:
+                cells += [f"{r['busbw']:.1f}", f"{r['ring_busbw']:.1f}", f"{r['cut_busbw']:.1f}",
+                          f"{r['vs_ring']:.2f}", f"{100 * r['vs_cut']:.0f}%"]
+            else:
+                cells += [""] * 5
+        t.add_row(*cells)
+    Console(width=180).print(t)
+    print("* time limit reached (best schedule so far); cut bound = ForestColl's T* (AllReduce: "
+          "ReduceScatter + AllGather)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

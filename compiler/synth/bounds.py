@@ -1,0 +1,314 @@
+"""Lower bounds reported next to every synthesised schedule: steps and bandwidth.
+
+**Cut bounds via max-flow** (ForestColl's argument). Every chunk that starts inside a set of ranks S
+is needed by some rank outside S, so it crosses the cut: for any S that misses a rank,
+``w(S) <= T * Cout(S)`` where ``w(S)`` counts chunks starting in S and ``Cout(S)`` is what can leave
+S per step (or per second). Adding a source ``s`` with an edge ``s -> r`` of capacity ``w(r)`` turns
+"for all S missing v" into one max-flow: ``maxflow(s -> v) >= W`` (all chunks) with link capacities
+scaled by T. :func:`max_cut_ratio` finds ``max_S w(S) / Cout(S)`` exactly with Dinkelbach's iteration
+(each violated min cut gives a larger ratio; the ratio of a cut is attained, so it converges).
+
+Shared groups become *hub* vertices (in -> out with the group's capacity). A pair throttled by groups
+g1, g2 runs ``u -> g1 -> g2 -> v`` (source-side groups such as a NIC's egress first, destination-side
+ones last), and edges between consecutive hops carry the summed capacity of the pairs using them.
+Every feasible step (or rate) maps to a flow in this network, so its cuts over-estimate what can
+cross and the bounds stay valid; they are exact for the NIC/NVSwitch/UPI structures of the example
+clusters.
+
+* :func:`step_lower_bound` (chunks, steps): the cut bound; the *distribution* refinement for every
+  part of the hierarchy (a chunk that first enters a part S at the last step must enter at every
+  rank of S at once, so ``T >= 1 + ceil((F - floor(E/|S|)) / E)`` with F chunks to bring in and E
+  the per-step entry capacity); and the largest hop distance from a chunk's origin to any rank.
+* :func:`cut_bound_seconds` (bytes/s): ForestColl's ``T* = (M/N) max_S |S ∩ GPUs| / B+(S)`` for
+  AllGather (with M the total output bytes), generalised to any chunk origins (Broadcast).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import networkx as nx
+import numpy as np
+
+from .problem import Network, Task
+
+
+# ---------------------------------------------------------------- hub graph
+def _group_order(net: Network) -> np.ndarray:
+    """Position of each group in a pair's hop chain: source-side groups first."""
+    gp = net.group_pairs()
+    key = np.zeros(net.ngroups)
+    for g, pm in enumerate(gp):
+        if pm.size:
+            key[g] = np.unique(net.psrc[pm]).size - np.unique(net.pdst[pm]).size
+    return key
+
+
+def hub_graph(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) -> nx.DiGraph:
+    """Ranks 0..n-1, hub vertices ("g", id, "in"/"out"); capacities as given (per step or per second)."""
+    G = nx.DiGraph()
+    G.add_nodes_from(range(net.nranks))
+    key = _group_order(net)
+    acc: dict[tuple, float] = {}
+
+    def add(a, b, c):
+        acc[(a, b)] = acc.get((a, b), 0) + c
+
+    for p in range(net.npairs):
+        u, v, c = int(net.psrc[p]), int(net.pdst[p]), pair_cap[p]
+        gs = sorted(net.groups_of(p).tolist(), key=lambda g: (key[g], g))
+        hops = [u] + [x for g in gs for x in (("g", g, "in"), ("g", g, "out"))] + [v]
+        for i in range(0, len(hops) - 1, 2):  # u->g1in, g1out->g2in, ..., gkout->v
+            add(hops[i], hops[i + 1], c)
+    for (a, b), c in acc.items():
+        G.add_edge(a, b, capacity=c)
+    for g in range(net.ngroups):
+        if G.has_node(("g", g, "in")):
+            G.add_edge(("g", g, "in"), ("g", g, "out"), capacity=group_cap[g])
+    return G
+
+
+def _cut_capacity(G: nx.DiGraph, side: set) -> float:
+    return sum(d["capacity"] for a, b, d in G.edges(data=True) if a in side and b not in side)
+
+
+def max_cut_ratio(G: nx.DiGraph, weight: dict[int, int], targets, *, exact: bool = True):
+    """``max over vertex sets A (missing some target v) of w(A) / Cout(A)`` and the maximising A.
+
+    ``weight[r]`` chunks start at rank r; ``targets`` are the ranks that need all of them. With
+    ``exact`` capacities and weights are integers and the ratio a Fraction.
+    """
+    W = sum(weight.values())
+    if W == 0:
+        return (Fraction(0) if exact else 0.0), set()
+    best = Fraction(0) if exact else 0.0
+    best_set: set = set()
+    H = G.copy()
+    for r, w in weight.items():
+        if w:
+            H.add_edge("__s__", r, capacity=w)
+    base = {e: d["capacity"] for e, d in G.edges.items()}
+    for v in targets:
+        for _ in range(64):
+            lam = best
+            if lam == 0:
+                # zero-capacity network: the cut isolates v alone
+                side = set(H.nodes) - {v}
+            else:
+                # capacities c * lam against source edges w: scale by lam's denominator to stay integral
+                num, den = (lam.numerator, lam.denominator) if exact else (lam, 1)
+                for (a, b), c in base.items():
+                    H[a][b]["capacity"] = c * num
+                for r, w in weight.items():
+                    if w:
+                        H["__s__"][r]["capacity"] = w * den
+                value, (side, _) = nx.minimum_cut(H, "__s__", v)
+                if value >= W * den - (0 if exact else 1e-9 * W):
+                    break
+            side = set(side) - {"__s__"}
+            wa = sum(weight.get(x, 0) for x in side if isinstance(x, int))
+            ca = _cut_capacity(G, side)
+            if ca == 0:
+                raise ValueError(f"rank {v} cannot be reached from the ranks holding its chunks")
+            ratio = Fraction(wa) / Fraction(ca) if exact else wa / ca
+            if ratio <= best:
+                break
+            best, best_set = ratio, side
+    return best, best_set
+
+
+# ---------------------------------------------------------------- steps
+@dataclass(frozen=True)
+class StepBound:
+    steps: int
+    cut: int
+    distribution: int
+    distance: int
+    witness: str  # what attains the bound
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "cut": self.cut, "distribution": self.distribution,
+                "distance": self.distance, "witness": self.witness}
+
+
+def _origin_weights(task: Task) -> dict[int, int]:
+    w = np.bincount(task.origin, minlength=task.nranks)
+    return {r: int(c) for r, c in enumerate(w.tolist()) if c}
+
+
+def _distances(net: Network, sources) -> np.ndarray:
+    """Hop distances from each source to every rank (BFS on the pair CSR)."""
+    ptr, pairs = net.out_csr()
+    dst = net.pdst
+    out = []
+    for s in sources:
+        dist = np.full(net.nranks, -1, np.int64)
+        dist[s] = 0
+        frontier = np.array([s])
+        d = 0
+        while frontier.size:
+            d += 1
+            nxt = np.concatenate([dst[pairs[ptr[u]:ptr[u + 1]]] for u in frontier.tolist()])
+            nxt = np.unique(nxt[dist[nxt] < 0])
+            dist[nxt] = d
+            frontier = nxt
+        out.append(dist)
+    return np.array(out)
+
+
+#: above this many ranks the cut bounds use the hierarchy's parts (nodes, islands, ranks) instead
+#: of max-flow over all cuts: still valid, computed in vectorised numpy
+EXACT_LIMIT = 128
+
+
+def _part_cuts(net: Network, task: Task, pair_cap, group_cap):
+    """(ratio, part ranks, distribution bound, what) over the hierarchy's parts and single ranks:
+    chunks starting in S must leave it, chunks missing from S must enter it."""
+    n = task.nranks
+    held = task.initial()
+    origin_w = np.bincount(task.origin, minlength=n).astype(float)
+    best, best_ranks, dist_best, dist_what = 0.0, [], 0, ""
+    for lv in list(net.levels) + [np.arange(n)]:
+        lv = np.asarray(lv, np.int64)
+        npart = int(lv.max()) + 1
+        ein = net.entry_capacity(lv, pair_cap=pair_cap, group_cap=group_cap)
+        eout = net.entry_capacity(lv, pair_cap=pair_cap, group_cap=group_cap, outgoing=True)
+        size = np.bincount(lv, minlength=npart)
+        w = np.bincount(lv, weights=origin_w, minlength=npart)
+        part_has = np.zeros((npart, task.nchunks), bool)
+        np.logical_or.at(part_has, lv, held.astype(bool))
+        F = (~part_has).sum(axis=1).astype(float)
+        for c in range(npart):
+            if size[c] == n:
+                continue
+            for num, den in ((w[c], eout[c]), (F[c], ein[c])):
+                if num > 0:
+                    if den <= 0:
+                        raise ValueError("a part of the cluster cannot be reached")
+                    if num / den > best:
+                        best, best_ranks = num / den, np.flatnonzero(lv == c).tolist()
+            if size[c] >= 2 and F[c] > 0 and pair_cap is None:
+                E = int(ein[c])
+                T = 1 + max(0, -(-(int(F[c]) - E // int(size[c])) // E))
+                if T > dist_best:
+                    dist_best = T
+                    dist_what = f"ranks {_ranges(np.flatnonzero(lv == c).tolist())} receive {int(F[c])} chunks at {E} per step"
+    return best, best_ranks, dist_best, dist_what
+
+
+def rank_classes(net: Network, task: Task | None = None) -> list[int]:
+    """One representative rank per symmetry class (same node structure, same position in the node,
+    same links and groups to the outside, same chunk origins). Max-flow cut bounds only need a
+    target per class: ranks related by an automorphism give the same value, and leaving targets out
+    can only lower the maximum, so the bound stays valid whatever the classes are."""
+    node = np.asarray(net.levels[0], np.int64)
+    sigs: dict[int, int] = {}
+    node_sig = {}
+    for c in np.unique(node).tolist():
+        members = np.flatnonzero(node == c)
+        node_sig[c] = sigs.setdefault(hash(net.node_signature(members)), len(sigs))
+    rp, rg = net.pair_group_rows()
+    gsum = np.zeros(net.npairs, np.int64)
+    np.add.at(gsum, rp, net.gcap[rg].astype(np.int64) * 1000 + np.diff(net.pg_ptr)[rp])
+    inter = node[net.psrc] != node[net.pdst]
+    out_sig: dict[int, list] = {}
+    in_sig: dict[int, list] = {}
+    for p in np.flatnonzero(inter).tolist():
+        out_sig.setdefault(int(net.psrc[p]), []).append((int(net.cap[p]), int(gsum[p]), node_sig[int(node[net.pdst[p]])]))
+        in_sig.setdefault(int(net.pdst[p]), []).append((int(net.cap[p]), int(gsum[p]), node_sig[int(node[net.psrc[p]])]))
+    first = np.zeros(int(node.max()) + 1, np.int64)
+    for c in range(first.size):
+        first[c] = np.flatnonzero(node == c)[0]
+    weights = (np.bincount(task.origin, minlength=net.nranks) if task is not None
+               else np.zeros(net.nranks, np.int64))
+    seen: dict = {}
+    for r in range(net.nranks):
+        key = (node_sig[int(node[r])], r - int(first[node[r]]), tuple(sorted(out_sig.get(r, []))),
+               tuple(sorted(in_sig.get(r, []))), int(weights[r]))
+        seen.setdefault(key, r)
+    return sorted(seen.values())
+
+
+def step_lower_bound(net: Network, task: Task) -> StepBound:
+    """A lower bound on the steps of any schedule for ``task`` on ``net`` (see the module doc)."""
+    n = task.nranks
+    if n <= 1:
+        return StepBound(0, 0, 0, 0, "one rank")
+    if n > EXACT_LIMIT:
+        ratio, ranks, dbest, dwhat = _part_cuts(net, task, None, None)
+        cut = int(np.ceil(ratio - 1e-9))
+        origins = np.unique(task.origin)[:64]
+        dist = _distances(net, origins.tolist())
+        if (dist < 0).any():
+            raise ValueError("some rank cannot be reached from a chunk's origin")
+        dd = int(dist.max())
+        steps = max(cut, dbest, dd)
+        what = (f"cut: {ratio:.4g} chunks per unit of capacity cross the boundary of ranks {_ranges(ranks)}"
+                if steps == cut else ("distribution: " + dwhat if steps == dbest else "distance"))
+        return StepBound(steps, cut, dbest, dd, what)
+    G = hub_graph(net, net.cap.astype(np.int64), net.gcap.astype(np.int64))
+    weight = _origin_weights(task)
+    ratio, side = max_cut_ratio(G, weight, rank_classes(net, task))
+    cut = int(-((-ratio.numerator) // ratio.denominator))
+    cut_ranks = sorted(x for x in side if isinstance(x, int))
+    best_dist = 0
+    dist = _distances(net, sorted(set(task.origin.tolist())))
+    if (dist < 0).any():
+        raise ValueError("some rank cannot be reached from a chunk's origin")
+    best_dist = int(dist.max())
+    # distribution refinement over the parts of the hierarchy
+    held0 = task.initial()
+    dbest, dwhat = 0, ""
+    entry = [net.entry_capacity(lv) for lv in net.levels]
+    for li, lv in enumerate(net.levels):
+        for c in np.unique(lv).tolist():
+            members = np.flatnonzero(lv == c)
+            if members.size < 2 or members.size == n:
+                continue
+            F = int((held0[members].max(axis=0) == 0).sum())
+            if F == 0:
+                continue
+            E = int(entry[li][c])
+            if E <= 0:
+                raise ValueError("a part of the cluster cannot be reached")
+            x = E // members.size
+            T = 1 + max(0, -(-(F - x) // E))
+            if T > dbest:
+                dbest, dwhat = T, f"ranks {members[0]}..{members[-1]} receive {F} chunks at {E} per step"
+    steps = max(cut, dbest, best_dist)
+    if steps == cut:
+        what = (f"cut: {int(ratio.numerator)}/{int(ratio.denominator)} chunks per unit of capacity "
+                f"leave ranks {_ranges(cut_ranks)}")
+    elif steps == dbest:
+        what = "distribution: " + dwhat
+    else:
+        what = "distance"
+    return StepBound(steps, cut, dbest, best_dist, what)
+
+
+def _ranges(rs: list[int]) -> str:
+    if not rs:
+        return "{}"
+    parts, a, b = [], rs[0], rs[0]
+    for r in rs[1:]:
+        if r == b + 1:
+            b = r
+        else:
+            parts.append(f"{a}" if a == b else f"{a}-{b}")
+            a = b = r
+    parts.append(f"{a}" if a == b else f"{a}-{b}")
+    return "{" + ",".join(parts) + "}"
+
+
+# ---------------------------------------------------------------- bandwidth
+def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
+    """ForestColl's cut bound: the least time any schedule needs to move ``total_bytes`` (the whole
+    collective buffer, ``task.nchunks`` equal chunks) given link and group bandwidths."""
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    if task.nranks > EXACT_LIMIT:
+        ratio = _part_cuts(net, task, net.bw, net.gbw)[0]
+        return float(ratio) * total_bytes / task.nchunks
+    G = hub_graph(net, net.bw, net.gbw)
+    ratio, _ = max_cut_ratio(G, _origin_weights(task), rank_classes(net, task), exact=False)
+    return float(ratio) * total_bytes / task.nchunks

@@ -1,0 +1,209 @@
+"""Collectives from dissemination tasks (HeteCCL section 5, Appendix I).
+
+* **AllGather**: chunk ``k`` starts at rank ``k // K`` (K chunks per rank), every rank gets all.
+* **Broadcast**: every chunk starts at the root.
+* **ReduceScatter**: the time-reversed AllGather with reduction. An AllGather schedule with
+  HeteCCL's Eq. 8 (a rank forwards a chunk to one peer per step) is synthesised on the *transposed*
+  network, then every transfer ``u -> v`` at step ``t`` becomes ``v -> u`` at step ``T-1-t`` with
+  ``rrc``: each chunk's tree is walked leaves-to-root, partial sums flowing towards the rank that owns
+  the chunk (``k // K``: the layout hccc's verifier and executors use). Eq. 8 is what keeps two
+  reductions into one (rank, chunk) out of a single step.
+* **AllReduce** = ReduceScatter (chunk k reduced at rank k // K) followed by an AllGather of the
+  reduced chunks (Appendix I).
+
+Step lower bounds: AllGather/Broadcast from :func:`.bounds.step_lower_bound`; ReduceScatter from the
+same bound on the transposed network (every cut argument reverses with time); AllReduce reports the
+sum, i.e. the bound *within the ReduceScatter + AllGather decomposition* HeteCCL synthesises
+(``detail["any_schedule_bound"]`` holds a bound valid for any AllReduce schedule: the larger phase).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..algorithm import RECV, RRC
+from ..topology import Topology
+from .bounds import StepBound, cut_bound_seconds, step_lower_bound
+from .cegis import Progress, TaskResult, synthesize_task
+from .problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
+
+COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce")
+
+
+@dataclass
+class Phase:
+    name: str            # "allgather" | "broadcast" | "reducescatter"
+    op: int              # RECV or RRC
+    step0: int           # first step of the phase in the combined program
+    result: TaskResult
+
+    @property
+    def steps(self) -> int:
+        return self.result.steps
+
+
+@dataclass
+class SynthResult:
+    """A synthesised collective: transfer rows ``(src, dst, step, chunk, op)`` and its report."""
+
+    collective: str
+    nranks: int
+    chunks_per_rank: int
+    root: int | None
+    rows: np.ndarray                      # int64 (M, 5)
+    steps: int
+    lower_bound_steps: int
+    phases: list[Phase]
+    seconds: float
+    cluster: str
+    timed_out: bool = False
+    composed: dict | None = None          # hierarchical composition details, if used
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def gap(self) -> int:
+        return self.steps - self.lower_bound_steps
+
+    @property
+    def ntransfers(self) -> int:
+        return int(self.rows.shape[0])
+
+    def summary(self) -> dict:
+        return {
+            "collective": self.collective, "nranks": self.nranks, "chunks_per_rank": self.chunks_per_rank,
+            "root": self.root, "steps": self.steps, "lower_bound_steps": self.lower_bound_steps,
+            "gap": self.gap, "transfers": self.ntransfers, "seconds": round(self.seconds, 3),
+            "timed_out": self.timed_out,
+            "phases": [{"name": p.name, "steps": p.steps, "lower_bound_steps": p.result.bound.steps,
+                        "greedy_steps": p.result.greedy_steps, "cegis_iterations": p.result.iterations,
+                        "greedy_variant": p.result.variant, "variants_tried": p.result.variants,
+                        "learned_groups": p.result.learned_groups, "smt": p.result.smt}
+                       for p in self.phases],
+            "composed": self.composed,
+            **self.detail,
+        }
+
+
+def _rows(sched: Schedule, op: int, step0: int) -> np.ndarray:
+    return np.stack([sched.src, sched.dst, sched.step + step0, sched.chunk,
+                     np.full(len(sched), op, np.int64)], axis=1).astype(np.int64)
+
+
+def reducescatter_task(net: Network, nranks: int, k: int) -> Task:
+    return allgather_task(nranks, k, fanout_one=True)
+
+
+def solve_phase(net: Network, task: Task, *, deadline: float, progress: Progress | None,
+                pod_ranks: int | None, use_smt: bool, bound: StepBound | None = None, variants: int = 1,
+                score=None) -> tuple[TaskResult, dict | None]:
+    """One dissemination task, flat or through hierarchical composition (:mod:`.compose`)."""
+    from . import compose
+
+    plan = compose.plan_pods(net, task, pod_ranks)
+    if plan is not None:
+        return compose.synthesize_composed(net, task, plan, deadline=deadline, progress=progress,
+                                           use_smt=use_smt)
+    return synthesize_task(net, task, deadline=deadline, progress=progress, use_smt=use_smt, bound=bound,
+                           variants=variants, score=score), None
+
+
+def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chunks_per_rank: int = 1,
+               time_limit: float = 60.0, progress: Progress | None = None, pod_ranks: int | None = None,
+               use_smt: bool = True, bandwidth_bound_bytes: float | None = None, variants: int = 1,
+               score: Callable[[str, np.ndarray], float] | None = None) -> SynthResult:
+    """Synthesise ``collective`` on ``topo`` (see the module docstring).
+
+    ``time_limit`` is shared by all phases (anytime: the best schedule so far comes back).
+    ``pod_ranks``: compose hierarchically over pods of this many ranks (None: automatic, flat up to
+    64 ranks). ``bandwidth_bound_bytes``: also report ForestColl's cut bound for that buffer size.
+    ``variants``/``score``: try that many greedy variants per phase and keep, among those with the
+    fewest steps, the one ``score(collective, rows)`` rates lowest (lower is better, e.g. a simulated
+    time), ``rows`` being the ``(src, dst, step, chunk, op)`` program of the phase ("allgather",
+    "reducescatter"; for AllReduce the ReduceScatter candidates are rated as whole "allreduce"
+    programs with the AllGather half already chosen). Flat synthesis only.
+    """
+    t0 = time.perf_counter()
+    coll = collective.lower()
+    if coll not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r} (expected one of {', '.join(COLLECTIVES)})")
+    net = topo if isinstance(topo, Network) else network_from_topology(topo)
+    n, k = net.nranks, int(chunks_per_rank)
+    if k < 1:
+        raise ValueError("chunks per rank must be at least 1")
+    deadline = t0 + float(time_limit)
+    phases: list[Phase] = []
+    composed = None
+    detail: dict = {}
+
+    def remaining_share(parts_left: int) -> float:
+        return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / parts_left
+
+    def scorer(phase: str, make_rows):
+        if score is None:
+            return None
+        return lambda sc: score(phase, make_rows(sc))
+
+    if coll in ("allgather", "broadcast"):
+        task = allgather_task(n, k) if coll == "allgather" else broadcast_task(n, root, k)
+        res, composed = solve_phase(net, task, deadline=deadline, progress=progress, pod_ranks=pod_ranks,
+                                    use_smt=use_smt, variants=variants,
+                                    score=scorer(coll, lambda sc: _rows(sc, RECV, 0)))
+        phases.append(Phase(coll, RECV, 0, res))
+        rows = _rows(res.schedule, RECV, 0)
+        lb = res.bound.steps
+    else:
+        tnet = net.transposed()
+        rs_task = allgather_task(n, k, fanout_one=True)
+        rs_bound = step_lower_bound(tnet, allgather_task(n, k))
+        ag = composed_ag = None
+        if coll == "allreduce":
+            # the AllGather half first, so that the ReduceScatter variant is chosen for the whole
+            # AllReduce program (the phases overlap when the program runs)
+            ag, composed_ag = solve_phase(net, allgather_task(n, k), deadline=remaining_share(2),
+                                          progress=progress, pod_ranks=pod_ranks, use_smt=use_smt,
+                                          variants=variants, score=scorer("allgather", lambda sc: _rows(sc, RECV, 0)))
+
+            def combined(sc):
+                r = sc.reversed()
+                return np.concatenate([_rows(r, RRC, 0), _rows(ag.schedule, RECV, r.nsteps)])
+
+            rs_score = scorer("allreduce", combined)
+        else:
+            rs_score = scorer("reducescatter", lambda sc: _rows(sc.reversed(), RRC, 0))
+        rs, composed = solve_phase(tnet, rs_task, deadline=deadline, progress=progress, pod_ranks=pod_ranks,
+                                   use_smt=use_smt, bound=rs_bound, variants=variants, score=rs_score)
+        rs_sched = rs.schedule.reversed()
+        phases.append(Phase("reducescatter", RRC, 0, rs))
+        rows = _rows(rs_sched, RRC, 0)
+        lb = rs.bound.steps
+        if ag is not None:
+            T = rs_sched.nsteps
+            phases.append(Phase("allgather", RECV, T, ag))
+            rows = np.concatenate([rows, _rows(ag.schedule, RECV, T)])
+            lb += ag.bound.steps
+            detail["any_schedule_bound"] = max(rs.bound.steps, ag.bound.steps)
+            if composed is not None or composed_ag is not None:
+                composed = {"reducescatter": composed, "allgather": composed_ag}
+    steps = int(rows[:, 2].max()) + 1 if rows.size else 0
+    if bandwidth_bound_bytes:
+        detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
+    return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,
+                       time.perf_counter() - t0, net.name,
+                       any(p.result.timed_out for p in phases), composed, detail)
+
+
+def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float) -> float:
+    """ForestColl's cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
+    ReduceScatter's input, the AllReduce/Broadcast buffer). AllReduce: ReduceScatter + AllGather."""
+    coll = collective.lower()
+    if coll == "allgather":
+        return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
+    if coll == "broadcast":
+        return cut_bound_seconds(net, broadcast_task(n, root, k), total_bytes)
+    rs = cut_bound_seconds(net.transposed(), allgather_task(n, k), total_bytes)
+    if coll == "reducescatter":
+        return rs
+    return rs + cut_bound_seconds(net, allgather_task(n, k), total_bytes)

@@ -1,0 +1,114 @@
+"""Synthesised schedules as hccc Algorithms and ResCCLang text (DESIGN.md section 3).
+
+The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
+bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
+per line, grouped by step. It parses back to exactly the transfers of :func:`to_algorithm`, so
+``hccc`` compiles it like any other program. Chunk ids follow the language's data model: rank r's
+own chunk (AllGather) and the chunk reduced at rank r (ReduceScatter) are chunk r.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..algorithm import OP_NAMES, Algorithm, Collective, Header
+from ..diagnostics import CompileError, Diagnostic
+from ..topology import Topology
+from .collectives import SynthResult
+
+
+def dsl_collective(collective: str, chunks_per_rank: int = 1) -> Collective:
+    """The ResCCLang OpType for a synthesis request, or a CompileError saying why there is none."""
+    if chunks_per_rank != 1:
+        raise CompileError([Diagnostic(
+            f"--chunks-per-rank {chunks_per_rank} cannot be written as ResCCLang: a program's "
+            f"buffer holds exactly nRanks chunks (one per rank); synthesise with --chunks-per-rank 1", None)])
+    coll = Collective.parse(collective)
+    if coll is None:
+        raise CompileError([Diagnostic(
+            f"ResCCLang has no OpType for {collective} (OpType is one of "
+            + ", ".join(c.dsl_name for c in Collective) + ")", None)])
+    return coll
+
+
+def algo_name(result: SynthResult) -> str:
+    return f"synth_{result.collective}_{result.nranks}"
+
+
+def _nic_per_node(topo: Topology | None) -> int:
+    if topo is None:
+        return 0
+    counts = np.zeros(len(topo.nodes), np.int64)
+    for g in topo.groups:
+        if g.kind == "nic" and g.direction == "ingress" and g.members.size:
+            counts[topo.rank_node[topo.link_dst[int(g.members[0])]]] += 1
+    return int(counts.max()) if counts.size else 0
+
+
+def header(result: SynthResult, topo: Topology | None = None) -> Header:
+    gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
+    return Header(nranks=result.nranks, collective=dsl_collective(result.collective, result.chunks_per_rank),
+                  name=algo_name(result),
+                  nchannels=1, nwarps=16, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo))
+
+
+def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm:
+    """The synthesised transfers as an :class:`Algorithm` (one anonymous site)."""
+    rows = _sorted_rows(result)
+    h = header(result, topo)
+    base = Algorithm.from_rows(h, [])  # one anonymous site at the header
+    n = len(rows)
+    return Algorithm(header=h, src=rows[:, 0].copy(), dst=rows[:, 1].copy(), step=rows[:, 2].copy(),
+                     chunk=rows[:, 3].copy(), op=rows[:, 4].astype(np.uint8), site=np.zeros(n, np.int64),
+                     sites=base.sites, loop_values=[np.zeros((n, 0), np.int64)])
+
+
+def _sorted_rows(result: SynthResult) -> np.ndarray:
+    r = result.rows
+    return r[np.lexsort((r[:, 3], r[:, 1], r[:, 0], r[:, 2]))] if len(r) else r.reshape(0, 5)
+
+
+def _comment(text: str) -> str:
+    return re.sub(r"[\r\n]+", " ", text)
+
+
+def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str | None = None,
+            extra_comments: list[str] | None = None) -> str:
+    """ResCCLang source of ``result`` (see the module docstring)."""
+    h = header(result, topo)
+    name = _comment(cluster or result.cluster)
+    lines = [
+        "# Synthesised by hccc synth (HeteCCL-style chunking, greedy + CEGIS with z3)",
+        f"# cluster: {name} ({result.nranks} GPUs"
+        + (f", {len(topo.nodes)} nodes: " + ", ".join(str(nd.ngpus) for nd in topo.nodes[:16])
+           + (", ..." if len(topo.nodes) > 16 else "") if topo is not None else "") + ")",
+        f"# collective: {result.collective}"
+        + (f" (root {result.root})" if result.root is not None else ""),
+        f"# steps: {result.steps} (lower bound {result.lower_bound_steps}, gap {result.gap}); "
+        f"transfers: {result.ntransfers}",
+    ]
+    for p in result.phases:
+        lines.append(f"#   {p.name}: steps {p.step0}..{p.step0 + p.steps - 1} ({p.steps} steps, lower bound "
+                     f"{p.result.bound.steps}; greedy {p.result.greedy_steps}, CEGIS iterations "
+                     f"{p.result.iterations}, shared groups learned {p.result.learned_groups})")
+    if result.composed:
+        lines.append(f"# hierarchical composition: {_comment(str(result.composed))}")
+    lines.append(f"# synthesis time: {result.seconds:.2f} s" + (" (time limit reached: best schedule so far)"
+                                                                 if result.timed_out else ""))
+    for c in extra_comments or []:
+        lines.append("# " + _comment(c))
+    lines.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
+                 f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", GPUPerNode={h.gpu_per_node}, '
+                 f'NICPerNode={h.nic_per_node}):')
+    rows = _sorted_rows(result)
+    if not len(rows):
+        lines.append("    pass")
+    else:
+        steps = rows[:, 2]
+        bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, len(rows)]
+        ops = dict(OP_NAMES)
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            lines.append(f"    # step {int(steps[a])}: {b - a} transfers")
+            lines.extend(f"    transfer({s}, {d}, {t}, {c}, {ops[o]})" for s, d, t, c, o in rows[a:b].tolist())
+    return "\n".join(lines) + "\n"

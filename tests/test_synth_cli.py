@@ -1,0 +1,107 @@
+"""``hccc synth``: output files, JSON summary, round trip through ``hccc check``, errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hccc import cli
+from hccc.cli import main
+from hccc.compiler.pipeline import load_algorithm
+from hccc.compiler.verify import verify
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+# a cluster that is not in the repository: a 3-GPU NVLink node and a 2-GPU node behind one NIC each
+TOPO = """define nodenum = 2
+define node1 = 3
+define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((1,2) -> (25,2)), ((2,1) -> (25,2)),
+                               ((0,2) -> (25,1)), ((2,0) -> (25,1))]}
+define nic = [((0,1,2) -> (12.5,1))]
+define node2 = 2
+define bandwidth = {direct => [((0,1) -> (50,2)), ((1,0) -> (50,2))]}
+define nic = [((0) -> (10,1)), ((1) -> (10,1))]
+define internode = all
+define interbandwidth = nic
+"""
+
+
+def test_synth_is_a_registered_command():
+    assert cli.SUBCOMMANDS["synth"][0] == "hccc.cmd_synth"
+
+
+@pytest.fixture
+def topo(tmp_path) -> Path:
+    p = tmp_path / "c5.topo"
+    p.write_text(TOPO)
+    return p
+
+
+@pytest.mark.parametrize("coll", ["allgather", "reducescatter", "allreduce"])
+def test_synth_json_then_check(topo, tmp_path, capsys, coll):
+    out = tmp_path / f"{coll}.rccl"
+    assert main(["synth", str(topo), "--collective", coll, "-o", str(out), "--json", "--time-limit", "10"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    for key in ("collective", "nranks", "steps", "lower_bound_steps", "seconds", "output"):
+        assert key in summary
+    assert summary["collective"] == coll and summary["nranks"] == 5 and summary["output"] == str(out)
+    assert summary["steps"] >= summary["lower_bound_steps"] >= 1
+    bb = summary["bandwidth_bound"]
+    assert bb["bytes"] == 1 << 30 and bb["seconds"] > 0 and bb["busbw_GBps"] > 0
+    text = out.read_text()
+    assert text.startswith("# Synthesised by hccc synth")
+    assert "# cluster: c5.topo" in text and f"# steps: {summary['steps']} (lower bound" in text
+    assert "# synthesis time:" in text and "# bandwidth lower bound (ForestColl cut bound)" in text
+    alg = load_algorithm(out)
+    assert verify(alg).steps == summary["steps"]
+    assert main(["check", str(out), "--json"]) == 0
+    check = json.loads(capsys.readouterr().out)
+    assert check["valid"] and check["steps"] == summary["steps"]
+
+
+def test_synth_human_output_and_example_cluster(tmp_path, capsys):
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(CLUSTERS / "v100_4_8.topo"), "--collective", "AllGather", "-o", str(out)]) == 0
+    line = capsys.readouterr().out
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import allgather_task, network_from_topology
+    from hccc.compiler.synth.bounds import step_lower_bound
+
+    lb = step_lower_bound(network_from_topology(load_cluster(CLUSTERS / "v100_4_8.topo")), allgather_task(12)).steps
+    assert "allgather on 12 GPUs" in line and f"lower bound {lb}" in line
+    assert verify(load_algorithm(out)).steps >= lb
+
+
+def test_broadcast_and_chunks_per_rank_are_refused_clearly(topo, tmp_path, capsys):
+    out = tmp_path / "b.rccl"
+    assert main(["synth", str(topo), "--collective", "broadcast", "--root", "1", "-o", str(out)]) == 1
+    assert "no OpType for broadcast" in capsys.readouterr().err
+    assert main(["synth", str(topo), "--collective", "allgather", "--chunks-per-rank", "2", "-o", str(out)]) == 1
+    assert "nRanks chunks" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_usage_and_input_errors(topo, tmp_path, capsys):
+    out = tmp_path / "x.rccl"
+    with pytest.raises(SystemExit) as e:
+        main(["synth", str(topo), "--collective", "alltoall", "-o", str(out)])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--time-limit", "-1"])
+    assert e.value.code == 2
+    assert main(["synth", str(tmp_path / "missing.topo"), "--collective", "allgather", "-o", str(out)]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    bad = tmp_path / "bad.topo"
+    bad.write_text("define nodenum = 1\ndefine node1 = 2\ndefine bandwidth = {direct => [((0,5) -> (1,1))]}\n")
+    assert main(["synth", str(bad), "--collective", "allgather", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.topo:3:" in err and "Traceback" not in err
+    assert main(["synth", str(topo), "--collective", "broadcast", "--root", "9", "-o", str(out)]) == 1
+    assert not out.exists()
+
+
+def test_pod_size_must_match_the_cluster(topo, tmp_path, capsys):
+    out = tmp_path / "p.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--pod-size", "2", "-o", str(out)]) == 1
+    assert "identical pods" in capsys.readouterr().err
