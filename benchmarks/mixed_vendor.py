@@ -65,7 +65,7 @@ def run(sizes: list[int], execution: str) -> list[dict]:
                 verify(alg)
                 t0 = time.perf_counter()
                 ir = build_for_execution(alg, execution)
-                res = [simulate(ir, topo, s, execution=execution) for s in sizes]
+                res = [simulate(ir, topo, s, execution=execution, slice_bytes="auto") for s in sizes]
                 send, _ = cross_cluster_chunks(alg, hier)
                 rows.append({
                     "setup": name, "clusters": hier.nclusters, "collective": coll, "algorithm": label,

@@ -87,9 +87,9 @@ def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int)
         alg = to_algorithm(res, topo)
         verify(alg)
         n = topo.nranks
-        s = sim(build_program(alg), topo, SIZE)
+        s = sim(build_program(alg), topo, SIZE, slice_bytes="auto")
         ring = (ring_allgather if coll == "allgather" else ring_allreduce)(n)
-        r = sim(build_program(ring), topo, SIZE)
+        r = sim(build_program(ring), topo, SIZE, slice_bytes="auto")
         cut = bandwidth_cut_bound(network_from_topology(topo), coll, n, 1, 0, SIZE)
         cut_busbw = SIZE / cut / 1e9 * _factor(coll, n)
         row.update({"busbw": round(s.busbw_GBps, 2), "ring_busbw": round(r.busbw_GBps, 2),

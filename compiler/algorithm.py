@@ -4,8 +4,11 @@ This is what the ``.rccl`` front end produces (and what synthesis and MSCCL impo
 what the verifier, the dependency DAG and the scheduler consume. Transfers are stored as parallel
 numpy arrays because real programs reach millions of them.
 
-Data model (DESIGN.md section 3): each rank's buffer holds ``nchunks == nranks`` chunks;
-``(rank, chunk)`` names one chunk. ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
+Data model (DESIGN.md section 3): each rank's buffer holds ``nchunks = nranks * chunks_per_rank``
+chunks (``chunks_per_rank`` is 1 unless the header says ``nChunksPerRank``); ``(rank, chunk)``
+names one chunk. Rank ``r`` owns chunks ``r*K .. r*K+K-1`` (``K = chunks_per_rank``): its AllGather
+input, its ReduceScatter output. Broadcast and Reduce have a ``root``: the rank whose buffer is
+broadcast, or the rank that ends with the reduction. ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
 ``dst`` (``RECV``: overwrite, ``RRC``: reduce into ``dst``'s chunk). All transfers of a step happen
 together, after every smaller step.
 """
@@ -28,6 +31,18 @@ class Collective(str, Enum):
     ALLGATHER = "allgather"
     REDUCESCATTER = "reducescatter"
     ALLREDUCE = "allreduce"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+
+    @property
+    def rooted(self) -> bool:
+        """Broadcast and Reduce have a root rank; the others treat every rank alike."""
+        return self in (Collective.BROADCAST, Collective.REDUCE)
+
+    @property
+    def reduces(self) -> bool:
+        """Collectives whose chunks combine contributions (``rrc`` transfers)."""
+        return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.REDUCE)
 
     @property
     def dsl_name(self) -> str:
@@ -56,10 +71,16 @@ class Header:
     gpu_per_node: int = 0        # 0 = not given
     nic_per_node: int = 0
     location: Location | None = None  # where the header is, for whole-program diagnostics
+    root: int = 0                # Broadcast / Reduce root (Root); 0 and unused for the others
+    chunks_per_rank: int = 1     # nChunksPerRank: chunks each rank owns (nchunks = nranks * this)
 
     @property
     def nchunks(self) -> int:
-        return self.nranks
+        return self.nranks * self.chunks_per_rank
+
+    def owner(self, chunk):
+        """The rank owning ``chunk`` (int or array): AllGather source, ReduceScatter destination."""
+        return chunk // self.chunks_per_rank
 
 
 @dataclass(frozen=True)

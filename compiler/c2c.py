@@ -20,12 +20,21 @@ Per collective (``G`` ranks and chunks, ``C`` clusters, cluster ``c`` has ``N_c`
 * AllReduce. start: every chunk is reduced to its holder; c2c: ring ReduceScatter (``rrc``) then ring
   AllGather (``recv``) over C nearly equal blocks of chunks; end: every chunk is broadcast from its
   holder.
+* Broadcast (root ``R`` in cluster ``o``). start: Broadcast from ``R`` inside cluster ``o``; c2c: every
+  chunk travels the cluster ring from ``o`` for C-1 hops (``recv``); end: each received chunk is
+  broadcast from its holder.
+* Reduce (root ``R`` in cluster ``o``). start: every cluster but ``o`` reduces every chunk to its
+  holder; c2c: the partial sums travel the ring from ``o+1`` to ``o``, reduced hop by hop (``rrc``);
+  end: Reduce inside cluster ``o`` onto ``R`` (the holders bring the other clusters' sums along).
 
 Cross-cluster chunks sent / received by cluster ``c`` (``B_c`` = AllReduce block of cluster ``c``,
 ``G/C`` chunks rounded): AllGather ``G - N_{c+1}`` / ``G - N_c`` (Table 7: about ``G*n``); ReduceScatter
 ``G - N_c`` / ``G - N_{c-1}`` (Table 7: ``(G-N)*n`` / ``(C-1)*N*n``, equal when the clusters have equal
 sizes or ``C = 2``); AllReduce ``2G - |B_c| - |B_{c+1}|`` / ``2G - |B_{c-1}| - |B_c|`` (Table 7: about
-``2n(C-1)/C``). Every chunk crosses each cluster boundary at most once per ring direction.
+``2n(C-1)/C``); Broadcast ``G`` / ``G`` except that the last cluster on the ring from ``o`` sends
+nothing and ``o`` receives nothing; Reduce ``G`` / ``G`` except that ``o`` sends nothing and ``o+1``
+receives nothing (Table 7: ``n`` each). Every chunk crosses each cluster boundary at most once per ring
+direction.
 
 Intra-cluster building blocks run over the cluster's ring (a Hamiltonian cycle over the cluster's
 links, natural rank order when it exists): a broadcast is a chain from the root along the ring, a
@@ -68,7 +77,7 @@ from .topology import Topology
 __all__ = ["C2CError", "C2CPlan", "plan_c2c", "c2c_algorithm", "c2c_rccl", "cross_cluster_chunks",
            "COLLECTIVES", "PHASES", "INTRA_ALGORITHMS"]
 
-#: collectives ``hccc gen c2c`` knows; broadcast and reduce are refused (see :func:`plan_c2c`)
+#: collectives ``hccc gen c2c`` knows
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
 PHASES = ("start", "c2c", "end")
 INTRA_ALGORITHMS = ("ring", "mesh")
@@ -85,11 +94,13 @@ _PHASE_TEXT = {
     Collective.ALLREDUCE: ("intra-cluster Reduce of every chunk to a border rank",
                            "cluster ring ReduceScatter (c2cRed) then AllGather (c2cCpy) between border ranks",
                            "intra-cluster Broadcast of every chunk from its border rank"),
+    Collective.BROADCAST: ("intra-cluster Broadcast from the root in the root's cluster",
+                           "cluster ring copy from the root's cluster between border ranks (c2cCpy)",
+                           "intra-cluster Broadcast of received chunks from their border rank"),
+    Collective.REDUCE: ("intra-cluster Reduce of every chunk to a border rank (clusters other than the root's)",
+                        "cluster ring reduction towards the root's cluster between border ranks (c2cRed)",
+                        "intra-cluster Reduce onto the root in the root's cluster"),
 }
-
-_MISSING = ("OpType accepts only Allgather, Reducescatter and Allreduce, and the header has no Root "
-            "parameter; the verifier, lowering (buffer layout), ProgramIR, reference executor and kernel "
-            "templates know only those three collectives")
 
 
 class C2CError(CompileError):
@@ -220,6 +231,7 @@ class C2CPlan:
     phase: np.ndarray
     stage_lengths: tuple[int, ...]
     name: str = "c2c"
+    root: int = 0                 # Broadcast / Reduce root
     _alg: Algorithm | None = field(default=None, repr=False)
 
     @property
@@ -254,7 +266,7 @@ class C2CPlan:
                 nics.setdefault(int(topo.rank_node[b]), set()).add(c.nic_members.get(b, (b,)))
         return Header(nranks=self.nranks, collective=self.collective, name=self.name, nchannels=1,
                       nwarps=16, gpu_per_node=max(nd.ngpus for nd in topo.nodes),
-                      nic_per_node=max((len(v) for v in nics.values()), default=0))
+                      nic_per_node=max((len(v) for v in nics.values()), default=0), root=self.root)
 
     def cross_cluster_chunks(self) -> tuple[np.ndarray, np.ndarray]:
         return cross_cluster_chunks(self.algorithm(), self.hierarchy)
@@ -274,6 +286,7 @@ class C2CPlan:
         return {
             "name": self.name,
             "collective": self.collective.value,
+            **({"root": self.root} if self.collective.rooted else {}),
             "topology": self.topology.name,
             "nranks": self.nranks,
             "nclusters": self.hierarchy.nclusters,
@@ -302,8 +315,8 @@ class C2CPlan:
         C = hier.nclusters
         send, recv = self.cross_cluster_chunks()
         order = " -> ".join(f"C{c.index}" for c in hier.clusters) + (" -> C0" if C > 1 else "")
-        lines = [f"HetCCL C2C {coll.dsl_name} for cluster '{self.topology.name}' ({self.nranks} ranks), "
-                 f"generated by hccc gen c2c",
+        lines = [f"HetCCL C2C {coll.dsl_name}{f' (root {self.root})' if coll.rooted else ''} for cluster "
+                 f"'{self.topology.name}' ({self.nranks} ranks), generated by hccc gen c2c",
                  "Algorithm 1 breakdown (Table 7):"]
         for ph, text in zip(PHASES, _PHASE_TEXT[coll]):
             lines.append(f"  {ph:5s}: {text}")
@@ -331,8 +344,9 @@ class C2CPlan:
         by step with a comment naming the piece, stage and phase of each group."""
         h = self.header()
         out = ["# " + ln for ln in self.header_comment()]
+        root = f"Root={h.root}, " if h.collective.rooted else ""
         out.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
-                   f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", GPUPerNode={h.gpu_per_node}, '
+                   f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {root}GPUPerNode={h.gpu_per_node}, '
                    f'NICPerNode={h.nic_per_node}):')
         order = np.lexsort((self.chunk, self.dst, self.src, self.phase, self.stage, self.piece, self.step))
         last = None
@@ -426,20 +440,18 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
     """Generate the C2C algorithm of ``collective`` for ``topology`` (see the module docstring).
 
     ``hier`` defaults to :func:`hccc.compiler.hierarchy.hierarchy` of the topology. ``root`` is for
-    broadcast / reduce, which ResCCLang cannot express yet: asking for them raises :class:`C2CError`
-    naming what is missing. Raises :class:`C2CError` when a cluster has no border rank, a cluster has
-    no ring over its links, or a needed link does not exist.
+    broadcast / reduce (default 0). Raises :class:`C2CError` when a cluster has no border rank, a
+    cluster has no ring over its links, or a needed link does not exist.
     """
     text = str(getattr(collective, "value", collective)).strip().lower()
-    if text in ("broadcast", "bcast", "reduce"):
-        what = "Broadcast" if text != "reduce" else "Reduce"
-        raise C2CError(f"{what} (root {root if root is not None else 0}) is not expressible in ResCCLang "
-                       f"yet: {_MISSING}")
     coll = collective if isinstance(collective, Collective) else Collective.parse(text)
     if coll is None:
         raise C2CError(f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})")
-    if root is not None:
+    if root is not None and not coll.rooted:
         raise C2CError(f"a root applies to broadcast and reduce, not {coll.value}")
+    R = int(root or 0)
+    if not 0 <= R < topology.nranks:
+        raise C2CError(f"root {R} is not a rank of '{topology.name}' (ranks 0..{topology.nranks - 1})")
     if intra not in INTRA_ALGORITHMS:
         raise C2CError(f"unknown intra-cluster algorithm '{intra}' (expected ring or mesh)")
     if int(pipeline) < 1:
@@ -526,6 +538,36 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
                 a, b = (o + j) % C, (o + j + 1) % C
                 rows.add(holder[a, x], holder[b, x], x, RRC, piece[x], j, 0, C2C)
             rows.reduce(rings[o], pos[o], mesh, x, x, piece[x], C, END)
+    elif coll is Collective.BROADCAST:
+        o = int(rc[R])
+        block = np.full(G, o, dtype=np.int64)  # every chunk starts in the root's cluster
+        piece, k = _split_pieces([list(range(G))], pipeline, G)
+        if C > 1:
+            for c in range(C):
+                assign(c, sorted(range(G), key=lambda x: (piece[x], x)))
+        for x in range(G):
+            rows.bcast(rings[o], pos[o], mesh, R, x, piece[x], 0, START)
+            late = 0 if holder[o, x] == R else 1  # the root's own share crosses at once
+            for j in range(1, C):
+                a, b = (o + j - 1) % C, (o + j) % C
+                rows.add(holder[a, x], holder[b, x], x, RECV, piece[x], j - 1 + late, 0, C2C)
+                rows.bcast(rings[b], pos[b], mesh, int(holder[b, x]), x, piece[x], j + late, END)
+    elif coll is Collective.REDUCE:
+        o = int(rc[R])
+        block = np.full(G, o, dtype=np.int64)
+        piece, k = _split_pieces([list(range(G))], pipeline, G)
+        if C > 1:
+            for c in range(C):
+                assign(c, sorted(range(G), key=lambda x: (piece[x], x)))
+        for x in range(G):
+            for c in range(C):
+                if c != o:
+                    rows.reduce(rings[c], pos[c], mesh, int(holder[c, x]), x, piece[x],
+                                hop_first(c, o) - 1, START)
+            for j in range(1, C):
+                a, b = (o + j) % C, (o + j + 1) % C
+                rows.add(holder[a, x], holder[b, x], x, RRC, piece[x], j, 0, C2C)
+            rows.reduce(rings[o], pos[o], mesh, R, x, piece[x], C, END)
     else:  # ALLREDUCE
         block = np.zeros(G, dtype=np.int64)
         blocks = [b.tolist() for b in np.array_split(np.arange(G, dtype=np.int64), C)]
@@ -567,7 +609,7 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
     return C2CPlan(topology=topology, hierarchy=hier, collective=coll, intra=intra, pieces=k,
                    pieces_requested=int(pipeline), rings=rings, holder=holder, piece_of=piece,
                    block_of=block, src=src, dst=dst, step=step, chunk=chunk, op=op, piece=pc, stage=stage,
-                   phase=phase, stage_lengths=lengths, name=nm)
+                   phase=phase, stage_lengths=lengths, name=nm, root=R if coll.rooted else 0)
 
 
 def c2c_algorithm(topology: Topology, collective: str | Collective, **kwargs) -> Algorithm:

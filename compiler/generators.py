@@ -23,6 +23,8 @@ __all__ = [
     "ring_allgather", "ring_reducescatter", "ring_allreduce",
     "recursive_doubling_allgather", "tree_allgather", "tree_reducescatter", "tree_allreduce",
     "hm_allgather", "hm_reducescatter", "hm_allreduce",
+    "ring_broadcast", "ring_reduce", "tree_broadcast", "tree_reduce", "direct_broadcast", "direct_reduce",
+    "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
     "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
     "EXAMPLES",
@@ -54,9 +56,19 @@ def _rows(*cols) -> np.ndarray:
 
 
 def _header(n: int, coll: Collective, name: str, gpn: int | None = None, nic: int | None = None,
-            nchannels: int = 1, nwarps: int = 16) -> Header:
+            nchannels: int = 1, nwarps: int = 16, root: int = 0, chunks_per_rank: int = 1) -> Header:
     return Header(nranks=n, collective=coll, name=name, nchannels=nchannels, nwarps=nwarps,
-                  gpu_per_node=n if gpn is None else gpn, nic_per_node=1 if nic is None else nic)
+                  gpu_per_node=n if gpn is None else gpn, nic_per_node=1 if nic is None else nic,
+                  root=root, chunks_per_rank=chunks_per_rank)
+
+
+def _check_root(n: int, root: int, chunks_per_rank: int) -> None:
+    if n < 1:
+        raise ValueError("need at least one rank")
+    if not 0 <= root < n:
+        raise ValueError(f"root {root} is out of range for {n} ranks")
+    if chunks_per_rank < 1:
+        raise ValueError("chunks_per_rank must be at least 1")
 
 
 def _check_order(n: int, order: Sequence[int] | None) -> np.ndarray:
@@ -272,6 +284,102 @@ def tree_allreduce(n: int, edges: Sequence[tuple[int, int]], *, name: str = "tre
     return _algorithm(_header(n, Collective.ALLREDUCE, name), np.asarray(rows, _I64))
 
 
+# ====================================================================== rooted (Broadcast, Reduce)
+def _chain(n: int, root: int, order: Sequence[int] | None) -> np.ndarray:
+    """The ring order rotated so that it starts at ``root``."""
+    p = _check_order(n, order)
+    i = int(np.flatnonzero(p == root)[0])
+    return np.roll(p, -i)
+
+
+def ring_broadcast(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                   name: str = "ring_broadcast") -> Algorithm:
+    """Pipelined chain Broadcast: the ring ``order`` opened at ``root``; chunk ``c`` crosses hop
+    ``k`` (``0..n-2``) at step ``c + k``, so every hop carries one chunk per step."""
+    _check_root(n, root, chunks_per_rank)
+    p = _chain(n, root, order)
+    C = n * chunks_per_rank
+    c = np.arange(C, dtype=_I64)[:, None]
+    k = np.arange(n - 1, dtype=_I64)[None, :]
+    rows = _rows(p[k + 0 * c], p[k + 1 + 0 * c], c + k, c + 0 * k, RECV)
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank), rows)
+
+
+def ring_reduce(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                name: str = "ring_reduce") -> Algorithm:
+    """Pipelined chain Reduce: the ring ``order`` ending at ``root``; chunk ``c`` is reduced along
+    hop ``k`` at step ``c + k`` and arrives complete at the root."""
+    _check_root(n, root, chunks_per_rank)
+    p = np.roll(_chain(n, root, order), -1)   # the ring from the root's successor, root last
+    C = n * chunks_per_rank
+    c = np.arange(C, dtype=_I64)[:, None]
+    k = np.arange(n - 1, dtype=_I64)[None, :]
+    rows = _rows(p[k + 0 * c], p[k + 1 + 0 * c], c + k, c + 0 * k, RRC)
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank), rows)
+
+
+def tree_broadcast(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                   name: str = "tree_broadcast") -> Algorithm:
+    """Pipelined tree Broadcast down the spanning tree ``edges`` rooted at ``root``: a rank at depth
+    ``h`` receives chunk ``c`` at step ``c + h - 1``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    C = n * chunks_per_rank
+    rows = [(u, v, c + d - 1, c, RECV) for c in range(C) for (u, v, d) in _bfs(adj, root)]
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def tree_reduce(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                name: str = "tree_reduce") -> Algorithm:
+    """Pipelined tree Reduce up the tree rooted at ``root``: chunk ``c`` crosses the ``t``-th edge
+    of the post-order (children before parents) at step ``c + t``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    C = n * chunks_per_rank
+    post = _postorder_edges(adj, root)
+    rows = [(u, q, c + t, c, RRC) for c in range(C) for t, (u, q) in enumerate(post)]
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def direct_broadcast(n: int, root: int = 0, *, chunks_per_rank: int = 1,
+                     name: str = "direct_broadcast") -> Algorithm:
+    """One-step Broadcast: the root sends every chunk to every other rank at step 0."""
+    _check_root(n, root, chunks_per_rank)
+    C = n * chunks_per_rank
+    d = np.array([r for r in range(n) if r != root], dtype=_I64)[:, None]
+    c = np.arange(C, dtype=_I64)[None, :]
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank),
+                      _rows(root, d + 0 * c, 0, c + 0 * d, RECV))
+
+
+def direct_reduce(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "direct_reduce") -> Algorithm:
+    """Full-mesh Reduce: at step ``j`` the ``j``-th non-root rank reduces every chunk into the root
+    (one reduction into each of the root's chunks per step)."""
+    _check_root(n, root, chunks_per_rank)
+    C = n * chunks_per_rank
+    others = np.array([r for r in range(n) if r != root], dtype=_I64)
+    j = np.arange(len(others), dtype=_I64)[:, None]
+    c = np.arange(C, dtype=_I64)[None, :]
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank),
+                      _rows(others[j] + 0 * c, root, j + 0 * c, c + 0 * j, RRC))
+
+
+def split_chunks(alg: Algorithm, k: int) -> Algorithm:
+    """The same algorithm over ``k`` times as many chunks: every transfer of chunk ``c`` becomes ``k``
+    transfers of chunks ``c*k .. c*k+k-1`` at the same step. Rank ``r``'s chunks ``r*K..`` become
+    ``r*K*k..``, so the result implements the same collective with ``chunks_per_rank * k``."""
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    h = alg.header
+    j = np.arange(k, dtype=_I64)[None, :]
+    rows = _rows(alg.src[:, None] + 0 * j, alg.dst[:, None] + 0 * j, alg.step[:, None] + 0 * j,
+                 alg.chunk[:, None] * k + j, alg.op.astype(_I64)[:, None] + 0 * j)
+    from dataclasses import replace
+    return _algorithm(replace(h, chunks_per_rank=h.chunks_per_rank * k), rows)
+
+
 # ====================================================================== hierarchical mesh (HM)
 def _hm_grid(nnodes: int, g: int):
     nn = np.arange(nnodes, dtype=_I64)[:, None]
@@ -410,6 +518,31 @@ def ring_allreduce_rccl(n: int, order: Sequence[int] | None = None, *, name: str
     return "\n".join(out) + "\n"
 
 
+def _rooted_head(n: int, coll: Collective, name: str, root: int, k: int) -> str:
+    return (f'def ResCCLAlgo(nRanks={n}, nChannels=1, nWarps=16, AlgoName="{name}", '
+            f'OpType="{coll.dsl_name}", Root={root}, nChunksPerRank={k}, GPUPerNode={n}, NICPerNode=1):\n')
+
+
+def ring_broadcast_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_broadcast") -> str:
+    """ResCCLang text of :func:`ring_broadcast` (identity ring order)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.BROADCAST, name, root, chunks_per_rank)
+            + "    # pipelined chain from the root: chunk c crosses hop k at step c + k\n"
+            + "    for c in range(0, nChunks):\n"
+            + "        for k in range(0, nRanks - 1):\n"
+            + "            transfer((Root + k) % nRanks, (Root + k + 1) % nRanks, c + k, c, recv)\n")
+
+
+def ring_reduce_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_reduce") -> str:
+    """ResCCLang text of :func:`ring_reduce` (identity ring order, reduced towards the root)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.REDUCE, name, root, chunks_per_rank)
+            + "    # pipelined chain ending at the root: rank Root-1-k reduces into Root-k... at step c + k\n"
+            + "    for c in range(0, nChunks):\n"
+            + "        for k in range(0, nRanks - 1):\n"
+            + "            transfer((Root + k + 1) % nRanks, (Root + k + 2) % nRanks, c + k, c, rrc)\n")
+
+
 def direct_allgather_rccl(n: int, *, name: str = "direct_allgather") -> str:
     """ResCCLang text of :func:`direct_allgather`."""
     return (_head(n, Collective.ALLGATHER, name, n, 1)
@@ -510,4 +643,8 @@ EXAMPLES = {
     "recursive_doubling_allgather_8": (
         lambda: recursive_doubling_allgather(8, name="recursive_doubling_allgather_8"),
         lambda: recursive_doubling_allgather_rccl(8, name="recursive_doubling_allgather_8")),
+    "ring_broadcast_8": (lambda: ring_broadcast(8, 3, chunks_per_rank=2, name="ring_broadcast_8"),
+                         lambda: ring_broadcast_rccl(8, 3, chunks_per_rank=2, name="ring_broadcast_8")),
+    "ring_reduce_8": (lambda: ring_reduce(8, 3, chunks_per_rank=2, name="ring_reduce_8"),
+                      lambda: ring_reduce_rccl(8, 3, chunks_per_rank=2, name="ring_reduce_8")),
 }

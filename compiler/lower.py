@@ -5,12 +5,15 @@ Every transfer (task) ``t`` becomes a send on ``src[t]`` and a receive on ``dst[
 primitive table without thread blocks yet; :mod:`tb_alloc` assigns TBs and sequence numbers.
 
 Buffer mapping (how one ``.rccl`` serves in-place and out-of-place runs). The DSL gives every rank one
-data buffer of ``nchunks == nranks`` chunks. Chunk ``c`` of rank ``r`` is read from ``input`` until it
-is first written (by step order). Writes go to ``output[c]`` for AllGather and AllReduce; for
-ReduceScatter to ``output[0]`` when ``c == r`` and to ``scratch[c]`` otherwise. AllGather's input
-holds only the rank's own chunk (``input[0]``). Output chunks the postcondition needs but the program
-never writes (AllGather: the rank's own chunk; one-rank programs) get a local ``COPY`` input->output,
-which in-place runs skip because source and destination alias.
+data buffer of ``nchunks = nranks * K`` chunks (``K`` chunks per rank; rank ``r`` owns chunks
+``r*K .. r*K+K-1``). Chunk ``c`` of rank ``r`` is read from ``input`` until it is first written (by
+step order). Writes go to ``output[c]`` for AllGather, AllReduce and Broadcast; for ReduceScatter to
+``output[c - r*K]`` when ``r`` owns ``c`` and to ``scratch[c]`` otherwise; for Reduce to
+``output[c]`` on the root and to ``scratch[c]`` elsewhere (a non-root's output buffer is not the
+collective's to touch, as in NCCL). AllGather's input holds only the rank's own chunks
+(``input[c - r*K]``). Output chunks the postcondition needs but the program never writes
+(AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get a local
+``COPY`` input->output, which in-place runs skip because source and destination alias.
 
 Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` (task ``b``) becomes one
 ``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
@@ -60,28 +63,36 @@ class LoweredProgram:
                                   # maybe repeated)
     dep_on: np.ndarray
     nfused: int = 0
+    root: int = 0                 # Broadcast / Reduce root
 
     @property
     def nprims(self) -> int:
         return len(self.key)
 
 
-def buffer_sizes(coll: Collective, nranks: int) -> tuple[int, int, int]:
+def buffer_sizes(coll: Collective, nranks: int, chunks_per_rank: int = 1) -> tuple[int, int, int]:
     """(in_chunks, out_chunks, scratch_chunks) for a collective over ``nranks`` ranks."""
+    K = int(chunks_per_rank)
+    C = nranks * K
     if coll == Collective.ALLGATHER:
-        return 1, nranks, 0
+        return K, C, 0
     if coll == Collective.REDUCESCATTER:
-        return nranks, 1, nranks
-    return nranks, nranks, 0
+        return C, K, C
+    if coll == Collective.REDUCE:
+        return C, C, C
+    return C, C, 0
 
 
-def _write_location(coll: Collective, rank: np.ndarray, chunk: np.ndarray):
+def _write_location(coll: Collective, rank: np.ndarray, chunk: np.ndarray, K: int = 1, root: int = 0):
     """Where writes of (rank, chunk) go: (buf, off) arrays."""
     if coll == Collective.REDUCESCATTER:
-        own = rank == chunk
+        own = chunk // K == rank
         buf = np.where(own, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
-        off = np.where(own, 0, chunk)
+        off = np.where(own, chunk - rank * K, chunk)
         return buf, off
+    if coll == Collective.REDUCE:
+        buf = np.where(rank == root, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
+        return buf, chunk.copy()
     return np.full(len(rank), Buf.OUTPUT, np.int8), chunk.copy()
 
 
@@ -103,7 +114,8 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         raise ValueError("schedule does not cover the algorithm's transfers")
     pos = sched.position()
     key_t = pipe * (T + 1) + pos + 1
-    in_chunks, out_chunks, scratch_chunks = buffer_sizes(coll, N)
+    K, root = h.chunks_per_rank, h.root
+    in_chunks, out_chunks, scratch_chunks = buffer_sizes(coll, N, K)
 
     # ---------------------------------------------------------------- buffer mapping
     first_write = np.full(N * C, NO_STEP, dtype=np.int64)
@@ -112,26 +124,29 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fw_dst = first_write[dst * C + chunk]
 
     def input_offset(rank, ch, tasks, verb):
+        bad = np.zeros(len(rank), bool)
         if coll == Collective.ALLGATHER:
-            bad = np.flatnonzero(ch != rank)
-            if len(bad):
-                i = int(tasks[bad[0]])
-                raise CompileError([Diagnostic(
-                    f"rank {int(rank[bad[0]])} {verb} chunk {int(ch[bad[0]])} before holding it at step "
-                    f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
-            return np.zeros(len(rank), np.int64)
-        return ch
+            bad = ch // K != rank
+        elif coll == Collective.BROADCAST:
+            bad = rank != root
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            i = int(tasks[j])
+            raise CompileError([Diagnostic(
+                f"rank {int(rank[j])} {verb} chunk {int(ch[j])} before holding it at step "
+                f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+        return ch - rank * K if coll == Collective.ALLGATHER else ch
 
     tasks = np.arange(T, dtype=np.int64)
     # send side: read (src, c)
     s_from_input = step < fw_src
-    s_buf, s_off = _write_location(coll, src, chunk)
+    s_buf, s_off = _write_location(coll, src, chunk, K, root)
     if s_from_input.any():
         idx = np.flatnonzero(s_from_input)
         s_buf[idx] = Buf.INPUT
         s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
     # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
-    w_buf, w_off = _write_location(coll, dst, chunk)
+    w_buf, w_off = _write_location(coll, dst, chunk, K, root)
     r_src_buf = np.full(T, Buf.NONE, np.int8)
     r_src_off = np.zeros(T, np.int64)
     if rrc.any():
@@ -186,8 +201,10 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fb = np.maximum(fused_send, 0)
 
     # local copies for output chunks that are never written
-    cr, cc = _missing_output_chunks(alg, coll, N, C, first_write)
+    cr, cc = _missing_output_chunks(alg, first_write)
     nK = len(cr)
+    copy_src = cc - cr * K if coll == Collective.ALLGATHER else cc
+    copy_dst = cc - cr * K if coll == Collective.REDUCESCATTER else cc
 
     n = nS + nR + nK
     cols = {
@@ -198,12 +215,10 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         "recv_peer": np.concatenate([np.full(nS, -1), src, np.full(nK, -1)]),
         "channel": np.zeros(n, np.int64),
         "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, np.full(nK, Buf.INPUT, np.int8)]),
-        "src_off": np.concatenate([s_off[send_tasks], r_src_off,
-                                   np.zeros(nK, np.int64) if coll == Collective.ALLGATHER else cc]),
+        "src_off": np.concatenate([s_off[send_tasks], r_src_off, copy_src]),
         "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
                                    np.full(nK, Buf.OUTPUT, np.int8)]),
-        "dst_off": np.concatenate([np.zeros(nS, np.int64), w_off,
-                                   np.zeros(nK, np.int64) if coll == Collective.REDUCESCATTER else cc]),
+        "dst_off": np.concatenate([np.zeros(nS, np.int64), w_off, copy_dst]),
         "count": np.ones(n, np.int64),
         "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
         "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
@@ -234,7 +249,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     return LoweredProgram(
         collective=coll, nranks=N, nchunks=C, in_chunks=in_chunks, out_chunks=out_chunks,
         scratch_chunks=scratch_chunks, npipelines=sched.nsubpipelines if T else (1 if nK else 0),
-        cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()))
+        cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()), root=int(root))
 
 
 def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
@@ -285,18 +300,23 @@ def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray)
         fused_send[cut_a[cut_a >= 0]] = -1
 
 
-def _missing_output_chunks(alg: Algorithm, coll: Collective, N: int, C: int,
-                           first_write: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rank, chunk) pairs the postcondition places in ``output`` but no transfer writes."""
-    written = (first_write != NO_STEP).reshape(N, C)
-    if coll == Collective.REDUCESCATTER:
-        r = np.flatnonzero(~written[np.arange(N), np.arange(N)])
-        return r.astype(np.int64), r.astype(np.int64)
-    r, c = np.nonzero(~written)
-    r, c = r.astype(np.int64), c.astype(np.int64)
-    if coll == Collective.ALLGATHER:
-        bad = np.flatnonzero(r != c)
-        if len(bad):
-            raise CompileError([Diagnostic(
-                f"rank {int(r[bad[0]])} never receives chunk {int(c[bad[0]])}", alg.header.location)])
+def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, chunk) pairs the postcondition places in ``output`` but no transfer writes; each must
+    be the rank's own data (its input holds it), which the verifier guarantees for valid programs."""
+    from .verify import final_rows
+
+    h = alg.header
+    N, C, K = h.nranks, h.nchunks, h.chunks_per_rank
+    rows = final_rows(h.collective, N, C, h.root)
+    rows = rows[first_write[rows] == NO_STEP]
+    r, c = (rows // C).astype(np.int64), (rows % C).astype(np.int64)
+    if h.collective == Collective.ALLGATHER:
+        bad = np.flatnonzero(c // K != r)
+    elif h.collective == Collective.BROADCAST:
+        bad = np.flatnonzero(r != h.root)
+    else:
+        bad = np.zeros(0, np.int64)
+    if len(bad):
+        raise CompileError([Diagnostic(
+            f"rank {int(r[bad[0]])} never receives chunk {int(c[bad[0]])}", alg.header.location)])
     return r, c

@@ -646,7 +646,8 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
     except (IRFormatError, ProofError) as exc:
         raise _err([f"cannot export an invalid program: {exc}"]) from None
     if ir.collective not in ("allgather", "allreduce", "reducescatter"):
-        raise _err([f"cannot export collective '{ir.collective}'"])
+        raise _err([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce and "
+                     f"ReduceScatter (an MSCCL <algo> has no root attribute)"])
     xs = _from_ir(ir)
     _allgather_sources(ir, xs)
     base = _unfuse(xs)

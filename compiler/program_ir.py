@@ -7,13 +7,15 @@ primitives in ``seq`` order, each one for every micro-batch before the next (tas
 Buffers (MSCCL's model, so MSCCL XML fits): per rank an ``input`` buffer of ``in_chunks`` chunks,
 an ``output`` buffer of ``out_chunks`` chunks and a ``scratch`` buffer of ``scratch_chunks`` chunks.
 A chunk is ``1/nchunks`` of the collective's full buffer (for AllGather the output, for
-ReduceScatter and AllReduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
+ReduceScatter, AllReduce, Broadcast and Reduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
 elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (uneven counts: sizes differ by at most one).
 A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter output) holds only the
 rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
 the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
-AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce
-``input == output``; a COPY whose source and destination coincide is then skipped.
+AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce,
+Broadcast and Reduce ``input == output``; a COPY whose source and destination coincide is then
+skipped. Broadcast and Reduce have a ``root``: Broadcast reads only the root's input, Reduce writes
+only the root's output (other ranks' partial results live in scratch).
 
 Primitive semantics for one micro-batch slice (``x (+) y`` is the reduction op)::
 
@@ -109,10 +111,16 @@ PRIM_COLUMNS: dict[str, type] = {
 }
 
 
+#: the collectives a ProgramIR can implement (``Collective`` values)
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+#: those with a root rank
+ROOTED = ("broadcast", "reduce")
+
+
 @dataclass
 class ProgramIR:
     name: str                  # sanitised identifier ([A-Za-z_][A-Za-z0-9_]*)
-    collective: str            # "allgather" | "reducescatter" | "allreduce"
+    collective: str            # one of COLLECTIVES
     nranks: int
     nchunks: int               # chunks in the collective's full buffer
     in_chunks: int
@@ -126,6 +134,11 @@ class ProgramIR:
     npipelines: int = 0        # number of sub-pipelines
     ntbs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # TBs per rank
     stats: dict = field(default_factory=dict)
+    root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
+
+    @property
+    def rooted(self) -> bool:
+        return self.collective in ROOTED
 
     # ------------------------------------------------------------------ basic views
     @property
@@ -176,6 +189,8 @@ class ProgramIR:
             "buffer_names": [b.name.lower() for b in Buf],
             "stats": self.stats,
         }
+        if self.rooted:
+            head["root"] = int(self.root)
         parts = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
         cols = []
         for k in PRIM_COLUMNS:
@@ -205,8 +220,9 @@ class ProgramIR:
         if not NAME_RE.fullmatch(name):
             raise IRFormatError("field 'name' must be an identifier of at most 64 characters")
         coll = need(d, "collective", str)
-        if coll not in ("allgather", "reducescatter", "allreduce"):
+        if coll not in COLLECTIVES:
             raise IRFormatError(f"unsupported collective '{coll}'")
+        root = need(d, "root", int) if coll in ROOTED else 0
         nranks = need(d, "nranks", int)
         nchunks = need(d, "nchunks", int)
         bufs = need(d, "buffers", dict)
@@ -214,6 +230,8 @@ class ProgramIR:
         if not (1 <= nranks <= 1 << 16) or not (1 <= nchunks <= 1 << 24) or min(sizes) < 0 \
                 or max(sizes) > 1 << 24:
             raise IRFormatError("nranks, nchunks or buffer sizes out of range")
+        if not 0 <= root < nranks:
+            raise IRFormatError(f"root {root} is out of range (nranks={nranks})")
         prims_d = need(d, "prims", dict)
         prims = {}
         n = None
@@ -241,7 +259,7 @@ class ProgramIR:
                  prims=prims, dep_prim=dp, dep_on=do,
                  nwarps=need(d, "nwarps", int), chunk_bytes=need(d, "chunk_bytes", int),
                  npipelines=need(d, "npipelines", int),
-                 ntbs=np.asarray(tbs, dtype=np.int32), stats=d.get("stats", {}) or {})
+                 ntbs=np.asarray(tbs, dtype=np.int32), stats=d.get("stats", {}) or {}, root=root)
         from .ir_check import check_structure  # local import: the checker imports this module
         check_structure(ir)
         return ir

@@ -218,7 +218,7 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             "tbs_connection_based": int(conn_count.sum()),
             "tbs_per_rank_max": int(ntbs.max()) if N else 0,
             "fused": int(low.nfused),
-        })
+        }, root=int(low.root))
     return ir
 
 

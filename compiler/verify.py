@@ -4,8 +4,9 @@ Every ``(rank, chunk)`` carries the set of ranks whose contribution it holds, st
 ``ceil(N/64)`` uint64 words (state matrix of shape ``(nranks * nchunks, words)``, row
 ``rank * nchunks + chunk``). Steps are replayed in increasing order, each one vectorised with numpy:
 
-* initial state: Allgather ``(r, r) = {r}`` and every other chunk empty; Reducescatter and
-  Allreduce ``(r, c) = {r}`` for every chunk;
+* initial state (``K`` chunks per rank): Allgather ``(c // K, c) = {c // K}``, Broadcast
+  ``(root, c) = {root}``, every other chunk empty; Reducescatter, Allreduce and Reduce
+  ``(r, c) = {r}`` for every chunk;
 * ``recv`` copies the sender's set, ``rrc`` unions it into the receiver's (sets must be disjoint);
 * all transfers of one step read the state before the step.
 
@@ -19,9 +20,12 @@ Errors, in the order they are listed (and the order the tests' reference model u
    writer) and a write plus a read of one ``(rank, chunk)`` (reported at the writer); every
    transfer touching a raced ``(rank, chunk)`` is left out of the step. Then, per remaining
    transfer, the first that applies: the sender does not hold the chunk, ``rrc`` into a chunk the
-   receiver does not hold, ``rrc`` in an Allgather, overlapping contribution sets (double
+   receiver does not hold, ``rrc`` in a copy-only collective (Allgather, Broadcast; reported as
+   ``allgather-reduction``), overlapping contribution sets (double
    counting). A transfer with an error does not change the state.
-3. unmet postconditions, only when there was no other error (otherwise they are mostly a
+3. unmet postconditions (Allgather and Broadcast: every rank holds every chunk as its owner's /
+   the root's; Allreduce: every rank every chunk fully reduced; Reducescatter: rank ``r`` its own
+   ``K`` chunks fully reduced; Reduce: the root every chunk fully reduced), only when there was no other error (otherwise they are mostly a
    consequence of the errors already listed), located at the header.
 """
 from __future__ import annotations
@@ -141,16 +145,39 @@ def _ranks_in(row: np.ndarray, limit: int = 4) -> list[int]:
     return np.flatnonzero(bits)[:limit].tolist()
 
 
-def initial_state(collective: Collective, nranks: int) -> np.ndarray:
-    """The precondition as a ``(nranks * nchunks, words)`` bitset matrix."""
+def initial_state(collective: Collective, nranks: int, nchunks: int | None = None,
+                  root: int = 0) -> np.ndarray:
+    """The precondition as a ``(nranks * nchunks, words)`` bitset matrix.
+
+    Allgather: the owner ``c // K`` of chunk ``c`` (``K = nchunks // nranks``) holds it as
+    ``{owner}``; Broadcast: the root holds every chunk as ``{root}``; the reducing collectives:
+    every rank holds its own contribution ``{r}`` to every chunk. Everything else is empty.
+    """
+    C = int(nchunks or nranks)
+    K = max(1, C // nranks)
     words = (nranks + 63) // 64
-    rows = np.arange(nranks * nranks, dtype=np.int64)
+    rows = np.arange(nranks * C, dtype=np.int64)
     if collective is Collective.ALLGATHER:
-        state = np.zeros((nranks * nranks, words), dtype=np.uint64)
-        own = np.arange(nranks, dtype=np.int64)
-        state[own * nranks + own] = _single_bits(own, words)
+        state = np.zeros((nranks * C, words), dtype=np.uint64)
+        c = np.arange(C, dtype=np.int64)
+        state[(c // K) * C + c] = _single_bits(c // K, words)
         return state
-    return _single_bits(rows // nranks, words)
+    if collective is Collective.BROADCAST:
+        state = np.zeros((nranks * C, words), dtype=np.uint64)
+        state[root * C + np.arange(C)] = _single_bits(np.full(C, root, dtype=np.int64), words)
+        return state
+    return _single_bits(rows // C, words)
+
+
+def final_rows(collective: Collective, nranks: int, nchunks: int, root: int = 0) -> np.ndarray:
+    """The state rows the postcondition constrains (``rank * nchunks + chunk``)."""
+    C, K = int(nchunks), max(1, int(nchunks) // nranks)
+    if collective is Collective.REDUCESCATTER:
+        r = np.repeat(np.arange(nranks, dtype=np.int64), K)
+        return r * C + np.arange(nranks * K, dtype=np.int64)
+    if collective is Collective.REDUCE:
+        return root * C + np.arange(C, dtype=np.int64)
+    return np.arange(nranks * C, dtype=np.int64)
 
 
 def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
@@ -165,6 +192,9 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     if N < 1:
         raise VerifyError([Diagnostic(f"nRanks must be at least 1, got {N}", h.location)],
                           ["bad-header"], 0, 1)
+    if coll.rooted and not 0 <= h.root < N:
+        raise VerifyError([Diagnostic(f"Root {h.root} is out of range (nRanks={N}: ranks 0..{N - 1})",
+                                      h.location)], ["bad-header"], 0, 1)
     n = len(alg)
     src = np.asarray(alg.src, dtype=np.int64)
     dst = np.asarray(alg.dst, dtype=np.int64)
@@ -172,6 +202,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     chunk = np.asarray(alg.chunk, dtype=np.int64)
     op = np.asarray(alg.op, dtype=np.int64)
     col = _Collector(alg, max_errors)
+    what_coll = coll.dsl_name
 
     # ---------------------------------------------------------------- static checks
     checks = (
@@ -207,9 +238,9 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
         col.add(STATIC_KINDS[k], i, msg)
 
     # ---------------------------------------------------------------- replay
-    state = initial_state(coll, N)
+    state = initial_state(coll, N, C, h.root)
     words = state.shape[1]
-    is_ag = coll is Collective.ALLGATHER
+    is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
     keep = np.flatnonzero(~bad)
     if len(keep):
         order = keep[np.argsort(step[keep], kind="stable")]
@@ -305,7 +336,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                         elif kind_i == 2:
                             col.add("allgather-reduction", i,
                                     f"reduction (rrc) of chunk {c_} from rank {s_} into rank {d_} at step {t} "
-                                    f"in an Allgather; use recv")
+                                    f"in {'an' if what_coll[0] in 'AEIOU' else 'a'} {what_coll}; use recv")
                         else:
                             both = _ranks_in(sv[p] & dv[p])
                             cnt = _popcount(sv[p] & dv[p])
@@ -323,16 +354,15 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
 
     # ---------------------------------------------------------------- postcondition
     if col.total == 0:
-        ranks = np.arange(N, dtype=np.int64)
+        rows = final_rows(coll, N, C, h.root)
         if is_ag:
-            expected = _single_bits(np.tile(np.arange(C, dtype=np.int64), N), words)
-            unmet = np.flatnonzero(~(state == expected).all(axis=1))
-            checked = N * C
+            owner = h.root if coll is Collective.BROADCAST else (rows % C) // max(1, C // N)
+            expected = _single_bits(np.broadcast_to(owner, rows.shape).astype(np.int64), words)
+            unmet = rows[~(state[rows] == expected).all(axis=1)]
         else:
             full = _full_row(N, words)
-            rows = ranks * C + ranks if coll is Collective.REDUCESCATTER else np.arange(N * C, dtype=np.int64)
             unmet = rows[~(state[rows] == full).all(axis=1)]
-            checked = len(rows)
+        checked = len(rows)
         if len(unmet):
             listed = min(POSTCONDITION_LISTED, col.limit)
             if len(unmet) == listed + 1:  # list it rather than summarise a single pair
@@ -340,7 +370,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             what = coll.dsl_name
             for row in unmet[:listed].tolist():
                 r_, c_ = divmod(row, C)
-                if is_ag:  # Allgather holdings are {c} or empty: recv only copies
+                if is_ag:  # copy-only holdings are {owner} or empty: recv only copies
                     msg = f"rank {r_} does not hold chunk {c_} at the end"
                 else:
                     msg = (f"rank {r_} does not hold chunk {c_} at the end "

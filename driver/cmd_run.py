@@ -2,8 +2,18 @@
 
 ALGO is an algorithm (``.rccl``: verified, scheduled and lowered with --scheduler / --tb-alloc /
 --chunk-size, like the compile command), a ProgramIR ``.json`` as written into OUTDIR (run exactly
-as given, not re-verified) or an MSCCL ``.xml``. The kernels are built once per (program, backend,
-dtype, op) and cached by content hash (``$HCCC_CACHE_DIR``, default ``~/.cache/hccc``).
+as given, not re-verified), an MSCCL ``.xml``, or a compiled OUTDIR (or its ``manifest.json``):
+its ProgramIR, each rank on the platform the manifest gives it. The kernels are built once per
+(program, rank platforms, backend, dtype, op) and cached by content hash (``$HCCC_CACHE_DIR``,
+default ``~/.cache/hccc``).
+
+Mixed-vendor programs. Each rank runs on a platform: the manifest's, or with ``--topology T`` its
+node's vendor (NVIDIA: CUDA, AMD: HIP), else CUDA (HIP with ``--backend hip``). ``--backend cpu`` emulates every platform on the
+CPU: one library per platform present, built from exactly that platform's rank sources (``.cu``
+for CUDA ranks, ``.hip`` for HIP ranks: the split the emitted build files make), every rank
+launched from its platform's library. ``--backend cuda`` / ``--backend hip`` run programs whose
+ranks are all of that platform; a mixed program is refused there (one process cannot give CUDA and
+HIP kernels shared memory for the FIFOs), naming the ranks.
 
 Every size runs ``--warmup`` + ``--iters`` times on fresh inputs; the outputs of the last run are
 compared element by element with the reference executor (``hccc.runtime.reference``). The table
@@ -14,12 +24,14 @@ follows nccl-tests::
 
 ``size`` is the collective's full buffer, nccl-tests' S: the per-rank buffer of an AllReduce, the
 per-rank *output* of an AllGather, the per-rank *input* of a ReduceScatter; ``count`` = size /
-sizeof(type). algbw = size / time; busbw = algbw x 2(n-1)/n (AllReduce) or (n-1)/n (AllGather,
-ReduceScatter). Exit status 1 when an element is wrong or a run sticks (a deadlocked program is
+sizeof(type). algbw = size / time; busbw = algbw x 2(n-1)/n (AllReduce), (n-1)/n (AllGather,
+ReduceScatter) or 1 (Broadcast, Reduce). Exit status 1 when an element is wrong or a run sticks (a deadlocked program is
 reported as "rank R, TB T stuck in <primitive> for chunk C (micro-batch M)", never hangs: kernels
 give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
-``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "nthreads", "ok", "results":
+``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "nthreads", "ok",
+"rank_platform": [per-rank "cuda"/"hip"], "libraries": {platform: {"ranks", "backend", "library"}},
+"results":
 [{"bytes", "count", "dtype", "op", "inplace", "wrong", "time_us", "algbw_GBps", "busbw_GBps",
 "stuck", "first_wrong", "collective_wrong", ...}]}`` (``time_us`` and the bandwidths are null for a
 run that stuck).
@@ -29,7 +41,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+from pathlib import Path
 
 from hccc.cli import parse_size
 
@@ -37,6 +51,7 @@ DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 DEFAULT_BYTES = "4K,64K,1M"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 def size_list(text: str) -> list[int]:
@@ -86,17 +101,113 @@ def load(args):
     return load_program(args.algo, opts)
 
 
+def _manifest_path(algo: str) -> Path | None:
+    """``ALGO``'s manifest when ALGO is a compiled OUTDIR or a manifest (``schema`` hccc.manifest/N)."""
+    p = Path(algo)
+    if p.is_dir():
+        return p / "manifest.json"
+    if p.suffix.lower() == ".json" and p.is_file():
+        try:
+            head = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None          # load_program reports it, located
+        if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
+            return p
+    return None
+
+
+def load_manifest(path: Path):
+    """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json``."""
+    from hccc.compiler.diagnostics import CompileError, Diagnostic, Location, SourceFile
+    from hccc.compiler.pipeline import load_program
+
+    src = SourceFile.read(path)
+
+    def fail(msg: str):
+        raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
+
+    try:
+        man = json.loads(src.text)
+    except json.JSONDecodeError as exc:
+        raise CompileError([Diagnostic(f"not JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
+    if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
+        fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
+    irname = man.get("ir")
+    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
+        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
+    ranks = man.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
+        fail("'ranks' must be a list of rank objects")
+    plats = [e.get("platform") for e in ranks]
+    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
+    if bad:
+        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    ir = load_program(path.parent / irname)
+    if ir.nranks != len(plats):
+        fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")
+    return ir, plats
+
+
+def load_with_platforms(args):
+    """(ProgramIR, per-rank platforms) for ``hccc run``'s ALGO and ``--topology``."""
+    from hccc.compiler.diagnostics import CompileError, Diagnostic
+
+    mpath = _manifest_path(args.algo)
+    if mpath is not None:
+        if args.topology is not None:
+            raise CompileError([Diagnostic(
+                f"{args.algo} is compiled output: its manifest already gives every rank's platform "
+                "(drop --topology, or pass the algorithm itself)", None)])
+        return load_manifest(mpath)
+    if args.topology is None:
+        ir = load(args)       # one platform: HIP with --backend hip, else CUDA (as the compiler)
+        return ir, ["hip" if args.backend == "hip" else "cuda"] * ir.nranks
+    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, load_algorithm,
+                                        platforms_for, read_cluster)
+    cluster = read_cluster(args.topology)
+    if Path(args.algo).suffix.lower() in IR_SUFFIXES + XML_SUFFIXES:
+        from hccc.compiler.topology_check import check_ir_on_topology
+        ir = load(args)
+        check_ir_on_topology(ir, cluster.topology, cluster.name)
+    else:
+        from hccc.compiler.build import build_program
+        from hccc.compiler.topology_check import check_on_topology
+        from hccc.compiler.verify import verify
+        alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+        verify(alg)
+        check_on_topology(alg, cluster.topology, cluster.name)
+        opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
+                              chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
+        ir = build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
+                           chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+    return ir, [pls[0] for pls in platforms_for(ir.nranks, "auto", cluster.topology)]
+
+
+def _slice(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    v = parse_size(text)
+    if v <= 0 or v % 16:
+        raise argparse.ArgumentTypeError(f"slice size must be 'auto' or a positive multiple of 16 bytes: {text!r}")
+    return v
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Compile ALGO, run its kernels (CPU emulation or CUDA) at each size and "
+    parser.description = ("Compile ALGO, run its kernels (CPU emulation, CUDA or HIP) at each size and "
                           "check every element against the reference executor; prints an "
                           "nccl-tests-style table. Exit status 1 when an element is wrong or a run "
                           "sticks.")
     parser.add_argument("algo", metavar="ALGO",
-                        help="algorithm (.rccl), ProgramIR (.json, run as given) or MSCCL XML (.xml)")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu",
-                        help="cpu: the emitted CUDA sources compiled with g++ and the emulation "
-                             "header (every thread block is a group of OS threads); cuda: a GPU "
-                             "through CuPy (default cpu)")
+                        help="algorithm (.rccl), ProgramIR (.json, run as given), MSCCL XML (.xml), "
+                             "or a compiled OUTDIR / its manifest.json (ranks on the manifest's platforms)")
+    parser.add_argument("--backend", choices=("cpu", "cuda", "hip"), default="cpu",
+                        help="cpu: every rank's emitted source (.cu or .hip) compiled with g++ and "
+                             "the emulation header, one library per platform of a mixed program "
+                             "(every thread block is a group of OS threads); cuda: a CUDA program on "
+                             "a GPU through CuPy; hip: a HIP program on an AMD GPU (default cpu)")
+    parser.add_argument("--topology", metavar="T", default=None,
+                        help="cluster (.topo or TACCL .json): the program must fit it, and each "
+                             "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
     parser.add_argument("--bytes", type=size_list, default=size_list(DEFAULT_BYTES), metavar="N[,N...]",
                         help="sizes in bytes (K/M/G suffixes): the collective's full buffer, as "
                              "nccl-tests' size: AllReduce per-rank buffer, AllGather per-rank "
@@ -118,6 +229,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
     parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, help="input data seed")
+    parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
+                        help="micro-batch slice per launch (default auto: sized for each --bytes so a "
+                             "chunk gets about 16 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_program_options(parser)
 
@@ -131,7 +245,7 @@ def _row(res) -> str:
 
 
 def run(args) -> int:
-    from hccc.runtime.launcher import ELEMENT_BYTES, Runner
+    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
     from hccc.runtime.platform import PlatformError
 
     es = ELEMENT_BYTES[args.dtype]
@@ -140,7 +254,7 @@ def run(args) -> int:
         sys.stderr.write(f"hccc run: error: --bytes {bad[0]} is not a whole number of {args.dtype} "
                          f"elements ({es} bytes each)\n")
         return 2
-    ir = load(args)
+    ir, plats = load_with_platforms(args)
     if ir.stats.get("execution") == "algorithm":
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
@@ -153,12 +267,19 @@ def run(args) -> int:
         sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")
     results = []
     try:
-        with Runner(ir, args.backend, args.dtype, args.op, nthreads=args.threads,
+        with Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
                     timeout_s=args.timeout) as runner:
+            libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
+                              "library": str(runner.libraries[pl])}
+                         for pl, rs in runner.library_ranks.items()}
             if not args.json:
                 print(f"# hccc run: {ir.name}: {ir.collective} on {ir.nranks} ranks, backend "
-                      f"{runner.platform.name}, {runner.block} thread(s) per thread block, "
+                      f"{args.backend}, {runner.block} thread(s) per thread block, "
                       f"{'in-place' if args.inplace else 'out-of-place'}, chunk size {ir.chunk_bytes} B")
+                if len(libraries) > 1 or plats[0] != "cuda":
+                    print("# " + "; ".join(
+                        f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
+                        f"({v['backend']})" for pl, v in libraries.items()))
                 print("#")
                 print(f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'time':>9s}  "
                       f"{'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}")
@@ -166,7 +287,7 @@ def run(args) -> int:
                       f"{'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}")
             for nbytes in args.bytes:
                 res = runner.run(nbytes, inplace=args.inplace, iters=args.iters, warmup=args.warmup,
-                                 seed=args.seed)
+                                 seed=args.seed, slice_bytes=args.slice_size)
                 results.append(res)
                 if not args.json:
                     print(_row(res), flush=True)
@@ -180,7 +301,7 @@ def run(args) -> int:
                               f"{res.first_wrong}", flush=True)
                 if res.stuck is not None and "host watchdog" in res.stuck:
                     break   # the platform may be unusable now
-            nthreads, pname = runner.block, runner.platform.name
+            nthreads, pname = runner.block, args.backend
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
@@ -191,6 +312,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
                           "backend": pname, "nthreads": nthreads, "ok": ok,
+                          "rank_platform": plats, "libraries": libraries,
                           "results": [r.to_json() for r in results]}))
     else:
         good = [r for r in results if r.stuck is None and math.isfinite(r.busbw_GBps)]

@@ -5,10 +5,15 @@ Simulates the compiled program on a cluster under the alpha-beta-gamma model of
 :mod:`hccc.runtime.simulator` and prints an nccl-tests-like table (one row per size), or with
 ``--json``::
 
-    {"results": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps", ...}, ...],
+    {"results": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps", "chunk_bytes", ...}, ...],
+     "chunk_bytes": ..., "slice": "auto" | "fixed",
      "tbs_per_rank_max": ..., "tb_idle_avg": ..., "tb_idle_max": ..., ...}
 
-where the top-level idle ratios are those of the largest size. ALGO is a ``.rccl`` algorithm
+where the top-level idle ratios are those of the largest size. The micro-batch slice follows the
+size (:func:`hccc.compiler.slicing.auto_slice_bytes`, up to the FIFO slot capacity: 1 MiB, or a
+given IR's ``chunk_bytes``); each result records the slice it used as ``chunk_bytes`` and the
+top-level ``chunk_bytes`` is the slot capacity. ``--chunk-size B`` fixes slot and slice to ``B``
+for every size (``"slice": "fixed"``). ALGO is a ``.rccl`` algorithm
 (verified, then scheduled and lowered with the given options), a ProgramIR ``.json`` or an MSCCL
 ``.xml`` (run as given). ``--execution algorithm`` is the MSCCL-like baseline: for a ``.rccl``
 the transfers run in step order on connection-based TBs (unless ``--tb-alloc`` says otherwise),
@@ -65,7 +70,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="task-level (hccc's kernels) or algorithm-level (MSCCL-like baseline); default "
                         "task, or for a given IR / XML the execution it was checked for")
     p.add_argument("--chunk-size", type=_chunk, default=None, metavar="BYTES",
-                   help="micro-batch slice / FIFO slot size (default 1M; a given IR keeps its own unless set)")
+                   help="fixed micro-batch slice and FIFO slot size for every size (default: slots of 1M, "
+                        "or a given IR's own, and a slice chosen per size)")
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements; default float32)")
     p.add_argument("--max-transfers", type=int, default=10 ** 7, metavar="N",
@@ -84,13 +90,15 @@ def _progress(args, text: str) -> None:
 def _load(args):
     """The ProgramIR to simulate; sets ``args.execution`` when it was left to the input."""
     from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
+    from hccc.compiler.slicing import DEFAULT_SLOT_BYTES
     from hccc.compiler.verify import verify
     from hccc.runtime.simulator import build_for_execution
 
     path = Path(args.algo)
     if path.suffix.lower() in (".json", ".xml"):
         opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state",
-                              chunk_bytes=args.chunk_size or (1 << 20), max_transfers=args.max_transfers)
+                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES,
+                              max_transfers=args.max_transfers)
         ir = load_program(path, opts)
         if args.chunk_size:
             ir.chunk_bytes = args.chunk_size
@@ -103,7 +111,7 @@ def _load(args):
     alg = load_algorithm(path, max_transfers=args.max_transfers)
     verify(alg)
     return build_for_execution(alg, args.execution, scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                               chunk_bytes=args.chunk_size or (1 << 20))
+                               chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES)
 
 
 def _human(n: int) -> str:
@@ -125,6 +133,7 @@ def run(args) -> int:
     except SimulationError as exc:
         raise CompileError([Diagnostic(str(exc), None)]) from None
     esize = DTYPE_BYTES[args.dtype]
+    slice_mode = None if args.chunk_size else "auto"   # --chunk-size: slot and slice fixed
     sizes = list(args.sizes)
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
     results = []
@@ -132,7 +141,8 @@ def run(args) -> int:
         _progress(args, f"simulating {_human(size)}")
         try:
             results.append(simulate(prog, topo, size, execution=args.execution, element_bytes=esize,
-                                    record=PLOT_ROWS if args.plot and i == largest else 0))
+                                    record=PLOT_ROWS if args.plot and i == largest else 0,
+                                    slice_bytes=slice_mode))
         except SimulationError as exc:
             raise CompileError([Diagnostic(str(exc), None)]) from None
     st = ir.stats
@@ -149,7 +159,8 @@ def run(args) -> int:
         print(json.dumps({
             "algorithm": ir.name, "collective": ir.collective, "nranks": int(ir.nranks),
             "topology": topo.name, "execution": args.execution, "scheduler": scheduler,
-            "tb_alloc": tb_alloc, "chunk_bytes": int(ir.chunk_bytes), "dtype": args.dtype,
+            "tb_alloc": tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
+            "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
             "results": [r.summary() for r in results],
             "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
             "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
@@ -160,15 +171,18 @@ def run(args) -> int:
     print(f"# hccc sim: {ir.name} ({ir.collective}, {ir.nranks} ranks) on {topo.name}: "
           f"{args.execution}-level execution, scheduler {scheduler}, {tb_alloc}-based TBs "
           f"({big.ntbs} in total, at most {big.tbs_per_rank_max} per rank), "
-          f"chunk {_human(int(ir.chunk_bytes))}B, {args.dtype}")
+          f"{_human(int(ir.chunk_bytes))}B slots, "
+          f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
     print("#")
     head = (f"{'size':>12} {'count':>11} {'type':>8} {'time(us)':>11} {'algbw(GB/s)':>12} "
-            f"{'busbw(GB/s)':>12} {'bound(us)':>11} {'mbatch':>7} {'idle avg':>9} {'idle max':>9}")
+            f"{'busbw(GB/s)':>12} {'bound(us)':>11} {'slice':>7} {'mbatch':>7} {'idle avg':>9} "
+            f"{'idle max':>9}")
     print("#" + head[1:])
     for r in results:
         print(f"{r.nbytes:>12} {r.nbytes // esize:>11} {args.dtype:>8} {r.time_us:>11.2f} "
               f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f} {r.lower_bound_s * 1e6:>11.2f} "
-              f"{r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% {100 * r.tb_idle_max:>8.1f}%")
+              f"{_human(r.slice_bytes):>7} {r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% "
+              f"{100 * r.tb_idle_max:>8.1f}%")
     if args.plot:
         print(f"# timeline of {_human(big.nbytes)}B written to {args.plot}")
     return 0

@@ -54,9 +54,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, type=str.lower, choices=COLLECTIVES,
                    help="the collective to synthesise")
-    p.add_argument("--root", type=_nonneg_int, default=0, metavar="R", help="broadcast root (default 0)")
+    p.add_argument("--root", type=_nonneg_int, default=None, metavar="R",
+                   help="broadcast root (default 0; written as the program's Root)")
     p.add_argument("--chunks-per-rank", type=_positive_int, default=1, metavar="K",
-                   help="chunks per rank (default 1; ResCCLang programs hold one chunk per rank)")
+                   help="chunks per rank (default 1; written as the program's nChunksPerRank)")
     p.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
                    help="seconds for the search (default 60); the best schedule so far is written then")
     p.add_argument("--pod-size", type=_positive_int, default=None, metavar="M",
@@ -114,7 +115,7 @@ class _Progress:
         self.status.update(f"{self.title}: {msg}")
 
 
-def simulated_score(topo, nbytes: int = 1 << 30):
+def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1):
     """``score(collective, rows)`` for :func:`hccc.compiler.synth.synthesize`: the completion time of
     a candidate program in the alpha-beta simulator on ``topo`` at ``nbytes`` (None when the
     simulator is not available)."""
@@ -131,7 +132,9 @@ def simulated_score(topo, nbytes: int = 1 << 30):
         coll = Collective.parse(phase)
         if coll is None:
             return 0.0
-        alg = Algorithm.from_rows(Header(topo.nranks, coll, f"candidate_{phase}"), np.asarray(rows).tolist())
+        head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
+                      chunks_per_rank=chunks_per_rank)
+        alg = Algorithm.from_rows(head, np.asarray(rows).tolist())
         return float(simulate(build_program(alg), topo, int(nbytes)).time_s)
 
     return score
@@ -158,15 +161,19 @@ def run(args) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise CompileError([Diagnostic(f"output '{out}' is a directory (expected a .rccl file name)", None)])
+    if args.root is not None and args.collective != "broadcast":
+        raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
+    args.root = args.root or 0
     if args.collective == "broadcast" and not 0 <= args.root < topo.nranks:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
-    dsl_collective(args.collective, args.chunks_per_rank)  # refuse early what ResCCLang cannot express
+    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
     title = f"hccc synth {args.collective} on {Path(args.topology).name} ({topo.nranks} GPUs)"
     progress = _Progress(sys.stderr.isatty() and not args.json, title)
     with progress:
         try:
-            score = None if args.no_sim_select or args.variants == 1 else simulated_score(topo, args.select_size)
+            score = None if args.no_sim_select or args.variants == 1 else simulated_score(
+                topo, args.select_size, root=args.root, chunks_per_rank=args.chunks_per_rank)
             result = synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
                                 time_limit=args.time_limit, progress=progress, pod_ranks=args.pod_size,
                                 use_smt=not args.no_smt, variants=args.variants, score=score,

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from .compiler import generators as gen
 from .compiler.algorithm import RECV, RRC, Algorithm, Collective
 from .compiler.diagnostics import CompileError, render_all
-from .compiler.verify import verify
+from .compiler.verify import final_rows, verify
 
 __all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid_programs",
            "relabel_ranks", "renumber_steps", "mutations", "live_transfers", "assert_implements",
@@ -101,14 +101,21 @@ def _from_columns(alg: Algorithm, src, dst, step, chunk, op) -> Algorithm:
 
 
 def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
-    """Rename rank ``r`` to ``perm[r]`` and chunk ``c`` to ``perm[c]``.
+    """Rename rank ``r`` to ``perm[r]``, chunk ``c`` (the ``j``-th of rank ``c // K``'s ``K``) to
+    ``perm[c // K] * K + j``, and the root to ``perm[root]``.
 
-    Validity is preserved: the preconditions (rank ``r`` owns chunk ``r``, or holds its own
-    contribution to every chunk) and postconditions are invariant under renaming ranks and chunk
-    ids together, and races / holdings are renamed consistently.
+    Validity is preserved: the preconditions (rank ``r`` owns chunks ``r*K..``, the root holds the
+    data, or every rank holds its own contribution to every chunk) and postconditions are invariant
+    under renaming ranks and chunk ids together, and races / holdings are renamed consistently.
     """
     p = np.asarray(list(perm), dtype=np.int64)
-    return _from_columns(alg, p[alg.src], p[alg.dst], alg.step, p[alg.chunk], alg.op)
+    h = alg.header
+    K = h.chunks_per_rank
+    chunk = p[alg.chunk // K] * K + alg.chunk % K
+    from dataclasses import replace
+    renamed = replace(h, root=int(p[h.root])) if h.collective.rooted else h
+    rows = np.stack([p[alg.src], p[alg.dst], alg.step, chunk, alg.op.astype(np.int64)], axis=1)
+    return Algorithm.from_rows(renamed, rows.tolist())
 
 
 def renumber_steps(alg: Algorithm, rnd) -> Algorithm:
@@ -134,20 +141,29 @@ _FAMILIES = {
     Collective.ALLGATHER: ("ring", "tree", "direct", "recursive_doubling", "hm"),
     Collective.REDUCESCATTER: ("ring", "tree", "direct", "hm"),
     Collective.ALLREDUCE: ("ring", "tree", "direct", "hm"),
+    Collective.BROADCAST: ("ring", "tree", "direct"),
+    Collective.REDUCE: ("ring", "tree", "direct"),
 }
 
 
 @st.composite
-def valid_programs(draw, collective: str | Collective | None = None, max_ranks: int = 8,
-                   min_ranks: int = 1) -> Algorithm:
-    """Random valid Algorithms (of ``collective``, or of any collective when ``None``).
+def valid_programs(draw, collective: str | Collective | Sequence | None = None, max_ranks: int = 8,
+                   min_ranks: int = 1, max_chunks_per_rank: int = 3) -> Algorithm:
+    """Random valid Algorithms (of ``collective``, of one drawn from a list of them, or of any
+    collective when ``None``).
 
     Families: ring (random order), tree (random spanning tree), direct (full mesh), recursive
-    doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape); then optionally a
-    random rank relabeling and a random validity-preserving step re-numbering.
+    doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape); Broadcast and
+    Reduce from a random root. Then, one time in four, every chunk split into 2..
+    ``max_chunks_per_rank`` chunks (``nChunksPerRank``); then optionally a random rank relabeling
+    and a random validity-preserving step re-numbering.
     """
     if collective is None:
         coll = draw(st.sampled_from(list(Collective)))
+    elif isinstance(collective, (list, tuple)):
+        coll = Collective.parse(str(draw(st.sampled_from(list(collective)))))
+        if coll is None:
+            raise ValueError(f"unknown collective in {collective!r}")
     else:
         coll = collective if isinstance(collective, Collective) else Collective.parse(str(collective))
         if coll is None:
@@ -163,6 +179,15 @@ def valid_programs(draw, collective: str | Collective | None = None, max_ranks: 
         pows = [1 << k for k in range(0, 8) if min_ranks <= (1 << k) <= max_ranks]
         n = draw(st.sampled_from(pows or [1]))
         alg = gen.recursive_doubling_allgather(n)
+    elif coll.rooted:
+        n = draw(st.integers(max(1, min_ranks), max_ranks))
+        root = draw(st.integers(0, n - 1))
+        if family == "ring":
+            alg = getattr(gen, f"ring_{tag}")(n, root, draw(ring_orders(n)))
+        elif family == "tree":
+            alg = getattr(gen, f"tree_{tag}")(n, draw(trees(n)), root)
+        else:
+            alg = getattr(gen, f"direct_{tag}")(n, root)
     else:
         n = draw(st.integers(max(1, min_ranks), max_ranks))
         if family == "ring":
@@ -172,6 +197,8 @@ def valid_programs(draw, collective: str | Collective | None = None, max_ranks: 
             alg = getattr(gen, f"tree_{tag}")(n, draw(trees(n)))
         else:
             alg = getattr(gen, f"direct_{tag}")(n)
+    if max_chunks_per_rank > 1 and draw(st.integers(0, 3)) == 0:
+        alg = gen.split_chunks(alg, draw(st.integers(2, max_chunks_per_rank)))
     if draw(st.booleans()):
         alg = relabel_ranks(alg, draw(st.permutations(list(range(n)))))
     if draw(st.booleans()):
@@ -181,12 +208,8 @@ def valid_programs(draw, collective: str | Collective | None = None, max_ranks: 
 
 # ====================================================================== 3. mutations
 def _output_keys(alg: Algorithm) -> np.ndarray:
-    n = alg.header.nranks
-    c = alg.header.nchunks
-    if alg.header.collective is Collective.REDUCESCATTER:
-        r = np.arange(n, dtype=np.int64)
-        return r * c + r
-    return np.arange(n * c, dtype=np.int64)
+    h = alg.header
+    return final_rows(h.collective, h.nranks, h.nchunks, h.root)
 
 
 def live_transfers(alg: Algorithm) -> np.ndarray:
@@ -241,10 +264,11 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
         for lst in d.values():
             lst.sort(key=lambda i: (step[i], i))
     cands: dict[str, list] = {"duplicate": list(range(n)), "drop": [], "duplicate-rrc": [], "reorder": []}
-    if coll is Collective.ALLGATHER:
+    if not coll.reduces:   # Allgather, Broadcast: copies only
+        h = alg.header
         for key, ws in writes.items():
             r, c = divmod(key, C)
-            if r == c:
+            if r == (h.root if coll is Collective.BROADCAST else h.owner(c)):
                 continue  # the owner's chunk is defined from the start
             first = ws[0]
             t1 = step[first]

@@ -1,6 +1,10 @@
 """CPU emulation platform: the emitted kernel sources compiled with g++ and ``hccc_cpu_emu.h``.
 
-Build. One shared library per (generated sources, instance): the rank sources are split into
+Build. One shared library per (generated sources, ranks, instance): each rank's own source is
+compiled (``.cu`` for a CUDA rank, ``.hip`` for a HIP rank: both are the same kernels behind
+``hccc_platform.h``, which selects the emulation under ``HCCC_PLATFORM_CPU``), so the CPU stands in
+for either platform; a mixed-vendor program gets one library per platform, built from that
+platform's ranks only (see :mod:`hccc.runtime.launcher`). The rank sources are split into
 translation units of at least four ranks, at most one per CPU core, compiled in parallel (the
 shared headers are parsed once per unit, not once per rank) with ``-DHCCC_FOR_EACH_INSTANCE(X)=
 X(dtype, ctype, op, HCCC_OP)`` so only the requested instantiation is compiled, and linked with
@@ -166,7 +170,12 @@ class CpuPlatform(Platform):
     ticks_per_us = 1000.0
 
     def __init__(self, *, cxx: str | None = None, opt: str | None = None, jobs: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, max_threads: int | None = None):
+                 cache_dir: str | os.PathLike | None = None, max_threads: int | None = None,
+                 source_platform: str = "cuda"):
+        if source_platform not in ("cuda", "hip"):
+            raise PlatformError(f"the CPU emulation runs cuda or hip sources, not {source_platform!r}")
+        #: the sources emitted when a homogeneous program is generated for this platform
+        self.source_platform = source_platform
         self.cxx = cxx or os.environ.get("HCCC_CXX") or "g++"
         self.opt = opt or os.environ.get("HCCC_CPU_OPT") or "-O1"
         self.jobs = max(1, jobs or os.cpu_count() or 1)
@@ -265,8 +274,9 @@ class CpuPlatform(Platform):
             entries = [e for e in entries if e["rank"] in wanted]
         sources = []
         for e in entries:
+            # the rank's own platform's source (the one the emitted build files compile for it)
             srcs = e.get("sources") or {}
-            sources.append(srcs.get(self.source_platform) or e["source"])
+            sources.append(srcs.get(e.get("platform")) or e["source"])
         headers = list(manifest.get("headers", []))
         for name in sources + headers:
             if not isinstance(name, str) or not _FILENAME.fullmatch(name):
@@ -404,6 +414,12 @@ class CpuPlatform(Platform):
 
     def max_resident_blocks(self, fn: Any, block: int) -> int:
         return max(0, self.max_threads // max(1, int(block)))
+
+    def runs_sources(self, platform: str) -> bool:
+        return platform in ("cuda", "hip")
+
+    def shares_memory_with(self, other: Platform) -> bool:
+        return isinstance(other, CpuPlatform)     # host memory, one address space
 
     def close(self) -> None:
         if any(s.pending for s in self._streams):

@@ -35,7 +35,8 @@ class Args(ctypes.Structure):
                 ("scratch", ctypes.c_uint64), ("count", ctypes.c_uint64),
                 ("send_conns", ctypes.c_uint64), ("recv_conns", ctypes.c_uint64),
                 ("progress", ctypes.c_uint64), ("abort_flag", ctypes.c_uint64),
-                ("error", ctypes.c_uint64), ("timeout", ctypes.c_uint64)]
+                ("error", ctypes.c_uint64), ("timeout", ctypes.c_uint64),
+                ("slice_bytes", ctypes.c_uint64)]
 
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)

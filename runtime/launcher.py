@@ -3,7 +3,20 @@
 Platform-neutral: everything here goes through :class:`hccc.runtime.platform.Platform` (memory,
 build/load, streams, launches, timers), so the CPU emulation and CUDA run the same code.
 
-One :class:`Runner` holds one build (program x platform x dtype x op) and the size-independent
+Mixed-vendor programs (HetCCL-SNU's device-code split). Every rank has a manifest platform
+("cuda" for NVIDIA ranks, "hip" for AMD ranks; ``Runner(..., platforms=[...])``, e.g. from a
+compile with ``--topology``). The runner maps each manifest platform present to a Platform object
+(``backend``: ``"cpu"`` emulates every platform on the CPU, one :class:`~hccc.runtime.cpu.
+CpuPlatform` per manifest platform; ``"cuda"`` / ``"hip"`` run a program of that platform only; a
+dict ``{"cuda": P1, "hip": P2}`` names them explicitly), builds through each object one library
+from exactly the sources of its ranks -- the split the emitted Makefile/CMake files make -- and
+launches every rank's kernel from its platform's library, through its platform. A rank's buffers,
+counters, connection tables and the FIFOs it receives on live in its platform's memory; senders of
+the other platform write into them, so every pair of platforms of one run must share memory
+(:meth:`Platform.shares_memory_with`: CPU-emulated platforms share the host's). A CUDA and a HIP
+runtime in one process share none, and the runner refuses such a mapping, naming the ranks.
+
+One :class:`Runner` holds one build (program x platforms x dtype x op) and the size-independent
 state: per rank the FIFOs it receives on (``NSLOTS * chunk_bytes`` slot bytes, in the receiver's
 memory), their head/tail counters, the progress counters of its TBs and its connection tables;
 globally the abort flag and the error record. :meth:`Runner.run` then allocates the size-dependent
@@ -40,6 +53,7 @@ import numpy as np
 
 from hccc.compiler.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.codegen import buffer_bases
+from hccc.compiler.slicing import auto_slice_bytes
 
 from . import cache, reference
 from .kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
@@ -83,6 +97,8 @@ class RunResult:
     oracle: str | None = None
     #: every rank's output buffer (``Runner.run(keep_outputs=True)``; bfloat16 as float32)
     outputs: list | None = field(default=None, repr=False, compare=False)
+    #: micro-batch slice of the launch in bytes (:func:`hccc.compiler.slicing.auto_slice_bytes`)
+    slice_bytes: int = 0
 
     def __post_init__(self):
         if self.time_us and self.time_us > 0 and math.isfinite(self.time_us):
@@ -102,7 +118,8 @@ class RunResult:
 
 
 def busbw_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: AllReduce 2(n-1)/n, AllGather and ReduceScatter (n-1)/n."""
+    """nccl-tests' bus-bandwidth factor: AllReduce 2(n-1)/n, AllGather and ReduceScatter (n-1)/n,
+    Broadcast and Reduce 1."""
     n = int(nranks)
     if n <= 0:
         return 0.0
@@ -111,6 +128,8 @@ def busbw_factor(collective: str, nranks: int) -> float:
         return 2.0 * (n - 1) / n
     if c in ("allgather", "reducescatter"):
         return (n - 1) / n
+    if c in ("broadcast", "reduce"):
+        return 1.0
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -127,16 +146,20 @@ def _templates_digest() -> str:
     return _TEMPLATES_DIGEST
 
 
-def generated_sources(ir: ProgramIR, platform: str, cache_dir=None) -> Path:
-    """Directory with ``ir``'s emitted sources for ``platform`` ("cuda" or "hip") and its
-    manifest, from the cache (keyed by the IR JSON, the templates and the hccc version)."""
+def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None) -> Path:
+    """Directory with ``ir``'s emitted sources and manifest, from the cache (keyed by the IR JSON,
+    the platforms, the templates and the hccc version). ``platform``: "cuda" or "hip" for every
+    rank, or one of them per rank (a mixed-vendor program)."""
     from hccc.compiler.codegen import generate
 
+    per_rank = [platform] * ir.nranks if isinstance(platform, str) else [str(p) for p in platform]
+    if len(per_rank) != ir.nranks:
+        raise ValueError(f"{len(per_rank)} rank platforms for a program of {ir.nranks} ranks")
     text = ir.to_json()
-    key = cache.content_key("generated", platform, _templates_digest(), text)
+    key = cache.content_key("generated", ",".join(per_rank), _templates_digest(), text)
 
     def make(tmp: Path) -> None:
-        generate(ir, tmp, platforms=[platform] * ir.nranks)
+        generate(ir, tmp, platforms=per_rank)
 
     return cache.entry("gen", key, make, root=cache_dir)
 
@@ -147,17 +170,50 @@ def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
     return (j // nchunks) * count + int(bounds[j % nchunks])
 
 
-class Runner:
-    """One build of ``ir`` for one platform and instance, run at any number of sizes.
+MANIFEST_PLATFORMS = ("cuda", "hip")
 
-    ``nthreads``: threads per thread block (default: the platform's choice for the emitted
-    kernels, see :meth:`Platform.block_threads`). ``timeout_s``: kernel spin-wait limit (0 = none).
-    ``watchdog_s``: host-side limit per launch (default: generous, from timeout and size).
+
+def rank_ranges(ranks) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    rs = sorted(set(int(r) for r in ranks))
+    out, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(f"{rs[i]}" if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _platform_label(backend) -> str:
+    return backend if isinstance(backend, str) else (getattr(backend, "name", "") or type(backend).__name__)
+
+
+class Runner:
+    """One build of ``ir`` for its platforms and one instance, run at any number of sizes.
+
+    ``backend``: ``"cpu"`` (every manifest platform emulated on the CPU, one
+    :class:`~hccc.runtime.cpu.CpuPlatform` per platform present), ``"cuda"`` / ``"hip"`` (a
+    program whose ranks are all of that platform), a :class:`Platform` object (used for every
+    platform it :meth:`~Platform.runs_sources`), or a dict from manifest platform to a name or a
+    Platform object, e.g. ``{"cuda": CpuPlatform(), "hip": CpuPlatform()}``.
+    ``platforms``: the manifest platform ("cuda" or "hip") of each rank; default: every rank on the
+    backend's own platform (CUDA for ``"cpu"``), or the dict's only key.
+    ``nthreads``: threads per thread block (default: each platform's choice for its emitted
+    kernels, see :meth:`Platform.block_threads`). ``timeout_s``: kernel spin-wait limit (0 =
+    none). ``watchdog_s``: host-side limit per launch (default: generous, from timeout and size).
+
+    Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
+    :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
+    -> the built module's path), :attr:`library_ranks` (manifest platform -> its ranks),
+    :attr:`rank_library` (the library each rank's kernel was taken from); :attr:`platform` is rank
+    0's Platform object.
     """
 
-    def __init__(self, ir: ProgramIR, backend: str | Platform = "cpu", dtype: str = "float32",
-                 op: str = "sum", *, nthreads: int | None = None, cache_dir=None,
-                 timeout_s: float = 10.0, watchdog_s: float | None = None):
+    def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
+                 op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
+                 cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
         if op not in OPS:
@@ -168,43 +224,186 @@ class Runner:
         self.dtype, self.op = dtype, op
         self.timeout_s = float(timeout_s)
         self.watchdog_s = watchdog_s
-        self.platform = get_platform(backend) if isinstance(backend, str) else backend
-        self._own_platform = isinstance(backend, str)
-        self._allocs: list[int] = []
+        self._allocs: list[tuple[Platform, int]] = []
+        self._owned: list[Platform] = []
         self._broken: str | None = None
         self._closed = False
         try:
+            self.rank_platform = self._rank_platforms(backend, platforms)
+            self.platforms = self._resolve(backend)
+            N = ir.nranks
+            self.rank_pf: list[Platform] = [self.platforms[p] for p in self.rank_platform]
+            self.platform = self.rank_pf[0] if N else next(iter(self.platforms.values()), None)
             self._setup(nthreads, cache_dir)
         except BaseException:
             self.close()
             raise
 
+    # ------------------------------------------------------------------ platforms
+    def _rank_platforms(self, backend, platforms) -> list[str]:
+        N = self.ir.nranks
+        if platforms is None:
+            if isinstance(backend, dict):
+                keys = sorted(backend)
+                if len(keys) != 1:
+                    raise ValueError("a backend per platform needs the rank platforms "
+                                     "(Runner(..., platforms=[...]))")
+                default = keys[0]
+            elif isinstance(backend, str):
+                default = "hip" if backend == "hip" else "cuda"
+            else:
+                default = backend.source_platform or "cuda"
+            return [default] * N
+        out = [str(p) for p in platforms]
+        if len(out) != N:
+            raise ValueError(f"{len(out)} rank platforms for a program of {N} ranks")
+        bad = [r for r, p in enumerate(out) if p not in MANIFEST_PLATFORMS]
+        if bad:
+            raise ValueError(f"rank {bad[0]}: unknown platform {out[bad[0]]!r} "
+                             f"(expected {' or '.join(MANIFEST_PLATFORMS)})")
+        return out
+
+    def _ranks_of(self) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {}
+        for r, p in enumerate(self.rank_platform):
+            groups.setdefault(p, []).append(r)
+        return dict(sorted(groups.items()))
+
+    def _resolve(self, backend) -> dict[str, Platform]:
+        """Manifest platform -> Platform object for every platform present; refuses mappings that
+        cannot run (a platform that cannot run those sources, platforms without shared memory)."""
+        groups = self._ranks_of()
+        if isinstance(backend, dict):
+            unknown = sorted(set(backend) - set(MANIFEST_PLATFORMS))
+            if unknown:
+                raise ValueError(f"backend keys are manifest platforms ({', '.join(MANIFEST_PLATFORMS)}), "
+                                 f"not {unknown[0]!r}")
+            missing = [p for p in groups if p not in backend]
+            if missing:
+                raise PlatformError(f"no backend for the {missing[0]} ranks "
+                                    f"{rank_ranges(groups[missing[0]])} of {self.ir.name}")
+            spec = {p: backend[p] for p in groups}
+        elif isinstance(backend, str) and backend == "cpu":
+            spec = {p: "cpu" for p in groups}
+        else:
+            if isinstance(backend, str) and backend not in MANIFEST_PLATFORMS:
+                backend = get_platform(backend)       # a registered platform (or: unknown backend)
+                self._owned.append(backend)
+            spec = {p: backend for p in groups}
+        # one platform kind may serve several manifest platforms only if it runs their sources
+        if not isinstance(backend, dict) and not (isinstance(backend, str) and backend == "cpu"):
+            label = _platform_label(backend)
+            for p, rs in groups.items():
+                own = backend if isinstance(backend, str) else backend.source_platform
+                ok = (p == own) if isinstance(backend, str) else backend.runs_sources(p)
+                if not ok:
+                    raise PlatformError(
+                        f"{self.ir.name}: ranks {rank_ranges(rs)} are {p.upper()} ranks and the {label} "
+                        f"backend runs {str(own).upper()} programs only; run a mixed program with the "
+                        "cpu backend (every platform emulated on the CPU) or compile it for one "
+                        "platform (--target cuda|hip)")
+        # memory: FIFOs live in the receiver's memory, flags in rank 0's: every pair must share it
+        # (named backends of different kinds are refused before any of them is started)
+        if len({v for v in spec.values() if isinstance(v, str)}) > 1:
+            self._refuse_unshared(groups, {p: _platform_label(v) for p, v in spec.items()})
+        out: dict[str, Platform] = {}
+        made: dict[str, Platform] = {}
+        for p, v in spec.items():
+            if isinstance(v, str):
+                if v == "cpu":
+                    from .cpu import CpuPlatform
+                    pf = CpuPlatform(source_platform=p)
+                    self._owned.append(pf)
+                elif v in made:
+                    pf = made[v]
+                else:
+                    pf = made[v] = get_platform(v)
+                    self._owned.append(pf)
+            else:
+                pf = v
+            if not pf.runs_sources(p):
+                raise PlatformError(f"{self.ir.name}: the {pf.name} platform cannot run the {p.upper()} "
+                                    f"ranks {rank_ranges(groups[p])}")
+            out[p] = pf
+        pfs = list(out.items())
+        for i, (p, a) in enumerate(pfs):
+            for q, b in pfs[i + 1:]:
+                if not (a.shares_memory_with(b) and b.shares_memory_with(a)):
+                    self._refuse_unshared(groups, {p: a.name, q: b.name})
+        return out
+
+    def _refuse_unshared(self, groups: dict[str, list[int]], names: dict[str, str]) -> None:
+        """PlatformError naming the ranks of each platform and the connections that cross them."""
+        plat = {r: p for p, rs in groups.items() for r in rs}
+        p = self.ir.prims
+        cross = sorted({(int(s), int(d)) for s, d in zip(p["rank"].tolist(), p["send_peer"].tolist())
+                        if d >= 0 and s in plat and d in plat and plat[s] != plat[d]})
+        sides = "; ".join(f"{pl.upper()} ranks {rank_ranges(groups[pl])} on {names[pl]}" for pl in names)
+        what = ", ".join(f"rank {s} ({plat[s]}) -> rank {d} ({plat[d]})" for s, d in cross[:4])
+        more = f" and {len(cross) - 4} more" if len(cross) > 4 else ""
+        raise PlatformError(
+            f"cannot run {self.ir.name} in one process with {sides}: these runtimes share no memory, "
+            "and a sender writes its FIFO slots and counters into the receiver's memory"
+            + (f" ({what}{more})" if cross else " (the abort flag and error record are shared too)")
+            + "; use the cpu backend (every platform emulated on the CPU, host memory) or run the "
+            "ranks of each platform in their own process")
+
     # ------------------------------------------------------------------ setup
     def _setup(self, nthreads, cache_dir) -> None:
-        ir, pf = self.ir, self.platform
-        if cache_dir is not None and hasattr(pf, "cache_dir"):
-            pf.cache_dir = cache_dir
-        self.gendir = generated_sources(ir, pf.source_platform, cache_dir)
+        ir = self.ir
+        distinct: list[Platform] = []
+        for pf in self.platforms.values():
+            if not any(pf is q for q in distinct):
+                distinct.append(pf)
+        self._distinct = distinct
+        for pf in distinct:
+            if cache_dir is not None and hasattr(pf, "cache_dir"):
+                pf.cache_dir = cache_dir
+        self.gendir = generated_sources(ir, self.rank_platform, cache_dir)
         self.manifest = man = json.loads((self.gendir / "manifest.json").read_text())
         self.nranks = N = int(man["nranks"])
         self.nslots = int(man["nslots"])
         self.chunk_bytes = int(man["chunk_bytes"])
         ranks = man["ranks"]
+        if [e["platform"] for e in ranks] != self.rank_platform:
+            raise PlatformError("generated manifest disagrees with the rank platforms")
         self.grid = [int(e["tbs"]) for e in ranks]
-        emitted = int(man["nthreads"].get(pf.source_platform, 1))
-        self.block = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
-        self.placement = list(pf.placement(N))
-        devices = sorted(set(self.placement))
-        if len(devices) > 1:
-            pf.enable_peer_access(devices)
+        self.library_ranks = self._ranks_of()
+        self.block_of: dict[str, int] = {}
+        for p, pf in self.platforms.items():
+            emitted = int(man["nthreads"].get(p, 1))
+            self.block_of[p] = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
+        self.blocks = [self.block_of[p] for p in self.rank_platform]
+        #: threads per thread block (the largest when the platforms differ)
+        self.block = max(self.blocks) if self.blocks else 1
+        # devices: each Platform object places the ranks it runs
+        self.placement = [0] * N
+        for pf in distinct:
+            rs = [r for r in range(N) if self.rank_pf[r] is pf]
+            for r, d in zip(rs, pf.placement(len(rs))):
+                self.placement[r] = int(d)
+            devices = sorted({self.placement[r] for r in rs})
+            if len(devices) > 1:
+                pf.enable_peer_access(devices)
 
-        self.module = pf.load(pf.build(self.gendir, man, Instance(self.dtype, self.op)))
+        # one library per manifest platform, from exactly that platform's ranks, through its platform
+        inst = Instance(self.dtype, self.op)
+        self.libraries: dict[str, Path] = {}
+        self.modules = {}
+        for p, rs in self.library_ranks.items():
+            pf = self.platforms[p]
+            self.libraries[p] = Path(pf.build(self.gendir, man, inst, ranks=rs))
+            self.modules[p] = pf.load(self.libraries[p])
+        self.module = self.modules[self.rank_platform[0]] if N else None
         pattern = man.get("kernel_symbol", "{kernel}_{dtype}_{op}")
         self.fns = []
-        for e in ranks:
+        self.rank_library: list[Path] = []
+        for r, e in enumerate(ranks):
             sym = (pattern.replace("{kernel}", e["kernel"]).replace("{dtype}", self.dtype)
                    .replace("{op}", self.op))
-            self.fns.append(self.module.function(sym))
+            p = self.rank_platform[r]
+            self.fns.append(self.modules[p].function(sym))
+            self.rank_library.append(self.libraries[p])
         self._check_residency()
 
         # size-independent memory: FIFOs (in the receiver's memory), counters, connection tables
@@ -213,18 +412,17 @@ class Runner:
         self.slots_ptr, self.heads, self.tails = [], [], []
         slot_bytes = self.nslots * self.chunk_bytes
         for r, e in enumerate(ranks):
-            pf.set_device(self.placement[r])
             nrecv, nprog = len(e["recv_conns"]), int(e["progress_slots"])
             nbytes = 16 * nrecv + 8 * max(nprog, 1)
-            ctrl = self._malloc(nbytes)
-            slots = self._malloc(max(nrecv, 1) * slot_bytes)
+            ctrl = self._malloc(r, nbytes)
+            slots = self._malloc(r, max(nrecv, 1) * slot_bytes)
             self.ctrl.append(ctrl)
             self.ctrl_bytes.append(nbytes)
             self.prog_ptr.append(ctrl + 16 * nrecv)
             self.slots_ptr.append(slots)
             for j, (peer, ch) in enumerate(e["recv_conns"]):
                 recv_index[(int(peer), r, int(ch))] = (r, j)
-        self.orphans: list[tuple[int, int]] = []   # sends nobody receives: FIFO in sender memory
+        self.orphans: list[tuple[int, int, int]] = []   # sends nobody receives: FIFO in sender memory
         send_tables, recv_tables = [], []
         for r, e in enumerate(ranks):
             recv_tables.append([(self.slots_ptr[r] + j * slot_bytes, self.ctrl[r] + 16 * j,
@@ -237,48 +435,52 @@ class Runner:
                     tab.append((self.slots_ptr[d] + j * slot_bytes, self.ctrl[d] + 16 * j,
                                 self.ctrl[d] + 16 * j + 8))
                 else:
-                    pf.set_device(self.placement[r])
-                    fifo = self._malloc(slot_bytes + 16)
-                    self.orphans.append((fifo, slot_bytes + 16))
+                    fifo = self._malloc(r, slot_bytes + 16)
+                    self.orphans.append((r, fifo, slot_bytes + 16))
                     tab.append((fifo + 16, fifo, fifo + 8))
             send_tables.append(tab)
         self.send_tab, self.recv_tab = [], []
         for r in range(N):
-            pf.set_device(self.placement[r])
             for tabs, out in ((send_tables, self.send_tab), (recv_tables, self.recv_tab)):
                 blob = conn_table(tabs[r])
-                ptr = self._malloc(max(len(blob), 8))
+                ptr = self._malloc(r, max(len(blob), 8))
                 if blob:
-                    pf.memcpy_htod(ptr, blob)
+                    self.rank_pf[r].memcpy_htod(ptr, blob)
                 out.append(ptr)
-        pf.set_device(self.placement[0] if N else 0)
-        self.flags = self._malloc(64 + ctypes.sizeof(ErrorRecord))
+        # abort flag and error record: rank 0's memory (every rank's kernels reach it)
+        self.flags_pf = self.platform
+        self.flags = self._malloc(0 if N else None, 64 + ctypes.sizeof(ErrorRecord))
         self.abort_ptr, self.error_ptr = self.flags, self.flags + 64
         self.streams = []
         for r in range(N):
-            pf.set_device(self.placement[r])
-            self.streams.append(pf.stream())
+            self.rank_pf[r].set_device(self.placement[r])
+            self.streams.append(self.rank_pf[r].stream())
 
     def _check_residency(self, block: int | None = None) -> None:
         """Every TB of every rank must be resident at once (they spin on each other)."""
-        block = self.block if block is None else block
-        by_dev: dict[int, list[int]] = {}
+        by_dev: dict[tuple[int, int], list[int]] = {}
         for r, d in enumerate(self.placement):
             if self.grid[r] > 0:
-                by_dev.setdefault(d, []).append(r)
-        for d, rs in by_dev.items():
-            self.platform.set_device(d)
+                by_dev.setdefault((id(self.rank_pf[r]), d), []).append(r)
+        for (_, d), rs in by_dev.items():
+            pf = self.rank_pf[rs[0]]
+            pf.set_device(d)
+            blk = {r: (self.blocks[r] if block is None else block) for r in rs}
             need = sum(self.grid[r] for r in rs)
-            cap = min(self.platform.max_resident_blocks(self.fns[r], block) for r in rs)
+            b = max(blk.values())
+            cap = min(pf.max_resident_blocks(self.fns[r], blk[r]) for r in rs)
             if need > cap:
                 raise PlatformError(
-                    f"cannot run {self.ir.name} on {self.platform.name}: its {len(rs)} ranks on "
-                    f"device {d} need {need} thread blocks of {block} threads resident at once, "
+                    f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
+                    f"device {d} need {need} thread blocks of {b} threads resident at once, "
                     f"but at most {cap} fit; use fewer threads per block or fewer ranks per device")
 
-    def _malloc(self, nbytes: int) -> int:
-        ptr = self.platform.malloc(int(nbytes))
-        self._allocs.append(ptr)
+    def _malloc(self, rank: int | None, nbytes: int) -> int:
+        """Memory on ``rank``'s platform and device (kept until :meth:`close`)."""
+        pf = self.rank_pf[rank] if rank is not None else self.platform
+        pf.set_device(self.placement[rank] if rank is not None else 0)
+        ptr = pf.malloc(int(nbytes))
+        self._allocs.append((pf, ptr))
         return ptr
 
     # ------------------------------------------------------------------ sizes
@@ -309,17 +511,19 @@ class Runner:
     def run(self, nbytes: int | None = None, *, count: int | None = None, inplace: bool = False,
             iters: int = 1, warmup: int = 0, seed: int = 0, timeout_s: float | None = None,
             nthreads: int | None = None, check: bool = True, inputs: list | None = None,
-            keep_outputs: bool = False) -> RunResult:
+            keep_outputs: bool = False, slice_bytes: int | str = "auto") -> RunResult:
         """Run at ``nbytes`` (the collective's full buffer, see the module docstring) or ``count``
         elements; returns a :class:`RunResult` (never raises for wrong results or stuck kernels).
         ``nthreads`` overrides the runner's threads per thread block for this run. ``inputs``
         (one array per rank, as :func:`hccc.runtime.reference.make_inputs` lays them out; float32
         for bfloat16) replaces the generated small-integer data. ``keep_outputs`` stores every
-        rank's output (as the oracle sees it) in :attr:`RunResult.outputs`."""
+        rank's output (as the oracle sees it) in :attr:`RunResult.outputs`. ``slice_bytes`` is the
+        micro-batch slice: ``"auto"`` sizes it for ``nbytes`` (:mod:`hccc.compiler.slicing`), an
+        int fixes it (a multiple of 16 of at most the compiled slot size)."""
         if self._closed:
             raise PlatformError("runner is closed")
         if self._broken:
-            raise PlatformError(f"the {self.platform.name} platform is unusable after an earlier "
+            raise PlatformError(f"the {self._names()} platform is unusable after an earlier "
                                 f"run: {self._broken}")
         es = ELEMENT_BYTES[self.dtype]
         if (nbytes is None) == (count is None):
@@ -335,12 +539,20 @@ class Runner:
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        if slice_bytes == "auto":
+            slice_b = auto_slice_bytes(count * es, self.ir.nchunks, self.chunk_bytes, es)
+        else:
+            slice_b = int(slice_bytes)
+            if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:
+                raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
+                                 f"the slot size {self.chunk_bytes}")
         block = self.block if nthreads is None else int(nthreads)
         if block < 1:
             raise ValueError("nthreads must be positive")
-        if block != self.block:
+        blocks = self.blocks if nthreads is None else [block] * self.nranks
+        if nthreads is not None and blocks != self.blocks:
             self._check_residency(block)
-        ir, pf, N = self.ir, self.platform, self.nranks
+        ir, N = self.ir, self.nranks
         coll = ir.collective
         lay = self.layout(count)
         if inplace:
@@ -370,6 +582,7 @@ class Runner:
         bufs = []
         try:
             for r in range(N):
+                pf = self.rank_pf[r]
                 pf.set_device(self.placement[r])
                 n_in, n_out, n_scr, in_off, out_off = lay[r]
                 if inplace and in_off >= 0:
@@ -389,35 +602,34 @@ class Runner:
             args = []
             for r in range(N):
                 in_p, out_p, scr_p, _ = bufs[r]
+                pf = self.rank_pf[r]
                 a = Args(input=in_p, output=out_p, scratch=scr_p, count=count,
                          send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
                          progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
-                         timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0)
+                         timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
+                         slice_bytes=slice_b)
                 args.append(bytes(a))
 
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
             for it in range(warmup + iters):
                 self._prepare(bufs, lay, dev_inputs, inplace, ddt)
-                timer = pf.timer()
-                timer.start()
-                for r in range(N):
-                    if self.grid[r] > 0:
-                        pf.set_device(self.placement[r])
-                        pf.launch(self.fns[r], self.grid[r], block, args[r], self.streams[r])
-                timer.stop()
+                timers = self._launch_all(args, blocks, limit)
                 stuck = self._wait(limit)
                 if stuck is None:
                     stuck = self._error_message()
                 if stuck is not None:
                     break
                 if it >= warmup:
-                    times.append(timer.elapsed_us())
+                    # platforms hold their launches until their timer stops (all ranks start
+                    # together); the run takes as long as its slowest platform's part
+                    times.append(max(t.elapsed_us() for t in timers))
 
             wrong, first, coll_wrong, outs, oracle = 0, None, 0, None, None
             if stuck is None and (check or keep_outputs):
                 outs = []
                 for r in range(N):
+                    pf = self.rank_pf[r]
                     pf.set_device(self.placement[r])
                     host = np.empty(lay[r][1], dtype=ddt)
                     pf.memcpy_dtoh(host, bufs[r][1])
@@ -426,26 +638,58 @@ class Runner:
                     wrong, first, coll_wrong, oracle = self._compare(outs, inputs, inplace)
         finally:
             if not self._broken:
-                for in_p, out_p, scr_p, own in bufs:
+                for r, (in_p, out_p, scr_p, own) in enumerate(bufs):
                     for p in own:
-                        pf.free(p)
+                        self.rank_pf[r].free(p)
         return RunResult(bytes=count * es, count=count, dtype=self.dtype, op=self.op,
                          inplace=bool(inplace), wrong=int(wrong),
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
                          first_wrong=first, collective=coll, nranks=N, iters=len(times),
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
-                         outputs=outs if keep_outputs else None, oracle=oracle)
+                         outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b)
+
+    def _launch_all(self, args, blocks, limit) -> list:
+        """Launch every rank's kernel through its own platform, between the start and the stop of
+        one timer per platform object; returns the timers."""
+        users = [pf for pf in self._distinct if any(self.rank_pf[r] is pf and self.grid[r] > 0
+                                                       for r in range(self.nranks))]
+        timers = []
+        try:
+            for pf in users:
+                timers.append(pf.timer())
+                timers[-1].start()
+            for r in range(self.nranks):
+                if self.grid[r] > 0:
+                    pf = self.rank_pf[r]
+                    pf.set_device(self.placement[r])
+                    pf.launch(self.fns[r], self.grid[r], blocks[r], args[r], self.streams[r])
+        except BaseException:
+            # ranks already launched (or held back by a timer) wait for the others: abort them
+            try:
+                self.flags_pf.memset(self.abort_ptr, 1, 4)
+                for t in timers:
+                    t.stop()
+                self._wait(limit)
+            except Exception:
+                pass
+            raise
+        for t in timers:
+            t.stop()
+        return timers
+
+    def _names(self) -> str:
+        return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
 
     def _prepare(self, bufs, lay, dev_inputs, inplace, ddt) -> None:
         """Zero counters, flags and the error record; outputs and scratch to garbage; inputs in."""
-        pf = self.platform
         g = _GARBAGE[self.dtype]
         for r in range(self.nranks):
-            pf.memset(self.ctrl[r], 0, self.ctrl_bytes[r])
-        for fifo, nbytes in self.orphans:
-            pf.memset(fifo, 0, 16)
-        pf.memset(self.flags, 0, 64 + ctypes.sizeof(ErrorRecord))
+            self.rank_pf[r].memset(self.ctrl[r], 0, self.ctrl_bytes[r])
+        for r, fifo, nbytes in self.orphans:
+            self.rank_pf[r].memset(fifo, 0, 16)
+        self.flags_pf.memset(self.flags, 0, 64 + ctypes.sizeof(ErrorRecord))
         for r in range(self.nranks):
+            pf = self.rank_pf[r]
             in_p, out_p, scr_p, _ = bufs[r]
             n_in, n_out, n_scr = lay[r][:3]
             if n_out:
@@ -462,7 +706,8 @@ class Runner:
 
         def waiter():
             try:
-                self.platform.synchronize()
+                for pf in self._distinct:
+                    pf.synchronize()
             except BaseException as exc:  # reported below, in the caller's thread
                 failure.append(exc)
             finally:
@@ -474,7 +719,7 @@ class Runner:
                 raise failure[0]
             return None
         # Raise the abort flag (in a thread of its own: on some platforms a copy may wait).
-        threading.Thread(target=lambda: self.platform.memset(self.abort_ptr, 1, 4),
+        threading.Thread(target=lambda: self.flags_pf.memset(self.abort_ptr, 1, 4),
                          name="hccc-abort", daemon=True).start()
         grace = max(5.0, 2.0 * self.timeout_s)
         if done.wait(grace):
@@ -487,19 +732,25 @@ class Runner:
 
     def _error_message(self) -> str | None:
         raw = np.zeros(64 + ctypes.sizeof(ErrorRecord), dtype=np.uint8)
-        self.platform.memcpy_dtoh(raw, self.flags)
+        self.flags_pf.memcpy_dtoh(raw, self.flags)
         aborted = int(raw[:4].view(np.uint32)[0]) != 0
         e = ErrorRecord.from_buffer_copy(raw[64:].tobytes())
         if not e.valid:
             return "aborted without an error record" if aborted else None
-        return describe_stuck(self.ir, e, self.platform.ticks_per_us)
+        # the waited time is counted in the ticks of the reporting rank's platform
+        pf = self.rank_pf[e.rank] if 0 <= e.rank < self.nranks else self.flags_pf
+        return describe_stuck(self.ir, e, pf.ticks_per_us)
 
     def _compare(self, outs, inputs, inplace):
         """(wrong, first wrong, collective_wrong, oracle name) for the kernels' outputs."""
         ir = self.ir
         bf16 = self.dtype == "bfloat16"
         coll = reference.expected(ir.collective, [np.array(x) for x in inputs], self.op,
-                                  nchunks=ir.nchunks, bf16=bf16)
+                                  nchunks=ir.nchunks, bf16=bf16, root=int(getattr(ir, "root", 0)))
+        # ranks whose output the collective leaves unspecified (a Reduce's non-root ranks) are
+        # not compared at all
+        coll = list(coll)
+        unspecified = {r for r, c in enumerate(coll) if c is None}
         try:
             want = reference.execute(ir, [np.array(x) for x in inputs], op=self.op, inplace=inplace,
                                      bf16=bf16)
@@ -509,15 +760,19 @@ class Runner:
             # collective's definition instead.
             wrong, first = self._count(outs, coll, self._close, "")
             return wrong, first, 0, "definition"
+        want = [None if r in unspecified else w for r, w in enumerate(want)]
         wrong, first = self._count(outs, want, _same, "")
         coll_wrong, coll_first = self._count(want, coll, self._close, "reference run")
         return wrong, first or coll_first, coll_wrong, "reference"
 
     def _count(self, got, want, same, what: str):
-        """Elements of ``got`` differing from ``want`` (all ranks) and a line about the first."""
+        """Elements of ``got`` differing from ``want`` (all ranks) and a line about the first.
+        Ranks whose ``want`` (or ``got``) is None have no specified output: nothing is wrong there."""
         total, first = 0, None
         coll = self.ir.collective
         for r in range(self.nranks):
+            if want[r] is None or got[r] is None:
+                continue
             a, b = np.asarray(got[r]), np.asarray(want[r])
             if len(a) != len(b):
                 total += max(len(a), len(b))
@@ -553,14 +808,15 @@ class Runner:
         self._closed = True
         if self._broken:
             return  # kernels may still use the memory: leave it
-        for p in self._allocs:
+        for pf, p in self._allocs:
             try:
-                self.platform.free(p)
+                pf.free(p)
             except Exception:
                 pass
         self._allocs.clear()
-        if self._own_platform:
-            self.platform.close()
+        for pf in self._owned:
+            pf.close()
+        self._owned.clear()
 
     def __enter__(self) -> "Runner":
         return self

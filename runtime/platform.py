@@ -8,9 +8,15 @@ is platform-neutral and speaks only the names below. Device memory is addressed 
 Model (CUDA's, which the CPU emulation follows):
 - ``malloc(nbytes)`` returns 256-byte-aligned, zeroed memory; ``free`` releases it.
 - ``memcpy_htod`` / ``memcpy_dtoh`` / ``memset`` are synchronous with respect to the host.
-- ``build(outdir, manifest, instance)`` compiles the sources this platform runs (one module per call,
-  cached by content hash) and ``load(path)`` returns a :class:`Module` whose ``function(symbol)``
-  gives a launchable kernel.
+- ``build(outdir, manifest, instance, ranks)`` compiles the emitted sources of ``ranks`` (one module
+  per call, cached by content hash) and ``load(path)`` returns a :class:`Module` whose
+  ``function(symbol)`` gives a launchable kernel. A mixed-vendor program is built per manifest
+  platform (the split the emitted build files make): the launcher calls ``build`` once per platform
+  present, with that platform's ranks, on the Platform object that runs them.
+- ``runs_sources(platform)`` says whether this platform can run the ranks the manifest gives to
+  ``platform`` ("cuda"/"hip"); ``shares_memory_with(other)`` whether memory it allocates can be
+  written by kernels of ``other`` (FIFOs live in the receiver's memory, so every pair of platforms
+  of one run must share memory).
 - ``launch(fn, grid, block, args, stream)`` starts a kernel asynchronously on ``stream``;
   ``synchronize()`` waits for every stream. Kernels of different streams run concurrently (the
   generated kernels of different ranks spin on each other, so they must).
@@ -134,6 +140,18 @@ class Platform(abc.ABC):
     def enable_peer_access(self, devices: list[int]) -> None:
         """Let each of ``devices`` write the others' memory (FIFOs live in the receiver's memory);
         PlatformError naming the pair when impossible. Nothing to do with one device."""
+
+    # ---------------------------------------------------------------- mixed-vendor programs
+    def runs_sources(self, platform: str) -> bool:
+        """Whether this platform can build and run the ranks a manifest gives to ``platform``
+        ("cuda" or "hip"). A GPU platform runs its own sources only; the CPU emulation runs both."""
+        return platform == self.source_platform
+
+    def shares_memory_with(self, other: "Platform") -> bool:
+        """Whether kernels launched through ``other`` can read and write memory allocated here (and
+        the reverse). Two objects of one GPU runtime are not assumed to share; the CPU emulation
+        allocates host memory, which every CPU-emulated kernel reaches."""
+        return other is self
 
     def close(self) -> None:
         """Release what the platform holds (modules, memory pools)."""

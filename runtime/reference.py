@@ -9,10 +9,11 @@ full buffer. A buffer of ``k < nchunks`` slots holds only rank ``r``'s own part,
 Scratch is laid out like the full buffer, repeated when it has more than ``nchunks`` slots
 (slot ``i`` has the size of chunk ``i % nchunks``).
 
-Per-rank inputs: AllGather rank ``r`` passes its own part; ReduceScatter and AllReduce pass the full
-buffer. In-place runs alias buffers as ``program_ir`` describes (AllGather ``input`` is rank ``r``'s
-part of ``output``, ReduceScatter ``output`` is rank ``r``'s part of ``input``, AllReduce
-``input == output``). Out-of-place outputs and scratch start as garbage (NaN / INT_MIN) so a chunk
+Per-rank inputs: AllGather rank ``r`` passes its own part; the other collectives pass the full
+buffer (a Broadcast reads only the root's). In-place runs alias buffers as ``program_ir``
+describes (AllGather ``input`` is rank ``r``'s part of ``output``, ReduceScatter ``output`` is
+rank ``r``'s part of ``input``, AllReduce, Broadcast and Reduce ``input == output``). A Reduce
+defines only the root's output (:func:`expected` gives ``None`` for the others). Out-of-place outputs and scratch start as garbage (NaN / INT_MIN) so a chunk
 that is never written shows up.
 
 Order. Matched send/receive pairs are joined into chains (see :mod:`hccc.compiler.ir_check`); the
@@ -81,8 +82,10 @@ def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32"
 
 
 def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
-             nchunks: int | None = None, bf16: bool = False) -> list[np.ndarray]:
-    """What each rank's output must hold, computed directly from the inputs (no IR involved)."""
+             nchunks: int | None = None, bf16: bool = False, root: int = 0) -> list[np.ndarray | None]:
+    """What each rank's output must hold, computed directly from the inputs (no IR involved).
+
+    ``None`` marks an output the collective leaves unspecified (a Reduce's non-root ranks)."""
     coll = str(getattr(collective, "value", collective)).lower()
     N = len(inputs)
     nchunks = nchunks or N
@@ -90,14 +93,29 @@ def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
     if coll == "allgather":
         full = np.concatenate([np.asarray(x) for x in inputs])
         return [full.copy() for _ in range(N)]
+    if coll == "broadcast":
+        return [np.array(inputs[root], copy=True) for _ in range(N)]
     total = _fold(red, [np.asarray(x) for x in inputs])
     if coll == "allreduce":
         return [total.copy() for _ in range(N)]
+    if coll == "reduce":
+        return [total.copy() if r == root else None for r in range(N)]
     if coll == "reducescatter":
         b = chunk_bounds(len(total), nchunks)
         k = nchunks // N
         return [total[b[r * k]:b[r * k + k]].copy() for r in range(N)]
     raise ValueError(f"unknown collective {collective!r}")
+
+
+def expected_for(ir: ProgramIR, inputs: list[np.ndarray], op: str = "sum", *,
+                 bf16: bool = False) -> list[np.ndarray | None]:
+    """:func:`expected` for the collective ``ir`` implements (its chunk count and root)."""
+    return expected(ir.collective, inputs, op, nchunks=ir.nchunks, bf16=bf16, root=ir.root)
+
+
+def inputs_for(ir: ProgramIR, count: int, dtype: str = "float32", *, seed: int = 0) -> list[np.ndarray]:
+    """:func:`make_inputs` for ``ir``'s collective and chunk count."""
+    return make_inputs(ir.collective, ir.nranks, count, dtype, nchunks=ir.nchunks, seed=seed)
 
 
 def _garbage(dtype) -> object:
@@ -175,7 +193,7 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     for r in range(N):
         inp = np.array(inputs[r], dtype=dtype, copy=True)
         if inplace:
-            if coll == "allreduce":
+            if coll in ("allreduce", "broadcast", "reduce"):
                 out = inp
             elif coll == "allgather":
                 out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)

@@ -8,8 +8,11 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   runs the TB's whole primitive list before micro-batch ``m+1``.
 * Geometry as in the kernels: with ``count`` elements, chunk ``c`` is elements
   ``[c*count//nchunks, (c+1)*count//nchunks)``; micro-batch ``m`` of a chunk is its slice of
-  ``chunk_bytes / element_bytes`` elements (possibly empty: empty slices still post their flags).
-  A unit of work is one slice of one chunk of one primitive.
+  ``slice_bytes / element_bytes`` elements (possibly empty: empty slices still post their flags).
+  A unit of work is one slice of one chunk of one primitive. The slice is a per-call choice up to
+  the slot capacity the program was compiled with (``ProgramIR.chunk_bytes``): by default that
+  capacity, or with ``slice_bytes="auto"`` the size-aware policy of
+  :func:`hccc.compiler.slicing.auto_slice_bytes` (what ``hccc sim`` and the benchmarks use).
 * Connections are FIFOs of ``NSLOTS = 8`` slots. The k-th slot written on a connection is the k-th
   read; a sender blocks while 8 slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.program_ir import ProgramIR
+from hccc.compiler.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
 from hccc.compiler.topology import Topology
 
 from . import sim_engine as eng
@@ -57,7 +61,8 @@ EXECUTIONS = ("task", "algorithm")
 GB = 1e9
 
 __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
-           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution"]
+           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution",
+           "resolve_slice"]
 
 
 def bus_factor(collective: str, nranks: int) -> float:
@@ -70,6 +75,8 @@ def bus_factor(collective: str, nranks: int) -> float:
         return 2.0 * (n - 1) / n
     if c in ("allgather", "reducescatter"):
         return (n - 1) / n
+    if c in ("broadcast", "reduce"):
+        return 1.0
     raise ValueError(f"unknown collective {collective!r}")
 
 
@@ -108,6 +115,8 @@ class SimResult:
     wall_s: float
     timeline: Timeline | None = None
     stats: dict = field(default_factory=dict)
+    slice_bytes: int = 0       # micro-batch slice used (bytes)
+    slot_bytes: int = 0        # FIFO slot capacity of the program (bytes)
 
     @property
     def time_us(self) -> float:
@@ -166,6 +175,8 @@ class SimResult:
             "algbw_GBps": self.algbw_GBps,
             "busbw_GBps": self.busbw_GBps,
             "micro_batches": int(self.micro_batches),
+            "chunk_bytes": int(self.slice_bytes),
+            "slot_bytes": int(self.slot_bytes),
             "lower_bound_us": self.lower_bound_s * 1e6,
             "tbs": self.ntbs,
             "tbs_per_rank_max": self.tbs_per_rank_max,
@@ -212,13 +223,34 @@ def _deadlock_message(prog: SimProgram, tb_state, tb_wait, tb_pos, tb_m) -> str:
     return "simulation deadlock: " + "; ".join(parts) + more
 
 
+def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
+                  element_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
+    """The slice (bytes) one call uses: ``None`` = the slot capacity ``slot_bytes``, ``"auto"`` =
+    :func:`~hccc.compiler.slicing.auto_slice_bytes`, or an explicit positive number of bytes, which
+    must fit a slot (the kernels address slots with the slice as stride)."""
+    if slice_bytes is None:
+        return int(slot_bytes)
+    if isinstance(slice_bytes, str):
+        if slice_bytes != "auto":
+            raise ValueError(f"slice_bytes must be None, 'auto' or a number of bytes, not {slice_bytes!r}")
+        return auto_slice_bytes(nbytes, nchunks, max(int(slot_bytes), SLICE_ALIGN), element_bytes)
+    v = int(slice_bytes)
+    if v < 1:
+        raise ValueError("slice_bytes must be positive")
+    if v > int(slot_bytes):
+        raise ValueError(f"a slice of {v} bytes does not fit the program's {int(slot_bytes)}-byte slots")
+    return v
+
+
 def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
              record: bool | int = False, nslots: int = NSLOTS,
-             max_units: int | None = MAX_UNITS) -> SimResult:
+             max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
+    ``slice_bytes`` is the micro-batch slice of this call (see :func:`resolve_slice`): by default
+    the program's slot capacity ``chunk_bytes``; ``"auto"`` picks it from the size.
     ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
     past it the call fails fast with advice instead of running for hours.
@@ -227,12 +259,14 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     prog = program if isinstance(program, SimProgram) else prepare(program, topo)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
-    geo = geometry(int(nbytes), prog.nchunks, prog.chunk_bytes, element_bytes)
+    slice_b = resolve_slice(slice_bytes, int(nbytes), prog.nchunks, prog.chunk_bytes, element_bytes)
+    geo = geometry(int(nbytes), prog.nchunks, slice_b, element_bytes)
     units = int(prog.p_cnt.sum()) * geo.nmb
     if max_units is not None and units > max_units:
         raise SimulationError(
             f"{nbytes} bytes make {geo.nmb} micro-batches of {prog.nprims} primitives ({units:,} slices, "
             f"more than the limit of {max_units:,}); use a larger chunk size")
+    # ``execution`` is validated by _engine_args
     rec_lim = prog.ntbs if record is True else int(record)
     t0 = time.perf_counter()
     out = eng.run_engine(*_engine_args(prog, geo, execution, rec_lim, nslots))
@@ -252,13 +286,17 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
         link_busy=np.asarray(res_busy[:L]), events=int(counters[0]), wall_s=wall,
         timeline=timeline,
         stats={"instants": int(counters[3]), "share_components": int(counters[1]),
-               "share_flows": int(counters[2])})
+               "share_flows": int(counters[2])},
+        slice_bytes=int(slice_b), slot_bytes=int(prog.chunk_bytes))
 
 
-def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, **kw) -> list[SimResult]:
-    """:func:`simulate` for every size, preparing the program once."""
+def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
+                   slice_bytes: int | str | None = "auto", **kw) -> list[SimResult]:
+    """:func:`simulate` for every size, preparing the program once. Unlike :func:`simulate`, the
+    slice follows each size by default (``slice_bytes="auto"``, the policy ``hccc sim`` uses);
+    pass ``slice_bytes=None`` for the program's slot capacity at every size."""
     prog = program if isinstance(program, SimProgram) else prepare(program, topo)
-    return [simulate(prog, topo, s, **kw) for s in sizes]
+    return [simulate(prog, topo, s, slice_bytes=slice_bytes, **kw) for s in sizes]
 
 
 # ---------------------------------------------------------------------------- programs per mode
@@ -274,9 +312,10 @@ def step_schedule(alg):
 
 
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
-                        tb_alloc: str | None = None, chunk_bytes: int = 1 << 20,
+                        tb_alloc: str | None = None, chunk_bytes: int = DEFAULT_SLOT_BYTES,
                         fuse: bool = False) -> ProgramIR:
-    """The ProgramIR each execution mode runs.
+    """The ProgramIR each execution mode runs; ``chunk_bytes`` is its FIFO slot capacity (the
+    largest slice a call may use: simulate with ``slice_bytes="auto"`` to follow the size).
 
     ``task``: hccc's pipeline (``scheduler``, ``tb_alloc`` default state-based; ``fuse=True``
     lowers with receive-and-forward fusion, the compiler's ``--fuse``, for comparisons).

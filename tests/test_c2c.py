@@ -22,12 +22,17 @@ from hccc.compiler.frontend.topo_parser import load_topology, parse_topology
 from hccc.compiler.hierarchy import hierarchy
 from hccc.compiler.topology import TopologyBuilder
 from hccc.compiler.verify import verify
-from hccc.runtime.reference import execute, expected, make_inputs
+from hccc.runtime.reference import execute, expected_for, inputs_for
 from test_hierarchy import MIXED_3, cluster_specs, topo_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
-COLLS = ("allgather", "reducescatter", "allreduce")
+COLLS = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+
+
+def root_for(coll, topo):
+    """Broadcast / Reduce from the last rank (a cluster other than the first); None otherwise."""
+    return topo.nranks - 1 if coll in ("broadcast", "reduce") else None
 
 SINGLE_RANK = [("nvidia", "V100", 1, [((0,), 25)]), ("amd", "MI250", 4, [((0, 1), 25), ((2, 3), 50)])]
 TRIPLE = [("nvidia", "A100", 2, [((0, 1), 25)]), ("amd", "MI300X", 3, [((0,), 25), ((1, 2), 50)]),
@@ -88,6 +93,10 @@ def check_volumes(coll, alg, hier, n_bytes: int = 4096):
         if coll == "allgather":  # Table 7: about G*n each way
             assert send_b[c] == (G - N[nxt]) * n_bytes and recv_b[c] == (G - N[c]) * n_bytes
             assert abs(send_b[c] - G * n_bytes) <= max(N) * n_bytes
+        elif coll in ("broadcast", "reduce"):  # Table 7: n each way, except at the ends of the ring
+            o = int(hier.rank_cluster[alg.header.root])
+            first, last = (o, (o - 1) % C) if coll == "broadcast" else ((o + 1) % C, o)
+            assert send[c] == (0 if c == last else G) and recv[c] == (0 if c == first else G)
         elif coll == "reducescatter":  # Table 7: (G-N)*n sent, (C-1)*N*n received
             assert send_b[c] == (G - N[c]) * n_bytes
             assert recv_b[c] == (G - N[prv]) * n_bytes
@@ -133,7 +142,7 @@ def check_balance(plan):
 @pytest.mark.parametrize("pipeline,intra", [(1, "ring"), (3, "ring"), (2, "mesh")])
 def test_c2c_verifies_with_table7_volumes(case, coll, pipeline, intra):
     topo, hier = CASES[case]
-    plan = plan_c2c(topo, coll, pipeline=pipeline, intra=intra, hier=hier)
+    plan = plan_c2c(topo, coll, pipeline=pipeline, intra=intra, hier=hier, root=root_for(coll, topo))
     alg = plan.algorithm()
     rep = verify(alg)
     assert rep.transfers == plan.ntransfers and alg.header.collective.value == coll
@@ -153,27 +162,30 @@ def test_c2c_runs_on_the_reference_executor(case, coll):
     topo, hier = CASES[case]
     G = topo.nranks
     for pipeline, intra, dtype, op in ((1, "ring", "float32", "sum"), (2, "mesh", "int32", "max")):
-        alg = plan_c2c(topo, coll, pipeline=pipeline, intra=intra, hier=hier).algorithm()
+        alg = plan_c2c(topo, coll, pipeline=pipeline, intra=intra, hier=hier,
+                       root=root_for(coll, topo)).algorithm()
         ir = build_program(alg)
         # uneven element counts: chunks differ in size by one element
-        inputs = make_inputs(coll, G, G * 5 + 2 if coll == "allgather" else G * 7 + 3, dtype)
+        inputs = inputs_for(ir, G * 5 + 2 if coll == "allgather" else G * 7 + 3, dtype)
         out = execute(ir, inputs, op=op, nmicro=3, seed=pipeline)
-        for r, (o, e) in enumerate(zip(out, expected(coll, inputs, op))):
-            assert np.array_equal(o, e), (case, coll, r)
+        for r, (o, e) in enumerate(zip(out, expected_for(ir, inputs, op))):
+            assert e is None or np.array_equal(o, e), (case, coll, r)
 
 
 @pytest.mark.parametrize("coll", COLLS)
 def test_rccl_text_round_trips(coll):
     topo, hier = CASES["triple/one-per-nic"]
-    plan = plan_c2c(topo, coll, pipeline=2, hier=hier)
+    plan = plan_c2c(topo, coll, pipeline=2, hier=hier, root=root_for(coll, topo))
     text = plan.rccl()
     alg = parse_rccl(text, "c2c.rccl")
     assert sorted(alg.rows()) == sorted(plan.algorithm().rows())
     assert alg.header.nranks == topo.nranks and alg.header.collective == plan.collective
     assert alg.header.name == f"c2c_{coll}_triple" and alg.header.nic_per_node == 2
+    assert alg.header.root == (root_for(coll, topo) or 0)
     head = [ln for ln in text.splitlines() if ln.startswith("#")][:16]
     joined = "\n".join(head)
-    assert f"C2C {plan.collective.dsl_name} for cluster 'triple'" in joined
+    rooted = f" (root {topo.nranks - 1})" if plan.collective.rooted else ""
+    assert f"C2C {plan.collective.dsl_name}{rooted} for cluster 'triple'" in joined
     assert "C1 amd-MI300X (amd MI300X): ranks 2-4, 9-11; border ranks 2, 9 (25 GB/s each); 3 (50 GB/s)" \
         in joined
     assert "pieces: 2 (asked for 2)" in joined and "ring C0 -> C1 -> C2 -> C0" in joined
@@ -212,8 +224,10 @@ def test_pipelining_overlaps_intra_and_inter_stages():
             m = pip.piece == k
             order = np.lexsort((pip.step[m], pip.stage[m]))
             assert np.all(np.diff(pip.step[m][order]) >= 0)
-        # at most one chunk per piece: 4 own chunks per border rank (AllGather), 8 per block
-        assert plan_c2c(topo, coll, pipeline=99, hier=hier).pieces == (4 if coll == "allgather" else 8)
+        # at most one chunk per piece: 4 own chunks per border rank (AllGather), 8 per block, a rooted
+        # collective's 16 chunks in one block
+        most = {"allgather": 4, "broadcast": 16, "reduce": 16}.get(coll, 8)
+        assert plan_c2c(topo, coll, pipeline=99, hier=hier).pieces == most
     # every rank a border rank (all GPUs share their node's NIC): each one sends its own chunk across
     # at once, next to the start AllGather, so one piece already overlaps (and is all there can be)
     topo, hier = CASES["mixed_v100_w7800"]
@@ -233,7 +247,8 @@ def test_single_cluster_is_an_intra_cluster_collective():
         assert (plan.phase == 1).sum() == 0  # no cluster-to-cluster hop
         G = topo.nranks
         # a ring collective: every rank sends to its ring successor only, N-1 chunks per phase
-        per_rank = {"allgather": G - 1, "reducescatter": G - 1, "allreduce": 2 * (G - 1)}[coll]
+        per_rank = {"allgather": G - 1, "reducescatter": G - 1, "allreduce": 2 * (G - 1), "broadcast": G - 1,
+                    "reduce": G - 1}[coll]
         assert plan.ntransfers == G * per_rank
         ring = plan.rings[0]
         nxt = {ring[i]: ring[(i + 1) % G] for i in range(G)}
@@ -262,8 +277,8 @@ def test_ring_search_avoids_missing_links():
 def test_refusals_say_what_is_missing():
     topo, hier = CASES["mixed_v100_w7800"]
     for coll in ("broadcast", "reduce"):
-        with pytest.raises(C2CError, match="not expressible in ResCCLang yet.*Root"):
-            plan_c2c(topo, coll, root=3)
+        with pytest.raises(C2CError, match="root 16 is not a rank"):
+            plan_c2c(topo, coll, root=16)
     with pytest.raises(C2CError, match="pipeline depth"):
         plan_c2c(topo, "allgather", pipeline=0)
     with pytest.raises(C2CError, match="intra-cluster algorithm"):
@@ -299,10 +314,11 @@ define interbandwidth = {switch => [(((0),(0)) >-> (10,1))]}
 # ---------------------------------------------------------------------------------------- properties
 @settings(max_examples=25)
 @given(cluster_specs(max_nodes=4, max_gpus=4).filter(lambda s: len(s) >= 2),
-       st.sampled_from(COLLS), st.integers(1, 4), st.sampled_from(["ring", "mesh"]))
-def test_c2c_property(spec, coll, pipeline, intra):
+       st.sampled_from(COLLS), st.integers(1, 4), st.sampled_from(["ring", "mesh"]), st.data())
+def test_c2c_property(spec, coll, pipeline, intra, data):
     topo = parse_topology(topo_text(spec), "spec.topo")
-    plan = plan_c2c(topo, coll, pipeline=pipeline, intra=intra)
+    root = data.draw(st.integers(0, topo.nranks - 1)) if coll in ("broadcast", "reduce") else None
+    plan = plan_c2c(topo, coll, pipeline=pipeline, intra=intra, root=root)
     verify(plan.algorithm())
     check_volumes(coll, plan.algorithm(), plan.hierarchy)
     check_structure(plan)
@@ -356,8 +372,8 @@ def test_cli_gen_check_compile(tmp_path):
 
 def test_cli_gen_errors(tmp_path):
     topo = str(CLUSTERS / "mixed_v100_w7800.topo")
-    r = run_cli("gen", "c2c", topo, "--collective", "broadcast", "--root", "2", "-o", str(tmp_path / "b.rccl"))
-    assert r.returncode == 1 and "hccc: error: Broadcast (root 2) is not expressible" in r.stderr
+    r = run_cli("gen", "c2c", topo, "--collective", "broadcast", "--root", "16", "-o", str(tmp_path / "b.rccl"))
+    assert r.returncode == 1 and "root rank 16 is out of range" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "b.rccl").exists()
     r = run_cli("gen", "c2c", topo, "--collective", "allgather", "--root", "2", "-o", str(tmp_path / "b.rccl"))
     assert r.returncode == 1 and "a root applies to broadcast and reduce, not allgather" in r.stderr
@@ -390,7 +406,7 @@ def test_examples_are_current_and_verify():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     texts = mod.examples()
-    assert sorted(texts) == [f"c2c_{c}_mixed_v100_w7800.rccl" for c in ("allgather", "allreduce", "reducescatter")]
+    assert sorted(texts) == [f"c2c_{c}_mixed_v100_w7800.rccl" for c in sorted(COLLS)]
     for name, text in texts.items():
         path = ROOT / "examples" / "c2c" / name
         assert path.read_text(encoding="utf-8") == text, f"{name}: run python examples/c2c/generate.py"
@@ -403,7 +419,7 @@ def test_examples_are_current_and_verify():
 def test_c2c_runs_in_cpu_emulation(coll):
     launcher = pytest.importorskip("hccc.runtime.launcher")
     topo, hier = CASES["single_rank"]  # 1 NVIDIA + 4 AMD GPUs: small enough to compile quickly
-    ir = build_program(plan_c2c(topo, coll, pipeline=2, hier=hier).algorithm())
+    ir = build_program(plan_c2c(topo, coll, pipeline=2, hier=hier, root=root_for(coll, topo)).algorithm())
     for dtype, op in (("float32", "sum"), ("int32", "max")):
         res = launcher.run_program(ir, backend="cpu", nbytes=topo.nranks * 4 * 33, dtype=dtype, op=op)
         assert res.count > 0 and res.wrong == 0 and res.stuck is None and res.collective_wrong == 0

@@ -31,10 +31,12 @@ def test_table_has_one_row_per_size(capsys):
     assert len(rows) == 2
     fields = rows[1].split()
     assert fields[0] == str(64 << 20) and fields[1] == str((64 << 20) // 4) and fields[2] == "float32"
-    ref = simulate(build_program(load_algorithm(HM_AR)), load_cluster(TOPO1), 64 << 20)
+    ref = simulate(build_program(load_algorithm(HM_AR)), load_cluster(TOPO1), 64 << 20, slice_bytes="auto")
     assert float(fields[3]) == pytest.approx(ref.time_us, abs=0.01)
     assert float(fields[5]) == pytest.approx(ref.busbw_GBps, abs=0.01)
-    assert "state-based TBs" in out and "a100_topo1" in out
+    assert fields[7] == "512K" and int(fields[8]) == ref.micro_batches == 16   # slice column
+    assert rows[0].split()[7] == "64K"                                         # 1M: the 64K floor
+    assert "state-based TBs" in out and "a100_topo1" in out and "slice per size" in out
 
 
 def test_json_schema_and_values(capsys):
@@ -52,6 +54,11 @@ def test_json_schema_and_values(capsys):
     assert d["tb_idle_avg"] == d["results"][-1]["tb_idle_avg"]
     assert d["collective"] == "allreduce" and d["nranks"] == 8 and d["execution"] == "task"
     assert d["tbs_state_based"] <= d["tbs_connection_based"]
+    from hccc.compiler.slicing import auto_slice_bytes
+    assert d["slice"] == "auto" and d["chunk_bytes"] == 1 << 20
+    assert [r["chunk_bytes"] for r in d["results"]] == [auto_slice_bytes(r["bytes"], 8) for r in d["results"]]
+    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 512 << 10, 1 << 20]
+    assert all(r["slot_bytes"] == 1 << 20 for r in d["results"])
 
 
 @pytest.mark.parametrize("extra", [["--scheduler", "rr"], ["--tb-alloc", "connection"],
@@ -68,8 +75,18 @@ def test_options(capsys, extra):
         assert d["scheduler"] == "rr"
     if "--chunk-size" in extra:
         assert d["chunk_bytes"] == 256 << 10 and d["results"][0]["micro_batches"] == 4
+        assert d["slice"] == "fixed" and d["results"][0]["chunk_bytes"] == 256 << 10
     if "--dtype" in extra:
         assert d["dtype"] == "float16"
+
+
+def test_every_execution_gets_the_same_slice(capsys):
+    """The algorithm-level baseline and round-robin get the policy's slice too (fair comparison)."""
+    out = {}
+    for extra in ([], ["--execution", "algorithm"], ["--scheduler", "rr"]):
+        _, o, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M,64M", "--json", *extra)
+        out[tuple(extra)] = [r["chunk_bytes"] for r in json.loads(o)["results"]]
+    assert len(set(map(tuple, out.values()))) == 1 and out[()] == [64 << 10, 512 << 10]
 
 
 def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
@@ -82,10 +99,15 @@ def test_ir_json_input(capsys, tmp_path):
     ir = build_program(load_algorithm(HM_AR), chunk_bytes=1 << 19)
     p = tmp_path / "prog.json"
     p.write_text(ir.to_json())
-    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json")
+    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M,1G", "--json")
     assert rc == 0, err
     d = json.loads(out)
-    assert d["chunk_bytes"] == 1 << 19 and d["results"][0]["micro_batches"] == 4
+    # the IR's 512 KiB slots bound the slice: 2 MiB chunks get 16 slices, 128 MiB chunks 256
+    assert d["chunk_bytes"] == 1 << 19
+    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 17, 16), (1 << 19, 256)]
+    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json", "--chunk-size", "1M")
+    d = json.loads(out)
+    assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2
 
 
 def test_plot_writes_an_image(capsys, tmp_path):

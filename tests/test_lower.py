@@ -68,9 +68,14 @@ def _reduce_rows(rng, n, c, root, t0):
 def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") -> Algorithm:
     rng = np.random.default_rng(seed)
     rows = []
+    top = int(rng.integers(n))   # Broadcast / Reduce root
     for c in range(n):
         t0 = int(rng.integers(0, 3))
-        if coll == Collective.ALLGATHER:
+        if coll == Collective.BROADCAST:
+            rows += _bcast_rows(rng, n, c, top, t0)[0]
+        elif coll == Collective.REDUCE:
+            rows += _reduce_rows(rng, n, c, top, t0)[0]
+        elif coll == Collective.ALLGATHER:
             rows += _bcast_rows(rng, n, c, c, t0)[0]
         elif coll == Collective.REDUCESCATTER:
             rows += _reduce_rows(rng, n, c, c, t0)[0]
@@ -79,7 +84,7 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
             r1, t_end = _reduce_rows(rng, n, c, root, t0)
             r2, _ = _bcast_rows(rng, n, c, root, t_end + 1 + int(rng.integers(0, 2)))
             rows += r1 + r2
-    h = Header(nranks=n, collective=coll, name=name)
+    h = Header(nranks=n, collective=coll, name=name, root=top if coll.rooted else 0)
     return Algorithm.from_rows(h, rows)
 
 
@@ -91,7 +96,9 @@ def algorithms(draw, max_ranks=6):
     coll = draw(colls)
     n = draw(st.integers(1, max_ranks))
     seed = draw(st.integers(0, 2 ** 31))
-    return random_algorithm(coll, n, seed)
+    alg = random_algorithm(coll, n, seed)
+    k = draw(st.sampled_from([1, 1, 2, 3]))
+    return G.split_chunks(alg, k) if k > 1 else alg
 
 
 EXAMPLES = [
@@ -144,17 +151,20 @@ def test_every_transfer_becomes_one_send_and_one_receive():
 def _oracle_locations(alg):
     """Per task, by brute force: (send src buf, off), (recv dst buf, off), (recv reduce src buf, off)."""
     coll = alg.header.collective
+    k, root = alg.header.chunks_per_rank, alg.header.root
     first = {}
     for i, (s, d, stp, c, o) in enumerate(alg.rows()):
         first[(d, c)] = min(first.get((d, c), stp), stp)
 
     def wloc(r, c):
         if coll == Collective.REDUCESCATTER:
-            return (Buf.OUTPUT, 0) if r == c else (Buf.SCRATCH, c)
+            return (Buf.OUTPUT, c % k) if c // k == r else (Buf.SCRATCH, c)
+        if coll == Collective.REDUCE:
+            return (Buf.OUTPUT, c) if r == root else (Buf.SCRATCH, c)
         return (Buf.OUTPUT, c)
 
     def inloc(r, c):
-        return (Buf.INPUT, 0 if coll == Collective.ALLGATHER else c)
+        return (Buf.INPUT, c % k if coll == Collective.ALLGATHER else c)
 
     out = []
     for i, (s, d, stp, c, o) in enumerate(alg.rows()):
@@ -187,14 +197,19 @@ def test_buffer_mapping_matches_brute_force(alg):
                 assert (c["src_buf"][i], c["src_off"][i]) == red
             else:
                 assert c["src_buf"][i] == Buf.NONE
-    assert (low.in_chunks, low.out_chunks, low.scratch_chunks) == buffer_sizes(alg.header.collective,
-                                                                              alg.header.nranks)
+    h = alg.header
+    assert (low.in_chunks, low.out_chunks, low.scratch_chunks) == buffer_sizes(h.collective, h.nranks,
+                                                                              h.chunks_per_rank)
 
 
 def test_buffer_sizes():
     assert buffer_sizes(Collective.ALLGATHER, 8) == (1, 8, 0)
     assert buffer_sizes(Collective.REDUCESCATTER, 8) == (8, 1, 8)
     assert buffer_sizes(Collective.ALLREDUCE, 8) == (8, 8, 0)
+    assert buffer_sizes(Collective.BROADCAST, 8) == (8, 8, 0)
+    assert buffer_sizes(Collective.REDUCE, 8) == (8, 8, 8)
+    assert buffer_sizes(Collective.ALLGATHER, 4, 3) == (3, 12, 0)
+    assert buffer_sizes(Collective.REDUCESCATTER, 4, 3) == (12, 3, 12)
 
 
 def test_allgather_gets_local_copy_of_own_chunk():

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hccc.compiler.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler import generators as G
 from hccc.compiler.pipeline import CompileOptions
 from hccc.compiler.build import build_program
@@ -100,7 +101,7 @@ def test_examples_round_trip(path):
                   strict=(ir.collective == "allgather" and not inplace))
 
 
-@given(valid_programs(max_ranks=6), st.sampled_from(["hpds", "rr"]), st.sampled_from(["state", "connection"]),
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.sampled_from(["hpds", "rr"]), st.sampled_from(["state", "connection"]),
        st.integers(0, 5))
 @settings(max_examples=40)
 def test_random_programs_round_trip(alg, scheduler, tb_alloc, seed):
@@ -109,7 +110,8 @@ def test_random_programs_round_trip(alg, scheduler, tb_alloc, seed):
     structure(text)
     back = import_xml_text(text)
     same_results(ir, back, seed=seed)
-    emu.check(text, seed=seed, capacity=1, strict=ir.collective == "allgather")
+    # the strict checker (MSCCL-XML-Verifier's allgather rules) knows one chunk per rank only
+    emu.check(text, seed=seed, capacity=1, strict=ir.collective == "allgather" and ir.in_chunks == 1)
     emu.check(text, inplace=True, seed=seed + 7, capacity=1)
 
 

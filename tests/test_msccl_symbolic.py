@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hccc.compiler.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler.build import build_program
 from hccc.compiler.ir_check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
 from hccc.compiler.ir_symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
@@ -30,7 +31,7 @@ def test_compiled_examples_are_proven_in_both_modes(path):
     prove(ir, True)
 
 
-@given(valid_programs(max_ranks=6), st.sampled_from(["state", "connection"]))
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.sampled_from(["state", "connection"]))
 @settings(max_examples=40)
 def test_compiled_random_programs_are_proven(alg, tb_alloc):
     ir = build_program(alg, tb_alloc=tb_alloc)
@@ -51,7 +52,7 @@ def _numeric_ok(ir, inplace, seeds=(0, 1, 2)):
 
 @st.composite
 def mutants(draw):
-    alg = draw(valid_programs(max_ranks=5))
+    alg = draw(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5))
     ir = build_program(alg, tb_alloc=draw(st.sampled_from(["state", "connection"])))
     m = copy.deepcopy(ir)
     p = m.prims
@@ -101,7 +102,7 @@ def test_proof_agrees_with_the_reference_executor(case):
     assert _numeric_ok(ir, inplace)
 
 
-@given(valid_programs(max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
 @settings(max_examples=40)
 def test_happens_before_is_reachability(alg, seed, budget_cols):
     ir = build_program(alg)
@@ -175,7 +176,7 @@ def _stuck(ir, capacity):
 @st.composite
 def shuffled_programs(draw):
     """Valid programs whose thread blocks run their primitives in a random order (may deadlock)."""
-    ir = build_program(draw(valid_programs(max_ranks=5)))
+    ir = build_program(draw(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5)))
     m = copy.deepcopy(ir)
     p = m.prims
     keys = p["rank"].astype(np.int64) * (1 << 20) + p["tb"]

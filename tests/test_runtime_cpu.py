@@ -215,14 +215,60 @@ def test_busbw_factor_closed_forms():
         assert busbw_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
         assert busbw_factor("allgather", n) == pytest.approx((n - 1) / n)
         assert busbw_factor("reducescatter", n) == pytest.approx((n - 1) / n)
+        assert busbw_factor("broadcast", n) == 1.0 and busbw_factor("Reduce", n) == 1.0
     with pytest.raises(ValueError):
         busbw_factor("alltoall", 4)
+
+
+def test_ranks_without_a_specified_output_are_not_compared(pf, monkeypatch):
+    """Where the collective's definition gives None (a Reduce's non-root ranks), neither the
+    kernels' output nor the reference run is compared: nothing there counts as wrong."""
+    ir = ring_allreduce(3)
+    ir.chunk_bytes = 64
+    i = int(np.flatnonzero(ir.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    ir.prims["op"][i] = Op.RECV                     # drops a contribution: not the collective
+    ir.prims["src_buf"][i] = Buf.NONE
+    ir.prims["src_off"][i] = 0
+    inputs = reference.make_inputs("allreduce", 3, 99, "int32", seed=5)
+    real_expected, real_execute = reference.expected, reference.execute
+    with Runner(ir, pf, "int32", "sum") as runner:
+        base = runner.run(count=99, inputs=inputs, keep_outputs=True)
+        want = real_expected("allreduce", inputs, "sum", nchunks=ir.nchunks)
+        per_rank = {r: int((base.outputs[r] != want[r]).sum()) for r in range(3)}
+        assert base.wrong == 0 and base.collective_wrong == sum(per_rank.values()) > 0
+
+        def unspecified(ranks):
+            def expected(*a, **k):
+                return [None if r in ranks else x for r, x in enumerate(real_expected(*a, **k))]
+            return expected
+
+        for skip in ({0}, {1, 2}, {0, 1, 2}):
+            monkeypatch.setattr(reference, "expected", unspecified(skip))
+            res = runner.run(count=99, inputs=inputs)
+            left = sum(n for r, n in per_rank.items() if r not in skip)
+            assert res.wrong == 0 and res.collective_wrong == left and res.ok == (left == 0)
+
+        # the kernels' output of an unspecified rank may differ from the reference run, too
+        k = 1
+
+        def corrupted(*a, **kw):
+            out = real_execute(*a, **kw)
+            out[k] = out[k] + 1
+            return out
+
+        monkeypatch.setattr(reference, "execute", corrupted)
+        monkeypatch.setattr(reference, "expected", unspecified({k}))
+        res = runner.run(count=99, inputs=inputs)
+        assert res.wrong == 0
+        monkeypatch.setattr(reference, "expected", unspecified(set()))
+        res = runner.run(count=99, inputs=inputs)
+        assert res.wrong == len(base.outputs[k]) and res.first_wrong.startswith(f"rank {k},")
 
 
 def test_kernel_abi_matches_the_header(pf, tmp_path):
     """The struct sizes the host packs equal the C++ sizeof of the emitted header's structs (the
     module checks it at load), and the error record decodes."""
-    assert kernel_abi.sizes() == (80, 24, 56)
+    assert kernel_abi.sizes() == (88, 24, 56)
     ir = ring_allreduce(2)
     with Runner(ir, pf) as runner:
         out = (ctypes.c_uint64 * 4)()

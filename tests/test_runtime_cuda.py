@@ -24,6 +24,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from hccc.compiler.slicing import auto_slice_bytes
+from hccc.runtime.kernel_abi import Args
 from hccc.compiler.codegen import generate
 from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda
@@ -460,7 +462,7 @@ def test_gpu_load_launch_gate_and_refuse_oversubscription(gpu, ring8):
     cap = gpu.max_resident_blocks(k, 512)
     assert cap >= gpu.sms(0)
     with pytest.raises(PlatformError, match="resident together"):
-        gpu.launch(k, cap + 1, 512, bytes(80), s)
+        gpu.launch(k, cap + 1, 512, bytes(ctypes.sizeof(Args)), s)
 
 
 @pytest.mark.gpu
@@ -691,7 +693,7 @@ class FakeCuda:
 
     def launchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
         arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
-        size = 16 if bx == 1 else 80          # the gate takes (flag, timeout); rank kernels hccc_args
+        size = 16 if bx == 1 else ctypes.sizeof(Args)  # the gate takes (flag, timeout); rank kernels hccc_args
         self.log.append(("launch", f, gx, bx, stream, ctypes.string_at(arg0, size), self.dev))
 
 
@@ -778,7 +780,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     s0, s1 = pf.stream(), pf.stream()
     assert [e[3] for e in fake.log if e[0] == "stream"] == [1, 1]       # non-blocking streams
     flag = pf.malloc(8)
-    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 80))
+    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 88))
     pf.launch(k0, 5, 512, args, s0)
     launches = [e for e in fake.log if e[0] == "launch"]
     assert launches[-1][2:6] == (5, 512, s0.handle, args)
@@ -853,6 +855,7 @@ def test_fake_platform_under_the_launcher(nvcc):
         for e in launches:
             a = Args.from_buffer_copy(e[5])
             assert a.count == 8 * 1024 and a.timeout == int(2.0 * 1e6 * pf.ticks_per_us)
+            assert a.slice_bytes == auto_slice_bytes(8 * 1024 * 4, ir.nchunks, ir.chunk_bytes)
             for ptr in (a.send_conns, a.recv_conns, a.progress, a.abort_flag, a.error):
                 fake._find(ptr, 8)          # inside an allocation the runner still holds
         gates = [e for e in fake.log if e[0] == "launch" and e[3] == 1]

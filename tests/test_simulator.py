@@ -264,8 +264,9 @@ def test_bus_factors_follow_nccl_tests():
     assert bus_factor("allgather", 8) == pytest.approx(7 / 8)
     assert bus_factor("reducescatter", 4) == pytest.approx(3 / 4)
     assert bus_factor("allreduce", 1) == 0.0
+    assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
     with pytest.raises(ValueError):
-        bus_factor("broadcast", 4)
+        bus_factor("gather", 4)
 
 
 @pytest.mark.parametrize("coll", ["allgather", "reducescatter", "allreduce"])
@@ -365,7 +366,13 @@ def test_simulate_sizes_is_deterministic_and_monotone_in_size():
     b = simulate_sizes(ir, topo, sizes)
     assert [x.time_s for x in a] == [x.time_s for x in b]
     assert all(x.time_s < y.time_s for x, y in zip(a, a[1:]))
-    assert [x.micro_batches for x in a] == [geometry(s, 8, MiB).nmb for s in sizes]
+    # the slice follows the size (auto policy) up to the 1 MiB slots
+    from hccc.compiler.slicing import auto_slice_bytes
+    assert [x.slice_bytes for x in a] == [auto_slice_bytes(s, 8, MiB) for s in sizes]
+    assert [x.micro_batches for x in a] == [geometry(s, 8, x.slice_bytes).nmb for s, x in zip(sizes, a)]
+    fixed = simulate_sizes(ir, topo, sizes, slice_bytes=None)
+    assert [x.micro_batches for x in fixed] == [geometry(s, 8, MiB).nmb for s in sizes]
+    assert all(x.slice_bytes == MiB for x in fixed)
 
 
 def test_geometry_matches_the_kernels():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hccc import cli
@@ -73,12 +74,36 @@ def test_synth_human_output_and_example_cluster(tmp_path, capsys):
     assert verify(load_algorithm(out)).steps >= lb
 
 
-def test_broadcast_and_chunks_per_rank_are_refused_clearly(topo, tmp_path, capsys):
+@pytest.mark.parametrize("argv,header", [
+    (["--collective", "broadcast", "--root", "1"], 'OpType="Broadcast", Root=1,'),
+    (["--collective", "allgather", "--chunks-per-rank", "2"], "nChunksPerRank=2,"),
+    (["--collective", "broadcast", "--root", "2", "--chunks-per-rank", "3"], "Root=2, nChunksPerRank=3,"),
+    (["--collective", "allreduce", "--chunks-per-rank", "2"], "nChunksPerRank=2,"),
+])
+def test_broadcast_and_chunks_per_rank(topo, tmp_path, capsys, argv, header):
+    """Rooted and multi-chunk schedules are written with Root / nChunksPerRank, verify, and compute
+    the collective (reference executor against the collective's definition)."""
+    from hccc.compiler.build import build_program
+    from hccc.runtime.reference import execute, expected_for, inputs_for
+
+    out = tmp_path / "s.rccl"
+    assert main(["synth", str(topo), *argv, "-o", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert header in out.read_text()
+    alg = load_algorithm(out)
+    assert verify(alg).steps == summary["steps"]
+    k = int(argv[argv.index("--chunks-per-rank") + 1]) if "--chunks-per-rank" in argv else 1
+    assert alg.header.nchunks == alg.header.nranks * k
+    ir = build_program(alg)
+    ins = inputs_for(ir, 7 * alg.header.nchunks + 3, "int32", seed=2)
+    for got, want in zip(execute(ir, ins), expected_for(ir, ins)):
+        assert np.array_equal(got, want)
+
+
+def test_root_needs_broadcast(topo, tmp_path, capsys):
     out = tmp_path / "b.rccl"
-    assert main(["synth", str(topo), "--collective", "broadcast", "--root", "1", "-o", str(out)]) == 1
-    assert "no OpType for broadcast" in capsys.readouterr().err
-    assert main(["synth", str(topo), "--collective", "allgather", "--chunks-per-rank", "2", "-o", str(out)]) == 1
-    assert "nRanks chunks" in capsys.readouterr().err
+    assert main(["synth", str(topo), "--collective", "allgather", "--root", "1", "-o", str(out)]) == 1
+    assert "--root applies to --collective broadcast" in capsys.readouterr().err
     assert not out.exists()
 
 

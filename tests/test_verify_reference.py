@@ -22,20 +22,26 @@ STATIC_ORDER = ["src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "n
                 "self-transfer"]
 
 
-def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int]]):
-    """Sequential model: returns the sorted list of (phase, step, kind order, transfer, kind)."""
+def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int]], root: int = 0, k: int = 1):
+    """Sequential model: returns the sorted list of (phase, step, kind order, transfer, kind).
+
+    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce."""
     errors = []
     live = []
+    nc = n * k
     for i, (s, d, t, c, o) in enumerate(rows):
-        problems = [not 0 <= s < n, not 0 <= d < n, not 0 <= c < n, t < 0, o not in (RECV, RRC), s == d]
+        problems = [not 0 <= s < n, not 0 <= d < n, not 0 <= c < nc, t < 0, o not in (RECV, RRC), s == d]
         if any(problems):
             errors.append((0, 0, 0, i, STATIC_ORDER[problems.index(True)]))
         else:
             live.append(i)
+    copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST)
     if coll is Collective.ALLGATHER:
-        state = {(r, c): (frozenset([c]) if r == c else frozenset()) for r in range(n) for c in range(n)}
+        state = {(r, c): (frozenset([r]) if r == c // k else frozenset()) for r in range(n) for c in range(nc)}
+    elif coll is Collective.BROADCAST:
+        state = {(r, c): (frozenset([r]) if r == root else frozenset()) for r in range(n) for c in range(nc)}
     else:
-        state = {(r, c): frozenset([r]) for r in range(n) for c in range(n)}
+        state = {(r, c): frozenset([r]) for r in range(n) for c in range(nc)}
     by_step = defaultdict(list)
     for i in live:
         by_step[rows[i][2]].append(i)
@@ -64,7 +70,7 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
                 errors.append((1, t, 2, i, "undefined-source"))
             elif o == RRC and not mine:
                 errors.append((1, t, 3, i, "undefined-target"))
-            elif o == RRC and coll is Collective.ALLGATHER:
+            elif o == RRC and copy_only:
                 errors.append((1, t, 4, i, "allgather-reduction"))
             elif o == RRC and have & mine:
                 errors.append((1, t, 5, i, "double-count"))
@@ -74,15 +80,19 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
     if not errors:
         everyone = frozenset(range(n))
         for r in range(n):
-            for c in range(n):
+            for c in range(nc):
                 if coll is Collective.ALLGATHER:
-                    ok = state[(r, c)] == frozenset([c])
+                    ok = state[(r, c)] == frozenset([c // k])
+                elif coll is Collective.BROADCAST:
+                    ok = state[(r, c)] == frozenset([root])
                 elif coll is Collective.REDUCESCATTER:
-                    ok = c != r or state[(r, c)] == everyone
+                    ok = c // k != r or state[(r, c)] == everyone
+                elif coll is Collective.REDUCE:
+                    ok = r != root or state[(r, c)] == everyone
                 else:
                     ok = state[(r, c)] == everyone
                 if not ok:
-                    errors.append((2, 0, 0, r * n + c, "postcondition"))
+                    errors.append((2, 0, 0, r * nc + c, "postcondition"))
     return sorted(errors)
 
 
@@ -95,10 +105,10 @@ def one_site_per_row(header: Header, rows) -> Algorithm:
                      [np.zeros((1, 0), dtype=np.int64) for _ in range(k)])
 
 
-def compare(alg_rows, coll: Collective, n: int, max_errors: int = 20) -> None:
-    header = Header(n, coll, "rand", location=Location(SRC, 1, 1))
+def compare(alg_rows, coll: Collective, n: int, max_errors: int = 20, root: int = 0, k: int = 1) -> None:
+    header = Header(n, coll, "rand", location=Location(SRC, 1, 1), root=root, chunks_per_rank=k)
     alg = one_site_per_row(header, alg_rows)
-    ref = reference(coll, n, [tuple(r) for r in alg_rows])
+    ref = reference(coll, n, [tuple(r) for r in alg_rows], root, k)
     try:
         verify(alg, max_errors=max_errors)
     except VerifyError as err:
@@ -112,7 +122,7 @@ def compare(alg_rows, coll: Collective, n: int, max_errors: int = 20) -> None:
         for diag, kind, e in zip(counted, kinds, ref):
             if kind.startswith("postcondition"):
                 assert diag.location.line == 1
-                r, c = divmod(e[3], n)
+                r, c = divmod(e[3], n * k)
                 assert diag.message.startswith(f"rank {r} does not hold chunk {c} ")
             else:
                 assert diag.location.line == 10 + e[3]
@@ -127,33 +137,37 @@ def random_programs(draw):
     """Arbitrary small programs: mostly in range, sometimes not; few steps so races happen."""
     n = draw(st.integers(1, 5))
     coll = draw(st.sampled_from(list(Collective)))
+    k = draw(st.sampled_from([1, 1, 2, 3]))
+    root = draw(st.integers(0, n - 1)) if coll.rooted else 0
     oob = draw(st.booleans())
     lo, hi = (-1, n) if oob else (0, n - 1)
     row = st.tuples(st.integers(lo, hi), st.integers(lo, hi), st.integers(-1 if oob else 0, 4),
-                    st.integers(lo, hi), st.sampled_from([RECV, RRC, RECV, RRC] + ([3] if oob else [])))
+                    st.integers(lo, n * k if oob else n * k - 1),
+                    st.sampled_from([RECV, RRC, RECV, RRC] + ([3] if oob else [])))
     rows = draw(st.lists(row, max_size=14))
-    return coll, n, rows
+    return coll, n, rows, root, k
 
 
 @settings(max_examples=400, deadline=None)
 @given(random_programs())
 def test_matches_reference_on_random_programs(prog):
-    coll, n, rows = prog
-    compare(rows, coll, n)
+    coll, n, rows, root, k = prog
+    compare(rows, coll, n, root=root, k=k)
 
 
 @settings(max_examples=60, deadline=None)
 @given(random_programs(), st.integers(1, 4))
 def test_matches_reference_with_small_max_errors(prog, max_errors):
-    coll, n, rows = prog
-    compare(rows, coll, n, max_errors)
+    coll, n, rows, root, k = prog
+    compare(rows, coll, n, max_errors, root, k)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_programs(max_ranks=6))
 def test_matches_reference_on_valid_programs(alg):
-    assert reference(alg.header.collective, alg.header.nranks, list(alg.rows())) == []
-    compare(list(alg.rows()), alg.header.collective, alg.header.nranks)
+    h = alg.header
+    assert reference(h.collective, h.nranks, list(alg.rows()), h.root, h.chunks_per_rank) == []
+    compare(list(alg.rows()), h.collective, h.nranks, root=h.root, k=h.chunks_per_rank)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -161,7 +175,8 @@ def test_matches_reference_on_valid_programs(alg):
 def test_matches_reference_on_mutants(data):
     alg = data.draw(valid_programs(max_ranks=6, min_ranks=2))
     _, mutant = data.draw(mutations(alg))
-    compare(list(mutant.rows()), alg.header.collective, alg.header.nranks)
+    h = alg.header
+    compare(list(mutant.rows()), h.collective, h.nranks, root=h.root, k=h.chunks_per_rank)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -175,6 +190,8 @@ def test_mutant_then_noise_matches_reference(data):
     for _ in range(k):
         pos = data.draw(st.integers(0, len(rows)))
         rows.insert(pos, (data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, n - 1)),
-                          data.draw(st.integers(0, max(r[2] for r in rows) + 1)), data.draw(st.integers(0, n - 1)),
+                          data.draw(st.integers(0, max(r[2] for r in rows) + 1)),
+                          data.draw(st.integers(0, alg.header.nchunks - 1)),
                           data.draw(st.sampled_from([RECV, RRC]))))
-    compare(rows, alg.header.collective, n)
+    h = alg.header
+    compare(rows, h.collective, n, root=h.root, k=h.chunks_per_rank)

@@ -315,7 +315,7 @@ class Evaluator:
         top = Frame(1)
         h = prog.header
         for name, val in zip(HEADER_VARS, (h.nranks, h.nchannels, h.nwarps, h.gpu_per_node,
-                                           h.nic_per_node)):
+                                           h.nic_per_node, h.root, h.chunks_per_rank, h.nchunks)):
             top.vars[name] = (val, None, None)
         self.block(prog.body, top)
         return self.assemble()

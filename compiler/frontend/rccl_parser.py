@@ -376,10 +376,16 @@ _PARAMS = {
     "AlgoName": ("str", False, "algo"),
     "GPUPerNode": ("int", False, 0),
     "NICPerNode": ("int", False, 0),
+    "Root": ("int", False, 0),            # extension: Broadcast / Reduce root
+    "nChunksPerRank": ("int", False, 1),  # extension: chunks each rank owns (nChunks = nRanks * this)
 }
-_PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0}
+_PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0,
+              "nChunksPerRank": 1}
+#: upper bound on nRanks * nChunksPerRank (the verifier's state has nRanks * nChunks rows)
+MAX_CHUNKS = 1 << 24
 # Header integers that the body may read as predefined variables.
-HEADER_VARS = ("nRanks", "nChannels", "nWarps", "GPUPerNode", "NICPerNode")
+HEADER_VARS = ("nRanks", "nChannels", "nWarps", "GPUPerNode", "NICPerNode", "Root", "nChunksPerRank",
+               "nChunks")
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
 
@@ -432,6 +438,7 @@ class _Builder:
         head_tok = next(k for k in kids if isinstance(k, Token))
         loc = self.loc(head_tok)
         seen: dict[str, object] = {}
+        params: dict[str, Tree] = {}
         for p in kids:
             if not isinstance(p, Tree) or p.data != "param":
                 continue
@@ -447,15 +454,28 @@ class _Builder:
             if name in seen:
                 raise CompileError.at(self.loc(name_tok), f"duplicate header parameter '{name}'")
             seen[name] = self.param_value(name, val)
+            params[name] = val
         for name, (_, required, _) in _PARAMS.items():
             if required and name not in seen:
                 raise CompileError.at(loc, f"missing required header parameter '{name}'")
+        coll, nranks = seen["OpType"], seen["nRanks"]
+        if "Root" in seen:
+            rloc = self.tree_loc(params["Root"])
+            if not coll.rooted:
+                raise CompileError.at(rloc, f"header parameter 'Root' applies to Broadcast and Reduce, "
+                                            f"not {coll.dsl_name}")
+            if seen["Root"] >= nranks:
+                raise CompileError.at(rloc, f"Root {seen['Root']} is out of range (nRanks={nranks}: "
+                                            f"ranks 0..{nranks - 1})")
+        if nranks * seen.get("nChunksPerRank", 1) > MAX_CHUNKS:
+            where = self.tree_loc(params["nChunksPerRank"]) if "nChunksPerRank" in params else loc
+            raise CompileError.at(where, f"nRanks * nChunksPerRank must be at most {MAX_CHUNKS}")
         return Header(
             nranks=seen["nRanks"], collective=seen["OpType"],
             name=seen.get("AlgoName", "algo"),
             nchannels=seen.get("nChannels", 1), nwarps=seen.get("nWarps", 16),
             gpu_per_node=seen.get("GPUPerNode", 0), nic_per_node=seen.get("NICPerNode", 0),
-            location=loc,
+            location=loc, root=seen.get("Root", 0), chunks_per_rank=seen.get("nChunksPerRank", 1),
         )
 
     def param_value(self, name: str, val: Tree):
@@ -488,7 +508,7 @@ class _Builder:
             if c is None:
                 shown = text if len(text) <= 40 else text[:37] + "..."
                 raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected Allgather, "
-                                            f"Allreduce or Reducescatter)")
+                                            f"Allreduce, Reducescatter, Broadcast or Reduce)")
             return c
         return text
 

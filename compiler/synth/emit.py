@@ -3,8 +3,9 @@
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
 bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
 per line, grouped by step. It parses back to exactly the transfers of :func:`to_algorithm`, so
-``hccc`` compiles it like any other program. Chunk ids follow the language's data model: rank r's
-own chunk (AllGather) and the chunk reduced at rank r (ReduceScatter) are chunk r.
+``hccc`` compiles it like any other program. Chunk ids follow the language's data model: with ``K``
+chunks per rank (``nChunksPerRank``), rank r's own chunks (AllGather) and the chunks reduced at
+rank r (ReduceScatter) are chunks ``r*K .. r*K+K-1``; a Broadcast names its ``Root``.
 """
 from __future__ import annotations
 
@@ -18,12 +19,8 @@ from ..topology import Topology
 from .collectives import SynthResult
 
 
-def dsl_collective(collective: str, chunks_per_rank: int = 1) -> Collective:
+def dsl_collective(collective: str) -> Collective:
     """The ResCCLang OpType for a synthesis request, or a CompileError saying why there is none."""
-    if chunks_per_rank != 1:
-        raise CompileError([Diagnostic(
-            f"--chunks-per-rank {chunks_per_rank} cannot be written as ResCCLang: a program's "
-            f"buffer holds exactly nRanks chunks (one per rank); synthesise with --chunks-per-rank 1", None)])
     coll = Collective.parse(collective)
     if coll is None:
         raise CompileError([Diagnostic(
@@ -48,9 +45,10 @@ def _nic_per_node(topo: Topology | None) -> int:
 
 def header(result: SynthResult, topo: Topology | None = None) -> Header:
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
-    return Header(nranks=result.nranks, collective=dsl_collective(result.collective, result.chunks_per_rank),
-                  name=algo_name(result),
-                  nchannels=1, nwarps=16, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo))
+    coll = dsl_collective(result.collective)
+    return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
+                  nchannels=1, nwarps=16, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
+                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank))
 
 
 def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm:
@@ -98,8 +96,10 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
                                                                  if result.timed_out else ""))
     for c in extra_comments or []:
         lines.append("# " + _comment(c))
+    extra = (f"Root={h.root}, " if h.collective.rooted else "") + \
+        (f"nChunksPerRank={h.chunks_per_rank}, " if h.chunks_per_rank != 1 else "")
     lines.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
-                 f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", GPUPerNode={h.gpu_per_node}, '
+                 f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {extra}GPUPerNode={h.gpu_per_node}, '
                  f'NICPerNode={h.nic_per_node}):')
     rows = _sorted_rows(result)
     if not len(rows):

@@ -6,7 +6,8 @@
     python examples/c2c/generate.py --out DIR  # write somewhere else
 
 Each file is what ``hccc gen c2c examples/clusters/mixed_v100_w7800.topo --collective C -o FILE`` writes:
-HetCCL's cluster-to-cluster breakdown of C for 2 nodes x 4 NVIDIA V100 + 2 nodes x 4 AMD W7800.
+HetCCL's cluster-to-cluster breakdown of C for 2 nodes x 4 NVIDIA V100 + 2 nodes x 4 AMD W7800
+(Broadcast and Reduce with ``--root 9``, an AMD rank).
 Compile one for its cluster with
 ``hccc examples/c2c/c2c_allreduce_mixed_v100_w7800.rccl -o kernels/ --topology examples/clusters/mixed_v100_w7800.topo``
 (CUDA kernels for the NVIDIA ranks, HIP for the AMD ranks).
@@ -22,7 +23,9 @@ from hccc.compiler.frontend.topo_parser import load_topology
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE.parent / "clusters" / "mixed_v100_w7800.topo"
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+#: the rooted examples use an AMD rank as the root, so the data starts (or ends) in the second cluster
+ROOT = 9
 
 
 def examples() -> dict[str, str]:
@@ -30,7 +33,7 @@ def examples() -> dict[str, str]:
     topo = load_topology(CLUSTER)
     out = {}
     for coll in COLLECTIVES:
-        plan = plan_c2c(topo, coll)
+        plan = plan_c2c(topo, coll, root=ROOT if coll in ("broadcast", "reduce") else None)
         out[f"{plan.name}.rccl"] = plan.rccl()
     return out
 
