@@ -1,6 +1,7 @@
 """Simulated bus bandwidth of HetCCL's C2C algorithms against a flat ring, with cross-cluster bytes.
 
-    python benchmarks/mixed_vendor.py [--sizes 1M,16M,256M] [--execution task|algorithm] [--json]
+    python benchmarks/mixed_vendor.py [--sizes 1M,16M,256M] [--execution task|algorithm]
+                                      [--synth-time S | --no-synth] [--json]
 
 Setups (example clusters in ``examples/clusters``):
 
@@ -11,8 +12,10 @@ Setups (example clusters in ``examples/clusters``):
 * ``a100_topo2 1+1``: 2 nodes x 8 A100, one node per cluster (HetCCL's 2-node setups).
 
 For AllGather and AllReduce each row is one algorithm: the flat ring over all ranks in rank order
-(``hccc.compiler.generators``) or a C2C variant (``hccc.compiler.c2c``: border ranks = every GPU behind a
-NIC, or one per NIC; intra-cluster ring or mesh; K pieces). Every algorithm is verified, lowered
+(``hccc.compiler.generators``), a C2C variant (``hccc.compiler.c2c``: border ranks = every GPU behind a
+NIC, or one per NIC; intra-cluster ring or mesh; K pieces), or the schedule ``hccc synth`` finds for
+the whole cluster (``hccc.compiler.synth``, HeteCCL's chunking + CEGIS, ``--synth-time`` seconds per
+collective; its synthesis time is reported apart). Every algorithm is verified, lowered
 exactly as ``hccc`` does (HPDS, state-based TBs) and simulated by ``hccc.runtime.simulator`` (alpha-beta
 model with shared NIC / PCIe groups). ``xMB`` is the data that crosses cluster boundaries for the
 largest size (both algorithms counted with the same clusters); busbw uses nccl-tests' factors.
@@ -29,6 +32,7 @@ from hccc.compiler.c2c import cross_cluster_chunks, plan_c2c
 from hccc.compiler.frontend.topo_parser import load_topology
 from hccc.compiler.generators import ring_allgather, ring_allreduce
 from hccc.compiler.hierarchy import hierarchy
+from hccc.compiler.synth import synthesize, to_algorithm
 from hccc.compiler.verify import verify
 from hccc.runtime.simulator import build_for_execution, simulate
 
@@ -43,25 +47,30 @@ VARIANTS = (  # (label, border rule, intra-cluster algorithm, pieces)
 )
 
 
-def algorithms(topo, coll: str, nodes_per_cluster):
-    """(label, Algorithm, Hierarchy used to count cross-cluster bytes) for one setup."""
+def algorithms(topo, coll: str, nodes_per_cluster, synth_time: float | None = 10.0):
+    """(label, Algorithm, Hierarchy used to count cross-cluster bytes, synthesis seconds or None)
+    for one setup; ``synth_time`` None leaves the synthesised schedule out."""
     base = hierarchy(topo, nodes_per_cluster=nodes_per_cluster)
     ring = {"allgather": ring_allgather, "allreduce": ring_allreduce}[coll](topo.nranks, name="ring")
-    out = [("flat ring", ring, base)]
+    out = [("flat ring", ring, base, None)]
     for label, border, intra, k in VARIANTS:
         hier = hierarchy(topo, nodes_per_cluster=nodes_per_cluster, border=border)
         plan = plan_c2c(topo, coll, hier=hier, intra=intra, pipeline=k)
-        out.append((label + (f" (K={plan.pieces})" if plan.pieces != k else ""), plan.algorithm(), hier))
+        out.append((label + (f" (K={plan.pieces})" if plan.pieces != k else ""), plan.algorithm(), hier, None))
+    if synth_time is not None:
+        res = synthesize(topo, coll, time_limit=synth_time)
+        label = "synth" + (" (time limit)" if res.timed_out else "")
+        out.append((label, to_algorithm(res, topo), base, res.seconds))
     return out
 
 
-def run(sizes: list[int], execution: str) -> list[dict]:
+def run(sizes: list[int], execution: str, synth_time: float | None = 10.0) -> list[dict]:
     rows = []
     for stem, npc in SETUPS:
         topo = load_topology(CLUSTERS / f"{stem}.topo")
         name = stem + (f" {'+'.join(['' + str(npc)] * (len(topo.nodes) // npc))}" if npc else "")
         for coll in ("allgather", "allreduce"):
-            for label, alg, hier in algorithms(topo, coll, npc):
+            for label, alg, hier, synth_s in algorithms(topo, coll, npc, synth_time):
                 verify(alg)
                 t0 = time.perf_counter()
                 ir = build_for_execution(alg, execution)
@@ -75,6 +84,7 @@ def run(sizes: list[int], execution: str) -> list[dict]:
                     "lower_bound_busbw_GBps": {str(s): r.busbw_GBps * r.time_s / r.lower_bound_s
                                                for s, r in zip(sizes, res)},
                     "seconds": time.perf_counter() - t0,
+                    "synthesis_seconds": synth_s,
                 })
     return rows
 
@@ -84,10 +94,13 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,16M,256M",
                     help="comma-separated buffer sizes (nccl-tests' size), e.g. 1M,64M,1G")
     ap.add_argument("--execution", choices=("task", "algorithm"), default="task")
+    ap.add_argument("--synth-time", type=float, default=10.0, metavar="S",
+                    help="time limit of each hccc synth run (default 10 s)")
+    ap.add_argument("--no-synth", action="store_true", help="leave the synthesised schedules out")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = run(sizes, args.execution)
+    rows = run(sizes, args.execution, None if args.no_synth else args.synth_time)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -97,14 +110,15 @@ def main() -> int:
     tab = Table(title=f"simulated busbw (GB/s), {args.execution}-level execution; xMB = MB crossing "
                       f"clusters at {args.sizes.split(',')[-1]}")
     for col in ("setup", "coll", "algorithm", "transfers", "steps", "xMB",
-                *[f"busbw {s}" for s in args.sizes.split(",")], "bound"):
+                *[f"busbw {s}" for s in args.sizes.split(",")], "bound", "synth s"):
         tab.add_column(col, justify="left" if col in ("setup", "coll", "algorithm") else "right")
     for r in rows:
         last = str(max(sizes))
         tab.add_row(r["setup"], r["collective"], r["algorithm"], str(r["transfers"]), str(r["steps"]),
                     f"{r['cross_cluster_bytes'] / 2**20:.0f}",
                     *[f"{r['busbw_GBps'][str(s)]:.2f}" for s in sizes],
-                    f"{r['lower_bound_busbw_GBps'][last]:.2f}")
+                    f"{r['lower_bound_busbw_GBps'][last]:.2f}",
+                    "" if r["synthesis_seconds"] is None else f"{r['synthesis_seconds']:.1f}")
     Console(width=200).print(tab)
     return 0
 

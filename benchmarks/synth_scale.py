@@ -31,6 +31,7 @@ from hccc.compiler.generators import ring_allgather, ring_allreduce
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology, synthesize, to_algorithm
 from hccc.compiler.verify import verify
+from hccc.runtime.busbw import busbw_factor
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,10 +69,6 @@ def _simulator():
     return simulate
 
 
-def _factor(coll: str, n: int) -> float:
-    return (2.0 if coll == "allreduce" else 1.0) * (n - 1) / n
-
-
 def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int) -> dict:
     from hccc.cmd_synth import simulated_score
 
@@ -91,7 +88,7 @@ def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int)
         ring = (ring_allgather if coll == "allgather" else ring_allreduce)(n)
         r = sim(build_program(ring), topo, SIZE, slice_bytes="auto")
         cut = bandwidth_cut_bound(network_from_topology(topo), coll, n, 1, 0, SIZE)
-        cut_busbw = SIZE / cut / 1e9 * _factor(coll, n)
+        cut_busbw = SIZE / cut / 1e9 * busbw_factor(coll, n)
         row.update({"busbw": round(s.busbw_GBps, 2), "ring_busbw": round(r.busbw_GBps, 2),
                     "cut_busbw": round(cut_busbw, 2), "vs_ring": round(s.busbw_GBps / r.busbw_GBps, 2),
                     "vs_cut": round(s.busbw_GBps / cut_busbw, 3)})

@@ -497,6 +497,31 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
         return hop_first(c, o), (c - o) % C, int(piece[x]), x
 
     rows = _Rows()
+
+    def copy_around(x: int, o: int, src: int) -> None:
+        """AllGather / Broadcast of chunk ``x``: from ``src`` over cluster ``o``'s ring (start), then
+        around the cluster ring (c2cCpy) and over each receiving cluster's ring (end)."""
+        rows.bcast(rings[o], pos[o], mesh, src, x, piece[x], 0, START)
+        # a chunk whose source is its own sender crosses at once, alongside the start collective
+        # (Fig. 9: every rank a border rank); otherwise after it
+        late = 0 if holder[o, x] == src else 1
+        for j in range(1, C):
+            a, b = (o + j - 1) % C, (o + j) % C
+            rows.add(holder[a, x], holder[b, x], x, RECV, piece[x], j - 1 + late, 0, C2C)
+            rows.bcast(rings[b], pos[b], mesh, int(holder[b, x]), x, piece[x], j + late, END)
+
+    def reduce_around(x: int, o: int, dst: int) -> None:
+        """ReduceScatter / Reduce of chunk ``x``: every other cluster reduces it to its holder
+        (start), the partial sums go around the ring from ``o+1`` to ``o`` (c2cRed), and cluster
+        ``o`` reduces onto ``dst`` (end)."""
+        for c in range(C):
+            if c != o:
+                rows.reduce(rings[c], pos[c], mesh, int(holder[c, x]), x, piece[x], hop_first(c, o) - 1, START)
+        for j in range(1, C):
+            a, b = (o + j) % C, (o + j + 1) % C
+            rows.add(holder[a, x], holder[b, x], x, RRC, piece[x], j, 0, C2C)
+        rows.reduce(rings[o], pos[o], mesh, dst, x, piece[x], C, END)
+
     if coll is Collective.ALLGATHER:
         block = rc.copy()  # chunk x belongs to its owner's cluster
         # senders of the own chunks first (so that a border rank sends its own chunk when it can)
@@ -513,15 +538,7 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
             if inc:
                 assign(c, inc)
         for x in range(G):
-            o = int(block[x])
-            rows.bcast(rings[o], pos[o], mesh, x, x, piece[x], 0, START)
-            # a chunk whose owner is its own sender crosses at once, alongside the start AllGather
-            # (Fig. 9: every rank a border rank); otherwise after it
-            late = 0 if holder[o, x] == x else 1
-            for j in range(1, C):
-                a, b = (o + j - 1) % C, (o + j) % C
-                rows.add(holder[a, x], holder[b, x], x, RECV, piece[x], j - 1 + late, 0, C2C)
-                rows.bcast(rings[b], pos[b], mesh, int(holder[b, x]), x, piece[x], j + late, END)
+            copy_around(x, int(block[x]), x)
     elif coll is Collective.REDUCESCATTER:
         block = rc.copy()
         piece, k = _split_pieces([list(c.ranks) for c in clusters], pipeline, G)
@@ -529,45 +546,15 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
             for c in range(C):
                 assign(c, sorted(range(G), key=lambda x: order_key(c, x)))
         for x in range(G):
-            o = int(block[x])
-            for c in range(C):
-                if c != o:
-                    rows.reduce(rings[c], pos[c], mesh, int(holder[c, x]), x, piece[x],
-                                hop_first(c, o) - 1, START)
-            for j in range(1, C):
-                a, b = (o + j) % C, (o + j + 1) % C
-                rows.add(holder[a, x], holder[b, x], x, RRC, piece[x], j, 0, C2C)
-            rows.reduce(rings[o], pos[o], mesh, x, x, piece[x], C, END)
-    elif coll is Collective.BROADCAST:
-        o = int(rc[R])
-        block = np.full(G, o, dtype=np.int64)  # every chunk starts in the root's cluster
+            reduce_around(x, int(block[x]), x)
+    elif coll.rooted:  # Broadcast, Reduce: every chunk starts (ends) in the root's cluster
+        block = np.full(G, int(rc[R]), dtype=np.int64)
         piece, k = _split_pieces([list(range(G))], pipeline, G)
         if C > 1:
             for c in range(C):
                 assign(c, sorted(range(G), key=lambda x: (piece[x], x)))
         for x in range(G):
-            rows.bcast(rings[o], pos[o], mesh, R, x, piece[x], 0, START)
-            late = 0 if holder[o, x] == R else 1  # the root's own share crosses at once
-            for j in range(1, C):
-                a, b = (o + j - 1) % C, (o + j) % C
-                rows.add(holder[a, x], holder[b, x], x, RECV, piece[x], j - 1 + late, 0, C2C)
-                rows.bcast(rings[b], pos[b], mesh, int(holder[b, x]), x, piece[x], j + late, END)
-    elif coll is Collective.REDUCE:
-        o = int(rc[R])
-        block = np.full(G, o, dtype=np.int64)
-        piece, k = _split_pieces([list(range(G))], pipeline, G)
-        if C > 1:
-            for c in range(C):
-                assign(c, sorted(range(G), key=lambda x: (piece[x], x)))
-        for x in range(G):
-            for c in range(C):
-                if c != o:
-                    rows.reduce(rings[c], pos[c], mesh, int(holder[c, x]), x, piece[x],
-                                hop_first(c, o) - 1, START)
-            for j in range(1, C):
-                a, b = (o + j) % C, (o + j + 1) % C
-                rows.add(holder[a, x], holder[b, x], x, RRC, piece[x], j, 0, C2C)
-            rows.reduce(rings[o], pos[o], mesh, R, x, piece[x], C, END)
+            (copy_around if coll is Collective.BROADCAST else reduce_around)(x, int(block[x]), R)
     else:  # ALLREDUCE
         block = np.zeros(G, dtype=np.int64)
         blocks = [b.tolist() for b in np.array_split(np.arange(G, dtype=np.int64), C)]

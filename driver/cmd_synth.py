@@ -135,18 +135,18 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
         head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
                       chunks_per_rank=chunks_per_rank)
         alg = Algorithm.from_rows(head, np.asarray(rows).tolist())
-        return float(simulate(build_program(alg), topo, int(nbytes)).time_s)
+        return float(simulate(build_program(alg), topo, int(nbytes), slice_bytes="auto").time_s)
 
     return score
 
 
 def _bandwidth_bound(result, nbytes: int) -> dict:
     """ForestColl's cut bound for the collective's full buffer of ``nbytes``, also as nccl-tests busbw."""
+    from hccc.runtime.busbw import busbw_factor
+
     t = float(result.detail["cut_bound_seconds"])
     n = result.nranks
-    factor = (2.0 if result.collective == "allreduce" else 1.0) * (n - 1) / n if n > 1 else 0.0
-    if result.collective == "broadcast":
-        factor = 1.0
+    factor = busbw_factor(result.collective, n)
     return {"bytes": int(nbytes), "seconds": t, "busbw_GBps": (nbytes / t / 1e9 * factor) if t > 0 else 0.0}
 
 

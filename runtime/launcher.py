@@ -56,6 +56,7 @@ from hccc.compiler.codegen import buffer_bases
 from hccc.compiler.slicing import auto_slice_bytes
 
 from . import cache, reference
+from .busbw import busbw_factor
 from .kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
 from .platform import Instance, Platform, PlatformError, get_platform
 
@@ -115,22 +116,6 @@ class RunResult:
             if not math.isfinite(d[k]):
                 d[k] = None
         return d
-
-
-def busbw_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: AllReduce 2(n-1)/n, AllGather and ReduceScatter (n-1)/n,
-    Broadcast and Reduce 1."""
-    n = int(nranks)
-    if n <= 0:
-        return 0.0
-    c = str(collective).lower()
-    if c == "allreduce":
-        return 2.0 * (n - 1) / n
-    if c in ("allgather", "reducescatter"):
-        return (n - 1) / n
-    if c in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
 
 
 # ============================================================================ generation cache

@@ -51,6 +51,7 @@ from hccc.compiler.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_by
 from hccc.compiler.topology import Topology
 
 from . import sim_engine as eng
+from .busbw import busbw_factor
 from .sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
                         lower_bound, prepare, resource_bytes)
 
@@ -65,19 +66,8 @@ __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "
            "resolve_slice"]
 
 
-def bus_factor(collective: str, nranks: int) -> float:
-    """nccl-tests' busbw / algbw factor."""
-    n = int(nranks)
-    if n <= 0:
-        raise ValueError("nranks must be positive")
-    c = collective.lower()
-    if c == "allreduce":
-        return 2.0 * (n - 1) / n
-    if c in ("allgather", "reducescatter"):
-        return (n - 1) / n
-    if c in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective {collective!r}")
+#: nccl-tests' busbw / algbw factor (the one definition, :mod:`hccc.runtime.busbw`)
+bus_factor = busbw_factor
 
 
 @dataclass

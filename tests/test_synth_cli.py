@@ -98,6 +98,10 @@ def test_broadcast_and_chunks_per_rank(topo, tmp_path, capsys, argv, header):
     ins = inputs_for(ir, 7 * alg.header.nchunks + 3, "int32", seed=2)
     for got, want in zip(execute(ir, ins), expected_for(ir, ins)):
         assert np.array_equal(got, want)
+    if "broadcast" in argv:  # and as kernels: hccc run --backend cpu
+        assert main(["run", str(out), "--backend", "cpu", "--bytes", "4K,100000", "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)["results"]
+        assert all(r["wrong"] == 0 and r["stuck"] is None and r["collective"] == "broadcast" for r in res)
 
 
 def test_root_needs_broadcast(topo, tmp_path, capsys):
