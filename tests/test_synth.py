@@ -24,7 +24,7 @@ from hccc.compiler.synth.problem import replay
 from hccc.compiler.frontend import parse_rccl
 from hccc.compiler.topology_check import check_on_topology
 from hccc.compiler.verify import verify
-from hccc.runtime.reference import execute, expected, make_inputs
+from hccc.runtime.reference import execute, expected_for, inputs_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
@@ -60,10 +60,9 @@ def clusters(draw, max_nodes: int = 3, max_gpus: int = 4):
 
 def _run_reference(alg, count: int = 96):
     ir = build_program(alg)
-    coll = alg.header.collective.value
-    inputs = make_inputs(coll, alg.header.nranks, count, "int32", seed=3)
+    inputs = inputs_for(ir, count, "int32", seed=3)
     got = execute(ir, inputs, op="sum")
-    want = expected(coll, inputs, "sum")
+    want = expected_for(ir, inputs, "sum")
     for r, (g, w) in enumerate(zip(got, want)):
         assert np.array_equal(g, w), f"rank {r}: reference executor disagrees with the oracle"
 
@@ -75,7 +74,7 @@ def _assert_valid(result, topo):
     assert result.steps >= result.lower_bound_steps
     # the text parses back to exactly the same transfers
     back = parse_rccl(to_rccl(result, topo), "synth.rccl")
-    for field in ("nranks", "collective", "name", "gpu_per_node", "nic_per_node"):
+    for field in ("nranks", "collective", "name", "gpu_per_node", "nic_per_node", "root", "chunks_per_rank"):
         assert getattr(back.header, field) == getattr(alg.header, field)
     assert sorted(back.rows()) == sorted(alg.rows())
     return alg
@@ -122,16 +121,20 @@ def test_reducescatter_is_the_time_reversed_allgather():
 
 
 # ---------------------------------------------------------------- property: random clusters
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=clusters(), coll=st.sampled_from(["allgather", "reducescatter", "allreduce"]))
-def test_random_clusters_verify_and_match_the_reference(topo, coll):
-    res = synthesize(topo, coll, time_limit=4)
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=clusters(), coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]),
+       k=st.sampled_from([1, 1, 2]), data=st.data())
+def test_random_clusters_verify_and_match_the_reference(topo, coll, k, data):
+    root = data.draw(st.integers(0, topo.nranks - 1)) if coll == "broadcast" else 0
+    res = synthesize(topo, coll, time_limit=4, root=root, chunks_per_rank=k)
     alg = _assert_valid(res, topo)
+    assert alg.header.chunks_per_rank == k and alg.header.root == root
     _run_reference(alg)
     net = network_from_topology(topo)
-    if coll == "allgather":
+    if coll in ("allgather", "broadcast"):
         sched = Schedule(alg.src, alg.dst, alg.step, alg.chunk)
-        assert check(net, allgather_task(topo.nranks), sched) == []
+        task = allgather_task(topo.nranks, k) if coll == "allgather" else broadcast_task(topo.nranks, root, k)
+        assert check(net, task, sched) == []
 
 
 def _launcher():
@@ -143,13 +146,14 @@ def _launcher():
     return run_program if shutil.which("g++") else None
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=clusters(max_nodes=2, max_gpus=3), coll=st.sampled_from(["allgather", "reducescatter", "allreduce"]))
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=clusters(max_nodes=2, max_gpus=3),
+       coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]))
 def test_random_clusters_run_in_cpu_emulation(topo, coll):
     run_program = _launcher()
     if run_program is None:
         pytest.skip("CPU emulation (hccc.runtime.launcher and g++) not available")
-    res = synthesize(topo, coll, time_limit=3)
+    res = synthesize(topo, coll, time_limit=3, root=topo.nranks - 1)
     alg = _assert_valid(res, topo)
     out = run_program(build_program(alg, chunk_bytes=256), backend="cpu", nbytes=4096 + 12, dtype="float32",
                       op="sum", timeout_s=20)
