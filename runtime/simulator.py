@@ -312,7 +312,7 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
     ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
     fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
     """
-    from hccc.compiler.build import build_from_schedule, build_program, schedule_algorithm
+    from hccc.compiler.build import build_from_schedule, build_program
     from hccc.compiler.dag import build_dag
 
     if execution == "task":

@@ -15,8 +15,7 @@ import pytest
 from hccc.cli import main
 from hccc.compiler import generators as gen
 from hccc.compiler.build import build_program
-from hccc.compiler.program_ir import Buf, Op
-from test_codegen_irs import _ir_from_rows
+from test_codegen_irs import stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -114,16 +113,8 @@ def test_program_ir_json_runs_as_given(tmp_path, capsys):
 
 
 def _stuck_ir_json(tmp_path):
-    rows = []
-    for r in range(2):
-        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
-                         dst_off=1 - r, task=1 - r))
-        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
-                         src_off=0, task=r))
-        rows.append(dict(rank=r, tb=1, seq=0, op=Op.COPY, src_buf=Buf.INPUT, src_off=0,
-                         dst_buf=Buf.OUTPUT, dst_off=r))
     p = tmp_path / "stuck.json"
-    p.write_text(_ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows).to_json())
+    p.write_text(stuck_ir().to_json())
     return p
 
 

@@ -32,6 +32,21 @@ def _ir_from_rows(name, collective, nranks, nchunks, in_chunks, out_chunks, scra
     return ir
 
 
+def stuck_ir(copies: bool = True):
+    """Two ranks that each receive before they send: a deadlock the kernels must report (with
+    ``copies``, each rank also copies its own chunk on a second TB)."""
+    rows = []
+    for r in range(2):
+        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
+                         dst_off=1 - r, task=1 - r))
+        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
+                         src_off=0, task=r))
+        if copies:
+            rows.append(dict(rank=r, tb=1, seq=0, op=Op.COPY, src_buf=Buf.INPUT, src_off=0,
+                             dst_buf=Buf.OUTPUT, dst_off=r))
+    return _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
+
+
 def ring_allgather(n: int, name: str = "ring_ag") -> ProgramIR:
     """Out-of-place ring AllGather: TB 2 copies input -> output[r]; TB 0 sends output[r] once the
     copy is done, then forwards each chunk TB 1 received (cross-TB deps per micro-batch)."""

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
 
 # HeteCCL Appendix A, Fig. 10 (6 GPUs: node1 = 2, node2 = 4), every GPU pair linked
-from cluster_texts import FIG10  # noqa: E402
+from cluster_texts import FIG10, MIXED_2X2  # noqa: E402
 
 # V100 (4 + 8) without the UPI: the two NVLink islands of node2 (ranks 4-7, 8-11) are not linked
 V100_NO_UPI = """\
@@ -55,30 +55,6 @@ define node1 = 4
 define bandwidth = {direct => [((0,1) -> (25,1)), ((1,2) -> (25,1)), ((2,3) -> (25,1)), ((3,0) -> (25,1))]}
 """
 
-# 2 NVIDIA + 2 AMD nodes of 2 GPUs, NICs per node
-MIXED = """\
-define nodenum = 4
-define node1 = 2
-define vendor = nvidia
-define gpu = V100
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define nic = [((0,1) -> (25,1))]
-define node2 = 2
-define vendor = amd
-define gpu = W7800
-define bandwidth = {switch => [(((0),(1)) >-> (32,1))]}
-define nic = [((0,1) -> (25,1))]
-define node3 = 2
-define vendor = nvidia
-define nic = [((0,1) -> (25,1))]
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define node4 = 2
-define vendor = amd
-define nic = [((0,1) -> (25,1))]
-define bandwidth = {switch => [(((0),(1)) >-> (32,1))]}
-define internode = all
-define interbandwidth = nic
-"""
 MIXED_VENDORS = ["nvidia", "nvidia", "amd", "amd", "nvidia", "nvidia", "amd", "amd"]
 
 
@@ -223,7 +199,7 @@ def test_check_accepts_exactly_the_linked_transfers(case):
 # platforms and the manifest
 # ---------------------------------------------------------------------------------------------
 def test_platforms_for():
-    topo = parse_topology(MIXED, "mixed.topo")
+    topo = parse_topology(MIXED_2X2, "mixed.topo")
     assert topo.rank_vendor == tuple(MIXED_VENDORS)
     expect = [("cuda",) if v == "nvidia" else ("hip",) for v in MIXED_VENDORS]
     assert platforms_for(8, "auto", topo) == expect
@@ -245,7 +221,7 @@ def _compile(tmp_path: Path, algo: Path, topo: Path, out: str, *extra: str) -> d
 
 def test_mixed_vendor_compile_takes_platforms_from_vendors_and_records_the_cluster(tmp_path):
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
-    topo = write(tmp_path, "mixed.topo", MIXED)
+    topo = write(tmp_path, "mixed.topo", MIXED_2X2)
     man = _compile(tmp_path, algo, topo, "k")
     plats = [r["platform"] for r in man["ranks"]]
     assert plats == ["cuda" if v == "nvidia" else "hip" for v in MIXED_VENDORS]
@@ -270,7 +246,7 @@ def test_mixed_vendor_compile_takes_platforms_from_vendors_and_records_the_clust
 
 def test_topology_compile_is_deterministic_and_absent_without_topology(tmp_path):
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
-    topo = write(tmp_path, "mixed.topo", MIXED)
+    topo = write(tmp_path, "mixed.topo", MIXED_2X2)
     _compile(tmp_path, algo, topo, "k1")
     _compile(tmp_path, algo, topo, "k2")
     digest = {d: {p.name: p.read_bytes() for p in sorted((tmp_path / d).iterdir())} for d in ("k1", "k2")}
@@ -316,11 +292,11 @@ def test_check_text_summary_names_the_cluster(tmp_path, capsys):
 
 def test_bad_topology_file_is_a_located_error_and_no_output(tmp_path):
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
-    topo = write(tmp_path, "bad.topo", MIXED.replace("define node3 = 2", "define node3 = 2.5"))
+    topo = write(tmp_path, "bad.topo", MIXED_2X2.replace("define node3 = 2", "define node3 = 2.5"))
     out = tmp_path / "k"
     p = run_cli(str(algo), "-o", str(out), "--topology", str(topo))
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert re.search(rf"{re.escape(str(topo))}:{line_of(MIXED, 'define node3')}:\d+: error: .*integer", p.stderr)
+    assert re.search(rf"{re.escape(str(topo))}:{line_of(MIXED_2X2, 'define node3')}:\d+: error: .*integer", p.stderr)
     assert not out.exists()
     p = run_cli("check", str(algo), "--topology", str(tmp_path / "missing.topo"))
     assert p.returncode == 1 and "cannot read" in p.stderr and "Traceback" not in p.stderr
@@ -330,7 +306,7 @@ def test_compile_algorithm_api_and_manifest_extra(tmp_path):
     from hccc.compiler.codegen import generate
     from hccc.compiler.build import build_program
 
-    topo_path = write(tmp_path, "mixed.topo", MIXED)
+    topo_path = write(tmp_path, "mixed.topo", MIXED_2X2)
     cluster = read_cluster(topo_path)
     assert isinstance(cluster, ClusterSource) and cluster.name == "mixed.topo"
     alg = load_algorithm(write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2)))
@@ -349,7 +325,7 @@ def test_mixed_vendor_output_builds_with_nvcc_and_hipcc(tmp_path, nvcc, hipcc):
     """The generated Makefile builds the CUDA library from the NVIDIA ranks and the HIP library from
     the AMD ranks; each library defines exactly its own ranks' kernels."""
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
-    topo = write(tmp_path, "mixed.topo", MIXED)
+    topo = write(tmp_path, "mixed.topo", MIXED_2X2)
     man = _compile(tmp_path, algo, topo, "k")
     out = tmp_path / "k"
     trim = "-DHCCC_ENABLE_FLOAT16=0 -DHCCC_ENABLE_BFLOAT16=0 -DHCCC_ENABLE_INT32=0 -DHCCC_ENABLE_MIN=0"

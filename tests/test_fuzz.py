@@ -13,7 +13,7 @@ from hccc.cli import main
 from hccc.compiler import generators as gen
 from hccc.compiler.build import build_program
 from hccc.compiler.program_ir import Buf, Op
-from test_codegen_irs import _ir_from_rows
+from test_codegen_irs import stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -42,14 +42,8 @@ def test_fuzz_text_summary(capsys, tmp_path):
 
 
 def test_fuzz_reports_a_stuck_program_at_once(capsys, tmp_path):
-    rows = []
-    for r in range(2):
-        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
-                         dst_off=1 - r, task=1 - r))
-        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
-                         src_off=0, task=r))
     p = tmp_path / "stuck.json"
-    ir = _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
+    ir = stuck_ir(copies=False)
     ir.chunk_bytes = 64
     p.write_text(ir.to_json())
     rc = main(["fuzz", str(p), "--timeout", "0.3"])

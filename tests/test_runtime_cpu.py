@@ -24,7 +24,7 @@ from hccc.runtime import cache, kernel_abi, reference
 from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.launcher import Runner, busbw_factor, run_program
 from hccc.runtime.platform import PlatformError, get_platform
-from test_codegen_irs import _ir_from_rows, ring_allgather, ring_allreduce, ring_allreduce_fused
+from test_codegen_irs import ring_allgather, stuck_ir, ring_allreduce, ring_allreduce_fused
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -131,23 +131,10 @@ def test_bfloat16_rounds_like_the_reference(pf):
 
 
 # ---------------------------------------------------------------------------- failures
-def _stuck_ir():
-    """Both ranks receive before they send."""
-    rows = []
-    for r in range(2):
-        rows.append(dict(rank=r, tb=0, seq=0, op=Op.RECV, recv_peer=1 - r, dst_buf=Buf.OUTPUT,
-                         dst_off=1 - r, task=1 - r))
-        rows.append(dict(rank=r, tb=0, seq=1, op=Op.SEND, send_peer=1 - r, src_buf=Buf.INPUT,
-                         src_off=0, task=r))
-        rows.append(dict(rank=r, tb=1, seq=0, op=Op.COPY, src_buf=Buf.INPUT, src_off=0,
-                         dst_buf=Buf.OUTPUT, dst_off=r))
-    return _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
-
-
 @pytest.mark.parametrize("nthreads", [1, 4])
 def test_deadlock_times_out_reports_and_aborts(pf, nthreads):
     """The timeout names rank, TB, primitive and chunk, and every TB exits (the run returns)."""
-    with Runner(_stuck_ir(), pf, "float32", "sum", nthreads=nthreads, timeout_s=0.2) as runner:
+    with Runner(stuck_ir(), pf, "float32", "sum", nthreads=nthreads, timeout_s=0.2) as runner:
         res = runner.run(count=16)
         assert res.stuck is not None and res.wrong == 0
         m = re.match(r"rank ([01]), TB 0 stuck in recv for chunk ([01]) \(micro-batch 0\): waiting for "
@@ -160,7 +147,7 @@ def test_deadlock_times_out_reports_and_aborts(pf, nthreads):
 
 
 def test_host_watchdog_aborts_when_kernels_never_time_out(pf):
-    with Runner(_stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=0, watchdog_s=0.5) as runner:
+    with Runner(stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=0, watchdog_s=0.5) as runner:
         res = runner.run(count=16)
         assert res.stuck is not None and res.stuck.startswith("host watchdog"), res.stuck
         assert "aborted" in res.stuck

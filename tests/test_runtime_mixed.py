@@ -29,32 +29,10 @@ from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.launcher import Runner, rank_ranges
 from hccc.runtime.platform import Instance, Platform, PlatformError
 
+from cluster_texts import MIXED_2X2  # noqa: E402
+
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-# NVIDIA, AMD, NVIDIA, AMD nodes of two GPUs each; every pair of GPUs reaches each other
-CLUSTER = """\
-define nodenum = 4
-define node1 = 2
-define vendor = nvidia
-define gpu = V100
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define nic = [((0,1) -> (25,1))]
-define node2 = 2
-define vendor = amd
-define gpu = W7800
-define bandwidth = {switch => [(((0),(1)) >-> (32,1))]}
-define nic = [((0,1) -> (25,1))]
-define node3 = 2
-define vendor = nvidia
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2))]}
-define nic = [((0,1) -> (25,1))]
-define node4 = 2
-define vendor = amd
-define bandwidth = {switch => [(((0),(1)) >-> (32,1))]}
-define nic = [((0,1) -> (25,1))]
-define internode = all
-define interbandwidth = nic
-"""
 PLATFORMS = ["cuda", "cuda", "hip", "hip", "cuda", "cuda", "hip", "hip"]
 CUDA_RANKS, HIP_RANKS = [0, 1, 4, 5], [2, 3, 6, 7]
 PROGRAMS = {"hm_allreduce_4x2": hm_allreduce_rccl(4, 2), "hm_allgather_4x2": hm_allgather_rccl(4, 2),
@@ -71,7 +49,7 @@ def compiled(tmp_path_factory):
     """name -> (OUTDIR, manifest, ProgramIR) of each program compiled with ``--topology``."""
     root = tmp_path_factory.mktemp("mixed")
     topo = root / "mixed.topo"
-    topo.write_text(CLUSTER)
+    topo.write_text(MIXED_2X2)
     out = {}
     for name, text in PROGRAMS.items():
         algo = root / f"{name}.rccl"
@@ -335,7 +313,7 @@ def test_hccc_run_on_compiled_output_uses_the_manifest_platforms(compiled, capsy
 
 def test_hccc_run_with_topology_splits_like_the_compiler(compiled, capsys, tmp_path):
     topo = tmp_path / "mixed.topo"
-    topo.write_text(CLUSTER)
+    topo.write_text(MIXED_2X2)
     algo = tmp_path / "hm.rccl"
     algo.write_text(hm_allgather_rccl(4, 2))
     rc, out, err = run_cli(capsys, "run", algo, "--topology", topo, "--bytes", "2K", "--iters", "1",
