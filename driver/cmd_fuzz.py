@@ -78,6 +78,7 @@ def _repro(args, ir, case) -> str:
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
     if case.inplace:
         cmd.append("--inplace")
+    cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
     if args.scheduler != "hpds":
         cmd += ["--scheduler", args.scheduler]
     if args.tb_alloc != "state":

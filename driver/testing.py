@@ -395,16 +395,19 @@ def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | No
 # ====================================================================== 5. running emitted kernels
 @dataclass(frozen=True)
 class KernelCase:
-    """One run of a program's kernels: ``count`` elements of the full buffer."""
+    """One run of a program's kernels: ``count`` elements of the full buffer, micro-batch slices of
+    ``slice_bytes`` (0: the program's slot size, ``chunk_bytes``)."""
     count: int
     dtype: str = "float32"
     op: str = "sum"
     inplace: bool = False
     nthreads: int = 1
+    slice_bytes: int = 0
 
     def describe(self) -> str:
         return (f"count={self.count} dtype={self.dtype} op={self.op} "
-                f"{'in-place' if self.inplace else 'out-of-place'} threads/TB={self.nthreads}")
+                f"{'in-place' if self.inplace else 'out-of-place'} threads/TB={self.nthreads}"
+                + (f" slice={self.slice_bytes}B" if self.slice_bytes else ""))
 
 
 def default_counts(ir, dtype: str = "float32") -> list[int]:
@@ -423,22 +426,29 @@ def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str]
     """Random :class:`KernelCase` for ``ir``: sizes from 0 elements to ``max_microbatches`` slices
     per chunk, biased to edges (empty, one-element and ragged chunks, exact multiples of the slice,
     the FIFO depth and one past it), remainders of the chunk split, every dtype / op, in-place and
-    out-of-place, and several threads per thread block."""
+    out-of-place, several threads per thread block, and slices of the slot size or any multiple of
+    16 bytes below it (the per-launch slice; programs imported to run algorithm-level keep the slot
+    size and one micro-batch per chunk)."""
     from .compiler.codegen import NSLOTS
     from .runtime.launcher import ELEMENT_BYTES
     dtype = draw(st.sampled_from(list(dtypes)))
     op = draw(st.sampled_from(list(ops)))
     C = ir.nchunks
-    E = max(1, ir.chunk_bytes // ELEMENT_BYTES[dtype])
-    edges = sorted({0, 1, 2, E - 1, E, E + 1, 2 * E, NSLOTS * E, NSLOTS * E + 1,
-                    max_microbatches * E})
+    slice_b = 0
+    if (ir.stats or {}).get("execution") == "algorithm":
+        max_microbatches = 1
+    elif ir.chunk_bytes >= 32:
+        slice_b = draw(st.one_of(st.just(0), st.integers(1, ir.chunk_bytes // 16).map(lambda k: 16 * k)))
+    E = max(1, (slice_b or ir.chunk_bytes) // ELEMENT_BYTES[dtype])
+    edges = sorted(x for x in {0, 1, 2, E - 1, E, E + 1, 2 * E, NSLOTS * E, NSLOTS * E + 1,
+                               max_microbatches * E} if x <= max_microbatches * E)
     # integers first: shrinking moves towards the first branch, so a failing edge size can still
     # shrink to the smallest failing size
     per_chunk = draw(st.one_of(st.integers(0, max_microbatches * E), st.sampled_from(edges)))
     rem = draw(st.one_of(st.just(0), st.integers(0, C - 1)))   # chunks of per_chunk or +1
     count = per_chunk * C + rem
     return KernelCase(count=count, dtype=dtype, op=op, inplace=draw(st.sampled_from(list(inplace))),
-                      nthreads=draw(st.sampled_from(list(threads))))
+                      nthreads=draw(st.sampled_from(list(threads))), slice_bytes=slice_b)
 
 
 _RUNNERS: "OrderedDict[tuple, object]" = OrderedDict()
@@ -498,7 +508,8 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
 def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0):
     """Run one :class:`KernelCase` through the emitted kernels; the :class:`RunResult`."""
     runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s)
-    res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed)
+    res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed,
+                     slice_bytes=case.slice_bytes or ir.chunk_bytes)
     if getattr(runner, "_broken", None):
         # kernels that ignore the abort flag still hold that platform: start afresh next time
         for cache in (_RUNNERS, _PLATFORMS):
@@ -580,7 +591,9 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
         return res
 
     E = max(1, ir.chunk_bytes // ELEMENT_BYTES["float32"])
-    smoke = KernelCase(ir.nchunks * (NSLOTS + 1) * E + 1, "float32" if "float32" in dtypes else dtypes[0],
+    # several micro-batches, more than the FIFO holds; one per chunk for an algorithm-level import
+    nmb = 1 if (ir.stats or {}).get("execution") == "algorithm" else NSLOTS + 1
+    smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), "float32" if "float32" in dtypes else dtypes[0],
                        "sum" if "sum" in ops else ops[0], False, threads[0])
     res = one(smoke)
     if not res.ok:

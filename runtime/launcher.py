@@ -524,7 +524,11 @@ class Runner:
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        if slice_bytes == "auto":
+        if slice_bytes == "auto" and (self.ir.stats or {}).get("execution") == "algorithm":
+            # an MSCCL import proven only under the algorithm-level order: one micro-batch per chunk
+            # (the slot size its caller chose), where that order and the kernels' coincide
+            slice_b = self.chunk_bytes
+        elif slice_bytes == "auto":
             slice_b = auto_slice_bytes(count * es, self.ir.nchunks, self.chunk_bytes, es)
         else:
             slice_b = int(slice_bytes)

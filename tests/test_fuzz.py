@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,11 @@ def test_fuzz_reports_a_program_that_is_not_its_collective(capsys, tmp_path):
     assert rc == 1 and not doc["ok"]
     assert "does not implement allreduce" in doc["failure"]["message"]
     assert doc["failure"]["repro"].startswith("hccc run ")
+
+
+def test_fuzz_runs_an_algorithm_level_msccl_import(capsys):
+    """An MSCCL import proven only in MSCCL's algorithm-level order is fuzzed with one micro-batch
+    per chunk (any more and the kernels' task-level order may deadlock it); slices vary otherwise."""
+    xml = Path(__file__).resolve().parent.parent / "examples" / "msccl" / "allreduce_ring_4.xml"
+    assert main(["fuzz", str(xml), "--examples", "8"]) == 0
+    assert "cases passed" in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """MSCCL XML import: real-world shapes, the in-place normalisation, located errors, robustness."""
 from __future__ import annotations
 
+import json
+
 import importlib.util
 import re
 from pathlib import Path
@@ -419,3 +421,15 @@ def test_msccl_sample_runs_on_cpu_kernels():
     ir = import_xml(ROOT / "examples" / "msccl" / "allreduce_allpairs_4.xml")
     res = run_program(ir, backend="cpu", nbytes=4 * 1024, timeout_s=20)   # one micro-batch per chunk
     assert res.ok
+
+
+@needs_launcher
+@pytest.mark.parametrize("path", sorted((ROOT / "examples" / "msccl").glob("*.xml")), ids=lambda p: p.name)
+def test_msccl_samples_run_at_sizes_with_many_slices(path, capsys):
+    """``hccc run X.xml`` at a size the size-aware slice would cut into many micro-batches: an
+    algorithm-level import must still run one micro-batch per chunk (or it deadlocks)."""
+    from hccc.cli import main
+
+    assert main(["run", str(path), "--bytes", "3M", "--timeout", "5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)["results"][0]
+    assert res["wrong"] == 0 and res["stuck"] is None and res["slice_bytes"] >= (3 << 20) // 16
