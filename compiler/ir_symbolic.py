@@ -94,9 +94,9 @@ class Slots:
             full = ir.out_chunks if coll == "allgather" else ir.in_chunks
             if full != ir.nchunks:
                 raise ProofError(f"{coll}: the full buffer has {full} chunk(s), expected nchunks = {ir.nchunks}")
-        elif coll == "allreduce":
+        elif coll in ("allreduce", "broadcast", "reduce"):
             if ir.in_chunks != ir.nchunks or ir.out_chunks != ir.nchunks:
-                raise ProofError(f"allreduce: input and output must have nchunks = {ir.nchunks} chunks")
+                raise ProofError(f"{coll}: input and output must have nchunks = {ir.nchunks} chunks")
         else:
             raise ProofError(f"unsupported collective '{coll}'")
         self.nphys = self.per_rank * ir.nranks
@@ -108,7 +108,7 @@ class Slots:
         off = np.asarray(off, np.int64)
         coll = self.ir.collective
         if self.inplace:
-            if coll == "allreduce":
+            if coll in ("allreduce", "broadcast", "reduce"):
                 buf = np.where(buf == Buf.INPUT, Buf.OUTPUT, buf)
             elif coll == "allgather":
                 ali = buf == Buf.INPUT
@@ -439,6 +439,10 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
         if ir.collective == "allgather":
             for j in range(ir.in_chunks):
                 val[int(slots.phys(r, Buf.INPUT, j))] = (r * slots.k + j, 1 << r)
+        elif ir.collective == "broadcast":
+            if r == ir.root:   # only the root's input is the collective's; the others' is garbage
+                for c in range(ir.in_chunks):
+                    val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
         else:
             for c in range(ir.in_chunks):
                 val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
@@ -513,6 +517,13 @@ def _expected(ir: ProgramIR, slots: Slots):
         elif ir.collective == "allreduce":
             for c in range(ir.out_chunks):
                 out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
+        elif ir.collective == "broadcast":
+            for c in range(ir.out_chunks):
+                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, 1 << ir.root)))
+        elif ir.collective == "reduce":
+            if r == ir.root:   # the other ranks' outputs are not the collective's
+                for c in range(ir.out_chunks):
+                    out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
         else:
             for j in range(ir.out_chunks):
                 out.append((int(slots.phys(r, Buf.OUTPUT, j)), (r * slots.k + j, full)))
@@ -536,6 +547,8 @@ def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, descri
     where = slots.name(slot) + (" (in-place run)" if inplace else "")
     if ir.collective == "allgather":
         need = f"chunk {want[0]} (from rank {want[0] // slots.k})"
+    elif ir.collective == "broadcast":
+        need = f"chunk {want[0]} (from root {ir.root})"
     else:
         need = f"chunk {want[0]} reduced over all {N} ranks"
     if isinstance(got, _Poison):

@@ -632,9 +632,37 @@ def _step_fields(xs: list[_X], i: int) -> tuple[int, int, int, int]:
     return sb, so, db, do
 
 
+def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
+    """Refuse at once (numpy, before the per-primitive export) a program whose MSCCL thread blocks
+    must exceed ``lim.max_steps``: every primitive that sends to peer ``p`` on channel ``c`` (or
+    receives from it) lands in the one MSCCL thread block that owns that connection end, one step
+    or more each, so the largest such count is a lower bound on that thread block's steps."""
+    P = ir.prims
+    worst = None
+    for peer, what in (("send_peer", "sends to"), ("recv_peer", "receives from")):
+        m = P[peer] >= 0
+        if not m.any():
+            continue
+        key = (P["rank"][m].astype(np.int64) * (ir.nranks + 1) + P[peer][m]) * (1 << 16) + P["channel"][m]
+        keys, counts = np.unique(key, return_counts=True)
+        i = int(np.argmax(counts))
+        if worst is None or counts[i] > worst[0]:
+            k = int(keys[i])
+            rank, rest = divmod(k >> 16, ir.nranks + 1)
+            worst = (int(counts[i]), rank, what, rest, k & 0xFFFF, int((counts > lim.max_steps).sum()))
+    if worst is not None and worst[0] > lim.max_steps:
+        n, rank, what, peer, ch, n_over = worst
+        raise _err([f"rank {rank} {what} rank {peer} on channel {ch} in {n} primitives, all in one MSCCL "
+                    f"thread block of at least {n} steps, but the target runtime runs at most "
+                    f"{lim.max_steps} per thread block"
+                    + (f" ({n_over - 1} more connection(s) are too long)" if n_over > 1 else "")
+                    + "; the older msccl executor allows 256 (--xml-max-steps 256 or --xml-legacy)"])
+
+
 def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
     """The MSCCL XML text of ``ir``; raises :class:`CompileError` when it exceeds ``limits``."""
     lim = limits or XmlLimits()
+    _quick_step_check(ir, lim)
     try:
         check_structure(ir)
         check_fifo_order(ir)

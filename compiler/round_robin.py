@@ -6,7 +6,8 @@ and schedule them in that same immutable sequence." Precisely:
 - Each sub-pipeline starts a fresh cycle at the smallest chunk id; every chunk with tasks left is
   flagged.
 - The flagged chunks are visited in ascending chunk-id order, cyclically (pass after pass). A visit
-  is the same as an HPDS visit (see :mod:`hccc.compiler.hpds`): the chunk's tasks that have no
+  is the same as an HPDS visit of Algorithm 1 (see :mod:`hccc.compiler.hpds`; HPDS's
+  readiness rule I7 is not applied here): the chunk's tasks that have no
   remaining data predecessor, traversed in ``(step, row)`` order, join the sub-pipeline when their
   link is not used yet in it (nor by an earlier task of the same visit); their successors may join
   on a later visit in the same sub-pipeline.

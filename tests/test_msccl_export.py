@@ -90,6 +90,10 @@ def structure(text: str) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_round_trip(path):
     ir = load_program(path)
+    if ir.rooted:   # Broadcast / Reduce: MSCCL's <algo> has no root
+        with pytest.raises(CompileError, match="no root attribute"):
+            export_xml(ir)
+        return
     text = export_xml(ir)
     structure(text)
     assert export_xml(ir) == text, "export is deterministic"
@@ -158,11 +162,38 @@ def test_unfused_when_one_thread_block_would_need_two_peers():
 # ------------------------------------------------------------------ limits
 def test_step_limit_names_thread_block_and_option():
     ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
-    with pytest.raises(CompileError) as e:
+    with pytest.raises(CompileError) as e:   # 7 sends on one connection: refused before exporting
         export_xml(ir, XmlLimits(max_steps=4))
     msg = render_all(e.value)
-    assert "needs 8 steps" in msg and "at most 4 per thread block" in msg and "--xml-max-steps" in msg
+    assert "sends to rank 1 on channel 0 in 7 primitives" in msg and "at most 4 per thread block" in msg
+    assert "--xml-max-steps" in msg
+    with pytest.raises(CompileError) as e:   # 7 sends fit, the thread block's 8 steps do not
+        export_xml(ir, XmlLimits(max_steps=7))
+    msg = render_all(e.value)
+    assert "needs 8 steps" in msg and "at most 7 per thread block" in msg and "--xml-max-steps" in msg
     assert export_xml(ir, XmlLimits(max_steps=8))
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.integers(1, 12))
+@settings(max_examples=30, deadline=None)
+def test_quick_step_check_is_a_lower_bound(alg, max_steps):
+    """The numpy pre-check refuses only programs the full export refuses for their step count."""
+    import hccc.compiler.msccl_export as mx
+
+    ir = build_program(alg)
+    lim = XmlLimits(max_steps=max_steps)
+    try:
+        mx._quick_step_check(ir, lim)
+        return
+    except CompileError:
+        pass
+    quick = mx._quick_step_check
+    mx._quick_step_check = lambda *a: None   # the full export alone must refuse it too
+    try:
+        with pytest.raises(CompileError, match="needs \\d+ steps"):
+            mx.export_xml(ir, lim)
+    finally:
+        mx._quick_step_check = quick
 
 
 def test_count_offset_and_dependency_limits():

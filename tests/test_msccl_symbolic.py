@@ -31,7 +31,7 @@ def test_compiled_examples_are_proven_in_both_modes(path):
     prove(ir, True)
 
 
-@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.sampled_from(["state", "connection"]))
+@given(valid_programs(max_ranks=6), st.sampled_from(["state", "connection"]))
 @settings(max_examples=40)
 def test_compiled_random_programs_are_proven(alg, tb_alloc):
     ir = build_program(alg, tb_alloc=tb_alloc)
@@ -223,3 +223,16 @@ def test_ring_needs_two_buffered_messages():
                 check_deadlock_buffered(ir, cap)
         else:
             check_deadlock_buffered(ir, cap)
+
+
+@pytest.mark.parametrize("make", ["ring_broadcast", "ring_reduce"])
+def test_rooted_programs_are_proven_for_their_root_only(make):
+    """A Broadcast / Reduce IR proves for the root it was built for and fails for any other."""
+    import hccc.compiler.generators as G
+
+    ir = build_program(getattr(G, make)(4, root=2, chunks_per_rank=2))
+    for inplace in (False, True):
+        prove(ir, inplace)
+    ir.root = 1
+    with pytest.raises(ProofError, match="output chunk 0 must hold chunk 0"):
+        prove(ir, False)

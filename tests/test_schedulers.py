@@ -17,16 +17,22 @@ from test_dag import (hm_allreduce, make_alg, naive_relation, programs,  # noqa:
                       ring_allgather)
 
 SCHEDULERS = {"hpds": hpds, "rr": round_robin}
+SLICE = 1.0 / 16   # the clock's pipelining lag (hccc.compiler.hpds._SLICE)
 
 
 # ------------------------------------------------------------------ oracle: Algorithm 1, literally
-def reference_schedule(alg, policy: str) -> tuple[list[int], list[int]]:
-    """A slow, literal reading of ResCCL Algorithm 1 (and of the RR baseline).
+def reference_schedule(alg, policy: str, i7: bool | None = None) -> tuple[list[int], list[int]]:
+    """A slow, literal reading of ResCCL Algorithm 1 (and of the RR baseline), plus hccc's rule
+    I7 for HPDS (see hccc.compiler.hpds): a ready task does not take a link while another ready
+    task of that link has an earlier estimated ready time on the unit-cost clock.
 
     Readiness comes from the all-pairs dependency relation (not from the DAG under test); every
     visit rescans the chunk's whole task list; the queue is re-sorted on every selection.
-    Returns (sub-pipeline per row, insertion order of rows).
+    ``i7`` (default: on for HPDS) applies rule I7. Returns (sub-pipeline per row, insertion order
+    of rows).
     """
+    if i7 is None:
+        i7 = policy == "hpds"
     rows = list(alg.rows())
     n = len(rows)
     dep = naive_relation(alg)
@@ -38,6 +44,14 @@ def reference_schedule(alg, policy: str) -> tuple[list[int], list[int]]:
     done: set[int] = set()
     sp_of = [-1] * n
     order: list[int] = []
+    # Rule I7 (HPDS only): unit-cost clock; a link goes to the ready task that is ready earliest.
+    est_s, est_e = [0.0] * n, [0.0] * n
+    link_end: dict[tuple[int, int], float] = {}
+    link_of = [(rows[t][0], rows[t][1]) for t in range(n)]
+
+    def ready_time(t):
+        return max((est_e[p] for p in preds[t]), default=0.0)
+
     sp = 0
     while len(done) < n:
         used: set[tuple[int, int]] = set()
@@ -54,16 +68,29 @@ def reference_schedule(alg, policy: str) -> tuple[list[int], list[int]]:
             ready = [t for t in tasks_of[c] if t not in done and preds[t] <= done]
             node_list = []
             for t in ready:
-                lk = (rows[t][0], rows[t][1])
-                if lk not in used:
-                    used.add(lk)
-                    node_list.append(t)
+                lk = link_of[t]
+                if lk in used:
+                    continue
+                if i7:
+                    rivals = [u for u in range(n) if u not in done and preds[u] <= done
+                              and link_of[u] == lk]
+                    if min(ready_time(u) for u in rivals) < ready_time(t) - 1e-9:
+                        continue
+                used.add(lk)
+                node_list.append(t)
             if not node_list:
                 flag[c] = False
             else:
                 for t in node_list:
                     sp_of[t] = sp
                     order.append(t)
+                    same = [p for p in preds[t] if sp_of[p] == sp]
+                    start = max([link_end.get(link_of[t], 0.0)]
+                                + [est_s[p] + SLICE for p in same]
+                                + [est_e[p] for p in preds[t] if sp_of[p] != sp])
+                    end = max([start + 1.0] + [est_e[p] + SLICE for p in preds[t]])
+                    est_s[t], est_e[t] = start, end
+                    link_end[link_of[t]] = end
                 done.update(node_list)
                 prio[c] -= 1
         sp += 1
@@ -215,3 +242,19 @@ def test_hm_allreduce_1024_gpus_performance():
     assert h.nsubpipelines <= r.nsubpipelines
     # Generous bounds for a loaded 2-core CI machine (a few seconds each when idle).
     assert t1 - t0 < 30 and t2 - t1 < 40 and t3 - t2 < 40
+
+
+def test_link_goes_to_the_task_ready_earliest():
+    # Rule I7. Sub-pipeline 0: chunk 0 takes 3->4 and 1->3, chunk 2 takes 5->6 (its 3->4 task u is
+    # parked), chunk 1's 1->3 task p is parked. Sub-pipeline 1: chunk 1 (priority 0) goes first,
+    # takes p, and on its next visit its successor t (3->4) is ready, but only once p ends (clock
+    # 2), while u has been ready since 0: t waits and u takes 3->4; Algorithm 1 alone would give
+    # the link to t and push u to sub-pipeline 2.
+    alg = make_alg([(3, 4, 0, 0, RECV), (1, 3, 0, 0, RECV), (1, 3, 0, 1, RECV), (3, 4, 1, 1, RECV),
+                    (3, 4, 0, 2, RECV), (5, 6, 0, 2, RECV)], 7)
+    dag = build_dag(alg)
+    s = hpds(alg, dag)
+    check_valid(alg, dag, s)
+    assert s.subpipeline.tolist() == [0, 0, 1, 2, 1, 0]
+    assert s.subpipeline.tolist() == reference_schedule(alg, "hpds")[0]
+    assert reference_schedule(alg, "hpds", i7=False)[0] == [0, 0, 1, 1, 2, 0]
