@@ -19,12 +19,17 @@ Measured (``hccc.runtime.simulator``, HM AllGather / AllReduce with HPDS on the 
 ``examples/clusters/a100_topo1..4.topo``, the HeteCCL Fig. 10 cluster, a V100 4+8 cluster and an
 8-GPU NVLink mesh, 8 MB .. 1 GB): the fraction of the best achievable busbw grows like
 ``m / (m + 1)`` with ``m`` micro-batches per chunk on HM AllReduce (Topo4, 64 MB: 0.66 at m = 2,
-0.89 at 8, 0.95 at 16, 0.98 at 32) and faster on AllGather (0.96 at m = 2). :data:`TARGET_MICRO_BATCHES`
-= 16 keeps task-level execution within about 5 % of its small-slice limit while the per-slice
-costs that the alpha-beta model leaves out (flag polling, fences, one proxy round per slot on
-inter-node connections: microseconds per slice on real GPUs) stay a small share of a slice: a
-slice never falls below :data:`MIN_SLICE_BYTES` = 64 KiB (NCCL's Simple protocol moves slices of
-the same order), unless the whole chunk is smaller, and never exceeds the slot capacity.
+0.89 at 8, 0.95 at 16, 0.98 at 32) and faster on AllGather (0.96 at m = 2). The start-up of
+task-level execution against running the whole algorithm per micro-batch is also one slice time:
+HM AllReduce 3x2 on the HeteCCL Fig. 10 cluster at 64 MB (11 MB chunks) runs 1.7 % behind
+algorithm-level execution with 16 micro-batches, 0.4 % with 32 and 0.9 % ahead with 64.
+:data:`TARGET_MICRO_BATCHES` = 32 keeps task-level execution within about 2 % of its small-slice
+limit while the per-slice costs that the alpha-beta model leaves out (flag polling, fences, one
+proxy round per slot on inter-node connections: microseconds per slice on real GPUs) stay a small
+share of a slice: a slice never falls below :data:`MIN_SLICE_BYTES` = 64 KiB (NCCL's Simple
+protocol moves 512 KiB per step, LL128 much less), unless the whole chunk is smaller, and never
+exceeds the slot capacity. Untested on a GPU: the per-slice cost there decides whether a larger
+floor pays.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ __all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SL
            "auto_slice_bytes", "micro_batches"]
 
 #: Micro-batches per chunk the policy aims for (see the module docstring for the measurements).
-TARGET_MICRO_BATCHES = 16
+TARGET_MICRO_BATCHES = 32
 #: Smallest slice the policy picks for a chunk at least this large.
 MIN_SLICE_BYTES = 64 << 10
 #: Slices are multiples of this (the slots' alignment, 16-byte vector accesses).

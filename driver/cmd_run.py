@@ -231,7 +231,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, help="input data seed")
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
                         help="micro-batch slice per launch (default auto: sized for each --bytes so a "
-                             "chunk gets about 16 micro-batches, at most the compiled --chunk-size)")
+                             "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_program_options(parser)
 

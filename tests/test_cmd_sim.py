@@ -34,7 +34,7 @@ def test_table_has_one_row_per_size(capsys):
     ref = simulate(build_program(load_algorithm(HM_AR)), load_cluster(TOPO1), 64 << 20, slice_bytes="auto")
     assert float(fields[3]) == pytest.approx(ref.time_us, abs=0.01)
     assert float(fields[5]) == pytest.approx(ref.busbw_GBps, abs=0.01)
-    assert fields[7] == "512K" and int(fields[8]) == ref.micro_batches == 16   # slice column
+    assert fields[7] == "256K" and int(fields[8]) == ref.micro_batches == 32   # slice column
     assert rows[0].split()[7] == "64K"                                         # 1M: the 64K floor
     assert "state-based TBs" in out and "a100_topo1" in out and "slice per size" in out
 
@@ -57,7 +57,7 @@ def test_json_schema_and_values(capsys):
     from hccc.compiler.slicing import auto_slice_bytes
     assert d["slice"] == "auto" and d["chunk_bytes"] == 1 << 20
     assert [r["chunk_bytes"] for r in d["results"]] == [auto_slice_bytes(r["bytes"], 8) for r in d["results"]]
-    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 512 << 10, 1 << 20]
+    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 256 << 10, 1 << 20]
     assert all(r["slot_bytes"] == 1 << 20 for r in d["results"])
 
 
@@ -86,7 +86,7 @@ def test_every_execution_gets_the_same_slice(capsys):
     for extra in ([], ["--execution", "algorithm"], ["--scheduler", "rr"]):
         _, o, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M,64M", "--json", *extra)
         out[tuple(extra)] = [r["chunk_bytes"] for r in json.loads(o)["results"]]
-    assert len(set(map(tuple, out.values()))) == 1 and out[()] == [64 << 10, 512 << 10]
+    assert len(set(map(tuple, out.values()))) == 1 and out[()] == [64 << 10, 256 << 10]
 
 
 def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
@@ -102,9 +102,9 @@ def test_ir_json_input(capsys, tmp_path):
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M,1G", "--json")
     assert rc == 0, err
     d = json.loads(out)
-    # the IR's 512 KiB slots bound the slice: 2 MiB chunks get 16 slices, 128 MiB chunks 256
+    # the IR's 512 KiB slots bound the slice: 2 MiB chunks get 32 slices, 128 MiB chunks 256
     assert d["chunk_bytes"] == 1 << 19
-    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 17, 16), (1 << 19, 256)]
+    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 16, 32), (1 << 19, 256)]
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json", "--chunk-size", "1M")
     d = json.loads(out)
     assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2
