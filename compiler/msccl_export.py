@@ -652,7 +652,8 @@ def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
             worst = (int(counts[i]), rank, what, rest, k & 0xFFFF, int((counts > lim.max_steps).sum()))
     if worst is not None and worst[0] > lim.max_steps:
         n, rank, what, peer, ch, n_over = worst
-        raise _err([f"rank {rank} {what} rank {peer} on channel {ch} in {n} primitives, all in one MSCCL "
+        raise _err([f"the algorithm does not fit the MSCCL runtime: rank {rank} {what} rank {peer} on "
+                    f"channel {ch} in {n} primitives, all in one MSCCL "
                     f"thread block of at least {n} steps, but the target runtime runs at most "
                     f"{lim.max_steps} per thread block"
                     + (f" ({n_over - 1} more connection(s) are too long)" if n_over > 1 else "")
