@@ -16,6 +16,8 @@ from hccc.compiler.build import build_program
 from hccc.compiler.program_ir import Buf, Op
 from test_codegen_irs import stuck_ir
 
+REPO = Path(__file__).resolve().parent.parent
+
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
@@ -25,7 +27,7 @@ def quick_builds(monkeypatch):
 
 
 def test_fuzz_an_example_passes(capsys):
-    rc = main(["fuzz", "examples/ring_reducescatter_8.rccl", "--examples", "8", "--seed", "3",
+    rc = main(["fuzz", f"{REPO}/examples/ring_reducescatter_8.rccl", "--examples", "8", "--seed", "3",
                "--dtypes", "int32,float16", "--json"])
     out = capsys.readouterr().out
     doc = json.loads(out)

@@ -4,6 +4,8 @@ AllGather / AllReduce at 64 MB and 1 GB, over clusters the repository's examples
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +18,8 @@ from hccc.compiler.slicing import (DEFAULT_SLOT_BYTES, MIN_SLICE_BYTES, TARGET_M
                                    auto_slice_bytes, micro_batches)
 from hccc.runtime.sim_model import geometry
 from hccc.runtime.simulator import build_for_execution, prepare, resolve_slice, simulate
+
+REPO = Path(__file__).resolve().parent.parent
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -70,7 +74,7 @@ def test_resolve_slice():
 
 
 def test_simulate_records_the_slice_and_auto_beats_fixed_slots_at_64M():
-    topo = load_cluster("examples/clusters/a100_topo4.topo")
+    topo = load_cluster(f"{REPO}/examples/clusters/a100_topo4.topo")
     prog = prepare(build_for_execution(gen.hm_allreduce(4, 8), "task"), topo)
     fixed = simulate(prog, topo, 64 * MiB)
     auto = simulate(prog, topo, 64 * MiB, slice_bytes="auto")
@@ -113,8 +117,8 @@ CLUSTERS = {
     "v100_4_8": (lambda: parse_topology(v100_4_8(), "v100_4_8.topo"), (3, 4)),
     "mesh8": (lambda: parse_topology(mesh8(), "mesh8.topo"), (2, 4)),
     # the shipped V100 4+8 example differs from v100_4_8() in its 64 Gbps NICs on the 4-GPU node
-    "v100_4_8_example": (lambda: load_cluster("examples/clusters/v100_4_8.topo"), (3, 4)),
-    **{f"a100_topo{k}": ((lambda k=k: load_cluster(f"examples/clusters/a100_topo{k}.topo")), shape)
+    "v100_4_8_example": (lambda: load_cluster(f"{REPO}/examples/clusters/v100_4_8.topo"), (3, 4)),
+    **{f"a100_topo{k}": ((lambda k=k: load_cluster(f"{REPO}/examples/clusters/a100_topo{k}.topo")), shape)
        for k, shape in {1: (2, 4), 2: (2, 8), 3: (4, 4), 4: (4, 8)}.items()},
 }
 ALGOS = {"allgather": gen.hm_allgather, "allreduce": gen.hm_allreduce}

@@ -6,6 +6,8 @@ completion time with the formula the model implies (see ``hccc.runtime.simulator
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -20,6 +22,8 @@ from hccc.compiler.topology import TopologyBuilder
 from hccc.runtime.sim_model import geometry, lower_bound, prepare
 from hccc.runtime.simulator import (SimulationError, build_for_execution, bus_factor, simulate,
                                     simulate_sizes, step_schedule)
+
+REPO = Path(__file__).resolve().parent.parent
 
 MiB = 1 << 20
 GB = 1e9
@@ -293,9 +297,9 @@ def test_more_bandwidth_never_slower_on_a_ring():
 
 
 def test_lower_bound_holds_and_is_tight_where_it_should_be():
-    topo = load_cluster("examples/clusters/a100_topo1.topo")
+    topo = load_cluster(f"{REPO}/examples/clusters/a100_topo1.topo")
     for name in ("hm_allreduce_2x4", "hm_allgather_2x4"):
-        alg = load_algorithm(f"examples/{name}.rccl")
+        alg = load_algorithm(f"{REPO}/examples/{name}.rccl")
         for ex in ("task", "algorithm"):
             prog = prepare(build_for_execution(alg, ex), topo)
             for size in (MiB, 64 * MiB):
@@ -339,8 +343,8 @@ def test_step_schedule_orders_by_step_and_uses_connection_tbs():
 
 
 def test_idle_ratios_and_link_utilisation():
-    topo = load_cluster("examples/clusters/a100_topo1.topo")
-    alg = load_algorithm("examples/hm_allgather_2x4.rccl")
+    topo = load_cluster(f"{REPO}/examples/clusters/a100_topo1.topo")
+    alg = load_algorithm(f"{REPO}/examples/hm_allgather_2x4.rccl")
     r = simulate(build_program(alg), topo, 256 * MiB)
     idle = r.tb_idle
     assert np.all((idle >= 0) & (idle <= 1))
@@ -359,8 +363,8 @@ def test_idle_ratios_and_link_utilisation():
 
 
 def test_simulate_sizes_is_deterministic_and_monotone_in_size():
-    topo = load_cluster("examples/clusters/a100_topo1.topo")
-    ir = build_program(load_algorithm("examples/hm_allreduce_2x4.rccl"))
+    topo = load_cluster(f"{REPO}/examples/clusters/a100_topo1.topo")
+    ir = build_program(load_algorithm(f"{REPO}/examples/hm_allreduce_2x4.rccl"))
     sizes = [MiB, 8 * MiB, 64 * MiB, 512 * MiB]
     a = simulate_sizes(ir, topo, sizes)
     b = simulate_sizes(ir, topo, sizes)
@@ -422,8 +426,8 @@ def test_work_bound_fails_fast_with_advice():
 
 
 def test_recording_can_be_limited_to_the_first_tbs():
-    topo = load_cluster("examples/clusters/a100_topo1.topo")
-    ir = build_program(load_algorithm("examples/hm_allreduce_2x4.rccl"))
+    topo = load_cluster(f"{REPO}/examples/clusters/a100_topo1.topo")
+    ir = build_program(load_algorithm(f"{REPO}/examples/hm_allreduce_2x4.rccl"))
     full = simulate(ir, topo, 16 * MiB, record=True)
     part = simulate(ir, topo, 16 * MiB, record=5)
     none = simulate(ir, topo, 16 * MiB)
