@@ -530,47 +530,16 @@ class _Walker:
                         self.entry(b, e, "internode", x, y, offsets[x.name], offsets[y.name],
                                    lambda c: alpha(c, lat), intra=False)
         # NICs
-        nic_of = np.full(b.nranks, -1, dtype=np.int64)
-        nic_table: list[tuple[str, int, tuple[int, ...], Fraction, int]] = []
-        for nd in self.nodes:
-            if "nic" not in nd.defs:
-                continue
-            loc, v = nd.defs["nic"]
-            lst = self.expect(v, "list", "nic")
-            off = offsets[nd.name]
-            for e in lst.children:
-                if e.data != "link":
-                    raise self.err(e, "a nic entry is ((gpus...) -> (bandwidth, lanes))")
-                ids_tree, spec_tree = e.children
-                gpus = self.ids(ids_tree, nd.ngpus, nd.name, "NIC group")
-                bw, lanes = self.spec(spec_tree)
-                for g in gpus:
-                    if nic_of[off + g] >= 0:
-                        other = nic_table[nic_of[off + g]]
-                        raise self.err(ids_tree, f"GPU {g} of {nd.name} is already behind NIC {other[1]} "
-                                                 f"({_fmt_ids(other[2])})")
-                    nic_of[off + g] = len(nic_table)
-                nic_table.append((nd.name, sum(1 for t in nic_table if t[0] == nd.name), gpus, bw, lanes))
+        nic_of, nic_rows = self.device_table(b.nranks, offsets, "nic", "NIC group", "NIC")
+        nic_table = [(nd.name, idx, gpus, bw, lanes) for nd, idx, gpus, bw, lanes in nic_rows]
         for x, y, a, at in nic_pairs:
             self.nic_links(b, x, y, offsets, nic_of, nic_table, a, at)
         # NIC groups: egress/ingress over every link that leaves/enters the node through the NIC
         if nic_table and b.nlinks:
             src, dst, cls = b.link_arrays()
             cross = (cls == CLASS_CODE["internode"]) | (cls == CLASS_CODE["nic"])
-            ids = np.nonzero(cross)[0]
             nic_alpha = glat.get("nic", DEFAULT_ALPHA_US["nic"])
-            for direction, ends in (("egress", src), ("ingress", dst)):
-                owner = nic_of[ends[ids]]
-                sel = owner >= 0
-                lid, own = ids[sel], owner[sel]
-                order = np.argsort(own, kind="stable")
-                lid, own = lid[order], own[order]
-                bounds = np.searchsorted(own, np.arange(len(nic_table) + 1))
-                for k, (nname, idx, gpus, bw, lanes) in enumerate(nic_table):
-                    members = lid[bounds[k]:bounds[k + 1]]
-                    if members.size:
-                        b.add_group("nic", direction, f"{nname} nic{idx} {_fmt_ids(gpus)} {direction}", members,
-                                    bw, lanes, nic_alpha)
+            self.device_groups(b, "nic", nic_of[src], nic_of[dst], cross, nic_rows, [nic_alpha] * len(nic_rows))
         self.pcie_groups(b, offsets, glat)
         chunk = self.chunksize[1] if self.chunksize else DEFAULT_CHUNK_SIZE
         try:
@@ -578,54 +547,69 @@ class _Walker:
         except DuplicateLinkError as exc:
             raise self.duplicate(b, exc) from None
 
-    def pcie_groups(self, b: TopologyBuilder, offsets: dict[str, int], glat: dict[str, Fraction]) -> None:
-        """``define pcie = [((gpus...) -> (bw, lanes)), ...]``: the GPUs behind one PCIe switch share its
-        uplink. Each switch becomes an egress and an ingress group over every link that is not ``direct``
-        (NVLink bypasses PCIe) and leaves / enters the switch's GPUs for a GPU outside them."""
-        sw_of = np.full(b.nranks, -1, dtype=np.int64)
-        table: list[tuple[str, int, tuple[int, ...], Fraction, int, Fraction]] = []
+    def device_table(self, nranks: int, offsets: dict[str, int], key: str, group_what: str, device: str):
+        """``define <key> = [((gpus...) -> (bw, lanes)), ...]`` of every node: the shared devices (NICs,
+        PCIe switches) a GPU sits behind, at most one each. Returns (device index per rank, -1 for none;
+        rows ``(node, index in its node, gpus, bw, lanes)``)."""
+        owner = np.full(nranks, -1, dtype=np.int64)
+        rows: list = []
         for nd in self.nodes:
-            if "pcie" not in nd.defs:
+            if key not in nd.defs:
                 continue
-            loc, v = nd.defs["pcie"]
-            lst = self.expect(v, "list", "pcie")
+            loc, v = nd.defs[key]
+            lst = self.expect(v, "list", key)
             off = offsets[nd.name]
-            lat: dict[str, Fraction] = {}
-            if "latency" in nd.defs:
-                lat = self.scalar_map(nd.defs["latency"][0], nd.defs["latency"][1], ("direct", "switch"), "latency",
-                                      nonneg=True, maximum=MAX_LATENCY_US)
-            a = lat.get("switch", glat.get("switch", DEFAULT_ALPHA_US["switch"]))
             idx = 0
             for e in lst.children:
                 if e.data != "link":
-                    raise self.err(e, "a pcie entry is ((gpus...) -> (bandwidth, lanes))")
+                    raise self.err(e, f"a {key} entry is ((gpus...) -> (bandwidth, lanes))")
                 ids_tree, spec_tree = e.children
-                gpus = self.ids(ids_tree, nd.ngpus, nd.name, "PCIe switch group")
+                gpus = self.ids(ids_tree, nd.ngpus, nd.name, group_what)
                 bw, lanes = self.spec(spec_tree)
                 for g in gpus:
-                    if sw_of[off + g] >= 0:
-                        other = table[sw_of[off + g]]
-                        raise self.err(ids_tree, f"GPU {g} of {nd.name} is already behind PCIe switch {other[1]} "
+                    if owner[off + g] >= 0:
+                        other = rows[owner[off + g]]
+                        raise self.err(ids_tree, f"GPU {g} of {nd.name} is already behind {device} {other[1]} "
                                                  f"({_fmt_ids(other[2])})")
-                    sw_of[off + g] = len(table)
-                table.append((nd.name, idx, gpus, bw, lanes, a))
+                    owner[off + g] = len(rows)
+                rows.append((nd, idx, gpus, bw, lanes))
                 idx += 1
-        if not table or not b.nlinks:
-            return
-        src, dst, cls = b.link_arrays()
-        s_own, d_own = sw_of[src], sw_of[dst]
-        through = (cls != CLASS_CODE["direct"]) & (s_own != d_own)
-        for direction, owner in (("egress", s_own), ("ingress", d_own)):
+        return owner, rows
+
+    @staticmethod
+    def device_groups(b: TopologyBuilder, kind: str, src_owner: np.ndarray, dst_owner: np.ndarray,
+                      through: np.ndarray, rows: list, alphas: list) -> None:
+        """One egress and one ingress shared group per device of ``rows`` over the links selected by
+        ``through`` that leave (``src_owner``) / enter (``dst_owner``) its GPUs."""
+        for direction, owner in (("egress", src_owner), ("ingress", dst_owner)):
             ids = np.nonzero(through & (owner >= 0))[0]
             own = owner[ids]
             order = np.argsort(own, kind="stable")
             ids, own = ids[order], own[order]
-            bounds = np.searchsorted(own, np.arange(len(table) + 1))
-            for k, (nname, idx, gpus, bw, lanes, a) in enumerate(table):
+            bounds = np.searchsorted(own, np.arange(len(rows) + 1))
+            for k, (nd, idx, gpus, bw, lanes) in enumerate(rows):
                 members = ids[bounds[k]:bounds[k + 1]]
                 if members.size:
-                    b.add_group("pcie", direction, f"{nname} pcie{idx} {_fmt_ids(gpus)} {direction}", members,
-                                bw, lanes, a)
+                    b.add_group(kind, direction, f"{nd.name} {kind}{idx} {_fmt_ids(gpus)} {direction}", members,
+                                bw, lanes, alphas[k])
+
+    def pcie_groups(self, b: TopologyBuilder, offsets: dict[str, int], glat: dict[str, Fraction]) -> None:
+        """``define pcie = [((gpus...) -> (bw, lanes)), ...]``: the GPUs behind one PCIe switch share its
+        uplink. Each switch becomes an egress and an ingress group over every link that is not ``direct``
+        (NVLink bypasses PCIe) and leaves / enters the switch's GPUs for a GPU outside them."""
+        sw_of, rows = self.device_table(b.nranks, offsets, "pcie", "PCIe switch group", "PCIe switch")
+        if not rows or not b.nlinks:
+            return
+        alphas = []
+        for nd, *_ in rows:
+            lat: dict[str, Fraction] = {}
+            if "latency" in nd.defs:
+                lat = self.scalar_map(nd.defs["latency"][0], nd.defs["latency"][1], ("direct", "switch"), "latency",
+                                      nonneg=True, maximum=MAX_LATENCY_US)
+            alphas.append(lat.get("switch", glat.get("switch", DEFAULT_ALPHA_US["switch"])))
+        src, dst, cls = b.link_arrays()
+        s_own, d_own = sw_of[src], sw_of[dst]
+        self.device_groups(b, "pcie", s_own, d_own, (cls != CLASS_CODE["direct"]) & (s_own != d_own), rows, alphas)
 
     def bwmap(self, value, what: str) -> list[tuple[str, list]]:
         tree = self.expect(value, "map", what)
