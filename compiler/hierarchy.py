@@ -33,6 +33,7 @@ from fractions import Fraction
 from typing import Mapping, Sequence
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from .topology import GB, Topology
 
@@ -177,23 +178,11 @@ def _node_adjacency(topo: Topology) -> set[tuple[int, int]]:
 
 
 def _components(members: list[int], adj: set[tuple[int, int]]) -> list[list[int]]:
-    parent = {m: m for m in members}
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    uf = UnionFind(members)
     for u, v in adj:
-        if u in parent and v in parent:
-            ru, rv = find(u), find(v)
-            if ru != rv:
-                parent[max(ru, rv)] = min(ru, rv)
-    groups: dict[int, list[int]] = {}
-    for m in members:
-        groups.setdefault(find(m), []).append(m)
-    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
+        if u in uf.parents and v in uf.parents:
+            uf.union(u, v)
+    return sorted((sorted(g) for g in uf.to_sets()), key=lambda g: g[0])
 
 
 def _node_index(topo: Topology, item) -> int:

@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from .diagnostics import CompileError, Diagnostic
 from .ir_check import check_deadlock, check_fifo_order, check_structure, match_connections
@@ -161,29 +162,15 @@ def _allgather_sources(ir: ProgramIR, xs: list[_X]) -> None:
 
 def _end_components(xs: list[_X]):
     """Union-find over connection ends joined by forwarding primitives: (find, {root: [send ends, recv ends]})."""
-    parent: dict = {}
-
-    def find(a):
-        parent.setdefault(a, a)
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+    uf = UnionFind()
     for x in xs:
         se = (x.rank, "s", x.sp, x.ch) if x.sp >= 0 else None
         re_ = (x.rank, "r", x.rp, x.ch) if x.rp >= 0 else None
-        for e in (se, re_):
-            if e is not None:
-                find(e)
-        if se is not None and re_ is not None:
-            a, b = find(se), find(re_)
-            if a != b:
-                parent[a] = b
+        uf.union(*(e for e in (se, re_) if e is not None))
     comps: dict = defaultdict(lambda: [set(), set()])
-    for e in list(parent):
-        c = comps[find(e)]
-        c[0 if e[1] == "s" else 1].add(e)
-    return find, comps
+    for e in list(uf.parents):
+        comps[uf[e]][0 if e[1] == "s" else 1].add(e)
+    return uf.__getitem__, comps
 
 
 
@@ -392,14 +379,8 @@ def _spread_channels(tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
 
     if not over():
         return
-    parent: dict = {}
-
-    def find(a):
-        parent.setdefault(a, a)
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
+    uf = UnionFind()
+    find = uf.__getitem__
     owner: dict = {}
     for rank, lst in tbs.items():
         for t in lst:
@@ -409,10 +390,7 @@ def _spread_channels(tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
             if t.recv >= 0:
                 owner.setdefault((t.recv, rank, t.ch), []).append(t)
     for ts in owner.values():
-        for t in ts[1:]:
-            a, b = find(id(ts[0])), find(id(t))
-            if a != b:
-                parent[a] = b
+        uf.union(*(id(t) for t in ts))
     groups: dict = defaultdict(list)
     for rank in sorted(tbs):
         for t in tbs[rank]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from .lower import LoweredProgram
 from .program_ir import PRIM_COLUMNS, ProgramIR
@@ -121,26 +122,17 @@ def connection_units(low: LoweredProgram) -> tuple[np.ndarray, np.ndarray, np.nd
     inv, nend = dense_ids(np.concatenate([skey, rkey]), N * N * 2 * nch)
     s_end = inv[:n]
     r_end = inv[n:]
-    # union-find over ends linked by a primitive that both receives and sends
-    parent = list(range(nend))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    # union-find over ends linked by a primitive that both receives and sends; each end's root is
+    # the smallest end of its component
+    root = np.arange(nend, dtype=np.int64)
     both = has_send & has_recv
     if both.any():
-        pairs = np.unique(np.stack([r_end[both], s_end[both]], axis=1), axis=0)
-        for a, b in pairs.tolist():
-            ra, rb = find(a), find(b)
-            if ra != rb:
-                if ra < rb:
-                    parent[rb] = ra
-                else:
-                    parent[ra] = rb
-    root = np.array([find(x) for x in range(nend)], dtype=np.int64)
+        uf = UnionFind()
+        for a, b in np.unique(np.stack([r_end[both], s_end[both]], axis=1), axis=0).tolist():
+            uf.union(a, b)
+        for comp in uf.to_sets():
+            ids = np.fromiter(comp, dtype=np.int64)
+            root[ids] = ids.min()
     _, end_unit = np.unique(root, return_inverse=True)   # dense, ascending by smallest end key
     unit = np.full(n, -1, dtype=np.int64)
     unit[has_recv] = end_unit[r_end[has_recv]]
