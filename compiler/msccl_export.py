@@ -645,7 +645,7 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
     try:
         check_structure(ir)
         check_fifo_order(ir)
-        if (ir.stats or {}).get("execution") == "algorithm":
+        if ir.algorithm_level:
             # an MSCCL-style program (imported XML): deadlock-free the way the runtimes run it
             check_deadlock_buffered(ir, MESSAGES_IN_FLIGHT[lim.proto])
         else:

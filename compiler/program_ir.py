@@ -140,6 +140,13 @@ class ProgramIR:
     def rooted(self) -> bool:
         return self.collective in ROOTED
 
+    @property
+    def algorithm_level(self) -> bool:
+        """Proven only under MSCCL's algorithm-level order (an imported MSCCL XML whose thread
+        blocks must run their whole step list per micro-batch). hccc's kernels run task-level, so
+        such a program runs correctly only with one micro-batch per chunk, where the orders agree."""
+        return (self.stats or {}).get("execution") == "algorithm"
+
     # ------------------------------------------------------------------ basic views
     @property
     def nprims(self) -> int:

@@ -255,7 +255,7 @@ def run(args) -> int:
                          f"elements ({es} bytes each)\n")
         return 2
     ir, plats = load_with_platforms(args)
-    if ir.stats.get("execution") == "algorithm":
+    if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
         # with a single micro-batch per chunk the two orders coincide, so make the slot hold a chunk.

@@ -435,7 +435,7 @@ def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str]
     op = draw(st.sampled_from(list(ops)))
     C = ir.nchunks
     slice_b = 0
-    if (ir.stats or {}).get("execution") == "algorithm":
+    if ir.algorithm_level:
         max_microbatches = 1
     elif ir.chunk_bytes >= 32:
         slice_b = draw(st.one_of(st.just(0), st.integers(1, ir.chunk_bytes // 16).map(lambda k: 16 * k)))
@@ -592,7 +592,7 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
 
     E = max(1, ir.chunk_bytes // ELEMENT_BYTES["float32"])
     # several micro-batches, more than the FIFO holds; one per chunk for an algorithm-level import
-    nmb = 1 if (ir.stats or {}).get("execution") == "algorithm" else NSLOTS + 1
+    nmb = 1 if ir.algorithm_level else NSLOTS + 1
     smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), "float32" if "float32" in dtypes else dtypes[0],
                        "sum" if "sum" in ops else ops[0], False, threads[0])
     res = one(smoke)

@@ -524,7 +524,7 @@ class Runner:
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        if slice_bytes == "auto" and (self.ir.stats or {}).get("execution") == "algorithm":
+        if slice_bytes == "auto" and self.ir.algorithm_level:
             # an MSCCL import proven only under the algorithm-level order: one micro-batch per chunk
             # (the slot size its caller chose), where that order and the kernels' coincide
             slice_b = self.chunk_bytes

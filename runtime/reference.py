@@ -219,7 +219,7 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         start = lay[b][1]
         return bufs[r][b][start(r, off):start(r, off + cnt)]
 
-    if (ir.stats or {}).get("execution") == "algorithm":
+    if ir.algorithm_level:
         _run_in_prim_order(ir, region, red, seed)
         order = np.zeros(0, np.int64)   # done: the chain loop below has nothing to run
     else:
