@@ -734,8 +734,7 @@ class Runner:
         """(wrong, first wrong, collective_wrong, oracle name) for the kernels' outputs."""
         ir = self.ir
         bf16 = self.dtype == "bfloat16"
-        coll = reference.expected(ir.collective, [np.array(x) for x in inputs], self.op,
-                                  nchunks=ir.nchunks, bf16=bf16, root=int(getattr(ir, "root", 0)))
+        coll = reference.expected_for(ir, [np.array(x) for x in inputs], self.op, bf16=bf16)
         # ranks whose output the collective leaves unspecified (a Reduce's non-root ranks) are
         # not compared at all
         coll = list(coll)
