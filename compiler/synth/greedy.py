@@ -32,6 +32,21 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 
 @njit(cache=True)
+def _append(out, nout, u, v, t, k):
+    """Row ``nout`` of the growable transfer table ``out`` set to ``(u, v, t, k)``; the table doubles
+    when full. Returns the (possibly new) table."""
+    if nout == out.shape[0]:
+        big = np.zeros((out.shape[0] * 2, 4), np.int64)
+        big[:nout] = out[:nout]
+        out = big
+    out[nout, 0] = u
+    out[nout, 1] = v
+    out[nout, 2] = t
+    out[nout, 3] = k
+    return out
+
+
+@njit(cache=True)
 def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx, gcap, genforce,
                 part_of, nparts, mem_ptr, mem_idx, ecap, fanout_one, frozen_step, frozen_rows, prate, grate,
                 rot):
@@ -93,14 +108,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
                     cum_group[pg_idx[j]] += 1
                 used_in[v] += 1
                 used_out[u] += 1
-                if nout == out.shape[0]:
-                    big = np.zeros((out.shape[0] * 2, 4), np.int64)
-                    big[:nout] = out[:nout]
-                    out = big
-                out[nout, 0] = u
-                out[nout, 1] = v
-                out[nout, 2] = t
-                out[nout, 3] = k
+                out = _append(out, nout, u, v, t, k)
                 nout += 1
                 made += 1
         for lvl in range(NL):
@@ -199,14 +207,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
                         cum_out[lvl, u] += 1
                         phas[c, k] = 1
                         need[c] -= 1
-                        if nout == out.shape[0]:
-                            big = np.zeros((out.shape[0] * 2, 4), np.int64)
-                            big[:nout] = out[:nout]
-                            out = big
-                        out[nout, 0] = u
-                        out[nout, 1] = v
-                        out[nout, 2] = t
-                        out[nout, 3] = k
+                        out = _append(out, nout, u, v, t, k)
                         nout += 1
                         made += 1
                         progress = True
