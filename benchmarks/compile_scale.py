@@ -2,7 +2,7 @@
 
     python benchmarks/compile_scale.py [--gpus 32,128,512,1024] [--gpus-per-node 8] [--keep DIR]
 
-For each size the ResCCLang source is generated (hccc.compiler.generators.hm_allreduce_rccl), written to
+For each size the ResCCLang source is generated (hccc.compiler.frontend.generators.hm_allreduce_rccl), written to
 a temporary file, and compiled by a fresh ``hccc`` process exactly as a user would run it
 (``hccc algo.rccl -o OUT --timings``), so the figures include interpreter start-up, parsing, verification,
 DAG, HPDS, lowering, TB allocation, the deadlock check and code generation. Peak memory is the child's
@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hccc.compiler.generators import hm_allreduce_rccl
+from hccc.compiler.frontend.generators import hm_allreduce_rccl
 
 
 def run_one(nnodes: int, g: int, workdir: Path) -> dict:

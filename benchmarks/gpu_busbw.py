@@ -65,8 +65,8 @@ class Moved:
 
 def bytes_moved(ir, nbytes: int, dtype: str = "float32", inplace: bool = False) -> Moved:
     """Bytes the kernels of ``ir`` move for a full buffer of ``nbytes`` bytes (module docstring)."""
-    from hccc.compiler.codegen import analyse, buffer_bases
-    from hccc.compiler.program_ir import Buf, Op
+    from hccc.compiler.backend.codegen import analyse, buffer_bases
+    from hccc.compiler.ir.program_ir import Buf, Op
 
     esz = ELEM_SIZE[dtype]
     count = nbytes // esz
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nwarps must be a positive integer or auto")
 
     os.environ["HCCC_CUDA_DEVICES"] = "1"        # single-GPU mode: every rank on GPU 0
-    from hccc.compiler.diagnostics import CompileError
+    from hccc.compiler.frontend.diagnostics import CompileError
     from hccc.compiler.pipeline import CompileOptions, load_program
     from hccc.runtime.platform import PlatformError, get_platform
 

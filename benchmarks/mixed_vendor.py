@@ -12,7 +12,7 @@ Setups (example clusters in ``examples/clusters``):
 * ``a100_topo2 1+1``: 2 nodes x 8 A100, one node per cluster (HetCCL's 2-node setups).
 
 For AllGather and AllReduce each row is one algorithm: the flat ring over all ranks in rank order
-(``hccc.compiler.generators``), a C2C variant (``hccc.compiler.c2c``: border ranks = every GPU behind a
+(``hccc.compiler.frontend.generators``), a C2C variant (``hccc.compiler.cluster.c2c``: border ranks = every GPU behind a
 NIC, or one per NIC; intra-cluster ring or mesh; K pieces), or the schedule ``hccc synth`` finds for
 the whole cluster (``hccc.compiler.synth``, HeteCCL's chunking + CEGIS, ``--synth-time`` seconds per
 collective; its synthesis time is reported apart). Every algorithm is verified, lowered
@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 
 from hccc.cli import parse_size
-from hccc.compiler.c2c import cross_cluster_chunks, plan_c2c
-from hccc.compiler.frontend.topo_parser import load_topology
-from hccc.compiler.generators import ring_allgather, ring_allreduce
-from hccc.compiler.hierarchy import hierarchy
+from hccc.compiler.cluster.c2c import cross_cluster_chunks, plan_c2c
+from hccc.compiler.cluster.topo_parser import load_topology
+from hccc.compiler.frontend.generators import ring_allgather, ring_allreduce
+from hccc.compiler.cluster.hierarchy import hierarchy
 from hccc.compiler.synth import synthesize, to_algorithm
-from hccc.compiler.verify import verify
+from hccc.compiler.passes.verify import verify
 from hccc.runtime.simulator import build_for_execution, simulate
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"

@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from hccc.compiler.build import build_program
-from hccc.compiler.frontend.topo_parser import format_topology, parse_topology
-from hccc.compiler.generators import ring_allgather, ring_allreduce
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.cluster.topo_parser import format_topology, parse_topology
+from hccc.compiler.frontend.generators import ring_allgather, ring_allreduce
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology, synthesize, to_algorithm
-from hccc.compiler.verify import verify
+from hccc.compiler.passes.verify import verify
 from hccc.runtime.busbw import busbw_factor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def _simulator():
 
 
 def run_case(topo, label: str, coll: str, time_limit: float, sim, variants: int) -> dict:
-    from hccc.cmd_synth import simulated_score
+    from hccc.commands.synth import simulated_score
 
     t0 = time.perf_counter()
     # what `hccc synth` does: greedy variants, the simulator choosing among the fewest-step ones

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .algorithm import Algorithm
-from .diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.algorithm import Algorithm
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 if TYPE_CHECKING:
-    from .topology import Topology
+    from hccc.compiler.cluster.topology import Topology
 
 TARGETS = ("auto", "cuda", "hip", "all")
 
@@ -46,7 +46,7 @@ def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorit
     src = SourceFile.read(p)
     suffix = p.suffix.lower()
     if suffix in (".rccl", ".resccl", ""):
-        from .frontend import parse_rccl
+        from hccc.compiler.frontend import parse_rccl
         return parse_rccl(src.text, str(p), max_transfers=max_transfers)
     raise CompileError([Diagnostic(
         f"don't know how to read '{p.name}': expected a .rccl (ResCCLang) file", None)])
@@ -121,17 +121,17 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
                       xml_limits=None):
     """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files, notes).
 
-    With a ``cluster``, the algorithm must also fit it (:func:`~hccc.compiler.topology_check.
+    With a ``cluster``, the algorithm must also fit it (:func:`~hccc.compiler.cluster.topology_check.
     check_on_topology`: rank count, a link under every transfer), ranks take their platform from their
     node's vendor (unless ``opts.target`` forces one) and the manifest records the cluster.
     """
-    from .build import build_program
-    from .verify import verify
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.verify import verify
 
     times = times or StageTimes()
     times.run("verify", verify, alg)
     if cluster is not None:
-        from .topology_check import check_on_topology
+        from hccc.compiler.cluster.topology_check import check_on_topology
         times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
                    tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
@@ -148,10 +148,10 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     ``checked``: the caller already checked the program against ``cluster``; otherwise every
     connection of the IR must be a link of the cluster.
     """
-    from .codegen import generate
-    from .msccl_format import XmlLimits
-    from .msccl_export import export_xml
-    from .output_dir import atomic_output_dir
+    from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.interop.msccl_export import export_xml
+    from hccc.compiler.backend.output_dir import atomic_output_dir
 
     times = times or StageTimes()
     extra: dict = {}
@@ -159,7 +159,7 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     if cluster is not None:
         topo = cluster.topology
         if not checked:
-            from .topology_check import check_ir_on_topology
+            from hccc.compiler.cluster.topology_check import check_ir_on_topology
             times.run("topology", check_ir_on_topology, ir, topo, cluster.name)
         extra["topology"] = cluster.manifest_entry()
     notes: list[str] = []
@@ -191,25 +191,26 @@ def load_program(path: str | Path, opts: CompileOptions | None = None):
 
     - ``.json``: a ProgramIR as written into OUTDIR; taken exactly as given (structure is validated on
       load, the collective is *not* re-verified), so hand-edited IRs can be tried.
-    - ``.xml``: an MSCCL XML algorithm (``hccc.compiler.msccl_xml.import_xml``).
+    - ``.xml``: an MSCCL XML algorithm (``hccc.compiler.interop.msccl_xml.import_xml``).
     - anything else: an algorithm file, verified, scheduled and lowered with ``opts``.
     Raises :class:`CompileError` with a located message for bad input.
     """
-    from .build import build_program
-    from .verify import verify
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.verify import verify
 
     opts = opts or CompileOptions()
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix in IR_SUFFIXES:
-        from .program_ir import IRFormatError, ProgramIR
+        from hccc.compiler.ir.check import load_ir_json
+        from hccc.compiler.ir.program_ir import IRFormatError
         src = SourceFile.read(p)
         try:
-            return ProgramIR.from_json(src.text)
+            return load_ir_json(src.text)
         except IRFormatError as exc:
             raise CompileError([Diagnostic(str(exc), Location(src, exc.line, exc.col))]) from None
     if suffix in XML_SUFFIXES:
-        from .msccl_xml import import_xml
+        from hccc.compiler.interop.msccl_xml import import_xml
         return import_xml(p)
     alg = load_algorithm(p, max_transfers=opts.max_transfers)
     verify(alg)
@@ -218,12 +219,12 @@ def load_program(path: str | Path, opts: CompileOptions | None = None):
 
 
 def load_cluster(path: str | Path):
-    """Any cluster description as a :class:`~hccc.compiler.topology.Topology`, by extension:
+    """Any cluster description as a :class:`~hccc.compiler.cluster.topology.Topology`, by extension:
     ``.topo`` (HeteCCL-style cluster DSL) or ``.json`` (a TACCL topology profile,
-    ``hccc.compiler.taccl.load_taccl``). Bad input raises a located :class:`CompileError`."""
+    ``hccc.compiler.interop.taccl.load_taccl``). Bad input raises a located :class:`CompileError`."""
     p = Path(path)
     if p.suffix.lower() == ".json":
-        from .taccl import load_taccl
+        from hccc.compiler.interop.taccl import load_taccl
         return load_taccl(p)
-    from .frontend.topo_parser import load_topology
+    from hccc.compiler.cluster.topo_parser import load_topology
     return load_topology(p)

@@ -3,7 +3,7 @@
     hccc ALGO -o OUTDIR [--topology T] [--target auto|cuda|hip|all] [--scheduler hpds|rr]
                         [--tb-alloc state|connection] [--chunk-size BYTES] [--max-transfers N]
     hccc check ALGO [--topology T] [--json]
-    hccc run | fuzz | topo | sim ...        one module each: ``hccc.cmd_<name>``
+    hccc run | fuzz | topo | sim ...        one module each: ``hccc.commands.<name>``
 
 Every subcommand module provides ``configure(parser)`` (adds its arguments to an
 ``argparse.ArgumentParser``) and ``run(args) -> int`` (the exit status); this file only dispatches and
@@ -21,19 +21,19 @@ import os
 import sys
 import traceback
 
-from . import __version__
+from hccc import __version__
 
-# name -> (module, one-line summary). "check" lives here; the others in hccc.cmd_<name>.
+# name -> (module, one-line summary). "check" lives here; the others in hccc.commands.<name>.
 SUBCOMMANDS = {
     "check": (None, "verify an algorithm and print a summary"),
-    "run": ("hccc.cmd_run", "compile, run the kernels (CPU emulation or CUDA) and check them"),
-    "fuzz": ("hccc.cmd_fuzz", "run random sizes/dtypes/ops through the kernels and the oracle"),
-    "topo": ("hccc.cmd_topo", "summarise a cluster description"),
-    "sim": ("hccc.cmd_sim", "simulate an algorithm on a cluster (alpha-beta model)"),
-    "xml": ("hccc.cmd_xml", "export an algorithm as MSCCL XML"),
-    "synth": ("hccc.cmd_synth", "synthesise a schedule for a cluster (SMT + CEGIS)"),
-    "gen": ("hccc.cmd_gen", "generate algorithms (c2c: mixed-vendor hierarchical collectives)"),
-    "balance": ("hccc.cmd_balance", "micro-batch sizes proportional to measured GPU speeds"),
+    "run": ("hccc.commands.run", "compile, run the kernels (CPU emulation or CUDA) and check them"),
+    "fuzz": ("hccc.commands.fuzz", "run random sizes/dtypes/ops through the kernels and the oracle"),
+    "topo": ("hccc.commands.topo", "summarise a cluster description"),
+    "sim": ("hccc.commands.sim", "simulate an algorithm on a cluster (alpha-beta model)"),
+    "xml": ("hccc.commands.xml", "export an algorithm as MSCCL XML"),
+    "synth": ("hccc.commands.synth", "synthesise a schedule for a cluster (SMT + CEGIS)"),
+    "gen": ("hccc.commands.gen", "generate algorithms (c2c: mixed-vendor hierarchical collectives)"),
+    "balance": ("hccc.commands.balance", "micro-batch sizes proportional to measured GPU speeds"),
 }
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -87,7 +87,7 @@ def _compile_parser() -> argparse.ArgumentParser:
                    help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
                         "because it serialises the TB's other connections")
     p.add_argument("--timings", action="store_true", help="print the time spent in each stage")
-    from hccc.cmd_xml import add_limit_arguments
+    from hccc.commands.xml import add_limit_arguments
     add_limit_arguments(p)
     p.add_argument("--version", action="version", version=f"hccc {__version__}")
     return p
@@ -103,7 +103,7 @@ def _check_parser() -> argparse.ArgumentParser:
 
 
 def cmd_compile(args) -> int:
-    from hccc.cmd_xml import limits_from_args
+    from hccc.commands.xml import limits_from_args
     from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, StageTimes, compile_algorithm,
                                         compile_program, load_algorithm, load_program)
 
@@ -141,7 +141,7 @@ def cmd_compile(args) -> int:
 
 def cmd_check(args) -> int:
     from hccc.compiler.pipeline import XML_SUFFIXES, load_algorithm
-    from hccc.compiler.verify import verify
+    from hccc.compiler.passes.verify import verify
 
     if os.path.splitext(args.algo)[1].lower() in XML_SUFFIXES:
         return _check_xml(args)
@@ -154,7 +154,7 @@ def cmd_check(args) -> int:
     summary = {"valid": True, "collective": alg.header.collective.value, "nranks": alg.header.nranks,
                "transfers": alg.ntransfers, "steps": report.steps}
     if cluster is not None:
-        from hccc.compiler.topology_check import check_on_topology, link_usage
+        from hccc.compiler.cluster.topology_check import check_on_topology, link_usage
         check_on_topology(alg, cluster.topology, cluster.name)
         usage = link_usage(alg, cluster.topology)
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256,
@@ -183,7 +183,7 @@ def _check_xml(args) -> int:
                "execution": ir.stats.get("execution"), "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
-        from hccc.compiler.topology_check import check_ir_on_topology
+        from hccc.compiler.cluster.topology_check import check_ir_on_topology
         cluster = read_cluster(args.topology)
         check_ir_on_topology(ir, cluster.topology, cluster.name)
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
@@ -198,7 +198,7 @@ def _check_xml(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from hccc.compiler.diagnostics import CompileError, render_all
+    from hccc.compiler.frontend.diagnostics import CompileError, render_all
 
     json_mode = False
     try:

@@ -32,10 +32,10 @@ from typing import Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from .compiler import generators as gen
-from .compiler.algorithm import RECV, RRC, Algorithm, Collective
-from .compiler.diagnostics import CompileError, render_all
-from .compiler.verify import final_rows, verify
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective
+from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.compiler.passes.verify import final_rows, verify
 
 __all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid_programs",
            "relabel_ranks", "renumber_steps", "mutations", "live_transfers", "assert_implements",
@@ -66,7 +66,7 @@ def trees(draw, n: int) -> list[tuple[int, int]]:
     """A random spanning tree over ranks ``0..n-1`` as ``n-1`` undirected ``(a, b)`` edges.
 
     Every labelled tree can be drawn: ranks are visited in a random order and each one attaches to
-    a random, earlier-visited rank. Used by :func:`hccc.compiler.generators.tree_allgather` & co.
+    a random, earlier-visited rank. Used by :func:`hccc.compiler.frontend.generators.tree_allgather` & co.
     """
     perm = draw(st.permutations(list(range(n))))
     edges = []
@@ -386,7 +386,7 @@ def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | No
                              + render_all(exc)) from None
     if backend is None:
         return
-    from .compiler.build import build_program
+    from hccc.compiler.passes.build import build_program
     ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes)
     assert_kernels_match(ir, backend=backend, counts=counts, dtypes=dtypes, ops=ops, inplace=inplace,
                          nthreads=nthreads, timeout_s=timeout_s)
@@ -413,7 +413,7 @@ class KernelCase:
 def default_counts(ir, dtype: str = "float32") -> list[int]:
     """Sizes worth checking for ``ir``: empty and one-element chunks, a remainder, one micro-batch,
     several micro-batches with a ragged last one, and more micro-batches than FIFO slots."""
-    from .runtime.launcher import ELEMENT_BYTES
+    from hccc.runtime.launcher import ELEMENT_BYTES
     C = ir.nchunks
     E = max(1, ir.chunk_bytes // ELEMENT_BYTES[dtype])
     return sorted({0, 1, C, C + 1, C * E - 1, C * 3 * E + C // 2 + 1, C * 9 * E + 3})
@@ -429,8 +429,8 @@ def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str]
     out-of-place, several threads per thread block, and slices of the slot size or any multiple of
     16 bytes below it (the per-launch slice; programs imported to run algorithm-level keep the slot
     size and one micro-batch per chunk)."""
-    from .compiler.codegen import NSLOTS
-    from .runtime.launcher import ELEMENT_BYTES
+    from hccc.compiler.backend.codegen import NSLOTS
+    from hccc.runtime.launcher import ELEMENT_BYTES
     dtype = draw(st.sampled_from(list(dtypes)))
     op = draw(st.sampled_from(list(ops)))
     C = ir.nchunks
@@ -463,14 +463,14 @@ def _platform(backend):
     runners): the CPU emulation builds without optimisation (quick to compile; small test sizes
     do not need fast kernels) unless ``HCCC_CPU_OPT`` says otherwise."""
     import os
-    from .runtime.platform import get_platform
+    from hccc.runtime.platform import get_platform
     if not isinstance(backend, str):
         return backend
     opt = os.environ.get("HCCC_CPU_OPT") or "-O0"
     key = (backend, opt if backend == "cpu" else None)
     if key not in _PLATFORMS:
         if backend == "cpu":
-            from .runtime.cpu import CpuPlatform
+            from hccc.runtime.cpu import CpuPlatform
             _PLATFORMS[key] = CpuPlatform(opt=opt)
         else:
             _PLATFORMS[key] = get_platform(backend)
@@ -482,7 +482,7 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
     """A :class:`hccc.runtime.launcher.Runner` for ``ir``, kept for reuse within the process (the
     last few are cached, keyed by the IR's content, backend and instance)."""
     import hashlib
-    from .runtime.launcher import Runner
+    from hccc.runtime.launcher import Runner
     bname = backend if isinstance(backend, str) else f"{type(backend).__name__}@{id(backend)}"
     key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op)
     hit = _RUNNERS.get(key)
@@ -577,8 +577,8 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
-    from .compiler.codegen import NSLOTS
-    from .runtime.launcher import ELEMENT_BYTES
+    from hccc.compiler.backend.codegen import NSLOTS
+    from hccc.runtime.launcher import ELEMENT_BYTES
 
     t0 = time.perf_counter()
     report = FuzzReport()

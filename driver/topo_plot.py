@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.compiler.topology import LINK_CLASSES, Topology
+from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
 
 DETAIL_LIMIT = 256
 NODES_PER_ROW = 4

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from . import cache
-from .kernel_abi import Args
-from .platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
+from hccc.runtime import cache
+from hccc.runtime.kernel_abi import Args
+from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
 
 CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
 REDOPS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
@@ -103,7 +103,7 @@ class CpuModule(Module):
         lib.hccc_cpu_times.restype = None
         lib.hccc_cpu_release.argtypes = [ctypes.c_void_p]
         lib.hccc_cpu_release.restype = None
-        from .kernel_abi import sizes
+        from hccc.runtime.kernel_abi import sizes
         out = (ctypes.c_uint64 * 4)()
         lib.hccc_cpu_abi(out)
         if tuple(out[:3]) != sizes():

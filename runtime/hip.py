@@ -1,8 +1,8 @@
 """The HIP platform: the emitted HIP kernels on AMD GPUs, through the HIP runtime (libamdhip64).
 
-HIP mirrors the CUDA runtime and module APIs, so :class:`HipPlatform` is the CUDA platform
-(:mod:`hccc.runtime.cuda`: placement, residency check, timing gate, memory bookkeeping) driven by
-:class:`HipApi`, a small ctypes binding that offers the calls the CUDA platform makes under the
+HIP mirrors the CUDA runtime and module APIs, so :class:`HipPlatform` is the shared GPU platform
+(:mod:`hccc.runtime.gpu`: placement, residency check, timing gate, memory bookkeeping) driven by
+:class:`HipApi`, a small ctypes binding that offers the calls the GPU platform makes under the
 names CuPy gives them. No Python package is needed; the platform is usable when ``libamdhip64.so``
 loads and reports a device, and raises :class:`PlatformError` with the reason otherwise.
 
@@ -28,8 +28,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
-from .cuda import (CudaPlatform, compile_module, elf_symbols, select_ranks, translation_unit)
-from .platform import Instance, PlatformError, register
+from hccc.runtime.gpu import GpuPlatform, compile_module, elf_symbols, select_ranks, translation_unit
+from hccc.runtime.platform import Instance, PlatformError, register
 
 ARCH_ENV = "HCCC_HIP_ARCH"
 DEVICES_ENV = "HCCC_HIP_DEVICES"
@@ -300,8 +300,8 @@ def open_hip() -> HipApi:
     raise PlatformError(f"the HIP runtime (libamdhip64) is not installed: {last}")
 
 
-class HipPlatform(CudaPlatform):
-    """HIP on AMD GPUs; everything but the API, the attribute ids and the build is CUDA's."""
+class HipPlatform(GpuPlatform):
+    """HIP on AMD GPUs: the shared GPU platform with the HIP API, attribute ids and build."""
 
     name = "hip"
     source_platform = "hip"

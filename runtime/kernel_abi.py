@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 
-from hccc.compiler.program_ir import Op
+from hccc.compiler.ir.program_ir import Op
 
 ABI_VERSION = 1
 

@@ -51,14 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.compiler.program_ir import IRFormatError, ProgramIR
-from hccc.compiler.codegen import buffer_bases
-from hccc.compiler.slicing import auto_slice_bytes
+from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
+from hccc.compiler.backend.codegen import buffer_bases
+from hccc.compiler.passes.slicing import auto_slice_bytes
 
-from . import cache, reference
-from .busbw import busbw_factor
-from .kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
-from .platform import Instance, Platform, PlatformError, get_platform
+from hccc.runtime import cache, reference
+from hccc.runtime.busbw import busbw_factor
+from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
+from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
@@ -98,7 +98,7 @@ class RunResult:
     oracle: str | None = None
     #: every rank's output buffer (``Runner.run(keep_outputs=True)``; bfloat16 as float32)
     outputs: list | None = field(default=None, repr=False, compare=False)
-    #: micro-batch slice of the launch in bytes (:func:`hccc.compiler.slicing.auto_slice_bytes`)
+    #: micro-batch slice of the launch in bytes (:func:`hccc.compiler.passes.slicing.auto_slice_bytes`)
     slice_bytes: int = 0
 
     def __post_init__(self):
@@ -135,7 +135,7 @@ def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None) 
     """Directory with ``ir``'s emitted sources and manifest, from the cache (keyed by the IR JSON,
     the platforms, the templates and the hccc version). ``platform``: "cuda" or "hip" for every
     rank, or one of them per rank (a mixed-vendor program)."""
-    from hccc.compiler.codegen import generate
+    from hccc.compiler.backend.codegen import generate
 
     per_rank = [platform] * ir.nranks if isinstance(platform, str) else [str(p) for p in platform]
     if len(per_rank) != ir.nranks:
@@ -296,7 +296,7 @@ class Runner:
         for p, v in spec.items():
             if isinstance(v, str):
                 if v == "cpu":
-                    from .cpu import CpuPlatform
+                    from hccc.runtime.cpu import CpuPlatform
                     pf = CpuPlatform(source_platform=p)
                     self._owned.append(pf)
                 elif v in made:
@@ -503,7 +503,7 @@ class Runner:
         (one array per rank, as :func:`hccc.runtime.reference.make_inputs` lays them out; float32
         for bfloat16) replaces the generated small-integer data. ``keep_outputs`` stores every
         rank's output (as the oracle sees it) in :attr:`RunResult.outputs`. ``slice_bytes`` is the
-        micro-batch slice: ``"auto"`` sizes it for ``nbytes`` (:mod:`hccc.compiler.slicing`), an
+        micro-batch slice: ``"auto"`` sizes it for ``nbytes`` (:mod:`hccc.compiler.passes.slicing`), an
         int fixes it (a multiple of 16 of at most the compiled slot size)."""
         if self._closed:
             raise PlatformError("runner is closed")

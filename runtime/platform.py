@@ -27,6 +27,7 @@ Model (CUDA's, which the CPU emulation follows):
 from __future__ import annotations
 
 import abc
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -178,19 +179,23 @@ def get_platform(name: str) -> Platform:
     return _FACTORIES[name]()
 
 
+#: built-in implementations, found by module name (each registers itself when imported)
+_BUILTIN = {"cpu": "hccc.runtime.cpu", "cuda": "hccc.runtime.cuda", "hip": "hccc.runtime.hip"}
+
+
 def _load_builtin() -> None:
     if _FACTORIES:
         return
-    from . import cpu  # noqa: F401  (registers "cpu")
-    try:
-        from . import cuda  # noqa: F401  (registers "cuda"; importing it never needs CuPy)
-    except ImportError as exc:
-        reason = str(exc)
+    for name, module in _BUILTIN.items():
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            if name == "cpu":
+                raise
+            _register_missing(name, str(exc))
 
-        def _no_cuda() -> Platform:
-            raise PlatformError(f"the CUDA backend is not available in this installation ({reason})")
-        register("cuda", _no_cuda)
-    try:
-        from . import hip  # noqa: F401  (registers "hip" when present)
-    except ImportError:
-        pass
+
+def _register_missing(name: str, reason: str) -> None:
+    def _missing() -> Platform:
+        raise PlatformError(f"the {name.upper()} backend is not available in this installation ({reason})")
+    register(name, _missing)

@@ -16,7 +16,7 @@ rank ``r``'s part of ``input``, AllReduce, Broadcast and Reduce ``input == outpu
 defines only the root's output (:func:`expected` gives ``None`` for the others). Out-of-place outputs and scratch start as garbage (NaN / INT_MIN) so a chunk
 that is never written shows up.
 
-Order. Matched send/receive pairs are joined into chains (see :mod:`hccc.compiler.ir_check`); the
+Order. Matched send/receive pairs are joined into chains (see :mod:`hccc.compiler.ir.check`); the
 chains run one at a time in a topological order of the wait graph (program order + dependencies),
 each for every micro-batch (``nmicro`` slices of every chunk) before the next. ``seed`` shuffles
 the topological order, which exposes missing dependencies in tests.
@@ -30,8 +30,8 @@ from functools import reduce as _fold
 
 import numpy as np
 
-from hccc.compiler.ir_check import check_structure, match_connections, topological_components
-from hccc.compiler.program_ir import Buf, Op, ProgramIR
+from hccc.compiler.ir.check import check_structure, match_connections, topological_components
+from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 
 OPS = ("sum", "max", "min")
 DTYPES = ("float32", "float16", "bfloat16", "int32")
@@ -127,7 +127,7 @@ def _run_in_prim_order(ir: ProgramIR, region, red, seed) -> None:
     program once per slice) may not be ordered chain by chain; run them one primitive at a time in
     a happens-before order (program order, dependencies, send before its receive). Slices are
     independent, so one pass over whole regions gives the same result."""
-    from hccc.compiler.ir_symbolic import prim_order
+    from hccc.compiler.ir.symbolic import prim_order
 
     s, rcv = match_connections(ir)
     sender = np.full(ir.nprims, -1, dtype=np.int64)

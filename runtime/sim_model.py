@@ -4,7 +4,7 @@
 connection ids and FIFO positions, the link of every sending primitive (``Topology.link_between``),
 the resources a flow occupies (the link, its shared groups, or the rank's reduction unit), the
 dependency lists in both directions and the slice anchor chunk of every primitive (the same one the
-generated kernels use, :func:`hccc.compiler.codegen.analyse`). :func:`geometry` adds what depends on
+generated kernels use, :func:`hccc.compiler.backend.codegen.analyse`). :func:`geometry` adds what depends on
 the buffer size: elements per chunk, the slice length and the micro-batch count, exactly as
 ``hccc_prims.h`` computes them.
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccc.compiler.program_ir import Op, ProgramIR
-from hccc.compiler.topology import Topology
+from hccc.compiler.ir.program_ir import Op, ProgramIR
+from hccc.compiler.cluster.topology import Topology
 
-from .sim_engine import F_RECV, F_REDUCE, F_SEND
+from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 
 _FLAGS = np.array([(F_SEND if Op(i).sends else 0) | (F_RECV if Op(i).receives else 0)
                    | (F_REDUCE if Op(i).reduces else 0) for i in range(len(Op))], dtype=np.int64)
@@ -108,7 +108,7 @@ def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
 
     Raises :class:`SimulationError` when the rank counts differ or a sending primitive has no link.
     """
-    from hccc.compiler.codegen import analyse
+    from hccc.compiler.backend.codegen import analyse
 
     N = int(ir.nranks)
     if topo.nranks != N:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .sim_engine import K_RECV, K_REDUCE, K_SEND
-from .sim_model import SimProgram
-from .simulator import SimResult
+from hccc.runtime.sim_engine import K_RECV, K_REDUCE, K_SEND
+from hccc.runtime.sim_model import SimProgram
+from hccc.runtime.simulator import SimResult
 
 
 def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, title: str | None = None,

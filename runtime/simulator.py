@@ -12,7 +12,7 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   A unit of work is one slice of one chunk of one primitive. The slice is a per-call choice up to
   the slot capacity the program was compiled with (``ProgramIR.chunk_bytes``): by default that
   capacity, or with ``slice_bytes="auto"`` the size-aware policy of
-  :func:`hccc.compiler.slicing.auto_slice_bytes` (what ``hccc sim`` and the benchmarks use).
+  :func:`hccc.compiler.passes.slicing.auto_slice_bytes` (what ``hccc sim`` and the benchmarks use).
 * Connections are FIFOs of ``NSLOTS = 8`` slots. The k-th slot written on a connection is the k-th
   read; a sender blocks while 8 slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hccc.compiler.program_ir import ProgramIR
-from hccc.compiler.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
-from hccc.compiler.topology import Topology
+from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
+from hccc.compiler.cluster.topology import Topology
 
-from . import sim_engine as eng
-from .busbw import busbw_factor
-from .sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
+from hccc.runtime import sim_engine as eng
+from hccc.runtime.busbw import busbw_factor
+from hccc.runtime.sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
                         lower_bound, prepare, resource_bytes)
 
 NSLOTS = 8
@@ -216,7 +216,7 @@ def _deadlock_message(prog: SimProgram, tb_state, tb_wait, tb_pos, tb_m) -> str:
 def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
                   element_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
     """The slice (bytes) one call uses: ``None`` = the slot capacity ``slot_bytes``, ``"auto"`` =
-    :func:`~hccc.compiler.slicing.auto_slice_bytes`, or an explicit positive number of bytes, which
+    :func:`~hccc.compiler.passes.slicing.auto_slice_bytes`, or an explicit positive number of bytes, which
     must fit a slot (the kernels address slots with the slice as stride)."""
     if slice_bytes is None:
         return int(slot_bytes)
@@ -293,7 +293,7 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 def step_schedule(alg):
     """The schedule algorithm-level execution runs: one sub-pipeline per step, in step order (rows
     in program order within a step)."""
-    from hccc.compiler.schedule import Schedule
+    from hccc.compiler.passes.schedule import Schedule
 
     step = np.asarray(alg.step, dtype=np.int64)
     _, dense = np.unique(step, return_inverse=True)
@@ -312,8 +312,8 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
     ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
     fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
     """
-    from hccc.compiler.build import build_from_schedule, build_program
-    from hccc.compiler.dag import build_dag
+    from hccc.compiler.passes.build import build_from_schedule, build_program
+    from hccc.compiler.passes.dag import build_dag
 
     if execution == "task":
         return build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",

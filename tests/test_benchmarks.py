@@ -4,8 +4,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from hccc.compiler.frontend.topo_parser import load_topology
-from hccc.compiler.verify import verify
+from hccc.compiler.cluster.topo_parser import load_topology
+from hccc.compiler.passes.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 

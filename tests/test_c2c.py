@@ -1,4 +1,4 @@
-"""C2C collective generator (hccc.compiler.c2c, ``hccc gen c2c``): HetCCL's hierarchical breakdown.
+"""C2C collective generator (hccc.compiler.cluster.c2c, ``hccc gen c2c``): HetCCL's hierarchical breakdown.
 
 Oracles: the verifier (postconditions), the numpy reference executor against directly computed
 results, cross-cluster volumes counted transfer by transfer and compared with closed forms and with
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler.build import build_program
-from hccc.compiler.c2c import C2CError, _ring_order, plan_c2c, swrr
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.cluster.c2c import C2CError, _ring_order, plan_c2c, swrr
 from hccc.compiler.frontend import parse_rccl
-from hccc.compiler.frontend.topo_parser import load_topology, parse_topology
-from hccc.compiler.hierarchy import hierarchy
-from hccc.compiler.topology import TopologyBuilder
-from hccc.compiler.verify import verify
+from hccc.compiler.cluster.topo_parser import load_topology, parse_topology
+from hccc.compiler.cluster.hierarchy import hierarchy
+from hccc.compiler.cluster.topology import TopologyBuilder
+from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
 from test_hierarchy import MIXED_3, cluster_specs, topo_text
 

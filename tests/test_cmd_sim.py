@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hccc.cli import main
-from hccc.compiler.build import build_program
+from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime.simulator import simulate
 
@@ -54,7 +54,7 @@ def test_json_schema_and_values(capsys):
     assert d["tb_idle_avg"] == d["results"][-1]["tb_idle_avg"]
     assert d["collective"] == "allreduce" and d["nranks"] == 8 and d["execution"] == "task"
     assert d["tbs_state_based"] <= d["tbs_connection_based"]
-    from hccc.compiler.slicing import auto_slice_bytes
+    from hccc.compiler.passes.slicing import auto_slice_bytes
     assert d["slice"] == "auto" and d["chunk_bytes"] == 1 << 20
     assert [r["chunk_bytes"] for r in d["results"]] == [auto_slice_bytes(r["bytes"], 8) for r in d["results"]]
     assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 256 << 10, 1 << 20]

@@ -1,4 +1,4 @@
-"""Unit and property tests of code generation (compiler/codegen.py and templates/)."""
+"""Unit and property tests of code generation (compiler/backend/codegen.py and templates/)."""
 from __future__ import annotations
 
 import json
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler import codegen
-from hccc.compiler.codegen import generate, threads_per_tb
-from hccc.compiler.program_ir import Op, ProgramIR
+from hccc.compiler.backend import codegen
+from hccc.compiler.backend.codegen import generate, threads_per_tb
+from hccc.compiler.ir.program_ir import Op, ProgramIR
+from hccc.compiler.ir.check import load_ir_json
 from test_codegen_irs import random_ir, ring_allgather, ring_allgather_fused, ring_allreduce, \
     ring_allreduce_fused
 
@@ -56,7 +57,7 @@ def test_manifest_and_file_set(tmp_path):
         assert f"{e['kernel']}_##DT##_##OPN" in src
         assert f"HCCC_LAUNCH_BOUNDS({man['nthreads'][e['platform']]})" in src
     # the IR file round-trips
-    back = ProgramIR.from_json((tmp_path / man["ir"]).read_text())
+    back = load_ir_json((tmp_path / man["ir"]).read_text())
     assert back.to_json() == ir.to_json()
     # umbrella sources include exactly their platform's ranks
     cu = (tmp_path / "ring_ar_cuda.cu").read_text()
@@ -343,8 +344,8 @@ def test_nvcc_and_hipcc_other_irs(tmp_path, make, nvcc, hipcc, monkeypatch):
 def test_codegen_speed_on_a_large_program(tmp_path):
     """~1M primitives in a handful of seconds (HM AllReduce over 64 x 8 GPUs)."""
     try:
-        from hccc.compiler import generators
-        from hccc.compiler.build import build_program
+        from hccc.compiler.frontend import generators
+        from hccc.compiler.passes.build import build_program
     except ImportError as exc:
         pytest.skip(f"pipeline not available: {exc}")
     ir = build_program(generators.hm_allreduce(16, 8))

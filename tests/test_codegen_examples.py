@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hccc.compiler.codegen import generate
+from hccc.compiler.backend.codegen import generate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # float32 / sum only (nvcc splits -D values at commas: use the HCCC_ENABLE_* switches)
@@ -20,7 +20,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
 
 def _lower(path, chunk_bytes):
     try:
-        from hccc.compiler.build import build_program
+        from hccc.compiler.passes.build import build_program
         from hccc.compiler.frontend.load import load_rccl
     except ImportError as exc:  # pipeline not assembled yet
         pytest.skip(f"pipeline not available: {exc}")

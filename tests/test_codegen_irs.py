@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.program_ir import Buf, Op, ProgramIR, PRIM_COLUMNS
+from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR, PRIM_COLUMNS
 
 _COLS = list(PRIM_COLUMNS)
 

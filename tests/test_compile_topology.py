@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
-from hccc.compiler.algorithm import Algorithm, Collective, Header
-from hccc.compiler.diagnostics import CompileError
-from hccc.compiler.frontend.topo_parser import parse_topology
-from hccc.compiler.generators import (direct_allgather_rccl, hm_allreduce_rccl, ring_allgather_rccl,
+from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
+from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.compiler.cluster.topo_parser import parse_topology
+from hccc.compiler.frontend.generators import (direct_allgather_rccl, hm_allreduce_rccl, ring_allgather_rccl,
                                       ring_allreduce_rccl)
 from hccc.compiler.pipeline import (ClusterSource, CompileOptions, compile_algorithm, load_algorithm,
                                     platforms_for, read_cluster)
-from hccc.compiler.topology_check import MAX_LISTED, check_on_topology, link_usage
+from hccc.compiler.cluster.topology_check import MAX_LISTED, check_on_topology, link_usage
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
@@ -303,8 +303,8 @@ def test_bad_topology_file_is_a_located_error_and_no_output(tmp_path):
 
 
 def test_compile_algorithm_api_and_manifest_extra(tmp_path):
-    from hccc.compiler.codegen import generate
-    from hccc.compiler.build import build_program
+    from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.passes.build import build_program
 
     topo_path = write(tmp_path, "mixed.topo", MIXED_2X2)
     cluster = read_cluster(topo_path)

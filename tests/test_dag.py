@@ -1,13 +1,13 @@
-"""Tests for hccc.compiler.dag: the dependency DAG against an all-pairs oracle."""
+"""Tests for hccc.compiler.passes.dag: the dependency DAG against an all-pairs oracle."""
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
-import hccc.compiler.dag as dag_module
-from hccc.compiler.dag import build_dag
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+import hccc.compiler.passes.dag as dag_module
+from hccc.compiler.passes.dag import build_dag
 
 
 # ------------------------------------------------------------------ algorithm builders (numpy)

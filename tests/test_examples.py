@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hccc.compiler.generators import EXAMPLES
-from hccc.compiler.verify import verify
+from hccc.compiler.frontend.generators import EXAMPLES
+from hccc.compiler.passes.verify import verify
 
 try:
     from hccc.compiler.frontend import parse_rccl

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler.diagnostics import CompileError
+from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.frontend import parse_rccl
 
 LIMIT = 2 ** 62

@@ -11,9 +11,9 @@ import pytest
 
 import hccc.testing as ht
 from hccc.cli import main
-from hccc.compiler import generators as gen
-from hccc.compiler.build import build_program
-from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.ir.program_ir import Buf, Op
 from test_codegen_irs import stuck_ir
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Tests of hccc.compiler.generators: builders verify, match independent formulas, and the .rccl
+"""Tests of hccc.compiler.frontend.generators: builders verify, match independent formulas, and the .rccl
 text generators parse to exactly the builders' transfer sets."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler import generators as gen
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective
-from hccc.compiler.verify import verify
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective
+from hccc.compiler.passes.verify import verify
 from hccc.testing import hm_shapes, ring_orders, trees
 
 try:

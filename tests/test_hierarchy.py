@@ -1,4 +1,4 @@
-"""Hierarchical topology abstraction (hccc.compiler.hierarchy): clusters, border and internal ranks.
+"""Hierarchical topology abstraction (hccc.compiler.cluster.hierarchy): clusters, border and internal ranks.
 
 Oracles: clusters written inline from a spec whose answer is known by construction (nodes of one
 vendor/model joined by NIC links form one cluster; every GPU behind a NIC is a border rank with an
@@ -15,9 +15,9 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler.frontend.topo_parser import load_topology, parse_topology
-from hccc.compiler.hierarchy import HierarchyError, hierarchy
-from hccc.compiler.topology import TopologyBuilder
+from hccc.compiler.cluster.topo_parser import load_topology, parse_topology
+from hccc.compiler.cluster.hierarchy import HierarchyError, hierarchy
+from hccc.compiler.cluster.topology import TopologyBuilder
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 

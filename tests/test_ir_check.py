@@ -1,4 +1,4 @@
-"""IR checks (compiler/ir_check.py): structure, FIFO order, deadlock; JSON round trip."""
+"""IR checks (compiler/ir/check.py): structure, FIFO order, deadlock; JSON round trip."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler import generators as G
-from hccc.compiler.build import build_program
-from hccc.compiler.ir_check import (DeadlockError, FifoOrderError, check_deadlock, check_fifo_order,
+from hccc.compiler.frontend import generators as G
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.ir.check import (load_ir_json, DeadlockError, FifoOrderError, check_deadlock, check_fifo_order,
                                     check_structure, match_connections)
-from hccc.compiler.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 from test_lower import algorithms
 
@@ -230,7 +230,7 @@ def _same_ir(a: ProgramIR, b: ProgramIR):
 def test_json_round_trip(alg, mode):
     ir = build_program(alg, tb_alloc=mode)
     text = ir.to_json()
-    back = ProgramIR.from_json(text)
+    back = load_ir_json(text)
     _same_ir(ir, back)
     assert back.to_json() == text
 
@@ -241,4 +241,4 @@ def test_json_rejects_corrupted_ir():
     d = json.loads(ir.to_json())
     d["prims"]["send_peer"][0] = 7
     with pytest.raises(IRFormatError):
-        ProgramIR.from_json(json.dumps(d))
+        load_ir_json(json.dumps(d))

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.build import build_program
+from hccc.compiler.passes.build import build_program
 from hccc.compiler.frontend.load import load_rccl
 from hccc.testing import assert_kernels_match, default_counts, describe_failure, kernel_cases, run_case
 

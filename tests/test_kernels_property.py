@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.build import build_program
-from hccc.compiler.program_ir import Buf, Op
-from hccc.compiler import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.ir.program_ir import Buf, Op
+from hccc.compiler.frontend import generators as gen
 from hccc.testing import (assert_implements, assert_kernels_match, describe_failure, kernel_cases,
                           run_case, valid_programs)
 

@@ -1,4 +1,4 @@
-"""Lowering (compiler/lower.py) and the middle of the pipeline (compiler/build.py).
+"""Lowering (compiler/passes/lower.py) and the middle of the pipeline (compiler/passes/build.py).
 
 Also home of the random valid-program strategy shared by test_tb_alloc / test_ir_check /
 test_reference: per chunk a random reduction tree (ReduceScatter / AllReduce) and a random broadcast
@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler import generators as G
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header
-from hccc.compiler.build import build_from_schedule, build_program, sanitize_identifier
-from hccc.compiler.dag import build_dag
-from hccc.compiler.ir_check import check_deadlock, check_fifo_order, check_structure
-from hccc.compiler.lower import buffer_sizes, lower
-from hccc.compiler.program_ir import Buf, Op
-from hccc.compiler.schedule import Schedule
-from hccc.compiler.verify import verify
+from hccc.compiler.frontend import generators as G
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header
+from hccc.compiler.passes.build import build_from_schedule, build_program, sanitize_identifier
+from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
+from hccc.compiler.passes.lower import buffer_sizes, lower
+from hccc.compiler.ir.program_ir import Buf, Op
+from hccc.compiler.passes.schedule import Schedule
+from hccc.compiler.passes.verify import verify
 
 
 # ------------------------------------------------------------------------------ random programs
@@ -327,7 +327,7 @@ def test_random_programs_lower_deadlock_free(alg, scheduler, mode):
     elif scheduler == "one":
         sched = Schedule(np.zeros(alg.ntransfers, np.int32), np.argsort(alg.step, kind="stable"), "one")
     else:
-        from hccc.compiler.build import schedule_algorithm
+        from hccc.compiler.passes.build import schedule_algorithm
         sched = schedule_algorithm(alg, dag, scheduler)
     ir = build_from_schedule(alg, dag, sched, tb_alloc=mode)   # runs all three checks
     check_deadlock(ir)
@@ -381,7 +381,7 @@ def test_build_program_name_and_determinism():
 
 
 def test_unverified_allgather_errors_are_located_compile_errors():
-    from hccc.compiler.diagnostics import CompileError
+    from hccc.compiler.frontend.diagnostics import CompileError
     h = Header(nranks=3, collective=Collective.ALLGATHER, name="bad")
     # rank 1 forwards chunk 0 before it receives it
     alg = Algorithm.from_rows(h, [(1, 2, 0, 0, RECV), (0, 1, 1, 0, RECV), (1, 0, 0, 1, RECV),

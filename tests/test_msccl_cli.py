@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from hccc.cli import main
-from hccc.compiler.msccl_xml import XmlLimits, export_xml
+from hccc.compiler.interop.msccl_xml import XmlLimits, export_xml
 from hccc.compiler.pipeline import load_program
 
 ROOT = Path(__file__).resolve().parent.parent

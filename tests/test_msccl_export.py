@@ -15,15 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.msccl_format import SUPPORTED_COLLECTIVES
-from hccc.compiler import generators as G
+from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
+from hccc.compiler.frontend import generators as G
 from hccc.compiler.pipeline import CompileOptions
-from hccc.compiler.build import build_program
-from hccc.compiler.diagnostics import CompileError, render_all
-from hccc.compiler.ir_symbolic import prove
-from hccc.compiler.msccl_xml import LEGACY_LIMITS, XmlLimits, export_xml, import_xml, import_xml_text
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.compiler.ir.symbolic import prove
+from hccc.compiler.interop.msccl_xml import LEGACY_LIMITS, XmlLimits, export_xml, import_xml, import_xml_text
 from hccc.compiler.pipeline import load_program
-from hccc.compiler.program_ir import Op
+from hccc.compiler.ir.program_ir import Op
 from hccc.runtime.reference import execute, make_inputs
 from hccc.testing import valid_programs
 
@@ -178,7 +178,7 @@ def test_step_limit_names_thread_block_and_option():
 @settings(max_examples=30, deadline=None)
 def test_quick_step_check_is_a_lower_bound(alg, max_steps):
     """The numpy pre-check refuses only programs the full export refuses for their step count."""
-    import hccc.compiler.msccl_export as mx
+    import hccc.compiler.interop.msccl_export as mx
 
     ir = build_program(alg)
     lim = XmlLimits(max_steps=max_steps)
@@ -317,7 +317,7 @@ def with_nops(ir):
 
 @pytest.mark.parametrize("name", ["ring_allreduce_8.rccl", "hm_allgather_2x4.rccl"])
 def test_nop_primitives_become_dependencies(name):
-    from hccc.compiler.ir_check import check_all
+    from hccc.compiler.ir.check import check_all
     ir = load_program(ROOT / "examples" / name)
     m = with_nops(ir)
     check_all(m)

@@ -1,4 +1,4 @@
-"""The symbolic proof behind MSCCL import (compiler/ir_symbolic.py), checked against independent oracles:
+"""The symbolic proof behind MSCCL import (compiler/ir/symbolic.py), checked against independent oracles:
 the numpy reference executor, brute-force reachability and a brute-force run of the deadlock model."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.msccl_format import SUPPORTED_COLLECTIVES
-from hccc.compiler.build import build_program
-from hccc.compiler.ir_check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
-from hccc.compiler.ir_symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
+from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.ir.check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
+from hccc.compiler.ir.symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
 from hccc.compiler.pipeline import load_program
-from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import execute, expected, make_inputs
 from hccc.testing import valid_programs
 
@@ -213,7 +213,7 @@ def test_buffered_deadlock_check_matches_brute_force(ir, capacity):
 
 def test_ring_needs_two_buffered_messages():
     """One TB per rank around a ring (s, rrs, ..., r): fine with two messages in flight, not one."""
-    from hccc.compiler.msccl_xml import import_xml
+    from hccc.compiler.interop.msccl_xml import import_xml
     ir = import_xml(ROOT / "examples" / "msccl" / "allreduce_ring_4.xml")
     for cap in (1, 2, 3):
         stuck = _stuck(ir, cap)
@@ -228,7 +228,7 @@ def test_ring_needs_two_buffered_messages():
 @pytest.mark.parametrize("make", ["ring_broadcast", "ring_reduce"])
 def test_rooted_programs_are_proven_for_their_root_only(make):
     """A Broadcast / Reduce IR proves for the root it was built for and fails for any other."""
-    import hccc.compiler.generators as G
+    import hccc.compiler.frontend.generators as G
 
     ir = build_program(getattr(G, make)(4, root=2, chunks_per_rank=2))
     for inplace in (False, True):

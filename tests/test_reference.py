@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler import generators as G
-from hccc.compiler.algorithm import Collective
-from hccc.compiler.build import build_from_schedule, build_program
-from hccc.compiler.dag import build_dag
-from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler.frontend import generators as G
+from hccc.compiler.frontend.algorithm import Collective
+from hccc.compiler.passes.build import build_from_schedule, build_program
+from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import (chunk_bounds, execute, expected, expected_for, input_length, inputs_for,
                                     make_inputs, round_bf16)
 
@@ -33,7 +33,7 @@ def test_lowered_random_programs_compute_the_collective(alg, count, inplace, nmi
     if scheduler == "step":
         sched = step_schedule(alg)
     else:
-        from hccc.compiler.build import schedule_algorithm
+        from hccc.compiler.passes.build import schedule_algorithm
         sched = schedule_algorithm(alg, dag, scheduler)
     ir = build_from_schedule(alg, dag, sched)
     ins = inputs_for(ir, count, dtype, seed=seed)
@@ -162,7 +162,7 @@ def test_bad_inputs_rejected():
 
 @pytest.mark.parametrize("coll", list(Collective))
 def test_one_rank(coll):
-    from hccc.compiler.algorithm import Algorithm, Header
+    from hccc.compiler.frontend.algorithm import Algorithm, Header
     alg = Algorithm.from_rows(Header(nranks=1, collective=coll, name="one"), [])
     ir = build_program(alg)
     ins = make_inputs(coll.value, 1, 5, "int32")

@@ -18,8 +18,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from hccc.compiler.codegen import generate
-from hccc.compiler.program_ir import Buf, Op
+from hccc.compiler.backend.codegen import generate
+from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime import cache, kernel_abi, reference
 from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.launcher import Runner, busbw_factor, run_program
@@ -170,7 +170,7 @@ def test_wrong_program_is_counted(pf):
 
 
 def test_structurally_invalid_ir_is_refused(pf):
-    from hccc.compiler.program_ir import IRFormatError
+    from hccc.compiler.ir.program_ir import IRFormatError
     ir = ring_allreduce(2)
     ir.prims["send_peer"][0] = 7
     with pytest.raises(IRFormatError):

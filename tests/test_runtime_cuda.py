@@ -24,14 +24,15 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.slicing import auto_slice_bytes
+from hccc.compiler.passes.slicing import auto_slice_bytes
 from hccc.runtime.kernel_abi import Args
-from hccc.compiler.codegen import generate
+from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda
-from hccc.runtime.cuda import (ResidentKernel, build_cuda_module, check_residency, elf_symbols,
-                               kernel_symbol, normalise_arch, placement_for, residency_capacity,
-                               resolve_arch, translation_unit)
+from hccc.runtime.cuda import build_cuda_module, normalise_arch, resolve_arch
+import hccc.runtime.gpu as gpu_module
+from hccc.runtime.gpu import (GATE_SYMBOL, ResidentKernel, check_residency, elf_symbols, kernel_symbol, placement_for,
+                              residency_capacity, translation_unit)
 from hccc.runtime.platform import Instance, PlatformError, get_platform
 
 
@@ -189,7 +190,7 @@ def test_nvcc_builds_one_cubin_with_every_rank_kernel(ring8, nvcc):
     out, man, ir = ring8
     inst = Instance("float32", "sum")
     path = build_cuda_module(out, man, inst, nvcc=nvcc)
-    want = {kernel_symbol(man, r, inst) for r in range(ir.nranks)} | {cuda.GATE_SYMBOL}
+    want = {kernel_symbol(man, r, inst) for r in range(ir.nranks)} | {GATE_SYMBOL}
     assert elf_symbols(path) == want
     assert _readelf_global_funcs(path) == want
     assert _cubin_sm(path) == 90
@@ -210,7 +211,7 @@ def test_cache_hit_does_not_run_the_compiler(ring8, nvcc, monkeypatch):
         calls.append(cmd)
         return real(cmd, *a, **k)
 
-    monkeypatch.setattr(cuda.subprocess, "run", spy)
+    monkeypatch.setattr(gpu_module.subprocess, "run", spy)
     assert build_cuda_module(out, man, inst, ranks=[1], nvcc=nvcc) == first
     assert not any("-cubin" in c for c in calls)
 
@@ -221,7 +222,7 @@ def test_nvcc_subset_of_ranks_other_instance_and_arch(ring8, nvcc, monkeypatch):
     inst = Instance("bfloat16", "max")
     path = build_cuda_module(out, man, inst, ranks=[5, 2, 5], nvcc=nvcc)
     assert elf_symbols(path) == {"hccc_ring_allgather_8_r2_bfloat16_max",
-                                 "hccc_ring_allgather_8_r5_bfloat16_max", cuda.GATE_SYMBOL}
+                                 "hccc_ring_allgather_8_r5_bfloat16_max", GATE_SYMBOL}
     assert _cubin_sm(path) == 80
     other = build_cuda_module(out, man, inst, ranks=[2, 5], nvcc=nvcc, arch="sm_90")
     assert other != path and _cubin_sm(other) == 90
@@ -448,7 +449,7 @@ def test_gpu_load_launch_gate_and_refuse_oversubscription(gpu, ring8):
     mod = gpu.load(gpu.build(out, man, inst))
     with pytest.raises(PlatformError, match="not in"):
         mod.function("no_such_kernel")
-    gate = mod.function(cuda.GATE_SYMBOL)
+    gate = mod.function(GATE_SYMBOL)
     flag = gpu.malloc(8)
     gpu.memcpy_htod(flag, np.array([1, 0], np.uint32))
     s = gpu.stream()
@@ -529,7 +530,7 @@ def test_hipcc_builds_a_code_object_with_the_rank_kernels(tmp_path, hipcc):
     man = json.loads((out / "manifest.json").read_text())
     inst = Instance("float16", "max")
     path = build_hip_module(out, man, inst, ranks=[6, 1], hipcc=hipcc, arch="gfx908")
-    want = {kernel_symbol(man, r, inst) for r in (1, 6)} | {cuda.GATE_SYMBOL}
+    want = {kernel_symbol(man, r, inst) for r in (1, 6)} | {GATE_SYMBOL}
     assert hip_module_symbols(path) == want
     entries = offload_bundle_entries(path.read_bytes())
     gpu_images = [(t, img) for t, img in entries if "amdgcn" in t]

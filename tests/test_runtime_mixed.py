@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
-from hccc.compiler.generators import hm_allgather_rccl, hm_allreduce_rccl, ring_allreduce_rccl
+from hccc.compiler.frontend.generators import hm_allgather_rccl, hm_allreduce_rccl, ring_allreduce_rccl
 from hccc.compiler.pipeline import load_program
 from hccc.runtime import reference
 from hccc.runtime.cpu import CpuPlatform
@@ -213,9 +213,9 @@ _IRS: dict[str, object] = {}
 def load_program_text(text: str):
     """ProgramIR of ResCCLang text (cached: hypothesis draws the same program many times)."""
     if text not in _IRS:
-        from hccc.compiler.build import build_program
+        from hccc.compiler.passes.build import build_program
         from hccc.compiler.frontend import parse_rccl
-        from hccc.compiler.verify import verify
+        from hccc.compiler.passes.verify import verify
         alg = parse_rccl(text, "ring.rccl")
         verify(alg)
         _IRS[text] = build_program(alg, chunk_bytes=64)
@@ -356,7 +356,7 @@ def test_hccc_run_refusals(compiled, capsys, tmp_path):
 # ---------------------------------------------------------------------------- real compilers
 def test_hip_sources_of_a_mixed_program_compile_with_hipcc(compiled, hipcc, monkeypatch):
     """HipPlatform.build on the AMD ranks: one code object with exactly their kernels."""
-    from hccc.runtime.cuda import GATE_SYMBOL
+    from hccc.runtime.gpu import GATE_SYMBOL
     from hccc.runtime.hip import build_hip_module, hip_module_symbols
     monkeypatch.setenv("HIP_PLATFORM", "amd")
     outdir, man, ir = compiled["hm_allreduce_4x2"]
@@ -367,7 +367,8 @@ def test_hip_sources_of_a_mixed_program_compile_with_hipcc(compiled, hipcc, monk
 
 def test_cuda_sources_of_a_mixed_program_compile_with_nvcc(compiled, nvcc):
     """CudaPlatform.build on the NVIDIA ranks: one cubin with exactly their kernels."""
-    from hccc.runtime.cuda import GATE_SYMBOL, build_cuda_module, elf_symbols
+    from hccc.runtime.cuda import build_cuda_module
+    from hccc.runtime.gpu import GATE_SYMBOL, elf_symbols
     outdir, man, ir = compiled["hm_allreduce_4x2"]
     inst = Instance("float32", "sum")
     path = build_cuda_module(outdir, man, inst, ranks=CUDA_RANKS, nvcc=nvcc, arch="sm_90")

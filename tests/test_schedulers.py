@@ -1,4 +1,4 @@
-"""Tests for hccc.compiler.hpds and hccc.compiler.round_robin."""
+"""Tests for hccc.compiler.passes.hpds and hccc.compiler.passes.round_robin."""
 from __future__ import annotations
 
 import time
@@ -7,23 +7,23 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from hccc.compiler.algorithm import RECV
-from hccc.compiler.dag import build_dag
-from hccc.compiler.hpds import hpds
-from hccc.compiler.round_robin import round_robin
-from hccc.compiler.schedule import Schedule
+from hccc.compiler.frontend.algorithm import RECV
+from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.passes.hpds import hpds
+from hccc.compiler.passes.round_robin import round_robin
+from hccc.compiler.passes.schedule import Schedule
 
 from test_dag import (hm_allreduce, make_alg, naive_relation, programs,  # noqa: E402
                       ring_allgather)
 
 SCHEDULERS = {"hpds": hpds, "rr": round_robin}
-SLICE = 1.0 / 16   # the clock's pipelining lag (hccc.compiler.hpds._SLICE)
+SLICE = 1.0 / 16   # the clock's pipelining lag (hccc.compiler.passes.hpds._SLICE)
 
 
 # ------------------------------------------------------------------ oracle: Algorithm 1, literally
 def reference_schedule(alg, policy: str, i7: bool | None = None) -> tuple[list[int], list[int]]:
     """A slow, literal reading of ResCCL Algorithm 1 (and of the RR baseline), plus hccc's rule
-    I7 for HPDS (see hccc.compiler.hpds): a ready task does not take a link while another ready
+    I7 for HPDS (see hccc.compiler.passes.hpds): a ready task does not take a link while another ready
     task of that link has an earlier estimated ready time on the unit-cost clock.
 
     Readiness comes from the all-pairs dependency relation (not from the DAG under test); every

@@ -1,4 +1,4 @@
-"""The size-aware slice policy (compiler/slicing.py) and the comparison it exists for: with default
+"""The size-aware slice policy (compiler/passes/slicing.py) and the comparison it exists for: with default
 options, task-level HPDS is at least as fast as round-robin and as algorithm-level execution on HM
 AllGather / AllReduce at 64 MB and 1 GB, over clusters the repository's examples do and do not cover.
 """
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster_texts import FIG10
-from hccc.compiler import generators as gen
-from hccc.compiler.frontend.topo_parser import parse_topology
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.pipeline import load_cluster
-from hccc.compiler.slicing import (DEFAULT_SLOT_BYTES, MIN_SLICE_BYTES, TARGET_MICRO_BATCHES,
+from hccc.compiler.passes.slicing import (DEFAULT_SLOT_BYTES, MIN_SLICE_BYTES, TARGET_MICRO_BATCHES,
                                    auto_slice_bytes, micro_batches)
 from hccc.runtime.sim_model import geometry
 from hccc.runtime.simulator import build_for_execution, prepare, resolve_slice, simulate
@@ -128,7 +128,7 @@ SLACK = 0.995   # numeric slack only
 # HM AllReduce on the Fig. 10 cluster at 64 MB is the closest case: the two directions of the
 # 8 GB/s inter-node group carry all the time, and task-level execution pays about one slice of
 # start-up there that algorithm-level execution does not (the DAG orders the two reductions into
-# rank 0's chunk 4). With 32 micro-batches per chunk (compiler/slicing.py) HPDS is within 0.4 % of
+# rank 0's chunk 4). With 32 micro-batches per chunk (compiler/passes/slicing.py) HPDS is within 0.4 % of
 # algorithm-level execution at 64 MB; with 16 it was 1.7 % behind.
 
 _cache: dict = {}

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler import generators as gen
-from hccc.compiler.build import build_program
-from hccc.compiler.ir_check import check_all, check_structure
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.ir.check import check_all, check_structure
 from hccc.compiler.pipeline import load_algorithm, load_cluster
-from hccc.compiler.program_ir import PRIM_COLUMNS, Buf, Op, ProgramIR
-from hccc.compiler.topology import TopologyBuilder
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, Op, ProgramIR
+from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.runtime.sim_model import geometry, lower_bound, prepare
 from hccc.runtime.simulator import (SimulationError, build_for_execution, bus_factor, simulate,
                                     simulate_sizes, step_schedule)
@@ -371,7 +371,7 @@ def test_simulate_sizes_is_deterministic_and_monotone_in_size():
     assert [x.time_s for x in a] == [x.time_s for x in b]
     assert all(x.time_s < y.time_s for x, y in zip(a, a[1:]))
     # the slice follows the size (auto policy) up to the 1 MiB slots
-    from hccc.compiler.slicing import auto_slice_bytes
+    from hccc.compiler.passes.slicing import auto_slice_bytes
     assert [x.slice_bytes for x in a] == [auto_slice_bytes(s, 8, MiB) for s in sizes]
     assert [x.micro_batches for x in a] == [geometry(s, 8, x.slice_bytes).nmb for s, x in zip(sizes, a)]
     fixed = simulate_sizes(ir, topo, sizes, slice_bytes=None)

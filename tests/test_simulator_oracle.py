@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.build import build_program
-from hccc.compiler.codegen import analyse
-from hccc.compiler.program_ir import Op
-from hccc.compiler.topology import TopologyBuilder
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.backend.codegen import analyse
+from hccc.compiler.ir.program_ir import Op
+from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.runtime.simulator import NSLOTS, build_for_execution, simulate
 from hccc.testing import valid_programs
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.build import build_program
-from hccc.compiler.frontend.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
                                                 SharedSpec, format_topology, parse_topology)
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import (Schedule, allgather_task, broadcast_task, network_from_topology, synthesize,
@@ -22,8 +22,8 @@ from hccc.compiler.synth.check import check
 from hccc.compiler.synth.compose import plan_pods
 from hccc.compiler.synth.problem import replay
 from hccc.compiler.frontend import parse_rccl
-from hccc.compiler.topology_check import check_on_topology
-from hccc.compiler.verify import verify
+from hccc.compiler.cluster.topology_check import check_on_topology
+from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def test_allreduce_candidates_are_scored_as_whole_programs():
 
 
 def test_simulated_score_ranks_programs():
-    from hccc.cmd_synth import simulated_score
+    from hccc.commands.synth import simulated_score
 
     topo = load_cluster(CLUSTERS / "v100_4_8.topo")
     score = simulated_score(topo, 1 << 24)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.frontend.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
                                                 format_topology, parse_topology)
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import allgather_task, broadcast_task, network_from_topology

@@ -10,7 +10,7 @@ import pytest
 from hccc import cli
 from hccc.cli import main
 from hccc.compiler.pipeline import load_algorithm
-from hccc.compiler.verify import verify
+from hccc.compiler.passes.verify import verify
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -29,7 +29,7 @@ define interbandwidth = nic
 
 
 def test_synth_is_a_registered_command():
-    assert cli.SUBCOMMANDS["synth"][0] == "hccc.cmd_synth"
+    assert cli.SUBCOMMANDS["synth"][0] == "hccc.commands.synth"
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_synth_human_output_and_example_cluster(tmp_path, capsys):
 def test_broadcast_and_chunks_per_rank(topo, tmp_path, capsys, argv, header):
     """Rooted and multi-chunk schedules are written with Root / nChunksPerRank, verify, and compute
     the collective (reference executor against the collective's definition)."""
-    from hccc.compiler.build import build_program
+    from hccc.compiler.passes.build import build_program
     from hccc.runtime.reference import execute, expected_for, inputs_for
 
     out = tmp_path / "s.rccl"

@@ -1,4 +1,4 @@
-"""TACCL topology profiles (compiler/taccl.py) as hccc Topologies."""
+"""TACCL topology profiles (compiler/interop/taccl.py) as hccc Topologies."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
-from hccc.compiler.diagnostics import CompileError
+from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.pipeline import load_cluster
-from hccc.compiler.taccl import NDV2_DOUBLE, NDV2_SINGLE, load_taccl, parse_taccl
+from hccc.compiler.interop.taccl import NDV2_DOUBLE, NDV2_SINGLE, load_taccl, parse_taccl
 
 MB = 1 << 20
 NDV2 = {"name": "NDv2_1MB", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3, "node_betas_list": [23, 46],

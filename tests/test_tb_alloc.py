@@ -1,4 +1,4 @@
-"""TB allocation (compiler/tb_alloc.py): interval partitioning and its use on lowered programs."""
+"""TB allocation (compiler/passes/tb_alloc.py): interval partitioning and its use on lowered programs."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler import generators as G
-from hccc.compiler.build import build_from_schedule, build_program
-from hccc.compiler.dag import build_dag
-from hccc.compiler.lower import lower
-from hccc.compiler.tb_alloc import allocate, connection_units, dense_ids, max_overlap, partition_intervals
+from hccc.compiler.frontend import generators as G
+from hccc.compiler.passes.build import build_from_schedule, build_program
+from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.passes.lower import lower
+from hccc.compiler.passes.tb_alloc import allocate, connection_units, dense_ids, max_overlap, partition_intervals
 from hccc.testing import valid_programs
 
 from test_lower import algorithms, step_schedule
@@ -154,7 +154,7 @@ def test_lowered_programs_tb_invariants(alg, scheduler):
     if scheduler == "step":
         sched = step_schedule(alg)
     else:
-        from hccc.compiler.build import schedule_algorithm
+        from hccc.compiler.passes.build import schedule_algorithm
         sched = schedule_algorithm(alg, dag, scheduler)
     low = lower(alg, dag, sched)
     ir_s = allocate(low, "state")
@@ -266,7 +266,7 @@ def test_hm_allreduce_4x8_has_no_disjoint_spans_under_hpds():
     count for its expert AllReduce on Topo4 (4 x 8 GPUs)."""
     alg = G.hm_allreduce(4, 8)
     dag = build_dag(alg)
-    from hccc.compiler.build import schedule_algorithm
+    from hccc.compiler.passes.build import schedule_algorithm
     low = lower(alg, dag, schedule_algorithm(alg, dag, "hpds"), fuse=False)
     unit, urank, ustart, uend = connection_units(low)
     assert low.npipelines == 8
@@ -276,7 +276,7 @@ def test_hm_allreduce_4x8_has_no_disjoint_spans_under_hpds():
 
 
 def _mesh(n: int):
-    from hccc.compiler.frontend.topo_parser import parse_topology
+    from hccc.compiler.cluster.topo_parser import parse_topology
     links = ", ".join(f"(({u},{v}) -> (25,1))" for u in range(n) for v in range(n) if u != v)
     return parse_topology(f"define nodenum = 1\ndefine node1 = {n}\ndefine bandwidth = {{direct => [{links}]}}\n",
                           "mesh.topo")
@@ -305,13 +305,13 @@ def test_state_based_sharing_that_is_free():
 
 
 def _lowered(alg):
-    from hccc.compiler.build import schedule_algorithm
+    from hccc.compiler.passes.build import schedule_algorithm
     dag = build_dag(alg)
     return lower(alg, dag, schedule_algorithm(alg, dag, "hpds"), fuse=False)
 
 
 def _random(coll: str, n: int, seed: int, k: int):
-    from hccc.compiler.algorithm import Collective
+    from hccc.compiler.frontend.algorithm import Collective
     from test_lower import random_algorithm
     alg = random_algorithm(Collective.parse(coll), n, seed)
     return G.split_chunks(alg, k) if k > 1 else alg

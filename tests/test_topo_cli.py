@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc import cmd_topo
+from hccc.commands import topo as cmd_topo
 from hccc.cli import main
-from hccc.compiler.frontend.topo_parser import parse_topology
+from hccc.compiler.cluster.topo_parser import parse_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"
@@ -350,7 +350,7 @@ def test_plot_layout_merges_nvswitch_ports_and_pairs_directions():
 
 
 def test_plot_compact_mode_for_large_clusters():
-    from hccc.compiler.topology import TopologyBuilder
+    from hccc.compiler.cluster.topology import TopologyBuilder
     from hccc.topo_plot import DETAIL_LIMIT, layout
 
     b = TopologyBuilder("big")
@@ -462,7 +462,7 @@ def test_pcie_errors_are_located(tmp_path):
 
 
 def test_pcie_round_trips_through_the_writer():
-    from hccc.compiler.frontend.topo_parser import ClusterSpec, LinkSpec, NicSpec, NodeSpec, format_topology
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, LinkSpec, NicSpec, NodeSpec, format_topology
 
     spec = ClusterSpec([NodeSpec(4, {"switch": [LinkSpec(0, 2, 16), LinkSpec(2, 0, 16)]},
                                  pcie=[NicSpec((0, 1), 16), NicSpec((2,), "12.5", 2)])])
@@ -496,7 +496,7 @@ def test_v100_example_models_the_pcie_switches():
 
 def test_taccl_profile_summary_and_plot(tmp_path, capsys):
     """A TACCL profile (NDv2 node, two copies) goes through the same report and picture."""
-    pytest.importorskip("hccc.compiler.taccl")
+    pytest.importorskip("hccc.compiler.interop.taccl")
     prof = tmp_path / "ndv2.json"
     prof.write_text(json.dumps({"name": "NDv2_1MB", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3,
                                 "node_betas_list": [23, 46], "remote_alpha": 2.6, "remote_beta": 105,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hccc.compiler.frontend.topo_parser import load_topology
+from hccc.compiler.cluster.topo_parser import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"

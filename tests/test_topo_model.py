@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hccc.compiler.topology import (DuplicateLinkError, Topology, TopologyBuilder, chunk_time,
+from hccc.compiler.cluster.topology import (DuplicateLinkError, Topology, TopologyBuilder, chunk_time,
                                     logical_capacity)
 
 
@@ -116,7 +116,7 @@ def test_scale_1024_gpus():
         import generate as g
     finally:
         sys.path.pop(0)
-    from hccc.compiler.frontend.topo_parser import format_topology, parse_topology
+    from hccc.compiler.cluster.topo_parser import format_topology, parse_topology
 
     text = format_topology(g.cluster([g.h20_node8() for _ in range(128)], "1024 H20"))
     t0 = time.perf_counter()

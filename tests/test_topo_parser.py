@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from hccc.compiler.diagnostics import CompileError, render
-from hccc.compiler.frontend.topo_parser import load_topology, parse_topology
+from hccc.compiler.frontend.diagnostics import CompileError, render
+from hccc.compiler.cluster.topo_parser import load_topology, parse_topology
 
 from cluster_texts import FIG10 as DESIGN_EXAMPLE  # noqa: E402
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.frontend.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
                                                 SharedSpec, format_topology, parse_topology)
 
 BWS = [Fraction(x) for x in ("0.5", "8", "12.5", "16", "25", "48", "50", "100.25")]

@@ -1,4 +1,4 @@
-"""Unit tests of hccc.compiler.verify: every error class, its message and its location."""
+"""Unit tests of hccc.compiler.passes.verify: every error class, its message and its location."""
 from __future__ import annotations
 
 import time
@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from hccc.compiler import generators as gen
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
-from hccc.compiler.diagnostics import CompileError, Location, SourceFile, render, render_all
-from hccc.compiler.verify import VerifyError, VerifyReport, verify
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+from hccc.compiler.frontend.diagnostics import CompileError, Location, SourceFile, render, render_all
+from hccc.compiler.passes.verify import VerifyError, VerifyReport, verify
 
 SRC = SourceFile("algo.rccl", "\n".join(f"    transfer line {i}" for i in range(1, 60)))
 

@@ -6,9 +6,9 @@ import collections
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hccc.compiler import generators as gen
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header
-from hccc.compiler.verify import VerifyError, verify
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header
+from hccc.compiler.passes.verify import VerifyError, verify
 from hccc.testing import (DTYPES, OPS, assert_implements, dtypes, live_transfers, mutations, ops, relabel_ranks,
                           renumber_steps, sizes, valid_programs)
 

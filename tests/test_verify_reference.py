@@ -1,7 +1,7 @@
 """The verifier against an independent, sequential, set-based reference model (hypothesis).
 
 The reference replays transfers one step at a time with Python frozensets and dicts (no numpy,
-no bitsets) and lists errors in the order documented in hccc.compiler.verify. Each random program
+no bitsets) and lists errors in the order documented in hccc.compiler.passes.verify. Each random program
 puts transfer i on its own source line (10 + i), so the diagnostics' locations identify the
 offending transfers and the comparison covers which transfer each error is about.
 """
@@ -12,9 +12,9 @@ from collections import defaultdict
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hccc.compiler.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
-from hccc.compiler.diagnostics import Location, SourceFile
-from hccc.compiler.verify import VerifyError, verify
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+from hccc.compiler.frontend.diagnostics import Location, SourceFile
+from hccc.compiler.passes.verify import VerifyError, verify
 from hccc.testing import mutations, valid_programs
 
 SRC = SourceFile("rand.rccl", "")

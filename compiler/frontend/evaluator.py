@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithm import Algorithm, TransferSite
-from ..diagnostics import CompileError, Location
-from .rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
+from hccc.compiler.frontend.algorithm import Algorithm, TransferSite
+from hccc.compiler.frontend.diagnostics import CompileError, Location
+from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
                           Transfer, Var)
 
 DEFAULT_MAX_TRANSFERS = 10 ** 7

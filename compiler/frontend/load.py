@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..algorithm import Algorithm
-from ..diagnostics import SourceFile
-from .evaluator import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS, evaluate
-from .rccl_parser import parse_program
+from hccc.compiler.frontend.algorithm import Algorithm
+from hccc.compiler.frontend.diagnostics import SourceFile
+from hccc.compiler.frontend.evaluator import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS, evaluate
+from hccc.compiler.frontend.rccl_parser import parse_program
 
 
 def parse_source(source: SourceFile, *, max_transfers: int = DEFAULT_MAX_TRANSFERS,
@@ -20,7 +20,7 @@ def parse_rccl(text: str, name: str = "<input>", *, max_transfers: int = DEFAULT
                max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Algorithm:
     """Compile ResCCLang ``text`` (shown as ``name`` in diagnostics) into an Algorithm.
 
-    Raises :class:`~hccc.compiler.diagnostics.CompileError` with a located diagnostic for any
+    Raises :class:`~hccc.compiler.frontend.diagnostics.CompileError` with a located diagnostic for any
     bad input (syntax, header, undefined names, bounds, division by zero, ...).
     """
     return parse_source(SourceFile(name, text), max_transfers=max_transfers,

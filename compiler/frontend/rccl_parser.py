@@ -15,8 +15,8 @@ from pathlib import Path
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
-from ..algorithm import RECV, RRC, Collective, Header
-from ..diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 # Bounds that are static properties of the text.
 MAX_LOOP_NESTING = 64

@@ -11,9 +11,9 @@ hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamp
 AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
 (Algorithm and ResCCLang text).
 """
-from .collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
-from .emit import to_algorithm, to_rccl
-from .problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
+from hccc.compiler.synth.collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
+from hccc.compiler.synth.emit import to_algorithm, to_rccl
+from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
 __all__ = ["COLLECTIVES", "SynthResult", "synthesize", "bandwidth_cut_bound", "to_algorithm", "to_rccl",
            "Network", "Schedule", "Task", "allgather_task", "broadcast_task", "network_from_topology"]

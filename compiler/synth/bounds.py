@@ -30,7 +30,7 @@ from fractions import Fraction
 import networkx as nx
 import numpy as np
 
-from .problem import Network, Task
+from hccc.compiler.synth.problem import Network, Task
 
 
 # ---------------------------------------------------------------- hub graph

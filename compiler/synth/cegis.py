@@ -26,11 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import smt
-from .bounds import StepBound, step_lower_bound
-from .check import check, earliest_step
-from .greedy import GreedyInputs
-from .problem import Network, Schedule, Task, replay
+from hccc.compiler.synth import smt
+from hccc.compiler.synth.bounds import StepBound, step_lower_bound
+from hccc.compiler.synth.check import check, earliest_step
+from hccc.compiler.synth.greedy import GreedyInputs
+from hccc.compiler.synth.problem import Network, Schedule, Task, replay
 
 Progress = Callable[[str, dict], None]
 

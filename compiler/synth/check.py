@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import Network, Schedule, Task
+from hccc.compiler.synth.problem import Network, Schedule, Task
 
 KINDS = ("no-link", "causality", "receive-once", "link", "group", "fanout", "postcondition")
 

@@ -24,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..algorithm import RECV, RRC
-from ..topology import Topology
-from .bounds import StepBound, cut_bound_seconds, step_lower_bound
-from .cegis import Progress, TaskResult, synthesize_task
-from .problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
+from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.cluster.topology import Topology
+from hccc.compiler.synth.bounds import StepBound, cut_bound_seconds, step_lower_bound
+from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
+from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce")
 
@@ -100,7 +100,7 @@ def solve_phase(net: Network, task: Task, *, deadline: float, progress: Progress
                 pod_ranks: int | None, use_smt: bool, bound: StepBound | None = None, variants: int = 1,
                 score=None) -> tuple[TaskResult, dict | None]:
     """One dissemination task, flat or through hierarchical composition (:mod:`.compose`)."""
-    from . import compose
+    from hccc.compiler.synth import compose
 
     plan = compose.plan_pods(net, task, pod_ranks)
     if plan is not None:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bounds import step_lower_bound
-from .cegis import Progress, TaskResult, synthesize_task
-from .check import check
-from .greedy import njit
-from .problem import Network, Schedule, Task, allgather_task
+from hccc.compiler.synth.bounds import step_lower_bound
+from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
+from hccc.compiler.synth.check import check
+from hccc.compiler.synth.greedy import njit
+from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task
 
 #: flat synthesis up to this many ranks when no pod size is requested
 FLAT_LIMIT = 64

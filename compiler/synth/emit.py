@@ -13,10 +13,10 @@ import re
 
 import numpy as np
 
-from ..algorithm import OP_NAMES, Algorithm, Collective, Header
-from ..diagnostics import CompileError, Diagnostic
-from ..topology import Topology
-from .collectives import SynthResult
+from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, Header
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.compiler.cluster.topology import Topology
+from hccc.compiler.synth.collectives import SynthResult
 
 
 def dsl_collective(collective: str) -> Collective:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .problem import Network, Schedule, Task
+from hccc.compiler.synth.problem import Network, Schedule, Task
 
 try:  # numba is optional: the kernel is plain Python/numpy code that numba also compiles
     from numba import njit

@@ -1,6 +1,6 @@
 """The synthesis model (HeteCCL sections 4-5): a cluster as chunk capacities, and a dissemination task.
 
-A :class:`Network` is what the synthesizer sees of a :class:`~hccc.compiler.topology.Topology`:
+A :class:`Network` is what the synthesizer sees of a :class:`~hccc.compiler.cluster.topology.Topology`:
 
 * **pairs** ``u -> v`` (every connected ordered rank pair), each carrying at most ``cap[p] = C(u, v)``
   chunks per step, where ``C`` is HeteCCL's logical capacity (Eq. 1) of the link a transfer from u
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..topology import Topology
+from hccc.compiler.cluster.topology import Topology
 
 
 @dataclass

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .check import check
-from .problem import Network, Schedule, Task
+from hccc.compiler.synth.check import check
+from hccc.compiler.synth.problem import Network, Schedule, Task
 
 
 def _z3():

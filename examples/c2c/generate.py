@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from hccc.compiler.c2c import plan_c2c
-from hccc.compiler.frontend.topo_parser import load_topology
+from hccc.compiler.cluster.c2c import plan_c2c
+from hccc.compiler.cluster.topo_parser import load_topology
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE.parent / "clusters" / "mixed_v100_w7800.topo"

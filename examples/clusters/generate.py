@@ -27,7 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hccc.compiler.frontend.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
                                                 SharedSpec, format_topology)
 
 HERE = Path(__file__).resolve().parent

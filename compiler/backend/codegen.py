@@ -1,0 +1,457 @@
+"""Code generation: ProgramIR -> CUDA / HIP kernel sources, primitive headers, manifest, build files.
+
+Each rank gets one source file holding one ``__device__`` function per thread block (TB) whose body
+is the TB's primitives as straight-line calls with compile-time constants, a ``switch`` on
+``blockIdx.x`` and one ``extern "C" __global__`` kernel per (dtype, op) instantiation. The
+per-primitive lines are built with plain string formatting from the numpy columns (this is the hot
+path: ~4M primitives at 1,024 ranks); Jinja renders only the file skeletons.
+
+The protocol and kernel-argument layout live in the emitted ``hccc_prims.h`` (rank-independent);
+every platform-specific construct lives in ``hccc_platform.h``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+import time
+from dataclasses import dataclass
+
+import jinja2
+import numpy as np
+
+from hccc.compiler.ir.check import check_structure
+from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
+
+MANIFEST_SCHEMA = "hccc.manifest/1"
+VERSION = "0.1.0"
+PLATFORMS = ("cuda", "hip")
+WARP_SIZE = {"cuda": 32, "hip": 64}
+EXT = {"cuda": "cu", "hip": "hip"}
+DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf16"),
+          ("int32", "int32_t"))
+REDOPS = ("sum", "max", "min")
+NSLOTS = 8
+HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
+
+_SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
+_RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
+_OP_NAMES = [o.name for o in Op]
+_BUF_NAMES = [b.name for b in Buf]
+
+
+def threads_per_tb(nwarps: int, platform: str) -> int:
+    """Threads per TB: nwarps * warp size, capped at 1024 (and at least one warp)."""
+    return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
+
+
+def _template_env() -> jinja2.Environment:
+    """Templates ship as package data of ``hccc.templates``."""
+    from importlib import resources
+    root = resources.files("hccc.templates")
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(root)),
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+# ---------------------------------------------------------------------------- column analysis
+@dataclass
+class Columns:
+    """Per-primitive compile-time constants derived from the IR (all numpy, canonical order)."""
+    sconn: np.ndarray      # send connection index within the rank, -1
+    spos: np.ndarray       # chunks posted earlier on that connection
+    rconn: np.ndarray
+    rpos: np.ndarray
+    chunk: np.ndarray      # chunk of the full buffer that defines the slice geometry
+    post: np.ndarray       # progress slot this primitive publishes, -1
+    send_conns: list       # per rank: [[peer, channel], ...]
+    recv_conns: list
+    nprogress: np.ndarray  # per rank
+    dep_owner: np.ndarray  # sorted indices of primitives that wait for progress counters
+    dep_text: list         # per dep_owner entry: the awaited slots, "3, 7"
+    dep_n: np.ndarray      # per dep_owner entry: how many
+
+
+def _conn_index(rank, peer, channel, mask, count, nranks):
+    """Index of (peer, channel) among the rank's connections, and FIFO position (in chunks)."""
+    n = len(rank)
+    conn = np.full(n, -1, np.int64)
+    pos = np.zeros(n, np.int64)
+    tables = [[] for _ in range(nranks)]
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return conn, pos, tables
+    r, p, ch = rank[idx].astype(np.int64), peer[idx].astype(np.int64), channel[idx].astype(np.int64)
+    order = np.lexsort((idx, ch, p, r))          # group by (rank, peer, channel), FIFO order inside
+    rs, ps, cs = r[order], p[order], ch[order]
+    new = np.r_[True, (rs[1:] != rs[:-1]) | (ps[1:] != ps[:-1]) | (cs[1:] != cs[:-1])]
+    gid = np.cumsum(new) - 1                     # global connection id
+    gstart = np.flatnonzero(new)
+    grank = rs[gstart]
+    rank_first = np.r_[True, grank[1:] != grank[:-1]]
+    first_gid_of_rank = np.maximum.accumulate(np.where(rank_first, np.arange(len(gstart)), 0))
+    local = np.arange(len(gstart)) - first_gid_of_rank
+    cnt = count[idx][order].astype(np.int64)
+    csum = np.cumsum(cnt) - cnt
+    pos_sorted = csum - csum[gstart][gid]
+    conn[idx[order]] = local[gid]
+    pos[idx[order]] = pos_sorted
+    for g, (rr, pp, cc) in enumerate(zip(grank.tolist(), ps[gstart].tolist(), cs[gstart].tolist())):
+        tables[rr].append([pp, cc])
+    return conn, pos, tables
+
+
+def buffer_bases(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank: chunk of the full buffer held by chunk 0 of input / of output."""
+    ranks = np.arange(ir.nranks, dtype=np.int64)
+    out = []
+    for nb in (ir.in_chunks, ir.out_chunks):
+        if 0 < nb < ir.nchunks and nb * ir.nranks == ir.nchunks:
+            out.append(ranks * nb)
+        else:
+            out.append(np.zeros(ir.nranks, np.int64))
+    return out[0], out[1]
+
+
+def analyse(ir: ProgramIR) -> Columns:
+    p = ir.prims
+    n = ir.nprims
+    op = p["op"].astype(np.int64)
+    if n and (op.min() < 0 or op.max() >= len(Op)):
+        raise ValueError("primitive table holds an unknown op")
+    rank = p["rank"].astype(np.int64)
+    count = p["count"].astype(np.int64)
+    sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
+    sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, count, ir.nranks)
+    rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, count, ir.nranks)
+
+    # Anchor chunk: slices are sized by the chunk of the full buffer the primitive moves. Prefer
+    # the destination of receiving ops and the source otherwise; prefer input/output to scratch.
+    in_base, out_base = buffer_bases(ir)
+
+    def logical(buf, off):
+        b = buf.astype(np.int64)
+        o = off.astype(np.int64)
+        lc = np.where(b == Buf.SCRATCH, o % max(ir.nchunks, 1), o)
+        lc = np.where(b == Buf.INPUT, o + in_base[rank], lc)
+        lc = np.where(b == Buf.OUTPUT, o + out_base[rank], lc)
+        good = (b == Buf.INPUT) | (b == Buf.OUTPUT)
+        return lc, good, b != Buf.NONE
+
+    dlc, dgood, dany = logical(p["dst_buf"], p["dst_off"])
+    slc, sgood, sany = logical(p["src_buf"], p["src_off"])
+    prefer_dst = recvs | ~sany
+    first_lc = np.where(prefer_dst, dlc, slc)
+    first_good = np.where(prefer_dst, dgood, sgood)
+    second_lc = np.where(prefer_dst, slc, dlc)
+    second_good = np.where(prefer_dst, sgood, dgood)
+    chunk = np.where(first_good | ~second_good, first_lc, second_lc)
+    chunk = np.where(dany | sany, chunk, 0)
+    chunk = np.clip(np.minimum(chunk, ir.nchunks - np.maximum(count, 0)), 0, None)
+
+    # Progress slots: one per primitive some other primitive waits for, numbered per rank.
+    post = np.full(n, -1, np.int64)
+    nprogress = np.zeros(ir.nranks, np.int64)
+    dep_owner = np.zeros(0, np.int64)
+    dep_text: list[str] = []
+    dep_n = np.zeros(0, np.int64)
+    if len(ir.dep_on):
+        mark = np.zeros(n, bool)
+        mark[ir.dep_on] = True
+        targets = np.flatnonzero(mark)
+        trank = rank[targets]
+        first = np.r_[True, trank[1:] != trank[:-1]]
+        start = np.maximum.accumulate(np.where(first, np.arange(len(targets)), 0))
+        post[targets] = np.arange(len(targets)) - start
+        np.add.at(nprogress, trank, 1)
+        dp = ir.dep_prim.astype(np.int64)
+        slots = post[ir.dep_on.astype(np.int64)]
+        order = np.lexsort((slots, dp))
+        dp_s, sl_s = dp[order], slots[order]
+        keep = np.r_[True, (dp_s[1:] != dp_s[:-1]) | (sl_s[1:] != sl_s[:-1])]
+        dp_s, sl_s = dp_s[keep], sl_s[keep]
+        last = np.r_[dp_s[1:] != dp_s[:-1], True]          # last slot of each waiting primitive
+        seps = np.where(last, "|", ", ").tolist()
+        text = "".join(itertools.chain.from_iterable(zip(map(str, sl_s.tolist()), seps)))
+        dep_text = text.split("|")[:-1]
+        bounds = np.flatnonzero(np.r_[True, last[:-1]])
+        dep_owner = dp_s[bounds]
+        dep_n = np.diff(np.r_[bounds, len(dp_s)])
+    return Columns(sconn, spos, rconn, rpos, chunk, post, stab, rtab, nprogress, dep_owner,
+                   dep_text, dep_n)
+
+
+# ---------------------------------------------------------------------------- primitive lines
+def _prim_lines(ir: ProgramIR, col: Columns) -> list[str]:
+    """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
+
+    Hot path (millions of rows): rows are grouped by their line shape (op, buffers, which optional
+    fields exist), and each group is formatted with one ``%`` format over plain Python lists.
+    """
+    p = ir.prims
+    n = ir.nprims
+    if n == 0:
+        return []
+    op = p["op"].astype(np.int64)
+    sb = p["src_buf"].astype(np.int64)
+    db = p["dst_buf"].astype(np.int64)
+    task = p["task"].astype(np.int64)
+    task2 = p["task2"].astype(np.int64)
+    has_deps = np.zeros(n, bool)
+    has_deps[col.dep_owner] = True
+    key = (((op * 4 + sb) * 4 + db) * 2 + (task >= 0)) * 2 + (task2 >= 0)
+    key = key * 2 + has_deps
+    order = np.argsort(key, kind="stable")
+    ks = key[order]
+    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    ends = np.r_[starts[1:], n]
+    fields = [p["seq"], col.sconn, col.spos, col.rconn, col.rpos, p["src_off"], p["dst_off"],
+              p["count"], col.chunk, col.post, task, p["pipeline"], task2, p["recv_peer"],
+              p["send_peer"]]
+    out = np.empty(n, dtype=object)
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        rows = order[a:b]
+        k = int(ks[a])
+        deps_here, k = bool(k & 1), k >> 1
+        t2_here, k = bool(k & 1), k >> 1
+        t_here, k = bool(k & 1), k >> 1
+        dbuf, k = k % 4, k // 4
+        sbuf, o = k % 4, k // 4
+        opn = _OP_NAMES[o]
+        args = (f"%d, {opn}, %d, %d, %d, %d, {_BUF_NAMES[sbuf]}, %d, {_BUF_NAMES[dbuf]}, %d, "
+                "%d, %d, %d, %d")
+        comment = "  // sp %d" + (", task %d" if t_here else "") + ("+%d" if t2_here else "")
+        cols = [f[rows].tolist() for f in fields[:12]]
+        if t2_here:
+            cols.append(task2[rows].tolist())
+        if Op(o).receives:
+            comment += ", from r%d"
+            cols.append(fields[13][rows].tolist())
+        if Op(o).sends:
+            comment += ", to r%d"
+            cols.append(fields[14][rows].tolist())
+        if deps_here:
+            fmt = "  { const int w[] = {%s}; HCCC_PW(" + args + ", %d, w); }" + comment + \
+                  ", after progress %s"
+            at = np.searchsorted(col.dep_owner, rows)
+            ds = [col.dep_text[j] for j in at.tolist()]
+            nd = col.dep_n[at].tolist()
+            arg_cols = cols[:11]
+            com_cols = [cols[11]] + ([cols[10]] if t_here else []) + cols[12:]
+            tuples = zip(ds, *arg_cols, nd, *com_cols, ds)
+        else:
+            fmt = "  HCCC_P(" + args + ");" + comment
+            arg_cols = cols[:11]
+            com_cols = [cols[11]] + ([cols[10]] if t_here else []) + cols[12:]
+            tuples = zip(*arg_cols, *com_cols)
+        out[rows] = [fmt % t for t in tuples]
+    return out.tolist()
+
+
+# ---------------------------------------------------------------------------- entry point
+def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
+    if not isinstance(ir.name, str) or not NAME_RE.fullmatch(ir.name):
+        raise ValueError(f"ProgramIR name {ir.name!r} is not a sanitised identifier")
+    if len(platforms) != ir.nranks:
+        raise ValueError(f"platforms has {len(platforms)} entries, expected {ir.nranks}")
+    for pls in platforms:
+        for pl in pls:
+            if pl not in PLATFORMS:
+                raise ValueError(f"unknown platform {pl!r} (expected one of {', '.join(PLATFORMS)})")
+    if ir.chunk_bytes <= 0 or ir.chunk_bytes % 16 or ir.chunk_bytes > (1 << 30):
+        raise ValueError("chunk_bytes must be a positive multiple of 16 of at most 1 GiB")
+    if ir.nchunks < 1:
+        raise ValueError("nchunks must be positive")
+
+
+def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
+             timings: dict | None = None, manifest_extra: dict | None = None) -> list[pathlib.Path]:
+    """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
+
+    ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
+    the first is the platform the rank runs on (manifest ``platform``/``source``), every one gets a
+    source (manifest ``sources``). Returns the written paths, sorted.
+    ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
+    ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
+    that the manifest already has is a ValueError.
+    """
+    tm = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    outdir = pathlib.Path(outdir)
+    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
+    _check(ir, platforms)
+    if not _is_canonical(ir):
+        ir = _sorted_copy(ir)
+    check_structure(ir)   # value ranges, dense TB ids, single-TB connection ends (IRFormatError)
+    env = _template_env()
+    name = ir.name
+    written: dict[str, str | bytes] = {}
+
+    col = analyse(ir)
+    t1 = time.perf_counter()
+    lines = _prim_lines(ir, col)
+    t2 = time.perf_counter()
+    tm["codegen_analyse"] = t1 - t0
+    tm["codegen_lines"] = t2 - t1
+    in_base, out_base = buffer_bases(ir)
+    ntbs_col = np.asarray(ir.ntbs, np.int64)
+    ntbs = [int(ntbs_col[r]) if r < len(ntbs_col) else 0 for r in range(ir.nranks)]
+    slices = ir.tb_slices()
+    by_rank: dict[int, list[tuple[int, slice]]] = {}
+    for (r, t), sl in slices.items():
+        by_rank.setdefault(r, []).append((t, sl))
+    for r, lst in by_rank.items():
+        ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
+    pipe = ir.prims["pipeline"]
+
+    present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
+    nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
+    common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
+    rank_tpl = env.get_template("common/rank.j2")
+    rank_entries = []
+    sources: dict[str, list[str]] = {pl: [] for pl in present}
+    for r in range(ir.nranks):
+        pl = platforms[r][0]
+        source = f"{name}_r{r}.{EXT[pl]}"
+        kernel = f"hccc_{name}_r{r}"
+        tbs = []
+        nprims = 0
+        for t, sl in sorted(by_rank.get(r, [])):
+            pls = np.unique(pipe[sl])
+            tbs.append(dict(index=t, nprims=sl.stop - sl.start,
+                            pipelines=_ranges(pls.tolist()),
+                            body="\n".join(lines[sl])))
+            nprims += sl.stop - sl.start
+        rank_sources = {}
+        for rpl in platforms[r]:
+            rsrc = f"{name}_r{r}.{EXT[rpl]}"
+            written[rsrc] = rank_tpl.render(
+                **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
+                nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
+                nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
+                ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
+                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes, tbs=tbs)
+            sources[rpl].append(rsrc)
+            rank_sources[rpl] = rsrc
+        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
+                                 sources=rank_sources,
+                                 send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
+                                 progress_slots=int(col.nprogress[r])))
+
+    umb_tpl = env.get_template("common/umbrella.j2")
+    umbrella = {}
+    for pl in present:
+        fname = f"{name}_{pl}.{EXT[pl]}"
+        umbrella[pl] = fname
+        written[fname] = umb_tpl.render(**common, source=fname, platform=pl, files=sources[pl],
+                                        ranks=[r for r in range(ir.nranks) if pl in platforms[r]])
+    hdr_ctx = dict(version=VERSION, nslots=NSLOTS, dtypes=DTYPES, ops=REDOPS)
+    written["hccc_platform.h"] = env.get_template("common/hccc_platform.h.j2").render(**hdr_ctx)
+    written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)
+    written["hccc_cpu_emu.h"] = env.get_template("common/hccc_cpu_emu.h.j2").render(**hdr_ctx)
+    libraries = {pl: f"hccc_{name}_{pl}" for pl in present}
+    build_ctx = dict(**common, platforms=present, umbrella=umbrella, libraries=libraries,
+                     sources=sources, headers=list(HEADERS))
+    written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
+    written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
+    ir_file = f"{name}.ir.json"
+    t3 = time.perf_counter()
+    written[ir_file] = ir.to_json()
+    t4 = time.perf_counter()
+    tm["codegen_render"] = t3 - t2
+    tm["codegen_ir_json"] = t4 - t3
+
+    stats = dict(ir.stats)
+    stats.setdefault("transfers", int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size))
+    stats.setdefault("subpipelines", int(ir.npipelines))
+    stats.setdefault("tbs_state_based", int(sum(ntbs)))
+    stats.setdefault("tbs_connection_based",
+                     int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
+    stats.setdefault("primitives", int(ir.nprims))
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "generator": f"hccc {VERSION}",
+        "algorithm": name,
+        "collective": ir.collective,
+        "nranks": int(ir.nranks),
+        "nchunks": int(ir.nchunks),
+        "buffers": {"input": int(ir.in_chunks), "output": int(ir.out_chunks),
+                    "scratch": int(ir.scratch_chunks)},
+        "chunk_bytes": int(ir.chunk_bytes),
+        "nslots": NSLOTS,
+        "nwarps": int(ir.nwarps),
+        "nthreads": nthreads,
+        "dtypes": [d for d, _ in DTYPES],
+        "ops": list(REDOPS),
+        "kernel_symbol": "{kernel}_{dtype}_{op}",
+        "abi_version": 1,
+        "ir": ir_file,
+        "headers": list(HEADERS),
+        "umbrella": umbrella,
+        "libraries": libraries,
+        "ranks": rank_entries,
+        "stats": _jsonable(stats),
+    }
+    for key, value in (manifest_extra or {}).items():
+        if key in manifest:
+            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
+        manifest[key] = value
+    written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+    paths = []
+    for fname in sorted(written):
+        path = outdir / fname
+        data = written[fname]
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        paths.append(path)
+    tm["codegen_write"] = time.perf_counter() - t4
+    return sorted(paths)
+
+
+def _ranges(vals: list[int]) -> str:
+    """[0,1,2,5] -> '0-2, 5'."""
+    if not vals:
+        return "none"
+    out = []
+    start = prev = vals[0]
+    for v in vals[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out)
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    return x
+
+
+def _is_canonical(ir: ProgramIR) -> bool:
+    p = ir.prims
+    if ir.nprims < 2:
+        return True
+    r, t, s = p["rank"], p["tb"], p["seq"]
+    later = (r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & ((t[1:] > t[:-1]) | ((t[1:] == t[:-1]) &
+                                                                        (s[1:] > s[:-1]))))
+    return bool(later.all())
+
+
+def _sorted_copy(ir: ProgramIR) -> ProgramIR:
+    import copy
+    c = copy.copy(ir)
+    c.prims = dict(ir.prims)
+    c.sort_canonical()
+    return c

@@ -1,0 +1,194 @@
+"""The Algorithm: a collective's header plus its columnar transfer table.
+
+This is what the ``.rccl`` front end produces (and what synthesis and MSCCL import produce), and
+what the verifier, the dependency DAG and the scheduler consume. Transfers are stored as parallel
+numpy arrays because real programs reach millions of them.
+
+Data model (DESIGN.md section 3): each rank's buffer holds ``nchunks = nranks * chunks_per_rank``
+chunks (``chunks_per_rank`` is 1 unless the header says ``nChunksPerRank``); ``(rank, chunk)``
+names one chunk. Rank ``r`` owns chunks ``r*K .. r*K+K-1`` (``K = chunks_per_rank``): its AllGather
+input, its ReduceScatter output. Broadcast and Reduce have a ``root``: the rank whose buffer is
+broadcast, or the rank that ends with the reduction. ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
+``dst`` (``RECV``: overwrite, ``RRC``: reduce into ``dst``'s chunk). All transfers of a step happen
+together, after every smaller step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from hccc.compiler.frontend.diagnostics import Location
+
+# Transfer operations (values of Algorithm.op).
+RECV = 0  # dst's chunk := src's chunk
+RRC = 1   # dst's chunk := dst's chunk (+) src's chunk   (recvReduceCopy)
+OP_NAMES = {RECV: "recv", RRC: "rrc"}
+
+
+class Collective(str, Enum):
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    ALLREDUCE = "allreduce"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+
+    @property
+    def rooted(self) -> bool:
+        """Broadcast and Reduce have a root rank; the others treat every rank alike."""
+        return self in (Collective.BROADCAST, Collective.REDUCE)
+
+    @property
+    def reduces(self) -> bool:
+        """Collectives whose chunks combine contributions (``rrc`` transfers)."""
+        return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.REDUCE)
+
+    @property
+    def dsl_name(self) -> str:
+        """Spelling used in ResCCLang headers (``OpType="Allreduce"``)."""
+        return self.value.capitalize()
+
+    @classmethod
+    def parse(cls, text: str) -> "Collective | None":
+        """Case-insensitive lookup; ``None`` when ``text`` names no supported collective."""
+        t = text.strip().lower().replace("_", "").replace("-", "")
+        for c in cls:
+            if c.value == t:
+                return c
+        return None
+
+
+@dataclass(frozen=True)
+class Header:
+    """The ``ResCCLAlgo(...)`` parameters."""
+
+    nranks: int
+    collective: Collective
+    name: str = "algo"           # AlgoName, raw user text (sanitise before using it in code or paths)
+    nchannels: int = 1
+    nwarps: int = 16
+    gpu_per_node: int = 0        # 0 = not given
+    nic_per_node: int = 0
+    location: Location | None = None  # where the header is, for whole-program diagnostics
+    root: int = 0                # Broadcast / Reduce root (Root); 0 and unused for the others
+    chunks_per_rank: int = 1     # nChunksPerRank: chunks each rank owns (nchunks = nranks * this)
+
+    @property
+    def nchunks(self) -> int:
+        return self.nranks * self.chunks_per_rank
+
+    def owner(self, chunk):
+        """The rank owning ``chunk`` (int or array): AllGather source, ReduceScatter destination."""
+        return chunk // self.chunks_per_rank
+
+
+@dataclass(frozen=True)
+class TransferSite:
+    """One ``transfer(...)`` call in the source, and the loop variables in scope there."""
+
+    location: Location | None
+    loop_vars: tuple[str, ...] = ()
+
+
+@dataclass
+class Algorithm:
+    """Header + transfer table (one row per transfer).
+
+    Columns are int64 numpy arrays of equal length (``op`` is uint8). ``site[i]`` indexes
+    ``sites``; the rows of one site are contiguous, and ``loop_values[s]`` is an int64 matrix with
+    one row per transfer of site ``s`` (in table order) and one column per ``sites[s].loop_vars``.
+    """
+
+    header: Header
+    src: np.ndarray
+    dst: np.ndarray
+    step: np.ndarray
+    chunk: np.ndarray
+    op: np.ndarray
+    site: np.ndarray
+    sites: list[TransferSite] = field(default_factory=list)
+    loop_values: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.src)
+        for name in ("dst", "step", "chunk", "op", "site"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
+        self._site_start: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_rows(cls, header: Header, rows, sites: list[TransferSite] | None = None) -> "Algorithm":
+        """Build from ``(src, dst, step, chunk, op)`` tuples (generators, tests, synthesis).
+
+        Without ``sites`` every row gets one anonymous site with no loop variables.
+        """
+        arr = np.asarray(list(rows), dtype=np.int64).reshape(-1, 5)
+        n = len(arr)
+        if sites is None:
+            sites = [TransferSite(header.location, ())]
+        return cls(
+            header=header,
+            src=arr[:, 0].copy(), dst=arr[:, 1].copy(), step=arr[:, 2].copy(),
+            chunk=arr[:, 3].copy(), op=arr[:, 4].astype(np.uint8),
+            site=np.zeros(n, dtype=np.int64),
+            sites=list(sites),
+            loop_values=[np.zeros((n, 0), dtype=np.int64)],
+        )
+
+    # ------------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def ntransfers(self) -> int:
+        return len(self.src)
+
+    @property
+    def nsteps(self) -> int:
+        """Number of distinct step values."""
+        return int(np.unique(self.step).size) if len(self.step) else 0
+
+    def rows(self):
+        """Iterate ``(src, dst, step, chunk, op)`` as Python ints (small programs, tests)."""
+        return zip(self.src.tolist(), self.dst.tolist(), self.step.tolist(),
+                   self.chunk.tolist(), self.op.tolist())
+
+    def location_of(self, i: int) -> Location | None:
+        return self.sites[int(self.site[i])].location
+
+    def loop_bindings(self, i: int) -> dict[str, int]:
+        """The loop-variable values that produced transfer ``i``."""
+        s = int(self.site[i])
+        if self._site_start is None or len(self._site_start) != len(self.sites):
+            starts = np.full(len(self.sites), -1, dtype=np.int64)
+            if len(self.site):
+                first = np.r_[0, np.flatnonzero(np.diff(self.site)) + 1]
+                starts[self.site[first]] = first
+            self._site_start = starts
+        local = i - int(self._site_start[s])
+        vals = self.loop_values[s]
+        names = self.sites[s].loop_vars
+        if vals.shape[0] <= local or vals.shape[1] != len(names):
+            return {}
+        return {k: int(v) for k, v in zip(names, vals[local])}
+
+    def describe(self, i: int) -> str:
+        """``(n=0, r=2)`` suffix for diagnostics, or empty when no loop variables."""
+        b = self.loop_bindings(i)
+        return "(" + ", ".join(f"{k}={v}" for k, v in b.items()) + ")" if b else ""
+
+    def subset(self, mask: np.ndarray) -> "Algorithm":
+        """A new Algorithm with the rows where ``mask`` is true (site bookkeeping kept)."""
+        idx = np.flatnonzero(mask)
+        new_vals = []
+        for s in range(len(self.sites)):
+            rows_s = np.flatnonzero(self.site == s)
+            keep = np.isin(rows_s, idx)
+            v = self.loop_values[s] if s < len(self.loop_values) else np.zeros((len(rows_s), 0), np.int64)
+            new_vals.append(v[keep] if len(v) == len(rows_s) else v[:0])
+        order = np.argsort(self.site[idx], kind="stable")
+        idx = idx[order]
+        return Algorithm(self.header, self.src[idx], self.dst[idx], self.step[idx], self.chunk[idx],
+                         self.op[idx], self.site[idx], list(self.sites), new_vals)

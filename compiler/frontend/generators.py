@@ -1,0 +1,650 @@
+"""Algorithm generators: classic and hierarchical collective algorithms, as Algorithms and as .rccl text.
+
+Every family has two forms that describe the same transfer set:
+
+* a builder (``ring_allgather(8)``) returning an :class:`Algorithm` (columns built with numpy, so
+  the 1,024-GPU HM AllReduce with 2,095,104 transfers takes well under a second);
+* a text generator (``ring_allgather_rccl(8)``) returning idiomatic ResCCLang source with loops,
+  which ``examples/generate.py`` writes to ``examples/*.rccl``.
+
+Rank ``G*n + r`` is GPU ``r`` of node ``n`` in the hierarchical (HM) algorithms. Step numbers
+follow DESIGN.md section 3; every generated algorithm verifies (see tests/test_generators.py).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header
+
+__all__ = [
+    "full_mesh_rows", "direct_allgather", "direct_reducescatter", "direct_allreduce",
+    "ring_allgather", "ring_reducescatter", "ring_allreduce",
+    "recursive_doubling_allgather", "tree_allgather", "tree_reducescatter", "tree_allreduce",
+    "hm_allgather", "hm_reducescatter", "hm_allreduce",
+    "ring_broadcast", "ring_reduce", "tree_broadcast", "tree_reduce", "direct_broadcast", "direct_reduce",
+    "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
+    "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
+    "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
+    "EXAMPLES",
+]
+
+_I64 = np.int64
+
+
+# ====================================================================== helpers
+def _algorithm(header: Header, cols: np.ndarray) -> Algorithm:
+    """Algorithm from an ``(n, 5)`` int array of ``(src, dst, step, chunk, op)`` rows.
+
+    Same result as :meth:`Algorithm.from_rows` (one anonymous site), without the per-row Python
+    conversion that would dominate for millions of rows.
+    """
+    cols = np.asarray(cols, dtype=_I64).reshape(-1, 5)
+    if len(cols) < 4096:
+        return Algorithm.from_rows(header, cols.tolist())
+    alg = Algorithm.from_rows(header, [])
+    n = len(cols)
+    return Algorithm(header=header, src=cols[:, 0].copy(), dst=cols[:, 1].copy(), step=cols[:, 2].copy(),
+                     chunk=cols[:, 3].copy(), op=cols[:, 4].astype(np.uint8), site=np.zeros(n, dtype=_I64),
+                     sites=alg.sites, loop_values=[np.zeros((n, 0), dtype=_I64)])
+
+
+def _rows(*cols) -> np.ndarray:
+    b = np.broadcast_arrays(*[np.asarray(c, dtype=_I64) for c in cols])
+    return np.stack([x.ravel() for x in b], axis=1)
+
+
+def _header(n: int, coll: Collective, name: str, gpn: int | None = None, nic: int | None = None,
+            nchannels: int = 1, nwarps: int = 16, root: int = 0, chunks_per_rank: int = 1) -> Header:
+    return Header(nranks=n, collective=coll, name=name, nchannels=nchannels, nwarps=nwarps,
+                  gpu_per_node=n if gpn is None else gpn, nic_per_node=1 if nic is None else nic,
+                  root=root, chunks_per_rank=chunks_per_rank)
+
+
+def _check_root(n: int, root: int, chunks_per_rank: int) -> None:
+    if n < 1:
+        raise ValueError("need at least one rank")
+    if not 0 <= root < n:
+        raise ValueError(f"root {root} is out of range for {n} ranks")
+    if chunks_per_rank < 1:
+        raise ValueError("chunks_per_rank must be at least 1")
+
+
+def _check_order(n: int, order: Sequence[int] | None) -> np.ndarray:
+    if n < 1:
+        raise ValueError("need at least one rank")
+    p = np.arange(n, dtype=_I64) if order is None else np.asarray(list(order), dtype=_I64)
+    if sorted(p.tolist()) != list(range(n)):
+        raise ValueError(f"ring order must be a permutation of 0..{n - 1}")
+    return p
+
+
+def _check_hm(nnodes: int, g: int) -> None:
+    if nnodes < 1 or g < 1:
+        raise ValueError("HM needs nNodes >= 1 and G >= 1")
+
+
+# ====================================================================== full mesh
+def full_mesh_rows(group: Sequence[int], chunk: str, step0: int, op: int, *, stagger: bool) -> np.ndarray:
+    """The full-mesh building block: every member of ``group`` sends to every other member.
+
+    ``chunk="src"`` sends the sender's own chunk (id = sender rank; AllGather-style),
+    ``chunk="dst"`` sends the receiver's chunk (id = receiver rank; ReduceScatter-style).
+    With ``stagger`` the member at position ``i`` reaches position ``(i + o + 1) % m`` at step
+    ``step0 + o`` (each member receives from exactly one peer per step, which ``rrc`` needs);
+    without it everything happens at ``step0``. Returns ``(src, dst, step, chunk, op)`` rows.
+    """
+    g = np.asarray(list(group), dtype=_I64)
+    m = len(g)
+    if m < 2:
+        return np.zeros((0, 5), dtype=_I64)
+    i = np.arange(m, dtype=_I64)[:, None]
+    o = np.arange(m - 1, dtype=_I64)[None, :]
+    s = g[np.broadcast_to(i, (m, m - 1))]
+    d = g[(i + o + 1) % m]
+    t = step0 + (o if stagger else 0 * o)
+    c = s if chunk == "src" else d
+    return _rows(s, d, t + 0 * s, c, op)
+
+
+def direct_allgather(n: int, *, name: str = "direct_allgather") -> Algorithm:
+    """One-step full-mesh AllGather: every rank sends its chunk to every other rank at step 0."""
+    return _algorithm(_header(n, Collective.ALLGATHER, name),
+                      full_mesh_rows(range(n), "src", 0, RECV, stagger=False))
+
+
+def direct_reducescatter(n: int, *, name: str = "direct_reducescatter") -> Algorithm:
+    """Full-mesh ReduceScatter: at step ``o`` rank ``s`` reduces chunk ``d = (s+o+1)%n`` into ``d``."""
+    return _algorithm(_header(n, Collective.REDUCESCATTER, name),
+                      full_mesh_rows(range(n), "dst", 0, RRC, stagger=True))
+
+
+def direct_allreduce(n: int, *, name: str = "direct_allreduce") -> Algorithm:
+    """Full-mesh ReduceScatter (steps 0..n-2) then one-step full-mesh AllGather (step n-1)."""
+    rs = full_mesh_rows(range(n), "dst", 0, RRC, stagger=True)
+    ag = full_mesh_rows(range(n), "src", max(n - 1, 0), RECV, stagger=False)
+    return _algorithm(_header(n, Collective.ALLREDUCE, name), np.concatenate([rs, ag]))
+
+
+# ====================================================================== rings
+def _ring_ag_rows(p: np.ndarray, step0: int) -> np.ndarray:
+    n = len(p)
+    i = np.arange(n, dtype=_I64)[None, :]
+    k = np.arange(n - 1, dtype=_I64)[:, None]
+    return _rows(p[i + 0 * k], p[(i + 1) % n + 0 * k], step0 + k + 0 * i, p[(i - k) % n], RECV)
+
+
+def _ring_rs_rows(p: np.ndarray, step0: int) -> np.ndarray:
+    n = len(p)
+    i = np.arange(n, dtype=_I64)[None, :]
+    k = np.arange(n - 1, dtype=_I64)[:, None]
+    return _rows(p[i + 0 * k], p[(i + 1) % n + 0 * k], step0 + k + 0 * i, p[(i - k - 1) % n], RRC)
+
+
+def ring_allgather(n: int, order: Sequence[int] | None = None, *, name: str = "ring_allgather") -> Algorithm:
+    """NCCL-style ring AllGather over ``order`` (default ``0..n-1``).
+
+    At step ``k`` (0..n-2) the rank at ring position ``i`` forwards chunk ``order[(i-k) % n]`` to
+    the next rank on the ring (``recv``). ``n*(n-1)`` transfers, ``n-1`` steps.
+    """
+    p = _check_order(n, order)
+    return _algorithm(_header(n, Collective.ALLGATHER, name), _ring_ag_rows(p, 0))
+
+
+def ring_reducescatter(n: int, order: Sequence[int] | None = None, *,
+                       name: str = "ring_reducescatter") -> Algorithm:
+    """NCCL-style ring ReduceScatter over ``order``.
+
+    At step ``k`` (0..n-2) ring position ``i`` reduces chunk ``order[(i-k-1) % n]`` into the next
+    rank (``rrc``); chunk ``order[j]`` ends complete on rank ``order[j]``.
+    """
+    p = _check_order(n, order)
+    return _algorithm(_header(n, Collective.REDUCESCATTER, name), _ring_rs_rows(p, 0))
+
+
+def ring_allreduce(n: int, order: Sequence[int] | None = None, *, name: str = "ring_allreduce") -> Algorithm:
+    """NCCL-style ring AllReduce: ring ReduceScatter (steps 0..n-2) then ring AllGather (n-1..2n-3)."""
+    p = _check_order(n, order)
+    rows = np.concatenate([_ring_rs_rows(p, 0), _ring_ag_rows(p, n - 1)])
+    return _algorithm(_header(n, Collective.ALLREDUCE, name), rows)
+
+
+# ====================================================================== recursive doubling
+def recursive_doubling_allgather(n: int, *, name: str = "recursive_doubling_allgather") -> Algorithm:
+    """Recursive-doubling AllGather (``n`` a power of two).
+
+    At step ``k`` rank ``s`` sends its block of ``2**k`` chunks (``(s >> k) << k`` onwards) to
+    ``s xor 2**k``. ``log2(n)`` steps, ``n*(n-1)`` transfers.
+    """
+    if n < 1 or n & (n - 1):
+        raise ValueError("recursive doubling needs a power-of-two number of ranks")
+    parts = []
+    s = np.arange(n, dtype=_I64)[:, None]
+    k = 0
+    while (1 << k) < n:
+        h = 1 << k
+        j = np.arange(h, dtype=_I64)[None, :]
+        parts.append(_rows(s + 0 * j, (s ^ h) + 0 * j, k, (s >> k << k) + j, RECV))
+        k += 1
+    rows = np.concatenate(parts) if parts else np.zeros((0, 5), dtype=_I64)
+    return _algorithm(_header(n, Collective.ALLGATHER, name), rows)
+
+
+# ====================================================================== trees
+def _tree_adjacency(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
+    adj: list[list[int]] = [[] for _ in range(n)]
+    for a, b in edges:
+        adj[a].append(b)
+        adj[b].append(a)
+    for lst in adj:
+        lst.sort()
+    return adj
+
+
+def _check_tree(n: int, edges) -> list[list[int]]:
+    edges = [(int(a), int(b)) for a, b in edges]
+    if len(edges) != n - 1 or any(not (0 <= a < n and 0 <= b < n) or a == b for a, b in edges):
+        raise ValueError("a spanning tree over n ranks has n-1 edges between distinct ranks")
+    adj = _tree_adjacency(n, edges)
+    seen = {0}
+    stack = [0]
+    while stack:
+        u = stack.pop()
+        for v in adj[u]:
+            if v not in seen:
+                seen.add(v)
+                stack.append(v)
+    if len(seen) != n:
+        raise ValueError("edges do not form a spanning tree")
+    return adj
+
+
+def _bfs(adj: list[list[int]], root: int) -> list[tuple[int, int, int]]:
+    """(parent, child, depth-of-child) in BFS order from ``root``."""
+    out = []
+    depth = {root: 0}
+    frontier = [root]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for v in adj[u]:
+                if v not in depth:
+                    depth[v] = depth[u] + 1
+                    out.append((u, v, depth[v]))
+                    nxt.append(v)
+        frontier = nxt
+    return out
+
+
+def _postorder_edges(adj: list[list[int]], root: int) -> list[tuple[int, int]]:
+    """(child, parent) edges in post-order of the tree rooted at ``root`` (children before parents)."""
+    out: list[tuple[int, int]] = []
+    stack = [(root, -1, iter(adj[root]))]
+    while stack:
+        u, parent, it = stack[-1]
+        for v in it:
+            if v != parent:
+                stack.append((v, u, iter(adj[v])))
+                break
+        else:
+            stack.pop()
+            if parent >= 0:
+                out.append((u, parent))
+    return out
+
+
+def _tree_ag_rows(adj, n: int, step0: int) -> list[tuple[int, int, int, int, int]]:
+    return [(u, v, step0 + dep - 1, c, RECV) for c in range(n) for (u, v, dep) in _bfs(adj, c)]
+
+
+def _tree_rs_rows(adj, n: int) -> list[tuple[int, int, int, int, int]]:
+    return [(u, p, t, c, RRC) for c in range(n) for t, (u, p) in enumerate(_postorder_edges(adj, c))]
+
+
+def tree_allgather(n: int, edges: Sequence[tuple[int, int]], *, name: str = "tree_allgather") -> Algorithm:
+    """AllGather by broadcasting every chunk ``c`` from rank ``c`` down the spanning tree ``edges``
+    (re-rooted at ``c``); a rank at depth ``h`` receives chunk ``c`` at step ``h-1``."""
+    adj = _check_tree(n, edges)
+    return _algorithm(_header(n, Collective.ALLGATHER, name), np.asarray(_tree_ag_rows(adj, n, 0), _I64))
+
+
+def tree_reducescatter(n: int, edges: Sequence[tuple[int, int]], *,
+                       name: str = "tree_reducescatter") -> Algorithm:
+    """ReduceScatter by reducing every chunk ``c`` up the tree rooted at ``c``: the tree's edges in
+    post-order, one step each (children before parents, one reduction into a rank per step)."""
+    adj = _check_tree(n, edges)
+    return _algorithm(_header(n, Collective.REDUCESCATTER, name), np.asarray(_tree_rs_rows(adj, n), _I64))
+
+
+def tree_allreduce(n: int, edges: Sequence[tuple[int, int]], *, name: str = "tree_allreduce") -> Algorithm:
+    """Tree ReduceScatter (steps 0..n-2) then tree AllGather (from step n-1)."""
+    adj = _check_tree(n, edges)
+    rows = _tree_rs_rows(adj, n) + _tree_ag_rows(adj, n, max(n - 1, 0))
+    return _algorithm(_header(n, Collective.ALLREDUCE, name), np.asarray(rows, _I64))
+
+
+# ====================================================================== rooted (Broadcast, Reduce)
+def _chain(n: int, root: int, order: Sequence[int] | None) -> np.ndarray:
+    """The ring order rotated so that it starts at ``root``."""
+    p = _check_order(n, order)
+    i = int(np.flatnonzero(p == root)[0])
+    return np.roll(p, -i)
+
+
+def ring_broadcast(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                   name: str = "ring_broadcast") -> Algorithm:
+    """Pipelined chain Broadcast: the ring ``order`` opened at ``root``; chunk ``c`` crosses hop
+    ``k`` (``0..n-2``) at step ``c + k``, so every hop carries one chunk per step."""
+    _check_root(n, root, chunks_per_rank)
+    p = _chain(n, root, order)
+    C = n * chunks_per_rank
+    c = np.arange(C, dtype=_I64)[:, None]
+    k = np.arange(n - 1, dtype=_I64)[None, :]
+    rows = _rows(p[k + 0 * c], p[k + 1 + 0 * c], c + k, c + 0 * k, RECV)
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank), rows)
+
+
+def ring_reduce(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                name: str = "ring_reduce") -> Algorithm:
+    """Pipelined chain Reduce: the ring ``order`` ending at ``root``; chunk ``c`` is reduced along
+    hop ``k`` at step ``c + k`` and arrives complete at the root."""
+    _check_root(n, root, chunks_per_rank)
+    p = np.roll(_chain(n, root, order), -1)   # the ring from the root's successor, root last
+    C = n * chunks_per_rank
+    c = np.arange(C, dtype=_I64)[:, None]
+    k = np.arange(n - 1, dtype=_I64)[None, :]
+    rows = _rows(p[k + 0 * c], p[k + 1 + 0 * c], c + k, c + 0 * k, RRC)
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank), rows)
+
+
+def tree_broadcast(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                   name: str = "tree_broadcast") -> Algorithm:
+    """Pipelined tree Broadcast down the spanning tree ``edges`` rooted at ``root``: a rank at depth
+    ``h`` receives chunk ``c`` at step ``c + h - 1``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    C = n * chunks_per_rank
+    rows = [(u, v, c + d - 1, c, RECV) for c in range(C) for (u, v, d) in _bfs(adj, root)]
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def tree_reduce(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                name: str = "tree_reduce") -> Algorithm:
+    """Pipelined tree Reduce up the tree rooted at ``root``: chunk ``c`` crosses the ``t``-th edge
+    of the post-order (children before parents) at step ``c + t``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    C = n * chunks_per_rank
+    post = _postorder_edges(adj, root)
+    rows = [(u, q, c + t, c, RRC) for c in range(C) for t, (u, q) in enumerate(post)]
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def direct_broadcast(n: int, root: int = 0, *, chunks_per_rank: int = 1,
+                     name: str = "direct_broadcast") -> Algorithm:
+    """One-step Broadcast: the root sends every chunk to every other rank at step 0."""
+    _check_root(n, root, chunks_per_rank)
+    C = n * chunks_per_rank
+    d = np.array([r for r in range(n) if r != root], dtype=_I64)[:, None]
+    c = np.arange(C, dtype=_I64)[None, :]
+    return _algorithm(_header(n, Collective.BROADCAST, name, root=root, chunks_per_rank=chunks_per_rank),
+                      _rows(root, d + 0 * c, 0, c + 0 * d, RECV))
+
+
+def direct_reduce(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "direct_reduce") -> Algorithm:
+    """Full-mesh Reduce: at step ``j`` the ``j``-th non-root rank reduces every chunk into the root
+    (one reduction into each of the root's chunks per step)."""
+    _check_root(n, root, chunks_per_rank)
+    C = n * chunks_per_rank
+    others = np.array([r for r in range(n) if r != root], dtype=_I64)
+    j = np.arange(len(others), dtype=_I64)[:, None]
+    c = np.arange(C, dtype=_I64)[None, :]
+    return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank),
+                      _rows(others[j] + 0 * c, root, j + 0 * c, c + 0 * j, RRC))
+
+
+def split_chunks(alg: Algorithm, k: int) -> Algorithm:
+    """The same algorithm over ``k`` times as many chunks: every transfer of chunk ``c`` becomes ``k``
+    transfers of chunks ``c*k .. c*k+k-1`` at the same step. Rank ``r``'s chunks ``r*K..`` become
+    ``r*K*k..``, so the result implements the same collective with ``chunks_per_rank * k``."""
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    h = alg.header
+    j = np.arange(k, dtype=_I64)[None, :]
+    rows = _rows(alg.src[:, None] + 0 * j, alg.dst[:, None] + 0 * j, alg.step[:, None] + 0 * j,
+                 alg.chunk[:, None] * k + j, alg.op.astype(_I64)[:, None] + 0 * j)
+    from dataclasses import replace
+    return _algorithm(replace(h, chunks_per_rank=h.chunks_per_rank * k), rows)
+
+
+# ====================================================================== hierarchical mesh (HM)
+def _hm_grid(nnodes: int, g: int):
+    nn = np.arange(nnodes, dtype=_I64)[:, None]
+    rr = np.arange(g, dtype=_I64)[None, :]
+    return (g * nn + rr).ravel()  # every rank, in (n, r) order
+
+
+def _hm_phase1(nnodes: int, g: int) -> np.ndarray:
+    """Intra-node full-mesh ReduceScatter: rank (n, r) reduces chunks d + G*b into local peer d
+    = (r+o+1) % G at step b*(G-1)+o."""
+    s = _hm_grid(nnodes, g)[:, None, None]
+    b = np.arange(nnodes, dtype=_I64)[None, :, None]
+    o = np.arange(g - 1, dtype=_I64)[None, None, :]
+    r = s % g
+    d = (r + o + 1) % g
+    return _rows(s, s - r + d, b * (g - 1) + o, d + g * b, RRC)
+
+
+def _hm_ring(nnodes: int, g: int, step0: int, chunk_shift: int, op: int) -> np.ndarray:
+    """Inter-node ring over ring-aligned peers: for k in 0..nNodes-2, rank s sends chunk
+    (s - (k + chunk_shift)*G) mod N to (s + G) mod N at step step0 + k."""
+    n = nnodes * g
+    s = _hm_grid(nnodes, g)[:, None]
+    k = np.arange(nnodes - 1, dtype=_I64)[None, :]
+    return _rows(s, (s + g) % n, step0 + k, (s - (k + chunk_shift) * g) % n, op)
+
+
+def _hm_intra_ag(nnodes: int, g: int, step0: int) -> np.ndarray:
+    """Intra-node full-mesh AllGather: for b in 0..nNodes-1, rank s sends chunk (s + b*G) mod N to
+    every local peer at step step0 + b."""
+    n = nnodes * g
+    s = _hm_grid(nnodes, g)[:, None, None]
+    b = np.arange(nnodes, dtype=_I64)[None, :, None]
+    o = np.arange(g - 1, dtype=_I64)[None, None, :]
+    r = s % g
+    return _rows(s, s - r + (r + o + 1) % g, step0 + b, (s + b * g) % n, RECV)
+
+
+def hm_allreduce(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
+    """HM AllReduce (ResCCL Appendix A, DESIGN.md section 3) over ``nnodes`` nodes of ``g`` GPUs.
+
+    Phases: intra full-mesh ReduceScatter (rrc, steps 0..nNodes*(G-1)-1), inter ring
+    ReduceScatter (rrc), inter ring AllGather (recv), intra full-mesh AllGather (recv).
+    ``2*N*(G-1)*nNodes + 2*N*(nNodes-1)`` transfers: 1,984 at 4x8, 2,095,104 at 128x8.
+    """
+    _check_hm(nnodes, g)
+    n = nnodes * g
+    base = nnodes * (g - 1)
+    rows = np.concatenate([
+        _hm_phase1(nnodes, g),
+        _hm_ring(nnodes, g, base, 0, RRC),
+        _hm_ring(nnodes, g, base + nnodes - 1, nnodes - 1, RECV),
+        _hm_intra_ag(nnodes, g, base + 2 * nnodes - 2),
+    ])
+    return _algorithm(_header(n, Collective.ALLREDUCE, name or f"hm_allreduce_{nnodes}x{g}", g, g, 4, 16), rows)
+
+
+def hm_reducescatter(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
+    """HM ReduceScatter: HM AllReduce's first two phases, the ring shifted by one hop so that rank
+    ``s`` (not ``s+G``) ends with chunk ``s`` complete (ring chunk (s - (k+1)*G) mod N at step k)."""
+    _check_hm(nnodes, g)
+    rows = np.concatenate([_hm_phase1(nnodes, g), _hm_ring(nnodes, g, nnodes * (g - 1), 1, RRC)])
+    return _algorithm(_header(nnodes * g, Collective.REDUCESCATTER,
+                              name or f"hm_reducescatter_{nnodes}x{g}", g, g, 4, 16), rows)
+
+
+def hm_allgather(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
+    """HM AllGather (ResCCL Appendix A): inter-node ring broadcast among ring-aligned peers plus
+    intra-node full-mesh rebroadcast, pipelined.
+
+    Ring: for k in 0..nNodes-2, rank s forwards chunk (s - k*G) mod N to (s+G) mod N at step k.
+    Mesh: for t in 0..nNodes-1, rank s sends chunk (s - t*G) mod N (its own chunk for t = 0, the
+    chunk the ring delivered at step t-1 otherwise) to every local peer at step t, alongside the
+    ring forwarding of the same chunk. ``nNodes`` steps; every (rank, chunk) is written once.
+    """
+    _check_hm(nnodes, g)
+    n = nnodes * g
+    s = _hm_grid(nnodes, g)[:, None, None]
+    t = np.arange(nnodes, dtype=_I64)[None, :, None]
+    o = np.arange(g - 1, dtype=_I64)[None, None, :]
+    r = s % g
+    mesh = _rows(s, s - r + (r + o + 1) % g, t, (s - t * g) % n, RECV)
+    rows = np.concatenate([_hm_ring(nnodes, g, 0, 0, RECV), mesh])
+    return _algorithm(_header(n, Collective.ALLGATHER, name or f"hm_allgather_{nnodes}x{g}", g, g, 4, 16), rows)
+
+
+# ====================================================================== .rccl text
+def _head(n: int, coll: Collective, name: str, gpn: int, nic: int, nchannels: int = 1, nwarps: int = 16) -> str:
+    return (f'def ResCCLAlgo(nRanks={n}, nChannels={nchannels}, nWarps={nwarps}, AlgoName="{name}", '
+            f'OpType="{coll.dsl_name}", GPUPerNode={gpn}, NICPerNode={nic}):\n')
+
+
+def _ring_body(kind: str, n: int, order: Sequence[int] | None, step0: str) -> list[str]:
+    """Loop (identity order) or unrolled lines (any other order) for one ring phase."""
+    p = _check_order(n, order)
+    if np.array_equal(p, np.arange(n)):
+        if kind == "ag":
+            return ["    for k in range(0, N - 1):",
+                    "        for r in range(0, N):",
+                    f"            transfer(r, (r + 1) % N, {step0}k, (r + N - k) % N, recv)"]
+        return ["    for k in range(0, N - 1):",
+                "        for r in range(0, N):",
+                f"            transfer(r, (r + 1) % N, {step0}k, (r + 2 * N - k - 1) % N, rrc)"]
+    rows = _ring_ag_rows(p, 0) if kind == "ag" else _ring_rs_rows(p, 0)
+    lines = [f"    # ring order {' '.join(map(str, p.tolist()))} (no list type in ResCCLang: unrolled)"]
+    for s, d, k, c, o in rows.tolist():
+        lines.append(f"    transfer({s}, {d}, {step0}{k}, {c}, {'recv' if o == RECV else 'rrc'})")
+    return lines
+
+
+def ring_allgather_rccl(n: int, order: Sequence[int] | None = None, *, name: str = "ring_allgather") -> str:
+    """ResCCLang text of :func:`ring_allgather`."""
+    out = [_head(n, Collective.ALLGATHER, name, n, 1).rstrip("\n"), f"    N = {n}",
+           "    # NCCL-style ring: at step k every rank forwards the chunk it received at step k-1"]
+    out += _ring_body("ag", n, order, "")
+    return "\n".join(out) + "\n"
+
+
+def ring_reducescatter_rccl(n: int, order: Sequence[int] | None = None, *,
+                            name: str = "ring_reducescatter") -> str:
+    """ResCCLang text of :func:`ring_reducescatter`."""
+    out = [_head(n, Collective.REDUCESCATTER, name, n, 1).rstrip("\n"), f"    N = {n}",
+           "    # NCCL-style ring: chunk c starts at rank c+1 and ends, reduced over all ranks, at rank c"]
+    out += _ring_body("rs", n, order, "")
+    return "\n".join(out) + "\n"
+
+
+def ring_allreduce_rccl(n: int, order: Sequence[int] | None = None, *, name: str = "ring_allreduce") -> str:
+    """ResCCLang text of :func:`ring_allreduce`."""
+    out = [_head(n, Collective.ALLREDUCE, name, n, 1).rstrip("\n"), f"    N = {n}",
+           "    # phase 1: ring ReduceScatter (steps 0 .. N-2)"]
+    out += _ring_body("rs", n, order, "")
+    out += ["    # phase 2: ring AllGather of the reduced chunks (steps N-1 .. 2*N-3)",
+            "    base = N - 1"]
+    out += _ring_body("ag", n, order, "base + ")
+    return "\n".join(out) + "\n"
+
+
+def _rooted_head(n: int, coll: Collective, name: str, root: int, k: int) -> str:
+    return (f'def ResCCLAlgo(nRanks={n}, nChannels=1, nWarps=16, AlgoName="{name}", '
+            f'OpType="{coll.dsl_name}", Root={root}, nChunksPerRank={k}, GPUPerNode={n}, NICPerNode=1):\n')
+
+
+def ring_broadcast_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_broadcast") -> str:
+    """ResCCLang text of :func:`ring_broadcast` (identity ring order)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.BROADCAST, name, root, chunks_per_rank)
+            + "    # pipelined chain from the root: chunk c crosses hop k at step c + k\n"
+            + "    for c in range(0, nChunks):\n"
+            + "        for k in range(0, nRanks - 1):\n"
+            + "            transfer((Root + k) % nRanks, (Root + k + 1) % nRanks, c + k, c, recv)\n")
+
+
+def ring_reduce_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_reduce") -> str:
+    """ResCCLang text of :func:`ring_reduce` (identity ring order, reduced towards the root)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.REDUCE, name, root, chunks_per_rank)
+            + "    # pipelined chain ending at the root: rank Root-1-k reduces into Root-k... at step c + k\n"
+            + "    for c in range(0, nChunks):\n"
+            + "        for k in range(0, nRanks - 1):\n"
+            + "            transfer((Root + k + 1) % nRanks, (Root + k + 2) % nRanks, c + k, c, rrc)\n")
+
+
+def direct_allgather_rccl(n: int, *, name: str = "direct_allgather") -> str:
+    """ResCCLang text of :func:`direct_allgather`."""
+    return (_head(n, Collective.ALLGATHER, name, n, 1)
+            + f"    N = {n}\n"
+            + "    # full mesh: every rank sends its own chunk to every other rank, all at step 0\n"
+            + "    for r in range(0, N):\n"
+            + "        for o in range(0, N - 1):\n"
+            + "            transfer(r, (r + o + 1) % N, 0, r, recv)\n")
+
+
+def recursive_doubling_allgather_rccl(n: int, *, name: str = "recursive_doubling_allgather") -> str:
+    """ResCCLang text of :func:`recursive_doubling_allgather` (one block per doubling step, since
+    ResCCLang has no power or xor operator: ``s xor h`` is ``s + h - 2*h*((s/h) % 2)``)."""
+    if n < 1 or n & (n - 1):
+        raise ValueError("recursive doubling needs a power-of-two number of ranks")
+    out = [_head(n, Collective.ALLGATHER, name, n, 1).rstrip("\n"), f"    N = {n}",
+           "    # at step k rank s swaps its block of h = 2**k chunks with rank s xor h"]
+    k = 0
+    while (1 << k) < n:
+        out += [f"    h = {1 << k}",
+                "    for s in range(0, N):",
+                "        for j in range(0, h):",
+                f"            transfer(s, s + h - 2 * h * ((s / h) % 2), {k}, (s / h) * h + j, recv)"]
+        k += 1
+    return "\n".join(out) + "\n"
+
+
+def hm_allreduce_rccl(nnodes: int, g: int, *, name: str | None = None) -> str:
+    """ResCCLang text of :func:`hm_allreduce` (the ResCCL Fig. 16 program, reconstructed)."""
+    _check_hm(nnodes, g)
+    name = name or f"hm_allreduce_{nnodes}x{g}"
+    return (_head(nnodes * g, Collective.ALLREDUCE, name, g, g, 4, 16)
+            + f"    nNodes = {nnodes}\n"
+            + f"    G = {g}\n"
+            + "    N = nNodes * G\n"
+            + "    # 1. intra-node ReduceScatter, full mesh: GPU r reduces chunks d + G*b into local peer d\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            for b in range(0, nNodes):\n"
+            + "                for o in range(0, G - 1):\n"
+            + "                    transfer(G*n + r, G*n + (r + o + 1) % G, b*(G - 1) + o, (r + o + 1) % G + G*b, rrc)\n"
+            + "    # 2. inter-node ReduceScatter, ring over the GPUs with the same local id\n"
+            + "    base = nNodes * (G - 1)\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            for k in range(0, nNodes - 1):\n"
+            + "                transfer(G*n + r, (G*n + r + G) % N, base + k, (G*n + r + N - k*G) % N, rrc)\n"
+            + "    # 3. inter-node AllGather on the same ring\n"
+            + "    base = base + nNodes - 1\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            for k in range(0, nNodes - 1):\n"
+            + "                transfer(G*n + r, (G*n + r + G) % N, base + k, (G*n + r + G + N - k*G) % N, recv)\n"
+            + "    # 4. intra-node AllGather, full mesh: GPU r sends every chunk it owns to its local peers\n"
+            + "    base = base + nNodes - 1\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            for b in range(0, nNodes):\n"
+            + "                for o in range(0, G - 1):\n"
+            + "                    transfer(G*n + r, G*n + (r + o + 1) % G, base + b, (G*n + r + b*G) % N, recv)\n")
+
+
+def hm_allgather_rccl(nnodes: int, g: int, *, name: str | None = None) -> str:
+    """ResCCLang text of :func:`hm_allgather`."""
+    _check_hm(nnodes, g)
+    name = name or f"hm_allgather_{nnodes}x{g}"
+    return (_head(nnodes * g, Collective.ALLGATHER, name, g, g, 4, 16)
+            + f"    nNodes = {nnodes}\n"
+            + f"    G = {g}\n"
+            + "    N = nNodes * G\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            # broadcast 1, inter-node: ring among the GPUs with the same local id;\n"
+            + "            # at step k forward the chunk that arrived at step k-1 (own chunk at k = 0)\n"
+            + "            for k in range(0, nNodes - 1):\n"
+            + "                transfer(G*n + r, (G*n + r + G) % N, k, (G*n + r + N - k*G) % N, recv)\n"
+            + "            # broadcast 1 and 2, intra-node full mesh: at step t send the same chunk to every\n"
+            + "            # local peer (own chunk at t = 0, then each chunk the ring delivered)\n"
+            + "            for t in range(0, nNodes):\n"
+            + "                for o in range(0, G - 1):\n"
+            + "                    transfer(G*n + r, G*n + (r + o + 1) % G, t, (G*n + r + N - t*G) % N, recv)\n")
+
+
+#: example file stem -> (builder, text generator), used by examples/generate.py and the tests
+EXAMPLES = {
+    **{f"hm_allreduce_{a}x{b}": (lambda a=a, b=b: hm_allreduce(a, b), lambda a=a, b=b: hm_allreduce_rccl(a, b))
+       for a, b in ((2, 4), (2, 8), (4, 4), (4, 8))},
+    **{f"hm_allgather_{a}x{b}": (lambda a=a, b=b: hm_allgather(a, b), lambda a=a, b=b: hm_allgather_rccl(a, b))
+       for a, b in ((2, 4), (2, 8), (4, 4), (4, 8))},
+    "ring_allgather_8": (lambda: ring_allgather(8, name="ring_allgather_8"),
+                         lambda: ring_allgather_rccl(8, name="ring_allgather_8")),
+    "ring_reducescatter_8": (lambda: ring_reducescatter(8, name="ring_reducescatter_8"),
+                             lambda: ring_reducescatter_rccl(8, name="ring_reducescatter_8")),
+    "ring_allreduce_8": (lambda: ring_allreduce(8, name="ring_allreduce_8"),
+                         lambda: ring_allreduce_rccl(8, name="ring_allreduce_8")),
+    "direct_allgather_8": (lambda: direct_allgather(8, name="direct_allgather_8"),
+                           lambda: direct_allgather_rccl(8, name="direct_allgather_8")),
+    "recursive_doubling_allgather_8": (
+        lambda: recursive_doubling_allgather(8, name="recursive_doubling_allgather_8"),
+        lambda: recursive_doubling_allgather_rccl(8, name="recursive_doubling_allgather_8")),
+    "ring_broadcast_8": (lambda: ring_broadcast(8, 3, chunks_per_rank=2, name="ring_broadcast_8"),
+                         lambda: ring_broadcast_rccl(8, 3, chunks_per_rank=2, name="ring_broadcast_8")),
+    "ring_reduce_8": (lambda: ring_reduce(8, 3, chunks_per_rank=2, name="ring_reduce_8"),
+                      lambda: ring_reduce_rccl(8, 3, chunks_per_rank=2, name="ring_reduce_8")),
+}

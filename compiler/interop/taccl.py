@@ -1,0 +1,296 @@
+"""TACCL topology profiles (JSON) as :class:`~hccc.compiler.cluster.topology.Topology`.
+
+A TACCL profile describes one node and its measured link costs::
+
+    {"name": "NDv2_1MB", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3,
+     "node_betas_list": [23, 46], "node_invbws_list": [23, 46],
+     "remote_alpha": 2.6, "remote_beta": 105, "remote_invbw": 107}
+
+``alpha`` values are latencies in microseconds; a *beta* is the time in microseconds to move one
+chunk of the profile's chunk size over the link (TACCL: beta in us/MB times the chunk size in MB),
+so a link's bandwidth is ``chunk_size / beta``. TACCL picks the node's wiring from its command line
+(``DGX2``, ``NDv2``, ``HubAndSpoke``, ``custom``) and the node count from a sketch file; a profile
+read on its own therefore takes these hccc keys (all optional):
+
+* ``"topology"``: ``"NDv2"`` | ``"DGX2"`` | ``"HubAndSpoke"`` | ``"custom"``. Default: ``custom``
+  when the profile has a ``links`` matrix, else ``NDv2`` / ``DGX2`` when ``name`` starts so, else
+  ``HubAndSpoke`` for a one-entry ``node_betas_list``.
+* ``"nnodes"`` (default 1): copies of the node, joined through their NICs.
+* ``"chunk_size"`` in bytes (default: the size in the name, e.g. ``_1MB``, ``-32KB``; else 1 MiB);
+  sizes are binary (1 MB = 2^20 bytes), as everywhere in hccc.
+* ``"vendor"`` (``nvidia`` | ``amd``, default nvidia) and ``"gpu"`` (model name).
+
+Mapping onto hccc's model:
+
+* ``HubAndSpoke`` / ``DGX2`` (NVSwitch): every GPU pair is linked (class ``switch``, bandwidth
+  ``S / node_betas_list[0]``, latency ``alpha``); each GPU's outgoing links form one *egress* and its
+  incoming links one *ingress* shared group of that bandwidth (one switch port each way, TACCL's
+  switch constraint). DGX2 has 16 GPUs and 8 NICs.
+* ``NDv2`` (DGX-1 hybrid cube mesh, 8 GPUs, 1 NIC): the NVLink pairs of the cube mesh, class
+  ``direct``; pairs with two NVLinks use ``node_betas_list[0]`` (the smaller beta), pairs with one
+  ``node_betas_list[1]``.
+* ``custom``: ``links[dst][src]`` lanes (TACCL indexes its matrices destination first) with
+  per-lane bandwidth ``S / betas[dst][src]``, class ``direct``.
+* More than one node: every GPU pair on different nodes is linked (class ``nic``, bandwidth
+  ``S / remote_beta``, latency ``remote_alpha``); the node's GPUs are split evenly over its
+  ``nics_per_node`` NICs (GPU g uses NIC ``g // (gpus_per_node / nics_per_node)``) and each NIC is an
+  egress and an ingress shared group of that bandwidth.
+
+``node_invbws_list`` / ``remote_invbw`` / ``invbws`` (TACCL's alpha + beta as used by its ILP) are
+read but not needed. Malformed JSON, missing keys and bad values raise
+:class:`~hccc.compiler.frontend.diagnostics.CompileError` located at the offending key.
+"""
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.cluster.topology import Topology, TopologyBuilder
+
+MAX_GPUS_PER_NODE = 1024
+MAX_NODES = 1024
+MAX_RANKS = 16384
+KNOWN = {"ndv2": "NDv2", "dgx2": "DGX2", "hubandspoke": "HubAndSpoke", "custom": "custom"}
+
+#: NDv2 / DGX-1 hybrid cube mesh: GPU pairs joined by two NVLinks and by one.
+NDV2_DOUBLE = ((0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7))
+NDV2_SINGLE = ((0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6))
+
+_SIZE_IN_NAME = re.compile(r"(?:^|[_\-.])([0-9]+)\s*([KMG])i?B?$", re.IGNORECASE)
+_UNIT = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+class _Profile:
+    def __init__(self, src: SourceFile, data: dict):
+        self.src = src
+        self.d = data
+
+    def loc(self, key: str | None) -> Location:
+        if key is not None:
+            m = re.search(r'"' + re.escape(key) + r'"\s*:', self.src.text)
+            if m:
+                line = self.src.text.count("\n", 0, m.start()) + 1
+                col = m.start() - (self.src.text.rfind("\n", 0, m.start()) + 1) + 1
+                return Location(self.src, line, col)
+        return Location(self.src, 1, 1)
+
+    def err(self, key: str | None, msg: str) -> CompileError:
+        return CompileError([Diagnostic(msg, self.loc(key))])
+
+    def has(self, key: str) -> bool:
+        return key in self.d
+
+    def need(self, key: str, why: str = ""):
+        if key not in self.d:
+            raise self.err(None, f"the profile lacks \"{key}\"{why}")
+        return self.d[key]
+
+    def integer(self, key: str, lo: int, hi: int, default=None, why: str = "") -> int:
+        if default is not None and key not in self.d:
+            return default
+        v = self.need(key, why)
+        if isinstance(v, bool) or not isinstance(v, (int, Decimal)) or int(v) != v:
+            raise self.err(key, f"\"{key}\" must be an integer, not {json.dumps(_plain(v))}")
+        v = int(v)
+        if not lo <= v <= hi:
+            raise self.err(key, f"\"{key}\" = {v} is out of range ({lo}..{hi})")
+        return v
+
+    def number(self, key: str, value=None, *, positive: bool, what: str | None = None) -> Fraction:
+        v = self.need(key) if value is None else value
+        what = what or f"\"{key}\""
+        if isinstance(v, bool) or not isinstance(v, (int, Decimal)):
+            raise self.err(key, f"{what} must be a number, not {json.dumps(_plain(v))}")
+        f = Fraction(v)
+        if positive and f <= 0:
+            raise self.err(key, f"{what} must be > 0, got {v}")
+        if not positive and f < 0:
+            raise self.err(key, f"{what} must be >= 0, got {v}")
+        if f > 10 ** 12:
+            raise self.err(key, f"{what} = {v} is too large")
+        return f
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        if key not in self.d:
+            return default
+        v = self.d[key]
+        if not isinstance(v, str) or not v or len(v) > 128:
+            raise self.err(key, f"\"{key}\" must be a non-empty string of at most 128 characters")
+        return v
+
+    def matrix(self, key: str, n: int, *, lanes: bool) -> list[list]:
+        m = self.need(key, " (a custom topology gives links and betas matrices)")
+        if not isinstance(m, list) or len(m) != n or not all(isinstance(r, list) and len(r) == n for r in m):
+            raise self.err(key, f"\"{key}\" must be a {n} x {n} matrix (gpus_per_node = {n})")
+        out = []
+        for dst, row in enumerate(m):
+            r = []
+            for src, v in enumerate(row):
+                what = f"\"{key}\"[{dst}][{src}]"
+                if lanes:
+                    if isinstance(v, bool) or not isinstance(v, (int, Decimal)) or int(v) != v or not 0 <= v <= 1 << 16:
+                        raise self.err(key, f"{what} must be a link count 0..65536, not {json.dumps(_plain(v))}")
+                    r.append(int(v))
+                else:
+                    r.append(self.number(key, v, positive=False, what=what))
+            out.append(r)
+        return out
+
+
+def _plain(v):
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (list, dict)):
+        return type(v).__name__
+    return v
+
+
+def _chunk_from_name(name: str | None) -> int | None:
+    if not name:
+        return None
+    m = _SIZE_IN_NAME.search(name.strip())
+    if not m:
+        return None
+    return int(m.group(1)) * _UNIT[m.group(2).upper()]
+
+
+def _bandwidth(p: _Profile, key: str, beta: Fraction, chunk: int, what: str) -> Fraction:
+    """GB/s moving ``chunk`` bytes in ``beta`` microseconds."""
+    if beta <= 0:
+        raise p.err(key, f"{what} must be > 0 (a beta is the time to move one chunk)")
+    return Fraction(chunk) / (beta * 1000)
+
+
+def parse_taccl(text: str, name: str = "<input>") -> Topology:
+    """A TACCL profile (JSON text) as a Topology; see the module docstring."""
+    src = SourceFile(name, text)
+    try:
+        data = json.loads(text, parse_float=Decimal)
+    except json.JSONDecodeError as exc:
+        raise CompileError([Diagnostic(f"not valid JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
+    except RecursionError:
+        raise CompileError([Diagnostic("JSON nested too deeply", Location(src, 1, 1))]) from None
+    if not isinstance(data, dict):
+        raise CompileError([Diagnostic("a TACCL profile is a JSON object", Location(src, 1, 1))])
+    p = _Profile(src, data)
+    pname = p.string("name", Path(name).stem if not name.startswith("<") else "taccl")
+    G = p.integer("gpus_per_node", 1, MAX_GPUS_PER_NODE)
+    nnodes = p.integer("nnodes", 1, MAX_NODES, default=1)
+    if G * nnodes > MAX_RANKS:
+        raise p.err("nnodes", f"{nnodes} nodes x {G} GPUs is more than {MAX_RANKS} GPUs")
+    kind = p.string("topology")
+    if kind is not None:
+        if kind.lower() not in KNOWN:
+            raise p.err("topology", f"unknown topology '{kind}' (expected NDv2, DGX2, HubAndSpoke or custom)")
+        kind = KNOWN[kind.lower()]
+    elif p.has("links"):
+        kind = "custom"
+    elif pname.lower().startswith("ndv2"):
+        kind = "NDv2"
+    elif pname.lower().startswith("dgx2"):
+        kind = "DGX2"
+    elif isinstance(data.get("node_betas_list"), list) and len(data["node_betas_list"]) == 1:
+        kind = "HubAndSpoke"
+    else:
+        raise p.err("node_betas_list", "cannot tell the node's wiring: add \"topology\": \"NDv2\", \"DGX2\", "
+                                       "\"HubAndSpoke\" or \"custom\" (with links and betas matrices)")
+    chunk = p.integer("chunk_size", 1, 1 << 40, default=_chunk_from_name(pname) or (1 << 20))
+    alpha = p.number("alpha", positive=False)
+    vendor = (p.string("vendor", "nvidia") or "nvidia").lower()
+    if vendor not in ("nvidia", "amd"):
+        raise p.err("vendor", f"unknown vendor '{vendor}' (expected nvidia or amd)")
+    model = p.string("gpu")
+
+    if kind in ("NDv2", "DGX2"):
+        want = 8 if kind == "NDv2" else 16
+        if G != want:
+            raise p.err("gpus_per_node", f"an {kind} node has {want} GPUs, but gpus_per_node = {G}")
+    nbetas = {"NDv2": 2, "DGX2": 1, "HubAndSpoke": 1}.get(kind)
+    betas: list[Fraction] = []
+    if nbetas is not None:
+        lst = p.need("node_betas_list")
+        if not isinstance(lst, list) or len(lst) != nbetas:
+            raise p.err("node_betas_list", f"\"node_betas_list\" of an {kind} node lists {nbetas} beta(s)"
+                                           + (" (two-NVLink pairs, one-NVLink pairs)" if kind == "NDv2" else ""))
+        betas = [p.number("node_betas_list", v, positive=True, what=f"\"node_betas_list\"[{i}]")
+                 for i, v in enumerate(lst)]
+    default_nics = {"NDv2": 1, "DGX2": 8}.get(kind)
+    if nnodes > 1:
+        nics = p.integer("nics_per_node", 1, G, default=default_nics,
+                         why=" (needed to join several nodes)")
+        if G % nics:
+            raise p.err("nics_per_node", f"{G} GPUs cannot be split evenly over {nics} NICs")
+        r_alpha = p.number("remote_alpha", positive=False)
+        r_beta = p.number("remote_beta", positive=True)
+
+    b = TopologyBuilder(pname)
+    for k in range(nnodes):
+        b.add_node(f"node{k + 1}", G, vendor, model)
+    sw_groups = []
+    for k in range(nnodes):
+        off = k * G
+        if kind in ("DGX2", "HubAndSpoke"):
+            bw = _bandwidth(p, "node_betas_list", betas[0], chunk, "\"node_betas_list\"[0]")
+            pid = b.params("switch", bw, 1, alpha)
+            if G > 1:
+                src = np.repeat(np.arange(G), G - 1)
+                dst = np.array([h for g in range(G) for h in range(G) if h != g])
+                ids = b.add_links(off + src, off + dst, pid)
+                for g in range(G):
+                    sw_groups.append((f"node{k + 1} GPU {g} switch port egress", "egress", ids[src == g], bw))
+                    sw_groups.append((f"node{k + 1} GPU {g} switch port ingress", "ingress", ids[dst == g], bw))
+        elif kind == "NDv2":
+            for pairs, beta, what in ((NDV2_DOUBLE, betas[0], "[0]"), (NDV2_SINGLE, betas[1], "[1]")):
+                bw = _bandwidth(p, "node_betas_list", beta, chunk, f"\"node_betas_list\"{what}")
+                pid = b.params("direct", bw, 1, alpha)
+                a = np.array([x for x, y in pairs] + [y for x, y in pairs])
+                c = np.array([y for x, y in pairs] + [x for x, y in pairs])
+                b.add_links(off + a, off + c, pid)
+        else:
+            links = p.matrix("links", G, lanes=True)
+            bmat = p.matrix("betas", G, lanes=False)
+            for dst in range(G):
+                for s in range(G):
+                    if links[dst][s] <= 0:
+                        continue
+                    if s == dst:
+                        raise p.err("links", f"\"links\"[{dst}][{s}] links GPU {s} to itself")
+                    beta = bmat[dst][s]
+                    bw = _bandwidth(p, "betas", beta, chunk, f"\"betas\"[{dst}][{s}] (GPU {s} -> {dst})")
+                    pid = b.params("direct", bw, links[dst][s], alpha)
+                    b.add_links([off + s], [off + dst], pid)
+    for label, direction, members, bw in sw_groups:
+        b.add_group("switch", direction, label, members, bw, 1, alpha)
+    if nnodes > 1:
+        bw = _bandwidth(p, "remote_beta", r_beta, chunk, "\"remote_beta\"")
+        pid = b.params("nic", bw, 1, r_alpha)
+        N = G * nnodes
+        rank = np.arange(N)
+        src = np.repeat(rank, N)
+        dst = np.tile(rank, N)
+        cross = (src // G) != (dst // G)
+        src, dst = src[cross], dst[cross]
+        ids = b.add_links(src, dst, pid)
+        per = G // nics
+        nic_of = (rank // G) * nics + (rank % G) // per
+        for n_id in range(nnodes * nics):
+            node, local = divmod(n_id, nics)
+            label = f"node{node + 1} nic{local} (GPUs {local * per}..{local * per + per - 1})"
+            b.add_group("nic", "egress", label + " egress", ids[nic_of[src] == n_id], bw, 1, r_alpha)
+            b.add_group("nic", "ingress", label + " ingress", ids[nic_of[dst] == n_id], bw, 1, r_alpha)
+    return b.build(chunk)
+
+
+def load_taccl(path: str | Path) -> Topology:
+    """Read a TACCL topology profile (``.json``); see :func:`parse_taccl`."""
+    src = SourceFile.read(path)
+    return parse_taccl(src.text, src.name)
+
+
+__all__ = ["load_taccl", "parse_taccl", "NDV2_DOUBLE", "NDV2_SINGLE"]

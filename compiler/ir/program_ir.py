@@ -1,0 +1,285 @@
+"""ProgramIR: the lowered program, input of code generation, executors and the simulator.
+
+Three dimensions (ResCCL section 4.5): rank -> thread block (TB) -> pipeline (sub-pipeline index).
+The primitives are one columnar table (numpy arrays), sorted by ``(rank, tb, seq)``: a TB runs its
+primitives in ``seq`` order, each one for every micro-batch before the next (task-level execution).
+
+Buffers (MSCCL's model, so MSCCL XML fits): per rank an ``input`` buffer of ``in_chunks`` chunks,
+an ``output`` buffer of ``out_chunks`` chunks and a ``scratch`` buffer of ``scratch_chunks`` chunks.
+A chunk is ``1/nchunks`` of the collective's full buffer (for AllGather the output, for
+ReduceScatter, AllReduce, Broadcast and Reduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
+elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (uneven counts: sizes differ by at most one).
+A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter output) holds only the
+rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
+the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
+AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce,
+Broadcast and Reduce ``input == output``; a COPY whose source and destination coincide is then
+skipped. Broadcast and Reduce have a ``root``: Broadcast reads only the root's input, Reduce writes
+only the root's output (other ranks' partial results live in scratch).
+
+Primitive semantics for one micro-batch slice (``x (+) y`` is the reduction op)::
+
+    SEND                   send(src)                        to send_peer
+    RECV                   dst := recv()                    from recv_peer
+    RECV_REDUCE_COPY       dst := recv() (+) src
+    RECV_COPY_SEND         v := recv(); dst := v; send(v)
+    RECV_REDUCE_SEND       send(recv() (+) src)             (nothing stored)
+    RECV_REDUCE_COPY_SEND  v := recv() (+) src; dst := v; send(v)
+    COPY                   dst := src                       (local)
+    REDUCE                 dst := dst (+) src               (local)
+    NOP                    nothing; carries dependencies
+
+Connections: the ``k``-th send on connection ``(sender, receiver, channel)`` is received by the
+``k``-th receive on it (FIFO order). Every connection end belongs to exactly one TB.
+``deps`` are cross-TB dependencies on the same rank: primitive ``dep_prim`` may run micro-batch
+``m`` only after primitive ``dep_on`` finished micro-batch ``m``.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+SCHEMA = "hccc.program/1"
+
+#: What a ProgramIR name must look like: the only user text that reaches generated code and paths.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+class Op(IntEnum):
+    SEND = 0
+    RECV = 1
+    RECV_REDUCE_COPY = 2
+    RECV_COPY_SEND = 3
+    RECV_REDUCE_SEND = 4
+    RECV_REDUCE_COPY_SEND = 5
+    COPY = 6
+    REDUCE = 7
+    NOP = 8
+
+    @property
+    def sends(self) -> bool:
+        return self in (Op.SEND, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND)
+
+    @property
+    def receives(self) -> bool:
+        return self in (Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND,
+                        Op.RECV_REDUCE_COPY_SEND)
+
+    @property
+    def reads_src(self) -> bool:
+        return self in (Op.SEND, Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND,
+                        Op.RECV_REDUCE_COPY_SEND, Op.COPY, Op.REDUCE)
+
+    @property
+    def writes_dst(self) -> bool:
+        return self in (Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_COPY_SEND,
+                        Op.COPY, Op.REDUCE)
+
+    @property
+    def reduces(self) -> bool:
+        return self in (Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND, Op.REDUCE)
+
+
+class Buf(IntEnum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+    SCRATCH = 3
+
+
+#: Column name -> dtype of the primitive table, in serialisation order.
+PRIM_COLUMNS: dict[str, type] = {
+    "rank": np.int32,        # rank that executes the primitive
+    "tb": np.int32,          # thread block within the rank (0..ntbs-1)
+    "seq": np.int32,         # position within the TB
+    "pipeline": np.int32,    # sub-pipeline index (ResCCL's pipeline dimension)
+    "op": np.int8,           # Op
+    "send_peer": np.int32,   # -1 when the primitive does not send
+    "recv_peer": np.int32,   # -1 when the primitive does not receive
+    "channel": np.int32,     # distinguishes several connections between one pair of ranks
+    "src_buf": np.int8,      # Buf
+    "src_off": np.int32,     # chunk offset in src_buf
+    "dst_buf": np.int8,
+    "dst_off": np.int32,
+    "count": np.int32,       # number of consecutive chunks
+    "task": np.int64,        # originating transfer (row of the Algorithm), -1 if none
+    "task2": np.int64,       # second transfer of a fused primitive (the forwarded send), else -1
+}
+
+
+#: the collectives a ProgramIR can implement (``Collective`` values)
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+#: those with a root rank
+ROOTED = ("broadcast", "reduce")
+
+
+@dataclass
+class ProgramIR:
+    name: str                  # sanitised identifier ([A-Za-z_][A-Za-z0-9_]*)
+    collective: str            # one of COLLECTIVES
+    nranks: int
+    nchunks: int               # chunks in the collective's full buffer
+    in_chunks: int
+    out_chunks: int
+    scratch_chunks: int
+    prims: dict[str, np.ndarray]
+    dep_prim: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dep_on: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    nwarps: int = 16           # threads per TB = nwarps * warp size
+    chunk_bytes: int = 1 << 20  # micro-batch slice size (FIFO slot) in bytes
+    npipelines: int = 0        # number of sub-pipelines
+    ntbs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # TBs per rank
+    stats: dict = field(default_factory=dict)
+    root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
+
+    @property
+    def rooted(self) -> bool:
+        return self.collective in ROOTED
+
+    @property
+    def algorithm_level(self) -> bool:
+        """Proven only under MSCCL's algorithm-level order (an imported MSCCL XML whose thread
+        blocks must run their whole step list per micro-batch). hccc's kernels run task-level, so
+        such a program runs correctly only with one micro-batch per chunk, where the orders agree."""
+        return (self.stats or {}).get("execution") == "algorithm"
+
+    # ------------------------------------------------------------------ basic views
+    @property
+    def nprims(self) -> int:
+        return len(self.prims["rank"])
+
+    def tb_slices(self) -> dict[tuple[int, int], slice]:
+        """(rank, tb) -> slice of the primitive table (requires the canonical sort)."""
+        r, t = self.prims["rank"], self.prims["tb"]
+        if not len(r):
+            return {}
+        key = r.astype(np.int64) * (1 << 20) + t
+        starts = np.r_[0, np.flatnonzero(np.diff(key)) + 1]
+        ends = np.r_[starts[1:], len(key)]
+        return {(int(r[s]), int(t[s])): slice(int(s), int(e)) for s, e in zip(starts, ends)}
+
+    def prim(self, i: int) -> dict:
+        """Primitive ``i`` as a plain dict (debugging, small programs)."""
+        return {k: int(v[i]) for k, v in self.prims.items()}
+
+    def sort_canonical(self) -> None:
+        """Sort primitives by (rank, tb, seq) and remap ``deps`` accordingly."""
+        order = np.lexsort((self.prims["seq"], self.prims["tb"], self.prims["rank"]))
+        if np.array_equal(order, np.arange(len(order))):
+            return
+        inv = np.empty_like(order)
+        inv[order] = np.arange(len(order))
+        self.prims = {k: v[order] for k, v in self.prims.items()}
+        self.dep_prim = inv[self.dep_prim]
+        self.dep_on = inv[self.dep_on]
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> str:
+        """Deterministic, versioned, columnar JSON."""
+        head = {
+            "schema": SCHEMA,
+            "name": self.name,
+            "collective": self.collective,
+            "nranks": int(self.nranks),
+            "nchunks": int(self.nchunks),
+            "buffers": {"input": int(self.in_chunks), "output": int(self.out_chunks),
+                        "scratch": int(self.scratch_chunks)},
+            "nwarps": int(self.nwarps),
+            "chunk_bytes": int(self.chunk_bytes),
+            "npipelines": int(self.npipelines),
+            "tbs_per_rank": [int(x) for x in self.ntbs],
+            "ops": [o.name.lower() for o in Op],
+            "buffer_names": [b.name.lower() for b in Buf],
+            "stats": self.stats,
+        }
+        if self.rooted:
+            head["root"] = int(self.root)
+        parts = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
+        cols = []
+        for k in PRIM_COLUMNS:
+            cols.append(f'\n  "{k}": [' + ",".join(map(str, self.prims[k].tolist())) + "]")
+        parts.append(",".join(cols))
+        parts.append('\n },\n "deps": {\n  "prim": [' + ",".join(map(str, self.dep_prim.tolist()))
+                     + '],\n  "on": [' + ",".join(map(str, self.dep_on.tolist())) + "]\n }\n}\n")
+        return "".join(parts)
+
+    @classmethod
+    def decode_json(cls, text: str) -> "ProgramIR":
+        """Decode the JSON form (types, column lengths, value ranges); raises :class:`IRFormatError`
+        with a clear message. The structure is not checked here: read files with
+        :func:`hccc.compiler.ir.check.load_ir_json`, which decodes and then checks."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise IRFormatError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                                exc.lineno, exc.colno) from None
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise IRFormatError(f"not a ProgramIR file (expected \"schema\": \"{SCHEMA}\")")
+
+        def need(obj, key, typ, where="top level"):
+            if key not in obj or not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+                raise IRFormatError(f"{where}: field '{key}' missing or not {typ.__name__}")
+            return obj[key]
+
+        name = need(d, "name", str)
+        if not NAME_RE.fullmatch(name):
+            raise IRFormatError("field 'name' must be an identifier of at most 64 characters")
+        coll = need(d, "collective", str)
+        if coll not in COLLECTIVES:
+            raise IRFormatError(f"unsupported collective '{coll}'")
+        root = need(d, "root", int) if coll in ROOTED else 0
+        nranks = need(d, "nranks", int)
+        nchunks = need(d, "nchunks", int)
+        bufs = need(d, "buffers", dict)
+        sizes = [need(bufs, k, int, "buffers") for k in ("input", "output", "scratch")]
+        if not (1 <= nranks <= 1 << 16) or not (1 <= nchunks <= 1 << 24) or min(sizes) < 0 \
+                or max(sizes) > 1 << 24:
+            raise IRFormatError("nranks, nchunks or buffer sizes out of range")
+        if not 0 <= root < nranks:
+            raise IRFormatError(f"root {root} is out of range (nranks={nranks})")
+        prims_d = need(d, "prims", dict)
+        prims = {}
+        n = None
+        for k, dt in PRIM_COLUMNS.items():
+            col = need(prims_d, k, list, "prims")
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
+                raise IRFormatError(f"prims: column '{k}' must hold integers")
+            arr = np.asarray(col, dtype=np.int64)
+            if n is None:
+                n = len(arr)
+            elif len(arr) != n:
+                raise IRFormatError(f"prims: column '{k}' has {len(arr)} entries, expected {n}")
+            info = np.iinfo(dt)
+            if len(arr) and (arr.min() < info.min or arr.max() > info.max):
+                raise IRFormatError(f"prims: column '{k}' has values out of range")
+            prims[k] = arr.astype(dt)
+        deps = need(d, "deps", dict)
+        dp = np.asarray(need(deps, "prim", list, "deps"), dtype=np.int64)
+        do = np.asarray(need(deps, "on", list, "deps"), dtype=np.int64)
+        if len(dp) != len(do) or (len(dp) and (min(dp.min(), do.min()) < 0 or max(dp.max(), do.max()) >= n)):
+            raise IRFormatError("deps: 'prim' and 'on' must be equal-length lists of primitive indices")
+        tbs = need(d, "tbs_per_rank", list)
+        ir = cls(name=name, collective=coll, nranks=nranks, nchunks=nchunks,
+                 in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
+                 prims=prims, dep_prim=dp, dep_on=do,
+                 nwarps=need(d, "nwarps", int), chunk_bytes=need(d, "chunk_bytes", int),
+                 npipelines=need(d, "npipelines", int),
+                 ntbs=np.asarray(tbs, dtype=np.int32), stats=d.get("stats", {}) or {}, root=root)
+        return ir
+
+
+class IRFormatError(Exception):
+    """A ProgramIR file that cannot be used, with a message for the user."""
+
+    def __init__(self, message: str, line: int = 1, col: int = 1):
+        super().__init__(message)
+        self.line = line
+        self.col = col
+
+
+def empty_prims(n: int = 0) -> dict[str, np.ndarray]:
+    return {k: np.zeros(n, dtype=dt) for k, dt in PRIM_COLUMNS.items()}

@@ -1,0 +1,597 @@
+"""Symbolic proof that a ProgramIR implements its collective, independent of any data.
+
+Used by the MSCCL XML importer (an imported program comes with no proof) and by tests as an oracle
+that does not share code with the ResCCLang verifier.
+
+Model. Every chunk slot ``(rank, buffer, index)`` holds a symbolic value: *nothing* (never written,
+garbage), or ``(chunk c, contributors S)`` meaning "chunk ``c`` of the collective reduced over the
+ranks in ``S``", or a *poison* that remembers the first primitive that combined values wrongly
+(two different chunks, a contributor counted twice, undefined data). Initially AllGather rank ``r``
+holds ``(r*k + j, {r})`` in input slot ``j`` (``k`` input slots per rank), ReduceScatter and
+AllReduce rank ``r`` hold ``(c, {r})`` in input slot ``c``; outputs and scratch hold nothing. The
+primitives act as in :mod:`hccc.compiler.ir.program_ir` (a reduction is the disjoint union of the
+contributor sets). Postconditions: AllGather output slot ``c`` of every rank holds
+``(c, {c // k})``; AllReduce output slot ``c`` holds ``(c, all ranks)``; ReduceScatter output slot
+``j`` of rank ``r`` holds ``(r*k + j, all ranks)``.
+
+In-place runs alias buffers as ``program_ir`` describes (AllGather ``input[j] = output[r*k + j]``,
+ReduceScatter ``output[j] = input[r*k + j]``, AllReduce ``input = output``) and a COPY whose source
+and destination coincide does nothing; :func:`prove` checks either mode.
+
+Order. The value computed is the value of *every* execution only if no two primitives that touch
+one slot (one of them writing) can run in either order. Happens-before is program order within a
+TB, cross-TB dependencies, and "a send happens before its matched receive". :func:`check_races`
+decides it exactly with vector clocks (one clock entry per thread block, computed level by level in
+numpy, in column blocks to bound memory): sorting the accesses of each slot in one topological
+order, it suffices that every access is ordered after the previous write and every read before the
+next write. The symbolic run then follows that same topological order, one primitive at a time
+(a receive takes the values its matched send put on the wire).
+
+Deadlocks. Happens-before itself must be acyclic (:func:`prim_order`). For MSCCL's execution --
+every thread block runs its whole program once per slice, connections buffer messages --
+:func:`check_deadlock_buffered` adds "the k-th send of a connection waits until message
+k - capacity was received" and checks acyclicity again. hccc's own kernels run each primitive for
+every micro-batch before the next (task-level); their stricter model is
+:func:`hccc.compiler.ir.check.check_deadlock`.
+
+Every failure raises :class:`ProofError` naming the primitives involved (``prims``), so callers can
+point at their own source locations; ``describe`` callbacks turn primitive indices into text.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from hccc.compiler.ir.check import describe_prim, match_connections
+from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
+
+_READS = np.array([Op(i).reads_src for i in range(len(Op))])
+_WRITES = np.array([Op(i).writes_dst for i in range(len(Op))])
+
+#: bytes of vector-clock storage per column block (int32 entries)
+VC_BUDGET = 1 << 26
+
+
+class ProofError(Exception):
+    """The program is wrong: ``kind`` "value" (a wrong result), "race" or "deadlock"; ``prims`` are
+    the primitives to blame (the first one is the best place to point at)."""
+
+    def __init__(self, message: str, prims=(), kind: str = "value"):
+        super().__init__(message)
+        self.prims = [int(p) for p in prims]
+        self.kind = kind  # "race" | "value"
+
+
+class _Poison:
+    __slots__ = ("reason", "prim")
+
+    def __init__(self, reason: str, prim: int):
+        self.reason = reason
+        self.prim = prim
+
+
+# ---------------------------------------------------------------------------------------------
+# slots
+# ---------------------------------------------------------------------------------------------
+class Slots:
+    """Physical slot ids of ``(rank, buffer, index)`` in one execution mode."""
+
+    def __init__(self, ir: ProgramIR, inplace: bool):
+        self.ir = ir
+        self.inplace = inplace
+        self.sizes = np.array([0, ir.in_chunks, ir.out_chunks, ir.scratch_chunks], np.int64)
+        self.base = np.array([0, 0, ir.in_chunks, ir.in_chunks + ir.out_chunks], np.int64)
+        self.per_rank = int(ir.in_chunks + ir.out_chunks + ir.scratch_chunks)
+        coll = ir.collective
+        self.k = None
+        if coll in ("allgather", "reducescatter"):
+            part = ir.in_chunks if coll == "allgather" else ir.out_chunks
+            if part * ir.nranks != ir.nchunks:
+                raise ProofError(f"{coll}: the per-rank buffer has {part} chunk(s) but nchunks = {ir.nchunks} "
+                                 f"is not {ir.nranks} x {part}")
+            self.k = int(part)
+            full = ir.out_chunks if coll == "allgather" else ir.in_chunks
+            if full != ir.nchunks:
+                raise ProofError(f"{coll}: the full buffer has {full} chunk(s), expected nchunks = {ir.nchunks}")
+        elif coll in ("allreduce", "broadcast", "reduce"):
+            if ir.in_chunks != ir.nchunks or ir.out_chunks != ir.nchunks:
+                raise ProofError(f"{coll}: input and output must have nchunks = {ir.nchunks} chunks")
+        else:
+            raise ProofError(f"unsupported collective '{coll}'")
+        self.nphys = self.per_rank * ir.nranks
+
+    def phys(self, rank, buf, off):
+        """Vectorised physical slot of (rank, buf, off) (buf NONE gives garbage; mask it)."""
+        rank = np.asarray(rank, np.int64)
+        buf = np.asarray(buf, np.int64)
+        off = np.asarray(off, np.int64)
+        coll = self.ir.collective
+        if self.inplace:
+            if coll in ("allreduce", "broadcast", "reduce"):
+                buf = np.where(buf == Buf.INPUT, Buf.OUTPUT, buf)
+            elif coll == "allgather":
+                ali = buf == Buf.INPUT
+                off = np.where(ali, rank * self.k + off, off)
+                buf = np.where(ali, Buf.OUTPUT, buf)
+            else:
+                ali = buf == Buf.OUTPUT
+                off = np.where(ali, rank * self.k + off, off)
+                buf = np.where(ali, Buf.INPUT, buf)
+        return rank * self.per_rank + self.base[buf] + off
+
+    def name(self, slot: int) -> str:
+        """``rank R output chunk C`` for a physical slot (aliased slots are named by the full buffer)."""
+        rank, local = divmod(int(slot), self.per_rank)
+        ir = self.ir
+        if local < ir.in_chunks:
+            return f"rank {rank} input chunk {local}"
+        if local < ir.in_chunks + ir.out_chunks:
+            return f"rank {rank} output chunk {local - ir.in_chunks}"
+        return f"rank {rank} scratch chunk {local - ir.in_chunks - ir.out_chunks}"
+
+
+def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + c)`` for every (s, c)."""
+    counts = counts.astype(np.int64)
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    offs = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts.astype(np.int64), counts) + (np.arange(total, dtype=np.int64) - offs)
+
+
+# ---------------------------------------------------------------------------------------------
+# order
+# ---------------------------------------------------------------------------------------------
+def _edges(ir: ProgramIR, capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Happens-before edges (program order, dependencies, send -> matched receive); with
+    ``capacity`` also "message k-capacity received before message k is sent" on every connection."""
+    p = ir.prims
+    rank = p["rank"].astype(np.int64)
+    tb = p["tb"].astype(np.int64)
+    po = np.flatnonzero((rank[1:] == rank[:-1]) & (tb[1:] == tb[:-1]))
+    s, r = match_connections(ir)
+    src = [po, np.asarray(ir.dep_on, np.int64), s]
+    dst = [po + 1, np.asarray(ir.dep_prim, np.int64), r]
+    if capacity is not None and len(s) > capacity:
+        # s and r are sorted by connection, in message order; consecutive entries of one connection
+        N = int(ir.nranks)
+        ch = p["channel"].astype(np.int64)
+        nch = int(ch.max()) + 1 if len(ch) else 1
+        key = (rank[s] * N + p["send_peer"][s].astype(np.int64)) * nch + ch[s]
+        same = key[capacity:] == key[:-capacity]
+        src.append(r[:-capacity][same])
+        dst.append(s[capacity:][same])
+    return np.concatenate(src), np.concatenate(dst)
+
+
+def _find_cycle(n: int, src: np.ndarray, dst: np.ndarray) -> list[int] | None:
+    """Some cycle of the directed graph as a node list (each waits for the previous), or None."""
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    o = np.argsort(src, kind="stable")
+    csr = dst[o]
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    done = np.zeros(n, bool)
+    frontier = np.flatnonzero(indeg == 0)
+    while len(frontier):
+        done[frontier] = True
+        st = ptr[frontier]
+        cnt = ptr[frontier + 1] - st
+        if not int(cnt.sum()):
+            break
+        tg = csr[_ragged(st, cnt)]
+        u, c = np.unique(tg, return_counts=True)
+        indeg[u] -= c
+        frontier = u[indeg[u] == 0]
+    if done.all():
+        return None
+    # walk backwards through unfinished predecessors until a node repeats
+    rem = ~done
+    m = rem[src] & rem[dst]
+    ps, pd = src[m], dst[m]
+    pred = np.full(n, -1, np.int64)
+    pred[pd] = ps
+    v = int(np.flatnonzero(rem & (pred >= 0))[0])
+    seen: dict[int, int] = {}
+    path = []
+    while v not in seen:
+        seen[v] = len(path)
+        path.append(v)
+        v = int(pred[v])
+    cyc = path[seen[v]:]
+    return cyc[::-1]
+
+
+def prim_order(ir: ProgramIR, describe: Callable[[int], str] | None = None,
+               rng: np.random.Generator | None = None) -> np.ndarray:
+    """Primitives in an order that respects happens-before (program order, dependencies, send before
+    its receive), level by level (``rng``: shuffled within a level). Raises :class:`ProofError`
+    (kind "deadlock") when no such order exists: then the program hangs however much the
+    connections can buffer."""
+    n = ir.nprims
+    src, dst = _edges(ir)
+    level = _levels(n, src, dst)
+    if level is None:
+        check_deadlock_buffered(ir, None, describe)
+    tie = rng.permutation(n) if rng is not None else np.arange(n)
+    return np.lexsort((tie, level))
+
+
+def check_deadlock_buffered(ir: ProgramIR, capacity: int | None = 1,
+                            describe: Callable[[int], str] | None = None) -> None:
+    """Deadlock freedom when every thread block runs its whole program once per slice (MSCCL's
+    execution) and a connection buffers ``capacity`` messages: the k-th send of a connection can
+    finish once its (k - capacity)-th message has been received. Acyclicity of program order +
+    dependencies + matches + these capacity edges is necessary and sufficient for one slice, and
+    slices only ever wait for earlier slices."""
+    describe = describe or (lambda i: describe_prim(ir, i))
+    src, dst = _edges(ir, capacity)
+    cyc = _find_cycle(ir.nprims, src, dst)
+    if cyc is None:
+        return
+    text = "; ".join(f"{describe(b)} waits for {describe(a)}" for a, b in zip(cyc[-1:] + cyc[:-1], cyc))
+    raise ProofError(f"deadlock: {text}", cyc[::-1], kind="deadlock")
+
+
+def execution_order(ir: ProgramIR, describe=None) -> tuple[np.ndarray, np.ndarray]:
+    """(primitives in a happens-before-respecting order, position of every primitive in it)."""
+    order = prim_order(ir, describe)
+    pos = np.empty(ir.nprims, np.int64)
+    pos[order] = np.arange(ir.nprims)
+    return order, pos
+
+
+def _levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray | None:
+    """Longest-path level of every node of a DAG (sources are level 0); None if there is a cycle."""
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    o = np.argsort(src, kind="stable")
+    csr = dst[o]
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    level = np.zeros(n, np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    lv = 0
+    seen = 0
+    while len(frontier):
+        level[frontier] = lv
+        seen += len(frontier)
+        st = ptr[frontier]
+        cnt = ptr[frontier + 1] - st
+        tot = int(cnt.sum())
+        if not tot:
+            break
+        tg = csr[_ragged(st, cnt)]
+        u, c = np.unique(tg, return_counts=True)
+        indeg[u] -= c
+        frontier = u[indeg[u] == 0]
+        lv += 1
+    if seen != n:
+        return None
+    return level
+
+
+def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = VC_BUDGET) -> np.ndarray:
+    """For each query ``i``: does primitive ``qa[i]`` happen before primitive ``qb[i]``?
+
+    Exact (vector clocks over thread blocks). ``qa[i] != qb[i]`` is assumed.
+    """
+    qa = np.asarray(qa, np.int64)
+    qb = np.asarray(qb, np.int64)
+    out = np.zeros(len(qa), bool)
+    if not len(qa):
+        return out
+    n = ir.nprims
+    p = ir.prims
+    rank = p["rank"].astype(np.int64)
+    tb = p["tb"].astype(np.int64)
+    seq = p["seq"].astype(np.int64)
+    ntbs = np.asarray(ir.ntbs, np.int64)
+    tb_off = np.r_[0, np.cumsum(ntbs)[:-1]]
+    g = tb_off[rank] + tb
+    T = int(ntbs.sum())
+    src, dst = _edges(ir)
+    level = _levels(n, src, dst)
+    if level is None:
+        raise ValueError("happens-before graph has a cycle (run the deadlock check first)")
+    order_e = np.lexsort((dst, level[dst]))
+    src, dst = src[order_e], dst[order_e]
+    nlev = int(level.max()) + 1 if n else 0
+    ebound = np.searchsorted(level[dst], np.arange(nlev + 1))
+    order_n = np.argsort(level, kind="stable")
+    nbound = np.searchsorted(level[order_n], np.arange(nlev + 1))
+    need_cols = np.unique(g[qa])
+    width = max(1, min(T, budget // max(4 * n, 1)))
+    blocks = np.unique(need_cols // width)
+    for b in blocks.tolist():
+        c0, c1 = b * width, min(T, (b + 1) * width)
+        w = c1 - c0
+        vc = np.zeros((n, w), np.int32)
+        own = g - c0
+        mine = (own >= 0) & (own < w)
+        for lv in range(nlev):
+            e0, e1 = int(ebound[lv]), int(ebound[lv + 1])
+            if e1 > e0:
+                d = dst[e0:e1]
+                starts = np.flatnonzero(np.r_[True, d[1:] != d[:-1]])
+                red = np.maximum.reduceat(vc[src[e0:e1]], starts, axis=0)
+                ud = d[starts]
+                vc[ud] = np.maximum(vc[ud], red)
+            nodes = order_n[nbound[lv]:nbound[lv + 1]]
+            nodes = nodes[mine[nodes]]
+            vc[nodes, own[nodes]] = seq[nodes] + 1
+        sel = np.flatnonzero((g[qa] >= c0) & (g[qa] < c1))
+        a, bq = qa[sel], qb[sel]
+        out[sel] = vc[bq, g[a] - c0] >= seq[a] + 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# races
+# ---------------------------------------------------------------------------------------------
+def _skipped_copies(ir: ProgramIR, slots: Slots) -> np.ndarray:
+    p = ir.prims
+    op = p["op"].astype(np.int64)
+    cp = op == Op.COPY
+    sp = slots.phys(p["rank"], p["src_buf"], p["src_off"])
+    dp = slots.phys(p["rank"], p["dst_buf"], p["dst_off"])
+    return cp & (sp == dp)
+
+
+def check_races(ir: ProgramIR, inplace: bool = False, pos: np.ndarray | None = None,
+                describe: Callable[[int], str] | None = None) -> None:
+    """Raise :class:`ProofError` (kind "race") if two unordered primitives touch one slot, one writing."""
+    describe = describe or (lambda i: describe_prim(ir, i))
+    slots = Slots(ir, inplace)
+    if pos is None:
+        _, pos = execution_order(ir, describe)
+    p = ir.prims
+    op = p["op"].astype(np.int64)
+    skip = _skipped_copies(ir, slots)
+    reads = _READS[op] & ~skip
+    writes = _WRITES[op] & ~skip
+    cnt = p["count"].astype(np.int64)
+    ri, wi = np.flatnonzero(reads), np.flatnonzero(writes)
+    rs = slots.phys(p["rank"][ri], p["src_buf"][ri], p["src_off"][ri])
+    ws = slots.phys(p["rank"][wi], p["dst_buf"][wi], p["dst_off"][wi])
+    prim = np.concatenate([np.repeat(ri, cnt[ri]), np.repeat(wi, cnt[wi])])
+    slot = np.concatenate([_ragged(rs, cnt[ri]), _ragged(ws, cnt[wi])])
+    isw = np.concatenate([np.zeros(int(cnt[ri].sum()), bool), np.ones(int(cnt[wi].sum()), bool)])
+    if not len(prim):
+        return
+    o = np.lexsort((isw, pos[prim], slot))
+    prim, slot, isw = prim[o], slot[o], isw[o]
+    m = len(prim)
+    idx = np.arange(m)
+    seg = np.r_[True, slot[1:] != slot[:-1]]
+    seg_start = np.maximum.accumulate(np.where(seg, idx, 0))
+    # previous write (strictly before i) within the slot
+    wpos = np.where(isw, idx, -1)
+    last_w_incl = np.maximum.accumulate(wpos)
+    prev_w = np.r_[-1, last_w_incl[:-1]]
+    prev_w = np.where(prev_w >= seg_start, prev_w, -1)
+    # next write (strictly after i) within the slot
+    seg_end = np.r_[np.flatnonzero(seg)[1:], m]
+    seg_end_of = np.repeat(seg_end, np.diff(np.r_[np.flatnonzero(seg), m]))
+    wpos2 = np.where(isw, idx, m)
+    next_w_incl = np.minimum.accumulate(wpos2[::-1])[::-1]
+    next_w = np.r_[next_w_incl[1:], m]
+    next_w = np.where(next_w < seg_end_of, next_w, -1)
+    qa_l, qb_l, qi = [], [], []
+    a = prev_w >= 0
+    qa_l.append(prim[prev_w[a]])
+    qb_l.append(prim[a])
+    qi.append(idx[a])
+    b = (~isw) & (next_w >= 0)
+    qa_l.append(prim[b])
+    qb_l.append(prim[next_w[b]])
+    qi.append(idx[b])
+    qa = np.concatenate(qa_l)
+    qb = np.concatenate(qb_l)
+    qs = slot[np.concatenate(qi)]
+    keep = qa != qb
+    qa, qb, qs = qa[keep], qb[keep], qs[keep]
+    if not len(qa):
+        return
+    ok = happens_before(ir, qa, qb)
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        j = int(bad[np.argmin(pos[qb[bad]])])
+        x, y = int(qa[j]), int(qb[j])
+
+        def verb(i):
+            w = bool(writes[i]) and slots.phys(p["rank"][i], p["dst_buf"][i], p["dst_off"][i]) <= qs[j] < \
+                slots.phys(p["rank"][i], p["dst_buf"][i], p["dst_off"][i]) + cnt[i]
+            return "writes" if w else "reads"
+        more = len(np.unique(qs[bad])) - 1
+        raise ProofError(
+            f"data race on {slots.name(int(qs[j]))}{' (in-place run)' if inplace else ''}: "
+            f"{describe(y)} {verb(y)} it while {describe(x)} {verb(x)} it, and neither waits for the "
+            f"other (add a dependency)" + (f"; {more} more slot(s) race" if more > 0 else ""),
+            [y, x], kind="race")
+
+
+# ---------------------------------------------------------------------------------------------
+# symbolic run
+# ---------------------------------------------------------------------------------------------
+def _fmt_set(mask: int, limit: int = 8) -> str:
+    ids = []
+    i = 0
+    while mask and len(ids) <= limit:
+        if mask & 1:
+            ids.append(i)
+        mask >>= 1
+        i += 1
+    s = ", ".join(map(str, ids[:limit]))
+    return "{" + s + (", ..." if len(ids) > limit or mask else "") + "}"
+
+
+def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
+    """Symbolic values of every physical slot after the run, the last writer of each slot, and the
+    :class:`Slots` naming them. ``order``: primitives in a happens-before order (default
+    :func:`prim_order`)."""
+    describe = describe or (lambda i: describe_prim(ir, i))
+    slots = Slots(ir, inplace)
+    N = ir.nranks
+    val: list = [None] * slots.nphys
+    for r in range(N):
+        if ir.collective == "allgather":
+            for j in range(ir.in_chunks):
+                val[int(slots.phys(r, Buf.INPUT, j))] = (r * slots.k + j, 1 << r)
+        elif ir.collective == "broadcast":
+            if r == ir.root:   # only the root's input is the collective's; the others' is garbage
+                for c in range(ir.in_chunks):
+                    val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
+        else:
+            for c in range(ir.in_chunks):
+                val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
+    writer = [-1] * slots.nphys
+    if order is None:
+        order = prim_order(ir, describe)
+    p = ir.prims
+    s_m, r_m = match_connections(ir)
+    sender = np.full(ir.nprims, -1, np.int64)
+    sender[r_m] = s_m
+    sender_l = sender.tolist()
+    opl = p["op"].tolist()
+    cnt = p["count"].tolist()
+    sphys = slots.phys(p["rank"], p["src_buf"], p["src_off"]).tolist()
+    dphys = slots.phys(p["rank"], p["dst_buf"], p["dst_off"]).tolist()
+    wire: dict[int, list] = {}   # sending primitive -> the values it put on the wire
+
+    def red(a, b, i):
+        if isinstance(a, _Poison):
+            return a
+        if isinstance(b, _Poison):
+            return b
+        if a is None or b is None:
+            return _Poison(f"{describe(i)} reduces a chunk that holds no data", i)
+        if a[0] != b[0]:
+            return _Poison(f"{describe(i)} combines chunk {a[0]} with chunk {b[0]}", i)
+        if a[1] & b[1]:
+            return _Poison(f"{describe(i)} counts rank(s) {_fmt_set(a[1] & b[1])} twice in chunk {a[0]}", i)
+        return (a[0], a[1] | b[1])
+
+    for i in np.asarray(order).tolist():
+        o = opl[i]
+        c = cnt[i]
+        s0, d0 = sphys[i], dphys[i]
+        v = wire.pop(sender_l[i]) if sender_l[i] >= 0 else None
+        if o == Op.SEND:
+            wire[i] = val[s0:s0 + c]
+        elif o == Op.RECV:
+            val[d0:d0 + c] = v
+            writer[d0:d0 + c] = [i] * c
+        elif o == Op.RECV_COPY_SEND:
+            val[d0:d0 + c] = v
+            writer[d0:d0 + c] = [i] * c
+            wire[i] = v
+        elif o == Op.RECV_REDUCE_COPY or o == Op.RECV_REDUCE_COPY_SEND:
+            v = [red(v[j], val[s0 + j], i) for j in range(c)]
+            val[d0:d0 + c] = v
+            writer[d0:d0 + c] = [i] * c
+            if o == Op.RECV_REDUCE_COPY_SEND:
+                wire[i] = v
+        elif o == Op.RECV_REDUCE_SEND:
+            wire[i] = [red(v[j], val[s0 + j], i) for j in range(c)]
+        elif o == Op.COPY:
+            if s0 != d0:
+                val[d0:d0 + c] = val[s0:s0 + c]
+                writer[d0:d0 + c] = [i] * c
+        elif o == Op.REDUCE:
+            val[d0:d0 + c] = [red(val[d0 + j], val[s0 + j], i) for j in range(c)]
+            writer[d0:d0 + c] = [i] * c
+    return val, writer, slots
+
+
+def _expected(ir: ProgramIR, slots: Slots):
+    """[(physical slot, (chunk, mask)), ...] the postcondition requires."""
+    N = ir.nranks
+    full = (1 << N) - 1
+    out = []
+    for r in range(N):
+        if ir.collective == "allgather":
+            for c in range(ir.out_chunks):
+                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, 1 << (c // slots.k))))
+        elif ir.collective == "allreduce":
+            for c in range(ir.out_chunks):
+                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
+        elif ir.collective == "broadcast":
+            for c in range(ir.out_chunks):
+                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, 1 << ir.root)))
+        elif ir.collective == "reduce":
+            if r == ir.root:   # the other ranks' outputs are not the collective's
+                for c in range(ir.out_chunks):
+                    out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
+        else:
+            for j in range(ir.out_chunks):
+                out.append((int(slots.phys(r, Buf.OUTPUT, j)), (r * slots.k + j, full)))
+    return out
+
+
+def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, describe=None) -> None:
+    """Raise :class:`ProofError` unless every output slot ends with the collective's value."""
+    describe = describe or (lambda i: describe_prim(ir, i))
+    val, writer, slots = simulate(ir, inplace, order, describe)
+    N = ir.nranks
+    bad = []
+    for slot, want in _expected(ir, slots):
+        if val[slot] != want:
+            bad.append((slot, want))
+    if not bad:
+        return
+    slot, want = bad[0]
+    got = val[slot]
+    w = writer[slot]
+    where = slots.name(slot) + (" (in-place run)" if inplace else "")
+    if ir.collective == "allgather":
+        need = f"chunk {want[0]} (from rank {want[0] // slots.k})"
+    elif ir.collective == "broadcast":
+        need = f"chunk {want[0]} (from root {ir.root})"
+    else:
+        need = f"chunk {want[0]} reduced over all {N} ranks"
+    if isinstance(got, _Poison):
+        msg = f"{where} must hold {need}, but {got.reason}"
+        prims = [got.prim]
+    elif got is None:
+        if w < 0:
+            msg = f"{where} must hold {need}, but nothing ever writes it"
+            prims = []
+        else:
+            msg = f"{where} must hold {need}, but {describe(w)} stores undefined data there"
+            prims = [w]
+    elif got[0] != want[0]:
+        msg = f"{where} must hold {need}, but holds chunk {got[0]}" + (f" (written by {describe(w)})"
+                                                                       if w >= 0 else "")
+        prims = [w] if w >= 0 else []
+    else:
+        missing = want[1] & ~got[1]
+        extra = got[1] & ~want[1]
+        parts = []
+        if missing:
+            parts.append(f"misses rank(s) {_fmt_set(missing)}")
+        if extra:
+            parts.append(f"also has rank(s) {_fmt_set(extra)}")
+        msg = (f"{where} must hold {need}, but its value {' and '.join(parts)}"
+               + (f" (last written by {describe(w)})" if w >= 0 else " (never written)"))
+        prims = [w] if w >= 0 else []
+    if len(bad) > 1:
+        msg += f"; {len(bad) - 1} more output chunk(s) are wrong"
+    raise ProofError(msg, prims)
+
+
+def prove(ir: ProgramIR, inplace: bool = False, describe: Callable[[int], str] | None = None) -> None:
+    """Prove ``ir`` implements its collective in the given mode, or raise :class:`ProofError`.
+
+    The caller must have checked the structure (:func:`hccc.compiler.ir.check.check_structure`)
+    and matched sends with receives (:func:`~hccc.compiler.ir.check.check_fifo_order`); a program
+    whose happens-before relation has a cycle fails with kind "deadlock".
+    """
+    order, pos = execution_order(ir, describe)
+    check_races(ir, inplace, pos, describe)
+    check_postcondition(ir, inplace, order, describe)
+
+
+__all__ = ["ProofError", "Slots", "prim_order", "execution_order", "check_deadlock_buffered",
+           "happens_before", "check_races", "simulate", "check_postcondition", "prove"]

@@ -1,0 +1,119 @@
+"""The middle of the pipeline: Algorithm -> DAG -> schedule -> lower -> TB allocation -> checks -> ProgramIR.
+
+Fusion back-off. Without fusion every primitive of task ``t`` has order key ``K(t)`` = (sub-pipeline,
+insertion position) on every rank, TBs run in key order and every dependency goes from a smaller to
+a larger key, so the wait graph is acyclic by construction. A fused primitive ties two tasks whose
+keys differ; in unusual programs that can close a cycle. :func:`build_program` therefore runs the
+deadlock check and, if it finds a cycle, forbids the fusions on that cycle and lowers again (after a
+few rounds it disables fusion altogether). A deadlock in the unfused program would be a bug and is
+raised as such.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+from hccc.compiler.frontend.algorithm import Algorithm
+from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
+from hccc.compiler.passes.lower import lower
+from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.compiler.passes.schedule import Schedule
+from hccc.compiler.passes.tb_alloc import allocate
+
+MAX_FUSION_RETRIES = 8
+
+
+def sanitize_identifier(text: str, default: str = "algo") -> str:
+    """A C identifier ``[A-Za-z_][A-Za-z0-9_]{0,63}`` derived from arbitrary text; never empty."""
+    s = re.sub(r"[^A-Za-z0-9_]+", "_", str(text)).strip("_")
+    s = re.sub(r"_+", "_", s)
+    if not s:
+        s = default
+    if s[0].isdigit():
+        s = "_" + s
+    return s[:64]
+
+
+def schedule_algorithm(alg: Algorithm, dag, scheduler: str = "hpds") -> Schedule:
+    if scheduler == "hpds":
+        from hccc.compiler.passes.hpds import hpds
+        return hpds(alg, dag)
+    if scheduler in ("rr", "round_robin", "round-robin"):
+        from hccc.compiler.passes.round_robin import round_robin
+        return round_robin(alg, dag)
+    raise ValueError(f"unknown scheduler {scheduler!r} (expected hpds or rr)")
+
+
+def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str = "state",
+                        chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = True,
+                        check: bool = True, timings: dict | None = None) -> ProgramIR:
+    """Lower a scheduled algorithm, allocate TBs and run the IR checks (with fusion back-off)."""
+    nm = sanitize_identifier(name if name is not None else alg.header.name)
+    forbid: set[tuple[int, int]] = set()
+    use_fusion = fuse
+    t = timings if timings is not None else {}
+    for attempt in range(MAX_FUSION_RETRIES + 2):
+        t0 = time.perf_counter()
+        low = lower(alg, dag, sched, fuse=use_fusion, forbid=forbid)
+        t1 = time.perf_counter()
+        ir = allocate(low, tb_alloc, name=nm, nwarps=alg.header.nwarps, chunk_bytes=chunk_bytes)
+        t2 = time.perf_counter()
+        t["lower"] = t.get("lower", 0.0) + t1 - t0
+        t["tb_alloc"] = t.get("tb_alloc", 0.0) + t2 - t1
+        if not check:
+            break
+        check_structure(ir)
+        check_fifo_order(ir)
+        try:
+            check_deadlock(ir)
+        except DeadlockError as exc:
+            t["checks"] = t.get("checks", 0.0) + time.perf_counter() - t2
+            if not use_fusion:
+                raise AssertionError(f"internal error: unfused lowering deadlocks: {exc}") from None
+            inv = exc.split if len(exc.split) else exc.involved
+            inv = inv[ir.prims["task2"][inv] >= 0]
+            pairs = set(zip(ir.prims["task"][inv].tolist(), ir.prims["task2"][inv].tolist()))
+            pairs -= forbid
+            if not pairs or attempt >= MAX_FUSION_RETRIES:
+                use_fusion = False
+            forbid |= pairs
+            continue
+        t["checks"] = t.get("checks", 0.0) + time.perf_counter() - t2
+        break
+    ir.stats.update({
+        "transfers": int(alg.ntransfers),
+        "subpipelines": int(sched.nsubpipelines),
+        "scheduler": sched.scheduler,
+        "fusion_backoffs": len(forbid),
+        "fusion": bool(use_fusion),
+    })
+    return ir
+
+
+def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "state",
+                  chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = False,
+                  timings: dict | None = None) -> ProgramIR:
+    """Run dag -> schedule -> lower -> TB allocation -> checks; ``stats`` holds transfers,
+    subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
+
+    ``fuse`` (off by default) merges a receive and the send that forwards the same chunk into one
+    fused primitive (recvCopySend / recvReduceSend ...). It saves a pass over memory but ties the two
+    connection ends to one TB, which then serialises every other transfer on those connections; in
+    the simulator this costs up to 2.3x on HM AllReduce across A100 nodes (benchmarks/resccl_eval.py),
+    so it is opt-in (``--fuse``)."""
+    from hccc.compiler.passes.dag import build_dag
+    t = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    dag = build_dag(alg)
+    t1 = time.perf_counter()
+    sched = schedule_algorithm(alg, dag, scheduler)
+    t2 = time.perf_counter()
+    t["dag"] = t1 - t0
+    t["schedule"] = t2 - t1
+    ir = build_from_schedule(alg, dag, sched, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes, name=name,
+                             fuse=fuse, timings=t)
+    ir.stats["scheduler"] = "rr" if scheduler in ("rr", "round_robin", "round-robin") else scheduler
+    return ir
+
+
+__all__ = ["build_program", "build_from_schedule", "schedule_algorithm", "sanitize_identifier"]

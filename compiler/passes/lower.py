@@ -1,0 +1,322 @@
+"""Lowering: scheduled tasks -> per-rank primitives (ResCCL section 4.3, "task-to-primitive translation").
+
+Every transfer (task) ``t`` becomes a send on ``src[t]`` and a receive on ``dst[t]`` (``RECV`` for
+``recv``, ``RECV_REDUCE_COPY`` for ``rrc``). The result, :class:`LoweredProgram`, is a columnar
+primitive table without thread blocks yet; :mod:`tb_alloc` assigns TBs and sequence numbers.
+
+Buffer mapping (how one ``.rccl`` serves in-place and out-of-place runs). The DSL gives every rank one
+data buffer of ``nchunks = nranks * K`` chunks (``K`` chunks per rank; rank ``r`` owns chunks
+``r*K .. r*K+K-1``). Chunk ``c`` of rank ``r`` is read from ``input`` until it is first written (by
+step order). Writes go to ``output[c]`` for AllGather, AllReduce and Broadcast; for ReduceScatter to
+``output[c - r*K]`` when ``r`` owns ``c`` and to ``scratch[c]`` otherwise; for Reduce to
+``output[c]`` on the root and to ``scratch[c]`` elsewhere (a non-root's output buffer is not the
+collective's to touch, as in NCCL). AllGather's input holds only the rank's own chunks
+(``input[c - r*K]``). Output chunks the postcondition needs but the program never writes
+(AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get a local
+``COPY`` input->output, which in-place runs skip because source and destination alias.
+
+Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` (task ``b``) becomes one
+``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
+the sending rank ``r`` (``a`` is the last writer of ``(r, c)`` before ``b``; predecessors on ``b``'s
+receiving rank are enforced there and do not matter), both are in the same sub-pipeline, ``a`` is not
+already fused (the first such ``b`` in insertion order wins), and no other task on ``b``'s link lies
+between ``a`` and ``b`` in that sub-pipeline (so the fused send keeps its FIFO position on the
+connection). ``forbid`` lists task pairs never to fuse (used by :func:`hccc.compiler.passes.build` to back off
+when a fusion would close a wait cycle).
+
+Order keys. Each primitive has ``key = (pipeline, insertion position)`` packed into one int64; a fused
+primitive takes the receive's key. Within a TB primitives run in key order.
+
+Dependencies. For every DAG edge ``u -> b`` and every rank where the two tasks conflict (one of them
+writes that rank's copy of the chunk), the primitive of ``b`` on that rank depends on the primitive
+of ``u`` there. :mod:`tb_alloc` keeps the pairs whose primitives land on different TBs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.compiler.ir.program_ir import Buf, Op
+from hccc.compiler.passes.schedule import Schedule
+
+NO_STEP = np.iinfo(np.int64).max
+
+
+@dataclass
+class LoweredProgram:
+    """Primitives before TB allocation (columns as in ``program_ir.PRIM_COLUMNS`` minus tb/seq)."""
+
+    collective: Collective
+    nranks: int
+    nchunks: int
+    in_chunks: int
+    out_chunks: int
+    scratch_chunks: int
+    npipelines: int
+    cols: dict[str, np.ndarray]   # rank, pipeline, op, send_peer, recv_peer, channel, src_buf,
+                                  # src_off, dst_buf, dst_off, count, task, task2
+    key: np.ndarray               # int64 order key within a rank: pipeline * (T + 1) + position + 1
+    dep_prim: np.ndarray          # int64: dep_prim depends on dep_on (same rank, maybe same TB,
+                                  # maybe repeated)
+    dep_on: np.ndarray
+    nfused: int = 0
+    root: int = 0                 # Broadcast / Reduce root
+
+    @property
+    def nprims(self) -> int:
+        return len(self.key)
+
+
+def buffer_sizes(coll: Collective, nranks: int, chunks_per_rank: int = 1) -> tuple[int, int, int]:
+    """(in_chunks, out_chunks, scratch_chunks) for a collective over ``nranks`` ranks."""
+    K = int(chunks_per_rank)
+    C = nranks * K
+    if coll == Collective.ALLGATHER:
+        return K, C, 0
+    if coll == Collective.REDUCESCATTER:
+        return C, K, C
+    if coll == Collective.REDUCE:
+        return C, C, C
+    return C, C, 0
+
+
+def _write_location(coll: Collective, rank: np.ndarray, chunk: np.ndarray, K: int = 1, root: int = 0):
+    """Where writes of (rank, chunk) go: (buf, off) arrays."""
+    if coll == Collective.REDUCESCATTER:
+        own = chunk // K == rank
+        buf = np.where(own, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
+        off = np.where(own, chunk - rank * K, chunk)
+        return buf, off
+    if coll == Collective.REDUCE:
+        buf = np.where(rank == root, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
+        return buf, chunk.copy()
+    return np.full(len(rank), Buf.OUTPUT, np.int8), chunk.copy()
+
+
+def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
+          forbid: set[tuple[int, int]] | None = None) -> LoweredProgram:
+    """Lower the scheduled tasks of ``alg`` to primitives (see the module docstring)."""
+    h = alg.header
+    coll = h.collective
+    N = h.nranks
+    C = h.nchunks
+    T = alg.ntransfers
+    src = alg.src.astype(np.int64)
+    dst = alg.dst.astype(np.int64)
+    chunk = alg.chunk.astype(np.int64)
+    step = alg.step.astype(np.int64)
+    rrc = alg.op == RRC
+    pipe = np.asarray(sched.subpipeline, dtype=np.int64)
+    if len(pipe) != T or len(sched.order) != T:
+        raise ValueError("schedule does not cover the algorithm's transfers")
+    pos = sched.position()
+    key_t = pipe * (T + 1) + pos + 1
+    K, root = h.chunks_per_rank, h.root
+    in_chunks, out_chunks, scratch_chunks = buffer_sizes(coll, N, K)
+
+    # ---------------------------------------------------------------- buffer mapping
+    first_write = np.full(N * C, NO_STEP, dtype=np.int64)
+    np.minimum.at(first_write, dst * C + chunk, step)
+    fw_src = first_write[src * C + chunk]
+    fw_dst = first_write[dst * C + chunk]
+
+    def input_offset(rank, ch, tasks, verb):
+        bad = np.zeros(len(rank), bool)
+        if coll == Collective.ALLGATHER:
+            bad = ch // K != rank
+        elif coll == Collective.BROADCAST:
+            bad = rank != root
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            i = int(tasks[j])
+            raise CompileError([Diagnostic(
+                f"rank {int(rank[j])} {verb} chunk {int(ch[j])} before holding it at step "
+                f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+        return ch - rank * K if coll == Collective.ALLGATHER else ch
+
+    tasks = np.arange(T, dtype=np.int64)
+    # send side: read (src, c)
+    s_from_input = step < fw_src
+    s_buf, s_off = _write_location(coll, src, chunk, K, root)
+    if s_from_input.any():
+        idx = np.flatnonzero(s_from_input)
+        s_buf[idx] = Buf.INPUT
+        s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
+    # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
+    w_buf, w_off = _write_location(coll, dst, chunk, K, root)
+    r_src_buf = np.full(T, Buf.NONE, np.int8)
+    r_src_off = np.zeros(T, np.int64)
+    if rrc.any():
+        idx = np.flatnonzero(rrc)
+        first = step[idx] <= fw_dst[idx]
+        r_src_buf[idx] = np.where(first, np.int8(Buf.INPUT), w_buf[idx])
+        r_src_off[idx] = w_off[idx]
+        fi = idx[first]
+        if len(fi):
+            r_src_off[fi] = input_offset(dst[fi], chunk[fi], fi, "reduces into")
+
+    # ---------------------------------------------------------------- fusion
+    fused_send = np.full(T, -1, dtype=np.int64)   # a -> b (b's send rides on a's receive)
+    es = np.asarray(dag.edge_src, dtype=np.int64)
+    ed = np.asarray(dag.edge_dst, dtype=np.int64)
+    if fuse and len(es) and T:
+        link = np.asarray(dag.link, dtype=np.int64)
+        cand = (dst[es] == src[ed]) & (pipe[es] == pipe[ed])
+        if cand.any():
+            a, b = es[cand], ed[cand]
+            # previous task on b's link within the same sub-pipeline must precede a
+            lo = np.lexsort((pos, pipe, link))
+            prev = np.full(T, -1, dtype=np.int64)
+            same = (link[lo[1:]] == link[lo[:-1]]) & (pipe[lo[1:]] == pipe[lo[:-1]])
+            prev[lo[1:][same]] = lo[:-1][same]
+            pb = prev[b]
+            ok = (pb < 0) | (pos[np.maximum(pb, 0)] < pos[a])
+            a, b = a[ok], b[ok]
+            if forbid:
+                fb_ = np.array(sorted(x * T + y for x, y in forbid), dtype=np.int64)
+                keep = ~np.isin(a * T + b, fb_)
+                a, b = a[keep], b[keep]
+            # one send per receive: the first b in insertion order
+            o = np.lexsort((pos[b], a))
+            a, b = a[o], b[o]
+            firsts = np.r_[True, a[1:] != a[:-1]] if len(a) else np.zeros(0, bool)
+            a, b = a[firsts], b[firsts]
+            # b has a single writer-predecessor on its sending rank, so it is chosen at most once
+            fused_send[a] = b
+            _cut_rank_revisits(fused_send, src, dst)
+    is_fused_b = np.zeros(T, dtype=bool)
+    is_fused_b[fused_send[fused_send >= 0]] = True
+
+    # ---------------------------------------------------------------- primitive table
+    send_tasks = np.flatnonzero(~is_fused_b)
+    nS = len(send_tasks)
+    nR = T
+    fa = fused_send >= 0
+    recv_op = np.where(rrc, Op.RECV_REDUCE_COPY, Op.RECV).astype(np.int8)
+    recv_op[fa & rrc] = Op.RECV_REDUCE_COPY_SEND
+    recv_op[fa & ~rrc] = Op.RECV_COPY_SEND
+    fb = np.maximum(fused_send, 0)
+
+    # local copies for output chunks that are never written
+    cr, cc = _missing_output_chunks(alg, first_write)
+    nK = len(cr)
+    copy_src = cc - cr * K if coll == Collective.ALLGATHER else cc
+    copy_dst = cc - cr * K if coll == Collective.REDUCESCATTER else cc
+
+    n = nS + nR + nK
+    cols = {
+        "rank": np.concatenate([src[send_tasks], dst, cr]),
+        "pipeline": np.concatenate([pipe[send_tasks], pipe, np.zeros(nK, np.int64)]),
+        "op": np.concatenate([np.full(nS, Op.SEND, np.int8), recv_op, np.full(nK, Op.COPY, np.int8)]),
+        "send_peer": np.concatenate([dst[send_tasks], np.where(fa, dst[fb], -1), np.full(nK, -1)]),
+        "recv_peer": np.concatenate([np.full(nS, -1), src, np.full(nK, -1)]),
+        "channel": np.zeros(n, np.int64),
+        "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, np.full(nK, Buf.INPUT, np.int8)]),
+        "src_off": np.concatenate([s_off[send_tasks], r_src_off, copy_src]),
+        "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
+                                   np.full(nK, Buf.OUTPUT, np.int8)]),
+        "dst_off": np.concatenate([np.zeros(nS, np.int64), w_off, copy_dst]),
+        "count": np.ones(n, np.int64),
+        "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
+        "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
+    }
+    key = np.concatenate([key_t[send_tasks], key_t, np.zeros(nK, np.int64)])
+
+    # ---------------------------------------------------------------- dependencies
+    send_prim = np.empty(T, dtype=np.int64)
+    send_prim[send_tasks] = np.arange(nS)
+    recv_prim = nS + tasks
+    fused_b = fused_send[fa]
+    send_prim[fused_b] = recv_prim[np.flatnonzero(fa)]
+    dp, do = [], []
+    if len(es):
+        # u wrote rank dst[u]: RAW (b reads it) or WAW (b writes it)
+        m = dst[es] == src[ed]
+        dp.append(send_prim[ed[m]]); do.append(recv_prim[es[m]])
+        m = dst[es] == dst[ed]
+        dp.append(recv_prim[ed[m]]); do.append(recv_prim[es[m]])
+        # u read rank src[u] and b overwrites it: WAR
+        m = src[es] == dst[ed]
+        dp.append(recv_prim[ed[m]]); do.append(send_prim[es[m]])
+    dep_prim = np.concatenate(dp) if dp else np.zeros(0, np.int64)
+    dep_on = np.concatenate(do) if do else np.zeros(0, np.int64)
+    keep = dep_prim != dep_on
+    dep_prim, dep_on = dep_prim[keep], dep_on[keep]
+
+    return LoweredProgram(
+        collective=coll, nranks=N, nchunks=C, in_chunks=in_chunks, out_chunks=out_chunks,
+        scratch_chunks=scratch_chunks, npipelines=sched.nsubpipelines if T else (1 if nK else 0),
+        cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()), root=int(root))
+
+
+def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+    """Un-fuse so that no chain of fused tasks visits a rank twice (in place).
+
+    A chain's primitives must all run at once; two of them on one rank would sit on one TB (or be
+    ordered by a dependency) and wait for each other. Positions of a chain: 0 = the head's source
+    rank, k + 1 = the destination of the task at depth k. For a repeated rank at positions
+    ``p1 < p2`` the fusion into the task received at ``p2`` (its send sits at ``p2 - 1``) is cut (``p1 < p2 - 1`` always holds
+    since no task sends to its own rank), which separates the two; repeat until no chain repeats.
+    """
+    while True:
+        a_idx = np.flatnonzero(fused_send >= 0)
+        if not len(a_idx):
+            return
+        b_idx = fused_send[a_idx]
+        members = np.unique(np.concatenate([a_idx, b_idx]))
+        prev_task = np.full(len(fused_send), -1, dtype=np.int64)
+        prev_task[b_idx] = a_idx
+        anc = np.where(prev_task[members] >= 0, prev_task[members], members)
+        local = np.full(len(fused_send), -1, dtype=np.int64)
+        local[members] = np.arange(len(members))
+        anc_l = local[anc]
+        depth = (prev_task[members] >= 0).astype(np.int64)
+        while True:
+            nanc = anc_l[anc_l]
+            if np.array_equal(nanc, anc_l):
+                break
+            depth = depth + depth[anc_l]
+            anc_l = nanc
+        head = members[anc_l]
+        is_head = depth == 0
+        h = np.concatenate([head, members[is_head]])
+        rk = np.concatenate([dst[members], src[members[is_head]]])
+        ps = np.concatenate([depth + 1, np.zeros(int(is_head.sum()), np.int64)])
+        tk = np.concatenate([members, np.full(int(is_head.sum()), -1, np.int64)])
+        o = np.lexsort((ps, rk, h))
+        h, rk, ps, tk = h[o], rk[o], ps[o], tk[o]
+        dup = np.flatnonzero((h[1:] == h[:-1]) & (rk[1:] == rk[:-1])) + 1
+        if not len(dup):
+            return
+        dh, dp, db = h[dup], ps[dup], tk[dup]
+        o = np.lexsort((dp, dh))
+        dh, db = dh[o], db[o]
+        first = np.r_[True, dh[1:] != dh[:-1]]
+        b = db[first]
+        cut_a = prev_task[b]   # b is received at p2 and has depth p2 - 1 >= 1, so it has a predecessor
+        fused_send[cut_a[cut_a >= 0]] = -1
+
+
+def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, chunk) pairs the postcondition places in ``output`` but no transfer writes; each must
+    be the rank's own data (its input holds it), which the verifier guarantees for valid programs."""
+    from hccc.compiler.passes.verify import final_rows
+
+    h = alg.header
+    N, C, K = h.nranks, h.nchunks, h.chunks_per_rank
+    rows = final_rows(h.collective, N, C, h.root)
+    rows = rows[first_write[rows] == NO_STEP]
+    r, c = (rows // C).astype(np.int64), (rows % C).astype(np.int64)
+    if h.collective == Collective.ALLGATHER:
+        bad = np.flatnonzero(c // K != r)
+    elif h.collective == Collective.BROADCAST:
+        bad = np.flatnonzero(r != h.root)
+    else:
+        bad = np.zeros(0, np.int64)
+    if len(bad):
+        raise CompileError([Diagnostic(
+            f"rank {int(r[bad[0]])} never receives chunk {int(c[bad[0]])}", alg.header.location)])
+    return r, c

@@ -1,0 +1,391 @@
+"""The verifier: proves an :class:`~hccc.compiler.frontend.algorithm.Algorithm` implements its collective.
+
+Every ``(rank, chunk)`` carries the set of ranks whose contribution it holds, stored as a bitset of
+``ceil(N/64)`` uint64 words (state matrix of shape ``(nranks * nchunks, words)``, row
+``rank * nchunks + chunk``). Steps are replayed in increasing order, each one vectorised with numpy:
+
+* initial state (``K`` chunks per rank): Allgather ``(c // K, c) = {c // K}``, Broadcast
+  ``(root, c) = {root}``, every other chunk empty; Reducescatter, Allreduce and Reduce
+  ``(r, c) = {r}`` for every chunk;
+* ``recv`` copies the sender's set, ``rrc`` unions it into the receiver's (sets must be disjoint);
+* all transfers of one step read the state before the step.
+
+Errors, in the order they are listed (and the order the tests' reference model uses):
+
+1. static errors, by transfer index (at most one per transfer, first that applies): source rank out
+   of range, destination rank out of range, chunk out of range, negative step, unknown operation,
+   self transfer. These rows are left out of the replay.
+2. dynamic errors, by step, then by kind (the order of :data:`DYNAMIC_KINDS`), then by transfer
+   index. Per step: two writes to one ``(rank, chunk)`` (reported once per chunk, at the second
+   writer) and a write plus a read of one ``(rank, chunk)`` (reported at the writer); every
+   transfer touching a raced ``(rank, chunk)`` is left out of the step. Then, per remaining
+   transfer, the first that applies: the sender does not hold the chunk, ``rrc`` into a chunk the
+   receiver does not hold, ``rrc`` in a copy-only collective (Allgather, Broadcast; reported as
+   ``allgather-reduction``), overlapping contribution sets (double
+   counting). A transfer with an error does not change the state.
+3. unmet postconditions (Allgather and Broadcast: every rank holds every chunk as its owner's /
+   the root's; Allreduce: every rank every chunk fully reduced; Reducescatter: rank ``r`` its own
+   ``K`` chunks fully reduced; Reduce: the root every chunk fully reduced), only when there was no other error (otherwise they are mostly a
+   consequence of the errors already listed), located at the header.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location
+
+# Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
+STATIC_KINDS = ("src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "negative-step",
+                "bad-op", "self-transfer")
+DYNAMIC_KINDS = ("write-write-race", "read-write-race", "undefined-source", "undefined-target",
+                 "allgather-reduction", "double-count")
+POSTCONDITION = "postcondition"
+POSTCONDITION_SUMMARY = "postcondition-summary"  # "K more (rank, chunk) pairs ..." line
+
+#: how many unmet postconditions are listed one by one before the summary
+POSTCONDITION_LISTED = 5
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Summary of a successful verification."""
+
+    collective: Collective
+    nranks: int
+    transfers: int
+    steps: int  # number of distinct step values
+
+
+class VerifyError(CompileError):
+    """A :class:`CompileError` from the verifier; ``kinds[i]`` names ``diagnostics[i]``'s error class.
+
+    ``total`` counts every error found, listed or not (every unmet (rank, chunk) pair counts once;
+    the pairs beyond the first few are summarised in one diagnostic, not counted in ``more``).
+    """
+
+    def __init__(self, diagnostics: list[Diagnostic], kinds: list[str], more: int, total: int):
+        super().__init__(diagnostics, more=more)
+        self.kinds = list(kinds)
+        self.total = total
+
+    @property
+    def first_kind(self) -> str:
+        return self.kinds[0]
+
+
+class _Collector:
+    """Keeps the first ``limit`` diagnostics and counts the rest."""
+
+    def __init__(self, alg: Algorithm, limit: int):
+        self.alg = alg
+        self.limit = max(1, int(limit))
+        self.diags: list[Diagnostic] = []
+        self.kinds: list[str] = []
+        self.total = 0
+        self.listed = 0  # listed diagnostics that count as errors (not summaries)
+        self.summarised = 0  # errors counted in a summary diagnostic
+
+    @property
+    def full(self) -> bool:
+        return len(self.diags) >= self.limit
+
+    def _suffix(self, i: int) -> str:
+        d = self.alg.describe(int(i))
+        return f" {d}" if d else ""
+
+    def _where(self, i: int) -> str:
+        loc = self.alg.location_of(int(i))
+        return (f"{loc}" if loc is not None else f"transfer #{int(i)}") + self._suffix(i)
+
+    def add(self, kind: str, i: int, message: str, other: int | None = None, other_what: str = "") -> None:
+        """Record an error located at transfer ``i`` (message gets the loop-value suffix)."""
+        self.total += 1
+        if self.full:
+            return
+        notes: tuple[str, ...] = ()
+        if other is not None:
+            notes = (f"{other_what} {self._where(other)}",)
+        self.diags.append(Diagnostic(message + self._suffix(i), self.alg.location_of(int(i)), notes=notes))
+        self.kinds.append(kind)
+        self.listed += 1
+
+    def add_at(self, kind: str, location: Location | None, message: str, notes=(), count: bool = True) -> None:
+        if count:
+            self.total += 1
+            self.listed += 1
+        self.diags.append(Diagnostic(message, location, notes=tuple(notes)))
+        self.kinds.append(kind)
+
+
+def _single_bits(rank_of_row: np.ndarray, words: int) -> np.ndarray:
+    """State rows holding exactly the contribution ``rank_of_row[i]``."""
+    out = np.zeros((len(rank_of_row), words), dtype=np.uint64)
+    out[np.arange(len(rank_of_row)), rank_of_row // 64] = np.left_shift(
+        np.uint64(1), (rank_of_row % 64).astype(np.uint64))
+    return out
+
+
+def _full_row(n: int, words: int) -> np.ndarray:
+    row = np.full(words, np.uint64(0xFFFFFFFFFFFFFFFF), dtype=np.uint64)
+    rem = n % 64
+    if rem:
+        row[-1] = np.uint64((1 << rem) - 1)
+    return row
+
+
+def _popcount(row: np.ndarray) -> int:
+    return int(np.unpackbits(np.ascontiguousarray(row).view(np.uint8)).sum())
+
+
+def _ranks_in(row: np.ndarray, limit: int = 4) -> list[int]:
+    bits = np.unpackbits(np.ascontiguousarray(row).view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits)[:limit].tolist()
+
+
+def initial_state(collective: Collective, nranks: int, nchunks: int | None = None,
+                  root: int = 0) -> np.ndarray:
+    """The precondition as a ``(nranks * nchunks, words)`` bitset matrix.
+
+    Allgather: the owner ``c // K`` of chunk ``c`` (``K = nchunks // nranks``) holds it as
+    ``{owner}``; Broadcast: the root holds every chunk as ``{root}``; the reducing collectives:
+    every rank holds its own contribution ``{r}`` to every chunk. Everything else is empty.
+    """
+    C = int(nchunks or nranks)
+    K = max(1, C // nranks)
+    words = (nranks + 63) // 64
+    rows = np.arange(nranks * C, dtype=np.int64)
+    if collective is Collective.ALLGATHER:
+        state = np.zeros((nranks * C, words), dtype=np.uint64)
+        c = np.arange(C, dtype=np.int64)
+        state[(c // K) * C + c] = _single_bits(c // K, words)
+        return state
+    if collective is Collective.BROADCAST:
+        state = np.zeros((nranks * C, words), dtype=np.uint64)
+        state[root * C + np.arange(C)] = _single_bits(np.full(C, root, dtype=np.int64), words)
+        return state
+    return _single_bits(rows // C, words)
+
+
+def final_rows(collective: Collective, nranks: int, nchunks: int, root: int = 0) -> np.ndarray:
+    """The state rows the postcondition constrains (``rank * nchunks + chunk``)."""
+    C, K = int(nchunks), max(1, int(nchunks) // nranks)
+    if collective is Collective.REDUCESCATTER:
+        r = np.repeat(np.arange(nranks, dtype=np.int64), K)
+        return r * C + np.arange(nranks * K, dtype=np.int64)
+    if collective is Collective.REDUCE:
+        return root * C + np.arange(C, dtype=np.int64)
+    return np.arange(nranks * C, dtype=np.int64)
+
+
+def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
+    """Check that ``alg`` implements its collective; raise :class:`VerifyError` otherwise.
+
+    At most ``max_errors`` diagnostics are listed; ``more`` on the error counts the rest.
+    """
+    h = alg.header
+    coll = h.collective
+    N = int(h.nranks)
+    C = int(h.nchunks)
+    if N < 1:
+        raise VerifyError([Diagnostic(f"nRanks must be at least 1, got {N}", h.location)],
+                          ["bad-header"], 0, 1)
+    if coll.rooted and not 0 <= h.root < N:
+        raise VerifyError([Diagnostic(f"Root {h.root} is out of range (nRanks={N}: ranks 0..{N - 1})",
+                                      h.location)], ["bad-header"], 0, 1)
+    n = len(alg)
+    src = np.asarray(alg.src, dtype=np.int64)
+    dst = np.asarray(alg.dst, dtype=np.int64)
+    step = np.asarray(alg.step, dtype=np.int64)
+    chunk = np.asarray(alg.chunk, dtype=np.int64)
+    op = np.asarray(alg.op, dtype=np.int64)
+    col = _Collector(alg, max_errors)
+    what_coll = coll.dsl_name
+
+    # ---------------------------------------------------------------- static checks
+    checks = (
+        (src < 0) | (src >= N),
+        (dst < 0) | (dst >= N),
+        (chunk < 0) | (chunk >= C),
+        step < 0,
+        (op != 0) & (op != 1),
+        src == dst,
+    )
+    kind_code = np.full(n, -1, dtype=np.int64)
+    for k in range(len(checks) - 1, -1, -1):  # lowest k wins
+        kind_code[checks[k]] = k
+    bad = kind_code >= 0
+    for i in np.flatnonzero(bad).tolist():
+        k = int(kind_code[i])
+        s, d, c, t, o = int(src[i]), int(dst[i]), int(chunk[i]), int(step[i]), int(op[i])
+        if col.full:
+            col.total += 1
+            continue
+        if k == 0:
+            msg = f"source rank {s} is out of range (nRanks={N}: ranks 0..{N - 1})"
+        elif k == 1:
+            msg = f"destination rank {d} is out of range (nRanks={N}: ranks 0..{N - 1})"
+        elif k == 2:
+            msg = f"chunk {c} is out of range (each rank holds chunks 0..{C - 1})"
+        elif k == 3:
+            msg = f"step {t} is negative"
+        elif k == 4:
+            msg = f"unknown transfer operation {o} (expected recv or rrc)"
+        else:
+            msg = f"rank {s} sends chunk {c} to itself at step {t}"
+        col.add(STATIC_KINDS[k], i, msg)
+
+    # ---------------------------------------------------------------- replay
+    state = initial_state(coll, N, C, h.root)
+    words = state.shape[1]
+    is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
+    keep = np.flatnonzero(~bad)
+    if len(keep):
+        order = keep[np.argsort(step[keep], kind="stable")]
+        S, D, T, K, O = src[order], dst[order], step[order], chunk[order], op[order]
+        bounds = np.r_[0, np.flatnonzero(np.diff(T)) + 1, len(order)]
+        rstamp = np.full(N * C, -1, dtype=np.int64)
+        race_stamp = np.full(N * C, -1, dtype=np.int64)
+        for si in range(len(bounds) - 1):
+            a, b = int(bounds[si]), int(bounds[si + 1])
+            idx = order[a:b]
+            s, d, c, o = S[a:b], D[a:b], K[a:b], O[a:b]
+            wk = d * C + c
+            rk = s * C + c
+            t = int(T[a])
+            if b - a > 1:
+                # -- races
+                rstamp[rk] = si
+                srt = np.argsort(wk, kind="stable")
+                sw = wk[srt]
+                dup_sorted = np.zeros(len(sw), dtype=bool)
+                dup_sorted[1:] = sw[1:] == sw[:-1]
+                ww_keys = np.unique(sw[dup_sorted])
+                wr_writer = rstamp[wk] == si  # writers whose key is also read in this step
+                if len(ww_keys) or wr_writer.any():
+                    race_stamp[ww_keys] = si
+                    race_stamp[wk[wr_writer]] = si
+                    involved = (race_stamp[wk] == si) | (race_stamp[rk] == si)
+                    errs: list[tuple[int, int, int, int]] = []  # (kind, index, other, key)
+                    if len(ww_keys):
+                        # second writer of each key: first duplicate in the sorted run
+                        first_dup = dup_sorted.copy()
+                        first_dup[2:] &= ~dup_sorted[1:-1]
+                        pos2 = srt[first_dup]
+                        first_of_run = np.zeros(len(sw), dtype=bool)
+                        first_of_run[0] = True
+                        first_of_run[1:] = ~dup_sorted[1:]
+                        first_pos = {int(kk): int(p) for kk, p in zip(sw[first_of_run], srt[first_of_run])}
+                        for p in pos2.tolist():
+                            errs.append((0, int(idx[p]), int(idx[first_pos[int(wk[p])]]), int(wk[p])))
+                    # write/read races on keys written once
+                    single = wr_writer.copy()
+                    if len(ww_keys):
+                        single &= ~np.isin(wk, ww_keys)
+                    if single.any():
+                        wkeys = wk[single]
+                        readers = np.flatnonzero(np.isin(rk, wkeys))
+                        rkeys, first_r = np.unique(rk[readers], return_index=True)
+                        first_reader = dict(zip(rkeys.tolist(), readers[first_r].tolist()))
+                        for p in np.flatnonzero(single).tolist():
+                            errs.append((1, int(idx[p]), int(idx[first_reader[int(wk[p])]]), int(wk[p])))
+                    errs.sort()
+                    for kind, i, other, key in errs:
+                        r_, c_ = divmod(key, C)
+                        if kind == 0:
+                            col.add("write-write-race", i, f"rank {r_} chunk {c_} is written twice at step {t}",
+                                    other, "the other write is at")
+                        else:
+                            col.add("read-write-race", i,
+                                    f"rank {r_} chunk {c_} is written and read at step {t}",
+                                    other, "it is read at")
+                    rest = ~involved
+                    idx, s, d, c, o, wk, rk = idx[rest], s[rest], d[rest], c[rest], o[rest], wk[rest], rk[rest]
+                    if not len(idx):
+                        continue
+            sv = state[rk]
+            dv = state[wk]
+            src_empty = ~sv.any(axis=1)
+            rrc = o == RRC
+            dst_empty = rrc & ~src_empty & ~dv.any(axis=1)
+            if is_ag:
+                ag_red = rrc & ~src_empty & ~dst_empty
+                overlap = np.zeros(len(idx), dtype=bool)
+            else:
+                ag_red = np.zeros(len(idx), dtype=bool)
+                overlap = rrc & ~src_empty & ~dst_empty & (sv & dv).any(axis=1)
+            errmask = src_empty | dst_empty | ag_red | overlap
+            if errmask.any():
+                for kind_i, m in enumerate((src_empty, dst_empty, ag_red, overlap)):
+                    for p in np.flatnonzero(m).tolist():
+                        i = int(idx[p])
+                        if col.full:
+                            col.total += 1
+                            continue
+                        s_, d_, c_ = int(s[p]), int(d[p]), int(c[p])
+                        if kind_i == 0:
+                            col.add("undefined-source", i,
+                                    f"rank {s_} does not hold chunk {c_} at step {t} "
+                                    f"(it sends it to rank {d_})")
+                        elif kind_i == 1:
+                            col.add("undefined-target", i,
+                                    f"rrc into rank {d_} chunk {c_} at step {t}, which holds no data yet "
+                                    f"(reduction into undefined data)")
+                        elif kind_i == 2:
+                            col.add("allgather-reduction", i,
+                                    f"reduction (rrc) of chunk {c_} from rank {s_} into rank {d_} at step {t} "
+                                    f"in {'an' if what_coll[0] in 'AEIOU' else 'a'} {what_coll}; use recv")
+                        else:
+                            both = _ranks_in(sv[p] & dv[p])
+                            cnt = _popcount(sv[p] & dv[p])
+                            lst = ", ".join(map(str, both)) + (", ..." if cnt > len(both) else "")
+                            col.add("double-count", i,
+                                    f"rrc of chunk {c_} from rank {s_} into rank {d_} at step {t} counts "
+                                    f"the contribution of rank(s) {lst} twice")
+                ok = ~errmask
+                wk, sv, dv, rrc = wk[ok], sv[ok], dv[ok], rrc[ok]
+            if len(wk):
+                newv = sv.copy()
+                if rrc.any():
+                    newv[rrc] |= dv[rrc]
+                state[wk] = newv
+
+    # ---------------------------------------------------------------- postcondition
+    if col.total == 0:
+        rows = final_rows(coll, N, C, h.root)
+        if is_ag:
+            owner = h.root if coll is Collective.BROADCAST else (rows % C) // max(1, C // N)
+            expected = _single_bits(np.broadcast_to(owner, rows.shape).astype(np.int64), words)
+            unmet = rows[~(state[rows] == expected).all(axis=1)]
+        else:
+            full = _full_row(N, words)
+            unmet = rows[~(state[rows] == full).all(axis=1)]
+        checked = len(rows)
+        if len(unmet):
+            listed = min(POSTCONDITION_LISTED, col.limit)
+            if len(unmet) == listed + 1:  # list it rather than summarise a single pair
+                listed += 1
+            what = coll.dsl_name
+            for row in unmet[:listed].tolist():
+                r_, c_ = divmod(row, C)
+                if is_ag:  # copy-only holdings are {owner} or empty: recv only copies
+                    msg = f"rank {r_} does not hold chunk {c_} at the end"
+                else:
+                    msg = (f"rank {r_} does not hold chunk {c_} at the end "
+                           f"(has contributions from {_popcount(state[row])} of {N} ranks)")
+                notes = (f"postcondition of {what}",)
+                if n == 0:
+                    notes += ("the program has no transfers",)
+                col.add_at(POSTCONDITION, h.location, msg, notes)
+            if len(unmet) > listed:
+                col.add_at(POSTCONDITION_SUMMARY, h.location,
+                           f"{len(unmet) - listed} more (rank, chunk) pairs do not meet the {what} postcondition "
+                           f"({len(unmet)} of {checked} in total)",
+                           count=False)
+                col.total += len(unmet) - listed
+                col.summarised += len(unmet) - listed
+    if col.diags:
+        raise VerifyError(col.diags, col.kinds, max(0, col.total - col.listed - col.summarised), col.total)
+    return VerifyReport(collective=coll, nranks=N, transfers=n, steps=alg.nsteps)

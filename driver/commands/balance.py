@@ -1,0 +1,59 @@
+"""``hccc balance --speeds S1,S2,... --batch B [--min-each K] [--json]``: integer micro-batch sizes
+proportional to measured GPU speeds that sum to B (HetCCL-SNU section 4.5), minimising the step time."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+
+
+def _speeds(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            v = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid speed '{part}' (expected numbers like 2.1,1.0)") from None
+        if not v > 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"speeds must be positive and finite, got '{part}'")
+        out.append(v)
+    return out
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
+    return int(text)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speeds", type=_speeds, required=True, metavar="S1,S2,...",
+                   help="measured speed of each GPU (tokens/s or any common unit), comma-separated")
+    p.add_argument("--batch", type=_count, required=True, metavar="B", help="total micro-batch size per step")
+    p.add_argument("--min-each", type=_count, default=0, metavar="K",
+                   help="give every GPU at least K (default 0)")
+    p.add_argument("--json", action="store_true",
+                   help='print {"sizes": [...], "step_time": ..., "uniform_step_time": ..., "speedup": ...}')
+
+
+def run(args) -> int:
+    from hccc.runtime.balance import BalanceError, balance, step_time
+
+    try:
+        sizes = balance(args.speeds, args.batch, min_each=args.min_each)
+    except BalanceError as exc:
+        raise CompileError([Diagnostic(str(exc), None)]) from None
+    n = len(sizes)
+    uniform = [args.batch // n + (1 if i < args.batch % n else 0) for i in range(n)]
+    t, tu = step_time(sizes, args.speeds), step_time(uniform, args.speeds)
+    speedup = tu / t if t > 0 else 1.0
+    if args.json:
+        print(json.dumps({"sizes": sizes, "step_time": t, "uniform_step_time": tu, "speedup": speedup}))
+        return 0
+    print(f"{'gpu':>4} {'speed':>10} {'batch':>7} {'time':>10}")
+    for i, (s, b) in enumerate(zip(args.speeds, sizes)):
+        print(f"{i:>4} {s:>10g} {b:>7} {b / s:>10.4g}")
+    print(f"step time {t:.4g} (uniform split: {tu:.4g}, {speedup:.2f}x faster)")
+    return 0

@@ -1,0 +1,147 @@
+"""``hccc fuzz ALGO [--examples N] [--backend cpu] [--seed S]``: random runs of the emitted kernels.
+
+ALGO is compiled once with a small chunk size (``--chunk-size``, default 256 bytes), so the random
+sizes give anything from empty chunks to many micro-batches per chunk and FIFO wrap-around. Each
+example draws a size (biased to edges: empty and one-element chunks, remainders of the chunk split,
+exact multiples of the slice and of the FIFO depth), a dtype, a reduction operator, in-place or
+out-of-place, and the threads per thread block, runs the kernels (:func:`hccc.testing.fuzz_kernels`)
+and compares every element with the reference executor. The first failing case is shrunk by
+hypothesis and printed with a ``hccc run`` command that reproduces it (exit status 1); otherwise a
+summary (exit status 0). A ProgramIR ``.json`` keeps its own chunk size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from hccc.cli import parse_size
+
+from hccc.commands.run import DTYPES, OPS, _count, _positive_float
+
+
+def _choices(allowed):
+    def parse(text: str) -> list[str]:
+        vals = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed)}")
+        return vals
+    return parse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from hccc.cli import _positive_int
+    parser.description = ("Run random sizes, dtypes, reduction operators, in-place/out-of-place "
+                          "and threads per block through ALGO's emitted kernels and the reference "
+                          "executor; report the first failing case, shrunk.")
+    parser.add_argument("algo", metavar="ALGO",
+                        help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
+    parser.add_argument("--examples", type=lambda t: _count(t, 1), default=50, metavar="N",
+                        help="random cases to run (default 50)")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, metavar="S",
+                        help="seed of the case generator and of the data (default 0)")
+    parser.add_argument("--chunk-size", type=parse_size, default=256, metavar="BYTES",
+                        help="for .rccl input: micro-batch slice size to compile with (default 256; "
+                             "a ProgramIR keeps its own)")
+    parser.add_argument("--dtypes", type=_choices(DTYPES), default=list(DTYPES), metavar="LIST",
+                        help=f"element types to draw from (default {','.join(DTYPES)})")
+    parser.add_argument("--ops", type=_choices(OPS), default=list(OPS), metavar="LIST",
+                        help=f"reduction operators to draw from (default {','.join(OPS)})")
+    parser.add_argument("--max-microbatches", type=lambda t: _count(t, 1), default=20, metavar="M",
+                        help="largest size, in micro-batches per chunk (default 20)")
+    parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
+                        help="kernel wait limit per run (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds")
+    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state")
+    parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
+
+
+def _load(args):
+    from hccc.compiler.pipeline import CompileOptions, load_program
+    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
+                          chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
+    return load_program(args.algo, opts)
+
+
+def _repro(args, ir, case) -> str:
+    from hccc.runtime.launcher import ELEMENT_BYTES
+    cmd = ["hccc", "run", args.algo, "--backend", args.backend,
+           "--bytes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
+           "--op", case.op, "--threads", str(case.nthreads), "--seed", str(args.seed),
+           "--iters", "1", "--warmup", "0"]
+    if Path(args.algo).suffix.lower() not in (".json", ".xml"):
+        cmd += ["--chunk-size", str(ir.chunk_bytes)]
+    if case.inplace:
+        cmd.append("--inplace")
+    cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
+    if args.scheduler != "hpds":
+        cmd += ["--scheduler", args.scheduler]
+    if args.tb_alloc != "state":
+        cmd += ["--tb-alloc", args.tb_alloc]
+    return " ".join(shlex.quote(c) for c in cmd)
+
+
+def run(args) -> int:
+    from hccc.runtime.platform import PlatformError
+    from hccc.testing import fuzz_kernels
+
+    ir = _load(args)
+    tty = sys.stderr.isatty() and not args.json
+
+    def progress(i, case, res):
+        if tty:
+            sys.stderr.write(f"\r  case {i}: {case.describe():70.70s}")
+            sys.stderr.flush()
+
+    if tty:
+        sys.stderr.write(f"hccc fuzz: {ir.name} ({ir.collective}, {ir.nranks} ranks, chunk size "
+                         f"{ir.chunk_bytes} B) on {args.backend}; kernels are built on first use\n")
+    try:
+        rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
+                           timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
+                           max_microbatches=args.max_microbatches, progress=progress)
+    except PlatformError as exc:
+        if tty:
+            sys.stderr.write("\n")
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
+    except ValueError as exc:
+        if tty:
+            sys.stderr.write("\n")
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
+    if tty:
+        sys.stderr.write("\r" + " " * 80 + "\r")
+    cases = [c for c, _ in rep.cases]
+    counts = [c.count for c in cases]
+    summary = {
+        "algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
+        "chunk_bytes": ir.chunk_bytes, "backend": args.backend, "seed": args.seed,
+        "cases": len(cases), "seconds": round(rep.seconds, 3), "ok": rep.ok,
+        "dtypes": sorted({c.dtype for c in cases}), "ops": sorted({c.op for c in cases}),
+        "inplace_cases": sum(c.inplace for c in cases), "threads": sorted({c.nthreads for c in cases}),
+        "min_count": min(counts) if counts else None, "max_count": max(counts) if counts else None,
+    }
+    if not rep.ok:
+        case, message = rep.failure
+        summary["failure"] = {"count": case.count, "dtype": case.dtype, "op": case.op,
+                              "inplace": case.inplace, "nthreads": case.nthreads,
+                              "message": message, "repro": _repro(args, ir, case)}
+    if args.json:
+        print(json.dumps(summary))
+    elif rep.ok:
+        print(f"hccc fuzz: {ir.name}: {len(cases)} cases passed in {rep.seconds:.1f} s "
+              f"({summary['min_count']}..{summary['max_count']} elements, chunk size "
+              f"{ir.chunk_bytes} B; dtypes {','.join(summary['dtypes'])}; ops "
+              f"{','.join(summary['ops'])}; {summary['inplace_cases']} in-place; threads per "
+              f"block {','.join(map(str, summary['threads']))})")
+    else:
+        print(f"hccc fuzz: {ir.name}: FAILED after {len(cases)} case(s); minimal failing case:")
+        print(f"  {summary['failure']['message']}")
+        print(f"  reproduce: {summary['failure']['repro']}")
+    return 0 if rep.ok else 1

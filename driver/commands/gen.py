@@ -1,0 +1,98 @@
+"""``hccc gen GENERATOR ...``: write an algorithm generated from a cluster description.
+
+    hccc gen c2c T.topo --collective allgather|reducescatter|allreduce|broadcast|reduce [--root R]
+                 [--pipeline K] [--intra ring|mesh] [--group-by model|vendor]
+                 [--nodes-per-cluster M] [--border nic|one-per-nic] -o ALGO.rccl [--json]
+
+``c2c`` is HetCCL's hierarchical breakdown for mixed-vendor clusters (``hccc.compiler.cluster.c2c``): start
+intra-cluster collective, cluster-to-cluster ring between border ranks (data split in proportion to
+their NIC bandwidth), end intra-cluster collective, pipelined over K pieces. The program is verified
+before it is written; the file is replaced atomically. ``-o -`` writes to standard output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+
+GENERATORS = ("c2c",)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return int(text)
+
+
+def _rank(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a rank (a non-negative integer), got '{text}'")
+    return int(text)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from hccc.compiler.cluster.c2c import COLLECTIVES, INTRA_ALGORITHMS
+
+    p.add_argument("generator", choices=GENERATORS,
+                   help="c2c: HetCCL cluster-to-cluster breakdown for mixed-vendor clusters")
+    p.add_argument("cluster", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
+    p.add_argument("--collective", required=True, choices=COLLECTIVES, type=str.lower,
+                   help="collective to generate")
+    p.add_argument("--root", type=_rank, default=None, metavar="R", help="root rank (broadcast, reduce)")
+    p.add_argument("--pipeline", type=_positive, default=1, metavar="K",
+                   help="split the data into K pieces whose intra- and inter-cluster stages overlap "
+                        "(default 1; clamped so that every piece holds at least one chunk)")
+    p.add_argument("--intra", choices=INTRA_ALGORITHMS, default="ring",
+                   help="intra-cluster algorithm: ring chains (default) or direct full mesh")
+    p.add_argument("--group-by", choices=("model", "vendor"), default="model",
+                   help="homogeneous clusters: same vendor and GPU model (default) or same vendor")
+    p.add_argument("--nodes-per-cluster", type=_positive, default=None, metavar="M",
+                   help="split every homogeneous cluster into sub-clusters of at most M nodes")
+    p.add_argument("--border", choices=("nic", "one-per-nic"), default="nic",
+                   help="border ranks: every GPU behind a NIC, sharing it (default), or one GPU per NIC")
+    p.add_argument("--name", default=None, help="AlgoName of the program (sanitised; default c2c_COLL_CLUSTER)")
+    p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl",
+                   help="output file (replaced atomically), or - for standard output")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of a line of text (on stderr with -o -)")
+
+
+def run(args) -> int:
+    from hccc.compiler.cluster.c2c import plan_c2c
+    from hccc.compiler.backend.output_dir import write_text_atomically
+    from hccc.compiler.cluster.hierarchy import HierarchyError, hierarchy
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.passes.verify import verify
+
+    topo = load_cluster(args.cluster)
+    if args.root is not None and args.root >= topo.nranks:
+        raise CompileError([Diagnostic(f"root rank {args.root} is out of range (the cluster has ranks "
+                                       f"0..{topo.nranks - 1})", None)])
+    try:
+        hier = hierarchy(topo, by=args.group_by, nodes_per_cluster=args.nodes_per_cluster, border=args.border)
+    except HierarchyError as exc:
+        raise CompileError([Diagnostic(str(exc), None)]) from None
+    plan = plan_c2c(topo, args.collective, pipeline=args.pipeline, intra=args.intra, hier=hier,
+                    root=args.root, name=args.name)
+    verify(plan.algorithm())
+    text = plan.rccl()
+    to_stdout = args.output == "-"
+    if to_stdout:
+        sys.stdout.write(text)
+    else:
+        write_text_atomically(Path(args.output), text)
+    summary = plan.summary()
+    if args.json:
+        summary["output"] = None if to_stdout else str(args.output)
+        print(json.dumps(summary, sort_keys=True), file=sys.stderr if to_stdout else sys.stdout)
+        return 0
+    clusters = "; ".join(f"{c['name']} border {','.join(map(str, c['border_ranks']))}"
+                         for c in summary["clusters"])
+    line = (f"hccc: {'wrote ' + str(args.output) if not to_stdout else 'generated'}: C2C "
+            f"{plan.collective.dsl_name} on {plan.nranks} ranks, {plan.hierarchy.nclusters} clusters ({clusters}), "
+            f"{plan.pieces} piece{'s' if plan.pieces != 1 else ''}, {plan.ntransfers} transfers, "
+            f"{plan.nsteps} steps, {summary['inter_cluster_transfers']} cross-cluster chunks")
+    print(line, file=sys.stderr if to_stdout else sys.stdout)
+    return 0

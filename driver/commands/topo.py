@@ -1,0 +1,243 @@
+"""``hccc topo T [--json] [--groups] [--plot graph.png]``: summarise a cluster description.
+
+T is a ``.topo`` file (cluster DSL) or a TACCL topology profile ``.json``; both load through
+:func:`hccc.compiler.pipeline.load_cluster`. The text output is a set of plain tables (the same on a
+terminal and in a pipe); ``--json`` prints :func:`report` (schema ``hccc.topo/1``, keys below);
+``--plot`` draws the cluster (:mod:`hccc.topo_plot`, needs matplotlib).
+
+JSON keys (``hccc.topo/1``; floats are in the units their names say):
+
+* ``schema``, ``name`` (the topology's name), ``file`` (the file name as given)
+* ``nranks``, ``nnodes``, ``nlinks``, ``chunk_size`` (S_c, bytes)
+* ``tau_ref_us``: the slowest link's one-lane chunk time (null without links); ``bottleneck``: the
+  link parameters that attain it (``class``, ``bandwidth_gbps``, ``lanes``, ``alpha_us``) or null
+* ``nodes``: one object per node, in rank order: ``name``, ``first_rank``, ``last_rank``, ``ngpus``,
+  ``vendor``, ``platform`` (cuda | hip), ``model`` (or null), ``gamma_gbps`` (or null)
+* ``vendors``: one object per vendor, sorted: ``vendor``, ``platform``, ``nodes``, ``ranks``,
+  ``models`` ({model or "unknown": ranks})
+* ``link_classes``: one object per distinct link parameter set, by class (direct, switch, internode,
+  nic) then falling bandwidth: ``class``, ``links``, ``bandwidth_gbps`` (per lane), ``lanes``,
+  ``total_gbps``, ``alpha_us``, ``tau_us`` (alpha + S_c / bandwidth), ``tau_ref_over_tau``,
+  ``capacity`` (C(u,v) = ceil(tau_ref / tau) * lanes)
+* ``shared_groups``: one object per group, by id: ``id``, ``kind``, ``direction``, ``label``,
+  ``links`` (member count), ``bandwidth_gbps``, ``lanes``, ``capacity_gbps``, ``capacity`` (C_g)
+* ``hierarchy``: the HetCCL view (:func:`hccc.compiler.cluster.hierarchy.hierarchy`): homogeneous clusters
+  (same vendor, model and interconnect) with their border ranks (behind a NIC) and internal ranks
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
+
+SCHEMA = "hccc.topo/1"
+PLATFORM = {"nvidia": "cuda", "amd": "hip"}
+
+
+EPILOG = """\
+--json keys (schema hccc.topo/1):
+  schema, name, file, nranks, nnodes, nlinks, chunk_size (bytes), tau_ref_us, bottleneck
+  nodes[]:         name, first_rank, last_rank, ngpus, vendor, platform, model, gamma_gbps
+  vendors[]:       vendor, platform, nodes, ranks, models {model: ranks}
+  link_classes[]:  class, links, bandwidth_gbps, lanes, total_gbps, alpha_us, tau_us,
+                   tau_ref_over_tau, capacity (C(u,v) = ceil(tau_ref / tau) * lanes)
+  shared_groups[]: id, kind, direction, label, links, bandwidth_gbps, lanes, capacity_gbps,
+                   capacity (C_g)
+  hierarchy:       homogeneous clusters with border and internal ranks (HetCCL)
+"""
+
+
+def configure(parser) -> None:
+    import argparse
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("cluster", metavar="T", help="cluster description: .topo, or a TACCL profile .json")
+    parser.add_argument("--json", action="store_true",
+                        help=f"print one JSON object (schema {SCHEMA}; keys below)")
+    parser.add_argument("--groups", action="store_true", help="list every shared group in the text output")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the cluster into this PNG file (needs matplotlib)")
+
+
+def _f(x) -> float:
+    return float(x)
+
+
+def report(topo: Topology, file: str | None = None) -> dict:
+    """The ``--json`` object (see the module docstring for its keys)."""
+    us = 10 ** 6
+    tau_ref = topo.tau_ref_exact
+    nodes = [{"name": nd.name, "first_rank": nd.offset, "last_rank": nd.offset + nd.ngpus - 1, "ngpus": nd.ngpus,
+              "vendor": nd.vendor, "platform": PLATFORM[nd.vendor], "model": nd.model,
+              "gamma_gbps": None if nd.gamma_gbps is None else _f(nd.gamma_gbps)} for nd in topo.nodes]
+    vendors: dict[str, dict] = {}
+    for nd in topo.nodes:
+        v = vendors.setdefault(nd.vendor, {"vendor": nd.vendor, "platform": PLATFORM[nd.vendor], "nodes": 0,
+                                           "ranks": 0, "models": {}})
+        v["nodes"] += 1
+        v["ranks"] += nd.ngpus
+        m = nd.model or "unknown"
+        v["models"][m] = v["models"].get(m, 0) + nd.ngpus
+    for v in vendors.values():
+        v["models"] = dict(sorted(v["models"].items()))
+    counts: dict[int, int] = {}
+    for pid in topo.link_param.tolist():
+        counts[pid] = counts.get(pid, 0) + 1
+    classes = []
+    bottleneck = None
+    for pid, k in counts.items():
+        p = topo.params[pid]
+        tau = chunk_time(p.alpha_us, p.bandwidth_gbps, topo.chunk_size)
+        classes.append({"class": p.cls, "links": k, "bandwidth_gbps": _f(p.bandwidth_gbps), "lanes": p.lanes,
+                        "total_gbps": _f(p.bandwidth_gbps * p.lanes), "alpha_us": _f(p.alpha_us),
+                        "tau_us": _f(tau * us), "tau_ref_over_tau": _f(tau_ref / tau),
+                        "capacity": logical_capacity(tau_ref, tau, p.lanes)})
+        if tau == tau_ref:
+            cand = {"class": p.cls, "bandwidth_gbps": _f(p.bandwidth_gbps), "lanes": p.lanes,
+                    "alpha_us": _f(p.alpha_us)}
+            key = (LINK_CLASSES.index(p.cls), cand["bandwidth_gbps"], p.lanes, cand["alpha_us"])
+            if bottleneck is None or key < bottleneck[0]:
+                bottleneck = (key, cand)
+    classes.sort(key=lambda c: (LINK_CLASSES.index(c["class"]), -c["bandwidth_gbps"], -c["lanes"], c["alpha_us"]))
+    groups = [{"id": g.id, "kind": g.kind, "direction": g.direction, "label": g.label, "links": int(g.members.size),
+               "bandwidth_gbps": _f(g.bandwidth_gbps), "lanes": g.lanes,
+               "capacity_gbps": _f(g.bandwidth_gbps * g.lanes), "capacity": int(g.capacity)} for g in topo.groups]
+    return {
+        "schema": SCHEMA,
+        "name": topo.name,
+        "file": file,
+        "nranks": int(topo.nranks),
+        "nnodes": len(topo.nodes),
+        "nlinks": int(topo.nlinks),
+        "chunk_size": int(topo.chunk_size),
+        "tau_ref_us": None if tau_ref is None else _f(tau_ref * us),
+        "bottleneck": None if bottleneck is None else bottleneck[1],
+        "nodes": nodes,
+        "vendors": [vendors[k] for k in sorted(vendors)],
+        "link_classes": classes,
+        "shared_groups": groups,
+    }
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    s = f"{x:.{digits}f}"
+    return s.rstrip("0").rstrip(".") if "." in s else s
+
+
+def _size(b: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def fmt(cells):
+        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+
+
+def _ranks(a: int, b: int) -> str:
+    return str(a) if a == b else f"{a}-{b}"
+
+
+def format_text(rep: dict, all_groups: bool = False) -> str:
+    """The human-readable summary of a :func:`report`."""
+    out = []
+    src = f" ({rep['file']})" if rep["file"] else ""
+    out.append(f"cluster {rep['name']}{src}: {rep['nnodes']} node(s), {rep['nranks']} GPUs, {rep['nlinks']} links, "
+               f"{len(rep['shared_groups'])} shared groups")
+    line = f"chunk size S_c = {_size(rep['chunk_size'])}"
+    if rep["tau_ref_us"] is not None:
+        bn = rep["bottleneck"]
+        line += (f"; tau_ref = {_num(rep['tau_ref_us'])} us (slowest link: {bn['class']}, "
+                 f"{_num(bn['bandwidth_gbps'])} GB/s per lane, alpha {_num(bn['alpha_us'])} us)")
+    out.append(line)
+    out.append("")
+    out.append("nodes")
+    rows = [[nd["name"], _ranks(nd["first_rank"], nd["last_rank"]), str(nd["ngpus"]), nd["vendor"], nd["platform"],
+             nd["model"] or "-", "-" if nd["gamma_gbps"] is None else f"{_num(nd['gamma_gbps'])} GB/s"]
+            for nd in rep["nodes"]]
+    out += _table(["node", "ranks", "GPUs", "vendor", "platform", "model", "gamma"], rows, {2})
+    out.append("")
+    out.append("vendors")
+    rows = [[v["vendor"], v["platform"], str(v["nodes"]), str(v["ranks"]),
+             ", ".join(f"{m} x{k}" for m, k in v["models"].items())] for v in rep["vendors"]]
+    out += _table(["vendor", "platform", "nodes", "ranks", "models"], rows, {2, 3})
+    out.append("")
+    out.append("link classes   tau = alpha + S_c / bandwidth (one lane);  C(u,v) = ceil(tau_ref / tau) * lanes")
+    if rep["link_classes"]:
+        rows = [[c["class"], str(c["links"]), _num(c["bandwidth_gbps"]), str(c["lanes"]), _num(c["total_gbps"]),
+                 _num(c["alpha_us"]), _num(c["tau_us"]), _num(c["tau_ref_over_tau"]), str(c["capacity"])]
+                for c in rep["link_classes"]]
+        out += _table(["class", "links", "GB/s/lane", "lanes", "total GB/s", "alpha us", "tau us", "tau_ref/tau",
+                       "C(u,v)"], rows, {1, 2, 3, 4, 5, 6, 7, 8})
+    else:
+        out.append("  (no links)")
+    out.append("")
+    groups = rep["shared_groups"]
+    if all_groups:
+        out.append("shared groups   C_g = ceil(tau_ref / tau_g) * lanes")
+        rows = [[str(g["id"]), g["kind"], g["direction"], str(g["links"]), _num(g["bandwidth_gbps"]), str(g["lanes"]),
+                 _num(g["capacity_gbps"]), str(g["capacity"]), g["label"]] for g in groups]
+        out += _table(["id", "kind", "direction", "links", "GB/s/lane", "lanes", "capacity GB/s", "C_g", "label"],
+                      rows, {0, 3, 4, 5, 6, 7})
+    else:
+        out.append("shared groups (alike groups together; --groups lists each)   C_g = ceil(tau_ref / tau_g) * lanes")
+        agg: dict[tuple, list] = {}
+        for g in groups:
+            key = (g["kind"], g["bandwidth_gbps"], g["lanes"], g["capacity"], g["links"])
+            e = agg.setdefault(key, [0, []])
+            e[0] += 1
+            if g["direction"] not in e[1]:
+                e[1].append(g["direction"])
+        kind_order = {c: i for i, c in enumerate(LINK_CLASSES)}
+        keys = sorted(agg, key=lambda k: (kind_order.get(k[0], len(kind_order)), k[0], -k[1] * k[2], k[4]))
+        rows = [[k[0], str(agg[k][0]), ", ".join(agg[k][1]), str(k[4]), _num(k[1]), str(k[2]), _num(k[1] * k[2]),
+                 str(k[3])] for k in keys]
+        if rows:
+            out += _table(["kind", "groups", "directions", "links each", "GB/s/lane", "lanes", "capacity GB/s", "C_g"],
+                          rows, {1, 3, 4, 5, 6, 7})
+    if not groups:
+        out.append("  (none)")
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(args.cluster)
+    from hccc.compiler.cluster.hierarchy import hierarchy
+
+    rep = report(topo, Path(args.cluster).name)
+    hier = hierarchy(topo)
+    rep["hierarchy"] = hier.summary()
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            sys.stderr.write("hccc topo: error: --plot needs matplotlib (pip install 'hccc[plot]')\n")
+            return 1
+        from hccc.topo_plot import draw
+        try:
+            draw(topo, args.plot)
+        except OSError as exc:
+            sys.stderr.write(f"hccc topo: error: cannot write '{args.plot}': {exc.strerror or exc}\n")
+            return 1
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(format_text(rep, args.groups))
+        print()
+        print(hier.describe())
+        if args.plot:
+            print(f"\nwrote {args.plot}")
+    return 0
