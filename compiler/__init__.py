@@ -1,1 +1,18 @@
-"""The hccc compiler: front ends, verifier, scheduler, lowering, ProgramIR and code generation."""
+"""The hccc compiler, one sub-package per pipeline stage (docs/architecture.md draws the picture).
+
+Layers, lowest first; a package imports only from packages below it:
+
+1. :mod:`.frontend` -- diagnostics, the Algorithm (header + transfer table), the .rccl grammar,
+   parser and bounded evaluator, the algorithm generators.
+2. :mod:`.cluster` -- the cluster model (Topology), the .topo grammar and parser, topology checks,
+   the vendor hierarchy and the mixed-vendor (C2C) plans.
+3. :mod:`.ir` -- ProgramIR, its structural / FIFO / deadlock checks, the symbolic prover.
+4. :mod:`.passes` -- verify, dependency DAG, HPDS and round-robin schedules, slicing, lowering,
+   thread-block allocation, and the build driver that chains them into a ProgramIR.
+5. :mod:`.backend` (code generation, atomic output directories), :mod:`.interop` (MSCCL XML both
+   ways, TACCL profiles) and :mod:`.synth` (schedule synthesis), side by side.
+6. :mod:`.pipeline` -- loading any input and compiling it to an output directory.
+
+``hccc.runtime`` sits above the compiler (it may import it; the compiler never imports the runtime),
+and the ``hccc`` package (driver/: command line, ``hccc.testing``) on top of both.
+"""
