@@ -184,7 +184,7 @@ def final_rows(collective: Collective, nranks: int, nchunks: int, root: int = 0)
     if collective is Collective.ALLTOALL:
         c = np.arange(C, dtype=np.int64)
         kc = max(1, C // (nranks * nranks))
-        return ((c // kc) % nranks) * C + c   # the block's destination rank
+        return np.sort(((c // kc) % nranks) * C + c)   # at the block's destination rank
     return np.arange(nranks * C, dtype=np.int64)
 
 
