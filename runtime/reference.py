@@ -69,11 +69,14 @@ def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
 
 
 def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
-    """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements."""
+    """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements
+    (AllToAll: ``count`` rounded down to whole blocks, :func:`alltoall_count`)."""
     b = chunk_bounds(count, nchunks)
     if collective == "allgather":
         k = nchunks // nranks
         return int(b[rank * k + k] - b[rank * k])
+    if collective == "alltoall":
+        return alltoall_count(count, nranks)
     return count
 
 
