@@ -63,6 +63,16 @@ def alltoall_count(count: int, nranks: int) -> int:
     return int(count) - int(count) % max(1, int(nranks))
 
 
+def alltoall_unit(ir: ProgramIR) -> int:
+    """What an AllToAll run's per-rank count must be a multiple of: ``nranks`` (then a block's
+    pieces may differ in size by one element, and hccc's lowering keeps every piece in a scratch
+    slot of its size); ``nchunks`` for an imported MSCCL program that uses scratch, which may park
+    any piece in any slot, so all pieces must have one size."""
+    if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
+        return int(ir.nchunks)
+    return int(ir.nranks)
+
+
 def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
     c = np.arange(nchunks + 1, dtype=np.int64)
     return c * count // nchunks
@@ -300,5 +310,6 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     return outs
 
 
-__all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "alltoall_count", "round_bf16", "OPS",
+__all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "alltoall_count",
+           "alltoall_unit", "round_bf16", "OPS",
            "DTYPES"]
