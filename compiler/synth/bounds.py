@@ -317,13 +317,18 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
 # ---------------------------------------------------------------- AllToAll
 #: beyond this many top-level parts (nodes), only single parts and their complements are cut
 ALLTOALL_SUBSET_LIMIT = 10
+#: up to this many ranks every rank subset is cut (the bound is then the exact maximum)
+ALLTOALL_ALL_SUBSETS = 10
 
 
 def alltoall_cut_sets(net: Network) -> list[frozenset]:
     """Rank sets whose cuts the AllToAll bounds examine: every rank alone, every part of every
     hierarchy level (nodes, islands, ...), and every union of top-level parts (nodes) while there
-    are at most :data:`ALLTOALL_SUBSET_LIMIT` of them; with their complements."""
+    are at most :data:`ALLTOALL_SUBSET_LIMIT` of them; with their complements. Up to
+    :data:`ALLTOALL_ALL_SUBSETS` ranks, simply every proper subset."""
     n = net.nranks
+    if n <= ALLTOALL_ALL_SUBSETS:
+        return [frozenset(r for r in range(n) if m >> r & 1) for m in range(1, (1 << n) - 1)]
     sets = {frozenset([r]) for r in range(n)}
     for lev in net.levels:
         for p in np.unique(lev).tolist():
