@@ -173,3 +173,33 @@ def test_kernels_match_at_uneven_sizes_every_dtype(make):
     ir = build_program(alg, chunk_bytes=64)
     res = run_case(ir, KernelCase(n * 29 * k + 5, "int32", "sum", True, 3))
     assert res.ok and res.wrong == 0 and res.count % n == 0 and res.oracle == "reference"
+
+
+# ------------------------------------------------------------------------------ simulator
+@pytest.mark.parametrize("make", [lambda: gen.direct_alltoall(16), lambda: gen.hierarchical_alltoall(2, 8)])
+def test_simulated_alltoall_never_beats_the_cut_bound(make):
+    from pathlib import Path
+
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth.bounds import alltoall_cut_bound_seconds
+    from hccc.runtime.simulator import simulate_sizes
+
+    topo = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "a100_topo2.topo")
+    ir = build_program(make())
+    sizes = [1 << 20, 1 << 26]
+    for s, r in zip(sizes, simulate_sizes(ir, topo, sizes)):
+        bound, _ = alltoall_cut_bound_seconds(network_from_topology(topo), s)
+        assert r.time_s >= bound * (1 - 1e-9)
+        assert r.busbw_GBps == pytest.approx(s / r.time_s / 1e9 * 15 / 16)
+
+
+def test_hccc_sim_cli_runs_alltoall(tmp_path, capsys):
+    from pathlib import Path
+
+    from hccc.cli import main
+    algo = tmp_path / "a2a.rccl"
+    algo.write_text(gen.hierarchical_alltoall_rccl(2, 8))
+    topo = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "a100_topo2.topo"
+    assert main(["sim", str(algo), "--topology", str(topo), "--sizes", "1M,16M", "--json"]) == 0
+    assert "alltoall" in capsys.readouterr().out
