@@ -312,3 +312,86 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
     G = hub_graph(net, net.bw, net.gbw)
     ratio, _ = max_cut_ratio(G, _origin_weights(task), rank_classes(net, task), exact=False)
     return float(ratio) * total_bytes / task.nchunks
+
+
+# ---------------------------------------------------------------- AllToAll
+#: beyond this many top-level parts (nodes), only single parts and their complements are cut
+ALLTOALL_SUBSET_LIMIT = 10
+#: up to this many ranks every rank subset is cut (the bound is then the exact maximum)
+ALLTOALL_ALL_SUBSETS = 10
+
+
+def alltoall_cut_sets(net: Network) -> list[frozenset]:
+    """Rank sets whose cuts the AllToAll bounds examine: every rank alone, every part of every
+    hierarchy level (nodes, islands, ...), and every union of top-level parts (nodes) while there
+    are at most :data:`ALLTOALL_SUBSET_LIMIT` of them; with their complements. Up to
+    :data:`ALLTOALL_ALL_SUBSETS` ranks, simply every proper subset."""
+    n = net.nranks
+    if n <= ALLTOALL_ALL_SUBSETS:
+        return [frozenset(r for r in range(n) if m >> r & 1) for m in range(1, (1 << n) - 1)]
+    sets = {frozenset([r]) for r in range(n)}
+    for lev in net.levels:
+        for p in np.unique(lev).tolist():
+            sets.add(frozenset(np.flatnonzero(lev == p).tolist()))
+    if net.levels:
+        parts = np.unique(net.levels[0]).tolist()
+        if len(parts) <= ALLTOALL_SUBSET_LIMIT:
+            members = [np.flatnonzero(net.levels[0] == p).tolist() for p in parts]
+            for mask in range(1, 1 << len(parts)):
+                sets.add(frozenset(r for i, m in enumerate(members) if mask >> i & 1 for r in m))
+    everyone = frozenset(range(n))
+    sets |= {everyone - s for s in sets}
+    return sorted((s for s in sets if 0 < len(s) < n), key=lambda s: (len(s), sorted(s)))
+
+
+def _set_cut(G: nx.DiGraph, side: frozenset, n: int) -> float:
+    """Least capacity of any cut separating ``side`` from the other ranks (hubs on either side)."""
+    H = G.copy()
+    for r in range(n):
+        if r in side:
+            H.add_edge("__s__", r)          # no capacity attribute: infinite
+        else:
+            H.add_edge(r, "__t__")
+    return float(nx.maximum_flow_value(H, "__s__", "__t__"))
+
+
+def alltoall_cut_ratio(net: Network, pair_cap, group_cap) -> tuple[float, frozenset]:
+    """``max over examined rank sets S`` of ``|S| * |V - S| / cut(S -> V - S)``: blocks (one per
+    ordered pair of ranks) that must leave ``S``, per unit of the capacity leaving it. Every block
+    from a rank in S to one outside crosses that cut at least once, so any schedule needs at least
+    that ratio in time units (a valid lower bound for each set examined; the maximum over them is
+    what is reported)."""
+    G = hub_graph(net, pair_cap, group_cap)
+    n = net.nranks
+    best, arg = 0.0, frozenset()
+    for s in alltoall_cut_sets(net):
+        demand = len(s) * (n - len(s))
+        cap = _set_cut(G, s, n)
+        if cap <= 0:
+            raise ValueError(f"ranks {_ranges(sorted(s))} cannot reach the other ranks")
+        if demand / cap > best:
+            best, arg = demand / cap, s
+    return best, arg
+
+
+def alltoall_cut_bound_seconds(net: Network, total_bytes: float) -> tuple[float, str]:
+    """AllToAll's cut bound for ``total_bytes`` per rank (``nranks`` blocks of
+    ``total_bytes / nranks``): max over cuts of the bytes that must cross it over its capacity.
+    Returns (seconds, the maximising cut's rank set as text)."""
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    n = net.nranks
+    if n < 2:
+        return 0.0, "{}"
+    ratio, side = alltoall_cut_ratio(net, net.bw, net.gbw)
+    return ratio * total_bytes / n, _ranges(sorted(side))
+
+
+def alltoall_step_bound(net: Network, chunks_per_rank: int) -> int:
+    """Steps any AllToAll schedule needs with ``chunks_per_rank`` chunks per block: the cut ratio in
+    chunk capacities C(u, v) (rounded up), and at least one step when there are two ranks."""
+    n = net.nranks
+    if n < 2:
+        return 0
+    ratio, _ = alltoall_cut_ratio(net, net.cap.astype(np.float64), net.gcap.astype(np.float64))
+    return max(1, int(np.ceil(ratio * chunks_per_rank - 1e-9)))
