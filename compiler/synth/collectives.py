@@ -28,7 +28,7 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.cluster.topology import Topology
-from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, cut_bound_seconds, step_lower_bound
+from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_cut_bound_seconds, step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
@@ -213,16 +213,7 @@ def _alltoall_cut_set(net: Network, total_bytes: float) -> str:
 
 
 def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float) -> float:
-    """ForestColl's cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
-    ReduceScatter's input, the AllReduce/Broadcast buffer). AllReduce: ReduceScatter + AllGather."""
-    coll = collective.lower()
-    if coll == "alltoall":   # total_bytes: one rank's buffer (nranks blocks)
-        return alltoall_cut_bound_seconds(net, total_bytes)[0]
-    if coll == "allgather":
-        return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
-    if coll == "broadcast":
-        return cut_bound_seconds(net, broadcast_task(n, root, k), total_bytes)
-    rs = cut_bound_seconds(net.transposed(), allgather_task(n, k), total_bytes)
-    if coll == "reducescatter":
-        return rs
-    return rs + cut_bound_seconds(net, allgather_task(n, k), total_bytes)
+    """The cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
+    ReduceScatter's input, the AllReduce/Broadcast buffer); see
+    :func:`~hccc.compiler.synth.bounds.collective_cut_bound_seconds`."""
+    return collective_cut_bound_seconds(net, collective, n, k, root, total_bytes)
