@@ -60,7 +60,7 @@ def _template_env() -> jinja2.Environment:
 class Columns:
     """Per-primitive compile-time constants derived from the IR (all numpy, canonical order)."""
     sconn: np.ndarray      # send connection index within the rank, -1
-    spos: np.ndarray       # chunks posted earlier on that connection
+    spos: np.ndarray       # messages (primitives) posted earlier on that connection
     rconn: np.ndarray
     rpos: np.ndarray
     chunk: np.ndarray      # chunk of the full buffer that defines the slice geometry
@@ -123,8 +123,10 @@ def analyse(ir: ProgramIR) -> Columns:
     rank = p["rank"].astype(np.int64)
     count = p["count"].astype(np.int64)
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
-    sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, count, ir.nranks)
-    rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, count, ir.nranks)
+    # FIFO positions count messages: one slot per primitive and micro-batch, whatever its count
+    ones = np.ones(n, np.int64)
+    sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, ones, ir.nranks)
+    rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, ones, ir.nranks)
 
     # Anchor chunk: slices are sized by the chunk of the full buffer the primitive moves. Prefer
     # the destination of receiving ops and the source otherwise; prefer input/output to scratch.
@@ -261,6 +263,9 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
                 raise ValueError(f"unknown platform {pl!r} (expected one of {', '.join(PLATFORMS)})")
     if ir.chunk_bytes <= 0 or ir.chunk_bytes % 16 or ir.chunk_bytes > (1 << 30):
         raise ValueError("chunk_bytes must be a positive multiple of 16 of at most 1 GiB")
+    if ir.chunk_bytes < 16 * ir.max_step_chunks:
+        raise ValueError(f"chunk_bytes {ir.chunk_bytes} is too small: a FIFO slot carries one slice of "
+                         f"each of up to {ir.max_step_chunks} chunks of a step, at least 16 bytes each")
     if ir.nchunks < 1:
         raise ValueError("nchunks must be positive")
 
@@ -331,7 +336,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
-                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes, tbs=tbs)
+                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
+                max_cnt=ir.max_step_chunks, tbs=tbs)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,

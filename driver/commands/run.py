@@ -258,10 +258,11 @@ def run(args) -> int:
     if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
-        # with a single micro-batch per chunk the two orders coincide, so make the slot hold a chunk.
+        # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
+        # chunk of each of the chunks its largest step moves.
         most = max(args.bytes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
-        ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16)
+        ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
     tty = sys.stderr.isatty() and not args.json
     if tty:
         sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")
