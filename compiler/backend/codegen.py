@@ -21,6 +21,7 @@ import jinja2
 import numpy as np
 
 from hccc.compiler.ir.check import check_structure
+from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 
 MANIFEST_SCHEMA = "hccc.manifest/1"
@@ -102,18 +103,6 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     return conn, pos, tables
 
 
-def buffer_bases(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
-    """Per rank: chunk of the full buffer held by chunk 0 of input / of output."""
-    ranks = np.arange(ir.nranks, dtype=np.int64)
-    out = []
-    for nb in (ir.in_chunks, ir.out_chunks):
-        if 0 < nb < ir.nchunks and nb * ir.nranks == ir.nchunks:
-            out.append(ranks * nb)
-        else:
-            out.append(np.zeros(ir.nranks, np.int64))
-    return out[0], out[1]
-
-
 def analyse(ir: ProgramIR) -> Columns:
     p = ir.prims
     n = ir.nprims
@@ -128,29 +117,9 @@ def analyse(ir: ProgramIR) -> Columns:
     sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, ones, ir.nranks)
     rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, ones, ir.nranks)
 
-    # Anchor chunk: slices are sized by the chunk of the full buffer the primitive moves. Prefer
-    # the destination of receiving ops and the source otherwise; prefer input/output to scratch.
-    in_base, out_base = buffer_bases(ir)
-
-    def logical(buf, off):
-        b = buf.astype(np.int64)
-        o = off.astype(np.int64)
-        lc = np.where(b == Buf.SCRATCH, o % max(ir.nchunks, 1), o)
-        lc = np.where(b == Buf.INPUT, o + in_base[rank], lc)
-        lc = np.where(b == Buf.OUTPUT, o + out_base[rank], lc)
-        good = (b == Buf.INPUT) | (b == Buf.OUTPUT)
-        return lc, good, b != Buf.NONE
-
-    dlc, dgood, dany = logical(p["dst_buf"], p["dst_off"])
-    slc, sgood, sany = logical(p["src_buf"], p["src_off"])
-    prefer_dst = recvs | ~sany
-    first_lc = np.where(prefer_dst, dlc, slc)
-    first_good = np.where(prefer_dst, dgood, sgood)
-    second_lc = np.where(prefer_dst, slc, dlc)
-    second_good = np.where(prefer_dst, sgood, dgood)
-    chunk = np.where(first_good | ~second_good, first_lc, second_lc)
-    chunk = np.where(dany | sany, chunk, 0)
-    chunk = np.clip(np.minimum(chunk, ir.nchunks - np.maximum(count, 0)), 0, None)
+    # Anchor chunk: the chunk of the full buffer whose size every chunk the primitive names has
+    # (proven for every element count, or ExtentError)
+    chunk = chunk_anchors(ir)
 
     # Progress slots: one per primitive some other primitive waits for, numbered per rank.
     post = np.full(n, -1, np.int64)
