@@ -24,7 +24,7 @@ from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Locatio
 from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
 from hccc.compiler.ir.extents import ExtentError, check_extents
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
-from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
+from hccc.compiler.interop.msccl_format import COLLECTIVE_ALIASES, MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 MAX_GPUS = 4096
@@ -208,7 +208,7 @@ class _Importer:
         proto = a.attrs["proto"]
         if proto not in PROTOCOLS:
             raise self.err(a, f"unknown protocol '{proto}' (expected {', '.join(PROTOCOLS)})", "proto")
-        coll = a.attrs["coll"]
+        coll = COLLECTIVE_ALIASES.get(a.attrs["coll"], a.attrs["coll"])
         if coll not in SUPPORTED_COLLECTIVES:
             if coll in OTHER_COLLECTIVES:
                 raise self.err(a, f"unsupported collective '{coll}': hccc proves and runs "
