@@ -110,6 +110,41 @@ def same_size(ir: ProgramIR, a, b) -> np.ndarray:
     return ok
 
 
+def _agree(ir: ProgramIR, a: np.ndarray, b: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Vectorised: do chunks ``a + k`` and ``b + k`` have one size at every admissible count, for
+    every ``k < cnt``?"""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    cnt = np.maximum(np.asarray(cnt, np.int64), 1)
+    P = size_period(ir)
+    ok = (a - b) % P == 0
+    idx = np.flatnonzero(~ok)
+    if len(idx):
+        c = cnt[idx]
+        k = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+        each = same_size(ir, np.repeat(a[idx], c) + k, np.repeat(b[idx], c) + k)
+        ok[idx] = np.logical_and.reduceat(each, np.cumsum(c) - c)
+    return ok
+
+
+def _first_difference(ir: ProgramIR, a: int, b: int, cnt: int) -> tuple[int, int]:
+    """``(k, count)``: the first chunk ``k`` of a step whose chunks ``a + k`` and ``b + k`` differ in
+    size, and an admissible element count where they do."""
+    for k in range(max(1, int(cnt))):
+        w = size_witness(ir, a + k, b + k)
+        if w is not None:
+            return k, w
+    raise AssertionError("the chunks agree in size")
+
+
+def _differ_text(ir: ProgramIR, a: int, b: int, cnt: int) -> str:
+    C = max(1, int(ir.nchunks))
+    k, w = _first_difference(ir, a, b, cnt)
+    step = f"their chunk {k} of the step (chunks {a + k} and {b + k} of the full buffer) " if k else ""
+    return (f"{step}differ in size at {_elements(w)} ({chunk_size(a + k, w, C)} vs "
+            f"{chunk_size(b + k, w, C)})")
+
+
 def buffer_bases(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
     """Per rank: chunk of the full buffer held by chunk 0 of input / of output (a buffer of ``k``
     slots with ``k * nranks == nchunks`` holds the rank's own part; any other starts at chunk 0)."""
@@ -188,19 +223,18 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
     op = p["op"].astype(np.int64)
     src = _side_chunks(ir, "src", _READS[op])
     dst = _side_chunks(ir, "dst", _WRITES[op])
+    cnt = p["count"].astype(np.int64)
     # 1. both sides of one primitive
     both = np.flatnonzero((src >= 0) & (dst >= 0))
     if len(both):
-        ok = same_size(ir, src[both], dst[both])
+        ok = _agree(ir, src[both], dst[both], cnt[both])
         if not ok.all():
             i = int(both[np.flatnonzero(~ok)[0]])
-            w = size_witness(ir, int(src[i]), int(dst[i]))
             raise ExtentError(
                 f"{describe(i)}: copies between chunks of different sizes: "
                 f"{_side_text(ir, i, 'src', int(src[i]))} and {_side_text(ir, i, 'dst', int(dst[i]))} "
-                f"differ in size at {_elements(w)} ({chunk_size(src[i], w, C)} vs "
-                f"{chunk_size(dst[i], w, C)}); every chunk a primitive names must have the size of "
-                f"the chunk it moves", [i])
+                f"{_differ_text(ir, int(src[i]), int(dst[i]), int(cnt[i]))}; every chunk a primitive "
+                f"names must have the size of the chunk it moves", [i])
     own = np.where(dst >= 0, dst, src)
     s, r = _matches(ir)
     if ir.scratch_chunks and ((_READS[op] & (p["src_buf"] == Buf.SCRATCH)).any()
@@ -221,7 +255,7 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
     rep[head[known]] = own[known]          # some input/output chunk of the chain (last one wins)
     rep_prim[head[known]] = known
     if len(known):
-        ok = same_size(ir, own[known], rep[head[known]])
+        ok = _agree(ir, own[known], rep[head[known]], cnt[known])
         if not ok.all():
             i = int(known[np.flatnonzero(~ok)[0]])
             _chain_conflict(ir, i, int(rep_prim[head[i]]), int(own[i]), int(rep[head[i]]), own, describe)
@@ -236,12 +270,10 @@ def _static_text(ir: ProgramIR, i: int, chunk: int) -> str:
 
 
 def _chain_conflict(ir, i, j, a, b, own, describe, via: str = "on the same send/receive chain"):
-    C = max(1, int(ir.nchunks))
-    w = size_witness(ir, a, b)
     raise ExtentError(
         f"{describe(i)}: it moves {_static_text(ir, i, a)}, but {describe(j)} {via} moves "
-        f"{_static_text(ir, j, b)}; they differ in size at {_elements(w)} "
-        f"({chunk_size(a, w, C)} vs {chunk_size(b, w, C)}), so one message cannot fit both", [i, j])
+        f"{_static_text(ir, j, b)}; they {_differ_text(ir, a, b, int(ir.prims['count'][i]))}, so one "
+        f"message cannot fit both", [i, j])
 
 
 def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: np.ndarray,
@@ -312,11 +344,13 @@ def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: n
             value[root] = (int(own[i]) - d, i)
             continue
         want = value[root][0] + d
-        if (want - int(own[i])) % P and not all(
-                size_witness(ir, want + k, int(own[i]) + k) is None for k in range(int(cnt[i]))):
+        if not _agree(ir, [want], [int(own[i])], [int(cnt[i])])[0]:
             j = value[root][1]
-            _chain_conflict(ir, i, j, int(own[i]), int(value[root][0] + find(j)[1]), own, describe,
-                            via="(linked to it through sends, receives and scratch chunks)")
+            raise ExtentError(
+                f"{describe(i)}: it moves {_static_text(ir, i, int(own[i]))}, but its sends, receives "
+                f"and scratch chunks link it to {describe(j)}, which moves "
+                f"{_static_text(ir, j, int(own[j]))}: that makes this step move chunk {want} of the "
+                f"full buffer, and the two {_differ_text(ir, int(own[i]), want, int(cnt[i]))}", [i, j])
     for i in range(n):
         if own[i] >= 0:
             anchor[i] = own[i]
