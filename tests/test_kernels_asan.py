@@ -32,3 +32,19 @@ def test_kernel_properties_under_address_sanitizer():
     assert res.returncode == 0, out
     assert "AddressSanitizer" not in res.stderr, out
     assert " passed" in res.stdout and " skipped" not in res.stdout, out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or asan_runtime() is None,
+                    reason="g++ with an ASan runtime (libasan) is not installed")
+def test_run_sanitize_option(tmp_path, capfd):
+    """``hccc run --sanitize`` restarts itself with the ASan runtime and runs the kernels there."""
+    from hccc.cli import main
+    from msccl_texts import allpairs_allreduce
+    xml = tmp_path / "allpairs.xml"
+    xml.write_text(allpairs_allreduce(2, 3))
+    assert main(["run", str(xml), "--sanitize", "--bytes", "4,100", "--json"]) == 0
+    out = capfd.readouterr()
+    assert '"ok": true' in out.out.replace("True", "true"), out.out + out.err
+    assert "AddressSanitizer" not in out.err
+    assert main(["run", str(xml), "--sanitize", "--backend", "cuda"]) == 2
+    assert "--sanitize needs --backend cpu" in capfd.readouterr().err
