@@ -23,7 +23,7 @@ from hccc.runtime.cpu import asan_loaded
 from hccc.runtime.platform import get_platform
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
-from msccl_texts import allpairs_allreduce
+from msccl_texts import allpairs_allreduce, direct_allgather
 
 pytestmark = pytest.mark.skipif(os.environ.get("HCCC_CPU_SANITIZE") != "address" or not asan_loaded(),
                                 reason="run through test_kernels_asan.py (ASan runtime preloaded)")
@@ -62,11 +62,13 @@ def test_random_programs_in_bounds(collective, data):
 
 
 @FEW
-@given(n=st.integers(2, 3), per=st.integers(1, 17), data=st.data())
-def test_imported_multi_chunk_steps_in_bounds(n, per, data):
-    """Steps of ``per`` chunks, scratch smaller than the loop, local ``re`` steps; in place the
-    importer's input copy is a ``cpy`` between coinciding chunks, out of place a real one."""
-    ir = import_xml_text(allpairs_allreduce(n, per), "allpairs.xml")
+@given(family=st.sampled_from([allpairs_allreduce, direct_allgather]), n=st.integers(2, 3),
+       per=st.integers(1, 17), data=st.data())
+def test_imported_multi_chunk_steps_in_bounds(family, n, per, data):
+    """Steps of ``per`` chunks; AllReduce with scratch smaller than the loop and local ``re``
+    steps (in place the importer's input copy is a ``cpy`` between coinciding chunks, out of place a
+    real one), AllGather with a local ``cpy`` of the rank's block."""
+    ir = import_xml_text(family(n, per), "algo.xml")
     ir.chunk_bytes = 64 * ir.max_step_chunks
     count = data.draw(st.integers(0, 16 * ir.nchunks), label="count")
     case = KernelCase(count, data.draw(st.sampled_from(["float32", "int32"])), "sum",

@@ -41,3 +41,26 @@ def allpairs_allreduce(n: int, per: int, proto: str = "Simple", coll: str = "all
         out.append('  </gpu>')
     out.append('</algo>')
     return "\n".join(out) + "\n"
+
+
+def direct_allgather(n: int, k: int, proto: str = "Simple") -> str:
+    """AllGather where every rank sends its ``k`` chunks to every peer as one step of ``cnt = k``
+    (one thread block per peer: send first, then receive the peer's block), and a local thread
+    block copies the rank's own block into place (``cpy`` of ``k`` chunks); in and out of place."""
+    C = n * k
+    out = [f'<algo name="direct_ag_{n}x{k}" proto="{proto}" nchannels="1" nchunksperloop="{C}" '
+           f'ngpus="{n}" coll="allgather" inplace="1" outofplace="1">']
+    for r in range(n):
+        peers = [p for p in range(n) if p != r]
+        out.append(f'  <gpu id="{r}" i_chunks="{k}" o_chunks="{C}" s_chunks="0">')
+        for t, p in enumerate(peers):
+            out.append(f'    <tb id="{t}" send="{p}" recv="{p}" chan="0">')
+            out.append(_step(0, "s", "i", 0, "o", r * k, k))
+            out.append(_step(1, "r", "i", 0, "o", p * k, k))
+            out.append('    </tb>')
+        out.append(f'    <tb id="{len(peers)}" send="-1" recv="-1" chan="0">')
+        out.append(_step(0, "cpy", "i", 0, "o", r * k, k))
+        out.append('    </tb>')
+        out.append('  </gpu>')
+    out.append('</algo>')
+    return "\n".join(out) + "\n"

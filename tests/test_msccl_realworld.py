@@ -22,7 +22,7 @@ from hccc.compiler.frontend import generators as gen
 from hccc.runtime.reference import execute, expected, make_inputs
 from hccc.testing import KernelCase, describe_failure, run_case
 
-from msccl_texts import allpairs_allreduce
+from msccl_texts import allpairs_allreduce, direct_allgather
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -50,12 +50,14 @@ def test_allpairs_with_16_and_32_chunk_steps_runs(n, per):
 
 
 @needs_gxx
-@settings(max_examples=4, deadline=None)
-@given(n=st.integers(2, 3), per=st.integers(2, 24), proto=st.sampled_from(["Simple", "LL", "LL128"]),
-       data=st.data())
-def test_accepted_multi_chunk_steps_run_to_completion(n, per, proto, data):
-    """check valid => run completes with 0 wrong elements, for steps of many chunks."""
-    ir = _small_slots(import_xml_text(allpairs_allreduce(n, per, proto), "allpairs.xml"))
+@settings(max_examples=6, deadline=None)
+@given(family=st.sampled_from([allpairs_allreduce, direct_allgather]), n=st.integers(2, 3),
+       per=st.integers(2, 24), proto=st.sampled_from(["Simple", "LL", "LL128"]), data=st.data())
+def test_accepted_multi_chunk_steps_run_to_completion(family, n, per, proto, data):
+    """check valid => run completes with 0 wrong elements, for steps of many chunks that both
+    peers send before either receives (AllReduce with scratch and local reductions, AllGather with
+    a local multi-chunk copy)."""
+    ir = _small_slots(import_xml_text(family(n, per, proto), "algo.xml"))
     C = ir.nchunks
     count = data.draw(st.integers(0, 4 * C), label="count")
     case = KernelCase(count, data.draw(st.sampled_from(["float32", "int32"])), "sum",
