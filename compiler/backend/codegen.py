@@ -32,6 +32,9 @@ DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf1
           ("int32", "int32_t"))
 REDOPS = ("sum", "max", "min")
 NSLOTS = 8
+#: bytes a FIFO slot adds to chunk_bytes (hccc_prims.h HCCC_SLOT_BYTES: header and alignment room)
+SLOT_OVERHEAD = 32
+ABI_VERSION = 2
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
 
 _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
@@ -380,12 +383,13 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                     "scratch": int(ir.scratch_chunks)},
         "chunk_bytes": int(ir.chunk_bytes),
         "nslots": NSLOTS,
+        "slot_bytes": int(ir.chunk_bytes) + SLOT_OVERHEAD,
         "nwarps": int(ir.nwarps),
         "nthreads": nthreads,
         "dtypes": [d for d, _ in DTYPES],
         "ops": list(REDOPS),
         "kernel_symbol": "{kernel}_{dtype}_{op}",
-        "abi_version": 1,
+        "abi_version": ABI_VERSION,
         "ir": ir_file,
         "headers": list(HEADERS),
         "umbrella": umbrella,
