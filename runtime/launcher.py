@@ -379,8 +379,8 @@ class Runner:
         self.modules = {}
         for p, rs in self.library_ranks.items():
             pf = self.platforms[p]
-            self.libraries[p] = Path(pf.build(self.gendir, man, inst, ranks=rs,
-                                              single_gpu=self.single_gpu))
+            scope = {"single_gpu": True} if self.single_gpu else {}   # system scope: the default
+            self.libraries[p] = Path(pf.build(self.gendir, man, inst, ranks=rs, **scope))
             self.modules[p] = pf.load(self.libraries[p])
         self.module = self.modules[self.rank_platform[0]] if N else None
         pattern = man.get("kernel_symbol", "{kernel}_{dtype}_{op}")
