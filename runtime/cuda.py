@@ -83,8 +83,13 @@ def build_cuda_module(outdir: Path, manifest: dict, instance: Instance,
     sel = select_ranks(manifest, ranks)
     arch = normalise_arch(arch) if arch else resolve_arch()
     tu = translation_unit(manifest, instance, sel, "cuda")
-    flags = ["-std=c++17", "-O3", "-cubin", f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
+    flags = cuda_flags(arch, single_gpu, output="-cubin")
     return compile_module(Path(outdir), manifest, tu, sel, "cuda", nvcc or find_nvcc(), flags, ".cubin")
+
+
+def cuda_flags(arch: str, single_gpu: bool = False, *, output: str = "-cubin") -> list[str]:
+    """nvcc flags of a kernel build (``output``: ``-cubin``, or ``-ptx`` to inspect the code)."""
+    return ["-std=c++17", "-O3", output, f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
 
 
 

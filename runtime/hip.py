@@ -90,8 +90,15 @@ def build_hip_module(outdir: Path, manifest: dict, instance: Instance,
     sel = select_ranks(manifest, ranks)
     arch = normalise_hip_arch(arch) if arch else resolve_hip_arch()
     tu = translation_unit(manifest, instance, sel, "hip")
-    flags = ["-std=c++17", "-O3", "--genco", f"--offload-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
+    flags = hip_flags(arch, single_gpu)
     return compile_module(Path(outdir), manifest, tu, sel, "hip", hipcc or find_hipcc(), flags, ".co")
+
+
+def hip_flags(arch: str, single_gpu: bool = False, *, output: tuple[str, ...] = ("--genco",)) -> list[str]:
+    """hipcc flags of a kernel build (``output``: ``("--genco",)``, or
+    ``("--cuda-device-only", "-S")`` for the device assembly, to inspect the code)."""
+    return (["-std=c++17", "-O3", *output, f"--offload-arch={arch}"]
+            + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
 
 
 def offload_bundle_entries(data: bytes) -> list[tuple[str, bytes]]:
