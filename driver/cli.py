@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             parser = argparse.ArgumentParser(prog=f"hccc {cmd}", description=summary[0].upper() + summary[1:] + ".")
             mod.configure(parser)
             args = parser.parse_args(rest)
+            args.argv = [cmd, *rest]      # the command line, for commands that re-run themselves
             json_mode = bool(getattr(args, "json", False))
             return mod.run(args)
         args = _compile_parser().parse_args(argv)

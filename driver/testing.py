@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.compiler.passes.verify import final_rows, verify
 
 __all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid_programs",
@@ -425,7 +426,7 @@ def default_counts(ir, dtype: str = "float32") -> list[int]:
     several micro-batches with a ragged last one, and more micro-batches than FIFO slots."""
     from hccc.runtime.launcher import ELEMENT_BYTES
     C = ir.nchunks
-    E = max(1, ir.chunk_bytes // ELEMENT_BYTES[dtype])
+    E = max(1, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks) // ELEMENT_BYTES[dtype])
     return sorted({0, 1, C, C + 1, C * E - 1, C * 3 * E + C // 2 + 1, C * 9 * E + 3})
 
 
@@ -449,7 +450,8 @@ def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str]
         max_microbatches = 1
     elif ir.chunk_bytes >= 32:
         slice_b = draw(st.one_of(st.just(0), st.integers(1, ir.chunk_bytes // 16).map(lambda k: 16 * k)))
-    E = max(1, (slice_b or ir.chunk_bytes) // ELEMENT_BYTES[dtype])
+    share = slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)
+    E = max(1, min(slice_b or share, share) // ELEMENT_BYTES[dtype])
     edges = sorted(x for x in {0, 1, 2, E - 1, E, E + 1, 2 * E, NSLOTS * E, NSLOTS * E + 1,
                                max_microbatches * E} if x <= max_microbatches * E)
     # integers first: shrinking moves towards the first branch, so a failing edge size can still
@@ -600,7 +602,7 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
             progress(len(report.cases), case, res)
         return res
 
-    E = max(1, ir.chunk_bytes // ELEMENT_BYTES["float32"])
+    E = max(1, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks) // ELEMENT_BYTES["float32"])
     # several micro-batches, more than the FIFO holds; one per chunk for an algorithm-level import
     nmb = 1 if ir.algorithm_level else NSLOTS + 1
     smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), "float32" if "float32" in dtypes else dtypes[0],

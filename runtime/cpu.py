@@ -11,7 +11,15 @@ X(dtype, ctype, op, HCCC_OP)`` so only the requested instantiation is compiled, 
 ``cpu_launcher.cpp`` (this package; its object is cached separately, it does not depend on the
 program). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
-``HCCC_CPU_MAX_THREADS`` (thread budget, default 8192).
+``HCCC_CPU_MAX_THREADS`` (thread budget, default 8192), ``HCCC_CPU_SANITIZE`` (``address``: the
+AddressSanitizer build below).
+
+AddressSanitizer (``CpuPlatform(sanitize="address")``, ``hccc run --sanitize``). The kernels and
+the launcher are compiled with ``-fsanitize=address`` and every buffer (inputs, outputs, scratch,
+FIFO slots, counters) is its own ``posix_memalign`` block, so ASan puts a poisoned redzone right
+after its last byte: a kernel that touches one element past a chunk's buffer stops the process
+with ASan's report. The ASan runtime must be the first library of the process
+(``LD_PRELOAD=`` :func:`asan_runtime`); the platform refuses to start otherwise.
 
 Execution. A launch creates ``grid x block`` OS threads (one per emulated GPU thread) and returns
 at once; ``synchronize`` waits for every launch of every stream. Memory is host memory, 256-byte
@@ -51,8 +59,34 @@ _MMAP_MIN = 1 << 16
 _ABORT_OFFSET = Args.abort_flag.offset
 #: threads per TB when the caller does not choose (the emitted kernels ask for 512 and more)
 DEFAULT_BLOCK_THREADS = 2
+_ASAN_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g",
+               # instrumented frames are larger: give every emulated GPU thread 1 MiB of stack
+               "-DHCCC_CPU_STACK_BYTES=(1024*1024)"]
+SANITIZERS = ("address",)
 _CXX_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-gnu-unique",
               "-fno-strict-aliasing", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
+
+
+def asan_runtime(cxx: str | None = None) -> str | None:
+    """Path of the compiler's ASan runtime (``libasan.so``) to preload, or None without one."""
+    exe = shutil.which(cxx or os.environ.get("HCCC_CXX") or "g++")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "-print-file-name=libasan.so"], capture_output=True, text=True,
+                             timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out if out and os.path.isabs(out) and os.path.exists(out) else None
+
+
+def asan_loaded() -> bool:
+    """Is the ASan runtime mapped into this process?"""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return any("libasan" in line for line in f)
+    except OSError:
+        return False
 
 
 def _launcher_source() -> str:
@@ -171,9 +205,20 @@ class CpuPlatform(Platform):
 
     def __init__(self, *, cxx: str | None = None, opt: str | None = None, jobs: int | None = None,
                  cache_dir: str | os.PathLike | None = None, max_threads: int | None = None,
-                 source_platform: str = "cuda"):
+                 source_platform: str = "cuda", sanitize: str | None = None):
         if source_platform not in ("cuda", "hip"):
             raise PlatformError(f"the CPU emulation runs cuda or hip sources, not {source_platform!r}")
+        if sanitize is None:
+            sanitize = os.environ.get("HCCC_CPU_SANITIZE") or None
+        if sanitize is not None and sanitize not in SANITIZERS:
+            raise PlatformError(f"unknown sanitizer {sanitize!r} (expected one of {', '.join(SANITIZERS)})")
+        if sanitize == "address" and not asan_loaded():
+            lib = asan_runtime(cxx)
+            raise PlatformError("the AddressSanitizer build needs the ASan runtime loaded first: run "
+                                f"with LD_PRELOAD={lib or 'libasan.so'} (and ASAN_OPTIONS=detect_leaks=0)")
+        #: ``"address"`` for the AddressSanitizer build, else None
+        self.sanitize = sanitize
+        self._libc = ctypes.CDLL(None) if sanitize else None
         #: the sources emitted when a homogeneous program is generated for this platform
         self.source_platform = source_platform
         self.cxx = cxx or os.environ.get("HCCC_CXX") or "g++"
@@ -193,7 +238,15 @@ class CpuPlatform(Platform):
     # ---------------------------------------------------------------- memory
     def malloc(self, nbytes: int) -> DevicePtr:
         n = max(int(nbytes), 1)
-        if n >= _MMAP_MIN:
+        if self.sanitize:
+            # one heap block per buffer: ASan poisons the bytes right after it
+            out = ctypes.c_void_p()
+            if self._libc.posix_memalign(ctypes.byref(out), ctypes.c_size_t(ALIGN), ctypes.c_size_t(n)):
+                raise PlatformError(f"out of memory allocating {n} bytes")
+            ptr = int(out.value)
+            ctypes.memset(ptr, 0, n)
+            backing: Any = None
+        elif n >= _MMAP_MIN:
             # Anonymous pages, zeroed by the kernel when first touched, without transparent huge
             # pages: FIFO slots are sized for whole chunks but small runs touch a few bytes of each,
             # and zeroing a 2 MiB page per touched slot would dominate the run.
@@ -201,7 +254,7 @@ class CpuPlatform(Platform):
             if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
                 m.madvise(mmap.MADV_NOHUGEPAGE)
             ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-            backing: Any = m
+            backing = m
         else:
             raw = np.zeros(n + ALIGN, dtype=np.uint8)
             ptr = (raw.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
@@ -215,7 +268,9 @@ class CpuPlatform(Platform):
         if ptr not in self._allocs:
             raise PlatformError(f"free of unknown pointer {ptr:#x}")
         backing = self._allocs.pop(ptr)
-        if isinstance(backing, mmap.mmap):
+        if self.sanitize:
+            self._libc.free(ctypes.c_void_p(ptr))
+        elif isinstance(backing, mmap.mmap):
             try:
                 backing.close()
             except BufferError:
@@ -286,7 +341,8 @@ class CpuPlatform(Platform):
         exe = self._cxx_exe
         define = (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
                   f"{instance.op}, {REDOPS[instance.op]})")
-        flags = [*_CXX_FLAGS, self.opt] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
+        flags = ([*_CXX_FLAGS, self.opt, *(_ASAN_FLAGS if self.sanitize else [])]
+                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
         launcher_obj = self._launcher_object(outdir, headers, flags)
         key = cache.content_key(
             "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
@@ -314,7 +370,8 @@ class CpuPlatform(Platform):
                     raise PlatformError(f"g++ failed on the emitted sources ({tu.name}):\n"
                                         + res.stderr[-4000:])
             objs = [str(tu.with_suffix(".o")) for tu in units] + [str(launcher_obj)]
-            res = subprocess.run([exe, "-shared", "-pthread", *objs, "-o", str(tmp / "module.so")],
+            san = ["-fsanitize=address"] if self.sanitize else []
+            res = subprocess.run([exe, "-shared", "-pthread", *san, *objs, "-o", str(tmp / "module.so")],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 raise PlatformError("linking the CPU module failed:\n" + res.stderr[-4000:])

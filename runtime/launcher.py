@@ -53,7 +53,7 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import buffer_bases
-from hccc.compiler.passes.slicing import auto_slice_bytes
+from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
@@ -557,7 +557,8 @@ class Runner:
             # (the slot size its caller chose), where that order and the kernels' coincide
             slice_b = self.chunk_bytes
         elif slice_bytes == "auto":
-            slice_b = auto_slice_bytes(count * es, self.ir.nchunks, self.chunk_bytes, es)
+            slice_b = auto_slice_bytes(count * es, self.ir.nchunks,
+                                       slot_share_bytes(self.chunk_bytes, self.ir.max_step_chunks), es)
         else:
             slice_b = int(slice_bytes)
             if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:

@@ -6,8 +6,11 @@ one element when ``count`` does not divide evenly, and chunks may be empty). A b
 chunk slots (AllReduce input/output, AllGather output, ReduceScatter input) is laid out like the
 full buffer. A buffer of ``k < nchunks`` slots holds only rank ``r``'s own part, chunks
 ``r*k .. r*k+k-1`` (AllGather input, ReduceScatter output), so slot ``i`` is chunk ``r*k+i``.
-Scratch is laid out like the full buffer, repeated when it has more than ``nchunks`` slots
-(slot ``i`` has the size of chunk ``i % nchunks``).
+Scratch slot ``j`` is a container of ``ceil(count/nchunks)`` elements at element
+``j*ceil(count/nchunks)`` (as the kernels and the launcher lay it out), whatever the program's
+scratch size; a primitive moves, for its chunk ``i``, the elements of its anchor chunk ``a + i``
+(:func:`hccc.compiler.ir.extents.chunk_anchors`, which proves that every input/output chunk it
+names has that size).
 
 Per-rank inputs: AllGather rank ``r`` passes its own part; the other collectives pass the full
 buffer (a Broadcast reads only the root's). AllToAll's full buffer is one rank's buffer of
@@ -33,6 +36,7 @@ from functools import reduce as _fold
 import numpy as np
 
 from hccc.compiler.ir.check import check_structure, match_connections, topological_components
+from hccc.compiler.ir.extents import chunk_anchors, chunk_size, count_unit
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 
 OPS = ("sum", "max", "min")
@@ -64,13 +68,8 @@ def alltoall_count(count: int, nranks: int) -> int:
 
 
 def alltoall_unit(ir: ProgramIR) -> int:
-    """What an AllToAll run's per-rank count must be a multiple of: ``nranks`` (then a block's
-    pieces may differ in size by one element, and hccc's lowering keeps every piece in a scratch
-    slot of its size); ``nchunks`` for an imported MSCCL program that uses scratch, which may park
-    any piece in any slot, so all pieces must have one size."""
-    if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
-        return int(ir.nchunks)
-    return int(ir.nranks)
+    """What an AllToAll run's per-rank count must be a multiple of (:func:`count_unit`)."""
+    return count_unit(ir) if ir.collective == "alltoall" else int(ir.nranks)
 
 
 def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
@@ -163,23 +162,28 @@ def _run_in_prim_order(ir: ProgramIR, region, red, seed) -> None:
     sender[rcv] = s
     wire = {}
     ops = ir.prims["op"].tolist()
+    cnts = ir.prims["count"].tolist()
     for i in prim_order(ir, rng=np.random.default_rng(seed) if seed is not None else None).tolist():
         o = Op(ops[i])
-        src = region(i, "src") if o.reads_src else None
-        dst = region(i, "dst") if o.writes_dst else None
-        v = wire.pop(int(sender[i])) if o.receives else None
-        if o in (Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND):
-            v = red(v, src)
-        elif o == Op.SEND:
-            v = src.copy()
-        elif o == Op.COPY:
-            dst[:] = src.copy()
-        elif o == Op.REDUCE:
-            dst[:] = red(dst.copy(), src)
-        if o.writes_dst and o not in (Op.COPY, Op.REDUCE):
-            dst[:] = v
+        got = wire.pop(int(sender[i])) if o.receives else None
+        out = []
+        for k in range(cnts[i]):
+            src = region(i, "src", k) if o.reads_src else None
+            dst = region(i, "dst", k) if o.writes_dst else None
+            v = got[k] if got is not None else None
+            if o in (Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND):
+                v = red(v, src)
+            elif o == Op.SEND:
+                v = src.copy()
+            elif o == Op.COPY:
+                dst[:] = src.copy()
+            elif o == Op.REDUCE:
+                dst[:] = red(dst.copy(), src)
+            if o.writes_dst and o not in (Op.COPY, Op.REDUCE):
+                dst[:] = v
+            out.append(v)
         if o.sends:
-            wire[i] = v
+            wire[i] = out
 
 
 def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace: bool = False,
@@ -198,9 +202,9 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         count = int(sum(len(x) for x in inputs))
     else:
         count = len(inputs[0])
-    if coll == "alltoall" and count % N:
-        raise ValueError(f"an AllToAll of {count} elements per rank is not {N} equal blocks "
-                         f"(use a multiple of {N})")
+    if coll == "alltoall" and count % count_unit(ir):
+        raise ValueError(f"an AllToAll of {count} elements per rank is not {count_unit(ir)} equal "
+                         f"blocks (use a multiple of {count_unit(ir)})")
     for r in range(N):
         want = input_length(coll, r, N, C, count) if coll == "allgather" else count
         if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
@@ -219,8 +223,9 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
             return int((i // C) * count + bounds[i % C])
         return (lambda r: int(-(-slots // C) * count)), start_full
 
-    lay = {Buf.INPUT: layout(ir.in_chunks), Buf.OUTPUT: layout(ir.out_chunks),
-           Buf.SCRATCH: layout(ir.scratch_chunks, part=False)}
+    lay = {Buf.INPUT: layout(ir.in_chunks), Buf.OUTPUT: layout(ir.out_chunks)}
+    maxc = -(-count // C) if count else 0
+    anchors = chunk_anchors(ir).tolist()
     bufs: list[dict[int, np.ndarray]] = []
     g = _garbage(dtype)
     for r in range(N):
@@ -239,18 +244,24 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
                 out = inp[int(bounds[r * kk]):int(bounds[r * kk + kk])]
         else:
             out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
-        scr = np.full(lay[Buf.SCRATCH][0](r), g, dtype=dtype)
+        scr = np.full(ir.scratch_chunks * maxc, g, dtype=dtype)
         bufs.append({Buf.INPUT: inp, Buf.OUTPUT: out, Buf.SCRATCH: scr})
 
     P = {k: v for k, v in ir.prims.items()}
 
-    def region(i: int, side: str) -> np.ndarray:
+    def region(i: int, side: str, k: int) -> np.ndarray:
+        """The elements chunk ``k`` of primitive ``i`` touches on ``side``."""
         b = int(P[f"{side}_buf"][i])
         r = int(P["rank"][i])
-        off = int(P[f"{side}_off"][i])
-        cnt = int(P["count"][i])
+        j = int(P[f"{side}_off"][i]) + k
+        n = chunk_size(anchors[i] + k, count, C) if C else 0
+        if b == Buf.SCRATCH:
+            return bufs[r][b][j * maxc:j * maxc + n]
         start = lay[b][1]
-        return bufs[r][b][start(r, off):start(r, off + cnt)]
+        lo, hi = start(r, j), start(r, j + 1)
+        if hi - lo != n:   # chunk_anchors proved this cannot happen
+            raise AssertionError(f"primitive {i}: {side} chunk of {hi - lo} elements, anchor says {n}")
+        return bufs[r][b][lo:hi]
 
     if ir.algorithm_level:
         _run_in_prim_order(ir, region, red, seed)
@@ -263,51 +274,58 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     nxt_l = nxt.tolist()
     ops = P["op"].tolist()
     m_count = max(1, int(nmicro or 1))
+    cnts = P["count"].tolist()
     for head in order.tolist():
         chain = [head]
         while nxt_l[chain[-1]] >= 0:
             chain.append(nxt_l[chain[-1]])
-        regions = []
-        length = None
-        for i in chain:
-            o = Op(ops[i])
-            src = region(i, "src") if o.reads_src else None
-            dst = region(i, "dst") if o.writes_dst else None
-            for a in (src, dst):
-                if a is not None:
-                    if length is None:
-                        length = len(a)
-                    elif len(a) != length:
-                        raise ValueError(f"primitive {i}: region of {len(a)} elements where the chain "
-                                         f"moves {length} (count does not fit this IR)")
-            regions.append((o, src, dst))
-        length = length or 0
-        for m in range(m_count):
-            lo, hi = m * length // m_count, (m + 1) * length // m_count
-            v = None
-            for o, src, dst in regions:
-                sl = slice(lo, hi)
-                if o == Op.SEND:
-                    v = src[sl].copy()
-                elif o == Op.RECV:
-                    dst[sl] = v
-                elif o == Op.RECV_REDUCE_COPY:
-                    dst[sl] = red(v, src[sl])
-                elif o == Op.RECV_COPY_SEND:
-                    dst[sl] = v
-                elif o == Op.RECV_REDUCE_SEND:
-                    v = red(v, src[sl])
-                elif o == Op.RECV_REDUCE_COPY_SEND:
-                    v = red(v, src[sl])
-                    dst[sl] = v
-                elif o == Op.COPY:
-                    dst[sl] = src[sl].copy()
-                elif o == Op.REDUCE:
-                    dst[sl] = red(dst[sl].copy(), src[sl])
+        for k in range(min(cnts[i] for i in chain)):
+            _run_chain_chunk(chain, k, ops, region, red, m_count)
     outs = [b[Buf.OUTPUT].copy() for b in bufs]
     if return_scratch:
         return outs, [b[Buf.SCRATCH].copy() for b in bufs]
     return outs
+
+
+def _run_chain_chunk(chain, k, ops, region, red, m_count) -> None:
+    """Chunk ``k`` of every primitive of one send/receive chain, micro-batch by micro-batch."""
+    regions = []
+    length = None
+    for i in chain:
+        o = Op(ops[i])
+        src = region(i, "src", k) if o.reads_src else None
+        dst = region(i, "dst", k) if o.writes_dst else None
+        for a in (src, dst):
+            if a is not None:
+                if length is None:
+                    length = len(a)
+                elif len(a) != length:   # chunk_anchors gives a chain one anchor
+                    raise AssertionError(f"primitive {i}: region of {len(a)} elements where the chain "
+                                         f"moves {length}")
+        regions.append((o, src, dst))
+    length = length or 0
+    for m in range(m_count):
+        lo, hi = m * length // m_count, (m + 1) * length // m_count
+        v = None
+        for o, src, dst in regions:
+            sl = slice(lo, hi)
+            if o == Op.SEND:
+                v = src[sl].copy()
+            elif o == Op.RECV:
+                dst[sl] = v
+            elif o == Op.RECV_REDUCE_COPY:
+                dst[sl] = red(v, src[sl])
+            elif o == Op.RECV_COPY_SEND:
+                dst[sl] = v
+            elif o == Op.RECV_REDUCE_SEND:
+                v = red(v, src[sl])
+            elif o == Op.RECV_REDUCE_COPY_SEND:
+                v = red(v, src[sl])
+                dst[sl] = v
+            elif o == Op.COPY:
+                dst[sl] = src[sl].copy()
+            elif o == Op.REDUCE:
+                dst[sl] = red(dst[sl].copy(), src[sl])
 
 
 __all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "alltoall_count",

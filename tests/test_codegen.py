@@ -196,7 +196,7 @@ def check_against_ir(ir: ProgramIR, outdir: pathlib.Path, man: dict) -> None:
             key = (r, p["send_peer"][i], p["channel"][i])
             assert man["ranks"][r]["send_conns"][g["sconn"]] == [key[1], key[2]]
             assert g["spos"] == pos.get(("s",) + key, 0)
-            pos[("s",) + key] = g["spos"] + p["count"][i]
+            pos[("s",) + key] = g["spos"] + 1   # one FIFO message per primitive
             fifo_send.setdefault(key, []).append((g["spos"], p["count"][i]))
         else:
             assert g["sconn"] == -1
@@ -204,7 +204,7 @@ def check_against_ir(ir: ProgramIR, outdir: pathlib.Path, man: dict) -> None:
             key = (p["recv_peer"][i], r, p["channel"][i])
             assert man["ranks"][r]["recv_conns"][g["rconn"]] == [key[0], key[2]]
             assert g["rpos"] == pos.get(("r",) + key, 0)
-            pos[("r",) + key] = g["rpos"] + p["count"][i]
+            pos[("r",) + key] = g["rpos"] + 1
             fifo_recv.setdefault(key, []).append((g["rpos"], p["count"][i]))
         else:
             assert g["rconn"] == -1

@@ -174,21 +174,24 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
             conns[(s, d, ch)] = (int(rng.integers(0, ntb[s])), int(rng.integers(0, ntb[d])))
     bufs = [(Buf.INPUT, nchunks), (Buf.OUTPUT, nchunks)] + ([(Buf.SCRATCH, scratch)] if scratch else [])
 
-    def loc(cnt):
+    def loc(cnt, c):
+        """A place for chunks c .. c+cnt-1 of the full buffer: their own slots of input or output,
+        or scratch slots c .. (every slot keeps one chunk size, as hccc.compiler.ir.extents needs)."""
         b, size = bufs[int(rng.integers(0, len(bufs)))]
-        if size < cnt:
+        if size < c + cnt:
             b, size = Buf.OUTPUT, nchunks
-        return int(b), int(rng.integers(0, size - cnt + 1))
+        return int(b), c
 
     task = 0
     for _ in range(int(rng.integers(1, 12))):
         kind = int(rng.integers(0, 3))
         cnt = int(rng.integers(1, min(2, nchunks) + 1))
+        c = int(rng.integers(0, nchunks - cnt + 1))      # the chunk(s) this transfer moves
         if kind == 0 and conns:
             keys = sorted(conns)
             s, d, ch = keys[int(rng.integers(0, len(keys)))]
             stb, dtb = conns[(s, d, ch)]
-            sb, so = loc(cnt)
+            sb, so = loc(cnt, c)
             tb_lists[(s, stb)].append(dict(op=Op.SEND, send_peer=d, channel=ch, src_buf=sb,
                                            src_off=so, count=cnt, task=task))
             # receiver: plain or reducing receive; may forward when it owns a matching send end
@@ -199,15 +202,15 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
             op = ops[int(rng.integers(0, len(ops)))]
             row = dict(op=op, recv_peer=s, channel=ch, count=cnt, task=task)
             if op.writes_dst:
-                row["dst_buf"], row["dst_off"] = loc(cnt)
+                row["dst_buf"], row["dst_off"] = loc(cnt, c)
             if op.reads_src:
-                row["src_buf"], row["src_off"] = loc(cnt)
+                row["src_buf"], row["src_off"] = loc(cnt, c)
             if op.sends:
                 tgt = fwd[int(rng.integers(0, len(fwd)))]
                 row["send_peer"] = tgt[1]
                 row["task2"] = task + 1
                 # the forwarded message must be received at tgt[1]
-                fb, fo = loc(cnt)
+                fb, fo = loc(cnt, c)
                 tb_lists[(tgt[1], conns[tgt][1])].append(dict(
                     op=Op.RECV, recv_peer=d, channel=ch, count=cnt, task=task + 1,
                     dst_buf=fb, dst_off=fo))
@@ -219,8 +222,8 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
             op = [Op.COPY, Op.REDUCE, Op.NOP][int(rng.integers(0, 3))]
             row = dict(op=op, count=cnt)
             if op != Op.NOP:
-                row["src_buf"], row["src_off"] = loc(cnt)
-                row["dst_buf"], row["dst_off"] = loc(cnt)
+                row["src_buf"], row["src_off"] = loc(cnt, c)
+                row["dst_buf"], row["dst_off"] = loc(cnt, c)
             tb_lists[(r, t)].append(row)
     rows = []
     renum: dict[tuple[int, int], int] = {}

@@ -355,13 +355,13 @@ AG2_CLOBBER = """<algo name="clobber" proto="Simple" nchannels="1" nchunksperloo
 """
 
 
-def test_in_place_claim_is_checked_separately():
-    """Parking a received chunk in the rank's own output slot is fine out of place only."""
-    ir = import_xml_text(AG2_CLOBBER.format(ip=0))
-    assert computes(ir, False) and not computes(ir, True)
-    with pytest.raises(CompileError) as e:
-        import_xml_text(AG2_CLOBBER.format(ip=1), "c.xml")
-    msg = str(e.value)
+def test_parking_a_chunk_in_a_slot_of_another_size_is_refused():
+    """Rank 0 parks the received chunk 1 in output slot 0 (chunk 0's place), then copies it to
+    slot 1: at an odd element count chunk 1 is one element larger than slot 0. Refused at the
+    copy; in place, the parked chunk also clobbers the rank's own chunk (the prover says so first)."""
+    msg, text = err(AG2_CLOBBER.format(ip=0).splitlines(), line=6)
+    assert "differ in size at 1 element (0 vs 1)" in msg, text
+    msg, text = err(AG2_CLOBBER.format(ip=1).splitlines())
     assert "rank 0 output chunk 0 (in-place run) must hold chunk 0" in msg and "holds chunk 1" in msg
 
 

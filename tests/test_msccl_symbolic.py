@@ -16,6 +16,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.ir.check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
 from hccc.compiler.ir.symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
 from hccc.compiler.pipeline import load_program
+from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import execute, expected, make_inputs
 from hccc.testing import valid_programs
@@ -91,6 +92,7 @@ def test_proof_agrees_with_the_reference_executor(case):
         check_structure(ir)
         check_fifo_order(ir)
         check_deadlock(ir)       # the reference executor needs hccc's own (task-level) order
+        check_extents(ir)        # and chunks of one size wherever a step moves data
     except IRFormatError:
         return
     try:

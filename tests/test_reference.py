@@ -10,6 +10,7 @@ from hccc.compiler.frontend import generators as G
 from hccc.compiler.frontend.algorithm import Collective
 from hccc.compiler.passes.build import build_from_schedule, build_program
 from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.ir.extents import ExtentError
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import (chunk_bounds, execute, expected, expected_for, input_length, inputs_for,
                                     make_inputs, round_bf16)
@@ -100,10 +101,18 @@ def test_executor_catches_a_wrong_program():
     ir = build_program(alg)
     ins = make_inputs("allreduce", 3, 9, "int32", seed=1)
     assert _equal(execute(ir, ins), expected("allreduce", ins))
-    # redirect one receive to another chunk: the result must differ
+    # a receive that stores where a reduction belongs: the result must differ
+    wrong = build_program(alg)
+    i = int(np.flatnonzero(wrong.prims["op"] == Op.RECV_REDUCE_COPY)[0])
+    wrong.prims["op"][i] = Op.RECV
+    wrong.prims["src_buf"][i] = Buf.NONE
+    wrong.prims["src_off"][i] = 0
+    assert not _equal(execute(wrong, ins), expected("allreduce", ins))
+    # redirecting a receive to another chunk makes its message the wrong size at some counts
     i = int(np.flatnonzero(ir.prims["op"] == Op.RECV)[0])
     ir.prims["dst_off"][i] = (ir.prims["dst_off"][i] + 1) % 3
-    assert not _equal(execute(ir, ins), expected("allreduce", ins))
+    with pytest.raises(ExtentError, match="differ in size at 1 element "):
+        execute(ir, ins)
 
 
 def test_executor_catches_a_missing_dependency():

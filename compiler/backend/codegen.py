@@ -21,7 +21,9 @@ import jinja2
 import numpy as np
 
 from hccc.compiler.ir.check import check_structure
+from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
+from hccc.compiler.passes.slicing import slot_share_bytes
 
 MANIFEST_SCHEMA = "hccc.manifest/1"
 VERSION = "0.1.0"
@@ -32,7 +34,8 @@ DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf1
           ("int32", "int32_t"))
 REDOPS = ("sum", "max", "min")
 NSLOTS = 8
-#: bytes a FIFO slot adds to chunk_bytes (hccc_prims.h HCCC_SLOT_BYTES: header and alignment room)
+#: bytes each region of a FIFO slot adds to its share (hccc_prims.h HCCC_REGION_BYTES: a 16-byte
+#: header and alignment room)
 SLOT_OVERHEAD = 32
 ABI_VERSION = 2
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
@@ -41,6 +44,13 @@ _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
 _RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
 _OP_NAMES = [o.name for o in Op]
 _BUF_NAMES = [b.name for b in Buf]
+
+
+def slot_bytes(chunk_bytes: int, max_step_chunks: int) -> int:
+    """Bytes of one FIFO slot (hccc_prims.h HCCC_SLOT_BYTES): one region per chunk of a message,
+    each a share of the slot plus SLOT_OVERHEAD."""
+    regions = max(1, int(max_step_chunks))
+    return regions * (slot_share_bytes(chunk_bytes, regions) + SLOT_OVERHEAD)
 
 
 def threads_per_tb(nwarps: int, platform: str) -> int:
@@ -63,7 +73,7 @@ def _template_env() -> jinja2.Environment:
 class Columns:
     """Per-primitive compile-time constants derived from the IR (all numpy, canonical order)."""
     sconn: np.ndarray      # send connection index within the rank, -1
-    spos: np.ndarray       # chunks posted earlier on that connection
+    spos: np.ndarray       # messages (primitives) posted earlier on that connection
     rconn: np.ndarray
     rpos: np.ndarray
     chunk: np.ndarray      # chunk of the full buffer that defines the slice geometry
@@ -105,18 +115,6 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     return conn, pos, tables
 
 
-def buffer_bases(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
-    """Per rank: chunk of the full buffer held by chunk 0 of input / of output."""
-    ranks = np.arange(ir.nranks, dtype=np.int64)
-    out = []
-    for nb in (ir.in_chunks, ir.out_chunks):
-        if 0 < nb < ir.nchunks and nb * ir.nranks == ir.nchunks:
-            out.append(ranks * nb)
-        else:
-            out.append(np.zeros(ir.nranks, np.int64))
-    return out[0], out[1]
-
-
 def analyse(ir: ProgramIR) -> Columns:
     p = ir.prims
     n = ir.nprims
@@ -126,32 +124,14 @@ def analyse(ir: ProgramIR) -> Columns:
     rank = p["rank"].astype(np.int64)
     count = p["count"].astype(np.int64)
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
-    sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, count, ir.nranks)
-    rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, count, ir.nranks)
+    # FIFO positions count messages: one slot per primitive and micro-batch, whatever its count
+    ones = np.ones(n, np.int64)
+    sconn, spos, stab = _conn_index(rank, p["send_peer"], p["channel"], sends, ones, ir.nranks)
+    rconn, rpos, rtab = _conn_index(rank, p["recv_peer"], p["channel"], recvs, ones, ir.nranks)
 
-    # Anchor chunk: slices are sized by the chunk of the full buffer the primitive moves. Prefer
-    # the destination of receiving ops and the source otherwise; prefer input/output to scratch.
-    in_base, out_base = buffer_bases(ir)
-
-    def logical(buf, off):
-        b = buf.astype(np.int64)
-        o = off.astype(np.int64)
-        lc = np.where(b == Buf.SCRATCH, o % max(ir.nchunks, 1), o)
-        lc = np.where(b == Buf.INPUT, o + in_base[rank], lc)
-        lc = np.where(b == Buf.OUTPUT, o + out_base[rank], lc)
-        good = (b == Buf.INPUT) | (b == Buf.OUTPUT)
-        return lc, good, b != Buf.NONE
-
-    dlc, dgood, dany = logical(p["dst_buf"], p["dst_off"])
-    slc, sgood, sany = logical(p["src_buf"], p["src_off"])
-    prefer_dst = recvs | ~sany
-    first_lc = np.where(prefer_dst, dlc, slc)
-    first_good = np.where(prefer_dst, dgood, sgood)
-    second_lc = np.where(prefer_dst, slc, dlc)
-    second_good = np.where(prefer_dst, sgood, dgood)
-    chunk = np.where(first_good | ~second_good, first_lc, second_lc)
-    chunk = np.where(dany | sany, chunk, 0)
-    chunk = np.clip(np.minimum(chunk, ir.nchunks - np.maximum(count, 0)), 0, None)
+    # Anchor chunk: the chunk of the full buffer whose size every chunk the primitive names has
+    # (proven for every element count, or ExtentError)
+    chunk = chunk_anchors(ir)
 
     # Progress slots: one per primitive some other primitive waits for, numbered per rank.
     post = np.full(n, -1, np.int64)
@@ -264,6 +244,9 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
                 raise ValueError(f"unknown platform {pl!r} (expected one of {', '.join(PLATFORMS)})")
     if ir.chunk_bytes <= 0 or ir.chunk_bytes % 16 or ir.chunk_bytes > (1 << 30):
         raise ValueError("chunk_bytes must be a positive multiple of 16 of at most 1 GiB")
+    if ir.chunk_bytes < 16 * ir.max_step_chunks:
+        raise ValueError(f"chunk_bytes {ir.chunk_bytes} is too small: a FIFO slot carries one slice of "
+                         f"each of up to {ir.max_step_chunks} chunks of a step, at least 16 bytes each")
     if ir.nchunks < 1:
         raise ValueError("nchunks must be positive")
 
@@ -334,7 +317,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
-                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes, tbs=tbs)
+                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
+                max_cnt=ir.max_step_chunks, tbs=tbs)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
@@ -383,7 +367,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                     "scratch": int(ir.scratch_chunks)},
         "chunk_bytes": int(ir.chunk_bytes),
         "nslots": NSLOTS,
-        "slot_bytes": int(ir.chunk_bytes) + SLOT_OVERHEAD,
+        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         "nwarps": int(ir.nwarps),
         "nthreads": nthreads,
         "dtypes": [d for d, _ in DTYPES],

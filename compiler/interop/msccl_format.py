@@ -33,8 +33,12 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 MESSAGES_IN_FLIGHT = {"Simple": 2, "LL": 8, "LL128": 8}
 #: collectives hccc proves and runs (``coll`` spelling = ProgramIR.collective)
 SUPPORTED_COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
-#: collectives the runtimes know but hccc does not handle
-OTHER_COLLECTIVES = ("reduce", "broadcast", "alltoallv", "send", "recv", "gather", "scatter")
+#: other spellings of supported collectives that real tools write: msccl-tools and the original
+#: MSCCL executor name ReduceScatter ``reduce_scatter``
+COLLECTIVE_ALIASES = {"reduce_scatter": "reducescatter"}
+#: collectives the runtimes know but hccc does not handle (``custom``: msccl-tools' programs that
+#: are no standard collective, whose postcondition the file does not state)
+OTHER_COLLECTIVES = ("reduce", "broadcast", "alltoallv", "send", "recv", "gather", "scatter", "custom")
 
 
 @dataclass(frozen=True)
@@ -78,5 +82,5 @@ class XmlLimits:
 
 LEGACY_LIMITS = XmlLimits(max_steps=256, max_tbs=216)
 
-__all__ = ["MESSAGES_IN_FLIGHT", "TYPE_OF_OP", "OP_OF_TYPE", "LETTER_OF_BUF", "BUF_OF_LETTER", "PROTOCOLS",
+__all__ = ["COLLECTIVE_ALIASES", "MESSAGES_IN_FLIGHT", "TYPE_OF_OP", "OP_OF_TYPE", "LETTER_OF_BUF", "BUF_OF_LETTER", "PROTOCOLS",
            "SUPPORTED_COLLECTIVES", "OTHER_COLLECTIVES", "XmlLimits", "LEGACY_LIMITS"]

@@ -22,8 +22,9 @@ import numpy as np
 from hccc.compiler.passes.build import sanitize_identifier
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
+from hccc.compiler.ir.extents import ExtentError, check_extents
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
-from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
+from hccc.compiler.interop.msccl_format import COLLECTIVE_ALIASES, MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 MAX_GPUS = 4096
@@ -207,7 +208,7 @@ class _Importer:
         proto = a.attrs["proto"]
         if proto not in PROTOCOLS:
             raise self.err(a, f"unknown protocol '{proto}' (expected {', '.join(PROTOCOLS)})", "proto")
-        coll = a.attrs["coll"]
+        coll = COLLECTIVE_ALIASES.get(a.attrs["coll"], a.attrs["coll"])
         if coll not in SUPPORTED_COLLECTIVES:
             if coll in OTHER_COLLECTIVES:
                 raise self.err(a, f"unsupported collective '{coll}': hccc proves and runs "
@@ -585,6 +586,12 @@ class _Importer:
                 el = self.where[exc.prims[0]][0] if exc.prims else a
                 raise CompileError([Diagnostic(f"the program does not implement {coll}: {exc}", self.loc(el))]) \
                     from None
+        # every step touches exactly the elements of the chunks it names, at every element count
+        try:
+            check_extents(ir, self.describe)
+        except ExtentError as exc:
+            el = self.where[exc.prims[0]][0] if exc.prims else a
+            raise CompileError([Diagnostic(str(exc), self.loc(el))]) from None
         return ir
 
     def gpu_el(self, a: _El, gid: int) -> _El:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _SEND_OPS = np.array([Op(i).sends for i in range(len(Op))])
@@ -224,9 +225,11 @@ def check_structure(ir: ProgramIR) -> None:
 
 # ---------------------------------------------------------------------------------------------
 def load_ir_json(text: str) -> ProgramIR:
-    """A ProgramIR from its JSON text, decoded and structurally checked (:class:`IRFormatError`)."""
+    """A ProgramIR from its JSON text, decoded, structurally checked and with every access proven
+    in bounds for every element count (:class:`IRFormatError`)."""
     ir = ProgramIR.decode_json(text)
     check_structure(ir)
+    check_extents(ir)
     return ir
 
 

@@ -95,6 +95,8 @@ class Buf(IntEnum):
     SCRATCH = 3
 
 
+_COMM_OPS = np.array([Op(o).sends or Op(o).receives for o in range(len(Op))])
+
 #: Column name -> dtype of the primitive table, in serialisation order.
 PRIM_COLUMNS: dict[str, type] = {
     "rank": np.int32,        # rank that executes the primitive
@@ -155,6 +157,17 @@ class ProgramIR:
     @property
     def nprims(self) -> int:
         return len(self.prims["rank"])
+
+    @property
+    def max_step_chunks(self) -> int:
+        """The most chunks one sending or receiving primitive moves (at least 1): a FIFO slot
+        carries one micro-batch of one such primitive, so each chunk's slice gets
+        ``chunk_bytes / max_step_chunks`` bytes of it (see ``hccc.compiler.passes.slicing``)."""
+        op = self.prims["op"].astype(np.int64)
+        if not len(op) or op.min() < 0 or op.max() >= len(Op):
+            return 1
+        comm = _COMM_OPS[op]
+        return max(1, int(self.prims["count"][comm].max())) if comm.any() else 1
 
     def tb_slices(self) -> dict[tuple[int, int], slice]:
         """(rank, tb) -> slice of the primitive table (requires the canonical sort)."""

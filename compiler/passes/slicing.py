@@ -34,7 +34,7 @@ floor pays.
 from __future__ import annotations
 
 __all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES",
-           "auto_slice_bytes", "micro_batches"]
+           "auto_slice_bytes", "micro_batches", "slot_share_bytes"]
 
 #: Micro-batches per chunk the policy aims for (see the module docstring for the measurements).
 TARGET_MICRO_BATCHES = 32
@@ -59,6 +59,16 @@ def micro_batches(nbytes: int, nchunks: int, slice_bytes: int, element_bytes: in
     maxc = -(-count // int(nchunks))
     per = max(1, int(slice_bytes) // int(element_bytes))
     return max(1, -(-maxc // per))
+
+
+def slot_share_bytes(slot_bytes: int, max_step_chunks: int = 1) -> int:
+    """The largest slice (bytes) the kernels use with FIFO slots of ``slot_bytes``: a slot carries
+    one micro-batch of one primitive, a slice of each of its chunks, so a program whose primitives
+    move up to ``max_step_chunks`` chunks (``ProgramIR.max_step_chunks``) gives each chunk
+    ``slot_bytes // max_step_chunks``, rounded down to 16 bytes when that is at least 16 (the same
+    arithmetic as ``hccc_ctx_init`` in ``hccc_prims.h``)."""
+    share = int(slot_bytes) // max(1, int(max_step_chunks))
+    return share - share % SLICE_ALIGN if share >= SLICE_ALIGN else share
 
 
 def auto_slice_bytes(nbytes: int, nchunks: int, slot_bytes: int = DEFAULT_SLOT_BYTES,

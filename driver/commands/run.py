@@ -41,7 +41,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -233,6 +235,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch slice per launch (default auto: sized for each --bytes so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
+                             "buffer ending in a redzone: an out-of-bounds access stops the run with "
+                             "ASan's report (the run restarts itself with the ASan runtime preloaded)")
     add_program_options(parser)
 
 
@@ -244,9 +250,44 @@ def _row(res) -> str:
     return (f"{res.bytes:12d}  {res.count:12d}  {TYPE_NAMES[res.dtype]:>8s}  {res.op:>6s}  {t}")
 
 
+def _sanitized(args) -> int | None:
+    """``--sanitize``: None to go on in this process (the ASan runtime is loaded), else the exit
+    status of this command run again in a child with the ASan runtime preloaded."""
+    from hccc.runtime.cpu import asan_loaded, asan_runtime
+    if args.backend != "cpu":
+        sys.stderr.write("hccc run: error: --sanitize needs --backend cpu\n")
+        return 2
+    if asan_loaded():
+        os.environ["HCCC_CPU_SANITIZE"] = "address"
+        return None
+    lib = asan_runtime()
+    if lib is None:
+        sys.stderr.write("hccc run: error: --sanitize needs the compiler's AddressSanitizer runtime "
+                         "(libasan), which was not found\n")
+        return 1
+    argv = getattr(args, "argv", None)
+    if not argv:
+        sys.stderr.write("hccc run: error: --sanitize: cannot restart this command\n")
+        return 1
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = lib + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    env["HCCC_CPU_SANITIZE"] = "address"
+    env["ASAN_OPTIONS"] = "detect_leaks=0" + (":" + env["ASAN_OPTIONS"] if env.get("ASAN_OPTIONS") else "")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    res = subprocess.run([sys.executable, "-c", "import sys; from hccc.cli import main; "
+                          "sys.exit(main(sys.argv[1:]))", *argv], env=env)
+    return res.returncode
+
+
 def run(args) -> int:
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
     from hccc.runtime.platform import PlatformError
+
+    if getattr(args, "sanitize", False):
+        code = _sanitized(args)
+        if code is not None:
+            return code
 
     es = ELEMENT_BYTES[args.dtype]
     bad = [b for b in args.bytes if b % es]
@@ -258,10 +299,11 @@ def run(args) -> int:
     if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
-        # with a single micro-batch per chunk the two orders coincide, so make the slot hold a chunk.
+        # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
+        # chunk of each of the chunks its largest step moves.
         most = max(args.bytes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
-        ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16)
+        ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
     tty = sys.stderr.isatty() and not args.json
     if tty:
         sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")

@@ -1,0 +1,370 @@
+"""Extents: how many elements every primitive moves, proven for every element count.
+
+Element layout (the one the kernels, the reference executor and the launcher share). The
+collective's full buffer of ``count`` elements is cut into ``nchunks`` chunks; chunk ``c`` covers
+``[c*count//nchunks, (c+1)*count//nchunks)`` (so sizes differ by one element when ``count`` does not
+divide evenly). Input and output slot ``j`` of a rank is chunk ``j + base`` of the full buffer
+(:func:`buffer_bases`: a buffer holding only the rank's part starts at its first chunk). Scratch
+slot ``j`` is a container of ``ceil(count/nchunks)`` elements at element ``j*ceil(count/nchunks)``:
+it holds whatever chunk was put there, whatever the file's scratch size.
+
+Anchors. For each of its ``cnt`` chunks a primitive moves the elements of one chunk of the full
+buffer, its *anchor* ``a`` plus ``i`` (the kernels' ``chunk`` argument). :func:`chunk_anchors`
+derives the anchor from the input/output chunks the primitive names (scratch names none) and from
+its send/receive partners: a chain ``send -> forward -> ... -> receive`` moves one message, so all
+its primitives share one anchor; a chain that names no input/output chunk at all moves scratch to
+scratch and gets chunk 0 (any choice is in bounds: a scratch slot holds the largest chunk).
+
+What is proven. Every input/output chunk a primitive names has the anchor's size for *every*
+element count the program admits (:func:`count_unit`: any count, or a multiple of ``nranks``
+for AllToAll), so the kernels touch exactly the elements of the chunks they name, on both sides,
+and a sender and its receiver agree on the message length. Two chunks ``a`` and ``b`` have equal
+sizes for every admissible count exactly when their size *signatures* over one period of counts
+agree (:func:`same_size`); the check decides that exactly rather than comparing indices (chunks 1
+and 3 of 5 always have equal sizes). A program that breaks this (``COPY output[1] -> input[0]``
+of a 2-rank AllGather: chunk 1 has one element more than chunk 0 at odd counts) is refused with
+:class:`ExtentError` naming the primitive and a count at which the sizes differ.
+
+Whether a scratch slot holds the chunk the reader expects is a question of values, not bounds
+(a scratch slot always holds the largest chunk); the symbolic prover
+(:mod:`hccc.compiler.ir.symbolic`) answers it for programs that come without a proof.
+"""
+from __future__ import annotations
+
+from math import gcd
+from typing import Callable
+
+import numpy as np
+
+from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
+
+_SEND = np.array([Op(o).sends for o in range(len(Op))])
+_RECV = np.array([Op(o).receives for o in range(len(Op))])
+_READS = np.array([Op(o).reads_src for o in range(len(Op))])
+_WRITES = np.array([Op(o).writes_dst for o in range(len(Op))])
+
+
+class ExtentError(IRFormatError):
+    """A primitive names chunks whose sizes differ for some element count; ``prims`` lists the
+    primitives involved (the first is the one to point at)."""
+
+    def __init__(self, message: str, prims=()):
+        super().__init__(message)
+        self.prims = [int(p) for p in prims]
+
+
+def count_unit(ir: ProgramIR) -> int:
+    """Element counts the program admits are the multiples of this. AllToAll: ``nranks`` (every
+    rank sends every other the same number of elements); ``nchunks`` for an imported MSCCL
+    AllToAll that uses scratch, which may park any piece in any slot, so all pieces must have
+    one size. Every other collective: any count (1)."""
+    if ir.collective != "alltoall":
+        return 1
+    if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
+        return max(1, int(ir.nchunks))
+    return max(1, int(ir.nranks))
+
+
+def size_period(ir: ProgramIR) -> int:
+    """``P``: chunks ``c`` and ``c + P`` have equal sizes at every admissible count (``P`` divides
+    ``nchunks``; chunk indices past ``nchunks`` wrap around the same way)."""
+    C = max(1, int(ir.nchunks))
+    return C // gcd(count_unit(ir), C)
+
+
+def chunk_size(chunk: int, count: int, nchunks: int) -> int:
+    """Elements of chunk ``chunk`` (any integer: it wraps around) of a full buffer of ``count``."""
+    c = int(chunk) % int(nchunks)
+    return (c + 1) * count // nchunks - c * count // nchunks
+
+
+def size_witness(ir: ProgramIR, a: int, b: int) -> int | None:
+    """The smallest admissible element count at which chunks ``a`` and ``b`` differ in size, or
+    None when their sizes agree at every admissible count (checked over one full period)."""
+    P = size_period(ir)
+    a, b = int(a) % P, int(b) % P
+    if a == b:
+        return None
+    u, C = count_unit(ir), max(1, int(ir.nchunks))
+    # count = u*t: the sizes are periodic in t with period P (see size_period)
+    t = np.arange(1, P + 1, dtype=np.int64)
+    cnt = u * t
+    sa = (a + 1) * cnt // C - a * cnt // C
+    sb = (b + 1) * cnt // C - b * cnt // C
+    diff = np.flatnonzero(sa != sb)
+    return int(cnt[diff[0]]) if len(diff) else None
+
+
+def same_size(ir: ProgramIR, a, b) -> np.ndarray:
+    """Vectorised: do chunks ``a[k]`` and ``b[k]`` have equal sizes at every admissible count?"""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    P = size_period(ir)
+    ok = (a - b) % P == 0
+    idx = np.flatnonzero(~ok)
+    if len(idx):
+        pairs = np.unique(np.stack([a[idx] % P, b[idx] % P], axis=1), axis=0)
+        good = {(int(x), int(y)) for x, y in pairs if size_witness(ir, int(x), int(y)) is None}
+        if good:
+            ok[idx] = [(int(x) % P, int(y) % P) in good for x, y in zip(a[idx], b[idx])]
+    return ok
+
+
+def _agree(ir: ProgramIR, a: np.ndarray, b: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Vectorised: do chunks ``a + k`` and ``b + k`` have one size at every admissible count, for
+    every ``k < cnt``?"""
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    cnt = np.maximum(np.asarray(cnt, np.int64), 1)
+    P = size_period(ir)
+    ok = (a - b) % P == 0
+    idx = np.flatnonzero(~ok)
+    if len(idx):
+        c = cnt[idx]
+        k = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+        each = same_size(ir, np.repeat(a[idx], c) + k, np.repeat(b[idx], c) + k)
+        ok[idx] = np.logical_and.reduceat(each, np.cumsum(c) - c)
+    return ok
+
+
+def _first_difference(ir: ProgramIR, a: int, b: int, cnt: int) -> tuple[int, int]:
+    """``(k, count)``: the first chunk ``k`` of a step whose chunks ``a + k`` and ``b + k`` differ in
+    size, and an admissible element count where they do."""
+    for k in range(max(1, int(cnt))):
+        w = size_witness(ir, a + k, b + k)
+        if w is not None:
+            return k, w
+    raise AssertionError("the chunks agree in size")
+
+
+def _differ_text(ir: ProgramIR, a: int, b: int, cnt: int) -> str:
+    C = max(1, int(ir.nchunks))
+    k, w = _first_difference(ir, a, b, cnt)
+    step = f"their chunk {k} of the step (chunks {a + k} and {b + k} of the full buffer) " if k else ""
+    return (f"{step}differ in size at {_elements(w)} ({chunk_size(a + k, w, C)} vs "
+            f"{chunk_size(b + k, w, C)})")
+
+
+def buffer_bases(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank: chunk of the full buffer held by chunk 0 of input / of output (a buffer of ``k``
+    slots with ``k * nranks == nchunks`` holds the rank's own part; any other starts at chunk 0)."""
+    ranks = np.arange(ir.nranks, dtype=np.int64)
+    out = []
+    for nb in (ir.in_chunks, ir.out_chunks):
+        if 0 < nb < ir.nchunks and nb * ir.nranks == ir.nchunks:
+            out.append(ranks * nb)
+        else:
+            out.append(np.zeros(ir.nranks, np.int64))
+    return out[0], out[1]
+
+
+def _side_chunks(ir: ProgramIR, side: str, uses: np.ndarray) -> np.ndarray:
+    """Full-buffer chunk of each primitive's ``side`` slot (input/output only), else -1."""
+    p = ir.prims
+    rank = p["rank"].astype(np.int64)
+    b = p[f"{side}_buf"].astype(np.int64)
+    off = p[f"{side}_off"].astype(np.int64)
+    in_base, out_base = buffer_bases(ir)
+    out = np.full(len(rank), -1, np.int64)
+    m = uses & (b == Buf.INPUT)
+    out[m] = off[m] + in_base[rank[m]]
+    m = uses & (b == Buf.OUTPUT)
+    out[m] = off[m] + out_base[rank[m]]
+    return out
+
+
+def _matches(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
+    """``(send, recv)`` primitive pairs: the k-th send of a connection with its k-th receive."""
+    p = ir.prims
+    N = int(ir.nranks)
+    op = p["op"].astype(np.int64)
+    rank = p["rank"].astype(np.int64)
+    ch = p["channel"].astype(np.int64)
+    nch = int(ch.max()) + 1 if len(ch) else 1
+    si = np.flatnonzero(_SEND[op])
+    ri = np.flatnonzero(_RECV[op])
+    skey = (rank[si] * N + p["send_peer"][si].astype(np.int64)) * nch + ch[si]
+    rkey = (p["recv_peer"][ri].astype(np.int64) * N + rank[ri]) * nch + ch[ri]
+    s = si[np.argsort(skey, kind="stable")]
+    r = ri[np.argsort(rkey, kind="stable")]
+    k = min(len(s), len(r))
+    return s[:k], r[:k]
+
+
+def _elements(w: int) -> str:
+    return f"{w} element{'' if w == 1 else 's'}"
+
+
+def _describe(ir: ProgramIR, i: int) -> str:
+    p = ir.prims
+    op = int(p["op"][i])
+    name = Op(op).name.lower() if 0 <= op < len(Op) else f"op{op}"
+    return f"rank {int(p['rank'][i])} tb {int(p['tb'][i])} seq {int(p['seq'][i])} ({name})"
+
+
+def _side_text(ir: ProgramIR, i: int, side: str, chunk: int) -> str:
+    b = Buf(int(ir.prims[f"{side}_buf"][i])).name.lower()
+    off = int(ir.prims[f"{side}_off"][i])
+    return f"{b} chunk {off} (chunk {chunk} of the full buffer)"
+
+
+def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -> np.ndarray:
+    """Per primitive the anchor chunk (in ``[0, nchunks)``) whose size each of its chunks moves:
+    chunk ``i`` of the primitive moves as many elements as chunk ``anchor + i`` of the full buffer.
+    Raises :class:`ExtentError` when a primitive, or a send/receive chain, names input/output
+    chunks whose sizes differ at some admissible count. Assumes the structure is valid
+    (:func:`hccc.compiler.ir.check.check_structure`)."""
+    describe = describe or (lambda i: _describe(ir, i))
+    p = ir.prims
+    n = ir.nprims
+    C = max(1, int(ir.nchunks))
+    if n == 0:
+        return np.zeros(0, np.int64)
+    op = p["op"].astype(np.int64)
+    src = _side_chunks(ir, "src", _READS[op])
+    dst = _side_chunks(ir, "dst", _WRITES[op])
+    cnt = p["count"].astype(np.int64)
+    # 1. both sides of one primitive
+    both = np.flatnonzero((src >= 0) & (dst >= 0))
+    if len(both):
+        ok = _agree(ir, src[both], dst[both], cnt[both])
+        if not ok.all():
+            i = int(both[np.flatnonzero(~ok)[0]])
+            raise ExtentError(
+                f"{describe(i)}: copies between chunks of different sizes: "
+                f"{_side_text(ir, i, 'src', int(src[i]))} and {_side_text(ir, i, 'dst', int(dst[i]))} "
+                f"{_differ_text(ir, int(src[i]), int(dst[i]), int(cnt[i]))}; every chunk a primitive "
+                f"names must have the size of the chunk it moves", [i])
+    own = np.where(dst >= 0, dst, src)
+    s, r = _matches(ir)
+    if ir.scratch_chunks and ((_READS[op] & (p["src_buf"] == Buf.SCRATCH)).any()
+                              | (_WRITES[op] & (p["dst_buf"] == Buf.SCRATCH)).any()):
+        anchor = _anchors_through_scratch(ir, own, s, r, describe)
+        return np.where(anchor >= 0, anchor, 0) % C
+    # 2. chains: a receive takes its sender's message; pointer jumping finds each chain's head
+    head = np.arange(n, dtype=np.int64)
+    head[r] = s
+    while True:
+        nxt = head[head]
+        if np.array_equal(nxt, head):
+            break
+        head = nxt
+    known = np.flatnonzero(own >= 0)
+    rep = np.full(n, -1, np.int64)
+    rep_prim = np.full(n, -1, np.int64)
+    rep[head[known]] = own[known]          # some input/output chunk of the chain (last one wins)
+    rep_prim[head[known]] = known
+    if len(known):
+        ok = _agree(ir, own[known], rep[head[known]], cnt[known])
+        if not ok.all():
+            i = int(known[np.flatnonzero(~ok)[0]])
+            _chain_conflict(ir, i, int(rep_prim[head[i]]), int(own[i]), int(rep[head[i]]), own, describe)
+    anchor = np.where(own >= 0, own, rep[head])
+    return np.where(anchor >= 0, anchor, 0) % C
+
+
+def _static_text(ir: ProgramIR, i: int, chunk: int) -> str:
+    op = Op(int(ir.prims["op"][i]))
+    side = "dst" if op.writes_dst and ir.prims["dst_buf"][i] != Buf.SCRATCH else "src"
+    return _side_text(ir, i, side, chunk)
+
+
+def _chain_conflict(ir, i, j, a, b, own, describe, via: str = "on the same send/receive chain"):
+    raise ExtentError(
+        f"{describe(i)}: it moves {_static_text(ir, i, a)}, but {describe(j)} {via} moves "
+        f"{_static_text(ir, j, b)}; they {_differ_text(ir, a, b, int(ir.prims['count'][i]))}, so one "
+        f"message cannot fit both", [i, j])
+
+
+def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: np.ndarray,
+                             describe) -> np.ndarray:
+    """Anchors when scratch is used: a weighted union-find over primitives and scratch slots.
+    ``anchor[recv] = anchor[send]`` along every match, and a primitive whose chunk ``i`` is
+    scratch slot ``j`` fixes that slot's chunk to ``anchor + i`` (a slot holds chunks of one size
+    class for the whole program); each group takes its value from an input/output chunk named in
+    it. Congruence modulo :func:`size_period` is exact except for chunks that merely have equal
+    sizes (:func:`same_size`), which is accepted where two named chunks meet."""
+    p = ir.prims
+    n = ir.nprims
+    P = size_period(ir)
+    S = int(ir.scratch_chunks)
+    parent: dict[int, int] = {}
+    diff: dict[int, int] = {}     # anchor[x] = anchor[parent[x]] + diff[x]
+    witness: dict[int, int] = {}  # for slot nodes: a primitive that touched it (error messages)
+
+    def find(x: int) -> tuple[int, int]:
+        path = []
+        while parent.get(x, x) != x:
+            path.append(x)
+            x = parent[x]
+        root, acc = x, 0
+        for y in reversed(path):      # compress: every node on the path points at the root
+            acc += diff[y]
+            diff[y] = acc
+            parent[y] = root
+        return root, (diff[path[0]] if path else 0)
+
+    def union(a: int, b: int, d: int, who: int) -> None:
+        """anchor[a] = anchor[b] + d."""
+        ra, da = find(a)
+        rb, db = find(b)
+        if ra == rb:
+            if (da - db - d) % P:
+                slot = a if a >= n else b
+                rank, j = divmod(slot - n, S) if slot >= n else (int(p["rank"][who]), -1)
+                other = witness.get(slot, who)
+                raise ExtentError(
+                    f"{describe(who)}: scratch chunk {j} of rank {rank} holds chunks of different "
+                    f"sizes here and at {describe(other)} (a scratch chunk must hold chunks of one "
+                    f"size for every element count)", [who, other])
+            return
+        # anchor[ra] = anchor[a] - da = anchor[b] + d - da = anchor[rb] + db + d - da
+        parent[ra] = rb
+        diff[ra] = db + d - da
+
+    for a, b in zip(r.tolist(), s.tolist()):
+        union(a, b, 0, a)
+    op = p["op"].astype(np.int64)
+    rank = p["rank"].astype(np.int64)
+    cnt = p["count"].astype(np.int64)
+    for side, uses in (("src", _READS[op]), ("dst", _WRITES[op])):
+        idx = np.flatnonzero(uses & (p[f"{side}_buf"] == Buf.SCRATCH))
+        offs = p[f"{side}_off"].astype(np.int64)
+        for i in idx.tolist():
+            base = n + int(rank[i]) * S + int(offs[i])
+            for k in range(int(cnt[i])):
+                witness.setdefault(base + k, i)
+                union(base + k, i, k, i)
+    # each group's value from its first input/output chunk; the others must agree
+    value: dict[int, tuple[int, int]] = {}   # root -> (anchor of root, primitive that fixed it)
+    anchor = np.full(n, -1, np.int64)
+    for i in np.flatnonzero(own >= 0).tolist():
+        root, d = find(i)
+        if root not in value:
+            value[root] = (int(own[i]) - d, i)
+            continue
+        want = value[root][0] + d
+        if not _agree(ir, [want], [int(own[i])], [int(cnt[i])])[0]:
+            j = value[root][1]
+            raise ExtentError(
+                f"{describe(i)}: it moves {_static_text(ir, i, int(own[i]))}, but its sends, receives "
+                f"and scratch chunks link it to {describe(j)}, which moves "
+                f"{_static_text(ir, j, int(own[j]))}: that makes this step move chunk {want} of the "
+                f"full buffer, and the two {_differ_text(ir, int(own[i]), want, int(cnt[i]))}", [i, j])
+    for i in range(n):
+        if own[i] >= 0:
+            anchor[i] = own[i]
+            continue
+        root, d = find(i)
+        anchor[i] = value[root][0] + d if root in value else d
+    return anchor
+
+
+def check_extents(ir: ProgramIR, describe: Callable[[int], str] | None = None) -> None:
+    """Raise :class:`ExtentError` unless every access of ``ir`` is in bounds and exact for every
+    admissible element count (see the module docstring)."""
+    chunk_anchors(ir, describe)
+
+
+__all__ = ["ExtentError", "buffer_bases", "check_extents", "chunk_anchors", "chunk_size", "count_unit",
+           "same_size", "size_period", "size_witness"]
