@@ -319,7 +319,8 @@ class CpuPlatform(Platform):
             self._cxx_id = exe + " " + (out.stdout.splitlines()[0] if out.stdout else "")
         return self._cxx_id
 
-    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
+              *, single_gpu: bool = False) -> Path:
         outdir = Path(outdir)
         if instance.dtype not in CTYPES or instance.op not in REDOPS:
             raise PlatformError(f"no kernels for {instance.dtype}/{instance.op}")
@@ -340,7 +341,8 @@ class CpuPlatform(Platform):
         exe = self._cxx_exe
         define = (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
                   f"{instance.op}, {REDOPS[instance.op]})")
-        flags = [*_CXX_FLAGS, self.opt, *(_ASAN_FLAGS if self.sanitize else [])]
+        flags = ([*_CXX_FLAGS, self.opt, *(_ASAN_FLAGS if self.sanitize else [])]
+                 + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
         launcher_obj = self._launcher_object(outdir, headers, flags)
         key = cache.content_key(
             "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),

@@ -77,13 +77,19 @@ def find_nvcc() -> str:
 
 def build_cuda_module(outdir: Path, manifest: dict, instance: Instance,
                       ranks: Iterable[int] | None = None, *, arch: str | None = None,
-                      nvcc: str | None = None) -> Path:
-    """One cubin with ``instance``'s kernels of ``ranks`` (all when None) and the gate kernel."""
+                      nvcc: str | None = None, single_gpu: bool = False) -> Path:
+    """One cubin with ``instance``'s kernels of ``ranks`` (all when None) and the gate kernel;
+    ``single_gpu`` builds GPU-scope memory ordering (every rank on one GPU)."""
     sel = select_ranks(manifest, ranks)
     arch = normalise_arch(arch) if arch else resolve_arch()
     tu = translation_unit(manifest, instance, sel, "cuda")
-    flags = ["-std=c++17", "-O3", "-cubin", f"-arch={arch}"]
+    flags = cuda_flags(arch, single_gpu, output="-cubin")
     return compile_module(Path(outdir), manifest, tu, sel, "cuda", nvcc or find_nvcc(), flags, ".cubin")
+
+
+def cuda_flags(arch: str, single_gpu: bool = False, *, output: str = "-cubin") -> list[str]:
+    """nvcc flags of a kernel build (``output``: ``-cubin``, or ``-ptx`` to inspect the code)."""
+    return ["-std=c++17", "-O3", output, f"-arch={arch}"] + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else [])
 
 
 
@@ -111,6 +117,8 @@ class CudaPlatform(GpuPlatform):
     arch_env = ARCH_ENV
     attr_sms = 16            # cudaDevAttrMultiProcessorCount
     attr_clock_khz = 13      # cudaDevAttrClockRate
+    #: hccc_clock() reads %globaltimer: nanoseconds
+    timer_ticks_per_us = 1000.0
     #: concurrent kernels per device (compute capability 7.0 and later)
     max_kernels = 128
 
@@ -125,8 +133,10 @@ class CudaPlatform(GpuPlatform):
         cc = rt.deviceGetAttribute(75, 0) * 10 + rt.deviceGetAttribute(76, 0)   # major, minor
         return resolve_arch(str(cc))
 
-    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
-        return build_cuda_module(Path(outdir), manifest, instance, ranks, arch=self.arch)
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
+              *, single_gpu: bool = False) -> Path:
+        return build_cuda_module(Path(outdir), manifest, instance, ranks, arch=self.arch,
+                                 single_gpu=single_gpu)
 
 
 register("cuda", CudaPlatform)

@@ -457,6 +457,10 @@ class GpuPlatform(Platform):
     attr_clock_khz = -1
     #: concurrent kernels per device
     max_kernels = 1
+    #: ticks of the kernels' hccc_clock() per microsecond (None: the attr_clock_khz clock)
+    timer_ticks_per_us: float | None = None
+    #: flags of the runtime's extMallocWithFlags for memory peers touch (None: plain malloc)
+    peer_malloc_flags: int | None = None
 
     def __init__(self, max_devices: int | None = None):
         self._runtime, self._driver = self._open_api()
@@ -478,6 +482,7 @@ class GpuPlatform(Platform):
         self._ctl: GpuStream | None = None
         self._events: list[tuple[int, int]] = []
         self._allocs: dict[int, tuple[int, int]] = {}    # ptr -> (nbytes, device)
+        self._host_flags: dict[int, int] = {}            # pinned mapped host memory: ptr -> nbytes
         self._alloc_keys: list[int] = []
         self._modules: list[GpuModule] = []
         # since the last synchronize: per device, the latest kernel of each stream (kernels of one
@@ -504,8 +509,10 @@ class GpuPlatform(Platform):
             raise
         except Exception as exc:
             raise PlatformError(f"cannot use {self.api_name} device 0: {_err(exc)}") from None
-        # clock64() ticks: the fastest clock, so a timeout is never shorter than asked for
-        self.ticks_per_us = max(clocks) / 1000.0 if max(clocks) > 0 else 2000.0
+        if self.timer_ticks_per_us is not None:
+            self.ticks_per_us = float(self.timer_ticks_per_us)
+        else:   # clock64() ticks: the fastest clock, so a timeout is never shorter than asked for
+            self.ticks_per_us = max(clocks) / 1000.0 if max(clocks) > 0 else 2000.0
 
     def _open_api(self):
         """(runtime, driver) objects offering the CUDA runtime/driver calls; PlatformError if absent."""
@@ -579,12 +586,33 @@ class GpuPlatform(Platform):
 
     # ---------------------------------------------------------------- memory
     def malloc(self, nbytes: int) -> DevicePtr:
+        return self._device_alloc(nbytes, None)
+
+    def malloc_peer(self, nbytes: int) -> DevicePtr:
+        return self._device_alloc(nbytes, self.peer_malloc_flags)
+
+    def host_flags(self, nbytes: int) -> DevicePtr:
+        size = max(int(nbytes), 8)
+        if self._current < 0:
+            self.set_device(0)
+        try:   # cudaHostAllocMapped / hipHostMallocMapped; with unified addressing one address
+            ptr = int(self._runtime.hostAlloc(size, 2))
+        except Exception as exc:
+            raise PlatformError(f"cannot allocate {size} bytes of pinned host memory: {_err(exc)}") from None
+        ctypes.memset(ptr, 0, size)
+        self._host_flags[ptr] = size
+        return ptr
+
+    def _device_alloc(self, nbytes: int, flags: int | None) -> DevicePtr:
         if self._current < 0:
             self.set_device(0)
         dev = self._current
         size = max(int(nbytes), 1)
         try:
-            ptr = int(self._runtime.malloc(size))
+            if flags is None:
+                ptr = int(self._runtime.malloc(size))
+            else:
+                ptr = int(self._runtime.extMallocWithFlags(size, flags))
         except Exception as exc:
             raise PlatformError(f"cannot allocate {size} bytes on GPU {dev}: {_err(exc)}") from None
         self._allocs[ptr] = (size, dev)
@@ -593,6 +621,11 @@ class GpuPlatform(Platform):
         return ptr
 
     def free(self, ptr: DevicePtr) -> None:
+        if ptr in self._host_flags:
+            del self._host_flags[ptr]
+            with _guard("freeing pinned host memory"):
+                self._runtime.freeHost(ptr)
+            return
         if ptr not in self._allocs:
             raise PlatformError(f"free of a pointer this platform did not allocate: {ptr:#x}")
         _size, dev = self._allocs.pop(ptr)
@@ -732,7 +765,9 @@ class GpuPlatform(Platform):
         already spinning exit instead of waiting for their timeout."""
         one = struct.pack("<I", 1)
         for ptr in sorted(self._abort_ptrs):
-            if ptr:
+            if ptr in self._host_flags:
+                ctypes.c_uint32.from_address(ptr).value = 1    # a plain store: queues behind nothing
+            elif ptr:
                 try:
                     self.memcpy_htod(ptr, one)
                 except Exception:
@@ -827,7 +862,7 @@ class GpuPlatform(Platform):
                 pass
         self._streams.clear()
         self._ctl = None
-        for ptr in list(self._allocs):
+        for ptr in list(self._allocs) + list(self._host_flags):
             try:
                 self.free(ptr)
             except Exception:

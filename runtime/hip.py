@@ -84,13 +84,21 @@ def find_hipcc() -> str:
 
 def build_hip_module(outdir: Path, manifest: dict, instance: Instance,
                      ranks: Iterable[int] | None = None, *, arch: str | None = None,
-                     hipcc: str | None = None) -> Path:
-    """One code object with ``instance``'s HIP kernels of ``ranks`` (all when None) and the gate."""
+                     hipcc: str | None = None, single_gpu: bool = False) -> Path:
+    """One code object with ``instance``'s HIP kernels of ``ranks`` (all when None) and the gate;
+    ``single_gpu`` builds agent-scope memory ordering (every rank on one GPU)."""
     sel = select_ranks(manifest, ranks)
     arch = normalise_hip_arch(arch) if arch else resolve_hip_arch()
     tu = translation_unit(manifest, instance, sel, "hip")
-    flags = ["-std=c++17", "-O3", "--genco", f"--offload-arch={arch}"]
+    flags = hip_flags(arch, single_gpu)
     return compile_module(Path(outdir), manifest, tu, sel, "hip", hipcc or find_hipcc(), flags, ".co")
+
+
+def hip_flags(arch: str, single_gpu: bool = False, *, output: tuple[str, ...] = ("--genco",)) -> list[str]:
+    """hipcc flags of a kernel build (``output``: ``("--genco",)``, or
+    ``("--cuda-device-only", "-S")`` for the device assembly, to inspect the code)."""
+    return (["-std=c++17", "-O3", *output, f"--offload-arch={arch}"]
+            + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
 
 
 def offload_bundle_entries(data: bytes) -> list[tuple[str, bytes]]:
@@ -143,6 +151,7 @@ _PROTOS = {
     "hipDeviceEnablePeerAccess": [_i, _u],
     "hipMalloc": [ctypes.POINTER(_vp), _sz],
     "hipFree": [_vp],
+    "hipExtMallocWithFlags": [ctypes.POINTER(_vp), _sz, _u],
     "hipHostMalloc": [ctypes.POINTER(_vp), _sz, _u],
     "hipHostFree": [_vp],
     "hipMemcpy": [_vp, _vp, _sz, _i],
@@ -222,6 +231,9 @@ class HipApi:
 
     def malloc(self, n: int) -> int:
         return self._out("hipMalloc", _vp, n) or 0
+
+    def extMallocWithFlags(self, n: int, flags: int) -> int:
+        return self._out("hipExtMallocWithFlags", _vp, n, flags) or 0
 
     def free(self, p: int) -> None:
         self._call("hipFree", p or None)
@@ -310,6 +322,11 @@ class HipPlatform(GpuPlatform):
     arch_env = ARCH_ENV
     attr_sms = 63            # hipDeviceAttributeMultiprocessorCount
     attr_clock_khz = 10000   # hipDeviceAttributeClockInstructionRate (clock64() counter)
+    #: hccc_clock() is wall_clock64() (s_memrealtime): a constant 100 MHz on CDNA and RDNA GPUs
+    timer_ticks_per_us = 100.0
+    #: hipExtMallocWithFlags flags of memory peers touch: hipDeviceMallocFinegrained (coherent
+    #: across GPUs while kernels run, as RCCL allocates its FIFOs and flags)
+    peer_malloc_flags = 0x1
 
     def _open_api(self):
         api = open_hip()
@@ -323,8 +340,10 @@ class HipPlatform(GpuPlatform):
     def _module_symbols(self, path: Path) -> set[str]:
         return hip_module_symbols(path)
 
-    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
-        return build_hip_module(Path(outdir), manifest, instance, ranks, arch=self.arch)
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
+              *, single_gpu: bool = False) -> Path:
+        return build_hip_module(Path(outdir), manifest, instance, ranks, arch=self.arch,
+                                single_gpu=single_gpu)
 
 
 register("hip", HipPlatform)

@@ -1,4 +1,4 @@
-"""The host side of the kernel ABI declared in the emitted ``hccc_prims.h`` (``HCCC_ABI_VERSION`` 1).
+"""The host side of the kernel ABI declared in the emitted ``hccc_prims.h`` (``HCCC_ABI_VERSION`` 2).
 
 Device pointers are 64-bit integers on every platform, so the argument structs are packed the same
 way for the CPU emulation, CUDA and HIP. :class:`Args` is passed to every rank kernel by value;
@@ -10,14 +10,15 @@ import ctypes
 
 from hccc.compiler.ir.program_ir import Op
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class Conn(ctypes.Structure):
-    """``struct hccc_conn``: one connection end (both ends point to the receiver's FIFO)."""
-    _fields_ = [("slots", ctypes.c_uint64),   # NSLOTS * chunk_bytes bytes
-                ("head", ctypes.c_uint64),    # uint64_t*: slots consumed by the receiver
-                ("tail", ctypes.c_uint64)]    # uint64_t*: slots published by the sender
+    """``struct hccc_conn``: one connection end (both ends point to the same FIFO and counters:
+    slots and tail in the receiver's memory, head in the sender's)."""
+    _fields_ = [("slots", ctypes.c_uint64),   # NSLOTS * slot_bytes bytes (manifest)
+                ("head", ctypes.c_uint64),    # uint64_t*: slots consumed by the receiver (sender memory)
+                ("tail", ctypes.c_uint64)]    # uint64_t*: slots published by the sender (receiver memory)
 
 
 class ErrorRecord(ctypes.Structure):

@@ -371,13 +371,16 @@ class Runner:
             if len(devices) > 1:
                 pf.enable_peer_access(devices)
 
+        #: every rank on one device of one platform: the kernels order memory at GPU scope
+        self.single_gpu = len(distinct) == 1 and len(set(self.placement)) <= 1
         # one library per manifest platform, from exactly that platform's ranks, through its platform
         inst = Instance(self.dtype, self.op)
         self.libraries: dict[str, Path] = {}
         self.modules = {}
         for p, rs in self.library_ranks.items():
             pf = self.platforms[p]
-            self.libraries[p] = Path(pf.build(self.gendir, man, inst, ranks=rs))
+            scope = {"single_gpu": True} if self.single_gpu else {}   # system scope: the default
+            self.libraries[p] = Path(pf.build(self.gendir, man, inst, ranks=rs, **scope))
             self.modules[p] = pf.load(self.libraries[p])
         self.module = self.modules[self.rank_platform[0]] if N else None
         pattern = man.get("kernel_symbol", "{kernel}_{dtype}_{op}")
@@ -391,38 +394,57 @@ class Runner:
             self.rank_library.append(self.libraries[p])
         self._check_residency()
 
-        # size-independent memory: FIFOs (in the receiver's memory), counters, connection tables
-        recv_index: dict[tuple[int, int, int], tuple[int, int]] = {}
+        # size-independent memory. Per rank, in memory its peers reach (Platform.malloc_peer): the
+        # FIFO slots it receives on; a control block [tail of each receive connection | head of
+        # each send connection | head of each receive connection nobody sends on | progress
+        # counters]. tail lives with the receiver and head with the sender: each end polls locally.
         self.ctrl, self.ctrl_bytes, self.prog_ptr = [], [], []
-        self.slots_ptr, self.heads, self.tails = [], [], []
-        slot_bytes = self.nslots * self.chunk_bytes
+        self.slots_ptr = []
+        self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
+        fifo_bytes = self.nslots * self.slot_bytes
+        send_index: dict[tuple[int, int, int], int] = {}
         for r, e in enumerate(ranks):
-            nrecv, nprog = len(e["recv_conns"]), int(e["progress_slots"])
-            nbytes = 16 * nrecv + 8 * max(nprog, 1)
-            ctrl = self._malloc(r, nbytes)
-            slots = self._malloc(r, max(nrecv, 1) * slot_bytes)
+            nrecv, nsend = len(e["recv_conns"]), len(e["send_conns"])
+            nprog = int(e["progress_slots"])
+            nbytes = 8 * (2 * nrecv + nsend) + 8 * max(nprog, 1)
+            ctrl = self._malloc(r, nbytes, peer=True)
+            slots = self._malloc(r, max(nrecv, 1) * fifo_bytes, peer=True)
             self.ctrl.append(ctrl)
             self.ctrl_bytes.append(nbytes)
-            self.prog_ptr.append(ctrl + 16 * nrecv)
+            self.prog_ptr.append(ctrl + 8 * (2 * nrecv + nsend))
             self.slots_ptr.append(slots)
+            for k, (peer, ch) in enumerate(e["send_conns"]):
+                send_index[(r, int(peer), int(ch))] = k
+        recv_index: dict[tuple[int, int, int], int] = {}
+        for r, e in enumerate(ranks):
             for j, (peer, ch) in enumerate(e["recv_conns"]):
-                recv_index[(int(peer), r, int(ch))] = (r, j)
+                recv_index[(int(peer), r, int(ch))] = j
+
+        def head_of_send(r: int, k: int) -> int:
+            return self.ctrl[r] + 8 * (len(ranks[r]["recv_conns"]) + k)
+
         self.orphans: list[tuple[int, int, int]] = []   # sends nobody receives: FIFO in sender memory
         send_tables, recv_tables = [], []
         for r, e in enumerate(ranks):
-            recv_tables.append([(self.slots_ptr[r] + j * slot_bytes, self.ctrl[r] + 16 * j,
-                                 self.ctrl[r] + 16 * j + 8) for j in range(len(e["recv_conns"]))])
+            nrecv, nsend = len(e["recv_conns"]), len(e["send_conns"])
             tab = []
-            for peer, ch in e["send_conns"]:
-                hit = recv_index.get((r, int(peer), int(ch)))
-                if hit is not None:
-                    d, j = hit
-                    tab.append((self.slots_ptr[d] + j * slot_bytes, self.ctrl[d] + 16 * j,
-                                self.ctrl[d] + 16 * j + 8))
+            for j, (peer, ch) in enumerate(e["recv_conns"]):
+                k = send_index.get((int(peer), r, int(ch)))
+                head = (head_of_send(int(peer), k) if k is not None
+                        else self.ctrl[r] + 8 * (nrecv + nsend + j))
+                tab.append((self.slots_ptr[r] + j * fifo_bytes, head, self.ctrl[r] + 8 * j))
+            recv_tables.append(tab)
+            tab = []
+            for k, (peer, ch) in enumerate(e["send_conns"]):
+                j = recv_index.get((r, int(peer), int(ch)))
+                if j is not None:
+                    d = int(peer)
+                    tab.append((self.slots_ptr[d] + j * fifo_bytes, head_of_send(r, k),
+                                self.ctrl[d] + 8 * j))
                 else:
-                    fifo = self._malloc(r, slot_bytes + 16)
-                    self.orphans.append((r, fifo, slot_bytes + 16))
-                    tab.append((fifo + 16, fifo, fifo + 8))
+                    fifo = self._malloc(r, fifo_bytes + 16, peer=True)
+                    self.orphans.append((r, fifo, 16))
+                    tab.append((fifo + 16, head_of_send(r, k), fifo))
             send_tables.append(tab)
         self.send_tab, self.recv_tab = [], []
         for r in range(N):
@@ -432,10 +454,13 @@ class Runner:
                 if blob:
                     self.rank_pf[r].memcpy_htod(ptr, blob)
                 out.append(ptr)
-        # abort flag and error record: rank 0's memory (every rank's kernels reach it)
+        # The abort flag: pinned, mapped host memory, which the host raises with a plain store
+        # (a copy could queue behind the spinning kernels). The error record: rank 0's memory
+        # (every rank's kernels reach it; the first to time out claims it with a CAS).
         self.flags_pf = self.platform
-        self.flags = self._malloc(0 if N else None, 64 + ctypes.sizeof(ErrorRecord))
-        self.abort_ptr, self.error_ptr = self.flags, self.flags + 64
+        self.abort_ptr = self.flags_pf.host_flags(64)
+        self._allocs.append((self.flags_pf, self.abort_ptr))
+        self.error_ptr = self._malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
         self.streams = []
         for r in range(N):
             self.rank_pf[r].set_device(self.placement[r])
@@ -460,11 +485,12 @@ class Runner:
                     f"device {d} need {need} thread blocks of {b} threads resident at once, "
                     f"but at most {cap} fit; use fewer threads per block or fewer ranks per device")
 
-    def _malloc(self, rank: int | None, nbytes: int) -> int:
-        """Memory on ``rank``'s platform and device (kept until :meth:`close`)."""
+    def _malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
+        """Memory on ``rank``'s platform and device (kept until :meth:`close`); ``peer``: memory
+        other ranks' kernels touch while running (:meth:`Platform.malloc_peer`)."""
         pf = self.rank_pf[rank] if rank is not None else self.platform
         pf.set_device(self.placement[rank] if rank is not None else 0)
-        ptr = pf.malloc(int(nbytes))
+        ptr = pf.malloc_peer(int(nbytes)) if peer else pf.malloc(int(nbytes))
         self._allocs.append((pf, ptr))
         return ptr
 
@@ -658,7 +684,7 @@ class Runner:
         except BaseException:
             # ranks already launched (or held back by a timer) wait for the others: abort them
             try:
-                self.flags_pf.memset(self.abort_ptr, 1, 4)
+                self._raise_abort()
                 for t in timers:
                     t.stop()
                 self._wait(limit)
@@ -679,7 +705,8 @@ class Runner:
             self.rank_pf[r].memset(self.ctrl[r], 0, self.ctrl_bytes[r])
         for r, fifo, nbytes in self.orphans:
             self.rank_pf[r].memset(fifo, 0, 16)
-        self.flags_pf.memset(self.flags, 0, 64 + ctypes.sizeof(ErrorRecord))
+        ctypes.c_uint32.from_address(self.abort_ptr).value = 0
+        self.flags_pf.memset(self.error_ptr, 0, ctypes.sizeof(ErrorRecord))
         for r in range(self.nranks):
             pf = self.rank_pf[r]
             in_p, out_p, scr_p, _ = bufs[r]
@@ -710,9 +737,7 @@ class Runner:
             if failure:
                 raise failure[0]
             return None
-        # Raise the abort flag (in a thread of its own: on some platforms a copy may wait).
-        threading.Thread(target=lambda: self.flags_pf.memset(self.abort_ptr, 1, 4),
-                         name="hccc-abort", daemon=True).start()
+        self._raise_abort()
         grace = max(5.0, 2.0 * self.timeout_s)
         if done.wait(grace):
             rec = self._error_message()
@@ -722,11 +747,16 @@ class Runner:
                         "abort flag")
         return f"host watchdog: {self._broken}"
 
+    def _raise_abort(self) -> None:
+        """Raise the abort flag: a plain store into pinned host memory, which no queued copy or
+        kernel can hold back."""
+        ctypes.c_uint32.from_address(self.abort_ptr).value = 1
+
     def _error_message(self) -> str | None:
-        raw = np.zeros(64 + ctypes.sizeof(ErrorRecord), dtype=np.uint8)
-        self.flags_pf.memcpy_dtoh(raw, self.flags)
-        aborted = int(raw[:4].view(np.uint32)[0]) != 0
-        e = ErrorRecord.from_buffer_copy(raw[64:].tobytes())
+        raw = np.zeros(ctypes.sizeof(ErrorRecord), dtype=np.uint8)
+        self.flags_pf.memcpy_dtoh(raw, self.error_ptr)
+        aborted = ctypes.c_uint32.from_address(self.abort_ptr).value != 0
+        e = ErrorRecord.from_buffer_copy(raw.tobytes())
         if not e.valid:
             return "aborted without an error record" if aborted else None
         # the waited time is counted in the ticks of the reporting rank's platform

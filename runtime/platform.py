@@ -70,7 +70,8 @@ class Platform(abc.ABC):
     name: str = ""
     #: manifest platform whose sources this platform compiles
     source_platform: str = ""
-    #: the kernel timeout is counted in these ticks per microsecond (clock64 cycles or nanoseconds)
+    #: the kernel timeout is counted in these ticks per microsecond (hccc_clock(): nanoseconds on
+    #: CUDA and the CPU, wall_clock64 ticks on HIP)
     ticks_per_us: float = 1000.0
 
     # ---------------------------------------------------------------- memory
@@ -79,6 +80,18 @@ class Platform(abc.ABC):
 
     @abc.abstractmethod
     def free(self, ptr: DevicePtr) -> None: ...
+
+    def malloc_peer(self, nbytes: int) -> DevicePtr:
+        """Device memory that kernels of other devices read and write while running (FIFO slots
+        and counters): coherent across GPUs during a kernel. Freed with :meth:`free`. The default
+        is :meth:`malloc` (CUDA peer memory is coherent); HIP allocates fine-grained memory."""
+        return self.malloc(nbytes)
+
+    def host_flags(self, nbytes: int) -> DevicePtr:
+        """Zeroed host memory that kernels read and write (pinned and mapped: one address on the
+        host and the devices) and that the host writes with plain stores (``ctypes``) while
+        kernels run. Freed with :meth:`free`. The CPU emulation's memory is host memory."""
+        return self.malloc(nbytes)
 
     @abc.abstractmethod
     def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
@@ -93,9 +106,12 @@ class Platform(abc.ABC):
 
     # ---------------------------------------------------------------- code
     @abc.abstractmethod
-    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None) -> Path:
+    def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
+              *, single_gpu: bool = False) -> Path:
         """Compile the emitted sources of ``ranks`` (all when None) for ``instance``; returns the
-        path of a loadable module (a shared library, cubin, ...). Cached by content hash."""
+        path of a loadable module (a shared library, cubin, ...). Cached by content hash.
+        ``single_gpu``: every rank of the run is on one device, so the kernels may order memory at
+        GPU scope instead of system scope (``-DHCCC_SINGLE_GPU=1``)."""
 
     @abc.abstractmethod
     def load(self, path: Path) -> Module: ...

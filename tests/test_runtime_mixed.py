@@ -83,9 +83,9 @@ class RecordingCpu(CpuPlatform):
         self.launched: list[tuple[str, Path]] = []
         self.owned: set[int] = set()
 
-    def build(self, outdir, manifest, instance, ranks=None):
+    def build(self, outdir, manifest, instance, ranks=None, **kw):
         self.builds.append(None if ranks is None else list(ranks))
-        return super().build(outdir, manifest, instance, ranks)
+        return super().build(outdir, manifest, instance, ranks, **kw)
 
     def malloc(self, nbytes):
         ptr = super().malloc(nbytes)
@@ -148,7 +148,7 @@ def test_each_platform_object_builds_allocates_and_launches_its_own_ranks(compil
                 # platform's memory (senders of the other platform write into them: host memory)
                 for ptr in (runner.slots_ptr[r], runner.ctrl[r], runner.send_tab[r], runner.recv_tab[r]):
                     assert ptr in pf.owned
-        assert runner.flags in a.owned                            # rank 0's platform
+        assert runner.abort_ptr in a.owned and runner.error_ptr in a.owned   # rank 0's platform
 
 
 def test_one_cpu_platform_object_may_serve_both_platforms(compiled):

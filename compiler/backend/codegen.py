@@ -23,6 +23,7 @@ import numpy as np
 from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
+from hccc.compiler.passes.slicing import slot_share_bytes
 
 MANIFEST_SCHEMA = "hccc.manifest/1"
 VERSION = "0.1.0"
@@ -33,12 +34,23 @@ DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf1
           ("int32", "int32_t"))
 REDOPS = ("sum", "max", "min")
 NSLOTS = 8
+#: bytes each region of a FIFO slot adds to its share (hccc_prims.h HCCC_REGION_BYTES: a 16-byte
+#: header and alignment room)
+SLOT_OVERHEAD = 32
+ABI_VERSION = 2
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
 
 _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
 _RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
 _OP_NAMES = [o.name for o in Op]
 _BUF_NAMES = [b.name for b in Buf]
+
+
+def slot_bytes(chunk_bytes: int, max_step_chunks: int) -> int:
+    """Bytes of one FIFO slot (hccc_prims.h HCCC_SLOT_BYTES): one region per chunk of a message,
+    each a share of the slot plus SLOT_OVERHEAD."""
+    regions = max(1, int(max_step_chunks))
+    return regions * (slot_share_bytes(chunk_bytes, regions) + SLOT_OVERHEAD)
 
 
 def threads_per_tb(nwarps: int, platform: str) -> int:
@@ -355,12 +367,13 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                     "scratch": int(ir.scratch_chunks)},
         "chunk_bytes": int(ir.chunk_bytes),
         "nslots": NSLOTS,
+        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         "nwarps": int(ir.nwarps),
         "nthreads": nthreads,
         "dtypes": [d for d, _ in DTYPES],
         "ops": list(REDOPS),
         "kernel_symbol": "{kernel}_{dtype}_{op}",
-        "abi_version": 1,
+        "abi_version": ABI_VERSION,
         "ir": ir_file,
         "headers": list(HEADERS),
         "umbrella": umbrella,

@@ -1,0 +1,368 @@
+"""The compiled kernels, inspected: what the protocol promises for speed and for correctness on real
+hardware shows in the code nvcc (PTX, sm_90) and hipcc (gfx90a assembly) emit.
+
+- Copy/reduce loops: every unrolled loop of ``hccc_prim`` issues at least 4 independent 16-byte
+  global loads (``ld.global.*.v4`` / ``global_load_dwordx4``, at least 4 outstanding at once)
+  before its first store; 16-byte data accesses never use generic/flat addressing; on gfx90a no
+  copy loop touches scratch (spills).
+- fp16 / bf16 reductions use packed instructions (``add/max/min.f16x2``, ``.bf16x2``;
+  ``v_pk_add/max/min_f16``) and no element-wise float conversion in the unrolled loops; gfx90a,
+  which has no bf16 arithmetic, reduces bf16 pairs with shifts and float math (no conversion
+  calls, no branches: the loops stay short).
+- Sync: no sequentially consistent fence (``membar``, ``fence.sc``) anywhere in the hot path;
+  single-GPU builds have no system-scope fence or release at all (gfx90a: no L2 writeback /
+  invalidate); the spin loops poll without fences, acquire once after them, and sleep on gfx90a.
+- Timeouts read the global timers (``%globaltimer``, ``s_memrealtime``), never per-SM clocks.
+
+The loop structure is recovered from the assembly (labels and backward branches), independently
+of the sources.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler.backend.codegen import generate
+from hccc.compiler.pipeline import load_program
+from hccc.runtime.cuda import cuda_flags
+from hccc.runtime.gpu import CTYPES, RED_CONSTS, translation_unit
+from hccc.runtime.hip import hip_flags
+from hccc.runtime.platform import Instance
+
+from conftest import require_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "ring_allreduce_8.rccl"
+
+
+# ---------------------------------------------------------------------------------- assembly model
+def functions(text: str, flavour: str) -> dict[str, list[str]]:
+    """Function name -> its lines, for PTX (``.func`` / ``.entry``) or AMDGPU assembly (global
+    labels)."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if flavour == "ptx":
+            m = re.match(r"^(?:\.visible\s+|\.weak\s+)?\.(?:func|entry)\s+(?:\([^)]*\)\s*)?(\w+)", line)
+        else:
+            m = re.match(r"^([A-Za-z_]\w*):", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name is not None:
+            out[name].append(line)
+    return out
+
+
+def function(funcs: dict[str, list[str]], part: str) -> list[str]:
+    names = [n for n in funcs if part in n]
+    assert len(names) == 1, f"expected one function named like {part!r}, found {names}"
+    return funcs[names[0]]
+
+
+def loops(lines: list[str], *, innermost: bool = False) -> list[list[str]]:
+    """Bodies of the loops: from a label to a later branch back to it (``innermost``: only loops
+    that hold no other loop)."""
+    label_at = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\$L__\w+|\.LBB\w+):", line)
+        if m:
+            label_at[m.group(1)] = i
+    spans = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\b(?:bra(?:\.uni)?|s_branch|s_cbranch_\w+)\s+(\$L__\w+|\.LBB\w+)", line)
+        if m and m.group(1) in label_at and label_at[m.group(1)] < i:
+            spans.append((label_at[m.group(1)], i))
+    if innermost:
+        spans = [(a, b) for a, b in spans
+                 if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+    return [lines[a:b + 1] for a, b in spans]
+
+
+PTX_LD16 = re.compile(r"^\s*ld\.global(?:\.\w+)*\.v4\.(?:u32|b32|f32)\s+\{([^}]*)\},\s*\[(%\w+)")
+PTX_ST16 = re.compile(r"^\s*st\.global(?:\.\w+)*\.v4\.")
+AMD_LD16 = re.compile(r"^\s*global_load_dwordx4\s+v\[(\d+):(\d+)\],\s*v\[(\d+):\d+\]")
+AMD_ST16 = re.compile(r"^\s*global_store_dwordx4\s")
+
+
+def loads_before_first_store(body: list[str], flavour: str) -> list[tuple[set[str], set[str]]]:
+    """(registers written, address registers) of each 16-byte load before the loop's first
+    16-byte store."""
+    ld, st = (PTX_LD16, PTX_ST16) if flavour == "ptx" else (AMD_LD16, AMD_ST16)
+    out = []
+    for line in body:
+        if st.search(line):
+            break
+        m = ld.search(line)
+        if m is None:
+            continue
+        if flavour == "ptx":
+            out.append(({r.strip() for r in m.group(1).split(",")}, {m.group(2)}))
+        else:
+            lo, hi, addr = int(m.group(1)), int(m.group(2)), int(m.group(3))
+            out.append(({f"v{k}" for k in range(lo, hi + 1)}, {f"v{addr}", f"v{addr + 1}"}))
+    return out
+
+
+def _dest(line: str) -> set[str]:
+    """Registers an (ALU) instruction writes: its first operand."""
+    m = re.match(r"^\s*[a-z_][\w.]*\s+(%\w+|v\d+|v\[\d+:\d+\])", line)
+    if m is None:
+        return set()
+    r = m.group(1)
+    rng = re.fullmatch(r"v\[(\d+):(\d+)\]", r)
+    return {f"v{k}" for k in range(int(rng.group(1)), int(rng.group(2)) + 1)} if rng else {r}
+
+
+def dependent_loads(body: list[str], flavour: str) -> int:
+    """Loads before the first store whose address comes from another of those loads (a register
+    whose latest definition is such a load)."""
+    ld, st = (PTX_LD16, PTX_ST16) if flavour == "ptx" else (AMD_LD16, AMD_ST16)
+    loaded: set[str] = set()
+    bad = 0
+    for line in body:
+        if st.search(line):
+            break
+        got = loads_before_first_store([line], flavour)
+        if got:
+            written, addr = got[0]
+            bad += bool(addr & loaded)
+            loaded |= written
+        else:
+            loaded -= _dest(line)
+    return bad
+
+
+def max_in_flight(body: list[str]) -> int:
+    """gfx90a: the most 16-byte loads outstanding at once before the first store (s_waitcnt
+    vmcnt(N) leaves at most N memory operations outstanding)."""
+    out = best = 0
+    for line in body:
+        if AMD_ST16.search(line):
+            break
+        if AMD_LD16.search(line):
+            out += 1
+            best = max(best, out)
+        m = re.search(r"\bs_waitcnt\b.*\bvmcnt\((\d+)\)", line)
+        if m:
+            out = min(out, int(m.group(1)))
+    return best
+
+
+def copy_loops(lines: list[str], flavour: str) -> list[list[str]]:
+    """Loops that both load and store 16-byte vectors."""
+    ld, st = (PTX_LD16, PTX_ST16) if flavour == "ptx" else (AMD_LD16, AMD_ST16)
+    return [b for b in loops(lines, innermost=True)
+            if any(ld.search(x) for x in b) and any(st.search(x) for x in b)]
+
+
+# ---------------------------------------------------------------------------------- builds
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """platform -> (folder, manifest) of the example, emitted for that platform."""
+    ir = load_program(EXAMPLE)
+    out = {}
+    for plat in ("cuda", "hip"):
+        d = tmp_path_factory.mktemp(plat)
+        generate(ir, d, platforms=[plat] * ir.nranks)
+        out[plat] = (d, json.loads((d / "manifest.json").read_text()))
+    return out
+
+
+_BUILT: dict = {}
+DTYPES = ("float32", "float16", "bfloat16", "int32")
+OPS = ("sum", "max", "min")
+#: mangled template argument of each dtype's element type, per platform
+TYPE_CODE = {"cuda": {"float32": "f", "float16": "6__half", "bfloat16": "13__nv_bfloat16", "int32": "i"},
+             "hip": {"float32": "f", "float16": "6__half", "bfloat16": "12hip_bfloat16", "int32": "i"}}
+
+
+def compiled(sources, platform: str, single_gpu: bool) -> str:
+    """The device code of rank 0's kernels in one module: PTX for cuda, gfx90a assembly for hip;
+    every (dtype, op), or float32 sum alone in single-GPU builds (the sync checks read only that)."""
+    key = (platform, single_gpu)
+    if key not in _BUILT:
+        d, man = sources[platform]
+        tu = translation_unit(man, Instance("float32", "sum"), [0], platform)
+        pairs = [("float32", "sum")] if single_gpu else [(dt, op) for dt in DTYPES for op in OPS]
+        every = " ".join(f"X({dt}, {CTYPES[dt]}, {op}, {RED_CONSTS[op]})" for dt, op in pairs)
+        tu = re.sub(r"^#define HCCC_FOR_EACH_INSTANCE\(X\) .*$", f"#define HCCC_FOR_EACH_INSTANCE(X) {every}",
+                    tu, count=1, flags=re.M)
+        stem = f"all_{int(single_gpu)}"
+        if platform == "cuda":
+            tool = require_tool("nvcc")
+            src, out = d / f"{stem}.cu", d / f"{stem}.ptx"
+            flags = cuda_flags("sm_90", single_gpu, output="-ptx")
+        else:
+            tool = require_tool("hipcc")
+            src, out = d / f"{stem}.hip", d / f"{stem}.s"
+            flags = hip_flags("gfx90a", single_gpu, output=("--cuda-device-only", "-S"))
+        src.write_text(tu)
+        env = dict(os.environ, HIP_PLATFORM="amd")
+        res = subprocess.run([tool, *flags, "-I", str(d), "-o", str(out), str(src)],
+                             capture_output=True, text=True, env=env, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        _BUILT[key] = out.read_text()
+    return _BUILT[key]
+
+
+def prim_of(sources, platform: str, dtype: str, op: str, single_gpu: bool = False) -> list[str]:
+    """Lines of hccc_prim<T, RED> for (dtype, op)."""
+    funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
+    return function(funcs, f"hccc_primI{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}EE")
+
+
+FLAVOUR = {"cuda": "ptx", "hip": "amd"}
+
+
+# ---------------------------------------------------------------------------------- copy loops
+@pytest.mark.parametrize("platform", ["cuda", "hip"])
+@pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in OPS])
+def test_unrolled_copy_loops_issue_four_independent_16_byte_loads_before_storing(sources, platform,
+                                                                                  dtype, op):
+    fl = FLAVOUR[platform]
+    prim = prim_of(sources, platform, dtype, op)
+    cl = copy_loops(prim, fl)
+    unrolled = [b for b in cl if len(loads_before_first_store(b, fl)) >= 4]
+    # one per data-path shape at least: copy, reduce, copy to two outputs, reduce to two outputs
+    assert len(unrolled) >= 4, [len(loads_before_first_store(b, fl)) for b in cl]
+    for body in unrolled:
+        assert dependent_loads(body, fl) == 0, "a load's address depends on another load of the group"
+        if fl == "ptx":
+            written = [w for w, _ in loads_before_first_store(body, fl)]
+            assert all(not (a & b) for i, a in enumerate(written) for b in written[i + 1:]), \
+                "two loads before the first store share a destination register"
+        else:
+            assert max_in_flight(body) >= 4, "fewer than 4 loads outstanding before the first store"
+    # the remaining copy loops move one vector per thread (the remainder): nothing was left serial
+    st = PTX_ST16 if fl == "ptx" else AMD_ST16
+    for body in cl:
+        if body not in unrolled:
+            assert sum(1 for x in body if st.search(x)) <= 2, "a multi-store loop stores too early"
+
+
+@pytest.mark.parametrize("platform", ["cuda", "hip"])
+def test_16_byte_accesses_are_global_not_generic(sources, platform):
+    prim = "\n".join(prim_of(sources, platform, "float32", "sum"))
+    if platform == "cuda":
+        assert len(re.findall(r"\bld\.global(?:\.\w+)*\.v4\.", prim)) >= 16
+        assert not re.search(r"\b(?:ld|st)(?:\.(?:cg|cs|volatile|weak))*\.v4\.", prim), "generic 16-byte access"
+    else:
+        assert prim.count("global_load_dwordx4") >= 16
+        # (flat 16-byte loads elsewhere read the kernel's own argument structures)
+        for body in loops(prim_of(sources, "hip", "float32", "sum"), innermost=True):
+            assert not any(re.search(r"\bflat_(?:load|store)_dwordx4\b", x) for x in body)
+
+
+def test_gfx90a_copy_loops_do_not_spill(sources):
+    for dtype, op in [(d, o) for d in DTYPES for o in OPS]:
+        prim = prim_of(sources, "hip", dtype, op)
+        for body in copy_loops(prim, "amd"):
+            assert not any(re.search(r"\bbuffer_(?:load|store)_dword", x) for x in body), \
+                f"scratch access in a copy loop ({dtype} {op})"
+
+
+# ---------------------------------------------------------------------------------- packed math
+PACKED_PTX = {"sum": r"\badd(?:\.rn)?\.{t}x2\b|\bfma\.rn\.{t}x2\b", "max": r"\bmax\.{t}x2\b",
+              "min": r"\bmin\.{t}x2\b"}
+
+
+@pytest.mark.parametrize("dtype,t", [("float16", "f16"), ("bfloat16", "bf16")])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_cuda_half_and_bf16_reductions_are_packed(sources, dtype, t, op):
+    prim = prim_of(sources, "cuda", dtype, op)
+    unrolled = [b for b in copy_loops(prim, "ptx") if len(loads_before_first_store(b, "ptx")) >= 8]
+    reducing = [b for b in unrolled if any(re.search(PACKED_PTX[op].format(t=t), x) for x in b)]
+    # reduce and reduce-to-two-outputs loops (at least two shapes), each fully packed
+    assert len(reducing) >= 2
+    for body in reducing:
+        packed = sum(1 for x in body if re.search(PACKED_PTX[op].format(t=t), x))
+        assert packed >= 8 * 4, packed     # 8 vectors x 4 words, two lanes each
+        assert not any(re.search(r"\bcvt\.f32\.(?:f16|bf16)\b", x) for x in body), "element-wise conversion"
+
+
+@pytest.mark.parametrize("op,ins", [("sum", "v_pk_add_f16"), ("max", "v_pk_max_f16"), ("min", "v_pk_min_f16")])
+def test_gfx90a_half_reductions_are_packed(sources, op, ins):
+    prim = prim_of(sources, "hip", "float16", op)
+    reducing = [b for b in copy_loops(prim, "amd") if any(ins in x for x in b)]
+    assert len(reducing) >= 2
+    for body in reducing:
+        if len(loads_before_first_store(body, "amd")) >= 8:
+            assert sum(1 for x in body if ins in x) >= 4 * 4
+        assert not any("v_cvt_f32_f16" in x for x in body), "element-wise conversion"
+
+
+# ---------------------------------------------------------------------------------- sync
+def _hot(sources, platform, single_gpu):
+    funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
+    return prim_of(sources, platform, "float32", "sum", single_gpu), function(funcs, "hccc_wait_geq")
+
+
+def test_cuda_hot_path_has_no_sequentially_consistent_fence(sources):
+    for single in (False, True):
+        prim, wait = _hot(sources, "cuda", single)
+        text = "\n".join(prim + wait)
+        assert not re.search(r"\bmembar\b|\bfence\.sc\b", text)
+        scope = "gpu" if single else "sys"
+        assert re.findall(r"\bfence\.acq_rel\.(\w+)", "\n".join(wait)), "no acquire after the wait"
+        assert re.search(rf"\bst\.release\.{scope}\.global\.u64\b", "\n".join(prim)), "posts are not release stores"
+        if single:
+            assert not re.search(r"\b(?:fence|membar)[.\w]*\.sys\b|\bst\.release\.sys\b", text), \
+                "system scope in a single-GPU build"
+        else:
+            assert re.search(r"\bfence\.acq_rel\.sys\b", "\n".join(wait))
+
+
+def test_cuda_spin_loop_polls_relaxed_without_fences(sources):
+    _prim, wait = _hot(sources, "cuda", False)
+    spins = [b for b in loops(wait, innermost=True) if any(re.search(r"\bld\.relaxed\.\w+\.global\.u64\b", x) for x in b)]
+    assert spins, "no polling loop"
+    for body in spins:
+        assert not any(re.search(r"\bfence\b|\bmembar\b|\bld\.acquire\b", x) for x in body)
+
+
+def test_gfx90a_spin_loop_sleeps_and_acquires_once(sources):
+    for single in (False, True):
+        _prim, wait = _hot(sources, "hip", single)
+        spins = [b for b in loops(wait, innermost=True) if any("s_sleep" in x for x in b)]
+        assert spins, "the spin loop does not sleep"
+        for body in spins:
+            assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in body), "fence in the spin loop"
+        text = "\n".join(wait)
+        assert "buffer_wbinvl1_vol" in text                     # the acquire after the wait
+        # system scope invalidates L2 (peers on other GPUs); a single-GPU build never does
+        assert ("buffer_invl2" in text) != single
+
+
+def test_gfx90a_single_gpu_build_has_no_system_scope_cache_maintenance(sources):
+    prim, wait = _hot(sources, "hip", True)
+    assert not any(re.search(r"\bbuffer_(?:wbl2|invl2)\b", x) for x in prim + wait)
+    prim, _ = _hot(sources, "hip", False)
+    assert any(re.search(r"\bbuffer_wbl2\b", x) for x in prim), "system-scope release expected across GPUs"
+
+
+# ---------------------------------------------------------------------------------- timers
+def test_timeouts_use_global_timers(sources):
+    ptx = compiled(sources, "cuda", False)
+    assert "%globaltimer" in ptx and not re.search(r"%clock(?:64|_hi)?\b", ptx)
+    amd = compiled(sources, "hip", False)
+    assert "s_memrealtime" in amd and not re.search(r"\bs_memtime\b", amd)
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_gfx90a_bf16_reductions_stay_branch_free_and_short(sources, op):
+    prim = prim_of(sources, "hip", "bfloat16", op)
+    # two sources: the reduce loops issue most of their 16 loads before the first store
+    unrolled = [b for b in copy_loops(prim, "amd") if len(loads_before_first_store(b, "amd")) > 8]
+    assert len(unrolled) >= 2                             # reduce, reduce to two outputs
+    for body in unrolled:
+        inner = [x for x in body[1:-1] if re.match(r"^\.LBB\w+:", x)]
+        assert not inner, "branches inside a bf16 reduction loop"
+        # 8 vectors x 8 lanes: a few instructions per lane, not a conversion routine per lane
+        assert len(body) < 8 * 8 * 16, len(body)
+        assert not any(re.search(r"\bs_swappc|\bs_setpc", x) for x in body), "a call in the loop"
