@@ -18,13 +18,11 @@ class SourceFile:
 
     @classmethod
     def read(cls, path: str | Path) -> "SourceFile":
-        """Read a file as UTF-8; undecodable bytes become a located error, not a traceback."""
+        """Read a file as UTF-8; undecodable bytes become a located error, not a traceback.
+        Regular files only, up to the input size cap (:mod:`hccc.compiler.frontend.limits`)."""
+        from hccc.compiler.frontend.limits import read_input_bytes
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise CompileError([Diagnostic(f"cannot read '{p}': {exc.strerror or exc}", None)]) from None
-        return cls.from_bytes(str(p), data)
+        return cls.from_bytes(str(p), read_input_bytes(p))
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes) -> "SourceFile":

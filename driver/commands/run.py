@@ -107,9 +107,11 @@ def _manifest_path(algo: str) -> Path | None:
     if p.is_dir():
         return p / "manifest.json"
     if p.suffix.lower() == ".json" and p.is_file():
+        from hccc.compiler.frontend.diagnostics import CompileError, SourceFile
+        from hccc.compiler.frontend.limits import loads_json
         try:
-            head = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            head = loads_json(SourceFile.read(p))
+        except CompileError:
             return None          # load_program reports it, located
         if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
             return p
@@ -126,10 +128,8 @@ def load_manifest(path: Path):
     def fail(msg: str):
         raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
 
-    try:
-        man = json.loads(src.text)
-    except json.JSONDecodeError as exc:
-        raise CompileError([Diagnostic(f"not JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
+    from hccc.compiler.frontend.limits import loads_json
+    man = loads_json(src)
     if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
         fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
     irname = man.get("ir")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from hccc.cli import parse_size
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-from hccc.compiler.backend.output_dir import write_text_atomically
+from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+from hccc.compiler.frontend.limits import printable
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce")
 
@@ -157,10 +158,12 @@ def run(args) -> int:
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
 
-    topo = load_cluster(args.topology)
     out = Path(args.output)
     if out.is_dir():
-        raise CompileError([Diagnostic(f"output '{out}' is a directory (expected a .rccl file name)", None)])
+        raise CompileError([Diagnostic(f"output '{printable(str(out))}' is a directory (expected a .rccl file "
+                                       "name)", None)])
+    check_output_file(out)   # before the work: never a device, FIFO or symlink
+    topo = load_cluster(args.topology)
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
     args.root = args.root or 0
@@ -168,7 +171,7 @@ def run(args) -> int:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
     dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
-    title = f"hccc synth {args.collective} on {Path(args.topology).name} ({topo.nranks} GPUs)"
+    title = f"hccc synth {args.collective} on {printable(Path(args.topology).name)} ({topo.nranks} GPUs)"
     progress = _Progress(sys.stderr.isatty() and not args.json, title)
     with progress:
         try:
@@ -198,5 +201,5 @@ def run(args) -> int:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
         print(f"hccc synth: {result.collective} on {result.nranks} GPUs: {result.steps} steps "
               f"(lower bound {result.lower_bound_steps}, {gap}), {result.ntransfers} transfers, "
-              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {out}")
+              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
     return 0

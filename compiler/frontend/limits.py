@@ -1,0 +1,206 @@
+"""Input limits: how much of a user's input hccc reads before it refuses, checked before the work.
+
+Everything here guards the *reading* of user input, so that a hostile or accidental input (a
+multi-gigabyte file, ``/dev/zero``, a FIFO nobody writes to, a 4301-digit integer, JSON nested
+200,000 deep, an absurd size on the command line) is refused with a clear message in well under a
+second instead of exhausting memory or blocking:
+
+- :func:`read_input_bytes` opens without blocking (``O_NONBLOCK``), refuses anything that is not a
+  regular file, and refuses files over :func:`max_input_bytes` *before* reading them (and reads at
+  most one byte past the cap, should the file grow meanwhile).
+- :func:`loads_json` parses JSON with integers of at most :data:`MAX_JSON_INT_DIGITS` digits, no
+  ``NaN``/``Infinity``, and a bounded nesting depth, each refused with a located diagnostic.
+- :func:`check_int_range` is the one range check for numbers given on the command line or in
+  files (sizes, counts, timeouts); it names the offending option and the accepted range.
+- :func:`printable` makes text read from inputs (names, paths) safe to print on a terminal or put
+  in a generated comment: no control characters, no newlines, no escape sequences.
+
+``HCCC_MAX_INPUT_BYTES`` raises (or lowers) the file-size cap, e.g. ``HCCC_MAX_INPUT_BYTES=512M``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+
+#: default cap on the size of one input file (``.rccl``, ``.topo``, XML, JSON)
+DEFAULT_MAX_INPUT_BYTES = 64 << 20
+#: integers in JSON inputs longer than this are refused (int64 has 19 digits)
+MAX_JSON_INT_DIGITS = 24
+#: JSON inputs nested deeper than this are refused (hccc's formats nest 4 levels at most)
+MAX_JSON_DEPTH = 64
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def max_input_bytes() -> int:
+    """The input-file size cap: ``HCCC_MAX_INPUT_BYTES`` (bytes, K/M/G suffixes) or 64 MiB."""
+    text = os.environ.get("HCCC_MAX_INPUT_BYTES", "").strip().upper().removesuffix("B")
+    if not text:
+        return DEFAULT_MAX_INPUT_BYTES
+    unit = text[-1] if text[-1:] in ("K", "M", "G") else ""
+    digits = text[:-1] if unit else text
+    if not digits.isdigit() or len(digits) > 12 or int(digits) <= 0:
+        raise CompileError([Diagnostic(
+            f"HCCC_MAX_INPUT_BYTES must be a positive size such as 128M, got {printable(text)!r}", None)])
+    return int(digits) * _UNITS[unit]
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def describe_mode(mode: int) -> str:
+    """What a non-regular file is, in words (for refusals)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
+    """The bytes of the user's input file ``path``, or a :class:`CompileError` saying why not.
+
+    Never blocks (FIFOs are refused, not read), never reads more than ``limit`` (default
+    :func:`max_input_bytes`) plus one byte.
+    """
+    p = Path(path)
+    cap = max_input_bytes() if limit is None else limit
+    shown = printable(str(p))
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CompileError([Diagnostic(
+                f"cannot read '{shown}': it is {describe_mode(st.st_mode)}; hccc reads regular files only", None)])
+        if st.st_size > cap:
+            raise CompileError([Diagnostic(
+                f"'{shown}' is {_human(st.st_size)}, over the {_human(cap)} input limit "
+                "(set HCCC_MAX_INPUT_BYTES to raise it)", None)])
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= cap:
+            b = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > cap:
+            raise CompileError([Diagnostic(
+                f"'{shown}' grew past the {_human(cap)} input limit while being read", None)])
+        return b"".join(chunks)
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
+    finally:
+        os.close(fd)
+
+
+_LONG_INT = re.compile(r"-?\d{%d,}" % (MAX_JSON_INT_DIGITS + 1))
+
+
+def _located(src: SourceFile, offset: int, message: str) -> CompileError:
+    line = src.text.count("\n", 0, offset) + 1
+    col = offset - (src.text.rfind("\n", 0, offset) + 1) + 1
+    return CompileError([Diagnostic(message, Location(src, line, col))])
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise _TooLong(text)
+    return int(text)
+
+
+def _no_constant(name: str):
+    raise ValueError(name)
+
+
+def loads_json(src: SourceFile, *, parse_float=float):
+    """Parse ``src`` as JSON; every way it can be unusable is a located :class:`CompileError`."""
+    text = src.text
+    try:
+        data = json.loads(text, parse_int=_parse_int, parse_float=parse_float, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise CompileError([Diagnostic(f"not valid JSON: {exc.msg}",
+                                       Location(src, exc.lineno, exc.colno))]) from None
+    except _TooLong:
+        m = _LONG_INT.search(text)
+        raise _located(src, m.start() if m else 0,
+                       f"integer with more than {MAX_JSON_INT_DIGITS} digits") from None
+    except ValueError as exc:   # NaN / Infinity / -Infinity
+        off = text.find(str(exc)) if str(exc) else 0
+        raise _located(src, max(off, 0), f"'{printable(str(exc))}' is not a number hccc accepts") from None
+    except RecursionError:
+        raise _located(src, 0, f"JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
+    _check_depth(src, data)
+    return data
+
+
+def _check_depth(src: SourceFile, data) -> None:
+    """Refuse containers nested deeper than MAX_JSON_DEPTH (iteratively: no recursion to exhaust).
+    Lists of scalars (the bulk of a ProgramIR) are skipped quickly."""
+    stack = [(data, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _located(src, 0, f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+        items = obj.values() if isinstance(obj, dict) else obj
+        for x in items:
+            if isinstance(x, (dict, list)):
+                stack.append((x, depth + 1))
+
+
+def check_int_range(value, what: str, lo: int, hi: int, location: Location | None = None) -> int:
+    """``value`` as an int in ``[lo, hi]``, else a CompileError naming ``what`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CompileError([Diagnostic(f"{what} must be an integer, not {type(value).__name__}", location)])
+    if not lo <= value <= hi:
+        raise CompileError([Diagnostic(f"{what} must be between {lo} and {hi}, not {_short(value)}", location)])
+    return value
+
+
+def _short(value: int) -> str:
+    s = str(value) if value.bit_length() < 200 else f"a {value.bit_length()}-bit integer"
+    return s if len(s) <= 40 else s[:20] + "..." + s[-8:]
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str, *, limit: int = 200) -> str:
+    """``text`` made safe for a terminal line or a one-line comment in generated code: control
+    characters (newlines, ESC, ...), bidi overrides and other non-printables become ``\\xNN`` /
+    ``\\uNNNN``; ``*/`` cannot close a C comment; overlong text is cut with ``...``."""
+    def esc(m: re.Match) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    out = _UNSAFE.sub(esc, text)
+    out = "".join(ch if ch.isprintable() or ch in "\\" else f"\\u{ord(ch):04x}" for ch in out)
+    out = out.replace("*/", "*\\/")
+    if len(out) > limit:
+        out = out[:limit - 3] + "..."
+    return out
+
+
+__all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "max_input_bytes",
+           "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable"]
