@@ -19,6 +19,7 @@ second instead of exhausting memory or blocking:
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -51,7 +52,7 @@ def max_input_bytes() -> int:
 
 
 def _human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} bytes"
@@ -202,5 +203,56 @@ def printable(text: str, *, limit: int = 200) -> str:
     return out
 
 
+# --------------------------------------------------------------------------- command-line numbers
+#: the largest byte size accepted on the command line (sizes, chunk sizes): 1 TiB
+MAX_OPTION_BYTES = 1 << 40
+#: the largest count accepted on the command line (iterations, examples, chunks, ...)
+MAX_OPTION_COUNT = 1 << 31
+#: the longest time accepted on the command line: one week
+MAX_OPTION_SECONDS = 7 * 24 * 3600.0
+
+
+class OptionValueError(argparse.ArgumentTypeError, ValueError):
+    """A command-line value hccc refuses (argparse reports it as a usage error)."""
+
+
+def option_int(text: str, lo: int = 0, hi: int = MAX_OPTION_COUNT) -> int:
+    """``text`` as a decimal integer in ``[lo, hi]``; short ASCII digits only (no 4301-digit
+    monsters, no Unicode digits)."""
+    t = text.strip()
+    if not (t.isascii() and t.isdigit()) or len(t) > 24:
+        raise OptionValueError(f"expected an integer >= {lo}, got '{printable(text, limit=40)}'")
+    v = int(t)
+    if not lo <= v <= hi:
+        raise OptionValueError(f"expected an integer between {lo} and {hi}, got {_short(v)}")
+    return v
+
+
+def option_seconds(text: str, lo: float = 0.0, hi: float = MAX_OPTION_SECONDS, *,
+                   allow_lo: bool = True) -> float:
+    """``text`` as a finite number of seconds in ``[lo, hi]`` (``(lo, hi]`` without ``allow_lo``)."""
+    t = text.strip()
+    try:
+        v = float(t) if len(t) <= 40 else float("nan")
+    except ValueError:
+        v = float("nan")
+    if v != v:
+        raise OptionValueError(f"expected a number of seconds, got '{printable(text, limit=40)}'")
+    if not (lo <= v <= hi) or (v == lo and not allow_lo):
+        rel = ">=" if allow_lo else ">"
+        raise OptionValueError(f"expected seconds {rel} {lo:g} and at most {hi:g} (one week), "
+                               f"got '{printable(text, limit=40)}'")
+    return v
+
+
+def check_size(value: int, what: str = "size", hi: int = MAX_OPTION_BYTES) -> int:
+    """Refuse a byte size over ``hi`` (default 1 TiB) as an :class:`OptionValueError`."""
+    if value > hi:
+        raise OptionValueError(f"{what} {_short(value)} bytes is over the {_human(hi)} limit")
+    return value
+
+
 __all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "max_input_bytes",
-           "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable"]
+           "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable",
+           "MAX_OPTION_BYTES", "MAX_OPTION_COUNT", "MAX_OPTION_SECONDS", "OptionValueError", "option_int",
+           "option_seconds", "check_size"]

@@ -24,15 +24,13 @@ GENERATORS = ("c2c",)
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, 1)
 
 
 def _rank(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a rank (a non-negative integer), got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, 0, 1 << 20)
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -66,19 +66,13 @@ def size_list(text: str) -> list[int]:
 
 
 def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got '{text}'")
-    return v
+    from hccc.compiler.frontend.limits import option_seconds
+    return option_seconds(text)
 
 
 def _count(text: str, low: int) -> int:
-    if not text.isdigit() or int(text) < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, low)
 
 
 def add_program_options(parser: argparse.ArgumentParser, chunk_default: int = 1 << 20) -> None:
