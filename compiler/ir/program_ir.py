@@ -258,6 +258,11 @@ class ProgramIR:
 
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             raise IRFormatError(f"not a ProgramIR file (expected \"schema\": \"{SCHEMA}\")")
+        for key, names in (("ops", [o.name.lower() for o in Op]), ("buffer_names", [b.name.lower() for b in Buf])):
+            # the numbering the columns use: a file written with another one cannot be read as this
+            if key in d and d[key] != names:
+                raise IRFormatError(f"top level: field '{key}' must be {json.dumps(names)} (the numbering "
+                                    "the 'prims' columns use)", *at(key))
         name = need(d, "name", str)
         if not NAME_RE.fullmatch(name):
             raise IRFormatError("field 'name' must be an identifier of at most 64 characters")
