@@ -26,92 +26,14 @@ import re
 import stat
 from pathlib import Path
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.diagnostics import (DEFAULT_MAX_INPUT_BYTES, CompileError, Diagnostic, Location,
+                                                 SourceFile, _human, describe_mode, max_input_bytes, printable,
+                                                 read_input_bytes)
 
-#: default cap on the size of one input file (``.rccl``, ``.topo``, XML, JSON)
-DEFAULT_MAX_INPUT_BYTES = 64 << 20
 #: integers in JSON inputs longer than this are refused (int64 has 19 digits)
 MAX_JSON_INT_DIGITS = 24
 #: JSON inputs nested deeper than this are refused (hccc's formats nest 4 levels at most)
 MAX_JSON_DEPTH = 64
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def max_input_bytes() -> int:
-    """The input-file size cap: ``HCCC_MAX_INPUT_BYTES`` (bytes, K/M/G suffixes) or 64 MiB."""
-    text = os.environ.get("HCCC_MAX_INPUT_BYTES", "").strip().upper().removesuffix("B")
-    if not text:
-        return DEFAULT_MAX_INPUT_BYTES
-    unit = text[-1] if text[-1:] in ("K", "M", "G") else ""
-    digits = text[:-1] if unit else text
-    if not digits.isdigit() or len(digits) > 12 or int(digits) <= 0:
-        raise CompileError([Diagnostic(
-            f"HCCC_MAX_INPUT_BYTES must be a positive size such as 128M, got {printable(text)!r}", None)])
-    return int(digits) * _UNITS[unit]
-
-
-def _human(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
-
-
-def describe_mode(mode: int) -> str:
-    """What a non-regular file is, in words (for refusals)."""
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
-    """The bytes of the user's input file ``path``, or a :class:`CompileError` saying why not.
-
-    Never blocks (FIFOs are refused, not read), never reads more than ``limit`` (default
-    :func:`max_input_bytes`) plus one byte.
-    """
-    p = Path(path)
-    cap = max_input_bytes() if limit is None else limit
-    shown = printable(str(p))
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CompileError([Diagnostic(
-                f"cannot read '{shown}': it is {describe_mode(st.st_mode)}; hccc reads regular files only", None)])
-        if st.st_size > cap:
-            raise CompileError([Diagnostic(
-                f"'{shown}' is {_human(st.st_size)}, over the {_human(cap)} input limit "
-                "(set HCCC_MAX_INPUT_BYTES to raise it)", None)])
-        os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while total <= cap:
-            b = os.read(fd, min(1 << 20, cap + 1 - total))
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-        if total > cap:
-            raise CompileError([Diagnostic(
-                f"'{shown}' grew past the {_human(cap)} input limit while being read", None)])
-        return b"".join(chunks)
-    except OSError as exc:
-        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
-    finally:
-        os.close(fd)
-
 
 _LONG_INT = re.compile(r"-?\d{%d,}" % (MAX_JSON_INT_DIGITS + 1))
 
@@ -185,22 +107,45 @@ def _short(value: int) -> str:
     return s if len(s) <= 40 else s[:20] + "..." + s[-8:]
 
 
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+# --------------------------------------------------------------------------- source texts
+#: default cap on the lines of one ``.rccl`` / ``.topo`` text, checked before it is parsed
+DEFAULT_MAX_SOURCE_LINES = 100_000
 
 
-def printable(text: str, *, limit: int = 200) -> str:
-    """``text`` made safe for a terminal line or a one-line comment in generated code: control
-    characters (newlines, ESC, ...), bidi overrides and other non-printables become ``\\xNN`` /
-    ``\\uNNNN``; ``*/`` cannot close a C comment; overlong text is cut with ``...``."""
-    def esc(m: re.Match) -> str:
-        c = ord(m.group())
-        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-    out = _UNSAFE.sub(esc, text)
-    out = "".join(ch if ch.isprintable() or ch in "\\" else f"\\u{ord(ch):04x}" for ch in out)
-    out = out.replace("*/", "*\\/")
-    if len(out) > limit:
-        out = out[:limit - 3] + "..."
-    return out
+def max_source_lines() -> int:
+    """The line cap: ``HCCC_MAX_SOURCE_LINES`` or :data:`DEFAULT_MAX_SOURCE_LINES`."""
+    text = os.environ.get("HCCC_MAX_SOURCE_LINES", "").strip()
+    if not text:
+        return DEFAULT_MAX_SOURCE_LINES
+    if not (text.isascii() and text.isdigit()) or len(text) > 12 or int(text) <= 0:
+        raise CompileError([Diagnostic(
+            f"HCCC_MAX_SOURCE_LINES must be a positive number of lines, got {printable(text, limit=40)!r}", None)])
+    return int(text)
+
+
+def check_source_lines(src: SourceFile, what: str, hint: str, cap: int | None = None) -> None:
+    """Refuse ``src`` when it has more lines than ``cap`` (default :func:`max_source_lines`; the
+    environment variable raises either), before parsing: the parser's time grows with the text.
+    ``hint`` says how to write it shorter."""
+    cap = max_source_lines() if cap is None or os.environ.get("HCCC_MAX_SOURCE_LINES") else cap
+    n = src.text.count("\n") + (0 if src.text.endswith("\n") else 1)
+    if n > cap:
+        off = 0
+        for _ in range(cap):
+            off = src.text.find("\n", off) + 1
+        raise _located(src, off, f"{what} has {n} lines, over the {cap}-line limit ({hint}; set "
+                                 "HCCC_MAX_SOURCE_LINES to raise it)")
+
+
+def check_count(src: SourceFile, needle: str, cap: int, what: str) -> None:
+    """Refuse ``src`` when ``needle`` occurs more than ``cap`` times (counted before parsing);
+    located at the first occurrence past the cap."""
+    if src.text.count(needle) <= cap:
+        return
+    off = -1
+    for _ in range(cap + 1):
+        off = src.text.find(needle, off + 1)
+    raise _located(src, off, f"more than {cap} {what}, over the limit (checked before parsing)")
 
 
 # --------------------------------------------------------------------------- command-line numbers
@@ -255,4 +200,5 @@ def check_size(value: int, what: str = "size", hi: int = MAX_OPTION_BYTES) -> in
 __all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "max_input_bytes",
            "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable",
            "MAX_OPTION_BYTES", "MAX_OPTION_COUNT", "MAX_OPTION_SECONDS", "OptionValueError", "option_int",
-           "option_seconds", "check_size"]
+           "option_seconds", "check_size", "DEFAULT_MAX_SOURCE_LINES", "max_source_lines",
+           "check_source_lines", "check_count"]
