@@ -288,3 +288,75 @@ def test_topology_file_names_reach_generated_comments_escaped(tmp_path):
     assert not any(line.startswith("#evil") for line in text.splitlines())
     code, msg, _ = hccc("check", out)
     assert code == 0, msg
+
+
+# ----------------------------------------------------------------------------- sizes of source texts
+HEADER = ('def ResCCLAlgo(nRanks=2, nChannels=1, nWarps=4, AlgoName="x", OpType="Allgather", '
+          'GPUPerNode=2, NICPerNode=1):\n')
+
+
+def test_long_rccl_refused_before_parsing(tmp_path, startup):
+    p = tmp_path / "long.rccl"
+    p.write_text(HEADER + "    transfer(0, 1, 0, 0, recv)\n" * 200_000)
+    assert_fires(hccc("check", p), startup, pattern=r"long\.rccl:100001:1: error: .*200001 lines, over the "
+                                                    r"100000-line limit")
+
+
+@settings(max_examples=30)
+@given(body=st.integers(1, 40), cap=st.integers(2, 45))
+def test_rccl_line_cap_property(body, cap):
+    """Oracle: the number of lines as written here; under the cap the program loads."""
+    from hccc.compiler.frontend.load import parse_source
+    text = HEADER + "".join(f"    transfer({i % 2}, {1 - i % 2}, {i}, 0, recv)\n" for i in range(body))
+    src = SourceFile("p.rccl", text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HCCC_MAX_SOURCE_LINES", str(cap))
+        if body + 1 > cap:
+            with pytest.raises(CompileError, match="line limit") as info:
+                parse_source(src)
+            assert info.value.diagnostics[0].location.line == cap + 1
+        else:
+            try:
+                parse_source(src)
+            except CompileError as exc:
+                assert "line limit" not in str(exc.diagnostics[0].message)
+
+
+def _nodes_topo(n: int, per_line_entries: int = 1) -> str:
+    lines = [f"define nodenum = {n}"]
+    for k in range(1, n + 1):
+        lines.append(f"define node{k} = 8")
+        lines.append("define bandwidth = {switch => [(((0,1,2,3),(4,5,6,7)) >-> (16,1))]}")
+    for k in range(1, n):
+        lines.append(f"define internode = (node{k}, node{k + 1})")
+        lines.append("define interbandwidth = {switch => [(((0,1,2,3,4,5,6,7),(0,1,2,3,4,5,6,7)) >-> (8,1))]}")
+    return "\n".join(lines) + "\n"
+
+
+def test_huge_cluster_files_refused_before_parsing(tmp_path, startup):
+    p = tmp_path / "n4096.topo"
+    p.write_text(_nodes_topo(4096))
+    assert_fires(hccc("topo", p), startup, pattern="8192-line limit")
+    links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(256) for b in range(256) if a != b)
+    q = tmp_path / "wide.topo"
+    q.write_text("define nodenum = 1\ndefine node1 = 256\ndefine bandwidth = {direct => [" + links + "]}\n")
+    assert_fires(hccc("topo", q), startup, pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
+    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q), startup,
+                 pattern="more than 32768 link entries")
+
+
+def test_synth_time_limit_holds(tmp_path, startup):
+    """``--time-limit`` bounds the whole synthesis, greedy included: a problem whose greedy alone
+    runs far longer (24 GPUs, 64 chunks per rank: about a minute before) ends within the limit plus
+    a few seconds, with a schedule or a clear error."""
+    topo = EXAMPLES / "clusters" / "h20_4x2_8x2.topo"
+    warm = hccc("synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather",
+                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900)      # compiles the kernels
+    assert warm[0] == 0, warm[1]
+    limit = 3.0
+    code, out, secs = hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "64",
+                           "--time-limit", str(limit), "-o", tmp_path / "s.rccl", timeout=600)
+    assert code in (0, 1) and "Traceback" not in out and "internal error" not in out, out
+    if code == 1:
+        assert "time limit" in out and not (tmp_path / "s.rccl").exists()
+    assert secs - startup < limit + 15, f"{secs:.1f} s for a {limit} s limit"
