@@ -84,12 +84,10 @@ class ClusterSource:
 
 def read_cluster(path: str | Path) -> ClusterSource:
     """:func:`load_cluster` plus the file's SHA-256 (recorded in the manifest)."""
+    from hccc.compiler.frontend.limits import read_input_bytes
     p = Path(path)
     topo = load_cluster(p)
-    try:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise CompileError([Diagnostic(f"cannot read '{p}': {exc.strerror or exc}", None)]) from None
+    digest = hashlib.sha256(read_input_bytes(p)).hexdigest()
     return ClusterSource(topo, p, digest)
 
 
@@ -174,7 +172,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
                      + (" ..." if len(exc.diagnostics) > 3 else ""))
     platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
-        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None)
+        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None,
+                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else ())
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"
             xml_path.write_text(xml_text, encoding="utf-8")

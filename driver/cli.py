@@ -22,6 +22,7 @@ import sys
 import traceback
 
 from hccc import __version__
+from hccc.compiler.frontend.limits import check_size, option_int, printable
 
 # name -> (module, one-line summary). "check" lives here; the others in hccc.commands.<name>.
 SUBCOMMANDS = {
@@ -43,18 +44,16 @@ def parse_size(text: str) -> int:
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = t[-1:] if t[-1:] in _SUFFIX and t[-1:] else ""
     num = t[:-1] if unit else t
-    if not num.isdigit():
-        raise argparse.ArgumentTypeError(f"invalid size '{text}' (expected e.g. 4096, 64K, 1M, 1G)")
+    if not (num.isascii() and num.isdigit()) or len(num) > 24:
+        raise argparse.ArgumentTypeError(f"invalid size '{printable(text, limit=40)}' (expected e.g. 4096, 64K, 1M, 1G)")
     value = int(num) * _SUFFIX[unit]
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive: '{text}'")
-    return value
+    return check_size(value)
 
 
 def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
+    return option_int(text, 1, 1 << 62)
 
 
 _TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the algorithm's nRanks must equal its "

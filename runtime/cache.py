@@ -8,24 +8,147 @@ its copy and uses the winner's. Published entries are never modified, so readers
 
 ``ROOT`` is ``$HCCC_CACHE_DIR`` when set, else ``~/.cache/hccc`` (``$XDG_CACHE_HOME/hccc`` when
 that is set).
+
+Trust: an entry holds code that is loaded into the process (a shared library's constructors run
+on load), so only the user's own entries are used. Directories are created 0700 and files 0600;
+before an entry is used, the root, its kind directory, the entry and every file in it must be
+owned by the user and writable by nobody else (and the root's parent must not let others replace
+the root: writable by others only with the sticky bit). Anything else is refused with a
+:class:`CacheTrustError` that names the path and the reason; nothing in it is loaded.
+
+Temporary build directories are held under an ``flock`` while in use; those of killed runs (not
+held, older than a few seconds, owned by the user) are removed the next time an entry is built.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
 from hccc import __version__
+from hccc.compiler.frontend.limits import printable
+from hccc.runtime.platform import PlatformError
 
 #: marker written last into an entry: a directory without it is not a finished entry
 _DONE = ".complete"
 
 
+#: a temporary build directory younger than this is never taken for a killed run's leftover
+STALE_AFTER_S = 1.0
+
+
+class CacheTrustError(PlatformError):
+    """A cache path hccc refuses to use: not the user's, or writable by others."""
+
+
+def _untrusted(path: Path, st: os.stat_result, what: str) -> CacheTrustError:
+    shown = printable(str(path))
+    if st.st_uid != os.geteuid():
+        why = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    else:
+        why = f"is writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return CacheTrustError(f"build cache: {what} '{shown}' {why}; refusing to use it, since its contents "
+                           "would be loaded as code (remove it, or set HCCC_CACHE_DIR to a directory of "
+                           "your own)")
+
+
+def _check_owned(path: Path, what: str, *, directory: bool) -> os.stat_result:
+    """``path`` (not followed if a symbolic link) must be a directory / regular file of the user's,
+    writable by nobody else."""
+    st = os.lstat(path)
+    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        raise CacheTrustError(f"build cache: {what} '{printable(str(path))}' is not a "
+                              f"{'directory' if directory else 'regular file'} (a symbolic link or "
+                              "something else); refusing to use it")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise _untrusted(path, st, what)
+    return st
+
+
+def check_root(root: Path) -> None:
+    """The cache root must be the user's and writable by nobody else, and its parent must not let
+    others replace it (a world-writable parent needs the sticky bit)."""
+    _check_owned(root, "cache directory", directory=True)
+    parent = root.resolve().parent
+    try:
+        pst = os.stat(parent)
+    except OSError:
+        return
+    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX and pst.st_uid != os.geteuid():
+        raise CacheTrustError(f"build cache: the directory '{printable(str(parent))}' holding the cache "
+                              f"'{printable(str(root))}' is writable by others without the sticky bit, so they "
+                              "could replace the cache; refusing to use it (set HCCC_CACHE_DIR to a directory "
+                              "of your own)")
+
+
+def check_entry(final: Path) -> None:
+    """Every part of the published entry ``final`` is the user's and writable by nobody else."""
+    _check_owned(final, "cache entry", directory=True)
+    for dirpath, dirnames, filenames in os.walk(final):
+        for d in dirnames:
+            _check_owned(Path(dirpath) / d, "cache entry directory", directory=True)
+        for f in filenames:
+            _check_owned(Path(dirpath) / f, "cache entry file", directory=False)
+
+
+def _make_private(tmp: Path) -> None:
+    """Directories 0700, files 0600 (executables keep an owner-only execute bit)."""
+    for dirpath, dirnames, filenames in os.walk(tmp):
+        os.chmod(dirpath, 0o700)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode):
+                os.chmod(p, 0o700 if st.st_mode & 0o100 else 0o600)
+
+
+def _held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def clean_stale_builds(base: Path, *, min_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary build directories (``.KEY-XXXX``) that killed runs left in ``base``:
+    the user's, not held by a live build, older than ``min_age_s``. Returns what was removed."""
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for e in entries:
+        if not e.name.startswith("."):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < min_age_s
+                or _held(Path(e.path))):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        removed.append(Path(e.path))
+    return removed
+
+
 def cache_root(override: str | os.PathLike | None = None) -> Path:
-    """The cache root (created if missing)."""
+    """The cache root (created 0700 if missing; checked: see the module docstring)."""
     if override is not None:
         root = Path(override)
     elif os.environ.get("HCCC_CACHE_DIR"):
@@ -33,7 +156,13 @@ def cache_root(override: str | os.PathLike | None = None) -> Path:
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = Path(base) / "hccc"
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    check_root(root)
     return root
 
 
@@ -75,13 +204,25 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
         raise ValueError(f"bad cache kind {kind!r}")
     base = cache_root(root) / kind
     final = base / key
-    if (final / _DONE).is_file():
-        return final
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=base))
+    if os.path.lexists(base):
+        _check_owned(base, "cache directory", directory=True)
+    if os.path.lexists(final / _DONE) or os.path.islink(final):
+        check_entry(final)
+        if (final / _DONE).is_file():
+            return final
     try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    _check_owned(base, "cache directory", directory=True)
+    clean_stale_builds(base)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=base))
+    lock = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         build(tmp)
         (tmp / _DONE).write_text(key + "\n")
+        _make_private(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -90,10 +231,14 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
             if not (final / _DONE).is_file():
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
+            check_entry(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        os.close(lock)
     return final
 
 
-__all__ = ["cache_root", "content_key", "files_digest", "entry"]
+__all__ = ["cache_root", "content_key", "files_digest", "entry", "CacheTrustError", "check_root",
+           "check_entry", "clean_stale_builds", "STALE_AFTER_S"]

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import buffer_bases
 from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
@@ -68,6 +69,42 @@ _DEVICE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.ui
 _GARBAGE = {"float32": np.float32(np.nan), "float16": np.float16(np.nan),
             "bfloat16": np.uint16(0x7FC0), "int32": np.int32(np.iinfo(np.int32).min)}
 #: largest magnitude every partial sum of the inputs may reach and stay exact in the type
+def run_memory_limit() -> int:
+    """Bytes of buffers one run may allocate: ``HCCC_MAX_RUN_BYTES`` (K/M/G/T suffixes) or half
+    of this machine's physical memory."""
+    import os
+    text = os.environ.get("HCCC_MAX_RUN_BYTES", "").strip().upper().removesuffix("B")
+    if text:
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+        unit = units.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in units else text
+        if digits.isascii() and digits.isdigit() and len(digits) <= 15 and int(digits) > 0:
+            return int(digits) * unit
+        raise PlatformError(f"HCCC_MAX_RUN_BYTES must be a positive size such as 16G, not "
+                            f"'{printable(text, limit=40)}'")
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError):
+        return 1 << 34
+
+
+def check_run_memory(name: str, nbytes: int, buffer_bytes: int) -> None:
+    """Refuse (before allocating anything) a run whose buffers, with the host copies that check
+    them (inputs, the oracle's buffers, the results), would not fit :func:`run_memory_limit`."""
+    need = 4 * int(buffer_bytes)
+    limit = run_memory_limit()
+    if need > limit:
+        def human(n: int) -> str:
+            for u, s in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+                if n >= s:
+                    return f"{n / s:.1f} {u}"
+            return f"{n} bytes"
+        raise PlatformError(f"running {name} at {nbytes} bytes needs about {human(need)} of memory "
+                            f"(its buffers, scratch included, are {human(buffer_bytes)}, checked against "
+                            f"host copies), over the limit of {human(limit)}; set HCCC_MAX_RUN_BYTES to "
+                            "change it")
+
+
 _EXACT = {"float32": 1 << 24, "float16": 2048, "bfloat16": 256, "int32": 1 << 30}
 
 
@@ -573,6 +610,7 @@ class Runner:
         ir, N = self.ir, self.nranks
         coll = ir.collective
         lay = self.layout(count)
+        check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in lay) * es)
         if inplace:
             bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
             if bad:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import jinja2
 import numpy as np
 
+from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 from hccc.compiler.passes.slicing import slot_share_bytes
 
-MANIFEST_SCHEMA = "hccc.manifest/1"
 VERSION = "0.1.0"
 PLATFORMS = ("cuda", "hip")
 WARP_SIZE = {"cuda": 32, "hip": 64}
@@ -252,7 +252,8 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
 
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
-             timings: dict | None = None, manifest_extra: dict | None = None) -> list[pathlib.Path]:
+             timings: dict | None = None, manifest_extra: dict | None = None,
+             extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
@@ -260,7 +261,9 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     source (manifest ``sources``). Returns the written paths, sorted.
     ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
-    that the manifest already has is a ValueError.
+    that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
+    ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
+    replaces only those) lists them too.
     """
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
@@ -385,6 +388,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         if key in manifest:
             raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
         manifest[key] = value
+    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
     written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
     paths = []

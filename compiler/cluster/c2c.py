@@ -69,6 +69,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import printable
 from hccc.compiler.frontend.algorithm import OP_NAMES, RECV, RRC, Algorithm, Collective, Header, TransferSite
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.hierarchy import Hierarchy, _ranges, hierarchy as build_hierarchy
@@ -343,7 +344,8 @@ class C2CPlan:
         """ResCCLang source: header comment, ``ResCCLAlgo`` header, one ``transfer`` per line, grouped
         by step with a comment naming the piece, stage and phase of each group."""
         h = self.header()
-        out = ["# " + ln for ln in self.header_comment()]
+        # names in the comment come from the cluster file: one line each, no control characters
+        out = ["# " + printable(ln, limit=1 << 16) for ln in self.header_comment()]
         root = f"Root={h.root}, " if h.collective.rooted else ""
         out.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
                    f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {root}GPUPerNode={h.gpu_per_node}, '

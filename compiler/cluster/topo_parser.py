@@ -26,6 +26,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.limits import check_count, check_source_lines
 from hccc.compiler.cluster.topology import (CLASS_CODE, DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, LINK_CLASSES, DuplicateLinkError,
                         Topology, TopologyBuilder)
 
@@ -33,6 +34,11 @@ MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 1024
 MAX_RANKS = 65536
 MAX_LINKS = 8_000_000
+#: link entries (``->``, ``>->``) one file may write, counted before parsing (the parser's time grows
+#: with them; a switch group ``>->`` describes any number of links in one entry)
+MAX_LINK_ENTRIES = 32_768
+#: lines of one cluster file, counted before parsing (every node takes a line or more)
+MAX_TOPO_LINES = 8_192
 MAX_LANES = 1 << 16
 MAX_BANDWIDTH_GBPS = 10**9
 MAX_LATENCY_US = 10**9
@@ -757,6 +763,9 @@ _PRETTY = {"LPAR": "'('", "RPAR": "')'", "COMMA": "','", "EQUAL": "'='", "LBRACE
 def parse_topology(text: str, name: str = "<input>") -> Topology:
     """Parse .topo text into a :class:`Topology`; bad input raises a located CompileError."""
     source = SourceFile(name, text)
+    check_source_lines(source, "the cluster description", "describe GPU groups with switch entries '>->'",
+                       cap=MAX_TOPO_LINES)
+    check_count(source, "->", MAX_LINK_ENTRIES, "link entries ('->' and '>->')")
     if "\x00" in text:
         SourceFile.from_bytes(name, text.encode("utf-8", "replace"))  # raises the located NUL error
     try:

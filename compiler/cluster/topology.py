@@ -34,6 +34,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import printable
+
 LINK_CLASSES: tuple[str, ...] = ("direct", "switch", "internode", "nic")
 CLASS_CODE: dict[str, int] = {c: i for i, c in enumerate(LINK_CLASSES)}
 VENDORS: tuple[str, ...] = ("nvidia", "amd")
@@ -290,7 +292,8 @@ class Topology:
     def __init__(self, name: str, nodes: tuple[NodeInfo, ...], src: np.ndarray, dst: np.ndarray,
                  param_id: np.ndarray, params: tuple[LinkParams, ...],
                  groups: Sequence[tuple[str, str, str, np.ndarray, LinkParams]], chunk_size: int):
-        self.name = name
+        # names come from files (a TACCL profile's "name", a file name): one printable line
+        self.name = printable(str(name))
         self.nodes = nodes
         self.nranks = sum(nd.ngpus for nd in nodes)
         self.chunk_size = int(chunk_size)

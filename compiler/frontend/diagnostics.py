@@ -5,6 +5,9 @@ Every stage that rejects user input raises :class:`CompileError` carrying one or
 """
 from __future__ import annotations
 
+import os
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,13 +21,10 @@ class SourceFile:
 
     @classmethod
     def read(cls, path: str | Path) -> "SourceFile":
-        """Read a file as UTF-8; undecodable bytes become a located error, not a traceback."""
+        """Read a file as UTF-8; undecodable bytes become a located error, not a traceback.
+        Regular files only, up to the input size cap (:func:`read_input_bytes`)."""
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise CompileError([Diagnostic(f"cannot read '{p}': {exc.strerror or exc}", None)]) from None
-        return cls.from_bytes(str(p), data)
+        return cls.from_bytes(str(p), read_input_bytes(p))
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes) -> "SourceFile":
@@ -118,3 +118,102 @@ def render_all(err: CompileError) -> str:
     if err.more:
         parts.append(f"hccc: note: {err.more} more error(s) not shown")
     return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- reading input files
+#: default cap on the size of one input file (``.rccl``, ``.topo``, XML, JSON)
+DEFAULT_MAX_INPUT_BYTES = 64 << 20
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def max_input_bytes() -> int:
+    """The input-file size cap: ``HCCC_MAX_INPUT_BYTES`` (bytes, K/M/G suffixes) or 64 MiB."""
+    text = os.environ.get("HCCC_MAX_INPUT_BYTES", "").strip().upper().removesuffix("B")
+    if not text:
+        return DEFAULT_MAX_INPUT_BYTES
+    unit = text[-1] if text[-1:] in ("K", "M", "G") else ""
+    digits = text[:-1] if unit else text
+    if not digits.isdigit() or len(digits) > 12 or int(digits) <= 0:
+        raise CompileError([Diagnostic(
+            f"HCCC_MAX_INPUT_BYTES must be a positive size such as 128M, got {printable(text)!r}", None)])
+    return int(digits) * _UNITS[unit]
+
+
+def _human(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def describe_mode(mode: int) -> str:
+    """What a non-regular file is, in words (for refusals)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
+    """The bytes of the user's input file ``path``, or a :class:`CompileError` saying why not.
+
+    Never blocks (FIFOs are refused, not read), never reads more than ``limit`` (default
+    :func:`max_input_bytes`) plus one byte.
+    """
+    p = Path(path)
+    cap = max_input_bytes() if limit is None else limit
+    shown = printable(str(p))
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CompileError([Diagnostic(
+                f"cannot read '{shown}': it is {describe_mode(st.st_mode)}; hccc reads regular files only", None)])
+        if st.st_size > cap:
+            raise CompileError([Diagnostic(
+                f"'{shown}' is {_human(st.st_size)}, over the {_human(cap)} input limit "
+                "(set HCCC_MAX_INPUT_BYTES to raise it)", None)])
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= cap:
+            b = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > cap:
+            raise CompileError([Diagnostic(
+                f"'{shown}' grew past the {_human(cap)} input limit while being read", None)])
+        return b"".join(chunks)
+    except OSError as exc:
+        raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
+    finally:
+        os.close(fd)
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str, *, limit: int = 200) -> str:
+    """``text`` made safe for a terminal line or a one-line comment in generated code: control
+    characters (newlines, ESC, ...), bidi overrides and other non-printables become ``\\xNN`` /
+    ``\\uNNNN``; ``*/`` cannot close a C comment; overlong text is cut with ``...``."""
+    def esc(m: re.Match) -> str:
+        c = ord(m.group())
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    out = _UNSAFE.sub(esc, text)
+    out = "".join(ch if ch.isprintable() or ch in "\\" else f"\\u{ord(ch):04x}" for ch in out)
+    out = out.replace("*/", "*\\/")
+    if len(out) > limit:
+        out = out[:limit - 3] + "..."
+    return out

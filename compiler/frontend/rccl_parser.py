@@ -17,6 +17,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.limits import check_source_lines
 
 # Bounds that are static properties of the text.
 MAX_LOOP_NESTING = 64
@@ -347,6 +348,7 @@ _BLANK = re.compile(r"\A(\s*(#[^\n]*)?(\n|\Z))*\Z")
 def parse_tree(source: SourceFile) -> Tree:
     """Run the lark parser; all syntax errors become located :class:`CompileError`."""
     text = source.text
+    check_source_lines(source, "the program", "express repetition with for loops")
     if _BLANK.match(text):
         raise CompileError.at(Location(source, 1, 1),
                               "empty program: expected a 'ResCCLAlgo(...)' header")

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import loads_json
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.cluster.topology import Topology, TopologyBuilder
 
@@ -170,12 +171,7 @@ def _bandwidth(p: _Profile, key: str, beta: Fraction, chunk: int, what: str) -> 
 def parse_taccl(text: str, name: str = "<input>") -> Topology:
     """A TACCL profile (JSON text) as a Topology; see the module docstring."""
     src = SourceFile(name, text)
-    try:
-        data = json.loads(text, parse_float=Decimal)
-    except json.JSONDecodeError as exc:
-        raise CompileError([Diagnostic(f"not valid JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
-    except RecursionError:
-        raise CompileError([Diagnostic("JSON nested too deeply", Location(src, 1, 1))]) from None
+    data = loads_json(src, parse_float=Decimal)
     if not isinstance(data, dict):
         raise CompileError([Diagnostic("a TACCL profile is a JSON object", Location(src, 1, 1))])
     p = _Profile(src, data)

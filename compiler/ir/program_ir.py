@@ -229,64 +229,131 @@ class ProgramIR:
         """Decode the JSON form (types, column lengths, value ranges); raises :class:`IRFormatError`
         with a clear message. The structure is not checked here: read files with
         :func:`hccc.compiler.ir.check.load_ir_json`, which decodes and then checks."""
+        from hccc.compiler.frontend.diagnostics import CompileError, SourceFile
+        from hccc.compiler.frontend.limits import loads_json
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise IRFormatError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                                exc.lineno, exc.colno) from None
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
-            raise IRFormatError(f"not a ProgramIR file (expected \"schema\": \"{SCHEMA}\")")
+            d = loads_json(SourceFile("<ir>", text))
+        except CompileError as exc:
+            diag = exc.diagnostics[0]
+            loc = diag.location
+            raise IRFormatError(diag.message, loc.line if loc else 1, loc.col if loc else 1) from None
+
+        def at(key: str) -> tuple[int, int]:
+            """Line and column of the first ``"key":`` in the text (1, 1 if absent)."""
+            m = re.search(r'"%s"\s*:' % re.escape(key), text)
+            off = m.start() if m else 0
+            return text.count("\n", 0, off) + 1, off - (text.rfind("\n", 0, off) + 1) + 1
 
         def need(obj, key, typ, where="top level"):
             if key not in obj or not isinstance(obj[key], typ) or isinstance(obj[key], bool):
-                raise IRFormatError(f"{where}: field '{key}' missing or not {typ.__name__}")
+                got = "missing" if key not in obj else f"a {_json_type(obj[key])}"
+                raise IRFormatError(f"{where}: field '{key}' must be {_TYPE_WORDS.get(typ, typ.__name__)}, "
+                                    f"not {got}", *at(key))
             return obj[key]
 
+        def need_int(obj, key, lo, hi, where="top level"):
+            v = need(obj, key, int, where)
+            if not lo <= v <= hi:
+                raise IRFormatError(f"{where}: field '{key}' must be between {lo} and {hi}, not {v}", *at(key))
+            return v
+
+        def int_list(obj, key, where, lo, hi, length=None):
+            col = need(obj, key, list, where)
+            bad = next((x for x in col if type(x) is not int), _OK)
+            if bad is not _OK:
+                raise IRFormatError(f"{where}: '{key}' must hold integers only, found a {_json_type(bad)}",
+                                    *at(key))
+            if length is not None and len(col) != length:
+                raise IRFormatError(f"{where}: '{key}' has {len(col)} entries, expected {length}", *at(key))
+            if col and (min(col) < lo or max(col) > hi):
+                raise IRFormatError(f"{where}: '{key}' has values outside {lo}..{hi}", *at(key))
+            return np.asarray(col, dtype=np.int64)
+
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise IRFormatError(f"not a ProgramIR file (expected \"schema\": \"{SCHEMA}\")")
+        for key, names in (("ops", [o.name.lower() for o in Op]), ("buffer_names", [b.name.lower() for b in Buf])):
+            # the numbering the columns use: a file written with another one cannot be read as this
+            if key in d and d[key] != names:
+                raise IRFormatError(f"top level: field '{key}' must be {json.dumps(names)} (the numbering "
+                                    "the 'prims' columns use)", *at(key))
         name = need(d, "name", str)
         if not NAME_RE.fullmatch(name):
             raise IRFormatError("field 'name' must be an identifier of at most 64 characters")
         coll = need(d, "collective", str)
         if coll not in COLLECTIVES:
-            raise IRFormatError(f"unsupported collective '{coll}'")
-        root = need(d, "root", int) if coll in ROOTED else 0
-        nranks = need(d, "nranks", int)
-        nchunks = need(d, "nchunks", int)
+            raise IRFormatError(f"unsupported collective '{coll[:40]}'")
+        nranks = need_int(d, "nranks", 1, MAX_RANKS)
+        root = need_int(d, "root", 0, nranks - 1) if coll in ROOTED else 0
+        nchunks = need_int(d, "nchunks", 1, MAX_CHUNKS)
         bufs = need(d, "buffers", dict)
-        sizes = [need(bufs, k, int, "buffers") for k in ("input", "output", "scratch")]
-        if not (1 <= nranks <= 1 << 16) or not (1 <= nchunks <= 1 << 24) or min(sizes) < 0 \
-                or max(sizes) > 1 << 24:
-            raise IRFormatError("nranks, nchunks or buffer sizes out of range")
-        if not 0 <= root < nranks:
-            raise IRFormatError(f"root {root} is out of range (nranks={nranks})")
+        sizes = [need_int(bufs, k, 0, MAX_CHUNKS, "buffers") for k in ("input", "output", "scratch")]
+        nwarps = need_int(d, "nwarps", 1, MAX_WARPS)
+        chunk_bytes = need_int(d, "chunk_bytes", CHUNK_ALIGN, MAX_CHUNK_BYTES)
+        if chunk_bytes % CHUNK_ALIGN:
+            raise IRFormatError(f"top level: field 'chunk_bytes' must be a multiple of {CHUNK_ALIGN}, "
+                                f"not {chunk_bytes}", *at("chunk_bytes"))
+        npipelines = need_int(d, "npipelines", 0, MAX_PRIMS)
         prims_d = need(d, "prims", dict)
         prims = {}
         n = None
         for k, dt in PRIM_COLUMNS.items():
-            col = need(prims_d, k, list, "prims")
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in col):
-                raise IRFormatError(f"prims: column '{k}' must hold integers")
-            arr = np.asarray(col, dtype=np.int64)
+            info = np.iinfo(dt)
+            arr = int_list(prims_d, k, "prims", int(info.min), int(info.max), n)
             if n is None:
                 n = len(arr)
-            elif len(arr) != n:
-                raise IRFormatError(f"prims: column '{k}' has {len(arr)} entries, expected {n}")
-            info = np.iinfo(dt)
-            if len(arr) and (arr.min() < info.min or arr.max() > info.max):
-                raise IRFormatError(f"prims: column '{k}' has values out of range")
+                if n > MAX_PRIMS:
+                    raise IRFormatError(f"prims: {n} primitives, more than the limit {MAX_PRIMS}")
             prims[k] = arr.astype(dt)
         deps = need(d, "deps", dict)
-        dp = np.asarray(need(deps, "prim", list, "deps"), dtype=np.int64)
-        do = np.asarray(need(deps, "on", list, "deps"), dtype=np.int64)
-        if len(dp) != len(do) or (len(dp) and (min(dp.min(), do.min()) < 0 or max(dp.max(), do.max()) >= n)):
+        dp = int_list(deps, "prim", "deps", 0, max(n - 1, 0))
+        do = int_list(deps, "on", "deps", 0, max(n - 1, 0), len(dp))
+        if len(dp) and not n:
             raise IRFormatError("deps: 'prim' and 'on' must be equal-length lists of primitive indices")
-        tbs = need(d, "tbs_per_rank", list)
+        tbs = int_list(d, "tbs_per_rank", "top level", 0, MAX_TBS_PER_RANK, nranks)
+        stats = d.get("stats", {})
+        if stats is None:
+            stats = {}
+        if not isinstance(stats, dict) or not all(
+                isinstance(v, (str, int, float)) or v is None for v in stats.values()):
+            raise IRFormatError("top level: field 'stats' must be an object of numbers, strings, "
+                                "booleans and nulls", *at("stats"))
+        if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) > 1 << 63 for v in stats.values()):
+            raise IRFormatError("top level: field 'stats' holds an integer out of the 64-bit range", *at("stats"))
         ir = cls(name=name, collective=coll, nranks=nranks, nchunks=nchunks,
                  in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
                  prims=prims, dep_prim=dp, dep_on=do,
-                 nwarps=need(d, "nwarps", int), chunk_bytes=need(d, "chunk_bytes", int),
-                 npipelines=need(d, "npipelines", int),
-                 ntbs=np.asarray(tbs, dtype=np.int32), stats=d.get("stats", {}) or {}, root=root)
+                 nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
+                 ntbs=tbs.astype(np.int32), stats=stats, root=root)
         return ir
+
+
+#: value ranges a ProgramIR file must respect (checked on load, before anything is allocated)
+MAX_RANKS = 1 << 16
+MAX_CHUNKS = 1 << 24
+MAX_WARPS = 1 << 62   # as .rccl nWarps; threads per TB are capped at 1024 when emitted
+MAX_TBS_PER_RANK = 1 << 20
+MAX_PRIMS = 1 << 26
+CHUNK_ALIGN = 16
+MAX_CHUNK_BYTES = 1 << 30
+_OK = object()
+_TYPE_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _json_type(v) -> str:
+    """What a decoded JSON value is, in JSON's words."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number with a fraction"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "list"
+    return "object"
 
 
 class IRFormatError(Exception):

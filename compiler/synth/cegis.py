@@ -29,7 +29,7 @@ import numpy as np
 from hccc.compiler.synth import smt
 from hccc.compiler.synth.bounds import StepBound, step_lower_bound
 from hccc.compiler.synth.check import check, earliest_step
-from hccc.compiler.synth.greedy import GreedyInputs
+from hccc.compiler.synth.greedy import GreedyInputs, GreedyStopped
 from hccc.compiler.synth.problem import Network, Schedule, Task, replay
 
 Progress = Callable[[str, dict], None]
@@ -67,12 +67,19 @@ def _weights(net: Network, cand: Schedule) -> np.ndarray:
     return w
 
 
+def overrun_allowance(deadline: float) -> float:
+    """Seconds a greedy run may go past ``deadline`` to finish the schedule that the anytime loop
+    needs (2 s plus a tenth of the time still left when it starts); past that it is stopped."""
+    return 2.0 + 0.1 * max(0.0, deadline - time.perf_counter())
+
+
 def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, deadline: float, note):
     """Steps 1-4 of the module docstring with one greedy variant: (valid schedule, iterations,
     enforced groups, timed out)."""
     enforced = np.zeros(net.ngroups, np.uint8)
     max_steps = task.demand + 1
-    sched, complete = gi.run(task.initial(), 0, max_steps, enforced)
+    stop_at = deadline + overrun_allowance(deadline)
+    sched, complete = gi.run(task.initial(), 0, max_steps, enforced, stop_at=stop_at)
     if not complete:
         raise ValueError("the cluster does not connect every rank to every chunk's origin")
     note("greedy", {"steps": sched.nsteps})
@@ -96,7 +103,7 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
         if time.perf_counter() >= deadline:
             timed_out = True
             enforced[:] = 1
-            suffix, _ = gi.run(has_t, t, max_steps, enforced)
+            suffix, _ = gi.run(has_t, t, max_steps, enforced, stop_at=stop_at)
             sched = Schedule.concat([prefix, suffix])
             continue
         frozen = None
@@ -107,7 +114,7 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
         if frozen is None:  # no solver: drop the transfers on overloaded groups
             keep = ~np.isin(np.flatnonzero(sched.step == t), np.concatenate([c.transfers for c in cex]))
             frozen = Schedule(cand.src[keep], cand.dst[keep], cand.step[keep], cand.chunk[keep])
-        suffix, complete = gi.run(has_t, t, max_steps, enforced, frozen=frozen)
+        suffix, complete = gi.run(has_t, t, max_steps, enforced, frozen=frozen, stop_at=stop_at)
         sched = Schedule.concat([prefix, suffix])
         note("cegis", {"iteration": iterations, "checkpoint": t, "steps": sched.nsteps,
                        "learned": int(enforced.sum())})
@@ -133,7 +140,14 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
         if v and time.perf_counter() >= deadline:
             break
         gi = GreedyInputs(net, task, variant=v)
-        cands.append(_cegis(net, task, gi, stats, use_smt, deadline, note))
+        try:
+            cands.append(_cegis(net, task, gi, stats, use_smt, deadline, note))
+        except GreedyStopped:
+            if cands:
+                break       # keep the variants that finished
+            raise GreedyStopped(f"no complete schedule for {task.nranks} ranks and {task.nchunks} chunks "
+                                f"within the time limit (the greedy alone needs longer); raise --time-limit "
+                                "or use fewer chunks per rank") from None
     steps = [c[0].nsteps for c in cands]
     pool = [i for i, c in enumerate(cands) if c[0].nsteps == min(steps)]
     if score is not None and len(pool) > 1:

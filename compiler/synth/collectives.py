@@ -112,6 +112,24 @@ def solve_phase(net: Network, task: Task, *, deadline: float, progress: Progress
                            variants=variants, score=score), None
 
 
+#: the synthesiser's state holds one entry per (chunk, rank): nranks * nranks * chunks_per_rank of
+#: them at most (2**24); checked before any work (the language's own cap, nRanks * nChunksPerRank
+#: <= 2**24 chunks, is implied)
+MAX_CHUNK_RANK_PAIRS = 1 << 24
+
+
+def check_synth_size(nranks: int, chunks_per_rank: int) -> None:
+    """Refuse (ValueError) a synthesis too large to hold, before anything is allocated."""
+    n, k = int(nranks), int(chunks_per_rank)
+    if k < 1:
+        raise ValueError("chunks per rank must be at least 1")
+    if n * n * k > MAX_CHUNK_RANK_PAIRS:
+        most = max(1, MAX_CHUNK_RANK_PAIRS // max(1, n * n))
+        raise ValueError(f"{k} chunks per rank on {n} ranks is {n * k} chunks held at {n} ranks each, over "
+                         f"the synthesiser's limit of {MAX_CHUNK_RANK_PAIRS} (chunk, rank) pairs; use at most "
+                         f"{most} chunk{'s' if most != 1 else ''} per rank")
+
+
 def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chunks_per_rank: int = 1,
                time_limit: float = 60.0, progress: Progress | None = None, pod_ranks: int | None = None,
                use_smt: bool = True, bandwidth_bound_bytes: float | None = None, variants: int = 1,
@@ -133,8 +151,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         raise ValueError(f"unknown collective {collective!r} (expected one of {', '.join(COLLECTIVES)})")
     net = topo if isinstance(topo, Network) else network_from_topology(topo)
     n, k = net.nranks, int(chunks_per_rank)
-    if k < 1:
-        raise ValueError("chunks per rank must be at least 1")
+    check_synth_size(n, k)
     deadline = t0 + float(time_limit)
     phases: list[Phase] = []
     composed = None

@@ -9,10 +9,10 @@ rank r (ReduceScatter) are chunks ``r*K .. r*K+K-1``; a Broadcast names its ``Ro
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import printable
 from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, Header
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import Topology
@@ -68,7 +68,8 @@ def _sorted_rows(result: SynthResult) -> np.ndarray:
 
 
 def _comment(text: str) -> str:
-    return re.sub(r"[\r\n]+", " ", text)
+    """Text from inputs (cluster names, file names) as one line of a comment: no control characters."""
+    return printable(text, limit=1 << 16)
 
 
 def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str | None = None,

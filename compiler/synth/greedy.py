@@ -18,9 +18,16 @@ The kernel is compiled with numba when it is installed (pure Python otherwise, s
 """
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
 from hccc.compiler.synth.problem import Network, Schedule, Task
+
+
+class GreedyStopped(ValueError):
+    """A greedy run stopped at its time limit before its schedule was complete."""
 
 try:  # numba is optional: the kernel is plain Python/numpy code that numba also compiles
     from numba import njit
@@ -46,11 +53,14 @@ def _append(out, nout, u, v, t, k):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx, gcap, genforce,
                 part_of, nparts, mem_ptr, mem_idx, ecap, fanout_one, frozen_step, frozen_rows, prate, grate,
-                rot):
+                rot, stop):
     """Run greedy steps from state ``has`` (modified in place) starting at step ``t0``.
+
+    ``stop[0]`` set (by a timer thread: the kernel runs without the GIL) ends the run before the
+    next step; the result is then incomplete.
 
     ``frozen_rows`` (src, dst, chunk) are imposed at step ``frozen_step`` first (the repaired
     checkpoint step); the greedy then fills that step's remaining capacity and the following steps.
@@ -80,7 +90,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
     cum_in = np.zeros((NL, N), np.float64)
     cum_out = np.zeros((NL, N), np.float64)
     t = t0
-    while missing > 0 and t < t0 + max_steps:
+    while missing > 0 and t < t0 + max_steps and stop[0] == 0:
         used_pair[:] = 0
         used_group[:] = 0
         used_in[:] = 0
@@ -276,8 +286,26 @@ class GreedyInputs:
             self.grate = np.ones(1)
 
     def run(self, has: np.ndarray, t0: int, max_steps: int, genforce: np.ndarray,
-            frozen: Schedule | None = None) -> tuple[Schedule, bool]:
-        """Greedy steps from ``has`` at step ``t0``; returns (schedule of the new steps, complete)."""
+            frozen: Schedule | None = None, stop_at: float | None = None) -> tuple[Schedule, bool]:
+        """Greedy steps from ``has`` at step ``t0``; returns (schedule of the new steps, complete).
+        ``stop_at`` (a ``time.perf_counter()`` value): an unfinished run is stopped then and
+        :class:`GreedyStopped` raised."""
+        stop = np.zeros(1, np.uint8)
+        timer = None
+        if stop_at is not None:
+            timer = threading.Timer(max(0.0, stop_at - time.perf_counter()), stop.fill, args=(1,))
+            timer.daemon = True
+            timer.start()
+        try:
+            sched, complete = self._run(has, t0, max_steps, genforce, frozen, stop)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if stop[0] and not complete:
+            raise GreedyStopped("the greedy schedule was not complete at the time limit")
+        return sched, complete
+
+    def _run(self, has, t0, max_steps, genforce, frozen, stop) -> tuple[Schedule, bool]:
         net = self.net
         h = np.ascontiguousarray(has, dtype=np.uint8).copy()
         if frozen is not None and len(frozen):
@@ -292,7 +320,7 @@ class GreedyInputs:
             self.in_ptr, self.in_pairs, net.pg_ptr, net.pg_idx.astype(np.int64),
             net.gcap.astype(np.int64), np.ascontiguousarray(genforce, dtype=np.uint8),
             self.part_of, self.nparts, self.mem_ptr, self.mem_idx, self.ecap, bool(self.task.fanout_one),
-            fstep, fr, self.prate, self.grate, self.rot)
+            fstep, fr, self.prate, self.grate, self.rot, stop)
         return Schedule(rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy(), rows[:, 3].copy()), bool(complete)
 
 

@@ -23,9 +23,8 @@ def _speeds(text: str) -> list[float]:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, 0)
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -24,15 +24,13 @@ GENERATORS = ("c2c",)
 
 
 def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, 1)
 
 
 def _rank(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a rank (a non-negative integer), got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, 0, 1 << 20)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -63,11 +61,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from hccc.compiler.cluster.c2c import plan_c2c
-    from hccc.compiler.backend.output_dir import write_text_atomically
+    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+    from hccc.compiler.frontend.limits import printable
     from hccc.compiler.cluster.hierarchy import HierarchyError, hierarchy
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.passes.verify import verify
 
+    if args.output != "-":
+        check_output_file(args.output)   # before the work: never a device, FIFO or symlink
     topo = load_cluster(args.cluster)
     if args.root is not None and args.root >= topo.nranks:
         raise CompileError([Diagnostic(f"root rank {args.root} is out of range (the cluster has ranks "
@@ -100,9 +101,9 @@ def run(args) -> int:
         summary["output"] = None if to_stdout else str(args.output)
         print(json.dumps(summary, sort_keys=True), file=sys.stderr if to_stdout else sys.stdout)
         return 0
-    clusters = "; ".join(f"{c['name']} border {','.join(map(str, c['border_ranks']))}"
+    clusters = "; ".join(f"{printable(str(c['name']))} border {','.join(map(str, c['border_ranks']))}"
                          for c in summary["clusters"])
-    line = (f"hccc: {'wrote ' + str(args.output) if not to_stdout else 'generated'}: C2C "
+    line = (f"hccc: {'wrote ' + printable(str(args.output)) if not to_stdout else 'generated'}: C2C "
             f"{plan.collective.dsl_name} on {plan.nranks} ranks, {plan.hierarchy.nclusters} clusters ({clusters}), "
             f"{plan.pieces} piece{'s' if plan.pieces != 1 else ''}, {plan.ntransfers} transfers, "
             f"{plan.nsteps} steps, {summary['inter_cluster_transfers']} cross-cluster chunks")

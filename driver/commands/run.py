@@ -68,19 +68,13 @@ def size_list(text: str) -> list[int]:
 
 
 def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got '{text}'")
-    return v
+    from hccc.compiler.frontend.limits import option_seconds
+    return option_seconds(text)
 
 
 def _count(text: str, low: int) -> int:
-    if not text.isdigit() or int(text) < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got '{text}'")
-    return int(text)
+    from hccc.compiler.frontend.limits import option_int
+    return option_int(text, low)
 
 
 def add_program_options(parser: argparse.ArgumentParser, chunk_default: int = 1 << 20) -> None:
@@ -109,9 +103,11 @@ def _manifest_path(algo: str) -> Path | None:
     if p.is_dir():
         return p / "manifest.json"
     if p.suffix.lower() == ".json" and p.is_file():
+        from hccc.compiler.frontend.diagnostics import CompileError, SourceFile
+        from hccc.compiler.frontend.limits import loads_json
         try:
-            head = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            head = loads_json(SourceFile.read(p))
+        except CompileError:
             return None          # load_program reports it, located
         if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
             return p
@@ -128,10 +124,8 @@ def load_manifest(path: Path):
     def fail(msg: str):
         raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
 
-    try:
-        man = json.loads(src.text)
-    except json.JSONDecodeError as exc:
-        raise CompileError([Diagnostic(f"not JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
+    from hccc.compiler.frontend.limits import loads_json
+    man = loads_json(src)
     if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
         fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
     irname = man.get("ir")

@@ -23,31 +23,22 @@ from pathlib import Path
 
 from hccc.cli import parse_size
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-from hccc.compiler.backend.output_dir import write_text_atomically
+from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+from hccc.compiler.frontend.limits import option_int, option_seconds, printable
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
 def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
+    return option_int(text, 1)
 
 
 def _nonneg_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
-    return int(text)
+    return option_int(text, 0)
 
 
 def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"the time limit must be positive and finite, got '{text}'")
-    return v
+    return option_seconds(text, 0.0, allow_lo=False)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -160,10 +151,12 @@ def run(args) -> int:
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
 
-    topo = load_cluster(args.topology)
     out = Path(args.output)
     if out.is_dir():
-        raise CompileError([Diagnostic(f"output '{out}' is a directory (expected a .rccl file name)", None)])
+        raise CompileError([Diagnostic(f"output '{printable(str(out))}' is a directory (expected a .rccl file "
+                                       "name)", None)])
+    check_output_file(out)   # before the work: never a device, FIFO or symlink
+    topo = load_cluster(args.topology)
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
     args.root = args.root or 0
@@ -171,7 +164,12 @@ def run(args) -> int:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
     dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
-    title = f"hccc synth {args.collective} on {Path(args.topology).name} ({topo.nranks} GPUs)"
+    from hccc.compiler.synth.collectives import check_synth_size
+    try:
+        check_synth_size(topo.nranks, args.chunks_per_rank)   # before any work is sized by it
+    except ValueError as exc:
+        raise CompileError([Diagnostic(f"--chunks-per-rank: {exc}", None)]) from None
+    title = f"hccc synth {args.collective} on {printable(Path(args.topology).name)} ({topo.nranks} GPUs)"
     progress = _Progress(sys.stderr.isatty() and not args.json, title)
     with progress:
         try:
@@ -201,5 +199,5 @@ def run(args) -> int:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
         print(f"hccc synth: {result.collective} on {result.nranks} GPUs: {result.steps} steps "
               f"(lower bound {result.lower_bound_steps}, {gap}), {result.ntransfers} transfers, "
-              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {out}")
+              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
     return 0

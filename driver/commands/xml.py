@@ -73,6 +73,10 @@ def run(args) -> int:
                           max_transfers=args.max_transfers)
     if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
         raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
+    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+    from hccc.compiler.frontend.limits import printable
+    if args.output != "-" and not Path(args.output).is_dir():
+        check_output_file(args.output)   # before the work: never a device, FIFO or symlink
     ir = load_program(args.algo, opts)
     text = export_xml(ir, limits_from_args(args))
     if args.output == "-":
@@ -80,13 +84,10 @@ def run(args) -> int:
         return 0
     out = Path(args.output)
     if out.is_dir():
-        raise CompileError([Diagnostic(f"'{out}' is a directory; give a file name such as {out}/{ir.name}.xml",
-                                       None)])
-    if not out.parent.exists() and str(out.parent):
-        raise CompileError([Diagnostic(f"cannot write '{out}': directory '{out.parent}' does not exist", None)])
-    from hccc.compiler.backend.output_dir import write_text_atomically
+        raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
+                                       f"{printable(str(out))}/{ir.name}.xml", None)])
     write_text_atomically(out, text)
     s = export_summary(text)
-    print(f"hccc: wrote {out}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {s['tbs']} thread blocks, "
+    print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {s['tbs']} thread blocks, "
           f"{s['steps']} steps ({s['nops']} nops)")
     return 0

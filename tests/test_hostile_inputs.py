@@ -1,0 +1,362 @@
+"""Hostile and accidental inputs get a located error (exit 1) or a usage error (exit 2), never an
+internal error (exit 3), a hang or unbounded memory; every limit fires before the work it guards.
+
+Limits are timed in subprocesses under an address-space cap (``RLIMIT_AS``): the time a refusal
+takes beyond the interpreter's own start-up (measured alongside, as hccc's ``--version``) must stay
+under :data:`FIRES_WITHIN_S`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.compiler.frontend.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, printable,
+                                           read_input_bytes)
+from hccc.compiler.frontend.diagnostics import SourceFile
+from hccc.compiler.pipeline import load_program
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+HCCC = [sys.executable, "-m", "hccc.cli"]
+FIRES_WITHIN_S = 5.0
+MEMORY_CAP = 3 << 30
+LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.M)
+
+
+def _cap_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def hccc(*args, timeout=120, env=None, cwd=None):
+    """Run hccc in a subprocess with the memory cap; (returncode, stderr+stdout, seconds)."""
+    e = dict(os.environ, HCCC_DEBUG="")
+    e.update(env or {})
+    t0 = time.perf_counter()
+    r = subprocess.run([*HCCC, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       preexec_fn=_cap_memory, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stderr + r.stdout, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def startup() -> float:
+    """Seconds hccc needs to start and exit (the baseline every limit's time is measured against)."""
+    best = min(hccc("--version")[2] for _ in range(2))
+    return best
+
+
+def assert_fires(result, startup, rc=1, pattern=None):
+    code, out, secs = result
+    assert code == rc, out
+    assert "Traceback" not in out and "internal error" not in out
+    assert secs - startup < FIRES_WITHIN_S, f"took {secs:.1f} s (start-up {startup:.1f} s)"
+    if pattern:
+        assert re.search(pattern, out), out
+
+
+@pytest.fixture(scope="module")
+def ir_text(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("ir") / "k"
+    code, msg, _ = hccc(EXAMPLES / "ring_allgather_8.rccl", "-o", out)
+    assert code == 0, msg
+    return (out / "ring_allgather_8.ir.json").read_text()
+
+
+# ----------------------------------------------------------------------------- input files
+def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path, startup):
+    assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), startup, pattern="character device")
+    fifo = tmp_path / "algo.rccl"
+    os.mkfifo(fifo)
+    for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", fifo], ["run", fifo, "--backend", "cpu"]):
+        assert_fires(hccc(*cmd, timeout=60), startup, pattern="FIFO")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("suffix", [".rccl", ".topo", ".xml", ".json"])
+def test_input_size_cap_fires_before_reading(tmp_path, startup, suffix):
+    big = tmp_path / f"big{suffix}"
+    with open(big, "wb") as f:              # sparse: 100 GiB that take no disk
+        f.truncate(100 << 30)
+    cmd = ["topo", big] if suffix == ".topo" else ["check", big]
+    assert_fires(hccc(*cmd), startup, pattern="over the .* input limit")
+    small = tmp_path / f"small{suffix}"
+    small.write_bytes(b"#" * 4096)
+    assert_fires(hccc(*(["topo", small] if suffix == ".topo" else ["check", small]),
+                      env={"HCCC_MAX_INPUT_BYTES": "1K"}), startup, pattern="over the 1.0 KiB input limit")
+
+
+@settings(max_examples=40)
+@given(size=st.integers(0, 3000), cap=st.integers(1, 3000))
+def test_read_input_bytes_cap(tmp_path_factory, size, cap):
+    p = tmp_path_factory.mktemp("cap") / "f"
+    data = bytes(i % 251 for i in range(size))
+    p.write_bytes(data)
+    if size <= cap:
+        assert read_input_bytes(p, limit=cap) == data
+    else:
+        with pytest.raises(CompileError, match="input limit"):
+            read_input_bytes(p, limit=cap)
+
+
+# ----------------------------------------------------------------------------- JSON
+@settings(max_examples=40)
+@given(depth=st.integers(1, 3 * MAX_JSON_DEPTH), digits=st.integers(1, 2 * MAX_JSON_INT_DIGITS),
+       kind=st.sampled_from("[{"))
+def test_json_depth_and_integer_digits(depth, digits, kind):
+    """Oracle: the nesting depth and digit count as built here."""
+    num = "9" * digits
+    if kind == "[":
+        text = "[" * depth + num + "]" * depth
+    else:
+        text = '{"a": ' * depth + num + "}" * depth
+    src = SourceFile("<t>", text)
+    if depth > MAX_JSON_DEPTH or digits > MAX_JSON_INT_DIGITS:
+        with pytest.raises(CompileError) as info:
+            loads_json(src)
+        d = info.value.diagnostics[0]
+        assert d.location is not None and d.location.line == 1
+        assert ("nested" in d.message) if digits <= MAX_JSON_INT_DIGITS else True
+    else:
+        data = loads_json(src)
+        for _ in range(depth):
+            data = data[0] if kind == "[" else data["a"]
+        assert data == int(num)
+
+
+def test_huge_json_structures_fire_quickly(tmp_path, startup):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    assert_fires(hccc(deep, "-o", tmp_path / "o"), startup, pattern="nested more than")
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"schema": "hccc.ir/1", "nranks": ' + "7" * 100_000 + "}")
+    assert_fires(hccc(digits, "-o", tmp_path / "o"), startup, pattern="more than 24 digits")
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        p = tmp_path / "nan.json"
+        p.write_text('{"schema": "hccc.ir/1", "nranks": %s}' % bad)
+        assert_fires(hccc(p, "-o", tmp_path / "o"), startup, pattern="not a number")
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- ProgramIR fields
+HOSTILE = [None, "x", "", True, 1.5, -1, 0, 10 ** 30, -(10 ** 30), 2 ** 63, [], [[1]], {}, {"a": 1}, [1.5],
+           ["a"], [None], [10 ** 30]]
+
+
+def _paths(d: dict):
+    for k, v in d.items():
+        if isinstance(v, dict) and k in ("buffers", "prims", "deps", "stats"):
+            for k2 in v:
+                yield (k, k2)
+        yield (k,)
+
+
+def _json_kind(v):
+    return "bool" if isinstance(v, bool) else type(v).__name__
+
+
+@settings(max_examples=120)
+@given(data=st.data())
+def test_ir_fields_of_wrong_type_or_range_are_located_errors(tmp_path_factory, ir_text, data):
+    """Any one field of a valid ProgramIR replaced by a hostile value: loading either succeeds or
+    raises a located CompileError, never anything else. A value of another JSON type than the
+    original field's (a float for an integer, a string or null for a list, ...) is always refused."""
+    doc = json.loads(ir_text)
+    path = data.draw(st.sampled_from(sorted(_paths(doc))))
+    value = data.draw(st.sampled_from(HOSTILE))
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    original = parent[path[-1]]
+    parent[path[-1]] = value
+    p = tmp_path_factory.mktemp("ir") / "hostile.json"
+    p.write_text(json.dumps(doc, indent=1))
+    type_changed = _json_kind(value) != _json_kind(original) and path[0] != "stats" \
+        and not (isinstance(original, list) and isinstance(value, list) and not value)
+    if isinstance(original, list) and isinstance(value, list) and value and original \
+            and _json_kind(value[0]) != _json_kind(original[0]):
+        type_changed = True
+    try:
+        load_program(p)
+    except CompileError as exc:
+        d = exc.diagnostics[0]
+        assert d.location is not None and d.location.line >= 1, d.message
+        assert str(p) in exc.diagnostics[0].location.source.name
+        return
+    assert not type_changed, f"{path} = {value!r} (was {original!r}) was accepted"
+
+
+@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)])
+def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, startup, value):
+    text = re.sub(r'"chunk_bytes": \d+', f'"chunk_bytes": {value}', ir_text)
+    assert text != ir_text
+    p = tmp_path / "cb.json"
+    p.write_text(text)
+    code, out, secs = hccc(p, "-o", tmp_path / "out")
+    assert_fires((code, out, secs), startup)
+    assert LOCATED.search(out), out
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text, startup):
+    doc = json.loads(ir_text)
+    doc["buffers"]["scratch"] = 1 << 24
+    p = tmp_path / "scratch.json"
+    p.write_text(json.dumps(doc))
+    assert_fires(hccc("run", p, "--backend", "cpu", "--bytes", "1M"), startup, pattern="over the limit")
+
+
+# ----------------------------------------------------------------------------- command-line numbers
+@pytest.mark.parametrize("args", [
+    ["run", "{algo}", "--bytes", "999999999999999999999G"],
+    ["run", "{algo}", "--bytes", "2T"],
+    ["run", "{algo}", "--bytes", "1" + "0" * 5000],
+    ["run", "{algo}", "--timeout", "1e300"],
+    ["run", "{algo}", "--timeout", "inf"],
+    ["run", "{algo}", "--timeout", "nan"],
+    ["run", "{algo}", "--iters", "99999999999999999999"],
+    ["run", "{algo}", "--threads", "\u0661"],          # an Arabic-Indic digit
+    ["{algo}", "-o", "{tmp}/o", "--chunk-size", "5000T"],
+    ["{algo}", "-o", "{tmp}/o", "--max-transfers", "9" * 5000],
+    ["xml", "{algo}", "-o", "{tmp}/a.xml", "--max-bytes", "99999999999999G"],
+    ["sim", "{algo}", "--topology", "{topo}", "--sizes", "1" + "0" * 30],
+    ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--time-limit", "1e308"],
+    ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--time-limit", "-5"],
+    ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--pod-size", "9" * 50],
+    ["balance", "--speeds", "1,2", "--batch", "9" * 40],
+])
+def test_absurd_command_line_numbers_are_usage_errors(tmp_path, startup, args):
+    subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path,
+            "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
+    argv = [a.format(**subs) for a in args]
+    assert_fires(hccc(*argv), startup, rc=2)
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_synth_chunks_per_rank_capped_before_work(tmp_path, startup):
+    topo = EXAMPLES / "clusters" / "v100_4_8.topo"
+    assert_fires(hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "1000000",
+                      "-o", tmp_path / "s.rccl"), startup, pattern="chunks-per-rank.*limit")
+    assert not (tmp_path / "s.rccl").exists()
+
+
+# ----------------------------------------------------------------------------- names from inputs
+@settings(max_examples=200)
+@given(text=st.text(max_size=300), limit=st.integers(8, 400))
+def test_printable_is_one_safe_line(text, limit):
+    """Oracle: Python's own notion of printable characters."""
+    out = printable(text, limit=limit)
+    assert all(ch.isprintable() for ch in out)
+    assert "*/" not in out and "\x1b" not in out and "\n" not in out
+    assert len(out) <= max(limit, 3)
+    if all(ch.isprintable() for ch in text) and "*/" not in text and len(text) <= limit:
+        assert out == text
+
+
+EVIL = "x\n#define EVIL 1\n\x1b[31mred\x1b[0m\u202e*/"
+
+
+def test_taccl_names_reach_the_terminal_escaped(tmp_path, startup):
+    prof = {"name": EVIL, "topology": "NDv2", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3, "node_betas_list": [23, 46],
+            "node_invbws_list": [23, 46], "remote_invbw": 107, "remote_alpha": 2.6, "remote_beta": 105,
+            "nnodes": 1}
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(prof))
+    code, out, _ = hccc("topo", p)
+    assert code == 0, out
+    assert "\x1b" not in out and "\u202e" not in out and "\n#define EVIL" not in out
+
+
+def test_topology_file_names_reach_generated_comments_escaped(tmp_path):
+    src = EXAMPLES / "clusters" / "mixed_v100_w7800.topo"
+    evil = tmp_path / ("c\n#evil\x1b[2J.topo")
+    evil.write_text(src.read_text())
+    out = tmp_path / "c2c.rccl"
+    code, msg, _ = hccc("gen", "c2c", evil, "--collective", "allgather", "-o", out)
+    assert code == 0, msg
+    assert "\x1b" not in msg
+    text = out.read_text()
+    assert "\x1b" not in text
+    assert not any(line.startswith("#evil") for line in text.splitlines())
+    code, msg, _ = hccc("check", out)
+    assert code == 0, msg
+
+
+# ----------------------------------------------------------------------------- sizes of source texts
+HEADER = ('def ResCCLAlgo(nRanks=2, nChannels=1, nWarps=4, AlgoName="x", OpType="Allgather", '
+          'GPUPerNode=2, NICPerNode=1):\n')
+
+
+def test_long_rccl_refused_before_parsing(tmp_path, startup):
+    p = tmp_path / "long.rccl"
+    p.write_text(HEADER + "    transfer(0, 1, 0, 0, recv)\n" * 200_000)
+    assert_fires(hccc("check", p), startup, pattern=r"long\.rccl:100001:1: error: .*200001 lines, over the "
+                                                    r"100000-line limit")
+
+
+@settings(max_examples=30)
+@given(body=st.integers(1, 40), cap=st.integers(2, 45))
+def test_rccl_line_cap_property(body, cap):
+    """Oracle: the number of lines as written here; under the cap the program loads."""
+    from hccc.compiler.frontend.load import parse_source
+    text = HEADER + "".join(f"    transfer({i % 2}, {1 - i % 2}, {i}, 0, recv)\n" for i in range(body))
+    src = SourceFile("p.rccl", text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HCCC_MAX_SOURCE_LINES", str(cap))
+        if body + 1 > cap:
+            with pytest.raises(CompileError, match="line limit") as info:
+                parse_source(src)
+            assert info.value.diagnostics[0].location.line == cap + 1
+        else:
+            try:
+                parse_source(src)
+            except CompileError as exc:
+                assert "line limit" not in str(exc.diagnostics[0].message)
+
+
+def _nodes_topo(n: int, per_line_entries: int = 1) -> str:
+    lines = [f"define nodenum = {n}"]
+    for k in range(1, n + 1):
+        lines.append(f"define node{k} = 8")
+        lines.append("define bandwidth = {switch => [(((0,1,2,3),(4,5,6,7)) >-> (16,1))]}")
+    for k in range(1, n):
+        lines.append(f"define internode = (node{k}, node{k + 1})")
+        lines.append("define interbandwidth = {switch => [(((0,1,2,3,4,5,6,7),(0,1,2,3,4,5,6,7)) >-> (8,1))]}")
+    return "\n".join(lines) + "\n"
+
+
+def test_huge_cluster_files_refused_before_parsing(tmp_path, startup):
+    p = tmp_path / "n4096.topo"
+    p.write_text(_nodes_topo(4096))
+    assert_fires(hccc("topo", p), startup, pattern="8192-line limit")
+    links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(256) for b in range(256) if a != b)
+    q = tmp_path / "wide.topo"
+    q.write_text("define nodenum = 1\ndefine node1 = 256\ndefine bandwidth = {direct => [" + links + "]}\n")
+    assert_fires(hccc("topo", q), startup, pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
+    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q), startup,
+                 pattern="more than 32768 link entries")
+
+
+def test_synth_time_limit_holds(tmp_path, startup):
+    """``--time-limit`` bounds the whole synthesis, greedy included: a problem whose greedy alone
+    runs far longer (24 GPUs, 64 chunks per rank: about a minute before) ends within the limit plus
+    a few seconds, with a schedule or a clear error."""
+    topo = EXAMPLES / "clusters" / "h20_4x2_8x2.topo"
+    warm = hccc("synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather",
+                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900)      # compiles the kernels
+    assert warm[0] == 0, warm[1]
+    limit = 3.0
+    code, out, secs = hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "64",
+                           "--time-limit", str(limit), "-o", tmp_path / "s.rccl", timeout=600)
+    assert code in (0, 1) and "Traceback" not in out and "internal error" not in out, out
+    if code == 1:
+        assert "time limit" in out and not (tmp_path / "s.rccl").exists()
+    assert secs - startup < limit + 15, f"{secs:.1f} s for a {limit} s limit"
