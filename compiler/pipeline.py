@@ -27,6 +27,9 @@ class CompileOptions:
     target: str = "auto"             # auto | cuda | hip | all
     max_transfers: int = 10 ** 7
     fuse: bool = False               # fused recv+send primitives (see build.build_program)
+    xml_order: str = "step"          # MSCCL XML from the algorithm's step order (step) or the kernels' IR (kernel)
+    xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
+    xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
 
 
 @dataclass
@@ -135,18 +138,30 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
         times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
                    tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
-    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True)
+    xml = None
+    if opts.xml_order == "step":
+        from hccc.compiler.interop.msccl_export import export_algorithm
+        from hccc.compiler.interop.msccl_format import XmlLimits
+        try:
+            _, text = times.run("msccl_xml", lambda: export_algorithm(
+                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=opts.xml_instances,
+                chunk_bytes=opts.chunk_bytes, name=ir.name))
+            xml = (text, None)
+        except CompileError as exc:
+            xml = (None, exc)
+    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
-                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False):
+                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
     still written).
 
     ``checked``: the caller already checked the program against ``cluster``; otherwise every
-    connection of the IR must be a link of the cluster.
+    connection of the IR must be a link of the cluster. ``xml``: the export already made by the
+    caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
     """
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.interop.msccl_format import XmlLimits
@@ -165,7 +180,13 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     notes: list[str] = []
     xml_text = None
     try:
-        xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits())
+        if xml is None:
+            xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
+                                 instances=opts.xml_instances)
+        elif xml[1] is not None:
+            raise xml[1]
+        else:
+            xml_text = xml[0]
         extra["msccl_xml"] = f"{ir.name}.xml"
     except CompileError as exc:
         extra["msccl_xml"] = None

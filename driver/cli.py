@@ -109,7 +109,8 @@ def cmd_compile(args) -> int:
 
     times = StageTimes()
     opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
-                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse)
+                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse,
+                          xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
     cluster = None
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
