@@ -16,6 +16,7 @@ The passes, in order (each keeps the program's meaning; the module docstring of
 """
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 _FUSED = (Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND)
 
 
-@dataclass
+@dataclass(slots=True)
 class _X:
     """One exported primitive (a ProgramIR primitive, or one half of an un-fused one)."""
 
@@ -60,9 +61,8 @@ class _X:
 
 
 def _copy(x: _X) -> _X:
-    y = _X(**{f: getattr(x, f) for f in _X.__dataclass_fields__})
-    y.deps = set(x.deps)
-    return y
+    return _X(x.rank, x.htb, x.pos, x.op, x.sp, x.rp, x.ch, x.sbuf, x.soff, x.dbuf, x.doff, x.cnt, set(x.deps),
+              x.peer_x, x.peer_x2, x.mtb, x.idx, x.s, x.hasdep, x.key)
 
 
 def _err(msgs: list[str]) -> CompileError:
@@ -77,8 +77,11 @@ def _from_ir(ir: ProgramIR) -> list[_X]:
     deps: list[set] = [set() for _ in range(n)]
     for a, b in zip(np.asarray(ir.dep_prim).tolist(), np.asarray(ir.dep_on).tolist()):
         deps[a].add(b)
-    is_nop = [p["op"][i] == Op.NOP for i in range(n)]
-    same_prev = [i > 0 and p["rank"][i] == p["rank"][i - 1] and p["tb"][i] == p["tb"][i - 1] for i in range(n)]
+    nop = int(Op.NOP)
+    is_nop = [o == nop for o in p["op"]]
+    any_nop = any(is_nop)
+    same_prev = [i > 0 and p["rank"][i] == p["rank"][i - 1] and p["tb"][i] == p["tb"][i - 1] for i in range(n)] \
+        if any_nop else None
     # eff[n] for a NOP: the real primitives its completion stands for
     eff: dict[int, set] = {}
 
@@ -106,20 +109,30 @@ def _from_ir(ir: ProgramIR) -> list[_X]:
 
     keep = [i for i in range(n) if not is_nop[i]]
     new_index = {old: k for k, old in enumerate(keep)}
+    if len(keep) == n:
+        new_index = range(n)          # no NOPs: indices stay
+    ops = list(Op)
+    R, TB, SEQ, OP = p["rank"], p["tb"], p["seq"], p["op"]
+    SP, RP, CH, SB, SO, DB, DO, CNT = (p[k] for k in ("send_peer", "recv_peer", "channel", "src_buf", "src_off",
+                                                       "dst_buf", "dst_off", "count"))
+    PIPE, TASK = p["pipeline"], p["task"]
     xs = []
     for i in keep:
-        d = set()
-        for t in deps[i]:
-            d |= resolve(t)
-        if same_prev[i] and is_nop[i - 1]:
-            d |= resolve(i - 1)
-        d.discard(i)
-        op = Op(p["op"][i])
-        xs.append(_X(rank=p["rank"][i], htb=p["tb"][i], pos=float(p["seq"][i]), op=op,
-                     sp=p["send_peer"][i], rp=p["recv_peer"][i], ch=p["channel"][i],
-                     sbuf=p["src_buf"][i], soff=p["src_off"][i], dbuf=p["dst_buf"][i],
-                     doff=p["dst_off"][i], cnt=p["count"][i], deps={new_index[t] for t in d},
-                     key=(p["pipeline"][i], 0 if op == Op.SEND else 1, p["task"][i], p["seq"][i])))
+        di = deps[i]
+        if any_nop:
+            d = set()
+            for t in di:
+                d |= resolve(t)
+            if same_prev[i] and is_nop[i - 1]:
+                d |= resolve(i - 1)
+            d.discard(i)
+            dset = {new_index[t] for t in d}
+        else:
+            dset = di
+            dset.discard(i)
+        op = ops[OP[i]]
+        xs.append(_X(R[i], TB[i], float(SEQ[i]), op, SP[i], RP[i], CH[i], SB[i], SO[i], DB[i], DO[i], CNT[i], dset,
+                     key=(PIPE[i], 0 if op is Op.SEND else 1, TASK[i], SEQ[i])))
     s, r = match_connections(ir)
     for a, b in zip(s.tolist(), r.tolist()):
         xa, xb = new_index[a], new_index[b]
@@ -335,18 +348,37 @@ def _dead_after(xs: list[_X], by_rank: dict, fused: dict[int, int]) -> set[int]:
 
 
 def _end_components(xs: list[_X]):
-    """Union-find over connection ends joined by forwarding primitives: (find, {root: [send ends, recv ends]})."""
-    from networkx.utils import UnionFind   # imported here: networkx is slow to import
-    uf = UnionFind()
+    """Union-find over connection ends joined by forwarding primitives: (find, {root: [send ends, recv ends]}).
+
+    Only forwarding primitives join two ends; every other end is a component of its own, so the
+    union-find holds just the joined ends (most programs have none)."""
+    seen: dict = {}                     # every end, in order of first appearance
+    pairs = []
     for x in xs:
         se = (x.rank, "s", x.sp, x.ch) if x.sp >= 0 else None
         re_ = (x.rank, "r", x.rp, x.ch) if x.rp >= 0 else None
-        uf.union(*(e for e in (se, re_) if e is not None))
-    comps: dict = defaultdict(lambda: [set(), set()])
-    for e in list(uf.parents):
-        comps[uf[e]][0 if e[1] == "s" else 1].add(e)
-    return uf.__getitem__, comps
+        if se is not None:
+            seen[se] = None
+        if re_ is not None:
+            seen[re_] = None
+            if se is not None:
+                pairs.append((se, re_))
+    if pairs:
+        from networkx.utils import UnionFind   # imported here: networkx is slow to import
+        uf = UnionFind()
+        for a, b in pairs:
+            uf.union(a, b)
+        joined = uf.parents
 
+        def find(e):
+            return uf[e] if e in joined else e
+    else:
+        def find(e):
+            return e
+    comps: dict = defaultdict(lambda: [set(), set()])
+    for e in seen:
+        comps[find(e)][0 if e[1] == "s" else 1].add(e)
+    return find, comps
 
 
 def _unfuse(xs: list[_X]) -> list[_X]:
@@ -637,22 +669,32 @@ def _reduce_deps(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
                     ready.append(j)
         if len(order) != len(members):
             raise AssertionError("internal error: dependency cycle after splitting thread blocks")
-        vc: dict[int, np.ndarray] = {}
+        # clocks are Python lists (a rank has few TBs: list operations beat numpy's per-call cost);
+        # a primitive without dependencies shares its predecessor's clock until it changes one entry
+        vc: dict[int, list] = {}
+        zero = [0] * T
         for i in order:
             x = xs[i]
             t = lst[x.mtb]
-            base = vc[t.members[x.idx - 1]].copy() if x.idx > 0 else np.zeros(T, np.int64)
-            cand = [d for d in sorted(x.deps) if base[xs[d].mtb] < xs[d].idx + 1]
-            keep = []
-            for d in cand:
-                implied = any(vc[e][xs[d].mtb] >= xs[d].idx + 1 for e in cand if e != d)
-                if not implied:
-                    keep.append(d)
-            for d in keep:
-                np.maximum(base, vc[d], out=base)
+            prev = vc[t.members[x.idx - 1]] if x.idx > 0 else zero
+            if x.deps:
+                cand = [d for d in sorted(x.deps) if prev[xs[d].mtb] < xs[d].idx + 1]
+                if len(cand) > 1:
+                    keep = [d for d in cand
+                            if not any(vc[e][xs[d].mtb] >= xs[d].idx + 1 for e in cand if e != d)]
+                else:
+                    keep = cand
+                if keep:
+                    base = list(prev)
+                    for d in keep:
+                        base = list(map(max, base, vc[d]))
+                else:
+                    base = list(prev)
+                x.deps = set(keep)
+            else:
+                base = list(prev)
             base[x.mtb] = x.idx + 1
             vc[i] = base
-            x.deps = set(keep)
 
 
 def _targets_first(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
@@ -887,6 +929,18 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = F
     if instances < 1:
         raise ValueError("instances must be at least 1")
     _quick_step_check(ir, lim)
+    # the export builds a few Python objects per primitive and frees none of them until it ends:
+    # the cyclic collector would rescan all of them again and again (a third of the time)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _export_checked(ir, lim, fuse, instances, prove)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, prove: bool) -> str:
     try:
         check_structure(ir)
         check_fifo_order(ir)
