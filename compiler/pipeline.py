@@ -34,7 +34,10 @@ class CompileOptions:
 
 @dataclass
 class StageTimes:
+    """Seconds per stage (``seconds``), and per phase inside a stage (``phases``, ``stage/phase``)."""
+
     seconds: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def run(self, name, fn, *args, **kwargs):
         t0 = time.perf_counter()
@@ -136,8 +139,10 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     if cluster is not None:
         from hccc.compiler.cluster.topology_check import check_on_topology
         times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
+    phases: dict[str, float] = {}
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
-                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
+    times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm
@@ -195,7 +200,10 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
                      + (" ..." if len(exc.diagnostics) > 3 else ""))
     platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
-        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None)
+        phases: dict[str, float] = {}
+        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None,
+                          timings=phases)
+        times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"
             xml_path.write_text(xml_text, encoding="utf-8")

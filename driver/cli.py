@@ -137,6 +137,9 @@ def cmd_compile(args) -> int:
     if args.timings:
         for k, v in times.seconds.items():
             print(f"  {k:16s} {v:8.3f} s")
+            for ph, pv in times.phases.items():
+                if ph.startswith(k + "/"):
+                    print(f"    {ph:30s} {pv:8.3f} s")
     return 0
 
 
