@@ -27,11 +27,17 @@ class CompileOptions:
     target: str = "auto"             # auto | cuda | hip | all
     max_transfers: int = 10 ** 7
     fuse: bool = False               # fused recv+send primitives (see build.build_program)
+    xml_order: str = "step"          # MSCCL XML from the algorithm's step order (step) or the kernels' IR (kernel)
+    xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
+    xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
 
 
 @dataclass
 class StageTimes:
+    """Seconds per stage (``seconds``), and per phase inside a stage (``phases``, ``stage/phase``)."""
+
     seconds: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def run(self, name, fn, *args, **kwargs):
         t0 = time.perf_counter()
@@ -131,20 +137,34 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     if cluster is not None:
         from hccc.compiler.cluster.topology_check import check_on_topology
         times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
+    phases: dict[str, float] = {}
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
-                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
-    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True)
+                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
+    times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
+    xml = None
+    if opts.xml_order == "step":
+        from hccc.compiler.interop.msccl_export import export_algorithm
+        from hccc.compiler.interop.msccl_format import XmlLimits
+        try:
+            _, text = times.run("msccl_xml", lambda: export_algorithm(
+                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=opts.xml_instances,
+                chunk_bytes=opts.chunk_bytes, name=ir.name))
+            xml = (text, None)
+        except CompileError as exc:
+            xml = (None, exc)
+    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
-                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False):
+                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
     still written).
 
     ``checked``: the caller already checked the program against ``cluster``; otherwise every
-    connection of the IR must be a link of the cluster.
+    connection of the IR must be a link of the cluster. ``xml``: the export already made by the
+    caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
     """
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.interop.msccl_format import XmlLimits
@@ -163,7 +183,13 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     notes: list[str] = []
     xml_text = None
     try:
-        xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits())
+        if xml is None:
+            xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
+                                 instances=opts.xml_instances)
+        elif xml[1] is not None:
+            raise xml[1]
+        else:
+            xml_text = xml[0]
         extra["msccl_xml"] = f"{ir.name}.xml"
     except CompileError as exc:
         extra["msccl_xml"] = None
@@ -172,8 +198,10 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
                      + (" ..." if len(exc.diagnostics) > 3 else ""))
     platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
+        phases: dict[str, float] = {}
         files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None,
-                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else ())
+                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases)
+        times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"
             xml_path.write_text(xml_text, encoding="utf-8")

@@ -108,7 +108,8 @@ def cmd_compile(args) -> int:
 
     times = StageTimes()
     opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
-                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse)
+                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse,
+                          xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
     cluster = None
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
@@ -135,6 +136,9 @@ def cmd_compile(args) -> int:
     if args.timings:
         for k, v in times.seconds.items():
             print(f"  {k:16s} {v:8.3f} s")
+            for ph, pv in times.phases.items():
+                if ph.startswith(k + "/"):
+                    print(f"    {ph:30s} {pv:8.3f} s")
     return 0
 
 

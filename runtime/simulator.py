@@ -48,6 +48,7 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
+from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
 
 from hccc.runtime import sim_engine as eng
@@ -290,17 +291,6 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 
 
 # ---------------------------------------------------------------------------- programs per mode
-def step_schedule(alg):
-    """The schedule algorithm-level execution runs: one sub-pipeline per step, in step order (rows
-    in program order within a step)."""
-    from hccc.compiler.passes.schedule import Schedule
-
-    step = np.asarray(alg.step, dtype=np.int64)
-    _, dense = np.unique(step, return_inverse=True)
-    order = np.lexsort((np.arange(len(step)), step)).astype(np.int64)
-    return Schedule(subpipeline=dense.astype(np.int32), order=order, scheduler="step")
-
-
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
                         tb_alloc: str | None = None, chunk_bytes: int = DEFAULT_SLOT_BYTES,
                         fuse: bool = False) -> ProgramIR:
@@ -312,16 +302,11 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
     ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
     fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
     """
-    from hccc.compiler.passes.build import build_from_schedule, build_program
-    from hccc.compiler.passes.dag import build_dag
+    from hccc.compiler.passes.build import build_algorithm_level, build_program
 
     if execution == "task":
         return build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
                              chunk_bytes=chunk_bytes, fuse=fuse)
     if execution == "algorithm":
-        dag = build_dag(alg)
-        ir = build_from_schedule(alg, dag, step_schedule(alg), tb_alloc=tb_alloc or "connection",
-                                 chunk_bytes=chunk_bytes)
-        ir.stats["scheduler"] = "step"
-        return ir
+        return build_algorithm_level(alg, tb_alloc=tb_alloc or "connection", chunk_bytes=chunk_bytes)
     raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")

@@ -42,3 +42,20 @@ def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
     assert [r["algorithm"] for r in rows] == labels[:-1]
     # no schedule beats the cut bound
     assert all(0 < r["of_cut_bound"][str(1 << 20)] <= 1.0 + 1e-9 for r in rows)
+
+
+def test_xml_export_benchmark_rows_and_reference_column(tmp_path):
+    xb = _load("xml_export")
+    from hccc.compiler.interop.msccl_export import export_algorithm
+    from hccc.compiler.pipeline import load_algorithm
+
+    ref = tmp_path / "ref.xml"   # any MSCCL XML file serves as the reference column
+    ref.write_text(export_algorithm(load_algorithm(ROOT / "examples" / "ring_allreduce_8.rccl"), fuse=True)[1])
+    rows = xb.run([("ring_allreduce_8", "a100_topo1")], 8 << 20, [1, 2], {"ring_allreduce_8": ref})
+    (row,) = rows
+    assert {(e["instances"], e["fused"]) for e in row["exports"]} == {(1, False), (1, True), (2, False), (2, True)}
+    plain = next(e for e in row["exports"] if (e["instances"], e["fused"]) == (1, False))
+    assert plain["ratio"] >= 0.98 and plain["steps"] == 224
+    assert row["msccl_tools"]["steps"] == 120 and row["msccl_tools"]["ratio"] > 0
+    checks = xb.check_times([(2, 4), (128, 8)])
+    assert checks[0]["verdict"] == "fits" and checks[-1]["verdict"] != "fits"

@@ -55,7 +55,7 @@ _STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
     return Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr", lexer="contextual",
-                propagate_positions=True, maybe_placeholders=False)
+                propagate_positions=True, maybe_placeholders=False, cache=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def _parser() -> Lark:
     if _PARSER is None:
         _PARSER = Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
                        lexer="basic", propagate_positions=True, postlex=_Indenter(),
-                       maybe_placeholders=True)
+                       maybe_placeholders=True, cache=True)
     return _PARSER
 
 

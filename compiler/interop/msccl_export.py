@@ -16,11 +16,12 @@ The passes, in order (each keeps the program's meaning; the module docstring of
 """
 from __future__ import annotations
 
+import gc
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from networkx.utils import UnionFind
 
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure, match_connections
@@ -31,7 +32,7 @@ from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 _FUSED = (Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND)
 
 
-@dataclass
+@dataclass(slots=True)
 class _X:
     """One exported primitive (a ProgramIR primitive, or one half of an un-fused one)."""
 
@@ -54,12 +55,14 @@ class _X:
     idx: int = -1             # position within the MSCCL thread block (real steps only)
     s: int = -1               # XML step number
     hasdep: bool = False
+    key: tuple = (0, 0, 0, 0)  # (sub-pipeline, 0 send / 1 other, transfer, seq): an order of the rank's
+                               # primitives that keeps every dependency (transfers of one step are
+                               # independent, so within a step sends may go first)
 
 
 def _copy(x: _X) -> _X:
-    y = _X(**{f: getattr(x, f) for f in _X.__dataclass_fields__})
-    y.deps = set(x.deps)
-    return y
+    return _X(x.rank, x.htb, x.pos, x.op, x.sp, x.rp, x.ch, x.sbuf, x.soff, x.dbuf, x.doff, x.cnt, set(x.deps),
+              x.peer_x, x.peer_x2, x.mtb, x.idx, x.s, x.hasdep, x.key)
 
 
 def _err(msgs: list[str]) -> CompileError:
@@ -74,8 +77,11 @@ def _from_ir(ir: ProgramIR) -> list[_X]:
     deps: list[set] = [set() for _ in range(n)]
     for a, b in zip(np.asarray(ir.dep_prim).tolist(), np.asarray(ir.dep_on).tolist()):
         deps[a].add(b)
-    is_nop = [p["op"][i] == Op.NOP for i in range(n)]
-    same_prev = [i > 0 and p["rank"][i] == p["rank"][i - 1] and p["tb"][i] == p["tb"][i - 1] for i in range(n)]
+    nop = int(Op.NOP)
+    is_nop = [o == nop for o in p["op"]]
+    any_nop = any(is_nop)
+    same_prev = [i > 0 and p["rank"][i] == p["rank"][i - 1] and p["tb"][i] == p["tb"][i - 1] for i in range(n)] \
+        if any_nop else None
     # eff[n] for a NOP: the real primitives its completion stands for
     eff: dict[int, set] = {}
 
@@ -103,19 +109,30 @@ def _from_ir(ir: ProgramIR) -> list[_X]:
 
     keep = [i for i in range(n) if not is_nop[i]]
     new_index = {old: k for k, old in enumerate(keep)}
+    if len(keep) == n:
+        new_index = range(n)          # no NOPs: indices stay
+    ops = list(Op)
+    R, TB, SEQ, OP = p["rank"], p["tb"], p["seq"], p["op"]
+    SP, RP, CH, SB, SO, DB, DO, CNT = (p[k] for k in ("send_peer", "recv_peer", "channel", "src_buf", "src_off",
+                                                       "dst_buf", "dst_off", "count"))
+    PIPE, TASK = p["pipeline"], p["task"]
     xs = []
     for i in keep:
-        d = set()
-        for t in deps[i]:
-            d |= resolve(t)
-        if same_prev[i] and is_nop[i - 1]:
-            d |= resolve(i - 1)
-        d.discard(i)
-        op = Op(p["op"][i])
-        xs.append(_X(rank=p["rank"][i], htb=p["tb"][i], pos=float(p["seq"][i]), op=op,
-                     sp=p["send_peer"][i], rp=p["recv_peer"][i], ch=p["channel"][i],
-                     sbuf=p["src_buf"][i], soff=p["src_off"][i], dbuf=p["dst_buf"][i],
-                     doff=p["dst_off"][i], cnt=p["count"][i], deps={new_index[t] for t in d}))
+        di = deps[i]
+        if any_nop:
+            d = set()
+            for t in di:
+                d |= resolve(t)
+            if same_prev[i] and is_nop[i - 1]:
+                d |= resolve(i - 1)
+            d.discard(i)
+            dset = {new_index[t] for t in d}
+        else:
+            dset = di
+            dset.discard(i)
+        op = ops[OP[i]]
+        xs.append(_X(R[i], TB[i], float(SEQ[i]), op, SP[i], RP[i], CH[i], SB[i], SO[i], DB[i], DO[i], CNT[i], dset,
+                     key=(PIPE[i], 0 if op is Op.SEND else 1, TASK[i], SEQ[i])))
     s, r = match_connections(ir)
     for a, b in zip(s.tolist(), r.tolist()):
         xa, xb = new_index[a], new_index[b]
@@ -160,18 +177,208 @@ def _allgather_sources(ir: ProgramIR, xs: list[_X]) -> None:
             x.deps |= cps
 
 
+def _fuse_forwarding(xs: list[_X]) -> list[_X]:
+    """Fuse a receive with the send that forwards what it stored (MSCCL's ``rcs``/``rrcs``/``rrs``).
+
+    Input: one hccc TB per connection end (the step-ordered export), so a receive ``R`` (from ``p``,
+    storing range ``d``) and a later send ``S`` (to ``q``, reading exactly ``d``, waiting for ``R``)
+    sit in two TBs ``a`` (receives from ``p``) and ``b`` (sends to ``q``). Per rank, the (a, b) pairs
+    with most such candidates are merged (each TB at most once: an MSCCL TB has one receive and one
+    send peer) and their members ordered by the program's key (sub-pipeline, sends first, transfer); candidates
+    then become one step at ``R``'s place when that moves no other message of ``b`` (a connection
+    keeps its message order) and ``S`` waits for nothing later than ``R``. Every wait then still
+    goes from a smaller key to a larger one, as in the program. A fused receive-reduce whose stored
+    result is overwritten on that rank before anything reads it sends without storing (``rrs``).
+    Returns a new list (or ``xs`` itself when nothing fuses)."""
+    by_rank: dict[int, list[int]] = defaultdict(list)
+    for i, x in enumerate(xs):
+        by_rank[x.rank].append(i)
+    ends: dict = defaultdict(lambda: [set(), set()])     # (rank, htb) -> (send peers, recv peers)
+    for x in xs:
+        if x.sp >= 0:
+            ends[(x.rank, x.htb)][0].add((x.sp, x.ch))
+        if x.rp >= 0:
+            ends[(x.rank, x.htb)][1].add((x.rp, x.ch))
+    pure_recv = {k for k, (se, re_) in ends.items() if not se and len(re_) == 1}
+    pure_send = {k for k, (se, re_) in ends.items() if len(se) == 1 and not re_}
+    cand: dict = defaultdict(list)       # (rank, a, b) -> [(R, S)]
+    for i, x in enumerate(xs):
+        if x.op != Op.SEND or (x.rank, x.htb) not in pure_send:
+            continue
+        for d in x.deps:
+            r = xs[d]
+            if (r.op in (Op.RECV, Op.RECV_REDUCE_COPY) and (r.rank, r.htb) in pure_recv and r.ch == x.ch
+                    and (r.dbuf, r.doff, r.cnt) == (x.sbuf, x.soff, x.cnt)):
+                cand[(x.rank, r.htb, x.htb)].append((d, i))
+    if not cand:
+        return xs
+    fused: dict[int, int] = {}           # S -> R
+    members: dict = defaultdict(list)    # (rank, htb) -> member indices
+    for i, x in enumerate(xs):
+        members[(x.rank, x.htb)].append(i)
+    merged: list = []                   # (rank, kept TB id, merged member order)
+    used: set = set()
+    for (rank, a, b), pairs in sorted(cand.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1], kv[0][2])):
+        if (rank, a) in used or (rank, b) in used:
+            continue
+        order = _merge_order(xs, members[(rank, a)], members[(rank, b)])
+        where = {i: k for k, i in enumerate(order)}
+        bpos = sorted(where[i] for i in members[(rank, b)])
+        fused_here = {}
+        for R, S in pairs:
+            pr, ps = where[R], where[S]
+            if not pr < ps or S in fused_here:
+                continue
+            # no other message of b between R and S (a connection keeps its order); S's other
+            # waits all come before R
+            between = bisect_left(bpos, ps) - bisect_right(bpos, pr)
+            if between or any((where[d] >= pr) if d in where else (xs[d].key >= xs[R].key)
+                              for d in xs[S].deps if d != R):
+                continue
+            fused_here[S] = R
+        if not fused_here:
+            continue
+        used |= {(rank, a), (rank, b)}
+        merged.append((rank, a, order))
+        fused.update(fused_here)
+    if not fused:
+        return xs
+    # merged TBs: members in the merged order, positions renumbered
+    for rank, a, order in merged:
+        for k, i in enumerate(order):
+            xs[i].htb = a
+            xs[i].pos = float(k)
+    last_use = _dead_after(xs, by_rank, fused)
+    out: list[_X] = []
+    new_of: dict[int, int] = {}
+    for i, x in enumerate(xs):
+        if i in fused:
+            continue
+        new_of[i] = len(out)
+        out.append(_copy(x))
+    for S, R in fused.items():
+        new_of[S] = new_of[R]
+    fused_r = set(fused.values())
+    for i, x in enumerate(xs):
+        y = out[new_of[i]]
+        if i in fused:
+            R = fused[i]
+            y.deps = {new_of[d] for d in xs[R].deps | x.deps if d not in (R, i)}
+            y.sp = x.sp
+            y.peer_x2 = new_of[x.peer_x]
+            if xs[R].op == Op.RECV:
+                y.op = Op.RECV_COPY_SEND
+            elif R in last_use:
+                y.op, y.dbuf, y.doff = Op.RECV_REDUCE_SEND, Buf.NONE, 0
+            else:
+                y.op = Op.RECV_REDUCE_COPY_SEND
+            continue
+        if i in fused_r:
+            y.peer_x = new_of[x.peer_x]
+            continue
+        y.deps = {new_of[d] for d in x.deps if new_of[d] != new_of[i]}
+        if x.peer_x >= 0:
+            y.peer_x = new_of[x.peer_x]
+        if x.peer_x2 >= 0:
+            y.peer_x2 = new_of[x.peer_x2]
+    return out
+
+
+def _merge_order(xs: list[_X], ma: list[int], mb: list[int]) -> list[int]:
+    """Members of two TBs in one order that keeps each TB's order and every dependency between
+    them, smallest key first among the ready ones (a topological sort)."""
+    import heapq
+    mem = ma + mb
+    inside = set(mem)
+    succ: dict[int, list[int]] = defaultdict(list)
+    indeg = dict.fromkeys(mem, 0)
+    for m in (ma, mb):
+        for u, v in zip(m, m[1:]):
+            succ[u].append(v)
+            indeg[v] += 1
+    for v in mem:
+        for u in xs[v].deps:
+            if u in inside:
+                succ[u].append(v)
+                indeg[v] += 1
+    heap = [(xs[i].key, i) for i in mem if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (xs[v].key, v))
+    if len(order) != len(mem):
+        raise AssertionError("internal error: dependency cycle between two thread blocks of one rank")
+    return order
+
+
+def _dead_after(xs: list[_X], by_rank: dict, fused: dict[int, int]) -> set[int]:
+    """Receive-reduce halves ``R`` of fused pairs whose stored range is overwritten on their rank (in
+    key order) before anything but the fused send reads it: their result need not be stored."""
+    out: set[int] = set()
+    rr = {R: S for S, R in fused.items() if xs[R].op == Op.RECV_REDUCE_COPY and xs[R].dbuf != Buf.NONE}
+    if not rr:
+        return out
+    for rank, idxs in by_rank.items():
+        mine = [R for R in idxs if R in rr]
+        if not mine:
+            continue
+        order = sorted(idxs, key=lambda i: xs[i].key)
+        pos = {i: k for k, i in enumerate(order)}
+        for R in mine:
+            b, lo, hi = xs[R].dbuf, xs[R].doff, xs[R].doff + xs[R].cnt
+            dead = False
+            for j in order[pos[R] + 1:]:
+                if j == rr[R]:
+                    continue
+                y = xs[j]
+                if y.op.reads_src and y.sbuf == b and y.soff < hi and y.soff + y.cnt > lo:
+                    break
+                if y.op.writes_dst and y.dbuf == b and y.doff < hi and y.doff + y.cnt > lo:
+                    # an overwrite of the whole range that does not read it kills the stored value
+                    dead = (y.op in (Op.RECV, Op.RECV_COPY_SEND, Op.COPY) and y.doff <= lo and y.doff + y.cnt >= hi)
+                    break
+            if dead:
+                out.add(R)
+    return out
+
+
 def _end_components(xs: list[_X]):
-    """Union-find over connection ends joined by forwarding primitives: (find, {root: [send ends, recv ends]})."""
-    uf = UnionFind()
+    """Union-find over connection ends joined by forwarding primitives: (find, {root: [send ends, recv ends]}).
+
+    Only forwarding primitives join two ends; every other end is a component of its own, so the
+    union-find holds just the joined ends (most programs have none)."""
+    seen: dict = {}                     # every end, in order of first appearance
+    pairs = []
     for x in xs:
         se = (x.rank, "s", x.sp, x.ch) if x.sp >= 0 else None
         re_ = (x.rank, "r", x.rp, x.ch) if x.rp >= 0 else None
-        uf.union(*(e for e in (se, re_) if e is not None))
-    comps: dict = defaultdict(lambda: [set(), set()])
-    for e in list(uf.parents):
-        comps[uf[e]][0 if e[1] == "s" else 1].add(e)
-    return uf.__getitem__, comps
+        if se is not None:
+            seen[se] = None
+        if re_ is not None:
+            seen[re_] = None
+            if se is not None:
+                pairs.append((se, re_))
+    if pairs:
+        from networkx.utils import UnionFind   # imported here: networkx is slow to import
+        uf = UnionFind()
+        for a, b in pairs:
+            uf.union(a, b)
+        joined = uf.parents
 
+        def find(e):
+            return uf[e] if e in joined else e
+    else:
+        def find(e):
+            return e
+    comps: dict = defaultdict(lambda: [set(), set()])
+    for e in seen:
+        comps[find(e)][0 if e[1] == "s" else 1].add(e)
+    return find, comps
 
 
 def _unfuse(xs: list[_X]) -> list[_X]:
@@ -379,6 +586,7 @@ def _spread_channels(tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
 
     if not over():
         return
+    from networkx.utils import UnionFind
     uf = UnionFind()
     find = uf.__getitem__
     owner: dict = {}
@@ -461,22 +669,32 @@ def _reduce_deps(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
                     ready.append(j)
         if len(order) != len(members):
             raise AssertionError("internal error: dependency cycle after splitting thread blocks")
-        vc: dict[int, np.ndarray] = {}
+        # clocks are Python lists (a rank has few TBs: list operations beat numpy's per-call cost);
+        # a primitive without dependencies shares its predecessor's clock until it changes one entry
+        vc: dict[int, list] = {}
+        zero = [0] * T
         for i in order:
             x = xs[i]
             t = lst[x.mtb]
-            base = vc[t.members[x.idx - 1]].copy() if x.idx > 0 else np.zeros(T, np.int64)
-            cand = [d for d in sorted(x.deps) if base[xs[d].mtb] < xs[d].idx + 1]
-            keep = []
-            for d in cand:
-                implied = any(vc[e][xs[d].mtb] >= xs[d].idx + 1 for e in cand if e != d)
-                if not implied:
-                    keep.append(d)
-            for d in keep:
-                np.maximum(base, vc[d], out=base)
+            prev = vc[t.members[x.idx - 1]] if x.idx > 0 else zero
+            if x.deps:
+                cand = [d for d in sorted(x.deps) if prev[xs[d].mtb] < xs[d].idx + 1]
+                if len(cand) > 1:
+                    keep = [d for d in cand
+                            if not any(vc[e][xs[d].mtb] >= xs[d].idx + 1 for e in cand if e != d)]
+                else:
+                    keep = cand
+                if keep:
+                    base = list(prev)
+                    for d in keep:
+                        base = list(map(max, base, vc[d]))
+                else:
+                    base = list(prev)
+                x.deps = set(keep)
+            else:
+                base = list(prev)
             base[x.mtb] = x.idx + 1
             vc[i] = base
-            x.deps = set(keep)
 
 
 def _targets_first(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
@@ -505,6 +723,41 @@ def _number_steps(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
     for x in xs:
         for d in x.deps:
             xs[d].hasdep = True
+
+
+def _instantiate(xs: list[_X], tbs: dict[int, list[_TB]], k: int) -> tuple[list[_X], dict[int, list[_TB]]]:
+    """``k`` instances of the program (msccl-tools' ``instances``): every MSCCL TB becomes ``k`` TBs
+    (ids ``id*k + i``, channel ``i*nchannels + ch``), each moving its own ``1/k`` of every chunk
+    range: a step on chunks ``[off, off+cnt)`` moves chunks ``[off*k + i*cnt, off*k + (i+1)*cnt)`` of
+    the ``k`` times finer buffers in instance ``i``. With one-chunk steps (or ranges that every step
+    touching them uses whole) this is a relabelling of the buffers that keeps the collective; the
+    exporter proves the result (:func:`export_xml`)."""
+    if k == 1:
+        return xs, tbs
+    nch = max((t.ch for lst in tbs.values() for t in lst), default=0) + 1
+    n = len(xs)
+    out: list[_X] = []
+    for i in range(k):
+        for x in xs:
+            y = _copy(x)
+            y.deps = {d + i * n for d in x.deps}
+            y.peer_x = x.peer_x + i * n if x.peer_x >= 0 else -1
+            y.peer_x2 = x.peer_x2 + i * n if x.peer_x2 >= 0 else -1
+            y.mtb = x.mtb * k + i
+            if y.sbuf != Buf.NONE:
+                y.soff = x.soff * k + i * x.cnt
+            if y.dbuf != Buf.NONE:
+                y.doff = x.doff * k + i * x.cnt
+            out.append(y)
+    new: dict[int, list[_TB]] = {}
+    for rank, lst in tbs.items():
+        nl = []
+        for t in sorted(lst, key=lambda t: t.id):
+            for i in range(k):
+                nl.append(_TB(rank, t.send, t.recv, i * nch + t.ch, t.htb, [m + i * n for m in t.members],
+                              t.id * k + i, t.nsteps))
+        new[rank] = nl
+    return out, new
 
 
 def _check_limits(ir: ProgramIR, xs: list[_X], tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
@@ -599,7 +852,7 @@ def _step_fields(xs: list[_X], i: int) -> tuple[int, int, int, int]:
     x = xs[i]
     sb, so, db, do = x.sbuf, x.soff, x.dbuf, x.doff
     if x.op in (Op.SEND, Op.RECV_REDUCE_SEND):
-        rcv = x.peer_x
+        rcv = x.peer_x2 if x.op.receives else x.peer_x
         db, do = xs[rcv].dbuf, xs[rcv].doff
         if db == Buf.NONE:      # the receiver forwards without storing (rrs): name its source
             db, do = xs[rcv].sbuf, xs[rcv].soff
@@ -638,10 +891,56 @@ def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
                     + "; the older msccl executor allows 256 (--xml-max-steps 256 or --xml-legacy)"])
 
 
-def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
-    """The MSCCL XML text of ``ir``; raises :class:`CompileError` when it exceeds ``limits``."""
+def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False, instances: int = 1,
+                     chunk_bytes: int = 1 << 20, name: str | None = None) -> tuple[ProgramIR, str]:
+    """An Algorithm as MSCCL XML, built for the way the runtimes execute it: (program, text).
+
+    The runtimes run every thread block's whole step list once per slice (algorithm-level
+    execution), so the export starts from the program that execution runs best
+    (:func:`hccc.compiler.passes.build.build_algorithm_level`: the algorithm's steps in order, one
+    thread block per connection end) rather than from hccc's task-level kernels, whose thread
+    blocks serve several connections one after another and would serialise them slice by slice.
+    The runtime limits are checked on the transfer table first
+    (:func:`~hccc.compiler.interop.msccl_limits.check_algorithm_fits`), so a program that cannot fit
+    is refused before anything is built."""
+    from hccc.compiler.interop.msccl_limits import check_algorithm_fits
+    from hccc.compiler.passes.build import build_algorithm_level
     lim = limits or XmlLimits()
+    if alg.header.collective.value not in ("allgather", "allreduce", "reducescatter", "alltoall"):
+        raise _err([f"cannot export collective '{alg.header.collective.value}': hccc exports AllGather, "
+                    f"AllReduce, ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
+    check_algorithm_fits(alg, lim, instances=instances, fuse=fuse)
+    ir = build_algorithm_level(alg, chunk_bytes=chunk_bytes, name=name)
+    return ir, export_xml(ir, lim, fuse=fuse, instances=instances)
+
+
+def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = False, instances: int = 1,
+               prove: bool = True) -> str:
+    """The MSCCL XML text of ``ir``; raises :class:`CompileError` when it exceeds ``limits``.
+
+    ``fuse``: receives and the sends forwarding what they stored become one ``rcs``/``rrcs``/``rrs``
+    step where their connection ends can share a TB (:func:`_fuse_forwarding`). ``instances``: ``k``
+    copies of the program on their own TBs and channels, each moving ``1/k`` of every chunk
+    (:func:`_instantiate`). Fused or instanced output is re-read with the importer, which proves the
+    collective and checks deadlock freedom under the runtimes' execution (``prove``); a fused export
+    that fails is written unfused, an instanced one is refused.
+    """
+    lim = limits or XmlLimits()
+    if instances < 1:
+        raise ValueError("instances must be at least 1")
     _quick_step_check(ir, lim)
+    # the export builds a few Python objects per primitive and frees none of them until it ends:
+    # the cyclic collector would rescan all of them again and again (a third of the time)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _export_checked(ir, lim, fuse, instances, prove)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, prove: bool) -> str:
     try:
         check_structure(ir)
         check_fifo_order(ir)
@@ -655,9 +954,29 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
     if ir.collective not in ("allgather", "allreduce", "reducescatter", "alltoall"):
         raise _err([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce, "
                      f"ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
-    xs = _from_ir(ir)
-    _allgather_sources(ir, xs)
-    base = _unfuse(xs)
+    xs0 = _from_ir(ir)
+    _allgather_sources(ir, xs0)
+    for fused in ((True, False) if fuse else (False,)):
+        xs = _fuse_forwarding([_copy(x) for x in xs0]) if fused else xs0
+        if fused and xs is xs0:
+            continue          # nothing to fuse: the plain export below is the same
+        text = _export(ir, xs, lim, instances)
+        if not prove or (not fused and instances == 1):
+            return text
+        try:
+            from hccc.compiler.interop.msccl_import import import_xml_text
+            import_xml_text(text, f"{ir.name}.xml")
+            return text
+        except CompileError as exc:
+            if not fused:
+                raise _err([f"cannot export {instances} instances of this program: "
+                            + "; ".join(d.message for d in exc.diagnostics[:2])]) from None
+    raise AssertionError("unreachable")
+
+
+def _export(ir: ProgramIR, xs0: list[_X], lim: XmlLimits, instances: int) -> str:
+    """Thread blocks, dependencies, limits and text for prepared primitives ``xs0``."""
+    base = _unfuse(xs0)
     # first try merging the pieces of each hccc thread block (fewer TBs); if that breaks a limit
     # (long TBs), fall back to one MSCCL TB per group of connection ends
     for merge in (lim.max_steps, 0):
@@ -667,6 +986,7 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
         _reduce_deps(xs, tbs)
         _targets_first(xs, tbs)
         _number_steps(xs, tbs)
+        xs, tbs = _instantiate(xs, tbs, instances)
         try:
             _check_limits(ir, xs, tbs, lim)
             break
@@ -677,13 +997,14 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
     st = ir.stats or {}
     inplace = 1 if st.get("msccl_inplace", True) else 0
     outofplace = 1 if st.get("msccl_outofplace", True) else 0
-    out = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" nchunksperloop="{ir.nchunks}" '
+    k = instances
+    out = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" nchunksperloop="{ir.nchunks * k}" '
            f'ngpus="{ir.nranks}" coll="{ir.collective}" inplace="{inplace}" outofplace="{outofplace}" '
            f'minBytes="{lim.min_bytes}" maxBytes="{lim.max_bytes}">']
     L = LETTER_OF_BUF
     for rank in range(ir.nranks):
-        out.append(f'  <gpu id="{rank}" i_chunks="{ir.in_chunks}" o_chunks="{ir.out_chunks}" '
-                   f's_chunks="{ir.scratch_chunks}">')
+        out.append(f'  <gpu id="{rank}" i_chunks="{ir.in_chunks * k}" o_chunks="{ir.out_chunks * k}" '
+                   f's_chunks="{ir.scratch_chunks * k}">')
         for t in tbs.get(rank, []):
             out.append(f'    <tb id="{t.id}" send="{t.send}" recv="{t.recv}" chan="{t.ch}">')
             for i in t.members:
@@ -710,4 +1031,4 @@ def export_summary(text: str) -> dict:
     return {"tbs": text.count("<tb "), "steps": text.count("<step "), "nops": text.count('type="nop"')}
 
 
-__all__ = ["export_xml", "export_summary"]
+__all__ = ["export_xml", "export_algorithm", "export_summary"]

@@ -116,4 +116,23 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     return ir
 
 
-__all__ = ["build_program", "build_from_schedule", "schedule_algorithm", "sanitize_identifier"]
+def build_algorithm_level(alg: Algorithm, *, tb_alloc: str = "connection", chunk_bytes: int = 1 << 20,
+                          name: str | None = None, timings: dict | None = None) -> ProgramIR:
+    """The program MSCCL-style algorithm-level execution runs best (what the MSCCL XML export
+    starts from): transfers in step order (:func:`~hccc.compiler.passes.schedule.step_schedule`, no
+    fusion, since a fused pair would span two steps) on one thread block per connection end unless
+    ``tb_alloc`` says otherwise. Every micro-batch runs a TB's whole list, so a TB that served
+    several connections one after another (state-based allocation) would serialise them."""
+    from hccc.compiler.passes.dag import build_dag
+    from hccc.compiler.passes.schedule import step_schedule
+    t = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    dag = build_dag(alg)
+    t["dag"] = t.get("dag", 0.0) + time.perf_counter() - t0
+    ir = build_from_schedule(alg, dag, step_schedule(alg), tb_alloc=tb_alloc, chunk_bytes=chunk_bytes,
+                             name=name, fuse=False, timings=t)
+    ir.stats["scheduler"] = "step"
+    return ir
+
+
+__all__ = ["build_program", "build_algorithm_level", "build_from_schedule", "schedule_algorithm", "sanitize_identifier"]

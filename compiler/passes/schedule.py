@@ -27,3 +27,12 @@ class Schedule:
         pos = np.empty(len(self.order), dtype=np.int64)
         pos[self.order] = np.arange(len(self.order))
         return pos
+
+
+def step_schedule(alg) -> Schedule:
+    """The schedule of algorithm-level execution (MSCCL's): one sub-pipeline per step, in step order
+    (rows in program order within a step)."""
+    step = np.asarray(alg.step, dtype=np.int64)
+    _, dense = np.unique(step, return_inverse=True)
+    order = np.lexsort((np.arange(len(step)), step)).astype(np.int64)
+    return Schedule(subpipeline=dense.astype(np.int32).reshape(-1), order=order, scheduler="step")

@@ -43,6 +43,19 @@ def add_limit_arguments(parser) -> None:
     g.add_argument("--xml-max-tbs-per-channel", type=_positive_int, metavar="N",
                    help="send-peer (and recv-peer) thread blocks per channel (32)")
     g.add_argument("--xml-max-channels", type=_positive_int, metavar="N", help="channels (32)")
+    g.add_argument("--xml-max-elements", type=_positive_int, metavar="N",
+                   help="XML elements per rank the runtime's loader holds (4096)")
+    g.add_argument("--instances", type=_positive_int, default=1, metavar="K",
+                   help="K instances of the program on their own thread blocks and channels, each moving "
+                        "1/K of every chunk (msccl-tools' instances; default 1)")
+    g.add_argument("--xml-fuse", action="store_true",
+                   help="fuse a receive with the send forwarding it into one rcs/rrcs/rrs step where the two "
+                        "connection ends can share a thread block (fewer steps; their thread blocks then run "
+                        "in series, which can cost a few percent)")
+    g.add_argument("--xml-order", choices=("step", "kernel"), default="step",
+                   help="export an algorithm in its step order with one thread block per connection end, "
+                        "the way the MSCCL runtimes run best (step, default), or the order and thread "
+                        "blocks of hccc's kernels (kernel: --scheduler, --tb-alloc)")
 
 
 def _size_or_zero(text: str) -> int:
@@ -57,7 +70,8 @@ def limits_from_args(args):
     lim = LEGACY_LIMITS if args.xml_legacy else XmlLimits()
     changes = {k: getattr(args, k) for k in ("proto", "min_bytes", "max_bytes") if hasattr(args, k)}
     for opt, field in (("xml_max_steps", "max_steps"), ("xml_max_count", "max_count"),
-                       ("xml_max_tbs_per_channel", "max_tbs_per_channel"), ("xml_max_channels", "max_channels")):
+                       ("xml_max_tbs_per_channel", "max_tbs_per_channel"), ("xml_max_channels", "max_channels"),
+                       ("xml_max_elements", "max_xml_nodes")):
         v = getattr(args, opt)
         if v is not None:
             changes[field] = v
@@ -77,8 +91,18 @@ def run(args) -> int:
     from hccc.compiler.frontend.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output)   # before the work: never a device, FIFO or symlink
-    ir = load_program(args.algo, opts)
-    text = export_xml(ir, limits_from_args(args))
+    lim = limits_from_args(args)
+    if Path(args.algo).suffix.lower() not in (".json", ".xml") and args.xml_order == "step":
+        from hccc.compiler.interop.msccl_export import export_algorithm
+        from hccc.compiler.pipeline import load_algorithm
+        from hccc.compiler.passes.verify import verify
+        alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+        verify(alg)
+        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, instances=args.instances,
+                                    chunk_bytes=args.chunk_size)
+    else:
+        ir = load_program(args.algo, opts)
+        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=args.instances)
     if args.output == "-":
         sys.stdout.write(text)
         return 0
