@@ -165,5 +165,32 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     return sorted(paths)
 
 
-__all__ = ["generate_table", "table_sections", "render_generic", "TABLE_HEADERS", "GENERIC_SOURCE",
+def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
+    """Write the generic kernels of every platform, their headers and build files for their
+    libraries (``hccc_table_cuda``, ``hccc_table_hip``) into ``outdir``. Files whose content is
+    unchanged are left alone, so a build system that calls this at every configure rebuilds
+    nothing. Returns the paths, sorted."""
+    outdir = pathlib.Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    env = _template_env()
+    files = render_generic(env, list(PLATFORMS))
+    ctx = dict(version=VERSION, name="table", collective="any algorithm", nranks="any number of",
+               platforms=list(PLATFORMS), libraries=dict(GENERIC_LIBRARY),
+               sources={pl: [GENERIC_SOURCE[pl]] for pl in PLATFORMS},
+               headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+    files["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**ctx)
+    files["Makefile"] = env.get_template("build/Makefile.j2").render(**ctx)
+    paths = []
+    for fname, text in sorted(files.items()):
+        path = outdir / fname
+        data = text.encode()
+        if not path.is_file() or path.read_bytes() != data:
+            tmp = path.with_name(f".{fname}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+__all__ = ["generate_table", "write_generic_kernels", "table_sections", "render_generic", "TABLE_HEADERS", "GENERIC_SOURCE",
            "GENERIC_LIBRARY", "GENERIC_KERNEL"]
