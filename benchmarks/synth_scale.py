@@ -155,8 +155,8 @@ def _print_table(rows, with_sim: bool) -> None:
                 cells += [""] * 5
         t.add_row(*cells)
     Console(width=180).print(t)
-    print("* time limit reached (best schedule so far); cut bound = ForestColl's T* (AllReduce: "
-          "ReduceScatter + AllGather)")
+    print("* time limit reached (best schedule so far); cut bound = first-principles cut bound, docs/bounds.md (AllReduce: "
+          "the whole buffer across the narrowest cut)")
 
 
 if __name__ == "__main__":

@@ -1,2 +1,51 @@
-"""hccc: a compiler for collective-communication algorithms on heterogeneous GPU clusters."""
+"""hccc: a compiler for collective-communication algorithms on heterogeneous GPU clusters.
+
+The public Python API, importable from here (loaded on first use, so ``import hccc`` stays cheap):
+
+Compiling
+    ``load_algorithm(path)`` (an Algorithm from ``.rccl``), ``load_program(path)``
+    (a ProgramIR from ``.rccl``, MSCCL ``.xml`` or ProgramIR ``.json``), ``load_cluster(path)``
+    (a Topology from ``.topo`` or a TACCL profile), ``verify(algorithm)``,
+    ``build_program(algorithm)`` (schedule, lower, allocate thread blocks), ``compile_program(ir,
+    outdir, CompileOptions())`` (kernels, manifest, build files, MSCCL XML).
+Running and checking
+    ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
+    ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
+Testing
+    :mod:`hccc.testing`: hypothesis strategies that draw valid programs, clusters and runs.
+
+The command line is ``hccc`` (:mod:`hccc.cli`, one module per subcommand in :mod:`hccc.commands`).
+"""
+from __future__ import annotations
+
+import importlib
+
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_API = {
+    "load_algorithm": "hccc.compiler.pipeline",
+    "load_program": "hccc.compiler.pipeline",
+    "load_cluster": "hccc.compiler.pipeline",
+    "compile_program": "hccc.compiler.pipeline",
+    "CompileOptions": "hccc.compiler.pipeline",
+    "verify": "hccc.compiler.passes.verify",
+    "build_program": "hccc.compiler.passes.build",
+    "run_program": "hccc.runtime.launcher",
+    "Runner": "hccc.runtime.launcher",
+    "simulate": "hccc.runtime.simulator",
+}
+
+__all__ = ["__version__", "testing", *_API]
+
+
+def __getattr__(name: str):
+    if name == "testing":
+        return importlib.import_module("hccc.testing")
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'hccc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

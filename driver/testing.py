@@ -102,7 +102,8 @@ def _from_columns(alg: Algorithm, src, dst, step, chunk, op) -> Algorithm:
 
 def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
     """Rename rank ``r`` to ``perm[r]``, chunk ``c`` (the ``j``-th of rank ``c // K``'s ``K``) to
-    ``perm[c // K] * K + j``, and the root to ``perm[root]``.
+    ``perm[c // K] * K + j``, and the root to ``perm[root]``; AllToAll chunk ``(i*N + d)*K + j``
+    to ``(perm[i]*N + perm[d])*K + j``.
 
     Validity is preserved: the preconditions (rank ``r`` owns chunks ``r*K..``, the root holds the
     data, or every rank holds its own contribution to every chunk) and postconditions are invariant
@@ -111,7 +112,11 @@ def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
     p = np.asarray(list(perm), dtype=np.int64)
     h = alg.header
     K = h.chunks_per_rank
-    chunk = p[alg.chunk // K] * K + alg.chunk % K
+    if h.collective.blockwise:
+        n = h.nranks
+        chunk = (p[alg.chunk // (n * K)] * n + p[(alg.chunk // K) % n]) * K + alg.chunk % K
+    else:
+        chunk = p[alg.chunk // K] * K + alg.chunk % K
     from dataclasses import replace
     renamed = replace(h, root=int(p[h.root])) if h.collective.rooted else h
     rows = np.stack([p[alg.src], p[alg.dst], alg.step, chunk, alg.op.astype(np.int64)], axis=1)
@@ -143,6 +148,7 @@ _FAMILIES = {
     Collective.ALLREDUCE: ("ring", "tree", "direct", "hm"),
     Collective.BROADCAST: ("ring", "tree", "direct"),
     Collective.REDUCE: ("ring", "tree", "direct"),
+    Collective.ALLTOALL: ("ring", "direct", "hm"),
 }
 
 
@@ -153,7 +159,8 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
     collective when ``None``).
 
     Families: ring (random order), tree (random spanning tree), direct (full mesh), recursive
-    doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape); Broadcast and
+    doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape; for AllToAll the
+    two-step hierarchical algorithm; AllToAll's ring relays blocks along the ring); Broadcast and
     Reduce from a random root. Then, one time in four, every chunk split into 2..
     ``max_chunks_per_rank`` chunks (``nChunksPerRank``); then optionally a random rank relabeling
     and a random validity-preserving step re-numbering.
@@ -174,7 +181,8 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
         nnodes, g = draw(hm_shapes(max_ranks).filter(lambda s: s[0] * s[1] >= min_ranks))
         n = nnodes * g
         alg = {Collective.ALLGATHER: gen.hm_allgather, Collective.REDUCESCATTER: gen.hm_reducescatter,
-               Collective.ALLREDUCE: gen.hm_allreduce}[coll](nnodes, g)
+               Collective.ALLREDUCE: gen.hm_allreduce,
+               Collective.ALLTOALL: gen.hierarchical_alltoall}[coll](nnodes, g)
     elif family == "recursive_doubling":
         pows = [1 << k for k in range(0, 8) if min_ranks <= (1 << k) <= max_ranks]
         n = draw(st.sampled_from(pows or [1]))
@@ -264,8 +272,9 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
         for lst in d.values():
             lst.sort(key=lambda i: (step[i], i))
     cands: dict[str, list] = {"duplicate": list(range(n)), "drop": [], "duplicate-rrc": [], "reorder": []}
-    if not coll.reduces:   # Allgather, Broadcast: copies only
+    if not coll.reduces:   # Allgather, Broadcast, Alltoall: copies only
         h = alg.header
+        final = set(final_rows(coll, h.nranks, C, h.root).tolist())
         for key, ws in writes.items():
             r, c = divmod(key, C)
             if r == (h.root if coll is Collective.BROADCAST else h.owner(c)):
@@ -274,7 +283,7 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
             t1 = step[first]
             t_next = step[ws[1]] if len(ws) > 1 else None
             rs = [j for j in reads.get(key, []) if step[j] > t1 and (t_next is None or step[j] < t_next)]
-            if t_next is None or rs:
+            if rs or (t_next is None and key in final):
                 cands["drop"].append(first)
             cands["reorder"].extend((first, j) for j in reads.get(key, []) if step[j] > t1)
         return cands
@@ -318,9 +327,10 @@ def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
     * ``duplicate-rrc``: a copy of an ``rrc`` in a new step right after it (steps doubled, copy at
       2t+1). Nothing happens in between and a valid step never writes what it reads, so the copy
       reduces the same nonempty set S into a chunk that already contains S: double counting.
-    * ``drop`` (Allgather): the first write of a non-owner (rank, chunk) K, when K is read before
-      its next write or has no next write. Without it K is empty until then: a read of undefined
-      data, or K misses its chunk at the end.
+    * ``drop`` (Allgather, Broadcast, Alltoall): the first write of a non-owner (rank, chunk) K,
+      when K is read before its next write, or has no next write and the postcondition names K
+      (every K but Alltoall's transit copies). Without it K is empty until then: a read of
+      undefined data, or K misses its chunk at the end.
     * ``drop`` (Reducescatter/Allreduce): a *live* ``rrc`` (:func:`live_transfers`). Values are
       disjoint unions of contributions; removing the reduction removes its nonempty source set S
       from every output derived from it (S cannot arrive another way, it would overlap), so an

@@ -2,8 +2,8 @@
 
 ``algbw = S / time`` with ``S`` the collective's full buffer (AllGather: the output; the others: the
 input). The factor turns it into the bandwidth each link would need for the ring algorithm, so numbers
-compare across collectives and rank counts: AllReduce ``2(n-1)/n``, AllGather and ReduceScatter
-``(n-1)/n``, Broadcast and Reduce 1. One definition for the launcher, the simulator, ``hccc sim``,
+compare across collectives and rank counts: AllReduce ``2(n-1)/n``, AllGather, ReduceScatter
+and AllToAll ``(n-1)/n``, Broadcast and Reduce 1. One definition for the launcher, the simulator, ``hccc sim``,
 ``hccc run`` and ``hccc synth``.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ def busbw_factor(collective: str, nranks: int) -> float:
     c = str(getattr(collective, "value", collective)).lower()
     if c == "allreduce":
         f = 2.0 * (n - 1) / n if n > 0 else 0.0
-    elif c in ("allgather", "reducescatter"):
+    elif c in ("allgather", "reducescatter", "alltoall"):
         f = (n - 1) / n if n > 0 else 0.0
     elif c in ("broadcast", "reduce"):
         f = 1.0 if n > 0 else 0.0

@@ -553,6 +553,8 @@ class Runner:
         count = int(count)
         if count < 0:
             raise ValueError("count must be non-negative")
+        if self.ir.collective == "alltoall":
+            count = reference.alltoall_count(count, reference.alltoall_unit(self.ir))  # equal blocks
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)

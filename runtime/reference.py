@@ -10,9 +10,11 @@ Scratch is laid out like the full buffer, repeated when it has more than ``nchun
 (slot ``i`` has the size of chunk ``i % nchunks``).
 
 Per-rank inputs: AllGather rank ``r`` passes its own part; the other collectives pass the full
-buffer (a Broadcast reads only the root's). In-place runs alias buffers as ``program_ir``
+buffer (a Broadcast reads only the root's). AllToAll's full buffer is one rank's buffer of
+``nranks`` equal blocks (``count`` a multiple of ``nranks``): input block ``j`` goes to rank ``j``,
+output block ``i`` comes from rank ``i``. In-place runs alias buffers as ``program_ir``
 describes (AllGather ``input`` is rank ``r``'s part of ``output``, ReduceScatter ``output`` is
-rank ``r``'s part of ``input``, AllReduce, Broadcast and Reduce ``input == output``). A Reduce
+rank ``r``'s part of ``input``, AllReduce, Broadcast, Reduce and AllToAll ``input == output``). A Reduce
 defines only the root's output (:func:`expected` gives ``None`` for the others). Out-of-place outputs and scratch start as garbage (NaN / INT_MIN) so a chunk
 that is never written shows up.
 
@@ -55,17 +57,36 @@ def _reducer(op: str, bf16: bool):
     return lambda a, b: f(a, b).astype(a.dtype, copy=False)
 
 
+def alltoall_count(count: int, nranks: int) -> int:
+    """The largest AllToAll size not above ``count`` elements per rank: a multiple of ``nranks``
+    (every rank sends every other the same number of elements; nccl-tests rounds the same way)."""
+    return int(count) - int(count) % max(1, int(nranks))
+
+
+def alltoall_unit(ir: ProgramIR) -> int:
+    """What an AllToAll run's per-rank count must be a multiple of: ``nranks`` (then a block's
+    pieces may differ in size by one element, and hccc's lowering keeps every piece in a scratch
+    slot of its size); ``nchunks`` for an imported MSCCL program that uses scratch, which may park
+    any piece in any slot, so all pieces must have one size."""
+    if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
+        return int(ir.nchunks)
+    return int(ir.nranks)
+
+
 def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
     c = np.arange(nchunks + 1, dtype=np.int64)
     return c * count // nchunks
 
 
 def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
-    """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements."""
+    """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements
+    (AllToAll: ``count`` rounded down to whole blocks, :func:`alltoall_count`)."""
     b = chunk_bounds(count, nchunks)
     if collective == "allgather":
         k = nchunks // nranks
         return int(b[rank * k + k] - b[rank * k])
+    if collective == "alltoall":
+        return alltoall_count(count, nranks)
     return count
 
 
@@ -95,6 +116,14 @@ def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
         return [full.copy() for _ in range(N)]
     if coll == "broadcast":
         return [np.array(inputs[root], copy=True) for _ in range(N)]
+    if coll == "alltoall":
+        # rank i's input is N equal blocks, block j for rank j; rank j's output is block j of
+        # every rank, in rank order (count must be a multiple of N: see alltoall_count)
+        count = len(inputs[0])
+        if count % N:
+            raise ValueError(f"an AllToAll of {count} elements per rank is not {N} equal blocks")
+        b = count // N
+        return [np.concatenate([np.asarray(x)[j * b:(j + 1) * b] for x in inputs]) for j in range(N)]
     total = _fold(red, [np.asarray(x) for x in inputs])
     if coll == "allreduce":
         return [total.copy() for _ in range(N)]
@@ -169,15 +198,19 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         count = int(sum(len(x) for x in inputs))
     else:
         count = len(inputs[0])
+    if coll == "alltoall" and count % N:
+        raise ValueError(f"an AllToAll of {count} elements per rank is not {N} equal blocks "
+                         f"(use a multiple of {N})")
     for r in range(N):
         want = input_length(coll, r, N, C, count) if coll == "allgather" else count
         if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
             raise ValueError(f"rank {r}: input must have {want} elements of {dtype}")
     bounds = chunk_bounds(count, C)
 
-    def layout(slots: int):
-        """(array length, slot start function) for a buffer of ``slots`` slots on rank r."""
-        if slots < C:
+    def layout(slots: int, part: bool = True):
+        """(array length, slot start function) for a buffer of ``slots`` slots on rank r
+        (``part``: fewer than ``nchunks`` slots hold the rank's own part; scratch never does)."""
+        if slots < C and part:
             def start(r, i):
                 return int(bounds[r * slots + i] - bounds[r * slots])
             return (lambda r: int(bounds[r * slots + slots] - bounds[r * slots])), start
@@ -187,13 +220,13 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         return (lambda r: int(-(-slots // C) * count)), start_full
 
     lay = {Buf.INPUT: layout(ir.in_chunks), Buf.OUTPUT: layout(ir.out_chunks),
-           Buf.SCRATCH: layout(ir.scratch_chunks)}
+           Buf.SCRATCH: layout(ir.scratch_chunks, part=False)}
     bufs: list[dict[int, np.ndarray]] = []
     g = _garbage(dtype)
     for r in range(N):
         inp = np.array(inputs[r], dtype=dtype, copy=True)
         if inplace:
-            if coll in ("allreduce", "broadcast", "reduce"):
+            if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
                 out = inp
             elif coll == "allgather":
                 out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
@@ -277,5 +310,6 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     return outs
 
 
-__all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "round_bf16", "OPS",
+__all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "alltoall_count",
+           "alltoall_unit", "round_bf16", "OPS",
            "DTYPES"]

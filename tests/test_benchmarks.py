@@ -28,3 +28,17 @@ def test_mixed_vendor_compares_ring_c2c_and_synthesis():
         for _, alg, hier, _ in algs:
             assert verify(alg).collective.value == coll and hier.nclusters == 2
         assert [a[0] for a in mv.algorithms(topo, coll, None, synth_time=None)] == labels[:-1]
+
+
+def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
+    a2a = _load("alltoall")
+    topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")
+    algs = a2a.algorithms(topo, synth_time=5.0)
+    labels = [a[0] for a in algs]
+    assert labels[:3] == ["direct", "hierarchical", "c2c"] and labels[-1].startswith("synth")
+    for _, alg, _ in algs:
+        assert verify(alg).collective.value == "alltoall"
+    rows = a2a.run([1 << 20], ["mixed_v100_w7800"], synth_time=None)
+    assert [r["algorithm"] for r in rows] == labels[:-1]
+    # no schedule beats the cut bound
+    assert all(0 < r["of_cut_bound"][str(1 << 20)] <= 1.0 + 1e-9 for r in rows)

@@ -22,7 +22,8 @@ from hccc.testing import (assert_implements, assert_kernels_match, describe_fail
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
-@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce"])
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce",
+                                        "alltoall"])
 @settings(max_examples=10)
 @given(data=st.data())
 def test_random_programs_kernels_match_oracle(collective, data):

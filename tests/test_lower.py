@@ -65,9 +65,33 @@ def _reduce_rows(rng, n, c, root, t0):
     return rows, ready[root] - 1
 
 
+def _alltoall_rows(rng, n):
+    """Every block (i -> j) walks a random simple path from i to j (direct, or through up to two
+    other ranks, which keep it in scratch), hops at increasing random steps; some blocks also
+    leave a copy behind on a rank off the path (transit copies the postcondition ignores)."""
+    rows = []
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            c = i * n + j
+            others = [r for r in rng.permutation(n).tolist() if r not in (i, j)]
+            path = [i] + others[:int(rng.integers(0, min(2, len(others)) + 1))] + [j]
+            t = int(rng.integers(0, 3))
+            for a, b in zip(path, path[1:]):
+                rows.append((a, b, t, c, RECV))
+                t += 1 + int(rng.integers(0, 2))
+            extra = [r for r in range(n) if r not in path]
+            if extra and rng.integers(0, 3) == 0:
+                rows.append((path[int(rng.integers(0, len(path) - 1))], extra[0], t, c, RECV))
+    return rows
+
+
 def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") -> Algorithm:
     rng = np.random.default_rng(seed)
     rows = []
+    if coll == Collective.ALLTOALL:
+        return Algorithm.from_rows(Header(nranks=n, collective=coll, name=name), _alltoall_rows(rng, n))
     top = int(rng.integers(n))   # Broadcast / Reduce root
     for c in range(n):
         t0 = int(rng.integers(0, 3))
@@ -179,6 +203,9 @@ def _oracle_locations(alg):
 @given(algorithms())
 @settings(max_examples=40)
 def test_buffer_mapping_matches_brute_force(alg):
+    if alg.header.collective is Collective.ALLTOALL:
+        _check_alltoall_mapping(alg)
+        return
     _, _, low = _lower_checked(alg, fuse=False)
     c = low.cols
     want = _oracle_locations(alg)
@@ -202,6 +229,49 @@ def test_buffer_mapping_matches_brute_force(alg):
                                                                               h.chunks_per_rank)
 
 
+def _check_alltoall_mapping(alg):
+    """AllToAll's mapping by brute force: sends of a block on its source before anything arrives
+    there read input slot j*K + k; everything else reads where it was written; arrivals at the
+    destination go to output slot i*K + k or, when they would land before the block leaving that
+    slot is sent, to scratch and a final copy; transit copies go to scratch, one slot per
+    (rank, chunk), of the piece's size class."""
+    h = alg.header
+    N, K = h.nranks, h.chunks_per_rank
+    _, sched, low = _lower_checked(alg, fuse=False)
+    c = low.cols
+    assert (low.in_chunks, low.out_chunks, low.nchunks) == (N * K, N * K, N * K)
+    where = {}    # (rank, chunk) -> written location
+    for i in range(low.nprims):
+        if Op(int(c["op"][i])) in (Op.RECV,):
+            t = int(c["task"][i])
+            key = (int(alg.dst[t]), int(alg.chunk[t]))
+            loc = (int(c["dst_buf"][i]), int(c["dst_off"][i]))
+            assert where.setdefault(key, loc) == loc
+    first = {}
+    for (s, d, stp, ch, o) in alg.rows():
+        first[(d, ch)] = min(first.get((d, ch), stp), stp)
+    scratch_slots = {}
+    copies = {(int(c["rank"][i]), int(c["src_buf"][i]), int(c["src_off"][i])): int(c["dst_off"][i])
+              for i in np.flatnonzero(c["op"] == Op.COPY)}
+    for (r, ch), (b, off) in where.items():
+        i, j, k = ch // (N * K), (ch // K) % N, ch % K
+        if b == Buf.SCRATCH:
+            assert off % K == k and 0 <= off < low.scratch_chunks
+            assert scratch_slots.setdefault((r, off), ch) == ch
+            if j == r:   # an arrival parked in scratch is copied to its output slot at the end
+                assert copies[(r, Buf.SCRATCH, off)] == i * K + k
+        else:
+            assert (b, off, j) == (Buf.OUTPUT, i * K + k, r)
+    for i in np.flatnonzero(c["op"] == Op.SEND):
+        t = int(c["task"][i])
+        s, ch, stp = int(alg.src[t]), int(alg.chunk[t]), int(alg.step[t])
+        if stp < first.get((s, ch), 1 << 62):
+            assert ch // (N * K) == s
+            assert (c["src_buf"][i], c["src_off"][i]) == (Buf.INPUT, ((ch // K) % N) * K + ch % K)
+        else:
+            assert (c["src_buf"][i], c["src_off"][i]) == where[(s, ch)]
+
+
 def test_buffer_sizes():
     assert buffer_sizes(Collective.ALLGATHER, 8) == (1, 8, 0)
     assert buffer_sizes(Collective.REDUCESCATTER, 8) == (8, 1, 8)
@@ -210,6 +280,7 @@ def test_buffer_sizes():
     assert buffer_sizes(Collective.REDUCE, 8) == (8, 8, 8)
     assert buffer_sizes(Collective.ALLGATHER, 4, 3) == (3, 12, 0)
     assert buffer_sizes(Collective.REDUCESCATTER, 4, 3) == (12, 3, 12)
+    assert buffer_sizes(Collective.ALLTOALL, 4, 3) == (12, 12, 0)
 
 
 def test_allgather_gets_local_copy_of_own_chunk():

@@ -46,10 +46,10 @@ def test_xml_input_is_reexported_and_errors_are_located(tmp_path, capsys):
     out = tmp_path / "again.xml"
     assert main(["xml", str(sample), "-o", str(out)]) == 0
     bad = tmp_path / "bad.xml"
-    bad.write_text(sample.read_text().replace('coll="allreduce"', 'coll="alltoall"'))
+    bad.write_text(sample.read_text().replace('coll="allreduce"', 'coll="alltoallv"'))
     assert main(["xml", str(bad), "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert f"{bad}:1:" in err and "unsupported collective 'alltoall'" in err and "^" in err
+    assert f"{bad}:1:" in err and "unsupported collective 'alltoallv'" in err and "^" in err
 
 
 def test_usage_errors_exit_2():

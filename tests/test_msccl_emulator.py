@@ -55,13 +55,15 @@ def run(text: str, *, inplace: bool = False, seed: int = 0, capacity: int | None
         m.update({("s", j): None for j in range(sizes["s"])})
         part = k if coll == "allgather" else full
         for j in range(max(part, sizes["i"])):
-            c = r * k + j if coll == "allgather" else j
+            # AllToAll: input slot j of rank r is piece j % k of its block for rank j // k,
+            # named by its global id r*C + j
+            c = r * k + j if coll == "allgather" else (r * C + j if coll == "alltoall" else j)
             m[("i", j)] = ((r, c),) if j < part else None
         mem.append({"cells": m, "sizes": sizes})
 
     def key(r, buf, off):
         if inplace:
-            if coll == "allreduce" and buf == "i":
+            if coll in ("allreduce", "alltoall") and buf == "i":
                 return ("o", off)
             if coll == "allgather" and buf == "i":
                 return ("o", r * k + off)
@@ -72,7 +74,7 @@ def run(text: str, *, inplace: bool = False, seed: int = 0, capacity: int | None
     if inplace:
         for r in range(N):
             cells = mem[r]["cells"]
-            if coll == "allreduce":
+            if coll in ("allreduce", "alltoall"):
                 for j in range(C):
                     cells[("o", j)] = cells[("i", j)]
             elif coll == "allgather":
@@ -190,6 +192,10 @@ def expected(coll: str, nranks: int, nchunks: int) -> list[list]:
     k = nchunks // nranks
     if coll == "allgather":
         return [[((c // k, c),) for c in range(nchunks)] for _ in range(nranks)]
+    if coll == "alltoall":
+        # output slot i*k + p of rank r: piece p of the block rank i sends to rank r
+        return [[(((j // k), (j // k) * nchunks + r * k + j % k),) for j in range(nchunks)]
+                for r in range(nranks)]
     full = [tuple((q, c) for q in range(nranks)) for c in range(nchunks)]
     if coll == "allreduce":
         return [list(full) for _ in range(nranks)]

@@ -187,7 +187,7 @@ def test_structure_errors(case):
 ATTR_CASES = [
     # (line index, attribute, old, new, message)
     (0, "proto", 'proto="Simple"', 'proto="LL256"', "unknown protocol 'LL256'"),
-    (0, "coll", 'coll="allgather"', 'coll="alltoall"', "unsupported collective 'alltoall'"),
+    (0, "coll", 'coll="allgather"', 'coll="alltoallv"', "unsupported collective 'alltoallv'"),
     (0, "coll", 'coll="allgather"', 'coll="bogus"', "unknown collective 'bogus'"),
     (0, "nchunksperloop", 'nchunksperloop="2"', 'nchunksperloop="3"', "not a multiple of ngpus=2"),
     (0, "outofplace", 'outofplace="1"', 'outofplace="0"', "neither in-place nor out-of-place"),
@@ -225,7 +225,7 @@ def test_attribute_errors_point_at_the_attribute(case):
 
 def test_located_columns():
     L = ag2()
-    L[0] = L[0].replace('coll="allgather"', 'coll="alltoall"')
+    L[0] = L[0].replace('coll="allgather"', 'coll="alltoallv"')
     err(L, line=1, col=col_of(L[0], "coll"))
     L = ag2()
     L[3] = L[3].replace('dstoff="0"', 'dstoff="9"')

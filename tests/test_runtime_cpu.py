@@ -203,8 +203,9 @@ def test_busbw_factor_closed_forms():
         assert busbw_factor("allgather", n) == pytest.approx((n - 1) / n)
         assert busbw_factor("reducescatter", n) == pytest.approx((n - 1) / n)
         assert busbw_factor("broadcast", n) == 1.0 and busbw_factor("Reduce", n) == 1.0
+        assert busbw_factor("alltoall", n) == pytest.approx((n - 1) / n)
     with pytest.raises(ValueError):
-        busbw_factor("alltoall", 4)
+        busbw_factor("alltoallv", 4)
 
 
 def test_ranks_without_a_specified_output_are_not_compared(pf, monkeypatch):

@@ -114,7 +114,7 @@ def test_root_needs_broadcast(topo, tmp_path, capsys):
 def test_usage_and_input_errors(topo, tmp_path, capsys):
     out = tmp_path / "x.rccl"
     with pytest.raises(SystemExit) as e:
-        main(["synth", str(topo), "--collective", "alltoall", "-o", str(out)])
+        main(["synth", str(topo), "--collective", "alltoallv", "-o", str(out)])
     assert e.value.code == 2
     with pytest.raises(SystemExit) as e:
         main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--time-limit", "-1"])

@@ -25,18 +25,22 @@ STATIC_ORDER = ["src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "n
 def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int]], root: int = 0, k: int = 1):
     """Sequential model: returns the sorted list of (phase, step, kind order, transfer, kind).
 
-    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce."""
+    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce;
+    Alltoall: ``n*n*k`` chunks, chunk ``c`` goes from rank ``c // (n*k)`` to rank ``(c // k) % n``."""
     errors = []
     live = []
-    nc = n * k
+    nc = n * n * k if coll is Collective.ALLTOALL else n * k
     for i, (s, d, t, c, o) in enumerate(rows):
         problems = [not 0 <= s < n, not 0 <= d < n, not 0 <= c < nc, t < 0, o not in (RECV, RRC), s == d]
         if any(problems):
             errors.append((0, 0, 0, i, STATIC_ORDER[problems.index(True)]))
         else:
             live.append(i)
-    copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST)
-    if coll is Collective.ALLGATHER:
+    copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLTOALL)
+    if coll is Collective.ALLTOALL:
+        state = {(r, c): (frozenset([r]) if r == c // (n * k) else frozenset())
+                 for r in range(n) for c in range(nc)}
+    elif coll is Collective.ALLGATHER:
         state = {(r, c): (frozenset([r]) if r == c // k else frozenset()) for r in range(n) for c in range(nc)}
     elif coll is Collective.BROADCAST:
         state = {(r, c): (frozenset([r]) if r == root else frozenset()) for r in range(n) for c in range(nc)}
@@ -81,7 +85,9 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
         everyone = frozenset(range(n))
         for r in range(n):
             for c in range(nc):
-                if coll is Collective.ALLGATHER:
+                if coll is Collective.ALLTOALL:
+                    ok = (c // k) % n != r or state[(r, c)] == frozenset([c // (n * k)])
+                elif coll is Collective.ALLGATHER:
                     ok = state[(r, c)] == frozenset([c // k])
                 elif coll is Collective.BROADCAST:
                     ok = state[(r, c)] == frozenset([root])
@@ -121,9 +127,15 @@ def compare(alg_rows, coll: Collective, n: int, max_errors: int = 20, root: int 
         counted = [d for d, k in zip(err.diagnostics, err.kinds) if k != "postcondition-summary"]
         for diag, kind, e in zip(counted, kinds, ref):
             if kind.startswith("postcondition"):
-                assert diag.location.line == 1
-                r, c = divmod(e[3], n * k)
+                nc = n * n * k if coll is Collective.ALLTOALL else n * k
+                r, c = divmod(e[3], nc)
                 assert diag.message.startswith(f"rank {r} does not hold chunk {c} ")
+                moves = [(row[2], i) for i, row in enumerate(alg_rows) if row[3] == c]
+                if coll is Collective.ALLTOALL and moves:
+                    # located at the block's last transfer
+                    assert diag.location.line == 10 + max(moves)[1]
+                else:
+                    assert diag.location.line == 1
             else:
                 assert diag.location.line == 10 + e[3]
         listed = len(kinds)
@@ -141,8 +153,9 @@ def random_programs(draw):
     root = draw(st.integers(0, n - 1)) if coll.rooted else 0
     oob = draw(st.booleans())
     lo, hi = (-1, n) if oob else (0, n - 1)
+    nc = n * n * k if coll is Collective.ALLTOALL else n * k
     row = st.tuples(st.integers(lo, hi), st.integers(lo, hi), st.integers(-1 if oob else 0, 4),
-                    st.integers(lo, n * k if oob else n * k - 1),
+                    st.integers(lo, nc if oob else nc - 1),
                     st.sampled_from([RECV, RRC, RECV, RRC] + ([3] if oob else [])))
     rows = draw(st.lists(row, max_size=14))
     return coll, n, rows, root, k

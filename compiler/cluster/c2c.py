@@ -445,8 +445,9 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
     """
     text = str(getattr(collective, "value", collective)).strip().lower()
     coll = collective if isinstance(collective, Collective) else Collective.parse(text)
-    if coll is None:
-        raise C2CError(f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)})")
+    if coll is None or coll.value not in COLLECTIVES:
+        raise C2CError(f"unknown collective '{collective}' (expected one of {', '.join(COLLECTIVES)}; "
+                       f"AllToAll: hccc.compiler.cluster.c2c_alltoall)")
     if root is not None and not coll.rooted:
         raise C2CError(f"a root applies to broadcast and reduce, not {coll.value}")
     R = int(root or 0)

@@ -8,7 +8,10 @@ Data model (DESIGN.md section 3): each rank's buffer holds ``nchunks = nranks * 
 chunks (``chunks_per_rank`` is 1 unless the header says ``nChunksPerRank``); ``(rank, chunk)``
 names one chunk. Rank ``r`` owns chunks ``r*K .. r*K+K-1`` (``K = chunks_per_rank``): its AllGather
 input, its ReduceScatter output. Broadcast and Reduce have a ``root``: the rank whose buffer is
-broadcast, or the rank that ends with the reduction. ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
+broadcast, or the rank that ends with the reduction. AllToAll (``N`` ranks) has ``N*N*K`` chunk ids:
+chunk ``(i*N + j)*K + k`` is the ``k``-th piece of the block rank ``i`` sends to rank ``j``; rank
+``i`` starts with it (input position ``j*K + k``), rank ``j`` must end with it (output position
+``i*K + k``), and any rank may hold it in between (scratch). ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
 ``dst`` (``RECV``: overwrite, ``RRC``: reduce into ``dst``'s chunk). All transfers of a step happen
 together, after every smaller step.
 """
@@ -33,6 +36,7 @@ class Collective(str, Enum):
     ALLREDUCE = "allreduce"
     BROADCAST = "broadcast"
     REDUCE = "reduce"
+    ALLTOALL = "alltoall"
 
     @property
     def rooted(self) -> bool:
@@ -48,6 +52,12 @@ class Collective(str, Enum):
     def dsl_name(self) -> str:
         """Spelling used in ResCCLang headers (``OpType="Allreduce"``)."""
         return self.value.capitalize()
+
+    @property
+    def blockwise(self) -> bool:
+        """AllToAll: every (source, destination) pair has its own block, so chunk ids run over
+        ``nranks * nranks * K`` (see :meth:`Header.nchunks`)."""
+        return self is Collective.ALLTOALL
 
     @classmethod
     def parse(cls, text: str) -> "Collective | None":
@@ -76,11 +86,27 @@ class Header:
 
     @property
     def nchunks(self) -> int:
-        return self.nranks * self.chunks_per_rank
+        """Chunk ids of the program: ``nranks * K``; AllToAll ``nranks * nranks * K``."""
+        n = self.nranks * self.chunks_per_rank
+        return n * self.nranks if self.collective.blockwise else n
 
     def owner(self, chunk):
-        """The rank owning ``chunk`` (int or array): AllGather source, ReduceScatter destination."""
+        """The rank owning ``chunk`` (int or array): AllGather source, ReduceScatter destination;
+        AllToAll: the block's source rank ``i`` (chunk ``(i*N + j)*K + k``)."""
+        if self.collective.blockwise:
+            return chunk // (self.nranks * self.chunks_per_rank)
         return chunk // self.chunks_per_rank
+
+    def block_dest(self, chunk):
+        """AllToAll: the destination rank ``j`` of chunk ``(i*N + j)*K + k`` (int or array)."""
+        return (chunk // self.chunks_per_rank) % self.nranks
+
+    def block_slot(self, chunk):
+        """AllToAll: ``(input slot on the source, output slot on the destination)`` of chunk
+        ``(i*N + j)*K + k``: ``j*K + k`` and ``i*K + k`` (ints or arrays)."""
+        K, N = self.chunks_per_rank, self.nranks
+        k = chunk % K
+        return self.block_dest(chunk) * K + k, self.owner(chunk) * K + k
 
 
 @dataclass(frozen=True)

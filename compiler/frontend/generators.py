@@ -27,6 +27,8 @@ __all__ = [
     "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
     "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
+    "direct_alltoall", "ring_alltoall", "hierarchical_alltoall",
+    "direct_alltoall_rccl", "ring_alltoall_rccl", "hierarchical_alltoall_rccl",
     "EXAMPLES",
 ]
 
@@ -626,6 +628,156 @@ def hm_allgather_rccl(nnodes: int, g: int, *, name: str | None = None) -> str:
             + "                    transfer(G*n + r, G*n + (r + o + 1) % G, t, (G*n + r + N - t*G) % N, recv)\n")
 
 
+# ====================================================================== AllToAll
+# Chunk (i*N + j)*K + k is piece k of the block rank i sends to rank j (DESIGN.md section 3).
+def direct_alltoall(n: int, *, chunks_per_rank: int = 1, name: str = "direct_alltoall") -> Algorithm:
+    """All-pairs AllToAll: at step ``o - 1`` (``o = 1..n-1``) rank ``i`` sends its block for rank
+    ``(i + o) % n`` straight there (every rank sends to one peer and receives from one per step)."""
+    _check_root(n, 0, chunks_per_rank)
+    K = chunks_per_rank
+    i = np.arange(n, dtype=_I64)[:, None, None]
+    o = np.arange(1, n, dtype=_I64)[None, :, None]
+    k = np.arange(K, dtype=_I64)[None, None, :]
+    j = (i + o) % n
+    return _algorithm(_header(n, Collective.ALLTOALL, name, chunks_per_rank=K),
+                      _rows(i + 0 * o + 0 * k, j + 0 * k, o - 1 + 0 * i + 0 * k, (i * n + j) * K + k, RECV))
+
+
+def ring_alltoall(n: int, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                  name: str = "ring_alltoall") -> Algorithm:
+    """Ring-relay AllToAll: every block travels forward along the ring ``order`` (default
+    ``0..n-1``) from its source to its destination, ``d`` hops for a destination ``d`` places
+    ahead; hop ``h`` happens at step ``h``, so at step ``h`` each rank forwards the ``n-1-h``
+    blocks still in transit. Only neighbour links are used; intermediate ranks keep blocks in
+    scratch."""
+    p = _check_order(n, order)
+    _check_root(n, 0, chunks_per_rank)
+    K = chunks_per_rank
+    rows = []
+    for d in range(1, n):
+        a = np.arange(n, dtype=_I64)[:, None, None]
+        h = np.arange(d, dtype=_I64)[None, :, None]
+        k = np.arange(K, dtype=_I64)[None, None, :]
+        c = (p[a] * n + p[(a + d) % n]) * K + k
+        rows.append(_rows(p[(a + h) % n] + 0 * k, p[(a + h + 1) % n] + 0 * k, h + 0 * a + 0 * k,
+                          c + 0 * h, RECV))
+    rows = np.concatenate(rows) if rows else np.zeros((0, 5), _I64)
+    return _algorithm(_header(n, Collective.ALLTOALL, name, chunks_per_rank=K), rows)
+
+
+def hierarchical_alltoall(nnodes: int, g: int, *, chunks_per_rank: int = 1,
+                          name: str | None = None) -> Algorithm:
+    """Two-step hierarchical AllToAll for ``nNodes x G`` ranks (rank ``G*n + r``), as RCCL's 2-D
+    algorithms: every block crosses the network exactly once, and each inter-node link carries one
+    aggregated exchange per node pair.
+
+    1. intra-node AllToAll by local id: at step ``o - 1`` (``o = 1..G-1``) rank ``(n, r)`` sends
+       every block it has for a rank with local id ``r' = (r + o) % G`` (on any node) to its local
+       peer ``(n, r')`` (a block for ``(n, r')`` itself is then delivered);
+    2. inter-node exchange among ranks with the same local id: at step ``G - 1 + q - 1``
+       (``q = 1..nNodes-1``) rank ``(n, r')`` sends the ``G`` blocks node ``n`` has for rank
+       ``(m, r')``, ``m = (n + q) % nNodes``, straight there.
+    """
+    _check_hm(nnodes, g)
+    K = chunks_per_rank
+    if K < 1:
+        raise ValueError("chunks_per_rank must be at least 1")
+    N = nnodes * g
+    name = name or f"hierarchical_alltoall_{nnodes}x{g}"
+    k = np.arange(K, dtype=_I64)
+    rows = []
+    # phase 1: (n, r) -> (n, r2) for every block of (n, r) destined to local id r2 != r
+    for o in range(1, g):
+        nn, r, m = np.meshgrid(np.arange(nnodes), np.arange(g), np.arange(nnodes), indexing="ij")
+        nn, r, m = (x.ravel()[:, None].astype(_I64) for x in (nn, r, m))
+        r2 = (r + o) % g
+        src = g * nn + r
+        dst = g * nn + r2
+        c = (src * N + g * m + r2) * K + k[None, :]
+        rows.append(_rows(src + 0 * c, dst + 0 * c, o - 1 + 0 * c, c, RECV))
+    # phase 2: (n, r2) -> (m, r2), the G blocks of node n's ranks for (m, r2)
+    for q in range(1, nnodes):
+        nn, r2, r = np.meshgrid(np.arange(nnodes), np.arange(g), np.arange(g), indexing="ij")
+        nn, r2, r = (x.ravel()[:, None].astype(_I64) for x in (nn, r2, r))
+        m = (nn + q) % nnodes
+        c = ((g * nn + r) * N + g * m + r2) * K + k[None, :]
+        rows.append(_rows(g * nn + r2 + 0 * c, g * m + r2 + 0 * c, g - 1 + q - 1 + 0 * c, c, RECV))
+    rows = np.concatenate(rows) if rows else np.zeros((0, 5), _I64)
+    return _algorithm(_header(N, Collective.ALLTOALL, name, gpn=g, nic=g, chunks_per_rank=K), rows)
+
+
+def _k_loop(K: int, indent: str) -> tuple[str, str]:
+    """``for k`` line and the chunk-id suffix for ``K`` pieces per block (nothing for ``K = 1``)."""
+    if K == 1:
+        return "", ""
+    return f"{indent}for k in range(0, nChunksPerRank):\n", " * nChunksPerRank + k"
+
+
+def _a2a_head(n: int, name: str, gpn: int, nic: int, K: int) -> str:
+    extra = f", nChunksPerRank={K}" if K > 1 else ""
+    return (f'def ResCCLAlgo(nRanks={n}, nChannels=1, nWarps=16, AlgoName="{name}", '
+            f'OpType="Alltoall", GPUPerNode={gpn}, NICPerNode={nic}{extra}):\n')
+
+
+def direct_alltoall_rccl(n: int, *, chunks_per_rank: int = 1, name: str = "direct_alltoall") -> str:
+    """ResCCLang text of :func:`direct_alltoall`."""
+    _check_root(n, 0, chunks_per_rank)
+    kl, ks = _k_loop(chunks_per_rank, "            ")
+    body = "                " if kl else "            "
+    return (_a2a_head(n, name, n, 1, chunks_per_rank)
+            + f"    N = {n}\n"
+            + "    # chunk (i*N + j) is the block rank i sends to rank j; at step o-1 it goes straight there\n"
+            + "    for i in range(0, N):\n"
+            + "        for o in range(1, N):\n"
+            + kl
+            + f"{body}transfer(i, (i + o) % N, o - 1, (i * N + (i + o) % N){ks}, recv)\n")
+
+
+def ring_alltoall_rccl(n: int, *, chunks_per_rank: int = 1, name: str = "ring_alltoall") -> str:
+    """ResCCLang text of :func:`ring_alltoall` (identity ring order)."""
+    _check_root(n, 0, chunks_per_rank)
+    kl, ks = _k_loop(chunks_per_rank, "                ")
+    body = "                    " if kl else "                "
+    return (_a2a_head(n, name, n, 1, chunks_per_rank)
+            + f"    N = {n}\n"
+            + "    # the block of rank a for rank a + d travels d hops forward, hop h at step h\n"
+            + "    for d in range(1, N):\n"
+            + "        for a in range(0, N):\n"
+            + "            for h in range(0, d):\n"
+            + kl
+            + f"{body}transfer((a + h) % N, (a + h + 1) % N, h, (a * N + (a + d) % N){ks}, recv)\n")
+
+
+def hierarchical_alltoall_rccl(nnodes: int, g: int, *, chunks_per_rank: int = 1,
+                               name: str | None = None) -> str:
+    """ResCCLang text of :func:`hierarchical_alltoall`."""
+    _check_hm(nnodes, g)
+    name = name or f"hierarchical_alltoall_{nnodes}x{g}"
+    K = chunks_per_rank
+    kl1, ks = _k_loop(K, "                    ")
+    kl2, _ = _k_loop(K, "                    ")
+    b = "                        " if kl1 else "                    "
+    return (_a2a_head(nnodes * g, name, g, g, K)
+            + f"    nNodes = {nnodes}\n"
+            + f"    G = {g}\n"
+            + "    N = nNodes * G\n"
+            + "    # 1. intra-node: GPU (n, r) hands every block for local id (r + o) % G to that local peer\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for r in range(0, G):\n"
+            + "            for o in range(1, G):\n"
+            + "                for m in range(0, nNodes):\n"
+            + kl1
+            + f"{b}transfer(G*n + r, G*n + (r + o) % G, o - 1, ((G*n + r) * N + G*m + (r + o) % G){ks}, recv)\n"
+            + "    # 2. inter-node: GPU (n, s) sends node n's G blocks for GPU (m, s) there, one node pair per step\n"
+            + "    for n in range(0, nNodes):\n"
+            + "        for s in range(0, G):\n"
+            + "            for q in range(1, nNodes):\n"
+            + "                for r in range(0, G):\n"
+            + kl2
+            + f"{b}transfer(G*n + s, G*((n + q) % nNodes) + s, G - 2 + q, "
+              f"((G*n + r) * N + G*((n + q) % nNodes) + s){ks}, recv)\n")
+
+
 #: example file stem -> (builder, text generator), used by examples/generate.py and the tests
 EXAMPLES = {
     **{f"hm_allreduce_{a}x{b}": (lambda a=a, b=b: hm_allreduce(a, b), lambda a=a, b=b: hm_allreduce_rccl(a, b))
@@ -647,4 +799,11 @@ EXAMPLES = {
                          lambda: ring_broadcast_rccl(8, 3, chunks_per_rank=2, name="ring_broadcast_8")),
     "ring_reduce_8": (lambda: ring_reduce(8, 3, chunks_per_rank=2, name="ring_reduce_8"),
                       lambda: ring_reduce_rccl(8, 3, chunks_per_rank=2, name="ring_reduce_8")),
+    "direct_alltoall_8": (lambda: direct_alltoall(8, name="direct_alltoall_8"),
+                          lambda: direct_alltoall_rccl(8, name="direct_alltoall_8")),
+    "ring_alltoall_6": (lambda: ring_alltoall(6, chunks_per_rank=2, name="ring_alltoall_6"),
+                        lambda: ring_alltoall_rccl(6, chunks_per_rank=2, name="ring_alltoall_6")),
+    **{f"hierarchical_alltoall_{a}x{b}": (lambda a=a, b=b: hierarchical_alltoall(a, b),
+                                          lambda a=a, b=b: hierarchical_alltoall_rccl(a, b))
+       for a, b in ((2, 4), (2, 8))},
 }

@@ -467,9 +467,13 @@ class _Builder:
             if seen["Root"] >= nranks:
                 raise CompileError.at(rloc, f"Root {seen['Root']} is out of range (nRanks={nranks}: "
                                             f"ranks 0..{nranks - 1})")
-        if nranks * seen.get("nChunksPerRank", 1) > MAX_CHUNKS:
+        # AllToAll: one block per (source, destination); the verifier's state has nRanks rows per chunk
+        blocks = nranks * nranks if coll.blockwise else 1
+        if nranks * blocks * seen.get("nChunksPerRank", 1) > MAX_CHUNKS * (4 if coll.blockwise else 1):
             where = self.tree_loc(params["nChunksPerRank"]) if "nChunksPerRank" in params else loc
-            raise CompileError.at(where, f"nRanks * nChunksPerRank must be at most {MAX_CHUNKS}")
+            what = "nRanks**3 * nChunksPerRank (AllToAll)" if coll.blockwise else "nRanks * nChunksPerRank"
+            raise CompileError.at(where, f"{what} must be at most "
+                                         f"{MAX_CHUNKS * (4 if coll.blockwise else 1)}")
         return Header(
             nranks=seen["nRanks"], collective=seen["OpType"],
             name=seen.get("AlgoName", "algo"),
@@ -508,7 +512,7 @@ class _Builder:
             if c is None:
                 shown = text if len(text) <= 40 else text[:37] + "..."
                 raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected Allgather, "
-                                            f"Allreduce, Reducescatter, Broadcast or Reduce)")
+                                            f"Allreduce, Reducescatter, Alltoall, Broadcast or Reduce)")
             return c
         return text
 

@@ -652,9 +652,9 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None) -> str:
             check_deadlock(ir)
     except (IRFormatError, ProofError) as exc:
         raise _err([f"cannot export an invalid program: {exc}"]) from None
-    if ir.collective not in ("allgather", "allreduce", "reducescatter"):
-        raise _err([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce and "
-                     f"ReduceScatter (an MSCCL <algo> has no root attribute)"])
+    if ir.collective not in ("allgather", "allreduce", "reducescatter", "alltoall"):
+        raise _err([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce, "
+                     f"ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
     xs = _from_ir(ir)
     _allgather_sources(ir, xs)
     base = _unfuse(xs)

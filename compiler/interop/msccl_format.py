@@ -32,9 +32,9 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 #: message takes MSCCL_CHUNKSTEPS = 4 of them, an LL / LL128 message one
 MESSAGES_IN_FLIGHT = {"Simple": 2, "LL": 8, "LL128": 8}
 #: collectives hccc proves and runs (``coll`` spelling = ProgramIR.collective)
-SUPPORTED_COLLECTIVES = ("allgather", "allreduce", "reducescatter")
+SUPPORTED_COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
 #: collectives the runtimes know but hccc does not handle
-OTHER_COLLECTIVES = ("reduce", "broadcast", "alltoall", "alltoallv", "send", "recv", "gather", "scatter")
+OTHER_COLLECTIVES = ("reduce", "broadcast", "alltoallv", "send", "recv", "gather", "scatter")
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ class _Importer:
                            "outofplace" if "outofplace" in a.attrs else "inplace")
         min_b = self.int_(a, "minBytes", 0) if "minBytes" in a.attrs else 0
         max_b = self.int_(a, "maxBytes", 0) if "maxBytes" in a.attrs else 0
-        if coll in ("allgather", "reducescatter") and C % N:
+        if coll in ("allgather", "reducescatter", "alltoall") and C % N:
             raise self.err(a, f"nchunksperloop={C} is not a multiple of ngpus={N}: every rank of the {coll} "
                               f"owns the same number of chunks", "nchunksperloop")
         k = C // N
@@ -464,12 +464,12 @@ class _Importer:
                 nt += 1
             ntbs[gid] = nt
         extra_first = {}
-        if normalise and coll in ("allreduce", "allgather"):
+        if normalise and coll in ("allreduce", "allgather", "alltoall"):
             # prologue: the data the in-place program expects in the output, put there by a copy
             for gid in range(N):
                 if ntbs[gid] == 0:
                     ntbs[gid] = 1
-                src_off, dst_off, cnt = (0, 0, C) if coll == "allreduce" else (0, gid * k, k)
+                src_off, dst_off, cnt = (0, gid * k, k) if coll == "allgather" else (0, 0, C)
                 extra_first[gid] = len(rows)
                 rows.append((gid, 0, -1, Op.COPY, -1, -1, 0, Buf.INPUT, src_off, Buf.OUTPUT, dst_off, cnt))
                 where.append((self.gpu_el(a, gid), f"gpu {gid} in-place prologue (input copied into the output)"))
@@ -477,7 +477,7 @@ class _Importer:
         def remap(gid, b, off):
             if not normalise:
                 return b, off
-            if coll == "allreduce" and b == Buf.INPUT:
+            if coll in ("allreduce", "alltoall") and b == Buf.INPUT:
                 return Buf.OUTPUT, off
             if coll == "allgather" and b == Buf.INPUT:
                 return Buf.OUTPUT, gid * k + off

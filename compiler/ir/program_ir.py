@@ -13,8 +13,12 @@ A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter outpu
 rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
 the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
 AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce,
-Broadcast and Reduce ``input == output``; a COPY whose source and destination coincide is then
-skipped. Broadcast and Reduce have a ``root``: Broadcast reads only the root's input, Reduce writes
+Broadcast, Reduce and AllToAll ``input == output``; a COPY whose source and destination coincide
+is then skipped. AllToAll: ``nchunks = in_chunks = out_chunks = nranks * K``; input slot
+``j*K + k`` holds piece ``k`` of the block for rank ``j``, output slot ``i*K + k`` piece ``k`` of
+the block from rank ``i``; its full buffer is one rank's buffer, so a block's pieces have equal
+sizes on every rank exactly when ``count`` is a multiple of ``nranks`` (runners round down to one,
+as nccl-tests does). Broadcast and Reduce have a ``root``: Broadcast reads only the root's input, Reduce writes
 only the root's output (other ranks' partial results live in scratch).
 
 Primitive semantics for one micro-batch slice (``x (+) y`` is the reduction op)::
@@ -112,7 +116,7 @@ PRIM_COLUMNS: dict[str, type] = {
 
 
 #: the collectives a ProgramIR can implement (``Collective`` values)
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
 #: those with a root rank
 ROOTED = ("broadcast", "reduce")
 

@@ -10,12 +10,14 @@ ranks in ``S``", or a *poison* that remembers the first primitive that combined 
 holds ``(r*k + j, {r})`` in input slot ``j`` (``k`` input slots per rank), ReduceScatter and
 AllReduce rank ``r`` hold ``(c, {r})`` in input slot ``c``; outputs and scratch hold nothing. The
 primitives act as in :mod:`hccc.compiler.ir.program_ir` (a reduction is the disjoint union of the
-contributor sets). Postconditions: AllGather output slot ``c`` of every rank holds
+contributor sets). AllToAll rank ``r`` holds ``((r*N + j)*k + p, {r})`` in input slot ``j*k + p`` (``k`` pieces
+per block), and output slot ``i*k + p`` of rank ``r`` must end with ``((i*N + r)*k + p, {i})``.
+Postconditions: AllGather output slot ``c`` of every rank holds
 ``(c, {c // k})``; AllReduce output slot ``c`` holds ``(c, all ranks)``; ReduceScatter output slot
 ``j`` of rank ``r`` holds ``(r*k + j, all ranks)``.
 
 In-place runs alias buffers as ``program_ir`` describes (AllGather ``input[j] = output[r*k + j]``,
-ReduceScatter ``output[j] = input[r*k + j]``, AllReduce ``input = output``) and a COPY whose source
+ReduceScatter ``output[j] = input[r*k + j]``, AllReduce and AllToAll ``input = output``) and a COPY whose source
 and destination coincide does nothing; :func:`prove` checks either mode.
 
 Order. The value computed is the value of *every* execution only if no two primitives that touch
@@ -94,7 +96,10 @@ class Slots:
             full = ir.out_chunks if coll == "allgather" else ir.in_chunks
             if full != ir.nchunks:
                 raise ProofError(f"{coll}: the full buffer has {full} chunk(s), expected nchunks = {ir.nchunks}")
-        elif coll in ("allreduce", "broadcast", "reduce"):
+        elif coll in ("allreduce", "broadcast", "reduce", "alltoall"):
+            if coll == "alltoall" and ir.nchunks % ir.nranks:
+                raise ProofError(f"alltoall: nchunks = {ir.nchunks} is not a multiple of {ir.nranks} ranks")
+            self.k = ir.nchunks // ir.nranks if coll == "alltoall" else None
             if ir.in_chunks != ir.nchunks or ir.out_chunks != ir.nchunks:
                 raise ProofError(f"{coll}: input and output must have nchunks = {ir.nchunks} chunks")
         else:
@@ -108,7 +113,7 @@ class Slots:
         off = np.asarray(off, np.int64)
         coll = self.ir.collective
         if self.inplace:
-            if coll in ("allreduce", "broadcast", "reduce"):
+            if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
                 buf = np.where(buf == Buf.INPUT, Buf.OUTPUT, buf)
             elif coll == "allgather":
                 ali = buf == Buf.INPUT
@@ -443,6 +448,10 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
             if r == ir.root:   # only the root's input is the collective's; the others' is garbage
                 for c in range(ir.in_chunks):
                     val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
+        elif ir.collective == "alltoall":
+            # input slot j*k + p of rank r: piece p of block (r -> j), global id (r*N + j)*k + p
+            for c in range(ir.in_chunks):
+                val[int(slots.phys(r, Buf.INPUT, c))] = (r * ir.nchunks + c, 1 << r)
         else:
             for c in range(ir.in_chunks):
                 val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
@@ -524,6 +533,11 @@ def _expected(ir: ProgramIR, slots: Slots):
             if r == ir.root:   # the other ranks' outputs are not the collective's
                 for c in range(ir.out_chunks):
                     out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
+        elif ir.collective == "alltoall":
+            # output slot i*k + p of rank r: piece p of block (i -> r)
+            for c in range(ir.out_chunks):
+                i, p = divmod(c, slots.k)
+                out.append((int(slots.phys(r, Buf.OUTPUT, c)), ((i * N + r) * slots.k + p, 1 << i)))
         else:
             for j in range(ir.out_chunks):
                 out.append((int(slots.phys(r, Buf.OUTPUT, j)), (r * slots.k + j, full)))
@@ -549,6 +563,9 @@ def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, descri
         need = f"chunk {want[0]} (from rank {want[0] // slots.k})"
     elif ir.collective == "broadcast":
         need = f"chunk {want[0]} (from root {ir.root})"
+    elif ir.collective == "alltoall":
+        src_r, rest = divmod(want[0], ir.nchunks)
+        need = f"block {want[0]} (piece {rest % slots.k} of what rank {src_r} sends to rank {rest // slots.k})"
     else:
         need = f"chunk {want[0]} reduced over all {N} ranks"
     if isinstance(got, _Poison):

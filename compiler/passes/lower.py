@@ -15,6 +15,9 @@ collective's to touch, as in NCCL). AllGather's input holds only the rank's own 
 (AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get a local
 ``COPY`` input->output, which in-place runs skip because source and destination alias.
 
+AllToAll (``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per buffer) has its own mapping, with
+the care in-place runs need: see :func:`_alltoall_mapping`.
+
 Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` (task ``b``) becomes one
 ``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
 the sending rank ``r`` (``a`` is the last writer of ``(r, c)`` before ``b``; predecessors on ``b``'s
@@ -80,6 +83,7 @@ def buffer_sizes(coll: Collective, nranks: int, chunks_per_rank: int = 1) -> tup
         return C, K, C
     if coll == Collective.REDUCE:
         return C, C, C
+    # AllToAll: per rank N*K slots in and out (scratch is sized by the lowering)
     return C, C, 0
 
 
@@ -138,25 +142,33 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         return ch - rank * K if coll == Collective.ALLGATHER else ch
 
     tasks = np.arange(T, dtype=np.int64)
-    # send side: read (src, c)
-    s_from_input = step < fw_src
-    s_buf, s_off = _write_location(coll, src, chunk, K, root)
-    if s_from_input.any():
-        idx = np.flatnonzero(s_from_input)
-        s_buf[idx] = Buf.INPUT
-        s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
-    # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
-    w_buf, w_off = _write_location(coll, dst, chunk, K, root)
-    r_src_buf = np.full(T, Buf.NONE, np.int8)
-    r_src_off = np.zeros(T, np.int64)
-    if rrc.any():
-        idx = np.flatnonzero(rrc)
-        first = step[idx] <= fw_dst[idx]
-        r_src_buf[idx] = np.where(first, np.int8(Buf.INPUT), w_buf[idx])
-        r_src_off[idx] = w_off[idx]
-        fi = idx[first]
-        if len(fi):
-            r_src_off[fi] = input_offset(dst[fi], chunk[fi], fi, "reduces into")
+    a2a = None
+    if coll is Collective.ALLTOALL:
+        a2a = _alltoall_mapping(alg, key_t, first_write)
+        s_buf, s_off, w_buf, w_off = a2a.s_buf, a2a.s_off, a2a.w_buf, a2a.w_off
+        scratch_chunks = a2a.scratch_chunks
+        r_src_buf = np.full(T, Buf.NONE, np.int8)
+        r_src_off = np.zeros(T, np.int64)
+    else:
+        # send side: read (src, c)
+        s_from_input = step < fw_src
+        s_buf, s_off = _write_location(coll, src, chunk, K, root)
+        if s_from_input.any():
+            idx = np.flatnonzero(s_from_input)
+            s_buf[idx] = Buf.INPUT
+            s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
+        # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
+        w_buf, w_off = _write_location(coll, dst, chunk, K, root)
+        r_src_buf = np.full(T, Buf.NONE, np.int8)
+        r_src_off = np.zeros(T, np.int64)
+        if rrc.any():
+            idx = np.flatnonzero(rrc)
+            first = step[idx] <= fw_dst[idx]
+            r_src_buf[idx] = np.where(first, np.int8(Buf.INPUT), w_buf[idx])
+            r_src_off[idx] = w_off[idx]
+            fi = idx[first]
+            if len(fi):
+                r_src_off[fi] = input_offset(dst[fi], chunk[fi], fi, "reduces into")
 
     # ---------------------------------------------------------------- fusion
     fused_send = np.full(T, -1, dtype=np.int64)   # a -> b (b's send rides on a's receive)
@@ -205,16 +217,33 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     nK = len(cr)
     copy_src = cc - cr * K if coll == Collective.ALLGATHER else cc
     copy_dst = cc - cr * K if coll == Collective.REDUCESCATTER else cc
+    copy_sbuf = np.full(nK, Buf.INPUT, np.int8)
+    copy_key = np.zeros(nK, np.int64)
+    copy_pipe = np.zeros(nK, np.int64)
+    if a2a is not None:
+        # the rank's own block: input slot j*K+k to output slot i*K+k (i == j); then the blocks
+        # that arrived in scratch because their output slot was still to be sent (in-place)
+        copy_src, copy_dst = h.block_slot(cc)
+        nA = len(a2a.copy_rank)
+        cr = np.concatenate([cr, a2a.copy_rank])
+        copy_src = np.concatenate([copy_src, a2a.copy_src])
+        copy_dst = np.concatenate([copy_dst, a2a.copy_dst])
+        copy_sbuf = np.concatenate([copy_sbuf, np.full(nA, Buf.SCRATCH, np.int8)])
+        last_key = int(key_t.max()) + 1 if T else 1
+        copy_key = np.concatenate([copy_key, last_key + np.arange(nA, dtype=np.int64)])
+        last_pipe = int(pipe.max()) if T else 0
+        copy_pipe = np.concatenate([copy_pipe, np.full(nA, last_pipe, np.int64)])
+        nK += nA
 
     n = nS + nR + nK
     cols = {
         "rank": np.concatenate([src[send_tasks], dst, cr]),
-        "pipeline": np.concatenate([pipe[send_tasks], pipe, np.zeros(nK, np.int64)]),
+        "pipeline": np.concatenate([pipe[send_tasks], pipe, copy_pipe]),
         "op": np.concatenate([np.full(nS, Op.SEND, np.int8), recv_op, np.full(nK, Op.COPY, np.int8)]),
         "send_peer": np.concatenate([dst[send_tasks], np.where(fa, dst[fb], -1), np.full(nK, -1)]),
         "recv_peer": np.concatenate([np.full(nS, -1), src, np.full(nK, -1)]),
         "channel": np.zeros(n, np.int64),
-        "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, np.full(nK, Buf.INPUT, np.int8)]),
+        "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, copy_sbuf]),
         "src_off": np.concatenate([s_off[send_tasks], r_src_off, copy_src]),
         "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
                                    np.full(nK, Buf.OUTPUT, np.int8)]),
@@ -223,7 +252,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
         "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
     }
-    key = np.concatenate([key_t[send_tasks], key_t, np.zeros(nK, np.int64)])
+    key = np.concatenate([key_t[send_tasks], key_t, copy_key])
 
     # ---------------------------------------------------------------- dependencies
     send_prim = np.empty(T, dtype=np.int64)
@@ -241,15 +270,157 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         # u read rank src[u] and b overwrites it: WAR
         m = src[es] == dst[ed]
         dp.append(recv_prim[ed[m]]); do.append(send_prim[es[m]])
+    if a2a is not None:
+        # in-place AllToAll: a block's arrival overwrites the input slot of the block going the
+        # other way, so it waits until that block has been sent (every key grows along these)
+        dp.append(recv_prim[a2a.dep_write]); do.append(send_prim[a2a.dep_read])
+        copy_base = nS + nR + (nK - len(a2a.copy_rank))
+        dp.append(copy_base + a2a.cdep_copy); do.append(np.where(
+            a2a.cdep_is_write, recv_prim[a2a.cdep_task], send_prim[a2a.cdep_task]))
     dep_prim = np.concatenate(dp) if dp else np.zeros(0, np.int64)
     dep_on = np.concatenate(do) if do else np.zeros(0, np.int64)
     keep = dep_prim != dep_on
     dep_prim, dep_on = dep_prim[keep], dep_on[keep]
 
     return LoweredProgram(
-        collective=coll, nranks=N, nchunks=C, in_chunks=in_chunks, out_chunks=out_chunks,
+        collective=coll, nranks=N, nchunks=in_chunks if a2a is not None else C, in_chunks=in_chunks, out_chunks=out_chunks,
         scratch_chunks=scratch_chunks, npipelines=sched.nsubpipelines if T else (1 if nK else 0),
         cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()), root=int(root))
+
+
+@dataclass
+class _AlltoallMapping:
+    """Where an AllToAll program's accesses go (see :func:`_alltoall_mapping`)."""
+
+    s_buf: np.ndarray          # per task: where the send reads
+    s_off: np.ndarray
+    w_buf: np.ndarray          # per task: where the receive writes
+    w_off: np.ndarray
+    scratch_chunks: int
+    dep_write: np.ndarray      # task pairs: the receive of dep_write waits for the send of dep_read
+    dep_read: np.ndarray
+    copy_rank: np.ndarray      # final scratch -> output copies
+    copy_src: np.ndarray       # scratch slot
+    copy_dst: np.ndarray       # output slot
+    cdep_copy: np.ndarray      # copy index waits for task cdep_task's receive (cdep_is_write) or send
+    cdep_task: np.ndarray
+    cdep_is_write: np.ndarray
+
+
+def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray) -> _AlltoallMapping:
+    """Buffer mapping of an AllToAll (``N`` ranks, ``K`` chunks per block, chunk
+    ``c = (i*N + j)*K + k``).
+
+    Rank ``r`` reads chunk ``c`` from ``input[j*K + k]`` until it is first written there (only
+    the source ``i == r`` holds it from the start); writes go to ``output[i*K + k]`` on the
+    destination ``j == r`` and to scratch elsewhere. Scratch is dense per rank: the ``d``-th block
+    a rank keeps there uses slots ``d*K .. d*K + K-1`` (slot ``s`` has the size of piece ``s % K``,
+    the size every piece ``k`` has).
+
+    In place, ``output[i*K + k]`` of rank ``r`` is ``input[i*K + k]``, which holds the block ``r``
+    sends to ``i``. A block arriving there must not land before that one has left. When every
+    write of the arriving block comes after (in order key) every send of the leaving one, each
+    such write waits for those sends (a dependency along growing keys). Otherwise the arriving
+    block lands in scratch instead and one local copy at the very end (after the sends and the
+    writes) moves it to the output; out of place that copy costs one extra pass over the block.
+    """
+    h = alg.header
+    N, K, C = h.nranks, h.chunks_per_rank, h.nchunks
+    T = alg.ntransfers
+    src = alg.src.astype(np.int64)
+    dst = alg.dst.astype(np.int64)
+    chunk = alg.chunk.astype(np.int64)
+    step = alg.step.astype(np.int64)
+    if (alg.op == RRC).any():
+        i = int(np.flatnonzero(alg.op == RRC)[0])
+        raise CompileError([Diagnostic(f"reduction (rrc) in an Alltoall {alg.describe(i)}".rstrip(),
+                                       alg.location_of(i))])
+    owner = chunk // (N * K)
+    dest = (chunk // K) % N
+    piece = chunk % K
+    in_slot = dest * K + piece
+    out_slot = owner * K + piece
+    from_input = step < first_write[src * C + chunk]
+    bad = from_input & (owner != src)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CompileError([Diagnostic(
+            f"rank {int(src[i])} sends chunk {int(chunk[i])} before holding it at step "
+            f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+
+    # in-place hazards: per (rank, arriving chunk) location, the latest send of the aliased one
+    loc_w = dst * C + chunk
+    read_idx = np.flatnonzero(from_input)
+    max_read = np.full(N * C, -1, np.int64)
+    np.maximum.at(max_read, src[read_idx] * C + chunk[read_idx], key_t[read_idx])
+    min_write = np.full(N * C, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(min_write, loc_w, key_t)
+    arriving = (dest == dst) & (owner != dst)
+    alias = dst * C + ((dst * N + owner) * K + piece)   # (rank, chunk it sends to the owner)
+    redirect_loc = np.zeros(N * C, bool)
+    hazard = arriving & (min_write[loc_w] <= max_read[alias])
+    redirect_loc[loc_w[hazard]] = True
+
+    # write locations of every written (rank, chunk)
+    wl = np.unique(loc_w)
+    wr, wc = wl // C, wl % C
+    w_owner, w_dest, w_piece = wc // (N * K), (wc // K) % N, wc % K
+    to_scratch = (w_dest != wr) | redirect_loc[wl]
+    # dense scratch blocks per rank
+    sb = wr[to_scratch] * (N * N) + wc[to_scratch] // K
+    ub = np.unique(sb)
+    first_of_rank = np.searchsorted(ub // (N * N), np.arange(N))
+    dense = np.searchsorted(ub, sb) - first_of_rank[sb // (N * N)]
+    loc_buf = np.full(len(wl), Buf.OUTPUT, np.int8)
+    loc_off = w_owner * K + w_piece
+    loc_buf[to_scratch] = Buf.SCRATCH
+    loc_off[to_scratch] = dense * K + w_piece[to_scratch]
+    per_rank = np.bincount(ub // (N * N), minlength=N) if len(ub) else np.zeros(N, np.int64)
+    scratch_chunks = int(per_rank.max()) * K if len(ub) else 0
+
+    def where(loc):
+        j = np.searchsorted(wl, loc)
+        return loc_buf[j], loc_off[j]
+
+    w_buf, w_off = where(loc_w)
+    s_buf = np.full(T, Buf.INPUT, np.int8)
+    s_off = in_slot.copy()
+    later = ~from_input
+    if later.any():
+        s_buf[later], s_off[later] = where(src[later] * C + chunk[later])
+
+    # waits of direct arrivals on the sends of their aliased blocks
+    direct = arriving & ~redirect_loc[loc_w]
+    dw, dr = _pairs_by_key(np.flatnonzero(direct), alias[direct],
+                           read_idx, src[read_idx] * C + chunk[read_idx])
+    # final copies of redirected arrivals, after their writes and the aliased sends
+    red_l = wl[to_scratch & redirect_loc[wl]]
+    copy_rank, copy_chunk = red_l // C, red_l % C
+    c_buf, c_off = where(red_l)
+    c_alias = copy_rank * C + ((copy_rank * N + copy_chunk // (N * K)) * K + copy_chunk % K)
+    cw, tw = _pairs_by_key(np.arange(len(red_l)), red_l, np.arange(T), loc_w)
+    cr, tr = _pairs_by_key(np.arange(len(red_l)), c_alias, read_idx, src[read_idx] * C + chunk[read_idx])
+    return _AlltoallMapping(
+        s_buf=s_buf, s_off=s_off, w_buf=w_buf, w_off=w_off, scratch_chunks=scratch_chunks,
+        dep_write=dw, dep_read=dr, copy_rank=copy_rank, copy_src=c_off,
+        copy_dst=(copy_chunk // (N * K)) * K + copy_chunk % K,
+        cdep_copy=np.concatenate([cw, cr]), cdep_task=np.concatenate([tw, tr]),
+        cdep_is_write=np.r_[np.ones(len(cw), bool), np.zeros(len(cr), bool)])
+
+
+def _pairs_by_key(a_idx: np.ndarray, a_key: np.ndarray, b_idx: np.ndarray, b_key: np.ndarray):
+    """All ``(a, b)`` with equal keys (an equi-join of two small lists), as two int64 arrays."""
+    if not len(a_idx) or not len(b_idx):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    o = np.argsort(b_key, kind="stable")
+    bk, bi = b_key[o], b_idx[o]
+    lo = np.searchsorted(bk, a_key, "left")
+    hi = np.searchsorted(bk, a_key, "right")
+    n = hi - lo
+    a = np.repeat(a_idx, n)
+    starts = np.repeat(lo - np.r_[0, np.cumsum(n)[:-1]], n)
+    b = bi[np.arange(int(n.sum())) + starts]
+    return a.astype(np.int64), b.astype(np.int64)
 
 
 def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
@@ -314,6 +485,8 @@ def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.
         bad = np.flatnonzero(c // K != r)
     elif h.collective == Collective.BROADCAST:
         bad = np.flatnonzero(r != h.root)
+    elif h.collective == Collective.ALLTOALL:
+        bad = np.flatnonzero(h.owner(c) != r)
     else:
         bad = np.zeros(0, np.int64)
     if len(bad):

@@ -24,7 +24,8 @@ Errors, in the order they are listed (and the order the tests' reference model u
    ``allgather-reduction``), overlapping contribution sets (double
    counting). A transfer with an error does not change the state.
 3. unmet postconditions (Allgather and Broadcast: every rank holds every chunk as its owner's /
-   the root's; Allreduce: every rank every chunk fully reduced; Reducescatter: rank ``r`` its own
+   the root's; Alltoall: every chunk at its block's destination, as its source's, located at the
+   chunk's last transfer when it has one; Allreduce: every rank every chunk fully reduced; Reducescatter: rank ``r`` its own
    ``K`` chunks fully reduced; Reduce: the root every chunk fully reduced), only when there was no other error (otherwise they are mostly a
    consequence of the errors already listed), located at the header.
 """
@@ -150,14 +151,16 @@ def initial_state(collective: Collective, nranks: int, nchunks: int | None = Non
     """The precondition as a ``(nranks * nchunks, words)`` bitset matrix.
 
     Allgather: the owner ``c // K`` of chunk ``c`` (``K = nchunks // nranks``) holds it as
-    ``{owner}``; Broadcast: the root holds every chunk as ``{root}``; the reducing collectives:
+    ``{owner}`` (AllToAll likewise: there ``K = nranks * chunks_per_rank`` and the owner is the
+    block's source rank); Broadcast: the root holds every chunk as ``{root}``; the reducing collectives:
     every rank holds its own contribution ``{r}`` to every chunk. Everything else is empty.
     """
     C = int(nchunks or nranks)
     K = max(1, C // nranks)
     words = (nranks + 63) // 64
     rows = np.arange(nranks * C, dtype=np.int64)
-    if collective is Collective.ALLGATHER:
+    if collective in (Collective.ALLGATHER, Collective.ALLTOALL):
+        # AllToAll: K = N * chunks_per_rank, so c // K is the block's source rank
         state = np.zeros((nranks * C, words), dtype=np.uint64)
         c = np.arange(C, dtype=np.int64)
         state[(c // K) * C + c] = _single_bits(c // K, words)
@@ -170,14 +173,44 @@ def initial_state(collective: Collective, nranks: int, nchunks: int | None = Non
 
 
 def final_rows(collective: Collective, nranks: int, nchunks: int, root: int = 0) -> np.ndarray:
-    """The state rows the postcondition constrains (``rank * nchunks + chunk``)."""
+    """The state rows the postcondition constrains (``rank * nchunks + chunk``); AllToAll: each
+    chunk at its block's destination rank only (it may be anywhere else too)."""
     C, K = int(nchunks), max(1, int(nchunks) // nranks)
     if collective is Collective.REDUCESCATTER:
         r = np.repeat(np.arange(nranks, dtype=np.int64), K)
         return r * C + np.arange(nranks * K, dtype=np.int64)
     if collective is Collective.REDUCE:
         return root * C + np.arange(C, dtype=np.int64)
+    if collective is Collective.ALLTOALL:
+        c = np.arange(C, dtype=np.int64)
+        kc = max(1, C // (nranks * nranks))
+        return np.sort(((c // kc) % nranks) * C + c)   # at the block's destination rank
     return np.arange(nranks * C, dtype=np.int64)
+
+
+def _alltoall_unmet(col: _Collector, alg: Algorithm, rank: int, chunk: int, n: int) -> None:
+    """An AllToAll block that does not reach its destination: located at the last transfer of
+    that chunk (it delivered the block to the wrong rank, or moved it last before it got lost),
+    or at the header when the block never moves."""
+    h = alg.header
+    src_rank = int(h.owner(chunk))
+    _, pos = h.block_slot(chunk)
+    msg = (f"rank {rank} does not hold chunk {chunk} at the end (the block rank {src_rank} sends to "
+           f"rank {rank}, for its output position {int(pos)})")
+    moves = np.flatnonzero(np.asarray(alg.chunk) == chunk)
+    if not len(moves):
+        notes = ("postcondition of Alltoall", f"no transfer moves chunk {chunk}")
+        if n == 0:
+            notes += ("the program has no transfers",)
+        col.add_at(POSTCONDITION, h.location, msg, notes)
+        return
+    steps = np.asarray(alg.step)[moves]
+    last = int(moves[np.lexsort((moves, steps))[-1]])
+    to = int(alg.dst[last])
+    col.add_at(POSTCONDITION, alg.location_of(last) or h.location, msg + col._suffix(last),
+               ("postcondition of Alltoall",
+                f"its last transfer (step {int(alg.step[last])}) delivers it to rank {to}"
+                + (f", not to rank {rank}" if to != rank else "")))
 
 
 def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
@@ -370,6 +403,9 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             what = coll.dsl_name
             for row in unmet[:listed].tolist():
                 r_, c_ = divmod(row, C)
+                if coll is Collective.ALLTOALL:
+                    _alltoall_unmet(col, alg, r_, c_, n)
+                    continue
                 if is_ag:  # copy-only holdings are {owner} or empty: recv only copies
                     msg = f"rank {r_} does not hold chunk {c_} at the end"
                 else:

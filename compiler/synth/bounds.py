@@ -21,16 +21,19 @@ clusters.
   the per-step entry capacity); and the largest hop distance from a chunk's origin to any rank.
 * :func:`cut_bound_seconds` (bytes/s): ForestColl's ``T* = (M/N) max_S |S ∩ GPUs| / B+(S)`` for
   AllGather (with M the total output bytes), generalised to any chunk origins (Broadcast).
+* :func:`collective_cut_bound_seconds`: the bound of every collective from first principles
+  (docs/bounds.md): AllGather and Broadcast as above, ReduceScatter and Reduce on the transposed
+  network, AllReduce ``M / min_S B+(S)`` (every cut carries the whole buffer each way, once reduced:
+  :func:`min_cut_capacity`), not ReduceScatter + AllGather.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
 
-import networkx as nx
 import numpy as np
 
-from hccc.compiler.synth.problem import Network, Task
+from hccc.compiler.synth.problem import Network, Task, allgather_task, broadcast_task
 
 
 # ---------------------------------------------------------------- hub graph
@@ -44,8 +47,11 @@ def _group_order(net: Network) -> np.ndarray:
     return key
 
 
-def hub_graph(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) -> nx.DiGraph:
-    """Ranks 0..n-1, hub vertices ("g", id, "in"/"out"); capacities as given (per step or per second)."""
+def hub_graph(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray):
+    """Ranks 0..n-1, hub vertices ("g", id, "in"/"out"); capacities as given (per step or per second).
+    A networkx DiGraph (imported here: max-flow is the only user)."""
+    import networkx as nx
+
     G = nx.DiGraph()
     G.add_nodes_from(range(net.nranks))
     key = _group_order(net)
@@ -68,16 +74,18 @@ def hub_graph(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) -> nx.D
     return G
 
 
-def _cut_capacity(G: nx.DiGraph, side: set) -> float:
+def _cut_capacity(G, side: set) -> float:
     return sum(d["capacity"] for a, b, d in G.edges(data=True) if a in side and b not in side)
 
 
-def max_cut_ratio(G: nx.DiGraph, weight: dict[int, int], targets, *, exact: bool = True):
+def max_cut_ratio(G, weight: dict[int, int], targets, *, exact: bool = True):
     """``max over vertex sets A (missing some target v) of w(A) / Cout(A)`` and the maximising A.
 
     ``weight[r]`` chunks start at rank r; ``targets`` are the ranks that need all of them. With
     ``exact`` capacities and weights are integers and the ratio a Fraction.
     """
+    import networkx as nx
+
     W = sum(weight.values())
     if W == 0:
         return (Fraction(0) if exact else 0.0), set()
@@ -312,3 +320,165 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
     G = hub_graph(net, net.bw, net.gbw)
     ratio, _ = max_cut_ratio(G, _origin_weights(task), rank_classes(net, task), exact=False)
     return float(ratio) * total_bytes / task.nchunks
+
+
+def min_cut_capacity(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) -> float:
+    """The least capacity leaving any set of ranks that holds some rank and misses another.
+
+    A directed global min cut: fixing rank 0, every such set either holds 0 and misses some v
+    (``maxflow(0 -> v)``) or misses 0 and holds some u (``maxflow(u -> 0)``), so 2(n-1) max-flows
+    on the hub graph find it. Past :data:`EXACT_LIMIT` ranks only the hierarchy's parts and single
+    ranks are tried (entering and leaving); a minimum over fewer cuts is larger, so ``M`` over it
+    still bounds from below."""
+    n = net.nranks
+    if n <= 1:
+        return float("inf")
+    if n > EXACT_LIMIT:
+        best = float("inf")
+        for lv in list(net.levels) + [np.arange(n)]:
+            lv = np.asarray(lv, np.int64)
+            size = np.bincount(lv)
+            proper = (size > 0) & (size < n)
+            for out in (False, True):
+                e = net.entry_capacity(lv, pair_cap=pair_cap, group_cap=group_cap, outgoing=out)
+                if proper.any():
+                    best = min(best, float(e[proper].min()))
+        return best
+    import networkx as nx
+
+    G = hub_graph(net, pair_cap, group_cap)
+    best = float("inf")
+    for v in range(1, n):
+        best = min(best, nx.maximum_flow_value(G, 0, v), nx.maximum_flow_value(G, v, 0))
+    return float(best)
+
+
+#: the collectives :func:`collective_cut_bound_seconds` knows
+BOUND_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "allreduce", "alltoall")
+
+
+def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int,
+                                 root: int, total_bytes: float) -> float:
+    """The least time any schedule of ``collective`` needs on ``net`` for a buffer of ``total_bytes``
+    (AllGather's output, ReduceScatter's input, the Broadcast/Reduce/AllReduce buffer).
+
+    For every set S of ranks (both S and its complement non-empty) with ``B+(S)`` the bandwidth
+    leaving S (docs/bounds.md):
+
+    * AllGather: the ``|S| M/N`` bytes that start in S must leave it.
+    * ReduceScatter: each of the ``|S^c|`` chunks owned outside S needs S's contributions, which S
+      can pre-reduce to one chunk: ``|S^c| M/N`` bytes leave S (AllGather on the transposed network).
+    * Broadcast (root in S): the whole buffer leaves S. Reduce (root outside S): S's contributions
+      to every chunk, pre-reduced, leave S: ``M`` bytes (Broadcast on the transposed network).
+    * AllReduce: every rank outside S ends with every chunk, which depends on S's contributions:
+      ``M`` bytes leave S, for every S, so ``T >= M / min_S B+(S)``. It dominates the
+      ReduceScatter and AllGather terms of the same cut (``|S| <= N``); their sum is no bound.
+    * AllToAll (``total_bytes``: one rank's buffer): :func:`alltoall_cut_bound_seconds`.
+    """
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    coll = collective.lower()
+    n, k = int(nranks), int(chunks_per_rank)
+    if coll == "alltoall":   # total_bytes: one rank's buffer (nranks blocks)
+        return alltoall_cut_bound_seconds(net, total_bytes)[0]
+    if coll == "allgather":
+        return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
+    if coll == "reducescatter":
+        return cut_bound_seconds(net.transposed(), allgather_task(n, k), total_bytes)
+    if coll == "broadcast":
+        return cut_bound_seconds(net, broadcast_task(n, root, k), total_bytes)
+    if coll == "reduce":
+        return cut_bound_seconds(net.transposed(), broadcast_task(n, root, k), total_bytes)
+    if coll == "allreduce":
+        if n <= 1:
+            return 0.0
+        cap = min_cut_capacity(net, net.bw, net.gbw)
+        if cap <= 0:
+            raise ValueError("the cluster is not strongly connected")
+        return float(total_bytes) / cap
+    raise ValueError(f"no cut bound for collective {collective!r}; known: {', '.join(BOUND_COLLECTIVES)}")
+
+
+# ---------------------------------------------------------------- AllToAll
+#: beyond this many top-level parts (nodes), only single parts and their complements are cut
+ALLTOALL_SUBSET_LIMIT = 10
+#: up to this many ranks every rank subset is cut (the bound is then the exact maximum)
+ALLTOALL_ALL_SUBSETS = 10
+
+
+def alltoall_cut_sets(net: Network) -> list[frozenset]:
+    """Rank sets whose cuts the AllToAll bounds examine: every rank alone, every part of every
+    hierarchy level (nodes, islands, ...), and every union of top-level parts (nodes) while there
+    are at most :data:`ALLTOALL_SUBSET_LIMIT` of them; with their complements. Up to
+    :data:`ALLTOALL_ALL_SUBSETS` ranks, simply every proper subset."""
+    n = net.nranks
+    if n <= ALLTOALL_ALL_SUBSETS:
+        return [frozenset(r for r in range(n) if m >> r & 1) for m in range(1, (1 << n) - 1)]
+    sets = {frozenset([r]) for r in range(n)}
+    for lev in net.levels:
+        for p in np.unique(lev).tolist():
+            sets.add(frozenset(np.flatnonzero(lev == p).tolist()))
+    if net.levels:
+        parts = np.unique(net.levels[0]).tolist()
+        if len(parts) <= ALLTOALL_SUBSET_LIMIT:
+            members = [np.flatnonzero(net.levels[0] == p).tolist() for p in parts]
+            for mask in range(1, 1 << len(parts)):
+                sets.add(frozenset(r for i, m in enumerate(members) if mask >> i & 1 for r in m))
+    everyone = frozenset(range(n))
+    sets |= {everyone - s for s in sets}
+    return sorted((s for s in sets if 0 < len(s) < n), key=lambda s: (len(s), sorted(s)))
+
+
+def _set_cut(G, side: frozenset, n: int) -> float:
+    """Least capacity of any cut separating ``side`` from the other ranks (hubs on either side)."""
+    import networkx as nx
+
+    H = G.copy()
+    for r in range(n):
+        if r in side:
+            H.add_edge("__s__", r)          # no capacity attribute: infinite
+        else:
+            H.add_edge(r, "__t__")
+    return float(nx.maximum_flow_value(H, "__s__", "__t__"))
+
+
+def alltoall_cut_ratio(net: Network, pair_cap, group_cap) -> tuple[float, frozenset]:
+    """``max over examined rank sets S`` of ``|S| * |V - S| / cut(S -> V - S)``: blocks (one per
+    ordered pair of ranks) that must leave ``S``, per unit of the capacity leaving it. Every block
+    from a rank in S to one outside crosses that cut at least once, so any schedule needs at least
+    that ratio in time units (a valid lower bound for each set examined; the maximum over them is
+    what is reported)."""
+    G = hub_graph(net, pair_cap, group_cap)
+    n = net.nranks
+    best, arg = 0.0, frozenset()
+    for s in alltoall_cut_sets(net):
+        demand = len(s) * (n - len(s))
+        cap = _set_cut(G, s, n)
+        if cap <= 0:
+            raise ValueError(f"ranks {_ranges(sorted(s))} cannot reach the other ranks")
+        if demand / cap > best:
+            best, arg = demand / cap, s
+    return best, arg
+
+
+def alltoall_cut_bound_seconds(net: Network, total_bytes: float) -> tuple[float, str]:
+    """AllToAll's cut bound for ``total_bytes`` per rank (``nranks`` blocks of
+    ``total_bytes / nranks``): max over cuts of the bytes that must cross it over its capacity.
+    Returns (seconds, the maximising cut's rank set as text)."""
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    n = net.nranks
+    if n < 2:
+        return 0.0, "{}"
+    ratio, side = alltoall_cut_ratio(net, net.bw, net.gbw)
+    return ratio * total_bytes / n, _ranges(sorted(side))
+
+
+def alltoall_step_bound(net: Network, chunks_per_rank: int) -> int:
+    """Steps any AllToAll schedule needs with ``chunks_per_rank`` chunks per block: the cut ratio in
+    chunk capacities C(u, v) (rounded up), and at least one step when there are two ranks."""
+    n = net.nranks
+    if n < 2:
+        return 0
+    ratio, _ = alltoall_cut_ratio(net, net.cap.astype(np.float64), net.gcap.astype(np.float64))
+    return max(1, int(np.ceil(ratio * chunks_per_rank - 1e-9)))

@@ -8,6 +8,8 @@
   ``rrc``: each chunk's tree is walked leaves-to-root, partial sums flowing towards the rank that owns
   the chunk (``k // K``: the layout hccc's verifier and executors use). Eq. 8 is what keeps two
   reductions into one (rank, chunk) out of a single step.
+* **AllToAll**: every block routed and scheduled by :mod:`.alltoall` (not a dissemination task);
+  its cut bound is max over cuts of the bytes that must cross / the cut's capacity.
 * **AllReduce** = ReduceScatter (chunk k reduced at rank k // K) followed by an AllGather of the
   reduced chunks (Appendix I).
 
@@ -26,11 +28,11 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.cluster.topology import Topology
-from hccc.compiler.synth.bounds import StepBound, cut_bound_seconds, step_lower_bound
+from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_cut_bound_seconds, step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
-COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce")
+COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
 @dataclass
@@ -146,6 +148,17 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
             return None
         return lambda sc: score(phase, make_rows(sc))
 
+    if coll == "alltoall":
+        from hccc.compiler.synth.alltoall import synthesize_alltoall
+        sched, lb, detail = synthesize_alltoall(net, k, time_limit=max(0.0, deadline - time.perf_counter()))
+        rows = _rows(sched, RECV, 0)
+        steps = int(rows[:, 2].max()) + 1 if rows.size else 0
+        if bandwidth_bound_bytes:
+            detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
+            detail["cut_bound_set"] = _alltoall_cut_set(net, bandwidth_bound_bytes)
+        timed_out = bool(detail.pop("timed_out", False))
+        return SynthResult(coll, n, k, None, rows, steps, lb, [], time.perf_counter() - t0, net.name,
+                           timed_out, None, detail)
     if coll in ("allgather", "broadcast"):
         task = allgather_task(n, k) if coll == "allgather" else broadcast_task(n, root, k)
         res, composed = solve_phase(net, task, deadline=deadline, progress=progress, pod_ranks=pod_ranks,
@@ -195,15 +208,12 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                        any(p.result.timed_out for p in phases), composed, detail)
 
 
+def _alltoall_cut_set(net: Network, total_bytes: float) -> str:
+    return alltoall_cut_bound_seconds(net, total_bytes)[1]
+
+
 def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float) -> float:
-    """ForestColl's cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
-    ReduceScatter's input, the AllReduce/Broadcast buffer). AllReduce: ReduceScatter + AllGather."""
-    coll = collective.lower()
-    if coll == "allgather":
-        return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
-    if coll == "broadcast":
-        return cut_bound_seconds(net, broadcast_task(n, root, k), total_bytes)
-    rs = cut_bound_seconds(net.transposed(), allgather_task(n, k), total_bytes)
-    if coll == "reducescatter":
-        return rs
-    return rs + cut_bound_seconds(net, allgather_task(n, k), total_bytes)
+    """The cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
+    ReduceScatter's input, the AllReduce/Broadcast buffer); see
+    :func:`~hccc.compiler.synth.bounds.collective_cut_bound_seconds`."""
+    return collective_cut_bound_seconds(net, collective, n, k, root, total_bytes)

@@ -1,13 +1,15 @@
 """``hccc gen GENERATOR ...``: write an algorithm generated from a cluster description.
 
-    hccc gen c2c T.topo --collective allgather|reducescatter|allreduce|broadcast|reduce [--root R]
+    hccc gen c2c T.topo --collective allgather|reducescatter|allreduce|broadcast|reduce|alltoall [--root R]
                  [--pipeline K] [--intra ring|mesh] [--group-by model|vendor]
                  [--nodes-per-cluster M] [--border nic|one-per-nic] -o ALGO.rccl [--json]
 
 ``c2c`` is HetCCL's hierarchical breakdown for mixed-vendor clusters (``hccc.compiler.cluster.c2c``): start
 intra-cluster collective, cluster-to-cluster ring between border ranks (data split in proportion to
 their NIC bandwidth), end intra-cluster collective, pipelined over K pieces. The program is verified
-before it is written; the file is replaced atomically. ``-o -`` writes to standard output.
+before it is written; the file is replaced atomically. AllToAll (``hccc.compiler.cluster.c2c_alltoall``):
+intra-cluster gather to border ranks, one cluster-to-cluster exchange per block, intra-cluster
+scatter; ``--pipeline K`` splits every block into K pieces. ``-o -`` writes to standard output.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("generator", choices=GENERATORS,
                    help="c2c: HetCCL cluster-to-cluster breakdown for mixed-vendor clusters")
     p.add_argument("cluster", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
-    p.add_argument("--collective", required=True, choices=COLLECTIVES, type=str.lower,
+    p.add_argument("--collective", required=True, choices=COLLECTIVES + ("alltoall",), type=str.lower,
                    help="collective to generate")
     p.add_argument("--root", type=_rank, default=None, metavar="R", help="root rank (broadcast, reduce)")
     p.add_argument("--pipeline", type=_positive, default=1, metavar="K",
@@ -74,6 +76,16 @@ def run(args) -> int:
         hier = hierarchy(topo, by=args.group_by, nodes_per_cluster=args.nodes_per_cluster, border=args.border)
     except HierarchyError as exc:
         raise CompileError([Diagnostic(str(exc), None)]) from None
+    if args.collective == "alltoall":
+        if args.root is not None:
+            raise CompileError([Diagnostic("--root applies to broadcast and reduce, not alltoall", None)])
+        from hccc.compiler.cluster.c2c_alltoall import plan_c2c_alltoall
+        plan = plan_c2c_alltoall(topo, hier=hier, chunks_per_rank=args.pipeline, name=args.name)
+        verify(plan.algorithm())
+        return _write(args, plan.rccl(), plan.summary(),
+                      f"C2C AllToAll on {plan.nranks} ranks, {len(plan.hierarchy.clusters)} clusters, "
+                      f"{len(plan.rows)} transfers, {plan.cross_cluster_chunks()} chunks across clusters "
+                      f"(minimum {plan.summary()['min_cross_cluster_chunks']})")
     plan = plan_c2c(topo, args.collective, pipeline=args.pipeline, intra=args.intra, hier=hier,
                     root=args.root, name=args.name)
     verify(plan.algorithm())
@@ -95,4 +107,21 @@ def run(args) -> int:
             f"{plan.pieces} piece{'s' if plan.pieces != 1 else ''}, {plan.ntransfers} transfers, "
             f"{plan.nsteps} steps, {summary['inter_cluster_transfers']} cross-cluster chunks")
     print(line, file=sys.stderr if to_stdout else sys.stdout)
+    return 0
+
+
+def _write(args, text: str, summary: dict, line: str) -> int:
+    """Write ``text`` where ``-o`` says and report (AllToAll's C2C program)."""
+    from hccc.compiler.backend.output_dir import write_text_atomically
+    to_stdout = args.output == "-"
+    if to_stdout:
+        sys.stdout.write(text)
+    else:
+        write_text_atomically(Path(args.output), text)
+    if args.json:
+        summary["output"] = None if to_stdout else str(args.output)
+        print(json.dumps(summary, sort_keys=True), file=sys.stderr if to_stdout else sys.stdout)
+        return 0
+    print(f"hccc: {'wrote ' + str(args.output) if not to_stdout else 'generated'}: {line}",
+          file=sys.stderr if to_stdout else sys.stdout)
     return 0

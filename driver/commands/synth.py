@@ -1,6 +1,6 @@
 """``hccc synth T.topo --collective C -o ALGO.rccl``: synthesise a schedule for a cluster.
 
-    hccc synth T.topo --collective allgather|broadcast|reducescatter|allreduce [--root R]
+    hccc synth T.topo --collective allgather|broadcast|reducescatter|allreduce|alltoall [--root R]
                [--chunks-per-rank K] [--time-limit S] [--pod-size M] [--variants N]
                [--select-size BYTES] [--no-sim-select] [--no-smt] -o ALGO.rccl [--json]
 
@@ -25,7 +25,7 @@ from hccc.cli import parse_size
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import write_text_atomically
 
-COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce")
+COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
 def _positive_int(text: str) -> int:
@@ -147,7 +147,10 @@ def _bandwidth_bound(result, nbytes: int) -> dict:
     t = float(result.detail["cut_bound_seconds"])
     n = result.nranks
     factor = busbw_factor(result.collective, n)
-    return {"bytes": int(nbytes), "seconds": t, "busbw_GBps": (nbytes / t / 1e9 * factor) if t > 0 else 0.0}
+    out = {"bytes": int(nbytes), "seconds": t, "busbw_GBps": (nbytes / t / 1e9 * factor) if t > 0 else 0.0}
+    if "cut_bound_set" in result.detail:   # AllToAll: the cut that attains the bound
+        out["cut"] = result.detail["cut_bound_set"]
+    return out
 
 
 def run(args) -> int:
