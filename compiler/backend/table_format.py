@@ -74,8 +74,9 @@ def pack_bits(values: np.ndarray, bits: int) -> bytes:
     n = len(values)
     if bits == 0:
         return b""
-    v = np.asarray(values, np.uint64)
-    planes = ((v[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
+    v = np.ascontiguousarray(values, "<u8")
+    # every value's 64 bits LSB first, keep the low ``bits`` of each, pack them back densely
+    planes = np.unpackbits(v.view(np.uint8), bitorder="little").reshape(n, 64)[:, :bits]
     packed = np.packbits(planes.reshape(-1), bitorder="little").tobytes()
     words = (n * bits + 63) // 64 + 1
     return packed + bytes(words * 8 - len(packed))
