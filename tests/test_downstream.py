@@ -123,3 +123,21 @@ def test_downstream_builds_with_hipcc(tmp_path, hipcc, codegen):
     syms = _symbols(lib)
     want = ["hccc_table_float32_sum"] if codegen == "table" else [f"hccc_ring_r{r}_float32_sum" for r in range(4)]
     assert all(w in syms for w in want), syms[:2000]
+
+
+def test_find_package_checks_the_version(tmp_path):
+    require_tool("cmake")
+    hccc = _hccc()
+    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    version = _run([hccc, "--version"]).stdout.split()[-1]
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(v LANGUAGES NONE)\n"
+        "find_package(hccc ${WANT} REQUIRED)\nmessage(STATUS \"found hccc ${hccc_VERSION}\")\n")
+    major = version.split(".")[0]
+    res = _run(["cmake", "-S", tmp_path, "-B", tmp_path / "ok", f"-Dhccc_DIR={cmake_dir}",
+                f"-DHCCC_EXECUTABLE={hccc}", f"-DWANT={major}.0"])
+    assert f"found hccc {version}" in res.stdout
+    res = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "bad"), f"-Dhccc_DIR={cmake_dir}",
+                          f"-DHCCC_EXECUTABLE={hccc}", f"-DWANT={int(major) + 1}.0"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "version" in res.stderr
