@@ -231,3 +231,22 @@ def test_bit_packing_matches_an_integer_oracle(data):
     assert got == big.to_bytes(words * 8, "little")
     back = tf.unpack_bits(np.frombuffer(got, "<u8"), bits, len(vals))
     assert back.tolist() == vals
+
+
+def test_table_kernels_command_writes_the_generic_kernels_once(tmp_path, capsys):
+    d = tmp_path / "generic"
+    assert main(["--table-kernels", str(d)]) == 0
+    names = sorted(p.name for p in d.iterdir())
+    assert {"hccc_table.cu", "hccc_table.hip", "hccc_table.h", "hccc_prims.h", "Makefile",
+            "CMakeLists.txt"} <= set(names)
+    assert "hccc_table_cuda" in (d / "CMakeLists.txt").read_text()
+    stamp = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    assert main(["--table-kernels", str(d)]) == 0        # unchanged files are left alone
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == stamp
+    # the generic kernels are the same files a table-mode compile writes
+    out = tmp_path / "o"
+    assert main([str(RING), "-o", str(out), "--codegen", "table"]) == 0
+    for name in ("hccc_table.cu", "hccc_table.h", "hccc_prims.h"):
+        assert (out / name).read_bytes() == (d / name).read_bytes()
+    assert main(["--table-kernels"]) == 2
+    assert "usage" in capsys.readouterr().err
