@@ -1,12 +1,14 @@
 """End-to-end compile time and peak memory of HM AllReduce at growing scale.
 
-    python benchmarks/compile_scale.py [--gpus 32,128,512,1024] [--gpus-per-node 8] [--keep DIR]
+    python benchmarks/compile_scale.py [--gpus 32,128,512,1024] [--gpus-per-node 8]
+                                       [--codegen specialized,table]
 
 For each size the ResCCLang source is generated (hccc.compiler.frontend.generators.hm_allreduce_rccl), written to
 a temporary file, and compiled by a fresh ``hccc`` process exactly as a user would run it
 (``hccc algo.rccl -o OUT --timings``), so the figures include interpreter start-up, parsing, verification,
 DAG, HPDS, lowering, TB allocation, the deadlock check and code generation. Peak memory is the child's
-maximum resident set size. Prints a phase table: seconds per stage (parse, verify, schedule+lower,
+maximum resident set size. ``--codegen`` lists the code-generation modes to compare (each size is
+compiled once per mode, side by side). Prints a phase table: seconds per stage (parse, verify, schedule+lower,
 msccl_xml, codegen) and per phase inside the big ones (dag, HPDS schedule, lowering, TB allocation,
 checks; kernel analysis, primitive lines, template rendering, IR JSON, file writing). ``msccl_xml``
 is the MSCCL XML export, which programs past the runtimes' limits skip after the up-front check.
@@ -29,11 +31,11 @@ from rich.table import Table
 from hccc.compiler.frontend.generators import hm_allreduce_rccl
 
 
-def run_one(nnodes: int, g: int, workdir: Path) -> dict:
+def run_one(nnodes: int, g: int, workdir: Path, codegen: str = "specialized") -> dict:
     src = workdir / f"hm_allreduce_{nnodes}x{g}.rccl"
     src.write_text(hm_allreduce_rccl(nnodes, g))
-    out = workdir / f"out_{nnodes}x{g}"
-    cmd = [sys.executable, "-m", "hccc.cli", str(src), "-o", str(out), "--timings"]
+    out = workdir / f"out_{nnodes}x{g}_{codegen}"
+    cmd = [sys.executable, "-m", "hccc.cli", str(src), "-o", str(out), "--timings", "--codegen", codegen]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout = proc.stdout.read()
@@ -47,9 +49,11 @@ def run_one(nnodes: int, g: int, workdir: Path) -> dict:
               for m in re.finditer(r"^\s+(\S+)\s+([0-9.]+) s$", stdout, re.M)}
     transfers = re.search(r"(\d+) transfers", stdout)
     tbs = re.search(r"TBs per rank <= (\d+)", stdout)
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    files = [f for f in out.rglob("*") if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    xml = sum(f.stat().st_size for f in files if f.suffix == ".xml")
     shutil.rmtree(out)
-    return {"gpus": nnodes * g, "transfers": int(transfers.group(1)) if transfers else -1,
+    return {"gpus": nnodes * g, "codegen": codegen, "xml_mib": xml / 2 ** 20, "transfers": int(transfers.group(1)) if transfers else -1,
             "wall": wall, "peak_mib": usage.ru_maxrss / 1024, "stages": stages,
             "tbs": int(tbs.group(1)) if tbs else -1, "out_mib": size / 2 ** 20}
 
@@ -58,7 +62,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="32,128,512,1024")
     ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--codegen", default="specialized",
+                    help="comma list of code-generation modes to compare: specialized, table")
     args = ap.parse_args()
+    codegens = args.codegen.split(",")
+    if not set(codegens) <= {"specialized", "table"}:
+        raise SystemExit(f"--codegen: unknown mode in {args.codegen!r}")
     g = args.gpus_per_node
     sizes = [int(x) for x in args.gpus.split(",")]
     console = Console(width=160)
@@ -67,18 +76,19 @@ def main() -> None:
         for n in sizes:
             if n % g:
                 raise SystemExit(f"{n} GPUs is not a multiple of {g} GPUs per node")
-            console.print(f"compiling HM AllReduce {n // g}x{g} ...", style="dim")
-            rows.append(run_one(n // g, g, Path(tmp)))
+            for cg in codegens:
+                console.print(f"compiling HM AllReduce {n // g}x{g} ({cg}) ...", style="dim")
+                rows.append(run_one(n // g, g, Path(tmp), cg))
     console.print(phase_table(rows))
 
 
 def phase_table(rows: list[dict]) -> Table:
-    """One row per stage (and, indented, per phase inside it), one column per size."""
+    """One row per stage (and, indented, per phase inside it), one column per size and mode."""
     names = list(dict.fromkeys(k for r in rows for k in r["stages"]))   # printed order: stage, its phases
     table = Table(title="hccc compile of HM AllReduce: seconds per stage / phase")
     table.add_column("stage / phase")
     for r in rows:
-        table.add_column(f"{r['gpus']:,} GPUs", justify="right")
+        table.add_column(f"{r['gpus']:,} GPUs {r['codegen']}", justify="right")
     table.add_row("transfers", *[f"{r['transfers']:,}" for r in rows])
     for k in names:
         label = ("    " + k.split("/", 1)[1]) if "/" in k else k
@@ -86,6 +96,7 @@ def phase_table(rows: list[dict]) -> Table:
     table.add_row("total wall", *[f"{r['wall']:.2f}" for r in rows])
     table.add_row("peak RSS (MiB)", *[f"{r['peak_mib']:.0f}" for r in rows])
     table.add_row("output (MiB)", *[f"{r['out_mib']:.1f}" for r in rows])
+    table.add_row("of which XML (MiB)", *[f"{r['xml_mib']:.1f}" for r in rows])
     table.add_row("TBs/rank", *[str(r["tbs"]) for r in rows])
     return table
 

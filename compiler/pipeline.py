@@ -30,6 +30,7 @@ class CompileOptions:
     xml_order: str = "step"          # MSCCL XML from the algorithm's step order (step) or the kernels' IR (kernel)
     xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
     xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
+    codegen: str = "specialized"     # specialized (a kernel per rank) | table (generic kernels + tables)
 
 
 @dataclass
@@ -167,6 +168,7 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
     """
     from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.backend.table_codegen import generate_table
     from hccc.compiler.interop.msccl_format import XmlLimits
     from hccc.compiler.interop.msccl_export import export_xml
     from hccc.compiler.backend.output_dir import atomic_output_dir
@@ -199,7 +201,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
         phases: dict[str, float] = {}
-        files = times.run("codegen", generate, ir, tmp, platforms=platforms, manifest_extra=extra or None,
+        gen = generate_table if opts.codegen == "table" else generate
+        files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
                           extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
@@ -211,6 +214,29 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
 
 IR_SUFFIXES = (".json",)
 XML_SUFFIXES = (".xml",)
+
+
+def output_list(path: str | Path, opts: CompileOptions, cluster: ClusterSource | None = None,
+                which: str = "all") -> list[str]:
+    """The files ``hccc ALGO -o OUTDIR`` writes for ``path`` with ``opts`` (without the MSCCL XML,
+    see :mod:`hccc.compiler.backend.outputs`), found without scheduling: an algorithm file is only
+    parsed (its header names the program and its ranks). ``which``: ``all``, or ``cuda`` / ``hip``
+    for the translation units of that platform's library only."""
+    from hccc.compiler.backend.outputs import planned_outputs, planned_sources
+    from hccc.compiler.passes.build import sanitize_identifier
+
+    p = Path(path)
+    if p.suffix.lower() in IR_SUFFIXES + XML_SUFFIXES:
+        ir = load_program(p, opts)
+        name, nranks = ir.name, ir.nranks
+    else:
+        alg = load_algorithm(p, max_transfers=opts.max_transfers)
+        name, nranks = sanitize_identifier(alg.header.name), alg.header.nranks
+    topo = cluster.topology if cluster is not None else None
+    plats = platforms_for(nranks, opts.target, topo)
+    if which == "all":
+        return planned_outputs(name, plats, opts.codegen)
+    return planned_sources(name, plats, opts.codegen, which)
 
 
 def load_program(path: str | Path, opts: CompileOptions | None = None):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import sys
 import traceback
 
@@ -65,7 +66,9 @@ def _compile_parser() -> argparse.ArgumentParser:
         prog="hccc",
         description="Compile a collective-communication algorithm into verified, scheduled CUDA/HIP kernels.",
         epilog="Other commands: " + "; ".join(f"'hccc {k}' {v[1]}" for k, v in SUBCOMMANDS.items())
-        + ". Run 'hccc COMMAND -h' for a command's options.")
+        + ". Run 'hccc COMMAND -h' for a command's options. 'hccc --cmake-dir' prints the folder of "
+        "hccc's CMake package (find_package(hccc)); 'hccc --table-kernels DIR' writes the generic "
+        "table-mode kernels and their build files.")
     p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml, or a ProgramIR .json "
                    "(the last two are emitted as given, without scheduling)")
     p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
@@ -85,6 +88,18 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--fuse", action="store_true",
                    help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
                         "because it serialises the TB's other connections")
+    p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
+                   help="specialized: one kernel source per rank, its primitives compiled in (default); "
+                        "table: binary tables run by generic kernels that are built once for every "
+                        "algorithm (no kernel compile per algorithm, small output at scale)")
+    p.add_argument("--list-outputs", nargs="?", const="all", choices=("all", "cuda", "hip"),
+                   metavar="all|cuda|hip",
+                   help="print the files the compile would write into OUTDIR, one per line, and stop "
+                        "(the algorithm is only parsed; the MSCCL XML export is not listed); cuda or "
+                        "hip: only the translation units of that platform's library")
+    p.add_argument("--depfile", metavar="FILE",
+                   help="also write a Make-style depfile: OUTDIR/manifest.json depends on ALGO, the "
+                        "topology and hccc's own compiler and template files")
     p.add_argument("--timings", action="store_true", help="print the time spent in each stage")
     from hccc.commands.xml import add_limit_arguments
     add_limit_arguments(p)
@@ -109,11 +124,22 @@ def cmd_compile(args) -> int:
     times = StageTimes()
     opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
                           target=args.target, max_transfers=args.max_transfers, fuse=args.fuse,
-                          xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
+                          xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances,
+                          codegen=args.codegen)
     cluster = None
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
         cluster = times.run("topology", read_cluster, args.topology)
+    if args.list_outputs:
+        from hccc.compiler.pipeline import output_list
+        try:
+            names = output_list(args.algo, opts, cluster, args.list_outputs)
+        except ValueError as exc:
+            sys.stderr.write(f"hccc: error: {exc}\n")
+            return 1
+        out = Path(args.output)
+        sys.stdout.write("".join(f"{out / n}\n" for n in names))
+        return 0
     limits = limits_from_args(args)
     if os.path.splitext(args.algo)[1].lower() in IR_SUFFIXES + XML_SUFFIXES:
         ir = times.run("parse", load_program, args.algo, opts)
@@ -123,6 +149,10 @@ def cmd_compile(args) -> int:
         ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits)
     for note in notes:
         sys.stderr.write(f"hccc: warning: {note}\n")
+    if args.depfile:
+        from hccc.compiler.backend.depfile import write_depfile
+        inputs = [args.algo] + ([args.topology] if args.topology else [])
+        write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
     st = ir.stats
     print(f"hccc: {ir.name}: {ir.collective} on {ir.nranks} ranks, {st.get('transfers')} transfers, "
           f"{st.get('subpipelines', 'no')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
@@ -220,6 +250,23 @@ def main(argv: list[str] | None = None) -> int:
             args.argv = [cmd, *rest]      # the command line, for commands that re-run themselves
             json_mode = bool(getattr(args, "json", False))
             return mod.run(args)
+        if argv[:1] == ["--table-kernels"]:
+            # the algorithm-independent generic kernels of the table mode, with build files
+            if len(argv) != 2:
+                sys.stderr.write("usage: hccc --table-kernels DIR\n")
+                return 2
+            from hccc.compiler.backend.table_codegen import write_generic_kernels
+            try:
+                write_generic_kernels(Path(argv[1]))
+            except OSError as exc:
+                sys.stderr.write(f"hccc: error: cannot write {argv[1]}: {exc.strerror or exc}\n")
+                return 1
+            return 0
+        if argv == ["--cmake-dir"]:
+            # where find_package(hccc) finds hccc-config.cmake: cmake -Dhccc_DIR=$(hccc --cmake-dir)
+            from hccc.cmake_package import cmake_dir
+            print(cmake_dir())
+            return 0
         args = _compile_parser().parse_args(argv)
         return cmd_compile(args)
     except CompileError as err:

@@ -380,7 +380,8 @@ def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | No
                       counts: Sequence[int] | None = None, dtypes: Sequence[str] = ("float32",),
                       ops: Sequence[str] = ("sum",), inplace: Sequence[bool] = (False, True),
                       chunk_bytes: int = 256, scheduler: str = "hpds", tb_alloc: str = "state",
-                      nthreads: int | None = None, timeout_s: float = 10.0) -> None:
+                      nthreads: int | None = None, timeout_s: float = 10.0,
+                      codegen: str = "specialized") -> None:
     """Assert that ``alg`` implements its collective.
 
     Always: the static proof of the verifier (``AssertionError`` with the rendered diagnostics).
@@ -388,7 +389,8 @@ def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | No
     ``chunk_bytes``), run the *emitted kernels* for every combination of ``dtypes`` x ``ops`` x
     ``inplace`` at ``counts`` elements (default: sizes giving empty and one-element chunks, a
     remainder, one and several micro-batches, FIFO wrap-around) and compare every element with the
-    reference executor (:func:`assert_kernels_match`).
+    reference executor (:func:`assert_kernels_match`); ``codegen`` picks the specialised kernels
+    or the generic table kernels.
     """
     try:
         verify(alg, max_errors=max_errors)
@@ -400,7 +402,7 @@ def assert_implements(alg: Algorithm, *, max_errors: int = 20, backend: str | No
     from hccc.compiler.passes.build import build_program
     ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes)
     assert_kernels_match(ir, backend=backend, counts=counts, dtypes=dtypes, ops=ops, inplace=inplace,
-                         nthreads=nthreads, timeout_s=timeout_s)
+                         nthreads=nthreads, timeout_s=timeout_s, codegen=codegen)
 
 
 # ====================================================================== 5. running emitted kernels
@@ -490,13 +492,14 @@ def _platform(backend):
 
 
 def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
-                  timeout_s: float = 10.0):
+                  timeout_s: float = 10.0, codegen: str = "specialized"):
     """A :class:`hccc.runtime.launcher.Runner` for ``ir``, kept for reuse within the process (the
-    last few are cached, keyed by the IR's content, backend and instance)."""
+    last few are cached, keyed by the IR's content, backend, instance and code-generation mode:
+    ``"specialized"`` kernels per rank or the generic ``"table"`` kernels)."""
     import hashlib
     from hccc.runtime.launcher import Runner
     bname = backend if isinstance(backend, str) else f"{type(backend).__name__}@{id(backend)}"
-    key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op)
+    key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op, codegen)
     hit = _RUNNERS.get(key)
     if hit is not None:
         _RUNNERS.move_to_end(key)
@@ -505,7 +508,7 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
         hit.timeout_s = timeout_s
         return hit
     try:
-        runner = Runner(ir, _platform(backend), dtype, op, timeout_s=timeout_s)
+        runner = Runner(ir, _platform(backend), dtype, op, timeout_s=timeout_s, codegen=codegen)
     except Exception as exc:  # remembered: a failing build is not retried for every example
         _RUNNERS[key] = exc
         raise
@@ -517,9 +520,11 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
     return runner
 
 
-def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0):
-    """Run one :class:`KernelCase` through the emitted kernels; the :class:`RunResult`."""
-    runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s)
+def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0,
+             codegen: str = "specialized"):
+    """Run one :class:`KernelCase` through the emitted kernels (``codegen``: ``"specialized"`` or
+    ``"table"``); the :class:`RunResult`."""
+    runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s, codegen=codegen)
     res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed,
                      slice_bytes=case.slice_bytes or ir.chunk_bytes)
     if getattr(runner, "_broken", None):
@@ -547,7 +552,7 @@ def describe_failure(case: KernelCase, res) -> str:
 def assert_kernels_match(ir, *, backend="cpu", counts: Sequence[int] | None = None,
                          dtypes: Sequence[str] = ("float32",), ops: Sequence[str] = ("sum",),
                          inplace: Sequence[bool] = (False, True), nthreads: int | None = None,
-                         timeout_s: float = 10.0, seed: int = 0) -> None:
+                         timeout_s: float = 10.0, seed: int = 0, codegen: str = "specialized") -> None:
     """Run ``ir``'s emitted kernels and assert that every output element equals the reference
     executor's, that no run sticks, and that the reference run implements the collective.
     ``counts`` default to :func:`default_counts`; ``nthreads`` to 2 threads per thread block."""
@@ -556,7 +561,7 @@ def assert_kernels_match(ir, *, backend="cpu", counts: Sequence[int] | None = No
             for count in (counts if counts is not None else default_counts(ir, dtype)):
                 for ip in inplace:
                     case = KernelCase(int(count), dtype, op, bool(ip), int(nthreads or 2))
-                    res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed)
+                    res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed, codegen=codegen)
                     if not res.ok:
                         raise AssertionError(f"{ir.name}: emitted kernels disagree with the oracle: "
                                              + describe_failure(case, res))
@@ -577,13 +582,13 @@ class FuzzReport:
 def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeout_s: float = 5.0,
                  dtypes: Sequence[str] = DTYPES, ops: Sequence[str] = OPS,
                  max_microbatches: int = 20, threads: Sequence[int] = (1, 2, 3, 4),
-                 progress=None) -> FuzzReport:
+                 progress=None, codegen: str = "specialized") -> FuzzReport:
     """Hypothesis-driven runs of ``ir``'s emitted kernels against the oracle (:func:`kernel_cases`).
 
     A smoke run (several micro-batches, float32 / sum) goes first: a program that sticks there is
     reported at once instead of once per shrinking step. Otherwise the first failing case is shrunk
     by hypothesis and returned in :attr:`FuzzReport.failure`. ``progress(i, case, result)`` is
-    called after every run.
+    called after every run. ``codegen``: run the ``"specialized"`` or the ``"table"`` kernels.
     """
     import time
     from hypothesis import HealthCheck, Phase, given, settings
@@ -596,7 +601,7 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
     report = FuzzReport()
 
     def one(case: KernelCase):
-        res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed)
+        res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed, codegen=codegen)
         report.cases.append((case, res))
         if progress is not None:
             progress(len(report.cases), case, res)

@@ -333,6 +333,7 @@ class CpuPlatform(Platform):
             # the rank's own platform's source (the one the emitted build files compile for it)
             srcs = e.get("sources") or {}
             sources.append(srcs.get(e.get("platform")) or e["source"])
+        sources = list(dict.fromkeys(sources))     # table mode: one generic source for every rank
         headers = list(manifest.get("headers", []))
         for name in sources + headers:
             if not isinstance(name, str) or not _FILENAME.fullmatch(name):

@@ -6,7 +6,9 @@
 //   hccc_cpu_now_ns()                       the clock the launches are timed with (steady clock)
 //   hccc_cpu_launch(fn, grid, block, args, nargs, start, err, nerr)
 //                                           create grid x block threads that run kernel fn on a copy
-//                                           of args (one hccc_args), at once when start != 0, else
+//                                           of args (one hccc_args, or for the table mode's generic
+//                                           kernels one hccc_args followed by the table's
+//                                           address), at once when start != 0, else
 //                                           at hccc_cpu_start; returns a handle, or null with a
 //                                           message in err (then nothing keeps running)
 //   hccc_cpu_start(h)                       let the threads of a held launch run
@@ -26,6 +28,13 @@
 #define HCCC_CPU_API extern "C" __attribute__((visibility("default")))
 
 typedef void (*hccc_cpu_kernel)(hccc_args);
+// The table mode's argument (hccc_table_args in hccc_table.h): the same bytes, declared here so
+// the launcher does not depend on the table header.
+struct hccc_cpu_table_args {
+  hccc_args a;
+  const void* table;
+};
+typedef void (*hccc_cpu_table_kernel)(hccc_cpu_table_args);
 
 // Stack of each emulated GPU thread: the kernels need little, and thousands of threads may run.
 #ifndef HCCC_CPU_STACK_BYTES
@@ -44,7 +53,8 @@ struct Worker {
 };
 
 struct Launch {
-  hccc_args args;
+  hccc_cpu_table_args args;  // .table is used by table-mode kernels only
+  bool table = false;
   std::vector<std::unique_ptr<hccc_cpu_block>> blocks;
   std::vector<Worker> workers;
   std::vector<pthread_t> threads;
@@ -60,7 +70,10 @@ struct Launch {
       cv.wait(lock, [this] { return gate != 0; });
       if (gate == 2) return;
     }
-    hccc_cpu_run_thread(w.kernel, args, w.block, w.tid);
+    if (table)
+      hccc_cpu_run_thread(reinterpret_cast<hccc_cpu_table_kernel>(w.kernel), args, w.block, w.tid);
+    else
+      hccc_cpu_run_thread(w.kernel, args.a, w.block, w.tid);
     const uint64_t now = hccc_clock();
     std::lock_guard<std::mutex> lock(mu);
     if (--running == 0) {
@@ -108,13 +121,15 @@ HCCC_CPU_API void hccc_cpu_start(void* h) {
 
 HCCC_CPU_API void* hccc_cpu_launch(void* fn, int grid, int block, const void* args, uint64_t nargs,
                                    int start, char* err, uint64_t nerr) {
-  if (nargs != sizeof(hccc_args) || grid < 0 || block < 1) {
-    snprintf(err, nerr, "bad launch: grid %d, block %d, %llu argument bytes (expected %zu)", grid,
-             block, (unsigned long long)nargs, sizeof(hccc_args));
+  if ((nargs != sizeof(hccc_args) && nargs != sizeof(hccc_cpu_table_args)) || grid < 0 || block < 1) {
+    snprintf(err, nerr, "bad launch: grid %d, block %d, %llu argument bytes (expected %zu or %zu)",
+             grid, block, (unsigned long long)nargs, sizeof(hccc_args), sizeof(hccc_cpu_table_args));
     return nullptr;
   }
   std::unique_ptr<Launch> L(new Launch());
-  memcpy(&L->args, args, sizeof(hccc_args));
+  memset(&L->args, 0, sizeof(L->args));
+  memcpy(&L->args, args, (size_t)nargs);
+  L->table = nargs == sizeof(hccc_cpu_table_args);
   const hccc_cpu_kernel kernel = reinterpret_cast<hccc_cpu_kernel>(fn);
   L->blocks.reserve((size_t)grid);
   for (int b = 0; b < grid; ++b) {

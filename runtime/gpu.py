@@ -106,7 +106,9 @@ def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], p
              + ",".join(map(str, ranks)),
              f"#define HCCC_FOR_EACH_INSTANCE(X) X({instance.dtype}, {CTYPES[instance.dtype]}, "
              f"{instance.op}, {RED_CONSTS[instance.op]})"]
-    lines += [f'#include "{rank_source(manifest, r, platform)}"' for r in ranks]
+    # (table mode: every rank names the same generic source, included once)
+    lines += [f'#include "{src}"' for src in dict.fromkeys(rank_source(manifest, r, platform)
+                                                           for r in ranks)]
     if gate:
         lines += [
             "// Spins until the host sets *flag (or the timeout passes): holds queued kernels back",

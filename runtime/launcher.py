@@ -168,20 +168,26 @@ def _templates_digest() -> str:
     return _TEMPLATES_DIGEST
 
 
-def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None) -> Path:
+def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None,
+                      codegen: str = "specialized") -> Path:
     """Directory with ``ir``'s emitted sources and manifest, from the cache (keyed by the IR JSON,
-    the platforms, the templates and the hccc version). ``platform``: "cuda" or "hip" for every
-    rank, or one of them per rank (a mixed-vendor program)."""
+    the platforms, the code-generation mode, the templates and the hccc version). ``platform``:
+    "cuda" or "hip" for every rank, or one of them per rank (a mixed-vendor program).
+    ``codegen``: "specialized" (a kernel per rank) or "table" (tables for the generic kernels)."""
     from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.backend.table_codegen import generate_table
+
+    if codegen not in CODEGENS:
+        raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
 
     per_rank = [platform] * ir.nranks if isinstance(platform, str) else [str(p) for p in platform]
     if len(per_rank) != ir.nranks:
         raise ValueError(f"{len(per_rank)} rank platforms for a program of {ir.nranks} ranks")
     text = ir.to_json()
-    key = cache.content_key("generated", ",".join(per_rank), _templates_digest(), text)
+    key = cache.content_key("generated", codegen, ",".join(per_rank), _templates_digest(), text)
 
     def make(tmp: Path) -> None:
-        generate(ir, tmp, platforms=per_rank)
+        (generate_table if codegen == "table" else generate)(ir, tmp, platforms=per_rank)
 
     return cache.entry("gen", key, make, root=cache_dir)
 
@@ -193,6 +199,8 @@ def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
 
 
 MANIFEST_PLATFORMS = ("cuda", "hip")
+#: code-generation modes: a specialised kernel per rank, or generic kernels running tables
+CODEGENS = ("specialized", "table")
 
 
 def rank_ranges(ranks) -> str:
@@ -225,6 +233,8 @@ class Runner:
     ``nthreads``: threads per thread block (default: each platform's choice for its emitted
     kernels, see :meth:`Platform.block_threads`). ``timeout_s``: kernel spin-wait limit (0 =
     none). ``watchdog_s``: host-side limit per launch (default: generous, from timeout and size).
+    ``codegen``: ``"specialized"`` (each rank's own kernel) or ``"table"`` (the generic kernels,
+    built once for every algorithm, each rank running its table from device memory).
 
     Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
@@ -235,7 +245,12 @@ class Runner:
 
     def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
                  op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
-                 cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None):
+                 cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None,
+                 codegen: str = "specialized"):
+        if codegen not in CODEGENS:
+            raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
+        self.codegen = codegen
+        self.table_ptr: list[int] = []
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
         if op not in OPS:
@@ -381,7 +396,7 @@ class Runner:
         for pf in distinct:
             if cache_dir is not None and hasattr(pf, "cache_dir"):
                 pf.cache_dir = cache_dir
-        self.gendir = generated_sources(ir, self.rank_platform, cache_dir)
+        self.gendir = generated_sources(ir, self.rank_platform, cache_dir, self.codegen)
         self.manifest = man = json.loads((self.gendir / "manifest.json").read_text())
         self.nranks = N = int(man["nranks"])
         self.nslots = int(man["nslots"])
@@ -491,6 +506,8 @@ class Runner:
                 if blob:
                     self.rank_pf[r].memcpy_htod(ptr, blob)
                 out.append(ptr)
+        if man.get("codegen") == "table":
+            self._upload_tables(man)
         # The abort flag: pinned, mapped host memory, which the host raises with a plain store
         # (a copy could queue behind the spinning kernels). The error record: rank 0's memory
         # (every rank's kernels reach it; the first to time out claims it with a CAS).
@@ -502,6 +519,21 @@ class Runner:
         for r in range(N):
             self.rank_pf[r].set_device(self.placement[r])
             self.streams.append(self.rank_pf[r].stream())
+
+    def _upload_tables(self, man: dict) -> None:
+        """Check every rank's table against the manifest and copy it to the rank's memory."""
+        from hccc.compiler.backend.table_format import TableFormatError
+        from hccc.compiler.backend.table_program import load_tables, table_path
+        try:
+            path = table_path(self.gendir, man)
+            tables = load_tables(path.read_bytes(), man, None, path.name)
+        except (OSError, TableFormatError) as exc:
+            raise PlatformError(f"cannot use the tables of {self.ir.name}: {exc}") from None
+        for r in range(self.nranks):
+            section = bytes(tables[r][1])
+            ptr = self._malloc(r, len(section))
+            self.rank_pf[r].memcpy_htod(ptr, section)
+            self.table_ptr.append(ptr)
 
     def _check_residency(self, block: int | None = None) -> None:
         """Every TB of every rank must be resident at once (they spin on each other)."""
@@ -664,7 +696,9 @@ class Runner:
                          progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
                          timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
                          slice_bytes=slice_b)
-                args.append(bytes(a))
+                # table mode: the generic kernels take the rank's table address after hccc_args
+                tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
+                args.append(bytes(a) + tail)
 
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
@@ -937,12 +971,12 @@ def _fmt(v) -> str:
 def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, dtype: str = "float32",
                 op: str = "sum", inplace: bool = False, iters: int = 1, warmup: int = 0,
                 timeout_s: float = 10.0, seed: int = 0, nthreads: int | None = None,
-                cache_dir=None) -> RunResult:
+                cache_dir=None, codegen: str = "specialized") -> RunResult:
     """Build, run once at ``nbytes`` and check (see :class:`Runner` for many sizes)."""
     with Runner(ir, backend, dtype, op, nthreads=nthreads, cache_dir=cache_dir,
-                timeout_s=timeout_s) as runner:
+                timeout_s=timeout_s, codegen=codegen) as runner:
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "run_program", "busbw_factor", "generated_sources",
+__all__ = ["RunResult", "Runner", "run_program", "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

@@ -59,3 +59,32 @@ def test_xml_export_benchmark_rows_and_reference_column(tmp_path):
     assert row["msccl_tools"]["steps"] == 120 and row["msccl_tools"]["ratio"] > 0
     checks = xb.check_times([(2, 4), (128, 8)])
     assert checks[0]["verdict"] == "fits" and checks[-1]["verdict"] != "fits"
+
+
+def test_build_time_builds_the_generic_and_per_rank_kernels(tmp_path):
+    """build_time's building blocks: the hccc compile in both modes (sizes), a g++ build of the
+    table kernels with only the chosen instantiation, and a per-rank build of the specialised ones."""
+    import shutil
+    import subprocess
+    import pytest
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    bt = _load("build_time")
+    algo = tmp_path / "ring4.rccl"
+    algo.write_text(bt.ring_allreduce_rccl(4, name="ring4"))
+    sp = bt.hccc_compile(algo, tmp_path / "sp", "specialized")
+    tb = bt.hccc_compile(algo, tmp_path / "tb", "table")
+    assert sp["manifest"]["codegen"] == "specialized" and tb["manifest"]["codegen"] == "table"
+    assert 0 < tb["bytes"] and 0 < sp["bytes"] and tb["xml_bytes"] == sp["xml_bytes"] > 0
+    flags = bt.instance_flags(["int32"], ["max"])
+    secs, size = bt.build("g++", [tmp_path / "tb" / "hccc_table.cu"], tmp_path / "tb",
+                          tmp_path / "lib" / "t.a", flags, 1)
+    syms = subprocess.run(["nm", str(tmp_path / "lib" / "t.a")], capture_output=True, text=True).stdout
+    assert secs > 0 and size > 0
+    assert "hccc_table_int32_max" in syms and "hccc_table_float32_sum" not in syms
+    ranks = [tmp_path / "sp" / f"ring4_r{r}.cu" for r in range(4)]
+    bt.build("g++", ranks, tmp_path / "sp", tmp_path / "lib" / "p.a", flags, 2)
+    objs = subprocess.run(["ar", "t", str(tmp_path / "lib" / "p.a")], capture_output=True, text=True).stdout.split()
+    assert len(objs) == 4
+    syms = subprocess.run(["nm", str(tmp_path / "lib" / "p.a")], capture_output=True, text=True).stdout
+    assert all(f"hccc_ring4_r{r}_int32_max" in syms for r in range(4))

@@ -1,61 +1,143 @@
-"""examples/downstream: a CMake project that runs hccc at build time and builds a static library."""
+"""examples/downstream: a CMake project that finds hccc's CMake package (find_package(hccc)) and
+declares its kernels with hccc_add_collective, in both code-generation modes, built with the CPU
+emulation (g++), nvcc and hipcc."""
 from __future__ import annotations
 
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
+from conftest import require_tool
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "examples" / "downstream"
-TRIM = "-DHCCC_ENABLE_FLOAT16=0 -DHCCC_ENABLE_BFLOAT16=0 -DHCCC_ENABLE_INT32=0 " \
-       "-DHCCC_ENABLE_MAX=0 -DHCCC_ENABLE_MIN=0"
 
 
-def _hccc_works() -> str | None:
-    exe = shutil.which("hccc")
+def _hccc() -> str:
+    """The hccc command of the interpreter running the tests (else the one on PATH)."""
+    here = pathlib.Path(sys.executable).parent / "hccc"
+    exe = str(here) if here.exists() else shutil.which("hccc")
     if exe is None:
-        return None
-    res = subprocess.run([exe, "check", str(PROJECT / "algo.rccl")], capture_output=True, text=True)
-    return exe if res.returncode == 0 else None
+        pytest.skip("the hccc command is not installed")
+    return exe
 
 
-def test_downstream_cmake_build_and_regenerate(tmp_path, nvcc):
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake not installed")
-    hccc = _hccc_works()
-    if hccc is None:
-        pytest.skip("the `hccc` command is not installed or cannot compile algo.rccl yet")
+def _run(cmd, **kw):
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert res.returncode == 0, f"{cmd}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+    return res
+
+
+def _configure(tmp_path, *defs):
+    require_tool("cmake")
+    hccc = _hccc()
+    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    assert (pathlib.Path(cmake_dir) / "hccc-config.cmake").is_file()
+    # python -m hccc prints the same folder
+    assert _run([sys.executable, "-m", "hccc", "--cmake-dir"]).stdout.strip() == cmake_dir
     src = tmp_path / "src"
     shutil.copytree(PROJECT, src)
     build = tmp_path / "build"
-    env = dict(os.environ)
-    res = subprocess.run(["cmake", "-S", str(src), "-B", str(build), f"-DHCCC_EXECUTABLE={hccc}",
-                          f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCMAKE_CUDA_FLAGS={TRIM}"],
-                         capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    res = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "hccc: generating" in res.stdout
-    lib = build / "libring_collectives.a"
-    assert lib.exists()
-    syms = subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout
-    for r in range(4):
-        assert f"hccc_ring_r{r}_float32_sum" in syms
-    manifest = (build / "gen" / "manifest.json").read_text()
-    assert '"nwarps": 16' in manifest
+    env = dict(os.environ, HCCC_CACHE_DIR=str(tmp_path / "cache"))
+    _run(["cmake", "-S", src, "-B", build, f"-Dhccc_DIR={cmake_dir}", f"-DHCCC_EXECUTABLE={hccc}",
+          *defs], env=env)
+    return src, build, env
 
-    # nothing changed: no regeneration
-    res = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
-    assert res.returncode == 0 and "hccc: generating" not in res.stdout
 
-    # the .rccl changes: hccc reruns and the library is rebuilt with the new kernels
+def _symbols(lib: pathlib.Path) -> str:
+    assert lib.is_file(), lib
+    return subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codegen):
+    require_tool("g++")
+    src, build, env = _configure(tmp_path, "-DHCCC_EMULATE_ON_CPU=ON", f"-DDOWNSTREAM_CODEGEN={codegen}",
+                                 "-DHCCC_DTYPES=float32;int32", "-DHCCC_OPS=sum")
+    res = _run(["cmake", "--build", build, "-j2"], env=env)
+    assert "hccc: generating ring_kernels" in res.stdout
+    gen = build / "ring_kernels.hccc"
+    assert '"nwarps": 16' in (gen / "manifest.json").read_text()
+    assert (build / "libring_collectives.a").is_file()
+    if codegen == "table":
+        syms = _symbols(build / "libhccc_table_cuda.a")
+        assert "hccc_table_float32_sum" in syms and "hccc_table_int32_sum" in syms
+        assert "hccc_table_float16_sum" not in syms and "hccc_table_float32_max" not in syms
+        assert (gen / "ring.table").is_file() and not list(gen.glob("ring_r*.cu"))
+    else:
+        syms = _symbols(build / "libring_kernels.a")
+        for r in range(4):     # one object per rank, the configured instantiations only
+            assert f"hccc_ring_r{r}_float32_sum" in syms and f"hccc_ring_r{r}_int32_sum" in syms
+            assert f"hccc_ring_r{r}_float32_max" not in syms
+        objs = _run(["ar", "t", build / "libring_kernels.a"]).stdout.split()
+        assert sorted(objs) == [f"ring_r{r}.cu.o" for r in range(4)]
+
+    # nothing changed: nothing regenerated
+    res = _run(["cmake", "--build", build, "-j2"], env=env)
+    assert "hccc: generating" not in res.stdout
+
+    # the algorithm changes (here: its rank count and name too): the configure step asks hccc for
+    # the new output list, hccc regenerates, and only what depends on the algorithm is rebuilt
     algo = src / "algo.rccl"
-    algo.write_text(algo.read_text().replace("nWarps=16", "nWarps=8"))
-    res = subprocess.run(["cmake", "--build", str(build)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "hccc: generating" in res.stdout
-    assert '"nwarps": 8' in (build / "gen" / "manifest.json").read_text()
-    assert "HCCC_LAUNCH_BOUNDS(256)" in (build / "gen" / "ring_r0.cu").read_text()
+    text = algo.read_text().replace("nWarps=16", "nWarps=8")
+    algo.write_text(text)
+    res = _run(["cmake", "--build", build, "-j2"], env=env)
+    assert "hccc: generating ring_kernels" in res.stdout
+    assert '"nwarps": 8' in (gen / "manifest.json").read_text()
+    if codegen == "table":
+        assert "hccc_table.cu" not in res.stdout      # the generic kernels are not rebuilt
+    else:
+        assert "HCCC_LAUNCH_BOUNDS(256)" in (gen / "ring_r0.cu").read_text()
+        assert "ring_r0.cu.o" in res.stdout
+    from hccc.compiler.frontend import generators as g
+    algo.write_text(g.ring_allreduce_rccl(6, name="ring6"))
+    res = _run(["cmake", "--build", build, "-j2"], env=env)
+    assert "hccc: generating ring_kernels" in res.stdout
+    if codegen == "specialized":
+        assert "hccc_ring6_r5_float32_sum" in _symbols(build / "libring_kernels.a")
+    else:
+        assert (gen / "ring6.table").is_file()
+
+
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_downstream_builds_with_nvcc(tmp_path, nvcc, codegen):
+    _, build, env = _configure(tmp_path, f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DDOWNSTREAM_CODEGEN={codegen}")
+    _run(["cmake", "--build", build, "-j2"], env=env)
+    lib = build / ("libhccc_table_cuda.a" if codegen == "table" else "libring_kernels.a")
+    syms = _symbols(lib)
+    want = ["hccc_table_float32_sum"] if codegen == "table" else [f"hccc_ring_r{r}_float32_sum" for r in range(4)]
+    assert all(w in syms for w in want)
+    assert "float16" not in syms                    # HCCC_DTYPES=float32 (the project's default)
+    assert (build / "libring_collectives.a").is_file()
+
+
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_downstream_builds_with_hipcc(tmp_path, hipcc, codegen):
+    _, build, env = _configure(tmp_path, "-DDOWNSTREAM_PLATFORM=hip", f"-DDOWNSTREAM_CODEGEN={codegen}")
+    _run(["cmake", "--build", build, "-j2"], env=env)
+    lib = build / ("libhccc_table_hip.a" if codegen == "table" else "libring_kernels.a")
+    syms = _symbols(lib)
+    want = ["hccc_table_float32_sum"] if codegen == "table" else [f"hccc_ring_r{r}_float32_sum" for r in range(4)]
+    assert all(w in syms for w in want), syms[:2000]
+
+
+def test_find_package_checks_the_version(tmp_path):
+    require_tool("cmake")
+    hccc = _hccc()
+    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    version = _run([hccc, "--version"]).stdout.split()[-1]
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(v LANGUAGES NONE)\n"
+        "find_package(hccc ${WANT} REQUIRED)\nmessage(STATUS \"found hccc ${hccc_VERSION}\")\n")
+    major = version.split(".")[0]
+    res = _run(["cmake", "-S", tmp_path, "-B", tmp_path / "ok", f"-Dhccc_DIR={cmake_dir}",
+                f"-DHCCC_EXECUTABLE={hccc}", f"-DWANT={major}.0"])
+    assert f"found hccc {version}" in res.stdout
+    res = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "bad"), f"-Dhccc_DIR={cmake_dir}",
+                          f"-DHCCC_EXECUTABLE={hccc}", f"-DWANT={int(major) + 1}.0"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "version" in res.stderr

@@ -54,3 +54,14 @@ def test_example_kernels_match_oracle_at_random_sizes(path, data):
     case = data.draw(kernel_cases(ir, dtypes=[dtype], ops=[op], max_microbatches=12), label="case")
     res = run_case(ir, case)
     assert res.ok, describe_failure(case, res)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_table_kernels_match_oracle(path):
+    """The same programs through the generic table kernels (one build serves every example):
+    edge sizes with a different instance than the specialised test's, in place and not."""
+    ir = lowered(path)
+    dtype, op = INSTANCES[(EXAMPLES.index(path) + 3) % len(INSTANCES)]
+    counts = default_counts(ir, dtype)
+    assert_kernels_match(ir, dtypes=[dtype], ops=[op], counts=counts[::2] + counts[-1:],
+                         inplace=(False, True), nthreads=1 + EXAMPLES.index(path) % 3, codegen="table")

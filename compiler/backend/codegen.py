@@ -21,6 +21,7 @@ import jinja2
 import numpy as np
 
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
+from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
@@ -84,6 +85,7 @@ class Columns:
     dep_owner: np.ndarray  # sorted indices of primitives that wait for progress counters
     dep_text: list         # per dep_owner entry: the awaited slots, "3, 7"
     dep_n: np.ndarray      # per dep_owner entry: how many
+    dep_slots: np.ndarray  # the awaited slots, grouped by dep_owner entry (in that order)
 
 
 def _conn_index(rank, peer, channel, mask, count, nranks):
@@ -139,6 +141,7 @@ def analyse(ir: ProgramIR) -> Columns:
     dep_owner = np.zeros(0, np.int64)
     dep_text: list[str] = []
     dep_n = np.zeros(0, np.int64)
+    dep_slots = np.zeros(0, np.int64)
     if len(ir.dep_on):
         mark = np.zeros(n, bool)
         mark[ir.dep_on] = True
@@ -161,8 +164,9 @@ def analyse(ir: ProgramIR) -> Columns:
         bounds = np.flatnonzero(np.r_[True, last[:-1]])
         dep_owner = dp_s[bounds]
         dep_n = np.diff(np.r_[bounds, len(dp_s)])
+        dep_slots = sl_s
     return Columns(sconn, spos, rconn, rpos, chunk, post, stab, rtab, nprogress, dep_owner,
-                   dep_text, dep_n)
+                   dep_text, dep_n, dep_slots)
 
 
 # ---------------------------------------------------------------------------- primitive lines
@@ -189,8 +193,9 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> list[str]:
     ks = key[order]
     starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
     ends = np.r_[starts[1:], n]
-    fields = [p["seq"], col.sconn, col.spos, col.rconn, col.rpos, p["src_off"], p["dst_off"],
-              p["count"], col.chunk, col.post, task, p["pipeline"], task2, p["recv_peer"],
+    v = pd_columns(ir, col)
+    fields = [v["seq"], v["sconn"], v["spos"], v["rconn"], v["rpos"], v["soff"], v["doff"],
+              v["cnt"], v["chunk"], v["post"], v["task"], p["pipeline"], task2, p["recv_peer"],
               p["send_peer"]]
     out = np.empty(n, dtype=object)
     for a, b in zip(starts.tolist(), ends.tolist()):
@@ -341,8 +346,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)
     written["hccc_cpu_emu.h"] = env.get_template("common/hccc_cpu_emu.h.j2").render(**hdr_ctx)
     libraries = {pl: f"hccc_{name}_{pl}" for pl in present}
-    build_ctx = dict(**common, platforms=present, umbrella=umbrella, libraries=libraries,
-                     sources=sources, headers=list(HEADERS))
+    build_ctx = dict(**common, platforms=present, libraries=libraries, sources=sources,
+                     headers=list(HEADERS), codegen="specialized", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
     ir_file = f"{name}.ir.json"
@@ -352,13 +357,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     tm["codegen_render"] = t3 - t2
     tm["codegen_ir_json"] = t4 - t3
 
-    stats = dict(ir.stats)
-    stats.setdefault("transfers", int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size))
-    stats.setdefault("subpipelines", int(ir.npipelines))
-    stats.setdefault("tbs_state_based", int(sum(ntbs)))
-    stats.setdefault("tbs_connection_based",
-                     int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
-    stats.setdefault("primitives", int(ir.nprims))
+    stats = program_stats(ir, col, ntbs)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "generator": f"hccc {VERSION}",
@@ -377,12 +376,13 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         "ops": list(REDOPS),
         "kernel_symbol": "{kernel}_{dtype}_{op}",
         "abi_version": ABI_VERSION,
+        "codegen": "specialized",
         "ir": ir_file,
         "headers": list(HEADERS),
         "umbrella": umbrella,
         "libraries": libraries,
         "ranks": rank_entries,
-        "stats": _jsonable(stats),
+        "stats": stats,
     }
     for key, value in (manifest_extra or {}).items():
         if key in manifest:
@@ -399,6 +399,19 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         paths.append(path)
     tm["codegen_write"] = time.perf_counter() - t4
     return sorted(paths)
+
+
+def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
+    """The manifest's ``stats``: the IR's own, completed with transfer, sub-pipeline, TB and
+    primitive counts."""
+    stats = dict(ir.stats)
+    stats.setdefault("transfers", int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size))
+    stats.setdefault("subpipelines", int(ir.npipelines))
+    stats.setdefault("tbs_state_based", int(sum(ntbs)))
+    stats.setdefault("tbs_connection_based",
+                     int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
+    stats.setdefault("primitives", int(ir.nprims))
+    return _jsonable(stats)
 
 
 def _ranges(vals: list[int]) -> str:

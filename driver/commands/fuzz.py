@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="largest size, in micro-batches per chunk (default 20)")
     parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
                         help="kernel wait limit per run (default 5)")
+    parser.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
+                        help="run the specialised kernels (default) or the generic table kernels")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
     parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds")
     parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state")
@@ -83,6 +85,8 @@ def _repro(args, ir, case) -> str:
         cmd += ["--scheduler", args.scheduler]
     if args.tb_alloc != "state":
         cmd += ["--tb-alloc", args.tb_alloc]
+    if args.codegen != "specialized":
+        cmd += ["--codegen", args.codegen]
     return " ".join(shlex.quote(c) for c in cmd)
 
 
@@ -104,7 +108,8 @@ def run(args) -> int:
     try:
         rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
                            timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
-                           max_microbatches=args.max_microbatches, progress=progress)
+                           max_microbatches=args.max_microbatches, progress=progress,
+                           codegen=args.codegen)
     except PlatformError as exc:
         if tty:
             sys.stderr.write("\n")
@@ -121,7 +126,7 @@ def run(args) -> int:
     counts = [c.count for c in cases]
     summary = {
         "algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
-        "chunk_bytes": ir.chunk_bytes, "backend": args.backend, "seed": args.seed,
+        "chunk_bytes": ir.chunk_bytes, "backend": args.backend, "seed": args.seed, "codegen": args.codegen,
         "cases": len(cases), "seconds": round(rep.seconds, 3), "ok": rep.ok,
         "dtypes": sorted({c.dtype for c in cases}), "ops": sorted({c.op for c in cases}),
         "inplace_cases": sum(c.inplace for c in cases), "threads": sorted({c.nthreads for c in cases}),

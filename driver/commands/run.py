@@ -114,6 +114,29 @@ def _manifest_path(algo: str) -> Path | None:
     return None
 
 
+def _program_of_tables(path: Path, man: dict, fail):
+    """(ProgramIR, per-rank platforms) of a table-mode OUTDIR: the program is read back from the
+    binary tables, which are checked against the manifest on the way."""
+    from hccc.compiler.backend.table_format import TableFormatError
+    from hccc.compiler.backend.table_program import program_from_table, table_path
+
+    ranks = man.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
+        fail("'ranks' must be a list of rank objects")
+    plats = [e.get("platform") for e in ranks]
+    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
+    if bad:
+        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    try:
+        tpath = table_path(path.parent, man)
+        ir = program_from_table(man, tpath.read_bytes(), tpath.name)
+    except TableFormatError as exc:
+        fail(str(exc))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        fail(f"cannot read the table-mode program: {exc}")
+    return ir, plats
+
+
 def load_manifest(path: Path):
     """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json``."""
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
@@ -128,6 +151,8 @@ def load_manifest(path: Path):
     man = loads_json(src)
     if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
         fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
+    if man.get("codegen") == "table":
+        return _program_of_tables(path, man, fail)
     irname = man.get("ir")
     if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
         fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
@@ -228,6 +253,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
                         help="micro-batch slice per launch (default auto: sized for each --bytes so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
+    parser.add_argument("--codegen", choices=("specialized", "table"), default=None,
+                        help="specialized: each rank's own kernel; table: the generic kernels run "
+                             "every rank's primitive table from device memory (default: the mode "
+                             "a compiled OUTDIR was written in, else specialized)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
@@ -290,6 +319,10 @@ def run(args) -> int:
                          f"elements ({es} bytes each)\n")
         return 2
     ir, plats = load_with_platforms(args)
+    if args.codegen is None:
+        mpath = _manifest_path(args.algo)
+        table = mpath is not None and json.loads(mpath.read_text(encoding="utf-8")).get("codegen") == "table"
+        args.codegen = "table" if table else "specialized"
     if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
@@ -304,14 +337,15 @@ def run(args) -> int:
     results = []
     try:
         with Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                    timeout_s=args.timeout) as runner:
+                    timeout_s=args.timeout, codegen=args.codegen) as runner:
             libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
                               "library": str(runner.libraries[pl])}
                          for pl, rs in runner.library_ranks.items()}
             if not args.json:
                 print(f"# hccc run: {ir.name}: {ir.collective} on {ir.nranks} ranks, backend "
                       f"{args.backend}, {runner.block} thread(s) per thread block, "
-                      f"{'in-place' if args.inplace else 'out-of-place'}, chunk size {ir.chunk_bytes} B")
+                      f"{'in-place' if args.inplace else 'out-of-place'}, chunk size {ir.chunk_bytes} B, "
+                      f"{args.codegen} kernels")
                 if len(libraries) > 1 or plats[0] != "cuda":
                     print("# " + "; ".join(
                         f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
@@ -348,6 +382,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
                           "backend": pname, "nthreads": nthreads, "ok": ok,
+                          "codegen": args.codegen,
                           "rank_platform": plats, "libraries": libraries,
                           "results": [r.to_json() for r in results]}))
     else:

@@ -1,20 +1,17 @@
-// Host-side lookup of the kernels hccc generated from algo.rccl.
+// Host-side entry points of the downstream library (see collectives.h).
 #include "collectives.h"
 
-#include "hccc_prims.h"
+#ifdef DOWNSTREAM_TABLE
+#include "hccc_table.h"
+extern "C" HCCC_GLOBAL void hccc_table_float32_sum(hccc_table_args);
+#endif
 
-// The generated kernels are extern "C"; declare the ones this library hands out.
-extern "C" __global__ void hccc_ring_r0_float32_sum(hccc_args);
-extern "C" __global__ void hccc_ring_r1_float32_sum(hccc_args);
-extern "C" __global__ void hccc_ring_r2_float32_sum(hccc_args);
-extern "C" __global__ void hccc_ring_r3_float32_sum(hccc_args);
+const char* ring_collectives_dir(void) { return DOWNSTREAM_HCCC_DIR; }
 
-const void* ring_collectives_kernel(int rank) {
-  switch (rank) {
-    case 0: return reinterpret_cast<const void*>(&hccc_ring_r0_float32_sum);
-    case 1: return reinterpret_cast<const void*>(&hccc_ring_r1_float32_sum);
-    case 2: return reinterpret_cast<const void*>(&hccc_ring_r2_float32_sum);
-    case 3: return reinterpret_cast<const void*>(&hccc_ring_r3_float32_sum);
-    default: return nullptr;
-  }
+const void* ring_collectives_table_kernel(void) {
+#ifdef DOWNSTREAM_TABLE
+  return reinterpret_cast<const void*>(&hccc_table_float32_sum);
+#else
+  return nullptr;
+#endif
 }

@@ -1,0 +1,52 @@
+"""The files a compile writes into OUTDIR, known before compiling (``hccc ALGO --list-outputs``).
+
+Build systems ask for this list at configure time to declare the generated sources of a library
+without hard-coding the algorithm's name or rank count. It depends only on the program's name,
+its rank platforms and the code-generation mode; the test suite compares it with what the code
+generators actually write. The MSCCL XML export (``NAME.xml``) is not listed: it is written only
+when the program fits the MSCCL runtimes' limits, which takes the whole compile to know.
+"""
+from __future__ import annotations
+
+from hccc.compiler.backend.codegen import EXT, HEADERS, PLATFORMS
+
+CODEGENS = ("specialized", "table")
+
+
+def planned_outputs(name: str, platforms: list, codegen: str = "specialized") -> list[str]:
+    """Sorted file names ``generate`` (specialised) or ``generate_table`` (table) writes for a
+    program ``name`` whose rank ``r`` gets the sources ``platforms[r]`` (a name or a tuple)."""
+    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE, TABLE_HEADERS
+
+    if codegen not in CODEGENS:
+        raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
+    plats = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
+    present = [pl for pl in PLATFORMS if any(pl in pls for pls in plats)]
+    files = ["manifest.json", "CMakeLists.txt", "Makefile"]
+    if codegen == "table":
+        files += list(TABLE_HEADERS) + [f"{name}.table"] + [GENERIC_SOURCE[pl] for pl in present]
+    else:
+        files += list(HEADERS) + [f"{name}.ir.json"]
+        files += [f"{name}_{pl}.{EXT[pl]}" for pl in present]
+        files += [f"{name}_r{r}.{EXT[pl]}" for r, pls in enumerate(plats) for pl in pls]
+    return sorted(set(files))
+
+
+def planned_sources(name: str, platforms: list, codegen: str, platform: str) -> list[str]:
+    """The translation units of ``platform``'s library among :func:`planned_outputs`: one per
+    rank of that platform (specialised; the umbrella source that includes them all is left out)
+    or the generic kernel source (table)."""
+    from hccc.compiler.backend.table_codegen import GENERIC_SOURCE
+
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}")
+    plats = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
+    ranks = [r for r, pls in enumerate(plats) if platform in pls]
+    if not ranks:
+        return []
+    if codegen == "table":
+        return [GENERIC_SOURCE[platform]]
+    return [f"{name}_r{r}.{EXT[platform]}" for r in ranks]
+
+
+__all__ = ["CODEGENS", "planned_outputs", "planned_sources"]

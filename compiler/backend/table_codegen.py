@@ -1,0 +1,198 @@
+"""Table-mode code generation (``--codegen table``): ProgramIR -> binary tables, generic kernels.
+
+Instead of one specialised source per rank, the output holds ``NAME.table`` (every rank's primitive
+program, :mod:`hccc.compiler.backend.table_format`), the generic kernel sources ``hccc_table.cu`` /
+``hccc_table.hip`` (one kernel per dtype x op; they do not depend on the algorithm, so their
+library is built once and runs any table), the shared headers plus ``hccc_table.h``, the manifest
+(``"codegen": "table"``) and build files for the generic library. No IR JSON is written: the
+table holds everything needed to rebuild the ProgramIR
+(:func:`hccc.compiler.backend.table_program.program_from_table`), so outputs stay small at scale.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from hccc.compiler.backend import table_format as tf
+from hccc.compiler.backend.codegen import (ABI_VERSION, DTYPES, EXT, HEADERS, MANIFEST_SCHEMA, NSLOTS, PLATFORMS,
+                                           REDOPS, VERSION, _check, _is_canonical, _sorted_copy,
+                                           _template_env, analyse, buffer_bases, program_stats,
+                                           threads_per_tb)
+from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
+from hccc.compiler.ir.check import check_structure
+from hccc.compiler.ir.program_ir import ProgramIR
+
+#: the table mode's headers (the specialised ones plus the table decoder)
+TABLE_HEADERS = HEADERS + ("hccc_table.h",)
+#: the generic kernel source of each platform, and the name its library gets
+GENERIC_SOURCE = {pl: f"hccc_table.{EXT[pl]}" for pl in PLATFORMS}
+GENERIC_LIBRARY = {pl: f"hccc_table_{pl}" for pl in PLATFORMS}
+GENERIC_KERNEL = "hccc_table"
+
+
+def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
+    """One encoded section per rank (``ir`` canonical and structurally checked)."""
+    col = col if col is not None else analyse(ir)
+    v = pd_columns(ir, col)
+    p = ir.prims
+    v["pipeline"] = np.asarray(p["pipeline"], np.int64)
+    v["channel"] = np.asarray(p["channel"], np.int64)
+    v["task2"] = np.asarray(p["task2"], np.int64)
+    in_base, out_base = buffer_bases(ir)
+    rank = np.asarray(p["rank"], np.int64)
+    bounds = np.searchsorted(rank, np.arange(ir.nranks + 1))
+    # dependency slots are grouped by waiting primitive in primitive order
+    ndeps = v["ndeps"]
+    dep_bounds = np.r_[0, np.cumsum(ndeps)][bounds]
+    tb = np.asarray(p["tb"], np.int64)
+    ntbs = np.asarray(ir.ntbs, np.int64)
+    out = []
+    for r in range(ir.nranks):
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        n_tb = int(ntbs[r]) if r < len(ntbs) else 0
+        first = np.searchsorted(tb[lo:hi], np.arange(n_tb + 1)).astype(np.int64)
+        t = tf.RankTable(
+            consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
+                    "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes)},
+            ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
+            deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
+        out.append(tf.encode_section(t))
+    return out
+
+
+def render_generic(env, platforms: list[str]) -> dict[str, str]:
+    """The generic kernel sources and every header they need (algorithm-independent)."""
+    ctx = dict(version=VERSION, nslots=NSLOTS, dtypes=DTYPES, ops=REDOPS)
+    out = {
+        "hccc_platform.h": env.get_template("common/hccc_platform.h.j2").render(**ctx),
+        "hccc_prims.h": env.get_template("common/hccc_prims.h.j2").render(**ctx),
+        "hccc_cpu_emu.h": env.get_template("common/hccc_cpu_emu.h.j2").render(**ctx),
+        "hccc_table.h": env.get_template("common/hccc_table.h.j2").render(
+            version=VERSION, table_format=tf.TABLE_FORMAT, section_magic=tf.SECTION_MAGIC,
+            table_version=tf.VERSION, layout=tf.LAYOUT, columns=tf.COLUMNS,
+            rank_consts=tf.RANK_CONSTS, pd_fields=PD_FIELDS),
+    }
+    tpl = env.get_template("common/table_kernels.j2")
+    for pl in platforms:
+        out[GENERIC_SOURCE[pl]] = tpl.render(version=VERSION, source=GENERIC_SOURCE[pl], platform=pl)
+    return out
+
+
+def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
+                   timings: dict | None = None, manifest_extra: dict | None = None,
+                   extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
+    """Write the table-mode output into ``outdir`` (existing, empty); arguments as
+    :func:`hccc.compiler.backend.codegen.generate`. Returns the written paths, sorted."""
+    tm = timings if timings is not None else {}
+    t0 = time.perf_counter()
+    outdir = pathlib.Path(outdir)
+    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
+    _check(ir, platforms)
+    if not _is_canonical(ir):
+        ir = _sorted_copy(ir)
+    check_structure(ir)
+    env = _template_env()
+    name = ir.name
+    col = analyse(ir)
+    t1 = time.perf_counter()
+    table_file = f"{name}.table"
+    written: dict[str, str | bytes] = {table_file: tf.encode_file(table_sections(ir, col))}
+    t2 = time.perf_counter()
+    present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
+    written.update(render_generic(env, present))
+    nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
+    ntbs = [int(x) for x in ir.ntbs] + [0] * (ir.nranks - len(ir.ntbs))
+    rank_entries = []
+    for r in range(ir.nranks):
+        pl = platforms[r][0]
+        rank_entries.append(dict(
+            rank=r, platform=pl, tbs=ntbs[r], kernel=GENERIC_KERNEL, source=GENERIC_SOURCE[pl],
+            sources={q: GENERIC_SOURCE[q] for q in platforms[r]},
+            send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
+            progress_slots=int(col.nprogress[r])))
+    libraries = {pl: GENERIC_LIBRARY[pl] for pl in present}
+    sources = {pl: [GENERIC_SOURCE[pl]] for pl in present}
+    build_ctx = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
+                     platforms=present, libraries=libraries, sources=sources,
+                     headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+    written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
+    written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "generator": f"hccc {VERSION}",
+        "algorithm": name,
+        "collective": ir.collective,
+        "root": int(ir.root),
+        "nranks": int(ir.nranks),
+        "nchunks": int(ir.nchunks),
+        "buffers": {"input": int(ir.in_chunks), "output": int(ir.out_chunks),
+                    "scratch": int(ir.scratch_chunks)},
+        "chunk_bytes": int(ir.chunk_bytes),
+        "nslots": NSLOTS,
+        "nwarps": int(ir.nwarps),
+        "npipelines": int(ir.npipelines),
+        "nthreads": nthreads,
+        "dtypes": [d for d, _ in DTYPES],
+        "ops": list(REDOPS),
+        "kernel_symbol": "{kernel}_{dtype}_{op}",
+        "abi_version": ABI_VERSION,
+        "codegen": "table",
+        "table": {"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
+        "ir": None,
+        "headers": list(TABLE_HEADERS),
+        "libraries": libraries,
+        "ranks": rank_entries,
+        "stats": program_stats(ir, col, ntbs),
+    }
+    for key, value in (manifest_extra or {}).items():
+        if key in manifest:
+            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
+        manifest[key] = value
+    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
+    written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    t3 = time.perf_counter()
+    paths = []
+    for fname in sorted(written):
+        path = outdir / fname
+        data = written[fname]
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+        paths.append(path)
+    tm["codegen_analyse"] = t1 - t0
+    tm["codegen_table"] = t2 - t1
+    tm["codegen_render"] = t3 - t2
+    tm["codegen_write"] = time.perf_counter() - t3
+    return sorted(paths)
+
+
+def write_generic_kernels(outdir: pathlib.Path) -> list[pathlib.Path]:
+    """Write the generic kernels of every platform, their headers and build files for their
+    libraries (``hccc_table_cuda``, ``hccc_table_hip``) into ``outdir``. Files whose content is
+    unchanged are left alone, so a build system that calls this at every configure rebuilds
+    nothing. Returns the paths, sorted."""
+    outdir = pathlib.Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    env = _template_env()
+    files = render_generic(env, list(PLATFORMS))
+    ctx = dict(version=VERSION, name="table", collective="any algorithm", nranks="any number of",
+               platforms=list(PLATFORMS), libraries=dict(GENERIC_LIBRARY),
+               sources={pl: [GENERIC_SOURCE[pl]] for pl in PLATFORMS},
+               headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
+    files["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**ctx)
+    files["Makefile"] = env.get_template("build/Makefile.j2").render(**ctx)
+    paths = []
+    for fname, text in sorted(files.items()):
+        path = outdir / fname
+        data = text.encode()
+        if not path.is_file() or path.read_bytes() != data:
+            tmp = path.with_name(f".{fname}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+__all__ = ["generate_table", "write_generic_kernels", "table_sections", "render_generic", "TABLE_HEADERS", "GENERIC_SOURCE",
+           "GENERIC_LIBRARY", "GENERIC_KERNEL"]

@@ -1,0 +1,4 @@
+"""``python -m hccc ...`` is the ``hccc`` command."""
+from hccc.cli import entry
+
+entry()
