@@ -19,7 +19,7 @@ import numpy as np
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend.codegen import (ABI_VERSION, DTYPES, EXT, HEADERS, MANIFEST_SCHEMA, NSLOTS, PLATFORMS,
                                            REDOPS, VERSION, _check, _is_canonical, _sorted_copy,
-                                           _template_env, analyse, buffer_bases, program_stats,
+                                           _template_env, analyse, buffer_bases, program_stats, slot_bytes,
                                            threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
 from hccc.compiler.ir.check import check_structure
@@ -56,7 +56,8 @@ def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
         first = np.searchsorted(tb[lo:hi], np.arange(n_tb + 1)).astype(np.int64)
         t = tf.RankTable(
             consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
-                    "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes)},
+                    "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes),
+                    "max_cnt": int(ir.max_step_chunks)},
             ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
             deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
         out.append(tf.encode_section(t))
@@ -73,7 +74,8 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
         "hccc_table.h": env.get_template("common/hccc_table.h.j2").render(
             version=VERSION, table_format=tf.TABLE_FORMAT, section_magic=tf.SECTION_MAGIC,
             table_version=tf.VERSION, layout=tf.LAYOUT, columns=tf.COLUMNS,
-            rank_consts=tf.RANK_CONSTS, pd_fields=PD_FIELDS),
+            rank_consts=tf.RANK_CONSTS, pd_fields=PD_FIELDS, head_bytes=tf.HEAD.itemsize,
+            col_bytes=tf.COL.itemsize, tb_bytes=tf.TB.itemsize),
     }
     tpl = env.get_template("common/table_kernels.j2")
     for pl in platforms:
@@ -132,6 +134,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
                     "scratch": int(ir.scratch_chunks)},
         "chunk_bytes": int(ir.chunk_bytes),
         "nslots": NSLOTS,
+        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         "nwarps": int(ir.nwarps),
         "npipelines": int(ir.npipelines),
         "nthreads": nthreads,

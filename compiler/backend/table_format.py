@@ -43,7 +43,7 @@ VERSION = 1
 FILE_MAGIC = 0x46544348      # "HCTF"
 SECTION_MAGIC = 0x53544348   # "HCTS"
 #: rank constants (members of ``struct hccc_rank_consts``, in declaration order)
-RANK_CONSTS = ("rank", "nchunks", "in_base", "out_base", "chunk_bytes")
+RANK_CONSTS = ("rank", "nchunks", "in_base", "out_base", "chunk_bytes", "max_cnt")
 #: columns the host keeps to rebuild the ProgramIR (the kernel does not read them)
 HOST_COLUMNS = ("pipeline", "channel", "task2")
 DEVICE_COLUMNS = tuple(f.name for f in PD_FIELDS if f.source == "column")
@@ -56,7 +56,7 @@ COL = np.dtype([("offset", "<u8"), ("base", "<i8"), ("bits", "<u4"), ("reserved"
 HEAD = np.dtype([("magic", "<u4"), ("version", "<u4"), ("layout", "<u4"), ("ncols", "<u4")]
                 + [(k, "<i4") for k in RANK_CONSTS] + [("ntbs", "<i4")]
                 + [(k, "<u8") for k in ("nbytes", "nprims", "ndeps", "tbs", "deps")]
-                + [("cols", COL, (len(COLUMNS),))])
+                + [("cols", COL, (len(COLUMNS),))], align=True)   # C layout: padding before 8-byte members
 TB = np.dtype([("first_prim", "<u4"), ("first_dep", "<u4")])
 
 
@@ -260,8 +260,12 @@ def check_section(t: RankTable, entry: dict, nchunks_buf: dict[int, int], where:
         bad(f"section of rank {t.consts['rank']}")
     if t.consts["chunk_bytes"] <= 0 or t.consts["nchunks"] <= 0:
         bad("chunk size and chunk count must be positive")
+    if t.consts["max_cnt"] < 1:
+        bad("the most chunks one primitive moves must be positive")
     if not n:
         return
+    if int(c["cnt"].max()) > t.consts["max_cnt"]:
+        bad(f"a primitive moves {int(c['cnt'].max())} chunks, more than the {t.consts['max_cnt']} a slot holds")
     nsend, nrecv = len(entry.get("send_conns", [])), len(entry.get("recv_conns", []))
     nprog = int(entry.get("progress_slots", 0))
     op = c["op"]
