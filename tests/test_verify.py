@@ -196,7 +196,7 @@ def test_max_errors_and_more():
     rows = [(0, 0, 0, 0, RECV)] * 30
     err = errors_of(located("allgather", 2, rows), max_errors=7)
     assert len(err.diagnostics) == 7 and err.more == 23 and err.total == 30
-    assert "23 more error(s) not shown" in render_all(err)
+    assert "23 more errors not shown" in render_all(err)
 
 
 def test_error_order_static_then_by_step_then_kind():

@@ -5,35 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 
+from hccc.args import comma_list, count_at_least
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
-
-def _speeds(text: str) -> list[float]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            v = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid speed '{part}' (expected numbers like 2.1,1.0)") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"speeds must be positive and finite, got '{part}'")
-        out.append(v)
-    return out
+SUMMARY = "micro-batch sizes proportional to measured GPU speeds"
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
-    return int(text)
+def _speed(part: str) -> float:
+    try:
+        v = float(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid speed '{part}' (expected numbers like 2.1,1.0)") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"speeds must be positive and finite, got '{part}'")
+    return v
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speeds", type=_speeds, required=True, metavar="S1,S2,...",
+    p.add_argument("--speeds", type=comma_list(_speed, 'speeds', max_items=1 << 16), required=True, metavar="S1,S2,...",
                    help="measured speed of each GPU (tokens/s or any common unit), comma-separated")
-    p.add_argument("--batch", type=_count, required=True, metavar="B", help="total micro-batch size per step")
-    p.add_argument("--min-each", type=_count, default=0, metavar="K",
-                   help="give every GPU at least K (default 0)")
+    p.add_argument("--batch", type=count_at_least(0), required=True, metavar="B", help="total micro-batch size per step")
+    p.add_argument("--min-each", type=count_at_least(0), default=0, metavar="K",
+                   help="give every GPU at least K")
     p.add_argument("--json", action="store_true",
                    help='print {"sizes": [...], "step_time": ..., "uniform_step_time": ..., "speedup": ...}')
 

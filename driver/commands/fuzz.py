@@ -17,55 +17,40 @@ import shlex
 import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import add_program_options, choice_list, count_at_least, program_options, seconds
+from hccc.commands.run import DTYPES, OPS
 
-from hccc.commands.run import DTYPES, OPS, _count, _positive_float
-
-
-def _choices(allowed):
-    def parse(text: str) -> list[str]:
-        vals = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [v for v in vals if v not in allowed]
-        if bad or not vals:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed)}")
-        return vals
-    return parse
+SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"
+INPUTS = {"algo": "algorithm"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from hccc.cli import _positive_int
     parser.description = ("Run random sizes, dtypes, reduction operators, in-place/out-of-place "
                           "and threads per block through ALGO's emitted kernels and the reference "
                           "executor; report the first failing case, shrunk.")
     parser.add_argument("algo", metavar="ALGO",
                         help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
-    parser.add_argument("--examples", type=lambda t: _count(t, 1), default=50, metavar="N",
-                        help="random cases to run (default 50)")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, metavar="S",
-                        help="seed of the case generator and of the data (default 0)")
-    parser.add_argument("--chunk-size", type=parse_size, default=256, metavar="BYTES",
-                        help="for .rccl input: micro-batch slice size to compile with (default 256; "
-                             "a ProgramIR keeps its own)")
-    parser.add_argument("--dtypes", type=_choices(DTYPES), default=list(DTYPES), metavar="LIST",
-                        help=f"element types to draw from (default {','.join(DTYPES)})")
-    parser.add_argument("--ops", type=_choices(OPS), default=list(OPS), metavar="LIST",
-                        help=f"reduction operators to draw from (default {','.join(OPS)})")
-    parser.add_argument("--max-microbatches", type=lambda t: _count(t, 1), default=20, metavar="M",
-                        help="largest size, in micro-batches per chunk (default 20)")
-    parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
-                        help="kernel wait limit per run (default 5)")
+    parser.add_argument("--examples", type=count_at_least(1), default=50, metavar="N",
+                        help="random cases to run")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="where the kernels run")
+    parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S",
+                        help="seed of the case generator and of the data")
+    parser.add_argument("--dtypes", type=choice_list(DTYPES, "dtypes"), default=",".join(DTYPES),
+                        metavar="LIST", help="element types to draw from")
+    parser.add_argument("--ops", type=choice_list(OPS, "operators"), default=",".join(OPS), metavar="LIST",
+                        help="reduction operators to draw from")
+    parser.add_argument("--max-microbatches", type=count_at_least(1), default=20, metavar="M",
+                        help="largest size, in micro-batches per chunk")
+    parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
+                        help="kernel wait limit per run")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds")
-    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state")
-    parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
+    add_program_options(parser, chunk_default="256", prefix="for .rccl input: ",
+                        chunk_help="micro-batch slice size to compile with (a ProgramIR keeps its own)")
 
 
 def _load(args):
-    from hccc.compiler.pipeline import CompileOptions, load_program
-    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                          chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
-    return load_program(args.algo, opts)
+    from hccc.compiler.pipeline import load_program
+    return load_program(args.algo, program_options(args))
 
 
 def _repro(args, ir, case) -> str:

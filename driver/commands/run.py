@@ -45,60 +45,22 @@ import re
 import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import (add_program_options, comma_list, count_at_least, parse_size, program_options, seconds,
+                       size_or_zero)
 
+SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
+INPUTS = {"algo": "algorithm", "topology": "cluster"}
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 DEFAULT_BYTES = "4K,64K,1M"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-
-
-def size_list(text: str) -> list[int]:
-    """``4K,64K,1M`` -> byte counts (``0`` allowed)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            raise argparse.ArgumentTypeError(f"empty size in '{text}'")
-        out.append(0 if part == "0" else parse_size(part))
-    return out
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number of seconds, got '{text}'")
-    return v
-
-
-def _count(text: str, low: int) -> int:
-    if not text.isdigit() or int(text) < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got '{text}'")
-    return int(text)
-
-
-def add_program_options(parser: argparse.ArgumentParser, chunk_default: int = 1 << 20) -> None:
-    """Options of the compile command that apply when ALGO is an algorithm file."""
-    from hccc.cli import _positive_int
-    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
-                        help="for .rccl input: HPDS or the round-robin baseline")
-    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
-                        help="for .rccl input: state-based or connection-based thread blocks")
-    parser.add_argument("--chunk-size", type=parse_size, default=chunk_default, metavar="BYTES",
-                        help=f"for .rccl input: micro-batch slice (FIFO slot) size (default {chunk_default})")
-    parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N",
-                        help="for .rccl input: refuse programs with more transfers (default 10^7)")
+size_list = comma_list(size_or_zero, "sizes")
 
 
 def load(args):
-    from hccc.compiler.pipeline import CompileOptions, load_program
-    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                          chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
-    return load_program(args.algo, opts)
+    from hccc.compiler.pipeline import load_program
+    return load_program(args.algo, program_options(args))
 
 
 def _manifest_path(algo: str) -> Path | None:
@@ -162,7 +124,7 @@ def load_with_platforms(args):
     if args.topology is None:
         ir = load(args)       # one platform: HIP with --backend hip, else CUDA (as the compiler)
         return ir, ["hip" if args.backend == "hip" else "cuda"] * ir.nranks
-    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, load_algorithm,
+    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, load_algorithm,
                                         platforms_for, read_cluster)
     cluster = read_cluster(args.topology)
     if Path(args.algo).suffix.lower() in IR_SUFFIXES + XML_SUFFIXES:
@@ -176,8 +138,7 @@ def load_with_platforms(args):
         alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
         verify(alg)
         check_on_topology(alg, cluster.topology, cluster.name)
-        opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                              chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
+        opts = program_options(args)
         ir = build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
                            chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
     return ir, [pls[0] for pls in platforms_for(ir.nranks, "auto", cluster.topology)]
@@ -204,36 +165,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="cpu: every rank's emitted source (.cu or .hip) compiled with g++ and "
                              "the emulation header, one library per platform of a mixed program "
                              "(every thread block is a group of OS threads); cuda: a CUDA program on "
-                             "a GPU through CuPy; hip: a HIP program on an AMD GPU (default cpu)")
+                             "a GPU through CuPy; hip: a HIP program on an AMD GPU")
     parser.add_argument("--topology", metavar="T", default=None,
                         help="cluster (.topo or TACCL .json): the program must fit it, and each "
                              "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
-    parser.add_argument("--bytes", type=size_list, default=size_list(DEFAULT_BYTES), metavar="N[,N...]",
+    parser.add_argument("--bytes", type=size_list, default=DEFAULT_BYTES, metavar="N[,N...]",
                         help="sizes in bytes (K/M/G suffixes): the collective's full buffer, as "
                              "nccl-tests' size: AllReduce per-rank buffer, AllGather per-rank "
-                             "output, ReduceScatter per-rank input; a multiple of the element size "
-                             f"(default {DEFAULT_BYTES})")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default float32)")
-    parser.add_argument("--op", choices=OPS, default="sum", help="reduction operator (default sum)")
+                             "output, ReduceScatter per-rank input; a multiple of the element size")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type")
+    parser.add_argument("--op", choices=OPS, default="sum", help="reduction operator")
     parser.add_argument("--inplace", action="store_true",
                         help="in-place: AllReduce input == output, AllGather input inside the output, "
                              "ReduceScatter output inside the input")
-    parser.add_argument("--iters", type=lambda t: _count(t, 1), default=3, metavar="N",
-                        help="timed runs per size (default 3)")
-    parser.add_argument("--warmup", type=lambda t: _count(t, 0), default=1, metavar="N",
-                        help="untimed runs per size first (default 1)")
-    parser.add_argument("--timeout", type=_positive_float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--iters", type=count_at_least(1), default=3, metavar="N",
+                        help="timed runs per size")
+    parser.add_argument("--warmup", type=count_at_least(0), default=1, metavar="N",
+                        help="untimed runs per size first")
+    parser.add_argument("--timeout", type=seconds(), default=10.0, metavar="SECONDS",
                         help="a thread block that waits this long gives up and reports where it is "
-                             "stuck (default 10; 0 = never, the host watchdog still applies)")
-    parser.add_argument("--threads", type=lambda t: _count(t, 1), default=None, metavar="N",
+                             "stuck (0 = never, the host watchdog still applies)")
+    parser.add_argument("--threads", type=count_at_least(1), default=None, metavar="N",
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
-    parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, help="input data seed")
+    parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S", help="input data seed")
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
-                        help="micro-batch slice per launch (default auto: sized for each --bytes so a "
+                        help="micro-batch slice per launch (auto: sized for each --bytes so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    add_program_options(parser)
+    add_program_options(parser, prefix="for .rccl input: ")
 
 
 def _row(res) -> str:

@@ -28,6 +28,7 @@ import json
 import sys
 from pathlib import Path
 
+from hccc.args import comma_list, format_size, parse_size, positive_int
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
@@ -35,21 +36,11 @@ DEFAULT_SIZES = "1M,64M,1G"
 PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
 
-def _sizes(text: str) -> list[int]:
-    from hccc.cli import parse_size
-
-    parts = [s for s in text.split(",") if s.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("expected sizes such as 1M,64M,1G")
-    out = [parse_size(s) for s in parts]
-    if len(out) > 64:
-        raise argparse.ArgumentTypeError("at most 64 sizes")
-    return out
+SUMMARY = "simulate an algorithm on a cluster (alpha-beta model)"
+INPUTS = {"algo": "algorithm", "topology": "cluster"}
 
 
 def _chunk(text: str) -> int:
-    from hccc.cli import parse_size
-
     v = parse_size(text)
     if v % 16 or v > (1 << 30):
         raise argparse.ArgumentTypeError(f"chunk size must be a multiple of 16 bytes of at most 1G, not '{text}'")
@@ -60,8 +51,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("algo", metavar="ALGO", help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
     p.add_argument("--topology", "-t", required=True, metavar="T",
                    help="cluster description (.topo, or a TACCL profile .json)")
-    p.add_argument("--sizes", type=_sizes, default=_sizes(DEFAULT_SIZES), metavar="S1,S2,...",
-                   help=f"buffer sizes (nccl-tests' size: the full buffer), K/M/G suffixes (default {DEFAULT_SIZES})")
+    p.add_argument("--sizes", type=comma_list(parse_size, "sizes"), default=DEFAULT_SIZES, metavar="S1,S2,...",
+                   help="buffer sizes (nccl-tests' size: the full buffer), K/M/G suffixes")
     p.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
                    help="HPDS or the round-robin baseline (task-level execution)")
     p.add_argument("--tb-alloc", choices=("state", "connection"), default=None,
@@ -73,9 +64,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="fixed micro-batch slice and FIFO slot size for every size (default: slots of 1M, "
                         "or a given IR's own, and a slice chosen per size)")
     p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
-                   help="element type (sizes are rounded down to whole elements; default float32)")
-    p.add_argument("--max-transfers", type=int, default=10 ** 7, metavar="N",
-                   help="refuse programs with more transfers than this (default 10^7)")
+                   help="element type (sizes are rounded down to whole elements)")
+    p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
+                   help="refuse programs with more transfers than this")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="write a timeline of the largest size (PNG, SVG or PDF, by extension)")
@@ -114,13 +105,6 @@ def _load(args):
                                chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES)
 
 
-def _human(n: int) -> str:
-    for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k}{unit}"
-    return str(n)
-
-
 def run(args) -> int:
     from hccc.compiler.pipeline import load_cluster
     from hccc.runtime.simulator import SimulationError, prepare, simulate
@@ -138,7 +122,7 @@ def run(args) -> int:
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
     results = []
     for i, size in enumerate(sizes):
-        _progress(args, f"simulating {_human(size)}")
+        _progress(args, f"simulating {format_size(size)}")
         try:
             results.append(simulate(prog, topo, size, execution=args.execution, element_bytes=esize,
                                     record=PLOT_ROWS if args.plot and i == largest else 0,
@@ -171,7 +155,7 @@ def run(args) -> int:
     print(f"# hccc sim: {ir.name} ({ir.collective}, {ir.nranks} ranks) on {topo.name}: "
           f"{args.execution}-level execution, scheduler {scheduler}, {tb_alloc}-based TBs "
           f"({big.ntbs} in total, at most {big.tbs_per_rank_max} per rank), "
-          f"{_human(int(ir.chunk_bytes))}B slots, "
+          f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
     print("#")
     head = (f"{'size':>12} {'count':>11} {'type':>8} {'time(us)':>11} {'algbw(GB/s)':>12} "
@@ -181,8 +165,8 @@ def run(args) -> int:
     for r in results:
         print(f"{r.nbytes:>12} {r.nbytes // esize:>11} {args.dtype:>8} {r.time_us:>11.2f} "
               f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f} {r.lower_bound_s * 1e6:>11.2f} "
-              f"{_human(r.slice_bytes):>7} {r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% "
+              f"{format_size(r.slice_bytes):>7} {r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% "
               f"{100 * r.tb_idle_max:>8.1f}%")
     if args.plot:
-        print(f"# timeline of {_human(big.nbytes)}B written to {args.plot}")
+        print(f"# timeline of {format_size(big.nbytes)}B written to {args.plot}")
     return 0

@@ -21,55 +21,37 @@ import json
 import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import count_at_least, parse_size, positive_int, seconds
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import write_text_atomically
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
-    return int(text)
-
-
-def _nonneg_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
-    return int(text)
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"the time limit must be positive and finite, got '{text}'")
-    return v
+SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
+INPUTS = {"topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, type=str.lower, choices=COLLECTIVES,
                    help="the collective to synthesise")
-    p.add_argument("--root", type=_nonneg_int, default=None, metavar="R",
+    p.add_argument("--root", type=count_at_least(0), default=None, metavar="R",
                    help="broadcast root (default 0; written as the program's Root)")
-    p.add_argument("--chunks-per-rank", type=_positive_int, default=1, metavar="K",
-                   help="chunks per rank (default 1; written as the program's nChunksPerRank)")
-    p.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
-                   help="seconds for the search (default 60); the best schedule so far is written then")
-    p.add_argument("--pod-size", type=_positive_int, default=None, metavar="M",
+    p.add_argument("--chunks-per-rank", type=positive_int, default=1, metavar="K",
+                   help="chunks per rank (written as the program's nChunksPerRank)")
+    p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
+                   help="seconds for the search; the best schedule so far is written then")
+    p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
     p.add_argument("--no-smt", action="store_true", help="greedy heuristic only (no z3 repair or minimisation)")
-    p.add_argument("--variants", type=_positive_int, default=3, metavar="N",
-                   help="greedy variants tried per phase (default 3); among those with the fewest steps the "
+    p.add_argument("--variants", type=positive_int, default=3, metavar="N",
+                   help="greedy variants tried per phase; among those with the fewest steps the "
                         "one the alpha-beta simulator finds fastest is kept")
-    p.add_argument("--select-size", type=parse_size, default=1 << 30, metavar="BYTES",
+    p.add_argument("--select-size", type=parse_size, default="1G", metavar="BYTES",
                    help="buffer size at which variants are compared in the simulator and the bandwidth lower "
-                        "bound is reported (default 1G)")
+                        "bound is reported")
     p.add_argument("--no-sim-select", action="store_true",
                    help="do not use the simulator to choose among variants (keep the first)")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")

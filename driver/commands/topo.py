@@ -48,11 +48,12 @@ EPILOG = """\
 """
 
 
-def configure(parser) -> None:
-    import argparse
+SUMMARY = "summarise a cluster description"
+INPUTS = {"cluster": "cluster"}
 
+
+def configure(parser) -> None:
     parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("cluster", metavar="T", help="cluster description: .topo, or a TACCL profile .json")
     parser.add_argument("--json", action="store_true",
                         help=f"print one JSON object (schema {SCHEMA}; keys below)")
