@@ -29,12 +29,12 @@ def check_inputs(command: str, args, inputs: dict[str, str]) -> None:
     """Raise a :class:`CompileError` naming the right command when an argument of ``args`` holds a
     file of the other kind. ``inputs``: attribute of ``args`` -> kind it must be."""
     for dest, want in inputs.items():
-        path = getattr(args, dest, None)
-        if not isinstance(path, str):
+        value = getattr(args, dest, None)
+        paths = value if isinstance(value, list) else [value]
+        wrong = [(p, kind_of(p)) for p in paths if isinstance(p, str) and kind_of(p) not in (None, want)]
+        if not wrong:
             continue
-        got = kind_of(path)
-        if got is None or got == want:
-            continue
+        path, got = wrong[0]
         where = f"`{command} ... --{dest.replace('_', '-')}`" if dest == "topology" else f"`{command}`"
         raise CompileError([Diagnostic(
             f"{path} is {DESCRIBE[got]}; {where} reads {WANTS[want]}; "

@@ -7,14 +7,17 @@ import shutil
 import pytest
 from hypothesis import HealthCheck, settings
 
-# "dev" (default): quick local runs. "ci": reproducible (derandomised), no deadlines on a loaded
-# 2-core machine. "thorough": many more examples for a local soak.
-settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# "ci" (default): reproducible: derandomised (the same examples on every run, no example database),
+# no deadlines on a loaded 2-core machine. "dev": random exploration, new examples each run (and
+# failures replayed from the local example database). "thorough": random, and many more examples
+# for a soak. Pick one with `pytest --hypothesis-profile dev` or HYPOTHESIS_PROFILE=dev; the option
+# wins over the variable (hypothesis' pytest plugin loads it after this file).
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=1000,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 
 def require_tool(name: str) -> str:

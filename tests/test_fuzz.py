@@ -51,7 +51,7 @@ def test_fuzz_reports_a_stuck_program_at_once(capsys, tmp_path):
     p.write_text(ir.to_json())
     rc = main(["fuzz", str(p), "--timeout", "0.3"])
     out = capsys.readouterr().out
-    assert rc == 1 and "FAILED after 1 case(s)" in out and "stuck in recv" in out
+    assert rc == 1 and "FAILED after 1 case;" in out and "stuck in recv" in out
     assert "reproduce: hccc run " in out and "--chunk-size" not in out   # an IR keeps its chunks
 
 

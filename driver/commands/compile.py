@@ -53,7 +53,14 @@ def run(args) -> int:
         ir, files, notes = compile_program(ir, args.output, opts, times, cluster=cluster, xml_limits=limits)
     else:
         alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
-        ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits)
+        choose = None
+        if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
+            from hccc.runtime.simulator import faster_allocation
+
+            def choose(alg, ir):
+                return faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+        ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits,
+                                             choose_allocation=choose)
     for note in notes:
         sys.stderr.write(f"hccc: warning: {note}\n")
     st = ir.stats

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from hccc.args import add_program_options, choice_list, count_at_least, program_options, seconds
 from hccc.commands.run import DTYPES, OPS
+from hccc.plural import plural
+from hccc.progress import Progress
 
 SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"
 INPUTS = {"algo": "algorithm"}
@@ -56,13 +58,12 @@ def _load(args):
 def _repro(args, ir, case) -> str:
     from hccc.runtime.launcher import ELEMENT_BYTES
     cmd = ["hccc", "run", args.algo, "--backend", args.backend,
-           "--bytes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
+           "--sizes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
            "--op", case.op, "--threads", str(case.nthreads), "--seed", str(args.seed),
            "--iters", "1", "--warmup", "0"]
     if Path(args.algo).suffix.lower() not in (".json", ".xml"):
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
-    if case.inplace:
-        cmd.append("--inplace")
+    cmd.append("--inplace" if case.inplace else "--out-of-place")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
     if args.scheduler != "hpds":
         cmd += ["--scheduler", args.scheduler]
@@ -76,32 +77,22 @@ def run(args) -> int:
     from hccc.testing import fuzz_kernels
 
     ir = _load(args)
-    tty = sys.stderr.isatty() and not args.json
+    with Progress("hccc fuzz", enabled=not args.json) as prog:
+        task = prog.task(f"{ir.name} ({ir.collective}, {plural(ir.nranks, 'rank')}, chunk size {ir.chunk_bytes} B): "
+                         f"{plural(args.examples, 'random case')} on {args.backend}; kernels are built on "
+                         "first use", total=args.examples)
 
-    def progress(i, case, res):
-        if tty:
-            sys.stderr.write(f"\r  case {i}: {case.describe():70.70s}")
-            sys.stderr.flush()
+        def progress(i, case, res):
+            task.advance()
+            task.update(f"case {i}: {case.describe()}")
 
-    if tty:
-        sys.stderr.write(f"hccc fuzz: {ir.name} ({ir.collective}, {ir.nranks} ranks, chunk size "
-                         f"{ir.chunk_bytes} B) on {args.backend}; kernels are built on first use\n")
-    try:
-        rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
-                           timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
-                           max_microbatches=args.max_microbatches, progress=progress)
-    except PlatformError as exc:
-        if tty:
-            sys.stderr.write("\n")
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    except ValueError as exc:
-        if tty:
-            sys.stderr.write("\n")
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    if tty:
-        sys.stderr.write("\r" + " " * 80 + "\r")
+        try:
+            rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
+                               timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
+                               max_microbatches=args.max_microbatches, progress=progress)
+        except (PlatformError, ValueError) as exc:
+            sys.stderr.write(f"hccc: error: {exc}\n")
+            return 1
     cases = [c for c, _ in rep.cases]
     counts = [c.count for c in cases]
     summary = {
@@ -120,13 +111,13 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(summary))
     elif rep.ok:
-        print(f"hccc fuzz: {ir.name}: {len(cases)} cases passed in {rep.seconds:.1f} s "
+        print(f"hccc fuzz: {ir.name}: {plural(len(cases), 'case')} passed in {rep.seconds:.1f} s "
               f"({summary['min_count']}..{summary['max_count']} elements, chunk size "
               f"{ir.chunk_bytes} B; dtypes {','.join(summary['dtypes'])}; ops "
               f"{','.join(summary['ops'])}; {summary['inplace_cases']} in-place; threads per "
               f"block {','.join(map(str, summary['threads']))})")
     else:
-        print(f"hccc fuzz: {ir.name}: FAILED after {len(cases)} case(s); minimal failing case:")
+        print(f"hccc fuzz: {ir.name}: FAILED after {plural(len(cases), 'case')}; minimal failing case:")
         print(f"  {summary['failure']['message']}")
         print(f"  reproduce: {summary['failure']['repro']}")
     return 0 if rep.ok else 1

@@ -45,8 +45,10 @@ import re
 import sys
 from pathlib import Path
 
-from hccc.args import (add_program_options, comma_list, count_at_least, parse_size, program_options, seconds,
-                       size_or_zero)
+from hccc.args import add_program_options, count_at_least, parse_size, program_options, seconds
+from hccc.plural import plural
+from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
+                        sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
 INPUTS = {"algo": "algorithm", "topology": "cluster"}
@@ -55,7 +57,6 @@ OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 DEFAULT_BYTES = "4K,64K,1M"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-size_list = comma_list(size_or_zero, "sizes")
 
 
 def load(args):
@@ -141,6 +142,9 @@ def load_with_platforms(args):
         opts = program_options(args)
         ir = build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
                            chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+        if opts.tb_alloc == "state":   # keep thread-block sharing only where it costs no time there
+            from hccc.runtime.simulator import faster_allocation
+            ir = faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
     return ir, [pls[0] for pls in platforms_for(ir.nranks, "auto", cluster.topology)]
 
 
@@ -169,19 +173,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", metavar="T", default=None,
                         help="cluster (.topo or TACCL .json): the program must fit it, and each "
                              "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
-    parser.add_argument("--bytes", type=size_list, default=DEFAULT_BYTES, metavar="N[,N...]",
-                        help="sizes in bytes (K/M/G suffixes): the collective's full buffer, as "
-                             "nccl-tests' size: AllReduce per-rank buffer, AllGather per-rank "
-                             "output, ReduceScatter per-rank input; a multiple of the element size")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type")
-    parser.add_argument("--op", choices=OPS, default="sum", help="reduction operator")
-    parser.add_argument("--inplace", action="store_true",
-                        help="in-place: AllReduce input == output, AllGather input inside the output, "
-                             "ReduceScatter output inside the input")
-    parser.add_argument("--iters", type=count_at_least(1), default=3, metavar="N",
+    add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
+    parser.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type")
+    parser.add_argument("-o", "--op", choices=OPS, default="sum",
+                        help="reduction operator (shown as redop 'none' for collectives that reduce nothing)")
+    parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
+                        help="root of a Broadcast or Reduce: must be the program's own Root (it is "
+                             "compiled in)")
+    place = parser.add_mutually_exclusive_group()
+    place.add_argument("--inplace", action="store_true",
+                       help="run in place only (AllReduce input == output, AllGather input inside the "
+                            "output, ReduceScatter output inside the input); both run by default, side by side")
+    place.add_argument("--out-of-place", action="store_true", help="run out of place only")
+    parser.add_argument("-n", "--iters", type=count_at_least(1), default=3, metavar="N",
                         help="timed runs per size")
-    parser.add_argument("--warmup", type=count_at_least(0), default=1, metavar="N",
-                        help="untimed runs per size first")
+    parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
+                        help="untimed runs per size first (nccl-tests' warmup iters)")
     parser.add_argument("--timeout", type=seconds(), default=10.0, metavar="SECONDS",
                         help="a thread block that waits this long gives up and reports where it is "
                              "stuck (0 = never, the host watchdog still applies)")
@@ -190,78 +197,108 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "GPU, 2 on the CPU)")
     parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S", help="input data seed")
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
-                        help="micro-batch slice per launch (auto: sized for each --bytes so a "
+                        help="micro-batch slice per launch (auto: sized for each size so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_program_options(parser, prefix="for .rccl input: ")
 
 
-def _row(res) -> str:
+#: one placement's columns: (name, unit, width)
+COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7), ("#wrong", "", 6)]
+
+
+def _cells(res) -> str:
     if res.stuck is not None:
-        t = f"{'stuck':>9s}  {'-':>6s}  {'-':>6s}  {'-':>6s}"
+        vals = ("stuck", "-", "-", "-")
     else:
-        t = f"{res.time_us:9.1f}  {res.algbw_GBps:6.2f}  {res.busbw_GBps:6.2f}  {res.wrong:6d}"
-    return (f"{res.bytes:12d}  {res.count:12d}  {TYPE_NAMES[res.dtype]:>8s}  {res.op:>6s}  {t}")
+        vals = (f"{res.time_us:.1f}", f"{res.algbw_GBps:.2f}", f"{res.busbw_GBps:.2f}", str(res.wrong))
+    return "".join(f"  {v:>{w}}" for v, (_, _, w) in zip(vals, COLUMNS))
 
 
 def run(args) -> int:
+    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
     from hccc.runtime.platform import PlatformError
 
+    sweep = sweep_sizes(args)
     es = ELEMENT_BYTES[args.dtype]
-    bad = [b for b in args.bytes if b % es]
+    bad = [b for b in sweep.sizes if b % es]
     if bad:
-        sys.stderr.write(f"hccc run: error: --bytes {bad[0]} is not a whole number of {args.dtype} "
+        sys.stderr.write(f"hccc run: error: size {bad[0]} is not a whole number of {args.dtype} "
                          f"elements ({es} bytes each)\n")
         return 2
     ir, plats = load_with_platforms(args)
+    coll = ir.collective
+    root = root_column(coll, ir.root)
+    if args.root is not None and root >= 0 and args.root != root:
+        raise CompileError([Diagnostic(
+            f"-r {args.root}: {ir.name} is compiled for root {root} (its Root); compile the program "
+            f"for root {args.root} to run it there", None)])
     if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
         # with a single micro-batch per chunk the two orders coincide, so make the slot hold a chunk.
-        most = max(args.bytes) * max(1, ir.nranks) // es
+        most = max(sweep.sizes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
         ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16)
-    tty = sys.stderr.isatty() and not args.json
-    if tty:
-        sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")
+    groups = placements(args)
     results = []
+    from hccc.progress import Progress
     try:
-        with Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                    timeout_s=args.timeout) as runner:
-            libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
-                              "library": str(runner.libraries[pl])}
-                         for pl, rs in runner.library_ranks.items()}
-            if not args.json:
-                print(f"# hccc run: {ir.name}: {ir.collective} on {ir.nranks} ranks, backend "
-                      f"{args.backend}, {runner.block} thread(s) per thread block, "
-                      f"{'in-place' if args.inplace else 'out-of-place'}, chunk size {ir.chunk_bytes} B")
-                if len(libraries) > 1 or plats[0] != "cuda":
-                    print("# " + "; ".join(
-                        f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
-                        f"({v['backend']})" for pl, v in libraries.items()))
-                print("#")
-                print(f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'time':>9s}  "
-                      f"{'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}")
-                print(f"# {'(B)':>10s}  {'(elements)':>12s}  {'':>8s}  {'':>6s}  {'(us)':>9s}  "
-                      f"{'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}")
-            for nbytes in args.bytes:
-                res = runner.run(nbytes, inplace=args.inplace, iters=args.iters, warmup=args.warmup,
-                                 seed=args.seed, slice_bytes=args.slice_size)
-                results.append(res)
+        with Progress("hccc run", enabled=not args.json) as progress:
+            with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
+                runner = Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
+                                timeout_s=args.timeout)
+            with runner:
+                libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
+                                  "library": str(runner.libraries[pl])}
+                             for pl, rs in runner.library_ranks.items()}
                 if not args.json:
-                    print(_row(res), flush=True)
-                    if res.stuck is not None:
-                        print(f"#   {res.stuck}", flush=True)
-                    elif res.wrong:
-                        print(f"#   first wrong: {res.first_wrong}", flush=True)
-                    elif res.collective_wrong > 0:
-                        print(f"#   {ir.name} does not implement {ir.collective}: {res.collective_wrong} "
-                              f"element(s) of its reference run differ from the definition; first: "
-                              f"{res.first_wrong}", flush=True)
-                if res.stuck is not None and "host watchdog" in res.stuck:
-                    break   # the platform may be unusable now
-            nthreads, pname = runner.block, args.backend
+                    progress.print(
+                        f"# hccc run: {ir.name}: {coll} on {plural(ir.nranks, 'rank')}, backend {args.backend}, "
+                        f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B")
+                    progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
+                                   f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
+                    if len(libraries) > 1 or plats[0] != "cuda":
+                        progress.print("# " + "; ".join(
+                            f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
+                            f"({v['backend']})" for pl, v in libraries.items()))
+                    progress.print("#")
+                    for line in table_header(groups, COLUMNS):
+                        progress.print(line)
+                broken = False
+                task = progress.task(f"running {plural(len(sweep.sizes), 'size')}"
+                                     + (" out of place and in place" if len(groups) > 1 else ""),
+                                     total=len(sweep.sizes) * len(groups))
+                for nbytes in sweep.sizes:
+                    row = []
+                    for inplace in groups:
+                        res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                         seed=args.seed, slice_bytes=args.slice_size)
+                        task.advance()
+                        results.append(res)
+                        row.append(res)
+                        if res.stuck is not None and "host watchdog" in res.stuck:
+                            broken = True   # the platform may be unusable now
+                            break
+                    if not args.json:
+                        progress.print(table_left(nbytes, nbytes // es, TYPE_NAMES[args.dtype],
+                                                  redop_column(coll, args.op), root)
+                                       + "".join(_cells(r) for r in row))
+                        for r in row:
+                            where = GROUP[r.inplace]
+                            if r.stuck is not None:
+                                progress.print(f"#   {where}: {r.stuck}")
+                            elif r.wrong:
+                                progress.print(f"#   {where}: first wrong: {r.first_wrong}")
+                            elif r.collective_wrong > 0:
+                                progress.print(
+                                    f"#   {where}: {ir.name} does not implement {coll}: "
+                                    f"{plural(r.collective_wrong, 'element')} of its reference run differ "
+                                    f"from the definition; first: {r.first_wrong}")
+                    if broken:
+                        break
+                nthreads, pname = runner.block, args.backend
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
@@ -270,18 +307,18 @@ def run(args) -> int:
         return 1
     ok = all(r.ok for r in results)
     if args.json:
-        print(json.dumps({"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
-                          "backend": pname, "nthreads": nthreads, "ok": ok,
+        print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
+                          "backend": pname, "nthreads": nthreads, "ok": ok, "root": root,
+                          "redop": redop_column(coll, args.op),
                           "rank_platform": plats, "libraries": libraries,
                           "results": [r.to_json() for r in results]}))
     else:
-        good = [r for r in results if r.stuck is None and math.isfinite(r.busbw_GBps)]
-        avg = sum(r.busbw_GBps for r in good) / len(good) if good else float("nan")
         wrong = sum(max(r.wrong, 0) for r in results)
         stuck = sum(r.stuck is not None for r in results)
         notcoll = sum(r.collective_wrong > 0 for r in results)
-        print(f"# wrong elements: {wrong}, stuck runs: {stuck}"
-              + (f", runs whose reference result is not the collective: {notcoll}" if notcoll else "")
-              + f"  {'OK' if ok else 'FAILED'}")
-        print(f"# avg bus bandwidth: {avg:.4g} GB/s")
+        if stuck or notcoll:
+            print(f"# {plural(stuck, 'stuck run')}"
+                  + (f", {plural(notcoll, 'run')} whose reference result is not the collective" if notcoll else ""))
+        print(f"# Out of bounds values : {wrong} {'OK' if ok else 'FAILED'}")
+        print(avg_busbw_line([r.busbw_GBps for r in results if r.stuck is None]))
     return 0 if ok else 1
