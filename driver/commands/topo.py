@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import sys
 
+from hccc.plural import plural
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
 
 SCHEMA = "hccc.topo/1"
@@ -152,8 +153,8 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
     """The human-readable summary of a :func:`report`."""
     out = []
     src = f" ({rep['file']})" if rep["file"] else ""
-    out.append(f"cluster {rep['name']}{src}: {rep['nnodes']} node(s), {rep['nranks']} GPUs, {rep['nlinks']} links, "
-               f"{len(rep['shared_groups'])} shared groups")
+    out.append(f"cluster {rep['name']}{src}: {plural(rep['nnodes'], 'node')}, {plural(rep['nranks'], 'GPU')}, "
+               f"{plural(rep['nlinks'], 'link')}, {plural(len(rep['shared_groups']), 'shared group')}")
     line = f"chunk size S_c = {_size(rep['chunk_size'])}"
     if rep["tau_ref_us"] is not None:
         bn = rep["bottleneck"]
