@@ -2,7 +2,8 @@
 kind: ``hccc topo x.rccl`` or ``hccc cluster.topo -o d`` say which command reads that file.
 
 Commands declare what their positional arguments and options take (``INPUTS = {"algo":
-"algorithm", "topology": "cluster"}``); :func:`check_inputs` runs before the command does.
+"algorithm", "--topology": "cluster"}``: options with their dashes); :func:`check_inputs` runs
+before the command does.
 """
 from __future__ import annotations
 
@@ -27,15 +28,16 @@ def kind_of(path: str) -> str | None:
 
 def check_inputs(command: str, args, inputs: dict[str, str]) -> None:
     """Raise a :class:`CompileError` naming the right command when an argument of ``args`` holds a
-    file of the other kind. ``inputs``: attribute of ``args`` -> kind it must be."""
-    for dest, want in inputs.items():
-        value = getattr(args, dest, None)
+    file of the other kind. ``inputs``: positional name or ``--option`` -> kind it must be."""
+    for name, want in inputs.items():
+        option = name.startswith("--")
+        value = getattr(args, name.lstrip("-").replace("-", "_"), None)
         paths = value if isinstance(value, list) else [value]
         wrong = [(p, kind_of(p)) for p in paths if isinstance(p, str) and kind_of(p) not in (None, want)]
         if not wrong:
             continue
         path, got = wrong[0]
-        where = f"`{command} ... --{dest.replace('_', '-')}`" if dest == "topology" else f"`{command}`"
+        where = f"`{command} ... {name}`" if option else f"`{command}`"
         raise CompileError([Diagnostic(
             f"{path} is {DESCRIBE[got]}; {where} reads {WANTS[want]}; "
             f"did you mean {READERS[got].format(path=path)}?", None)])

@@ -17,7 +17,7 @@ from hccc.args import add_topology_option, positive_int
 from hccc.plural import plural
 
 SUMMARY = "verify an algorithm and print a summary"
-INPUTS = {"algo": "algorithm", "topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from hccc.args import add_program_options, add_topology_option, add_xml_limit_ar
 from hccc.plural import plural
 
 SUMMARY = "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')"
-INPUTS = {"algo": "algorithm", "topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:

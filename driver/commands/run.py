@@ -51,7 +51,7 @@ from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, re
                         sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
-INPUTS = {"algo": "algorithm", "topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}

@@ -46,7 +46,7 @@ PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
 
 SUMMARY = "simulate an algorithm on a cluster (alpha-beta model)"
-INPUTS = {"algo": "algorithm", "topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 
 
 def _chunk(text: str) -> int:

@@ -37,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collective", required=True, type=str.lower, choices=COLLECTIVES,
                    help="the collective to synthesise")
     p.add_argument("--root", type=count_at_least(0), default=None, metavar="R",
-                   help="broadcast root (default 0; written as the program's Root)")
+                   help="broadcast root (0 when not given; written as the program's Root)")
     p.add_argument("--chunks-per-rank", type=positive_int, default=1, metavar="K",
                    help="chunks per rank (written as the program's nChunksPerRank)")
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
