@@ -14,9 +14,12 @@ import sys
 
 from hccc.args import add_program_options, add_topology_option, add_xml_limit_arguments, program_options
 from hccc.plural import plural
+from hccc.progress import Progress
 
 SUMMARY = "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
+#: programs with more transfers than this take seconds to compile: show progress
+BIG_TRANSFERS = 100_000
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -59,8 +62,11 @@ def run(args) -> int:
 
             def choose(alg, ir):
                 return faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
-        ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits,
-                                             choose_allocation=choose)
+        big = alg.ntransfers > BIG_TRANSFERS
+        with Progress("hccc", enabled=big) as prog, \
+                prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):
+            ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster,
+                                                 xml_limits=limits, choose_allocation=choose)
     for note in notes:
         sys.stderr.write(f"hccc: warning: {note}\n")
     st = ir.stats

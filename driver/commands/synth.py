@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 from hccc.args import count_at_least, parse_size, positive_int, seconds
+from hccc.plural import plural
+from hccc.progress import Progress
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import write_text_atomically
 
@@ -59,42 +61,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
 
 
-class _Progress:
-    """A one-line live status on a terminal (rich); silent otherwise."""
+#: how synthesis events read in the progress display
+EVENTS = {"bound": "lower bound {steps} steps",
+          "greedy": "greedy schedule: {steps} steps",
+          "cegis": "CEGIS iteration {iteration}: checkpoint step {checkpoint}, {learned} groups learned, {steps} steps",
+          "minimise": "z3 shortened the schedule to {steps} steps (window {window})",
+          "pod": "pod of {ranks} GPUs: {steps} steps",
+          "select": "simulator chose greedy variant {variant}",
+          "inter-pod": "inter-pod schedule over {pods} pods: {steps} steps"}
 
-    def __init__(self, enabled: bool, title: str):
-        self.status = None
-        if enabled:
-            from rich.console import Console
 
-            self.status = Console(stderr=True).status(title)
-            self.title = title
-
-    def __enter__(self):
-        if self.status is not None:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status is not None:
-            self.status.__exit__(*exc)
-
-    def __call__(self, event: str, info: dict) -> None:
-        if self.status is None:
-            return
-        text = {"bound": "lower bound {steps} steps",
-                "greedy": "greedy schedule: {steps} steps",
-                "cegis": "CEGIS iteration {iteration}: checkpoint step {checkpoint}, {learned} groups learned, "
-                         "{steps} steps",
-                "minimise": "z3 shortened the schedule to {steps} steps (window {window})",
-                "pod": "pod of {ranks} GPUs: {steps} steps",
-                "select": "simulator chose greedy variant {variant}",
-                "inter-pod": "inter-pod schedule over {pods} pods: {steps} steps"}.get(event, event)
-        try:
-            msg = text.format(**info)
-        except (KeyError, IndexError):
-            msg = event
-        self.status.update(f"{self.title}: {msg}")
+def describe_event(event: str, info: dict) -> str:
+    try:
+        return EVENTS.get(event, event).format(**info)
+    except (KeyError, IndexError):
+        return event
 
 
 def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1):
@@ -153,9 +134,12 @@ def run(args) -> int:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
     dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
-    title = f"hccc synth {args.collective} on {Path(args.topology).name} ({topo.nranks} GPUs)"
-    progress = _Progress(sys.stderr.isatty() and not args.json, title)
-    with progress:
+    title = f"{args.collective} on {Path(args.topology).name} ({plural(topo.nranks, 'GPU')})"
+    with Progress("hccc synth", enabled=not args.json) as prog, prog.phase(title, limit_s=args.time_limit) as phase:
+
+        def progress(event: str, info: dict) -> None:
+            phase.update(describe_event(event, info))
+
         try:
             score = None if args.no_sim_select or args.variants == 1 else simulated_score(
                 topo, args.select_size, root=args.root, chunks_per_rank=args.chunks_per_rank)

@@ -228,9 +228,11 @@ def run(args) -> int:
         if importlib.util.find_spec("matplotlib") is None:
             sys.stderr.write("hccc topo: error: --plot needs matplotlib (pip install 'hccc[plot]')\n")
             return 1
+        from hccc.progress import Progress
         from hccc.topo_plot import draw
         try:
-            draw(topo, args.plot)
+            with Progress("hccc topo", enabled=not args.json) as prog, prog.phase(f"drawing {args.plot}"):
+                draw(topo, args.plot)
         except OSError as exc:
             sys.stderr.write(f"hccc topo: error: cannot write '{args.plot}': {exc.strerror or exc}\n")
             return 1
