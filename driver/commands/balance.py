@@ -6,6 +6,7 @@ import argparse
 import json
 
 from hccc.args import comma_list, count_at_least
+from hccc.table import table_lines
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 SUMMARY = "micro-batch sizes proportional to measured GPU speeds"
@@ -45,8 +46,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"sizes": sizes, "step_time": t, "uniform_step_time": tu, "speedup": speedup}))
         return 0
-    print(f"{'gpu':>4} {'speed':>10} {'batch':>7} {'time':>10}")
-    for i, (s, b) in enumerate(zip(args.speeds, sizes)):
-        print(f"{i:>4} {s:>10g} {b:>7} {b / s:>10.4g}")
+    rows = [[str(i), f"{sp:g}", str(b), f"{b / sp:.4g}"] for i, (sp, b) in enumerate(zip(args.speeds, sizes))]
+    print("\n".join(table_lines(["gpu", "speed", "batch", "time"], rows, {0, 1, 2, 3}, indent=0)))
     print(f"step time {t:.4g} (uniform split: {tu:.4g}, {speedup:.2f}x faster)")
     return 0
