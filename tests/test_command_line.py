@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hccc import __version__
 from hccc.args import HelpFormatter, choice_list, comma_list, format_size, parse_size, size_or_zero
 from hccc.cli import COMMANDS, SUMMARIES, USAGE, command_parser, main
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

@@ -144,7 +144,7 @@ def test_double_count():
     err = errors_of(alg)
     assert err.kinds == ["double-count"]
     assert err.diagnostics[0].message == ("rrc of chunk 1 from rank 2 into rank 1 at step 2 counts the "
-                                          "contribution of rank(s) 0, 1 twice (n=0, r=2)")
+                                          "contribution of ranks 0, 1 twice (n=0, r=2)")
 
 
 def test_postcondition_allgather_and_summary():

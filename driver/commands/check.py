@@ -14,7 +14,7 @@ import json
 import os
 
 from hccc.args import add_topology_option, positive_int
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 
 SUMMARY = "verify an algorithm and print a summary"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}

@@ -13,7 +13,7 @@ import os
 import sys
 
 from hccc.args import add_program_options, add_topology_option, add_xml_limit_arguments, program_options
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 
 SUMMARY = "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')"

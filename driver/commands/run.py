@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import add_program_options, count_at_least, parse_size, program_options, seconds
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
 

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.sweep import add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_sizes, table_header, table_left
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import count_at_least, parse_size, positive_int, seconds
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import write_text_atomically

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hccc.plural import plural
+from hccc.compiler.frontend.plural import plural
 from hccc.table import table_lines
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
 
