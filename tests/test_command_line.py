@@ -13,6 +13,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,7 +107,7 @@ UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 @given(st.integers(min_value=0, max_value=1 << 42))
-@settings(max_examples=200)
+@settings(max_examples=examples(100))
 def test_format_size_is_exact_and_parses_back(n):
     text = format_size(n)
     assert re.fullmatch(r"[0-9]+(\.[0-9]{1,2})?[KMG]?", text)
@@ -119,7 +120,7 @@ def test_format_size_is_exact_and_parses_back(n):
 
 @given(st.integers(min_value=0, max_value=10 ** 6), st.integers(min_value=0, max_value=99),
        st.sampled_from(["", "K", "M", "G"]), st.sampled_from(["", "B", "iB"]), st.booleans())
-@settings(max_examples=200)
+@settings(max_examples=examples(100))
 def test_parse_size_reads_the_topo_syntax(whole, frac, unit, suffix, lower):
     text = f"{whole}.{frac:02d}{unit}" if frac else f"{whole}{unit}"
     if unit or suffix == "B":
@@ -138,7 +139,7 @@ def test_parse_size_reads_the_topo_syntax(whole, frac, unit, suffix, lower):
 
 
 @given(st.lists(st.integers(min_value=1, max_value=1 << 40), min_size=1, max_size=64))
-@settings(max_examples=100)
+@settings(max_examples=examples(50))
 def test_comma_list_reads_what_format_writes(sizes):
     assert comma_list(parse_size, "sizes")(",".join(format_size(s) for s in sizes)) == sizes
     assert comma_list(parse_size, "sizes")(" , ".join(str(s) for s in sizes)) == sizes
@@ -158,7 +159,7 @@ def test_choice_list():
 
 @given(st.integers(min_value=0, max_value=1 << 30), st.integers(min_value=0, max_value=1 << 34),
        st.integers(min_value=2, max_value=64))
-@settings(max_examples=200)
+@settings(max_examples=examples(100))
 def test_factor_sweep_is_nccl_tests(lo, hi, f):
     from hccc.commands.run import DEFAULT_BYTES
     from hccc.compiler.frontend.diagnostics import CompileError

@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = '''
 from hypothesis import given, settings, strategies as st
-SEEN = []
+from conftest import examples
 def test_profile():
-    print("PROFILE", settings._current_profile, settings.default.derandomize, settings.default.database)
+    print("PROFILE", settings._current_profile, settings.default.derandomize, settings.default.database,
+          examples(40))
 '''
 
 
@@ -32,13 +33,14 @@ def _profile(tmp_path, *args, env_profile=None) -> str:
 
 
 def test_default_profile_is_derandomised(tmp_path):
-    assert _profile(tmp_path) == "ci True None"
+    assert _profile(tmp_path) == "ci True None 40"
 
 
 def test_random_profiles_on_request(tmp_path):
     assert _profile(tmp_path, "--hypothesis-profile", "dev").startswith("dev False")
     assert _profile(tmp_path, env_profile="dev").startswith("dev False")
-    assert _profile(tmp_path, "--hypothesis-profile", "thorough", env_profile="dev").startswith("thorough False")
+    got = _profile(tmp_path, "--hypothesis-profile", "thorough", env_profile="dev")
+    assert got.startswith("thorough False") and got.endswith(" 400")
 
 
 def test_ci_runs_the_readme_command():

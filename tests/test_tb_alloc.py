@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -336,7 +337,7 @@ def _chosen(alg, scheduler: str, nbytes: int):
 
 
 @given(st.one_of(valid_programs(max_ranks=6), algorithms(max_ranks=6)), st.sampled_from(["hpds", "rr"]))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_state_based_never_costs_time(alg, scheduler):
     """State-based allocation never uses more TBs than connection-based. Sharing a TB can still
     delay the later unit by a little (a random 4-rank ReduceScatter: 2-3 %, below), so where it
