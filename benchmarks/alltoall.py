@@ -26,7 +26,7 @@ import json
 import time
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import parse_size
 from hccc.compiler.cluster.c2c_alltoall import plan_c2c_alltoall
 from hccc.compiler.cluster.hierarchy import hierarchy
 from hccc.compiler.cluster.topo_parser import load_topology

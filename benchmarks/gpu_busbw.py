@@ -210,7 +210,7 @@ def _size(b: int) -> str:
 
 
 def _sizes(text: str) -> list[int]:
-    from hccc.cli import parse_size
+    from hccc.args import parse_size
     return [parse_size(x) for x in text.split(",") if x.strip()]
 
 

@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import parse_size
 from hccc.compiler.cluster.c2c import cross_cluster_chunks, plan_c2c
 from hccc.compiler.cluster.topo_parser import load_topology
 from hccc.compiler.frontend.generators import ring_allgather, ring_allreduce

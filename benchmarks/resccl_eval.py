@@ -65,7 +65,7 @@ def human(n: int) -> str:
 
 def parse_sizes(text: str) -> list[int]:
     """``8M..4G`` (powers of two between) or a comma list ``8M,64M,1G``."""
-    from hccc.cli import parse_size
+    from hccc.args import parse_size
 
     if ".." in text:
         lo, hi = (parse_size(x) for x in text.split(".."))
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--quick", action="store_true", help="sizes 8M,64M,1G only and a 32-server scale run")
     args = ap.parse_args(argv)
-    from hccc.cli import parse_size
+    from hccc.args import parse_size
 
     sizes = parse_sizes("8M,64M,1G" if args.quick else args.sizes)
     topos = [int(x) for x in args.topos.split(",")]

@@ -123,12 +123,15 @@ def platforms_for(nranks: int, target: str, topology=None) -> list[tuple[str, ..
 
 def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
                       times: StageTimes | None = None, cluster: ClusterSource | None = None,
-                      xml_limits=None):
+                      xml_limits=None, choose_allocation=None):
     """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files, notes).
 
     With a ``cluster``, the algorithm must also fit it (:func:`~hccc.compiler.cluster.topology_check.
     check_on_topology`: rank count, a link under every transfer), ranks take their platform from their
     node's vendor (unless ``opts.target`` forces one) and the manifest records the cluster.
+    ``choose_allocation(alg, ir) -> ir``, given by a caller that has a cost model (the command
+    line passes the simulator's :func:`~hccc.runtime.simulator.faster_allocation` with
+    ``--topology``), may replace the state-based allocation by a faster one.
     """
     from hccc.compiler.passes.build import build_program
     from hccc.compiler.passes.verify import verify
@@ -142,6 +145,8 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
                    tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
     times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
+    if choose_allocation is not None and opts.tb_alloc == "state":
+        ir = times.run("tb_alloc choice", choose_allocation, alg, ir)
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm

@@ -1,21 +1,23 @@
-"""The ``hccc`` command line (DESIGN.md section 10).
+"""The ``hccc`` command line (DESIGN.md section 10): argparse subcommands, one module each.
 
-    hccc ALGO -o OUTDIR [--topology T] [--target auto|cuda|hip|all] [--scheduler hpds|rr]
-                        [--tb-alloc state|connection] [--chunk-size BYTES] [--max-transfers N]
-    hccc check ALGO [--topology T] [--json]
-    hccc run | fuzz | topo | sim ...        one module each: ``hccc.commands.<name>``
+    hccc ALGO -o OUTDIR [options]          the main form: the same as ``hccc compile ALGO -o OUTDIR``
+    hccc COMMAND ...                       check, run, fuzz, sim, topo, synth, gen, xml, balance
+    hccc help [COMMAND]                    the help of hccc or of one command
 
-Every subcommand module provides ``configure(parser)`` (adds its arguments to an
-``argparse.ArgumentParser``) and ``run(args) -> int`` (the exit status); this file only dispatches and
-turns errors into messages.
+Every subcommand module ``hccc.commands.<name>`` provides ``SUMMARY`` (one line),
+``configure(parser)`` (adds its arguments) and ``run(args) -> int`` (the exit status), and may
+declare ``INPUTS`` (argument -> kind of file it reads, checked by :mod:`hccc.inputs`). This file only
+builds the parser, dispatches, and turns errors into messages; commands never import it.
 
 Bad input: ``FILE:LINE:COL: error: ...`` on stderr with the source line and a caret, exit status 1.
-Usage errors: exit status 2. Never a Python traceback for bad input (set HCCC_DEBUG=1 to see one for
-an internal error).
+Usage errors (unknown command or option, a malformed value): exit status 2. Never a Python
+traceback for bad input (set HCCC_DEBUG=1 to see one for an internal error).
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import json
 import os
 from pathlib import Path
@@ -23,209 +25,81 @@ import sys
 import traceback
 
 from hccc import __version__
-from hccc.compiler.frontend.limits import check_size, option_int, printable
+from hccc.args import HelpFormatter
+from hccc.compiler.frontend.limits import printable
 
-# name -> (module, one-line summary). "check" lives here; the others in hccc.commands.<name>.
-SUBCOMMANDS = {
-    "check": (None, "verify an algorithm and print a summary"),
-    "run": ("hccc.commands.run", "compile, run the kernels (CPU emulation or CUDA) and check them"),
-    "fuzz": ("hccc.commands.fuzz", "run random sizes/dtypes/ops through the kernels and the oracle"),
-    "topo": ("hccc.commands.topo", "summarise a cluster description"),
-    "sim": ("hccc.commands.sim", "simulate an algorithm on a cluster (alpha-beta model)"),
-    "xml": ("hccc.commands.xml", "export an algorithm as MSCCL XML"),
-    "synth": ("hccc.commands.synth", "synthesise a schedule for a cluster (SMT + CEGIS)"),
-    "gen": ("hccc.commands.gen", "generate algorithms (c2c: mixed-vendor hierarchical collectives)"),
-    "balance": ("hccc.commands.balance", "micro-batch sizes proportional to measured GPU speeds"),
+#: command -> module; "compile" is what ``hccc ALGO -o OUTDIR`` runs
+COMMANDS = {name: f"hccc.commands.{name}" for name in
+            ("compile", "check", "run", "fuzz", "sim", "topo", "synth", "gen", "xml", "balance")}
+#: command -> one-line summary (kept here so that ``hccc -h`` imports no command module;
+#: tests/test_cli.py checks they equal each module's SUMMARY)
+SUMMARIES = {
+    "compile": "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')",
+    "check": "verify an algorithm and print a summary",
+    "run": "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element",
+    "fuzz": "run random sizes/dtypes/ops through the kernels and the oracle",
+    "sim": "simulate an algorithm on a cluster (alpha-beta model)",
+    "topo": "summarise a cluster description",
+    "synth": "synthesise a schedule for a cluster (SMT + CEGIS)",
+    "gen": "generate algorithms (c2c: mixed-vendor hierarchical collectives)",
+    "xml": "export an algorithm as MSCCL XML",
+    "balance": "micro-batch sizes proportional to measured GPU speeds",
 }
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+#: kept for callers of the old table: name -> (module, summary)
+SUBCOMMANDS = {k: (COMMANDS[k], SUMMARIES[k]) for k in COMMANDS}
+VERSION = f"hccc {__version__}"
+USAGE = ("hccc ALGO -o OUTDIR [options]\n"
+         f"       hccc {{{','.join(c for c in COMMANDS if c != 'compile')}}} ...\n"
+         "       hccc help [COMMAND]")
 
 
-def parse_size(text: str) -> int:
-    """``4096``, ``64K``, ``1M``, ``1G`` (binary multiples; an optional trailing ``B``/``iB``)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in _SUFFIX and t[-1:] else ""
-    num = t[:-1] if unit else t
-    if not (num.isascii() and num.isdigit()) or len(num) > 24:
-        raise argparse.ArgumentTypeError(f"invalid size '{printable(text, limit=40)}' (expected e.g. 4096, 64K, 1M, 1G)")
-    value = int(num) * _SUFFIX[unit]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: '{text}'")
-    return check_size(value)
-
-
-def _positive_int(text: str) -> int:
-    return option_int(text, 1, 1 << 62)
-
-
-_TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the algorithm's nRanks must equal its "
-                  "GPU count and every transfer must use one of its links")
-
-
-def _compile_parser() -> argparse.ArgumentParser:
+def _top_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="hccc",
-        description="Compile a collective-communication algorithm into verified, scheduled CUDA/HIP kernels.",
-        epilog="Other commands: " + "; ".join(f"'hccc {k}' {v[1]}" for k, v in SUBCOMMANDS.items())
-        + ". Run 'hccc COMMAND -h' for a command's options. 'hccc --cmake-dir' prints the folder of "
-        "hccc's CMake package (find_package(hccc)); 'hccc --table-kernels DIR' writes the generic "
-        "table-mode kernels and their build files.")
-    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml, or a ProgramIR .json "
-                   "(the last two are emitted as given, without scheduling)")
-    p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
-    p.add_argument("--topology", metavar="T", help=_TOPOLOGY_HELP + "; ranks take their platform from their "
-                   "node's vendor and the manifest records the cluster")
-    p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
-                   help="platform of the emitted kernels (auto: each rank's vendor with --topology (NVIDIA -> "
-                        "CUDA, AMD -> HIP), CUDA for every rank without one; cuda/hip/all override it)")
-    p.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
-                   help="HPDS (ResCCL Algorithm 1) or the round-robin baseline")
-    p.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
-                   help="state-based thread-block allocation or the connection-based baseline")
-    p.add_argument("--chunk-size", type=parse_size, default=1 << 20, metavar="BYTES",
-                   help="micro-batch slice size per chunk, e.g. 512K, 1M (default 1M)")
-    p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N",
-                   help="refuse programs with more transfers than this (default 10^7)")
-    p.add_argument("--fuse", action="store_true",
-                   help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
-                        "because it serialises the TB's other connections")
-    p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
-                   help="specialized: one kernel source per rank, its primitives compiled in (default); "
-                        "table: binary tables run by generic kernels that are built once for every "
-                        "algorithm (no kernel compile per algorithm, small output at scale)")
-    p.add_argument("--list-outputs", nargs="?", const="all", choices=("all", "cuda", "hip"),
-                   metavar="all|cuda|hip",
-                   help="print the files the compile would write into OUTDIR, one per line, and stop "
-                        "(the algorithm is only parsed; the MSCCL XML export is not listed); cuda or "
-                        "hip: only the translation units of that platform's library")
-    p.add_argument("--depfile", metavar="FILE",
-                   help="also write a Make-style depfile: OUTDIR/manifest.json depends on ALGO, the "
-                        "topology and hccc's own compiler and template files")
-    p.add_argument("--timings", action="store_true", help="print the time spent in each stage")
-    from hccc.commands.xml import add_limit_arguments
-    add_limit_arguments(p)
-    p.add_argument("--version", action="version", version=f"hccc {__version__}")
+        prog="hccc", usage=USAGE, formatter_class=HelpFormatter, add_help=True,
+        description="Compile collective-communication algorithms into verified, scheduled CUDA/HIP kernels.",
+        epilog="commands:\n" + "\n".join(f"  {k:9s} {v}" for k, v in SUMMARIES.items())
+        + "\n  help      show the help of hccc or of one command\n\n"
+          "Run 'hccc help COMMAND' (or 'hccc COMMAND -h') for a command's options.")
+    p.add_argument("--version", action="version", version=VERSION)
     return p
 
 
-def _check_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hccc check", description="Verify an algorithm and print a summary.")
-    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl or an MSCCL .xml")
-    p.add_argument("--topology", metavar="T", help=_TOPOLOGY_HELP)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of one command, configured by its module."""
+    mod = importlib.import_module(COMMANDS[name])
+    prog = "hccc" if name == "compile" else f"hccc {name}"
+    summary = SUMMARIES[name]
+    p = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter,
+                                description=summary[0].upper() + summary[1:] + ".")
+    mod.configure(p)
+    p.formatter_class = HelpFormatter      # one way of showing defaults, whatever the module set
+    p.add_argument("--version", action="version", version=VERSION)
     return p
 
 
-def cmd_compile(args) -> int:
-    from hccc.commands.xml import limits_from_args
-    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, StageTimes, compile_algorithm,
-                                        compile_program, load_algorithm, load_program)
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'check'?)`` for the closest choice, or empty."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
-    times = StageTimes()
-    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc, chunk_bytes=args.chunk_size,
-                          target=args.target, max_transfers=args.max_transfers, fuse=args.fuse,
-                          xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances,
-                          codegen=args.codegen)
-    cluster = None
-    if args.topology is not None:
-        from hccc.compiler.pipeline import read_cluster
-        cluster = times.run("topology", read_cluster, args.topology)
-    if args.list_outputs:
-        from hccc.compiler.pipeline import output_list
-        try:
-            names = output_list(args.algo, opts, cluster, args.list_outputs)
-        except ValueError as exc:
-            sys.stderr.write(f"hccc: error: {exc}\n")
-            return 1
-        out = Path(args.output)
-        sys.stdout.write("".join(f"{out / n}\n" for n in names))
+
+def _looks_like_path(word: str) -> bool:
+    return os.path.sep in word or "/" in word or "." in word or os.path.exists(word)
+
+
+def _unknown_command(word: str) -> int:
+    sys.stderr.write(f"usage: {USAGE}\nhccc: error: unknown command '{word}'"
+                     f"{did_you_mean(word, [*COMMANDS, 'help'])}\n")
+    return 2
+
+
+def _help(rest: list[str]) -> int:
+    if not rest:
+        _top_parser().print_help()
         return 0
-    limits = limits_from_args(args)
-    if os.path.splitext(args.algo)[1].lower() in IR_SUFFIXES + XML_SUFFIXES:
-        ir = times.run("parse", load_program, args.algo, opts)
-        ir, files, notes = compile_program(ir, args.output, opts, times, cluster=cluster, xml_limits=limits)
-    else:
-        alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
-        ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster, xml_limits=limits)
-    for note in notes:
-        sys.stderr.write(f"hccc: warning: {note}\n")
-    if args.depfile:
-        from hccc.compiler.backend.depfile import write_depfile
-        inputs = [args.algo] + ([args.topology] if args.topology else [])
-        write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
-    st = ir.stats
-    print(f"hccc: {ir.name}: {ir.collective} on {ir.nranks} ranks, {st.get('transfers')} transfers, "
-          f"{st.get('subpipelines', 'no')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
-          f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {len(files)} files in {args.output}")
-    if cluster is not None:
-        from hccc.compiler.pipeline import platforms_for
-        runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]
-        print(f"  cluster {cluster.name}: {len(cluster.topology.nodes)} node(s); ranks running "
-              + ", ".join(f"{pl} {runs.count(pl)}" for pl in ("cuda", "hip") if pl in runs))
-    if args.timings:
-        for k, v in times.seconds.items():
-            print(f"  {k:16s} {v:8.3f} s")
-            for ph, pv in times.phases.items():
-                if ph.startswith(k + "/"):
-                    print(f"    {ph:30s} {pv:8.3f} s")
-    return 0
-
-
-def cmd_check(args) -> int:
-    from hccc.compiler.pipeline import XML_SUFFIXES, load_algorithm
-    from hccc.compiler.passes.verify import verify
-
-    if os.path.splitext(args.algo)[1].lower() in XML_SUFFIXES:
-        return _check_xml(args)
-    alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
-    cluster = None
-    if args.topology is not None:
-        from hccc.compiler.pipeline import read_cluster
-        cluster = read_cluster(args.topology)
-    report = verify(alg)
-    summary = {"valid": True, "collective": alg.header.collective.value, "nranks": alg.header.nranks,
-               "transfers": alg.ntransfers, "steps": report.steps}
-    if cluster is not None:
-        from hccc.compiler.cluster.topology_check import check_on_topology, link_usage
-        check_on_topology(alg, cluster.topology, cluster.name)
-        usage = link_usage(alg, cluster.topology)
-        summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256,
-                               "pairs": usage["pairs"], "transfers_by_class": usage["transfers_by_class"]}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{args.algo}: valid {alg.header.collective.dsl_name} on {alg.header.nranks} ranks "
-              f"({alg.ntransfers} transfers, {report.steps} steps)")
-        if cluster is not None:
-            use = summary["topology"]
-            by = ", ".join(f"{k} {v}" for k, v in use["transfers_by_class"].items()) or "none"
-            print(f"  fits cluster {cluster.name}: {use['pairs']} linked rank pairs used; transfers by link "
-                  f"class: {by}")
-    return 0
-
-
-def _check_xml(args) -> int:
-    """``hccc check X.xml``: import (which proves the collective symbolically and checks the TB
-    pairs for deadlocks) and summarise."""
-    from hccc.compiler.pipeline import load_program
-
-    ir = load_program(args.algo)
-    summary = {"valid": True, "collective": ir.collective, "nranks": int(ir.nranks),
-               "transfers": int(ir.stats.get("transfers", 0)), "format": "msccl-xml",
-               "execution": ir.stats.get("execution"), "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
-    if args.topology is not None:
-        from hccc.compiler.pipeline import read_cluster
-        from hccc.compiler.cluster.topology_check import check_ir_on_topology
-        cluster = read_cluster(args.topology)
-        check_ir_on_topology(ir, cluster.topology, cluster.name)
-        summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{args.algo}: valid {ir.collective} on {ir.nranks} ranks (MSCCL XML, {summary['transfers']} "
-              f"transfers, {summary['tbs_per_rank_max']} thread blocks per rank at most, "
-              f"{summary['execution']}-level execution)")
+    if rest[0] not in COMMANDS:
+        return _unknown_command(rest[0])
+    command_parser(rest[0]).print_help()
     return 0
 
 
@@ -235,22 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
     json_mode = False
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            cmd, rest = argv[0], argv[1:]
-            modname, summary = SUBCOMMANDS[cmd]
-            if modname is None:
-                args = _check_parser().parse_args(rest)
-                json_mode = bool(getattr(args, "json", False))
-                return cmd_check(args)
-            import importlib
-            mod = importlib.import_module(modname)
-            parser = argparse.ArgumentParser(prog=f"hccc {cmd}", description=summary[0].upper() + summary[1:] + ".")
-            mod.configure(parser)
-            args = parser.parse_args(rest)
-            args.argv = [cmd, *rest]      # the command line, for commands that re-run themselves
-            json_mode = bool(getattr(args, "json", False))
-            return mod.run(args)
-        if argv[:1] == ["--table-kernels"]:
+        if not argv:
+            _top_parser().print_usage(sys.stderr)
+            sys.stderr.write("hccc: error: no algorithm or command given (see 'hccc help')\n")
+            return 2
+        head = argv[0]
+        if head == "--table-kernels":
             # the algorithm-independent generic kernels of the table mode, with build files
             if len(argv) != 2:
                 sys.stderr.write("usage: hccc --table-kernels DIR\n")
@@ -259,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 write_generic_kernels(Path(argv[1]))
             except OSError as exc:
-                sys.stderr.write(f"hccc: error: cannot write {argv[1]}: {exc.strerror or exc}\n")
+                sys.stderr.write(f"hccc: error: cannot write {printable(argv[1])}: {exc.strerror or exc}\n")
                 return 1
             return 0
         if argv == ["--cmake-dir"]:
@@ -267,8 +131,28 @@ def main(argv: list[str] | None = None) -> int:
             from hccc.cmake_package import cmake_dir
             print(cmake_dir())
             return 0
-        args = _compile_parser().parse_args(argv)
-        return cmd_compile(args)
+        if head in ("-h", "--help", "--version"):
+            _top_parser().parse_args(argv[:1])        # prints and exits
+            return 0
+        if head == "help":
+            return _help(argv[1:])
+        if head in COMMANDS:
+            name, rest = head, argv[1:]
+        elif head.startswith("-") or _looks_like_path(head):
+            name, rest = "compile", argv
+        else:
+            return _unknown_command(head)
+        args = command_parser(name).parse_args(rest)
+        args.argv = [name, *rest]          # the command line, for commands that re-run themselves
+        json_mode = bool(getattr(args, "json", False))
+        mod = importlib.import_module(COMMANDS[name])
+        inputs = getattr(mod, "INPUTS", None)
+        if inputs:
+            from hccc.inputs import check_inputs
+            check_inputs("hccc" if name == "compile" else f"hccc {name}", args, inputs)
+        return mod.run(args)
+    except SystemExit as exc:          # argparse: help, version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except CompileError as err:
         sys.stderr.write(render_all(err) + "\n")
         if json_mode:

@@ -540,9 +540,10 @@ def describe_failure(case: KernelCase, res) -> str:
     if res.stuck is not None:
         return f"{case.describe()}: {res.stuck}"
     if res.wrong:
-        why = f"{res.wrong} element(s) differ from the reference executor"
+        why = (f"{res.wrong} {'element differs' if res.wrong == 1 else 'elements differ'} from the "
+               "reference executor")
     elif res.collective_wrong > 0:
-        why = (f"the program does not implement {res.collective}: {res.collective_wrong} element(s) "
+        why = (f"the program does not implement {res.collective}: {res.collective_wrong} element{'' if res.collective_wrong == 1 else 's'} "
                "of its reference run differ from the collective's definition")
     else:
         why = "failed"

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
+from hccc.compiler.frontend.plural import plural
 
 DETAIL_LIMIT = 256
 NODES_PER_ROW = 4
@@ -187,7 +188,8 @@ def layout(topo: Topology) -> Scene:
     compact = n > DETAIL_LIMIT
     nodes = topo.nodes
     tau = "" if topo.tau_ref is None else f", tau_ref = {topo.tau_ref * 1e6:.2f} us"
-    title = (f"{topo.name}: {len(nodes)} node(s), {n} GPUs, {topo.nlinks} links, {len(topo.groups)} shared groups"
+    title = (f"{topo.name}: {plural(len(nodes), 'node')}, {plural(n, 'GPU')}, {plural(topo.nlinks, 'link')}, "
+             f"{plural(len(topo.groups), 'shared group')}"
              f" (chunk {_size(topo.chunk_size)}{tau})")
     devices = [] if compact else _collect_devices(topo)
     rank_node = topo.rank_node

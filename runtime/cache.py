@@ -6,8 +6,9 @@ built in a private temporary directory next to it and published with one atomic 
 process that loses the race (another pytest-xdist worker published the same key first) discards
 its copy and uses the winner's. Published entries are never modified, so readers need no locks.
 
-``ROOT`` is ``$HCCC_CACHE_DIR`` when set, else ``~/.cache/hccc`` (``$XDG_CACHE_HOME/hccc`` when
-that is set).
+``ROOT`` is ``$HCCC_CACHE_DIR`` when set, else the platform's user cache directory for hccc as
+``platformdirs`` gives it (``$XDG_CACHE_HOME/hccc``, by default ``~/.cache/hccc``, on Linux;
+``~/Library/Caches/hccc`` on macOS).
 
 Trust: an entry holds code that is loaded into the process (a shared library's constructors run
 on load), so only the user's own entries are used. Directories are created 0700 and files 0600;
@@ -30,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
+
+import platformdirs
 
 from hccc import __version__
 from hccc.compiler.frontend.limits import printable
@@ -154,8 +157,7 @@ def cache_root(override: str | os.PathLike | None = None) -> Path:
     elif os.environ.get("HCCC_CACHE_DIR"):
         root = Path(os.environ["HCCC_CACHE_DIR"])
     else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = Path(base) / "hccc"
+        root = Path(platformdirs.user_cache_dir("hccc", appauthor=False))
     if not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)
         try:

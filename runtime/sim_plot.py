@@ -17,9 +17,19 @@ from hccc.runtime.sim_model import SimProgram
 from hccc.runtime.simulator import SimResult
 
 
+def timeline_tbs(prog: SimProgram, ranks=None, max_rows: int = 48) -> np.ndarray:
+    """The global TB indices a timeline shows: those of ``ranks`` (all ranks when None), in rank
+    order, at most ``max_rows``."""
+    g = np.arange(prog.ntbs)
+    if ranks is not None:
+        g = g[np.isin(prog.tb_rank, np.asarray(list(ranks), dtype=np.int64))]
+    return g[:max_rows]
+
+
 def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, title: str | None = None,
-                  max_rows: int = 48) -> Path:
-    """Write the timeline of ``result`` (simulated with ``record=True``) to ``path`` (PNG/SVG/PDF)."""
+                  max_rows: int = 48, ranks=None) -> Path:
+    """Write the timeline of ``result`` (simulated with ``record`` covering the TBs shown) to
+    ``path`` (PNG/SVG/PDF); ``ranks`` picks the ranks whose TBs are shown (default: the first)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,7 +40,10 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
     if tl is None:
         raise ValueError("the result has no timeline (simulate with record=True)")
     G = prog.ntbs
-    rows = np.arange(min(G, max_rows))
+    tbs = timeline_tbs(prog, ranks, max_rows)
+    rows = np.arange(len(tbs))
+    row_of = np.full(G, -1, dtype=np.int64)
+    row_of[tbs] = rows
     npipe = int(prog.p_pipeline.max()) + 1 if prog.nprims else 1
     cmap = plt.get_cmap("tab20" if npipe > 10 else "tab10")
     fig_h = max(2.5, 0.28 * len(rows) + 1.6)
@@ -38,19 +51,19 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
     scale = 1e6
     styles = {K_SEND: dict(alpha=0.95, hatch=None), K_REDUCE: dict(alpha=0.95, hatch="///"),
               K_RECV: dict(alpha=0.35, hatch=None)}
-    keep = tl.tb < len(rows)
+    keep = row_of[tl.tb] >= 0
     for kind, style in styles.items():
         m = keep & (tl.kind == kind)
         if not m.any():
             continue
-        tb = tl.tb[m]
+        tb = row_of[tl.tb[m]]
         t0 = tl.t0[m] * scale
         w = (tl.t1[m] - tl.t0[m]) * scale
         pipe = prog.p_pipeline[tl.prim[m]]
         colors = [cmap(int(p) % cmap.N) for p in pipe]
         ax.barh(tb, w, left=t0, height=0.8, color=colors, edgecolor="none", linewidth=0,
                 alpha=style["alpha"], hatch=style["hatch"])
-    labels = [f"r{int(prog.tb_rank[g])}/tb{int(prog.tb_local[g])}" for g in rows]
+    labels = [f"r{int(prog.tb_rank[g])}/tb{int(prog.tb_local[g])}" for g in tbs]
     ax.set_yticks(rows)
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -64,10 +77,45 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
                 Patch(facecolor="grey", alpha=0.95, hatch="///", label="reduce"),
                 Patch(facecolor="grey", alpha=0.35, label="receive")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-    cut = f" (first {len(rows)} of {G} TBs)" if G > len(rows) else ""
+    cut = f" ({len(rows)} of {G} TBs)" if G > len(rows) else ""
     ax.set_title(title or (f"{result.collective} on {result.nranks} ranks, {result.nbytes} bytes, "
                            f"{result.execution}-level: {result.time_us:.1f} us, busbw "
                            f"{result.busbw_GBps:.2f} GB/s{cut}"), fontsize=9)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, *,
+               title: str | None = None) -> Path:
+    """Bus bandwidth against size, one line per curve (``label -> (sizes in bytes, busbw GB/s)``),
+    sizes on a log2 axis labelled as the command line writes them (``64K``, ``1.5M``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hccc.compiler.frontend.sizes import format_size
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    ticks: set[int] = set()
+    for label, (sizes, busbw) in curves.items():
+        ax.plot(sizes, busbw, marker="o", markersize=3, linewidth=1.2, label=label)
+        ticks.update(int(s) for s in sizes)
+    ax.set_xscale("log", base=2)
+    shown = sorted(ticks)
+    if len(shown) > 12:
+        shown = shown[:: -(-len(shown) // 12)]
+    ax.set_xticks(shown)
+    ax.set_xticklabels([format_size(s) for s in shown], fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("size (B)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(linestyle=":", linewidth=0.5)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title(title or "bus bandwidth against size", fontsize=9)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out)

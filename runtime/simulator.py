@@ -291,22 +291,63 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 
 
 # ---------------------------------------------------------------------------- programs per mode
+#: sizes at which :func:`faster_allocation` compares allocations by default (nccl-tests' small and
+#: large regimes: latency-bound and bandwidth-bound)
+ALLOCATION_SIZES = (1 << 20, 64 << 20)
+
+
+def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *, sizes=ALLOCATION_SIZES,
+                      scheduler: str = "hpds", chunk_bytes: int = DEFAULT_SLOT_BYTES,
+                      fuse: bool = False) -> ProgramIR:
+    """State-based TB allocation that never costs time on ``topo``: sharing a TB between units
+    whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
+    the earlier unit's micro-batches), so when state-based allocation shares anything, both
+    allocations are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the one with the
+    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_choice"]``
+    records the comparison; ``stats["tb_alloc"]`` stays the mode asked for ("state") and
+    ``ntbs`` are those of the kept allocation."""
+    from hccc.compiler.passes.build import build_program
+
+    ir = state_ir if state_ir is not None else build_program(
+        alg, scheduler=scheduler, tb_alloc="state", chunk_bytes=chunk_bytes, fuse=fuse)
+    st = ir.stats
+    if st.get("tbs_state_based") == st.get("tbs_connection_based"):
+        return ir                      # nothing shared: the two allocations are the same
+    conn = build_program(alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse)
+    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes))
+    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes))
+    keep = ir if t_state <= t_conn else conn
+    if keep is conn:
+        conn.stats["tb_alloc"] = "state"
+        conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
+    keep.stats["tb_alloc_choice"] = {"sizes": [int(s) for s in sizes], "state_s": t_state,
+                                     "connection_s": t_conn, "kept": "state" if keep is ir else "connection",
+                                     "topology": topo.name}
+    return keep
+
+
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
                         tb_alloc: str | None = None, chunk_bytes: int = DEFAULT_SLOT_BYTES,
-                        fuse: bool = False) -> ProgramIR:
+                        fuse: bool = False, topology: Topology | None = None,
+                        sizes=ALLOCATION_SIZES) -> ProgramIR:
     """The ProgramIR each execution mode runs; ``chunk_bytes`` is its FIFO slot capacity (the
     largest slice a call may use: simulate with ``slice_bytes="auto"`` to follow the size).
 
     ``task``: hccc's pipeline (``scheduler``, ``tb_alloc`` default state-based; ``fuse=True``
-    lowers with receive-and-forward fusion, the compiler's ``--fuse``, for comparisons).
+    lowers with receive-and-forward fusion, the compiler's ``--fuse``, for comparisons). With a
+    ``topology``, state-based allocation is the faster of the two there (:func:`faster_allocation`
+    at ``sizes``).
     ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
     fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
     """
     from hccc.compiler.passes.build import build_algorithm_level, build_program
 
     if execution == "task":
-        return build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
-                             chunk_bytes=chunk_bytes, fuse=fuse)
+        ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
+                           chunk_bytes=chunk_bytes, fuse=fuse)
+        if topology is not None and (tb_alloc or "state") == "state":
+            ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse)
+        return ir
     if execution == "algorithm":
         return build_algorithm_level(alg, tb_alloc=tb_alloc or "connection", chunk_bytes=chunk_bytes)
     raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")

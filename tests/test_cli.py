@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hccc.cli import main, parse_size
+from hccc.args import parse_size
+from hccc.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -157,7 +158,8 @@ def test_missing_file_is_error_1(tmp_path):
 def test_parse_size():
     assert parse_size("4096") == 4096 and parse_size("64K") == 65536
     assert parse_size("1M") == 1 << 20 and parse_size("2g") == 2 << 30 and parse_size("1MiB") == 1 << 20
-    for bad in ("", "M", "-1", "1.5M", "0"):
+    assert parse_size("1.5M") == 3 << 19 and parse_size("0.5k") == 512 and parse_size("512B") == 512
+    for bad in ("", "M", "-1", "0", "1.5", "0.3K", "1T", "1e6", "1,5M"):
         with pytest.raises(Exception):
             parse_size(bad)
 

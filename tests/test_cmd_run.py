@@ -19,7 +19,8 @@ from test_codegen_irs import stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$")
+# size count type redop root, then (time algbw busbw #wrong) per placement (out-of-place, in-place)
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)((?:\s+\S+){4}|(?:\s+\S+){8})\s*$")
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,7 @@ def table(out: str) -> list[tuple]:
     for line in out.splitlines():
         m = ROW.match(line)
         if m and not line.startswith("#"):
-            rows.append(m.groups())
+            rows.append(m.groups()[:5] + tuple(m.group(6).split()))
     return rows
 
 
@@ -50,6 +51,8 @@ PROGRAMS = {
     "hm_ag_3x2": (lambda: gen.hm_allgather_rccl(3, 2), 6),
     "rd_ag_8": (lambda: gen.recursive_doubling_allgather_rccl(8), 8),
 }
+PROGRAM_COLLECTIVE = {"ring_ag_5": "allgather", "ring_rs_6": "reducescatter", "ring_ar_3": "allreduce",
+                      "hm_ar_2x3": "allreduce", "hm_ag_3x2": "allgather", "rd_ag_8": "allgather"}
 CASES = [("float32", "sum"), ("int32", "max"), ("float16", "min"), ("bfloat16", "sum")]
 
 
@@ -61,27 +64,34 @@ def test_programs_not_in_the_repository_run_with_zero_wrong(tmp_path, capsys, na
     dtype, op = CASES[sorted(PROGRAMS).index(name) % len(CASES)]
     sizes = [0, 2 * nranks, 1000, 4096 + 8 * nranks, 65536]   # bytes; 2-byte types take all
     sizes = [s for s in sizes if s % (4 if dtype in ("float32", "int32") else 2) == 0]
-    for inplace in ([], ["--inplace"]):
-        rc, out, err = run_cli(capsys, "run", algo, "--backend", "cpu", "--bytes", ",".join(map(str, sizes)),
-                               "--dtype", dtype, "--op", op, "--chunk-size", "256", "--iters", "1",
-                               "--warmup", "0", *inplace)
-        assert rc == 0, out + err
-        rows = table(out)
-        assert [int(r[0]) for r in rows] == sizes
-        es = 4 if dtype in ("float32", "int32") else 2
-        assert [int(r[1]) for r in rows] == [s // es for s in sizes]
-        assert all(r[7] == "0" for r in rows), out
-        assert "OK" in out.splitlines()[-2]
+    # out of place and in place, side by side in one table (nccl-tests' layout)
+    rc, out, err = run_cli(capsys, "run", algo, "--backend", "cpu", "--sizes", ",".join(map(str, sizes)),
+                           "-d", dtype, "-o", op, "--chunk-size", "256", "-n", "1", "-w", "0")
+    assert rc == 0, out + err
+    rows = table(out)
+    assert [int(r[0]) for r in rows] == sizes
+    es = 4 if dtype in ("float32", "int32") else 2
+    assert [int(r[1]) for r in rows] == [s // es for s in sizes]
+    assert all(len(r) == 13 and r[8] == "0" and r[12] == "0" for r in rows), out
+    coll = PROGRAM_COLLECTIVE[name]
+    assert {r[3] for r in rows} == {op if coll in ("allreduce", "reducescatter") else "none"}
+    assert {r[4] for r in rows} == {"-1"}
+    head = [ln for ln in out.splitlines() if ln.startswith("#")]
+    assert any("out-of-place" in ln and "in-place" in ln for ln in head), out
+    assert out.splitlines()[-2] == "# Out of bounds values : 0 OK"
+    assert out.splitlines()[-1].startswith("# Avg bus bandwidth    : ")
 
 
 def test_table_bandwidths_follow_nccl_tests(tmp_path, capsys):
     algo = tmp_path / "ar.rccl"
     algo.write_text(gen.ring_allreduce_rccl(4, name="ar4"))
-    rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "64K", "--json", "--iters", "2")
+    rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "64K", "--json", "--iters", "2", "--out-of-place")
     assert rc == 0
     doc = json.loads(out)
     assert doc["collective"] == "allreduce" and doc["nranks"] == 4 and doc["ok"] is True
+    assert doc["redop"] == "sum" and doc["root"] == -1
     (res,) = doc["results"]
+    assert res["inplace"] is False
     assert {"bytes", "dtype", "op", "wrong", "time_us", "algbw_GBps", "busbw_GBps", "stuck"} <= set(res)
     assert res["bytes"] == 65536 and res["count"] == 16384 and res["wrong"] == 0
     assert res["algbw_GBps"] == pytest.approx(65536 / (res["time_us"] * 1e3))
@@ -109,7 +119,7 @@ def test_program_ir_json_runs_as_given(tmp_path, capsys):
     p = tmp_path / "direct.json"
     p.write_text(ir.to_json())
     rc, out, err = run_cli(capsys, "run", p, "--bytes", "12,1200", "--dtype", "int32", "--threads", "3")
-    assert rc == 0 and "3 thread(s) per thread block" in out, out + err
+    assert rc == 0 and "3 threads per thread block" in out, out + err
 
 
 def _stuck_ir_json(tmp_path):
@@ -121,7 +131,7 @@ def _stuck_ir_json(tmp_path):
 def test_deadlocked_ir_is_reported_not_hung(tmp_path, capsys):
     p = _stuck_ir_json(tmp_path)
     t0 = time.monotonic()
-    rc, out, err = run_cli(capsys, "run", p, "--timeout", "0.3", "--bytes", "64,256")
+    rc, out, err = run_cli(capsys, "run", p, "--timeout", "0.3", "--bytes", "64,256", "--out-of-place")
     assert time.monotonic() - t0 < 60
     assert rc == 1
     lines = [ln for ln in out.splitlines() if "stuck in" in ln]
@@ -155,4 +165,4 @@ def test_cuda_backend_unavailable_is_a_clear_error(tmp_path, capsys):
     algo = tmp_path / "ar.rccl"
     algo.write_text(gen.ring_allreduce_rccl(2, name="ar2"))
     rc, out, err = run_cli(capsys, "run", algo, "--backend", "cuda")
-    assert rc == 1 and err.startswith("hccc: error: ") and "Traceback" not in err
+    assert rc == 1 and err.splitlines()[-1].startswith("hccc: error: ") and "Traceback" not in err

@@ -328,7 +328,7 @@ def ar2_double() -> list[str]:
 def test_double_counting_is_reported():
     L = ar2_double()
     msg, _ = err(L, line=6)
-    assert "counts rank(s) {0} twice" in msg
+    assert "counts rank {0} twice" in msg
     ok = [x for x in L if 'type="re"' not in x]
     ok = [x.replace('s="2"', 's="2"') for x in ok]
     ir = import_xml_text("\n".join(ok))

@@ -305,7 +305,8 @@ def test_hccc_run_on_compiled_output_uses_the_manifest_platforms(compiled, capsy
             assert v["backend"] == "cpu"
             own = {symbol(man, r, "float32", "sum") for r in range(8) if PLATFORMS[r] == pl}
             assert defined_kernels(Path(v["library"])) == own
-        assert [r["wrong"] for r in doc["results"]] == [0, 0]
+        assert [(r["bytes"], r["inplace"], r["wrong"]) for r in doc["results"]] == [
+            (1024, False, 0), (1024, True, 0), (12288, False, 0), (12288, True, 0)]
     rc, out, err = run_cli(capsys, "run", outdir, "--bytes", "4K", "--iters", "1", "--inplace")
     assert rc == 0, err
     assert "# CUDA ranks 0-1, 4-5 from the cuda library (cpu); HIP ranks 2-3, 6-7 from the hip library (cpu)" in out

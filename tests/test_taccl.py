@@ -126,7 +126,7 @@ def err(d_or_text, name="p.json"):
 @pytest.mark.parametrize("change,message,key", [
     ({"alpha": "fast"}, '"alpha" must be a number', "alpha"),
     ({"gpus_per_node": 4}, "an NDv2 node has 8 GPUs", "gpus_per_node"),
-    ({"node_betas_list": [23]}, "lists 2 beta(s)", "node_betas_list"),
+    ({"node_betas_list": [23]}, "lists 2 betas", "node_betas_list"),
     ({"node_betas_list": [23, -1]}, "must be > 0", "node_betas_list"),
     ({"topology": "torus"}, "unknown topology 'torus'", "topology"),
     ({"nnodes": 2, "nics_per_node": 3}, "cannot be split evenly over 3 NICs", "nics_per_node"),

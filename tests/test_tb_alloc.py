@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -326,13 +327,40 @@ def test_sharing_that_could_cost_time_is_refused(coll, n, seed):
     assert t_s <= 1.02 * t_c
 
 
+def _chosen(alg, scheduler: str, nbytes: int):
+    """(TBs, simulated time) of the allocation the tool keeps on the mesh for ``nbytes``."""
+    from hccc.runtime.simulator import build_for_execution, simulate
+    topo = _mesh(alg.header.nranks)
+    ir = build_for_execution(alg, "task", scheduler=scheduler, tb_alloc="state", chunk_bytes=1 << 16,
+                             topology=topo, sizes=[nbytes])
+    return ir, int(ir.ntbs.sum()), simulate(ir, topo, nbytes, slice_bytes="auto").time_s
+
+
 @given(st.one_of(valid_programs(max_ranks=6), algorithms(max_ranks=6)), st.sampled_from(["hpds", "rr"]))
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_state_based_never_costs_time(alg, scheduler):
-    """State-based allocation uses at most as many TBs as connection-based and, simulated on a
-    mesh, stays within 2 % of its time."""
+    """State-based allocation never uses more TBs than connection-based. Sharing a TB can still
+    delay the later unit by a little (a random 4-rank ReduceScatter: 2-3 %, below), so where it
+    shares anything the tool simulates both allocations and keeps the faster: on the cluster it
+    was given, what it keeps is never slower than connection-based, and never uses more TBs."""
     if not alg.ntransfers:
         return
     (ts, t_s), (tc, t_c) = _state_vs_connection(alg, scheduler, 1 << 20)
     assert ts <= tc
-    assert t_s <= 1.02 * t_c + 1e-12
+    ir, tk, t_k = _chosen(alg, scheduler, 1 << 20)
+    assert tk <= tc and t_k <= t_c * (1 + 1e-12)
+    assert t_k == (t_s if tk == ts else t_c)
+    assert ir.stats["tb_alloc"] == "state"
+
+
+@pytest.mark.parametrize("coll,n,seed", [("reducescatter", 4, 32), ("reducescatter", 4, 40)])
+def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
+    """Random ReduceScatters where state-based sharing (15 vs 16, 19 vs 20 TBs) costs 2.2 % and
+    3.2 % of simulated time at 1 MB on a mesh: the tool keeps the connection-based allocation."""
+    alg = _random(coll, n, seed, 1)
+    (ts, t_s), (tc, t_c) = _state_vs_connection(alg, "hpds", 1 << 20)
+    assert ts < tc and t_s > 1.02 * t_c
+    ir, tk, t_k = _chosen(alg, "hpds", 1 << 20)
+    assert (tk, t_k) == (tc, t_c)
+    choice = ir.stats["tb_alloc_choice"]
+    assert choice["kept"] == "connection" and choice["state_s"] == t_s and choice["connection_s"] == t_c

@@ -164,7 +164,7 @@ def test_text_output_in_a_pipe():
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "\x1b[" not in out  # no terminal escapes when not a terminal
-    assert out.startswith("cluster mixed_v100_w7800 (mixed_v100_w7800.topo): 4 node(s), 16 GPUs")
+    assert out.startswith("cluster mixed_v100_w7800 (mixed_v100_w7800.topo): 4 nodes, 16 GPUs")
     for row in (r"node1\s+0-3\s+4\s+nvidia\s+cuda\s+V100-PCIe\s+300 GB/s",
                 r"node3\s+8-11\s+4\s+amd\s+hip\s+W7800\s+190 GB/s",
                 r"amd\s+hip\s+2\s+8\s+W7800 x8", r"nvidia\s+cuda\s+2\s+8\s+V100-PCIe x8",

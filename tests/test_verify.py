@@ -144,7 +144,7 @@ def test_double_count():
     err = errors_of(alg)
     assert err.kinds == ["double-count"]
     assert err.diagnostics[0].message == ("rrc of chunk 1 from rank 2 into rank 1 at step 2 counts the "
-                                          "contribution of rank(s) 0, 1 twice (n=0, r=2)")
+                                          "contribution of ranks 0, 1 twice (n=0, r=2)")
 
 
 def test_postcondition_allgather_and_summary():
@@ -196,7 +196,7 @@ def test_max_errors_and_more():
     rows = [(0, 0, 0, 0, RECV)] * 30
     err = errors_of(located("allgather", 2, rows), max_errors=7)
     assert len(err.diagnostics) == 7 and err.more == 23 and err.total == 30
-    assert "23 more error(s) not shown" in render_all(err)
+    assert "23 more errors not shown" in render_all(err)
 
 
 def test_error_order_static_then_by_step_then_kind():

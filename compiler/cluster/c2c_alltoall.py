@@ -20,9 +20,9 @@ written at most once per rank, so no step races.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 
 from hccc.compiler.cluster.c2c import C2CError, _sanitize, swrr, _int_weights
@@ -112,24 +112,11 @@ def _intra_paths(topo: Topology, ranks) -> dict[int, dict[int, list[int]]]:
     for a, b in zip(ps.tolist(), pd.tolist()):
         if a in members and b in members:
             adj[a].append(b)
-    paths = {}
-    for s in members:
-        prev = {s: -1}
-        q = deque([s])
-        while q:
-            u = q.popleft()
-            for v in adj[u]:
-                if v not in prev:
-                    prev[v] = u
-                    q.append(v)
-        paths[s] = {}
-        for d in prev:
-            p, v = [], d
-            while v != -1:
-                p.append(v)
-                v = prev[v]
-            paths[s][d] = p[::-1]
-    return paths
+    g = nx.DiGraph()
+    g.add_nodes_from(sorted(members))
+    for a in sorted(members):
+        g.add_edges_from((a, b) for b in adj[a])
+    return {s: nx.single_source_shortest_path(g, s) for s in members}
 
 
 def plan_c2c_alltoall(topology: Topology, *, hier: Hierarchy | None = None, chunks_per_rank: int = 1,

@@ -27,6 +27,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.frontend.limits import check_count, check_source_lines
+from hccc.compiler.frontend.sizes import SIZE_RE as _SIZE_RE, SIZE_SUFFIX as _SUFFIX
 from hccc.compiler.cluster.topology import (CLASS_CODE, DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, LINK_CLASSES, DuplicateLinkError,
                         Topology, TopologyBuilder)
 
@@ -46,8 +47,6 @@ MAX_CHUNK_SIZE = 1 << 40
 
 _GRAMMAR = Path(__file__).with_name("topo.lark")
 _NODE_RE = re.compile(r"node([0-9]+)")
-_SIZE_RE = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)([KMGkmg]i?[Bb]?|[Bb])?")
-_SUFFIX = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "latency", "vendor", "gpu",
                "gamma", "nic", "pcie", "chunksize")
 

@@ -15,6 +15,7 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import Algorithm
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
+from hccc.compiler.frontend.plural import plural
 
 #: Diagnostics listed for missing links (one per distinct rank pair); the rest are counted.
 MAX_LISTED = 10
@@ -87,7 +88,7 @@ def check_on_topology(alg: Algorithm, topo: Topology, cluster_name: str | None =
         diags.append(Diagnostic(msg, alg.location_of(i)))
     nbad_pairs = int(firsts.size)
     if diags:
-        note = (f"{bad.size} transfer(s) over {nbad_pairs} unconnected rank pair(s); a transfer needs a "
+        note = (f"{plural(int(bad.size), 'transfer')} over {plural(nbad_pairs, 'unconnected rank pair')}; a transfer needs a "
                 f"link src -> dst ('hccc topo' lists the cluster's links)")
         d0 = diags[0]
         diags[0] = Diagnostic(d0.message, d0.location, d0.severity, d0.notes + (note,))

@@ -68,7 +68,8 @@ class Diagnostic:
     message: str
     location: Location | None
     severity: str = "error"
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    #: each a text about ``location``, or ``(Location, text)`` about another place
+    notes: tuple = field(default_factory=tuple)
 
 
 class CompileError(Exception):
@@ -109,14 +110,19 @@ def render(diag: Diagnostic) -> str:
                 caret_col = loc.col
             out.append("    " + src)
             out.append("    " + " " * max(0, caret_col - 1) + "^")
-    out.extend(f"note: {_printable(n)}" for n in diag.notes)
+    for note in diag.notes:
+        # a note is text about the diagnostic's own place, or (Location, text) about another place;
+        # either way it is located the way editors' problem matchers read it
+        at, text = note if isinstance(note, tuple) else (diag.location, note)
+        where = f"{_printable(at.source.name)}:{at.line}:{at.col}" if at is not None else "hccc"
+        out.append(f"{where}: note: {_printable(text)}")
     return "\n".join(out)
 
 
 def render_all(err: CompileError) -> str:
     parts = [render(d) for d in err.diagnostics]
     if err.more:
-        parts.append(f"hccc: note: {err.more} more error(s) not shown")
+        parts.append(f"hccc: note: {err.more} more {'error' if err.more == 1 else 'errors'} not shown")
     return "\n".join(parts)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import networkx as nx
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header
@@ -194,66 +195,44 @@ def recursive_doubling_allgather(n: int, *, name: str = "recursive_doubling_allg
 
 
 # ====================================================================== trees
-def _tree_adjacency(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
-    adj: list[list[int]] = [[] for _ in range(n)]
+def _tree_adjacency(n: int, edges: Sequence[tuple[int, int]]) -> nx.Graph:
+    """The tree as a networkx graph whose every adjacency lists neighbours in ascending order (so
+    traversals are deterministic)."""
+    nbrs: list[list[int]] = [[] for _ in range(n)]
     for a, b in edges:
-        adj[a].append(b)
-        adj[b].append(a)
-    for lst in adj:
-        lst.sort()
-    return adj
+        nbrs[a].append(b)
+        nbrs[b].append(a)
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    for u in range(n):
+        g.add_edges_from((u, v) for v in sorted(nbrs[u]))
+    return g
 
 
-def _check_tree(n: int, edges) -> list[list[int]]:
+def _check_tree(n: int, edges) -> nx.Graph:
     edges = [(int(a), int(b)) for a, b in edges]
     if len(edges) != n - 1 or any(not (0 <= a < n and 0 <= b < n) or a == b for a, b in edges):
         raise ValueError("a spanning tree over n ranks has n-1 edges between distinct ranks")
-    adj = _tree_adjacency(n, edges)
-    seen = {0}
-    stack = [0]
-    while stack:
-        u = stack.pop()
-        for v in adj[u]:
-            if v not in seen:
-                seen.add(v)
-                stack.append(v)
-    if len(seen) != n:
+    g = _tree_adjacency(n, edges)
+    if not nx.is_tree(g):
         raise ValueError("edges do not form a spanning tree")
-    return adj
+    return g
 
 
-def _bfs(adj: list[list[int]], root: int) -> list[tuple[int, int, int]]:
+def _bfs(tree: nx.Graph, root: int) -> list[tuple[int, int, int]]:
     """(parent, child, depth-of-child) in BFS order from ``root``."""
-    out = []
     depth = {root: 0}
-    frontier = [root]
-    while frontier:
-        nxt = []
-        for u in frontier:
-            for v in adj[u]:
-                if v not in depth:
-                    depth[v] = depth[u] + 1
-                    out.append((u, v, depth[v]))
-                    nxt.append(v)
-        frontier = nxt
+    out = []
+    for u, v in nx.bfs_edges(tree, root):
+        depth[v] = depth[u] + 1
+        out.append((u, v, depth[v]))
     return out
 
 
-def _postorder_edges(adj: list[list[int]], root: int) -> list[tuple[int, int]]:
+def _postorder_edges(tree: nx.Graph, root: int) -> list[tuple[int, int]]:
     """(child, parent) edges in post-order of the tree rooted at ``root`` (children before parents)."""
-    out: list[tuple[int, int]] = []
-    stack = [(root, -1, iter(adj[root]))]
-    while stack:
-        u, parent, it = stack[-1]
-        for v in it:
-            if v != parent:
-                stack.append((v, u, iter(adj[v])))
-                break
-        else:
-            stack.pop()
-            if parent >= 0:
-                out.append((u, parent))
-    return out
+    parent = nx.dfs_predecessors(tree, root)
+    return [(u, parent[u]) for u in nx.dfs_postorder_nodes(tree, root) if u != root]
 
 
 def _tree_ag_rows(adj, n: int, step0: int) -> list[tuple[int, int, int, int, int]]:

@@ -53,6 +53,7 @@ import numpy as np
 from hccc.compiler.frontend.limits import loads_json
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.cluster.topology import Topology, TopologyBuilder
+from hccc.compiler.frontend.plural import plural
 
 MAX_GPUS_PER_NODE = 1024
 MAX_NODES = 1024
@@ -212,7 +213,7 @@ def parse_taccl(text: str, name: str = "<input>") -> Topology:
     if nbetas is not None:
         lst = p.need("node_betas_list")
         if not isinstance(lst, list) or len(lst) != nbetas:
-            raise p.err("node_betas_list", f"\"node_betas_list\" of an {kind} node lists {nbetas} beta(s)"
+            raise p.err("node_betas_list", f"\"node_betas_list\" of an {kind} node lists {plural(nbetas, 'beta')}"
                                            + (" (two-NVLink pairs, one-NVLink pairs)" if kind == "NDv2" else ""))
         betas = [p.number("node_betas_list", v, positive=True, what=f"\"node_betas_list\"[{i}]")
                  for i, v in enumerate(lst)]

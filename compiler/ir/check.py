@@ -31,6 +31,7 @@ import numpy as np
 
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
+from hccc.compiler.frontend.plural import plural, plural_noun
 
 _SEND_OPS = np.array([Op(i).sends for i in range(len(Op))])
 _RECV_OPS = np.array([Op(i).receives for i in range(len(Op))])
@@ -101,7 +102,7 @@ def check_structure(ir: ProgramIR) -> None:
             raise IRFormatError(f"{nm} must not be negative")
     missing = [k for k in PRIM_COLUMNS if k not in ir.prims]
     if missing:
-        raise IRFormatError(f"primitive table lacks column(s) {', '.join(missing)}")
+        raise IRFormatError(f"primitive table lacks {plural_noun(len(missing), 'column')} {', '.join(missing)}")
     p = {k: np.asarray(ir.prims[k]) for k in PRIM_COLUMNS}
     p = {k: (v if v.dtype == np.int64 or k not in ("rank", "send_peer", "recv_peer", "channel", "src_off",
                                                    "dst_off", "count") else v.astype(np.int64))
@@ -204,7 +205,7 @@ def check_structure(ir: ProgramIR) -> None:
         j = int(np.flatnonzero(s_cnt != r_cnt)[0])
         ch, pair = k % nch, k // nch
         raise IRFormatError(f"connection rank {pair // N} -> rank {pair % N} channel {ch} has "
-                            f"{int(s_cnt[j])} send(s) but {int(r_cnt[j])} receive(s)")
+                            f"{plural(int(s_cnt[j]), 'send')} but {plural(int(r_cnt[j]), 'receive')}")
     # dependencies
     dp = np.asarray(ir.dep_prim).astype(np.int64)
     do = np.asarray(ir.dep_on).astype(np.int64)
@@ -262,7 +263,7 @@ def check_fifo_order(ir: ProgramIR) -> None:
     if len(bad):
         j = int(bad[0])
         raise FifoOrderError(f"FIFO order mismatch: {describe_prim(ir, r[j])} receives "
-                             f"{int(p['count'][r[j]])} chunk(s) but the matching {describe_prim(ir, s[j])} "
+                             f"{plural(int(p['count'][r[j]]), 'chunk')} but the matching {describe_prim(ir, s[j])} "
                              f"sends {int(p['count'][s[j]])}")
     send_task = np.where(p["task2"][s] >= 0, p["task2"][s], p["task"][s])
     recv_task = p["task"][r]
@@ -384,7 +385,7 @@ def check_deadlock(ir: ProgramIR) -> None:
         raise DeadlockError(
             f"deadlock: {describe_prim(ir, b)} must wait for {describe_prim(ir, a)}, but both belong to "
             f"the same send/receive chain, which must run concurrently"
-            + (f" (and {len(bad_comps) - 1} more chain(s) like it)" if len(bad_comps) > 1 else ""),
+            + (f" (and {plural(len(bad_comps) - 1, 'more chain')} like it)" if len(bad_comps) > 1 else ""),
             [a, b], np.flatnonzero(np.isin(comp, bad_comps)), split)
     heads, node = np.unique(comp, return_inverse=True)
     na, nb = node[ea], node[eb]

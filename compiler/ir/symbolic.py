@@ -47,6 +47,7 @@ import numpy as np
 
 from hccc.compiler.ir.check import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
+from hccc.compiler.frontend.plural import plural, plural_noun
 
 _READS = np.array([Op(i).reads_src for i in range(len(Op))])
 _WRITES = np.array([Op(i).writes_dst for i in range(len(Op))])
@@ -90,7 +91,7 @@ class Slots:
         if coll in ("allgather", "reducescatter"):
             part = ir.in_chunks if coll == "allgather" else ir.out_chunks
             if part * ir.nranks != ir.nchunks:
-                raise ProofError(f"{coll}: the per-rank buffer has {part} chunk(s) but nchunks = {ir.nchunks} "
+                raise ProofError(f"{coll}: the per-rank buffer has {plural(part, 'chunk')} but nchunks = {ir.nchunks} "
                                  f"is not {ir.nranks} x {part}")
             self.k = int(part)
             full = ir.out_chunks if coll == "allgather" else ir.in_chunks
@@ -413,7 +414,7 @@ def check_races(ir: ProgramIR, inplace: bool = False, pos: np.ndarray | None = N
         raise ProofError(
             f"data race on {slots.name(int(qs[j]))}{' (in-place run)' if inplace else ''}: "
             f"{describe(y)} {verb(y)} it while {describe(x)} {verb(x)} it, and neither waits for the "
-            f"other (add a dependency)" + (f"; {more} more slot(s) race" if more > 0 else ""),
+            f"other (add a dependency)" + (f"; {more} more {'slot races' if more == 1 else 'slots race'}" if more > 0 else ""),
             [y, x], kind="race")
 
 
@@ -479,7 +480,7 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
         if a[0] != b[0]:
             return _Poison(f"{describe(i)} combines chunk {a[0]} with chunk {b[0]}", i)
         if a[1] & b[1]:
-            return _Poison(f"{describe(i)} counts rank(s) {_fmt_set(a[1] & b[1])} twice in chunk {a[0]}", i)
+            return _Poison(f"{describe(i)} counts {plural_noun(bin(a[1] & b[1]).count('1'), 'rank')} {_fmt_set(a[1] & b[1])} twice in chunk {a[0]}", i)
         return (a[0], a[1] | b[1])
 
     for i in np.asarray(order).tolist():
@@ -587,14 +588,14 @@ def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, descri
         extra = got[1] & ~want[1]
         parts = []
         if missing:
-            parts.append(f"misses rank(s) {_fmt_set(missing)}")
+            parts.append(f"misses {plural_noun(bin(missing).count('1'), 'rank')} {_fmt_set(missing)}")
         if extra:
-            parts.append(f"also has rank(s) {_fmt_set(extra)}")
+            parts.append(f"also has {plural_noun(bin(extra).count('1'), 'rank')} {_fmt_set(extra)}")
         msg = (f"{where} must hold {need}, but its value {' and '.join(parts)}"
                + (f" (last written by {describe(w)})" if w >= 0 else " (never written)"))
         prims = [w] if w >= 0 else []
     if len(bad) > 1:
-        msg += f"; {len(bad) - 1} more output chunk(s) are wrong"
+        msg += f"; {len(bad) - 1} more output {'chunk is' if len(bad) == 2 else 'chunks are'} wrong"
     raise ProofError(msg, prims)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location
+from hccc.compiler.frontend.plural import plural_noun
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
 STATIC_KINDS = ("src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "negative-step",
@@ -376,7 +377,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                             lst = ", ".join(map(str, both)) + (", ..." if cnt > len(both) else "")
                             col.add("double-count", i,
                                     f"rrc of chunk {c_} from rank {s_} into rank {d_} at step {t} counts "
-                                    f"the contribution of rank(s) {lst} twice")
+                                    f"the contribution of {plural_noun(cnt, 'rank')} {lst} twice")
                 ok = ~errmask
                 wk, sv, dv, rrc = wk[ok], sv[ok], dv[ok], rrc[ok]
             if len(wk):

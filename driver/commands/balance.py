@@ -5,34 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 
+from hccc.args import comma_list, count_at_least
+from hccc.table import table_lines
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
-
-def _speeds(text: str) -> list[float]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            v = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid speed '{part}' (expected numbers like 2.1,1.0)") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"speeds must be positive and finite, got '{part}'")
-        out.append(v)
-    return out
+SUMMARY = "micro-batch sizes proportional to measured GPU speeds"
 
 
-def _count(text: str) -> int:
-    from hccc.compiler.frontend.limits import option_int
-    return option_int(text, 0)
+def _speed(part: str) -> float:
+    try:
+        v = float(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid speed '{part}' (expected numbers like 2.1,1.0)") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"speeds must be positive and finite, got '{part}'")
+    return v
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--speeds", type=_speeds, required=True, metavar="S1,S2,...",
+    p.add_argument("--speeds", type=comma_list(_speed, 'speeds', max_items=1 << 16), required=True, metavar="S1,S2,...",
                    help="measured speed of each GPU (tokens/s or any common unit), comma-separated")
-    p.add_argument("--batch", type=_count, required=True, metavar="B", help="total micro-batch size per step")
-    p.add_argument("--min-each", type=_count, default=0, metavar="K",
-                   help="give every GPU at least K (default 0)")
+    p.add_argument("--batch", type=count_at_least(0), required=True, metavar="B", help="total micro-batch size per step")
+    p.add_argument("--min-each", type=count_at_least(0), default=0, metavar="K",
+                   help="give every GPU at least K")
     p.add_argument("--json", action="store_true",
                    help='print {"sizes": [...], "step_time": ..., "uniform_step_time": ..., "speedup": ...}')
 
@@ -51,8 +46,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"sizes": sizes, "step_time": t, "uniform_step_time": tu, "speedup": speedup}))
         return 0
-    print(f"{'gpu':>4} {'speed':>10} {'batch':>7} {'time':>10}")
-    for i, (s, b) in enumerate(zip(args.speeds, sizes)):
-        print(f"{i:>4} {s:>10g} {b:>7} {b / s:>10.4g}")
+    rows = [[str(i), f"{sp:g}", str(b), f"{b / sp:.4g}"] for i, (sp, b) in enumerate(zip(args.speeds, sizes))]
+    print("\n".join(table_lines(["gpu", "speed", "batch", "time"], rows, {0, 1, 2, 3}, indent=0)))
     print(f"step time {t:.4g} (uniform split: {tu:.4g}, {speedup:.2f}x faster)")
     return 0

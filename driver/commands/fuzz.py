@@ -17,69 +17,57 @@ import shlex
 import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import add_program_options, choice_list, count_at_least, parse_size, program_options, seconds
+from hccc.commands.run import DTYPES, OPS
+from hccc.compiler.frontend.plural import plural
+from hccc.progress import Progress
 
-from hccc.commands.run import DTYPES, OPS, _count, _positive_float
-
-
-def _choices(allowed):
-    def parse(text: str) -> list[str]:
-        vals = [t.strip() for t in text.split(",") if t.strip()]
-        bad = [v for v in vals if v not in allowed]
-        if bad or not vals:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed)}")
-        return vals
-    return parse
+SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"
+INPUTS = {"algo": "algorithm"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from hccc.cli import _positive_int
     parser.description = ("Run random sizes, dtypes, reduction operators, in-place/out-of-place "
                           "and threads per block through ALGO's emitted kernels and the reference "
                           "executor; report the first failing case, shrunk.")
     parser.add_argument("algo", metavar="ALGO",
                         help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
-    parser.add_argument("--examples", type=lambda t: _count(t, 1), default=50, metavar="N",
-                        help="random cases to run (default 50)")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-    parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, metavar="S",
-                        help="seed of the case generator and of the data (default 0)")
-    parser.add_argument("--chunk-size", type=parse_size, default=256, metavar="BYTES",
-                        help="for .rccl input: micro-batch slice size to compile with (default 256; "
-                             "a ProgramIR keeps its own)")
-    parser.add_argument("--dtypes", type=_choices(DTYPES), default=list(DTYPES), metavar="LIST",
-                        help=f"element types to draw from (default {','.join(DTYPES)})")
-    parser.add_argument("--ops", type=_choices(OPS), default=list(OPS), metavar="LIST",
-                        help=f"reduction operators to draw from (default {','.join(OPS)})")
-    parser.add_argument("--max-microbatches", type=lambda t: _count(t, 1), default=20, metavar="M",
-                        help="largest size, in micro-batches per chunk (default 20)")
-    parser.add_argument("--timeout", type=_positive_float, default=5.0, metavar="SECONDS",
-                        help="kernel wait limit per run (default 5)")
+    parser.add_argument("--examples", type=count_at_least(1), default=50, metavar="N",
+                        help="random cases to run")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="where the kernels run")
+    parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S",
+                        help="seed of the case generator and of the data")
+    parser.add_argument("--dtypes", type=choice_list(DTYPES, "dtypes"), default=",".join(DTYPES),
+                        metavar="LIST", help="element types to draw from")
+    parser.add_argument("--ops", type=choice_list(OPS, "operators"), default=",".join(OPS), metavar="LIST",
+                        help="reduction operators to draw from")
+    parser.add_argument("--max-microbatches", type=count_at_least(1), default=20, metavar="M",
+                        help="largest size, in micro-batches per chunk")
+    parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
+                        help="kernel wait limit per run")
+    parser.add_argument("--chunk-size", type=parse_size, default="256", metavar="BYTES",
+                        help="for .rccl input: micro-batch slice size to compile with (a ProgramIR keeps its own)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
-                        help="run the specialised kernels (default) or the generic table kernels")
+                        help="run the specialised kernels or the generic table kernels")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds")
-    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state")
-    parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
+    add_program_options(parser, chunk_default="256", prefix="for .rccl input: ",
+                        chunk_help="micro-batch slice size to compile with (a ProgramIR keeps its own)")
 
 
 def _load(args):
-    from hccc.compiler.pipeline import CompileOptions, load_program
-    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                          chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
-    return load_program(args.algo, opts)
+    from hccc.compiler.pipeline import load_program
+    return load_program(args.algo, program_options(args))
 
 
 def _repro(args, ir, case) -> str:
     from hccc.runtime.launcher import ELEMENT_BYTES
     cmd = ["hccc", "run", args.algo, "--backend", args.backend,
-           "--bytes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
+           "--sizes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
            "--op", case.op, "--threads", str(case.nthreads), "--seed", str(args.seed),
            "--iters", "1", "--warmup", "0"]
     if Path(args.algo).suffix.lower() not in (".json", ".xml"):
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
-    if case.inplace:
-        cmd.append("--inplace")
+    cmd.append("--inplace" if case.inplace else "--out-of-place")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
     if args.scheduler != "hpds":
         cmd += ["--scheduler", args.scheduler]
@@ -95,33 +83,23 @@ def run(args) -> int:
     from hccc.testing import fuzz_kernels
 
     ir = _load(args)
-    tty = sys.stderr.isatty() and not args.json
+    with Progress("hccc fuzz", enabled=not args.json) as prog:
+        task = prog.task(f"{ir.name} ({ir.collective}, {plural(ir.nranks, 'rank')}, chunk size {ir.chunk_bytes} B): "
+                         f"{plural(args.examples, 'random case')} on {args.backend}; kernels are built on "
+                         "first use", total=args.examples)
 
-    def progress(i, case, res):
-        if tty:
-            sys.stderr.write(f"\r  case {i}: {case.describe():70.70s}")
-            sys.stderr.flush()
+        def progress(i, case, res):
+            task.advance()
+            task.update(f"case {i}: {case.describe()}")
 
-    if tty:
-        sys.stderr.write(f"hccc fuzz: {ir.name} ({ir.collective}, {ir.nranks} ranks, chunk size "
-                         f"{ir.chunk_bytes} B) on {args.backend}; kernels are built on first use\n")
-    try:
-        rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
-                           timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
-                           max_microbatches=args.max_microbatches, progress=progress,
-                           codegen=args.codegen)
-    except PlatformError as exc:
-        if tty:
-            sys.stderr.write("\n")
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    except ValueError as exc:
-        if tty:
-            sys.stderr.write("\n")
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    if tty:
-        sys.stderr.write("\r" + " " * 80 + "\r")
+        try:
+            rep = fuzz_kernels(ir, backend=args.backend, examples=args.examples, seed=args.seed,
+                               timeout_s=args.timeout, dtypes=args.dtypes, ops=args.ops,
+                               max_microbatches=args.max_microbatches, progress=progress,
+                               codegen=args.codegen)
+        except (PlatformError, ValueError) as exc:
+            sys.stderr.write(f"hccc: error: {exc}\n")
+            return 1
     cases = [c for c, _ in rep.cases]
     counts = [c.count for c in cases]
     summary = {
@@ -140,13 +118,13 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(summary))
     elif rep.ok:
-        print(f"hccc fuzz: {ir.name}: {len(cases)} cases passed in {rep.seconds:.1f} s "
+        print(f"hccc fuzz: {ir.name}: {plural(len(cases), 'case')} passed in {rep.seconds:.1f} s "
               f"({summary['min_count']}..{summary['max_count']} elements, chunk size "
               f"{ir.chunk_bytes} B; dtypes {','.join(summary['dtypes'])}; ops "
               f"{','.join(summary['ops'])}; {summary['inplace_cases']} in-place; threads per "
               f"block {','.join(map(str, summary['threads']))})")
     else:
-        print(f"hccc fuzz: {ir.name}: FAILED after {len(cases)} case(s); minimal failing case:")
+        print(f"hccc fuzz: {ir.name}: FAILED after {plural(len(cases), 'case')}; minimal failing case:")
         print(f"  {summary['failure']['message']}")
         print(f"  reproduce: {summary['failure']['repro']}")
     return 0 if rep.ok else 1

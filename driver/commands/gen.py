@@ -18,19 +18,14 @@ import json
 import sys
 from pathlib import Path
 
+from hccc.args import count_at_least, positive_int
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 GENERATORS = ("c2c",)
 
 
-def _positive(text: str) -> int:
-    from hccc.compiler.frontend.limits import option_int
-    return option_int(text, 1)
-
-
-def _rank(text: str) -> int:
-    from hccc.compiler.frontend.limits import option_int
-    return option_int(text, 0, 1 << 20)
+SUMMARY = "generate algorithms (c2c: mixed-vendor hierarchical collectives)"
+INPUTS = {"cluster": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,18 +36,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("cluster", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, choices=COLLECTIVES + ("alltoall",), type=str.lower,
                    help="collective to generate")
-    p.add_argument("--root", type=_rank, default=None, metavar="R", help="root rank (broadcast, reduce)")
-    p.add_argument("--pipeline", type=_positive, default=1, metavar="K",
+    p.add_argument("--root", type=count_at_least(0, 'a rank'), default=None, metavar="R", help="root rank (broadcast, reduce)")
+    p.add_argument("--pipeline", type=positive_int, default=1, metavar="K",
                    help="split the data into K pieces whose intra- and inter-cluster stages overlap "
-                        "(default 1; clamped so that every piece holds at least one chunk)")
+                        "(clamped so that every piece holds at least one chunk)")
     p.add_argument("--intra", choices=INTRA_ALGORITHMS, default="ring",
-                   help="intra-cluster algorithm: ring chains (default) or direct full mesh")
+                   help="intra-cluster algorithm: ring chains or direct full mesh")
     p.add_argument("--group-by", choices=("model", "vendor"), default="model",
-                   help="homogeneous clusters: same vendor and GPU model (default) or same vendor")
-    p.add_argument("--nodes-per-cluster", type=_positive, default=None, metavar="M",
+                   help="homogeneous clusters: same vendor and GPU model, or same vendor")
+    p.add_argument("--nodes-per-cluster", type=positive_int, default=None, metavar="M",
                    help="split every homogeneous cluster into sub-clusters of at most M nodes")
     p.add_argument("--border", choices=("nic", "one-per-nic"), default="nic",
-                   help="border ranks: every GPU behind a NIC, sharing it (default), or one GPU per NIC")
+                   help="border ranks: every GPU behind a NIC, sharing it (nic), or one GPU per NIC")
     p.add_argument("--name", default=None, help="AlgoName of the program (sanitised; default c2c_COLL_CLUSTER)")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl",
                    help="output file (replaced atomically), or - for standard output")

@@ -40,15 +40,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import add_program_options, count_at_least, parse_size, program_options, seconds
+from hccc.compiler.frontend.plural import plural
+from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
+                        sweep_sizes, table_header, table_left)
 
+SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
@@ -56,45 +60,9 @@ DEFAULT_BYTES = "4K,64K,1M"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
-def size_list(text: str) -> list[int]:
-    """``4K,64K,1M`` -> byte counts (``0`` allowed)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            raise argparse.ArgumentTypeError(f"empty size in '{text}'")
-        out.append(0 if part == "0" else parse_size(part))
-    return out
-
-
-def _positive_float(text: str) -> float:
-    from hccc.compiler.frontend.limits import option_seconds
-    return option_seconds(text)
-
-
-def _count(text: str, low: int) -> int:
-    from hccc.compiler.frontend.limits import option_int
-    return option_int(text, low)
-
-
-def add_program_options(parser: argparse.ArgumentParser, chunk_default: int = 1 << 20) -> None:
-    """Options of the compile command that apply when ALGO is an algorithm file."""
-    from hccc.cli import _positive_int
-    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
-                        help="for .rccl input: HPDS or the round-robin baseline")
-    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
-                        help="for .rccl input: state-based or connection-based thread blocks")
-    parser.add_argument("--chunk-size", type=parse_size, default=chunk_default, metavar="BYTES",
-                        help=f"for .rccl input: micro-batch slice (FIFO slot) size (default {chunk_default})")
-    parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N",
-                        help="for .rccl input: refuse programs with more transfers (default 10^7)")
-
-
 def load(args):
-    from hccc.compiler.pipeline import CompileOptions, load_program
-    opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                          chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
-    return load_program(args.algo, opts)
+    from hccc.compiler.pipeline import load_program
+    return load_program(args.algo, program_options(args))
 
 
 def _manifest_path(algo: str) -> Path | None:
@@ -183,7 +151,7 @@ def load_with_platforms(args):
     if args.topology is None:
         ir = load(args)       # one platform: HIP with --backend hip, else CUDA (as the compiler)
         return ir, ["hip" if args.backend == "hip" else "cuda"] * ir.nranks
-    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, CompileOptions, load_algorithm,
+    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, load_algorithm,
                                         platforms_for, read_cluster)
     cluster = read_cluster(args.topology)
     if Path(args.algo).suffix.lower() in IR_SUFFIXES + XML_SUFFIXES:
@@ -197,10 +165,12 @@ def load_with_platforms(args):
         alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
         verify(alg)
         check_on_topology(alg, cluster.topology, cluster.name)
-        opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                              chunk_bytes=args.chunk_size, max_transfers=args.max_transfers)
+        opts = program_options(args)
         ir = build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
                            chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+        if opts.tb_alloc == "state":   # keep thread-block sharing only where it costs no time there
+            from hccc.runtime.simulator import faster_allocation
+            ir = faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
     return ir, [pls[0] for pls in platforms_for(ir.nranks, "auto", cluster.topology)]
 
 
@@ -225,33 +195,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="cpu: every rank's emitted source (.cu or .hip) compiled with g++ and "
                              "the emulation header, one library per platform of a mixed program "
                              "(every thread block is a group of OS threads); cuda: a CUDA program on "
-                             "a GPU through CuPy; hip: a HIP program on an AMD GPU (default cpu)")
+                             "a GPU through CuPy; hip: a HIP program on an AMD GPU")
     parser.add_argument("--topology", metavar="T", default=None,
                         help="cluster (.topo or TACCL .json): the program must fit it, and each "
                              "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
-    parser.add_argument("--bytes", type=size_list, default=size_list(DEFAULT_BYTES), metavar="N[,N...]",
-                        help="sizes in bytes (K/M/G suffixes): the collective's full buffer, as "
-                             "nccl-tests' size: AllReduce per-rank buffer, AllGather per-rank "
-                             "output, ReduceScatter per-rank input; a multiple of the element size "
-                             f"(default {DEFAULT_BYTES})")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="element type (default float32)")
-    parser.add_argument("--op", choices=OPS, default="sum", help="reduction operator (default sum)")
-    parser.add_argument("--inplace", action="store_true",
-                        help="in-place: AllReduce input == output, AllGather input inside the output, "
-                             "ReduceScatter output inside the input")
-    parser.add_argument("--iters", type=lambda t: _count(t, 1), default=3, metavar="N",
-                        help="timed runs per size (default 3)")
-    parser.add_argument("--warmup", type=lambda t: _count(t, 0), default=1, metavar="N",
-                        help="untimed runs per size first (default 1)")
-    parser.add_argument("--timeout", type=_positive_float, default=10.0, metavar="SECONDS",
+    add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
+    parser.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type")
+    parser.add_argument("-o", "--op", choices=OPS, default="sum",
+                        help="reduction operator (shown as redop 'none' for collectives that reduce nothing)")
+    parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
+                        help="root of a Broadcast or Reduce: must be the program's own Root (it is "
+                             "compiled in)")
+    place = parser.add_mutually_exclusive_group()
+    place.add_argument("--inplace", action="store_true",
+                       help="run in place only (AllReduce input == output, AllGather input inside the "
+                            "output, ReduceScatter output inside the input); both run by default, side by side")
+    place.add_argument("--out-of-place", action="store_true", help="run out of place only")
+    parser.add_argument("-n", "--iters", type=count_at_least(1), default=3, metavar="N",
+                        help="timed runs per size")
+    parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
+                        help="untimed runs per size first (nccl-tests' warmup iters)")
+    parser.add_argument("--timeout", type=seconds(), default=10.0, metavar="SECONDS",
                         help="a thread block that waits this long gives up and reports where it is "
-                             "stuck (default 10; 0 = never, the host watchdog still applies)")
-    parser.add_argument("--threads", type=lambda t: _count(t, 1), default=None, metavar="N",
+                             "stuck (0 = never, the host watchdog still applies)")
+    parser.add_argument("--threads", type=count_at_least(1), default=None, metavar="N",
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
-    parser.add_argument("--seed", type=lambda t: _count(t, 0), default=0, help="input data seed")
+    parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S", help="input data seed")
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
-                        help="micro-batch slice per launch (default auto: sized for each --bytes so a "
+                        help="micro-batch slice per launch (auto: sized for each size so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default=None,
                         help="specialized: each rank's own kernel; table: the generic kernels run "
@@ -262,15 +234,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
                              "buffer ending in a redzone: an out-of-bounds access stops the run with "
                              "ASan's report (the run restarts itself with the ASan runtime preloaded)")
-    add_program_options(parser)
+    add_program_options(parser, prefix="for .rccl input: ")
 
 
-def _row(res) -> str:
+#: one placement's columns: (name, unit, width)
+COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7), ("#wrong", "", 6)]
+
+
+def _cells(res) -> str:
     if res.stuck is not None:
-        t = f"{'stuck':>9s}  {'-':>6s}  {'-':>6s}  {'-':>6s}"
+        vals = ("stuck", "-", "-", "-")
     else:
-        t = f"{res.time_us:9.1f}  {res.algbw_GBps:6.2f}  {res.busbw_GBps:6.2f}  {res.wrong:6d}"
-    return (f"{res.bytes:12d}  {res.count:12d}  {TYPE_NAMES[res.dtype]:>8s}  {res.op:>6s}  {t}")
+        vals = (f"{res.time_us:.1f}", f"{res.algbw_GBps:.2f}", f"{res.busbw_GBps:.2f}", str(res.wrong))
+    return "".join(f"  {v:>{w}}" for v, (_, _, w) in zip(vals, COLUMNS))
 
 
 def _sanitized(args) -> int | None:
@@ -304,6 +280,7 @@ def _sanitized(args) -> int | None:
 
 
 def run(args) -> int:
+    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
     from hccc.runtime.platform import PlatformError
 
@@ -312,10 +289,11 @@ def run(args) -> int:
         if code is not None:
             return code
 
+    sweep = sweep_sizes(args)
     es = ELEMENT_BYTES[args.dtype]
-    bad = [b for b in args.bytes if b % es]
+    bad = [b for b in sweep.sizes if b % es]
     if bad:
-        sys.stderr.write(f"hccc run: error: --bytes {bad[0]} is not a whole number of {args.dtype} "
+        sys.stderr.write(f"hccc run: error: size {bad[0]} is not a whole number of {args.dtype} "
                          f"elements ({es} bytes each)\n")
         return 2
     ir, plats = load_with_platforms(args)
@@ -323,55 +301,79 @@ def run(args) -> int:
         mpath = _manifest_path(args.algo)
         table = mpath is not None and json.loads(mpath.read_text(encoding="utf-8")).get("codegen") == "table"
         args.codegen = "table" if table else "specialized"
+    coll = ir.collective
+    root = root_column(coll, ir.root)
+    if args.root is not None and root >= 0 and args.root != root:
+        raise CompileError([Diagnostic(
+            f"-r {args.root}: {ir.name} is compiled for root {root} (its Root); compile the program "
+            f"for root {args.root} to run it there", None)])
     if ir.algorithm_level:
         # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
         # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
         # chunk of each of the chunks its largest step moves.
-        most = max(args.bytes) * max(1, ir.nranks) // es
+        most = max(sweep.sizes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
         ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
-    tty = sys.stderr.isatty() and not args.json
-    if tty:
-        sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")
+    groups = placements(args)
     results = []
+    from hccc.progress import Progress
     try:
-        with Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                    timeout_s=args.timeout, codegen=args.codegen) as runner:
-            libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
-                              "library": str(runner.libraries[pl])}
-                         for pl, rs in runner.library_ranks.items()}
-            if not args.json:
-                print(f"# hccc run: {ir.name}: {ir.collective} on {ir.nranks} ranks, backend "
-                      f"{args.backend}, {runner.block} thread(s) per thread block, "
-                      f"{'in-place' if args.inplace else 'out-of-place'}, chunk size {ir.chunk_bytes} B, "
-                      f"{args.codegen} kernels")
-                if len(libraries) > 1 or plats[0] != "cuda":
-                    print("# " + "; ".join(
-                        f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
-                        f"({v['backend']})" for pl, v in libraries.items()))
-                print("#")
-                print(f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'time':>9s}  "
-                      f"{'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}")
-                print(f"# {'(B)':>10s}  {'(elements)':>12s}  {'':>8s}  {'':>6s}  {'(us)':>9s}  "
-                      f"{'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}")
-            for nbytes in args.bytes:
-                res = runner.run(nbytes, inplace=args.inplace, iters=args.iters, warmup=args.warmup,
-                                 seed=args.seed, slice_bytes=args.slice_size)
-                results.append(res)
+        with Progress("hccc run", enabled=not args.json) as progress:
+            with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
+                runner = Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
+                                timeout_s=args.timeout, codegen=args.codegen)
+            with runner:
+                libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
+                                  "library": str(runner.libraries[pl])}
+                             for pl, rs in runner.library_ranks.items()}
                 if not args.json:
-                    print(_row(res), flush=True)
-                    if res.stuck is not None:
-                        print(f"#   {res.stuck}", flush=True)
-                    elif res.wrong:
-                        print(f"#   first wrong: {res.first_wrong}", flush=True)
-                    elif res.collective_wrong > 0:
-                        print(f"#   {ir.name} does not implement {ir.collective}: {res.collective_wrong} "
-                              f"element(s) of its reference run differ from the definition; first: "
-                              f"{res.first_wrong}", flush=True)
-                if res.stuck is not None and "host watchdog" in res.stuck:
-                    break   # the platform may be unusable now
-            nthreads, pname = runner.block, args.backend
+                    progress.print(
+                        f"# hccc run: {ir.name}: {coll} on {plural(ir.nranks, 'rank')}, backend {args.backend}, "
+                        f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
+                        f"{args.codegen} kernels")
+                    progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
+                                   f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
+                    if len(libraries) > 1 or plats[0] != "cuda":
+                        progress.print("# " + "; ".join(
+                            f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
+                            f"({v['backend']})" for pl, v in libraries.items()))
+                    progress.print("#")
+                    for line in table_header(groups, COLUMNS):
+                        progress.print(line)
+                broken = False
+                task = progress.task(f"running {plural(len(sweep.sizes), 'size')}"
+                                     + (" out of place and in place" if len(groups) > 1 else ""),
+                                     total=len(sweep.sizes) * len(groups))
+                for nbytes in sweep.sizes:
+                    row = []
+                    for inplace in groups:
+                        res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                         seed=args.seed, slice_bytes=args.slice_size)
+                        task.advance()
+                        results.append(res)
+                        row.append(res)
+                        if res.stuck is not None and "host watchdog" in res.stuck:
+                            broken = True   # the platform may be unusable now
+                            break
+                    if not args.json:
+                        progress.print(table_left(nbytes, nbytes // es, TYPE_NAMES[args.dtype],
+                                                  redop_column(coll, args.op), root)
+                                       + "".join(_cells(r) for r in row))
+                        for r in row:
+                            where = GROUP[r.inplace]
+                            if r.stuck is not None:
+                                progress.print(f"#   {where}: {r.stuck}")
+                            elif r.wrong:
+                                progress.print(f"#   {where}: first wrong: {r.first_wrong}")
+                            elif r.collective_wrong > 0:
+                                progress.print(
+                                    f"#   {where}: {ir.name} does not implement {coll}: "
+                                    f"{plural(r.collective_wrong, 'element')} of its reference run differ "
+                                    f"from the definition; first: {r.first_wrong}")
+                    if broken:
+                        break
+                nthreads, pname = runner.block, args.backend
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
@@ -380,19 +382,18 @@ def run(args) -> int:
         return 1
     ok = all(r.ok for r in results)
     if args.json:
-        print(json.dumps({"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
-                          "backend": pname, "nthreads": nthreads, "ok": ok,
-                          "codegen": args.codegen,
+        print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
+                          "backend": pname, "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
+                          "redop": redop_column(coll, args.op),
                           "rank_platform": plats, "libraries": libraries,
                           "results": [r.to_json() for r in results]}))
     else:
-        good = [r for r in results if r.stuck is None and math.isfinite(r.busbw_GBps)]
-        avg = sum(r.busbw_GBps for r in good) / len(good) if good else float("nan")
         wrong = sum(max(r.wrong, 0) for r in results)
         stuck = sum(r.stuck is not None for r in results)
         notcoll = sum(r.collective_wrong > 0 for r in results)
-        print(f"# wrong elements: {wrong}, stuck runs: {stuck}"
-              + (f", runs whose reference result is not the collective: {notcoll}" if notcoll else "")
-              + f"  {'OK' if ok else 'FAILED'}")
-        print(f"# avg bus bandwidth: {avg:.4g} GB/s")
+        if stuck or notcoll:
+            print(f"# {plural(stuck, 'stuck run')}"
+                  + (f", {plural(notcoll, 'run')} whose reference result is not the collective" if notcoll else ""))
+        print(f"# Out of bounds values : {wrong} {'OK' if ok else 'FAILED'}")
+        print(avg_busbw_line([r.busbw_GBps for r in results if r.stuck is None]))
     return 0 if ok else 1

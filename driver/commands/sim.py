@@ -1,9 +1,15 @@
-"""``hccc sim ALGO --topology T [--sizes 1M,64M,1G] [--scheduler hpds|rr] [--tb-alloc state|connection]
-[--execution task|algorithm] [--chunk-size B] [--dtype D] [--json] [--plot timeline.png]``
+"""``hccc sim ALGO... --topology T [--sizes 1M,64M,1G | -b MIN -e MAX -f F] [--scheduler hpds,rr]
+[--tb-alloc state|connection] [--execution task|algorithm] [--chunk-size B] [-d D] [--json]
+[--plot timeline.png [--ranks R,...]] [--plot-busbw busbw.png]``
 
 Simulates the compiled program on a cluster under the alpha-beta-gamma model of
-:mod:`hccc.runtime.simulator` and prints an nccl-tests-like table (one row per size), or with
-``--json``::
+:mod:`hccc.runtime.simulator` and prints an nccl-tests-like table (one row per size: size, count,
+type, redop, root, time, algbw, busbw, then the model's bound, slice, micro-batches and TB idle
+ratios; closed by ``# Avg bus bandwidth``). Several algorithms, and a list of schedulers, give one
+table each; ``--plot-busbw`` draws all of them on one figure, ``--plot`` the timeline of the first
+at its largest size (``--ranks`` picks the ranks shown). The simulator does not tell in-place from
+out-of-place runs, so there is one column group. With ``--json`` (one run; several give
+``{"runs": [...]}``)::
 
     {"results": [{"bytes", "time_us", "algbw_GBps", "busbw_GBps", "chunk_bytes", ...}, ...],
      "chunk_bytes": ..., "slice": "auto" | "fixed",
@@ -25,9 +31,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from hccc.args import choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
+from hccc.compiler.frontend.plural import plural
+from hccc.progress import Progress
+from hccc.sweep import add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_sizes, table_header, table_left
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
@@ -35,21 +44,11 @@ DEFAULT_SIZES = "1M,64M,1G"
 PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
 
-def _sizes(text: str) -> list[int]:
-    from hccc.cli import parse_size
-
-    parts = [s for s in text.split(",") if s.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("expected sizes such as 1M,64M,1G")
-    out = [parse_size(s) for s in parts]
-    if len(out) > 64:
-        raise argparse.ArgumentTypeError("at most 64 sizes")
-    return out
+SUMMARY = "simulate an algorithm on a cluster (alpha-beta model)"
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 
 
 def _chunk(text: str) -> int:
-    from hccc.cli import parse_size
-
     v = parse_size(text)
     if v % 16 or v > (1 << 30):
         raise argparse.ArgumentTypeError(f"chunk size must be a multiple of 16 bytes of at most 1G, not '{text}'")
@@ -57,13 +56,16 @@ def _chunk(text: str) -> int:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("algo", metavar="ALGO", help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
+    p.add_argument("algo", metavar="ALGO", nargs="+",
+                   help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml); several are simulated one "
+                        "after the other (and drawn together by --plot-busbw)")
     p.add_argument("--topology", "-t", required=True, metavar="T",
                    help="cluster description (.topo, or a TACCL profile .json)")
-    p.add_argument("--sizes", type=_sizes, default=_sizes(DEFAULT_SIZES), metavar="S1,S2,...",
-                   help=f"buffer sizes (nccl-tests' size: the full buffer), K/M/G suffixes (default {DEFAULT_SIZES})")
-    p.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
-                   help="HPDS or the round-robin baseline (task-level execution)")
+    add_sweep_options(p, DEFAULT_SIZES, zero_ok=False)
+    p.add_argument("--scheduler", type=choice_list(("hpds", "rr"), "schedulers"), default="hpds",
+                   metavar="hpds|rr[,...]",
+                   help="HPDS or the round-robin baseline (task-level execution); a list (hpds,rr) "
+                        "simulates each")
     p.add_argument("--tb-alloc", choices=("state", "connection"), default=None,
                    help="thread-block allocation (default: state for task-level, connection for algorithm-level)")
     p.add_argument("--execution", choices=("task", "algorithm"), default=None,
@@ -72,117 +74,172 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=_chunk, default=None, metavar="BYTES",
                    help="fixed micro-batch slice and FIFO slot size for every size (default: slots of 1M, "
                         "or a given IR's own, and a slice chosen per size)")
-    p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="float32",
-                   help="element type (sizes are rounded down to whole elements; default float32)")
-    p.add_argument("--max-transfers", type=int, default=10 ** 7, metavar="N",
-                   help="refuse programs with more transfers than this (default 10^7)")
+    p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
+                   help="element type (sizes are rounded down to whole elements)")
+    p.add_argument("-o", "--op", choices=("sum", "max", "min"), default="sum",
+                   help="reduction operator shown in the redop column (the model's cost does not depend on it)")
+    p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
+                   help="refuse programs with more transfers than this")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="write a timeline of the largest size (PNG, SVG or PDF, by extension)")
+    p.add_argument("--ranks", type=comma_list(count_at_least(0, "a rank"), "ranks", max_items=1024),
+                   default=None, metavar="R1,R2,...",
+                   help=f"ranks whose thread blocks the timeline shows (default: the first {PLOT_ROWS} TBs)")
+    p.add_argument("--plot-busbw", metavar="FILE", default=None,
+                   help="write bus bandwidth against size, one line per algorithm and scheduler")
 
 
-def _progress(args, text: str) -> None:
-    if not args.json and sys.stderr.isatty():
-        sys.stderr.write(f"hccc sim: {text}\n")
-        sys.stderr.flush()
-
-
-def _load(args):
-    """The ProgramIR to simulate; sets ``args.execution`` when it was left to the input."""
+def _load(args, algo: str, scheduler: str, topo, sizes):
+    """The ProgramIR to simulate and the execution it runs with."""
     from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
     from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
     from hccc.compiler.passes.verify import verify
     from hccc.runtime.simulator import build_for_execution
 
-    path = Path(args.algo)
+    path = Path(algo)
+    execution = args.execution
     if path.suffix.lower() in (".json", ".xml"):
-        opts = CompileOptions(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state",
+        opts = CompileOptions(scheduler=scheduler, tb_alloc=args.tb_alloc or "state",
                               chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES,
                               max_transfers=args.max_transfers)
         ir = load_program(path, opts)
         if args.chunk_size:
             ir.chunk_bytes = args.chunk_size
-        if args.execution is None:  # an MSCCL import records whether it only runs algorithm-level
+        if execution is None:  # an MSCCL import records whether it only runs algorithm-level
             ex = ir.stats.get("execution")
-            args.execution = ex if ex in ("task", "algorithm") else "task"
-        return ir
-    if args.execution is None:
-        args.execution = "task"
+            execution = ex if ex in ("task", "algorithm") else "task"
+        return ir, execution
+    execution = execution or "task"
     alg = load_algorithm(path, max_transfers=args.max_transfers)
     verify(alg)
-    return build_for_execution(alg, args.execution, scheduler=args.scheduler, tb_alloc=args.tb_alloc,
-                               chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES)
+    return build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
+                               chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo,
+                               sizes=sizes), execution
 
 
-def _human(n: int) -> str:
-    for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k}{unit}"
-    return str(n)
+#: the simulator's columns after nccl-tests' (name, unit, width)
+COLUMNS = [("time", "(us)", 11), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("bound", "(us)", 11),
+           ("slice", "(B)", 7), ("mbatch", "", 6), ("idle", "avg", 6), ("idle", "max", 6)]
+
+
+def _simulate_one(args, topo, algo: str, scheduler: str, sizes: list[int], progress):
+    from hccc.runtime.simulator import SimulationError, prepare, simulate
+
+    with progress.phase(f"building {algo}" + (f" ({scheduler})" if len(args.scheduler) > 1 else "")):
+        ir, execution = _load(args, algo, scheduler, topo, sizes)
+        try:
+            prog = prepare(ir, topo)
+        except SimulationError as exc:
+            raise CompileError([Diagnostic(str(exc), None)]) from None
+    if args.ranks is not None:
+        bad = [r for r in args.ranks if r >= ir.nranks]
+        if bad:
+            raise CompileError([Diagnostic(f"--ranks {bad[0]}: {ir.name} has ranks 0..{ir.nranks - 1}", None)])
+    esize = DTYPE_BYTES[args.dtype]
+    slice_mode = None if args.chunk_size else "auto"   # --chunk-size: slot and slice fixed
+    largest = max(range(len(sizes)), key=lambda i: sizes[i])
+    record = (True if args.ranks is not None else PLOT_ROWS) if args.plot else 0
+    results = []
+    task = progress.task(f"simulating {plural(len(sizes), 'size')} of {ir.name}", total=len(sizes))
+    for i, size in enumerate(sizes):
+        task.update(format_size(size))
+        try:
+            results.append(simulate(prog, topo, size, execution=execution, element_bytes=esize,
+                                    record=record if i == largest else 0, slice_bytes=slice_mode))
+        except SimulationError as exc:
+            raise CompileError([Diagnostic(str(exc), None)]) from None
+        task.advance()
+    task.finish()
+    return ir, prog, execution, slice_mode, results, largest
 
 
 def run(args) -> int:
     from hccc.compiler.pipeline import load_cluster
-    from hccc.runtime.simulator import SimulationError, prepare, simulate
 
+    sweep = sweep_sizes(args)
+    sizes = list(sweep.sizes)
     topo = load_cluster(args.topology)
-    _progress(args, f"building {args.algo}")
-    ir = _load(args)
-    try:
-        prog = prepare(ir, topo)
-    except SimulationError as exc:
-        raise CompileError([Diagnostic(str(exc), None)]) from None
-    esize = DTYPE_BYTES[args.dtype]
-    slice_mode = None if args.chunk_size else "auto"   # --chunk-size: slot and slice fixed
-    sizes = list(args.sizes)
-    largest = max(range(len(sizes)), key=lambda i: sizes[i])
-    results = []
-    for i, size in enumerate(sizes):
-        _progress(args, f"simulating {_human(size)}")
-        try:
-            results.append(simulate(prog, topo, size, execution=args.execution, element_bytes=esize,
-                                    record=PLOT_ROWS if args.plot and i == largest else 0,
-                                    slice_bytes=slice_mode))
-        except SimulationError as exc:
-            raise CompileError([Diagnostic(str(exc), None)]) from None
+    runs = []
+    with Progress("hccc sim", enabled=not args.json) as progress:
+        for algo in args.algo:
+            for scheduler in args.scheduler:
+                runs.append((algo, scheduler, *_simulate_one(args, topo, algo, scheduler, sizes, progress)))
+        if args.plot:
+            from hccc.runtime.sim_plot import plot_timeline
+            algo, scheduler, ir, prog, execution, slice_mode, results, largest = runs[0]
+            with progress.phase(f"plotting the timeline to {args.plot}"):
+                try:
+                    plot_timeline(results[largest], prog, args.plot, max_rows=PLOT_ROWS, ranks=args.ranks)
+                except (OSError, ValueError) as exc:
+                    raise CompileError([Diagnostic(f"cannot write the plot '{args.plot}': {exc}", None)]) from None
+        if args.plot_busbw:
+            from hccc.runtime.sim_plot import plot_busbw
+            curves = {_label(args, r): ([x.nbytes for x in r[6]], [x.busbw_GBps for x in r[6]]) for r in runs}
+            with progress.phase(f"plotting bus bandwidth to {args.plot_busbw}"):
+                try:
+                    plot_busbw(curves, args.plot_busbw, title=f"{runs[0][2].collective} on {topo.name}")
+                except (OSError, ValueError) as exc:
+                    raise CompileError([Diagnostic(f"cannot write the plot '{args.plot_busbw}': {exc}",
+                                                   None)]) from None
+    docs = [_report(args, topo, *r) for r in runs]
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else {"runs": docs}))
+        return 0
+    for i, r in enumerate(runs):
+        if i:
+            print()
+        _print_table(args, topo, sweep, *r)
+    if args.plot:
+        print(f"# timeline of {format_size(runs[0][6][runs[0][7]].nbytes)}B ({_label(args, runs[0])}) "
+              f"written to {args.plot}")
+    if args.plot_busbw:
+        print(f"# bus bandwidth against size written to {args.plot_busbw}")
+    return 0
+
+
+def _label(args, r) -> str:
+    algo, scheduler, ir = r[0], r[1], r[2]
+    return ir.name + (f" ({scheduler})" if len(args.scheduler) > 1 else "")
+
+
+def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, results, largest) -> dict:
     st = ir.stats
     big = results[largest]
-    tb_alloc = st.get("tb_alloc") or args.tb_alloc
-    scheduler = st.get("scheduler") or args.scheduler
-    if args.plot:
-        from hccc.runtime.sim_plot import plot_timeline
-        try:
-            plot_timeline(big, prog, args.plot, max_rows=PLOT_ROWS)
-        except (OSError, ValueError) as exc:
-            raise CompileError([Diagnostic(f"cannot write the plot '{args.plot}': {exc}", None)]) from None
-    if args.json:
-        print(json.dumps({
-            "algorithm": ir.name, "collective": ir.collective, "nranks": int(ir.nranks),
-            "topology": topo.name, "execution": args.execution, "scheduler": scheduler,
-            "tb_alloc": tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
-            "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
-            "results": [r.summary() for r in results],
-            "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
-            "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
-            "tb_idle_avg": big.tb_idle_avg, "tb_idle_max": big.tb_idle_max, "comm_time": big.comm_time,
-            "plot": args.plot,
-        }))
-        return 0
-    print(f"# hccc sim: {ir.name} ({ir.collective}, {ir.nranks} ranks) on {topo.name}: "
-          f"{args.execution}-level execution, scheduler {scheduler}, {tb_alloc}-based TBs "
+    return {
+        "algorithm": ir.name, "collective": ir.collective, "nranks": int(ir.nranks),
+        "topology": topo.name, "execution": execution, "scheduler": st.get("scheduler") or scheduler,
+        "tb_alloc": st.get("tb_alloc") or args.tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
+        "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
+        "redop": redop_column(ir.collective, args.op), "root": root_column(ir.collective, ir.root),
+        "results": [r.summary() for r in results],
+        "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
+        "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
+        "tb_idle_avg": big.tb_idle_avg, "tb_idle_max": big.tb_idle_max, "comm_time": big.comm_time,
+        "plot": args.plot,
+    }
+
+
+def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_mode, results, largest) -> None:
+    st = ir.stats
+    big = results[largest]
+    esize = DTYPE_BYTES[args.dtype]
+    print(f"# hccc sim: {ir.name} ({ir.collective}, {plural(int(ir.nranks), 'rank')}) on {topo.name}: "
+          f"{execution}-level execution, scheduler {st.get('scheduler') or scheduler}, "
+          f"{st.get('tb_alloc') or args.tb_alloc}-based TBs "
           f"({big.ntbs} in total, at most {big.tbs_per_rank_max} per rank), "
-          f"{_human(int(ir.chunk_bytes))}B slots, "
+          f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
+    print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
     print("#")
-    head = (f"{'size':>12} {'count':>11} {'type':>8} {'time(us)':>11} {'algbw(GB/s)':>12} "
-            f"{'busbw(GB/s)':>12} {'bound(us)':>11} {'slice':>7} {'mbatch':>7} {'idle avg':>9} "
-            f"{'idle max':>9}")
-    print("#" + head[1:])
+    for line in table_header([False], COLUMNS)[1:]:
+        print(line)
+    redop = redop_column(ir.collective, args.op)
+    root = root_column(ir.collective, ir.root)
     for r in results:
-        print(f"{r.nbytes:>12} {r.nbytes // esize:>11} {args.dtype:>8} {r.time_us:>11.2f} "
-              f"{r.algbw_GBps:>12.2f} {r.busbw_GBps:>12.2f} {r.lower_bound_s * 1e6:>11.2f} "
-              f"{_human(r.slice_bytes):>7} {r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% "
-              f"{100 * r.tb_idle_max:>8.1f}%")
-    if args.plot:
-        print(f"# timeline of {_human(big.nbytes)}B written to {args.plot}")
-    return 0
+        vals = (f"{r.time_us:.2f}", f"{r.algbw_GBps:.2f}", f"{r.busbw_GBps:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
+                format_size(r.slice_bytes), str(r.micro_batches), f"{100 * r.tb_idle_avg:.1f}%",
+                f"{100 * r.tb_idle_max:.1f}%")
+        print(table_left(r.nbytes, r.nbytes // esize, args.dtype, redop, root)
+              + "".join(f"  {v:>{w}}" for v, (_, _, w) in zip(vals, COLUMNS)))
+    print(avg_busbw_line([r.busbw_GBps for r in results]))

@@ -18,49 +18,42 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from hccc.cli import parse_size
+from hccc.args import count_at_least, parse_size, positive_int, seconds
+from hccc.compiler.frontend.plural import plural
+from hccc.progress import Progress
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-from hccc.compiler.frontend.limits import option_int, option_seconds, printable
+from hccc.compiler.frontend.limits import printable
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
-def _positive_int(text: str) -> int:
-    return option_int(text, 1)
-
-
-def _nonneg_int(text: str) -> int:
-    return option_int(text, 0)
-
-
-def _seconds(text: str) -> float:
-    return option_seconds(text, 0.0, allow_lo=False)
+SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
+INPUTS = {"topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, type=str.lower, choices=COLLECTIVES,
                    help="the collective to synthesise")
-    p.add_argument("--root", type=_nonneg_int, default=None, metavar="R",
-                   help="broadcast root (default 0; written as the program's Root)")
-    p.add_argument("--chunks-per-rank", type=_positive_int, default=1, metavar="K",
-                   help="chunks per rank (default 1; written as the program's nChunksPerRank)")
-    p.add_argument("--time-limit", type=_seconds, default=60.0, metavar="S",
-                   help="seconds for the search (default 60); the best schedule so far is written then")
-    p.add_argument("--pod-size", type=_positive_int, default=None, metavar="M",
+    p.add_argument("--root", type=count_at_least(0), default=None, metavar="R",
+                   help="broadcast root (0 when not given; written as the program's Root)")
+    p.add_argument("--chunks-per-rank", type=positive_int, default=1, metavar="K",
+                   help="chunks per rank (written as the program's nChunksPerRank)")
+    p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
+                   help="seconds for the search; the best schedule so far is written then")
+    p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
     p.add_argument("--no-smt", action="store_true", help="greedy heuristic only (no z3 repair or minimisation)")
-    p.add_argument("--variants", type=_positive_int, default=3, metavar="N",
-                   help="greedy variants tried per phase (default 3); among those with the fewest steps the "
+    p.add_argument("--variants", type=positive_int, default=3, metavar="N",
+                   help="greedy variants tried per phase; among those with the fewest steps the "
                         "one the alpha-beta simulator finds fastest is kept")
-    p.add_argument("--select-size", type=parse_size, default=1 << 30, metavar="BYTES",
+    p.add_argument("--select-size", type=parse_size, default="1G", metavar="BYTES",
                    help="buffer size at which variants are compared in the simulator and the bandwidth lower "
-                        "bound is reported (default 1G)")
+                        "bound is reported")
     p.add_argument("--no-sim-select", action="store_true",
                    help="do not use the simulator to choose among variants (keep the first)")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")
@@ -68,42 +61,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
 
 
-class _Progress:
-    """A one-line live status on a terminal (rich); silent otherwise."""
+#: how synthesis events read in the progress display
+EVENTS = {"bound": "lower bound {steps} steps",
+          "greedy": "greedy schedule: {steps} steps",
+          "cegis": "CEGIS iteration {iteration}: checkpoint step {checkpoint}, {learned} groups learned, {steps} steps",
+          "minimise": "z3 shortened the schedule to {steps} steps (window {window})",
+          "pod": "pod of {ranks} GPUs: {steps} steps",
+          "select": "simulator chose greedy variant {variant}",
+          "inter-pod": "inter-pod schedule over {pods} pods: {steps} steps"}
 
-    def __init__(self, enabled: bool, title: str):
-        self.status = None
-        if enabled:
-            from rich.console import Console
 
-            self.status = Console(stderr=True).status(title)
-            self.title = title
-
-    def __enter__(self):
-        if self.status is not None:
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.status is not None:
-            self.status.__exit__(*exc)
-
-    def __call__(self, event: str, info: dict) -> None:
-        if self.status is None:
-            return
-        text = {"bound": "lower bound {steps} steps",
-                "greedy": "greedy schedule: {steps} steps",
-                "cegis": "CEGIS iteration {iteration}: checkpoint step {checkpoint}, {learned} groups learned, "
-                         "{steps} steps",
-                "minimise": "z3 shortened the schedule to {steps} steps (window {window})",
-                "pod": "pod of {ranks} GPUs: {steps} steps",
-                "select": "simulator chose greedy variant {variant}",
-                "inter-pod": "inter-pod schedule over {pods} pods: {steps} steps"}.get(event, event)
-        try:
-            msg = text.format(**info)
-        except (KeyError, IndexError):
-            msg = event
-        self.status.update(f"{self.title}: {msg}")
+def describe_event(event: str, info: dict) -> str:
+    try:
+        return EVENTS.get(event, event).format(**info)
+    except (KeyError, IndexError):
+        return event
 
 
 def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1):
@@ -169,9 +141,12 @@ def run(args) -> int:
         check_synth_size(topo.nranks, args.chunks_per_rank)   # before any work is sized by it
     except ValueError as exc:
         raise CompileError([Diagnostic(f"--chunks-per-rank: {exc}", None)]) from None
-    title = f"hccc synth {args.collective} on {printable(Path(args.topology).name)} ({topo.nranks} GPUs)"
-    progress = _Progress(sys.stderr.isatty() and not args.json, title)
-    with progress:
+    title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
+    with Progress("hccc synth", enabled=not args.json) as prog, prog.phase(title, limit_s=args.time_limit) as phase:
+
+        def progress(event: str, info: dict) -> None:
+            phase.update(describe_event(event, info))
+
         try:
             score = None if args.no_sim_select or args.variants == 1 else simulated_score(
                 topo, args.select_size, root=args.root, chunks_per_rank=args.chunks_per_rank)

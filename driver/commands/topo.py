@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import sys
 
+from hccc.compiler.frontend.plural import plural
+from hccc.table import table_lines
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
 
 SCHEMA = "hccc.topo/1"
@@ -48,11 +50,12 @@ EPILOG = """\
 """
 
 
-def configure(parser) -> None:
-    import argparse
+SUMMARY = "summarise a cluster description"
+INPUTS = {"cluster": "cluster"}
 
+
+def configure(parser) -> None:
     parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("cluster", metavar="T", help="cluster description: .topo, or a TACCL profile .json")
     parser.add_argument("--json", action="store_true",
                         help=f"print one JSON object (schema {SCHEMA}; keys below)")
@@ -134,15 +137,6 @@ def _size(b: int) -> str:
     return f"{b} B"
 
 
-def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def fmt(cells):
-        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
-
-
 def _ranks(a: int, b: int) -> str:
     return str(a) if a == b else f"{a}-{b}"
 
@@ -151,8 +145,8 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
     """The human-readable summary of a :func:`report`."""
     out = []
     src = f" ({rep['file']})" if rep["file"] else ""
-    out.append(f"cluster {rep['name']}{src}: {rep['nnodes']} node(s), {rep['nranks']} GPUs, {rep['nlinks']} links, "
-               f"{len(rep['shared_groups'])} shared groups")
+    out.append(f"cluster {rep['name']}{src}: {plural(rep['nnodes'], 'node')}, {plural(rep['nranks'], 'GPU')}, "
+               f"{plural(rep['nlinks'], 'link')}, {plural(len(rep['shared_groups']), 'shared group')}")
     line = f"chunk size S_c = {_size(rep['chunk_size'])}"
     if rep["tau_ref_us"] is not None:
         bn = rep["bottleneck"]
@@ -164,19 +158,19 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
     rows = [[nd["name"], _ranks(nd["first_rank"], nd["last_rank"]), str(nd["ngpus"]), nd["vendor"], nd["platform"],
              nd["model"] or "-", "-" if nd["gamma_gbps"] is None else f"{_num(nd['gamma_gbps'])} GB/s"]
             for nd in rep["nodes"]]
-    out += _table(["node", "ranks", "GPUs", "vendor", "platform", "model", "gamma"], rows, {2})
+    out += table_lines(["node", "ranks", "GPUs", "vendor", "platform", "model", "gamma"], rows, {2})
     out.append("")
     out.append("vendors")
     rows = [[v["vendor"], v["platform"], str(v["nodes"]), str(v["ranks"]),
              ", ".join(f"{m} x{k}" for m, k in v["models"].items())] for v in rep["vendors"]]
-    out += _table(["vendor", "platform", "nodes", "ranks", "models"], rows, {2, 3})
+    out += table_lines(["vendor", "platform", "nodes", "ranks", "models"], rows, {2, 3})
     out.append("")
     out.append("link classes   tau = alpha + S_c / bandwidth (one lane);  C(u,v) = ceil(tau_ref / tau) * lanes")
     if rep["link_classes"]:
         rows = [[c["class"], str(c["links"]), _num(c["bandwidth_gbps"]), str(c["lanes"]), _num(c["total_gbps"]),
                  _num(c["alpha_us"]), _num(c["tau_us"]), _num(c["tau_ref_over_tau"]), str(c["capacity"])]
                 for c in rep["link_classes"]]
-        out += _table(["class", "links", "GB/s/lane", "lanes", "total GB/s", "alpha us", "tau us", "tau_ref/tau",
+        out += table_lines(["class", "links", "GB/s/lane", "lanes", "total GB/s", "alpha us", "tau us", "tau_ref/tau",
                        "C(u,v)"], rows, {1, 2, 3, 4, 5, 6, 7, 8})
     else:
         out.append("  (no links)")
@@ -186,7 +180,7 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
         out.append("shared groups   C_g = ceil(tau_ref / tau_g) * lanes")
         rows = [[str(g["id"]), g["kind"], g["direction"], str(g["links"]), _num(g["bandwidth_gbps"]), str(g["lanes"]),
                  _num(g["capacity_gbps"]), str(g["capacity"]), g["label"]] for g in groups]
-        out += _table(["id", "kind", "direction", "links", "GB/s/lane", "lanes", "capacity GB/s", "C_g", "label"],
+        out += table_lines(["id", "kind", "direction", "links", "GB/s/lane", "lanes", "capacity GB/s", "C_g", "label"],
                       rows, {0, 3, 4, 5, 6, 7})
     else:
         out.append("shared groups (alike groups together; --groups lists each)   C_g = ceil(tau_ref / tau_g) * lanes")
@@ -202,7 +196,7 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
         rows = [[k[0], str(agg[k][0]), ", ".join(agg[k][1]), str(k[4]), _num(k[1]), str(k[2]), _num(k[1] * k[2]),
                  str(k[3])] for k in keys]
         if rows:
-            out += _table(["kind", "groups", "directions", "links each", "GB/s/lane", "lanes", "capacity GB/s", "C_g"],
+            out += table_lines(["kind", "groups", "directions", "links each", "GB/s/lane", "lanes", "capacity GB/s", "C_g"],
                           rows, {1, 3, 4, 5, 6, 7})
     if not groups:
         out.append("  (none)")
@@ -226,9 +220,11 @@ def run(args) -> int:
         if importlib.util.find_spec("matplotlib") is None:
             sys.stderr.write("hccc topo: error: --plot needs matplotlib (pip install 'hccc[plot]')\n")
             return 1
+        from hccc.progress import Progress
         from hccc.topo_plot import draw
         try:
-            draw(topo, args.plot)
+            with Progress("hccc topo", enabled=not args.json) as prog, prog.phase(f"drawing {args.plot}"):
+                draw(topo, args.plot)
         except OSError as exc:
             sys.stderr.write(f"hccc topo: error: cannot write '{args.plot}': {exc.strerror or exc}\n")
             return 1

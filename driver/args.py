@@ -1,0 +1,192 @@
+"""Argument types and shared options of the ``hccc`` command line: one size parser, one comma-list
+parser, one help formatter and the options several commands share (program options, topology,
+MSCCL XML limits).
+
+Every subcommand module imports its argument machinery from here (never from :mod:`hccc.cli`,
+which only dispatches). Argument types raise :class:`argparse.ArgumentTypeError`, which argparse
+turns into ``hccc CMD: error: argument --X: ...`` with exit status 2.
+
+Sizes use the ``.topo`` language's syntax (:mod:`hccc.compiler.frontend.sizes`): ``4096``,
+``64K``, ``1.5M``, ``1G``, ``1MiB``. Defaults are shown one way, by :class:`HelpFormatter`:
+``(default: X)`` at the end of the option's help; size defaults are given as text (``"1M"``) so
+the help shows them as the user would type them (argparse converts a text default with the
+option's type).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Sequence
+
+from hccc.compiler.frontend.limits import check_size, option_int, option_seconds, printable
+from hccc.compiler.frontend.sizes import format_size, size_value
+
+__all__ = ["HelpFormatter", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
+           "comma_list", "choice_list", "add_program_options", "add_topology_option",
+           "add_xml_limit_arguments", "xml_limits_from_args", "format_size", "program_options"]
+
+#: most items one comma-separated option takes (bounds the work a command line can ask for)
+MAX_LIST_ITEMS = 64
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs keep their line breaks; every option with a default ends its help
+    with ``(default: X)`` (nothing for flags, options without a default, or help that already
+    names its default)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if text is argparse.SUPPRESS or "%(default)" in text or "(default" in text:
+            return text
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(default, (list, tuple)):
+            shown = ",".join(str(v) for v in default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})" if text else f"(default: {shown.replace('%', '%%')})"
+
+
+def _whole_bytes(text: str, *, zero_ok: bool) -> int:
+    value = size_value(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"invalid size '{printable(text, limit=40)}' (expected e.g. 4096, 64K, 1.5M, 1G)")
+    if value.denominator != 1:
+        raise argparse.ArgumentTypeError(f"size '{printable(text, limit=40)}' is not a whole number of bytes")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise argparse.ArgumentTypeError(f"size must be positive: '{printable(text, limit=40)}'")
+    return check_size(int(value))
+
+
+def parse_size(text: str) -> int:
+    """A positive number of bytes: ``4096``, ``64K``, ``1.5M``, ``1G`` (binary multiples; an
+    optional ``B``/``iB``), the ``.topo`` language's syntax."""
+    return _whole_bytes(text, zero_ok=False)
+
+
+def size_or_zero(text: str) -> int:
+    """A number of bytes, 0 allowed."""
+    return _whole_bytes(text, zero_ok=True)
+
+
+def count_at_least(low: int, what: str = "an integer") -> Callable[[str], int]:
+    """Type of an integer option with a lower bound."""
+    def parse(text: str) -> int:
+        t = text.strip()
+        if not (t.isascii() and t.isdigit()) or len(t) > 18 or int(t) < low:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got '{printable(text, limit=40)}'")
+        return option_int(t, low)      # and at most MAX_OPTION_COUNT
+    parse.__name__ = f"integer>={low}"
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return count_at_least(1)(text)
+
+
+def seconds(*, zero_ok: bool = True) -> Callable[[str], float]:
+    """Type of a duration option in seconds (finite; 0 allowed unless ``zero_ok`` is False)."""
+    def parse(text: str) -> float:
+        return option_seconds(text, 0.0, allow_lo=zero_ok)     # finite, at most a week
+    parse.__name__ = "seconds"
+    return parse
+
+
+def comma_list(item: Callable[[str], object], what: str = "values", *,
+               max_items: int = MAX_LIST_ITEMS) -> Callable[[str], list]:
+    """Type of a comma-separated option (``4K,64K,1M``): each item through ``item``; empty items,
+    an empty list and more than ``max_items`` items are errors."""
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",")]
+        if not text.strip() or any(not p for p in parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got '{text}'")
+        if len(parts) > max_items:
+            raise argparse.ArgumentTypeError(f"at most {max_items} {what}, got {len(parts)}")
+        return [item(p) for p in parts]
+    parse.__name__ = f"list of {what}"
+    return parse
+
+
+def choice_list(allowed: Sequence[str], what: str = "values") -> Callable[[str], list[str]]:
+    """Type of a comma-separated subset of ``allowed`` (``float32,int32``)."""
+    def one(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"'{text}' is not one of {','.join(allowed)}")
+        return text
+    return comma_list(one, what)
+
+
+TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the algorithm's nRanks must equal its "
+                 "GPU count and every transfer must use one of its links")
+
+
+def add_topology_option(parser: argparse.ArgumentParser, *, required: bool = False, extra: str = "") -> None:
+    """``--topology T`` (``-t T``)."""
+    parser.add_argument("-t", "--topology", metavar="T", required=required, help=TOPOLOGY_HELP + extra)
+
+
+def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str | None = "1M",
+                        chunk_help: str | None = None, tb_alloc_default: str | None = "state",
+                        prefix: str = "") -> None:
+    """How an algorithm becomes a program: ``--scheduler``, ``--tb-alloc``, ``--chunk-size``,
+    ``--max-transfers`` (``prefix``, e.g. "for .rccl input: ", starts every help)."""
+    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
+                        help=prefix + "HPDS (ResCCL Algorithm 1) or the round-robin baseline")
+    parser.add_argument("--tb-alloc", choices=("state", "connection"), default=tb_alloc_default,
+                        help=prefix + "state-based thread-block allocation or the connection-based baseline")
+    parser.add_argument("--chunk-size", type=parse_size, default=chunk_default, metavar="BYTES",
+                        help=prefix + (chunk_help or "micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M"))
+    parser.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
+                        help=prefix + "refuse programs with more transfers than this")
+
+
+def program_options(args, **overrides):
+    """The :class:`CompileOptions` that :func:`add_program_options`' options ask for."""
+    from hccc.compiler.pipeline import CompileOptions
+
+    kw = dict(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state", chunk_bytes=args.chunk_size,
+              max_transfers=args.max_transfers)
+    kw.update(overrides)
+    return CompileOptions(**kw)
+
+
+def add_xml_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The MSCCL runtime-limit options (the compile command and ``hccc xml`` both write XML)."""
+    g = parser.add_argument_group("MSCCL XML runtime limits (defaults: MSCCL executor / RCCL)")
+    g.add_argument("--xml-legacy", action="store_true",
+                   help="target the older msccl executor (256 steps per thread block, 216 thread blocks)")
+    g.add_argument("--xml-max-steps", type=positive_int, metavar="N", help="steps per thread block (64)")
+    g.add_argument("--xml-max-count", type=positive_int, metavar="N", help="chunks per step (71)")
+    g.add_argument("--xml-max-tbs-per-channel", type=positive_int, metavar="N",
+                   help="send-peer (and recv-peer) thread blocks per channel (32)")
+    g.add_argument("--xml-max-channels", type=positive_int, metavar="N", help="channels (32)")
+    g.add_argument("--xml-max-elements", type=positive_int, metavar="N",
+                   help="XML elements per rank the runtime's loader holds (4096)")
+    g.add_argument("--instances", type=positive_int, default=1, metavar="K",
+                   help="K instances of the program on their own thread blocks and channels, each moving "
+                        "1/K of every chunk (msccl-tools' instances)")
+    g.add_argument("--xml-fuse", action="store_true",
+                   help="fuse a receive with the send forwarding it into one rcs/rrcs/rrs step where the two "
+                        "connection ends can share a thread block (fewer steps; their thread blocks then run "
+                        "in series, which can cost a few percent)")
+    g.add_argument("--xml-order", choices=("step", "kernel"), default="step",
+                   help="export an algorithm in its step order with one thread block per connection end, "
+                        "the way the MSCCL runtimes run best (step), or the order and thread "
+                        "blocks of hccc's kernels (kernel: --scheduler, --tb-alloc)")
+
+
+def xml_limits_from_args(args):
+    """The :class:`XmlLimits` the options of :func:`add_xml_limit_arguments` (and ``hccc xml``'s
+    ``--proto``, ``--min-bytes``, ``--max-bytes`` where present) ask for."""
+    from hccc.compiler.interop.msccl_format import LEGACY_LIMITS, XmlLimits
+
+    lim = LEGACY_LIMITS if args.xml_legacy else XmlLimits()
+    changes = {k: getattr(args, k) for k in ("proto", "min_bytes", "max_bytes") if hasattr(args, k)}
+    for opt, field in (("xml_max_steps", "max_steps"), ("xml_max_count", "max_count"),
+                       ("xml_max_tbs_per_channel", "max_tbs_per_channel"), ("xml_max_channels", "max_channels"),
+                       ("xml_max_elements", "max_xml_nodes")):
+        v = getattr(args, opt)
+        if v is not None:
+            changes[field] = v
+    return lim.with_(**changes)

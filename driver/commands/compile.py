@@ -1,0 +1,119 @@
+"""``hccc ALGO -o OUTDIR`` (also ``hccc compile ALGO -o OUTDIR``): compile an algorithm into
+verified, scheduled CUDA/HIP kernels, a manifest, the ProgramIR as JSON, build files and the MSCCL
+XML export.
+
+ALGO is a ``.rccl`` program (verified, scheduled with ``--scheduler``, lowered, thread blocks
+allocated with ``--tb-alloc``), an MSCCL ``.xml`` or a ProgramIR ``.json`` (both emitted as given,
+without scheduling). OUTDIR is replaced atomically: a failed compile leaves it untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hccc.args import add_program_options, add_topology_option, add_xml_limit_arguments, program_options
+from hccc.compiler.frontend.plural import plural
+from hccc.progress import Progress
+
+SUMMARY = "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')"
+INPUTS = {"algo": "algorithm", "--topology": "cluster"}
+#: programs with more transfers than this take seconds to compile: show progress
+BIG_TRANSFERS = 100_000
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml, or a ProgramIR .json "
+                   "(the last two are emitted as given, without scheduling)")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True, help="output directory (replaced atomically)")
+    add_topology_option(p, extra="; ranks take their platform from their node's vendor and the manifest "
+                                  "records the cluster")
+    p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
+                   help="platform of the emitted kernels (auto: each rank's vendor with --topology (NVIDIA -> "
+                        "CUDA, AMD -> HIP), CUDA for every rank without one; cuda/hip/all override it)")
+    add_program_options(p)
+    p.add_argument("--fuse", action="store_true",
+                   help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
+                        "because it serialises the TB's other connections")
+    p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
+                   help="specialized: one kernel source per rank, its primitives compiled in; "
+                        "table: binary tables run by generic kernels that are built once for every "
+                        "algorithm (no kernel compile per algorithm, small output at scale)")
+    p.add_argument("--list-outputs", nargs="?", const="all", choices=("all", "cuda", "hip"),
+                   metavar="all|cuda|hip",
+                   help="print the files the compile would write into OUTDIR, one per line, and stop "
+                        "(the algorithm is only parsed; the MSCCL XML export is not listed); cuda or "
+                        "hip: only the translation units of that platform's library")
+    p.add_argument("--depfile", metavar="FILE",
+                   help="also write a Make-style depfile: OUTDIR/manifest.json depends on ALGO, the "
+                        "topology and hccc's own compiler and template files")
+    p.add_argument("--timings", action="store_true", help="print the time spent in each stage and phase")
+    add_xml_limit_arguments(p)
+
+
+def run(args) -> int:
+    from hccc.args import xml_limits_from_args
+    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, StageTimes, compile_algorithm,
+                                        compile_program, load_algorithm, load_program)
+
+    times = StageTimes()
+    opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen,
+                           xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
+    cluster = None
+    if args.topology is not None:
+        from hccc.compiler.pipeline import read_cluster
+        cluster = times.run("topology", read_cluster, args.topology)
+    if args.list_outputs:
+        from hccc.compiler.pipeline import output_list
+        try:
+            names = output_list(args.algo, opts, cluster, args.list_outputs)
+        except ValueError as exc:
+            sys.stderr.write(f"hccc: error: {exc}\n")
+            return 1
+        out = Path(args.output)
+        sys.stdout.write("".join(f"{out / n}\n" for n in names))
+        return 0
+    limits = xml_limits_from_args(args)
+    if os.path.splitext(args.algo)[1].lower() in IR_SUFFIXES + XML_SUFFIXES:
+        ir = times.run("parse", load_program, args.algo, opts)
+        ir, files, notes = compile_program(ir, args.output, opts, times, cluster=cluster, xml_limits=limits)
+    else:
+        alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
+        choose = None
+        if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
+            from hccc.runtime.simulator import faster_allocation
+
+            def choose(alg, ir):
+                return faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+        big = alg.ntransfers > BIG_TRANSFERS
+        with Progress("hccc", enabled=big) as prog, \
+                prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):
+            ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster,
+                                                 xml_limits=limits, choose_allocation=choose)
+    for note in notes:
+        sys.stderr.write(f"hccc: warning: {note}\n")
+    if args.depfile:
+        from hccc.compiler.backend.depfile import write_depfile
+        inputs = [args.algo] + ([args.topology] if args.topology else [])
+        write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
+    st = ir.stats
+    subp = st.get("subpipelines")
+    print(f"hccc: {ir.name}: {ir.collective} on {plural(ir.nranks, 'rank')}, "
+          f"{plural(int(st.get('transfers') or 0), 'transfer')}, "
+          f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
+          f"TBs per rank <= {st.get('tbs_per_rank_max')} "
+          f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
+          f"in total); {plural(len(files), 'file')} in {args.output}")
+    if cluster is not None:
+        from hccc.compiler.pipeline import platforms_for
+        runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]
+        print(f"  cluster {cluster.name}: {plural(len(cluster.topology.nodes), 'node')}; ranks running "
+              + ", ".join(f"{pl} {runs.count(pl)}" for pl in ("cuda", "hip") if pl in runs))
+    if args.timings:
+        for k, v in times.seconds.items():
+            print(f"  {k:16s} {v:8.3f} s")
+            for ph, pv in times.phases.items():
+                if ph.startswith(k + "/"):
+                    print(f"    {ph:30s} {pv:8.3f} s")
+    return 0

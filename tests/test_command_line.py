@@ -1,0 +1,297 @@
+"""The command line itself: subcommands with did-you-mean, ``hccc help``, ``--version`` everywhere,
+help text for every option with defaults shown one way, the one size parser/formatter (the
+``.topo`` syntax), the one comma-list parser, nccl-tests size sweeps, counted nouns, located notes,
+hints for a file given to the wrong command, progress output, and the cache location."""
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc import __version__
+from hccc.args import HelpFormatter, choice_list, comma_list, format_size, parse_size, size_or_zero
+from hccc.cli import COMMANDS, SUMMARIES, USAGE, command_parser, main
+from hccc.compiler.frontend.plural import plural
+
+ROOT = Path(__file__).resolve().parent.parent
+EX = ROOT / "examples"
+RING = str(EX / "ring_allreduce_8.rccl")
+TOPO = str(EX / "clusters" / "a100_topo1.topo")
+
+
+def cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ---------------------------------------------------------------------------- commands and help
+@pytest.mark.parametrize("typo, meant", [("chek", "check"), ("rnu", "run"), ("simm", "sim"), ("topoo", "topo"),
+                                         ("synt", "synth"), ("hepl", "help"), ("balnce", "balance")])
+def test_unknown_command_suggests_the_closest(capsys, typo, meant):
+    rc, out, err = cli(capsys, typo, "x.rccl")
+    assert rc == 2 and f"unknown command '{typo}' (did you mean '{meant}'?)" in err
+
+
+def test_unknown_command_without_a_close_one(capsys):
+    rc, _, err = cli(capsys, "frobnicate")
+    assert rc == 2 and "unknown command 'frobnicate'" in err and "did you mean" not in err
+
+
+def test_usage_lists_the_commands_and_help_works(capsys):
+    rc, out, _ = cli(capsys, "help")
+    assert rc == 0 and out.startswith("usage: " + USAGE)
+    for name in COMMANDS:
+        assert re.search(rf"^  {name}\s+\S", out, re.M), name
+        if name != "compile":
+            assert name in USAGE.splitlines()[1]
+    for name in COMMANDS:
+        rc, out, _ = cli(capsys, "help", name)
+        assert rc == 0 and out.startswith(f"usage: hccc{'' if name == 'compile' else ' ' + name} ")
+    rc, _, err = cli(capsys, "help", "chek")
+    assert rc == 2 and "did you mean 'check'" in err
+    rc, out, _ = cli(capsys, "-h")
+    assert rc == 0 and "hccc help" in out
+    rc, _, err = cli(capsys)
+    assert rc == 2 and "usage:" in err
+
+
+@pytest.mark.parametrize("argv", [["--version"]] + [[name, "--version"] for name in COMMANDS if name != "compile"]
+                         + [["x.rccl", "--version"]])
+def test_version_everywhere(capsys, argv):
+    rc, out, _ = cli(capsys, *argv)
+    assert rc == 0 and out.strip() == f"hccc {__version__}"
+
+
+def test_summaries_are_the_modules_own():
+    import importlib
+    for name, mod in COMMANDS.items():
+        assert importlib.import_module(mod).SUMMARY == SUMMARIES[name], name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_has_help_and_defaults_are_shown_one_way(name):
+    p = command_parser(name)
+    fmt = HelpFormatter("x")
+    for action in p._actions:
+        if action.help == argparse.SUPPRESS:
+            continue
+        assert action.help and len(action.help) > 5, f"hccc {name}: {action.option_strings or action.dest} has no help"
+        text = fmt._get_help_string(action)
+        assert not re.search(r"\(default [^:]", text), f"hccc {name} {action.option_strings}: '(default X' form"
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown:
+            assert "(default: " in text, f"hccc {name} {action.option_strings}: default not shown"
+
+
+def test_one_option_name_per_idea():
+    """Sizes are --sizes in both run and sim; the shared options mean the same in every command."""
+    opts = {name: {o for a in command_parser(name)._actions for o in a.option_strings} for name in COMMANDS}
+    assert "--sizes" in opts["run"] and "--sizes" in opts["sim"]
+    for name, have in opts.items():
+        if "--chunk-size" in have:
+            assert "--scheduler" in have or name in ("sim",), name
+
+
+# ---------------------------------------------------------------------------- sizes and lists
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+@given(st.integers(min_value=0, max_value=1 << 42))
+@settings(max_examples=examples(100))
+def test_format_size_is_exact_and_parses_back(n):
+    text = format_size(n)
+    assert re.fullmatch(r"[0-9]+(\.[0-9]{1,2})?[KMG]?", text)
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([KMG]?)", text)
+    assert Fraction(m.group(1)) * UNITS[m.group(2)] == n          # independent reading of the text
+    assert size_or_zero(text) == n
+    if n:
+        assert parse_size(text) == n
+
+
+@given(st.integers(min_value=0, max_value=10 ** 6), st.integers(min_value=0, max_value=99),
+       st.sampled_from(["", "K", "M", "G"]), st.sampled_from(["", "B", "iB"]), st.booleans())
+@settings(max_examples=examples(100))
+def test_parse_size_reads_the_topo_syntax(whole, frac, unit, suffix, lower):
+    text = f"{whole}.{frac:02d}{unit}" if frac else f"{whole}{unit}"
+    if unit or suffix == "B":
+        text += suffix if unit else "B"
+    if lower:
+        text = text.lower()
+    value = (Fraction(whole) + Fraction(frac, 100)) * UNITS[unit]
+    if value.denominator != 1 or value == 0:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(text)
+    else:
+        assert parse_size(text) == value
+    # the .topo parser reads the same text the same way (one syntax)
+    from hccc.compiler.frontend.sizes import size_value
+    assert size_value(text) == value
+
+
+@given(st.lists(st.integers(min_value=1, max_value=1 << 40), min_size=1, max_size=64))
+@settings(max_examples=examples(50))
+def test_comma_list_reads_what_format_writes(sizes):
+    assert comma_list(parse_size, "sizes")(",".join(format_size(s) for s in sizes)) == sizes
+    assert comma_list(parse_size, "sizes")(" , ".join(str(s) for s in sizes)) == sizes
+
+
+@pytest.mark.parametrize("text", ["", ",", "1M,", ",1M", "1M,,2M", "1M,x", ",".join(["1"] * 65)])
+def test_comma_list_errors(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        comma_list(parse_size, "sizes")(text)
+
+
+def test_choice_list():
+    assert choice_list(("a", "b"))("b,a") == ["b", "a"]
+    with pytest.raises(argparse.ArgumentTypeError, match="not one of"):
+        choice_list(("a", "b"))("a,c")
+
+
+@given(st.integers(min_value=0, max_value=1 << 30), st.integers(min_value=0, max_value=1 << 34),
+       st.integers(min_value=2, max_value=64))
+@settings(max_examples=examples(100))
+def test_factor_sweep_is_nccl_tests(lo, hi, f):
+    from hccc.commands.run import DEFAULT_BYTES
+    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.sweep import sweep_sizes
+    args = argparse.Namespace(sizes=None, minbytes=lo, maxbytes=hi, stepfactor=f, stepbytes=None,
+                              sweep_default=[4096])
+    expect = [lo * f ** k for k in range(0, 200) if lo * f ** k <= hi] if lo else ([0] if hi == 0 else None)
+    if hi < lo or expect is None or len(expect) > 64:
+        with pytest.raises(CompileError):
+            sweep_sizes(args)
+        return
+    sw = sweep_sizes(args)
+    assert sw.sizes == expect and sw.min_bytes == lo and sw.max_bytes == hi and sw.step == f"{f}(factor)"
+    assert DEFAULT_BYTES
+
+
+def test_step_bytes_sweep_and_defaults():
+    from hccc.sweep import sweep_sizes
+    ns = dict(sizes=None, minbytes=None, maxbytes=None, stepfactor=None, stepbytes=None, sweep_default=[7])
+    assert sweep_sizes(argparse.Namespace(**{**ns, "minbytes": 1024, "maxbytes": 4096, "stepbytes": 1024})).sizes \
+        == [1024, 2048, 3072, 4096]
+    assert sweep_sizes(argparse.Namespace(**{**ns, "minbytes": 1024})).sizes == [1024]     # -e defaults to -b
+    assert sweep_sizes(argparse.Namespace(**{**ns, "maxbytes": 8})).sizes == [8]
+    assert sweep_sizes(argparse.Namespace(**ns)).sizes == [7]
+
+
+# ---------------------------------------------------------------------------- messages
+@pytest.mark.parametrize("count, noun, text", [
+    (0, "step", "0 steps"), (1, "step", "1 step"), (2, "step", "2 steps"), (1, "thread block", "1 thread block"),
+    (3, "thread block", "3 thread blocks"), (2, "micro-batch", "2 micro-batches"), (2, "entry", "2 entries"),
+    (2, "key", "2 keys"), (1, "class", "1 class"), (2, "class", "2 classes"), (2, "index", "2 indices"),
+    (5, "linked rank pair", "5 linked rank pairs"), (2, "GPU", "2 GPUs")])
+def test_plural(count, noun, text):
+    assert plural(count, noun) == text
+
+
+def test_check_pluralises(tmp_path, capsys):
+    one = tmp_path / "one.rccl"
+    one.write_text('def ResCCLAlgo(nRanks=2, OpType="Allgather"):\n    transfer(0, 1, 0, 0, recv)\n'
+                   '    transfer(1, 0, 0, 1, recv)\n')
+    rc, out, err = cli(capsys, "check", one)
+    assert rc == 0, err
+    assert out.strip().endswith("valid Allgather on 2 ranks (2 transfers, 1 step)")
+
+
+def test_notes_are_located():
+    from hccc.compiler.frontend.diagnostics import Diagnostic, Location, SourceFile, render
+    src = SourceFile("algo.rccl", "line one\n    transfer(0, 1, 0, 0, recv)\n")
+    d = Diagnostic("bad", Location(src, 2, 5), notes=("about here", (Location(src, 1, 1), "and there")))
+    lines = render(d).splitlines()
+    assert lines[0] == "algo.rccl:2:5: error: bad"
+    assert lines[-2:] == ["algo.rccl:2:5: note: about here", "algo.rccl:1:1: note: and there"]
+    assert render(Diagnostic("x", None, notes=("y",))).splitlines() == ["hccc: error: x", "hccc: note: y"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["topo", RING], "is an algorithm; `hccc topo` reads a cluster description"),
+    (["synth", RING, "--collective", "allgather", "-o", "x.rccl"], "is an algorithm; `hccc synth` reads a cluster"),
+    ([TOPO, "-o", "OUT"], "is a cluster description; `hccc` reads an algorithm"),
+    (["check", TOPO], "is a cluster description; `hccc check` reads an algorithm"),
+    (["sim", TOPO, "-t", TOPO], "is a cluster description; `hccc sim` reads an algorithm"),
+    (["run", TOPO], "is a cluster description; `hccc run` reads an algorithm"),
+    (["check", RING, "--topology", RING], "`hccc check ... --topology` reads a cluster description"),
+])
+def test_a_file_for_another_command_says_which(capsys, tmp_path, argv, says):
+    argv = [str(tmp_path / a) if a == "OUT" else a for a in argv]
+    rc, out, err = cli(capsys, *argv)
+    assert rc == 1 and says in err and "did you mean `hccc" in err, err
+    if TOPO in argv and argv[0] == TOPO:
+        assert f"`hccc topo {TOPO}` or `--topology {TOPO}`" in err
+        assert not (tmp_path / "OUT").exists()
+    if argv[0] == "topo":
+        assert f"`hccc check {RING}`" in err
+
+
+# ---------------------------------------------------------------------------- progress
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_plain_lines_off_a_terminal(monkeypatch):
+    from hccc.progress import Progress
+    monkeypatch.delenv("HCCC_PROGRESS", raising=False)
+    stream = io.StringIO()
+    with Progress("hccc x", stream=stream) as p:
+        with p.phase("building a", limit_s=60) as ph:
+            ph.update("half way")
+        t = p.task("running 3 sizes", total=3)
+        for _ in range(3):
+            t.advance()
+        with p.phase("plotting"):
+            pass
+    assert stream.getvalue().splitlines() == ["hccc x: building a (time limit 60 s)", "hccc x: running 3 sizes",
+                                              "hccc x: plotting"]
+    quiet = io.StringIO()
+    with Progress("hccc x", enabled=False, stream=quiet) as p:
+        with p.phase("building"):
+            pass
+    assert quiet.getvalue() == ""
+
+
+def test_progress_is_live_on_a_terminal_and_leaves_no_trace(monkeypatch):
+    from hccc.progress import Progress, interactive
+    monkeypatch.delenv("HCCC_PROGRESS", raising=False)
+    stream = _Tty()
+    assert interactive(stream)
+    with Progress("hccc x", stream=stream) as p:
+        assert p.live is not None
+        with p.phase("building", limit_s=5) as ph:
+            ph.update("step 1")
+        t = p.task("running", total=2)
+        t.advance(2)
+    assert p.lines == []                      # no plain lines: the live display (transient) instead
+    monkeypatch.setenv("HCCC_PROGRESS", "plain")
+    assert not interactive(stream)
+
+
+def test_sim_prints_one_line_per_phase_on_stderr(capsys):
+    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M,2M")
+    assert rc == 0
+    assert err.splitlines() == ["hccc sim: building " + RING, "hccc sim: simulating 2 sizes of ring_allreduce_8"]
+    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "--json")
+    assert rc == 0 and err == ""
+
+
+# ---------------------------------------------------------------------------- cache location
+def test_cache_location(monkeypatch, tmp_path):
+    from hccc.runtime.cache import cache_root
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cache_root() == tmp_path / "explicit"
+    monkeypatch.delenv("HCCC_CACHE_DIR")
+    if os.name == "posix" and not str(os.uname().sysname).startswith("Darwin"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert cache_root() == tmp_path / "xdg" / "hccc"

@@ -1,0 +1,53 @@
+"""The test suite's own configuration: README's test command is deterministic by default (the
+derandomised hypothesis profile, unless the user asks for another), and .ci/run runs exactly it."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = '''
+from hypothesis import given, settings, strategies as st
+from conftest import examples
+def test_profile():
+    print("PROFILE", settings._current_profile, settings.default.derandomize, settings.default.database,
+          examples(40))
+'''
+
+
+def _profile(tmp_path, *args, env_profile=None) -> str:
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+    if env_profile:
+        env["HYPOTHESIS_PROFILE"] = env_profile
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        str(tmp_path / "test_probe.py"), *args], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return re.search(r"PROFILE (.*)", r.stdout).group(1)
+
+
+def test_default_profile_is_derandomised(tmp_path):
+    assert _profile(tmp_path) == "ci True None 40"
+
+
+def test_random_profiles_on_request(tmp_path):
+    assert _profile(tmp_path, "--hypothesis-profile", "dev").startswith("dev False")
+    assert _profile(tmp_path, env_profile="dev").startswith("dev False")
+    got = _profile(tmp_path, "--hypothesis-profile", "thorough", env_profile="dev")
+    assert got.startswith("thorough False") and got.endswith(" 400")
+
+
+def test_ci_runs_the_readme_command():
+    readme = (ROOT / "README.md").read_text()
+    quick = re.search(r"## Quick start\n\n```sh\n(.*?)```", readme, re.S).group(1).splitlines()
+    test_cmd = quick[1].strip()
+    assert test_cmd == "pytest -n 2"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"^python3 -m {re.escape(test_cmd)}$", ci, re.M)
+    assert "unset HYPOTHESIS_PROFILE" in ci and "HYPOTHESIS_PROFILE=" not in ci
