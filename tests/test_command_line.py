@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hccc import __version__
 from hccc.args import HelpFormatter, choice_list, comma_list, format_size, parse_size, size_or_zero
 from hccc.cli import COMMANDS, SUMMARIES, USAGE, command_parser, main
+from hccc.compiler.frontend.limits import MAX_OPTION_BYTES
 from hccc.compiler.frontend.plural import plural
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,7 @@ def test_parse_size_reads_the_topo_syntax(whole, frac, unit, suffix, lower):
     if lower:
         text = text.lower()
     value = (Fraction(whole) + Fraction(frac, 100)) * UNITS[unit]
-    if value.denominator != 1 or value == 0:
+    if value.denominator != 1 or value == 0 or value > MAX_OPTION_BYTES:
         with pytest.raises(argparse.ArgumentTypeError):
             parse_size(text)
     else:

@@ -74,9 +74,10 @@ def ir_text(tmp_path_factory) -> str:
 # ----------------------------------------------------------------------------- input files
 def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path, startup):
     assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), startup, pattern="character device")
-    fifo = tmp_path / "algo.rccl"
+    fifo, topo_fifo = tmp_path / "algo.rccl", tmp_path / "cluster.topo"
     os.mkfifo(fifo)
-    for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", fifo], ["run", fifo, "--backend", "cpu"]):
+    os.mkfifo(topo_fifo)
+    for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]):
         assert_fires(hccc(*cmd, timeout=60), startup, pattern="FIFO")
     assert not (tmp_path / "o").exists()
 

@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hccc.args import add_program_options, choice_list, count_at_least, parse_size, program_options, seconds
+from hccc.args import add_program_options, choice_list, count_at_least, program_options, seconds
 from hccc.commands.run import DTYPES, OPS
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
@@ -45,8 +45,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="largest size, in micro-batches per chunk")
     parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
                         help="kernel wait limit per run")
-    parser.add_argument("--chunk-size", type=parse_size, default="256", metavar="BYTES",
-                        help="for .rccl input: micro-batch slice size to compile with (a ProgramIR keeps its own)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                         help="run the specialised kernels or the generic table kernels")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
