@@ -281,9 +281,25 @@ def test_makefile_dry_run(tmp_path):
     res = subprocess.run(["make", "-n"], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "nvcc -std=c++17 -O3 -arch=sm_90" in out and "ring_ar_cuda.cu" in out
-    assert "hipcc -std=c++17 -O3 --offload-arch=gfx90a" in out and "ring_ar_hip.hip" in out
-    assert "libhccc_ring_ar_cuda.a" in out and "libhccc_ring_ar_hip.a" in out
+    assert "nvcc -std=c++17 -O3 -arch=sm_90" in out
+    assert "hipcc -std=c++17 -O3 --offload-arch=gfx90a" in out
+    # one object per rank, each rank's platform only, then one library per platform
+    for r, (pl, ext) in enumerate([("cuda", "cu"), ("hip", "hip")] * 2):
+        assert f"-c ring_ar_r{r}.{ext} -o ring_ar_r{r}.{ext}.o" in out
+        other = "hip" if ext == "cu" else "cu"
+        assert f"ring_ar_r{r}.{other}" not in out
+    assert "ar rcs libhccc_ring_ar_cuda.a ring_ar_r0.cu.o ring_ar_r2.cu.o" in out
+    assert "ar rcs libhccc_ring_ar_hip.a ring_ar_r1.hip.o ring_ar_r3.hip.o" in out
+    assert "ring_ar_cuda.cu" not in out         # the umbrella source is for single-TU builds
+    assert "-DHCCC_ENABLE_FLOAT16=1" in out and "-DHCCC_ENABLE_MIN=1" in out
+    # instantiations chosen when building
+    res = subprocess.run(["make", "-n", "HCCC_DTYPES=float32 int32", "HCCC_OPS=sum"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "-DHCCC_ENABLE_FLOAT32=1" in res.stdout and "-DHCCC_ENABLE_INT32=1" in res.stdout
+    assert "-DHCCC_ENABLE_FLOAT16=0" in res.stdout and "-DHCCC_ENABLE_MAX=0" in res.stdout
+    res = subprocess.run(["make", "-n", "HCCC_DTYPES=float64"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode != 0 and "float64" in res.stderr
 
 
 def test_cmake_configures(tmp_path, nvcc):
