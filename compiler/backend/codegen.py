@@ -303,7 +303,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         by_rank.setdefault(r, []).append((t, sl))
     for r, lst in by_rank.items():
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
-    pipe = ir.prims["pipeline"]
+    tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
@@ -318,9 +318,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         tbs = []
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
-            pls = np.unique(pipe[sl])
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=_ranges(pls.tolist()),
+                            pipelines=tb_pipelines[sl.start],
                             body="\n".join(lines[sl])))
             nprims += sl.stop - sl.start
         rank_sources = {}
@@ -407,6 +406,22 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         paths.append(path)
     tm["codegen_write"] = time.perf_counter() - t4
     return sorted(paths)
+
+
+def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:
+    """First primitive of each TB -> its sub-pipelines as ``_ranges`` text, from one sort of the
+    whole table (no per-TB ``np.unique``)."""
+    pipe = ir.prims["pipeline"].astype(np.int64)
+    if not len(pipe):
+        return {}
+    starts = np.array(sorted(sl.start for sl in slices.values()), np.int64)
+    owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(pipe)]))
+    lo = int(pipe.min())
+    span = int(pipe.max()) - lo + 1
+    keys = np.unique(owner * span + (pipe - lo))
+    tb_of, vals = keys // span, (keys % span + lo).tolist()
+    cut = np.searchsorted(tb_of, np.arange(len(starts) + 1)).tolist()
+    return {int(starts[k]): _ranges(vals[cut[k]:cut[k + 1]]) for k in range(len(starts))}
 
 
 def _ranges(vals: list[int]) -> str:
