@@ -409,19 +409,33 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
 
 
 def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:
-    """First primitive of each TB -> its sub-pipelines as ``_ranges`` text, from one sort of the
-    whole table (no per-TB ``np.unique``)."""
+    """First primitive of each TB -> its sub-pipelines as ``_ranges`` text. A TB runs its
+    sub-pipelines in order, so its distinct values are where the column changes (one vectorised
+    pass over the table); a TB whose column goes down somewhere is sorted on its own."""
     pipe = ir.prims["pipeline"].astype(np.int64)
-    if not len(pipe):
+    n = len(pipe)
+    if not n:
         return {}
     starts = np.array(sorted(sl.start for sl in slices.values()), np.int64)
-    owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(pipe)]))
-    lo = int(pipe.min())
-    span = int(pipe.max()) - lo + 1
-    keys = np.unique(owner * span + (pipe - lo))
-    tb_of, vals = keys // span, (keys % span + lo).tolist()
-    cut = np.searchsorted(tb_of, np.arange(len(starts) + 1)).tolist()
-    return {int(starts[k]): _ranges(vals[cut[k]:cut[k + 1]]) for k in range(len(starts))}
+    new_tb = np.zeros(n, bool)
+    new_tb[starts] = True
+    change = new_tb.copy()
+    change[1:] |= pipe[1:] != pipe[:-1]
+    down = np.zeros(n, bool)
+    down[1:] = (pipe[1:] < pipe[:-1]) & ~new_tb[1:]
+    owner = np.cumsum(new_tb) - 1
+    bad = set(owner[down].tolist())
+    at = np.flatnonzero(change)
+    vals = pipe[at].tolist()
+    cut = np.searchsorted(at, np.r_[starts, n]).tolist()
+    ends = np.r_[starts[1:], n].tolist()
+    out = {}
+    for k, s0 in enumerate(starts.tolist()):
+        if k in bad:
+            out[s0] = _ranges(np.unique(pipe[s0:ends[k]]).tolist())
+        else:
+            out[s0] = _ranges(vals[cut[k]:cut[k + 1]])
+    return out
 
 
 def _ranges(vals: list[int]) -> str:
