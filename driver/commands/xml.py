@@ -1,8 +1,12 @@
 """``hccc xml ALGO -o FILE.xml``: write an algorithm as MSCCL XML for the MSCCL executor and RCCL.
 
 ALGO is anything :func:`hccc.compiler.pipeline.load_program` reads (``.rccl``, a ProgramIR
-``.json``, another MSCCL ``.xml``); it is verified, scheduled and lowered with the usual options,
-then exported by :func:`hccc.compiler.interop.msccl_xml.export_xml`. The defaults target the current
+``.json``, another MSCCL ``.xml``). An algorithm is verified and exported in its step order with one
+thread block per connection end (:func:`hccc.compiler.interop.msccl_export.export_algorithm`, the
+runtime limits checked on the transfer table first); with ``--xml-order kernel`` it is scheduled and
+lowered as for hccc's kernels (``--scheduler``, ``--tb-alloc``) and that program exported. A ProgramIR
+or XML is exported as given (:func:`hccc.compiler.interop.msccl_xml.export_xml`). ``--xml-fuse``
+and ``--instances K`` apply to both. The defaults target the current
 runtimes' limits (64 steps per thread block, ...); ``--xml-legacy`` targets the older msccl
 executor (256 steps), and each limit has its own option. ``-o -`` writes to standard output.
 The file is replaced atomically: a failed export leaves an existing file untouched.
@@ -19,8 +23,9 @@ def configure(parser) -> None:
 
     parser.add_argument("algo", metavar="ALGO", help="algorithm (.rccl, ProgramIR .json, MSCCL .xml)")
     parser.add_argument("-o", "--output", metavar="FILE.xml", required=True, help="output file ('-': stdout)")
-    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds")
-    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state")
+    parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds", help="with --xml-order kernel")
+    parser.add_argument("--tb-alloc", choices=("state", "connection"), default="state",
+                        help="with --xml-order kernel")
     parser.add_argument("--chunk-size", type=parse_size, default=1 << 20, metavar="BYTES")
     parser.add_argument("--max-transfers", type=_positive_int, default=10 ** 7, metavar="N")
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="protocol the runtime uses")
