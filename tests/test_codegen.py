@@ -388,3 +388,16 @@ def test_source_checker_detects_corruption(tmp_path):
         check_against_ir(ir, tmp_path, man)
     f.write_text(good)
     check_against_ir(ir, tmp_path, man)
+
+
+@given(st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=30, deadline=None)
+def test_tb_pipeline_ranges_match_per_tb_unique(seed):
+    """The one-sort computation of each TB's sub-pipeline list equals np.unique per TB."""
+    ir = random_ir(np.random.default_rng(seed))
+    if not codegen._is_canonical(ir):
+        ir = codegen._sorted_copy(ir)
+    slices = ir.tb_slices()
+    got = codegen._tb_pipeline_ranges(ir, slices)
+    want = {sl.start: codegen._ranges(np.unique(ir.prims["pipeline"][sl]).tolist()) for sl in slices.values()}
+    assert got == want

@@ -124,7 +124,6 @@ def analyse(ir: ProgramIR) -> Columns:
     if n and (op.min() < 0 or op.max() >= len(Op)):
         raise ValueError("primitive table holds an unknown op")
     rank = p["rank"].astype(np.int64)
-    count = p["count"].astype(np.int64)
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     # FIFO positions count messages: one slot per primitive and micro-batch, whatever its count
     ones = np.ones(n, np.int64)
@@ -297,7 +296,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         by_rank.setdefault(r, []).append((t, sl))
     for r, lst in by_rank.items():
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
-    pipe = ir.prims["pipeline"]
+    tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
@@ -312,9 +311,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         tbs = []
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
-            pls = np.unique(pipe[sl])
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=_ranges(pls.tolist()),
+                            pipelines=tb_pipelines[sl.start],
                             body="\n".join(lines[sl])))
             nprims += sl.stop - sl.start
         rank_sources = {}
@@ -412,6 +410,36 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
                      int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
     stats.setdefault("primitives", int(ir.nprims))
     return _jsonable(stats)
+
+
+def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:
+    """First primitive of each TB -> its sub-pipelines as ``_ranges`` text. A TB runs its
+    sub-pipelines in order, so its distinct values are where the column changes (one vectorised
+    pass over the table); a TB whose column goes down somewhere is sorted on its own."""
+    pipe = ir.prims["pipeline"].astype(np.int64)
+    n = len(pipe)
+    if not n:
+        return {}
+    starts = np.array(sorted(sl.start for sl in slices.values()), np.int64)
+    new_tb = np.zeros(n, bool)
+    new_tb[starts] = True
+    change = new_tb.copy()
+    change[1:] |= pipe[1:] != pipe[:-1]
+    down = np.zeros(n, bool)
+    down[1:] = (pipe[1:] < pipe[:-1]) & ~new_tb[1:]
+    owner = np.cumsum(new_tb) - 1
+    bad = set(owner[down].tolist())
+    at = np.flatnonzero(change)
+    vals = pipe[at].tolist()
+    cut = np.searchsorted(at, np.r_[starts, n]).tolist()
+    ends = np.r_[starts[1:], n].tolist()
+    out = {}
+    for k, s0 in enumerate(starts.tolist()):
+        if k in bad:
+            out[s0] = _ranges(np.unique(pipe[s0:ends[k]]).tolist())
+        else:
+            out[s0] = _ranges(vals[cut[k]:cut[k + 1]])
+    return out
 
 
 def _ranges(vals: list[int]) -> str:

@@ -53,8 +53,10 @@ _STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr", lexer="contextual",
-                propagate_positions=True, maybe_placeholders=False, cache=True)
+    from hccc.compiler.frontend.grammar_cache import lark_cache
+    text = _GRAMMAR.read_text(encoding="utf-8")
+    return Lark(text, parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False,
+                cache=lark_cache("topo", text))
 
 
 # ---------------------------------------------------------------------------------------------

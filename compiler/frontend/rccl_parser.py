@@ -185,9 +185,10 @@ class _Indenter:
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        _PARSER = Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
-                       lexer="basic", propagate_positions=True, postlex=_Indenter(),
-                       maybe_placeholders=True, cache=True)
+        from hccc.compiler.frontend.grammar_cache import lark_cache
+        text = _GRAMMAR.read_text(encoding="utf-8")
+        _PARSER = Lark(text, parser="lalr", lexer="basic", propagate_positions=True, postlex=_Indenter(),
+                       maybe_placeholders=True, cache=lark_cache("rccl", text))
     return _PARSER
 
 

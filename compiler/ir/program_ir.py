@@ -218,10 +218,10 @@ class ProgramIR:
         parts = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
         cols = []
         for k in PRIM_COLUMNS:
-            cols.append(f'\n  "{k}": [' + ",".join(map(str, self.prims[k].tolist())) + "]")
+            cols.append(f'\n  "{k}": [' + int_list_text(self.prims[k]) + "]")
         parts.append(",".join(cols))
-        parts.append('\n },\n "deps": {\n  "prim": [' + ",".join(map(str, self.dep_prim.tolist()))
-                     + '],\n  "on": [' + ",".join(map(str, self.dep_on.tolist())) + "]\n }\n}\n")
+        parts.append('\n },\n "deps": {\n  "prim": [' + int_list_text(self.dep_prim)
+                     + '],\n  "on": [' + int_list_text(self.dep_on) + "]\n }\n}\n")
         return "".join(parts)
 
     @classmethod
@@ -325,6 +325,21 @@ class ProgramIR:
                  nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
                  ntbs=tbs.astype(np.int32), stats=stats, root=root)
         return ir
+
+
+def int_list_text(a: np.ndarray) -> str:
+    """``",".join(map(str, a))`` for an integer column, faster: a column whose values span a small
+    range (ranks, TBs, ops, offsets: most of the IR) is written through a table of the span's
+    decimal strings, so each value costs a list lookup instead of an int-to-text conversion."""
+    a = np.asarray(a)
+    n = len(a)
+    if n == 0:
+        return ""
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo > max(1024, n // 8):
+        return ",".join(map(str, a.tolist()))
+    table = [str(v) for v in range(lo, hi + 1)]
+    return ",".join(map(table.__getitem__, (a.astype(np.int64) - lo).tolist()))
 
 
 #: value ranges a ProgramIR file must respect (checked on load, before anything is allocated)
