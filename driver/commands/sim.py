@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from hccc.args import choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
@@ -200,7 +199,7 @@ def run(args) -> int:
 
 
 def _label(args, r) -> str:
-    algo, scheduler, ir = r[0], r[1], r[2]
+    scheduler, ir = r[1], r[2]
     return ir.name + (f" ({scheduler})" if len(args.scheduler) > 1 else "")
 
 
