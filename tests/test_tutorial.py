@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent

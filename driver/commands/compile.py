@@ -52,6 +52,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_xml_limit_arguments(p)
 
 
+def _faster(faster_allocation, topology, opts, alg, ir):
+    return faster_allocation(alg, topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+
+
 def run(args) -> int:
     from hccc.args import xml_limits_from_args
     from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, StageTimes, compile_algorithm,
@@ -82,10 +86,10 @@ def run(args) -> int:
         alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
         choose = None
         if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
-            from hccc.runtime.simulator import faster_allocation
+            from functools import partial
 
-            def choose(alg, ir):
-                return faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+            from hccc.runtime.simulator import faster_allocation
+            choose = partial(_faster, faster_allocation, cluster.topology, opts)
         big = alg.ntransfers > BIG_TRANSFERS
         with Progress("hccc", enabled=big) as prog, \
                 prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):

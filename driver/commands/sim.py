@@ -199,7 +199,7 @@ def run(args) -> int:
 
 
 def _label(args, r) -> str:
-    algo, scheduler, ir = r[0], r[1], r[2]
+    scheduler, ir = r[1], r[2]
     return ir.name + (f" ({scheduler})" if len(args.scheduler) > 1 else "")
 
 
