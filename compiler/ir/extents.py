@@ -36,10 +36,9 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 
-_SEND = np.array([Op(o).sends for o in range(len(Op))])
-_RECV = np.array([Op(o).receives for o in range(len(Op))])
 _READS = np.array([Op(o).reads_src for o in range(len(Op))])
 _WRITES = np.array([Op(o).writes_dst for o in range(len(Op))])
 
@@ -173,33 +172,8 @@ def _side_chunks(ir: ProgramIR, side: str, uses: np.ndarray) -> np.ndarray:
     return out
 
 
-def _matches(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
-    """``(send, recv)`` primitive pairs: the k-th send of a connection with its k-th receive."""
-    p = ir.prims
-    N = int(ir.nranks)
-    op = p["op"].astype(np.int64)
-    rank = p["rank"].astype(np.int64)
-    ch = p["channel"].astype(np.int64)
-    nch = int(ch.max()) + 1 if len(ch) else 1
-    si = np.flatnonzero(_SEND[op])
-    ri = np.flatnonzero(_RECV[op])
-    skey = (rank[si] * N + p["send_peer"][si].astype(np.int64)) * nch + ch[si]
-    rkey = (p["recv_peer"][ri].astype(np.int64) * N + rank[ri]) * nch + ch[ri]
-    s = si[np.argsort(skey, kind="stable")]
-    r = ri[np.argsort(rkey, kind="stable")]
-    k = min(len(s), len(r))
-    return s[:k], r[:k]
-
-
 def _elements(w: int) -> str:
     return f"{w} element{'' if w == 1 else 's'}"
-
-
-def _describe(ir: ProgramIR, i: int) -> str:
-    p = ir.prims
-    op = int(p["op"][i])
-    name = Op(op).name.lower() if 0 <= op < len(Op) else f"op{op}"
-    return f"rank {int(p['rank'][i])} tb {int(p['tb'][i])} seq {int(p['seq'][i])} ({name})"
 
 
 def _side_text(ir: ProgramIR, i: int, side: str, chunk: int) -> str:
@@ -214,7 +188,7 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
     Raises :class:`ExtentError` when a primitive, or a send/receive chain, names input/output
     chunks whose sizes differ at some admissible count. Assumes the structure is valid
     (:func:`hccc.compiler.ir.check.check_structure`)."""
-    describe = describe or (lambda i: _describe(ir, i))
+    describe = describe or (lambda i: describe_prim(ir, i))
     p = ir.prims
     n = ir.nprims
     C = max(1, int(ir.nchunks))
@@ -236,7 +210,7 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
                 f"{_differ_text(ir, int(src[i]), int(dst[i]), int(cnt[i]))}; every chunk a primitive "
                 f"names must have the size of the chunk it moves", [i])
     own = np.where(dst >= 0, dst, src)
-    s, r = _matches(ir)
+    s, r = match_connections(ir)
     if ir.scratch_chunks and ((_READS[op] & (p["src_buf"] == Buf.SCRATCH)).any()
                               | (_WRITES[op] & (p["dst_buf"] == Buf.SCRATCH)).any()):
         anchor = _anchors_through_scratch(ir, own, s, r, describe)
