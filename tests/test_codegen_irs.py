@@ -243,6 +243,6 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
                 deps.append((a, b))
     ir = _ir_from_rows(name, ["allgather", "reducescatter", "allreduce"][int(rng.integers(0, 3))],
                        nranks, nchunks, nchunks, nchunks, scratch, rows, sorted(set(deps)),
-                       nwarps=int(rng.integers(1, 40)), chunk_bytes=16 * int(rng.integers(1, 5000)),
+                       nwarps=int(rng.integers(1, 40)), chunk_bytes=16 * int(rng.integers(2, 5000)),  # >= 16 per chunk of a 2-chunk step
                        npipelines=max((row["pipeline"] for row in rows), default=0) + 1)
     return ir

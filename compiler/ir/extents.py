@@ -336,8 +336,14 @@ def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: n
 
 def check_extents(ir: ProgramIR, describe: Callable[[int], str] | None = None) -> None:
     """Raise :class:`ExtentError` unless every access of ``ir`` is in bounds and exact for every
-    admissible element count (see the module docstring)."""
+    admissible element count (see the module docstring), and a FIFO slot of ``chunk_bytes`` can
+    carry its largest step (at least 16 bytes of each of its chunks)."""
     chunk_anchors(ir, describe)
+    most = ir.max_step_chunks
+    if isinstance(ir.chunk_bytes, int) and 0 < ir.chunk_bytes < 16 * most:
+        raise ExtentError(f"chunk_bytes {ir.chunk_bytes} is too small for steps of {most} chunks: a FIFO "
+                          f"slot carries one slice of each chunk of a step, at least 16 bytes each "
+                          f"(use chunk_bytes >= {16 * most})")
 
 
 __all__ = ["ExtentError", "buffer_bases", "check_extents", "chunk_anchors", "chunk_size", "count_unit",
