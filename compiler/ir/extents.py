@@ -10,10 +10,14 @@ it holds whatever chunk was put there, whatever the file's scratch size.
 
 Anchors. For each of its ``cnt`` chunks a primitive moves the elements of one chunk of the full
 buffer, its *anchor* ``a`` plus ``i`` (the kernels' ``chunk`` argument). :func:`chunk_anchors`
-derives the anchor from the input/output chunks the primitive names (scratch names none) and from
-its send/receive partners: a chain ``send -> forward -> ... -> receive`` moves one message, so all
-its primitives share one anchor; a chain that names no input/output chunk at all moves scratch to
-scratch and gets chunk 0 (any choice is in bounds: a scratch slot holds the largest chunk).
+derives the anchor from the input/output chunks the primitive names, from its send/receive
+partners (a chain ``send -> forward -> ... -> receive`` moves one message, so all its primitives
+share one anchor) and from the scratch slots it touches: a scratch slot holds chunks of one size
+class for the whole program (flow-insensitive, so a program that reuses one slot for chunks of
+different sizes is refused), so a primitive that moves scratch to scratch takes the chunk its
+slots hold. A group of primitives and slots that names no input/output chunk at all moves garbage
+and gets an arbitrary, consistent anchor (any choice is in bounds: a scratch slot holds the
+largest chunk).
 
 What is proven. Every input/output chunk a primitive names has the anchor's size for *every*
 element count the program admits (:func:`count_unit`: any count, or a multiple of ``nranks``
@@ -25,9 +29,9 @@ and 3 of 5 always have equal sizes). A program that breaks this (``COPY output[1
 of a 2-rank AllGather: chunk 1 has one element more than chunk 0 at odd counts) is refused with
 :class:`ExtentError` naming the primitive and a count at which the sizes differ.
 
-Whether a scratch slot holds the chunk the reader expects is a question of values, not bounds
-(a scratch slot always holds the largest chunk); the symbolic prover
-(:mod:`hccc.compiler.ir.symbolic`) answers it for programs that come without a proof.
+Whether a scratch slot holds the very chunk the reader expects (not just one of its size) is a
+question of values, not bounds; the symbolic prover (:mod:`hccc.compiler.ir.symbolic`) answers it
+for programs that come without a proof.
 """
 from __future__ import annotations
 
