@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
+from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes, slot_share_bytes
 from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
 
@@ -250,7 +250,11 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     prog = program if isinstance(program, SimProgram) else prepare(program, topo)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
-    slice_b = resolve_slice(slice_bytes, int(nbytes), prog.nchunks, prog.chunk_bytes, element_bytes)
+    # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
+    comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
+    share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
+    slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
+    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes), share)
     geo = geometry(int(nbytes), prog.nchunks, slice_b, element_bytes)
     units = int(prog.p_cnt.sum()) * geo.nmb
     if max_units is not None and units > max_units:

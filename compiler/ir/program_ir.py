@@ -10,8 +10,10 @@ A chunk is ``1/nchunks`` of the collective's full buffer (for AllGather the outp
 ReduceScatter, AllReduce, Broadcast and Reduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
 elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (uneven counts: sizes differ by at most one).
 A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter output) holds only the
-rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
-the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
+rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; a scratch slot holds
+``ceil(count/nchunks)`` elements, whatever chunk is put there. A primitive moves, for each of its
+chunks, the elements of one chunk of the full buffer (its anchor, see
+:mod:`hccc.compiler.ir.extents`, which proves that every input/output chunk it names has that size). In-place runs alias the buffers as the collective dictates:
 AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce,
 Broadcast, Reduce and AllToAll ``input == output``; a COPY whose source and destination coincide
 is then skipped. AllToAll: ``nchunks = in_chunks = out_chunks = nranks * K``; input slot
