@@ -360,3 +360,31 @@ def test_synth_time_limit_holds(tmp_path, startup):
     if code == 1:
         assert "time limit" in out and not (tmp_path / "s.rccl").exists()
     assert secs - startup < limit + 15, f"{secs:.1f} s for a {limit} s limit"
+
+
+@settings(max_examples=40)
+@given(digits=st.integers(1, 6000), where=st.sampled_from(["header", "src", "chunk", "assign", "range"]))
+def test_long_integer_literals_in_rccl(digits, where):
+    """Any integer literal longer than 2**62 allows (19 digits), up to past Python's 4300-digit
+    conversion limit, is a located error; shorter ones are not refused for their size."""
+    from hccc.compiler.frontend.load import parse_source
+    from hccc.compiler.frontend.rccl_parser import INT_LIMIT
+    num = "9" * digits
+    lines = {"header": f'def ResCCLAlgo(nRanks={num}, OpType="Allgather"):\n    pass\n',
+             "src": HEADER + f"    transfer({num}, 1, 0, 0, recv)\n",
+             "chunk": HEADER + f"    transfer(0, 1, 0, {num}, recv)\n",
+             "assign": HEADER + f"    x = {num}\n",
+             "range": HEADER + f"    for i in range({num}):\n        pass\n"}
+    src = SourceFile("p.rccl", lines[where])
+    too_big = len(num) > len(str(INT_LIMIT)) or int(num) > INT_LIMIT
+    try:
+        parse_source(src, max_transfers=10)
+    except CompileError as exc:
+        d = exc.diagnostics[0]
+        assert d.location is not None
+        if too_big:
+            assert "too large" in d.message and d.location.line in (1, 2)
+        else:
+            assert "integer literal" not in d.message
+        return
+    assert not too_big
