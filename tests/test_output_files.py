@@ -220,13 +220,22 @@ def test_single_file_output_new_and_regular(tmp_path):
         check_output_file(tmp_path / "missing" / "x.xml")
 
 
+COMMANDS = {
+    "xml": ["xml", EXAMPLES / "ring_allgather_8.rccl", "-o"],
+    "synth": ["synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather", "-o"],
+    "gen": ["gen", "c2c", EXAMPLES / "clusters" / "mixed_v100_w7800.topo", "--collective", "allgather", "-o"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "chardev"])
-def test_xml_command_refuses_special_output_before_work(tmp_path, kind):
-    """``hccc xml ALGO -o F``: the same refusal through the command line, exit 1, no traceback,
-    no temporaries, the special file unchanged (``-o /dev/full`` must never replace the device)."""
+def test_single_file_commands_refuse_special_output_before_work(tmp_path, kind, command):
+    """``hccc xml|synth|gen ... -o F``: the same refusal through the command line, exit 1, no
+    traceback, no temporaries, the special file unchanged (``-o /dev/full`` must never replace the
+    device)."""
     p = _special(tmp_path, kind)
     mode = os.lstat(p).st_mode
-    r = run_hccc("xml", EXAMPLES / "ring_allgather_8.rccl", "-o", p, timeout=60)
+    r = run_hccc(*COMMANDS[command], p, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and "error" in r.stderr
     assert os.lstat(p).st_mode == mode
