@@ -3,7 +3,8 @@ internal error (exit 3), a hang or unbounded memory; every limit fires before th
 
 Limits are timed in subprocesses under an address-space cap (``RLIMIT_AS``): the time a refusal
 takes beyond the interpreter's own start-up (measured alongside, as hccc's ``--version``) must stay
-under :data:`FIRES_WITHIN_S`.
+under :data:`FIRES_WITHIN_S`, scaled by how much slower than :data:`UNLOADED_STARTUP_S` that
+start-up is (a shared, loaded test machine runs everything slower, the refusal included).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 HCCC = [sys.executable, "-m", "hccc.cli"]
 FIRES_WITHIN_S = 5.0
+UNLOADED_STARTUP_S = 0.5
 MEMORY_CAP = 3 << 30
 LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.M)
 
@@ -58,7 +60,8 @@ def assert_fires(result, startup, rc=1, pattern=None):
     code, out, secs = result
     assert code == rc, out
     assert "Traceback" not in out and "internal error" not in out
-    assert secs - startup < FIRES_WITHIN_S, f"took {secs:.1f} s (start-up {startup:.1f} s)"
+    budget = FIRES_WITHIN_S * max(1.0, startup / UNLOADED_STARTUP_S)
+    assert secs - startup < budget, f"took {secs:.1f} s (start-up {startup:.1f} s, budget {budget:.1f} s)"
     if pattern:
         assert re.search(pattern, out), out
 
@@ -194,7 +197,8 @@ def test_ir_fields_of_wrong_type_or_range_are_located_errors(tmp_path_factory, i
     assert not type_changed, f"{path} = {value!r} (was {original!r}) was accepted"
 
 
-@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)])
+@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)],
+                         ids=lambda v: v if len(v) < 40 else f"{len(v)}-digits")
 def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, startup, value):
     text = re.sub(r'"chunk_bytes": \d+', f'"chunk_bytes": {value}', ir_text)
     assert text != ir_text

@@ -239,7 +239,7 @@ def _row(res) -> str:
 
 
 def run(args) -> int:
-    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
+    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
 
     es = ELEMENT_BYTES[args.dtype]
@@ -256,6 +256,12 @@ def run(args) -> int:
         most = max(args.bytes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
         ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16)
+    try:
+        for nbytes in args.bytes:            # before building anything: the buffers must fit
+            check_program_memory(ir, nbytes, args.dtype)
+    except PlatformError as exc:
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
     tty = sys.stderr.isatty() and not args.json
     if tty:
         sys.stderr.write(f"hccc: building {ir.name} for {args.backend} ({args.dtype}, {args.op})...\n")
