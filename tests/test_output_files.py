@@ -287,3 +287,38 @@ def test_compile_refuses_directory_with_foreign_manifest(tmp_path):
     r = run_hccc(EXAMPLES / "ring_allgather_8.rccl", "-o", out)
     assert r.returncode == 1 and "not an hccc manifest" in r.stderr
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("dies_after", [1, 2, 4])
+@pytest.mark.parametrize("start", ["empty", "hccc"])
+def test_run_killed_while_publishing_leaves_a_cleanable_directory(tmp_path, monkeypatch, dies_after, start):
+    """A run that dies while its files move into an existing directory (``-o .``) leaves a
+    directory whose manifest lists everything hccc may have put there: the next run replaces all of
+    it and keeps the user's file."""
+    import hccc.compiler.backend.output_dir as od
+    out = tmp_path / "out"
+    out.mkdir()
+    if start == "hccc":
+        (out / "old.cu").write_text("old")
+        (out / MARKER).write_text(hccc_manifest(["old.cu", MARKER]))
+        (out / "user.txt").write_text("mine")
+    new = {f"k{i}.cu": f"v{i}" for i in range(5)} | {MARKER: hccc_manifest([f"k{i}.cu" for i in range(5)] + [MARKER])}
+    calls = {"n": 0}
+    real = os.replace
+
+    def dying_replace(a, b):
+        if str(b).endswith(".cu"):
+            calls["n"] += 1
+            if calls["n"] > dies_after:
+                raise KeyboardInterrupt("killed")
+        return real(a, b)
+
+    monkeypatch.setattr(od.os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        publish(out, new)
+    monkeypatch.setattr(od.os, "replace", real)
+    publish(out, new)
+    expect = {n: v.encode() for n, v in new.items()}
+    if start == "hccc":
+        expect["user.txt"] = b"mine"
+    assert snapshot(out) == expect
