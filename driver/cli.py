@@ -126,7 +126,7 @@ def cmd_compile(args) -> int:
     print(f"hccc: {ir.name}: {ir.collective} on {ir.nranks} ranks, {st.get('transfers')} transfers, "
           f"{st.get('subpipelines', 'no')} sub-pipelines, TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {len(files)} files in {args.output}")
+          f"in total); {len(files)} files in {printable(str(args.output))}")
     if cluster is not None:
         from hccc.compiler.pipeline import platforms_for
         runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]
@@ -161,7 +161,7 @@ def cmd_check(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{args.algo}: valid {alg.header.collective.dsl_name} on {alg.header.nranks} ranks "
+        print(f"{printable(str(args.algo))}: valid {alg.header.collective.dsl_name} on {alg.header.nranks} ranks "
               f"({alg.ntransfers} transfers, {report.steps} steps)")
         if cluster is not None:
             use = summary["topology"]
@@ -189,7 +189,7 @@ def _check_xml(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{args.algo}: valid {ir.collective} on {ir.nranks} ranks (MSCCL XML, {summary['transfers']} "
+        print(f"{printable(str(args.algo))}: valid {ir.collective} on {ir.nranks} ranks (MSCCL XML, {summary['transfers']} "
               f"transfers, {summary['tbs_per_rank_max']} thread blocks per rank at most, "
               f"{summary['execution']}-level execution)")
     return 0

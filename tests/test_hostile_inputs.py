@@ -390,3 +390,20 @@ def test_long_integer_literals_in_rccl(digits, where):
             assert "integer literal" not in d.message
         return
     assert not too_big
+
+
+@pytest.mark.parametrize("evil", ["a\x1b[2Jb", "a\nb", "a\u202eb", "a\rb\x07"])
+def test_file_names_reach_the_terminal_escaped(tmp_path, evil):
+    """Input and output file names printed by check, topo and the compile command: no control
+    characters reach the terminal (each is shown escaped)."""
+    algo = tmp_path / f"{evil}.rccl"
+    algo.write_text((EXAMPLES / "ring_allgather_8.rccl").read_text())
+    topo = tmp_path / f"{evil}.topo"
+    topo.write_text((EXAMPLES / "clusters" / "v100_4_8.topo").read_text())
+    for args in (["check", algo], ["topo", topo], [algo, "-o", tmp_path / f"{evil}out"],
+                 ["check", algo, "--topology", topo]):
+        code, out, _ = hccc(*args)
+        assert code in (0, 1), out
+        bad = [ch for ch in evil if not ch.isprintable() and ch != "\n"]   # output lines end in newlines
+        assert not any(ch in out for ch in bad) and evil not in out, (args, out)
+        assert "Traceback" not in out

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.compiler.frontend.limits import printable
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 DEFAULT_SIZES = "1M,64M,1G"
@@ -184,5 +185,5 @@ def run(args) -> int:
               f"{_human(r.slice_bytes):>7} {r.micro_batches:>7} {100 * r.tb_idle_avg:>8.1f}% "
               f"{100 * r.tb_idle_max:>8.1f}%")
     if args.plot:
-        print(f"# timeline of {_human(big.nbytes)}B written to {args.plot}")
+        print(f"# timeline of {_human(big.nbytes)}B written to {printable(str(args.plot))}")
     return 0
