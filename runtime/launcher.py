@@ -69,6 +69,32 @@ _DEVICE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.ui
 _GARBAGE = {"float32": np.float32(np.nan), "float16": np.float16(np.nan),
             "bfloat16": np.uint16(0x7FC0), "int32": np.int32(np.iinfo(np.int32).min)}
 #: largest magnitude every partial sum of the inputs may reach and stay exact in the type
+def program_layout(ir: ProgramIR, count: int):
+    """Per rank of ``ir`` at ``count`` elements: (input length, output length, scratch length,
+    input offset in output or -1, output offset in input or -1) in elements, for in-place aliasing."""
+    C = ir.nchunks
+    bounds = reference.chunk_bounds(count, C)
+    maxc = -(-count // C) if count else 0
+    in_base, out_base = buffer_bases(ir)
+    rows = []
+    for r in range(ir.nranks):
+        ib, ob = int(in_base[r]), int(out_base[r])
+        i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
+        o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
+        in_in_out = o0 <= i0 and i1 <= o1
+        out_in_in = i0 <= o0 and o1 <= i1
+        rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
+                     i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
+    return rows
+
+
+def check_program_memory(ir: ProgramIR, nbytes: int, dtype: str) -> None:
+    """:func:`check_run_memory` for running ``ir`` at ``nbytes`` of ``dtype`` (before building)."""
+    es = ELEMENT_BYTES[dtype]
+    lay = program_layout(ir, max(0, int(nbytes)) // es)
+    check_run_memory(ir.name, nbytes, sum(a + b + c for a, b, c, _, _ in lay) * es)
+
+
 def run_memory_limit() -> int:
     """Bytes of buffers one run may allocate: ``HCCC_MAX_RUN_BYTES`` (K/M/G/T suffixes) or half
     of this machine's physical memory."""
@@ -567,21 +593,7 @@ class Runner:
     def layout(self, count: int):
         """Per rank: (input length, output length, scratch length, input offset in output or
         -1, output offset in input or -1) in elements, for in-place aliasing."""
-        ir = self.ir
-        C = ir.nchunks
-        bounds = reference.chunk_bounds(count, C)
-        maxc = -(-count // C) if count else 0
-        in_base, out_base = buffer_bases(ir)
-        rows = []
-        for r in range(self.nranks):
-            ib, ob = int(in_base[r]), int(out_base[r])
-            i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
-            o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
-            in_in_out = o0 <= i0 and i1 <= o1
-            out_in_in = i0 <= o0 and o1 <= i1
-            rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
-                         i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
-        return rows
+        return program_layout(self.ir, count)
 
     def default_watchdog(self, nbytes: int) -> float:
         total = nbytes * max(self.nranks, 1) * 4

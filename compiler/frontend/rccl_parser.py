@@ -412,13 +412,14 @@ def _unquote(s: str) -> str:
 
 
 def _parse_int_literal(tok: Token, source: SourceFile, negative: bool = False) -> int:
-    v = int(tok.value.replace("_", ""))
-    if negative:
-        v = -v
-    if abs(v) > INT_LIMIT:
+    digits = tok.value.replace("_", "")
+    # 2**62 has 19 digits: longer literals (even past Python's 4300-digit conversion limit) are
+    # refused before converting
+    if len(digits.lstrip("0")) > 19 or abs(v := int(digits)) > INT_LIMIT:
+        shown = tok.value if len(tok.value) <= 40 else f"{tok.value[:20]}... ({len(digits)} digits)"
         raise CompileError.at(Location(source, tok.line, tok.column),
-                              f"integer literal {tok.value} is too large (|x| must be at most 2**62)")
-    return v
+                              f"integer literal {shown} is too large (|x| must be at most 2**62)")
+    return -v if negative else v
 
 
 class _Builder:

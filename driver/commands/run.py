@@ -281,7 +281,7 @@ def _sanitized(args) -> int | None:
 
 def run(args) -> int:
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
+    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
 
     if getattr(args, "sanitize", False):
@@ -316,6 +316,12 @@ def run(args) -> int:
         per_chunk = -(-most // max(1, ir.nchunks)) * es
         ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
     groups = placements(args)
+    try:
+        for nbytes in sweep.sizes:            # before building anything: the buffers must fit
+            check_program_memory(ir, nbytes, args.dtype)
+    except PlatformError as exc:
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
     results = []
     from hccc.progress import Progress
     try:
