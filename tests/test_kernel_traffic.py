@@ -94,3 +94,12 @@ def test_kernel_model_prints_before_and_after():
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "x"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
+
+
+def test_gpu_benchmark_hbm_bound_uses_the_traffic_model():
+    bench = _script("gpu_busbw")
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
+    assert "ring_allreduce_8" in bench.ALGORITHMS
+    assert bench.hbm_bytes(ir, 8 << 20) == 30 * (8 << 20)          # (4n - 2) S, n = 8
+    assert bench.hbm_bytes(ir, 8 << 20, "float16") == 30 * (8 << 20)
