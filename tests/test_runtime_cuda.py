@@ -485,8 +485,8 @@ def test_gpu_benchmark_prints_a_table(gpu):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)["rows"]
-    assert {r["algorithm"] for r in rows} == {"ring_allgather_8", "hm_allreduce_4x8"}
-    assert all(r["wrong"] == 0 and r["ratio"] > 0 for r in rows)
+    assert {r["algorithm"] for r in rows} == {"ring_allgather_8", "ring_allreduce_8", "hm_allreduce_4x8"}
+    assert all(r["wrong"] == 0 and r["ratio"] > 0 and 0 < r["of_bound"] for r in rows)
 
 
 # ---------------------------------------------------------------------------------- HIP

@@ -11,6 +11,7 @@ every platform-specific construct lives in ``hccc_platform.h``.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -59,8 +60,10 @@ def threads_per_tb(nwarps: int, platform: str) -> int:
     return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
 
 
+@functools.lru_cache(maxsize=None)
 def _template_env() -> jinja2.Environment:
-    """Templates ship as package data of ``hccc.templates``."""
+    """Templates ship as package data of ``hccc.templates``. One environment per process, so each
+    template compiles once (jinja reloads a template whose file changed)."""
     from importlib import resources
     root = resources.files("hccc.templates")
     return jinja2.Environment(
