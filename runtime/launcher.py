@@ -655,6 +655,11 @@ class Runner:
         coll = ir.collective
         lay = self.layout(count)
         check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in lay) * es)
+        if bool(inplace) not in ir.placements:
+            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only (its MSCCL "
+                             f"XML declares inplace=\"{int(True in ir.placements)}\" outofplace="
+                             f"\"{int(False in ir.placements)}\"): it cannot run "
+                             f"{'in place' if inplace else 'out of place'}")
         if inplace:
             bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
             if bad:

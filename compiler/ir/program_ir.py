@@ -149,6 +149,15 @@ class ProgramIR:
         return self.collective in ROOTED
 
     @property
+    def placements(self) -> tuple[bool, ...]:
+        """The buffer placements the program is proven for: ``False`` out of place, ``True`` in
+        place. hccc's own programs serve both (the lowering maps one program onto either); an
+        imported MSCCL XML serves the ones its ``inplace``/``outofplace`` attributes declare (an
+        in-place-only algorithm is normalised with an input-to-output copy, so it serves both)."""
+        st = self.stats or {}
+        return tuple(p for p, key in ((False, "msccl_outofplace"), (True, "msccl_inplace")) if st.get(key, True))
+
+    @property
     def algorithm_level(self) -> bool:
         """Proven only under MSCCL's algorithm-level order (an imported MSCCL XML whose thread
         blocks must run their whole step list per micro-batch). hccc's kernels run task-level, so
