@@ -307,8 +307,9 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
     allocations are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the one with the
-    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_choice"]``
-    records the comparison; ``stats["tb_alloc"]`` stays the mode asked for ("state") and
+    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_kept"]``,
+    ``tb_alloc_state_s``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology``
+    record the comparison (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for ("state") and
     ``ntbs`` are those of the kept allocation."""
     from hccc.compiler.passes.build import build_program
 
@@ -324,9 +325,9 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
         conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
-    keep.stats["tb_alloc_choice"] = {"sizes": [int(s) for s in sizes], "state_s": t_state,
-                                     "connection_s": t_conn, "kept": "state" if keep is ir else "connection",
-                                     "topology": topo.name}
+    keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
+                       "tb_alloc_connection_s": t_conn, "tb_alloc_sizes": ",".join(str(int(s)) for s in sizes),
+                       "tb_alloc_topology": topo.name})
     return keep
 
 

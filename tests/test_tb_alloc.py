@@ -362,8 +362,8 @@ def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
     assert ts < tc and t_s > 1.02 * t_c
     ir, tk, t_k = _chosen(alg, "hpds", 1 << 20)
     assert (tk, t_k) == (tc, t_c)
-    choice = ir.stats["tb_alloc_choice"]
-    assert choice["kept"] == "connection" and choice["state_s"] == t_s and choice["connection_s"] == t_c
+    st = ir.stats
+    assert st["tb_alloc_kept"] == "connection" and st["tb_alloc_state_s"] == t_s and st["tb_alloc_connection_s"] == t_c
 
 
 def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
@@ -387,5 +387,5 @@ def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
     with_cluster = load_program(tmp_path / "a" / "rs4.ir.json")
     without = load_program(tmp_path / "b" / "rs4.ir.json")
     assert int(with_cluster.ntbs.sum()) == 16 and int(without.ntbs.sum()) == 15
-    assert with_cluster.stats["tb_alloc_choice"]["kept"] == "connection"
-    assert "tb_alloc_choice" not in without.stats
+    assert with_cluster.stats["tb_alloc_kept"] == "connection"
+    assert with_cluster.stats["tb_alloc_topology"] and "tb_alloc_kept" not in without.stats
