@@ -323,6 +323,7 @@ def _compile(cmd, cwd):
     assert "warning" not in res.stderr.lower(), res.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_nvcc_compiles_every_instantiation(tmp_path, nvcc):
     gen(ring_allreduce(4), tmp_path, ["cuda", "hip", "cuda", "hip"])
     _compile([nvcc, "-std=c++17", "-arch=sm_90", "-Xcompiler", "-Wall,-Wextra", "-c",
@@ -334,6 +335,7 @@ def test_nvcc_compiles_every_instantiation(tmp_path, nvcc):
                 assert f"hccc_ring_ar_r{r}_{d}_{o}" in syms
 
 
+@pytest.mark.slow
 def test_hipcc_compiles_every_instantiation(tmp_path, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")
     gen(ring_allreduce(4), tmp_path, ["cuda", "hip", "cuda", "hip"])
@@ -341,6 +343,7 @@ def test_hipcc_compiles_every_instantiation(tmp_path, hipcc, monkeypatch):
               "ring_ar_hip.hip", "-o", "hip.o"], tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: ring_allgather_fused(3), lambda: random_ir(np.random.default_rng(7))])
 def test_nvcc_and_hipcc_other_irs(tmp_path, make, nvcc, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")

@@ -103,6 +103,7 @@ def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codege
         assert (gen / "ring6.table").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_downstream_builds_with_nvcc(tmp_path, nvcc, codegen):
     _, build, env = _configure(tmp_path, f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DDOWNSTREAM_CODEGEN={codegen}")
@@ -115,6 +116,7 @@ def test_downstream_builds_with_nvcc(tmp_path, nvcc, codegen):
     assert (build / "libring_collectives.a").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_downstream_builds_with_hipcc(tmp_path, hipcc, codegen):
     _, build, env = _configure(tmp_path, "-DDOWNSTREAM_PLATFORM=hip", f"-DDOWNSTREAM_CODEGEN={codegen}")
@@ -143,6 +145,7 @@ def test_find_package_checks_the_version(tmp_path):
     assert res.returncode != 0 and "version" in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codegen", ["table", "specialized"])
 def test_hccc_add_collective_on_a_mixed_cluster(tmp_path, codegen):
     """TOPOLOGY of NVIDIA and AMD nodes: a CUDA and a HIP library (or both table libraries) under
