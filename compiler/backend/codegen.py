@@ -258,6 +258,47 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
         raise ValueError("nchunks must be positive")
 
 
+def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, codegen: str, headers, libraries: dict,
+                  ranks: list, stats: dict, extra_files=(), manifest_extra: dict | None = None, **fields) -> str:
+    """``manifest.json`` of an output directory, for either code-generation mode: the program's
+    shape, the kernel ABI, the files hccc wrote (``written``'s names, ``manifest.json`` and
+    ``extra_files``), plus the mode's own ``fields`` and the caller's ``manifest_extra`` (which may
+    not replace a field)."""
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "generator": f"hccc {VERSION}",
+        "algorithm": name,
+        "collective": prog.collective,
+        "root": int(prog.root),
+        "nranks": int(prog.nranks),
+        "nchunks": int(prog.nchunks),
+        "buffers": {"input": int(prog.in_chunks), "output": int(prog.out_chunks),
+                    "scratch": int(prog.scratch_chunks)},
+        "chunk_bytes": int(prog.chunk_bytes),
+        "nslots": NSLOTS,
+        "slot_bytes": slot_bytes(int(prog.chunk_bytes), int(prog.max_step_chunks)),
+        "nwarps": int(prog.nwarps),
+        "npipelines": int(prog.npipelines),
+        "nthreads": nthreads,
+        "dtypes": [d for d, _ in DTYPES],
+        "ops": list(REDOPS),
+        "kernel_symbol": "{kernel}_{dtype}_{op}",
+        "abi_version": ABI_VERSION,
+        "codegen": codegen,
+        "headers": list(headers),
+        "libraries": libraries,
+        "ranks": ranks,
+        "stats": stats,
+        **fields,
+    }
+    for key, value in (manifest_extra or {}).items():
+        if key in manifest:
+            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
+        manifest[key] = value
+    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
              extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
@@ -358,39 +399,10 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     tm["codegen_render"] = t3 - t2
     tm["codegen_ir_json"] = t4 - t3
 
-    stats = program_stats(ir, col, ntbs)
-    manifest = {
-        "schema": MANIFEST_SCHEMA,
-        "generator": f"hccc {VERSION}",
-        "algorithm": name,
-        "collective": ir.collective,
-        "nranks": int(ir.nranks),
-        "nchunks": int(ir.nchunks),
-        "buffers": {"input": int(ir.in_chunks), "output": int(ir.out_chunks),
-                    "scratch": int(ir.scratch_chunks)},
-        "chunk_bytes": int(ir.chunk_bytes),
-        "nslots": NSLOTS,
-        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
-        "nwarps": int(ir.nwarps),
-        "nthreads": nthreads,
-        "dtypes": [d for d, _ in DTYPES],
-        "ops": list(REDOPS),
-        "kernel_symbol": "{kernel}_{dtype}_{op}",
-        "abi_version": ABI_VERSION,
-        "codegen": "specialized",
-        "ir": ir_file,
-        "headers": list(HEADERS),
-        "umbrella": umbrella,
-        "libraries": libraries,
-        "ranks": rank_entries,
-        "stats": stats,
-    }
-    for key, value in (manifest_extra or {}).items():
-        if key in manifest:
-            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
-        manifest[key] = value
-    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
-    written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    written["manifest.json"] = manifest_text(
+        ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
+        ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
+        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella)
 
     paths = []
     for fname in sorted(written):
