@@ -36,6 +36,9 @@ from hccc.runtime.platform import Instance
 
 from conftest import require_tool
 
+#: compiles every instantiation for sm_90 and gfx90a to inspect the code (minutes on 2 cores): CI runs it
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ring_allreduce_8.rccl"
 

@@ -186,6 +186,7 @@ def _cubin_sm(path: Path) -> int:
     return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
 
 
+@pytest.mark.slow
 def test_nvcc_builds_one_cubin_with_every_rank_kernel(ring8, nvcc):
     out, man, ir = ring8
     inst = Instance("float32", "sum")
@@ -216,6 +217,7 @@ def test_cache_hit_does_not_run_the_compiler(ring8, nvcc, monkeypatch):
     assert not any("-cubin" in c for c in calls)
 
 
+@pytest.mark.slow
 def test_nvcc_subset_of_ranks_other_instance_and_arch(ring8, nvcc, monkeypatch):
     out, man, _ir = ring8
     monkeypatch.setenv(cuda.ARCH_ENV, "sm_80")
@@ -521,6 +523,7 @@ def test_hip_arch_names(text, ok, monkeypatch):
     assert resolve_hip_arch(None) == "gfx90a" and resolve_hip_arch("gfx1030") == "gfx1030"
 
 
+@pytest.mark.slow
 def test_hipcc_builds_a_code_object_with_the_rank_kernels(tmp_path, hipcc):
     from hccc.runtime.hip import build_hip_module, hip_module_symbols, offload_bundle_entries
     ir = load_program(EXAMPLES / "ring_allgather_8.rccl")
@@ -772,6 +775,7 @@ def _build_ring8_module(ring8, nvcc):
     return build_cuda_module(out, man, Instance("float32", "sum"), nvcc=nvcc)
 
 
+@pytest.mark.slow
 def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscription(ring8, nvcc):
     out, man, _ir = ring8
     fake = FakeCuda(sms=4, per_sm=2)                      # 8 blocks resident at most
@@ -803,6 +807,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     pf.close()
 
 
+@pytest.mark.slow
 def test_fake_platform_timer_gates_every_stream(ring8, nvcc):
     fake = FakeCuda()
     pf = FakeCudaPlatform(fake)
