@@ -709,8 +709,9 @@ class FakeCuda:
         pass
 
     def moduleGetFunction(self, m, name):
-        self.log.append(("function", m, name))
-        return self._h()
+        h = self._h()
+        self.log.append(("function", m, name, h))
+        return h
 
     def occupancyMaxActiveBlocksPerMultiprocessor(self, f, block, smem):
         return self.per_sm(block) if callable(self.per_sm) else self.per_sm
@@ -876,6 +877,7 @@ def test_fake_platform_under_the_launcher(nvcc):
     fake = FakeCuda(sms=132, per_sm=2)
     pf = FakeCudaPlatform(fake)
     with Runner(ir, pf, "float32", "sum", timeout_s=2.0) as runner:
+        log_all = list(fake.log)
         fake.log.clear()
         res = runner.run(8 * 1024 * 4, iters=2, warmup=1)
         assert res.stuck is None and res.iters == 2 and res.time_us == 1250.0
@@ -885,8 +887,8 @@ def test_fake_platform_under_the_launcher(nvcc):
         launches = [e for e in fake.log if e[0] == "coop"]
         assert len(launches) == 3
         assert {e[2] for e in launches} == {sum(int(t) for t in ir.ntbs)} and {e[3] for e in launches} == {512}
-        fns = {e[2]: e[1] for e in fake.log if e[0] == "function"}
-        assert fns[launches[0][1]] == "hccc_ring_allgather_8_grid_float32_sum"
+        assert ("hccc_ring_allgather_8_grid_float32_sum", launches[0][1]) in {
+            (e[2], e[3]) for e in log_all if e[0] == "function"}
         rank_args = []
         for e in launches:
             table, nranks = struct.unpack("<QQ", e[5])
