@@ -969,3 +969,24 @@ def test_benchmark_halves_the_warps_until_every_block_fits(nvcc, monkeypatch):
         assert warps == 8 and runner.block == 256
     with pytest.raises(PlatformError, match="resident"):
         bench.open_runner(launcher, ir, args, [16])
+
+
+def test_runtime_without_module_cooperative_launch_gets_one_plain_launch_of_the_admitted_grid(nvcc):
+    """HIP before ROCm 6 has no hipModuleLaunchCooperativeKernel: the grid the occupancy check
+    admitted is launched once, plainly; a grid it refuses is still refused."""
+    from hccc.runtime.launcher import Runner
+
+    class NoCoop(FakeCuda):
+        def launchCooperativeKernel(self, *a):
+            raise NotImplementedError("no module cooperative launch")
+
+    ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
+    total = sum(int(t) for t in ir.ntbs)
+    fake = NoCoop(sms=total, per_sm=1)
+    with Runner(ir, FakeCudaPlatform(fake), "float32", "sum", timeout_s=2.0) as runner:
+        fake.log.clear()
+        assert runner.run(8 * 1024 * 4).stuck is None
+        launches = [e for e in fake.log if e[0] == "launch" and e[3] != 1]
+        assert [e[2] for e in launches] == [total]
+    with pytest.raises(PlatformError, match="resident"):
+        Runner(ir, FakeCudaPlatform(NoCoop(sms=total - 1, per_sm=1)), "float32", "sum")
