@@ -301,6 +301,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
     tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
+    max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
@@ -327,7 +328,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=ir.max_step_chunks, tbs=tbs)
+                max_cnt=max_cnt, tbs=tbs)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
@@ -370,7 +371,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                     "scratch": int(ir.scratch_chunks)},
         "chunk_bytes": int(ir.chunk_bytes),
         "nslots": NSLOTS,
-        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
+        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(max_cnt)),
         "nwarps": int(ir.nwarps),
         "nthreads": nthreads,
         "dtypes": [d for d, _ in DTYPES],
