@@ -1,0 +1,161 @@
+"""Decimal text of integer columns, built with numpy (no Python object per value).
+
+The IR JSON and the kernel sources are mostly integers: at 1,024 ranks that is ~60 M numbers, where
+``str(int)`` and ``join`` cost about a microsecond each. Here a column becomes a byte matrix of its
+digits (one row per value, right-aligned) and the texts are scattered into one output buffer:
+
+- :func:`decimal_digits` gives that matrix and each value's text length (sign included);
+- :func:`join_ints` is ``sep.join(map(str, a))``;
+- :class:`RowText` assembles one line per row from constant pieces, integer columns and per-row
+  choices among a few constant strings, e.g. ``HCCC_P(%d, SEND, %d);`` for every primitive.
+
+Every result equals the ``str``/``%d`` formatting it replaces (``tests/test_int_text.py``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["decimal_digits", "join_ints", "RowText"]
+
+
+def decimal_digits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(digits, length)``: ``digits[i, -length[i]:]`` is the ASCII text of ``a[i]`` (``uint8``,
+    right-aligned, a leading ``-`` for negative values)."""
+    v = np.asarray(a, np.int64)
+    n = len(v)
+    if n == 0:
+        return np.zeros((0, 1), np.uint8), np.zeros(0, np.int64)
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo <= max(4096, n // 16) and n > 64:
+        # few distinct values (ranks, TBs, ops, small offsets): texts of the range, then one gather
+        d, ln = _digits(np.arange(lo, hi + 1, dtype=np.int64))
+        i = v - lo
+        return d[i], ln[i]
+    return _digits(v)
+
+
+def _digits(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = len(v)
+    neg = v < 0
+    mag = np.abs(v).astype(np.uint64)     # |INT64_MIN| fits an unsigned 64-bit value
+    width = max(1, len(str(int(mag.max())))) if n else 1
+    out = np.full((n, width + 1), 48, np.uint8)
+    ndig = np.ones(n, np.int64)
+    rest = mag
+    for j in range(width, 0, -1):
+        rest, digit = np.divmod(rest, np.uint64(10))
+        out[:, j] += digit.astype(np.uint8)
+        if j < width:
+            ndig += mag >= _POW10[width - j]
+    length = ndig + neg
+    if neg.any():
+        # each negative value's sign just before its first digit
+        rows = np.flatnonzero(neg)
+        out[rows, width - ndig[rows]] = 45
+    return out, length
+
+
+_POW10 = np.array([10 ** k for k in range(20)], np.uint64)
+
+#: rows assembled at once (bounds the temporary byte matrix)
+_BLOCK = 1 << 17
+
+
+def _tail_mask(length: np.ndarray, width: int) -> np.ndarray:
+    """Row i selects its last ``length[i]`` of ``width`` columns."""
+    return np.arange(width) >= (width - length)[:, None]
+
+
+def join_ints(a: np.ndarray, sep: str = ",") -> str:
+    """``sep.join(map(str, a))`` for an integer array."""
+    a = np.asarray(a)
+    n = len(a)
+    if n == 0:
+        return ""
+    rt = RowText(n).int(a)
+    text, _ = rt.render(end=sep)
+    return text[:len(text) - len(sep)].decode("ascii")
+
+
+class RowText:
+    """One line of text per row, built piece by piece (all rows at once).
+
+    ``text(s)`` appends a constant; ``int(a)`` the decimal text of ``a[row]``; ``choice(idx, names)``
+    the string ``names[idx[row]]``; ``blob(data, start, length)`` the bytes
+    ``data[start[row]:start[row] + length[row]]``. A piece may be limited to the rows of a boolean
+    ``where`` (its array arguments still have one entry per row). :meth:`render` ends every row
+    with ``end`` and returns the bytes and each row's start offset (``offsets[n]`` is the total).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        # (block(r0, r1) -> right-aligned byte matrix of those rows, text length per row)
+        self.pieces: list[tuple] = []
+
+    def _add(self, block, length: np.ndarray, where) -> "RowText":
+        length = np.asarray(length, np.int64)
+        if where is not None:
+            length = np.where(where, length, 0)
+        self.pieces.append((block, length))
+        return self
+
+    def text(self, s: str, where: np.ndarray | None = None) -> "RowText":
+        if not s:
+            return self
+        b = np.frombuffer(s.encode("ascii"), np.uint8)
+        return self._add(lambda r0, r1: np.broadcast_to(b, (r1 - r0, len(b))),
+                         np.full(self.n, len(b), np.int64), where)
+
+    def int(self, a: np.ndarray, where: np.ndarray | None = None) -> "RowText":
+        digits, length = decimal_digits(a)
+        return self._add(lambda r0, r1: digits[r0:r1], length, where)
+
+    def choice(self, idx: np.ndarray, names: list[str], where: np.ndarray | None = None) -> "RowText":
+        enc = [nm.encode("ascii") for nm in names]
+        width = max([len(e) for e in enc] + [1])
+        table = np.zeros((len(enc), width), np.uint8)
+        for i, e in enumerate(enc):        # right-aligned, like decimal_digits
+            if e:
+                table[i, width - len(e):] = np.frombuffer(e, np.uint8)
+        lens = np.array([len(e) for e in enc], np.int64)
+        idx = np.asarray(idx, np.int64)
+        return self._add(lambda r0, r1: table[idx[r0:r1]], lens[idx], where)
+
+    def blob(self, data: bytes, start: np.ndarray, length: np.ndarray,
+             where: np.ndarray | None = None) -> "RowText":
+        arr = np.frombuffer(data, np.uint8) if len(data) else np.zeros(1, np.uint8)
+        start = np.asarray(start, np.int64)
+        length = np.asarray(length, np.int64)
+        if where is not None:
+            length = np.where(where, length, 0)
+
+        def block(r0, r1):
+            ln = length[r0:r1]
+            w = max(1, int(ln.max()) if len(ln) else 1)
+            idx = (start[r0:r1] - (w - ln))[:, None] + np.arange(w)
+            return arr[np.clip(idx, 0, len(arr) - 1)]
+        return self._add(block, length, None)
+
+    def render(self, end: str = "\n") -> tuple[bytes, np.ndarray]:
+        n = self.n
+        row_len = np.zeros(n, np.int64)
+        for _, ln in self.pieces:
+            row_len += ln
+        e = np.frombuffer(end.encode("ascii"), np.uint8)
+        row_len += len(e)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(row_len, out=offsets[1:])
+        out = []
+        for r0 in range(0, n, _BLOCK):
+            r1 = min(n, r0 + _BLOCK)
+            mats, masks = [], []
+            for block, ln in self.pieces:
+                m = block(r0, r1)
+                mats.append(m)
+                masks.append(_tail_mask(ln[r0:r1], m.shape[1]))
+            if len(e):
+                mats.append(np.broadcast_to(e, (r1 - r0, len(e))))
+                masks.append(np.ones((r1 - r0, len(e)), bool))
+            if mats:
+                out.append(np.hstack(mats)[np.hstack(masks)].tobytes())
+        return b"".join(out), offsets
