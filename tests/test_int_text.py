@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.ir import int_text
+from hccc.compiler.ir import int_text, int_text_kernel
 from hccc.compiler.ir.int_text import RowText, decimal_digits, join_ints
 
+needs_numba = pytest.mark.skipif(not int_text_kernel.HAVE_NUMBA, reason="the compiled path needs numba")
 int64s = st.integers(-2 ** 63, 2 ** 63 - 1)
 # small ranges exercise the gather path, wide ones the digit loop
 columns = st.one_of(st.lists(int64s, max_size=80),
@@ -71,20 +73,28 @@ def row_programs(draw):
     return rt, [r + end for r in rows], end
 
 
-@settings(max_examples=60)
-@given(row_programs())
-def test_row_text_matches_python_formatting(prog):
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)])
+@settings(max_examples=50)
+@given(prog=row_programs())
+def test_row_text_matches_python_formatting(compiled, prog):
     rt, expected, end = prog
-    text, offsets = rt.render(end)
+    text, offsets = rt.render(end, compiled=compiled)
     assert text.decode() == "".join(expected)
     assert offsets[0] == 0 and len(offsets) == len(expected) + 1
     for i, line in enumerate(expected):
         assert text[offsets[i]:offsets[i + 1]].decode() == line
 
 
-def test_rows_span_several_blocks(monkeypatch):
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)])
+def test_rows_span_several_blocks(monkeypatch, compiled):
     monkeypatch.setattr(int_text, "_BLOCK", 7)
     vals = list(range(-30, 30))
     rt = RowText(len(vals)).text("v=").int(np.array(vals)).text(" odd", np.array(vals) % 2 == 1)
-    text, _ = rt.render("\n")
+    text, _ = rt.render("\n", compiled=compiled)
     assert text.decode() == "".join(f"v={v}{' odd' if v % 2 else ''}\n" for v in vals)
+
+
+@needs_numba
+def test_large_join_takes_the_compiled_path_and_agrees():
+    vals = np.arange(-5, int_text.COMPILED_FROM + 5, 7, dtype=np.int64) * 1013
+    assert join_ints(vals, ",") == ",".join(map(str, vals.tolist()))
