@@ -1,7 +1,7 @@
 """The compiled form of :meth:`hccc.compiler.ir.int_text.RowText.render` (numba, when installed).
 
 The integer columns and the row masks come as tuples of arrays (numba compiles one version per
-tuple length, cached on disk). A row's text is a list of pieces; each piece is a constant (an entry of ``texts``), the decimal
+tuple length, cached on disk); both passes run their rows on all cores (numba's prange). A row's text is a list of pieces; each piece is a constant (an entry of ``texts``), the decimal
 text of an integer column, or a column of indices into constants (``choice``), optionally only on
 the rows of a boolean column. Two passes over the rows: the length of every row (its offsets),
 then the bytes. Same output as the numpy path of ``int_text.py`` (``tests/test_int_text.py``).
@@ -12,16 +12,23 @@ import numpy as np
 
 try:  # numba is optional (extras "scale", "sim", "synth"); int_text.py has a numpy path without it
     from numba import njit as _numba_njit
+    from numba import prange
 
     def _jit(fn):
         return _numba_njit(cache=True, nogil=True)(fn)
 
+    def _jit_parallel(fn):
+        return _numba_njit(cache=True, nogil=True, parallel=True)(fn)
+
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised only where numba is missing
     HAVE_NUMBA = False
+    prange = range
 
     def _jit(fn):
         return fn
+
+    _jit_parallel = _jit
 
 TEXT, INT, CHOICE, BLOB = 0, 1, 2, 3
 
@@ -66,7 +73,7 @@ def _write_int(buf, at, v):
     return end
 
 
-@_jit
+@_jit_parallel
 def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
     """Texts of rows ``0..n-1``; piece ``k`` (present on the rows where ``masks[mask_of[k]]`` holds,
     on every row when ``mask_of[k] < 0``) is, by ``kind[k]``: TEXT the constant
@@ -76,8 +83,8 @@ def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
     row ends with ``end_text``. Returns (the bytes as a uint8 array, the row offsets)."""
     npieces = len(kind)
     elen = len(end_text)
-    offsets = np.zeros(n + 1, np.int64)
-    for r in range(n):                 # pass 1: row lengths
+    rowlen = np.empty(n, np.int64)
+    for r in prange(n):                # pass 1: row lengths (rows on all cores)
         total = elen
         for k in range(npieces):
             m = mask_of[k]
@@ -94,9 +101,12 @@ def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
             else:
                 t = arg[k, 1] + ints[arg[k, 0]][r]
                 total += text_off[t + 1] - text_off[t]
-        offsets[r + 1] = offsets[r] + total
+        rowlen[r] = total
+    offsets = np.zeros(n + 1, np.int64)
+    for r in range(n):
+        offsets[r + 1] = offsets[r] + rowlen[r]
     buf = np.empty(offsets[n], np.uint8)
-    for r in range(n):                 # pass 2: the bytes
+    for r in prange(n):                # pass 2: the bytes (each row writes its own range)
         at = offsets[r]
         for k in range(npieces):
             m = mask_of[k]
