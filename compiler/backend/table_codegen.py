@@ -52,6 +52,7 @@ def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
     dep_bounds = np.r_[0, np.cumsum(ndeps)][bounds]
     tb = np.asarray(p["tb"], np.int64)
     ntbs = np.asarray(ir.ntbs, np.int64)
+    max_cnt = int(ir.max_step_chunks)    # a scan of the whole table: once, not once per rank
     out = []
     for r in range(ir.nranks):
         lo, hi = int(bounds[r]), int(bounds[r + 1])
@@ -60,7 +61,7 @@ def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
         t = tf.RankTable(
             consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
                     "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes),
-                    "max_cnt": int(ir.max_step_chunks)},
+                    "max_cnt": max_cnt},
             ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
             deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
         out.append(tf.encode_section(t))
