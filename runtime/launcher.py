@@ -175,6 +175,106 @@ def _platform_label(backend) -> str:
     return backend if isinstance(backend, str) else (getattr(backend, "name", "") or type(backend).__name__)
 
 
+# ============================================================================ what one rank owns
+@dataclass(frozen=True)
+class RankPlan:
+    """The size-independent memory rank ``rank`` owns, as sizes and offsets: the same numbers in
+    every process (they come from the manifest), so a peer can locate a FIFO inside memory it
+    mapped from this rank.
+
+    Layout: a control block of ``ctrl_bytes`` (per receive connection ``j`` its ``head`` at
+    ``16*j`` and ``tail`` at ``16*j + 8``, then ``progress_slots`` 64-bit progress counters) and a
+    slot block (receive connection ``j``'s ``nslots * chunk_bytes`` slot bytes at ``j *
+    slot_bytes``). Both must be zero at launch (:meth:`RankMemory.reset`)."""
+
+    rank: int
+    recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
+    send_conns: tuple[tuple[int, int], ...]    # (receiving peer, channel), manifest order
+    progress_slots: int
+    slot_bytes: int
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
+        e = manifest["ranks"][rank]
+        return cls(rank=rank,
+                   recv_conns=tuple((int(p), int(c)) for p, c in e["recv_conns"]),
+                   send_conns=tuple((int(p), int(c)) for p, c in e["send_conns"]),
+                   progress_slots=int(e["progress_slots"]),
+                   slot_bytes=int(manifest["nslots"]) * int(manifest["chunk_bytes"]))
+
+    @property
+    def ctrl_bytes(self) -> int:
+        return 16 * len(self.recv_conns) + 8 * max(self.progress_slots, 1)
+
+    @property
+    def fifo_bytes(self) -> int:
+        return max(len(self.recv_conns), 1) * self.slot_bytes
+
+    def recv_index(self, peer: int, channel: int) -> int | None:
+        """Index of the receive connection from ``peer`` on ``channel`` (None: not received)."""
+        try:
+            return self.recv_conns.index((int(peer), int(channel)))
+        except ValueError:
+            return None
+
+    def fifo(self, j: int, ctrl: int, slots: int) -> tuple[int, int, int]:
+        """(slots, head, tail) addresses of receive connection ``j`` given where this rank's
+        control and slot blocks are mapped (in whichever process asks)."""
+        return (slots + j * self.slot_bytes, ctrl + 16 * j, ctrl + 16 * j + 8)
+
+
+class RankMemory:
+    """Allocates and connects what one rank owns: its control block and the FIFOs it receives on
+    (through ``malloc``, e.g. memory another process can map), the FIFOs of sends nobody receives
+    (in its own memory) and its two connection tables (:meth:`connect`, given a way to resolve a
+    peer's FIFO). The single-process :class:`Runner` makes one per rank; a one-rank-per-process
+    communicator makes its own and resolves peers through memory mapped from them."""
+
+    def __init__(self, plan: RankPlan, platform: Platform, malloc):
+        self.plan, self.platform, self._malloc = plan, platform, malloc
+        self.ctrl = malloc(plan.ctrl_bytes)
+        self.slots = malloc(plan.fifo_bytes)
+        self.progress = self.ctrl + 16 * len(plan.recv_conns)
+        self.orphans: list[int] = []      # FIFOs (16 counter bytes, then slots) of unreceived sends
+        self.send_tab: int | None = None
+        self.recv_tab: int | None = None
+
+    def fifo(self, j: int) -> tuple[int, int, int]:
+        """(slots, head, tail) of receive connection ``j`` in this process."""
+        return self.plan.fifo(j, self.ctrl, self.slots)
+
+    def connect(self, resolve) -> None:
+        """Write and upload the connection tables. ``resolve(peer, channel)`` gives the (slots,
+        head, tail) addresses, in this process, of the FIFO on which ``peer`` receives this rank's
+        sends on ``channel``, or None when ``peer`` receives nothing there (the sends then go to a
+        FIFO of this rank's own)."""
+        plan = self.plan
+        recv = [self.fifo(j) for j in range(len(plan.recv_conns))]
+        send = []
+        for peer, ch in plan.send_conns:
+            hit = resolve(peer, ch)
+            if hit is None:
+                fifo = self._malloc(plan.slot_bytes + 16)
+                self.orphans.append(fifo)
+                hit = (fifo + 16, fifo, fifo + 8)
+            send.append(tuple(int(x) for x in hit))
+        tabs = []
+        for conns in (send, recv):
+            blob = conn_table(conns)
+            ptr = self._malloc(max(len(blob), 8))
+            if blob:
+                self.platform.memcpy_htod(ptr, blob)
+            tabs.append(ptr)
+        self.send_tab, self.recv_tab = tabs
+
+    def reset(self) -> None:
+        """Zero the counters this rank owns (head, tail and progress; the orphan FIFOs' too), as the
+        kernels need at launch."""
+        self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
+        for fifo in self.orphans:
+            self.platform.memset(fifo, 0, 16)
+
+
 class Runner:
     """One build of ``ir`` for its platforms and one instance, run at any number of sizes.
 
@@ -391,47 +491,26 @@ class Runner:
             self.rank_library.append(self.libraries[p])
         self._check_residency()
 
-        # size-independent memory: FIFOs (in the receiver's memory), counters, connection tables
-        recv_index: dict[tuple[int, int, int], tuple[int, int]] = {}
-        self.ctrl, self.ctrl_bytes, self.prog_ptr = [], [], []
-        self.slots_ptr, self.heads, self.tails = [], [], []
-        slot_bytes = self.nslots * self.chunk_bytes
-        for r, e in enumerate(ranks):
-            nrecv, nprog = len(e["recv_conns"]), int(e["progress_slots"])
-            nbytes = 16 * nrecv + 8 * max(nprog, 1)
-            ctrl = self._malloc(r, nbytes)
-            slots = self._malloc(r, max(nrecv, 1) * slot_bytes)
-            self.ctrl.append(ctrl)
-            self.ctrl_bytes.append(nbytes)
-            self.prog_ptr.append(ctrl + 16 * nrecv)
-            self.slots_ptr.append(slots)
-            for j, (peer, ch) in enumerate(e["recv_conns"]):
-                recv_index[(int(peer), r, int(ch))] = (r, j)
-        self.orphans: list[tuple[int, int, int]] = []   # sends nobody receives: FIFO in sender memory
-        send_tables, recv_tables = [], []
-        for r, e in enumerate(ranks):
-            recv_tables.append([(self.slots_ptr[r] + j * slot_bytes, self.ctrl[r] + 16 * j,
-                                 self.ctrl[r] + 16 * j + 8) for j in range(len(e["recv_conns"]))])
-            tab = []
-            for peer, ch in e["send_conns"]:
-                hit = recv_index.get((r, int(peer), int(ch)))
-                if hit is not None:
-                    d, j = hit
-                    tab.append((self.slots_ptr[d] + j * slot_bytes, self.ctrl[d] + 16 * j,
-                                self.ctrl[d] + 16 * j + 8))
-                else:
-                    fifo = self._malloc(r, slot_bytes + 16)
-                    self.orphans.append((r, fifo, slot_bytes + 16))
-                    tab.append((fifo + 16, fifo, fifo + 8))
-            send_tables.append(tab)
-        self.send_tab, self.recv_tab = [], []
+        # size-independent memory: what each rank owns (FIFOs it receives on, counters, connection
+        # tables), allocated by the same code a one-rank-per-process Communicator uses
+        self.rank_plans = [RankPlan.from_manifest(man, r) for r in range(N)]
+        self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
+                                    lambda n, r=r: self._malloc(r, n)) for r in range(N)]
+
+        def resolver(r):
+            def resolve(peer: int, ch: int):
+                j = self.rank_plans[peer].recv_index(r, ch)
+                return None if j is None else self.rank_mem[peer].fifo(j)
+            return resolve
+
         for r in range(N):
-            for tabs, out in ((send_tables, self.send_tab), (recv_tables, self.recv_tab)):
-                blob = conn_table(tabs[r])
-                ptr = self._malloc(r, max(len(blob), 8))
-                if blob:
-                    self.rank_pf[r].memcpy_htod(ptr, blob)
-                out.append(ptr)
+            self.rank_mem[r].connect(resolver(r))
+        self.ctrl = [m.ctrl for m in self.rank_mem]
+        self.ctrl_bytes = [m.plan.ctrl_bytes for m in self.rank_mem]
+        self.prog_ptr = [m.progress for m in self.rank_mem]
+        self.slots_ptr = [m.slots for m in self.rank_mem]
+        self.send_tab = [m.send_tab for m in self.rank_mem]
+        self.recv_tab = [m.recv_tab for m in self.rank_mem]
         # abort flag and error record: rank 0's memory (every rank's kernels reach it)
         self.flags_pf = self.platform
         self.flags = self._malloc(0 if N else None, 64 + ctypes.sizeof(ErrorRecord))
@@ -674,10 +753,8 @@ class Runner:
     def _prepare(self, bufs, lay, dev_inputs, inplace, ddt) -> None:
         """Zero counters, flags and the error record; outputs and scratch to garbage; inputs in."""
         g = _GARBAGE[self.dtype]
-        for r in range(self.nranks):
-            self.rank_pf[r].memset(self.ctrl[r], 0, self.ctrl_bytes[r])
-        for r, fifo, nbytes in self.orphans:
-            self.rank_pf[r].memset(fifo, 0, 16)
+        for m in self.rank_mem:
+            m.reset()
         self.flags_pf.memset(self.flags, 0, 64 + ctypes.sizeof(ErrorRecord))
         for r in range(self.nranks):
             pf = self.rank_pf[r]
@@ -875,5 +952,5 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "run_program", "busbw_factor", "generated_sources",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "run_program", "busbw_factor", "generated_sources",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]
