@@ -5,6 +5,8 @@ The command line is a thin layer over these functions; tests and build systems c
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +185,7 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
 
 
 IR_SUFFIXES = (".json",)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 XML_SUFFIXES = (".xml",)
 
 
@@ -216,6 +219,50 @@ def load_program(path: str | Path, opts: CompileOptions | None = None):
     verify(alg)
     return build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
                          chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+
+
+def manifest_path(algo: str | Path) -> Path | None:
+    """``ALGO``'s manifest when ALGO is a compiled OUTDIR or a manifest (``schema`` hccc.manifest/N)."""
+    p = Path(algo)
+    if p.is_dir():
+        return p / "manifest.json"
+    if p.suffix.lower() == ".json" and p.is_file():
+        try:
+            head = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None          # load_program reports it, located
+        if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
+            return p
+    return None
+
+
+def load_manifest(path: Path):
+    """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json``."""
+    src = SourceFile.read(path)
+
+    def fail(msg: str):
+        raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
+
+    try:
+        man = json.loads(src.text)
+    except json.JSONDecodeError as exc:
+        raise CompileError([Diagnostic(f"not JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
+    if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
+        fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
+    irname = man.get("ir")
+    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
+        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
+    ranks = man.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
+        fail("'ranks' must be a list of rank objects")
+    plats = [e.get("platform") for e in ranks]
+    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
+    if bad:
+        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    ir = load_program(path.parent / irname)
+    if ir.nranks != len(plats):
+        fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")
+    return ir, plats
 
 
 def load_cluster(path: str | Path):

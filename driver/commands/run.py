@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -51,7 +50,6 @@ DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 DEFAULT_BYTES = "4K,64K,1M"
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 def size_list(text: str) -> list[int]:
@@ -101,58 +99,12 @@ def load(args):
     return load_program(args.algo, opts)
 
 
-def _manifest_path(algo: str) -> Path | None:
-    """``ALGO``'s manifest when ALGO is a compiled OUTDIR or a manifest (``schema`` hccc.manifest/N)."""
-    p = Path(algo)
-    if p.is_dir():
-        return p / "manifest.json"
-    if p.suffix.lower() == ".json" and p.is_file():
-        try:
-            head = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return None          # load_program reports it, located
-        if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
-            return p
-    return None
-
-
-def load_manifest(path: Path):
-    """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json``."""
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
-    from hccc.compiler.pipeline import load_program
-
-    src = SourceFile.read(path)
-
-    def fail(msg: str):
-        raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
-
-    try:
-        man = json.loads(src.text)
-    except json.JSONDecodeError as exc:
-        raise CompileError([Diagnostic(f"not JSON: {exc.msg}", Location(src, exc.lineno, exc.colno))]) from None
-    if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
-        fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
-    irname = man.get("ir")
-    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
-        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
-    ranks = man.get("ranks")
-    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
-        fail("'ranks' must be a list of rank objects")
-    plats = [e.get("platform") for e in ranks]
-    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
-    if bad:
-        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
-    ir = load_program(path.parent / irname)
-    if ir.nranks != len(plats):
-        fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")
-    return ir, plats
-
-
 def load_with_platforms(args):
     """(ProgramIR, per-rank platforms) for ``hccc run``'s ALGO and ``--topology``."""
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.compiler.pipeline import load_manifest, manifest_path
 
-    mpath = _manifest_path(args.algo)
+    mpath = manifest_path(args.algo)
     if mpath is not None:
         if args.topology is not None:
             raise CompileError([Diagnostic(
