@@ -155,6 +155,26 @@ def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
     return (j // nchunks) * count + int(bounds[j % nchunks])
 
 
+def buffer_layout(ir: ProgramIR, count: int) -> list[tuple[int, int, int, int, int]]:
+    """Per rank: (input length, output length, scratch length, input offset in output or -1,
+    output offset in input or -1) in elements, for a full buffer of ``count`` elements; the
+    offsets say how input and output may alias (in place)."""
+    C = ir.nchunks
+    bounds = reference.chunk_bounds(count, C)
+    maxc = -(-count // C) if count else 0
+    in_base, out_base = buffer_bases(ir)
+    rows = []
+    for r in range(ir.nranks):
+        ib, ob = int(in_base[r]), int(out_base[r])
+        i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
+        o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
+        in_in_out = o0 <= i0 and i1 <= o1
+        out_in_in = i0 <= o0 and o1 <= i1
+        rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
+                     i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
+    return rows
+
+
 MANIFEST_PLATFORMS = ("cuda", "hip")
 
 
@@ -226,12 +246,12 @@ class RankPlan:
 class RankMemory:
     """Allocates and connects what one rank owns: its control block and the FIFOs it receives on
     (through ``malloc``, e.g. memory another process can map), the FIFOs of sends nobody receives
-    (in its own memory) and its two connection tables (:meth:`connect`, given a way to resolve a
-    peer's FIFO). The single-process :class:`Runner` makes one per rank; a one-rank-per-process
+    and its two connection tables (through ``malloc_local``, default ``malloc``; the tables by
+    :meth:`connect`, given a way to resolve a peer's FIFO). The single-process :class:`Runner` makes one per rank; a one-rank-per-process
     communicator makes its own and resolves peers through memory mapped from them."""
 
-    def __init__(self, plan: RankPlan, platform: Platform, malloc):
-        self.plan, self.platform, self._malloc = plan, platform, malloc
+    def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None):
+        self.plan, self.platform, self._malloc = plan, platform, malloc_local or malloc
         self.ctrl = malloc(plan.ctrl_bytes)
         self.slots = malloc(plan.fifo_bytes)
         self.progress = self.ctrl + 16 * len(plan.recv_conns)
@@ -550,22 +570,8 @@ class Runner:
     # ------------------------------------------------------------------ sizes
     def layout(self, count: int):
         """Per rank: (input length, output length, scratch length, input offset in output or
-        -1, output offset in input or -1) in elements, for in-place aliasing."""
-        ir = self.ir
-        C = ir.nchunks
-        bounds = reference.chunk_bounds(count, C)
-        maxc = -(-count // C) if count else 0
-        in_base, out_base = buffer_bases(ir)
-        rows = []
-        for r in range(self.nranks):
-            ib, ob = int(in_base[r]), int(out_base[r])
-            i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
-            o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
-            in_in_out = o0 <= i0 and i1 <= o1
-            out_in_in = i0 <= o0 and o1 <= i1
-            rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
-                         i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
-        return rows
+        -1, output offset in input or -1) in elements (:func:`buffer_layout`)."""
+        return buffer_layout(self.ir, count)
 
     def default_watchdog(self, nbytes: int) -> float:
         total = nbytes * max(self.nranks, 1) * 4
@@ -952,5 +958,5 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "run_program", "busbw_factor", "generated_sources",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "buffer_layout", "run_program", "busbw_factor", "generated_sources",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]
