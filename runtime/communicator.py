@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.runtime import shm
+from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.launcher import (DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan, buffer_layout,
@@ -512,9 +512,11 @@ class Communicator:
             count = bx.n
         if count < 0:
             raise ValueError(f"{method}: needs an output array")
-        if method == "all_to_all" and count % self.world_size:
-            raise ValueError(f"{method}: {count} elements do not split into {self.world_size} equal "
-                             "blocks")
+        if method == "all_to_all":
+            unit = reference.alltoall_unit(self.ir)
+            if count % unit:
+                raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
+                                 f"({self.world_size} ranks x {unit // self.world_size} pieces)")
         n_in, n_out, _scr, in_off, out_off = buffer_layout(self.ir, count)[self.rank]
         copy_back = None
         if inplace:
