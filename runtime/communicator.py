@@ -63,6 +63,7 @@ _H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE
 _MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
 _RUNNING, _FAILED, _CLOSED = 0, 1, 2
 _POLL_S = 0.002
+_REASON_AT, _REASON_MAX = 128, 1024       # a failed rank's reason, in its host segment
 
 
 class CommunicatorError(RuntimeError):
@@ -334,27 +335,39 @@ class Communicator:
 
     # ------------------------------------------------------------------ failure detection
     def _peer_problem(self, call: int | None = None) -> str | None:
-        """Why a peer cannot take part any more (died, failed, closed), or None. During call
-        ``call`` a peer whose kernel completed that call may close or exit: it owes nothing more."""
+        """Why a peer cannot take part any more (died, closed, failed), or None. During call
+        ``call`` a peer whose kernel completed that call may close, exit or fail later: it owes
+        nothing more to this call. Dead peers are named before peers that report a failure (the
+        cause before its echoes)."""
+        failed = None
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
-            state = int(w[_H_STATE])
-            if state == _FAILED:
-                return f"rank {r} reported a failure"
             if call is not None and int(w[_H_DONE]) >= call:
                 continue
-            if state == _CLOSED:
+            state = int(w[_H_STATE])
+            if state == _FAILED:
+                failed = failed or f"rank {r} failed ({self._reason(seg)})"
+            elif state == _CLOSED:
                 return f"rank {r} closed its communicator"
-            if not shm.process_alive(self._pids[r]):
+            elif not shm.process_alive(self._pids[r]):
                 return f"rank {r} (process {self._pids[r]}) exited"
-        return None
+        return failed
 
-    def _fail(self, why: str) -> CommunicatorError:
-        """Mark this communicator broken, tell the peers (state, abort flags), return the error."""
+    @staticmethod
+    def _reason(seg: shm.Segment) -> str:
+        raw = bytes(seg._map[_REASON_AT:_REASON_AT + _REASON_MAX])
+        return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace") or "no reason given"
+
+    def _fail(self, why: str, *, abort_peers: bool = True) -> CommunicatorError:
+        """Mark this communicator broken, tell the peers (state and reason; abort flags when they
+        may be waiting for this rank's kernel), return the error."""
         self._broken = why
         if self._host_own is not None:
+            text = why.encode("utf-8")[:_REASON_MAX - 1] + b"\0"
+            self._host_own._map[_REASON_AT:_REASON_AT + len(text)] = text
             self._host_words(self._host_own)[_H_STATE] = _FAILED
-        self._abort_peers()
+        if abort_peers:
+            self._abort_peers()
         return CommunicatorError(f"rank {self.rank}: {why}")
 
     def _abort_peers(self) -> None:
@@ -381,11 +394,11 @@ class Communicator:
                 last_check = now
                 bad = self._peer_problem()
                 if bad:
-                    raise self._fail(f"{bad} ({what})")
+                    raise self._fail(f"{bad} ({what})", abort_peers=False)
             if now > deadline:
                 raise self._fail(f"rank{'s' if len(waiting) > 1 else ''} "
                                  f"{', '.join(map(str, waiting))} did not reach {what} within "
-                                 f"{self.timeout_s:g} s")
+                                 f"{self.timeout_s:g} s", abort_peers=False)
             time.sleep(_POLL_S)
 
     # ------------------------------------------------------------------ one collective
@@ -409,7 +422,7 @@ class Communicator:
             w = self._host_words(seg)
             if int(w[_H_COUNT]) != count or int(w[_H_TYPE]) != int(hw[_H_TYPE]):
                 pd, po = divmod(int(w[_H_TYPE]), 16)
-                raise self._fail(
+                raise self._fail(abort_peers=False, why=
                     f"{method} #{self._calls}: rank {r} passes {int(w[_H_COUNT])} elements of "
                     f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}), "
                     f"this rank {count} elements of {dtype} ({op}); every rank must make the same call")
