@@ -33,6 +33,8 @@ DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf1
 REDOPS = ("sum", "max", "min")
 NSLOTS = 8
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
+#: the C++ host API for one rank per process (templates/common/hccc_host.h.j2)
+HOST_HEADER = "hccc_host.h"
 
 _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
 _RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
@@ -350,6 +352,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written["hccc_platform.h"] = env.get_template("common/hccc_platform.h.j2").render(**hdr_ctx)
     written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)
     written["hccc_cpu_emu.h"] = env.get_template("common/hccc_cpu_emu.h.j2").render(**hdr_ctx)
+    written[HOST_HEADER] = _host_header(env, ir, rank_entries, nthreads, in_base, out_base)
     libraries = {pl: f"hccc_{name}_{pl}" for pl in present}
     build_ctx = dict(**common, platforms=present, umbrella=umbrella, libraries=libraries,
                      sources=sources, headers=list(HEADERS))
@@ -388,6 +391,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         "abi_version": 1,
         "ir": ir_file,
         "headers": list(HEADERS),
+        "host_header": HOST_HEADER,
         "umbrella": umbrella,
         "libraries": libraries,
         "ranks": rank_entries,
@@ -407,6 +411,21 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         paths.append(path)
     tm["codegen_write"] = time.perf_counter() - t4
     return sorted(paths)
+
+
+def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, in_base, out_base) -> str:
+    """``hccc_host.h``: the C++ host API with this program's connection tables and buffer layout."""
+    recv_first, send_first = [0], [0]
+    for e in rank_entries:
+        recv_first.append(recv_first[-1] + len(e["recv_conns"]))
+        send_first.append(send_first[-1] + len(e["send_conns"]))
+    return env.get_template("common/hccc_host.h.j2").render(
+        version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
+        nchunks=ir.nchunks, scratch_chunks=ir.scratch_chunks, chunk_bytes=ir.chunk_bytes,
+        in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
+        algorithm_level=bool(ir.algorithm_level), ranks=rank_entries, nthreads=nthreads,
+        recv_first=recv_first, send_first=send_first,
+        in_base=[int(x) for x in in_base], out_base=[int(x) for x in out_base])
 
 
 def _ranges(vals: list[int]) -> str:
