@@ -134,6 +134,18 @@ def _as_buf(a, what: str) -> _Buf:
                     f"(__cuda_array_interface__), not {type(a).__name__}")
 
 
+def _sync_caller(a) -> None:
+    """Wait for the work the caller queued on its current stream (the kernel runs on the
+    communicator's own stream, after a host barrier)."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        torch.cuda.current_stream(a.device).synchronize()
+    elif mod == "cupy":
+        import cupy
+        cupy.cuda.get_current_stream().synchronize()
+
+
 # ------------------------------------------------------------------------------- the communicator
 class Communicator:
     """This process's rank of a compiled collective algorithm; see the module docstring.
@@ -557,6 +569,8 @@ class Communicator:
 
     def _call(self, method, x, out, inplace, op):
         count, dtype, in_p, out_p, copy_back = self._prepare(method, x, out, inplace, op)
+        if self._pf.name != "cpu":
+            _sync_caller(x)
         self._run(method, count, dtype, op, in_p, out_p)
         if copy_back is not None:
             tmp, dst, nbytes = copy_back

@@ -22,8 +22,15 @@ def _run_job(job: dict):
     ir = load_ir_json(job["ir"]) if isinstance(job["ir"], str) and job["ir"].lstrip().startswith("{") \
         else job["ir"]
     outs = []
+    boot = {"init_method": job["url"]}
+    if job.get("process_group"):
+        # torch.distributed initialised by the job (as under torchrun): no bootstrap argument
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=job["url"], rank=job["rank"],
+                                world_size=job["world"])
+        boot = {}
     with Communicator(ir, rank=job["rank"], world_size=job.get("world_override", job["world"]),
-                      init_method=job["url"],
+                      **boot,
                       timeout_s=job.get("timeout", 30.0), kernel_timeout_s=job.get("kernel_timeout", 10.0),
                       dtype=job.get("dtype", "float32"), op=job.get("op", "sum")) as comm:
         for call in job["calls"]:

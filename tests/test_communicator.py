@@ -139,6 +139,15 @@ def test_successive_calls_of_different_sizes(pool):
               want, f"call {i} ({sizes[i]} elements)", ncalls=i + 1)
 
 
+def test_bootstrap_through_an_initialised_process_group(tmp_path):
+    """torch.distributed initialised (as under torchrun): the communicator takes rank, world size
+    and the handle exchange from the default process group."""
+    _require_torch()
+    ir = build_program(gen.ring_reducescatter(3), chunk_bytes=64)
+    calls, want, _ = calls_for(ir, 100)
+    check(run_fresh(ir.to_json(), 3, calls, tmp_path, process_group=True), want, "process group")
+
+
 # ------------------------------------------------------------------------------ every example
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
 
