@@ -114,12 +114,28 @@ PROGRAMS = {
 }
 
 
+#: one kernel instance per collective (each rank builds its own kernel: keep the builds few)
+INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
+            "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
+            "reduce": ("float32", "min"), "alltoall": ("float32", "sum")}
+
+
 @pytest.mark.parametrize("collective", sorted(PROGRAMS))
 def test_every_collective_in_separate_processes(pool, collective):
     ir = build_program(PROGRAMS[collective](), chunk_bytes=64)
-    # uneven counts: chunks differ by one element; several micro-batches per chunk
-    for count, dtype, op in ((1000 + ir.nranks - 1, "float32", "sum"), (37, "int32", "max")):
-        run(pool, ir, count, dtype, op, seed=count)
+    dtype, op = INSTANCE[collective]
+    # uneven counts (chunks differ by one element; several micro-batches per chunk), two calls
+    per_rank = [[] for _ in range(ir.nranks)]
+    wants = []
+    for count in (1000 + ir.nranks - 1, 37):
+        calls, want, _ = calls_for(ir, count, dtype, op, seed=count)
+        for r in range(ir.nranks):
+            per_rank[r] += calls[r]
+        wants.append(want)
+    replies = pool.run(ir.to_json(), ir.nranks, per_rank, dtype=dtype, op=op)
+    for i, want in enumerate(wants):
+        check([{**rep, "outputs": rep["outputs"][:i + 1]} if rep["ok"] else rep for rep in replies],
+              want, f"{ir.name} call {i} ({dtype} {op})", ncalls=i + 1)
 
 
 def test_successive_calls_of_different_sizes(pool):
