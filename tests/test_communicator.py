@@ -211,6 +211,14 @@ def test_bad_arrays_are_clear_errors(pool):
             assert not rep["ok"] and text in rep["error"], rep
 
 
+def test_world_size_must_be_the_algorithms(pool):
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
+    calls, _, _ = calls_for(ir, 10)
+    replies = pool.run(ir.to_json(), 2, calls, world_override=3)
+    for rep in replies:
+        assert not rep["ok"] and "is an algorithm for 2 ranks; this job has 3" in rep["error"], rep
+
+
 def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(pool, tmp_path):
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     calls, want, _ = calls_for(ir, 500)
