@@ -414,18 +414,35 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
 
 
 def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, in_base, out_base) -> str:
-    """``hccc_host.h``: the C++ host API with this program's connection tables and buffer layout."""
+    """``hccc_host.h``: the C++ host API with this program's connection tables and buffer layout
+    (the tables are joined here, not in the template: thousands of connections render fast)."""
+    def ints(vals) -> str:
+        return ", ".join(str(int(v)) for v in vals)
+
+    def pairs(key: str) -> str:
+        return "".join(f"{{ {int(p)}, {int(c)} }}, " for e in rank_entries for p, c in e[key])
+
     recv_first, send_first = [0], [0]
     for e in rank_entries:
         recv_first.append(recv_first[-1] + len(e["recv_conns"]))
         send_first.append(send_first[-1] + len(e["send_conns"]))
+    tables = dict(
+        tbs=ints(e["tbs"] for e in rank_entries),
+        progress=ints(e["progress_slots"] for e in rank_entries),
+        nrecv=ints(len(e["recv_conns"]) for e in rank_entries),
+        nsend=ints(len(e["send_conns"]) for e in rank_entries),
+        recv_first=ints(recv_first), send_first=ints(send_first),
+        recv_conns=pairs("recv_conns"), send_conns=pairs("send_conns"),
+        in_base=ints(in_base), out_base=ints(out_base),
+        declarations="\n".join(
+            f'  extern "C" HCCC_GLOBAL void HCCC_LAUNCH_BOUNDS({nthreads.get(e["platform"], 0)}) '
+            f'{e["kernel"]}_##DT##_##OPN(hccc_args); \\' for e in rank_entries),
+        kernels=", ".join(f'{e["kernel"]}_##DT##_##OPN' for e in rank_entries))
     return env.get_template("common/hccc_host.h.j2").render(
         version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
         nchunks=ir.nchunks, scratch_chunks=ir.scratch_chunks, chunk_bytes=ir.chunk_bytes,
         in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
-        algorithm_level=bool(ir.algorithm_level), ranks=rank_entries, nthreads=nthreads,
-        recv_first=recv_first, send_first=send_first,
-        in_base=[int(x) for x in in_base], out_base=[int(x) for x in out_base])
+        algorithm_level=bool(ir.algorithm_level), nthreads=nthreads, tables=tables)
 
 
 def _ranges(vals: list[int]) -> str:
