@@ -110,7 +110,8 @@ def test_no_links():
 
 
 def test_scale_1024_gpus():
-    """128 H20 nodes (1,024 GPUs, ~1M inter-node links) parse in a few seconds."""
+    """128 H20 nodes (1,024 GPUs, ~1M inter-node links) parse into the right model (the parse time
+    is printed; benchmarks measure speed)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "clusters"))
     try:
         import generate as g
@@ -122,8 +123,8 @@ def test_scale_1024_gpus():
     t0 = time.perf_counter()
     t = parse_topology(text, "big.topo")
     elapsed = time.perf_counter() - t0
+    print(f"1024 GPUs: parsed in {elapsed:.2f}s")
     assert t.nranks == 1024 and t.nlinks == 128 * 56 + 1024 * 1016
-    assert elapsed < 20, elapsed
     l = t.link_between(0, 1023)
     assert l.cls == "nic" and len(l.groups) == 2
     assert t.groups[l.groups[0]].members.size == 2 * 1016
