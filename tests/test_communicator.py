@@ -225,32 +225,30 @@ def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(po
     # rank 1 makes one call, then dies before its second: ranks 0 and 2 wait at the next call
     dying = [c + c for c in calls]
     dying[1] = calls[1] + [{**calls[1][0], "die": True}]
-    t0 = time.monotonic()
     replies = run_fresh(ir.to_json(), 3, dying, tmp_path, timeout=20.0)
-    elapsed = time.monotonic() - t0
     assert replies[1] is None
     for r in (0, 2):
         assert not replies[r]["ok"]
         assert "rank 1" in replies[r]["error"] and "exited" in replies[r]["error"], replies[r]["error"]
-    assert elapsed < 120
     # a later communicator (new processes, new store) works
     check(pool.run(ir.to_json(), 3, calls), want, "after the failure")
 
 
 def test_peer_killed_during_the_kernel(tmp_path):
     """Rank 1 dies after meeting its peers, when it would launch: the others' kernels wait for its
-    data, and the host watch aborts them, well before their kernel timeout (60 s)."""
+    data, and the host watch aborts them (the error names the dead process: the kernels' own
+    60 s timeout, which would report a stuck primitive alone, is not what ends the wait)."""
     _require_torch()
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     calls, _, _ = calls_for(ir, 3000)
     calls[1] = [{**calls[1][0], "die_in_kernel": True}]
-    t0 = time.monotonic()
     replies = run_fresh(ir.to_json(), 3, calls, tmp_path, timeout=20.0, kernel_timeout=60.0)
     assert replies[1] is None
     for r in (0, 2):
+        err = replies[r]["error"]
         assert not replies[r]["ok"]
-        assert "rank 1" in replies[r]["error"] and "failed" in replies[r]["error"], replies[r]["error"]
-    assert time.monotonic() - t0 < 55
+        assert "failed: rank 1 (process" in err and "exited" in err, err
+        assert "gave up after 6" not in err, err
 
 
 def test_peer_that_never_arrives(tmp_path):
@@ -259,11 +257,9 @@ def test_peer_that_never_arrives(tmp_path):
     calls, _, _ = calls_for(ir, 30)
     pool = RankPool(2, tmp_path)        # only ranks 0 and 1 of 3 exist
     try:
-        t0 = time.monotonic()
         replies = pool.run(ir.to_json(), 2, calls[:2], timeout=3.0, world_override=3)
     finally:
         pool.close()
     for rep in replies:
         assert not rep["ok"]
         assert "rank 2 of 3 did not arrive within 3 s" in rep["error"], rep["error"]
-    assert time.monotonic() - t0 < 60
