@@ -155,6 +155,20 @@ def test_successive_calls_of_different_sizes(pool):
               want, f"call {i} ({sizes[i]} elements)", ncalls=i + 1)
 
 
+def test_algorithm_from_an_outdir_and_from_an_rccl_file(pool, tmp_path):
+    """The first argument may be a compiled OUTDIR (its manifest and ProgramIR) or an .rccl file."""
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "out"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64))
+    rccl = tmp_path / "ring.rccl"
+    rccl.write_text(gen.ring_allreduce_rccl(3))
+    for algo in (outdir, outdir / "manifest.json", rccl):
+        calls, want, _ = calls_for(ir, 77, seed=3)
+        check(pool.run(str(algo), 3, calls), want, str(algo.name))
+
+
 def test_bootstrap_through_an_initialised_process_group(tmp_path):
     """torch.distributed initialised (as under torchrun): the communicator takes rank, world size
     and the handle exchange from the default process group."""
