@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from hccc.cli import parse_size
+from hccc.args import parse_size
 
 
 def _rank(rank: int, world: int, url: str, sizes: list[int], iters: int, q) -> None:

@@ -3,8 +3,8 @@
     python benchmarks/gpu_busbw.py [--sizes 64M,256M,1G] [--iters 10] [--warmup 3]
                                    [--chunk-size 1M] [--nwarps auto|N] [--json]
 
-For ring AllGather (8 ranks, examples/ring_allgather_8.rccl) and HM AllReduce (4 nodes x 8 GPUs,
-examples/hm_allreduce_4x8.rccl), compiled through ``hccc.compiler.pipeline``, every rank runs on one
+For ring AllGather (8 ranks, examples/ring_allgather_8.rccl), ring AllReduce (8 ranks,
+examples/ring_allreduce_8.rccl) and HM AllReduce (4 nodes x 8 GPUs, examples/hm_allreduce_4x8.rccl), compiled through ``hccc.compiler.pipeline``, every rank runs on one
 GPU (the CUDA platform's single-GPU mode), out of place, float32 sum. For each size (the
 collective's full buffer, as nccl-tests count it) the launcher runs ``warmup`` untimed and
 ``iters`` timed iterations, each timed with CUDA events from the moment all ranks are released
@@ -28,6 +28,12 @@ kernel bandwidth / copy bandwidth (the target is at least 0.85). Note that on on
 byte is read, written into a FIFO slot, read again and written to its destination, twice the
 memory traffic of a copy of the same byte.
 
+HBM bound. The kernels' own HBM traffic H (every read and write, FIFO slots included:
+:func:`hccc.runtime.kernel_traffic.traffic`, see benchmarks/kernel_model.py) at the HBM bandwidth
+the reference copy reaches (it reads and writes each byte: 2 x copy bandwidth) takes
+H / (2 x copy GB/s); "of bound" = that time / the kernels' time (the target is at least 0.70; ring
+AllGather's ratio to the copy at least 0.40).
+
 Thread blocks. All ranks' thread blocks must be resident at once; ``--nwarps auto`` (the default)
 starts from the algorithm's nWarps and halves it until the CUDA platform accepts the launch (HM
 AllReduce 4x8 has 448 thread blocks; the kernels are built once and launched with fewer threads
@@ -47,6 +53,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 ALGORITHMS = {
     "ring_allgather_8": ROOT / "examples" / "ring_allgather_8.rccl",
+    "ring_allreduce_8": ROOT / "examples" / "ring_allreduce_8.rccl",
     "hm_allreduce_4x8": ROOT / "examples" / "hm_allreduce_4x8.rccl",
 }
 ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
@@ -171,15 +178,25 @@ def run_size(name: str, ir, size: int, args, runner, nwarps: int) -> dict:
            "sent_bytes": moved.sent, "local_bytes": moved.local,
            "wrong": int(res.wrong), "stuck": res.stuck}
     if res.stuck or res.wrong or not res.iters:
-        row.update(time_us=None, gbps=None, copy_us=None, copy_gbps=None, ratio=None, busbw=None)
+        row.update(time_us=None, gbps=None, copy_us=None, copy_gbps=None, ratio=None, busbw=None,
+                   hbm_bytes=None, bound_us=None, of_bound=None)
         return row
     t = float(res.time_us)
     copy_us = copy_time_us(moved.total, args.iters, args.warmup, args.copy_buffer)
     gbps = moved.total / t / 1e3
     copy_gbps = moved.total / copy_us / 1e3
+    hbm = hbm_bytes(ir, size, args.dtype)
+    bound_us = hbm / (2 * copy_gbps * 1e3)
     row.update(time_us=t, gbps=gbps, copy_us=copy_us, copy_gbps=copy_gbps, ratio=gbps / copy_gbps,
+               hbm_bytes=hbm, bound_us=bound_us, of_bound=bound_us / t,
                algbw=float(res.algbw_GBps), busbw=float(res.busbw_GBps))
     return row
+
+
+def hbm_bytes(ir, nbytes: int, dtype: str = "float32") -> int:
+    """HBM bytes (reads + writes) the kernels of ``ir`` move for a full buffer of ``nbytes``."""
+    from hccc.runtime.kernel_traffic import traffic
+    return traffic(ir, nbytes, ELEM_SIZE[dtype]).hbm
 
 
 def print_table(rows: list[dict], device: str) -> None:
@@ -187,17 +204,18 @@ def print_table(rows: list[dict], device: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"hccc kernels vs device-to-device copy, all ranks on {device}")
-    for col in ("algorithm", "size", "nwarps", "moved", "time", "GB/s", "copy GB/s", "ratio", "busbw"):
+    for col in ("algorithm", "size", "nwarps", "moved", "time", "GB/s", "copy GB/s", "ratio", "HBM",
+                "of bound", "busbw"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         if r["time_us"] is None:
             status = f"STUCK: {r['stuck']}" if r["stuck"] else f"WRONG ({r['wrong']} elements)"
             table.add_row(r["algorithm"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
-                          status, "", "", "", "")
+                          status, "", "", "", "", "", "")
             continue
         table.add_row(r["algorithm"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
                       f"{r['time_us']:.1f} us", f"{r['gbps']:.1f}", f"{r['copy_gbps']:.1f}",
-                      f"{r['ratio']:.2f}", f"{r['busbw']:.1f}")
+                      f"{r['ratio']:.2f}", _size(r["hbm_bytes"]), f"{r['of_bound']:.2f}", f"{r['busbw']:.1f}")
     Console().print(table)
 
 

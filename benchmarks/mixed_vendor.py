@@ -19,6 +19,11 @@ collective; its synthesis time is reported apart). Every algorithm is verified, 
 exactly as ``hccc`` does (HPDS, state-based TBs) and simulated by ``hccc.runtime.simulator`` (alpha-beta
 model with shared NIC / PCIe groups). ``xMB`` is the data that crosses cluster boundaries for the
 largest size (both algorithms counted with the same clusters); busbw uses nccl-tests' factors.
+At the largest size, ``prog bound`` is the simulator's bound for that very program (its bytes over
+each link's and shared group's capacity, plus latency: ``hccc.runtime.sim_model.lower_bound``),
+``cut bound`` the collective's first-principles cut bound that no schedule can beat
+(``hccc.compiler.synth.bounds.collective_cut_bound_seconds``, docs/bounds.md; AllReduce: the whole
+buffer over the narrowest cut), both as busbw, and ``of cut bound`` the row's busbw over it.
 """
 from __future__ import annotations
 
@@ -32,7 +37,9 @@ from hccc.compiler.cluster.c2c import cross_cluster_chunks, plan_c2c
 from hccc.compiler.cluster.topo_parser import load_topology
 from hccc.compiler.frontend.generators import ring_allgather, ring_allreduce
 from hccc.compiler.cluster.hierarchy import hierarchy
-from hccc.compiler.synth import synthesize, to_algorithm
+from hccc.compiler.synth import network_from_topology, synthesize, to_algorithm
+from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+from hccc.runtime.busbw import busbw_factor
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.simulator import build_for_execution, simulate
 
@@ -69,7 +76,11 @@ def run(sizes: list[int], execution: str, synth_time: float | None = 10.0) -> li
     for stem, npc in SETUPS:
         topo = load_topology(CLUSTERS / f"{stem}.topo")
         name = stem + (f" {'+'.join(['' + str(npc)] * (len(topo.nodes) // npc))}" if npc else "")
+        net = network_from_topology(topo)
         for coll in ("allgather", "allreduce"):
+            # the collective's first-principles cut bound (docs/bounds.md), as a busbw per size
+            cut = {str(s): s / collective_cut_bound_seconds(net, coll, topo.nranks, 1, 0, s) / 1e9
+                   * busbw_factor(coll, topo.nranks) for s in sizes}
             for label, alg, hier, synth_s in algorithms(topo, coll, npc, synth_time):
                 verify(alg)
                 t0 = time.perf_counter()
@@ -83,6 +94,8 @@ def run(sizes: list[int], execution: str, synth_time: float | None = 10.0) -> li
                     "busbw_GBps": {str(s): r.busbw_GBps for s, r in zip(sizes, res)},
                     "lower_bound_busbw_GBps": {str(s): r.busbw_GBps * r.time_s / r.lower_bound_s
                                                for s, r in zip(sizes, res)},
+                    "cut_bound_busbw_GBps": cut,
+                    "of_cut_bound": {str(s): r.busbw_GBps / cut[str(s)] for s, r in zip(sizes, res)},
                     "seconds": time.perf_counter() - t0,
                     "synthesis_seconds": synth_s,
                 })
@@ -110,14 +123,16 @@ def main() -> int:
     tab = Table(title=f"simulated busbw (GB/s), {args.execution}-level execution; xMB = MB crossing "
                       f"clusters at {args.sizes.split(',')[-1]}")
     for col in ("setup", "coll", "algorithm", "transfers", "steps", "xMB",
-                *[f"busbw {s}" for s in args.sizes.split(",")], "bound", "synth s"):
+                *[f"busbw {s}" for s in args.sizes.split(",")], "prog bound", "cut bound", "of cut bound",
+                "synth s"):
         tab.add_column(col, justify="left" if col in ("setup", "coll", "algorithm") else "right")
     for r in rows:
         last = str(max(sizes))
         tab.add_row(r["setup"], r["collective"], r["algorithm"], str(r["transfers"]), str(r["steps"]),
                     f"{r['cross_cluster_bytes'] / 2**20:.0f}",
                     *[f"{r['busbw_GBps'][str(s)]:.2f}" for s in sizes],
-                    f"{r['lower_bound_busbw_GBps'][last]:.2f}",
+                    f"{r['lower_bound_busbw_GBps'][last]:.2f}", f"{r['cut_bound_busbw_GBps'][last]:.2f}",
+                    f"{r['of_cut_bound'][last]:.1%}",
                     "" if r["synthesis_seconds"] is None else f"{r['synthesis_seconds']:.1f}")
     Console(width=200).print(tab)
     return 0

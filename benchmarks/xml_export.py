@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from hccc.cli import parse_size
+from hccc.args import parse_size
 from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.frontend.generators import hm_allreduce
 from hccc.compiler.interop.msccl_export import export_algorithm

@@ -44,9 +44,10 @@ class StageTimes:
 
     def run(self, name, fn, *args, **kwargs):
         t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
-        return out
+        try:
+            return fn(*args, **kwargs)
+        finally:   # a stage that refuses (e.g. the XML export past a limit) took time too
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorithm:

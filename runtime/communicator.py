@@ -62,7 +62,7 @@ from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
-                                   buffer_layout, describe_stuck, generated_sources)
+                                   program_layout, describe_stuck, generated_sources)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
@@ -510,7 +510,7 @@ class Communicator:
         self._mem.reset()
         ctypes.c_uint32.from_address(self._abort).value = 0
         pf.memset(self._error, 0, ctypes.sizeof(ErrorRecord))
-        lay = buffer_layout(ir, count)[self.rank]
+        lay = program_layout(ir, count)[self.rank]
         scr = self._scratch_ptr(lay[2] * es)
         from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
         slice_b = (self.chunk_bytes if ir.algorithm_level
@@ -615,7 +615,7 @@ class Communicator:
             if count % unit:
                 raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
                                  f"({self.world_size} ranks x {unit // self.world_size} pieces)")
-        n_in, n_out, _scr, in_off, out_off = buffer_layout(self.ir, count)[self.rank]
+        n_in, n_out, _scr, in_off, out_off = program_layout(self.ir, count)[self.rank]
         copy_back = None
         if inplace:
             if in_off >= 0 and bx.n == n_out:

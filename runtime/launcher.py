@@ -69,6 +69,32 @@ _DEVICE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.ui
 _GARBAGE = {"float32": np.float32(np.nan), "float16": np.float16(np.nan),
             "bfloat16": np.uint16(0x7FC0), "int32": np.int32(np.iinfo(np.int32).min)}
 #: largest magnitude every partial sum of the inputs may reach and stay exact in the type
+def program_layout(ir: ProgramIR, count: int):
+    """Per rank of ``ir`` at ``count`` elements: (input length, output length, scratch length,
+    input offset in output or -1, output offset in input or -1) in elements, for in-place aliasing."""
+    C = ir.nchunks
+    bounds = reference.chunk_bounds(count, C)
+    maxc = -(-count // C) if count else 0
+    in_base, out_base = buffer_bases(ir)
+    rows = []
+    for r in range(ir.nranks):
+        ib, ob = int(in_base[r]), int(out_base[r])
+        i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
+        o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
+        in_in_out = o0 <= i0 and i1 <= o1
+        out_in_in = i0 <= o0 and o1 <= i1
+        rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
+                     i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
+    return rows
+
+
+def check_program_memory(ir: ProgramIR, nbytes: int, dtype: str) -> None:
+    """:func:`check_run_memory` for running ``ir`` at ``nbytes`` of ``dtype`` (before building)."""
+    es = ELEMENT_BYTES[dtype]
+    lay = program_layout(ir, max(0, int(nbytes)) // es)
+    check_run_memory(ir.name, nbytes, sum(a + b + c for a, b, c, _, _ in lay) * es)
+
+
 def run_memory_limit() -> int:
     """Bytes of buffers one run may allocate: ``HCCC_MAX_RUN_BYTES`` (K/M/G/T suffixes) or half
     of this machine's physical memory."""
@@ -196,26 +222,6 @@ def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None,
 def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
     """First element of chunk slot ``j`` (slots past ``nchunks`` wrap into a further copy)."""
     return (j // nchunks) * count + int(bounds[j % nchunks])
-
-
-def buffer_layout(ir: ProgramIR, count: int) -> list[tuple[int, int, int, int, int]]:
-    """Per rank: (input length, output length, scratch length, input offset in output or -1,
-    output offset in input or -1) in elements, for a full buffer of ``count`` elements; the
-    offsets say how input and output may alias (in place)."""
-    C = ir.nchunks
-    bounds = reference.chunk_bounds(count, C)
-    maxc = -(-count // C) if count else 0
-    in_base, out_base = buffer_bases(ir)
-    rows = []
-    for r in range(ir.nranks):
-        ib, ob = int(in_base[r]), int(out_base[r])
-        i0, i1 = _chunk_lo(bounds, count, C, ib), _chunk_lo(bounds, count, C, ib + ir.in_chunks)
-        o0, o1 = _chunk_lo(bounds, count, C, ob), _chunk_lo(bounds, count, C, ob + ir.out_chunks)
-        in_in_out = o0 <= i0 and i1 <= o1
-        out_in_in = i0 <= o0 and o1 <= i1
-        rows.append((i1 - i0, o1 - o0, ir.scratch_chunks * maxc,
-                     i0 - o0 if in_in_out else -1, o0 - i0 if out_in_in and not in_in_out else -1))
-    return rows
 
 
 MANIFEST_PLATFORMS = ("cuda", "hip")
@@ -706,8 +712,9 @@ class Runner:
     # ------------------------------------------------------------------ sizes
     def layout(self, count: int):
         """Per rank: (input length, output length, scratch length, input offset in output or
-        -1, output offset in input or -1) in elements (:func:`buffer_layout`)."""
-        return buffer_layout(self.ir, count)
+        -1, output offset in input or -1) in elements, for in-place aliasing
+        (:func:`program_layout`)."""
+        return program_layout(self.ir, count)
 
     def default_watchdog(self, nbytes: int) -> float:
         total = nbytes * max(self.nranks, 1) * 4
@@ -769,6 +776,11 @@ class Runner:
         coll = ir.collective
         lay = self.layout(count)
         check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in lay) * es)
+        if bool(inplace) not in ir.placements:
+            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only (its MSCCL "
+                             f"XML declares inplace=\"{int(True in ir.placements)}\" outofplace="
+                             f"\"{int(False in ir.placements)}\"): it cannot run "
+                             f"{'in place' if inplace else 'out of place'}")
         if inplace:
             bad = [r for r, row in enumerate(lay) if row[3] < 0 and row[4] < 0]
             if bad:
@@ -1102,6 +1114,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "buffer_layout", "run_program",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "run_program",
            "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

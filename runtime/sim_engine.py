@@ -9,7 +9,9 @@ Data layout (G thread blocks, P primitives, C connections, R resources, K = reso
 
 * a TB ``g`` owns primitives ``tb_ptr[g] .. tb_ptr[g+1]-1`` and runs them in that order;
 * primitive flags ``1`` send, ``2`` receive, ``4`` reduce; connection ids, FIFO positions
-  (``spos``/``rpos``: chunks posted earlier on the connection by the TB), ``cnt`` chunks, the anchor
+  (``spos``/``rpos``: messages posted earlier on the connection by the TB; a primitive posts one
+  message, one slot, per micro-batch, holding the slices of all its chunks, as the kernels do),
+  ``cnt`` chunks, the anchor
   chunk that sizes its slices, the rank (for its reduction resource) and the link it sends over;
 * cross-TB dependencies as CSR ``dep_ptr``/``dep_on``; ``rdep_ptr``/``rdep_tb`` lists, for every
   primitive, the TBs whose primitives wait for it (so they can be woken);
@@ -432,29 +434,32 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                         tb_depok[g] = True
                     rc = -1
                     sc = -1
+                    # one slot (message) per primitive and micro-batch: its first chunk waits
                     if fl & F_RECV:
                         rc = p_rconn[p]
-                        if mode == 0:
-                            rpost = p_rpos[p] * nmb + m * p_cnt[p] + i
-                        else:
-                            rpost = m * c_total[rc] + p_rpos[p] + i
-                        if c_tail[rc] <= rpost:
-                            tb_wait[g] = W_DATA
-                            break
-                        tb_rpost[g] = rpost
+                        if i == 0:
+                            if mode == 0:
+                                rpost = p_rpos[p] * nmb + m
+                            else:
+                                rpost = m * c_total[rc] + p_rpos[p]
+                            if c_tail[rc] <= rpost:
+                                tb_wait[g] = W_DATA
+                                break
+                            tb_rpost[g] = rpost
                     if fl & F_SEND:
                         sc = p_sconn[p]
-                        if mode == 0:
-                            spost = p_spos[p] * nmb + m * p_cnt[p] + i
-                        else:
-                            spost = m * c_total[sc] + p_spos[p] + i
-                        if c_head[sc] + NS <= spost:
-                            tb_wait[g] = W_SLOT
-                            break
-                        tb_spost[g] = spost
+                        if i == 0:
+                            if mode == 0:
+                                spost = p_spos[p] * nmb + m
+                            else:
+                                spost = m * c_total[sc] + p_spos[p]
+                            if c_head[sc] + NS <= spost:
+                                tb_wait[g] = W_SLOT
+                                break
+                            tb_spost[g] = spost
                     tb_wait[g] = W_NONE
                     # geometry of this slice
-                    ch = p_chunk[p] + i
+                    ch = (p_chunk[p] + i) % chunk_len.shape[0]   # anchors wrap around
                     ln = chunk_len[ch]
                     off = m * slice_elems
                     ne = 0
@@ -497,7 +502,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                         break
                 if ph < 2 and (fl & F_SEND):
                     sc = p_sconn[p]
-                    c_sstart[sc * NS + tb_spost[g] % NS] = t
+                    if i == 0:
+                        c_sstart[sc * NS + tb_spost[g] % NS] = t
                     if nb > 0.0:
                         lk = p_link[p]
                         _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
@@ -507,8 +513,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                         tb_phase[g] = 2
                         tb_state[g] = S_BUSY
                         break
-                # ---- the unit is complete
-                if fl & F_SEND:
+                # ---- the unit is complete; the message with the primitive's last chunk
+                last = i + 1 == p_cnt[p]
+                if (fl & F_SEND) and last:
                     sc = p_sconn[p]
                     k = tb_spost[g]
                     vt = t + c_alpha[sc]
@@ -516,7 +523,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     c_posted[sc] = k + 1
                     if c_tail[sc] == k:
                         _heap_set(hkey, hitem, hpos, hn, G + sc, vt)
-                if fl & F_RECV:
+                if (fl & F_RECV) and last:
                     rc = p_rconn[p]
                     c_head[rc] = tb_rpost[g] + 1
                     o = c_stb[rc]

@@ -58,7 +58,7 @@ class SimProgram:
     dep_on: np.ndarray
     rdep_ptr: np.ndarray
     rdep_tb: np.ndarray
-    c_total: np.ndarray       # chunks posted on each connection in one micro-batch
+    c_total: np.ndarray       # messages posted on each connection in one micro-batch
     c_stb: np.ndarray
     c_rtb: np.ndarray
     c_alpha: np.ndarray
@@ -91,7 +91,7 @@ def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.n
 
 
 def _fifo_positions(key: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Chunks posted earlier on the same connection, in primitive (canonical) order."""
+    """Sum of ``count`` over the earlier primitives of the same connection (canonical order)."""
     o = np.lexsort((np.arange(len(key)), key))
     ks = key[o]
     c = count[o]
@@ -147,12 +147,16 @@ def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
     rpos = np.zeros(n, dtype=np.int64)
     si = np.flatnonzero(sends)
     ri = np.flatnonzero(recvs)
-    spos[si] = _fifo_positions(sconn[si], count[si])
-    rpos[ri] = _fifo_positions(rconn[ri], count[ri])
-    c_total = np.bincount(sconn[si], weights=count[si], minlength=C).astype(np.int64)
-    r_total = np.bincount(rconn[ri], weights=count[ri], minlength=C).astype(np.int64)
-    if not np.array_equal(c_total, r_total):
+    # FIFO positions count messages: one slot per primitive and micro-batch (see sim_engine)
+    spos[si] = _fifo_positions(sconn[si], np.ones(len(si), np.int64))
+    rpos[ri] = _fifo_positions(rconn[ri], np.ones(len(ri), np.int64))
+    chunks_s = np.bincount(sconn[si], weights=count[si], minlength=C).astype(np.int64)
+    chunks_r = np.bincount(rconn[ri], weights=count[ri], minlength=C).astype(np.int64)
+    if not np.array_equal(chunks_s, chunks_r):
         raise SimulationError("a connection carries different numbers of chunks at its two ends")
+    c_total = np.bincount(sconn[si], minlength=C).astype(np.int64)
+    if not np.array_equal(c_total, np.bincount(rconn[ri], minlength=C).astype(np.int64)):
+        raise SimulationError("a connection carries different numbers of messages at its two ends")
     c_stb = np.full(C, -1, dtype=np.int64)
     c_rtb = np.full(C, -1, dtype=np.int64)
     c_stb[sconn[si]] = gtb[si]
@@ -247,13 +251,22 @@ def geometry(nbytes: int, nchunks: int, chunk_bytes: int,
     return Geometry(int(nbytes), count, int(element_bytes), slice_elems, nmb, chunk_len)
 
 
+def _run_elements(geo: Geometry, first: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Elements of chunks ``first .. first+cnt-1`` of the full buffer (indices wrap around)."""
+    C = len(geo.chunk_len)
+    clen = np.r_[0, np.cumsum(geo.chunk_len)]
+
+    def prefix(x):
+        return (x // C) * clen[C] + clen[x % C]
+    first = np.asarray(first, np.int64)
+    return prefix(first + np.asarray(cnt, np.int64)) - prefix(first)
+
+
 def send_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
     """Bytes each primitive sends over its link in the whole run (0 for non-sending primitives)."""
     cnt = prog.p_cnt
     total = np.zeros(prog.nprims, dtype=np.float64)
-    # consecutive chunks chunk .. chunk+cnt-1
-    clen = np.r_[0, np.cumsum(geo.chunk_len)]
-    elems = clen[prog.p_chunk + cnt] - clen[prog.p_chunk]
+    elems = _run_elements(geo, prog.p_chunk, cnt)   # consecutive chunks chunk .. chunk+cnt-1
     m = (prog.p_flags & F_SEND) > 0
     total[m] = elems[m] * geo.element_bytes
     return total
@@ -261,8 +274,7 @@ def send_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
 
 def reduce_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
     """Bytes each primitive reduces in the whole run (0 for non-reducing primitives)."""
-    clen = np.r_[0, np.cumsum(geo.chunk_len)]
-    elems = clen[prog.p_chunk + prog.p_cnt] - clen[prog.p_chunk]
+    elems = _run_elements(geo, prog.p_chunk, prog.p_cnt)
     out = np.zeros(prog.nprims, dtype=np.float64)
     m = (prog.p_flags & F_REDUCE) > 0
     out[m] = elems[m] * geo.element_bytes

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes
+from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes, slot_share_bytes
 from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
 
@@ -250,7 +250,11 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     prog = program if isinstance(program, SimProgram) else prepare(program, topo)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
-    slice_b = resolve_slice(slice_bytes, int(nbytes), prog.nchunks, prog.chunk_bytes, element_bytes)
+    # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
+    comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
+    share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
+    slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
+    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes), share)
     geo = geometry(int(nbytes), prog.nchunks, slice_b, element_bytes)
     units = int(prog.p_cnt.sum()) * geo.nmb
     if max_units is not None and units > max_units:
@@ -303,8 +307,9 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
     allocations are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the one with the
-    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_choice"]``
-    records the comparison; ``stats["tb_alloc"]`` stays the mode asked for ("state") and
+    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_kept"]``,
+    ``tb_alloc_state_s``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology``
+    record the comparison (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for ("state") and
     ``ntbs`` are those of the kept allocation."""
     from hccc.compiler.passes.build import build_program
 
@@ -320,9 +325,9 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
         conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
-    keep.stats["tb_alloc_choice"] = {"sizes": [int(s) for s in sizes], "state_s": t_state,
-                                     "connection_s": t_conn, "kept": "state" if keep is ir else "connection",
-                                     "topology": topo.name}
+    keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
+                       "tb_alloc_connection_s": t_conn, "tb_alloc_sizes": ",".join(str(int(s)) for s in sizes),
+                       "tb_alloc_topology": topo.name})
     return keep
 
 

@@ -19,6 +19,7 @@ settings.register_profile("thorough", deadline=None, max_examples=1000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
+
 def examples(n: int) -> int:
     """``max_examples`` for a test whose explicit count should grow with the profile: ``n`` under
     the README's command (ci) and dev, ten times ``n`` under ``--hypothesis-profile thorough`` (the
@@ -26,3 +27,24 @@ def examples(n: int) -> int:
     ``@settings(max_examples=...)`` otherwise wins over every profile. Decorators run when test
     modules are collected, after hypothesis' plugin has loaded the profile the user asked for."""
     return n * max(1, settings.default.max_examples // 100)
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skip the test when it is missing, unless CI demands it
+    (HCCC_REQUIRE_COMPILERS=1: then a missing tool fails the test)."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail(f"{name} is required (HCCC_REQUIRE_COMPILERS is set) but not on PATH")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+@pytest.fixture
+def nvcc() -> str:
+    return require_tool("nvcc")
+
+
+@pytest.fixture
+def hipcc() -> str:
+    return require_tool("hipcc")

@@ -28,7 +28,7 @@ from msccl_texts import allpairs_allreduce, direct_allgather
 pytestmark = pytest.mark.skipif(os.environ.get("HCCC_CPU_SANITIZE") != "address" or not asan_loaded(),
                                 reason="run through test_kernels_asan.py (ASan runtime preloaded)")
 
-FEW = settings(max_examples=int(os.environ.get("HCCC_ASAN_EXAMPLES", "3")), deadline=None)
+FEW = settings(max_examples=int(os.environ.get("HCCC_ASAN_EXAMPLES", "2")), deadline=None)
 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
     FEW = settings(max_examples=200, deadline=None)
 

@@ -282,9 +282,25 @@ def test_makefile_dry_run(tmp_path):
     res = subprocess.run(["make", "-n"], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "nvcc -std=c++17 -O3 -arch=sm_90" in out and "ring_ar_cuda.cu" in out
-    assert "hipcc -std=c++17 -O3 --offload-arch=gfx90a" in out and "ring_ar_hip.hip" in out
-    assert "libhccc_ring_ar_cuda.a" in out and "libhccc_ring_ar_hip.a" in out
+    assert "nvcc -std=c++17 -O3 -arch=sm_90" in out
+    assert "hipcc -std=c++17 -O3 --offload-arch=gfx90a" in out
+    # one object per rank, each rank's platform only, then one library per platform
+    for r, (pl, ext) in enumerate([("cuda", "cu"), ("hip", "hip")] * 2):
+        assert f"-c ring_ar_r{r}.{ext} -o ring_ar_r{r}.{ext}.o" in out
+        other = "hip" if ext == "cu" else "cu"
+        assert f"ring_ar_r{r}.{other}" not in out
+    assert "ar rcs libhccc_ring_ar_cuda.a ring_ar_r0.cu.o ring_ar_r2.cu.o" in out
+    assert "ar rcs libhccc_ring_ar_hip.a ring_ar_r1.hip.o ring_ar_r3.hip.o" in out
+    assert "ring_ar_cuda.cu" not in out         # the umbrella source is for single-TU builds
+    assert "-DHCCC_ENABLE_FLOAT16=1" in out and "-DHCCC_ENABLE_MIN=1" in out
+    # instantiations chosen when building
+    res = subprocess.run(["make", "-n", "HCCC_DTYPES=float32 int32", "HCCC_OPS=sum"], cwd=tmp_path,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "-DHCCC_ENABLE_FLOAT32=1" in res.stdout and "-DHCCC_ENABLE_INT32=1" in res.stdout
+    assert "-DHCCC_ENABLE_FLOAT16=0" in res.stdout and "-DHCCC_ENABLE_MAX=0" in res.stdout
+    res = subprocess.run(["make", "-n", "HCCC_DTYPES=float64"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode != 0 and "float64" in res.stderr
 
 
 def test_cmake_configures(tmp_path, nvcc):
@@ -308,6 +324,7 @@ def _compile(cmd, cwd):
     assert "warning" not in res.stderr.lower(), res.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_nvcc_compiles_every_instantiation(tmp_path, nvcc):
     gen(ring_allreduce(4), tmp_path, ["cuda", "hip", "cuda", "hip"])
     _compile([nvcc, "-std=c++17", "-arch=sm_90", "-Xcompiler", "-Wall,-Wextra", "-c",
@@ -319,6 +336,7 @@ def test_nvcc_compiles_every_instantiation(tmp_path, nvcc):
                 assert f"hccc_ring_ar_r{r}_{d}_{o}" in syms
 
 
+@pytest.mark.slow
 def test_hipcc_compiles_every_instantiation(tmp_path, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")
     gen(ring_allreduce(4), tmp_path, ["cuda", "hip", "cuda", "hip"])
@@ -326,6 +344,7 @@ def test_hipcc_compiles_every_instantiation(tmp_path, hipcc, monkeypatch):
               "ring_ar_hip.hip", "-o", "hip.o"], tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: ring_allgather_fused(3), lambda: random_ir(np.random.default_rng(7))])
 def test_nvcc_and_hipcc_other_irs(tmp_path, make, nvcc, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")
@@ -373,3 +392,16 @@ def test_source_checker_detects_corruption(tmp_path):
         check_against_ir(ir, tmp_path, man)
     f.write_text(good)
     check_against_ir(ir, tmp_path, man)
+
+
+@given(st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=30, deadline=None)
+def test_tb_pipeline_ranges_match_per_tb_unique(seed):
+    """The one-sort computation of each TB's sub-pipeline list equals np.unique per TB."""
+    ir = random_ir(np.random.default_rng(seed))
+    if not codegen._is_canonical(ir):
+        ir = codegen._sorted_copy(ir)
+    slices = ir.tb_slices()
+    got = codegen._tb_pipeline_ranges(ir, slices)
+    want = {sl.start: codegen._ranges(np.unique(ir.prims["pipeline"][sl]).tolist()) for sl in slices.values()}
+    assert got == want

@@ -16,6 +16,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_INT32=0",
                 "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
+#: compiled by the default run (one reduction through forwarding chains, one AllToAll through
+#: scratch); every other example's compile is marked slow (``pytest -m slow``, run by CI)
+DEFAULT_RUN = {"hm_allreduce_4x8", "hierarchical_alltoall_2x8"}
+CASES = [pytest.param(p, id=p.stem, marks=() if p.stem in DEFAULT_RUN else pytest.mark.slow) for p in EXAMPLES]
 
 
 def _lower(path, chunk_bytes):
@@ -44,12 +48,12 @@ def _compile_subset(tmp_path, path, platform, compiler_cmd):
     assert "warning" not in res.stderr.lower(), res.stderr[-4000:]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 def test_example_compiles_nvcc(tmp_path, path, nvcc):
     _compile_subset(tmp_path, path, "cuda", [nvcc, "-std=c++17", "-arch=sm_90", *ONE_INSTANCE])
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 def test_example_compiles_hipcc(tmp_path, path, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")
     _compile_subset(tmp_path, path, "hip", [hipcc, "-std=c++17", "--offload-arch=gfx90a", "-Wall",

@@ -241,8 +241,9 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
             a, b = (int(x) for x in rng.choice(idx, 2)) if len(idx) > 1 else (idx[0], idx[0])
             if rows[a]["tb"] != rows[b]["tb"]:
                 deps.append((a, b))
+    # chunk_bytes: at least 16 bytes per chunk of a 2-chunk step
     ir = _ir_from_rows(name, ["allgather", "reducescatter", "allreduce"][int(rng.integers(0, 3))],
                        nranks, nchunks, nchunks, nchunks, scratch, rows, sorted(set(deps)),
-                       nwarps=int(rng.integers(1, 40)), chunk_bytes=16 * int(rng.integers(1, 5000)),
+                       nwarps=int(rng.integers(1, 40)), chunk_bytes=16 * int(rng.integers(2, 5000)),
                        npipelines=max((row["pipeline"] for row in rows), default=0) + 1)
     return ir

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import math
 import os
 import re
 from fractions import Fraction

@@ -7,6 +7,7 @@ surviving rank a clear error within the timeout and leave nothing in ``/dev/shm`
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -120,7 +121,10 @@ INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
             "reduce": ("float32", "min"), "alltoall": ("float32", "sum")}
 
 
-@pytest.mark.parametrize("collective", sorted(PROGRAMS))
+# several processes per case, each building its kernels: one collective runs by default, the rest
+# with the slow tests (pytest -m slow)
+@pytest.mark.parametrize("collective", [c if c == "allreduce" else pytest.param(c, marks=pytest.mark.slow)
+                                        for c in sorted(PROGRAMS)])
 def test_every_collective_in_separate_processes(pool, collective):
     ir = build_program(PROGRAMS[collective](), chunk_bytes=64)
     dtype, op = INSTANCE[collective]
@@ -169,6 +173,38 @@ def test_algorithm_from_an_outdir_and_from_an_rccl_file(pool, tmp_path):
         check(pool.run(str(algo), 3, calls), want, str(algo.name))
 
 
+def test_table_mode_outdir_in_separate_processes(pool, tmp_path):
+    """An OUTDIR compiled with --codegen table: every rank runs the generic kernel on its own
+    table (checked against the manifest), with the same v2 memory as the specialised kernels."""
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "table"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64, codegen="table"))
+    for count, seed in ((1000 + 2, 5), (37, 6)):
+        calls, want, _ = calls_for(ir, count, seed=seed)
+        check(pool.run(str(outdir), 3, calls), want, f"table mode, {count} elements")
+
+
+def test_damaged_table_is_refused_clearly(pool, tmp_path):
+    """A table that does not match its manifest is refused on every rank, the manifest named."""
+    from hccc.compiler.backend.table_program import table_path
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "table"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64, codegen="table"))
+    man = json.loads((outdir / "manifest.json").read_text())
+    tpath = table_path(outdir, man)
+    tpath.write_bytes(tpath.read_bytes()[:-8])
+    calls, _want, _ = calls_for(ir, 10, seed=1)
+    replies = pool.run(str(outdir), 3, calls)
+    assert not any(rep["ok"] for rep in replies)
+    assert all("manifest.json" in rep["error"] and "Traceback" not in rep["error"]
+               for rep in replies), replies
+
+
+@pytest.mark.slow
 def test_bootstrap_through_an_initialised_process_group(tmp_path):
     """torch.distributed initialised (as under torchrun): the communicator takes rank, world size
     and the handle exchange from the default process group."""
@@ -182,6 +218,7 @@ def test_bootstrap_through_an_initialised_process_group(tmp_path):
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_in_separate_processes(pool, name):
     ir = load_program(ROOT / "examples" / name)
@@ -248,6 +285,7 @@ def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(po
     check(pool.run(ir.to_json(), 3, calls), want, "after the failure")
 
 
+@pytest.mark.slow
 def test_peer_killed_during_the_kernel(tmp_path):
     """Rank 1 dies after meeting its peers, when it would launch: the others' kernels wait for its
     data, and the host watch aborts them (the error names the dead process: the kernels' own
@@ -265,6 +303,7 @@ def test_peer_killed_during_the_kernel(tmp_path):
         assert "gave up after 6" not in err, err
 
 
+@pytest.mark.slow
 def test_peer_that_never_arrives(tmp_path):
     _require_torch()
     ir = build_program(gen.ring_allgather(3), chunk_bytes=64)

@@ -321,6 +321,7 @@ def test_compile_algorithm_api_and_manifest_extra(tmp_path):
     assert not any((tmp_path / "e").iterdir())
 
 
+@pytest.mark.slow
 def test_mixed_vendor_output_builds_with_nvcc_and_hipcc(tmp_path, nvcc, hipcc):
     """The generated Makefile builds the CUDA library from the NVIDIA ranks and the HIP library from
     the AMD ranks; each library defines exactly its own ranks' kernels."""

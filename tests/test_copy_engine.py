@@ -10,6 +10,9 @@ sources, one or two outputs, reduce in place), element count, misalignment of ea
 count and warp width (1, and 4 where threads beyond the last whole warp exist), the outputs equal
 numpy's element-wise result (fp16 through numpy's float16, bf16 rounded with the reference
 executor's ``round_bf16``) and not one byte outside the outputs' ranges changes.
+
+gfx90a has no bf16 arithmetic, so the HIP header reduces bf16 pairs with its own shift-and-float
+code; that code is compiled for the host here and checked lane by lane against numpy as well.
 """
 from __future__ import annotations
 
@@ -204,3 +207,61 @@ def test_every_dtype_and_op_over_whole_blocks_and_ragged_ends(engines, dtype, op
                     lib.hccc_test_combine(code, REDS[op], 1, 1, nthreads, a.ctypes.data, b.ctypes.data,
                                           o.ctypes.data, None, n)
                     assert np.array_equal(o, _oracle(dtype, op, a, b)), (w, nthreads, n, off)
+
+
+# ---------------------------------------------------------------------------------- gfx90a bf16
+HIP_BF16_HARNESS = r"""
+#include <stdint.h>
+#define __device__
+#define HCCC_FORCEINLINE inline
+enum { HCCC_SUM = 0, HCCC_MAX = 1, HCCC_MIN = 2 };
+%s
+extern "C" __attribute__((visibility("default"))) void pk_bf16(int red, const uint32_t* a,
+                                                               const uint32_t* b, uint32_t* o, int n) {
+  for (int i = 0; i < n; ++i)
+    o[i] = red == 0 ? hccc_pk_bf16<HCCC_SUM>(a[i], b[i])
+         : red == 1 ? hccc_pk_bf16<HCCC_MAX>(a[i], b[i]) : hccc_pk_bf16<HCCC_MIN>(a[i], b[i]);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def hip_bf16(tmp_path_factory):
+    """The gfx90a bf16 pair reduction of templates/hip/platform_hip.h.j2, compiled for the host."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "templates" / "hip" / "platform_hip.h.j2").read_text()
+    part = text[text.index("#define HCCC_PACKED_BF16 1"):]
+    d = tmp_path_factory.mktemp("hipbf16")
+    (d / "h.cpp").write_text(HIP_BF16_HARNESS % part)
+    subprocess.run(["g++", "-std=c++20", "-O2", "-fPIC", "-shared", str(d / "h.cpp"), "-o", str(d / "h.so")],
+                   check=True, capture_output=True, text=True)
+    lib = ctypes.CDLL(str(d / "h.so"))
+    lib.pk_bf16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return lib
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), red=st.sampled_from(sorted(REDS)))
+def test_gfx90a_bf16_pairs_round_like_numpy(hip_bf16, seed, red):
+    """Lanes: random bit patterns (any finite bf16: subnormals, huge values that overflow to inf,
+    signed zeros, infinities; NaNs excluded) -- each lane equals round_bf16 of the float32 result."""
+    rng = np.random.default_rng(seed)
+    n = 4096
+    bits = rng.integers(0, 1 << 16, (2, 2 * n), dtype=np.uint32)
+    exp_all_ones = (bits & 0x7F80) == 0x7F80
+    bits[exp_all_ones & ((bits & 0x7F) != 0)] &= 0xFF80          # NaN -> infinity
+    a = (bits[0, ::2] | (bits[0, 1::2] << 16)).astype(np.uint32)
+    b = (bits[1, ::2] | (bits[1, 1::2] << 16)).astype(np.uint32)
+    out = np.zeros(n, np.uint32)
+    hip_bf16.pk_bf16(REDS[red], a.ctypes.data, b.ctypes.data, out.ctypes.data, n)
+    for lane in (0, 1):
+        fa = ((a >> (16 * lane)) & 0xFFFF).astype(np.uint32) << 16
+        fb = ((b >> (16 * lane)) & 0xFFFF).astype(np.uint32) << 16
+        x, y = fa.view(np.float32), fb.view(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            r = {"sum": x + y, "max": np.where(x > y, x, y), "min": np.where(x < y, x, y)}[red]
+        want = round_bf16(r).view(np.uint32) >> 16
+        got = (out >> (16 * lane)) & 0xFFFF
+        nan = np.isnan(r)                                       # inf + -inf: any NaN will do
+        assert np.array_equal(got[~nan], want[~nan]), red
+        assert np.all((got[nan] & 0x7F80) == 0x7F80) and np.all(got[nan] & 0x7F)

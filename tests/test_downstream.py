@@ -105,6 +105,7 @@ def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codege
         assert (gen / "ring6.table").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_downstream_builds_with_nvcc(tmp_path, nvcc, codegen):
     _, build, env = _configure(tmp_path, f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DDOWNSTREAM_CODEGEN={codegen}")
@@ -117,6 +118,7 @@ def test_downstream_builds_with_nvcc(tmp_path, nvcc, codegen):
     assert (build / "libring_collectives.a").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_downstream_builds_with_hipcc(tmp_path, hipcc, codegen):
     _, build, env = _configure(tmp_path, "-DDOWNSTREAM_PLATFORM=hip", f"-DDOWNSTREAM_CODEGEN={codegen}")
@@ -143,6 +145,46 @@ def test_find_package_checks_the_version(tmp_path):
                           f"-DHCCC_EXECUTABLE={hccc}", f"-DWANT={int(major) + 1}.0"],
                          capture_output=True, text=True)
     assert res.returncode != 0 and "version" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codegen", ["table", "specialized"])
+def test_hccc_add_collective_on_a_mixed_cluster(tmp_path, codegen):
+    """TOPOLOGY of NVIDIA and AMD nodes: a CUDA and a HIP library (or both table libraries) under
+    one target, built with the CPU toolchain."""
+    require_tool("cmake")
+    require_tool("g++")
+    hccc = _hccc()
+    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(ROOT / "examples" / "c2c" / "c2c_allreduce_mixed_v100_w7800.rccl", src / "algo.rccl")
+    shutil.copy(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo", src / "cluster.topo")
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(mixed LANGUAGES CXX)\nfind_package(hccc REQUIRED)\n"
+        f"hccc_add_collective(k algo.rccl TOPOLOGY cluster.topo CODEGEN {codegen} DTYPES float32 OPS sum)\n"
+        "get_target_property(d k HCCC_OUTPUT_DIR)\nmessage(STATUS \"hccc output: ${d}\")\n")
+    build = tmp_path / "build"
+    env = dict(os.environ, HCCC_CACHE_DIR=str(tmp_path / "cache"))
+    res = _run(["cmake", "-S", src, "-B", build, f"-Dhccc_DIR={cmake_dir}", f"-DHCCC_EXECUTABLE={hccc}",
+                "-DHCCC_EMULATE_ON_CPU=ON"], env=env)
+    assert f"hccc output: {build / 'k.hccc'}" in res.stdout
+    _run(["cmake", "--build", build, "-j2", "--target", "k_generate"], env=env)
+    import json
+    man = json.loads((build / "k.hccc" / "manifest.json").read_text())
+    plats = [e["platform"] for e in man["ranks"]]
+    assert set(plats) == {"cuda", "hip"} and man["topology"]["name"]
+    if codegen == "table":
+        _run(["cmake", "--build", build, "-j2", "--target", "hccc_table_cuda", "hccc_table_hip"], env=env)
+        for pl in ("cuda", "hip"):
+            assert "hccc_table_float32_sum" in _symbols(build / f"libhccc_table_{pl}.a")
+    else:
+        _run(["cmake", "--build", build, "-j2", "--target", "k_cuda", "k_hip"], env=env)
+        for pl in ("cuda", "hip"):
+            syms = _symbols(build / f"libk_{pl}.a")
+            mine = [r for r, p in enumerate(plats) if p == pl]
+            assert all(f"_r{r}_float32_sum" in syms for r in mine)
+            assert not any(f"_r{r}_float32_sum" in syms for r in range(len(plats)) if r not in mine)
 
 
 # ---------------------------------------------------------------------------- one rank per process

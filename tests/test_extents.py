@@ -247,3 +247,13 @@ def test_two_rank_allgather_copy_into_a_smaller_chunk_is_refused_with_a_location
     with pytest.raises(IRFormatError, match=r"rank 0 tb 0 seq 3 \(copy\): copies between chunks of "
                                             r"different sizes: .* differ in size at 1 element \(1 vs 0\)"):
         load_ir_json(ir.to_json())
+
+
+def test_a_slot_too_small_for_the_largest_step_is_refused():
+    rows = [dict(rank=0, tb=0, seq=0, op=Op.SEND, send_peer=1, src_buf=Buf.INPUT, src_off=0, count=4),
+            dict(rank=1, tb=0, seq=0, op=Op.RECV, recv_peer=0, dst_buf=Buf.OUTPUT, dst_off=0, count=4)]
+    ir = _ir_from_rows("big_step", "allreduce", 2, 4, 4, 4, 0, rows, chunk_bytes=48)
+    with pytest.raises(IRFormatError, match=r"chunk_bytes 48 is too small for steps of 4 chunks.*>= 64"):
+        load_ir_json(ir.to_json())
+    ir.chunk_bytes = 64
+    load_ir_json(ir.to_json())

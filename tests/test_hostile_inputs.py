@@ -1,9 +1,12 @@
 """Hostile and accidental inputs get a located error (exit 1) or a usage error (exit 2), never an
 internal error (exit 3), a hang or unbounded memory; every limit fires before the work it guards.
 
-Limits are timed in subprocesses under an address-space cap (``RLIMIT_AS``): the time a refusal
-takes beyond the interpreter's own start-up (measured alongside, as hccc's ``--version``) must stay
-under :data:`FIRES_WITHIN_S`.
+Limits run in subprocesses under an address-space cap (``RLIMIT_AS``, :data:`MEMORY_CAP`) and a
+CPU-time cap (``RLIMIT_CPU``, :data:`CPU_CAP_S`): a limit that fires before its work needs the
+interpreter's start-up and little more, while the work it guards (parsing 200,000 lines, a
+4096-node cluster, allocating a huge scratch buffer, a minute of synthesis) would be killed by
+either cap. CPU time, unlike wall-clock time, does not grow with the load of a shared test
+machine, so the tests assert no wall-clock times (``benchmarks/input_limits.py`` prints them).
 """
 from __future__ import annotations
 
@@ -28,37 +31,33 @@ from hccc.compiler.pipeline import load_program
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 HCCC = [sys.executable, "-m", "hccc.cli"]
-FIRES_WITHIN_S = 5.0
 MEMORY_CAP = 3 << 30
+CPU_CAP_S = 12
 LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.M)
 
 
 def _cap_memory():
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_CAP_S, CPU_CAP_S + 2))
 
 
-def hccc(*args, timeout=120, env=None, cwd=None):
-    """Run hccc in a subprocess with the memory cap; (returncode, stderr+stdout, seconds)."""
+def hccc(*args, timeout=300, env=None, cwd=None, capped=True):
+    """Run hccc in a subprocess under the memory and CPU caps; (returncode, stderr+stdout, seconds).
+    ``timeout`` only guards against a hang (a FIFO read that blocks)."""
     e = dict(os.environ, HCCC_DEBUG="")
     e.update(env or {})
     t0 = time.perf_counter()
     r = subprocess.run([*HCCC, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=_cap_memory, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
+                       preexec_fn=_cap_memory if capped else None, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
     return r.returncode, r.stderr + r.stdout, time.perf_counter() - t0
 
 
-@pytest.fixture(scope="module")
-def startup() -> float:
-    """Seconds hccc needs to start and exit (the baseline every limit's time is measured against)."""
-    best = min(hccc("--version")[2] for _ in range(2))
-    return best
-
-
-def assert_fires(result, startup, rc=1, pattern=None):
+def assert_fires(result, rc=1, pattern=None):
+    """Refused with exit ``rc`` (a process killed by the CPU or memory cap has a negative code or
+    a MemoryError), no traceback, the message matching ``pattern``."""
     code, out, secs = result
-    assert code == rc, out
+    assert code == rc, f"exit {code} after {secs:.1f} s: {out[-2000:]}"
     assert "Traceback" not in out and "internal error" not in out
-    assert secs - startup < FIRES_WITHIN_S, f"took {secs:.1f} s (start-up {startup:.1f} s)"
     if pattern:
         assert re.search(pattern, out), out
 
@@ -72,27 +71,27 @@ def ir_text(tmp_path_factory) -> str:
 
 
 # ----------------------------------------------------------------------------- input files
-def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path, startup):
-    assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), startup, pattern="character device")
+def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path):
+    assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), pattern="character device")
     fifo, topo_fifo = tmp_path / "algo.rccl", tmp_path / "cluster.topo"
     os.mkfifo(fifo)
     os.mkfifo(topo_fifo)
     for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]):
-        assert_fires(hccc(*cmd, timeout=60), startup, pattern="FIFO")
+        assert_fires(hccc(*cmd, timeout=60), pattern="FIFO")
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("suffix", [".rccl", ".topo", ".xml", ".json"])
-def test_input_size_cap_fires_before_reading(tmp_path, startup, suffix):
+def test_input_size_cap_fires_before_reading(tmp_path, suffix):
     big = tmp_path / f"big{suffix}"
     with open(big, "wb") as f:              # sparse: 100 GiB that take no disk
         f.truncate(100 << 30)
     cmd = ["topo", big] if suffix == ".topo" else ["check", big]
-    assert_fires(hccc(*cmd), startup, pattern="over the .* input limit")
+    assert_fires(hccc(*cmd), pattern="over the .* input limit")
     small = tmp_path / f"small{suffix}"
     small.write_bytes(b"#" * 4096)
     assert_fires(hccc(*(["topo", small] if suffix == ".topo" else ["check", small]),
-                      env={"HCCC_MAX_INPUT_BYTES": "1K"}), startup, pattern="over the 1.0 KiB input limit")
+                      env={"HCCC_MAX_INPUT_BYTES": "1K"}), pattern="over the 1.0 KiB input limit")
 
 
 @settings(max_examples=40)
@@ -133,17 +132,17 @@ def test_json_depth_and_integer_digits(depth, digits, kind):
         assert data == int(num)
 
 
-def test_huge_json_structures_fire_quickly(tmp_path, startup):
+def test_huge_json_structures_fire_quickly(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
-    assert_fires(hccc(deep, "-o", tmp_path / "o"), startup, pattern="nested more than")
+    assert_fires(hccc(deep, "-o", tmp_path / "o"), pattern="nested more than")
     digits = tmp_path / "digits.json"
     digits.write_text('{"schema": "hccc.ir/1", "nranks": ' + "7" * 100_000 + "}")
-    assert_fires(hccc(digits, "-o", tmp_path / "o"), startup, pattern="more than 24 digits")
+    assert_fires(hccc(digits, "-o", tmp_path / "o"), pattern="more than 24 digits")
     for bad in ("NaN", "Infinity", "-Infinity"):
         p = tmp_path / "nan.json"
         p.write_text('{"schema": "hccc.ir/1", "nranks": %s}' % bad)
-        assert_fires(hccc(p, "-o", tmp_path / "o"), startup, pattern="not a number")
+        assert_fires(hccc(p, "-o", tmp_path / "o"), pattern="not a number")
     assert not (tmp_path / "o").exists()
 
 
@@ -195,24 +194,25 @@ def test_ir_fields_of_wrong_type_or_range_are_located_errors(tmp_path_factory, i
     assert not type_changed, f"{path} = {value!r} (was {original!r}) was accepted"
 
 
-@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)])
-def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, startup, value):
+@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)],
+                         ids=lambda v: v if len(v) < 40 else f"{len(v)}-digits")
+def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, value):
     text = re.sub(r'"chunk_bytes": \d+', f'"chunk_bytes": {value}', ir_text)
     assert text != ir_text
     p = tmp_path / "cb.json"
     p.write_text(text)
     code, out, secs = hccc(p, "-o", tmp_path / "out")
-    assert_fires((code, out, secs), startup)
+    assert_fires((code, out, secs))
     assert LOCATED.search(out), out
     assert not (tmp_path / "out").exists()
 
 
-def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text, startup):
+def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
     doc = json.loads(ir_text)
     doc["buffers"]["scratch"] = 1 << 24
     p = tmp_path / "scratch.json"
     p.write_text(json.dumps(doc))
-    assert_fires(hccc("run", p, "--backend", "cpu", "--bytes", "1M"), startup, pattern="over the limit")
+    assert_fires(hccc("run", p, "--backend", "cpu", "--bytes", "1M"), pattern="over the limit")
 
 
 # ----------------------------------------------------------------------------- command-line numbers
@@ -234,18 +234,18 @@ def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text, startup):
     ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--pod-size", "9" * 50],
     ["balance", "--speeds", "1,2", "--batch", "9" * 40],
 ])
-def test_absurd_command_line_numbers_are_usage_errors(tmp_path, startup, args):
+def test_absurd_command_line_numbers_are_usage_errors(tmp_path, args):
     subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path,
             "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
     argv = [a.format(**subs) for a in args]
-    assert_fires(hccc(*argv), startup, rc=2)
+    assert_fires(hccc(*argv), rc=2)
     assert sorted(tmp_path.iterdir()) == []
 
 
-def test_synth_chunks_per_rank_capped_before_work(tmp_path, startup):
+def test_synth_chunks_per_rank_capped_before_work(tmp_path):
     topo = EXAMPLES / "clusters" / "v100_4_8.topo"
     assert_fires(hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "1000000",
-                      "-o", tmp_path / "s.rccl"), startup, pattern="chunks-per-rank.*limit")
+                      "-o", tmp_path / "s.rccl"), pattern="chunks-per-rank.*limit")
     assert not (tmp_path / "s.rccl").exists()
 
 
@@ -265,7 +265,7 @@ def test_printable_is_one_safe_line(text, limit):
 EVIL = "x\n#define EVIL 1\n\x1b[31mred\x1b[0m\u202e*/"
 
 
-def test_taccl_names_reach_the_terminal_escaped(tmp_path, startup):
+def test_taccl_names_reach_the_terminal_escaped(tmp_path):
     prof = {"name": EVIL, "topology": "NDv2", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3, "node_betas_list": [23, 46],
             "node_invbws_list": [23, 46], "remote_invbw": 107, "remote_alpha": 2.6, "remote_beta": 105,
             "nnodes": 1}
@@ -296,10 +296,10 @@ HEADER = ('def ResCCLAlgo(nRanks=2, nChannels=1, nWarps=4, AlgoName="x", OpType=
           'GPUPerNode=2, NICPerNode=1):\n')
 
 
-def test_long_rccl_refused_before_parsing(tmp_path, startup):
+def test_long_rccl_refused_before_parsing(tmp_path):
     p = tmp_path / "long.rccl"
     p.write_text(HEADER + "    transfer(0, 1, 0, 0, recv)\n" * 200_000)
-    assert_fires(hccc("check", p), startup, pattern=r"long\.rccl:100001:1: error: .*200001 lines, over the "
+    assert_fires(hccc("check", p), pattern=r"long\.rccl:100001:1: error: .*200001 lines, over the "
                                                     r"100000-line limit")
 
 
@@ -334,30 +334,77 @@ def _nodes_topo(n: int, per_line_entries: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_huge_cluster_files_refused_before_parsing(tmp_path, startup):
+def test_huge_cluster_files_refused_before_parsing(tmp_path):
     p = tmp_path / "n4096.topo"
     p.write_text(_nodes_topo(4096))
-    assert_fires(hccc("topo", p), startup, pattern="8192-line limit")
+    assert_fires(hccc("topo", p), pattern="8192-line limit")
     links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(256) for b in range(256) if a != b)
     q = tmp_path / "wide.topo"
     q.write_text("define nodenum = 1\ndefine node1 = 256\ndefine bandwidth = {direct => [" + links + "]}\n")
-    assert_fires(hccc("topo", q), startup, pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
-    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q), startup,
+    assert_fires(hccc("topo", q), pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
+    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q),
                  pattern="more than 32768 link entries")
 
 
-def test_synth_time_limit_holds(tmp_path, startup):
+def test_synth_time_limit_holds(tmp_path):
     """``--time-limit`` bounds the whole synthesis, greedy included: a problem whose greedy alone
     runs far longer (24 GPUs, 64 chunks per rank: about a minute before) ends within the limit plus
     a few seconds, with a schedule or a clear error."""
     topo = EXAMPLES / "clusters" / "h20_4x2_8x2.topo"
     warm = hccc("synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather",
-                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900)      # compiles the kernels
+                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900, capped=False)  # compiles the kernels
     assert warm[0] == 0, warm[1]
     limit = 3.0
     code, out, secs = hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "64",
                            "--time-limit", str(limit), "-o", tmp_path / "s.rccl", timeout=600)
+    # under the CPU cap of the other limits: the synthesis (about a minute of CPU before) must end
+    # on its own time limit, and its wall time is printed (benchmarks/input_limits.py measures it)
+    print(f"synth with --time-limit {limit}: {secs:.1f} s wall, exit {code}")
     assert code in (0, 1) and "Traceback" not in out and "internal error" not in out, out
     if code == 1:
         assert "time limit" in out and not (tmp_path / "s.rccl").exists()
-    assert secs - startup < limit + 15, f"{secs:.1f} s for a {limit} s limit"
+
+
+@settings(max_examples=40)
+@given(digits=st.integers(1, 6000), where=st.sampled_from(["header", "src", "chunk", "assign", "range"]))
+def test_long_integer_literals_in_rccl(digits, where):
+    """Any integer literal longer than 2**62 allows (19 digits), up to past Python's 4300-digit
+    conversion limit, is a located error; shorter ones are not refused for their size."""
+    from hccc.compiler.frontend.load import parse_source
+    from hccc.compiler.frontend.rccl_parser import INT_LIMIT
+    num = "9" * digits
+    lines = {"header": f'def ResCCLAlgo(nRanks={num}, OpType="Allgather"):\n    pass\n',
+             "src": HEADER + f"    transfer({num}, 1, 0, 0, recv)\n",
+             "chunk": HEADER + f"    transfer(0, 1, 0, {num}, recv)\n",
+             "assign": HEADER + f"    x = {num}\n",
+             "range": HEADER + f"    for i in range({num}):\n        pass\n"}
+    src = SourceFile("p.rccl", lines[where])
+    too_big = len(num) > len(str(INT_LIMIT)) or int(num) > INT_LIMIT
+    try:
+        parse_source(src, max_transfers=10)
+    except CompileError as exc:
+        d = exc.diagnostics[0]
+        assert d.location is not None
+        if too_big:
+            assert "too large" in d.message and d.location.line in (1, 2)
+        else:
+            assert "integer literal" not in d.message
+        return
+    assert not too_big
+
+
+@pytest.mark.parametrize("evil", ["a\x1b[2Jb", "a\nb", "a\u202eb", "a\rb\x07"])
+def test_file_names_reach_the_terminal_escaped(tmp_path, evil):
+    """Input and output file names printed by check, topo and the compile command: no control
+    characters reach the terminal (each is shown escaped)."""
+    algo = tmp_path / f"{evil}.rccl"
+    algo.write_text((EXAMPLES / "ring_allgather_8.rccl").read_text())
+    topo = tmp_path / f"{evil}.topo"
+    topo.write_text((EXAMPLES / "clusters" / "v100_4_8.topo").read_text())
+    for args in (["check", algo], ["topo", topo], [algo, "-o", tmp_path / f"{evil}out"],
+                 ["check", algo, "--topology", topo]):
+        code, out, _ = hccc(*args)
+        assert code in (0, 1), out
+        bad = [ch for ch in evil if not ch.isprintable() and ch != "\n"]   # output lines end in newlines
+        assert not any(ch in out for ch in bad) and evil not in out, (args, out)
+        assert "Traceback" not in out

@@ -242,3 +242,14 @@ def test_json_rejects_corrupted_ir():
     d["prims"]["send_peer"][0] = 7
     with pytest.raises(IRFormatError):
         load_ir_json(json.dumps(d))
+
+
+@given(st.lists(st.integers(-(2 ** 40), 2 ** 40), max_size=300) | st.lists(st.integers(-3, 40), max_size=3000))
+@settings(max_examples=60, deadline=None)
+def test_int_list_text_is_the_plain_join(vals):
+    """The IR writer's fast integer-list text equals the obvious ",".join(map(str, ...))."""
+    from hccc.compiler.ir.program_ir import int_list_text
+    a = np.asarray(vals, dtype=np.int64)
+    assert int_list_text(a) == ",".join(map(str, vals))
+    assert int_list_text(a.astype(np.int32) if len(vals) and max(map(abs, vals)) < 2 ** 31 else a) == \
+        ",".join(map(str, vals))

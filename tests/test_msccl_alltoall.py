@@ -228,3 +228,30 @@ def test_hccc_run_checks_imported_alltoall_in_cpu_emulation(tmp_path, capsys, xm
     import json
     res = json.loads(out)
     assert res["ok"] and all(r["wrong"] == 0 for r in res["results"])
+
+
+@needs_gxx
+def test_hccc_run_keeps_to_the_placements_the_file_declares(tmp_path, capsys):
+    """An out-of-place-only file (``inplace="0"``, as RCCL's AllToAll files) is not run in place:
+    its proof covers distinct buffers only, and aliasing them lets a receive overwrite a block
+    before it is sent. ``--inplace`` is refused, the default sweep runs out of place only."""
+    from hccc.cli import main
+    from hccc.runtime.launcher import Runner
+    text = allpairs_xml(4)
+    ir = import_xml_text(text, "a2a.xml")
+    assert ir.placements == (False,)
+    assert build_program(gen.direct_alltoall(4)).placements == (False, True)
+    with Runner(ir, "cpu", "float32", "sum") as runner:
+        with pytest.raises(ValueError, match="out of place only"):
+            runner.run(count=4 * 13, inplace=True)
+    path = tmp_path / "a2a.xml"
+    path.write_text(text)
+    assert main(["run", str(path), "--backend", "cpu", "--sizes", str(4 * 4 * 13), "--inplace"]) == 1
+    assert 'proven out of place only (its MSCCL XML declares inplace="0" outofplace="1")' in capsys.readouterr().err
+    assert main(["run", str(path), "--backend", "cpu", "--sizes", str(4 * 4 * 13), "--json"]) == 0
+    res = __import__("json").loads(capsys.readouterr().out)
+    assert [r["inplace"] for r in res["results"]] == [False] and res["ok"]
+    assert main(["run", str(path), "--backend", "cpu", "--sizes", str(4 * 4 * 13)]) == 0
+    out = capsys.readouterr().out
+    assert "# in-place: not run (alltoall_allpairs_i1 is proven out-of-place only" in out
+    assert "in-place" not in out.replace("# in-place: not run", "")

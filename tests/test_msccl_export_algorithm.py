@@ -156,3 +156,20 @@ def test_cli_xml_options(tmp_path, capsys):
     assert main(["xml", str(EX / "hm_allreduce_2x4.rccl"), "-o", str(tmp_path / "e.xml"),
                  "--xml-max-elements", "30"]) == 1
     assert "--xml-max-elements" in capsys.readouterr().err
+
+
+def test_compile_writes_the_step_ordered_export(tmp_path):
+    """``hccc ALGO -o OUT`` writes the same XML as ``hccc xml ALGO``; ``--xml-order kernel`` the
+    export of the kernels' own IR; a program past the limits gets kernels and a warning only."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline import CompileOptions, compile_algorithm
+
+    alg = load_algorithm(EX / "hm_allreduce_2x4.rccl")
+    _, text = export_algorithm(alg, fuse=True, instances=2)
+    compile_algorithm(alg, tmp_path / "a", CompileOptions(xml_fuse=True, xml_instances=2))
+    assert (tmp_path / "a" / "hm_allreduce_2x4.xml").read_text() == text
+    compile_algorithm(alg, tmp_path / "b", CompileOptions(xml_order="kernel"))
+    assert (tmp_path / "b" / "hm_allreduce_2x4.xml").read_text() == export_xml(build_program(alg))
+    _, _, notes = compile_algorithm(alg, tmp_path / "c", CompileOptions(), xml_limits=XmlLimits(max_steps=2))
+    assert not (tmp_path / "c" / "hm_allreduce_2x4.xml").exists()
+    assert any("MSCCL XML not written" in n and "--xml-max-steps" in n for n in notes)

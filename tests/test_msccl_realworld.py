@@ -27,6 +27,38 @@ from msccl_texts import allpairs_allreduce, direct_allgather
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
+#: the reported file: rank 0 finally copies the received chunk 1 over its input chunk 0
+AG2_COPY_BACK = """<algo name="ag" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0">
+  <gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0">
+    <tb id="0" send="1" recv="1" chan="0">
+      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="s" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="2" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="3" type="cpy" srcbuf="o" srcoff="1" dstbuf="i" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb>
+  </gpu>
+  <gpu id="1" i_chunks="1" o_chunks="2" s_chunks="0">
+    <tb id="0" send="0" recv="0" chan="0">
+      <step s="0" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="1" type="r" srcbuf="o" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+      <step s="2" type="s" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+    </tb>
+  </gpu>
+</algo>
+"""
+
+
+def test_check_refuses_the_two_rank_allgather_that_wrote_past_its_input(tmp_path, capsys):
+    from hccc.cli import main
+    f = tmp_path / "ag2.xml"
+    f.write_text(AG2_COPY_BACK)
+    assert main(["check", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}:7:7: error: gpu 0 thread block 0 step 3 (cpy): copies between chunks of different sizes" in err
+    assert "differ in size at 1 element (1 vs 0)" in err and "Traceback" not in err
+    assert main(["run", str(f), "--bytes", "131076"]) == 1
+
+
 def _small_slots(ir):
     """Slots of 64 bytes per chunk of the largest step: up to 16 four-byte elements per chunk in
     the one micro-batch an algorithm-level program runs (counts up to 16 * nchunks)."""

@@ -220,13 +220,22 @@ def test_single_file_output_new_and_regular(tmp_path):
         check_output_file(tmp_path / "missing" / "x.xml")
 
 
+COMMANDS = {
+    "xml": ["xml", EXAMPLES / "ring_allgather_8.rccl", "-o"],
+    "synth": ["synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather", "-o"],
+    "gen": ["gen", "c2c", EXAMPLES / "clusters" / "mixed_v100_w7800.topo", "--collective", "allgather", "-o"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 @pytest.mark.parametrize("kind", ["fifo", "symlink", "chardev"])
-def test_xml_command_refuses_special_output_before_work(tmp_path, kind):
-    """``hccc xml ALGO -o F``: the same refusal through the command line, exit 1, no traceback,
-    no temporaries, the special file unchanged (``-o /dev/full`` must never replace the device)."""
+def test_single_file_commands_refuse_special_output_before_work(tmp_path, kind, command):
+    """``hccc xml|synth|gen ... -o F``: the same refusal through the command line, exit 1, no
+    traceback, no temporaries, the special file unchanged (``-o /dev/full`` must never replace the
+    device)."""
     p = _special(tmp_path, kind)
     mode = os.lstat(p).st_mode
-    r = run_hccc("xml", EXAMPLES / "ring_allgather_8.rccl", "-o", p, timeout=60)
+    r = run_hccc(*COMMANDS[command], p, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and "error" in r.stderr
     assert os.lstat(p).st_mode == mode
@@ -278,3 +287,38 @@ def test_compile_refuses_directory_with_foreign_manifest(tmp_path):
     r = run_hccc(EXAMPLES / "ring_allgather_8.rccl", "-o", out)
     assert r.returncode == 1 and "not an hccc manifest" in r.stderr
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("dies_after", [1, 2, 4])
+@pytest.mark.parametrize("start", ["empty", "hccc"])
+def test_run_killed_while_publishing_leaves_a_cleanable_directory(tmp_path, monkeypatch, dies_after, start):
+    """A run that dies while its files move into an existing directory (``-o .``) leaves a
+    directory whose manifest lists everything hccc may have put there: the next run replaces all of
+    it and keeps the user's file."""
+    import hccc.compiler.backend.output_dir as od
+    out = tmp_path / "out"
+    out.mkdir()
+    if start == "hccc":
+        (out / "old.cu").write_text("old")
+        (out / MARKER).write_text(hccc_manifest(["old.cu", MARKER]))
+        (out / "user.txt").write_text("mine")
+    new = {f"k{i}.cu": f"v{i}" for i in range(5)} | {MARKER: hccc_manifest([f"k{i}.cu" for i in range(5)] + [MARKER])}
+    calls = {"n": 0}
+    real = os.replace
+
+    def dying_replace(a, b):
+        if str(b).endswith(".cu"):
+            calls["n"] += 1
+            if calls["n"] > dies_after:
+                raise KeyboardInterrupt("killed")
+        return real(a, b)
+
+    monkeypatch.setattr(od.os, "replace", dying_replace)
+    with pytest.raises(KeyboardInterrupt):
+        publish(out, new)
+    monkeypatch.setattr(od.os, "replace", real)
+    publish(out, new)
+    expect = {n: v.encode() for n, v in new.items()}
+    if start == "hccc":
+        expect["user.txt"] = b"mine"
+    assert snapshot(out) == expect

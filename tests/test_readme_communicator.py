@@ -14,6 +14,7 @@ from test_communicator import _require_torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow   # four processes importing torch and building a kernel each
 def test_readme_example_runs(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("g++ not installed")

@@ -220,6 +220,7 @@ def test_hm_allreduce_4x8_hpds_not_worse_than_rr():
     print(f"HM AllReduce 4x8: HPDS {h.nsubpipelines} sub-pipelines, RR {r.nsubpipelines}")
 
 
+@pytest.mark.slow
 def test_hm_allreduce_1024_gpus_performance():
     alg = hm_allreduce(128, 8)
     assert len(alg) == 2_095_104

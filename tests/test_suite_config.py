@@ -50,4 +50,6 @@ def test_ci_runs_the_readme_command():
     assert test_cmd == "pytest -n 2"
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^python3 -m {re.escape(test_cmd)}$", ci, re.M)
+    assert re.search(rf"^python3 -m {re.escape(test_cmd)} -m slow$", ci, re.M)   # and the slow tests
+    assert "-m slow" in readme
     assert "unset HYPOTHESIS_PROFILE" in ci and "HYPOTHESIS_PROFILE=" not in ci

@@ -194,7 +194,7 @@ def test_run_a_table_mode_outdir(tmp_path, capsys):
     assert main(["run", str(out), "--bytes", "1K,5000", "--dtype", "int32", "--op", "max",
                  "--iters", "1", "--warmup", "0", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["ok"] and rep["codegen"] == "table" and len(rep["results"]) == 2
+    assert rep["ok"] and rep["codegen"] == "table" and len(rep["results"]) == 4   # 2 sizes x 2 placements
     # a damaged table is refused with a located error, not run
     man = json.loads((out / "manifest.json").read_text())
     tpath = table_path(out, man)

@@ -362,5 +362,30 @@ def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
     assert ts < tc and t_s > 1.02 * t_c
     ir, tk, t_k = _chosen(alg, "hpds", 1 << 20)
     assert (tk, t_k) == (tc, t_c)
-    choice = ir.stats["tb_alloc_choice"]
-    assert choice["kept"] == "connection" and choice["state_s"] == t_s and choice["connection_s"] == t_c
+    st = ir.stats
+    assert st["tb_alloc_kept"] == "connection" and st["tb_alloc_state_s"] == t_s and st["tb_alloc_connection_s"] == t_c
+
+
+def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
+    """`hccc ALGO -o OUT --topology T` simulates both allocations where state-based sharing happens
+    and emits the faster (the random ReduceScatter above: connection-based, 16 TBs); without a
+    cluster it keeps the state-based one (15 TBs)."""
+    from hccc.cli import main
+    alg = _random("reducescatter", 4, 32, 1)
+    lines = ['def ResCCLAlgo(nRanks=4, OpType="Reducescatter", AlgoName="rs4"):']
+    lines += [f"    transfer({s}, {d}, {t}, {c}, {'rrc' if o else 'recv'})"
+              for s, d, t, c, o in zip(alg.src.tolist(), alg.dst.tolist(), alg.step.tolist(),
+                                       alg.chunk.tolist(), alg.op.tolist())]
+    src = tmp_path / "rs4.rccl"
+    src.write_text("\n".join(lines) + "\n")
+    links = ", ".join(f"(({u},{v}) -> (25,1))" for u in range(4) for v in range(4) if u != v)
+    topo = tmp_path / "mesh.topo"
+    topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
+    assert main([str(src), "-o", str(tmp_path / "a"), "--topology", str(topo), "--chunk-size", "64K"]) == 0
+    assert main([str(src), "-o", str(tmp_path / "b"), "--chunk-size", "64K"]) == 0
+    from hccc.compiler.pipeline import load_program
+    with_cluster = load_program(tmp_path / "a" / "rs4.ir.json")
+    without = load_program(tmp_path / "b" / "rs4.ir.json")
+    assert int(with_cluster.ntbs.sum()) == 16 and int(without.ntbs.sum()) == 15
+    assert with_cluster.stats["tb_alloc_kept"] == "connection"
+    assert with_cluster.stats["tb_alloc_topology"] and "tb_alloc_kept" not in without.stats

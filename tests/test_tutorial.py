@@ -4,14 +4,14 @@ after a command (when it holds no timing) is what the command prints; the table 
 program fits which example cluster is what ``hccc check --topology`` accepts."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from conftest import require_tool
 
@@ -46,6 +46,7 @@ def test_the_tutorial_has_the_whole_story():
     assert any(c[0] == "hccc" and c[1].endswith(".rccl") for c in cmds), "the compile command (hccc ALGO -o OUT)"
 
 
+@pytest.mark.slow
 def test_every_tutorial_command_works_as_written(tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     env = dict(os.environ, HCCC_CPU_OPT="-O0")

@@ -11,6 +11,7 @@ every platform-specific construct lives in ``hccc_platform.h``.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import pathlib
@@ -61,8 +62,10 @@ def threads_per_tb(nwarps: int, platform: str) -> int:
     return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
 
 
+@functools.lru_cache(maxsize=None)
 def _template_env() -> jinja2.Environment:
-    """Templates ship as package data of ``hccc.templates``."""
+    """Templates ship as package data of ``hccc.templates``. One environment per process, so each
+    template compiles once (jinja reloads a template whose file changed)."""
     from importlib import resources
     root = resources.files("hccc.templates")
     return jinja2.Environment(
@@ -126,7 +129,6 @@ def analyse(ir: ProgramIR) -> Columns:
     if n and (op.min() < 0 or op.max() >= len(Op)):
         raise ValueError("primitive table holds an unknown op")
     rank = p["rank"].astype(np.int64)
-    count = p["count"].astype(np.int64)
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     # FIFO positions count messages: one slot per primitive and micro-batch, whatever its count
     ones = np.ones(n, np.int64)
@@ -258,6 +260,47 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
         raise ValueError("nchunks must be positive")
 
 
+def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, codegen: str, headers, libraries: dict,
+                  ranks: list, stats: dict, extra_files=(), manifest_extra: dict | None = None, **fields) -> str:
+    """``manifest.json`` of an output directory, for either code-generation mode: the program's
+    shape, the kernel ABI, the files hccc wrote (``written``'s names, ``manifest.json`` and
+    ``extra_files``), plus the mode's own ``fields`` and the caller's ``manifest_extra`` (which may
+    not replace a field)."""
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "generator": f"hccc {VERSION}",
+        "algorithm": name,
+        "collective": prog.collective,
+        "root": int(prog.root),
+        "nranks": int(prog.nranks),
+        "nchunks": int(prog.nchunks),
+        "buffers": {"input": int(prog.in_chunks), "output": int(prog.out_chunks),
+                    "scratch": int(prog.scratch_chunks)},
+        "chunk_bytes": int(prog.chunk_bytes),
+        "nslots": NSLOTS,
+        "slot_bytes": slot_bytes(int(prog.chunk_bytes), int(prog.max_step_chunks)),
+        "nwarps": int(prog.nwarps),
+        "npipelines": int(prog.npipelines),
+        "nthreads": nthreads,
+        "dtypes": [d for d, _ in DTYPES],
+        "ops": list(REDOPS),
+        "kernel_symbol": "{kernel}_{dtype}_{op}",
+        "abi_version": ABI_VERSION,
+        "codegen": codegen,
+        "headers": list(headers),
+        "libraries": libraries,
+        "ranks": ranks,
+        "stats": stats,
+        **fields,
+    }
+    for key, value in (manifest_extra or {}).items():
+        if key in manifest:
+            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
+        manifest[key] = value
+    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
              extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
@@ -299,7 +342,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         by_rank.setdefault(r, []).append((t, sl))
     for r, lst in by_rank.items():
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
-    pipe = ir.prims["pipeline"]
+    tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
@@ -314,9 +357,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         tbs = []
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
-            pls = np.unique(pipe[sl])
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=_ranges(pls.tolist()),
+                            pipelines=tb_pipelines[sl.start],
                             body="\n".join(lines[sl])))
             nprims += sl.stop - sl.start
         rank_sources = {}
@@ -360,40 +402,10 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     tm["codegen_render"] = t3 - t2
     tm["codegen_ir_json"] = t4 - t3
 
-    stats = program_stats(ir, col, ntbs)
-    manifest = {
-        "schema": MANIFEST_SCHEMA,
-        "generator": f"hccc {VERSION}",
-        "algorithm": name,
-        "collective": ir.collective,
-        "nranks": int(ir.nranks),
-        "nchunks": int(ir.nchunks),
-        "buffers": {"input": int(ir.in_chunks), "output": int(ir.out_chunks),
-                    "scratch": int(ir.scratch_chunks)},
-        "chunk_bytes": int(ir.chunk_bytes),
-        "nslots": NSLOTS,
-        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
-        "nwarps": int(ir.nwarps),
-        "nthreads": nthreads,
-        "dtypes": [d for d, _ in DTYPES],
-        "ops": list(REDOPS),
-        "kernel_symbol": "{kernel}_{dtype}_{op}",
-        "abi_version": ABI_VERSION,
-        "codegen": "specialized",
-        "ir": ir_file,
-        "headers": list(HEADERS),
-        "host_header": HOST_HEADER,
-        "umbrella": umbrella,
-        "libraries": libraries,
-        "ranks": rank_entries,
-        "stats": stats,
-    }
-    for key, value in (manifest_extra or {}).items():
-        if key in manifest:
-            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
-        manifest[key] = value
-    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
-    written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    written["manifest.json"] = manifest_text(
+        ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
+        ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
+        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, host_header=HOST_HEADER)
 
     paths = []
     for fname in sorted(written):
@@ -450,6 +462,36 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
         slot_bytes=slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         share_bytes=slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         algorithm_level=bool(ir.algorithm_level), nthreads=nthreads, tables=tables)
+
+
+def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:
+    """First primitive of each TB -> its sub-pipelines as ``_ranges`` text. A TB runs its
+    sub-pipelines in order, so its distinct values are where the column changes (one vectorised
+    pass over the table); a TB whose column goes down somewhere is sorted on its own."""
+    pipe = ir.prims["pipeline"].astype(np.int64)
+    n = len(pipe)
+    if not n:
+        return {}
+    starts = np.array(sorted(sl.start for sl in slices.values()), np.int64)
+    new_tb = np.zeros(n, bool)
+    new_tb[starts] = True
+    change = new_tb.copy()
+    change[1:] |= pipe[1:] != pipe[:-1]
+    down = np.zeros(n, bool)
+    down[1:] = (pipe[1:] < pipe[:-1]) & ~new_tb[1:]
+    owner = np.cumsum(new_tb) - 1
+    bad = set(owner[down].tolist())
+    at = np.flatnonzero(change)
+    vals = pipe[at].tolist()
+    cut = np.searchsorted(at, np.r_[starts, n]).tolist()
+    ends = np.r_[starts[1:], n].tolist()
+    out = {}
+    for k, s0 in enumerate(starts.tolist()):
+        if k in bad:
+            out[s0] = _ranges(np.unique(pipe[s0:ends[k]]).tolist())
+        else:
+            out[s0] = _ranges(vals[cut[k]:cut[k + 1]])
+    return out
 
 
 def _ranges(vals: list[int]) -> str:

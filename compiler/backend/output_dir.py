@@ -179,7 +179,7 @@ def _plan(out: Path, new: set[str]) -> set[str]:
 def _publish_into(tmp: Path, out: Path, new: set[str], owned: set[str]) -> None:
     """Move ``tmp``'s files into ``out`` one by one, the manifest last; remove owned leftovers."""
     man = tmp / MARKER
-    if man.is_file() and owned:
+    if man.is_file():   # first: a run killed while files move leaves a directory the next run can clean
         try:
             provisional = json.loads(man.read_text(encoding="utf-8"))
             provisional["files"] = sorted(owned | new)

@@ -19,7 +19,8 @@ import numpy as np
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend.codegen import (ABI_VERSION, DTYPES, EXT, HEADERS, MANIFEST_SCHEMA, NSLOTS, PLATFORMS,
                                            REDOPS, VERSION, _check, _is_canonical, _sorted_copy,
-                                           _template_env, analyse, buffer_bases, program_stats, slot_bytes,
+                                           _template_env, analyse, buffer_bases, manifest_text, program_stats,
+                                           slot_bytes,
                                            threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
 from hccc.compiler.ir.check import check_structure
@@ -122,40 +123,11 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
                      headers=list(TABLE_HEADERS), codegen="table", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
-    manifest = {
-        "schema": MANIFEST_SCHEMA,
-        "generator": f"hccc {VERSION}",
-        "algorithm": name,
-        "collective": ir.collective,
-        "root": int(ir.root),
-        "nranks": int(ir.nranks),
-        "nchunks": int(ir.nchunks),
-        "buffers": {"input": int(ir.in_chunks), "output": int(ir.out_chunks),
-                    "scratch": int(ir.scratch_chunks)},
-        "chunk_bytes": int(ir.chunk_bytes),
-        "nslots": NSLOTS,
-        "slot_bytes": slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
-        "nwarps": int(ir.nwarps),
-        "npipelines": int(ir.npipelines),
-        "nthreads": nthreads,
-        "dtypes": [d for d, _ in DTYPES],
-        "ops": list(REDOPS),
-        "kernel_symbol": "{kernel}_{dtype}_{op}",
-        "abi_version": ABI_VERSION,
-        "codegen": "table",
-        "table": {"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
-        "ir": None,
-        "headers": list(TABLE_HEADERS),
-        "libraries": libraries,
-        "ranks": rank_entries,
-        "stats": program_stats(ir, col, ntbs),
-    }
-    for key, value in (manifest_extra or {}).items():
-        if key in manifest:
-            raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")
-        manifest[key] = value
-    manifest["files"] = sorted(set(written) | {"manifest.json"} | set(extra_files))
-    written["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    written["manifest.json"] = manifest_text(
+        ir, written, name=name, nthreads=nthreads, codegen="table", headers=TABLE_HEADERS, libraries=libraries,
+        ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
+        manifest_extra=manifest_extra, ir=None,
+        table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT})
     t3 = time.perf_counter()
     paths = []
     for fname in sorted(written):

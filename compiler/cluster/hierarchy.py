@@ -297,11 +297,16 @@ def hierarchy(topology: Topology, *, by: str = "model", nodes_per_cluster: int |
         vendor = topology.nodes[g[0]].vendor  # one vendor per group (checked above)
         bases.append((vendor, model, vendor + (f"-{model}" if model else "")))
     clusters = []
+    same_base: dict[str, list[int]] = {}          # clusters of each base name, in order (linear time)
+    position: dict[int, int] = {}
+    for ci, b in enumerate(bases):
+        position[ci] = len(same_base.setdefault(b[2], []))
+        same_base[b[2]].append(ci)
     for ci, g in enumerate(groups):
         nds = [topology.nodes[i] for i in g]
         vendor, model, base = bases[ci]
-        same = [j for j, b in enumerate(bases) if b[2] == base]
-        name = base if len(same) == 1 else f"{base}-{same.index(ci)}"
+        same = same_base[base]
+        name = base if len(same) == 1 else f"{base}-{position[ci]}"
         ranks = sorted(r for nd in nds for r in nd.ranks)
         nic_gbps: dict[int, Fraction] = {}
         members: dict[int, tuple[int, ...]] = {}

@@ -53,8 +53,10 @@ _STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    return Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr", lexer="contextual",
-                propagate_positions=True, maybe_placeholders=False, cache=True)
+    from hccc.compiler.frontend.grammar_cache import lark_cache
+    text = _GRAMMAR.read_text(encoding="utf-8")
+    return Lark(text, parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False,
+                cache=lark_cache("topo", text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +345,8 @@ class _Walker:
                 ctx = _Node(key, len(self.nodes), g, here)
                 self.nodes.append(ctx)
                 self.node_by_name[key] = ctx
-                if sum(n.ngpus for n in self.nodes) > MAX_RANKS:
+                self.ngpus_total = getattr(self, "ngpus_total", 0) + g   # running total: linear time
+                if self.ngpus_total > MAX_RANKS:
                     raise self.err(name_tok, f"the cluster has more than {MAX_RANKS} GPUs")
             elif key == "chunksize":
                 if self.chunksize is not None:

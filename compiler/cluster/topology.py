@@ -179,7 +179,8 @@ class TopologyBuilder:
 
     @property
     def nranks(self) -> int:
-        return sum(n.ngpus for n in self.nodes)
+        last = self.nodes[-1] if self.nodes else None     # offsets are cumulative: O(1)
+        return last.offset + last.ngpus if last is not None else 0
 
     @property
     def nlinks(self) -> int:

@@ -148,6 +148,26 @@ def check_count(src: SourceFile, needle: str, cap: int, what: str) -> None:
     raise _located(src, off, f"more than {cap} {what}, over the limit (checked before parsing)")
 
 
+# --------------------------------------------------------------------------- synthesis size
+#: the synthesiser's state holds one entry per (chunk, rank): nranks * nranks * chunks_per_rank of
+#: them at most (2**24); checked before any work (the language's own cap, nRanks * nChunksPerRank
+#: <= 2**24 chunks, is implied); used by :mod:`hccc.compiler.synth` and checked by ``hccc synth``
+#: before the synthesiser is even loaded)
+MAX_CHUNK_RANK_PAIRS = 1 << 24
+
+
+def check_synth_size(nranks: int, chunks_per_rank: int) -> None:
+    """Refuse (ValueError) a synthesis too large to hold, before anything is allocated."""
+    n, k = int(nranks), int(chunks_per_rank)
+    if k < 1:
+        raise ValueError("chunks per rank must be at least 1")
+    if n * n * k > MAX_CHUNK_RANK_PAIRS:
+        most = max(1, MAX_CHUNK_RANK_PAIRS // max(1, n * n))
+        raise ValueError(f"{k} chunks per rank on {n} ranks means {n * k} chunks, each tracked at every rank: "
+                         f"{n * n * k} (chunk, rank) pairs, over the synthesiser's limit of {MAX_CHUNK_RANK_PAIRS}; "
+                         f"use at most {most} chunk{'s' if most != 1 else ''} per rank")
+
+
 # --------------------------------------------------------------------------- command-line numbers
 #: the largest byte size accepted on the command line (sizes, chunk sizes): 1 TiB
 MAX_OPTION_BYTES = 1 << 40
@@ -201,4 +221,4 @@ __all__ = ["DEFAULT_MAX_INPUT_BYTES", "MAX_JSON_INT_DIGITS", "MAX_JSON_DEPTH", "
            "read_input_bytes", "describe_mode", "loads_json", "check_int_range", "printable",
            "MAX_OPTION_BYTES", "MAX_OPTION_COUNT", "MAX_OPTION_SECONDS", "OptionValueError", "option_int",
            "option_seconds", "check_size", "DEFAULT_MAX_SOURCE_LINES", "max_source_lines",
-           "check_source_lines", "check_count"]
+           "check_source_lines", "check_count", "MAX_CHUNK_RANK_PAIRS", "check_synth_size"]

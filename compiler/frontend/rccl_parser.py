@@ -185,9 +185,10 @@ class _Indenter:
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        _PARSER = Lark(_GRAMMAR.read_text(encoding="utf-8"), parser="lalr",
-                       lexer="basic", propagate_positions=True, postlex=_Indenter(),
-                       maybe_placeholders=True, cache=True)
+        from hccc.compiler.frontend.grammar_cache import lark_cache
+        text = _GRAMMAR.read_text(encoding="utf-8")
+        _PARSER = Lark(text, parser="lalr", lexer="basic", propagate_positions=True, postlex=_Indenter(),
+                       maybe_placeholders=True, cache=lark_cache("rccl", text))
     return _PARSER
 
 
@@ -411,13 +412,14 @@ def _unquote(s: str) -> str:
 
 
 def _parse_int_literal(tok: Token, source: SourceFile, negative: bool = False) -> int:
-    v = int(tok.value.replace("_", ""))
-    if negative:
-        v = -v
-    if abs(v) > INT_LIMIT:
+    digits = tok.value.replace("_", "")
+    # 2**62 has 19 digits: longer literals (even past Python's 4300-digit conversion limit) are
+    # refused before converting
+    if len(digits.lstrip("0")) > 19 or abs(v := int(digits)) > INT_LIMIT:
+        shown = tok.value if len(tok.value) <= 40 else f"{tok.value[:20]}... ({len(digits)} digits)"
         raise CompileError.at(Location(source, tok.line, tok.column),
-                              f"integer literal {tok.value} is too large (|x| must be at most 2**62)")
-    return v
+                              f"integer literal {shown} is too large (|x| must be at most 2**62)")
+    return -v if negative else v
 
 
 class _Builder:

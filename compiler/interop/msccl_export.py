@@ -184,7 +184,7 @@ def _fuse_forwarding(xs: list[_X]) -> list[_X]:
     storing range ``d``) and a later send ``S`` (to ``q``, reading exactly ``d``, waiting for ``R``)
     sit in two TBs ``a`` (receives from ``p``) and ``b`` (sends to ``q``). Per rank, the (a, b) pairs
     with most such candidates are merged (each TB at most once: an MSCCL TB has one receive and one
-    send peer) and their members ordered by the program's key (sub-pipeline, sends first, transfer); candidates
+    send peer; only chains, where at least half of either TB's steps fuse) and their members ordered by the program's key (sub-pipeline, sends first, transfer); candidates
     then become one step at ``R``'s place when that moves no other message of ``b`` (a connection
     keeps its message order) and ``S`` waits for nothing later than ``R``. Every wait then still
     goes from a smaller key to a larger one, as in the program. A fused receive-reduce whose stored
@@ -236,7 +236,9 @@ def _fuse_forwarding(xs: list[_X]) -> list[_X]:
                               for d in xs[S].deps if d != R):
                 continue
             fused_here[S] = R
-        if not fused_here:
+        # merge only chains: a pair of TBs that mostly forwards (most of either TB's steps fuse);
+        # otherwise the merged TB would run two mostly unrelated connections in series
+        if 2 * len(fused_here) < max(len(members[(rank, a)]), len(members[(rank, b)])):
             continue
         used |= {(rank, a), (rank, b)}
         merged.append((rank, a, order))

@@ -49,6 +49,19 @@ after another. The exporter therefore
   dependency TB ids, offsets, channels, XML elements) and fails with a message naming the TB and
   the option that relaxes it (the older msccl executor: :data:`LEGACY_LIMITS`).
 
+Algorithms (:func:`export_algorithm`) are exported from the program the runtimes' execution runs
+best: the algorithm's steps in order on one thread block per connection end
+(``passes.build.build_algorithm_level``), after a check of the runtime limits on the transfer table
+alone (:mod:`hccc.compiler.interop.msccl_limits`: lower bounds, so it refuses only what the
+export would refuse). Options of both entry points: ``fuse`` pairs a thread block that receives
+from ``p`` with one that sends to ``q`` where sends forward what receives stored, orders their
+steps by the program's order (sends of a step first) and makes each such pair one
+``rcs``/``rrcs``/``rrs`` step (``rrs`` when the stored result is overwritten before anything
+reads it); ``instances=K`` writes K copies of every thread block (ids ``id*K+i``, channels
+``i*nchannels+ch``), instance ``i`` moving chunks ``[off*K + i*cnt, off*K + (i+1)*cnt)`` of K times
+finer buffers. Fused or instanced text is re-imported (proof and deadlock check) before it is
+returned; a fused export that fails is written unfused.
+
 Execution models. hccc's kernels run each primitive for every micro-batch before the next one
 (task-level); the MSCCL runtimes run a TB's whole step list once per slice, with connection FIFOs
 that hold two Simple (eight LL/LL128) messages. Every hccc program is deadlock-free under both; an
@@ -71,8 +84,8 @@ input -> output, AllGather input ``j`` -> output ``rank*k + j``, ReduceScatter o
 """
 from __future__ import annotations
 
-from hccc.compiler.interop.msccl_export import export_xml
+from hccc.compiler.interop.msccl_export import export_algorithm, export_xml
 from hccc.compiler.interop.msccl_format import LEGACY_LIMITS, XmlLimits
 from hccc.compiler.interop.msccl_import import import_xml, import_xml_text
 
-__all__ = ["export_xml", "import_xml", "import_xml_text", "XmlLimits", "LEGACY_LIMITS"]
+__all__ = ["export_xml", "export_algorithm", "import_xml", "import_xml_text", "XmlLimits", "LEGACY_LIMITS"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.frontend.plural import plural, plural_noun
@@ -54,24 +55,6 @@ class DeadlockError(IRFormatError):
         #: every primitive of every send/receive chain taking part in a wait cycle found (for
         #: self-loops: all of them at once), so a caller can undo fusions in bulk
         self.involved = np.asarray(involved if involved is not None else self.cycle, dtype=np.int64)
-
-
-def describe_prim(ir: ProgramIR, i: int) -> str:
-    p = ir.prims
-    i = int(i)
-    op = int(p["op"][i])
-    name = Op(op).name.lower() if 0 <= op < len(Op) else f"op{op}"
-    extra = []
-    if 0 <= op < len(Op):
-        if Op(op).receives:
-            extra.append(f"from rank {int(p['recv_peer'][i])}")
-        if Op(op).sends:
-            extra.append(f"to rank {int(p['send_peer'][i])}")
-    t = int(p["task"][i])
-    if t >= 0:
-        extra.append(f"task {t}")
-    return (f"rank {int(p['rank'][i])} tb {int(p['tb'][i])} seq {int(p['seq'][i])} "
-            f"({name}{' ' + ', '.join(extra) if extra else ''})")
 
 
 def _fail(ir: ProgramIR, bad: np.ndarray, what: str, cls=IRFormatError):
@@ -232,27 +215,6 @@ def load_ir_json(text: str) -> ProgramIR:
     check_structure(ir)
     check_extents(ir)
     return ir
-
-
-def match_connections(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs ``(send_prim, recv_prim)``: the k-th send on each connection with its k-th receive.
-
-    Assumes :func:`check_structure` passed (canonical order, balanced connections), so the order
-    of a connection's sends is the ``seq`` order of the one TB owning that end.
-    """
-    p = ir.prims
-    N = int(ir.nranks)
-    op = p["op"].astype(np.int64)
-    rank = p["rank"].astype(np.int64)
-    ch = p["channel"].astype(np.int64)
-    nch = int(ch.max()) + 1 if len(ch) else 1
-    si = np.flatnonzero(_SEND_OPS[op])
-    ri = np.flatnonzero(_RECV_OPS[op])
-    skey = (rank[si] * N + p["send_peer"][si].astype(np.int64)) * nch + ch[si]
-    rkey = (p["recv_peer"][ri].astype(np.int64) * N + rank[ri]) * nch + ch[ri]
-    s_sorted = si[np.argsort(skey, kind="stable")]
-    r_sorted = ri[np.argsort(rkey, kind="stable")]
-    return s_sorted, r_sorted
 
 
 def check_fifo_order(ir: ProgramIR) -> None:

@@ -10,10 +10,14 @@ it holds whatever chunk was put there, whatever the file's scratch size.
 
 Anchors. For each of its ``cnt`` chunks a primitive moves the elements of one chunk of the full
 buffer, its *anchor* ``a`` plus ``i`` (the kernels' ``chunk`` argument). :func:`chunk_anchors`
-derives the anchor from the input/output chunks the primitive names (scratch names none) and from
-its send/receive partners: a chain ``send -> forward -> ... -> receive`` moves one message, so all
-its primitives share one anchor; a chain that names no input/output chunk at all moves scratch to
-scratch and gets chunk 0 (any choice is in bounds: a scratch slot holds the largest chunk).
+derives the anchor from the input/output chunks the primitive names, from its send/receive
+partners (a chain ``send -> forward -> ... -> receive`` moves one message, so all its primitives
+share one anchor) and from the scratch slots it touches: a scratch slot holds chunks of one size
+class for the whole program (flow-insensitive, so a program that reuses one slot for chunks of
+different sizes is refused), so a primitive that moves scratch to scratch takes the chunk its
+slots hold. A group of primitives and slots that names no input/output chunk at all moves garbage
+and gets an arbitrary, consistent anchor (any choice is in bounds: a scratch slot holds the
+largest chunk).
 
 What is proven. Every input/output chunk a primitive names has the anchor's size for *every*
 element count the program admits (:func:`count_unit`: any count, or a multiple of ``nranks``
@@ -25,9 +29,9 @@ and 3 of 5 always have equal sizes). A program that breaks this (``COPY output[1
 of a 2-rank AllGather: chunk 1 has one element more than chunk 0 at odd counts) is refused with
 :class:`ExtentError` naming the primitive and a count at which the sizes differ.
 
-Whether a scratch slot holds the chunk the reader expects is a question of values, not bounds
-(a scratch slot always holds the largest chunk); the symbolic prover
-(:mod:`hccc.compiler.ir.symbolic`) answers it for programs that come without a proof.
+Whether a scratch slot holds the very chunk the reader expects (not just one of its size) is a
+question of values, not bounds; the symbolic prover (:mod:`hccc.compiler.ir.symbolic`) answers it
+for programs that come without a proof.
 """
 from __future__ import annotations
 
@@ -36,10 +40,9 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 
-_SEND = np.array([Op(o).sends for o in range(len(Op))])
-_RECV = np.array([Op(o).receives for o in range(len(Op))])
 _READS = np.array([Op(o).reads_src for o in range(len(Op))])
 _WRITES = np.array([Op(o).writes_dst for o in range(len(Op))])
 
@@ -173,33 +176,8 @@ def _side_chunks(ir: ProgramIR, side: str, uses: np.ndarray) -> np.ndarray:
     return out
 
 
-def _matches(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
-    """``(send, recv)`` primitive pairs: the k-th send of a connection with its k-th receive."""
-    p = ir.prims
-    N = int(ir.nranks)
-    op = p["op"].astype(np.int64)
-    rank = p["rank"].astype(np.int64)
-    ch = p["channel"].astype(np.int64)
-    nch = int(ch.max()) + 1 if len(ch) else 1
-    si = np.flatnonzero(_SEND[op])
-    ri = np.flatnonzero(_RECV[op])
-    skey = (rank[si] * N + p["send_peer"][si].astype(np.int64)) * nch + ch[si]
-    rkey = (p["recv_peer"][ri].astype(np.int64) * N + rank[ri]) * nch + ch[ri]
-    s = si[np.argsort(skey, kind="stable")]
-    r = ri[np.argsort(rkey, kind="stable")]
-    k = min(len(s), len(r))
-    return s[:k], r[:k]
-
-
 def _elements(w: int) -> str:
     return f"{w} element{'' if w == 1 else 's'}"
-
-
-def _describe(ir: ProgramIR, i: int) -> str:
-    p = ir.prims
-    op = int(p["op"][i])
-    name = Op(op).name.lower() if 0 <= op < len(Op) else f"op{op}"
-    return f"rank {int(p['rank'][i])} tb {int(p['tb'][i])} seq {int(p['seq'][i])} ({name})"
 
 
 def _side_text(ir: ProgramIR, i: int, side: str, chunk: int) -> str:
@@ -214,7 +192,7 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
     Raises :class:`ExtentError` when a primitive, or a send/receive chain, names input/output
     chunks whose sizes differ at some admissible count. Assumes the structure is valid
     (:func:`hccc.compiler.ir.check.check_structure`)."""
-    describe = describe or (lambda i: _describe(ir, i))
+    describe = describe or (lambda i: describe_prim(ir, i))
     p = ir.prims
     n = ir.nprims
     C = max(1, int(ir.nchunks))
@@ -236,7 +214,7 @@ def chunk_anchors(ir: ProgramIR, describe: Callable[[int], str] | None = None) -
                 f"{_differ_text(ir, int(src[i]), int(dst[i]), int(cnt[i]))}; every chunk a primitive "
                 f"names must have the size of the chunk it moves", [i])
     own = np.where(dst >= 0, dst, src)
-    s, r = _matches(ir)
+    s, r = match_connections(ir)
     if ir.scratch_chunks and ((_READS[op] & (p["src_buf"] == Buf.SCRATCH)).any()
                               | (_WRITES[op] & (p["dst_buf"] == Buf.SCRATCH)).any()):
         anchor = _anchors_through_scratch(ir, own, s, r, describe)
@@ -278,92 +256,112 @@ def _chain_conflict(ir, i, j, a, b, own, describe, via: str = "on the same send/
 
 def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: np.ndarray,
                              describe) -> np.ndarray:
-    """Anchors when scratch is used: a weighted union-find over primitives and scratch slots.
-    ``anchor[recv] = anchor[send]`` along every match, and a primitive whose chunk ``i`` is
-    scratch slot ``j`` fixes that slot's chunk to ``anchor + i`` (a slot holds chunks of one size
-    class for the whole program); each group takes its value from an input/output chunk named in
-    it. Congruence modulo :func:`size_period` is exact except for chunks that merely have equal
-    sizes (:func:`same_size`), which is accepted where two named chunks meet."""
+    """Anchors when scratch is used. Unknowns: the anchor ``A`` of every primitive and the chunk
+    ``A`` every scratch slot holds; equations ``A[recv] = A[send]`` along every match and
+    ``A[slot] = A[p] + k`` where chunk ``k`` of primitive ``p`` is that slot (a slot holds chunks of
+    one size class for the whole program). Connected components and potentials (``A[x] =
+    A[root] + pot[x]``) come from hooking roots under smaller roots and pointer jumping, in numpy; every
+    equation is then checked modulo :func:`size_period`, and each component takes its value from an
+    input/output chunk named in it, which every other one must agree with (:func:`same_size`)."""
     p = ir.prims
     n = ir.nprims
     P = size_period(ir)
     S = int(ir.scratch_chunks)
-    parent: dict[int, int] = {}
-    diff: dict[int, int] = {}     # anchor[x] = anchor[parent[x]] + diff[x]
-    witness: dict[int, int] = {}  # for slot nodes: a primitive that touched it (error messages)
-
-    def find(x: int) -> tuple[int, int]:
-        path = []
-        while parent.get(x, x) != x:
-            path.append(x)
-            x = parent[x]
-        root, acc = x, 0
-        for y in reversed(path):      # compress: every node on the path points at the root
-            acc += diff[y]
-            diff[y] = acc
-            parent[y] = root
-        return root, (diff[path[0]] if path else 0)
-
-    def union(a: int, b: int, d: int, who: int) -> None:
-        """anchor[a] = anchor[b] + d."""
-        ra, da = find(a)
-        rb, db = find(b)
-        if ra == rb:
-            if (da - db - d) % P:
-                slot = a if a >= n else b
-                rank, j = divmod(slot - n, S) if slot >= n else (int(p["rank"][who]), -1)
-                other = witness.get(slot, who)
-                raise ExtentError(
-                    f"{describe(who)}: scratch chunk {j} of rank {rank} holds chunks of different "
-                    f"sizes here and at {describe(other)} (a scratch chunk must hold chunks of one "
-                    f"size for every element count)", [who, other])
-            return
-        # anchor[ra] = anchor[a] - da = anchor[b] + d - da = anchor[rb] + db + d - da
-        parent[ra] = rb
-        diff[ra] = db + d - da
-
-    for a, b in zip(r.tolist(), s.tolist()):
-        union(a, b, 0, a)
     op = p["op"].astype(np.int64)
     rank = p["rank"].astype(np.int64)
     cnt = p["count"].astype(np.int64)
+    # scratch accesses, one per chunk: (primitive, chunk k, global slot key)
+    acc_p, acc_k, acc_key = [], [], []
     for side, uses in (("src", _READS[op]), ("dst", _WRITES[op])):
         idx = np.flatnonzero(uses & (p[f"{side}_buf"] == Buf.SCRATCH))
-        offs = p[f"{side}_off"].astype(np.int64)
-        for i in idx.tolist():
-            base = n + int(rank[i]) * S + int(offs[i])
-            for k in range(int(cnt[i])):
-                witness.setdefault(base + k, i)
-                union(base + k, i, k, i)
-    # each group's value from its first input/output chunk; the others must agree
-    value: dict[int, tuple[int, int]] = {}   # root -> (anchor of root, primitive that fixed it)
-    anchor = np.full(n, -1, np.int64)
-    for i in np.flatnonzero(own >= 0).tolist():
-        root, d = find(i)
-        if root not in value:
-            value[root] = (int(own[i]) - d, i)
-            continue
-        want = value[root][0] + d
-        if not _agree(ir, [want], [int(own[i])], [int(cnt[i])])[0]:
-            j = value[root][1]
+        c = cnt[idx]
+        k = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+        pp = np.repeat(idx, c)
+        acc_p.append(pp)
+        acc_k.append(k)
+        acc_key.append(rank[pp] * S + p[f"{side}_off"].astype(np.int64)[pp] + k)
+    acc_p, acc_k, acc_key = (np.concatenate(x) for x in (acc_p, acc_k, acc_key))
+    keys, slot = np.unique(acc_key, return_inverse=True)
+    M = n + len(keys)
+    # equations A[ea] = A[eb] + ed
+    ea = np.concatenate([np.asarray(r, np.int64), n + slot])
+    eb = np.concatenate([np.asarray(s, np.int64), acc_p])
+    ed = np.concatenate([np.zeros(len(r), np.int64), acc_k])
+    label = np.arange(M, dtype=np.int64)      # every node's root (roots: label[x] == x)
+    pot = np.zeros(M, dtype=np.int64)
+    while True:
+        ra, rb = label[ea], label[eb]
+        # hook the larger root of every equation that joins two trees under the smaller one:
+        # A[a] = A[ra] + pot[a], A[b] = A[rb] + pot[b], A[a] = A[b] + d
+        diff = pot[eb] + ed - pot[ea]             # A[ra] - A[rb]
+        m = ra != rb
+        if not m.any():
+            break
+        hi = np.where(ra > rb, ra, rb)[m]
+        lo = np.where(ra > rb, rb, ra)[m]
+        off = np.where(ra > rb, diff, -diff)[m]   # A[hi] = A[lo] + off
+        o = np.lexsort((lo, hi))
+        first = np.r_[True, hi[o][1:] != hi[o][:-1]]
+        h, l, f = hi[o][first], lo[o][first], off[o][first]
+        label[h] = l
+        pot[h] = f
+        while True:                               # pointer jumping: point every node at its root
+            up = label[label]
+            if np.array_equal(up, label):
+                break
+            pot = pot + pot[label]
+            label = up
+    # every equation must hold
+    bad = np.flatnonzero((pot[ea] - pot[eb] - ed) % P != 0)
+    if len(bad):
+        e = int(bad[0])
+        who = int(eb[e])
+        slot_node = int(ea[e]) if ea[e] >= n else -1
+        if slot_node < 0:
+            # a match closed a cycle through scratch: name a slot on it, the first of the component
+            cand = np.flatnonzero(label[n:] == label[who])
+            slot_node = n + int(cand[0]) if len(cand) else -1
+        key = int(keys[slot_node - n]) if slot_node >= 0 else -1
+        srank, sj = divmod(key, S) if key >= 0 else (int(rank[who]), -1)
+        touch = acc_p[acc_key == key]
+        other = int(touch[touch != who][0]) if (touch != who).any() else who
+        raise ExtentError(
+            f"{describe(who)}: scratch chunk {sj} of rank {srank} holds chunks of different sizes "
+            f"here and at {describe(other)} (a scratch chunk must hold chunks of one size for every "
+            f"element count)", [who, other])
+    # each component's value from an input/output chunk named in it
+    known = np.flatnonzero(own[:n] >= 0)
+    value = np.full(M, np.iinfo(np.int64).min, np.int64)
+    vprim = np.full(M, -1, np.int64)
+    value[label[known]] = own[known] - pot[known]
+    vprim[label[known]] = known
+    has = value[label[:n]] != np.iinfo(np.int64).min
+    if len(known):
+        want = value[label[known]] + pot[known]
+        ok = _agree(ir, want, own[known], cnt[known])
+        if not ok.all():
+            i = int(known[np.flatnonzero(~ok)[0]])
+            j = int(vprim[label[i]])
+            w = int(value[label[i]] + pot[i])
             raise ExtentError(
                 f"{describe(i)}: it moves {_static_text(ir, i, int(own[i]))}, but its sends, receives "
                 f"and scratch chunks link it to {describe(j)}, which moves "
-                f"{_static_text(ir, j, int(own[j]))}: that makes this step move chunk {want} of the "
-                f"full buffer, and the two {_differ_text(ir, int(own[i]), want, int(cnt[i]))}", [i, j])
-    for i in range(n):
-        if own[i] >= 0:
-            anchor[i] = own[i]
-            continue
-        root, d = find(i)
-        anchor[i] = value[root][0] + d if root in value else d
-    return anchor
+                f"{_static_text(ir, j, int(own[j]))}: that makes this step move chunk {w} of the "
+                f"full buffer, and the two {_differ_text(ir, int(own[i]), w, int(cnt[i]))}", [i, j])
+    anchor = np.where(has, value[label[:n]] + pot[:n], pot[:n])
+    return np.where(own[:n] >= 0, own[:n], anchor)
 
 
 def check_extents(ir: ProgramIR, describe: Callable[[int], str] | None = None) -> None:
     """Raise :class:`ExtentError` unless every access of ``ir`` is in bounds and exact for every
-    admissible element count (see the module docstring)."""
+    admissible element count (see the module docstring), and a FIFO slot of ``chunk_bytes`` can
+    carry its largest step (at least 16 bytes of each of its chunks)."""
     chunk_anchors(ir, describe)
+    most = ir.max_step_chunks
+    if isinstance(ir.chunk_bytes, int) and 0 < ir.chunk_bytes < 16 * most:
+        raise ExtentError(f"chunk_bytes {ir.chunk_bytes} is too small for steps of {most} chunks: a FIFO "
+                          f"slot carries one slice of each chunk of a step, at least 16 bytes each "
+                          f"(use chunk_bytes >= {16 * most})")
 
 
 __all__ = ["ExtentError", "buffer_bases", "check_extents", "chunk_anchors", "chunk_size", "count_unit",

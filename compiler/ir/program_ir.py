@@ -10,8 +10,10 @@ A chunk is ``1/nchunks`` of the collective's full buffer (for AllGather the outp
 ReduceScatter, AllReduce, Broadcast and Reduce the input); with ``count`` elements in the full buffer, chunk ``c`` is
 elements ``[c*count//nchunks, (c+1)*count//nchunks)`` (uneven counts: sizes differ by at most one).
 A buffer with fewer than ``nchunks`` slots (AllGather input, ReduceScatter output) holds only the
-rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; scratch is laid out like
-the full buffer (see ``hccc.runtime.reference``). In-place runs alias the buffers as the collective dictates:
+rank's own part, so its slot ``i`` is chunk ``rank*k + i`` for ``k`` slots; a scratch slot holds
+``ceil(count/nchunks)`` elements, whatever chunk is put there. A primitive moves, for each of its
+chunks, the elements of one chunk of the full buffer (its anchor, see
+:mod:`hccc.compiler.ir.extents`, which proves that every input/output chunk it names has that size). In-place runs alias the buffers as the collective dictates:
 AllGather ``input == output[rank]``, ReduceScatter ``output == input[rank]``, AllReduce,
 Broadcast, Reduce and AllToAll ``input == output``; a COPY whose source and destination coincide
 is then skipped. AllToAll: ``nchunks = in_chunks = out_chunks = nranks * K``; input slot
@@ -147,6 +149,15 @@ class ProgramIR:
         return self.collective in ROOTED
 
     @property
+    def placements(self) -> tuple[bool, ...]:
+        """The buffer placements the program is proven for: ``False`` out of place, ``True`` in
+        place. hccc's own programs serve both (the lowering maps one program onto either); an
+        imported MSCCL XML serves the ones its ``inplace``/``outofplace`` attributes declare (an
+        in-place-only algorithm is normalised with an input-to-output copy, so it serves both)."""
+        st = self.stats or {}
+        return tuple(p for p, key in ((False, "msccl_outofplace"), (True, "msccl_inplace")) if st.get(key, True))
+
+    @property
     def algorithm_level(self) -> bool:
         """Proven only under MSCCL's algorithm-level order (an imported MSCCL XML whose thread
         blocks must run their whole step list per micro-batch). hccc's kernels run task-level, so
@@ -218,10 +229,10 @@ class ProgramIR:
         parts = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
         cols = []
         for k in PRIM_COLUMNS:
-            cols.append(f'\n  "{k}": [' + ",".join(map(str, self.prims[k].tolist())) + "]")
+            cols.append(f'\n  "{k}": [' + int_list_text(self.prims[k]) + "]")
         parts.append(",".join(cols))
-        parts.append('\n },\n "deps": {\n  "prim": [' + ",".join(map(str, self.dep_prim.tolist()))
-                     + '],\n  "on": [' + ",".join(map(str, self.dep_on.tolist())) + "]\n }\n}\n")
+        parts.append('\n },\n "deps": {\n  "prim": [' + int_list_text(self.dep_prim)
+                     + '],\n  "on": [' + int_list_text(self.dep_on) + "]\n }\n}\n")
         return "".join(parts)
 
     @classmethod
@@ -325,6 +336,21 @@ class ProgramIR:
                  nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
                  ntbs=tbs.astype(np.int32), stats=stats, root=root)
         return ir
+
+
+def int_list_text(a: np.ndarray) -> str:
+    """``",".join(map(str, a))`` for an integer column, faster: a column whose values span a small
+    range (ranks, TBs, ops, offsets: most of the IR) is written through a table of the span's
+    decimal strings, so each value costs a list lookup instead of an int-to-text conversion."""
+    a = np.asarray(a)
+    n = len(a)
+    if n == 0:
+        return ""
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo > max(1024, n // 8):
+        return ",".join(map(str, a.tolist()))
+    table = [str(v) for v in range(lo, hi + 1)]
+    return ",".join(map(table.__getitem__, (a.astype(np.int64) - lo).tolist()))
 
 
 #: value ranges a ProgramIR file must respect (checked on load, before anything is allocated)

@@ -67,10 +67,12 @@ def _weights(net: Network, cand: Schedule) -> np.ndarray:
     return w
 
 
-def overrun_allowance(deadline: float) -> float:
-    """Seconds a greedy run may go past ``deadline`` to finish the schedule that the anytime loop
-    needs (2 s plus a tenth of the time still left when it starts); past that it is stopped."""
-    return 2.0 + 0.1 * max(0.0, deadline - time.perf_counter())
+def greedy_stop_at(deadline: float) -> float:
+    """When a greedy run starting now is stopped: it may go past ``deadline`` to finish the schedule
+    the anytime loop needs, by 2 s plus a tenth of the time left (counted from its start when it
+    starts after the deadline)."""
+    now = time.perf_counter()
+    return max(deadline, now) + 2.0 + 0.1 * max(0.0, deadline - now)
 
 
 def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, deadline: float, note):
@@ -78,8 +80,7 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
     enforced groups, timed out)."""
     enforced = np.zeros(net.ngroups, np.uint8)
     max_steps = task.demand + 1
-    stop_at = deadline + overrun_allowance(deadline)
-    sched, complete = gi.run(task.initial(), 0, max_steps, enforced, stop_at=stop_at)
+    sched, complete = gi.run(task.initial(), 0, max_steps, enforced, stop_at=greedy_stop_at(deadline))
     if not complete:
         raise ValueError("the cluster does not connect every rank to every chunk's origin")
     note("greedy", {"steps": sched.nsteps})
@@ -103,7 +104,7 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
         if time.perf_counter() >= deadline:
             timed_out = True
             enforced[:] = 1
-            suffix, _ = gi.run(has_t, t, max_steps, enforced, stop_at=stop_at)
+            suffix, _ = gi.run(has_t, t, max_steps, enforced, stop_at=greedy_stop_at(deadline))
             sched = Schedule.concat([prefix, suffix])
             continue
         frozen = None
@@ -114,7 +115,8 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
         if frozen is None:  # no solver: drop the transfers on overloaded groups
             keep = ~np.isin(np.flatnonzero(sched.step == t), np.concatenate([c.transfers for c in cex]))
             frozen = Schedule(cand.src[keep], cand.dst[keep], cand.step[keep], cand.chunk[keep])
-        suffix, complete = gi.run(has_t, t, max_steps, enforced, frozen=frozen, stop_at=stop_at)
+        suffix, complete = gi.run(has_t, t, max_steps, enforced, frozen=frozen,
+                                  stop_at=greedy_stop_at(deadline))
         sched = Schedule.concat([prefix, suffix])
         note("cegis", {"iteration": iterations, "checkpoint": t, "steps": sched.nsteps,
                        "learned": int(enforced.sum())})

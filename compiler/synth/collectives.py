@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.frontend.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_cut_bound_seconds, step_lower_bound
@@ -110,24 +111,6 @@ def solve_phase(net: Network, task: Task, *, deadline: float, progress: Progress
                                            use_smt=use_smt)
     return synthesize_task(net, task, deadline=deadline, progress=progress, use_smt=use_smt, bound=bound,
                            variants=variants, score=score), None
-
-
-#: the synthesiser's state holds one entry per (chunk, rank): nranks * nranks * chunks_per_rank of
-#: them at most (2**24); checked before any work (the language's own cap, nRanks * nChunksPerRank
-#: <= 2**24 chunks, is implied)
-MAX_CHUNK_RANK_PAIRS = 1 << 24
-
-
-def check_synth_size(nranks: int, chunks_per_rank: int) -> None:
-    """Refuse (ValueError) a synthesis too large to hold, before anything is allocated."""
-    n, k = int(nranks), int(chunks_per_rank)
-    if k < 1:
-        raise ValueError("chunks per rank must be at least 1")
-    if n * n * k > MAX_CHUNK_RANK_PAIRS:
-        most = max(1, MAX_CHUNK_RANK_PAIRS // max(1, n * n))
-        raise ValueError(f"{k} chunks per rank on {n} ranks is {n * k} chunks held at {n} ranks each, over "
-                         f"the synthesiser's limit of {MAX_CHUNK_RANK_PAIRS} (chunk, rank) pairs; use at most "
-                         f"{most} chunk{'s' if most != 1 else ''} per rank")
 
 
 def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chunks_per_rank: int = 1,

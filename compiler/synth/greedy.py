@@ -293,6 +293,10 @@ class GreedyInputs:
         stop = np.zeros(1, np.uint8)
         timer = None
         if stop_at is not None:
+            # compile (or load) the kernel first: the time limit is for the search, not for numba
+            t_warm = time.perf_counter()
+            self._run(has, t0, 0, genforce, frozen, stop)
+            stop_at += time.perf_counter() - t_warm
             timer = threading.Timer(max(0.0, stop_at - time.perf_counter()), stop.fill, args=(1,))
             timer.daemon = True
             timer.start()

@@ -14,6 +14,7 @@ import json
 import os
 
 from hccc.args import add_topology_option, positive_int
+from hccc.compiler.frontend.limits import printable
 from hccc.compiler.frontend.plural import plural
 
 SUMMARY = "verify an algorithm and print a summary"
@@ -51,7 +52,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{args.algo}: valid {alg.header.collective.dsl_name} on {plural(alg.header.nranks, 'rank')} "
+        print(f"{printable(str(args.algo))}: valid {alg.header.collective.dsl_name} on {plural(alg.header.nranks, 'rank')} "
               f"({plural(alg.ntransfers, 'transfer')}, {plural(report.steps, 'step')})")
         if cluster is not None:
             use = summary["topology"]
@@ -79,7 +80,7 @@ def _check_xml(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{args.algo}: valid {ir.collective} on {plural(ir.nranks, 'rank')} (MSCCL XML, "
+        print(f"{printable(str(args.algo))}: valid {ir.collective} on {plural(ir.nranks, 'rank')} (MSCCL XML, "
               f"{plural(summary['transfers'], 'transfer')}, "
               f"{plural(summary['tbs_per_rank_max'], 'thread block')} per rank at most, "
               f"{summary['execution']}-level execution)")

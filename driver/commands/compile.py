@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import add_program_options, add_topology_option, add_xml_limit_arguments, program_options
+from hccc.compiler.frontend.limits import printable
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 
@@ -52,6 +53,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_xml_limit_arguments(p)
 
 
+def _faster(faster_allocation, topology, opts, alg, ir):
+    return faster_allocation(alg, topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+
+
 def run(args) -> int:
     from hccc.args import xml_limits_from_args
     from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, StageTimes, compile_algorithm,
@@ -82,10 +87,10 @@ def run(args) -> int:
         alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
         choose = None
         if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
-            from hccc.runtime.simulator import faster_allocation
+            from functools import partial
 
-            def choose(alg, ir):
-                return faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+            from hccc.runtime.simulator import faster_allocation
+            choose = partial(_faster, faster_allocation, cluster.topology, opts)
         big = alg.ntransfers > BIG_TRANSFERS
         with Progress("hccc", enabled=big) as prog, \
                 prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):
@@ -104,7 +109,7 @@ def run(args) -> int:
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
           f"TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {plural(len(files), 'file')} in {args.output}")
+          f"in total); {plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
         from hccc.compiler.pipeline import platforms_for
         runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]

@@ -208,7 +208,7 @@ def _sanitized(args) -> int | None:
 
 def run(args) -> int:
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, rank_ranges
+    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
 
     if getattr(args, "sanitize", False):
@@ -243,6 +243,19 @@ def run(args) -> int:
         per_chunk = -(-most // max(1, ir.nchunks)) * es
         ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
     groups = placements(args)
+    unproven = [g for g in groups if g not in ir.placements]
+    if unproven and len(groups) == 1:
+        raise CompileError([Diagnostic(
+            f"--{'inplace' if unproven[0] else 'out-of-place'}: {ir.name} is proven "
+            f"{'out of place' if unproven[0] else 'in place'} only (its MSCCL XML declares inplace="
+            f"\"{int(True in ir.placements)}\" outofplace=\"{int(False in ir.placements)}\")", None)])
+    groups = [g for g in groups if g in ir.placements]
+    try:
+        for nbytes in sweep.sizes:            # before building anything: the buffers must fit
+            check_program_memory(ir, nbytes, args.dtype)
+    except PlatformError as exc:
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
     results = []
     from hccc.progress import Progress
     try:
@@ -265,6 +278,9 @@ def run(args) -> int:
                         progress.print("# " + "; ".join(
                             f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
                             f"({v['backend']})" for pl, v in libraries.items()))
+                    for g in unproven:
+                        progress.print(f"# {GROUP[g]}: not run ({ir.name} is proven {GROUP[not g]} only, as its "
+                                       f"MSCCL XML declares)")
                     progress.print("#")
                     for line in table_header(groups, COLUMNS):
                         progress.print(line)

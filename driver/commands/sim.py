@@ -38,6 +38,7 @@ from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.sweep import add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_sizes, table_header, table_left
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.compiler.frontend.limits import printable
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 DEFAULT_SIZES = "1M,64M,1G"
@@ -192,14 +193,14 @@ def run(args) -> int:
         _print_table(args, topo, sweep, *r)
     if args.plot:
         print(f"# timeline of {format_size(runs[0][6][runs[0][7]].nbytes)}B ({_label(args, runs[0])}) "
-              f"written to {args.plot}")
+              f"written to {printable(str(args.plot))}")
     if args.plot_busbw:
-        print(f"# bus bandwidth against size written to {args.plot_busbw}")
+        print(f"# bus bandwidth against size written to {printable(str(args.plot_busbw))}")
     return 0
 
 
 def _label(args, r) -> str:
-    algo, scheduler, ir = r[0], r[1], r[2]
+    scheduler, ir = r[1], r[2]
     return ir.name + (f" ({scheduler})" if len(args.scheduler) > 1 else "")
 
 

@@ -117,11 +117,8 @@ def _bandwidth_bound(result, nbytes: int) -> dict:
 
 
 def run(args) -> int:
+    from hccc.compiler.frontend.limits import check_synth_size
     from hccc.compiler.pipeline import load_cluster
-    from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
-    from hccc.compiler.synth.emit import dsl_collective
-    from hccc.compiler.cluster.topology_check import check_on_topology
-    from hccc.compiler.passes.verify import verify
 
     out = Path(args.output)
     if out.is_dir():
@@ -135,12 +132,15 @@ def run(args) -> int:
     if args.collective == "broadcast" and not 0 <= args.root < topo.nranks:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
-    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
-    from hccc.compiler.synth.collectives import check_synth_size
     try:
         check_synth_size(topo.nranks, args.chunks_per_rank)   # before any work is sized by it
     except ValueError as exc:
         raise CompileError([Diagnostic(f"--chunks-per-rank: {exc}", None)]) from None
+    from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
+    from hccc.compiler.synth.emit import dsl_collective
+    from hccc.compiler.cluster.topology_check import check_on_topology
+    from hccc.compiler.passes.verify import verify
+    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
     title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
     with Progress("hccc synth", enabled=not args.json) as prog, prog.phase(title, limit_s=args.time_limit) as phase:
 

@@ -32,6 +32,7 @@ import sys
 from hccc.compiler.frontend.plural import plural
 from hccc.table import table_lines
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
+from hccc.compiler.frontend.limits import printable
 
 SCHEMA = "hccc.topo/1"
 PLATFORM = {"nvidia": "cuda", "amd": "hip"}
@@ -144,7 +145,7 @@ def _ranks(a: int, b: int) -> str:
 def format_text(rep: dict, all_groups: bool = False) -> str:
     """The human-readable summary of a :func:`report`."""
     out = []
-    src = f" ({rep['file']})" if rep["file"] else ""
+    src = f" ({printable(str(rep['file']))})" if rep["file"] else ""
     out.append(f"cluster {rep['name']}{src}: {plural(rep['nnodes'], 'node')}, {plural(rep['nranks'], 'GPU')}, "
                f"{plural(rep['nlinks'], 'link')}, {plural(len(rep['shared_groups']), 'shared group')}")
     line = f"chunk size S_c = {_size(rep['chunk_size'])}"
@@ -235,5 +236,5 @@ def run(args) -> int:
         print()
         print(hier.describe())
         if args.plot:
-            print(f"\nwrote {args.plot}")
+            print(f"\nwrote {printable(str(args.plot))}")
     return 0

@@ -1,8 +1,12 @@
 """``hccc xml ALGO -o FILE.xml``: write an algorithm as MSCCL XML for the MSCCL executor and RCCL.
 
 ALGO is anything :func:`hccc.compiler.pipeline.load_program` reads (``.rccl``, a ProgramIR
-``.json``, another MSCCL ``.xml``); it is verified, scheduled and lowered with the usual options,
-then exported by :func:`hccc.compiler.interop.msccl_xml.export_xml`. The defaults target the current
+``.json``, another MSCCL ``.xml``). An algorithm is verified and exported in its step order with one
+thread block per connection end (:func:`hccc.compiler.interop.msccl_export.export_algorithm`, the
+runtime limits checked on the transfer table first); with ``--xml-order kernel`` it is scheduled and
+lowered as for hccc's kernels (``--scheduler``, ``--tb-alloc``) and that program exported. A ProgramIR
+or XML is exported as given (:func:`hccc.compiler.interop.msccl_xml.export_xml`). ``--xml-fuse``
+and ``--instances K`` apply to both. The defaults target the current
 runtimes' limits (64 steps per thread block, ...); ``--xml-legacy`` targets the older msccl
 executor (256 steps), and each limit has its own option. ``-o -`` writes to standard output.
 The file is replaced atomically: a failed export leaves an existing file untouched.

@@ -1,0 +1,142 @@
+"""What bandwidth each kernel design choice allows, from the programs' own memory traffic.
+
+    python benchmarks/kernel_model.py [--sizes 64M,1G] [--latency-ns 700] [--hbm-gbs 3350]
+                                      [--link-gbs 450] [--channels 4] [--json]
+
+For ring AllGather 8, ring AllReduce 8 and HM AllReduce 4x8 (examples/), counted from each
+ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
+
+- HBM bytes per payload byte: every byte the kernels read or write in HBM (FIFO slots included),
+  summed over the ranks, per byte of the collective's full buffer S.
+- Blocks per connection: 1 in the kernels as built; K in the channel rows (a model: channels are
+  not implemented yet, each of K blocks would move 1/K of a connection's data).
+- Per-block rate (Little's law): bytes of loads in flight per block / memory latency. v1 (the
+  protocol before this work): one 16-byte load in flight per thread; v2 (as built): HCCC_LOADS = 8
+  independent 16-byte loads per thread. A TB needing R bytes of loads takes R / rate.
+- Sync per message (assumed, printed): v1 a sequentially consistent system fence per post and a
+  remote poll of the receiver's head; v2 a release store and local polls.
+
+Bounds, all ranks on one GPU (what benchmarks/gpu_busbw.py measures): time >= HBM bytes / HBM
+bandwidth, and >= the slowest TB's (loads / per-block rate + messages x sync). busbw = S / time x
+the collective's busbw factor. Rows marked "model" are designs the kernels do not implement (K
+channels, direct mode: the sender writes the peer's destination); the others are the kernels as
+they were (v1) and are (v2). No GPU is needed; every number is derived from the parameters shown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALGORITHMS = {
+    "ring_allgather_8": ROOT / "examples" / "ring_allgather_8.rccl",
+    "ring_allreduce_8": ROOT / "examples" / "ring_allreduce_8.rccl",
+    "hm_allreduce_4x8": ROOT / "examples" / "hm_allreduce_4x8.rccl",
+}
+THREADS = 512            # threads per block of the CUDA kernels (16 warps)
+LOADS_V2 = 8             # HCCC_LOADS
+SYNC_US = {"v1": 2.0, "v2": 0.7}   # per message, assumed (see the module docstring)
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(t)
+
+
+def fmt_size(n: int) -> str:
+    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v}{unit}"
+    return str(n)
+
+
+def designs(channels: int):
+    """(name, loads in flight per thread, blocks per connection, direct, sync key, model only)"""
+    return [("v1 (before)", 1, 1, False, "v1", False),
+            ("v2 (as built)", LOADS_V2, 1, False, "v2", False),
+            (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", True),
+            ("v2 + direct", LOADS_V2, 1, True, "v2", True),
+            (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", True)]
+
+
+def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int) -> list[dict]:
+    from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
+    from hccc.runtime.busbw import busbw_factor
+    from hccc.runtime.kernel_traffic import traffic
+    import numpy as np
+
+    es = 4
+    slice_b = auto_slice_bytes(nbytes, ir.nchunks, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks), es)
+    nmb = micro_batches(nbytes, ir.nchunks, slice_b, es)
+    msgs: dict = {}
+    for r, t in zip(ir.prims["rank"].tolist(), ir.prims["tb"].tolist()):
+        msgs[(r, t)] = msgs.get((r, t), 0) + nmb
+    factor = busbw_factor(ir.collective, ir.nranks)
+    rows = []
+    for name, loads, k, direct, sync, only_model in designs(channels):
+        tr = traffic(ir, nbytes, es, direct=direct)
+        rate = THREADS * 16 * loads / (latency_ns * 1e-9)            # bytes/s per block
+        t_hbm = tr.hbm / (hbm_gbs * 1e9)
+        t_tb = max((tr.per_tb_reads[key] / (rate * k)) + msgs[key] / k * SYNC_US[sync] * 1e-6
+                   for key in tr.per_tb_reads)
+        t = max(t_hbm, t_tb)
+        rows.append({
+            "algorithm": ir.name, "size": nbytes, "design": name, "model_only": only_model,
+            "hbm_per_byte": tr.hbm / nbytes, "blocks_per_conn": k, "block_gbs": rate / 1e9,
+            "hbm_bound_busbw": nbytes / t_hbm * factor / 1e9 if t_hbm else math.inf,
+            "block_bound_busbw": nbytes / t_tb * factor / 1e9 if t_tb else math.inf,
+            "busbw": nbytes / t * factor / 1e9, "limit": "HBM" if t_hbm >= t_tb else "blocks",
+        })
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="64M,1G")
+    ap.add_argument("--latency-ns", type=float, default=700.0, help="loaded HBM latency")
+    ap.add_argument("--hbm-gbs", type=float, default=3350.0, help="HBM bandwidth (H100 SXM)")
+    ap.add_argument("--channels", type=int, default=4)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        print(f"kernel_model: bad --sizes {args.sizes!r}", file=sys.stderr)
+        return 1
+    if args.channels < 1 or not sizes or min(sizes) <= 0:
+        print("kernel_model: --channels and sizes must be positive", file=sys.stderr)
+        return 1
+    sys.path.insert(0, str(ROOT.parent))
+    from hccc.compiler.pipeline import load_program
+
+    rows = []
+    for name, path in ALGORITHMS.items():
+        ir = load_program(path)
+        for n in sizes:
+            rows += model(ir, n, latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, channels=args.channels)
+    if args.json:
+        print(json.dumps({"parameters": {"latency_ns": args.latency_ns, "hbm_gbs": args.hbm_gbs,
+                                         "threads": THREADS, "sync_us": SYNC_US}, "rows": rows}, indent=1))
+        return 0
+    print(f"all ranks on one GPU: HBM {args.hbm_gbs:.0f} GB/s, load latency {args.latency_ns:.0f} ns, "
+          f"{THREADS} threads/block, sync per message v1 {SYNC_US['v1']} us / v2 {SYNC_US['v2']} us (assumed)")
+    head = (f"{'algorithm':<18}{'size':>6}  {'design':<26}{'HBM B/B':>8}{'blk/conn':>9}{'blk GB/s':>9}"
+            f"{'HBM-bound':>10}{'blk-bound':>10}{'bound':>8}  limit   (busbw GB/s)")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        tag = " (model)" if r["model_only"] else ""
+        print(f"{r['algorithm']:<18}{fmt_size(r['size']):>6}  {r['design'] + tag:<26}{r['hbm_per_byte']:>8.1f}"
+              f"{r['blocks_per_conn']:>9}{r['block_gbs']:>9.1f}{r['hbm_bound_busbw']:>10.1f}"
+              f"{r['block_bound_busbw']:>10.1f}{r['busbw']:>8.1f}  {r['limit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

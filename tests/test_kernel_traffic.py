@@ -1,0 +1,105 @@
+"""HBM and link traffic of the kernels (hccc.runtime.kernel_traffic) and benchmarks/kernel_model.py.
+
+Oracles: closed forms counted by hand from the ring algorithms (per rank: which primitives move
+which chunk, each primitive's reads and writes per byte), and, for random programs, the benchmark's
+own independent count of sent bytes (benchmarks/gpu_busbw.py bytes_moved).
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.runtime.kernel_traffic import traffic
+from hccc.testing import valid_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script(name):
+    """benchmarks/<name>.py as a module (a script, not part of the package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod                     # dataclasses look their module up
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_ring_allgather_closed_form(n):
+    """Per rank: copy its input chunk (1 read + 1 write), send n-1 chunks (source -> slot) and
+    receive n-1 (slot -> output), 2 bytes per byte each: (2 + 4(n-1)) chunks; chunk = S/n. Direct
+    mode drops the receives' 2 bytes. Links carry (n-1) chunks per rank."""
+    ir = build_program(gen.ring_allgather(n), chunk_bytes=1 << 16)
+    S = n * 3 * 1024
+    t = traffic(ir, S)
+    assert t.hbm == (4 * n - 2) * S and t.hbm_read == t.hbm_write == (2 * n - 1) * S
+    assert t.link == (n - 1) * S
+    assert traffic(ir, S, direct=True).hbm == (2 * n) * S
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_ring_allreduce_closed_form(n):
+    """Per rank, chunk = S/n. ReduceScatter: 1 SEND (2), n-2 x (RECV_REDUCE_COPY 3 + SEND 2), one
+    final RECV_REDUCE_COPY (3); AllGather: 1 SEND (2), n-2 x (RECV 2 + SEND 2), 1 RECV (2):
+    9(n-1) chunks. Direct mode: the n-1 RECVs move nothing: 7(n-1)."""
+    ir = build_program(gen.ring_allreduce(n), chunk_bytes=1 << 16)
+    S = n * 4 * 1000
+    assert traffic(ir, S).hbm == 9 * (n - 1) * S
+    assert traffic(ir, S, direct=True).hbm == 7 * (n - 1) * S
+    assert traffic(ir, S).link == 2 * (n - 1) * S
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce"])
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_link_bytes_match_the_benchmarks_count(collective, data):
+    alg = data.draw(valid_programs(collective, max_ranks=6), label="program")
+    ir = build_program(alg, chunk_bytes=256)
+    nbytes = 4 * data.draw(st.integers(0, 5000), label="count")
+    bench = _script("gpu_busbw")
+    t = traffic(ir, nbytes)
+    assert t.link == bench.bytes_moved(ir, nbytes).sent
+    # every sent byte is read once and lands in a slot; direct mode never costs more
+    assert t.hbm_read >= t.link and t.hbm_write >= t.link
+    assert traffic(ir, nbytes, direct=True).hbm <= t.hbm
+    assert sum(t.per_tb_reads.values()) == t.hbm_read
+
+
+def test_kernel_model_prints_before_and_after():
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "64M"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    for alg in ("ring_allgather_8", "ring_allreduce_8", "hm_allreduce_4x8"):
+        rows = {l.split()[2]: l for l in lines if l.startswith(alg)}
+        assert {"v1", "v2"} <= set(rows), lines
+    model = _script("kernel_model")
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
+    rows = {r["design"]: r for r in model.model(ir, 64 << 20, latency_ns=700, hbm_gbs=3350, channels=4)}
+    v1, v2 = rows["v1 (before)"], rows["v2 (as built)"]
+    assert v2["block_gbs"] == pytest.approx(8 * v1["block_gbs"])     # 8 loads in flight instead of 1
+    assert v2["block_bound_busbw"] > v1["block_bound_busbw"]
+    assert rows["v2 + direct"]["hbm_per_byte"] == 16 and v2["hbm_per_byte"] == 30     # closed forms above
+    assert rows["v2 + 4 channels"]["block_bound_busbw"] == pytest.approx(4 * v2["block_bound_busbw"])
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+
+
+def test_gpu_benchmark_hbm_bound_uses_the_traffic_model():
+    bench = _script("gpu_busbw")
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
+    assert "ring_allreduce_8" in bench.ALGORITHMS
+    assert bench.hbm_bytes(ir, 8 << 20) == 30 * (8 << 20)          # (4n - 2) S, n = 8
+    assert bench.hbm_bytes(ir, 8 << 20, "float16") == 30 * (8 << 20)
