@@ -1,7 +1,8 @@
 """Bandwidth of the generated kernels on one GPU, against a device-to-device copy of the same bytes.
 
     python benchmarks/gpu_busbw.py [--sizes 64M,256M,1G] [--iters 10] [--warmup 3]
-                                   [--chunk-size 1M] [--nwarps auto|N] [--json]
+                                   [--chunk-size 1M] [--nwarps auto|N] [--launch grid|per-rank|both]
+                                   [--json]
 
 For ring AllGather (8 ranks, examples/ring_allgather_8.rccl), ring AllReduce (8 ranks,
 examples/ring_allreduce_8.rccl) and HM AllReduce (4 nodes x 8 GPUs, examples/hm_allreduce_4x8.rccl), compiled through ``hccc.compiler.pipeline``, every rank runs on one
@@ -33,6 +34,11 @@ HBM bound. The kernels' own HBM traffic H (every read and write, FIFO slots incl
 the reference copy reaches (it reads and writes each byte: 2 x copy bandwidth) takes
 H / (2 x copy GB/s); "of bound" = that time / the kernels' time (the target is at least 0.70; ring
 AllGather's ratio to the copy at least 0.40).
+
+Launch. ``--launch grid`` (the default): every rank in one cooperative launch of the one-grid
+entry (the runtime's single-GPU mode); ``per-rank``: a kernel per rank, each in its own stream
+(what runs across GPUs; on one GPU it relies on the streams running concurrently); ``both``: a row
+of each, side by side (column "launch").
 
 Thread blocks. All ranks' thread blocks must be resident at once; ``--nwarps auto`` (the default)
 starts from the algorithm's nWarps and halves it until the CUDA platform accepts the launch (HM
@@ -154,15 +160,16 @@ def nwarps_candidates(first: int) -> list[int]:
     return out
 
 
-def open_runner(launcher, ir, args, nwarps: list[int]):
+def open_runner(launcher, ir, args, nwarps: list[int], one_grid: bool | None = None):
     """A launcher Runner for ``ir`` on CUDA with the most warps per block (from ``nwarps``, largest
-    first) whose thread blocks can all be resident at once; (runner, warps)."""
+    first) whose thread blocks can all be resident at once; (runner, warps). ``one_grid``: the
+    Runner's (None: one grid, every rank being on one GPU)."""
     from hccc.runtime.platform import PlatformError
 
     for nw in nwarps:
         try:
             return launcher.Runner(ir, "cuda", args.dtype, "sum", nthreads=32 * nw,
-                                   timeout_s=args.timeout), nw
+                                   timeout_s=args.timeout, one_grid=one_grid), nw
         except PlatformError as exc:
             if "resident" not in str(exc) or nw == nwarps[-1]:
                 raise
@@ -170,10 +177,11 @@ def open_runner(launcher, ir, args, nwarps: list[int]):
 
 
 def run_size(name: str, ir, size: int, args, runner, nwarps: int) -> dict:
-    """One (algorithm, size) row of the table."""
+    """One (algorithm, size, launch mode) row of the table."""
     moved = bytes_moved(ir, size, args.dtype, False)
     res = runner.run(size, inplace=False, iters=args.iters, warmup=args.warmup, seed=0)
     row = {"algorithm": name, "collective": ir.collective, "nranks": ir.nranks, "bytes": size,
+           "launch": "grid" if getattr(runner, "grid_fn", None) is not None else "per-rank",
            "nwarps": nwarps, "chunk_bytes": ir.chunk_bytes, "moved_bytes": moved.total,
            "sent_bytes": moved.sent, "local_bytes": moved.local,
            "wrong": int(res.wrong), "stuck": res.stuck}
@@ -204,16 +212,16 @@ def print_table(rows: list[dict], device: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"hccc kernels vs device-to-device copy, all ranks on {device}")
-    for col in ("algorithm", "size", "nwarps", "moved", "time", "GB/s", "copy GB/s", "ratio", "HBM",
-                "of bound", "busbw"):
+    for col in ("algorithm", "launch", "size", "nwarps", "moved", "time", "GB/s", "copy GB/s", "ratio",
+                "HBM", "of bound", "busbw"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         if r["time_us"] is None:
             status = f"STUCK: {r['stuck']}" if r["stuck"] else f"WRONG ({r['wrong']} elements)"
-            table.add_row(r["algorithm"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
-                          status, "", "", "", "", "", "")
+            table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]),
+                          _size(r["moved_bytes"]), status, "", "", "", "", "", "")
             continue
-        table.add_row(r["algorithm"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
+        table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
                       f"{r['time_us']:.1f} us", f"{r['gbps']:.1f}", f"{r['copy_gbps']:.1f}",
                       f"{r['ratio']:.2f}", _size(r["hbm_bytes"]), f"{r['of_bound']:.2f}", f"{r['busbw']:.1f}")
     Console().print(table)
@@ -246,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--copy-buffer", type=lambda t: _sizes(t)[0], default=1 << 30,
                     help="largest single piece of the reference copy (default 1G)")
     ap.add_argument("--timeout", type=float, default=60.0, help="kernel spin-wait timeout, seconds")
+    ap.add_argument("--launch", choices=("grid", "per-rank", "both"), default="grid",
+                    help="one grid for every rank (default), a kernel per rank, or both side by side")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     names = [x.strip() for x in args.algorithms.split(",") if x.strip()]
@@ -278,12 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             ir = load_program(ALGORITHMS[name], CompileOptions(chunk_bytes=args.chunk_size[0]))
             nw = nwarps_candidates(ir.nwarps) if args.nwarps == "auto" else [int(args.nwarps)]
-            runner, warps = open_runner(launcher, ir, args, nw)
-            with runner:
-                for size in args.sizes:
-                    rows.append(run_size(name, ir, size, args, runner, warps))
-                    if not args.json:
-                        print(f"{name} {_size(size)}: done", file=sys.stderr)
+            modes = {"grid": [True], "per-rank": [False], "both": [True, False]}[args.launch]
+            for one_grid in modes:
+                runner, warps = open_runner(launcher, ir, args, nw, one_grid)
+                with runner:
+                    for size in args.sizes:
+                        rows.append(run_size(name, ir, size, args, runner, warps))
+                        if not args.json:
+                            print(f"{name} {rows[-1]['launch']} {_size(size)}: done", file=sys.stderr)
     except (PlatformError, CompileError) as exc:
         print(f"gpu_busbw: {exc}", file=sys.stderr)
         return 1

@@ -492,14 +492,15 @@ def _platform(backend):
 
 
 def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
-                  timeout_s: float = 10.0, codegen: str = "specialized"):
+                  timeout_s: float = 10.0, codegen: str = "specialized", one_grid: bool | None = None):
     """A :class:`hccc.runtime.launcher.Runner` for ``ir``, kept for reuse within the process (the
-    last few are cached, keyed by the IR's content, backend, instance and code-generation mode:
-    ``"specialized"`` kernels per rank or the generic ``"table"`` kernels)."""
+    last few are cached, keyed by the IR's content, backend, instance, code-generation mode:
+    ``"specialized"`` kernels per rank or the generic ``"table"`` kernels, and ``one_grid``: the
+    Runner's choice of one launch for every rank, or a kernel per rank)."""
     import hashlib
     from hccc.runtime.launcher import Runner
     bname = backend if isinstance(backend, str) else f"{type(backend).__name__}@{id(backend)}"
-    key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op, codegen)
+    key = (hashlib.sha256(ir.to_json().encode()).hexdigest(), bname, dtype, op, codegen, one_grid)
     hit = _RUNNERS.get(key)
     if hit is not None:
         _RUNNERS.move_to_end(key)
@@ -508,7 +509,8 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
         hit.timeout_s = timeout_s
         return hit
     try:
-        runner = Runner(ir, _platform(backend), dtype, op, timeout_s=timeout_s, codegen=codegen)
+        runner = Runner(ir, _platform(backend), dtype, op, timeout_s=timeout_s, codegen=codegen,
+                        one_grid=one_grid)
     except Exception as exc:  # remembered: a failing build is not retried for every example
         _RUNNERS[key] = exc
         raise
@@ -521,10 +523,11 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
 
 
 def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0,
-             codegen: str = "specialized"):
+             codegen: str = "specialized", one_grid: bool | None = None):
     """Run one :class:`KernelCase` through the emitted kernels (``codegen``: ``"specialized"`` or
-    ``"table"``); the :class:`RunResult`."""
-    runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s, codegen=codegen)
+    ``"table"``; ``one_grid`` as :class:`~hccc.runtime.launcher.Runner`'s); the :class:`RunResult`."""
+    runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s, codegen=codegen,
+                           one_grid=one_grid)
     res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed,
                      slice_bytes=case.slice_bytes or ir.chunk_bytes)
     if getattr(runner, "_broken", None):
@@ -553,16 +556,19 @@ def describe_failure(case: KernelCase, res) -> str:
 def assert_kernels_match(ir, *, backend="cpu", counts: Sequence[int] | None = None,
                          dtypes: Sequence[str] = ("float32",), ops: Sequence[str] = ("sum",),
                          inplace: Sequence[bool] = (False, True), nthreads: int | None = None,
-                         timeout_s: float = 10.0, seed: int = 0, codegen: str = "specialized") -> None:
+                         timeout_s: float = 10.0, seed: int = 0, codegen: str = "specialized",
+                         one_grid: bool | None = None) -> None:
     """Run ``ir``'s emitted kernels and assert that every output element equals the reference
     executor's, that no run sticks, and that the reference run implements the collective.
-    ``counts`` default to :func:`default_counts`; ``nthreads`` to 2 threads per thread block."""
+    ``counts`` default to :func:`default_counts`; ``nthreads`` to 2 threads per thread block;
+    ``one_grid`` as :class:`~hccc.runtime.launcher.Runner`'s."""
     for dtype in dtypes:
         for op in ops:
             for count in (counts if counts is not None else default_counts(ir, dtype)):
                 for ip in inplace:
                     case = KernelCase(int(count), dtype, op, bool(ip), int(nthreads or 2))
-                    res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed, codegen=codegen)
+                    res = run_case(ir, case, backend, timeout_s=timeout_s, seed=seed, codegen=codegen,
+                                   one_grid=one_grid)
                     if not res.ok:
                         raise AssertionError(f"{ir.name}: emitted kernels disagree with the oracle: "
                                              + describe_failure(case, res))

@@ -383,6 +383,12 @@ class CpuPlatform(Platform):
             # the rank's own platform's source (the one the emitted build files compile for it)
             srcs = e.get("sources") or {}
             sources.append(srcs.get(e.get("platform")) or e["source"])
+        # with every rank of one platform: the one-grid entry too (it calls their block functions)
+        if ranks is None or sorted(set(ranks)) == list(range(len(manifest["ranks"]))):
+            plats = {e.get("platform") for e in entries}
+            grid = (manifest.get("grid") or {}).get(next(iter(plats))) if len(plats) == 1 else None
+            if isinstance(grid, dict):
+                sources.append(grid.get("source"))
         sources = list(dict.fromkeys(sources))     # table mode: one generic source for every rank
         headers = list(manifest.get("headers", []))
         for name in sources + headers:

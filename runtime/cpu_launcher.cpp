@@ -6,9 +6,11 @@
 //   hccc_cpu_now_ns()                       the clock the launches are timed with (steady clock)
 //   hccc_cpu_launch(fn, grid, block, args, nargs, start, err, nerr)
 //                                           create grid x block threads that run kernel fn on a copy
-//                                           of args (one hccc_args, or for the table mode's generic
+//                                           of args (one hccc_args; for the table mode's generic
 //                                           kernels one hccc_args followed by the table's
-//                                           address), at once when start != 0, else
+//                                           address; for a one-grid entry hccc_grid_args, or the
+//                                           table mode's hccc_table_grid_args: the argument's
+//                                           size tells which), at once when start != 0, else
 //                                           at hccc_cpu_start; returns a handle, or null with a
 //                                           message in err (then nothing keeps running)
 //   hccc_cpu_start(h)                       let the threads of a held launch run
@@ -35,6 +37,19 @@ struct hccc_cpu_table_args {
   const void* table;
 };
 typedef void (*hccc_cpu_table_kernel)(hccc_cpu_table_args);
+typedef void (*hccc_cpu_grid_kernel)(hccc_grid_args);
+// hccc_table_grid_args in hccc_table.h, likewise
+struct hccc_cpu_table_grid_args {
+  const void* ranks;
+  const int32_t* first;
+  int64_t nranks;
+};
+typedef void (*hccc_cpu_table_grid_kernel)(hccc_cpu_table_grid_args);
+// The kinds of kernel argument, told apart by their sizes (all different).
+enum hccc_cpu_arg_kind { HCCC_CPU_RANK, HCCC_CPU_TABLE, HCCC_CPU_GRID, HCCC_CPU_TABLE_GRID };
+static_assert(sizeof(hccc_grid_args) != sizeof(hccc_cpu_table_grid_args) &&
+                  sizeof(hccc_cpu_table_grid_args) < sizeof(hccc_args),
+              "kernel argument sizes must differ");
 
 // Stack of each emulated GPU thread: the kernels need little, and thousands of threads may run.
 #ifndef HCCC_CPU_STACK_BYTES
@@ -53,8 +68,12 @@ struct Worker {
 };
 
 struct Launch {
-  hccc_cpu_table_args args;  // .table is used by table-mode kernels only
-  bool table = false;
+  union {
+    hccc_cpu_table_args args;  // .table is used by table-mode kernels only
+    hccc_grid_args grid;
+    hccc_cpu_table_grid_args table_grid;
+  };
+  hccc_cpu_arg_kind kind = HCCC_CPU_RANK;
   std::vector<std::unique_ptr<hccc_cpu_block>> blocks;
   std::vector<Worker> workers;
   std::vector<pthread_t> threads;
@@ -70,10 +89,20 @@ struct Launch {
       cv.wait(lock, [this] { return gate != 0; });
       if (gate == 2) return;
     }
-    if (table)
-      hccc_cpu_run_thread(reinterpret_cast<hccc_cpu_table_kernel>(w.kernel), args, w.block, w.tid);
-    else
-      hccc_cpu_run_thread(w.kernel, args.a, w.block, w.tid);
+    switch (kind) {
+      case HCCC_CPU_TABLE:
+        hccc_cpu_run_thread(reinterpret_cast<hccc_cpu_table_kernel>(w.kernel), args, w.block, w.tid);
+        break;
+      case HCCC_CPU_GRID:
+        hccc_cpu_run_thread(reinterpret_cast<hccc_cpu_grid_kernel>(w.kernel), grid, w.block, w.tid);
+        break;
+      case HCCC_CPU_TABLE_GRID:
+        hccc_cpu_run_thread(reinterpret_cast<hccc_cpu_table_grid_kernel>(w.kernel), table_grid, w.block,
+                            w.tid);
+        break;
+      default:
+        hccc_cpu_run_thread(w.kernel, args.a, w.block, w.tid);
+    }
     const uint64_t now = hccc_clock();
     std::lock_guard<std::mutex> lock(mu);
     if (--running == 0) {
@@ -121,15 +150,20 @@ HCCC_CPU_API void hccc_cpu_start(void* h) {
 
 HCCC_CPU_API void* hccc_cpu_launch(void* fn, int grid, int block, const void* args, uint64_t nargs,
                                    int start, char* err, uint64_t nerr) {
-  if ((nargs != sizeof(hccc_args) && nargs != sizeof(hccc_cpu_table_args)) || grid < 0 || block < 1) {
-    snprintf(err, nerr, "bad launch: grid %d, block %d, %llu argument bytes (expected %zu or %zu)",
-             grid, block, (unsigned long long)nargs, sizeof(hccc_args), sizeof(hccc_cpu_table_args));
+  const bool known = nargs == sizeof(hccc_args) || nargs == sizeof(hccc_cpu_table_args) ||
+                     nargs == sizeof(hccc_grid_args) || nargs == sizeof(hccc_cpu_table_grid_args);
+  if (!known || grid < 0 || block < 1) {
+    snprintf(err, nerr, "bad launch: grid %d, block %d, %llu argument bytes (expected %zu, %zu, %zu or %zu)",
+             grid, block, (unsigned long long)nargs, sizeof(hccc_args), sizeof(hccc_cpu_table_args),
+             sizeof(hccc_grid_args), sizeof(hccc_cpu_table_grid_args));
     return nullptr;
   }
   std::unique_ptr<Launch> L(new Launch());
   memset(&L->args, 0, sizeof(L->args));
   memcpy(&L->args, args, (size_t)nargs);
-  L->table = nargs == sizeof(hccc_cpu_table_args);
+  L->kind = nargs == sizeof(hccc_args) ? HCCC_CPU_RANK
+            : nargs == sizeof(hccc_cpu_table_args) ? HCCC_CPU_TABLE
+            : nargs == sizeof(hccc_grid_args) ? HCCC_CPU_GRID : HCCC_CPU_TABLE_GRID;
   const hccc_cpu_kernel kernel = reinterpret_cast<hccc_cpu_kernel>(fn);
   L->blocks.reserve((size_t)grid);
   for (int b = 0; b < grid; ++b) {

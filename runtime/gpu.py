@@ -90,6 +90,34 @@ def rank_source(manifest: dict, rank: int, platform: str) -> str:
     return src
 
 
+def grid_source(manifest: dict, platform: str, ranks: Sequence[int]) -> str | None:
+    """File name of the one-grid entry's ``platform`` source (manifest ``grid``), when ``ranks`` is
+    every rank of the program and the manifest has one; else None (the entry calls every rank's
+    block function, so it compiles only next to all of them)."""
+    entry = (manifest.get("grid") or {}).get(platform)
+    if entry is None or sorted(ranks) != list(range(len(manifest.get("ranks") or []))):
+        return None
+    src = entry.get("source") if isinstance(entry, dict) else None
+    if not isinstance(src, str) or not _FILENAME.fullmatch(src):
+        raise PlatformError(f"manifest.json: grid source {src!r} is not a plain file name")
+    return src
+
+
+def grid_symbol(manifest: dict, platform: str, instance: Instance) -> str | None:
+    """The ``extern "C"`` name of the one-grid entry for ``instance`` (the ``kernel_symbol``
+    pattern over manifest ``grid``'s kernel), or None when the manifest has none for ``platform``."""
+    _check_instance(instance)
+    entry = (manifest.get("grid") or {}).get(platform)
+    if not isinstance(entry, dict):
+        return None
+    pattern = manifest.get("kernel_symbol", "{kernel}_{dtype}_{op}")
+    sym = (str(pattern).replace("{kernel}", str(entry.get("kernel", "")))
+           .replace("{dtype}", instance.dtype).replace("{op}", instance.op))
+    if not _IDENT.fullmatch(sym):
+        raise PlatformError(f"manifest.json: grid kernel symbol {sym!r} is not an identifier")
+    return sym
+
+
 def select_ranks(manifest: dict, ranks: Iterable[int] | None) -> list[int]:
     n = len(manifest.get("ranks") or [])
     if n == 0:
@@ -104,15 +132,17 @@ def select_ranks(manifest: dict, ranks: Iterable[int] | None) -> list[int]:
 def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], platform: str,
                      *, gate: bool = True) -> str:
     """Source of one module: ``instance``'s kernels of every rank in ``ranks`` (the emitted sources
-    are included, so they compile exactly as written) plus the timer's gate kernel."""
+    are included, so they compile exactly as written), the one-grid entry when ``ranks`` is every
+    rank (:func:`grid_source`), plus the timer's gate kernel."""
     _check_instance(instance)
     lines = [f"// hccc runtime module: {instance.dtype}_{instance.op}, {platform}, ranks "
              + ",".join(map(str, ranks)),
              f"#define HCCC_FOR_EACH_INSTANCE(X) X({instance.dtype}, {CTYPES[instance.dtype]}, "
              f"{instance.op}, {RED_CONSTS[instance.op]})"]
     # (table mode: every rank names the same generic source, included once)
-    lines += [f'#include "{src}"' for src in dict.fromkeys(rank_source(manifest, r, platform)
-                                                           for r in ranks)]
+    # ... and, with every rank, the one-grid entry (it calls their block functions)
+    srcs = [rank_source(manifest, r, platform) for r in ranks] + [grid_source(manifest, platform, ranks)]
+    lines += [f'#include "{src}"' for src in dict.fromkeys(s for s in srcs if s)]
     if gate:
         lines += [
             "// Spins until the host sets *flag (or the timeout passes): holds queued kernels back",
@@ -148,7 +178,7 @@ def compile_module(outdir: Path, manifest: dict, tu: str, ranks: Sequence[int], 
     ``outdir``) with ``tool FLAGS -I OUTDIR -o OUT TU``; returns OUT, an entry of the build cache
     (:mod:`hccc.runtime.cache`) keyed by the sources, headers, flags and compiler version."""
     outdir = Path(outdir).resolve()
-    names = {rank_source(manifest, r, platform) for r in ranks}
+    names = {rank_source(manifest, r, platform) for r in ranks} | {grid_source(manifest, platform, ranks)} - {None}
     names |= {x for x in manifest.get("headers", []) if isinstance(x, str) and _FILENAME.fullmatch(x)}
     try:
         digest = cache.files_digest([outdir / n for n in sorted(names)], outdir)
@@ -795,6 +825,50 @@ class GpuPlatform(Platform):
         self._inflight.setdefault(dev, {})[stream.handle] = (fn, grid, block)
         if len(args) >= ARGS_ABORT_OFFSET + 8:
             self._abort_ptrs.add(struct.unpack_from("<Q", args, ARGS_ABORT_OFFSET)[0])
+
+    def launch_grid(self, fn: Any, grid: int, block: int, args: bytes, stream: Any, *,
+                    abort_flag: int = 0) -> None:
+        """The one-grid entry, launched cooperatively (``cuLaunchCooperativeKernel`` /
+        ``hipModuleLaunchCooperativeKernel``). A cooperative launch is the one launch the driver
+        starts only when every block of the grid can be resident at once (else it fails instead of
+        queueing blocks behind spinning ones), whatever else shares the GPU (MPS clients, a
+        profiler, CUDA_LAUNCH_BLOCKING, other processes' work): co-residency is the launch's
+        guarantee, not the stream scheduler's habit. The occupancy check runs first (as for every
+        launch, :meth:`_admit`), so the usual case of too many blocks gets a message with the
+        numbers rather than the driver's error code."""
+        if not isinstance(fn, GpuFunction):
+            raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
+        if not isinstance(stream, GpuStream):
+            raise PlatformError(f"not a {self.api_name} stream: {stream!r}")
+        if grid <= 0:
+            return
+        args = bytes(args)
+        dev = stream.device
+        self._admit(dev, fn, grid, block, stream)
+        self.set_device(dev)
+        buf = (ctypes.c_char * max(len(args), 1)).from_buffer_copy(args or b"\0")
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        try:
+            try:
+                self._driver.launchCooperativeKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0,
+                                                     stream.handle, ctypes.addressof(params))
+            except NotImplementedError:
+                # a runtime without module cooperative launches (HIP before ROCm 6): one plain
+                # launch of a grid the occupancy check admitted; no other kernel of the run
+                # competes for its blocks, only other processes' work could
+                self._driver.launchKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0, stream.handle,
+                                          ctypes.addressof(params), 0)
+        except Exception as exc:
+            self._abort_inflight()
+            raise PlatformError(
+                f"cooperative launch of {fn.symbol} ({grid} blocks of {block} threads, every rank "
+                f"on {self._device_name(dev)}) failed: {_err(exc)}; the driver starts it only when "
+                "every block fits on the GPU at once (other work on the GPU, or MPS limits, count "
+                "too): use fewer ranks per GPU, fewer thread blocks per rank (--tb-alloc state) "
+                "or fewer warps per block (nWarps)") from None
+        self._inflight.setdefault(dev, {})[stream.handle] = (fn, grid, block)
+        if abort_flag:    # the flag in the ranks' hccc_args (the grid's own argument holds none)
+            self._abort_ptrs.add(int(abort_flag))
 
     def _admit(self, dev: int, fn: GpuFunction, grid: int, block: int, stream: GpuStream) -> None:
         """Refuse a launch whose blocks could not be resident together with the kernels already

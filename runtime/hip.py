@@ -326,6 +326,16 @@ class HipApi:
         self._call("hipModuleLaunchKernel", f, gx, gy, gz, bx, by, bz, shmem, stream or None,
                    params or None, extra or None)
 
+    def launchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params) -> None:
+        """hipModuleLaunchCooperativeKernel (ROCm 6); NotImplementedError where the runtime lacks it."""
+        fn = getattr(self.lib, "hipModuleLaunchCooperativeKernel", None)
+        if fn is None:
+            raise NotImplementedError("this HIP runtime has no hipModuleLaunchCooperativeKernel")
+        fn.argtypes = [_vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp]
+        fn.restype = _i
+        self._call("hipModuleLaunchCooperativeKernel", f, gx, gy, gz, bx, by, bz, shmem,
+                   stream or None, params or None)
+
     def occupancyMaxActiveBlocksPerMultiprocessor(self, f: int, block: int, smem: int) -> int:
         return self._out("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", _i, f, block, smem)
 

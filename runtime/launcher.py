@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import struct
 import math
 import threading
 from dataclasses import dataclass, field, fields
@@ -59,6 +60,7 @@ from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
 from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
+from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
@@ -418,6 +420,12 @@ class Runner:
     none). ``watchdog_s``: host-side limit per launch (default: generous, from timeout and size).
     ``codegen``: ``"specialized"`` (each rank's own kernel) or ``"table"`` (the generic kernels,
     built once for every algorithm, each rank running its table from device memory).
+    ``one_grid``: run every rank in one launch of the one-grid entry (block index -> (rank, thread
+    block)), launched so that all its blocks are resident together (:meth:`Platform.launch_grid`),
+    instead of one kernel per rank in its own stream, which only progresses if the GPU happens to
+    run those kernels concurrently. None (default): whenever every rank is on one device of one
+    platform (:attr:`single_gpu`) and the manifest has the entry; True: that or PlatformError;
+    False: a kernel per rank. :attr:`grid_fn` is the entry in use, or None.
 
     Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
@@ -429,10 +437,11 @@ class Runner:
     def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
                  op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
                  cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None,
-                 codegen: str = "specialized"):
+                 codegen: str = "specialized", one_grid: bool | None = None):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
         self.codegen = codegen
+        self._one_grid = one_grid
         self.table_ptr: list[int] = []
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
@@ -627,6 +636,7 @@ class Runner:
             p = self.rank_platform[r]
             self.fns.append(self.modules[p].function(sym))
             self.rank_library.append(self.libraries[p])
+        self.grid_fn = self._grid_function(man, inst)
         self._check_residency()
 
         # size-independent memory (kernel protocol v2, see RankPlan): per rank, in memory its
@@ -665,6 +675,34 @@ class Runner:
         for r in range(N):
             self.rank_pf[r].set_device(self.placement[r])
             self.streams.append(self.rank_pf[r].stream())
+        if self.grid_fn is not None:
+            # the one-grid entry's argument: every rank's kernel argument, in one array on the
+            # device (filled per run); the table mode's entry also reads the first block of
+            # each rank from device memory (the specialised entry has it compiled in)
+            self._grid_arg_bytes = ctypes.sizeof(Args) + (8 if self.table_ptr else 0)
+            self.grid_args_ptr = self._malloc(0, N * self._grid_arg_bytes)
+            if self.table_ptr:
+                first = np.r_[0, np.cumsum(self.grid)].astype(np.int32)
+                self.grid_first_ptr = self._malloc(0, first.nbytes)
+                self.rank_pf[0].memcpy_htod(self.grid_first_ptr, first)
+
+    def _grid_function(self, man: dict, inst: Instance):
+        """The one-grid entry to launch (see the class docstring's ``one_grid``), or None."""
+        if self._one_grid is False or not self.nranks:
+            return None
+        p = self.rank_platform[0]
+        sym = grid_symbol(man, p, inst) if self.single_gpu else None
+        fn = None
+        if sym is not None:
+            try:
+                fn = self.modules[p].function(sym)
+            except PlatformError:
+                fn = None
+        if fn is None and self._one_grid:
+            why = ("its ranks are not all on one device of one platform" if not self.single_gpu
+                   else "the generated sources have no one-grid entry (regenerate them)")
+            raise PlatformError(f"cannot run {self.ir.name} as one grid: {why}")
+        return fn
 
     def _upload_tables(self, man: dict) -> None:
         """Check every rank's table against the manifest and copy it to the rank's memory."""
@@ -693,7 +731,10 @@ class Runner:
             blk = {r: (self.blocks[r] if block is None else block) for r in rs}
             need = sum(self.grid[r] for r in rs)
             b = max(blk.values())
-            cap = min(pf.max_resident_blocks(self.fns[r], blk[r]) for r in rs)
+            if self.grid_fn is not None:     # one launch: the entry's own occupancy counts
+                cap = pf.max_resident_blocks(self.grid_fn, b)
+            else:
+                cap = min(pf.max_resident_blocks(self.fns[r], blk[r]) for r in rs)
             if need > cap:
                 raise PlatformError(
                     f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
@@ -838,11 +879,17 @@ class Runner:
                 tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
                 args.append(bytes(a) + tail)
 
+            grid_arg = None
+            if self.grid_fn is not None:
+                blob = b"".join(args)
+                self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
+                grid_arg = (struct.pack("<QQQ", self.grid_args_ptr, self.grid_first_ptr, N)
+                            if self.table_ptr else struct.pack("<QQ", self.grid_args_ptr, N))
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
             for it in range(warmup + iters):
                 self._prepare(bufs, lay, dev_inputs, inplace, ddt)
-                timers = self._launch_all(args, blocks, limit)
+                timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)
                 if stuck is None:
                     stuck = self._error_message()
@@ -876,9 +923,10 @@ class Runner:
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
                          outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b)
 
-    def _launch_all(self, args, blocks, limit) -> list:
-        """Launch every rank's kernel through its own platform, between the start and the stop of
-        one timer per platform object; returns the timers."""
+    def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
+        """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid
+        entry once (every rank, ``sum(grid)`` blocks), between the start and the stop of one timer
+        per platform object; returns the timers."""
         users = [pf for pf in self._distinct if any(self.rank_pf[r] is pf and self.grid[r] > 0
                                                        for r in range(self.nranks))]
         timers = []
@@ -886,7 +934,12 @@ class Runner:
             for pf in users:
                 timers.append(pf.timer())
                 timers[-1].start()
-            for r in range(self.nranks):
+            if grid_arg is not None and sum(self.grid) > 0:
+                pf = self.rank_pf[0]
+                pf.set_device(self.placement[0])
+                pf.launch_grid(self.grid_fn, sum(self.grid), blocks[0], grid_arg, self.streams[0],
+                               abort_flag=self.abort_ptr)
+            for r in range(self.nranks if grid_arg is None else 0):
                 if self.grid[r] > 0:
                     pf = self.rank_pf[r]
                     pf.set_device(self.placement[r])

@@ -132,6 +132,16 @@ class Platform(abc.ABC):
         """Start ``fn`` with ``grid`` blocks of ``block`` threads; ``args`` is the packed argument
         struct (the kernels take one ``hccc_args`` by value)."""
 
+    def launch_grid(self, fn: Any, grid: int, block: int, args: bytes, stream: Any, *,
+                    abort_flag: int = 0) -> None:
+        """Start a one-grid entry (every rank of a single-device run in one launch, ``args`` a
+        packed ``hccc_grid_args``) so that all ``grid`` blocks are resident at once, or raise
+        PlatformError saying why they cannot be (``abort_flag``: the ranks' abort flag, raised
+        when a failing launch leaves other kernels waiting). Here: a plain launch (the CPU emulation runs every
+        block as its own threads, so all of them run together); the GPU platforms launch
+        cooperatively."""
+        self.launch(fn, grid, block, args, stream)
+
     @abc.abstractmethod
     def synchronize(self) -> None: ...
 

@@ -166,3 +166,19 @@ def test_cuda_backend_unavailable_is_a_clear_error(tmp_path, capsys):
     algo.write_text(gen.ring_allreduce_rccl(2, name="ar2"))
     rc, out, err = run_cli(capsys, "run", algo, "--backend", "cuda")
     assert rc == 1 and err.splitlines()[-1].startswith("hccc: error: ") and "Traceback" not in err
+
+
+def test_launch_mode_is_chosen_and_reported(tmp_path, capsys):
+    """Every rank in one emulated process: one grid by default; --launch per-rank runs a kernel per
+    rank; both are correct and reported (JSON "launch", the table's header)."""
+    algo = tmp_path / "ar.rccl"
+    algo.write_text(gen.ring_allreduce_rccl(3, name="ar3"))
+    for flag, want in ((None, "grid"), ("grid", "grid"), ("per-rank", "per-rank")):
+        extra = ["--launch", flag] if flag else []
+        rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "3000", "--json", "--iters", "1", *extra)
+        doc = json.loads(out)
+        assert rc == 0 and doc["ok"] is True and doc["launch"] == want
+    rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "3000", "--iters", "1", "--launch", "per-rank")
+    assert rc == 0 and "a kernel per rank" in out
+    rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "3000", "--iters", "1")
+    assert rc == 0 and "one grid for every rank" in out

@@ -152,6 +152,7 @@ def test_ir_json_input(capsys, tmp_path):
     assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2
 
 
+@pytest.mark.slow
 def test_plot_writes_an_image(capsys, tmp_path):
     png = tmp_path / "timeline.png"
     rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "1M,16M", "--plot", str(png))

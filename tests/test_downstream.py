@@ -55,7 +55,7 @@ def _symbols(lib: pathlib.Path) -> str:
     return subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("codegen", ["specialized", "table"])
+@pytest.mark.parametrize("codegen", ["specialized", pytest.param("table", marks=pytest.mark.slow)])
 def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codegen):
     require_tool("g++")
     src, build, env = _configure(tmp_path, "-DHCCC_EMULATE_ON_CPU=ON", f"-DDOWNSTREAM_CODEGEN={codegen}",

@@ -36,6 +36,9 @@ from hccc.runtime.platform import Instance
 
 from conftest import require_tool
 
+#: compiles every instantiation for sm_90 and gfx90a to inspect the code (minutes on 2 cores): CI runs it
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ring_allreduce_8.rccl"
 
@@ -366,3 +369,30 @@ def test_gfx90a_bf16_reductions_stay_branch_free_and_short(sources, op):
         # 8 vectors x 8 lanes: a few instructions per lane, not a conversion routine per lane
         assert len(body) < 8 * 8 * 16, len(body)
         assert not any(re.search(r"\bs_swappc|\bs_setpc", x) for x in body), "a call in the loop"
+
+
+# ---------------------------------------------------------------------------------- one grid
+@pytest.mark.slow
+def test_cuda_one_grid_entry_only_dispatches_to_the_rank_block_functions(sources):
+    """The single-GPU one-grid entry holds no copy loop and no 16-byte access of its own: it calls
+    each rank's block function, the same (not inlined) function the rank's own kernel calls, so
+    the module has one copy of every rank's primitive code."""
+    d, man = sources["cuda"]
+    tu = translation_unit(man, Instance("float32", "sum"), list(range(len(man["ranks"]))), "cuda")
+    src, out = d / "grid.cu", d / "grid.ptx"
+    src.write_text(tu)
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", True, output="-ptx"), "-I", str(d),
+                          "-o", str(out), str(src)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    funcs = functions(out.read_text(), "ptx")
+    name = man["grid"]["cuda"]["kernel"]
+    entry = funcs[f"{name}_float32_sum"]
+    body = "\n".join(entry)
+    assert not any(PTX_LD16.search(x) or PTX_ST16.search(x) for x in entry) and not copy_loops(entry, "ptx")
+    nranks = len(man["ranks"])
+    for r in range(nranks):
+        block_fn = [f for f in funcs if re.search(rf"{man['ranks'][r]['kernel']}_block_float32_sum", f)]
+        assert len(block_fn) == 1, block_fn                       # one copy of the rank's code
+        assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{block_fn[0]}\b", body), f"rank {r} not dispatched"
+        kernel = "\n".join(funcs[f"{man['ranks'][r]['kernel']}_float32_sum"])
+        assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{block_fn[0]}\b", kernel)

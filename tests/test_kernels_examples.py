@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.frontend.load import load_rccl
-from hccc.testing import assert_kernels_match, default_counts, describe_failure, kernel_cases, run_case
+from hccc.testing import (assert_kernels_match, default_counts, describe_failure, kernel_cases, kernel_runner,
+                          run_case)
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -43,6 +44,20 @@ def test_example_kernels_match_oracle_at_edge_sizes(path):
     dtype, op = instance(path)
     assert_kernels_match(ir, dtypes=[dtype], ops=[op], counts=default_counts(ir, dtype),
                          inplace=(False, True), nthreads=1 + EXAMPLES.index(path) % 3)
+    # every rank in one emulated process: the runs went through the one-grid entry
+    assert kernel_runner(ir, "cpu", dtype, op).grid_fn is not None
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_kernels_launched_per_rank_match_oracle(path):
+    """The kernel per rank (what runs when the ranks span GPUs), at a few uneven sizes (the build
+    of the one-grid test serves: one module holds both)."""
+    ir = lowered(path)
+    dtype, op = instance(path)
+    counts = default_counts(ir, dtype)
+    assert_kernels_match(ir, dtypes=[dtype], ops=[op], counts=counts[1::3], inplace=(False, True),
+                         nthreads=2, one_grid=False)
+    assert kernel_runner(ir, "cpu", dtype, op, one_grid=False).grid_fn is None
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

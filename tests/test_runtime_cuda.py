@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,8 @@ from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda
 from hccc.runtime.cuda import build_cuda_module, normalise_arch, resolve_arch
 import hccc.runtime.gpu as gpu_module
-from hccc.runtime.gpu import (GATE_SYMBOL, ResidentKernel, check_residency, elf_symbols, kernel_symbol, placement_for,
-                              residency_capacity, translation_unit)
+from hccc.runtime.gpu import (GATE_SYMBOL, ResidentKernel, check_residency, elf_symbols, grid_symbol, kernel_symbol,
+                              placement_for, residency_capacity, translation_unit)
 from hccc.runtime.platform import Instance, PlatformError, get_platform
 
 
@@ -186,11 +187,15 @@ def _cubin_sm(path: Path) -> int:
     return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
 
 
+@pytest.mark.slow
 def test_nvcc_builds_one_cubin_with_every_rank_kernel(ring8, nvcc):
     out, man, ir = ring8
     inst = Instance("float32", "sum")
     path = build_cuda_module(out, man, inst, nvcc=nvcc)
-    want = {kernel_symbol(man, r, inst) for r in range(ir.nranks)} | {GATE_SYMBOL}
+    # every rank: the one-grid entry too
+    want = ({kernel_symbol(man, r, inst) for r in range(ir.nranks)} | {GATE_SYMBOL}
+            | {grid_symbol(man, "cuda", inst)})
+    assert grid_symbol(man, "cuda", inst) == "hccc_ring_allgather_8_grid_float32_sum"
     assert elf_symbols(path) == want
     assert _readelf_global_funcs(path) == want
     assert _cubin_sm(path) == 90
@@ -216,6 +221,7 @@ def test_cache_hit_does_not_run_the_compiler(ring8, nvcc, monkeypatch):
     assert not any("-cubin" in c for c in calls)
 
 
+@pytest.mark.slow
 def test_nvcc_subset_of_ranks_other_instance_and_arch(ring8, nvcc, monkeypatch):
     out, man, _ir = ring8
     monkeypatch.setenv(cuda.ARCH_ENV, "sm_80")
@@ -233,6 +239,10 @@ def test_translation_unit_includes_only_validated_sources(ring8):
     tu = translation_unit(man, Instance("float16", "sum"), [0, 7], "cuda")
     assert re.findall(r'#include "([^"]+)"', tu) == ["ring_allgather_8_r0.cu", "ring_allgather_8_r7.cu"]
     assert "X(float16, hccc_half, sum, HCCC_SUM)" in tu
+    # with every rank, the one-grid entry follows the rank sources (it calls their block functions)
+    tu = translation_unit(man, Instance("float16", "sum"), list(range(8)), "cuda")
+    assert re.findall(r'#include "([^"]+)"', tu) == [f"ring_allgather_8_r{r}.cu" for r in range(8)] + [
+        "ring_allgather_8_grid.cu"]
     evil = json.loads(json.dumps(man))
     evil["ranks"][0]["sources"]["cuda"] = "../../etc/passwd"
     with pytest.raises(PlatformError, match="not a plain file name"):
@@ -521,6 +531,7 @@ def test_hip_arch_names(text, ok, monkeypatch):
     assert resolve_hip_arch(None) == "gfx90a" and resolve_hip_arch("gfx1030") == "gfx1030"
 
 
+@pytest.mark.slow
 def test_hipcc_builds_a_code_object_with_the_rank_kernels(tmp_path, hipcc):
     from hccc.runtime.hip import build_hip_module, hip_module_symbols, offload_bundle_entries
     ir = load_program(EXAMPLES / "ring_allgather_8.rccl")
@@ -542,6 +553,21 @@ def test_hipcc_builds_a_code_object_with_the_rank_kernels(tmp_path, hipcc):
         listed = subprocess.run([str(bundler[-1]), "--list", "--type=o", f"--input={path}"],
                                 capture_output=True, text=True, check=True).stdout.split()
         assert listed == [t for t, _ in entries]
+
+
+@pytest.mark.slow
+def test_hipcc_builds_the_one_grid_entry_for_gfx90a(tmp_path, hipcc):
+    """Every rank on one AMD GPU: the code object holds the one-grid entry next to the rank kernels."""
+    from hccc.runtime.hip import build_hip_module, hip_module_symbols
+    ir = load_program(EXAMPLES / "hm_allreduce_2x4.rccl")
+    out = tmp_path / "gen"
+    out.mkdir()
+    generate(ir, out, platforms=["hip"] * ir.nranks)
+    man = json.loads((out / "manifest.json").read_text())
+    inst = Instance("bfloat16", "sum")
+    path = build_hip_module(out, man, inst, hipcc=hipcc, arch="gfx90a", single_gpu=True)
+    assert hip_module_symbols(path) == ({kernel_symbol(man, r, inst) for r in range(ir.nranks)}
+                                        | {GATE_SYMBOL, "hccc_hm_allreduce_2x4_grid_bfloat16_sum"})
 
 
 @pytest.mark.parametrize("data", [b"", b"junk", b"__CLANG_OFFLOAD_BUNDLE__" + (5).to_bytes(8, "little"),
@@ -686,8 +712,9 @@ class FakeCuda:
         pass
 
     def moduleGetFunction(self, m, name):
-        self.log.append(("function", m, name))
-        return self._h()
+        h = self._h()
+        self.log.append(("function", m, name, h))
+        return h
 
     def occupancyMaxActiveBlocksPerMultiprocessor(self, f, block, smem):
         return self.per_sm(block) if callable(self.per_sm) else self.per_sm
@@ -696,6 +723,13 @@ class FakeCuda:
         arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
         size = 16 if bx == 1 else ctypes.sizeof(Args)  # the gate takes (flag, timeout); rank kernels hccc_args
         self.log.append(("launch", f, gx, bx, stream, ctypes.string_at(arg0, size), self.dev))
+
+    def launchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params):
+        # the driver refuses a cooperative grid whose blocks cannot all be resident at once
+        if gx > self.sms * (self.per_sm(bx) if callable(self.per_sm) else self.per_sm):
+            raise FakeCudaError(720, "too many blocks in cooperative launch")
+        arg0 = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))[0]
+        self.log.append(("coop", f, gx, bx, stream, ctypes.string_at(arg0, 16), self.dev))
 
 
 class FakeCudaPlatform(cuda.CudaPlatform):
@@ -772,6 +806,7 @@ def _build_ring8_module(ring8, nvcc):
     return build_cuda_module(out, man, Instance("float32", "sum"), nvcc=nvcc)
 
 
+@pytest.mark.slow
 def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscription(ring8, nvcc):
     out, man, _ir = ring8
     fake = FakeCuda(sms=4, per_sm=2)                      # 8 blocks resident at most
@@ -803,6 +838,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     pf.close()
 
 
+@pytest.mark.slow
 def test_fake_platform_timer_gates_every_stream(ring8, nvcc):
     fake = FakeCuda()
     pf = FakeCudaPlatform(fake)
@@ -846,16 +882,28 @@ def test_fake_platform_under_the_launcher(nvcc):
     fake = FakeCuda(sms=132, per_sm=2)
     pf = FakeCudaPlatform(fake)
     with Runner(ir, pf, "float32", "sum", timeout_s=2.0) as runner:
+        log_all = list(fake.log)
         fake.log.clear()
         res = runner.run(8 * 1024 * 4, iters=2, warmup=1)
         assert res.stuck is None and res.iters == 2 and res.time_us == 1250.0
-        launches = [e for e in fake.log if e[0] == "launch" and e[3] != 1]
-        assert len(launches) == 3 * ir.nranks
-        assert sorted(e[2] for e in launches[:ir.nranks]) == sorted(int(t) for t in ir.ntbs)
-        assert {e[3] for e in launches} == {512}
-        assert len({e[4] for e in launches}) == ir.nranks             # one stream per rank
+        # every rank on one GPU: one cooperative launch of the one-grid entry per run, whose
+        # blocks are every rank's thread blocks; no kernel per rank
+        assert [e for e in fake.log if e[0] == "launch" and e[3] != 1] == []
+        launches = [e for e in fake.log if e[0] == "coop"]
+        assert len(launches) == 3
+        assert {e[2] for e in launches} == {sum(int(t) for t in ir.ntbs)} and {e[3] for e in launches} == {512}
+        assert ("hccc_ring_allgather_8_grid_float32_sum", launches[0][1]) in {
+            (e[2], e[3]) for e in log_all if e[0] == "function"}
+        rank_args = []
         for e in launches:
-            a = Args.from_buffer_copy(e[5])
+            table, nranks = struct.unpack("<QQ", e[5])
+            assert nranks == ir.nranks
+            buf, off = fake._find(table, nranks * ctypes.sizeof(Args))     # device memory
+            rank_args += [bytes(buf[off + r * ctypes.sizeof(Args):off + (r + 1) * ctypes.sizeof(Args)])
+                          for r in range(nranks)]
+        assert len({Args.from_buffer_copy(b).send_conns for b in rank_args[:ir.nranks]}) == ir.nranks
+        for raw in rank_args:
+            a = Args.from_buffer_copy(raw)
             assert a.count == 8 * 1024 and a.timeout == int(2.0 * 1e6 * pf.ticks_per_us)
             assert a.slice_bytes == auto_slice_bytes(8 * 1024 * 4, ir.nchunks, ir.chunk_bytes)
             for ptr in (a.send_conns, a.recv_conns, a.progress, a.error):
@@ -867,6 +915,48 @@ def test_fake_platform_under_the_launcher(nvcc):
     # 16 thread blocks of 512 threads cannot all be resident on 4 SMs x 1 block
     with pytest.raises(PlatformError, match="resident"):
         Runner(ir, FakeCudaPlatform(FakeCuda(sms=4, per_sm=1)), "float32", "sum")
+
+
+def test_fake_platform_launches_a_kernel_per_rank_across_gpus_or_when_asked(nvcc):
+    """Ranks on several GPUs (and one_grid=False) keep one kernel per rank, each in its own stream."""
+    from hccc.runtime.launcher import Runner
+    ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
+    for fake, kw in ((FakeCuda(ndev=2, sms=132), {}), (FakeCuda(sms=132), {"one_grid": False})):
+        pf = FakeCudaPlatform(fake)
+        with Runner(ir, pf, "float32", "sum", timeout_s=2.0, **kw) as runner:
+            assert runner.grid_fn is None
+            fake.log.clear()
+            runner.run(8 * 1024 * 4)
+            launches = [e for e in fake.log if e[0] == "launch" and e[3] != 1]
+            assert [e for e in fake.log if e[0] == "coop"] == []
+            assert sorted(e[2] for e in launches) == sorted(int(t) for t in ir.ntbs)
+            assert len({e[4] for e in launches}) == ir.nranks
+            assert {e[6] for e in launches} == ({0, 1} if fake.ndev == 2 else {0})
+    with pytest.raises(PlatformError, match="as one grid: its ranks are not all on one device"):
+        Runner(ir, FakeCudaPlatform(FakeCuda(ndev=2, sms=132)), "float32", "sum", one_grid=True)
+
+
+def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
+    """The one grid's blocks must all fit at once: the runner's occupancy check refuses with the
+    numbers, the platform's own check refuses a launch, and the driver's cooperative refusal (here:
+    a device that shrank between check and launch) is a PlatformError that says why."""
+    from hccc.runtime.launcher import Runner
+    ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
+    total = sum(int(t) for t in ir.ntbs)
+    with pytest.raises(PlatformError, match=rf"need {total} thread blocks of 512 threads resident at "
+                                            rf"once, but at most {total - 1} fit"):
+        Runner(ir, FakeCudaPlatform(FakeCuda(sms=total - 1, per_sm=1)), "float32", "sum")
+    fake = FakeCuda(sms=total, per_sm=1)
+    pf = FakeCudaPlatform(fake)
+    with Runner(ir, pf, "float32", "sum", timeout_s=2.0) as runner:
+        assert runner.run(8 * 1024 * 4).stuck is None
+        with pytest.raises(PlatformError, match=rf"need {total + 1} thread blocks resident together "
+                                                rf"but it holds at most {total}"):
+            pf.launch_grid(runner.grid_fn, total + 1, 512, b"\0" * 16, runner.streams[0])
+        fake.per_sm = 0.5            # the occupancy answer stays cached; the driver now refuses
+        with pytest.raises(PlatformError, match=r"cooperative launch of hccc_ring_allgather_8_grid_float32_sum "
+                                                rf"\({total} blocks of 512 threads.*every block fits"):
+            pf.launch_grid(runner.grid_fn, total, 512, b"\0" * 16, runner.streams[0])
 
 
 @pytest.mark.slow
@@ -884,3 +974,24 @@ def test_benchmark_halves_the_warps_until_every_block_fits(nvcc, monkeypatch):
         assert warps == 8 and runner.block == 256
     with pytest.raises(PlatformError, match="resident"):
         bench.open_runner(launcher, ir, args, [16])
+
+
+def test_runtime_without_module_cooperative_launch_gets_one_plain_launch_of_the_admitted_grid(nvcc):
+    """HIP before ROCm 6 has no hipModuleLaunchCooperativeKernel: the grid the occupancy check
+    admitted is launched once, plainly; a grid it refuses is still refused."""
+    from hccc.runtime.launcher import Runner
+
+    class NoCoop(FakeCuda):
+        def launchCooperativeKernel(self, *a):
+            raise NotImplementedError("no module cooperative launch")
+
+    ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
+    total = sum(int(t) for t in ir.ntbs)
+    fake = NoCoop(sms=total, per_sm=1)
+    with Runner(ir, FakeCudaPlatform(fake), "float32", "sum", timeout_s=2.0) as runner:
+        fake.log.clear()
+        assert runner.run(8 * 1024 * 4).stuck is None
+        launches = [e for e in fake.log if e[0] == "launch" and e[3] != 1]
+        assert [e[2] for e in launches] == [total]
+    with pytest.raises(PlatformError, match="resident"):
+        Runner(ir, FakeCudaPlatform(NoCoop(sms=total - 1, per_sm=1)), "float32", "sum")

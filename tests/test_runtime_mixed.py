@@ -354,6 +354,7 @@ def test_hccc_run_refusals(compiled, capsys, tmp_path):
     assert rc == 1 and "'ir' must name the ProgramIR file" in err
 
 
+@pytest.mark.slow
 # ---------------------------------------------------------------------------- real compilers
 def test_hip_sources_of_a_mixed_program_compile_with_hipcc(compiled, hipcc, monkeypatch):
     """HipPlatform.build on the AMD ranks: one code object with exactly their kernels."""
@@ -366,6 +367,7 @@ def test_hip_sources_of_a_mixed_program_compile_with_hipcc(compiled, hipcc, monk
     assert hip_module_symbols(path) == {symbol(man, r, "float32", "sum") for r in HIP_RANKS} | {GATE_SYMBOL}
 
 
+@pytest.mark.slow
 def test_cuda_sources_of_a_mixed_program_compile_with_nvcc(compiled, nvcc):
     """CudaPlatform.build on the NVIDIA ranks: one cubin with exactly their kernels."""
     from hccc.runtime.cuda import build_cuda_module

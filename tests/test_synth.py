@@ -95,6 +95,7 @@ def test_allgather_on_example_clusters_is_valid_and_near_the_bound(name):
     _run_reference(alg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coll", ["reducescatter", "allreduce"])
 def test_reductions_on_v100_4_8(coll):
     topo = load_cluster(CLUSTERS / "v100_4_8.topo")
@@ -304,6 +305,7 @@ def test_variant_selection_follows_the_score():
     _assert_valid(res, topo)
 
 
+@pytest.mark.slow
 def test_allreduce_candidates_are_scored_as_whole_programs():
     topo = load_cluster(CLUSTERS / "v100_4_8.topo")
     phases = []
@@ -330,6 +332,7 @@ def test_simulated_score_ranks_programs():
     assert t >= bandwidth_cut_bound(network_from_topology(topo), "allgather", 12, 1, 0, 1 << 24) * 0.999
 
 
+@pytest.mark.slow
 def test_same_input_same_schedule():
     topo = load_cluster(CLUSTERS / "h20_4x3.topo")
     a = synthesize(topo, "allreduce", time_limit=60)

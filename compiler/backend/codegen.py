@@ -370,13 +370,15 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=ir.max_step_chunks, tbs=tbs)
+                max_cnt=ir.max_step_chunks, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
                                  sources=rank_sources,
                                  send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
                                  progress_slots=int(col.nprogress[r])))
+
+    grid = grid_entries(env, ir, platforms, written, common, ntbs, nthreads)
 
     umb_tpl = env.get_template("common/umbrella.j2")
     umbrella = {}
@@ -405,7 +407,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written["manifest.json"] = manifest_text(
         ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
         ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
-        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, host_header=HOST_HEADER)
+        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
+        host_header=HOST_HEADER)
 
     paths = []
     for fname in sorted(written):
@@ -415,6 +418,32 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         paths.append(path)
     tm["codegen_write"] = time.perf_counter() - t4
     return sorted(paths)
+
+
+def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[str, ...]], written: dict,
+                 common: dict, ntbs: list[int], nthreads: dict) -> dict:
+    """The one-grid entry of each platform every rank has a source for: ``NAME_grid.EXT`` into
+    ``written``; returns the manifest's ``grid`` field, platform -> {kernel, source, blocks}.
+
+    Its kernels ``hccc_NAME_grid_<dtype>_<op>(hccc_grid_args)`` run every rank of a single-GPU run
+    in one launch (``blocks`` = the sum of the ranks' thread blocks): block ``b`` runs thread block
+    ``b - first[r]`` of rank ``r`` through that rank's own block function, so the primitive code
+    is the rank kernels'; the source is compiled in one unit after the rank sources."""
+    name = ir.name
+    first = np.r_[0, np.cumsum(np.asarray(ntbs, np.int64))].tolist()
+    ranks = [dict(rank=r, ntbs=ntbs[r], kernel=f"hccc_{name}_r{r}") for r in range(ir.nranks)]
+    tpl = env.get_template("common/grid.j2")
+    out = {}
+    for pl in PLATFORMS:
+        if not all(pl in pls for pls in platforms):
+            continue
+        src = f"{name}_grid.{EXT[pl]}"
+        kernel = f"hccc_{name}_grid"
+        written[src] = tpl.render(**common, source=src, platform=pl, kernel=kernel, ns=kernel,
+                                  nthreads=nthreads[pl], total=first[-1], first=first, ntbs=ntbs,
+                                  ranks=ranks)
+        out[pl] = dict(kernel=kernel, source=src, blocks=int(first[-1]))
+    return out
 
 
 def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:

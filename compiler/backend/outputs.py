@@ -29,13 +29,16 @@ def planned_outputs(name: str, platforms: list, codegen: str = "specialized") ->
         files += list(HEADERS) + [HOST_HEADER, f"{name}.ir.json"]
         files += [f"{name}_{pl}.{EXT[pl]}" for pl in present]
         files += [f"{name}_r{r}.{EXT[pl]}" for r, pls in enumerate(plats) for pl in pls]
+        # the one-grid entry of each platform every rank has (codegen.grid_entries)
+        files += [f"{name}_grid.{EXT[pl]}" for pl in PLATFORMS if plats and all(pl in pls for pls in plats)]
     return sorted(set(files))
 
 
 def planned_sources(name: str, platforms: list, codegen: str, platform: str) -> list[str]:
     """The translation units of ``platform``'s library among :func:`planned_outputs`: one per
-    rank of that platform (specialised; the umbrella source that includes them all is left out)
-    or the generic kernel source (table)."""
+    rank of that platform (specialised; the umbrella source that includes them all is left out, and
+    so is the one-grid entry, which compiles only in one unit after every rank's source: the
+    runtime's single-GPU module) or the generic kernel source (table)."""
     from hccc.compiler.backend.table_codegen import GENERIC_SOURCE
 
     if platform not in PLATFORMS:

@@ -32,6 +32,8 @@ TABLE_HEADERS = HEADERS + ("hccc_table.h",)
 GENERIC_SOURCE = {pl: f"hccc_table.{EXT[pl]}" for pl in PLATFORMS}
 GENERIC_LIBRARY = {pl: f"hccc_table_{pl}" for pl in PLATFORMS}
 GENERIC_KERNEL = "hccc_table"
+#: the generic one-grid entry (hccc_table_grid_args: every rank of a single-GPU run in one launch)
+GRID_KERNEL = "hccc_table_grid"
 
 
 def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
@@ -127,7 +129,9 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
         ir, written, name=name, nthreads=nthreads, codegen="table", headers=TABLE_HEADERS, libraries=libraries,
         ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
         manifest_extra=manifest_extra, ir=None,
-        table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT})
+        table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
+        grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=int(sum(ntbs)))
+              for pl in PLATFORMS if all(pl in pls for pls in platforms)})
     t3 = time.perf_counter()
     paths = []
     for fname in sorted(written):

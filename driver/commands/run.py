@@ -31,6 +31,7 @@ give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
 ``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "nthreads", "ok",
 "rank_platform": [per-rank "cuda"/"hip"], "libraries": {platform: {"ranks", "backend", "library"}},
+"launch": "grid" (every rank in one launch) or "per-rank",
 "results":
 [{"bytes", "count", "dtype", "op", "inplace", "wrong", "time_us", "algbw_GBps", "busbw_GBps",
 "stuck", "first_wrong", "collective_wrong", ...}]}`` (``time_us`` and the bandwidths are null for a
@@ -156,6 +157,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="specialized: each rank's own kernel; table: the generic kernels run "
                              "every rank's primitive table from device memory (default: the mode "
                              "a compiled OUTDIR was written in, else specialized)")
+    parser.add_argument("--launch", choices=("auto", "grid", "per-rank"), default="auto",
+                        help="grid: every rank in one launch of the one-grid entry (needs every rank on "
+                             "one device); per-rank: a kernel per rank, each in its own stream; auto "
+                             "(default): grid whenever every rank is on one device")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
@@ -262,8 +267,10 @@ def run(args) -> int:
         with Progress("hccc run", enabled=not args.json) as progress:
             with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
                 runner = Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                                timeout_s=args.timeout, codegen=args.codegen)
+                                timeout_s=args.timeout, codegen=args.codegen,
+                                one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch])
             with runner:
+                launch = "grid" if runner.grid_fn is not None else "per-rank"
                 libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
                                   "library": str(runner.libraries[pl])}
                              for pl, rs in runner.library_ranks.items()}
@@ -271,7 +278,8 @@ def run(args) -> int:
                     progress.print(
                         f"# hccc run: {ir.name}: {coll} on {plural(ir.nranks, 'rank')}, backend {args.backend}, "
                         f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
-                        f"{args.codegen} kernels")
+                        f"{args.codegen} kernels, "
+                        + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
                     progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
                                    f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
                     if len(libraries) > 1 or plats[0] != "cuda":
@@ -328,7 +336,7 @@ def run(args) -> int:
         print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
                           "backend": pname, "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
                           "redop": redop_column(coll, args.op),
-                          "rank_platform": plats, "libraries": libraries,
+                          "rank_platform": plats, "libraries": libraries, "launch": launch,
                           "results": [r.to_json() for r in results]}))
     else:
         wrong = sum(max(r.wrong, 0) for r in results)
