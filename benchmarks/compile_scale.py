@@ -7,7 +7,8 @@ For each size the ResCCLang source is generated (hccc.compiler.frontend.generato
 a temporary file, and compiled by a fresh ``hccc`` process exactly as a user would run it
 (``hccc algo.rccl -o OUT --timings``), so the figures include interpreter start-up, parsing, verification,
 DAG, HPDS, lowering, TB allocation, the deadlock check and code generation. Peak memory is the child's
-maximum resident set size. ``--codegen`` lists the code-generation modes to compare (each size is
+maximum resident set size; "total CPU" is its user + system time, which a loaded machine inflates
+less than the wall-clock figures (compare it with wall to see how much waiting for a core cost). ``--codegen`` lists the code-generation modes to compare (each size is
 compiled once per mode, side by side). Prints a phase table: seconds per stage (parse, verify, schedule+lower,
 msccl_xml, codegen) and per phase inside the big ones (dag, HPDS schedule, lowering, TB allocation,
 checks; kernel analysis, primitive lines, template rendering, IR JSON, file writing). ``msccl_xml``
@@ -54,7 +55,7 @@ def run_one(nnodes: int, g: int, workdir: Path, codegen: str = "specialized") ->
     xml = sum(f.stat().st_size for f in files if f.suffix == ".xml")
     shutil.rmtree(out)
     return {"gpus": nnodes * g, "codegen": codegen, "xml_mib": xml / 2 ** 20, "transfers": int(transfers.group(1)) if transfers else -1,
-            "wall": wall, "peak_mib": usage.ru_maxrss / 1024, "stages": stages,
+            "wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "peak_mib": usage.ru_maxrss / 1024, "stages": stages,
             "tbs": int(tbs.group(1)) if tbs else -1, "out_mib": size / 2 ** 20}
 
 
@@ -72,6 +73,7 @@ def main() -> None:
     sizes = [int(x) for x in args.gpus.split(",")]
     console = Console(width=160)
     rows = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="hccc-bench-") as tmp:
         for n in sizes:
             if n % g:
@@ -80,6 +82,8 @@ def main() -> None:
                 console.print(f"compiling HM AllReduce {n // g}x{g} ({cg}) ...", style="dim")
                 rows.append(run_one(n // g, g, Path(tmp), cg))
     console.print(phase_table(rows))
+    console.print(f"machine load (1-minute average): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+                  f"on {os.cpu_count()} cores")
 
 
 def phase_table(rows: list[dict]) -> Table:
@@ -94,6 +98,7 @@ def phase_table(rows: list[dict]) -> Table:
         label = ("    " + k.split("/", 1)[1]) if "/" in k else k
         table.add_row(label, *[f"{r['stages'][k]:.2f}" if k in r["stages"] else "" for r in rows])
     table.add_row("total wall", *[f"{r['wall']:.2f}" for r in rows])
+    table.add_row("total CPU (user+sys)", *[f"{r['cpu']:.2f}" for r in rows])
     table.add_row("peak RSS (MiB)", *[f"{r['peak_mib']:.0f}" for r in rows])
     table.add_row("output (MiB)", *[f"{r['out_mib']:.1f}" for r in rows])
     table.add_row("of which XML (MiB)", *[f"{r['xml_mib']:.1f}" for r in rows])

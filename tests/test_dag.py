@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
 import hccc.compiler.passes.dag as dag_module
+from hccc.compiler.passes import dag_kernel
 from hccc.compiler.passes.dag import build_dag
 
 
@@ -146,6 +148,29 @@ def test_reachability_equals_naive_relation_and_is_reduced(alg):
     edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
     assert edges == reduction_of(reach_naive)
     assert len(edges) == dag.nedges  # no duplicates
+
+
+@pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
+@settings(max_examples=80)
+@given(programs)
+def test_compiled_reduction_is_the_transitive_reduction(alg):
+    # the numba kernel against the all-pairs reduction of the naive relation
+    dag = build_dag(alg, engine="compiled")
+    edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
+    assert edges == reduction_of(closure(naive_relation(alg)))
+    assert len(edges) == dag.nedges
+
+
+@pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
+def test_compiled_and_python_engines_agree_on_hm_allreduce():
+    alg = hm_allreduce(8, 8)
+    a, b = build_dag(alg, engine="python"), build_dag(alg, engine="compiled")
+    assert a.edge_src.tolist() == b.edge_src.tolist() and a.edge_dst.tolist() == b.edge_dst.tolist()
+
+
+def test_unknown_dag_engine_is_rejected():
+    with pytest.raises(ValueError, match="engine"):
+        build_dag(hm_allreduce(2, 2), engine="fast")
 
 
 @settings(max_examples=100)

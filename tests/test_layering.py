@@ -143,3 +143,23 @@ def test_root_package_is_light_and_its_api_resolves():
     code = ("import sys, hccc; assert not any(m.startswith('hccc.') for m in sys.modules), sorted(sys.modules); "
             "missing = [n for n in hccc.__all__ if getattr(hccc, n, None) is None]; assert not missing, missing")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+#: third-party modules that `hccc check` must not load (start-up time: each costs tens of ms)
+HEAVY = ("networkx", "z3", "numba", "jinja2", "scipy", "matplotlib", "cupy", "rich")
+
+
+@pytest.mark.parametrize("args", [["check", "examples/ring_allreduce_8.rccl"],
+                                  ["check", "examples/hm_allreduce_2x4.rccl", "--json"]])
+def test_check_does_not_import_heavy_modules(args):
+    # the command as a user runs it, in a fresh interpreter; the modules it loaded are listed
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['hccc'] + {args!r}\n"
+            "try:\n    runpy.run_module('hccc', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('MODULES', ' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    loaded = set(out.rsplit("MODULES", 1)[1].split())
+    assert "numpy" in loaded and "hccc" in loaded     # the listing itself works
+    assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))

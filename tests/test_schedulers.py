@@ -9,6 +9,7 @@ from hypothesis import given, settings
 
 from hccc.compiler.frontend.algorithm import RECV
 from hccc.compiler.passes.dag import build_dag
+from hccc.compiler.passes import hpds_kernel
 from hccc.compiler.passes.hpds import hpds
 from hccc.compiler.passes.round_robin import round_robin
 from hccc.compiler.passes.schedule import Schedule
@@ -130,6 +131,40 @@ def test_hpds_matches_reference(alg):
     assert s.scheduler == "hpds"
 
 
+needs_numba = pytest.mark.skipif(not hpds_kernel.HAVE_NUMBA, reason="the compiled HPDS engine needs numba")
+
+
+@needs_numba
+@settings(max_examples=80)
+@given(programs)
+def test_compiled_hpds_matches_reference(alg):
+    # the numba kernel against the literal Algorithm 1 (not against the list scheduler)
+    dag = build_dag(alg)
+    s = hpds(alg, dag, engine="compiled")
+    check_valid(alg, dag, s)
+    sp_ref, order_ref = reference_schedule(alg, "hpds")
+    assert s.subpipeline.tolist() == sp_ref
+    assert s.order.tolist() == order_ref
+
+
+@needs_numba
+@pytest.mark.parametrize("nodes, gpus", [(4, 8), (12, 4)])
+def test_compiled_hpds_agrees_with_list_scheduler_on_hm_allreduce(nodes, gpus):
+    # programs too large for the literal oracle: the two engines must agree task for task
+    alg = hm_allreduce(nodes, gpus)
+    dag = build_dag(alg)
+    a, b = hpds(alg, dag, engine="python"), hpds(alg, dag, engine="compiled")
+    check_valid(alg, dag, b)
+    assert a.subpipeline.tolist() == b.subpipeline.tolist()
+    assert a.order.tolist() == b.order.tolist()
+
+
+def test_unknown_hpds_engine_is_rejected():
+    alg = ring_allgather([0, 1, 2])
+    with pytest.raises(ValueError, match="engine"):
+        hpds(alg, build_dag(alg), engine="fast")
+
+
 @settings(max_examples=120)
 @given(programs)
 def test_round_robin_matches_reference(alg):
@@ -201,11 +236,12 @@ def test_empty_algorithm():
         assert s.nsubpipelines == 0 and len(s.order) == 0
 
 
-def test_dag_of_another_algorithm_is_rejected():
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_numba)])
+def test_dag_of_another_algorithm_is_rejected(engine):
     a = ring_allgather([0, 1, 2])
     b = ring_allgather([0, 1, 2, 3])
     with pytest.raises(ValueError):
-        hpds(a, build_dag(b))
+        hpds(a, build_dag(b), engine=engine)
 
 
 def test_hm_allreduce_4x8_hpds_not_worse_than_rr():

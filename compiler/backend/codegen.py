@@ -12,7 +12,6 @@ every platform-specific construct lives in ``hccc_platform.h``.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import pathlib
 import time
@@ -25,6 +24,7 @@ from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
+from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 from hccc.compiler.passes.slicing import slot_share_bytes
 
@@ -88,7 +88,6 @@ class Columns:
     recv_conns: list
     nprogress: np.ndarray  # per rank
     dep_owner: np.ndarray  # sorted indices of primitives that wait for progress counters
-    dep_text: list         # per dep_owner entry: the awaited slots, "3, 7"
     dep_n: np.ndarray      # per dep_owner entry: how many
     dep_slots: np.ndarray  # the awaited slots, grouped by dep_owner entry (in that order)
 
@@ -143,7 +142,6 @@ def analyse(ir: ProgramIR) -> Columns:
     post = np.full(n, -1, np.int64)
     nprogress = np.zeros(ir.nranks, np.int64)
     dep_owner = np.zeros(0, np.int64)
-    dep_text: list[str] = []
     dep_n = np.zeros(0, np.int64)
     dep_slots = np.zeros(0, np.int64)
     if len(ir.dep_on):
@@ -162,83 +160,69 @@ def analyse(ir: ProgramIR) -> Columns:
         keep = np.r_[True, (dp_s[1:] != dp_s[:-1]) | (sl_s[1:] != sl_s[:-1])]
         dp_s, sl_s = dp_s[keep], sl_s[keep]
         last = np.r_[dp_s[1:] != dp_s[:-1], True]          # last slot of each waiting primitive
-        seps = np.where(last, "|", ", ").tolist()
-        text = "".join(itertools.chain.from_iterable(zip(map(str, sl_s.tolist()), seps)))
-        dep_text = text.split("|")[:-1]
         bounds = np.flatnonzero(np.r_[True, last[:-1]])
         dep_owner = dp_s[bounds]
         dep_n = np.diff(np.r_[bounds, len(dp_s)])
         dep_slots = sl_s
     return Columns(sconn, spos, rconn, rpos, chunk, post, stab, rtab, nprogress, dep_owner,
-                   dep_text, dep_n, dep_slots)
+                   dep_n, dep_slots)
 
 
 # ---------------------------------------------------------------------------- primitive lines
-def _prim_lines(ir: ProgramIR, col: Columns) -> list[str]:
+def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
 
-    Hot path (millions of rows): rows are grouped by their line shape (op, buffers, which optional
-    fields exist), and each group is formatted with one ``%`` format over plain Python lists.
+    Hot path (millions of rows): the lines are assembled column by column
+    (:class:`~hccc.compiler.ir.int_text.RowText`), all primitives at once, into one buffer.
+    Returns the text (each line ends with a newline) and each line's start offset.
+    Without progress waits a line reads::
+
+        HCCC_P(seq, OP, sconn, spos, rconn, rpos, SRCBUF, soff, DSTBUF, doff, cnt, chunk, post, task);  // sp P[, task T[+T2]][, from rX][, to rY]
+
+    and with them ``{ const int w[] = {S1, S2}; HCCC_PW(..., task, nwaits, w); }`` with the same
+    comment followed by ``, after progress S1, S2``.
     """
     p = ir.prims
     n = ir.nprims
     if n == 0:
-        return []
+        return b"", np.zeros(1, np.int64)
     op = p["op"].astype(np.int64)
-    sb = p["src_buf"].astype(np.int64)
-    db = p["dst_buf"].astype(np.int64)
-    task = p["task"].astype(np.int64)
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
     has_deps[col.dep_owner] = True
-    key = (((op * 4 + sb) * 4 + db) * 2 + (task >= 0)) * 2 + (task2 >= 0)
-    key = key * 2 + has_deps
-    order = np.argsort(key, kind="stable")
-    ks = key[order]
-    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
-    ends = np.r_[starts[1:], n]
     v = pd_columns(ir, col)
-    fields = [v["seq"], v["sconn"], v["spos"], v["rconn"], v["rpos"], v["soff"], v["doff"],
-              v["cnt"], v["chunk"], v["post"], v["task"], p["pipeline"], task2, p["recv_peer"],
-              p["send_peer"]]
-    out = np.empty(n, dtype=object)
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        rows = order[a:b]
-        k = int(ks[a])
-        deps_here, k = bool(k & 1), k >> 1
-        t2_here, k = bool(k & 1), k >> 1
-        t_here, k = bool(k & 1), k >> 1
-        dbuf, k = k % 4, k // 4
-        sbuf, o = k % 4, k // 4
-        opn = _OP_NAMES[o]
-        args = (f"%d, {opn}, %d, %d, %d, %d, {_BUF_NAMES[sbuf]}, %d, {_BUF_NAMES[dbuf]}, %d, "
-                "%d, %d, %d, %d")
-        comment = "  // sp %d" + (", task %d" if t_here else "") + ("+%d" if t2_here else "")
-        cols = [f[rows].tolist() for f in fields[:12]]
-        if t2_here:
-            cols.append(task2[rows].tolist())
-        if Op(o).receives:
-            comment += ", from r%d"
-            cols.append(fields[13][rows].tolist())
-        if Op(o).sends:
-            comment += ", to r%d"
-            cols.append(fields[14][rows].tolist())
-        if deps_here:
-            fmt = "  { const int w[] = {%s}; HCCC_PW(" + args + ", %d, w); }" + comment + \
-                  ", after progress %s"
-            at = np.searchsorted(col.dep_owner, rows)
-            ds = [col.dep_text[j] for j in at.tolist()]
-            nd = col.dep_n[at].tolist()
-            arg_cols = cols[:11]
-            com_cols = [cols[11]] + ([cols[10]] if t_here else []) + cols[12:]
-            tuples = zip(ds, *arg_cols, nd, *com_cols, ds)
-        else:
-            fmt = "  HCCC_P(" + args + ");" + comment
-            arg_cols = cols[:11]
-            com_cols = [cols[11]] + ([cols[10]] if t_here else []) + cols[12:]
-            tuples = zip(*arg_cols, *com_cols)
-        out[rows] = [fmt % t for t in tuples]
-    return out.tolist()
+    # the awaited slots of each waiting primitive, as text "3, 7" (one blob, a range per primitive)
+    dep_start = np.zeros(n, np.int64)
+    dep_len = np.zeros(n, np.int64)
+    blob = b""
+    if len(col.dep_owner):
+        rt = RowText(len(col.dep_slots)).int(col.dep_slots)
+        blob, off = rt.render(end=", ")
+        first = np.r_[0, np.cumsum(col.dep_n)[:-1]]
+        last = first + col.dep_n - 1
+        dep_start[col.dep_owner] = off[first]
+        dep_len[col.dep_owner] = off[last + 1] - 2 - off[first]
+    sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
+    rt = RowText(n)
+    rt.text("  { const int w[] = {", has_deps).blob(blob, dep_start, dep_len, has_deps)
+    rt.text("}; HCCC_PW(", has_deps).text("  HCCC_P(", ~has_deps)
+    rt.int(v["seq"]).text(", ").choice(op, _OP_NAMES)
+    for k in ("sconn", "spos", "rconn", "rpos"):
+        rt.text(", ").int(v[k])
+    rt.text(", ").choice(p["src_buf"], _BUF_NAMES).text(", ").int(v["soff"])
+    rt.text(", ").choice(p["dst_buf"], _BUF_NAMES)
+    for k in ("doff", "cnt", "chunk", "post", "task"):
+        rt.text(", ").int(v[k])
+    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w); }", has_deps).text(");", ~has_deps)
+    rt.text("  // sp ").int(p["pipeline"])
+    t_here = v["task"] >= 0
+    rt.text(", task ", t_here).int(v["task"], t_here)
+    t2_here = task2 >= 0
+    rt.text("+", t2_here).int(task2, t2_here)
+    rt.text(", from r", recvs).int(p["recv_peer"], recvs)
+    rt.text(", to r", sends).int(p["send_peer"], sends)
+    rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
+    return rt.render("\n")
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -329,7 +313,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
 
     col = analyse(ir)
     t1 = time.perf_counter()
-    lines = _prim_lines(ir, col)
+    text, line_at = _prim_lines(ir, col)
     t2 = time.perf_counter()
     tm["codegen_analyse"] = t1 - t0
     tm["codegen_lines"] = t2 - t1
@@ -344,6 +328,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
     tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
+    max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
@@ -359,7 +344,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         for t, sl in sorted(by_rank.get(r, [])):
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
                             pipelines=tb_pipelines[sl.start],
-                            body="\n".join(lines[sl])))
+                            body=text[line_at[sl.start]:line_at[sl.stop] - 1].decode("ascii")))
             nprims += sl.stop - sl.start
         rank_sources = {}
         for rpl in platforms[r]:
@@ -370,7 +355,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=ir.max_step_chunks, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
+                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,

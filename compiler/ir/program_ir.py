@@ -339,18 +339,10 @@ class ProgramIR:
 
 
 def int_list_text(a: np.ndarray) -> str:
-    """``",".join(map(str, a))`` for an integer column, faster: a column whose values span a small
-    range (ranks, TBs, ops, offsets: most of the IR) is written through a table of the span's
-    decimal strings, so each value costs a list lookup instead of an int-to-text conversion."""
-    a = np.asarray(a)
-    n = len(a)
-    if n == 0:
-        return ""
-    lo, hi = int(a.min()), int(a.max())
-    if hi - lo > max(1024, n // 8):
-        return ",".join(map(str, a.tolist()))
-    table = [str(v) for v in range(lo, hi + 1)]
-    return ",".join(map(table.__getitem__, (a.astype(np.int64) - lo).tolist()))
+    """``",".join(map(str, a))`` for an integer column, without a Python object per value
+    (:func:`hccc.compiler.ir.int_text.join_ints`: compiled for long columns)."""
+    from hccc.compiler.ir.int_text import join_ints
+    return join_ints(np.asarray(a), ",")
 
 
 #: value ranges a ProgramIR file must respect (checked on load, before anything is allocated)

@@ -205,7 +205,7 @@ def _sparse_edges(src, dst, step, chunk_idx, is_rrc, n):
     return es.astype(np.int64), ed.astype(np.int64)
 
 
-def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n):
+def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=False):
     """Step 2: boolean mask of the edges to keep (exact transitive reduction, per chunk).
 
     ``topo_pos[t]`` is t's position in a topological order sorted by chunk; edges only join tasks
@@ -234,6 +234,15 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n):
     # Remaining-successor counts only matter to free bitsets early.
     outdeg = np.bincount(ps, minlength=n)
     drop: list[int] = []
+    if compiled:   # chunks of up to MAX_TASKS tasks through the compiled loop (same result)
+        from hccc.compiler.passes import dag_kernel
+        base_w = cstart[work_chunks].astype(np.int64)
+        small = work_last + 1 - base_w <= dag_kernel.MAX_TASKS
+        drop_k = np.zeros(len(ps), bool)
+        dag_kernel.reduce_chunks(ps.astype(np.int64), eptr.astype(np.int64), base_w[small],
+                                 work_last[small].astype(np.int64), drop_k)
+        drop = np.flatnonzero(drop_k).tolist()
+        work_chunks, work_last = work_chunks[~small], work_last[~small]
     for c, last in zip(work_chunks.tolist(), work_last.tolist()):
         base = int(cstart[c])
         e_lo, e_hi = int(eptr[base]), int(eptr[last + 1])
@@ -275,8 +284,24 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n):
 
 
 # ------------------------------------------------------------------------------------------- API
-def build_dag(alg: Algorithm) -> DependencyDAG:
-    """Dependency DAG of ``alg`` (see the module docstring)."""
+#: from this many tasks on, :func:`build_dag` reduces through the compiled kernel (numba installed)
+COMPILED_FROM = 100_000
+
+
+def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
+    """Dependency DAG of ``alg`` (see the module docstring). ``engine``: ``"python"``,
+    ``"compiled"`` (the transitive reduction of chunks up to ``dag_kernel.MAX_TASKS`` tasks in
+    :mod:`hccc.compiler.passes.dag_kernel`; needs numba) or ``"auto"`` (compiled from
+    :data:`COMPILED_FROM` tasks on when numba is installed): the same DAG either way."""
+    if engine not in ("auto", "python", "compiled"):
+        raise ValueError(f"unknown DAG engine {engine!r} (expected auto, python or compiled)")
+    compiled = engine == "compiled" or (engine == "auto" and alg.ntransfers >= COMPILED_FROM)
+    if compiled:
+        from hccc.compiler.passes import dag_kernel
+        if not dag_kernel.HAVE_NUMBA:
+            if engine == "compiled":
+                raise RuntimeError("the compiled DAG engine needs numba (pip install 'hccc[scale]')")
+            compiled = False
     n = alg.ntransfers
     src = np.asarray(alg.src, np.int64)
     dst = np.asarray(alg.dst, np.int64)
@@ -301,7 +326,7 @@ def build_dag(alg: Algorithm) -> DependencyDAG:
     topo = np.lexsort((np.arange(n), step, chunk_idx))
     topo_pos = np.empty(n, np.int64)
     topo_pos[topo] = np.arange(n)
-    keep = _transitive_reduction(es, ed, topo_pos, chunk_idx[topo], n)
+    keep = _transitive_reduction(es, ed, topo_pos, chunk_idx[topo], n, compiled)
     es, ed = es[keep], ed[keep]  # still sorted by (src, dst)
 
     succ_ptr = _csr(es, n)
