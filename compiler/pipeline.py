@@ -5,6 +5,8 @@ The command line is a thin layer over these functions; tests and build systems c
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,6 +221,7 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
 
 
 IR_SUFFIXES = (".json",)
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 XML_SUFFIXES = (".xml",)
 
 
@@ -275,6 +278,84 @@ def load_program(path: str | Path, opts: CompileOptions | None = None):
     verify(alg)
     return build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
                          chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
+
+
+def manifest_path(algo: str | Path) -> Path | None:
+    """``ALGO``'s manifest when ALGO is a compiled OUTDIR or a manifest (``schema`` hccc.manifest/N)."""
+    p = Path(algo)
+    if p.is_dir():
+        return p / "manifest.json"
+    if p.suffix.lower() == ".json" and p.is_file():
+        from hccc.compiler.frontend.limits import loads_json
+        try:
+            head = loads_json(SourceFile.read(p))
+        except CompileError:
+            return None          # load_program reports it, located
+        if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
+            return p
+    return None
+
+
+def _program_of_tables(path: Path, man: dict, fail):
+    """(ProgramIR, per-rank platforms) of a table-mode OUTDIR: the program is read back from the
+    binary tables, which are checked against the manifest on the way."""
+    from hccc.compiler.backend.table_format import TableFormatError
+    from hccc.compiler.backend.table_program import program_from_table, table_path
+
+    ranks = man.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
+        fail("'ranks' must be a list of rank objects")
+    plats = [e.get("platform") for e in ranks]
+    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
+    if bad:
+        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    try:
+        tpath = table_path(path.parent, man)
+        ir = program_from_table(man, tpath.read_bytes(), tpath.name)
+    except TableFormatError as exc:
+        fail(str(exc))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        fail(f"cannot read the table-mode program: {exc}")
+    return ir, plats
+
+
+def manifest_codegen(path: Path) -> str:
+    """The code-generation mode (``specialized`` or ``table``) of the compiled OUTDIR whose
+    manifest is ``path``."""
+    from hccc.compiler.frontend.limits import loads_json
+    man = loads_json(SourceFile.read(path))
+    return "table" if isinstance(man, dict) and man.get("codegen") == "table" else "specialized"
+
+
+def load_manifest(path: Path):
+    """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json`` (either
+    code-generation mode: a table-mode program is read back from its tables)."""
+    from hccc.compiler.frontend.limits import loads_json
+
+    src = SourceFile.read(path)
+
+    def fail(msg: str):
+        raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
+
+    man = loads_json(src)
+    if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
+        fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
+    if man.get("codegen") == "table":
+        return _program_of_tables(path, man, fail)
+    irname = man.get("ir")
+    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
+        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
+    ranks = man.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
+        fail("'ranks' must be a list of rank objects")
+    plats = [e.get("platform") for e in ranks]
+    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
+    if bad:
+        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    ir = load_program(path.parent / irname)
+    if ir.nranks != len(plats):
+        fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")
+    return ir, plats
 
 
 def load_cluster(path: str | Path):

@@ -11,6 +11,10 @@ Compiling
 Running and checking
     ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
     ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
+One rank per process
+    ``Communicator(algo, rank=..., world_size=..., group=|store=|init_method=)``: this process's
+    rank of a compiled algorithm, bootstrapped through torch.distributed (:mod:`hccc.runtime.
+    communicator`); ``CommunicatorError``.
 Testing
     :mod:`hccc.testing`: hypothesis strategies that draw valid programs, clusters and runs.
 
@@ -34,6 +38,8 @@ _API = {
     "run_program": "hccc.runtime.launcher",
     "Runner": "hccc.runtime.launcher",
     "simulate": "hccc.runtime.simulator",
+    "Communicator": "hccc.runtime.communicator",
+    "CommunicatorError": "hccc.runtime.communicator",
 }
 
 __all__ = ["__version__", "testing", *_API]

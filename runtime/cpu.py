@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from hccc.runtime import cache
+from hccc.runtime import cache, shm
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
 
@@ -229,6 +229,7 @@ class CpuPlatform(Platform):
         self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap
         self._starts: list[int] = []               # sorted aligned addresses
         self._sizes: dict[int, int] = {}
+        self._imported: set[int] = set()           # addresses mapped from peers' segments
         self._streams: list[CpuStream] = []
         self._cxx_id: str | None = None
         self._cxx_exe: str | None = None
@@ -265,10 +266,12 @@ class CpuPlatform(Platform):
         return ptr
 
     def free(self, ptr: DevicePtr) -> None:
-        if ptr not in self._allocs:
+        if ptr not in self._allocs or ptr in self._imported:
             raise PlatformError(f"free of unknown pointer {ptr:#x}")
         backing = self._allocs.pop(ptr)
-        if self.sanitize:
+        if isinstance(backing, shm.Segment):
+            backing.close()
+        elif self.sanitize:
             self._libc.free(ctypes.c_void_p(ptr))
         elif isinstance(backing, mmap.mmap):
             try:
@@ -277,6 +280,53 @@ class CpuPlatform(Platform):
                 pass  # still exported (a ctypes view alive): the mapping goes with its last user
         del self._sizes[ptr]
         self._starts.pop(bisect.bisect_left(self._starts, ptr))
+
+    def _register(self, ptr: int, backing: Any, n: int) -> None:
+        self._allocs[ptr] = backing
+        self._sizes[ptr] = n
+        bisect.insort(self._starts, ptr)
+
+    # ---------------------------------------------------------------- IPC: POSIX shared memory
+    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+        try:
+            seg = shm.create(nbytes)
+        except shm.ShmError as exc:
+            raise PlatformError(str(exc)) from None
+        self._register(seg.address, seg, seg.size)
+        return seg.address
+
+    def _segment(self, ptr: DevicePtr) -> "shm.Segment":
+        seg = self._allocs.get(ptr)
+        if not isinstance(seg, shm.Segment):
+            raise PlatformError(f"{ptr:#x} is not shared memory of this platform")
+        return seg
+
+    def ipc_export(self, ptr: DevicePtr) -> bytes:
+        seg = self._segment(ptr)
+        if not seg.owner:
+            raise PlatformError(f"{ptr:#x} was imported from a peer; only its creator exports it")
+        return seg.handle
+
+    def ipc_import(self, handle: bytes) -> DevicePtr:
+        try:
+            seg = shm.attach(handle)
+        except shm.ShmError as exc:
+            raise PlatformError(str(exc)) from None
+        self._register(seg.address, seg, seg.size)
+        self._imported.add(seg.address)
+        return seg.address
+
+    def ipc_seal(self, ptr: DevicePtr) -> None:
+        self._segment(ptr).unlink()
+
+    def ipc_close(self, ptr: DevicePtr) -> None:
+        if ptr not in self._imported:
+            raise PlatformError(f"{ptr:#x} was not imported")
+        self._imported.discard(ptr)
+        seg = self._allocs.pop(ptr)
+        del self._sizes[ptr]
+        self._starts.pop(bisect.bisect_left(self._starts, ptr))
+        seg.close()
 
     def _check(self, ptr: int, nbytes: int) -> None:
         i = bisect.bisect_right(self._starts, ptr) - 1
@@ -489,6 +539,10 @@ class CpuPlatform(Platform):
     def close(self) -> None:
         if any(s.pending for s in self._streams):
             return  # kernels still running (a stuck launch): their memory must stay
+        for backing in self._allocs.values():
+            if isinstance(backing, shm.Segment):
+                backing.close()
+        self._imported.clear()
         self._allocs.clear()
         self._sizes.clear()
         self._starts.clear()

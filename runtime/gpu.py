@@ -34,6 +34,10 @@ CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "
 #: reduction-operator constant of each op
 RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 
+#: an exported GPU allocation: magic, platform name, size, the runtime's 64-byte IPC handle
+_IPC_HANDLE = struct.Struct("<8s8sQ64s")
+_IPC_MAGIC = b"HCCCIPC1"
+
 #: byte offset of ``abort_flag`` in the packed ``hccc_args``
 ARGS_ABORT_OFFSET = Args.abort_flag.offset
 
@@ -516,6 +520,7 @@ class GpuPlatform(Platform):
         self._allocs: dict[int, tuple[int, int]] = {}    # ptr -> (nbytes, device)
         self._host_flags: dict[int, int] = {}            # pinned mapped host memory: ptr -> nbytes
         self._alloc_keys: list[int] = []
+        self._imported: set[int] = set()                 # mapped from peers' IPC handles
         self._modules: list[GpuModule] = []
         # since the last synchronize: per device, the latest kernel of each stream (kernels of one
         # stream run one after another, so only one per stream must be resident), and the abort
@@ -658,6 +663,9 @@ class GpuPlatform(Platform):
             with _guard("freeing pinned host memory"):
                 self._runtime.freeHost(ptr)
             return
+        if ptr in self._imported:
+            self.ipc_close(ptr)
+            return
         if ptr not in self._allocs:
             raise PlatformError(f"free of a pointer this platform did not allocate: {ptr:#x}")
         _size, dev = self._allocs.pop(ptr)
@@ -665,6 +673,60 @@ class GpuPlatform(Platform):
         self.set_device(dev)
         with _guard(f"freeing GPU {dev} memory"):
             self._runtime.free(ptr)
+
+    # ---------------------------------------------------------------- IPC (one rank per process)
+    def _ipc_alloc(self, size: int) -> int:
+        """Raw exportable device memory (CUDA: any cudaMalloc; HIP overrides: fine-grained)."""
+        return int(self._runtime.malloc(size))
+
+    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+        if self._current < 0:
+            self.set_device(0)
+        dev = self._current
+        size = max(int(nbytes), 1)
+        try:
+            ptr = self._ipc_alloc(size)
+        except Exception as exc:
+            raise PlatformError(f"cannot allocate {size} shareable bytes on GPU {dev}: {_err(exc)}") from None
+        self._allocs[ptr] = (size, dev)
+        bisect.insort(self._alloc_keys, ptr)
+        self.memset(ptr, 0, size)
+        return ptr
+
+    def ipc_export(self, ptr: DevicePtr) -> bytes:
+        if ptr not in self._allocs or ptr in self._imported:
+            raise PlatformError(f"{ptr:#x} is not memory this process allocated for IPC")
+        size, dev = self._allocs[ptr]
+        self.set_device(dev)
+        with _guard(f"exporting GPU {dev} memory"):
+            raw = bytes(self._runtime.ipcGetMemHandle(ptr))
+        return _IPC_HANDLE.pack(_IPC_MAGIC, self.name.encode(), size, raw)
+
+    def ipc_import(self, handle: bytes) -> DevicePtr:
+        if not isinstance(handle, (bytes, bytearray)) or len(handle) != _IPC_HANDLE.size:
+            raise PlatformError("not a GPU IPC handle (wrong length)")
+        magic, plat, size, raw = _IPC_HANDLE.unpack(bytes(handle))
+        if magic != _IPC_MAGIC or plat.rstrip(b"\0").decode(errors="replace") != self.name:
+            raise PlatformError(f"not a {self.api_name} IPC handle")
+        if self._current < 0:
+            self.set_device(0)
+        dev = self._current
+        with _guard(f"importing a peer's {self.api_name} memory on GPU {dev}"):
+            ptr = int(self._runtime.ipcOpenMemHandle(raw, 1))   # lazy peer access
+        self._allocs[ptr] = (int(size), dev)
+        bisect.insort(self._alloc_keys, ptr)
+        self._imported.add(ptr)
+        return ptr
+
+    def ipc_close(self, ptr: DevicePtr) -> None:
+        if ptr not in self._imported:
+            raise PlatformError(f"{ptr:#x} was not imported")
+        self._imported.discard(ptr)
+        _size, dev = self._allocs.pop(ptr)
+        self._alloc_keys.remove(ptr)
+        self.set_device(dev)
+        with _guard(f"closing a peer's {self.api_name} memory"):
+            self._runtime.ipcCloseMemHandle(ptr)
 
     def _owner(self, ptr: int, nbytes: int) -> int:
         """Device of the allocation holding [ptr, ptr + nbytes); PlatformError when out of bounds."""

@@ -140,6 +140,17 @@ class HipError(RuntimeError):
 
 
 _vp, _sz, _u, _i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int
+
+
+class HipIpcMemHandle(ctypes.Structure):
+    """``hipIpcMemHandle_t``: 64 opaque bytes, passed by value to ``hipIpcOpenMemHandle``."""
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+#: hipExtMallocWithFlags flag: fine-grained (coherent across devices and processes) memory
+HIP_DEVICE_MALLOC_FINEGRAINED = 0x1
+
+
 _PROTOS = {
     "hipGetDeviceCount": [ctypes.POINTER(_i)],
     "hipSetDevice": [_i],
@@ -167,6 +178,10 @@ _PROTOS = {
     "hipEventDestroy": [_vp],
     "hipModuleLoad": [ctypes.POINTER(_vp), ctypes.c_char_p],
     "hipModuleUnload": [_vp],
+    "hipExtMallocWithFlags": [ctypes.POINTER(_vp), _sz, _u],
+    "hipIpcGetMemHandle": [ctypes.POINTER(HipIpcMemHandle), _vp],
+    "hipIpcOpenMemHandle": [ctypes.POINTER(_vp), HipIpcMemHandle, _u],
+    "hipIpcCloseMemHandle": [_vp],
     "hipModuleGetFunction": [ctypes.POINTER(_vp), _vp, ctypes.c_char_p],
     "hipModuleLaunchKernel": [_vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp, _vp],
     "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor": [ctypes.POINTER(_i), _vp, _i, _sz],
@@ -246,6 +261,23 @@ class HipApi:
 
     def memcpy(self, dst: int, src: int, n: int, kind: int) -> None:
         self._call("hipMemcpy", dst, src, n, kind)
+
+    # IPC (one rank per process): fine-grained memory, exported and imported by handle
+    def extMallocWithFlags(self, n: int, flags: int) -> int:
+        return self._out("hipExtMallocWithFlags", _vp, n, flags) or 0
+
+    def ipcGetMemHandle(self, p: int) -> bytes:
+        h = HipIpcMemHandle()
+        self._call("hipIpcGetMemHandle", ctypes.byref(h), p)
+        return bytes(h.reserved)
+
+    def ipcOpenMemHandle(self, raw: bytes, flags: int) -> int:
+        h = HipIpcMemHandle()
+        ctypes.memmove(ctypes.addressof(h), bytes(raw)[:64], 64)
+        return self._out("hipIpcOpenMemHandle", _vp, h, flags) or 0
+
+    def ipcCloseMemHandle(self, p: int) -> None:
+        self._call("hipIpcCloseMemHandle", p)
 
     def memset(self, p: int, value: int, n: int) -> None:
         self._call("hipMemset", p, value, n)
@@ -349,6 +381,10 @@ class HipPlatform(GpuPlatform):
 
     def _module_symbols(self, path: Path) -> set[str]:
         return hip_module_symbols(path)
+
+    def _ipc_alloc(self, size: int) -> int:
+        # peers spin on FIFOs and counters in this memory: fine-grained, so their stores are seen
+        return int(self._runtime.extMallocWithFlags(size, HIP_DEVICE_MALLOC_FINEGRAINED))
 
     def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
               *, single_gpu: bool = False) -> Path:

@@ -248,6 +248,163 @@ def _platform_label(backend) -> str:
     return backend if isinstance(backend, str) else (getattr(backend, "name", "") or type(backend).__name__)
 
 
+# ============================================================================ what one rank owns
+@dataclass(frozen=True)
+class RankPlan:
+    """The size-independent memory rank ``rank`` owns, as sizes and offsets: the same numbers in
+    every process (they come from the manifest), so a peer can locate a FIFO or a counter inside
+    memory it mapped from this rank.
+
+    Layout (kernel protocol v2; both blocks in memory the peers reach):
+
+    * a control block of :attr:`ctrl_bytes`: ``tail`` of each receive connection ``j`` at ``8*j``
+      (the sender publishes slots there), ``head`` of each send connection ``k`` at ``8*(nrecv +
+      k)`` (the receiver frees slots there: each end polls its own memory), ``head`` of each
+      receive connection nobody sends on at ``8*(nrecv + nsend + j)``, then ``progress_slots``
+      64-bit progress counters;
+    * a slot block: receive connection ``j``'s ``nslots * slot_bytes`` bytes at ``j *``
+      :attr:`fifo_bytes`.
+
+    Sends nobody receives go to a FIFO of the sender's own (:attr:`orphan_bytes`: a 16-byte
+    header holding its ``tail``, then the slots). Counters and orphan headers must be zero at
+    launch (:meth:`RankMemory.reset`)."""
+
+    rank: int
+    recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
+    send_conns: tuple[tuple[int, int], ...]    # (receiving peer, channel), manifest order
+    progress_slots: int
+    nslots: int
+    slot_bytes: int                            # one FIFO slot (manifest ``slot_bytes``)
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
+        e = manifest["ranks"][rank]
+        return cls(rank=rank,
+                   recv_conns=tuple((int(p), int(c)) for p, c in e["recv_conns"]),
+                   send_conns=tuple((int(p), int(c)) for p, c in e["send_conns"]),
+                   progress_slots=int(e["progress_slots"]),
+                   nslots=int(manifest["nslots"]),
+                   slot_bytes=int(manifest.get("slot_bytes", manifest["chunk_bytes"])))
+
+    @property
+    def fifo_bytes(self) -> int:
+        """Bytes of one connection's slots."""
+        return self.nslots * self.slot_bytes
+
+    @property
+    def ctrl_bytes(self) -> int:
+        return 8 * (2 * len(self.recv_conns) + len(self.send_conns)) + 8 * max(self.progress_slots, 1)
+
+    @property
+    def slots_bytes(self) -> int:
+        """Bytes of the slot block (at least one connection's, so it is never empty)."""
+        return max(len(self.recv_conns), 1) * self.fifo_bytes
+
+    @property
+    def orphan_bytes(self) -> int:
+        return 16 + self.fifo_bytes
+
+    @property
+    def progress_offset(self) -> int:
+        return 8 * (2 * len(self.recv_conns) + len(self.send_conns))
+
+    def tail_offset(self, j: int) -> int:
+        return 8 * j
+
+    def send_head_offset(self, k: int) -> int:
+        return 8 * (len(self.recv_conns) + k)
+
+    def unsent_head_offset(self, j: int) -> int:
+        return 8 * (len(self.recv_conns) + len(self.send_conns) + j)
+
+    def recv_index(self, peer: int, channel: int) -> int | None:
+        """Index of the receive connection from ``peer`` on ``channel`` (None: not received)."""
+        try:
+            return self.recv_conns.index((int(peer), int(channel)))
+        except ValueError:
+            return None
+
+    def send_index(self, peer: int, channel: int) -> int | None:
+        """Index of the send connection to ``peer`` on ``channel`` (None: nothing sent)."""
+        try:
+            return self.send_conns.index((int(peer), int(channel)))
+        except ValueError:
+            return None
+
+    def peers(self) -> set[int]:
+        """Ranks whose memory this rank's connection tables point into."""
+        return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
+
+
+class RankMemory:
+    """Allocates and connects what one rank owns: its control block and slot block (through
+    ``malloc``: memory the peers reach, e.g. :meth:`Platform.malloc_peer` or memory another
+    process maps), the FIFOs of sends nobody receives (through ``malloc_orphan``, default
+    ``malloc``) and its two connection tables (through ``malloc_local``, default ``malloc``; by
+    :meth:`connect`). The single-process :class:`Runner` makes one per rank; a one-rank-per-process
+    :class:`~hccc.runtime.communicator.Communicator` makes its own and reaches its peers through
+    memory mapped from them."""
+
+    def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None,
+                 malloc_orphan=None):
+        self.plan, self.platform = plan, platform
+        self._malloc_local = malloc_local or malloc
+        self._malloc_orphan = malloc_orphan or malloc
+        self.ctrl = malloc(plan.ctrl_bytes)
+        self.slots = malloc(plan.slots_bytes)
+        self.progress = self.ctrl + plan.progress_offset
+        self.orphans: list[int] = []      # FIFOs of unreceived sends: 16-byte header, then slots
+        self.send_tab: int | None = None
+        self.recv_tab: int | None = None
+        self.send_conns: list[tuple[int, int, int]] = []
+        self.recv_conns: list[tuple[int, int, int]] = []
+
+    def connect(self, plans, locate) -> None:
+        """Write and upload the connection tables. ``plans``: every rank's :class:`RankPlan`;
+        ``locate(peer)`` gives the (control block, slot block) addresses of ``peer``'s memory in
+        this process (called for the peers of :meth:`RankPlan.peers` only; for this rank itself
+        the own blocks are used)."""
+        plan, me = self.plan, self.plan.rank
+
+        def blocks(r: int) -> tuple[int, int]:
+            return (self.ctrl, self.slots) if r == me else tuple(int(x) for x in locate(r))
+
+        recv = []
+        for j, (peer, ch) in enumerate(plan.recv_conns):
+            k = plans[peer].send_index(me, ch)
+            head = (blocks(peer)[0] + plans[peer].send_head_offset(k) if k is not None
+                    else self.ctrl + plan.unsent_head_offset(j))
+            recv.append((self.slots + j * plan.fifo_bytes, head, self.ctrl + plan.tail_offset(j)))
+        send = []
+        for k, (peer, ch) in enumerate(plan.send_conns):
+            head = self.ctrl + plan.send_head_offset(k)
+            j = plans[peer].recv_index(me, ch)
+            if j is not None:
+                ctrl, slots = blocks(peer)
+                send.append((slots + j * plans[peer].fifo_bytes, head,
+                             ctrl + plans[peer].tail_offset(j)))
+            else:
+                fifo = self._malloc_orphan(plan.orphan_bytes)
+                self.orphans.append(fifo)
+                send.append((fifo + 16, head, fifo))
+        self.send_conns, self.recv_conns = send, recv
+        tabs = []
+        for conns in (send, recv):
+            blob = conn_table(conns)
+            ptr = self._malloc_local(max(len(blob), 8))
+            if blob:
+                self.platform.memcpy_htod(ptr, blob)
+            tabs.append(ptr)
+        self.send_tab, self.recv_tab = tabs
+
+    def reset(self) -> None:
+        """Zero what the kernels need zeroed at launch: the control block (tails, heads, progress
+        counters) and the orphan FIFOs' headers."""
+        self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
+        for fifo in self.orphans:
+            self.platform.memset(fifo, 0, 16)
+
+
 class Runner:
     """One build of ``ir`` for its platforms and one instance, run at any number of sizes.
 
@@ -482,66 +639,29 @@ class Runner:
         self.grid_fn = self._grid_function(man, inst)
         self._check_residency()
 
-        # size-independent memory. Per rank, in memory its peers reach (Platform.malloc_peer): the
-        # FIFO slots it receives on; a control block [tail of each receive connection | head of
-        # each send connection | head of each receive connection nobody sends on | progress
-        # counters]. tail lives with the receiver and head with the sender: each end polls locally.
-        self.ctrl, self.ctrl_bytes, self.prog_ptr = [], [], []
-        self.slots_ptr = []
+        # size-independent memory (kernel protocol v2, see RankPlan): per rank, in memory its
+        # peers reach (Platform.malloc_peer), the FIFO slots it receives on and a control block
+        # [tail of each receive connection | head of each send connection | head of each receive
+        # connection nobody sends on | progress counters]: tail lives with the receiver and head
+        # with the sender, so each end polls locally. The same code allocates a one-rank-per-
+        # process Communicator's memory.
         self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
-        fifo_bytes = self.nslots * self.slot_bytes
-        send_index: dict[tuple[int, int, int], int] = {}
-        for r, e in enumerate(ranks):
-            nrecv, nsend = len(e["recv_conns"]), len(e["send_conns"])
-            nprog = int(e["progress_slots"])
-            nbytes = 8 * (2 * nrecv + nsend) + 8 * max(nprog, 1)
-            ctrl = self._malloc(r, nbytes, peer=True)
-            slots = self._malloc(r, max(nrecv, 1) * fifo_bytes, peer=True)
-            self.ctrl.append(ctrl)
-            self.ctrl_bytes.append(nbytes)
-            self.prog_ptr.append(ctrl + 8 * (2 * nrecv + nsend))
-            self.slots_ptr.append(slots)
-            for k, (peer, ch) in enumerate(e["send_conns"]):
-                send_index[(r, int(peer), int(ch))] = k
-        recv_index: dict[tuple[int, int, int], int] = {}
-        for r, e in enumerate(ranks):
-            for j, (peer, ch) in enumerate(e["recv_conns"]):
-                recv_index[(int(peer), r, int(ch))] = j
-
-        def head_of_send(r: int, k: int) -> int:
-            return self.ctrl[r] + 8 * (len(ranks[r]["recv_conns"]) + k)
-
-        self.orphans: list[tuple[int, int, int]] = []   # sends nobody receives: FIFO in sender memory
-        send_tables, recv_tables = [], []
-        for r, e in enumerate(ranks):
-            nrecv, nsend = len(e["recv_conns"]), len(e["send_conns"])
-            tab = []
-            for j, (peer, ch) in enumerate(e["recv_conns"]):
-                k = send_index.get((int(peer), r, int(ch)))
-                head = (head_of_send(int(peer), k) if k is not None
-                        else self.ctrl[r] + 8 * (nrecv + nsend + j))
-                tab.append((self.slots_ptr[r] + j * fifo_bytes, head, self.ctrl[r] + 8 * j))
-            recv_tables.append(tab)
-            tab = []
-            for k, (peer, ch) in enumerate(e["send_conns"]):
-                j = recv_index.get((r, int(peer), int(ch)))
-                if j is not None:
-                    d = int(peer)
-                    tab.append((self.slots_ptr[d] + j * fifo_bytes, head_of_send(r, k),
-                                self.ctrl[d] + 8 * j))
-                else:
-                    fifo = self._malloc(r, fifo_bytes + 16, peer=True)
-                    self.orphans.append((r, fifo, 16))
-                    tab.append((fifo + 16, head_of_send(r, k), fifo))
-            send_tables.append(tab)
-        self.send_tab, self.recv_tab = [], []
+        self.rank_plans = [RankPlan.from_manifest(man, r) for r in range(N)]
+        self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
+                                    lambda n, r=r: self._malloc(r, n, peer=True),
+                                    lambda n, r=r: self._malloc(r, n))
+                         for r in range(N)]
         for r in range(N):
-            for tabs, out in ((send_tables, self.send_tab), (recv_tables, self.recv_tab)):
-                blob = conn_table(tabs[r])
-                ptr = self._malloc(r, max(len(blob), 8))
-                if blob:
-                    self.rank_pf[r].memcpy_htod(ptr, blob)
-                out.append(ptr)
+            self.rank_mem[r].connect(self.rank_plans,
+                                     lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots))
+        self.ctrl = [m.ctrl for m in self.rank_mem]
+        self.ctrl_bytes = [m.plan.ctrl_bytes for m in self.rank_mem]
+        self.prog_ptr = [m.progress for m in self.rank_mem]
+        self.slots_ptr = [m.slots for m in self.rank_mem]
+        self.send_tab = [m.send_tab for m in self.rank_mem]
+        self.recv_tab = [m.recv_tab for m in self.rank_mem]
+        #: sends nobody receives: (rank, FIFO, header bytes), the FIFO in the sender's memory
+        self.orphans = [(r, f, 16) for r, m in enumerate(self.rank_mem) for f in m.orphans]
         if man.get("codegen") == "table":
             self._upload_tables(man)
         # The abort flag: pinned, mapped host memory, which the host raises with a plain store
@@ -633,7 +753,8 @@ class Runner:
     # ------------------------------------------------------------------ sizes
     def layout(self, count: int):
         """Per rank: (input length, output length, scratch length, input offset in output or
-        -1, output offset in input or -1) in elements, for in-place aliasing."""
+        -1, output offset in input or -1) in elements, for in-place aliasing
+        (:func:`program_layout`)."""
         return program_layout(self.ir, count)
 
     def default_watchdog(self, nbytes: int) -> float:
@@ -843,10 +964,8 @@ class Runner:
     def _prepare(self, bufs, lay, dev_inputs, inplace, ddt) -> None:
         """Zero counters, flags and the error record; outputs and scratch to garbage; inputs in."""
         g = _GARBAGE[self.dtype]
-        for r in range(self.nranks):
-            self.rank_pf[r].memset(self.ctrl[r], 0, self.ctrl_bytes[r])
-        for r, fifo, nbytes in self.orphans:
-            self.rank_pf[r].memset(fifo, 0, 16)
+        for m in self.rank_mem:
+            m.reset()
         ctypes.c_uint32.from_address(self.abort_ptr).value = 0
         self.flags_pf.memset(self.error_ptr, 0, ctypes.sizeof(ErrorRecord))
         for r in range(self.nranks):
@@ -1048,5 +1167,6 @@ def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, 
         return runner.run(nbytes, inplace=inplace, iters=iters, warmup=warmup, seed=seed)
 
 
-__all__ = ["RunResult", "Runner", "run_program", "busbw_factor", "generated_sources", "CODEGENS",
+__all__ = ["RunResult", "Runner", "RankPlan", "RankMemory", "program_layout", "run_program",
+           "busbw_factor", "generated_sources", "CODEGENS",
            "describe_stuck", "DTYPES", "OPS", "ELEMENT_BYTES"]

@@ -23,6 +23,13 @@ Model (CUDA's, which the CPU emulation follows):
 - ``timer()`` measures device time between two points on a stream (CUDA events; host clock on CPU).
 - ``max_resident_blocks(fn, block)`` says how many blocks of ``fn`` can be resident at once, so the
   launcher can refuse plainly instead of deadlocking.
+- IPC, for one rank per process (:mod:`hccc.runtime.communicator`): ``ipc_malloc`` allocates memory
+  that other processes of this host can map, ``ipc_export(ptr)`` gives its handle as opaque bytes
+  (the caller moves them through its bootstrap), ``ipc_import(handle)`` maps a peer's memory here,
+  ``ipc_seal(ptr)`` says every peer has mapped it (names that could outlive a killed process are
+  dropped), ``ipc_close(ptr)`` unmaps an imported pointer; ``free`` releases ``ipc_malloc``
+  memory. CPU: POSIX shared memory; CUDA: ``cudaIpcGetMemHandle``; HIP: ``hipIpcGetMemHandle`` on
+  fine-grained memory.
 """
 from __future__ import annotations
 
@@ -179,6 +186,26 @@ class Platform(abc.ABC):
         the reverse). Two objects of one GPU runtime are not assumed to share; the CPU emulation
         allocates host memory, which every CPU-emulated kernel reaches."""
         return other is self
+
+    # ---------------------------------------------------------------- IPC (one rank per process)
+    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+        """Zeroed memory that other processes of this host can map (see :meth:`ipc_export`)."""
+        raise PlatformError(f"the {self.name or 'this'} platform cannot share memory between processes")
+
+    def ipc_export(self, ptr: DevicePtr) -> bytes:
+        """Opaque handle of memory from :meth:`ipc_malloc`, for :meth:`ipc_import` in a peer."""
+        raise PlatformError(f"the {self.name or 'this'} platform cannot share memory between processes")
+
+    def ipc_import(self, handle: bytes) -> DevicePtr:
+        """Map a peer's exported memory into this process; its address here."""
+        raise PlatformError(f"the {self.name or 'this'} platform cannot share memory between processes")
+
+    def ipc_seal(self, ptr: DevicePtr) -> None:
+        """Every peer has imported ``ptr``: drop what could outlive a killed process (names)."""
+
+    def ipc_close(self, ptr: DevicePtr) -> None:
+        """Unmap memory mapped by :meth:`ipc_import`."""
+        raise PlatformError(f"the {self.name or 'this'} platform cannot share memory between processes")
 
     def close(self) -> None:
         """Release what the platform holds (modules, memory pools)."""

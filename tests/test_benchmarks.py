@@ -1,8 +1,14 @@
-"""The benchmark scripts' building blocks (the scripts themselves are run by hand: see each one)."""
+"""The benchmark scripts' building blocks (the scripts themselves are run by hand: see each one;
+communicator_latency.py also runs here, small and marked slow)."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from hccc.compiler.cluster.topo_parser import load_topology
 from hccc.compiler.passes.verify import verify
@@ -88,3 +94,21 @@ def test_build_time_builds_the_generic_and_per_rank_kernels(tmp_path):
     assert len(objs) == 4
     syms = subprocess.run(["nm", str(tmp_path / "lib" / "p.a")], capture_output=True, text=True).stdout
     assert all(f"hccc_ring4_r{r}_int32_max" in syms for r in range(4))
+
+
+@pytest.mark.slow
+def test_communicator_latency_benchmark_prints_its_table():
+    """The one-rank-per-process latency benchmark runs end to end (2 ranks, one size, few calls)."""
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        pytest.skip("torch (the 'dist' extra) is not installed")
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "communicator_latency.py"),
+                          "--ranks", "2", "--sizes", "4K", "--iters", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
+    assert rows[0] == ["bytes", "comm", "us", "runner", "us", "ratio"]
+    assert len(rows) == 2 and rows[1][0] == "4096" and float(rows[1][1]) > 0 and float(rows[1][2]) > 0

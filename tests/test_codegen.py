@@ -36,7 +36,8 @@ def test_manifest_and_file_set(tmp_path):
     assert names == sorted(names)
     assert set(names) == {"CMakeLists.txt", "Makefile", "manifest.json", "ring_ar.ir.json",
                           "ring_ar_cuda.cu", "ring_ar_hip.hip", "ring_ar_r0.cu", "ring_ar_r1.hip",
-                          "ring_ar_r2.cu", "ring_ar_r3.hip", *HEADERS}
+                          "ring_ar_r2.cu", "ring_ar_r3.hip", "hccc_host.h", *HEADERS}
+    assert man["host_header"] == "hccc_host.h"
     assert man["schema"] == "hccc.manifest/1"
     assert man["algorithm"] == "ring_ar" and man["collective"] == "allreduce"
     assert man["nranks"] == 4 and man["chunk_bytes"] == ir.chunk_bytes
@@ -374,8 +375,9 @@ def test_codegen_speed_on_a_large_program(tmp_path):
     t0 = time.perf_counter()
     files = generate(ir, tmp_path, platforms=["cuda"] * ir.nranks, timings=tm)
     dt = time.perf_counter() - t0
-    # rank sources, IR JSON + umbrella, headers, CMakeLists + Makefile + manifest, one-grid entry
-    assert len(files) == ir.nranks + 2 + len(HEADERS) + 3 + 1
+    # rank sources, IR JSON + umbrella, headers, CMakeLists + Makefile + manifest, one-grid entry,
+    # the host API (hccc_host.h)
+    assert len(files) == ir.nranks + 2 + len(HEADERS) + 3 + 1 + 1
     print(f"codegen of {ir.nprims} primitives: {dt - tm['codegen_ir_json']:.2f}s besides the IR "
           "JSON (speed is measured by benchmarks/compile_scale.py)")
 

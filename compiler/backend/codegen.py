@@ -41,6 +41,8 @@ NSLOTS = 8
 SLOT_OVERHEAD = 32
 ABI_VERSION = 2
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
+#: the C++ host API for one rank per process (templates/common/hccc_host.h.j2)
+HOST_HEADER = "hccc_host.h"
 
 _SEND_OPS = np.array([Op(o).sends for o in range(len(Op))])
 _RECV_OPS = np.array([Op(o).receives for o in range(len(Op))])
@@ -374,6 +376,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written["hccc_platform.h"] = env.get_template("common/hccc_platform.h.j2").render(**hdr_ctx)
     written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)
     written["hccc_cpu_emu.h"] = env.get_template("common/hccc_cpu_emu.h.j2").render(**hdr_ctx)
+    written[HOST_HEADER] = _host_header(env, ir, rank_entries, nthreads, in_base, out_base)
     libraries = {pl: f"hccc_{name}_{pl}" for pl in present}
     build_ctx = dict(**common, platforms=present, libraries=libraries, sources=sources,
                      headers=list(HEADERS), codegen="specialized", dtypes=DTYPES, ops=REDOPS)
@@ -389,7 +392,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written["manifest.json"] = manifest_text(
         ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
         ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
-        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid)
+        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
+        host_header=HOST_HEADER)
 
     paths = []
     for fname in sorted(written):
@@ -438,6 +442,40 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
                      int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
     stats.setdefault("primitives", int(ir.nprims))
     return _jsonable(stats)
+
+
+def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, in_base, out_base) -> str:
+    """``hccc_host.h``: the C++ host API with this program's connection tables and buffer layout
+    (the tables are joined here, not in the template: thousands of connections render fast)."""
+    def ints(vals) -> str:
+        return ", ".join(str(int(v)) for v in vals)
+
+    def pairs(key: str) -> str:
+        return "".join(f"{{ {int(p)}, {int(c)} }}, " for e in rank_entries for p, c in e[key])
+
+    recv_first, send_first = [0], [0]
+    for e in rank_entries:
+        recv_first.append(recv_first[-1] + len(e["recv_conns"]))
+        send_first.append(send_first[-1] + len(e["send_conns"]))
+    tables = dict(
+        tbs=ints(e["tbs"] for e in rank_entries),
+        progress=ints(e["progress_slots"] for e in rank_entries),
+        nrecv=ints(len(e["recv_conns"]) for e in rank_entries),
+        nsend=ints(len(e["send_conns"]) for e in rank_entries),
+        recv_first=ints(recv_first), send_first=ints(send_first),
+        recv_conns=pairs("recv_conns"), send_conns=pairs("send_conns"),
+        in_base=ints(in_base), out_base=ints(out_base),
+        declarations="\n".join(
+            f'  extern "C" HCCC_GLOBAL void HCCC_LAUNCH_BOUNDS({nthreads.get(e["platform"], 0)}) '
+            f'{e["kernel"]}_##DT##_##OPN(hccc_args); \\' for e in rank_entries),
+        kernels=", ".join(f'{e["kernel"]}_##DT##_##OPN' for e in rank_entries))
+    return env.get_template("common/hccc_host.h.j2").render(
+        version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
+        nchunks=ir.nchunks, scratch_chunks=ir.scratch_chunks, chunk_bytes=ir.chunk_bytes,
+        in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
+        slot_bytes=slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
+        share_bytes=slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
+        algorithm_level=bool(ir.algorithm_level), nthreads=nthreads, tables=tables)
 
 
 def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:

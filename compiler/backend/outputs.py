@@ -8,7 +8,7 @@ when the program fits the MSCCL runtimes' limits, which takes the whole compile 
 """
 from __future__ import annotations
 
-from hccc.compiler.backend.codegen import EXT, HEADERS, PLATFORMS
+from hccc.compiler.backend.codegen import EXT, HEADERS, HOST_HEADER, PLATFORMS
 
 CODEGENS = ("specialized", "table")
 
@@ -26,7 +26,7 @@ def planned_outputs(name: str, platforms: list, codegen: str = "specialized") ->
     if codegen == "table":
         files += list(TABLE_HEADERS) + [f"{name}.table"] + [GENERIC_SOURCE[pl] for pl in present]
     else:
-        files += list(HEADERS) + [f"{name}.ir.json"]
+        files += list(HEADERS) + [HOST_HEADER, f"{name}.ir.json"]
         files += [f"{name}_{pl}.{EXT[pl]}" for pl in present]
         files += [f"{name}_r{r}.{EXT[pl]}" for r, pls in enumerate(plats) for pl in pls]
         # the one-grid entry of each platform every rank has (codegen.grid_entries)

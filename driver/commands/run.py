@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +57,6 @@ DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 DEFAULT_BYTES = "4K,64K,1M"
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 def load(args):
@@ -66,76 +64,12 @@ def load(args):
     return load_program(args.algo, program_options(args))
 
 
-def _manifest_path(algo: str) -> Path | None:
-    """``ALGO``'s manifest when ALGO is a compiled OUTDIR or a manifest (``schema`` hccc.manifest/N)."""
-    p = Path(algo)
-    if p.is_dir():
-        return p / "manifest.json"
-    if p.suffix.lower() == ".json" and p.is_file():
-        from hccc.compiler.frontend.diagnostics import CompileError, SourceFile
-        from hccc.compiler.frontend.limits import loads_json
-        try:
-            head = loads_json(SourceFile.read(p))
-        except CompileError:
-            return None          # load_program reports it, located
-        if isinstance(head, dict) and str(head.get("schema", "")).startswith("hccc.manifest/"):
-            return p
-    return None
-
-
-def _program_of_tables(path: Path, man: dict, fail):
-    """The ProgramIR of a table-mode OUTDIR: read back from the binary tables, which are checked
-    against the manifest on the way."""
-    from hccc.compiler.backend.table_format import TableFormatError
-    from hccc.compiler.backend.table_program import program_from_table, table_path
-
-    try:
-        tpath = table_path(path.parent, man)
-        ir = program_from_table(man, tpath.read_bytes(), tpath.name)
-    except TableFormatError as exc:
-        fail(str(exc))
-    except (OSError, KeyError, TypeError, ValueError) as exc:
-        fail(f"cannot read the table-mode program: {exc}")
-    return ir
-
-
-def load_manifest(path: Path):
-    """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json``."""
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
-    from hccc.compiler.pipeline import load_program
-
-    src = SourceFile.read(path)
-
-    def fail(msg: str):
-        raise CompileError([Diagnostic(msg, Location(src, 1, 1))])
-
-    from hccc.compiler.frontend.limits import loads_json
-    man = loads_json(src)
-    if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
-        fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
-    ranks = man.get("ranks")
-    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
-        fail("'ranks' must be a list of rank objects")
-    plats = [e.get("platform") for e in ranks]
-    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
-    if bad:
-        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
-    if man.get("codegen") == "table":
-        return _program_of_tables(path, man, fail), plats
-    irname = man.get("ir")
-    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
-        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
-    ir = load_program(path.parent / irname)
-    if ir.nranks != len(plats):
-        fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")
-    return ir, plats
-
-
 def load_with_platforms(args):
     """(ProgramIR, per-rank platforms) for ``hccc run``'s ALGO and ``--topology``."""
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.compiler.pipeline import load_manifest, manifest_path
 
-    mpath = _manifest_path(args.algo)
+    mpath = manifest_path(args.algo)
     if mpath is not None:
         if args.topology is not None:
             raise CompileError([Diagnostic(
@@ -296,9 +230,9 @@ def run(args) -> int:
         return 2
     ir, plats = load_with_platforms(args)
     if args.codegen is None:
-        mpath = _manifest_path(args.algo)
-        table = mpath is not None and json.loads(mpath.read_text(encoding="utf-8")).get("codegen") == "table"
-        args.codegen = "table" if table else "specialized"
+        from hccc.compiler.pipeline import manifest_codegen, manifest_path
+        mpath = manifest_path(args.algo)
+        args.codegen = manifest_codegen(mpath) if mpath is not None else "specialized"
     coll = ir.collective
     root = root_column(coll, ir.root)
     if args.root is not None and root >= 0 and args.root != root:

@@ -1,0 +1,186 @@
+"""Bootstrap for one rank per process: exchanging bytes between the ranks of a job, through
+torch.distributed (an existing engine, not a home-made one; ``pip install 'hccc[dist]'``).
+
+Three ways in, all giving a :class:`Bootstrap` with ``all_gather(bytes) -> [bytes per rank]`` and
+``barrier()``:
+
+- a torch ``ProcessGroup`` (``group=``), or the default group when ``torch.distributed`` is
+  initialised (``torchrun``, any launcher torch supports): :func:`torch.distributed.
+  all_gather_object` moves the bytes (the group's own timeout applies);
+- a ``torch.distributed.Store`` (``store=``: a ``TCPStore``, ``FileStore``, or the store of an
+  existing job), shared by every rank of the communicator;
+- an ``init_method`` URL when the caller has neither: ``tcp://HOST:PORT`` (a ``TCPStore`` served
+  by rank 0), ``file:///PATH`` (a ``FileStore`` on a file system every rank sees) or ``env://``
+  (``MASTER_ADDR`` / ``MASTER_PORT``, as torch's own ``env://``).
+
+With a store, every communicator takes its keys under a prefix of its own (``hccc/<name>/<n>``,
+``n`` counting the communicators this rank made on that store), so a later communicator on the
+same store never reads an earlier one's keys; a rank that does not arrive within ``timeout_s`` is
+named in the error (:class:`BootstrapError`), never waited for forever.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from datetime import timedelta
+from urllib.parse import urlparse
+
+
+class BootstrapError(RuntimeError):
+    """The ranks could not be brought together (message for the user)."""
+
+
+def _torch_dist():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        raise BootstrapError("one rank per process bootstraps through torch.distributed, which is "
+                             "not installed (pip install 'hccc[dist]')") from None
+    if not dist.is_available():
+        raise BootstrapError("this torch build has no torch.distributed")
+    return dist
+
+
+def _ranges(ranks) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+class Bootstrap:
+    """Moves bytes between the ``world_size`` ranks of one communicator."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, data: bytes, tag: str) -> list[bytes]:
+        """Every rank's ``data`` (in rank order); ``tag`` names the exchange (unique per call)."""
+        raise NotImplementedError
+
+    def barrier(self, tag: str) -> None:
+        self.all_gather(b"", tag)
+
+    def close(self) -> None:
+        """Release what the bootstrap holds."""
+
+
+class StoreBootstrap(Bootstrap):
+    """All-gather and barrier through a ``torch.distributed.Store``."""
+
+    def __init__(self, store, rank: int, world_size: int, *, name: str = "comm",
+                 timeout_s: float = 60.0, owned: bool = False):
+        self.store, self.rank, self.world_size = store, int(rank), int(world_size)
+        self.timeout_s = float(timeout_s)
+        self._owned = owned
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "comm"
+        # the n-th communicator this rank makes on this store: equal on every rank when they make
+        # communicators in the same order (as collectives must be called anyway)
+        n = int(store.add(f"hccc/{safe}/made/{self.rank}", 1))
+        self.prefix = f"hccc/{safe}/{n}"
+
+    def all_gather(self, data: bytes, tag: str) -> list[bytes]:
+        keys = [f"{self.prefix}/{tag}/{r}" for r in range(self.world_size)]
+        self.store.set(keys[self.rank], bytes(data))
+        deadline = time.monotonic() + self.timeout_s
+        # wait in short rounds, so a missing rank can be named when time runs out
+        while True:
+            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            if not missing:
+                break
+            if time.monotonic() >= deadline:
+                raise BootstrapError(
+                    f"rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} of {self.world_size} "
+                    f"did not arrive within {self.timeout_s:g} s (communicator set-up, step "
+                    f"'{tag}'); a peer that died or was never started cannot be waited for")
+            time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+        return [bytes(self.store.get(k)) for k in keys]
+
+    def close(self) -> None:
+        if self._owned:
+            self.store = None
+
+
+class GroupBootstrap(Bootstrap):
+    """All-gather through ``torch.distributed.all_gather_object`` on a process group."""
+
+    def __init__(self, group=None):
+        dist = _torch_dist()
+        if not dist.is_initialized():
+            raise BootstrapError("torch.distributed is not initialised: call "
+                                 "torch.distributed.init_process_group first, or pass store= / "
+                                 "init_method=")
+        self.dist, self.group = dist, group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise BootstrapError("this process is not a member of the given process group")
+
+    def all_gather(self, data: bytes, tag: str) -> list[bytes]:
+        out = [None] * self.world_size
+        try:
+            self.dist.all_gather_object(out, bytes(data), group=self.group)
+        except RuntimeError as exc:
+            raise BootstrapError(f"torch.distributed all_gather_object failed (communicator "
+                                 f"set-up, step '{tag}'): {exc}") from None
+        return [bytes(x) for x in out]
+
+
+def store_from_url(url: str, rank: int, world_size: int, timeout_s: float = 60.0):
+    """A ``torch.distributed`` store for ``tcp://HOST:PORT``, ``file:///PATH`` or ``env://``."""
+    dist = _torch_dist()
+    u = urlparse(url)
+    timeout = timedelta(seconds=timeout_s)
+    if u.scheme == "env":
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port or not port.isdigit():
+            raise BootstrapError("env:// needs MASTER_ADDR and MASTER_PORT in the environment")
+        u = urlparse(f"tcp://{host}:{port}")
+    if u.scheme == "tcp":
+        if not u.hostname or u.port is None:
+            raise BootstrapError(f"{url!r}: expected tcp://HOST:PORT")
+        try:
+            return dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout,
+                                 wait_for_workers=False)
+        except (RuntimeError, OSError) as exc:
+            raise BootstrapError(f"cannot reach the store at {u.hostname}:{u.port}: {exc}") from None
+    if u.scheme == "file":
+        path = u.path
+        if not path:
+            raise BootstrapError(f"{url!r}: expected file:///PATH")
+        try:
+            return dist.FileStore(path, world_size)
+        except (RuntimeError, OSError) as exc:
+            raise BootstrapError(f"cannot open the file store {path}: {exc}") from None
+    raise BootstrapError(f"{url!r}: init_method must be tcp://HOST:PORT, file:///PATH or env://")
+
+
+def make_bootstrap(rank: int | None, world_size: int | None, *, group=None, store=None,
+                   init_method: str | None = None, bootstrap: Bootstrap | None = None,
+                   name: str = "comm", timeout_s: float = 60.0) -> Bootstrap:
+    """The bootstrap for the given arguments (see the module docstring); checks that ``rank`` and
+    ``world_size`` agree with the group's when both are given."""
+    given = [x is not None for x in (group, store, init_method, bootstrap)]
+    if sum(given) > 1:
+        raise BootstrapError("give at most one of group=, store=, init_method= and bootstrap=")
+    if bootstrap is not None:
+        b = bootstrap
+    elif store is not None or init_method is not None:
+        if rank is None or world_size is None:
+            raise BootstrapError("a store needs rank= and world_size=")
+        owned = store is None
+        if store is None:
+            store = store_from_url(init_method, rank, world_size, timeout_s)
+        b = StoreBootstrap(store, rank, world_size, name=name, timeout_s=timeout_s, owned=owned)
+    else:
+        dist = _torch_dist()
+        if group is None and not dist.is_initialized():
+            raise BootstrapError("no bootstrap: torch.distributed is not initialised and neither "
+                                 "group=, store= nor init_method= was given")
+        b = GroupBootstrap(group)
+    for what, want, have in (("rank", rank, b.rank), ("world_size", world_size, b.world_size)):
+        if want is not None and int(want) != int(have):
+            raise BootstrapError(f"{what}={want} but the bootstrap says {have}")
+    return b
+
+
+__all__ = ["Bootstrap", "BootstrapError", "StoreBootstrap", "GroupBootstrap", "make_bootstrap",
+           "store_from_url"]

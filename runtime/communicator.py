@@ -1,0 +1,746 @@
+"""One rank per process: :class:`Communicator` sets up this process's rank of a compiled algorithm
+and runs its collective on the caller's arrays.
+
+Set-up (``Communicator(algo, rank=, world_size=, ...)``):
+
+1. load the algorithm (a ProgramIR, a compiled OUTDIR or its ``manifest.json``, an ``.rccl`` /
+   MSCCL ``.xml`` / ProgramIR ``.json`` file, compiled with ``options``) and check that it is for
+   ``world_size`` ranks;
+2. build and load *this rank's* kernel only (per dtype and op, cached by content hash);
+3. allocate what the rank owns (:class:`~hccc.runtime.launcher.RankMemory`, the code the
+   single-process runner uses, kernel protocol v2): its control block (tails of the connections
+   it receives on, heads of those it sends on, progress counters) and the FIFOs it receives on,
+   in memory the platform can export (CPU emulation: POSIX shared memory; CUDA / HIP: IPC
+   handles), its flags (abort flag, error record) and a small host segment (POSIX shared memory:
+   process id, barrier counter, state, the call being made) for host-side barriers and failure
+   detection. The flags: on the CPU emulation one more shared-memory block (abort flag at 0,
+   error record at 64) that every peer maps, so a failing rank raises its peers' abort flags
+   with plain stores; on CUDA / HIP the abort flag is this process's pinned, mapped host memory
+   (:meth:`Platform.host_flags`: the host raises it with a plain store while the kernel spins;
+   IPC cannot export it) and the error record device memory, and a peer's failure reaches this
+   rank through the host segments: the host watch running during every call sees the peer
+   failed or gone and raises this rank's own flag;
+4. exchange the handles through the bootstrap (:mod:`hccc.runtime.bootstrap`: torch.distributed's
+   process group or a store), map the memory of the peers this rank sends to or receives from
+   (a receive connection's ``head`` lives in the sender's control block), write the connection
+   tables, and wait until every rank has mapped everything; then the names are dropped (nothing
+   stays in ``/dev/shm`` even if a process is killed later).
+
+Table mode: an OUTDIR compiled with ``--codegen table`` runs the generic kernels; this rank's
+table (checked against the manifest) is copied to its memory and passed after the kernel
+argument, as the single-process runner does.
+
+A collective call (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``reduce``,
+``all_to_all``: the one the algorithm implements) checks the arrays (type, size, this rank's
+share of an uneven count), meets its peers at a host barrier where every rank's call is compared
+(collective, count, dtype, op: a mismatch is an error on every rank, not a hang), zeroes the
+counters it owns, meets them again (nobody sends into a FIFO before its receiver has reset it) and
+launches its kernel on the arrays themselves (temporaries only where the algorithm's buffers
+cannot alias the way the call asks). While the kernel runs, the host watches its peers: a peer
+process that died, or a peer that reported a failure, raises this rank's abort flag; a rank whose
+kernel fails raises every peer's. Every rank then gets a :class:`CommunicatorError` naming the
+cause within the timeout, and the communicator is unusable (``close()`` releases its memory; a new
+communicator works).
+
+Ranks of one communicator must share a host (they map each other's memory); jobs that span nodes
+use the exported MSCCL XML on RCCL or msccl-executor-nccl (README, "Multi-node").
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.runtime import reference, shm
+from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
+from hccc.runtime.kernel_abi import Args, ErrorRecord
+from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
+                                   program_layout, describe_stuck, generated_sources)
+from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
+
+#: the collective each method runs (ProgramIR collective names)
+METHODS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+           "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+_COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
+_FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
+# host segment: uint64 words
+_H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE = range(9)
+_MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
+_RUNNING, _FAILED, _CLOSED = 0, 1, 2
+_POLL_S = 0.0005
+_REASON_AT, _REASON_MAX = 128, 1024       # a failed rank's reason, in its host segment
+
+
+class CommunicatorError(RuntimeError):
+    """A collective or the set-up failed (message for the user); the communicator is unusable."""
+
+
+def _load(algo, options) -> tuple[ProgramIR, list[str] | None, str | None]:
+    """(ProgramIR, per-rank manifest platforms or None, code-generation mode of a compiled OUTDIR
+    or None) of ``algo``."""
+    if isinstance(algo, ProgramIR):
+        return algo, None, None
+    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.compiler.pipeline import load_manifest, load_program, manifest_codegen, manifest_path
+    path = Path(algo)
+    if not path.exists():
+        raise CommunicatorError(f"{path}: no such algorithm, OUTDIR or ProgramIR")
+    mpath = manifest_path(path)
+    if mpath is not None:
+        if not mpath.exists():
+            raise CommunicatorError(f"{path}: a directory without manifest.json (not a compiled OUTDIR)")
+        try:
+            ir, plats = load_manifest(mpath)
+            return ir, plats, manifest_codegen(mpath)
+        except CompileError as exc:
+            raise CommunicatorError(f"{mpath}: {exc}") from None
+    return load_program(path, options), None, None
+
+
+# ------------------------------------------------------------------------------- arrays
+_NP_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+             np.dtype(np.int32): "int32"}
+_TYPESTR = {"<f4": "float32", "<f2": "float16", "<i4": "int32"}
+
+
+class _Buf:
+    """A caller's array as (address, elements, dtype name, device kind)."""
+
+    def __init__(self, ptr: int, n: int, dtype: str, device: str, keep=None):
+        self.ptr, self.n, self.dtype, self.device, self.keep = ptr, n, dtype, device, keep
+
+
+def _as_buf(a, what: str) -> _Buf:
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch":
+        name = str(a.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise TypeError(f"{what}: torch dtype {a.dtype} is not one of {', '.join(DTYPES)}")
+        if not a.is_contiguous():
+            raise ValueError(f"{what}: the tensor must be contiguous")
+        return _Buf(int(a.data_ptr()), int(a.numel()), name, "cuda" if a.is_cuda else a.device.type, a)
+    if isinstance(a, np.ndarray):
+        name = _NP_NAMES.get(a.dtype) or ("bfloat16" if a.dtype.name == "bfloat16" else None)
+        if name is None:
+            raise TypeError(f"{what}: numpy dtype {a.dtype} is not one of {', '.join(DTYPES)}")
+        if not (a.flags.c_contiguous and a.flags.writeable):
+            raise ValueError(f"{what}: the array must be C-contiguous and writable")
+        return _Buf(int(a.ctypes.data), int(a.size), name, "cpu", a)
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        name = _TYPESTR.get(cai["typestr"])
+        if name is None:
+            raise TypeError(f"{what}: element type {cai['typestr']} is not one of {', '.join(DTYPES)}")
+        n = int(np.prod(cai["shape"])) if cai["shape"] else 1
+        strides = cai.get("strides")
+        if strides is not None and tuple(strides) != tuple(
+                int(np.prod(cai["shape"][i + 1:])) * np.dtype(cai["typestr"]).itemsize
+                for i in range(len(cai["shape"]))):
+            raise ValueError(f"{what}: the array must be C-contiguous")
+        return _Buf(int(cai["data"][0]), n, name, "cuda", a)
+    if hasattr(a, "__dlpack__"):
+        return _as_buf(np.from_dlpack(a), what)
+    raise TypeError(f"{what}: expected a numpy array, a torch tensor or a CUDA array "
+                    f"(__cuda_array_interface__), not {type(a).__name__}")
+
+
+def _sync_caller(a) -> None:
+    """Wait for the work the caller queued on its current stream (the kernel runs on the
+    communicator's own stream, after a host barrier)."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+        torch.cuda.current_stream(a.device).synchronize()
+    elif mod == "cupy":
+        import cupy
+        cupy.cuda.get_current_stream().synchronize()
+
+
+# ------------------------------------------------------------------------------- the communicator
+class Communicator:
+    """This process's rank of a compiled collective algorithm; see the module docstring.
+
+    ``algo``: a ProgramIR, a compiled OUTDIR (or its ``manifest.json``), or an algorithm file
+    (``.rccl``, MSCCL ``.xml``, ProgramIR ``.json``; compiled with ``options``, a
+    :class:`~hccc.compiler.pipeline.CompileOptions`). Bootstrap (one of): ``group`` (a torch
+    ProcessGroup; the default group when torch.distributed is initialised and nothing else is
+    given), ``store`` (a torch.distributed Store), ``init_method`` (``tcp://HOST:PORT``,
+    ``file:///PATH``, ``env://``) or ``bootstrap`` (a :class:`~hccc.runtime.bootstrap.Bootstrap`).
+    ``backend``: ``"cpu"`` (the emitted kernel in CPU emulation, memory in POSIX shared memory),
+    ``"cuda"`` / ``"hip"``, or a Platform object. ``device``: the GPU (default: the
+    ``LOCAL_RANK`` environment variable, else ``rank`` modulo the devices visible). ``timeout_s``:
+    how long set-up and every collective wait for peers; ``kernel_timeout_s``: the kernels' own
+    spin-wait limit. ``dtype`` / ``op``: the kernel built at set-up (others are built on first use).
+    ``codegen``: ``"specialized"`` or ``"table"`` (default: a compiled OUTDIR's own mode, else
+    specialised kernels).
+    """
+
+    def __init__(self, algo, rank: int | None = None, world_size: int | None = None, *, group=None,
+                 store=None, init_method: str | None = None, bootstrap: Bootstrap | None = None,
+                 backend="cpu", device: int | None = None, name: str | None = None, options=None,
+                 timeout_s: float = 60.0, kernel_timeout_s: float = 30.0, dtype: str = "float32",
+                 op: str = "sum", nthreads: int | None = None, cache_dir=None,
+                 codegen: str | None = None):
+        self._closed = False
+        self._broken: str | None = None
+        self._segments_own: list[int] = []
+        self._imported: list[int] = []
+        self._host_own: shm.Segment | None = None
+        self._host_peer: dict[int, shm.Segment] = {}
+        self._pf: Platform | None = None
+        self._owned_pf = False
+        self._boot: Bootstrap | None = None
+        self._mem: RankMemory | None = None
+        self._allocs: list[int] = []
+        self._scratch: tuple[int, int] | None = None
+        self._host_flag_ptrs: list[int] = []
+        self._table: int | None = None
+        self._peer_flags: dict[int, int] = {}
+        self._abort: int | None = None
+        self.timeout_s = float(timeout_s)
+        self.kernel_timeout_s = float(kernel_timeout_s)
+        try:
+            self._setup(algo, rank, world_size, group, store, init_method, bootstrap, backend,
+                        device, name, options, dtype, op, nthreads, cache_dir, codegen)
+        except BaseException:
+            self._release()
+            raise
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self, algo, rank, world_size, group, store, init_method, bootstrap, backend, device,
+               name, options, dtype, op, nthreads, cache_dir, codegen) -> None:
+        ir, plats, compiled_codegen = _load(algo, options)
+        if codegen is None:
+            codegen = compiled_codegen or "specialized"
+        if codegen not in CODEGENS:
+            raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
+        self.codegen = codegen
+        self.ir = ir
+        self.collective = ir.collective
+        if dtype not in DTYPES or op not in OPS:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} and op one of {', '.join(OPS)}")
+        try:
+            self._boot = make_bootstrap(rank, world_size, group=group, store=store,
+                                        init_method=init_method, bootstrap=bootstrap,
+                                        name=name or ir.name, timeout_s=self.timeout_s)
+        except BootstrapError as exc:
+            raise CommunicatorError(str(exc)) from None
+        self.rank, self.world_size = int(self._boot.rank), int(self._boot.world_size)
+        if self.world_size != ir.nranks:
+            raise CommunicatorError(f"{ir.name} is an algorithm for {ir.nranks} ranks; this job has "
+                                    f"{self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise CommunicatorError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+        shm.reap_stale()
+        if plats is None:
+            plats = ["hip" if backend == "hip" else "cuda"] * ir.nranks
+        self.rank_platform = plats
+        mine = plats[self.rank]
+        # platform
+        if isinstance(backend, Platform):
+            pf = backend
+        elif backend == "cpu":
+            from hccc.runtime.cpu import CpuPlatform
+            pf = CpuPlatform(source_platform=mine, cache_dir=cache_dir)
+            self._owned_pf = True
+        else:
+            pf = get_platform(str(backend))
+            self._owned_pf = True
+        self._pf = pf
+        if not pf.runs_sources(mine):
+            raise CommunicatorError(f"rank {self.rank} is a {mine.upper()} rank; the {pf.name} "
+                                    "platform cannot run it")
+        if device is None:
+            lr = os.environ.get("LOCAL_RANK", "")
+            device = int(lr) if lr.isdigit() else self.rank
+        self.device = int(device) % max(1, pf.device_count())
+        pf.set_device(self.device)
+        # this rank's kernel
+        self._gendir = generated_sources(ir, plats, cache_dir, codegen)
+        self._man = man = json.loads((self._gendir / "manifest.json").read_text())
+        entry = man["ranks"][self.rank]
+        self.grid = int(entry["tbs"])
+        emitted = int(man["nthreads"].get(mine, 1))
+        self.block = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
+        self._kernels: dict[tuple[str, str], object] = {}
+        self._kernel(dtype, op)
+        self.chunk_bytes = int(man["chunk_bytes"])
+        self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
+        # memory this rank owns: peers write its FIFOs and counters (and, on the CPU emulation,
+        # raise its abort flag)
+        plans = [RankPlan.from_manifest(man, r) for r in range(self.world_size)]
+        self._plans = plans
+
+        def exported(n: int) -> int:
+            p = pf.ipc_malloc(n)
+            self._segments_own.append(p)
+            return p
+
+        def local(n: int) -> int:
+            p = pf.malloc(n)
+            self._allocs.append(p)
+            return p
+
+        def local_peer(n: int) -> int:
+            p = pf.malloc_peer(n)
+            self._allocs.append(p)
+            return p
+
+        # control block and receive FIFOs exported; orphan FIFOs (written by this rank's kernel
+        # only) and connection tables local
+        self._mem = mem = RankMemory(plans[self.rank], pf, exported, local, local_peer)
+        self._shared_flags = pf.name == "cpu"
+        if self._shared_flags:
+            # abort flag and error record in shared memory every peer maps
+            self._flags = exported(_FLAGS_BYTES)
+            self._abort = self._flags
+            self._error = self._flags + 64
+        else:
+            # abort flag: pinned, mapped host memory of this process (raised with a plain store,
+            # which no queued copy holds back); error record: device memory
+            self._abort = pf.host_flags(64)
+            self._host_flag_ptrs.append(self._abort)
+            self._error = local(ctypes.sizeof(ErrorRecord))
+            self._flags = None
+        if codegen == "table":
+            self._table = self._upload_table(man, local)
+        self._host_own = shm.create(4096)
+        hw = self._host_words(self._host_own)
+        hw[_H_PID] = os.getpid()
+        hw[_H_MAGIC] = _MAGIC
+        self._stream = pf.stream()
+        # exchange handles
+        me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+              "platform": pf.name, "ctrl": pf.ipc_export(mem.ctrl).hex(),
+              "slots": pf.ipc_export(mem.slots).hex(),
+              "flags": pf.ipc_export(self._flags).hex() if self._flags is not None else "",
+              "hostseg": self._host_own.handle.hex()}
+        peers = [json.loads(b) for b in self._all_gather(json.dumps(me).encode(), "handles")]
+        hosts = sorted({p["host"] for p in peers})
+        if len(hosts) > 1:
+            raise CommunicatorError(
+                f"the ranks run on {len(hosts)} hosts ({', '.join(hosts[:4])}): a communicator maps "
+                "its peers' memory, so its ranks share one host; jobs that span nodes run the "
+                "exported MSCCL XML on RCCL or msccl-executor-nccl (README, Multi-node)")
+        kinds = sorted({p["platform"] for p in peers})
+        if len(kinds) > 1:
+            raise CommunicatorError(f"the ranks use different platforms ({', '.join(kinds)}); one "
+                                    "communicator needs one platform that shares memory")
+        self._pids = [int(p["pid"]) for p in peers]
+        # peers whose blocks the connection tables point into: the receivers of this rank's sends
+        # (slots, tail) and the senders of what it receives (head)
+        targets = plans[self.rank].peers()
+        bases: dict[int, tuple[int, int]] = {}
+        try:
+            for r, p in enumerate(peers):
+                if r == self.rank:
+                    continue
+                if r in targets:
+                    c = pf.ipc_import(bytes.fromhex(p["ctrl"]))
+                    self._imported.append(c)
+                    s = pf.ipc_import(bytes.fromhex(p["slots"]))
+                    self._imported.append(s)
+                    bases[r] = (c, s)
+                if self._shared_flags:
+                    f = pf.ipc_import(bytes.fromhex(p["flags"]))
+                    self._imported.append(f)
+                    self._peer_flags[r] = f
+                self._host_peer[r] = shm.attach(bytes.fromhex(p["hostseg"]))
+        except (PlatformError, shm.ShmError) as exc:
+            raise CommunicatorError(f"rank {self.rank}: cannot map a peer's memory: {exc}") from None
+
+        mem.connect(plans, lambda peer: bases[peer])
+        # every rank has mapped every segment: drop the names
+        self._all_gather(b"", "mapped")
+        for p in self._segments_own:
+            pf.ipc_seal(p)
+        self._host_own.unlink()
+        self._calls = 0
+        self._seq = 0
+
+    @staticmethod
+    def _host_words(seg: shm.Segment) -> np.ndarray:
+        return np.frombuffer(seg._map, dtype=np.uint64, count=16)
+
+    def _all_gather(self, data: bytes, tag: str) -> list[bytes]:
+        try:
+            return self._boot.all_gather(data, tag)
+        except BootstrapError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {exc}") from None
+
+    def _kernel(self, dtype: str, op: str):
+        key = (dtype, op)
+        if key not in self._kernels:
+            pf, man = self._pf, self._man
+            lib = pf.build(self._gendir, man, Instance(dtype, op), ranks=[self.rank])
+            mod = pf.load(lib)
+            pattern = man.get("kernel_symbol", "{kernel}_{dtype}_{op}")
+            sym = (pattern.replace("{kernel}", man["ranks"][self.rank]["kernel"])
+                   .replace("{dtype}", dtype).replace("{op}", op))
+            fn = mod.function(sym)
+            if self.grid > 0 and self.grid > pf.max_resident_blocks(fn, self.block):
+                raise CommunicatorError(
+                    f"rank {self.rank}'s kernel needs {self.grid} thread blocks of {self.block} "
+                    f"threads resident at once; at most {pf.max_resident_blocks(fn, self.block)} fit")
+            self._kernels[key] = fn
+        return self._kernels[key]
+
+    def _upload_table(self, man: dict, malloc) -> int:
+        """This rank's table (table mode), checked against the manifest, in this rank's memory."""
+        from hccc.compiler.backend.table_format import TableFormatError
+        from hccc.compiler.backend.table_program import load_tables, table_path
+        try:
+            path = table_path(self._gendir, man)
+            tables = load_tables(path.read_bytes(), man, [self.rank], path.name)
+        except (OSError, TableFormatError) as exc:
+            raise CommunicatorError(f"rank {self.rank}: cannot use the tables of {self.ir.name}: "
+                                    f"{exc}") from None
+        section = bytes(tables[self.rank][1])
+        ptr = malloc(max(len(section), 8))
+        self._pf.memcpy_htod(ptr, section)
+        return ptr
+
+    # ------------------------------------------------------------------ failure detection
+    def _peer_problem(self, call: int | None = None) -> str | None:
+        """Why a peer cannot take part any more (died, closed, failed), or None. During call
+        ``call`` a peer whose kernel completed that call may close, exit or fail later: it owes
+        nothing more to this call. Dead peers are named before peers that report a failure (the
+        cause before its echoes)."""
+        failed = None
+        for r, seg in self._host_peer.items():
+            w = self._host_words(seg)
+            if call is not None and int(w[_H_DONE]) >= call:
+                continue
+            state = int(w[_H_STATE])
+            if state == _FAILED:
+                failed = failed or f"rank {r} failed ({self._reason(seg)})"
+            elif state == _CLOSED:
+                return f"rank {r} closed its communicator"
+            elif not shm.process_alive(self._pids[r]):
+                return f"rank {r} (process {self._pids[r]}) exited"
+        return failed
+
+    @staticmethod
+    def _reason(seg: shm.Segment) -> str:
+        raw = bytes(seg._map[_REASON_AT:_REASON_AT + _REASON_MAX])
+        return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace") or "no reason given"
+
+    def _fail(self, why: str, *, abort_peers: bool = True) -> CommunicatorError:
+        """Mark this communicator broken, tell the peers (state and reason; abort flags when they
+        may be waiting for this rank's kernel), return the error."""
+        self._broken = why
+        if self._host_own is not None:
+            text = why.encode("utf-8")[:_REASON_MAX - 1] + b"\0"
+            self._host_own._map[_REASON_AT:_REASON_AT + len(text)] = text
+            self._host_words(self._host_own)[_H_STATE] = _FAILED
+        if abort_peers:
+            self._abort_peers()
+        return CommunicatorError(f"rank {self.rank}: {why}")
+
+    def _abort_peers(self) -> None:
+        """Raise the peers' abort flags where they are mapped here (CPU emulation: shared
+        memory). On CUDA / HIP they are not: every peer's host watch sees this rank's failed state
+        in its host segment and raises its own flag."""
+        for f in self._peer_flags.values():
+            ctypes.c_uint32.from_address(f).value = 1
+
+    def _raise_abort(self) -> None:
+        """Raise this rank's abort flag: a plain store into host memory."""
+        if self._abort is not None:
+            ctypes.c_uint32.from_address(self._abort).value = 1
+
+    def _barrier(self, what: str) -> None:
+        """Host barrier through the host segments (same host), watching the peers."""
+        self._seq += 1
+        target = self._seq
+        self._host_words(self._host_own)[_H_SEQ] = target
+        start = time.monotonic()
+        deadline = start + self.timeout_s
+        waiting = [r for r in self._host_peer]
+        last_check = start
+        while waiting:
+            waiting = [r for r in waiting if int(self._host_words(self._host_peer[r])[_H_SEQ]) < target]
+            if not waiting:
+                break
+            now = time.monotonic()
+            if now - last_check > 0.02:
+                last_check = now
+                bad = self._peer_problem()
+                if bad:
+                    raise self._fail(f"{bad} ({what})", abort_peers=False)
+            if now > deadline:
+                raise self._fail(f"rank{'s' if len(waiting) > 1 else ''} "
+                                 f"{', '.join(map(str, waiting))} did not reach {what} within "
+                                 f"{self.timeout_s:g} s", abort_peers=False)
+            # yield for the first millisecond (peers usually arrive within it), then sleep
+            time.sleep(0 if now - start < 1e-3 else _POLL_S)
+
+    # ------------------------------------------------------------------ one collective
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommunicatorError("the communicator is closed")
+        if self._broken:
+            raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an earlier "
+                                    f"failure: {self._broken}")
+
+    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int) -> None:
+        pf, ir = self._pf, self.ir
+        fn = self._kernel(dtype, op)
+        es = ELEMENT_BYTES[dtype]
+        self._calls += 1
+        hw = self._host_words(self._host_own)
+        hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
+        hw[_H_TYPE] = DTYPES.index(dtype) * 16 + OPS.index(op)
+        self._barrier(f"{method} #{self._calls}")       # every rank finished its previous call
+        for r, seg in self._host_peer.items():
+            w = self._host_words(seg)
+            if int(w[_H_COUNT]) != count or int(w[_H_TYPE]) != int(hw[_H_TYPE]):
+                pd, po = divmod(int(w[_H_TYPE]), 16)
+                raise self._fail(abort_peers=False, why=
+                    f"{method} #{self._calls}: rank {r} passes {int(w[_H_COUNT])} elements of "
+                    f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}), "
+                    f"this rank {count} elements of {dtype} ({op}); every rank must make the same call")
+        self._mem.reset()
+        ctypes.c_uint32.from_address(self._abort).value = 0
+        pf.memset(self._error, 0, ctypes.sizeof(ErrorRecord))
+        lay = program_layout(ir, count)[self.rank]
+        scr = self._scratch_ptr(lay[2] * es)
+        from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
+        slice_b = (self.chunk_bytes if ir.algorithm_level
+                   else auto_slice_bytes(count * es, ir.nchunks,
+                                         slot_share_bytes(self.chunk_bytes, ir.max_step_chunks), es))
+        timeout = self.kernel_timeout_s
+        args = Args(input=in_p, output=out_p, scratch=scr, count=count,
+                    send_conns=self._mem.send_tab, recv_conns=self._mem.recv_tab,
+                    progress=self._mem.progress, abort_flag=self._abort, error=self._error,
+                    timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
+                    slice_bytes=slice_b)
+        self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
+        # table mode: the generic kernel takes the rank's table address after hccc_args
+        tail = self._table.to_bytes(8, "little") if self._table is not None else b""
+        if self.grid > 0:
+            pf.launch(fn, self.grid, self.block, bytes(args) + tail, self._stream)
+        self._wait(method)
+
+    def _scratch_ptr(self, nbytes: int) -> int:
+        if self._scratch is None or self._scratch[1] < nbytes:
+            if self._scratch is not None:
+                self._pf.free(self._scratch[0])
+            self._scratch = (self._pf.malloc(max(nbytes, 16)), max(nbytes, 16))
+        return self._scratch[0]
+
+    def _wait(self, method: str) -> None:
+        """Wait for this rank's kernel, watching the peers; raise on any failure."""
+        pf = self._pf
+        done = threading.Event()
+        failure: list[BaseException] = []
+
+        def waiter():
+            try:
+                pf.synchronize()
+            except BaseException as exc:
+                failure.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=waiter, name="hccc-comm-wait", daemon=True).start()
+        limit = self.timeout_s + 2 * self.kernel_timeout_s
+        deadline = time.monotonic() + limit
+        cause = None
+        while not done.wait(0.02):
+            bad = self._peer_problem(self._calls)
+            if bad and cause is None:
+                cause = bad
+                self._raise_abort()                 # abort this rank's kernel
+                self._abort_peers()
+            if time.monotonic() > deadline:
+                if cause is None:
+                    cause = f"kernel still running after {limit:g} s"
+                    self._raise_abort()
+                if time.monotonic() > deadline + max(5.0, self.kernel_timeout_s):
+                    self._broken = f"{cause}; the kernel ignores the abort flag"
+                    raise CommunicatorError(f"rank {self.rank}: {method}: {self._broken}")
+        if failure:
+            raise self._fail(f"{method}: {failure[0]}")
+        raw = np.zeros(ctypes.sizeof(ErrorRecord), dtype=np.uint8)
+        pf.memcpy_dtoh(raw, self._error)
+        aborted = ctypes.c_uint32.from_address(self._abort).value != 0
+        rec = ErrorRecord.from_buffer_copy(raw.tobytes())
+        if cause is None and not aborted and not rec.valid:
+            self._host_words(self._host_own)[_H_DONE] = self._calls
+            return
+        what = describe_stuck(self.ir, rec, pf.ticks_per_us) if rec.valid else None
+        if cause is None:
+            cause = self._peer_problem(self._calls) or ("aborted by a peer" if not what else None)
+        parts = [p for p in (cause, what) if p]
+        raise self._fail(f"{method} #{self._calls} failed: " + "; ".join(parts))
+
+    # ------------------------------------------------------------------ the collectives
+    def _prepare(self, method: str, x, out, inplace: bool, op: str):
+        """Check the call; returns (count, dtype, input pointer, output pointer, copy-back)."""
+        self._check_usable()
+        want = METHODS.get(self.collective)
+        if want != method:
+            raise CommunicatorError(f"{self.ir.name} implements {self.collective} ({want}), not {method}")
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r} (expected one of {', '.join(OPS)})")
+        bx = _as_buf(x, f"{method}: input")
+        bo = _as_buf(out, f"{method}: output") if out is not None else None
+        if bo is not None and bo.dtype != bx.dtype:
+            raise TypeError(f"{method}: input is {bx.dtype} but output is {bo.dtype}")
+        kind = "cpu" if self._pf.name == "cpu" else "cuda"
+        for b, what in ((bx, "input"), (bo, "output")):
+            if b is not None and b.device != kind:
+                raise ValueError(f"{method}: the {what} lives on {b.device}; the {self._pf.name} "
+                                 f"backend needs {'host' if kind == 'cpu' else 'GPU'} arrays")
+        es = ELEMENT_BYTES[bx.dtype]
+        # the full buffer's element count, nccl-tests' S
+        if method == "all_gather":
+            count = bo.n if bo is not None else -1
+        elif method in ("reduce_scatter",):
+            count = bx.n
+        else:
+            count = bx.n
+        if count < 0:
+            raise ValueError(f"{method}: needs an output array")
+        if method == "all_to_all":
+            unit = reference.alltoall_unit(self.ir)
+            if count % unit:
+                raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
+                                 f"({self.world_size} ranks x {unit // self.world_size} pieces)")
+        n_in, n_out, _scr, in_off, out_off = program_layout(self.ir, count)[self.rank]
+        copy_back = None
+        if inplace:
+            if in_off >= 0 and bx.n == n_out:
+                return count, bx.dtype, bx.ptr + in_off * es, bx.ptr, None
+            if out_off >= 0 and bx.n == n_in:
+                return count, bx.dtype, bx.ptr, bx.ptr + out_off * es, None
+            # the algorithm's buffers cannot alias this way: a temporary output, copied back
+            tmp = np.empty(max(n_out, 1) * es // 4 + 1, dtype=np.uint32) if kind == "cpu" else None
+            if tmp is None:
+                raise CommunicatorError(f"{method} in place is not supported by {self.ir.name}'s "
+                                        "buffers on a GPU; pass out=")
+            copy_back = (tmp, bx.ptr, min(n_out, bx.n) * es)
+            return count, bx.dtype, bx.ptr, int(tmp.ctypes.data), copy_back
+        if bx.n != n_in:
+            share = "its share of" if method == "all_gather" else "the"
+            raise ValueError(f"{method}: rank {self.rank}'s input holds {bx.n} elements; {share} "
+                             f"{count}-element {method} needs {n_in}")
+        if bo.n != n_out:
+            raise ValueError(f"{method}: rank {self.rank}'s output holds {bo.n} elements; a "
+                             f"{count}-element {method} gives it {n_out}")
+        if bo.ptr < bx.ptr + bx.n * es and bx.ptr < bo.ptr + bo.n * es and bx.n and bo.n:
+            raise ValueError(f"{method}: input and output overlap; use the in-place form")
+        return count, bx.dtype, bx.ptr, bo.ptr, None
+
+    def _call(self, method, x, out, inplace, op):
+        count, dtype, in_p, out_p, copy_back = self._prepare(method, x, out, inplace, op)
+        if self._pf.name != "cpu":
+            _sync_caller(x)
+        self._run(method, count, dtype, op, in_p, out_p)
+        if copy_back is not None:
+            tmp, dst, nbytes = copy_back
+            ctypes.memmove(dst, tmp.ctypes.data, nbytes)
+
+    def all_reduce(self, x, op: str = "sum", *, out=None):
+        """Reduce ``x`` over the ranks into ``out`` (default: ``x``, in place); returns it."""
+        self._call("all_reduce", x, out, out is None, op)
+        return x if out is None else out
+
+    def all_gather(self, x, out):
+        """Every rank's ``x`` (its share: chunk ``rank`` of ``out``) gathered into ``out``."""
+        self._call("all_gather", x, out, False, "sum")
+        return out
+
+    def reduce_scatter(self, x, out, op: str = "sum"):
+        """``x`` reduced over the ranks; this rank's share (chunk ``rank``) into ``out``."""
+        self._call("reduce_scatter", x, out, False, op)
+        return out
+
+    def broadcast(self, x, root: int | None = None, *, out=None):
+        """The root's ``x`` into every rank's ``out`` (default: ``x``, in place)."""
+        self._check_root(root, "broadcast")
+        self._call("broadcast", x, out, out is None, "sum")
+        return x if out is None else out
+
+    def reduce(self, x, root: int | None = None, op: str = "sum", *, out=None):
+        """``x`` reduced over the ranks into the root's ``out`` (default: ``x``, in place); the other
+        ranks' outputs are unspecified."""
+        self._check_root(root, "reduce")
+        self._call("reduce", x, out, out is None, op)
+        return x if out is None else out
+
+    def all_to_all(self, x, out):
+        """Block ``j`` of ``x`` to rank ``j``; block ``i`` of ``out`` from rank ``i``."""
+        self._call("all_to_all", x, out, False, "sum")
+        return out
+
+    def _check_root(self, root, method) -> None:
+        have = getattr(self.ir, "root", None)
+        if root is not None and have is not None and int(root) != int(have):
+            raise ValueError(f"{method}: {self.ir.name} is compiled for root {have}, not {root}")
+
+    # ------------------------------------------------------------------ teardown
+    def _release(self) -> None:
+        pf = self._pf
+        for seg in self._host_peer.values():
+            seg.close()
+        self._host_peer.clear()
+        if self._host_own is not None:
+            self._host_own.close()
+            self._host_own = None
+        if pf is not None and not (self._broken and "ignores the abort flag" in self._broken):
+            for p in self._imported:
+                try:
+                    pf.ipc_close(p)
+                except Exception:
+                    pass
+            for p in (self._segments_own + self._allocs + self._host_flag_ptrs
+                      + ([self._scratch[0]] if self._scratch else [])):
+                try:
+                    pf.free(p)
+                except Exception:
+                    pass
+            if self._owned_pf:
+                pf.close()
+        elif pf is not None:
+            for p in self._segments_own:      # names only: the mappings stay with the kernel
+                try:
+                    pf.ipc_seal(p)
+                except Exception:
+                    pass
+        self._imported, self._segments_own, self._allocs, self._scratch = [], [], [], None
+        self._host_flag_ptrs = []
+        if self._boot is not None:
+            self._boot.close()
+
+    def close(self) -> None:
+        """Release this rank's memory and mappings (peers see the communicator closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._host_own is not None and not self._broken:
+            self._host_words(self._host_own)[_H_STATE] = _CLOSED
+        self._release()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["Communicator", "CommunicatorError", "METHODS"]

@@ -1,0 +1,172 @@
+"""POSIX shared memory segments for one-rank-per-process runs on one host.
+
+A :class:`Segment` is a named POSIX shared-memory object (``shm_open``) mapped into this process.
+Its creator shares :attr:`Segment.handle` (opaque bytes: the name and the size) with its peers,
+which :func:`attach` it; once every peer has mapped it the creator :meth:`~Segment.unlink` s the
+name, so nothing is left in ``/dev/shm`` even if processes are killed later: the memory lives as
+long as its last mapping. Names carry the creator's process id (``/hccc-<pid>-<token>``), so a
+segment whose creator died before it could unlink it (killed during set-up) is recognised and
+removed by :func:`reap_stale`, which every communicator runs when it starts.
+
+Addresses are plain host addresses (``int``), like every CPU-emulated device pointer.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import secrets
+import struct
+
+try:                      # the module multiprocessing.shared_memory is built on
+    import _posixshmem
+except ImportError:       # pragma: no cover - non-POSIX systems
+    _posixshmem = None
+
+PREFIX = "hccc"
+_NAME = re.compile(rf"/{PREFIX}-(\d+)-[0-9a-f]{{16}}")
+_MAGIC = b"HCCCSHM1"
+_HANDLE = struct.Struct("<8sQ64s")     # magic, size, name (NUL padded)
+#: where Linux shows POSIX shared-memory objects
+SHM_DIR = "/dev/shm"
+
+
+class ShmError(RuntimeError):
+    """A segment cannot be created, attached or released (message for the user)."""
+
+
+class Segment:
+    """One mapped POSIX shared-memory object (created here or attached from a handle)."""
+
+    def __init__(self, name: str, size: int, mapping: mmap.mmap, owner: bool):
+        self.name, self.size, self._map, self.owner = name, int(size), mapping, owner
+        self._anchor = ctypes.c_char.from_buffer(mapping)
+        self.address = ctypes.addressof(self._anchor)
+        self._linked = owner
+
+    @property
+    def handle(self) -> bytes:
+        """Opaque bytes a peer passes to :func:`attach`."""
+        return _HANDLE.pack(_MAGIC, self.size, self.name.encode())
+
+    def unlink(self) -> None:
+        """Remove the name (mappings stay valid); idempotent, only the creator's call acts."""
+        if self._linked:
+            self._linked = False
+            _unlink(self.name)
+
+    def close(self) -> None:
+        """Unmap (and unlink when still linked). The memory must no longer be in use."""
+        self.unlink()
+        if self._map is not None:
+            self._anchor = None
+            try:
+                self._map.close()
+            except BufferError:
+                pass          # a view still exported: the mapping goes with its last user
+            self._map = None
+
+
+def _require() -> None:
+    if _posixshmem is None:
+        raise ShmError("POSIX shared memory is not available on this system")
+
+
+def create(size: int) -> Segment:
+    """A new zeroed segment of ``size`` bytes (at least one page)."""
+    _require()
+    size = max(int(size), mmap.PAGESIZE)
+    name = f"/{PREFIX}-{os.getpid()}-{secrets.token_hex(8)}"
+    try:
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    except OSError as exc:
+        raise ShmError(f"cannot create shared memory {name}: {exc.strerror}") from None
+    try:
+        os.ftruncate(fd, size)
+        m = mmap.mmap(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        _unlink(name)
+        raise ShmError(f"cannot size or map shared memory {name} ({size} bytes): "
+                       f"{exc.strerror or exc}") from None
+    os.close(fd)
+    return Segment(name, size, m, owner=True)
+
+
+def parse_handle(handle: bytes) -> tuple[str, int]:
+    """(name, size) of a handle; ShmError for anything that is not one of ours."""
+    if not isinstance(handle, (bytes, bytearray)) or len(handle) != _HANDLE.size:
+        raise ShmError("not a shared-memory handle (wrong length)")
+    magic, size, raw = _HANDLE.unpack(bytes(handle))
+    name = raw.rstrip(b"\0").decode("ascii", errors="replace")
+    if magic != _MAGIC or not _NAME.fullmatch(name) or size <= 0:
+        raise ShmError("not a shared-memory handle")
+    return name, int(size)
+
+
+def attach(handle: bytes) -> Segment:
+    """Map a peer's segment from its handle."""
+    _require()
+    name, size = parse_handle(handle)
+    try:
+        fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
+    except FileNotFoundError:
+        raise ShmError(f"shared memory {name} is gone (its creator exited or already "
+                       "released it)") from None
+    except OSError as exc:
+        raise ShmError(f"cannot open shared memory {name}: {exc.strerror}") from None
+    try:
+        if os.fstat(fd).st_size < size:
+            raise ShmError(f"shared memory {name} is smaller than its handle says")
+        m = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    return Segment(name, size, m, owner=False)
+
+
+def _unlink(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` (of this host) exists and is not a zombie."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True      # no /proc: trust kill()
+
+
+def ours() -> list[str]:
+    """Names of the hccc segments present on this host (``/dev/shm``)."""
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    return sorted("/" + e for e in entries if _NAME.fullmatch("/" + e))
+
+
+def reap_stale() -> list[str]:
+    """Unlink the hccc segments whose creating process no longer runs; returns their names."""
+    gone = []
+    for name in ours():
+        pid = int(_NAME.fullmatch(name).group(1))
+        if pid != os.getpid() and not process_alive(pid):
+            _unlink(name)
+            gone.append(name)
+    return gone
+
+
+__all__ = ["Segment", "ShmError", "create", "attach", "parse_handle", "process_alive", "ours",
+           "reap_stale", "SHM_DIR"]

@@ -1,0 +1,131 @@
+"""Test helper: a pool of long-lived worker processes, one rank each, that run collectives through
+:class:`hccc.runtime.Communicator` (CPU emulation, POSIX shared memory, a torch FileStore
+bootstrap). Workers are spawned once and reused, so torch is imported once per process; every job
+makes fresh communicators, exactly as separate jobs would.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import traceback
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+
+def _run_job(job: dict):
+    from hccc.compiler.ir.check import load_ir_json
+    from hccc.runtime.communicator import Communicator
+
+    ir = load_ir_json(job["ir"]) if isinstance(job["ir"], str) and job["ir"].lstrip().startswith("{") \
+        else job["ir"]
+    outs = []
+    boot = {"init_method": job["url"]}
+    if job.get("process_group"):
+        # torch.distributed initialised by the job (as under torchrun): no bootstrap argument
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=job["url"], rank=job["rank"],
+                                world_size=job["world"])
+        boot = {}
+    with Communicator(ir, rank=job["rank"], world_size=job.get("world_override", job["world"]),
+                      **boot,
+                      timeout_s=job.get("timeout", 30.0), kernel_timeout_s=job.get("kernel_timeout", 10.0),
+                      dtype=job.get("dtype", "float32"), op=job.get("op", "sum")) as comm:
+        for call in job["calls"]:
+            method, x, out_len, kwargs = call["method"], call["x"], call.get("out"), call.get("kwargs", {})
+            if call.get("die"):                 # before the call
+                os.kill(os.getpid(), signal.SIGKILL)
+            if call.get("die_in_kernel"):       # after meeting the peers, instead of launching
+                def die(*_a, **_k):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                comm._pf.launch = die
+            x = np.array(x, copy=True)
+            if out_len is None:
+                res = getattr(comm, method)(x, **kwargs)
+            else:
+                out = np.full(out_len, np.nan if x.dtype.kind == "f" else -1, dtype=x.dtype)
+                res = getattr(comm, method)(x, out, **kwargs)
+            outs.append(np.array(res, copy=True))
+    return outs
+
+
+def _worker(conn) -> None:
+    import torch.distributed  # noqa: F401  (imported once, before the first job)
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        try:
+            conn.send({"ok": True, "outputs": _run_job(job)})
+        except BaseException as exc:   # reported to the test
+            conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                       "trace": traceback.format_exc()})
+
+
+class RankPool:
+    """``size`` worker processes; :meth:`run` runs one job on the first ``world`` of them."""
+
+    def __init__(self, size: int, tmpdir: Path):
+        self.ctx = mp.get_context("spawn")
+        self.tmpdir = Path(tmpdir)
+        self.workers = []
+        for _ in range(size):
+            parent, child = self.ctx.Pipe()
+            p = self.ctx.Process(target=_worker, args=(child,), daemon=True)
+            p.start()
+            self.workers.append((p, parent))
+
+    def run(self, ir_json: str, world: int, calls_per_rank, *, timeout: float = 30.0,
+            wait_s: float = 600.0, **extra) -> list[dict]:
+        """Run ``calls_per_rank[r]`` (a list of call dicts) on rank r of ``world``; returns each
+        rank's reply (``ok`` and ``outputs``, or ``error``)."""
+        if world > len(self.workers):
+            raise ValueError(f"the pool has {len(self.workers)} workers, {world} needed")
+        url = "file://" + str(self.tmpdir / f"store-{uuid.uuid4().hex}")
+        for r in range(world):
+            job = {"ir": ir_json, "rank": r, "world": world, "url": url, "calls": calls_per_rank[r],
+                   "timeout": timeout, **extra}
+            self.workers[r][1].send(job)
+        replies = []
+        for r in range(world):
+            conn = self.workers[r][1]
+            if not conn.poll(wait_s):
+                raise TimeoutError(f"rank {r} did not answer within {wait_s} s")
+            replies.append(conn.recv())
+        return replies
+
+    def close(self) -> None:
+        for p, conn in self.workers:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for p, _ in self.workers:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def run_fresh(ir_json: str, world: int, calls_per_rank, tmpdir: Path, *, timeout: float = 20.0,
+              wait_s: float = 300.0, **extra) -> list[dict | None]:
+    """Like :meth:`RankPool.run` in ``world`` fresh processes (for jobs that kill a rank); a rank
+    that died answers None."""
+    pool = RankPool(world, tmpdir)
+    try:
+        url = "file://" + str(Path(tmpdir) / f"store-{uuid.uuid4().hex}")
+        for r in range(world):
+            pool.workers[r][1].send({"ir": ir_json, "rank": r, "world": world, "url": url,
+                                     "calls": calls_per_rank[r], "timeout": timeout, **extra})
+        replies = []
+        for r in range(world):
+            p, conn = pool.workers[r]
+            try:
+                replies.append(conn.recv() if conn.poll(wait_s) else {"ok": False, "error": "no answer"})
+            except EOFError:
+                replies.append(None)          # the process died
+        return replies
+    finally:
+        pool.close()

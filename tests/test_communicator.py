@@ -1,0 +1,318 @@
+"""One rank per process: every collective, every example (up to 8 ranks) and random programs run
+through :class:`hccc.runtime.Communicator` in separate processes (CPU emulation, FIFOs and counters
+in POSIX shared memory, handles exchanged through a torch.distributed FileStore), compared with the
+collective's definition (:func:`hccc.runtime.reference.expected`, computed from the inputs alone);
+failures (a killed peer, a peer that never arrives, mismatched calls, bad arrays) give every
+surviving rank a clear error within the timeout and leave nothing in ``/dev/shm``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.pipeline import load_program
+from hccc.runtime import reference, shm
+from hccc.testing import valid_programs
+
+from rank_pool import RankPool, run_fresh
+
+
+def _require_torch():
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("torch is required (HCCC_REQUIRE_COMPILERS is set) but not installed")
+        pytest.skip("torch (the optional 'dist' extra) is not installed: no bootstrap")
+
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+ROOT = Path(__file__).resolve().parent.parent
+POOL_SIZE = 8
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    _require_torch()
+    p = RankPool(POOL_SIZE, tmp_path_factory.mktemp("stores"))
+    yield p
+    p.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    before = set(shm.ours())
+    yield
+    # segments are unlinked once every rank has mapped them: none may outlive a test
+    deadline = time.monotonic() + 5
+    while set(shm.ours()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(shm.ours()) - before == set(), "shared memory left in /dev/shm"
+
+
+METHOD = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+          "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+
+
+def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int = 0):
+    """(per-rank call lists, inputs, expected outputs) for one collective call of ``count``."""
+    coll = ir.collective
+    N = ir.nranks
+    if coll == "alltoall":
+        count = reference.alltoall_count(count, reference.alltoall_unit(ir))
+    inputs = reference.make_inputs(coll, N, count, dtype, nchunks=ir.nchunks, seed=seed)
+    want = reference.expected(coll, inputs, op, nchunks=ir.nchunks, root=ir.root)
+    calls = []
+    for r in range(N):
+        c = {"method": METHOD[coll], "x": inputs[r]}
+        if coll in ("allgather", "alltoall"):
+            c["out"] = count
+        elif coll == "reducescatter":
+            c["out"] = len(want[r])
+        if coll in ("allreduce", "reducescatter", "reduce"):
+            c["kwargs"] = {"op": op}
+        calls.append([c])
+    return calls, want, count
+
+
+def check(replies, want, what: str, ncalls: int = 1) -> None:
+    for r, rep in enumerate(replies):
+        assert rep["ok"], f"{what}: rank {r}: {rep['error']}\n{rep.get('trace', '')}"
+        assert len(rep["outputs"]) == ncalls
+        if want[r] is None:
+            continue
+        got = rep["outputs"][-1]
+        assert got.shape == want[r].shape, f"{what}: rank {r}: {got.shape} vs {want[r].shape}"
+        bad = np.flatnonzero(got != want[r])
+        assert len(bad) == 0, (f"{what}: rank {r}: {len(bad)} wrong elements, first at {bad[0]}: "
+                               f"{got[bad[0]]} != {want[r][bad[0]]}")
+
+
+def run(pool, ir, count, dtype="float32", op="sum", seed=0):
+    calls, want, count = calls_for(ir, count, dtype, op, seed)
+    replies = pool.run(ir.to_json(), ir.nranks, calls, dtype=dtype, op=op)
+    check(replies, want, f"{ir.name} ({ir.collective}, {ir.nranks} ranks, {count} x {dtype} {op})")
+
+
+# ------------------------------------------------------------------------------ every collective
+PROGRAMS = {
+    "allreduce": lambda: gen.ring_allreduce(4, [0, 2, 1, 3]),
+    "allgather": lambda: gen.ring_allgather(3),
+    "reducescatter": lambda: gen.ring_reducescatter(4),
+    "broadcast": lambda: gen.ring_broadcast(3, root=1),
+    "reduce": lambda: gen.ring_reduce(4, root=2),
+    "alltoall": lambda: gen.ring_alltoall(3),
+}
+
+
+#: one kernel instance per collective (each rank builds its own kernel: keep the builds few)
+INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
+            "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
+            "reduce": ("float32", "min"), "alltoall": ("float32", "sum")}
+
+
+# several processes per case, each building its kernels: one collective runs by default, the rest
+# with the slow tests (pytest -m slow)
+@pytest.mark.parametrize("collective", [c if c == "allreduce" else pytest.param(c, marks=pytest.mark.slow)
+                                        for c in sorted(PROGRAMS)])
+def test_every_collective_in_separate_processes(pool, collective):
+    ir = build_program(PROGRAMS[collective](), chunk_bytes=64)
+    dtype, op = INSTANCE[collective]
+    # uneven counts (chunks differ by one element; several micro-batches per chunk), two calls
+    per_rank = [[] for _ in range(ir.nranks)]
+    wants = []
+    for count in (1000 + ir.nranks - 1, 37):
+        calls, want, _ = calls_for(ir, count, dtype, op, seed=count)
+        for r in range(ir.nranks):
+            per_rank[r] += calls[r]
+        wants.append(want)
+    replies = pool.run(ir.to_json(), ir.nranks, per_rank, dtype=dtype, op=op)
+    for i, want in enumerate(wants):
+        check([{**rep, "outputs": rep["outputs"][:i + 1]} if rep["ok"] else rep for rep in replies],
+              want, f"{ir.name} call {i} ({dtype} {op})", ncalls=i + 1)
+
+
+def test_successive_calls_of_different_sizes(pool):
+    """Counters are reset between calls; every call meets its peers first."""
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    sizes = [5, 300, 0, 64]
+    per_rank = [[] for _ in range(3)]
+    wants = []
+    for i, n in enumerate(sizes):
+        calls, want, _ = calls_for(ir, n, seed=i)
+        for r in range(3):
+            per_rank[r] += calls[r]
+        wants.append(want)
+    replies = pool.run(ir.to_json(), 3, per_rank)
+    for i, want in enumerate(wants):
+        check([{**rep, "outputs": rep["outputs"][:i + 1]} if rep["ok"] else rep for rep in replies],
+              want, f"call {i} ({sizes[i]} elements)", ncalls=i + 1)
+
+
+def test_algorithm_from_an_outdir_and_from_an_rccl_file(pool, tmp_path):
+    """The first argument may be a compiled OUTDIR (its manifest and ProgramIR) or an .rccl file."""
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "out"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64))
+    rccl = tmp_path / "ring.rccl"
+    rccl.write_text(gen.ring_allreduce_rccl(3))
+    for algo in (outdir, outdir / "manifest.json", rccl):
+        calls, want, _ = calls_for(ir, 77, seed=3)
+        check(pool.run(str(algo), 3, calls), want, str(algo.name))
+
+
+def test_table_mode_outdir_in_separate_processes(pool, tmp_path):
+    """An OUTDIR compiled with --codegen table: every rank runs the generic kernel on its own
+    table (checked against the manifest), with the same v2 memory as the specialised kernels."""
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "table"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64, codegen="table"))
+    for count, seed in ((1000 + 2, 5), (37, 6)):
+        calls, want, _ = calls_for(ir, count, seed=seed)
+        check(pool.run(str(outdir), 3, calls), want, f"table mode, {count} elements")
+
+
+def test_damaged_table_is_refused_clearly(pool, tmp_path):
+    """A table that does not match its manifest is refused on every rank, the manifest named."""
+    from hccc.compiler.backend.table_program import table_path
+    from hccc.compiler.pipeline import CompileOptions, compile_program
+
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    outdir = tmp_path / "table"
+    compile_program(ir, outdir, CompileOptions(chunk_bytes=64, codegen="table"))
+    man = json.loads((outdir / "manifest.json").read_text())
+    tpath = table_path(outdir, man)
+    tpath.write_bytes(tpath.read_bytes()[:-8])
+    calls, _want, _ = calls_for(ir, 10, seed=1)
+    replies = pool.run(str(outdir), 3, calls)
+    assert not any(rep["ok"] for rep in replies)
+    assert all("manifest.json" in rep["error"] and "Traceback" not in rep["error"]
+               for rep in replies), replies
+
+
+@pytest.mark.slow
+def test_bootstrap_through_an_initialised_process_group(tmp_path):
+    """torch.distributed initialised (as under torchrun): the communicator takes rank, world size
+    and the handle exchange from the default process group."""
+    _require_torch()
+    ir = build_program(gen.ring_reducescatter(3), chunk_bytes=64)
+    calls, want, _ = calls_for(ir, 100)
+    check(run_fresh(ir.to_json(), 3, calls, tmp_path, process_group=True), want, "process group")
+
+
+# ------------------------------------------------------------------------------ every example
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_in_separate_processes(pool, name):
+    ir = load_program(ROOT / "examples" / name)
+    if ir.nranks > POOL_SIZE:
+        pytest.skip(f"{ir.nranks} ranks: more processes than this suite starts ({POOL_SIZE}); "
+                    "the single-process kernel tests run it")
+    run(pool, ir, 4 * ir.nchunks + 3, seed=ir.nranks)
+
+
+# ------------------------------------------------------------------------------ random programs
+@settings(max_examples=3)
+@given(alg=valid_programs(["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"],
+                          max_ranks=5, min_ranks=2),
+       count=st.integers(0, 300), dtype=st.sampled_from(["float32", "int32"]),
+       op=st.sampled_from(["sum", "max", "min"]))
+def test_random_programs_in_separate_processes(pool, alg, count, dtype, op):
+    run(pool, build_program(alg, chunk_bytes=64), count, dtype, op, seed=count)
+
+
+# ------------------------------------------------------------------------------ failures
+def test_mismatched_calls_are_an_error_on_every_rank(pool):
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    calls = [[{"method": "all_reduce", "x": np.ones(10, np.float32)}],
+             [{"method": "all_reduce", "x": np.ones(12, np.float32)}]]
+    replies = pool.run(ir.to_json(), 2, calls)
+    for r, rep in enumerate(replies):
+        assert not rep["ok"]
+        assert "every rank must make the same call" in rep["error"], rep["error"]
+
+
+def test_bad_arrays_are_clear_errors(pool):
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
+    bad = [
+        ({"method": "all_gather", "x": np.ones(3, np.float32), "out": 10}, "needs 5"),
+        ({"method": "all_gather", "x": np.ones(5, np.float64), "out": 10}, "float64"),
+        ({"method": "all_reduce", "x": np.ones(5, np.float32)}, "implements allgather"),
+    ]
+    for call, text in bad:
+        replies = pool.run(ir.to_json(), 2, [[call], [call]])
+        for rep in replies:
+            assert not rep["ok"] and text in rep["error"], rep
+
+
+def test_world_size_must_be_the_algorithms(pool):
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
+    calls, _, _ = calls_for(ir, 10)
+    replies = pool.run(ir.to_json(), 2, calls, world_override=3)
+    for rep in replies:
+        assert not rep["ok"] and "is an algorithm for 2 ranks; this job has 3" in rep["error"], rep
+
+
+def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(pool, tmp_path):
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    calls, want, _ = calls_for(ir, 500)
+    # rank 1 makes one call, then dies before its second: ranks 0 and 2 wait at the next call
+    dying = [c + c for c in calls]
+    dying[1] = calls[1] + [{**calls[1][0], "die": True}]
+    replies = run_fresh(ir.to_json(), 3, dying, tmp_path, timeout=20.0)
+    assert replies[1] is None
+    for r in (0, 2):
+        assert not replies[r]["ok"]
+        assert "rank 1" in replies[r]["error"] and "exited" in replies[r]["error"], replies[r]["error"]
+    # a later communicator (new processes, new store) works
+    check(pool.run(ir.to_json(), 3, calls), want, "after the failure")
+
+
+@pytest.mark.slow
+def test_peer_killed_during_the_kernel(tmp_path):
+    """Rank 1 dies after meeting its peers, when it would launch: the others' kernels wait for its
+    data, and the host watch aborts them (the error names the dead process: the kernels' own
+    60 s timeout, which would report a stuck primitive alone, is not what ends the wait)."""
+    _require_torch()
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    calls, _, _ = calls_for(ir, 3000)
+    calls[1] = [{**calls[1][0], "die_in_kernel": True}]
+    replies = run_fresh(ir.to_json(), 3, calls, tmp_path, timeout=20.0, kernel_timeout=60.0)
+    assert replies[1] is None
+    for r in (0, 2):
+        err = replies[r]["error"]
+        assert not replies[r]["ok"]
+        assert "failed: rank 1 (process" in err and "exited" in err, err
+        assert "gave up after 6" not in err, err
+
+
+@pytest.mark.slow
+def test_peer_that_never_arrives(tmp_path):
+    _require_torch()
+    ir = build_program(gen.ring_allgather(3), chunk_bytes=64)
+    calls, _, _ = calls_for(ir, 30)
+    pool = RankPool(2, tmp_path)        # only ranks 0 and 1 of 3 exist
+    try:
+        replies = pool.run(ir.to_json(), 2, calls[:2], timeout=3.0, world_override=3)
+    finally:
+        pool.close()
+    for rep in replies:
+        assert not rep["ok"]
+        assert "rank 2 of 3 did not arrive within 3 s" in rep["error"], rep["error"]

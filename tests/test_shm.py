@@ -1,0 +1,79 @@
+"""POSIX shared-memory segments (``hccc.runtime.shm``) and the CPU platform's IPC calls."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hccc.runtime import shm
+from hccc.runtime.cpu import CpuPlatform
+from hccc.runtime.platform import PlatformError
+
+
+def test_segment_round_trip_and_unlink():
+    seg = shm.create(100)
+    try:
+        assert seg.size >= 100 and seg.name in shm.ours()
+        peer = shm.attach(seg.handle)
+        ctypes.c_uint64.from_address(seg.address).value = 0xDEADBEEF
+        assert ctypes.c_uint64.from_address(peer.address).value == 0xDEADBEEF
+        seg.unlink()                       # the name goes, the mappings stay
+        assert seg.name not in shm.ours()
+        ctypes.c_uint64.from_address(peer.address + 8).value = 7
+        assert ctypes.c_uint64.from_address(seg.address + 8).value == 7
+        with pytest.raises(shm.ShmError, match="is gone"):
+            shm.attach(seg.handle)
+        peer.close()
+    finally:
+        seg.close()
+
+
+@pytest.mark.parametrize("handle", [b"", b"x" * 80, shm._HANDLE.pack(b"HCCCSHM1", 10, b"/etc/passwd"),
+                                    shm._HANDLE.pack(b"HCCCSHM1", 10, b"/hccc-1-../../x")])
+def test_foreign_handles_are_refused(handle):
+    with pytest.raises(shm.ShmError):
+        shm.attach(handle)
+
+
+def test_reap_stale_removes_segments_of_dead_processes():
+    # a child creates a segment and exits without unlinking it (as a killed process would)
+    code = ("from hccc.runtime import shm; s = shm.create(10); print(s.name, flush=True); "
+            "import os; os._exit(0)")
+    name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert name in shm.ours()
+    mine = shm.create(10)
+    try:
+        gone = shm.reap_stale()
+        assert name in gone and name not in shm.ours()
+        assert mine.name in shm.ours()          # a live process's segment stays
+    finally:
+        mine.close()
+
+
+def test_process_alive():
+    assert shm.process_alive(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert not shm.process_alive(p.pid)
+
+
+def test_cpu_platform_ipc():
+    a, b = CpuPlatform(), CpuPlatform()
+    p = a.ipc_malloc(4096)
+    h = a.ipc_export(p)
+    q = b.ipc_import(h)
+    a.memcpy_htod(p, np.arange(4, dtype=np.uint32))
+    out = np.zeros(4, np.uint32)
+    b.memcpy_dtoh(out, q)
+    assert out.tolist() == [0, 1, 2, 3]
+    with pytest.raises(PlatformError, match="only its creator"):
+        b.ipc_export(q)
+    a.ipc_seal(p)
+    b.ipc_close(q)
+    a.free(p)
+    assert not any(n.startswith(f"/hccc-{os.getpid()}-") for n in shm.ours())
