@@ -394,3 +394,36 @@ def test_build_is_cached_by_content(tmp_path):
         assert r2.module.path == lib1
     with Runner(ir, pf, "int32", "min", cache_dir=tmp_path) as r3:
         assert r3.module.path != lib1
+
+
+def test_a_process_builds_only_its_ranks_and_caches_per_rank(pf, tmp_path, monkeypatch):
+    """A process that runs some ranks (one rank per process: ``hccc.Communicator``) compiles only
+    their sources: the cache entry is keyed by those ranks' sources, so rank 1's library is reused
+    by every later process of rank 1 (no compiler run) and is not rank 2's."""
+    import json
+    from pathlib import Path
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
+    ir = ring_allgather(4)
+    out = tmp_path / "gen"
+    out.mkdir()
+    generate(ir, out, platforms=["cuda"] * ir.nranks)
+    man = json.loads((out / "manifest.json").read_text())
+    units = []          # the text of every translation unit of the algorithm the compiler is given
+    real = subprocess.run
+
+    def spy(cmd, *a, **k):
+        units.extend(Path(x).read_text() for x in map(str, cmd) if Path(x).name.startswith("unit")
+                     and x.endswith(".cpp"))
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(cpu_module.subprocess, "run", spy)
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))   # an empty cache
+    inst = Instance("float32", "sum")
+    one = pf.build(out, man, inst, ranks=[1])
+    source = {e["rank"]: e["source"] for e in man["ranks"]}
+    text = "".join(units)
+    assert source[1] in text and not any(source[r] in text for r in (0, 2, 3))
+    units.clear()
+    assert pf.build(out, man, inst, ranks=[1]) == one and not units      # a cache hit: no compile
+    assert pf.build(out, man, inst, ranks=[2]) != one and source[2] in "".join(units)
