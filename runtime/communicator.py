@@ -617,10 +617,16 @@ class Communicator:
                                  f"({self.world_size} ranks x {unit // self.world_size} pieces)")
         n_in, n_out, _scr, in_off, out_off = program_layout(self.ir, count)[self.rank]
         copy_back = None
+        if bool(inplace) not in self.ir.placements and not inplace:
+            raise CommunicatorError(f"{self.ir.name} is proven in place only (its MSCCL XML declares "
+                                    f"outofplace=\"0\"); call {method} in place")
+        # an in-place call of a program proven out of place only (an MSCCL XML with inplace="0") runs
+        # out of place into a temporary output and copies it back
+        alias = True in self.ir.placements
         if inplace:
-            if in_off >= 0 and bx.n == n_out:
+            if alias and in_off >= 0 and bx.n == n_out:
                 return count, bx.dtype, bx.ptr + in_off * es, bx.ptr, None
-            if out_off >= 0 and bx.n == n_in:
+            if alias and out_off >= 0 and bx.n == n_in:
                 return count, bx.dtype, bx.ptr, bx.ptr + out_off * es, None
             # the algorithm's buffers cannot alias this way: a temporary output, copied back
             tmp = np.empty(max(n_out, 1) * es // 4 + 1, dtype=np.uint32) if kind == "cpu" else None

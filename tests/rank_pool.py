@@ -46,7 +46,10 @@ def _run_job(job: dict):
                 res = getattr(comm, method)(x, **kwargs)
             else:
                 out = np.full(out_len, np.nan if x.dtype.kind == "f" else -1, dtype=x.dtype)
-                res = getattr(comm, method)(x, out, **kwargs)
+                if method in ("all_reduce", "broadcast", "reduce"):    # out= is keyword-only there
+                    res = getattr(comm, method)(x, out=out, **kwargs)
+                else:
+                    res = getattr(comm, method)(x, out, **kwargs)
             outs.append(np.array(res, copy=True))
     return outs
 

@@ -316,3 +316,18 @@ def test_peer_that_never_arrives(tmp_path):
     for rep in replies:
         assert not rep["ok"]
         assert "rank 2 of 3 did not arrive within 3 s" in rep["error"], rep["error"]
+
+
+def test_calls_keep_to_the_placements_the_program_is_proven_for(pool):
+    """A program proven out of place only (an MSCCL XML with inplace="0"): an in-place all_reduce
+    runs out of place into a temporary output and copies back (its buffers are never aliased); a
+    program proven in place only refuses an out-of-place call on every rank."""
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
+    ir.stats["msccl_inplace"] = False
+    assert ir.placements == (False,)
+    calls, want, _ = calls_for(ir, 77, seed=5)      # all_reduce(x): in place
+    check(pool.run(ir.to_json(), 3, calls), want, "out-of-place-only program called in place")
+    ir.stats.update(msccl_inplace=True, msccl_outofplace=False)
+    calls = [[dict(c[0], out=77)] for c in calls]
+    for rep in pool.run(ir.to_json(), 3, calls):
+        assert not rep["ok"] and "proven in place only" in rep["error"]
