@@ -297,18 +297,11 @@ def manifest_path(algo: str | Path) -> Path | None:
 
 
 def _program_of_tables(path: Path, man: dict, fail):
-    """(ProgramIR, per-rank platforms) of a table-mode OUTDIR: the program is read back from the
-    binary tables, which are checked against the manifest on the way."""
+    """The ProgramIR of a table-mode OUTDIR: read back from the binary tables, which are checked
+    against the manifest on the way."""
     from hccc.compiler.backend.table_format import TableFormatError
     from hccc.compiler.backend.table_program import program_from_table, table_path
 
-    ranks = man.get("ranks")
-    if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
-        fail("'ranks' must be a list of rank objects")
-    plats = [e.get("platform") for e in ranks]
-    bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
-    if bad:
-        fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
     try:
         tpath = table_path(path.parent, man)
         ir = program_from_table(man, tpath.read_bytes(), tpath.name)
@@ -316,7 +309,7 @@ def _program_of_tables(path: Path, man: dict, fail):
         fail(str(exc))
     except (OSError, KeyError, TypeError, ValueError) as exc:
         fail(f"cannot read the table-mode program: {exc}")
-    return ir, plats
+    return ir
 
 
 def manifest_codegen(path: Path) -> str:
@@ -340,11 +333,6 @@ def load_manifest(path: Path):
     man = loads_json(src)
     if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
         fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
-    if man.get("codegen") == "table":
-        return _program_of_tables(path, man, fail)
-    irname = man.get("ir")
-    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
-        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
     ranks = man.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
         fail("'ranks' must be a list of rank objects")
@@ -352,6 +340,11 @@ def load_manifest(path: Path):
     bad = [r for r, pl in enumerate(plats) if pl not in ("cuda", "hip")]
     if bad:
         fail(f"rank {bad[0]}: platform {plats[bad[0]]!r} is neither 'cuda' nor 'hip'")
+    if man.get("codegen") == "table":
+        return _program_of_tables(path, man, fail), plats
+    irname = man.get("ir")
+    if not isinstance(irname, str) or not _PLAIN_NAME.fullmatch(irname):
+        fail(f"'ir' must name the ProgramIR file next to the manifest, got {irname!r}")
     ir = load_program(path.parent / irname)
     if ir.nranks != len(plats):
         fail(f"the manifest lists {len(plats)} ranks, its ProgramIR {irname} has {ir.nranks}")

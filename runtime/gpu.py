@@ -641,17 +641,20 @@ class GpuPlatform(Platform):
         return ptr
 
     def _device_alloc(self, nbytes: int, flags: int | None) -> DevicePtr:
+        if flags is None:
+            return self._track(nbytes, "", lambda size: int(self._runtime.malloc(size)))
+        return self._track(nbytes, "", lambda size: int(self._runtime.extMallocWithFlags(size, flags)))
+
+    def _track(self, nbytes: int, kind: str, alloc) -> DevicePtr:
+        """``alloc(size)`` on the current device, recorded for free/IPC and zeroed."""
         if self._current < 0:
             self.set_device(0)
         dev = self._current
         size = max(int(nbytes), 1)
         try:
-            if flags is None:
-                ptr = int(self._runtime.malloc(size))
-            else:
-                ptr = int(self._runtime.extMallocWithFlags(size, flags))
+            ptr = alloc(size)
         except Exception as exc:
-            raise PlatformError(f"cannot allocate {size} bytes on GPU {dev}: {_err(exc)}") from None
+            raise PlatformError(f"cannot allocate {size} {kind}bytes on GPU {dev}: {_err(exc)}") from None
         self._allocs[ptr] = (size, dev)
         bisect.insort(self._alloc_keys, ptr)
         self.memset(ptr, 0, size)
@@ -680,18 +683,7 @@ class GpuPlatform(Platform):
         return int(self._runtime.malloc(size))
 
     def ipc_malloc(self, nbytes: int) -> DevicePtr:
-        if self._current < 0:
-            self.set_device(0)
-        dev = self._current
-        size = max(int(nbytes), 1)
-        try:
-            ptr = self._ipc_alloc(size)
-        except Exception as exc:
-            raise PlatformError(f"cannot allocate {size} shareable bytes on GPU {dev}: {_err(exc)}") from None
-        self._allocs[ptr] = (size, dev)
-        bisect.insort(self._alloc_keys, ptr)
-        self.memset(ptr, 0, size)
-        return ptr
+        return self._track(nbytes, "shareable ", self._ipc_alloc)
 
     def ipc_export(self, ptr: DevicePtr) -> bytes:
         if ptr not in self._allocs or ptr in self._imported:
