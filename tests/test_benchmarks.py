@@ -23,6 +23,7 @@ def _load(name: str):
     return mod
 
 
+@pytest.mark.slow
 def test_mixed_vendor_compares_ring_c2c_and_synthesis():
     mv = _load("mixed_vendor")
     topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")

@@ -55,7 +55,8 @@ def _symbols(lib: pathlib.Path) -> str:
     return subprocess.run(["nm", str(lib)], capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("codegen", ["specialized", pytest.param("table", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
 def test_downstream_builds_and_regenerates_on_the_cpu_toolchain(tmp_path, codegen):
     require_tool("g++")
     src, build, env = _configure(tmp_path, "-DHCCC_EMULATE_ON_CPU=ON", f"-DDOWNSTREAM_CODEGEN={codegen}",
@@ -187,6 +188,7 @@ def test_hccc_add_collective_on_a_mixed_cluster(tmp_path, codegen):
             assert not any(f"_r{r}_float32_sum" in syms for r in range(len(plats)) if r not in mine)
 
 
+@pytest.mark.slow
 # ---------------------------------------------------------------------------- one rank per process
 def test_downstream_multiprocess_program_on_the_cpu_emulation(tmp_path):
     """The CMake project with -DHCCC_EMULATE_ON_CPU=ON builds hccc_multiprocess (the emitted
@@ -218,6 +220,7 @@ def _host_tu(tmp_path, target: str) -> pathlib.Path:
     return tu
 
 
+@pytest.mark.slow
 def test_host_api_compiles_with_nvcc(tmp_path, nvcc):
     """The CUDA path of hccc_host.h (cudaIpcGetMemHandle / cudaIpcOpenMemHandle, cudaLaunchKernel)
     compiles with the kernels; it needs a GPU to run."""
@@ -228,6 +231,7 @@ def test_host_api_compiles_with_nvcc(tmp_path, nvcc):
     assert res.returncode == 0, res.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_host_api_compiles_with_hipcc(tmp_path, hipcc):
     """The HIP path (hipExtMallocWithFlags fine-grained memory, hipIpc*) compiles for gfx90a."""
     tu = _host_tu(tmp_path, "hip")

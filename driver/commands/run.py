@@ -159,8 +159,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "a compiled OUTDIR was written in, else specialized)")
     parser.add_argument("--launch", choices=("auto", "grid", "per-rank"), default="auto",
                         help="grid: every rank in one launch of the one-grid entry (needs every rank on "
-                             "one device); per-rank: a kernel per rank, each in its own stream; auto "
-                             "(default): grid whenever every rank is on one device")
+                             "one device); per-rank: a kernel per rank, each in its own stream; auto: "
+                             "grid whenever every rank is on one device (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
