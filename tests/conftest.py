@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, settings
 # wins over the variable (hypothesis' pytest plugin loads it after this file).
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", deadline=None, max_examples=1000,
+# derandomize=False stated: under a CI environment (CI=true) hypothesis' own defaults derandomise,
+# and a profile asked for random exploration must explore there too
+settings.register_profile("dev", deadline=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, max_examples=1000, derandomize=False,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
