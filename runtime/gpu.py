@@ -795,18 +795,11 @@ class GpuPlatform(Platform):
         return int(emitted)
 
     def launch(self, fn: Any, grid: int, block: int, args: bytes, stream: Any) -> None:
-        if not isinstance(fn, GpuFunction):
-            raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
-        if not isinstance(stream, GpuStream):
-            raise PlatformError(f"not a {self.api_name} stream: {stream!r}")
         if grid <= 0:
+            self._check_launch(fn, stream)
             return                      # a rank without thread blocks has nothing to run
         args = bytes(args)
-        dev = stream.device
-        self._admit(dev, fn, grid, block, stream)
-        self.set_device(dev)
-        buf = (ctypes.c_char * max(len(args), 1)).from_buffer_copy(args or b"\0")
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        dev, params, _buf = self._launch_params(fn, grid, block, args, stream)
         try:
             self._driver.launchKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0, stream.handle,
                                       ctypes.addressof(params), 0)
@@ -828,18 +821,10 @@ class GpuPlatform(Platform):
         guarantee, not the stream scheduler's habit. The occupancy check runs first (as for every
         launch, :meth:`_admit`), so the usual case of too many blocks gets a message with the
         numbers rather than the driver's error code."""
-        if not isinstance(fn, GpuFunction):
-            raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
-        if not isinstance(stream, GpuStream):
-            raise PlatformError(f"not a {self.api_name} stream: {stream!r}")
         if grid <= 0:
+            self._check_launch(fn, stream)
             return
-        args = bytes(args)
-        dev = stream.device
-        self._admit(dev, fn, grid, block, stream)
-        self.set_device(dev)
-        buf = (ctypes.c_char * max(len(args), 1)).from_buffer_copy(args or b"\0")
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        dev, params, _buf = self._launch_params(fn, grid, block, bytes(args), stream)
         try:
             try:
                 self._driver.launchCooperativeKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0,
@@ -861,6 +846,24 @@ class GpuPlatform(Platform):
         self._inflight.setdefault(dev, {})[stream.handle] = (fn, grid, block)
         if abort_flag:    # the flag in the ranks' hccc_args (the grid's own argument holds none)
             self._abort_ptrs.add(int(abort_flag))
+
+    def _check_launch(self, fn: Any, stream: Any) -> None:
+        if not isinstance(fn, GpuFunction):
+            raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
+        if not isinstance(stream, GpuStream):
+            raise PlatformError(f"not a {self.api_name} stream: {stream!r}")
+
+    def _launch_params(self, fn: Any, grid: int, block: int, args: bytes, stream: Any):
+        """Check and admit a launch on ``stream``'s device, make it current; returns (device, the
+        driver's kernel-parameter array, the argument buffer it points at: keep it alive until the
+        launch call returns)."""
+        self._check_launch(fn, stream)
+        dev = stream.device
+        self._admit(dev, fn, grid, block, stream)
+        self.set_device(dev)
+        buf = (ctypes.c_char * max(len(args), 1)).from_buffer_copy(args or b"\0")
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        return dev, params, buf
 
     def _admit(self, dev: int, fn: GpuFunction, grid: int, block: int, stream: GpuStream) -> None:
         """Refuse a launch whose blocks could not be resident together with the kernels already

@@ -101,15 +101,14 @@ def run_memory_limit() -> int:
     """Bytes of buffers one run may allocate: ``HCCC_MAX_RUN_BYTES`` (K/M/G/T suffixes) or half
     of this machine's physical memory."""
     import os
-    text = os.environ.get("HCCC_MAX_RUN_BYTES", "").strip().upper().removesuffix("B")
-    if text:
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-        unit = units.get(text[-1:], 1)
-        digits = text[:-1] if text[-1:] in units else text
-        if digits.isascii() and digits.isdigit() and len(digits) <= 15 and int(digits) > 0:
-            return int(digits) * unit
+    from hccc.compiler.frontend.diagnostics import env_size
+    try:
+        cap = env_size("HCCC_MAX_RUN_BYTES")
+    except ValueError as exc:
         raise PlatformError(f"HCCC_MAX_RUN_BYTES must be a positive size such as 16G, not "
-                            f"'{printable(text, limit=40)}'")
+                            f"'{printable(str(exc), limit=40)}'") from None
+    if cap is not None:
+        return cap
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (ValueError, OSError):

@@ -19,6 +19,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology
 from hccc.compiler.synth.bounds import BOUND_COLLECTIVES, collective_cut_bound_seconds, hub_graph
 from hccc.compiler.synth.problem import Network
+from test_synth_bounds import _network as unit_network
 
 GB = 1e9
 
@@ -83,21 +84,10 @@ def _brute_force(net: Network, coll: str, root: int, M: float, capacity) -> floa
 
 # ---------------------------------------------------------------- random tiny networks
 def _network(n, pairs, bws, groups, gbws) -> Network:
+    """test_synth_bounds' tiny network (unit capacities) with bandwidths in GB/s, in its pair order."""
     order = sorted(range(len(pairs)), key=lambda i: pairs[i])
-    inv = {old: new for new, old in enumerate(order)}
-    pairs = [pairs[i] for i in order]
-    bws = [bws[i] for i in order]
-    members = [[] for _ in pairs]
-    for g, mem in enumerate(groups):
-        for old in mem:
-            members[inv[old]].append(g)
-    ptr = np.zeros(len(pairs) + 1, np.int64)
-    ptr[1:] = np.cumsum([len(m) for m in members])
-    idx = np.array([g for m in members for g in sorted(m)], np.int32)
-    net = Network(n, np.array([p[0] for p in pairs], np.int32), np.array([p[1] for p in pairs], np.int32),
-                  np.ones(len(pairs), np.int32), ptr, idx, np.ones(len(groups), np.int32),
-                  [f"g{g}" for g in range(len(groups))], [np.zeros(n, np.int32)], "tiny")
-    return replace(net, bw=np.array(bws, float) * GB, gbw=np.array(gbws, float) * GB)
+    net = unit_network(n, pairs, [1] * len(pairs), groups, [1] * len(groups))
+    return replace(net, bw=np.array([bws[i] for i in order], float) * GB, gbw=np.array(gbws, float) * GB)
 
 
 @st.composite

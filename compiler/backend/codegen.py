@@ -244,6 +244,18 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
         raise ValueError("nchunks must be positive")
 
 
+def prepare_output(ir: ProgramIR, outdir, platforms: list):
+    """What both code-generation modes start from: the platforms as tuples, checked against the
+    program; the program in canonical order and structurally checked (value ranges, dense TB ids,
+    single-TB connection ends: IRFormatError); the output directory as a path."""
+    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
+    _check(ir, platforms)
+    if not _is_canonical(ir):
+        ir = _sorted_copy(ir)
+    check_structure(ir)
+    return ir, pathlib.Path(outdir), platforms
+
+
 def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, codegen: str, headers, libraries: dict,
                   ranks: list, stats: dict, extra_files=(), manifest_extra: dict | None = None, **fields) -> str:
     """``manifest.json`` of an output directory, for either code-generation mode: the program's
@@ -301,12 +313,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     """
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
-    outdir = pathlib.Path(outdir)
-    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
-    _check(ir, platforms)
-    if not _is_canonical(ir):
-        ir = _sorted_copy(ir)
-    check_structure(ir)   # value ranges, dense TB ids, single-TB connection ends (IRFormatError)
+    ir, outdir, platforms = prepare_output(ir, outdir, platforms)
     env = _template_env()
     name = ir.name
     written: dict[str, str | bytes] = {}

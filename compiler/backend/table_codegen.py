@@ -17,13 +17,10 @@ import time
 import numpy as np
 
 from hccc.compiler.backend import table_format as tf
-from hccc.compiler.backend.codegen import (ABI_VERSION, DTYPES, EXT, HEADERS, MANIFEST_SCHEMA, NSLOTS, PLATFORMS,
-                                           REDOPS, VERSION, _check, _is_canonical, _sorted_copy,
-                                           _template_env, analyse, buffer_bases, manifest_text, program_stats,
-                                           slot_bytes,
-                                           threads_per_tb)
+from hccc.compiler.backend.codegen import (DTYPES, EXT, HEADERS, NSLOTS, PLATFORMS, REDOPS, VERSION, _template_env,
+                                           analyse, buffer_bases, manifest_text, prepare_output,
+                                           program_stats, threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
-from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.program_ir import ProgramIR
 
 #: the table mode's headers (the specialised ones plus the table decoder)
@@ -94,12 +91,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     :func:`hccc.compiler.backend.codegen.generate`. Returns the written paths, sorted."""
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
-    outdir = pathlib.Path(outdir)
-    platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
-    _check(ir, platforms)
-    if not _is_canonical(ir):
-        ir = _sorted_copy(ir)
-    check_structure(ir)
+    ir, outdir, platforms = prepare_output(ir, outdir, platforms)
     env = _template_env()
     name = ir.name
     col = analyse(ir)

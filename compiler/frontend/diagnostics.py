@@ -129,20 +129,31 @@ def render_all(err: CompileError) -> str:
 # --------------------------------------------------------------------------- reading input files
 #: default cap on the size of one input file (``.rccl``, ``.topo``, XML, JSON)
 DEFAULT_MAX_INPUT_BYTES = 64 << 20
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def env_size(name: str) -> int | None:
+    """A positive byte count from the environment variable ``name`` (digits with an optional
+    binary K/M/G/T suffix and ``B``), or None when it is unset or empty; ValueError (whose message
+    is the printable text) when it is not such a size."""
+    text = os.environ.get(name, "").strip().upper().removesuffix("B")
+    if not text:
+        return None
+    unit = text[-1] if text[-1:] in _UNITS else ""
+    digits = text[:-1] if unit else text
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 15 or int(digits) <= 0:
+        raise ValueError(printable(text))
+    return int(digits) * _UNITS.get(unit, 1)
 
 
 def max_input_bytes() -> int:
-    """The input-file size cap: ``HCCC_MAX_INPUT_BYTES`` (bytes, K/M/G suffixes) or 64 MiB."""
-    text = os.environ.get("HCCC_MAX_INPUT_BYTES", "").strip().upper().removesuffix("B")
-    if not text:
-        return DEFAULT_MAX_INPUT_BYTES
-    unit = text[-1] if text[-1:] in ("K", "M", "G") else ""
-    digits = text[:-1] if unit else text
-    if not digits.isdigit() or len(digits) > 12 or int(digits) <= 0:
+    """The input-file size cap: ``HCCC_MAX_INPUT_BYTES`` (bytes, K/M/G/T suffixes) or 64 MiB."""
+    try:
+        cap = env_size("HCCC_MAX_INPUT_BYTES")
+    except ValueError as exc:
         raise CompileError([Diagnostic(
-            f"HCCC_MAX_INPUT_BYTES must be a positive size such as 128M, got {printable(text)!r}", None)])
-    return int(digits) * _UNITS[unit]
+            f"HCCC_MAX_INPUT_BYTES must be a positive size such as 128M, got {str(exc)!r}", None)]) from None
+    return DEFAULT_MAX_INPUT_BYTES if cap is None else cap
 
 
 def _human(n: int) -> str:
