@@ -150,6 +150,7 @@ def test_reachability_equals_naive_relation_and_is_reduced(alg):
     assert len(edges) == dag.nedges  # no duplicates
 
 
+@pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
 @pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
 @settings(max_examples=80)
 @given(programs)
@@ -161,6 +162,7 @@ def test_compiled_reduction_is_the_transitive_reduction(alg):
     assert len(edges) == dag.nedges
 
 
+@pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
 @pytest.mark.skipif(not dag_kernel.HAVE_NUMBA, reason="the compiled DAG engine needs numba")
 def test_compiled_and_python_engines_agree_on_hm_allreduce():
     alg = hm_allreduce(8, 8)

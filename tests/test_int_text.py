@@ -10,6 +10,8 @@ from hccc.compiler.ir import int_text, int_text_kernel
 from hccc.compiler.ir.int_text import RowText, decimal_digits, join_ints
 
 needs_numba = pytest.mark.skipif(not int_text_kernel.HAVE_NUMBA, reason="the compiled path needs numba")
+#: the compiled path's first run compiles the numba kernels (tens of seconds cold): with the slow tests
+compiled_case = [needs_numba, pytest.mark.slow]
 int64s = st.integers(-2 ** 63, 2 ** 63 - 1)
 # small ranges exercise the gather path, wide ones the digit loop
 columns = st.one_of(st.lists(int64s, max_size=80),
@@ -73,7 +75,7 @@ def row_programs(draw):
     return rt, [r + end for r in rows], end
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=compiled_case)])
 @settings(max_examples=50)
 @given(prog=row_programs())
 def test_row_text_matches_python_formatting(compiled, prog):
@@ -85,7 +87,7 @@ def test_row_text_matches_python_formatting(compiled, prog):
         assert text[offsets[i]:offsets[i + 1]].decode() == line
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_numba)])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=compiled_case)])
 def test_rows_span_several_blocks(monkeypatch, compiled):
     monkeypatch.setattr(int_text, "_BLOCK", 7)
     vals = list(range(-30, 30))
@@ -94,6 +96,7 @@ def test_rows_span_several_blocks(monkeypatch, compiled):
     assert text.decode() == "".join(f"v={v}{' odd' if v % 2 else ''}\n" for v in vals)
 
 
+@pytest.mark.slow
 @needs_numba
 def test_large_join_takes_the_compiled_path_and_agrees():
     vals = np.arange(-5, int_text.COMPILED_FROM + 5, 7, dtype=np.int64) * 1013

@@ -134,6 +134,7 @@ def test_hpds_matches_reference(alg):
 needs_numba = pytest.mark.skipif(not hpds_kernel.HAVE_NUMBA, reason="the compiled HPDS engine needs numba")
 
 
+@pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
 @needs_numba
 @settings(max_examples=80)
 @given(programs)
@@ -147,6 +148,7 @@ def test_compiled_hpds_matches_reference(alg):
     assert s.order.tolist() == order_ref
 
 
+@pytest.mark.slow
 @needs_numba
 @pytest.mark.parametrize("nodes, gpus", [(4, 8), (12, 4)])
 def test_compiled_hpds_agrees_with_list_scheduler_on_hm_allreduce(nodes, gpus):
@@ -236,7 +238,7 @@ def test_empty_algorithm():
         assert s.nsubpipelines == 0 and len(s.order) == 0
 
 
-@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=needs_numba)])
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=[needs_numba, pytest.mark.slow])])
 def test_dag_of_another_algorithm_is_rejected(engine):
     a = ring_allgather([0, 1, 2])
     b = ring_allgather([0, 1, 2, 3])
