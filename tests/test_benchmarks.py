@@ -37,6 +37,7 @@ def test_mixed_vendor_compares_ring_c2c_and_synthesis():
         assert [a[0] for a in mv.algorithms(topo, coll, None, synth_time=None)] == labels[:-1]
 
 
+@pytest.mark.slow
 def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
     a2a = _load("alltoall")
     topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")
