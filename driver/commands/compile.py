@@ -37,8 +37,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fuse", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                    help="fuse a receive with the send that forwards it (recvCopySend, ...; one pass over "
                         "memory less per forwarded byte; fused traffic runs on channels and TBs of its "
-                        "own). auto (default): with --topology, fused where the simulator finds it never "
-                        "slower there (see benchmarks/fusion.py), else off; --fuse alone means on")
+                        "own). auto: with --topology, fused where the simulator finds it never "
+                        "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
+                        "(default: auto)")
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "
                         "table: binary tables run by generic kernels that are built once for every "
