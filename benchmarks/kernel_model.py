@@ -21,7 +21,8 @@ ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
 Bounds, all ranks on one GPU (what benchmarks/gpu_busbw.py measures): time >= HBM bytes / HBM
 bandwidth, and >= the slowest TB's (loads / per-block rate + messages x sync). busbw = S / time x
 the collective's busbw factor. Rows marked "model" are designs the kernels do not implement (K
-channels, direct mode: the sender writes the peer's destination); the others are the kernels as
+channels, direct mode: the sender writes the peer's destination, for the receives
+:mod:`hccc.compiler.ir.direct` proves safe); the others are the kernels as
 they were (v1) and are (v2). No GPU is needed; every number is derived from the parameters shown.
 """
 from __future__ import annotations
