@@ -20,9 +20,10 @@ ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
 
 Bounds, all ranks on one GPU (what benchmarks/gpu_busbw.py measures): time >= HBM bytes / HBM
 bandwidth, and >= the slowest TB's (loads / per-block rate + messages x sync). busbw = S / time x
-the collective's busbw factor. Rows marked "model" are designs the kernels do not implement (K
-channels, direct mode: the sender writes the peer's destination, for the receives
-:mod:`hccc.compiler.ir.direct` proves safe); the others are the kernels as
+the collective's busbw factor. Direct rows: the sender writes the peer's destination for the
+receives :mod:`hccc.compiler.ir.direct` proves safe (``--direct auto``, the default, in
+single-process launches). Rows marked "model" are designs the kernels do not implement (K
+channels); the others are the kernels as
 they were (v1) and are (v2). No GPU is needed; every number is derived from the parameters shown.
 """
 from __future__ import annotations
@@ -65,8 +66,8 @@ def designs(channels: int):
             ("v2 (as built)", LOADS_V2, 1, False, "v2", False, False),
             ("v2 + fused", LOADS_V2, 1, False, "v2", False, True),
             (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", True, False),
-            ("v2 + direct", LOADS_V2, 1, True, "v2", True, False),
-            ("v2 + fused + direct", LOADS_V2, 1, True, "v2", True, True),
+            ("v2 + direct", LOADS_V2, 1, True, "v2", False, False),
+            ("v2 + fused + direct", LOADS_V2, 1, True, "v2", False, True),
             (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", True, False)]
 
 

@@ -40,6 +40,13 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "own). auto: with --topology, fused where the simulator finds it never "
                         "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
                         "(default: auto)")
+    p.add_argument("--direct", choices=("auto", "off"), default="auto",
+                   help="direct mode: for every receive the compiler proves may take its data straight "
+                        "from the sender (no other access of its destination can fall between), the "
+                        "sender writes the receiver's destination instead of the FIFO slot (one HBM pass "
+                        "less). Used by single-process launches; the multi-process Communicator and the "
+                        "C++ host API keep the FIFO, and so does --codegen table. off: the FIFO "
+                        "everywhere (default: auto)")
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "
                         "table: binary tables run by generic kernels that are built once for every "
@@ -70,7 +77,7 @@ def run(args) -> int:
                                         compile_program, load_algorithm, load_program)
 
     times = StageTimes()
-    opts = program_options(args, target=args.target, fuse=args.fuse == "on", codegen=args.codegen,
+    opts = program_options(args, target=args.target, fuse=args.fuse == "on", codegen=args.codegen, direct=args.direct,
                            xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
     cluster = None
     if args.topology is not None:
