@@ -929,10 +929,14 @@ class Runner:
         """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
         own device memory, when all ranks run on one platform (one address space: the CPU
         emulation, or GPUs of one process that reach each other's memory as they reach the FIFOs).
-        Otherwise ``peers`` stays 0 and every primitive uses the FIFO. The arrays are freed with
-        the run's buffers (appended to each rank's ``own`` list)."""
+        Not on HIP across several GPUs: the data buffers are ordinary (coarse-grained) device
+        memory there, which a peer GPU's writes need not reach coherently before the kernel ends
+        (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
+        FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
         N = len(argv)
         if N == 0 or self.table_ptr or len({pf.name for pf in self.rank_pf}) != 1:
+            return
+        if self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1:
             return
         blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
         for r in range(N):
