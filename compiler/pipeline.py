@@ -210,11 +210,10 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
         phases: dict[str, float] = {}
-        kw = {} if opts.codegen == "table" else {"direct": opts.direct}
         gen = generate_table if opts.codegen == "table" else generate
         files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
                           extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
-                          **kw)
+                          direct=opts.direct)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"

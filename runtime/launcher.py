@@ -934,7 +934,7 @@ class Runner:
         (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
         FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
         N = len(argv)
-        if N == 0 or self.table_ptr or len({pf.name for pf in self.rank_pf}) != 1:
+        if N == 0 or len({pf.name for pf in self.rank_pf}) != 1:
             return
         if self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1:
             return

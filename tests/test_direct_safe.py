@@ -191,7 +191,8 @@ COLLECTIVES = ["allgather", "reducescatter", "allreduce", "broadcast", "reduce",
 def test_direct_kernels_match_oracle(collective, data):
     """Random programs (fused or not) whose proven receives run in direct mode on the CPU
     emulation (every rank's peers known): what the reference executor computes, and the
-    collective, at random sizes, dtypes, operators, in place or not, one grid or a grid per rank."""
+    collective, at random sizes, dtypes, operators, in place or not, one grid or a grid per rank,
+    specialised kernels or the table mode's generic ones."""
     from hccc.compiler.backend.direct_fields import direct_fields
     from hccc.testing import describe_failure, kernel_cases, run_case
 
@@ -201,7 +202,8 @@ def test_direct_kernels_match_oracle(collective, data):
     dx = direct_fields(ir)
     assert (dx is None) == (not direct_safe(ir).any())
     case = data.draw(kernel_cases(ir, max_microbatches=12), label="case")
-    res = run_case(ir, case, one_grid=data.draw(st.sampled_from([None, False]), label="one_grid"))
+    res = run_case(ir, case, one_grid=data.draw(st.sampled_from([None, False]), label="one_grid"),
+                   codegen=data.draw(st.sampled_from(["specialized", "table"]), label="codegen"))
     assert res.ok, f"{alg.header.name} ({alg.header.nranks} ranks): " + describe_failure(case, res)
 
 

@@ -192,7 +192,7 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[by
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
     has_deps[col.dep_owner] = True
-    v = pd_columns(ir, col)
+    v = pd_columns(ir, col, dx)
     # the awaited slots of each waiting primitive, as text "3, 7" (one blob, a range per primitive)
     dep_start = np.zeros(n, np.int64)
     dep_len = np.zeros(n, np.int64)

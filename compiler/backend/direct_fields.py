@@ -7,8 +7,8 @@ the receiver's destination: rank, buffer, chunk, and the chunk of the full buffe
 that buffer holds. Both ends are marked or neither, so the two ends of a message always agree.
 
 Modes: ``auto`` (the default: every proven receive, up to :data:`DIRECT_MAX_PRIMS` primitives;
-the analysis is a Python graph search, so larger programs keep the FIFO) and ``off``. The table
-mode (``--codegen table``) keeps the FIFO: its tables carry no direct fields.
+the analysis is a Python graph search, so larger programs keep the FIFO) and ``off``. Both
+code-generation modes carry the fields (specialised: ``HCCC_PX`` calls; table mode: columns).
 """
 from __future__ import annotations
 

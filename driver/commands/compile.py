@@ -45,8 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "from the sender (no other access of its destination can fall between), the "
                         "sender writes the receiver's destination instead of the FIFO slot (one HBM pass "
                         "less). Used by single-process launches; the multi-process Communicator and the "
-                        "C++ host API keep the FIFO, and so does --codegen table. off: the FIFO "
-                        "everywhere (default: auto)")
+                        "C++ host API keep the FIFO. off: the FIFO everywhere (default: auto)")
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "
                         "table: binary tables run by generic kernels that are built once for every "
