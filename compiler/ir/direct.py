@@ -19,7 +19,9 @@ after its send of ``m``); so slice ``m`` of the destination is touched by nobody
 the sender's write of ``m`` and the receive's completion of ``m``. Locations: input and output chunks are named by their chunk of the full buffer
 (the in-place aliasing of input and output, :func:`hccc.compiler.ir.extents.buffer_bases`; taken
 for every run, in place or not), scratch slots by their index; different names are disjoint
-memory. Back-pressure (a sender waiting for a free slot) is not counted as an ordering.
+memory. Back-pressure (a sender waiting for a free slot) is not counted as an ordering. Each
+search is bounded (:data:`SEARCH_BUDGET`); a receive whose orderings are not found within it keeps
+the FIFO, so the analysis stays sound and its cost linear in the program's size.
 
 The kernels do not implement direct mode: this analysis is what ``benchmarks/kernel_model.py``
 counts its direct rows from (:func:`hccc.runtime.kernel_traffic.traffic`).
@@ -55,19 +57,49 @@ def locations(ir: ProgramIR, i: int, side: str, in_base=None, out_base=None) -> 
     return [(0, base + off + k) for k in range(cnt)]
 
 
-def _reach(start: int, adj: dict[int, list[int]], targets: set[int]) -> set[int]:
-    """The members of ``targets`` reachable from ``start`` along ``adj`` (``start`` excluded)."""
-    found = set()
+#: most primitives one reachability search visits before it gives up (the receive then keeps
+#: the FIFO): bounds the analysis to about ``candidates * SEARCH_BUDGET`` steps
+SEARCH_BUDGET = 2048
+
+
+def _topo_index(n: int, succ: dict[int, list[int]], pred: dict[int, list[int]]) -> list[int]:
+    """Position of every primitive in a topological order of the happens-before graph (a program
+    that passes the deadlock check has no cycle; primitives on a cycle, if any, come last)."""
+    indeg = [len(pred.get(i, ())) for i in range(n)]
+    ready = [i for i in range(n) if indeg[i] == 0]
+    pos = [n] * n
+    k = 0
+    while ready:
+        x = ready.pop()
+        pos[x] = k
+        k += 1
+        for y in succ.get(x, ()):
+            indeg[y] -= 1
+            if indeg[y] == 0:
+                ready.append(y)
+    return pos
+
+
+def _reach(start: int, adj: dict[int, list[int]], targets: set[int], topo: list[int],
+           forward: bool) -> set[int]:
+    """The members of ``targets`` reachable from ``start`` along ``adj`` (``start`` excluded),
+    searching only primitives that lie between ``start`` and a target in topological order, and
+    at most :data:`SEARCH_BUDGET` of them (what is not found by then counts as unreachable)."""
+    found: set[int] = set()
+    bound = max(topo[t] for t in targets) if forward else min(topo[t] for t in targets)
     seen = {start}
     stack = [start]
-    while stack and len(found) < len(targets):
+    visits = 0
+    while stack and len(found) < len(targets) and visits < SEARCH_BUDGET:
         x = stack.pop()
+        visits += 1
         for y in adj.get(x, ()):
-            if y not in seen:
-                seen.add(y)
-                if y in targets:
-                    found.add(y)
-                stack.append(y)
+            if y in seen or (topo[y] > bound if forward else topo[y] < bound):
+                continue
+            seen.add(y)
+            if y in targets:
+                found.add(y)
+            stack.append(y)
     return found
 
 
@@ -99,6 +131,7 @@ def direct_safe(ir: ProgramIR) -> np.ndarray:
         for a, b in pairs:
             succ[a].append(b)
             pred[b].append(a)
+    topo = _topo_index(n, succ, pred)
     # accessors of every location, per rank
     touch: dict[tuple[int, int, int], set[int]] = defaultdict(set)
     for i in range(n):
@@ -113,8 +146,8 @@ def direct_safe(ir: ProgramIR) -> np.ndarray:
             others |= touch[(r, *loc)]
         others.discard(i)
         if others:
-            others -= _reach(i, succ, others)                        # after the receive
+            others -= _reach(i, succ, others, topo, True)                  # after the receive
         if others:
-            others -= _reach(int(s_of[i]), pred, others)             # before the sender starts
+            others -= _reach(int(s_of[i]), pred, others, topo, False)      # before the sender starts
         safe[i] = not others
     return safe
