@@ -10,8 +10,8 @@ buffer sizes from 8 MB to 4 GB (``hccc.runtime.simulator``, alpha-beta-gamma mod
 * ``hccc``        task-level execution, HPDS, state-based TBs (what ``hccc ALGO`` emits);
 * ``rr``          task-level execution, round-robin scheduler (ResCCL section 5.3's baseline);
 * ``conn``        task-level execution, HPDS, connection-based TBs;
-* ``fuse``        as ``hccc`` but lowered with receive-and-forward fusion (``--fuse``; a fused primitive
-                  ties its two connection ends to one TB, which then runs all their traffic in sequence);
+* ``fuse``        as ``hccc`` but lowered with receive-and-forward fusion (``--fuse``; fused traffic on
+                  channels and TBs of its own, one per connection pair);
 * ``msccl``       algorithm-level execution (every micro-batch runs the whole algorithm in step
                   order) on connection-based TBs: the MSCCL-like baseline.
 

@@ -33,6 +33,7 @@ class CompileOptions:
     xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
     xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
     codegen: str = "specialized"     # specialized (a kernel per rank) | table (generic kernels + tables)
+    direct: str = "auto"             # direct mode for proven receives (auto) or the FIFO everywhere (off)
 
 
 @dataclass
@@ -211,7 +212,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         phases: dict[str, float] = {}
         gen = generate_table if opts.codegen == "table" else generate
         files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
-                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases)
+                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
+                          direct=opts.direct)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"

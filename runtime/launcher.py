@@ -865,15 +865,18 @@ class Runner:
                 own.append(scr_p)
                 bufs.append((in_p, out_p, scr_p, own))
 
-            args = []
+            argv = []
             for r in range(N):
                 in_p, out_p, scr_p, _ = bufs[r]
                 pf = self.rank_pf[r]
-                a = Args(input=in_p, output=out_p, scratch=scr_p, count=count,
-                         send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
-                         progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
-                         timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                         slice_bytes=slice_b)
+                argv.append(Args(input=in_p, output=out_p, scratch=scr_p, count=count,
+                                 send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
+                                 progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
+                                 timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
+                                 slice_bytes=slice_b))
+            self._set_peers(argv, bufs)
+            args = []
+            for r, a in enumerate(argv):
                 # table mode: the generic kernels take the rank's table address after hccc_args
                 tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
                 args.append(bytes(a) + tail)
@@ -921,6 +924,28 @@ class Runner:
                          first_wrong=first, collective=coll, nranks=N, iters=len(times),
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
                          outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b)
+
+    def _set_peers(self, argv: list, bufs: list) -> None:
+        """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
+        own device memory, when all ranks run on one platform (one address space: the CPU
+        emulation, or GPUs of one process that reach each other's memory as they reach the FIFOs).
+        Not on HIP across several GPUs: the data buffers are ordinary (coarse-grained) device
+        memory there, which a peer GPU's writes need not reach coherently before the kernel ends
+        (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
+        FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
+        N = len(argv)
+        if N == 0 or len({pf.name for pf in self.rank_pf}) != 1:
+            return
+        if self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1:
+            return
+        blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
+        for r in range(N):
+            pf = self.rank_pf[r]
+            pf.set_device(self.placement[r])
+            ptr = pf.malloc(max(len(blob), 16))
+            bufs[r][3].append(ptr)
+            pf.memcpy_htod(ptr, blob)
+            argv[r].peers = ptr
 
     def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
         """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid

@@ -63,7 +63,7 @@ EXECUTIONS = ("task", "algorithm")
 GB = 1e9
 
 __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
-           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution",
+           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
            "resolve_slice"]
 
 
@@ -328,6 +328,35 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
                        "tb_alloc_connection_s": t_conn, "tb_alloc_sizes": ",".join(str(int(s)) for s in sizes),
                        "tb_alloc_topology": topo.name})
+    return keep
+
+
+def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR | None = None, *,
+                  sizes=ALLOCATION_SIZES, scheduler: str = "hpds",
+                  chunk_bytes: int | None = None) -> ProgramIR:
+    """The fused program (receive-and-forward fusion, one TB per connection pair) where it never
+    costs time on ``topo``, else ``plain_ir``. Fusion saves a pass over memory per forwarded byte
+    (which the simulator does not charge), but its traffic runs on TBs and channels of its own,
+    beside the unfused traffic of the same links, which can delay the schedule's critical chains;
+    so both are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the fused one is kept
+    only when it is at least as fast at every size. ``fused_ir`` defaults to the fused build with
+    the faster allocation on ``topo``. ``stats["fusion_kept"]``, ``fusion_plain_s`` and
+    ``fusion_fused_s`` (totals over ``sizes``) record the comparison."""
+    from hccc.compiler.passes.build import build_program
+
+    if fused_ir is None:
+        fused_ir = build_program(alg, scheduler=scheduler, tb_alloc="state", fuse=True,
+                                 chunk_bytes=chunk_bytes or plain_ir.chunk_bytes)
+        fused_ir = faster_allocation(alg, topo, fused_ir, sizes=sizes, scheduler=scheduler, fuse=True)
+    if not fused_ir.stats.get("fused"):
+        keep, t_plain, t_fused = plain_ir, None, None
+    else:
+        t_plain = [r.time_s for r in simulate_sizes(plain_ir, topo, sizes)]
+        t_fused = [r.time_s for r in simulate_sizes(fused_ir, topo, sizes)]
+        keep = fused_ir if all(f <= p for f, p in zip(t_fused, t_plain)) else plain_ir
+    keep.stats.update({"fusion_kept": keep is fused_ir,
+                       "fusion_plain_s": sum(t_plain) if t_plain else -1.0,
+                       "fusion_fused_s": sum(t_fused) if t_fused else -1.0})
     return keep
 
 

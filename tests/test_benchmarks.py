@@ -3,6 +3,7 @@ communicator_latency.py also runs here, small and marked slow)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -114,3 +115,16 @@ def test_communicator_latency_benchmark_prints_its_table():
     rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
     assert rows[0] == ["bytes", "comm", "us", "runner", "us", "ratio"]
     assert len(rows) == 2 and rows[1][0] == "4096" and float(rows[1][1]) > 0 and float(rows[1][2]) > 0
+
+
+def test_fusion_benchmark_rows(capsys):
+    """benchmarks/fusion.py: side-by-side rows; fusion never adds HBM traffic and saves some on a
+    ring broadcast (every forward fused)."""
+    fb = _load("fusion")
+    assert fb.main(["--only", "ring_broadcast_8", "--sizes", "1M", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["program"] == "ring_broadcast_8" for r in rows)
+    for r in rows:
+        plain, fused = r["hbm_per_byte"]
+        assert r["fused"] > 0 and fused < plain
+        assert len(r["busbw"]) == 1 and r["auto"] in ("fused", "unfused")

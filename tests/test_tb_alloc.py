@@ -133,18 +133,18 @@ def _tb_of_low(ir, low):
     p = ir.prims
     tb_of_end = {}
     for i in range(ir.nprims):
-        r = int(p["rank"][i])
+        r, ch = int(p["rank"][i]), int(p["channel"][i])
         for peer, d in ((int(p["send_peer"][i]), "s"), (int(p["recv_peer"][i]), "r")):
             if peer >= 0:
-                tb_of_end[(r, peer, d)] = int(p["tb"][i])
+                tb_of_end[(r, peer, d, ch)] = int(p["tb"][i])
     c = low.cols
     out = np.zeros(low.nprims, np.int64)
     for i in range(low.nprims):
-        r = int(c["rank"][i])
+        r, ch = int(c["rank"][i]), int(c["channel"][i])
         if c["recv_peer"][i] >= 0:
-            out[i] = tb_of_end[(r, int(c["recv_peer"][i]), "r")]
+            out[i] = tb_of_end[(r, int(c["recv_peer"][i]), "r", ch)]
         elif c["send_peer"][i] >= 0:
-            out[i] = tb_of_end[(r, int(c["send_peer"][i]), "s")]
+            out[i] = tb_of_end[(r, int(c["send_peer"][i]), "s", ch)]
     return out
 
 

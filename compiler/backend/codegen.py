@@ -169,7 +169,7 @@ def analyse(ir: ProgramIR) -> Columns:
 
 
 # ---------------------------------------------------------------------------- primitive lines
-def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
+def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[bytes, np.ndarray]:
     """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
 
     Hot path (millions of rows): the lines are assembled column by column
@@ -180,7 +180,9 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
         HCCC_P(seq, OP, sconn, spos, rconn, rpos, SRCBUF, soff, DSTBUF, doff, cnt, chunk, post, task);  // sp P[, task T[+T2]][, from rX][, to rY]
 
     and with them ``{ const int w[] = {S1, S2}; HCCC_PW(..., task, nwaits, w); }`` with the same
-    comment followed by ``, after progress S1, S2``.
+    comment followed by ``, after progress S1, S2``. Primitives with direct-mode fields (``dx``,
+    :func:`hccc.compiler.backend.direct_fields.direct_fields`) use ``HCCC_PX`` / ``HCCC_PWX``,
+    which take ``direct, dpeer, PBUF, poff, pbase`` last, and their comment ends with ``, direct``.
     """
     p = ir.prims
     n = ir.nprims
@@ -190,7 +192,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
     has_deps[col.dep_owner] = True
-    v = pd_columns(ir, col)
+    v = pd_columns(ir, col, dx)
     # the awaited slots of each waiting primitive, as text "3, 7" (one blob, a range per primitive)
     dep_start = np.zeros(n, np.int64)
     dep_len = np.zeros(n, np.int64)
@@ -203,9 +205,10 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
         dep_start[col.dep_owner] = off[first]
         dep_len[col.dep_owner] = off[last + 1] - 2 - off[first]
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
+    has_x = dx["direct"] != 0 if dx is not None else np.zeros(n, bool)
     rt = RowText(n)
     rt.text("  { const int w[] = {", has_deps).blob(blob, dep_start, dep_len, has_deps)
-    rt.text("}; HCCC_PW(", has_deps).text("  HCCC_P(", ~has_deps)
+    rt.text("}; HCCC_PW", has_deps).text("  HCCC_P", ~has_deps).text("X", has_x).text("(")
     rt.int(v["seq"]).text(", ").choice(op, _OP_NAMES)
     for k in ("sconn", "spos", "rconn", "rpos"):
         rt.text(", ").int(v[k])
@@ -213,7 +216,12 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     rt.text(", ").choice(p["dst_buf"], _BUF_NAMES)
     for k in ("doff", "cnt", "chunk", "post", "task"):
         rt.text(", ").int(v[k])
-    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w); }", has_deps).text(");", ~has_deps)
+    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w", has_deps)
+    if has_x.any():
+        rt.text(", ", has_x).int(dx["direct"], has_x).text(", ", has_x).int(dx["dpeer"], has_x)
+        rt.text(", ", has_x).choice(dx["pbuf"], _BUF_NAMES, has_x)
+        rt.text(", ", has_x).int(dx["poff"], has_x).text(", ", has_x).int(dx["pbase"], has_x)
+    rt.text("); }", has_deps).text(");", ~has_deps)
     rt.text("  // sp ").int(p["pipeline"])
     t_here = v["task"] >= 0
     rt.text(", task ", t_here).int(v["task"], t_here)
@@ -222,6 +230,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     rt.text(", from r", recvs).int(p["recv_peer"], recvs)
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
+    rt.text(", direct", has_x)
     return rt.render("\n")
 
 
@@ -299,7 +308,7 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
-             extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
+             extra_files: tuple[str, ...] = (), direct: str = "auto") -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
@@ -309,8 +318,11 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
     that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
     ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
-    replaces only those) lists them too.
+    replaces only those) lists them too. ``direct``: ``auto`` emits the receives
+    :mod:`hccc.compiler.ir.direct` proves safe (and their sends) in direct mode, ``off`` none
+    (:mod:`hccc.compiler.backend.direct_fields`).
     """
+    from hccc.compiler.backend.direct_fields import direct_fields
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
     ir, outdir, platforms = prepare_output(ir, outdir, platforms)
@@ -319,8 +331,9 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     written: dict[str, str | bytes] = {}
 
     col = analyse(ir)
+    dx = direct_fields(ir, direct)
     t1 = time.perf_counter()
-    text, line_at = _prim_lines(ir, col)
+    text, line_at = _prim_lines(ir, col, dx)
     t2 = time.perf_counter()
     tm["codegen_analyse"] = t1 - t0
     tm["codegen_lines"] = t2 - t1

@@ -33,10 +33,12 @@ GENERIC_KERNEL = "hccc_table"
 GRID_KERNEL = "hccc_table_grid"
 
 
-def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
-    """One encoded section per rank (``ir`` canonical and structurally checked)."""
+def table_sections(ir: ProgramIR, col=None, direct: str = "auto") -> list[bytes]:
+    """One encoded section per rank (``ir`` canonical and structurally checked); ``direct`` as
+    :func:`hccc.compiler.backend.codegen.generate`'s."""
+    from hccc.compiler.backend.direct_fields import direct_fields
     col = col if col is not None else analyse(ir)
-    v = pd_columns(ir, col)
+    v = pd_columns(ir, col, direct_fields(ir, direct))
     p = ir.prims
     v["pipeline"] = np.asarray(p["pipeline"], np.int64)
     v["channel"] = np.asarray(p["channel"], np.int64)
@@ -86,7 +88,7 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
 
 def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
                    timings: dict | None = None, manifest_extra: dict | None = None,
-                   extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
+                   extra_files: tuple[str, ...] = (), direct: str = "auto") -> list[pathlib.Path]:
     """Write the table-mode output into ``outdir`` (existing, empty); arguments as
     :func:`hccc.compiler.backend.codegen.generate`. Returns the written paths, sorted."""
     tm = timings if timings is not None else {}
@@ -97,7 +99,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     col = analyse(ir)
     t1 = time.perf_counter()
     table_file = f"{name}.table"
-    written: dict[str, str | bytes] = {table_file: tf.encode_file(table_sections(ir, col))}
+    written: dict[str, str | bytes] = {table_file: tf.encode_file(table_sections(ir, col, direct))}
     t2 = time.perf_counter()
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     written.update(render_generic(env, present))
