@@ -33,6 +33,7 @@ class CompileOptions:
     xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
     xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
     codegen: str = "specialized"     # specialized (a kernel per rank) | table (generic kernels + tables)
+    channels: int | None = None      # blocks per thread block; None = auto (passes/channels.py)
 
 
 @dataclass
@@ -150,13 +151,15 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
     if choose_allocation is not None and opts.tb_alloc == "state":
         ir = times.run("tb_alloc choice", choose_allocation, alg, ir)
+    ir = apply_channels(ir, opts, platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None),
+                        declared=alg.header.nchannels)
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm
         from hccc.compiler.interop.msccl_format import XmlLimits
         try:
             _, text = times.run("msccl_xml", lambda: export_algorithm(
-                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=opts.xml_instances,
+                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=xml_instances(opts, ir),
                 chunk_bytes=opts.chunk_bytes, name=ir.name))
             xml = (text, None)
         except CompileError as exc:
@@ -192,10 +195,13 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         extra["topology"] = cluster.manifest_entry()
     notes: list[str] = []
     xml_text = None
+    platforms = platforms_for(ir.nranks, opts.target, topo)
+    if not checked:   # compile_algorithm chose the channels already
+        ir = apply_channels(ir, opts, platforms)
     try:
         if xml is None:
             xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
-                                 instances=opts.xml_instances)
+                                 instances=xml_instances(opts, ir))
         elif xml[1] is not None:
             raise xml[1]
         else:
@@ -206,7 +212,6 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         notes.append("MSCCL XML not written (the kernels are): "
                      + "; ".join(d.message for d in exc.diagnostics[:3])
                      + (" ..." if len(exc.diagnostics) > 3 else ""))
-    platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
         phases: dict[str, float] = {}
         gen = generate_table if opts.codegen == "table" else generate
@@ -218,6 +223,27 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
             xml_path.write_text(xml_text, encoding="utf-8")
             files = sorted([*files, xml_path])
     return ir, files, notes
+
+
+def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1):
+    """``ir`` with the channel count ``opts.channels`` asks for on ``platforms`` (per-rank tuples
+    as :func:`platforms_for` gives, or names), :func:`hccc.compiler.passes.channels.resolve_channels`;
+    ``declared``: the algorithm's own request (the ``.rccl`` header's nChannels), taken by ``auto``
+    for GPU code. A count that cannot run is a :class:`CompileError`."""
+    from hccc.compiler.passes.channels import ChannelError, resolve_channels, with_channels
+    names = [p[0] if isinstance(p, tuple) else p for p in platforms]
+    try:
+        k = resolve_channels(opts.channels, ir, names, declared=declared)
+    except ChannelError as exc:
+        raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
+    return with_channels(ir, k)
+
+
+def xml_instances(opts: CompileOptions, ir) -> int:
+    """MSCCL XML instances of a program with ``ir.nchannels`` channels: ``--xml-instances`` x the
+    channels (an MSCCL instance is what an hccc channel is: a copy of every thread block on
+    channels of its own moving its share of every chunk; the XML's ``nchannels`` counts them)."""
+    return max(1, int(opts.xml_instances)) * max(1, int(getattr(ir, "nchannels", 1) or 1))
 
 
 IR_SUFFIXES = (".json",)

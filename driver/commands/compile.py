@@ -109,7 +109,8 @@ def run(args) -> int:
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
           f"TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {plural(len(files), 'file')} in {printable(str(args.output))}")
+          f"in total), {plural(int(ir.nchannels), 'channel')} (blocks per TB); "
+          f"{plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
         from hccc.compiler.pipeline import platforms_for
         runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]

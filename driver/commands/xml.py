@@ -56,11 +56,13 @@ def run(args) -> int:
         from hccc.compiler.passes.verify import verify
         alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
         verify(alg)
-        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, instances=args.instances,
+        # each channel is an MSCCL instance (hccc.compiler.pipeline.xml_instances)
+        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, instances=args.instances * (opts.channels or 1),
                                     chunk_bytes=args.chunk_size)
     else:
         ir = load_program(args.algo, opts)
-        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=args.instances)
+        k = opts.channels or max(1, int(ir.nchannels))
+        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=args.instances * k)
     if args.output == "-":
         sys.stdout.write(text)
         return 0
