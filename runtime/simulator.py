@@ -53,7 +53,7 @@ from hccc.compiler.cluster.topology import Topology
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
                         lower_bound, prepare, resource_bytes)
 
 NSLOTS = 8
@@ -186,10 +186,10 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
     return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
             float(geo.element_bytes), int(rec_lim),
             prog.tb_ptr, prog.p_flags, prog.p_sconn, prog.p_rconn, prog.p_spos, prog.p_rpos,
-            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_link,
+            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_route,
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
-            prog.link_res_ptr, prog.link_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
+            prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
             int(prog.K))
 
 
@@ -236,7 +236,8 @@ def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
 def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
              record: bool | int = False, nslots: int = NSLOTS,
-             max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None) -> SimResult:
+             max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
+             block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -244,10 +245,11 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     the program's slot capacity ``chunk_bytes``; ``"auto"`` picks it from the size.
     ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
-    past it the call fails fast with advice instead of running for hours.
+    past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
+    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
     # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
@@ -286,11 +288,12 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
 
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
-                   slice_bytes: int | str | None = "auto", **kw) -> list[SimResult]:
+                   slice_bytes: int | str | None = "auto", block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+                   **kw) -> list[SimResult]:
     """:func:`simulate` for every size, preparing the program once. Unlike :func:`simulate`, the
     slice follows each size by default (``slice_bytes="auto"``, the policy ``hccc sim`` uses);
     pass ``slice_bytes=None`` for the program's slot capacity at every size."""
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     return [simulate(prog, topo, s, slice_bytes=slice_bytes, **kw) for s in sizes]
 
 

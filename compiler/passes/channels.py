@@ -37,6 +37,9 @@ NOMINAL_SMS = {"cuda": 132, "hip": 104}
 #: resident threads per multiprocessor (H100: 2048; MI200 CU: 32 waves of 64)
 THREADS_PER_SM = {"cuda": 2048, "hip": 2048}
 WARP = {"cuda": 32, "hip": 64}
+#: GB/s one block moves through the FIFO protocol: ~8 KiB in flight per SM over ~0.4 us of memory
+#: latency (Little's law), the simulator's per-block limit (``hccc sim --block-bw``)
+DEFAULT_BLOCK_GBPS = 20.0
 #: the most channels ``auto`` picks
 AUTO_MAX = 8
 #: the least bytes of a full slice ``auto`` gives one channel
@@ -141,4 +144,4 @@ def with_channels(ir: ProgramIR, k: int) -> ProgramIR:
 
 
 __all__ = ["ChannelError", "parse_channels", "auto_channels", "resolve_channels", "max_blocks_per_rank",
-           "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART"]
+           "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART", "DEFAULT_BLOCK_GBPS"]
