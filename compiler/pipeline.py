@@ -159,16 +159,19 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
         from hccc.compiler.interop.msccl_format import XmlLimits
         try:
             _, text = times.run("msccl_xml", lambda: export_algorithm(
-                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=xml_instances(opts, ir),
+                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
+                instances=xml_instances(opts, alg.header.nchannels),
                 chunk_bytes=opts.chunk_bytes, name=ir.name))
             xml = (text, None)
         except CompileError as exc:
             xml = (None, exc)
-    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml)
+    return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml,
+                           declared=alg.header.nchannels)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
-                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None):
+                    cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None,
+                    declared: int | None = None):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
@@ -177,6 +180,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     ``checked``: the caller already checked the program against ``cluster``; otherwise every
     connection of the IR must be a link of the cluster. ``xml``: the export already made by the
     caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
+    ``declared``: the channel count the algorithm declares (default: the program's own), for the
+    XML's instances (:func:`xml_instances`).
     """
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.backend.table_codegen import generate_table
@@ -196,12 +201,14 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     notes: list[str] = []
     xml_text = None
     platforms = platforms_for(ir.nranks, opts.target, topo)
+    if declared is None:
+        declared = int(ir.nchannels)      # a given program's own count (before auto)
     if not checked:   # compile_algorithm chose the channels already
         ir = apply_channels(ir, opts, platforms)
     try:
         if xml is None:
             xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
-                                 instances=xml_instances(opts, ir))
+                                 instances=xml_instances(opts, declared))
         elif xml[1] is not None:
             raise xml[1]
         else:
@@ -239,11 +246,14 @@ def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1):
     return with_channels(ir, k)
 
 
-def xml_instances(opts: CompileOptions, ir) -> int:
-    """MSCCL XML instances of a program with ``ir.nchannels`` channels: ``--xml-instances`` x the
-    channels (an MSCCL instance is what an hccc channel is: a copy of every thread block on
-    channels of its own moving its share of every chunk; the XML's ``nchannels`` counts them)."""
-    return max(1, int(opts.xml_instances)) * max(1, int(getattr(ir, "nchannels", 1) or 1))
+def xml_instances(opts: CompileOptions, declared: int = 1) -> int:
+    """MSCCL XML instances: ``--xml-instances`` x the channels asked for (``--channels K``) or, with
+    ``auto``, declared by the program (the ``.rccl`` nChannels, a ProgramIR's ``nchannels``). An
+    MSCCL instance is what an hccc channel is: a copy of every thread block on channels of its
+    own, moving its share of every chunk (the XML's ``nchannels`` counts them). The hardware rule
+    of ``auto`` applies to hccc's kernels only: an MSCCL runtime picks its own parallelism."""
+    k = opts.channels if opts.channels is not None else max(1, int(declared))
+    return max(1, int(opts.xml_instances)) * int(k)
 
 
 IR_SUFFIXES = (".json",)

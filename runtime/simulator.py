@@ -305,7 +305,7 @@ ALLOCATION_SIZES = (1 << 20, 64 << 20)
 
 def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *, sizes=ALLOCATION_SIZES,
                       scheduler: str = "hpds", chunk_bytes: int = DEFAULT_SLOT_BYTES,
-                      fuse: bool = False) -> ProgramIR:
+                      fuse: bool = False, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
     """State-based TB allocation that never costs time on ``topo``: sharing a TB between units
     whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
@@ -313,7 +313,7 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_kept"]``,
     ``tb_alloc_state_s``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology``
     record the comparison (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for ("state") and
-    ``ntbs`` are those of the kept allocation."""
+    ``ntbs`` are those of the kept allocation. ``block_gbps``: the simulator's per-block limit."""
     from hccc.compiler.passes.build import build_program
 
     ir = state_ir if state_ir is not None else build_program(
@@ -322,8 +322,8 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     if st.get("tbs_state_based") == st.get("tbs_connection_based"):
         return ir                      # nothing shared: the two allocations are the same
     conn = build_program(alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse)
-    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes))
-    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes))
+    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes, block_gbps=block_gbps))
+    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes, block_gbps=block_gbps))
     keep = ir if t_state <= t_conn else conn
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
@@ -337,7 +337,7 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
                         tb_alloc: str | None = None, chunk_bytes: int = DEFAULT_SLOT_BYTES,
                         fuse: bool = False, topology: Topology | None = None,
-                        sizes=ALLOCATION_SIZES) -> ProgramIR:
+                        sizes=ALLOCATION_SIZES, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
     """The ProgramIR each execution mode runs; ``chunk_bytes`` is its FIFO slot capacity (the
     largest slice a call may use: simulate with ``slice_bytes="auto"`` to follow the size).
 
@@ -354,7 +354,8 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
         ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
                            chunk_bytes=chunk_bytes, fuse=fuse)
         if topology is not None and (tb_alloc or "state") == "state":
-            ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse)
+            ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse,
+                                   block_gbps=block_gbps)
         return ir
     if execution == "algorithm":
         return build_algorithm_level(alg, tb_alloc=tb_alloc or "connection", chunk_bytes=chunk_bytes)
