@@ -292,7 +292,7 @@ class ProgramIR:
                 raise IRFormatError(f"{where}: '{key}' has values outside {lo}..{hi}", *at(key))
             return np.asarray(col, dtype=np.int64)
 
-        if isinstance(d, dict) and d.get("schema") in OLD_SCHEMAS:
+        if isinstance(d, dict) and isinstance(d.get("schema"), str) and d["schema"] in OLD_SCHEMAS:
             old = d["schema"]
             raise IRFormatError(f"ProgramIR schema '{old}' is older than this hccc's '{SCHEMA}' "
                                 f"({OLD_SCHEMAS[old]}): regenerate the file from its algorithm with "

@@ -84,10 +84,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="fixed micro-batch slice and FIFO slot size for every size (default: slots of 1M, "
                         "or a given IR's own, and a slice chosen per size)")
     p.add_argument("--channels", type=channels_arg, default=None, metavar="K|auto",
-                   help="blocks per thread block (default auto: the .rccl nChannels or a given IR's own, "
+                   help="blocks per thread block (default: auto, i.e. the .rccl nChannels or a given IR's own, "
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
-                   help=f"GB/s one block moves (per-block limit; default {DEFAULT_BLOCK_GBPS:g}; 0: none)")
+                   help=f"GB/s one block moves, the per-block limit (default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
     p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements)")
     p.add_argument("-o", "--op", choices=("sum", "max", "min"), default="sum",
