@@ -254,3 +254,61 @@ def _ring_text(n: int) -> str:
         for r in range(n):
             lines.append(f"    transfer({r}, {(r + 1) % n}, {n - 1 + k}, {(r + 1 - k) % n}, recv)")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- one rank per process
+@pytest.fixture(scope="module")
+def pool3(tmp_path_factory):
+    from test_communicator import _require_torch
+    _require_torch()
+    from rank_pool import RankPool
+    p = RankPool(3, tmp_path_factory.mktemp("stores"))
+    yield p
+    p.close()
+
+
+@needs_gxx
+def test_communicator_runs_several_channels_in_separate_processes(pool3):
+    """Each rank in its own process (FIFOs and counters of every channel in POSIX shared memory,
+    connected through the manifest's replicated tables): uneven counts, several micro-batches."""
+    from test_communicator import run
+    ir = with_channels(build_program(gen.ring_allreduce(3, [0, 2, 1]), chunk_bytes=64), 3)
+    for count in (1000 + 2, 37):
+        run(pool3, ir, count, "float32", "sum", seed=count)
+
+
+# ---------------------------------------------------------------------------- nvcc / hipcc
+ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_INT32=0", "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
+
+
+def _compile_channels(tmp_path, platform, cmd):
+    """A 3-channel program with cross-TB dependencies: every rank source and the one-grid entry in
+    one unit, and the table mode's generic kernels, without a warning."""
+    from hccc.compiler.backend.table_codegen import generate_table
+    ir = with_channels(build_program(gen.hm_allreduce(2, 2), chunk_bytes=4096), 3)
+    ext = "cu" if platform == "cuda" else "hip"
+    spec, table = tmp_path / "spec", tmp_path / "table"
+    spec.mkdir()
+    table.mkdir()
+    generate(ir, spec, platforms=[platform] * ir.nranks)
+    man = json.loads((spec / "manifest.json").read_text())
+    tu = spec / f"all.{ext}"
+    tu.write_text("".join(f'#include "{e["source"]}"\n' for e in man["ranks"])
+                  + f'#include "{man["grid"][platform]["source"]}"\n')
+    generate_table(ir, table, platforms=[platform] * ir.nranks)
+    for d, src in ((spec, tu), (table, table / f"hccc_table.{ext}")):
+        res = subprocess.run(cmd + ["-I", str(d), "-c", str(src), "-o", str(tmp_path / "o.o")],
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr[-4000:]
+        assert "warning" not in res.stderr.lower(), res.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_channels_compile_nvcc(tmp_path, nvcc):
+    _compile_channels(tmp_path, "cuda", [nvcc, "-std=c++17", "-arch=sm_90", *ONE_INSTANCE])
+
+
+@pytest.mark.slow
+def test_channels_compile_hipcc(tmp_path, hipcc, monkeypatch):
+    monkeypatch.setenv("HIP_PLATFORM", "amd")
+    _compile_channels(tmp_path, "hip", [hipcc, "-std=c++17", "--offload-arch=gfx90a", "-Wall", *ONE_INSTANCE])
