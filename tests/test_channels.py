@@ -203,7 +203,7 @@ def test_manifest_grid_and_sources_count_every_channel(tmp_path):
     generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)
     man = json.loads((tmp_path / "manifest.json").read_text())
     ntbs = [int(t) for t in ir.ntbs]
-    assert man["nchannels"] == 3
+    assert man["nchannels"] == 3 and man["stats"]["blocks_per_rank_max"] == 3 * max(ntbs)
     assert [e["blocks"] for e in man["ranks"]] == [3 * t for t in ntbs]
     assert man["grid"]["cuda"]["blocks"] == 3 * sum(ntbs)
     src = (tmp_path / f"{ir.name}_r0.cu").read_text()
@@ -237,6 +237,9 @@ def test_command_line_channels(tmp_path):
     assert json.loads(p.stdout)["ok"] is True
     p = _hccc("run", alg, "--channels", "2", "--bytes", "12004", "--inplace")
     assert p.returncode == 0, p.stderr
+    p = _hccc("fuzz", alg, "--channels", "2", "--examples", "3", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["channels"] == 2 and json.loads(p.stdout)["ok"] is True
     for bad in ("0", "many"):
         p = _hccc(alg, "-o", tmp_path / "bad", "--channels", bad)
         assert p.returncode == 2 and "--channels" in p.stderr and "Traceback" not in p.stderr

@@ -475,6 +475,8 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     stats.setdefault("tbs_connection_based",
                      int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
     stats.setdefault("primitives", int(ir.nprims))
+    # a rank's launch: channels x its thread blocks (all resident at once)
+    stats["blocks_per_rank_max"] = channel_count(ir) * int(max(ntbs, default=0))
     return _jsonable(stats)
 
 
