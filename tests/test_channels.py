@@ -68,14 +68,16 @@ def test_parts_tile_the_slice_window_at_granules_as_evenly_as_they_allow(slice_e
 @given(data=st.data())
 def test_random_programs_with_several_channels_match_the_oracle(collective, data):
     """Random valid programs, K in {2, 3}: uneven counts, every dtype / op, in place and out of
-    place (kernel_cases), through the one grid and through a kernel per rank."""
+    place (kernel_cases), through the one grid and through a kernel per rank, specialised and
+    table kernels. A run that completes is also the deadlock check."""
     alg = data.draw(valid_programs(collective, max_ranks=5), label="program")
     ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 128, 256]), label="chunk_bytes"))
     ir = with_channels(ir, data.draw(st.sampled_from([2, 3]), label="channels"))
     case = data.draw(kernel_cases(ir, max_microbatches=10), label="case")
     one_grid = data.draw(st.booleans(), label="one_grid")
-    res = run_case(ir, case, one_grid=one_grid)
-    assert res.ok, f"{alg.header.name}, {ir.nchannels} channels: " + describe_failure(case, res)
+    codegen = data.draw(st.sampled_from(["specialized", "table"]), label="codegen")
+    res = run_case(ir, case, one_grid=one_grid, codegen=codegen)
+    assert res.ok, f"{alg.header.name}, {ir.nchannels} channels, {codegen}: " + describe_failure(case, res)
 
 
 @needs_gxx
