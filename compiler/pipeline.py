@@ -232,15 +232,16 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     return ir, files, notes
 
 
-def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1):
+def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1, ranks_per_device: int = 1):
     """``ir`` with the channel count ``opts.channels`` asks for on ``platforms`` (per-rank tuples
     as :func:`platforms_for` gives, or names), :func:`hccc.compiler.passes.channels.resolve_channels`;
     ``declared``: the algorithm's own request (the ``.rccl`` header's nChannels), taken by ``auto``
-    for GPU code. A count that cannot run is a :class:`CompileError`."""
+    for GPU code; ``ranks_per_device``: ranks sharing one device. A count that cannot run is a
+    :class:`CompileError`."""
     from hccc.compiler.passes.channels import ChannelError, resolve_channels, with_channels
     names = [p[0] if isinstance(p, tuple) else p for p in platforms]
     try:
-        k = resolve_channels(opts.channels, ir, names, declared=declared)
+        k = resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device)
     except ChannelError as exc:
         raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
     return with_channels(ir, k)

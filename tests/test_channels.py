@@ -196,6 +196,12 @@ def test_auto_rule_and_block_limit():
         resolve_channels(fit + 1, ir, ["cuda"], sms=3)
     assert resolve_channels(fit, ir, ["cuda"], sms=3) == fit
     assert resolve_channels(fit + 1, ir, ["cpu"], sms=3) == fit + 1      # checked at launch there
+    # ranks sharing a device share its SMs (hccc run's single-GPU test mode)
+    assert max_blocks_per_rank(ir, "cuda", ranks_per_device=8) == max_blocks_per_rank(ir, "cuda") // 8
+    assert auto_channels(ir, "cuda", ranks_per_device=8) == max(1, min(8, 132 // (4 * T * 8), 64))
+    with pytest.raises(ChannelError, match="shared by 8 ranks"):
+        resolve_channels(max_blocks_per_rank(ir, "cuda", ranks_per_device=8) // T + 1, ir, ["cuda"],
+                         ranks_per_device=8)
     assert max_blocks_per_rank(ir, "cpu") is None
 
 

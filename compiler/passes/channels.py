@@ -19,7 +19,9 @@ Choosing ``K`` (``--channels``):
     most TBs of a rank, ``SMs`` the device's multiprocessors (nominal: 132 for CUDA, an H100
     SXM; 104 for HIP, an MI210, gfx90a) and ``share`` the largest slice one chunk of a message
     gets (``chunk_bytes / max_cnt``): at most a quarter of the device for the collective, and no
-    channel with less than 16 KiB of a full slice. With several platforms, the smallest.
+    channel with less than 16 KiB of a full slice. With several platforms, the smallest. When
+    several ranks share a device (``hccc run`` in one process counts every rank on one GPU, its
+    test mode), the SMs are divided among them.
 
 A rank's ``K * T`` blocks must all be resident at once (the ranks spin on each other): the count
 is refused past the platform's maximum (:func:`max_blocks_per_rank`: SMs x resident blocks per SM
@@ -77,28 +79,29 @@ def _threads(ir: ProgramIR, platform: str) -> int:
     return max(w, min(1024, int(ir.nwarps) * w))
 
 
-def max_blocks_per_rank(ir: ProgramIR, platform: str, sms: int | None = None) -> int | None:
-    """The most blocks one rank's launch may have on ``platform`` (None: no fixed limit, the CPU
-    emulation checks its thread budget at launch)."""
+def max_blocks_per_rank(ir: ProgramIR, platform: str, sms: int | None = None,
+                        ranks_per_device: int = 1) -> int | None:
+    """The most blocks one rank's launch may have on ``platform`` with ``ranks_per_device`` ranks
+    sharing a device (None: no fixed limit, the CPU emulation checks its thread budget at launch)."""
     if platform not in NOMINAL_SMS:
         return None
     sms = int(sms or NOMINAL_SMS[platform])
-    return sms * max(1, THREADS_PER_SM[platform] // _threads(ir, platform))
+    return sms * max(1, THREADS_PER_SM[platform] // _threads(ir, platform)) // max(1, int(ranks_per_device))
 
 
-def auto_channels(ir: ProgramIR, platform: str, sms: int | None = None) -> int:
+def auto_channels(ir: ProgramIR, platform: str, sms: int | None = None, ranks_per_device: int = 1) -> int:
     """The ``auto`` rule of the module docstring for one platform (ignoring the program's own
     count)."""
     if platform not in NOMINAL_SMS:
         return 1
     sms = int(sms or NOMINAL_SMS[platform])
     share = slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks))
-    k = min(AUTO_MAX, sms // (4 * most_tbs(ir)), share // AUTO_MIN_PART)
+    k = min(AUTO_MAX, sms // (4 * most_tbs(ir) * max(1, int(ranks_per_device))), share // AUTO_MIN_PART)
     return max(1, int(k))
 
 
 def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | None = None,
-                     declared: int = 1) -> int:
+                     declared: int = 1, ranks_per_device: int = 1) -> int:
     """The channel count for ``ir`` running on ``platforms`` (names of :data:`PLATFORMS`, one per
     rank or a set): ``request`` (an integer, or None for ``auto``), checked against every
     platform's block limit (:class:`ChannelError` naming the limit). ``declared``: the
@@ -116,20 +119,22 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
         elif int(declared) > 1:
             k = int(declared)
         else:
-            k = min(auto_channels(ir, p, sms) for p in plats)
+            k = min(auto_channels(ir, p, sms, ranks_per_device) for p in plats)
     else:
         k = int(request)
     if not 1 <= k <= MAX_CHANNELS:
         raise ChannelError(f"{k} channels: must be 1..{MAX_CHANNELS}")
     t = most_tbs(ir)
     for p in plats:
-        cap = max_blocks_per_rank(ir, p, sms)
+        cap = max_blocks_per_rank(ir, p, sms, ranks_per_device)
         if k > 1 and cap is not None and k * t > cap:
+            m = sms or NOMINAL_SMS[p]
+            shared = f", shared by {ranks_per_device} ranks" if ranks_per_device > 1 else ""
             raise ChannelError(
                 f"{k} channels x {t} thread blocks = {k * t} blocks per rank, more than a {p.upper()} "
-                f"device holds at once ({cap}: {sms or NOMINAL_SMS[p]} multiprocessors x "
-                f"{cap // (sms or NOMINAL_SMS[p])} blocks of {_threads(ir, p)} threads); use at most "
-                f"--channels {max(1, cap // t)}")
+                f"device holds at once ({cap}: {m} multiprocessors x "
+                f"{max(1, THREADS_PER_SM[p] // _threads(ir, p))} blocks of {_threads(ir, p)} threads{shared}); "
+                f"use at most --channels {max(1, cap // t)}")
     return k
 
 
