@@ -81,11 +81,12 @@ def test_random_programs_with_several_channels_match_the_oracle(collective, data
 
 
 @needs_gxx
-@pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,k", [("float32", 2), ("float16", 3), ("bfloat16", 2), ("int32", 3),
+                                     ("float32", 1)])
 def test_channels_every_dtype_and_op_uneven_counts(k, dtype):
-    """One program with dependencies across TBs (HM AllReduce), every op, sizes with remainders
-    (empty, one-element and ragged chunks, ragged last slices), in and out of place."""
+    """One program with dependencies across TBs (HM AllReduce), every dtype with 2 or 3 channels
+    (and one channel for comparison), every op, sizes with remainders (empty, one-element and
+    ragged chunks, ragged last slices), in and out of place."""
     from hccc.testing import assert_kernels_match
     ir = with_channels(build_program(gen.hm_allreduce(2, 2), chunk_bytes=128), k)
     assert len(ir.dep_on), "the program must have cross-TB dependencies"
@@ -243,8 +244,6 @@ def test_command_line_channels(tmp_path):
     p = _hccc("run", out, "--bytes", "4K,1000004", "--dtype", "bfloat16", "--op", "max", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["ok"] is True
-    p = _hccc("run", alg, "--channels", "2", "--bytes", "12004", "--inplace")
-    assert p.returncode == 0, p.stderr
     p = _hccc("fuzz", alg, "--channels", "2", "--examples", "3", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["channels"] == 2 and json.loads(p.stdout)["ok"] is True
@@ -279,6 +278,7 @@ def pool3(tmp_path_factory):
 
 
 @needs_gxx
+@pytest.mark.slow     # every process builds its kernels
 def test_communicator_runs_several_channels_in_separate_processes(pool3):
     """Each rank in its own process (FIFOs and counters of every channel in POSIX shared memory,
     connected through the manifest's replicated tables): uneven counts, several micro-batches."""
