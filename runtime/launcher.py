@@ -285,7 +285,9 @@ class RankPlan:
         from hccc.compiler.backend.codegen import channel_stride, replicated_conns
         e = manifest["ranks"][rank]
         nch = max(1, int(manifest.get("nchannels", 1)))
-        stride = channel_stride(manifest["ranks"]) if nch > 1 else 1
+        stride = 1
+        if nch > 1:   # the manifest's own, else computed (one scan of every rank's connections)
+            stride = int(manifest.get("channel_stride") or channel_stride(manifest["ranks"]))
         return cls(rank=rank,
                    recv_conns=tuple(replicated_conns(e["recv_conns"], nch, stride)),
                    send_conns=tuple(replicated_conns(e["send_conns"], nch, stride)),

@@ -213,6 +213,8 @@ def test_manifest_grid_and_sources_count_every_channel(tmp_path):
     man = json.loads((tmp_path / "manifest.json").read_text())
     ntbs = [int(t) for t in ir.ntbs]
     assert man["nchannels"] == 3 and man["stats"]["blocks_per_rank_max"] == 3 * max(ntbs)
+    assert man["channel_stride"] == 1 + max(c for e in man["ranks"] for k in ("send_conns", "recv_conns")
+                                            for _, c in e[k])
     assert [e["blocks"] for e in man["ranks"]] == [3 * t for t in ntbs]
     assert man["grid"]["cuda"]["blocks"] == 3 * sum(ntbs)
     src = (tmp_path / f"{ir.name}_r0.cu").read_text()

@@ -298,6 +298,7 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
         "chunk_bytes": int(prog.chunk_bytes),
         "nslots": NSLOTS,
         "nchannels": channel_count(prog),
+        "channel_stride": channel_stride(ranks),
         "slot_bytes": slot_bytes(int(prog.chunk_bytes), int(prog.max_step_chunks)),
         "nwarps": int(prog.nwarps),
         "npipelines": int(prog.npipelines),
