@@ -149,10 +149,12 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
                    tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
     times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
+    plats = platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None)
+    ir = apply_channels(ir, opts, plats, declared=alg.header.nchannels)
     if choose_allocation is not None and opts.tb_alloc == "state":
+        # compared with the channels chosen above; the kept allocation's TBs are checked again
         ir = times.run("tb_alloc choice", choose_allocation, alg, ir)
-    ir = apply_channels(ir, opts, platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None),
-                        declared=alg.header.nchannels)
+        ir = apply_channels(ir, CompileOptions(channels=ir.nchannels), plats)
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm

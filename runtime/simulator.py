@@ -322,6 +322,7 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     if st.get("tbs_state_based") == st.get("tbs_connection_based"):
         return ir                      # nothing shared: the two allocations are the same
     conn = build_program(alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse)
+    conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
     t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes, block_gbps=block_gbps))
     t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes, block_gbps=block_gbps))
     keep = ir if t_state <= t_conn else conn
