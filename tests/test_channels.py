@@ -71,7 +71,8 @@ def test_random_programs_with_several_channels_match_the_oracle(collective, data
     place (kernel_cases), through the one grid and through a kernel per rank, specialised and
     table kernels. A run that completes is also the deadlock check."""
     alg = data.draw(valid_programs(collective, max_ranks=5), label="program")
-    ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 128, 256]), label="chunk_bytes"))
+    ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 128, 256]), label="chunk_bytes"),
+                       fuse=data.draw(st.booleans(), label="fuse"))     # fused receive-and-forward too
     ir = with_channels(ir, data.draw(st.sampled_from([2, 3]), label="channels"))
     case = data.draw(kernel_cases(ir, max_microbatches=10), label="case")
     one_grid = data.draw(st.booleans(), label="one_grid")
@@ -92,6 +93,17 @@ def test_channels_every_dtype_and_op_uneven_counts(k, dtype):
     assert len(ir.dep_on), "the program must have cross-TB dependencies"
     assert_kernels_match(ir, dtypes=[dtype], ops=OPS, counts=[0, 1, 5, 4 * 24 + 3, 4 * 96 * 3 + 7],
                          nthreads=2)
+
+
+@needs_gxx
+@pytest.mark.parametrize("make,k", [(lambda: gen.ring_broadcast(4, 1), 3), (lambda: gen.ring_reduce(4, 2), 2),
+                                    (lambda: gen.hm_allreduce(2, 2), 3)])
+def test_fused_primitives_with_channels_match_the_oracle(make, k):
+    """Receive-and-forward primitives (recvCopySend, recvReduceSend, ...) split across channels."""
+    from hccc.testing import assert_kernels_match
+    ir = with_channels(build_program(make(), chunk_bytes=64, fuse=True), k)
+    assert np.isin(ir.prims["op"], [3, 4, 5]).any()
+    assert_kernels_match(ir, dtypes=["float16"], ops=["max"], counts=[3, 4 * 32 * 3 + 5], nthreads=2)
 
 
 @needs_gxx
