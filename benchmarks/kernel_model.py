@@ -9,9 +9,10 @@ ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
 - HBM bytes per payload byte: every byte the kernels read or write in HBM (FIFO slots included),
   summed over the ranks, per byte of the collective's full buffer S.
 - Fused rows: the same program lowered with receive-and-forward fusion (``--fuse``: fused traffic
-  on channels and TBs of its own, one per connection pair), as built.
-- Blocks per connection: 1 in the kernels as built; K in the channel rows (a model: channels are
-  not implemented yet, each of K blocks would move 1/K of a connection's data).
+  on logical connections and TBs of its own, one per connection pair), as built.
+- Blocks per connection: 1 with one channel; K with ``--channels K`` (the kernels as built: each of
+  K blocks moves 1/K of every slice, and every one of them posts every message, so a block's loads
+  drop K-fold while its messages and their sync do not).
 - Per-block rate (Little's law): bytes of loads in flight per block / memory latency. v1 (the
   protocol before this work): one 16-byte load in flight per thread; v2 (as built): HCCC_LOADS = 8
   independent 16-byte loads per thread. A TB needing R bytes of loads takes R / rate.
@@ -22,9 +23,9 @@ Bounds, all ranks on one GPU (what benchmarks/gpu_busbw.py measures): time >= HB
 bandwidth, and >= the slowest TB's (loads / per-block rate + messages x sync). busbw = S / time x
 the collective's busbw factor. Direct rows: the sender writes the peer's destination for the
 receives :mod:`hccc.compiler.ir.direct` proves safe (``--direct auto``, the default, in
-single-process launches). Rows marked "model" are designs the kernels do not implement (K
-channels); the others are the kernels as
-they were (v1) and are (v2). No GPU is needed; every number is derived from the parameters shown.
+single-process launches). Every row is the kernels as they were (v1) or are (v2, with one channel
+or K, fused or not, direct or not); no row is marked "model" today (the column stays for designs
+not built). No GPU is needed; every number is derived from the parameters shown.
 """
 from __future__ import annotations
 
@@ -65,10 +66,10 @@ def designs(channels: int):
     return [("v1 (before)", 1, 1, False, "v1", False, False),
             ("v2 (as built)", LOADS_V2, 1, False, "v2", False, False),
             ("v2 + fused", LOADS_V2, 1, False, "v2", False, True),
-            (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", True, False),
+            (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", False, False),
             ("v2 + direct", LOADS_V2, 1, True, "v2", False, False),
             ("v2 + fused + direct", LOADS_V2, 1, True, "v2", False, True),
-            (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", True, False)]
+            (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", False, False)]
 
 
 def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
@@ -101,7 +102,8 @@ def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
         tr = traffic(prog, nbytes, es, direct=direct)
         rate = THREADS * 16 * loads / (latency_ns * 1e-9)            # bytes/s per block
         t_hbm = tr.hbm / (hbm_gbs * 1e9)
-        t_tb = max((tr.per_tb_reads[key] / (rate * k)) + msgs[key] / k * SYNC_US[sync] * 1e-6
+        # each of a TB's k blocks loads 1/k of its bytes and posts every one of its messages
+        t_tb = max((tr.per_tb_reads[key] / (rate * k)) + msgs[key] * SYNC_US[sync] * 1e-6
                    for key in tr.per_tb_reads)
         t = max(t_hbm, t_tb)
         rows.append({

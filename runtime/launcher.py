@@ -266,7 +266,12 @@ class RankPlan:
 
     Sends nobody receives go to a FIFO of the sender's own (:attr:`orphan_bytes`: a 16-byte
     header holding its ``tail``, then the slots). Counters and orphan headers must be zero at
-    launch (:meth:`RankMemory.reset`)."""
+    launch (:meth:`RankMemory.reset`).
+
+    Channels (manifest ``nchannels`` = K): the connections and progress counters here are every
+    channel's, the manifest's one-channel lists K times (channel ``c``'s copy names its channel
+    ``channel + c * stride``, :func:`~hccc.compiler.backend.codegen.replicated_conns`), in the
+    order the kernels index them."""
 
     rank: int
     recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
@@ -277,11 +282,16 @@ class RankPlan:
 
     @classmethod
     def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
+        from hccc.compiler.backend.codegen import channel_stride, replicated_conns
         e = manifest["ranks"][rank]
+        nch = max(1, int(manifest.get("nchannels", 1)))
+        stride = 1
+        if nch > 1:   # the manifest's own, else computed (one scan of every rank's connections)
+            stride = int(manifest.get("channel_stride") or channel_stride(manifest["ranks"]))
         return cls(rank=rank,
-                   recv_conns=tuple((int(p), int(c)) for p, c in e["recv_conns"]),
-                   send_conns=tuple((int(p), int(c)) for p, c in e["send_conns"]),
-                   progress_slots=int(e["progress_slots"]),
+                   recv_conns=tuple(replicated_conns(e["recv_conns"], nch, stride)),
+                   send_conns=tuple(replicated_conns(e["send_conns"], nch, stride)),
+                   progress_slots=nch * int(e["progress_slots"]),
                    nslots=int(manifest["nslots"]),
                    slot_bytes=int(manifest.get("slot_bytes", manifest["chunk_bytes"])))
 
@@ -333,6 +343,11 @@ class RankPlan:
     def peers(self) -> set[int]:
         """Ranks whose memory this rank's connection tables point into."""
         return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
+
+
+def rank_blocks(manifest: dict, entry: dict) -> int:
+    """Blocks of a rank's launch: ``nchannels`` x its thread blocks (manifest ``blocks``)."""
+    return int(entry.get("blocks", max(1, int(manifest.get("nchannels", 1))) * int(entry["tbs"])))
 
 
 class RankMemory:
@@ -595,7 +610,8 @@ class Runner:
         ranks = man["ranks"]
         if [e["platform"] for e in ranks] != self.rank_platform:
             raise PlatformError("generated manifest disagrees with the rank platforms")
-        self.grid = [int(e["tbs"]) for e in ranks]
+        #: blocks per rank: channels x thread blocks
+        self.grid = [rank_blocks(man, e) for e in ranks]
         self.library_ranks = self._ranks_of()
         self.block_of: dict[str, int] = {}
         for p, pf in self.platforms.items():

@@ -128,3 +128,13 @@ def test_fusion_benchmark_rows(capsys):
         plain, fused = r["hbm_per_byte"]
         assert r["fused"] > 0 and fused < plain
         assert len(r["busbw"]) == 1 and r["auto"] in ("fused", "unfused")
+
+
+def test_channels_benchmark_rises_with_channels_to_the_link_model():
+    ch = _load("channels")
+    rows = ch.run(["ring_allreduce_8:a100_topo1"], [64 << 20], [1, 2, 4], 20.0)
+    bw = [r["busbw"][str(64 << 20)] for r in rows]
+    link = rows[0]["link_model_busbw"][str(64 << 20)]
+    assert [r["channels"] for r in rows] == [1, 2, 4]
+    assert bw[0] < bw[1] <= bw[2] * (1 + 1e-9) and bw[2] == pytest.approx(link, rel=1e-9)
+    assert bw[0] == pytest.approx(20.0, rel=0.01)      # one block per connection: the block rate

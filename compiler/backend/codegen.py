@@ -57,6 +57,29 @@ def slot_bytes(chunk_bytes: int, max_step_chunks: int) -> int:
     return regions * (slot_share_bytes(chunk_bytes, regions) + SLOT_OVERHEAD)
 
 
+def channel_count(ir: ProgramIR) -> int:
+    """Blocks per thread block (ProgramIR ``nchannels``, at least 1). The manifest's connection
+    lists and ``progress_slots`` are one channel's; a rank's kernel argument holds ``nchannels``
+    copies of each, channel ``c``'s ``c``-th (see hccc_prims.h), and its grid ``blocks`` =
+    ``nchannels * tbs``."""
+    return max(1, int(getattr(ir, "nchannels", 1) or 1))
+
+
+def channel_stride(rank_entries) -> int:
+    """1 + the largest ``channel`` of any connection of the manifest's ``rank_entries``: the
+    stride of the channels' connections in :func:`replicated_conns`."""
+    return 1 + max((int(c) for e in rank_entries for key in ("send_conns", "recv_conns")
+                    for _, c in e[key]), default=0)
+
+
+def replicated_conns(conns, nch: int, stride: int) -> list[tuple[int, int]]:
+    """A rank's connections as its kernel argument lays them out with ``nch`` channels: the
+    manifest's one-channel list ``[(peer, channel), ...]`` ``nch`` times, channel ``c``'s copy with
+    ``channel + c * stride`` (``stride``: :func:`channel_stride`), so that sender and receiver name
+    each copy alike (a host pairs the ends by (peer, channel), and the copies stay distinct)."""
+    return [(int(p), int(ch) + c * stride) for c in range(max(1, nch)) for p, ch in conns]
+
+
 def threads_per_tb(nwarps: int, platform: str) -> int:
     """Threads per TB: nwarps * warp size, capped at 1024 (and at least one warp)."""
     return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
@@ -283,6 +306,8 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
                     "scratch": int(prog.scratch_chunks)},
         "chunk_bytes": int(prog.chunk_bytes),
         "nslots": NSLOTS,
+        "nchannels": channel_count(prog),
+        "channel_stride": channel_stride(ranks),
         "slot_bytes": slot_bytes(int(prog.chunk_bytes), int(prog.max_step_chunks)),
         "nwarps": int(prog.nwarps),
         "npipelines": int(prog.npipelines),
@@ -349,6 +374,7 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
     max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
+    nch = channel_count(ir)
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
@@ -373,17 +399,19 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                 **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
-                ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
+                ns=f"hccc_{name}_r{r}", nch=nch, nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
                 max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
-        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
+        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], blocks=nch * ntbs[r], kernel=kernel,
+                                 source=source,
                                  sources=rank_sources,
                                  send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
                                  progress_slots=int(col.nprogress[r])))
 
-    grid = grid_entries(env, ir, platforms, written, common, ntbs, nthreads)
+    # the one-grid entry lays out each rank's blocks: channels x thread blocks
+    grid = grid_entries(env, ir, platforms, written, common, [nch * t for t in ntbs], nthreads)
 
     umb_tpl = env.get_template("common/umbrella.j2")
     umbrella = {}
@@ -461,6 +489,8 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     stats.setdefault("tbs_connection_based",
                      int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
     stats.setdefault("primitives", int(ir.nprims))
+    # a rank's launch: channels x its thread blocks (all resident at once)
+    stats["blocks_per_rank_max"] = channel_count(ir) * int(max(ntbs, default=0))
     return _jsonable(stats)
 
 
@@ -470,18 +500,24 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
     def ints(vals) -> str:
         return ", ".join(str(int(v)) for v in vals)
 
+    # the host works with every channel's connections and counters (see replicated_conns)
+    nch = channel_count(ir)
+    stride = channel_stride(rank_entries)
+    conns = {key: [replicated_conns(e[key], nch, stride) for e in rank_entries]
+             for key in ("send_conns", "recv_conns")}
+
     def pairs(key: str) -> str:
-        return "".join(f"{{ {int(p)}, {int(c)} }}, " for e in rank_entries for p, c in e[key])
+        return "".join(f"{{ {int(p)}, {int(c)} }}, " for lst in conns[key] for p, c in lst)
 
     recv_first, send_first = [0], [0]
-    for e in rank_entries:
-        recv_first.append(recv_first[-1] + len(e["recv_conns"]))
-        send_first.append(send_first[-1] + len(e["send_conns"]))
+    for r in range(len(rank_entries)):
+        recv_first.append(recv_first[-1] + len(conns["recv_conns"][r]))
+        send_first.append(send_first[-1] + len(conns["send_conns"][r]))
     tables = dict(
-        tbs=ints(e["tbs"] for e in rank_entries),
-        progress=ints(e["progress_slots"] for e in rank_entries),
-        nrecv=ints(len(e["recv_conns"]) for e in rank_entries),
-        nsend=ints(len(e["send_conns"]) for e in rank_entries),
+        tbs=ints(e["blocks"] for e in rank_entries),
+        progress=ints(nch * e["progress_slots"] for e in rank_entries),
+        nrecv=ints(len(lst) for lst in conns["recv_conns"]),
+        nsend=ints(len(lst) for lst in conns["send_conns"]),
         recv_first=ints(recv_first), send_first=ints(send_first),
         recv_conns=pairs("recv_conns"), send_conns=pairs("send_conns"),
         in_base=ints(in_base), out_base=ints(out_base),

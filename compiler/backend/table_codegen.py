@@ -18,8 +18,8 @@ import numpy as np
 
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend.codegen import (DTYPES, EXT, HEADERS, NSLOTS, PLATFORMS, REDOPS, VERSION, _template_env,
-                                           analyse, buffer_bases, manifest_text, prepare_output,
-                                           program_stats, threads_per_tb)
+                                           analyse, buffer_bases, channel_count, manifest_text,
+                                           prepare_output, program_stats, threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
 from hccc.compiler.ir.program_ir import ProgramIR
 
@@ -60,7 +60,8 @@ def table_sections(ir: ProgramIR, col=None, direct: str = "auto") -> list[bytes]
         t = tf.RankTable(
             consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
                     "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes),
-                    "max_cnt": max_cnt},
+                    "max_cnt": max_cnt, "nch": channel_count(ir), "nsend": len(col.send_conns[r]),
+                    "nrecv": len(col.recv_conns[r]), "nprog": int(col.nprogress[r])},
             ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
             deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
         out.append(tf.encode_section(t))
@@ -109,7 +110,8 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     for r in range(ir.nranks):
         pl = platforms[r][0]
         rank_entries.append(dict(
-            rank=r, platform=pl, tbs=ntbs[r], kernel=GENERIC_KERNEL, source=GENERIC_SOURCE[pl],
+            rank=r, platform=pl, tbs=ntbs[r], blocks=channel_count(ir) * ntbs[r], kernel=GENERIC_KERNEL,
+            source=GENERIC_SOURCE[pl],
             sources={q: GENERIC_SOURCE[q] for q in platforms[r]},
             send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
             progress_slots=int(col.nprogress[r])))
@@ -125,7 +127,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
         ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
         manifest_extra=manifest_extra, ir=None,
         table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
-        grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=int(sum(ntbs)))
+        grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=channel_count(ir) * int(sum(ntbs)))
               for pl in PLATFORMS if all(pl in pls for pls in platforms)})
     t3 = time.perf_counter()
     paths = []

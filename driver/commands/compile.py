@@ -36,7 +36,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_program_options(p)
     p.add_argument("--fuse", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                    help="fuse a receive with the send that forwards it (recvCopySend, ...; one pass over "
-                        "memory less per forwarded byte; fused traffic runs on channels and TBs of its "
+                        "memory less per forwarded byte; fused traffic runs on logical connections and TBs of its "
                         "own). auto: with --topology, fused where the simulator finds it never "
                         "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
                         "(default: auto)")
@@ -121,7 +121,8 @@ def run(args) -> int:
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
           f"TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {plural(len(files), 'file')} in {printable(str(args.output))}")
+          f"in total), {plural(int(ir.nchannels), 'channel')} (blocks per TB); "
+          f"{plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
         from hccc.compiler.pipeline import platforms_for
         runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]
