@@ -153,9 +153,10 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     plats = platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None)
     ir = apply_channels(ir, opts, plats, declared=alg.header.nchannels)
     if choose_allocation is not None and opts.tb_alloc == "state":
-        # compared with the channels chosen above; the kept allocation's TBs are checked again
+        # compared with the channels chosen above; the kept program's blocks are checked again
+        # (auto resolves again for it: a fused program has more thread blocks per rank)
         ir = times.run("tb_alloc choice", choose_allocation, alg, ir)
-        ir = apply_channels(ir, CompileOptions(channels=ir.nchannels), plats)
+        ir = apply_channels(ir, opts, plats, declared=alg.header.nchannels)
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm

@@ -196,11 +196,12 @@ def _templates_digest() -> str:
 
 
 def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None,
-                      codegen: str = "specialized") -> Path:
+                      codegen: str = "specialized", direct: str = "auto") -> Path:
     """Directory with ``ir``'s emitted sources and manifest, from the cache (keyed by the IR JSON,
     the platforms, the code-generation mode, the templates and the hccc version). ``platform``:
     "cuda" or "hip" for every rank, or one of them per rank (a mixed-vendor program).
-    ``codegen``: "specialized" (a kernel per rank) or "table" (tables for the generic kernels)."""
+    ``codegen``: "specialized" (a kernel per rank) or "table" (tables for the generic kernels).
+    ``direct``: "auto" (direct mode for the receives proven safe) or "off" (the FIFO everywhere)."""
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.backend.table_codegen import generate_table
 
@@ -211,10 +212,13 @@ def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None,
     if len(per_rank) != ir.nranks:
         raise ValueError(f"{len(per_rank)} rank platforms for a program of {ir.nranks} ranks")
     text = ir.to_json()
-    key = cache.content_key("generated", codegen, ",".join(per_rank), _templates_digest(), text)
+    if direct not in DIRECT_MODES:
+        raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
+    key = cache.content_key("generated", codegen, ",".join(per_rank), _templates_digest(), text,
+                            *(("direct=off",) if direct == "off" else ()))
 
     def make(tmp: Path) -> None:
-        (generate_table if codegen == "table" else generate)(ir, tmp, platforms=per_rank)
+        (generate_table if codegen == "table" else generate)(ir, tmp, platforms=per_rank, direct=direct)
 
     return cache.entry("gen", key, make, root=cache_dir)
 
@@ -228,6 +232,8 @@ def _chunk_lo(bounds: np.ndarray, count: int, nchunks: int, j: int) -> int:
 MANIFEST_PLATFORMS = ("cuda", "hip")
 #: code-generation modes: a specialised kernel per rank, or generic kernels running tables
 CODEGENS = ("specialized", "table")
+#: direct mode of the generated kernels (:func:`hccc.compiler.backend.codegen.generate`)
+DIRECT_MODES = ("auto", "off")
 
 
 def rank_ranges(ranks) -> str:
@@ -439,7 +445,9 @@ class Runner:
     instead of one kernel per rank in its own stream, which only progresses if the GPU happens to
     run those kernels concurrently. None (default): whenever every rank is on one device of one
     platform (:attr:`single_gpu`) and the manifest has the entry; True: that or PlatformError;
-    False: a kernel per rank. :attr:`grid_fn` is the entry in use, or None.
+    False: a kernel per rank. :attr:`grid_fn` is the entry in use, or None. ``direct``: "auto"
+    (default) generates direct mode for the receives :mod:`hccc.compiler.ir.direct` proves safe
+    (the sender writes the receiver's destination), "off" keeps the FIFO for every primitive.
 
     Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
@@ -451,10 +459,13 @@ class Runner:
     def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
                  op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
                  cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None,
-                 codegen: str = "specialized", one_grid: bool | None = None):
+                 codegen: str = "specialized", one_grid: bool | None = None, direct: str = "auto"):
         if codegen not in CODEGENS:
             raise ValueError(f"unknown codegen {codegen!r} (expected one of {', '.join(CODEGENS)})")
         self.codegen = codegen
+        if direct not in DIRECT_MODES:
+            raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
+        self.direct = direct
         self._one_grid = one_grid
         self.table_ptr: list[int] = []
         if dtype not in DTYPES:
@@ -602,7 +613,7 @@ class Runner:
         for pf in distinct:
             if cache_dir is not None and hasattr(pf, "cache_dir"):
                 pf.cache_dir = cache_dir
-        self.gendir = generated_sources(ir, self.rank_platform, cache_dir, self.codegen)
+        self.gendir = generated_sources(ir, self.rank_platform, cache_dir, self.codegen, self.direct)
         self.manifest = man = json.loads((self.gendir / "manifest.json").read_text())
         self.nranks = N = int(man["nranks"])
         self.nslots = int(man["nslots"])

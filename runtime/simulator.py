@@ -349,8 +349,11 @@ def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR 
     from hccc.compiler.passes.build import build_program
 
     if fused_ir is None:
+        from hccc.compiler.passes.channels import with_channels
         fused_ir = build_program(alg, scheduler=scheduler, tb_alloc="state", fuse=True,
                                  chunk_bytes=chunk_bytes or plain_ir.chunk_bytes)
+        # compared at the plain program's channel count (each thread block's blocks)
+        fused_ir = with_channels(fused_ir, int(getattr(plain_ir, "nchannels", 1)))
         fused_ir = faster_allocation(alg, topo, fused_ir, sizes=sizes, scheduler=scheduler, fuse=True)
     if not fused_ir.stats.get("fused"):
         keep, t_plain, t_fused = plain_ir, None, None

@@ -244,3 +244,30 @@ def test_compile_direct_option(tmp_path):
 
     assert direct_lines() > 0
     assert direct_lines("--direct", "off") == 0
+
+
+def test_run_direct_option(capsys):
+    """``hccc run --direct off`` builds kernels without direct fields (the FIFO for every
+    primitive) and ``auto`` with them; both compute the collective. The Runner keys its generated
+    sources by the mode, so the two never share a cache entry."""
+    import json
+    from pathlib import Path
+
+    from hccc.cli import main
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime.launcher import Runner
+
+    algo = Path(__file__).resolve().parent.parent / "examples" / "ring_allgather_8.rccl"
+    for mode in ("auto", "off"):
+        assert main(["run", str(algo), "-b", "4K", "-e", "4K", "--direct", mode, "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)
+        rows = res["results"] if isinstance(res, dict) else res
+        assert rows and all(r["wrong"] == 0 for r in rows)
+    ir = load_program(algo)
+    with Runner(ir, "cpu", direct="auto") as a, Runner(ir, "cpu", direct="off") as b:
+        assert a.gendir != b.gendir
+        count = [sum(f.read_text().count(m) for f in r.gendir.iterdir() if f.suffix in (".cu", ".hip")
+                     for m in ("HCCC_PX(", "HCCC_PWX(")) for r in (a, b)]
+        assert count[0] > 0 and count[1] == 0
+    with pytest.raises(ValueError, match="direct mode"):
+        Runner(ir, "cpu", direct="on")

@@ -161,6 +161,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="grid: every rank in one launch of the one-grid entry (needs every rank on "
                              "one device); per-rank: a kernel per rank, each in its own stream; auto: "
                              "grid whenever every rank is on one device (default: auto)")
+    parser.add_argument("--direct", choices=("auto", "off"), default="auto",
+                        help="auto: the sender writes the receiver's destination for every receive the "
+                             "compiler proves safe (ranks of one process); off: the FIFO for every "
+                             "primitive (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
@@ -273,7 +277,8 @@ def run(args) -> int:
             with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
                 runner = Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
                                 timeout_s=args.timeout, codegen=args.codegen,
-                                one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch])
+                                one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
+                                direct=args.direct)
             with runner:
                 launch = "grid" if runner.grid_fn is not None else "per-rank"
                 libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
