@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import jinja2
 import numpy as np
 
+from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_structure
@@ -309,14 +310,20 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
     that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
     ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
-    replaces only those) lists them too.
+    replaces only those) lists them too. Files are written as they are made (:class:`FileSink`).
     """
+    with FileSink(pathlib.Path(outdir)) as sink:
+        return _generate(ir, outdir, sink, platforms=platforms, timings=timings,
+                         manifest_extra=manifest_extra, extra_files=extra_files)
+
+
+def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str], timings: dict | None,
+              manifest_extra: dict | None, extra_files: tuple[str, ...]) -> list[pathlib.Path]:
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
     ir, outdir, platforms = prepare_output(ir, outdir, platforms)
     env = _template_env()
     name = ir.name
-    written: dict[str, str | bytes] = {}
 
     col = analyse(ir)
     t1 = time.perf_counter()
@@ -402,14 +409,9 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
         host_header=HOST_HEADER)
 
-    paths = []
-    for fname in sorted(written):
-        path = outdir / fname
-        data = written[fname]
-        path.write_bytes(data.encode() if isinstance(data, str) else data)
-        paths.append(path)
+    paths = written.close()
     tm["codegen_write"] = time.perf_counter() - t4
-    return sorted(paths)
+    return paths
 
 
 def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[str, ...]], written: dict,
@@ -442,7 +444,8 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     """The manifest's ``stats``: the IR's own, completed with transfer, sub-pipeline, TB and
     primitive counts."""
     stats = dict(ir.stats)
-    stats.setdefault("transfers", int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size))
+    if "transfers" not in stats:      # (not setdefault: the count is a sort of every primitive's task)
+        stats["transfers"] = int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size)
     stats.setdefault("subpipelines", int(ir.npipelines))
     stats.setdefault("tbs_state_based", int(sum(ntbs)))
     stats.setdefault("tbs_connection_based",

@@ -1,0 +1,62 @@
+"""The files of one code generation, written by a background thread while the next are made.
+
+A large program's output is hundreds of MiB of kernel text and IR JSON; writing it costs the
+kernel seconds of page-cache work that the code generation can overlap (file writes release the
+GIL, and so do the compiled text kernels). :class:`FileSink` takes ``sink[name] = text or bytes``,
+queues the write on one worker thread (files are written in the order given, each as soon as it
+is complete) and drops its reference to the data once written. :meth:`FileSink.close` waits for
+every write and raises the first error; it is called on every exit of the ``with`` block, so no
+write outlives it (the output directory may be removed right after a failure).
+"""
+from __future__ import annotations
+
+import pathlib
+from concurrent.futures import Future, ThreadPoolExecutor
+
+
+def _write(path: pathlib.Path, data: str | bytes) -> None:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+class FileSink:
+    """``name -> contents`` written into ``outdir`` (an existing directory) in the background.
+    Iterating and ``in`` see the names given so far (for the manifest's file list)."""
+
+    def __init__(self, outdir: pathlib.Path) -> None:
+        self.outdir = pathlib.Path(outdir)
+        self._names: dict[str, None] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-write")
+        self._pending: list[Future] = []
+
+    def __setitem__(self, name: str, data: str | bytes) -> None:
+        self._names[name] = None
+        self._pending.append(self._pool.submit(_write, self.outdir / name, data))
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self):
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def close(self) -> list[pathlib.Path]:
+        """Wait for every write; raise the first one's error. Returns the written paths, sorted."""
+        self._pool.shutdown(wait=True)
+        for f in self._pending:
+            f.result()
+        self._pending = []
+        return sorted(self.outdir / n for n in self._names)
+
+    def __enter__(self) -> "FileSink":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True)      # on an error too: nothing writes after the block
+        if exc[0] is None:
+            self.close()
+
+
+__all__ = ["FileSink"]
