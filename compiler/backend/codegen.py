@@ -170,7 +170,7 @@ def analyse(ir: ProgramIR) -> Columns:
 
 
 # ---------------------------------------------------------------------------- primitive lines
-def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
+def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
     """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
 
     Hot path (millions of rows): the lines are assembled column by column
@@ -186,7 +186,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     p = ir.prims
     n = ir.nprims
     if n == 0:
-        return b"", np.zeros(1, np.int64)
+        return memoryview(b""), np.zeros(1, np.int64)
     op = p["op"].astype(np.int64)
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
@@ -223,7 +223,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[bytes, np.ndarray]:
     rt.text(", from r", recvs).int(p["recv_peer"], recvs)
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
-    return rt.render("\n")
+    return rt.render_view("\n")
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -354,22 +354,23 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
         source = f"{name}_r{r}.{EXT[pl]}"
         kernel = f"hccc_{name}_r{r}"
         tbs = []
+        bodies = []                    # (start, end) of each TB's lines in text, spliced in below
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=tb_pipelines[sl.start],
-                            body=text[line_at[sl.start]:line_at[sl.stop] - 1].decode("ascii")))
+                            pipelines=tb_pipelines[sl.start], body=f"{_MARK}{len(bodies)}{_MARK}"))
+            bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1))
             nprims += sl.stop - sl.start
         rank_sources = {}
         for rpl in platforms[r]:
             rsrc = f"{name}_r{r}.{EXT[rpl]}"
-            written[rsrc] = rank_tpl.render(
+            written[rsrc] = _splice(rank_tpl.render(
                 **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
+                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}"), bodies, text)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
@@ -398,7 +399,7 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
     ir_file = f"{name}.ir.json"
     t3 = time.perf_counter()
-    written[ir_file] = ir.to_json()
+    written[ir_file] = ir.to_json_pieces()
     t4 = time.perf_counter()
     tm["codegen_render"] = t3 - t2
     tm["codegen_ir_json"] = t4 - t3
@@ -412,6 +413,24 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     paths = written.close()
     tm["codegen_write"] = time.perf_counter() - t4
     return paths
+
+
+#: marks where a TB's lines go in a rendered rank source (templates and names never hold NUL)
+_MARK = "\0"
+
+
+def _splice(rendered: str, bodies: list[tuple[int, int]], text: memoryview) -> list:
+    """The file's pieces: ``rendered`` with each ``<_MARK>k<_MARK>`` replaced by the bytes
+    ``text[bodies[k][0]:bodies[k][1]]`` (views, not copies: the primitive lines are most of a large
+    program's output)."""
+    parts = rendered.split(_MARK)
+    if len(parts) != 2 * len(bodies) + 1:
+        raise AssertionError("internal error: a rank template dropped or repeated a TB body")
+    out: list = [parts[0]]
+    for i in range(1, len(parts), 2):
+        a, b = bodies[int(parts[i])]
+        out += [text[a:b], parts[i + 1]]
+    return out
 
 
 def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[str, ...]], written: dict,

@@ -2,7 +2,8 @@
 
 A large program's output is hundreds of MiB of kernel text and IR JSON; writing it costs the
 kernel seconds of page-cache work that the code generation can overlap (file writes release the
-GIL, and so do the compiled text kernels). :class:`FileSink` takes ``sink[name] = text or bytes``,
+GIL, and so do the compiled text kernels). :class:`FileSink` takes ``sink[name] = contents``
+(text, bytes, or a list of text / bytes-like pieces that the file is the concatenation of),
 queues the write on one worker thread (files are written in the order given, each as soon as it
 is complete) and drops its reference to the data once written. :meth:`FileSink.close` waits for
 every write and raises the first error; it is called on every exit of the ``with`` block, so no
@@ -14,7 +15,12 @@ import pathlib
 from concurrent.futures import Future, ThreadPoolExecutor
 
 
-def _write(path: pathlib.Path, data: str | bytes) -> None:
+def _write(path: pathlib.Path, data) -> None:
+    if isinstance(data, list):             # pieces, written one after the other (no joined copy)
+        with open(path, "wb") as f:
+            for piece in data:
+                f.write(piece.encode() if isinstance(piece, str) else piece)
+        return
     path.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
@@ -28,10 +34,9 @@ class FileSink:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-write")
         self._pending: list[Future] = []
 
-    def __setitem__(self, name: str, data: str | bytes) -> None:
+    def __setitem__(self, name: str, data) -> None:
         self._names[name] = None
         self._pending.append(self._pool.submit(_write, self.outdir / name, data))
-        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
 
     def __contains__(self, name: object) -> bool:
         return name in self._names
