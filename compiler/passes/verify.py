@@ -296,7 +296,8 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                 sw = wk[srt]
                 dup_sorted = np.zeros(len(sw), dtype=bool)
                 dup_sorted[1:] = sw[1:] == sw[:-1]
-                ww_keys = np.unique(sw[dup_sorted])
+                ww_keys = sw[dup_sorted]    # sorted: distinct keys without np.unique (imports numpy.ma)
+                ww_keys = ww_keys[np.r_[True, ww_keys[1:] != ww_keys[:-1]]] if len(ww_keys) else ww_keys
                 wr_writer = rstamp[wk] == si  # writers whose key is also read in this step
                 if len(ww_keys) or wr_writer.any():
                     race_stamp[ww_keys] = si
