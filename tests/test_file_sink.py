@@ -45,15 +45,21 @@ def test_sink_raises_the_write_error(tmp_path):
     assert (tmp_path / "ok.txt").read_text() == "fine"
 
 
-def test_sink_waits_for_writes_when_the_block_fails(tmp_path):
-    """An error inside the block: every queued write is finished (or failed) when it propagates."""
+def test_sink_leaves_nothing_when_the_block_fails(tmp_path):
+    """An error inside the block: every queued write has finished when it propagates, and the
+    files are gone (a user's file in the directory stays)."""
+    (tmp_path / "mine.txt").write_text("the user's")
     with pytest.raises(RuntimeError):
         with FileSink(tmp_path) as sink:
             for i in range(50):
                 sink[f"f{i}"] = b"x" * 10000
             raise RuntimeError("codegen failed")
-    assert sorted(os.listdir(tmp_path)) == sorted(f"f{i}" for i in range(50))
-    assert all((tmp_path / f"f{i}").stat().st_size == 10000 for i in range(50))
+    assert os.listdir(tmp_path) == ["mine.txt"]
+    with pytest.raises(FileNotFoundError):
+        with FileSink(tmp_path) as sink:
+            sink["ok.txt"] = "fine"
+            sink["missing/dir.txt"] = "no such directory"
+    assert os.listdir(tmp_path) == ["mine.txt"]
 
 
 _PROBE = ("from hccc.allocator import tune_allocator\n"
@@ -76,3 +82,31 @@ def test_allocator_policy(setting):
     assert "numpy-hugepage" in done.split(",") and previous == "False"
     if os.confstr("CS_GNU_LIBC_VERSION"):
         assert "malloc" in done.split(",")
+
+
+def test_sink_compute_makes_the_file_on_the_worker(tmp_path):
+    """compute(name, make): the file holds make()'s contents (pieces joined); its error is raised."""
+    import threading
+    main = threading.get_ident()
+    where = []
+
+    def make():
+        where.append(threading.get_ident())
+        return ["head ", memoryview(b"0123456789")[2:5], b" tail"]
+
+    with FileSink(tmp_path) as sink:
+        sink.compute("made.txt", make)
+        sink["plain.txt"] = "x"
+        assert "made.txt" in sink
+    assert (tmp_path / "made.txt").read_bytes() == b"head 234 tail"
+    assert where and where[0] != main
+
+    def broken():
+        raise ValueError("cannot make it")
+
+    (tmp_path / "b").mkdir()
+    with pytest.raises(ValueError, match="cannot make it"):
+        with FileSink(tmp_path / "b") as sink:
+            sink.compute("never.txt", broken)
+            sink["other.txt"] = "written, then removed"
+    assert not any((tmp_path / "b").iterdir())

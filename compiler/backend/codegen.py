@@ -245,15 +245,17 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
         raise ValueError("nchunks must be positive")
 
 
-def prepare_output(ir: ProgramIR, outdir, platforms: list):
+def prepare_output(ir: ProgramIR, outdir, platforms: list, structure_checked: bool = False):
     """What both code-generation modes start from: the platforms as tuples, checked against the
     program; the program in canonical order and structurally checked (value ranges, dense TB ids,
-    single-TB connection ends: IRFormatError); the output directory as a path."""
+    single-TB connection ends: IRFormatError) unless the caller says it already passed
+    :func:`check_structure` (which only canonical programs pass); the output directory as a path."""
     platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
     _check(ir, platforms)
-    if not _is_canonical(ir):
-        ir = _sorted_copy(ir)
-    check_structure(ir)
+    if not structure_checked:
+        if not _is_canonical(ir):
+            ir = _sorted_copy(ir)
+        check_structure(ir)
     return ir, pathlib.Path(outdir), platforms
 
 
@@ -300,30 +302,37 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
-             extra_files: tuple[str, ...] = ()) -> list[pathlib.Path]:
+             extra_files: tuple[str, ...] = (), structure_checked: bool = False) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
     the first is the platform the rank runs on (manifest ``platform``/``source``), every one gets a
     source (manifest ``sources``). Returns the written paths, sorted.
-    ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
+    ``timings``, when given, receives seconds per phase (analyse, lines, render, write: the IR JSON is made
+    on the writer thread meanwhile, so ``write`` is what is left of it and of the file writes).
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
     that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
     ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
     replaces only those) lists them too. Files are written as they are made (:class:`FileSink`).
+    ``structure_checked``: ``ir`` already passed :func:`check_structure` (as :func:`~hccc.compiler.
+    passes.build.build_program`'s programs have), which is then not run again.
     """
     with FileSink(pathlib.Path(outdir)) as sink:
         return _generate(ir, outdir, sink, platforms=platforms, timings=timings,
-                         manifest_extra=manifest_extra, extra_files=extra_files)
+                         manifest_extra=manifest_extra, extra_files=extra_files,
+                         structure_checked=structure_checked)
 
 
 def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str], timings: dict | None,
-              manifest_extra: dict | None, extra_files: tuple[str, ...]) -> list[pathlib.Path]:
+              manifest_extra: dict | None, extra_files: tuple[str, ...],
+              structure_checked: bool) -> list[pathlib.Path]:
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
-    ir, outdir, platforms = prepare_output(ir, outdir, platforms)
+    ir, outdir, platforms = prepare_output(ir, outdir, platforms, structure_checked)
     env = _template_env()
     name = ir.name
+    ir_file = f"{name}.ir.json"
+    written.compute(ir_file, ir.to_json_pieces)      # made on the writer thread, beside the kernels
 
     col = analyse(ir)
     t1 = time.perf_counter()
@@ -397,12 +406,8 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
                      headers=list(HEADERS), codegen="specialized", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
-    ir_file = f"{name}.ir.json"
     t3 = time.perf_counter()
-    written[ir_file] = ir.to_json_pieces()
-    t4 = time.perf_counter()
     tm["codegen_render"] = t3 - t2
-    tm["codegen_ir_json"] = t4 - t3
 
     written["manifest.json"] = manifest_text(
         ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
@@ -411,7 +416,7 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
         host_header=HOST_HEADER)
 
     paths = written.close()
-    tm["codegen_write"] = time.perf_counter() - t4
+    tm["codegen_write"] = time.perf_counter() - t3     # what is left of the IR JSON and the writes
     return paths
 
 

@@ -5,9 +5,11 @@ kernel seconds of page-cache work that the code generation can overlap (file wri
 GIL, and so do the compiled text kernels). :class:`FileSink` takes ``sink[name] = contents``
 (text, bytes, or a list of text / bytes-like pieces that the file is the concatenation of),
 queues the write on one worker thread (files are written in the order given, each as soon as it
-is complete) and drops its reference to the data once written. :meth:`FileSink.close` waits for
+is complete; :meth:`FileSink.compute` makes a file's contents there too) and drops its reference
+to the data once written. :meth:`FileSink.close` waits for
 every write and raises the first error; it is called on every exit of the ``with`` block, so no
-write outlives it (the output directory may be removed right after a failure).
+write outlives it, and a block that fails (or a write that fails) removes the files it was given:
+a failed code generation leaves its output directory as it found it.
 """
 from __future__ import annotations
 
@@ -38,6 +40,13 @@ class FileSink:
         self._names[name] = None
         self._pending.append(self._pool.submit(_write, self.outdir / name, data))
 
+    def compute(self, name: str, make) -> None:
+        """The file ``name`` holds what ``make()`` returns (contents as for ``sink[name]``), made on
+        the worker thread before the files given after it are written: work that releases the GIL
+        (the compiled text kernels) overlaps the caller's."""
+        self._names[name] = None
+        self._pending.append(self._pool.submit(lambda: _write(self.outdir / name, make())))
+
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
@@ -61,7 +70,21 @@ class FileSink:
     def __exit__(self, *exc) -> None:
         self._pool.shutdown(wait=True)      # on an error too: nothing writes after the block
         if exc[0] is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self._remove()
+                raise
+        else:
+            self._remove()
+
+    def _remove(self) -> None:
+        """A failed generation leaves nothing behind: the files given so far are removed."""
+        for n in self._names:
+            try:
+                (self.outdir / n).unlink()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                pass
 
 
 __all__ = ["FileSink"]

@@ -13,6 +13,8 @@ Every result equals the ``str``/``%d`` formatting it replaces (``tests/test_int_
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 __all__ = ["decimal_digits", "join_ints", "join_ints_view", "RowText"]
@@ -194,10 +196,11 @@ class RowText:
         text_off = np.zeros(len(texts) + 1, np.int64)
         np.cumsum([len(t) for t in texts], out=text_off[1:])
         blob = np.frombuffer(b"".join(texts) + b"".join(blob_parts) + b"\0", np.uint8)
-        buf, offsets = kernel.render_rows(
-            self.n, np.array(kinds, np.int64), np.array(args, np.int64).reshape(-1, 2),
-            np.array(mask_of, np.int64), tuple(ints), tuple(masks), blob, text_off,
-            np.frombuffer(end.encode("ascii") + b"\0", np.uint8)[:-1].copy())
+        with _KERNEL_LOCK:
+            buf, offsets = kernel.render_rows(
+                self.n, np.array(kinds, np.int64), np.array(args, np.int64).reshape(-1, 2),
+                np.array(mask_of, np.int64), tuple(ints), tuple(masks), blob, text_off,
+                np.frombuffer(end.encode("ascii") + b"\0", np.uint8)[:-1].copy())
         return buf, offsets
 
     # ------------------------------------------------------------------ numpy path
@@ -265,6 +268,10 @@ class RowText:
                 out.append(np.hstack(mats)[np.hstack(masks)].tobytes())
         return b"".join(out), offsets
 
+
+#: one compiled text kernel at a time: it already runs on every core, and numba's workqueue threading
+#: layer (used where no OpenMP or TBB is installed) must not be entered by two threads at once
+_KERNEL_LOCK = threading.Lock()
 
 #: rows from which :meth:`RowText.render` uses the compiled loop (below it, loading numba costs more)
 COMPILED_FROM = 100_000
