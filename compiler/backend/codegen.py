@@ -28,6 +28,7 @@ from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 from hccc.compiler.passes.slicing import slot_share_bytes
+from hccc.compiler.ir.sort_order import lexsort
 
 VERSION = "0.1.0"
 PLATFORMS = ("cuda", "hip")
@@ -103,7 +104,7 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     if not len(idx):
         return conn, pos, tables
     r, p, ch = rank[idx].astype(np.int64), peer[idx].astype(np.int64), channel[idx].astype(np.int64)
-    order = np.lexsort((idx, ch, p, r))          # group by (rank, peer, channel), FIFO order inside
+    order = lexsort((idx, ch, p, r))          # group by (rank, peer, channel), FIFO order inside
     rs, ps, cs = r[order], p[order], ch[order]
     new = np.r_[True, (rs[1:] != rs[:-1]) | (ps[1:] != ps[:-1]) | (cs[1:] != cs[:-1])]
     gid = np.cumsum(new) - 1                     # global connection id
@@ -156,7 +157,7 @@ def analyse(ir: ProgramIR) -> Columns:
         np.add.at(nprogress, trank, 1)
         dp = ir.dep_prim.astype(np.int64)
         slots = post[ir.dep_on.astype(np.int64)]
-        order = np.lexsort((slots, dp))
+        order = lexsort((slots, dp))
         dp_s, sl_s = dp[order], slots[order]
         keep = np.r_[True, (dp_s[1:] != dp_s[:-1]) | (sl_s[1:] != sl_s[:-1])]
         dp_s, sl_s = dp_s[keep], sl_s[keep]

@@ -49,6 +49,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from hccc.compiler.ir.sort_order import lexsort
+
 SCHEMA = "hccc.program/1"
 
 #: What a ProgramIR name must look like: the only user text that reaches generated code and paths.
@@ -196,7 +198,7 @@ class ProgramIR:
 
     def sort_canonical(self) -> None:
         """Sort primitives by (rank, tb, seq) and remap ``deps`` accordingly."""
-        order = np.lexsort((self.prims["seq"], self.prims["tb"], self.prims["rank"]))
+        order = lexsort((self.prims["seq"], self.prims["tb"], self.prims["rank"]))
         if np.array_equal(order, np.arange(len(order))):
             return
         inv = np.empty_like(order)

@@ -44,6 +44,7 @@ from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.schedule import Schedule
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 NO_STEP = np.iinfo(np.int64).max
 
@@ -180,7 +181,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         if cand.any():
             a, b = es[cand], ed[cand]
             # previous task on b's link within the same sub-pipeline must precede a
-            lo = np.lexsort((pos, pipe, link))
+            lo = lexsort((pos, pipe, link))
             prev = np.full(T, -1, dtype=np.int64)
             same = (link[lo[1:]] == link[lo[:-1]]) & (pipe[lo[1:]] == pipe[lo[:-1]])
             prev[lo[1:][same]] = lo[:-1][same]
@@ -192,7 +193,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
                 keep = ~np.isin(a * T + b, fb_)
                 a, b = a[keep], b[keep]
             # one send per receive: the first b in insertion order
-            o = np.lexsort((pos[b], a))
+            o = lexsort((pos[b], a))
             a, b = a[o], b[o]
             firsts = np.r_[True, a[1:] != a[:-1]] if len(a) else np.zeros(0, bool)
             a, b = a[firsts], b[firsts]
@@ -412,7 +413,7 @@ def _pairs_by_key(a_idx: np.ndarray, a_key: np.ndarray, b_idx: np.ndarray, b_key
     """All ``(a, b)`` with equal keys (an equi-join of two small lists), as two int64 arrays."""
     if not len(a_idx) or not len(b_idx):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    o = np.argsort(b_key, kind="stable")
+    o = stable_argsort(b_key)
     bk, bi = b_key[o], b_idx[o]
     lo = np.searchsorted(bk, a_key, "left")
     hi = np.searchsorted(bk, a_key, "right")
@@ -457,13 +458,13 @@ def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray)
         rk = np.concatenate([dst[members], src[members[is_head]]])
         ps = np.concatenate([depth + 1, np.zeros(int(is_head.sum()), np.int64)])
         tk = np.concatenate([members, np.full(int(is_head.sum()), -1, np.int64)])
-        o = np.lexsort((ps, rk, h))
+        o = lexsort((ps, rk, h))
         h, rk, ps, tk = h[o], rk[o], ps[o], tk[o]
         dup = np.flatnonzero((h[1:] == h[:-1]) & (rk[1:] == rk[:-1])) + 1
         if not len(dup):
             return
         dh, dp, db = h[dup], ps[dup], tk[dup]
-        o = np.lexsort((dp, dh))
+        o = lexsort((dp, dh))
         dh, db = dh[o], db[o]
         first = np.r_[True, dh[1:] != dh[:-1]]
         b = db[first]
