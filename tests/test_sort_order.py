@@ -56,3 +56,26 @@ def test_lexsort_with_an_index_tie_breaker(seed, n):
     assert np.array_equal(lexsort(keys), np.lexsort(keys))
     keys = [np.arange(n) * 2 - 5, np.arange(n)[::-1].copy(), rng.integers(0, 3, n)]
     assert np.array_equal(lexsort(keys), np.lexsort(keys))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), sizes, ranges, dtypes)
+def test_unique_is_numpys_unique(seed, n, rng_, dtype):
+    from hccc.compiler.ir.sort_order import unique
+    a = _keys(seed, n, *rng_, dtype)
+    got = unique(a)
+    want = np.unique(a)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert np.array_equal(unique(a.reshape(-1, 1)), want)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([sort_order.FAST_FROM, 30_000]), st.booleans())
+def test_wide_keys_distinct_or_not(seed, n, distinct):
+    """Keys whose range times their count exceeds 64 bits: distinct ones, and ones with ties."""
+    rng = np.random.default_rng(seed)
+    key = rng.choice(1 << 50, n, replace=False) if distinct else rng.integers(0, 1 << 50, n // 4).repeat(4)
+    rng.shuffle(key)
+    assert np.array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
+    pairs = [key % 1000, key // 1000]
+    assert np.array_equal(lexsort(pairs), np.lexsort(pairs))

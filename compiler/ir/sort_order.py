@@ -4,11 +4,12 @@ numpy's stable sorts (``kind="stable"``, ``np.lexsort``) are merge/radix sorts; 
 integers is a vectorised quicksort (AVX2 / AVX-512 where the CPU has them) that is 3-10x faster on
 millions of elements, but not stable. :func:`stable_argsort` gets the stable order from the fast
 sort: every key is made unique by its index (``(key - min) * n + index``, when that fits in 64 bits)
-and the codes are sorted by value, which is the stable order by construction; :func:`lexsort` folds
+and the codes are sorted by value, which is the stable order by construction (keys too wide for
+that: when they are distinct, every sort gives the one order); :func:`lexsort` folds
 its keys into one the same way (a least significant key that increases along the array, such
 as ``np.arange(n)``, is the index order every stable sort keeps, so it is left out). Small arrays, non-integer keys and key ranges too wide to fold use
 numpy's stable sorts, so the result is always exactly ``np.argsort(key, kind="stable")`` /
-``np.lexsort(keys)`` (``tests/test_sort_order.py``).
+``np.lexsort(keys)`` (``tests/test_sort_order.py``). :func:`unique` is ``np.unique`` by one sort.
 """
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ def stable_argsort(key: np.ndarray) -> np.ndarray:
     k = key.astype(np.int64, copy=False)
     lo, hi = int(k.min()), int(k.max())
     if (hi - lo + 1) * n >= _LIMIT:
-        return np.argsort(key, kind="stable").astype(np.int64, copy=False)
+        # too wide to fold in the index: distinct keys have one order, which the fast sort finds
+        s = np.sort(k)
+        if not (s[1:] == s[:-1]).any():
+            return np.argsort(k).astype(np.int64, copy=False)
+        return np.argsort(k, kind="stable").astype(np.int64, copy=False)
     code = k - lo
     code *= n
     code += np.arange(n, dtype=np.int64)
@@ -51,10 +56,23 @@ def lexsort(keys) -> np.ndarray:
         lo, hi = int(k.min()), int(k.max())
         span = hi - lo + 1
         span_total *= span
-        if span_total * n >= _LIMIT:
+        if span_total >= _LIMIT:
             return np.lexsort(keys).astype(np.int64, copy=False)
         folded = (k - lo) if folded is None else folded * span + (k - lo)
     return stable_argsort(folded)
 
 
-__all__ = ["stable_argsort", "lexsort", "FAST_FROM"]
+def unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` for integer or boolean ``a``: one sort (numpy's own unique hashes
+    integers, several times slower on millions of values)."""
+    a = np.asarray(a).ravel()
+    if len(a) < FAST_FROM or a.dtype.kind not in "iub":
+        return np.unique(a)
+    s = np.sort(a)
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+__all__ = ["stable_argsort", "lexsort", "unique", "FAST_FROM"]

@@ -44,7 +44,7 @@ from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.schedule import Schedule
-from hccc.compiler.ir.sort_order import lexsort, stable_argsort
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique
 
 NO_STEP = np.iinfo(np.int64).max
 
@@ -363,13 +363,13 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     redirect_loc[loc_w[hazard]] = True
 
     # write locations of every written (rank, chunk)
-    wl = np.unique(loc_w)
+    wl = unique(loc_w)
     wr, wc = wl // C, wl % C
     w_owner, w_dest, w_piece = wc // (N * K), (wc // K) % N, wc % K
     to_scratch = (w_dest != wr) | redirect_loc[wl]
     # dense scratch blocks per rank
     sb = wr[to_scratch] * (N * N) + wc[to_scratch] // K
-    ub = np.unique(sb)
+    ub = unique(sb)
     first_of_rank = np.searchsorted(ub // (N * N), np.arange(N))
     dense = np.searchsorted(ub, sb) - first_of_rank[sb // (N * N)]
     loc_buf = np.full(len(wl), Buf.OUTPUT, np.int8)
