@@ -154,7 +154,7 @@ def analyse(ir: ProgramIR) -> Columns:
         first = np.r_[True, trank[1:] != trank[:-1]]
         start = np.maximum.accumulate(np.where(first, np.arange(len(targets)), 0))
         post[targets] = np.arange(len(targets)) - start
-        np.add.at(nprogress, trank, 1)
+        nprogress += np.bincount(trank, minlength=ir.nranks)
         dp = ir.dep_prim.astype(np.int64)
         slots = post[ir.dep_on.astype(np.int64)]
         order = lexsort((slots, dp))

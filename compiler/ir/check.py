@@ -121,8 +121,9 @@ def check_structure(ir: ProgramIR) -> None:
         expect = np.where(new_rank, 0, prev_tb + 1)
         _fail(ir, new_tb & (tb != expect), "TB ids of a rank must be 0, 1, 2, ... without gaps")
     used = np.zeros(N, dtype=np.int64)
-    if n:
-        np.maximum.at(used, rank, tb + 1)
+    if n:   # rows are in canonical order here (checked above): each rank's rows are contiguous
+        firsts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+        used[rank[firsts]] = np.maximum.reduceat(tb + 1, firsts)
     badr = np.flatnonzero(used != ntbs)
     if len(badr):
         r = int(badr[0])
