@@ -79,3 +79,14 @@ def test_wide_keys_distinct_or_not(seed, n, distinct):
     assert np.array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
     pairs = [key % 1000, key // 1000]
     assert np.array_equal(lexsort(pairs), np.lexsort(pairs))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), sizes, ranges, st.sampled_from([np.int64, np.int32, np.uint16]))
+def test_unique_inverse_is_numpys(seed, n, rng_, dtype):
+    from hccc.compiler.ir.sort_order import unique_inverse
+    a = _keys(seed, n, *rng_, dtype)
+    u, inv = unique_inverse(a)
+    wu, winv = np.unique(a, return_inverse=True)
+    assert u.dtype == wu.dtype and np.array_equal(u, wu)
+    assert inv.dtype == winv.dtype and inv.shape == winv.shape and np.array_equal(inv, winv)

@@ -42,7 +42,7 @@ import numpy as np
 
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
-from hccc.compiler.ir.sort_order import lexsort
+from hccc.compiler.ir.sort_order import lexsort, unique_inverse
 
 _READS = np.array([Op(o).reads_src for o in range(len(Op))])
 _WRITES = np.array([Op(o).writes_dst for o in range(len(Op))])
@@ -282,7 +282,7 @@ def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: n
         acc_k.append(k)
         acc_key.append(rank[pp] * S + p[f"{side}_off"].astype(np.int64)[pp] + k)
     acc_p, acc_k, acc_key = (np.concatenate(x) for x in (acc_p, acc_k, acc_key))
-    keys, slot = np.unique(acc_key, return_inverse=True)
+    keys, slot = unique_inverse(acc_key)
     M = n + len(keys)
     # equations A[ea] = A[eb] + ed
     ea = np.concatenate([np.asarray(r, np.int64), n + slot])

@@ -9,7 +9,7 @@ that: when they are distinct, every sort gives the one order); :func:`lexsort` f
 its keys into one the same way (a least significant key that increases along the array, such
 as ``np.arange(n)``, is the index order every stable sort keeps, so it is left out). Small arrays, non-integer keys and key ranges too wide to fold use
 numpy's stable sorts, so the result is always exactly ``np.argsort(key, kind="stable")`` /
-``np.lexsort(keys)`` (``tests/test_sort_order.py``). :func:`unique` is ``np.unique`` by one sort.
+``np.lexsort(keys)`` (``tests/test_sort_order.py``). :func:`unique` is ``np.unique`` by one sort, :func:`unique_inverse` with ``return_inverse``.
 """
 from __future__ import annotations
 
@@ -75,4 +75,29 @@ def unique(a: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-__all__ = ["stable_argsort", "lexsort", "unique", "FAST_FROM"]
+def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` for a 1-D integer ``a``: one sort of codes that carry
+    each element's index (no argsort)."""
+    a = np.asarray(a)
+    n = len(a)
+    if n < FAST_FROM or a.ndim != 1 or a.dtype.kind not in "iu":
+        return np.unique(a, return_inverse=True)
+    k = a.astype(np.int64, copy=False)
+    lo, hi = int(k.min()), int(k.max())
+    if (hi - lo + 1) * n >= _LIMIT:
+        return np.unique(a, return_inverse=True)
+    code = k - lo
+    code *= n
+    code += np.arange(n, dtype=np.int64)
+    code.sort()
+    order = code % n
+    sv = code // n
+    first = np.empty(n, bool)
+    first[0] = True
+    np.not_equal(sv[1:], sv[:-1], out=first[1:])
+    inv = np.empty(n, np.intp)
+    inv[order] = np.cumsum(first) - 1
+    return (sv[first] + lo).astype(a.dtype, copy=False), inv
+
+
+__all__ = ["stable_argsort", "lexsort", "unique", "unique_inverse", "FAST_FROM"]

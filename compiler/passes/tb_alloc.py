@@ -39,7 +39,7 @@ from networkx.utils import UnionFind
 
 from hccc.compiler.passes.lower import LoweredProgram
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, ProgramIR
-from hccc.compiler.ir.sort_order import lexsort, stable_argsort
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_inverse
 
 SEND_DIR = 0
 RECV_DIR = 1
@@ -95,7 +95,7 @@ def dense_ids(keys: np.ndarray, space: int) -> tuple[np.ndarray, int]:
         idmap = np.cumsum(present, dtype=np.int64) - 1
         out = np.where(valid, idmap[np.where(valid, keys, 0)], -1)
         return out, int(present.sum())
-    u, inv = np.unique(keys[valid], return_inverse=True)
+    u, inv = unique_inverse(keys[valid])
     out = np.full(len(keys), -1, dtype=np.int64)
     out[valid] = inv
     return out, len(u)
@@ -134,7 +134,7 @@ def connection_units(low: LoweredProgram) -> tuple[np.ndarray, np.ndarray, np.nd
         for comp in uf.to_sets():
             ids = np.fromiter(comp, dtype=np.int64)
             root[ids] = ids.min()
-    _, end_unit = np.unique(root, return_inverse=True)   # dense, ascending by smallest end key
+    _, end_unit = unique_inverse(root)   # dense, ascending by smallest end key
     unit = np.full(n, -1, dtype=np.int64)
     unit[has_recv] = end_unit[r_end[has_recv]]
     unit[has_send & ~has_recv] = end_unit[s_end[has_send & ~has_recv]]
