@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_busbw.py [--sizes 64M,256M,1G] [--iters 10] [--warmup 3]
                                    [--chunk-size 1M] [--nwarps auto|N] [--launch grid|per-rank|both]
-                                   [--json]
+                                   [--channels 1,4] [--json]
 
 For ring AllGather (8 ranks, examples/ring_allgather_8.rccl), ring AllReduce (8 ranks,
 examples/ring_allreduce_8.rccl) and HM AllReduce (4 nodes x 8 GPUs, examples/hm_allreduce_4x8.rccl), compiled through ``hccc.compiler.pipeline``, every rank runs on one
@@ -182,7 +182,8 @@ def run_size(name: str, ir, size: int, args, runner, nwarps: int) -> dict:
     res = runner.run(size, inplace=False, iters=args.iters, warmup=args.warmup, seed=0)
     row = {"algorithm": name, "collective": ir.collective, "nranks": ir.nranks, "bytes": size,
            "launch": "grid" if getattr(runner, "grid_fn", None) is not None else "per-rank",
-           "nwarps": nwarps, "chunk_bytes": ir.chunk_bytes, "moved_bytes": moved.total,
+           "nwarps": nwarps, "channels": int(ir.nchannels), "chunk_bytes": ir.chunk_bytes,
+           "moved_bytes": moved.total,
            "sent_bytes": moved.sent, "local_bytes": moved.local,
            "wrong": int(res.wrong), "stuck": res.stuck}
     if res.stuck or res.wrong or not res.iters:
@@ -212,16 +213,17 @@ def print_table(rows: list[dict], device: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"hccc kernels vs device-to-device copy, all ranks on {device}")
-    for col in ("algorithm", "launch", "size", "nwarps", "moved", "time", "GB/s", "copy GB/s", "ratio",
+    for col in ("algorithm", "launch", "size", "nwarps", "ch", "moved", "time", "GB/s", "copy GB/s", "ratio",
                 "HBM", "of bound", "busbw"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         if r["time_us"] is None:
             status = f"STUCK: {r['stuck']}" if r["stuck"] else f"WRONG ({r['wrong']} elements)"
-            table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]),
+            table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]), str(r["channels"]),
                           _size(r["moved_bytes"]), status, "", "", "", "", "", "")
             continue
-        table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]), _size(r["moved_bytes"]),
+        table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]), str(r["channels"]),
+                      _size(r["moved_bytes"]),
                       f"{r['time_us']:.1f} us", f"{r['gbps']:.1f}", f"{r['copy_gbps']:.1f}",
                       f"{r['ratio']:.2f}", _size(r["hbm_bytes"]), f"{r['of_bound']:.2f}", f"{r['busbw']:.1f}")
     Console().print(table)
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="kernel spin-wait timeout, seconds")
     ap.add_argument("--launch", choices=("grid", "per-rank", "both"), default="grid",
                     help="one grid for every rank (default), a kernel per rank, or both side by side")
+    ap.add_argument("--channels", default="1",
+                    help="blocks per thread block, a comma-separated list: one set of rows per count")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     names = [x.strip() for x in args.algorithms.split(",") if x.strip()]
@@ -285,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     try:
-        for name in names:
-            ir = load_program(ALGORITHMS[name], CompileOptions(chunk_bytes=args.chunk_size[0]))
+        from hccc.compiler.passes.channels import with_channels
+        for name, k in ((n, int(k)) for n in names for k in args.channels.split(",")):
+            ir = with_channels(load_program(ALGORITHMS[name], CompileOptions(chunk_bytes=args.chunk_size[0])), k)
             nw = nwarps_candidates(ir.nwarps) if args.nwarps == "auto" else [int(args.nwarps)]
             modes = {"grid": [True], "per-rank": [False], "both": [True, False]}[args.launch]
             for one_grid in modes:

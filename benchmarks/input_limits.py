@@ -51,7 +51,7 @@ def cases(d: Path) -> dict[str, list]:
     with open(sparse, "wb") as f:
         f.truncate(100 << 30)
     (d / "deep.json").write_text("[" * 200_000 + "]" * 200_000)
-    (d / "digits.json").write_text('{"schema": "hccc.program/1", "nranks": ' + "7" * 100_000 + "}")
+    (d / "digits.json").write_text('{"schema": "hccc.program/2", "nranks": ' + "7" * 100_000 + "}")
     (d / "long.rccl").write_text(HEADER + "    transfer(0, 1, 0, 0, recv)\n" * 200_000)
     (d / "n4096.topo").write_text(_topo(4096))
     subprocess.run([*HCCC, str(EXAMPLES / "ring_allgather_8.rccl"), "-o", str(d / "k")], check=True,

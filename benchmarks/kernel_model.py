@@ -8,8 +8,11 @@ ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
 
 - HBM bytes per payload byte: every byte the kernels read or write in HBM (FIFO slots included),
   summed over the ranks, per byte of the collective's full buffer S.
-- Blocks per connection: 1 in the kernels as built; K in the channel rows (a model: channels are
-  not implemented yet, each of K blocks would move 1/K of a connection's data).
+- Fused rows: the same program lowered with receive-and-forward fusion (``--fuse``: fused traffic
+  on logical connections and TBs of its own, one per connection pair), as built.
+- Blocks per connection: 1 with one channel; K with ``--channels K`` (the kernels as built: each of
+  K blocks moves 1/K of every slice, and every one of them posts every message, so a block's loads
+  drop K-fold while its messages and their sync do not).
 - Per-block rate (Little's law): bytes of loads in flight per block / memory latency. v1 (the
   protocol before this work): one 16-byte load in flight per thread; v2 (as built): HCCC_LOADS = 8
   independent 16-byte loads per thread. A TB needing R bytes of loads takes R / rate.
@@ -18,9 +21,11 @@ ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
 
 Bounds, all ranks on one GPU (what benchmarks/gpu_busbw.py measures): time >= HBM bytes / HBM
 bandwidth, and >= the slowest TB's (loads / per-block rate + messages x sync). busbw = S / time x
-the collective's busbw factor. Rows marked "model" are designs the kernels do not implement (K
-channels, direct mode: the sender writes the peer's destination); the others are the kernels as
-they were (v1) and are (v2). No GPU is needed; every number is derived from the parameters shown.
+the collective's busbw factor. Direct rows: the sender writes the peer's destination for the
+receives :mod:`hccc.compiler.ir.direct` proves safe (``--direct auto``, the default, in
+single-process launches). Every row is the kernels as they were (v1) or are (v2, with one channel
+or K, fused or not, direct or not); no row is marked "model" today (the column stays for designs
+not built). No GPU is needed; every number is derived from the parameters shown.
 """
 from __future__ import annotations
 
@@ -57,33 +62,48 @@ def fmt_size(n: int) -> str:
 
 
 def designs(channels: int):
-    """(name, loads in flight per thread, blocks per connection, direct, sync key, model only)"""
-    return [("v1 (before)", 1, 1, False, "v1", False),
-            ("v2 (as built)", LOADS_V2, 1, False, "v2", False),
-            (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", True),
-            ("v2 + direct", LOADS_V2, 1, True, "v2", True),
-            (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", True)]
+    """(name, loads in flight per thread, blocks per connection, direct, sync key, model only, fused)"""
+    return [("v1 (before)", 1, 1, False, "v1", False, False),
+            ("v2 (as built)", LOADS_V2, 1, False, "v2", False, False),
+            ("v2 + fused", LOADS_V2, 1, False, "v2", False, True),
+            (f"v2 + {channels} channels", LOADS_V2, channels, False, "v2", False, False),
+            ("v2 + direct", LOADS_V2, 1, True, "v2", False, False),
+            ("v2 + fused + direct", LOADS_V2, 1, True, "v2", False, True),
+            (f"v2 + {channels} ch + direct", LOADS_V2, channels, True, "v2", False, False)]
 
 
-def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int) -> list[dict]:
+def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
+          fused_ir=None) -> list[dict]:
     from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
     import numpy as np
 
     es = 4
-    slice_b = auto_slice_bytes(nbytes, ir.nchunks, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks), es)
-    nmb = micro_batches(nbytes, ir.nchunks, slice_b, es)
-    msgs: dict = {}
-    for r, t in zip(ir.prims["rank"].tolist(), ir.prims["tb"].tolist()):
-        msgs[(r, t)] = msgs.get((r, t), 0) + nmb
     factor = busbw_factor(ir.collective, ir.nranks)
+
+    def messages(prog):
+        slice_b = auto_slice_bytes(nbytes, prog.nchunks, slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks), es)
+        nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
+        out: dict = {}
+        for r, t in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
+            out[(r, t)] = out.get((r, t), 0) + nmb
+        return out
+
+    msgs_of = {False: messages(ir)}
+    if fused_ir is not None:
+        msgs_of[True] = messages(fused_ir)
     rows = []
-    for name, loads, k, direct, sync, only_model in designs(channels):
-        tr = traffic(ir, nbytes, es, direct=direct)
+    for name, loads, k, direct, sync, only_model, fused in designs(channels):
+        if fused and fused_ir is None:
+            continue
+        prog = fused_ir if fused else ir
+        msgs = msgs_of[fused]
+        tr = traffic(prog, nbytes, es, direct=direct)
         rate = THREADS * 16 * loads / (latency_ns * 1e-9)            # bytes/s per block
         t_hbm = tr.hbm / (hbm_gbs * 1e9)
-        t_tb = max((tr.per_tb_reads[key] / (rate * k)) + msgs[key] / k * SYNC_US[sync] * 1e-6
+        # each of a TB's k blocks loads 1/k of its bytes and posts every one of its messages
+        t_tb = max((tr.per_tb_reads[key] / (rate * k)) + msgs[key] * SYNC_US[sync] * 1e-6
                    for key in tr.per_tb_reads)
         t = max(t_hbm, t_tb)
         rows.append({
@@ -113,13 +133,15 @@ def main(argv=None) -> int:
         print("kernel_model: --channels and sizes must be positive", file=sys.stderr)
         return 1
     sys.path.insert(0, str(ROOT.parent))
-    from hccc.compiler.pipeline import load_program
+    from hccc.compiler.pipeline import CompileOptions, load_program
 
     rows = []
     for name, path in ALGORITHMS.items():
         ir = load_program(path)
+        fused_ir = load_program(path, CompileOptions(fuse=True))
         for n in sizes:
-            rows += model(ir, n, latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, channels=args.channels)
+            rows += model(ir, n, latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, channels=args.channels,
+                          fused_ir=fused_ir)
     if args.json:
         print(json.dumps({"parameters": {"latency_ns": args.latency_ns, "hbm_gbs": args.hbm_gbs,
                                          "threads": THREADS, "sync_us": SYNC_US}, "rows": rows}, indent=1))

@@ -5,13 +5,14 @@
 
 For each cluster ``examples/clusters/a100_topo{1..4}.topo`` (2 or 4 servers of 4 or 8 A100s) and each
 algorithm (HM AllGather, HM AllReduce, and the ring AllGather / AllReduce baselines) it simulates, over
-buffer sizes from 8 MB to 4 GB (``hccc.runtime.simulator``, alpha-beta-gamma model):
+buffer sizes from 8 MB to 4 GB (``hccc.runtime.simulator``, alpha-beta-gamma model with its per-block
+limit; every program runs with the channels ``hccc ALGO -o`` gives it there, ``--channels auto``):
 
 * ``hccc``        task-level execution, HPDS, state-based TBs (what ``hccc ALGO`` emits);
 * ``rr``          task-level execution, round-robin scheduler (ResCCL section 5.3's baseline);
 * ``conn``        task-level execution, HPDS, connection-based TBs;
-* ``fuse``        as ``hccc`` but lowered with receive-and-forward fusion (``--fuse``; a fused primitive
-                  ties its two connection ends to one TB, which then runs all their traffic in sequence);
+* ``fuse``        as ``hccc`` but lowered with receive-and-forward fusion (``--fuse``; fused traffic on
+                  channels and TBs of its own, one per connection pair);
 * ``msccl``       algorithm-level execution (every micro-batch runs the whole algorithm in step
                   order) on connection-based TBs: the MSCCL-like baseline.
 
@@ -35,6 +36,7 @@ from rich.table import Table
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.pipeline import CompileOptions, apply_channels, platforms_for
 from hccc.runtime.simulator import build_for_execution, prepare, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +106,10 @@ def evaluate(topos: list[int], sizes: list[int], console: Console) -> dict:
             for cname, (ex, sch, tba, fuse, _) in CONFIGS.items():
                 t0 = time.perf_counter()
                 ir = build_for_execution(alg, ex, scheduler=sch, tb_alloc=tba, fuse=fuse)
+                # the channels hccc ALGO -o gives it on the cluster's GPUs (for the MSCCL-like
+                # baseline: one instance per channel, as the XML export writes)
+                ir = apply_channels(ir, CompileOptions(), platforms_for(ir.nranks, "auto", topo),
+                                    declared=alg.header.nchannels)
                 prog = prepare(ir, topo)
                 res = [simulate(prog, topo, s, execution=ex, slice_bytes="auto") for s in sizes]
                 t3 = simulate(prog, topo, TABLE3_SIZE, execution=ex, slice_bytes="auto")

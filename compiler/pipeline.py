@@ -33,6 +33,8 @@ class CompileOptions:
     xml_fuse: bool = False           # rcs / rrcs / rrs steps in the MSCCL XML
     xml_instances: int = 1           # instances of the program in the MSCCL XML (msccl-tools' instances)
     codegen: str = "specialized"     # specialized (a kernel per rank) | table (generic kernels + tables)
+    direct: str = "auto"             # direct mode for proven receives (auto) or the FIFO everywhere (off)
+    channels: int | None = None      # blocks per thread block; None = auto (passes/channels.py)
 
 
 @dataclass
@@ -148,26 +150,31 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
                    tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
     times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
+    plats = platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None)
+    ir = apply_channels(ir, opts, plats, declared=alg.header.nchannels)
     if choose_allocation is not None and opts.tb_alloc == "state":
+        # compared with the channels chosen above; the kept allocation's TBs are checked again
         ir = times.run("tb_alloc choice", choose_allocation, alg, ir)
+        ir = apply_channels(ir, CompileOptions(channels=ir.nchannels), plats)
     xml = None
     if opts.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm
         from hccc.compiler.interop.msccl_format import XmlLimits
         try:
             _, text = times.run("msccl_xml", lambda: export_algorithm(
-                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse, instances=opts.xml_instances,
+                alg, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
+                instances=xml_instances(opts, alg.header.nchannels),
                 chunk_bytes=opts.chunk_bytes, name=ir.name))
             xml = (text, None)
         except CompileError as exc:
             xml = (None, exc)
     return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml,
-                           structure_checked=True)
+                           declared=alg.header.nchannels, structure_checked=True)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
                     cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None,
-                    structure_checked: bool = False):
+                    declared: int | None = None, structure_checked: bool = False):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
@@ -176,6 +183,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     ``checked``: the caller already checked the program against ``cluster``; otherwise every
     connection of the IR must be a link of the cluster. ``xml``: the export already made by the
     caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
+    ``declared``: the channel count the algorithm declares (default: the program's own), for the
+    XML's instances (:func:`xml_instances`).
     ``structure_checked``: ``ir`` passed :func:`~hccc.compiler.ir.check.check_structure` (built by
     :func:`~hccc.compiler.passes.build.build_program`), so code generation does not check it again.
     """
@@ -196,10 +205,15 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         extra["topology"] = cluster.manifest_entry()
     notes: list[str] = []
     xml_text = None
+    platforms = platforms_for(ir.nranks, opts.target, topo)
+    if declared is None:
+        declared = int(ir.nchannels)      # a given program's own count (before auto)
+    if not checked:   # compile_algorithm chose the channels already
+        ir = apply_channels(ir, opts, platforms)
     try:
         if xml is None:
             xml_text = times.run("msccl_xml", export_xml, ir, xml_limits or XmlLimits(), fuse=opts.xml_fuse,
-                                 instances=opts.xml_instances)
+                                 instances=xml_instances(opts, declared))
         elif xml[1] is not None:
             raise xml[1]
         else:
@@ -210,19 +224,43 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         notes.append("MSCCL XML not written (the kernels are): "
                      + "; ".join(d.message for d in exc.diagnostics[:3])
                      + (" ..." if len(exc.diagnostics) > 3 else ""))
-    platforms = platforms_for(ir.nranks, opts.target, topo)
     with atomic_output_dir(outdir) as tmp:
         phases: dict[str, float] = {}
         gen = generate_table if opts.codegen == "table" else generate
         files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
                           extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
-                          structure_checked=structure_checked)
+                          direct=opts.direct, structure_checked=structure_checked)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"
             xml_path.write_text(xml_text, encoding="utf-8")
             files = sorted([*files, xml_path])
     return ir, files, notes
+
+
+def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1, ranks_per_device: int = 1):
+    """``ir`` with the channel count ``opts.channels`` asks for on ``platforms`` (per-rank tuples
+    as :func:`platforms_for` gives, or names), :func:`hccc.compiler.passes.channels.resolve_channels`;
+    ``declared``: the algorithm's own request (the ``.rccl`` header's nChannels), taken by ``auto``
+    for GPU code; ``ranks_per_device``: ranks sharing one device. A count that cannot run is a
+    :class:`CompileError`."""
+    from hccc.compiler.passes.channels import ChannelError, resolve_channels, with_channels
+    names = [p[0] if isinstance(p, tuple) else p for p in platforms]
+    try:
+        k = resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device)
+    except ChannelError as exc:
+        raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
+    return with_channels(ir, k)
+
+
+def xml_instances(opts: CompileOptions, declared: int = 1) -> int:
+    """MSCCL XML instances: ``--xml-instances`` x the channels asked for (``--channels K``) or, with
+    ``auto``, declared by the program (the ``.rccl`` nChannels, a ProgramIR's ``nchannels``). An
+    MSCCL instance is what an hccc channel is: a copy of every thread block on channels of its
+    own, moving its share of every chunk (the XML's ``nchannels`` counts them). The hardware rule
+    of ``auto`` applies to hccc's kernels only: an MSCCL runtime picks its own parallelism."""
+    k = opts.channels if opts.channels is not None else max(1, int(declared))
+    return max(1, int(opts.xml_instances)) * int(k)
 
 
 IR_SUFFIXES = (".json",)

@@ -126,6 +126,15 @@ def add_topology_option(parser: argparse.ArgumentParser, *, required: bool = Fal
     parser.add_argument("-t", "--topology", metavar="T", required=required, help=TOPOLOGY_HELP + extra)
 
 
+def channels_arg(text: str) -> int | None:
+    """``--channels``: ``auto`` (None) or a channel count."""
+    from hccc.compiler.passes.channels import parse_channels
+    try:
+        return parse_channels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str | None = "1M",
                         chunk_help: str | None = None, tb_alloc_default: str | None = "state",
                         prefix: str = "") -> None:
@@ -139,6 +148,10 @@ def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str |
                         help=prefix + (chunk_help or "micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M"))
     parser.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                         help=prefix + "refuse programs with more transfers than this")
+    parser.add_argument("--channels", type=channels_arg, default=None, metavar="K|auto",
+                        help="blocks per thread block: each moves 1/K of every slice over FIFOs of its "
+                             "own (default: auto, i.e. the CPU emulation 1; CUDA/HIP the .rccl nChannels, "
+                             "else from the SM count, thread blocks and slice size)")
 
 
 def program_options(args, **overrides):
@@ -146,7 +159,7 @@ def program_options(args, **overrides):
     from hccc.compiler.pipeline import CompileOptions
 
     kw = dict(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state", chunk_bytes=args.chunk_size,
-              max_transfers=args.max_transfers)
+              max_transfers=args.max_transfers, channels=getattr(args, "channels", None))
     kw.update(overrides)
     return CompileOptions(**kw)
 

@@ -62,7 +62,7 @@ from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
-                                   program_layout, describe_stuck, generated_sources)
+                                   program_layout, describe_stuck, generated_sources, rank_blocks)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
@@ -266,7 +266,7 @@ class Communicator:
         self._gendir = generated_sources(ir, plats, cache_dir, codegen)
         self._man = man = json.loads((self._gendir / "manifest.json").read_text())
         entry = man["ranks"][self.rank]
-        self.grid = int(entry["tbs"])
+        self.grid = rank_blocks(man, entry)
         emitted = int(man["nthreads"].get(mine, 1))
         self.block = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
         self._kernels: dict[tuple[str, str], object] = {}

@@ -1,4 +1,4 @@
-"""The host side of the kernel ABI declared in the emitted ``hccc_prims.h`` (``HCCC_ABI_VERSION`` 2).
+"""The host side of the kernel ABI declared in the emitted ``hccc_prims.h`` (``HCCC_ABI_VERSION`` 3).
 
 Device pointers are 64-bit integers on every platform, so the argument structs are packed the same
 way for the CPU emulation, CUDA and HIP. :class:`Args` is passed to every rank kernel by value;
@@ -10,7 +10,7 @@ import ctypes
 
 from hccc.compiler.ir.program_ir import Op
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 class Conn(ctypes.Structure):
@@ -37,7 +37,8 @@ class Args(ctypes.Structure):
                 ("send_conns", ctypes.c_uint64), ("recv_conns", ctypes.c_uint64),
                 ("progress", ctypes.c_uint64), ("abort_flag", ctypes.c_uint64),
                 ("error", ctypes.c_uint64), ("timeout", ctypes.c_uint64),
-                ("slice_bytes", ctypes.c_uint64)]
+                ("slice_bytes", ctypes.c_uint64),
+                ("peers", ctypes.c_uint64)]   # every rank's hccc_args (direct mode), or 0
 
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)

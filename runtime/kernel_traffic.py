@@ -1,6 +1,6 @@
 """Memory traffic of the emitted kernels, counted from a ProgramIR: what each primitive reads and
-writes in HBM per byte it moves, under the FIFO protocol the kernels implement and under a direct
-mode (sender writes the receiver's destination) that they do not implement yet.
+writes in HBM per byte it moves, under the FIFO protocol and under direct mode (the sender writes
+the receiver's destination: ``--direct auto``, single-process launches).
 
 Per byte of a primitive's slices (``hccc_prim`` in hccc_prims.h; a FIFO slot lives in the
 receiver's HBM, so a sender's slot write lands there):
@@ -18,10 +18,12 @@ COPY                       1     1      (nothing when source and destination coi
 REDUCE                     2     1      destination (+) source -> destination
 =========================  ====  =====  =======================================================
 
-Direct mode (model only): a receive that only copies (RECV, RECV_COPY_SEND) finds its data already
-in its destination, written there by the sender: RECV moves nothing, RECV_COPY_SEND reads its
-destination and writes the next hop (1 + 1); sends cost the same (source -> the peer's
-destination instead of its slot). Reductions keep the FIFO.
+Direct mode: a receive that only copies (RECV, RECV_COPY_SEND) and that
+:func:`hccc.compiler.ir.direct.direct_safe` proves may take its data straight from the sender
+finds it already in its destination: RECV moves nothing, RECV_COPY_SEND reads its destination and
+writes the next hop (1 + 1); sends cost the same (source -> the peer's destination instead of its
+slot). Reductions, and receives whose destination another primitive of the rank may touch before
+them, keep the FIFO.
 
 ``reads`` counts what a thread block must load per byte it moves: with ``L`` bytes of loads in
 flight per block and a memory latency ``t``, a block moves at most ``L / t / reads`` bytes per
@@ -43,7 +45,7 @@ HBM_COST = {
     Op.RECV_REDUCE_SEND: (2, 1), Op.RECV_REDUCE_COPY_SEND: (2, 2), Op.COPY: (1, 1),
     Op.REDUCE: (2, 1), Op.NOP: (0, 0),
 }
-#: the same with direct mode for copy-only receives (model only)
+#: the same with direct mode for copy-only receives proven safe
 DIRECT_COST = dict(HBM_COST)
 DIRECT_COST.update({Op.RECV: (0, 0), Op.RECV_COPY_SEND: (1, 1)})
 
@@ -82,14 +84,21 @@ class Traffic:
 
 def traffic(ir: ProgramIR, nbytes: int, element_bytes: int = 4, *, direct: bool = False) -> Traffic:
     """HBM and link bytes of ``ir``'s kernels for a full buffer of ``nbytes`` (module docstring);
-    ``direct``: copy-only receives in direct mode (a model; the kernels use the FIFO)."""
-    cost = DIRECT_COST if direct else HBM_COST
+    ``direct``: copy-only receives proven direct-safe in direct mode (as the kernels run them
+    in single-process launches; the Communicator and the table mode keep the FIFO)."""
     p = ir.prims
     b = prim_bytes(ir, nbytes, element_bytes)
     op = p["op"].astype(np.int64)
     same = (op == Op.COPY) & (p["src_buf"] == p["dst_buf"]) & (p["src_off"] == p["dst_off"])
-    rd = np.array([cost[Op(int(o))][0] for o in op], np.int64) * b * ~same
-    wr = np.array([cost[Op(int(o))][1] for o in op], np.int64) * b * ~same
+    if direct:
+        from hccc.compiler.ir.direct import direct_safe
+        is_direct = direct_safe(ir)
+    else:
+        is_direct = np.zeros(len(op), dtype=bool)
+    rd = np.array([(DIRECT_COST if d else HBM_COST)[Op(int(o))][0] for o, d in zip(op, is_direct)],
+                  np.int64) * b * ~same
+    wr = np.array([(DIRECT_COST if d else HBM_COST)[Op(int(o))][1] for o, d in zip(op, is_direct)],
+                  np.int64) * b * ~same
     link = int(b[np.isin(op, [int(x) for x in _SENDS])].sum())
     reads: dict = {}
     moved: dict = {}

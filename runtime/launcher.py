@@ -266,7 +266,12 @@ class RankPlan:
 
     Sends nobody receives go to a FIFO of the sender's own (:attr:`orphan_bytes`: a 16-byte
     header holding its ``tail``, then the slots). Counters and orphan headers must be zero at
-    launch (:meth:`RankMemory.reset`)."""
+    launch (:meth:`RankMemory.reset`).
+
+    Channels (manifest ``nchannels`` = K): the connections and progress counters here are every
+    channel's, the manifest's one-channel lists K times (channel ``c``'s copy names its channel
+    ``channel + c * stride``, :func:`~hccc.compiler.backend.codegen.replicated_conns`), in the
+    order the kernels index them."""
 
     rank: int
     recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
@@ -277,11 +282,16 @@ class RankPlan:
 
     @classmethod
     def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
+        from hccc.compiler.backend.codegen import channel_stride, replicated_conns
         e = manifest["ranks"][rank]
+        nch = max(1, int(manifest.get("nchannels", 1)))
+        stride = 1
+        if nch > 1:   # the manifest's own, else computed (one scan of every rank's connections)
+            stride = int(manifest.get("channel_stride") or channel_stride(manifest["ranks"]))
         return cls(rank=rank,
-                   recv_conns=tuple((int(p), int(c)) for p, c in e["recv_conns"]),
-                   send_conns=tuple((int(p), int(c)) for p, c in e["send_conns"]),
-                   progress_slots=int(e["progress_slots"]),
+                   recv_conns=tuple(replicated_conns(e["recv_conns"], nch, stride)),
+                   send_conns=tuple(replicated_conns(e["send_conns"], nch, stride)),
+                   progress_slots=nch * int(e["progress_slots"]),
                    nslots=int(manifest["nslots"]),
                    slot_bytes=int(manifest.get("slot_bytes", manifest["chunk_bytes"])))
 
@@ -333,6 +343,11 @@ class RankPlan:
     def peers(self) -> set[int]:
         """Ranks whose memory this rank's connection tables point into."""
         return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
+
+
+def rank_blocks(manifest: dict, entry: dict) -> int:
+    """Blocks of a rank's launch: ``nchannels`` x its thread blocks (manifest ``blocks``)."""
+    return int(entry.get("blocks", max(1, int(manifest.get("nchannels", 1))) * int(entry["tbs"])))
 
 
 class RankMemory:
@@ -595,7 +610,8 @@ class Runner:
         ranks = man["ranks"]
         if [e["platform"] for e in ranks] != self.rank_platform:
             raise PlatformError("generated manifest disagrees with the rank platforms")
-        self.grid = [int(e["tbs"]) for e in ranks]
+        #: blocks per rank: channels x thread blocks
+        self.grid = [rank_blocks(man, e) for e in ranks]
         self.library_ranks = self._ranks_of()
         self.block_of: dict[str, int] = {}
         for p, pf in self.platforms.items():
@@ -865,15 +881,18 @@ class Runner:
                 own.append(scr_p)
                 bufs.append((in_p, out_p, scr_p, own))
 
-            args = []
+            argv = []
             for r in range(N):
                 in_p, out_p, scr_p, _ = bufs[r]
                 pf = self.rank_pf[r]
-                a = Args(input=in_p, output=out_p, scratch=scr_p, count=count,
-                         send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
-                         progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
-                         timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                         slice_bytes=slice_b)
+                argv.append(Args(input=in_p, output=out_p, scratch=scr_p, count=count,
+                                 send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
+                                 progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
+                                 timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
+                                 slice_bytes=slice_b))
+            self._set_peers(argv, bufs)
+            args = []
+            for r, a in enumerate(argv):
                 # table mode: the generic kernels take the rank's table address after hccc_args
                 tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
                 args.append(bytes(a) + tail)
@@ -921,6 +940,28 @@ class Runner:
                          first_wrong=first, collective=coll, nranks=N, iters=len(times),
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
                          outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b)
+
+    def _set_peers(self, argv: list, bufs: list) -> None:
+        """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
+        own device memory, when all ranks run on one platform (one address space: the CPU
+        emulation, or GPUs of one process that reach each other's memory as they reach the FIFOs).
+        Not on HIP across several GPUs: the data buffers are ordinary (coarse-grained) device
+        memory there, which a peer GPU's writes need not reach coherently before the kernel ends
+        (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
+        FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
+        N = len(argv)
+        if N == 0 or len({pf.name for pf in self.rank_pf}) != 1:
+            return
+        if self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1:
+            return
+        blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
+        for r in range(N):
+            pf = self.rank_pf[r]
+            pf.set_device(self.placement[r])
+            ptr = pf.malloc(max(len(blob), 16))
+            bufs[r][3].append(ptr)
+            pf.memcpy_htod(ptr, blob)
+            argv[r].peers = ptr
 
     def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
         """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid

@@ -9,7 +9,16 @@ the buffer size: elements per chunk, the slice length and the micro-batch count,
 ``hccc_prims.h`` computes them.
 
 A resource is identified by an integer: links ``0..L-1``, shared groups ``L..L+NG-1``, the
-reduction units of ranks ``L+NG..L+NG+N-1`` (only for ranks whose node declares ``gamma``).
+reduction units of ranks ``L+NG..L+NG+N-1`` (only for ranks whose node declares ``gamma``), then
+with a per-block limit the data engine of each thread block ``L+NG+N+g``.
+
+Per-block limit. One GPU block keeps only so many bytes in flight (Little's law: about 8 KiB per
+SM at ~0.5 us memory latency, some 15-20 GB/s for the FIFO protocol's copies), so a block cannot
+fill a fast link alone; the kernels spread a connection over ``nchannels`` blocks
+(:mod:`hccc.compiler.passes.channels`). Each thread block's sends therefore also cross a resource
+of its own of capacity ``nchannels x block_gbps`` (default :data:`DEFAULT_BLOCK_GBPS`; None or
+infinity: no limit): a connection runs at min(its fair share of link and groups, nchannels x
+block_gbps).
 """
 from __future__ import annotations
 
@@ -19,11 +28,13 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
+from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 
 from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 
 _FLAGS = np.array([(F_SEND if Op(i).sends else 0) | (F_RECV if Op(i).receives else 0)
                    | (F_REDUCE if Op(i).reduces else 0) for i in range(len(Op))], dtype=np.int64)
+
 
 #: Bytes per element the sizes are counted in (float32, like nccl-tests' default).
 DEFAULT_ELEMENT_BYTES = 4
@@ -73,6 +84,13 @@ class SimProgram:
     link_alpha: np.ndarray    # per link, seconds
     nlinks: int
     ngroups: int
+    # what a sending primitive's flow holds: its route (link, groups, and with a per-block limit
+    # its TB's block resource), the engine's p_link / link_res_ptr / link_res
+    p_route: np.ndarray = None
+    route_res_ptr: np.ndarray = None
+    route_res: np.ndarray = None
+    nchannels: int = 1
+    block_gbps: float | None = None
 
     @property
     def ntbs(self) -> int:
@@ -103,8 +121,9 @@ def _fifo_positions(key: np.ndarray, count: np.ndarray) -> np.ndarray:
     return pos
 
 
-def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
-    """Size-independent arrays for simulating ``ir`` on ``topo`` (see the module docstring).
+def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> SimProgram:
+    """Size-independent arrays for simulating ``ir`` on ``topo`` (see the module docstring);
+    ``block_gbps``: the per-block limit (None or infinity: none).
 
     Raises :class:`SimulationError` when the rank counts differ or a sending primitive has no link.
     """
@@ -206,6 +225,27 @@ def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
         owner = np.repeat(np.arange(L), np.diff(lg_ptr))
         link_res[np.arange(len(lg)) + owner + 1] = L + lg
     K = int(max(1, np.diff(link_res_ptr).max() if L else 1))
+    # ---- routes: with a per-block limit, each sending TB's flow also crosses its block resource
+    nchannels = max(1, int(getattr(ir, "nchannels", 1) or 1))
+    limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
+    if limited:
+        bres0 = len(res_cap)
+        res_cap = np.concatenate([res_cap, np.full(G, nchannels * float(block_gbps) * 1e9)])
+        skeys = gtb[si] * max(L, 1) + p_link[si]
+        ukeys_r, rinv = np.unique(skeys, return_inverse=True)
+        r_tb, r_link = ukeys_r // max(L, 1), ukeys_r % max(L, 1)
+        llen = np.diff(link_res_ptr)[r_link]
+        route_res_ptr = np.r_[0, np.cumsum(llen + 1)].astype(np.int64)
+        route_res = np.empty(int(route_res_ptr[-1]), np.int64)
+        own = np.repeat(np.arange(len(ukeys_r)), llen)
+        j = np.arange(len(own)) - np.repeat(np.cumsum(llen) - llen, llen)   # position in the link's list
+        route_res[route_res_ptr[:-1][own] + j] = link_res[link_res_ptr[r_link][own] + j]
+        route_res[route_res_ptr[1:] - 1] = bres0 + r_tb
+        p_route = np.full(n, -1, dtype=np.int64)
+        p_route[si] = rinv
+        K += 1
+    else:
+        route_res_ptr, route_res, p_route = link_res_ptr, link_res, p_link
     # ---- dependencies
     dp = np.asarray(ir.dep_prim, dtype=np.int64)
     do = np.asarray(ir.dep_on, dtype=np.int64)
@@ -221,7 +261,9 @@ def prepare(ir: ProgramIR, topo: Topology) -> SimProgram:
         rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=c_total, c_stb=c_stb,
         c_rtb=c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=c_src, c_dst=c_dst,
         link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres, K=K,
-        link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG)
+        link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
+        p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
+        block_gbps=float(block_gbps) if limited else None)
 
 
 @dataclass(frozen=True)
@@ -295,6 +337,10 @@ def resource_bytes(prog: SimProgram, geo: Geometry) -> np.ndarray:
     cres = prog.rank_cres[prog.p_rank]
     mr = (rb > 0) & (cres >= 0)
     np.add.at(out, cres[mr], rb[mr])
+    if prog.block_gbps is not None:      # each TB's sends cross its block resource
+        bres0 = prog.nlinks + prog.ngroups + prog.nranks
+        gtb = np.repeat(np.arange(prog.ntbs), np.diff(prog.tb_ptr))
+        np.add.at(out, bres0 + gtb[m], sb[m])
     return out
 
 

@@ -53,7 +53,7 @@ from hccc.compiler.cluster.topology import Topology
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
                         lower_bound, prepare, resource_bytes)
 
 NSLOTS = 8
@@ -63,7 +63,7 @@ EXECUTIONS = ("task", "algorithm")
 GB = 1e9
 
 __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
-           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution",
+           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
            "resolve_slice"]
 
 
@@ -186,10 +186,10 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
     return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
             float(geo.element_bytes), int(rec_lim),
             prog.tb_ptr, prog.p_flags, prog.p_sconn, prog.p_rconn, prog.p_spos, prog.p_rpos,
-            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_link,
+            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_route,
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
-            prog.link_res_ptr, prog.link_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
+            prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
             int(prog.K))
 
 
@@ -236,7 +236,8 @@ def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
 def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
              record: bool | int = False, nslots: int = NSLOTS,
-             max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None) -> SimResult:
+             max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
+             block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -244,10 +245,11 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     the program's slot capacity ``chunk_bytes``; ``"auto"`` picks it from the size.
     ``record`` keeps the busy intervals (of every TB, or of the first ``record`` TBs when it is an
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
-    past it the call fails fast with advice instead of running for hours.
+    past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
+    per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
     # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
@@ -286,11 +288,12 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
 
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
-                   slice_bytes: int | str | None = "auto", **kw) -> list[SimResult]:
+                   slice_bytes: int | str | None = "auto", block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+                   **kw) -> list[SimResult]:
     """:func:`simulate` for every size, preparing the program once. Unlike :func:`simulate`, the
     slice follows each size by default (``slice_bytes="auto"``, the policy ``hccc sim`` uses);
     pass ``slice_bytes=None`` for the program's slot capacity at every size."""
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo)
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     return [simulate(prog, topo, s, slice_bytes=slice_bytes, **kw) for s in sizes]
 
 
@@ -302,7 +305,7 @@ ALLOCATION_SIZES = (1 << 20, 64 << 20)
 
 def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *, sizes=ALLOCATION_SIZES,
                       scheduler: str = "hpds", chunk_bytes: int = DEFAULT_SLOT_BYTES,
-                      fuse: bool = False) -> ProgramIR:
+                      fuse: bool = False, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
     """State-based TB allocation that never costs time on ``topo``: sharing a TB between units
     whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
@@ -310,7 +313,7 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_kept"]``,
     ``tb_alloc_state_s``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology``
     record the comparison (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for ("state") and
-    ``ntbs`` are those of the kept allocation."""
+    ``ntbs`` are those of the kept allocation. ``block_gbps``: the simulator's per-block limit."""
     from hccc.compiler.passes.build import build_program
 
     ir = state_ir if state_ir is not None else build_program(
@@ -319,8 +322,9 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     if st.get("tbs_state_based") == st.get("tbs_connection_based"):
         return ir                      # nothing shared: the two allocations are the same
     conn = build_program(alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse)
-    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes))
-    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes))
+    conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
+    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes, block_gbps=block_gbps))
+    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes, block_gbps=block_gbps))
     keep = ir if t_state <= t_conn else conn
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
@@ -331,10 +335,39 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
     return keep
 
 
+def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR | None = None, *,
+                  sizes=ALLOCATION_SIZES, scheduler: str = "hpds",
+                  chunk_bytes: int | None = None) -> ProgramIR:
+    """The fused program (receive-and-forward fusion, one TB per connection pair) where it never
+    costs time on ``topo``, else ``plain_ir``. Fusion saves a pass over memory per forwarded byte
+    (which the simulator does not charge), but its traffic runs on TBs and channels of its own,
+    beside the unfused traffic of the same links, which can delay the schedule's critical chains;
+    so both are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the fused one is kept
+    only when it is at least as fast at every size. ``fused_ir`` defaults to the fused build with
+    the faster allocation on ``topo``. ``stats["fusion_kept"]``, ``fusion_plain_s`` and
+    ``fusion_fused_s`` (totals over ``sizes``) record the comparison."""
+    from hccc.compiler.passes.build import build_program
+
+    if fused_ir is None:
+        fused_ir = build_program(alg, scheduler=scheduler, tb_alloc="state", fuse=True,
+                                 chunk_bytes=chunk_bytes or plain_ir.chunk_bytes)
+        fused_ir = faster_allocation(alg, topo, fused_ir, sizes=sizes, scheduler=scheduler, fuse=True)
+    if not fused_ir.stats.get("fused"):
+        keep, t_plain, t_fused = plain_ir, None, None
+    else:
+        t_plain = [r.time_s for r in simulate_sizes(plain_ir, topo, sizes)]
+        t_fused = [r.time_s for r in simulate_sizes(fused_ir, topo, sizes)]
+        keep = fused_ir if all(f <= p for f, p in zip(t_fused, t_plain)) else plain_ir
+    keep.stats.update({"fusion_kept": keep is fused_ir,
+                       "fusion_plain_s": sum(t_plain) if t_plain else -1.0,
+                       "fusion_fused_s": sum(t_fused) if t_fused else -1.0})
+    return keep
+
+
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",
                         tb_alloc: str | None = None, chunk_bytes: int = DEFAULT_SLOT_BYTES,
                         fuse: bool = False, topology: Topology | None = None,
-                        sizes=ALLOCATION_SIZES) -> ProgramIR:
+                        sizes=ALLOCATION_SIZES, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
     """The ProgramIR each execution mode runs; ``chunk_bytes`` is its FIFO slot capacity (the
     largest slice a call may use: simulate with ``slice_bytes="auto"`` to follow the size).
 
@@ -351,7 +384,8 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
         ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc or "state",
                            chunk_bytes=chunk_bytes, fuse=fuse)
         if topology is not None and (tb_alloc or "state") == "state":
-            ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse)
+            ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse,
+                                   block_gbps=block_gbps)
         return ir
     if execution == "algorithm":
         return build_algorithm_level(alg, tb_alloc=tb_alloc or "connection", chunk_bytes=chunk_bytes)

@@ -3,6 +3,7 @@ communicator_latency.py also runs here, small and marked slow)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ def test_mixed_vendor_compares_ring_c2c_and_synthesis():
         assert [a[0] for a in mv.algorithms(topo, coll, None, synth_time=None)] == labels[:-1]
 
 
+@pytest.mark.slow
 def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
     a2a = _load("alltoall")
     topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")
@@ -113,3 +115,26 @@ def test_communicator_latency_benchmark_prints_its_table():
     rows = [ln.split() for ln in res.stdout.splitlines() if ln and not ln.startswith("#")]
     assert rows[0] == ["bytes", "comm", "us", "runner", "us", "ratio"]
     assert len(rows) == 2 and rows[1][0] == "4096" and float(rows[1][1]) > 0 and float(rows[1][2]) > 0
+
+
+def test_fusion_benchmark_rows(capsys):
+    """benchmarks/fusion.py: side-by-side rows; fusion never adds HBM traffic and saves some on a
+    ring broadcast (every forward fused)."""
+    fb = _load("fusion")
+    assert fb.main(["--only", "ring_broadcast_8", "--sizes", "1M", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["program"] == "ring_broadcast_8" for r in rows)
+    for r in rows:
+        plain, fused = r["hbm_per_byte"]
+        assert r["fused"] > 0 and fused < plain
+        assert len(r["busbw"]) == 1 and r["auto"] in ("fused", "unfused")
+
+
+def test_channels_benchmark_rises_with_channels_to_the_link_model():
+    ch = _load("channels")
+    rows = ch.run(["ring_allreduce_8:a100_topo1"], [64 << 20], [1, 2, 4], 20.0)
+    bw = [r["busbw"][str(64 << 20)] for r in rows]
+    link = rows[0]["link_model_busbw"][str(64 << 20)]
+    assert [r["channels"] for r in rows] == [1, 2, 4]
+    assert bw[0] < bw[1] <= bw[2] * (1 + 1e-9) and bw[2] == pytest.approx(link, rel=1e-9)
+    assert bw[0] == pytest.approx(20.0, rel=0.01)      # one block per connection: the block rate

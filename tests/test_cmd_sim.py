@@ -32,7 +32,11 @@ def test_table_has_one_row_per_size(capsys):
     fields = rows[1].split()
     assert fields[0] == str(64 << 20) and fields[1] == str((64 << 20) // 4) and fields[2] == "float32"
     assert fields[3:5] == ["sum", "-1"]                                        # redop, root (nccl-tests)
-    ref = simulate(build_program(load_algorithm(HM_AR)), load_cluster(TOPO1), 64 << 20, slice_bytes="auto")
+    alg = load_algorithm(HM_AR)
+    ir = build_program(alg)
+    ir.nchannels = alg.header.nchannels      # --channels auto on GPUs: the .rccl's own nChannels
+    assert ir.nchannels == 4 and "4 channels" in out
+    ref = simulate(ir, load_cluster(TOPO1), 64 << 20, slice_bytes="auto")
     assert float(fields[5]) == pytest.approx(ref.time_us, abs=0.01)
     assert float(fields[7]) == pytest.approx(ref.busbw_GBps, abs=0.01)
     assert fields[9] == "256K" and int(fields[10]) == ref.micro_batches == 32  # slice column

@@ -134,7 +134,7 @@ def test_rejects_bad_platforms_and_chunk_bytes(tmp_path):
 
 
 # ---------------------------------------------------------------------------- independent parse
-_CALL = re.compile(r"HCCC_PW?\(([^)]*)\)")
+_CALL = re.compile(r"HCCC_PW?(X?)\(([^)]*)\)")
 _WAIT = re.compile(r"const int w\[\] = \{([^}]*)\}")
 _TB = re.compile(r"void tb(\d+)\(")
 
@@ -150,15 +150,19 @@ def parse_rank_source(text: str):
             continue
         m = _CALL.search(line)
         if m and "#define" not in line and "hccc_prim<" not in line:
-            a = [x.strip() for x in m.group(1).split(",")]
+            a = [x.strip() for x in m.group(2).split(",")]
             d = dict(seq=int(a[0]), op=Op[a[1]], sconn=int(a[2]), spos=int(a[3]),
                      rconn=int(a[4]), rpos=int(a[5]), sbuf=a[6], soff=int(a[7]), dbuf=a[8],
                      doff=int(a[9]), count=int(a[10]), chunk=int(a[11]), post=int(a[12]),
-                     task=int(a[13]), waits=[])
+                     task=int(a[13]), waits=[], direct=0)
             w = _WAIT.search(line)
             if w:
                 d["waits"] = [int(x) for x in w.group(1).split(",")]
                 assert int(a[14]) == len(d["waits"])
+            if m.group(1):   # direct-mode fields last: direct, dpeer, pbuf, poff, pbase
+                x = a[16:] if w else a[14:]
+                d.update(direct=int(x[0]), dpeer=int(x[1]), pbuf=x[2], poff=int(x[3]), pbase=int(x[4]))
+                assert d["direct"] in (1, 2, 3)
             out[tb].append(d)
     return out
 
@@ -224,6 +228,24 @@ def check_against_ir(ir: ProgramIR, outdir: pathlib.Path, man: dict) -> None:
     for key, sends in fifo_send.items():
         if key in fifo_recv and [c for _, c in sends] == [c for _, c in fifo_recv[key]]:
             assert sends == fifo_recv[key]
+    # direct mode: the k-th send of a connection is marked direct exactly when its k-th receive
+    # is, and names that receive's destination; only copy-only receives are
+    ends: dict = {}
+    for i in order:
+        op = Op(p["op"][i])
+        if op.sends:
+            ends.setdefault(("s", p["rank"][i], p["send_peer"][i], p["channel"][i]), []).append(i)
+        if op.receives:
+            ends.setdefault(("r", p["recv_peer"][i], p["rank"][i], p["channel"][i]), []).append(i)
+    for (kind, a, b, ch), lst in ends.items():
+        if kind != "s":
+            continue
+        for s_i, r_i in zip(lst, ends.get(("r", a, b, ch), [])):
+            gs, gr = gen_of[s_i], gen_of[r_i]
+            assert bool(gs["direct"] & 1) == bool(gr["direct"] & 2)
+            if gr["direct"] & 2:
+                assert Op(p["op"][r_i]) in (Op.RECV, Op.RECV_COPY_SEND)
+                assert (gs["dpeer"], gs["pbuf"], gs["poff"]) == (b, gr["dbuf"], gr["doff"])
 
 
 @pytest.mark.parametrize("make", [lambda: ring_allreduce(4), lambda: ring_allgather(5),
@@ -389,7 +411,15 @@ def test_source_checker_detects_corruption(tmp_path):
     _, man = gen(ir, tmp_path)
     f = tmp_path / "ring_ag_r1.cu"
     good = f.read_text()
-    f.write_text(good.replace("HCCC_P(1, RECV, -1, 0, 0, 1,", "HCCC_P(1, RECV, -1, 0, 0, 2,"))
+    bad = re.sub(r"(HCCC_PX?\(1, RECV, -1, 0, 0, )1,", r"\g<1>2,", good)
+    assert bad != good
+    f.write_text(bad)
+    with pytest.raises(AssertionError):
+        check_against_ir(ir, tmp_path, man)
+    # a receive marked direct whose sender is not (the direct bits of one message disagree)
+    bad = re.sub(r"(HCCC_PX\(1, RECV, [^)]*, )2, 0, NONE, 0, 0\)", r"\g<1>0, 0, NONE, 0, 0)", good)
+    assert bad != good
+    f.write_text(bad)
     with pytest.raises(AssertionError):
         check_against_ir(ir, tmp_path, man)
     f.write_text(good.replace("const int w[] = {0};", "const int w[] = {1};"))

@@ -18,7 +18,7 @@ ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_E
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
 #: compiled by the default run (one reduction through forwarding chains, one AllToAll through
 #: scratch); every other example's compile is marked slow (``pytest -m slow``, run by CI)
-DEFAULT_RUN = {"hm_allreduce_4x8", "hierarchical_alltoall_2x8"}
+DEFAULT_RUN = {"hm_allreduce_2x4", "hierarchical_alltoall_2x4"}
 CASES = [pytest.param(p, id=p.stem, marks=() if p.stem in DEFAULT_RUN else pytest.mark.slow) for p in EXAMPLES]
 
 

@@ -346,6 +346,7 @@ def test_huge_cluster_files_refused_before_parsing(tmp_path):
                  pattern="more than 32768 link entries")
 
 
+@pytest.mark.slow
 def test_synth_time_limit_holds(tmp_path):
     """``--time-limit`` bounds the whole synthesis, greedy included: a problem whose greedy alone
     runs far longer (24 GPUs, 64 chunks per rank: about a minute before) ends within the limit plus

@@ -90,7 +90,11 @@ def test_kernel_model_prints_before_and_after():
     assert v2["block_gbs"] == pytest.approx(8 * v1["block_gbs"])     # 8 loads in flight instead of 1
     assert v2["block_bound_busbw"] > v1["block_bound_busbw"]
     assert rows["v2 + direct"]["hbm_per_byte"] == 16 and v2["hbm_per_byte"] == 30     # closed forms above
-    assert rows["v2 + 4 channels"]["block_bound_busbw"] == pytest.approx(4 * v2["block_bound_busbw"])
+    # 4 channels: a block loads a quarter (its sync per message stays), so the block bound rises,
+    # by less than 4x; channel rows are the kernels as built, direct mode is still a model
+    ch4 = rows["v2 + 4 channels"]
+    assert v2["block_bound_busbw"] < ch4["block_bound_busbw"] < 4 * v2["block_bound_busbw"]
+    assert not ch4["model_only"] and rows["v2 + direct"]["model_only"]
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "x"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr

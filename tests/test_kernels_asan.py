@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.mark.skipif(shutil.which("g++") is None or asan_runtime() is None,
                     reason="g++ with an ASan runtime (libasan) is not installed")
+@pytest.mark.slow
 def test_kernel_properties_under_address_sanitizer():
     env = dict(os.environ)
     env["LD_PRELOAD"] = asan_runtime()

@@ -165,11 +165,12 @@ def test_compile_writes_the_step_ordered_export(tmp_path):
     from hccc.compiler.pipeline import CompileOptions, compile_algorithm
 
     alg = load_algorithm(EX / "hm_allreduce_2x4.rccl")
-    _, text = export_algorithm(alg, fuse=True, instances=2)
+    assert alg.header.nchannels == 4          # one MSCCL instance per declared channel
+    _, text = export_algorithm(alg, fuse=True, instances=2 * 4)
     compile_algorithm(alg, tmp_path / "a", CompileOptions(xml_fuse=True, xml_instances=2))
     assert (tmp_path / "a" / "hm_allreduce_2x4.xml").read_text() == text
     compile_algorithm(alg, tmp_path / "b", CompileOptions(xml_order="kernel"))
-    assert (tmp_path / "b" / "hm_allreduce_2x4.xml").read_text() == export_xml(build_program(alg))
+    assert (tmp_path / "b" / "hm_allreduce_2x4.xml").read_text() == export_xml(build_program(alg), instances=4)
     _, _, notes = compile_algorithm(alg, tmp_path / "c", CompileOptions(), xml_limits=XmlLimits(max_steps=2))
     assert not (tmp_path / "c" / "hm_allreduce_2x4.xml").exists()
     assert any("MSCCL XML not written" in n and "--xml-max-steps" in n for n in notes)

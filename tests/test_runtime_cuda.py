@@ -917,6 +917,7 @@ def test_fake_platform_under_the_launcher(nvcc):
         Runner(ir, FakeCudaPlatform(FakeCuda(sms=4, per_sm=1)), "float32", "sum")
 
 
+@pytest.mark.slow
 def test_fake_platform_launches_a_kernel_per_rank_across_gpus_or_when_asked(nvcc):
     """Ranks on several GPUs (and one_grid=False) keep one kernel per rank, each in its own stream."""
     from hccc.runtime.launcher import Runner
@@ -936,6 +937,7 @@ def test_fake_platform_launches_a_kernel_per_rank_across_gpus_or_when_asked(nvcc
         Runner(ir, FakeCudaPlatform(FakeCuda(ndev=2, sms=132)), "float32", "sum", one_grid=True)
 
 
+@pytest.mark.slow
 def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
     """The one grid's blocks must all fit at once: the runner's occupancy check refuses with the
     numbers, the platform's own check refuses a launch, and the driver's cooperative refusal (here:
@@ -976,6 +978,7 @@ def test_benchmark_halves_the_warps_until_every_block_fits(nvcc, monkeypatch):
         bench.open_runner(launcher, ir, args, [16])
 
 
+@pytest.mark.slow
 def test_runtime_without_module_cooperative_launch_gets_one_plain_launch_of_the_admitted_grid(nvcc):
     """HIP before ROCm 6 has no hipModuleLaunchCooperativeKernel: the grid the occupancy check
     admitted is launched once, plainly; a grid it refuses is still refused."""

@@ -3,6 +3,10 @@
 Each test builds a tiny cluster and either a hand-written ProgramIR (exact control over TBs,
 connections and dependencies) or a compiler-generated program, and compares the simulated
 completion time with the formula the model implies (see ``hccc.runtime.simulator``).
+
+The closed forms of the link model run without the per-block limit (``block_gbps=None``, through
+the wrappers below); the limit has its own closed forms at the end of the file, and the oracle
+comparison (test_simulator_oracle.py) covers both.
 """
 from __future__ import annotations
 
@@ -19,9 +23,25 @@ from hccc.compiler.ir.check import check_all, check_structure
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, Op, ProgramIR
 from hccc.compiler.cluster.topology import TopologyBuilder
-from hccc.runtime.sim_model import geometry, lower_bound, prepare
-from hccc.runtime.simulator import (SimulationError, build_for_execution, bus_factor, simulate,
-                                    simulate_sizes, step_schedule)
+from hccc.runtime import simulator as sim
+from hccc.runtime.sim_model import geometry, lower_bound
+from hccc.runtime.sim_model import prepare as sim_prepare
+from hccc.runtime.simulator import SimulationError, build_for_execution, bus_factor, step_schedule
+
+
+def simulate(*args, **kw):
+    """The link model's simulate: no per-block limit unless asked."""
+    kw.setdefault("block_gbps", None)
+    return sim.simulate(*args, **kw)
+
+
+def simulate_sizes(*args, **kw):
+    kw.setdefault("block_gbps", None)
+    return sim.simulate_sizes(*args, **kw)
+
+
+def prepare(ir, topo, block_gbps=None):
+    return sim_prepare(ir, topo, block_gbps)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -450,4 +470,59 @@ def test_build_without_fusion_has_no_fused_primitives():
     assert np.isin(build_for_execution(alg, "task", fuse=True).prims["op"], fused).any()
     assert not np.isin(build_for_execution(alg, "task").prims["op"], fused).any()   # fusion is opt-in
     assert plain.stats["scheduler"] == "hpds" and plain.stats["fusion"] is False
-    assert int(plain.ntbs.sum()) >= int(build_for_execution(alg, "task", fuse=True).ntbs.sum())
+    # fused traffic travels on channels of its own, with TBs of its own
+    fz = build_for_execution(alg, "task", fuse=True)
+    assert (fz.prims["channel"][np.isin(fz.prims["op"], fused)] >= 1).all()
+
+
+# ----------------------------------------------------------------------------- the per-block limit
+@pytest.mark.parametrize("channels", [1, 2, 3, 8])
+@pytest.mark.parametrize("block_gbps", [5.0, 20.0])
+def test_single_transfer_runs_at_the_smaller_of_link_and_channels_x_block_rate(channels, block_gbps):
+    """One connection, one 64 MiB transfer: time = alpha + S / min(link bandwidth, K x block)."""
+    topo = cluster(2, {(0, 1): (25, 2, 1.0)})
+    ir = single_transfer_ir()
+    ir.nchannels = channels
+    nbytes = 64 * MiB
+    r = sim.simulate(ir, topo, nbytes, block_gbps=block_gbps)
+    rate = min(50e9, channels * block_gbps * 1e9)
+    assert r.time_s == pytest.approx(1e-6 + nbytes / rate, rel=1e-12)
+    assert r.time_s >= r.lower_bound_s * (1 - 1e-12)
+
+
+def test_block_limit_is_per_thread_block_not_per_link():
+    """Two TBs of rank 0 send to ranks 1 and 2 over links of their own: each is held to its own
+    block rate, so both finish together at S / (K x block)."""
+    topo = cluster(3, gbps=100)
+    ir = hand_ir(3, 2, [(0, [(Op.SEND, 1, -1, 0)]), (0, [(Op.SEND, 2, -1, 1)]),
+                        (1, [(Op.RECV, -1, 0, 0)]), (2, [(Op.RECV, -1, 0, 1)])])
+    ir.nchannels = 2
+    nbytes = 32 * MiB
+    r = sim.simulate(ir, topo, nbytes, block_gbps=10.0)
+    assert r.time_s == pytest.approx((nbytes // 2) / 20e9, rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_simulated_time_falls_with_channels_until_the_link_saturates(data):
+    """More channels never make a program slower, and past link / block channels (where the
+    links, not the blocks, limit every connection) more change nothing."""
+    from hccc.testing import valid_programs
+    alg = data.draw(valid_programs(max_ranks=5, min_ranks=2), label="program")
+    n = alg.header.nranks
+    gbps = data.draw(st.sampled_from([10, 25, 50]), label="link GB/s")
+    block = data.draw(st.sampled_from([4.0, 20.0]), label="block GB/s")
+    topo = cluster(n, gbps=gbps, alpha_us=data.draw(st.sampled_from([0.0, 1.0]), label="alpha"))
+    ir = build_program(alg, chunk_bytes=4096)
+    size = data.draw(st.integers(1, 64 * 4096), label="bytes")
+    times = []
+    for k in range(1, 17):
+        ir.nchannels = k
+        times.append(sim.simulate(ir, topo, size, block_gbps=block).time_s)
+    for a, b in zip(times, times[1:]):
+        assert b <= a * (1 + 1e-9)
+    sat = int(np.ceil(gbps / block))
+    if sat < 16:
+        assert all(t == pytest.approx(times[sat - 1], rel=1e-9) for t in times[sat - 1:])
+        ir.nchannels = 1
+        assert times[sat - 1] == pytest.approx(sim.simulate(ir, topo, size, block_gbps=None).time_s, rel=1e-9)

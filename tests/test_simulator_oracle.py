@@ -6,6 +6,8 @@ execution order; FIFO positions are counted, not computed; at every instant all 
 started until nothing changes, then max-min fair rates are recomputed from scratch over *all*
 active flows, and time jumps to the next flow end or slot visibility. No batching, components,
 heaps or incremental state, so a bug in the fast engine's bookkeeping shows up as a mismatch.
+The per-block limit: every send of a TB also holds a resource named after the TB, of capacity
+``nchannels x block_gbps`` (none with ``block_gbps=None``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.backend.codegen import analyse
 from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.cluster.topology import TopologyBuilder
+from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
 from hccc.runtime.simulator import NSLOTS, build_for_execution, simulate
 from hccc.testing import valid_programs
 
@@ -28,8 +31,10 @@ from hccc.testing import valid_programs
 class ReferenceSimulator:
     """See the module docstring. ``run()`` returns (time, tb_finish, tb_busy) keyed by (rank, tb)."""
 
-    def __init__(self, ir, topo, nbytes, *, execution="task", element_bytes=4, nslots=NSLOTS):
+    def __init__(self, ir, topo, nbytes, *, execution="task", element_bytes=4, nslots=NSLOTS,
+                 block_gbps=DEFAULT_BLOCK_GBPS):
         self.ir, self.topo, self.nslots = ir, topo, nslots
+        self.block_bps = None if block_gbps is None else ir.nchannels * block_gbps * 1e9
         P = ir.prims
         n = ir.nprims
         count = int(nbytes) // element_bytes
@@ -100,6 +105,8 @@ class ReferenceSimulator:
             return self.topo.link(i).total_bandwidth
         if kind == "group":
             return self.topo.groups[i].capacity_bytes
+        if kind == "block":
+            return self.block_bps
         return float(self.gamma[i])
 
     @staticmethod
@@ -182,6 +189,8 @@ class ReferenceSimulator:
                                 send_start[(c, post)] = now
                             if s["bytes"] > 0:
                                 _, res = self.link_resources(pr["rank"], pr["sp"])
+                                if self.block_bps is not None:
+                                    res = res + [("block", key)]
                                 s["flow"] = dict(res=res, rem=s["bytes"], t0=now)
                                 continue
                     # the unit is complete; its message with the primitive's last chunk
@@ -252,9 +261,10 @@ def clusters(draw, n: int, *, allow_groups: bool = True, allow_gamma: bool = Tru
     return b.build()
 
 
-def compare(ir, topo, nbytes, execution, nslots=NSLOTS):
-    fast = simulate(ir, topo, nbytes, execution=execution, nslots=nslots)
-    t, finish, busy = ReferenceSimulator(ir, topo, nbytes, execution=execution, nslots=nslots).run()
+def compare(ir, topo, nbytes, execution, nslots=NSLOTS, block_gbps=DEFAULT_BLOCK_GBPS):
+    fast = simulate(ir, topo, nbytes, execution=execution, nslots=nslots, block_gbps=block_gbps)
+    t, finish, busy = ReferenceSimulator(ir, topo, nbytes, execution=execution, nslots=nslots,
+                                         block_gbps=block_gbps).run()
     assert fast.time_s == pytest.approx(t, rel=1e-9, abs=1e-15)
     keys = list(zip(fast.tb_rank.tolist(), fast.tb_local.tolist()))
     assert sorted(keys) == sorted(finish)
@@ -278,7 +288,9 @@ def test_engine_matches_reference_on_random_programs_and_clusters(data):
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=tb_alloc, chunk_bytes=chunk)
     nbytes = data.draw(st.integers(0, 24 * chunk * n), label="nbytes")
     nslots = data.draw(st.sampled_from([NSLOTS, 1, 2]), label="nslots")
-    compare(ir, topo, nbytes, execution, nslots)
+    ir.nchannels = data.draw(st.sampled_from([1, 2, 3]), label="channels")
+    block_gbps = data.draw(st.sampled_from([None, 4.0, DEFAULT_BLOCK_GBPS, 1000.0]), label="block_gbps")
+    compare(ir, topo, nbytes, execution, nslots, block_gbps)
 
 
 @settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -315,7 +327,8 @@ def test_engine_matches_reference_on_examples(name, execution):
 @settings(max_examples=30)
 @given(data=st.data())
 def test_uniform_speedup_scales_time_exactly(data):
-    """Bandwidths and gamma x k with latencies / k: every event happens k times sooner."""
+    """Bandwidths, gamma and the per-block limit x k with latencies / k: every event happens k
+    times sooner."""
     alg = data.draw(valid_programs(max_ranks=5, min_ranks=2))
     n = alg.header.nranks
     k = data.draw(st.sampled_from([2, 4, 10]))
@@ -335,8 +348,8 @@ def test_uniform_speedup_scales_time_exactly(data):
 
     ir = build_program(alg, chunk_bytes=1024)
     size = data.draw(st.integers(1, 40 * 1024))
-    t1 = simulate(ir, make(1), size).time_s
-    tk = simulate(ir, make(k), size).time_s
+    t1 = simulate(ir, make(1), size, block_gbps=7.0).time_s
+    tk = simulate(ir, make(k), size, block_gbps=7.0 * k).time_s
     assert tk == pytest.approx(t1 / k, rel=1e-9)
 
 

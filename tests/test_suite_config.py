@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = '''
@@ -36,6 +38,7 @@ def test_default_profile_is_derandomised(tmp_path):
     assert _profile(tmp_path) == "ci True None 40"
 
 
+@pytest.mark.slow
 def test_random_profiles_on_request(tmp_path):
     assert _profile(tmp_path, "--hypothesis-profile", "dev").startswith("dev False")
     assert _profile(tmp_path, env_profile="dev").startswith("dev False")

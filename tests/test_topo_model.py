@@ -109,6 +109,7 @@ def test_no_links():
     assert t.summary()["link_classes"] == {}
 
 
+@pytest.mark.slow
 def test_scale_1024_gpus():
     """128 H20 nodes (1,024 GPUs, ~1M inter-node links) parse into the right model (the parse time
     is printed; benchmarks measure speed)."""

@@ -224,6 +224,7 @@ def test_bad_header():
 
 
 # ---------------------------------------------------------------- performance (printed, not asserted)
+@pytest.mark.slow
 def test_verify_1024_gpu_hm_allreduce_time(capsys):
     alg = gen.hm_allreduce(128, 8)
     assert len(alg) == 2_095_104

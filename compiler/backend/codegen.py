@@ -59,6 +59,29 @@ def slot_bytes(chunk_bytes: int, max_step_chunks: int) -> int:
     return regions * (slot_share_bytes(chunk_bytes, regions) + SLOT_OVERHEAD)
 
 
+def channel_count(ir: ProgramIR) -> int:
+    """Blocks per thread block (ProgramIR ``nchannels``, at least 1). The manifest's connection
+    lists and ``progress_slots`` are one channel's; a rank's kernel argument holds ``nchannels``
+    copies of each, channel ``c``'s ``c``-th (see hccc_prims.h), and its grid ``blocks`` =
+    ``nchannels * tbs``."""
+    return max(1, int(getattr(ir, "nchannels", 1) or 1))
+
+
+def channel_stride(rank_entries) -> int:
+    """1 + the largest ``channel`` of any connection of the manifest's ``rank_entries``: the
+    stride of the channels' connections in :func:`replicated_conns`."""
+    return 1 + max((int(c) for e in rank_entries for key in ("send_conns", "recv_conns")
+                    for _, c in e[key]), default=0)
+
+
+def replicated_conns(conns, nch: int, stride: int) -> list[tuple[int, int]]:
+    """A rank's connections as its kernel argument lays them out with ``nch`` channels: the
+    manifest's one-channel list ``[(peer, channel), ...]`` ``nch`` times, channel ``c``'s copy with
+    ``channel + c * stride`` (``stride``: :func:`channel_stride`), so that sender and receiver name
+    each copy alike (a host pairs the ends by (peer, channel), and the copies stay distinct)."""
+    return [(int(p), int(ch) + c * stride) for c in range(max(1, nch)) for p, ch in conns]
+
+
 def threads_per_tb(nwarps: int, platform: str) -> int:
     """Threads per TB: nwarps * warp size, capped at 1024 (and at least one warp)."""
     return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
@@ -171,7 +194,7 @@ def analyse(ir: ProgramIR) -> Columns:
 
 
 # ---------------------------------------------------------------------------- primitive lines
-def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
+def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[memoryview, np.ndarray]:
     """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
 
     Hot path (millions of rows): the lines are assembled column by column
@@ -182,7 +205,9 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
         HCCC_P(seq, OP, sconn, spos, rconn, rpos, SRCBUF, soff, DSTBUF, doff, cnt, chunk, post, task);  // sp P[, task T[+T2]][, from rX][, to rY]
 
     and with them ``{ const int w[] = {S1, S2}; HCCC_PW(..., task, nwaits, w); }`` with the same
-    comment followed by ``, after progress S1, S2``.
+    comment followed by ``, after progress S1, S2``. Primitives with direct-mode fields (``dx``,
+    :func:`hccc.compiler.backend.direct_fields.direct_fields`) use ``HCCC_PX`` / ``HCCC_PWX``,
+    which take ``direct, dpeer, PBUF, poff, pbase`` last, and their comment ends with ``, direct``.
     """
     p = ir.prims
     n = ir.nprims
@@ -192,7 +217,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
     has_deps[col.dep_owner] = True
-    v = pd_columns(ir, col)
+    v = pd_columns(ir, col, dx)
     # the awaited slots of each waiting primitive, as text "3, 7" (one blob, a range per primitive)
     dep_start = np.zeros(n, np.int64)
     dep_len = np.zeros(n, np.int64)
@@ -205,9 +230,10 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
         dep_start[col.dep_owner] = off[first]
         dep_len[col.dep_owner] = off[last + 1] - 2 - off[first]
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
+    has_x = dx["direct"] != 0 if dx is not None else np.zeros(n, bool)
     rt = RowText(n)
     rt.text("  { const int w[] = {", has_deps).blob(blob, dep_start, dep_len, has_deps)
-    rt.text("}; HCCC_PW(", has_deps).text("  HCCC_P(", ~has_deps)
+    rt.text("}; HCCC_PW", has_deps).text("  HCCC_P", ~has_deps).text("X", has_x).text("(")
     rt.int(v["seq"]).text(", ").choice(op, _OP_NAMES)
     for k in ("sconn", "spos", "rconn", "rpos"):
         rt.text(", ").int(v[k])
@@ -215,7 +241,12 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
     rt.text(", ").choice(p["dst_buf"], _BUF_NAMES)
     for k in ("doff", "cnt", "chunk", "post", "task"):
         rt.text(", ").int(v[k])
-    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w); }", has_deps).text(");", ~has_deps)
+    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w", has_deps)
+    if has_x.any():
+        rt.text(", ", has_x).int(dx["direct"], has_x).text(", ", has_x).int(dx["dpeer"], has_x)
+        rt.text(", ", has_x).choice(dx["pbuf"], _BUF_NAMES, has_x)
+        rt.text(", ", has_x).int(dx["poff"], has_x).text(", ", has_x).int(dx["pbase"], has_x)
+    rt.text("); }", has_deps).text(");", ~has_deps)
     rt.text("  // sp ").int(p["pipeline"])
     t_here = v["task"] >= 0
     rt.text(", task ", t_here).int(v["task"], t_here)
@@ -224,6 +255,7 @@ def _prim_lines(ir: ProgramIR, col: Columns) -> tuple[memoryview, np.ndarray]:
     rt.text(", from r", recvs).int(p["recv_peer"], recvs)
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
+    rt.text(", direct", has_x)
     return rt.render_view("\n")
 
 
@@ -278,6 +310,8 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
                     "scratch": int(prog.scratch_chunks)},
         "chunk_bytes": int(prog.chunk_bytes),
         "nslots": NSLOTS,
+        "nchannels": channel_count(prog),
+        "channel_stride": channel_stride(ranks),
         "slot_bytes": slot_bytes(int(prog.chunk_bytes), int(prog.max_step_chunks)),
         "nwarps": int(prog.nwarps),
         "npipelines": int(prog.npipelines),
@@ -303,7 +337,8 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
-             extra_files: tuple[str, ...] = (), structure_checked: bool = False) -> list[pathlib.Path]:
+             extra_files: tuple[str, ...] = (), direct: str = "auto",
+             structure_checked: bool = False) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
@@ -314,19 +349,22 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
     that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
     ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
-    replaces only those) lists them too. Files are written as they are made (:class:`FileSink`).
+    replaces only those) lists them too. ``direct``: ``auto`` emits the receives
+    :mod:`hccc.compiler.ir.direct` proves safe (and their sends) in direct mode, ``off`` none
+    (:mod:`hccc.compiler.backend.direct_fields`). Files are written as they are made (:class:`FileSink`).
     ``structure_checked``: ``ir`` already passed :func:`check_structure` (as :func:`~hccc.compiler.
     passes.build.build_program`'s programs have), which is then not run again.
     """
     with FileSink(pathlib.Path(outdir)) as sink:
         return _generate(ir, outdir, sink, platforms=platforms, timings=timings,
-                         manifest_extra=manifest_extra, extra_files=extra_files,
+                         manifest_extra=manifest_extra, extra_files=extra_files, direct=direct,
                          structure_checked=structure_checked)
 
 
 def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str], timings: dict | None,
-              manifest_extra: dict | None, extra_files: tuple[str, ...],
+              manifest_extra: dict | None, extra_files: tuple[str, ...], direct: str,
               structure_checked: bool) -> list[pathlib.Path]:
+    from hccc.compiler.backend.direct_fields import direct_fields
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
     ir, outdir, platforms = prepare_output(ir, outdir, platforms, structure_checked)
@@ -336,8 +374,9 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     written.compute(ir_file, ir.to_json_pieces)      # made on the writer thread, beside the kernels
 
     col = analyse(ir)
+    dx = direct_fields(ir, direct)
     t1 = time.perf_counter()
-    text, line_at = _prim_lines(ir, col)
+    text, line_at = _prim_lines(ir, col, dx)
     t2 = time.perf_counter()
     tm["codegen_analyse"] = t1 - t0
     tm["codegen_lines"] = t2 - t1
@@ -353,6 +392,7 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     tb_pipelines = _tb_pipeline_ranges(ir, slices)
 
     max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
+    nch = channel_count(ir)
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
@@ -378,17 +418,19 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
                 **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
-                ns=f"hccc_{name}_r{r}", nchunks=ir.nchunks, in_base=int(in_base[r]),
+                ns=f"hccc_{name}_r{r}", nch=nch, nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
                 max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}"), bodies, text)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
-        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], kernel=kernel, source=source,
+        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], blocks=nch * ntbs[r], kernel=kernel,
+                                 source=source,
                                  sources=rank_sources,
                                  send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
                                  progress_slots=int(col.nprogress[r])))
 
-    grid = grid_entries(env, ir, platforms, written, common, ntbs, nthreads)
+    # the one-grid entry lays out each rank's blocks: channels x thread blocks
+    grid = grid_entries(env, ir, platforms, written, common, [nch * t for t in ntbs], nthreads)
 
     umb_tpl = env.get_template("common/umbrella.j2")
     umbrella = {}
@@ -476,6 +518,8 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     stats.setdefault("tbs_connection_based",
                      int(sum(len(a) + len(b) for a, b in zip(col.send_conns, col.recv_conns))))
     stats.setdefault("primitives", int(ir.nprims))
+    # a rank's launch: channels x its thread blocks (all resident at once)
+    stats["blocks_per_rank_max"] = channel_count(ir) * int(max(ntbs, default=0))
     return _jsonable(stats)
 
 
@@ -485,18 +529,24 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
     def ints(vals) -> str:
         return ", ".join(str(int(v)) for v in vals)
 
+    # the host works with every channel's connections and counters (see replicated_conns)
+    nch = channel_count(ir)
+    stride = channel_stride(rank_entries)
+    conns = {key: [replicated_conns(e[key], nch, stride) for e in rank_entries]
+             for key in ("send_conns", "recv_conns")}
+
     def pairs(key: str) -> str:
-        return "".join(f"{{ {int(p)}, {int(c)} }}, " for e in rank_entries for p, c in e[key])
+        return "".join(f"{{ {int(p)}, {int(c)} }}, " for lst in conns[key] for p, c in lst)
 
     recv_first, send_first = [0], [0]
-    for e in rank_entries:
-        recv_first.append(recv_first[-1] + len(e["recv_conns"]))
-        send_first.append(send_first[-1] + len(e["send_conns"]))
+    for r in range(len(rank_entries)):
+        recv_first.append(recv_first[-1] + len(conns["recv_conns"][r]))
+        send_first.append(send_first[-1] + len(conns["send_conns"][r]))
     tables = dict(
-        tbs=ints(e["tbs"] for e in rank_entries),
-        progress=ints(e["progress_slots"] for e in rank_entries),
-        nrecv=ints(len(e["recv_conns"]) for e in rank_entries),
-        nsend=ints(len(e["send_conns"]) for e in rank_entries),
+        tbs=ints(e["blocks"] for e in rank_entries),
+        progress=ints(nch * e["progress_slots"] for e in rank_entries),
+        nrecv=ints(len(lst) for lst in conns["recv_conns"]),
+        nsend=ints(len(lst) for lst in conns["send_conns"]),
         recv_first=ints(recv_first), send_first=ints(send_first),
         recv_conns=pairs("recv_conns"), send_conns=pairs("send_conns"),
         in_base=ints(in_base), out_base=ints(out_base),

@@ -42,13 +42,20 @@ PD_FIELDS: tuple[PdField, ...] = (
     PdField("ndeps", "column", "progress counters awaited"),
     PdField("deps", "deps", "the awaited progress counters"),
     PdField("task", "column", "originating transfer, -1 if none"),
+    PdField("direct", "column", "direct mode: 1 the send writes the peer's destination, 2 the receive "
+                                "finds its data in its destination (backend/direct_fields.py)"),
+    PdField("dpeer", "column", "direct send: the receiving rank"),
+    PdField("pbuf", "column", "direct send: the receiver's destination buffer"),
+    PdField("poff", "column", "direct send: the receiver's destination chunk"),
+    PdField("pbase", "column", "direct send: chunk of the full buffer chunk 0 of pbuf holds there"),
 )
 
 
-def pd_columns(ir, col) -> dict[str, np.ndarray]:
+def pd_columns(ir, col, dx: dict | None = None) -> dict[str, np.ndarray]:
     """Value of every ``column``/``seq`` field for every primitive of ``ir`` (canonical order),
-    as int64 arrays; ``col`` is :func:`hccc.compiler.backend.codegen.analyse`'s result. The awaited
-    slots themselves are ``col.dep_slots`` (grouped by primitive, in primitive order)."""
+    as int64 arrays; ``col`` is :func:`hccc.compiler.backend.codegen.analyse`'s result, ``dx``
+    :func:`hccc.compiler.backend.direct_fields.direct_fields`' (None: no direct primitive). The
+    awaited slots themselves are ``col.dep_slots`` (grouped by primitive, in primitive order)."""
     p = ir.prims
     ndeps = np.zeros(ir.nprims, np.int64)
     if len(col.dep_owner):
@@ -60,6 +67,8 @@ def pd_columns(ir, col) -> dict[str, np.ndarray]:
         "sbuf": as64(p["src_buf"]), "soff": as64(p["src_off"]), "dbuf": as64(p["dst_buf"]),
         "doff": as64(p["dst_off"]), "cnt": as64(p["count"]), "chunk": as64(col.chunk),
         "post": as64(col.post), "ndeps": ndeps, "task": as64(p["task"]),
+        **{k: (as64(dx[k]) if dx is not None else np.zeros(ir.nprims, np.int64))
+           for k in ("direct", "dpeer", "pbuf", "poff", "pbase")},
     }
 
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend.codegen import (DTYPES, EXT, HEADERS, NSLOTS, PLATFORMS, REDOPS, VERSION, _template_env,
-                                           analyse, buffer_bases, manifest_text, prepare_output,
-                                           program_stats, threads_per_tb)
+                                           analyse, buffer_bases, channel_count, manifest_text,
+                                           prepare_output, program_stats, threads_per_tb)
 from hccc.compiler.backend.prim_fields import PD_FIELDS, pd_columns
 from hccc.compiler.ir.program_ir import ProgramIR
 
@@ -33,10 +33,12 @@ GENERIC_KERNEL = "hccc_table"
 GRID_KERNEL = "hccc_table_grid"
 
 
-def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
-    """One encoded section per rank (``ir`` canonical and structurally checked)."""
+def table_sections(ir: ProgramIR, col=None, direct: str = "auto") -> list[bytes]:
+    """One encoded section per rank (``ir`` canonical and structurally checked); ``direct`` as
+    :func:`hccc.compiler.backend.codegen.generate`'s."""
+    from hccc.compiler.backend.direct_fields import direct_fields
     col = col if col is not None else analyse(ir)
-    v = pd_columns(ir, col)
+    v = pd_columns(ir, col, direct_fields(ir, direct))
     p = ir.prims
     v["pipeline"] = np.asarray(p["pipeline"], np.int64)
     v["channel"] = np.asarray(p["channel"], np.int64)
@@ -58,7 +60,8 @@ def table_sections(ir: ProgramIR, col=None) -> list[bytes]:
         t = tf.RankTable(
             consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
                     "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes),
-                    "max_cnt": max_cnt},
+                    "max_cnt": max_cnt, "nch": channel_count(ir), "nsend": len(col.send_conns[r]),
+                    "nrecv": len(col.recv_conns[r]), "nprog": int(col.nprogress[r])},
             ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
             deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
         out.append(tf.encode_section(t))
@@ -86,7 +89,8 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
 
 def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
                    timings: dict | None = None, manifest_extra: dict | None = None,
-                   extra_files: tuple[str, ...] = (), structure_checked: bool = False) -> list[pathlib.Path]:
+                   extra_files: tuple[str, ...] = (), direct: str = "auto",
+                   structure_checked: bool = False) -> list[pathlib.Path]:
     """Write the table-mode output into ``outdir`` (existing, empty); arguments as
     :func:`hccc.compiler.backend.codegen.generate`. Returns the written paths, sorted."""
     tm = timings if timings is not None else {}
@@ -97,7 +101,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     col = analyse(ir)
     t1 = time.perf_counter()
     table_file = f"{name}.table"
-    written: dict[str, str | bytes] = {table_file: tf.encode_file(table_sections(ir, col))}
+    written: dict[str, str | bytes] = {table_file: tf.encode_file(table_sections(ir, col, direct))}
     t2 = time.perf_counter()
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     written.update(render_generic(env, present))
@@ -107,7 +111,8 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
     for r in range(ir.nranks):
         pl = platforms[r][0]
         rank_entries.append(dict(
-            rank=r, platform=pl, tbs=ntbs[r], kernel=GENERIC_KERNEL, source=GENERIC_SOURCE[pl],
+            rank=r, platform=pl, tbs=ntbs[r], blocks=channel_count(ir) * ntbs[r], kernel=GENERIC_KERNEL,
+            source=GENERIC_SOURCE[pl],
             sources={q: GENERIC_SOURCE[q] for q in platforms[r]},
             send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
             progress_slots=int(col.nprogress[r])))
@@ -123,7 +128,7 @@ def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
         ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
         manifest_extra=manifest_extra, ir=None,
         table={"file": table_file, "format": tf.TABLE_FORMAT, "layout": tf.LAYOUT},
-        grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=int(sum(ntbs)))
+        grid={pl: dict(kernel=GRID_KERNEL, source=GENERIC_SOURCE[pl], blocks=channel_count(ir) * int(sum(ntbs)))
               for pl in PLATFORMS if all(pl in pls for pls in platforms)})
     t3 = time.perf_counter()
     paths = []

@@ -43,7 +43,8 @@ VERSION = 1
 FILE_MAGIC = 0x46544348      # "HCTF"
 SECTION_MAGIC = 0x53544348   # "HCTS"
 #: rank constants (members of ``struct hccc_rank_consts``, in declaration order)
-RANK_CONSTS = ("rank", "nchunks", "in_base", "out_base", "chunk_bytes", "max_cnt")
+RANK_CONSTS = ("rank", "nchunks", "in_base", "out_base", "chunk_bytes", "max_cnt", "nch", "nsend", "nrecv",
+               "nprog")
 #: columns the host keeps to rebuild the ProgramIR (the kernel does not read them)
 HOST_COLUMNS = ("pipeline", "channel", "task2")
 DEVICE_COLUMNS = tuple(f.name for f in PD_FIELDS if f.source == "column")
@@ -262,6 +263,12 @@ def check_section(t: RankTable, entry: dict, nchunks_buf: dict[int, int], where:
         bad("chunk size and chunk count must be positive")
     if t.consts["max_cnt"] < 1:
         bad("the most chunks one primitive moves must be positive")
+    # the kernel indexes channel c's connections and counters at c * nsend, c * nrecv, c * nprog
+    for key, want in (("nch", max(1, int(entry.get("nchannels", 1)))),
+                      ("nsend", len(entry.get("send_conns", []))), ("nrecv", len(entry.get("recv_conns", []))),
+                      ("nprog", int(entry.get("progress_slots", 0)))):
+        if t.consts[key] != want:
+            bad(f"{key} is {t.consts[key]} where the manifest says {want}")
     if not n:
         return
     if int(c["cnt"].max()) > t.consts["max_cnt"]:

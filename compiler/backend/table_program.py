@@ -42,7 +42,7 @@ def load_tables(data: bytes, manifest: dict, ranks=None, where: str = "table") -
     for r in (range(len(entries)) if ranks is None else ranks):
         w = f"{where}: rank {r}"
         t = tf.read_section(sections[r], w)
-        tf.check_section(t, entries[r], nb, w)
+        tf.check_section(t, {**entries[r], "nchannels": manifest.get("nchannels", 1)}, nb, w)
         if t.consts["nchunks"] != int(manifest.get("nchunks", -1)) or \
                 t.consts["chunk_bytes"] != int(manifest.get("chunk_bytes", -1)):
             raise tf.TableFormatError(f"{w}: chunk count or size disagrees with the manifest")
@@ -100,7 +100,8 @@ def program_from_table(manifest: dict, data: bytes, where: str = "table") -> Pro
         nwarps=int(manifest.get("nwarps", 16)), chunk_bytes=int(manifest["chunk_bytes"]),
         npipelines=int(manifest.get("npipelines", 0)),
         ntbs=np.array([tables[r][0].ntbs for r in range(N)], np.int32),
-        stats=dict(manifest.get("stats") or {}), root=int(manifest.get("root", 0)))
+        stats=dict(manifest.get("stats") or {}), root=int(manifest.get("root", 0)),
+        nchannels=max(1, int(manifest.get("nchannels", 1))))
 
 
 __all__ = ["load_tables", "program_from_table", "table_path"]

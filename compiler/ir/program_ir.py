@@ -39,6 +39,14 @@ Connections: the ``k``-th send on connection ``(sender, receiver, channel)`` is 
 ``k``-th receive on it (FIFO order). Every connection end belongs to exactly one TB.
 ``deps`` are cross-TB dependencies on the same rank: primitive ``dep_prim`` may run micro-batch
 ``m`` only after primitive ``dep_on`` finished micro-batch ``m``.
+
+Channels (``nchannels = K``, header field since schema ``hccc.program/2``): every TB of every rank
+runs as K blocks (replicas). Replica ``c`` moves only its part of every micro-batch slice, elements
+``[lo_c, hi_c)`` of the slice window (:func:`channel_part`), over connections, FIFOs and progress
+counters of its own; a cross-TB dependency waits for all K replicas of the producer. The
+``channel`` column above is something else: it names logical connections of the algorithm.
+A schema ``hccc.program/1`` file (before channels) is refused with a message saying how to
+regenerate it.
 """
 from __future__ import annotations
 
@@ -51,7 +59,9 @@ import numpy as np
 
 from hccc.compiler.ir.sort_order import lexsort
 
-SCHEMA = "hccc.program/1"
+SCHEMA = "hccc.program/2"
+#: schemas of earlier versions, refused on load with a hint (what changed since)
+OLD_SCHEMAS = {"hccc.program/1": "schema /2 added the header field 'nchannels' (blocks per connection)"}
 
 #: What a ProgramIR name must look like: the only user text that reaches generated code and paths.
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -145,6 +155,7 @@ class ProgramIR:
     ntbs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # TBs per rank
     stats: dict = field(default_factory=dict)
     root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
+    nchannels: int = 1         # blocks (replicas) per TB: each moves its part of every slice
 
     @property
     def rooted(self) -> bool:
@@ -226,6 +237,7 @@ class ProgramIR:
             "nwarps": int(self.nwarps),
             "chunk_bytes": int(self.chunk_bytes),
             "npipelines": int(self.npipelines),
+            "nchannels": int(self.nchannels),
             "tbs_per_rank": [int(x) for x in self.ntbs],
             "ops": [o.name.lower() for o in Op],
             "buffer_names": [b.name.lower() for b in Buf],
@@ -286,6 +298,11 @@ class ProgramIR:
                 raise IRFormatError(f"{where}: '{key}' has values outside {lo}..{hi}", *at(key))
             return np.asarray(col, dtype=np.int64)
 
+        if isinstance(d, dict) and isinstance(d.get("schema"), str) and d["schema"] in OLD_SCHEMAS:
+            old = d["schema"]
+            raise IRFormatError(f"ProgramIR schema '{old}' is older than this hccc's '{SCHEMA}' "
+                                f"({OLD_SCHEMAS[old]}): regenerate the file from its algorithm with "
+                                "`hccc ALGO -o OUTDIR` (OUTDIR/<name>.ir.json)", *at("schema"))
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             raise IRFormatError(f"not a ProgramIR file (expected \"schema\": \"{SCHEMA}\")")
         for key, names in (("ops", [o.name.lower() for o in Op]), ("buffer_names", [b.name.lower() for b in Buf])):
@@ -310,6 +327,7 @@ class ProgramIR:
             raise IRFormatError(f"top level: field 'chunk_bytes' must be a multiple of {CHUNK_ALIGN}, "
                                 f"not {chunk_bytes}", *at("chunk_bytes"))
         npipelines = need_int(d, "npipelines", 0, MAX_PRIMS)
+        nchannels = need_int(d, "nchannels", 1, MAX_CHANNELS)
         prims_d = need(d, "prims", dict)
         prims = {}
         n = None
@@ -340,7 +358,7 @@ class ProgramIR:
                  in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
                  prims=prims, dep_prim=dp, dep_on=do,
                  nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
-                 ntbs=tbs.astype(np.int32), stats=stats, root=root)
+                 ntbs=tbs.astype(np.int32), stats=stats, root=root, nchannels=nchannels)
         return ir
 
 
@@ -356,6 +374,8 @@ MAX_RANKS = 1 << 16
 MAX_CHUNKS = 1 << 24
 MAX_WARPS = 1 << 62   # as .rccl nWarps; threads per TB are capped at 1024 when emitted
 MAX_TBS_PER_RANK = 1 << 20
+#: most blocks per TB (``nchannels``)
+MAX_CHANNELS = 64
 MAX_PRIMS = 1 << 26
 CHUNK_ALIGN = 16
 MAX_CHUNK_BYTES = 1 << 30
@@ -387,6 +407,21 @@ class IRFormatError(Exception):
         super().__init__(message)
         self.line = line
         self.col = col
+
+
+def channel_part(slice_elems: int, granule: int, nchannels: int, c: int) -> tuple[int, int]:
+    """Replica ``c``'s part ``[lo, hi)`` of a micro-batch slice window of ``slice_elems`` elements
+    (hccc_prims.h ``hccc_ctx_init`` computes the same): the window is cut into K contiguous parts
+    at multiples of ``granule`` elements (16 bytes), as evenly as the granules allow. It depends
+    only on the launch's slice, so every primitive of a launch (both ends of a connection, and
+    every primitive touching one buffer element) gives an element to the same replica; a slice
+    shorter than the window (a chunk's last one) keeps the parts' bounds, clipped to its length."""
+    g = max(1, int(granule))
+    k = max(1, int(nchannels))
+    ng = -(-int(slice_elems) // g)
+    lo = min(int(slice_elems), g * ((c * ng) // k))
+    hi = min(int(slice_elems), g * (((c + 1) * ng) // k))
+    return lo, hi
 
 
 def empty_prims(n: int = 0) -> dict[str, np.ndarray]:

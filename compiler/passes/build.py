@@ -97,10 +97,11 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
 
     ``fuse`` (off by default) merges a receive and the send that forwards the same chunk into one
-    fused primitive (recvCopySend / recvReduceSend ...). It saves a pass over memory but ties the two
-    connection ends to one TB, which then serialises every other transfer on those connections; in
-    the simulator this costs up to 2.3x on HM AllReduce across A100 nodes (benchmarks/resccl_eval.py),
-    so it is opt-in (``--fuse``)."""
+    fused primitive (recvCopySend / recvReduceCopySend). It saves a pass over memory; fused traffic
+    runs on channels and TBs of its own, one per connection pair (:mod:`.lower`), beside the unfused
+    traffic of the same links, which the simulator finds slower on some programs
+    (benchmarks/fusion.py), so the compiler fuses by default only where
+    :func:`hccc.runtime.simulator.faster_fusion` finds it never slower on the given cluster."""
     from hccc.compiler.passes.dag import build_dag
     t = timings if timings is not None else {}
     t0 = time.perf_counter()

@@ -22,13 +22,26 @@ Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` 
 ``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
 the sending rank ``r`` (``a`` is the last writer of ``(r, c)`` before ``b``; predecessors on ``b``'s
 receiving rank are enforced there and do not matter), both are in the same sub-pipeline, ``a`` is not
-already fused (the first such ``b`` in insertion order wins), and no other task on ``b``'s link lies
-between ``a`` and ``b`` in that sub-pipeline (so the fused send keeps its FIFO position on the
-connection). ``forbid`` lists task pairs never to fuse (used by :func:`hccc.compiler.passes.build` to back off
+already fused (the first such ``b`` in insertion order wins), and the fused send keeps the FIFO
+order of its connection and channel (below). ``forbid`` lists task pairs never to fuse (used by :func:`hccc.compiler.passes.build` to back off
 when a fusion would close a wait cycle).
 
-Order keys. Each primitive has ``key = (pipeline, insertion position)`` packed into one int64; a fused
-primitive takes the receive's key. Within a TB primitives run in key order.
+Channels of fused traffic. A fused primitive receives on one connection and sends on another, so
+its thread block owns both ends. Fused traffic therefore travels on logical channels of its own
+(:func:`fused_channels`): every chain of fused tasks gets one channel ``>= 1`` on each connection it
+uses, chosen so that the fused primitives on a connection end and channel all belong to one
+(receive-from, send-to) pair of that rank and no plain primitive shares their end. Unfused traffic
+stays on channel 0 with its own thread blocks and FIFOs, so fusion no longer ties independent
+connections together.
+FIFO order is kept per (connection, channel): a fused send runs with its receive's key, so fusions
+that would reorder the sends of a channel against its receives (:func:`_fifo_inversions`) are
+dropped and the choice is made again.
+
+Order keys. Each primitive has ``key = (pipeline, insertion position)`` packed into one int64. A fused
+primitive runs in its receive's sub-pipeline after every unfused primitive of it, in insertion
+order of its receive (``pipeline * (2T + 2) + T + 1 + position + 1``): a chain's head send then
+precedes the forwarded traffic of its sub-pipeline on a shared channel, as the receives at the
+other end expect. Within a TB primitives run in key order.
 
 Dependencies. For every DAG edge ``u -> b`` and every rank where the two tasks conflict (one of them
 writes that rank's copy of the chunk), the primitive of ``b`` on that rank depends on the primitive
@@ -62,7 +75,7 @@ class LoweredProgram:
     npipelines: int
     cols: dict[str, np.ndarray]   # rank, pipeline, op, send_peer, recv_peer, channel, src_buf,
                                   # src_off, dst_buf, dst_off, count, task, task2
-    key: np.ndarray               # int64 order key within a rank: pipeline * (T + 1) + position + 1
+    key: np.ndarray               # int64 order key within a rank (module docstring, "Order keys")
     dep_prim: np.ndarray          # int64: dep_prim depends on dep_on (same rank, maybe same TB,
                                   # maybe repeated)
     dep_on: np.ndarray
@@ -175,31 +188,33 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fused_send = np.full(T, -1, dtype=np.int64)   # a -> b (b's send rides on a's receive)
     es = np.asarray(dag.edge_src, dtype=np.int64)
     ed = np.asarray(dag.edge_dst, dtype=np.int64)
+    task_channel = np.zeros(T, dtype=np.int64)
     if fuse and len(es) and T:
-        link = np.asarray(dag.link, dtype=np.int64)
-        cand = (dst[es] == src[ed]) & (pipe[es] == pipe[ed])
-        if cand.any():
-            a, b = es[cand], ed[cand]
-            # previous task on b's link within the same sub-pipeline must precede a
-            lo = lexsort((pos, pipe, link))
-            prev = np.full(T, -1, dtype=np.int64)
-            same = (link[lo[1:]] == link[lo[:-1]]) & (pipe[lo[1:]] == pipe[lo[:-1]])
-            prev[lo[1:][same]] = lo[:-1][same]
-            pb = prev[b]
-            ok = (pb < 0) | (pos[np.maximum(pb, 0)] < pos[a])
-            a, b = a[ok], b[ok]
-            if forbid:
-                fb_ = np.array(sorted(x * T + y for x, y in forbid), dtype=np.int64)
-                keep = ~np.isin(a * T + b, fb_)
-                a, b = a[keep], b[keep]
-            # one send per receive: the first b in insertion order
-            o = lexsort((pos[b], a))
-            a, b = a[o], b[o]
+        cand = dst[es] == src[ed]
+        ca, cb = es[cand], ed[cand]
+        if forbid:
+            fb_ = np.array(sorted(x * T + y for x, y in forbid), dtype=np.int64)
+            keep = ~np.isin(ca * T + cb, fb_)
+            ca, cb = ca[keep], cb[keep]
+        # one send per receive: the first b in insertion order
+        o = lexsort((pos[cb], ca))
+        ca, cb = ca[o], cb[o]
+        refused = np.zeros(len(ca), dtype=bool)
+        while len(ca):
+            fused_send[:] = -1
+            a, b = ca[~refused], cb[~refused]
             firsts = np.r_[True, a[1:] != a[:-1]] if len(a) else np.zeros(0, bool)
-            a, b = a[firsts], b[firsts]
             # b has a single writer-predecessor on its sending rank, so it is chosen at most once
-            fused_send[a] = b
+            fused_send[a[firsts]] = b[firsts]
             _cut_rank_revisits(fused_send, src, dst)
+            is_fused_b = np.zeros(T, dtype=bool)
+            is_fused_b[fused_send[fused_send >= 0]] = True
+            task_channel = fused_channels(fused_send, is_fused_b, src, dst, key_t, N)
+            rkey, skey = _task_keys(key_t, fused_send, pipe, pos, T)
+            bad = _fifo_inversions(fused_send, task_channel, src, dst, rkey, skey, N)
+            if not len(bad):
+                break
+            refused |= np.isin(ca * T + cb, bad[:, 0] * T + bad[:, 1])
     is_fused_b = np.zeros(T, dtype=bool)
     is_fused_b[fused_send[fused_send >= 0]] = True
 
@@ -243,7 +258,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         "op": np.concatenate([np.full(nS, Op.SEND, np.int8), recv_op, np.full(nK, Op.COPY, np.int8)]),
         "send_peer": np.concatenate([dst[send_tasks], np.where(fa, dst[fb], -1), np.full(nK, -1)]),
         "recv_peer": np.concatenate([np.full(nS, -1), src, np.full(nK, -1)]),
-        "channel": np.zeros(n, np.int64),
+        "channel": np.concatenate([task_channel[send_tasks], task_channel, np.zeros(nK, np.int64)]),
         "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, copy_sbuf]),
         "src_off": np.concatenate([s_off[send_tasks], r_src_off, copy_src]),
         "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
@@ -253,7 +268,8 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
         "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
     }
-    key = np.concatenate([key_t[send_tasks], key_t, copy_key])
+    rkey, skey = _task_keys(key_t, fused_send, pipe, pos, T)
+    key = np.concatenate([skey[send_tasks], rkey, _widen_keys(copy_key, T)])
 
     # ---------------------------------------------------------------- dependencies
     send_prim = np.empty(T, dtype=np.int64)
@@ -422,6 +438,94 @@ def _pairs_by_key(a_idx: np.ndarray, a_key: np.ndarray, b_idx: np.ndarray, b_key
     starts = np.repeat(lo - np.r_[0, np.cumsum(n)[:-1]], n)
     b = bi[np.arange(int(n.sum())) + starts]
     return a.astype(np.int64), b.astype(np.int64)
+
+
+def fused_channels(fused_send: np.ndarray, is_fused_b: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                   key_t: np.ndarray, nranks: int) -> np.ndarray:
+    """The logical channel of every task's connection: 0 for unfused traffic, ``>= 1`` for chains
+    of fused tasks (see the module docstring, "Channels of fused traffic").
+
+    A chain ``t0 -> t1 -> ... -> tk`` (``fused_send[t_i] == t_{i+1}``) has one channel ``c``: its
+    fused primitive on rank ``dst[t_i]`` (``i < k``) receives on ``(src[t_i] -> dst[t_i], c)`` and
+    sends on ``(dst[t_i] -> dst[t_{i+1}], c)``; the head's send and the tail's receive are plain
+    primitives on channel ``c``. Chains take, in order of their head's order key, the lowest
+    ``c >= 1`` where each of their connection ends is unused or used for the same purpose: fused
+    primitives of the same pair (receive from ``p``, send to ``q``) on that rank, or plain ones.
+    So an allocation unit (TB) of channel ``c >= 1`` holds the fused traffic of one connection
+    pair, or plain traffic of one connection end, never channel 0's. Plain ends stay apart from
+    fused ones: a chain's head send queued on the TB of the traffic it feeds would, in task-level
+    execution (a primitive runs all micro-batches before the next), wait for its own chain's
+    forwarding around a ring, which cannot start until the head send is done."""
+    T = len(fused_send)
+    channel = np.zeros(T, dtype=np.int64)
+    heads = np.flatnonzero((fused_send >= 0) & ~is_fused_b)
+    if not len(heads):
+        return channel
+    heads = heads[np.argsort(key_t[heads], kind="stable")]
+    N = int(nranks)
+    PLAIN = -1
+    owner: dict[tuple[int, int], int] = {}      # (end, channel) -> purpose
+    nxt = fused_send.tolist()
+    s_l, d_l = src.tolist(), dst.tolist()
+    for h in heads.tolist():
+        chain = [h]
+        while nxt[chain[-1]] >= 0:
+            chain.append(nxt[chain[-1]])
+        ends = [((s_l[h] * N + d_l[h]) * 2, PLAIN)]                      # head's send end
+        for a, b in zip(chain[:-1], chain[1:]):
+            r = d_l[a]
+            purpose = s_l[a] * N + d_l[b]
+            ends.append(((r * N + s_l[a]) * 2 + 1, purpose))
+            ends.append(((r * N + d_l[b]) * 2, purpose))
+        t = chain[-1]
+        ends.append(((d_l[t] * N + s_l[t]) * 2 + 1, PLAIN))                # tail's receive end
+        c = 1
+        while any(owner.get((e, c), p) != p for e, p in ends):
+            c += 1
+        for e, p in ends:
+            owner[(e, c)] = p
+        channel[chain] = c
+    return channel
+
+
+def _widen_keys(k: np.ndarray, T: int) -> np.ndarray:
+    """Order keys ``pipeline * (T + 1) + r`` re-packed as ``pipeline * (2T + 2) + r`` (monotone),
+    which leaves room for the fused primitives after each sub-pipeline's unfused ones."""
+    return (k // (T + 1)) * (2 * T + 2) + k % (T + 1)
+
+
+def _task_keys(key_t: np.ndarray, fused_send: np.ndarray, pipe: np.ndarray, pos: np.ndarray,
+               T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Order keys of every task's receiving and sending primitive (see "Order keys")."""
+    wide = _widen_keys(key_t, T)
+    fa = fused_send >= 0
+    rkey = np.where(fa, pipe * (2 * T + 2) + T + 1 + pos + 1, wide)
+    skey = wide.copy()
+    skey[fused_send[fa]] = rkey[fa]
+    return rkey, skey
+
+
+def _fifo_inversions(fused_send: np.ndarray, channel: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                     rkey: np.ndarray, skey: np.ndarray, nranks: int) -> np.ndarray:
+    """Fused pairs ``(a, b)`` whose primitives break the FIFO order of a connection and channel.
+
+    Sends of one connection end run on one TB in order-key order, and so do its receives. The
+    ``k``-th send must be the ``k``-th receive, so on every (connection, channel), sorted by send
+    key, the receive keys must increase. Returns the fused pairs involved at each inversion (the
+    pair whose send or whose receive is out of place), as an ``(n, 2)`` array."""
+    T = len(fused_send)
+    a_idx = np.flatnonzero(fused_send >= 0)
+    prev = np.full(T, -1, dtype=np.int64)
+    prev[fused_send[a_idx]] = a_idx
+    nch = int(channel.max()) + 1 if T else 1
+    grp = (src * nranks + dst) * nch + channel
+    o = np.lexsort((rkey, skey, grp))
+    g, rk = grp[o], rkey[o]
+    inv = np.flatnonzero((g[1:] == g[:-1]) & (rk[1:] < rk[:-1]))
+    tasks = np.unique(np.concatenate([o[inv], o[inv + 1]]))
+    pairs = [np.stack([prev[tasks], tasks], axis=1)[prev[tasks] >= 0],
+             np.stack([tasks, fused_send[tasks]], axis=1)[fused_send[tasks] >= 0]]
+    return np.concatenate(pairs).astype(np.int64)
 
 
 def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:

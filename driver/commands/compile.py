@@ -34,9 +34,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="platform of the emitted kernels (auto: each rank's vendor with --topology (NVIDIA -> "
                         "CUDA, AMD -> HIP), CUDA for every rank without one; cuda/hip/all override it)")
     add_program_options(p)
-    p.add_argument("--fuse", action="store_true",
-                   help="fuse a receive with the send that forwards it (recvCopySend, ...); off by default "
-                        "because it serialises the TB's other connections")
+    p.add_argument("--fuse", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                   help="fuse a receive with the send that forwards it (recvCopySend, ...; one pass over "
+                        "memory less per forwarded byte; fused traffic runs on logical connections and TBs of its "
+                        "own). auto: with --topology, fused where the simulator finds it never "
+                        "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
+                        "(default: auto)")
+    p.add_argument("--direct", choices=("auto", "off"), default="auto",
+                   help="direct mode: for every receive the compiler proves may take its data straight "
+                        "from the sender (no other access of its destination can fall between), the "
+                        "sender writes the receiver's destination instead of the FIFO slot (one HBM pass "
+                        "less). Used by single-process launches; the multi-process Communicator and the "
+                        "C++ host API keep the FIFO. off: the FIFO everywhere (default: auto)")
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "
                         "table: binary tables run by generic kernels that are built once for every "
@@ -53,8 +62,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_xml_limit_arguments(p)
 
 
-def _faster(faster_allocation, topology, opts, alg, ir):
-    return faster_allocation(alg, topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+def _faster(topology, opts, fuse_mode, alg, ir):
+    from hccc.runtime.simulator import faster_allocation, faster_fusion
+    ir = faster_allocation(alg, topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+    if fuse_mode == "auto":
+        ir = faster_fusion(alg, topology, ir, scheduler=opts.scheduler, chunk_bytes=opts.chunk_bytes)
+    return ir
 
 
 def run(args) -> int:
@@ -63,7 +76,7 @@ def run(args) -> int:
                                         compile_program, load_algorithm, load_program)
 
     times = StageTimes()
-    opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen,
+    opts = program_options(args, target=args.target, fuse=args.fuse == "on", codegen=args.codegen, direct=args.direct,
                            xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
     cluster = None
     if args.topology is not None:
@@ -89,8 +102,7 @@ def run(args) -> int:
         if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
             from functools import partial
 
-            from hccc.runtime.simulator import faster_allocation
-            choose = partial(_faster, faster_allocation, cluster.topology, opts)
+            choose = partial(_faster, cluster.topology, opts, args.fuse)
         big = alg.ntransfers > BIG_TRANSFERS
         with Progress("hccc", enabled=big) as prog, \
                 prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):
@@ -109,7 +121,8 @@ def run(args) -> int:
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
           f"TBs per rank <= {st.get('tbs_per_rank_max')} "
           f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
-          f"in total); {plural(len(files), 'file')} in {printable(str(args.output))}")
+          f"in total), {plural(int(ir.nchannels), 'channel')} (blocks per TB); "
+          f"{plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
         from hccc.compiler.pipeline import platforms_for
         runs = [pls[0] for pls in platforms_for(ir.nranks, args.target, cluster.topology)]

@@ -53,8 +53,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from hccc.compiler.pipeline import load_program
-    return load_program(args.algo, program_options(args))
+    from hccc.compiler.pipeline import apply_channels, load_program
+    ir = load_program(args.algo, program_options(args))
+    plat = "cpu" if args.backend == "cpu" else args.backend
+    return apply_channels(ir, program_options(args), [plat])
 
 
 def _repro(args, ir, case) -> str:
@@ -67,6 +69,8 @@ def _repro(args, ir, case) -> str:
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
     cmd.append("--inplace" if case.inplace else "--out-of-place")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
+    if args.channels is not None:
+        cmd += ["--channels", str(args.channels)]
     if args.scheduler != "hpds":
         cmd += ["--scheduler", args.scheduler]
     if args.tb_alloc != "state":
@@ -102,7 +106,8 @@ def run(args) -> int:
     counts = [c.count for c in cases]
     summary = {
         "algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
-        "chunk_bytes": ir.chunk_bytes, "backend": args.backend, "seed": args.seed, "codegen": args.codegen,
+        "chunk_bytes": ir.chunk_bytes, "channels": int(ir.nchannels), "backend": args.backend, "seed": args.seed,
+        "codegen": args.codegen,
         "cases": len(cases), "seconds": round(rep.seconds, 3), "ok": rep.ok,
         "dtypes": sorted({c.dtype for c in cases}), "ops": sorted({c.op for c in cases}),
         "inplace_cases": sum(c.inplace for c in cases), "threads": sorted({c.nthreads for c in cases}),

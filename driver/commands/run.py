@@ -229,6 +229,11 @@ def run(args) -> int:
                          f"elements ({es} bytes each)\n")
         return 2
     ir, plats = load_with_platforms(args)
+    from hccc.compiler.pipeline import apply_channels
+    # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule with
+    # every rank counted on one device: the single-process test mode's worst case)
+    ir = apply_channels(ir, program_options(args), ["cpu"] if args.backend == "cpu" else plats,
+                        ranks_per_device=ir.nranks)
     if args.codegen is None:
         from hccc.compiler.pipeline import manifest_codegen, manifest_path
         mpath = manifest_path(args.algo)

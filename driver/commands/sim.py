@@ -1,5 +1,6 @@
 """``hccc sim ALGO... --topology T [--sizes 1M,64M,1G | -b MIN -e MAX -f F] [--scheduler hpds,rr]
-[--tb-alloc state|connection] [--execution task|algorithm] [--chunk-size B] [-d D] [--json]
+[--tb-alloc state|connection] [--execution task|algorithm] [--chunk-size B] [--channels K|auto]
+[--block-bw GBPS] [-d D] [--json]
 [--plot timeline.png [--ranks R,...]] [--plot-busbw busbw.png]``
 
 Simulates the compiled program on a cluster under the alpha-beta-gamma model of
@@ -26,6 +27,12 @@ the transfers run in step order on connection-based TBs (unless ``--tb-alloc`` s
 every micro-batch running the TB's whole primitive list; a given IR keeps its TBs, and by default
 runs the way it was checked for (an MSCCL import that is only deadlock-free under MSCCL's
 algorithm-level execution says so in ``stats["execution"]``).
+
+Channels: ``--channels K`` runs every thread block as K blocks (``auto``: as the compiler picks
+for the cluster's GPUs, :mod:`hccc.compiler.passes.channels`); a block moves at most
+``--block-bw`` GB/s (default 20, the FIFO protocol's per-block rate; 0: no limit), so a
+connection runs at min(its share of the link, K x block-bw). The JSON records ``channels`` and
+``block_gbps``.
 """
 from __future__ import annotations
 
@@ -33,7 +40,8 @@ import argparse
 import json
 from pathlib import Path
 
-from hccc.args import choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
+from hccc.args import channels_arg, choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
+from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.sweep import add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_sizes, table_header, table_left
@@ -75,6 +83,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=_chunk, default=None, metavar="BYTES",
                    help="fixed micro-batch slice and FIFO slot size for every size (default: slots of 1M, "
                         "or a given IR's own, and a slice chosen per size)")
+    p.add_argument("--channels", type=channels_arg, default=None, metavar="K|auto",
+                   help="blocks per thread block (default: auto, i.e. the .rccl nChannels or a given IR's own, "
+                        "else from the GPUs' SM count, thread blocks and slice)")
+    p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
+                   help=f"GB/s one block moves, the per-block limit (default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
     p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements)")
     p.add_argument("-o", "--op", choices=("sum", "max", "min"), default="sum",
@@ -89,6 +102,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"ranks whose thread blocks the timeline shows (default: the first {PLOT_ROWS} TBs)")
     p.add_argument("--plot-busbw", metavar="FILE", default=None,
                    help="write bus bandwidth against size, one line per algorithm and scheduler")
+
+
+def _block_bw(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 <= v < 1e6:
+        raise argparse.ArgumentTypeError(f"block bandwidth must be a number of GB/s, 0 for no limit: {text!r}")
+    return v
 
 
 def _load(args, algo: str, scheduler: str, topo, sizes):
@@ -110,13 +133,22 @@ def _load(args, algo: str, scheduler: str, topo, sizes):
         if execution is None:  # an MSCCL import records whether it only runs algorithm-level
             ex = ir.stats.get("execution")
             execution = ex if ex in ("task", "algorithm") else "task"
-        return ir, execution
+        return _channels(args, ir, topo), execution
     execution = execution or "task"
     alg = load_algorithm(path, max_transfers=args.max_transfers)
     verify(alg)
-    return build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
-                               chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo,
-                               sizes=sizes), execution
+    ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
+                             chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes)
+    return _channels(args, ir, topo, alg.header.nchannels), execution
+
+
+def _channels(args, ir, topo, declared: int = 1):
+    """``ir`` with the channels ``--channels`` asks for on the cluster's GPUs."""
+    from hccc.compiler.pipeline import CompileOptions, apply_channels, platforms_for
+    if topo.nranks != ir.nranks:
+        return ir           # prepare() reports the mismatch
+    return apply_channels(ir, CompileOptions(channels=args.channels), platforms_for(ir.nranks, "auto", topo),
+                          declared=declared)
 
 
 #: the simulator's columns after nccl-tests' (name, unit, width)
@@ -130,7 +162,7 @@ def _simulate_one(args, topo, algo: str, scheduler: str, sizes: list[int], progr
     with progress.phase(f"building {algo}" + (f" ({scheduler})" if len(args.scheduler) > 1 else "")):
         ir, execution = _load(args, algo, scheduler, topo, sizes)
         try:
-            prog = prepare(ir, topo)
+            prog = prepare(ir, topo, args.block_bw or None)
         except SimulationError as exc:
             raise CompileError([Diagnostic(str(exc), None)]) from None
     if args.ranks is not None:
@@ -212,6 +244,7 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
         "topology": topo.name, "execution": execution, "scheduler": st.get("scheduler") or scheduler,
         "tb_alloc": st.get("tb_alloc") or args.tb_alloc, "chunk_bytes": int(ir.chunk_bytes),
         "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
+        "channels": int(ir.nchannels), "block_gbps": args.block_bw or None,
         "redop": redop_column(ir.collective, args.op), "root": root_column(ir.collective, ir.root),
         "results": [r.summary() for r in results],
         "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
@@ -229,7 +262,9 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
           f"{execution}-level execution, scheduler {st.get('scheduler') or scheduler}, "
           f"{st.get('tb_alloc') or args.tb_alloc}-based TBs "
           f"({big.ntbs} in total, at most {big.tbs_per_rank_max} per rank), "
-          f"{format_size(int(ir.chunk_bytes))}B slots, "
+          f"{plural(int(ir.nchannels), 'channel')}"
+          + (f" of <= {args.block_bw:g} GB/s per block, " if args.block_bw else " (no per-block limit), ")
+          + f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
     print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
     print("#")

@@ -42,7 +42,8 @@ def run(args) -> int:
     from hccc.compiler.interop.msccl_export import export_summary, export_xml
     from hccc.compiler.pipeline import load_program
 
-    opts = program_options(args)
+    from hccc.compiler.pipeline import xml_instances
+    opts = program_options(args, xml_instances=args.instances)
     if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
         raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
@@ -56,11 +57,12 @@ def run(args) -> int:
         from hccc.compiler.passes.verify import verify
         alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
         verify(alg)
-        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, instances=args.instances,
-                                    chunk_bytes=args.chunk_size)
+        # each channel is an MSCCL instance (hccc.compiler.pipeline.xml_instances)
+        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
+                                    instances=xml_instances(opts, alg.header.nchannels))
     else:
         ir = load_program(args.algo, opts)
-        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=args.instances)
+        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
     if args.output == "-":
         sys.stdout.write(text)
         return 0

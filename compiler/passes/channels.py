@@ -1,0 +1,152 @@
+"""Channels: how many blocks run each thread block (TB) of a program (ProgramIR ``nchannels``).
+
+With ``K`` channels every TB of every rank runs as ``K`` blocks; block ``c`` (channel ``c``) moves
+elements ``[lo_c, hi_c)`` of every micro-batch slice window over connections, FIFOs and progress
+counters of its own (:func:`hccc.compiler.ir.program_ir.channel_part`, hccc_prims.h). One block
+keeps only so many bytes in flight (Little's law: about 8 KiB per SM, ~15-20 GB/s per block at
+GPU memory latencies), so a connection that must fill a fast link needs several blocks, as NCCL
+spreads a connection over its channels.
+
+Choosing ``K`` (``--channels``):
+
+* ``K`` (an integer): exactly ``K`` channels, 1 <= K <= ``MAX_CHANNELS``.
+* ``auto`` (the default): a ProgramIR's own count when above 1 (a ``.json`` program's
+  ``nchannels``, kept as given); otherwise per platform:
+
+  - CPU emulation (``hccc run --backend cpu``): 1 (more blocks only add OS threads there);
+  - CUDA / HIP: the ``.rccl`` header's ``nChannels`` when above 1 (the algorithm asks for it);
+    otherwise ``min(8, SMs // (4 * T), share // 16 KiB)`` and at least 1, where ``T`` is the
+    most TBs of a rank, ``SMs`` the device's multiprocessors (nominal: 132 for CUDA, an H100
+    SXM; 104 for HIP, an MI210, gfx90a) and ``share`` the largest slice one chunk of a message
+    gets (``chunk_bytes / max_cnt``): at most a quarter of the device for the collective, and no
+    channel with less than 16 KiB of a full slice. With several platforms, the smallest. When
+    several ranks share a device (``hccc run`` in one process counts every rank on one GPU, its
+    test mode), the SMs are divided among them.
+
+A rank's ``K * T`` blocks must all be resident at once (the ranks spin on each other): the count
+is refused past the platform's maximum (:func:`max_blocks_per_rank`: SMs x resident blocks per SM
+at the program's threads per block; the CPU emulation's own thread budget is checked at launch).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hccc.compiler.ir.program_ir import MAX_CHANNELS, ProgramIR
+from hccc.compiler.passes.slicing import slot_share_bytes
+
+#: multiprocessors of the nominal device of each platform (auto rule, block limit)
+NOMINAL_SMS = {"cuda": 132, "hip": 104}
+#: resident threads per multiprocessor (H100: 2048; MI200 CU: 32 waves of 64)
+THREADS_PER_SM = {"cuda": 2048, "hip": 2048}
+WARP = {"cuda": 32, "hip": 64}
+#: GB/s one block moves through the FIFO protocol: ~8 KiB in flight per SM over ~0.4 us of memory
+#: latency (Little's law), the simulator's per-block limit (``hccc sim --block-bw``)
+DEFAULT_BLOCK_GBPS = 20.0
+#: the most channels ``auto`` picks
+AUTO_MAX = 8
+#: the least bytes of a full slice ``auto`` gives one channel
+AUTO_MIN_PART = 16 << 10
+PLATFORMS = ("cpu", "cuda", "hip")
+
+
+class ChannelError(ValueError):
+    """A channel count that cannot run (out of range, or too many blocks per rank)."""
+
+
+def parse_channels(text) -> int | None:
+    """``"auto"`` -> None, a positive integer (text or int) -> that integer; ValueError otherwise."""
+    if text is None:
+        return None
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return None
+    try:
+        k = int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"channels must be 'auto' or an integer 1..{MAX_CHANNELS}, not {text!r}") from None
+    if not 1 <= k <= MAX_CHANNELS:
+        raise ValueError(f"channels must be 'auto' or an integer 1..{MAX_CHANNELS}, not {k}")
+    return k
+
+
+def most_tbs(ir: ProgramIR) -> int:
+    """The most thread blocks any rank has (at least 1)."""
+    t = np.asarray(ir.ntbs, np.int64)
+    return max(1, int(t.max()) if len(t) else 1)
+
+
+def _threads(ir: ProgramIR, platform: str) -> int:
+    w = WARP[platform]
+    return max(w, min(1024, int(ir.nwarps) * w))
+
+
+def max_blocks_per_rank(ir: ProgramIR, platform: str, sms: int | None = None,
+                        ranks_per_device: int = 1) -> int | None:
+    """The most blocks one rank's launch may have on ``platform`` with ``ranks_per_device`` ranks
+    sharing a device (None: no fixed limit, the CPU emulation checks its thread budget at launch)."""
+    if platform not in NOMINAL_SMS:
+        return None
+    sms = int(sms or NOMINAL_SMS[platform])
+    return sms * max(1, THREADS_PER_SM[platform] // _threads(ir, platform)) // max(1, int(ranks_per_device))
+
+
+def auto_channels(ir: ProgramIR, platform: str, sms: int | None = None, ranks_per_device: int = 1) -> int:
+    """The ``auto`` rule of the module docstring for one platform (ignoring the program's own
+    count)."""
+    if platform not in NOMINAL_SMS:
+        return 1
+    sms = int(sms or NOMINAL_SMS[platform])
+    share = slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks))
+    k = min(AUTO_MAX, sms // (4 * most_tbs(ir) * max(1, int(ranks_per_device))), share // AUTO_MIN_PART)
+    return max(1, int(k))
+
+
+def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | None = None,
+                     declared: int = 1, ranks_per_device: int = 1) -> int:
+    """The channel count for ``ir`` running on ``platforms`` (names of :data:`PLATFORMS`, one per
+    rank or a set): ``request`` (an integer, or None for ``auto``), checked against every
+    platform's block limit (:class:`ChannelError` naming the limit). ``declared``: the
+    algorithm's own count (``.rccl`` nChannels), which ``auto`` takes for GPU code."""
+    plats = sorted(set(platforms)) or ["cpu"]
+    for p in plats:
+        if p not in PLATFORMS:
+            raise ValueError(f"unknown platform {p!r}")
+    if request is None:
+        own = int(getattr(ir, "nchannels", 1) or 1)
+        if own > 1:
+            k = own
+        elif plats == ["cpu"]:
+            k = 1
+        elif int(declared) > 1:
+            k = int(declared)
+        else:
+            k = min(auto_channels(ir, p, sms, ranks_per_device) for p in plats)
+    else:
+        k = int(request)
+    if not 1 <= k <= MAX_CHANNELS:
+        raise ChannelError(f"{k} channels: must be 1..{MAX_CHANNELS}")
+    t = most_tbs(ir)
+    for p in plats:
+        cap = max_blocks_per_rank(ir, p, sms, ranks_per_device)
+        if k > 1 and cap is not None and k * t > cap:
+            m = sms or NOMINAL_SMS[p]
+            shared = f", shared by {ranks_per_device} ranks" if ranks_per_device > 1 else ""
+            raise ChannelError(
+                f"{k} channels x {t} thread blocks = {k * t} blocks per rank, more than a {p.upper()} "
+                f"device holds at once ({cap}: {m} multiprocessors x "
+                f"{max(1, THREADS_PER_SM[p] // _threads(ir, p))} blocks of {_threads(ir, p)} threads{shared}); "
+                f"use at most --channels {max(1, cap // t)}")
+    return k
+
+
+def with_channels(ir: ProgramIR, k: int) -> ProgramIR:
+    """``ir`` with ``nchannels = k`` (a shallow copy when it changes; the table is shared)."""
+    if int(getattr(ir, "nchannels", 1)) == int(k):
+        return ir
+    import copy
+    out = copy.copy(ir)
+    out.nchannels = int(k)
+    return out
+
+
+__all__ = ["ChannelError", "parse_channels", "auto_channels", "resolve_channels", "max_blocks_per_rank",
+           "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART", "DEFAULT_BLOCK_GBPS"]
