@@ -11,7 +11,9 @@ maximum resident set size; "total CPU" is its user + system time, which a loaded
 less than the wall-clock figures (compare it with wall to see how much waiting for a core cost). ``--codegen`` lists the code-generation modes to compare (each size is
 compiled once per mode, side by side). Prints a phase table: seconds per stage (parse, verify, schedule+lower,
 msccl_xml, codegen) and per phase inside the big ones (dag, HPDS schedule, lowering, TB allocation,
-checks; kernel analysis, primitive lines, template rendering, IR JSON, file writing). ``msccl_xml``
+checks; kernel analysis, primitive lines, template rendering, then "write": what is left of the IR JSON, made
+on a background thread from the start of code generation, and of the file writes, which also run in the
+background as files are made). ``msccl_xml``
 is the MSCCL XML export, which programs past the runtimes' limits skip after the up-front check.
 """
 from __future__ import annotations

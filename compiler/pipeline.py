@@ -170,12 +170,12 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
         except CompileError as exc:
             xml = (None, exc)
     return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml,
-                           declared=alg.header.nchannels)
+                           declared=alg.header.nchannels, structure_checked=True)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
                     cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None,
-                    declared: int | None = None):
+                    declared: int | None = None, structure_checked: bool = False):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
@@ -186,6 +186,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     caller, ``(text, None)`` or ``(None, CompileError)``; otherwise ``ir`` itself is exported.
     ``declared``: the channel count the algorithm declares (default: the program's own), for the
     XML's instances (:func:`xml_instances`).
+    ``structure_checked``: ``ir`` passed :func:`~hccc.compiler.ir.check.check_structure` (built by
+    :func:`~hccc.compiler.passes.build.build_program`), so code generation does not check it again.
     """
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.backend.table_codegen import generate_table
@@ -228,7 +230,7 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
         gen = generate_table if opts.codegen == "table" else generate
         files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
                           extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
-                          direct=opts.direct)
+                          direct=opts.direct, structure_checked=structure_checked)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"

@@ -104,6 +104,9 @@ def _help(rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:                   # the hccc process itself (not a caller's): its allocator policy
+        from hccc.allocator import tune_allocator
+        tune_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
     from hccc.compiler.frontend.diagnostics import CompileError, render_all
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import jinja2
 import numpy as np
 
+from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_structure
@@ -27,6 +28,7 @@ from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 from hccc.compiler.passes.slicing import slot_share_bytes
+from hccc.compiler.ir.sort_order import lexsort
 
 VERSION = "0.1.0"
 PLATFORMS = ("cuda", "hip")
@@ -125,7 +127,7 @@ def _conn_index(rank, peer, channel, mask, count, nranks):
     if not len(idx):
         return conn, pos, tables
     r, p, ch = rank[idx].astype(np.int64), peer[idx].astype(np.int64), channel[idx].astype(np.int64)
-    order = np.lexsort((idx, ch, p, r))          # group by (rank, peer, channel), FIFO order inside
+    order = lexsort((idx, ch, p, r))          # group by (rank, peer, channel), FIFO order inside
     rs, ps, cs = r[order], p[order], ch[order]
     new = np.r_[True, (rs[1:] != rs[:-1]) | (ps[1:] != ps[:-1]) | (cs[1:] != cs[:-1])]
     gid = np.cumsum(new) - 1                     # global connection id
@@ -175,10 +177,10 @@ def analyse(ir: ProgramIR) -> Columns:
         first = np.r_[True, trank[1:] != trank[:-1]]
         start = np.maximum.accumulate(np.where(first, np.arange(len(targets)), 0))
         post[targets] = np.arange(len(targets)) - start
-        np.add.at(nprogress, trank, 1)
+        nprogress += np.bincount(trank, minlength=ir.nranks)
         dp = ir.dep_prim.astype(np.int64)
         slots = post[ir.dep_on.astype(np.int64)]
-        order = np.lexsort((slots, dp))
+        order = lexsort((slots, dp))
         dp_s, sl_s = dp[order], slots[order]
         keep = np.r_[True, (dp_s[1:] != dp_s[:-1]) | (sl_s[1:] != sl_s[:-1])]
         dp_s, sl_s = dp_s[keep], sl_s[keep]
@@ -192,7 +194,7 @@ def analyse(ir: ProgramIR) -> Columns:
 
 
 # ---------------------------------------------------------------------------- primitive lines
-def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[bytes, np.ndarray]:
+def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[memoryview, np.ndarray]:
     """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
 
     Hot path (millions of rows): the lines are assembled column by column
@@ -210,7 +212,7 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[by
     p = ir.prims
     n = ir.nprims
     if n == 0:
-        return b"", np.zeros(1, np.int64)
+        return memoryview(b""), np.zeros(1, np.int64)
     op = p["op"].astype(np.int64)
     task2 = p["task2"].astype(np.int64)
     has_deps = np.zeros(n, bool)
@@ -254,7 +256,7 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[by
     rt.text(", to r", sends).int(p["send_peer"], sends)
     rt.text(", after progress ", has_deps).blob(blob, dep_start, dep_len, has_deps)
     rt.text(", direct", has_x)
-    return rt.render("\n")
+    return rt.render_view("\n")
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -276,15 +278,17 @@ def _check(ir: ProgramIR, platforms: list[tuple[str, ...]]) -> None:
         raise ValueError("nchunks must be positive")
 
 
-def prepare_output(ir: ProgramIR, outdir, platforms: list):
+def prepare_output(ir: ProgramIR, outdir, platforms: list, structure_checked: bool = False):
     """What both code-generation modes start from: the platforms as tuples, checked against the
     program; the program in canonical order and structurally checked (value ranges, dense TB ids,
-    single-TB connection ends: IRFormatError); the output directory as a path."""
+    single-TB connection ends: IRFormatError) unless the caller says it already passed
+    :func:`check_structure` (which only canonical programs pass); the output directory as a path."""
     platforms = [(pl,) if isinstance(pl, str) else tuple(pl) for pl in platforms]
     _check(ir, platforms)
-    if not _is_canonical(ir):
-        ir = _sorted_copy(ir)
-    check_structure(ir)
+    if not structure_checked:
+        if not _is_canonical(ir):
+            ir = _sorted_copy(ir)
+        check_structure(ir)
     return ir, pathlib.Path(outdir), platforms
 
 
@@ -333,27 +337,41 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
 
 def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
              timings: dict | None = None, manifest_extra: dict | None = None,
-             extra_files: tuple[str, ...] = (), direct: str = "auto") -> list[pathlib.Path]:
+             extra_files: tuple[str, ...] = (), direct: str = "auto",
+             structure_checked: bool = False) -> list[pathlib.Path]:
     """Write kernels, headers, manifest, IR JSON and build files into ``outdir`` (existing, empty).
 
     ``platforms[r]`` is ``"cuda"`` or ``"hip"`` for rank ``r``, or a tuple of both (``--target all``):
     the first is the platform the rank runs on (manifest ``platform``/``source``), every one gets a
     source (manifest ``sources``). Returns the written paths, sorted.
-    ``timings``, when given, receives seconds per phase (analyse, lines, render, ir_json, write).
+    ``timings``, when given, receives seconds per phase (analyse, lines, render, write: the IR JSON is made
+    on the writer thread meanwhile, so ``write`` is what is left of it and of the file writes).
     ``manifest_extra`` adds top-level manifest fields (JSON-serialisable; e.g. ``topology``); a key
     that the manifest already has is a ValueError. ``extra_files`` names files the caller adds to
     ``outdir`` itself: the manifest's ``files`` (everything hccc wrote there, so that a later run
     replaces only those) lists them too. ``direct``: ``auto`` emits the receives
     :mod:`hccc.compiler.ir.direct` proves safe (and their sends) in direct mode, ``off`` none
-    (:mod:`hccc.compiler.backend.direct_fields`).
+    (:mod:`hccc.compiler.backend.direct_fields`). Files are written as they are made (:class:`FileSink`).
+    ``structure_checked``: ``ir`` already passed :func:`check_structure` (as :func:`~hccc.compiler.
+    passes.build.build_program`'s programs have), which is then not run again.
     """
+    with FileSink(pathlib.Path(outdir)) as sink:
+        return _generate(ir, outdir, sink, platforms=platforms, timings=timings,
+                         manifest_extra=manifest_extra, extra_files=extra_files, direct=direct,
+                         structure_checked=structure_checked)
+
+
+def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str], timings: dict | None,
+              manifest_extra: dict | None, extra_files: tuple[str, ...], direct: str,
+              structure_checked: bool) -> list[pathlib.Path]:
     from hccc.compiler.backend.direct_fields import direct_fields
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
-    ir, outdir, platforms = prepare_output(ir, outdir, platforms)
+    ir, outdir, platforms = prepare_output(ir, outdir, platforms, structure_checked)
     env = _template_env()
     name = ir.name
-    written: dict[str, str | bytes] = {}
+    ir_file = f"{name}.ir.json"
+    written.compute(ir_file, ir.to_json_pieces)      # made on the writer thread, beside the kernels
 
     col = analyse(ir)
     dx = direct_fields(ir, direct)
@@ -386,22 +404,23 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         source = f"{name}_r{r}.{EXT[pl]}"
         kernel = f"hccc_{name}_r{r}"
         tbs = []
+        bodies = []                    # (start, end) of each TB's lines in text, spliced in below
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=tb_pipelines[sl.start],
-                            body=text[line_at[sl.start]:line_at[sl.stop] - 1].decode("ascii")))
+                            pipelines=tb_pipelines[sl.start], body=f"{_MARK}{len(bodies)}{_MARK}"))
+            bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1))
             nprims += sl.stop - sl.start
         rank_sources = {}
         for rpl in platforms[r]:
             rsrc = f"{name}_r{r}.{EXT[rpl]}"
-            written[rsrc] = rank_tpl.render(
+            written[rsrc] = _splice(rank_tpl.render(
                 **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
                 nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nch=nch, nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}")
+                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}"), bodies, text)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], blocks=nch * ntbs[r], kernel=kernel,
@@ -430,12 +449,8 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
                      headers=list(HEADERS), codegen="specialized", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
-    ir_file = f"{name}.ir.json"
     t3 = time.perf_counter()
-    written[ir_file] = ir.to_json()
-    t4 = time.perf_counter()
     tm["codegen_render"] = t3 - t2
-    tm["codegen_ir_json"] = t4 - t3
 
     written["manifest.json"] = manifest_text(
         ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
@@ -443,14 +458,27 @@ def generate(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list[str],
         manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
         host_header=HOST_HEADER)
 
-    paths = []
-    for fname in sorted(written):
-        path = outdir / fname
-        data = written[fname]
-        path.write_bytes(data.encode() if isinstance(data, str) else data)
-        paths.append(path)
-    tm["codegen_write"] = time.perf_counter() - t4
-    return sorted(paths)
+    paths = written.close()
+    tm["codegen_write"] = time.perf_counter() - t3     # what is left of the IR JSON and the writes
+    return paths
+
+
+#: marks where a TB's lines go in a rendered rank source (templates and names never hold NUL)
+_MARK = "\0"
+
+
+def _splice(rendered: str, bodies: list[tuple[int, int]], text: memoryview) -> list:
+    """The file's pieces: ``rendered`` with each ``<_MARK>k<_MARK>`` replaced by the bytes
+    ``text[bodies[k][0]:bodies[k][1]]`` (views, not copies: the primitive lines are most of a large
+    program's output)."""
+    parts = rendered.split(_MARK)
+    if len(parts) != 2 * len(bodies) + 1:
+        raise AssertionError("internal error: a rank template dropped or repeated a TB body")
+    out: list = [parts[0]]
+    for i in range(1, len(parts), 2):
+        a, b = bodies[int(parts[i])]
+        out += [text[a:b], parts[i + 1]]
+    return out
 
 
 def grid_entries(env: jinja2.Environment, ir: ProgramIR, platforms: list[tuple[str, ...]], written: dict,
@@ -483,7 +511,8 @@ def program_stats(ir: ProgramIR, col: Columns, ntbs: list[int]) -> dict:
     """The manifest's ``stats``: the IR's own, completed with transfer, sub-pipeline, TB and
     primitive counts."""
     stats = dict(ir.stats)
-    stats.setdefault("transfers", int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size))
+    if "transfers" not in stats:      # (not setdefault: the count is a sort of every primitive's task)
+        stats["transfers"] = int(np.unique(ir.prims["task"][ir.prims["task"] >= 0]).size)
     stats.setdefault("subpipelines", int(ir.npipelines))
     stats.setdefault("tbs_state_based", int(sum(ntbs)))
     stats.setdefault("tbs_connection_based",

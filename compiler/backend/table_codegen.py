@@ -89,12 +89,13 @@ def render_generic(env, platforms: list[str]) -> dict[str, str]:
 
 def generate_table(ir: ProgramIR, outdir: pathlib.Path, *, platforms: list,
                    timings: dict | None = None, manifest_extra: dict | None = None,
-                   extra_files: tuple[str, ...] = (), direct: str = "auto") -> list[pathlib.Path]:
+                   extra_files: tuple[str, ...] = (), direct: str = "auto",
+                   structure_checked: bool = False) -> list[pathlib.Path]:
     """Write the table-mode output into ``outdir`` (existing, empty); arguments as
     :func:`hccc.compiler.backend.codegen.generate`. Returns the written paths, sorted."""
     tm = timings if timings is not None else {}
     t0 = time.perf_counter()
-    ir, outdir, platforms = prepare_output(ir, outdir, platforms)
+    ir, outdir, platforms = prepare_output(ir, outdir, platforms, structure_checked)
     env = _template_env()
     name = ir.name
     col = analyse(ir)

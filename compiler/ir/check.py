@@ -33,6 +33,7 @@ from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.frontend.plural import plural, plural_noun
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 _SEND_OPS = np.array([Op(i).sends for i in range(len(Op))])
 _RECV_OPS = np.array([Op(i).receives for i in range(len(Op))])
@@ -120,8 +121,9 @@ def check_structure(ir: ProgramIR) -> None:
         expect = np.where(new_rank, 0, prev_tb + 1)
         _fail(ir, new_tb & (tb != expect), "TB ids of a rank must be 0, 1, 2, ... without gaps")
     used = np.zeros(N, dtype=np.int64)
-    if n:
-        np.maximum.at(used, rank, tb + 1)
+    if n:   # rows are in canonical order here (checked above): each rank's rows are contiguous
+        firsts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+        used[rank[firsts]] = np.maximum.reduceat(tb + 1, firsts)
     badr = np.flatnonzero(used != ntbs)
     if len(badr):
         r = int(badr[0])
@@ -163,7 +165,7 @@ def check_structure(ir: ProgramIR) -> None:
         if not len(idx):
             continue
         ek = (rank[idx] * N + p[nm][idx]) * nch + p["channel"][idx]
-        o = np.argsort(ek, kind="stable")
+        o = stable_argsort(ek)
         eks, tbs = ek[o], tb[idx][o]
         clash = np.flatnonzero((eks[1:] == eks[:-1]) & (tbs[1:] != tbs[:-1]))
         if len(clash):
@@ -298,7 +300,7 @@ def _kahn(nnodes: int, src: np.ndarray, dst: np.ndarray, rng: np.random.Generato
     With ``rng`` the nodes of each level are shuffled (a random topological order).
     """
     indeg = np.bincount(dst, minlength=nnodes).astype(np.int64)
-    o = np.argsort(src, kind="stable")
+    o = stable_argsort(src)
     csr_dst = dst[o]
     ptr = np.zeros(nnodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=nnodes), out=ptr[1:])
@@ -338,7 +340,7 @@ def check_deadlock(ir: ProgramIR) -> None:
         # for each looping pair, the forwarding primitive just before the deeper one in the chain
         _, _, _, depth = rendezvous_components(ir, with_depth=True)
         hi = np.maximum(depth[ea[selfl]], depth[eb[selfl]]) - 1
-        o = np.lexsort((depth, comp))
+        o = lexsort((depth, comp))
         key_sorted = comp[o] * (ir.nprims + 1) + depth[o]
         at = np.searchsorted(key_sorted, ca[selfl] * (ir.nprims + 1) + hi)
         split = np.unique(o[np.minimum(at, len(o) - 1)])
@@ -357,7 +359,7 @@ def check_deadlock(ir: ProgramIR) -> None:
     # walk back through remaining predecessors until a node repeats
     m = remaining[na] & remaining[nb]
     ra, rb, rea, reb = na[m], nb[m], ea[m], eb[m]
-    o = np.argsort(rb, kind="stable")
+    o = stable_argsort(rb)
     ra, rb, rea, reb = ra[o], rb[o], rea[o], reb[o]
     first_in = np.searchsorted(rb, np.arange(len(heads)))
     v = int(np.flatnonzero(remaining)[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.ir.program_ir import Op, ProgramIR
+from hccc.compiler.ir.sort_order import stable_argsort
 
 _SEND_OPS = np.array([Op(i).sends for i in range(len(Op))])
 _RECV_OPS = np.array([Op(i).receives for i in range(len(Op))])
@@ -48,8 +49,8 @@ def match_connections(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
     ri = np.flatnonzero(_RECV_OPS[op])
     skey = (rank[si] * N + p["send_peer"][si].astype(np.int64)) * nch + ch[si]
     rkey = (p["recv_peer"][ri].astype(np.int64) * N + rank[ri]) * nch + ch[ri]
-    s_sorted = si[np.argsort(skey, kind="stable")]
-    r_sorted = ri[np.argsort(rkey, kind="stable")]
+    s_sorted = si[stable_argsort(skey)]
+    r_sorted = ri[stable_argsort(rkey)]
     return s_sorted, r_sorted
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
+from hccc.compiler.ir.sort_order import lexsort, unique_inverse
 
 _READS = np.array([Op(o).reads_src for o in range(len(Op))])
 _WRITES = np.array([Op(o).writes_dst for o in range(len(Op))])
@@ -281,7 +282,7 @@ def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: n
         acc_k.append(k)
         acc_key.append(rank[pp] * S + p[f"{side}_off"].astype(np.int64)[pp] + k)
     acc_p, acc_k, acc_key = (np.concatenate(x) for x in (acc_p, acc_k, acc_key))
-    keys, slot = np.unique(acc_key, return_inverse=True)
+    keys, slot = unique_inverse(acc_key)
     M = n + len(keys)
     # equations A[ea] = A[eb] + ed
     ea = np.concatenate([np.asarray(r, np.int64), n + slot])
@@ -300,7 +301,7 @@ def _anchors_through_scratch(ir: ProgramIR, own: np.ndarray, s: np.ndarray, r: n
         hi = np.where(ra > rb, ra, rb)[m]
         lo = np.where(ra > rb, rb, ra)[m]
         off = np.where(ra > rb, diff, -diff)[m]   # A[hi] = A[lo] + off
-        o = np.lexsort((lo, hi))
+        o = lexsort((lo, hi))
         first = np.r_[True, hi[o][1:] != hi[o][:-1]]
         h, l, f = hi[o][first], lo[o][first], off[o][first]
         label[h] = l

@@ -5,7 +5,7 @@ The IR JSON and the kernel sources are mostly integers: at 1,024 ranks that is ~
 digits (one row per value, right-aligned) and the texts are scattered into one output buffer:
 
 - :func:`decimal_digits` gives that matrix and each value's text length (sign included);
-- :func:`join_ints` is ``sep.join(map(str, a))``;
+- :func:`join_ints` is ``sep.join(map(str, a))`` (:func:`join_ints_view`: the same as bytes, uncopied);
 - :class:`RowText` assembles one line per row from constant pieces, integer columns and per-row
   choices among a few constant strings, e.g. ``HCCC_P(%d, SEND, %d);`` for every primitive.
 
@@ -13,9 +13,11 @@ Every result equals the ``str``/``%d`` formatting it replaces (``tests/test_int_
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-__all__ = ["decimal_digits", "join_ints", "RowText"]
+__all__ = ["decimal_digits", "join_ints", "join_ints_view", "RowText"]
 
 
 def decimal_digits(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,13 +70,18 @@ def _tail_mask(length: np.ndarray, width: int) -> np.ndarray:
 
 def join_ints(a: np.ndarray, sep: str = ",") -> str:
     """``sep.join(map(str, a))`` for an integer array."""
+    return str(join_ints_view(a, sep), "ascii")
+
+
+def join_ints_view(a: np.ndarray, sep: str = ",") -> memoryview:
+    """:func:`join_ints` as ASCII bytes: a view of the rendered buffer (no copy of a long text)."""
     a = np.asarray(a)
     n = len(a)
     if n == 0:
-        return ""
+        return memoryview(b"")
     rt = RowText(n).int(a)
-    text, _ = rt.render(end=sep)
-    return text[:len(text) - len(sep)].decode("ascii")
+    text, _ = rt.render_view(end=sep)
+    return text[:len(text) - len(sep)]
 
 
 class RowText:
@@ -113,16 +120,24 @@ class RowText:
 
     def render(self, end: str = "\n", compiled: bool | None = None) -> tuple[bytes, np.ndarray]:
         """``compiled``: None picks by size; True/False force the compiled / numpy path."""
+        text, offsets = self.render_view(end, compiled)
+        return text.obj if isinstance(text.obj, bytes) else text.tobytes(), offsets
+
+    def render_view(self, end: str = "\n", compiled: bool | None = None) -> tuple[memoryview, np.ndarray]:
+        """:meth:`render` with the text as a read-only byte view of the buffer it was written into
+        (a long text is not copied)."""
         if compiled is None:
             compiled = self.n >= COMPILED_FROM
         if compiled:
             from hccc.compiler.ir import int_text_kernel
             if int_text_kernel.HAVE_NUMBA:
-                return self._render_compiled(end, int_text_kernel)
-        return self._render_numpy(end)
+                text, offsets = self._render_compiled(end, int_text_kernel)
+                return memoryview(text).toreadonly(), offsets
+        text, offsets = self._render_numpy(end)
+        return memoryview(text), offsets
 
     # ------------------------------------------------------------------ compiled path
-    def _render_compiled(self, end: str, kernel) -> tuple[bytes, np.ndarray]:
+    def _render_compiled(self, end: str, kernel) -> tuple[np.ndarray, np.ndarray]:
         texts: list[bytes] = []
         text_bytes = 0
         ints: list[np.ndarray] = []
@@ -181,11 +196,12 @@ class RowText:
         text_off = np.zeros(len(texts) + 1, np.int64)
         np.cumsum([len(t) for t in texts], out=text_off[1:])
         blob = np.frombuffer(b"".join(texts) + b"".join(blob_parts) + b"\0", np.uint8)
-        buf, offsets = kernel.render_rows(
-            self.n, np.array(kinds, np.int64), np.array(args, np.int64).reshape(-1, 2),
-            np.array(mask_of, np.int64), tuple(ints), tuple(masks), blob, text_off,
-            np.frombuffer(end.encode("ascii") + b"\0", np.uint8)[:-1].copy())
-        return buf.tobytes(), offsets
+        with _KERNEL_LOCK:
+            buf, offsets = kernel.render_rows(
+                self.n, np.array(kinds, np.int64), np.array(args, np.int64).reshape(-1, 2),
+                np.array(mask_of, np.int64), tuple(ints), tuple(masks), blob, text_off,
+                np.frombuffer(end.encode("ascii") + b"\0", np.uint8)[:-1].copy())
+        return buf, offsets
 
     # ------------------------------------------------------------------ numpy path
     def _pieces(self) -> list[tuple]:
@@ -252,6 +268,10 @@ class RowText:
                 out.append(np.hstack(mats)[np.hstack(masks)].tobytes())
         return b"".join(out), offsets
 
+
+#: one compiled text kernel at a time: it already runs on every core, and numba's workqueue threading
+#: layer (used where no OpenMP or TBB is installed) must not be entered by two threads at once
+_KERNEL_LOCK = threading.Lock()
 
 #: rows from which :meth:`RowText.render` uses the compiled loop (below it, loading numba costs more)
 COMPILED_FROM = 100_000

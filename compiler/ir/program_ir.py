@@ -57,6 +57,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from hccc.compiler.ir.sort_order import lexsort
+
 SCHEMA = "hccc.program/2"
 #: schemas of earlier versions, refused on load with a hint (what changed since)
 OLD_SCHEMAS = {"hccc.program/1": "schema /2 added the header field 'nchannels' (blocks per connection)"}
@@ -207,7 +209,7 @@ class ProgramIR:
 
     def sort_canonical(self) -> None:
         """Sort primitives by (rank, tb, seq) and remap ``deps`` accordingly."""
-        order = np.lexsort((self.prims["seq"], self.prims["tb"], self.prims["rank"]))
+        order = lexsort((self.prims["seq"], self.prims["tb"], self.prims["rank"]))
         if np.array_equal(order, np.arange(len(order))):
             return
         inv = np.empty_like(order)
@@ -219,6 +221,11 @@ class ProgramIR:
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> str:
         """Deterministic, versioned, columnar JSON."""
+        return "".join(p if isinstance(p, str) else str(p, "ascii") for p in self.to_json_pieces())
+
+    def to_json_pieces(self) -> list:
+        """:meth:`to_json`'s text as pieces (text, and the ASCII bytes of the long integer columns,
+        uncopied) that a writer concatenates."""
         head = {
             "schema": SCHEMA,
             "name": self.name,
@@ -238,14 +245,13 @@ class ProgramIR:
         }
         if self.rooted:
             head["root"] = int(self.root)
-        parts = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
-        cols = []
-        for k in PRIM_COLUMNS:
-            cols.append(f'\n  "{k}": [' + int_list_text(self.prims[k]) + "]")
-        parts.append(",".join(cols))
-        parts.append('\n },\n "deps": {\n  "prim": [' + int_list_text(self.dep_prim)
-                     + '],\n  "on": [' + int_list_text(self.dep_on) + "]\n }\n}\n")
-        return "".join(parts)
+        from hccc.compiler.ir.int_text import join_ints_view
+        parts: list = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
+        for i, k in enumerate(PRIM_COLUMNS):
+            parts += [("," if i else "") + f'\n  "{k}": [', join_ints_view(self.prims[k]), "]"]
+        parts += ['\n },\n "deps": {\n  "prim": [', join_ints_view(self.dep_prim), '],\n  "on": [',
+                  join_ints_view(self.dep_on), "]\n }\n}\n"]
+        return parts
 
     @classmethod
     def decode_json(cls, text: str) -> "ProgramIR":

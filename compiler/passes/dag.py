@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 __all__ = ["DependencyDAG", "build_dag"]
 
@@ -129,7 +130,7 @@ def _dense(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         present[off] = True
         ids = np.cumsum(present, dtype=np.int64) - 1
         return np.flatnonzero(present).astype(np.int64) + lo, ids[off]
-    order = np.argsort(values, kind="stable")
+    order = stable_argsort(values)
     sv = values[order]
     first = np.r_[True, sv[1:] != sv[:-1]]
     inv = np.empty(len(values), np.int64)
@@ -156,9 +157,9 @@ def _sparse_edges(src, dst, step, chunk_idx, is_rrc, n):
     nloc = (int(chunk_idx.max()) + 1) * nr if n else 1
     if nloc * ns * 2 < _KEY_LIMIT:
         key = (r_loc * ns + sk[r_task]) * 2 + r_ro
-        order = np.argsort(key, kind="stable")
+        order = stable_argsort(key)
     else:  # astronomically sparse ids: fall back to a multi-key sort
-        order = np.lexsort((r_task, r_ro, sk[r_task], r_loc))
+        order = lexsort((r_task, r_ro, sk[r_task], r_loc))
     loc = r_loc[order]
     gkey = loc * ns + sk[r_task[order]]          # (location, step) group key, sorted
     ro = r_ro[order]
@@ -220,7 +221,7 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=False):
         return keep
     # Edges in the order (consumer position, producer position).
     ps, pd = topo_pos[es], topo_pos[ed]
-    order = np.lexsort((ps, pd))
+    order = lexsort((ps, pd))
     ps, pd = ps[order], pd[order]
     nchunks = int(chunk_of_pos.max()) + 1
     cstart = np.searchsorted(chunk_of_pos, np.arange(nchunks + 1))
@@ -323,14 +324,14 @@ def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
     es, ed = _sparse_edges(src, dst, step, chunk_idx, is_rrc, n)
 
     # Topological order grouped by chunk: (chunk, step, row).
-    topo = np.lexsort((np.arange(n), step, chunk_idx))
+    topo = lexsort((np.arange(n), step, chunk_idx))
     topo_pos = np.empty(n, np.int64)
     topo_pos[topo] = np.arange(n)
     keep = _transitive_reduction(es, ed, topo_pos, chunk_idx[topo], n, compiled)
     es, ed = es[keep], ed[keep]  # still sorted by (src, dst)
 
     succ_ptr = _csr(es, n)
-    porder = np.lexsort((es, ed))
+    porder = lexsort((es, ed))
     pred_idx = es[porder]
     pred_ptr = _csr(ed[porder], n)
     return DependencyDAG(

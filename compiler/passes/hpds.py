@@ -73,6 +73,7 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import Algorithm
 from hccc.compiler.passes.dag import DependencyDAG
 from hccc.compiler.passes.schedule import Schedule
+from hccc.compiler.ir.sort_order import lexsort
 
 __all__ = ["hpds"]
 
@@ -92,12 +93,12 @@ class _ChunkScheduler:
         self.n = n
         chunk_idx = np.asarray(dag.chunk_index, np.int64)
         step = np.asarray(alg.step, np.int64)
-        topo = np.lexsort((np.arange(n), step, chunk_idx))  # internal id -> row
+        topo = lexsort((np.arange(n), step, chunk_idx))  # internal id -> row
         pos = np.empty(n, np.int64)
         pos[topo] = np.arange(n)
         self.topo = topo
         ps, pd = pos[dag.edge_src], pos[dag.edge_dst]
-        order = np.lexsort((pd, ps))
+        order = lexsort((pd, ps))
         ps, pd = ps[order], pd[order]
         self.sptr = np.searchsorted(ps, np.arange(n + 1)).tolist()
         self.succ = pd.tolist()
@@ -327,12 +328,12 @@ def _hpds_compiled(alg: Algorithm, dag: DependencyDAG, kernel) -> Schedule:
         raise ValueError(f"DAG has {n} tasks but the algorithm has {alg.ntransfers} transfers")
     chunk_idx = np.asarray(dag.chunk_index, np.int64)
     step = np.asarray(alg.step, np.int64)
-    topo = np.lexsort((np.arange(n), step, chunk_idx))  # internal id -> row
+    topo = lexsort((np.arange(n), step, chunk_idx))  # internal id -> row
     pos = np.empty(n, np.int64)
     pos[topo] = np.arange(n)
     ps = pos[np.asarray(dag.edge_src, np.int64)]
     pd = pos[np.asarray(dag.edge_dst, np.int64)]
-    order = np.lexsort((pd, ps))
+    order = lexsort((pd, ps))
     ps, pd = ps[order], pd[order]
     sptr = np.searchsorted(ps, np.arange(n + 1)).astype(np.int64)
     indeg = np.bincount(pd, minlength=n).astype(np.int64)

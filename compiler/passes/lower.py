@@ -57,6 +57,7 @@ from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.schedule import Schedule
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique
 
 NO_STEP = np.iinfo(np.int64).max
 
@@ -196,7 +197,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
             keep = ~np.isin(ca * T + cb, fb_)
             ca, cb = ca[keep], cb[keep]
         # one send per receive: the first b in insertion order
-        o = np.lexsort((pos[cb], ca))
+        o = lexsort((pos[cb], ca))
         ca, cb = ca[o], cb[o]
         refused = np.zeros(len(ca), dtype=bool)
         while len(ca):
@@ -378,13 +379,13 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     redirect_loc[loc_w[hazard]] = True
 
     # write locations of every written (rank, chunk)
-    wl = np.unique(loc_w)
+    wl = unique(loc_w)
     wr, wc = wl // C, wl % C
     w_owner, w_dest, w_piece = wc // (N * K), (wc // K) % N, wc % K
     to_scratch = (w_dest != wr) | redirect_loc[wl]
     # dense scratch blocks per rank
     sb = wr[to_scratch] * (N * N) + wc[to_scratch] // K
-    ub = np.unique(sb)
+    ub = unique(sb)
     first_of_rank = np.searchsorted(ub // (N * N), np.arange(N))
     dense = np.searchsorted(ub, sb) - first_of_rank[sb // (N * N)]
     loc_buf = np.full(len(wl), Buf.OUTPUT, np.int8)
@@ -428,7 +429,7 @@ def _pairs_by_key(a_idx: np.ndarray, a_key: np.ndarray, b_idx: np.ndarray, b_key
     """All ``(a, b)`` with equal keys (an equi-join of two small lists), as two int64 arrays."""
     if not len(a_idx) or not len(b_idx):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    o = np.argsort(b_key, kind="stable")
+    o = stable_argsort(b_key)
     bk, bi = b_key[o], b_idx[o]
     lo = np.searchsorted(bk, a_key, "left")
     hi = np.searchsorted(bk, a_key, "right")
@@ -561,13 +562,13 @@ def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray)
         rk = np.concatenate([dst[members], src[members[is_head]]])
         ps = np.concatenate([depth + 1, np.zeros(int(is_head.sum()), np.int64)])
         tk = np.concatenate([members, np.full(int(is_head.sum()), -1, np.int64)])
-        o = np.lexsort((ps, rk, h))
+        o = lexsort((ps, rk, h))
         h, rk, ps, tk = h[o], rk[o], ps[o], tk[o]
         dup = np.flatnonzero((h[1:] == h[:-1]) & (rk[1:] == rk[:-1])) + 1
         if not len(dup):
             return
         dh, dp, db = h[dup], ps[dup], tk[dup]
-        o = np.lexsort((dp, dh))
+        o = lexsort((dp, dh))
         dh, db = dh[o], db[o]
         first = np.r_[True, dh[1:] != dh[:-1]]
         b = db[first]

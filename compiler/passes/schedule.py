@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hccc.compiler.ir.sort_order import lexsort
+
 
 @dataclass
 class Schedule:
@@ -34,5 +36,5 @@ def step_schedule(alg) -> Schedule:
     (rows in program order within a step)."""
     step = np.asarray(alg.step, dtype=np.int64)
     _, dense = np.unique(step, return_inverse=True)
-    order = np.lexsort((np.arange(len(step)), step)).astype(np.int64)
+    order = lexsort((np.arange(len(step)), step)).astype(np.int64)
     return Schedule(subpipeline=dense.astype(np.int32).reshape(-1), order=order, scheduler="step")

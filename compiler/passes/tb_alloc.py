@@ -39,6 +39,7 @@ from networkx.utils import UnionFind
 
 from hccc.compiler.passes.lower import LoweredProgram
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, ProgramIR
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_inverse
 
 SEND_DIR = 0
 RECV_DIR = 1
@@ -53,7 +54,7 @@ def partition_intervals(start, end) -> tuple[np.ndarray, int]:
     track = np.empty(n, dtype=np.int64)
     if n == 0:
         return track, 0
-    order = np.lexsort((np.arange(n), end, start))
+    order = lexsort((np.arange(n), end, start))
     busy: list[tuple[int, int]] = []   # (end, track)
     free: list[int] = []
     ntracks = 0
@@ -81,7 +82,7 @@ def max_overlap(start, end) -> int:
     # events: +1 at start, -1 just after end; starts before ends at equal coordinates
     pts = np.concatenate([start * 2, end * 2 + 1])
     delta = np.concatenate([np.ones(len(start), np.int64), -np.ones(len(end), np.int64)])
-    o = np.argsort(pts, kind="stable")
+    o = stable_argsort(pts)
     return int(np.cumsum(delta[o]).max())
 
 
@@ -94,7 +95,7 @@ def dense_ids(keys: np.ndarray, space: int) -> tuple[np.ndarray, int]:
         idmap = np.cumsum(present, dtype=np.int64) - 1
         out = np.where(valid, idmap[np.where(valid, keys, 0)], -1)
         return out, int(present.sum())
-    u, inv = np.unique(keys[valid], return_inverse=True)
+    u, inv = unique_inverse(keys[valid])
     out = np.full(len(keys), -1, dtype=np.int64)
     out[valid] = inv
     return out, len(u)
@@ -133,7 +134,7 @@ def connection_units(low: LoweredProgram) -> tuple[np.ndarray, np.ndarray, np.nd
         for comp in uf.to_sets():
             ids = np.fromiter(comp, dtype=np.int64)
             root[ids] = ids.min()
-    _, end_unit = np.unique(root, return_inverse=True)   # dense, ascending by smallest end key
+    _, end_unit = unique_inverse(root)   # dense, ascending by smallest end key
     unit = np.full(n, -1, dtype=np.int64)
     unit[has_recv] = end_unit[r_end[has_recv]]
     unit[has_send & ~has_recv] = end_unit[s_end[has_send & ~has_recv]]
@@ -169,7 +170,7 @@ class _WaitGraph:
         dst = [low.dep_prim, recv_of[sent[sp]]]
         m = unit >= 0
         idx = np.flatnonzero(m)
-        o = idx[np.lexsort((low.key[idx], unit[idx]))]
+        o = idx[lexsort((low.key[idx], unit[idx]))]
         same = unit[o[1:]] == unit[o[:-1]]
         src.append(o[:-1][same])
         dst.append(o[1:][same])
@@ -177,7 +178,7 @@ class _WaitGraph:
         ed = np.concatenate(dst).astype(np.int64)
         ok = ed >= 0
         es, ed = es[ok], ed[ok]
-        order = np.argsort(es, kind="stable")
+        order = stable_argsort(es)
         self.ptr = np.searchsorted(es[order], np.arange(n + 1)).tolist()
         self.adj = ed[order].tolist()
         self.key = low.key.tolist()
@@ -205,7 +206,7 @@ class _WaitGraph:
 def _unit_ends(low: LoweredProgram, unit: np.ndarray, nunits: int) -> tuple[np.ndarray, np.ndarray]:
     """Per unit, its first and last primitive in order-key order."""
     idx = np.flatnonzero(unit >= 0)
-    o = idx[np.lexsort((low.key[idx], unit[idx]))]
+    o = idx[lexsort((low.key[idx], unit[idx]))]
     u = unit[o]
     starts = np.searchsorted(u, np.arange(nunits))
     ends = np.searchsorted(u, np.arange(nunits), side="right") - 1
@@ -222,7 +223,7 @@ def share_when_free(start, end, first, last, reaches) -> tuple[np.ndarray, int]:
     track = np.empty(n, dtype=np.int64)
     tail: list[int] = []          # last unit of each track
     s_l, e_l = start.tolist(), end.tolist()
-    for u in np.lexsort((np.arange(n), end, start)).tolist():
+    for u in lexsort((np.arange(n), end, start)).tolist():
         for k, v in enumerate(tail):
             if e_l[v] < s_l[u] and reaches(int(last[v]), int(first[u])):
                 break
@@ -283,7 +284,7 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     tb = np.zeros(n, dtype=np.int64)
     tb[~local] = unit_tb[unit[~local]]
     rank = low.cols["rank"].astype(np.int64)
-    order = np.lexsort((low.key, tb, rank))
+    order = lexsort((low.key, tb, rank))
     rs, ts = rank[order], tb[order]
     newgrp = np.r_[True, (rs[1:] != rs[:-1]) | (ts[1:] != ts[:-1])] if n else np.zeros(0, bool)
     gstart = np.maximum.accumulate(np.where(newgrp, np.arange(n), 0)) if n else np.zeros(0, np.int64)

@@ -38,6 +38,7 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location
 from hccc.compiler.frontend.plural import plural_noun
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
 STATIC_KINDS = ("src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "negative-step",
@@ -206,7 +207,7 @@ def _alltoall_unmet(col: _Collector, alg: Algorithm, rank: int, chunk: int, n: i
         col.add_at(POSTCONDITION, h.location, msg, notes)
         return
     steps = np.asarray(alg.step)[moves]
-    last = int(moves[np.lexsort((moves, steps))[-1]])
+    last = int(moves[lexsort((moves, steps))[-1]])
     to = int(alg.dst[last])
     col.add_at(POSTCONDITION, alg.location_of(last) or h.location, msg + col._suffix(last),
                ("postcondition of Alltoall",
@@ -277,7 +278,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
     keep = np.flatnonzero(~bad)
     if len(keep):
-        order = keep[np.argsort(step[keep], kind="stable")]
+        order = keep[stable_argsort(step[keep])]
         S, D, T, K, O = src[order], dst[order], step[order], chunk[order], op[order]
         bounds = np.r_[0, np.flatnonzero(np.diff(T)) + 1, len(order)]
         rstamp = np.full(N * C, -1, dtype=np.int64)
@@ -292,11 +293,12 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             if b - a > 1:
                 # -- races
                 rstamp[rk] = si
-                srt = np.argsort(wk, kind="stable")
+                srt = stable_argsort(wk)
                 sw = wk[srt]
                 dup_sorted = np.zeros(len(sw), dtype=bool)
                 dup_sorted[1:] = sw[1:] == sw[:-1]
-                ww_keys = np.unique(sw[dup_sorted])
+                ww_keys = sw[dup_sorted]    # sorted: distinct keys without np.unique (imports numpy.ma)
+                ww_keys = ww_keys[np.r_[True, ww_keys[1:] != ww_keys[:-1]]] if len(ww_keys) else ww_keys
                 wr_writer = rstamp[wk] == si  # writers whose key is also read in this step
                 if len(ww_keys) or wr_writer.any():
                     race_stamp[ww_keys] = si

@@ -1,0 +1,102 @@
+"""Start-up cost of a small check: ``hccc check`` of the 8-GPU ring vs msccl-tools' ring script.
+
+    python benchmarks/startup.py [--runs 15] [--algo examples/ring_allreduce_8.rccl]
+                                 [--msccl-script PATH/examples/mscclang/simple/allreduce_ring.py]
+                                 [--msccl-python PYTHON] [--msccl-args "8 1"]
+
+At 8-16 GPUs a compile is all start-up: interpreter, imports, then a few milliseconds of work. Each
+command runs ``--runs`` times in a fresh process (after one untimed warm-up run) and the table
+shows the minimum and the median wall time, the same for a bare interpreter (``python -c pass``,
+what site-packages alone cost in that environment) and what is left once that is subtracted.
+Every child gets a private bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory,
+filled by the warm-up run), as an installed package has, whatever ``PYTHONDONTWRITEBYTECODE`` says.
+
+msccl-tools is optional and not a dependency: give its example script (``--msccl-script``, e.g.
+``examples/mscclang/simple/allreduce_ring.py`` of a checkout, with ``--msccl-args "8 1"``: 8 GPUs,
+one instance; the script builds the program, checks it and prints MSCCL XML) and the Python that
+has it installed (``--msccl-python``, default this one). Without a script, or when it does not run,
+only hccc's figures are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wall_times(cmd: list[str], runs: int, env: dict) -> list[float] | None:
+    """Seconds per run of ``cmd`` (after one warm-up run), or None when it fails."""
+    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
+        return None
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        out.append(time.perf_counter() - t0)
+        if rc:
+            return None
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--algo", default=str(ROOT / "examples" / "ring_allreduce_8.rccl"))
+    ap.add_argument("--msccl-script", default=None, help="an msccl-tools MSCCLang example script")
+    ap.add_argument("--msccl-python", default=sys.executable, help="the Python that has msccl-tools")
+    ap.add_argument("--msccl-args", default="8 1", help="the script's arguments (default: 8 GPUs, 1 instance)")
+    args = ap.parse_args()
+    console = Console(width=120)
+
+    with tempfile.TemporaryDirectory(prefix="hccc-startup-") as tmp:
+        env = dict(os.environ, PYTHONPYCACHEPREFIX=tmp)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env.setdefault("HCCC_CACHE_DIR", str(Path(tmp) / "hccc-cache"))
+        rows = []   # (label, times, bare interpreter times)
+        bare = wall_times([sys.executable, "-c", "pass"], args.runs, env)
+        hccc = wall_times([sys.executable, "-m", "hccc", "check", args.algo], args.runs, env)
+        if hccc is None:
+            raise SystemExit(f"hccc check {args.algo} failed")
+        rows.append((f"hccc check {Path(args.algo).name}", hccc, bare))
+        if args.msccl_script is None:
+            console.print("msccl-tools: no --msccl-script given; hccc only", style="dim")
+        elif not Path(args.msccl_script).is_file():
+            console.print(f"msccl-tools: {args.msccl_script} not found; hccc only", style="dim")
+        else:
+            mbare = wall_times([args.msccl_python, "-c", "pass"], args.runs, env)
+            cmd = [args.msccl_python, args.msccl_script, *shlex.split(args.msccl_args)]
+            msccl = wall_times(cmd, args.runs, env)
+            if msccl is None:
+                console.print(f"msccl-tools: {' '.join(cmd)} failed (is msccl installed for "
+                              f"{args.msccl_python}?); hccc only", style="dim")
+            else:
+                rows.append((f"msccl-tools {Path(args.msccl_script).name} {args.msccl_args}", msccl, mbare))
+
+    table = Table(title=f"start-up: wall seconds over {args.runs} runs (fresh process each)")
+    for col in ("command", "min", "median", "bare python min", "min - bare"):
+        table.add_column(col, justify="left" if col == "command" else "right")
+    for label, ts, bs in rows:
+        table.add_row(label, f"{min(ts):.3f}", f"{statistics.median(ts):.3f}", f"{min(bs):.3f}",
+                      f"{min(ts) - min(bs):.3f}")
+    console.print(table)
+    if len(rows) == 2:
+        (_, h, hb), (_, m, mb) = rows
+        console.print(f"hccc / msccl-tools: {min(h) / min(m):.2f}x (minimum), "
+                      f"{statistics.median(h) / statistics.median(m):.2f}x (median), "
+                      f"{(min(h) - min(hb)) / (min(m) - min(mb)):.2f}x without the bare interpreters")
+    console.print(f"machine load (1-minute average): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+if __name__ == "__main__":
+    main()
