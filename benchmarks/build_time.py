@@ -34,10 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from hccc.args import parse_size
+from hccc.compiler.frontend.generators import hm_allreduce_rccl, ring_allreduce_rccl
 from rich.console import Console
 from rich.table import Table
-
-from hccc.compiler.frontend.generators import hm_allreduce_rccl, ring_allreduce_rccl
 
 ALGOS = {
     "ring8": lambda: ring_allreduce_rccl(8, name="ring8"),
@@ -51,10 +51,6 @@ PLATFORM = {"nvcc": "cuda", "hipcc": "hip", "g++": "cuda"}   # g++ compiles the 
 EXT = {"cuda": "cu", "hip": "hip"}
 
 
-def parse_size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    return int(t[:-1]) * mult[t[-1]] if t[-1] in mult else int(t)
 
 
 def instance_flags(dtypes, ops) -> list[str]:

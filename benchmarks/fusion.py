@@ -25,22 +25,14 @@ import json
 import sys
 from pathlib import Path
 
+from hccc.args import parse_size
+from hccc.compiler.frontend.sizes import format_size
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def parse_size(text: str) -> int:
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(t)
 
 
-def fmt_size(n: int) -> str:
-    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= v and n % v == 0:
-            return f"{n // v}{unit}"
-    return str(n)
 
 
 def cases():
@@ -66,7 +58,11 @@ def cases():
 
 def measure(alg, topo, sizes) -> dict:
     from hccc.runtime.kernel_traffic import traffic
-    from hccc.runtime.simulator import build_for_execution, faster_fusion, simulate_sizes
+    from hccc.runtime.simulator import (
+        build_for_execution,
+        faster_fusion,
+        simulate_sizes,
+    )
 
     plain = build_for_execution(alg, "task", topology=topo)
     fused = build_for_execution(alg, "task", topology=topo, fuse=True)
@@ -91,7 +87,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):
         print(f"fusion: bad --sizes {args.sizes!r}", file=sys.stderr)
         return 1
     if not sizes or min(sizes) <= 0:
@@ -108,7 +104,7 @@ def main(argv=None) -> int:
         if not args.json:
             if len(rows) == 1:
                 head = (f"{'program':<32}{'cluster':<18}{'fused':>6}{'TBs':>11}"
-                        + "".join(f"{'busbw ' + fmt_size(s):>16}" for s in sizes)
+                        + "".join(f"{'busbw ' + format_size(s):>16}" for s in sizes)
                         + f"{'HBM B/B':>13}  auto")
                 print(head)
                 print("-" * len(head))

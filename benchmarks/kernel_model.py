@@ -35,6 +35,9 @@ import math
 import sys
 from pathlib import Path
 
+from hccc.args import parse_size
+from hccc.compiler.frontend.sizes import format_size
+
 ROOT = Path(__file__).resolve().parent.parent
 ALGORITHMS = {
     "ring_allgather_8": ROOT / "examples" / "ring_allgather_8.rccl",
@@ -46,19 +49,8 @@ LOADS_V2 = 8             # HCCC_LOADS
 SYNC_US = {"v1": 2.0, "v2": 0.7}   # per message, assumed (see the module docstring)
 
 
-def parse_size(text: str) -> int:
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(t)
 
 
-def fmt_size(n: int) -> str:
-    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= v and n % v == 0:
-            return f"{n // v}{unit}"
-    return str(n)
 
 
 def designs(channels: int):
@@ -74,10 +66,14 @@ def designs(channels: int):
 
 def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
           fused_ir=None) -> list[dict]:
-    from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
+    import numpy as np
+    from hccc.compiler.passes.slicing import (
+        auto_slice_bytes,
+        micro_batches,
+        slot_share_bytes,
+    )
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
-    import numpy as np
 
     es = 4
     factor = busbw_factor(ir.collective, ir.nranks)
@@ -126,7 +122,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):
         print(f"kernel_model: bad --sizes {args.sizes!r}", file=sys.stderr)
         return 1
     if args.channels < 1 or not sizes or min(sizes) <= 0:
@@ -154,7 +150,7 @@ def main(argv=None) -> int:
     print("-" * len(head))
     for r in rows:
         tag = " (model)" if r["model_only"] else ""
-        print(f"{r['algorithm']:<18}{fmt_size(r['size']):>6}  {r['design'] + tag:<26}{r['hbm_per_byte']:>8.1f}"
+        print(f"{r['algorithm']:<18}{format_size(r['size']):>6}  {r['design'] + tag:<26}{r['hbm_per_byte']:>8.1f}"
               f"{r['blocks_per_conn']:>9}{r['block_gbs']:>9.1f}{r['hbm_bound_busbw']:>10.1f}"
               f"{r['block_bound_busbw']:>10.1f}{r['busbw']:>8.1f}  {r['limit']}")
     return 0
