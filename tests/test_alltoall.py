@@ -176,6 +176,7 @@ def test_kernels_match_at_uneven_sizes_every_dtype(make):
 
 
 # ------------------------------------------------------------------------------ simulator
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: gen.direct_alltoall(16), lambda: gen.hierarchical_alltoall(2, 8)])
 def test_simulated_alltoall_never_beats_the_cut_bound(make):
     from pathlib import Path

@@ -184,6 +184,7 @@ def test_every_example_checks_and_compiles(tmp_path, example):
         assert all((tmp_path / "k" / f).is_file() for f in r["sources"].values())
 
 
+@pytest.mark.slow
 def test_hm_allreduce_4x8_tb_counts(tmp_path):
     """ResCCL Table 3: at most 16 TBs per rank state-based, never more than connection-based."""
     for alloc in ("state", "connection"):

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
+#: the 32-rank examples run with the slow set (``-m slow``); the smaller ones cover the same shapes
+SLOW = {"hm_allreduce_4x8", "hm_allgather_4x8"}
+CASES = [pytest.param(p, id=p.stem, marks=pytest.mark.slow if p.stem in SLOW else ()) for p in EXAMPLES]
 INSTANCES = [("float32", "sum"), ("int32", "max"), ("float16", "min"), ("bfloat16", "sum"),
              ("int32", "sum"), ("float32", "min"), ("bfloat16", "max"), ("float16", "sum")]
 
@@ -38,7 +41,7 @@ def instance(path: pathlib.Path) -> tuple[str, str]:
     return INSTANCES[EXAMPLES.index(path) % len(INSTANCES)]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 def test_example_kernels_match_oracle_at_edge_sizes(path):
     ir = lowered(path)
     dtype, op = instance(path)
@@ -48,7 +51,7 @@ def test_example_kernels_match_oracle_at_edge_sizes(path):
     assert kernel_runner(ir, "cpu", dtype, op).grid_fn is not None
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 def test_example_kernels_launched_per_rank_match_oracle(path):
     """The kernel per rank (what runs when the ranks span GPUs), at a few uneven sizes (the build
     of the one-grid test serves: one module holds both)."""
@@ -60,7 +63,7 @@ def test_example_kernels_launched_per_rank_match_oracle(path):
     assert kernel_runner(ir, "cpu", dtype, op, one_grid=False).grid_fn is None
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 @settings(max_examples=3)
 @given(data=st.data())
 def test_example_kernels_match_oracle_at_random_sizes(path, data):
@@ -71,7 +74,7 @@ def test_example_kernels_match_oracle_at_random_sizes(path, data):
     assert res.ok, describe_failure(case, res)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("path", CASES)
 def test_example_table_kernels_match_oracle(path):
     """The same programs through the generic table kernels (one build serves every example):
     edge sizes with a different instance than the specialised test's, in place and not."""

@@ -56,7 +56,9 @@ def compiled(tmp_path_factory):
         algo.write_text(text)
         outdir = root / name
         # 256-byte slices: the sizes below give several micro-batches per chunk
-        assert main([str(algo), "-o", str(outdir), "--topology", str(topo), "--chunk-size", "256"]) == 0
+        # --fuse off: the fusion choice simulates the program twice more (tests/test_fused_channels.py)
+        assert main([str(algo), "-o", str(outdir), "--topology", str(topo), "--chunk-size", "256",
+                     "--fuse", "off"]) == 0
         man = json.loads((outdir / "manifest.json").read_text())
         out[name] = (outdir, man, load_program(outdir / man["ir"]))
     return out

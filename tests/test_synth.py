@@ -81,7 +81,8 @@ def _assert_valid(result, topo):
 
 
 # ---------------------------------------------------------------- example clusters
-@pytest.mark.parametrize("name", ["v100_4_8", "h20_4_8", "heteccl_fig10", "v100_4x3", "a100_topo1"])
+@pytest.mark.parametrize("name", [pytest.param("v100_4_8", marks=pytest.mark.slow), "h20_4_8", "heteccl_fig10",
+                                  "v100_4x3", "a100_topo1"])
 def test_allgather_on_example_clusters_is_valid_and_near_the_bound(name):
     topo = load_cluster(CLUSTERS / f"{name}.topo")
     res = synthesize(topo, "allgather", time_limit=20)
@@ -259,6 +260,7 @@ def _pods(npods: int, odd_last: bool = False):
                           "pods.topo")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coll", ["allgather", "allreduce"])
 def test_composition_over_identical_pods(coll):
     topo = _pods(3)
