@@ -189,6 +189,16 @@ def add_xml_limit_arguments(parser: argparse.ArgumentParser) -> None:
                         "blocks of hccc's kernels (kernel: --scheduler, --tb-alloc)")
 
 
+def add_direct_option(p) -> None:
+    """``--direct auto|off`` (the compile command and ``hccc run``)."""
+    p.add_argument("--direct", choices=("auto", "off"), default="auto",
+                   help="direct mode: for every receive the compiler proves may take its data straight "
+                        "from the sender (no other access of its destination can fall between), the "
+                        "sender writes the receiver's destination instead of the FIFO slot (one HBM pass "
+                        "less). Used by single-process launches; the multi-process Communicator and the "
+                        "C++ host API keep the FIFO. off: the FIFO everywhere (default: auto)")
+
+
 def xml_limits_from_args(args):
     """The :class:`XmlLimits` the options of :func:`add_xml_limit_arguments` (and ``hccc xml``'s
     ``--proto``, ``--min-bytes``, ``--max-bytes`` where present) ask for."""

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from hccc.args import add_program_options, add_topology_option, add_xml_limit_arguments, program_options
+from hccc.args import add_direct_option, add_program_options, add_topology_option, add_xml_limit_arguments, program_options
 from hccc.compiler.frontend.limits import printable
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
@@ -40,12 +40,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "own). auto: with --topology, fused where the simulator finds it never "
                         "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
                         "(default: auto)")
-    p.add_argument("--direct", choices=("auto", "off"), default="auto",
-                   help="direct mode: for every receive the compiler proves may take its data straight "
-                        "from the sender (no other access of its destination can fall between), the "
-                        "sender writes the receiver's destination instead of the FIFO slot (one HBM pass "
-                        "less). Used by single-process launches; the multi-process Communicator and the "
-                        "C++ host API keep the FIFO. off: the FIFO everywhere (default: auto)")
+    add_direct_option(p)
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "
                         "table: binary tables run by generic kernels that are built once for every "

@@ -46,7 +46,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hccc.args import add_program_options, count_at_least, parse_size, program_options, seconds
+from hccc.args import add_direct_option, add_program_options, count_at_least, parse_size, program_options, seconds
 from hccc.compiler.frontend.plural import plural
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
@@ -161,10 +161,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="grid: every rank in one launch of the one-grid entry (needs every rank on "
                              "one device); per-rank: a kernel per rank, each in its own stream; auto: "
                              "grid whenever every rank is on one device (default: auto)")
-    parser.add_argument("--direct", choices=("auto", "off"), default="auto",
-                        help="auto: the sender writes the receiver's destination for every receive the "
-                             "compiler proves safe (ranks of one process); off: the FIFO for every "
-                             "primitive (default: auto)")
+    add_direct_option(parser)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
