@@ -16,10 +16,15 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_INT32=0",
                 "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
-#: compiled by the default run (one reduction through forwarding chains, one AllToAll through
-#: scratch); every other example's compile is marked slow (``pytest -m slow``, run by CI)
-DEFAULT_RUN = {"hm_allreduce_2x4", "hierarchical_alltoall_2x4"}
-CASES = [pytest.param(p, id=p.stem, marks=() if p.stem in DEFAULT_RUN else pytest.mark.slow) for p in EXAMPLES]
+#: compiled by the default run, one example per compiler (nvcc: a reduction through forwarding
+#: chains; hipcc: an AllToAll through scratch); every other compile is marked slow (``pytest -m
+#: slow``, run by CI)
+DEFAULT_RUN = {"cuda": "hm_allreduce_2x4", "hip": "hierarchical_alltoall_2x4"}
+
+
+def _cases(platform):
+    return [pytest.param(p, id=p.stem, marks=() if p.stem == DEFAULT_RUN[platform] else pytest.mark.slow)
+            for p in EXAMPLES]
 
 
 def _lower(path, chunk_bytes):
@@ -48,12 +53,12 @@ def _compile_subset(tmp_path, path, platform, compiler_cmd):
     assert "warning" not in res.stderr.lower(), res.stderr[-4000:]
 
 
-@pytest.mark.parametrize("path", CASES)
+@pytest.mark.parametrize("path", _cases("cuda"))
 def test_example_compiles_nvcc(tmp_path, path, nvcc):
     _compile_subset(tmp_path, path, "cuda", [nvcc, "-std=c++17", "-arch=sm_90", *ONE_INSTANCE])
 
 
-@pytest.mark.parametrize("path", CASES)
+@pytest.mark.parametrize("path", _cases("hip"))
 def test_example_compiles_hipcc(tmp_path, path, hipcc, monkeypatch):
     monkeypatch.setenv("HIP_PLATFORM", "amd")
     _compile_subset(tmp_path, path, "hip", [hipcc, "-std=c++17", "--offload-arch=gfx90a", "-Wall",

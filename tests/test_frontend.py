@@ -119,6 +119,7 @@ def test_hm_allreduce_4x8_matches_numpy_construction():
     assert alg.loop_bindings(j) == {"n": 3, "r": 7, "baseStep": 2}
 
 
+@pytest.mark.slow
 def test_hm_allreduce_1024_gpus_evaluates():
     text = hm_allreduce_text(128)
     t0 = time.perf_counter()

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from conftest import examples
+
 from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.frontend import parse_rccl
 
@@ -235,7 +237,7 @@ def check_equivalent(stmts, nsites):
     return "ok"
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(150))
 @given(programs())
 def test_vectorised_equals_sequential(prog):
     stmts, nsites = prog
@@ -361,7 +363,7 @@ def test_overflow_bound_matches_big_ints(a, b, op, in_loop):
         assert alg.src.dtype == np.int64
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(80))
 @given(programs(), st.integers(1, 4))
 def test_chunked_expansion_equals_sequential(prog, cap):
     """Big expanded loops run in pieces of CHUNK_ROWS rows; force tiny pieces."""

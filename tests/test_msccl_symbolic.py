@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.ir.check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
-from hccc.compiler.ir.symbolic import (ProofError, check_deadlock_buffered, happens_before, prim_order, prove)
+from hccc.compiler.interop.msccl_export import export_xml
+from hccc.compiler.interop.msccl_import import import_xml_text
+from hccc.compiler.ir.symbolic import (ProofError, _tb_components, check_deadlock_buffered, happens_before, prim_order,
+                                       prove)
 from hccc.compiler.pipeline import load_program
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import Buf, Op
@@ -104,10 +107,7 @@ def test_proof_agrees_with_the_reference_executor(case):
     assert _numeric_ok(ir, inplace)
 
 
-@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
-@settings(max_examples=40)
-def test_happens_before_is_reachability(alg, seed, budget_cols):
-    ir = build_program(alg)
+def _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=True):
     n = ir.nprims
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
@@ -119,16 +119,45 @@ def test_happens_before_is_reachability(alg, seed, budget_cols):
     s, r = match_connections(ir)
     g.add_edges_from(zip(s.tolist(), r.tolist()))
     rng = np.random.default_rng(seed)
-    same_rank = [(a, b) for a in range(n) for b in range(n) if a != b and p["rank"][a] == p["rank"][b]]
-    if not same_rank:
+    pairs = [(a, b) for a in range(n) for b in range(n)
+             if a != b and (not same_rank_only or p["rank"][a] == p["rank"][b])]
+    if not pairs:
         return
-    pick = rng.choice(len(same_rank), size=min(200, len(same_rank)), replace=False)
-    qa = np.array([same_rank[k][0] for k in pick])
-    qb = np.array([same_rank[k][1] for k in pick])
+    pick = rng.choice(len(pairs), size=min(200, len(pairs)), replace=False)
+    qa = np.array([pairs[k][0] for k in pick])
+    qb = np.array([pairs[k][1] for k in pick])
     # a tiny memory budget forces the column-block path
     got = happens_before(ir, qa, qb, budget=4 * n * budget_cols)
     want = np.array([nx.has_path(g, int(a), int(b)) for a, b in zip(qa, qb)])
     assert np.array_equal(got, want)
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(0, 2 ** 31), st.integers(1, 64))
+@settings(max_examples=40)
+def test_happens_before_is_reachability(alg, seed, budget_cols):
+    _assert_happens_before_is_reachability(build_program(alg), seed, budget_cols)
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=4), st.integers(2, 3), st.integers(0, 2 ** 31),
+       st.integers(1, 8))
+@settings(max_examples=15)
+def test_happens_before_across_independent_instances(alg, instances, seed, budget_cols):
+    """MSCCL instances are disjoint components of the thread-block graph: their clock columns share
+    storage, and a query between two components is never ordered."""
+    ir = import_xml_text(export_xml(build_program(alg), instances=instances))
+    _assert_happens_before_is_reachability(ir, seed, budget_cols, same_rank_only=False)
+
+
+@given(st.integers(1, 40).flatmap(lambda t: st.tuples(
+    st.just(t), st.lists(st.tuples(st.integers(0, t - 1), st.integers(0, t - 1)), max_size=60))))
+def test_tb_components_are_networkx_components(case):
+    T, edges = case
+    lab = _tb_components(T, np.array([a for a, _ in edges], np.int64), np.array([b for _, b in edges], np.int64))
+    g = nx.Graph()
+    g.add_nodes_from(range(T))
+    g.add_edges_from(edges)
+    for comp in nx.connected_components(g):
+        assert set(lab[sorted(comp)].tolist()) == {min(comp)}
 
 
 def _stuck(ir, capacity):
