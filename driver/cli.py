@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     from hccc.compiler.frontend.diagnostics import CompileError, render_all
 
     json_mode = False
+    from hccc.compiler.frontend.jit import jit_mode
+    try:
+        jit_mode()
+    except ValueError as exc:          # a bad HCCC_JIT in the environment
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
     try:
         if not argv:
             _top_parser().print_usage(sys.stderr)

@@ -1,7 +1,8 @@
 """The simulator's event loop: columnar arrays in, completion times and busy times out.
 
-Compiled with numba (``@njit(cache=True)``) when it is installed (extra ``sim``); without numba the
-very same functions run as plain Python, which is fine for small programs. Everything here works on
+The functions are plain Python that numba compiles for large simulations
+(:mod:`hccc.compiler.frontend.jit`: from :data:`MIN_COMPILED_UNITS` slices, when numba, the extra
+``sim``, is installed); :func:`engine` picks the variant. Everything here works on
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
 
@@ -28,18 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is the extra "sim"; the plain-Python fallback keeps the simulator usable without it
-    from numba import njit as _numba_njit
+from hccc.compiler.frontend.jit import Kernels
 
-    def _jit(fn):
-        return _numba_njit(cache=True, nogil=True)(fn)
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    def _jit(fn):
-        return fn
-
-    HAVE_NUMBA = False
+#: slices (primitive x micro-batch units) from which a simulation runs compiled: plain Python takes
+#: about a second for this many, numba's first compile of the engine ten
+MIN_COMPILED_UNITS = 20_000
 
 F_SEND = 1
 F_RECV = 2
@@ -69,7 +63,6 @@ _INF = np.inf
 
 
 # ---------------------------------------------------------------------------- indexed heap
-@_jit
 def _heap_less(hkey, hitem, a, b):
     ka = hkey[a]
     kb = hkey[b]
@@ -80,7 +73,6 @@ def _heap_less(hkey, hitem, a, b):
     return hitem[a] < hitem[b]
 
 
-@_jit
 def _heap_swap(hkey, hitem, hpos, a, b):
     ka = hkey[a]
     ia = hitem[a]
@@ -92,7 +84,6 @@ def _heap_swap(hkey, hitem, hpos, a, b):
     hpos[hitem[b]] = b
 
 
-@_jit
 def _heap_up(hkey, hitem, hpos, i):
     while i > 0:
         parent = (i - 1) // 2
@@ -103,7 +94,6 @@ def _heap_up(hkey, hitem, hpos, i):
             break
 
 
-@_jit
 def _heap_down(hkey, hitem, hpos, i, n):
     while True:
         left = 2 * i + 1
@@ -120,7 +110,6 @@ def _heap_down(hkey, hitem, hpos, i, n):
             break
 
 
-@_jit
 def _heap_set(hkey, hitem, hpos, hn, item, key):
     """Insert ``item`` with ``key`` or change its key. ``hn`` is a 1-element size array."""
     i = hpos[item]
@@ -140,7 +129,6 @@ def _heap_set(hkey, hitem, hpos, hn, item, key):
             _heap_down(hkey, hitem, hpos, i, hn[0])
 
 
-@_jit
 def _heap_pop(hkey, hitem, hpos, hn):
     item = hitem[0]
     last = hn[0] - 1
@@ -155,7 +143,6 @@ def _heap_pop(hkey, hitem, hpos, hn):
 
 
 # ---------------------------------------------------------------------------- flows
-@_jit
 def _flow_start(g, res_ids, lo, hi, nbytes, t, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
                 fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
                 dirty_mark, dirty_epoch):
@@ -186,7 +173,6 @@ def _flow_start(g, res_ids, lo, hi, nbytes, t, K, fl_res, fl_nres, fl_rate, fl_r
             dirty_n[0] += 1
 
 
-@_jit
 def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
                res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch):
     for j in range(fl_nres[g]):
@@ -211,7 +197,6 @@ def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc
     fl_rate[g] = 0.0
 
 
-@_jit
 def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres, fl_rate,
            fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
            new_rate, stack, hkey, hitem, hpos, hn, counters):
@@ -303,7 +288,6 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
 
 
 # ---------------------------------------------------------------------------- the event loop
-@_jit
 def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
@@ -624,3 +608,14 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     return (status, t_end, t, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
             counters, rec_tb[:nrec], rec_prim[:nrec], rec_mb[:nrec], rec_kind[:nrec], rec_t0[:nrec],
             rec_t1[:nrec])
+
+
+KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
+                              "_flow_start", "_flow_stop", "_share", "run_engine"],
+                  min_work=MIN_COMPILED_UNITS)
+
+
+def engine(units: int):
+    """:func:`run_engine` for a simulation of ``units`` slices: compiled from
+    :data:`MIN_COMPILED_UNITS` on (when numba is installed), plain Python below."""
+    return KERNELS.pick("run_engine", units)

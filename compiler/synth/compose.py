@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hccc.compiler.frontend.jit import Kernels
 from hccc.compiler.synth.bounds import step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.check import check
-from hccc.compiler.synth.greedy import njit
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task
 
 #: flat synthesis up to this many ranks when no pod size is requested
@@ -118,7 +118,6 @@ def pod_level_network(P: int) -> Network:
                    labels, levels, f"{P} pods")
 
 
-@njit(cache=True)
 def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, max_steps):
     """Pack transfers (in priority order) into steps: a transfer runs at the first step at which its
     sender holds the chunk and every capacity it needs is free. Returns the step of each transfer
@@ -203,12 +202,17 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     return step_of
 
 
+#: transfers from which the list scheduler runs compiled (:mod:`hccc.compiler.frontend.jit`)
+MIN_COMPILED_TRANSFERS = 20_000
+KERNELS = Kernels(globals(), ["_list_schedule"], min_work=MIN_COMPILED_TRANSFERS)
+
+
 def list_schedule(net: Network, task: Task, tu, tv, tk) -> Schedule:
     """Steps for transfers given in priority order (see :func:`_list_schedule`)."""
     tp = net.pair_index(tu, tv)
     if (tp < 0).any():
         raise ValueError("composition produced a transfer between unconnected ranks")
-    st = _list_schedule(task.initial(), np.asarray(tu, np.int64), np.asarray(tv, np.int64),
+    st = KERNELS.pick("_list_schedule", len(tu))(task.initial(), np.asarray(tu, np.int64), np.asarray(tv, np.int64),
                         np.asarray(tk, np.int64), tp.astype(np.int64), net.cap.astype(np.int64), net.pg_ptr,
                         net.pg_idx.astype(np.int64), net.gcap.astype(np.int64), bool(task.fanout_one),
                         int(len(tu)) + 1)

@@ -14,7 +14,8 @@ group limits, exactly as the paper's greedy does. Link capacities C(u, v), causa
 the chunk at the start of the step, a receiver does not), receive-once and, when asked, HeteCCL
 Eq. 8 (``fanout_one``) always hold.
 
-The kernel is compiled with numba when it is installed (pure Python otherwise, same results).
+The kernel is plain Python that numba compiles for large clusters (:mod:`hccc.compiler.frontend.jit`,
+from :data:`MIN_COMPILED_WORK` ranks x ranks x chunks; same results either way).
 """
 from __future__ import annotations
 
@@ -23,22 +24,13 @@ import time
 
 import numpy as np
 
+from hccc.compiler.frontend.jit import Kernels
 from hccc.compiler.synth.problem import Network, Schedule, Task
 
 
 class GreedyStopped(ValueError):
     """A greedy run stopped at its time limit before its schedule was complete."""
 
-try:  # numba is optional: the kernel is plain Python/numpy code that numba also compiles
-    from numba import njit
-except ImportError:  # pragma: no cover - exercised only without numba
-    def njit(*args, **kwargs):
-        if args and callable(args[0]):
-            return args[0]
-        return lambda f: f
-
-
-@njit(cache=True)
 def _append(out, nout, u, v, t, k):
     """Row ``nout`` of the growable transfer table ``out`` set to ``(u, v, t, k)``; the table doubles
     when full. Returns the (possibly new) table."""
@@ -53,7 +45,6 @@ def _append(out, nout, u, v, t, k):
     return out
 
 
-@njit(cache=True, nogil=True)
 def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx, gcap, genforce,
                 part_of, nparts, mem_ptr, mem_idx, ecap, fanout_one, frozen_step, frozen_rows, prate, grate,
                 rot, stop):
@@ -319,7 +310,7 @@ class GreedyInputs:
         else:
             fr = np.zeros((0, 4), np.int64)
             fstep = -1
-        rows, _, complete = _fill_steps(
+        rows, _, complete = KERNELS.pick("_fill_steps", h.shape[0] * h.size)(
             h, int(t0), int(max_steps), net.psrc.astype(np.int64), net.cap.astype(np.int64),
             self.in_ptr, self.in_pairs, net.pg_ptr, net.pg_idx.astype(np.int64),
             net.gcap.astype(np.int64), np.ascontiguousarray(genforce, dtype=np.uint8),
@@ -338,3 +329,9 @@ def entry_capacity(net: Network, levels: list[np.ndarray]) -> np.ndarray:
         e = net.entry_capacity(lv, parent)
         ecap[li, :e.size] = np.maximum(e, 1e-9)
     return ecap
+
+
+#: ranks x ranks x chunks from which the greedy runs compiled (plain Python takes about a second
+#: per greedy run there; numba's first compile of the kernel takes 15-20 s)
+MIN_COMPILED_WORK = 1 << 17
+KERNELS = Kernels(globals(), ["_append", "_fill_steps"], min_work=MIN_COMPILED_WORK)

@@ -1,0 +1,93 @@
+"""numba kernels with a plain-Python twin, picked by the size of the work.
+
+hccc's inner loops (the simulator's event loop, the synthesis greedy, the list scheduler of pod
+composition) are plain Python/numpy functions that numba also compiles. Compiling one takes numba
+10-20 s the first time (then its cache loads in well under a second, but importing numba alone costs
+about 0.3 s), while the same function as plain Python finishes small inputs in milliseconds. So each
+module names its kernels once (:class:`Kernels`) and asks for the right variant per call
+(:meth:`Kernels.pick`): plain Python below the module's work threshold, numba from it on (when
+numba is installed: the extras ``sim``, ``synth`` and ``scale``), and numba for every later call of
+the process once it has been compiled or loaded. Both run the very same source, and the
+tests hold them to equal results.
+
+``HCCC_JIT`` overrides the choice for every call: ``python`` (never compile), ``numba`` (always
+compile: what the tests use to exercise the compiled path on small inputs), ``auto`` (default).
+
+The compiled twins are made on first use, all of a module's kernels together, as copies of the
+functions whose globals see each other's compiled twin (numba resolves a kernel's calls through its
+globals); the module's own names stay the plain functions. numba's on-disk cache keys them by their
+source file and line, as it keys decorated functions.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import types
+from typing import Callable, Iterable
+
+MODES = ("auto", "python", "numba")
+
+
+def have_numba() -> bool:
+    """numba is installed (without importing it)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def jit_mode() -> str:
+    """The ``HCCC_JIT`` override (``auto`` when unset); an unknown value is an error."""
+    mode = os.environ.get("HCCC_JIT", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"HCCC_JIT={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+class Kernels:
+    """The kernels ``names`` of a module (its ``globals()``), compiled only when the work of a call
+    reaches ``min_work`` (in the module's own unit: slices simulated, rank-chunk-steps, ...)."""
+
+    def __init__(self, namespace: dict, names: Iterable[str], *, min_work: int, nogil: bool = True):
+        self._ns = namespace
+        self._names = tuple(names)
+        missing = [n for n in self._names if not callable(namespace.get(n))]
+        if missing:
+            raise NameError(f"no kernel function {', '.join(missing)} in {namespace.get('__name__')}")
+        self.min_work = int(min_work)
+        self._nogil = nogil
+        self._compiled: dict[str, Callable] | None = None
+        self._lock = threading.Lock()
+
+    def compiled_wanted(self, work: int) -> bool:
+        """Whether a call of ``work`` runs compiled: by the mode and numba's presence, then by the
+        threshold; once this process has made the compiled twins (the compile, or the cache load,
+        is paid) every later call uses them."""
+        mode = jit_mode()
+        if mode == "python" or not have_numba():
+            return False
+        return mode == "numba" or self._compiled is not None or int(work) >= self.min_work
+
+    def pick(self, name: str, work: int) -> Callable:
+        """Kernel ``name`` for a call of ``work``: the compiled twin or the plain function."""
+        if name not in self._names:
+            raise KeyError(f"{name} is not a kernel of {self._ns.get('__name__')}")
+        if not self.compiled_wanted(work):
+            return self._ns[name]
+        return self.compiled()[name]
+
+    def compiled(self) -> dict[str, Callable]:
+        """The compiled twins (numba dispatchers), made on first use."""
+        with self._lock:
+            if self._compiled is None:
+                from numba import njit
+                glb = dict(self._ns)
+                twins = {}
+                for n in self._names:
+                    fn = self._ns[n]
+                    twin = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+                    twin.__qualname__ = fn.__qualname__
+                    twin.__module__ = fn.__module__
+                    twin.__doc__ = fn.__doc__
+                    twins[n] = njit(cache=True, nogil=self._nogil)(twin)
+                glb.update(twins)
+                self._compiled = twins
+            return self._compiled

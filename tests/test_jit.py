@@ -1,0 +1,138 @@
+"""compiler/frontend/jit.py: plain Python below a kernel's threshold, numba from it on, HCCC_JIT
+overriding; and the compiled twins of the simulator, the greedy and the list scheduler compute what
+the plain functions compute."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hccc.compiler.frontend import jit
+from hccc.compiler.frontend.jit import Kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_numba = pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")
+
+
+def _add(a, b):
+    return a + b
+
+
+def _twice(x):
+    return _add(x, x)
+
+
+def _toy(min_work=100):
+    return Kernels(globals(), ["_add", "_twice"], min_work=min_work)
+
+
+def test_below_the_threshold_the_plain_function(monkeypatch):
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    k = _toy()
+    assert k.pick("_twice", 99) is _twice
+    monkeypatch.setenv("HCCC_JIT", "python")
+    assert k.pick("_twice", 10 ** 9) is _twice
+
+
+@needs_numba
+def test_from_the_threshold_the_compiled_twin_and_then_always(monkeypatch):
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    k = _toy()
+    fast = k.pick("_twice", 100)
+    assert fast is not _twice and hasattr(fast, "py_func")
+    # the twin's calls reach the compiled _add (numba cannot call a plain Python function)
+    assert fast(21) == 42 == _twice(21)
+    assert k.pick("_twice", 1) is fast          # compiled once: every later call uses it
+    monkeypatch.setenv("HCCC_JIT", "python")
+    assert k.pick("_twice", 10 ** 9) is _twice  # the override still wins
+    assert _twice.__globals__["_add"] is _add   # the module's own names stay plain
+
+
+@needs_numba
+def test_hccc_jit_numba_compiles_even_small_work(monkeypatch):
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    assert hasattr(_toy().pick("_add", 0), "py_func")
+
+
+def test_unknown_names_and_modes_are_refused(monkeypatch):
+    with pytest.raises(NameError, match="_nope"):
+        Kernels(globals(), ["_nope"], min_work=1)
+    with pytest.raises(KeyError):
+        _toy().pick("_nope", 1)
+    monkeypatch.setenv("HCCC_JIT", "fast")
+    with pytest.raises(ValueError, match="HCCC_JIT='fast'"):
+        jit.jit_mode()
+
+
+def test_a_bad_hccc_jit_is_a_clear_error_of_the_command_line(tmp_path):
+    env = {"HCCC_JIT": "sometimes", "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(ROOT / "examples" / "ring_allreduce_8.rccl")],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 1
+    assert "hccc: error: HCCC_JIT='sometimes': expected one of auto, python, numba" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+# ------------------------------------------------------------- compiled twins equal the plain code
+@pytest.mark.slow
+@needs_numba
+@pytest.mark.parametrize("algo,cluster,size", [
+    ("ring_allreduce_8.rccl", "a100_topo1", 4 << 20),
+    ("hm_allreduce_2x8.rccl", "a100_topo2", 1 << 20),
+    ("hierarchical_alltoall_2x8.rccl", "a100_topo2", 16 << 20),
+])
+def test_simulator_compiled_equals_plain(monkeypatch, algo, cluster, size):
+    from hccc.compiler.cluster.topo_parser import load_topology
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime.simulator import prepare, simulate
+    ir = load_program(ROOT / "examples" / algo)
+    topo = load_topology(ROOT / "examples" / "clusters" / f"{cluster}.topo")
+    prog = prepare(ir, topo)
+    got = {}
+    for mode in ("python", "numba"):
+        monkeypatch.setenv("HCCC_JIT", mode)
+        got[mode] = simulate(prog, topo, size, slice_bytes="auto", record=True)
+    a, b = got["python"], got["numba"]
+    assert a.time_s == b.time_s and a.events == b.events and a.stats == b.stats
+    assert np.array_equal(a.tb_busy, b.tb_busy) and np.array_equal(a.tb_finish, b.tb_finish)
+    assert np.array_equal(a.link_busy, b.link_busy)
+    for f in ("tb", "prim", "mb", "kind", "t0", "t1"):
+        assert np.array_equal(getattr(a.timeline, f), getattr(b.timeline, f))
+
+
+@pytest.mark.slow
+@needs_numba
+@pytest.mark.parametrize("cluster,coll", [("heteccl_fig10", "allgather"), ("a100_topo2", "allreduce")])
+def test_synthesis_compiled_equals_plain(monkeypatch, cluster, coll):
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.collectives import synthesize
+    topo = load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.topo")
+    rows = {}
+    for mode in ("python", "numba"):
+        monkeypatch.setenv("HCCC_JIT", mode)
+        rows[mode] = synthesize(topo, coll, time_limit=60).rows
+    assert np.array_equal(rows["python"], rows["numba"])
+
+
+@pytest.mark.slow
+@needs_numba
+def test_list_schedule_compiled_equals_plain(monkeypatch):
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.compose import list_schedule
+    from hccc.compiler.synth.problem import allgather_task, network_from_topology
+    net = network_from_topology(load_cluster(ROOT / "examples" / "clusters" / "a100_topo1.topo"))
+    n = 8
+    task = allgather_task(n)
+    # a ring AllGather's transfers in priority order
+    tu = np.array([r for s in range(n - 1) for r in range(n)])
+    tv = (tu + 1) % n
+    tk = np.array([(r - s) % n for s in range(n - 1) for r in range(n)])
+    got = {}
+    for mode in ("python", "numba"):
+        monkeypatch.setenv("HCCC_JIT", mode)
+        got[mode] = list_schedule(net, task, tu, tv, tk).step
+    assert np.array_equal(got["python"], got["numba"])
+    assert got["python"].tolist() == [s for s in range(n - 1) for _ in range(n)]
