@@ -1,8 +1,8 @@
 """The simulator's event loop: columnar arrays in, completion times and busy times out.
 
 The functions are plain Python that numba compiles for large simulations
-(:mod:`hccc.compiler.frontend.jit`: from :data:`MIN_COMPILED_UNITS` slices, when numba, the extra
-``sim``, is installed); :func:`engine` picks the variant. Everything here works on
+(:mod:`hccc.compiler.frontend.jit`: from :data:`MIN_COMPILED_WORK` events and flows, when numba, the
+extra ``sim``, is installed); :func:`run` picks the variant. Everything here works on
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
 
@@ -31,9 +31,9 @@ import numpy as np
 
 from hccc.compiler.frontend.jit import Kernels
 
-#: slices (primitive x micro-batch units) from which a simulation runs compiled: plain Python takes
-#: about a second for this many, numba's first compile of the engine ten
-MIN_COMPILED_UNITS = 20_000
+#: events plus re-shared flows from which a process's simulations run compiled: plain Python takes
+#: about a second for this many, numba's first compile of the engine about ten
+MIN_COMPILED_WORK = 40_000
 
 F_SEND = 1
 F_RECV = 2
@@ -58,6 +58,7 @@ K_RECV = 2
 
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
+STATUS_BUDGET = 2     # the plain-Python run spent its work budget (rerun compiled)
 
 _INF = np.inf
 
@@ -292,11 +293,12 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
-               link_res_ptr, link_res, res_cap, rank_cres, chunk_len, K):
+               link_res_ptr, link_res, res_cap, rank_cres, chunk_len, K, budget):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
-    Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
+    ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flows re-shared
+    exceed it (-1: no limit). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
     P = p_flags.shape[0]
     C = c_total.shape[0]
@@ -564,6 +566,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         if hn[0] == 0:
             status = STATUS_DEADLOCK
             break
+        if budget >= 0 and counters[0] + counters[2] > budget:
+            status = STATUS_BUDGET
+            break
         # ============================================ every event of the next instant
         t = hkey[0]
         counters[3] += 1
@@ -612,10 +617,18 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 
 KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
                               "_flow_start", "_flow_stop", "_share", "run_engine"],
-                  min_work=MIN_COMPILED_UNITS)
+                  min_work=MIN_COMPILED_WORK)
 
 
-def engine(units: int):
-    """:func:`run_engine` for a simulation of ``units`` slices: compiled from
-    :data:`MIN_COMPILED_UNITS` on (when numba is installed), plain Python below."""
-    return KERNELS.pick("run_engine", units)
+def run(*args):
+    """:func:`run_engine` (every argument but ``budget``): plain Python while this process's
+    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared flows, compiled from
+    there on (a plain run that reaches the limit is stopped and run again compiled)."""
+    budget = KERNELS.plain_budget()
+    if budget is None or budget > 0:
+        out = run_engine(*args, -1 if budget is None else budget)
+        counters = out[10]
+        KERNELS.spend(int(counters[0] + counters[2]))
+        if out[0] != STATUS_BUDGET:
+            return out                  # else the plain work is spent: compiled from now on
+    return KERNELS.compiled()["run_engine"](*args, -1)

@@ -266,7 +266,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     # ``execution`` is validated by _engine_args
     rec_lim = prog.ntbs if record is True else int(record)
     t0 = time.perf_counter()
-    out = eng.engine(units)(*_engine_args(prog, geo, execution, rec_lim, nslots))
+    out = eng.run(*_engine_args(prog, geo, execution, rec_lim, nslots))
     wall = time.perf_counter() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out

@@ -52,6 +52,15 @@ def test_from_the_threshold_the_compiled_twin_and_then_always(monkeypatch):
 
 
 @needs_numba
+def test_small_calls_add_up_to_the_threshold(monkeypatch):
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    k = _toy(min_work=100)
+    assert k.pick("_twice", 60) is _twice
+    assert k.pick("_add", 39) is _add
+    assert hasattr(k.pick("_twice", 1), "py_func")     # 60 + 39 + 1 plain work reaches 100
+
+
+@needs_numba
 def test_hccc_jit_numba_compiles_even_small_work(monkeypatch):
     monkeypatch.setenv("HCCC_JIT", "numba")
     assert hasattr(_toy().pick("_add", 0), "py_func")
@@ -136,3 +145,41 @@ def test_list_schedule_compiled_equals_plain(monkeypatch):
         got[mode] = list_schedule(net, task, tu, tv, tk).step
     assert np.array_equal(got["python"], got["numba"])
     assert got["python"].tolist() == [s for s in range(n - 1) for _ in range(n)]
+
+
+def _sim_case():
+    from hccc.compiler.cluster.topo_parser import load_topology
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime.simulator import prepare
+    topo = load_topology(ROOT / "examples" / "clusters" / "a100_topo1.topo")
+    return prepare(load_program(ROOT / "examples" / "ring_allreduce_8.rccl"), topo), topo
+
+
+def test_a_plain_simulation_stops_when_its_budget_is_spent():
+    from hccc.runtime import sim_engine as eng
+    from hccc.runtime.simulator import _engine_args, geometry
+    prog, _ = _sim_case()
+    geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
+    args = _engine_args(prog, geo, "task", 0, 8)
+    full = eng.run_engine(*args, -1)
+    assert full[0] == eng.STATUS_OK
+    work = int(full[10][0] + full[10][2])
+    assert eng.run_engine(*args, work)[0] == eng.STATUS_OK
+    cut = eng.run_engine(*args, work // 2)
+    assert cut[0] == eng.STATUS_BUDGET and work // 2 < cut[10][0] + cut[10][2] < work
+
+
+@pytest.mark.slow
+@needs_numba
+def test_simulations_past_the_budget_rerun_compiled(monkeypatch):
+    from hccc.runtime import sim_engine as eng
+    from hccc.runtime.simulator import simulate
+    prog, topo = _sim_case()
+    monkeypatch.setenv("HCCC_JIT", "python")
+    want = [simulate(prog, topo, s, slice_bytes="auto") for s in (1 << 20, 16 << 20)]
+    monkeypatch.delenv("HCCC_JIT")
+    fresh = Kernels(vars(eng), eng.KERNELS._names, min_work=want[0].events + 10)
+    monkeypatch.setattr(eng, "KERNELS", fresh)
+    got = [simulate(prog, topo, s, slice_bytes="auto") for s in (1 << 20, 16 << 20)]
+    assert fresh._compiled is not None          # the second call ran out of plain work
+    assert [(r.time_s, r.events) for r in got] == [(r.time_s, r.events) for r in want]

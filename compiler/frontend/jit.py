@@ -5,9 +5,12 @@ composition) are plain Python/numpy functions that numba also compiles. Compilin
 10-20 s the first time (then its cache loads in well under a second, but importing numba alone costs
 about 0.3 s), while the same function as plain Python finishes small inputs in milliseconds. So each
 module names its kernels once (:class:`Kernels`) and asks for the right variant per call
-(:meth:`Kernels.pick`): plain Python below the module's work threshold, numba from it on (when
-numba is installed: the extras ``sim``, ``synth`` and ``scale``), and numba for every later call of
-the process once it has been compiled or loaded. Both run the very same source, and the
+(:meth:`Kernels.pick`): plain Python until the process's work for the module (this call's and its
+earlier plain calls') reaches the module's threshold, numba from there on (when numba is installed:
+the extras ``sim``, ``synth`` and ``scale``). So a process spends at most about a second of plain
+Python per module before it compiles, however its work is split into calls. A kernel whose work is
+only known as it runs (the simulator's) takes the work left (:meth:`Kernels.plain_budget`), stops
+when it is spent, reports it (:meth:`Kernels.spend`) and is rerun compiled. Both run the very same source, and the
 tests hold them to equal results.
 
 ``HCCC_JIT`` overrides the choice for every call: ``python`` (never compile), ``numba`` (always
@@ -55,22 +58,34 @@ class Kernels:
         self.min_work = int(min_work)
         self._nogil = nogil
         self._compiled: dict[str, Callable] | None = None
+        self._plain_work = 0                 # work of the plain calls so far
         self._lock = threading.Lock()
 
-    def compiled_wanted(self, work: int) -> bool:
-        """Whether a call of ``work`` runs compiled: by the mode and numba's presence, then by the
-        threshold; once this process has made the compiled twins (the compile, or the cache load,
-        is paid) every later call uses them."""
+    def plain_budget(self) -> int | None:
+        """Work a plain call may still do in this process: ``None`` without limit (``HCCC_JIT=python``
+        or no numba), 0 when calls run compiled (``HCCC_JIT=numba``, or the twins already made), else
+        what the plain calls so far have left of the threshold."""
         mode = jit_mode()
         if mode == "python" or not have_numba():
-            return False
-        return mode == "numba" or self._compiled is not None or int(work) >= self.min_work
+            return None
+        if mode == "numba" or self._compiled is not None:
+            return 0
+        return max(0, self.min_work - self._plain_work)
+
+    def spend(self, work: int) -> None:
+        """Count the work a plain call did (for kernels that learn their work as they run)."""
+        with self._lock:
+            self._plain_work += int(work)
 
     def pick(self, name: str, work: int) -> Callable:
-        """Kernel ``name`` for a call of ``work``: the compiled twin or the plain function."""
+        """Kernel ``name`` for a call of ``work`` (known in advance): the plain function while the
+        process's plain work, this call's included, stays below the threshold, else the compiled
+        twin (many small calls add up to one large one)."""
         if name not in self._names:
             raise KeyError(f"{name} is not a kernel of {self._ns.get('__name__')}")
-        if not self.compiled_wanted(work):
+        budget = self.plain_budget()
+        if budget is None or int(work) < budget:
+            self.spend(work)
             return self._ns[name]
         return self.compiled()[name]
 
