@@ -53,6 +53,7 @@ def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
     assert all(0 < r["of_cut_bound"][str(1 << 20)] <= 1.0 + 1e-9 for r in rows)
 
 
+@pytest.mark.slow   # simulates every example program at several sizes (numba's compile, cold)
 def test_xml_export_benchmark_rows_and_reference_column(tmp_path):
     xb = _load("xml_export")
     from hccc.compiler.interop.msccl_export import export_algorithm

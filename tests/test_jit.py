@@ -32,6 +32,7 @@ def _toy(min_work=100):
 def test_below_the_threshold_the_plain_function(monkeypatch):
     monkeypatch.delenv("HCCC_JIT", raising=False)
     k = _toy()
+    monkeypatch.setattr(k, "_cached", lambda: False)
     assert k.pick("_twice", 99) is _twice
     monkeypatch.setenv("HCCC_JIT", "python")
     assert k.pick("_twice", 10 ** 9) is _twice
@@ -49,12 +50,17 @@ def test_from_the_threshold_the_compiled_twin_and_then_always(monkeypatch):
     monkeypatch.setenv("HCCC_JIT", "python")
     assert k.pick("_twice", 10 ** 9) is _twice  # the override still wins
     assert _twice.__globals__["_add"] is _add   # the module's own names stay plain
+    # numba cached both twins beside this file: a new process's threshold is ten times lower
+    again = _toy(min_work=1000)
+    monkeypatch.delenv("HCCC_JIT")
+    assert again._cached() and again.plain_budget() == 1000 // jit.CACHED_DIVISOR
 
 
 @needs_numba
 def test_small_calls_add_up_to_the_threshold(monkeypatch):
     monkeypatch.delenv("HCCC_JIT", raising=False)
     k = _toy(min_work=100)
+    monkeypatch.setattr(k, "_cached", lambda: False)    # as before numba's first compile
     assert k.pick("_twice", 60) is _twice
     assert k.pick("_add", 39) is _add
     assert hasattr(k.pick("_twice", 1), "py_func")     # 60 + 39 + 1 plain work reaches 100

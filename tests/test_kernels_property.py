@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce",
                                         "alltoall"])
-@settings(max_examples=10)
+@settings(max_examples=examples(6))
 @given(data=st.data())
 def test_random_programs_kernels_match_oracle(collective, data):
     alg = data.draw(valid_programs(collective, max_ranks=6), label="program")

@@ -873,6 +873,7 @@ def test_fake_platform_timer_gates_every_stream(ring8, nvcc):
     assert fake.host == {}
 
 
+@pytest.mark.slow   # an nvcc build
 def test_fake_platform_under_the_launcher(nvcc):
     """The launcher drives the CUDA platform end to end (build, load, residency, FIFOs, streams,
     gated timing, launches); the fake runs no kernel, so only the plumbing is checked here."""
