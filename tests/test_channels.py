@@ -83,7 +83,7 @@ def test_random_programs_with_several_channels_match_the_oracle(collective, data
 
 @needs_gxx
 @pytest.mark.parametrize("dtype,k", [("float32", 2), ("float16", 3), ("bfloat16", 2), ("int32", 3),
-                                     ("float32", 1)])
+                                     pytest.param("float32", 1, marks=pytest.mark.slow)])   # the comparison
 def test_channels_every_dtype_and_op_uneven_counts(k, dtype):
     """One program with dependencies across TBs (HM AllReduce), every dtype with 2 or 3 channels
     (and one channel for comparison), every op, sizes with remainders (empty, one-element and
