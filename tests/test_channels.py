@@ -82,7 +82,10 @@ def test_random_programs_with_several_channels_match_the_oracle(collective, data
 
 
 @needs_gxx
-@pytest.mark.parametrize("dtype,k", [("float32", 2), ("float16", 3), ("bfloat16", 2), ("int32", 3),
+# float16 and int32 run by default (float32 and bfloat16: the slow set; the one-grid and kernel
+# property tests run every dtype by default too)
+@pytest.mark.parametrize("dtype,k", [pytest.param("float32", 2, marks=pytest.mark.slow), ("float16", 3),
+                                     pytest.param("bfloat16", 2, marks=pytest.mark.slow), ("int32", 3),
                                      pytest.param("float32", 1, marks=pytest.mark.slow)])   # the comparison
 def test_channels_every_dtype_and_op_uneven_counts(k, dtype):
     """One program with dependencies across TBs (HM AllReduce), every dtype with 2 or 3 channels

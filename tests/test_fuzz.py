@@ -55,6 +55,7 @@ def test_fuzz_reports_a_stuck_program_at_once(capsys, tmp_path):
     assert "reproduce: hccc run " in out and "--chunk-size" not in out   # an IR keeps its chunks
 
 
+@pytest.mark.slow   # hypothesis shrinking runs the kernels dozens of times
 def test_failures_are_shrunk_to_a_minimal_case(monkeypatch):
     """A (simulated) kernel bug that appears from 100 int32 elements on: hypothesis shrinks the
     failing case to the simplest operator, out-of-place, one thread, and a size at (or, when the

@@ -25,8 +25,10 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
-#: the 32-rank examples run with the slow set (``-m slow``); the smaller ones cover the same shapes
-SLOW = {"hm_allreduce_4x8", "hm_allgather_4x8"}
+#: the 16- and 32-rank examples run with the slow set (``-m slow``); their 8-rank siblings (2x4)
+#: cover the same shapes
+SLOW = {"hm_allreduce_4x8", "hm_allgather_4x8", "hm_allreduce_2x8", "hm_allgather_2x8", "hm_allreduce_4x4",
+        "hm_allgather_4x4", "hierarchical_alltoall_2x8"}
 CASES = [pytest.param(p, id=p.stem, marks=pytest.mark.slow if p.stem in SLOW else ()) for p in EXAMPLES]
 INSTANCES = [("float32", "sum"), ("int32", "max"), ("float16", "min"), ("bfloat16", "sum"),
              ("int32", "sum"), ("float32", "min"), ("bfloat16", "max"), ("float16", "sum")]
