@@ -291,6 +291,7 @@ def test_lower_bound_is_a_bound_for_composed_schedules():
 
 
 # ---------------------------------------------------------------- variants, selection, determinism
+@pytest.mark.slow   # a timed search of three variants (4 s idle, up to 25 s under the suite's load)
 def test_variant_selection_follows_the_score():
     topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")
     seen = []
