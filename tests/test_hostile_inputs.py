@@ -353,7 +353,8 @@ def test_synth_time_limit_holds(tmp_path):
     a few seconds, with a schedule or a clear error."""
     topo = EXAMPLES / "clusters" / "h20_4x2_8x2.topo"
     warm = hccc("synth", EXAMPLES / "clusters" / "v100_4_8.topo", "--collective", "allgather",
-                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900, capped=False)  # compiles the kernels
+                "--time-limit", "5", "-o", tmp_path / "warm.rccl", timeout=900, capped=False,
+                 env={"HCCC_JIT": "numba"})  # compiles the kernels (small work alone would run plain)
     assert warm[0] == 0, warm[1]
     limit = 3.0
     code, out, secs = hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "64",

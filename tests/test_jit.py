@@ -120,15 +120,17 @@ def test_simulator_compiled_equals_plain(monkeypatch, algo, cluster, size):
 
 @pytest.mark.slow
 @needs_numba
-@pytest.mark.parametrize("cluster,coll", [("heteccl_fig10", "allgather"), ("a100_topo2", "allreduce")])
-def test_synthesis_compiled_equals_plain(monkeypatch, cluster, coll):
+@pytest.mark.parametrize("cluster,coll,cpr", [("heteccl_fig10", "allgather", 1), ("a100_topo2", "allreduce", 1),
+                                              ("a100_topo1", "allgather", 40)])
+def test_synthesis_compiled_equals_plain(monkeypatch, cluster, coll, cpr):
+    """Equal schedules; 40 chunks per rank on 8 GPUs puts 320 chunks in a part (counts past a byte)."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth.collectives import synthesize
     topo = load_cluster(ROOT / "examples" / "clusters" / f"{cluster}.topo")
     rows = {}
     for mode in ("python", "numba"):
         monkeypatch.setenv("HCCC_JIT", mode)
-        rows[mode] = synthesize(topo, coll, time_limit=60).rows
+        rows[mode] = synthesize(topo, coll, chunks_per_rank=cpr, time_limit=60).rows
     assert np.array_equal(rows["python"], rows["numba"])
 
 

@@ -124,7 +124,8 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
             for c in range(npart):
                 s = 0
                 for k in range(NC):
-                    s += phas[c, k]
+                    if phas[c, k]:
+                        s += 1      # (not s += phas[c, k]: a Python int plus a numpy uint8 is a uint8)
                 need[c] = NC - s
             done = np.zeros(npart, np.uint8)
             while True:

@@ -43,7 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks-per-rank", type=positive_int, default=1, metavar="K",
                    help="chunks per rank (written as the program's nChunksPerRank)")
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
-                   help="seconds for the search; the best schedule so far is written then")
+                   help="seconds for the search; the best schedule so far is written then (numba's first "
+                        "compile of a kernel after an install is not counted)")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
