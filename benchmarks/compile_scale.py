@@ -49,7 +49,7 @@ def run_one(nnodes: int, g: int, workdir: Path, codegen: str = "specialized") ->
     if proc.returncode != 0:
         raise SystemExit(f"hccc failed on {nnodes}x{g}:\n{stderr}")
     stages = {m.group(1): float(m.group(2))   # stages, and their phases as "stage/phase"
-              for m in re.finditer(r"^\s+(\S+)\s+([0-9.]+) s$", stdout, re.M)}
+              for m in re.finditer(r"^\s+(\S+)\s+([0-9.]+) s\b", stdout, re.M)}
     transfers = re.search(r"(\d+) transfers", stdout)
     tbs = re.search(r"TBs per rank <= (\d+)", stdout)
     files = [f for f in out.rglob("*") if f.is_file()]

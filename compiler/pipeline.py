@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,10 +40,13 @@ class CompileOptions:
 
 @dataclass
 class StageTimes:
-    """Seconds per stage (``seconds``), and per phase inside a stage (``phases``, ``stage/phase``)."""
+    """Seconds per stage (``seconds``), and per phase inside a stage (``phases``, ``stage/phase``).
+    ``beside[stage]`` names the stage it ran beside, on a second thread (:data:`BESIDE_FROM`): its
+    seconds overlap that stage's."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
+    beside: dict[str, str] = field(default_factory=dict)
 
     def run(self, name, fn, *args, **kwargs):
         t0 = time.perf_counter()
@@ -65,6 +69,13 @@ def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7) -> Algorit
 
 
 VENDOR_PLATFORM = {"nvidia": "cuda", "amd": "hip"}
+
+#: transfers from which a compile runs verification beside scheduling and lowering, and the IR
+#: checks beside code generation, each on a second thread (numpy work on whole columns, which runs
+#: mostly without the GIL). Errors keep their order: a verification error is the one reported even
+#: when scheduling failed too, and a check error wins over what code generation made of the
+#: program; nothing is written unless both passed.
+BESIDE_FROM = 100_000
 
 
 @dataclass(frozen=True)
@@ -138,18 +149,64 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
     line passes the simulator's :func:`~hccc.runtime.simulator.faster_allocation` with
     ``--topology``), may replace the state-based allocation by a faster one.
     """
-    from hccc.compiler.passes.build import build_program
     from hccc.compiler.passes.verify import verify
 
     times = times or StageTimes()
-    times.run("verify", verify, alg)
-    if cluster is not None:
-        from hccc.compiler.cluster.topology_check import check_on_topology
-        times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
+    if alg.ntransfers < BESIDE_FROM:
+        times.run("verify", verify, alg)
+        if cluster is not None:
+            _check_on_cluster(alg, cluster, times)
+        ir = _build(alg, opts, times, check=True)
+        return _emit(alg, ir, outdir, opts, times, cluster, xml_limits, choose_allocation, None)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-beside") as beside:
+        # verification beside scheduling; its error (before the cluster's) is the one reported
+        times.beside["verify"] = "schedule+lower"
+        times.seconds.setdefault("verify", 0.0)        # (printed in pipeline order)
+        verified = beside.submit(times.run, "verify", verify, alg)
+        # the IR checks run inline where fusion's back-off needs them or a cost model simulates
+        # the program; else beside the XML export and code generation
+        inline = opts.fuse or choose_allocation is not None
+        try:
+            if cluster is not None:
+                _check_on_cluster(alg, cluster, times)
+            ir = _build(alg, opts, times, check=inline)
+        except BaseException:
+            verified.result()
+            raise
+        verified.result()
+        checked = None
+        if not inline:
+            from hccc.compiler.passes.build import check_program
+            times.beside["checks"] = "codegen"
+            times.seconds.setdefault("checks", 0.0)
+            checked = beside.submit(times.run, "checks", check_program, ir)
+        try:
+            return _emit(alg, ir, outdir, opts, times, cluster, xml_limits, choose_allocation, checked)
+        except BaseException:
+            if checked is not None:
+                checked.result()      # an internal error of the checks first
+            raise
+
+
+def _check_on_cluster(alg: Algorithm, cluster: "ClusterSource", times: StageTimes) -> None:
+    from hccc.compiler.cluster.topology_check import check_on_topology
+    times.run("topology", check_on_topology, alg, cluster.topology, cluster.name)
+
+
+def _build(alg: Algorithm, opts: CompileOptions, times: StageTimes, *, check: bool):
+    """The ``schedule+lower`` stage; ``check=False`` leaves the IR checks to the caller."""
+    from hccc.compiler.passes.build import build_program
     phases: dict[str, float] = {}
     ir = times.run("schedule+lower", build_program, alg, scheduler=opts.scheduler,
-                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases)
+                   tb_alloc=opts.tb_alloc, chunk_bytes=opts.chunk_bytes, fuse=opts.fuse, timings=phases,
+                   check=check)
     times.phases.update({f"schedule+lower/{k}": v for k, v in phases.items()})
+    return ir
+
+
+def _emit(alg, ir, outdir, opts, times, cluster, xml_limits, choose_allocation, checked: Future | None):
+    """:func:`compile_algorithm` after schedule+lower: channels, the allocation choice, the XML
+    export and code generation (``checked``: the IR checks, still running beside)."""
     plats = platforms_for(ir.nranks, opts.target, cluster.topology if cluster else None)
     ir = apply_channels(ir, opts, plats, declared=alg.header.nchannels)
     if choose_allocation is not None and opts.tb_alloc == "state":
@@ -170,12 +227,13 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
         except CompileError as exc:
             xml = (None, exc)
     return compile_program(ir, outdir, opts, times, cluster=cluster, xml_limits=xml_limits, checked=True, xml=xml,
-                           declared=alg.header.nchannels, structure_checked=True)
+                           declared=alg.header.nchannels, structure_checked=True, pending_checks=checked)
 
 
 def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
                     cluster: ClusterSource | None = None, xml_limits=None, checked: bool = False, xml=None,
-                    declared: int | None = None, structure_checked: bool = False):
+                    declared: int | None = None, structure_checked: bool = False,
+                    pending_checks: Future | None = None):
     """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
     MSCCL XML export (``<name>.xml``). Returns (ir, files, notes); ``notes`` are warnings for the
     user (e.g. the XML export skipped because the program exceeds a runtime limit: the kernels are
@@ -188,6 +246,8 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     XML's instances (:func:`xml_instances`).
     ``structure_checked``: ``ir`` passed :func:`~hccc.compiler.ir.check.check_structure` (built by
     :func:`~hccc.compiler.passes.build.build_program`), so code generation does not check it again.
+    ``pending_checks``: that program's IR checks, still running (:data:`BESIDE_FROM`): the output
+    directory is committed only once they passed, and their error wins over code generation's.
     """
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.backend.table_codegen import generate_table
@@ -228,9 +288,13 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     with atomic_output_dir(outdir) as tmp:
         phases: dict[str, float] = {}
         gen = generate_table if opts.codegen == "table" else generate
-        files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
-                          extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
-                          direct=opts.direct, structure_checked=structure_checked)
+        try:
+            files = times.run("codegen", gen, ir, tmp, platforms=platforms, manifest_extra=extra or None,
+                              extra_files=(f"{ir.name}.xml",) if xml_text is not None else (), timings=phases,
+                              direct=opts.direct, structure_checked=structure_checked)
+        finally:
+            if pending_checks is not None:
+                pending_checks.result()     # raises the checks' error (before code generation's)
         times.phases.update({f"codegen/{k.removeprefix('codegen_')}": v for k, v in phases.items()})
         if xml_text is not None:
             xml_path = Path(tmp) / f"{ir.name}.xml"

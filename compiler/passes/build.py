@@ -44,10 +44,26 @@ def schedule_algorithm(alg: Algorithm, dag, scheduler: str = "hpds") -> Schedule
     raise ValueError(f"unknown scheduler {scheduler!r} (expected hpds or rr)")
 
 
+def check_program(ir: ProgramIR) -> None:
+    """The IR checks of an unfused lowering (structure, FIFO order, deadlock freedom), for a caller
+    that runs them itself (:func:`build_program` with ``check=False``, e.g. beside code
+    generation). The lowering of a verified algorithm passes them: a failure is an internal error."""
+    check_structure(ir)
+    check_fifo_order(ir)
+    try:
+        check_deadlock(ir)
+    except DeadlockError as exc:
+        raise AssertionError(f"internal error: unfused lowering deadlocks: {exc}") from None
+
+
 def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str = "state",
                         chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = True,
                         check: bool = True, timings: dict | None = None) -> ProgramIR:
-    """Lower a scheduled algorithm, allocate TBs and run the IR checks (with fusion back-off)."""
+    """Lower a scheduled algorithm, allocate TBs and run the IR checks (with fusion back-off).
+    ``check=False`` (only without fusion: the back-off needs the checks) leaves them to the caller
+    (:func:`check_program`)."""
+    if not check and fuse:
+        raise ValueError("fusion needs the IR checks (its back-off is driven by them)")
     nm = sanitize_identifier(name if name is not None else alg.header.name)
     forbid: set[tuple[int, int]] = set()
     use_fusion = fuse
@@ -92,9 +108,10 @@ def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str =
 
 def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "state",
                   chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = False,
-                  timings: dict | None = None) -> ProgramIR:
+                  timings: dict | None = None, check: bool = True) -> ProgramIR:
     """Run dag -> schedule -> lower -> TB allocation -> checks; ``stats`` holds transfers,
     subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
+    ``check=False`` (without ``fuse``) skips the IR checks; the caller runs :func:`check_program`.
 
     ``fuse`` (off by default) merges a receive and the send that forwards the same chunk into one
     fused primitive (recvCopySend / recvReduceCopySend). It saves a pass over memory; fused traffic
@@ -112,7 +129,7 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     t["dag"] = t1 - t0
     t["schedule"] = t2 - t1
     ir = build_from_schedule(alg, dag, sched, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes, name=name,
-                             fuse=fuse, timings=t)
+                             fuse=fuse, timings=t, check=check)
     ir.stats["scheduler"] = "rr" if scheduler in ("rr", "round_robin", "round-robin") else scheduler
     return ir
 

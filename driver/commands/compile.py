@@ -125,7 +125,8 @@ def run(args) -> int:
               + ", ".join(f"{pl} {runs.count(pl)}" for pl in ("cuda", "hip") if pl in runs))
     if args.timings:
         for k, v in times.seconds.items():
-            print(f"  {k:16s} {v:8.3f} s")
+            note = f"  (beside {times.beside[k]}, on a second thread)" if k in times.beside else ""
+            print(f"  {k:16s} {v:8.3f} s{note}")
             for ph, pv in times.phases.items():
                 if ph.startswith(k + "/"):
                     print(f"    {ph:30s} {pv:8.3f} s")

@@ -1,0 +1,105 @@
+"""The compile's second thread (``hccc.compiler.pipeline.BESIDE_FROM``): verification beside
+scheduling, the IR checks beside code generation. The outputs are those of the one-thread compile,
+byte for byte; errors keep their order (verification first, then the checks, then code
+generation) and a failed compile leaves no output directory."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler import pipeline
+from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.compiler.passes import build
+from hccc.compiler.pipeline import CompileOptions, StageTimes, compile_algorithm, load_algorithm
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("example", ["hm_allreduce_2x4.rccl", "ring_allgather_8.rccl"])
+def test_beside_writes_what_one_thread_writes(tmp_path, monkeypatch, example):
+    alg = load_algorithm(EXAMPLES / example)
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 10 ** 9)
+    compile_algorithm(alg, tmp_path / "one", CompileOptions())
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    times = StageTimes()
+    compile_algorithm(alg, tmp_path / "two", CompileOptions(), times)
+    assert times.beside == {"verify": "schedule+lower", "checks": "codegen"}
+    assert times.seconds["verify"] > 0 and times.seconds["checks"] > 0
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+
+
+def test_fusion_keeps_its_checks_inline(tmp_path, monkeypatch):
+    """Fusion's back-off is driven by the checks: with ``fuse`` they run inside schedule+lower."""
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    times = StageTimes()
+    compile_algorithm(load_algorithm(EXAMPLES / "ring_allreduce_8.rccl"), tmp_path / "o",
+                      CompileOptions(fuse=True), times)
+    assert times.beside == {"verify": "schedule+lower"}
+    assert "schedule+lower/checks" in times.phases
+
+
+def _unverifiable(tmp_path: Path) -> Path:
+    """A ring AllGather missing its last transfer: verification refuses it."""
+    lines = (EXAMPLES / "ring_allgather_8.rccl").read_text().splitlines()
+    src = tmp_path / "broken.rccl"
+    body = "\n".join(lines).replace("for r in range(0, N):", "for r in range(0, N - 1):")
+    src.write_text(body + "\n")
+    return src
+
+
+def test_a_verification_error_wins_over_a_failed_schedule(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    alg = load_algorithm(_unverifiable(tmp_path))
+
+    def broken(*a, **k):
+        raise RuntimeError("scheduling failed")
+
+    monkeypatch.setattr(build, "build_program", broken)
+    with pytest.raises(CompileError, match="does not hold chunk"):
+        compile_algorithm(alg, tmp_path / "o", CompileOptions())
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_failed_check_writes_nothing_and_wins_over_codegen(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    alg = load_algorithm(EXAMPLES / "ring_allgather_8.rccl")
+
+    def failing(ir):
+        raise AssertionError("internal error: the checks failed")
+
+    monkeypatch.setattr(build, "check_program", failing)
+    with pytest.raises(AssertionError, match="the checks failed"):
+        compile_algorithm(alg, tmp_path / "o", CompileOptions())
+    assert not (tmp_path / "o").exists()
+
+    from hccc.compiler.backend import codegen
+
+    def codegen_fails(*a, **k):
+        raise ValueError("codegen failed")
+
+    monkeypatch.setattr(codegen, "generate", codegen_fails)
+    with pytest.raises(AssertionError, match="the checks failed"):
+        compile_algorithm(alg, tmp_path / "o", CompileOptions())
+    assert not (tmp_path / "o").exists()
+
+
+def test_timings_say_what_ran_beside(tmp_path):
+    """A program past the threshold, through the command line: ``--timings`` marks the stages."""
+    from hccc.compiler.frontend.generators import hm_allreduce_rccl
+    src = tmp_path / "hm.rccl"
+    src.write_text(hm_allreduce_rccl(2, 8))
+    code = ("import sys; from hccc.compiler import pipeline; pipeline.BESIDE_FROM = 0; "
+            "from hccc.cli import main; sys.exit(main())")
+    r = subprocess.run([sys.executable, "-c", code, str(src), "-o", str(tmp_path / "o"), "--timings"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "verify" in r.stdout and "(beside schedule+lower, on a second thread)" in r.stdout
+    assert "(beside codegen, on a second thread)" in r.stdout
