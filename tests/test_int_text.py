@@ -101,3 +101,31 @@ def test_rows_span_several_blocks(monkeypatch, compiled):
 def test_large_join_takes_the_compiled_path_and_agrees():
     vals = np.arange(-5, int_text.COMPILED_FROM + 5, 7, dtype=np.int64) * 1013
     assert join_ints(vals, ",") == ",".join(map(str, vals.tolist()))
+
+
+@pytest.mark.slow
+@needs_numba
+def test_compiled_rows_across_kernel_blocks():
+    """Rows past several of the compiled kernel's blocks (with a partial last one), every piece
+    kind with and without a row mask, against Python formatting."""
+    n = 3 * int_text_kernel.BLOCK + 5
+    rng = np.random.default_rng(7)
+    a = rng.integers(-10 ** 15, 10 ** 15, n)
+    a[::97] = np.iinfo(np.int64).min
+    odd = np.arange(n) % 2 == 1
+    sel = rng.integers(0, 3, n)
+    data = b"abcdefghij"
+    start = rng.integers(0, 5, n)
+    length = rng.integers(0, 6, n)
+    rt = (RowText(n).text("P(").int(a).text(", ").choice(sel, ["SEND", "RECV", ""]).text(" odd", odd)
+          .int(sel, odd).blob(data, start, length).blob(data, start, length, ~odd).text(")"))
+    text, offsets = rt.render(";\n", compiled=True)
+    names = ["SEND", "RECV", ""]
+    expected = []
+    for r in range(n):
+        s, ln = int(start[r]), int(length[r])
+        blob = data[s:s + ln].decode()
+        expected.append(f"P({a[r]}, {names[sel[r]]}" + (f" odd{sel[r]}" if odd[r] else "") + blob
+                        + ("" if odd[r] else blob) + ");\n")
+    assert text.decode() == "".join(expected)
+    assert offsets[-1] == len(text)

@@ -1,7 +1,7 @@
 """The compiled form of :meth:`hccc.compiler.ir.int_text.RowText.render` (numba, when installed).
 
 The integer columns and the row masks come as tuples of arrays (numba compiles one version per
-tuple length, cached on disk); both passes run their rows on all cores (numba's prange). A row's text is a list of pieces; each piece is a constant (an entry of ``texts``), the decimal
+tuple length, cached on disk); both passes run blocks of rows on all cores (numba's prange). A row's text is a list of pieces; each piece is a constant (an entry of ``texts``), the decimal
 text of an integer column, or a column of indices into constants (``choice``), optionally only on
 the rows of a boolean column. Two passes over the rows: the length of every row (its offsets),
 then the bytes. Same output as the numpy path of ``int_text.py`` (``tests/test_int_text.py``).
@@ -49,28 +49,41 @@ def _ndigits(v):
     return n
 
 
+#: the two-digit texts "00".."99", for writing two digits per division
+_PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode("ascii"), np.uint8).copy()
+
+
 @_jit
 def _write_int(buf, at, v):
     """Write v's decimal text at buf[at:]; returns the position after it."""
     if v < 0:
+        if v == -9223372036854775807 - 1:
+            digits = "-9223372036854775808"
+            for i in range(20):
+                buf[at + i] = ord(digits[i])
+            return at + 20
         buf[at] = 45
         at += 1
-        if v == -9223372036854775807 - 1:
-            digits = "9223372036854775808"
-            for i in range(19):
-                buf[at + i] = ord(digits[i])
-            return at + 19
         v = -v
-    n = _ndigits(v)
-    end = at + n
-    p = end - 1
-    while True:
-        buf[p] = 48 + v % 10
-        v //= 10
-        if v == 0:
-            break
-        p -= 1
+    end = at + _ndigits(v)
+    p = end
+    while v >= 100:
+        q = v // 100
+        d = (v - q * 100) * 2
+        p -= 2
+        buf[p] = _PAIRS[d]
+        buf[p + 1] = _PAIRS[d + 1]
+        v = q
+    if v >= 10:
+        buf[p - 2] = _PAIRS[v * 2]
+        buf[p - 1] = _PAIRS[v * 2 + 1]
+    else:
+        buf[p - 1] = 48 + v
     return end
+
+
+#: rows per block: each block of rows is one unit of parallel work, rendered piece by piece
+BLOCK = 4096
 
 
 @_jit_parallel
@@ -80,54 +93,101 @@ def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
     ``texts[text_off[a]:text_off[a + 1]]`` with ``a = arg[k, 0]``; INT the decimal text of
     ``ints[arg[k, 0]][row]``; CHOICE the constant ``arg[k, 1] + ints[arg[k, 0]][row]``; BLOB the
     bytes ``texts[s:s + l]`` with ``s = ints[arg[k, 0]][row]``, ``l = ints[arg[k, 1]][row]``. Every
-    row ends with ``end_text``. Returns (the bytes as a uint8 array, the row offsets)."""
+    row ends with ``end_text``. Returns (the bytes as a uint8 array, the row offsets).
+
+    Blocks of :data:`BLOCK` rows run on all cores; inside a block the loop runs piece by piece
+    (one column lookup per piece and block, then a tight loop over the block's rows)."""
     npieces = len(kind)
     elen = len(end_text)
+    nblocks = (n + BLOCK - 1) // BLOCK
     rowlen = np.empty(n, np.int64)
-    for r in prange(n):                # pass 1: row lengths (rows on all cores)
-        total = elen
+    for b in prange(nblocks):          # pass 1: row lengths
+        r0 = b * BLOCK
+        r1 = min(n, r0 + BLOCK)
+        for r in range(r0, r1):
+            rowlen[r] = elen
         for k in range(npieces):
             m = mask_of[k]
-            if m >= 0 and not masks[m][r]:
-                continue
+            mk = masks[m] if m >= 0 else masks[0]
             kd = kind[k]
             if kd == TEXT:
                 t = arg[k, 0]
-                total += text_off[t + 1] - text_off[t]
+                ln = text_off[t + 1] - text_off[t]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        rowlen[r] += ln
             elif kd == INT:
-                total += _ndigits(ints[arg[k, 0]][r])
+                col = ints[arg[k, 0]]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        rowlen[r] += _ndigits(col[r])
             elif kd == BLOB:
-                total += ints[arg[k, 1]][r]
+                col = ints[arg[k, 1]]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        rowlen[r] += col[r]
             else:
-                t = arg[k, 1] + ints[arg[k, 0]][r]
-                total += text_off[t + 1] - text_off[t]
-        rowlen[r] = total
+                col = ints[arg[k, 0]]
+                base = arg[k, 1]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        t = base + col[r]
+                        rowlen[r] += text_off[t + 1] - text_off[t]
     offsets = np.zeros(n + 1, np.int64)
+    total = 0
     for r in range(n):
-        offsets[r + 1] = offsets[r] + rowlen[r]
-    buf = np.empty(offsets[n], np.uint8)
-    for r in prange(n):                # pass 2: the bytes (each row writes its own range)
-        at = offsets[r]
+        total += rowlen[r]
+        offsets[r + 1] = total
+    buf = np.empty(total, np.uint8)
+    for b in prange(nblocks):          # pass 2: the bytes (each row writes its own range)
+        r0 = b * BLOCK
+        r1 = min(n, r0 + BLOCK)
+        at = offsets[r0:r1].copy()
         for k in range(npieces):
             m = mask_of[k]
-            if m >= 0 and not masks[m][r]:
-                continue
+            mk = masks[m] if m >= 0 else masks[0]
             kd = kind[k]
             if kd == INT:
-                at = _write_int(buf, at, ints[arg[k, 0]][r])
+                col = ints[arg[k, 0]]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        at[r - r0] = _write_int(buf, at[r - r0], col[r])
                 continue
             if kd == TEXT:
                 t = arg[k, 0]
-                b0, b1 = text_off[t], text_off[t + 1]
+                b0 = text_off[t]
+                ln = text_off[t + 1] - b0
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        a = at[r - r0]
+                        for i in range(ln):
+                            buf[a + i] = texts[b0 + i]
+                        at[r - r0] = a + ln
             elif kd == BLOB:
-                b0 = ints[arg[k, 0]][r]
-                b1 = b0 + ints[arg[k, 1]][r]
+                cs = ints[arg[k, 0]]
+                cl = ints[arg[k, 1]]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        a = at[r - r0]
+                        s0 = cs[r]
+                        ln = cl[r]
+                        for i in range(ln):
+                            buf[a + i] = texts[s0 + i]
+                        at[r - r0] = a + ln
             else:
-                t = arg[k, 1] + ints[arg[k, 0]][r]
-                b0, b1 = text_off[t], text_off[t + 1]
-            for i in range(b0, b1):
-                buf[at] = texts[i]
-                at += 1
-        for i in range(elen):
-            buf[at + i] = end_text[i]
+                col = ints[arg[k, 0]]
+                base = arg[k, 1]
+                for r in range(r0, r1):
+                    if m < 0 or mk[r]:
+                        t = base + col[r]
+                        b0 = text_off[t]
+                        ln = text_off[t + 1] - b0
+                        a = at[r - r0]
+                        for i in range(ln):
+                            buf[a + i] = texts[b0 + i]
+                        at[r - r0] = a + ln
+        for r in range(r0, r1):
+            a = at[r - r0]
+            for i in range(elen):
+                buf[a + i] = end_text[i]
     return buf, offsets
