@@ -109,6 +109,32 @@ def test_fifo_mismatch_detected():
         check_fifo_order(ir)
 
 
+def test_match_connections_is_computed_once_per_set_of_columns():
+    """The pairing is remembered per set of column arrays (read-only), recomputed for new ones and
+    forgotten with them; two threads asking at once get the one result."""
+    import gc
+    import threading
+
+    from hccc.compiler.ir import connections
+    ir = build_program(G.ring_allreduce(4))
+    first = match_connections(ir)
+    assert match_connections(ir) is first and not first[0].flags.writeable
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(match_connections(ir))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g is first for g in got)
+    ir.prims = dict(ir.prims, channel=ir.prims["channel"].copy())
+    again = match_connections(ir)
+    assert again is not first and all(np.array_equal(a, b) for a, b in zip(again, first))
+    key = id(ir.prims["op"])
+    del ir, first, again, got
+    gc.collect()
+    assert key not in connections._MEMO
+
+
 def test_match_connections_pairs_kth_with_kth():
     ir = build_program(G.ring_allreduce(4))
     s, r = match_connections(ir)
