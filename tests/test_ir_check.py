@@ -158,6 +158,10 @@ CORRUPTIONS = [
     ("count", lambda ir: ir.prims["count"].__setitem__(0, 0), "count"),
     ("src range", lambda ir: _set_first(ir, lambda p: p["src_buf"] == Buf.INPUT, "src_off", 1000),
      "exceeds the input buffer"),
+    # offset + count past int32 (the columns' own width): the sum must not wrap into range
+    ("src range wraps", lambda ir: _set_first(ir, lambda p: p["src_buf"] == Buf.INPUT, "src_off",
+                                              np.iinfo(ir.prims["src_off"].dtype).max),
+     "exceeds the input buffer"),
     ("dst range", lambda ir: _set_first(ir, lambda p: p["dst_buf"] == Buf.OUTPUT, "dst_off", -1),
      "exceeds the output buffer"),
     ("send peer self", lambda ir: _set_first(ir, lambda p: p["op"] == Op.SEND, "send_peer", None), "own rank"),

@@ -76,6 +76,10 @@ def _key_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------
+def _i64(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.int64, copy=False)
+
+
 def check_structure(ir: ProgramIR) -> None:
     """Validate ranges, canonical order, buffers, peers, connection ownership and dependencies."""
     N = int(ir.nranks)
@@ -87,10 +91,11 @@ def check_structure(ir: ProgramIR) -> None:
     missing = [k for k in PRIM_COLUMNS if k not in ir.prims]
     if missing:
         raise IRFormatError(f"primitive table lacks {plural_noun(len(missing), 'column')} {', '.join(missing)}")
+    # the columns as they are (comparisons need no widening); sums and keys are made in int64
     p = {k: np.asarray(ir.prims[k]) for k in PRIM_COLUMNS}
-    p = {k: (v if v.dtype == np.int64 or k not in ("rank", "send_peer", "recv_peer", "channel", "src_off",
-                                                   "dst_off", "count") else v.astype(np.int64))
-         for k, v in p.items()}
+    bad_dtype = [k for k, v in p.items() if v.dtype.kind not in "iub"]
+    if bad_dtype:
+        raise IRFormatError(f"primitive column '{bad_dtype[0]}' does not hold integers")
     n = len(p["rank"])
     for k, v in p.items():
         if len(v) != n:
@@ -147,7 +152,7 @@ def check_structure(ir: ProgramIR) -> None:
         _fail(ir, ~uses & (b != Buf.NONE), f"op uses no {side} buffer but {side}_buf is set")
         for code, nm in names.items():
             m = uses & (b == code)
-            _fail(ir, m & ((off < 0) | (off + p["count"] > sizes[code])),
+            _fail(ir, m & ((off < 0) | (np.add(off, p["count"], dtype=np.int64) > sizes[code])),
                   f"{side} range [{side}_off, {side}_off + count) exceeds the {nm} buffer "
                   f"({int(sizes[code])} chunks)")
     # peers
@@ -164,7 +169,7 @@ def check_structure(ir: ProgramIR) -> None:
         idx = np.flatnonzero(uses)
         if not len(idx):
             continue
-        ek = (rank[idx] * N + p[nm][idx]) * nch + p["channel"][idx]
+        ek = (_i64(rank[idx]) * N + p[nm][idx]) * nch + p["channel"][idx]
         o = stable_argsort(ek)
         eks, tbs = ek[o], tb[idx][o]
         clash = np.flatnonzero((eks[1:] == eks[:-1]) & (tbs[1:] != tbs[:-1]))
@@ -176,8 +181,8 @@ def check_structure(ir: ProgramIR) -> None:
                                 f"{int(p['channel'][i0])} is used by two TBs: {describe_prim(ir, i0)} and "
                                 f"{describe_prim(ir, i1)}")
     si, ri = np.flatnonzero(sends), np.flatnonzero(recvs)
-    skey = (rank[si] * N + p["send_peer"][si]) * nch + p["channel"][si]
-    rkey = (p["recv_peer"][ri] * N + rank[ri]) * nch + p["channel"][ri]
+    skey = (_i64(rank[si]) * N + p["send_peer"][si]) * nch + p["channel"][si]
+    rkey = (_i64(p["recv_peer"][ri]) * N + rank[ri]) * nch + p["channel"][ri]
     su, sc = _key_counts(skey)
     ru, rc = _key_counts(rkey)
     if len(su) != len(ru) or not np.array_equal(su, ru) or not np.array_equal(sc, rc):
