@@ -8,7 +8,6 @@ import hashlib
 import json
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,8 @@ from hccc.compiler.frontend.algorithm import Algorithm
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from hccc.compiler.cluster.topology import Topology
 
 TARGETS = ("auto", "cuda", "hip", "all")
@@ -158,6 +159,7 @@ def compile_algorithm(alg: Algorithm, outdir: str | Path, opts: CompileOptions,
             _check_on_cluster(alg, cluster, times)
         ir = _build(alg, opts, times, check=True)
         return _emit(alg, ir, outdir, opts, times, cluster, xml_limits, choose_allocation, None)
+    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-beside") as beside:
         # verification beside scheduling; its error (before the cluster's) is the one reported
         times.beside["verify"] = "schedule+lower"

@@ -16,7 +16,6 @@ traceback for bad input (set HCCC_DEBUG=1 to see one for an internal error).
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import json
 import os
@@ -79,6 +78,7 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 def did_you_mean(word: str, choices) -> str:
     """`` (did you mean 'check'?)`` for the closest choice, or empty."""
+    import difflib
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

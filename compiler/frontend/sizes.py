@@ -8,7 +8,10 @@ One syntax for the whole tool: the ``.topo`` language's ``chunksize`` and every 
 from __future__ import annotations
 
 import re
-from fractions import Fraction
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # fractions (and decimal under it) load only where a size is read or printed
+    from fractions import Fraction
 
 #: a number (optionally negative or with a fraction) and an optional unit
 SIZE_RE = re.compile(r"(-?[0-9]+(?:\.[0-9]+)?)([KMGkmg]i?[Bb]?|[Bb])?")
@@ -20,6 +23,7 @@ MAX_DIGITS = 40
 
 def size_value(text: str) -> Fraction | None:
     """The exact number of bytes ``text`` names, or None when it is not a size."""
+    from fractions import Fraction
     m = SIZE_RE.fullmatch(text.strip())
     if m is None or len(m.group(1)) > MAX_DIGITS:
         return None
@@ -29,6 +33,7 @@ def size_value(text: str) -> Fraction | None:
 def format_size(nbytes: int) -> str:
     """The shortest exact spelling in that syntax: 1048576 -> ``1M``, 1572864 -> ``1.5M``,
     4096 -> ``4K``, 1000 -> ``1000``. ``size_value(format_size(n)) == n`` for every n >= 0."""
+    from fractions import Fraction
     n = int(nbytes)
     for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= k:
