@@ -78,28 +78,39 @@ class Op(IntEnum):
     REDUCE = 7
     NOP = 8
 
+    # what each op does, as sets of op codes (looked up by value: the properties are called per
+    # primitive when an MSCCL XML is read or written)
     @property
     def sends(self) -> bool:
-        return self in (Op.SEND, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND)
+        return self._value_ in _SENDS
 
     @property
     def receives(self) -> bool:
-        return self in (Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND,
-                        Op.RECV_REDUCE_COPY_SEND)
+        return self._value_ in _RECEIVES
 
     @property
     def reads_src(self) -> bool:
-        return self in (Op.SEND, Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND,
-                        Op.RECV_REDUCE_COPY_SEND, Op.COPY, Op.REDUCE)
+        return self._value_ in _READS_SRC
 
     @property
     def writes_dst(self) -> bool:
-        return self in (Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_COPY_SEND,
-                        Op.COPY, Op.REDUCE)
+        return self._value_ in _WRITES_DST
 
     @property
     def reduces(self) -> bool:
-        return self in (Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND, Op.REDUCE)
+        return self._value_ in _REDUCES
+
+
+_SENDS = frozenset({Op.SEND, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND})
+_RECEIVES = frozenset({Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_SEND,
+                       Op.RECV_REDUCE_COPY_SEND})
+_READS_SRC = frozenset({Op.SEND, Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND,
+                        Op.COPY, Op.REDUCE})
+_WRITES_DST = frozenset({Op.RECV, Op.RECV_REDUCE_COPY, Op.RECV_COPY_SEND, Op.RECV_REDUCE_COPY_SEND,
+                         Op.COPY, Op.REDUCE})
+_REDUCES = frozenset({Op.RECV_REDUCE_COPY, Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND, Op.REDUCE})
+_SENDS, _RECEIVES, _READS_SRC, _WRITES_DST, _REDUCES = (
+    frozenset(int(o) for o in ops) for ops in (_SENDS, _RECEIVES, _READS_SRC, _WRITES_DST, _REDUCES))
 
 
 class Buf(IntEnum):

@@ -351,9 +351,17 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
     width = max(1, min(W, budget // max(4 * n, 1)))
     gcol = col[g]
     qcol = gcol[qa]
+    compiled = _compiled_clocks(n * W)
     for c0 in range(0, W, width):
         c1 = min(W, c0 + width)
         w = c1 - c0
+        if compiled is not None:
+            sel = np.flatnonzero(same & (qcol >= c0) & (qcol < c1))
+            got = np.zeros(len(sel), np.bool_)
+            compiled(n, w, c0, src, dst, ebound.astype(np.int64), order_n.astype(np.int64),
+                     nbound.astype(np.int64), gcol, seq, qa[sel], qb[sel], qcol[sel], got)
+            out[sel] = got
+            continue
         vc = np.zeros((n, w), np.int32)
         own = gcol - c0
         mine = (gcol >= c0) & (gcol < c1)
@@ -372,6 +380,15 @@ def happens_before(ir: ProgramIR, qa: np.ndarray, qb: np.ndarray, budget: int = 
         a, bq = qa[sel], qb[sel]
         out[sel] = vc[bq, qcol[sel] - c0] >= seq[a] + 1
     return out
+
+
+def _compiled_clocks(entries: int):
+    """The compiled clock block (:mod:`hccc.compiler.ir.symbolic_kernel`) for ``entries`` clock
+    entries from its threshold on, where numba is installed; else None (the numpy loop)."""
+    from hccc.compiler.ir import symbolic_kernel
+    if entries < symbolic_kernel.COMPILED_FROM or not symbolic_kernel.HAVE_NUMBA:
+        return None
+    return symbolic_kernel.clock_block
 
 
 # ---------------------------------------------------------------------------------------------
