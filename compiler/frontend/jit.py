@@ -37,6 +37,17 @@ MODES = ("auto", "python", "numba")
 CACHED_DIVISOR = 10
 
 
+def optional_njit(**options) -> tuple[Callable, bool]:
+    """``(decorator, available)`` for a module of kernels that numba compiles where it is installed:
+    numba's ``njit(cache=True, nogil=True, **options)``, or (without numba) the identity, and the
+    module keeps a numpy path that its callers take instead (they test ``available``)."""
+    try:
+        from numba import njit
+    except ImportError:  # pragma: no cover - exercised only where numba is missing
+        return (lambda fn: fn), False
+    return (lambda fn: njit(cache=True, nogil=True, **options)(fn)), True
+
+
 def have_numba() -> bool:
     """numba is installed (without importing it)."""
     return importlib.util.find_spec("numba") is not None

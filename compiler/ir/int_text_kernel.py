@@ -10,25 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional (extras "scale", "sim", "synth"); int_text.py has a numpy path without it
-    from numba import njit as _numba_njit
+from hccc.compiler.frontend.jit import optional_njit
+
+# numba is optional (extras "scale", "sim", "synth"); int_text.py has a numpy path without it
+_jit, HAVE_NUMBA = optional_njit()
+_jit_parallel, _ = optional_njit(parallel=True)
+try:
     from numba import prange
-
-    def _jit(fn):
-        return _numba_njit(cache=True, nogil=True)(fn)
-
-    def _jit_parallel(fn):
-        return _numba_njit(cache=True, nogil=True, parallel=True)(fn)
-
-    HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised only where numba is missing
-    HAVE_NUMBA = False
     prange = range
-
-    def _jit(fn):
-        return fn
-
-    _jit_parallel = _jit
 
 TEXT, INT, CHOICE, BLOB = 0, 1, 2, 3
 

@@ -12,18 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional (extras "scale", "sim", "synth"); symbolic.py keeps its numpy loop
-    from numba import njit as _numba_njit
+from hccc.compiler.frontend.jit import optional_njit
 
-    def _jit(fn):
-        return _numba_njit(cache=True, nogil=True)(fn)
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    HAVE_NUMBA = False
-
-    def _jit(fn):
-        return fn
+_jit, HAVE_NUMBA = optional_njit()
 
 #: from this many clock entries (nodes x columns) on, happens_before runs the compiled block
 COMPILED_FROM = 1 << 22

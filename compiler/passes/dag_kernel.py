@@ -11,18 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional (extras "scale", "sim", "synth"); dag.py keeps its Python loop
-    from numba import njit as _numba_njit
+from hccc.compiler.frontend.jit import optional_njit
 
-    def _jit(fn):
-        return _numba_njit(cache=True, nogil=True)(fn)
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    HAVE_NUMBA = False
-
-    def _jit(fn):
-        return fn
+_jit, HAVE_NUMBA = optional_njit()
 
 #: chunks up to this many tasks (8 MiB of ancestor bits) go through the kernel
 MAX_TASKS = 8192

@@ -23,18 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-try:  # numba is optional (extras "scale", "sim", "synth"); hpds.py falls back to its list scheduler
-    from numba import njit as _numba_njit
+from hccc.compiler.frontend.jit import optional_njit
 
-    def _jit(fn):
-        return _numba_njit(cache=True, nogil=True)(fn)
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    def _jit(fn):
-        return fn
-
-    HAVE_NUMBA = False
+_jit, HAVE_NUMBA = optional_njit()
 
 #: Rule I7's clock (hpds.py's _SLICE and _EPS)
 SLICE = 1.0 / 16
