@@ -499,21 +499,22 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
     slots = Slots(ir, inplace)
     N = ir.nranks
     val: list = [None] * slots.nphys
-    for r in range(N):
-        if ir.collective == "allgather":
-            for j in range(ir.in_chunks):
-                val[int(slots.phys(r, Buf.INPUT, j))] = (r * slots.k + j, 1 << r)
-        elif ir.collective == "broadcast":
-            if r == ir.root:   # only the root's input is the collective's; the others' is garbage
-                for c in range(ir.in_chunks):
-                    val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
-        elif ir.collective == "alltoall":
-            # input slot j*k + p of rank r: piece p of block (r -> j), global id (r*N + j)*k + p
-            for c in range(ir.in_chunks):
-                val[int(slots.phys(r, Buf.INPUT, c))] = (r * ir.nchunks + c, 1 << r)
-        else:
-            for c in range(ir.in_chunks):
-                val[int(slots.phys(r, Buf.INPUT, c))] = (c, 1 << r)
+    # every rank's input chunks, rank by rank: (rank r, chunk c) holds (chunk id, {r})
+    rr = np.repeat(np.arange(N, dtype=np.int64), ir.in_chunks)
+    cc = np.tile(np.arange(ir.in_chunks, dtype=np.int64), N)
+    if ir.collective == "broadcast":   # only the root's input is the collective's; the others' is garbage
+        keep = rr == ir.root
+        rr, cc = rr[keep], cc[keep]
+    if ir.collective == "allgather":
+        ids = rr * slots.k + cc
+    elif ir.collective == "alltoall":
+        # input slot j*k + p of rank r: piece p of block (r -> j), global id (r*N + j)*k + p
+        ids = rr * ir.nchunks + cc
+    else:
+        ids = cc
+    at = slots.phys(rr, np.full(len(rr), int(Buf.INPUT), np.int64), cc)
+    for slot, cid, r in zip(at.tolist(), ids.tolist(), rr.tolist()):
+        val[slot] = (cid, 1 << r)
     writer = [-1] * slots.nphys
     if order is None:
         order = prim_order(ir, describe)
