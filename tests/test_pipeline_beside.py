@@ -55,40 +55,35 @@ def _unverifiable(tmp_path: Path) -> Path:
     return src
 
 
+def _failing(exc: BaseException):
+    """A stand-in for a stage that raises ``exc``."""
+    def fail(*_a, **_k):
+        raise exc
+    return fail
+
+
+def _refused(alg, out: Path, exc_type, match: str) -> None:
+    """The compile raises ``exc_type`` (message matching ``match``) and leaves no output directory."""
+    with pytest.raises(exc_type, match=match):
+        compile_algorithm(alg, out, CompileOptions())
+    assert not out.exists()
+
+
 def test_a_verification_error_wins_over_a_failed_schedule(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
     alg = load_algorithm(_unverifiable(tmp_path))
-
-    def broken(*a, **k):
-        raise RuntimeError("scheduling failed")
-
-    monkeypatch.setattr(build, "build_program", broken)
-    with pytest.raises(CompileError, match="does not hold chunk"):
-        compile_algorithm(alg, tmp_path / "o", CompileOptions())
-    assert not (tmp_path / "o").exists()
+    monkeypatch.setattr(build, "build_program", _failing(RuntimeError("scheduling failed")))
+    _refused(alg, tmp_path / "o", CompileError, "does not hold chunk")
 
 
 def test_a_failed_check_writes_nothing_and_wins_over_codegen(tmp_path, monkeypatch):
+    from hccc.compiler.backend import codegen
     monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
     alg = load_algorithm(EXAMPLES / "ring_allgather_8.rccl")
-
-    def failing(ir):
-        raise AssertionError("internal error: the checks failed")
-
-    monkeypatch.setattr(build, "check_program", failing)
-    with pytest.raises(AssertionError, match="the checks failed"):
-        compile_algorithm(alg, tmp_path / "o", CompileOptions())
-    assert not (tmp_path / "o").exists()
-
-    from hccc.compiler.backend import codegen
-
-    def codegen_fails(*a, **k):
-        raise ValueError("codegen failed")
-
-    monkeypatch.setattr(codegen, "generate", codegen_fails)
-    with pytest.raises(AssertionError, match="the checks failed"):
-        compile_algorithm(alg, tmp_path / "o", CompileOptions())
-    assert not (tmp_path / "o").exists()
+    monkeypatch.setattr(build, "check_program", _failing(AssertionError("internal error: the checks failed")))
+    _refused(alg, tmp_path / "o", AssertionError, "the checks failed")
+    monkeypatch.setattr(codegen, "generate", _failing(ValueError("codegen failed")))
+    _refused(alg, tmp_path / "o", AssertionError, "the checks failed")
 
 
 def test_timings_say_what_ran_beside(tmp_path):
