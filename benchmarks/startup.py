@@ -5,8 +5,8 @@
                                  [--msccl-python PYTHON] [--msccl-args "8 1"]
 
 At 8-16 GPUs a compile is all start-up: interpreter, imports, then a few milliseconds of work. Each
-command runs ``--runs`` times in a fresh process (after one untimed warm-up run) and the table
-shows the minimum and the median wall time, the same for a bare interpreter (``python -c pass``,
+command runs ``--runs`` times in a fresh process (after one untimed warm-up run; the commands take
+turns) and the table shows the minimum and the median wall time, the same for a bare interpreter (``python -c pass``,
 what site-packages alone cost in that environment) and what is left once that is subtracted.
 Every child gets a private bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory,
 filled by the warm-up run), as an installed package has, whatever ``PYTHONDONTWRITEBYTECODE`` says.
@@ -35,17 +35,22 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wall_times(cmd: list[str], runs: int, env: dict) -> list[float] | None:
-    """Seconds per run of ``cmd`` (after one warm-up run), or None when it fails."""
-    if subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode:
-        return None
-    out = []
+def wall_times(cmds: list[list[str]], runs: int, env: dict) -> list[list[float] | None]:
+    """Seconds per run of each command (after one untimed warm-up run each), or None for a command
+    that fails. The commands take turns, run by run, so that a change of machine load falls on all
+    of them alike."""
+    ok = [subprocess.run(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+          for c in cmds]
+    out: list[list[float] | None] = [[] if good else None for good in ok]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-        out.append(time.perf_counter() - t0)
-        if rc:
-            return None
+        for i, cmd in enumerate(cmds):
+            if out[i] is None:
+                continue
+            t0 = time.perf_counter()
+            rc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+            out[i].append(time.perf_counter() - t0)
+            if rc:
+                out[i] = None
     return out
 
 
@@ -59,42 +64,52 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=120)
 
+    name = Path(args.algo).name
+    # (label, command, its interpreter): both ways of starting hccc, then msccl-tools
+    todo = [(f"python -m hccc check {name}", [sys.executable, "-m", "hccc", "check", args.algo], sys.executable)]
+    script = Path(sys.executable).with_name("hccc")
+    if script.is_file():
+        todo.append((f"hccc check {name} (console script)", [str(script), "check", args.algo], sys.executable))
+    else:
+        console.print(f"no hccc console script beside {sys.executable}; python -m hccc only", style="dim")
+    if args.msccl_script is None:
+        console.print("msccl-tools: no --msccl-script given; hccc only", style="dim")
+    elif not Path(args.msccl_script).is_file():
+        console.print(f"msccl-tools: {args.msccl_script} not found; hccc only", style="dim")
+    else:
+        todo.append((f"msccl-tools {Path(args.msccl_script).name} {args.msccl_args}",
+                     [args.msccl_python, args.msccl_script, *shlex.split(args.msccl_args)], args.msccl_python))
+    pythons = list(dict.fromkeys(py for _, _, py in todo))
+
     with tempfile.TemporaryDirectory(prefix="hccc-startup-") as tmp:
         env = dict(os.environ, PYTHONPYCACHEPREFIX=tmp)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.setdefault("HCCC_CACHE_DIR", str(Path(tmp) / "hccc-cache"))
-        rows = []   # (label, times, bare interpreter times)
-        bare = wall_times([sys.executable, "-c", "pass"], args.runs, env)
-        hccc = wall_times([sys.executable, "-m", "hccc", "check", args.algo], args.runs, env)
-        if hccc is None:
-            raise SystemExit(f"hccc check {args.algo} failed")
-        rows.append((f"hccc check {Path(args.algo).name}", hccc, bare))
-        if args.msccl_script is None:
-            console.print("msccl-tools: no --msccl-script given; hccc only", style="dim")
-        elif not Path(args.msccl_script).is_file():
-            console.print(f"msccl-tools: {args.msccl_script} not found; hccc only", style="dim")
-        else:
-            mbare = wall_times([args.msccl_python, "-c", "pass"], args.runs, env)
-            cmd = [args.msccl_python, args.msccl_script, *shlex.split(args.msccl_args)]
-            msccl = wall_times(cmd, args.runs, env)
-            if msccl is None:
-                console.print(f"msccl-tools: {' '.join(cmd)} failed (is msccl installed for "
-                              f"{args.msccl_python}?); hccc only", style="dim")
-            else:
-                rows.append((f"msccl-tools {Path(args.msccl_script).name} {args.msccl_args}", msccl, mbare))
+        times = wall_times([[py, "-c", "pass"] for py in pythons] + [cmd for _, cmd, _ in todo], args.runs, env)
+    bare = dict(zip(pythons, times[:len(pythons)]))
+    rows = []   # (label, times, bare interpreter times)
+    for (label, cmd, py), ts in zip(todo, times[len(pythons):]):
+        if ts is None:
+            if label.startswith("msccl-tools"):
+                console.print(f"msccl-tools: {' '.join(cmd)} failed (is msccl installed for {py}?); "
+                              "hccc only", style="dim")
+                continue
+            raise SystemExit(f"{' '.join(cmd)} failed")
+        rows.append((label, ts, bare[py]))
 
-    table = Table(title=f"start-up: wall seconds over {args.runs} runs (fresh process each)")
+    table = Table(title=f"start-up: wall seconds over {args.runs} runs (fresh process each, commands in turn)")
     for col in ("command", "min", "median", "bare python min", "min - bare"):
         table.add_column(col, justify="left" if col == "command" else "right")
     for label, ts, bs in rows:
         table.add_row(label, f"{min(ts):.3f}", f"{statistics.median(ts):.3f}", f"{min(bs):.3f}",
                       f"{min(ts) - min(bs):.3f}")
     console.print(table)
-    if len(rows) == 2:
-        (_, h, hb), (_, m, mb) = rows
-        console.print(f"hccc / msccl-tools: {min(h) / min(m):.2f}x (minimum), "
-                      f"{statistics.median(h) / statistics.median(m):.2f}x (median), "
-                      f"{(min(h) - min(hb)) / (min(m) - min(mb)):.2f}x without the bare interpreters")
+    if rows[-1][0].startswith("msccl-tools"):
+        _, m, mb = rows[-1]
+        for label, h, hb in rows[:-1]:
+            console.print(f"{label.split(' check')[0]} / msccl-tools: {min(h) / min(m):.2f}x (minimum), "
+                          f"{statistics.median(h) / statistics.median(m):.2f}x (median), "
+                          f"{(min(h) - min(hb)) / (min(m) - min(mb)):.2f}x without the bare interpreters")
     console.print(f"machine load (1-minute average): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 

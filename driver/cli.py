@@ -15,6 +15,12 @@ traceback for bad input (set HCCC_DEBUG=1 to see one for an internal error).
 """
 from __future__ import annotations
 
+# numpy first, while the call stack is shallow: every command needs it (the front end is built on
+# it), and under CPython 3.11 the import of numpy's typing modules ran 3x slower when it happened deep
+# inside hccc's own imports under ``python -m hccc`` (0.19 s against 0.16 s for a whole 8-GPU check;
+# benchmarks/startup.py times both entry points)
+import numpy  # noqa: F401
+
 import argparse
 import importlib
 import json

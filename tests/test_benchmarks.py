@@ -139,3 +139,19 @@ def test_channels_benchmark_rises_with_channels_to_the_link_model():
     assert [r["channels"] for r in rows] == [1, 2, 4]
     assert bw[0] < bw[1] <= bw[2] * (1 + 1e-9) and bw[2] == pytest.approx(link, rel=1e-9)
     assert bw[0] == pytest.approx(20.0, rel=0.01)      # one block per connection: the block rate
+
+
+def test_startup_benchmark_times_both_entry_points_and_msccl(tmp_path):
+    """startup.py times ``python -m hccc`` (and the console script where one is installed) and an
+    msccl-tools script given to it; a stand-in script plays msccl-tools here."""
+    fake = tmp_path / "allreduce_ring.py"
+    fake.write_text("import sys\nprint(len(sys.argv))\n")
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--runs", "2",
+                          "--msccl-script", str(fake), "--msccl-args", "8 1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "python -m hccc check ring_allreduce_8.rccl" in out.stdout
+    assert "msccl-tools allreduce_ring.py 8 1" in out.stdout
+    assert "python -m hccc / msccl-tools:" in out.stdout
+    if (Path(sys.executable).with_name("hccc")).is_file():
+        assert "(console script)" in out.stdout

@@ -92,6 +92,62 @@ def test_instances_multiply_thread_blocks_and_chunks(k):
     emu.check(many, seed=5, capacity=2)
 
 
+def _counting_importer(monkeypatch) -> list:
+    """Calls of the importer by the exporter, recorded (the importer itself still runs)."""
+    import hccc.compiler.interop.msccl_import as mi
+    calls, real = [], mi.import_xml_text
+    monkeypatch.setattr(mi, "import_xml_text", lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["hm_allreduce_2x4", "ring_reducescatter_8", "hm_allgather_2x4"])
+def test_one_chunk_instances_are_a_renaming(monkeypatch, name):
+    """Instances of one-chunk steps are written without re-reading them (a renaming of the chunks);
+    the importer (an independent proof) and the emulator confirm they compute the collective."""
+    calls = _counting_importer(monkeypatch)
+    _, text = export_algorithm(load_algorithm(EX / f"{name}.rccl"), instances=3)
+    assert calls == []
+    assert set(re.findall(r' cnt="(\d+)"', text)) <= {"0", "1"}
+    import_xml_text(text)
+    emu.check(text, seed=3, capacity=2)
+
+
+def _step(s, t, sb, so, db, do, cnt):
+    return (f'      <step s="{s}" type="{t}" srcbuf="{sb}" srcoff="{so}" dstbuf="{db}" dstoff="{do}" '
+            f'cnt="{cnt}" depid="-1" deps="-1" hasdep="0"/>')
+
+
+def _two_rank_allreduce(split_back: bool) -> str:
+    """Rank 0 sends both chunks in one step, rank 1 reduces them in one step and sends the sums back
+    in one step, or (``split_back``) one chunk per step."""
+    back = ([_step(1, "s", "o", 0, "o", 0, 1), _step(2, "s", "o", 1, "o", 1, 1)] if split_back
+            else [_step(1, "s", "o", 0, "o", 0, 2)])
+    recv = ([_step(1, "r", "i", 0, "o", 0, 1), _step(2, "r", "i", 0, "o", 1, 1)] if split_back
+            else [_step(1, "r", "i", 0, "o", 0, 2)])
+    head = '  <gpu id="{r}" i_chunks="2" o_chunks="2" s_chunks="0">\n    <tb id="0" send="{q}" recv="{q}" chan="0">'
+    return "\n".join(['<algo name="ar2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" '
+                      'coll="allreduce" inplace="0" outofplace="1">',
+                      head.format(r=0, q=1), _step(0, "s", "i", 0, "o", 0, 2), *recv, "    </tb>", "  </gpu>",
+                      head.format(r=1, q=0), _step(0, "rrc", "i", 0, "o", 0, 2), *back, "    </tb>", "  </gpu>",
+                      "</algo>"])
+
+
+def test_multi_chunk_instances_are_proven(monkeypatch):
+    """Multi-chunk ranges are renamed per step: the export re-reads the instances and refuses them
+    where two steps see one chunk in different ranges (a two-chunk reduce whose sums go back one
+    chunk per step: instance 0 would send a sum instance 1 writes), and keeps them where every step
+    uses the same ranges."""
+    calls = _counting_importer(monkeypatch)
+    whole = import_xml_text(_two_rank_allreduce(split_back=False))
+    text = export_xml(whole, instances=2)
+    assert len(calls) == 1
+    emu.check(text, seed=1, capacity=2)
+    split = import_xml_text(_two_rank_allreduce(split_back=True))
+    export_xml(split, instances=1)                    # one instance is the program itself
+    with pytest.raises(CompileError, match="cannot export 2 instances of this program: .*data race"):
+        export_xml(split, instances=2)
+
+
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.booleans(), st.integers(1, 3), st.integers(0, 4))
 @settings(max_examples=25, deadline=None)
 def test_random_algorithms_export_correctly(alg, fuse, k, seed):

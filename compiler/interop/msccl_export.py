@@ -731,9 +731,17 @@ def _instantiate(xs: list[_X], tbs: dict[int, list[_TB]], k: int) -> tuple[list[
     """``k`` instances of the program (msccl-tools' ``instances``): every MSCCL TB becomes ``k`` TBs
     (ids ``id*k + i``, channel ``i*nchannels + ch``), each moving its own ``1/k`` of every chunk
     range: a step on chunks ``[off, off+cnt)`` moves chunks ``[off*k + i*cnt, off*k + (i+1)*cnt)`` of
-    the ``k`` times finer buffers in instance ``i``. With one-chunk steps (or ranges that every step
-    touching them uses whole) this is a relabelling of the buffers that keeps the collective; the
-    exporter proves the result (:func:`export_xml`)."""
+    the ``k`` times finer buffers in instance ``i``.
+
+    With one-chunk steps (:func:`_relabels`) instance ``i`` is the one-instance program with chunk
+    ``c`` of every buffer of every rank renamed ``c*k + i``: one renaming for all buffers and ranks,
+    so each fine chunk follows the path of its coarse chunk, and the postconditions of the exported
+    collectives are invariant under it (AllReduce ``out[c] = sum in[c]``; AllGather
+    ``out[s*I + j] = in_s[j]`` becomes ``out[s*I*k + j*k + i] = in_s[j*k + i]`` with ``I*k`` input
+    chunks; ReduceScatter and AllToAll alike; an in-place alias at chunk ``r*I`` stays one at
+    ``r*I*k``). The instances share no TB, channel or dependency, so they are deadlock-free when one
+    is. Multi-chunk ranges are renamed per step and need not agree between steps: the exporter then
+    proves the result with the importer (:func:`export_xml`)."""
     if k == 1:
         return xs, tbs
     nch = max((t.ch for lst in tbs.values() for t in lst), default=0) + 1
@@ -760,6 +768,12 @@ def _instantiate(xs: list[_X], tbs: dict[int, list[_TB]], k: int) -> tuple[list[
                               t.id * k + i, t.nsteps))
         new[rank] = nl
     return out, new
+
+
+def _relabels(xs: list[_X]) -> bool:
+    """Whether :func:`_instantiate` is a renaming of chunks for these primitives (every one moves
+    one chunk), so that ``k`` instances are correct when one is."""
+    return all(x.cnt == 1 for x in xs)
 
 
 def _check_limits(ir: ProgramIR, xs: list[_X], tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
@@ -923,9 +937,11 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = F
     ``fuse``: receives and the sends forwarding what they stored become one ``rcs``/``rrcs``/``rrs``
     step where their connection ends can share a TB (:func:`_fuse_forwarding`). ``instances``: ``k``
     copies of the program on their own TBs and channels, each moving ``1/k`` of every chunk
-    (:func:`_instantiate`). Fused or instanced output is re-read with the importer, which proves the
-    collective and checks deadlock freedom under the runtimes' execution (``prove``); a fused export
-    that fails is written unfused, an instanced one is refused.
+    (:func:`_instantiate`). Fused output, and instances of programs with multi-chunk steps, are
+    re-read with the importer, which proves the collective and checks deadlock freedom under the
+    runtimes' execution (``prove``); a fused export that fails is written unfused, an instanced one
+    is refused. Instances of one-chunk steps are a renaming of the one-instance export's chunks
+    (:func:`_instantiate`) and are not re-read.
     """
     lim = limits or XmlLimits()
     if instances < 1:
@@ -963,7 +979,7 @@ def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
         if fused and xs is xs0:
             continue          # nothing to fuse: the plain export below is the same
         text = _export(ir, xs, lim, instances)
-        if not prove or (not fused and instances == 1):
+        if not prove or (not fused and (instances == 1 or _relabels(xs))):
             return text
         try:
             from hccc.compiler.interop.msccl_import import import_xml_text
