@@ -112,6 +112,87 @@ def test_one_chunk_instances_are_a_renaming(monkeypatch, name):
     emu.check(text, seed=3, capacity=2)
 
 
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.integers(2, 4),
+       st.integers(4, 64), st.integers(2, 16), st.integers(0, 3), st.integers(1, 12), st.integers(40, 2000))
+@settings(max_examples=60, deadline=None)
+def test_instances_written_from_one_instance_equal_materialised_ones(alg, fuse, k, max_steps, max_tbs,
+                                                                     offset_short, max_dep_tb, max_nodes):
+    """The export writes instances from the one-instance layout after a limit test computed from it;
+    materialising every copy and checking those (the reference) gives the same text or error. The
+    offset limit sits at the largest offset k instances can use, or up to 3 below it."""
+    import hccc.compiler.interop.msccl_export as me
+
+    ir = build_algorithm_level(alg)
+    top = max(ir.in_chunks, ir.out_chunks, ir.scratch_chunks) * k - 1
+    lim = XmlLimits(max_steps=max_steps, max_tbs=max_tbs, max_offset=max(0, top - offset_short),
+                    max_dep_tb=max_dep_tb, max_xml_nodes=max_nodes, max_channels=8)
+
+    def export():
+        try:
+            return export_xml(ir, lim, fuse=fuse, instances=k)
+        except CompileError as exc:
+            return [d.message for d in exc.diagnostics]
+
+    fast = export()
+    real = me._instances_fit
+    try:
+        me._instances_fit = lambda *a: False
+        assert export() == fast
+    finally:
+        me._instances_fit = real
+
+
+def _renamed(one: str, k: int) -> list:
+    """The k-instance XML expected from the one-instance text, by msccl-tools' instance rule read
+    off the XML itself: TB ``t`` becomes TBs ``t*k + i`` on channels ``i*nch + ch``, a step on chunks
+    ``[off, off+cnt)`` uses ``[off*k + i*cnt, ...)`` in instance ``i`` and waits for TB ``depid*k + i``."""
+    import xml.etree.ElementTree as ET
+
+    algo = ET.fromstring(one)
+    nch = int(algo.get("nchannels"))
+    head = dict(algo.attrib, nchannels=str(nch * k), nchunksperloop=str(int(algo.get("nchunksperloop")) * k))
+    gpus = []
+    for gpu in algo:
+        g = dict(gpu.attrib, **{f"{b}_chunks": str(int(gpu.get(f"{b}_chunks")) * k) for b in "ios"})
+        tbs = []
+        for tb in sorted(gpu, key=lambda t: int(t.get("id"))):
+            for i in range(k):
+                steps = []
+                for st_ in tb:
+                    a = dict(st_.attrib)
+                    cnt = int(a["cnt"])
+                    for f in ("srcoff", "dstoff"):
+                        if a[f] != "-1":
+                            a[f] = str(int(a[f]) * k + i * cnt)
+                    if a["depid"] != "-1":
+                        a["depid"] = str(int(a["depid"]) * k + i)
+                    steps.append(a)
+                tbs.append((dict(tb.attrib, id=str(int(tb.get("id")) * k + i),
+                                 chan=str(i * nch + int(tb.get("chan")))), steps))
+        gpus.append((g, tbs))
+    return [head, gpus]
+
+
+def _parsed(text: str) -> list:
+    import xml.etree.ElementTree as ET
+
+    algo = ET.fromstring(text)
+    return [dict(algo.attrib), [(dict(g.attrib), [(dict(t.attrib), [dict(x.attrib) for x in t]) for t in g])
+                                for g in algo]]
+
+
+@pytest.mark.parametrize("name", ["direct_alltoall_8", "hierarchical_alltoall_2x4", "hm_allreduce_2x4",
+                                  "ring_allgather_8"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_instances_are_the_renamed_one_instance_export(name, k):
+    """Every element of a k-instance export (nop steps and their dependencies included) is the
+    one-instance export's, renamed by the instance rule (an oracle that reads only the XML)."""
+    alg = load_algorithm(EX / f"{name}.rccl")
+    _, one = export_algorithm(alg)
+    _, many = export_algorithm(alg, instances=k)
+    assert _parsed(many) == _renamed(one, k)
+
+
 def _step(s, t, sb, so, db, do, cnt):
     return (f'      <step s="{s}" type="{t}" srcbuf="{sb}" srcoff="{so}" dstbuf="{db}" dstoff="{do}" '
             f'cnt="{cnt}" depid="-1" deps="-1" hasdep="0"/>')

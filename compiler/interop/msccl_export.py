@@ -776,6 +776,38 @@ def _relabels(xs: list[_X]) -> bool:
     return all(x.cnt == 1 for x in xs)
 
 
+def _instances_fit(ir: ProgramIR, xs: list[_X], tbs: dict[int, list[_TB]], lim: XmlLimits, k: int) -> bool:
+    """Whether ``k`` instances of the one-instance layout (``xs``, ``tbs``) keep every limit that
+    :func:`_check_limits` checks, computed from the one instance: TBs, channels and elements per rank
+    times ``k``, offsets ``off*k + k*cnt - 1`` at most, dependency targets ``mtb*k + k - 1`` at most;
+    steps per TB, chunks per step and TBs per channel as they are."""
+    if max((t.nsteps for lst in tbs.values() for t in lst), default=0) > lim.max_steps:
+        return False
+    if max((x.cnt for x in xs), default=0) > lim.max_count:
+        return False
+    for x in xs:
+        for buf, off in ((x.sbuf, x.soff), (x.dbuf, x.doff)):
+            if buf != Buf.NONE and off * k + k * x.cnt - 1 > lim.max_offset:
+                return False
+    if any(xs[d].mtb * k + k - 1 > lim.max_dep_tb for x in xs for d in x.deps):
+        return False
+    nch = max((t.ch for lst in tbs.values() for t in lst), default=0) + 1
+    if nch * k > lim.max_channels or ir.nranks > lim.max_children:
+        return False
+    for lst in tbs.values():
+        per: dict[tuple[int, bool], int] = defaultdict(int)
+        for t in lst:
+            if t.send >= 0:
+                per[(t.ch, True)] += 1
+            if t.recv >= 0:
+                per[(t.ch, False)] += 1
+        if len(lst) * k > min(lim.max_tbs, lim.max_children) or max(per.values(), default=0) > lim.max_tbs_per_channel:
+            return False
+        if 1 + ir.nranks + k * (len(lst) + sum(t.nsteps for t in lst)) > lim.max_xml_nodes:
+            return False
+    return True
+
+
 def _check_limits(ir: ProgramIR, xs: list[_X], tbs: dict[int, list[_TB]], lim: XmlLimits) -> None:
     msgs: list[str] = []
 
@@ -1004,41 +1036,58 @@ def _export(ir: ProgramIR, xs0: list[_X], lim: XmlLimits, instances: int) -> str
         _reduce_deps(xs, tbs)
         _targets_first(xs, tbs)
         _number_steps(xs, tbs)
-        xs, tbs = _instantiate(xs, tbs, instances)
+        if instances > 1 and _instances_fit(ir, xs, tbs, lim, instances):
+            break
         try:
-            _check_limits(ir, xs, tbs, lim)
+            # one instance, or instances that break a limit: the materialised copies say which
+            _check_limits(ir, *_instantiate(xs, tbs, instances), lim)
             break
         except CompileError:
             if merge == 0:
                 raise
+    k = instances
     nch = max((t.ch for lst in tbs.values() for t in lst), default=0) + 1
     st = ir.stats or {}
     inplace = 1 if st.get("msccl_inplace", True) else 0
     outofplace = 1 if st.get("msccl_outofplace", True) else 0
-    k = instances
-    out = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" nchunksperloop="{ir.nchunks * k}" '
+    out = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch * k}" nchunksperloop="{ir.nchunks * k}" '
            f'ngpus="{ir.nranks}" coll="{ir.collective}" inplace="{inplace}" outofplace="{outofplace}" '
            f'minBytes="{lim.min_bytes}" maxBytes="{lim.max_bytes}">']
     L = LETTER_OF_BUF
     for rank in range(ir.nranks):
         out.append(f'  <gpu id="{rank}" i_chunks="{ir.in_chunks * k}" o_chunks="{ir.out_chunks * k}" '
                    f's_chunks="{ir.scratch_chunks * k}">')
-        for t in tbs.get(rank, []):
-            out.append(f'    <tb id="{t.id}" send="{t.send}" recv="{t.recv}" chan="{t.ch}">')
-            for i in t.members:
-                x = xs[i]
+        for t in sorted(tbs.get(rank, []), key=lambda t: t.id):
+            # each step once as text around its instance-dependent numbers (instance i: TB ids
+            # mtb*k + i, chunk offsets off*k + i*cnt; see _instantiate)
+            steps = []
+            for m in t.members:
+                x = xs[m]
                 deps = sorted(x.deps, key=lambda d: (xs[d].mtb, xs[d].s))
-                for d in deps[:-1]:
-                    out.append(f'      <step s="{x.s - len(deps) + 1 + deps.index(d)}" type="nop" srcbuf="i" '
-                               f'srcoff="-1" dstbuf="o" dstoff="-1" cnt="0" depid="{xs[d].mtb}" '
-                               f'deps="{xs[d].s}" hasdep="0"/>')
-                sb, so, db, do = _step_fields(xs, i)
-                dep_id, dep_s = (xs[deps[-1]].mtb, xs[deps[-1]].s) if deps else (-1, -1)
-                out.append(f'      <step s="{x.s}" type="{TYPE_OF_OP[x.op]}" srcbuf="{L.get(sb, "i")}" '
-                           f'srcoff="{so if sb != Buf.NONE else -1}" dstbuf="{L.get(db, "o")}" '
-                           f'dstoff="{do if db != Buf.NONE else -1}" cnt="{x.cnt}" depid="{dep_id}" '
-                           f'deps="{dep_s}" hasdep="{1 if x.hasdep else 0}"/>')
-            out.append("    </tb>")
+                for j, d in enumerate(deps[:-1]):
+                    steps.append((f'      <step s="{x.s - len(deps) + 1 + j}" type="nop" srcbuf="i" '
+                                  f'srcoff="-1" dstbuf="o" dstoff="-1" cnt="0" depid="', None, None,
+                                  None, None, xs[d].mtb, f'" deps="{xs[d].s}" hasdep="0"/>'))
+                sb, so, db, do = _step_fields(xs, m)
+                steps.append((f'      <step s="{x.s}" type="{TYPE_OF_OP[x.op]}" srcbuf="{L.get(sb, "i")}" srcoff="',
+                              so if sb != Buf.NONE else None, f'" dstbuf="{L.get(db, "o")}" dstoff="',
+                              do if db != Buf.NONE else None, f'" cnt="{x.cnt}" depid="',
+                              xs[deps[-1]].mtb if deps else None,
+                              f'" deps="{xs[deps[-1]].s if deps else -1}" hasdep="{1 if x.hasdep else 0}"/>'))
+            cnts = [xs[m].cnt for m in t.members]
+            for i in range(k):
+                out.append(f'    <tb id="{t.id * k + i}" send="{t.send}" recv="{t.recv}" chan="{i * nch + t.ch}">')
+                c_of = iter(cnts)
+                cnt = 0
+                for head, so, mid, do, tail, dep, end in steps:
+                    if mid is None:          # a nop carrying a dependency
+                        out.append(f"{head}{dep * k + i}{end}")
+                        continue
+                    cnt = next(c_of)
+                    out.append(f"{head}{-1 if so is None else so * k + i * cnt}{mid}"
+                               f"{-1 if do is None else do * k + i * cnt}{tail}"
+                               f"{-1 if dep is None else dep * k + i}{end}")
+                out.append("    </tb>")
         out.append("  </gpu>")
     out.append("</algo>")
     return "\n".join(out) + "\n"
