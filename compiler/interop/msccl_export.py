@@ -1059,31 +1059,24 @@ def _export(ir: ProgramIR, xs0: list[_X], lim: XmlLimits, instances: int) -> str
                    f's_chunks="{ir.scratch_chunks * k}">')
         for t in sorted(tbs.get(rank, []), key=lambda t: t.id):
             # each step once as text around its instance-dependent numbers (instance i: TB ids
-            # mtb*k + i, chunk offsets off*k + i*cnt; see _instantiate)
+            # mtb*k + i, chunk offsets off*k + i*cnt; see _instantiate); None is written -1
             steps = []
             for m in t.members:
                 x = xs[m]
                 deps = sorted(x.deps, key=lambda d: (xs[d].mtb, xs[d].s))
-                for j, d in enumerate(deps[:-1]):
-                    steps.append((f'      <step s="{x.s - len(deps) + 1 + j}" type="nop" srcbuf="i" '
-                                  f'srcoff="-1" dstbuf="o" dstoff="-1" cnt="0" depid="', None, None,
-                                  None, None, xs[d].mtb, f'" deps="{xs[d].s}" hasdep="0"/>'))
+                for j, d in enumerate(deps[:-1]):        # nops carrying the extra dependencies
+                    steps.append((f'      <step s="{x.s - len(deps) + 1 + j}" type="nop" srcbuf="i" srcoff="',
+                                  None, '" dstbuf="o" dstoff="', None, '" cnt="0" depid="', xs[d].mtb,
+                                  f'" deps="{xs[d].s}" hasdep="0"/>', 0))
                 sb, so, db, do = _step_fields(xs, m)
                 steps.append((f'      <step s="{x.s}" type="{TYPE_OF_OP[x.op]}" srcbuf="{L.get(sb, "i")}" srcoff="',
                               so if sb != Buf.NONE else None, f'" dstbuf="{L.get(db, "o")}" dstoff="',
                               do if db != Buf.NONE else None, f'" cnt="{x.cnt}" depid="',
                               xs[deps[-1]].mtb if deps else None,
-                              f'" deps="{xs[deps[-1]].s if deps else -1}" hasdep="{1 if x.hasdep else 0}"/>'))
-            cnts = [xs[m].cnt for m in t.members]
+                              f'" deps="{xs[deps[-1]].s if deps else -1}" hasdep="{1 if x.hasdep else 0}"/>', x.cnt))
             for i in range(k):
                 out.append(f'    <tb id="{t.id * k + i}" send="{t.send}" recv="{t.recv}" chan="{i * nch + t.ch}">')
-                c_of = iter(cnts)
-                cnt = 0
-                for head, so, mid, do, tail, dep, end in steps:
-                    if mid is None:          # a nop carrying a dependency
-                        out.append(f"{head}{dep * k + i}{end}")
-                        continue
-                    cnt = next(c_of)
+                for head, so, mid, do, tail, dep, end, cnt in steps:
                     out.append(f"{head}{-1 if so is None else so * k + i * cnt}{mid}"
                                f"{-1 if do is None else do * k + i * cnt}{tail}"
                                f"{-1 if dep is None else dep * k + i}{end}")
