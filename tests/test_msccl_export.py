@@ -164,6 +164,16 @@ def test_unfused_when_one_thread_block_would_need_two_peers():
     same_results(ir, import_xml_text(text))
 
 
+def test_fusing_a_task_level_program_falls_back_when_merging_orders_against_a_path():
+    """hccc's own tree AllReduce export is task-level (TBs ordered by the schedule, not by steps):
+    merging a receive TB with its forwarding send TB orders a pair of them against a path through a
+    third TB of the rank. The fused attempt is dropped and the plain export written."""
+    ir = import_xml(ROOT / "tests" / "golden" / "tree_allreduce_4.xml")
+    plain = export_xml(ir)
+    assert export_xml(ir, fuse=True) == plain
+    same_results(ir, import_xml_text(plain))
+
+
 # ------------------------------------------------------------------ limits
 def test_step_limit_names_thread_block_and_option():
     ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")

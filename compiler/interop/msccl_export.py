@@ -65,6 +65,13 @@ def _copy(x: _X) -> _X:
               x.peer_x, x.peer_x2, x.mtb, x.idx, x.s, x.hasdep, x.key)
 
 
+class _OrderCycle(AssertionError):
+    """Program order and dependencies of one rank's MSCCL thread blocks form a cycle: an internal
+    error, except after fusing a program whose thread blocks are not ordered like its steps (a
+    task-level program), where merging two thread blocks can order a pair against a path through a
+    third one; that fused export is then dropped for the plain one (:func:`_export_checked`)."""
+
+
 def _err(msgs: list[str]) -> CompileError:
     return CompileError([Diagnostic(m, None) for m in msgs])
 
@@ -670,7 +677,7 @@ def _reduce_deps(xs: list[_X], tbs: dict[int, list[_TB]]) -> None:
                 if indeg[j] == 0:
                     ready.append(j)
         if len(order) != len(members):
-            raise AssertionError("internal error: dependency cycle after splitting thread blocks")
+            raise _OrderCycle("internal error: dependency cycle after splitting thread blocks")
         # clocks are Python lists (a rank has few TBs: list operations beat numpy's per-call cost);
         # a primitive without dependencies shares its predecessor's clock until it changes one entry
         vc: dict[int, list] = {}
@@ -1010,7 +1017,12 @@ def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
         xs = _fuse_forwarding([_copy(x) for x in xs0]) if fused else xs0
         if fused and xs is xs0:
             continue          # nothing to fuse: the plain export below is the same
-        text = _export(ir, xs, lim, instances)
+        try:
+            text = _export(ir, xs, lim, instances)
+        except _OrderCycle:
+            if not fused:
+                raise
+            continue          # fusing ordered two thread blocks against a path between them
         if not prove or (not fused and (instances == 1 or _relabels(xs))):
             return text
         try:
