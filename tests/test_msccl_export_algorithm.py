@@ -112,34 +112,75 @@ def test_one_chunk_instances_are_a_renaming(monkeypatch, name):
     emu.check(text, seed=3, capacity=2)
 
 
-@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.integers(2, 4),
-       st.integers(4, 64), st.integers(2, 16), st.integers(0, 3), st.integers(1, 12), st.integers(40, 2000))
+def _broken_limits(text: str, lim: XmlLimits) -> list[str]:
+    """The runtime limits an MSCCL XML text breaks, read off the text alone (the oracle of the
+    exporter's limit check)."""
+    import xml.etree.ElementTree as ET
+
+    algo = ET.fromstring(text)
+    ngpus = len(algo)
+    broken = []
+    if int(algo.get("nchannels")) > lim.max_channels:
+        broken.append("channels")
+    for gpu in algo:
+        tbs = list(gpu)
+        steps = [list(tb) for tb in tbs]
+        if len(tbs) > lim.max_tbs:
+            broken.append("tbs")
+        if 1 + ngpus + len(tbs) + sum(map(len, steps)) > lim.max_xml_nodes:
+            broken.append("elements")
+        if len(tbs) > lim.max_children or ngpus > lim.max_children:
+            broken.append("children")
+        for end in ("send", "recv"):
+            per = collections.Counter(tb.get("chan") for tb in tbs if tb.get(end) != "-1")
+            if per and max(per.values()) > lim.max_tbs_per_channel:
+                broken.append("tbs per channel")
+        for tb, ss in zip(tbs, steps):
+            if len(ss) > lim.max_steps:
+                broken.append("steps")
+            for x in ss:
+                cnt = int(x.get("cnt"))
+                if cnt > lim.max_count:
+                    broken.append("count")
+                if any(x.get(f) != "-1" and int(x.get(f)) + cnt - 1 > lim.max_offset for f in ("srcoff", "dstoff")):
+                    broken.append("offset")
+                if int(x.get("depid")) > lim.max_dep_tb:
+                    broken.append("dependency")
+    return sorted(set(broken))
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.integers(1, 4),
+       st.integers(4, 64), st.integers(2, 16), st.integers(0, 3), st.integers(1, 12), st.integers(40, 2000),
+       st.integers(1, 4), st.integers(1, 8))
 @settings(max_examples=60, deadline=None)
-def test_instances_written_from_one_instance_equal_materialised_ones(alg, fuse, k, max_steps, max_tbs,
-                                                                     offset_short, max_dep_tb, max_nodes):
-    """The export writes instances from the one-instance layout after a limit test computed from it;
-    materialising every copy and checking those (the reference) gives the same text or error. The
-    offset limit sits at the largest offset k instances can use, or up to 3 below it."""
+def test_limit_check_agrees_with_the_written_xml(alg, merge, k, max_steps, max_tbs, offset_short, max_dep_tb,
+                                                 max_nodes, per_channel, channels):
+    """The exporter's limit check (on its columns, instances materialised) refuses a layout exactly
+    when the XML written from it breaks a limit read off the text. The offset limit sits at the
+    largest offset k instances can use, or up to 3 below it."""
     import hccc.compiler.interop.msccl_export as me
+    from hccc.compiler.interop import msccl_prims as mp
+    from hccc.compiler.interop import msccl_tbs as mt
 
     ir = build_algorithm_level(alg)
     top = max(ir.in_chunks, ir.out_chunks, ir.scratch_chunks) * k - 1
     lim = XmlLimits(max_steps=max_steps, max_tbs=max_tbs, max_offset=max(0, top - offset_short),
-                    max_dep_tb=max_dep_tb, max_xml_nodes=max_nodes, max_channels=8)
-
-    def export():
-        try:
-            return export_xml(ir, lim, fuse=fuse, instances=k)
-        except CompileError as exc:
-            return [d.message for d in exc.diagnostics]
-
-    fast = export()
-    real = me._instances_fit
+                    max_dep_tb=max_dep_tb, max_xml_nodes=max_nodes, max_channels=channels,
+                    max_tbs_per_channel=per_channel)
+    lay = mt.assign_tbs(mp.unfuse(mp.allgather_sources(ir, mp.from_ir(ir))), max_steps if merge else 0)
+    mt.spread_channels(lay, lim)
+    mt.reduce_deps(lay)
+    mt.targets_first(lay)
+    mt.number_steps(lay)
+    full = mt.instantiate(lay, k)
+    broken = _broken_limits(me._text(ir, full, lim, k), lim)
     try:
-        me._instances_fit = lambda *a: False
-        assert export() == fast
-    finally:
-        me._instances_fit = real
+        me._check_limits(ir, full, lim)
+        refused = []
+    except CompileError as exc:
+        refused = [d.message for d in exc.diagnostics]
+    assert bool(refused) == bool(broken), (refused, broken)
+    assert len(refused) == len(broken) or "children" in broken
 
 
 def _renamed(one: str, k: int) -> list:

@@ -90,3 +90,13 @@ def test_unique_inverse_is_numpys(seed, n, rng_, dtype):
     wu, winv = np.unique(a, return_inverse=True)
     assert u.dtype == wu.dtype and np.array_equal(u, wu)
     assert inv.dtype == winv.dtype and inv.shape == winv.shape and np.array_equal(inv, winv)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), sizes, ranges, st.sampled_from([np.int64, np.int32, np.uint16]))
+def test_unique_first_is_numpys(seed, n, rng_, dtype):
+    from hccc.compiler.ir.sort_order import unique_first
+    a = _keys(seed, n, *rng_, dtype)
+    u, first, inv = unique_first(a)
+    wu, wfirst, winv = np.unique(a, return_index=True, return_inverse=True)
+    assert np.array_equal(u, wu) and np.array_equal(first, wfirst) and np.array_equal(inv, winv)

@@ -9,7 +9,7 @@ that: when they are distinct, every sort gives the one order); :func:`lexsort` f
 its keys into one the same way (a least significant key that increases along the array, such
 as ``np.arange(n)``, is the index order every stable sort keeps, so it is left out). Small arrays, non-integer keys and key ranges too wide to fold use
 numpy's stable sorts, so the result is always exactly ``np.argsort(key, kind="stable")`` /
-``np.lexsort(keys)`` (``tests/test_sort_order.py``). :func:`unique` is ``np.unique`` by one sort, :func:`unique_inverse` with ``return_inverse``.
+``np.lexsort(keys)`` (``tests/test_sort_order.py``). :func:`unique` is ``np.unique`` by one sort, :func:`unique_inverse` with ``return_inverse``, :func:`unique_first` also with ``return_index``.
 """
 from __future__ import annotations
 
@@ -75,6 +75,20 @@ def unique(a: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def unique_first(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(a, return_index=True, return_inverse=True)`` for a 1-D integer ``a``: the
+    distinct values, the index of each one's first occurrence, and each element's value number."""
+    a = np.asarray(a)
+    n = len(a)
+    order = stable_argsort(a)
+    s = a[order]
+    change = np.ones(n, bool)
+    np.not_equal(s[1:], s[:-1], out=change[1:])
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(change) - 1
+    return s[change], order[change], inverse
+
+
 def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(a, return_inverse=True)`` for a 1-D integer ``a``: one sort of codes that carry
     each element's index (no argsort)."""
@@ -100,4 +114,4 @@ def unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (sv[first] + lo).astype(a.dtype, copy=False), inv
 
 
-__all__ = ["stable_argsort", "lexsort", "unique", "unique_inverse", "FAST_FROM"]
+__all__ = ["stable_argsort", "lexsort", "unique", "unique_first", "unique_inverse", "FAST_FROM"]

@@ -1,0 +1,503 @@
+"""MSCCL thread blocks for the export's primitive table: which thread block runs each row, in
+which order, on which channel, which waits remain, and the step numbers (:class:`Layout`).
+
+An MSCCL thread block (TB) has one send peer, one receive peer and one channel, so the rows of a
+component of connection ends (:func:`~hccc.compiler.interop.msccl_prims.end_components`) share
+one. In order:
+
+1. :func:`assign_tbs`: one TB per component (merging the components of one hccc TB while they
+   fit), local rows join a neighbour of their hccc TB, and where an hccc TB was split its order is
+   kept with waits;
+2. :func:`spread_channels`: connections move to other channels where a channel has too many peer
+   TBs on one rank;
+3. :func:`reduce_deps`: waits implied by program order and other waits are dropped (vector clocks,
+   computed wave by wave over all ranks at once);
+4. :func:`targets_first`: TBs that others wait for get the small ids (the runtimes store 8 bits);
+5. :func:`number_steps`: step numbers (extra waits of a row become ``nop`` steps before it);
+6. :func:`instantiate`: ``k`` instances of the layout (msccl-tools' ``instances``).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from hccc.compiler.interop.msccl_format import XmlLimits
+from hccc.compiler.interop.msccl_prims import Prims, end_components, unique_waits
+from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_first
+
+
+class OrderCycle(AssertionError):
+    """Program order and waits of one rank's MSCCL thread blocks form a cycle: an internal error,
+    except after fusing a program whose thread blocks are not ordered like its steps (a task-level
+    program), where merging two thread blocks can order a pair against a path through a third one;
+    that fused export is then dropped for the plain one."""
+
+
+@dataclass(slots=True)
+class Layout:
+    """The rows (with the waits that remain) and the MSCCL thread blocks that run them.
+
+    Thread blocks are the rows of the ``tb_*`` arrays, ordered by rank (ranks in the order their
+    first thread block was made) and id within the rank."""
+
+    rows: Prims
+    tb_rank: np.ndarray
+    tb_send: np.ndarray       # send peer or -1
+    tb_recv: np.ndarray       # recv peer or -1
+    tb_ch: np.ndarray
+    tb_htb: np.ndarray        # the hccc thread block it came from
+    tb_id: np.ndarray         # id within its rank
+    tb_nsteps: np.ndarray     # steps, nops included
+    tb: np.ndarray            # per row: its thread block (index into the tb_* arrays)
+    idx: np.ndarray           # per row: position among its thread block's rows
+    s: np.ndarray             # per row: XML step number
+    hasdep: np.ndarray        # per row: another row waits for it
+
+    @property
+    def mtb(self) -> np.ndarray:
+        """Per row: the id of its thread block within its rank."""
+        return self.tb_id[self.tb]
+
+    @property
+    def ntbs(self) -> int:
+        return len(self.tb_rank)
+
+    def members(self) -> np.ndarray:
+        """Rows ordered by (thread block, position)."""
+        return lexsort((self.idx, self.tb))
+
+
+def _half_steps(pos: np.ndarray) -> np.ndarray:
+    """Positions (whole or half steps) as integers of the same order, for the integer sorts."""
+    return (pos * 2).astype(np.int64)
+
+
+def _first_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values and the row of each one's first occurrence."""
+    u, first, _ = unique_first(values)
+    return u, first
+
+
+def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
+    """MSCCL thread blocks: one per component of connection ends (+ local-only ones).
+
+    With ``merge_up_to > 0``, components of one hccc thread block are merged (first fit, same
+    channel, at most one send and one receive peer, at most that many primitives): they ran one
+    after another in that thread block anyway, so merging adds no wait and saves thread blocks.
+    """
+    n = len(rows)
+    ends = end_components(rows)
+    nc = ends.ncomp
+    pc = ends.row_comp()
+    peer_rows = np.flatnonzero(pc >= 0)
+    size = np.bincount(pc[peer_rows], minlength=nc)
+    u, fi = _first_rows(pc[peer_rows])
+    first_row = np.full(nc, -1, np.int64)
+    first_row[u] = peer_rows[fi]
+    rev = peer_rows[::-1]
+    u, li = _first_rows(pc[rev])
+    last_row = np.full(nc, -1, np.int64)
+    last_row[u] = rev[li]
+    comp_send = np.full(nc, -1, np.int64)
+    comp_recv = np.full(nc, -1, np.int64)
+    comp_send[ends.comp[ends.sends]] = ends.peer[ends.sends]
+    comp_recv[ends.comp[~ends.sends]] = ends.peer[~ends.sends]
+    group = np.arange(nc)
+    if merge_up_to > 0 and nc:
+        h_rank, h_htb = rows.rank[last_row], rows.htb[last_row]
+        first_pos, ch = rows.pos[first_row], rows.ch[first_row]
+        cur = None
+        groups: list[list] = []      # [root, sends, receives, channel, size]
+        by_htb = lexsort((_half_steps(first_pos), h_htb, h_rank))
+        alone = np.ones(nc, bool)    # the only component of its hccc TB: nothing to merge
+        twin = (h_rank[by_htb][1:] == h_rank[by_htb][:-1]) & (h_htb[by_htb][1:] == h_htb[by_htb][:-1])
+        alone[by_htb[1:][twin]] = alone[by_htb[:-1][twin]] = False
+        for r in by_htb[~alone[by_htb]].tolist():
+            if (h_rank[r], h_htb[r]) != cur:
+                cur, groups = (h_rank[r], h_htb[r]), []
+            se, re_, c = comp_send[r] >= 0, comp_recv[r] >= 0, ch[r]
+            for g in groups:
+                if g[3] == c and not (g[1] and se) and not (g[2] and re_) and g[4] + size[r] <= merge_up_to:
+                    g[1] |= se
+                    g[2] |= re_
+                    g[4] += size[r]
+                    group[r] = g[0]
+                    break
+            else:
+                groups.append([r, se, re_, c, size[r]])
+    g_send = np.full(nc, -1, np.int64)
+    g_recv = np.full(nc, -1, np.int64)
+    np.maximum.at(g_send, group, comp_send)
+    np.maximum.at(g_recv, group, comp_recv)
+    # one TB per group, made in the order of the group's first row
+    gid = group[pc[peer_rows]]
+    gu, gfirst = _first_rows(gid)
+    made = stable_argsort(gfirst)
+    tb_of_group = np.full(nc, -1, np.int64)
+    tb_of_group[gu[made]] = np.arange(len(gu))
+    head = peer_rows[gfirst[made]]
+    tb_rank, tb_ch, tb_htb = rows.rank[head], rows.ch[head], rows.htb[head]
+    tb_send, tb_recv = g_send[gu[made]], g_recv[gu[made]]
+    owner = np.full(n, -1, np.int64)
+    owner[peer_rows] = tb_of_group[gid]
+    # local rows join the TB of the closest peer row before them in their hccc TB (after them
+    # when there is none); an hccc TB without peer rows gets a local TB
+    order = lexsort((_half_steps(rows.pos), rows.htb, rows.rank))
+    o = owner[order]
+    seg = np.ones(n, bool)
+    seg[1:] = (rows.rank[order][1:] != rows.rank[order][:-1]) | (rows.htb[order][1:] != rows.htb[order][:-1])
+    begins = np.flatnonzero(seg)
+    seg_id = np.cumsum(seg) - 1
+    at = np.arange(n)
+    last_valid = np.maximum.accumulate(np.where(o >= 0, at, -1)) if n else at
+    first_valid = np.minimum.reduceat(np.where(o >= 0, at, n), begins) if n else begins
+    fill = np.where(last_valid >= begins[seg_id], o[np.maximum(last_valid, 0)],
+                    np.where(first_valid[seg_id] < n, o[np.minimum(first_valid[seg_id], n - 1)], -1))
+    lonely = np.flatnonzero(first_valid == n)          # hccc TBs without peer rows
+    nt = len(tb_rank)
+    fill = np.where(fill < 0, nt + np.searchsorted(lonely, seg_id), fill)
+    first_of = order[begins[lonely]]
+    tb_rank = np.concatenate([tb_rank, rows.rank[first_of]])
+    tb_htb = np.concatenate([tb_htb, rows.htb[first_of]])
+    tb_ch = np.concatenate([tb_ch, np.zeros(len(lonely), np.int64)])
+    tb_send = np.concatenate([tb_send, np.full(len(lonely), -1, np.int64)])
+    tb_recv = np.concatenate([tb_recv, np.full(len(lonely), -1, np.int64)])
+    tb = np.empty(n, np.int64)
+    tb[order] = fill
+    # members by position; at equal positions (one component served by two hccc TBs) peer rows
+    # in row order, then local rows in (hccc TB, position) order
+    local = owner < 0
+    second = np.empty(n, np.int64)
+    second[order] = at
+    second = np.where(local, second, np.arange(n))
+    mem = lexsort((second, local, _half_steps(rows.pos), tb))
+    nt = len(tb_rank)
+    counts = np.bincount(tb, minlength=nt)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    idx = np.empty(n, np.int64)
+    idx[mem] = at - np.repeat(starts, counts)
+    # ids: a rank's TBs by (hccc TB, position of the first member), in order made at ties
+    first_pos = rows.pos[mem[starts]] if n else np.zeros(0)
+    by_id = lexsort((_half_steps(first_pos), tb_htb, tb_rank))
+    tb_id = np.empty(nt, np.int64)
+    rk = tb_rank[by_id]
+    rstart = np.concatenate([[True], rk[1:] != rk[:-1]]) if nt else np.zeros(0, bool)
+    rbeg = np.flatnonzero(rstart)
+    tb_id[by_id] = np.arange(nt) - np.repeat(rbeg, np.diff(np.append(rbeg, nt)))
+    # where an hccc TB was split, its order is kept with waits
+    same = ~seg[1:] & (tb[order][1:] != tb[order][:-1])
+    wa = np.concatenate([rows.wait_a, order[1:][same]])
+    wb = np.concatenate([rows.wait_b, order[:-1][same]])
+    out = Prims(*(getattr(rows, f.name) for f in fields(Prims)))
+    out.wait_a, out.wait_b = unique_waits(wa, wb, n)
+    lay = Layout(out, tb_rank, tb_send, tb_recv, tb_ch, tb_htb, tb_id, np.zeros(nt, np.int64), tb, idx,
+                 np.zeros(n, np.int64), np.zeros(n, bool))
+    return _canonical(lay)
+
+
+def _canonical(lay: Layout) -> Layout:
+    """The thread-block table ordered by rank (ranks in the order their first TB was made: the
+    table's present order) and id."""
+    nt = lay.ntbs
+    made = np.full(int(lay.tb_rank.max(initial=-1)) + 1, nt, np.int64)
+    np.minimum.at(made, lay.tb_rank, np.arange(nt))
+    perm = lexsort((lay.tb_id, made[lay.tb_rank]))
+    inv = np.empty(nt, np.int64)
+    inv[perm] = np.arange(nt)
+    for f in ("tb_rank", "tb_send", "tb_recv", "tb_ch", "tb_htb", "tb_id", "tb_nsteps"):
+        setattr(lay, f, getattr(lay, f)[perm])
+    lay.tb = inv[lay.tb]
+    return lay
+
+
+# ---------------------------------------------------------------------------------------------
+def _over_channel_limit(lay: Layout, lim: XmlLimits) -> bool:
+    nch = int(lay.tb_ch.max(initial=0)) + 1
+    for peer in (lay.tb_send, lay.tb_recv):
+        m = peer >= 0
+        if m.any() and np.bincount(lay.tb_rank[m] * nch + lay.tb_ch[m]).max() > lim.max_tbs_per_channel:
+            return True
+    return False
+
+
+def spread_channels(lay: Layout, lim: XmlLimits) -> None:
+    """Move whole connections to other channels where a (rank, channel) has too many peer TBs.
+
+    A connection's two thread blocks must share its channel, and a thread block has one channel,
+    so connections linked through thread blocks move together (union-find). Groups keep their
+    channel when it fits; others take the lowest channel where every rank stays within
+    ``max_tbs_per_channel`` sending and receiving thread blocks and no connection appears twice.
+    Messages keep their order: a connection moves with all of its messages.
+    """
+    if not _over_channel_limit(lay, lim):
+        return
+    from networkx.utils import UnionFind    # imported here: networkx is slow to import
+    rank, send, recv, ch, tid = (a.tolist() for a in (lay.tb_rank, lay.tb_send, lay.tb_recv, lay.tb_ch, lay.tb_id))
+    uf = UnionFind()
+    owner: dict = {}
+    by_rank = sorted(range(lay.ntbs), key=lambda t: (rank[t], tid[t]))
+    for t in by_rank:
+        uf[t]
+        if send[t] >= 0:
+            owner.setdefault((rank[t], send[t], ch[t]), []).append(t)
+        if recv[t] >= 0:
+            owner.setdefault((recv[t], rank[t], ch[t]), []).append(t)
+    for ts in owner.values():
+        uf.union(*ts)
+    groups: dict = defaultdict(list)
+    for t in by_rank:
+        if send[t] >= 0 or recv[t] >= 0:
+            groups[uf[t]].append(t)
+    count: dict = defaultdict(int)     # (rank, channel, 0 send / 1 recv) -> thread blocks
+    used: set = set()                  # (sender, receiver, channel)
+    for g in sorted(groups.values(), key=lambda g: (ch[g[0]], rank[g[0]], tid[g[0]])):
+        conns = {(rank[t], send[t]) for t in g if send[t] >= 0}
+        sends: dict = defaultdict(int)
+        recvs: dict = defaultdict(int)
+        for t in g:
+            if send[t] >= 0:
+                sends[rank[t]] += 1
+            if recv[t] >= 0:
+                recvs[rank[t]] += 1
+
+        def fits(c):
+            return (all((a, b, c) not in used for a, b in conns)
+                    and all(count[(r, c, 0)] + k <= lim.max_tbs_per_channel for r, k in sends.items())
+                    and all(count[(r, c, 1)] + k <= lim.max_tbs_per_channel for r, k in recvs.items()))
+        c = ch[g[0]] if fits(ch[g[0]]) else next((c for c in range(lim.max_channels) if fits(c)), None)
+        if c is None:
+            break    # the limit check reports the overflow
+        for t in g:
+            ch[t] = c
+        used |= {(a, b, c) for a, b in conns}
+        for r, k in sends.items():
+            count[(r, c, 0)] += k
+        for r, k in recvs.items():
+            count[(r, c, 1)] += k
+    lay.tb_ch = np.array(ch, np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+def _ranges(ptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(ptr[v], ptr[v+1])`` for the given nodes (a CSR row gather)."""
+    lo, hi = ptr[nodes], ptr[nodes + 1]
+    ln = hi - lo
+    tot = int(ln.sum())
+    if not tot:
+        return np.zeros(0, np.int64)
+    return np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(tot)
+
+
+#: clock entries (rows x thread blocks of a rank) held at once: ranks are done in batches this big
+CLOCK_ENTRIES = 1 << 25
+
+
+def reduce_deps(lay: Layout) -> None:
+    """Drop same-TB waits and those implied by program order and other waits.
+
+    Vector clocks over one rank's thread blocks, propagated along program order and waits in waves
+    of rows whose predecessors are done, for a batch of ranks at once (waits stay within a rank; a
+    batch holds at most :data:`CLOCK_ENTRIES` clock entries). A sound under-approximation of
+    happens-before: kept waits may still be implied through other ranks, never the other way
+    round. A wait of row ``i`` for ``d`` is implied when ``i``'s predecessor in its TB already
+    follows ``d``, or when another wait of ``i`` follows ``d``."""
+    rows = lay.rows
+    n = len(rows)
+    mtb, idx, tb = lay.mtb, lay.idx, lay.tb
+    a, b = rows.wait_a, rows.wait_b
+    if np.any(rows.rank[a] != rows.rank[b]):
+        raise AssertionError("internal error: a wait between two ranks")
+    same = tb[a] == tb[b]
+    if np.any(same & (idx[b] > idx[a])):
+        raise OrderCycle("internal error: a primitive waits for a later one of its own thread block")
+    a, b = a[~same], b[~same]
+    mem = lay.members()
+    prev = np.full(n, -1, np.int64)              # the row before in its TB (-1: none)
+    follows = tb[mem][1:] == tb[mem][:-1]
+    prev[mem[1:][follows]] = mem[:-1][follows]
+    # batches of whole ranks, each with at most CLOCK_ENTRIES clock entries (or one rank)
+    by_rank = stable_argsort(rows.rank)
+    ranks, rstart = np.unique(rows.rank[by_rank], return_index=True)
+    rend = np.append(rstart[1:], n)
+    ntb = np.zeros(len(ranks), np.int64)
+    np.maximum.at(ntb, np.searchsorted(ranks, rows.rank), mtb + 1)
+    wait_order = stable_argsort(rows.rank[a])
+    a, b = a[wait_order], b[wait_order]
+    wbound = np.searchsorted(rows.rank[a], np.append(ranks, np.iinfo(np.int64).max))
+    keep = np.zeros(len(a), bool)
+    lo = 0
+    while lo < len(ranks):
+        hi, width = lo + 1, ntb[lo]
+        while hi < len(ranks) and (rend[hi] - rstart[lo]) * max(width, ntb[hi]) <= CLOCK_ENTRIES:
+            width = max(width, ntb[hi])
+            hi += 1
+        nodes = np.sort(by_rank[rstart[lo]:rend[hi - 1]])
+        e = slice(wbound[lo], wbound[hi])
+        keep[e] = _reduce_batch(nodes, prev, a[e], b[e], mtb, idx, int(width))
+        lo = hi
+    keep_a, keep_b = a[keep], b[keep]
+    o = lexsort((keep_b, keep_a))
+    rows.wait_a, rows.wait_b = keep_a[o], keep_b[o]
+
+
+def _reduce_batch(nodes: np.ndarray, prev_g: np.ndarray, a_g: np.ndarray, b_g: np.ndarray, mtb_g: np.ndarray,
+                  idx_g: np.ndarray, width: int) -> np.ndarray:
+    """Which waits ``a_g -> b_g`` (rows of the ranks ``nodes`` covers) :func:`reduce_deps` keeps."""
+    m = len(nodes)
+    a = np.searchsorted(nodes, a_g)
+    b = np.searchsorted(nodes, b_g)
+    mtb, idx = mtb_g[nodes], idx_g[nodes]
+    pg = prev_g[nodes]
+    prev = np.where(pg >= 0, np.searchsorted(nodes, pg), m)      # m: the zero clock
+    nxt = np.full(m, -1, np.int64)
+    nxt[prev[prev < m]] = np.flatnonzero(prev < m)
+    order = lexsort((b, a))
+    a, b = a[order], b[order]
+    in_ptr = np.searchsorted(a, np.arange(m + 1))                  # waits by waiter
+    by_b = stable_argsort(b)
+    out_ptr = np.searchsorted(b[by_b], np.arange(m + 1))
+    indeg = (prev < m).astype(np.int64) + np.diff(in_ptr)
+    vc = np.zeros((m + 1, width), np.int32 if idx.max(initial=0) >= 32767 else np.int16)
+    frontier = np.flatnonzero(indeg == 0)
+    done = 0
+    while len(frontier):
+        vc[frontier] = vc[prev[frontier]]
+        e = _ranges(in_ptr, frontier)
+        if len(e):       # waits of one row are adjacent: reduce them, then merge into its clock
+            w = a[e]
+            heads = np.flatnonzero(np.concatenate([[True], w[1:] != w[:-1]]))
+            vc[w[heads]] = np.maximum(vc[w[heads]], np.maximum.reduceat(vc[b[e]], heads, axis=0))
+        vc[frontier, mtb[frontier]] = idx[frontier] + 1
+        done += len(frontier)
+        nx = nxt[frontier]
+        succ = np.concatenate([nx[nx >= 0], a[by_b[_ranges(out_ptr, frontier)]]])
+        np.subtract.at(indeg, succ, 1)
+        ready = np.sort(succ[indeg[succ] == 0])
+        frontier = ready[np.concatenate([[True], ready[1:] != ready[:-1]])] if len(ready) else ready
+    if done < m:
+        raise OrderCycle("internal error: dependency cycle after splitting thread blocks")
+    keep = np.zeros(len(a), bool)
+    need = idx[b] + 1                            # a row follows d when its clock has d's TB at need
+    cand = np.flatnonzero(vc[prev[a], mtb[b]] < need)
+    # the other candidate waits of the same row: pairs within each row's candidates
+    ca = a[cand]
+    first = np.searchsorted(ca, ca)
+    size = np.searchsorted(ca, ca, side="right") - first
+    single = size == 1
+    keep[cand[single]] = True
+    multi = np.flatnonzero(~single)
+    if len(multi):
+        reps = size[multi]
+        j = np.repeat(multi, reps)                                  # candidate d, once per candidate e
+        e = np.repeat(first[multi], reps) + (np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps))
+        other = e != j
+        j, e = j[other], e[other]
+        d = b[cand[j]]
+        implied = np.zeros(len(cand), bool)
+        implied[j[vc[b[cand[e]], mtb[d]] >= need[cand[j]]]] = True
+        keep[cand[multi]] = ~implied[multi]
+    out = np.zeros(len(a), bool)
+    out[order] = keep
+    return out
+
+
+def targets_first(lay: Layout) -> None:
+    """Renumber each rank's TBs so those that others wait for come first (the runtimes store the
+    waited-for TB id in 8 bits); otherwise keep the order."""
+    rows = lay.rows
+    mtb = lay.mtb
+    if not len(rows.wait_b) or mtb[rows.wait_b].max() < 128:
+        return
+    waited = np.zeros(lay.ntbs, bool)
+    waited[lay.tb[rows.wait_b]] = True
+    top = np.zeros(int(lay.tb_rank.max()) + 1, np.int64)
+    np.maximum.at(top, lay.tb_rank, np.where(waited, lay.tb_id, -1))
+    redo = top[lay.tb_rank] >= 128
+    order = lexsort((lay.tb_id, ~waited, lay.tb_rank))
+    order = order[redo[order]]
+    rk = lay.tb_rank[order]
+    beg = np.flatnonzero(np.concatenate([[True], rk[1:] != rk[:-1]])) if len(order) else np.zeros(0, np.int64)
+    lay.tb_id[order] = np.arange(len(order)) - np.repeat(beg, np.diff(np.append(beg, len(order))))
+    _canonical(lay)
+
+
+def number_steps(lay: Layout) -> None:
+    """Step numbers: each row after the ``nop`` steps carrying all but one of its waits."""
+    rows = lay.rows
+    n = len(rows)
+    nd = np.bincount(rows.wait_a, minlength=n)
+    extra = np.maximum(nd - 1, 0)
+    mem = lay.members()
+    width = (extra + 1)[mem]
+    end = np.cumsum(width)
+    counts = np.bincount(lay.tb, minlength=lay.ntbs)
+    tb_end = np.cumsum(counts)
+    base = np.concatenate([[0], end[tb_end[:-1] - 1]]) if lay.ntbs else np.zeros(0, np.int64)
+    s = np.empty(n, np.int64)
+    s[mem] = end - 1 - np.repeat(base, counts)
+    lay.s = s
+    lay.tb_nsteps = np.where(counts > 0, end[np.maximum(tb_end - 1, 0)] - base, 0) if n else counts
+    lay.hasdep = np.zeros(n, bool)
+    lay.hasdep[rows.wait_b] = True
+
+
+def instantiate(lay: Layout, k: int) -> Layout:
+    """``k`` instances of the layout (msccl-tools' ``instances``): every MSCCL TB becomes ``k`` TBs
+    (ids ``id*k + i``, channel ``i*nchannels + ch``), each moving its own ``1/k`` of every chunk
+    range: a step on chunks ``[off, off+cnt)`` moves chunks ``[off*k + i*cnt, off*k + (i+1)*cnt)`` of
+    the ``k`` times finer buffers in instance ``i``.
+
+    With one-chunk steps (:func:`relabels`) instance ``i`` is the one-instance program with chunk
+    ``c`` of every buffer of every rank renamed ``c*k + i``: one renaming for all buffers and ranks,
+    so each fine chunk follows the path of its coarse chunk, and the postconditions of the exported
+    collectives are invariant under it (AllReduce ``out[c] = sum in[c]``; AllGather
+    ``out[s*I + j] = in_s[j]`` becomes ``out[s*I*k + j*k + i] = in_s[j*k + i]`` with ``I*k`` input
+    chunks; ReduceScatter and AllToAll alike; an in-place alias at chunk ``r*I`` stays one at
+    ``r*I*k``). The instances share no TB, channel or dependency, so they are deadlock-free when one
+    is. Multi-chunk ranges are renamed per step and need not agree between steps: the exporter then
+    proves the result with the importer."""
+    if k == 1:
+        return lay
+    from hccc.compiler.ir.program_ir import Buf
+    rows = lay.rows
+    n, nt = len(rows), lay.ntbs
+    nch = int(lay.tb_ch.max(initial=0)) + 1
+    inst = np.repeat(np.arange(k), n)
+
+    def tile(col):
+        return np.concatenate([col] * k)
+
+    def shift(col):
+        t = tile(col)
+        return np.where(t >= 0, t + inst * n, -1)
+
+    new = Prims(*(tile(getattr(rows, f.name)) for f in fields(Prims)))
+    new.peer_x, new.peer_x2 = shift(rows.peer_x), shift(rows.peer_x2)
+    for buf, off in (("sbuf", "soff"), ("dbuf", "doff")):
+        o = getattr(new, off)
+        setattr(new, off, np.where(getattr(new, buf) != int(Buf.NONE), o * k + inst * new.cnt, o))
+    m = len(rows.wait_a)
+    new.wait_a = tile(rows.wait_a) + np.repeat(np.arange(k), m) * n
+    new.wait_b = tile(rows.wait_b) + np.repeat(np.arange(k), m) * n
+    # TBs: each rank's list by id, instance copies next to each other (ids id*k + i)
+    ti = np.repeat(np.arange(k), nt)
+    src = np.tile(np.arange(nt), k)
+    tb_rows = lexsort((ti, src))               # canonical order: rank, id, instance
+    src, ti = src[tb_rows], ti[tb_rows]
+    row_of = np.empty(nt * k, np.int64)
+    row_of[tb_rows] = np.arange(nt * k)            # (instance, TB) -> new table row
+    return Layout(new, lay.tb_rank[src], lay.tb_send[src], lay.tb_recv[src], ti * nch + lay.tb_ch[src],
+                  lay.tb_htb[src], lay.tb_id[src] * k + ti, lay.tb_nsteps[src],
+                  row_of[inst * nt + tile(lay.tb)], tile(lay.idx), tile(lay.s), tile(lay.hasdep))
+
+
+def relabels(rows: Prims) -> bool:
+    """Whether :func:`instantiate` is a renaming of chunks for these rows (every one moves one
+    chunk), so that ``k`` instances are correct when one is."""
+    return bool(np.all(rows.cnt == 1))
+
+
+__all__ = ["Layout", "OrderCycle", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
+           "number_steps", "instantiate", "relabels"]
