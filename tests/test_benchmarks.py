@@ -155,3 +155,21 @@ def test_startup_benchmark_times_both_entry_points_and_msccl(tmp_path):
     assert "python -m hccc / msccl-tools:" in out.stdout
     if (Path(sys.executable).with_name("hccc")).is_file():
         assert "(console script)" in out.stdout
+
+
+def test_xml_scale_phases_are_the_export(tmp_path):
+    """xml_scale's phase-by-phase export writes what export_algorithm writes (same steps), and its
+    phases cover the export."""
+    xs = _load("xml_scale")
+    from hccc.compiler.frontend.generators import hm_allreduce_rccl
+    from hccc.compiler.interop.msccl_export import export_algorithm
+    from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.pipeline import load_algorithm
+
+    src = tmp_path / "hm.rccl"
+    src.write_text(hm_allreduce_rccl(2, 4))
+    for k in (1, 3):
+        row = xs.export_phases(src, k)
+        assert set(row["phases"]) == set(xs.PHASES) and all(v >= 0 for v in row["phases"].values())
+        text = export_algorithm(load_algorithm(src), XmlLimits(**xs.RELAXED), instances=k)[1]
+        assert row["steps"] == text.count("<step ") > 0
