@@ -149,30 +149,12 @@ def _broken_limits(text: str, lim: XmlLimits) -> list[str]:
     return sorted(set(broken))
 
 
-@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.integers(1, 4),
-       st.integers(4, 64), st.integers(2, 16), st.integers(0, 3), st.integers(1, 12), st.integers(40, 2000),
-       st.integers(1, 4), st.integers(1, 8))
-@settings(max_examples=60, deadline=None)
-def test_limit_check_agrees_with_the_written_xml(alg, merge, k, max_steps, max_tbs, offset_short, max_dep_tb,
-                                                 max_nodes, per_channel, channels):
-    """The exporter's limit check (on its columns, instances materialised) refuses a layout exactly
-    when the XML written from it breaks a limit read off the text. The offset limit sits at the
-    largest offset k instances can use, or up to 3 below it."""
+def _limit_check_is_the_xml_oracle(ir, merge, k, lim) -> None:
     import hccc.compiler.interop.msccl_export as me
     from hccc.compiler.interop import msccl_prims as mp
     from hccc.compiler.interop import msccl_tbs as mt
 
-    ir = build_algorithm_level(alg)
-    top = max(ir.in_chunks, ir.out_chunks, ir.scratch_chunks) * k - 1
-    lim = XmlLimits(max_steps=max_steps, max_tbs=max_tbs, max_offset=max(0, top - offset_short),
-                    max_dep_tb=max_dep_tb, max_xml_nodes=max_nodes, max_channels=channels,
-                    max_tbs_per_channel=per_channel)
-    lay = mt.assign_tbs(mp.unfuse(mp.allgather_sources(ir, mp.from_ir(ir))), max_steps if merge else 0)
-    mt.spread_channels(lay, lim)
-    mt.reduce_deps(lay)
-    mt.targets_first(lay)
-    mt.number_steps(lay)
-    full = mt.instantiate(lay, k)
+    full = mt.lay_out(mp.unfuse(mp.allgather_sources(ir, mp.from_ir(ir))), lim, lim.max_steps if merge else 0, k)
     broken = _broken_limits(me._text(ir, full, lim, k), lim)
     try:
         me._check_limits(ir, full, lim)
@@ -181,6 +163,63 @@ def test_limit_check_agrees_with_the_written_xml(alg, merge, k, max_steps, max_t
         refused = [d.message for d in exc.diagnostics]
     assert bool(refused) == bool(broken), (refused, broken)
     assert len(refused) == len(broken) or "children" in broken
+
+
+_limits = st.builds(lambda steps, tbs, dep, nodes, per, ch, short: (steps, tbs, dep, nodes, per, ch, short),
+                    st.integers(4, 64), st.integers(2, 16), st.integers(1, 12), st.integers(40, 2000),
+                    st.integers(1, 4), st.integers(1, 8), st.integers(0, 3))
+
+
+def _lim(ir, k, drawn) -> XmlLimits:
+    """Drawn limits; the offset limit at the largest offset k instances can use, or up to 3 below."""
+    steps, tbs, dep, nodes, per, ch, short = drawn
+    top = max(ir.in_chunks, ir.out_chunks, ir.scratch_chunks) * k - 1
+    return XmlLimits(max_steps=steps, max_tbs=tbs, max_offset=max(0, top - short), max_dep_tb=dep,
+                     max_xml_nodes=nodes, max_channels=ch, max_tbs_per_channel=per)
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.integers(1, 4), _limits)
+@settings(max_examples=60, deadline=None)
+def test_limit_check_agrees_with_the_written_xml(alg, merge, k, drawn):
+    """The exporter's limit check (on its columns, instances materialised) refuses a layout exactly
+    when the XML written from it breaks a limit read off the text."""
+    ir = build_algorithm_level(alg)
+    _limit_check_is_the_xml_oracle(ir, merge, k, _lim(ir, k, drawn))
+
+
+@given(st.sampled_from(sorted((EX / "msccl").glob("*.xml"))), st.booleans(), st.integers(1, 3), _limits,
+       st.integers(1, 4))
+@settings(max_examples=40, deadline=None)
+def test_limit_check_agrees_with_the_xml_of_multi_chunk_steps(path, merge, k, drawn, count):
+    """The same on MSCCL XML programs, whose steps move several chunks at once (offset and count
+    limits at the ends of ranges)."""
+    from hccc.compiler.interop.msccl_xml import import_xml
+
+    ir = import_xml(path)
+    lim = _lim(ir, k, drawn)
+    lim = XmlLimits(**{**lim.__dict__, "max_count": count})
+    _limit_check_is_the_xml_oracle(ir, merge, k, lim)
+
+
+def test_offset_limit_counts_the_end_of_a_multi_chunk_source_range():
+    """A two-rank ReduceScatter that sends input chunks [2, 4) in one step: its largest offset is 3,
+    on the send's source only (the receiver stores at [0, 2))."""
+    from hccc.compiler.interop.msccl_xml import import_xml_text
+
+    def tb(peer, own, other):
+        return (f'    <tb id="0" send="{peer}" recv="{peer}" chan="0">\n'
+                f'      <step s="0" type="s" srcbuf="i" srcoff="{other}" dstbuf="o" dstoff="0" cnt="2" depid="-1" '
+                f'deps="-1" hasdep="0"/>\n'
+                f'      <step s="1" type="rrc" srcbuf="i" srcoff="{own}" dstbuf="o" dstoff="0" cnt="2" depid="-1" '
+                f'deps="-1" hasdep="0"/>\n    </tb>\n')
+    text = ('<algo name="rs2" proto="Simple" nchannels="1" nchunksperloop="4" ngpus="2" coll="reducescatter" '
+            'inplace="0" outofplace="1" minBytes="0" maxBytes="0">\n'
+            + "".join(f'  <gpu id="{r}" i_chunks="4" o_chunks="2" s_chunks="0">\n{tb(1 - r, 2 * r, 2 - 2 * r)}  </gpu>\n'
+                      for r in range(2)) + "</algo>\n")
+    ir = import_xml_text(text, "rs2.xml")
+    assert export_xml(ir, XmlLimits(max_offset=3))
+    with pytest.raises(CompileError, match="uses chunk offset 3"):
+        export_xml(ir, XmlLimits(max_offset=2))
 
 
 def _renamed(one: str, k: int) -> list:

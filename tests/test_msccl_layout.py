@@ -51,7 +51,7 @@ def _closure(n: int, edges) -> nx.DiGraph:
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.booleans(), st.booleans(), st.booleans())
 @settings(max_examples=40, deadline=None)
 def test_kept_waits_keep_happens_before_and_none_is_implied(alg, level, fuse, merge):
-    ir, rows = _program(alg, level, fuse)
+    _, rows = _program(alg, level, fuse)
     try:
         lay = mt.assign_tbs(rows, LIM.max_steps if merge else 0)
     except mt.OrderCycle:
@@ -130,3 +130,227 @@ def test_a_fused_export_that_breaks_a_limit_is_written_plain():
     with pytest.raises(CompileError):
         me._export(ir, fused, lim, 2)
     assert result(True) == result(False)
+
+
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def layouts(draw):
+    """A random layout of rows over thread blocks of a few ranks, with random waits that follow one
+    random order of each rank's rows (so the waits and the thread blocks' orders have no cycle)."""
+    nranks = draw(st.integers(1, 3))
+    per = [draw(st.integers(1, 14)) for _ in range(nranks)]
+    ntb = [draw(st.integers(1, 4)) for _ in range(nranks)]
+    rank, tbl, a, b = [], [], [], []
+    base = 0
+    for r in range(nranks):
+        tbs = draw(st.lists(st.integers(0, ntb[r] - 1), min_size=per[r], max_size=per[r]))
+        for i in range(per[r]):
+            rank.append(r)
+            tbl.append(tbs[i])
+            for j in draw(st.sets(st.integers(0, max(i - 1, 0)), max_size=min(i, 4))):
+                if j < i:
+                    a.append(base + i)
+                    b.append(base + j)
+        base += per[r]
+    n = base
+    rank = np.array(rank, np.int64)
+    tbl = np.array(tbl, np.int64)
+    # global thread blocks: (rank, local TB) pairs that hold rows, ids by local TB
+    key = rank * 8 + tbl
+    uniq, tb = np.unique(key, return_inverse=True)
+    tb_rank = uniq // 8
+    tb_id = np.zeros(len(uniq), np.int64)
+    for r in range(nranks):
+        m = np.flatnonzero(tb_rank == r)
+        tb_id[m] = np.arange(len(m))
+    idx = np.zeros(n, np.int64)
+    for t in range(len(uniq)):
+        m = np.flatnonzero(tb == t)
+        idx[m] = np.arange(len(m))
+    z = np.zeros(n, np.int64)
+    wa, wb = mp.unique_waits(np.array(a, np.int64), np.array(b, np.int64), n)
+    rows = mp.Prims(rank, z, z.astype(float), z, z - 1, z - 1, z, z, z, z, z, z + 1, z - 1, z - 1,
+                    np.zeros((n, 4), np.int64), wa, wb)
+    nt = len(uniq)
+    return mt.Layout(rows, tb_rank, np.full(nt, -1), np.full(nt, -1), np.zeros(nt, np.int64), np.zeros(nt, np.int64),
+                     tb_id, np.zeros(nt, np.int64), tb.astype(np.int64), idx, z.copy(), np.zeros(n, bool))
+
+
+@given(layouts(), st.sampled_from([1, 2, 1 << 25]))
+@settings(max_examples=150, deadline=None)
+def test_vector_clocks_keep_exactly_the_waits_nothing_else_implies(lay, entries):
+    """On random layouts (and with ranks done one, two or all at a time): the kept waits keep each
+    rank's happens-before, and each kept wait is implied neither by its row's predecessor in its
+    TB nor by another kept wait of the row (networkx reachability as the oracle)."""
+    n = len(lay.rows)
+    order = _program_order(lay)
+    before = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
+    full = _closure(n, [(b, a) for a, b in before] + order)
+    old = mt.CLOCK_ENTRIES
+    mt.CLOCK_ENTRIES = entries
+    try:
+        mt.reduce_deps(lay)
+    finally:
+        mt.CLOCK_ENTRIES = old
+    kept = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
+    assert set(kept) <= set(before)
+    after = _closure(n, [(b, a) for a, b in kept] + order)
+    assert set(full.edges) == set(after.edges)
+    prev = {b: a for a, b in order}
+    waits: dict = {}
+    for a, b in kept:
+        waits.setdefault(a, []).append(b)
+    for a, ds in waits.items():
+        for d in ds:
+            others = [e for e in ds if e != d] + ([prev[a]] if a in prev else [])
+            assert not any(e == d or after.has_edge(d, e) for e in others), (a, d)
+    # and nothing implied was kept: every dropped wait is implied by what is left
+    for a, b in set(before) - set(kept):
+        assert lay.tb[a] == lay.tb[b] or after.has_edge(b, a)
+
+
+def _connection_fields_agree(text: str) -> int:
+    """Both ends of every message name the same data: the k-th send of a connection names where the
+    k-th receive stores it (or, for an ``rrs``, what it reduces with), and an ``r`` names where the
+    sender reads it (for ``rcs``/``rrcs``, where the sender stored it). Returns the messages checked."""
+    import xml.etree.ElementTree as ET
+
+    sending = ("s", "rcs", "rrs", "rrcs")
+    receiving = ("r", "rrc", "rcs", "rrs", "rrcs")
+    ends: dict = {}
+    for gpu in ET.fromstring(text):
+        r = int(gpu.get("id"))
+        for tb in gpu:
+            steps = sorted(tb, key=lambda x: int(x.get("s")))
+            ch = tb.get("chan")
+            if tb.get("send") != "-1":
+                ends.setdefault((r, int(tb.get("send")), ch), [None, None])[0] = [x.attrib for x in steps
+                                                                                  if x.get("type") in sending]
+            if tb.get("recv") != "-1":
+                ends.setdefault((int(tb.get("recv")), r, ch), [None, None])[1] = [x.attrib for x in steps
+                                                                                  if x.get("type") in receiving]
+    checked = 0
+    for key, (snd, rcv) in ends.items():
+        assert snd is not None and rcv is not None and len(snd) == len(rcv), key
+        for s, x in zip(snd, rcv):
+            assert s["cnt"] == x["cnt"], key
+            stored = (x["srcbuf"], x["srcoff"]) if x["type"] == "rrs" else (x["dstbuf"], x["dstoff"])
+            if s["type"] in ("s", "rrs"):
+                assert (s["dstbuf"], s["dstoff"]) == stored, (key, s, x)
+            if x["type"] == "r":
+                src = (s["dstbuf"], s["dstoff"]) if s["type"] in ("rcs", "rrcs") else (s["srcbuf"], s["srcoff"])
+                assert (x["srcbuf"], x["srcoff"]) == src, (key, s, x)
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("name", ["hm_allreduce_2x4", "hm_allreduce_4x8", "ring_allreduce_8", "hm_allgather_2x4",
+                                  "ring_reducescatter_8", "hierarchical_alltoall_2x4"])
+def test_both_ends_of_every_message_name_the_same_data(name):
+    """Step-ordered exports (plain, fused, instanced) and the exports of hccc's fused kernels, whose
+    forwarding primitives are split where their ends need two MSCCL thread blocks."""
+    from hccc.compiler.pipeline import CompileOptions, load_program
+
+    alg = load_algorithm(EX / f"{name}.rccl")
+    texts = [me.export_algorithm(alg, LIM, fuse=f, instances=k)[1] for f in (False, True) for k in (1, 2)]
+    texts += [me.export_xml(load_program(EX / f"{name}.rccl", CompileOptions(fuse=True, tb_alloc=t)), LIM)
+              for t in ("state", "connection")]
+    assert any(" type=\"rrcs\"" in t or " type=\"rcs\"" in t for t in texts) or name.startswith("hierarchical")
+    for text in texts:
+        assert _connection_fields_agree(text) > 0
+
+
+@pytest.mark.parametrize("name", ["hm_allreduce_2x4", "hm_allreduce_4x4"])
+@pytest.mark.parametrize("merge", [True, False])
+def test_split_hccc_thread_blocks_keep_their_order(name, merge):
+    """hccc's fused state-based kernels have thread blocks that forward to two peers: the export
+    splits them over MSCCL thread blocks and orders consecutive rows of one hccc TB with a wait
+    (or program order, or a path of them), before and after dropping implied waits."""
+    from hccc.compiler.pipeline import CompileOptions, load_program
+
+    ir = load_program(EX / f"{name}.rccl", CompileOptions(fuse=True, tb_alloc="state"))
+    lay = mt.assign_tbs(mp.unfuse(mp.allgather_sources(ir, mp.from_ir(ir))), LIM.max_steps if merge else 0)
+    rows = lay.rows
+    o = np.lexsort((rows.pos, rows.htb, rows.rank))
+    pairs = [(x, y) for x, y in zip(o[:-1].tolist(), o[1:].tolist())
+             if (rows.rank[x], rows.htb[x]) == (rows.rank[y], rows.htb[y])]
+    assert any(lay.tb[x] != lay.tb[y] for x, y in pairs)       # some hccc TB is split
+    for reduced in (False, True):
+        if reduced:
+            mt.reduce_deps(lay)
+        g = _closure(len(rows), [(b, a) for a, b in zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist())]
+                     + _program_order(lay))
+        assert all(g.has_edge(x, y) for x, y in pairs)
+
+
+def _matching_is_symmetric(rows: mp.Prims) -> int:
+    """Every sending row's receiver (``peer_x2`` for a forwarding row, else ``peer_x``) is a row of
+    its send peer receiving from it whose sender is that row."""
+    snd = np.flatnonzero(mp.SENDS[rows.op])
+    rcv = np.where(mp.RECEIVES[rows.op[snd]], rows.peer_x2[snd], rows.peer_x[snd])
+    assert np.all(rcv >= 0)
+    assert np.all(mp.RECEIVES[rows.op[rcv]])
+    assert np.array_equal(rows.rank[rcv], rows.sp[snd]) and np.array_equal(rows.rp[rcv], rows.rank[snd])
+    assert np.array_equal(rows.peer_x[rcv], snd)
+    assert np.array_equal(rows.cnt[rcv], rows.cnt[snd])
+    return len(snd)
+
+
+@pytest.mark.parametrize("name", ["hm_allreduce_2x4", "hm_allreduce_4x4", "ring_allgather_8"])
+def test_rows_match_each_send_with_its_receive(name):
+    from hccc.compiler.pipeline import CompileOptions, load_program
+
+    for fuse in (False, True):
+        ir = load_program(EX / f"{name}.rccl", CompileOptions(fuse=fuse, tb_alloc="state"))
+        rows = mp.from_ir(ir)
+        assert _matching_is_symmetric(rows) == int(mp.SENDS[ir.prims["op"]].sum())
+        if fuse and name.startswith("hm"):
+            assert mp.FORWARDS[rows.op].any()
+
+
+def _forwarding_to_two_peers() -> tuple[object, mp.Prims]:
+    """Rank 1 forwards chunk 0 from rank 0 to rank 2 and chunk 1 to rank 3 with two ``rcs`` rows of
+    one hccc thread block: one MSCCL thread block would need two send peers."""
+    from types import SimpleNamespace
+
+    from hccc.compiler.ir.program_ir import Buf, Op
+
+    # rank, htb, op, sp, rp, sbuf, soff, dbuf, doff, peer_x, peer_x2
+    spec = [(0, 0, Op.SEND, 1, -1, Buf.INPUT, 0, Buf.NONE, 0, 2, -1),
+            (0, 0, Op.SEND, 1, -1, Buf.INPUT, 1, Buf.NONE, 0, 3, -1),
+            (1, 0, Op.RECV_COPY_SEND, 2, 0, Buf.NONE, 0, Buf.OUTPUT, 0, 0, 4),
+            (1, 0, Op.RECV_COPY_SEND, 3, 0, Buf.NONE, 0, Buf.OUTPUT, 1, 1, 5),
+            (2, 0, Op.RECV, -1, 1, Buf.NONE, 0, Buf.OUTPUT, 0, 2, -1),
+            (3, 0, Op.RECV, -1, 1, Buf.NONE, 0, Buf.OUTPUT, 1, 3, -1)]
+    cols = list(zip(*spec))
+    n = len(spec)
+
+    def a(i):
+        return np.array([int(v) for v in cols[i]], np.int64)
+
+    rows = mp.Prims(rank=a(0), htb=a(1), pos=np.array([0, 1, 0, 1, 0, 0], float), op=a(2), sp=a(3), rp=a(4),
+                    ch=np.zeros(n, np.int64), sbuf=a(5), soff=a(6), dbuf=a(7), doff=a(8), cnt=np.ones(n, np.int64),
+                    peer_x=a(9), peer_x2=a(10), key=np.zeros((n, 4), np.int64),
+                    wait_a=np.zeros(0, np.int64), wait_b=np.zeros(0, np.int64))
+    ir = SimpleNamespace(name="fwd", nranks=4, nchunks=2, in_chunks=2, out_chunks=2, scratch_chunks=0,
+                         collective="allgather", stats={})
+    return ir, rows
+
+
+def test_unfusing_splits_the_less_used_peer_pair_and_keeps_the_messages():
+    ir, rows = _forwarding_to_two_peers()
+    assert _matching_is_symmetric(rows) == 4
+    out = mp.unfuse(rows)
+    assert len(out) == len(rows) + 1
+    assert _matching_is_symmetric(out) == 4
+    ends = mp.end_components(out)
+    ns = np.bincount(ends.comp[ends.sends], minlength=ends.ncomp)
+    nr = np.bincount(ends.comp[~ends.sends], minlength=ends.ncomp)
+    assert ns.max() <= 1 and nr.max() <= 1
+    from hccc.compiler.ir.program_ir import Op
+    # the (recv 0, send 2) pair stays fused; the one to rank 3 is a receive, then a send waiting for it
+    r1 = np.flatnonzero(out.rank == 1)
+    assert [Op(o) for o in out.op[r1]] == [Op.RECV_COPY_SEND, Op.RECV, Op.SEND]
+    assert (int(r1[2]), int(r1[1])) in set(zip(out.wait_a.tolist(), out.wait_b.tolist()))
+    text = me._text(ir, mt.lay_out(out, LIM, LIM.max_steps, 1), LIM, 1)
+    assert _connection_fields_agree(text) == 4

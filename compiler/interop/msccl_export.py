@@ -26,8 +26,7 @@ from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.interop.msccl_format import LETTER_OF_BUF, MESSAGES_IN_FLIGHT, TYPE_OF_OP, XmlLimits
 from hccc.compiler.interop.msccl_prims import (RECEIVES, Prims, allgather_sources, export_error, from_ir,
                                                unfuse)
-from hccc.compiler.interop.msccl_tbs import (Layout, OrderCycle, assign_tbs, instantiate, number_steps,
-                                             reduce_deps, relabels, spread_channels, targets_first)
+from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, lay_out, relabels
 from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.ir.sort_order import lexsort
@@ -155,12 +154,7 @@ def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> str:
     # first try merging the pieces of each hccc thread block (fewer TBs); if that breaks a limit
     # (long TBs), fall back to one MSCCL TB per group of connection ends
     for merge in (lim.max_steps, 0):
-        lay = assign_tbs(base, merge)
-        spread_channels(lay, lim)
-        reduce_deps(lay)
-        targets_first(lay)
-        number_steps(lay)
-        full = instantiate(lay, k)
+        full = lay_out(base, lim, merge, k)
         try:
             _check_limits(ir, full, lim)
             break

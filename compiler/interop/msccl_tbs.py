@@ -15,6 +15,8 @@ one. In order:
 4. :func:`targets_first`: TBs that others wait for get the small ids (the runtimes store 8 bits);
 5. :func:`number_steps`: step numbers (extra waits of a row become ``nop`` steps before it);
 6. :func:`instantiate`: ``k`` instances of the layout (msccl-tools' ``instances``).
+
+:func:`lay_out` runs them in that order.
 """
 from __future__ import annotations
 
@@ -493,11 +495,21 @@ def instantiate(lay: Layout, k: int) -> Layout:
                   row_of[inst * nt + tile(lay.tb)], tile(lay.idx), tile(lay.s), tile(lay.hasdep))
 
 
+def lay_out(rows: Prims, lim: XmlLimits, merge_up_to: int, k: int) -> Layout:
+    """The passes in order: thread blocks, channels, waits, ids, step numbers, then ``k`` instances."""
+    lay = assign_tbs(rows, merge_up_to)
+    spread_channels(lay, lim)
+    reduce_deps(lay)
+    targets_first(lay)
+    number_steps(lay)
+    return instantiate(lay, k)
+
+
 def relabels(rows: Prims) -> bool:
     """Whether :func:`instantiate` is a renaming of chunks for these rows (every one moves one
     chunk), so that ``k`` instances are correct when one is."""
     return bool(np.all(rows.cnt == 1))
 
 
-__all__ = ["Layout", "OrderCycle", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
+__all__ = ["Layout", "OrderCycle", "lay_out", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
            "number_steps", "instantiate", "relabels"]
