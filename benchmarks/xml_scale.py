@@ -1,10 +1,11 @@
 """MSCCL XML export at scale: seconds per export phase, peak memory, and the export beside the rest
 of the compile.
 
-    python benchmarks/xml_scale.py [--shapes 16x8,32x8] [--instances 1,4] [--json]
+    python benchmarks/xml_scale.py [--shapes 16x8,32x8] [--instances 1,2] [--json]
 
-For each HM AllReduce shape (hccc.compiler.frontend.generators.hm_allreduce_rccl) and instance
-count, a fresh process exports the algorithm the way ``hccc ALGO -o OUT`` does
+For each HM AllReduce shape (hccc.compiler.frontend.generators.hm_allreduce_rccl) and ``--instances
+K`` (the XML then has K times the channels the program declares, as ``hccc`` writes it; the table's
+K column is that total), a fresh process exports the algorithm the way ``hccc ALGO -o OUT`` does
 (:func:`hccc.compiler.interop.msccl_export.export_algorithm`: the step-ordered program, one thread
 block per connection end) with the runtime limits relaxed so that it fits (elements per rank,
 steps per thread block, children), timing each phase: ``program`` (building the step-ordered
@@ -31,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 #: limits relaxed so that every shape fits (the defaults refuse HM AllReduce past 32 GPUs per rank)
-RELAXED = {"max_xml_nodes": 10 ** 7, "max_children": 10 ** 6, "max_steps": 4096}
+RELAXED = {"max_xml_nodes": 10 ** 7, "max_children": 10 ** 6, "max_steps": 4096, "max_channels": 256}
 PHASES = ("program", "checks", "rows", "layout", "waits", "steps", "text")
 
 
@@ -83,24 +84,29 @@ def export_phases(src: Path, k: int) -> dict:
 def measure(nnodes: int, g: int, k: int, workdir: Path) -> dict:
     from hccc.compiler.frontend.generators import hm_allreduce_rccl
 
+    from hccc.compiler.pipeline import load_algorithm
+
     src = workdir / f"hm_allreduce_{nnodes}x{g}.rccl"
     src.write_text(hm_allreduce_rccl(nnodes, g))
-    proc = subprocess.Popen([sys.executable, __file__, "--one", str(src), "--k", str(k)], stdout=subprocess.PIPE,
-                            text=True)
+    # the compile writes --instances K times the channels the program declares
+    total = k * max(1, int(load_algorithm(src).header.nchannels))
+    proc = subprocess.Popen([sys.executable, __file__, "--one", str(src), "--k", str(total)],
+                            stdout=subprocess.PIPE, text=True)
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the export of {nnodes}x{g} failed")
     row = json.loads(out)
-    row.update(gpus=nnodes * g, instances=k, peak_mib=usage.ru_maxrss / 1024)
-    cmd = [sys.executable, "-m", "hccc.cli", str(src), "-o", str(workdir / f"out_{nnodes}x{g}_{k}"), "--timings",
-           "--instances", str(k), "--xml-max-elements", str(RELAXED["max_xml_nodes"]),
-           "--xml-max-steps", str(RELAXED["max_steps"])]
+    row.update(gpus=nnodes * g, instances=total, peak_mib=usage.ru_maxrss / 1024)
+    out = workdir / f"out_{nnodes}x{g}_{k}"
+    cmd = [sys.executable, "-m", "hccc.cli", str(src), "-o", str(out), "--timings", "--instances", str(k),
+           "--xml-max-elements", str(RELAXED["max_xml_nodes"]), "--xml-max-steps", str(RELAXED["max_steps"]),
+           "--xml-max-channels", str(RELAXED["max_channels"])]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    if not list(out.glob("*.xml")):
+        raise SystemExit(f"the compile of {nnodes}x{g} wrote no XML:\n{res.stdout}{res.stderr}")
     stages = {m.group(1): float(m.group(2)) for m in re.finditer(r"^  (\S+)\s+([0-9.]+) s(.*)$", res.stdout, re.M)
               if "beside" not in m.group(3)}
-    if "msccl_xml" not in stages:
-        raise SystemExit(f"the compile of {nnodes}x{g} wrote no XML:\n{res.stdout}{res.stderr}")
     row["compile_xml_s"] = stages.pop("msccl_xml")
     row["compile_rest_s"] = sum(stages.values())
     return row
@@ -109,7 +115,8 @@ def measure(nnodes: int, g: int, k: int, workdir: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="16x8,32x8", help="HM AllReduce NODESxGPUS shapes (e.g. 16x8,32x8,128x8)")
-    ap.add_argument("--instances", default="1,4", help="instance counts")
+    ap.add_argument("--instances", default="1,2", help="hccc's --instances K (the XML has K x the channels "
+                                                     "the program declares)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
