@@ -42,6 +42,7 @@ def export_phases(src: Path, k: int) -> dict:
     from hccc.compiler.interop import msccl_prims as mp
     from hccc.compiler.interop import msccl_tbs as mt
     from hccc.compiler.interop.msccl_format import XmlLimits
+    from hccc.compiler.interop.msccl_text import xml_text
     from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
     from hccc.compiler.passes.build import build_algorithm_level
     from hccc.compiler.pipeline import load_algorithm
@@ -75,7 +76,7 @@ def export_phases(src: Path, k: int) -> dict:
     full = mt.instantiate(lay, k)
     me._check_limits(ir, full, lim)
     lap("steps")
-    text = me._text(ir, full, lim, k)
+    text = xml_text(ir, full, lim, k)
     lap("text")
     return {"phases": t, "transfers": int(alg.ntransfers), "rows": len(rows), "steps": text.count("<step "),
             "text_mib": len(text) / (1 << 20)}

@@ -6,7 +6,6 @@ import collections
 import re
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -153,9 +152,10 @@ def _limit_check_is_the_xml_oracle(ir, merge, k, lim) -> None:
     import hccc.compiler.interop.msccl_export as me
     from hccc.compiler.interop import msccl_prims as mp
     from hccc.compiler.interop import msccl_tbs as mt
+    from hccc.compiler.interop.msccl_text import xml_text
 
     full = mt.lay_out(mp.unfuse(mp.allgather_sources(ir, mp.from_ir(ir))), lim, lim.max_steps if merge else 0, k)
-    broken = _broken_limits(me._text(ir, full, lim, k), lim)
+    broken = _broken_limits(xml_text(ir, full, lim, k), lim)
     try:
         me._check_limits(ir, full, lim)
         refused = []

@@ -17,6 +17,8 @@ from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.interop import msccl_export as me
 from hccc.compiler.interop import msccl_prims as mp
 from hccc.compiler.interop import msccl_tbs as mt
+from hccc.compiler.interop import msccl_text
+from hccc.compiler.interop.msccl_text import xml_text
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES, XmlLimits
 from hccc.compiler.passes.build import build_algorithm_level, build_program
 from hccc.compiler.pipeline import load_algorithm
@@ -107,7 +109,7 @@ def test_ranks_in_batches_and_text_in_pieces_change_nothing(monkeypatch, name, k
         want = me.export_xml(ir, LIM, instances=k)
         with monkeypatch.context() as m:
             m.setattr(mt, "CLOCK_ENTRIES", 1)
-            m.setattr(me, "_LINES_AT_ONCE", 5)
+            m.setattr(msccl_text, "LINES_AT_ONCE", 5)
             assert me.export_xml(ir, LIM, instances=k) == want
 
 
@@ -352,5 +354,5 @@ def test_unfusing_splits_the_less_used_peer_pair_and_keeps_the_messages():
     r1 = np.flatnonzero(out.rank == 1)
     assert [Op(o) for o in out.op[r1]] == [Op.RECV_COPY_SEND, Op.RECV, Op.SEND]
     assert (int(r1[2]), int(r1[1])) in set(zip(out.wait_a.tolist(), out.wait_b.tolist()))
-    text = me._text(ir, mt.lay_out(out, LIM, LIM.max_steps, 1), LIM, 1)
+    text = xml_text(ir, mt.lay_out(out, LIM, LIM.max_steps, 1), LIM, 1)
     assert _connection_fields_agree(text) == 4

@@ -23,13 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.frontend.diagnostics import CompileError
-from hccc.compiler.interop.msccl_format import LETTER_OF_BUF, MESSAGES_IN_FLIGHT, TYPE_OF_OP, XmlLimits
-from hccc.compiler.interop.msccl_prims import (RECEIVES, Prims, allgather_sources, export_error, from_ir,
+from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, XmlLimits
+from hccc.compiler.interop.msccl_prims import (Prims, allgather_sources, export_error, from_ir,
                                                unfuse)
 from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, lay_out, relabels
+from hccc.compiler.interop.msccl_text import xml_text
 from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
-from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
-from hccc.compiler.ir.sort_order import lexsort
+from hccc.compiler.ir.program_ir import Buf, IRFormatError, ProgramIR
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered
 
 
@@ -161,7 +161,7 @@ def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> str:
         except CompileError:
             if merge == 0:
                 raise
-    return _text(ir, full, lim, k)
+    return xml_text(ir, full, lim, k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,106 +250,6 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
             break
     if msgs:
         raise export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
-
-
-# ---------------------------------------------------------------------------------------------
-_TYPES = np.array([TYPE_OF_OP.get(o, "nop") for o in Op], dtype=object)
-_SRC_LETTERS = np.array([LETTER_OF_BUF.get(b, "i") for b in Buf], dtype=object)
-_DST_LETTERS = np.array([LETTER_OF_BUF.get(b, "o") for b in Buf], dtype=object)
-
-
-def _step_fields(rows: Prims) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """srcbuf/srcoff/dstbuf/dstoff of every row: its local operands, the remote ones where the op
-    has none (a send names where the receiver stores, a receive where the sender reads)."""
-    op = rows.op
-    sb, so, db, do = rows.sbuf.copy(), rows.soff.copy(), rows.dbuf.copy(), rows.doff.copy()
-    snd = np.flatnonzero((op == int(Op.SEND)) | (op == int(Op.RECV_REDUCE_SEND)))
-    rcv = np.where(RECEIVES[op[snd]], rows.peer_x2[snd], rows.peer_x[snd])
-    stored = rows.dbuf[rcv] != int(Buf.NONE)      # else the receiver forwards without storing: its source
-    db[snd] = np.where(stored, rows.dbuf[rcv], rows.sbuf[rcv])
-    do[snd] = np.where(stored, rows.doff[rcv], rows.soff[rcv])
-    r = np.flatnonzero(op == int(Op.RECV))
-    sender = rows.peer_x[r]
-    fwd = (op[sender] == int(Op.RECV_COPY_SEND)) | (op[sender] == int(Op.RECV_REDUCE_COPY_SEND))
-    sb[r] = np.where(fwd, rows.dbuf[sender], rows.sbuf[sender])
-    so[r] = np.where(fwd, rows.doff[sender], rows.soff[sender])
-    c = np.flatnonzero(op == int(Op.RECV_COPY_SEND))
-    sb[c], so[c] = db[c], do[c]
-    return sb, so, db, do
-
-
-def _text(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int) -> str:
-    """The XML text of an instantiated layout (``k`` instances)."""
-    rows = lay.rows
-    n = len(rows)
-    mtb, s = lay.mtb, lay.s
-    # every row's waits by (waited-for TB, step): the last one is the row's own, the others nops
-    a, b = rows.wait_a, rows.wait_b
-    w = lexsort((s[b], mtb[b], a))
-    a, b = a[w], b[w]
-    last = np.ones(len(a), bool)
-    last[:-1] = a[1:] != a[:-1]
-    dep_id = np.full(n, -1, np.int64)
-    dep_s = np.full(n, -1, np.int64)
-    dep_id[a[last]] = mtb[b[last]]
-    dep_s[a[last]] = s[b[last]]
-    nop = ~last
-    na, nb = a[nop], b[nop]
-    # a nop's step: its row's step minus the waits after it
-    after = (np.bincount(a, minlength=n)[a] - (np.arange(len(a)) - np.searchsorted(a, a)) - 1)[nop]
-    sb, so, db, do = _step_fields(rows)
-    m = len(na)
-    # the lines (nops, then rows) as columns, put in the file's order: TBs by rank and id, steps
-    tb = np.concatenate([lay.tb[na], lay.tb])
-    step = np.concatenate([s[na] - after, s])
-    order = lexsort((step, lay.tb_id[tb], lay.tb_rank[tb]))
-    cols = [np.concatenate(c)[order] for c in (
-        (step[:m], s), (np.full(m, "nop", object), _TYPES[rows.op]), (np.full(m, "i", object), _SRC_LETTERS[sb]),
-        (np.full(m, -1), np.where(sb != int(Buf.NONE), so, -1)), (np.full(m, "o", object), _DST_LETTERS[db]),
-        (np.full(m, -1), np.where(db != int(Buf.NONE), do, -1)), (np.zeros(m, np.int64), rows.cnt),
-        (mtb[nb], dep_id), (s[nb], dep_s), (np.zeros(m, np.int64), lay.hasdep.astype(np.int64)))]
-    del tb, step, order
-
-    def lines(lo: int, hi: int) -> list[str]:
-        return [f'      <step s="{st}" type="{ty}" srcbuf="{sl}" srcoff="{o1}" dstbuf="{dl}" dstoff="{o2}" '
-                f'cnt="{c}" depid="{di}" deps="{ds}" hasdep="{h}"/>'
-                for st, ty, sl, o1, dl, o2, c, di, ds, h in zip(*(c[lo:hi].tolist() for c in cols))]
-
-    nch = int(lay.tb_ch.max(initial=0)) + 1
-    st = ir.stats or {}
-    inplace = 1 if st.get("msccl_inplace", True) else 0
-    outofplace = 1 if st.get("msccl_outofplace", True) else 0
-    out = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" nchunksperloop="{ir.nchunks * k}" '
-           f'ngpus="{ir.nranks}" coll="{ir.collective}" inplace="{inplace}" outofplace="{outofplace}" '
-           f'minBytes="{lim.min_bytes}" maxBytes="{lim.max_bytes}">']
-    tbs = lexsort((lay.tb_id, lay.tb_rank))
-    ends = np.cumsum(lay.tb_nsteps[tbs]).tolist()
-    ranks = lay.tb_rank[tbs].tolist()
-    send, recv, ch, tid = (x[tbs].tolist() for x in (lay.tb_send, lay.tb_recv, lay.tb_ch, lay.tb_id))
-    parts: list[str] = []       # the text in pieces of about _LINES_AT_ONCE lines (memory)
-    j = start = 0
-    base, chunk = 0, []
-    for rank in range(ir.nranks):
-        out.append(f'  <gpu id="{rank}" i_chunks="{ir.in_chunks * k}" o_chunks="{ir.out_chunks * k}" '
-                   f's_chunks="{ir.scratch_chunks * k}">')
-        while j < len(ranks) and ranks[j] == rank:
-            if ends[j] > base + len(chunk):
-                parts.append("\n".join(out) + "\n")
-                out = []
-                base, chunk = start, lines(start, max(ends[j], start + _LINES_AT_ONCE))
-            out.append(f'    <tb id="{tid[j]}" send="{send[j]}" recv="{recv[j]}" chan="{ch[j]}">')
-            out.extend(chunk[start - base:ends[j] - base])
-            out.append("    </tb>")
-            start = ends[j]
-            j += 1
-        out.append("  </gpu>")
-    out.append("</algo>")
-    parts.append("\n".join(out) + "\n")
-    return "".join(parts)
-
-
-#: lines formatted at once by :func:`_text` (bounds the memory of its per-line Python objects)
-_LINES_AT_ONCE = 1 << 18
 
 
 def export_summary(text: str) -> dict:
