@@ -11,8 +11,8 @@ block per connection end) with the runtime limits relaxed so that it fits (eleme
 steps per thread block, children), timing each phase: ``program`` (building the step-ordered
 program), ``checks`` (its structure, FIFO order and deadlock proofs), ``rows`` (the primitive
 table), ``layout`` (thread blocks and channels), ``waits`` (dropping implied waits: vector clocks),
-``steps`` (step numbers, the instances and the limit check), ``text``. Its peak resident memory is
-the child's. A second fresh process compiles the same file with ``hccc ALGO -o OUT --timings`` and
+``steps`` (step numbers, the instances and the limit check), ``text``, under the memory policy of
+an ``hccc`` process (``driver/allocator.py``). Its peak resident memory is the child's. A second fresh process compiles the same file with ``hccc ALGO -o OUT --timings`` and
 the same limits: "xml / rest" is its ``msccl_xml`` stage over all its other stages, side by side in
 that one run.
 """
@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
+        from hccc.allocator import tune_allocator
+        tune_allocator()              # the memory policy of an hccc process (driver/allocator.py)
         print(json.dumps(export_phases(Path(args.one), args.k)))
         return
     rows = []

@@ -20,8 +20,9 @@ _SRC_LETTERS = tuple(LETTER_OF_BUF.get(b, "i") for b in Buf)   # no buffer: "i" 
 _DST_LETTERS = tuple(LETTER_OF_BUF.get(b, "o") for b in Buf)
 
 #: step lines made at once, or a thread block's when it has more (bounds the byte matrix of
-#: :func:`column_lines` and the pieces of text held before they are joined)
-LINES_AT_ONCE = 1 << 18
+#: :func:`column_lines`, about 150 bytes a line: below the mmap threshold the hccc process sets,
+#: so the matrix reuses freed heap instead of faulting in fresh pages each time)
+LINES_AT_ONCE = 1 << 17
 
 
 def step_fields(rows: Prims) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
