@@ -80,8 +80,11 @@ def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False
         raise export_error([f"cannot export collective '{alg.header.collective.value}': hccc exports AllGather, "
                     f"AllReduce, ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
     check_algorithm_fits(alg, lim, instances=instances, fuse=fuse)
+    if instances < 1:
+        raise ValueError("instances must be at least 1")
+    # built and checked (structure, FIFO order, deadlock freedom) by build_algorithm_level
     ir = build_algorithm_level(alg, chunk_bytes=chunk_bytes, name=name)
-    return ir, export_xml(ir, lim, fuse=fuse, instances=instances)
+    return ir, _export_program(ir, lim, fuse, instances, True)
 
 
 def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = False, instances: int = 1,
@@ -101,12 +104,13 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = F
     if instances < 1:
         raise ValueError("instances must be at least 1")
     _quick_step_check(ir, lim)
-    return _export_checked(ir, lim, fuse, instances, prove)
+    _check_exportable(ir, lim)
+    return _export_program(ir, lim, fuse, instances, prove)
 
 
-
-
-def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, prove: bool) -> str:
+def _check_exportable(ir: ProgramIR, lim: XmlLimits) -> None:
+    """A given program is valid (deadlock-free the way it is meant to run) and of a collective
+    MSCCL XML can express."""
     try:
         check_structure(ir)
         check_fifo_order(ir)
@@ -120,6 +124,11 @@ def _export_checked(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
     if ir.collective not in ("allgather", "allreduce", "reducescatter", "alltoall"):
         raise export_error([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce, "
                             f"ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
+
+
+def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, prove: bool) -> str:
+    """The text of a valid program: fused first when asked (written plain when that fails), then
+    instances re-read where they are not a renaming (:func:`export_xml`)."""
     plain = allgather_sources(ir, from_ir(ir))
     if fuse:
         from hccc.compiler.interop.msccl_fuse import fuse_forwarding

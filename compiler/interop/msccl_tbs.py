@@ -27,6 +27,7 @@ import numpy as np
 
 from hccc.compiler.interop.msccl_format import XmlLimits
 from hccc.compiler.interop.msccl_prims import Prims, end_components, unique_waits
+from hccc.compiler.ir.program_ir import Buf
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_first
 
 
@@ -76,12 +77,6 @@ def _half_steps(pos: np.ndarray) -> np.ndarray:
     return (pos * 2).astype(np.int64)
 
 
-def _first_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct values and the row of each one's first occurrence."""
-    u, first, _ = unique_first(values)
-    return u, first
-
-
 def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     """MSCCL thread blocks: one per component of connection ends (+ local-only ones).
 
@@ -95,11 +90,11 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     pc = ends.row_comp()
     peer_rows = np.flatnonzero(pc >= 0)
     size = np.bincount(pc[peer_rows], minlength=nc)
-    u, fi = _first_rows(pc[peer_rows])
+    u, fi, _ = unique_first(pc[peer_rows])
     first_row = np.full(nc, -1, np.int64)
     first_row[u] = peer_rows[fi]
     rev = peer_rows[::-1]
-    u, li = _first_rows(pc[rev])
+    u, li, _ = unique_first(pc[rev])
     last_row = np.full(nc, -1, np.int64)
     last_row[u] = rev[li]
     comp_send = np.full(nc, -1, np.int64)
@@ -135,7 +130,7 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     np.maximum.at(g_recv, group, comp_recv)
     # one TB per group, made in the order of the group's first row
     gid = group[pc[peer_rows]]
-    gu, gfirst = _first_rows(gid)
+    gu, gfirst, _ = unique_first(gid)
     made = stable_argsort(gfirst)
     tb_of_group = np.full(nc, -1, np.int64)
     tb_of_group[gu[made]] = np.arange(len(gu))
@@ -462,7 +457,6 @@ def instantiate(lay: Layout, k: int) -> Layout:
     proves the result with the importer."""
     if k == 1:
         return lay
-    from hccc.compiler.ir.program_ir import Buf
     rows = lay.rows
     n, nt = len(rows), lay.ntbs
     nch = int(lay.tb_ch.max(initial=0)) + 1
