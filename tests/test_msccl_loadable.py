@@ -1,6 +1,6 @@
 """The exported MSCCL XML passes the executors' load-time checks (``msccl_loader``, a
 re-implementation of what msccl-executor-nccl and RCCL's MSCCL check when they read a file): the
-multi-node route of a job runs these files (README, "Multi-node")."""
+multi-node route of a job runs these files (docs/msccl-xml.md, "Multi-node")."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -151,7 +151,7 @@ def test_json_keys_are_documented():
         assert f"``{key}``" in doc, key
     words = set(re.findall(r"[a-z_]+", cmd_topo.EPILOG))  # what `hccc topo -h` prints
     assert TOP_KEYS | NODE_KEYS | VENDOR_KEYS | CLASS_KEYS | GROUP_KEYS <= words
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "command-line.md").read_text()
     for key in TOP_KEYS | NODE_KEYS | VENDOR_KEYS | CLASS_KEYS | GROUP_KEYS:
         assert f"`{key}`" in readme or f"`{key}[]`" in readme, key
 

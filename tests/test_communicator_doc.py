@@ -1,4 +1,4 @@
-"""README's one-rank-per-process example runs as written (four processes, the CPU emulation)."""
+"""docs/communicator.md's one-rank-per-process example runs as written (four processes, the CPU emulation)."""
 from __future__ import annotations
 
 import re
@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow   # four processes importing torch and building a kernel each
-def test_readme_example_runs(tmp_path):
+def test_documented_example_runs(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("g++ not installed")
     _require_torch()
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## One rank per process", 1)[1]
+    text = (ROOT / "docs" / "communicator.md").read_text()
+    section = text.split("# One rank per process", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(code)
