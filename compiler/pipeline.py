@@ -443,6 +443,9 @@ def load_manifest(path: Path):
     man = loads_json(src)
     if not isinstance(man, dict) or not str(man.get("schema", "")).startswith("hccc.manifest/"):
         fail("not an hccc manifest (no 'schema': 'hccc.manifest/1')")
+    from hccc.compiler.backend.abi import manifest_abi_error
+    if (why := manifest_abi_error(man)) is not None:
+        fail(why)
     ranks = man.get("ranks")
     if not isinstance(ranks, list) or not all(isinstance(e, dict) for e in ranks):
         fail("'ranks' must be a list of rank objects")

@@ -1,48 +1,47 @@
-"""The host side of the kernel ABI declared in the emitted ``hccc_prims.h`` (``HCCC_ABI_VERSION`` 3).
+"""The host side of the kernel ABI (:mod:`hccc.compiler.backend.abi`, the one source of its facts).
 
 Device pointers are 64-bit integers on every platform, so the argument structs are packed the same
-way for the CPU emulation, CUDA and HIP. :class:`Args` is passed to every rank kernel by value;
-:class:`Conn` tables and the :class:`ErrorRecord` live in device memory.
+way for the CPU emulation, CUDA and HIP: every pointer member of the C struct is a ``uint64`` here.
+:class:`Args` is passed to every rank kernel by value; :class:`Conn` tables and the
+:class:`ErrorRecord` live in device memory. The classes are built from the ABI's member tables, so
+they cannot drift from the emitted ``hccc_prims.h``.
 """
 from __future__ import annotations
 
 import ctypes
 
+from hccc.compiler.backend import abi
 from hccc.compiler.ir.program_ir import Op
 
-ABI_VERSION = 3
+ABI_VERSION = abi.VERSION
+
+_CTYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "int": ctypes.c_int32,
+           "uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64}
+
+
+def ctypes_fields(fields) -> list[tuple[str, type]]:
+    """ctypes ``_fields_`` of an ABI member table (pointers as 64-bit integers)."""
+    return [(f.name, ctypes.c_uint64 if f.ctype.endswith("*") else _CTYPES[f.ctype]) for f in fields]
 
 
 class Conn(ctypes.Structure):
     """``struct hccc_conn``: one connection end (both ends point to the same FIFO and counters:
     slots and tail in the receiver's memory, head in the sender's)."""
-    _fields_ = [("slots", ctypes.c_uint64),   # NSLOTS * slot_bytes bytes (manifest)
-                ("head", ctypes.c_uint64),    # uint64_t*: slots consumed by the receiver (sender memory)
-                ("tail", ctypes.c_uint64)]    # uint64_t*: slots published by the sender (receiver memory)
+    _fields_ = ctypes_fields(abi.CONN)
 
 
 class ErrorRecord(ctypes.Structure):
     """``struct hccc_error``: filled by the first TB whose spin-wait timed out."""
-    _fields_ = [("claimed", ctypes.c_uint32), ("valid", ctypes.c_uint32),
-                ("rank", ctypes.c_int32), ("tb", ctypes.c_int32), ("seq", ctypes.c_int32),
-                ("op", ctypes.c_int32), ("wait", ctypes.c_int32), ("chunk", ctypes.c_int32),
-                ("task", ctypes.c_int64), ("microbatch", ctypes.c_uint64),
-                ("waited", ctypes.c_uint64)]
+    _fields_ = ctypes_fields(abi.ERROR)
 
 
 class Args(ctypes.Structure):
     """``struct hccc_args``, the kernels' single by-value argument."""
-    _fields_ = [("input", ctypes.c_uint64), ("output", ctypes.c_uint64),
-                ("scratch", ctypes.c_uint64), ("count", ctypes.c_uint64),
-                ("send_conns", ctypes.c_uint64), ("recv_conns", ctypes.c_uint64),
-                ("progress", ctypes.c_uint64), ("abort_flag", ctypes.c_uint64),
-                ("error", ctypes.c_uint64), ("timeout", ctypes.c_uint64),
-                ("slice_bytes", ctypes.c_uint64),
-                ("peers", ctypes.c_uint64)]   # every rank's hccc_args (direct mode), or 0
+    _fields_ = ctypes_fields(abi.ARGS)
 
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
-WAIT_DATA, WAIT_SLOT, WAIT_DEP = 1, 2, 3
+WAIT_DATA, WAIT_SLOT, WAIT_DEP = (dict(abi.WAITS)[k] for k in ("DATA", "SLOT", "DEP"))
 
 
 def sizes() -> tuple[int, int, int]:
@@ -61,5 +60,5 @@ def conn_table(conns: list[tuple[int, int, int]]) -> bytes:
     return bytes(arr)[:ctypes.sizeof(Conn) * len(conns)] if conns else b""
 
 
-__all__ = ["ABI_VERSION", "Args", "Conn", "ErrorRecord", "WAIT_DATA", "WAIT_SLOT", "WAIT_DEP",
-           "sizes", "op_name", "conn_table"]
+__all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "WAIT_DATA", "WAIT_SLOT",
+           "WAIT_DEP", "sizes", "op_name", "conn_table"]

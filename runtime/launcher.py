@@ -59,6 +59,7 @@ from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
+from hccc.compiler.backend import abi
 from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
@@ -260,19 +261,14 @@ class RankPlan:
     every process (they come from the manifest), so a peer can locate a FIFO or a counter inside
     memory it mapped from this rank.
 
-    Layout (kernel protocol v2; both blocks in memory the peers reach):
-
-    * a control block of :attr:`ctrl_bytes`: ``tail`` of each receive connection ``j`` at ``8*j``
-      (the sender publishes slots there), ``head`` of each send connection ``k`` at ``8*(nrecv +
-      k)`` (the receiver frees slots there: each end polls its own memory), ``head`` of each
-      receive connection nobody sends on at ``8*(nrecv + nsend + j)``, then ``progress_slots``
-      64-bit progress counters;
-    * a slot block: receive connection ``j``'s ``nslots * slot_bytes`` bytes at ``j *``
-      :attr:`fifo_bytes`.
-
-    Sends nobody receives go to a FIFO of the sender's own (:attr:`orphan_bytes`: a 16-byte
-    header holding its ``tail``, then the slots). Counters and orphan headers must be zero at
-    launch (:meth:`RankMemory.reset`).
+    Layout (:mod:`hccc.compiler.backend.abi`, the one source of it; both blocks in memory the
+    peers reach): a control block of :attr:`ctrl_bytes` (``abi.CTRL_REGIONS``: the tail of each
+    receive connection, the head of each send connection, the head of each receive connection
+    nobody sends on, the progress counters) and a slot block: receive connection ``j``'s ``nslots
+    * slot_bytes`` bytes at ``j *`` :attr:`fifo_bytes`. Sends nobody receives go to a FIFO of the
+    sender's own (:attr:`orphan_bytes`: an ``abi.ORPHAN_HEADER``-byte header holding its
+    ``tail``, then the slots). Counters and orphan headers must be zero at launch
+    (:meth:`RankMemory.reset`).
 
     Channels (manifest ``nchannels`` = K): the connections and progress counters here are every
     channel's, the manifest's one-channel lists K times (channel ``c``'s copy names its channel
@@ -308,7 +304,7 @@ class RankPlan:
 
     @property
     def ctrl_bytes(self) -> int:
-        return 8 * (2 * len(self.recv_conns) + len(self.send_conns)) + 8 * max(self.progress_slots, 1)
+        return abi.ctrl_bytes(len(self.recv_conns), len(self.send_conns), self.progress_slots)
 
     @property
     def slots_bytes(self) -> int:
@@ -317,20 +313,23 @@ class RankPlan:
 
     @property
     def orphan_bytes(self) -> int:
-        return 16 + self.fifo_bytes
+        return abi.ORPHAN_HEADER + self.fifo_bytes
+
+    def _ctrl(self, region: str, i: int) -> int:
+        return abi.ctrl_offset(region, i, len(self.recv_conns), len(self.send_conns))
 
     @property
     def progress_offset(self) -> int:
-        return 8 * (2 * len(self.recv_conns) + len(self.send_conns))
+        return self._ctrl("progress", 0)
 
     def tail_offset(self, j: int) -> int:
-        return 8 * j
+        return self._ctrl("tail", j)
 
     def send_head_offset(self, k: int) -> int:
-        return 8 * (len(self.recv_conns) + k)
+        return self._ctrl("send_head", k)
 
     def unsent_head_offset(self, j: int) -> int:
-        return 8 * (len(self.recv_conns) + len(self.send_conns) + j)
+        return self._ctrl("unsent_head", j)
 
     def recv_index(self, peer: int, channel: int) -> int | None:
         """Index of the receive connection from ``peer`` on ``channel`` (None: not received)."""
@@ -373,7 +372,7 @@ class RankMemory:
         self.ctrl = malloc(plan.ctrl_bytes)
         self.slots = malloc(plan.slots_bytes)
         self.progress = self.ctrl + plan.progress_offset
-        self.orphans: list[int] = []      # FIFOs of unreceived sends: 16-byte header, then slots
+        self.orphans: list[int] = []      # FIFOs of unreceived sends: a header, then slots
         self.send_tab: int | None = None
         self.recv_tab: int | None = None
         self.send_conns: list[tuple[int, int, int]] = []
@@ -406,7 +405,7 @@ class RankMemory:
             else:
                 fifo = self._malloc_orphan(plan.orphan_bytes)
                 self.orphans.append(fifo)
-                send.append((fifo + 16, head, fifo))
+                send.append((fifo + abi.ORPHAN_HEADER, head, fifo))
         self.send_conns, self.recv_conns = send, recv
         tabs = []
         for conns in (send, recv):
@@ -422,7 +421,7 @@ class RankMemory:
         counters) and the orphan FIFOs' headers."""
         self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
         for fifo in self.orphans:
-            self.platform.memset(fifo, 0, 16)
+            self.platform.memset(fifo, 0, abi.ORPHAN_HEADER)
 
 
 class Runner:
@@ -687,7 +686,7 @@ class Runner:
         self.send_tab = [m.send_tab for m in self.rank_mem]
         self.recv_tab = [m.recv_tab for m in self.rank_mem]
         #: sends nobody receives: (rank, FIFO, header bytes), the FIFO in the sender's memory
-        self.orphans = [(r, f, 16) for r, m in enumerate(self.rank_mem) for f in m.orphans]
+        self.orphans = [(r, f, abi.ORPHAN_HEADER) for r, m in enumerate(self.rank_mem) for f in m.orphans]
         if man.get("codegen") == "table":
             self._upload_tables(man)
         # The abort flag: pinned, mapped host memory, which the host raises with a plain store

@@ -22,6 +22,7 @@ import numpy as np
 
 from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
+from hccc.compiler.backend import abi
 from hccc.compiler.backend.prim_fields import pd_columns
 from hccc.compiler.ir.check import check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
@@ -37,11 +38,10 @@ EXT = {"cuda": "cu", "hip": "hip"}
 DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf16"),
           ("int32", "int32_t"))
 REDOPS = ("sum", "max", "min")
-NSLOTS = 8
-#: bytes each region of a FIFO slot adds to its share (hccc_prims.h HCCC_REGION_BYTES: a 16-byte
-#: header and alignment room)
-SLOT_OVERHEAD = 32
-ABI_VERSION = 2
+NSLOTS = abi.NSLOTS
+#: bytes each region of a FIFO slot adds to its share (hccc_prims.h HCCC_REGION_BYTES)
+SLOT_OVERHEAD = abi.SLOT_OVERHEAD
+ABI_VERSION = abi.VERSION
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
 #: the C++ host API for one rank per process (templates/common/hccc_host.h.j2)
 HOST_HEADER = "hccc_host.h"
@@ -93,10 +93,12 @@ def _template_env() -> jinja2.Environment:
     template compiles once (jinja reloads a template whose file changed)."""
     from importlib import resources
     root = resources.files("hccc.templates")
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(root)),
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False)
+    env.globals["abi"] = abi   # every ABI fact the templates print comes from the one source
+    return env
 
 
 # ---------------------------------------------------------------------------- column analysis
@@ -234,18 +236,19 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     rt = RowText(n)
     rt.text("  { const int w[] = {", has_deps).blob(blob, dep_start, dep_len, has_deps)
     rt.text("}; HCCC_PW", has_deps).text("  HCCC_P", ~has_deps).text("X", has_x).text("(")
-    rt.int(v["seq"]).text(", ").choice(op, _OP_NAMES)
-    for k in ("sconn", "spos", "rconn", "rpos"):
-        rt.text(", ").int(v[k])
-    rt.text(", ").choice(p["src_buf"], _BUF_NAMES).text(", ").int(v["soff"])
-    rt.text(", ").choice(p["dst_buf"], _BUF_NAMES)
-    for k in ("doff", "cnt", "chunk", "post", "task"):
-        rt.text(", ").int(v[k])
-    rt.text(", ", has_deps).int(v["ndeps"], has_deps).text(", w", has_deps)
-    if has_x.any():
-        rt.text(", ", has_x).int(dx["direct"], has_x).text(", ", has_x).int(dx["dpeer"], has_x)
-        rt.text(", ", has_x).choice(dx["pbuf"], _BUF_NAMES, has_x)
-        rt.text(", ", has_x).int(dx["poff"], has_x).text(", ", has_x).int(dx["pbase"], has_x)
+    # the macro's arguments in the ABI's call order (hccc.compiler.backend.abi.pd_call_fields)
+    for group, where in ((abi.PD_CALL_BASE, None), (abi.PD_CALL_WAITS, has_deps), (abi.PD_CALL_DIRECT, has_x)):
+        if where is not None and not where.any():
+            continue
+        for k in group:
+            if k != group[0] or group is not abi.PD_CALL_BASE:
+                rt.text(", ", where)
+            if k == "deps":
+                rt.text("w", where)
+            elif k in abi.PD_ENUM_PREFIX:
+                rt.choice(v[k], _OP_NAMES if k == "op" else _BUF_NAMES, where)
+            else:
+                rt.int(v[k], where)
     rt.text("); }", has_deps).text(");", ~has_deps)
     rt.text("  // sp ").int(p["pipeline"])
     t_here = v["task"] >= 0

@@ -1,0 +1,253 @@
+"""The kernel ABI: every fact the emitted kernels and the host code that launches them must agree on.
+
+This module is the one source of those facts. The templates render them (``hccc_prims.h``: the
+version, the argument / connection / error-record structs, the primitive descriptor and the
+macros that fill it; ``hccc_host.h``: the control-block layout), code generation writes the
+primitive calls in the macros' argument order (:func:`pd_call_fields`), and the runtime
+(:mod:`hccc.runtime.kernel_abi`, :class:`hccc.runtime.launcher.RankPlan`) packs arguments and lays
+out memory from the same tables. ``tests/test_kernel_abi_source.py`` compiles the rendered headers
+against these tables, so a header or a host structure edited by hand fails.
+
+What lives where (memory a rank owns, kernel protocol v3):
+
+* **control block** (:data:`CTRL_REGIONS`, 64-bit words, in this order): the ``tail`` of each
+  receive connection (the sender publishes messages there), the ``head`` of each send connection
+  (the receiver frees slots there: each end polls its own memory), the ``head`` of each receive
+  connection nobody sends on, then the progress counters (at least one word);
+* **slot block**: receive connection ``j``'s FIFO (``NSLOTS`` slots of ``slot_bytes``) at ``j *
+  NSLOTS * slot_bytes``; a slot holds one message: ``max_cnt`` regions, each a
+  :data:`REGION_HEADER` -byte header (the data's offset 0..15 in its first word) and its share of
+  the chunk plus alignment room (:data:`SLOT_OVERHEAD` bytes per region in all);
+* **orphan FIFO** (sends nobody receives, in the sender's own memory): an :data:`ORPHAN_HEADER`
+  -byte header holding its ``tail`` in the first word, then the slots.
+
+Changing any of these facts changes :data:`VERSION`; the manifest records it and loading an OUTDIR
+written for another version is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hccc.compiler.backend.prim_fields import PD_FIELDS
+from hccc.compiler.ir.program_ir import Buf, Op
+
+#: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
+VERSION = 3
+
+#: FIFO slots per connection (``HCCC_NSLOTS``)
+NSLOTS = 8
+#: bytes of a slot region's header (the data's 0..15 byte offset in its first 32-bit word)
+REGION_HEADER = 16
+#: bytes each region of a slot adds to its share: the header and 16 bytes of alignment room
+SLOT_OVERHEAD = REGION_HEADER + 16
+#: bytes of an orphan FIFO's header (its tail counter in the first 64-bit word)
+ORPHAN_HEADER = 16
+#: bytes of one control-block word
+CTRL_WORD = 8
+
+
+@dataclass(frozen=True)
+class CField:
+    """One member of a C struct of the ABI: name, C type as declared, comment."""
+    name: str
+    ctype: str
+    doc: str = ""
+
+
+#: ``struct hccc_conn``: one connection end (both ends point to the same FIFO and counters)
+CONN: tuple[CField, ...] = (
+    CField("slots", "void*", "NSLOTS * slot_bytes bytes, 16-aligned (receiver's memory)"),
+    CField("head", "uint64_t*", "slots consumed (written by the receiver, in the sender's memory)"),
+    CField("tail", "uint64_t*", "slots published (written by the sender, in the receiver's memory)"),
+)
+
+#: ``struct hccc_error``: "rank R, TB T stuck in <op> for chunk C (micro-batch M)"
+ERROR: tuple[CField, ...] = (
+    CField("claimed", "uint32_t", "0 = free; the first writer wins with a compare-and-swap"),
+    CField("valid", "uint32_t", "1 once the fields below are complete"),
+    CField("rank", "int32_t"),
+    CField("tb", "int32_t"),
+    CField("seq", "int32_t", "primitive index within the TB"),
+    CField("op", "int32_t", "HCCC_SEND ... HCCC_NOP"),
+    CField("wait", "int32_t", "HCCC_WAIT_*"),
+    CField("chunk", "int32_t", "chunk index (in the collective's full buffer)"),
+    CField("task", "int64_t", "originating transfer, -1 if none"),
+    CField("microbatch", "uint64_t"),
+    CField("waited", "uint64_t", "ticks spent waiting"),
+)
+
+#: ``struct hccc_args``: the kernels' single by-value argument
+ARGS: tuple[CField, ...] = (
+    CField("input", "void*", "in-place runs alias input / output as the collective dictates"),
+    CField("output", "void*"),
+    CField("scratch", "void*", "scratch_chunks * ceil(count / nchunks) elements"),
+    CField("count", "uint64_t", "elements in the collective's full buffer"),
+    CField("send_conns", "hccc_conn*"),
+    CField("recv_conns", "hccc_conn*"),
+    CField("progress", "uint64_t*", "per-rank cross-TB progress counters"),
+    CField("abort_flag", "uint32_t*", "global: nonzero makes every TB exit"),
+    CField("error", "hccc_error*"),
+    CField("timeout", "uint64_t", "spin-wait limit in hccc_clock() ticks (nanoseconds), 0 = none"),
+    CField("slice_bytes", "uint64_t", "micro-batch slice of this launch; 0 or > chunk_bytes: chunk_bytes"),
+    CField("peers", "const struct hccc_args*", "every rank's hccc_args (direct mode), or nullptr"),
+)
+
+STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
+
+#: what a stuck TB was waiting for (``hccc_error::wait``)
+WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3))
+
+# ---------------------------------------------------------------------------- primitive descriptor
+#: C type of each ``struct hccc_pd`` member (``int`` unless listed)
+_PD_CTYPES = {"spos": "int64_t", "rpos": "int64_t", "deps": "const int*", "task": "int64_t"}
+#: the macros' argument order: every call, then the awaited progress counters (``HCCC_PW*``), then
+#: the direct-mode fields (``HCCC_P*X``); codegen writes its calls in this order
+PD_CALL_BASE = ("seq", "op", "sconn", "spos", "rconn", "rpos", "sbuf", "soff", "dbuf", "doff", "cnt",
+                "chunk", "post", "task")
+PD_CALL_WAITS = ("ndeps", "deps")
+PD_CALL_DIRECT = ("direct", "dpeer", "pbuf", "poff", "pbase")
+#: fields given as an enumerator name at the call site (``SEND``, ``INPUT``): the prefix that makes
+#: the C constant
+PD_ENUM_PREFIX = {"op": "HCCC_", "sbuf": "HCCC_BUF_", "dbuf": "HCCC_BUF_", "pbuf": "HCCC_BUF_"}
+#: value of a field a macro does not take
+PD_DEFAULT = {"ndeps": "0", "deps": "nullptr", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0",
+              "pbase": "0"}
+
+
+def pd_struct_fields() -> tuple[CField, ...]:
+    """``struct hccc_pd``'s members in declaration order (names and order from
+    :data:`~hccc.compiler.backend.prim_fields.PD_FIELDS`)."""
+    return tuple(CField(f.name, _PD_CTYPES.get(f.name, "int"), f.doc) for f in PD_FIELDS)
+
+
+def pd_call_fields(waits: bool, direct: bool) -> tuple[str, ...]:
+    """Arguments of ``HCCC_P`` / ``HCCC_PW`` / ``HCCC_PX`` / ``HCCC_PWX``, in order."""
+    return PD_CALL_BASE + (PD_CALL_WAITS if waits else ()) + (PD_CALL_DIRECT if direct else ())
+
+
+def pd_macro_name(waits: bool, direct: bool) -> str:
+    return "HCCC_P" + ("W" if waits else "") + ("X" if direct else "")
+
+
+def _wrapped(head: str, items: list[str], indent: int, end: str, width: int = 100) -> list[str]:
+    """``head`` then ``items`` joined by ", ", broken into lines of at most ``width`` characters
+    (a macro: every line ends with a backslash, aligned)."""
+    lines, cur = [], head
+    for k, it in enumerate(items):
+        piece = it + (", " if k + 1 < len(items) else end)
+        if len(cur) + len(piece.rstrip()) > width - 2 and cur.strip():
+            lines.append(cur.rstrip())
+            cur = " " * indent
+        cur += piece
+    lines.append(cur.rstrip())
+    return lines
+
+
+def pd_macros() -> str:
+    """The four primitive-call macros: each fills an ``hccc_pd`` (members in declaration order)
+    from its arguments and runs it; ``T``, ``RED`` and the context ``c`` are in scope."""
+    out = []
+    for waits in (False, True):
+        for direct in (False, True):
+            name = pd_macro_name(waits, direct)
+            params = pd_call_fields(waits, direct)
+            inits = []
+            for f in pd_struct_fields():
+                v = f.name if f.name in params else PD_DEFAULT[f.name]
+                prefix = PD_ENUM_PREFIX.get(f.name)
+                inits.append(f"{prefix}##{v}" if prefix else v)
+            lines = _wrapped(f"#define {name}(", list(params), len(f"#define {name}("), ")")
+            lines += _wrapped("  if (!hccc_prim<T, RED>(c, hccc_pd{", inits, 4, "}))")
+            lines.append("  return")
+            width = max(len(ln) for ln in lines[:-1]) + 1
+            out.append("\n".join(ln.ljust(width) + "\\" for ln in lines[:-1]) + "\n" + lines[-1])
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- control block
+#: the control block's regions in order: (name, the count of words it has, what a word holds);
+#: the counts are ``nrecv``, ``nsend`` (connections of every channel) and ``nprogress``
+CTRL_REGIONS: tuple[tuple[str, str, str], ...] = (
+    ("tail", "nrecv", "tail of receive connection j: messages its sender published"),
+    ("send_head", "nsend", "head of send connection k: slots its receiver freed"),
+    ("unsent_head", "nrecv", "head of receive connection j when nobody sends on it"),
+    ("progress", "nprogress", "cross-TB progress counters (at least one word)"),
+)
+
+
+def ctrl_offset(region: str, index: int, nrecv: int, nsend: int) -> int:
+    """Byte offset of word ``index`` of ``region`` in a control block."""
+    counts = {"nrecv": nrecv, "nsend": nsend}
+    words = 0
+    for name, count, _ in CTRL_REGIONS:
+        if name == region:
+            return CTRL_WORD * (words + int(index))
+        words += counts[count]
+    raise KeyError(region)
+
+
+def ctrl_bytes(nrecv: int, nsend: int, nprogress: int) -> int:
+    """Bytes of a control block (the progress region has at least one word)."""
+    return ctrl_offset("progress", 0, nrecv, nsend) + CTRL_WORD * max(int(nprogress), 1)
+
+
+def ctrl_offset_c(region: str, index: str, nrecv: str, nsend: str) -> str:
+    """:func:`ctrl_offset` as a C expression over the given C expressions (``uint64_t``)."""
+    counts = {"nrecv": nrecv, "nsend": nsend}
+    terms = []
+    for name, count, _ in CTRL_REGIONS:
+        if name == region:
+            terms.append(index)
+            terms = [t for t in terms if t != "0"] or ["0"]
+            return f"{CTRL_WORD}ull * (uint64_t)({' + '.join(terms)})"
+        terms.append(f"({counts[count]})")
+    raise KeyError(region)
+
+
+def ctrl_layout_comment(prefix: str = "// ") -> str:
+    """The control-block layout as comment lines."""
+    lines = [f"{prefix}Control block ({CTRL_WORD}-byte words, in this order):"]
+    for name, count, doc in CTRL_REGIONS:
+        lines.append(f"{prefix}  {name:<12} x {count:<9} {doc}")
+    return "\n".join(lines)
+
+
+def manifest_abi_error(manifest: dict) -> str | None:
+    """Why a parsed ``manifest.json`` cannot be run by this hccc's kernels (another ABI version),
+    or None."""
+    got = manifest.get("abi_version")
+    if isinstance(got, int) and not isinstance(got, bool) and got == VERSION:
+        return None
+    return (f"the manifest's kernel ABI version is {got!r}, this hccc's kernels speak version {VERSION}: "
+            "compile the algorithm again with this hccc")
+
+
+# ---------------------------------------------------------------------------- C text
+def c_struct(name: str) -> str:
+    """The C declaration of one ABI struct (``hccc_pd`` included), one member per line."""
+    fields = pd_struct_fields() if name == "hccc_pd" else STRUCTS[name]
+    decls = [f"  {f.ctype} {f.name};" for f in fields]
+    width = max(len(d) for d in decls) + 1
+    body = "\n".join((d.ljust(width) + f"// {f.doc}").rstrip() if f.doc else d
+                     for d, f in zip(decls, fields))
+    return f"struct {name} {{\n{body}\n}};"
+
+
+def c_enums() -> str:
+    """The enumerations the ABI shares with ProgramIR: primitive operations, buffers, wait kinds."""
+    ops = ",\n".join(f"  HCCC_{o.name} = {int(o)}" for o in Op)
+    bufs = ", ".join(f"HCCC_BUF_{b.name} = {int(b)}" for b in Buf)
+    waits = ", ".join(f"HCCC_WAIT_{n} = {v}" for n, v in WAITS)
+    return ("// Primitive operations (values of ProgramIR's Op).\n"
+            f"enum {{\n{ops}\n}};\n"
+            "// Buffers (values of ProgramIR's Buf).\n"
+            f"enum {{ {bufs} }};\n"
+            "// What a stuck TB was waiting for (hccc_error::wait).\n"
+            f"enum {{ {waits} }};")
+
+
+__all__ = ["VERSION", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
+           "CONN", "ERROR", "ARGS", "STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
+           "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
+           "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",
+           "c_enums", "manifest_abi_error"]
