@@ -6,8 +6,10 @@ Compiling
     ``load_algorithm(path)`` (an Algorithm from ``.rccl``), ``load_program(path)``
     (a ProgramIR from ``.rccl``, MSCCL ``.xml`` or ProgramIR ``.json``), ``load_cluster(path)``
     (a Topology from ``.topo`` or a TACCL profile), ``verify(algorithm)``,
-    ``build_program(algorithm)`` (schedule, lower, allocate thread blocks), ``compile_program(ir,
-    outdir, CompileOptions())`` (kernels, manifest, build files, MSCCL XML).
+    ``build_program(algorithm)`` (schedule, lower, allocate thread blocks), ``compile(algo, outdir,
+    CompileOptions(), topology=None)`` (any input into kernels, manifest, build files, MSCCL XML:
+    what ``hccc ALGO -o OUTDIR`` writes, byte for byte), ``compile_program(ir, outdir,
+    CompileOptions())`` (a ProgramIR as given).
 Running and checking
     ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
     ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
@@ -31,6 +33,7 @@ _API = {
     "load_algorithm": "hccc.compiler.pipeline",
     "load_program": "hccc.compiler.pipeline",
     "load_cluster": "hccc.compiler.pipeline",
+    "compile": "hccc.runtime.compile",
     "compile_program": "hccc.compiler.pipeline",
     "CompileOptions": "hccc.compiler.pipeline",
     "verify": "hccc.compiler.passes.verify",

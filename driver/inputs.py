@@ -11,8 +11,16 @@ from pathlib import Path
 
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
-#: suffix -> kind of file ("algorithm": what the compile command reads; "cluster": what --topology reads)
-SUFFIX_KIND = {".rccl": "algorithm", ".xml": "algorithm", ".topo": "cluster"}
+def _suffix_kinds() -> dict[str, str]:
+    from hccc.compiler.pipeline.readers import algorithm_suffixes
+    kinds = {s: "algorithm" for s in algorithm_suffixes() if s != ".json"}   # .json: a TACCL cluster too
+    kinds[".topo"] = "cluster"
+    return kinds
+
+
+#: suffix -> kind of file ("algorithm": what the input readers take, :mod:`hccc.compiler.pipeline.readers`;
+#: "cluster": what --topology reads)
+SUFFIX_KIND = _suffix_kinds()
 #: how each kind is described, and the commands that read it
 DESCRIBE = {"algorithm": "an algorithm", "cluster": "a cluster description"}
 READERS = {"algorithm": "`hccc check {path}` or `hccc {path} -o OUTDIR`",

@@ -50,6 +50,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes, slot_share_bytes
 from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
+from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
@@ -64,6 +65,7 @@ GB = 1e9
 
 __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
            "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
+           "faster_allocation", "SimulatedCost", "ALLOCATION_SIZES",
            "resolve_slice"]
 
 
@@ -298,55 +300,47 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 
 
 # ---------------------------------------------------------------------------- programs per mode
-#: sizes at which :func:`faster_allocation` compares allocations by default (nccl-tests' small and
-#: large regimes: latency-bound and bandwidth-bound)
-ALLOCATION_SIZES = (1 << 20, 64 << 20)
+# ---------------------------------------------------------------------------- the compile's cost model
+class SimulatedCost(CostModel):
+    """The compile's cost model (:class:`hccc.compiler.pipeline.cost_model.CostModel`): a program's
+    time on ``topo`` by simulation at each of ``sizes`` (slice per size, as ``hccc sim``);
+    ``block_gbps``: the simulator's per-block limit."""
+
+    def __init__(self, topo: Topology, sizes=ALLOCATION_SIZES, block_gbps: float | None = DEFAULT_BLOCK_GBPS):
+        self.topo = topo
+        self.sizes = tuple(sizes)
+        self.block_gbps = block_gbps
+
+    @property
+    def cluster_name(self) -> str:
+        return self.topo.name
+
+    def times(self, ir: ProgramIR) -> list[float]:
+        return [r.time_s for r in simulate_sizes(ir, self.topo, self.sizes, block_gbps=self.block_gbps)]
 
 
 def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *, sizes=ALLOCATION_SIZES,
                       scheduler: str = "hpds", chunk_bytes: int = DEFAULT_SLOT_BYTES,
                       fuse: bool = False, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
-    """State-based TB allocation that never costs time on ``topo``: sharing a TB between units
-    whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
-    the earlier unit's micro-batches), so when state-based allocation shares anything, both
-    allocations are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the one with the
-    smaller total time is kept (state-based on a tie: fewer TBs). ``stats["tb_alloc_kept"]``,
-    ``tb_alloc_state_s``, ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology``
-    record the comparison (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for ("state") and
-    ``ntbs`` are those of the kept allocation. ``block_gbps``: the simulator's per-block limit."""
+    """:func:`hccc.compiler.pipeline.cost_model.faster_allocation` by simulation on ``topo`` for a
+    program built outside a compile (``state_ir``, default the state-based build of ``alg``)."""
     from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline.cost_model import faster_allocation as choose
 
     ir = state_ir if state_ir is not None else build_program(
         alg, scheduler=scheduler, tb_alloc="state", chunk_bytes=chunk_bytes, fuse=fuse)
-    st = ir.stats
-    if st.get("tbs_state_based") == st.get("tbs_connection_based"):
-        return ir                      # nothing shared: the two allocations are the same
-    conn = build_program(alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse)
-    conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
-    t_state = sum(r.time_s for r in simulate_sizes(ir, topo, sizes, block_gbps=block_gbps))
-    t_conn = sum(r.time_s for r in simulate_sizes(conn, topo, sizes, block_gbps=block_gbps))
-    keep = ir if t_state <= t_conn else conn
-    if keep is conn:
-        conn.stats["tb_alloc"] = "state"
-        conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
-    keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
-                       "tb_alloc_connection_s": t_conn, "tb_alloc_sizes": ",".join(str(int(s)) for s in sizes),
-                       "tb_alloc_topology": topo.name})
-    return keep
+    return choose(SimulatedCost(topo, sizes, block_gbps), ir, lambda: build_program(
+        alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse))
 
 
 def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR | None = None, *,
                   sizes=ALLOCATION_SIZES, scheduler: str = "hpds",
                   chunk_bytes: int | None = None) -> ProgramIR:
-    """The fused program (receive-and-forward fusion, one TB per connection pair) where it never
-    costs time on ``topo``, else ``plain_ir``. Fusion saves a pass over memory per forwarded byte
-    (which the simulator does not charge), but its traffic runs on TBs and channels of its own,
-    beside the unfused traffic of the same links, which can delay the schedule's critical chains;
-    so both are simulated at ``sizes`` (slice per size, as ``hccc sim``) and the fused one is kept
-    only when it is at least as fast at every size. ``fused_ir`` defaults to the fused build with
-    the faster allocation on ``topo``. ``stats["fusion_kept"]``, ``fusion_plain_s`` and
-    ``fusion_fused_s`` (totals over ``sizes``) record the comparison."""
+    """:func:`hccc.compiler.pipeline.cost_model.faster_fusion` by simulation on ``topo``.
+    ``fused_ir`` defaults to the fused build of ``alg`` with the faster allocation on ``topo``,
+    compared at the plain program's channel count."""
     from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline.cost_model import faster_fusion as choose
 
     if fused_ir is None:
         from hccc.compiler.passes.channels import with_channels
@@ -355,16 +349,7 @@ def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR 
         # compared at the plain program's channel count (each thread block's blocks)
         fused_ir = with_channels(fused_ir, int(getattr(plain_ir, "nchannels", 1)))
         fused_ir = faster_allocation(alg, topo, fused_ir, sizes=sizes, scheduler=scheduler, fuse=True)
-    if not fused_ir.stats.get("fused"):
-        keep, t_plain, t_fused = plain_ir, None, None
-    else:
-        t_plain = [r.time_s for r in simulate_sizes(plain_ir, topo, sizes)]
-        t_fused = [r.time_s for r in simulate_sizes(fused_ir, topo, sizes)]
-        keep = fused_ir if all(f <= p for f, p in zip(t_fused, t_plain)) else plain_ir
-    keep.stats.update({"fusion_kept": keep is fused_ir,
-                       "fusion_plain_s": sum(t_plain) if t_plain else -1.0,
-                       "fusion_fused_s": sum(t_fused) if t_fused else -1.0})
-    return keep
+    return choose(SimulatedCost(topo, sizes, DEFAULT_BLOCK_GBPS), plain_ir, fused_ir)
 
 
 def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds",

@@ -1,4 +1,4 @@
-"""The compile's second thread (``hccc.compiler.pipeline.BESIDE_FROM``): verification beside
+"""The compile's second thread (``hccc.compiler.pipeline.context.BESIDE_FROM``): verification beside
 scheduling, the IR checks beside code generation. The outputs are those of the one-thread compile,
 byte for byte; errors keep their order (verification first, then the checks, then code
 generation) and a failed compile leaves no output directory."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hccc.compiler import pipeline
+from hccc.compiler.pipeline import context as pipeline
 from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.passes import build
 from hccc.compiler.pipeline import CompileOptions, StageTimes, compile_algorithm, load_algorithm
@@ -72,7 +72,7 @@ def _refused(alg, out: Path, exc_type, match: str) -> None:
 def test_a_verification_error_wins_over_a_failed_schedule(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
     alg = load_algorithm(_unverifiable(tmp_path))
-    monkeypatch.setattr(build, "build_program", _failing(RuntimeError("scheduling failed")))
+    monkeypatch.setattr(build, "schedule_algorithm", _failing(RuntimeError("scheduling failed")))
     _refused(alg, tmp_path / "o", CompileError, "does not hold chunk")
 
 
@@ -91,7 +91,7 @@ def test_timings_say_what_ran_beside(tmp_path):
     from hccc.compiler.frontend.generators import hm_allreduce_rccl
     src = tmp_path / "hm.rccl"
     src.write_text(hm_allreduce_rccl(2, 8))
-    code = ("import sys; from hccc.compiler import pipeline; pipeline.BESIDE_FROM = 0; "
+    code = ("import sys; from hccc.compiler.pipeline import context; context.BESIDE_FROM = 0; "
             "from hccc.cli import main; sys.exit(main())")
     r = subprocess.run([sys.executable, "-c", code, str(src), "-o", str(tmp_path / "o"), "--timings"],
                        capture_output=True, text=True, timeout=300)

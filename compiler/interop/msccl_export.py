@@ -62,8 +62,9 @@ def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
 
 
 def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False, instances: int = 1,
-                     chunk_bytes: int = 1 << 20, name: str | None = None) -> tuple[ProgramIR, str]:
+                     chunk_bytes: int = 1 << 20, name: str | None = None, dag=None) -> tuple[ProgramIR, str]:
     """An Algorithm as MSCCL XML, built for the way the runtimes execute it: (program, text).
+    ``dag``: the algorithm's DAG when the caller has built it already (a compile's).
 
     The runtimes run every thread block's whole step list once per slice (algorithm-level
     execution), so the export starts from the program that execution runs best
@@ -83,7 +84,7 @@ def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False
     if instances < 1:
         raise ValueError("instances must be at least 1")
     # built and checked (structure, FIFO order, deadlock freedom) by build_algorithm_level
-    ir = build_algorithm_level(alg, chunk_bytes=chunk_bytes, name=name)
+    ir = build_algorithm_level(alg, chunk_bytes=chunk_bytes, name=name, dag=dag)
     return ir, _export_program(ir, lim, fuse, instances, True)
 
 

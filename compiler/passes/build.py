@@ -108,19 +108,25 @@ def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str =
     return ir
 
 
+def scheduler_name(scheduler: str) -> str:
+    """The name a program's ``stats["scheduler"]`` records for ``scheduler``."""
+    return "rr" if scheduler in ("rr", "round_robin", "round-robin") else scheduler
+
+
 def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "state",
                   chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = False,
                   timings: dict | None = None, check: bool = True) -> ProgramIR:
     """Run dag -> schedule -> lower -> TB allocation -> checks; ``stats`` holds transfers,
     subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
     ``check=False`` (without ``fuse``) skips the IR checks; the caller runs :func:`check_program`.
+    (A compile runs the same steps as passes over its context, :mod:`hccc.compiler.pipeline.compile`.)
 
     ``fuse`` (off by default) merges a receive and the send that forwards the same chunk into one
     fused primitive (recvCopySend / recvReduceCopySend). It saves a pass over memory; fused traffic
     runs on channels and TBs of its own, one per connection pair (:mod:`.lower`), beside the unfused
     traffic of the same links, which the simulator finds slower on some programs
-    (benchmarks/fusion.py), so the compiler fuses by default only where
-    :func:`hccc.runtime.simulator.faster_fusion` finds it never slower on the given cluster."""
+    (benchmarks/fusion.py), so the compiler fuses by default only where its cost model
+    (:func:`hccc.compiler.pipeline.cost_model.faster_fusion`) finds it never slower on the given cluster."""
     from hccc.compiler.passes.dag import build_dag
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
@@ -132,27 +138,29 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     t["schedule"] = t2 - t1
     ir = build_from_schedule(alg, dag, sched, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes, name=name,
                              fuse=fuse, timings=t, check=check)
-    ir.stats["scheduler"] = "rr" if scheduler in ("rr", "round_robin", "round-robin") else scheduler
+    ir.stats["scheduler"] = scheduler_name(scheduler)
     return ir
 
 
 def build_algorithm_level(alg: Algorithm, *, tb_alloc: str = "connection", chunk_bytes: int = 1 << 20,
-                          name: str | None = None, timings: dict | None = None) -> ProgramIR:
+                          name: str | None = None, timings: dict | None = None, dag=None) -> ProgramIR:
     """The program MSCCL-style algorithm-level execution runs best (what the MSCCL XML export
     starts from): transfers in step order (:func:`~hccc.compiler.passes.schedule.step_schedule`, no
     fusion, since a fused pair would span two steps) on one thread block per connection end unless
     ``tb_alloc`` says otherwise. Every micro-batch runs a TB's whole list, so a TB that served
-    several connections one after another (state-based allocation) would serialise them."""
+    several connections one after another (state-based allocation) would serialise them.
+    ``dag``: the algorithm's DAG when the caller has built it (a compile shares its own)."""
     from hccc.compiler.passes.dag import build_dag
     from hccc.compiler.passes.schedule import step_schedule
     t = timings if timings is not None else {}
-    t0 = time.perf_counter()
-    dag = build_dag(alg)
-    t["dag"] = t.get("dag", 0.0) + time.perf_counter() - t0
+    if dag is None:
+        t0 = time.perf_counter()
+        dag = build_dag(alg)
+        t["dag"] = t.get("dag", 0.0) + time.perf_counter() - t0
     ir = build_from_schedule(alg, dag, step_schedule(alg), tb_alloc=tb_alloc, chunk_bytes=chunk_bytes,
                              name=name, fuse=False, timings=t)
     ir.stats["scheduler"] = "step"
     return ir
 
 
-__all__ = ["build_program", "build_algorithm_level", "build_from_schedule", "schedule_algorithm", "sanitize_identifier"]
+__all__ = ["build_program", "scheduler_name", "check_program", "build_algorithm_level", "build_from_schedule", "schedule_algorithm", "sanitize_identifier"]

@@ -1,8 +1,11 @@
 """``hccc check ALGO [--topology T] [--json]``: verify an algorithm and print a summary.
 
-ALGO is a ``.rccl`` program (parsed, evaluated and proven against its collective's
-postcondition by :func:`hccc.compiler.passes.verify.verify`) or an MSCCL ``.xml`` (imported, which
-proves the collective symbolically and checks the thread blocks for deadlocks). With
+ALGO is anything a reader of :mod:`hccc.compiler.pipeline.readers` takes: a ``.rccl`` program
+(parsed, evaluated and proven against its collective's postcondition by
+:func:`hccc.compiler.passes.verify.verify`), an MSCCL ``.xml`` (imported, which proves the
+collective symbolically and checks the thread blocks for deadlocks) or a ProgramIR ``.json`` (its
+structure, FIFO order and deadlock freedom checked and the collective proven symbolically, in place
+and out of place, :func:`hccc.compiler.ir.symbolic.prove`). With
 ``--topology T`` the program must also fit the cluster (nRanks = its GPU count, every transfer on
 a link). ``--json`` prints ``{"valid", "collective", "nranks", "transfers", "steps"[, "topology"]}``
 (on failure ``{"valid": false, "errors": [{"message", "file", "line", "col"}]}``).
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+from pathlib import Path
 
 from hccc.args import add_topology_option, positive_int
 from hccc.compiler.frontend.limits import printable
@@ -22,7 +25,7 @@ INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl or an MSCCL .xml")
+    p.add_argument("algo", metavar="ALGO", help="algorithm: .rccl, an MSCCL .xml or a ProgramIR .json")
     add_topology_option(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
@@ -30,12 +33,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from hccc.compiler.pipeline import XML_SUFFIXES, load_algorithm
+    from hccc.compiler.pipeline import CompileOptions, reader_for
     from hccc.compiler.passes.verify import verify
 
-    if os.path.splitext(args.algo)[1].lower() in XML_SUFFIXES:
-        return _check_xml(args)
-    alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+    reader = reader_for(args.algo)
+    if reader.gives == "program":
+        return _check_program(args, reader)
+    alg = reader.read(Path(args.algo), CompileOptions(max_transfers=args.max_transfers))
     cluster = None
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
@@ -62,14 +66,36 @@ def run(args) -> int:
     return 0
 
 
-def _check_xml(args) -> int:
-    """``hccc check X.xml``: import (which proves the collective symbolically and checks the TB
-    pairs for deadlocks) and summarise."""
-    from hccc.compiler.pipeline import load_program
+def _prove(path: str, ir) -> None:
+    """A ProgramIR's checks (FIFO order, deadlock freedom) and its collective proven in both modes;
+    a failure is located at the file."""
+    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+    from hccc.compiler.ir.check import check_deadlock, check_fifo_order
+    from hccc.compiler.ir.program_ir import IRFormatError
+    from hccc.compiler.ir.symbolic import ProofError, prove
 
-    ir = load_program(args.algo)
+    try:
+        check_fifo_order(ir)
+        check_deadlock(ir)
+        for inplace in (False, True):
+            prove(ir, inplace)
+    except (IRFormatError, ProofError) as exc:
+        mode = "" if isinstance(exc, IRFormatError) else " (in place)" if inplace else " (out of place)"
+        raise CompileError([Diagnostic(f"the program does not implement {ir.collective}{mode}: {exc}",
+                                       Location(SourceFile.read(path), 1, 1))]) from None
+    ir.stats["execution"] = "task"
+
+
+def _check_program(args, reader) -> int:
+    """``hccc check X.xml`` / ``X.json``: read (an MSCCL import proves the collective symbolically and
+    checks the TB pairs for deadlocks; a ProgramIR is checked and proven here) and summarise."""
+    from hccc.compiler.pipeline import CompileOptions
+
+    ir = reader.read(Path(args.algo), CompileOptions(max_transfers=args.max_transfers))
+    if not reader.proven:
+        _prove(args.algo, ir)
     summary = {"valid": True, "collective": ir.collective, "nranks": int(ir.nranks),
-               "transfers": int(ir.stats.get("transfers", 0)), "format": "msccl-xml",
+               "transfers": int(ir.stats.get("transfers", 0)), "format": reader.name,
                "execution": ir.stats.get("execution"), "tbs_per_rank_max": int(max(ir.ntbs, default=0))}
     if args.topology is not None:
         from hccc.compiler.pipeline import read_cluster
@@ -80,7 +106,7 @@ def _check_xml(args) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{printable(str(args.algo))}: valid {ir.collective} on {plural(ir.nranks, 'rank')} (MSCCL XML, "
+        print(f"{printable(str(args.algo))}: valid {ir.collective} on {plural(ir.nranks, 'rank')} ({reader.label}, "
               f"{plural(summary['transfers'], 'transfer')}, "
               f"{plural(summary['tbs_per_rank_max'], 'thread block')} per rank at most, "
               f"{summary['execution']}-level execution)")

@@ -9,7 +9,6 @@ without scheduling). OUTDIR is replaced atomically: a failed compile leaves it u
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -57,26 +56,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_xml_limit_arguments(p)
 
 
-def _faster(topology, opts, fuse_mode, alg, ir):
-    from hccc.runtime.simulator import faster_allocation, faster_fusion
-    ir = faster_allocation(alg, topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
-    if fuse_mode == "auto":
-        ir = faster_fusion(alg, topology, ir, scheduler=opts.scheduler, chunk_bytes=opts.chunk_bytes)
-    return ir
-
-
 def run(args) -> int:
     from hccc.args import xml_limits_from_args
-    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, StageTimes, compile_algorithm,
-                                        compile_program, load_algorithm, load_program)
+    from hccc.compiler.pipeline import StageTimes, compile as passes
+    from hccc.runtime import compile as hccc_compile
 
     times = StageTimes()
-    opts = program_options(args, target=args.target, fuse=args.fuse == "on", codegen=args.codegen, direct=args.direct,
+    opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen, direct=args.direct,
                            xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
-    cluster = None
-    if args.topology is not None:
-        from hccc.compiler.pipeline import read_cluster
-        cluster = times.run("topology", read_cluster, args.topology)
+    cluster = times.run("topology", hccc_compile.cluster_of, args.topology) if args.topology is not None else None
     if args.list_outputs:
         from hccc.compiler.pipeline import output_list
         try:
@@ -87,22 +75,13 @@ def run(args) -> int:
         out = Path(args.output)
         sys.stdout.write("".join(f"{out / n}\n" for n in names))
         return 0
-    limits = xml_limits_from_args(args)
-    if os.path.splitext(args.algo)[1].lower() in IR_SUFFIXES + XML_SUFFIXES:
-        ir = times.run("parse", load_program, args.algo, opts)
-        ir, files, notes = compile_program(ir, args.output, opts, times, cluster=cluster, xml_limits=limits)
-    else:
-        alg = times.run("parse", load_algorithm, args.algo, max_transfers=args.max_transfers)
-        choose = None
-        if cluster is not None:     # a cost model to check that sharing thread blocks costs no time
-            from functools import partial
-
-            choose = partial(_faster, cluster.topology, opts, args.fuse)
-        big = alg.ntransfers > BIG_TRANSFERS
-        with Progress("hccc", enabled=big) as prog, \
-                prog.phase(f"compiling {args.algo} ({plural(alg.ntransfers, 'transfer')})"):
-            ir, files, notes = compile_algorithm(alg, args.output, opts, times, cluster=cluster,
-                                                 xml_limits=limits, choose_allocation=choose)
+    # the compile hccc.compile runs (the simulator as cost model with a cluster)
+    ctx = hccc_compile.context(args.algo, opts, topology=cluster, xml_limits=xml_limits_from_args(args), times=times)
+    n = ctx.algorithm.ntransfers if ctx.algorithm is not None else 0
+    with Progress("hccc", enabled=n > BIG_TRANSFERS) as prog, \
+            prog.phase(f"compiling {args.algo} ({plural(n, 'transfer')})"):
+        passes.compile(ctx, args.output)
+    ir, files, notes = ctx.ir, ctx.files, ctx.notes
     for note in notes:
         sys.stderr.write(f"hccc: warning: {note}\n")
     if args.depfile:

@@ -65,7 +65,8 @@ def _repro(args, ir, case) -> str:
            "--sizes", str(case.count * ELEMENT_BYTES[case.dtype]), "--dtype", case.dtype,
            "--op", case.op, "--threads", str(case.nthreads), "--seed", str(args.seed),
            "--iters", "1", "--warmup", "0"]
-    if Path(args.algo).suffix.lower() not in (".json", ".xml"):
+    from hccc.compiler.pipeline import reader_for
+    if reader_for(args.algo).gives == "algorithm":
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
     cmd.append("--inplace" if case.inplace else "--out-of-place")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]

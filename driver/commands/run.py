@@ -79,26 +79,11 @@ def load_with_platforms(args):
     if args.topology is None:
         ir = load(args)       # one platform: HIP with --backend hip, else CUDA (as the compiler)
         return ir, ["hip" if args.backend == "hip" else "cuda"] * ir.nranks
-    from hccc.compiler.pipeline import (IR_SUFFIXES, XML_SUFFIXES, load_algorithm,
-                                        platforms_for, read_cluster)
-    cluster = read_cluster(args.topology)
-    if Path(args.algo).suffix.lower() in IR_SUFFIXES + XML_SUFFIXES:
-        from hccc.compiler.cluster.topology_check import check_ir_on_topology
-        ir = load(args)
-        check_ir_on_topology(ir, cluster.topology, cluster.name)
-    else:
-        from hccc.compiler.passes.build import build_program
-        from hccc.compiler.cluster.topology_check import check_on_topology
-        from hccc.compiler.passes.verify import verify
-        alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
-        verify(alg)
-        check_on_topology(alg, cluster.topology, cluster.name)
-        opts = program_options(args)
-        ir = build_program(alg, scheduler=opts.scheduler, tb_alloc=opts.tb_alloc,
-                           chunk_bytes=opts.chunk_bytes, fuse=opts.fuse)
-        if opts.tb_alloc == "state":   # keep thread-block sharing only where it costs no time there
-            from hccc.runtime.simulator import faster_allocation
-            ir = faster_allocation(alg, cluster.topology, ir, scheduler=opts.scheduler, fuse=opts.fuse)
+    from hccc.compiler.pipeline import platforms_for
+    from hccc.runtime.compile import build, cluster_of
+    # the program the compile emits on that cluster (it must fit; the simulator chooses allocation and fusion)
+    cluster = cluster_of(args.topology)
+    ir = build(args.algo, program_options(args), topology=cluster)
     return ir, [pls[0] for pls in platforms_for(ir.nranks, "auto", cluster.topology)]
 
 

@@ -116,18 +116,18 @@ def _block_bw(text: str) -> float:
 
 def _load(args, algo: str, scheduler: str, topo, sizes):
     """The ProgramIR to simulate and the execution it runs with."""
-    from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
+    from hccc.compiler.pipeline import CompileOptions, reader_for
     from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
     from hccc.compiler.passes.verify import verify
     from hccc.runtime.simulator import build_for_execution
 
     path = Path(algo)
     execution = args.execution
-    if path.suffix.lower() in (".json", ".xml"):
-        opts = CompileOptions(scheduler=scheduler, tb_alloc=args.tb_alloc or "state",
-                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES,
-                              max_transfers=args.max_transfers)
-        ir = load_program(path, opts)
+    reader = reader_for(path)
+    opts = CompileOptions(scheduler=scheduler, tb_alloc=args.tb_alloc or "state",
+                          chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, max_transfers=args.max_transfers)
+    if reader.gives == "program":
+        ir = reader.read(path, opts)
         if args.chunk_size:
             ir.chunk_bytes = args.chunk_size
         if execution is None:  # an MSCCL import records whether it only runs algorithm-level
@@ -135,7 +135,7 @@ def _load(args, algo: str, scheduler: str, topo, sizes):
             execution = ex if ex in ("task", "algorithm") else "task"
         return _channels(args, ir, topo), execution
     execution = execution or "task"
-    alg = load_algorithm(path, max_transfers=args.max_transfers)
+    alg = reader.read(path, opts)
     verify(alg)
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes)

@@ -51,17 +51,18 @@ def run(args) -> int:
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output)   # before the work: never a device, FIFO or symlink
     lim = xml_limits_from_args(args)
-    if Path(args.algo).suffix.lower() not in (".json", ".xml") and args.xml_order == "step":
+    from hccc.compiler.pipeline import read_input
+    src = read_input(args.algo, opts)
+    if not hasattr(src, "prims") and args.xml_order == "step":
         from hccc.compiler.interop.msccl_export import export_algorithm
-        from hccc.compiler.pipeline import load_algorithm
         from hccc.compiler.passes.verify import verify
-        alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+        alg = src
         verify(alg)
         # each channel is an MSCCL instance (hccc.compiler.pipeline.xml_instances)
         ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
                                     instances=xml_instances(opts, alg.header.nchannels))
     else:
-        ir = load_program(args.algo, opts)
+        ir = src if hasattr(src, "prims") else load_program(src, opts)
         text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
     if args.output == "-":
         sys.stdout.write(text)

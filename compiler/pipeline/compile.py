@@ -1,0 +1,217 @@
+"""The compile as one list of passes over a :class:`~hccc.compiler.pipeline.context.CompileContext`
+(:func:`compile_passes`), and its entries: :func:`compile` (any input into an OUTDIR),
+:func:`build` (the program only, nothing written), :func:`compile_algorithm` and
+:func:`compile_program`.
+
+An algorithm (``.rccl``) goes through every pass; a ProgramIR given as such (an MSCCL ``.xml``, a
+ProgramIR ``.json``) skips those that make one (verify ... lower) and is emitted as given.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+from hccc.compiler.pipeline.context import CompileContext, Pass, StageTimes, run_passes
+from hccc.compiler.pipeline.options import CompileOptions, resolve_channel_count
+
+
+def _has_algorithm(ctx: CompileContext) -> bool:
+    return ctx.algorithm is not None
+
+
+# ---------------------------------------------------------------------------------- the passes
+def verify_algorithm(ctx: CompileContext) -> None:
+    """Prove the algorithm implements its collective (:func:`hccc.compiler.passes.verify.verify`)."""
+    from hccc.compiler.passes.verify import verify
+    verify(ctx.algorithm)
+    ctx.verified = True
+
+
+def fit_cluster(ctx: CompileContext) -> None:
+    """The input must fit the cluster (rank count, a link under every transfer); the manifest
+    records the cluster."""
+    from hccc.compiler.cluster import topology_check
+    c = ctx.cluster
+    if ctx.algorithm is not None:
+        topology_check.check_on_topology(ctx.algorithm, c.topology, c.name)
+    else:
+        topology_check.check_ir_on_topology(ctx.ir, c.topology, c.name)
+    ctx.manifest["topology"] = c.manifest_entry()
+
+
+def build_dag(ctx: CompileContext) -> None:
+    from hccc.compiler.passes.dag import build_dag as dag_of
+    ctx.dag = dag_of(ctx.algorithm)
+
+
+def schedule(ctx: CompileContext) -> None:
+    from hccc.compiler.passes import build
+    ctx.schedule = build.schedule_algorithm(ctx.algorithm, ctx.dag, ctx.options.scheduler)
+
+
+def lowered(ctx: CompileContext, *, tb_alloc: str, fuse: bool, check: bool = True, timings=None):
+    """The scheduled algorithm lowered and its thread blocks allocated (the IR checks, with
+    fusion's back-off, unless ``check=False``): a program the compile keeps or compares."""
+    from hccc.compiler.passes import build
+    ir = build.build_from_schedule(ctx.algorithm, ctx.dag, ctx.schedule, tb_alloc=tb_alloc,
+                                   chunk_bytes=ctx.options.chunk_bytes, fuse=fuse, check=check, timings=timings)
+    ir.stats["scheduler"] = build.scheduler_name(ctx.options.scheduler)
+    return ir
+
+
+def lower(ctx: CompileContext) -> dict:
+    """Lower, allocate thread blocks, run the IR checks. In a large compile the checks go beside
+    code generation (the ``checks`` pass) unless fusion's back-off needs them here or a cost model
+    simulates the program."""
+    phases: dict[str, float] = {}
+    inline = not ctx.large or ctx.options.fused or ctx.cost_model is not None
+    ctx.ir = lowered(ctx, tb_alloc=ctx.options.tb_alloc, fuse=ctx.options.fused, check=inline, timings=phases)
+    ctx.ir_checked = inline
+    ctx.structure_checked = True      # here or by the checks pass, before anything is committed
+    return phases
+
+
+def check_ir(ctx: CompileContext) -> None:
+    """The IR checks of an unfused lowering (structure, FIFO order, deadlock freedom)."""
+    from hccc.compiler.passes import build
+    build.check_program(ctx.ir)
+    ctx.ir_checked = True
+
+
+def _choosing(ctx: CompileContext) -> bool:
+    return ctx.cost_model is not None and ctx.algorithm is not None and ctx.options.tb_alloc == "state"
+
+
+def choose_allocation(ctx: CompileContext) -> None:
+    """State-based thread blocks only where sharing them costs no time on the cluster
+    (:func:`~hccc.compiler.pipeline.cost_model.faster_allocation`), compared at the channel count
+    the program gets."""
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.compiler.pipeline.cost_model import faster_allocation
+    k = resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(), ctx.declared_channels)
+    ctx.analyses["compared_channels"] = k
+    fused = ctx.options.fused
+    ctx.ir = faster_allocation(ctx.cost_model, with_channels(ctx.ir, k),
+                               partial(lowered, ctx, tb_alloc="connection", fuse=fused))
+
+
+def choose_fusion(ctx: CompileContext) -> None:
+    """Fusion (``fuse="auto"``) where the cost model finds it never slower
+    (:func:`~hccc.compiler.pipeline.cost_model.faster_fusion`); the fused program with its own
+    allocation choice."""
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.compiler.pipeline.cost_model import faster_allocation, faster_fusion
+    fused = with_channels(lowered(ctx, tb_alloc="state", fuse=True), ctx.analyses["compared_channels"])
+    fused = faster_allocation(ctx.cost_model, fused, partial(lowered, ctx, tb_alloc="connection", fuse=True))
+    ctx.ir = faster_fusion(ctx.cost_model, ctx.ir, fused)
+
+
+def channels(ctx: CompileContext) -> None:
+    """Blocks per thread block: ``--channels``, or auto (the algorithm's declared count, else the
+    hardware rule of :mod:`hccc.compiler.passes.channels`)."""
+    from hccc.compiler.passes.channels import with_channels
+    ctx.ir = with_channels(ctx.ir, resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(),
+                                                         ctx.declared_channels))
+
+
+def codegen(ctx: CompileContext) -> dict:
+    """The kernel emitter ``options.codegen`` into a fresh directory beside OUTDIR, then the
+    exports' files; the directory replaces OUTDIR once every pass passed (:func:`run_passes`)."""
+    from hccc.compiler.backend.output_dir import atomic_output_dir
+    from hccc.compiler.pipeline.emitters import kernel_emitter
+    emitter = kernel_emitter(ctx.options.codegen)
+    ctx.staging = Path(ctx.output.enter_context(atomic_output_dir(ctx.outdir)))
+    files, phases = emitter.make(ctx, ctx.staging)
+    for name, text in ctx.exports.items():
+        path = ctx.staging / name
+        path.write_text(text, encoding="utf-8")
+        files = [*files, path]
+    ctx.files = sorted(files)
+    return phases
+
+
+def program_passes() -> list[Pass]:
+    """The passes that make the program: everything before channels and output."""
+    return [
+        Pass("verify", verify_algorithm, when=_has_algorithm, beside="schedule+lower"),
+        Pass("topology", fit_cluster, when=lambda ctx: ctx.cluster is not None),
+        Pass("dag", build_dag, when=_has_algorithm, stage="schedule+lower"),
+        Pass("schedule", schedule, when=_has_algorithm, stage="schedule+lower"),
+        Pass("lower", lower, when=_has_algorithm, stage="schedule+lower"),
+        Pass("checks", check_ir, when=lambda ctx: _has_algorithm(ctx) and not ctx.ir_checked, beside="codegen"),
+        Pass("allocation", choose_allocation, when=_choosing, stage="tb_alloc choice"),
+        Pass("fusion", choose_fusion, when=lambda ctx: _choosing(ctx) and ctx.options.fuse == "auto",
+             stage="tb_alloc choice"),
+    ]
+
+
+def compile_passes() -> list[Pass]:
+    """The whole compile, in order: the program's passes, channels, every export emitter, then
+    the kernel emitter (:mod:`hccc.compiler.pipeline.emitters`)."""
+    from hccc.compiler.pipeline.emitters import exports, run_export
+    return [
+        *program_passes(),
+        Pass("channels", channels),
+        *[Pass(e.name, partial(run_export, emitter=e), when=e.when) for e in exports()],
+        Pass("codegen", codegen),
+    ]
+
+
+# ---------------------------------------------------------------------------------- entries
+def context_for(source, opts: CompileOptions | None = None, *, cluster=None, cost_model=None,
+                xml_limits=None, times: StageTimes | None = None) -> CompileContext:
+    """A context for ``source``: a path (read by its reader, :mod:`hccc.compiler.pipeline.readers`;
+    the ``parse`` stage), an Algorithm or a ProgramIR."""
+    ctx = CompileContext(options=opts or CompileOptions(), cluster=cluster, cost_model=cost_model,
+                         xml_limits=xml_limits, times=times or StageTimes())
+    if isinstance(source, (str, Path)):
+        from hccc.compiler.pipeline.readers import read_input
+        source = ctx.times.run("parse", read_input, source, ctx.options)
+    if hasattr(source, "prims"):
+        ctx.ir = source
+        ctx.analyses["given_channels"] = int(source.nchannels)   # a given program's own count
+    else:
+        ctx.algorithm = source
+    return ctx
+
+
+def compile(ctx: CompileContext, outdir: str | Path) -> CompileContext:   # noqa: A001
+    """Run :func:`compile_passes` over ``ctx`` into ``outdir`` (replaced atomically: a failed
+    compile leaves it untouched). ``ctx.ir``, ``ctx.files`` and ``ctx.notes`` (warnings for the
+    user, e.g. an export refused past a runtime limit: the kernels are still written) hold the
+    outcome."""
+    ctx.outdir = Path(outdir)
+    return run_passes(ctx, compile_passes())
+
+
+def build(ctx: CompileContext):
+    """The program of ``ctx`` (:func:`program_passes`; nothing written)."""
+    run_passes(ctx, program_passes())
+    return ctx.ir
+
+
+def compile_algorithm(alg, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
+                      cluster=None, xml_limits=None, cost_model=None):
+    """Verify, schedule, lower and emit ``alg`` into ``outdir`` atomically. Returns (ir, files, notes).
+
+    With a ``cluster``, the algorithm must also fit it (:func:`~hccc.compiler.cluster.topology_check.
+    check_on_topology`: rank count, a link under every transfer), ranks take their platform from their
+    node's vendor (unless ``opts.target`` forces one) and the manifest records the cluster. With a
+    ``cost_model`` (``hccc.compile`` gives the simulator's for a cluster) the allocation and fusion
+    are chosen by it."""
+    ctx = compile(context_for(alg, opts, cluster=cluster, cost_model=cost_model, xml_limits=xml_limits,
+                              times=times), outdir)
+    return ctx.ir, ctx.files, ctx.notes
+
+
+def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTimes | None = None,
+                    cluster=None, xml_limits=None):
+    """Emit a ProgramIR into ``outdir`` atomically: kernels, manifest, IR JSON, build files and the
+    exports (the MSCCL XML ``<name>.xml``). Returns (ir, files, notes). With a ``cluster``, every
+    connection of the IR must be a link of it."""
+    ctx = compile(context_for(ir, opts, cluster=cluster, xml_limits=xml_limits, times=times), outdir)
+    return ctx.ir, ctx.files, ctx.notes
+
+
+__all__ = ["compile_passes", "program_passes", "context_for", "compile", "build", "compile_algorithm",
+           "compile_program", "lowered"]

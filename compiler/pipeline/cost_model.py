@@ -1,0 +1,83 @@
+"""The compile's cost-model choices: which thread-block allocation, whether to fuse.
+
+A :class:`CostModel` predicts a program's time on a cluster at a few message sizes; the choices
+here compare alternatives built from one schedule by those predictions, and are passes of the
+compile (:mod:`hccc.compiler.pipeline.compile`) run when the context has a cost model. The
+predictions come from the alpha-beta simulator (``hccc.runtime.simulator.SimulatedCost``);
+any object with ``sizes``, ``cluster_name`` and ``times(ir)`` serves.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+#: sizes at which the choices compare programs by default (nccl-tests' small and large regimes:
+#: latency-bound and bandwidth-bound)
+ALLOCATION_SIZES = (1 << 20, 64 << 20)
+
+
+class CostModel(ABC):
+    """Predicted seconds of a program on one cluster, at each of :attr:`sizes` (bytes)."""
+
+    sizes: tuple[int, ...] = ALLOCATION_SIZES
+
+    @property
+    @abstractmethod
+    def cluster_name(self) -> str:
+        """The cluster's name, recorded with the choices in the program's stats."""
+
+    @abstractmethod
+    def times(self, ir) -> list[float]:
+        """Seconds of one call of ``ir`` at each size of :attr:`sizes`."""
+
+
+def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
+    """State-based TB allocation that never costs time on the cluster: sharing a TB between units
+    whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
+    the earlier unit's micro-batches), so when state-based allocation shares anything, both
+    allocations are predicted at ``cost.sizes`` and the one with the smaller total time is kept
+    (state-based on a tie: fewer TBs). ``build_connection()`` builds the connection-based program
+    from the same schedule. ``stats["tb_alloc_kept"]``, ``tb_alloc_state_s``,
+    ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology`` record the comparison
+    (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for
+    ("state") and ``ntbs`` are those of the kept allocation."""
+    ir = state_ir
+    st = ir.stats
+    if st.get("tbs_state_based") == st.get("tbs_connection_based"):
+        return ir                      # nothing shared: the two allocations are the same
+    conn = build_connection()
+    conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
+    t_state = sum(cost.times(ir))
+    t_conn = sum(cost.times(conn))
+    keep = ir if t_state <= t_conn else conn
+    if keep is conn:
+        conn.stats["tb_alloc"] = "state"
+        conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
+    keep.stats.update({"tb_alloc_kept": "state" if keep is ir else "connection", "tb_alloc_state_s": t_state,
+                       "tb_alloc_connection_s": t_conn,
+                       "tb_alloc_sizes": ",".join(str(int(s)) for s in cost.sizes),
+                       "tb_alloc_topology": cost.cluster_name})
+    return keep
+
+
+def faster_fusion(cost: CostModel, plain_ir, fused_ir):
+    """The fused program (receive-and-forward fusion, one TB per connection pair) where it never
+    costs time on the cluster, else ``plain_ir``. Fusion saves a pass over memory per forwarded
+    byte (which the simulator does not charge), but its traffic runs on TBs and channels of its
+    own, beside the unfused traffic of the same links, which can delay the schedule's critical
+    chains; so both are predicted at ``cost.sizes`` and the fused one is kept only when it is at
+    least as fast at every size. ``stats["fusion_kept"]``, ``fusion_plain_s`` and
+    ``fusion_fused_s`` (totals over the sizes) record the comparison."""
+    if not fused_ir.stats.get("fused"):
+        keep, t_plain, t_fused = plain_ir, None, None
+    else:
+        t_plain = cost.times(plain_ir)
+        t_fused = cost.times(fused_ir)
+        keep = fused_ir if all(f <= p for f, p in zip(t_fused, t_plain)) else plain_ir
+    keep.stats.update({"fusion_kept": keep is fused_ir,
+                       "fusion_plain_s": sum(t_plain) if t_plain else -1.0,
+                       "fusion_fused_s": sum(t_fused) if t_fused else -1.0})
+    return keep
+
+
+__all__ = ["CostModel", "ALLOCATION_SIZES", "faster_allocation", "faster_fusion"]
