@@ -31,10 +31,9 @@ is then rounded to bfloat16 (round to nearest even) and stays representable.
 """
 from __future__ import annotations
 
-from functools import reduce as _fold
-
 import numpy as np
 
+from hccc.compiler.frontend.collectives import OWN, spec_of
 from hccc.compiler.ir.check import check_structure, match_connections, topological_components
 from hccc.compiler.ir.extents import chunk_anchors, chunk_size, count_unit
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
@@ -69,7 +68,7 @@ def alltoall_count(count: int, nranks: int) -> int:
 
 def alltoall_unit(ir: ProgramIR) -> int:
     """What an AllToAll run's per-rank count must be a multiple of (:func:`count_unit`)."""
-    return count_unit(ir) if ir.collective == "alltoall" else int(ir.nranks)
+    return count_unit(ir) if spec_of(ir.collective).blockwise else int(ir.nranks)
 
 
 def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
@@ -79,12 +78,14 @@ def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
 
 def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
     """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements
-    (AllToAll: ``count`` rounded down to whole blocks, :func:`alltoall_count`)."""
-    b = chunk_bounds(count, nchunks)
-    if collective == "allgather":
+    (its own part where the collective's input is the rank's part; AllToAll: ``count`` rounded
+    down to whole blocks, :func:`alltoall_count`)."""
+    spec = spec_of(collective)
+    if spec.input == OWN:
+        b = chunk_bounds(count, nchunks)
         k = nchunks // nranks
         return int(b[rank * k + k] - b[rank * k])
-    if collective == "alltoall":
+    if spec.blockwise:
         return alltoall_count(count, nranks)
     return count
 
@@ -103,36 +104,13 @@ def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32"
 
 def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
              nchunks: int | None = None, bf16: bool = False, root: int = 0) -> list[np.ndarray | None]:
-    """What each rank's output must hold, computed directly from the inputs (no IR involved).
+    """What each rank's output must hold, computed directly from the inputs by the collective's
+    definition (its spec's ``semantics``; no IR involved).
 
     ``None`` marks an output the collective leaves unspecified (a Reduce's non-root ranks)."""
-    coll = str(getattr(collective, "value", collective)).lower()
-    N = len(inputs)
-    nchunks = nchunks or N
-    red = _reducer(op, bf16)
-    if coll == "allgather":
-        full = np.concatenate([np.asarray(x) for x in inputs])
-        return [full.copy() for _ in range(N)]
-    if coll == "broadcast":
-        return [np.array(inputs[root], copy=True) for _ in range(N)]
-    if coll == "alltoall":
-        # rank i's input is N equal blocks, block j for rank j; rank j's output is block j of
-        # every rank, in rank order (count must be a multiple of N: see alltoall_count)
-        count = len(inputs[0])
-        if count % N:
-            raise ValueError(f"an AllToAll of {count} elements per rank is not {N} equal blocks")
-        b = count // N
-        return [np.concatenate([np.asarray(x)[j * b:(j + 1) * b] for x in inputs]) for j in range(N)]
-    total = _fold(red, [np.asarray(x) for x in inputs])
-    if coll == "allreduce":
-        return [total.copy() for _ in range(N)]
-    if coll == "reduce":
-        return [total.copy() if r == root else None for r in range(N)]
-    if coll == "reducescatter":
-        b = chunk_bounds(len(total), nchunks)
-        k = nchunks // N
-        return [total[b[r * k]:b[r * k + k]].copy() for r in range(N)]
-    raise ValueError(f"unknown collective {collective!r}")
+    spec = spec_of(collective)
+    nchunks = nchunks or len(inputs)
+    return spec.semantics(inputs, _reducer(op, bf16), nchunks, root)
 
 
 def expected_for(ir: ProgramIR, inputs: list[np.ndarray], op: str = "sum", *,
@@ -197,16 +175,17 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     coll = ir.collective
     dtype = np.asarray(inputs[0]).dtype
     red = _reducer(op, bf16)
-    if coll == "allgather":
+    spec = spec_of(coll)
+    if spec.input == OWN:
         # the full buffer is the concatenation of all ranks' parts
         count = int(sum(len(x) for x in inputs))
     else:
         count = len(inputs[0])
-    if coll == "alltoall" and count % count_unit(ir):
+    if spec.blockwise and count % count_unit(ir):
         raise ValueError(f"an AllToAll of {count} elements per rank is not {count_unit(ir)} equal "
                          f"blocks (use a multiple of {count_unit(ir)})")
     for r in range(N):
-        want = input_length(coll, r, N, C, count) if coll == "allgather" else count
+        want = input_length(coll, r, N, C, count) if spec.input == OWN else count
         if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
             raise ValueError(f"rank {r}: input must have {want} elements of {dtype}")
     bounds = chunk_bounds(count, C)
@@ -230,10 +209,10 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     g = _garbage(dtype)
     for r in range(N):
         inp = np.array(inputs[r], dtype=dtype, copy=True)
-        if inplace:
-            if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
+        if inplace:   # the spec's overlay of the two buffers
+            if spec.alias == "same":
                 out = inp
-            elif coll == "allgather":
+            elif spec.alias == "input in output":
                 out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
                 kk = ir.in_chunks
                 s0 = int(bounds[r * kk])

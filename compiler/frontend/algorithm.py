@@ -18,55 +18,16 @@ together, after every smaller step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import Collective  # re-exported: the collectives' home
 from hccc.compiler.frontend.diagnostics import Location
 
 # Transfer operations (values of Algorithm.op).
 RECV = 0  # dst's chunk := src's chunk
 RRC = 1   # dst's chunk := dst's chunk (+) src's chunk   (recvReduceCopy)
 OP_NAMES = {RECV: "recv", RRC: "rrc"}
-
-
-class Collective(str, Enum):
-    ALLGATHER = "allgather"
-    REDUCESCATTER = "reducescatter"
-    ALLREDUCE = "allreduce"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
-    ALLTOALL = "alltoall"
-
-    @property
-    def rooted(self) -> bool:
-        """Broadcast and Reduce have a root rank; the others treat every rank alike."""
-        return self in (Collective.BROADCAST, Collective.REDUCE)
-
-    @property
-    def reduces(self) -> bool:
-        """Collectives whose chunks combine contributions (``rrc`` transfers)."""
-        return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.REDUCE)
-
-    @property
-    def dsl_name(self) -> str:
-        """Spelling used in ResCCLang headers (``OpType="Allreduce"``)."""
-        return self.value.capitalize()
-
-    @property
-    def blockwise(self) -> bool:
-        """AllToAll: every (source, destination) pair has its own block, so chunk ids run over
-        ``nranks * nranks * K`` (see :meth:`Header.nchunks`)."""
-        return self is Collective.ALLTOALL
-
-    @classmethod
-    def parse(cls, text: str) -> "Collective | None":
-        """Case-insensitive lookup; ``None`` when ``text`` names no supported collective."""
-        t = text.strip().lower().replace("_", "").replace("-", "")
-        for c in cls:
-            if c.value == t:
-                return c
-        return None
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,22 @@
 """Symbolic proof that a ProgramIR implements its collective, independent of any data.
 
 Used by the MSCCL XML importer (an imported program comes with no proof) and by tests as an oracle
-that does not share code with the ResCCLang verifier.
+that shares only the collective's definition (its spec) with the ResCCLang verifier.
 
 Model. Every chunk slot ``(rank, buffer, index)`` holds a symbolic value: *nothing* (never written,
 garbage), or ``(chunk c, contributors S)`` meaning "chunk ``c`` of the collective reduced over the
 ranks in ``S``", or a *poison* that remembers the first primitive that combined values wrongly
-(two different chunks, a contributor counted twice, undefined data). Initially AllGather rank ``r``
-holds ``(r*k + j, {r})`` in input slot ``j`` (``k`` input slots per rank), ReduceScatter and
-AllReduce rank ``r`` hold ``(c, {r})`` in input slot ``c``; outputs and scratch hold nothing. The
-primitives act as in :mod:`hccc.compiler.ir.program_ir` (a reduction is the disjoint union of the
-contributor sets). AllToAll rank ``r`` holds ``((r*N + j)*k + p, {r})`` in input slot ``j*k + p`` (``k`` pieces
-per block), and output slot ``i*k + p`` of rank ``r`` must end with ``((i*N + r)*k + p, {i})``.
-Postconditions: AllGather output slot ``c`` of every rank holds
-``(c, {c // k})``; AllReduce output slot ``c`` holds ``(c, all ranks)``; ReduceScatter output slot
-``j`` of rank ``r`` holds ``(r*k + j, all ranks)``.
+(two different chunks, a contributor counted twice, undefined data). The collective's
+precondition and postcondition come from its spec (:mod:`hccc.compiler.frontend.collectives`):
+initially every start holder's input slot of a chunk holds ``(chunk id, {holder})``, outputs and
+scratch hold nothing; at the end every output slot the postcondition names must hold its chunk
+with the contributions it requires (all ranks for a reducing collective, the one it came from
+otherwise). The primitives act as in :mod:`hccc.compiler.ir.program_ir` (a reduction is the
+disjoint union of the contributor sets).
 
-In-place runs alias buffers as ``program_ir`` describes (AllGather ``input[j] = output[r*k + j]``,
-ReduceScatter ``output[j] = input[r*k + j]``, AllReduce and AllToAll ``input = output``) and a COPY whose source
-and destination coincide does nothing; :func:`prove` checks either mode.
+In-place runs alias buffers as the spec's :attr:`~hccc.compiler.frontend.collectives.CollectiveSpec.alias`
+says (AllGather ``input[j] = output[r*k + j]``, ReduceScatter ``output[j] = input[r*k + j]``, AllReduce
+and AllToAll ``input = output``) and a COPY whose source and destination coincide does nothing; :func:`prove` checks either mode.
 
 Order. The value computed is the value of *every* execution only if no two primitives that touch
 one slot (one of them writing) can run in either order. Happens-before is program order within a
@@ -45,6 +43,7 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import ALL, OWN, ROOT, spec_of
 from hccc.compiler.ir.check import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 from hccc.compiler.frontend.plural import plural, plural_noun
@@ -86,25 +85,22 @@ class Slots:
         self.sizes = np.array([0, ir.in_chunks, ir.out_chunks, ir.scratch_chunks], np.int64)
         self.base = np.array([0, 0, ir.in_chunks, ir.in_chunks + ir.out_chunks], np.int64)
         self.per_rank = int(ir.in_chunks + ir.out_chunks + ir.scratch_chunks)
-        coll = ir.collective
-        self.k = None
-        if coll in ("allgather", "reducescatter"):
-            part = ir.in_chunks if coll == "allgather" else ir.out_chunks
-            if part * ir.nranks != ir.nchunks:
-                raise ProofError(f"{coll}: the per-rank buffer has {plural(part, 'chunk')} but nchunks = {ir.nchunks} "
-                                 f"is not {ir.nranks} x {part}")
-            self.k = int(part)
-            full = ir.out_chunks if coll == "allgather" else ir.in_chunks
-            if full != ir.nchunks:
-                raise ProofError(f"{coll}: the full buffer has {full} chunk(s), expected nchunks = {ir.nchunks}")
-        elif coll in ("allreduce", "broadcast", "reduce", "alltoall"):
-            if coll == "alltoall" and ir.nchunks % ir.nranks:
-                raise ProofError(f"alltoall: nchunks = {ir.nchunks} is not a multiple of {ir.nranks} ranks")
-            self.k = ir.nchunks // ir.nranks if coll == "alltoall" else None
-            if ir.in_chunks != ir.nchunks or ir.out_chunks != ir.nchunks:
-                raise ProofError(f"{coll}: input and output must have nchunks = {ir.nchunks} chunks")
-        else:
-            raise ProofError(f"unsupported collective '{coll}'")
+        try:
+            self.spec = spec = spec_of(ir.collective)
+        except ValueError:
+            raise ProofError(f"unsupported collective '{ir.collective}'") from None
+        N, C, coll = int(ir.nranks), int(ir.nchunks), ir.collective
+        own = OWN in (spec.input, spec.output)
+        if (own or spec.blockwise) and C % N:
+            raise ProofError(f"{coll}: nchunks = {C} is not a multiple of {N} ranks")
+        #: chunks each rank owns (None when the collective has no such split)
+        self.k = C // N if own or spec.blockwise else None
+        for what, have in (("input", ir.in_chunks), ("output", ir.out_chunks)):
+            want = spec.slots(what, N, C)
+            if have != want:
+                layout = spec.input if what == "input" else spec.output
+                part = f"nchunks / nranks = {C} / {N}" if layout == OWN else f"nchunks = {C}"
+                raise ProofError(f"{coll}: the {what} buffer has {plural(int(have), 'chunk')}, expected {part}")
         self.nphys = self.per_rank * ir.nranks
 
     def phys(self, rank, buf, off):
@@ -112,18 +108,15 @@ class Slots:
         rank = np.asarray(rank, np.int64)
         buf = np.asarray(buf, np.int64)
         off = np.asarray(off, np.int64)
-        coll = self.ir.collective
-        if self.inplace:
-            if coll in ("allreduce", "broadcast", "reduce", "alltoall"):
+        if self.inplace:   # the collective's overlay of the two buffers
+            alias = self.spec.alias
+            if alias == "same":
                 buf = np.where(buf == Buf.INPUT, Buf.OUTPUT, buf)
-            elif coll == "allgather":
-                ali = buf == Buf.INPUT
-                off = np.where(ali, rank * self.k + off, off)
-                buf = np.where(ali, Buf.OUTPUT, buf)
             else:
-                ali = buf == Buf.OUTPUT
+                part, whole = (Buf.INPUT, Buf.OUTPUT) if alias == "input in output" else (Buf.OUTPUT, Buf.INPUT)
+                ali = buf == part
                 off = np.where(ali, rank * self.k + off, off)
-                buf = np.where(ali, Buf.INPUT, buf)
+                buf = np.where(ali, whole, buf)
         return rank * self.per_rank + self.base[buf] + off
 
     def name(self, slot: int) -> str:
@@ -499,21 +492,12 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
     slots = Slots(ir, inplace)
     N = ir.nranks
     val: list = [None] * slots.nphys
-    # every rank's input chunks, rank by rank: (rank r, chunk c) holds (chunk id, {r})
-    rr = np.repeat(np.arange(N, dtype=np.int64), ir.in_chunks)
-    cc = np.tile(np.arange(ir.in_chunks, dtype=np.int64), N)
-    if ir.collective == "broadcast":   # only the root's input is the collective's; the others' is garbage
-        keep = rr == ir.root
-        rr, cc = rr[keep], cc[keep]
-    if ir.collective == "allgather":
-        ids = rr * slots.k + cc
-    elif ir.collective == "alltoall":
-        # input slot j*k + p of rank r: piece p of block (r -> j), global id (r*N + j)*k + p
-        ids = rr * ir.nchunks + cc
-    else:
-        ids = cc
+    # the precondition: every start holder's input slot holds (chunk id, {holder})
+    spec = slots.spec
+    rr, ids, contrib = spec.start_holders(N, ir.nchunks, ir.root)
+    cc = spec.slot("input", rr, ids, N, ir.nchunks)
     at = slots.phys(rr, np.full(len(rr), int(Buf.INPUT), np.int64), cc)
-    for slot, cid, r in zip(at.tolist(), ids.tolist(), rr.tolist()):
+    for slot, cid, r in zip(at.tolist(), ids.tolist(), contrib.tolist()):
         val[slot] = (cid, 1 << r)
     writer = [-1] * slots.nphys
     if order is None:
@@ -575,33 +559,14 @@ def simulate(ir: ProgramIR, inplace: bool = False, order=None, describe=None):
 
 
 def _expected(ir: ProgramIR, slots: Slots):
-    """[(physical slot, (chunk, mask)), ...] the postcondition requires."""
-    N = ir.nranks
+    """[(physical slot, (chunk, mask)), ...] the postcondition requires (its output slots)."""
+    N, spec = ir.nranks, slots.spec
     full = (1 << N) - 1
-    out = []
-    for r in range(N):
-        if ir.collective == "allgather":
-            for c in range(ir.out_chunks):
-                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, 1 << (c // slots.k))))
-        elif ir.collective == "allreduce":
-            for c in range(ir.out_chunks):
-                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
-        elif ir.collective == "broadcast":
-            for c in range(ir.out_chunks):
-                out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, 1 << ir.root)))
-        elif ir.collective == "reduce":
-            if r == ir.root:   # the other ranks' outputs are not the collective's
-                for c in range(ir.out_chunks):
-                    out.append((int(slots.phys(r, Buf.OUTPUT, c)), (c, full)))
-        elif ir.collective == "alltoall":
-            # output slot i*k + p of rank r: piece p of block (i -> r)
-            for c in range(ir.out_chunks):
-                i, p = divmod(c, slots.k)
-                out.append((int(slots.phys(r, Buf.OUTPUT, c)), ((i * N + r) * slots.k + p, 1 << i)))
-        else:
-            for j in range(ir.out_chunks):
-                out.append((int(slots.phys(r, Buf.OUTPUT, j)), (r * slots.k + j, full)))
-    return out
+    rr, ids, want = spec.end_holders(N, ir.nchunks, ir.root)
+    at = slots.phys(rr, np.full(len(rr), int(Buf.OUTPUT), np.int64),
+                    spec.slot("output", rr, ids, N, ir.nchunks))
+    return [(slot, (cid, full if w == ALL else 1 << w))
+            for slot, cid, w in zip(at.tolist(), ids.tolist(), want.tolist())]
 
 
 def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, describe=None) -> None:
@@ -619,15 +584,15 @@ def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, descri
     got = val[slot]
     w = writer[slot]
     where = slots.name(slot) + (" (in-place run)" if inplace else "")
-    if ir.collective == "allgather":
-        need = f"chunk {want[0]} (from rank {want[0] // slots.k})"
-    elif ir.collective == "broadcast":
-        need = f"chunk {want[0]} (from root {ir.root})"
-    elif ir.collective == "alltoall":
+    spec = slots.spec
+    if spec.reduces:
+        need = f"chunk {want[0]} reduced over all {N} ranks"
+    elif spec.blockwise:
         src_r, rest = divmod(want[0], ir.nchunks)
         need = f"block {want[0]} (piece {rest % slots.k} of what rank {src_r} sends to rank {rest // slots.k})"
     else:
-        need = f"chunk {want[0]} reduced over all {N} ranks"
+        src_r = want[1].bit_length() - 1
+        need = f"chunk {want[0]} (from {'root' if spec.start == ROOT else 'rank'} {src_r})"
     if isinstance(got, _Poison):
         msg = f"{where} must hold {need}, but {got.reason}"
         prims = [got.prim]

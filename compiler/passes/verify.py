@@ -4,9 +4,8 @@ Every ``(rank, chunk)`` carries the set of ranks whose contribution it holds, st
 ``ceil(N/64)`` uint64 words (state matrix of shape ``(nranks * nchunks, words)``, row
 ``rank * nchunks + chunk``). Steps are replayed in increasing order, each one vectorised with numpy:
 
-* initial state (``K`` chunks per rank): Allgather ``(c // K, c) = {c // K}``, Broadcast
-  ``(root, c) = {root}``, every other chunk empty; Reducescatter, Allreduce and Reduce
-  ``(r, c) = {r}`` for every chunk;
+* initial state: the collective's precondition (:mod:`hccc.compiler.frontend.collectives`):
+  every holder of a chunk holds its own contribution ``{r}``, every other chunk is empty;
 * ``recv`` copies the sender's set, ``rrc`` unions it into the receiver's (sets must be disjoint);
 * all transfers of one step read the state before the step.
 
@@ -23,10 +22,10 @@ Errors, in the order they are listed (and the order the tests' reference model u
    receiver does not hold, ``rrc`` in a copy-only collective (Allgather, Broadcast; reported as
    ``allgather-reduction``), overlapping contribution sets (double
    counting). A transfer with an error does not change the state.
-3. unmet postconditions (Allgather and Broadcast: every rank holds every chunk as its owner's /
-   the root's; Alltoall: every chunk at its block's destination, as its source's, located at the
-   chunk's last transfer when it has one; Allreduce: every rank every chunk fully reduced; Reducescatter: rank ``r`` its own
-   ``K`` chunks fully reduced; Reduce: the root every chunk fully reduced), only when there was no other error (otherwise they are mostly a
+3. unmet postconditions (the collective's, from :mod:`hccc.compiler.frontend.collectives`:
+   copy-only collectives need each required chunk as the one contribution it started with,
+   reducing ones every rank's; an AllToAll block that misses its destination is located at the
+   chunk's last transfer when it has one), only when there was no other error (otherwise they are mostly a
    consequence of the errors already listed), located at the header.
 """
 from __future__ import annotations
@@ -150,44 +149,34 @@ def _ranks_in(row: np.ndarray, limit: int = 4) -> list[int]:
 
 def initial_state(collective: Collective, nranks: int, nchunks: int | None = None,
                   root: int = 0) -> np.ndarray:
-    """The precondition as a ``(nranks * nchunks, words)`` bitset matrix.
-
-    Allgather: the owner ``c // K`` of chunk ``c`` (``K = nchunks // nranks``) holds it as
-    ``{owner}`` (AllToAll likewise: there ``K = nranks * chunks_per_rank`` and the owner is the
-    block's source rank); Broadcast: the root holds every chunk as ``{root}``; the reducing collectives:
-    every rank holds its own contribution ``{r}`` to every chunk. Everything else is empty.
-    """
+    """The precondition (:meth:`CollectiveSpec.start_holders
+    <hccc.compiler.frontend.collectives.CollectiveSpec.start_holders>`) as a ``(nranks * nchunks,
+    words)`` bitset matrix: each holder's own contribution; everything else is empty."""
+    spec = collective.spec
     C = int(nchunks or nranks)
-    K = max(1, C // nranks)
     words = (nranks + 63) // 64
-    rows = np.arange(nranks * C, dtype=np.int64)
-    if collective in (Collective.ALLGATHER, Collective.ALLTOALL):
-        # AllToAll: K = N * chunks_per_rank, so c // K is the block's source rank
-        state = np.zeros((nranks * C, words), dtype=np.uint64)
-        c = np.arange(C, dtype=np.int64)
-        state[(c // K) * C + c] = _single_bits(c // K, words)
-        return state
-    if collective is Collective.BROADCAST:
-        state = np.zeros((nranks * C, words), dtype=np.uint64)
-        state[root * C + np.arange(C)] = _single_bits(np.full(C, root, dtype=np.int64), words)
-        return state
-    return _single_bits(rows // C, words)
+    rank, ids, contrib = spec.start_holders(nranks, spec.chunks(nranks, C, spec.blockwise), root)
+    if len(rank) == nranks * C:   # every (rank, chunk) holds something: rows in order
+        return _single_bits(contrib, words)
+    state = np.zeros((nranks * C, words), dtype=np.uint64)
+    state[rank * C + ids] = _single_bits(contrib, words)
+    return state
+
+
+def final_state(collective: Collective, nranks: int, nchunks: int, root: int = 0):
+    """The postcondition (:meth:`CollectiveSpec.end_holders
+    <hccc.compiler.frontend.collectives.CollectiveSpec.end_holders>`): the state rows it
+    constrains (``rank * nchunks + chunk``, ascending) and what each must hold (the contributing
+    rank, or :data:`~hccc.compiler.frontend.collectives.ALL`); the other rows may hold anything."""
+    spec = collective.spec
+    C = int(nchunks)
+    rank, ids, want = spec.end_holders(nranks, spec.chunks(nranks, C, spec.blockwise), root)
+    return rank * C + ids, want
 
 
 def final_rows(collective: Collective, nranks: int, nchunks: int, root: int = 0) -> np.ndarray:
-    """The state rows the postcondition constrains (``rank * nchunks + chunk``); AllToAll: each
-    chunk at its block's destination rank only (it may be anywhere else too)."""
-    C, K = int(nchunks), max(1, int(nchunks) // nranks)
-    if collective is Collective.REDUCESCATTER:
-        r = np.repeat(np.arange(nranks, dtype=np.int64), K)
-        return r * C + np.arange(nranks * K, dtype=np.int64)
-    if collective is Collective.REDUCE:
-        return root * C + np.arange(C, dtype=np.int64)
-    if collective is Collective.ALLTOALL:
-        c = np.arange(C, dtype=np.int64)
-        kc = max(1, C // (nranks * nranks))
-        return np.sort(((c // kc) % nranks) * C + c)   # at the block's destination rank
-    return np.arange(nranks * C, dtype=np.int64)
+    """The state rows the postcondition constrains (:func:`final_state`)."""
+    return final_state(collective, nranks, nchunks, root)[0]
 
 
 def _alltoall_unmet(col: _Collector, alg: Algorithm, rank: int, chunk: int, n: int) -> None:
@@ -390,14 +379,11 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
 
     # ---------------------------------------------------------------- postcondition
     if col.total == 0:
-        rows = final_rows(coll, N, C, h.root)
-        if is_ag:
-            owner = h.root if coll is Collective.BROADCAST else (rows % C) // max(1, C // N)
-            expected = _single_bits(np.broadcast_to(owner, rows.shape).astype(np.int64), words)
-            unmet = rows[~(state[rows] == expected).all(axis=1)]
-        else:
-            full = _full_row(N, words)
-            unmet = rows[~(state[rows] == full).all(axis=1)]
+        rows, want = final_state(coll, N, C, h.root)
+        if is_ag:   # copy-only: the one contribution the chunk started with
+            unmet = rows[~(state[rows] == _single_bits(want, words)).all(axis=1)]
+        else:       # reducing: every rank's contribution
+            unmet = rows[~(state[rows] == _full_row(N, words)).all(axis=1)]
         checked = len(rows)
         if len(unmet):
             listed = min(POSTCONDITION_LISTED, col.limit)
@@ -406,7 +392,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             what = coll.dsl_name
             for row in unmet[:listed].tolist():
                 r_, c_ = divmod(row, C)
-                if coll is Collective.ALLTOALL:
+                if coll.blockwise:
                     _alltoall_unmet(col, alg, r_, c_, n)
                     continue
                 if is_ag:  # copy-only holdings are {owner} or empty: recv only copies

@@ -1,0 +1,356 @@
+"""What hccc knows about each collective, in one place: :data:`SPECS`, one :class:`CollectiveSpec` each.
+
+Every layer reads a collective from here instead of spelling it out: the verifier and the symbolic
+prover take the precondition and postcondition from :meth:`CollectiveSpec.start` and
+:meth:`CollectiveSpec.end`, the lowering and the executors the buffer layouts
+(:meth:`CollectiveSpec.slot`), the reference executor the semantics, the simulator and the
+runners the bus-bandwidth factor, the Communicator its method names, the nccl-tests sweep the
+``redop``/``root`` columns, the MSCCL XML layers the ``coll`` names, and the command line and
+``hccc.testing`` the list of collectives. docs/architecture.md ("Adding a collective") says what a
+new entry needs besides this module.
+
+Chunk model. A run moves one *full buffer* of ``count`` elements (nccl-tests' ``S``: the output of a
+collective whose input is the rank's own part, the input otherwise) split into ``C`` chunks; with
+``N`` ranks, rank ``r`` owns chunks ``r*K .. r*K+K-1`` (``K = C / N``). A collective's *chunk ids*
+are ``0 .. C-1``; a blockwise collective (AllToAll) has ``N*C`` of them, id ``(i*N + j)*K + k`` being
+piece ``k`` of the block rank ``i`` sends to rank ``j``. The precondition says which ranks hold
+each id at the start (:data:`EVERY` rank, its :data:`OWNER`, the :data:`ROOT`), each as its own
+contribution; the postcondition where each id must be at the end (also :data:`DEST`, a block's
+destination) and with which contributions: all ranks' for a reducing collective, the one rank that
+held it at the start for the others. Buffers: a rank's input holds the ids it starts with, its
+output the ids it must end with, laid out as :data:`OWN` (``K`` slots, id ``r*K + j`` at slot
+``j``), :data:`FULL` (``C`` slots, id ``c`` at slot ``c``), :data:`TO` (AllToAll input: slot
+``j*K + k`` for the block to rank ``j``) or :data:`FROM` (AllToAll output: slot ``i*K + k`` for the
+block from rank ``i``). In-place runs overlay the two buffers: the same layout is one buffer; an
+:data:`OWN` buffer lies at chunk ``r*K`` of the :data:`FULL` one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from functools import reduce as _fold
+from typing import Callable
+
+import numpy as np
+
+# where a chunk id is (precondition / postcondition)
+EVERY = "every rank"
+OWNER = "owner"          # rank c // K (blockwise: the block's source)
+ROOT = "root"
+DEST = "destination"     # blockwise: the block's destination rank
+# buffer layouts
+OWN = "own"
+FULL = "full"
+TO = "by destination"
+FROM = "by source"
+#: ``want`` of :meth:`CollectiveSpec.end` for a chunk that must hold every rank's contribution
+ALL = -1
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n
+
+
+def _twice_ring(n: int) -> float:
+    return 2.0 * (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+def _bounds(count: int, nchunks: int) -> np.ndarray:
+    return np.arange(nchunks + 1, dtype=np.int64) * count // nchunks
+
+
+# ---------------------------------------------------------------------------------- semantics
+# Each takes (inputs, reduce, nchunks, root) and gives every rank's output, or None where the
+# collective leaves a rank's output unspecified; written from the definition, not from the
+# chunk model above, so that the reference executor is checked against an independent oracle.
+def _allgather(inputs, red, nchunks, root):
+    full = np.concatenate([np.asarray(x) for x in inputs])
+    return [full.copy() for _ in inputs]
+
+
+def _reducescatter(inputs, red, nchunks, root):
+    total = _fold(red, [np.asarray(x) for x in inputs])
+    b, k = _bounds(len(total), nchunks), nchunks // len(inputs)
+    return [total[b[r * k]:b[r * k + k]].copy() for r in range(len(inputs))]
+
+
+def _allreduce(inputs, red, nchunks, root):
+    total = _fold(red, [np.asarray(x) for x in inputs])
+    return [total.copy() for _ in inputs]
+
+
+def _broadcast(inputs, red, nchunks, root):
+    return [np.array(inputs[root], copy=True) for _ in inputs]
+
+
+def _reduce(inputs, red, nchunks, root):
+    total = _fold(red, [np.asarray(x) for x in inputs])
+    return [total.copy() if r == root else None for r in range(len(inputs))]
+
+
+def _alltoall(inputs, red, nchunks, root):
+    # rank i's input is N equal blocks, block j for rank j; rank j's output is block j of every
+    # rank, in rank order
+    N, count = len(inputs), len(inputs[0])
+    if count % N:
+        raise ValueError(f"an AllToAll of {count} elements per rank is not {N} equal blocks")
+    b = count // N
+    return [np.concatenate([np.asarray(x)[j * b:(j + 1) * b] for x in inputs]) for j in range(N)]
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """One collective (see the module docstring for the chunk model)."""
+
+    name: str                      # Collective value, ProgramIR.collective, manifests, --collective
+    title: str                     # for people: "AllGather"
+    start: str                     # EVERY | OWNER | ROOT: who holds each chunk id first
+    end: str                       # EVERY | OWNER | ROOT | DEST: who must hold it at the end
+    reduces: bool                  # the result combines every rank's contribution (rrc allowed)
+    input: str                     # OWN | FULL | TO: the input buffer's layout
+    output: str                    # OWN | FULL | FROM: the output buffer's layout
+    busbw: Callable[[int], float]  # nccl-tests' bus-bandwidth factor over n > 0 ranks
+    method: str                    # Communicator / torch.distributed method name
+    semantics: Callable            # (inputs, reduce, nchunks, root) -> outputs (None: unspecified)
+    nccl_tests: str                # the nccl-tests binary measuring it ("" when there is none)
+    msccl: str | None = None       # MSCCL XML ``coll`` attribute, None when MSCCL XML cannot express it
+    msccl_aliases: tuple[str, ...] = ()   # other ``coll`` spellings real tools write
+    blockwise: bool = False        # AllToAll: N*C chunk ids (see the module docstring)
+
+    # ------------------------------------------------------------------ names
+    @property
+    def dsl_name(self) -> str:
+        """Spelling in ResCCLang headers (``OpType="Allreduce"``)."""
+        return self.name.capitalize()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Spellings accepted for it (``OpType``, ``--collective``; any case, ``_``/``-`` ignored)."""
+        return tuple(dict.fromkeys((self.name, self.method.replace("_", ""))))
+
+    @property
+    def rooted(self) -> bool:
+        """It has a root rank (Broadcast, Reduce, Gather)."""
+        return ROOT in (self.start, self.end)
+
+    @property
+    def full_buffer(self) -> str:
+        """``"input"`` or ``"output"``: the buffer nccl-tests' size ``S`` measures."""
+        return "output" if self.input == OWN else "input"
+
+    @property
+    def msccl_refusal(self) -> str:
+        """Why the MSCCL XML export refuses it ("" when it does not)."""
+        if self.msccl:
+            return ""
+        if self.rooted:
+            return f"an MSCCL <algo> has no root attribute, so it cannot express a {self.title}"
+        return f"MSCCL XML has no {self.title} collective"
+
+    # ------------------------------------------------------------------ chunk model
+    def nids(self, nranks: int, nchunks: int) -> int:
+        """Chunk ids for a full buffer of ``nchunks`` chunks."""
+        return int(nranks) * int(nchunks) if self.blockwise else int(nchunks)
+
+    @staticmethod
+    def chunks(nranks: int, nids: int, blockwise: bool) -> int:
+        """The full buffer's chunks for ``nids`` chunk ids (inverse of :meth:`nids`)."""
+        return int(nids) // max(1, int(nranks)) if blockwise else int(nids)
+
+    def place(self, where: str, ids: np.ndarray, nranks: int, nchunks: int, root: int = 0):
+        """``(rank, id)`` arrays: the ranks ``where`` names for each of ``ids``, rank-major."""
+        ids = np.asarray(ids, dtype=np.int64)
+        N, C = int(nranks), int(nchunks)
+        K = max(1, C // N)
+        if where == EVERY:
+            return np.repeat(np.arange(N, dtype=np.int64), len(ids)), np.tile(ids, N)
+        if where == ROOT:
+            return np.full(len(ids), int(root), np.int64), ids
+        if where == OWNER:
+            rank = ids // C if self.blockwise else ids // K
+        elif where == DEST:
+            rank = (ids // K) % N
+        else:
+            raise ValueError(f"unknown placement {where!r}")
+        if len(rank) > 1 and (rank[1:] < rank[:-1]).any():   # ids ascend: keep their order per rank
+            o = np.argsort(rank, kind="stable")
+            rank, ids = rank[o], ids[o]
+        return rank, ids
+
+    def start_holders(self, nranks: int, nchunks: int, root: int = 0):
+        """The precondition: ``(rank, id, contributor)`` arrays, every holding its holder's own
+        contribution, sorted by ``(rank, id)``."""
+        ids = np.arange(self.nids(nranks, nchunks), dtype=np.int64)
+        r, c = self.place(self.start, ids, nranks, nchunks, root)
+        return r, c, r
+
+    def origin(self, ids, nranks: int, nchunks: int, root: int = 0) -> np.ndarray:
+        """For a copy-only collective (one start holder per id): the rank each id comes from."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.start == ROOT:
+            return np.full(len(ids), int(root), np.int64)
+        if self.start != OWNER:
+            raise ValueError(f"{self.title}: every rank holds every chunk at the start")
+        K = max(1, int(nchunks) // int(nranks))
+        return ids // int(nchunks) if self.blockwise else ids // K
+
+    def end_holders(self, nranks: int, nchunks: int, root: int = 0):
+        """The postcondition: ``(rank, id, want)`` arrays sorted by ``(rank, id)``; ``want`` is
+        :data:`ALL` (every rank's contribution) or the one rank whose contribution it holds."""
+        ids = np.arange(self.nids(nranks, nchunks), dtype=np.int64)
+        r, c = self.place(self.end, ids, nranks, nchunks, root)
+        want = np.full(len(c), ALL, np.int64) if self.reduces else self.origin(c, nranks, nchunks, root)
+        return r, c, want
+
+    # ------------------------------------------------------------------ buffers
+    def slots(self, buffer: str, nranks: int, nchunks: int) -> int:
+        """Chunk slots of a rank's ``"input"`` or ``"output"`` buffer."""
+        layout = self.input if buffer == "input" else self.output
+        return max(1, int(nchunks) // int(nranks)) if layout == OWN else int(nchunks)
+
+    def slot(self, buffer: str, rank, ids, nranks: int, nchunks: int):
+        """Slot of chunk ``ids`` (int or array) in ``rank``'s ``"input"`` or ``"output"`` buffer
+        (meaningful where the rank holds that id at the start, or must at the end)."""
+        layout = self.input if buffer == "input" else self.output
+        C = int(nchunks)
+        K = max(1, C // int(nranks))
+        if layout == OWN:
+            return ids - rank * K
+        if layout == FULL:
+            return ids if not self.blockwise else ids % C
+        if layout == TO:
+            return ids % C
+        return (ids // C) * K + ids % K   # FROM
+
+    def holds(self, where: str, rank, ids, nranks: int, nchunks: int, root: int = 0):
+        """Boolean (array): ``rank`` is among the ranks ``where`` names for chunk ``ids``."""
+        rank = np.asarray(rank, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        if where == EVERY:
+            return np.ones(np.broadcast(rank, ids).shape, bool)
+        if where == ROOT:
+            return rank == int(root)
+        K = max(1, int(nchunks) // int(nranks))
+        if where == OWNER:
+            return (ids // int(nchunks) if self.blockwise else ids // K) == rank
+        return (ids // K) % int(nranks) == rank    # DEST
+
+    @property
+    def scratch(self) -> bool:
+        """Writes of chunks a rank does not keep go to scratch (the postcondition leaves out some
+        (rank, id) pairs, and they must not land in the output)."""
+        return self.end != EVERY and not self.blockwise
+
+    def buffer_sizes(self, nranks: int, chunks_per_rank: int = 1) -> tuple[int, int, int]:
+        """``(in_chunks, out_chunks, scratch_chunks)`` of a lowered program (AllToAll's scratch is
+        sized by its lowering)."""
+        C = int(nranks) * int(chunks_per_rank)
+        return (self.slots("input", nranks, C), self.slots("output", nranks, C),
+                C if self.scratch else 0)
+
+    @property
+    def alias(self) -> str:
+        """In-place overlay: ``"same"`` (input is output), ``"input in output"`` (the input is the
+        rank's part of the output) or ``"output in input"``."""
+        if self.input == OWN and self.output != OWN:
+            return "input in output"
+        if self.output == OWN and self.input != OWN:
+            return "output in input"
+        return "same"
+
+
+SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
+    CollectiveSpec("allgather", "AllGather", start=OWNER, end=EVERY, reduces=False, input=OWN,
+                   output=FULL, busbw=_ring, method="all_gather", semantics=_allgather,
+                   nccl_tests="all_gather_perf", msccl="allgather"),
+    CollectiveSpec("reducescatter", "ReduceScatter", start=EVERY, end=OWNER, reduces=True,
+                   input=FULL, output=OWN, busbw=_ring, method="reduce_scatter",
+                   semantics=_reducescatter, nccl_tests="reduce_scatter_perf",
+                   msccl="reducescatter", msccl_aliases=("reduce_scatter",)),
+    CollectiveSpec("allreduce", "AllReduce", start=EVERY, end=EVERY, reduces=True, input=FULL,
+                   output=FULL, busbw=_twice_ring, method="all_reduce", semantics=_allreduce,
+                   nccl_tests="all_reduce_perf", msccl="allreduce"),
+    CollectiveSpec("broadcast", "Broadcast", start=ROOT, end=EVERY, reduces=False, input=FULL,
+                   output=FULL, busbw=_one, method="broadcast", semantics=_broadcast,
+                   nccl_tests="broadcast_perf"),
+    CollectiveSpec("reduce", "Reduce", start=EVERY, end=ROOT, reduces=True, input=FULL,
+                   output=FULL, busbw=_one, method="reduce", semantics=_reduce,
+                   nccl_tests="reduce_perf"),
+    CollectiveSpec("alltoall", "AllToAll", start=OWNER, end=DEST, reduces=False, input=TO,
+                   output=FROM, busbw=_ring, method="all_to_all", semantics=_alltoall,
+                   nccl_tests="alltoall_perf", msccl="alltoall", blockwise=True),
+)}
+
+
+class Collective(str, Enum):
+    """The collectives, one member per :data:`SPECS` entry (``Collective.ALLGATHER`` ...); a
+    member's properties come from its spec."""
+
+    _ignore_ = ["_s"]
+    for _s in SPECS:
+        vars()[_s.upper()] = _s
+
+    @property
+    def spec(self) -> CollectiveSpec:
+        return SPECS[self.value]
+
+    @property
+    def rooted(self) -> bool:
+        """It has a root rank; the others treat every rank alike."""
+        return self.spec.rooted
+
+    @property
+    def reduces(self) -> bool:
+        """Its chunks combine contributions (``rrc`` transfers)."""
+        return self.spec.reduces
+
+    @property
+    def dsl_name(self) -> str:
+        """Spelling used in ResCCLang headers (``OpType="Allreduce"``)."""
+        return self.spec.dsl_name
+
+    @property
+    def blockwise(self) -> bool:
+        """AllToAll: every (source, destination) pair has its own block, so chunk ids run over
+        ``nranks * nranks * K``."""
+        return self.spec.blockwise
+
+    @classmethod
+    def parse(cls, text: str) -> "Collective | None":
+        """Case-insensitive lookup of any of a spec's :attr:`~CollectiveSpec.names`; ``None``
+        when ``text`` names no supported collective."""
+        t = str(text).strip().lower().replace("_", "").replace("-", "")
+        for s in SPECS.values():
+            if t in s.names:
+                return cls(s.name)
+        return None
+
+
+def spec_of(collective) -> CollectiveSpec:
+    """The spec of a :class:`Collective`, or of a name any :meth:`Collective.parse` accepts;
+    ``ValueError`` for an unknown one."""
+    c = collective if isinstance(collective, Collective) else Collective.parse(
+        str(getattr(collective, "value", collective)))
+    if c is None:
+        raise ValueError(f"unknown collective {collective!r}")
+    return SPECS[c.value]
+
+
+#: every collective name, in spec order
+NAMES: tuple[str, ...] = tuple(SPECS)
+#: the OpType spellings, for messages: "Allgather, Reducescatter, ..."
+DSL_NAMES: tuple[str, ...] = tuple(s.dsl_name for s in SPECS.values())
+
+
+def one_of(names) -> str:
+    """``"a, b or c"``."""
+    names = list(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+__all__ = ["CollectiveSpec", "Collective", "SPECS", "NAMES", "DSL_NAMES", "spec_of", "one_of",
+           "EVERY", "OWNER", "ROOT", "DEST", "OWN", "FULL", "TO", "FROM", "ALL"]
