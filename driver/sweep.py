@@ -21,14 +21,15 @@ import math
 from dataclasses import dataclass
 
 from hccc.args import comma_list, format_size, parse_size, size_or_zero
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 #: most sizes one sweep may produce
 MAX_SIZES = 64
 #: collectives whose result reduces contributions (others print redop "none")
-REDUCING = ("allreduce", "reducescatter", "reduce")
+REDUCING = tuple(name for name, spec in SPECS.items() if spec.reduces)
 #: collectives with a root (others print root -1)
-ROOTED = ("broadcast", "reduce")
+ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 
 
 def add_sweep_options(p: argparse.ArgumentParser, default_sizes: str, *, zero_ok: bool) -> None:

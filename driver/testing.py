@@ -143,14 +143,20 @@ def renumber_steps(alg: Algorithm, rnd) -> Algorithm:
     return _from_columns(alg, alg.src, alg.dst, base[dense] + sub, alg.chunk, alg.op)
 
 
-_FAMILIES = {
-    Collective.ALLGATHER: ("ring", "tree", "direct", "recursive_doubling", "hm"),
-    Collective.REDUCESCATTER: ("ring", "tree", "direct", "hm"),
-    Collective.ALLREDUCE: ("ring", "tree", "direct", "hm"),
-    Collective.BROADCAST: ("ring", "tree", "direct"),
-    Collective.REDUCE: ("ring", "tree", "direct"),
-    Collective.ALLTOALL: ("ring", "direct", "hm"),
-}
+#: algorithm families, in the order :func:`valid_programs` draws from them; a collective has the
+#: ones :mod:`hccc.compiler.frontend.generators` defines for it (:func:`_generator`)
+FAMILIES = ("ring", "tree", "direct", "recursive_doubling", "hm")
+
+
+def _generator(family: str, coll: Collective):
+    """The generator of ``family`` for ``coll`` (``ring_allgather``, ``hm_allreduce`` or
+    ``hierarchical_alltoall`` ...), or None."""
+    names = [f"{family}_{coll.value}"] + ([f"hierarchical_{coll.value}"] if family == "hm" else [])
+    return next((getattr(gen, n) for n in names if callable(getattr(gen, n, None))), None)
+
+
+#: the families of every collective (a collective with a spec and generators is drawn like any other)
+_FAMILIES = {c: tuple(f for f in FAMILIES if _generator(f, c) is not None) for c in Collective}
 
 
 @st.composite
@@ -177,35 +183,32 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
         if coll is None:
             raise ValueError(f"unknown collective {collective!r}")
     family = draw(st.sampled_from(_FAMILIES[coll]))
-    tag = coll.value
     if family == "hm":
         nnodes, g = draw(hm_shapes(max_ranks).filter(lambda s: s[0] * s[1] >= min_ranks))
         n = nnodes * g
-        alg = {Collective.ALLGATHER: gen.hm_allgather, Collective.REDUCESCATTER: gen.hm_reducescatter,
-               Collective.ALLREDUCE: gen.hm_allreduce,
-               Collective.ALLTOALL: gen.hierarchical_alltoall}[coll](nnodes, g)
+        alg = _generator("hm", coll)(nnodes, g)
     elif family == "recursive_doubling":
         pows = [1 << k for k in range(0, 8) if min_ranks <= (1 << k) <= max_ranks]
         n = draw(st.sampled_from(pows or [1]))
-        alg = gen.recursive_doubling_allgather(n)
+        alg = _generator("recursive_doubling", coll)(n)
     elif coll.rooted:
         n = draw(st.integers(max(1, min_ranks), max_ranks))
         root = draw(st.integers(0, n - 1))
         if family == "ring":
-            alg = getattr(gen, f"ring_{tag}")(n, root, draw(ring_orders(n)))
+            alg = _generator("ring", coll)(n, root, draw(ring_orders(n)))
         elif family == "tree":
-            alg = getattr(gen, f"tree_{tag}")(n, draw(trees(n)), root)
+            alg = _generator("tree", coll)(n, draw(trees(n)), root)
         else:
-            alg = getattr(gen, f"direct_{tag}")(n, root)
+            alg = _generator("direct", coll)(n, root)
     else:
         n = draw(st.integers(max(1, min_ranks), max_ranks))
         if family == "ring":
             order = draw(ring_orders(n))
-            alg = getattr(gen, f"ring_{tag}")(n, order)
+            alg = _generator("ring", coll)(n, order)
         elif family == "tree":
-            alg = getattr(gen, f"tree_{tag}")(n, draw(trees(n)))
+            alg = _generator("tree", coll)(n, draw(trees(n)))
         else:
-            alg = getattr(gen, f"direct_{tag}")(n)
+            alg = _generator("direct", coll)(n)
     if max_chunks_per_rank > 1 and draw(st.integers(0, 3)) == 0:
         alg = gen.split_chunks(alg, draw(st.integers(2, max_chunks_per_rank)))
     if draw(st.booleans()):
@@ -275,11 +278,13 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
     cands: dict[str, list] = {"duplicate": list(range(n)), "drop": [], "duplicate-rrc": [], "reorder": []}
     if not coll.reduces:   # Allgather, Broadcast, Alltoall: copies only
         h = alg.header
+        spec = coll.spec
         final = set(final_rows(coll, h.nranks, C, h.root).tolist())
+        Cf = spec.chunks(h.nranks, C, spec.blockwise)
         for key, ws in writes.items():
             r, c = divmod(key, C)
-            if r == (h.root if coll is Collective.BROADCAST else h.owner(c)):
-                continue  # the owner's chunk is defined from the start
+            if spec.holds(spec.start, r, c, h.nranks, Cf, h.root):
+                continue  # the holder's chunk is defined from the start
             first = ws[0]
             t1 = step[first]
             t_next = step[ws[1]] if len(ws) > 1 else None

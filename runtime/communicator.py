@@ -31,7 +31,8 @@ table (checked against the manifest) is copied to its memory and passed after th
 argument, as the single-process runner does.
 
 A collective call (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``reduce``,
-``all_to_all``: the one the algorithm implements) checks the arrays (type, size, this rank's
+``all_to_all``, and a method per further collective of :mod:`hccc.compiler.frontend.collectives`,
+named by its spec: the one the algorithm implements) checks the arrays (type, size, this rank's
 share of an uneven count), meets its peers at a host barrier where every rank's call is compared
 (collective, count, dtype, op: a mismatch is an error on every rank, not a hang), zeroes the
 counters it owns, meets them again (nobody sends into a FIFO before its receiver has reset it) and
@@ -57,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import OWN, SPECS, CollectiveSpec
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
@@ -66,8 +68,7 @@ from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMem
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
-METHODS = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-           "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+METHODS = {name: spec.method for name, spec in SPECS.items()}
 _COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
 _FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
 # host segment: uint64 words
@@ -602,15 +603,14 @@ class Communicator:
                                  f"backend needs {'host' if kind == 'cpu' else 'GPU'} arrays")
         es = ELEMENT_BYTES[bx.dtype]
         # the full buffer's element count, nccl-tests' S
-        if method == "all_gather":
+        spec = SPECS[self.collective]
+        if spec.full_buffer == "output":
             count = bo.n if bo is not None else -1
-        elif method in ("reduce_scatter",):
-            count = bx.n
         else:
             count = bx.n
         if count < 0:
             raise ValueError(f"{method}: needs an output array")
-        if method == "all_to_all":
+        if spec.blockwise:
             unit = reference.alltoall_unit(self.ir)
             if count % unit:
                 raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
@@ -636,7 +636,7 @@ class Communicator:
             copy_back = (tmp, bx.ptr, min(n_out, bx.n) * es)
             return count, bx.dtype, bx.ptr, int(tmp.ctypes.data), copy_back
         if bx.n != n_in:
-            share = "its share of" if method == "all_gather" else "the"
+            share = "its share of" if spec.input == OWN else "the"
             raise ValueError(f"{method}: rank {self.rank}'s input holds {bx.n} elements; {share} "
                              f"{count}-element {method} needs {n_in}")
         if bo.n != n_out:
@@ -747,6 +747,37 @@ class Communicator:
             self.close()
         except Exception:
             pass
+
+
+def _spec_method(spec: CollectiveSpec):
+    """A Communicator method for a collective without a hand-written one, shaped by its spec:
+    ``out`` may be left out (in place) where input and output are one buffer, ``root`` is there
+    for a rooted collective and ``op`` for a reducing one."""
+    inplace_ok = spec.alias == "same"
+
+    def method(self, x, out=None, *, root: int | None = None, op: str = "sum"):
+        if root is not None and not spec.rooted:
+            raise TypeError(f"{spec.method}: {spec.title} has no root")
+        if op != "sum" and not spec.reduces:
+            raise TypeError(f"{spec.method}: {spec.title} reduces nothing (no op)")
+        if out is None and not inplace_ok:
+            raise ValueError(f"{spec.method}: needs an output array")
+        if spec.rooted:
+            self._check_root(root, spec.method)
+        self._call(spec.method, x, out, out is None, op)
+        return x if out is None else out
+
+    method.__name__ = spec.method
+    method.__doc__ = (f"{spec.title} (:mod:`hccc.compiler.frontend.collectives`): input ``x``"
+                      + (", output ``out`` (default: ``x``, in place)" if inplace_ok else ", output ``out``")
+                      + ("; ``root`` checks the compiled root" if spec.rooted else "")
+                      + ("; ``op`` the reduction" if spec.reduces else "") + ".")
+    return method
+
+
+for _spec in SPECS.values():   # every collective has its method
+    if not hasattr(Communicator, _spec.method):
+        setattr(Communicator, _spec.method, _spec_method(_spec))
 
 
 __all__ = ["Communicator", "CommunicatorError", "METHODS"]

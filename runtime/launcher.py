@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.frontend.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import buffer_bases
@@ -815,7 +816,7 @@ class Runner:
         count = int(count)
         if count < 0:
             raise ValueError("count must be non-negative")
-        if self.ir.collective == "alltoall":
+        if SPECS[self.ir.collective].blockwise:
             count = reference.alltoall_count(count, reference.alltoall_unit(self.ir))  # equal blocks
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")

@@ -116,7 +116,6 @@ class CollectiveSpec:
     busbw: Callable[[int], float]  # nccl-tests' bus-bandwidth factor over n > 0 ranks
     method: str                    # Communicator / torch.distributed method name
     semantics: Callable            # (inputs, reduce, nchunks, root) -> outputs (None: unspecified)
-    nccl_tests: str                # the nccl-tests binary measuring it ("" when there is none)
     msccl: str | None = None       # MSCCL XML ``coll`` attribute, None when MSCCL XML cannot express it
     msccl_aliases: tuple[str, ...] = ()   # other ``coll`` spellings real tools write
     blockwise: bool = False        # AllToAll: N*C chunk ids (see the module docstring)
@@ -264,25 +263,24 @@ class CollectiveSpec:
 
 
 SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
-    CollectiveSpec("allgather", "AllGather", start=OWNER, end=EVERY, reduces=False, input=OWN,
-                   output=FULL, busbw=_ring, method="all_gather", semantics=_allgather,
-                   nccl_tests="all_gather_perf", msccl="allgather"),
+    CollectiveSpec("allgather", "AllGather", start=OWNER, end=EVERY, reduces=False,
+                   input=OWN, output=FULL, busbw=_ring, method="all_gather",
+                   semantics=_allgather, msccl="allgather"),
     CollectiveSpec("reducescatter", "ReduceScatter", start=EVERY, end=OWNER, reduces=True,
                    input=FULL, output=OWN, busbw=_ring, method="reduce_scatter",
-                   semantics=_reducescatter, nccl_tests="reduce_scatter_perf",
-                   msccl="reducescatter", msccl_aliases=("reduce_scatter",)),
-    CollectiveSpec("allreduce", "AllReduce", start=EVERY, end=EVERY, reduces=True, input=FULL,
-                   output=FULL, busbw=_twice_ring, method="all_reduce", semantics=_allreduce,
-                   nccl_tests="all_reduce_perf", msccl="allreduce"),
-    CollectiveSpec("broadcast", "Broadcast", start=ROOT, end=EVERY, reduces=False, input=FULL,
-                   output=FULL, busbw=_one, method="broadcast", semantics=_broadcast,
-                   nccl_tests="broadcast_perf"),
-    CollectiveSpec("reduce", "Reduce", start=EVERY, end=ROOT, reduces=True, input=FULL,
-                   output=FULL, busbw=_one, method="reduce", semantics=_reduce,
-                   nccl_tests="reduce_perf"),
-    CollectiveSpec("alltoall", "AllToAll", start=OWNER, end=DEST, reduces=False, input=TO,
-                   output=FROM, busbw=_ring, method="all_to_all", semantics=_alltoall,
-                   nccl_tests="alltoall_perf", msccl="alltoall", blockwise=True),
+                   semantics=_reducescatter, msccl="reducescatter",
+                   msccl_aliases=("reduce_scatter",)),
+    CollectiveSpec("allreduce", "AllReduce", start=EVERY, end=EVERY, reduces=True,
+                   input=FULL, output=FULL, busbw=_twice_ring, method="all_reduce",
+                   semantics=_allreduce, msccl="allreduce"),
+    CollectiveSpec("broadcast", "Broadcast", start=ROOT, end=EVERY, reduces=False,
+                   input=FULL, output=FULL, busbw=_one, method="broadcast",
+                   semantics=_broadcast),
+    CollectiveSpec("reduce", "Reduce", start=EVERY, end=ROOT, reduces=True,
+                   input=FULL, output=FULL, busbw=_one, method="reduce", semantics=_reduce),
+    CollectiveSpec("alltoall", "AllToAll", start=OWNER, end=DEST, reduces=False,
+                   input=TO, output=FROM, busbw=_ring, method="all_to_all",
+                   semantics=_alltoall, msccl="alltoall", blockwise=True),
 )}
 
 
@@ -346,10 +344,10 @@ NAMES: tuple[str, ...] = tuple(SPECS)
 DSL_NAMES: tuple[str, ...] = tuple(s.dsl_name for s in SPECS.values())
 
 
-def one_of(names) -> str:
-    """``"a, b or c"``."""
+def one_of(names, last: str = "or") -> str:
+    """``"a, b or c"`` (``last="and"``: ``"a, b and c"``)."""
     names = list(names)
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" {last} " + names[-1]
 
 
 __all__ = ["CollectiveSpec", "Collective", "SPECS", "NAMES", "DSL_NAMES", "spec_of", "one_of",

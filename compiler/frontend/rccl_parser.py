@@ -16,6 +16,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
+from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.frontend.limits import check_source_lines
 
@@ -466,7 +467,8 @@ class _Builder:
         if "Root" in seen:
             rloc = self.tree_loc(params["Root"])
             if not coll.rooted:
-                raise CompileError.at(rloc, f"header parameter 'Root' applies to Broadcast and Reduce, "
+                rooted = one_of([s.title for s in SPECS.values() if s.rooted], "and")
+                raise CompileError.at(rloc, f"header parameter 'Root' applies to {rooted}, "
                                             f"not {coll.dsl_name}")
             if seen["Root"] >= nranks:
                 raise CompileError.at(rloc, f"Root {seen['Root']} is out of range (nRanks={nranks}: "
@@ -515,8 +517,7 @@ class _Builder:
             c = Collective.parse(text)
             if c is None:
                 shown = text if len(text) <= 40 else text[:37] + "..."
-                raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected Allgather, "
-                                            f"Allreduce, Reducescatter, Alltoall, Broadcast or Reduce)")
+                raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected {one_of(DSL_NAMES)})")
             return c
         return text
 

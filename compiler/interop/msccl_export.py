@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS, one_of, spec_of
 from hccc.compiler.frontend.diagnostics import CompileError
 from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, XmlLimits
 from hccc.compiler.interop.msccl_prims import (Prims, allgather_sources, export_error, from_ir,
@@ -77,9 +78,7 @@ def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False
     from hccc.compiler.interop.msccl_limits import check_algorithm_fits
     from hccc.compiler.passes.build import build_algorithm_level
     lim = limits or XmlLimits()
-    if alg.header.collective.value not in ("allgather", "allreduce", "reducescatter", "alltoall"):
-        raise export_error([f"cannot export collective '{alg.header.collective.value}': hccc exports AllGather, "
-                    f"AllReduce, ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
+    _check_collective(alg.header.collective.value)
     check_algorithm_fits(alg, lim, instances=instances, fuse=fuse)
     if instances < 1:
         raise ValueError("instances must be at least 1")
@@ -122,9 +121,16 @@ def _check_exportable(ir: ProgramIR, lim: XmlLimits) -> None:
             check_deadlock(ir)
     except (IRFormatError, ProofError) as exc:
         raise export_error([f"cannot export an invalid program: {exc}"]) from None
-    if ir.collective not in ("allgather", "allreduce", "reducescatter", "alltoall"):
-        raise export_error([f"cannot export collective '{ir.collective}': hccc exports AllGather, AllReduce, "
-                            f"ReduceScatter and AllToAll (an MSCCL <algo> has no root attribute)"])
+    _check_collective(ir.collective)
+
+
+def _check_collective(name: str) -> None:
+    """Refuse a collective MSCCL XML cannot express, saying why (its spec's ``msccl_refusal``)."""
+    spec = spec_of(name)
+    if spec.msccl_refusal:
+        ok = one_of([s.title for s in SPECS.values() if s.msccl])
+        raise export_error([f"cannot export collective '{name}': {spec.msccl_refusal} "
+                            f"(hccc exports {ok} as MSCCL XML)"])
 
 
 def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, prove: bool) -> str:

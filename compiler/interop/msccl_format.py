@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``<step type="...">`` for every ProgramIR op (NOP is written as ``nop``).
@@ -31,11 +32,13 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 #: messages one connection buffers in the runtimes: the FIFO has NCCL_STEPS = 8 slots; a Simple
 #: message takes MSCCL_CHUNKSTEPS = 4 of them, an LL / LL128 message one
 MESSAGES_IN_FLIGHT = {"Simple": 2, "LL": 8, "LL128": 8}
-#: collectives hccc proves and runs (``coll`` spelling = ProgramIR.collective)
-SUPPORTED_COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
-#: other spellings of supported collectives that real tools write: msccl-tools and the original
-#: MSCCL executor name ReduceScatter ``reduce_scatter``
-COLLECTIVE_ALIASES = {"reduce_scatter": "reducescatter"}
+#: collectives hccc proves and runs as MSCCL XML (``coll`` spelling: the spec's ``msccl``)
+SUPPORTED_COLLECTIVES = tuple(s.msccl for s in SPECS.values() if s.msccl)
+#: other spellings of supported collectives that real tools write (the specs' ``msccl_aliases``:
+#: msccl-tools and the original MSCCL executor name ReduceScatter ``reduce_scatter``)
+COLLECTIVE_ALIASES = {a: s.msccl for s in SPECS.values() if s.msccl for a in s.msccl_aliases}
+#: ``coll`` spelling -> ProgramIR collective
+COLLECTIVE_OF_COLL = {s.msccl: s.name for s in SPECS.values() if s.msccl}
 #: collectives the runtimes know but hccc does not handle (``custom``: msccl-tools' programs that
 #: are no standard collective, whose postcondition the file does not state)
 OTHER_COLLECTIVES = ("reduce", "broadcast", "alltoallv", "send", "recv", "gather", "scatter", "custom")
@@ -83,4 +86,4 @@ class XmlLimits:
 LEGACY_LIMITS = XmlLimits(max_steps=256, max_tbs=216)
 
 __all__ = ["COLLECTIVE_ALIASES", "MESSAGES_IN_FLIGHT", "TYPE_OF_OP", "OP_OF_TYPE", "LETTER_OF_BUF", "BUF_OF_LETTER", "PROTOCOLS",
-           "SUPPORTED_COLLECTIVES", "OTHER_COLLECTIVES", "XmlLimits", "LEGACY_LIMITS"]
+           "SUPPORTED_COLLECTIVES", "COLLECTIVE_OF_COLL", "OTHER_COLLECTIVES", "XmlLimits", "LEGACY_LIMITS"]

@@ -24,7 +24,8 @@ from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Locatio
 from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
 from hccc.compiler.ir.extents import ExtentError, check_extents
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
-from hccc.compiler.interop.msccl_format import COLLECTIVE_ALIASES, MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
+from hccc.compiler.frontend.collectives import OWN, SPECS
+from hccc.compiler.interop.msccl_format import COLLECTIVE_ALIASES, COLLECTIVE_OF_COLL, MESSAGES_IN_FLIGHT, BUF_OF_LETTER, OP_OF_TYPE, OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 MAX_GPUS = 4096
@@ -214,6 +215,8 @@ class _Importer:
                 raise self.err(a, f"unsupported collective '{coll}': hccc proves and runs "
                                   f"{', '.join(SUPPORTED_COLLECTIVES)}", "coll")
             raise self.err(a, f"unknown collective '{coll}' (expected {', '.join(SUPPORTED_COLLECTIVES)})", "coll")
+        coll = COLLECTIVE_OF_COLL[coll]
+        spec = SPECS[coll]
         N = self.int_(a, "ngpus", 1, MAX_GPUS)
         nch = self.int_(a, "nchannels", 0, MAX_CHANNELS)
         C = self.int_(a, "nchunksperloop", 1, MAX_CHUNKS)
@@ -225,13 +228,12 @@ class _Importer:
                            "outofplace" if "outofplace" in a.attrs else "inplace")
         min_b = self.int_(a, "minBytes", 0) if "minBytes" in a.attrs else 0
         max_b = self.int_(a, "maxBytes", 0) if "maxBytes" in a.attrs else 0
-        if coll in ("allgather", "reducescatter", "alltoall") and C % N:
+        if (OWN in (spec.input, spec.output) or spec.blockwise) and C % N:
             raise self.err(a, f"nchunksperloop={C} is not a multiple of ngpus={N}: every rank of the {coll} "
                               f"owns the same number of chunks", "nchunksperloop")
         k = C // N
         # sizes of the ProgramIR buffers (the collective's, not the declared ones)
-        in_n = k if coll == "allgather" else C
-        out_n = k if coll == "reducescatter" else C
+        in_n, out_n = spec.slots("input", N, C), spec.slots("output", N, C)
 
         gpus: dict[int, _El] = {}
         for g in self.children(a):
@@ -352,8 +354,8 @@ class _Importer:
                     raise self.err(el, f"{bufname[b]} chunks {off}..{off + cnt - 1} are outside gpu {gid}'s "
                                        f"{bufname[b]} buffer ({declared[b]} chunk(s) declared)", f"{side}off")
                 if off + cnt > bufsize[b]:
-                    what = {"i": ("input", "allgather" if coll == "allgather" else ""),
-                            "o": ("output", "reducescatter" if coll == "reducescatter" else "")}.get(b)
+                    spec = SPECS[coll]
+                    what = {"i": ("input", spec.input == OWN), "o": ("output", spec.output == OWN)}.get(b)
                     why = (f"a {coll} rank's {what[0]} holds nchunksperloop/ngpus = {k} chunk(s)"
                            if what and what[1] else f"the {coll} buffer has nchunksperloop = {bufsize[b]} chunks")
                     raise self.err(el, f"{bufname[b]} chunks {off}..{off + cnt - 1} are outside the buffer: {why}",
@@ -465,12 +467,13 @@ class _Importer:
                 nt += 1
             ntbs[gid] = nt
         extra_first = {}
-        if normalise and coll in ("allreduce", "allgather", "alltoall"):
+        alias = SPECS[coll].alias
+        if normalise and alias != "output in input":
             # prologue: the data the in-place program expects in the output, put there by a copy
             for gid in range(N):
                 if ntbs[gid] == 0:
                     ntbs[gid] = 1
-                src_off, dst_off, cnt = (0, gid * k, k) if coll == "allgather" else (0, 0, C)
+                src_off, dst_off, cnt = (0, gid * k, k) if alias == "input in output" else (0, 0, C)
                 extra_first[gid] = len(rows)
                 rows.append((gid, 0, -1, Op.COPY, -1, -1, 0, Buf.INPUT, src_off, Buf.OUTPUT, dst_off, cnt))
                 where.append((self.gpu_el(a, gid), f"gpu {gid} in-place prologue (input copied into the output)"))
@@ -478,11 +481,11 @@ class _Importer:
         def remap(gid, b, off):
             if not normalise:
                 return b, off
-            if coll in ("allreduce", "alltoall") and b == Buf.INPUT:
+            if alias == "same" and b == Buf.INPUT:
                 return Buf.OUTPUT, off
-            if coll == "allgather" and b == Buf.INPUT:
+            if alias == "input in output" and b == Buf.INPUT:
                 return Buf.OUTPUT, gid * k + off
-            if coll == "reducescatter" and b == Buf.OUTPUT:
+            if alias == "output in input" and b == Buf.OUTPUT:
                 return Buf.INPUT, gid * k + off
             return b, off
 
@@ -500,7 +503,7 @@ class _Importer:
                     for w in st.waits:
                         deps.append((index[id(st)], w))
         extra_last = {}
-        if normalise and coll == "reducescatter":
+        if normalise and alias == "output in input":
             for gid in range(N):
                 if ntbs[gid] == 0:
                     ntbs[gid] = 1

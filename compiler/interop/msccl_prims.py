@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.connections import match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
@@ -174,8 +175,9 @@ def _waits_past_nops(P: dict, a: np.ndarray, b: np.ndarray, is_nop: np.ndarray) 
 
 def allgather_sources(ir: ProgramIR, rows: Prims) -> Prims:
     """AllGather sends of an input chunk read the output copy of it (waiting for the local copy)
-    where every write of the rank's own output part is that copy."""
-    if ir.collective != "allgather" or ir.in_chunks * ir.nranks != ir.nchunks:
+    where every write of the rank's own output part is that copy (any collective whose input is
+    the rank's part of its output)."""
+    if SPECS[ir.collective].alias != "input in output" or ir.in_chunks * ir.nranks != ir.nchunks:
         return rows
     k = ir.in_chunks
     op, rank = rows.op, rows.rank

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.column_text import Choice, column_lines
 from hccc.compiler.interop.msccl_format import LETTER_OF_BUF, TYPE_OF_OP, XmlLimits
 from hccc.compiler.interop.msccl_prims import RECEIVES, Prims
@@ -90,7 +91,7 @@ def xml_text(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int) -> str:
     inplace = 1 if st_.get("msccl_inplace", True) else 0
     outofplace = 1 if st_.get("msccl_outofplace", True) else 0
     pieces: list = [f'<algo name="{ir.name}" proto="{lim.proto}" nchannels="{nch}" '
-                    f'nchunksperloop="{ir.nchunks * k}" ngpus="{ir.nranks}" coll="{ir.collective}" '
+                    f'nchunksperloop="{ir.nchunks * k}" ngpus="{ir.nranks}" coll="{SPECS[ir.collective].msccl}" '
                     f'inplace="{inplace}" outofplace="{outofplace}" minBytes="{lim.min_bytes}" '
                     f'maxBytes="{lim.max_bytes}">\n'.encode()]
     parts: list[str] = []      # the text, a few thousand step lines (whole thread blocks) at a time

@@ -40,6 +40,7 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import spec_of
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.ir.sort_order import lexsort, unique_inverse
@@ -62,7 +63,7 @@ def count_unit(ir: ProgramIR) -> int:
     rank sends every other the same number of elements); ``nchunks`` for an imported MSCCL
     AllToAll that uses scratch, which may park any piece in any slot, so all pieces must have
     one size. Every other collective: any count (1)."""
-    if ir.collective != "alltoall":
+    if not spec_of(ir.collective).blockwise:
         return 1
     if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
         return max(1, int(ir.nchunks))

@@ -57,6 +57,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import NAMES, SPECS
 from hccc.compiler.ir.sort_order import lexsort
 
 SCHEMA = "hccc.program/2"
@@ -143,9 +144,9 @@ PRIM_COLUMNS: dict[str, type] = {
 
 
 #: the collectives a ProgramIR can implement (``Collective`` values)
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
+COLLECTIVES = NAMES
 #: those with a root rank
-ROOTED = ("broadcast", "reduce")
+ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 
 
 @dataclass

@@ -6,14 +6,15 @@ primitive table without thread blocks yet; :mod:`tb_alloc` assigns TBs and seque
 
 Buffer mapping (how one ``.rccl`` serves in-place and out-of-place runs). The DSL gives every rank one
 data buffer of ``nchunks = nranks * K`` chunks (``K`` chunks per rank; rank ``r`` owns chunks
-``r*K .. r*K+K-1``). Chunk ``c`` of rank ``r`` is read from ``input`` until it is first written (by
-step order). Writes go to ``output[c]`` for AllGather, AllReduce and Broadcast; for ReduceScatter to
-``output[c - r*K]`` when ``r`` owns ``c`` and to ``scratch[c]`` otherwise; for Reduce to
-``output[c]`` on the root and to ``scratch[c]`` elsewhere (a non-root's output buffer is not the
-collective's to touch, as in NCCL). AllGather's input holds only the rank's own chunks
-(``input[c - r*K]``). Output chunks the postcondition needs but the program never writes
-(AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get a local
-``COPY`` input->output, which in-place runs skip because source and destination alias.
+``r*K .. r*K+K-1``). The collective's spec (:mod:`hccc.compiler.frontend.collectives`) says where
+each chunk lives: chunk ``c`` of rank ``r`` is read from its input slot until it is first written
+(by step order; only the ranks the precondition gives the chunk may read it from there). Writes
+go to the chunk's output slot where the postcondition puts the chunk on that rank (AllGather,
+AllReduce and Broadcast: every rank, ``output[c]``; ReduceScatter: the owner, ``output[c - r*K]``;
+Reduce: the root), and to ``scratch[c]`` elsewhere (a non-root's output buffer is not the
+collective's to touch, as in NCCL). Output chunks the postcondition needs but the program never
+writes (AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get
+a local ``COPY`` input->output, which in-place runs skip because source and destination alias.
 
 AllToAll (``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per buffer) has its own mapping, with
 the care in-place runs need: see :func:`_alltoall_mapping`.
@@ -88,30 +89,19 @@ class LoweredProgram:
 
 
 def buffer_sizes(coll: Collective, nranks: int, chunks_per_rank: int = 1) -> tuple[int, int, int]:
-    """(in_chunks, out_chunks, scratch_chunks) for a collective over ``nranks`` ranks."""
-    K = int(chunks_per_rank)
-    C = nranks * K
-    if coll == Collective.ALLGATHER:
-        return K, C, 0
-    if coll == Collective.REDUCESCATTER:
-        return C, K, C
-    if coll == Collective.REDUCE:
-        return C, C, C
-    # AllToAll: per rank N*K slots in and out (scratch is sized by the lowering)
-    return C, C, 0
+    """(in_chunks, out_chunks, scratch_chunks) for a collective over ``nranks`` ranks (its spec's
+    :meth:`~hccc.compiler.frontend.collectives.CollectiveSpec.buffer_sizes`)."""
+    return coll.spec.buffer_sizes(nranks, chunks_per_rank)
 
 
-def _write_location(coll: Collective, rank: np.ndarray, chunk: np.ndarray, K: int = 1, root: int = 0):
-    """Where writes of (rank, chunk) go: (buf, off) arrays."""
-    if coll == Collective.REDUCESCATTER:
-        own = chunk // K == rank
-        buf = np.where(own, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
-        off = np.where(own, chunk - rank * K, chunk)
-        return buf, off
-    if coll == Collective.REDUCE:
-        buf = np.where(rank == root, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
-        return buf, chunk.copy()
-    return np.full(len(rank), Buf.OUTPUT, np.int8), chunk.copy()
+def _write_location(coll: Collective, rank: np.ndarray, chunk: np.ndarray, N: int, C: int, root: int = 0):
+    """Where writes of (rank, chunk) go: (buf, off) arrays; the output slot where the
+    postcondition puts the chunk, scratch (at the chunk id) where it does not."""
+    spec = coll.spec
+    keep = spec.holds(spec.end, rank, chunk, N, C, root)
+    buf = np.where(keep, Buf.OUTPUT, Buf.SCRATCH).astype(np.int8)
+    off = np.where(keep, spec.slot("output", rank, chunk, N, C), chunk)
+    return buf, off
 
 
 def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
@@ -141,23 +131,22 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fw_src = first_write[src * C + chunk]
     fw_dst = first_write[dst * C + chunk]
 
+    spec = coll.spec
+    Cf = spec.chunks(N, C, spec.blockwise)   # the full buffer's chunks
+
     def input_offset(rank, ch, tasks, verb):
-        bad = np.zeros(len(rank), bool)
-        if coll == Collective.ALLGATHER:
-            bad = ch // K != rank
-        elif coll == Collective.BROADCAST:
-            bad = rank != root
+        bad = ~spec.holds(spec.start, rank, ch, N, Cf, root)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             i = int(tasks[j])
             raise CompileError([Diagnostic(
                 f"rank {int(rank[j])} {verb} chunk {int(ch[j])} before holding it at step "
                 f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
-        return ch - rank * K if coll == Collective.ALLGATHER else ch
+        return spec.slot("input", rank, ch, N, Cf)
 
     tasks = np.arange(T, dtype=np.int64)
     a2a = None
-    if coll is Collective.ALLTOALL:
+    if spec.blockwise:
         a2a = _alltoall_mapping(alg, key_t, first_write)
         s_buf, s_off, w_buf, w_off = a2a.s_buf, a2a.s_off, a2a.w_buf, a2a.w_off
         scratch_chunks = a2a.scratch_chunks
@@ -166,13 +155,13 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     else:
         # send side: read (src, c)
         s_from_input = step < fw_src
-        s_buf, s_off = _write_location(coll, src, chunk, K, root)
+        s_buf, s_off = _write_location(coll, src, chunk, N, Cf, root)
         if s_from_input.any():
             idx = np.flatnonzero(s_from_input)
             s_buf[idx] = Buf.INPUT
             s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
         # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
-        w_buf, w_off = _write_location(coll, dst, chunk, K, root)
+        w_buf, w_off = _write_location(coll, dst, chunk, N, Cf, root)
         r_src_buf = np.full(T, Buf.NONE, np.int8)
         r_src_off = np.zeros(T, np.int64)
         if rrc.any():
@@ -231,8 +220,8 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     # local copies for output chunks that are never written
     cr, cc = _missing_output_chunks(alg, first_write)
     nK = len(cr)
-    copy_src = cc - cr * K if coll == Collective.ALLGATHER else cc
-    copy_dst = cc - cr * K if coll == Collective.REDUCESCATTER else cc
+    copy_src = spec.slot("input", cr, cc, N, Cf)
+    copy_dst = spec.slot("output", cr, cc, N, Cf)
     copy_sbuf = np.full(nK, Buf.INPUT, np.int8)
     copy_key = np.zeros(nK, np.int64)
     copy_pipe = np.zeros(nK, np.int64)
@@ -582,18 +571,12 @@ def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.
     from hccc.compiler.passes.verify import final_rows
 
     h = alg.header
-    N, C, K = h.nranks, h.nchunks, h.chunks_per_rank
+    N, C = h.nranks, h.nchunks
     rows = final_rows(h.collective, N, C, h.root)
     rows = rows[first_write[rows] == NO_STEP]
     r, c = (rows // C).astype(np.int64), (rows % C).astype(np.int64)
-    if h.collective == Collective.ALLGATHER:
-        bad = np.flatnonzero(c // K != r)
-    elif h.collective == Collective.BROADCAST:
-        bad = np.flatnonzero(r != h.root)
-    elif h.collective == Collective.ALLTOALL:
-        bad = np.flatnonzero(h.owner(c) != r)
-    else:
-        bad = np.zeros(0, np.int64)
+    spec = h.collective.spec
+    bad = np.flatnonzero(~spec.holds(spec.start, r, c, N, spec.chunks(N, C, spec.blockwise), h.root))
     if len(bad):
         raise CompileError([Diagnostic(
             f"rank {int(r[bad[0]])} never receives chunk {int(c[bad[0]])}", alg.header.location)])
