@@ -43,8 +43,10 @@ kernel fails raises every peer's. Every rank then gets a :class:`CommunicatorErr
 cause within the timeout, and the communicator is unusable (``close()`` releases its memory; a new
 communicator works).
 
-Ranks of one communicator must share a host (they map each other's memory); jobs that span nodes
-use the exported MSCCL XML on RCCL or msccl-executor-nccl (README, "Multi-node").
+Nodes (``node=``, ``$HCCC_NODE``, default the host name): ranks on one node map each other's
+memory; ranks on different nodes connect through the network transport (:mod:`hccc.runtime.net`:
+mirrors of the remote FIFOs and counters carried by a C++ progress thread over UCX, and mirrors of
+the remote host segments, so barriers and failure reports work the same across nodes).
 """
 from __future__ import annotations
 
@@ -188,8 +190,10 @@ class Communicator:
                  backend="cpu", device: int | None = None, name: str | None = None, options=None,
                  timeout_s: float = 60.0, kernel_timeout_s: float = 30.0, dtype: str = "float32",
                  op: str = "sum", nthreads: int | None = None, cache_dir=None,
-                 codegen: str | None = None):
+                 codegen: str | None = None, node: str | None = None):
         self._closed = False
+        self._net = None
+        self._node = node
         self._broken: str | None = None
         self._segments_own: list[int] = []
         self._imported: list[int] = []
@@ -318,22 +322,40 @@ class Communicator:
         hw[_H_MAGIC] = _MAGIC
         self._stream = pf.stream()
         # exchange handles
-        me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+        from hccc.runtime import net
+        try:
+            my_node = net.node_name(self._node)
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {exc}") from None
+        me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node": my_node,
               "platform": pf.name, "ctrl": pf.ipc_export(mem.ctrl).hex(),
               "slots": pf.ipc_export(mem.slots).hex(),
               "flags": pf.ipc_export(self._flags).hex() if self._flags is not None else "",
               "hostseg": self._host_own.handle.hex()}
         peers = [json.loads(b) for b in self._all_gather(json.dumps(me).encode(), "handles")]
-        hosts = sorted({p["host"] for p in peers})
-        if len(hosts) > 1:
-            raise CommunicatorError(
-                f"the ranks run on {len(hosts)} hosts ({', '.join(hosts[:4])}): a communicator maps "
-                "its peers' memory, so its ranks share one host; jobs that span nodes run the "
-                "exported MSCCL XML on RCCL or msccl-executor-nccl (README, Multi-node)")
-        kinds = sorted({p["platform"] for p in peers})
+        self.nodes = nodes = [p["node"] for p in peers]
+        local_ranks = [r for r in range(self.world_size) if nodes[r] == my_node]
+        for r in range(self.world_size):
+            if nodes[r] == my_node and peers[r]["host"] != peers[self.rank]["host"]:
+                raise CommunicatorError(
+                    f"ranks {self.rank} and {r} say they are on node {my_node} but run on hosts "
+                    f"{peers[self.rank]['host']} and {peers[r]['host']}: give each host its own "
+                    "node name (node= or HCCC_NODE)")
+        kinds = sorted({peers[r]["platform"] for r in local_ranks})
         if len(kinds) > 1:
-            raise CommunicatorError(f"the ranks use different platforms ({', '.join(kinds)}); one "
-                                    "communicator needs one platform that shares memory")
+            raise CommunicatorError(f"the ranks of node {my_node} use different platforms "
+                                    f"({', '.join(kinds)}); ranks that share a node share memory")
+        if len(set(nodes)) > 1:
+            for why in net.placement_problems(nodes, plats, getattr(ir, "gpu_per_node", 0) or 0):
+                import warnings
+                warnings.warn(f"{ir.name}: {why}", RuntimeWarning, stacklevel=3)
+            try:
+                self._net = net.NetLink(
+                    self.rank, nodes, plans, mem, self._host_own.address, self._all_gather,
+                    local, pf.host_flags, cache_dir=cache_dir,
+                    stale_s=max(1.0, min(5.0, self.timeout_s / 3)))
+            except net.TransportError as exc:
+                raise CommunicatorError(f"rank {self.rank} (node {my_node}): {exc}") from None
         self._pids = [int(p["pid"]) for p in peers]
         # peers whose blocks the connection tables point into: the receivers of this rank's sends
         # (slots, tail) and the senders of what it receives (head)
@@ -342,6 +364,9 @@ class Communicator:
         try:
             for r, p in enumerate(peers):
                 if r == self.rank:
+                    continue
+                if nodes[r] != my_node:
+                    self._host_peer[r] = self._net.host_mirror(r)
                     continue
                 if r in targets:
                     c = pf.ipc_import(bytes.fromhex(p["ctrl"]))
@@ -357,7 +382,10 @@ class Communicator:
         except (PlatformError, shm.ShmError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot map a peer's memory: {exc}") from None
 
-        mem.connect(plans, lambda peer: bases[peer])
+        mem.connect(plans, lambda peer: bases.get(peer, (0, 0)))
+        if self._net is not None:
+            self._host_flag_ptrs.append(self._net.mwords)
+            self._net.wire()              # cross-node connections through the mirrors
         # every rank has mapped every segment: drop the names
         self._all_gather(b"", "mapped")
         for p in self._segments_own:
@@ -424,6 +452,10 @@ class Communicator:
                 failed = failed or f"rank {r} failed ({self._reason(seg)})"
             elif state == _CLOSED:
                 return f"rank {r} closed its communicator"
+            elif self._net is not None and self.nodes[r] != self.nodes[self.rank]:
+                lost = self._net.peer_problem(r)
+                if lost:
+                    return lost
             elif not shm.process_alive(self._pids[r]):
                 return f"rank {r} (process {self._pids[r]}) exited"
         return failed
@@ -509,6 +541,8 @@ class Communicator:
                     f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}), "
                     f"this rank {count} elements of {dtype} ({op}); every rank must make the same call")
         self._mem.reset()
+        if self._net is not None and not self._net.reset(self.timeout_s):
+            raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
         ctypes.c_uint32.from_address(self._abort).value = 0
         pf.memset(self._error, 0, ctypes.sizeof(ErrorRecord))
         lay = program_layout(ir, count)[self.rank]
@@ -526,6 +560,8 @@ class Communicator:
         self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
         # table mode: the generic kernel takes the rank's table address after hccc_args
         tail = self._table.to_bytes(8, "little") if self._table is not None else b""
+        if self._net is not None:
+            self._net.shape(self.slot_bytes, ir.max_step_chunks, slice_b)
         if self.grid > 0:
             pf.launch(fn, self.grid, self.block, bytes(args) + tail, self._stream)
         self._wait(method)
@@ -575,6 +611,10 @@ class Communicator:
         aborted = ctypes.c_uint32.from_address(self._abort).value != 0
         rec = ErrorRecord.from_buffer_copy(raw.tobytes())
         if cause is None and not aborted and not rec.valid:
+            # a finished call's puts (the last credits) land before the counters are reset
+            if self._net is not None and not self._net.drain(self.timeout_s):
+                raise self._fail(f"{method} #{self._calls}: the network did not complete this "
+                                 f"rank's last puts within {self.timeout_s:g} s")
             self._host_words(self._host_own)[_H_DONE] = self._calls
             return
         what = describe_stuck(self.ir, rec, pf.ticks_per_us) if rec.valid else None
@@ -696,6 +736,10 @@ class Communicator:
     # ------------------------------------------------------------------ teardown
     def _release(self) -> None:
         pf = self._pf
+        if self._net is not None:         # the proxy stops before the memory it reads goes
+            self._net.drain(0.5 if self._broken else 2.0)   # the last state reaches the peers
+            self._net.close()
+            self._net = None
         for seg in self._host_peer.values():
             seg.close()
         self._host_peer.clear()

@@ -22,7 +22,10 @@ def _run_job(job: dict):
     ir = load_ir_json(job["ir"]) if isinstance(job["ir"], str) and job["ir"].lstrip().startswith("{") \
         else job["ir"]
     outs = []
+    os.environ.update(job.get("env", {}))
     boot = {"init_method": job["url"]}
+    if job.get("nodes"):
+        boot["node"] = job["nodes"][job["rank"]]
     if job.get("process_group"):
         # torch.distributed initialised by the job (as under torchrun): no bootstrap argument
         import torch.distributed as dist

@@ -1,0 +1,270 @@
+"""Connections between nodes: what a :class:`~hccc.runtime.communicator.Communicator` uses for the
+peers it cannot map (see ``docs/transport.md``).
+
+**Nodes.** A rank's node is ``Communicator(..., node=)``, else the ``HCCC_NODE`` environment
+variable, else its host name (:func:`node_name`). Ranks on one node map each other's memory (CUDA /
+HIP IPC, POSIX shared memory); ranks on different nodes reach each other through a
+:class:`Transport`, whose one engine is UCX (:mod:`hccc.runtime.net_ucx`).
+
+**Mirrors.** The kernels keep their FIFO protocol and never learn which peers are remote.
+:class:`NetLink` rewrites this rank's connection tables: a send to a remote receiver writes a local
+mirror of the receiver's FIFO and ``tail``; a receive from a remote sender frees slots into a local
+mirror of the sender's ``head``. The transport's progress thread (C++, not Python per message)
+puts what the kernel published into the peer's registered memory: slots, then (ordered after
+them) the tail; heads as credits. Direct mode needs the peer's destination buffer mapped, so the
+Communicator, which launches kernels without peer buffer pointers, never uses it, on one node or
+across nodes: every cross-node connection goes through the FIFO.
+
+**Host side.** Each rank's host segment (barrier counter, call record, state, failure reason,
+heartbeat) is mirrored into every remote peer's memory by the same thread whenever it changes, so
+the Communicator's barriers, call checks and failure reports read a remote peer exactly as a local
+one. A remote peer is gone when its endpoint fails (connection closed or reset: the process died,
+or the link dropped) and stopped when its heartbeat (stamped every 100 ms by its progress thread)
+has not moved for ``stale_s``.
+
+**Safety.** Worker addresses and remote keys travel only through the job's bootstrap; a process
+that did not get them cannot address this rank's memory, and UCX drops connections that do not
+speak its wire-up protocol. Memory per cross-node connection: one FIFO mirror on the sending side
+(``nslots`` slots), two words on the receiving side, at most ``nslots + 1`` puts in flight.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+import time
+
+import numpy as np
+
+from hccc.runtime.net_transport import Transport, TransportError
+
+#: environment variable naming this process's node
+NODE_ENV = "HCCC_NODE"
+#: bytes of a host segment mirrored to remote peers (words, then the failure reason)
+MIRROR_BYTES = 128 + 1024
+#: host segment stride in a mirror block (one per rank)
+SEGMENT_STRIDE = 4096
+#: the heartbeat word of a host segment (the progress thread's clock, in ms)
+BEAT_OFFSET = 120
+
+
+def node_name(node: str | None = None) -> str:
+    """This process's node: ``node``, else ``$HCCC_NODE``, else the host name."""
+    name = node if node is not None else os.environ.get(NODE_ENV) or socket.gethostname()
+    name = str(name)
+    if not name or len(name) > 255 or any(c.isspace() for c in name):
+        raise ValueError(f"node name {name!r}: a non-empty word without spaces is expected")
+    return name
+
+
+def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: int = 0) -> list[str]:
+    """What is wrong with running ranks on ``nodes`` (one name per rank): an algorithm written for
+    ``gpus_per_node`` ranks per node (0: unknown) whose node groups (ranks ``[k*G, (k+1)*G)``) are
+    split or merged, and nodes whose ranks are of different vendors (``platforms``: manifest
+    platform per rank) although each node of a mixed cluster has one vendor. Empty: fine."""
+    out = []
+    groups: dict[str, list[int]] = {}
+    for r, n in enumerate(nodes):
+        groups.setdefault(n, []).append(r)
+    for n, rs in groups.items():
+        kinds = sorted({platforms[r] for r in rs})
+        if len(kinds) > 1:
+            out.append(f"node {n} holds ranks of {' and '.join(k.upper() for k in kinds)} "
+                       f"({_ranges(rs)}); a mixed-vendor algorithm puts each vendor on nodes of "
+                       "its own")
+    if gpus_per_node > 0 and len(groups) > 1:
+        want = {r: r // gpus_per_node for r in range(len(nodes))}
+        for n, rs in groups.items():
+            parts = sorted({want[r] for r in rs})
+            if len(parts) > 1:
+                out.append(f"node {n} holds ranks {_ranges(rs)}, which the algorithm "
+                           f"(GPUPerNode={gpus_per_node}) places on {len(parts)} nodes: its "
+                           "intra-node steps will cross the network")
+                break
+        for k in sorted(set(want.values())):
+            rs = [r for r in range(len(nodes)) if want[r] == k]
+            where = sorted({nodes[r] for r in rs})
+            if len(where) > 1:
+                out.append(f"the algorithm (GPUPerNode={gpus_per_node}) puts ranks {_ranges(rs)} "
+                           f"on one node; this job spreads them over {', '.join(where)}: their "
+                           "intra-node steps cross the network")
+                break
+    return out
+
+
+def _ranges(rs: list[int]) -> str:
+    out, i = [], 0
+    rs = sorted(rs)
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def get_transport(rank: int, world: int, cache_dir=None) -> Transport:
+    """The transport ``$HCCC_TRANSPORT`` names (default and only: ``ucx``)."""
+    kind = os.environ.get("HCCC_TRANSPORT", "ucx")
+    if kind != "ucx":
+        raise TransportError(f"HCCC_TRANSPORT={kind!r}: the one network transport is 'ucx'")
+    from hccc.runtime.net_ucx import UcxTransport
+    return UcxTransport(rank, world, cache_dir=cache_dir)
+
+
+class _Mirror:
+    """A remote peer's host segment as this process sees it (the part the peer pushes): what the
+    Communicator reads through ``_map``, like a mapped :class:`~hccc.runtime.shm.Segment`."""
+
+    def __init__(self, view: memoryview):
+        self._map = view
+
+    def close(self) -> None:
+        pass
+
+
+class NetLink:
+    """This rank's cross-node connections: transport, mirrors, rewritten connection tables.
+
+    ``nodes``: node per rank; ``plans``: every rank's :class:`~hccc.runtime.launcher.RankPlan`;
+    ``mem``: this rank's :class:`~hccc.runtime.launcher.RankMemory` (before ``connect``);
+    ``host_seg``: address of this rank's host segment; ``exchange(data, tag)``: the bootstrap's
+    all-gather; ``alloc_slots`` / ``alloc_words``: memory for the FIFO mirrors (the kernel writes
+    them) and the mirror words (the kernel and the progress thread both touch them)."""
+
+    def __init__(self, rank: int, nodes: list[str], plans, mem, host_seg: int, exchange,
+                 alloc_slots, alloc_words, *, stale_s: float = 5.0, cache_dir=None):
+        self.rank, self.nodes, self.plans, self.mem = rank, list(nodes), plans, mem
+        self.world = len(nodes)
+        self.remote = [r for r in range(self.world) if nodes[r] != nodes[rank]]
+        self.stale_s = float(stale_s)
+        self._mirrors = mmap.mmap(-1, SEGMENT_STRIDE * self.world)
+        self._views: dict[int, memoryview] = {}
+        self._beats: dict[int, tuple[int, float]] = {}
+        self._sends: list[tuple[int, int]] = []     # (send index k, peer)
+        self._recvs: list[tuple[int, int]] = []     # (recv index j, peer)
+        self.tx: Transport | None = None
+        try:
+            self._setup(exchange, alloc_slots, alloc_words, host_seg, cache_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, exchange, alloc_slots, alloc_words, host_seg, cache_dir) -> None:
+        rank, plans, mem = self.rank, self.plans, self.mem
+        plan = plans[rank]
+        self.tx = tx = get_transport(rank, self.world, cache_dir)
+        ctrl_key = tx.register(mem.ctrl, plan.ctrl_bytes)
+        slots_key = tx.register(mem.slots, plan.slots_bytes)
+        base = np.frombuffer(self._mirrors, dtype=np.uint8)
+        mirror_addr = int(base.ctypes.data)
+        del base
+        mirror_key = tx.register(mirror_addr, SEGMENT_STRIDE * self.world)
+        me = {"addr": tx.address().hex(), "ctrl": mem.ctrl, "slots": mem.slots,
+              "mirrors": mirror_addr, "keys": [ctrl_key.hex(), slots_key.hex(), mirror_key.hex()]}
+        infos = [json.loads(b) for b in exchange(json.dumps(me).encode(), "net")]
+        self.info = infos
+        for r in self.remote:
+            p = infos[r]
+            tx.connect(r, bytes.fromhex(p["addr"]), [bytes.fromhex(k) for k in p["keys"]],
+                       int(p["mirrors"]))
+            self._views[r] = memoryview(self._mirrors)[r * SEGMENT_STRIDE:(r + 1) * SEGMENT_STRIDE]
+        # mirrors of the remote ends this rank's kernel writes
+        remote = set(self.remote)
+        self._sends = [(k, peer) for k, (peer, ch) in enumerate(plan.send_conns)
+                       if peer in remote and plans[peer].recv_index(rank, ch) is not None]
+        self._recvs = [(j, peer) for j, (peer, ch) in enumerate(plan.recv_conns)
+                       if peer in remote and plans[peer].send_index(rank, ch) is not None]
+        fifo = plan.fifo_bytes
+        step = (fifo + 255) // 256 * 256
+        self.mslots = alloc_slots(max(step * len(self._sends), 256))
+        tx.register(self.mslots, max(step * len(self._sends), 256), remote=False)
+        self.mwords = alloc_words(8 * max(len(self._sends) + len(self._recvs), 1))
+        tx.set_segment(host_seg, MIRROR_BYTES, SEGMENT_STRIDE, BEAT_OFFSET)
+
+    def host_mirror(self, peer: int) -> _Mirror:
+        """The local mirror of remote ``peer``'s host segment."""
+        return _Mirror(self._views[peer])
+
+    def wire(self) -> None:
+        """Point this rank's connection tables at the mirrors (after ``RankMemory.connect``),
+        tell the transport what to carry, and start it."""
+        from hccc.runtime.launcher import conn_table
+        mem, plan, plans, tx, me = self.mem, self.plans[self.rank], self.plans, self.tx, self.rank
+        send, recv = list(mem.send_conns), list(mem.recv_conns)
+        step = (plan.fifo_bytes + 255) // 256 * 256
+        for i, (k, peer) in enumerate(self._sends):
+            j = plans[peer].recv_index(me, plan.send_conns[k][1])
+            mslots, mtail = self.mslots + i * step, self.mwords + 8 * i
+            send[k] = (mslots, send[k][1], mtail)
+            info = self.info[peer]
+            tx.add_send(peer, mslots, mtail, int(info["slots"]) + j * plans[peer].fifo_bytes,
+                        int(info["ctrl"]) + plans[peer].tail_offset(j), plans[peer].slot_bytes,
+                        plans[peer].nslots)
+        for i, (j, peer) in enumerate(self._recvs):
+            k = plans[peer].send_index(me, plan.recv_conns[j][1])
+            mhead = self.mwords + 8 * (len(self._sends) + i)
+            recv[j] = (recv[j][0], mhead, recv[j][2])
+            tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k))
+        for conns, tab in ((send, mem.send_tab), (recv, mem.recv_tab)):
+            blob = conn_table(conns)
+            if blob:
+                mem.platform.memcpy_htod(tab, blob)
+        mem.send_conns, mem.recv_conns = send, recv
+        tx.start()
+
+    # ------------------------------------------------------------------ per call
+    def shape(self, slot_bytes: int, max_cnt: int, slice_bytes: int) -> None:
+        """The bytes of a slot this launch uses: ``max_cnt`` regions of at most 32 + slice."""
+        mc = max(1, int(max_cnt))
+        if slot_bytes % mc:
+            self.tx.set_shape(0, 0, 1)          # unknown layout: whole slots
+            return
+        region = slot_bytes // mc
+        self.tx.set_shape(region, min(region, 32 + int(slice_bytes)), mc)
+
+    def reset(self, timeout_s: float) -> bool:
+        return self.tx.reset(timeout_s)
+
+    def drain(self, timeout_s: float) -> bool:
+        return self.tx.drain(timeout_s)
+
+    def where(self, rank: int) -> str:
+        return f"node {self.nodes[rank]}"
+
+    def peer_problem(self, peer: int) -> str | None:
+        """Why remote ``peer`` cannot take part (connection lost, stopped responding), or None."""
+        err = self.tx.peer_error(peer) if self.tx is not None else "transport closed"
+        if err:
+            return (f"rank {peer} on node {self.nodes[peer]}: connection lost ({err}; the process "
+                    "died or the network dropped)")
+        beat = int(np.frombuffer(self._views[peer], dtype=np.uint64, count=16)[BEAT_OFFSET // 8])
+        now = time.monotonic()
+        last = self._beats.get(peer)
+        if last is None or last[0] != beat:
+            self._beats[peer] = (beat, now)
+            return None
+        if now - last[1] > self.stale_s:
+            return (f"rank {peer} on node {self.nodes[peer]} stopped responding (no heartbeat for "
+                    f"{now - last[1]:.1f} s: the process is stopped or the network is down)")
+        return None
+
+    def close(self) -> None:
+        if self.tx is not None:
+            self.tx.close()
+            self.tx = None
+        for v in self._views.values():
+            v.release()
+        self._views.clear()
+        if self._mirrors is not None:
+            try:
+                self._mirrors.close()
+            except BufferError:
+                pass
+            self._mirrors = None
+
+
+__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "get_transport", "node_name",
+           "placement_problems"]

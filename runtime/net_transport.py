@@ -1,0 +1,69 @@
+"""The interface a network engine offers the cross-node connections of :mod:`hccc.runtime.net`:
+registered memory, one-sided puts carried by a progress thread of its own, peer failure reports.
+UCX is the one engine built (:mod:`hccc.runtime.net_ucx`); another (libfabric for EFA, say) would
+implement the same methods over its own C++ proxy."""
+from __future__ import annotations
+
+import abc
+
+
+class TransportError(RuntimeError):
+    """The transport cannot be built, loaded or connected (message for the user)."""
+
+
+class Transport(abc.ABC):
+    """A network engine under the proxy: registered memory, one-sided puts, a progress thread.
+    UCX is the one built (:class:`hccc.runtime.net_ucx.UcxTransport`)."""
+
+    name = "?"
+
+    @abc.abstractmethod
+    def address(self) -> bytes:
+        """What a peer needs to connect to this process."""
+
+    @abc.abstractmethod
+    def register(self, ptr: int, nbytes: int, remote: bool = True) -> bytes:
+        """Register memory; the packed remote key when ``remote`` (else b"")."""
+
+    @abc.abstractmethod
+    def connect(self, peer: int, address: bytes, keys: list[bytes], mirror_base: int) -> None:
+        """An endpoint to ``peer`` with its keys (control block, slot block, host mirrors)."""
+
+    @abc.abstractmethod
+    def add_send(self, peer: int, mslots: int, mtail: int, rslots: int, rtail: int,
+                 slot_bytes: int, nslots: int) -> None: ...
+
+    @abc.abstractmethod
+    def add_recv(self, peer: int, mhead: int, rhead: int) -> None: ...
+
+    @abc.abstractmethod
+    def set_segment(self, ptr: int, nbytes: int, stride: int, beat_offset: int) -> None: ...
+
+    @abc.abstractmethod
+    def set_shape(self, region_bytes: int, region_used: int, max_cnt: int) -> None: ...
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def drain(self, timeout_s: float) -> bool:
+        """Everything published put and complete at its target; False on timeout."""
+
+    @abc.abstractmethod
+    def reset(self, timeout_s: float) -> bool:
+        """Mirrors and sent counters to zero (between calls); False on timeout."""
+
+    @abc.abstractmethod
+    def peer_error(self, peer: int) -> str | None:
+        """Why the endpoint to ``peer`` failed, or None."""
+
+    @abc.abstractmethod
+    def counters(self) -> tuple[int, int]:
+        """(puts, bytes put) so far."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the thread, close endpoints, release registrations (idempotent)."""
+
+
+__all__ = ["Transport", "TransportError"]

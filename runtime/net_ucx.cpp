@@ -1,0 +1,480 @@
+// hccc network proxy on UCX (UCP API): one progress thread per process carries the FIFO slots and
+// counters of the connections whose ends sit on different nodes (see hccc.runtime.net).
+//
+// The kernels keep their protocol. For a connection whose receiver is on another node, the
+// sender's connection table points at a local mirror of the receiver's FIFO and `tail` word; for
+// one whose sender is on another node, the receiver's table points at a local mirror of the
+// sender's `head` word. The proxy watches those mirrors:
+//   * a send mirror's tail moved from s to t: put slots s..t-1 into the receiver's registered FIFO,
+//     then (after a fence: every put before it is complete at the target before any put after it)
+//     put the tail value t into the receiver's control block -- data before tail;
+//   * a receive mirror's head moved: put the new head into the sender's control block (the credit;
+//     the receiver had finished reading those slots before it posted it);
+//   * a host-segment mirror changed (the host's barrier words, call record, state, reason and the
+//     heartbeat this thread stamps): put it into every remote peer's mirror of this rank's segment.
+// A slot is put only as far as the launch uses it: every region holds a 16-byte header and at
+// most 16 + slice bytes of data, so a message costs max_cnt * min(region, 32 + slice) bytes, not a
+// whole slot (hn_set_shape, per call).
+// drain: push everything pending, then a worker flush (remote completion of every put), so no put
+// of a finished call can land after the host resets the counters for the next one.
+// Peers: endpoints with peer error handling; a failed endpoint marks its peer failed (its
+// connections are skipped from then on, the host reports the rank and its node).
+// Memory per connection: one FIFO mirror (nslots slots) on the sending side, two words on the
+// receiving side, and at most nslots+1 outstanding puts.
+// Threads: the worker is single-threaded; set-up calls run before hn_start, teardown after the
+// thread has joined; in between the host talks to the thread through atomics only.
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <sched.h>
+#include <time.h>
+
+#define HN_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+struct Peer {
+  ucp_ep_h ep = nullptr;
+  ucp_rkey_h rkey[3] = {nullptr, nullptr, nullptr};  // control block, slot block, host mirrors
+  std::atomic<int> status{0};                        // 0 = fine, else a ucs_status_t
+};
+
+struct SendConn {
+  int peer;
+  char* mslots;                 // local mirror of the receiver's FIFO
+  uint64_t* mtail;              // local mirror of the receiver's tail
+  uint64_t rslots, rtail;       // the receiver's FIFO and tail (remote addresses)
+  uint64_t slot_bytes, nslots;
+  uint64_t sent;                // slots put so far this call
+};
+
+struct RecvConn {
+  int peer;
+  uint64_t* mhead;              // local mirror of the sender's head
+  uint64_t rhead;               // the sender's head (remote address)
+  uint64_t sent;
+};
+
+struct Pending {
+  void* req;
+  void* owned;                  // a heap copy the put reads from, freed at completion
+};
+
+struct Net {
+  ucp_context_h ctx = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<ucp_mem_h> mems;
+  std::vector<Peer*> peers;     // by rank; nullptr for ranks reached by shared memory
+  std::vector<SendConn> sends;
+  std::vector<RecvConn> recvs;
+  // this rank's host segment: pushed to mirror_base[peer] + rank * seg_stride on each remote peer
+  char* seg = nullptr;
+  uint64_t seg_len = 0, seg_stride = 0;
+  int rank = 0;
+  std::vector<uint64_t> mirror_base;
+  std::vector<char> seg_last;
+  uint64_t* beat = nullptr;     // heartbeat word inside the host segment
+  std::vector<Pending> pending;
+  void* flush_req = nullptr;
+  bool flushing = false;
+  std::thread th;
+  std::atomic<int> stop{0};
+  std::atomic<uint64_t> drain_req{0}, drain_done{0}, reset_req{0}, reset_done{0};
+  std::atomic<uint64_t> region_bytes{0}, region_used{0}, max_cnt{1};
+  std::atomic<uint64_t> bytes_put{0}, puts{0};
+  uint64_t serving_drain = 0;
+};
+
+void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  Peer* p = static_cast<Peer*>(arg);
+  p->status.store(status == UCS_OK ? UCS_ERR_ENDPOINT_TIMEOUT : (int)status);
+}
+
+bool peer_ok(Net* n, int peer) {
+  Peer* p = n->peers[peer];
+  return p && p->ep && p->status.load(std::memory_order_relaxed) == 0;
+}
+
+// One put; `owned` (may be null) is freed once UCX no longer reads it.
+void put(Net* n, int peer, const void* buf, size_t len, uint64_t raddr, int which, void* owned) {
+  Peer* p = n->peers[peer];
+  ucp_request_param_t prm;
+  prm.op_attr_mask = 0;
+  ucs_status_ptr_t r = ucp_put_nbx(p->ep, buf, len, raddr, p->rkey[which], &prm);
+  n->puts.fetch_add(1, std::memory_order_relaxed);
+  n->bytes_put.fetch_add(len, std::memory_order_relaxed);
+  if (r == nullptr) {
+    free(owned);
+    return;
+  }
+  if (UCS_PTR_IS_ERR(r)) {
+    free(owned);
+    if (p->status.load() == 0) p->status.store((int)UCS_PTR_STATUS(r));
+    return;
+  }
+  n->pending.push_back(Pending{r, owned});
+}
+
+void put_word(Net* n, int peer, uint64_t value, uint64_t raddr) {
+  uint64_t* w = static_cast<uint64_t*>(malloc(sizeof(uint64_t)));
+  *w = value;
+  put(n, peer, w, sizeof(uint64_t), raddr, 0, w);
+}
+
+void reap(Net* n) {
+  size_t j = 0;
+  for (size_t i = 0; i < n->pending.size(); ++i) {
+    Pending& q = n->pending[i];
+    if (ucp_request_check_status(q.req) == UCS_INPROGRESS) {
+      n->pending[j++] = q;
+    } else {
+      ucp_request_free(q.req);
+      free(q.owned);
+    }
+  }
+  n->pending.resize(j);
+}
+
+// Push what the kernel and the host published; true when something was put.
+bool push(Net* n) {
+  bool any = false;
+  const uint64_t rb = n->region_bytes.load(std::memory_order_relaxed);
+  const uint64_t ru = n->region_used.load(std::memory_order_relaxed);
+  const uint64_t mc = n->max_cnt.load(std::memory_order_relaxed);
+  std::vector<std::pair<size_t, uint64_t>> tails;
+  for (size_t i = 0; i < n->sends.size(); ++i) {
+    SendConn& c = n->sends[i];
+    const uint64_t t = __atomic_load_n(c.mtail, __ATOMIC_ACQUIRE);
+    if (t <= c.sent || !peer_ok(n, c.peer)) continue;
+    for (uint64_t k = c.sent; k < t; ++k) {
+      const uint64_t off = (k % c.nslots) * c.slot_bytes;
+      if (rb == 0 || ru >= rb || mc <= 1) {
+        const uint64_t len = (rb == 0 || mc == 0) ? c.slot_bytes
+                             : (mc - 1) * rb + (ru < rb ? ru : rb);
+        put(n, c.peer, c.mslots + off, len < c.slot_bytes ? len : c.slot_bytes, c.rslots + off, 1,
+            nullptr);
+      } else {
+        for (uint64_t r = 0; r < mc; ++r)
+          put(n, c.peer, c.mslots + off + r * rb, ru, c.rslots + off + r * rb, 1, nullptr);
+      }
+    }
+    c.sent = t;
+    tails.emplace_back(i, t);
+  }
+  if (!tails.empty()) {
+    ucp_worker_fence(n->worker);  // every slot above lands before any tail below
+    for (auto& [i, t] : tails) put_word(n, n->sends[i].peer, t, n->sends[i].rtail);
+    any = true;
+  }
+  for (RecvConn& c : n->recvs) {
+    const uint64_t h = __atomic_load_n(c.mhead, __ATOMIC_ACQUIRE);
+    if (h <= c.sent || !peer_ok(n, c.peer)) continue;
+    put_word(n, c.peer, h, c.rhead);
+    c.sent = h;
+    any = true;
+  }
+  if (n->seg != nullptr) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (memcmp(n->seg, n->seg_last.data(), n->seg_len) != 0) {
+      memcpy(n->seg_last.data(), n->seg, n->seg_len);
+      for (size_t r = 0; r < n->peers.size(); ++r) {
+        if (!peer_ok(n, (int)r)) continue;
+        void* copy = malloc(n->seg_len);
+        memcpy(copy, n->seg_last.data(), n->seg_len);
+        put(n, (int)r, copy, n->seg_len, n->mirror_base[r] + (uint64_t)n->rank * n->seg_stride, 2,
+            copy);
+      }
+      any = true;
+    }
+  }
+  return any;
+}
+
+uint64_t now_ms() {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void loop(Net* n) {
+  unsigned idle = 0;
+  uint64_t last_beat = 0;
+  while (!n->stop.load(std::memory_order_acquire)) {
+    bool work = false;
+    const uint64_t rq = n->reset_req.load(std::memory_order_acquire);
+    if (rq != n->reset_done.load(std::memory_order_relaxed)) {
+      // between calls: no kernel runs, every peer has drained
+      for (SendConn& c : n->sends) { __atomic_store_n(c.mtail, 0, __ATOMIC_RELEASE); c.sent = 0; }
+      for (RecvConn& c : n->recvs) { __atomic_store_n(c.mhead, 0, __ATOMIC_RELEASE); c.sent = 0; }
+      n->reset_done.store(rq, std::memory_order_release);
+    }
+    if (n->beat != nullptr) {
+      const uint64_t t = now_ms();
+      if (t - last_beat >= 100) {
+        last_beat = t;
+        __atomic_store_n(n->beat, t, __ATOMIC_RELEASE);
+      }
+    }
+    work |= push(n);
+    work |= ucp_worker_progress(n->worker) != 0;
+    if (!n->pending.empty()) reap(n);
+    const uint64_t dq = n->drain_req.load(std::memory_order_acquire);
+    if (dq != n->drain_done.load(std::memory_order_relaxed)) {
+      if (!n->flushing) {
+        push(n);
+        ucp_request_param_t prm;
+        prm.op_attr_mask = 0;
+        ucs_status_ptr_t r = ucp_worker_flush_nbx(n->worker, &prm);
+        n->flush_req = UCS_PTR_IS_PTR(r) ? r : nullptr;
+        n->flushing = true;
+        n->serving_drain = dq;
+        work = true;
+      }
+    }
+    if (n->flushing) {
+      bool done = n->flush_req == nullptr ||
+                  ucp_request_check_status(n->flush_req) != UCS_INPROGRESS;
+      if (done) {
+        if (n->flush_req != nullptr) ucp_request_free(n->flush_req);
+        n->flush_req = nullptr;
+        if (n->pending.empty()) {
+          n->flushing = false;
+          n->drain_done.store(n->serving_drain, std::memory_order_release);
+        }
+      }
+    }
+    if (work) {
+      idle = 0;
+    } else if (++idle > 64) {
+      // spin briefly, then give the core away; sleep once nothing has moved for a while
+      if (idle < 4096) sched_yield();
+      else {
+        timespec ts{0, idle < 65536 ? 20000 : 200000};
+        nanosleep(&ts, nullptr);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+HN_API void* hn_create(int rank, int world, char* err, int errlen) {
+  Net* n = new Net();
+  n->rank = rank;
+  n->peers.assign(world, nullptr);
+  n->mirror_base.assign(world, 0);
+  ucp_config_t* cfg = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st == UCS_OK) {
+    ucp_params_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.field_mask = UCP_PARAM_FIELD_FEATURES;
+    prm.features = UCP_FEATURE_RMA;
+    st = ucp_init(&prm, cfg, &n->ctx);
+    ucp_config_release(cfg);
+  }
+  if (st == UCS_OK) {
+    ucp_worker_params_t wp;
+    memset(&wp, 0, sizeof wp);
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    st = ucp_worker_create(n->ctx, &wp, &n->worker);
+  }
+  if (st != UCS_OK) {
+    snprintf(err, errlen, "%s", ucs_status_string(st));
+    if (n->ctx) ucp_cleanup(n->ctx);
+    delete n;
+    return nullptr;
+  }
+  return n;
+}
+
+// The worker's address (what a peer needs to connect): copied into buf; returns its length, or
+// -1 if it does not fit.
+HN_API long hn_address(void* h, char* buf, long cap) {
+  Net* n = static_cast<Net*>(h);
+  ucp_address_t* a = nullptr;
+  size_t len = 0;
+  if (ucp_worker_get_address(n->worker, &a, &len) != UCS_OK) return -1;
+  long out = (long)len <= cap ? (long)len : -1;
+  if (out > 0) memcpy(buf, a, len);
+  ucp_worker_release_address(n->worker, a);
+  return out;
+}
+
+// Register [ptr, ptr+len) for remote access; the packed remote key into buf; returns its length
+// (-1: failure or buf too small).
+HN_API long hn_register(void* h, void* ptr, uint64_t len, char* buf, long cap) {
+  Net* n = static_cast<Net*>(h);
+  ucp_mem_map_params_t mp;
+  memset(&mp, 0, sizeof mp);
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = ptr;
+  mp.length = len;
+  ucp_mem_h memh;
+  if (ucp_mem_map(n->ctx, &mp, &memh) != UCS_OK) return -1;
+  n->mems.push_back(memh);
+  if (buf == nullptr) return 0;
+  void* packed = nullptr;
+  size_t size = 0;
+  if (ucp_rkey_pack(n->ctx, memh, &packed, &size) != UCS_OK) return -1;
+  long out = (long)size <= cap ? (long)size : -1;
+  if (out > 0) memcpy(buf, packed, size);
+  ucp_rkey_buffer_release(packed);
+  return out;
+}
+
+// Connect to `peer` (its worker address) and unpack its three remote keys; 0 or a ucs_status_t.
+HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const char* k1,
+                      const char* k2, uint64_t mirror_base) {
+  Net* n = static_cast<Net*>(h);
+  Peer* p = new Peer();
+  n->peers[peer] = p;
+  n->mirror_base[peer] = mirror_base;
+  ucp_ep_params_t ep;
+  memset(&ep, 0, sizeof ep);
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(addr);
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = on_error;
+  ep.err_handler.arg = p;
+  ucs_status_t st = ucp_ep_create(n->worker, &ep, &p->ep);
+  if (st != UCS_OK) { p->ep = nullptr; return (int)st; }
+  const char* keys[3] = {k0, k1, k2};
+  for (int i = 0; i < 3; ++i) {
+    st = ucp_ep_rkey_unpack(p->ep, keys[i], &p->rkey[i]);
+    if (st != UCS_OK) return (int)st;
+  }
+  return 0;
+}
+
+HN_API void hn_add_send(void* h, int peer, void* mslots, void* mtail, uint64_t rslots,
+                        uint64_t rtail, uint64_t slot_bytes, uint64_t nslots) {
+  Net* n = static_cast<Net*>(h);
+  n->sends.push_back(SendConn{peer, static_cast<char*>(mslots), static_cast<uint64_t*>(mtail),
+                              rslots, rtail, slot_bytes, nslots, 0});
+}
+
+HN_API void hn_add_recv(void* h, int peer, void* mhead, uint64_t rhead) {
+  Net* n = static_cast<Net*>(h);
+  n->recvs.push_back(RecvConn{peer, static_cast<uint64_t*>(mhead), rhead, 0});
+}
+
+// This rank's host segment: its first `len` bytes go to every remote peer's mirror; the proxy
+// stamps `beat` (an offset into it) with its clock every 100 ms.
+HN_API void hn_set_segment(void* h, void* seg, uint64_t len, uint64_t stride, uint64_t beat_off) {
+  Net* n = static_cast<Net*>(h);
+  n->seg = static_cast<char*>(seg);
+  n->seg_len = len;
+  n->seg_stride = stride;
+  n->seg_last.assign(len, 0);
+  n->beat = reinterpret_cast<uint64_t*>(n->seg + beat_off);
+}
+
+HN_API void hn_set_shape(void* h, uint64_t region_bytes, uint64_t region_used, uint64_t max_cnt) {
+  Net* n = static_cast<Net*>(h);
+  n->region_bytes.store(region_bytes);
+  n->region_used.store(region_used);
+  n->max_cnt.store(max_cnt);
+}
+
+HN_API void hn_start(void* h) {
+  Net* n = static_cast<Net*>(h);
+  n->th = std::thread(loop, n);
+}
+
+static int wait_for(std::atomic<uint64_t>& done, uint64_t want, long timeout_ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  unsigned spins = 0;
+  while (done.load(std::memory_order_acquire) < want) {
+    if (std::chrono::steady_clock::now() > end) return 1;
+    if (++spins < 256) sched_yield();
+    else {
+      timespec ts{0, 50000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  return 0;
+}
+
+// Everything published so far put and complete at its target; 0, or 1 on timeout.
+HN_API int hn_drain(void* h, long timeout_ms) {
+  Net* n = static_cast<Net*>(h);
+  const uint64_t want = n->drain_req.fetch_add(1) + 1;
+  return wait_for(n->drain_done, want, timeout_ms);
+}
+
+// Mirrors and counters back to zero (between calls); 0, or 1 on timeout.
+HN_API int hn_reset(void* h, long timeout_ms) {
+  Net* n = static_cast<Net*>(h);
+  const uint64_t want = n->reset_req.fetch_add(1) + 1;
+  return wait_for(n->reset_done, want, timeout_ms);
+}
+
+// 0 while the peer's endpoint is fine, else the ucs_status_t that failed it.
+HN_API int hn_peer_status(void* h, int peer) {
+  Net* n = static_cast<Net*>(h);
+  Peer* p = n->peers[peer];
+  return p ? p->status.load() : 0;
+}
+
+HN_API const char* hn_status_string(int status) { return ucs_status_string((ucs_status_t)status); }
+
+HN_API void hn_counters(void* h, uint64_t* out) {
+  Net* n = static_cast<Net*>(h);
+  out[0] = n->puts.load();
+  out[1] = n->bytes_put.load();
+}
+
+// Stop the thread, close every endpoint (forcibly: a peer may be gone), release keys, memory
+// registrations, the worker and the context.
+HN_API void hn_destroy(void* h, long timeout_ms) {
+  Net* n = static_cast<Net*>(h);
+  if (n->th.joinable()) {
+    n->stop.store(1, std::memory_order_release);
+    n->th.join();
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (Pending& q : n->pending) ucp_request_cancel(n->worker, q.req);
+  while (!n->pending.empty() && std::chrono::steady_clock::now() < end) {
+    ucp_worker_progress(n->worker);
+    reap(n);
+  }
+  if (n->flush_req != nullptr) {
+    while (ucp_request_check_status(n->flush_req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < end)
+      ucp_worker_progress(n->worker);
+    ucp_request_free(n->flush_req);
+  }
+  std::vector<void*> closing;
+  for (Peer* p : n->peers) {
+    if (!p) continue;
+    for (ucp_rkey_h& k : p->rkey)
+      if (k) ucp_rkey_destroy(k);
+    if (p->ep) {
+      ucp_request_param_t prm;
+      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &prm);
+      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    }
+  }
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < end)
+      ucp_worker_progress(n->worker);
+    ucp_request_free(r);
+  }
+  for (ucp_mem_h m : n->mems) ucp_mem_unmap(n->ctx, m);
+  ucp_worker_destroy(n->worker);
+  ucp_cleanup(n->ctx);
+  for (Pending& q : n->pending) free(q.owned);
+  for (Peer* p : n->peers) delete p;
+  delete n;
+}

@@ -1,0 +1,169 @@
+"""The UCX engine of :mod:`hccc.runtime.net`: ``net_ucx.cpp`` (this package), compiled at run time
+with the C++ compiler (``HCCC_CXX``, default ``g++``) against UCP and cached by content hash (as
+the CPU emulation builds its kernels), loaded with ctypes.
+
+Finding UCX: ``HCCC_UCX_HOME`` (a UCX installation: ``include/ucp/api/ucp.h``, ``lib/libucp.so``;
+HPC-X, OpenMPI's, a pip-installed one), else the compiler's default paths (Debian / Ubuntu:
+``apt-get install libucx-dev``). UCX reads its own environment (``UCX_TLS``, ``UCX_NET_DEVICES``,
+...): ``UCX_TLS=tcp`` keeps every byte on TCP sockets.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import threading
+from importlib import resources
+from pathlib import Path
+
+from hccc.runtime import cache
+from hccc.runtime.net_transport import Transport, TransportError
+
+_LOCK = threading.Lock()
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def _source() -> str:
+    return (resources.files("hccc.runtime") / "net_ucx.cpp").read_text()
+
+
+def _flags() -> list[str]:
+    home = os.environ.get("HCCC_UCX_HOME")
+    if not home:
+        return []
+    lib = next((Path(home) / d for d in ("lib", "lib64") if (Path(home) / d / "libucp.so").exists()),
+               Path(home) / "lib")
+    return [f"-I{Path(home) / 'include'}", f"-L{lib}", f"-Wl,-rpath,{lib}"]
+
+
+def library(cache_dir=None) -> ctypes.CDLL:
+    """The built proxy library (built on first use; TransportError when UCX is missing)."""
+    cxx = os.environ.get("HCCC_CXX") or "g++"
+    exe = shutil.which(cxx)
+    if exe is None:
+        raise TransportError(f"the network proxy is C++ built at run time: {cxx} not found "
+                             "(install g++, or set HCCC_CXX)")
+    flags = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden", "-Wall",
+             *_flags()]
+    src = _source()
+    key = cache.content_key("net-ucx", exe, " ".join(flags), src)
+    with _LOCK:
+        if key in _LIBS:
+            return _LIBS[key]
+
+        def make(tmp: Path) -> None:
+            (tmp / "net_ucx.cpp").write_text(src)
+            res = subprocess.run([exe, *flags, str(tmp / "net_ucx.cpp"), "-o", str(tmp / "net.so"),
+                                  "-lucp", "-lucs"], capture_output=True, text=True)
+            if res.returncode != 0:
+                missing = "ucp/api/ucp.h" in res.stderr or "-lucp" in res.stderr
+                hint = ("UCX not found: install it (Debian/Ubuntu: apt-get install libucx-dev) or "
+                        "set HCCC_UCX_HOME to a UCX installation (include/ucp/api/ucp.h, "
+                        "lib/libucp.so)" if missing else "the network proxy failed to build")
+                raise TransportError(f"{hint}:\n{res.stderr[-2000:]}")
+
+        path = cache.entry("net_ucx", key, make, root=cache_dir) / "net.so"
+        lib = ctypes.CDLL(str(path))
+        vp, u64, i32, lng = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_long
+        sig = {
+            "hn_create": (vp, [i32, i32, ctypes.c_char_p, i32]),
+            "hn_address": (lng, [vp, ctypes.c_char_p, lng]),
+            "hn_register": (lng, [vp, vp, u64, ctypes.c_char_p, lng]),
+            "hn_connect": (i32, [vp, i32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                 ctypes.c_char_p, u64]),
+            "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64]),
+            "hn_add_recv": (None, [vp, i32, vp, u64]),
+            "hn_set_segment": (None, [vp, vp, u64, u64, u64]),
+            "hn_set_shape": (None, [vp, u64, u64, u64]),
+            "hn_start": (None, [vp]),
+            "hn_drain": (i32, [vp, lng]),
+            "hn_reset": (i32, [vp, lng]),
+            "hn_peer_status": (i32, [vp, i32]),
+            "hn_status_string": (ctypes.c_char_p, [i32]),
+            "hn_counters": (None, [vp, ctypes.POINTER(u64)]),
+            "hn_destroy": (None, [vp, lng]),
+        }
+        for name, (res, args) in sig.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _LIBS[key] = lib
+        return lib
+
+
+class UcxTransport(Transport):
+    """UCP context, worker and progress thread of this process (see ``net_ucx.cpp``)."""
+
+    name = "ucx"
+
+    def __init__(self, rank: int, world: int, cache_dir=None):
+        self._lib = library(cache_dir)
+        err = ctypes.create_string_buffer(256)
+        self._h = self._lib.hn_create(int(rank), int(world), err, len(err))
+        if not self._h:
+            raise TransportError(f"UCX cannot start: {err.value.decode(errors='replace')}")
+
+    def _buf(self, fn, *args) -> bytes:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = fn(self._h, *args, buf, len(buf))
+        if n < 0:
+            raise TransportError("UCX: cannot get an address or register memory")
+        return buf.raw[:n]
+
+    def address(self) -> bytes:
+        return self._buf(self._lib.hn_address)
+
+    def register(self, ptr: int, nbytes: int, remote: bool = True) -> bytes:
+        if not remote:
+            if self._lib.hn_register(self._h, ptr, nbytes, None, 0) < 0:
+                raise TransportError("UCX: cannot register memory")
+            return b""
+        return self._buf(self._lib.hn_register, ptr, nbytes)
+
+    def connect(self, peer: int, address: bytes, keys: list[bytes], mirror_base: int) -> None:
+        st = self._lib.hn_connect(self._h, peer, address, keys[0], keys[1], keys[2], mirror_base)
+        if st:
+            raise TransportError(f"UCX: cannot connect to rank {peer}: {self._status(st)}")
+
+    def add_send(self, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots) -> None:
+        self._lib.hn_add_send(self._h, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots)
+
+    def add_recv(self, peer, mhead, rhead) -> None:
+        self._lib.hn_add_recv(self._h, peer, mhead, rhead)
+
+    def set_segment(self, ptr, nbytes, stride, beat_offset) -> None:
+        self._lib.hn_set_segment(self._h, ptr, nbytes, stride, beat_offset)
+
+    def set_shape(self, region_bytes, region_used, max_cnt) -> None:
+        self._lib.hn_set_shape(self._h, region_bytes, region_used, max_cnt)
+
+    def start(self) -> None:
+        self._lib.hn_start(self._h)
+
+    def drain(self, timeout_s: float) -> bool:
+        return self._lib.hn_drain(self._h, int(timeout_s * 1000)) == 0
+
+    def reset(self, timeout_s: float) -> bool:
+        return self._lib.hn_reset(self._h, int(timeout_s * 1000)) == 0
+
+    def _status(self, st: int) -> str:
+        return self._lib.hn_status_string(st).decode(errors="replace")
+
+    def peer_error(self, peer: int) -> str | None:
+        if not self._h:
+            return "transport closed"
+        st = self._lib.hn_peer_status(self._h, peer)
+        return self._status(st) if st else None
+
+    def counters(self) -> tuple[int, int]:
+        out = (ctypes.c_uint64 * 2)()
+        self._lib.hn_counters(self._h, out)
+        return int(out[0]), int(out[1])
+
+    def close(self) -> None:
+        if self._h:
+            h, self._h = self._h, None
+            self._lib.hn_destroy(h, 2000)
+
+
+__all__ = ["UcxTransport", "library"]

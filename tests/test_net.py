@@ -1,0 +1,181 @@
+"""Ranks on several nodes: cross-node connections through the network transport (UCX over TCP,
+``UCX_TLS=tcp``), nodes named per rank (``node=``) so one machine runs several; CPU emulation.
+Every result is compared with the collective's definition (:func:`hccc.runtime.reference.expected`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.runtime import reference, shm
+
+from rank_pool import RankPool, run_fresh
+from test_communicator import _require_torch, calls_for, check
+
+
+def _have_ucx() -> bool:
+    return Path("/usr/include/ucp/api/ucp.h").exists() or bool(os.environ.get("HCCC_UCX_HOME"))
+
+
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"),
+              pytest.mark.skipif(not _have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
+                                 reason="UCX (libucx-dev) not installed")]
+TCP = {"UCX_TLS": "tcp"}
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    _require_torch()
+    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    yield p
+    p.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    before = set(shm.ours())
+    yield
+    deadline = time.monotonic() + 5
+    while set(shm.ours()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(shm.ours()) - before == set(), "shared memory left in /dev/shm"
+
+
+def test_placement_problems():
+    """Placement checks against the algorithm's nodes and vendors (no processes)."""
+    from hccc.runtime.net import placement_problems
+    assert placement_problems(["a", "a", "b", "b"], ["cuda"] * 4, 2) == []
+    assert placement_problems(["a", "a", "b", "b"], ["cuda"] * 4, 0) == []
+    split = placement_problems(["a", "b", "a", "b"], ["cuda"] * 4, 2)
+    assert split and "GPUPerNode=2" in split[0]
+    merged = placement_problems(["a", "a", "a", "a"], ["cuda"] * 4, 2)
+    assert merged == []                       # one node only: nothing crosses a network
+    merged = placement_problems(["a", "a", "a", "b"], ["cuda"] * 4, 2)
+    assert any("places on 2 nodes" in m for m in merged)
+    mixed = placement_problems(["a", "a", "b", "b"], ["cuda", "hip", "hip", "hip"])
+    assert mixed and "node a holds ranks of CUDA and HIP" in mixed[0]
+
+
+def test_node_names(monkeypatch):
+    from hccc.runtime.net import node_name
+    monkeypatch.setenv("HCCC_NODE", "n7")
+    assert node_name() == "n7" and node_name("x") == "x"
+    monkeypatch.delenv("HCCC_NODE")
+    import socket
+    assert node_name() == socket.gethostname()
+    with pytest.raises(ValueError):
+        node_name("two words")
+
+
+def run_nodes(pool, ir, count, nodes, dtype="float32", op="sum", seed=0, ncalls=1, **extra):
+    calls, want, count = calls_for(ir, count, dtype, op, seed)
+    calls = [c * ncalls for c in calls]
+    replies = pool.run(ir.to_json(), ir.nranks, calls, dtype=dtype, op=op, nodes=nodes, env=TCP,
+                       **extra)
+    check(replies, want, f"{ir.name} on nodes {nodes} ({count} x {dtype} {op})", ncalls)
+
+
+def test_two_nodes_of_two(pool):
+    """2 nodes x 2 ranks, a ring AllReduce whose ring crosses the nodes twice, two calls."""
+    ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
+    run_nodes(pool, ir, 1000, ["a", "a", "b", "b"], ncalls=2)
+
+
+# ------------------------------------------------------------------------------ bytes cross TCP
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    res = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /dev/shm"],
+                         capture_output=True)
+    return res.returncode == 0
+
+
+def run_namespaced(tmp_path, ir, count, nodes, dtype="float32", op="sum", seed=0, timeout=240):
+    """Each node's ranks in a mount namespace of their own with a private /dev/shm (a cross-node
+    rank that used shared memory could not find its peer's segments); returns (outputs or None,
+    errors, puts) per rank."""
+    out = tmp_path / "out"
+    out.mkdir()
+    job = {"ir": ir.to_json(), "world": ir.nranks, "url": "file://" + str(tmp_path / "store"),
+           "nodes": nodes, "count": count, "dtype": dtype, "op": op, "seed": seed, "out": str(out)}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    worker = str(Path(__file__).with_name("net_worker.py"))
+    env = {**os.environ, **TCP}
+    procs = []
+    for node in sorted(set(nodes)):
+        ranks = [r for r, n in enumerate(nodes) if n == node]
+        cmd = "mount -t tmpfs tmpfs /dev/shm && " + " ".join(
+            f"{shlex.quote(sys.executable)} {shlex.quote(worker)} {shlex.quote(str(tmp_path / 'job.json'))} {r} &"
+            for r in ranks) + " wait"
+        procs.append(subprocess.Popen(["unshare", "-m", "sh", "-c", cmd], env=env))
+    try:
+        for p in procs:
+            p.wait(timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    res, errs, puts = [], [], []
+    for r in range(ir.nranks):
+        f = out / f"{r}.npy"
+        res.append(np.load(f) if f.exists() else None)
+        e = out / f"{r}.err"
+        errs.append(e.read_text() if e.exists() else None)
+        pf = out / f"{r}.puts"
+        puts.append(json.loads(pf.read_text()) if pf.exists() else None)
+    return res, errs, puts
+
+
+needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m")
+
+
+@pytest.mark.slow
+@needs_unshare
+def test_bytes_cross_tcp(tmp_path):
+    """2 nodes x 2 ranks, each node in its own mount namespace (private /dev/shm): the result is
+    right and every rank put bytes through UCX, so the cross-node data did not go through shared
+    memory."""
+    _require_torch()
+    ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=256)
+    res, errs, puts = run_namespaced(tmp_path, ir, 777, ["a", "a", "b", "b"])
+    _, want, _ = calls_for(ir, 777)
+    for r in range(4):
+        assert errs[r] is None, f"rank {r}: {errs[r]}"
+        assert np.array_equal(res[r], want[r]), f"rank {r}: wrong result"
+        assert puts[r][0] > 0 and puts[r][1] > 0, f"rank {r} put nothing over the network"
+
+
+@pytest.mark.slow
+@needs_unshare
+def test_private_shm_really_separates(tmp_path):
+    """The control: ranks that claim one node but sit in different namespaces cannot map each
+    other's shared memory, so the test above would fail if cross-node ranks used it."""
+    _require_torch()
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=256)
+    job_nodes = ["a", "a"]
+    out = tmp_path / "out"
+    out.mkdir()
+    job = {"ir": ir.to_json(), "world": 2, "url": "file://" + str(tmp_path / "store"),
+           "nodes": job_nodes, "count": 64, "dtype": "float32", "op": "sum", "seed": 0,
+           "out": str(out)}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    worker = str(Path(__file__).with_name("net_worker.py"))
+    procs = [subprocess.Popen(["unshare", "-m", "sh", "-c",
+                               f"mount -t tmpfs tmpfs /dev/shm && {shlex.quote(sys.executable)} "
+                               f"{shlex.quote(worker)} {shlex.quote(str(tmp_path / 'job.json'))} {r}"],
+                              env={**os.environ, **TCP}) for r in range(2)]
+    for p in procs:
+        p.wait(240)
+    errs = [(out / f"{r}.err").read_text() for r in range(2) if (out / f"{r}.err").exists()]
+    assert errs and any("map a peer's memory" in e for e in errs), errs
