@@ -1,7 +1,7 @@
 """The ``hccc`` command line (DESIGN.md section 10): argparse subcommands, one module each.
 
     hccc ALGO -o OUTDIR [options]          the main form: the same as ``hccc compile ALGO -o OUTDIR``
-    hccc COMMAND ...                       check, run, fuzz, sim, topo, synth, gen, xml, balance
+    hccc COMMAND ...                       check, run, fuzz, sim, topo, synth, gen, xml, plan, balance
     hccc help [COMMAND]                    the help of hccc or of one command
 
 Every subcommand module ``hccc.commands.<name>`` provides ``SUMMARY`` (one line),
@@ -35,7 +35,7 @@ from hccc.compiler.frontend.limits import printable
 
 #: command -> module; "compile" is what ``hccc ALGO -o OUTDIR`` runs
 COMMANDS = {name: f"hccc.commands.{name}" for name in
-            ("compile", "check", "run", "fuzz", "sim", "topo", "synth", "gen", "xml", "balance")}
+            ("compile", "check", "run", "fuzz", "sim", "topo", "synth", "gen", "xml", "plan", "balance")}
 #: command -> one-line summary (kept here so that ``hccc -h`` imports no command module;
 #: tests/test_cli.py checks they equal each module's SUMMARY)
 SUMMARIES = {
@@ -48,6 +48,7 @@ SUMMARIES = {
     "synth": "synthesise a schedule for a cluster (SMT + CEGIS)",
     "gen": "generate algorithms (c2c: mixed-vendor hierarchical collectives)",
     "xml": "export an algorithm as MSCCL XML",
+    "plan": "export an algorithm as an MSCCL++ execution plan",
     "balance": "micro-batch sizes proportional to measured GPU speeds",
 }
 #: kept for callers of the old table: name -> (module, summary)

@@ -128,4 +128,18 @@ register_emitter(Emitter("msccl_xml", "export", _msccl_xml, manifest_key="msccl_
                          refusal="MSCCL XML not written (the kernels are)"))
 
 
+def _mscclpp_plan(ctx) -> dict[str, str]:
+    """The MSCCL++ execution plan of the compiled program (out of place, Simple); connections
+    between the cluster's nodes (else the algorithm's GPUPerNode) are port channels."""
+    from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
+    topo = ctx.cluster.topology if ctx.cluster is not None else None
+    gpn = ctx.algorithm.header.gpu_per_node if ctx.algorithm is not None else 0
+    plan = export_plan(ctx.ir, nodes=node_map(ctx.ir.nranks, gpn, topo))
+    return {f"{ctx.ir.name}.mscclpp.json": plan_text(plan)}
+
+
+register_emitter(Emitter("mscclpp_plan", "export", _mscclpp_plan, manifest_key="mscclpp_plan",
+                         refusal="MSCCL++ plan not written (the kernels are)"))
+
+
 __all__ = ["Emitter", "register_emitter", "kernel_emitter", "exports", "run_export"]

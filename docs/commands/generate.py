@@ -59,6 +59,9 @@ PAGES = {
     "xml": ("Export an algorithm as MSCCL XML for the MSCCL executor and RCCL, within the runtime's "
             "limits.",
             ["hccc xml examples/ring_allgather_8.rccl -o OUT/ring_allgather_8.xml"]),
+    "plan": ("Export an algorithm as an MSCCL++ execution plan for the MSCCL++ executor and its NCCL-API "
+             "shim (docs/mscclpp.md), within the executor's limits.",
+             ["hccc plan examples/hm_allreduce_2x4.rccl -o OUT/hm_allreduce_2x4.mscclpp.json"]),
     "balance": ("Split a batch over GPUs of different measured speeds (HetCCL-SNU section 4.5).",
                 ["hccc balance --speeds 2.1,1.0,1.0 --batch 64"]),
 }

@@ -1,0 +1,84 @@
+"""``hccc plan ALGO -o FILE.json``: write an algorithm as an MSCCL++ execution plan.
+
+The plan is what the MSCCL++ executor and its NCCL-API shim load (docs/mscclpp.md says how to
+point each at it). ALGO is anything :func:`hccc.compiler.pipeline.load_program` reads; an algorithm
+file is verified and exported in its step order with one thread block per connection end
+(:func:`hccc.compiler.passes.build.build_algorithm_level`, what the executor's once-per-run
+execution runs best); a ProgramIR, MSCCL XML or MSCCL++ plan is exported as given. Connections
+between nodes (the algorithm's ``GPUPerNode``, or ``--gpus-per-node``) become port channels, the
+others memory channels. Every executor limit is checked before anything is written; ``-o -``
+writes to standard output, a file is replaced atomically.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hccc.args import add_program_options, positive_int, program_options, size_or_zero
+
+SUMMARY = "export an algorithm as an MSCCL++ execution plan"
+INPUTS = {"algo": "algorithm"}
+
+
+def configure(parser) -> None:
+    from hccc.compiler.interop.mscclpp_plan import PROTOCOLS
+
+    parser.add_argument("algo", metavar="ALGO", help="algorithm (.rccl, ProgramIR .json, MSCCL .xml, plan .json)")
+    parser.add_argument("-o", "--output", metavar="FILE.json", required=True, help="output file ('-': stdout)")
+    add_program_options(parser)
+    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple",
+                        help="Simple (put + signal) or LL (packets with flags, one node only)")
+    parser.add_argument("--inplace", action="store_true", help="a plan for in-place calls (input inside output)")
+    parser.add_argument("--instances", type=positive_int, default=1, metavar="K",
+                        help="K copies of every thread block on channels of their own, each moving 1/K of every chunk")
+    parser.add_argument("--min-bytes", type=size_or_zero, default="0", metavar="BYTES",
+                        help="smallest message size the executor may choose this plan for")
+    parser.add_argument("--max-bytes", type=size_or_zero, default="0", metavar="BYTES",
+                        help="largest message size (0: the largest the plan's 32-bit offsets reach)")
+    parser.add_argument("--gpus-per-node", type=positive_int, default=None, metavar="N",
+                        help="GPUs per node (default: the algorithm's GPUPerNode; none: one node)")
+    parser.add_argument("--max-tbs", type=positive_int, default=108, metavar="N",
+                        help="thread blocks per rank resident at once on the target GPU (108: A100)")
+
+
+def run(args) -> int:
+    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.compiler.frontend.limits import printable
+    from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_summary, plan_text
+    from hccc.compiler.interop.mscclpp_plan import PlanLimits
+    from hccc.compiler.pipeline import load_program
+
+    if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
+        raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
+    if args.output != "-" and not Path(args.output).is_dir():
+        check_output_file(args.output)
+    gpn = args.gpus_per_node or 0
+    if Path(args.algo).suffix.lower() not in (".json", ".xml"):
+        from hccc.compiler.passes.build import build_algorithm_level
+        from hccc.compiler.passes.verify import verify
+        from hccc.compiler.pipeline import load_algorithm
+        alg = load_algorithm(args.algo, max_transfers=args.max_transfers)
+        verify(alg)
+        gpn = gpn or alg.header.gpu_per_node
+        ir = build_algorithm_level(alg, chunk_bytes=args.chunk_size)
+    else:
+        ir = load_program(args.algo, program_options(args))
+        gpn = gpn or int((ir.stats or {}).get("gpus_per_node", 0))
+    plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
+                       instances=args.instances, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
+                       limits=PlanLimits(max_tbs=args.max_tbs))
+    text = plan_text(plan)
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output)
+    if out.is_dir():
+        raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
+                                       f"{printable(str(out))}/{ir.name}.mscclpp.json", None)])
+    write_text_atomically(out, text)
+    s = plan_summary(plan)
+    print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {args.proto}, "
+          f"{s['tbs']} thread blocks, {s['ops']} operations ({s['nops']} nops), messages "
+          f"{plan['min_message_size']}..{plan['max_message_size']} bytes")
+    return 0

@@ -1,0 +1,519 @@
+"""An independent interpreter of MSCCL++ execution plans for tests (shares no code with hccc).
+
+Written from the format's documented semantics (the executor's plan loader and device kernel): it
+re-implements the loader's load-time checks and its offset arithmetic, then runs every rank's
+thread blocks on numpy buffers of float64 elements, one operation at a time, the next thread block
+to move chosen at random. Memory channels pair up in order per peer (the k-th channel A lists to
+B is the k-th B lists to A); ``signal`` raises the peer end's count, ``wait`` returns once that
+count exceeds the waits already done there; device semaphores count (``sem_acquire`` waits for a
+positive value); LL packets carry the launch's flag and a read waits for it. ``runs`` launches
+follow each other per rank (rank A may start run 2 while B is still in run 1), which is how a
+plan runs in a training loop. Operations run by the first threads only (waits, signals,
+semaphores) must be separated from the data operations around them by a ``nop``, and data
+operations touching the same bytes from each other: a plan that breaks this is refused.
+
+Unsupported here (raises :class:`InterpError`): switch (NVLS) operations, ``reuse_resources``.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+ELEM = 8                      # float64
+OP_NAMES = {"nop", "barrier", "put", "pws", "pwsf", "get", "copy", "signal", "wait", "flush", "re", "res", "rre",
+            "rres", "ppkt", "rppkt", "respkt", "cpkt", "upkt", "repkt", "recpkt", "recspkt", "glres", "gstore",
+            "gstorepkt", "rlxsignal", "rlxwait", "pipeline", "sem_acquire", "sem_release"}
+CONTROL = {"signal", "wait", "rlxsignal", "rlxwait", "flush", "sem_acquire", "sem_release", "barrier"}
+MAX_OPERATION, MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_LOCAL_BUFFER = 64, 16, 8, 2
+MAX_DEVICE_SEMAPHORES, MAX_DEVICE_SYNCERS = 16, 16
+
+
+class InterpError(AssertionError):
+    pass
+
+
+# ------------------------------------------------------------------ the loader's arithmetic
+def _calc_offset(size, index, slices, align):
+    nelems = size // align
+    return (index * (nelems // slices) + min(index, nelems % slices)) * align
+
+
+class _Sizes:
+    def __init__(self, gpu, in_bytes, out_bytes, align):
+        self.ic, self.oc, self.sc = gpu["input_chunks"], gpu["output_chunks"], gpu["scratch_chunks"]
+        self.align = align
+        if self.ic == 0 and self.oc == 0:
+            raise InterpError("input or output chunks must be positive")
+        if self.ic and self.oc and in_bytes // self.ic != out_bytes // self.oc:
+            raise InterpError("size per chunk inconsistent between input and output")
+        self.size, self.n = (in_bytes, self.ic) if self.ic else (out_bytes, self.oc)
+
+    def offset(self, index):
+        return _calc_offset(self.size, index, self.n, self.align)
+
+    def span(self, index, count):
+        lo = self.offset(index)
+        return lo, self.offset(index + count) - lo
+
+
+def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
+    """The executor's load-time checks (and the device plan's fixed-size tables) for one size."""
+    for key in ("name", "collective", "protocol", "inplace", "gpus"):
+        if key not in plan:
+            raise InterpError(f"plan has no '{key}'")
+    align = plan.get("buffer_alignment", 16)
+    size = out_bytes if plan["collective"] == "allgather" else in_bytes
+    if not plan.get("min_message_size", 0) <= size <= plan.get("max_message_size", (1 << 64) - 1):
+        raise InterpError("message size outside the plan's range")
+    if plan.get("reuse_resources"):
+        raise InterpError("reuse_resources is not modelled")
+    for r, g in enumerate(plan["gpus"]):
+        if g["id"] != r:
+            raise InterpError(f"gpus[{r}] has id {g['id']}")
+        ic, oc = g["input_chunks"], g["output_chunks"]
+        if in_bytes % align or out_bytes % align or (ic and (in_bytes // align) % ic) or \
+                (oc and (out_bytes // align) % oc):
+            raise InterpError("input or output size is not aligned with buffer alignment or chunks")
+        sz = _Sizes(g, in_bytes, out_bytes, align)
+        nch = {"memory": 0, "port": 0}
+        for ch in g.get("channels", []):
+            if ch["channel_type"] not in ("memory", "port", "switch"):
+                raise InterpError(f"rank {r}: bad channel type {ch['channel_type']}")
+            if ch["channel_type"] != "switch":
+                for p in ch["connected_to"]:
+                    if not 0 <= p < len(plan["gpus"]) or p == r:
+                        raise InterpError(f"rank {r}: channel to bad peer {p}")
+                nch[ch["channel_type"]] += len(ch["connected_to"])
+        for rb in g.get("remote_buffers", []):
+            if rb["type"] not in "ios" or not 0 <= rb["rank"] < len(plan["gpus"]):
+                raise InterpError(f"rank {r}: bad remote buffer {rb}")
+        nsem = len(g.get("semaphores", []))
+        for tb in g["threadblocks"]:
+            where = f"rank {r} thread block {tb['id']}"
+            tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
+            for t, ids in tch.items():
+                if len(ids) > MAX_CHANNEL:
+                    raise InterpError(f"{where}: more than MAX_CHANNEL {t} channels")
+                if t != "switch" and any(not 0 <= i < nch[t] for i in ids):
+                    raise InterpError(f"{where}: channel id out of range")
+            for ref in tb.get("remote_buffer_refs", []):
+                if len(ref["remote_buffer_ids"]) > MAX_CHANNEL:
+                    raise InterpError(f"{where}: more than MAX_CHANNEL remote buffers")
+                if any(not 0 <= i < len(g.get("remote_buffers", [])) for i in ref["remote_buffer_ids"]):
+                    raise InterpError(f"{where}: remote buffer id out of range")
+            count = 0
+            for op in tb["ops"]:
+                inner = op.get("ops", []) if op["name"] == "pipeline" else []
+                count += 1 + len(inner)
+                for o in [op] + inner:
+                    _check_op(o, where, tch, tb, nsem, sz)
+            if count > MAX_OPERATION:
+                raise InterpError(f"{where}: {count} operations, more than MAX_OPERATION {MAX_OPERATION}")
+
+
+def _check_op(op, where, tch, tb, nsem, sz):
+    if op["name"] not in OP_NAMES:
+        raise InterpError(f"{where}: invalid operation type {op['name']}")
+    if len(op.get("channel_ids", [])) > MAX_CHANNEL_PER_OPERATION:
+        raise InterpError(f"{where}: more than MAX_CHANNEL_PER_OPERATION channels in one operation")
+    if op.get("channel_ids") and len(tch.get(op.get("channel_type"), [])) <= max(op["channel_ids"]):
+        raise InterpError(f"{where}: operation channel id beyond the thread block's channels")
+    for side in ("src_buff", "dst_buff"):
+        refs = op.get(side, [])
+        if len(refs) > MAX_LOCAL_BUFFER + MAX_CHANNEL_PER_OPERATION:
+            raise InterpError(f"{where}: too many buffers in one operation")
+        for ref in refs:
+            if "type" in ref and ref["type"] not in "ios":
+                raise InterpError(f"{where}: invalid buffer type")
+            lo, n = sz.span(ref["index"], ref["size"])
+            if lo + n > 0xFFFFFFFF or n > 0xFFFFFFFF:
+                raise InterpError(f"{where}: byte offset beyond 32 bits")
+    ids = op.get("semaphore_ids", [])
+    if len(ids) > MAX_DEVICE_SEMAPHORES or any(not 0 <= i < nsem for i in ids):
+        raise InterpError(f"{where}: bad semaphore ids {ids}")
+    if "barrier_id" in op and not 0 <= op["barrier_id"] < MAX_DEVICE_SYNCERS:
+        raise InterpError(f"{where}: barrier id out of range")
+
+
+# ------------------------------------------------------------------ execution
+class _Rank:
+    def __init__(self, plan, r, inp, out, in_bytes, out_bytes):
+        g = plan["gpus"][r]
+        self.g = g
+        self.sz = _Sizes(g, in_bytes, out_bytes, plan.get("buffer_alignment", 16))
+        ll = plan["protocol"] == "LL"
+        per_chunk = -(-self.sz.size // self.sz.n)
+        scratch = per_chunk * g["scratch_chunks"] * (2 if ll else 1)
+        self.halves = 2 if plan.get("use_double_scratch_buffer") else 1
+        self.bufs = {"i": inp, "o": out}
+        self.scratch = [np.full(scratch // ELEM + 1, np.nan) for _ in range(self.halves)]
+        self.pk_val = [np.full(scratch // ELEM + 1, np.nan) for _ in range(self.halves)]
+        self.pk_flag = [np.zeros(scratch // ELEM + 1, np.int64) for _ in range(self.halves)]
+        self.chans = {"memory": [], "port": []}
+        for ch in g.get("channels", []):
+            if ch["channel_type"] in self.chans:
+                self.chans[ch["channel_type"]].extend(ch["connected_to"])
+        self.inbound = {t: [0] * len(v) for t, v in self.chans.items()}
+        self.expected = {t: [0] * len(v) for t, v in self.chans.items()}
+        self.sems = [s["init_value"] for s in g.get("semaphores", [])]
+        self.barriers: dict[int, int] = {}
+        self.run = 0
+        self.left = 0
+
+
+class _Tb:
+    def __init__(self, rank, tb):
+        self.rank = rank
+        self.tb = tb
+        self.ch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
+        self.rb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
+        self.steps = [(op, 0, None) for op in tb["ops"]]      # pipelines expanded at launch
+        self.pc = 0
+        self.prev = None          # the last operation since a nop: (name, reads, writes)
+        self.barrier_target = None
+
+
+def _pipeline_steps(rk: _Rank, op):
+    ctx = op["iter_context"]
+    sz = rk.sz
+    ub = -(-(sz.size // sz.align) // sz.n) * sz.align
+    n_iter = -(-(ctx["num_chunks"] * ub) // ctx["unit_size"])
+    return [(inner, i * ctx["unit_size"], ctx["unit_size"]) for i in range(n_iter) for inner in op["ops"]]
+
+
+def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int = 0, runs: int = 1,
+             check_sync: bool = True) -> list[np.ndarray]:
+    """Run ``plan`` ``runs`` times on float64 ``inputs`` (one array per rank); returns the outputs
+    (of the last run; every run computes the same). Raises :class:`InterpError` on a deadlock, a
+    load-time check, a missing ``nop`` or an unsupported operation."""
+    R = len(plan["gpus"])
+    in_bytes = len(inputs[0]) * ELEM
+    out_bytes = out_elems * ELEM
+    check_load(plan, in_bytes, out_bytes)
+    coll = plan["collective"]
+    ranks = []
+    for r in range(R):
+        out = np.full(out_elems, np.nan)
+        inp = np.array(inputs[r], dtype=np.float64)
+        if plan["inplace"]:
+            if coll == "allgather":
+                n = len(inp)
+                out[r * n:(r + 1) * n] = inp
+                inp = out[r * n:(r + 1) * n]
+            elif coll == "reducescatter":
+                out = inp[r * out_elems:(r + 1) * out_elems]
+            else:
+                out = inp
+        ranks.append(_Rank(plan, r, inp, out, in_bytes, out_bytes))
+    _pair_channels(ranks)
+    rng = random.Random(seed)
+    live: list[_Tb] = []
+
+    def launch(r):
+        rk = ranks[r]
+        rk.run += 1
+        tbs = [_Tb(r, tb) for tb in rk.g["threadblocks"]]
+        for t in tbs:
+            steps = []
+            for op, _, _ in t.steps:
+                steps.extend(_pipeline_steps(rk, op) if op["name"] == "pipeline" else [(op, 0, None)])
+            t.steps = steps
+        rk.left = len(tbs)
+        live.extend(tbs)
+        if not tbs and rk.run < runs:
+            launch(r)
+
+    for r in range(R):
+        launch(r)
+    while live:
+        order = list(range(len(live)))
+        rng.shuffle(order)
+        moved = False
+        for k in order:
+            t = live[k]
+            if t is None:
+                continue
+            if t.pc == len(t.steps) or _step(ranks, t, plan, check_sync):
+                moved = True
+                if t.pc == len(t.steps):
+                    live[k] = None
+                    rk = ranks[t.rank]
+                    rk.left -= 1
+                    if rk.left == 0 and rk.run < runs:
+                        launch(t.rank)
+        live[:] = [t for t in live if t is not None]
+        if live and not moved:
+            stuck = "; ".join(f"rank {t.rank} tb {t.tb['id']} at op {t.pc} ({t.steps[t.pc][0]['name']})"
+                              for t in live[:4])
+            raise InterpError(f"deadlock: {stuck}")
+    return [rk.bufs["o"] for rk in ranks]
+
+
+def _pair_channels(ranks):
+    for r, rk in enumerate(ranks):
+        rk.partner = {}
+        for t, peers in rk.chans.items():
+            seen: dict[int, int] = {}
+            for k, p in enumerate(peers):
+                m = seen.get(p, 0)
+                seen[p] = m + 1
+                theirs = [j for j, q in enumerate(ranks[p].chans[t]) if q == r]
+                if m >= len(theirs):
+                    raise InterpError(f"rank {r}'s {t} channel {k} to rank {p} has no partner")
+                rk.partner[(t, k)] = theirs[m]
+
+
+def _span(rk, ref, offset, unit, tb, chan_type):
+    """(rank, buffer letter, byte lo, byte size) of a buffer reference."""
+    lo, n = rk.sz.span(ref["index"], ref["size"])
+    if unit is not None:
+        n = max(0, min(n - offset, unit))
+        lo += offset
+    if "buffer_id" in ref:
+        gid = tb.rb[chan_type][ref["buffer_id"]]
+        rb = rk.g["remote_buffers"][gid]
+        return rb["rank"], rb["type"], lo, n
+    return None, ref["type"], lo, n
+
+
+def _view(ranks, owner, letter, lo, n, half):
+    rk = ranks[owner]
+    if lo % ELEM or n % ELEM:
+        raise InterpError("access not aligned to the element size")
+    if letter == "s":
+        arr = rk.scratch[half]
+    else:
+        arr = rk.bufs[letter]
+    if lo // ELEM + n // ELEM > len(arr):
+        raise InterpError(f"rank {owner} buffer {letter} access [{lo}, {lo + n}) beyond its {len(arr) * ELEM} bytes")
+    return arr[lo // ELEM:(lo + n) // ELEM]
+
+
+def _tbg(op, lo, n, align):
+    info = op.get("tbg_info")
+    if not info:
+        return lo, n
+    a = _calc_offset(n, info["tb_id"], info["tbg_size"], align)
+    b = _calc_offset(n, info["tb_id"] + 1, info["tbg_size"], align)
+    return lo + a, b - a
+
+
+def _step(ranks, t: _Tb, plan, check_sync) -> bool:
+    """Run ``t``'s next operation if it can; False when it must wait."""
+    op, offset, unit = t.steps[t.pc]
+    rk = ranks[t.rank]
+    r = t.rank
+    name = op["name"]
+    half = (rk.run & 1) if rk.halves == 2 else 0
+    flag = rk.run
+    ctype = op.get("channel_type", "memory")
+    align = rk.sz.align
+
+    def chan(i):
+        return t.ch[ctype][op["channel_ids"][i]]
+
+    def refs(side):
+        out = []
+        for ref in op.get(side, []):
+            owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
+            lo, n = _tbg(op, lo, n, align)
+            out.append((r if owner is None else owner, letter, lo, n, owner is not None))
+        return out
+
+    def pk(owner, lo, n):
+        k = ranks[owner]
+        a, b = lo // ELEM, (lo + n) // ELEM
+        return k.pk_val[half], k.pk_flag[half], a, b
+
+    # ---- waits first (no effect when they block)
+    if name in ("wait", "rlxwait"):
+        for i in range(len(op["channel_ids"])):
+            c = chan(i)
+            if rk.inbound[ctype][c] <= rk.expected[ctype][c]:
+                return False
+        for i in range(len(op["channel_ids"])):
+            rk.expected[ctype][chan(i)] += 1
+        return _done(t, name, [], [], check_sync)
+    if name == "sem_acquire":
+        ids = op["semaphore_ids"]
+        if any(rk.sems[s] <= 0 for s in ids):
+            return False
+        for s in ids:
+            rk.sems[s] -= 1
+        return _done(t, name, [], [], check_sync)
+    if name == "barrier":
+        if t.barrier_target is None:
+            b = op["barrier_id"]
+            cur = rk.barriers.get(b, 0)
+            t.barrier_target = (cur // op["num_threadblocks"] + 1) * op["num_threadblocks"]
+            rk.barriers[b] = cur + 1
+        if rk.barriers[op["barrier_id"]] < t.barrier_target:
+            return False
+        t.barrier_target = None
+        return _done(t, name, [], [], check_sync)
+    packet_reads = []
+    if name in ("upkt", "repkt", "respkt", "recpkt", "recspkt", "rppkt"):
+        srcs = refs("src_buff")
+        start = 0 if name in ("upkt", "rppkt") else 1
+        for (_, letter, lo, n, _) in srcs[start:]:
+            val, fl, a, b = pk(r, lo, n)
+            if (fl[a:b] != flag).any():
+                return False
+            packet_reads.append(val[a:b].copy())
+    # ---- the rest always completes
+    if name == "nop":
+        t.prev = None
+        t.pc += 1
+        return True
+    if name in ("signal", "rlxsignal"):
+        for i in range(len(op["channel_ids"])):
+            _signal(ranks, r, ctype, chan(i))
+        return _done(t, name, [], [], check_sync)
+    if name == "flush":
+        return _done(t, name, [], [], check_sync)
+    if name == "sem_release":
+        for s in op["semaphore_ids"]:
+            rk.sems[s] += 1
+        return _done(t, name, [], [], check_sync)
+    src, dst = refs("src_buff"), refs("dst_buff")
+    reads = [(o, l, lo, n) for o, l, lo, n, _ in src]
+    writes = [(o, l, lo, n) for o, l, lo, n, _ in dst]
+    if name in ("put", "pws", "pwsf"):
+        for i, (o, l, lo, n, remote) in enumerate(dst):
+            if not remote:
+                raise InterpError("put to a local buffer")
+            s = src[i] if i < len(src) else src[0]
+            if ctype == "port" and ranks[r].chans["port"][chan(i)] != o:
+                raise InterpError("port put through a channel to another rank than the buffer's")
+            _view(ranks, o, l, lo, n, half)[:] = _view(ranks, r, s[1], s[2], n, half)
+            if name in ("pws", "pwsf") and ctype == "port":
+                _signal(ranks, r, ctype, chan(i))
+    elif name == "get":
+        for (o, l, lo, n, _), (o2, l2, lo2, n2, _) in zip(src, dst):
+            _view(ranks, o2, l2, lo2, n, half)[:] = _view(ranks, o, l, lo, n, half)
+    elif name == "copy":
+        (o, l, lo, n, _), (o2, l2, lo2, _, _) = src[0], dst[0]
+        _view(ranks, o2, l2, lo2, n, half)[:] = _view(ranks, o, l, lo, n, half)
+    elif name in ("re", "res", "rre", "rres"):
+        o, l, lo, n, _ = src[0]
+        acc = _view(ranks, o, l, lo, n, half).copy()
+        for (o, l, lo, _, remote) in src[1:]:
+            if name in ("re", "res") and remote:
+                raise InterpError("re reads local buffers only")
+            acc += _view(ranks, o, l, lo, n, half)
+        o, l, lo, _, _ = dst[0]
+        _view(ranks, o, l, lo, n, half)[:] = acc
+        if name in ("res", "rres"):
+            for (o, l, lo, _, _) in dst[1:]:
+                _view(ranks, o, l, lo, n, half)[:] = acc
+    elif name == "ppkt":
+        if ctype != "memory":
+            raise InterpError("ppkt over a port channel (packet-format source) is not modelled")
+        for i, (o, l, lo, n, _) in enumerate(dst):
+            s = src[i] if i < len(src) else src[0]
+            val, fl, a, b = pk(o, lo, n)
+            val[a:b] = _view(ranks, r, s[1], s[2], n, half)
+            fl[a:b] = flag
+        writes = []
+    elif name == "cpkt":
+        (o, l, lo, n, _), (o2, l2, lo2, _, _) = src[0], dst[0]
+        val, fl, a, b = pk(r, lo2, n)
+        val[a:b] = _view(ranks, o, l, lo, n, half)
+        fl[a:b] = flag
+        writes = []
+    elif name == "upkt":
+        o, l, lo, n, _ = dst[0]
+        _view(ranks, o, l, lo, n, half)[:] = packet_reads[0]
+        reads = []
+    elif name == "rppkt":
+        for (o, l, lo, n, _) in dst:
+            val, fl, a, b = pk(o, lo, n)
+            val[a:b] = packet_reads[0]
+            fl[a:b] = flag
+        reads, writes = [], []
+    elif name in ("repkt", "respkt", "recpkt", "recspkt"):
+        o, l, lo, n, _ = src[0]
+        acc = _view(ranks, o, l, lo, n, half).copy()
+        for v in packet_reads:
+            acc += v
+        o, l, lo, _, _ = dst[0]
+        _view(ranks, o, l, lo, n, half)[:] = acc
+        rest = dst[1:]
+        if name in ("recpkt", "recspkt"):
+            o, l, lo, _, _ = dst[1]
+            val, fl, a, b = pk(r, lo, n)
+            val[a:b], fl[a:b] = acc, flag
+            rest = dst[2:]
+        if name in ("respkt", "recspkt"):
+            for (o, l, lo, _, _) in rest:
+                val, fl, a, b = pk(o, lo, n)
+                val[a:b], fl[a:b] = acc, flag
+        reads, writes = reads[:1], writes[:1]
+    else:
+        raise InterpError(f"operation {name} is not modelled")
+    return _done(t, name, reads, writes, check_sync)
+
+
+def _signal(ranks, r, t, c):
+    p = ranks[r].chans[t][c]
+    ranks[p].inbound[t][ranks[r].partner[(t, c)]] += 1
+
+
+def _overlap(a, b):
+    return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3] for x in a for y in b)
+
+
+def _done(t: _Tb, name, reads, writes, check_sync) -> bool:
+    if check_sync and t.prev is not None:
+        pname, preads, pwrites = t.prev
+        pdata, data = pname not in CONTROL, name not in CONTROL
+        where = f"rank {t.rank} thread block {t.tb['id']} operation {t.pc} ({name} after {pname})"
+        if pdata != data:
+            raise InterpError(f"{where}: no nop between an operation of the first threads and a data operation")
+        if pdata and data and (_overlap(pwrites, reads + writes) or _overlap(preads, writes)):
+            raise InterpError(f"{where}: no nop between data operations on the same bytes")
+    t.prev = (name, reads, writes)
+    t.pc += 1
+    return True
+
+
+# ------------------------------------------------------------------ the collective's postcondition
+def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarray]:
+    R = len(inputs)
+    if coll == "allgather":
+        full = np.concatenate(inputs)
+        return [full.copy() for _ in range(R)]
+    if coll == "allreduce":
+        s = np.sum(inputs, axis=0)
+        return [s.copy() for _ in range(R)]
+    if coll == "reducescatter":
+        s = np.sum(inputs, axis=0)
+        return [s[r * out_elems:(r + 1) * out_elems].copy() for r in range(R)]
+    if coll == "alltoall":
+        b = len(inputs[0]) // R
+        return [np.concatenate([inputs[j][r * b:(r + 1) * b] for j in range(R)]) for r in range(R)]
+    raise InterpError(f"no oracle for {coll}")
+
+
+def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2) -> None:
+    """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
+    every rank's output with the collective's; raises :class:`InterpError` naming the first
+    wrong element."""
+    R = len(plan["gpus"])
+    g = plan["gpus"][0]
+    align = plan.get("buffer_alignment", 16)
+    unit = align * max(g["input_chunks"], 1) * mult
+    in_elems = unit // ELEM
+    in_bytes = unit
+    out_bytes = in_bytes * g["output_chunks"] // g["input_chunks"]
+    rng = np.random.default_rng(seed)
+    inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
+    outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs)
+    want = oracle(plan["collective"], inputs, out_bytes // ELEM)
+    for r in range(R):
+        bad = np.flatnonzero(~(outs[r] == want[r]))
+        if len(bad):
+            e = int(bad[0])
+            raise InterpError(f"rank {r} output element {e}: {outs[r][e]} (expected {want[r][e]}); "
+                              f"{len(bad)} wrong")
