@@ -66,7 +66,7 @@ from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
-                                   program_layout, describe_stuck, generated_sources, rank_blocks)
+                                   check_fifo_memory, check_slice, program_layout, describe_stuck, generated_sources, rank_blocks)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
@@ -270,6 +270,7 @@ class Communicator:
         # this rank's kernel
         self._gendir = generated_sources(ir, plats, cache_dir, codegen)
         self._man = man = json.loads((self._gendir / "manifest.json").read_text())
+        self._agree(man, plats, codegen, dtype, op)
         entry = man["ranks"][self.rank]
         self.grid = rank_blocks(man, entry)
         emitted = int(man["nthreads"].get(mine, 1))
@@ -300,6 +301,7 @@ class Communicator:
 
         # control block and receive FIFOs exported; orphan FIFOs (written by this rank's kernel
         # only) and connection tables local
+        check_fifo_memory(ir.name, plans, [self.rank])
         self._mem = mem = RankMemory(plans[self.rank], pf, exported, local, local_peer)
         self._shared_flags = pf.name == "cpu"
         if self._shared_flags:
@@ -394,6 +396,16 @@ class Communicator:
         self._calls = 0
         self._seq = 0
 
+    def _agree(self, man: dict, plats, codegen: str, dtype: str, op: str) -> None:
+        """Before anything is mapped: every rank runs the same program with the same memory
+        layout and protocol (:mod:`hccc.runtime.agreement`), else every rank raises."""
+        from hccc.runtime.agreement import first_difference, program_terms
+        mine = program_terms(self.ir, man, plats, codegen, dtype, op)
+        gathered = self._all_gather(json.dumps(mine, sort_keys=True).encode(), "program")
+        why = first_difference([json.loads(b) for b in gathered])
+        if why:
+            raise CommunicatorError(f"rank {self.rank}: {why}")
+
     @staticmethod
     def _host_words(seg: shm.Segment) -> np.ndarray:
         return np.frombuffer(seg._map, dtype=np.uint64, count=16)
@@ -424,10 +436,10 @@ class Communicator:
     def _upload_table(self, man: dict, malloc) -> int:
         """This rank's table (table mode), checked against the manifest, in this rank's memory."""
         from hccc.compiler.backend.table_format import TableFormatError
-        from hccc.compiler.backend.table_program import load_tables, table_path
+        from hccc.compiler.backend.table_program import load_tables, read_table
         try:
-            path = table_path(self._gendir, man)
-            tables = load_tables(path.read_bytes(), man, [self.rank], path.name)
+            path, data = read_table(self._gendir, man)
+            tables = load_tables(data, man, [self.rank], path.name)
         except (OSError, TableFormatError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot use the tables of {self.ir.name}: "
                                     f"{exc}") from None
@@ -551,6 +563,10 @@ class Communicator:
         slice_b = (self.chunk_bytes if ir.algorithm_level
                    else auto_slice_bytes(count * es, ir.nchunks,
                                          slot_share_bytes(self.chunk_bytes, ir.max_step_chunks), es))
+        try:           # every rank makes this call (compared above): every rank refuses it
+            check_slice(ir, count, es, slice_b)
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {method} #{self._calls}: {exc}") from None
         timeout = self.kernel_timeout_s
         args = Args(input=in_p, output=out_p, scratch=scr, count=count,
                     send_conns=self._mem.send_tab, recv_conns=self._mem.recv_tab,

@@ -134,6 +134,50 @@ def check_run_memory(name: str, nbytes: int, buffer_bytes: int) -> None:
                             "change it")
 
 
+def plans_memory_bytes(plans, ranks=None) -> int:
+    """Bytes of the size-independent memory of ``ranks`` (default: every rank) of the
+    :class:`RankPlan` list ``plans``: control blocks, the FIFO slots each rank receives on, and the
+    FIFOs of sends nobody receives (what :class:`RankMemory` allocates)."""
+    received = {(q.rank, peer, ch) for q in plans for peer, ch in q.recv_conns}
+    total = 0
+    for r in (range(len(plans)) if ranks is None else ranks):
+        p = plans[r]
+        orphans = sum(1 for peer, ch in p.send_conns if (peer, p.rank, ch) not in received)
+        total += p.ctrl_bytes + p.slots_bytes + orphans * p.orphan_bytes
+    return total
+
+
+def check_fifo_memory(name: str, plans, ranks=None) -> None:
+    """Refuse (before allocating anything) FIFOs and control blocks that would not fit
+    :func:`run_memory_limit` (``--channels`` x ``--chunk-size`` x connections can ask for more
+    than the machine has)."""
+    need = plans_memory_bytes(plans, ranks)
+    limit = run_memory_limit()
+    if need > limit:
+        raise PlatformError(f"{name}'s FIFOs need {need / (1 << 30):.1f} GiB ({len(plans)} ranks' "
+                            f"connections x channels x {plans[0].nslots} slots of {plans[0].slot_bytes} "
+                            f"bytes), over the limit of {limit / (1 << 30):.1f} GiB; use a smaller "
+                            "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it")
+
+
+def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int) -> None:
+    """Refuse (ValueError) a micro-batch slice a program cannot run with: a program proven only
+    under the algorithm-level order (an MSCCL import, ``ProgramIR.algorithm_level``) runs in the
+    kernels' task-level order only with one micro-batch per chunk, so the slice must hold a whole
+    chunk of ``count`` elements; with more micro-batches its ranks would wait for each other."""
+    if not ir.algorithm_level or count <= 0:
+        return
+    from hccc.compiler.passes.slicing import micro_batches
+    m = micro_batches(count * element_bytes, ir.nchunks, slice_bytes, element_bytes)
+    if m > 1:
+        need = -(-count // max(1, ir.nchunks)) * element_bytes
+        raise ValueError(
+            f"{ir.name} is proven only under the MSCCL runtimes' algorithm-level order, which hccc's "
+            f"kernels follow with one micro-batch per chunk; a slice of {slice_bytes} bytes cuts the "
+            f"{need}-byte chunks of a {count}-element call into {m} micro-batches, which would stick: "
+            f"it needs a slice and FIFO slot (--chunk-size) of at least {-(-need // 16) * 16} bytes")
+
+
 _EXACT = {"float32": 1 << 24, "float16": 2048, "bfloat16": 256, "int32": 1 << 30}
 
 
@@ -673,6 +717,7 @@ class Runner:
         # process Communicator's memory.
         self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
         self.rank_plans = [RankPlan.from_manifest(man, r) for r in range(N)]
+        check_fifo_memory(self.ir.name, self.rank_plans)
         self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
                                     lambda n, r=r: self._malloc(r, n, peer=True),
                                     lambda n, r=r: self._malloc(r, n))
@@ -733,10 +778,10 @@ class Runner:
     def _upload_tables(self, man: dict) -> None:
         """Check every rank's table against the manifest and copy it to the rank's memory."""
         from hccc.compiler.backend.table_format import TableFormatError
-        from hccc.compiler.backend.table_program import load_tables, table_path
+        from hccc.compiler.backend.table_program import load_tables, read_table
         try:
-            path = table_path(self.gendir, man)
-            tables = load_tables(path.read_bytes(), man, None, path.name)
+            path, data = read_table(self.gendir, man)
+            tables = load_tables(data, man, None, path.name)
         except (OSError, TableFormatError) as exc:
             raise PlatformError(f"cannot use the tables of {self.ir.name}: {exc}") from None
         for r in range(self.nranks):
@@ -833,6 +878,7 @@ class Runner:
             if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:
                 raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
                                  f"the slot size {self.chunk_bytes}")
+        check_slice(self.ir, count, es, slice_b)
         block = self.block if nthreads is None else int(nthreads)
         if block < 1:
             raise ValueError("nthreads must be positive")

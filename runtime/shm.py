@@ -4,9 +4,13 @@ A :class:`Segment` is a named POSIX shared-memory object (``shm_open``) mapped i
 Its creator shares :attr:`Segment.handle` (opaque bytes: the name and the size) with its peers,
 which :func:`attach` it; once every peer has mapped it the creator :meth:`~Segment.unlink` s the
 name, so nothing is left in ``/dev/shm`` even if processes are killed later: the memory lives as
-long as its last mapping. Names carry the creator's process id (``/hccc-<pid>-<token>``), so a
+long as its last mapping. Names carry who created them (``/hccc-<pid>-<pidns>-<start>-<token>``:
+the process id, the inode of its PID namespace and the process's start time in clock ticks), so a
 segment whose creator died before it could unlink it (killed during set-up) is recognised and
-removed by :func:`reap_stale`, which every communicator runs when it starts.
+removed by :func:`reap_stale`, which every communicator runs when it starts. Only what is provably
+this user's and dead is removed: a segment of this PID namespace (containers sharing ``/dev/shm``
+have namespaces of their own, whose process ids mean nothing here), owned by this user, whose
+creator process no longer exists or is another process now (a different start time).
 
 Addresses are plain host addresses (``int``), like every CPU-emulated device pointer.
 """
@@ -25,7 +29,7 @@ except ImportError:       # pragma: no cover - non-POSIX systems
     _posixshmem = None
 
 PREFIX = "hccc"
-_NAME = re.compile(rf"/{PREFIX}-(\d+)-[0-9a-f]{{16}}")
+_NAME = re.compile(rf"/{PREFIX}-(\d+)-(\d+)-(\d+)-[0-9a-f]{{16}}")
 _MAGIC = b"HCCCSHM1"
 _HANDLE = struct.Struct("<8sQ64s")     # magic, size, name (NUL padded)
 #: where Linux shows POSIX shared-memory objects
@@ -77,7 +81,8 @@ def create(size: int) -> Segment:
     """A new zeroed segment of ``size`` bytes (at least one page)."""
     _require()
     size = max(int(size), mmap.PAGESIZE)
-    name = f"/{PREFIX}-{os.getpid()}-{secrets.token_hex(8)}"
+    pid = os.getpid()
+    name = f"/{PREFIX}-{pid}-{pid_namespace()}-{start_time(pid)}-{secrets.token_hex(8)}"
     try:
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     except OSError as exc:
@@ -148,6 +153,23 @@ def process_alive(pid: int) -> bool:
         return True      # no /proc: trust kill()
 
 
+def pid_namespace() -> int:
+    """The inode of this process's PID namespace (0 when unknown: then nothing is reaped)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def start_time(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (0 when unknown or gone)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def ours() -> list[str]:
     """Names of the hccc segments present on this host (``/dev/shm``)."""
     try:
@@ -157,16 +179,34 @@ def ours() -> list[str]:
     return sorted("/" + e for e in entries if _NAME.fullmatch("/" + e))
 
 
+def _creator_gone(name: str, namespace: int) -> bool:
+    """Whether segment ``name`` is provably this user's and its creator dead (see the module
+    docstring)."""
+    pid, ns, start = (int(g) for g in _NAME.fullmatch(name).groups())
+    if not namespace or ns != namespace or pid == os.getpid():
+        return False
+    try:
+        if os.stat(SHM_DIR + name).st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    if not process_alive(pid):
+        return True
+    now = start_time(pid)
+    return bool(start and now and now != start)       # the pid belongs to another process now
+
+
 def reap_stale() -> list[str]:
-    """Unlink the hccc segments whose creating process no longer runs; returns their names."""
+    """Unlink the hccc segments that are provably this user's and whose creating process no longer
+    runs (:func:`_creator_gone`); returns their names."""
+    namespace = pid_namespace()
     gone = []
     for name in ours():
-        pid = int(_NAME.fullmatch(name).group(1))
-        if pid != os.getpid() and not process_alive(pid):
+        if _creator_gone(name, namespace):
             _unlink(name)
             gone.append(name)
     return gone
 
 
 __all__ = ["Segment", "ShmError", "create", "attach", "parse_handle", "process_alive", "ours",
-           "reap_stale", "SHM_DIR"]
+           "pid_namespace", "reap_stale", "start_time", "SHM_DIR"]

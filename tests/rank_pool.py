@@ -83,16 +83,18 @@ class RankPool:
             p.start()
             self.workers.append((p, parent))
 
-    def run(self, ir_json: str, world: int, calls_per_rank, *, timeout: float = 30.0,
-            wait_s: float = 600.0, **extra) -> list[dict]:
+    def run(self, ir_json, world: int, calls_per_rank, *, timeout: float = 30.0,
+            wait_s: float = 600.0, per_rank: dict | None = None, **extra) -> list[dict]:
         """Run ``calls_per_rank[r]`` (a list of call dicts) on rank r of ``world``; returns each
-        rank's reply (``ok`` and ``outputs``, or ``error``)."""
+        rank's reply (``ok`` and ``outputs``, or ``error``). ``ir_json``: one program for every
+        rank, or a list of one per rank; ``per_rank``: rank -> job fields of that rank only."""
         if world > len(self.workers):
             raise ValueError(f"the pool has {len(self.workers)} workers, {world} needed")
         url = "file://" + str(self.tmpdir / f"store-{uuid.uuid4().hex}")
         for r in range(world):
-            job = {"ir": ir_json, "rank": r, "world": world, "url": url, "calls": calls_per_rank[r],
-                   "timeout": timeout, **extra}
+            job = {"ir": ir_json[r] if isinstance(ir_json, list) else ir_json, "rank": r, "world": world,
+                   "url": url, "calls": calls_per_rank[r], "timeout": timeout, **extra}
+            job.update((per_rank or {}).get(r, {}))
             self.workers[r][1].send(job)
         replies = []
         for r in range(world):

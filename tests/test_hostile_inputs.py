@@ -410,3 +410,60 @@ def test_file_names_reach_the_terminal_escaped(tmp_path, evil):
         bad = [ch for ch in evil if not ch.isprintable() and ch != "\n"]   # output lines end in newlines
         assert not any(ch in out for ch in bad) and evil not in out, (args, out)
         assert "Traceback" not in out
+
+
+# ----------------------------------------------------------------------------- MSCCL XML
+def _xml_gpus(n: int, chunks: int, scratch: int) -> str:
+    gpus = "".join(f'<gpu id="{i}" i_chunks="{chunks}" o_chunks="{chunks}" s_chunks="{scratch}"/>'
+                   for i in range(n))
+    return (f'<algo name="x" proto="Simple" nchannels="1" nchunksperloop="{chunks}" ngpus="{n}" '
+            f'coll="allreduce" inplace="0">{gpus}</algo>')
+
+
+def _xml_moves(chunks: int, steps: int) -> str:
+    def tb(peer):
+        body = "".join(f'<step s="{2 * i + j}" type="{t}" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" '
+                       f'cnt="{chunks}" depid="-1" deps="-1" hasdep="0"/>'
+                       for i in range(steps) for j, t in enumerate("sr"))
+        return f'<tb id="0" send="{peer}" recv="{peer}" chan="0">{body}</tb>'
+    gpus = "".join(f'<gpu id="{g}" i_chunks="{chunks}" o_chunks="{chunks}" s_chunks="0">{tb(1 - g)}</gpu>'
+                   for g in range(2))
+    return (f'<algo name="x" proto="Simple" nchannels="1" nchunksperloop="{chunks}" ngpus="2" '
+            f'coll="allreduce" inplace="0">{gpus}</algo>')
+
+
+@pytest.mark.parametrize("text, pattern", [
+    (_xml_gpus(1024, 1024, 1 << 20), r"chunk slots, more than"),      # 1024 GPUs x 1 Mi scratch chunks
+    (_xml_gpus(4096, 4096, 0), r"chunk slots, more than"),            # 4096 x 4096
+    (_xml_moves(1 << 18, 2000), r"move \d+ chunks in all"),           # 4000 steps of 256 Ki chunks
+], ids=["1024-gpus-of-1Mi-scratch", "4096x4096", "4000-steps-of-256Ki"])
+def test_xml_whose_implied_work_is_too_large_is_refused_before_it(tmp_path, text, pattern):
+    path = tmp_path / "big.xml"
+    path.write_text(text)
+    assert_fires(hccc("check", path, timeout=120), pattern=pattern)
+    assert LOCATED.search(hccc("check", path, timeout=120)[1])
+
+
+def _ring_xml() -> str:
+    return (EXAMPLES / "msccl" / "allreduce_ring_4.xml").read_text()
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda t: t.replace('hasdep="0"/>', 'hasdep="0">' + "<x>" * 100_000 + "</x>" * 100_000 + "</step>", 1),
+     r"unexpected <x> inside <step>"),
+    (lambda t: t.replace('</tb>', '<bogus/></tb>', 1), r"unexpected <bogus> inside <tb>"),
+    (lambda t: t.replace('inplace="1"', 'inplace="1" minBytes="4096" maxBytes="1024"'), r"minBytes=4096 is more than maxBytes"),
+    (lambda t: t.replace('cnt="1"', 'cnt=" 1 "', 1), r'cnt=" 1 " is not an integer'),
+    (lambda t: t.replace('cnt="1"', 'cnt="+1"', 1), r'cnt="\+1" is not an integer'),
+], ids=["nested-unknown-elements", "unknown-element", "minBytes-over-maxBytes", "spaces", "plus-sign"])
+def test_xml_details_are_refused(change, pattern):
+    from hccc.compiler.interop.msccl_import import import_xml_text
+    with pytest.raises(CompileError, match=pattern) as err:
+        import_xml_text(change(_ring_xml()), "a.xml")
+    assert err.value.diagnostics[0].location is not None
+
+
+def test_xml_size_limits_keep_real_programs():
+    from hccc.compiler.interop.msccl_import import import_xml_text
+    text = _ring_xml().replace('inplace="1"', 'inplace="1" minBytes="1024" maxBytes="0"')
+    assert import_xml_text(text, "a.xml").nranks == 4          # maxBytes 0: no upper limit

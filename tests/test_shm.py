@@ -77,3 +77,40 @@ def test_cpu_platform_ipc():
     b.ipc_close(q)
     a.free(p)
     assert not any(n.startswith(f"/hccc-{os.getpid()}-") for n in shm.ours())
+
+
+def _fake_segment(name: str) -> str:
+    """A segment named ``name`` as another process would have left it (created and closed)."""
+    fd = shm._posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    os.close(fd)
+    return name
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_reap_stale_removes_only_what_is_provably_ours_and_dead():
+    ns, dead, me = shm.pid_namespace(), _dead_pid(), os.getpid()
+    assert ns and shm.start_time(me) > 0
+    tok = os.urandom(8).hex()
+    mine = shm.start_time(me)
+    cases = {   # name -> whether reap_stale may remove it
+        f"/hccc-{dead}-{ns}-{mine}-{tok}": True,                 # this namespace, creator dead
+        f"/hccc-{me}-{ns}-{mine + 1}-{tok}": False,              # this very process: never
+        f"/hccc-1-{ns}-{shm.start_time(1) + 7}-{tok}": shm.process_alive(1) and shm.start_time(1) > 0,
+        f"/hccc-{dead}-{ns + 1}-{mine}-{tok}": False,            # another PID namespace's job
+        f"/hccc-{dead}-0-{mine}-{tok}": False,                   # namespace unknown
+        f"/hccc-{dead}-{tok}": False,                            # an older hccc's name: unprovable
+    }
+    made = [_fake_segment(n) for n in cases]
+    try:
+        gone = set(shm.reap_stale())
+        for name, reaped in cases.items():
+            assert (name in gone) == reaped, name
+            assert os.path.exists(shm.SHM_DIR + name) != reaped, name
+    finally:
+        for n in made:
+            shm._unlink(n)

@@ -271,8 +271,6 @@ def check_section(t: RankTable, entry: dict, nchunks_buf: dict[int, int], where:
             bad(f"{key} is {t.consts[key]} where the manifest says {want}")
     if not n:
         return
-    if int(c["cnt"].max()) > t.consts["max_cnt"]:
-        bad(f"a primitive moves {int(c['cnt'].max())} chunks, more than the {t.consts['max_cnt']} a slot holds")
     nsend, nrecv = len(entry.get("send_conns", [])), len(entry.get("recv_conns", []))
     nprog = int(entry.get("progress_slots", 0))
     op = c["op"]
@@ -280,6 +278,12 @@ def check_section(t: RankTable, entry: dict, nchunks_buf: dict[int, int], where:
         bad("unknown op")
     sends = np.array([o.sends for o in Op])[op]
     recvs = np.array([o.receives for o in Op])[op]
+    # a FIFO slot carries one micro-batch of one sending or receiving primitive: max_cnt is the
+    # most chunks such a primitive moves (ProgramIR.max_step_chunks); local copies use no slot
+    comm = sends | recvs
+    if comm.any() and int(c["cnt"][comm].max()) > t.consts["max_cnt"]:
+        bad(f"a primitive moves {int(c['cnt'][comm].max())} chunks through a FIFO slot, more than "
+            f"the {t.consts['max_cnt']} a slot holds")
     for name, need, lim in (("sconn", sends, nsend), ("rconn", recvs, nrecv)):
         v = c[name]
         if ((v < -1) | (v >= lim)).any() or (need & (v < 0)).any():

@@ -31,7 +31,12 @@ from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, Pr
 MAX_GPUS = 4096
 MAX_CHUNKS = 1 << 20
 MAX_CHANNELS = 1024
-_INT_RE = re.compile(r"\s*[+-]?[0-9]{1,18}\s*")
+#: most chunk slots (GPUs x the chunks of each GPU's input, output and scratch buffers) an import
+#: may declare: the checks and runs keep state per slot (about 200 bytes each at most)
+MAX_RANK_CHUNKS = 1 << 21
+#: most chunks the steps of an import may move in all (the sum of every step's cnt)
+MAX_CHUNK_MOVES = 1 << 20
+_INT_RE = re.compile(r"-?[0-9]{1,18}")
 
 # which operands a step type uses locally (the runtime's kernel reads/writes exactly these)
 _USES = {
@@ -72,6 +77,9 @@ def _parse(src: SourceFile, data: bytes) -> _El:
 
     def start(name, attrs):
         line, col = here()
+        if len(stack) >= len(_CHILD):   # <algo><gpu><tb><step>: nothing deeper, refused at once
+            raise _Stop(f"unexpected <{name[:40]}> inside <{stack[-1].tag[:40]}> (MSCCL XML nests "
+                        "<algo>, <gpu>, <tb>, <step> and nothing deeper)", line, col)
         el = _El(name, dict(attrs), line, col, p.CurrentByteIndex)
         if stack:
             stack[-1].children.append(el)
@@ -149,6 +157,7 @@ class _Tb:
 class _Importer:
     def __init__(self, src: SourceFile, data: bytes):
         self.src = src
+        self.moved = 0            # chunks the steps read so far move, in all
         self.data = data
         self._line_starts = None
 
@@ -228,6 +237,9 @@ class _Importer:
                            "outofplace" if "outofplace" in a.attrs else "inplace")
         min_b = self.int_(a, "minBytes", 0) if "minBytes" in a.attrs else 0
         max_b = self.int_(a, "maxBytes", 0) if "maxBytes" in a.attrs else 0
+        if max_b and min_b > max_b:
+            raise self.err(a, f"minBytes={min_b} is more than maxBytes={max_b}: the algorithm would "
+                              "serve no size (maxBytes=0 means no upper limit)", "minBytes")
         if (OWN in (spec.input, spec.output) or spec.blockwise) and C % N:
             raise self.err(a, f"nchunksperloop={C} is not a multiple of ngpus={N}: every rank of the {coll} "
                               f"owns the same number of chunks", "nchunksperloop")
@@ -255,7 +267,17 @@ class _Importer:
                                                                        ("s", "s_chunks"))}
             declared[gid] = sizes
             scratch_n = max(scratch_n, sizes["s"])
-            tbs[gid] = self.read_tbs(g, gid, N, nch)
+        # the proofs and the runs track every chunk slot of every rank's buffers: bound their product
+        # before any of that work (a small file can declare 1024 GPUs of a million scratch chunks)
+        slots = N * (in_n + out_n + scratch_n)
+        if slots > MAX_RANK_CHUNKS:
+            big = max(gpus.values(), key=lambda g: int(declared[int(g.attrs["id"].strip())]["s"]))
+            where, attr = (big, "s_chunks") if N * scratch_n > MAX_RANK_CHUNKS // 2 else (a, "ngpus")
+            raise self.err(where, f"{N} GPUs x {in_n + out_n + scratch_n} buffer chunks each (input "
+                                  f"{in_n}, output {out_n}, scratch {scratch_n}) is {slots} chunk slots, "
+                                  f"more than the {MAX_RANK_CHUNKS} hccc checks and runs", attr)
+        for gid in range(N):
+            tbs[gid] = self.read_tbs(gpus[gid], gid, N, nch)
         bufsize = {"i": in_n, "o": out_n, "s": scratch_n}
         bufname = {"i": "input", "o": "output", "s": "scratch"}
         # steps
@@ -336,6 +358,10 @@ class _Importer:
                 raise self.err(el, f"depid={depid} names a thread block but deps={deps} names no step", "deps")
             hasdep = self.int_(el, "hasdep", 0, 1, "must be 0 or 1")
             st = _Step(gid, t.id, s, typ, bufs["src"], soff, bufs["dst"], doff, cnt, depid, deps, hasdep, el)
+            self.moved += cnt
+            if self.moved > MAX_CHUNK_MOVES:      # before the work: the proofs follow every chunk of every step
+                raise self.err(el, f"the steps so far move {self.moved} chunks in all (the sum of their cnt), "
+                                   f"more than the {MAX_CHUNK_MOVES} hccc checks and runs", "cnt")
             use_src, use_dst = _USES[typ]
             op = OP_OF_TYPE[typ]
             if op.sends and t.send < 0:

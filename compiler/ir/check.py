@@ -216,12 +216,20 @@ def check_structure(ir: ProgramIR) -> None:
 
 # ---------------------------------------------------------------------------------------------
 def load_ir_json(text: str) -> ProgramIR:
-    """A ProgramIR from its JSON text, decoded, structurally checked and with every access proven
-    in bounds for every element count (:class:`IRFormatError`)."""
+    """A ProgramIR from its JSON text, decoded and checked by :func:`check_loaded`
+    (:class:`IRFormatError`)."""
     ir = ProgramIR.decode_json(text)
-    check_structure(ir)
-    check_extents(ir)
+    check_loaded(ir)
     return ir
+
+
+def check_loaded(ir: ProgramIR) -> None:
+    """The checks of a program read from a file (a ProgramIR JSON, a table-mode OUTDIR's tables):
+    its structure, the two ends of every message agreeing on what it carries (chunk count and
+    task, :func:`check_fifo_order`), and every access proven in bounds for every element count."""
+    check_structure(ir)
+    check_fifo_order(ir)
+    check_extents(ir)
 
 
 def check_fifo_order(ir: ProgramIR) -> None:

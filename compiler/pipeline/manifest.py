@@ -30,11 +30,11 @@ def _program_of_tables(path: Path, man: dict, fail):
     """The ProgramIR of a table-mode OUTDIR: read back from the binary tables, which are checked
     against the manifest on the way."""
     from hccc.compiler.backend.table_format import TableFormatError
-    from hccc.compiler.backend.table_program import program_from_table, table_path
+    from hccc.compiler.backend.table_program import program_from_table, read_table
 
     try:
-        tpath = table_path(path.parent, man)
-        ir = program_from_table(man, tpath.read_bytes(), tpath.name)
+        tpath, data = read_table(path.parent, man)
+        ir = program_from_table(man, data, tpath.name)
     except TableFormatError as exc:
         fail(str(exc))
     except (OSError, KeyError, TypeError, ValueError) as exc:
