@@ -63,7 +63,8 @@ def test_synth_json_then_check(topo, tmp_path, capsys, coll):
 
 def test_synth_human_output_and_example_cluster(tmp_path, capsys):
     out = tmp_path / "ag.rccl"
-    assert main(["synth", str(CLUSTERS / "v100_4_8.topo"), "--collective", "AllGather", "-o", str(out)]) == 0
+    assert main(["synth", str(CLUSTERS / "v100_4_8.topo"), "--collective", "AllGather", "--method", "search",
+                 "-o", str(out)]) == 0
     line = capsys.readouterr().out
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth import allgather_task, network_from_topology

@@ -9,7 +9,8 @@ hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamp
 (z3 encodings, incremental), :mod:`.cegis` (the CEGIS loop and step minimisation), :mod:`.bounds`
 (step and bandwidth lower bounds), :mod:`.collectives` (AllGather, Broadcast, ReduceScatter,
 AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
-(Algorithm and ResCCLang text).
+(Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing) and
+:mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``).
 """
 from hccc.compiler.synth.collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
 from hccc.compiler.synth.emit import to_algorithm, to_rccl

@@ -34,6 +34,8 @@ from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
+#: how a schedule is made: the step search (greedy + SMT/CEGIS) or the tree packing (:mod:`.forest`)
+METHODS = ("search", "trees")
 
 
 @dataclass
@@ -116,7 +118,8 @@ def solve_phase(net: Network, task: Task, *, deadline: float, progress: Progress
 def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chunks_per_rank: int = 1,
                time_limit: float = 60.0, progress: Progress | None = None, pod_ranks: int | None = None,
                use_smt: bool = True, bandwidth_bound_bytes: float | None = None, variants: int = 1,
-               score: Callable[[str, np.ndarray], float] | None = None) -> SynthResult:
+               score: Callable[[str, np.ndarray], float] | None = None, method: str = "search",
+               tree_score: Callable | None = None) -> SynthResult:
     """Synthesise ``collective`` on ``topo`` (see the module docstring).
 
     ``time_limit`` is shared by all phases (anytime: the best schedule so far comes back).
@@ -127,6 +130,11 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     time), ``rows`` being the ``(src, dst, step, chunk, op)`` program of the phase ("allgather",
     "reducescatter"; for AllReduce the ReduceScatter candidates are rated as whole "allreduce"
     programs with the AllGather half already chosen). Flat synthesis only.
+
+    ``method``: ``"search"`` (the above), or ``"trees"``: the bandwidth-optimal tree packing of
+    :mod:`.forest` (AllGather, ReduceScatter, AllReduce; its chunk count is its own, and
+    ``tree_score(collective, rows, chunks_per_rank, channels)`` picks among its shapes).
+    ``detail["method"]`` says which ran.
     """
     t0 = time.perf_counter()
     coll = collective.lower()
@@ -134,6 +142,23 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         raise ValueError(f"unknown collective {collective!r} (expected one of {', '.join(COLLECTIVES)})")
     net = topo if isinstance(topo, Network) else network_from_topology(topo)
     n, k = net.nranks, int(chunks_per_rank)
+    if method not in METHODS:
+        raise ValueError(f"unknown synthesis method {method!r} (expected one of {', '.join(METHODS)})")
+    if method == "trees":
+        from hccc.compiler.synth.forest import synthesize_trees
+        from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
+
+        if coll not in TREE_COLLECTIVES:
+            raise ValueError(f"tree packing builds {', '.join(TREE_COLLECTIVES)}, not {coll}")
+        prog = synthesize_trees(net, coll, pair_bw=None if isinstance(topo, Network) else pair_bandwidth(topo),
+                                total_bytes=float(bandwidth_bound_bytes or (1 << 30)), time_limit=time_limit,
+                                score=tree_score)
+        res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
+                          time.perf_counter() - t0, net.name, False, None, prog.detail)
+        if bandwidth_bound_bytes:
+            res.detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, res.chunks_per_rank, root,
+                                                                  bandwidth_bound_bytes)
+        return res
     check_synth_size(n, k)
     deadline = t0 + float(time_limit)
     phases: list[Phase] = []
@@ -201,6 +226,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
             if composed is not None or composed_ag is not None:
                 composed = {"reducescatter": composed, "allgather": composed_ag}
     steps = int(rows[:, 2].max()) + 1 if rows.size else 0
+    detail["method"] = "search"
     if bandwidth_bound_bytes:
         detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
     return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,

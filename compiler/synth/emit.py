@@ -47,7 +47,7 @@ def header(result: SynthResult, topo: Topology | None = None) -> Header:
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
-                  nchannels=1, nwarps=16, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
+                  nchannels=int(result.detail.get("channels", 1)), nwarps=16, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
                   root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank))
 
 
@@ -77,8 +77,10 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     """ResCCLang source of ``result`` (see the module docstring)."""
     h = header(result, topo)
     name = _comment(cluster or result.cluster)
+    trees = result.detail.get("method") == "trees"
     lines = [
-        "# Synthesised by hccc synth (HeteCCL-style chunking, greedy + CEGIS with z3)",
+        "# Synthesised by hccc synth (" + ("bandwidth-optimal spanning-tree packing" if trees else
+                                         "HeteCCL-style chunking, greedy + CEGIS with z3") + ")",
         f"# cluster: {name} ({result.nranks} GPUs"
         + (f", {len(topo.nodes)} nodes: " + ", ".join(str(nd.ngpus) for nd in topo.nodes[:16])
            + (", ..." if len(topo.nodes) > 16 else "") if topo is not None else "") + ")",
@@ -87,6 +89,9 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
         f"# steps: {result.steps} (lower bound {result.lower_bound_steps}, gap {result.gap}); "
         f"transfers: {result.ntransfers}",
     ]
+    for name, t in result.detail.get("trees", {}).items():
+        lines.append(f"#   {name}: {t['trees']} trees, {t['chunks_per_rank']} chunks per rank, "
+                     f"{t['model_fraction']:.4f} of the cut bound in the link model")
     for p in result.phases:
         lines.append(f"#   {p.name}: steps {p.step0}..{p.step0 + p.steps - 1} ({p.steps} steps, lower bound "
                      f"{p.result.bound.steps}; greedy {p.result.greedy_steps}, CEGIS iterations "

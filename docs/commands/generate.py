@@ -50,9 +50,12 @@ PAGES = {
     "topo": ("Summarise a cluster description: nodes, vendors, link classes with HeteCCL's logical "
              "capacities, shared groups and the vendor hierarchy.",
              ["hccc topo examples/clusters/heteccl_fig10.topo"]),
-    "synth": ("Synthesise a schedule for a collective on a cluster (greedy, repaired and shortened with "
-              "z3 within the time limit) and write it as ResCCLang.",
-              ["hccc synth examples/clusters/a100_topo1.topo --collective allgather -o OUT/ag.rccl --time-limit 20"]),
+    "synth": ("Synthesise a schedule for a collective on a cluster and write it as ResCCLang: spanning-tree "
+              "packing at the bandwidth optimum for large messages, or the step search (greedy, repaired and "
+              "shortened with z3 within the time limit) for small ones (docs/synthesis.md).",
+              ["hccc synth examples/clusters/a100_topo1.topo --collective allgather -o OUT/ag.rccl --time-limit 20",
+               "hccc synth examples/clusters/a100_topo1.topo --collective allgather --method search -o OUT/ag_s.rccl "
+               "--time-limit 20"]),
     "gen": ("Generate algorithms: `c2c` writes HetCCL's cluster-to-cluster collectives for mixed-vendor "
             "clusters.",
             ["hccc gen c2c examples/clusters/mixed_v100_w7800.topo --collective allgather -o OUT/c2c_ag.rccl"]),

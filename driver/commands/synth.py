@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hccc.args import count_at_least, parse_size, positive_int, seconds
+from hccc.args import comma_list, count_at_least, format_size, parse_size, positive_int, seconds
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
@@ -28,6 +28,12 @@ from hccc.compiler.backend.output_dir import check_output_file, write_text_atomi
 from hccc.compiler.frontend.limits import printable
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
+METHOD_CHOICES = ("auto", "trees", "search")
+#: ``--method auto`` packs trees from this many bytes per rank (the bandwidth regime: chunks large
+#: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
+TREES_MIN_PER_RANK = 256 << 10
+#: ``--method auto`` also runs the search when the tree program reaches less of the bound than this
+AUTO_SEARCH_BELOW = 0.98
 
 
 SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
@@ -40,8 +46,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="the collective to synthesise")
     p.add_argument("--root", type=count_at_least(0), default=None, metavar="R",
                    help="broadcast root (0 when not given; written as the program's Root)")
-    p.add_argument("--chunks-per-rank", type=positive_int, default=1, metavar="K",
-                   help="chunks per rank (written as the program's nChunksPerRank)")
+    p.add_argument("--chunks-per-rank", type=positive_int, default=None, metavar="K",
+                   help="chunks per rank of the step search (written as the program's nChunksPerRank; default 1; "
+                        "the tree packing picks its own, so giving K makes --method auto search)")
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
                    help="seconds for the search; the best schedule so far is written then (numba's first "
                         "compile of a kernel after an install is not counted)")
@@ -57,6 +64,15 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "bound is reported")
     p.add_argument("--no-sim-select", action="store_true",
                    help="do not use the simulator to choose among variants (keep the first)")
+    p.add_argument("--method", type=str.lower, choices=METHOD_CHOICES, default="auto",
+                   help="how the schedule is made: 'trees' (bandwidth-optimal spanning-tree packing; allgather, "
+                        "reducescatter, allreduce), 'search' (greedy + SMT/CEGIS step search), or 'auto' (default): "
+                        f"trees when the buffer gives every rank at least {TREES_MIN_PER_RANK >> 10} KiB (and the "
+                        f"search as well, the faster kept, when the simulator finds the tree program under "
+                        f"{AUTO_SEARCH_BELOW:g} of the bound), else search")
+    p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
+                   help="message size(s) the program is made for (default: --select-size); with several sizes "
+                        "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")
     p.add_argument("--json", action="store_true",
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
@@ -104,6 +120,39 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
     return score
 
 
+def tree_simulated_score(topo, nbytes: int = 1 << 30):
+    """``score(collective, rows, chunks_per_rank, channels)`` for the tree packing: simulated
+    seconds of a candidate program with its channels (None when the simulator is not available)."""
+    try:
+        from hccc.runtime.simulator import simulate
+    except ImportError:
+        return None
+    import numpy as np
+
+    from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
+    from hccc.compiler.passes.build import build_program
+
+    def score(collective: str, rows, chunks_per_rank: int, channels: int) -> float:
+        head = Header(topo.nranks, Collective.parse(collective), f"candidate_{collective}",
+                      chunks_per_rank=chunks_per_rank, nchannels=channels)
+        ir = build_program(Algorithm.from_rows(head, np.asarray(rows).tolist()))
+        ir.nchannels = channels
+        return float(simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s)
+
+    return score
+
+
+def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str:
+    """The method ``--method`` asks for at a buffer of ``nbytes`` (see :data:`TREES_MIN_PER_RANK`)."""
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES
+
+    if method != "auto":
+        return method
+    if collective in TREE_COLLECTIVES and nbytes >= TREES_MIN_PER_RANK * max(1, nranks):
+        return "trees"
+    return "search"
+
+
 def _bandwidth_bound(result, nbytes: int) -> dict:
     """ForestColl's cut bound for the collective's full buffer of ``nbytes``, also as nccl-tests busbw."""
     from hccc.runtime.busbw import busbw_factor
@@ -130,6 +179,15 @@ def run(args) -> int:
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
     args.root = args.root or 0
+    search_only = [o for o, given in (("--chunks-per-rank", args.chunks_per_rank is not None),
+                                      ("--pod-size", args.pod_size is not None), ("--no-smt", args.no_smt))
+                   if given]
+    args.chunks_per_rank = args.chunks_per_rank or 1
+    if search_only and args.method == "trees":
+        raise CompileError([Diagnostic(f"{search_only[0]} applies to --method search (the tree packing picks "
+                                       "its own chunks and needs no pods)", None)])
+    if search_only and args.method == "auto":
+        args.method = "search"
     if args.collective == "broadcast" and not 0 <= args.root < topo.nranks:
         raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
                                        f"(ranks 0..{topo.nranks - 1})", None)])
@@ -137,43 +195,139 @@ def run(args) -> int:
         check_synth_size(topo.nranks, args.chunks_per_rank)   # before any work is sized by it
     except ValueError as exc:
         raise CompileError([Diagnostic(f"--chunks-per-rank: {exc}", None)]) from None
-    from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
     from hccc.compiler.synth.emit import dsl_collective
+    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
+    sizes = args.size or [args.select_size]
+    if args.method == "trees":
+        from hccc.compiler.synth.trees import TREE_COLLECTIVES
+        if args.collective not in TREE_COLLECTIVES:
+            raise CompileError([Diagnostic(f"--method trees builds {', '.join(TREE_COLLECTIVES)}, "
+                                           f"not {args.collective}", None)])
+    outs = [out] if len(sizes) == 1 else [out.with_name(f"{out.stem}_{format_size(sz)}{out.suffix}") for sz in sizes]
+    for o in outs:
+        check_output_file(o)
+    summaries = []
+    for size, o in zip(sizes, outs):
+        summaries.append(_synthesize_one(args, topo, size, o))
+    if args.json:
+        print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
+    return 0
+
+
+def _synthesize_one(args, topo, size: int, out: Path) -> dict:
+    from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
-    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
+
+    method = choose_method(args.method, args.collective, topo.nranks, size)
     title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
+    if len(args.size or []) > 1:
+        title += f" for {format_size(size)}"
     with Progress("hccc synth", enabled=not args.json) as prog, prog.phase(title, limit_s=args.time_limit) as phase:
 
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        try:
-            score = None if args.no_sim_select or args.variants == 1 else simulated_score(
-                topo, args.select_size, root=args.root, chunks_per_rank=args.chunks_per_rank)
-            result = synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                time_limit=args.time_limit, progress=progress, pod_ranks=args.pod_size,
-                                use_smt=not args.no_smt, variants=args.variants, score=score,
-                                bandwidth_bound_bytes=args.select_size)
-        except ValueError as exc:
-            raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
+        def make(how: str):
+            sim = not args.no_sim_select
+            score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
+                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank)
+            try:
+                return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
+                                  time_limit=args.time_limit, progress=progress, pod_ranks=args.pod_size,
+                                  use_smt=not args.no_smt, variants=args.variants, score=score,
+                                  bandwidth_bound_bytes=size, method=how,
+                                  tree_score=tree_simulated_score(topo, size) if sim and how == "trees" else None)
+            except ValueError as exc:
+                raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
+
+        result = make(method)
+        _fit_channels(result, topo, size)
+        bound = _bandwidth_bound(result, size)
+        fraction = _simulated_fraction(result, topo, size, bound["seconds"])
+        tried = {method: fraction}
+        if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW:
+            # the packing's program falls short in the simulator: the search too, the faster kept
+            phase.update("tree program below the bound in the simulator: trying the step search")
+            other = make("search")
+            _fit_channels(other, topo, size)
+            f2 = _simulated_fraction(other, topo, size, bound["seconds"])
+            tried["search"] = f2
+            if f2 is not None and f2 > fraction:
+                result, fraction = other, f2
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
-    bound = _bandwidth_bound(result, args.select_size)
-    write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=[
-        f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
-        f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]))
+    extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
+             f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]
+    if fraction is not None:
+        extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
+                     f"{fraction:.4f} of that bound")
+    write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra))
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
                "output": str(out), "gap": result.gap, "transfers": result.ntransfers,
                "timed_out": result.timed_out, "bandwidth_bound": bound,
-               "phases": result.summary()["phases"], "composed": result.composed}
-    if args.json:
-        print(json.dumps(summary))
-    else:
+               "phases": result.summary()["phases"], "composed": result.composed,
+               "method": result.detail.get("method"), "size": int(size),
+               "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
+               "fraction_of_bound": fraction, "methods_tried": tried}
+    if "trees" in result.detail:
+        summary["trees"] = result.detail["trees"]
+    if not args.json:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
-        print(f"hccc synth: {result.collective} on {result.nranks} GPUs: {result.steps} steps "
-              f"(lower bound {result.lower_bound_steps}, {gap}), {result.ntransfers} transfers, "
+        frac = f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else ""
+        shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
+                 if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
+        print(f"hccc synth: {result.collective} on {result.nranks} GPUs by {summary['method']}: {result.steps} steps "
+              f"({shape}), {result.ntransfers} transfers{frac}, "
               f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
-    return 0
+    return summary
+
+
+#: channel counts :func:`_fit_channels` tries, fewest first
+CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> None:
+    """The fewest channels (``CHANNEL_STEPS``) with which the program runs within ``tol`` of its
+    time without the simulator's per-block limit at ``nbytes``: the per-block limit then never
+    binds where the links could carry more. Sets ``result.detail["channels"]``; leaves it alone
+    without the simulator or when the program cannot be simulated."""
+    try:
+        from hccc.runtime.simulator import SimulationError, prepare, simulate
+    except ImportError:
+        return
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.synth import to_algorithm
+
+    ir = build_program(to_algorithm(result, topo))
+    try:
+        free = simulate(prepare(ir, topo, None), topo, int(nbytes), slice_bytes="auto").time_s
+        for ch in CHANNEL_STEPS:
+            ir.nchannels = ch
+            if simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s <= free * (1 + tol):
+                break
+    except (SimulationError, ValueError):
+        return
+    result.detail["channels"] = int(ch)
+
+
+def _simulated_fraction(result, topo, nbytes: int, bound_s: float) -> float | None:
+    """Cut bound / simulated time of the program at ``nbytes`` (None without the simulator, or when
+    the program cannot be simulated at that size)."""
+    try:
+        from hccc.runtime.simulator import SimulationError, simulate
+    except ImportError:
+        return None
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.synth import to_algorithm
+
+    alg = to_algorithm(result, topo)
+    ir = build_program(alg)
+    ir.nchannels = alg.header.nchannels
+    try:
+        t = simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s
+    except (SimulationError, ValueError):
+        return None
+    return bound_s / t if t > 0 else None

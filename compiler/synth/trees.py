@@ -1,0 +1,594 @@
+"""Throughput-optimal AllGather / ReduceScatter by packing spanning trees (bandwidth regime).
+
+For a large buffer only bandwidth matters: an AllGather is ``N`` broadcasts, rank ``r`` sending its
+``M/N`` bytes to every other rank, and a broadcast pipelined down a spanning out-tree moves its data
+at the rate the tree is given on every arc. A *packing* gives every rank's data a weighted set of
+out-trees rooted at it (weights summing to 1: the share of the rank's data each tree carries); with
+``T`` the time of the whole collective, the load each tree puts on a pair ``u -> v`` (and on every
+shared group the pair runs through) is ``weight * (M/N) / T`` bytes/s, which must fit the pair's and
+the groups' bandwidth. The least ``T`` is a linear program over trees:
+
+    minimise T   s.t.   sum_{t rooted at r} y_t = 1            for every rank r
+                        sum_t y_t * uses_e(t) <= T * cap_e      for every pair and group e
+
+solved by **column generation**: the LP over the trees found so far (scipy's HiGHS) prices
+resources with its duals ``pi_e``; a tree rooted at ``r`` improves the LP iff its cost
+``sum_{e in t} pi_e`` is below the dual ``lambda_r`` of ``r``'s row, and the cheapest tree of every
+root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds, :func:`min_arborescence`, arc costs
+``pi_pair + sum of pi_group`` over the pair's groups). Every round also gives a lower bound (the
+Lagrangian ``sum_r min_t pi(t) / sum_e pi_e cap_e``), and the loop stops when the LP is within
+``tol`` of it, or of the cut bound (:mod:`.bounds`), which no schedule beats: on networks whose
+shared groups are switch- or NIC-like the two meet (Edmonds' branching theorem, extended to switches
+by edge splitting, as in ForestColl), so the packing is throughput-optimal.
+
+**Integral chunks.** A ResCCLang program has ``K`` equal chunks per rank; each chunk follows one
+tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
+repaired locally (a chunk moves to another generated tree of its root while that lowers the most
+loaded resource). ``K`` is the smallest candidate whose rounded time is within ``round_tol`` of the
+LP's.
+
+**ReduceScatter** is the time-reverse: the packing on the transposed network gives in-trees; each
+chunk's partial sums flow leaves-to-owner with ``rrc``, children of a rank reducing into it at
+distinct steps (two reductions into one (rank, chunk) never share a step).
+
+:func:`pack_trees` returns a :class:`Packing`; :func:`packing_rows` turns it into transfer rows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hccc.compiler.synth.problem import Network
+
+#: the LP stops when within this factor of its lower bound (Lagrangian or cut bound)
+LP_TOL = 2e-4
+#: chunk counts tried when rounding, smallest first
+CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: rounded packings within this factor of the LP time are accepted
+ROUND_TOL = 5e-3
+
+
+class PackingError(ValueError):
+    """The network admits no spanning tree from some rank (it is not strongly connected)."""
+
+
+# ---------------------------------------------------------------- minimum arborescence
+def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray:
+    """``parent[v]`` of a minimum-cost spanning arborescence rooted at ``root`` (``parent[root] =
+    -1``) of the dense arc-cost matrix ``cost[u, v]`` (``inf``: no arc). Chu-Liu/Edmonds: every
+    vertex takes its cheapest entering arc; cycles are contracted (entering costs reduced by the
+    cycle arc they would replace) and the contracted problem solved recursively, then expanded."""
+    C = np.array(cost, dtype=float, copy=True)
+    np.fill_diagonal(C, np.inf)
+    C[:, root] = np.inf
+    return _edmonds(C, int(root))
+
+
+def _edmonds(C: np.ndarray, root: int) -> np.ndarray:
+    n = C.shape[0]
+    par = C.argmin(axis=0)
+    inc = C[par, np.arange(n)]
+    par[root] = -1
+    inc[root] = 0.0
+    if not np.isfinite(inc).all():
+        v = int(np.flatnonzero(~np.isfinite(inc))[0])
+        raise PackingError(f"vertex {v} cannot be reached")
+    # cycles of the parent function (each vertex has one parent; walk until root/seen)
+    state = np.zeros(n, np.int8)     # 0 new, 1 on the current walk, 2 done
+    state[root] = 2
+    cyc_id = np.full(n, -1, np.int64)
+    ncyc = 0
+    for s in range(n):
+        path = []
+        v = s
+        while state[v] == 0:
+            state[v] = 1
+            path.append(v)
+            v = int(par[v])
+        if state[v] == 1:            # closed a cycle at v
+            u = v
+            while True:
+                cyc_id[u] = ncyc
+                u = int(par[u])
+                if u == v:
+                    break
+            ncyc += 1
+        for u in path:
+            state[u] = 2
+    if ncyc == 0:
+        return par
+    # contract: singletons keep one vertex each, then one vertex per cycle
+    single = np.flatnonzero(cyc_id < 0)
+    m = single.size + ncyc
+    comp = np.empty(n, np.int64)
+    comp[single] = np.arange(single.size)
+    comp[cyc_id >= 0] = single.size + cyc_id[cyc_id >= 0]
+    A = C - np.where(cyc_id >= 0, inc, 0.0)[None, :]     # entering a cycle vertex replaces its arc
+    # column groups: min over the members of each target component (argmin kept)
+    M1 = np.empty((n, m))
+    a1 = np.empty((n, m), np.int64)
+    M1[:, :single.size] = A[:, single]
+    a1[:, :single.size] = single[None, :]
+    members = [np.flatnonzero(cyc_id == c) for c in range(ncyc)]
+    for c, mem in enumerate(members):
+        sub = A[:, mem]
+        j = sub.argmin(axis=1)
+        M1[:, single.size + c] = sub[np.arange(n), j]
+        a1[:, single.size + c] = mem[j]
+    M2 = np.empty((m, m))
+    a2 = np.empty((m, m), np.int64)
+    M2[:single.size] = M1[single]
+    a2[:single.size] = single[:, None]
+    for c, mem in enumerate(members):
+        sub = M1[mem]
+        i = sub.argmin(axis=0)
+        M2[single.size + c] = sub[i, np.arange(m)]
+        a2[single.size + c] = mem[i]
+    np.fill_diagonal(M2, np.inf)
+    croot = int(comp[root])
+    M2[:, croot] = np.inf
+    cpar = _edmonds(M2, croot)
+    out = par.copy()
+    for b in range(m):
+        a = int(cpar[b])
+        if a < 0:
+            continue
+        u = int(a2[a, b])
+        v = int(a1[u, b])
+        out[v] = u                    # the arc entering component b; the cycle keeps its other arcs
+    out[root] = -1
+    return out
+
+
+# ---------------------------------------------------------------- the packing LP
+@dataclass
+class Packing:
+    """Trees per root with integral chunk counts (``counts[i]`` of ``chunks_per_rank`` chunks of
+    ``roots[i]`` follow ``parents[i]``), and the LP's figures (times for a unit of data per rank:
+    multiply by the bytes per rank, ``M/N``)."""
+
+    nranks: int
+    chunks_per_rank: int
+    roots: list[int]
+    parents: list[np.ndarray]
+    counts: list[int]
+    lp_time: float            # LP optimum, seconds per byte of each rank's data
+    lower_bound: float        # the best lower bound proven (cut bound or Lagrangian), same unit
+    rounded_time: float       # with the integral chunk counts, same unit
+    iterations: int
+    columns: int
+    seconds: float
+    pair_load: np.ndarray = field(repr=False, default=None)  # bytes per pair per byte of each rank's data
+    stats: dict = field(default_factory=dict)
+    res_load: np.ndarray = field(repr=False, default=None)   # per resource (pairs, groups), normalised
+    res_limit: np.ndarray = field(repr=False, default=None)  # time x capacity per resource, normalised
+
+    @property
+    def fraction(self) -> float:
+        """Bound / rounded time: the share of the optimum the integral packing reaches (model)."""
+        return self.lower_bound / self.rounded_time if self.rounded_time > 0 else 1.0
+
+
+def _resources(net: Network, pair_bw: np.ndarray):
+    """Resource capacities (pairs then groups, bytes/s) and the pair -> groups CSR."""
+    gbw = net.gbw if net.gbw is not None else np.zeros(net.ngroups)
+    cap = np.concatenate([np.asarray(pair_bw, float), np.asarray(gbw, float)])
+    return cap
+
+
+def _tree_pairs(net: Network, parent: np.ndarray, root: int) -> np.ndarray:
+    v = np.flatnonzero(parent >= 0)
+    idx = net.pair_index(parent[v], v)
+    if (idx < 0).any():
+        raise PackingError("a tree uses an arc that is not a pair of the network")
+    return idx
+
+
+def _tree_column(net: Network, pairs: np.ndarray) -> np.ndarray:
+    """Resource ids a tree's pairs occupy, with multiplicity (a group counted once per pair)."""
+    gs = [net.pg_idx[net.pg_ptr[p]:net.pg_ptr[p + 1]] for p in pairs.tolist()]
+    return np.concatenate([pairs.astype(np.int64)] + [net.npairs + g.astype(np.int64) for g in gs])
+
+
+def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
+               max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
+               round_tol: float = ROUND_TOL) -> Packing:
+    """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
+
+    ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
+    seconds per byte of each rank's data (the cut bound), used to stop early; ``max_chunks``: the
+    largest chunks per rank the rounding may use."""
+    from scipy import sparse
+    from scipy.optimize import linprog
+
+    t0 = time.perf_counter()
+    n, P = net.nranks, net.npairs
+    if n < 2:
+        return Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
+    bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
+    cap = _resources(net, bw)
+    R = cap.size
+    ok = cap > 0
+    scale = float(cap[ok].max())
+    capn = np.where(ok, cap / scale, 0.0)        # normalised capacities (LP conditioning)
+    # pair cost = pi_pair + sum of pi over its groups: a sparse (P x R) incidence
+    rp, rg = net.pair_group_rows()
+    inc = sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
+                            shape=(P, R))
+
+    def price(pi: np.ndarray, r: int) -> tuple[float, np.ndarray]:
+        w = inc @ pi
+        C = np.full((n, n), np.inf)
+        C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+        par = min_arborescence(C, r)
+        v = np.flatnonzero(par >= 0)
+        return float(C[par[v], v].sum()), par
+
+    # initial columns: the cheapest tree by 1/bandwidth per root
+    cols: list[np.ndarray] = []      # resource ids with multiplicity
+    col_root: list[int] = []
+    col_par: list[np.ndarray] = []
+    seen: set = set()
+
+    def add(r: int, par: np.ndarray) -> bool:
+        key = (r, par.tobytes())
+        if key in seen:
+            return False
+        seen.add(key)
+        col_par.append(par)
+        col_root.append(r)
+        cols.append(_tree_column(net, _tree_pairs(net, par, r)))
+        return True
+
+    pi0 = np.where(ok, 1.0 / np.where(ok, capn, 1.0), 0.0)
+    for r in range(n):
+        add(r, price(pi0, r)[1])
+    best_lb = 0.0 if bound is None else float(bound) * scale
+    lp_val = np.inf
+    it = 0
+    y = None
+    deadline = t0 + float(time_limit)
+    while True:
+        it += 1
+        J = len(cols)
+        # variables: y_0..y_{J-1}, T ; rows: R resources (<=), n roots (==)
+        lens = np.array([c.size for c in cols])
+        rows = np.concatenate(cols)
+        colidx = np.repeat(np.arange(J), lens)
+        A_res = sparse.csr_matrix((np.ones(rows.size), (rows, colidx)), shape=(R, J))
+        A_ub = sparse.hstack([A_res, sparse.csr_matrix(-capn.reshape(-1, 1))]).tocsr()
+        A_eq = sparse.csr_matrix((np.ones(J), (np.array(col_root), np.arange(J))), shape=(n, J + 1))
+        c = np.zeros(J + 1)
+        c[-1] = 1.0
+        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(R), A_eq=A_eq, b_eq=np.ones(n),
+                      bounds=[(0, None)] * (J + 1), method="highs")
+        if res.status != 0:
+            raise PackingError(f"the packing LP failed: {res.message}")
+        lp_val = float(res.fun)
+        y = res.x[:J]
+        pi = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
+        lam = np.asarray(res.eqlin.marginals)
+        denom = float(pi @ capn)
+        added = 0
+        lag = 0.0
+        for r in range(n):
+            cost, par = price(pi, r)
+            lag += cost
+            if cost < lam[r] - 1e-9 * max(1.0, abs(lam[r])):
+                added += add(r, par)
+        if denom > 0:
+            best_lb = max(best_lb, lag / denom)
+        if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
+            break
+    # integral chunk counts (columns added in the last round have no weight yet)
+    y = np.r_[y, np.zeros(len(cols) - y.size)]
+    col_res = cols
+    load_unit = np.zeros((len(cols), R))
+    for j, cj in enumerate(col_res):
+        np.add.at(load_unit[j], cj, 1.0)
+    kmax = max_chunks or CHUNK_CANDIDATES[-1]
+    best = None
+    for K in [k for k in CHUNK_CANDIDATES if min_chunks <= k <= kmax] or [min_chunks]:
+        counts = _round_counts(y, np.array(col_root), n, K)
+        counts = _repair(counts, np.array(col_root), load_unit, capn, K)
+        t = _time_of(counts, load_unit, capn, K)
+        if best is None or t < best[0] * (1 - 1e-12):
+            best = (t, K, counts)
+        if t <= lp_val * (1 + round_tol):
+            break
+    t_round, K, counts = best
+    keep = np.flatnonzero(counts > 0)
+    order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
+    roots = [int(col_root[j]) for j in order]
+    parents = [col_par[j].copy() for j in order]
+    cnts = [int(counts[j]) for j in order]
+    load = (counts[:, None] * load_unit).sum(axis=0) / K
+    limit = capn * t_round
+    return Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
+                   it, len(cols), time.perf_counter() - t0, load[:P].copy(),
+                   {"lp_trees": int((y > 1e-9).sum())}, load, limit)
+
+
+#: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
+SHAPES = ("cfc", "cf", "f")
+
+
+def shaped(net: Network, packing: Packing, order: str = SHAPES[0]) -> Packing:
+    """A copy of ``packing`` with its trees reshaped by :func:`_consolidate` (``c``) and
+    :func:`_flatten` (``f``) in ``order``. The loads of the saturated resources never grow, so the
+    packing's time (:attr:`Packing.rounded_time`) is unchanged; what changes is how the compiled
+    program's thread blocks overlap (see those functions)."""
+    import dataclasses
+
+    parents = [p.copy() for p in packing.parents]
+    load = packing.res_load.copy()
+    limit = packing.res_limit
+    K = packing.chunks_per_rank
+    moves = {"consolidated": 0, "flattened": 0}
+    for step in order:
+        if step == "c":
+            moves["consolidated"] += _consolidate(net, packing.roots, parents, packing.counts, K, load, limit)
+        elif step == "f":
+            moves["flattened"] += _flatten(net, packing.roots, parents, packing.counts, K, load, limit)
+        else:
+            raise ValueError(f"unknown shaping pass {step!r} (c or f)")
+    return dataclasses.replace(packing, parents=parents, pair_load=load[:net.npairs].copy(), res_load=load,
+                               stats={**packing.stats, "shape": order, **moves})
+
+
+def _is_ancestor(par: np.ndarray, a: int, v: int) -> bool:
+    """Whether ``a`` lies on the path from ``v`` up to the root (``a == v`` included)."""
+    while v >= 0:
+        if v == a:
+            return True
+        v = int(par[v])
+    return False
+
+
+def _move(net: Network, p_old: int, p_new: int, w: float, size: int) -> np.ndarray:
+    delta = np.zeros(size)
+    np.add.at(delta, _tree_column(net, np.array([p_new])), w)
+    np.add.at(delta, _tree_column(net, np.array([p_old])), -w)
+    return delta
+
+
+def _tight(load: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    return (limit > 0) & (load >= limit * (1 - 1e-6))
+
+
+def _consolidate(net: Network, roots, parents, counts, K: int, load: np.ndarray, limit: np.ndarray) -> int:
+    """Let every forwarding rank receive the chunks it forwards from one sender: where trees bring
+    chunks that ``v`` passes on from several senders, move them to the sender that already brings
+    the most, when that pair exists, has room, and is not below ``v`` in the tree. A thread block
+    runs its transfers one after another, so a rank forwarding streams that arrive side by side
+    (each at a fraction of the link) queues all but one of them until they have arrived; one
+    connection brings them chunk after chunk at the full rate, each forwarded while it streams.
+    Edits ``parents`` and ``load``; returns the moves made."""
+    n = net.nranks
+    P = net.npairs
+    fwd_load = np.zeros(P)
+    for r, par, c in zip(roots, parents, counts):
+        has_child = np.zeros(n, bool)
+        has_child[par[par >= 0]] = True
+        v = np.flatnonzero((par >= 0) & has_child)
+        if v.size:
+            np.add.at(fwd_load, net.pair_index(par[v], v), c / K)
+    pref = np.full(n, -1, np.int64)
+    best = np.zeros(n)
+    for p in np.flatnonzero(fwd_load > 0).tolist():
+        v = int(net.pdst[p])
+        if fwd_load[p] > best[v]:
+            best[v], pref[v] = fwd_load[p], int(net.psrc[p])
+    slack = limit * (1 + 1e-9) - load
+    moves = 0
+    for r, par, c in zip(roots, parents, counts):
+        w = c / K
+        has_child = np.zeros(n, bool)
+        has_child[par[par >= 0]] = True
+        for v in np.flatnonzero(has_child & (par >= 0)).tolist():
+            u, u2 = int(par[v]), int(pref[v])
+            if u2 < 0 or u2 == u or _is_ancestor(par, v, u2):
+                continue
+            new = int(net.pair_index([u2], [v])[0])
+            if new < 0:
+                continue
+            old = int(net.pair_index([u], [v])[0])
+            delta = _move(net, old, new, w, load.size)
+            if (delta <= slack + 1e-15).all():
+                par[v] = u2
+                slack -= delta
+                load += delta
+                moves += 1
+    return moves
+
+
+def _flatten(net: Network, roots, parents, counts, K: int, load: np.ndarray, limit: np.ndarray) -> int:
+    """Make trees shallower without raising any resource above ``limit`` (the rounded packing's
+    time x capacity): a vertex whose parent is not the root moves up to its grandparent when that
+    pair exists and has room (its load moves from the old arc to the new one). Shallow trees
+    forward less: a chunk that reaches a rank late (over a slow link) is passed on by fewer ranks,
+    each on a connection of its own. Edits ``parents`` and ``load``; returns the moves made."""
+    moves = 0
+    slack = limit * (1 + 1e-9) - load
+    tight = _tight(load, limit)
+    for r, par, c in zip(roots, parents, counts):
+        w = c / K
+        changed = True
+        while changed:
+            changed = False
+            d = _depths(par, r)
+            for v in np.argsort(d, kind="stable").tolist():
+                p = int(par[v])
+                if p < 0 or p == r:
+                    continue
+                g = int(par[p])
+                new = net.pair_index([g], [v])[0]
+                if new < 0:
+                    continue
+                old = int(net.pair_index([p], [v])[0])
+                if tight[_tree_column(net, np.array([new]))].any():
+                    continue          # never onto a saturated resource (see _consolidate)
+                delta = _move(net, old, new, w, load.size)
+                if (delta <= slack + 1e-15).all():
+                    par[v] = g
+                    slack -= delta
+                    load += delta
+                    moves += 1
+                    changed = True
+    return moves
+
+
+def _round_counts(y: np.ndarray, root: np.ndarray, n: int, K: int) -> np.ndarray:
+    """Per column a count, ``sum over a root's columns = K``, nearest to ``K * y`` (largest remainder)."""
+    counts = np.zeros(y.size, np.int64)
+    for r in range(n):
+        js = np.flatnonzero(root == r)
+        w = np.maximum(y[js], 0.0)
+        w = w / w.sum() if w.sum() > 0 else np.full(js.size, 1.0 / js.size)
+        f = w * K
+        base = np.floor(f + 1e-9).astype(np.int64)
+        rest = K - int(base.sum())
+        if rest > 0:
+            base[np.argsort(-(f - base), kind="stable")[:rest]] += 1
+        counts[js] = base
+    return counts
+
+
+def _time_of(counts, load_unit, capn, K) -> float:
+    load = (counts[:, None] * load_unit).sum(axis=0) / K
+    ok = capn > 0
+    return float((load[ok] / capn[ok]).max()) if ok.any() else 0.0
+
+
+def _repair(counts: np.ndarray, root: np.ndarray, load_unit: np.ndarray, capn: np.ndarray, K: int,
+            rounds: int = 200) -> np.ndarray:
+    """Move single chunks between trees of one root while the most loaded resource gets lighter."""
+    counts = counts.copy()
+    ok = capn > 0
+    inv = np.where(ok, 1.0 / np.where(ok, capn, 1.0), 0.0)
+    util_unit = load_unit * inv[None, :] / K       # per chunk on a column: utilisation added
+    util = counts @ util_unit
+    for _ in range(rounds):
+        e = int(util.argmax())
+        cur = util[e]
+        if cur <= 0:
+            break
+        donors = np.flatnonzero((counts > 0) & (util_unit[:, e] > 0))
+        best = None
+        for j in donors.tolist():
+            alts = np.flatnonzero(root == root[j])
+            alts = alts[alts != j]
+            if not alts.size:
+                continue
+            trial = util[None, :] - util_unit[j][None, :] + util_unit[alts]
+            peak = trial.max(axis=1)
+            a = int(peak.argmin())
+            if peak[a] < cur * (1 - 1e-9) and (best is None or peak[a] < best[0]):
+                best = (float(peak[a]), j, int(alts[a]))
+        if best is None:
+            break
+        _, j, a = best
+        counts[j] -= 1
+        counts[a] += 1
+        util = util - util_unit[j] + util_unit[a]
+    return counts
+
+
+# ---------------------------------------------------------------- transfers
+def _depths(parent: np.ndarray, root: int) -> np.ndarray:
+    n = parent.size
+    depth = np.full(n, -1, np.int64)
+    depth[root] = 0
+    changed = True
+    while changed:           # at most tree-height passes
+        known = parent >= 0
+        upd = known & (depth < 0) & (depth[np.where(known, parent, 0)] >= 0)
+        changed = bool(upd.any())
+        depth[upd] = depth[parent[upd]] + 1
+    return depth
+
+
+def allgather_rows(packing: Packing) -> np.ndarray:
+    """``(src, dst, step, chunk)`` rows: chunk ``r*K + j`` of root ``r`` down its tree, a rank
+    forwarding at the step after the one it receives in."""
+    K = packing.chunks_per_rank
+    next_chunk: dict[int, int] = {}
+    out = []
+    for r, par, cnt in zip(packing.roots, packing.parents, packing.counts):
+        d = _depths(par, r)
+        v = np.flatnonzero(par >= 0)
+        for _ in range(cnt):
+            j = next_chunk.get(r, 0)
+            next_chunk[r] = j + 1
+            out.append(np.stack([par[v], v, d[v] - 1, np.full(v.size, r * K + j)], axis=1))
+    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 4), np.int64)
+
+
+def reducescatter_rows(packing: Packing) -> np.ndarray:
+    """``(src, dst, step, chunk)`` rows of the ReduceScatter whose in-trees are ``packing``'s trees
+    (computed on the transposed network) turned around: a rank sends its partial sum to its tree
+    parent once all its children have reduced into it; the children of one rank reduce into it at
+    distinct steps."""
+    K = packing.chunks_per_rank
+    next_chunk: dict[int, int] = {}
+    out = []
+    for r, par, cnt in zip(packing.roots, packing.parents, packing.counts):
+        n = par.size
+        d = _depths(par, r)
+        step = np.zeros(n, np.int64)       # step of v's send to its parent
+        ready = np.zeros(n, np.int64)      # first step v may send (all children reduced into it)
+        for lev in range(int(d.max()), 0, -1):
+            vs = np.flatnonzero(d == lev)
+            # siblings: group by parent, order by readiness, give distinct steps >= ready
+            order = vs[np.lexsort((vs, ready[vs], par[vs]))]
+            prev_p, last = -1, -1
+            for v in order.tolist():
+                p = int(par[v])
+                s = int(ready[v]) if p != prev_p else max(int(ready[v]), last + 1)
+                step[v] = s
+                prev_p, last = p, s
+                ready[p] = max(int(ready[p]), s + 1)
+        v = np.flatnonzero(par >= 0)
+        for _ in range(cnt):
+            j = next_chunk.get(r, 0)
+            next_chunk[r] = j + 1
+            out.append(np.stack([v, par[v], step[v], np.full(v.size, r * K + j)], axis=1))
+    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 4), np.int64)
+
+
+def pair_bandwidth(topo) -> np.ndarray:
+    """Bytes/s of every pair of ``network_from_topology(topo)`` as the simulator runs it: the pair's
+    best link only (``Topology.link_between``), bandwidth x lanes."""
+    from hccc.compiler.synth.problem import _best_links
+
+    best = _best_links(topo)
+    return (topo.link_bandwidth[best] * topo.link_lanes[best]).astype(float)
+
+
+# ---------------------------------------------------------------- collectives
+#: collectives the tree packing builds
+TREE_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+
+
+def transposed_pair_order(net: Network) -> np.ndarray:
+    """Index into ``net``'s pairs of every pair of ``net.transposed()`` (same order as it)."""
+    n = net.nranks
+    return np.argsort(net.pdst.astype(np.int64) * n + net.psrc, kind="stable")
+
+
+def channels_for(net: Network, packing: Packing, data_bytes_per_rank: float, seconds: float,
+                 *, block_gbps: float, reverse: bool = False) -> int:
+    """Blocks per thread block so that no connection's planned rate exceeds what its blocks move:
+    the planned bytes/s of the busiest pair over ``block_gbps`` (at least 1, at most the IR's
+    maximum). A connection's traffic runs on thread blocks of its own unless the compiler shares
+    one between connections whose spans do not overlap, so the busiest pair's rate is what one
+    thread block must sustain."""
+    from hccc.compiler.ir.program_ir import MAX_CHANNELS
+
+    if seconds <= 0 or not block_gbps:
+        return 1
+    # pair_load: bytes per pair per byte of every rank's data
+    rate = packing.pair_load * data_bytes_per_rank / seconds
+    return int(min(MAX_CHANNELS, max(1, int(np.ceil(float(rate.max()) / (block_gbps * 1e9) * 1.05)))))

@@ -1,0 +1,189 @@
+"""Tree-packing synthesis (compiler/synth/trees.py, forest.py) against independent oracles.
+
+* Minimum arborescences against networkx's Edmonds implementation.
+* On random small clusters, the optimum of AllGather / ReduceScatter is computed here from scratch:
+  every rank subset S is enumerated and the most bytes/s that can leave it found by a linear
+  program over pair and shared-group capacities (scipy), optimum = max_S |S| (M/N) / rate(S). The
+  synthesised program's time in the link model is recomputed here from its transfers alone (bytes
+  per pair and per group over their bandwidth); it must be within 2 % of the optimum, and the
+  ReduceScatter's fraction must equal the AllGather's on the transposed cluster (time reversal).
+* The simulator (hccc's own alpha-beta model) on example clusters where the programs reach the bound.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+                                                format_topology, parse_topology)
+from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.synth import network_from_topology, synthesize
+from hccc.compiler.synth.trees import min_arborescence
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+M = 1 << 30
+
+
+# ---------------------------------------------------------------- arborescences
+@settings(max_examples=examples(40), deadline=None)
+@given(n=st.integers(2, 7), data=st.data())
+def test_min_arborescence_matches_networkx(n, data):
+    cost = np.full((n, n), np.inf)
+    G = nx.DiGraph()
+    G.add_nodes_from(range(n))
+    for u in range(n):
+        for v in range(n):
+            if u != v and v != 0 and data.draw(st.booleans()):
+                w = data.draw(st.integers(0, 9))
+                cost[u, v] = w
+                G.add_edge(u, v, weight=w)
+    for v in range(1, n):              # every vertex reachable from the root
+        if not np.isfinite(cost[v - 1, v]):
+            cost[v - 1, v] = 5
+            G.add_edge(v - 1, v, weight=5)
+    par = min_arborescence(cost, 0)
+    assert par[0] == -1
+    got = sum(cost[par[v], v] for v in range(1, n))
+    # a spanning arborescence: every vertex reaches the root through its parents
+    for v in range(n):
+        seen, x = set(), v
+        while x != 0:
+            assert x not in seen
+            seen.add(x)
+            x = int(par[x])
+    want = sum(d["weight"] for _, _, d in nx.minimum_spanning_arborescence(G).edges(data=True))
+    assert got == pytest.approx(want)
+
+
+# ---------------------------------------------------------------- random clusters
+@st.composite
+def clusters(draw):
+    """2-3 nodes of 1-3 GPUs: random intra-node links (both directions, a ring at least) and NICs
+    shared by random groups of GPUs, every pair of nodes through the NICs."""
+    nodes = []
+    for _ in range(draw(st.integers(2, 3))):
+        g = draw(st.integers(1, 3))
+        links = []
+        for a in range(g):
+            for b in range(a + 1, g):
+                if b == a + 1 or draw(st.booleans()):
+                    bw = draw(st.sampled_from([10, 25, 50]))
+                    lanes = draw(st.integers(1, 3))
+                    links += [LinkSpec(a, b, bw, lanes), LinkSpec(b, a, bw, lanes)]
+        split = draw(st.integers(1, g))
+        nics = [NicSpec(tuple(range(0, split)), draw(st.sampled_from([5, 10, 12.5, 25])))]
+        if split < g:
+            nics.append(NicSpec(tuple(range(split, g)), draw(st.sampled_from([5, 10, 12.5, 25]))))
+        nodes.append(NodeSpec(g, {"direct": links} if links else None, nics=nics))
+    return parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])), "random.topo")
+
+
+def _lp_rate(net, side) -> float:
+    """Most bytes/s leaving ``side``: pairs at most their bandwidth, groups at most theirs (scipy LP)."""
+    from scipy.optimize import linprog
+
+    cross = [p for p in range(net.npairs) if int(net.psrc[p]) in side and int(net.pdst[p]) not in side]
+    rows, rhs = [], []
+    members = net.group_pairs()
+    for g in range(net.ngroups):
+        mem = set(members[g].tolist())
+        row = [1.0 if p in mem else 0.0 for p in cross]
+        if any(row):
+            rows.append(row)
+            rhs.append(float(net.gbw[g]))
+    res = linprog(-np.ones(len(cross)), A_ub=rows or None, b_ub=rhs or None,
+                  bounds=[(0, float(net.bw[p])) for p in cross], method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def _optimum(net, reverse: bool = False) -> float:
+    """Least AllGather time (ReduceScatter: ``reverse``, every cut's demand leaves the complement)."""
+    n = net.nranks
+    best = 0.0
+    for size in range(1, n):
+        for side in itertools.combinations(range(n), size):
+            side = set(side)
+            if reverse:   # ReduceScatter: |S^c| chunks' worth leaves S
+                best = max(best, (n - size) * M / n / _lp_rate(net, side))
+            else:
+                best = max(best, size * M / n / _lp_rate(net, side))
+    return best
+
+
+def _model_time(topo, rows: np.ndarray, chunks: int) -> float:
+    """The program's time in the link model, from its transfers alone: every transfer moves one
+    chunk over the pair's best link and that link's shared groups; time >= bytes / bandwidth."""
+    n = topo.nranks
+    chunk = M / (n * chunks)
+    per_link: dict[int, float] = {}
+    for s, d in zip(rows[:, 0].tolist(), rows[:, 1].tolist()):
+        link = topo.link_between(s, d)
+        assert link is not None, (s, d)
+        per_link[link.id] = per_link.get(link.id, 0.0) + chunk
+    t = max(b / topo.link(i).total_bandwidth for i, b in per_link.items())
+    for g in topo.groups:
+        b = sum(per_link.get(int(i), 0.0) for i in g.members.tolist())
+        t = max(t, b / g.capacity_bytes)
+    return t
+
+
+@settings(max_examples=examples(8), deadline=None)
+@given(topo=clusters())
+def test_tree_programs_reach_the_independent_optimum(topo):
+    net = network_from_topology(topo)
+    n = topo.nranks
+    ag = synthesize(topo, "allgather", method="trees", time_limit=30)
+    rs = synthesize(topo, "reducescatter", method="trees", time_limit=30)
+    assert ag.detail["method"] == rs.detail["method"] == "trees"
+    assert (ag.rows[:, 4] == RECV).all() and (rs.rows[:, 4] == RRC).all()
+    assert len(ag.rows) == n * (n - 1) * ag.chunks_per_rank and len(rs.rows) == n * (n - 1) * rs.chunks_per_rank
+    f_ag = _optimum(net) / _model_time(topo, ag.rows, ag.chunks_per_rank)
+    f_rs = _optimum(net, reverse=True) / _model_time(topo, rs.rows, rs.chunks_per_rank)
+    assert 0.98 <= f_ag <= 1 + 1e-9
+    assert 0.98 <= f_rs <= 1 + 1e-9
+    # the clusters' links and NICs are symmetric, so the transposed cluster is the cluster itself
+    # up to renaming nothing: ReduceScatter's fraction equals AllGather's
+    assert f_rs == pytest.approx(f_ag, rel=1e-6)
+
+
+def test_every_rank_receives_every_chunk_once():
+    """AllGather: each rank gets each chunk it lacks exactly once, from a rank that has it."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.compiler.passes.verify import verify
+
+    topo = load_cluster(CLUSTERS / "a100_topo3.topo")
+    for coll in ("allgather", "reducescatter", "allreduce"):
+        res = synthesize(topo, coll, method="trees", time_limit=30)
+        verify(to_algorithm(res, topo))   # the verifier proves the collective
+    ag = synthesize(topo, "allgather", method="trees", time_limit=30)
+    rows, n, K = ag.rows, topo.nranks, ag.chunks_per_rank
+    pairs = {(int(d), int(c)) for d, c in zip(rows[:, 1], rows[:, 3])}
+    assert len(pairs) == len(rows) == n * K * (n - 1)
+
+
+@pytest.mark.parametrize("cluster", ["a100_topo1.topo", "h20_4_8.topo"])
+def test_simulated_allgather_reaches_the_bound(cluster):
+    """hccc's simulator (per-block limit on, the program's own channels) at 1 GiB."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.synth import bandwidth_cut_bound
+    from hccc.compiler.synth.emit import to_algorithm
+    from hccc.runtime.simulator import simulate
+
+    topo = load_cluster(CLUSTERS / cluster)
+    res = synthesize(topo, "allgather", method="trees", time_limit=30)
+    alg = to_algorithm(res, topo)
+    ir = build_program(alg)
+    ir.nchannels = alg.header.nchannels
+    t = simulate(ir, topo, M, slice_bytes="auto").time_s
+    bound = bandwidth_cut_bound(network_from_topology(topo), "allgather", topo.nranks, 1, 0, M)
+    assert bound / t >= 0.98
