@@ -275,6 +275,9 @@ class Communicator:
         self.grid = rank_blocks(man, entry)
         emitted = int(man["nthreads"].get(mine, 1))
         self.block = int(nthreads) if nthreads is not None else max(1, pf.block_threads(emitted))
+        self._auto_threads = nthreads is None
+        #: threads per block chosen below the emitted count so that the kernel's blocks fit, and why
+        self.threads_note = None
         self._kernels: dict[tuple[str, str], object] = {}
         self._kernel(dtype, op)
         self.chunk_bytes = int(man["chunk_bytes"])
@@ -426,6 +429,12 @@ class Communicator:
             sym = (pattern.replace("{kernel}", man["ranks"][self.rank]["kernel"])
                    .replace("{dtype}", dtype).replace("{op}", op))
             fn = mod.function(sym)
+            if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
+                from hccc.runtime.launcher import fit_block_threads
+                self.block, note = fit_block_threads(
+                    self.block, self._man["ranks"][self.rank]["platform"],
+                    lambda b: self.grid <= pf.max_resident_blocks(fn, b))
+                self.threads_note = note or self.threads_note
             if self.grid > 0 and self.grid > pf.max_resident_blocks(fn, self.block):
                 raise CommunicatorError(
                     f"rank {self.rank}'s kernel needs {self.grid} thread blocks of {self.block} "

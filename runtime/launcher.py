@@ -55,7 +55,7 @@ import numpy as np
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.frontend.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
-from hccc.compiler.backend.codegen import buffer_bases
+from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
 from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
@@ -395,6 +395,19 @@ class RankPlan:
         return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
 
 
+def fit_block_threads(block: int, platform: str, fits) -> tuple[int, str | None]:
+    """The most threads per block, from ``block`` halving down to one warp of ``platform``
+    ("cuda" / "hip"), for which ``fits(threads)`` holds, and a note saying so when that is fewer
+    than ``block``; ``(block, None)`` when ``block`` fits or nothing does (the caller refuses)."""
+    b = int(block)
+    while not fits(b) and b // 2 >= WARP_SIZE.get(platform, 32):
+        b //= 2
+    if b == block or not fits(b):
+        return int(block), None
+    return b, (f"{b} threads per thread block instead of the emitted {block}, so that every block "
+               "of the kernel is resident at once")
+
+
 def rank_blocks(manifest: dict, entry: dict) -> int:
     """Blocks of a rank's launch: ``nchannels`` x its thread blocks (manifest ``blocks``)."""
     return int(entry.get("blocks", max(1, int(manifest.get("nchannels", 1))) * int(entry["tbs"])))
@@ -707,7 +720,7 @@ class Runner:
             self.fns.append(self.modules[p].function(sym))
             self.rank_library.append(self.libraries[p])
         self.grid_fn = self._grid_function(man, inst)
-        self._check_residency()
+        self._fit_threads(nthreads is None)
 
         # size-independent memory (kernel protocol v2, see RankPlan): per rank, in memory its
         # peers reach (Platform.malloc_peer), the FIFO slots it receives on and a control block
@@ -789,6 +802,30 @@ class Runner:
             ptr = self._malloc(r, len(section))
             self.rank_pf[r].memcpy_htod(ptr, section)
             self.table_ptr.append(ptr)
+
+    def _fit_threads(self, auto: bool) -> None:
+        """Check that every block of the run can be resident at once; with ``auto`` threads (no
+        ``nthreads`` given), halve the threads per block (down to one warp) until they can, and say
+        so in :attr:`threads_note` (the kernels take any block size up to the emitted one)."""
+        #: what was chosen instead of the emitted threads per block, and why (None: as emitted)
+        self.threads_note = None
+        first = dict(self.block_of)
+        while True:
+            try:
+                self._check_residency()
+                break
+            except PlatformError as exc:
+                smaller = {p: b // 2 if b // 2 >= WARP_SIZE[p] else b for p, b in self.block_of.items()}
+                if not auto or smaller == self.block_of:
+                    raise
+                why = str(exc)
+                self.block_of = smaller
+                self.blocks = [self.block_of[p] for p in self.rank_platform]
+                self.block = max(self.blocks) if self.blocks else 1
+        if self.block_of != first:
+            self.threads_note = (
+                f"{self.block} threads per thread block instead of the emitted {max(first.values())}, so "
+                f"that every block of the run is resident at once ({why.split(': ', 1)[-1]})")
 
     def _check_residency(self, block: int | None = None) -> None:
         """Every TB of every rank must be resident at once (they spin on each other)."""

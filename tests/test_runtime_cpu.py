@@ -427,3 +427,30 @@ def test_a_process_builds_only_its_ranks_and_caches_per_rank(pf, tmp_path, monke
     units.clear()
     assert pf.build(out, man, inst, ranks=[1]) == one and not units      # a cache hit: no compile
     assert pf.build(out, man, inst, ranks=[2]) != one and source[2] in "".join(units)
+
+
+class _WidePlatform(CpuPlatform):
+    """The CPU emulation launching the emitted threads per block (as a GPU does), with a small
+    budget of resident threads."""
+
+    def block_threads(self, emitted: int) -> int:
+        return 64
+
+
+def test_runner_fits_threads_per_block_instead_of_refusing():
+    """Without ``nthreads`` the Runner halves the threads per block until every block of the run
+    can be resident, says so, and the run is right; with ``nthreads`` it refuses as before."""
+    from hccc.runtime.launcher import fit_block_threads
+    ir = ring_allreduce(4)
+    pf = _WidePlatform(max_threads=8 * 32)          # 8 blocks of 32 threads, not of 64
+    with Runner(ir, pf) as runner:
+        assert runner.block == 32 and runner.blocks == [32] * 4 and sum(runner.grid) == 8
+        assert "32 threads per thread block instead of the emitted 64" in runner.threads_note
+        res = runner.run(count=1000)
+        assert res.wrong == 0 and not res.stuck
+    with pytest.raises(PlatformError, match="resident at once"):
+        Runner(ir, _WidePlatform(max_threads=8 * 32), nthreads=64)
+    b, note = fit_block_threads(512, "cuda", lambda b: b <= 128)
+    assert b == 128 and note.startswith("128 threads per thread block instead of the emitted 512")
+    assert fit_block_threads(512, "cuda", lambda b: True) == (512, None)
+    assert fit_block_threads(512, "hip", lambda b: b < 64) == (512, None)    # below one warp: refuse

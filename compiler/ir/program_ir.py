@@ -43,7 +43,9 @@ Connections: the ``k``-th send on connection ``(sender, receiver, channel)`` is 
 Channels (``nchannels = K``, header field since schema ``hccc.program/2``): every TB of every rank
 runs as K blocks (replicas). Replica ``c`` moves only its part of every micro-batch slice, elements
 ``[lo_c, hi_c)`` of the slice window (:func:`channel_part`), over connections, FIFOs and progress
-counters of its own; a cross-TB dependency waits for all K replicas of the producer. The
+counters of its own; a cross-TB dependency waits for the same replica of the producer (an
+element keeps its offset in its chunk through every primitive, so replica c reads only what replica
+c wrote). The
 ``channel`` column above is something else: it names logical connections of the algorithm.
 A schema ``hccc.program/1`` file (before channels) is refused with a message saying how to
 regenerate it.

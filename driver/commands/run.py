@@ -197,6 +197,24 @@ def _sanitized(args) -> int | None:
     return res.returncode
 
 
+def _device_shape(backend: str, nranks: int) -> tuple[int | None, int]:
+    """(multiprocessors of the first device, ranks per device) of a GPU backend, as its runtime
+    reports them; (None, nranks) on the CPU emulation or when no device answers (every rank then
+    counts on one device: the single-process test mode's worst case)."""
+    if backend not in ("cuda", "hip"):
+        return None, nranks
+    from hccc.runtime.platform import PlatformError, get_platform
+    try:
+        pf = get_platform(backend)
+        try:
+            ndev = max(1, min(int(pf.device_count()), nranks))
+            return int(pf.sms(0)), -(-nranks // ndev)
+        finally:
+            pf.close()
+    except (PlatformError, AttributeError, ValueError):
+        return None, nranks
+
+
 def run(args) -> int:
     from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
@@ -216,10 +234,11 @@ def run(args) -> int:
         return 2
     ir, plats = load_with_platforms(args)
     from hccc.compiler.pipeline import apply_channels
-    # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule with
-    # every rank counted on one device: the single-process test mode's worst case)
+    # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
+    # the device the run uses: its multiprocessors and the ranks placed on each)
+    sms, per_device = _device_shape(args.backend, ir.nranks)
     ir = apply_channels(ir, program_options(args), ["cpu"] if args.backend == "cpu" else plats,
-                        ranks_per_device=ir.nranks)
+                        ranks_per_device=per_device, device_sms=sms)
     if args.codegen is None:
         from hccc.compiler.pipeline import manifest_codegen, manifest_path
         mpath = manifest_path(args.algo)
@@ -272,6 +291,8 @@ def run(args) -> int:
                         f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
                         f"{args.codegen} kernels, "
                         + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
+                    if runner.threads_note:
+                        progress.print(f"# {runner.threads_note}")
                     progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
                                    f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
                     if len(libraries) > 1 or plats[0] != "cuda":
