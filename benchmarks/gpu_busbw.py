@@ -202,6 +202,16 @@ def run_size(name: str, ir, size: int, args, runner, nwarps: int) -> dict:
     return row
 
 
+def failed_row(name: str, ir, size: int, channels: int, launch: str, exc: BaseException) -> dict:
+    """A row for a size that could not run (the reason in ``error``): the other rows still print."""
+    row = {"algorithm": name, "collective": getattr(ir, "collective", ""), "nranks": getattr(ir, "nranks", 0),
+           "bytes": size, "launch": launch, "nwarps": getattr(ir, "nwarps", 0), "channels": channels,
+           "moved_bytes": 0, "wrong": 0, "stuck": None, "error": " ".join(str(exc).split())[:200]}
+    row.update(time_us=None, gbps=None, copy_us=None, copy_gbps=None, ratio=None, busbw=None,
+               hbm_bytes=None, bound_us=None, of_bound=None)
+    return row
+
+
 def hbm_bytes(ir, nbytes: int, dtype: str = "float32") -> int:
     """HBM bytes (reads + writes) the kernels of ``ir`` move for a full buffer of ``nbytes``."""
     from hccc.runtime.kernel_traffic import traffic
@@ -218,7 +228,8 @@ def print_table(rows: list[dict], device: str) -> None:
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         if r["time_us"] is None:
-            status = f"STUCK: {r['stuck']}" if r["stuck"] else f"WRONG ({r['wrong']} elements)"
+            status = (f"NOT RUN: {r['error']}" if r.get("error") else f"STUCK: {r['stuck']}" if r["stuck"]
+                      else f"WRONG ({r['wrong']} elements)")
             table.add_row(r["algorithm"], r["launch"], _size(r["bytes"]), str(r["nwarps"]), str(r["channels"]),
                           _size(r["moved_bytes"]), status, "", "", "", "", "", "")
             continue
@@ -288,22 +299,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     rows = []
-    try:
-        from hccc.compiler.passes.channels import with_channels
-        for name, k in ((n, int(k)) for n in names for k in args.channels.split(",")):
+    from hccc.compiler.passes.channels import with_channels
+    for name, k in ((n, int(k)) for n in names for k in args.channels.split(",")):
+        try:
             ir = with_channels(load_program(ALGORITHMS[name], CompileOptions(chunk_bytes=args.chunk_size[0])), k)
-            nw = nwarps_candidates(ir.nwarps) if args.nwarps == "auto" else [int(args.nwarps)]
-            modes = {"grid": [True], "per-rank": [False], "both": [True, False]}[args.launch]
-            for one_grid in modes:
+        except (CompileError, ValueError) as exc:
+            rows += [failed_row(name, None, size, k, "compile", exc) for size in args.sizes]
+            continue
+        nw = nwarps_candidates(ir.nwarps) if args.nwarps == "auto" else [int(args.nwarps)]
+        modes = {"grid": [True], "per-rank": [False], "both": [True, False]}[args.launch]
+        for one_grid in modes:
+            launch = "grid" if one_grid else "per-rank"
+            try:
                 runner, warps = open_runner(launcher, ir, args, nw, one_grid)
-                with runner:
-                    for size in args.sizes:
+            except PlatformError as exc:     # this algorithm cannot run: its rows say why, the rest run
+                rows += [failed_row(name, ir, size, k, launch, exc) for size in args.sizes]
+                continue
+            with runner:
+                for size in args.sizes:
+                    try:
                         rows.append(run_size(name, ir, size, args, runner, warps))
-                        if not args.json:
-                            print(f"{name} {rows[-1]['launch']} {_size(size)}: done", file=sys.stderr)
-    except (PlatformError, CompileError) as exc:
-        print(f"gpu_busbw: {exc}", file=sys.stderr)
-        return 1
+                    except (PlatformError, MemoryError) as exc:   # e.g. more memory than the run may use
+                        rows.append(failed_row(name, ir, size, k, launch, exc))
+                    if not args.json:
+                        print(f"{name} {rows[-1]['launch']} {_size(size)}: "
+                              f"{'done' if rows[-1].get('error') is None else rows[-1]['error']}", file=sys.stderr)
     if args.json:
         print(json.dumps({"device": device, "dtype": args.dtype, "iters": args.iters,
                           "warmup": args.warmup, "rows": rows}, indent=1))

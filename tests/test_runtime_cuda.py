@@ -999,3 +999,38 @@ def test_runtime_without_module_cooperative_launch_gets_one_plain_launch_of_the_
         assert [e[2] for e in launches] == [total]
     with pytest.raises(PlatformError, match="resident"):
         Runner(ir, FakeCudaPlatform(NoCoop(sms=total - 1, per_sm=1)), "float32", "sum")
+
+
+def test_benchmark_keeps_measured_rows_when_a_size_cannot_run(monkeypatch, capsys):
+    """A size the run-memory check refuses becomes a row saying so; the rows measured before and
+    after it still print (the defaults once printed nothing when the largest size was refused)."""
+    import types
+    from hccc.runtime import launcher, platform as platform_mod
+    from hccc.runtime.platform import PlatformError
+    bench = _bench()
+
+    class FakeRunner:
+        def __init__(self, ir, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def run(self, size, **k):
+            if size >= 1 << 30:
+                raise PlatformError("running ring at 1 GiB needs about 64.0 GiB of memory, over the limit")
+            return types.SimpleNamespace(wrong=0, stuck=None, iters=2, time_us=100.0, algbw_GBps=1.0,
+                                         busbw_GBps=1.0)
+
+    monkeypatch.setattr(platform_mod, "get_platform", lambda name: types.SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(launcher, "Runner", FakeRunner)
+    monkeypatch.setattr(bench, "copy_time_us", lambda *a: 50.0)
+    rc = bench.main(["--sizes", "64M,1G,256M", "--algorithms", "ring_allgather_8", "--json", "--nwarps", "4"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert [r["bytes"] for r in out["rows"]] == [64 << 20, 1 << 30, 256 << 20]
+    assert out["rows"][0]["time_us"] == 100.0 and out["rows"][2]["time_us"] == 100.0
+    assert out["rows"][1]["time_us"] is None and "64.0 GiB" in out["rows"][1]["error"]
