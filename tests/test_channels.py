@@ -223,6 +223,26 @@ def test_auto_rule_and_block_limit():
 
 
 # ---------------------------------------------------------------------------- output, command line
+def test_run_time_rule_takes_the_device_and_its_ranks():
+    """With the device known (hccc run on a GPU), auto fills it as NCCL does for large messages:
+    8 ranks on 8 H100s get up to 32 channels, 8 ranks on one H100 an eighth of it."""
+    from hccc.compiler.passes.channels import device_channels
+    from hccc.commands.run import _device_shape
+    ir = build_program(gen.ring_allreduce(8), chunk_bytes=1 << 20)
+    T = int(max(ir.ntbs))
+    share_parts = (1 << 20) // (16 << 10)                        # 64 parts of 16 KiB in a 1 MiB slot
+    assert device_channels(ir, 132, 1) == min(32, 132 // T, share_parts)
+    assert device_channels(ir, 132, 8) == max(1, min(32, 132 // (8 * T), share_parts))
+    assert device_channels(ir, 304, 1) == min(32, 304 // T, share_parts)       # MI300X: 304 CUs
+    assert device_channels(build_program(gen.ring_allreduce(8), chunk_bytes=32 << 10), 132, 1) == 2
+    assert resolve_channels(None, ir, ["cuda"], device_sms=132) == device_channels(ir, 132, 1)
+    assert device_channels(ir, 132, 1) > auto_channels(ir, "cuda")            # the nominal rule: 8
+    # an explicit count, the program's own and the declared one still win
+    assert resolve_channels(3, ir, ["cuda"], device_sms=132) == 3
+    assert resolve_channels(None, ir, ["cuda"], declared=4, device_sms=132) == 4
+    assert _device_shape("cpu", 8) == (None, 8)
+
+
 def test_manifest_grid_and_sources_count_every_channel(tmp_path):
     ir = with_channels(build_program(gen.hm_allreduce(2, 3), chunk_bytes=64), 3)
     generate(ir, tmp_path, platforms=["cuda"] * ir.nranks)

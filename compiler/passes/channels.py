@@ -23,6 +23,15 @@ Choosing ``K`` (``--channels``):
     several ranks share a device (``hccc run`` in one process counts every rank on one GPU, its
     test mode), the SMs are divided among them.
 
+At run time (``hccc run`` on a GPU backend) the device is known: ``auto`` then takes the
+multiprocessors the runtime reports for it (132 on an H100 SXM, 104 CUs on an MI210, 304 on an
+MI300X) and the ranks the run places on each device, and fills the device as NCCL does for large
+messages (:func:`device_channels`): ``min(32, SMs // (T x ranks per device), share // 16 KiB)``,
+i.e. at most half of the blocks that are resident at once at two 512-thread blocks per SM (the
+kernels keep to 64 registers per thread), so 8 ranks on 8 H100s get 32 channels where the nominal
+rule (made for one rank per device without knowing the device) gives 8, and 8 ranks on one H100
+get 8.
+
 A rank's ``K * T`` blocks must all be resident at once (the ranks spin on each other): the count
 is refused past the platform's maximum (:func:`max_blocks_per_rank`: SMs x resident blocks per SM
 at the program's threads per block; the CPU emulation's own thread budget is checked at launch).
@@ -100,12 +109,26 @@ def auto_channels(ir: ProgramIR, platform: str, sms: int | None = None, ranks_pe
     return max(1, int(k))
 
 
+#: the most channels the run-time rule picks (NCCL's count on an H100 for large messages)
+DEVICE_AUTO_MAX = 32
+
+
+def device_channels(ir: ProgramIR, sms: int, ranks_per_device: int = 1) -> int:
+    """The run-time ``auto`` rule (module docstring) for a device of ``sms`` multiprocessors
+    shared by ``ranks_per_device`` ranks."""
+    share = slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks))
+    k = min(DEVICE_AUTO_MAX, int(sms) // (most_tbs(ir) * max(1, int(ranks_per_device))), share // AUTO_MIN_PART)
+    return max(1, int(k))
+
+
 def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | None = None,
-                     declared: int = 1, ranks_per_device: int = 1) -> int:
+                     declared: int = 1, ranks_per_device: int = 1, device_sms: int | None = None) -> int:
     """The channel count for ``ir`` running on ``platforms`` (names of :data:`PLATFORMS`, one per
     rank or a set): ``request`` (an integer, or None for ``auto``), checked against every
     platform's block limit (:class:`ChannelError` naming the limit). ``declared``: the
-    algorithm's own count (``.rccl`` nChannels), which ``auto`` takes for GPU code."""
+    algorithm's own count (``.rccl`` nChannels), which ``auto`` takes for GPU code.
+    ``device_sms``: the multiprocessors of the device the run uses, as its runtime reports them
+    (None: not known; the nominal rule): ``auto`` then follows :func:`device_channels`."""
     plats = sorted(set(platforms)) or ["cpu"]
     for p in plats:
         if p not in PLATFORMS:
@@ -118,6 +141,8 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
             k = 1
         elif int(declared) > 1:
             k = int(declared)
+        elif device_sms:
+            k = device_channels(ir, device_sms, ranks_per_device)
         else:
             k = min(auto_channels(ir, p, sms, ranks_per_device) for p in plats)
     else:
@@ -148,5 +173,5 @@ def with_channels(ir: ProgramIR, k: int) -> ProgramIR:
     return out
 
 
-__all__ = ["ChannelError", "parse_channels", "auto_channels", "resolve_channels", "max_blocks_per_rank",
+__all__ = ["ChannelError", "parse_channels", "auto_channels", "device_channels", "DEVICE_AUTO_MAX", "resolve_channels", "max_blocks_per_rank",
            "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART", "DEFAULT_BLOCK_GBPS"]

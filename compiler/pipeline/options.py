@@ -65,26 +65,29 @@ def platforms_for(nranks: int, target: str, topology=None) -> list[tuple[str, ..
 
 
 def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 1,
-                          ranks_per_device: int = 1) -> int:
+                          ranks_per_device: int = 1, device_sms: int | None = None) -> int:
     """The channel count ``opts.channels`` asks for ``ir`` on ``platforms``
     (:func:`hccc.compiler.passes.channels.resolve_channels`); a count that cannot run is a
     :class:`CompileError`."""
     from hccc.compiler.passes.channels import ChannelError, resolve_channels
     names = [p[0] if isinstance(p, tuple) else p for p in platforms]
     try:
-        return resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device)
+        return resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device,
+                                device_sms=device_sms)
     except ChannelError as exc:
         raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
 
 
-def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1, ranks_per_device: int = 1):
+def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1, ranks_per_device: int = 1,
+                   device_sms: int | None = None):
     """``ir`` with the channel count ``opts.channels`` asks for on ``platforms`` (per-rank tuples
     as :func:`platforms_for` gives, or names), :func:`hccc.compiler.passes.channels.resolve_channels`;
     ``declared``: the algorithm's own request (the ``.rccl`` header's nChannels), taken by ``auto``
-    for GPU code; ``ranks_per_device``: ranks sharing one device. A count that cannot run is a
+    for GPU code; ``ranks_per_device``: ranks sharing one device; ``device_sms``: the run's
+    device's multiprocessors when known (the run-time rule). A count that cannot run is a
     :class:`CompileError`."""
     from hccc.compiler.passes.channels import with_channels
-    return with_channels(ir, resolve_channel_count(ir, opts, platforms, declared, ranks_per_device))
+    return with_channels(ir, resolve_channel_count(ir, opts, platforms, declared, ranks_per_device, device_sms))
 
 
 def xml_instances(opts: CompileOptions, declared: int = 1) -> int:
