@@ -366,13 +366,13 @@ def test_timeouts_use_global_timers(sources):
 @pytest.mark.parametrize("op", ["sum", "max"])
 def test_gfx90a_bf16_reductions_stay_branch_free_and_short(sources, op):
     prim = prim_of(sources, "hip", "bfloat16", op)
-    # two sources: the reduce loops issue most of their 16 loads before the first store
-    unrolled = [b for b in copy_loops(prim, "amd") if len(loads_before_first_store(b, "amd")) > 8]
+    # two sources: the reduce loops issue their 2 x HCCC_LOADS_REDUCE (8) loads before the first store
+    unrolled = [b for b in copy_loops(prim, "amd") if len(loads_before_first_store(b, "amd")) >= 8]
     assert len(unrolled) >= 2                             # reduce, reduce to two outputs
     for body in unrolled:
         inner = [x for x in body[1:-1] if re.match(r"^\.LBB\w+:", x)]
         assert not inner, "branches inside a bf16 reduction loop"
-        # 8 vectors x 8 lanes: a few instructions per lane, not a conversion routine per lane
+        # at most 8 vectors x 8 lanes: a few instructions per lane, not a conversion routine per lane
         assert len(body) < 8 * 8 * 16, len(body)
         assert not any(re.search(r"\bs_swappc|\bs_setpc", x) for x in body), "a call in the loop"
 
