@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Iterable
 
 
+from hccc.compiler.backend import abi
 from hccc.runtime.gpu import GpuPlatform, compile_module, select_ranks, translation_unit
 from hccc.runtime.platform import Instance, PlatformError, register
 
@@ -118,7 +119,7 @@ class CudaPlatform(GpuPlatform):
     attr_sms = 16            # cudaDevAttrMultiProcessorCount
     attr_clock_khz = 13      # cudaDevAttrClockRate
     #: hccc_clock() reads %globaltimer: nanoseconds
-    timer_ticks_per_us = 1000.0
+    timer_ticks_per_us = abi.TIMER_TICKS_PER_US["cuda"]
     #: concurrent kernels per device (compute capability 7.0 and later)
     max_kernels = 128
 

@@ -28,6 +28,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
+from hccc.compiler.backend import abi
 from hccc.runtime.gpu import GpuPlatform, compile_module, elf_symbols, select_ranks, translation_unit
 from hccc.runtime.platform import Instance, PlatformError, register
 
@@ -365,7 +366,7 @@ class HipPlatform(GpuPlatform):
     attr_sms = 63            # hipDeviceAttributeMultiprocessorCount
     attr_clock_khz = 10000   # hipDeviceAttributeClockInstructionRate (clock64() counter)
     #: hccc_clock() is wall_clock64() (s_memrealtime): a constant 100 MHz on CDNA and RDNA GPUs
-    timer_ticks_per_us = 100.0
+    timer_ticks_per_us = abi.TIMER_TICKS_PER_US["hip"]
     #: hipExtMallocWithFlags flags of memory peers touch: hipDeviceMallocFinegrained (coherent
     #: across GPUs while kernels run, as RCCL allocates its FIFOs and flags)
     peer_malloc_flags = 0x1

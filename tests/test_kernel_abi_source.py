@@ -249,3 +249,17 @@ def test_outdir_of_another_abi_is_refused(outdir, tmp_path, value):
     (tmp_path / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(CompileError, match="kernel ABI version"):
         load_manifest(tmp_path / "manifest.json")
+
+
+def test_host_api_timeouts_count_the_kernels_clock(outdir):
+    """hccc_host.h converts a timeout in seconds into the ticks the kernels' hccc_clock() counts
+    (global timers), the same as the Python runtime, never an SM cycle rate."""
+    from hccc.runtime.cuda import CudaPlatform
+    from hccc.runtime.hip import HipPlatform
+    d, _ = outdir
+    host = (d / "hccc_host.h").read_text()
+    assert "ClockRate" not in host and "ClockInstructionRate" not in host
+    for plat, guard in (("cuda", "#else"), ("hip", "#elif defined(__HIPCC__)"), ("cpu", "#if defined(HCCC_PLATFORM_CPU)")):
+        assert re.search(re.escape(guard) + r"\n  c->ticks_per_us = " + re.escape(repr(abi.TIMER_TICKS_PER_US[plat])), host), plat
+    assert CudaPlatform.timer_ticks_per_us == abi.TIMER_TICKS_PER_US["cuda"] == 1000.0      # %globaltimer: ns
+    assert HipPlatform.timer_ticks_per_us == abi.TIMER_TICKS_PER_US["hip"] == 100.0         # s_memrealtime

@@ -44,6 +44,11 @@ SLOT_OVERHEAD = REGION_HEADER + 16
 ORPHAN_HEADER = 16
 #: bytes of one control-block word
 CTRL_WORD = 8
+#: ticks of the kernels' ``hccc_clock()`` per microsecond, per platform (the unit of
+#: ``hccc_args::timeout`` and ``hccc_error::waited``): CUDA ``%globaltimer`` nanoseconds, HIP
+#: ``wall_clock64`` / ``s_memrealtime`` at a constant 100 MHz (CDNA and RDNA), the CPU emulation's
+#: nanoseconds
+TIMER_TICKS_PER_US = {"cuda": 1000.0, "hip": 100.0, "cpu": 1000.0}
 
 
 @dataclass(frozen=True)
@@ -246,7 +251,7 @@ def c_enums() -> str:
             f"enum {{ {waits} }};")
 
 
-__all__ = ["VERSION", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
+__all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "CONN", "ERROR", "ARGS", "STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",
