@@ -1,7 +1,7 @@
 """What bandwidth each kernel design choice allows, from the programs' own memory traffic.
 
-    python benchmarks/kernel_model.py [--sizes 64M,1G] [--latency-ns 700] [--hbm-gbs 3350]
-                                      [--link-gbs 450] [--channels 4] [--json]
+    python benchmarks/kernel_model.py [--sizes 64M,1G] [--latency-ns 700] [--hbm-gbs 3000]
+                                      [--channels 4] [--sms 132] [--json]
 
 For ring AllGather 8, ring AllReduce 8 and HM AllReduce 4x8 (examples/), counted from each
 ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
@@ -26,6 +26,31 @@ receives :mod:`hccc.compiler.ir.direct` proves safe (``--direct auto``, the defa
 single-process launches). Every row is the kernels as they were (v1) or are (v2, with one channel
 or K, fused or not, direct or not); no row is marked "model" today (the column stays for designs
 not built). No GPU is needed; every number is derived from the parameters shown.
+
+v3 (the kernels as built now, all ranks on one H100: what the first GPU run is read against).
+Three terms the v2 rows leave out, each printed with its parameter:
+
+- Residency: the kernels keep to 64 registers per thread, so an SM holds 1,024 threads of them;
+  the runtime halves the threads per block from the emitted 512 until every block of the run is
+  resident (HM AllReduce 4x8: 448 blocks, so 128 threads), and the per-block rate scales with the
+  threads. Channels: the run-time ``auto`` rule for the device (``--sms``) with every rank on it.
+- Sync per message, not overlapped with the copy (``--sync-us``, default 1.0 us at GPU scope:
+  the leader's poll of a counter another SM wrote, two block barriers, a release store; every
+  block of a TB pays it for every message, and no other work of the block hides it). The
+  per-message cost the issue's overlapped design would reach (< 0.5 us) is not built.
+- Launch and fill (``--launch-us``, default 5 us for a cooperative launch; fill = the longest
+  primitive chain of a thread block less one, each link one message time): a pipeline of
+  messages needs that long before every block is busy.
+
+Time = launch + fill + max(HBM bytes / HBM bandwidth, the slowest block's loads / its rate +
+its messages x sync). Bandwidths: ``--hbm-gbs`` 3,000 GB/s, what a device-to-device copy reaches
+on an H100 SXM (3,350 is the data sheet's).
+
+LL (model only: the low-latency protocol is not built). Each 8-byte store carries 4 bytes of
+data and a 4-byte flag the receiver polls, so no fence, no barrier and no counter wait per
+message (``--ll-sync-us``, default 0.2 us: a poll of a line another SM wrote), at twice the slot
+bytes and with two 8-byte lines in flight per thread instead of eight 16-byte vectors. Its time uses the same terms; the crossover is the largest full-buffer size (powers of
+two) at which LL beats the v3 Simple protocol for ring AllReduce 8.
 """
 from __future__ import annotations
 
@@ -44,7 +69,12 @@ ALGORITHMS = {
     "ring_allreduce_8": ROOT / "examples" / "ring_allreduce_8.rccl",
     "hm_allreduce_4x8": ROOT / "examples" / "hm_allreduce_4x8.rccl",
 }
-THREADS = 512            # threads per block of the CUDA kernels (16 warps)
+THREADS = 512            # threads per block of the CUDA kernels as emitted (16 warps)
+#: threads of the kernels (64 registers each) one SM holds at once (65,536 registers)
+RESIDENT_THREADS_PER_SM = 1024
+H100_SMS = 132
+#: LL model: bytes of 8-byte line loads in flight per thread (two lines)
+LL_INFLIGHT = 16
 LOADS_V2 = 8             # HCCC_LOADS
 SYNC_US = {"v1": 2.0, "v2": 0.7}   # per message, assumed (see the module docstring)
 
@@ -112,11 +142,79 @@ def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
     return rows
 
 
+def v3_threads(blocks: int, sms: int) -> int:
+    """Threads per block the runtime launches: the emitted 512, halved until ``blocks`` blocks are
+    resident at once (1,024 threads of 64 registers per SM), at least one warp."""
+    t = THREADS
+    while t > 32 and blocks > sms * (RESIDENT_THREADS_PER_SM // t):
+        t //= 2
+    return t
+
+
+def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us: float, launch_us: float,
+       ll: bool = False, ll_sync_us: float = 0.2, channels: int | None = None) -> dict:
+    """One v3 row (module docstring): the kernels as built now, all ranks on one GPU; ``ll``: the
+    low-latency protocol's model instead of Simple."""
+    from hccc.compiler.passes.channels import device_channels, with_channels
+    from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
+    from hccc.runtime.busbw import busbw_factor
+    from hccc.runtime.kernel_traffic import traffic
+
+    es = 4
+    k = channels or device_channels(ir, sms, ir.nranks)
+    prog = with_channels(ir, k)
+    tbs = {(r, t) for r, t in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist())}
+    blocks = len(tbs) * k
+    threads = v3_threads(blocks, sms)
+    share = slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks)
+    slice_b = auto_slice_bytes(nbytes, prog.nchunks, share // 2 if ll else share, es)
+    nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
+    prims_per_tb: dict = {}
+    for key in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
+        prims_per_tb[key] = prims_per_tb.get(key, 0) + 1
+    tr = traffic(prog, nbytes, es)
+    hbm = tr.hbm + (tr.link * 2 if ll else 0)          # LL: each slot byte written and read twice over
+    # bytes of loads in flight per thread: 8 vectors of 16 bytes (Simple); LL polls 8-byte lines, two
+    # at a time, and half of each line is its flag
+    rate = threads * (LL_INFLIGHT if ll else 16 * LOADS_V2) / (latency_ns * 1e-9)
+    sync = (ll_sync_us if ll else sync_us) * 1e-6
+    t_hbm = hbm / (hbm_gbs * 1e9)
+    t_tb = max(tr.per_tb_reads[key] * (2 if ll else 1) / (rate * k) + prims_per_tb[key] * nmb * sync
+               for key in tr.per_tb_reads)
+    # fill: the longest chain of primitives a message passes, less one, each one message time
+    msg_t = slice_b / k / rate + sync
+    fill = (max(prims_per_tb.values()) - 1) * msg_t
+    t = launch_us * 1e-6 + fill + max(t_hbm, t_tb)
+    factor = busbw_factor(ir.collective, ir.nranks)
+    return {"algorithm": ir.name, "size": nbytes, "design": "LL (model, not built)" if ll else "v3 (as built)",
+            "model_only": bool(ll), "threads": threads, "channels": k, "blocks": blocks,
+            "hbm_per_byte": hbm / nbytes if nbytes else 0.0, "messages_per_block": max(prims_per_tb.values()) * nmb,
+            "time_us": t * 1e6, "fill_us": fill * 1e6, "hbm_us": t_hbm * 1e6, "block_us": t_tb * 1e6,
+            "busbw": nbytes / t * factor / 1e9, "of_hbm_bound": t_hbm / t,
+            "limit": "HBM" if t_hbm >= t_tb else "blocks"}
+
+
+def ll_crossover(ir, **kw) -> int:
+    """The largest power-of-two full-buffer size (4 KiB .. 1 GiB) at which the LL model is faster
+    than v3 Simple (0: never)."""
+    best = 0
+    for e in range(12, 31):
+        n = 1 << e
+        if v3(ir, n, ll=True, **kw)["time_us"] < v3(ir, n, **kw)["time_us"]:
+            best = n
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="64M,1G")
     ap.add_argument("--latency-ns", type=float, default=700.0, help="loaded HBM latency")
-    ap.add_argument("--hbm-gbs", type=float, default=3350.0, help="HBM bandwidth (H100 SXM)")
+    ap.add_argument("--hbm-gbs", type=float, default=3000.0,
+                    help="achievable HBM bandwidth (an H100 SXM's device copy; 3,350 on its data sheet)")
+    ap.add_argument("--sms", type=int, default=H100_SMS, help="multiprocessors of the device (v3 rows)")
+    ap.add_argument("--sync-us", type=float, default=1.0, help="v3 sync per message, not overlapped")
+    ap.add_argument("--ll-sync-us", type=float, default=0.2, help="LL model: sync per message")
+    ap.add_argument("--launch-us", type=float, default=5.0, help="v3: launch of the one grid")
     ap.add_argument("--channels", type=int, default=4)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -125,22 +223,36 @@ def main(argv=None) -> int:
     except (ValueError, argparse.ArgumentTypeError):
         print(f"kernel_model: bad --sizes {args.sizes!r}", file=sys.stderr)
         return 1
-    if args.channels < 1 or not sizes or min(sizes) <= 0:
-        print("kernel_model: --channels and sizes must be positive", file=sys.stderr)
+    if args.channels < 1 or args.sms < 1 or not sizes or min(sizes) <= 0 \
+            or min(args.sync_us, args.ll_sync_us, args.launch_us) < 0:
+        print("kernel_model: --channels, --sms and sizes must be positive, times not negative", file=sys.stderr)
         return 1
     sys.path.insert(0, str(ROOT.parent))
     from hccc.compiler.pipeline import CompileOptions, load_program
 
     rows = []
+    v3_rows = []
+    kw = dict(latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, sms=args.sms, sync_us=args.sync_us,
+              launch_us=args.launch_us, ll_sync_us=args.ll_sync_us)
+    irs = {}
     for name, path in ALGORITHMS.items():
-        ir = load_program(path)
+        ir = irs[name] = load_program(path)
         fused_ir = load_program(path, CompileOptions(fuse=True))
         for n in sizes:
             rows += model(ir, n, latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, channels=args.channels,
                           fused_ir=fused_ir)
+            v3_rows += [v3(ir, n, **kw), v3(ir, n, ll=True, **kw)]
+    # what the first GPU run (benchmarks/gpu_validate.py) is read against
+    predictions = {
+        "ring_allgather_8 1G": v3(irs["ring_allgather_8"], 1 << 30, **kw),
+        "ring_allreduce_8 4K simple": v3(irs["ring_allreduce_8"], 4 << 10, **kw),
+        "ring_allreduce_8 4K ll": v3(irs["ring_allreduce_8"], 4 << 10, ll=True, **kw),
+        "ll_crossover_bytes": ll_crossover(irs["ring_allreduce_8"], **kw),
+    }
     if args.json:
         print(json.dumps({"parameters": {"latency_ns": args.latency_ns, "hbm_gbs": args.hbm_gbs,
-                                         "threads": THREADS, "sync_us": SYNC_US}, "rows": rows}, indent=1))
+                                         "threads": THREADS, "sync_us": SYNC_US, "v3": kw},
+                          "rows": rows, "v3_rows": v3_rows, "predictions": predictions}, indent=1))
         return 0
     print(f"all ranks on one GPU: HBM {args.hbm_gbs:.0f} GB/s, load latency {args.latency_ns:.0f} ns, "
           f"{THREADS} threads/block, sync per message v1 {SYNC_US['v1']} us / v2 {SYNC_US['v2']} us (assumed)")
@@ -153,6 +265,26 @@ def main(argv=None) -> int:
         print(f"{r['algorithm']:<18}{format_size(r['size']):>6}  {r['design'] + tag:<26}{r['hbm_per_byte']:>8.1f}"
               f"{r['blocks_per_conn']:>9}{r['block_gbs']:>9.1f}{r['hbm_bound_busbw']:>10.1f}"
               f"{r['block_bound_busbw']:>10.1f}{r['busbw']:>8.1f}  {r['limit']}")
+    print()
+    print(f"v3, all ranks on one GPU of {args.sms} SMs: HBM {args.hbm_gbs:.0f} GB/s, sync {args.sync_us} us per "
+          f"message (not overlapped), launch {args.launch_us} us, LL sync {args.ll_sync_us} us (model)")
+    head = (f"{'algorithm':<18}{'size':>6}  {'design':<22}{'threads':>8}{'ch':>4}{'blocks':>7}{'msgs/blk':>9}"
+            f"{'fill us':>9}{'time us':>10}{'busbw':>8}{'of HBM':>8}  limit")
+    print(head)
+    print("-" * len(head))
+    for r in v3_rows:
+        print(f"{r['algorithm']:<18}{format_size(r['size']):>6}  {r['design']:<22}{r['threads']:>8}{r['channels']:>4}"
+              f"{r['blocks']:>7}{r['messages_per_block']:>9}{r['fill_us']:>9.1f}{r['time_us']:>10.1f}"
+              f"{r['busbw']:>8.1f}{r['of_hbm_bound']:>8.2f}  {r['limit']}")
+    print()
+    ag, s4, l4 = (predictions[k] for k in ("ring_allgather_8 1G", "ring_allreduce_8 4K simple", "ring_allreduce_8 4K ll"))
+    print("predicted for the first GPU run (one H100, one-grid launch):")
+    print(f"  ring AllGather 8 at 1 GiB: {ag['time_us']:.0f} us, busbw {ag['busbw']:.0f} GB/s, "
+          f"{ag['of_hbm_bound']:.0%} of the bound its HBM traffic allows (target >= 70 %)")
+    print(f"  ring AllReduce 8 at 4 KiB: Simple {s4['time_us']:.1f} us, LL (model) {l4['time_us']:.1f} us "
+          f"(target within 2x of 15 us)")
+    cross = predictions["ll_crossover_bytes"]
+    print(f"  LL beats Simple up to {format_size(cross) if cross else 'no size'} (ring AllReduce 8, full buffer)")
     return 0
 
 

@@ -107,3 +107,26 @@ def test_gpu_benchmark_hbm_bound_uses_the_traffic_model():
     assert "ring_allreduce_8" in bench.ALGORITHMS
     assert bench.hbm_bytes(ir, 8 << 20) == 30 * (8 << 20)          # (4n - 2) S, n = 8
     assert bench.hbm_bytes(ir, 8 << 20, "float16") == 30 * (8 << 20)
+
+
+def test_kernel_model_v3_terms():
+    """v3: threads halved until every block is resident (1,024 threads of 64 registers per SM),
+    launch and fill counted, the sync term per message, and an LL crossover inside the range."""
+    model = _script("kernel_model")
+    from hccc.compiler.pipeline import load_program
+    assert model.v3_threads(128, 132) == 512 and model.v3_threads(448, 132) == 256
+    assert model.v3_threads(600, 132) == 128 and model.v3_threads(10 ** 6, 132) == 32
+    ir = load_program(ROOT / "examples" / "ring_allreduce_8.rccl")
+    kw = dict(latency_ns=700, hbm_gbs=3000, sms=132, sync_us=1.0, launch_us=5.0)
+    small, big = model.v3(ir, 4 << 10, **kw), model.v3(ir, 1 << 30, **kw)
+    assert small["time_us"] > 5.0 + small["fill_us"] and small["limit"] == "blocks"
+    assert big["limit"] == "HBM" and 0.9 < big["of_hbm_bound"] <= 1.0
+    # no sync cost: the block term shrinks by exactly messages x sync
+    nosync = model.v3(ir, 4 << 10, **dict(kw, sync_us=0.0))
+    msgs = small["messages_per_block"]
+    assert small["block_us"] - nosync["block_us"] == pytest.approx(msgs * 1.0, rel=1e-6)
+    ll = model.v3(ir, 4 << 10, ll=True, **kw)
+    assert ll["model_only"] and ll["time_us"] < small["time_us"]
+    cross = model.ll_crossover(ir, **kw)
+    assert 4 << 10 <= cross < 1 << 30
+    assert model.v3(ir, 2 * cross, ll=True, **kw)["time_us"] >= model.v3(ir, 2 * cross, **kw)["time_us"]
