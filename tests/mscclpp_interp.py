@@ -10,7 +10,9 @@ positive value); LL packets carry the launch's flag and a read waits for it. ``r
 follow each other per rank (rank A may start run 2 while B is still in run 1), which is how a
 plan runs in a training loop. Operations run by the first threads only (waits, signals,
 semaphores) must be separated from the data operations around them by a ``nop``, and data
-operations touching the same bytes from each other: a plan that breaks this is refused.
+operations touching the same bytes from each other: a plan that breaks this is refused (a wait or
+semaphore acquire, then a data operation; a data operation, then a signal, semaphore release or
+port-channel put; two data operations on the same bytes; ``barrier`` synchronises the whole block).
 
 Unsupported here (raises :class:`InterpError`): switch (NVLS) operations, ``reuse_resources``.
 """
@@ -25,6 +27,11 @@ OP_NAMES = {"nop", "barrier", "put", "pws", "pwsf", "get", "copy", "signal", "wa
             "rres", "ppkt", "rppkt", "respkt", "cpkt", "upkt", "repkt", "recpkt", "recspkt", "glres", "gstore",
             "gstorepkt", "rlxsignal", "rlxwait", "pipeline", "sem_acquire", "sem_release"}
 CONTROL = {"signal", "wait", "rlxsignal", "rlxwait", "flush", "sem_acquire", "sem_release", "barrier"}
+#: run by the first threads only: a later data operation must not start before they finished
+ACQUIRE = {"wait", "rlxwait", "sem_acquire"}
+#: run by the first threads only: they must not start before the data operations before them finished
+RELEASE = {"signal", "rlxsignal", "sem_release", "flush"}
+SWITCH = {"glres", "gstore", "gstorepkt"}
 MAX_OPERATION, MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_LOCAL_BUFFER = 64, 16, 8, 2
 MAX_DEVICE_SEMAPHORES, MAX_DEVICE_SYNCERS = 16, 16
 
@@ -366,6 +373,9 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         t.prev = None
         t.pc += 1
         return True
+    if name in SWITCH or any("switch_channel_id" in ref for side in ("src_buff", "dst_buff")
+                             for ref in op.get(side, [])):
+        raise InterpError(f"switch (NVLS) operation {name} is not modelled")
     if name in ("signal", "rlxsignal"):
         for i in range(len(op["channel_ids"])):
             _signal(ranks, r, ctype, chan(i))
@@ -464,16 +474,32 @@ def _overlap(a, b):
     return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3] for x in a for y in b)
 
 
+def _kind(op) -> str:
+    """acquire / release (first threads only, see ACQUIRE and RELEASE), sync (the whole block:
+    nop, barrier) or data. A put over a port channel is posted by the first threads to the proxy."""
+    name = op["name"]
+    if name in ("nop", "barrier"):
+        return "sync"
+    if name in ACQUIRE:
+        return "acquire"
+    if name in RELEASE or (name in ("put", "pws", "pwsf") and op.get("channel_type") == "port"):
+        return "release"
+    return "data"
+
+
 def _done(t: _Tb, name, reads, writes, check_sync) -> bool:
+    op = t.steps[t.pc][0]
+    kind = _kind(op)
     if check_sync and t.prev is not None:
-        pname, preads, pwrites = t.prev
-        pdata, data = pname not in CONTROL, name not in CONTROL
+        pkind, preads, pwrites, pname = t.prev
         where = f"rank {t.rank} thread block {t.tb['id']} operation {t.pc} ({name} after {pname})"
-        if pdata != data:
-            raise InterpError(f"{where}: no nop between an operation of the first threads and a data operation")
-        if pdata and data and (_overlap(pwrites, reads + writes) or _overlap(preads, writes)):
+        if pkind == "acquire" and kind == "data":
+            raise InterpError(f"{where}: no nop between a wait of the first threads and the data operation after it")
+        if pkind == "data" and kind == "release":
+            raise InterpError(f"{where}: no nop between a data operation and the signal after it")
+        if pkind == "data" and kind == "data" and (_overlap(pwrites, reads + writes) or _overlap(preads, writes)):
             raise InterpError(f"{where}: no nop between data operations on the same bytes")
-    t.prev = (name, reads, writes)
+    t.prev = None if kind == "sync" else (kind, reads, writes, name)
     t.pc += 1
     return True
 

@@ -72,6 +72,11 @@ class _Tb:
         self.label = label
         self.ops: list[dict] = []
         self.last_data = False
+        self.cuts: list[int] = []       # where the block may be cut: after the handshake and each primitive
+
+    def cut(self) -> None:
+        if self.ops and (not self.cuts or self.cuts[-1] != len(self.ops)):
+            self.cuts.append(len(self.ops))
 
     def emit(self, op: dict) -> None:
         data = op["name"] not in CONTROL_OPS
@@ -266,16 +271,18 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             tb = _Tb(f"rank {r} thread block {t}" + (f" (instance {j})" if F > 1 else ""))
             if protocol == "Simple":
                 _handshake(tb, r, j, prims, P, msg_send, msg_recv, chan_of, lim)
+                tb.cut()
             for i in prims:
                 _prim_ops(tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, temp, runs,
                           remote_scratch, acq.get((i, j), []), rel.get((i, j), []), lim)
-            tb_ops[r].append((tb.label, tb.ops))
+                tb.cut()
+            tb_ops[r].append((tb.label, tb.ops, tb.cuts))
 
     gpus = []
     for r in range(R):
         tbs = []
-        for label, ops in tb_ops[r]:
-            for seg in _segments(ops, lim, sems, r):
+        for label, ops, cuts in tb_ops[r]:
+            for seg in _segments(ops, cuts, lim, sems, r, label):
                 tbs.append(_resolve(seg, len(tbs)))
         _check_rank(r, tbs, tb_ops[r], lim, F)
         channels = [{"channel_type": t, "connected_to": chan_lists[r][t]} for t in ("memory", "port")
@@ -428,26 +435,34 @@ def _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, 
                  "channel_type": t, "channel_ids": [(t, g)]})
 
 
-def _segments(ops: list[dict], lim: PlanLimits, sems: list[int], r: int) -> list[list[dict]]:
-    """A thread block's operations cut into segments of at most ``max_operations``, each after the
-    first starting once the one before finished (a semaphore released at the end of one and
-    acquired at the start of the next)."""
+def _segments(ops: list[dict], cuts: list[int], lim: PlanLimits, sems: list[int], r: int,
+              label: str) -> list[list[dict]]:
+    """A thread block's operations cut, between primitives, into segments of at most
+    ``max_operations``, each after the first starting once the one before finished (a semaphore
+    released at the end of one and acquired at the start of the next)."""
     if len(ops) <= lim.max_operations:
         return [ops]
     body = lim.max_operations - 4         # acquire + nop before, nop + release after
     pieces = []
-    k = 0
-    while k < len(ops):
-        piece = ops[k:k + body]
-        k += body
+    start = 0
+    bounds = [c for c in cuts if c > 0] + ([len(ops)] if not cuts or cuts[-1] != len(ops) else [])
+    prev = 0
+    for c in bounds:
+        if c - start > body:
+            if prev == start:
+                raise _refuse(f"{label}: one primitive needs {c - start} operations, more than fit one thread "
+                              f"block ({lim.max_operations}, MAX_OPERATION, with the operations chaining it to the "
+                              f"block before and after); fewer instances or fewer chunks per step would fit")
+            pieces.append(ops[start:prev])
+            start = prev
+        prev = c
+    pieces.append(ops[start:])
+    out = []
+    for n, piece in enumerate(pieces):
         while piece and piece[0]["name"] == "nop":
             piece = piece[1:]
         while piece and piece[-1]["name"] == "nop":
             piece = piece[:-1]
-        if piece:
-            pieces.append(piece)
-    out = []
-    for n, piece in enumerate(pieces):
         seg = _Tb("")
         if n:
             seg.emit({"name": "sem_acquire", "semaphore_ids": [sems[r] - 1]})

@@ -128,6 +128,19 @@ register_reader(Reader("rccl", (".rccl", ".resccl", ""), "a ResCCLang program", 
                        label="ResCCLang"))
 register_reader(Reader("msccl-xml", (".xml",), "an MSCCL XML algorithm", "program", _read_msccl_xml,
                        label="MSCCL XML", proven=True))
+def _read_mscclpp_plan(path: Path, opts):
+    from hccc.compiler.interop.mscclpp_import import import_plan
+    return import_plan(path)
+
+
+def _claims_mscclpp_plan(head: bytes) -> bool:
+    """An MSCCL++ execution plan names its protocol and placement at the top (a ProgramIR has
+    neither key)."""
+    return b'"protocol"' in head and b'"inplace"' in head
+
+
+register_reader(Reader("mscclpp-plan", (".json",), "an MSCCL++ execution plan", "program", _read_mscclpp_plan,
+                       claims=_claims_mscclpp_plan, label="MSCCL++ plan", proven=True))
 register_reader(Reader("program-ir", (".json",), "a ProgramIR", "program", _read_program_ir,
                        label="ProgramIR"))
 

@@ -1,0 +1,764 @@
+"""MSCCL++ execution plan -> ProgramIR, proven to implement its collective (like an imported XML).
+
+The plan's data movement becomes hccc's primitives (see :mod:`hccc.compiler.interop.mscclpp_plan`
+for the format):
+
+* a ``put`` (``pws``, ``pwsf``, the remote outputs of ``res``/``rres``) from rank A into rank B's
+  buffer is a SEND on A where it runs and a RECV on B into the region it names, placed where B
+  learns of it: B's wait that matches the signal following the put on A's channel (the ``k``-th
+  signal on a channel is the ``k``-th wait on its partner: channels pair up in order per peer);
+* a read of B's buffer (``get``, the remote inputs of ``rre``/``rres``) is a SEND on B at the
+  signal matching the reader's latest wait towards B, and a receive on the reader where it reads;
+* packets (``ppkt``, the remote outputs of ``respkt``) are received where B reads the packet region
+  (``upkt``, ``repkt``, ``respkt``): the flags are the synchronisation;
+* local ``copy`` and ``re`` are COPY and REDUCE (``re`` of two regions into a third: a COPY then a
+  REDUCE); a received slot read once by the next operation of the block is received into its
+  final place (RECV into the copy's target, RECV_REDUCE_COPY for a reduction), as hccc's kernels
+  receive;
+* device semaphores (the ``k``-th acquire after the ``k``-th release), barriers and the chain of
+  operations in a thread block carry the order; a ``pipeline`` runs its body once over the whole
+  ranges (its iterations cut the same elements the same way in every operation of the body).
+
+The result is checked like an imported XML: structure, deadlock freedom, the collective's
+postcondition (:func:`hccc.compiler.ir.symbolic.prove`) in the placement the plan declares, every
+access in bounds. Writes into a peer are modelled where the peer synchronises on them: a plan
+that writes into a region its peer still reads (a race in the plan) is not detected. Refused with a
+located reason: switch (NVLS) channels and their operations, thread-block groups (``tbg_info``:
+parts of chunks), the packet copies ``cpkt``/``rppkt``/``recpkt``/``recspkt`` and port-channel
+packets, channels shared by thread blocks, signals nobody waits for.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NAMES
+from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
+
+_UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
+                "gstorepkt": "switch (NVLS) channels", "cpkt": "local packet copies",
+                "rppkt": "forwarding packets from scratch", "recpkt": "local packet copies",
+                "recspkt": "local packet copies"}
+
+
+# ---------------------------------------------------------------------------------------- locations
+def _positions(text: str) -> dict[tuple, int]:
+    """Offset of every JSON value by its path (keys and indices), for located messages."""
+    pos: dict[tuple, int] = {}
+    n = len(text)
+
+    def ws(i):
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        return i
+
+    def string(i):
+        i += 1
+        out = []
+        while text[i] != '"':
+            if text[i] == "\\":
+                out.append(text[i:i + 2])
+                i += 2
+            else:
+                out.append(text[i])
+                i += 1
+        return "".join(out), i + 1
+
+    def value(i, path):
+        i = ws(i)
+        pos[path] = i
+        c = text[i]
+        if c == "{":
+            i = ws(i + 1)
+            if text[i] == "}":
+                return i + 1
+            while True:
+                k, i = string(ws(i))
+                i = ws(i)
+                i = value(i + 1, path + (k,))
+                i = ws(i)
+                if text[i] == "}":
+                    return i + 1
+                i += 1
+        if c == "[":
+            i = ws(i + 1)
+            if text[i] == "]":
+                return i + 1
+            k = 0
+            while True:
+                i = value(i, path + (k,))
+                k += 1
+                i = ws(i)
+                if text[i] == "]":
+                    return i + 1
+                i += 1
+        if c == '"':
+            return string(i)[1]
+        while i < n and text[i] not in ",]} \t\r\n":
+            i += 1
+        return i
+
+    try:
+        value(0, ())
+    except (IndexError, RecursionError):
+        pass
+    return pos
+
+
+class _Reader:
+    def __init__(self, src: SourceFile):
+        self.src = src
+        self._pos = None
+
+    def loc(self, path: tuple) -> Location:
+        if self._pos is None:
+            self._pos = _positions(self.src.text)
+        p = tuple(path)
+        while p and p not in self._pos:
+            p = p[:-1]
+        if p + ("name",) in self._pos:       # an operation: point at its name
+            p = p + ("name",)
+        off = self._pos.get(p, 0)
+        line = self.src.text.count("\n", 0, off) + 1
+        col = off - (self.src.text.rfind("\n", 0, off) + 1) + 1
+        return Location(self.src, line, col)
+
+    def err(self, path, msg: str) -> CompileError:
+        return CompileError([Diagnostic(msg, self.loc(path))])
+
+    def get(self, obj, key, path, kind=None):
+        if not isinstance(obj, dict) or key not in obj:
+            raise self.err(path, f"missing '{key}'")
+        v = obj[key]
+        if kind is int and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise self.err(path + (key,), f"'{key}' must be a non-negative integer")
+        if kind is list and not isinstance(v, list):
+            raise self.err(path + (key,), f"'{key}' must be a list")
+        if kind is str and not isinstance(v, str):
+            raise self.err(path + (key,), f"'{key}' must be a string")
+        return v
+
+
+# ---------------------------------------------------------------------------------------- import
+def import_plan(path: str | Path) -> ProgramIR:
+    """Read an MSCCL++ execution plan as a ProgramIR proven to implement its collective; bad input is
+    a :class:`CompileError` located in the file."""
+    src = SourceFile.read(path)
+    from hccc.compiler.frontend.limits import loads_json
+    return import_plan_obj(loads_json(src), src)
+
+
+def import_plan_text(text: str, name: str = "<input>") -> ProgramIR:
+    from hccc.compiler.frontend.limits import loads_json
+    src = SourceFile(name, text)
+    return import_plan_obj(loads_json(src), src)
+
+
+def import_plan_obj(plan: dict, src: SourceFile) -> ProgramIR:
+    return _Importer(_Reader(src), plan).run()
+
+
+class _Importer:
+    def __init__(self, rd: _Reader, plan: dict):
+        self.rd = rd
+        self.plan = plan
+
+    # -- reading
+    def run(self) -> ProgramIR:
+        rd, plan = self.rd, self.plan
+        coll = rd.get(plan, "collective", (), str)
+        if coll not in COLLECTIVES:
+            raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
+                                          f"{', '.join(COLLECTIVES)}")
+        proto = rd.get(plan, "protocol", (), str)
+        if proto not in ("Simple", "LL"):
+            raise rd.err(("protocol",), f"unknown protocol '{proto}' (Simple or LL)")
+        inplace = rd.get(plan, "inplace", ())
+        if not isinstance(inplace, bool):
+            raise rd.err(("inplace",), "'inplace' must be true or false")
+        if plan.get("reuse_resources"):
+            raise rd.err(("reuse_resources",), "reuse_resources (a scratch buffer shared between plans, "
+                                               "offsets folded into it) is not modelled")
+        gpus = rd.get(plan, "gpus", (), list)
+        R = len(gpus)
+        if R < 1:
+            raise rd.err(("gpus",), "no gpus")
+        self.R = R
+        counts = set()
+        for r, g in enumerate(gpus):
+            gid = rd.get(g, "id", ("gpus", r), int)
+            if gid != r:
+                raise rd.err(("gpus", r, "id"), f"gpus[{r}] has id {gid}; ids must be 0..{R - 1} in order")
+            counts.add((rd.get(g, "input_chunks", ("gpus", r), int), rd.get(g, "output_chunks", ("gpus", r), int)))
+            rd.get(g, "scratch_chunks", ("gpus", r), int)
+        if len(counts) != 1:
+            raise rd.err(("gpus",), "the gpus declare different input/output chunk counts")
+        ic, oc = counts.pop()
+        C = {"allgather": oc, "reducescatter": ic}.get(coll, ic)
+        ok = {"allgather": oc == R * ic, "reducescatter": ic == R * oc, "allreduce": ic == oc,
+              "alltoall": ic == oc and ic % R == 0}[coll]
+        if not ok or ic < 1 or oc < 1:
+            raise rd.err(("gpus", 0, "input_chunks"), f"{coll} on {R} ranks with {ic} input and {oc} output "
+                                                      f"chunks: the chunk counts do not fit the collective")
+        self.coll, self.proto, self.inplace = coll, proto, inplace
+        self.ic, self.oc, self.C = ic, oc, C
+        self.scratch = [g["scratch_chunks"] for g in gpus]
+        self._channels(gpus)
+        self._scan(gpus)
+        return self._build(plan)
+
+    def _channels(self, gpus):
+        rd = self.rd
+        self.chans = []          # rank -> type -> [peer]
+        self.rbufs = []
+        for r, g in enumerate(gpus):
+            lists = {"memory": [], "port": []}
+            for k, ch in enumerate(g.get("channels", [])):
+                t = rd.get(ch, "channel_type", ("gpus", r, "channels", k), str)
+                if t == "switch":
+                    raise rd.err(("gpus", r, "channels", k, "channel_type"), "switch (NVLS) channels are not modelled: hccc "
+                                                             "proves point-to-point plans")
+                if t not in lists:
+                    raise rd.err(("gpus", r, "channels", k, "channel_type"), f"unknown channel type '{t}'")
+                for j, p in enumerate(rd.get(ch, "connected_to", ("gpus", r, "channels", k), list)):
+                    if not isinstance(p, int) or not 0 <= p < self.R or p == r:
+                        raise rd.err(("gpus", r, "channels", k, "connected_to", j), f"bad peer {p!r}")
+                    lists[t].append(p)
+            self.chans.append(lists)
+            bufs = []
+            for k, b in enumerate(g.get("remote_buffers", [])):
+                p = rd.get(b, "rank", ("gpus", r, "remote_buffers", k), int)
+                letter = rd.get(b, "type", ("gpus", r, "remote_buffers", k), str)
+                if p >= self.R or letter not in BUF_OF_LETTER:
+                    raise rd.err(("gpus", r, "remote_buffers", k), "bad remote buffer")
+                bufs.append((p, letter))
+            self.rbufs.append(bufs)
+        # the k-th channel of a type from A to B is the k-th from B to A
+        self.pair = {}
+        for r in range(self.R):
+            for t, peers in self.chans[r].items():
+                seen = defaultdict(int)
+                for c, p in enumerate(peers):
+                    m = seen[p]
+                    seen[p] += 1
+                    theirs = [j for j, q in enumerate(self.chans[p][t]) if q == r]
+                    if m < len(theirs):
+                        self.pair[(r, t, c)] = (theirs[m], m)
+
+    # -- pass 1: operations in order, signals and waits counted per channel
+    def _scan(self, gpus):
+        rd = self.rd
+        self.tbs = []             # (rank, tb id, [(path, op)])
+        self.owner = {}           # (rank, type, channel, waits) -> [(tb, path)] using that channel end
+        self.sig_tb = defaultdict(list)   # (rank, type, channel) -> thread block of each signal
+        self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
+        self.chain_in, self.chain_out = {}, {}
+        for r, g in enumerate(gpus):
+            for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
+                base = ("gpus", r, "threadblocks", ti)
+                tid = rd.get(tb, "id", base, int)
+                if tid != ti:
+                    raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
+                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])
+                       if isinstance(c, dict) and "channel_type" in c and "channel_ids" in c}
+                self.tb_chans[(r, ti)] = tch
+                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])
+                       if isinstance(c, dict) and "access_channel_type" in c}
+                ops = []
+                for k, op in enumerate(rd.get(tb, "ops", base, list)):
+                    p = base + ("ops", k)
+                    name = rd.get(op, "name", p, str)
+                    if name == "pipeline":
+                        inner = rd.get(op, "ops", p, list)
+                        sizes = {ref.get("size") for o in inner for s in ("src_buff", "dst_buff")
+                                 for ref in o.get(s, [])}
+                        if len(sizes) > 1:
+                            raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
+                                            "would cut different elements in different operations")
+                        ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
+                    else:
+                        ops.append((p, op))
+                resolved = []
+                for p, op in ops:
+                    name = op.get("name")
+                    if name not in OP_NAMES:
+                        raise rd.err(p + ("name",), f"invalid operation type '{name}'")
+                    if name in _UNSUPPORTED:
+                        raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+                    if op.get("tbg_info") and op["tbg_info"].get("tbg_size", 1) != 1:
+                        raise rd.err(p + ("tbg_info",), "thread-block groups split chunks into parts, below "
+                                                        "hccc's chunk granularity")
+                    t = op.get("channel_type", "memory")
+                    if t == "switch":
+                        raise rd.err(p, "switch (NVLS) channels are not modelled")
+                    ids = []
+                    for c in op.get("channel_ids", []):
+                        if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
+                            raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
+                        g_c = tch[t][c]
+                        if not 0 <= g_c < len(self.chans[r][t]):
+                            raise rd.err(base + ("channels",), "channel id beyond the gpu's channels")
+                        ids.append(g_c)
+                        if name in ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf"):
+                            users = self.owner.setdefault((r, t, g_c, name in ("wait", "rlxwait")), [])
+                            if ti not in (u for u, _ in users):
+                                users.append((ti, p))
+                    resolved.append((p, dict(op, _ids=ids, _t=t, _rb=trb)))
+                self.tbs.append((r, ti, resolved))
+                if resolved and resolved[0][1]["name"] == "sem_acquire":
+                    for sid in resolved[0][1].get("semaphore_ids", []):
+                        self.chain_in[(r, sid)] = ti
+                if resolved and resolved[-1][1]["name"] == "sem_release":
+                    self.chain_out[(r, ti)] = resolved[-1][1].get("semaphore_ids", [])
+        # a channel end used by several thread blocks: they must run one after the other (each
+        # starting on a semaphore the one before releases as its last operation), in id order
+        for (r, t, c, waits), users in self.owner.items():
+            for (a, _), (b, p) in zip(users, users[1:]):
+                if b not in {self.chain_in.get((r, sid)) for sid in self.chain_out.get((r, a), [])}:
+                    raise rd.err(p, f"{t} channel {c} of rank {r} is used by thread blocks {a} and {b}, which may "
+                                    f"run at the same time: the order of its signals is not fixed")
+
+    # -- pass 2: primitives
+    def _ref(self, op, ref, path, r):
+        """(rank, Buf, chunk, count) of a buffer reference (a remote one through the op's channel type)."""
+        rd = self.rd
+        if not isinstance(ref, dict) or "index" not in ref or "size" not in ref:
+            raise rd.err(path, "a buffer reference needs 'index' and 'size'")
+        idx, n = ref["index"], ref["size"]
+        if not isinstance(idx, int) or not isinstance(n, int) or idx < 0 or n < 1:
+            raise rd.err(path, "index and size must be integers (size at least 1)")
+        if "buffer_id" in ref:
+            ids = op["_rb"].get(op["_t"], [])
+            b = ref["buffer_id"]
+            if not isinstance(b, int) or not 0 <= b < len(ids) or not 0 <= ids[b] < len(self.rbufs[r]):
+                raise rd.err(path + ("buffer_id",), "remote buffer id beyond the thread block's remote buffers")
+            owner, letter = self.rbufs[r][ids[b]]
+        else:
+            owner, letter = r, ref.get("type")
+            if letter not in BUF_OF_LETTER:
+                raise rd.err(path, f"bad buffer type {letter!r}")
+        buf = BUF_OF_LETTER[letter]
+        limit = {Buf.INPUT: self.ic, Buf.OUTPUT: self.oc, Buf.SCRATCH: self.scratch[owner]}[buf]
+        if idx + n > limit:
+            raise rd.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
+        return owner, buf, idx, n
+
+    def _build(self, plan) -> ProgramIR:
+        rd = self.rd
+        R = self.R
+        rows: list[list] = []           # rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, cnt
+        where: list[str] = []
+        paths: list[tuple] = []
+        # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
+        pending = defaultdict(list)
+        groups = defaultdict(list)
+        # reads attached to signals: (rank, type, channel, k) -> [(reader rank, path, region)]
+        nsig = defaultdict(int)
+        nwait = defaultdict(int)
+        # pass A: sends (puts and packets), signal groups; waits counted
+        emit_at: dict[tuple, list] = defaultdict(list)     # (rank, tb, op position) -> rows to emit there
+        packet_writes = defaultdict(list)                  # receiver -> [(lo, n, send)]
+        packet_reads = defaultdict(set)                    # reader -> boundaries of the packet regions it reads
+        reads = []                                         # remote reads: (rank, tb, pos, peer, wait key, region)
+        last_wait = {}
+        msg_id = [0]
+
+        def new_msg():
+            msg_id[0] += 1
+            return msg_id[0]
+
+        for r, ti, ops in self.tbs:
+            for pos, (p, op) in enumerate(ops):
+                name = op["name"]
+                t, ids = op["_t"], op["_ids"]
+                if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt"):
+                    dsts = op.get("dst_buff", [])
+                    srcs = op.get("src_buff", [])
+                    first_remote = 1 if name in ("res", "rres", "respkt") else 0
+                    for j, ref in enumerate(dsts[first_remote:], start=first_remote):
+                        if "buffer_id" not in ref:
+                            raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
+                        peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
+                        if name in ("put", "pws", "pwsf", "ppkt"):
+                            s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
+                            if s is None:
+                                raise rd.err(p, f"'{name}' without a source")
+                            _, sb, so, sn = self._ref(op, s, p + ("src_buff", min(j, len(srcs) - 1)), r)
+                            if sn != n:
+                                raise rd.err(p, "source and destination sizes differ")
+                        else:
+                            _, sb, so, sn = self._ref(op, dsts[0], p + ("dst_buff", 0), r)
+                        c = self._channel_to(r, t, ids, j - first_remote, peer, p, ti)
+                        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
+                                "dst": (buf, idx, n), "path": p}
+                        emit_at[(r, ti, pos)].append(("send", send))
+                        if name in ("ppkt", "respkt"):
+                            if t != "memory":
+                                raise rd.err(p, "packets over a port channel are not modelled")
+                            packet_writes[peer].append((idx, n, send))
+                        else:
+                            # a memory put is announced by the block's next signal to that peer (the
+                            # signal's fence publishes every earlier write of the block); a port put
+                            # by the next signal on its own channel (the proxy keeps one order per channel)
+                            pending[(r, ti, peer) if t == "memory" else (r, ti, peer, c)].append(send)
+                    if name in ("pws", "pwsf") and t == "port":
+                        for c in ids:
+                            self._signal(r, t, c, pending, groups, nsig, ti)
+                if name in ("signal", "rlxsignal"):
+                    for c in ids:
+                        self._signal(r, t, c, pending, groups, nsig, ti)
+                if name in ("wait", "rlxwait"):
+                    for c in ids:
+                        k = nwait[(r, t, c)]
+                        nwait[(r, t, c)] += 1
+                        last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
+                        emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
+                if name in ("upkt", "repkt", "respkt"):
+                    srcs = op.get("src_buff", [])
+                    for j in range(0 if name == "upkt" else 1, len(srcs)):
+                        _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
+                        packet_reads[r].update((idx, idx + n))
+                if name in ("get", "rre", "rres"):
+                    srcs = op.get("src_buff", [])
+                    first = 0 if name == "get" else 1
+                    for j, ref in enumerate(srcs[first:], start=first):
+                        if "buffer_id" not in ref:
+                            raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
+                        peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
+                        w = last_wait.get((r, ti, peer))
+                        if w is None:
+                            raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
+                                            f"signal from it in this thread block")
+                        reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
+                                      "path": p, "j": j})
+        # a packet write read in parts (by several operations) is sent in those parts
+        for peer, writes in list(packet_writes.items()):
+            cuts = packet_reads.get(peer, set())
+            parts = []
+            for lo, n, send in writes:
+                bounds = sorted({lo, lo + n} | {c for c in cuts if lo < c < lo + n})
+                if len(bounds) == 2:
+                    parts.append((lo, n, send))
+                    continue
+                pieces = []
+                for a, b in zip(bounds, bounds[1:]):
+                    piece = dict(send, so=send["so"] + (a - lo), n=b - a, dst=(send["dst"][0], a, b - a))
+                    pieces.append(piece)
+                    parts.append((a, b - a, piece))
+                at = emit_at[(send["rank"], send["tb"], send["pos"])]
+                k = next(i for i, e in enumerate(at) if e[1] is send)
+                at[k:k + 1] = [("send", x) for x in pieces]
+            parts.sort(key=lambda x: x[0])
+            for (a, n, s1), (b, _, s2) in zip(parts, parts[1:]):
+                if b < a + n:
+                    raise rd.err(s2["path"], f"rank {s2['rank']} puts packets into rank {peer}'s scratch where rank "
+                                             f"{s1['rank']} puts packets too: which one a read sees is not fixed")
+            packet_writes[peer] = parts
+        for key, lst in pending.items():
+            if lst:
+                raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
+                                             f"after it: the peer cannot know when the data is there")
+        chan_no: dict[tuple, int] = {}
+
+        def channel_no(key):
+            # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
+            # receiving thread blocks): a subsequence of the channel's messages, in their order
+            if key not in chan_no:
+                chan_no[key] = sum(1 for k in chan_no if k[1:3] == key[1:3])
+            return chan_no[key]
+
+        # the signal a read belongs to: the peer's k-th signal on the partner channel
+        sig_reads = defaultdict(list)
+        for rd_ in reads:
+            t, c, k = rd_["wait"]
+            partner = self.pair.get((rd_["rank"], t, c))
+            if partner is None:
+                raise rd.err(rd_["path"], "the channel of the wait before this read has no partner")
+            sigs = self.sig_tb.get((rd_["peer"], t, partner[0]), [])
+            if k >= len(sigs):
+                raise rd.err(rd_["path"], f"rank {rd_['rank']} reads rank {rd_['peer']}'s buffer after a wait "
+                                          f"rank {rd_['peer']} never signals")
+            rd_["channel"] = channel_no(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
+            sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
+        # pass B: rows in every thread block's order
+        self.rows, self.where, self.paths = rows, where, paths
+        deps = []
+        sem_rel = defaultdict(list)
+        sem_acq = defaultdict(list)
+        barriers = defaultdict(list)
+        recv_for_send = {}
+        nsig2 = defaultdict(int)
+        tb_rows: dict[tuple, list[int]] = defaultdict(list)
+
+        def add(r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1):
+            rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
+            where.append(desc)
+            paths.append(path)
+            tb_rows[(r, ti)].append(len(rows) - 1)
+            return len(rows) - 1
+
+        for r, ti, ops in self.tbs:
+            for pos, (p, op) in enumerate(ops):
+                name = op["name"]
+                desc = f"rank {r} thread block {ti} operation {pos} ({name})"
+                first_row = len(rows)
+                # receives announced by a wait
+                for kind, what in emit_at.get((r, ti, pos), []):
+                    if kind == "wait":
+                        t, c, k = what
+                        partner = self.pair.get((r, t, c))
+                        if partner is None:
+                            raise rd.err(p, f"rank {r}'s {t} channel {c} has no partner channel on rank "
+                                            f"{self.chans[r][t][c]}")
+                        peer = self.chans[r][t][c]
+                        grp = groups.get((peer, t, partner[0]), [])
+                        if k < len(grp):
+                            for s in grp[k]:
+                                b, i, n = s["dst"]
+                                ch = channel_no(s["key"] + (s["tb"], ti))
+                                s["channel"] = ch
+                                add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
+                                    db=b, do=i, n=n)
+                # sends reading a peer's announced data at its signal
+                if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op["_t"] == "port"):
+                    for c in op["_ids"]:
+                        t = op["_t"]
+                        k = nsig2[(r, t, c)]
+                        nsig2[(r, t, c)] += 1
+                        for rr in sig_reads.get((r, t, c, k), []):
+                            b, i, n = rr["src"]
+                            rr["send_row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
+                                                 sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
+                self._local(r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no)
+                for kind, what in emit_at.get((r, ti, pos), []):
+                    if kind == "send":
+                        s = what
+                        s["row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
+                                       ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
+                # the order operations carry: a NOP stands where a semaphore or barrier is passed
+                if name == "sem_acquire":
+                    at = add(r, ti, Op.NOP, p, desc)
+                    for s in op.get("semaphore_ids", []):
+                        sem_acq[(r, s)].append((ti, at, p))
+                if name == "sem_release":
+                    at = add(r, ti, Op.NOP, p, desc)
+                    for s in op.get("semaphore_ids", []):
+                        sem_rel[(r, s)].append((ti, at, p))
+                if name == "barrier":
+                    arrive = add(r, ti, Op.NOP, p, desc)
+                    depart = add(r, ti, Op.NOP, p, desc)
+                    barriers[(r, op.get("barrier_id", 0))].append((ti, arrive, depart, p))
+        # put-message channels (set when their receive was placed)
+        for r, ti, ops in self.tbs:
+            for pos, (p, op) in enumerate(ops):
+                for kind, s in emit_at.get((r, ti, pos), []):
+                    if kind == "send":
+                        if "channel" not in s:
+                            raise rd.err(s["path"], f"rank {r} sends to rank {s['peer']}, but rank {s['peer']} "
+                                                    f"never receives it (no matching wait or packet read)")
+                        rows[s["row"]][5] = s["channel"]
+        # semaphores: the k-th acquire after the k-th release; barriers: everyone before everyone
+        for key, acqs in sem_acq.items():
+            rels = sem_rel.get(key, [])
+            sems = self.plan["gpus"][key[0]].get("semaphores", [])
+            if key[1] >= len(sems) or not isinstance(sems[key[1]], dict):
+                raise rd.err(acqs[0][2], f"semaphore {key[1]} of rank {key[0]} is not declared")
+            init = sems[key[1]].get("init_value", 0)
+            for side in (acqs, rels):
+                if len({x[0] for x in side}) > 1:
+                    raise rd.err(side[0][2], f"semaphore {key[1]} of rank {key[0]} is used by several thread "
+                                             f"blocks on one side: which release an acquire waits for is not fixed")
+            for k, (ti, at, p) in enumerate(acqs):
+                kk = k - init
+                if kk < 0:
+                    continue
+                if kk >= len(rels):
+                    raise rd.err(p, f"semaphore {key[1]} of rank {key[0]} is acquired more often than released")
+                deps.append((at, rels[kk][1]))
+        for key, arr in barriers.items():
+            for ti, _, depart, p in arr:
+                for tj, arrive, _, _ in arr:
+                    if tj != ti:
+                        deps.append((depart, arrive))
+        return self._finish(rows, deps, tb_rows)
+
+    def _channel_to(self, r, t, ids, j, peer, p, ti):
+        """The channel an operation writing ``peer``'s buffer goes through: the one it names (which
+        must lead to ``peer``), else for a memory channel none is needed, for a port channel the
+        thread block's only one to ``peer``."""
+        if j < len(ids):
+            c = ids[j]
+            if self.chans[r][t][c] != peer:
+                raise self.rd.err(p + ("channel_ids",), f"{t} channel {c} of rank {r} leads to rank "
+                                                        f"{self.chans[r][t][c]}, not to rank {peer} whose buffer "
+                                                        f"the operation writes")
+            return c
+        if t == "memory":
+            return None
+        cands = {c for c in self.tb_chans[(r, ti)].get(t, []) if self.chans[r][t][c] == peer}
+        if len(cands) != 1:
+            raise self.rd.err(p, f"which {t} channel to rank {peer} this operation uses is not said")
+        return cands.pop()
+
+    def _signal(self, r, t, c, pending, groups, nsig, ti):
+        peer = self.chans[r][t][c]
+        sent = pending.pop((r, ti, peer) if t == "memory" else (r, ti, peer, c), [])
+        for s in sent:
+            s["key"] = ("put", r, peer, t, c)
+        groups[(r, t, c)].append(sent)
+        nsig[(r, t, c)] += 1
+        self.sig_tb[(r, t, c)].append(ti)
+
+    def _local(self, r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no):
+        """Local data operations, remote reads and packet reads of one operation."""
+        rd = self.rd
+        name = op["name"]
+        if name in ("copy",):
+            s = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
+            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
+            return
+        if name in ("re", "res"):
+            srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op["src_buff"])]
+            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            if any(s[0] != r for s in srcs):
+                raise rd.err(p, f"'{name}' reduces local buffers only")
+            self._reduce_local(r, ti, p, desc, add, srcs, d)
+            return
+        if name in ("get", "rre", "rres"):
+            mine = [x for x in reads if x["rank"] == r and x["tb"] == ti and x["pos"] == pos]
+            if name == "get":
+                for x in mine:
+                    d = self._ref(op, op["dst_buff"][x["j"]], p + ("dst_buff", x["j"]), r)
+                    add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
+                        db=d[1], do=d[2], n=d[3])
+                return
+            s0 = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
+            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            acc = s0
+            for x in mine:
+                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
+                    ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
+                acc = d
+            return
+        if name in ("upkt", "repkt", "respkt"):
+            srcs = op.get("src_buff", [])
+            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            local = None if name == "upkt" else self._ref(op, srcs[0], p + ("src_buff", 0), r)
+            acc = local
+            first_pk = 0 if name == "upkt" else 1
+            for j in range(first_pk, len(srcs)):
+                ref = srcs[j]
+                q = self._ref(op, ref, p + ("src_buff", j), r)
+                pieces = sorted((w for w in packet_writes.get(r, []) if q[2] <= w[0] and w[0] + w[1] <= q[2] + q[3]),
+                                key=lambda w: w[0])
+                cover = q[2]
+                for lo, n, s in pieces:
+                    if lo != cover:
+                        break
+                    cover += n
+                if cover != q[2] + q[3]:
+                    raise rd.err(p + ("src_buff", j), f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
+                                                      f"not exactly the regions peers put packets into")
+                for lo, n, s in pieces:
+                    if s.get("channel") is not None:
+                        raise rd.err(p, f"packets from rank {s['rank']} read twice")
+                    s["channel"] = channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
+                    off = lo - q[2]
+                    if acc is None:
+                        add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"], ch=s["channel"],
+                            db=d[1], do=d[2] + off, n=n)
+                    else:
+                        add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                            ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
+                acc = d if acc is not None else None
+            return
+
+    def _reduce_local(self, r, ti, p, desc, add, srcs, d):
+        """dst := src0 (+) src1 (+) ... as COPY / REDUCE primitives."""
+        n = srcs[0][3]
+        others = list(srcs)
+        if any(s[1:3] == d[1:3] for s in srcs):
+            others.remove(next(s for s in srcs if s[1:3] == d[1:3]))
+        else:
+            first = others.pop(0)
+            add(r, ti, Op.COPY, p, desc, sb=first[1], so=first[2], db=d[1], do=d[2], n=n)
+        for s in others:
+            add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
+
+    def _finish(self, rows, deps, tb_rows) -> ProgramIR:
+        rd = self.rd
+        R = self.R
+        dp = [a for a, _ in deps]
+        do = [b for _, b in deps]
+        rows_arr = np.asarray(rows, dtype=np.int64).reshape(-1, 11)
+        N = len(rows_arr)
+        rank, tb = rows_arr[:, 0], rows_arr[:, 1]
+        seq = np.zeros(N, np.int64)
+        for (r, ti), lst in tb_rows.items():
+            seq[lst] = np.arange(len(lst))
+        cols = {"rank": rank, "tb": tb, "seq": seq, "pipeline": np.zeros(N), "op": rows_arr[:, 2],
+                "send_peer": rows_arr[:, 3], "recv_peer": rows_arr[:, 4], "channel": rows_arr[:, 5],
+                "src_buf": rows_arr[:, 6], "src_off": rows_arr[:, 7], "dst_buf": rows_arr[:, 8],
+                "dst_off": rows_arr[:, 9], "count": rows_arr[:, 10], "task": np.arange(N), "task2": np.full(N, -1)}
+        cols = {k: np.asarray(v).astype(PRIM_COLUMNS[k]) for k, v in cols.items()}
+        ntbs = np.zeros(R, np.int32)
+        for r, ti, _ in self.tbs:
+            ntbs[r] = max(ntbs[r], ti + 1)
+        from hccc.compiler.passes.build import sanitize_identifier
+        plan = self.plan
+        ir = ProgramIR(name=sanitize_identifier(str(plan.get("name", "mscclpp_plan"))[:64] or "mscclpp_plan"),
+                       collective=self.coll, nranks=R, nchunks=self.C, in_chunks=self.ic, out_chunks=self.oc,
+                       scratch_chunks=max(self.scratch), prims=cols, dep_prim=np.asarray(dp, np.int64),
+                       dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
+                       stats={"source": "mscclpp-plan", "proto": self.proto, "msccl_inplace": self.inplace,
+                              "msccl_outofplace": not self.inplace,
+                              "minBytes": plan.get("min_message_size", 0),
+                              "maxBytes": plan.get("max_message_size", 0),
+                              "transfers": int((cols["send_peer"] >= 0).sum()),
+                              "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
+                              "tbs_state_based": int(ntbs.sum())})
+        ir.sort_canonical()
+        self.order_where = None
+        from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
+        from hccc.compiler.ir.extents import ExtentError, check_extents
+        from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
+        order = np.lexsort((seq, tb, rank))
+        where = [self.where[i] for i in order.tolist()]
+        paths = [self.paths[i] for i in order.tolist()]
+
+        def describe(i):
+            return where[i]
+
+        def fail(exc, prefix=""):
+            at = paths[exc.prims[0]] if getattr(exc, "prims", None) else ()
+            raise CompileError([Diagnostic(prefix + str(exc), rd.loc(at))]) from None
+
+        try:
+            check_structure(ir)
+        except IRFormatError as exc:
+            raise CompileError([Diagnostic(f"the plan is not a well-formed program: {exc}", rd.loc(()))]) from None
+        try:
+            check_deadlock_buffered(ir, None, describe)
+        except ProofError as exc:
+            fail(exc)
+        try:
+            check_deadlock(ir)
+            ir.stats["execution"] = "task"
+        except DeadlockError:
+            ir.stats["execution"] = "algorithm"
+        try:
+            prove(ir, self.inplace, describe)
+        except ProofError as exc:
+            fail(exc, f"the plan does not implement {self.coll}: ")
+        try:
+            check_extents(ir, describe)
+        except ExtentError as exc:
+            fail(exc)
+        return ir
+
+
+__all__ = ["import_plan", "import_plan_text", "import_plan_obj"]
