@@ -208,3 +208,33 @@ def test_no_simulated_schedule_beats_its_bound(g1, g2, nic, intra, coll, root):
     for alg in _algorithms(coll, n, root):
         res = simulate(build_program(alg), topo, M, slice_bytes="auto")
         assert res.time_s >= bound * (1 - 1e-9), (alg.header.name, res.time_s, bound)
+
+
+# ---------------------------------------------------------------- AllReduce: the traffic bound
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_allreduce_traffic_bound_full_mesh(n):
+    """Every element moves 2(n-1) times; n(n-1) links of 50 GB/s carry at most n(n-1) x 50 GB/s:
+    2M / (n 50 GB/s), above the cut bound M / ((n-1) 50 GB/s) from 3 ranks on."""
+    from hccc.compiler.synth.bounds import allreduce_bound_seconds, allreduce_volume_bound_seconds
+
+    links = [LinkSpec(a, b, 25, 2) for a in range(n) for b in range(n) if a != b]
+    topo = parse_topology(format_topology(ClusterSpec([NodeSpec(n, {"direct": links})])), "mesh.topo")
+    net = network_from_topology(topo)
+    M = 1 << 28
+    assert allreduce_volume_bound_seconds(net, M) == pytest.approx(2 * (n - 1) * M / (n * (n - 1) * 50 * GB))
+    assert allreduce_bound_seconds(net, M) == pytest.approx(max(M / ((n - 1) * 50 * GB), 2 * M / (n * 50 * GB)))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g1=st.integers(1, 3), g2=st.integers(1, 3), nic=st.integers(5, 40), intra=st.integers(5, 60))
+def test_no_simulated_allreduce_beats_the_allreduce_bound(g1, g2, nic, intra):
+    from hccc.compiler.synth.bounds import allreduce_bound_seconds
+    from hccc.runtime.simulator import simulate
+
+    topo = _two_nodes(g1, g2, nic, intra)
+    net = network_from_topology(topo)
+    M = 1 << 24
+    bound = allreduce_bound_seconds(net, M)
+    for alg in _algorithms("allreduce", g1 + g2, 0):
+        res = simulate(build_program(alg), topo, M, slice_bytes="auto")
+        assert res.time_s >= bound * (1 - 1e-9), (alg.header.name, res.time_s, bound)

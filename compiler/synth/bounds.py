@@ -399,6 +399,39 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     raise ValueError(f"no cut bound for collective {collective!r}; known: {', '.join(BOUND_COLLECTIVES)}")
 
 
+def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
+    """AllReduce's traffic bound: ``2 (N-1) M / C`` with ``C`` the most bytes/s all transfers
+    together can move (docs/bounds.md).
+
+    For every element, the first rank to hold its full sum needs every other rank's contribution,
+    so each of the other N-1 ranks sends a message carrying that element before then; after then,
+    each of them must still receive one (no rank but the first held the full sum before). That is
+    2(N-1) distinct transfers per element, 2(N-1) M bytes in all, whatever the schedule (reductions
+    happen at ranks; a message carries at most one value per element). ``C`` is at most the sum
+    over ranks of what can leave each rank alone, and of what can enter it: the smaller sum is used.
+    """
+    n = net.nranks
+    if n <= 1:
+        return 0.0
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    single = np.arange(n)
+    out = net.entry_capacity(single, pair_cap=net.bw, group_cap=net.gbw, outgoing=True)
+    inn = net.entry_capacity(single, pair_cap=net.bw, group_cap=net.gbw)
+    cap = float(min(out.sum(), inn.sum()))
+    if cap <= 0:
+        raise ValueError("the cluster is not strongly connected")
+    return 2.0 * (n - 1) * float(total_bytes) / cap
+
+
+def allreduce_bound_seconds(net: Network, total_bytes: float) -> float:
+    """The least time any AllReduce of ``total_bytes`` needs: the larger of the cut bound (the
+    buffer crosses the narrowest cut, :func:`collective_cut_bound_seconds`) and the traffic bound
+    (:func:`allreduce_volume_bound_seconds`)."""
+    return max(collective_cut_bound_seconds(net, "allreduce", net.nranks, 1, 0, total_bytes),
+               allreduce_volume_bound_seconds(net, total_bytes))
+
+
 # ---------------------------------------------------------------- AllToAll
 #: beyond this many top-level parts (nodes), only single parts and their complements are cut
 ALLTOALL_SUBSET_LIMIT = 10

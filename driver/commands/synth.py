@@ -153,6 +153,19 @@ def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str
     return "search"
 
 
+def _allreduce_bounds(topo, nbytes: int) -> dict:
+    """AllReduce's bound valid for any schedule (the larger of the cut and traffic bounds,
+    docs/bounds.md) and the optimum of ReduceScatter followed by AllGather, in seconds."""
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth.bounds import allreduce_bound_seconds, collective_cut_bound_seconds
+
+    net = network_from_topology(topo)
+    n = topo.nranks
+    return {"allreduce_bound_seconds": allreduce_bound_seconds(net, nbytes),
+            "rs_ag_seconds": sum(collective_cut_bound_seconds(net, c, n, 1, 0, nbytes)
+                                 for c in ("reducescatter", "allgather"))}
+
+
 def _bandwidth_bound(result, nbytes: int) -> dict:
     """ForestColl's cut bound for the collective's full buffer of ``nbytes``, also as nccl-tests busbw."""
     from hccc.runtime.busbw import busbw_factor
@@ -244,6 +257,8 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
         result = make(method)
         _fit_channels(result, topo, size)
         bound = _bandwidth_bound(result, size)
+        if args.collective == "allreduce":
+            bound.update(_allreduce_bounds(topo, size))
         fraction = _simulated_fraction(result, topo, size, bound["seconds"])
         tried = {method: fraction}
         if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW:
@@ -260,9 +275,18 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
     check_on_topology(alg, topo)
     extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
              f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]
+    if "allreduce_bound_seconds" in bound:
+        extra.append(f"AllReduce bound for any schedule (cut and traffic): {bound['allreduce_bound_seconds'] * 1e6:.1f} us; "
+                     f"ReduceScatter + AllGather optimum: {bound['rs_ag_seconds'] * 1e6:.1f} us")
     if fraction is not None:
         extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
-                     f"{fraction:.4f} of that bound")
+                     f"{fraction:.4f} of the cut bound")
+        if "allreduce_bound_seconds" in bound:
+            t = bound["seconds"] / fraction
+            bound["fraction_of_allreduce_bound"] = bound["allreduce_bound_seconds"] / t
+            bound["fraction_of_rs_ag"] = bound["rs_ag_seconds"] / t
+            extra.append(f"{bound['fraction_of_allreduce_bound']:.4f} of the AllReduce bound, "
+                         f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
     write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra))
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Synthesis quality against the optimum: every example cluster and generated multi-rail clusters.
+
+    python benchmarks/synth_quality.py                      # example clusters + 64 H800s (minutes)
+    python benchmarks/synth_quality.py --clusters h20_4_8   # some example clusters only
+    python benchmarks/synth_quality.py --multirail 8,64     # multi-rail clusters of 8 and 64 nodes x 8
+    python benchmarks/synth_quality.py --json out.json      # also write the rows as JSON
+
+Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
+at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
+
+* ``opt busbw``: the optimum as nccl-tests' busbw (GB/s): the cut bound of docs/bounds.md, which
+  the tree packing's LP meets on these clusters (``LP = bound`` column);
+* ``sim``: the synthesised program simulated by hccc's simulator at 1 GiB (per-block limit on,
+  the program's own channels), as a fraction of the optimum; AllReduce also against its bound for
+  any schedule (``AR bound``) and against ReduceScatter + AllGather's optimum (``RS+AG``);
+* ``model``: the packing's own time in the link model (integral chunks) as a fraction of the bound;
+* ``K``, ``ch``: chunks per rank and channels of the program; ``method``: what ``auto`` kept;
+* ``wall``: seconds of the whole ``hccc synth`` run (packing, simulated shapes, channel fitting);
+  ``peak MB``: the process's peak resident memory.
+
+Multi-rail clusters: 8 H800s per node on an NVSwitch (900 GB/s per GPU), one 400 Gb/s NIC per GPU,
+every pair of nodes through the NICs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE = 1 << 30
+
+
+def multirail_text(nodes: int, gpn: int = 8, nvswitch_gbps: float = 900.0, nic_gbits: float = 400.0) -> str:
+    """A multi-rail cluster in the .topo language (see the module docstring)."""
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, NicSpec, NodeSpec, SharedSpec, format_topology
+
+    lanes = 9
+    switch = [SharedSpec((g,), tuple(x for x in range(gpn) if x != g), nvswitch_gbps / lanes, lanes) for g in range(gpn)]
+    node = NodeSpec(gpn, {"switch": switch}, nics=[NicSpec((g,), nic_gbits / 8) for g in range(gpn)],
+                    vendor="nvidia", gpu="H800")
+    return format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")],
+                                       comment=f"{nodes} x {gpn} H800, NVSwitch, one 400 Gb/s NIC per GPU"))
+
+
+def one(topo: str, collective: str, method: str, time_limit: float) -> dict:
+    """``hccc synth`` in this process; its summary, wall time and peak memory."""
+    import contextlib
+    import io
+
+    from hccc.cli import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        buf = io.StringIO()
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(buf):
+            rc = main(["synth", topo, "--collective", collective, "--method", method, "--size", str(SIZE),
+                       "--time-limit", str(time_limit), "-o", str(Path(tmp) / "p.rccl"), "--json"])
+        wall = time.perf_counter() - t0
+    out = {"rc": rc, "wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if rc == 0:
+        out["summary"] = json.loads(buf.getvalue())
+    return out
+
+
+def row(name: str, topo: str, collective: str, method: str, time_limit: float) -> dict:
+    cmd = [sys.executable, __file__, "--one", topo, collective, method, str(time_limit)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        return {"cluster": name, "collective": collective, "error": (p.stderr or p.stdout).strip()[-300:]}
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if r["rc"] != 0:
+        return {"cluster": name, "collective": collective, "error": f"hccc synth exit {r['rc']}"}
+    s = r["summary"]
+    b = s["bandwidth_bound"]
+    tr = (s.get("trees") or {})
+    model = min((t["model_fraction"] for t in tr.values()), default=None)
+    lp_at_bound = all(t["lp_seconds_per_byte"] <= t["bound_seconds_per_byte"] * (1 + 1e-3) for t in tr.values()) \
+        if tr else None
+    return {"cluster": name, "nranks": s["nranks"], "collective": collective, "method": s["method"],
+            "opt_busbw": b["busbw_GBps"], "sim": s["fraction_of_bound"], "model": model, "lp_at_bound": lp_at_bound,
+            "ar_bound": b.get("fraction_of_allreduce_bound"), "rs_ag": b.get("fraction_of_rs_ag"),
+            "K": s["chunks_per_rank"], "channels": s["channels"], "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
+
+
+def fmt(v, f="{:.3f}") -> str:
+    return "-" if v is None else (f.format(v) if not isinstance(v, bool) else ("yes" if v else "NO"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--one", nargs=4, metavar=("TOPO", "COLL", "METHOD", "LIMIT"), help=argparse.SUPPRESS)
+    ap.add_argument("--clusters", default=None, help="example clusters (names without .topo, comma-separated)")
+    ap.add_argument("--multirail", default="8", help="multi-rail cluster sizes in nodes of 8 GPUs (default 8, "
+                                                     "i.e. 64 GPUs; '' for none)")
+    ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
+    ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
+    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--json", default=None, help="write the rows here too")
+    args = ap.parse_args()
+    if args.one:
+        topo, coll, method, limit = args.one
+        print(json.dumps(one(topo, coll, method, float(limit))))
+        return 0
+    cases = []
+    names = args.clusters.split(",") if args.clusters else sorted(p.stem for p in (ROOT / "examples/clusters").glob("*.topo"))
+    for name in names:
+        cases.append((name, str(ROOT / "examples/clusters" / f"{name}.topo")))
+    tmp = tempfile.TemporaryDirectory()
+    for nodes in [int(x) for x in args.multirail.split(",") if x.strip()]:
+        path = Path(tmp.name) / f"h800_multirail_{nodes}x8.topo"
+        path.write_text(multirail_text(nodes))
+        cases.append((path.stem, str(path)))
+    rows = []
+    head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
+            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'wall s':>7s} {'peak MB':>7s}")
+    print(head)
+    print("-" * len(head))
+    for name, topo in cases:
+        for coll in args.collectives.split(","):
+            r = row(name, topo, coll, args.method, args.time_limit)
+            rows.append(r)
+            if "error" in r:
+                print(f"{name:24s} {'':>4s} {coll:13s} error: {r['error']}", flush=True)
+                continue
+            print(f"{name:24s} {r['nranks']:4d} {coll:13s} {r['method']:6s} {r['opt_busbw']:9.1f} {fmt(r['sim']):>6s} "
+                  f"{fmt(r['ar_bound']):>8s} {fmt(r['rs_ag']):>6s} {fmt(r['model']):>6s} {fmt(r['lp_at_bound'], ''):>8s} "
+                  f"{r['K']:3d} {r['channels']:3d} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
