@@ -35,7 +35,8 @@ from hccc.compiler.frontend.limits import printable
 
 #: command -> module; "compile" is what ``hccc ALGO -o OUTDIR`` runs
 COMMANDS = {name: f"hccc.commands.{name}" for name in
-            ("compile", "check", "run", "fuzz", "sim", "topo", "synth", "gen", "xml", "plan", "balance")}
+            ("compile", "check", "run", "fuzz", "sim", "topo", "synth", "gen", "xml", "plan", "balance",
+             "catalog")}
 #: command -> one-line summary (kept here so that ``hccc -h`` imports no command module;
 #: tests/test_cli.py checks they equal each module's SUMMARY)
 SUMMARIES = {
@@ -50,6 +51,7 @@ SUMMARIES = {
     "xml": "export an algorithm as MSCCL XML",
     "plan": "export an algorithm as an MSCCL++ execution plan",
     "balance": "micro-batch sizes proportional to measured GPU speeds",
+    "catalog": "list what an algorithm catalog directory covers and where the gaps are",
 }
 #: kept for callers of the old table: name -> (module, summary)
 SUBCOMMANDS = {k: (COMMANDS[k], SUMMARIES[k]) for k in COMMANDS}

@@ -67,6 +67,11 @@ PAGES = {
              ["hccc plan examples/hm_allreduce_2x4.rccl -o OUT/hm_allreduce_2x4.mscclpp.json"]),
     "balance": ("Split a batch over GPUs of different measured speeds (HetCCL-SNU section 4.5).",
                 ["hccc balance --speeds 2.1,1.0,1.0 --batch 64"]),
+    "catalog": ("List what an algorithm catalog -- the directory the torch.distributed backend picks its "
+                "algorithms from (`HCCC_ALGO_DIR`, see [../torch.md](../torch.md)) -- covers: each entry's "
+                "collective, world size, root, dtypes, ops and size band, then the sizes and collectives no "
+                "entry covers (those calls fall back to the delegate backend).",
+                ["hccc catalog examples/torch/catalog4"]),
 }
 
 

@@ -1,0 +1,391 @@
+"""The ``"hccc"`` torch.distributed backend and its algorithm catalog.
+
+Default set (seconds, one process): the catalog's choice per call against a brute-force oracle
+(hypothesis), ``catalog.json`` errors, ``hccc catalog``, ranks that disagree on the catalog, and
+the backend in a one-rank group (registration, device maps, fallback with reasons, async work and
+futures, the refusal under CUDA graph capture). Slow set (4 processes each): every collective
+through the CPU emulation against its definition; DDP and FSDP ``fully_shard`` training, 20 steps,
+equal to gloo after every step, with counters proving hccc's kernels carried the collectives; the
+example under ``torchrun --nproc-per-node 4``; bad input and a dead rank give every rank an error
+within the timeout.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from hccc.catalog import Catalog, CatalogError, Entry  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOG4 = ROOT / "examples" / "torch" / "catalog4"
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+# ------------------------------------------------------------------------------ the catalog
+def test_committed_catalog_is_current(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples" / "torch"))
+    try:
+        from make_catalog import generate
+    finally:
+        sys.path.pop(0)
+    for p in generate(tmp_path):
+        assert p.read_text() == (CATALOG4 / p.name).read_text(), p.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in CATALOG4.iterdir())
+
+
+def test_catalog_reads_every_kind_of_entry(tmp_path):
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+    shutil.copy(CATALOG4 / "ring_allreduce_4.rccl", tmp_path)
+    shutil.copy(ROOT / "examples" / "msccl" / "allgather_direct_4.xml", tmp_path)
+    (tmp_path / "rs.json").write_text(build_program(gen.ring_reducescatter(4)).to_json())
+    (tmp_path / "notes.txt").write_text("not an algorithm")
+    (tmp_path / "catalog.json").write_text(json.dumps({"entries": [
+        {"file": "ring_allreduce_4.rccl", "dtypes": ["float32"], "ops": ["sum"], "max_bytes": 1 << 20}]}))
+    cat = Catalog.load(tmp_path)
+    got = {e.name: (e.collective, e.nranks, e.dtypes, e.ops, e.min_bytes, e.max_bytes) for e in cat.entries}
+    assert got["ring_allreduce_4.rccl"] == ("allreduce", 4, ("float32",), ("sum",), 0, 1 << 20)
+    assert got["allgather_direct_4.xml"][:2] == ("allgather", 4)
+    assert got["rs.json"][:2] == ("reducescatter", 4)
+    assert len(got) == 3
+    e, why = cat.select("allreduce", 4, 4096, "float32", "sum")
+    assert e.name == "ring_allreduce_4.rccl" and why == ""
+    assert "outside every 4-rank allreduce size band" in cat.select("allreduce", 4, 2 << 20, "float32", "sum")[1]
+    assert "declares float16" in cat.select("allreduce", 4, 64, "float16", "sum")[1]
+    assert "no allreduce algorithm for 8 ranks" in cat.select("allreduce", 8, 64, "float32", "sum")[1]
+    assert "no broadcast algorithm" in cat.select("broadcast", 4, 64, "float32", "sum", root=0)[1]
+    assert "float64 has no hccc kernel" in cat.select("allreduce", 4, 64, "float64", "sum")[1]
+    assert "op product has no hccc kernel" in cat.select("allreduce", 4, 64, "float32", "product")[1]
+    # an all-gather of 4 x 3 elements splits evenly; 13 elements do not
+    assert cat.select("allgather", 4, 48, "float32", "sum")[0] is not None
+    assert "do not split into equal per-rank shares" in cat.select("allgather", 4, 52, "float32", "sum")[1]
+    # the fingerprint follows the files
+    before = cat.fingerprint
+    (tmp_path / "catalog.json").write_text(json.dumps({"entries": [{"file": "rs.json"}]}))
+    assert Catalog.load(tmp_path).fingerprint != before
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ('{"entries": [{"file": "nope.rccl"}]}', (1, 23), "no such file"),
+    ('{"entries": [{"file": "ring_allreduce_4.rccl", "ops": ["prod"]}]}', (1, 23), "ops must be"),
+    ('{"entries": [{"file": "ring_allreduce_4.rccl", "min_bytes": 9, "max_bytes": 3}]}', (1, 23),
+     "is above max_bytes"),
+    ('{"entries": [{"file": "ring_allreduce_4.rccl", "band": 3}]}', (1, 23), "unknown key 'band'"),
+    ('{"entries": [\n  {"file": 1,}]}', (2, 14), "not valid JSON"),
+])
+def test_bad_index_is_a_located_error(tmp_path, text, where, what):
+    shutil.copy(CATALOG4 / "ring_allreduce_4.rccl", tmp_path)
+    (tmp_path / "catalog.json").write_text(text)
+    with pytest.raises(CatalogError) as info:
+        Catalog.load(tmp_path)
+    d = info.value.diagnostics[0]
+    assert what in d.message
+    assert (d.location.line, d.location.col) == where
+
+
+def _fake(name, lo, hi, dtypes=("float32",), ops=("sum",)):
+    return Entry(name=name, path=Path(name), collective="allreduce", nranks=4, root=None,
+                 dtypes=tuple(dtypes), ops=tuple(ops), min_bytes=lo, max_bytes=hi)
+
+
+bands = st.lists(st.tuples(st.integers(0, 64), st.one_of(st.none(), st.integers(0, 64)),
+                           st.sampled_from([("float32",), ("float16",), ("float32", "float16")])),
+                 min_size=0, max_size=5)
+
+
+@settings(max_examples=examples(60))
+@given(bands, st.integers(0, 70), st.sampled_from(["float32", "float16"]))
+def test_choice_is_the_narrowest_declared_band(spec, kib, dtype):
+    entries = [_fake(f"e{i}", lo * 1024, None if hi is None else max(lo, hi) * 1024, dts)
+               for i, (lo, hi, dts) in enumerate(spec)]
+    cat = Catalog(None, entries, "x")
+    nbytes = kib * 1024
+    got, why = cat.select("allreduce", 4, nbytes, dtype, "sum")
+    # the oracle: every entry whose declarations hold, by brute force over the byte range
+    ok = [e for e in entries if dtype in e.dtypes
+          and nbytes in range(e.min_bytes, (e.max_bytes if e.max_bytes is not None else 1 << 30) + 1)]
+    if not ok:
+        assert got is None and why
+        return
+    width = {e.name: (e.max_bytes if e.max_bytes is not None else 1 << 40) - e.min_bytes for e in ok}
+    best = min(width.values())
+    assert got is not None and width[got.name] == best
+    assert got.name == min(n for n, w in width.items() if w == best)
+
+
+def test_simulator_breaks_ties_when_a_cluster_is_given():
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.runtime.simulator import simulate
+    topo = load_cluster(ROOT / "examples" / "clusters" / "a100_topo1.topo")
+    n = topo.nranks
+    algs = [("direct", build_program(gen.direct_allgather(n))), ("ring", build_program(gen.ring_allgather(n)))]
+    entries = [Entry(name=name, path=Path(name), collective="allgather", nranks=n, root=None,
+                     dtypes=("float32",), ops=("sum",), min_bytes=0, max_bytes=None, ir=ir)
+               for name, ir in algs]
+    cat = Catalog(None, entries, "x")
+    for nbytes in (n * 1024, n * (64 << 20)):
+        times = {name: simulate(ir, topo, nbytes, slice_bytes="auto").time_s for name, ir in algs}
+        got, _ = cat.select("allgather", n, nbytes, "float32", "sum", cluster=topo)
+        assert times[got.name] == min(times.values())
+        assert cat.select("allgather", n, nbytes, "float32", "sum")[0].name == "direct"  # no cluster: by name
+
+
+def test_catalog_command_lists_coverage_and_gaps(tmp_path, capsys):
+    from hccc.cli import main
+    shutil.copy(CATALOG4 / "ring_allreduce_4.rccl", tmp_path)
+    shutil.copy(CATALOG4 / "ring_allgather_4.rccl", tmp_path)
+    (tmp_path / "catalog.json").write_text(json.dumps({"entries": [
+        {"file": "ring_allreduce_4.rccl", "min_bytes": 1024, "max_bytes": 1 << 20}]}))
+    assert main(["catalog", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ring_allreduce_4.rccl" in out and "[1 KiB, 1 MiB]" in out
+    assert "allreduce on 4 ranks: 0 B .. 1023 B" in out
+    assert "allreduce on 4 ranks: 1048577 B and up" in out
+    assert "no entries: reducescatter, broadcast, reduce, alltoall" in out
+    assert main(["catalog", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "hccc.catalog/1" and len(doc["entries"]) == 2
+    assert {"collective": "allreduce", "nranks": 4, "min_bytes": 1048577, "max_bytes": None} in doc["gaps"]
+    (tmp_path / "catalog.json").write_text('{"entries": [{"file": "gone.rccl"}]}')
+    assert main(["catalog", str(tmp_path)]) == 1
+    assert "catalog.json:1:23: error: entry 'gone.rccl': no such file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ one process
+def _two_groups(options):
+    """Make a 2-rank HcccProcessGroup in two threads on one store; each thread's result or error."""
+    from hccc.torch import HcccProcessGroup
+    store = dist.HashStore()
+    out = [None, None]
+
+    def make(r):
+        try:
+            pg = HcccProcessGroup(store, r, 2, datetime.timedelta(seconds=20), options[r])
+            out[r] = pg
+            pg.shutdown()
+        except Exception as exc:
+            out[r] = exc
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    return out
+
+
+def test_ranks_that_disagree_on_the_catalog_all_get_an_error(tmp_path):
+    from hccc.torch import Options
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    shutil.copy(CATALOG4 / "ring_allreduce_4.rccl", a)
+    shutil.copy(CATALOG4 / "ring_allgather_4.rccl", b)
+    out = _two_groups([Options(catalog=a), Options(catalog=b)])
+    for r in range(2):
+        assert isinstance(out[r], RuntimeError), out[r]
+        assert "disagree on the algorithm catalog" in str(out[r])
+        assert "rank 0: 1 entries from" in str(out[r]) and "rank 1: 1 entries from" in str(out[r])
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank "hccc" default group (the catalog's 4-rank entries serve none of its calls)."""
+    import hccc.torch  # noqa: F401
+    made = []
+
+    def make(backend="hccc", catalog=CATALOG4):
+        dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                                pg_options=hccc.torch.Options(catalog=catalog),
+                                timeout=datetime.timedelta(seconds=30))
+        made.append(1)
+        return dist.distributed_c10d._get_default_group()
+    yield make
+    if made and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_registered_backend_falls_back_with_reasons(one_rank, caplog):
+    import hccc.torch
+    assert "hccc" in dist.Backend.backend_list
+    pg = one_rank()
+    assert isinstance(pg, hccc.torch.HcccProcessGroup) and dist.get_backend() == "hccc"
+    t = torch.arange(6.0)
+    with caplog.at_level("WARNING", logger="hccc.torch"):
+        w = dist.all_reduce(t, async_op=True)
+        assert w.wait() and w.is_completed()
+        assert w.get_future().wait()[0] is t
+        dist.all_reduce(t)                    # same reason: logged once
+        dist.broadcast(t, src=0)
+    assert torch.equal(t, torch.arange(6.0))
+    s = hccc.torch.stats()
+    assert s["fallback"] == {"allreduce": 2, "broadcast": 1} and s["hccc"] == {}
+    why = "no allreduce algorithm for 1 ranks (the catalog has 4)"
+    assert s["reasons"][why] == 2
+    logged = [r.getMessage() for r in caplog.records if r.name == "hccc.torch"]
+    assert logged.count(f"hccc: allreduce falls back to gloo: {why}") == 1
+    # future callbacks (DDP's communication hooks chain them)
+    fut = dist.all_reduce(torch.ones(3), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    assert torch.equal(fut.wait(), torch.full((3,), 2.0))
+
+
+def test_wrong_device_and_mixed_dtypes_are_errors(one_rank):
+    one_rank()
+    with pytest.raises(ValueError, match="tensors on meta are not supported"):
+        dist.all_reduce(torch.ones(2, device="meta"))
+    with pytest.raises(TypeError, match="different dtypes"):
+        dist.all_gather_into_tensor(torch.empty(2, dtype=torch.float16), torch.ones(2))
+
+
+def test_collectives_under_cuda_graph_capture_are_refused_before_queueing(one_rank, monkeypatch):
+    import hccc.torch
+    from hccc.torch import process_group as pgmod
+    pg = one_rank()
+    monkeypatch.setattr(pgmod, "capture_active", lambda: True)
+    t = torch.ones(4)
+    for call in (lambda: dist.all_reduce(t), lambda: dist.broadcast(t, src=0),
+                 lambda: dist.all_gather_into_tensor(torch.empty(4), t), lambda: dist.barrier()):
+        with pytest.raises(hccc.torch.CaptureError, match="CUDA graph is being captured"):
+            call()
+    assert pg._queue.qsize() == 0
+    s = hccc.torch.stats()
+    assert s["hccc"] == {} and s["fallback"] == {} and s["delegated"] == {}
+
+
+@pytest.mark.parametrize("backend, route", [("cpu:gloo,cuda:hccc", "delegated"),
+                                            ("cpu:hccc,cuda:hccc", "fallback")])
+def test_device_maps(one_rank, backend, route):
+    import hccc.torch
+    pg = one_rank(backend)
+    assert isinstance(pg, hccc.torch.HcccProcessGroup)
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(5))
+    assert hccc.torch.stats()[route] == {"allreduce": 1}
+
+
+def test_options_must_be_hccc_options(tmp_path):
+    import hccc.torch  # noqa: F401
+    with pytest.raises(TypeError, match="pg_options must be hccc.torch.Options"):
+        dist.init_process_group("hccc", init_method=f"file://{tmp_path}/s", rank=0, world_size=1,
+                                pg_options=object())
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------ four processes
+def _ok(replies):
+    for r, (ok, val) in enumerate(replies):
+        assert ok, f"rank {r}: {val}"
+    return [val for _, val in replies]
+
+
+@pytest.fixture
+def catalog_env(monkeypatch):
+    monkeypatch.setenv("HCCC_ALGO_DIR", str(CATALOG4))
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_every_collective_through_hccc_on_four_processes(tmp_path, catalog_env):
+    from torch_ranks import collectives_job, spawn
+    res = _ok(spawn(collectives_job, 4, tmp_path, "hccc"))
+    for r, rep in enumerate(res):
+        bad = [k for k, v in rep["checks"].items() if not v]
+        assert not bad, f"rank {r}: wrong results: {bad}"
+        s = rep["stats"]
+        assert s["hccc"] == {"allreduce": 5, "allgather": 2, "reducescatter": 2, "broadcast": 1,
+                             "reduce": 1, "alltoall": 1, "barrier": 1}, s
+        assert s["fallback"] == {"allreduce": 1}, s
+        assert set(s["reasons"]) == {"dtype float64 has no hccc kernel (hccc: float32, float16, "
+                                     "bfloat16, int32)"}
+
+
+def _compare_training(tmp_path, mode):
+    from torch_ranks import spawn, train_job
+    ours = _ok(spawn(train_job, 4, tmp_path, "hccc", mode, 20))
+    ref = _ok(spawn(train_job, 4, tmp_path, "gloo", mode, 20))
+    for r in range(4):
+        assert len(ours[r]["snaps"]) == 20
+        for step, (a, b) in enumerate(zip(ours[r]["snaps"], ref[r]["snaps"])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"rank {r}, parameters after step {step}")
+        # every rank holds the same parameters (the collectives really synchronised them)
+        np.testing.assert_array_equal(ours[r]["snaps"][-1], ours[0]["snaps"][-1])
+    return [rep["stats"] for rep in ours]
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_ddp_training_equals_gloo_after_every_step(tmp_path, catalog_env):
+    for s in _compare_training(tmp_path, "ddp"):
+        # DDP: one gradient bucket per step, all-reduced by the catalog's ring; the start-up
+        # broadcast of the parameters by its ring broadcast
+        assert s["hccc"].get("allreduce", 0) >= 20, s
+        assert s["entries"].get("ring_allreduce_4.rccl", 0) >= 20, s
+        assert s["hccc"].get("broadcast", 0) >= 1, s
+        assert "allreduce" not in s["fallback"], s
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_fsdp_training_equals_gloo_after_every_step(tmp_path, catalog_env):
+    for s in _compare_training(tmp_path, "fsdp"):
+        # fully_shard: parameters all-gathered, gradients reduce-scattered, by the catalog's rings
+        assert s["hccc"].get("allgather", 0) >= 20 * 4, s
+        assert s["hccc"].get("reducescatter", 0) >= 20 * 3, s
+        assert "allgather" not in s["fallback"] and "reducescatter" not in s["fallback"], s
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_torchrun_launch_of_the_example(tmp_path):
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not os.path.exists(torchrun):
+        pytest.skip("torchrun not installed")
+    env = dict(os.environ, HCCC_ALGO_DIR=str(CATALOG4), OMP_NUM_THREADS="1")
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4",
+                           str(ROOT / "examples" / "torch" / "train_ddp.py"), "--backend", "hccc",
+                           "--steps", "5"], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step   4  loss" in proc.stdout
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("hccc:"))
+    assert "'allreduce': 5" in line, line
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_bad_input_and_a_dead_rank_error_on_every_rank(tmp_path, catalog_env):
+    from torch_ranks import bad_input_job, spawn
+    timeout_s = 15.0
+    replies = spawn(bad_input_job, 4, tmp_path, timeout_s)
+    assert replies[3] == (False, "died")
+    for r in range(3):
+        ok, seen = replies[r]
+        assert ok, seen
+        got = {name: (err, secs) for name, err, secs in seen}
+        for name in ("count", "dtype", "device", "dead rank"):
+            err, secs = got[name]
+            assert err is not None, f"rank {r}: {name}: no error"
+            assert secs < timeout_s + 10, f"rank {r}: {name}: the error took {secs:.0f} s"
+        assert "every rank must make the same call" in got["count"][0] or r != 0
+        assert "rank 3" in got["dead rank"][0]
+    assert "tensors on meta are not supported" in replies[2][1][2][1]

@@ -1,0 +1,173 @@
+"""Test helper: jobs that run in separate processes, one rank each, under torch.distributed with the
+``"hccc"`` backend (CPU emulation) or gloo, and :func:`spawn`, which runs one job on N fresh
+processes and returns each rank's reply (or its error) within a time limit."""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _entry(job, rank, world, url, args, q) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        q.put((rank, True, job(rank, world, url, *args)))
+    except BaseException as exc:
+        q.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def spawn(job, world: int, tmpdir, *args, wait_s: float = 600.0) -> list[tuple[bool, object]]:
+    """Run ``job(rank, world, init_url, *args)`` on ``world`` fresh processes; returns
+    ``(ok, reply or error text)`` per rank; a rank that died without replying gives
+    ``(False, "died")``."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    url = f"file://{tmpdir}/store-{time.monotonic_ns()}"
+    procs = [ctx.Process(target=_entry, args=(job, r, world, url, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    replies: dict[int, tuple[bool, object]] = {}
+    deadline = time.monotonic() + wait_s
+    while len(replies) < world and time.monotonic() < deadline:
+        try:
+            r, ok, val = q.get(timeout=0.5)
+            replies[r] = (ok, val)
+        except Exception:
+            if all(not p.is_alive() for p in procs) and q.empty():
+                break
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [replies.get(r, (False, "died")) for r in range(world)]
+
+
+def init(backend: str, rank: int, world: int, url: str, timeout_s: float = 60.0, **kw) -> None:
+    import torch.distributed as dist
+    if "hccc" in backend:
+        import hccc.torch  # noqa: F401
+    dist.init_process_group(backend, init_method=url, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kw)
+
+
+# ------------------------------------------------------------------------------------ jobs
+def collectives_job(rank: int, world: int, url: str, backend: str):
+    """Every collective the backend serves, on inputs every rank can recompute; each result
+    compared with its definition computed here from those inputs (torch arithmetic)."""
+    import torch
+    import torch.distributed as dist
+    init(backend, rank, world, url)
+
+    def inp(r, n, dtype=torch.float32):
+        return (torch.arange(n) % 13 + 7 * r).to(dtype)
+
+    n = 4 * 96
+    checks = {}
+    t = inp(rank, n)
+    dist.all_reduce(t)
+    checks["allreduce"] = torch.equal(t, sum(inp(r, n) for r in range(world)))
+    t = inp(rank, n)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    checks["allreduce max"] = torch.equal(t, inp(world - 1, n))
+    t = inp(rank, n)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    checks["allreduce avg"] = torch.allclose(t, sum(inp(r, n) for r in range(world)) / world)
+    w = dist.all_reduce(t2 := inp(rank, n, torch.int32), async_op=True)
+    fut = w.get_future()
+    got = fut.wait()
+    checks["async allreduce"] = (w.is_completed() and torch.equal(t2, sum(inp(r, n, torch.int32)
+                                                                          for r in range(world)))
+                                 and got[0] is t2)
+    out = torch.empty(world * n)
+    dist.all_gather_into_tensor(out, inp(rank, n))
+    checks["all_gather_into_tensor"] = torch.equal(out, torch.cat([inp(r, n) for r in range(world)]))
+    outs = [torch.empty(n) for _ in range(world)]
+    dist.all_gather(outs, inp(rank, n))
+    checks["all_gather"] = all(torch.equal(outs[r], inp(r, n)) for r in range(world))
+    full = [inp(r, world * n) for r in range(world)]
+    o = torch.empty(n)
+    dist.reduce_scatter_tensor(o, full[rank])
+    checks["reduce_scatter_tensor"] = torch.equal(o, sum(full).chunk(world)[rank])
+    o = torch.empty(n)
+    dist.reduce_scatter(o, list(full[rank].chunk(world)), op=dist.ReduceOp.MIN)
+    checks["reduce_scatter min"] = torch.equal(o, torch.stack(full).min(0).values.chunk(world)[rank])
+    t = inp(rank, n)
+    dist.broadcast(t, src=0)
+    checks["broadcast"] = torch.equal(t, inp(0, n))
+    t = inp(rank, n)
+    dist.reduce(t, dst=0)
+    checks["reduce"] = torch.equal(t, sum(inp(r, n) for r in range(world))) if rank == 0 \
+        else torch.equal(t, inp(rank, n))
+    a = inp(rank, world * n)
+    b = torch.empty(world * n)
+    dist.all_to_all_single(b, a)
+    checks["all_to_all_single"] = torch.equal(
+        b, torch.cat([inp(r, world * n).chunk(world)[rank] for r in range(world)]))
+    dist.barrier()
+    # float64 is not served by hccc (no kernel); a non-contiguous tensor is (on a copy)
+    t = inp(rank, n, torch.float64)
+    dist.all_reduce(t)
+    checks["float64 fallback"] = torch.equal(t, sum(inp(r, n, torch.float64) for r in range(world)))
+    t = inp(rank, 2 * n).view(2, n)[:, ::2]
+    dist.all_reduce(t)
+    checks["non-contiguous"] = torch.equal(
+        t, sum(inp(r, 2 * n).view(2, n)[:, ::2] for r in range(world)))
+    import hccc.torch
+    stats = hccc.torch.stats() if "hccc" in backend else {}
+    dist.destroy_process_group()
+    return {"checks": checks, "stats": stats}
+
+
+def train_job(rank: int, world: int, url: str, backend: str, mode: str, steps: int):
+    sys.path.insert(0, str(ROOT / "examples" / "torch"))
+    import torch.distributed as dist
+    from train_ddp import train
+    snaps, losses = train(backend, steps, mode, rank=rank, world=world, init_method=url)
+    stats = {}
+    if "hccc" in backend:
+        import hccc.torch
+        stats = hccc.torch.stats()
+    dist.destroy_process_group()
+    return {"snaps": [s.numpy() for s in snaps], "losses": losses, "stats": stats}
+
+
+def bad_input_job(rank: int, world: int, url: str, timeout_s: float):
+    """Mismatched counts, mismatched dtypes, a tensor on a wrong device, then a rank that dies:
+    each on a fresh group of every rank; returns (scenario, error text or None, seconds) per
+    scenario as this rank saw it."""
+    import torch
+    import torch.distributed as dist
+    init("hccc", rank, world, url, timeout_s=6 * timeout_s)   # the groups below time out first
+    seen = []
+
+    def attempt(name, fn):
+        g = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s))
+        dist.all_reduce(torch.ones(8), group=g)           # the group's communicator exists
+        t0 = time.monotonic()
+        try:
+            fn(g)
+            err = None
+        except Exception as exc:
+            err = f"{type(exc).__name__}: {exc}"
+        seen.append((name, err, time.monotonic() - t0))
+
+    attempt("count", lambda g: dist.all_reduce(torch.ones(8 if rank == 0 else 16), group=g))
+    attempt("dtype", lambda g: dist.all_reduce(torch.ones(8, dtype=torch.float16 if rank == 1
+                                                           else torch.float32), group=g))
+    attempt("device", lambda g: dist.all_reduce(torch.ones(8, device="meta" if rank == 2 else "cpu"),
+                                                group=g))
+
+    def die(g):
+        if rank == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(torch.ones(8), group=g)
+    attempt("dead rank", die)
+    return seen
