@@ -200,6 +200,9 @@ def compile_module(outdir: Path, manifest: dict, tu: str, ranks: Sequence[int], 
             raise PlatformError(f"cannot run {tool}: {exc.strerror}") from None
         if res.returncode != 0 or not (tmp / out_name).is_file():
             tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-20:])
+            if platform == "hip" and "invalid target ID 'gfx94" in tail:   # MI300 (CDNA 3)
+                tail += ("\n(gfx940 / gfx941 / gfx942, the MI300 series, need ROCm 6.0 or later: its "
+                         "clang knows the targets; ROCm 5.x compilers such as Debian's hipcc 5.2 do not)")
             raise PlatformError(f"{Path(tool).name} failed to compile the {platform} kernels of "
                                 f"{outdir} (ranks {ranks[0]}..{ranks[-1]}):\n{tail}")
 
