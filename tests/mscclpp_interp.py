@@ -417,9 +417,17 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         if name in ("res", "rres"):
             for (o, l, lo, _, _) in dst[1:]:
                 _view(ranks, o, l, lo, n, half)[:] = acc
+    elif name == "ppkt" and ctype == "port":
+        # the source is already packets (the rank's scratch): they are put as they are
+        for i, (o, l, lo, n, _) in enumerate(dst):
+            s = src[i] if i < len(src) else src[0]
+            if s[1] != "s":
+                raise InterpError("port ppkt from a buffer other than scratch is not modelled")
+            val, fl, a, b = pk(r, s[2], n)
+            val2, fl2, a2, b2 = pk(o, lo, n)
+            val2[a2:b2], fl2[a2:b2] = val[a:b], fl[a:b]
+        writes = []
     elif name == "ppkt":
-        if ctype != "memory":
-            raise InterpError("ppkt over a port channel (packet-format source) is not modelled")
         for i, (o, l, lo, n, _) in enumerate(dst):
             s = src[i] if i < len(src) else src[0]
             val, fl, a, b = pk(o, lo, n)

@@ -71,6 +71,13 @@ def test_xml_export_benchmark_rows_and_reference_column(tmp_path):
     assert checks[0]["verdict"] == "fits" and checks[-1]["verdict"] != "fits"
 
 
+def test_mscclpp_plan_benchmark_rows():
+    mb = _load("mscclpp_plan")
+    (row,) = mb.run([("hm_allreduce_2x4", "a100_topo1")], 8 << 20)
+    assert row["ratio"] >= 0.98 and row["port_channels"] > 0 and row["max_ops"] <= 64
+    assert row["ops"] > row["nops"] > 0 and row["tbs"] >= 8
+
+
 def test_build_time_builds_the_generic_and_per_rank_kernels(tmp_path):
     """build_time's building blocks: the hccc compile in both modes (sizes), a g++ build of the
     table kernels with only the chosen instantiation, and a per-rank build of the specialised ones."""

@@ -182,7 +182,24 @@ def plan_semaphore_reducescatter():
     return _plan("reducescatter", gpus)
 
 
-HAND = [plan_read_reduce_allreduce, plan_direct_allgather, plan_packet_allgather, plan_pipelined_allreduce,
+def plan_forwarded_packets_allgather():
+    """2 ranks, LL: the input copied into the rank's own scratch as packets (cpkt), those packets
+    forwarded to the peer (rppkt), both regions unpacked into place (one read by two operations)."""
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+        ops = [{"name": "cpkt", "src_buff": [_b("i", 0)], "dst_buff": [_b("s", r)]}, NOP,
+               {"name": "rppkt", "src_buff": [_b("s", r)], "dst_buff": [_rb(0, r)], "channel_type": "memory",
+                "channel_ids": [0]}, NOP,
+               {"name": "upkt", "src_buff": [_b("s", r)], "dst_buff": [_b("o", r)]}, NOP,
+               {"name": "upkt", "src_buff": [_b("s", p)], "dst_buff": [_b("o", p)]}]
+        gpus.append(_gpu(r, 1, 2, 2, [{"channel_type": "memory", "connected_to": [p]}],
+                         [{"rank": p, "type": "s", "access_channel_types": ["memory"]}],
+                         [{"id": 0, "ops": ops, "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}]))
+    return _plan("allgather", gpus, proto="LL")
+
+
+HAND = [plan_forwarded_packets_allgather, plan_read_reduce_allreduce, plan_direct_allgather, plan_packet_allgather, plan_pipelined_allreduce,
         plan_semaphore_reducescatter]
 
 

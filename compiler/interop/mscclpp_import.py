@@ -39,9 +39,9 @@ from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NA
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
-                "gstorepkt": "switch (NVLS) channels", "cpkt": "local packet copies",
-                "rppkt": "forwarding packets from scratch", "recpkt": "local packet copies",
-                "recspkt": "local packet copies"}
+                "gstorepkt": "switch (NVLS) channels"}
+#: operations that read packets from the rank's own scratch (which sources: from this one on)
+_PACKET_READS = {"upkt": 0, "repkt": 1, "respkt": 1, "recpkt": 1, "recspkt": 1, "rppkt": 0}
 
 
 # ---------------------------------------------------------------------------------------- locations
@@ -206,6 +206,8 @@ class _Importer:
         self.coll, self.proto, self.inplace = coll, proto, inplace
         self.ic, self.oc, self.C = ic, oc, C
         self.scratch = [g["scratch_chunks"] for g in gpus]
+        #: packets of a rank's own scratch region q live in ProgramIR scratch slot PK + q
+        self.PK = max(self.scratch) if proto == "LL" else 0
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
@@ -362,6 +364,10 @@ class _Importer:
         emit_at: dict[tuple, list] = defaultdict(list)     # (rank, tb, op position) -> rows to emit there
         packet_writes = defaultdict(list)                  # receiver -> [(lo, n, send)]
         packet_reads = defaultdict(set)                    # reader -> boundaries of the packet regions it reads
+        local_pk = defaultdict(list)                       # rank -> packets it writes into its own scratch
+        self.pk_readers = defaultdict(list)
+        self.local_pk_by = {}                              # (rank, tb, op) -> its local packet write
+        self.pk_deps = []                                  # (reader row, packet write): flags order them
         reads = []                                         # remote reads: (rank, tb, pos, peer, wait key, region)
         last_wait = {}
         msg_id = [0]
@@ -374,15 +380,24 @@ class _Importer:
             for pos, (p, op) in enumerate(ops):
                 name = op["name"]
                 t, ids = op["_t"], op["_ids"]
-                if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt"):
+                if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
                     dsts = op.get("dst_buff", [])
                     srcs = op.get("src_buff", [])
-                    first_remote = 1 if name in ("res", "rres", "respkt") else 0
+                    first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
                     for j, ref in enumerate(dsts[first_remote:], start=first_remote):
                         if "buffer_id" not in ref:
                             raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
                         peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
-                        if name in ("put", "pws", "pwsf", "ppkt"):
+                        port_pkt = name == "ppkt" and t == "port"
+                        if port_pkt and (not srcs or srcs[0].get("type") != "s"):
+                            raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
+                                            "only packets of the rank's scratch are modelled")
+                        if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
+                            _, _, qi, qn = self._ref(op, srcs[0], p + ("src_buff", 0), r)
+                            sb, so, sn = Buf.SCRATCH, self.PK + qi, qn
+                            if sn != n:
+                                raise rd.err(p, "source and destination sizes differ")
+                        elif name in ("put", "pws", "pwsf", "ppkt"):
                             s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
                             if s is None:
                                 raise rd.err(p, f"'{name}' without a source")
@@ -395,9 +410,9 @@ class _Importer:
                         send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
                                 "dst": (buf, idx, n), "path": p}
                         emit_at[(r, ti, pos)].append(("send", send))
-                        if name in ("ppkt", "respkt"):
-                            if t != "memory":
-                                raise rd.err(p, "packets over a port channel are not modelled")
+                        if name in ("ppkt", "respkt", "recspkt", "rppkt"):
+                            if t != "memory" and name not in ("rppkt", "ppkt"):
+                                raise rd.err(p, f"'{name}' over a port channel is not modelled")
                             packet_writes[peer].append((idx, n, send))
                         else:
                             # a memory put is announced by the block's next signal to that peer (the
@@ -416,11 +431,20 @@ class _Importer:
                         nwait[(r, t, c)] += 1
                         last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
                         emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
-                if name in ("upkt", "repkt", "respkt"):
+                if name in _PACKET_READS or (name == "ppkt" and t == "port"):
                     srcs = op.get("src_buff", [])
-                    for j in range(0 if name == "upkt" else 1, len(srcs)):
+                    name = "rppkt" if name == "ppkt" else name
+                    for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
+                                                                                                else len(srcs)))):
                         _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
                         packet_reads[r].update((idx, idx + n))
+                        self.pk_readers[r].append((idx, idx + n))
+                if name in ("cpkt", "recpkt", "recspkt"):
+                    k = 0 if name == "cpkt" else 1
+                    _, _, idx, n = self._ref(op, op["dst_buff"][k], p + ("dst_buff", k), r)
+                    w = {"rank": r, "local": True, "path": p, "tb": ti}
+                    local_pk[r].append((idx, n, w))
+                    self.local_pk_by[(r, ti, pos)] = w
                 if name in ("get", "rre", "rres"):
                     srcs = op.get("src_buff", [])
                     first = 0 if name == "get" else 1
@@ -451,12 +475,20 @@ class _Importer:
                 at = emit_at[(send["rank"], send["tb"], send["pos"])]
                 k = next(i for i, e in enumerate(at) if e[1] is send)
                 at[k:k + 1] = [("send", x) for x in pieces]
+            parts += local_pk.pop(peer, [])
             parts.sort(key=lambda x: x[0])
             for (a, n, s1), (b, _, s2) in zip(parts, parts[1:]):
                 if b < a + n:
                     raise rd.err(s2["path"], f"rank {s2['rank']} puts packets into rank {peer}'s scratch where rank "
                                              f"{s1['rank']} puts packets too: which one a read sees is not fixed")
             packet_writes[peer] = parts
+        for peer, parts in local_pk.items():
+            packet_writes[peer] = sorted(parts, key=lambda x: x[0])
+        # a packet region read by one operation is received into that operation's place; one read
+        # by several is received into the scratch (at self.PK + index) by the first and read there
+        for peer, parts in packet_writes.items():
+            for lo, n, w in parts:
+                w["readers"] = sum(1 for a, b in self.pk_readers.get(peer, []) if a <= lo and lo + n <= b)
         for key, lst in pending.items():
             if lst:
                 raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
@@ -583,6 +615,10 @@ class _Importer:
                 for tj, arrive, _, _ in arr:
                     if tj != ti:
                         deps.append((depart, arrive))
+        for row, w in self.pk_deps:
+            if w.get("pk_row") is None:
+                raise rd.err(w["path"], "packets read before anything writes them")
+            deps.append((row, w["pk_row"]))
         return self._finish(rows, deps, tb_rows)
 
     def _channel_to(self, r, t, ids, j, peer, p, ti):
@@ -644,15 +680,22 @@ class _Importer:
                     ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
                 acc = d
             return
-        if name in ("upkt", "repkt", "respkt"):
+        if name == "cpkt":
+            sr = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
+            q = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2], db=Buf.SCRATCH,
+                                                        do=self.PK + q[2], n=sr[3])
+            return
+        if name == "ppkt" and op["_t"] == "port":
+            name = "rppkt"            # packets of its own scratch, put as they are
+        if name in _PACKET_READS:
             srcs = op.get("src_buff", [])
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
-            local = None if name == "upkt" else self._ref(op, srcs[0], p + ("src_buff", 0), r)
-            acc = local
-            first_pk = 0 if name == "upkt" else 1
-            for j in range(first_pk, len(srcs)):
-                ref = srcs[j]
-                q = self._ref(op, ref, p + ("src_buff", j), r)
+            first_pk = _PACKET_READS[name]
+            last = first_pk + 1 if name == "rppkt" else len(srcs)
+            d = None if name == "rppkt" else self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
+            for j in range(first_pk, last):
+                q = self._ref(op, srcs[j], p + ("src_buff", j), r)
                 pieces = sorted((w for w in packet_writes.get(r, []) if q[2] <= w[0] and w[0] + w[1] <= q[2] + q[3]),
                                 key=lambda w: w[0])
                 cover = q[2]
@@ -662,19 +705,40 @@ class _Importer:
                     cover += n
                 if cover != q[2] + q[3]:
                     raise rd.err(p + ("src_buff", j), f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
-                                                      f"not exactly the regions peers put packets into")
+                                                      f"not exactly the regions packets are written into")
                 for lo, n, s in pieces:
-                    if s.get("channel") is not None:
-                        raise rd.err(p, f"packets from rank {s['rank']} read twice")
-                    s["channel"] = channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
                     off = lo - q[2]
+                    slot = self.PK + lo
+                    if not s.get("local") and not s.get("received"):
+                        s["channel"] = channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
+                        s["received"] = True
+                        if d is not None and s.get("readers", 1) == 1:
+                            if acc is None:
+                                add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                                    ch=s["channel"], db=d[1], do=d[2] + off, n=n)
+                            else:
+                                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                                    ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
+                            continue
+                        s["pk_row"] = add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                                       ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
+                        s["tb_in"] = ti
+                    elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
+                        # packets another block wrote here: their flags make this read wait for them
+                        self.pk_deps.append((add(r, ti, Op.NOP, p, desc), s))
+                    if d is None:
+                        continue            # rppkt: its sends read the slot
                     if acc is None:
-                        add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"], ch=s["channel"],
-                            db=d[1], do=d[2] + off, n=n)
+                        add(r, ti, Op.COPY, p, desc, sb=Buf.SCRATCH, so=slot, db=d[1], do=d[2] + off, n=n)
                     else:
-                        add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                            ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
-                acc = d if acc is not None else None
+                        self._reduce_local(r, ti, p, desc, add, [(r, acc[1], acc[2] + off, n), (r, Buf.SCRATCH, slot, n)],
+                                           (r, d[1], d[2] + off, n))
+                if d is not None and acc is not None:
+                    acc = d
+            if name in ("recpkt", "recspkt"):
+                q = self._ref(op, op["dst_buff"][1], p + ("dst_buff", 1), r)
+                self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
+                                                            db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
             return
 
     def _reduce_local(self, r, ti, p, desc, add, srcs, d):
@@ -712,7 +776,7 @@ class _Importer:
         plan = self.plan
         ir = ProgramIR(name=sanitize_identifier(str(plan.get("name", "mscclpp_plan"))[:64] or "mscclpp_plan"),
                        collective=self.coll, nranks=R, nchunks=self.C, in_chunks=self.ic, out_chunks=self.oc,
-                       scratch_chunks=max(self.scratch), prims=cols, dep_prim=np.asarray(dp, np.int64),
+                       scratch_chunks=max(self.scratch) + self.PK, prims=cols, dep_prim=np.asarray(dp, np.int64),
                        dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
                        stats={"source": "mscclpp-plan", "proto": self.proto, "msccl_inplace": self.inplace,
                               "msccl_outofplace": not self.inplace,
