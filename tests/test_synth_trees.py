@@ -187,3 +187,21 @@ def test_simulated_allgather_reaches_the_bound(cluster):
     t = simulate(ir, topo, M, slice_bytes="auto").time_s
     bound = bandwidth_cut_bound(network_from_topology(topo), "allgather", topo.nranks, 1, 0, M)
     assert bound / t >= 0.98
+
+
+def test_symmetry_solves_one_root_per_class_at_the_same_optimum():
+    """Identical nodes: the LP over one root per class of equivalent ranks (trees translated to the
+    other roots) reaches the same optimum as the LP over every root, and every rank is a root."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.trees import node_symmetry, pack_trees, pair_bandwidth
+
+    topo = load_cluster(CLUSTERS / "a100_topo3.topo")       # 4 identical nodes
+    net = network_from_topology(topo)
+    group = node_symmetry(net)
+    assert group is not None and len(group) == 4
+    sym = pack_trees(net, pair_bw=pair_bandwidth(topo))
+    full = pack_trees(net, pair_bw=pair_bandwidth(topo), symmetry=False)
+    assert sym.stats["classes"] == 4 and full.stats["classes"] == topo.nranks
+    assert sym.lp_time == pytest.approx(full.lp_time, rel=1e-6)
+    assert sorted(set(sym.roots)) == list(range(topo.nranks))
+    assert node_symmetry(network_from_topology(load_cluster(CLUSTERS / "h20_4_8.topo"))) is None

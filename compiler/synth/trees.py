@@ -192,14 +192,72 @@ def _tree_column(net: Network, pairs: np.ndarray) -> np.ndarray:
     return np.concatenate([pairs.astype(np.int64)] + [net.npairs + g.astype(np.int64) for g in gs])
 
 
+def _shift_perm(net: Network, sigma: np.ndarray) -> np.ndarray | None:
+    """The permutation of resources (pairs, then groups) that the rank permutation ``sigma``
+    induces, or None when ``sigma`` is no automorphism (a pair, a bandwidth or a group that does
+    not map onto an equal one)."""
+    P = net.npairs
+    pp = net.pair_index(sigma[net.psrc], sigma[net.pdst])
+    if (pp < 0).any() or not np.allclose(net.bw[pp], net.bw):
+        return None
+    members = net.group_pairs()
+    index = {tuple(sorted(m.tolist())): g for g, m in enumerate(members)}
+    gp = np.array([index.get(tuple(sorted(pp[m].tolist())), -1) for m in members], np.int64)
+    if (gp < 0).any() or (gp.size and not np.allclose(net.gbw[gp], net.gbw)):
+        return None
+    return np.r_[pp, P + gp].astype(np.int64)
+
+
+def node_symmetry(net: Network) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Automorphisms of a cluster of identical nodes, as (rank permutation, resource permutation)
+    pairs forming a group that acts freely on the ranks: shifting every rank to the next node (when
+    all nodes have the same size and the shift maps pairs, bandwidths and groups onto equal ones),
+    and also shifting every rank to the next GPU of its node when that is one too. None without
+    such a symmetry."""
+    node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
+    n = net.nranks
+    sizes = np.bincount(node)
+    if sizes.size < 2 or (sizes != sizes[0]).any() or not (np.diff(node) >= 0).all() or net.bw is None:
+        return None
+    g = int(sizes[0])
+    r = np.arange(n)
+    gens = []
+    for k, sigma in enumerate(((r + g) % n, (r // g) * g + (r % g + 1) % g)):
+        if (sigma == r).all():
+            continue
+        res = _shift_perm(net, sigma)
+        if res is None:
+            if k == 0:
+                return None      # no node shift: no symmetry used
+            continue
+        gens.append((sigma, res))
+    R = net.npairs + net.ngroups
+    elems = [(r, np.arange(R))]
+    for sigma, res in gens:      # the generators commute (node and GPU shifts): all products
+        powers, cur, cres = [], r, np.arange(R)
+        while True:
+            powers.append((cur, cres))
+            cur, cres = sigma[cur], res[cres]
+            if (cur == r).all():
+                break
+        elems = [(p[e], pr[er]) for e, er in elems for p, pr in powers]
+    return elems
+
+
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-               round_tol: float = ROUND_TOL) -> Packing:
+               round_tol: float = ROUND_TOL, symmetry: bool = True) -> Packing:
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
     seconds per byte of each rank's data (the cut bound), used to stop early; ``max_chunks``: the
-    largest chunks per rank the rounding may use."""
+    largest chunks per rank the rounding may use.
+
+    ``symmetry``: on clusters of identical nodes (:func:`node_symmetry`) only one root per class of
+    equivalent ranks is solved: a packing that gives every translate of a representative's trees to
+    the translated root loads every resource of an orbit alike, ``|t & O| |G| / |O|`` for a tree
+    ``t``, the orbit ``O`` and the group ``G``, so the LP has a row per resource orbit and trees
+    for the representatives only; the trees of the other ranks are the translates."""
     from scipy import sparse
     from scipy.optimize import linprog
 
@@ -217,9 +275,30 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     rp, rg = net.pair_group_rows()
     inc = sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
                             shape=(P, R))
+    group = node_symmetry(net) if symmetry else None
+    if group is not None:
+        perms = [e for e, _ in group]
+        res_perms = [er for _, er in group]
+        orb_min = np.arange(R)
+        rank_min = np.arange(n)
+        for rpm, e in zip(res_perms, perms):
+            orb_min = np.minimum(orb_min, rpm)
+            rank_min = np.minimum(rank_min, e)
+        _, orb = np.unique(orb_min, return_inverse=True)
+        reps = np.unique(rank_min)
+    else:
+        perms = [np.arange(n)]
+        orb = np.arange(R)
+        reps = np.arange(n)
+    RO = int(orb.max()) + 1
+    osize = np.bincount(orb, minlength=RO)
+    mult = len(perms) / osize                   # load on each member per tree member in the orbit
+    first = np.full(RO, -1, np.int64)
+    first[orb[::-1]] = np.arange(R)[::-1]
+    ocap = capn[first]                           # the members of an orbit have equal capacities
 
-    def price(pi: np.ndarray, r: int) -> tuple[float, np.ndarray]:
-        w = inc @ pi
+    def price(pi_o: np.ndarray, r: int) -> tuple[float, np.ndarray]:
+        w = inc @ (pi_o * mult)[orb]
         C = np.full((n, n), np.inf)
         C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
         par = min_arborescence(C, r)
@@ -239,12 +318,15 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         seen.add(key)
         col_par.append(par)
         col_root.append(r)
-        cols.append(_tree_column(net, _tree_pairs(net, par, r)))
+        cols.append(orb[_tree_column(net, _tree_pairs(net, par, r))])
         return True
 
-    pi0 = np.where(ok, 1.0 / np.where(ok, capn, 1.0), 0.0)
-    for r in range(n):
+    okc = ocap > 0
+    pi0 = np.where(okc, 1.0 / np.where(okc, ocap, 1.0), 0.0) / mult
+    for r in reps.tolist():
         add(r, price(pi0, r)[1])
+    root_row = np.full(n, -1, np.int64)
+    root_row[reps] = np.arange(reps.size)
     best_lb = 0.0 if bound is None else float(bound) * scale
     lp_val = np.inf
     it = 0
@@ -257,12 +339,12 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         lens = np.array([c.size for c in cols])
         rows = np.concatenate(cols)
         colidx = np.repeat(np.arange(J), lens)
-        A_res = sparse.csr_matrix((np.ones(rows.size), (rows, colidx)), shape=(R, J))
-        A_ub = sparse.hstack([A_res, sparse.csr_matrix(-capn.reshape(-1, 1))]).tocsr()
-        A_eq = sparse.csr_matrix((np.ones(J), (np.array(col_root), np.arange(J))), shape=(n, J + 1))
+        A_res = sparse.csr_matrix((mult[rows], (rows, colidx)), shape=(RO, J))
+        A_ub = sparse.hstack([A_res, sparse.csr_matrix(-ocap.reshape(-1, 1))]).tocsr()
+        A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(reps.size, J + 1))
         c = np.zeros(J + 1)
         c[-1] = 1.0
-        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(R), A_eq=A_eq, b_eq=np.ones(n),
+        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(reps.size),
                       bounds=[(0, None)] * (J + 1), method="highs")
         if res.status != 0:
             raise PackingError(f"the packing LP failed: {res.message}")
@@ -270,13 +352,13 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         y = res.x[:J]
         pi = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
         lam = np.asarray(res.eqlin.marginals)
-        denom = float(pi @ capn)
+        denom = float(pi @ ocap)
         added = 0
         lag = 0.0
-        for r in range(n):
+        for i, r in enumerate(reps.tolist()):
             cost, par = price(pi, r)
             lag += cost
-            if cost < lam[r] - 1e-9 * max(1.0, abs(lam[r])):
+            if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
                 added += add(r, par)
         if denom > 0:
             best_lb = max(best_lb, lag / denom)
@@ -285,15 +367,15 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     # integral chunk counts (columns added in the last round have no weight yet)
     y = np.r_[y, np.zeros(len(cols) - y.size)]
     col_res = cols
-    load_unit = np.zeros((len(cols), R))
+    load_unit = np.zeros((len(cols), RO))
     for j, cj in enumerate(col_res):
-        np.add.at(load_unit[j], cj, 1.0)
+        np.add.at(load_unit[j], cj, mult[cj])
     kmax = max_chunks or CHUNK_CANDIDATES[-1]
     best = None
     for K in [k for k in CHUNK_CANDIDATES if min_chunks <= k <= kmax] or [min_chunks]:
         counts = _round_counts(y, np.array(col_root), n, K)
-        counts = _repair(counts, np.array(col_root), load_unit, capn, K)
-        t = _time_of(counts, load_unit, capn, K)
+        counts = _repair(counts, np.array(col_root), load_unit, ocap, K)
+        t = _time_of(counts, load_unit, ocap, K)
         if best is None or t < best[0] * (1 - 1e-12):
             best = (t, K, counts)
         if t <= lp_val * (1 + round_tol):
@@ -301,14 +383,24 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     t_round, K, counts = best
     keep = np.flatnonzero(counts > 0)
     order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
-    roots = [int(col_root[j]) for j in order]
-    parents = [col_par[j].copy() for j in order]
-    cnts = [int(counts[j]) for j in order]
-    load = (counts[:, None] * load_unit).sum(axis=0) / K
+    roots, parents, cnts = [], [], []
+    for j in order.tolist():           # every translate of a representative's tree
+        for e in perms:
+            par = col_par[j]
+            tp = np.full(n, -1, np.int64)
+            has = par >= 0
+            tp[e[np.flatnonzero(has)]] = e[par[has]]
+            roots.append(int(e[col_root[j]]))
+            parents.append(tp)
+            cnts.append(int(counts[j]))
+    load = np.zeros(R)
+    for r, par, c in zip(roots, parents, cnts):
+        np.add.at(load, _tree_column(net, _tree_pairs(net, par, r)), c / K)
     limit = capn * t_round
     return Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
                    it, len(cols), time.perf_counter() - t0, load[:P].copy(),
-                   {"lp_trees": int((y > 1e-9).sum())}, load, limit)
+                   {"lp_trees": int((y > 1e-9).sum()), "symmetry": len(perms), "classes": int(reps.size),
+                    "lp_rows": RO}, load, limit)
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
@@ -443,7 +535,7 @@ def _flatten(net: Network, roots, parents, counts, K: int, load: np.ndarray, lim
 def _round_counts(y: np.ndarray, root: np.ndarray, n: int, K: int) -> np.ndarray:
     """Per column a count, ``sum over a root's columns = K``, nearest to ``K * y`` (largest remainder)."""
     counts = np.zeros(y.size, np.int64)
-    for r in range(n):
+    for r in np.unique(root).tolist():
         js = np.flatnonzero(root == r)
         w = np.maximum(y[js], 0.0)
         w = w / w.sum() if w.sum() > 0 else np.full(js.size, 1.0 / js.size)
