@@ -55,8 +55,8 @@ def _run_variants(a, ir, mults=(1, 3)):
 @pytest.mark.parametrize("name", SMALL)
 def test_examples_compute_their_collective(name):
     a = _alg(name)
-    _run_variants(a, build_program(a))
-    _run_variants(a, build_algorithm_level(a), mults=(2,))
+    _run_variants(a, build_program(a), mults=(3,))
+    _run_variants(a, build_algorithm_level(a), mults=(1,))
 
 
 @pytest.mark.slow

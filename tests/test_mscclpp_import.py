@@ -267,3 +267,21 @@ def test_check_command_reads_a_plan(tmp_path, capsys):
     ir_json = tmp_path / "ir.json"
     ir_json.write_text(build_program(_alg("ring_allgather_8")).to_json())
     assert load_program(ir_json).stats.get("source") != "mscclpp-plan"
+
+
+def test_sim_reads_a_plan(tmp_path, capsys):
+    from hccc.cli import main
+    f = tmp_path / "p.json"
+    f.write_text(plan_text(export_plan(build_algorithm_level(_alg("hm_allgather_2x4")), nodes=node_map(8, 4))))
+    assert main(["sim", str(f), "--topology", str(EX / "clusters" / "a100_topo1.topo"), "--sizes", "1M"]) == 0
+    assert "1048576" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_executes_a_plan_in_cpu_emulation(tmp_path, capsys):
+    """hccc run: the imported plan compiled into kernels, run in CPU emulation, every element checked."""
+    from hccc.cli import main
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(plan_forwarded_packets_allgather()))
+    assert main(["run", str(f), "--sizes", "64K", "-n", "1", "-w", "0"]) == 0
+    assert "Out of bounds values : 0 OK" in capsys.readouterr().out
