@@ -75,6 +75,7 @@ _COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
 _FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
 # host segment: uint64 words
 _H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE = range(9)
+# (word 15: the network proxy's heartbeat in multi-node jobs, hccc.runtime.net.BEAT_OFFSET)
 _MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
 _RUNNING, _FAILED, _CLOSED = 0, 1, 2
 _POLL_S = 0.0005
@@ -473,12 +474,11 @@ class Communicator:
                 failed = failed or f"rank {r} failed ({self._reason(seg)})"
             elif state == _CLOSED:
                 return f"rank {r} closed its communicator"
-            elif self._net is not None and self.nodes[r] != self.nodes[self.rank]:
-                lost = self._net.peer_problem(r)
-                if lost:
-                    return lost
-            elif not shm.process_alive(self._pids[r]):
-                return f"rank {r} (process {self._pids[r]}) exited"
+            elif self._net is not None and (lost := self._net.peer_problem(r, w)):
+                return lost         # across nodes: connection lost, heartbeat stopped
+            elif (self._net is None or r not in self._net.remote) and not shm.process_alive(self._pids[r]):
+                where = f" on node {self.nodes[r]}" if self._net is not None else ""
+                return f"rank {r} (process {self._pids[r]}{where}) exited"
         return failed
 
     @staticmethod

@@ -234,13 +234,15 @@ class NetLink:
     def where(self, rank: int) -> str:
         return f"node {self.nodes[rank]}"
 
-    def peer_problem(self, peer: int) -> str | None:
-        """Why remote ``peer`` cannot take part (connection lost, stopped responding), or None."""
-        err = self.tx.peer_error(peer) if self.tx is not None else "transport closed"
-        if err:
-            return (f"rank {peer} on node {self.nodes[peer]}: connection lost ({err}; the process "
-                    "died or the network dropped)")
-        beat = int(np.frombuffer(self._views[peer], dtype=np.uint64, count=16)[BEAT_OFFSET // 8])
+    def peer_problem(self, peer: int, words) -> str | None:
+        """Why ``peer`` cannot take part (a remote peer's connection lost; any peer's heartbeat
+        stopped), or None. ``words``: the peer's host segment words (mapped or mirrored)."""
+        if peer in self.remote:
+            err = self.tx.peer_error(peer) if self.tx is not None else "transport closed"
+            if err:
+                return (f"rank {peer} on node {self.nodes[peer]}: connection lost ({err}; the "
+                        "process died or the network dropped)")
+        beat = int(words[BEAT_OFFSET // 8])
         now = time.monotonic()
         last = self._beats.get(peer)
         if last is None or last[0] != beat:

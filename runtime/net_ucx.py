@@ -135,15 +135,21 @@ class UcxTransport(Transport):
         self._lib.hn_set_segment(self._h, ptr, nbytes, stride, beat_offset)
 
     def set_shape(self, region_bytes, region_used, max_cnt) -> None:
+        if not self._h:
+            return
         self._lib.hn_set_shape(self._h, region_bytes, region_used, max_cnt)
 
     def start(self) -> None:
         self._lib.hn_start(self._h)
 
     def drain(self, timeout_s: float) -> bool:
+        if not self._h:
+            return False
         return self._lib.hn_drain(self._h, int(timeout_s * 1000)) == 0
 
     def reset(self, timeout_s: float) -> bool:
+        if not self._h:
+            return False
         return self._lib.hn_reset(self._h, int(timeout_s * 1000)) == 0
 
     def _status(self, st: int) -> str:
@@ -156,6 +162,8 @@ class UcxTransport(Transport):
         return self._status(st) if st else None
 
     def counters(self) -> tuple[int, int]:
+        if not self._h:
+            return 0, 0
         out = (ctypes.c_uint64 * 2)()
         self._lib.hn_counters(self._h, out)
         return int(out[0]), int(out[1])

@@ -44,6 +44,19 @@ def _run_job(job: dict):
                 def die(*_a, **_k):
                     os.kill(os.getpid(), signal.SIGKILL)
                 comm._pf.launch = die
+            if call.get("stop_in_kernel"):      # stopped (SIGSTOP) instead of launching
+                def stop(*_a, **_k):
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                comm._pf.launch = stop
+            if call.get("sever_in_kernel"):     # the network connections drop, then the launch
+                launch = comm._pf.launch
+
+                def sever(*a, **k):
+                    comm._net.tx.close()
+                    launch(*a, **k)
+                comm._pf.launch = sever
+            if call.get("poke_ports"):          # garbage into every TCP port this process listens on
+                _poke_own_ports()
             x = np.array(x, copy=True)
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
@@ -57,6 +70,60 @@ def _run_job(job: dict):
     return outs
 
 
+def _own_listening_ports() -> list[tuple[str, int]]:
+    """The TCP (address, port) pairs this process listens on (IPv4 and IPv6)."""
+    import socket
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:          # LISTEN, ours
+                addr, port = f[1].rsplit(":", 1)
+                if len(addr) == 8:                        # IPv4, little-endian hex
+                    host = socket.inet_ntoa(bytes.fromhex(addr)[::-1])
+                    host = "127.0.0.1" if host == "0.0.0.0" else host
+                else:
+                    host = "::1"
+                ports.append((host, int(port, 16)))
+    return sorted(set(ports))
+
+
+def _poke_own_ports() -> None:
+    import socket
+    rng = np.random.default_rng(0)
+    for host, port in _own_listening_ports():
+        for payload in (b"", rng.integers(0, 256, 64, dtype=np.uint8).tobytes(),
+                        rng.integers(0, 256, 65536, dtype=np.uint8).tobytes()):
+            try:
+                with socket.create_connection((host, port), timeout=2) as s:
+                    s.sendall(payload)
+            except OSError:
+                pass
+
+
+def resources() -> dict:
+    """Threads and sockets of this process (leak checks)."""
+    socks = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            socks += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return {"threads": len(os.listdir("/proc/self/task")), "sockets": socks}
+
+
 def _worker(conn) -> None:
     import torch.distributed  # noqa: F401  (imported once, before the first job)
     while True:
@@ -64,10 +131,11 @@ def _worker(conn) -> None:
         if job is None:
             return
         try:
-            conn.send({"ok": True, "outputs": _run_job(job)})
+            outputs = _run_job(job)
+            conn.send({"ok": True, "outputs": outputs, "resources": resources()})
         except BaseException as exc:   # reported to the test
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                       "trace": traceback.format_exc()})
+                       "trace": traceback.format_exc(), "resources": resources()})
 
 
 class RankPool:

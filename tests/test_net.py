@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -179,3 +180,92 @@ def test_private_shm_really_separates(tmp_path):
         p.wait(240)
     errs = [(out / f"{r}.err").read_text() for r in range(2) if (out / f"{r}.err").exists()]
     assert errs and any("map a peer's memory" in e for e in errs), errs
+
+
+# ------------------------------------------------------------------------------ failures
+def _send_all(pool, ir, calls, nodes, **extra):
+    url = "file://" + str(pool.tmpdir / f"store-{time.monotonic_ns()}")
+    for r in range(ir.nranks):
+        pool.workers[r][1].send({"ir": ir.to_json(), "rank": r, "world": ir.nranks, "url": url,
+                                 "calls": calls[r], "nodes": nodes, "env": TCP, "timeout": 20.0,
+                                 "kernel_timeout": 10.0, **extra})
+
+
+def _replies(pool, ranks, wait_s=120.0):
+    out = {}
+    for r in ranks:
+        conn = pool.workers[r][1]
+        try:
+            out[r] = conn.recv() if conn.poll(wait_s) else {"ok": False, "error": "no answer"}
+        except EOFError:
+            out[r] = None
+    return out
+
+
+FAILURES = {
+    "sigkill": {"die_in_kernel": True},
+    "sigstop": {"stop_in_kernel": True},
+    "dropped": {"sever_in_kernel": True},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", sorted(FAILURES))
+def test_failed_rank_is_reported_with_its_node_and_nothing_leaks(tmp_path, how):
+    """Rank 3 (node b) dies, stops, or loses its connections while the others run the kernel:
+    every other rank gets a CommunicatorError naming rank 3 (and node b) within the timeout; the
+    survivors' threads and sockets are back to what they were, and a later cross-node
+    communicator in the same processes works."""
+    _require_torch()
+    pool = RankPool(4, tmp_path)
+    try:
+        small = build_program(gen.ring_allreduce(3), chunk_bytes=256)
+        scalls, swant, _ = calls_for(small, 300)
+        _send_all(pool, small, scalls, ["a", "a", "b"])
+        base = _replies(pool, range(3))
+        check([base[r] for r in range(3)], swant, "before")
+        ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
+        calls, _, _ = calls_for(ir, 1000)
+        calls[3] = [dict(calls[3][0], **FAILURES[how])]
+        t0 = time.monotonic()
+        _send_all(pool, ir, calls, ["a", "a", "b", "b"])
+        got = _replies(pool, range(3))
+        took = time.monotonic() - t0
+        for r in range(3):
+            assert got[r] is not None and not got[r]["ok"], f"rank {r}: {got[r]}"
+            err = got[r]["error"]
+            assert "CommunicatorError" in err and "rank 3" in err, f"rank {r}: {err}"
+            if r < 2 and how != "dropped":
+                assert "node b" in err, f"rank {r}: {err}"
+        assert took < 20.0 + 2 * 10.0 + 15, f"reported after {took:.0f} s"
+        if how == "sigstop":
+            p = pool.workers[3][0]
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(10)
+        elif how == "dropped":
+            rep = _replies(pool, [3])[3]
+            assert rep is not None and not rep["ok"], rep
+        after_fail = {r: got[r]["resources"] for r in range(3)}
+        _send_all(pool, small, scalls, ["a", "a", "b"])
+        later = _replies(pool, range(3))
+        check([later[r] for r in range(3)], swant, "after")
+        for r in range(3):
+            for what in ("threads", "sockets"):
+                assert after_fail[r][what] <= base[r]["resources"][what], (r, what, after_fail[r],
+                                                                            base[r]["resources"])
+                assert later[r]["resources"][what] <= base[r]["resources"][what], (r, what)
+    finally:
+        for p, _ in pool.workers:
+            if p.is_alive():
+                p.kill()
+        pool.close()
+
+
+def test_stray_connections_do_not_hurt(pool):
+    """Garbage (empty, short, 64 KiB) sent to every TCP port the ranks listen on, after set-up and
+    before a call: the call is still right."""
+    ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
+    calls, want, count = calls_for(ir, 500)
+    calls = [[dict(c[0], poke_ports=True)] for c in calls]
+    replies = pool.run(ir.to_json(), 4, calls, nodes=["a", "a", "b", "b"], env=TCP)
+    check(replies, want, "after stray connections")
