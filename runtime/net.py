@@ -93,6 +93,19 @@ def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: in
     return out
 
 
+def declared_gpus_per_node(algo) -> int:
+    """The ``GPUPerNode`` an algorithm file's header declares (a ResCCLang ``.rccl`` path), else 0
+    (unknown: a ProgramIR or an OUTDIR keeps no node size)."""
+    if not isinstance(algo, (str, os.PathLike)) or not str(algo).endswith(".rccl"):
+        return 0
+    try:
+        from hccc.compiler.frontend import parse_rccl
+        with open(algo, encoding="utf-8") as f:
+            return int(parse_rccl(f.read(), str(algo)).header.gpu_per_node or 0)
+    except Exception:       # the Communicator reports a bad file when it loads it
+        return 0
+
+
 def _ranges(rs: list[int]) -> str:
     out, i = [], 0
     rs = sorted(rs)
@@ -268,5 +281,5 @@ class NetLink:
             self._mirrors = None
 
 
-__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "get_transport", "node_name",
-           "placement_problems"]
+__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "declared_gpus_per_node",
+           "get_transport", "node_name", "placement_problems"]

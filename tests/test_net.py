@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
@@ -66,6 +68,17 @@ def test_placement_problems():
     assert any("places on 2 nodes" in m for m in merged)
     mixed = placement_problems(["a", "a", "b", "b"], ["cuda", "hip", "hip", "hip"])
     assert mixed and "node a holds ranks of CUDA and HIP" in mixed[0]
+
+
+def test_declared_gpus_per_node():
+    from hccc.runtime.net import declared_gpus_per_node, placement_problems
+    root = Path(__file__).resolve().parent.parent / "examples"
+    assert declared_gpus_per_node(root / "hm_allreduce_2x4.rccl") == 4
+    assert declared_gpus_per_node(str(root / "hm_allgather_4x4.rccl")) == 4
+    assert declared_gpus_per_node(root / "msccl") == 0
+    G = declared_gpus_per_node(root / "hm_allreduce_2x4.rccl")
+    assert placement_problems([f"n{r // 4}" for r in range(8)], ["cuda"] * 8, G) == []
+    assert placement_problems([f"n{r % 2}" for r in range(8)], ["cuda"] * 8, G)
 
 
 def test_node_names(monkeypatch):
@@ -269,3 +282,146 @@ def test_stray_connections_do_not_hurt(pool):
     calls = [[dict(c[0], poke_ports=True)] for c in calls]
     replies = pool.run(ir.to_json(), 4, calls, nodes=["a", "a", "b", "b"], env=TCP)
     check(replies, want, "after stray connections")
+
+
+# ------------------------------------------------------------------------------ coverage (slow)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def big_pool(tmp_path_factory):
+    _require_torch()
+    p = RankPool(16, tmp_path_factory.mktemp("stores16"))
+    yield p
+    p.close()
+
+
+def out_of_place(calls, want, coll):
+    """The same calls with an output array (AllReduce / Broadcast / Reduce)."""
+    if coll not in ("allreduce", "broadcast", "reduce"):
+        return calls
+    return [[dict(c, out=len(c["x"])) for c in cs] for cs in calls]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,per_node", [("hm_allreduce_2x4.rccl", 4), ("hm_allgather_2x4.rccl", 4),
+                                           ("hierarchical_alltoall_2x4.rccl", 4),
+                                           ("hm_allgather_4x4.rccl", 4), ("hm_allreduce_4x4.rccl", 4),
+                                           ("ring_allreduce_8.rccl", 2)])
+def test_examples_across_nodes(big_pool, name, per_node):
+    """Examples whose ranks span nodes, placed as the algorithm's GPUPerNode says (ring_allreduce_8
+    on 4 nodes of 2): uneven counts, in and out of place."""
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / "examples" / name)
+    nodes = [f"n{r // per_node}" for r in range(ir.nranks)]
+    count = 4 * ir.nchunks + 3
+    calls, want, count = calls_for(ir, count, seed=ir.nranks)
+    for variant in (calls, out_of_place(calls, want, ir.collective)):
+        replies = big_pool.run(ir.to_json(), ir.nranks, variant, nodes=nodes, env=TCP)
+        check(replies, want, f"{name} on {len(set(nodes))} nodes")
+
+
+def _compile_for_cluster(tmp_path, rccl: Path, topo: Path) -> Path:
+    import subprocess as sp
+    out = tmp_path / rccl.stem
+    res = sp.run([sys.executable, "-m", "hccc", str(rccl), "-o", str(out), "--topology", str(topo)],
+                 capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _cluster_nodes(topo) -> list[str]:
+    """Node name of every rank of a cluster topology (ranks numbered node by node)."""
+    out = []
+    for i, nd in enumerate(topo.nodes):
+        out += [f"node{i}"] * nd.ngpus
+    return out
+
+
+def _run_outdir(pool, outdir: Path, nodes, count, dtype="float32", op="sum"):
+    from hccc.compiler.pipeline import load_manifest, manifest_path
+    ir, plats = load_manifest(manifest_path(outdir))
+    calls, want, count = calls_for(ir, count, dtype, op)
+    # the job loads the OUTDIR (per-rank platforms from its manifest): each rank builds its
+    # vendor's source
+    replies = pool.run(str(outdir), ir.nranks, calls, dtype=dtype, op=op, nodes=nodes, env=TCP)
+    check(replies, want, f"{outdir.name} on nodes {sorted(set(nodes))}")
+    return plats
+
+
+C2C = sorted((ROOT / "examples" / "c2c").glob("*.rccl"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rccl", C2C, ids=[p.stem for p in C2C])
+def test_c2c_examples_on_the_mixed_cluster(big_pool, tmp_path, rccl):
+    """The c2c examples (16 ranks: 2 NVIDIA nodes, 2 AMD nodes of 4) compiled for the mixed
+    cluster: NVIDIA ranks run the CUDA source, AMD ranks the HIP source (both in CPU emulation),
+    each node's ranks on a node of their own, every inter-node step over TCP."""
+    from hccc.compiler.cluster.topo_parser import load_topology
+    topo_path = ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo"
+    outdir = _compile_for_cluster(tmp_path, rccl, topo_path)
+    plats = _run_outdir(big_pool, outdir, _cluster_nodes(load_topology(topo_path)), 16 * 5 + 3)
+    assert sorted(set(plats)) == ["cuda", "hip"]
+
+
+@pytest.mark.slow
+def test_three_cluster_mixed_program(big_pool, tmp_path):
+    """A c2c AllReduce over three clusters of different vendors (nodes of 3 A100, 5 MI250,
+    2 H100, 1 MI250), generated by hccc gen c2c, each node a node of the job."""
+    import subprocess as sp
+    from hccc.compiler.cluster.topo_parser import load_topology
+    from test_hierarchy import MIXED_3, topo_text
+    topo_path = tmp_path / "mix3.topo"
+    topo_path.write_text(topo_text(MIXED_3))
+    rccl = tmp_path / "mix3_allreduce.rccl"
+    res = sp.run([sys.executable, "-m", "hccc", "gen", "c2c", str(topo_path), "--collective",
+                  "allreduce", "-o", str(rccl)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    outdir = _compile_for_cluster(tmp_path, rccl, topo_path)
+    plats = _run_outdir(big_pool, outdir, _cluster_nodes(load_topology(topo_path)), 11 * 7 + 5,
+                        "int32", "max")
+    assert sorted(set(plats)) == ["cuda", "hip"]
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_random_programs_across_nodes(pool, data):
+    """Random valid programs of every collective with a random placement on 2-3 nodes (at least
+    one connection crosses nodes), 1-3 channels, fused or not, every dtype and op numpy carries,
+    uneven counts, in and out of place."""
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.testing import valid_programs
+    coll = data.draw(st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast",
+                                      "reduce", "alltoall"]), label="collective")
+    alg = data.draw(valid_programs([coll], max_ranks=4, min_ranks=2), label="program")
+    ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 256]), label="chunk_bytes"),
+                       fuse=data.draw(st.booleans(), label="fuse"))
+    ir = with_channels(ir, data.draw(st.integers(1, 3), label="channels"))
+    N = ir.nranks
+    nodes = data.draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=N, max_size=N)
+                      .filter(lambda ns: len(set(ns)) > 1), label="nodes")
+    cross = any(nodes[s] != nodes[d] for s, d in _connections(ir))
+    dtype = data.draw(st.sampled_from(["float32", "float16", "int32"]), label="dtype")
+    op = data.draw(st.sampled_from(["sum", "max", "min"]), label="op")
+    count = data.draw(st.integers(0, 400), label="count")
+    calls, want, count = calls_for(ir, count, dtype, op, seed=count)
+    if data.draw(st.booleans(), label="out_of_place"):
+        calls = out_of_place(calls, want, ir.collective)
+    replies = pool.run(ir.to_json(), N, calls, dtype=dtype, op=op, nodes=nodes, env=TCP)
+    check(replies, want, f"{ir.name} ({ir.collective}, {ir.nchannels} ch) on {nodes}, "
+                         f"{count} x {dtype} {op}, cross-node connections: {cross}")
+
+
+def _connections(ir):
+    """(sender, receiver) of every connection of the program."""
+    from hccc.runtime.launcher import RankPlan
+    from hccc.compiler.backend.codegen import generate
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        generate(ir, Path(d))
+        import json as _json
+        man = _json.loads((Path(d) / "manifest.json").read_text())
+    return {(RankPlan.from_manifest(man, r).rank, p) for r in range(ir.nranks)
+            for p, _ in RankPlan.from_manifest(man, r).send_conns}
