@@ -131,3 +131,30 @@ def test_pod_size_must_match_the_cluster(topo, tmp_path, capsys):
     out = tmp_path / "p.rccl"
     assert main(["synth", str(topo), "--collective", "allgather", "--pod-size", "2", "-o", str(out)]) == 1
     assert "identical pods" in capsys.readouterr().err
+
+
+def test_size_range_writes_one_program_per_size_by_its_method(topo, tmp_path, capsys):
+    """Small messages go to the step search, large ones to the tree packing; each program says
+    which method made it and how much of the bound it reaches in the simulator."""
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--size", "4K,1G", "--time-limit", "10",
+                 "-o", str(out), "--json"]) == 0
+    progs = json.loads(capsys.readouterr().out)["programs"]
+    assert [p["size"] for p in progs] == [4096, 1 << 30]
+    assert progs[0]["method"] == "search"
+    assert progs[1]["methods_tried"]["trees"] is not None and progs[1]["method"] in ("trees", "search")
+    for p in progs:
+        text = Path(p["output"]).read_text()
+        assert f"# method {p['method']}: simulated at {p['size']} bytes" in text
+        assert 0 < p["fraction_of_bound"] <= 1 + 1e-9
+        verify(load_algorithm(Path(p["output"])))
+    assert sorted(x.name for x in tmp_path.glob("ag_*.rccl")) == ["ag_1G.rccl", "ag_4K.rccl"]
+
+
+def test_trees_refuse_what_they_do_not_build(topo, tmp_path, capsys):
+    out = tmp_path / "b.rccl"
+    assert main(["synth", str(topo), "--collective", "broadcast", "--method", "trees", "-o", str(out)]) == 1
+    assert "--method trees builds" in capsys.readouterr().err and not out.exists()
+    assert main(["synth", str(topo), "--collective", "allgather", "--method", "trees", "--chunks-per-rank", "2",
+                 "-o", str(out)]) == 1
+    assert "--chunks-per-rank applies to --method search" in capsys.readouterr().err and not out.exists()
