@@ -156,8 +156,10 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
                           time.perf_counter() - t0, net.name, False, None, prog.detail)
         if bandwidth_bound_bytes:
-            res.detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, res.chunks_per_rank, root,
-                                                                  bandwidth_bound_bytes)
+            known = prog.detail.get("cut_seconds_per_rank_byte", {})
+            res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else
+                                               bandwidth_cut_bound(net, coll, n, res.chunks_per_rank, root,
+                                                                   bandwidth_bound_bytes))
         return res
     check_synth_size(n, k)
     deadline = t0 + float(time_limit)

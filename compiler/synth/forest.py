@@ -92,14 +92,15 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     per_rank = float(total_bytes) / max(n, 1)
     packs: dict[str, tr.Packing] = {}
     nets: dict[str, Network] = {}
+    cut: dict[str, float] = {}         # the cut bound, seconds per byte of each rank's data
     if coll in ("allgather", "allreduce"):
-        bound = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))   # s per byte per rank
+        bound = cut["allgather"] = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))
         packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=bound, max_chunks=max_chunks,
                                            time_limit=max(1.0, deadline - time.perf_counter()))
         nets["allgather"] = net
     if coll in ("reducescatter", "allreduce"):
         tnet = net.transposed()
-        bound = collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
+        bound = cut["reducescatter"] = collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
         packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw[tr.transposed_pair_order(net)], bound=bound,
                                                max_chunks=max_chunks,
                                                time_limit=max(1.0, deadline - time.perf_counter()))
@@ -148,6 +149,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         "channels": int(channels),
         "shape": shape,
         "model_seconds": model_s,
+        "cut_seconds_per_rank_byte": cut,
         "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank,
                          "lp_seconds_per_byte": p.lp_time, "bound_seconds_per_byte": p.lower_bound,
                          "model_fraction": p.fraction, "lp_iterations": p.iterations, "columns": p.columns,
