@@ -113,18 +113,30 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 packs[name] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
                                             bw[tr.transposed_pair_order(net)], min_chunks=K, max_chunks=K,
                                             bound=p.lower_bound, time_limit=max(1.0, deadline - time.perf_counter()))
-    # channels: the busiest pair's planned rate at the packing's time
-    channels = 1
-    for name, p in packs.items():
-        secs = p.rounded_time * per_rank
-        channels = max(channels, tr.channels_for(nets[name], p, per_rank, secs, block_gbps=block_gbps or 0.0))
+    variants = [(K, packs)]
+    if score is not None and K > 1 and time.perf_counter() < deadline:
+        # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
+        # thread block then has fewer transfers to run one after another (the simulator decides)
+        ones = {name: tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
+                                    bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
+                                    time_limit=max(1.0, deadline - time.perf_counter()))
+                for name, p in packs.items()}
+        variants.append((1, ones))
 
-    def build(shape: str) -> tuple[np.ndarray, dict]:
+    def channels_of(pk: dict) -> int:
+        """The busiest pair's planned rate at the packing's time, in blocks."""
+        ch = 1
+        for name, p in pk.items():
+            ch = max(ch, tr.channels_for(nets[name], p, per_rank, p.rounded_time * per_rank,
+                                         block_gbps=block_gbps or 0.0))
+        return ch
+
+    def build(shape: str, pk: dict) -> tuple[np.ndarray, dict]:
         parts, step0, info = [], 0, {}
         for name in ("reducescatter", "allgather"):
-            if name not in packs:
+            if name not in pk:
                 continue
-            sp = tr.shaped(nets[name], packs[name], shape)
+            sp = tr.shaped(nets[name], pk[name], shape)
             r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
             rows = _rows(r4, RRC if name == "reducescatter" else RECV, step0)
             step0 = _steps(rows)
@@ -133,14 +145,16 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return np.concatenate(parts), info
 
     candidates = []
-    for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
-        rows, info = build(shape)
-        s = score(coll, rows, K, channels) if score is not None else None
-        candidates.append((s if s is not None else 0.0, shape, rows, info))
-        if time.perf_counter() > deadline:
-            break
+    for kv, pk in variants:
+        ch = channels_of(pk)
+        for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
+            rows, info = build(shape, pk)
+            sc = score(coll, rows, kv, ch) if score is not None else None
+            candidates.append((sc if sc is not None else 0.0, shape, rows, info, kv, pk, ch))
+            if time.perf_counter() > deadline:
+                break
     best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info = best
+    _, shape, rows, info, K, packs, channels = best
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
     model_s = sum(p.rounded_time for p in packs.values()) * per_rank
@@ -157,5 +171,5 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   for name, p in packs.items()},
     }
     if score is not None:
-        detail["simulated_candidates"] = {c[1]: c[0] for c in candidates}
+        detail["simulated_candidates"] = {f"K={c[4]} {c[1]}": c[0] for c in candidates}
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0)
