@@ -40,7 +40,7 @@ def _nodes(a, ir):
     return node_map(ir.nranks, a.header.gpu_per_node)
 
 
-VARIANTS = [dict(), dict(inplace=True), dict(protocol="LL"), dict(instances=2)]
+VARIANTS = [dict(), dict(inplace=True), dict(protocol="LL"), dict(instances=2), dict(micro_batches=2)]
 
 
 def _run_variants(a, ir, mults=(1, 3)):
@@ -174,7 +174,7 @@ COLLS = ["allgather", "allreduce", "reducescatter", "alltoall"]
 @given(alg=valid_programs(COLLS, max_ranks=6), kw=st.sampled_from(VARIANTS),
        level=st.booleans(), mult=st.integers(1, 5), seed=st.integers(0, 3))
 def test_random_programs_compute_their_collective(alg, kw, level, mult, seed):
-    ir = build_algorithm_level(alg) if level else build_program(alg)
+    ir = build_algorithm_level(alg) if level and "micro_batches" not in kw else build_program(alg)
     plan = export_plan(ir, **kw)
     check_plan(plan, mult, seed=seed, runs=1 if kw.get("inplace") else 2)
 
@@ -204,3 +204,15 @@ def test_plan_command_and_outdir(tmp_path, capsys):
     man = json.loads((outdir / "manifest.json").read_text())
     assert man["mscclpp_plan"] == "ring_allgather_8.mscclpp.json"
     check_plan(json.loads((outdir / man["mscclpp_plan"]).read_text()), 2)
+
+
+def test_micro_batches_unroll_the_task_level_pipeline():
+    """Each primitive for every micro-batch before the next, and a dependency per micro-batch: a
+    forwarding block may put part 0 on while part 1 still arrives."""
+    ir = build_program(_alg("ring_allgather_8"))
+    one, three = export_plan(ir), export_plan(ir, micro_batches=3)
+    assert three["gpus"][0]["input_chunks"] == 3 * ir.in_chunks
+    deps1 = sum(len(g["semaphores"]) for g in one["gpus"])
+    assert deps1 > 0 and sum(len(g["semaphores"]) for g in three["gpus"]) >= 3 * deps1
+    check_plan(three, 1)
+    check_plan(three, 2, seed=1)

@@ -27,7 +27,10 @@ How a program becomes a plan:
 * in place, the buffers alias as the collective dictates (AllGather input = output[rank], ...),
   a copy onto itself is dropped;
 * ``instances`` = k: k copies of every thread block on channels of their own, copy ``j`` moving
-  part ``j`` of every chunk (the plan's chunks are hccc's chunks split k ways).
+  part ``j`` of every chunk (the plan's chunks are hccc's chunks split k ways);
+* ``micro_batches`` = M: the task-level pipeline unrolled: every chunk cut into M parts, each
+  thread block running each primitive for every part before the next primitive (so a forwarded
+  part moves on while the next one arrives), within the executor's limits (long blocks chained).
 
 Every executor limit is checked on the finished plan and a refusal names the limit, the rank and
 thread block that break it and what would fit; the message-size range is bounded by the 32-bit
@@ -141,7 +144,8 @@ def _zip_runs(*lists: list[tuple[int, int]]) -> list[tuple[int, ...]]:
 
 
 def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str = "Simple",
-                inplace: bool = False, instances: int = 1, min_bytes: int = 0, max_bytes: int = 0,
+                inplace: bool = False, instances: int = 1, micro_batches: int = 1, min_bytes: int = 0,
+                max_bytes: int = 0,
                 limits: PlanLimits | None = None, name: str | None = None) -> dict:
     """The MSCCL++ execution plan of ``ir`` (a JSON-ready dict); raises :class:`CompileError`
     naming the executor limit a program breaks. ``nodes``: rank -> node (:func:`node_map`; default
@@ -158,6 +162,13 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     _check_valid(ir)
     nodes = np.zeros(ir.nranks, np.int64) if nodes is None else np.asarray(nodes, np.int64)
     F = int(instances)
+    M = int(micro_batches)
+    if M < 1:
+        raise ValueError("micro_batches must be at least 1")
+    if M > 1:
+        _check_task_level(ir)
+    copies = [(j, m) for j in range(F) for m in range(M)]     # (instance, micro-batch)
+    FM = F * M
     P = {k: v.tolist() for k, v in ir.prims.items()}
     order = lexsort((ir.prims["seq"], ir.prims["tb"], ir.prims["rank"])).tolist()
     R = ir.nranks
@@ -208,16 +219,16 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
         return (t, rbuf_of[rank][key])
 
     # ---- scratch: the program's own chunks, LL reduce temporaries, then one slot per message
-    plain = [ir.scratch_chunks * F] * R
+    plain = [ir.scratch_chunks * FM] * R
     if protocol == "LL":
         for i in order:
             if P["op"][i] == Op.RECV_REDUCE_SEND:
-                plain[P["rank"][i]] += P["count"][i] * F
+                plain[P["rank"][i]] += P["count"][i] * FM
     nscratch = list(plain)
     slot: dict[tuple, int] = {}
     temp: dict[tuple, int] = {}
-    tmp_next = [ir.scratch_chunks * F] * R
-    for j in range(F):
+    tmp_next = [ir.scratch_chunks * FM] * R
+    for j in copies:
         for i in order:
             r = P["rank"][i]
             if i in msg_recv:
@@ -241,18 +252,18 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             return int(Buf.OUTPUT), off
         return buf, off
 
-    def runs(rank: int, buf: int, off: int, cnt: int, j: int) -> tuple[str, list[tuple[int, int]]]:
+    def runs(rank: int, buf: int, off: int, cnt: int, j: tuple) -> tuple[str, list[tuple[int, int]]]:
         buf, off = alias(rank, buf, off)
-        if F == 1:
+        if FM == 1:
             return LETTER_OF_BUF[Buf(buf)], [(off, cnt)]
-        return LETTER_OF_BUF[Buf(buf)], [(c * F + j, 1) for c in range(off, off + cnt)]
+        return LETTER_OF_BUF[Buf(buf)], [((c * F + j[0]) * M + j[1], 1) for c in range(off, off + cnt)]
 
     # ---- dependencies -> semaphores
     sems = [0] * R
     acq: dict[tuple, list[int]] = defaultdict(list)
     rel: dict[tuple, list[int]] = defaultdict(list)
     dp, do = ir.dep_prim.tolist(), ir.dep_on.tolist()
-    for j in range(F):
+    for j in copies:
         for a, b in zip(dp, do):
             if P["tb"][a] == P["tb"][b] and P["seq"][b] < P["seq"][a]:
                 continue      # program order already
@@ -266,16 +277,18 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     by_tb: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i in order:
         by_tb[(P["rank"][i], P["tb"][i])].append(i)
-    for j in range(F):
+    for inst in range(F):
         for (r, t), prims in sorted(by_tb.items()):
-            tb = _Tb(f"rank {r} thread block {t}" + (f" (instance {j})" if F > 1 else ""))
+            tb = _Tb(f"rank {r} thread block {t}" + (f" (instance {inst})" if F > 1 else ""))
             if protocol == "Simple":
-                _handshake(tb, r, j, prims, P, msg_send, msg_recv, chan_of, lim)
+                _handshake(tb, r, inst, prims, P, msg_send, msg_recv, chan_of, lim)
                 tb.cut()
             for i in prims:
-                _prim_ops(tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, temp, runs,
-                          remote_scratch, acq.get((i, j), []), rel.get((i, j), []), lim)
-                tb.cut()
+                for m in range(M):       # task-level: each primitive for every micro-batch before the next
+                    j = (inst, m)
+                    _prim_ops(tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, temp, runs,
+                              remote_scratch, acq.get((i, j), []), rel.get((i, j), []), lim)
+                    tb.cut()
             tb_ops[r].append((tb.label, tb.ops, tb.cuts))
 
     gpus = []
@@ -287,14 +300,26 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
         _check_rank(r, tbs, tb_ops[r], lim, F)
         channels = [{"channel_type": t, "connected_to": chan_lists[r][t]} for t in ("memory", "port")
                     if chan_lists[r][t]]
-        gpus.append({"id": r, "input_chunks": ir.in_chunks * F, "output_chunks": ir.out_chunks * F,
+        gpus.append({"id": r, "input_chunks": ir.in_chunks * FM, "output_chunks": ir.out_chunks * FM,
                      "scratch_chunks": nscratch[r], "threadblocks": tbs, "channels": channels,
                      "remote_buffers": rbufs[r], "semaphores": [{"init_value": 0}] * sems[r]})
-    lo, hi = _size_range(ir, gpus, F, protocol, min_bytes, max_bytes)
+    lo, hi = _size_range(ir, gpus, FM, protocol, min_bytes, max_bytes)
     return {"name": name or ir.name, "collective": coll, "protocol": protocol, "inplace": bool(inplace),
             "reuse_resources": False, "num_threads_per_block": lim.threads_per_block,
             "use_double_scratch_buffer": protocol == "LL", "buffer_alignment": BUFFER_ALIGNMENT,
             "min_message_size": lo, "max_message_size": hi, "gpus": gpus}
+
+
+def _check_task_level(ir: ProgramIR) -> None:
+    """Micro-batches unrolled in task-level order (each primitive for every micro-batch before the
+    next) need the program to be deadlock-free that way (hccc's own programs are)."""
+    from hccc.compiler.ir.check import DeadlockError, check_deadlock
+    try:
+        check_deadlock(ir)
+    except DeadlockError as exc:
+        raise _error([f"cannot unroll micro-batches: the program is deadlock-free only when every thread block "
+                      f"runs its whole list per micro-batch (algorithm-level): {exc}; export it with one "
+                      f"micro-batch"]) from None
 
 
 def _check_valid(ir: ProgramIR) -> None:
@@ -344,7 +369,7 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
         q = slot[(msg_recv[i], j)]
         rslot = ("s", [(q, cnt)])
         if protocol == "Simple":
-            t, g = chan_of[(r, j, msg_recv[i][0])]
+            t, g = chan_of[(r, j[0], msg_recv[i][0])]
             tb.emit({"name": "wait", "channel_ids": [(t, g)], "channel_type": t})
 
     def local(letter, idx, size):
@@ -364,7 +389,7 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
     def send(a):
         c, k = msg_send[i]
         peer = c[1]
-        t, g = chan_of[(r, j, c)]
+        t, g = chan_of[(r, j[0], c)]
         q = slot[((c, k), j)]
         rb = remote_scratch(r, peer, t)
         pieces = _zip_runs(a[1], [(q, cnt)])
@@ -426,7 +451,7 @@ def _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, 
     # RECV_REDUCE_SEND / RECV_REDUCE_COPY_SEND: reduce, keep (dst or a temporary), forward
     out = dst if op == Op.RECV_REDUCE_COPY_SEND else ("s", [(temp[(i, j)], cnt)])
     c, k = msg_send[i]
-    t, g = chan_of[(r, j, c)]
+    t, g = chan_of[(r, j[0], c)]
     q = slot[((c, k), j)]
     rb = remote_scratch(r, c[1], t)
     for x, y, z, w, n in _zip_runs(src[1], rslot[1], out[1], [(q, cnt)]):

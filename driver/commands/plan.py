@@ -31,6 +31,9 @@ def configure(parser) -> None:
     parser.add_argument("--inplace", action="store_true", help="a plan for in-place calls (input inside output)")
     parser.add_argument("--instances", type=positive_int, default=1, metavar="K",
                         help="K copies of every thread block on channels of their own, each moving 1/K of every chunk")
+    parser.add_argument("--micro-batches", type=positive_int, default=1, metavar="M",
+                        help="the task-level pipeline unrolled: every chunk cut into M parts, each primitive run "
+                             "for every part before the next (needs a program deadlock-free that way)")
     parser.add_argument("--min-bytes", type=size_or_zero, default="0", metavar="BYTES",
                         help="smallest message size the executor may choose this plan for")
     parser.add_argument("--max-bytes", type=size_or_zero, default="0", metavar="BYTES",
@@ -66,7 +69,8 @@ def run(args) -> int:
         ir = load_program(args.algo, program_options(args))
         gpn = gpn or int((ir.stats or {}).get("gpus_per_node", 0))
     plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
-                       instances=args.instances, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
+                       instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,
+                       max_bytes=args.max_bytes,
                        limits=PlanLimits(max_tbs=args.max_tbs))
     text = plan_text(plan)
     if args.output == "-":
