@@ -15,14 +15,16 @@ option's type).
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Callable, Sequence
 
 from hccc.compiler.frontend.limits import check_size, option_int, option_seconds, printable
 from hccc.compiler.frontend.sizes import format_size, size_value
 
-__all__ = ["HelpFormatter", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
+__all__ = ["CommandParser", "HelpFormatter", "op_choice", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
            "comma_list", "choice_list", "add_program_options", "add_topology_option",
-           "add_xml_limit_arguments", "xml_limits_from_args", "format_size", "program_options"]
+           "add_xml_limit_arguments", "xml_limits_from_args", "add_cluster_argument", "missing_cluster",
+           "add_fuse_option", "format_size", "program_options"]
 
 #: most items one comma-separated option takes (bounds the work a command line can ask for)
 MAX_LIST_ITEMS = 64
@@ -45,6 +47,60 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         else:
             shown = str(default)
         return f"{text} (default: {shown.replace('%', '%%')})" if text else f"(default: {shown.replace('%', '%%')})"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with hccc's usage errors: a mistyped option gets "did you mean" with the closest
+    option of the command (as a mistyped command does), whatever error argparse reports first (a
+    missing required option, an unrecognised one); hidden aliases (``help=SUPPRESS``) are accepted
+    but never suggested."""
+
+    _argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        import sys
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _hints(self) -> list[str]:
+        import difflib
+        known = [o for a in self._actions for o in a.option_strings]
+        shown = [o for a in self._actions if a.help is not argparse.SUPPRESS
+                 for o in a.option_strings if o.startswith("--")]
+        hints = []
+        for word in self._argv:
+            if word == "--":
+                break
+            flag = word.split("=", 1)[0]
+            if not flag.startswith("--") or flag in known or any(k.startswith(flag) for k in known):
+                continue
+            close = difflib.get_close_matches(flag, shown, n=1, cutoff=0.6) or \
+                difflib.get_close_matches(flag.replace("_", "-"), shown, n=1, cutoff=0.6)
+            hints.append(f"'{flag}': did you mean '{close[0]}'?" if close else f"'{flag}' is not an option")
+        return hints
+
+    def error(self, message: str):
+        hints = self._hints()
+        if hints and "did you mean" in " ".join(hints):
+            message += " (" + "; ".join(hints) + ")"
+        super().error(message)
+
+
+def op_choice(ops: Sequence[str], command: str) -> Callable[[str], str]:
+    """Type of ``-o/--op``, the reduction operator (nccl-tests' ``-o``). A value that is no
+    operator, e.g. a folder, gets an error saying what ``-o`` means on ``command`` and how to
+    write compiled output instead."""
+    def parse(text: str) -> str:
+        if text in ops:
+            return text
+        looks_like_path = "/" in text or "." in text or text.endswith(os.sep)
+        raise argparse.ArgumentTypeError(
+            f"'{printable(text, limit=40)}' is not a reduction operator ({', '.join(ops)})"
+            + (f": on hccc {command}, -o/--op is the reduction, as nccl-tests' -o; {command} writes no "
+               "output folder (compile to one with 'hccc ALGO -o OUTDIR', then pass OUTDIR here)"
+               if looks_like_path else ""))
+    parse.__name__ = "reduction operator"
+    return parse
 
 
 def _whole_bytes(text: str, *, zero_ok: bool) -> int:
@@ -121,9 +177,38 @@ TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the alg
                  "GPU count and every transfer must use one of its links")
 
 
-def add_topology_option(parser: argparse.ArgumentParser, *, required: bool = False, extra: str = "") -> None:
+def add_topology_option(parser: argparse.ArgumentParser, *, required: bool = False, extra: str = "",
+                        help: str | None = None) -> None:
     """``--topology T`` (``-t T``)."""
-    parser.add_argument("-t", "--topology", metavar="T", required=required, help=TOPOLOGY_HELP + extra)
+    parser.add_argument("-t", "--topology", metavar="T", required=required, help=(help or TOPOLOGY_HELP) + extra)
+
+
+def add_cluster_argument(parser: argparse.ArgumentParser, dest: str, help: str) -> None:
+    """The cluster a command is about, as its positional ``T`` or as ``-t/--topology T`` (the
+    spelling of every other command); :func:`missing_cluster` says when neither was given."""
+    parser.add_argument(dest, metavar="T", nargs="?", default=argparse.SUPPRESS, help=help + " (or -t T)")
+    parser.add_argument("-t", "--topology", dest=dest, metavar="T", default=None, help=argparse.SUPPRESS)
+    parser.set_defaults(cluster_dest=dest)
+
+
+def missing_cluster(args) -> str | None:
+    """The usage error of a command of :func:`add_cluster_argument` given no cluster, or None."""
+    dest = getattr(args, "cluster_dest", None)
+    if dest and getattr(args, dest, None) is None:
+        return "the following arguments are required: T (a cluster description, .topo or TACCL .json; or -t T)"
+    return None
+
+
+FUSE_HELP = ("fuse a receive with the send that forwards it (recvCopySend, ...; one pass over memory less "
+             "per forwarded byte; fused traffic runs on logical connections and TBs of its own). auto: "
+             "with --topology, fused where the simulator finds it never slower there (see "
+             "benchmarks/fusion.py), else off; --fuse alone means on (default: auto)")
+
+
+def add_fuse_option(parser, prefix: str = "") -> None:
+    """``--fuse [auto|on|off]``: the same option on every command that lowers an algorithm."""
+    parser.add_argument("--fuse", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
+                        help=prefix + FUSE_HELP)
 
 
 def channels_arg(text: str) -> int | None:
@@ -137,9 +222,12 @@ def channels_arg(text: str) -> int | None:
 
 def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str | None = "1M",
                         chunk_help: str | None = None, tb_alloc_default: str | None = "state",
-                        prefix: str = "") -> None:
+                        prefix: str = "", fuse: bool = False) -> None:
     """How an algorithm becomes a program: ``--scheduler``, ``--tb-alloc``, ``--chunk-size``,
-    ``--max-transfers`` (``prefix``, e.g. "for .rccl input: ", starts every help)."""
+    ``--max-transfers``, ``--channels`` and, with ``fuse``, ``--fuse`` (``prefix``, e.g. "for .rccl
+    input: ", starts every help)."""
+    if fuse:
+        add_fuse_option(parser, prefix)
     parser.add_argument("--scheduler", choices=("hpds", "rr"), default="hpds",
                         help=prefix + "HPDS (ResCCL Algorithm 1) or the round-robin baseline")
     parser.add_argument("--tb-alloc", choices=("state", "connection"), default=tb_alloc_default,
@@ -159,7 +247,8 @@ def program_options(args, **overrides):
     from hccc.compiler.pipeline import CompileOptions
 
     kw = dict(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state", chunk_bytes=args.chunk_size,
-              max_transfers=args.max_transfers, channels=getattr(args, "channels", None))
+              max_transfers=args.max_transfers, channels=getattr(args, "channels", None),
+              fuse=getattr(args, "fuse", "auto"))
     kw.update(overrides)
     return CompileOptions(**kw)
 

@@ -19,19 +19,24 @@ from __future__ import annotations
 # it), and under CPython 3.11 the import of numpy's typing modules ran 3x slower when it happened deep
 # inside hccc's own imports under ``python -m hccc`` (0.19 s against 0.16 s for a whole 8-GPU check;
 # benchmarks/startup.py times both entry points)
-import numpy  # noqa: F401
-
-import argparse
-import importlib
-import json
-import os
-from pathlib import Path
 import sys
-import traceback
 
-from hccc import __version__
-from hccc.args import HelpFormatter
-from hccc.compiler.frontend.limits import printable
+try:
+    import numpy  # noqa: F401
+
+    import argparse
+    import importlib
+    import json
+    import os
+    from pathlib import Path
+    import traceback
+
+    from hccc import __version__
+    from hccc.args import CommandParser, HelpFormatter
+    from hccc.compiler.frontend.limits import printable
+except KeyboardInterrupt:     # Ctrl-C while hccc starts: the same quiet exit as later
+    sys.stderr.write("hccc: interrupted\n")
+    raise SystemExit(130) from None
 
 #: command -> module; "compile" is what ``hccc ALGO -o OUTDIR`` runs
 COMMANDS = {name: f"hccc.commands.{name}" for name in
@@ -77,8 +82,8 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     mod = importlib.import_module(COMMANDS[name])
     prog = "hccc" if name == "compile" else f"hccc {name}"
     summary = SUMMARIES[name]
-    p = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter,
-                                description=summary[0].upper() + summary[1:] + ".")
+    p = CommandParser(prog=prog, formatter_class=HelpFormatter,
+                      description=summary[0].upper() + summary[1:] + ".")
     mod.configure(p)
     p.formatter_class = HelpFormatter      # one way of showing defaults, whatever the module set
     p.add_argument("--version", action="version", version=VERSION)
@@ -113,6 +118,14 @@ def _help(rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:          # also while starting up, before a command runs
+        sys.stderr.write("hccc: interrupted\n")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None:                   # the hccc process itself (not a caller's): its allocator policy
         from hccc.allocator import tune_allocator
         tune_allocator()
@@ -160,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             name, rest = "compile", argv
         else:
             return _unknown_command(head)
-        args = command_parser(name).parse_args(rest)
+        parser = command_parser(name)
+        args = parser.parse_args(rest)
+        from hccc.args import missing_cluster
+        if missing_cluster(args):
+            parser.error(missing_cluster(args))
         args.argv = [name, *rest]          # the command line, for commands that re-run themselves
         json_mode = bool(getattr(args, "json", False))
         mod = importlib.import_module(COMMANDS[name])

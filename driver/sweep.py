@@ -44,14 +44,18 @@ def add_sweep_options(p: argparse.ArgumentParser, default_sizes: str, *, zero_ok
     # the old name of --sizes in `hccc run`, still read
     p.add_argument("--bytes", dest="sizes", type=comma_list(item, "sizes", max_items=MAX_SIZES),
                    help=argparse.SUPPRESS)
-    g.add_argument("-b", "--minbytes", type=item, default=None, metavar="BYTES",
+    g.add_argument("-b", "--min-bytes", dest="minbytes", type=item, default=None, metavar="BYTES",
                    help="smallest size of a sweep (nccl-tests' -b); -e defaults to it")
-    g.add_argument("-e", "--maxbytes", type=item, default=None, metavar="BYTES",
+    g.add_argument("-e", "--max-bytes", dest="maxbytes", type=item, default=None, metavar="BYTES",
                    help="largest size of a sweep (nccl-tests' -e); -b defaults to it")
-    g.add_argument("-f", "--stepfactor", type=_factor, default=None, metavar="F",
+    g.add_argument("-f", "--step-factor", dest="stepfactor", type=_factor, default=None, metavar="F",
                    help="multiply the size by F from -b up to -e (nccl-tests' -f; 2 unless -i is given)")
-    g.add_argument("-i", "--stepbytes", type=parse_size, default=None, metavar="BYTES",
+    g.add_argument("-i", "--step-bytes", dest="stepbytes", type=parse_size, default=None, metavar="BYTES",
                    help="add BYTES from -b up to -e instead (nccl-tests' -i)")
+    # nccl-tests' long spellings, kept working
+    for old, dest, typ in (("--minbytes", "minbytes", item), ("--maxbytes", "maxbytes", item),
+                           ("--stepfactor", "stepfactor", _factor), ("--stepbytes", "stepbytes", parse_size)):
+        p.add_argument(old, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
 
 
 def _factor(text: str) -> int:
@@ -66,6 +70,12 @@ class Sweep:
     min_bytes: int
     max_bytes: int
     step: str            # "2(factor)", "1024(bytes)" or "list"
+
+
+def sweep_is_default(args) -> bool:
+    """Whether the command line gave no sizes (neither --sizes nor a -b/-e sweep)."""
+    return args.sizes is None and all(getattr(args, k) is None
+                                      for k in ("minbytes", "maxbytes", "stepfactor", "stepbytes"))
 
 
 def sweep_sizes(args) -> Sweep:

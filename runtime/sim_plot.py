@@ -89,9 +89,11 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
 
 
 def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, *,
-               title: str | None = None) -> Path:
+               title: str | None = None, bounds: dict[str, tuple[list[int], list[float]]] | None = None):
     """Bus bandwidth against size, one line per curve (``label -> (sizes in bytes, busbw GB/s)``),
-    sizes on a log2 axis labelled as the command line writes them (``64K``, ``1.5M``)."""
+    sizes on a log2 axis labelled as the command line writes them (``64K``, ``1.5M``), the y axis
+    from 0; ``bounds`` (same keys) are drawn dashed in their curve's colour (the busbw a lower
+    bound on the time allows). Returns (path, y-axis limits)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,8 +104,12 @@ def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Pat
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     ticks: set[int] = set()
     for label, (sizes, busbw) in curves.items():
-        ax.plot(sizes, busbw, marker="o", markersize=3, linewidth=1.2, label=label)
+        line, = ax.plot(sizes, busbw, marker="o", markersize=3, linewidth=1.2, label=label)
         ticks.update(int(s) for s in sizes)
+        if bounds and label in bounds:
+            bs, bb = bounds[label]
+            ax.plot(bs, bb, linestyle="--", linewidth=0.9, color=line.get_color(), label=f"{label}: bound")
+    ax.set_ylim(bottom=0)
     ax.set_xscale("log", base=2)
     shown = sorted(ticks)
     if len(shown) > 12:
@@ -118,6 +124,7 @@ def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Pat
     ax.set_title(title or "bus bandwidth against size", fontsize=9)
     fig.tight_layout()
     out = Path(path)
+    ylim = ax.get_ylim()
     fig.savefig(out)
     plt.close(fig)
-    return out
+    return out, ylim

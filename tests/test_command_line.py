@@ -295,3 +295,136 @@ def test_cache_location(monkeypatch, tmp_path):
     if os.name == "posix" and not str(os.uname().sysname).startswith("Darwin"):
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
         assert cache_root() == tmp_path / "xdg" / "hccc"
+
+
+# ---------------------------------------------------------------------------- one vocabulary
+def _options(name: str) -> dict[str, argparse.Action]:
+    return {o: a for a in command_parser(name)._actions for o in a.option_strings}
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_mistyped_options_get_did_you_mean(capsys, name):
+    """Every command: each shown long option, mistyped by one dropped letter, is suggested back."""
+    shown = [o for o, a in _options(name).items() if o.startswith("--") and a.help is not argparse.SUPPRESS
+             and len(o) > 6 and o not in ("--help", "--version")]
+    for opt in shown[:6]:
+        typo = opt[:4] + opt[5:]              # one letter dropped
+        if typo in _options(name) or any(o.startswith(typo) for o in _options(name)):
+            continue                          # an abbreviation argparse accepts
+        rc, _, err = cli(capsys, name, typo, "x")
+        assert rc == 2 and "did you mean '--" in err, (name, typo, err)
+
+
+@pytest.mark.parametrize("concept, spellings", [
+    ("topology", {"compile": ("-t", "--topology"), "check": ("-t", "--topology"), "run": ("-t", "--topology"),
+                  "sim": ("-t", "--topology"), "topo": ("-t", "--topology"), "synth": ("-t", "--topology"),
+                  "gen": ("-t", "--topology")}),
+    ("smallest size", {"run": ("-b", "--min-bytes"), "sim": ("-b", "--min-bytes")}),
+    ("element type", {"run": ("-d", "--dtype"), "sim": ("-d", "--dtype"), "fuzz": ("-d", "--dtype")}),
+    ("reduction", {"run": ("-o", "--op"), "sim": ("-o", "--op"), "fuzz": ("-o", "--op")}),
+    ("fusion", {"compile": ("--fuse",), "run": ("--fuse",), "fuzz": ("--fuse",), "sim": ("--fuse",)}),
+])
+def test_one_spelling_per_concept(concept, spellings):
+    for name, opts in spellings.items():
+        have = _options(name)
+        for o in opts:
+            assert o in have, f"hccc {name} lacks {o} ({concept})"
+        dests = {have[o].dest for o in opts}
+        assert len(dests) == 1, (name, concept, dests)
+
+
+@pytest.mark.parametrize("name, old, new", [("run", "--minbytes", "--min-bytes"), ("run", "--maxbytes", "--max-bytes"),
+                                            ("sim", "--stepfactor", "--step-factor"), ("fuzz", "--dtypes", "--dtype"),
+                                            ("fuzz", "--ops", "--op")])
+def test_old_spellings_are_hidden_aliases(name, old, new):
+    have = _options(name)
+    assert have[old].dest == have[new].dest and have[old].help is argparse.SUPPRESS
+    assert old not in command_parser(name).format_help()
+
+
+def test_dtypes_and_backends_agree_across_commands():
+    for name in ("sim", "fuzz"):
+        assert set(_options(name)["--dtype"].type("float32,int32") if name == "fuzz"
+                   else _options(name)["--dtype"].choices) >= {"float32", "int32"}
+    assert set(_options("fuzz")["--backend"].choices) == set(_options("run")["--backend"].choices)
+
+
+def test_topology_as_option_on_commands_that_take_it_positionally(capsys):
+    rc, out, _ = cli(capsys, "topo", "-t", TOPO, "--json")
+    assert rc == 0 and '"ranks"' in out or '"gpus"' in out or "nodes" in out
+    rc2, out2, _ = cli(capsys, "topo", TOPO, "--json")
+    assert rc2 == 0 and out2 == out
+    rc, _, err = cli(capsys, "topo")
+    assert rc == 2 and "required: T" in err
+
+
+@pytest.mark.parametrize("name", ["run", "sim"])
+def test_o_given_a_folder_explains_itself(capsys, name, tmp_path):
+    extra = ["-t", TOPO] if name == "sim" else []
+    rc, _, err = cli(capsys, name, RING, *extra, "-o", f"{tmp_path}/out/")
+    assert rc == 2
+    assert "is not a reduction operator" in err and "nccl-tests' -o" in err and "hccc ALGO -o OUTDIR" in err
+    rc, _, err = cli(capsys, name, RING, *extra, "-o", "prod")
+    assert rc == 2 and "is not a reduction operator (sum, max, min)" in err and "OUTDIR" not in err
+
+
+def test_cpu_emulation_times_are_labelled(capsys):
+    rc, out, _ = cli(capsys, "run", str(EX / "ring_allgather_8.rccl"), "--sizes", "4K", "-n", "1", "-w", "0")
+    assert rc == 0 and "CPU emulation" in out and "not a GPU" in out
+    assert re.search(r"^\s+4096\s+1024\s+float32\s", out, re.M), out      # the dtype as -d spells it
+    rc, out, _ = cli(capsys, "run", str(EX / "ring_allgather_8.rccl"), "--sizes", "4K", "-n", "1", "-w", "0", "--json")
+    import json
+    assert json.loads(out)["emulated"] is True
+
+
+def test_sim_explains_its_columns_and_plots_a_curve(capsys, tmp_path, monkeypatch):
+    import hccc.runtime.sim_plot as sim_plot
+    seen = {}
+    real = sim_plot.plot_busbw
+
+    def spy(curves, path, **kw):
+        seen.update(curves=curves, **kw)
+        seen["result"] = real(curves, path, **kw)
+        return seen["result"]
+    monkeypatch.setattr(sim_plot, "plot_busbw", spy)
+    png = tmp_path / "bw.png"
+    rc, out, _ = cli(capsys, "sim", RING, "-t", TOPO, "--plot-busbw", png, "--scheduler", "hpds,rr")
+    assert rc == 0 and png.stat().st_size > 0
+    for word in ("bound:", "slice:", "mbatch:", "idle avg / max:"):
+        assert word in out
+    assert "bound:" in command_parser("sim").format_help()
+    (sizes, busbw), = list(seen["curves"].values())[:1]
+    assert len(sizes) >= 8                                  # a curve, not three points
+    assert set(seen["bounds"]) == set(seen["curves"])
+    for label, (bs, bb) in seen["bounds"].items():          # the bound is above what the schedule reaches
+        assert all(b >= v * (1 - 1e-9) for b, v in zip(bb, seen["curves"][label][1]))
+    assert "scheduler hpds,rr" in seen["title"]
+    assert seen["result"][1][0] == 0                         # y axis from 0
+
+
+def test_interrupt_while_starting_prints_no_traceback():
+    """Ctrl-C while hccc imports its modules (numpy first, the window right after start-up) and
+    later: 'interrupted', exit 130, no traceback. The interrupt is sent once numpy is being loaded
+    (its extension mapped: hccc's own code runs), then later."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    for delay in (0.0, 0.05, 0.3):
+        p = subprocess.Popen([sys.executable, "-m", "hccc.cli", "check", RING], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                if "_multiarray_umath" in Path(f"/proc/{p.pid}/maps").read_text():
+                    break
+            except OSError:
+                break
+            time.sleep(0.001)
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        assert p.returncode in (0, 130), (delay, p.returncode, err)
+        if p.returncode == 130:
+            assert "hccc: interrupted" in err

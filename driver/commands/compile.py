@@ -32,13 +32,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("auto", "cuda", "hip", "all"), default="auto",
                    help="platform of the emitted kernels (auto: each rank's vendor with --topology (NVIDIA -> "
                         "CUDA, AMD -> HIP), CUDA for every rank without one; cuda/hip/all override it)")
-    add_program_options(p)
-    p.add_argument("--fuse", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
-                   help="fuse a receive with the send that forwards it (recvCopySend, ...; one pass over "
-                        "memory less per forwarded byte; fused traffic runs on logical connections and TBs of its "
-                        "own). auto: with --topology, fused where the simulator finds it never "
-                        "slower there (see benchmarks/fusion.py), else off; --fuse alone means on "
-                        "(default: auto)")
+    add_program_options(p, fuse=True)
     add_direct_option(p)
     p.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                    help="specialized: one kernel source per rank, its primitives compiled in; "

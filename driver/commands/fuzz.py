@@ -34,13 +34,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml)")
     parser.add_argument("--examples", type=count_at_least(1), default=50, metavar="N",
                         help="random cases to run")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu", help="where the kernels run")
+    parser.add_argument("--backend", choices=("cpu", "cuda", "hip"), default="cpu",
+                        help="where the kernels run (as hccc run's --backend)")
     parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S",
                         help="seed of the case generator and of the data")
-    parser.add_argument("--dtypes", type=choice_list(DTYPES, "dtypes"), default=",".join(DTYPES),
-                        metavar="LIST", help="element types to draw from")
-    parser.add_argument("--ops", type=choice_list(OPS, "operators"), default=",".join(OPS), metavar="LIST",
-                        help="reduction operators to draw from")
+    parser.add_argument("-d", "--dtype", dest="dtypes", type=choice_list(DTYPES, "dtypes"), default=",".join(DTYPES),
+                        metavar="T[,T...]", help="element types to draw from (hccc run's -d/--dtype, a list)")
+    parser.add_argument("-o", "--op", dest="ops", type=choice_list(OPS, "operators"), default=",".join(OPS),
+                        metavar="OP[,OP...]", help="reduction operators to draw from (hccc run's -o/--op, a list)")
+    parser.add_argument("--dtypes", dest="dtypes", type=choice_list(DTYPES, "dtypes"), help=argparse.SUPPRESS)
+    parser.add_argument("--ops", dest="ops", type=choice_list(OPS, "operators"), help=argparse.SUPPRESS)
     parser.add_argument("--max-microbatches", type=count_at_least(1), default=20, metavar="M",
                         help="largest size, in micro-batches per chunk")
     parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
@@ -48,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                         help="run the specialised kernels or the generic table kernels")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    add_program_options(parser, chunk_default="256", prefix="for .rccl input: ",
+    add_program_options(parser, chunk_default="256", prefix="for .rccl input: ", fuse=True,
                         chunk_help="micro-batch slice size to compile with (a ProgramIR keeps its own)")
 
 

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from hccc.args import count_at_least, positive_int
+from hccc.args import add_cluster_argument, count_at_least, positive_int
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 
 GENERATORS = ("c2c",)
@@ -33,7 +33,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("generator", choices=GENERATORS,
                    help="c2c: HetCCL cluster-to-cluster breakdown for mixed-vendor clusters")
-    p.add_argument("cluster", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
+    add_cluster_argument(p, "cluster", "cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, choices=COLLECTIVES + ("alltoall",), type=str.lower,
                    help="collective to generate")
     p.add_argument("--root", type=count_at_least(0, 'a rank'), default=None, metavar="R", help="root rank (broadcast, reduce)")

@@ -29,7 +29,8 @@ ReduceScatter) or 1 (Broadcast, Reduce). Exit status 1 when an element is wrong 
 reported as "rank R, TB T stuck in <primitive> for chunk C (micro-batch M)", never hangs: kernels
 give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
-``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "nthreads", "ok",
+``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "emulated" (true on the CPU
+emulation, whose times are not a GPU's), "nthreads", "ok",
 "rank_platform": [per-rank "cuda"/"hip"], "libraries": {platform: {"ranks", "backend", "library"}},
 "launch": "grid" (every rank in one launch) or "per-rank",
 "results":
@@ -46,7 +47,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hccc.args import add_direct_option, add_program_options, count_at_least, parse_size, program_options, seconds
+from hccc.args import (add_direct_option, add_program_options, add_topology_option, count_at_least, op_choice,
+                       parse_size, program_options, seconds)
 from hccc.compiler.frontend.plural import plural
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
@@ -55,7 +57,11 @@ SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
+#: nccl-tests' names of the element types (hccc's tables spell them as the -d/--dtype option does)
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
+#: what the times of the CPU emulation are
+EMULATED_NOTE = ("# CPU emulation: every thread block is a group of OS threads of this machine; the times "
+                 "and bandwidths measure that emulation, not a GPU (--backend cuda or hip times GPUs)")
 DEFAULT_BYTES = "4K,64K,1M"
 
 
@@ -109,13 +115,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the emulation header, one library per platform of a mixed program "
                              "(every thread block is a group of OS threads); cuda: a CUDA program on "
                              "a GPU through CuPy; hip: a HIP program on an AMD GPU")
-    parser.add_argument("--topology", metavar="T", default=None,
-                        help="cluster (.topo or TACCL .json): the program must fit it, and each "
-                             "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
+    add_topology_option(parser, help="cluster (.topo or TACCL .json): the program must fit it, and each "
+                                     "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
     add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
     parser.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type")
-    parser.add_argument("-o", "--op", choices=OPS, default="sum",
-                        help="reduction operator (shown as redop 'none' for collectives that reduce nothing)")
+    parser.add_argument("-o", "--op", type=op_choice(OPS, "run"), default="sum", metavar="|".join(OPS),
+                        help="reduction operator, nccl-tests' -o (shown as redop 'none' for collectives "
+                             "that reduce nothing); hccc run writes no files")
     parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
                         help="root of a Broadcast or Reduce: must be the program's own Root (it is "
                              "compiled in)")
@@ -152,7 +158,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
                              "buffer ending in a redzone: an out-of-bounds access stops the run with "
                              "ASan's report (the run restarts itself with the ASan runtime preloaded)")
-    add_program_options(parser, prefix="for .rccl input: ")
+    add_program_options(parser, prefix="for .rccl input: ", fuse=True)
 
 
 #: one placement's columns: (name, unit, width)
@@ -295,6 +301,8 @@ def run(args) -> int:
                         progress.print(f"# {runner.threads_note}")
                     progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
                                    f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
+                    if args.backend == "cpu":
+                        progress.print(EMULATED_NOTE)
                     if len(libraries) > 1 or plats[0] != "cuda":
                         progress.print("# " + "; ".join(
                             f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
@@ -321,7 +329,7 @@ def run(args) -> int:
                             broken = True   # the platform may be unusable now
                             break
                     if not args.json:
-                        progress.print(table_left(nbytes, nbytes // es, TYPE_NAMES[args.dtype],
+                        progress.print(table_left(nbytes, nbytes // es, args.dtype,
                                                   redop_column(coll, args.op), root)
                                        + "".join(_cells(r) for r in row))
                         for r in row:
@@ -347,7 +355,7 @@ def run(args) -> int:
     ok = all(r.ok for r in results)
     if args.json:
         print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
-                          "backend": pname, "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
+                          "backend": pname, "emulated": args.backend == "cpu", "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
                           "redop": redop_column(coll, args.op),
                           "rank_platform": plats, "libraries": libraries, "launch": launch,
                           "results": [r.to_json() for r in results]}))

@@ -40,11 +40,13 @@ import argparse
 import json
 from pathlib import Path
 
-from hccc.args import channels_arg, choice_list, comma_list, count_at_least, format_size, parse_size, positive_int
+from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, format_size, op_choice,
+                       parse_size, positive_int)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
-from hccc.sweep import add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_sizes, table_header, table_left
+from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_is_default, sweep_sizes,
+                        table_header, table_left)
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.frontend.limits import printable
 
@@ -90,8 +92,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"GB/s one block moves, the per-block limit (default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
     p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements)")
-    p.add_argument("-o", "--op", choices=("sum", "max", "min"), default="sum",
-                   help="reduction operator shown in the redop column (the model's cost does not depend on it)")
+    p.add_argument("-o", "--op", type=op_choice(("sum", "max", "min"), "sim"), default="sum", metavar="sum|max|min",
+                   help="reduction operator shown in the redop column, nccl-tests' -o (the model's cost does not "
+                        "depend on it); the plots have options of their own")
+    add_fuse_option(p, "for .rccl input, task-level execution: ")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                    help="refuse programs with more transfers than this")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -101,7 +105,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                    default=None, metavar="R1,R2,...",
                    help=f"ranks whose thread blocks the timeline shows (default: the first {PLOT_ROWS} TBs)")
     p.add_argument("--plot-busbw", metavar="FILE", default=None,
-                   help="write bus bandwidth against size, one line per algorithm and scheduler")
+                   help="write bus bandwidth against size, one line per algorithm and scheduler, each with "
+                        "the busbw its lower bound allows dashed (sizes: " + PLOT_SIZES + " unless given)")
+    p.epilog = "columns after nccl-tests':\n  " + COLUMN_LEGEND
 
 
 def _block_bw(text: str) -> float:
@@ -138,7 +144,8 @@ def _load(args, algo: str, scheduler: str, topo, sizes):
     alg = reader.read(path, opts)
     verify(alg)
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
-                             chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes)
+                             chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes,
+                             fuse=getattr(args, "fuse", "auto") == "on" and execution == "task")
     return _channels(args, ir, topo, alg.header.nchannels), execution
 
 
@@ -150,6 +157,15 @@ def _channels(args, ir, topo, declared: int = 1):
     return apply_channels(ir, CompileOptions(channels=args.channels), platforms_for(ir.nranks, "auto", topo),
                           declared=declared)
 
+
+#: what the simulator's own columns mean (printed under the table's header and in ``--help``)
+COLUMN_LEGEND = (
+    "bound: a lower bound on the time no schedule can beat (every link and GPU carrying its bytes at "
+    "full capacity, plus a link's latency); slice: the micro-batch slice of each chunk; mbatch: "
+    "micro-batches per chunk; idle avg / max: the share of the run a thread block waits (mean over "
+    "the thread blocks, and the worst one)")
+#: sizes of a --plot-busbw curve when no sizes are given (2 per octave is too coarse for a line)
+PLOT_SIZES = "1M,2M,4M,8M,16M,32M,64M,128M,256M,512M,1G"
 
 #: the simulator's columns after nccl-tests' (name, unit, width)
 COLUMNS = [("time", "(us)", 11), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("bound", "(us)", 11),
@@ -190,6 +206,8 @@ def _simulate_one(args, topo, algo: str, scheduler: str, sizes: list[int], progr
 def run(args) -> int:
     from hccc.compiler.pipeline import load_cluster
 
+    if args.plot_busbw and sweep_is_default(args):
+        args.sizes = comma_list(parse_size, "sizes")(PLOT_SIZES)    # a curve, not three points
     sweep = sweep_sizes(args)
     sizes = list(sweep.sizes)
     topo = load_cluster(args.topology)
@@ -209,9 +227,15 @@ def run(args) -> int:
         if args.plot_busbw:
             from hccc.runtime.sim_plot import plot_busbw
             curves = {_label(args, r): ([x.nbytes for x in r[6]], [x.busbw_GBps for x in r[6]]) for r in runs}
+            # the busbw the lower bound on the time allows: the same bytes in the bound's time
+            bounds = {_label(args, r): ([x.nbytes for x in r[6]],
+                                        [x.busbw_GBps * x.time_us * 1e-6 / x.lower_bound_s if x.lower_bound_s > 0
+                                         else float("nan") for x in r[6]]) for r in runs}
+            title = (f"{runs[0][2].collective} on {topo.name}, scheduler {','.join(args.scheduler)}"
+                     + (f", {runs[0][4]}-level execution" if runs[0][4] != "task" else ""))
             with progress.phase(f"plotting bus bandwidth to {args.plot_busbw}"):
                 try:
-                    plot_busbw(curves, args.plot_busbw, title=f"{runs[0][2].collective} on {topo.name}")
+                    plot_busbw(curves, args.plot_busbw, title=title, bounds=bounds)
                 except (OSError, ValueError) as exc:
                     raise CompileError([Diagnostic(f"cannot write the plot '{args.plot_busbw}': {exc}",
                                                    None)]) from None
@@ -267,6 +291,7 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
           + f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
     print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
+    print("# " + COLUMN_LEGEND)
     print("#")
     for line in table_header([False], COLUMNS)[1:]:
         print(line)

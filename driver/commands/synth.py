@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hccc.args import comma_list, count_at_least, format_size, parse_size, positive_int, seconds
+from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
 from hccc.compiler.frontend.plural import plural
 from hccc.progress import Progress
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
@@ -41,7 +41,7 @@ INPUTS = {"topology": "cluster"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("topology", metavar="T", help="cluster description (.topo, or a TACCL profile .json)")
+    add_cluster_argument(p, "topology", "cluster description (.topo, or a TACCL profile .json)")
     p.add_argument("--collective", required=True, type=str.lower, choices=COLLECTIVES,
                    help="the collective to synthesise")
     p.add_argument("--root", type=count_at_least(0), default=None, metavar="R",

@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import sys
 
+from hccc.args import add_cluster_argument
+
 from hccc.compiler.frontend.plural import plural
 from hccc.table import table_lines
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
@@ -57,7 +59,7 @@ INPUTS = {"cluster": "cluster"}
 
 def configure(parser) -> None:
     parser.epilog = EPILOG
-    parser.add_argument("cluster", metavar="T", help="cluster description: .topo, or a TACCL profile .json")
+    add_cluster_argument(parser, "cluster", "cluster description (.topo, or a TACCL profile .json)")
     parser.add_argument("--json", action="store_true",
                         help=f"print one JSON object (schema {SCHEMA}; keys below)")
     parser.add_argument("--groups", action="store_true", help="list every shared group in the text output")
