@@ -170,6 +170,25 @@ def test_compiled_and_python_engines_agree_on_hm_allreduce():
     assert a.edge_src.tolist() == b.edge_src.tolist() and a.edge_dst.tolist() == b.edge_dst.tolist()
 
 
+def test_auto_engine_takes_the_kernel_when_the_jit_says_so(monkeypatch):
+    """With the compiled path chosen (here the kernel's plain function standing in for the compiled
+    one, so nothing compiles) the auto engine reduces through the kernel: the same transitive
+    reduction of the naive relation."""
+    calls = []
+
+    def kernel(*args):
+        calls.append(len(args[2]))
+        return dag_kernel.reduce_chunks(*args)
+    monkeypatch.setattr(dag_kernel.KERNELS, "compiled", lambda: {"reduce_chunks": kernel})
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    monkeypatch.setattr("hccc.compiler.frontend.jit.have_numba", lambda: True)
+    alg = hm_allreduce(2, 2)
+    dag = build_dag(alg)
+    assert calls and calls[0] > 0
+    edges = set(zip(dag.edge_src.tolist(), dag.edge_dst.tolist()))
+    assert edges == reduction_of(closure(naive_relation(alg)))
+
+
 def test_unknown_dag_engine_is_rejected():
     with pytest.raises(ValueError, match="engine"):
         build_dag(hm_allreduce(2, 2), engine="fast")

@@ -82,6 +82,51 @@ def test_unknown_names_and_modes_are_refused(monkeypatch):
         jit.jit_mode()
 
 
+def test_compiled_for_leaves_small_work_to_the_callers_own_plain_path(monkeypatch):
+    """A module with its own plain formulation asks compiled_for: None below the threshold, per
+    call (small calls do not add up), and HCCC_JIT=python keeps it None whatever the work."""
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    monkeypatch.setattr(jit, "have_numba", lambda: True)
+    k = _toy(min_work=100)
+    monkeypatch.setattr(k, "compiled", lambda: {"_twice": "the compiled _twice"})
+    for _ in range(3):
+        assert k.compiled_for("_twice", 99) is None
+    assert k.compiled_for("_twice", 100) == "the compiled _twice"
+    assert k.compiled_for("_twice", 1) is None          # nor do they follow a compiled call
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    assert k.compiled_for("_twice", 0) == "the compiled _twice"
+    monkeypatch.setenv("HCCC_JIT", "python")
+    assert k.compiled_for("_twice", 10 ** 9) is None
+    with pytest.raises(KeyError):
+        k.compiled_for("_nope", 1)
+
+
+def test_without_numba_nothing_compiles_and_require_says_why(monkeypatch):
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    monkeypatch.setattr(jit, "have_numba", lambda: False)
+    k = _toy(min_work=1)
+    assert k.compiled_for("_twice", 10 ** 9) is None
+    with pytest.raises(RuntimeError, match="needs numba"):
+        k.require("_twice")
+
+
+def test_parallel_names_are_kernels():
+    Kernels(globals(), ["_add", "_twice"], min_work=1, parallel=["_twice"])
+    with pytest.raises(NameError, match="_other"):
+        Kernels(globals(), ["_add"], min_work=1, parallel=["_other"])
+    assert jit.prange is range          # what a parallel kernel loops over when run plain
+
+
+@needs_numba
+def test_compiled_for_and_require_give_the_compiled_twin(monkeypatch):
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    k = _toy()
+    fast = k.compiled_for("_twice", 0)
+    assert fast is not None and hasattr(fast, "py_func") and fast(4) == 8
+    monkeypatch.setenv("HCCC_JIT", "python")
+    assert k.require("_twice") is fast          # an explicit request wins over the override
+
+
 def test_a_bad_hccc_jit_is_a_clear_error_of_the_command_line(tmp_path):
     env = {"HCCC_JIT": "sometimes", "PATH": "/usr/bin:/bin"}
     p = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(ROOT / "examples" / "ring_allreduce_8.rccl")],

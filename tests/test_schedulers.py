@@ -161,6 +161,30 @@ def test_compiled_hpds_agrees_with_list_scheduler_on_hm_allreduce(nodes, gpus):
     assert a.order.tolist() == b.order.tolist()
 
 
+def test_auto_engine_takes_the_kernel_when_the_jit_says_so(monkeypatch):
+    """HCCC_JIT=numba sends the auto engine to the kernel (here its plain function standing in for
+    the compiled one, so nothing compiles), =python to the list scheduler; both give Algorithm 1's
+    literal schedule."""
+    calls = []
+
+    def kernel(*args):
+        calls.append(len(args[2]))
+        return hpds_kernel.hpds_arrays(*args)
+    monkeypatch.setattr(hpds_kernel.KERNELS, "compiled", lambda: {"hpds_arrays": kernel})
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    monkeypatch.setattr("hccc.compiler.frontend.jit.have_numba", lambda: True)
+    alg = hm_allreduce(2, 2)
+    dag = build_dag(alg, engine="python")
+    s = hpds(alg, dag)
+    assert calls == [alg.ntransfers]
+    sp_ref, order_ref = reference_schedule(alg, "hpds")
+    assert s.subpipeline.tolist() == sp_ref and s.order.tolist() == order_ref
+    monkeypatch.undo()
+    monkeypatch.setenv("HCCC_JIT", "python")
+    calls.clear()
+    assert hpds(alg, dag).order.tolist() == order_ref and calls == []
+
+
 def test_unknown_hpds_engine_is_rejected():
     alg = ring_allgather([0, 1, 2])
     with pytest.raises(ValueError, match="engine"):

@@ -20,7 +20,17 @@ compile: what the tests use to exercise the compiled path on small inputs), ``au
 The compiled twins are made on first use, all of a module's kernels together, as copies of the
 functions whose globals see each other's compiled twin (numba resolves a kernel's calls through its
 globals); the module's own names stay the plain functions. numba's on-disk cache keys them by their
-source file and line, as it keys decorated functions.
+source file and line, as it keys decorated functions. A kernel named in ``parallel`` is compiled
+with ``parallel=True``, and its module's ``prange`` (this module's, which is ``range`` in plain
+Python) is numba's ``prange`` in the twin.
+
+This is the only way hccc compiles with numba. Where a module keeps a second, plain-Python
+formulation of an algorithm beside its kernel (a list or numpy version that plain Python runs much
+faster than the kernel's array loops; each such module says why, with the measurement of
+``benchmarks/twins.py``), it asks :meth:`Kernels.compiled_for` instead of :meth:`Kernels.pick`:
+the compiled kernel, or ``None`` where its own plain version should run. That choice is per call
+(a call of at least ``min_work``): the plain version is the faster one below the threshold
+whatever the process ran before, so small calls neither add up nor follow a compiled one.
 """
 from __future__ import annotations
 
@@ -37,15 +47,9 @@ MODES = ("auto", "python", "numba")
 CACHED_DIVISOR = 10
 
 
-def optional_njit(**options) -> tuple[Callable, bool]:
-    """``(decorator, available)`` for a module of kernels that numba compiles where it is installed:
-    numba's ``njit(cache=True, nogil=True, **options)``, or (without numba) the identity, and the
-    module keeps a numpy path that its callers take instead (they test ``available``)."""
-    try:
-        from numba import njit
-    except ImportError:  # pragma: no cover - exercised only where numba is missing
-        return (lambda fn: fn), False
-    return (lambda fn: njit(cache=True, nogil=True, **options)(fn)), True
+#: what a kernel loops over in parallel: ``range`` in plain Python, numba's ``prange`` in the
+#: compiled twin of a kernel named in ``Kernels(parallel=...)``
+prange = range
 
 
 def have_numba() -> bool:
@@ -63,14 +67,20 @@ def jit_mode() -> str:
 
 class Kernels:
     """The kernels ``names`` of a module (its ``globals()``), compiled only when the work of a call
-    reaches ``min_work`` (in the module's own unit: slices simulated, rank-chunk-steps, ...)."""
+    reaches ``min_work`` (in the module's own unit: slices simulated, rank-chunk-steps, ...).
+    ``parallel``: the kernels compiled with ``parallel=True`` (their loops over ``prange``)."""
 
-    def __init__(self, namespace: dict, names: Iterable[str], *, min_work: int, nogil: bool = True):
+    def __init__(self, namespace: dict, names: Iterable[str], *, min_work: int,
+                 parallel: Iterable[str] = (), nogil: bool = True):
         self._ns = namespace
         self._names = tuple(names)
         missing = [n for n in self._names if not callable(namespace.get(n))]
         if missing:
             raise NameError(f"no kernel function {', '.join(missing)} in {namespace.get('__name__')}")
+        self._parallel = frozenset(parallel)
+        if not self._parallel <= set(self._names):
+            raise NameError(f"parallel kernels {', '.join(sorted(self._parallel - set(self._names)))} "
+                            f"are not kernels of {namespace.get('__name__')}")
         self.min_work = int(min_work)
         self._nogil = nogil
         self._compiled: dict[str, Callable] | None = None
@@ -122,12 +132,39 @@ class Kernels:
             return self._ns[name]
         return self.compiled()[name]
 
+    def compiled_for(self, name: str, work: int) -> Callable | None:
+        """For a module that keeps its own plain formulation (faster than the kernel run plain):
+        the compiled kernel ``name`` for a call of ``work`` from ``min_work`` on (``HCCC_JIT=numba``:
+        always), else ``None``, and the caller runs its plain version (``HCCC_JIT=python``, or
+        numba missing: always). Per call: small calls do not add up."""
+        if name not in self._names:
+            raise KeyError(f"{name} is not a kernel of {self._ns.get('__name__')}")
+        mode = jit_mode()
+        if mode == "python" or not have_numba():
+            return None
+        if mode == "numba" or int(work) >= self.min_work:
+            return self.compiled()[name]
+        return None
+
+    def require(self, name: str) -> Callable:
+        """The compiled kernel ``name`` whatever the work (a caller asked for the compiled path
+        explicitly); a clear error without numba."""
+        if name not in self._names:
+            raise KeyError(f"{name} is not a kernel of {self._ns.get('__name__')}")
+        if not have_numba():
+            raise RuntimeError(f"the compiled {name} of {self._ns.get('__name__')} needs numba "
+                               f"(pip install 'hccc[scale]')")
+        return self.compiled()[name]
+
     def compiled(self) -> dict[str, Callable]:
         """The compiled twins (numba dispatchers), made on first use."""
         with self._lock:
             if self._compiled is None:
+                import numba
                 from numba import njit
                 glb = dict(self._ns)
+                if self._parallel:
+                    glb["prange"] = numba.prange
                 twins = {}
                 for n in self._names:
                     fn = self._ns[n]
@@ -135,7 +172,7 @@ class Kernels:
                     twin.__qualname__ = fn.__qualname__
                     twin.__module__ = fn.__module__
                     twin.__doc__ = fn.__doc__
-                    twins[n] = njit(cache=True, nogil=self._nogil)(twin)
+                    twins[n] = njit(cache=True, nogil=self._nogil, parallel=n in self._parallel)(twin)
                 glb.update(twins)
                 self._compiled = twins
             return self._compiled

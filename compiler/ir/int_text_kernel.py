@@ -5,25 +5,35 @@ tuple length, cached on disk); both passes run blocks of rows on all cores (numb
 text of an integer column, or a column of indices into constants (``choice``), optionally only on
 the rows of a boolean column. Two passes over the rows: the length of every row (its offsets),
 then the bytes. Same output as the numpy path of ``int_text.py`` (``tests/test_int_text.py``).
+
+Why ``int_text.py`` keeps its numpy path beside this kernel: this kernel writes byte by byte, which
+the interpreter runs 35-360x slower than numpy's whole-column operations; compiled it is 1.6x
+faster than numpy at 65,024 rows (and slower on small inputs: starting its threads costs more than
+the rows). Measured with ``benchmarks/twins.py`` (HM AllReduce on N x 8 GPUs; a 2-core machine under a load
+of about 25, so the figures are slow but the ratios hold), seconds of one ``HCCC_P(...)``-like line per primitive:
+
+==========  ===========  ===============  ================
+rows        numpy        kernel, plain    kernel, compiled
+==========  ===========  ===============  ================
+3,968       0.0024       0.878            0.208
+65,024      0.370        13.1             0.228
+==========  ===========  ===============  ================
+
+So numpy renders below :data:`COMPILED_FROM` rows and wherever numba is missing, this kernel
+compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import optional_njit
+from hccc.compiler.frontend.jit import Kernels, have_numba, prange
 
 # numba is optional (extras "scale", "sim", "synth"); int_text.py has a numpy path without it
-_jit, HAVE_NUMBA = optional_njit()
-_jit_parallel, _ = optional_njit(parallel=True)
-try:
-    from numba import prange
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    prange = range
+HAVE_NUMBA = have_numba()
 
 TEXT, INT, CHOICE, BLOB = 0, 1, 2, 3
 
 
-@_jit
 def _ndigits(v):
     if v < 0:
         if v == -9223372036854775807 - 1:
@@ -43,7 +53,6 @@ def _ndigits(v):
 _PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode("ascii"), np.uint8).copy()
 
 
-@_jit
 def _write_int(buf, at, v):
     """Write v's decimal text at buf[at:]; returns the position after it."""
     if v < 0:
@@ -76,7 +85,6 @@ def _write_int(buf, at, v):
 BLOCK = 4096
 
 
-@_jit_parallel
 def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
     """Texts of rows ``0..n-1``; piece ``k`` (present on the rows where ``masks[mask_of[k]]`` holds,
     on every row when ``mask_of[k] < 0``) is, by ``kind[k]``: TEXT the constant
@@ -181,3 +189,10 @@ def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
             for i in range(elen):
                 buf[a + i] = end_text[i]
     return buf, offsets
+
+
+#: rows from which a call of :meth:`hccc.compiler.ir.int_text.RowText.render` uses the compiled
+#: loop (:meth:`~hccc.compiler.frontend.jit.Kernels.compiled_for`)
+COMPILED_FROM = 100_000
+KERNELS = Kernels(globals(), ["_ndigits", "_write_int", "render_rows"], min_work=COMPILED_FROM,
+                  parallel=["render_rows"])

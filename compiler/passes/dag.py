@@ -22,6 +22,9 @@ Construction (vectorised):
    this is done per chunk, only for chunks holding a task with two or more predecessors, with
    ancestor bitsets (Python integers, one bit per task of the chunk in topological order) kept
    only while a task still has unprocessed successors.
+   From ``dag_kernel.COMPILED_FROM`` tasks on (numba installed) the chunks of up to
+   ``dag_kernel.MAX_TASKS`` tasks go through a compiled kernel over 64-bit words instead (the
+   integers stay because plain Python runs them 3-8x faster than that kernel: measured there).
 
 Communication dependencies are not edges: ``link[t]`` is a dense id of the directed pair
 ``(src, dst)``; equal ids share a link.
@@ -34,6 +37,7 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
+from hccc.compiler.passes import dag_kernel
 
 __all__ = ["DependencyDAG", "build_dag"]
 
@@ -206,8 +210,9 @@ def _sparse_edges(src, dst, step, chunk_idx, is_rrc, n):
     return es.astype(np.int64), ed.astype(np.int64)
 
 
-def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=False):
+def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=None):
     """Step 2: boolean mask of the edges to keep (exact transitive reduction, per chunk).
+    ``compiled``: ``dag_kernel.reduce_chunks`` compiled, for the chunks it takes, or None.
 
     ``topo_pos[t]`` is t's position in a topological order sorted by chunk; edges only join tasks
     of one chunk, so a task's local bit index is its position minus its chunk's first position.
@@ -235,12 +240,11 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=False):
     # Remaining-successor counts only matter to free bitsets early.
     outdeg = np.bincount(ps, minlength=n)
     drop: list[int] = []
-    if compiled:   # chunks of up to MAX_TASKS tasks through the compiled loop (same result)
-        from hccc.compiler.passes import dag_kernel
+    if compiled is not None:   # chunks of up to MAX_TASKS tasks through the compiled loop (same result)
         base_w = cstart[work_chunks].astype(np.int64)
         small = work_last + 1 - base_w <= dag_kernel.MAX_TASKS
         drop_k = np.zeros(len(ps), bool)
-        dag_kernel.reduce_chunks(ps.astype(np.int64), eptr.astype(np.int64), base_w[small],
+        compiled(ps.astype(np.int64), eptr.astype(np.int64), base_w[small],
                                  work_last[small].astype(np.int64), drop_k)
         drop = np.flatnonzero(drop_k).tolist()
         work_chunks, work_last = work_chunks[~small], work_last[~small]
@@ -285,24 +289,19 @@ def _transitive_reduction(es, ed, topo_pos, chunk_of_pos, n, compiled=False):
 
 
 # ------------------------------------------------------------------------------------------- API
-#: from this many tasks on, :func:`build_dag` reduces through the compiled kernel (numba installed)
-COMPILED_FROM = 100_000
-
-
 def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
     """Dependency DAG of ``alg`` (see the module docstring). ``engine``: ``"python"``,
     ``"compiled"`` (the transitive reduction of chunks up to ``dag_kernel.MAX_TASKS`` tasks in
     :mod:`hccc.compiler.passes.dag_kernel`; needs numba) or ``"auto"`` (compiled from
-    :data:`COMPILED_FROM` tasks on when numba is installed): the same DAG either way."""
+    ``dag_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
+    :class:`~hccc.compiler.frontend.jit.Kernels`): the same DAG either way."""
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"unknown DAG engine {engine!r} (expected auto, python or compiled)")
-    compiled = engine == "compiled" or (engine == "auto" and alg.ntransfers >= COMPILED_FROM)
-    if compiled:
-        from hccc.compiler.passes import dag_kernel
-        if not dag_kernel.HAVE_NUMBA:
-            if engine == "compiled":
-                raise RuntimeError("the compiled DAG engine needs numba (pip install 'hccc[scale]')")
-            compiled = False
+    compiled = None
+    if engine == "compiled":
+        compiled = dag_kernel.KERNELS.require("reduce_chunks")
+    elif engine == "auto":
+        compiled = dag_kernel.KERNELS.compiled_for("reduce_chunks", alg.ntransfers)
     n = alg.ntransfers
     src = np.asarray(alg.src, np.int64)
     dst = np.asarray(alg.dst, np.int64)

@@ -61,7 +61,8 @@ sub-pipeline that used them (no clearing between sub-pipelines); the queue is a 
 and a few floats per task: O(log) per task, about 4x the time of Algorithm 1 alone on 2 M tasks.
 From :data:`COMPILED_FROM` tasks on (and when numba is installed) :func:`hpds` runs the same
 procedure over flat arrays, compiled (:mod:`hccc.compiler.passes.hpds_kernel`): the same schedule,
-task for task, about 10x faster.
+task for task, about 15x faster. The list scheduler stays because plain Python runs it 3.4-3.8x
+faster than the kernel's array loops (measured there).
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm
+from hccc.compiler.passes import hpds_kernel
 from hccc.compiler.passes.dag import DependencyDAG
 from hccc.compiler.passes.schedule import Schedule
 from hccc.compiler.ir.sort_order import lexsort
@@ -281,25 +283,21 @@ class _TimedChunkScheduler(_ChunkScheduler):
         return len(take)
 
 
-#: from this many tasks on, :func:`hpds` runs the compiled kernel (when numba is installed): below
-#: it, loading numba costs more than the list scheduler spends
-COMPILED_FROM = 100_000
-
-
 def hpds(alg: Algorithm, dag: DependencyDAG, *, engine: str = "auto") -> Schedule:
     """Schedule ``alg``'s tasks into sub-pipelines with HPDS (see the module docstring).
 
     ``engine``: ``"python"`` (the list scheduler below), ``"compiled"`` (the same schedule from
     :mod:`hccc.compiler.passes.hpds_kernel`, numba-compiled; needs numba) or ``"auto"`` (compiled
-    from :data:`COMPILED_FROM` tasks on when numba is installed)."""
+    from ``hpds_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
+    :class:`~hccc.compiler.frontend.jit.Kernels`)."""
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"unknown HPDS engine {engine!r} (expected auto, python or compiled)")
-    if engine == "compiled" or (engine == "auto" and dag.ntasks >= COMPILED_FROM):
-        from hccc.compiler.passes import hpds_kernel
-        if hpds_kernel.HAVE_NUMBA:
-            return _hpds_compiled(alg, dag, hpds_kernel)
-        if engine == "compiled":
-            raise RuntimeError("the compiled HPDS engine needs numba (pip install 'hccc[scale]')")
+    if engine == "compiled":
+        return _hpds_compiled(alg, dag, hpds_kernel.KERNELS.require("hpds_arrays"))
+    if engine == "auto":
+        kernel = hpds_kernel.KERNELS.compiled_for("hpds_arrays", dag.ntasks)
+        if kernel is not None:
+            return _hpds_compiled(alg, dag, kernel)
     st = _TimedChunkScheduler(alg, dag)
     prio = [0] * st.nchunks
     remaining = st.remaining
@@ -321,8 +319,9 @@ def hpds(alg: Algorithm, dag: DependencyDAG, *, engine: str = "auto") -> Schedul
     return st.result("hpds")
 
 
-def _hpds_compiled(alg: Algorithm, dag: DependencyDAG, kernel) -> Schedule:
-    """:func:`hpds` through the array kernel: the same inputs as the list scheduler builds, as arrays."""
+def _hpds_compiled(alg: Algorithm, dag: DependencyDAG, hpds_arrays) -> Schedule:
+    """:func:`hpds` through the compiled array kernel ``hpds_arrays``: the same inputs as the list
+    scheduler builds, as arrays."""
     n = dag.ntasks
     if alg.ntransfers != n:
         raise ValueError(f"DAG has {n} tasks but the algorithm has {alg.ntransfers} transfers")
@@ -340,7 +339,7 @@ def _hpds_compiled(alg: Algorithm, dag: DependencyDAG, kernel) -> Schedule:
     link = np.asarray(dag.link, np.int64)[topo]
     nlinks = max(int(dag.nlinks), int(link.max()) + 1 if n else 0)
     cstart = np.searchsorted(chunk_idx[topo], np.arange(dag.nchunks + 1)).astype(np.int64)
-    sp_of, ins, ok = kernel.hpds_arrays(sptr, pd.astype(np.int64), indeg, link, cstart, nlinks)
+    sp_of, ins, ok = hpds_arrays(sptr, pd.astype(np.int64), indeg, link, cstart, nlinks)
     if not ok:
         raise RuntimeError("HPDS made no progress: the dependency graph has a cycle")
     sp_rows = np.empty(n, np.int32)

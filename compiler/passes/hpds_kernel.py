@@ -18,26 +18,40 @@ Only the minimum of each heap is ever used and heap keys are unique, so the heap
 does not influence the result; the floating-point clock is computed with the same operations in
 the same order. ``tests/test_schedulers.py`` checks both schedulers against a literal reading of
 Algorithm 1. Without numba the kernel is not used (:data:`HAVE_NUMBA`).
+
+Why the list scheduler stays beside this kernel instead of running it as plain Python below the
+threshold: the interpreter runs this function 3.4-3.8x slower than the list scheduler (numpy
+scalar indexing and float64 scalars cost more than list items and Python floats), while numba
+runs it 15x faster at 32,512 tasks. Measured with ``benchmarks/twins.py`` (HM AllReduce on N x 8 GPUs; a 2-core machine under a load
+of about 25, so the figures are slow but the ratios hold), seconds:
+
+==========  =================  ===============  ===============
+tasks       list scheduler     kernel, plain    kernel, compiled
+==========  =================  ===============  ===============
+1,984       0.090              0.339            0.0007
+32,512      2.23               7.52             0.147
+==========  =================  ===============  ===============
+
+So the list scheduler runs below :data:`COMPILED_FROM` tasks and wherever numba is missing, this
+kernel compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import optional_njit
+from hccc.compiler.frontend.jit import Kernels, have_numba
 
-_jit, HAVE_NUMBA = optional_njit()
+HAVE_NUMBA = have_numba()
 
 #: Rule I7's clock (hpds.py's _SLICE and _EPS)
 SLICE = 1.0 / 16
 EPS = 1e-9
 
 
-@_jit
 def _less(t1, k1, t2, k2):
     return t1 < t2 or (t1 == t2 and k1 < k2)
 
 
-@_jit
 def _lheap_push(ht, hk, base, size, t, k):
     """Push (t, k) onto the heap ``ht/hk[base:base+size]``; returns the new size."""
     i = size
@@ -54,7 +68,6 @@ def _lheap_push(ht, hk, base, size, t, k):
     return size + 1
 
 
-@_jit
 def _lheap_pop(ht, hk, base, size):
     """Drop the minimum of the heap ``ht/hk[base:base+size]``; returns the new size."""
     size -= 1
@@ -81,7 +94,6 @@ def _lheap_pop(ht, hk, base, size):
     return size
 
 
-@_jit
 def _qheap_sift_down(q, size, i):
     x = q[i]
     while True:
@@ -98,7 +110,6 @@ def _qheap_sift_down(q, size, i):
     q[i] = x
 
 
-@_jit
 def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
     """Schedule tasks ``0..n-1`` (internal ids, see the module docstring).
 
@@ -263,3 +274,10 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
                 park_len[c] = 0
         sp += 1
     return sp_of, order, True
+
+
+#: from this many tasks on, :func:`hccc.compiler.passes.hpds.hpds` runs the compiled kernel instead
+#: of its list scheduler (:meth:`~hccc.compiler.frontend.jit.Kernels.compiled_for`)
+COMPILED_FROM = 100_000
+KERNELS = Kernels(globals(), ["_less", "_lheap_push", "_lheap_pop", "_qheap_sift_down", "hpds_arrays"],
+                  min_work=COMPILED_FROM)
