@@ -10,7 +10,8 @@
    thread that puts the slot, fences, puts the tail, and returns the credit.
    *Latency*: ping-pong of one message, half the round trip, against ``ucx_perftest -t
    ucp_put_lat`` (also half a round trip of puts) at the same size. *Bandwidth*: a stream of
-   messages through the FIFO's slots, against ``ucx_perftest -t ucp_put_bw``. MiB/s both (UCX's
+   messages (``--bw-bytes`` worth, 16 to 4,000 of them) through the FIFO's slots, against
+   ``ucx_perftest -t ucp_put_bw`` with as many messages. MiB/s both (UCX's
    "MB/s" is 2^20 bytes per second).
 2. **AllReduce** (2 nodes x 2 ranks, four processes, one torch.distributed gloo group): hccc's ring
    AllReduce through :class:`~hccc.runtime.Communicator` (CPU emulation, cross-node connections
@@ -74,6 +75,11 @@ def perftest(test: str, size: int, iters: int, tls: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ hccc's path
+def _stream_count(m: int, bw_bytes: int) -> int:
+    """Messages of a bandwidth point: ``bw_bytes`` worth, between 16 and 4,000."""
+    return max(16, min(bw_bytes // m, 4000))
+
+
 def _path_rank(rank, url, tls, sizes, lat_iters, bw_bytes, q):
     os.environ["UCX_TLS"] = tls
     from hccc.compiler.frontend import generators as gen
@@ -125,12 +131,12 @@ def _path_rank(rank, url, tls, sizes, lat_iters, bw_bytes, q):
                 slot_view(mslots, i, m)[:] = src
                 t_mtail.value = i + 1
                 while t_tail.value < i + 1:
-                    pass
+                    os.sched_yield()
                 dst[:] = slot_view(rslots, i, m)
                 t_mhead.value = i + 1
             else:
                 while t_tail.value < i + 1:
-                    pass
+                    os.sched_yield()
                 dst[:] = slot_view(rslots, i, m)
                 t_mhead.value = i + 1
                 slot_view(mslots, i, m)[:] = src
@@ -139,22 +145,22 @@ def _path_rank(rank, url, tls, sizes, lat_iters, bw_bytes, q):
         assert int(dst[0]) == 2 - rank, "wrong bytes"
         # bandwidth: a stream from rank 0 to rank 1
         reset(m)
-        n = max(8, bw_bytes // m)
+        n = _stream_count(m, bw_bytes)
         t0 = time.perf_counter()
         for i in range(n):
             if rank == 0:
                 while t_head.value + nslots < i + 1:
-                    pass
+                    os.sched_yield()
                 slot_view(mslots, i, m)[:] = src
                 t_mtail.value = i + 1
             else:
                 while t_tail.value < i + 1:
-                    pass
+                    os.sched_yield()
                 dst[:] = slot_view(rslots, i, m)
                 t_mhead.value = i + 1
         if rank == 0:
             while t_head.value < n:
-                pass
+                os.sched_yield()
         el = time.perf_counter() - t0
         res[m] = {"lat_us": lat, "mib_s": n * m / el / 2**20}
     sync("end")
@@ -249,7 +255,7 @@ def main(argv=None) -> int:
     for m in sizes:
         lat = perftest("ucp_put_lat", m, max(100, a.lat_iters if m <= 65536 else a.lat_iters // 10),
                        a.tls)
-        bw = perftest("ucp_put_bw", m, max(16, bw_bytes // m), a.tls)
+        bw = perftest("ucp_put_bw", m, _stream_count(m, bw_bytes), a.tls)
         rows.append({"bytes": m, "hccc_lat_us": ours[m]["lat_us"], "ucx_lat_us": lat["lat_us"],
                      "hccc_mib_s": ours[m]["mib_s"], "ucx_mib_s": bw["mib_s"]})
     ar_sizes = [parse_size(s) for s in a.allreduce.split(",")] if a.allreduce else []
