@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_program
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime import reference, shm
+from hccc.runtime.launcher import program_layout
 from hccc.testing import valid_programs
 
 from rank_pool import RankPool, run_fresh
@@ -60,8 +62,7 @@ def _no_leaks():
     assert set(shm.ours()) - before == set(), "shared memory left in /dev/shm"
 
 
-METHOD = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-          "broadcast": "broadcast", "reduce": "reduce", "alltoall": "all_to_all"}
+METHOD = {name: spec.method for name, spec in SPECS.items()}
 
 
 def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int = 0):
@@ -72,14 +73,14 @@ def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int
         count = reference.alltoall_count(count, reference.alltoall_unit(ir))
     inputs = reference.make_inputs(coll, N, count, dtype, nchunks=ir.nchunks, seed=seed)
     want = reference.expected(coll, inputs, op, nchunks=ir.nchunks, root=ir.root)
+    spec = SPECS[coll]
+    layout = program_layout(ir, count)
     calls = []
     for r in range(N):
         c = {"method": METHOD[coll], "x": inputs[r]}
-        if coll in ("allgather", "alltoall"):
-            c["out"] = count
-        elif coll == "reducescatter":
-            c["out"] = len(want[r])
-        if coll in ("allreduce", "reducescatter", "reduce"):
+        if spec.alias != "same":      # input and output are separate arrays
+            c["out"] = layout[r][1]
+        if spec.reduces:
             c["kwargs"] = {"op": op}
         calls.append([c])
     return calls, want, count
@@ -112,13 +113,14 @@ PROGRAMS = {
     "broadcast": lambda: gen.ring_broadcast(3, root=1),
     "reduce": lambda: gen.ring_reduce(4, root=2),
     "alltoall": lambda: gen.ring_alltoall(3),
+    "gather": lambda: gen.ring_gather(4, root=1, chunks_per_rank=2),
 }
 
 
 #: one kernel instance per collective (each rank builds its own kernel: keep the builds few)
 INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
             "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
-            "reduce": ("float32", "min"), "alltoall": ("float32", "sum")}
+            "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum")}
 
 
 # several processes per case, each building its kernels: one collective runs by default, the rest
@@ -230,8 +232,7 @@ def test_examples_in_separate_processes(pool, name):
 
 # ------------------------------------------------------------------------------ random programs
 @settings(max_examples=3)
-@given(alg=valid_programs(["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall"],
-                          max_ranks=5, min_ranks=2),
+@given(alg=valid_programs(list(SPECS), max_ranks=5, min_ranks=2),
        count=st.integers(0, 300), dtype=st.sampled_from(["float32", "int32"]),
        op=st.sampled_from(["sum", "max", "min"]))
 def test_random_programs_in_separate_processes(pool, alg, count, dtype, op):

@@ -102,6 +102,11 @@ def _alltoall(inputs, red, nchunks, root):
     return [np.concatenate([np.asarray(x)[j * b:(j + 1) * b] for x in inputs]) for j in range(N)]
 
 
+def _gather(inputs, red, nchunks, root):
+    full = np.concatenate([np.asarray(x) for x in inputs])
+    return [full if r == root else None for r in range(len(inputs))]
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """One collective (see the module docstring for the chunk model)."""
@@ -281,6 +286,8 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("alltoall", "AllToAll", start=OWNER, end=DEST, reduces=False,
                    input=TO, output=FROM, busbw=_ring, method="all_to_all",
                    semantics=_alltoall, msccl="alltoall", blockwise=True),
+    CollectiveSpec("gather", "Gather", start=OWNER, end=ROOT, reduces=False,
+                   input=OWN, output=FULL, busbw=_ring, method="gather", semantics=_gather),
 )}
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "recursive_doubling_allgather", "tree_allgather", "tree_reducescatter", "tree_allreduce",
     "hm_allgather", "hm_reducescatter", "hm_allreduce",
     "ring_broadcast", "ring_reduce", "tree_broadcast", "tree_reduce", "direct_broadcast", "direct_reduce",
+    "ring_gather", "tree_gather", "direct_gather", "ring_gather_rccl",
     "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
     "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
@@ -345,6 +346,59 @@ def direct_reduce(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str 
     c = np.arange(C, dtype=_I64)[None, :]
     return _algorithm(_header(n, Collective.REDUCE, name, root=root, chunks_per_rank=chunks_per_rank),
                       _rows(others[j] + 0 * c, root, j + 0 * c, c + 0 * j, RRC))
+
+
+def ring_gather(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                name: str = "ring_gather") -> Algorithm:
+    """Chain Gather: the ring ``order`` from the root's successor, ending at ``root``; every rank
+    forwards what it has towards the root, chunk ``j`` of each rank crossing hop ``h`` at step
+    ``h + j`` (a rank's chunks join the chain at its own hop)."""
+    _check_root(n, root, chunks_per_rank)
+    p = np.roll(_chain(n, root, order), -1)   # root last
+    K = chunks_per_rank
+    rows = [(p[h], p[h + 1], h + j, p[i] * K + j, RECV)
+            for i in range(n - 1) for h in range(i, n - 1) for j in range(K)]
+    return _algorithm(_header(n, Collective.GATHER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def tree_gather(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                name: str = "tree_gather") -> Algorithm:
+    """Tree Gather up the spanning tree ``edges`` rooted at ``root``: the ``t``-th edge of the
+    post-order (children before parents) carries every chunk of the child's subtree at step ``t``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    K = chunks_per_rank
+    post = _postorder_edges(adj, root)
+    below: dict[int, list[int]] = {u: [u] for u in range(n)}   # the ranks of each subtree
+    for u, q in post:                                         # children are complete first
+        below[q] = below[q] + below[u]
+    rows = [(u, q, t, w * K + j, RECV) for t, (u, q) in enumerate(post) for w in sorted(below[u])
+            for j in range(K)]
+    return _algorithm(_header(n, Collective.GATHER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def direct_gather(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "direct_gather") -> Algorithm:
+    """One-step Gather: every other rank sends its chunks to the root at step 0."""
+    _check_root(n, root, chunks_per_rank)
+    K = chunks_per_rank
+    rows = [(r, root, 0, r * K + j, RECV) for r in range(n) if r != root for j in range(K)]
+    return _algorithm(_header(n, Collective.GATHER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def ring_gather_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_gather") -> str:
+    """ResCCLang text of :func:`ring_gather` (identity ring order, ending at the root)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.GATHER, name, root, chunks_per_rank)
+            + "    # chain ending at the root: the rank at position i (Root + 1 + i) sends its chunks,\n"
+            + "    # hop h (from Root + 1 + h) forwards chunk j of every rank at step h + j\n"
+            + "    for i in range(0, nRanks - 1):\n"
+            + "        for h in range(i, nRanks - 1):\n"
+            + "            for j in range(0, nChunksPerRank):\n"
+            + "                transfer((Root + 1 + h) % nRanks, (Root + 2 + h) % nRanks, h + j, "
+              "((Root + 1 + i) % nRanks) * nChunksPerRank + j, recv)\n")
 
 
 def split_chunks(alg: Algorithm, k: int) -> Algorithm:
@@ -778,6 +832,8 @@ EXAMPLES = {
                          lambda: ring_broadcast_rccl(8, 3, chunks_per_rank=2, name="ring_broadcast_8")),
     "ring_reduce_8": (lambda: ring_reduce(8, 3, chunks_per_rank=2, name="ring_reduce_8"),
                       lambda: ring_reduce_rccl(8, 3, chunks_per_rank=2, name="ring_reduce_8")),
+    "ring_gather_8": (lambda: ring_gather(8, 3, chunks_per_rank=2, name="ring_gather_8"),
+                      lambda: ring_gather_rccl(8, 3, chunks_per_rank=2, name="ring_gather_8")),
     "direct_alltoall_8": (lambda: direct_alltoall(8, name="direct_alltoall_8"),
                           lambda: direct_alltoall_rccl(8, name="direct_alltoall_8")),
     "ring_alltoall_6": (lambda: ring_alltoall(6, chunks_per_rank=2, name="ring_alltoall_6"),

@@ -128,7 +128,7 @@ def _check_collective(name: str) -> None:
     """Refuse a collective MSCCL XML cannot express, saying why (its spec's ``msccl_refusal``)."""
     spec = spec_of(name)
     if spec.msccl_refusal:
-        ok = one_of([s.title for s in SPECS.values() if s.msccl])
+        ok = one_of([s.title for s in SPECS.values() if s.msccl], "and")
         raise export_error([f"cannot export collective '{name}': {spec.msccl_refusal} "
                             f"(hccc exports {ok} as MSCCL XML)"])
 
