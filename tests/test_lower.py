@@ -65,6 +65,20 @@ def _reduce_rows(rng, n, c, root, t0):
     return rows, ready[root] - 1
 
 
+def _gather_rows(rng, n, c, root, t0):
+    """Chunk c (owned by rank c) walks a random simple path to root: direct, or through up to
+    two other ranks (which keep it in scratch), hops at increasing random steps."""
+    if c == root:
+        return []
+    others = [r for r in rng.permutation(n).tolist() if r not in (c, root)]
+    path = [c] + others[:int(rng.integers(0, min(2, len(others)) + 1))] + [root]
+    rows, t = [], t0
+    for a, b in zip(path, path[1:]):
+        rows.append((a, b, t, c, RECV))
+        t += 1 + int(rng.integers(0, 2))
+    return rows
+
+
 def _alltoall_rows(rng, n):
     """Every block (i -> j) walks a random simple path from i to j (direct, or through up to two
     other ranks, which keep it in scratch), hops at increasing random steps; some blocks also
@@ -103,6 +117,8 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
             rows += _bcast_rows(rng, n, c, c, t0)[0]
         elif coll == Collective.REDUCESCATTER:
             rows += _reduce_rows(rng, n, c, c, t0)[0]
+        elif coll == Collective.GATHER:
+            rows += _gather_rows(rng, n, c, top, t0)
         else:
             root = int(rng.integers(n))
             r1, t_end = _reduce_rows(rng, n, c, root, t0)
@@ -183,12 +199,12 @@ def _oracle_locations(alg):
     def wloc(r, c):
         if coll == Collective.REDUCESCATTER:
             return (Buf.OUTPUT, c % k) if c // k == r else (Buf.SCRATCH, c)
-        if coll == Collective.REDUCE:
+        if coll in (Collective.REDUCE, Collective.GATHER):
             return (Buf.OUTPUT, c) if r == root else (Buf.SCRATCH, c)
         return (Buf.OUTPUT, c)
 
     def inloc(r, c):
-        return (Buf.INPUT, c % k if coll == Collective.ALLGATHER else c)
+        return (Buf.INPUT, c % k if coll in (Collective.ALLGATHER, Collective.GATHER) else c)
 
     out = []
     for i, (s, d, stp, c, o) in enumerate(alg.rows()):
