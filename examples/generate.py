@@ -5,6 +5,7 @@ twice gives byte-identical files; tests/test_examples.py checks the committed fi
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -24,12 +25,15 @@ def generate(outdir: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str]) -> int:
-    outdir = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
-    for p in generate(outdir):
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", nargs="?", type=Path, default=Path(__file__).resolve().parent,
+                    help="folder to write (default: this folder)")
+    args = ap.parse_args(argv)
+    for p in generate(args.outdir):
         print(p)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv[1:]))

@@ -121,12 +121,24 @@ class _Buf:
         self.ptr, self.n, self.dtype, self.device, self.keep = ptr, n, dtype, device, keep
 
 
+def torch_strided(a):
+    """torch's dense layout (torch is imported by whoever passed the tensor ``a``)."""
+    import torch
+    return torch.strided
+
+
 def _as_buf(a, what: str) -> _Buf:
     mod = type(a).__module__.split(".")[0]
     if mod == "torch":
         name = str(a.dtype).replace("torch.", "")
         if name not in DTYPES:
             raise TypeError(f"{what}: torch dtype {a.dtype} is not one of {', '.join(DTYPES)}")
+        if a.layout != torch_strided(a):
+            raise TypeError(f"{what}: a {str(a.layout).replace('torch.', '')} tensor; the collectives "
+                            "take dense (strided) tensors: pass .to_dense()")
+        if a.is_neg() or a.is_conj():      # lazy views: memory holds other values than the tensor
+            raise ValueError(f"{what}: a lazily {'negated' if a.is_neg() else 'conjugated'} view, whose "
+                             "memory does not hold its values: pass .resolve_neg() / .resolve_conj()")
         if not a.is_contiguous():
             raise ValueError(f"{what}: the tensor must be contiguous")
         return _Buf(int(a.data_ptr()), int(a.numel()), name, "cuda" if a.is_cuda else a.device.type, a)
@@ -708,7 +720,15 @@ class Communicator:
             raise ValueError(f"{method}: rank {self.rank}'s output holds {bo.n} elements; a "
                              f"{count}-element {method} gives it {n_out}")
         if bo.ptr < bx.ptr + bx.n * es and bx.ptr < bo.ptr + bo.n * es and bx.n and bo.n:
-            raise ValueError(f"{method}: input and output overlap; use the in-place form")
+            # the collective's in-place layout (an all_gather input at its place in the output, a
+            # reduce_scatter output at its place in the input) runs in place, as the program allows
+            at_place = ((in_off >= 0 and bx.ptr == bo.ptr + in_off * es)
+                        or (out_off >= 0 and bo.ptr == bx.ptr + out_off * es))
+            if at_place and True in self.ir.placements:
+                return count, bx.dtype, bx.ptr, bo.ptr, None
+            raise ValueError(f"{method}: input and output overlap" + (
+                f"; {self.ir.name} is proven out of place only" if at_place else
+                " other than in the collective's in-place layout (this rank's block of the larger buffer)"))
         return count, bx.dtype, bx.ptr, bo.ptr, None
 
     def _call(self, method, x, out, inplace, op):

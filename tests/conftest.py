@@ -36,7 +36,11 @@ def pytest_configure(config):
     global DEFAULT_RUN_AT_O0
     if "HCCC_CPU_OPT" not in os.environ and (config.option.markexpr or "").replace(" ", "") == "notslow":
         os.environ["HCCC_CPU_OPT"] = "-O0"
+        os.environ["HCCC_CPU_OPT_SET_BY_TESTS"] = "-O0"     # pytest-xdist's workers inherit both
         DEFAULT_RUN_AT_O0 = True
+    elif os.environ.get("HCCC_CPU_OPT_SET_BY_TESTS") and \
+            os.environ.get("HCCC_CPU_OPT") == os.environ["HCCC_CPU_OPT_SET_BY_TESTS"]:
+        DEFAULT_RUN_AT_O0 = True        # a worker of README's command: the -O0 is this file's, not the user's
 
 
 DEFAULT_RUN_AT_O0 = False   # set by pytest_configure

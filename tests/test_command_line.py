@@ -428,3 +428,15 @@ def test_interrupt_while_starting_prints_no_traceback():
         assert p.returncode in (0, 130), (delay, p.returncode, err)
         if p.returncode == 130:
             assert "hccc: interrupted" in err
+
+
+@pytest.mark.parametrize("script", ["generate.py", "c2c/generate.py", "clusters/generate.py", "msccl/generate.py",
+                                    "torch/make_catalog.py"])
+def test_example_scripts_answer_help_and_write_nothing(tmp_path, script):
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, str(EX / script), "--help"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
+    assert list(tmp_path.iterdir()) == []                 # no folder named --help
+    assert not (EX / "--help").exists() and not (EX / script).parent.joinpath("--help").exists()

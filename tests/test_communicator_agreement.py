@@ -87,3 +87,28 @@ def test_program_digest_sees_every_primitive_column():
         assert program_digest(other) != base, col
     ir.stats["compile_s"] = 1.0        # statistics are not the program
     assert program_digest(ir) == base
+
+
+# ---------------------------------------------------------------- what a call passes
+def test_all_gather_from_a_block_of_its_own_output(pool):
+    """``all_gather(out[r*n:(r+1)*n], out)``: the collective's in-place layout runs in place."""
+    ir = build_program(gen.ring_allgather(2, name="ag"), chunk_bytes=64)
+    n = 8
+    calls = [[{"method": "all_gather", "x": np.arange(n, dtype=np.float32) + 100 * r, "out": 2 * n,
+               "input_in_output": True}] for r in range(2)]
+    replies = pool.run(ir.to_json(), 2, calls, timeout=20.0)
+    want = np.concatenate([np.arange(n, dtype=np.float32), np.arange(n, dtype=np.float32) + 100])
+    for rep in replies:
+        assert rep["ok"], rep
+        np.testing.assert_array_equal(rep["outputs"][0], want)
+
+
+def test_tensors_whose_memory_is_not_their_values_are_refused():
+    torch = pytest.importorskip("torch")
+    from hccc.runtime.communicator import _as_buf
+    x = torch.arange(4, dtype=torch.float32)
+    assert _as_buf(x, "x").n == 4
+    with pytest.raises(ValueError, match="lazily negated"):
+        _as_buf(x._neg_view(), "input")
+    with pytest.raises(TypeError, match="sparse_coo tensor.*to_dense"):
+        _as_buf(x.to_sparse(), "input")

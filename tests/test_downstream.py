@@ -240,3 +240,17 @@ def test_host_api_compiles_with_hipcc(tmp_path, hipcc):
                           str(tu.parent / "gen_hip"), *TRIM.split(), "-c", str(tu), "-o",
                           str(tmp_path / "a.o")], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+def test_a_path_with_a_list_separator_is_refused_clearly(tmp_path):
+    """CMake splits ``a;b.rccl`` into two arguments: hccc_add_collective says so instead."""
+    require_tool("cmake")
+    hccc = _hccc()
+    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    shutil.copy(ROOT / "examples" / "ring_allreduce_8.rccl", tmp_path / "a;b.rccl")
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.21)\nproject(p LANGUAGES CXX)\nfind_package(hccc REQUIRED)\n"
+        "hccc_add_collective(ring \"${CMAKE_CURRENT_SOURCE_DIR}/a\\;b.rccl\")\n")
+    res = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "b"), f"-Dhccc_DIR={cmake_dir}",
+                          f"-DHCCC_EXECUTABLE={hccc}", "-DHCCC_EMULATE_ON_CPU=ON"], capture_output=True, text=True)
+    assert res.returncode != 0 and "contains ';'" in res.stderr, res.stderr[-2000:]

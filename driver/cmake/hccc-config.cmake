@@ -179,6 +179,13 @@ function(hccc_add_collective target algo)
     set(A_OPS ${HCCC_OPS})
   endif()
   _hccc_instance_defs(defs "${A_DTYPES}" "${A_OPS}")
+  foreach(path IN ITEMS "${algo}" "${A_TOPOLOGY}" "${A_OUTPUT_DIR}")
+    # a CMake list separator inside a path would split it into two arguments of the compile
+    if(path MATCHES ";")
+      message(FATAL_ERROR "hccc_add_collective(${target}): the path '${path}' contains ';', which CMake "
+                          "reads as a list separator: rename the file or folder")
+    endif()
+  endforeach()
   get_filename_component(algo "${algo}" ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
   if(A_OUTPUT_DIR)
     get_filename_component(outdir "${A_OUTPUT_DIR}" ABSOLUTE BASE_DIR ${CMAKE_CURRENT_BINARY_DIR})

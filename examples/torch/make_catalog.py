@@ -7,7 +7,7 @@ checks the committed files are current.
 """
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 from hccc.compiler.frontend import generators as gen
@@ -33,7 +33,14 @@ def generate(outdir: Path) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "catalog4"
-    for p in generate(out):
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", nargs="?", type=Path, default=Path(__file__).resolve().parent / "catalog4",
+                    help="folder to write (default: catalog4/ next to this script)")
+    for p in generate(ap.parse_args(argv).outdir):
         print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
