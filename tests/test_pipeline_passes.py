@@ -142,6 +142,32 @@ def test_an_export_registers_in_a_few_lines(tmp_path, monkeypatch):
     assert any(n.startswith("summary not written: too big") for n in ctx.notes)
 
 
+def test_list_outputs_asks_the_emitters(tmp_path, capsys, monkeypatch):
+    """--list-outputs is what the emitters declare: an export that knows its file in advance is
+    listed, and the listing is then exactly what the compile writes (the MSCCL XML and MSCCL++ plan,
+    which may refuse, declare nothing)."""
+    monkeypatch.setattr(emitters, "_EMITTERS", dict(emitters._EMITTERS))
+    algo = EXAMPLES / "ring_allgather_8.rccl"
+    out = tmp_path / "o"
+    assert main([str(algo), "-o", str(out), "--list-outputs"]) == 0
+    before = capsys.readouterr().out.splitlines()
+    emitters.register_emitter(emitters.Emitter(
+        "summary", "export", lambda ctx: {f"{ctx.ir.name}.summary.txt": "x\n"}, manifest_key="summary",
+        planned=lambda name, platforms, which: [f"{name}.summary.txt"]))
+    assert main([str(algo), "-o", str(out), "--list-outputs"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert sorted(listed) == sorted(before + [str(out / "ring_allgather_8.summary.txt")])
+    assert main([str(algo), "-o", str(out), "--list-outputs", "cuda"]) == 0
+    assert not any(u.endswith(".summary.txt") for u in capsys.readouterr().out.splitlines())
+    assert main([str(algo), "-o", str(out)]) == 0
+    capsys.readouterr()
+    man = json.loads((out / "manifest.json").read_text())
+    unplanned = {man.get(k) for k in ("msccl_xml", "mscclpp_plan")}
+    assert sorted(listed) == sorted(str(p) for p in out.iterdir() if p.name not in unplanned)
+    with pytest.raises(ValueError, match="planned"):
+        emitters.Emitter("k", "kernels", lambda ctx, outdir: ([], {}))
+
+
 def _refusal():
     from hccc.compiler.frontend.diagnostics import Diagnostic
     return CompileError([Diagnostic("too big", None)])

@@ -1,10 +1,12 @@
-"""The files a compile writes into OUTDIR, known before compiling (``hccc ALGO --list-outputs``).
+"""The files a kernel emitter writes into OUTDIR, known before compiling (``hccc ALGO
+--list-outputs`` asks the registered emitters, :func:`hccc.compiler.pipeline.emitters.planned_files`,
+and the kernel emitters answer from here).
 
 Build systems ask for this list at configure time to declare the generated sources of a library
 without hard-coding the algorithm's name or rank count. It depends only on the program's name,
 its rank platforms and the code-generation mode; the test suite compares it with what the code
-generators actually write. The MSCCL XML export (``NAME.xml``) is not listed: it is written only
-when the program fits the MSCCL runtimes' limits, which takes the whole compile to know.
+generators actually write. The exports (the MSCCL XML ``NAME.xml``, the MSCCL++ plan) are not
+listed: each is written only when the program fits its format, which takes the whole compile to know.
 """
 from __future__ import annotations
 

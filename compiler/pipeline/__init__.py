@@ -42,12 +42,14 @@ def load_program(path, opts: CompileOptions | None = None):
 
 def output_list(path: str | Path, opts: CompileOptions, cluster: ClusterSource | None = None,
                 which: str = "all") -> list[str]:
-    """The files ``hccc ALGO -o OUTDIR`` writes for ``path`` with ``opts`` (without the MSCCL XML,
-    see :mod:`hccc.compiler.backend.outputs`), found without scheduling: an algorithm file is only
-    parsed (its header names the program and its ranks). ``which``: ``all``, or ``cuda`` / ``hip``
-    for the translation units of that platform's library only."""
-    from hccc.compiler.backend.outputs import planned_outputs, planned_sources
+    """The files ``hccc ALGO -o OUTDIR`` writes for ``path`` with ``opts``, as the registered
+    emitters declare them (:func:`~hccc.compiler.pipeline.emitters.planned_files`: the kernel
+    emitter ``opts.codegen`` and the exports that know their files in advance, so not the MSCCL
+    XML), found without scheduling: an algorithm file is only parsed (its header names the program
+    and its ranks). ``which``: ``all``, or ``cuda`` / ``hip`` for the translation units of that
+    platform's library only."""
     from hccc.compiler.passes.build import sanitize_identifier
+    from hccc.compiler.pipeline.emitters import planned_files
 
     src = read_input(path, opts)
     if hasattr(src, "prims"):
@@ -56,9 +58,7 @@ def output_list(path: str | Path, opts: CompileOptions, cluster: ClusterSource |
         name, nranks = sanitize_identifier(src.header.name), src.header.nranks
     topo = cluster.topology if cluster is not None else None
     plats = platforms_for(nranks, opts.target, topo)
-    if which == "all":
-        return planned_outputs(name, plats, opts.codegen)
-    return planned_sources(name, plats, opts.codegen, which)
+    return planned_files(opts.codegen, name, plats, which)
 
 
 __all__ = ["BESIDE_FROM", "TARGETS", "VENDOR_PLATFORM", "ClusterSource", "CompileContext", "CompileOptions",

@@ -13,6 +13,14 @@ Two kinds:
   Every export whose ``when(ctx)`` holds runs, in registration order, as a pass of its own
   (its ``--timings`` line is its name).
 
+Each emitter also says which files it will write before anything is compiled (``planned``, what
+``hccc ALGO --list-outputs`` prints): ``planned(name, platforms, which)`` gives the file names for
+a program ``name`` whose rank ``r`` gets the sources ``platforms[r]``, ``which`` being ``all`` or a
+platform (``cuda``, ``hip``: the translation units of that platform's library only). An export
+whose files only the compile can tell (the MSCCL XML, written only when the program fits the
+runtimes' limits; the MSCCL++ plan, written only for a program the plan format can express) has
+no ``planned`` and is not listed.
+
 Adding an export is a registration::
 
     register_emitter(Emitter("my_plan", "export", make_my_plan, manifest_key="my_plan",
@@ -34,12 +42,15 @@ class Emitter:
     manifest_key: str | None = None   #: export: the manifest field naming its file (null when refused)
     refusal: str = ""            #: export: the warning's start when it refuses
     when: Callable = lambda ctx: True   #: export: whether it runs for this compile
+    planned: Callable | None = None     #: ``planned(name, platforms, which) -> [file name]``; None: not known before compiling
 
     def __post_init__(self):
         if self.kind not in ("kernels", "export"):
             raise ValueError(f"an emitter's kind is 'kernels' or 'export', not {self.kind!r}")
         if self.kind == "export" and not self.manifest_key:
             raise ValueError("an export names its manifest field (manifest_key)")
+        if self.kind == "kernels" and self.planned is None:
+            raise ValueError("a kernel emitter says which files it writes (planned)")
 
 
 _EMITTERS: dict[str, Emitter] = {}
@@ -62,6 +73,17 @@ def kernel_emitter(codegen: str) -> Emitter:
 def exports() -> list[Emitter]:
     """The export emitters, in registration order."""
     return [e for e in _EMITTERS.values() if e.kind == "export"]
+
+
+def planned_files(codegen: str, name: str, platforms: list, which: str = "all") -> list[str]:
+    """The files a compile with the kernel emitter ``codegen`` writes, as the emitters declare
+    them: the kernel emitter's, and (``which="all"``) every export's that knows them in advance."""
+    files = list(kernel_emitter(codegen).planned(name, platforms, which))
+    if which == "all":
+        for e in exports():
+            if e.planned is not None:
+                files += e.planned(name, platforms, which)
+    return sorted(set(files))
 
 
 def run_export(ctx, emitter: Emitter) -> None:
@@ -99,8 +121,17 @@ def _table(ctx, outdir):
     return _kernels(generate_table)(ctx, outdir)
 
 
-register_emitter(Emitter("specialized", "kernels", _specialized))
-register_emitter(Emitter("table", "kernels", _table))
+def _planned(codegen: str):
+    def planned(name: str, platforms: list, which: str) -> list[str]:
+        from hccc.compiler.backend.outputs import planned_outputs, planned_sources
+        if which == "all":
+            return planned_outputs(name, platforms, codegen)
+        return planned_sources(name, platforms, codegen, which)
+    return planned
+
+
+register_emitter(Emitter("specialized", "kernels", _specialized, planned=_planned("specialized")))
+register_emitter(Emitter("table", "kernels", _table, planned=_planned("table")))
 
 
 # ------------------------------------------------------------------------------ exports
@@ -142,4 +173,4 @@ register_emitter(Emitter("mscclpp_plan", "export", _mscclpp_plan, manifest_key="
                          refusal="MSCCL++ plan not written (the kernels are)"))
 
 
-__all__ = ["Emitter", "register_emitter", "kernel_emitter", "exports", "run_export"]
+__all__ = ["Emitter", "register_emitter", "kernel_emitter", "exports", "planned_files", "run_export"]
