@@ -30,13 +30,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hccc.compiler.frontend.collectives import OWN, SPECS
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 #: what hccc's kernels implement (the Communicator's dtypes and ops)
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "int32")
 KERNEL_OPS = ("sum", "max", "min")
 #: collectives with a root
-ROOTED = ("broadcast", "reduce")
+ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 INDEX = "catalog.json"
 _SUFFIXES = (".rccl", ".xml", ".json")
 _KEYS = {"file", "dtypes", "ops", "min_bytes", "max_bytes"}
@@ -74,14 +75,15 @@ class Entry:
         or output (all-gather) chunks, and all-to-all blocks split evenly, as torch's calls have."""
         from hccc.runtime import reference
         from hccc.runtime.launcher import program_layout
-        if self.collective == "alltoall":
+        spec = SPECS[self.collective]
+        if spec.blockwise:
             return count % reference.alltoall_unit(self.ir) == 0
-        if self.collective not in ("allgather", "reducescatter"):
+        if OWN not in (spec.input, spec.output):
             return True
         if count % self.nranks:
             return False
         lay = program_layout(self.ir, count)
-        pos = 1 if self.collective == "allgather" else 0      # input / output length
+        pos = 1 if spec.input == OWN else 0      # the rank's own part: input / output length
         want = count // self.nranks
         return all(int(lay[r][1 - pos]) == want for r in range(self.nranks))
 

@@ -43,6 +43,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
 from hccc.compiler.interop.mscclpp_plan import (BUFFER_ALIGNMENT, COLLECTIVES, CONTROL_OPS, LETTER_OF_BUF,
                                                 MAX_BYTE_OFFSET, PROTOCOLS, PlanLimits)
@@ -244,11 +245,12 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     def alias(rank: int, buf: int, off: int) -> tuple[int, int]:
         if not inplace:
             return buf, off
-        if coll == "allgather" and buf == Buf.INPUT:
+        overlay = SPECS[coll].alias      # how the collective's buffers overlay in place
+        if overlay == "input in output" and buf == Buf.INPUT:
             return int(Buf.OUTPUT), rank * ir.in_chunks + off
-        if coll == "reducescatter" and buf == Buf.OUTPUT:
+        if overlay == "output in input" and buf == Buf.OUTPUT:
             return int(Buf.INPUT), rank * ir.out_chunks + off
-        if coll in ("allreduce", "alltoall") and buf == Buf.INPUT:
+        if overlay == "same" and buf == Buf.INPUT:
             return int(Buf.OUTPUT), off
         return buf, off
 
