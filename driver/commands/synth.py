@@ -264,12 +264,16 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
         if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW:
             # the packing's program falls short in the simulator: the search too, the faster kept
             phase.update("tree program below the bound in the simulator: trying the step search")
-            other = make("search")
-            _fit_channels(other, topo, size)
-            f2 = _simulated_fraction(other, topo, size, bound["seconds"])
-            tried["search"] = f2
-            if f2 is not None and f2 > fraction:
-                result, fraction = other, f2
+            try:
+                other = make("search")
+            except CompileError:      # no search schedule within the limits: the trees stand
+                other = None
+            tried["search"] = None
+            if other is not None:
+                _fit_channels(other, topo, size)
+                f2 = tried["search"] = _simulated_fraction(other, topo, size, bound["seconds"])
+                if f2 is not None and f2 > fraction:
+                    result, fraction = other, f2
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
