@@ -92,6 +92,7 @@ struct Net {
   std::atomic<uint64_t> bytes_put{0}, puts{0};
   uint64_t serving_drain = 0;
   int efd = -1;                 // the worker's event fd: network activity wakes an idle thread
+  std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
 };
 
 void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -150,7 +151,8 @@ bool push(Net* n) {
   const uint64_t rb = n->region_bytes.load(std::memory_order_relaxed);
   const uint64_t ru = n->region_used.load(std::memory_order_relaxed);
   const uint64_t mc = n->max_cnt.load(std::memory_order_relaxed);
-  std::vector<std::pair<size_t, uint64_t>> tails;
+  std::vector<std::pair<size_t, uint64_t>>& tails = n->tails;
+  tails.clear();
   for (size_t i = 0; i < n->sends.size(); ++i) {
     SendConn& c = n->sends[i];
     const uint64_t t = __atomic_load_n(c.mtail, __ATOMIC_ACQUIRE);
