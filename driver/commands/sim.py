@@ -21,7 +21,9 @@ size (:func:`hccc.compiler.passes.slicing.auto_slice_bytes`, up to the FIFO slot
 given IR's ``chunk_bytes``); each result records the slice it used as ``chunk_bytes`` and the
 top-level ``chunk_bytes`` is the slot capacity. ``--chunk-size B`` fixes slot and slice to ``B``
 for every size (``"slice": "fixed"``). ALGO is a ``.rccl`` algorithm
-(verified, then scheduled and lowered with the given options), a ProgramIR ``.json`` or an MSCCL
+(verified, then scheduled and lowered with the given options by the compiler's own passes, as
+``hccc ALGO -o OUT --topology T`` does, with the simulator at the sizes simulated choosing the
+thread-block allocation; fusion only with ``--fuse on``), a ProgramIR ``.json`` or an MSCCL
 ``.xml`` (run as given). ``--execution algorithm`` is the MSCCL-like baseline: for a ``.rccl``
 the transfers run in step order on connection-based TBs (unless ``--tb-alloc`` says otherwise),
 every micro-batch running the TB's whole primitive list; a given IR keeps its TBs, and by default
@@ -120,8 +122,8 @@ def _block_bw(text: str) -> float:
     return v
 
 
-def _load(args, algo: str, scheduler: str, topo, sizes):
-    """The ProgramIR to simulate and the execution it runs with."""
+def _load(args, algo: str, scheduler: str, cluster, sizes):
+    """The ProgramIR to simulate and the execution it runs with (``cluster``: a ClusterSource)."""
     from hccc.compiler.pipeline import CompileOptions, reader_for
     from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
     from hccc.compiler.passes.verify import verify
@@ -139,14 +141,34 @@ def _load(args, algo: str, scheduler: str, topo, sizes):
         if execution is None:  # an MSCCL import records whether it only runs algorithm-level
             ex = ir.stats.get("execution")
             execution = ex if ex in ("task", "algorithm") else "task"
-        return _channels(args, ir, topo), execution
+        return _channels(args, ir, cluster.topology), execution
     execution = execution or "task"
     alg = reader.read(path, opts)
-    verify(alg)
+    if execution == "task" and cluster.topology.nranks == alg.header.nranks:
+        return _compiled(args, alg, opts, cluster, sizes), execution
+    verify(alg)           # the MSCCL-like baseline, or a cluster that does not fit (prepare says why)
+    topo = cluster.topology
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes,
                              fuse=getattr(args, "fuse", "auto") == "on" and execution == "task")
     return _channels(args, ir, topo, alg.header.nchannels), execution
+
+
+def _compiled(args, alg, opts, cluster, sizes):
+    """A task-level program as the compiler makes it: its own passes (verify, the cluster fit,
+    DAG, schedule, lowering, the thread-block allocation the simulator finds not slower, then
+    channels) over one context, with the simulator at the sizes simulated as the cost model.
+    Fusion only with ``--fuse on`` (the simulator does not charge the memory pass fusion saves)."""
+    from dataclasses import replace
+
+    from hccc.compiler.pipeline import Pass, run_passes
+    from hccc.compiler.pipeline import compile as passes
+    from hccc.runtime.simulator import SimulatedCost
+    fuse = "on" if getattr(args, "fuse", "auto") == "on" else "off"
+    ctx = passes.context_for(alg, replace(opts, fuse=fuse, channels=args.channels), cluster=cluster,
+                             cost_model=SimulatedCost(cluster.topology, sizes))
+    run_passes(ctx, [*passes.program_passes(), Pass("channels", passes.channels)])
+    return ctx.ir
 
 
 def _channels(args, ir, topo, declared: int = 1):
@@ -172,11 +194,12 @@ COLUMNS = [("time", "(us)", 11), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8),
            ("slice", "(B)", 7), ("mbatch", "", 6), ("idle", "avg", 6), ("idle", "max", 6)]
 
 
-def _simulate_one(args, topo, algo: str, scheduler: str, sizes: list[int], progress):
+def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], progress):
     from hccc.runtime.simulator import SimulationError, prepare, simulate
 
+    topo = cluster.topology
     with progress.phase(f"building {algo}" + (f" ({scheduler})" if len(args.scheduler) > 1 else "")):
-        ir, execution = _load(args, algo, scheduler, topo, sizes)
+        ir, execution = _load(args, algo, scheduler, cluster, sizes)
         try:
             prog = prepare(ir, topo, args.block_bw or None)
         except SimulationError as exc:
@@ -204,18 +227,19 @@ def _simulate_one(args, topo, algo: str, scheduler: str, sizes: list[int], progr
 
 
 def run(args) -> int:
-    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.pipeline import read_cluster
 
     if args.plot_busbw and sweep_is_default(args):
         args.sizes = comma_list(parse_size, "sizes")(PLOT_SIZES)    # a curve, not three points
     sweep = sweep_sizes(args)
     sizes = list(sweep.sizes)
-    topo = load_cluster(args.topology)
+    cluster = read_cluster(args.topology)
+    topo = cluster.topology
     runs = []
     with Progress("hccc sim", enabled=not args.json) as progress:
         for algo in args.algo:
             for scheduler in args.scheduler:
-                runs.append((algo, scheduler, *_simulate_one(args, topo, algo, scheduler, sizes, progress)))
+                runs.append((algo, scheduler, *_simulate_one(args, cluster, algo, scheduler, sizes, progress)))
         if args.plot:
             from hccc.runtime.sim_plot import plot_timeline
             algo, scheduler, ir, prog, execution, slice_mode, results, largest = runs[0]
