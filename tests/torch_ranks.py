@@ -89,6 +89,10 @@ def collectives_job(rank: int, world: int, url: str, backend: str):
     out = torch.empty(world * n)
     dist.all_gather_into_tensor(out, inp(rank, n))
     checks["all_gather_into_tensor"] = torch.equal(out, torch.cat([inp(r, n) for r in range(world)]))
+    out = torch.empty(world * n)
+    out.chunk(world)[rank].copy_(inp(rank, n))
+    dist.all_gather_into_tensor(out, out.chunk(world)[rank])     # in place, as FSDP calls it
+    checks["all_gather_into_tensor in place"] = torch.equal(out, torch.cat([inp(r, n) for r in range(world)]))
     outs = [torch.empty(n) for _ in range(world)]
     dist.all_gather(outs, inp(rank, n))
     checks["all_gather"] = all(torch.equal(outs[r], inp(r, n)) for r in range(world))

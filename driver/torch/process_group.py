@@ -470,7 +470,10 @@ class HcccProcessGroup(dist.ProcessGroup):
                  if output.numel() != input.numel() * self._size else "")
         route = self._route("allgather", dev, [output, input], output.numel() * output.element_size(),
                             "sum", extra=extra)
-        return self._submit("allgather", dev, route, lambda comm, _op: comm.all_gather(input, output),
+        # in place (FSDP: the input is this rank's slice of the output): the input is copied first
+        return self._submit("allgather", dev, route,
+                            lambda comm, _op: comm.all_gather(input.clone() if _overlap(input, output)
+                                                              else input, output),
                             lambda b: b._allgather_base(output, input, opts), [output])
 
     _allgather_base = all_gather_single
@@ -513,7 +516,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                             op, extra=extra)
 
         def run(comm, kop):
-            comm.reduce_scatter(input, output, op=kop)
+            comm.reduce_scatter(input.clone() if _overlap(input, output) else input, output, op=kop)
             if op == "avg":
                 output.div_(self._size)
         return self._submit("reducescatter", dev, route, run,
@@ -599,7 +602,9 @@ class HcccProcessGroup(dist.ProcessGroup):
             extra = "input and output of different sizes"
         route = self._route("alltoall", dev, [input, output], input.numel() * input.element_size(),
                             "sum", extra=extra)
-        return self._submit("alltoall", dev, route, lambda comm, _op: comm.all_to_all(input, output),
+        return self._submit("alltoall", dev, route,
+                            lambda comm, _op: comm.all_to_all(input.clone() if _overlap(input, output)
+                                                              else input, output),
                             lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
                                                       list(input_split_sizes or []), opts), [output])
 
@@ -655,6 +660,14 @@ class HcccProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors, src, tag=0):
         return self._passthrough("recv", list(tensors), lambda b: b.recv(tensors, src, tag), tensors)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 class _contiguous:
