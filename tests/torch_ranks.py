@@ -162,6 +162,8 @@ def bad_input_job(rank: int, world: int, url: str, timeout_s: float):
         except Exception as exc:
             err = f"{type(exc).__name__}: {exc}"
         seen.append((name, err, time.monotonic() - t0))
+        if name != "dead rank":
+            dist.barrier()      # on the default group (longer timeout): every rank is done with g
 
     attempt("count", lambda g: dist.all_reduce(torch.ones(8 if rank == 0 else 16), group=g))
     attempt("dtype", lambda g: dist.all_reduce(torch.ones(8, dtype=torch.float16 if rank == 1

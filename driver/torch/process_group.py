@@ -457,11 +457,17 @@ class HcccProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        dev = self._check("allreduce_coalesced", tensors)
-        route = self._route("allreduce", dev, tensors, 0, _op_name(opts),
-                            extra="a coalesced allreduce")
-        return self._submit("allreduce", dev, route, None,
-                            lambda b: b.allreduce_coalesced(tensors, opts), tensors)
+        one = dist.AllreduceOptions()
+        one.reduceOp = opts.reduceOp
+        return self._together([self.allreduce([t], one) for t in tensors], tensors)
+
+    def _together(self, works, result) -> HcccWork:
+        """One work for several queued calls (coalesced calls run as one call per tensor): it
+        completes after them (the worker runs calls in order) with the first error, if any."""
+        def fn():
+            for w in works:
+                w.wait()
+        return self._enqueue(fn, result)
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else _C.AllgatherOptions()
@@ -501,10 +507,8 @@ class HcccProcessGroup(dist.ProcessGroup):
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _C.AllgatherOptions()
-        dev = self._check("allgather_into_tensor_coalesced", inputs, outputs)
-        route = self._route("allgather", dev, inputs, 0, "sum", extra="a coalesced allgather")
-        return self._submit("allgather", dev, route, None,
-                            lambda b: b.allgather_into_tensor_coalesced(outputs, inputs, opts), outputs)
+        return self._together([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)],
+                              outputs)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -550,11 +554,8 @@ class HcccProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        dev = self._check("reduce_scatter_tensor_coalesced", inputs, outputs)
-        route = self._route("reducescatter", dev, inputs, 0, _op_name(opts),
-                            extra="a coalesced reduce-scatter")
-        return self._submit("reducescatter", dev, route, None,
-                            lambda b: b.reduce_scatter_tensor_coalesced(outputs, inputs, opts), outputs)
+        return self._together([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)],
+                              outputs)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
