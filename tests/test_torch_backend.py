@@ -316,6 +316,10 @@ def test_every_collective_through_hccc_on_four_processes(tmp_path, catalog_env):
         assert s["fallback"] == {"allreduce": 1}, s
         assert set(s["reasons"]) == {"dtype float64 has no hccc kernel (hccc: float32, float16, "
                                      "bfloat16, int32)"}
+        if r < 2:
+            assert rep["sub_stats"]["fallback"] == {"allreduce": 1}, rep["sub_stats"]
+            assert list(rep["sub_stats"]["reasons"]) == [
+                "no allreduce algorithm for 2 ranks (the catalog has 4)"]
 
 
 def _compare_training(tmp_path, mode):

@@ -126,8 +126,16 @@ def collectives_job(rank: int, world: int, url: str, backend: str):
         t, sum(inp(r, 2 * n).view(2, n)[:, ::2] for r in range(world)))
     import hccc.torch
     stats = hccc.torch.stats() if "hccc" in backend else {}
+    # a subgroup of 2 ranks: its own process group; the catalog has no 2-rank algorithms
+    sub = dist.new_group([0, 1])
+    sub_stats = None
+    if rank < 2:
+        t = inp(rank, n)
+        dist.all_reduce(t, group=sub)
+        checks["subgroup allreduce"] = torch.equal(t, inp(0, n) + inp(1, n))
+        sub_stats = hccc.torch.stats(sub) if "hccc" in backend else None
     dist.destroy_process_group()
-    return {"checks": checks, "stats": stats}
+    return {"checks": checks, "stats": stats, "sub_stats": sub_stats}
 
 
 def train_job(rank: int, world: int, url: str, backend: str, mode: str, steps: int):
