@@ -12,8 +12,8 @@ On one GPU with no network (every rank on that GPU, the one-grid launch), in ord
 3. ``busbw``: ``benchmarks/gpu_busbw.py`` (ring AllGather 8, ring AllReduce 8, HM AllReduce 4x8
    at 64 MiB and 1 GiB against the device copy measured in the same run, and the bound their HBM
    traffic allows);
-4. ``latency``: ring AllReduce 8 at 4 KiB (the Simple protocol; the LL protocol is not built, and
-   the report says so);
+4. ``latency``: ring AllReduce 8 at 4 KiB (the Simple protocol; LL, ``hccc run --proto ll``, is not
+   measured by this command, and the report says so);
 5. ``model``: ``benchmarks/kernel_model.py``'s predictions for the same runs, printed beside the
    measurements so the report is read against them.
 
@@ -123,7 +123,7 @@ def summarise(step: Step, data) -> tuple[bool, str]:
         s4, l4 = p.get("ring_allreduce_8 4K simple", {}), p.get("ring_allreduce_8 4K ll", {})
         return True, (f"predicted: ring AllGather 8 1G {ag.get('busbw', 0):.0f} GB/s busbw "
                       f"({ag.get('of_hbm_bound', 0):.0%} of HBM bound); ring AllReduce 8 4K Simple "
-                      f"{s4.get('time_us', 0):.1f} us, LL (not built) {l4.get('time_us', 0):.1f} us; "
+                      f"{s4.get('time_us', 0):.1f} us, LL (predicted) {l4.get('time_us', 0):.1f} us; "
                       f"LL crossover {p.get('ll_crossover_bytes', 0)} B")
     return True, ""
 
@@ -167,8 +167,8 @@ def report_text(results: list[Result], args, device: str, started: str) -> str:
              "| step | name | status | seconds | result |", "|---|---|---|---:|---|"]
     for r in results:
         lines.append(f"| {r.group} | {r.name} | {r.status} | {r.seconds:.1f} | {r.summary.replace('|', '/')} |")
-    lines += ["", "Not measured by this command: the LL protocol (not built; the model's LL row is a "
-              "prediction), several GPUs, a network."]
+    lines += ["", "Not measured by this command: the LL protocol (`hccc run --proto ll`; the model's LL "
+              "row is a prediction), several GPUs, a network."]
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,7 @@ Time = launch + fill + max(HBM bytes / HBM bandwidth, the slowest block's loads 
 its messages x sync). Bandwidths: ``--hbm-gbs`` 3,000 GB/s, what a device-to-device copy reaches
 on an H100 SXM (3,350 is the data sheet's).
 
-LL (model only: the low-latency protocol is not built). Each 8-byte store carries 4 bytes of
+LL (built: ``hccc run --proto ll``, docs/kernel-protocol.md; not yet measured on a GPU). Each 8-byte store carries 4 bytes of
 data and a 4-byte flag the receiver polls, so no fence, no barrier and no counter wait per
 message (``--ll-sync-us``, default 0.2 us: a poll of a line another SM wrote), at twice the slot
 bytes and with two 8-byte lines in flight per thread instead of eight 16-byte vectors. Its time uses the same terms; the crossover is the largest full-buffer size (powers of
@@ -186,7 +186,7 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     fill = (max(prims_per_tb.values()) - 1) * msg_t
     t = launch_us * 1e-6 + fill + max(t_hbm, t_tb)
     factor = busbw_factor(ir.collective, ir.nranks)
-    return {"algorithm": ir.name, "size": nbytes, "design": "LL (model, not built)" if ll else "v3 (as built)",
+    return {"algorithm": ir.name, "size": nbytes, "design": "LL (model, built, not measured)" if ll else "v3 (as built)",
             "model_only": bool(ll), "threads": threads, "channels": k, "blocks": blocks,
             "hbm_per_byte": hbm / nbytes if nbytes else 0.0, "messages_per_block": max(prims_per_tb.values()) * nmb,
             "time_us": t * 1e6, "fill_us": fill * 1e6, "hbm_us": t_hbm * 1e6, "block_us": t_tb * 1e6,

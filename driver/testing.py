@@ -528,13 +528,14 @@ def kernel_runner(ir, backend="cpu", dtype: str = "float32", op: str = "sum", *,
 
 
 def run_case(ir, case: KernelCase, backend="cpu", *, timeout_s: float = 10.0, seed: int = 0,
-             codegen: str = "specialized", one_grid: bool | None = None):
+             codegen: str = "specialized", one_grid: bool | None = None, proto: str = "simple"):
     """Run one :class:`KernelCase` through the emitted kernels (``codegen``: ``"specialized"`` or
-    ``"table"``; ``one_grid`` as :class:`~hccc.runtime.launcher.Runner`'s); the :class:`RunResult`."""
+    ``"table"``; ``one_grid`` as :class:`~hccc.runtime.launcher.Runner`'s; ``proto`` the FIFO
+    protocol, as :meth:`~hccc.runtime.launcher.Runner.run`'s); the :class:`RunResult`."""
     runner = kernel_runner(ir, backend, case.dtype, case.op, timeout_s=timeout_s, codegen=codegen,
                            one_grid=one_grid)
     res = runner.run(count=case.count, inplace=case.inplace, nthreads=case.nthreads, seed=seed,
-                     slice_bytes=case.slice_bytes or ir.chunk_bytes)
+                     slice_bytes=case.slice_bytes or ir.chunk_bytes, proto=proto)
     if getattr(runner, "_broken", None):
         # kernels that ignore the abort flag still hold that platform: start afresh next time
         for cache in (_RUNNERS, _PLATFORMS):

@@ -160,6 +160,23 @@ def check_fifo_memory(name: str, plans, ranks=None) -> None:
                             "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it")
 
 
+def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int) -> tuple[str, str | None]:
+    """The FIFO protocol a launch of ``nbytes`` (full buffer) runs under ``proto`` = ``"auto"`` |
+    ``"simple"`` | ``"ll"`` (:func:`hccc.compiler.backend.abi.resolve_proto`), and why LL fell back to
+    Simple when it did (None otherwise). LL halves what a slot carries, so an MSCCL import proven only
+    with one micro-batch per chunk keeps Simple, and so does a slot whose share is under 16 bytes.
+    (Direct-mode messages always run Simple: the kernels decide that per message.)"""
+    want = abi.resolve_proto(proto, nbytes)
+    if want == "simple":
+        return "simple", None
+    if ir.algorithm_level:
+        return "simple", (f"{ir.name} is proven with one micro-batch per chunk only (an MSCCL import): "
+                          "LL's half-size slots would cut it, so it runs Simple")
+    if abi.ll_share_bytes(slot_share_bytes(chunk_bytes, ir.max_step_chunks)) == 0:
+        return "simple", f"a slot share under 16 bytes holds no whole LL lines: {ir.name} runs Simple"
+    return "ll", None
+
+
 def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int) -> None:
     """Refuse (ValueError) a micro-batch slice a program cannot run with: a program proven only
     under the algorithm-level order (an MSCCL import, ``ProgramIR.algorithm_level``) runs in the
@@ -210,6 +227,8 @@ class RunResult:
     outputs: list | None = field(default=None, repr=False, compare=False)
     #: micro-batch slice of the launch in bytes (:func:`hccc.compiler.passes.slicing.auto_slice_bytes`)
     slice_bytes: int = 0
+    #: FIFO protocol the launch ran: "simple" or "ll" (:func:`launch_proto`)
+    proto: str = "simple"
 
     def __post_init__(self):
         if self.time_us and self.time_us > 0 and math.isfinite(self.time_us):
@@ -474,12 +493,16 @@ class RankMemory:
             tabs.append(ptr)
         self.send_tab, self.recv_tab = tabs
 
-    def reset(self) -> None:
+    def reset(self, slots: bool = False) -> None:
         """Zero what the kernels need zeroed at launch: the control block (tails, heads, progress
-        counters) and the orphan FIFOs' headers."""
+        counters) and the orphan FIFOs' headers; with ``slots`` (an LL launch) the FIFO slots too,
+        so that the only lines a slot holds are earlier messages of the same launch, whose flags
+        differ from the awaited one (``abi.LL_FLAG_BASE``)."""
         self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
+        if slots:
+            self.platform.memset(self.slots, 0, self.plan.slots_bytes)
         for fifo in self.orphans:
-            self.platform.memset(fifo, 0, abi.ORPHAN_HEADER)
+            self.platform.memset(fifo, 0, abi.ORPHAN_HEADER + (self.plan.fifo_bytes if slots else 0))
 
 
 class Runner:
@@ -809,6 +832,7 @@ class Runner:
         so in :attr:`threads_note` (the kernels take any block size up to the emitted one)."""
         #: what was chosen instead of the emitted threads per block, and why (None: as emitted)
         self.threads_note = None
+        self.proto_note = None  # why the last run's LL request ran Simple (launch_proto), or None
         first = dict(self.block_of)
         while True:
             try:
@@ -873,7 +897,7 @@ class Runner:
     def run(self, nbytes: int | None = None, *, count: int | None = None, inplace: bool = False,
             iters: int = 1, warmup: int = 0, seed: int = 0, timeout_s: float | None = None,
             nthreads: int | None = None, check: bool = True, inputs: list | None = None,
-            keep_outputs: bool = False, slice_bytes: int | str = "auto") -> RunResult:
+            keep_outputs: bool = False, slice_bytes: int | str = "auto", proto: str = "simple") -> RunResult:
         """Run at ``nbytes`` (the collective's full buffer, see the module docstring) or ``count``
         elements; returns a :class:`RunResult` (never raises for wrong results or stuck kernels).
         ``nthreads`` overrides the runner's threads per thread block for this run. ``inputs``
@@ -881,7 +905,10 @@ class Runner:
         for bfloat16) replaces the generated small-integer data. ``keep_outputs`` stores every
         rank's output (as the oracle sees it) in :attr:`RunResult.outputs`. ``slice_bytes`` is the
         micro-batch slice: ``"auto"`` sizes it for ``nbytes`` (:mod:`hccc.compiler.passes.slicing`), an
-        int fixes it (a multiple of 16 of at most the compiled slot size)."""
+        int fixes it (a multiple of 16 of at most the compiled slot size). ``proto`` is the FIFO protocol:
+        ``"simple"``, ``"ll"`` or ``"auto"`` (LL up to :data:`hccc.compiler.backend.abi.LL_AUTO_MAX_BYTES`);
+        :func:`launch_proto` says when LL falls back, :attr:`RunResult.proto` what ran and
+        :attr:`proto_note` why."""
         if self._closed:
             raise PlatformError("runner is closed")
         if self._broken:
@@ -916,6 +943,7 @@ class Runner:
                 raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
                                  f"the slot size {self.chunk_bytes}")
         check_slice(self.ir, count, es, slice_b)
+        proto_run, self.proto_note = launch_proto(self.ir, proto, count * es, self.chunk_bytes)
         block = self.block if nthreads is None else int(nthreads)
         if block < 1:
             raise ValueError("nthreads must be positive")
@@ -983,7 +1011,8 @@ class Runner:
                                  send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
                                  progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
                                  timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                                 slice_bytes=slice_b))
+                                 slice_bytes=slice_b,
+                                 proto=abi.PROTOS[1][1] if proto_run == "ll" else abi.PROTOS[0][1]))
             self._set_peers(argv, bufs)
             args = []
             for r, a in enumerate(argv):
@@ -1000,7 +1029,7 @@ class Runner:
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
             for it in range(warmup + iters):
-                self._prepare(bufs, lay, dev_inputs, inplace, ddt)
+                self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=proto_run == "ll")
                 timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)
                 if stuck is None:
@@ -1033,7 +1062,8 @@ class Runner:
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
                          first_wrong=first, collective=coll, nranks=N, iters=len(times),
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
-                         outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b)
+                         outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b,
+                         proto=proto_run)
 
     def _set_peers(self, argv: list, bufs: list) -> None:
         """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
@@ -1095,11 +1125,12 @@ class Runner:
     def _names(self) -> str:
         return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
 
-    def _prepare(self, bufs, lay, dev_inputs, inplace, ddt) -> None:
-        """Zero counters, flags and the error record; outputs and scratch to garbage; inputs in."""
+    def _prepare(self, bufs, lay, dev_inputs, inplace, ddt, ll: bool = False) -> None:
+        """Zero counters, flags and the error record (and the FIFO slots for an LL launch);
+        outputs and scratch to garbage; inputs in."""
         g = _GARBAGE[self.dtype]
         for m in self.rank_mem:
-            m.reset()
+            m.reset(slots=ll)
         ctypes.c_uint32.from_address(self.abort_ptr).value = 0
         self.flags_pf.memset(self.error_ptr, 0, ctypes.sizeof(ErrorRecord))
         for r in range(self.nranks):

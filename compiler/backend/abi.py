@@ -32,7 +32,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 3
+VERSION = 4
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -44,6 +44,44 @@ SLOT_OVERHEAD = REGION_HEADER + 16
 ORPHAN_HEADER = 16
 #: bytes of one control-block word
 CTRL_WORD = 8
+
+# ---------------------------------------------------------------------------- FIFO protocols
+#: ``hccc_args::proto`` values (``HCCC_PROTO_*``): Simple (data in the slot, the sender publishes
+#: ``tail`` with a release store, the receiver waits for it and acquires) and LL (low latency:
+#: every 8-byte line of a region holds 4 bytes of data and a 4-byte flag, stored together)
+PROTOS: tuple[tuple[str, int], ...] = (("SIMPLE", 0), ("LL", 1))
+#: bytes of an LL line: the data word (low 4 bytes) and the flag word (high 4 bytes)
+LL_LINE = 8
+#: data bytes an LL line carries
+LL_DATA = 4
+#: the flag of every line of the k-th message on a connection (k = 0, 1, ...): ``k + LL_FLAG_BASE``
+#: modulo 2**32, so a slot's lines left from message ``k - NSLOTS`` (or zeroed memory) never match
+LL_FLAG_BASE = 1
+#: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
+#: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
+#: polling win while a message's sync costs more than its bytes)
+LL_AUTO_MAX_BYTES = 256 * 1024
+
+
+def ll_share_bytes(share: int) -> int:
+    """Data bytes one chunk's region carries under LL, given its Simple share (``HCCC_SHARE_BYTES``):
+    half of it, rounded down to 16 bytes when at least 16; 0 when the share is under 16 bytes (the
+    launch then keeps Simple: a region must hold whole, 8-byte aligned lines)."""
+    share = int(share)
+    if share < 16:
+        return 0
+    half = share // 2
+    return half // 16 * 16 if half >= 16 else half
+
+
+def resolve_proto(proto: str, nbytes: int) -> str:
+    """``"simple"`` or ``"ll"`` for a call of ``nbytes`` (the full buffer) under ``proto`` =
+    ``"auto"`` | ``"simple"`` | ``"ll"``."""
+    if proto == "auto":
+        return "ll" if int(nbytes) <= LL_AUTO_MAX_BYTES else "simple"
+    if proto not in ("simple", "ll"):
+        raise ValueError(f"protocol must be 'auto', 'simple' or 'll', not {proto!r}")
+    return proto
 #: ticks of the kernels' ``hccc_clock()`` per microsecond, per platform (the unit of
 #: ``hccc_args::timeout`` and ``hccc_error::waited``): CUDA ``%globaltimer`` nanoseconds, HIP
 #: ``wall_clock64`` / ``s_memrealtime`` at a constant 100 MHz (CDNA and RDNA), the CPU emulation's
@@ -95,6 +133,7 @@ ARGS: tuple[CField, ...] = (
     CField("timeout", "uint64_t", "spin-wait limit in hccc_clock() ticks (nanoseconds), 0 = none"),
     CField("slice_bytes", "uint64_t", "micro-batch slice of this launch; 0 or > chunk_bytes: chunk_bytes"),
     CField("peers", "const struct hccc_args*", "every rank's hccc_args (direct mode), or nullptr"),
+    CField("proto", "uint64_t", "FIFO protocol of this launch: HCCC_PROTO_SIMPLE or HCCC_PROTO_LL"),
 )
 
 STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
@@ -243,15 +282,22 @@ def c_enums() -> str:
     ops = ",\n".join(f"  HCCC_{o.name} = {int(o)}" for o in Op)
     bufs = ", ".join(f"HCCC_BUF_{b.name} = {int(b)}" for b in Buf)
     waits = ", ".join(f"HCCC_WAIT_{n} = {v}" for n, v in WAITS)
+    protos = ", ".join(f"HCCC_PROTO_{n} = {v}" for n, v in PROTOS)
     return ("// Primitive operations (values of ProgramIR's Op).\n"
             f"enum {{\n{ops}\n}};\n"
             "// Buffers (values of ProgramIR's Buf).\n"
             f"enum {{ {bufs} }};\n"
             "// What a stuck TB was waiting for (hccc_error::wait).\n"
-            f"enum {{ {waits} }};")
+            f"enum {{ {waits} }};\n"
+            "// FIFO protocols (hccc_args::proto).\n"
+            f"enum {{ {protos} }};\n"
+            f"#define HCCC_LL_LINE {LL_LINE}\n"
+            f"#define HCCC_LL_DATA {LL_DATA}\n"
+            f"#define HCCC_LL_FLAG_BASE {LL_FLAG_BASE}u")
 
 
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
+           "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
            "CONN", "ERROR", "ARGS", "STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",

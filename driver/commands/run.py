@@ -144,6 +144,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
                         help="micro-batch slice per launch (auto: sized for each size so a "
                              "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
+    parser.add_argument("--proto", choices=("auto", "simple", "ll"), default="simple",
+                        help="FIFO protocol per size: simple (data in the slot, one flag per message), "
+                             "ll (low latency: 4 data bytes and a flag in each 8-byte line, half-size "
+                             "slots; direct-mode messages and MSCCL imports stay simple), auto (ll up "
+                             "to 256 KiB of full buffer, the model's crossover; default: simple)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default=None,
                         help="specialized: each rank's own kernel; table: the generic kernels run "
                              "every rank's primitive table from device memory (default: the mode "
@@ -314,6 +319,11 @@ def run(args) -> int:
                     for line in table_header(groups, COLUMNS):
                         progress.print(line)
                 broken = False
+                proto_notes = set()
+                if not args.json and args.proto != "simple":
+                    progress.print(f"# protocol {args.proto}: "
+                                   + ("LL up to 256 KiB, Simple above" if args.proto == "auto" else "LL")
+                                   + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
                 task = progress.task(f"running {plural(len(sweep.sizes), 'size')}"
                                      + (" out of place and in place" if len(groups) > 1 else ""),
                                      total=len(sweep.sizes) * len(groups))
@@ -321,7 +331,10 @@ def run(args) -> int:
                     row = []
                     for inplace in groups:
                         res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
-                                         seed=args.seed, slice_bytes=args.slice_size)
+                                         seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
+                        if runner.proto_note and runner.proto_note not in proto_notes and not args.json:
+                            proto_notes.add(runner.proto_note)
+                            progress.print(f"# --proto {args.proto}: {runner.proto_note}")
                         task.advance()
                         results.append(res)
                         row.append(res)

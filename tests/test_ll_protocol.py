@@ -1,0 +1,287 @@
+"""The LL (low-latency) FIFO protocol of the kernels (``hccc_args::proto``, ``hccc run --proto``).
+
+Under LL every 8-byte line of a slot region carries 4 bytes of data and a 4-byte flag, the index of
+the message on its connection plus ``abi.LL_FLAG_BASE``, written with one 8-byte store; the
+receiver's threads poll their own lines (no tail, no fence). Checked here:
+
+* the receive of one line, in the CPU emulation: a line whose flag is stale (the previous message
+  in that slot, the message before, zeroed memory), or whose data half has been written without
+  its flag half (a torn line), is never consumed; the wait gives up on the timeout and names the
+  wait in the error record; once the whole line is stored it is consumed with its data;
+* the send of lines: each line holds the part's bytes (zero-padded) and the message's flag;
+* programs of several collectives, dtypes, ops, uneven counts, channels, in and out of place,
+  specialised and table kernels, run with LL against the reference executor; the slots read back
+  after a run hold lines (flag of the slot's last message, the data sent) where Simple leaves a
+  header and raw data;
+* ``auto`` picks LL up to ``abi.LL_AUTO_MAX_BYTES`` and Simple above; LL falls back to Simple, and
+  says why, for MSCCL imports proven with one micro-batch per chunk;
+* (slow) random valid programs of every collective under LL.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.compiler.backend import abi
+from hccc.compiler.backend.codegen import generate
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.passes.channels import with_channels
+from hccc.runtime import reference
+from hccc.runtime.launcher import Runner, launch_proto
+from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+HARNESS = r"""
+#include "hccc_prims.h"
+#include <thread>
+#include <vector>
+
+static hccc_pd pd0() { hccc_pd d; __builtin_memset(&d, 0, sizeof d); d.op = HCCC_RECV; return d; }
+
+// One thread receives one line: 1 and *data when consumed, 0 when the wait gave up (timeout in
+// hccc_clock ticks, 0 = none, or the abort flag); err receives the error record.
+extern "C" __attribute__((visibility("default"))) int hccc_test_ll_recv(
+    const uint64_t* line, uint32_t flag, uint64_t timeout, uint32_t* abort_flag, hccc_error* err,
+    uint32_t* data) {
+  hccc_args a;
+  __builtin_memset(&a, 0, sizeof a);
+  a.abort_flag = abort_flag;
+  a.error = err;
+  a.timeout = timeout;
+  static hccc_cpu_block blk;
+  hccc_cpu_block_init(&blk, 0, 1);
+  int ok = 0;
+  struct job { hccc_args a; const uint64_t* line; uint32_t flag; uint32_t* data; int* ok; } j{a, line, flag, data, &ok};
+  std::thread t([&] {
+    hccc_cpu_run_thread(+[](const job& x) {
+      *x.ok = hccc_ll_recv_line(x.a, 3, 5, pd0(), x.line, x.flag, 7, 2, x.data) ? 1 : 0;
+    }, j, &blk, 0);
+  });
+  t.join();
+  return ok;
+}
+
+// The send side of hccc_ll_move: n float32 / float16 elements of src as lines with flag `flag`,
+// by nthreads threads of one TB.
+template <typename T> static int send_lines(const void* src, uint64_t* lines, uint32_t flag,
+                                            uint64_t n, int nthreads) {
+  hccc_args a;
+  __builtin_memset(&a, 0, sizeof a);
+  static uint32_t abort_flag = 0;
+  a.abort_flag = &abort_flag;
+  hccc_rank_consts k;
+  __builtin_memset(&k, 0, sizeof k);
+  struct job { hccc_ctx<T> c; const T* src; uint64_t* lines; uint32_t flag; uint64_t n; };
+  job j;
+  __builtin_memset((void*)&j, 0, sizeof j);
+  j.c.a = a; j.c.k = k; j.src = (const T*)src; j.lines = lines; j.flag = flag; j.n = n;
+  static hccc_cpu_block blk;
+  hccc_cpu_block_init(&blk, 0, nthreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < nthreads; ++t)
+    ts.emplace_back([&, t] {
+      hccc_cpu_run_thread(+[](const job& x) {
+        hccc_pd d = pd0();
+        d.op = HCCC_SEND;
+        hccc_ll_move<T, HCCC_SUM>(x.c, d, 0, 0, nullptr, 0u, x.src, nullptr, nullptr, x.lines,
+                                  x.flag, nullptr, x.n);
+      }, j, &blk, t);
+    });
+  for (auto& t : ts) t.join();
+  return 1;
+}
+extern "C" __attribute__((visibility("default"))) int hccc_test_ll_send(
+    int half, const void* src, uint64_t* lines, uint32_t flag, uint64_t n, int nthreads) {
+  return half ? send_lines<hccc_half>(src, lines, flag, n, nthreads)
+              : send_lines<float>(src, lines, flag, n, nthreads);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ll")
+    generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
+    (d / "harness.cpp").write_text(HARNESS)
+    so = d / "ll.so"
+    p = subprocess.run(["g++", "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU",
+                        "-I", str(d), str(d / "harness.cpp"), "-o", str(so)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lib = ctypes.CDLL(str(so))
+    lib.hccc_test_ll_recv.restype = ctypes.c_int
+    lib.hccc_test_ll_recv.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
+                                      ctypes.c_void_p, ctypes.c_void_p]
+    lib.hccc_test_ll_send.restype = ctypes.c_int
+    lib.hccc_test_ll_send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                      ctypes.c_uint64, ctypes.c_int]
+    return lib
+
+
+class _Err(ctypes.Structure):
+    _fields_ = [("claimed", ctypes.c_uint32), ("valid", ctypes.c_uint32), ("rank", ctypes.c_int32),
+                ("tb", ctypes.c_int32), ("seq", ctypes.c_int32), ("op", ctypes.c_int32),
+                ("wait", ctypes.c_int32), ("chunk", ctypes.c_int32), ("task", ctypes.c_int64),
+                ("microbatch", ctypes.c_uint64), ("waited", ctypes.c_uint64)]
+
+
+def _recv(lib, line: np.ndarray, flag: int, timeout_us: float = 20_000):
+    """(consumed, data word, error record) of one receive of line[0] awaiting ``flag``."""
+    abort = np.zeros(1, np.uint32)
+    err, data = _Err(), np.zeros(1, np.uint32)
+    ok = lib.hccc_test_ll_recv(line.ctypes.data, flag, int(timeout_us * abi.TIMER_TICKS_PER_US["cpu"]),
+                               abort.ctypes.data, ctypes.addressof(err), data.ctypes.data)
+    return bool(ok), int(data[0]), err
+
+
+def _line(data: int, flag: int) -> np.ndarray:
+    return np.array([(flag << 32) | data], np.uint64)
+
+
+def test_error_record_layout_matches_the_abi():
+    assert [f[0] for f in _Err._fields_] == [f.name for f in abi.ERROR]
+
+
+@pytest.mark.parametrize("stale", ["previous message", "previous round of the slot", "zeroed"])
+def test_a_line_with_a_stale_flag_is_never_consumed(lib, stale):
+    k = 20                                       # awaited: message 20 on the connection
+    want = k + abi.LL_FLAG_BASE
+    old = {"previous message": want - 1, "previous round of the slot": want - abi.NSLOTS, "zeroed": 0}[stale]
+    line = _line(0xDEADBEEF if stale != "zeroed" else 0, old)
+    ok, _, err = _recv(lib, line, want)
+    assert not ok
+    assert err.valid == 1 and err.wait == 1 and (err.rank, err.tb, err.chunk, err.microbatch) == (3, 5, 7, 2)
+
+
+def test_a_torn_line_is_not_consumed_until_its_flag_half_lands(lib):
+    """The new data half written over an old line (flag half still stale): not consumed; the flag
+    half then written: consumed, with the new data."""
+    want = 9 + abi.LL_FLAG_BASE
+    line = _line(0x11111111, want - abi.NSLOTS)
+    halves = line.view(np.uint32)                # little-endian: [data, flag]
+    halves[0] = 0x22222222                       # the data half alone
+    ok, _, _ = _recv(lib, line, want)
+    assert not ok
+    halves[1] = want                             # now the flag half
+    ok, data, err = _recv(lib, line, want)
+    assert ok and data == 0x22222222 and err.valid == 0
+
+
+def test_a_whole_line_is_consumed_at_once(lib):
+    want = 1 + abi.LL_FLAG_BASE
+    ok, data, err = _recv(lib, _line(0x3F800000, want), want)
+    assert ok and data == 0x3F800000 and err.valid == 0
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 33])
+def test_sent_lines_hold_the_data_and_the_flag(lib, half, n):
+    dt = np.float16 if half else np.float32
+    src = (np.arange(n) * 1.5 - 7).astype(dt)
+    per = 4 // src.itemsize
+    nlines = -(-n // per)
+    lines = np.full(nlines + 2, 0xABABABABABABABAB, np.uint64)   # two canaries past the end
+    lib.hccc_test_ll_send(int(half), src.ctypes.data if n else None, lines.ctypes.data, 77, n, 3)
+    packed = np.zeros(nlines * 4, np.uint8)
+    packed[:src.nbytes] = src.view(np.uint8)
+    words = packed.view(np.uint32)
+    assert ((lines[:nlines] >> np.uint64(32)) == 77).all()
+    assert np.array_equal((lines[:nlines] & np.uint64(0xFFFFFFFF)).astype(np.uint32), words)
+    assert (lines[nlines:] == 0xABABABABABABABAB).all()
+
+
+# ---------------------------------------------------------------------------- whole programs
+PROGRAMS = {
+    "ring allreduce fused": lambda: build_program(gen.ring_allreduce(4), chunk_bytes=128, fuse=True),
+    "ring allgather 2 channels": lambda: with_channels(build_program(gen.ring_allgather(3), chunk_bytes=256), 2),
+    "direct reducescatter": lambda: build_program(gen.direct_reducescatter(3), chunk_bytes=64),
+    "ring broadcast": lambda: build_program(gen.ring_broadcast(3), chunk_bytes=128),
+}
+CASES = [("ring allreduce fused", "float16", "sum", 1003, False, "specialized"),
+         ("ring allreduce fused", "bfloat16", "max", 517, True, "table"),
+         ("ring allgather 2 channels", "float32", "min", 3 * 101, False, "specialized"),
+         ("direct reducescatter", "int32", "sum", 3 * 77 + 2, True, "specialized"),
+         ("ring broadcast", "float16", "sum", 301, False, "table")]
+
+
+@pytest.mark.parametrize("name,dtype,op,count,inplace,codegen", CASES)
+def test_programs_under_ll_match_the_reference(name, dtype, op, count, inplace, codegen):
+    ir = PROGRAMS[name]()
+    case = KernelCase(count=count, dtype=dtype, op=op, inplace=inplace, nthreads=3)
+    res = run_case(ir, case, codegen=codegen, proto="ll")
+    assert res.proto == "ll"
+    assert res.ok, describe_failure(case, res)
+
+
+def test_slots_hold_ll_lines_after_an_ll_run():
+    """Ring AllGather 2, one message per connection, the FIFO path: the receiver's slot 0, region 0
+    holds the peer's chunk as lines (data word, flag 0 + LL_FLAG_BASE); under Simple the same bytes
+    are the region header and the raw data."""
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=256)
+    count = 2 * 20                                   # 80 bytes per chunk: under the LL share
+    inputs = reference.make_inputs("allgather", 2, count, "float32", nchunks=2, seed=0)
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
+        for proto in ("ll", "simple"):
+            res = runner.run(count=count, proto=proto)
+            assert res.ok and res.proto == proto
+            for r in range(2):
+                plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
+                slots = np.zeros(plan.slots_bytes, np.uint8)
+                pf.memcpy_dtoh(slots, mem.slots)
+                sent = inputs[1 - r].astype(np.float32)
+                if proto == "ll":
+                    lines = slots[:20 * abi.LL_LINE].view(np.uint64)
+                    assert ((lines >> np.uint64(32)) == abi.LL_FLAG_BASE).all()
+                    data = (lines & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+                else:
+                    mis = int(slots[:4].view(np.uint32)[0]) % 16
+                    data = slots[16 + mis:16 + mis + 80].view(np.float32)
+                assert np.array_equal(data, sent), (proto, r)
+
+
+def test_auto_picks_ll_up_to_the_crossover_and_imports_fall_back():
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    assert launch_proto(ir, "auto", abi.LL_AUTO_MAX_BYTES, 1024) == ("ll", None)
+    assert launch_proto(ir, "auto", abi.LL_AUTO_MAX_BYTES + 4, 1024) == ("simple", None)
+    assert launch_proto(ir, "simple", 16, 1024) == ("simple", None)
+    assert launch_proto(ir, "ll", 1 << 30, 1024) == ("ll", None)
+    with pytest.raises(ValueError, match="protocol"):
+        launch_proto(ir, "fast", 16, 1024)
+    proto, why = launch_proto(dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"}), "ll", 16, 1024)
+    assert proto == "simple" and "one micro-batch per chunk" in why
+    assert abi.ll_share_bytes(15) == 0 and abi.ll_share_bytes(16) == 8 and abi.ll_share_bytes(96) == 48
+    assert abi.ll_share_bytes(80) == 32
+
+
+# ---------------------------------------------------------------------------- random programs (slow)
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@settings(max_examples=4, deadline=None)
+@given(data=st.data())
+def test_random_programs_under_ll_match_the_reference(collective, data):
+    """Random valid programs (fused or not, 1-3 channels), random cases (uneven counts, every
+    dtype / op, in and out of place, slices), one grid or a kernel per rank, specialised or table
+    kernels, direct mode on (its messages stay Simple) or off, under LL."""
+    alg = data.draw(valid_programs(collective, max_ranks=5), label="program")
+    ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 128, 256]), label="chunk_bytes"),
+                       fuse=data.draw(st.booleans(), label="fuse"))
+    k = data.draw(st.sampled_from([1, 2, 3]), label="channels")
+    if k > 1:
+        ir = with_channels(ir, k)
+    case = data.draw(kernel_cases(ir, max_microbatches=12), label="case")
+    res = run_case(ir, case, one_grid=data.draw(st.booleans(), label="one_grid"),
+                   codegen=data.draw(st.sampled_from(["specialized", "table"]), label="codegen"),
+                   proto="ll")
+    assert res.proto == ("simple" if ir.algorithm_level else "ll")
+    assert res.ok, describe_failure(case, res)
