@@ -47,6 +47,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
 from hccc.args import (add_direct_option, add_program_options, add_topology_option, count_at_least, op_choice,
                        parse_size, program_options, seconds)
 from hccc.compiler.frontend.plural import plural
@@ -148,7 +149,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="FIFO protocol per size: simple (data in the slot, one flag per message), "
                              "ll (low latency: 4 data bytes and a flag in each 8-byte line, half-size "
                              "slots; direct-mode messages and MSCCL imports stay simple), auto (ll up "
-                             "to 256 KiB of full buffer, the model's crossover; default: simple)")
+                             f"to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, the model's crossover; default: simple)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default=None,
                         help="specialized: each rank's own kernel; table: the generic kernels run "
                              "every rank's primitive table from device memory (default: the mode "
@@ -304,6 +305,11 @@ def run(args) -> int:
                         + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
                     if runner.threads_note:
                         progress.print(f"# {runner.threads_note}")
+                    if args.proto != "simple":
+                        progress.print(f"# protocol {args.proto}: "
+                                       + (f"LL up to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, Simple above"
+                                          if args.proto == "auto" else "LL")
+                                       + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
                     progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
                                    f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
                     if args.backend == "cpu":
@@ -320,10 +326,6 @@ def run(args) -> int:
                         progress.print(line)
                 broken = False
                 proto_notes = set()
-                if not args.json and args.proto != "simple":
-                    progress.print(f"# protocol {args.proto}: "
-                                   + ("LL up to 256 KiB, Simple above" if args.proto == "auto" else "LL")
-                                   + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
                 task = progress.task(f"running {plural(len(sweep.sizes), 'size')}"
                                      + (" out of place and in place" if len(groups) > 1 else ""),
                                      total=len(sweep.sizes) * len(groups))
