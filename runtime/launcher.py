@@ -252,18 +252,24 @@ _TEMPLATES_DIGEST: str | None = None
 
 
 def _templates_digest() -> str:
+    """Digest of what renders the emitted sources: the templates and the code generator's modules
+    (``hccc.compiler.backend``: the ABI facts the templates render among them)."""
     global _TEMPLATES_DIGEST
     if _TEMPLATES_DIGEST is None:
-        root = Path(str(resources.files("hccc.templates")))
-        files = [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-        _TEMPLATES_DIGEST = cache.files_digest(files, root)
+        parts = []
+        for pkg, pattern in (("hccc.templates", "*"), ("hccc.compiler.backend", "*.py")):
+            root = Path(str(resources.files(pkg)))
+            files = [p for p in root.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts]
+            parts.append(cache.files_digest(files, root))
+        _TEMPLATES_DIGEST = cache.content_key("renderers", *parts)
     return _TEMPLATES_DIGEST
 
 
 def generated_sources(ir: ProgramIR, platform: str | list[str], cache_dir=None,
                       codegen: str = "specialized", direct: str = "auto") -> Path:
     """Directory with ``ir``'s emitted sources and manifest, from the cache (keyed by the IR JSON,
-    the platforms, the code-generation mode, the templates and the hccc version). ``platform``:
+    the platforms, the code-generation mode, the templates and code generator (:func:`_templates_digest`)
+    and the hccc version). ``platform``:
     "cuda" or "hip" for every rank, or one of them per rank (a mixed-vendor program).
     ``codegen``: "specialized" (a kernel per rank) or "table" (tables for the generic kernels).
     ``direct``: "auto" (direct mode for the receives proven safe) or "off" (the FIFO everywhere)."""
