@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import parse_size
-from hccc.compiler.frontend.sizes import format_size
+from hccc.util.sizes import format_size
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--nwarps must be a positive integer or auto")
 
     os.environ["HCCC_CUDA_DEVICES"] = "1"        # single-GPU mode: every rank on GPU 0
-    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.util.diagnostics import CompileError
     from hccc.compiler.pipeline import CompileOptions, load_program
     from hccc.runtime.platform import PlatformError, get_platform
 

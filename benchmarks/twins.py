@@ -3,7 +3,7 @@
     python benchmarks/twins.py [--sizes 4,16] [--repeat 3] [--only hpds,dag,int_text,symbolic]
 
 Four algorithms have a plain formulation (lists, Python integers or numpy) and an array kernel that
-numba compiles (``compiler/frontend/jit.py`` ``Kernels``): the HPDS scheduler (``passes/hpds.py``
+numba compiles (``util/jit.py`` ``Kernels``): the HPDS scheduler (``passes/hpds.py``
 list scheduler / ``passes/hpds_kernel.py``), the DAG's transitive reduction (``passes/dag.py``
 Python-integer bitsets / ``passes/dag_kernel.py`` 64-bit word rows), the row text of integer
 columns (``ir/int_text.py`` numpy / ``ir/int_text_kernel.py``) and the vector clocks of the

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hccc.args import parse_size
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend.generators import hm_allreduce
 from hccc.compiler.interop.msccl_export import export_algorithm
 from hccc.compiler.interop.msccl_format import XmlLimits

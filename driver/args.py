@@ -6,7 +6,7 @@ Every subcommand module imports its argument machinery from here (never from :mo
 which only dispatches). Argument types raise :class:`argparse.ArgumentTypeError`, which argparse
 turns into ``hccc CMD: error: argument --X: ...`` with exit status 2.
 
-Sizes use the ``.topo`` language's syntax (:mod:`hccc.compiler.frontend.sizes`): ``4096``,
+Sizes use the ``.topo`` language's syntax (:mod:`hccc.util.sizes`): ``4096``,
 ``64K``, ``1.5M``, ``1G``, ``1MiB``. Defaults are shown one way, by :class:`HelpFormatter`:
 ``(default: X)`` at the end of the option's help; size defaults are given as text (``"1M"``) so
 the help shows them as the user would type them (argparse converts a text default with the
@@ -18,8 +18,8 @@ import argparse
 import os
 from typing import Callable, Sequence
 
-from hccc.compiler.frontend.limits import check_size, option_int, option_seconds, printable
-from hccc.compiler.frontend.sizes import format_size, size_value
+from hccc.util.limits import check_size, option_int, option_seconds, printable
+from hccc.util.sizes import format_size, size_value
 
 __all__ = ["CommandParser", "HelpFormatter", "op_choice", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
            "comma_list", "choice_list", "add_program_options", "add_topology_option",

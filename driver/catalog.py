@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hccc.compiler.frontend.collectives import OWN, SPECS
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 #: what hccc's kernels implement (the Communicator's dtypes and ops)
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "int32")

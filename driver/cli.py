@@ -33,7 +33,7 @@ try:
 
     from hccc import __version__
     from hccc.args import CommandParser, HelpFormatter
-    from hccc.compiler.frontend.limits import printable
+    from hccc.util.limits import printable
 except KeyboardInterrupt:     # Ctrl-C while hccc starts: the same quiet exit as later
     sys.stderr.write("hccc: interrupted\n")
     raise SystemExit(130) from None
@@ -130,10 +130,10 @@ def _main(argv: list[str] | None) -> int:
         from hccc.allocator import tune_allocator
         tune_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
-    from hccc.compiler.frontend.diagnostics import CompileError, render_all
+    from hccc.util.diagnostics import CompileError, render_all
 
     json_mode = False
-    from hccc.compiler.frontend.jit import jit_mode
+    from hccc.util.jit import jit_mode
     try:
         jit_mode()
     except ValueError as exc:          # a bad HCCC_JIT in the environment

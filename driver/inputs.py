@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 def _suffix_kinds() -> dict[str, str]:
     from hccc.compiler.pipeline.readers import algorithm_suffixes

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from hccc.args import comma_list, format_size, parse_size, size_or_zero
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 #: most sizes one sweep may produce
 MAX_SIZES = 64

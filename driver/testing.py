@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective
-from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.compiler.passes.verify import final_rows, verify
 

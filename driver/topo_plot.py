@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 
 DETAIL_LIMIT = 256
 NODES_PER_ROW = 4

@@ -35,7 +35,7 @@ from typing import Callable, Iterable
 import platformdirs
 
 from hccc import __version__
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 from hccc.runtime.platform import PlatformError
 
 #: marker written last into an entry: a directory without it is not a finished entry

@@ -91,7 +91,7 @@ def _load(algo, options) -> tuple[ProgramIR, list[str] | None, str | None]:
     or None) of ``algo``."""
     if isinstance(algo, ProgramIR):
         return algo, None, None
-    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.util.diagnostics import CompileError
     from hccc.compiler.pipeline import load_manifest, load_program, manifest_codegen, manifest_path
     path = Path(algo)
     if not path.exists():

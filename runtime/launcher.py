@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
 from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
@@ -103,7 +103,7 @@ def run_memory_limit() -> int:
     """Bytes of buffers one run may allocate: ``HCCC_MAX_RUN_BYTES`` (K/M/G/T suffixes) or half
     of this machine's physical memory."""
     import os
-    from hccc.compiler.frontend.diagnostics import env_size
+    from hccc.util.diagnostics import env_size
     try:
         cap = env_size("HCCC_MAX_RUN_BYTES")
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """The simulator's event loop: columnar arrays in, completion times and busy times out.
 
 The functions are plain Python that numba compiles for large simulations
-(:mod:`hccc.compiler.frontend.jit`: from :data:`MIN_COMPILED_WORK` events and flows, when numba, the
+(:mod:`hccc.util.jit`: from :data:`MIN_COMPILED_WORK` events and flows, when numba, the
 extra ``sim``, is installed); :func:`run` picks the variant. Everything here works on
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels
+from hccc.util.jit import Kernels
 
 #: events plus re-shared flows from which a process's simulations run compiled: plain Python takes
 #: about a second for this many, numba's first compile of the engine about ten

@@ -99,7 +99,7 @@ def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hccc.compiler.frontend.sizes import format_size
+    from hccc.util.sizes import format_size
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     ticks: set[int] = set()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, Algorithm, Collective, Header
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.ir.symbolic import ProofError, prove

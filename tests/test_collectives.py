@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hccc.compiler.frontend.algorithm import Collective
 from hccc.compiler.frontend.collectives import ALL, DSL_NAMES, NAMES, SPECS, spec_of
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.interop.msccl_format import COLLECTIVE_ALIASES, SUPPORTED_COLLECTIVES
 from hccc.compiler.ir import program_ir

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from hccc import __version__
 from hccc.args import HelpFormatter, choice_list, comma_list, format_size, parse_size, size_or_zero
 from hccc.cli import COMMANDS, SUMMARIES, USAGE, command_parser, main
-from hccc.compiler.frontend.limits import MAX_OPTION_BYTES
-from hccc.compiler.frontend.plural import plural
+from hccc.util.limits import MAX_OPTION_BYTES
+from hccc.util.plural import plural
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"
@@ -134,7 +134,7 @@ def test_parse_size_reads_the_topo_syntax(whole, frac, unit, suffix, lower):
     else:
         assert parse_size(text) == value
     # the .topo parser reads the same text the same way (one syntax)
-    from hccc.compiler.frontend.sizes import size_value
+    from hccc.util.sizes import size_value
     assert size_value(text) == value
 
 
@@ -162,7 +162,7 @@ def test_choice_list():
 @settings(max_examples=examples(100))
 def test_factor_sweep_is_nccl_tests(lo, hi, f):
     from hccc.commands.run import DEFAULT_BYTES
-    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.util.diagnostics import CompileError
     from hccc.sweep import sweep_sizes
     args = argparse.Namespace(sizes=None, minbytes=lo, maxbytes=hi, stepfactor=f, stepbytes=None,
                               sweep_default=[4096])
@@ -206,7 +206,7 @@ def test_check_pluralises(tmp_path, capsys):
 
 
 def test_notes_are_located():
-    from hccc.compiler.frontend.diagnostics import Diagnostic, Location, SourceFile, render
+    from hccc.util.diagnostics import Diagnostic, Location, SourceFile, render
     src = SourceFile("algo.rccl", "line one\n    transfer(0, 1, 0, 0, recv)\n")
     d = Diagnostic("bad", Location(src, 2, 5), notes=("about here", (Location(src, 1, 1), "and there")))
     lines = render(d).splitlines()

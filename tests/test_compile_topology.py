@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from hccc.cli import main
 from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.frontend.generators import (direct_allgather_rccl, hm_allreduce_rccl, ring_allgather_rccl,
                                       ring_allreduce_rccl)

@@ -181,7 +181,7 @@ def test_auto_engine_takes_the_kernel_when_the_jit_says_so(monkeypatch):
         return dag_kernel.reduce_chunks(*args)
     monkeypatch.setattr(dag_kernel.KERNELS, "compiled", lambda: {"reduce_chunks": kernel})
     monkeypatch.setenv("HCCC_JIT", "numba")
-    monkeypatch.setattr("hccc.compiler.frontend.jit.have_numba", lambda: True)
+    monkeypatch.setattr("hccc.util.jit.have_numba", lambda: True)
     alg = hm_allreduce(2, 2)
     dag = build_dag(alg)
     assert calls and calls[0] > 0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective
-from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.frontend import load_rccl, parse_rccl
 
 H = 'ResCCLAlgo(nRanks=8, OpType="Allgather"):\n'

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import examples
 
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend import parse_rccl
 
 LIMIT = 2 ** 62

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hccc.compiler.frontend.diagnostics import CompileError
-from hccc.compiler.frontend.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, printable,
+from hccc.util.diagnostics import CompileError
+from hccc.util.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, printable,
                                            read_input_bytes)
-from hccc.compiler.frontend.diagnostics import SourceFile
+from hccc.util.diagnostics import SourceFile
 from hccc.compiler.pipeline import load_program
 
 ROOT = Path(__file__).resolve().parents[1]

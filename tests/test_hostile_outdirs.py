@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import examples
 from hccc.cli import main
 from hccc.compiler.backend import table_format as tf
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import CompileOptions, compile_program, load_manifest, load_program

@@ -1,4 +1,4 @@
-"""compiler/frontend/jit.py: plain Python below a kernel's threshold, numba from it on, HCCC_JIT
+"""util/jit.py: plain Python below a kernel's threshold, numba from it on, HCCC_JIT
 overriding; and the compiled twins of the simulator, the greedy and the list scheduler compute what
 the plain functions compute."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hccc.compiler.frontend import jit
-from hccc.compiler.frontend.jit import Kernels
+from hccc.util import jit
+from hccc.util.jit import Kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_numba = pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")

@@ -22,7 +22,7 @@ from hccc.compiler.backend import abi
 from hccc.compiler.backend.codegen import analyse, generate
 from hccc.compiler.backend.direct_fields import direct_fields
 from hccc.compiler.backend.prim_fields import pd_columns
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.frontend.load import load_rccl
 from hccc.compiler.passes.build import build_program

@@ -13,12 +13,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: source folder -> import name
-PACKAGES = {"compiler": "hccc.compiler", "runtime": "hccc.runtime", "templates": "hccc.templates",
+PACKAGES = {"util": "hccc.util", "compiler": "hccc.compiler", "runtime": "hccc.runtime", "templates": "hccc.templates",
             "driver": "hccc"}
 
 #: layer of every hccc package; an import may only reach the same or a lower layer (same-layer
 #: imports are allowed only inside one package)
 LAYERS = {
+    "hccc.util": -1,
     "hccc.compiler.frontend": 0,
     "hccc.compiler.cluster": 1,
     "hccc.compiler.ir": 2,

@@ -470,7 +470,7 @@ def test_build_program_name_and_determinism():
 
 
 def test_unverified_allgather_errors_are_located_compile_errors():
-    from hccc.compiler.frontend.diagnostics import CompileError
+    from hccc.util.diagnostics import CompileError
     h = Header(nranks=3, collective=Collective.ALLGATHER, name="bad")
     # rank 1 forwards chunk 0 before it receives it
     alg = Algorithm.from_rows(h, [(1, 2, 0, 0, RECV), (0, 1, 1, 0, RECV), (1, 0, 0, 1, RECV),

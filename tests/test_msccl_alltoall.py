@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.interop.msccl_xml import export_xml, import_xml_text
 from hccc.compiler.ir.symbolic import prove

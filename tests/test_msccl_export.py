@@ -19,7 +19,7 @@ from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler.frontend import generators as G
 from hccc.compiler.pipeline import CompileOptions
 from hccc.compiler.passes.build import build_program
-from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.ir.symbolic import prove
 from hccc.compiler.interop.msccl_xml import LEGACY_LIMITS, XmlLimits, export_xml, import_xml, import_xml_text
 from hccc.compiler.pipeline import load_program

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as G
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.msccl_export import export_algorithm, export_xml
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES, XmlLimits
 from hccc.compiler.interop.msccl_limits import check_algorithm_fits

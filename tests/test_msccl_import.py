@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.frontend.diagnostics import CompileError, render_all
+from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.interop.msccl_xml import export_xml, import_xml, import_xml_text
 from hccc.compiler.pipeline import load_program
 from hccc.compiler.ir.program_ir import Buf, Op

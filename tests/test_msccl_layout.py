@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop import msccl_export as me
 from hccc.compiler.interop import msccl_prims as mp
 from hccc.compiler.interop import msccl_tbs as mt

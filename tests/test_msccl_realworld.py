@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.msccl_xml import export_xml, import_xml_text
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.frontend import generators as gen

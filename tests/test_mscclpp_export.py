@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from mscclpp_interp import InterpError, check_load, check_plan
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_summary, plan_text
 from hccc.compiler.interop.mscclpp_plan import PlanLimits
 from hccc.compiler.passes.build import build_algorithm_level, build_program

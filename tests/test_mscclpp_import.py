@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mscclpp_interp import check_plan
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
 from hccc.compiler.interop.mscclpp_import import import_plan, import_plan_text
 from hccc.compiler.passes.build import build_algorithm_level, build_program

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.backend.output_dir import (MANIFEST_SCHEMA, MARKER, atomic_output_dir, check_output_file,
                                               clean_stale_siblings, write_text_atomically)
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hccc.compiler.pipeline import context as pipeline
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.passes import build
 from hccc.compiler.pipeline import CompileOptions, StageTimes, compile_algorithm, load_algorithm
 

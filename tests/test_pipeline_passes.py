@@ -10,7 +10,7 @@ import pytest
 
 import hccc
 from hccc.cli import main
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.pipeline import CompileOptions, compile_passes, reader_for
 from hccc.compiler.pipeline.readers import readers
 from hccc.compiler.pipeline import emitters
@@ -169,5 +169,5 @@ def test_list_outputs_asks_the_emitters(tmp_path, capsys, monkeypatch):
 
 
 def _refusal():
-    from hccc.compiler.frontend.diagnostics import Diagnostic
+    from hccc.util.diagnostics import Diagnostic
     return CompileError([Diagnostic("too big", None)])

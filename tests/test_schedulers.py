@@ -172,7 +172,7 @@ def test_auto_engine_takes_the_kernel_when_the_jit_says_so(monkeypatch):
         return hpds_kernel.hpds_arrays(*args)
     monkeypatch.setattr(hpds_kernel.KERNELS, "compiled", lambda: {"hpds_arrays": kernel})
     monkeypatch.setenv("HCCC_JIT", "numba")
-    monkeypatch.setattr("hccc.compiler.frontend.jit.have_numba", lambda: True)
+    monkeypatch.setattr("hccc.util.jit.have_numba", lambda: True)
     alg = hm_allreduce(2, 2)
     dag = build_dag(alg, engine="python")
     s = hpds(alg, dag)

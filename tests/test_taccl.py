@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.interop.taccl import NDV2_DOUBLE, NDV2_SINGLE, load_taccl, parse_taccl
 

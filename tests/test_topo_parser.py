@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hccc.compiler.frontend.diagnostics import CompileError, render
+from hccc.util.diagnostics import CompileError, render
 from hccc.compiler.cluster.topo_parser import load_topology, parse_topology
 
 from cluster_texts import FIG10 as DESIGN_EXAMPLE  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
-from hccc.compiler.frontend.diagnostics import CompileError, Location, SourceFile, render, render_all
+from hccc.util.diagnostics import CompileError, Location, SourceFile, render, render_all
 from hccc.compiler.passes.verify import VerifyError, VerifyReport, verify
 
 SRC = SourceFile("algo.rccl", "\n".join(f"    transfer line {i}" for i in range(1, 60)))

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
-from hccc.compiler.frontend.diagnostics import Location, SourceFile
+from hccc.util.diagnostics import Location, SourceFile
 from hccc.compiler.passes.verify import VerifyError, verify
 from hccc.testing import mutations, valid_programs
 

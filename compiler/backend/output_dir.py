@@ -35,8 +35,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-from hccc.compiler.frontend.limits import printable
+from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.util.limits import printable
 
 MARKER = "manifest.json"
 #: the ``schema`` of hccc's manifests (written by :mod:`hccc.compiler.backend.codegen`)
@@ -109,8 +109,8 @@ def clean_stale_siblings(target: Path, *, kinds: tuple[str, ...] = ("tmp", "old"
 def manifest_files(outdir: Path) -> tuple[set[str] | None, str]:
     """The files an earlier hccc run wrote into ``outdir``, from its manifest, or ``(None, why)``
     when ``outdir/manifest.json`` is not an hccc manifest."""
-    from hccc.compiler.frontend.limits import loads_json, read_input_bytes
-    from hccc.compiler.frontend.diagnostics import SourceFile
+    from hccc.util.limits import loads_json, read_input_bytes
+    from hccc.util.diagnostics import SourceFile
 
     mpath = outdir / MARKER
     try:
@@ -266,7 +266,7 @@ def check_output_file(path: str | Path) -> Path:
             raise _refuse(f"'{_show(path)}' is a symbolic link; refusing to replace it (write to its "
                           "target directly, or remove it)")
         if not stat.S_ISREG(st.st_mode):
-            from hccc.compiler.frontend.limits import describe_mode
+            from hccc.util.limits import describe_mode
             raise _refuse(f"'{_show(path)}' is {describe_mode(st.st_mode)}; hccc writes only new or "
                           "regular files")
     if not p.parent.is_dir():

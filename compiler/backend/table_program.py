@@ -60,7 +60,7 @@ def read_table(outdir: Path, manifest: dict) -> tuple[Path, bytes]:
     """(path, bytes) of the table file a manifest names, read through the checks of every input
     file (regular files only, never a FIFO or a device, at most the input size cap):
     TableFormatError otherwise."""
-    from hccc.compiler.frontend.diagnostics import CompileError, read_input_bytes
+    from hccc.util.diagnostics import CompileError, read_input_bytes
     path = table_path(outdir, manifest)
     try:
         return path, read_input_bytes(path)

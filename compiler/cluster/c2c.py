@@ -69,9 +69,9 @@ from typing import Sequence
 
 import numpy as np
 
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 from hccc.compiler.frontend.algorithm import OP_NAMES, RECV, RRC, Algorithm, Collective, Header, TransferSite
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.hierarchy import Hierarchy, _ranges, hierarchy as build_hierarchy
 from hccc.compiler.cluster.topology import Topology
 

@@ -2,7 +2,7 @@
 
 Entry points: :func:`parse_topology` (text -> :class:`~hccc.compiler.cluster.topology.Topology`) and
 :func:`load_topology` (path -> Topology).  Every malformed input raises
-:class:`~hccc.compiler.frontend.diagnostics.CompileError` with a located diagnostic.
+:class:`~hccc.util.diagnostics.CompileError` with a located diagnostic.
 
 The inverse direction, :func:`format_topology`, writes a :class:`ClusterSpec` (plain dataclasses)
 as ``.topo`` text; the example generator and the round-trip tests use it.
@@ -25,9 +25,9 @@ import numpy as np
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
-from hccc.compiler.frontend.limits import check_count, check_source_lines
-from hccc.compiler.frontend.sizes import SIZE_RE as _SIZE_RE, SIZE_SUFFIX as _SUFFIX
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.limits import check_count, check_source_lines
+from hccc.util.sizes import SIZE_RE as _SIZE_RE, SIZE_SUFFIX as _SUFFIX
 from hccc.compiler.cluster.topology import (CLASS_CODE, DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, LINK_CLASSES, DuplicateLinkError,
                         Topology, TopologyBuilder)
 

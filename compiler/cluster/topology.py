@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 
 LINK_CLASSES: tuple[str, ...] = ("direct", "switch", "internode", "nic")
 CLASS_CODE: dict[str, int] = {c: i for i, c in enumerate(LINK_CLASSES)}

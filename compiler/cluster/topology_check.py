@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 
 #: Diagnostics listed for missing links (one per distinct rank pair); the rest are counted.
 MAX_LISTED = 10

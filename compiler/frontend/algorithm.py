@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.frontend.collectives import Collective  # re-exported: the collectives' home
-from hccc.compiler.frontend.diagnostics import Location
+from hccc.util.diagnostics import Location
 
 # Transfer operations (values of Algorithm.op).
 RECV = 0  # dst's chunk := src's chunk

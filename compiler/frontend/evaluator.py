@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm, TransferSite
-from hccc.compiler.frontend.diagnostics import CompileError, Location
+from hccc.util.diagnostics import CompileError, Location
 from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
                           Transfer, Var)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hccc.compiler.frontend.algorithm import Algorithm
-from hccc.compiler.frontend.diagnostics import SourceFile
+from hccc.util.diagnostics import SourceFile
 from hccc.compiler.frontend.evaluator import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS, evaluate
 from hccc.compiler.frontend.rccl_parser import parse_program
 
@@ -20,7 +20,7 @@ def parse_rccl(text: str, name: str = "<input>", *, max_transfers: int = DEFAULT
                max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Algorithm:
     """Compile ResCCLang ``text`` (shown as ``name`` in diagnostics) into an Algorithm.
 
-    Raises :class:`~hccc.compiler.frontend.diagnostics.CompileError` with a located diagnostic for any
+    Raises :class:`~hccc.util.diagnostics.CompileError` with a located diagnostic for any
     bad input (syntax, header, undefined names, bounds, division by zero, ...).
     """
     return parse_source(SourceFile(name, text), max_transfers=max_transfers,

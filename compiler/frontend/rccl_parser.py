@@ -17,8 +17,8 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
-from hccc.compiler.frontend.limits import check_source_lines
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.limits import check_source_lines
 
 # Bounds that are static properties of the text.
 MAX_LOOP_NESTING = 64

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS, one_of, spec_of
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, XmlLimits
 from hccc.compiler.interop.msccl_prims import (Prims, allgather_sources, export_error, from_ir,
                                                unfuse)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.compiler.passes.build import sanitize_identifier
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
 from hccc.compiler.ir.extents import ExtentError, check_extents
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove

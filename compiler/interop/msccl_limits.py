@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.interop.msccl_format import XmlLimits
 
 

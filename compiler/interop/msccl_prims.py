@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.connections import match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 from hccc.compiler.ir.sort_order import stable_argsort, unique, unique_first

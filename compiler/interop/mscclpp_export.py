@@ -44,7 +44,7 @@ from collections import defaultdict
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.interop.mscclpp_plan import (BUFFER_ALIGNMENT, COLLECTIVES, CONTROL_OPS, LETTER_OF_BUF,
                                                 MAX_BYTE_OFFSET, PROTOCOLS, PlanLimits)
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR

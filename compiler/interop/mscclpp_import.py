@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NAMES
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
@@ -147,12 +147,12 @@ def import_plan(path: str | Path) -> ProgramIR:
     """Read an MSCCL++ execution plan as a ProgramIR proven to implement its collective; bad input is
     a :class:`CompileError` located in the file."""
     src = SourceFile.read(path)
-    from hccc.compiler.frontend.limits import loads_json
+    from hccc.util.limits import loads_json
     return import_plan_obj(loads_json(src), src)
 
 
 def import_plan_text(text: str, name: str = "<input>") -> ProgramIR:
-    from hccc.compiler.frontend.limits import loads_json
+    from hccc.util.limits import loads_json
     src = SourceFile(name, text)
     return import_plan_obj(loads_json(src), src)
 

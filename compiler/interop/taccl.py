@@ -38,7 +38,7 @@ Mapping onto hccc's model:
 
 ``node_invbws_list`` / ``remote_invbw`` / ``invbws`` (TACCL's alpha + beta as used by its ILP) are
 read but not needed. Malformed JSON, missing keys and bad values raise
-:class:`~hccc.compiler.frontend.diagnostics.CompileError` located at the offending key.
+:class:`~hccc.util.diagnostics.CompileError` located at the offending key.
 """
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.compiler.frontend.limits import loads_json
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.limits import loads_json
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.cluster.topology import Topology, TopologyBuilder
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 
 MAX_GPUS_PER_NODE = 1024
 MAX_NODES = 1024

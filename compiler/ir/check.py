@@ -32,7 +32,7 @@ import numpy as np
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
-from hccc.compiler.frontend.plural import plural, plural_noun
+from hccc.util.plural import plural, plural_noun
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 _SEND_OPS = np.array([Op(i).sends for i in range(len(Op))])

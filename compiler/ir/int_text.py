@@ -123,7 +123,7 @@ class RowText:
 
     def render(self, end: str = "\n", compiled: bool | None = None) -> tuple[bytes, np.ndarray]:
         """``compiled``: None picks by size (``int_text_kernel.COMPILED_FROM`` rows, ``HCCC_JIT``
-        overriding: :class:`~hccc.compiler.frontend.jit.Kernels`); True/False force the compiled /
+        overriding: :class:`~hccc.util.jit.Kernels`); True/False force the compiled /
         numpy path."""
         text, offsets = self.render_view(end, compiled)
         return text.obj if isinstance(text.obj, bytes) else text.tobytes(), offsets

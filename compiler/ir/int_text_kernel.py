@@ -20,13 +20,13 @@ rows        numpy        kernel, plain    kernel, compiled
 ==========  ===========  ===============  ================
 
 So numpy renders below :data:`COMPILED_FROM` rows and wherever numba is missing, this kernel
-compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`).
+compiled above it (:class:`~hccc.util.jit.Kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels, have_numba, prange
+from hccc.util.jit import Kernels, have_numba, prange
 
 # numba is optional (extras "scale", "sim", "synth"); int_text.py has a numpy path without it
 HAVE_NUMBA = have_numba()
@@ -192,7 +192,7 @@ def render_rows(n, kind, arg, mask_of, ints, masks, texts, text_off, end_text):
 
 
 #: rows from which a call of :meth:`hccc.compiler.ir.int_text.RowText.render` uses the compiled
-#: loop (:meth:`~hccc.compiler.frontend.jit.Kernels.compiled_for`)
+#: loop (:meth:`~hccc.util.jit.Kernels.compiled_for`)
 COMPILED_FROM = 100_000
 KERNELS = Kernels(globals(), ["_ndigits", "_write_int", "render_rows"], min_work=COMPILED_FROM,
                   parallel=["render_rows"])

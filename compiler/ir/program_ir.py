@@ -272,8 +272,8 @@ class ProgramIR:
         """Decode the JSON form (types, column lengths, value ranges); raises :class:`IRFormatError`
         with a clear message. The structure is not checked here: read files with
         :func:`hccc.compiler.ir.check.load_ir_json`, which decodes and then checks."""
-        from hccc.compiler.frontend.diagnostics import CompileError, SourceFile
-        from hccc.compiler.frontend.limits import loads_json
+        from hccc.util.diagnostics import CompileError, SourceFile
+        from hccc.util.limits import loads_json
         try:
             d = loads_json(SourceFile("<ir>", text))
         except CompileError as exc:

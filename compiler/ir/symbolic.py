@@ -46,7 +46,7 @@ import numpy as np
 from hccc.compiler.frontend.collectives import ALL, OWN, ROOT, spec_of
 from hccc.compiler.ir.check import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
-from hccc.compiler.frontend.plural import plural, plural_noun
+from hccc.util.plural import plural, plural_noun
 
 _READS = np.array([Op(i).reads_src for i in range(len(Op))])
 _WRITES = np.array([Op(i).writes_dst for i in range(len(Op))])

@@ -22,14 +22,14 @@ primitives  numpy        kernel, plain    kernel, compiled
 ==========  ===========  ===============  ================
 
 So numpy runs below :data:`COMPILED_FROM` clock entries and wherever numba is missing, this
-kernel compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`; the threshold also pays
+kernel compiled above it (:class:`~hccc.util.jit.Kernels`; the threshold also pays
 for numba's first compile of it, seconds).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels, have_numba
+from hccc.util.jit import Kernels, have_numba
 
 HAVE_NUMBA = have_numba()
 

@@ -294,7 +294,7 @@ def build_dag(alg: Algorithm, *, engine: str = "auto") -> DependencyDAG:
     ``"compiled"`` (the transitive reduction of chunks up to ``dag_kernel.MAX_TASKS`` tasks in
     :mod:`hccc.compiler.passes.dag_kernel`; needs numba) or ``"auto"`` (compiled from
     ``dag_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
-    :class:`~hccc.compiler.frontend.jit.Kernels`): the same DAG either way."""
+    :class:`~hccc.util.jit.Kernels`): the same DAG either way."""
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"unknown DAG engine {engine!r} (expected auto, python or compiled)")
     compiled = None

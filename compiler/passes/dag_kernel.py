@@ -21,13 +21,13 @@ tasks       Python-integer bitsets  kernel, plain    kernel, compiled
 ==========  ======================  ===============  ================
 
 So the bitsets run below :data:`COMPILED_FROM` tasks and wherever numba is missing, this kernel
-compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`).
+compiled above it (:class:`~hccc.util.jit.Kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels, have_numba
+from hccc.util.jit import Kernels, have_numba
 
 HAVE_NUMBA = have_numba()
 
@@ -72,6 +72,6 @@ def reduce_chunks(ps, eptr, chunk_base, chunk_last, drop):
 
 
 #: from this many tasks on, :func:`hccc.compiler.passes.dag.build_dag` reduces through the compiled
-#: kernel (:meth:`~hccc.compiler.frontend.jit.Kernels.compiled_for`)
+#: kernel (:meth:`~hccc.util.jit.Kernels.compiled_for`)
 COMPILED_FROM = 100_000
 KERNELS = Kernels(globals(), ["reduce_chunks"], min_work=COMPILED_FROM)

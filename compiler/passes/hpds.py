@@ -289,7 +289,7 @@ def hpds(alg: Algorithm, dag: DependencyDAG, *, engine: str = "auto") -> Schedul
     ``engine``: ``"python"`` (the list scheduler below), ``"compiled"`` (the same schedule from
     :mod:`hccc.compiler.passes.hpds_kernel`, numba-compiled; needs numba) or ``"auto"`` (compiled
     from ``hpds_kernel.COMPILED_FROM`` tasks on when numba is installed, ``HCCC_JIT`` overriding:
-    :class:`~hccc.compiler.frontend.jit.Kernels`)."""
+    :class:`~hccc.util.jit.Kernels`)."""
     if engine not in ("auto", "python", "compiled"):
         raise ValueError(f"unknown HPDS engine {engine!r} (expected auto, python or compiled)")
     if engine == "compiled":

@@ -33,13 +33,13 @@ tasks       list scheduler     kernel, plain    kernel, compiled
 ==========  =================  ===============  ===============
 
 So the list scheduler runs below :data:`COMPILED_FROM` tasks and wherever numba is missing, this
-kernel compiled above it (:class:`~hccc.compiler.frontend.jit.Kernels`).
+kernel compiled above it (:class:`~hccc.util.jit.Kernels`).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels, have_numba
+from hccc.util.jit import Kernels, have_numba
 
 HAVE_NUMBA = have_numba()
 
@@ -277,7 +277,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
 
 
 #: from this many tasks on, :func:`hccc.compiler.passes.hpds.hpds` runs the compiled kernel instead
-#: of its list scheduler (:meth:`~hccc.compiler.frontend.jit.Kernels.compiled_for`)
+#: of its list scheduler (:meth:`~hccc.util.jit.Kernels.compiled_for`)
 COMPILED_FROM = 100_000
 KERNELS = Kernels(globals(), ["_less", "_lheap_push", "_lheap_pop", "_qheap_sift_down", "hpds_arrays"],
                   min_work=COMPILED_FROM)

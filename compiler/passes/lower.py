@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.schedule import Schedule
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location
-from hccc.compiler.frontend.plural import plural_noun
+from hccc.util.diagnostics import CompileError, Diagnostic, Location
+from hccc.util.plural import plural_noun
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).

@@ -40,7 +40,7 @@ class ClusterSource:
 
 def read_cluster(path: str | Path) -> ClusterSource:
     """:func:`load_cluster` plus the file's SHA-256 (recorded in the manifest)."""
-    from hccc.compiler.frontend.limits import read_input_bytes
+    from hccc.util.limits import read_input_bytes
     p = Path(path)
     topo = load_cluster(p)
     digest = hashlib.sha256(read_input_bytes(p)).hexdigest()

@@ -8,7 +8,7 @@ Two kinds:
 - an **export** (``kind="export"``) makes further files from the compiled context (the MSCCL
   XML): ``make(ctx)`` returns ``{file name: text}`` before the kernels are written, and each file
   is named in the manifest under the export's ``manifest_key``. An export that refuses (a
-  :class:`~hccc.compiler.frontend.diagnostics.CompileError`, e.g. past a runtime limit) writes
+  :class:`~hccc.util.diagnostics.CompileError`, e.g. past a runtime limit) writes
   nothing, records ``null`` under its key and leaves a warning; the kernels are still written.
   Every export whose ``when(ctx)`` holds runs, in registration order, as a pass of its own
   (its ``--timings`` line is its name).
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from hccc.compiler.frontend.diagnostics import CompileError
+from hccc.util.diagnostics import CompileError
 
 
 @dataclass(frozen=True)

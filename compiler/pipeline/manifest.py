@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
@@ -16,7 +16,7 @@ def manifest_path(algo: str | Path) -> Path | None:
     if p.is_dir():
         return p / "manifest.json"
     if p.suffix.lower() == ".json" and p.is_file():
-        from hccc.compiler.frontend.limits import loads_json
+        from hccc.util.limits import loads_json
         try:
             head = loads_json(SourceFile.read(p))
         except CompileError:
@@ -45,7 +45,7 @@ def _program_of_tables(path: Path, man: dict, fail):
 def manifest_codegen(path: Path) -> str:
     """The code-generation mode (``specialized`` or ``table``) of the compiled OUTDIR whose
     manifest is ``path``."""
-    from hccc.compiler.frontend.limits import loads_json
+    from hccc.util.limits import loads_json
     man = loads_json(SourceFile.read(path))
     return "table" if isinstance(man, dict) and man.get("codegen") == "table" else "specialized"
 
@@ -53,7 +53,7 @@ def manifest_codegen(path: Path) -> str:
 def load_manifest(path: Path):
     """(ProgramIR, per-rank platforms) of a compiled OUTDIR's ``manifest.json`` (either
     code-generation mode: a table-mode program is read back from its tables)."""
-    from hccc.compiler.frontend.limits import loads_json
+    from hccc.util.limits import loads_json
 
     src = SourceFile.read(path)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 TARGETS = ("auto", "cuda", "hip", "all")
 FUSE_MODES = ("auto", "on", "off")

@@ -11,7 +11,7 @@ test first; the last reader of a suffix without one takes what no other claimed.
     register_reader(Reader("myformat", (".myf",), "a MyFormat program", "program", read_myformat))
 
 where ``read_myformat(path, options)`` returns the ProgramIR, or raises a located
-:class:`~hccc.compiler.frontend.diagnostics.CompileError` for bad input.
+:class:`~hccc.util.diagnostics.CompileError` for bad input.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 
 #: bytes a ``claims`` test sees (the start of the file)
 HEAD_BYTES = 4096

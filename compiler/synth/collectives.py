@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from hccc.compiler.frontend.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
+from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_cut_bound_seconds, step_lower_bound

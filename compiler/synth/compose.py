@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels
+from hccc.util.jit import Kernels
 from hccc.compiler.synth.bounds import step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.check import check
@@ -202,7 +202,7 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     return step_of
 
 
-#: transfers from which the list scheduler runs compiled (:mod:`hccc.compiler.frontend.jit`)
+#: transfers from which the list scheduler runs compiled (:mod:`hccc.util.jit`)
 MIN_COMPILED_TRANSFERS = 20_000
 KERNELS = Kernels(globals(), ["_list_schedule"], min_work=MIN_COMPILED_TRANSFERS)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, Header
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.collectives import SynthResult
 

@@ -14,7 +14,7 @@ group limits, exactly as the paper's greedy does. Link capacities C(u, v), causa
 the chunk at the start of the step, a receiver does not), receive-once and, when asked, HeteCCL
 Eq. 8 (``fanout_one``) always hold.
 
-The kernel is plain Python that numba compiles for large clusters (:mod:`hccc.compiler.frontend.jit`,
+The kernel is plain Python that numba compiles for large clusters (:mod:`hccc.util.jit`,
 from :data:`MIN_COMPILED_WORK` ranks x ranks x chunks; same results either way).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from hccc.compiler.frontend.jit import Kernels
+from hccc.util.jit import Kernels
 from hccc.compiler.synth.problem import Network, Schedule, Task
 
 

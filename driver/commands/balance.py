@@ -7,7 +7,7 @@ import json
 
 from hccc.args import comma_list, count_at_least
 from hccc.table import table_lines
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 SUMMARY = "micro-batch sizes proportional to measured GPU speeds"
 

@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 from hccc.args import add_topology_option, positive_int
-from hccc.compiler.frontend.limits import printable
-from hccc.compiler.frontend.plural import plural
+from hccc.util.limits import printable
+from hccc.util.plural import plural
 
 SUMMARY = "verify an algorithm and print a summary"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
@@ -69,7 +69,7 @@ def run(args) -> int:
 def _prove(path: str, ir) -> None:
     """A ProgramIR's checks (FIFO order, deadlock freedom) and its collective proven in both modes;
     a failure is located at the file."""
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic, Location, SourceFile
+    from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
     from hccc.compiler.ir.check import check_deadlock, check_fifo_order
     from hccc.compiler.ir.program_ir import IRFormatError
     from hccc.compiler.ir.symbolic import ProofError, prove

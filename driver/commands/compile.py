@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from hccc.args import add_direct_option, add_program_options, add_topology_option, add_xml_limit_arguments, program_options
-from hccc.compiler.frontend.limits import printable
-from hccc.compiler.frontend.plural import plural
+from hccc.util.limits import printable
+from hccc.util.plural import plural
 from hccc.progress import Progress
 
 SUMMARY = "compile an algorithm into kernels (the default command: 'hccc ALGO -o OUTDIR')"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hccc.args import add_program_options, choice_list, count_at_least, program_options, seconds
 from hccc.commands.run import DTYPES, OPS
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 from hccc.progress import Progress
 
 SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"

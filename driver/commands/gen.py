@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, count_at_least, positive_int
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 
 GENERATORS = ("c2c",)
 
@@ -57,7 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from hccc.compiler.cluster.c2c import plan_c2c
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-    from hccc.compiler.frontend.limits import printable
+    from hccc.util.limits import printable
     from hccc.compiler.cluster.hierarchy import HierarchyError, hierarchy
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.passes.verify import verify

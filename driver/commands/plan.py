@@ -46,8 +46,8 @@ def configure(parser) -> None:
 
 def run(args) -> int:
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-    from hccc.compiler.frontend.limits import printable
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    from hccc.util.limits import printable
     from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_summary, plan_text
     from hccc.compiler.interop.mscclpp_plan import PlanLimits
     from hccc.compiler.pipeline import load_program

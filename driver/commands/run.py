@@ -50,7 +50,7 @@ from pathlib import Path
 from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
 from hccc.args import (add_direct_option, add_program_options, add_topology_option, count_at_least, op_choice,
                        parse_size, program_options, seconds)
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
 
@@ -73,7 +73,7 @@ def load(args):
 
 def load_with_platforms(args):
     """(ProgramIR, per-rank platforms) for ``hccc run``'s ALGO and ``--topology``."""
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.compiler.pipeline import load_manifest, manifest_path
 
     mpath = manifest_path(args.algo)
@@ -228,7 +228,7 @@ def _device_shape(backend: str, nranks: int) -> tuple[int | None, int]:
 
 
 def run(args) -> int:
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
 

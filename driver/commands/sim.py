@@ -45,12 +45,12 @@ from pathlib import Path
 from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, format_size, op_choice,
                        parse_size, positive_int)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 from hccc.progress import Progress
 from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_is_default, sweep_sizes,
                         table_header, table_left)
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
-from hccc.compiler.frontend.limits import printable
+from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.util.limits import printable
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 DEFAULT_SIZES = "1M,64M,1G"

@@ -21,11 +21,11 @@ import json
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 from hccc.progress import Progress
-from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 METHOD_CHOICES = ("auto", "trees", "search")
@@ -66,7 +66,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="do not use the simulator to choose among variants (keep the first)")
     p.add_argument("--method", type=str.lower, choices=METHOD_CHOICES, default="auto",
                    help="how the schedule is made: 'trees' (bandwidth-optimal spanning-tree packing; allgather, "
-                        "reducescatter, allreduce), 'search' (greedy + SMT/CEGIS step search), or 'auto' (default): "
+                        "reducescatter, allreduce), 'search' (greedy + SMT/CEGIS step search), or 'auto': "
                         f"trees when the buffer gives every rank at least {TREES_MIN_PER_RANK >> 10} KiB (and the "
                         f"search as well, the faster kept, when the simulator finds the tree program under "
                         f"{AUTO_SEARCH_BELOW:g} of the bound), else search")
@@ -180,7 +180,7 @@ def _bandwidth_bound(result, nbytes: int) -> dict:
 
 
 def run(args) -> int:
-    from hccc.compiler.frontend.limits import check_synth_size
+    from hccc.util.limits import check_synth_size
     from hccc.compiler.pipeline import load_cluster
 
     out = Path(args.output)

@@ -31,10 +31,10 @@ import sys
 
 from hccc.args import add_cluster_argument
 
-from hccc.compiler.frontend.plural import plural
+from hccc.util.plural import plural
 from hccc.table import table_lines
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology, chunk_time, logical_capacity
-from hccc.compiler.frontend.limits import printable
+from hccc.util.limits import printable
 
 SCHEMA = "hccc.topo/1"
 PLATFORM = {"nvidia": "cuda", "amd": "hip"}

@@ -38,7 +38,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from hccc.compiler.frontend.diagnostics import CompileError, Diagnostic
+    from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.compiler.interop.msccl_export import export_summary, export_xml
     from hccc.compiler.pipeline import load_program
 
@@ -47,7 +47,7 @@ def run(args) -> int:
     if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
         raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-    from hccc.compiler.frontend.limits import printable
+    from hccc.util.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output)   # before the work: never a device, FIFO or symlink
     lim = xml_limits_from_args(args)

@@ -149,7 +149,7 @@ def _catalog(path) -> Catalog:
         try:
             _CATALOGS[key] = Catalog.load(path)
         except CatalogError as exc:
-            from hccc.compiler.frontend.diagnostics import render_all
+            from hccc.util.diagnostics import render_all
             raise RuntimeError(f"hccc: the algorithm catalog cannot be used:\n{render_all(exc)}") from None
     return _CATALOGS[key]
 

@@ -26,7 +26,7 @@ import re
 import stat
 from pathlib import Path
 
-from hccc.compiler.frontend.diagnostics import (DEFAULT_MAX_INPUT_BYTES, CompileError, Diagnostic, Location,
+from hccc.util.diagnostics import (DEFAULT_MAX_INPUT_BYTES, CompileError, Diagnostic, Location,
                                                  SourceFile, _human, describe_mode, max_input_bytes, printable,
                                                  read_input_bytes)
 
