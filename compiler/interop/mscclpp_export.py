@@ -45,8 +45,9 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.compiler.interop.mscclpp_limits import check_plan_fits, largest_input
 from hccc.compiler.interop.mscclpp_plan import (BUFFER_ALIGNMENT, COLLECTIVES, CONTROL_OPS, LETTER_OF_BUF,
-                                                MAX_BYTE_OFFSET, PROTOCOLS, PlanLimits)
+                                                PROTOCOLS, PlanLimits)
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
 from hccc.compiler.ir.sort_order import lexsort
 
@@ -160,12 +161,14 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     if ir.collective not in COLLECTIVES:
         raise _error([f"cannot export collective '{ir.collective}' as an MSCCL++ plan: hccc writes "
                       f"{', '.join(COLLECTIVES)} (the executor's plans have no root)"])
-    _check_valid(ir)
     nodes = np.zeros(ir.nranks, np.int64) if nodes is None else np.asarray(nodes, np.int64)
     F = int(instances)
     M = int(micro_batches)
     if M < 1:
         raise ValueError("micro_batches must be at least 1")
+    # limits the plan certainly breaks, from the IR's columns, before anything is built
+    check_plan_fits(ir, lim, nodes=nodes, protocol=protocol, copies=F * M, instances=F)
+    _check_valid(ir)
     if M > 1:
         _check_task_level(ir)
     copies = [(j, m) for j in range(F) for m in range(M)]     # (instance, micro-batch)
@@ -551,7 +554,7 @@ def _size_range(ir: ProgramIR, gpus: list[dict], F: int, protocol: str, min_byte
                 end, where = e, f"rank {g['id']}'s {what} buffer ({e} chunks"\
                     + (", packets twice the data" if what == "scratch" and protocol == "LL" else "") + ")"
     step = BUFFER_ALIGNMENT * in_fine             # input sizes the executor accepts are multiples of this
-    largest_in = (MAX_BYTE_OFFSET * in_fine // end) // step * step
+    largest_in = largest_input(in_fine, end)
     scale = (ir.out_chunks / ir.in_chunks) if ir.collective == "allgather" else 1
     smallest = int(step * scale)
     largest = int(largest_in * scale)

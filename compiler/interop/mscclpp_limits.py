@@ -1,0 +1,97 @@
+"""Up-front checks of the MSCCL++ executor's limits on a ProgramIR, before any plan is built.
+
+The plan exporter (:mod:`hccc.compiler.interop.mscclpp_export`) checks every limit exactly on the
+plan it builds, but building one operation dict per primitive, micro-batch and instance for a
+program that cannot fit wastes minutes and gigabytes at a thousand GPUs. :func:`check_plan_fits`
+refuses such programs from the IR's columns alone, with numpy. Every quantity it compares is a lower
+bound on what :func:`~hccc.compiler.interop.mscclpp_export.export_plan` produces, so it never
+refuses a program the exporter would accept:
+
+* operations other than ``nop`` per primitive and copy: with the Simple protocol a receive is a
+  ``wait`` and at least one ``copy``/``re``, a send at least one ``put``/``pwsf`` and, on a memory
+  channel, a ``signal``, a local reduce at least one ``re``; with LL a receive is at least one packet
+  operation and a send another unless it is fused into ``respkt``;
+* a plan thread block holds at most ``max_operations``, so a program thread block of L such
+  operations becomes at least ``ceil(L / max_operations)`` plan thread blocks, per instance;
+* a rank's scratch buffer is the program's scratch, the LL reduce temporaries and one slot per
+  received chunk: exactly what the exporter allocates, so the 32-bit offset bound is exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.compiler.interop.mscclpp_plan import BUFFER_ALIGNMENT, MAX_BYTE_OFFSET, PlanLimits
+from hccc.compiler.ir.program_ir import Op, ProgramIR
+
+
+def _table(pred) -> np.ndarray:
+    return np.array([bool(pred(o)) for o in Op], dtype=bool)
+
+
+_SENDS = _table(lambda o: o.sends)
+_RECEIVES = _table(lambda o: o.receives)
+_FUSED_LL = _table(lambda o: o in (Op.RECV_REDUCE_SEND, Op.RECV_REDUCE_COPY_SEND))
+
+
+def largest_input(in_fine: int, end: int) -> int:
+    """The largest input size (bytes) whose every byte offset into a buffer of ``end`` chunks fits
+    the device plan's 32 bits, for ``in_fine`` input chunks (0: none)."""
+    step = BUFFER_ALIGNMENT * in_fine
+    return (MAX_BYTE_OFFSET * in_fine // end) // step * step
+
+
+def check_plan_fits(ir: ProgramIR, lim: PlanLimits, *, nodes: np.ndarray, protocol: str = "Simple",
+                    copies: int = 1, instances: int = 1) -> None:
+    """Raise :class:`CompileError` naming the executor limits ``ir``'s plan must exceed with
+    ``copies`` = instances x micro-batches copies of every primitive; return quietly when none is
+    certain to be exceeded."""
+    R = int(ir.nranks)
+    if not R or not len(ir.prims["op"]):
+        return
+    op = np.asarray(ir.prims["op"], np.int64)
+    rank = np.asarray(ir.prims["rank"], np.int64)
+    tb = np.asarray(ir.prims["tb"], np.int64)
+    count = np.asarray(ir.prims["count"], np.int64)
+    sends, recvs = _SENDS[op], _RECEIVES[op]
+    msgs: list[str] = []
+    nodes = np.asarray(nodes, np.int64)
+    # ---- operations (nop aside) per primitive copy
+    if protocol == "LL":
+        per = recvs.astype(np.int64) + (sends & ~(recvs & _FUSED_LL[op]))
+    else:
+        peer = np.where(sends, np.asarray(ir.prims["send_peer"], np.int64), rank)
+        memory = sends & (nodes[rank] == nodes[np.clip(peer, 0, R - 1)])
+        per = 2 * recvs + sends + memory
+    per = per + (op == int(Op.REDUCE))
+    ntb = int(tb.max()) + 1
+    key = rank * ntb + tb
+    used, first = np.unique(key, return_index=True)
+    L = np.bincount(np.searchsorted(used, key), weights=per, minlength=len(used)).astype(np.int64) * int(copies // instances)
+    segs = np.maximum(1, -(-L // lim.max_operations)) * int(instances)
+    per_rank = np.bincount(used // ntb, weights=segs, minlength=R).astype(np.int64)
+    r = int(np.argmax(per_rank))
+    if per_rank[r] > lim.max_tbs:
+        w = int(np.argmax(np.where(used // ntb == r, L, -1)))
+        msgs.append(f"rank {r} needs at least {int(per_rank[r])} thread blocks ({int((used // ntb == r).sum())} "
+                    f"program thread blocks" + (f" for {instances} instances" if instances > 1 else "")
+                    + f"; thread block {int(used[w] % ntb)} alone has at least {int(L[w])} operations, cut into "
+                    f"segments of at most {lim.max_operations}, MAX_OPERATION), but at most {lim.max_tbs} can be "
+                    f"resident at once (one 1,024-thread block per SM; the blocks of a rank wait on each other)")
+    # ---- scratch: the program's, LL reduce temporaries, one slot per received chunk (exact)
+    slots = np.bincount(rank, weights=count * recvs, minlength=R).astype(np.int64)
+    if protocol == "LL":
+        slots += np.bincount(rank, weights=count * (op == int(Op.RECV_REDUCE_SEND)), minlength=R).astype(np.int64)
+    scratch = (int(ir.scratch_chunks) + slots) * int(copies) * (2 if protocol == "LL" else 1)
+    end = max(int(scratch.max()), int(ir.in_chunks) * copies, int(ir.out_chunks) * copies, 1)
+    in_fine = int(ir.in_chunks) * int(copies)
+    if largest_input(in_fine, end) < BUFFER_ALIGNMENT * in_fine:
+        r = int(np.argmax(scratch))
+        where = (f"rank {r}'s scratch buffer ({int(scratch[r])} chunks)" if scratch[r] == end
+                 else f"the input/output buffers ({end} chunks)")
+        msgs.append(f"{where} does not fit 32-bit byte offsets even at the smallest message size")
+    if msgs:
+        raise CompileError([Diagnostic("the program does not fit the MSCCL++ executor: " + m, None) for m in msgs])
+
+
+__all__ = ["check_plan_fits", "largest_input"]
