@@ -92,7 +92,8 @@ def ring_allgather_fused(n: int, name: str = "ring_agf") -> ProgramIR:
 
 def ring_allreduce(n: int, name: str = "ring_ar") -> ProgramIR:
     """Ring AllReduce with a send TB and a receive TB per rank, linked by cross-TB deps (ResCCL's
-    task-level form: deadlock-free for any number of micro-batches)."""
+    task-level form: deadlock-free for any number of micro-batches). The i-th message on a
+    connection is task ``i * n + sender`` at both ends."""
     rows, deps = [], []
     for r in range(n):
         nxt, prv = (r + 1) % n, (r - 1) % n
@@ -100,11 +101,11 @@ def ring_allreduce(n: int, name: str = "ring_ar") -> ProgramIR:
         for k in range(1, n):                       # ReduceScatter receives
             c = (r - k - 1) % n
             recv_rows.append(dict(op=Op.RECV_REDUCE_COPY, recv_peer=prv, src_buf=Buf.INPUT,
-                                  src_off=c, dst_buf=Buf.OUTPUT, dst_off=c, task=k * n + prv))
+                                  src_off=c, dst_buf=Buf.OUTPUT, dst_off=c, task=(k - 1) * n + prv))
         for j in range(1, n):                       # AllGather receives
             c = (r - j) % n
             recv_rows.append(dict(op=Op.RECV, recv_peer=prv, dst_buf=Buf.OUTPUT, dst_off=c,
-                                  task=(n - 1 + j) * n + prv))
+                                  task=(n - 2 + j) * n + prv))
         base = len(rows)
         for i, row in enumerate(recv_rows):
             rows.append(dict(rank=r, tb=1, seq=i, pipeline=i + 1, **row))
