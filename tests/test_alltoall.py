@@ -195,6 +195,7 @@ def test_simulated_alltoall_never_beats_the_cut_bound(make):
         assert r.busbw_GBps == pytest.approx(s / r.time_s / 1e9 * 15 / 16)
 
 
+@pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 def test_hccc_sim_cli_runs_alltoall(tmp_path, capsys):
     from pathlib import Path
 

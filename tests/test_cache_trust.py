@@ -145,6 +145,7 @@ def test_stale_build_directories_are_removed(tmp_path):
     assert young.exists() and held.exists()
 
 
+@pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 def test_run_command_refuses_untrusted_entry(tmp_path):
     """End to end: a compiled CPU module that others can write is not loaded; ``hccc run`` says
     why, exit 1, no traceback."""

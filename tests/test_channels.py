@@ -267,6 +267,7 @@ def _hccc(*args, cwd=None):
                           cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 @needs_gxx
 def test_command_line_channels(tmp_path):
     alg = tmp_path / "ring.rccl"

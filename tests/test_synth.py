@@ -125,6 +125,7 @@ def test_reducescatter_is_the_time_reversed_allgather():
 
 
 # ---------------------------------------------------------------- property: random clusters
+@pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 @settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(topo=clusters(), coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]),
        k=st.sampled_from([1, 1, 2]), data=st.data())

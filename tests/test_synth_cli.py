@@ -61,6 +61,7 @@ def test_synth_json_then_check(topo, tmp_path, capsys, coll):
     assert check["valid"] and check["steps"] == summary["steps"]
 
 
+@pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 def test_synth_human_output_and_example_cluster(tmp_path, capsys):
     out = tmp_path / "ag.rccl"
     assert main(["synth", str(CLUSTERS / "v100_4_8.topo"), "--collective", "AllGather", "--method", "search",
