@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from hccc.compiler.cluster.hierarchy import rank_ranges
 from hccc.runtime.net_transport import Transport, TransportError
 
 #: environment variable naming this process's node
@@ -71,14 +72,14 @@ def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: in
         kinds = sorted({platforms[r] for r in rs})
         if len(kinds) > 1:
             out.append(f"node {n} holds ranks of {' and '.join(k.upper() for k in kinds)} "
-                       f"({_ranges(rs)}); a mixed-vendor algorithm puts each vendor on nodes of "
+                       f"({rank_ranges(rs)}); a mixed-vendor algorithm puts each vendor on nodes of "
                        "its own")
     if gpus_per_node > 0 and len(groups) > 1:
         want = {r: r // gpus_per_node for r in range(len(nodes))}
         for n, rs in groups.items():
             parts = sorted({want[r] for r in rs})
             if len(parts) > 1:
-                out.append(f"node {n} holds ranks {_ranges(rs)}, which the algorithm "
+                out.append(f"node {n} holds ranks {rank_ranges(rs)}, which the algorithm "
                            f"(GPUPerNode={gpus_per_node}) places on {len(parts)} nodes: its "
                            "intra-node steps will cross the network")
                 break
@@ -86,7 +87,7 @@ def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: in
             rs = [r for r in range(len(nodes)) if want[r] == k]
             where = sorted({nodes[r] for r in rs})
             if len(where) > 1:
-                out.append(f"the algorithm (GPUPerNode={gpus_per_node}) puts ranks {_ranges(rs)} "
+                out.append(f"the algorithm (GPUPerNode={gpus_per_node}) puts ranks {rank_ranges(rs)} "
                            f"on one node; this job spreads them over {', '.join(where)}: their "
                            "intra-node steps cross the network")
                 break
@@ -104,18 +105,6 @@ def declared_gpus_per_node(algo) -> int:
             return int(parse_rccl(f.read(), str(algo)).header.gpu_per_node or 0)
     except Exception:       # the Communicator reports a bad file when it loads it
         return 0
-
-
-def _ranges(rs: list[int]) -> str:
-    out, i = [], 0
-    rs = sorted(rs)
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def get_transport(rank: int, world: int, cache_dir=None) -> Transport:

@@ -72,7 +72,7 @@ import numpy as np
 from hccc.util.limits import printable
 from hccc.compiler.frontend.algorithm import OP_NAMES, RECV, RRC, Algorithm, Collective, Header, TransferSite
 from hccc.util.diagnostics import CompileError, Diagnostic
-from hccc.compiler.cluster.hierarchy import Hierarchy, _ranges, hierarchy as build_hierarchy
+from hccc.compiler.cluster.hierarchy import Hierarchy, hierarchy as build_hierarchy, rank_ranges
 from hccc.compiler.cluster.topology import Topology
 
 __all__ = ["C2CError", "C2CPlan", "plan_c2c", "c2c_algorithm", "c2c_rccl", "cross_cluster_chunks",
@@ -179,7 +179,7 @@ def _ring_order(topo: Topology, ranks: Sequence[int], what: str, budget: int = 2
             seen.discard(path.pop())
             continue
         iters.append(iter(succ[nxt]))
-    raise C2CError(f"no ring through the ranks of {what} ({_ranges(rs)}) over the cluster's links; "
+    raise C2CError(f"no ring through the ranks of {what} ({rank_ranges(rs)}) over the cluster's links; "
                    f"use --intra mesh or describe the missing links")
 
 
@@ -327,9 +327,9 @@ class C2CPlan:
             by_bw: dict = {}
             for b in c.border_ranks:
                 by_bw.setdefault(c.nic_gbps[b], []).append(b)
-            border = "; ".join(f"{_ranges(rs)} ({float(bw):g} GB/s{' each' if len(rs) > 1 else ''})"
+            border = "; ".join(f"{rank_ranges(rs)} ({float(bw):g} GB/s{' each' if len(rs) > 1 else ''})"
                                for bw, rs in by_bw.items()) or "none"
-            lines.append(f"  C{c.index} {c.name} ({what}): ranks {_ranges(c.ranks)}; border ranks {border}")
+            lines.append(f"  C{c.index} {c.name} ({what}): ranks {rank_ranges(c.ranks)}; border ranks {border}")
             lines.append(f"     intra-cluster ring: {' '.join(map(str, self.rings[c.index]))}")
         lines.append(f"pieces: {self.pieces} (asked for {self.pieces_requested}); intra-cluster algorithm: "
                      f"{self.intra}; stages of lengths {list(self.stage_lengths)}")
@@ -468,7 +468,7 @@ def plan_c2c(topology: Topology, collective: str | Collective, *, pipeline: int 
     clusters = hier.clusters
     for c in clusters:
         if C > 1 and not c.border_ranks:
-            raise C2CError(f"cluster {c.name} (ranks {_ranges(c.ranks)}) has no border rank: no NIC and no "
+            raise C2CError(f"cluster {c.name} (ranks {rank_ranges(c.ranks)}) has no border rank: no NIC and no "
                            f"link to another cluster")
     rings = tuple((_ring_order(topology, c.ranks, f"cluster {c.name}") if not mesh else tuple(c.ranks))
                   for c in clusters)

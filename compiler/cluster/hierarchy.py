@@ -134,17 +134,17 @@ class Hierarchy:
         for c in self.clusters:
             what = c.vendor + (f" {c.model}" if c.model else "")
             lines.append(f"  {c.name}: {what}, {c.nranks} rank{'s' if c.nranks != 1 else ''} "
-                         f"({_ranges(c.ranks)}) on {', '.join(c.nodes)}")
+                         f"({rank_ranges(c.ranks)}) on {', '.join(c.nodes)}")
             if c.border_ranks:
                 parts = []
                 for b in c.border_ranks:
                     mem = c.nic_members.get(b, (b,))
-                    behind = f" for {_ranges(mem)}" if len(mem) > 1 else ""
+                    behind = f" for {rank_ranges(mem)}" if len(mem) > 1 else ""
                     parts.append(f"{b} ({_num(c.nic_gbps[b])} GB/s{behind})")
                 lines.append(f"    border ranks: {', '.join(parts)}; NIC total {_num(c.total_nic_gbps)} GB/s")
             else:
                 lines.append("    border ranks: none (no NIC or link leaves this cluster)")
-            lines.append(f"    internal ranks: {_ranges(c.internal_ranks) if c.internal_ranks else 'none'}")
+            lines.append(f"    internal ranks: {rank_ranges(c.internal_ranks) if c.internal_ranks else 'none'}")
         return "\n".join(lines)
 
 
@@ -152,7 +152,7 @@ def _num(x: Fraction) -> str:
     return str(int(x)) if x.denominator == 1 else f"{float(x):g}"
 
 
-def _ranges(ranks: Sequence[int]) -> str:
+def rank_ranges(ranks: Sequence[int]) -> str:
     """``0-3, 8, 10-11``."""
     out = []
     rs = sorted(ranks)
