@@ -65,6 +65,16 @@ def _no_leaks():
 METHOD = {name: spec.method for name, spec in SPECS.items()}
 
 
+def _takes_out(method: str) -> bool:
+    """The Communicator method takes its output array as a required positional argument (an
+    all_to_all always does, although its in-place form overlays the whole buffer)."""
+    import inspect
+
+    from hccc.runtime.communicator import Communicator
+    p = inspect.signature(getattr(Communicator, method)).parameters.get("out")
+    return p is not None and p.default is inspect.Parameter.empty and p.kind != p.KEYWORD_ONLY
+
+
 def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int = 0):
     """(per-rank call lists, inputs, expected outputs) for one collective call of ``count``."""
     coll = ir.collective
@@ -78,7 +88,7 @@ def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int
     calls = []
     for r in range(N):
         c = {"method": METHOD[coll], "x": inputs[r]}
-        if spec.alias != "same":      # input and output are separate arrays
+        if spec.alias != "same" or _takes_out(METHOD[coll]):   # a separate output array
             c["out"] = layout[r][1]
         if spec.reduces:
             c["kwargs"] = {"op": op}

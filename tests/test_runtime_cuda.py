@@ -817,7 +817,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     s0, s1 = pf.stream(), pf.stream()
     assert [e[3] for e in fake.log if e[0] == "stream"] == [1, 1]       # non-blocking streams
     flag = pf.malloc(8)
-    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 96))   # sizeof(hccc_args) = 96 (ABI 3)
+    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 104))  # sizeof(hccc_args) = 104 (ABI 4)
     pf.launch(k0, 5, 512, args, s0)
     launches = [e for e in fake.log if e[0] == "launch"]
     assert launches[-1][2:6] == (5, 512, s0.handle, args)
@@ -946,7 +946,8 @@ def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
     from hccc.runtime.launcher import Runner
     ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
     total = sum(int(t) for t in ir.ntbs)
-    with pytest.raises(PlatformError, match=rf"need {total} thread blocks of 512 threads resident at "
+    # the runner halves the threads per block down to one warp before it refuses
+    with pytest.raises(PlatformError, match=rf"need {total} thread blocks of 32 threads resident at "
                                             rf"once, but at most {total - 1} fit"):
         Runner(ir, FakeCudaPlatform(FakeCuda(sms=total - 1, per_sm=1)), "float32", "sum")
     fake = FakeCuda(sms=total, per_sm=1)
