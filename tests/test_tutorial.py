@@ -49,12 +49,15 @@ def shown_pattern(line: str) -> re.Pattern:
         for j, piece in enumerate(re.split(r"\d+\.\d+(?:e[-+]?\d+)?", part)):
             if j:
                 out.append(r"(?:[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?|nan|inf)")
-            out.append(r"\s+".join(re.escape(w) for w in piece.split(" ") if w) if piece.strip() else
-                       (r"\s*" if piece else ""))
-            if piece.endswith(" ") and piece.strip():
+            words = piece.split()
+            if not words:
+                out.append(r"\s*" if piece else "")
+                continue
+            if piece.startswith(" ") and out[-1:] != [r"\s+"]:      # space after a number
                 out.append(r"\s+")
-            elif piece.startswith(" ") and piece.strip() and out[-2:-1] != [r"\s+"]:
-                out.insert(len(out) - 1, r"\s+")
+            out.append(r"\s+".join(re.escape(w) for w in words))
+            if piece.endswith(" "):                                  # space before a number
+                out.append(r"\s+")
     return re.compile("".join(out))
 
 
@@ -70,6 +73,9 @@ def test_shown_lines_are_compared_not_skipped():
     assert not shows("make: Entering directory '.../other'", out)
     assert shows("4096          1024   float32     sum      -1   103175.4     0.00", out)
     assert not shows("4096          1024     float     sum      -1   103175.4     0.00", out)
+    # text between two numbers keeps its spaces on both sides
+    assert shows("56 transfers, 0.997 of the bound, 3.41 s -> x", "56 transfers, 0.5 of the bound, 1.17 s -> x")
+    assert not shows("56 transfers, 0.997 of the bound, 3.41 s -> x", "56 transfers, 0.5of the bound, 1.17 s -> x")
 
 
 def test_the_tutorial_has_the_whole_story():
