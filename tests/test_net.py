@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
-from hccc.runtime import reference, shm
+from hccc.runtime import reference
 
 from rank_pool import RankPool, run_fresh
-from test_communicator import _require_torch, calls_for, check
+from test_communicator import _no_leaks, _require_torch, calls_for, check  # noqa: F401 (autouse fixture)
 
 
 def _have_ucx() -> bool:
@@ -43,16 +43,6 @@ def pool(tmp_path_factory):
     p = RankPool(4, tmp_path_factory.mktemp("stores"))
     yield p
     p.close()
-
-
-@pytest.fixture(autouse=True)
-def _no_leaks():
-    before = set(shm.ours())
-    yield
-    deadline = time.monotonic() + 5
-    while set(shm.ours()) - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert set(shm.ours()) - before == set(), "shared memory left in /dev/shm"
 
 
 def test_placement_problems():
