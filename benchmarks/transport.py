@@ -1,22 +1,30 @@
 """hccc's cross-node path against UCX itself, and a 2-node AllReduce against torch.distributed's gloo.
 
-    python benchmarks/transport.py [--tls tcp] [--sizes 4K,64K,1M,4M] [--lat-iters 2000]
-                                   [--bw-bytes 64M] [--allreduce 64K,1M,8M] [--json]
+    python benchmarks/transport.py [--tls tcp] [--sizes 8,4K,64K,1M,4M] [--lat-iters 2000]
+                                   [--bw-bytes 64M] [--repeats 3] [--call-iters 20]
+                                   [--allreduce 64K,1M,8M] [--ar-iters 5] [--json]
 
-1. **Path** (two processes on two nodes, ``UCX_TLS`` as given): a 2-rank communicator is set up,
-   then its cross-node connections are driven from the host exactly as the kernels drive them
-   (a message written into the FIFO mirror, ``tail`` stored; the receiver polls its ``tail``,
-   copies the message out and stores ``head``), so what is timed is the proxy: the progress
-   thread that puts the slot, fences, puts the tail, and returns the credit.
-   *Latency*: ping-pong of one message, half the round trip, against ``ucx_perftest -t
-   ucp_put_lat`` (also half a round trip of puts) at the same size. *Bandwidth*: a stream of
-   messages (``--bw-bytes`` worth, 16 to 4,000 of them) through the FIFO's slots, against
-   ``ucx_perftest -t ucp_put_bw`` with as many messages. MiB/s both (UCX's
-   "MB/s" is 2^20 bytes per second).
+1. **Path** (two processes as two nodes, ``UCX_TLS`` as given). A 2-rank communicator is set up
+   and wired; then its cross-node connections are driven exactly as the kernels drive them, by a
+   small compiled driver (no interpreter on the data path): a message written into the FIFO
+   mirror and the ``tail`` stored; the receiver polls its ``tail``, copies the message out and
+   stores ``head``. What is timed is the transport: the progress threads that put the slot, fence,
+   put the tail and return the credit. *Latency*: ping-pong of one message, half the round trip,
+   against ``ucx_perftest -t ucp_put_lat`` (also half a round trip of puts). *Bandwidth*: a stream
+   of messages (``--bw-bytes`` worth, 64 to 20,000 of them) through the FIFO's slots, against
+   ``ucx_perftest -t ucp_put_bw`` with as many messages; MiB/s both (UCX's "MB/s" is 2^20 bytes
+   per second). Each hccc number is taken right before the UCX number it is compared with, and
+   the table shows medians over ``--repeats`` rounds (of the values and of the per-round ratios),
+   so a loaded machine slows both sides of a ratio alike.
+   *Through the kernels* (``call us``): one 2-rank AllGather call of the size each way through
+   the CPU-emulated kernels, everything a call costs (host barriers, launch of the emulated
+   thread blocks, the kernels, the proxy, the drain): what an application sees, which
+   ``ucx_perftest`` has no counterpart for.
 2. **AllReduce** (2 nodes x 2 ranks, four processes, one torch.distributed gloo group): hccc's ring
    AllReduce through :class:`~hccc.runtime.Communicator` (CPU emulation, cross-node connections
    over UCX) against ``torch.distributed.all_reduce`` on gloo, same processes, same float32
-   tensors; median of the calls, ratio gloo time / hccc time (above 1: hccc is faster).
+   tensors, calls alternating; median of the calls, ratio gloo time / hccc time (above 1: hccc
+   is faster).
 """
 from __future__ import annotations
 
@@ -75,32 +83,117 @@ def perftest(test: str, size: int, iters: int, tls: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ hccc's path
+# The slot writer / reader of the transport-only measurement, in C so that no interpreter sits on
+# the data path: it writes a message into a FIFO mirror and publishes the tail, or waits for a tail,
+# copies the message out and posts the head -- what a kernel's send and receive do -- and waits the
+# way the CPU emulation's kernels do (poll, then yield the core).
+_DRIVER = r"""
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+#include <time.h>
+static double now(void) {
+  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+static int wait_ge(const uint64_t* p, uint64_t v, double deadline) {
+  unsigned spins = 0;
+  while (__atomic_load_n(p, __ATOMIC_ACQUIRE) < v) {
+    if (++spins < 64) { __builtin_ia32_pause(); continue; }
+    sched_yield();
+    if ((spins & 1023) == 0 && now() > deadline) return 1;
+  }
+  return 0;
+}
+#define SLOT(base, k) ((base) + ((k) % nslots) * slot_bytes + 16)
+/* ping-pong of `iters` messages of m bytes; returns the elapsed seconds (negative: timed out) */
+double hb_pingpong(int rank, long iters, long m, char* mslots, uint64_t* mtail, const char* rslots,
+                   const uint64_t* rtail, uint64_t* mhead, long nslots, long slot_bytes,
+                   const char* src, char* dst, double timeout_s) {
+  const double t0 = now(), deadline = t0 + timeout_s;
+  for (long i = 0; i < iters; ++i) {
+    if (rank == 0) {
+      memcpy(SLOT(mslots, i), src, m);
+      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      if (wait_ge(rtail, i + 1, deadline)) return -1;
+      memcpy(dst, SLOT(rslots, i), m);
+      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+    } else {
+      if (wait_ge(rtail, i + 1, deadline)) return -1;
+      memcpy(dst, SLOT(rslots, i), m);
+      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      memcpy(SLOT(mslots, i), src, m);
+      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+    }
+  }
+  return now() - t0;
+}
+/* a stream of n messages from rank 0 to rank 1 through the FIFO's nslots slots (the sender waits
+   for credits); returns the elapsed seconds at the receiver (negative: timed out) */
+double hb_stream(int rank, long n, long m, char* mslots, uint64_t* mtail, const uint64_t* shead,
+                 const char* rslots, const uint64_t* rtail, uint64_t* mhead, long nslots,
+                 long slot_bytes, const char* src, char* dst, double timeout_s) {
+  const double t0 = now(), deadline = t0 + timeout_s;
+  for (long i = 0; i < n; ++i) {
+    if (rank == 0) {
+      if (i >= nslots && wait_ge(shead, i + 1 - nslots, deadline)) return -1;
+      memcpy(SLOT(mslots, i), src, m);
+      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+    } else {
+      if (wait_ge(rtail, i + 1, deadline)) return -1;
+      memcpy(dst, SLOT(rslots, i), m);
+      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+    }
+  }
+  const double el = now() - t0;
+  if (rank == 0 && wait_ge(shead, n, deadline)) return -1;   /* every credit back */
+  return el;
+}
+"""
+
+
+def _driver():
+    """The compiled slot driver (built with the C++ compiler, cached by content hash)."""
+    from hccc.runtime import cache
+    cxx = shutil.which(os.environ.get("HCCC_CXX") or "g++")
+    if cxx is None:
+        raise SystemExit("g++ not found (the driver and hccc's network proxy are built with it)")
+    key = cache.content_key("bench-transport-driver", cxx, _DRIVER)
+
+    def make(tmp):
+        (tmp / "d.c").write_text(_DRIVER)
+        subprocess.run([cxx, "-x", "c", "-O2", "-fPIC", "-shared", str(tmp / "d.c"), "-o",
+                        str(tmp / "d.so")], check=True)
+
+    lib = ctypes.CDLL(str(cache.entry("bench_driver", key, make) / "d.so"))
+    vp, lng, d = ctypes.c_void_p, ctypes.c_long, ctypes.c_double
+    lib.hb_pingpong.restype = d
+    lib.hb_pingpong.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, lng, lng, vp, vp, d]
+    lib.hb_stream.restype = d
+    lib.hb_stream.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, vp, lng, lng, vp, vp, d]
+    return lib
+
+
 def _stream_count(m: int, bw_bytes: int) -> int:
-    """Messages of a bandwidth point: ``bw_bytes`` worth, between 16 and 4,000."""
-    return max(16, min(bw_bytes // m, 4000))
+    """Messages of a bandwidth point: ``bw_bytes`` worth, between 64 and 20,000."""
+    return max(64, min(bw_bytes // m, 20000))
 
 
-def _path_rank(rank, url, tls, sizes, lat_iters, bw_bytes, q):
+def _lat_iters(m: int, lat_iters: int) -> int:
+    return max(20, lat_iters if m <= 65536 else lat_iters // 10)
+
+
+def _path_rank(rank, url, tls, max_size, conn):
+    """One of the two processes: a 2-rank communicator on two nodes, then measurements on
+    command (``conn``: ("lat" | "bw" | "call", size, count) -> result; None: finish)."""
     os.environ["UCX_TLS"] = tls
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
     from hccc.runtime.communicator import Communicator
-    slot = max(sizes) + 64
-    ir = build_program(gen.ring_allgather(2), chunk_bytes=(slot + 15) // 16 * 16)
+    drv = _driver()
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=(max_size + 64 + 15) // 16 * 16)
     comm = Communicator(ir, rank=rank, world_size=2, init_method=url, node="ab"[rank],
                         timeout_s=120)
-    x = np.arange(64, dtype=np.float32)
-    out = np.zeros(128, dtype=np.float32)
-    comm.all_gather(x, out)                       # connected and right
-    assert out[64 * rank:64 * (rank + 1)].tolist() == x.tolist()
     net, mem, plan = comm._net, comm._mem, comm._plans[rank]
-    mslots, shead, mtail = mem.send_conns[0]
-    rslots, mhead, rtail = mem.recv_conns[0]
-    nslots, slot_bytes = plan.nslots, plan.slot_bytes
-    u64 = ctypes.c_uint64
-    t_tail, t_mtail = u64.from_address(rtail), u64.from_address(mtail)
-    t_head, t_mhead = u64.from_address(shead), u64.from_address(mhead)
-    res = {}
     phase = [0]
 
     def sync(tag):
@@ -112,74 +205,85 @@ def _path_rank(rank, url, tls, sizes, lat_iters, bw_bytes, q):
         sync(f"pre-{phase[0]}")
         mem.reset()
         net.reset(30)
-        net.shape(slot_bytes, ir.max_step_chunks, m)
+        net.shape(plan.slot_bytes, ir.max_step_chunks, m)
         sync(f"post-{phase[0]}")
 
-    def slot_view(base, k, m):
-        return np.frombuffer((ctypes.c_char * m).from_address(base + (k % nslots) * slot_bytes + 16),
-                             dtype=np.uint8)
+    def call(m: int, iters: int) -> float:
+        """A 2-rank AllGather through the kernels: m bytes each way per call; median seconds."""
+        x = np.full(m // 4, rank + 1, dtype=np.float32)
+        out = np.zeros(2 * (m // 4), dtype=np.float32)
+        ts = []
+        for _ in range(iters + 1):
+            sync("call")
+            t0 = time.perf_counter()
+            comm.all_gather(x, out)
+            ts.append(time.perf_counter() - t0)
+        assert out[0] == 1 and out[-1] == 2, "wrong AllGather"
+        return float(np.median(ts[1:]))
 
-    for m in sizes:
+    conn.send("ready")
+    while (cmd := conn.recv()) is not None:
+        what, m, count = cmd
+        if what == "call":
+            conn.send(call(m, count))
+            continue
+        # mirrors and FIFOs as the connection tables hold them after wiring (the kernels' view)
+        mslots, shead, mtail = mem.send_conns[0]
+        rslots, mhead, rtail = mem.recv_conns[0]
         src = np.full(m, rank + 1, dtype=np.uint8)
-        dst = np.empty(m, dtype=np.uint8)
-        # latency: ping-pong
+        dst = np.zeros(m, dtype=np.uint8)
         reset(m)
-        iters = max(10, lat_iters if m <= 65536 else lat_iters // 10)
-        t0 = time.perf_counter()
-        for i in range(iters):
-            if rank == 0:
-                slot_view(mslots, i, m)[:] = src
-                t_mtail.value = i + 1
-                while t_tail.value < i + 1:
-                    os.sched_yield()
-                dst[:] = slot_view(rslots, i, m)
-                t_mhead.value = i + 1
-            else:
-                while t_tail.value < i + 1:
-                    os.sched_yield()
-                dst[:] = slot_view(rslots, i, m)
-                t_mhead.value = i + 1
-                slot_view(mslots, i, m)[:] = src
-                t_mtail.value = i + 1
-        lat = (time.perf_counter() - t0) / iters / 2 * 1e6
-        assert int(dst[0]) == 2 - rank, "wrong bytes"
-        # bandwidth: a stream from rank 0 to rank 1
-        reset(m)
-        n = _stream_count(m, bw_bytes)
-        t0 = time.perf_counter()
-        for i in range(n):
-            if rank == 0:
-                while t_head.value + nslots < i + 1:
-                    os.sched_yield()
-                slot_view(mslots, i, m)[:] = src
-                t_mtail.value = i + 1
-            else:
-                while t_tail.value < i + 1:
-                    os.sched_yield()
-                dst[:] = slot_view(rslots, i, m)
-                t_mhead.value = i + 1
-        if rank == 0:
-            while t_head.value < n:
-                os.sched_yield()
-        el = time.perf_counter() - t0
-        res[m] = {"lat_us": lat, "mib_s": n * m / el / 2**20}
+        if what == "lat":                        # ping-pong: half the round trip
+            el = drv.hb_pingpong(rank, count, m, mslots, mtail, rslots, rtail, mhead, plan.nslots,
+                                 plan.slot_bytes, src.ctypes.data, dst.ctypes.data, 60.0)
+            assert el > 0, "ping-pong timed out"
+            assert int(dst[0]) == 2 - rank and int(dst[-1]) == 2 - rank, "wrong bytes"
+            conn.send(el / count / 2 * 1e6)
+        else:                                     # a stream from rank 0 to rank 1
+            el = drv.hb_stream(rank, count, m, mslots, mtail, shead, rslots, rtail, mhead,
+                               plan.nslots, plan.slot_bytes, src.ctypes.data, dst.ctypes.data,
+                               120.0)
+            assert el > 0, "stream timed out"
+            assert rank == 0 or (int(dst[0]) == 1 and int(dst[-1]) == 1), "wrong bytes"
+            conn.send(count * m / el / 2**20)
+        reset(m)                                  # the counters back to what a call expects
     sync("end")
     comm.close()
-    q.put((rank, res))
 
 
-def hccc_path(sizes, lat_iters, bw_bytes, tls) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    url = "file://" + tempfile.mktemp(prefix="hccc-bench-")
-    ps = [ctx.Process(target=_path_rank, args=(r, url, tls, sizes, lat_iters, bw_bytes, q))
-          for r in range(2)]
-    for p in ps:
-        p.start()
-    out = dict(q.get(timeout=1800) for _ in ps)
-    for p in ps:
-        p.join(60)
-    return out[1]           # the receiver's bandwidth, the ping-pong's latency (same on both)
+class PathPair:
+    """The two processes of the path measurements (two nodes), driven one command at a time so
+    that each hccc number is taken right next to the ``ucx_perftest`` number it is compared with."""
+
+    def __init__(self, max_size: int, tls: str):
+        ctx = mp.get_context("spawn")
+        url = "file://" + tempfile.mktemp(prefix="hccc-bench-")
+        self.conns, self.procs = [], []
+        for r in range(2):
+            here, there = ctx.Pipe()
+            p = ctx.Process(target=_path_rank, args=(r, url, tls, max_size, there))
+            p.start()
+            self.conns.append(here)
+            self.procs.append(p)
+        for c in self.conns:
+            if not c.poll(600) or c.recv() != "ready":
+                raise RuntimeError("the path processes did not start")
+
+    def run(self, what: str, m: int, count: int) -> list:
+        for c in self.conns:
+            c.send((what, m, count))
+        out = []
+        for c in self.conns:
+            if not c.poll(600):
+                raise RuntimeError(f"path measurement {what} {m} timed out")
+            out.append(c.recv())
+        return out
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(60)
 
 
 # ------------------------------------------------------------------------------ AllReduce vs gloo
@@ -197,10 +301,9 @@ def _ar_rank(rank, url, tls, sizes, iters, q):
     for nbytes in sizes:
         n = nbytes // 4
         x = torch.full((n,), float(rank + 1))
-        times = {}
-        for name in ("hccc", "gloo"):
-            ts = []
-            for i in range(iters + 1):
+        ts = {"hccc": [], "gloo": []}
+        for i in range(iters + 1):            # alternating, so both see the same machine
+            for name in ("hccc", "gloo"):
                 x.fill_(float(rank + 1))
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -208,10 +311,9 @@ def _ar_rank(rank, url, tls, sizes, iters, q):
                     comm.all_reduce(x)
                 else:
                     dist.all_reduce(x)
-                ts.append(time.perf_counter() - t0)
+                ts[name].append(time.perf_counter() - t0)
                 assert float(x[0]) == 10.0 and float(x[-1]) == 10.0, f"{name}: wrong sum"
-            times[name] = float(np.median(ts[1:]))
-        res[nbytes] = times
+        res[nbytes] = {k: float(np.median(v[1:])) for k, v in ts.items()}
     comm.close()
     dist.destroy_process_group()
     q.put((rank, res))
@@ -238,40 +340,71 @@ def _fmt(n: int) -> str:
     return str(n)
 
 
+def _median(xs):
+    return float(np.median(xs))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tls", default="tcp", help="UCX_TLS for both (default tcp)")
     ap.add_argument("--sizes", default="8,4K,64K,1M,4M", help="message sizes of the path table")
     ap.add_argument("--lat-iters", type=int, default=2000)
     ap.add_argument("--bw-bytes", default="64M", help="bytes streamed per bandwidth point")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of the path table (each ratio taken side by side; medians shown)")
+    ap.add_argument("--call-iters", type=int, default=20,
+                    help="AllGather calls per size through the kernels (0: skip)")
     ap.add_argument("--allreduce", default="64K,1M,8M", help="AllReduce buffer sizes (bytes)")
     ap.add_argument("--ar-iters", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     bw_bytes = parse_size(a.bw_bytes)
+    samples = {m: {k: [] for k in ("hl", "ul", "hb", "ub", "call")} for m in sizes}
+    pair = PathPair(max(sizes), a.tls)
+    try:
+        for _ in range(max(1, a.repeats)):
+            for m in sizes:
+                s = samples[m]
+                iters, n = _lat_iters(m, a.lat_iters), _stream_count(m, bw_bytes)
+                s["hl"].append(pair.run("lat", m, iters)[0])
+                s["ul"].append(perftest("ucp_put_lat", m, iters, a.tls)["lat_us"])
+                s["hb"].append(pair.run("bw", m, n)[1])       # the receiver's rate
+                s["ub"].append(perftest("ucp_put_bw", m, n, a.tls)["mib_s"])
+        if a.call_iters > 0:
+            for m in sizes:
+                if m >= 8:
+                    samples[m]["call"].append(max(pair.run("call", m, a.call_iters)) * 1e6)
+    finally:
+        pair.close()
     rows = []
-    ours = hccc_path(sizes, a.lat_iters, bw_bytes, a.tls)
     for m in sizes:
-        lat = perftest("ucp_put_lat", m, max(100, a.lat_iters if m <= 65536 else a.lat_iters // 10),
-                       a.tls)
-        bw = perftest("ucp_put_bw", m, _stream_count(m, bw_bytes), a.tls)
-        rows.append({"bytes": m, "hccc_lat_us": ours[m]["lat_us"], "ucx_lat_us": lat["lat_us"],
-                     "hccc_mib_s": ours[m]["mib_s"], "ucx_mib_s": bw["mib_s"]})
+        s = samples[m]
+        rows.append({"bytes": m, "hccc_lat_us": _median(s["hl"]), "ucx_lat_us": _median(s["ul"]),
+                     "lat_ratio": _median([h / u for h, u in zip(s["hl"], s["ul"])]),
+                     "hccc_mib_s": _median(s["hb"]), "ucx_mib_s": _median(s["ub"]),
+                     "bw_ratio": _median([h / u for h, u in zip(s["hb"], s["ub"])]),
+                     "call_us": s["call"][0] if s["call"] else None})
     ar_sizes = [parse_size(s) for s in a.allreduce.split(",")] if a.allreduce else []
     ar = allreduce(ar_sizes, a.ar_iters, a.tls) if ar_sizes else {}
     if a.json:
-        print(json.dumps({"tls": a.tls, "path": rows,
+        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "path": rows,
                           "allreduce": [{"bytes": s, **v} for s, v in ar.items()]}, indent=1))
         return 0
-    print(f"Cross-node path, two processes, UCX_TLS={a.tls} (latency: half a round trip; "
-          "bandwidth: MiB/s)")
+    print(f"Cross-node path, two processes as two nodes, UCX_TLS={a.tls}: the proxy moving FIFO "
+          f"slots (transport only)\nagainst ucx_perftest, medians of {a.repeats} side-by-side "
+          "rounds; latency: half a round trip (us); bandwidth: MiB/s")
     print(f"{'size':>6} {'hccc us':>9} {'UCX us':>9} {'lat x':>6} {'hccc MiB/s':>11} "
-          f"{'UCX MiB/s':>10} {'bw %':>6}")
+          f"{'UCX MiB/s':>10} {'bw %':>6} {'call us':>9}")
     for r in rows:
+        call = f"{r['call_us']:9.0f}" if r["call_us"] is not None else f"{'-':>9}"
         print(f"{_fmt(r['bytes']):>6} {r['hccc_lat_us']:9.1f} {r['ucx_lat_us']:9.1f} "
-              f"{r['hccc_lat_us'] / r['ucx_lat_us']:6.2f} {r['hccc_mib_s']:11.1f} "
-              f"{r['ucx_mib_s']:10.1f} {100 * r['hccc_mib_s'] / r['ucx_mib_s']:5.0f}%")
+              f"{r['lat_ratio']:6.2f} {r['hccc_mib_s']:11.1f} {r['ucx_mib_s']:10.1f} "
+              f"{100 * r['bw_ratio']:5.0f}% {call}")
+    if a.call_iters > 0:
+        print("call us: one 2-rank AllGather through the CPU-emulated kernels (the size each way: "
+              "barriers, launch,\nkernel, proxy, drain), median of "
+              f"{a.call_iters} calls, slower rank")
     if ar:
         print(f"\nAllReduce, 2 nodes x 2 ranks (float32, median of {a.ar_iters} calls, slowest rank)")
         print(f"{'size':>6} {'hccc ms':>9} {'gloo ms':>9} {'gloo/hccc':>10}")

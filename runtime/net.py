@@ -148,6 +148,7 @@ class NetLink:
         self._sends: list[tuple[int, int]] = []     # (send index k, peer)
         self._recvs: list[tuple[int, int]] = []     # (recv index j, peer)
         self.tx: Transport | None = None
+        self._clean = True          # mirrors and counts are zero (no launch since the last drain)
         try:
             self._setup(exchange, alloc_slots, alloc_words, host_seg, cache_dir)
         except BaseException:
@@ -210,6 +211,13 @@ class NetLink:
             mhead = self.mwords + 8 * (len(self._sends) + i)
             recv[j] = (recv[j][0], mhead, recv[j][2])
             tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k))
+        if mem.platform.name == "cpu":
+            # the words the peers' puts change (the tails of remote senders' FIFOs, the heads of
+            # remote receivers) are what this rank's kernel threads sleep on: the thread wakes them
+            for k, _ in self._sends:
+                tx.add_watch(send[k][1])
+            for j, _ in self._recvs:
+                tx.add_watch(recv[j][2])
         for conns, tab in ((send, mem.send_tab), (recv, mem.recv_tab)):
             blob = conn_table(conns)
             if blob:
@@ -219,7 +227,9 @@ class NetLink:
 
     # ------------------------------------------------------------------ per call
     def shape(self, slot_bytes: int, max_cnt: int, slice_bytes: int) -> None:
-        """The bytes of a slot this launch uses: ``max_cnt`` regions of at most 32 + slice."""
+        """The bytes of a slot this launch uses: ``max_cnt`` regions of at most 32 + slice (set
+        right before the launch: from here on the mirrors are in use)."""
+        self._clean = False
         mc = max(1, int(max_cnt))
         if slot_bytes % mc:
             self.tx.set_shape(0, 0, 1)          # unknown layout: whole slots
@@ -228,10 +238,18 @@ class NetLink:
         self.tx.set_shape(region, min(region, 32 + int(slice_bytes)), mc)
 
     def reset(self, timeout_s: float) -> bool:
-        return self.tx.reset(timeout_s)
+        """Mirrors and counts to zero before a launch: already done when this rank's last call
+        ended with a drain (the drain resets them once the puts are complete)."""
+        if self._clean:
+            return True
+        self._clean = self.tx.reset(timeout_s)
+        return self._clean
 
     def drain(self, timeout_s: float) -> bool:
-        return self.tx.drain(timeout_s)
+        """This rank's kernel has finished: everything it published put and complete at its
+        target, then the mirrors and counts reset for the next call."""
+        self._clean = self.tx.drain(timeout_s)
+        return self._clean
 
     def where(self, rank: int) -> str:
         return f"node {self.nodes[rank]}"

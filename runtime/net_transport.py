@@ -37,6 +37,11 @@ class Transport(abc.ABC):
     def add_recv(self, peer: int, mhead: int, rhead: int) -> None: ...
 
     @abc.abstractmethod
+    def add_watch(self, word: int) -> None:
+        """A host-memory word of this process that peers' puts change and local (emulated) kernel
+        threads may sleep on: the progress thread wakes them when it changes."""
+
+    @abc.abstractmethod
     def set_segment(self, ptr: int, nbytes: int, stride: int, beat_offset: int) -> None: ...
 
     @abc.abstractmethod
@@ -47,7 +52,8 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def drain(self, timeout_s: float) -> bool:
-        """Everything published put and complete at its target; False on timeout."""
+        """Everything published put and complete at its target, then the mirrors and sent
+        counters to zero (the kernel has finished); False on timeout."""
 
     @abc.abstractmethod
     def reset(self, timeout_s: float) -> bool:

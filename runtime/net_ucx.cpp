@@ -16,7 +16,8 @@
 // most 16 + slice bytes of data, so a message costs max_cnt * min(region, 32 + slice) bytes, not a
 // whole slot (hn_set_shape, per call).
 // drain: push everything pending, then a worker flush (remote completion of every put), so no put
-// of a finished call can land after the host resets the counters for the next one.
+// of a finished call can land after the host resets the counters for the next one; then the
+// mirrors and sent counts start over (the kernel has finished), so the next call needs no reset.
 // Peers: endpoints with peer error handling; a failed endpoint marks its peer failed (its
 // connections are skipped from then on, the host reports the rank and its node).
 // Memory per connection: one FIFO mirror (nslots slots) on the sending side, two words on the
@@ -33,9 +34,14 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+#include <climits>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define HN_API extern "C" __attribute__((visibility("default")))
 
@@ -61,6 +67,14 @@ struct RecvConn {
   uint64_t* mhead;              // local mirror of the sender's head
   uint64_t rhead;               // the sender's head (remote address)
   uint64_t sent;
+};
+
+// A word this process's kernels wait on that a remote peer writes (a receive FIFO's tail, a send's
+// head), in host memory (CPU emulation). A put lands without the futex wake a local peer's post
+// does, so the thread wakes the word's sleepers when it sees the value change.
+struct Watch {
+  uint64_t* word;
+  uint64_t last;
 };
 
 struct Pending {
@@ -93,6 +107,7 @@ struct Net {
   uint64_t serving_drain = 0;
   int efd = -1;                 // the worker's event fd: network activity wakes an idle thread
   std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
+  std::vector<Watch> watches;
 };
 
 void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -201,32 +216,57 @@ bool push(Net* n) {
   return any;
 }
 
-uint64_t now_ms() {
-  return (uint64_t)std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+// Wake the kernel threads sleeping on a watched word that a put has changed.
+void wake_watched(Net* n) {
+  for (Watch& w : n->watches) {
+    const uint64_t v = __atomic_load_n(w.word, __ATOMIC_ACQUIRE);
+    if (v == w.last) continue;
+    w.last = v;
+    syscall(SYS_futex, w.word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+  }
 }
 
+uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+// The mirrors this rank's kernel writes and the counts of what was put, back to zero (between
+// calls, once this rank's kernel has finished and its puts are complete).
+void reset_local(Net* n) {
+  for (SendConn& c : n->sends) { __atomic_store_n(c.mtail, 0, __ATOMIC_RELEASE); c.sent = 0; }
+  for (RecvConn& c : n->recvs) { __atomic_store_n(c.mhead, 0, __ATOMIC_RELEASE); c.sent = 0; }
+  for (Watch& w : n->watches) w.last = __atomic_load_n(w.word, __ATOMIC_ACQUIRE);
+}
+
+// Idle policy. After the last piece of work the thread keeps polling (mirrors and the worker)
+// without giving the core away for SPIN_NS, then yields the core between polls until YIELD_NS,
+// then sleeps in the worker's event fd (network activity wakes it at once) for at most SLEEP_NS
+// per poll of the mirrors, LONG_SLEEP_NS once nothing has moved for LONG_IDLE_NS.
+constexpr uint64_t SPIN_NS = 20000, YIELD_NS = 2000000, SLEEP_NS = 20000,
+                   LONG_IDLE_NS = 1000000000, LONG_SLEEP_NS = 200000;
+
 void loop(Net* n) {
-  unsigned idle = 0;
-  uint64_t last_beat = 0;
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);   // sleeps of 20 us, not 20 + the default 50 us
+  uint64_t last_beat = 0, last_work = now_ns();
   while (!n->stop.load(std::memory_order_acquire)) {
     bool work = false;
     const uint64_t rq = n->reset_req.load(std::memory_order_acquire);
     if (rq != n->reset_done.load(std::memory_order_relaxed)) {
-      // between calls: no kernel runs, every peer has drained
-      for (SendConn& c : n->sends) { __atomic_store_n(c.mtail, 0, __ATOMIC_RELEASE); c.sent = 0; }
-      for (RecvConn& c : n->recvs) { __atomic_store_n(c.mhead, 0, __ATOMIC_RELEASE); c.sent = 0; }
+      reset_local(n);                // between calls: no kernel runs
       n->reset_done.store(rq, std::memory_order_release);
     }
-    if (n->beat != nullptr) {
-      const uint64_t t = now_ms();
-      if (t - last_beat >= 100) {
-        last_beat = t;
-        __atomic_store_n(n->beat, t, __ATOMIC_RELEASE);
-      }
+    const uint64_t now = now_ns();
+    if (n->beat != nullptr && now / 1000000 - last_beat >= 100) {
+      last_beat = now / 1000000;
+      __atomic_store_n(n->beat, last_beat, __ATOMIC_RELEASE);
     }
     work |= push(n);
-    work |= ucp_worker_progress(n->worker) != 0;
+    if (ucp_worker_progress(n->worker) != 0) {
+      work = true;
+      wake_watched(n);
+    }
     if (!n->pending.empty()) reap(n);
     const uint64_t dq = n->drain_req.load(std::memory_order_acquire);
     if (dq != n->drain_done.load(std::memory_order_relaxed)) {
@@ -249,24 +289,24 @@ void loop(Net* n) {
         n->flush_req = nullptr;
         if (n->pending.empty()) {
           n->flushing = false;
+          reset_local(n);             // this rank's kernel has finished: its mirrors start over
           n->drain_done.store(n->serving_drain, std::memory_order_release);
         }
       }
     }
     if (work) {
-      idle = 0;
-    } else if (++idle > 64) {
-      // spin briefly, then give the core away; once nothing has moved for a while, wait for
-      // network activity (the worker's event fd) or a short timeout (the mirrors the kernel and
-      // the host write are polled: 20 us while puts are outstanding or recently active, 100 us
-      // after a long idle spell)
-      if (idle < 1024 || n->efd < 0) {
-        sched_yield();
-      } else if (ucp_worker_arm(n->worker) == UCS_OK) {
-        pollfd p{n->efd, POLLIN, 0};
-        timespec ts{0, idle < 65536 ? 20000 : 100000};
-        ppoll(&p, 1, &ts, nullptr);
-      }
+      last_work = now;
+      continue;
+    }
+    const uint64_t quiet = now - last_work;
+    if (quiet < SPIN_NS) continue;
+    if (quiet < YIELD_NS || n->efd < 0) {
+      sched_yield();
+    } else if (ucp_worker_arm(n->worker) == UCS_OK) {
+      pollfd p{n->efd, POLLIN, 0};
+      const uint64_t ns = quiet < LONG_IDLE_NS ? SLEEP_NS : LONG_SLEEP_NS;
+      timespec ts{0, (long)ns};
+      ppoll(&p, 1, &ts, nullptr);
     }
   }
 }
@@ -371,6 +411,13 @@ HN_API void hn_add_send(void* h, int peer, void* mslots, void* mtail, uint64_t r
                               rslots, rtail, slot_bytes, nslots, 0});
 }
 
+// A word of this process's memory that a remote peer's puts change and local kernel threads may
+// sleep on (CPU emulation: a futex); the thread wakes them when it sees it change.
+HN_API void hn_add_watch(void* h, void* word) {
+  Net* n = static_cast<Net*>(h);
+  n->watches.push_back(Watch{static_cast<uint64_t*>(word), 0});
+}
+
 HN_API void hn_add_recv(void* h, int peer, void* mhead, uint64_t rhead) {
   Net* n = static_cast<Net*>(h);
   n->recvs.push_back(RecvConn{peer, static_cast<uint64_t*>(mhead), rhead, 0});
@@ -414,7 +461,8 @@ static int wait_for(std::atomic<uint64_t>& done, uint64_t want, long timeout_ms)
   return 0;
 }
 
-// Everything published so far put and complete at its target; 0, or 1 on timeout.
+// Everything published so far put and complete at its target, then the mirrors and counts back
+// to zero (call it once this rank's kernel has finished); 0, or 1 on timeout.
 HN_API int hn_drain(void* h, long timeout_ms) {
   Net* n = static_cast<Net*>(h);
   const uint64_t want = n->drain_req.fetch_add(1) + 1;

@@ -74,6 +74,7 @@ def library(cache_dir=None) -> ctypes.CDLL:
                                  ctypes.c_char_p, u64]),
             "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64]),
             "hn_add_recv": (None, [vp, i32, vp, u64]),
+            "hn_add_watch": (None, [vp, vp]),
             "hn_set_segment": (None, [vp, vp, u64, u64, u64]),
             "hn_set_shape": (None, [vp, u64, u64, u64]),
             "hn_start": (None, [vp]),
@@ -130,6 +131,9 @@ class UcxTransport(Transport):
 
     def add_recv(self, peer, mhead, rhead) -> None:
         self._lib.hn_add_recv(self._h, peer, mhead, rhead)
+
+    def add_watch(self, word) -> None:
+        self._lib.hn_add_watch(self._h, word)
 
     def set_segment(self, ptr, nbytes, stride, beat_offset) -> None:
         self._lib.hn_set_segment(self._h, ptr, nbytes, stride, beat_offset)
