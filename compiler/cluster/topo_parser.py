@@ -692,20 +692,23 @@ class _Walker:
                 raise self.err(at, f"'interbandwidth = nic' needs a NIC for every GPU, but GPU {int(missing[0])} "
                                    f"of {nd.name} has none (add 'define nic = [...]' after {nd.name})")
         ux, uy = np.unique(nx_), np.unique(ny_)
-        pid_map = np.zeros((len(nic_table), len(nic_table)), dtype=np.int64) if len(nic_table) <= 4096 else None
-        lookup = {}
-        for i in ux.tolist():
-            for j in uy.tolist():
-                bw = min(nic_table[i][3], nic_table[j][3])
-                lanes = min(nic_table[i][4], nic_table[j][4])
-                pid = b.params("nic", bw, lanes, a)
-                lookup[(i, j)] = pid
-                if pid_map is not None:
-                    pid_map[i, j] = pid_map[j, i] = pid
-        if pid_map is not None:
-            pm = pid_map[np.ix_(nx_, ny_)]
-        else:
-            pm = np.array([[lookup[(i, j)] for j in ny_.tolist()] for i in nx_.tolist()], dtype=np.int64)
+        # link parameters of every NIC pair, memoised by what they depend on (node pairs repeat them)
+        memo = b.__dict__.setdefault("_nic_params", {})
+        kinds = b.__dict__.setdefault("_nic_kinds", {})
+        ki = [kinds.setdefault((nic_table[i][3], nic_table[i][4]), len(kinds)) for i in ux.tolist()]
+        kj = [kinds.setdefault((nic_table[j][3], nic_table[j][4]), len(kinds)) for j in uy.tolist()]
+        ka = kinds.setdefault(("alpha", a), len(kinds))
+        small = np.zeros((ux.size, uy.size), dtype=np.int64)
+        for ii, i in enumerate(ux.tolist()):
+            for jj, j in enumerate(uy.tolist()):
+                key = (ki[ii], kj[jj], ka)
+                pid = memo.get(key)
+                if pid is None:
+                    bw = min(nic_table[i][3], nic_table[j][3])
+                    lanes = min(nic_table[i][4], nic_table[j][4])
+                    pid = memo[key] = b.params("nic", bw, lanes, a)
+                small[ii, jj] = pid
+        pm = small[np.ix_(np.searchsorted(ux, nx_), np.searchsorted(uy, ny_))]
         src = np.repeat(np.arange(ox, ox + x.ngpus), y.ngpus)
         dst = np.tile(np.arange(oy, oy + y.ngpus), x.ngpus)
         self._note_origin(b, at, "nic")

@@ -145,7 +145,25 @@ def _origin_weights(task: Task) -> dict[int, int]:
 
 
 def _distances(net: Network, sources) -> np.ndarray:
-    """Hop distances from each source to every rank (BFS on the pair CSR)."""
+    """Hop distances from each source to every rank (BFS on the pair CSR; -1: unreachable). Up to
+    :data:`DENSE_BFS_RANKS` ranks all sources advance together, a level per product with the dense
+    adjacency matrix."""
+    sources = [int(s) for s in sources]
+    n = net.nranks
+    if n <= DENSE_BFS_RANKS and sources:
+        adj = np.zeros((n, n), np.float32)
+        adj[net.psrc, net.pdst] = 1.0
+        dist = np.full((len(sources), n), -1, np.int64)
+        front = np.zeros((len(sources), n), np.float32)
+        front[np.arange(len(sources)), sources] = 1.0
+        dist[np.arange(len(sources)), sources] = 0
+        d = 0
+        while front.any():
+            d += 1
+            new = ((front @ adj) > 0) & (dist < 0)
+            dist[new] = d
+            front = new.astype(np.float32)
+        return dist
     ptr, pairs = net.out_csr()
     dst = net.pdst
     out = []
@@ -163,6 +181,9 @@ def _distances(net: Network, sources) -> np.ndarray:
         out.append(dist)
     return np.array(out)
 
+
+#: :func:`_distances` runs one dense breadth-first search for all sources up to this many ranks
+DENSE_BFS_RANKS = 2048
 
 #: above this many ranks the cut bounds use the hierarchy's parts (nodes, islands, ranks) instead
 #: of max-flow over all cuts: still valid, computed in vectorised numpy
@@ -318,8 +339,25 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
         ratio = _part_cuts(net, task, net.bw, net.gbw)[0]
         return float(ratio) * total_bytes / task.nchunks
     G = hub_graph(net, net.bw, net.gbw)
-    ratio, _ = max_cut_ratio(G, _origin_weights(task), rank_classes(net, task), exact=False)
+    ratio, _ = max_cut_ratio(G, _origin_weights(task), _symmetric_targets(net, task, rank_classes(net, task)),
+                             exact=False)
     return float(ratio) * total_bytes / task.nchunks
+
+
+def _symmetric_targets(net: Network, task: Task, targets: list[int]) -> list[int]:
+    """``targets`` less those that an automorphism of the bandwidths (the node and GPU shifts of
+    :func:`hccc.compiler.synth.trees.node_symmetry`) maps onto another target: when every rank holds
+    as many chunks, such targets have the same max-flow value, so one per orbit suffices."""
+    w = np.bincount(task.origin, minlength=task.nranks)
+    if not targets or (w != w[0]).any():
+        return targets
+    from hccc.compiler.synth.trees import node_symmetry
+
+    sym = node_symmetry(net)
+    if sym is None:
+        return targets
+    least = sym.ranks.min(axis=0)        # the least rank of every rank's orbit
+    return sorted({int(least[t]) for t in targets})
 
 
 def min_cut_capacity(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) -> float:

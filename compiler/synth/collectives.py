@@ -67,6 +67,7 @@ class SynthResult:
     timed_out: bool = False
     composed: dict | None = None          # hierarchical composition details, if used
     detail: dict = field(default_factory=dict)
+    loops: list | None = None             # the rows as loops over a symmetry (tree packing), or None
 
     @property
     def gap(self) -> int:
@@ -154,7 +155,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                                 total_bytes=float(bandwidth_bound_bytes or (1 << 30)), time_limit=time_limit,
                                 score=tree_score)
         res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
-                          time.perf_counter() - t0, net.name, False, None, prog.detail)
+                          time.perf_counter() - t0, net.name, False, None, prog.detail, prog.loops)
         if bandwidth_bound_bytes:
             known = prog.detail.get("cut_seconds_per_rank_byte", {})
             res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else

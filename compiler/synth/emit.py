@@ -67,6 +67,42 @@ def _sorted_rows(result: SynthResult) -> np.ndarray:
     return r[np.lexsort((r[:, 3], r[:, 1], r[:, 0], r[:, 2]))] if len(r) else r.reshape(0, 5)
 
 
+#: programs of this many transfers or more are written as loops over their symmetry when they
+#: have one (a tree packing on identical nodes): the text stays short at any scale
+LOOPS_FROM_TRANSFERS = 20_000
+
+
+def _loop_lines(part) -> list[str]:
+    """``part`` (:class:`hccc.compiler.synth.trees.LoopRows`) as ResCCLang loops: the representative
+    transfers once, inside ``for a`` (node shifts) and ``for b`` (GPU shifts within a node) loops
+    whose rank expressions shift every rank ``r`` to ``((r // g + a) % nodes) * g + (r % g + b) % g``
+    (:class:`hccc.compiler.synth.trees.Symmetry`)."""
+    sym = part.symmetry
+    N, g, B = sym.nodes, sym.gpn, sym.gpu_shifts
+    K = part.chunks_per_rank
+    ops = dict(OP_NAMES)
+
+    def rank(r: int) -> str:
+        node, gpu = divmod(int(r), g)
+        within = f"({gpu} + b) % {g}" if B > 1 else f"{gpu}"
+        return f"(({node} + a) % {N}) * {g} + {within}"
+
+    def chunk(root: int, j: int) -> str:
+        return f"({rank(root)}) * {K} + {j}" if K > 1 else rank(root)
+
+    rows = part.rows
+    rows = rows[np.lexsort((rows[:, 4], rows[:, 3], rows[:, 1], rows[:, 0], rows[:, 2]))] if len(rows) else rows
+    ind = "            " if B > 1 else "        "
+    out = [f"    # {len(rows)} transfers of the representative trees, repeated for every shift of the ranks by "
+           f"a nodes{' and b GPUs within a node' if B > 1 else ''} ({len(rows) * len(sym)} transfers)",
+           f"    for a in range(0, {N}):"]
+    if B > 1:
+        out.append(f"        for b in range(0, {B}):")
+    out.extend(f"{ind}transfer({rank(s)}, {rank(d)}, {t}, {chunk(r, j)}, {ops[o]})"
+               for s, d, t, r, j, o in rows.tolist())
+    return out
+
+
 def _comment(text: str) -> str:
     """Text from inputs (cluster names, file names) as one line of a comment: no control characters."""
     return printable(text, limit=1 << 16)
@@ -110,6 +146,9 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     rows = _sorted_rows(result)
     if not len(rows):
         lines.append("    pass")
+    elif result.loops and len(rows) >= LOOPS_FROM_TRANSFERS:
+        for part in result.loops:
+            lines.extend(_loop_lines(part))
     else:
         steps = rows[:, 2]
         bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, len(rows)]

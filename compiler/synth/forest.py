@@ -43,6 +43,8 @@ class TreeProgram:
     chunks_per_rank: int
     detail: dict
     seconds: float
+    #: the rows as loops over a symmetry (one :class:`.trees.LoopRows` per part), or None
+    loops: list | None = None
 
 
 def _rows(rows4: np.ndarray, op: int, step0: int = 0) -> np.ndarray:
@@ -132,16 +134,19 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return ch
 
     def build(shape: str, pk: dict) -> tuple[np.ndarray, dict]:
-        parts, step0, info = [], 0, {}
+        parts, step0, info, loops = [], 0, {}, []
         for name in ("reducescatter", "allgather"):
             if name not in pk:
                 continue
             sp = tr.shaped(nets[name], pk[name], shape)
             r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
             rows = _rows(r4, RRC if name == "reducescatter" else RECV, step0)
+            loops.append(tr.loop_rows(sp, RRC if name == "reducescatter" else RECV, step0,
+                                      reduce=name == "reducescatter"))
             step0 = _steps(rows)
             parts.append(rows)
             info[name] = sp
+        info["loops"] = loops if all(lp is not None for lp in loops) else None
         return np.concatenate(parts), info
 
     candidates = []
@@ -155,6 +160,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 break
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels = best
+    loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
     model_s = sum(p.rounded_time for p in packs.values()) * per_rank
@@ -172,4 +178,4 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     }
     if score is not None:
         detail["simulated_candidates"] = {f"K={c[4]} {c[1]}": c[0] for c in candidates}
-    return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0)
+    return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)

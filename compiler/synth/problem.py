@@ -143,8 +143,8 @@ class Network:
             rp, rg = self.pair_group_rows()
             n, G = self.nranks, self.ngroups
             if rp.size:
-                nsrc = np.bincount(np.unique(rg * n + self.psrc[rp]) // n, minlength=G)
-                ndst = np.bincount(np.unique(rg * n + self.pdst[rp]) // n, minlength=G)
+                nsrc = _distinct_per_group(rg, self.psrc[rp], G, n)
+                ndst = _distinct_per_group(rg, self.pdst[rp], G, n)
             else:
                 nsrc = ndst = np.zeros(G, np.int64)
             self._spread = (nsrc, ndst)
@@ -243,20 +243,40 @@ def _best_links(topo: Topology) -> np.ndarray:
     return order[first]
 
 
+def _sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` by sorting (numpy's hashing path is slow on arrays of millions)."""
+    a = np.sort(np.asarray(a).ravel())
+    if a.size:
+        a = a[np.r_[True, a[1:] != a[:-1]]]
+    return a
+
+
+def _distinct_per_group(group: np.ndarray, value: np.ndarray, ngroups: int, nvalues: int) -> np.ndarray:
+    """How many distinct ``value`` (``0 .. nvalues-1``) each group (``0 .. ngroups-1``) has."""
+    group = np.asarray(group, np.int64)
+    value = np.asarray(value, np.int64)
+    if ngroups * nvalues <= 1 << 26:
+        seen = np.zeros((ngroups, nvalues), bool)
+        seen[group, value] = True
+        return seen.sum(axis=1).astype(np.int64)
+    return np.bincount(_sorted_unique(group * nvalues + value) // nvalues, minlength=ngroups)
+
+
 def _scc_labels(n: int, src: np.ndarray, dst: np.ndarray, within: np.ndarray) -> np.ndarray:
     """Strongly connected components of the graph (src -> dst) restricted to edges inside ``within``
-    parts; labels are refined so that no component crosses a ``within`` part."""
-    import networkx as nx
+    parts; labels are refined so that no component crosses a ``within`` part. Components are
+    numbered in the order of their least rank."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
 
-    g = nx.DiGraph()
-    g.add_nodes_from(range(n))
     m = within[src] == within[dst]
-    g.add_edges_from(zip(src[m].tolist(), dst[m].tolist()))
-    lab = np.full(n, -1, np.int64)
-    comps = sorted((sorted(c) for c in nx.strongly_connected_components(g)), key=lambda c: c[0])
-    for i, c in enumerate(comps):
-        lab[c] = i
-    return lab.astype(np.int32)
+    graph = coo_matrix((np.ones(int(m.sum())), (np.asarray(src)[m], np.asarray(dst)[m])), shape=(n, n))
+    _, lab = connected_components(graph, directed=True, connection="strong")
+    least = np.full(int(lab.max()) + 1 if n else 0, n, np.int64)
+    np.minimum.at(least, lab, np.arange(n))
+    rank = np.empty(least.size, np.int64)
+    rank[np.argsort(least, kind="stable")] = np.arange(least.size)
+    return rank[lab].astype(np.int32)
 
 
 def network_from_topology(topo: Topology) -> Network:
@@ -275,20 +295,17 @@ def network_from_topology(topo: Topology) -> Network:
     # groups of each best link
     link_to_pair = np.full(topo.nlinks, -1, np.int64)
     link_to_pair[best] = np.arange(best.size)
-    rows_p, rows_g = [], []
-    for g in topo.groups:
-        pm = link_to_pair[g.members]
-        pm = np.unique(pm[pm >= 0])
-        rows_p.append(pm)
-        rows_g.append(np.full(pm.size, g.id, np.int64))
-    if rows_p:
-        allp = np.concatenate(rows_p)
-        allg = np.concatenate(rows_g)
+    if topo.groups:
+        mem = [np.asarray(g.members, np.int64) for g in topo.groups]
+        allp = link_to_pair[np.concatenate(mem)]
+        allg = np.repeat(np.array([g.id for g in topo.groups], np.int64), [m.size for m in mem])
+        keep = allp >= 0
+        # distinct (pair, group) memberships, sorted by pair then group
+        pg = _sorted_unique(allp[keep] * max(len(topo.groups), 1) + allg[keep])
+        allp, allg = pg // max(len(topo.groups), 1), pg % max(len(topo.groups), 1)
     else:
         allp = np.zeros(0, np.int64)
         allg = np.zeros(0, np.int64)
-    order = np.lexsort((allg, allp))
-    allp, allg = allp[order], allg[order]
     ptr = np.searchsorted(allp, np.arange(psrc.size + 1)).astype(np.int64)
     gcap = np.array([g.capacity for g in topo.groups], dtype=np.int32)
     gbw = np.array([g.capacity_bytes for g in topo.groups], dtype=float)
@@ -298,8 +315,8 @@ def network_from_topology(topo: Topology) -> Network:
     nodes = _scc_labels(n, psrc, pdst, node)
     # a bottleneck group has >= 2 distinct sources and >= 2 distinct destinations among its pairs
     G = len(topo.groups)
-    nsrc = np.bincount(np.unique(allg * n + psrc[allp]) // n, minlength=G) if G else np.zeros(0, np.int64)
-    ndst = np.bincount(np.unique(allg * n + pdst[allp]) // n, minlength=G) if G else np.zeros(0, np.int64)
+    nsrc = _distinct_per_group(allg, psrc[allp], G, n) if G else np.zeros(0, np.int64)
+    ndst = _distinct_per_group(allg, pdst[allp], G, n) if G else np.zeros(0, np.int64)
     bottleneck_pair = np.zeros(psrc.size, bool)
     if G:
         bottleneck_pair[allp[((nsrc >= 2) & (ndst >= 2))[allg]]] = True

@@ -164,6 +164,9 @@ class Packing:
     stats: dict = field(default_factory=dict)
     res_load: np.ndarray = field(repr=False, default=None)   # per resource (pairs, groups), normalised
     res_limit: np.ndarray = field(repr=False, default=None)  # time x capacity per resource, normalised
+    #: the symmetry the trees follow (None: none): trees come in runs of ``len(symmetry)``, the
+    #: translates of a representative by every element in order, with equal counts
+    symmetry: Symmetry | None = field(repr=False, default=None)
 
     @property
     def fraction(self) -> float:
@@ -187,9 +190,23 @@ def _tree_pairs(net: Network, parent: np.ndarray, root: int) -> np.ndarray:
 
 
 def _tree_column(net: Network, pairs: np.ndarray) -> np.ndarray:
-    """Resource ids a tree's pairs occupy, with multiplicity (a group counted once per pair)."""
-    gs = [net.pg_idx[net.pg_ptr[p]:net.pg_ptr[p + 1]] for p in pairs.tolist()]
-    return np.concatenate([pairs.astype(np.int64)] + [net.npairs + g.astype(np.int64) for g in gs])
+    """Resource ids a tree's pairs occupy, with multiplicity (a group counted once per pair): the
+    pairs, then their groups in pair order."""
+    pairs = np.asarray(pairs, np.int64)
+    lo = net.pg_ptr[pairs]
+    cnt = net.pg_ptr[pairs + 1] - lo
+    tot = int(cnt.sum())
+    if not tot:
+        return pairs.copy()
+    start = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
+    return np.concatenate([pairs, net.npairs + net.pg_idx[start + np.arange(tot)].astype(np.int64)])
+
+
+def _pair_matrix(net: Network) -> np.ndarray:
+    """``m[u, v]``: the index of pair ``u -> v``, -1 where there is none."""
+    m = np.full((net.nranks, net.nranks), -1, np.int64)
+    m[net.psrc, net.pdst] = np.arange(net.npairs)
+    return m
 
 
 def _shift_perm(net: Network, sigma: np.ndarray) -> np.ndarray | None:
@@ -208,12 +225,40 @@ def _shift_perm(net: Network, sigma: np.ndarray) -> np.ndarray | None:
     return np.r_[pp, P + gp].astype(np.int64)
 
 
-def node_symmetry(net: Network) -> list[tuple[np.ndarray, np.ndarray]] | None:
-    """Automorphisms of a cluster of identical nodes, as (rank permutation, resource permutation)
-    pairs forming a group that acts freely on the ranks: shifting every rank to the next node (when
-    all nodes have the same size and the shift maps pairs, bandwidths and groups onto equal ones),
-    and also shifting every rank to the next GPU of its node when that is one too. None without
-    such a symmetry."""
+@dataclass
+class Symmetry:
+    """Automorphisms of a cluster of ``nodes`` identical nodes of ``gpn`` GPUs each (see
+    :func:`node_symmetry`): element ``a * gpu_shifts + b`` moves every rank ``a`` nodes on and ``b``
+    GPUs on within its node, ``r -> ((r // gpn + a) % nodes) * gpn + (r % gpn + b) % gpn``
+    (``gpu_shifts`` is 1 when only whole nodes shift). The group acts freely on the ranks."""
+
+    nodes: int
+    gpn: int
+    gpu_shifts: int
+    ranks: np.ndarray         # (|G|, n): the rank permutation of every element, element 0 the identity
+    orbits: np.ndarray        # (R,): the orbit of every resource (pairs, then groups), numbered by least member
+
+    def __len__(self) -> int:
+        return int(self.ranks.shape[0])
+
+    @property
+    def norbits(self) -> int:
+        return int(self.orbits.max()) + 1 if self.orbits.size else 0
+
+    def shift(self, element: int) -> tuple[int, int]:
+        """``(a, b)``: the nodes and the GPUs within a node that ``element`` shifts by."""
+        return divmod(int(element), self.gpu_shifts)
+
+
+def node_symmetry(net: Network) -> Symmetry | None:
+    """Automorphisms of a cluster of identical nodes (:class:`Symmetry`): shifting every rank to
+    the next node (when all nodes have the same size and the shift maps pairs, bandwidths and groups
+    onto equal ones), and also shifting every rank to the next GPU of its node when that is one too.
+    None without such a symmetry. The resource orbits come from the generators' resource
+    permutations (connected components), so no element's permutation of all resources is held."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
     n = net.nranks
     sizes = np.bincount(node)
@@ -222,6 +267,7 @@ def node_symmetry(net: Network) -> list[tuple[np.ndarray, np.ndarray]] | None:
     g = int(sizes[0])
     r = np.arange(n)
     gens = []
+    gpu_shifts = 1
     for k, sigma in enumerate(((r + g) % n, (r // g) * g + (r % g + 1) % g)):
         if (sigma == r).all():
             continue
@@ -230,18 +276,22 @@ def node_symmetry(net: Network) -> list[tuple[np.ndarray, np.ndarray]] | None:
             if k == 0:
                 return None      # no node shift: no symmetry used
             continue
-        gens.append((sigma, res))
+        gens.append(res)
+        if k == 1:
+            gpu_shifts = g
+    nodes = n // g
+    a = np.arange(nodes).repeat(gpu_shifts)[:, None]
+    b = np.tile(np.arange(gpu_shifts), nodes)[:, None]
+    ranks = ((r[None, :] // g + a) % nodes) * g + (r[None, :] % g + b) % g
     R = net.npairs + net.ngroups
-    elems = [(r, np.arange(R))]
-    for sigma, res in gens:      # the generators commute (node and GPU shifts): all products
-        powers, cur, cres = [], r, np.arange(R)
-        while True:
-            powers.append((cur, cres))
-            cur, cres = sigma[cur], res[cres]
-            if (cur == r).all():
-                break
-        elems = [(p[e], pr[er]) for e, er in elems for p, pr in powers]
-    return elems
+    src = np.concatenate([np.arange(R)] * len(gens))
+    dst = np.concatenate(gens)
+    _, lab = connected_components(coo_matrix((np.ones(src.size), (src, dst)), shape=(R, R)), directed=True,
+                                  connection="weak")
+    least = np.full(lab.max() + 1, R, np.int64)
+    np.minimum.at(least, lab, np.arange(R))
+    orbits = np.argsort(np.argsort(least, kind="stable"), kind="stable")[lab]
+    return Symmetry(nodes, g, gpu_shifts, ranks.astype(np.int64), orbits.astype(np.int64))
 
 
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
@@ -277,17 +327,11 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
                             shape=(P, R))
     group = node_symmetry(net) if symmetry else None
     if group is not None:
-        perms = [e for e, _ in group]
-        res_perms = [er for _, er in group]
-        orb_min = np.arange(R)
-        rank_min = np.arange(n)
-        for rpm, e in zip(res_perms, perms):
-            orb_min = np.minimum(orb_min, rpm)
-            rank_min = np.minimum(rank_min, e)
-        _, orb = np.unique(orb_min, return_inverse=True)
-        reps = np.unique(rank_min)
+        perms = group.ranks
+        orb = group.orbits
+        reps = np.unique(perms.min(axis=0))
     else:
-        perms = [np.arange(n)]
+        perms = np.arange(n)[None, :]
         orb = np.arange(R)
         reps = np.arange(n)
     RO = int(orb.max()) + 1
@@ -383,24 +427,23 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     t_round, K, counts = best
     keep = np.flatnonzero(counts > 0)
     order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
+    G = perms.shape[0]
     roots, parents, cnts = [], [], []
     for j in order.tolist():           # every translate of a representative's tree
-        for e in perms:
-            par = col_par[j]
-            tp = np.full(n, -1, np.int64)
-            has = par >= 0
-            tp[e[np.flatnonzero(has)]] = e[par[has]]
-            roots.append(int(e[col_root[j]]))
-            parents.append(tp)
-            cnts.append(int(counts[j]))
-    load = np.zeros(R)
-    for r, par, c in zip(roots, parents, cnts):
-        np.add.at(load, _tree_column(net, _tree_pairs(net, par, r)), c / K)
+        par = col_par[j]
+        v = np.flatnonzero(par >= 0)
+        tp = np.full((G, n), -1, np.int64)
+        tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
+        roots.extend(perms[:, col_root[j]].tolist())
+        parents.extend(tp)
+        cnts.extend([int(counts[j])] * G)
+    # the translates load every member of an orbit alike: the orbit's load per member
+    load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
     limit = capn * t_round
     return Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
                    it, len(cols), time.perf_counter() - t0, load[:P].copy(),
-                   {"lp_trees": int((y > 1e-9).sum()), "symmetry": len(perms), "classes": int(reps.size),
-                    "lp_rows": RO}, load, limit)
+                   {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
+                    "lp_rows": RO}, load, limit, group)
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
@@ -411,23 +454,96 @@ def shaped(net: Network, packing: Packing, order: str = SHAPES[0]) -> Packing:
     """A copy of ``packing`` with its trees reshaped by :func:`_consolidate` (``c``) and
     :func:`_flatten` (``f``) in ``order``. The loads of the saturated resources never grow, so the
     packing's time (:attr:`Packing.rounded_time`) is unchanged; what changes is how the compiled
-    program's thread blocks overlap (see those functions)."""
+    program's thread blocks overlap (see those functions). With a symmetry only the representative
+    trees are reshaped, every move made in all their translates at once (:class:`_Loads`), so the
+    result keeps the symmetry."""
     import dataclasses
 
+    sym = packing.symmetry
+    G = len(sym) if sym is not None else 1
     parents = [p.copy() for p in packing.parents]
-    load = packing.res_load.copy()
-    limit = packing.res_limit
+    loads = _Loads(net, packing)
     K = packing.chunks_per_rank
     moves = {"consolidated": 0, "flattened": 0}
+    own = range(0, len(parents), G)            # the trees reshaped (representatives)
     for step in order:
         if step == "c":
-            moves["consolidated"] += _consolidate(net, packing.roots, parents, packing.counts, K, load, limit)
+            moves["consolidated"] += _consolidate(net, packing.roots, parents, packing.counts, K, loads, own)
         elif step == "f":
-            moves["flattened"] += _flatten(net, packing.roots, parents, packing.counts, K, load, limit)
+            moves["flattened"] += _flatten(net, packing.roots, parents, packing.counts, K, loads, own)
         else:
             raise ValueError(f"unknown shaping pass {step!r} (c or f)")
+        if sym is not None:
+            _retranslate(sym, parents)
+    load = loads.full()
     return dataclasses.replace(packing, parents=parents, pair_load=load[:net.npairs].copy(), res_load=load,
                                stats={**packing.stats, "shape": order, **moves})
+
+
+def _retranslate(sym: Symmetry, parents: list) -> None:
+    """Make every tree the translate of its run's representative again (in place)."""
+    G = len(sym)
+    E = sym.ranks
+    rows = np.arange(G)[:, None]
+    for j in range(0, len(parents), G):
+        par = parents[j]
+        v = np.flatnonzero(par >= 0)
+        tp = np.full((G, par.size), -1, np.int64)
+        tp[rows, E[:, v]] = E[:, par[v]]
+        parents[j:j + G] = list(tp)
+
+
+class _Loads:
+    """The resource loads the shaping passes keep, against the packing's limits: per resource, or,
+    with a symmetry, per resource orbit (a move made in a representative tree and all its translates
+    adds to every member of an orbit alike: ``|G| / |O|`` per member for each of the orbit's
+    resources the moved pair occupies)."""
+
+    def __init__(self, net: Network, packing: Packing):
+        self.net = net
+        self.pairs = _pair_matrix(net)
+        sym = packing.symmetry
+        if sym is None:
+            self.of = None
+            self.load = packing.res_load.copy()
+            self.limit = packing.res_limit
+            self.mult = None
+        else:
+            O = sym.norbits
+            first = np.full(O, -1, np.int64)
+            first[sym.orbits[::-1]] = np.arange(sym.orbits.size)[::-1]
+            self.of = sym.orbits
+            self.load = packing.res_load[first].copy()
+            self.limit = packing.res_limit[first]
+            self.mult = len(sym) / np.bincount(sym.orbits, minlength=O)
+        self.start_pass()
+
+    def start_pass(self) -> None:
+        """Room and saturation as they stand at the start of a shaping pass."""
+        self.slack = self.limit * (1 + 1e-9) - self.load
+        self.tight = (self.limit > 0) & (self.load >= self.limit * (1 - 1e-6))
+
+    def ids(self, pair: int) -> np.ndarray:
+        ids = _tree_column(self.net, np.array([pair]))
+        return ids if self.of is None else self.of[ids]
+
+    def try_move(self, p_old: int, p_new: int, w: float) -> bool:
+        """Move load ``w`` from pair ``p_old`` to ``p_new`` when every resource has room for it."""
+        new, old = self.ids(p_new), self.ids(p_old)
+        ids = np.concatenate([new, old])
+        vals = np.concatenate([np.full(new.size, w), np.full(old.size, -w)])
+        if self.mult is not None:
+            vals = vals * self.mult[ids]
+        uniq, inv = np.unique(ids, return_inverse=True)
+        delta = np.bincount(inv, weights=vals, minlength=uniq.size)
+        if not (delta <= self.slack[uniq] + 1e-15).all():
+            return False
+        self.slack[uniq] -= delta
+        self.load[uniq] += delta
+        return True
+
+    def full(self) -> np.ndarray:
+        return self.load.copy() if self.of is None else self.load[self.of]
 
 
 def _is_ancestor(par: np.ndarray, a: int, v: int) -> bool:
@@ -439,74 +555,66 @@ def _is_ancestor(par: np.ndarray, a: int, v: int) -> bool:
     return False
 
 
-def _move(net: Network, p_old: int, p_new: int, w: float, size: int) -> np.ndarray:
-    delta = np.zeros(size)
-    np.add.at(delta, _tree_column(net, np.array([p_new])), w)
-    np.add.at(delta, _tree_column(net, np.array([p_old])), -w)
-    return delta
-
-
-def _tight(load: np.ndarray, limit: np.ndarray) -> np.ndarray:
-    return (limit > 0) & (load >= limit * (1 - 1e-6))
-
-
-def _consolidate(net: Network, roots, parents, counts, K: int, load: np.ndarray, limit: np.ndarray) -> int:
+def _consolidate(net: Network, roots, parents, counts, K: int, loads: _Loads, own) -> int:
     """Let every forwarding rank receive the chunks it forwards from one sender: where trees bring
     chunks that ``v`` passes on from several senders, move them to the sender that already brings
     the most, when that pair exists, has room, and is not below ``v`` in the tree. A thread block
     runs its transfers one after another, so a rank forwarding streams that arrive side by side
     (each at a fraction of the link) queues all but one of them until they have arrived; one
     connection brings them chunk after chunk at the full rate, each forwarded while it streams.
-    Edits ``parents`` and ``load``; returns the moves made."""
+    Edits the trees ``own`` of ``parents`` and ``loads``; returns the moves made."""
     n = net.nranks
     P = net.npairs
-    fwd_load = np.zeros(P)
-    for r, par, c in zip(roots, parents, counts):
-        has_child = np.zeros(n, bool)
-        has_child[par[par >= 0]] = True
-        v = np.flatnonzero((par >= 0) & has_child)
-        if v.size:
-            np.add.at(fwd_load, net.pair_index(par[v], v), c / K)
+    pm = loads.pairs
+    par_all = np.array(parents, np.int64).reshape(len(parents), n)
+    w_all = np.asarray(counts, float) / K
+    has_child = np.zeros(par_all.shape, bool)
+    t_idx, v_idx = np.nonzero(par_all >= 0)
+    has_child[t_idx, par_all[t_idx, v_idx]] = True
+    fw = has_child[t_idx, v_idx]
+    fwd_load = np.bincount(pm[par_all[t_idx[fw], v_idx[fw]], v_idx[fw]], weights=w_all[t_idx[fw]], minlength=P)
+    # every rank's preferred sender: the pair into it with the most forwarded load (the first such pair)
+    cand = np.flatnonzero(fwd_load > 0)
     pref = np.full(n, -1, np.int64)
-    best = np.zeros(n)
-    for p in np.flatnonzero(fwd_load > 0).tolist():
-        v = int(net.pdst[p])
-        if fwd_load[p] > best[v]:
-            best[v], pref[v] = fwd_load[p], int(net.psrc[p])
-    slack = limit * (1 + 1e-9) - load
+    if cand.size:
+        o = cand[np.lexsort((cand, -fwd_load[cand], net.pdst[cand]))]
+        head = np.ones(o.size, bool)
+        head[1:] = net.pdst[o][1:] != net.pdst[o][:-1]
+        pref[net.pdst[o[head]]] = net.psrc[o[head]]
     moves = 0
-    for r, par, c in zip(roots, parents, counts):
-        w = c / K
-        has_child = np.zeros(n, bool)
-        has_child[par[par >= 0]] = True
-        for v in np.flatnonzero(has_child & (par >= 0)).tolist():
+    loads.start_pass()
+    for t in own:
+        par = parents[t]
+        w = counts[t] / K
+        hc = np.zeros(n, bool)
+        hc[par[par >= 0]] = True
+        for v in np.flatnonzero(hc & (par >= 0)).tolist():
             u, u2 = int(par[v]), int(pref[v])
             if u2 < 0 or u2 == u or _is_ancestor(par, v, u2):
                 continue
-            new = int(net.pair_index([u2], [v])[0])
+            new = int(pm[u2, v])
             if new < 0:
                 continue
-            old = int(net.pair_index([u], [v])[0])
-            delta = _move(net, old, new, w, load.size)
-            if (delta <= slack + 1e-15).all():
+            if loads.try_move(int(pm[u, v]), new, w):
                 par[v] = u2
-                slack -= delta
-                load += delta
                 moves += 1
     return moves
 
 
-def _flatten(net: Network, roots, parents, counts, K: int, load: np.ndarray, limit: np.ndarray) -> int:
+def _flatten(net: Network, roots, parents, counts, K: int, loads: _Loads, own) -> int:
     """Make trees shallower without raising any resource above ``limit`` (the rounded packing's
     time x capacity): a vertex whose parent is not the root moves up to its grandparent when that
     pair exists and has room (its load moves from the old arc to the new one). Shallow trees
     forward less: a chunk that reaches a rank late (over a slow link) is passed on by fewer ranks,
-    each on a connection of its own. Edits ``parents`` and ``load``; returns the moves made."""
+    each on a connection of its own. Edits the trees ``own`` of ``parents`` and ``loads``; returns
+    the moves made."""
     moves = 0
-    slack = limit * (1 + 1e-9) - load
-    tight = _tight(load, limit)
-    for r, par, c in zip(roots, parents, counts):
-        w = c / K
+    pm = loads.pairs
+    loads.start_pass()
+    tight = loads.tight
+    for t in own:
+        r, par = roots[t], parents[t]
+        w = counts[t] / K
         changed = True
         while changed:
             changed = False
@@ -516,17 +624,13 @@ def _flatten(net: Network, roots, parents, counts, K: int, load: np.ndarray, lim
                 if p < 0 or p == r:
                     continue
                 g = int(par[p])
-                new = net.pair_index([g], [v])[0]
+                new = int(pm[g, v])
                 if new < 0:
                     continue
-                old = int(net.pair_index([p], [v])[0])
-                if tight[_tree_column(net, np.array([new]))].any():
+                if tight[loads.ids(new)].any():
                     continue          # never onto a saturated resource (see _consolidate)
-                delta = _move(net, old, new, w, load.size)
-                if (delta <= slack + 1e-15).all():
+                if loads.try_move(int(pm[p, v]), new, w):
                     par[v] = g
-                    slack -= delta
-                    load += delta
                     moves += 1
                     changed = True
     return moves
@@ -602,20 +706,97 @@ def _depths(parent: np.ndarray, root: int) -> np.ndarray:
     return depth
 
 
-def allgather_rows(packing: Packing) -> np.ndarray:
-    """``(src, dst, step, chunk)`` rows: chunk ``r*K + j`` of root ``r`` down its tree, a rank
-    forwarding at the step after the one it receives in."""
-    K = packing.chunks_per_rank
+def _tree_rows(packing: Packing, reduce: bool, trees) -> np.ndarray:
+    """``(src, dst, step, root, j)`` rows of the trees ``trees``: chunk ``j`` of the root per chunk
+    the tree carries (a root's chunks numbered in tree order)."""
     next_chunk: dict[int, int] = {}
     out = []
-    for r, par, cnt in zip(packing.roots, packing.parents, packing.counts):
+    for t in trees:
+        r, par, cnt = packing.roots[t], packing.parents[t], packing.counts[t]
         d = _depths(par, r)
         v = np.flatnonzero(par >= 0)
+        if reduce:
+            step = _reduce_steps(par, d)
+            src, dst, st = v, par[v], step[v]
+        else:
+            src, dst, st = par[v], v, d[v] - 1
         for _ in range(cnt):
             j = next_chunk.get(r, 0)
             next_chunk[r] = j + 1
-            out.append(np.stack([par[v], v, d[v] - 1, np.full(v.size, r * K + j)], axis=1))
-    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 4), np.int64)
+            out.append(np.stack([src, dst, st, np.full(v.size, r), np.full(v.size, j)], axis=1))
+    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 5), np.int64)
+
+
+def _reduce_steps(par: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Step of every rank's send to its parent in an in-tree: once all its children have reduced
+    into it, siblings at distinct steps."""
+    n = par.size
+    step = np.zeros(n, np.int64)       # step of v's send to its parent
+    ready = np.zeros(n, np.int64)      # first step v may send (all children reduced into it)
+    for lev in range(int(d.max()), 0, -1):
+        vs = np.flatnonzero(d == lev)
+        # siblings: group by parent, order by readiness, give distinct steps >= ready
+        order = vs[np.lexsort((vs, ready[vs], par[vs]))]
+        prev_p, last = -1, -1
+        for v in order.tolist():
+            p = int(par[v])
+            s = int(ready[v]) if p != prev_p else max(int(ready[v]), last + 1)
+            step[v] = s
+            prev_p, last = p, s
+            ready[p] = max(int(ready[p]), s + 1)
+    return step
+
+
+@dataclass
+class LoopRows:
+    """Transfers that repeat under a symmetry: the rows ``(src, dst, step, root, j, op)`` of the
+    representative trees; every element of ``symmetry`` maps them onto the transfers of the
+    translated trees (ranks and roots shifted, chunk ``root * K + j``). ``expand`` lists them all;
+    :func:`hccc.compiler.synth.emit.to_rccl` writes them as loops over the shifts."""
+
+    symmetry: Symmetry
+    chunks_per_rank: int
+    rows: np.ndarray
+
+    def expand(self) -> np.ndarray:
+        """All ``(src, dst, step, chunk, op)`` rows, element by element."""
+        E = self.symmetry.ranks
+        r = self.rows
+        if not len(r):
+            return np.zeros((0, 5), np.int64)
+        G = E.shape[0]
+        K = self.chunks_per_rank
+        out = np.empty((G, len(r), 5), np.int64)
+        out[:, :, 0] = E[:, r[:, 0]]
+        out[:, :, 1] = E[:, r[:, 1]]
+        out[:, :, 2] = r[None, :, 2]
+        out[:, :, 3] = E[:, r[:, 3]] * K + r[None, :, 4]
+        out[:, :, 4] = r[None, :, 5]
+        return out.reshape(-1, 5)
+
+
+def _rows_of(packing: Packing, reduce: bool) -> np.ndarray:
+    if packing.symmetry is None:
+        r5 = _tree_rows(packing, reduce, range(len(packing.roots)))
+        return np.c_[r5[:, :3], r5[:, 3] * packing.chunks_per_rank + r5[:, 4]] if len(r5) else np.zeros((0, 4), np.int64)
+    return loop_rows(packing, 0, reduce=reduce).expand()[:, :4]
+
+
+def loop_rows(packing: Packing, op: int, step0: int = 0, *, reduce: bool = False) -> LoopRows | None:
+    """The representative trees' transfers of a symmetric packing (None without a symmetry), ``op``
+    in every row and steps from ``step0``."""
+    sym = packing.symmetry
+    if sym is None:
+        return None
+    r5 = _tree_rows(packing, reduce, range(0, len(packing.roots), len(sym)))
+    r5[:, 2] += step0
+    return LoopRows(sym, packing.chunks_per_rank, np.c_[r5, np.full(len(r5), op, np.int64)])
+
+
+def allgather_rows(packing: Packing) -> np.ndarray:
+    """``(src, dst, step, chunk)`` rows: chunk ``r*K + j`` of root ``r`` down its tree, a rank
+    forwarding at the step after the one it receives in."""
+    return _rows_of(packing, False)
 
 
 def reducescatter_rows(packing: Packing) -> np.ndarray:
@@ -623,31 +804,7 @@ def reducescatter_rows(packing: Packing) -> np.ndarray:
     (computed on the transposed network) turned around: a rank sends its partial sum to its tree
     parent once all its children have reduced into it; the children of one rank reduce into it at
     distinct steps."""
-    K = packing.chunks_per_rank
-    next_chunk: dict[int, int] = {}
-    out = []
-    for r, par, cnt in zip(packing.roots, packing.parents, packing.counts):
-        n = par.size
-        d = _depths(par, r)
-        step = np.zeros(n, np.int64)       # step of v's send to its parent
-        ready = np.zeros(n, np.int64)      # first step v may send (all children reduced into it)
-        for lev in range(int(d.max()), 0, -1):
-            vs = np.flatnonzero(d == lev)
-            # siblings: group by parent, order by readiness, give distinct steps >= ready
-            order = vs[np.lexsort((vs, ready[vs], par[vs]))]
-            prev_p, last = -1, -1
-            for v in order.tolist():
-                p = int(par[v])
-                s = int(ready[v]) if p != prev_p else max(int(ready[v]), last + 1)
-                step[v] = s
-                prev_p, last = p, s
-                ready[p] = max(int(ready[p]), s + 1)
-        v = np.flatnonzero(par >= 0)
-        for _ in range(cnt):
-            j = next_chunk.get(r, 0)
-            next_chunk[r] = j + 1
-            out.append(np.stack([v, par[v], step[v], np.full(v.size, r * K + j)], axis=1))
-    return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 4), np.int64)
+    return _rows_of(packing, True)
 
 
 def pair_bandwidth(topo) -> np.ndarray:

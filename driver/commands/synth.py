@@ -241,8 +241,10 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
+        simulated = topo.nranks <= SIMULATE_MAX_RANKS
+
         def make(how: str):
-            sim = not args.no_sim_select
+            sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
                 topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank)
             try:
@@ -255,11 +257,11 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
         result = make(method)
-        _fit_channels(result, topo, size)
+        sim_s = _fit_channels(result, topo, size) if simulated else None
         bound = _bandwidth_bound(result, size)
         if args.collective == "allreduce":
             bound.update(_allreduce_bounds(topo, size))
-        fraction = _simulated_fraction(result, topo, size, bound["seconds"])
+        fraction = _simulated_fraction(result, topo, size, bound["seconds"], sim_s) if simulated else None
         tried = {method: fraction}
         if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW:
             # the packing's program falls short in the simulator: the search too, the faster kept
@@ -270,8 +272,8 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
                 other = None
             tried["search"] = None
             if other is not None:
-                _fit_channels(other, topo, size)
-                f2 = tried["search"] = _simulated_fraction(other, topo, size, bound["seconds"])
+                f2 = tried["search"] = _simulated_fraction(other, topo, size, bound["seconds"],
+                                                           _fit_channels(other, topo, size))
                 if f2 is not None and f2 > fraction:
                     result, fraction = other, f2
     alg = to_algorithm(result, topo)
@@ -282,6 +284,9 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
     if "allreduce_bound_seconds" in bound:
         extra.append(f"AllReduce bound for any schedule (cut and traffic): {bound['allreduce_bound_seconds'] * 1e6:.1f} us; "
                      f"ReduceScatter + AllGather optimum: {bound['rs_ag_seconds'] * 1e6:.1f} us")
+    if not simulated:
+        extra.append(f"method {result.detail.get('method')}: not simulated during synthesis (over "
+                     f"{SIMULATE_MAX_RANKS} GPUs; hccc sim measures the program)")
     if fraction is not None:
         extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
                      f"{fraction:.4f} of the cut bound")
@@ -315,35 +320,56 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
 
 #: channel counts :func:`_fit_channels` tries, fewest first
 CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
+#: past this many GPUs ``synth`` does not simulate (shapes, channels, the fraction of the bound):
+#: one simulation of such a program takes longer than the whole synthesis; ``hccc sim`` measures it
+SIMULATE_MAX_RANKS = 128
 
 
-def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> None:
+def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None:
     """The fewest channels (``CHANNEL_STEPS``) with which the program runs within ``tol`` of its
     time without the simulator's per-block limit at ``nbytes``: the per-block limit then never
-    binds where the links could carry more. Sets ``result.detail["channels"]``; leaves it alone
-    without the simulator or when the program cannot be simulated."""
+    binds where the links could carry more. Bisects ``CHANNEL_STEPS`` (more channels never slow
+    the program: each block's share only grows), so a few simulations suffice. Sets
+    ``result.detail["channels"]`` and returns the simulated seconds with them; leaves it alone and
+    returns None without the simulator or when the program cannot be simulated."""
     try:
         from hccc.runtime.simulator import SimulationError, prepare, simulate
     except ImportError:
-        return
+        return None
     from hccc.compiler.passes.build import build_program
     from hccc.compiler.synth import to_algorithm
 
     ir = build_program(to_algorithm(result, topo))
+    times: dict[int, float] = {}
+
+    def at(i: int) -> float:
+        ch = CHANNEL_STEPS[i]
+        if ch not in times:
+            ir.nchannels = ch
+            times[ch] = simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s
+        return times[ch]
+
     try:
         free = simulate(prepare(ir, topo, None), topo, int(nbytes), slice_bytes="auto").time_s
-        for ch in CHANNEL_STEPS:
-            ir.nchannels = ch
-            if simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s <= free * (1 + tol):
-                break
+        lo, hi = 0, len(CHANNEL_STEPS) - 1     # the answer lies in [lo, hi]; hi is taken if none passes
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if at(mid) <= free * (1 + tol):
+                hi = mid
+            else:
+                lo = mid + 1
+        t = at(lo)
     except (SimulationError, ValueError):
-        return
-    result.detail["channels"] = int(ch)
+        return None
+    result.detail["channels"] = int(CHANNEL_STEPS[lo])
+    return float(t)
 
 
-def _simulated_fraction(result, topo, nbytes: int, bound_s: float) -> float | None:
+def _simulated_fraction(result, topo, nbytes: int, bound_s: float, known_s: float | None = None) -> float | None:
     """Cut bound / simulated time of the program at ``nbytes`` (None without the simulator, or when
-    the program cannot be simulated at that size)."""
+    the program cannot be simulated at that size); ``known_s``: that time when already simulated."""
+    if known_s is not None:
+        return bound_s / known_s if known_s > 0 else None
     try:
         from hccc.runtime.simulator import SimulationError, simulate
     except ImportError:
