@@ -2,7 +2,9 @@
 
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
 bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
-per line, grouped by step. It parses back to exactly the transfers of :func:`to_algorithm`, so
+per line, grouped by step; a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
+identical nodes is written as ``for`` loops over the node (and GPU) shifts that map its
+representative trees onto the others, so the text stays short at any scale. It parses back to exactly the transfers of :func:`to_algorithm`, so
 ``hccc`` compiles it like any other program. Chunk ids follow the language's data model: with ``K``
 chunks per rank (``nChunksPerRank``), rank r's own chunks (AllGather) and the chunks reduced at
 rank r (ReduceScatter) are chunks ``r*K .. r*K+K-1``; a Broadcast names its ``Root``.
