@@ -71,7 +71,7 @@ def _sorted_rows(result: SynthResult) -> np.ndarray:
 
 #: programs of this many transfers or more are written as loops over their symmetry when they
 #: have one (a tree packing on identical nodes): the text stays short at any scale
-LOOPS_FROM_TRANSFERS = 20_000
+LOOPS_FROM_TRANSFERS = 10_000
 
 
 def _loop_lines(part) -> list[str]:
