@@ -36,7 +36,10 @@ named by its spec: the one the algorithm implements) checks the arrays (type, si
 share of an uneven count), meets its peers at a host barrier where every rank's call is compared
 (collective, count, dtype, op: a mismatch is an error on every rank, not a hang), zeroes the
 counters it owns, meets them again (nobody sends into a FIFO before its receiver has reset it) and
-launches its kernel on the arrays themselves (temporaries only where the algorithm's buffers
+launches its kernel under the FIFO protocol its size asks for (``proto``: ``"auto"`` runs LL up to the
+crossover and Simple above, :func:`hccc.runtime.launcher.launch_proto`, the rule ``hccc run --proto``
+follows; the protocol each rank chose is compared with the call, and :attr:`Communicator.last_proto`
+says what ran) and on the arrays themselves (temporaries only where the algorithm's buffers
 cannot alias the way the call asks). While the kernel runs, the host watches its peers: a peer
 process that died, or a peer that reported a failure, raises this rank's abort flag; a rank whose
 kernel fails raises every peer's. Every rank then gets a :class:`CommunicatorError` naming the
@@ -60,13 +63,15 @@ from pathlib import Path
 
 import numpy as np
 
+from hccc.compiler.backend.abi import PROTOS, resolve_proto
 from hccc.compiler.frontend.collectives import OWN, SPECS, CollectiveSpec
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
-                                   check_fifo_memory, check_slice, program_layout, describe_stuck, generated_sources, rank_blocks)
+                                   check_fifo_memory, check_slice, describe_stuck, generated_sources,
+                                   launch_proto, program_layout, rank_blocks)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
@@ -79,7 +84,23 @@ _H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE
 _MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
 _RUNNING, _FAILED, _CLOSED = 0, 1, 2
 _POLL_S = 0.0005
+#: ``hccc_args::proto`` per protocol name
+_PROTO_CODE = {name.lower(): code for name, code in PROTOS}
 _REASON_AT, _REASON_MAX = 128, 1024       # a failed rank's reason, in its host segment
+
+
+def _call_type(dtype: str, op: str, proto: str) -> int:
+    """The host segment's word for a call's element type, op and FIFO protocol."""
+    return DTYPES.index(dtype) * 16 + OPS.index(op) + 256 * _PROTO_CODE[proto]
+
+
+def _describe_type(word: int) -> str:
+    """``float32 (sum, ll)`` from a :func:`_call_type` word."""
+    pr, rest = divmod(word, 256)
+    pd, po = divmod(rest, 16)
+    protos = {v: k for k, v in _PROTO_CODE.items()}
+    return (f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}, "
+            f"{protos.get(pr, '?')})")
 
 
 class CommunicatorError(RuntimeError):
@@ -195,7 +216,13 @@ class Communicator:
     how long set-up and every collective wait for peers; ``kernel_timeout_s``: the kernels' own
     spin-wait limit. ``dtype`` / ``op``: the kernel built at set-up (others are built on first use).
     ``codegen``: ``"specialized"`` or ``"table"`` (default: a compiled OUTDIR's own mode, else
-    specialised kernels).
+    specialised kernels). ``proto``: the FIFO protocol, ``"auto"`` (LL for a call of up to
+    :data:`hccc.compiler.backend.abi.LL_AUTO_MAX_BYTES` of full buffer, Simple above), ``"simple"``
+    or ``"ll"``; the attribute of that name may be changed between calls (every rank alike).
+    :attr:`last_proto` is the protocol the last call ran, :attr:`proto_note` why it is not the one
+    asked for (or None): MSCCL imports and slots too small for LL lines run Simple
+    (:func:`~hccc.runtime.launcher.launch_proto`), and so does a job across nodes (the network
+    proxy forwards a slot when its ``tail`` advances; LL messages post none).
     """
 
     def __init__(self, algo, rank: int | None = None, world_size: int | None = None, *, group=None,
@@ -203,7 +230,12 @@ class Communicator:
                  backend="cpu", device: int | None = None, name: str | None = None, options=None,
                  timeout_s: float = 60.0, kernel_timeout_s: float = 30.0, dtype: str = "float32",
                  op: str = "sum", nthreads: int | None = None, cache_dir=None,
-                 codegen: str | None = None, node: str | None = None):
+                 codegen: str | None = None, node: str | None = None, proto: str = "auto"):
+        self.proto = proto                # ValueError for anything but auto / simple / ll
+        #: the FIFO protocol the last call ran ("simple" or "ll"; None before the first call)
+        self.last_proto: str | None = None
+        #: why the last call's protocol is not the one ``proto`` asked for, or None
+        self.proto_note: str | None = None
         self._closed = False
         self._net = None
         self._node = node
@@ -560,20 +592,20 @@ class Communicator:
         pf, ir = self._pf, self.ir
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
+        proto = self._choose_proto(count * es)
         self._calls += 1
         hw = self._host_words(self._host_own)
         hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
-        hw[_H_TYPE] = DTYPES.index(dtype) * 16 + OPS.index(op)
+        hw[_H_TYPE] = _call_type(dtype, op, proto)
         self._barrier(f"{method} #{self._calls}")       # every rank finished its previous call
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
             if int(w[_H_COUNT]) != count or int(w[_H_TYPE]) != int(hw[_H_TYPE]):
-                pd, po = divmod(int(w[_H_TYPE]), 16)
                 raise self._fail(abort_peers=False, why=
                     f"{method} #{self._calls}: rank {r} passes {int(w[_H_COUNT])} elements of "
-                    f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}), "
-                    f"this rank {count} elements of {dtype} ({op}); every rank must make the same call")
-        self._mem.reset()
+                    f"{_describe_type(int(w[_H_TYPE]))}, this rank {count} elements of "
+                    f"{_describe_type(int(hw[_H_TYPE]))}; every rank must make the same call")
+        self._mem.reset(slots=proto == "ll")     # LL: no line of an earlier call may match
         if self._net is not None and not self._net.reset(self.timeout_s):
             raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
         ctypes.c_uint32.from_address(self._abort).value = 0
@@ -593,7 +625,7 @@ class Communicator:
                     send_conns=self._mem.send_tab, recv_conns=self._mem.recv_tab,
                     progress=self._mem.progress, abort_flag=self._abort, error=self._error,
                     timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                    slice_bytes=slice_b)
+                    slice_bytes=slice_b, proto=_PROTO_CODE[proto])
         self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
         # table mode: the generic kernel takes the rank's table address after hccc_args
         tail = self._table.to_bytes(8, "little") if self._table is not None else b""
@@ -602,6 +634,27 @@ class Communicator:
         if self.grid > 0:
             pf.launch(fn, self.grid, self.block, bytes(args) + tail, self._stream)
         self._wait(method)
+
+    @property
+    def proto(self) -> str:
+        """The FIFO protocol asked for: ``"auto"``, ``"simple"`` or ``"ll"`` (see the class)."""
+        return self._proto
+
+    @proto.setter
+    def proto(self, value: str) -> None:
+        resolve_proto(value, 0)           # ValueError for anything else
+        self._proto = value
+
+    def _choose_proto(self, nbytes: int) -> str:
+        """The FIFO protocol of a call of ``nbytes`` (full buffer) under :attr:`proto`; sets
+        :attr:`last_proto` and :attr:`proto_note`. Every rank computes it from the same call and
+        the same job, and the call check compares it."""
+        proto, note = launch_proto(self.ir, self.proto, nbytes, self.chunk_bytes)
+        if proto == "ll" and self._net is not None:
+            proto, note = "simple", ("a job across nodes runs Simple: the network proxy forwards a FIFO "
+                                     "slot when its tail advances, and LL messages post no tail")
+        self.last_proto, self.proto_note = proto, note
+        return proto
 
     def _scratch_ptr(self, nbytes: int) -> int:
         if self._scratch is None or self._scratch[1] < nbytes:

@@ -165,7 +165,10 @@ def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int) -> tu
     ``"simple"`` | ``"ll"`` (:func:`hccc.compiler.backend.abi.resolve_proto`), and why LL fell back to
     Simple when it did (None otherwise). LL halves what a slot carries, so an MSCCL import proven only
     with one micro-batch per chunk keeps Simple, and so does a slot whose share is under 16 bytes.
-    (Direct-mode messages always run Simple: the kernels decide that per message.)"""
+    The one rule for every launcher (:class:`Runner`, :class:`~hccc.runtime.communicator.Communicator`;
+    the C++ host API's ``hccc_host_proto`` is its transcription). An LL launch runs without direct
+    mode (:meth:`Runner.run`): a direct write lands in the receiver's own buffer, which has no room
+    for LL's flag words."""
     want = abi.resolve_proto(proto, nbytes)
     if want == "simple":
         return "simple", None
@@ -838,7 +841,10 @@ class Runner:
         so in :attr:`threads_note` (the kernels take any block size up to the emitted one)."""
         #: what was chosen instead of the emitted threads per block, and why (None: as emitted)
         self.threads_note = None
-        self.proto_note = None  # why the last run's LL request ran Simple (launch_proto), or None
+        #: what the last run's protocol request changed, or None: why LL ran Simple
+        #: (:func:`launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
+        self.proto_note = None
+        self._direct_receives: int | None = None
         first = dict(self.block_of)
         while True:
             try:
@@ -1019,7 +1025,16 @@ class Runner:
                                  timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
                                  slice_bytes=slice_b,
                                  proto=abi.PROTOS[1][1] if proto_run == "ll" else abi.PROTOS[0][1]))
-            self._set_peers(argv, bufs)
+            if proto_run == "ll":
+                # LL: every message through the FIFO as lines (no peers array, so the kernels'
+                # direct-marked primitives take the FIFO path; both ends of a message agree)
+                if self.proto_note is None and self._peers_usable() and self.direct_receives():
+                    n = self.direct_receives()
+                    self.proto_note = (f"{n} direct-mode receive{'s' if n != 1 else ''} of {ir.name} "
+                                       "run through the FIFO as LL lines (a direct write lands in the "
+                                       "receiver's buffer, which has no room for LL's flags)")
+            else:
+                self._set_peers(argv, bufs)
             args = []
             for r, a in enumerate(argv):
                 # table mode: the generic kernels take the rank's table address after hccc_args
@@ -1080,9 +1095,7 @@ class Runner:
         (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
         FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
         N = len(argv)
-        if N == 0 or len({pf.name for pf in self.rank_pf}) != 1:
-            return
-        if self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1:
+        if N == 0 or not self._peers_usable():
             return
         blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
         for r in range(N):
@@ -1092,6 +1105,24 @@ class Runner:
             bufs[r][3].append(ptr)
             pf.memcpy_htod(ptr, blob)
             argv[r].peers = ptr
+
+    def _peers_usable(self) -> bool:
+        """Whether :meth:`_set_peers` gives the ranks a peers array (direct mode can run)."""
+        if not self.rank_pf or len({pf.name for pf in self.rank_pf}) != 1:
+            return False
+        return not (self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1)
+
+    def direct_receives(self) -> int:
+        """Receives of the program its kernels run in direct mode when the launch has a peers
+        array (``direct="auto"``: those :mod:`hccc.compiler.ir.direct` proves safe; 0 with
+        ``direct="off"``)."""
+        if self._direct_receives is None:
+            from hccc.compiler.backend.codegen import prepare_output
+            from hccc.compiler.backend.direct_fields import direct_fields
+            ir = prepare_output(self.ir, ".", self.rank_platform)[0]   # canonical, as generated
+            dx = direct_fields(ir, self.direct)
+            self._direct_receives = 0 if dx is None else int(((dx["direct"] & 2) != 0).sum())
+        return self._direct_receives
 
     def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
         """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 
-def _run_job(job: dict):
+def _run_job(job: dict, protos: list | None = None):
     from hccc.compiler.ir.check import load_ir_json
     from hccc.runtime.communicator import Communicator
 
@@ -35,8 +35,11 @@ def _run_job(job: dict):
     with Communicator(ir, rank=job["rank"], world_size=job.get("world_override", job["world"]),
                       **boot,
                       timeout_s=job.get("timeout", 30.0), kernel_timeout_s=job.get("kernel_timeout", 10.0),
-                      dtype=job.get("dtype", "float32"), op=job.get("op", "sum")) as comm:
+                      dtype=job.get("dtype", "float32"), op=job.get("op", "sum"),
+                      **({"proto": job["proto"]} if "proto" in job else {})) as comm:
         for call in job["calls"]:
+            if "proto" in call:                 # the protocol asked for from this call on
+                comm.proto = call["proto"]
             method, x, out_len, kwargs = call["method"], call["x"], call.get("out"), call.get("kwargs", {})
             if call.get("die"):                 # before the call
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -63,6 +66,8 @@ def _run_job(job: dict):
                 block = out[job["rank"] * len(x):(job["rank"] + 1) * len(x)]
                 block[:] = x
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
+                if protos is not None:
+                    protos.append((comm.last_proto, comm.proto_note))
                 continue
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
@@ -73,6 +78,8 @@ def _run_job(job: dict):
                 else:
                     res = getattr(comm, method)(x, out, **kwargs)
             outs.append(np.array(res, copy=True))
+            if protos is not None:
+                protos.append((comm.last_proto, comm.proto_note))
     return outs
 
 
@@ -136,9 +143,11 @@ def _worker(conn) -> None:
         job = conn.recv()
         if job is None:
             return
+        protos = []
         try:
-            outputs = _run_job(job)
-            conn.send({"ok": True, "outputs": outputs, "resources": resources()})
+            outputs = _run_job(job, protos)
+            # per call: (the protocol it ran, why not the one asked for or None)
+            conn.send({"ok": True, "outputs": outputs, "protos": protos, "resources": resources()})
         except BaseException as exc:   # reported to the test
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}",
                        "trace": traceback.format_exc(), "resources": resources()})

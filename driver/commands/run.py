@@ -148,7 +148,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proto", choices=("auto", "simple", "ll"), default="simple",
                         help="FIFO protocol per size: simple (data in the slot, one flag per message), "
                              "ll (low latency: 4 data bytes and a flag in each 8-byte line, half-size "
-                             "slots; direct-mode messages and MSCCL imports stay simple), auto (ll up "
+                             "slots, every message through the FIFO; MSCCL imports stay simple), auto (ll up "
                              f"to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, the model's crossover)")
     parser.add_argument("--codegen", choices=("specialized", "table"), default=None,
                         help="specialized: each rank's own kernel; table: the generic kernels run "

@@ -201,7 +201,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         self._comms: dict[tuple[str, str], object] = {}
         self._logged: set[tuple[str, str]] = set()
         self.counters = {"hccc": Counter(), "fallback": Counter(), "delegated": Counter(),
-                         "entries": Counter(), "reasons": Counter()}
+                         "entries": Counter(), "reasons": Counter(), "protos": Counter()}
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._worker, name=f"hccc-pg-{rank}", daemon=True)
@@ -426,7 +426,9 @@ class HcccProcessGroup(dist.ProcessGroup):
                 if ready is not None:
                     ready.synchronize()
                 dtype = _DTYPE[result_dtype]
-                run_hccc(self._communicator(entry, dev, dtype, kop), kop)
+                comm = self._communicator(entry, dev, dtype, kop)
+                run_hccc(comm, kop)
+                self.counters["protos"][comm.last_proto] += 1     # auto: LL for small calls
         else:
             backend = self._delegate(dev.type)
 
@@ -697,7 +699,8 @@ def _result_dtype(result):
 def stats(group=None) -> dict:
     """How this process's calls on ``group`` (default: the default group) went: ``hccc`` and
     ``fallback`` / ``delegated`` (calls per collective), ``entries`` (calls per catalog entry),
-    ``reasons`` (calls per fallback reason)."""
+    ``reasons`` (calls per fallback reason), ``protos`` (hccc calls per FIFO protocol the
+    Communicator chose by size: ``ll``, ``simple``)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, HcccProcessGroup):
         raise ValueError(f"not an hccc process group: {pg!r}")

@@ -1,0 +1,248 @@
+"""The LL protocol in every launcher: the single-process Runner (direct mode under LL), the
+Communicator (one rank per process, protocol chosen per call by size), the torch backend through
+it, and the C++ host API (``hccc_host.h``) built against the CPU emulation.
+
+Outputs are compared with the collective's definition computed with numpy from the inputs alone
+(:func:`hccc.runtime.reference.expected`, or a numpy sum), never with another run of the kernels.
+The size rule is checked against the documented crossover written out here (256 KiB of full
+buffer), not against the function that implements it.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hccc.compiler.backend import abi
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.passes.channels import with_channels
+from hccc.runtime import reference
+
+from rank_pool import RankPool
+from test_communicator import INSTANCE, PROGRAMS, _no_leaks, _require_torch, calls_for, check  # noqa: F401
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+ROOT = Path(__file__).resolve().parent.parent
+#: the documented crossover of ``--proto auto`` (docs/kernel-protocol.md), in bytes of full buffer
+CROSSOVER = 256 * 1024
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    _require_torch()
+    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    yield p
+    p.close()
+
+
+def test_the_documented_crossover_is_the_one_in_force():
+    assert abi.LL_AUTO_MAX_BYTES == CROSSOVER
+
+
+# ---------------------------------------------------------------------------- the Runner
+def test_runner_sends_direct_messages_as_ll_lines_under_ll():
+    """Ring AllReduce 4 has direct-mode receives (its AllGather half: the sender writes the
+    receiver's output). Under Simple the slots of those messages stay untouched; under LL the launch
+    has no peers array, so every message's slot holds LL lines (flag = message index +
+    LL_FLAG_BASE, message k in slot k mod NSLOTS) and the run says how many receives that moved."""
+    from hccc.runtime.launcher import Runner
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    count = 4 * 64
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
+        assert runner.direct_receives() > 0
+
+        def first_words():
+            """[rank, receive connection, slot]: the first 8 bytes of the slot."""
+            out = []
+            for r in range(4):
+                plan, mem, pf = runner.rank_plans[r], runner.rank_mem[r], runner.rank_pf[r]
+                raw = np.zeros(plan.slots_bytes, np.uint8)
+                pf.memcpy_dtoh(raw, mem.slots)
+                out.append([[raw[j * plan.fifo_bytes + s * plan.slot_bytes:][:8].view(np.uint64)[0]
+                             for s in range(abi.NSLOTS)] for j in range(len(plan.recv_conns))])
+            return np.array(out, np.uint64)
+
+        for r in range(4):
+            runner.rank_pf[r].memset(runner.rank_mem[r].slots, 0xAB, runner.rank_plans[r].slots_bytes)
+        inputs = reference.make_inputs("allreduce", 4, count, "float32", nchunks=ir.nchunks, seed=1)
+        want = np.sum(np.stack(inputs), axis=0)
+        res = runner.run(count=count, proto="simple", inputs=inputs, keep_outputs=True)
+        assert res.ok and res.proto == "simple" and runner.proto_note is None
+        untouched = first_words() == np.uint64(0xABABABABABABABAB)
+        # 6 messages per connection (3 ReduceScatter through the FIFO, 3 AllGather direct)
+        assert untouched[:, :, 3:6].all() and not untouched[:, :, :3].any()
+        res = runner.run(count=count, proto="ll", inputs=inputs, keep_outputs=True)
+        assert res.ok and res.proto == "ll"
+        assert f"{runner.direct_receives()} direct-mode receives" in runner.proto_note
+        flags = first_words()[:, :, :6] >> np.uint64(32)
+        assert (flags == np.arange(6, dtype=np.uint64) + np.uint64(abi.LL_FLAG_BASE)).all(), flags
+        for out in res.outputs:
+            assert np.array_equal(out, want)
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
+        assert runner.direct_receives() == 0
+        assert runner.run(count=count, proto="ll").ok and runner.proto_note is None
+
+
+# ---------------------------------------------------------------------------- the Communicator
+def _bare_communicator(ir, proto="auto", net=None):
+    """A Communicator object holding only what the protocol choice reads (no processes)."""
+    from hccc.runtime.communicator import Communicator
+    c = Communicator.__new__(Communicator)
+    c.ir, c.chunk_bytes, c._net, c.rank = ir, 1024, net, 0
+    c.proto = proto
+    return c
+
+
+def test_communicator_protocol_rule():
+    """auto: LL up to the crossover, Simple above; explicit protocols as asked; an MSCCL import
+    proven with one micro-batch per chunk and a job across nodes run Simple and say why."""
+    import dataclasses
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    c = _bare_communicator(ir)
+    assert c._choose_proto(CROSSOVER) == "ll" and c.last_proto == "ll" and c.proto_note is None
+    assert c._choose_proto(CROSSOVER + 4) == "simple" and c.proto_note is None
+    c.proto = "ll"
+    assert c._choose_proto(1 << 30) == "ll"
+    c.proto = "simple"
+    assert c._choose_proto(16) == "simple"
+    with pytest.raises(ValueError, match="protocol"):
+        c.proto = "ll128"
+    assert c.proto == "simple"
+    imported = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+    c = _bare_communicator(imported, "ll")
+    assert c._choose_proto(64) == "simple" and "one micro-batch per chunk" in c.proto_note
+    c = _bare_communicator(ir, "auto", net=object())
+    assert c._choose_proto(64) == "simple" and "across nodes" in c.proto_note
+
+
+def test_communicator_refuses_an_unknown_protocol_before_set_up():
+    from hccc.runtime.communicator import Communicator
+    with pytest.raises(ValueError, match="protocol must be 'auto', 'simple' or 'll'"):
+        Communicator(build_program(gen.ring_allreduce(2)), rank=0, world_size=2, proto="ll128")
+
+
+def _allreduce_calls(n_ranks, counts_protos, seed=0):
+    """Per rank: AllReduce calls (count, protocol asked for or None, out of place?) and the numpy
+    sums they must give."""
+    calls, wants = [[] for _ in range(n_ranks)], []
+    rng = np.random.default_rng(seed)
+    for count, proto, out_of_place in counts_protos:
+        xs = [rng.integers(-8, 9, count).astype(np.float32) for _ in range(n_ranks)]
+        wants.append(np.sum(np.stack(xs), axis=0))
+        for r in range(n_ranks):
+            c = {"method": "all_reduce", "x": xs[r]}
+            if proto is not None:
+                c["proto"] = proto
+            if out_of_place:
+                c["out"] = count
+            calls[r].append(c)
+    return calls, wants
+
+
+def _run_allreduces(pool, ir, plan, protos):
+    calls, wants = _allreduce_calls(ir.nranks, plan)
+    replies = pool.run(ir.to_json(), ir.nranks, calls)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], f"rank {r}: {rep['error']}\n{rep.get('trace', '')}"
+        assert [p for p, _ in rep["protos"]] == protos
+        assert all(note is None for _, note in rep["protos"])
+        for k, (got, want) in enumerate(zip(rep["outputs"], wants)):
+            assert np.array_equal(got, want), f"rank {r}, call {k} ({plan[k]})"
+
+
+def test_communicator_chooses_the_protocol_per_call(pool):
+    """Ring AllReduce 4, fused, 2 channels, one rank per process: auto runs small calls (uneven
+    counts, in and out of place) under LL; a protocol set between calls wins; every sum is right."""
+    ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=1024, fuse=True), 2)
+    plan = [(1001, None, True), (777, None, False), (1001, "simple", True), (5, "ll", False),
+            (13, "auto", True)]
+    _run_allreduces(pool, ir, plan, ["ll", "ll", "simple", "ll", "ll"])
+
+
+@pytest.mark.slow
+def test_communicator_runs_ll_up_to_the_crossover_and_simple_above(pool):
+    """The same at the crossover: 256 KiB of full buffer runs LL, 4 bytes more Simple (unless LL
+    is asked for)."""
+    ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=16384, fuse=True), 2)
+    c4 = CROSSOVER // 4
+    plan = [(c4, None, True), (c4 + 1, None, False), (c4 + 1, "ll", True), (c4, "simple", False)]
+    _run_allreduces(pool, ir, plan, ["ll", "simple", "ll", "simple"])
+
+
+def test_ranks_that_ask_for_different_protocols_all_get_an_error(pool):
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=512)
+    calls, _ = _allreduce_calls(4, [(96, None, True)])
+    replies = pool.run(ir.to_json(), 4, calls, proto="simple", per_rank={2: {"proto": "ll"}})
+    for r, rep in enumerate(replies):
+        assert not rep["ok"], f"rank {r} went on"
+        assert "every rank must make the same call" in rep["error"], rep["error"]
+        assert "(sum, ll)" in rep["error"] and "(sum, simple)" in rep["error"], rep["error"]
+
+
+def _collective_plan(coll):
+    """(program, dtype, op, counts) per collective: uneven counts, LL throughout."""
+    ir = build_program(PROGRAMS[coll](), chunk_bytes=256, fuse=coll in ("allreduce", "reducescatter"))
+    return with_channels(ir, 2) if coll in ("allgather", "reduce", "alltoall") else ir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collective", sorted(PROGRAMS))
+def test_every_collective_under_ll_in_separate_processes(pool, collective):
+    """Every collective (fused or with 2 channels), its instance's dtype and op, uneven counts,
+    under LL forced and under auto at a small size: against the definition."""
+    ir = _collective_plan(collective)
+    dtype, op = INSTANCE[collective]
+    for count, proto in ((3 * 97 + 2, "ll"), (1000, "auto"), (13, "ll")):
+        calls, want, count = calls_for(ir, count, dtype, op, seed=count)
+        replies = pool.run(ir.to_json(), ir.nranks, calls, dtype=dtype, op=op, proto=proto)
+        check(replies, want, f"{ir.name} {count} x {dtype} {op} {proto}")
+        assert all(rep["protos"][0][0] == "ll" for rep in replies)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,op", [("float16", "max"), ("bfloat16", "sum"), ("int32", "min")])
+def test_allreduce_under_ll_in_every_dtype_in_place(pool, dtype, op):
+    ir = with_channels(build_program(gen.ring_allreduce(3), chunk_bytes=256, fuse=True), 3)
+    calls, want, count = calls_for(ir, 3 * 211 + 1, dtype, op, seed=5)
+    replies = pool.run(ir.to_json(), ir.nranks, calls, dtype=dtype, op=op, proto="ll")
+    check(replies, want, f"{ir.name} {count} x {dtype} {op} ll")
+    assert all(rep["protos"][0][0] == "ll" for rep in replies)
+
+
+# ---------------------------------------------------------------------------- the torch backend
+def _torch_job(rank, world, url, small, large):
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    from torch_ranks import init
+    init("hccc", rank, world, url)
+    got = {}
+    for n in (small, large, small):
+        t = (torch.arange(n) % 11 + 3 * rank).to(torch.float32)
+        dist.all_reduce(t)
+        got[n] = t.numpy().copy()
+    stats = hccc.torch.stats()
+    dist.destroy_process_group()
+    return {"got": got, "stats": stats}
+
+
+@pytest.mark.slow
+def test_torch_backend_gets_ll_for_small_messages(tmp_path, monkeypatch):
+    """dist.all_reduce through the "hccc" backend: the Communicator picks LL for 96 floats and
+    Simple above the crossover (counted in hccc.torch.stats()["protos"]); the sums are right."""
+    _require_torch()
+    from torch_ranks import spawn
+    monkeypatch.setenv("HCCC_ALGO_DIR", str(ROOT / "examples" / "torch" / "catalog4"))
+    small, large = 96, CROSSOVER // 4 + 8
+    replies = spawn(_torch_job, 4, tmp_path, small, large)
+    for r, (ok, rep) in enumerate(replies):
+        assert ok, f"rank {r}: {rep}"
+        for n in (small, large):
+            want = sum((np.arange(n) % 11 + 3 * q).astype(np.float32) for q in range(4))
+            assert np.array_equal(rep["got"][n], want), (r, n)
+        assert rep["stats"]["protos"] == {"ll": 2, "simple": 1}, rep["stats"]
