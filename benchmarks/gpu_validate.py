@@ -3,6 +3,7 @@
     python benchmarks/gpu_validate.py [--backend cuda|hip|cpu] [--report FILE.md] [--json FILE.json]
                                       [--small 4K] [--large 64M] [--examples a,b,...]
                                       [--step-timeout S] [--budget S] [--skip tests,examples,...]
+                                      [--latency-iters N]
 
 On one GPU with no network (every rank on that GPU, the one-grid launch), in order:
 
@@ -12,8 +13,10 @@ On one GPU with no network (every rank on that GPU, the one-grid launch), in ord
 3. ``busbw``: ``benchmarks/gpu_busbw.py`` (ring AllGather 8, ring AllReduce 8, HM AllReduce 4x8
    at 64 MiB and 1 GiB against the device copy measured in the same run, and the bound their HBM
    traffic allows);
-4. ``latency``: ring AllReduce 8 at 4 KiB (the Simple protocol; LL, ``hccc run --proto ll``, is not
-   measured by this command, and the report says so);
+4. ``latency``: ring AllReduce 8 at 4 KiB out of place, once with the Simple protocol and once with
+   LL (``hccc run --proto simple|ll``, ``--latency-iters`` timed iterations after 5 warm-up ones),
+   each a step with its own timeout; a step that asked for LL and ran Simple fails; then a row
+   comparing the two (LL's speed-up, and the target: within 2x of 15 us);
 5. ``model``: ``benchmarks/kernel_model.py``'s predictions for the same runs, printed beside the
    measurements so the report is read against them.
 
@@ -41,6 +44,10 @@ EXAMPLES = ("ring_allgather_8", "ring_allreduce_8", "ring_reducescatter_8", "rin
             "ring_alltoall_6", "direct_allgather_8", "recursive_doubling_allgather_8", "hm_allgather_2x8",
             "hm_allreduce_2x8", "hm_allreduce_4x8", "hierarchical_alltoall_2x8")
 STEPS = ("tests", "examples", "busbw", "latency", "model")
+#: the latency steps: ring AllReduce 8 at 4 KiB under each protocol, then their comparison
+LATENCY, LATENCY_PROTOS = "ring_allreduce_8 4K", ("simple", "ll")
+#: the 4 KiB latency target of one H100 (all ranks on one GPU): within 2x of 15 us
+LATENCY_TARGET_US = 15.0
 GPU_TESTS = {"cuda": ["tests/test_runtime_cuda.py", "tests/test_communicator_gpu.py"],
              "hip": ["tests/test_runtime_hip.py", "tests/test_communicator_gpu.py"]}
 
@@ -92,9 +99,11 @@ def plan(args) -> list[Step]:
         steps.append(Step("busbw", "gpu_busbw 64M,1G", [sys.executable, str(ROOT / "benchmarks" / "gpu_busbw.py"),
                                                         "--sizes", "64M,1G", "--json"], t))
     if "latency" not in skip:
-        steps.append(Step("latency", "ring_allreduce_8 4K simple", hccc_argv(
-            "run", str(ROOT / "examples" / "ring_allreduce_8.rccl"), "--backend", args.backend, "-b", "4K", "-e", "4K",
-            "--out-of-place", "-n", str(max(args.iters, 20)), "-w", "5", "--json"), t))
+        for proto in LATENCY_PROTOS:
+            steps.append(Step("latency", f"{LATENCY} {proto}", hccc_argv(
+                "run", str(ROOT / "examples" / "ring_allreduce_8.rccl"), "--backend", args.backend, "-b", "4K",
+                "-e", "4K", "--out-of-place", "--proto", proto, "-n", str(args.latency_iters), "-w", "5",
+                "--json"), t))
     if "model" not in skip:
         steps.append(Step("model", "kernel_model v3", [sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"),
                                                       "--sizes", "4K,64M,1G", "--json"], t))
@@ -110,6 +119,12 @@ def summarise(step: Step, data) -> tuple[bool, str]:
         if bad:
             r = bad[0]
             return False, f"{'STUCK: ' + str(r['stuck']) if r.get('stuck') else 'WRONG: ' + str(r.get('first_wrong'))}"
+        if step.group == "latency":
+            asked = step.argv[step.argv.index("--proto") + 1] if "--proto" in step.argv else "simple"
+            ran = sorted({r.get("proto", "simple") for r in res})
+            if ran != [asked]:
+                return False, f"asked for {asked}, ran {', '.join(ran) or 'nothing'}"
+            times = f"{asked}: {times}"
         return bool(data.get("ok", True)) and bool(res), f"{data.get('nthreads')} threads; {times}"
     if step.group == "busbw" and isinstance(data, dict):
         rows = data.get("rows", [])
@@ -126,6 +141,30 @@ def summarise(step: Step, data) -> tuple[bool, str]:
                       f"{s4.get('time_us', 0):.1f} us, LL (predicted) {l4.get('time_us', 0):.1f} us; "
                       f"LL crossover {p.get('ll_crossover_bytes', 0)} B")
     return True, ""
+
+
+def latency_comparison(results: list) -> "Result | None":
+    """The row comparing the latency steps once both have a result (None before)."""
+    got = {r.name: r for r in results if r.group == "latency"}
+    mine = [got.get(f"{LATENCY} {p}") for p in LATENCY_PROTOS]
+    if any(r is None for r in mine):
+        return None
+    times = []
+    for r in mine:
+        rows = (r.data or {}).get("results", []) if r.status == "ok" and isinstance(r.data, dict) else []
+        t = rows[0].get("time_us") if rows else None
+        times.append(float(t) if isinstance(t, (int, float)) and t > 0 else None)
+    name = f"{LATENCY} LL vs Simple"
+    if None in times:
+        missing = [p for p, t in zip(LATENCY_PROTOS, times) if t is None]
+        return Result("latency", name, "failed", 0.0, f"no time for {' and '.join(missing)}")
+    simple, ll = times
+    best = min(simple, ll)
+    limit = 2 * LATENCY_TARGET_US
+    return Result("latency", name, "ok", 0.0,
+                  f"Simple {simple:.1f} us, LL {ll:.1f} us: LL {simple / ll:.2f}x "
+                  f"{'faster' if ll < simple else 'of Simple'}; best {best:.1f} us vs target "
+                  f"<= {limit:.0f} us (2x {LATENCY_TARGET_US:.0f} us): {'met' if best <= limit else 'not met'}")
 
 
 def run_step(step: Step, budget_left: float) -> Result:
@@ -167,8 +206,7 @@ def report_text(results: list[Result], args, device: str, started: str) -> str:
              "| step | name | status | seconds | result |", "|---|---|---|---:|---|"]
     for r in results:
         lines.append(f"| {r.group} | {r.name} | {r.status} | {r.seconds:.1f} | {r.summary.replace('|', '/')} |")
-    lines += ["", "Not measured by this command: the LL protocol (`hccc run --proto ll`; the model's LL "
-              "row is a prediction), several GPUs, a network."]
+    lines += ["", "Not measured by this command: several GPUs, a network."]
     return "\n".join(lines) + "\n"
 
 
@@ -201,6 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--step-timeout", type=float, default=120.0, help="seconds per step")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole validation")
     ap.add_argument("--skip", type=_names, default=[], help=f"steps to leave out ({', '.join(STEPS)})")
+    ap.add_argument("--latency-iters", type=int, default=20, help="timed iterations of each latency step")
     args = ap.parse_args(argv)
     from hccc.args import parse_size
     bad = [s for s in args.skip if s not in STEPS]
@@ -209,11 +248,12 @@ def main(argv=None) -> int:
         sizes_ok = parse_size(args.small) > 0 and parse_size(args.large) > 0
     except (ValueError, argparse.ArgumentTypeError):
         sizes_ok = False
-    if bad or unknown or not sizes_ok or args.step_timeout <= 0 or args.budget <= 0 or args.iters < 1:
+    if (bad or unknown or not sizes_ok or args.step_timeout <= 0 or args.budget <= 0 or args.iters < 1
+            or args.latency_iters < 1):
         why = (f"unknown step {bad[0]!r} (steps: {', '.join(STEPS)})" if bad else
                f"no example {unknown[0]!r} in examples/" if unknown else
                "--small / --large must be sizes such as 4K or 64M" if not sizes_ok else
-               "--step-timeout, --budget and --iters must be positive")
+               "--step-timeout, --budget, --iters and --latency-iters must be positive")
         print(f"gpu_validate: error: {why}", file=sys.stderr)
         return 2
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -227,6 +267,11 @@ def main(argv=None) -> int:
         else:
             results.append(run_step(step, left))
         print(f"{results[-1].status:>8}  {step.group}: {step.name}  {results[-1].summary}", file=sys.stderr)
+        if step.group == "latency" and not any(r.name.endswith("LL vs Simple") for r in results):
+            row = latency_comparison(results)
+            if row is not None:
+                results.append(row)
+                print(f"{row.status:>8}  {row.group}: {row.name}  {row.summary}", file=sys.stderr)
         Path(args.report).write_text(report_text(results, args, device, started))
         if args.json:
             Path(args.json).write_text(json.dumps({"device": device, "backend": args.backend, "started": started,

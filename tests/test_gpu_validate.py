@@ -28,6 +28,7 @@ def _script():
     (["--examples", "no_such_example"], "no example 'no_such_example'"),
     (["--small", "lots"], "--small / --large must be sizes"),
     (["--step-timeout", "0"], "must be positive"),
+    (["--latency-iters", "0"], "--latency-iters must be positive"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv, msg, capsys, tmp_path):
     v = _script()
@@ -79,14 +80,20 @@ def test_a_spent_budget_skips_the_remaining_steps(monkeypatch, tmp_path):
 def test_plan_covers_every_example_at_two_sizes_and_both_placements():
     v = _script()
     args = v.argparse.Namespace(backend="cuda", skip=[], step_timeout=60.0, examples=["ring_allreduce_8", "hm_allreduce_4x8"],
-                                small="4K", large="64M", iters=5)
+                                small="4K", large="64M", iters=5, latency_iters=20)
     steps = v.plan(args)
     groups = [s.group for s in steps]
-    assert groups == ["tests", "examples", "examples", "examples", "examples", "busbw", "latency", "model"]
+    assert groups == ["tests", "examples", "examples", "examples", "examples", "busbw", "latency", "latency", "model"]
     ex = [s for s in steps if s.group == "examples"]
     assert all("--inplace" not in s.argv and "--out-of-place" not in s.argv for s in ex)   # both placements
     assert [s.argv[s.argv.index("-b") + 1] for s in ex] == ["4K", "64M", "4K", "64M"]
     assert all(s.timeout_s == 60.0 for s in steps)
+    lat = [s for s in steps if s.group == "latency"]          # Simple, then LL, each its own step
+    assert [s.argv[s.argv.index("--proto") + 1] for s in lat] == ["simple", "ll"]
+    for s in lat:
+        a = s.argv
+        assert a[a.index("-b") + 1] == a[a.index("-e") + 1] == "4K" and "--out-of-place" in a
+        assert a[a.index("-n") + 1] == "20" and a[a.index("run") + 1].endswith("ring_allreduce_8.rccl")
     args.backend = "cpu"
     assert "busbw" not in [s.group for s in v.plan(args)]                                # needs CUDA
 
@@ -103,3 +110,56 @@ def test_report_from_a_cpu_run(tmp_path):
     assert all({r["inplace"] for r in s["data"]["results"]} == {False, True} for s in steps)
     text = report.read_text()
     assert text.startswith("# hccc GPU validation: CPU emulation") and "2/2 steps passed" in text
+
+
+def _latency_json(proto: str, time_us) -> str:
+    return json.dumps({"ok": True, "nthreads": 512, "results": [
+        {"inplace": False, "time_us": time_us, "wrong": 0, "stuck": None, "proto": proto}]})
+
+
+@pytest.mark.parametrize("simple_us,ll_us,ll_ran,want", [
+    (32.0, 11.0, "ll", ("ok", "Simple 32.0 us, LL 11.0 us: LL 2.91x faster; best 11.0 us vs target <= 30 us "
+                        "(2x 15 us): met")),
+    (80.0, 95.0, "ll", ("ok", "LL 0.84x of Simple; best 80.0 us vs target <= 30 us (2x 15 us): not met")),
+    (32.0, 11.0, "simple", ("failed", "no time for ll")),
+])
+def test_latency_steps_and_their_comparison_row(monkeypatch, tmp_path, simple_us, ll_us, ll_ran, want):
+    """The two latency steps report the protocol they ran; an LL step that ran Simple fails; the
+    comparison row gives LL's speed-up and the 4 KiB target, or says which time is missing."""
+    v = _script()
+    args = v.argparse.Namespace(backend="cuda", skip=["tests", "examples", "busbw", "model"], step_timeout=30.0,
+                                examples=[], small="4K", large="64M", iters=5, latency_iters=20)
+    steps = v.plan(args)
+    assert [s.name for s in steps] == ["ring_allreduce_8 4K simple", "ring_allreduce_8 4K ll"]
+    fake = {"simple": _latency_json("simple", simple_us), "ll": _latency_json(ll_ran, ll_us)}
+    for s in steps:      # a stand-in for hccc run, keeping the --proto it was asked (summarise reads it)
+        proto = s.argv[s.argv.index("--proto") + 1]
+        s.argv = _py(f"print({fake[proto]!r})") + ["--proto", proto]
+    monkeypatch.setattr(v, "plan", lambda a: steps)
+    js = tmp_path / "r.json"
+    rc = v.main(["--backend", "cuda", "--report", str(tmp_path / "r.md"), "--json", str(js)])
+    res = {s["name"]: s for s in json.loads(js.read_text())["steps"]}
+    assert list(res) == ["ring_allreduce_8 4K simple", "ring_allreduce_8 4K ll", "ring_allreduce_8 4K LL vs Simple"]
+    if ll_ran != "ll":
+        assert res["ring_allreduce_8 4K ll"]["status"] == "failed"
+        assert "asked for ll, ran simple" in res["ring_allreduce_8 4K ll"]["summary"]
+    row = res["ring_allreduce_8 4K LL vs Simple"]
+    assert row["status"] == want[0] and want[1] in row["summary"], row
+    assert rc == (0 if want[0] == "ok" else 1)
+    assert "| latency | ring_allreduce_8 4K LL vs Simple |" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.slow
+def test_latency_steps_from_a_cpu_run(tmp_path):
+    """Both latency steps run for real on the CPU emulation (hccc run --proto simple / ll) and
+    the LL one ran LL."""
+    v = _script()
+    js = tmp_path / "r.json"
+    rc = v.main(["--backend", "cpu", "--skip", "tests,examples,model", "--latency-iters", "1",
+                 "--report", str(tmp_path / "r.md"), "--json", str(js)])
+    steps = json.loads(js.read_text())["steps"]
+    assert rc == 0, steps
+    assert [s["name"] for s in steps] == ["ring_allreduce_8 4K simple", "ring_allreduce_8 4K ll",
+                                          "ring_allreduce_8 4K LL vs Simple"]
+    assert [r["proto"] for s in steps[:2] for r in s["data"]["results"]] == ["simple", "ll"]
+    assert "Simple " in steps[2]["summary"] and "LL " in steps[2]["summary"]

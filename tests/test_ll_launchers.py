@@ -246,3 +246,103 @@ def test_torch_backend_gets_ll_for_small_messages(tmp_path, monkeypatch):
             want = sum((np.arange(n) % 11 + 3 * q).astype(np.float32) for q in range(4))
             assert np.array_equal(rep["got"][n], want), (r, n)
         assert rep["stats"]["protos"] == {"ll": 2, "simple": 1}, rep["stats"]
+
+
+# ---------------------------------------------------------------------------- the C++ host API
+TRIM = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_INT32=0",
+        "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
+
+
+def _emit(ir, d: Path) -> Path:
+    from hccc.compiler.backend.codegen import generate
+    d.mkdir(parents=True, exist_ok=True)
+    generate(ir, d, platforms=["cuda"] * ir.nranks)
+    return d
+
+
+def _oracle_proto(count: int, element_bytes: int, want: int, algorithm_level: bool) -> int:
+    """The documented rule: auto (-1) is LL (1) up to 256 KiB of full buffer, else Simple (0); an
+    MSCCL import proven with one micro-batch per chunk runs Simple; anything else is refused (-1)."""
+    if want == -1:
+        want = 1 if count * element_bytes <= CROSSOVER else 0
+    if want not in (0, 1):
+        return -1
+    return 0 if algorithm_level else want
+
+
+_PROTO_PROBE = r"""
+#include "hccc_host.h"
+int main() {
+  const unsigned long long counts[] = {0, 1, 4096, 65535, 65536, 65537, 131072, 1ull << 40};
+  const int sizes[] = {1, 2, 4}, wants[] = {-1, 0, 1, 2, -7};
+  for (unsigned long long n : counts)
+    for (int es : sizes)
+      for (int w : wants) printf("%llu %d %d %d\n", n, es, w, hccc_host_proto(n, es, w));
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("imported", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_host_api_protocol_rule(tmp_path, imported):
+    """hccc_host_proto, compiled and run, against the documented rule, for a program and for one
+    marked as an MSCCL import proven with one micro-batch per chunk (LL falls back to Simple)."""
+    import dataclasses
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+    if imported:
+        ir = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+    assert ir.algorithm_level == imported
+    d = _emit(ir, tmp_path / "gen")
+    (tmp_path / "probe.cpp").write_text(_PROTO_PROBE)
+    res = subprocess.run(["g++", "-std=c++17", "-DHCCC_PLATFORM_CPU=1", f"-I{d}", *TRIM, "-pthread",
+                          str(tmp_path / "probe.cpp"), "-o", str(tmp_path / "probe")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert len(lines) == 8 * 3 * 5
+    for line in lines:
+        n, es, w, got = map(int, line.split())
+        assert got == _oracle_proto(n, es, w, imported), line
+
+
+def _host_program(tmp_path, ir) -> Path:
+    """The rank kernels of ``ir`` (float32 / sum) and tests/host_proto_ranks.cpp, built with g++."""
+    d = _emit(ir, tmp_path / "gen")
+    tu = tmp_path / "ranks.cpp"
+    tu.write_text(f'#include "{ir.name}_cuda.cu"\n#include "{ROOT / "tests" / "host_proto_ranks.cpp"}"\n')
+    exe = tmp_path / "ranks"
+    res = subprocess.run(["g++", "-std=c++17", "-O1", "-DHCCC_PLATFORM_CPU=1", f"-I{d}", *TRIM, "-pthread",
+                          str(tu), "-o", str(exe), "-lrt"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return exe
+
+
+@pytest.mark.slow
+def test_host_api_runs_ll_by_size_on_every_rank(tmp_path):
+    """Ring AllReduce 4 (2 channels) through hccc_host.h, one process per rank: auto runs LL up to
+    the crossover and Simple above, forced LL and Simple run as asked, at uneven counts, in and out
+    of place, every element equal to the numpy sum. Successive LL calls reuse the FIFOs with the
+    same flags (message k carries k + 1 in every call): without hccc_host_reset zeroing them under
+    LL, the second call consumes the first one's lines (checked: that mutant fails here)."""
+    from hccc.runtime import shm
+    ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=4096), 2)
+    exe = _host_program(tmp_path, ir)
+    c4 = CROSSOVER // 4
+    before = set(shm.ours())
+    for want, counts in ((-1, [1001, 7, c4, c4 + 1, 96]), (1, [c4 + 3, 1001]), (0, [1001, 5])):
+        out = tmp_path / f"out{want}"
+        out.mkdir()
+        res = subprocess.run([str(exe), str(out), str(want), *map(str, counts)], capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        got = sorted(res.stdout.splitlines())
+        assert got == sorted(f"rank {r} call {k} proto {_oracle_proto(n, 4, want, False)}"
+                             for r in range(4) for k, n in enumerate(counts)), got
+        for k, n in enumerate(counts):
+            i = np.arange(n)
+            want_sum = sum(((7 * r + 3 * i + k) % 17 - 8).astype(np.float32) for r in range(4))
+            for r in range(4):
+                data = np.fromfile(out / f"r{r}_c{k}.bin", dtype=np.float32)
+                assert np.array_equal(data, want_sum), (want, k, n, r)
+    assert set(shm.ours()) - before == set()
