@@ -396,7 +396,7 @@ class Communicator:
             raise CommunicatorError(f"the ranks of node {my_node} use different platforms "
                                     f"({', '.join(kinds)}); ranks that share a node share memory")
         if len(set(nodes)) > 1:
-            for why in net.placement_problems(nodes, plats, net.declared_gpus_per_node(algo)):
+            for why in net.placement_problems(nodes, plats, assumed=net.declared_nodes(algo, ir)):
                 import warnings
                 warnings.warn(f"{ir.name}: {why}", RuntimeWarning, stacklevel=3)
             try:

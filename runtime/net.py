@@ -34,6 +34,7 @@ import mmap
 import os
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -59,11 +60,14 @@ def node_name(node: str | None = None) -> str:
     return name
 
 
-def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: int = 0) -> list[str]:
-    """What is wrong with running ranks on ``nodes`` (one name per rank): an algorithm written for
-    ``gpus_per_node`` ranks per node (0: unknown) whose node groups (ranks ``[k*G, (k+1)*G)``) are
-    split or merged, and nodes whose ranks are of different vendors (``platforms``: manifest
-    platform per rank) although each node of a mixed cluster has one vendor. Empty: fine."""
+def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: int = 0, *,
+                       assumed: tuple[list[int], str] | None = None) -> list[str]:
+    """What is wrong with running ranks on ``nodes`` (one name per rank): an algorithm that
+    assumes its ranks on other nodes -- ``assumed`` (the node index of every rank, and what says
+    so: :func:`declared_nodes`), or ``gpus_per_node`` ranks per node (ranks ``[k*G, (k+1)*G)``;
+    0: unknown) -- whose node groups are split or merged, and nodes whose ranks are of different
+    vendors (``platforms``: manifest platform per rank) although each node of a mixed cluster has
+    one vendor. Empty: fine."""
     out = []
     groups: dict[str, list[int]] = {}
     for r, n in enumerate(nodes):
@@ -74,20 +78,22 @@ def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: in
             out.append(f"node {n} holds ranks of {' and '.join(k.upper() for k in kinds)} "
                        f"({rank_ranges(rs)}); a mixed-vendor algorithm puts each vendor on nodes of "
                        "its own")
-    if gpus_per_node > 0 and len(groups) > 1:
-        want = {r: r // gpus_per_node for r in range(len(nodes))}
+    if assumed is None and gpus_per_node > 0:
+        assumed = ([r // gpus_per_node for r in range(len(nodes))], f"GPUPerNode={gpus_per_node}")
+    if assumed is not None and len(groups) > 1:
+        want, why = assumed
         for n, rs in groups.items():
             parts = sorted({want[r] for r in rs})
             if len(parts) > 1:
                 out.append(f"node {n} holds ranks {rank_ranges(rs)}, which the algorithm "
-                           f"(GPUPerNode={gpus_per_node}) places on {len(parts)} nodes: its "
+                           f"({why}) places on {len(parts)} nodes: its "
                            "intra-node steps will cross the network")
                 break
-        for k in sorted(set(want.values())):
+        for k in sorted(set(want)):
             rs = [r for r in range(len(nodes)) if want[r] == k]
             where = sorted({nodes[r] for r in rs})
             if len(where) > 1:
-                out.append(f"the algorithm (GPUPerNode={gpus_per_node}) puts ranks {rank_ranges(rs)} "
+                out.append(f"the algorithm ({why}) puts ranks {rank_ranges(rs)} "
                            f"on one node; this job spreads them over {', '.join(where)}: their "
                            "intra-node steps cross the network")
                 break
@@ -95,8 +101,7 @@ def placement_problems(nodes: list[str], platforms: list[str], gpus_per_node: in
 
 
 def declared_gpus_per_node(algo) -> int:
-    """The ``GPUPerNode`` an algorithm file's header declares (a ResCCLang ``.rccl`` path), else 0
-    (unknown: a ProgramIR or an OUTDIR keeps no node size)."""
+    """The ``GPUPerNode`` an algorithm file's header declares (a ResCCLang ``.rccl`` path), else 0."""
     if not isinstance(algo, (str, os.PathLike)) or not str(algo).endswith(".rccl"):
         return 0
     try:
@@ -105,6 +110,48 @@ def declared_gpus_per_node(algo) -> int:
             return int(parse_rccl(f.read(), str(algo)).header.gpu_per_node or 0)
     except Exception:       # the Communicator reports a bad file when it loads it
         return 0
+
+
+def _outdir_topology(algo) -> dict:
+    """The cluster a compiled OUTDIR was compiled for (its manifest's ``topology``), else {}."""
+    if not isinstance(algo, (str, os.PathLike)):
+        return {}
+    p = Path(algo)
+    p = p / "manifest.json" if p.is_dir() else p
+    if p.name != "manifest.json":
+        return {}
+    try:
+        topo = json.loads(p.read_text(encoding="utf-8")).get("topology")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return topo if isinstance(topo, dict) else {}
+
+
+def declared_nodes(algo, ir) -> tuple[list[int], str] | None:
+    """The node (an index) of every rank of ``ir`` as the input ``algo`` says, and what says so;
+    None when it says nothing. In order: the cluster an OUTDIR was compiled for (its manifest's
+    ``topology``: nodes of any sizes, a mixed or synthesised cluster), the ProgramIR's
+    ``gpus_per_node`` (kept in its JSON; an MSCCL XML ``<algo nnodes=...>`` sets it), an
+    algorithm file's ``GPUPerNode`` (the ranks in nodes of that many; a value that does not divide
+    the ranks -- a program generated for a cluster of uneven nodes names its largest node there --
+    says nothing)."""
+    n = int(ir.nranks)
+    topo = _outdir_topology(algo)
+    if topo.get("nodes"):
+        want = [-1] * n
+        for k, nd in enumerate(topo["nodes"]):
+            first, count = int(nd.get("first_rank", 0)), int(nd.get("ngpus", 0))
+            for r in range(first, min(first + count, n)):
+                want[r] = k
+        if -1 not in want:
+            return want, f"the nodes of cluster {topo.get('name') or topo.get('file') or '?'}"
+    g = (ir.stats or {}).get("gpus_per_node")
+    how = "gpus_per_node={}"
+    if not isinstance(g, int) or g <= 0:
+        g, how = declared_gpus_per_node(algo), "GPUPerNode={}"
+    if g > 0 and n % g == 0:
+        return [r // g for r in range(n)], how.format(g)
+    return None
 
 
 def get_transport(rank: int, world: int, cache_dir=None) -> Transport:
@@ -288,5 +335,5 @@ class NetLink:
             self._mirrors = None
 
 
-__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "declared_gpus_per_node",
+__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "declared_gpus_per_node", "declared_nodes",
            "get_transport", "node_name", "placement_problems"]

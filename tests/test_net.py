@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -71,6 +72,51 @@ def test_declared_gpus_per_node():
     assert placement_problems([f"n{r % 2}" for r in range(8)], ["cuda"] * 8, G)
 
 
+def test_declared_nodes_of_every_input_form(tmp_path):
+    """Where each input form says which ranks share a node: an algorithm's GPUPerNode, a
+    ProgramIR's gpus_per_node (kept in its JSON), an MSCCL XML's nnodes, a compiled OUTDIR's
+    cluster (nodes of any sizes); and what the placement check makes of it."""
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime.net import declared_nodes, placement_problems
+    from hccc.util.diagnostics import CompileError, render_all
+    root = Path(__file__).resolve().parent.parent / "examples"
+    rccl = root / "hm_allreduce_2x4.rccl"
+    ir = load_program(rccl)
+    assert declared_nodes(rccl, ir) == ([0] * 4 + [1] * 4, "GPUPerNode=4")
+    assert declared_nodes(ir, ir) is None                 # a ProgramIR without gpus_per_node
+    # MSCCL XML: <algo nnodes=...>, carried on into the ProgramIR JSON
+    xml = (root / "msccl" / "allreduce_ring_4.xml").read_text().replace("<algo ", '<algo nnodes="2" ', 1)
+    (tmp_path / "ring.xml").write_text(xml)
+    xir = load_program(tmp_path / "ring.xml")
+    assert declared_nodes(tmp_path / "ring.xml", xir) == ([0, 0, 1, 1], "gpus_per_node=2")
+    (tmp_path / "ring.json").write_text(xir.to_json())
+    jir = load_program(tmp_path / "ring.json")
+    assert declared_nodes(tmp_path / "ring.json", jir) == ([0, 0, 1, 1], "gpus_per_node=2")
+    bad = placement_problems(["a", "b", "a", "b"], ["cuda"] * 4, assumed=declared_nodes(None, jir))
+    assert bad and "gpus_per_node=2" in bad[0]
+    (tmp_path / "bad.xml").write_text(xml.replace('nnodes="2"', 'nnodes="3"'))
+    with pytest.raises(CompileError) as err:
+        load_program(tmp_path / "bad.xml")
+    assert re.search(r"bad\.xml:\d+:\d+: error: nnodes=3 does not divide ngpus=4", render_all(err.value))
+    # an OUTDIR compiled for a cluster: its nodes, whatever the header says
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "hccc", str(rccl), "-o", str(out), "--topology",
+                          str(root / "clusters" / "a100_topo1.topo")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    want, why = declared_nodes(out, ir)
+    assert want == [0] * 4 + [1] * 4 and "a100_topo1" in why
+    assert declared_nodes(out / "manifest.json", ir)[0] == want
+    assert placement_problems([f"n{r // 4}" for r in range(8)], ["cuda"] * 8,
+                              assumed=(want, why)) == []
+    # uneven nodes (3 + 5) from a cluster; a header whose node size does not divide says nothing
+    uneven = [0] * 3 + [1] * 5
+    assert placement_problems(["x"] * 3 + ["y"] * 5, ["cuda"] * 8, assumed=(uneven, "c")) == []
+    split = placement_problems(["x"] * 4 + ["y"] * 4, ["cuda"] * 8, assumed=(uneven, "c"))
+    assert any("places on 2 nodes" in m for m in split)
+    ir.stats["gpus_per_node"] = 3
+    assert declared_nodes(None, ir) is None
+
+
 def test_node_names(monkeypatch):
     from hccc.runtime.net import node_name
     monkeypatch.setenv("HCCC_NODE", "n7")
@@ -94,6 +140,66 @@ def test_two_nodes_of_two(pool):
     """2 nodes x 2 ranks, a ring AllReduce whose ring crosses the nodes twice, two calls."""
     ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
     run_nodes(pool, ir, 1000, ["a", "a", "b", "b"], ncalls=2)
+
+
+def _bf16_rank(rank, url, ir_json, nodes, inputs, q):
+    """One rank of the bfloat16 job: torch bfloat16 tensors (numpy has none) through the
+    Communicator; the results back as float32."""
+    try:
+        os.environ.update(TCP)
+        import torch
+        from hccc.compiler.ir.check import load_ir_json
+        from hccc.runtime.communicator import Communicator
+        outs = []
+        with Communicator(load_ir_json(ir_json), rank=rank, world_size=len(nodes), init_method=url,
+                          node=nodes[rank], dtype="bfloat16", timeout_s=60) as comm:
+            for op, xs in inputs:
+                x = torch.from_numpy(xs[rank]).to(torch.bfloat16)
+                out = torch.full_like(x, float("nan"))
+                comm.all_reduce(x, out=out, op=op)                  # out of place
+                comm.all_reduce(x, op=op)                           # in place
+                outs.append((out.float().numpy(), x.float().numpy()))
+        q.put((rank, outs))
+    except BaseException as exc:          # reported by the test
+        q.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.slow
+def test_bfloat16_across_nodes(tmp_path):
+    """bfloat16 across processes and nodes (2 x 2, 2 channels, an uneven count): a sum of small
+    integers and a max of values with every bfloat16 mantissa bit in use, in and out of place,
+    against the definition rounded to bfloat16 (reference.round_bf16)."""
+    import multiprocessing as mp
+    _require_torch()
+    from hccc.compiler.passes.channels import with_channels
+    ir = with_channels(build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=256), 2)
+    nodes = ["a", "a", "b", "b"]
+    count = 1001
+    rng = np.random.default_rng(7)
+    ints = reference.make_inputs("allreduce", 4, count, "bfloat16", nchunks=ir.nchunks, seed=3)
+    wide = [reference.round_bf16(rng.standard_normal(count).astype(np.float32) * 1e3)
+            for _ in range(4)]
+    inputs = [("sum", ints), ("max", wide)]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    url = "file://" + str(tmp_path / "store")
+    procs = [ctx.Process(target=_bf16_rank, args=(r, url, ir.to_json(), nodes, inputs, q))
+             for r in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=300) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    for r in range(4):
+        assert not isinstance(got[r], str), f"rank {r}: {got[r]}"
+        for (op, xs), (out, inplace) in zip(inputs, got[r]):
+            want = reference.expected("allreduce", xs, op, nchunks=ir.nchunks, bf16=True)[r]
+            assert np.array_equal(out, want), f"rank {r} {op} out of place"
+            assert np.array_equal(inplace, want), f"rank {r} {op} in place"
 
 
 # ------------------------------------------------------------------------------ bytes cross TCP

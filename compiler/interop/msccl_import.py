@@ -235,6 +235,11 @@ class _Importer:
         if not inplace and not outofplace:
             raise self.err(a, "the algorithm is neither in-place nor out-of-place (inplace=0 outofplace=0)",
                            "outofplace" if "outofplace" in a.attrs else "inplace")
+        # nnodes (optional, not MSCCL's own): the ranks are nnodes nodes of ngpus / nnodes GPUs,
+        # in rank order (where a multi-node job's placement is checked against)
+        nnodes = self.int_(a, "nnodes", 1, max(N, 1)) if "nnodes" in a.attrs else 0
+        if nnodes and N % nnodes:
+            raise self.err(a, f"nnodes={nnodes} does not divide ngpus={N} into equal nodes", "nnodes")
         min_b = self.int_(a, "minBytes", 0) if "minBytes" in a.attrs else 0
         max_b = self.int_(a, "maxBytes", 0) if "maxBytes" in a.attrs else 0
         if max_b and min_b > max_b:
@@ -585,6 +590,8 @@ class _Importer:
                               "inplace_normalised": bool(normalise), "minBytes": min_b, "maxBytes": max_b,
                               "transfers": nsend, "tbs_per_rank_max": int(ntbs.max()) if N else 0,
                               "tbs_connection_based": int(ntbs.sum()), "tbs_state_based": int(ntbs.sum())})
+        if "nnodes" in a.attrs:     # checked in run()
+            ir.stats["gpus_per_node"] = N // int(a.attrs["nnodes"])
         try:
             check_structure(ir)
         except IRFormatError as exc:
