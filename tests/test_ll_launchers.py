@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hccc.compiler.backend import abi
 from hccc.compiler.frontend import generators as gen
@@ -22,6 +24,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 
+from conftest import examples
 from rank_pool import RankPool
 from test_communicator import INSTANCE, PROGRAMS, _no_leaks, _require_torch, calls_for, check  # noqa: F401
 
@@ -88,6 +91,9 @@ def test_runner_sends_direct_messages_as_ll_lines_under_ll():
 
 
 # ---------------------------------------------------------------------------- the Communicator
+_RING4 = build_program(gen.ring_allreduce(4), chunk_bytes=1024)
+
+
 def _bare_communicator(ir, proto="auto", net=None):
     """A Communicator object holding only what the protocol choice reads (no processes)."""
     from hccc.runtime.communicator import Communicator
@@ -117,6 +123,23 @@ def test_communicator_protocol_rule():
     assert c._choose_proto(64) == "simple" and "one micro-batch per chunk" in c.proto_note
     c = _bare_communicator(ir, "auto", net=object())
     assert c._choose_proto(64) == "simple" and "across nodes" in c.proto_note
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(nbytes=st.integers(0, 1 << 40), asked=st.sampled_from(["auto", "simple", "ll"]),
+       imported=st.booleans(), across_nodes=st.booleans())
+def test_communicator_protocol_rule_holds_for_any_size(nbytes, asked, imported, across_nodes):
+    import dataclasses
+    ir = _RING4
+    if imported:
+        ir = dataclasses.replace(ir, stats={**(ir.stats or {}), "execution": "algorithm"})
+    c = _bare_communicator(ir, asked, net=object() if across_nodes else None)
+    want = asked if asked != "auto" else ("ll" if nbytes <= CROSSOVER else "simple")
+    if imported or across_nodes:
+        want = "simple"
+    assert c._choose_proto(nbytes) == want
+    assert (c.proto_note is not None) == (want == "simple" and asked != "simple"
+                                          and (asked == "ll" or nbytes <= CROSSOVER))
 
 
 def test_communicator_refuses_an_unknown_protocol_before_set_up():
@@ -155,9 +178,10 @@ def _run_allreduces(pool, ir, plan, protos):
 
 
 def test_communicator_chooses_the_protocol_per_call(pool):
-    """Ring AllReduce 4, fused, 2 channels, one rank per process: auto runs small calls (uneven
-    counts, in and out of place) under LL; a protocol set between calls wins; every sum is right."""
-    ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=1024, fuse=True), 2)
+    """Ring AllReduce 3, fused, one rank per process: auto runs small calls (uneven counts, in and
+    out of place) under LL; a protocol set between calls wins; every sum is right (channels: the
+    slow tests)."""
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1024, fuse=True)
     plan = [(1001, None, True), (777, None, False), (1001, "simple", True), (5, "ll", False),
             (13, "auto", True)]
     _run_allreduces(pool, ir, plan, ["ll", "ll", "simple", "ll", "ll"])

@@ -272,7 +272,8 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce",
 def test_random_programs_under_ll_match_the_reference(collective, data):
     """Random valid programs (fused or not, 1-3 channels), random cases (uneven counts, every
     dtype / op, in and out of place, slices), one grid or a kernel per rank, specialised or table
-    kernels, direct mode on (its messages stay Simple) or off, under LL."""
+    kernels, direct mode on (an LL launch sends those messages through the FIFO as lines too) or
+    off, under LL."""
     alg = data.draw(valid_programs(collective, max_ranks=5), label="program")
     ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 128, 256]), label="chunk_bytes"),
                        fuse=data.draw(st.booleans(), label="fuse"))
