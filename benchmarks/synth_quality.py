@@ -5,6 +5,8 @@
     python benchmarks/synth_quality.py --clusters h20_4_8   # some example clusters only
     python benchmarks/synth_quality.py --multirail 8,64     # multi-rail clusters of 8 and 64 nodes x 8
     python benchmarks/synth_quality.py --json out.json      # also write the rows as JSON
+    python benchmarks/synth_quality.py --clusters '' --multirail 8,64 --collectives allgather --sim-large
+                                                            # 64 and 512 H800s, the 512 simulated apart
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -49,8 +51,10 @@ def multirail_text(nodes: int, gpn: int = 8, nvswitch_gbps: float = 900.0, nic_g
                                        comment=f"{nodes} x {gpn} H800, NVSwitch, one 400 Gb/s NIC per GPU"))
 
 
-def one(topo: str, collective: str, method: str, time_limit: float) -> dict:
-    """``hccc synth`` in this process; its summary, wall time and peak memory."""
+def one(topo: str, collective: str, method: str, time_limit: float, sim_large: bool = False) -> dict:
+    """``hccc synth`` in this process; its summary, wall time and peak memory. With ``sim_large``,
+    a program ``synth`` did not simulate (past its size limit) is simulated by ``hccc sim`` in a
+    process of its own (wall time and peak memory of that process reported apart)."""
     import contextlib
     import io
 
@@ -58,19 +62,36 @@ def one(topo: str, collective: str, method: str, time_limit: float) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         buf = io.StringIO()
+        algo = Path(tmp) / "p.rccl"
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(buf):
             rc = main(["synth", topo, "--collective", collective, "--method", method, "--size", str(SIZE),
-                       "--time-limit", str(time_limit), "-o", str(Path(tmp) / "p.rccl"), "--json"])
+                       "--time-limit", str(time_limit), "-o", str(algo), "--json"])
         wall = time.perf_counter() - t0
-    out = {"rc": rc, "wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if rc == 0:
-        out["summary"] = json.loads(buf.getvalue())
+        out = {"rc": rc, "wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        if rc == 0:
+            out["summary"] = json.loads(buf.getvalue())
+            if sim_large and out["summary"].get("fraction_of_bound") is None:
+                out["large_sim"] = simulate_apart(algo, topo)
     return out
 
 
-def row(name: str, topo: str, collective: str, method: str, time_limit: float) -> dict:
-    cmd = [sys.executable, __file__, "--one", topo, collective, method, str(time_limit)]
+def simulate_apart(algo: Path, topo: str) -> dict:
+    """``hccc sim ALGO --topology TOPO --sizes SIZE`` in a process of its own: the simulated
+    seconds, the lines of the program, the wall time and the peak memory of that process."""
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "hccc", "sim", str(algo), "--topology", topo, "--sizes", str(SIZE),
+                        "--json"], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        return {"error": (p.stderr or p.stdout).strip()[-300:]}
+    res = json.loads(p.stdout)["results"][0]
+    return {"seconds": res["time_us"] * 1e-6, "wall_s": wall, "lines": algo.read_text().count("\n"),
+            "peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def row(name: str, topo: str, collective: str, method: str, time_limit: float, sim_large: bool = False) -> dict:
+    cmd = [sys.executable, __file__, "--one", topo, collective, method, str(time_limit)] + (["--sim-large"] if sim_large else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0 or not p.stdout.strip():
         return {"cluster": name, "collective": collective, "error": (p.stderr or p.stdout).strip()[-300:]}
@@ -83,8 +104,13 @@ def row(name: str, topo: str, collective: str, method: str, time_limit: float) -
     model = min((t["model_fraction"] for t in tr.values()), default=None)
     lp_at_bound = all(t["lp_seconds_per_byte"] <= t["bound_seconds_per_byte"] * (1 + 1e-3) for t in tr.values()) \
         if tr else None
+    big = r.get("large_sim") or {}
+    sim = s["fraction_of_bound"]
+    if sim is None and big.get("seconds"):
+        sim = b["seconds"] / big["seconds"]
     return {"cluster": name, "nranks": s["nranks"], "collective": collective, "method": s["method"],
-            "opt_busbw": b["busbw_GBps"], "sim": s["fraction_of_bound"], "model": model, "lp_at_bound": lp_at_bound,
+            "opt_busbw": b["busbw_GBps"], "sim": sim, "model": model, "lp_at_bound": lp_at_bound,
+            "sim_apart_wall_s": big.get("wall_s"), "sim_apart_peak_mb": big.get("peak_mb"), "lines": big.get("lines"),
             "ar_bound": b.get("fraction_of_allreduce_bound"), "rs_ag": b.get("fraction_of_rs_ag"),
             "K": s["chunks_per_rank"], "channels": s["channels"], "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
 
@@ -96,20 +122,25 @@ def fmt(v, f="{:.3f}") -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", nargs=4, metavar=("TOPO", "COLL", "METHOD", "LIMIT"), help=argparse.SUPPRESS)
-    ap.add_argument("--clusters", default=None, help="example clusters (names without .topo, comma-separated)")
+    ap.add_argument("--clusters", default=None, help="example clusters (names without .topo, comma-separated; '' for none)")
     ap.add_argument("--multirail", default="8", help="multi-rail cluster sizes in nodes of 8 GPUs (default 8, "
                                                      "i.e. 64 GPUs; '' for none)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument("--sim-large", action="store_true",
+                    help="simulate with hccc sim, in a process of its own, the programs synth does not simulate "
+                         "(over 128 GPUs; minutes each at 512): their 'sim' column, and the 'sim wall'/'sim MB' "
+                         "columns (the simulation's wall time and peak memory)")
     args = ap.parse_args()
     if args.one:
         topo, coll, method, limit = args.one
-        print(json.dumps(one(topo, coll, method, float(limit))))
+        print(json.dumps(one(topo, coll, method, float(limit), args.sim_large)))
         return 0
     cases = []
-    names = args.clusters.split(",") if args.clusters else sorted(p.stem for p in (ROOT / "examples/clusters").glob("*.topo"))
+    names = ([c for c in args.clusters.split(",") if c] if args.clusters is not None else
+             sorted(p.stem for p in (ROOT / "examples/clusters").glob("*.topo")))
     for name in names:
         cases.append((name, str(ROOT / "examples/clusters" / f"{name}.topo")))
     tmp = tempfile.TemporaryDirectory()
@@ -119,19 +150,22 @@ def main() -> int:
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
-            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'wall s':>7s} {'peak MB':>7s}")
+            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'wall s':>7s} {'peak MB':>7s}"
+            + (f" {'sim wall':>8s} {'sim MB':>7s}" if args.sim_large else ""))
     print(head)
     print("-" * len(head))
     for name, topo in cases:
         for coll in args.collectives.split(","):
-            r = row(name, topo, coll, args.method, args.time_limit)
+            r = row(name, topo, coll, args.method, args.time_limit, args.sim_large)
             rows.append(r)
             if "error" in r:
                 print(f"{name:24s} {'':>4s} {coll:13s} error: {r['error']}", flush=True)
                 continue
             print(f"{name:24s} {r['nranks']:4d} {coll:13s} {r['method']:6s} {r['opt_busbw']:9.1f} {fmt(r['sim']):>6s} "
                   f"{fmt(r['ar_bound']):>8s} {fmt(r['rs_ag']):>6s} {fmt(r['model']):>6s} {fmt(r['lp_at_bound'], ''):>8s} "
-                  f"{r['K']:3d} {r['channels']:3d} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}", flush=True)
+                  f"{r['K']:3d} {r['channels']:3d} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}"
+                  + (f" {fmt(r['sim_apart_wall_s'], '{:.0f}'):>8s} {fmt(r['sim_apart_peak_mb'], '{:.0f}'):>7s}"
+                     if args.sim_large else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

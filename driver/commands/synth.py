@@ -257,7 +257,7 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
         result = make(method)
-        sim_s = _fit_channels(result, topo, size) if simulated else None
+        sim_s = _fit_channels(result, topo, size) if simulated else _cap_channels(result, topo)
         bound = _bandwidth_bound(result, size)
         if args.collective == "allreduce":
             bound.update(_allreduce_bounds(topo, size))
@@ -340,10 +340,11 @@ def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None
     from hccc.compiler.synth import to_algorithm
 
     ir = build_program(to_algorithm(result, topo))
+    steps = [c for c in CHANNEL_STEPS if c <= resident_channels(ir, topo)] or [1]
     times: dict[int, float] = {}
 
     def at(i: int) -> float:
-        ch = CHANNEL_STEPS[i]
+        ch = steps[i]
         if ch not in times:
             ir.nchannels = ch
             times[ch] = simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s
@@ -351,7 +352,7 @@ def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None
 
     try:
         free = simulate(prepare(ir, topo, None), topo, int(nbytes), slice_bytes="auto").time_s
-        lo, hi = 0, len(CHANNEL_STEPS) - 1     # the answer lies in [lo, hi]; hi is taken if none passes
+        lo, hi = 0, len(steps) - 1             # the answer lies in [lo, hi]; hi is taken if none passes
         while lo < hi:
             mid = (lo + hi) // 2
             if at(mid) <= free * (1 + tol):
@@ -361,8 +362,33 @@ def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None
         t = at(lo)
     except (SimulationError, ValueError):
         return None
-    result.detail["channels"] = int(CHANNEL_STEPS[lo])
+    result.detail["channels"] = int(steps[lo])
     return float(t)
+
+
+def resident_channels(ir, topo) -> int:
+    """The most channels with which every thread block of a rank fits on its GPU at once (the
+    kernels' blocks must all be resident; ``hccc`` refuses more), on the platform of every rank's
+    vendor."""
+    from hccc.compiler.passes.channels import max_blocks_per_rank, most_tbs
+    from hccc.compiler.pipeline.options import platforms_for
+
+    plats = {p[0] for p in platforms_for(topo.nranks, "auto", topo)}
+    caps = [c for c in (max_blocks_per_rank(ir, p) for p in sorted(plats)) if c is not None]
+    return max(1, min(caps) // max(1, most_tbs(ir))) if caps else CHANNEL_STEPS[-1]
+
+
+def _cap_channels(result, topo) -> None:
+    """Lower ``result.detail["channels"]`` (the packing's own count, not simulated) to
+    :func:`resident_channels` of its program."""
+    if int(result.detail.get("channels", 1)) <= 1:
+        return None
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.synth import to_algorithm
+
+    cap = resident_channels(build_program(to_algorithm(result, topo)), topo)
+    result.detail["channels"] = min(int(result.detail["channels"]), cap)
+    return None
 
 
 def _simulated_fraction(result, topo, nbytes: int, bound_s: float, known_s: float | None = None) -> float | None:
