@@ -237,6 +237,24 @@ def test_allreduce_under_ll_in_every_dtype_in_place(pool, dtype, op):
     assert all(rep["protos"][0][0] == "ll" for rep in replies)
 
 
+@pytest.mark.slow
+def test_a_job_across_nodes_runs_simple_and_says_why(pool):
+    """2 nodes x 2 ranks over UCX (TCP): LL asked for, Simple run on every rank with the reason
+    (the network proxy forwards a slot when its tail advances); the sums are right."""
+    from test_net import TCP, _have_ucx
+    if not _have_ucx():
+        pytest.skip("UCX (libucx-dev) not installed")
+    ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
+    calls, wants = _allreduce_calls(4, [(1000, "ll", True), (37, None, False)])
+    replies = pool.run(ir.to_json(), 4, calls, nodes=["a", "a", "b", "b"], env=TCP)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], f"rank {r}: {rep['error']}"
+        assert [p for p, _ in rep["protos"]] == ["simple", "simple"]
+        assert all("across nodes" in note for _, note in rep["protos"])
+        for got, want in zip(rep["outputs"], wants):
+            assert np.array_equal(got, want)
+
+
 # ---------------------------------------------------------------------------- the torch backend
 def _torch_job(rank, world, url, small, large):
     import torch
