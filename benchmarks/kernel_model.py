@@ -34,10 +34,23 @@ Three terms the v2 rows leave out, each printed with its parameter:
   the runtime halves the threads per block from the emitted 512 until every block of the run is
   resident (HM AllReduce 4x8: 448 blocks, so 128 threads), and the per-block rate scales with the
   threads. Channels: the run-time ``auto`` rule for the device (``--sms``) with every rank on it.
-- Sync per message, not overlapped with the copy (``--sync-us``, default 1.0 us at GPU scope:
-  the leader's poll of a counter another SM wrote, two block barriers, a release store; every
-  block of a TB pays it for every message, and no other work of the block hides it). The
-  per-message cost the issue's overlapped design would reach (< 0.5 us) is not built.
+- Sync per message, not overlapped with the copy. The kernels sync per warp (hccc_prim,
+  docs/kernel-protocol.md): each warp waits for a message on its own, moves its piece, and
+  arrives on a block-shared counter; the last warp to arrive posts. No block barrier: while one
+  warp polls or posts, the block's other warps keep their loads in flight (warps drift apart by up
+  to the FIFO depth, 8 messages, and the 16-unit arrival ring). So a message costs the block
+  ``SYNC_WARP_US`` in every warp (0.08 us: a warp barrier, a vote, a shared-memory read of the
+  unit's `ready` entry and one shared-memory atomic) plus one warp's poll of a counter another SM
+  posted with its acquire fence (``SYNC_POLL_US``, 0.5 us at GPU scope: an L2 round trip and a
+  fence; the other warps find `ready` set and poll nothing) and the posting warp's release store
+  (``SYNC_RELEASE_US``, 0.5 us: a fence that drains its stores), each stalling one of the block's
+  ``w`` warps: sync = 0.08 + (0.5 + 0.5) / w us (``overlapped_sync_us``): 0.14 us at 512 threads
+  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row), not
+  measurements; the lock-step v2 sync (one thread polls while the block waits at a barrier, two
+  block barriers and a release per message) was 1.0 us; ``--sync-us X`` models any fixed cost.
+  Overlap hides the sync from a block's throughput, not from a message's latency: each link of the
+  fill below costs the whole chain, 0.08 + 0.5 + 0.5 us (the last warp's arrival, the release,
+  the receiver's poll and acquire).
 - Launch and fill (``--launch-us``, default 5 us for a cooperative launch; fill = the longest
   primitive chain of a thread block less one, each link one message time): a pipeline of
   messages needs that long before every block is busy.
@@ -77,6 +90,19 @@ H100_SMS = 132
 LL_INFLIGHT = 16
 LOADS_V2 = 8             # HCCC_LOADS
 SYNC_US = {"v1": 2.0, "v2": 0.7}   # per message, assumed (see the module docstring)
+#: the overlapped sync (v3), assumed, at GPU scope on an H100 (module docstring): every warp's part,
+#: one warp's poll and acquire, the posting warp's release
+SYNC_WARP_US = 0.08
+SYNC_POLL_US = 0.5
+SYNC_RELEASE_US = 0.5
+
+
+def overlapped_sync_us(threads: int) -> float:
+    """Per message, what the overlapped sync of a block of ``threads`` threads does not hide (us):
+    every warp's own part, and one warp's poll and one warp's release, each stalling 1/w of the
+    block's loads in flight."""
+    warps = max(1, threads // 32)
+    return SYNC_WARP_US + (SYNC_POLL_US + SYNC_RELEASE_US) / warps
 
 
 
@@ -151,10 +177,11 @@ def v3_threads(blocks: int, sms: int) -> int:
     return t
 
 
-def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us: float, launch_us: float,
-       ll: bool = False, ll_sync_us: float = 0.2, channels: int | None = None) -> dict:
+def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us: float | None = None,
+       launch_us: float, ll: bool = False, ll_sync_us: float = 0.2, channels: int | None = None) -> dict:
     """One v3 row (module docstring): the kernels as built now, all ranks on one GPU; ``ll``: the
-    low-latency protocol's model instead of Simple."""
+    low-latency protocol's model instead of Simple; ``sync_us``: a fixed sync per message instead
+    of the overlapped sync's (``overlapped_sync_us`` of the row's threads)."""
     from hccc.compiler.passes.channels import device_channels, with_channels
     from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
@@ -177,19 +204,24 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     # bytes of loads in flight per thread: 8 vectors of 16 bytes (Simple); LL polls 8-byte lines, two
     # at a time, and half of each line is its flag
     rate = threads * (LL_INFLIGHT if ll else 16 * LOADS_V2) / (latency_ns * 1e-9)
-    sync = (ll_sync_us if ll else sync_us) * 1e-6
+    simple_sync = overlapped_sync_us(threads) if sync_us is None else sync_us
+    sync = (ll_sync_us if ll else simple_sync) * 1e-6
+    # a message's latency from one primitive to the next (the fill below) hides nothing: Simple's
+    # data is visible once the last warp arrived, the poster released and the receiver polled
+    hop = (ll_sync_us if ll else SYNC_WARP_US + SYNC_POLL_US + SYNC_RELEASE_US if sync_us is None
+           else sync_us) * 1e-6
     t_hbm = hbm / (hbm_gbs * 1e9)
     t_tb = max(tr.per_tb_reads[key] * (2 if ll else 1) / (rate * k) + prims_per_tb[key] * nmb * sync
                for key in tr.per_tb_reads)
     # fill: the longest chain of primitives a message passes, less one, each one message time
-    msg_t = slice_b / k / rate + sync
+    msg_t = slice_b / k / rate + hop
     fill = (max(prims_per_tb.values()) - 1) * msg_t
     t = launch_us * 1e-6 + fill + max(t_hbm, t_tb)
     factor = busbw_factor(ir.collective, ir.nranks)
     return {"algorithm": ir.name, "size": nbytes, "design": "LL (model, built, not measured)" if ll else "v3 (as built)",
             "model_only": bool(ll), "threads": threads, "channels": k, "blocks": blocks,
             "hbm_per_byte": hbm / nbytes if nbytes else 0.0, "messages_per_block": max(prims_per_tb.values()) * nmb,
-            "time_us": t * 1e6, "fill_us": fill * 1e6, "hbm_us": t_hbm * 1e6, "block_us": t_tb * 1e6,
+            "sync_us": sync * 1e6, "time_us": t * 1e6, "fill_us": fill * 1e6, "hbm_us": t_hbm * 1e6, "block_us": t_tb * 1e6,
             "busbw": nbytes / t * factor / 1e9, "of_hbm_bound": t_hbm / t,
             "limit": "HBM" if t_hbm >= t_tb else "blocks"}
 
@@ -212,7 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hbm-gbs", type=float, default=3000.0,
                     help="achievable HBM bandwidth (an H100 SXM's device copy; 3,350 on its data sheet)")
     ap.add_argument("--sms", type=int, default=H100_SMS, help="multiprocessors of the device (v3 rows)")
-    ap.add_argument("--sync-us", type=float, default=1.0, help="v3 sync per message, not overlapped")
+    ap.add_argument("--sync-us", type=float, default=None,
+                    help="v3: a fixed sync per message, not overlapped (default: the overlapped sync's, "
+                         "per threads per block)")
     ap.add_argument("--ll-sync-us", type=float, default=0.2, help="LL model: sync per message")
     ap.add_argument("--launch-us", type=float, default=5.0, help="v3: launch of the one grid")
     ap.add_argument("--channels", type=int, default=4)
@@ -224,7 +258,7 @@ def main(argv=None) -> int:
         print(f"kernel_model: bad --sizes {args.sizes!r}", file=sys.stderr)
         return 1
     if args.channels < 1 or args.sms < 1 or not sizes or min(sizes) <= 0 \
-            or min(args.sync_us, args.ll_sync_us, args.launch_us) < 0:
+            or min(args.sync_us or 0.0, args.ll_sync_us, args.launch_us) < 0:
         print("kernel_model: --channels, --sms and sizes must be positive, times not negative", file=sys.stderr)
         return 1
     sys.path.insert(0, str(ROOT.parent))
@@ -266,15 +300,18 @@ def main(argv=None) -> int:
               f"{r['blocks_per_conn']:>9}{r['block_gbs']:>9.1f}{r['hbm_bound_busbw']:>10.1f}"
               f"{r['block_bound_busbw']:>10.1f}{r['busbw']:>8.1f}  {r['limit']}")
     print()
-    print(f"v3, all ranks on one GPU of {args.sms} SMs: HBM {args.hbm_gbs:.0f} GB/s, sync {args.sync_us} us per "
-          f"message (not overlapped), launch {args.launch_us} us, LL sync {args.ll_sync_us} us (model)")
+    sync_note = (f"{args.sync_us} us per message (fixed)" if args.sync_us is not None else
+                 f"overlapped, per message not hidden {SYNC_WARP_US} + ({SYNC_POLL_US} + {SYNC_RELEASE_US}) "
+                 f"/ warps us")
+    print(f"v3, all ranks on one GPU of {args.sms} SMs: HBM {args.hbm_gbs:.0f} GB/s, sync {sync_note}, "
+          f"launch {args.launch_us} us, LL sync {args.ll_sync_us} us (model)")
     head = (f"{'algorithm':<18}{'size':>6}  {'design':<22}{'threads':>8}{'ch':>4}{'blocks':>7}{'msgs/blk':>9}"
-            f"{'fill us':>9}{'time us':>10}{'busbw':>8}{'of HBM':>8}  limit")
+            f"{'sync us':>8}{'fill us':>9}{'time us':>10}{'busbw':>8}{'of HBM':>8}  limit")
     print(head)
     print("-" * len(head))
     for r in v3_rows:
         print(f"{r['algorithm']:<18}{format_size(r['size']):>6}  {r['design']:<22}{r['threads']:>8}{r['channels']:>4}"
-              f"{r['blocks']:>7}{r['messages_per_block']:>9}{r['fill_us']:>9.1f}{r['time_us']:>10.1f}"
+              f"{r['blocks']:>7}{r['messages_per_block']:>9}{r['sync_us']:>8.2f}{r['fill_us']:>9.1f}{r['time_us']:>10.1f}"
               f"{r['busbw']:>8.1f}{r['of_hbm_bound']:>8.2f}  {r['limit']}")
     print()
     ag, s4, l4 = (predictions[k] for k in ("ring_allgather_8 1G", "ring_allreduce_8 4K simple", "ring_allreduce_8 4K ll"))

@@ -39,7 +39,8 @@ HARNESS = r"""
 
 struct job { void *a, *b, *o1, *o2; uint64_t n; };
 template <typename T, int RED, bool HASB, int NOUT> static void body(const job& j) {
-  hccc_combine<T, RED, HASB, NOUT>((const T*)j.a, (const T*)j.b, (T*)j.o1, (T*)j.o2, j.n);
+  hccc_combine<T, RED, HASB, NOUT>((const T*)j.a, (const T*)j.b, (T*)j.o1, (T*)j.o2, j.n, hccc_tid(),
+                                   hccc_nthreads());
 }
 template <typename T, int RED> static void (*pick_shape(int hasb, int nout))(const job&) {
   if (hasb) return nout == 2 ? body<T, RED, true, 2> : body<T, RED, true, 1>;

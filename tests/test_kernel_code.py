@@ -215,11 +215,13 @@ def compiled(sources, platform: str, single_gpu: bool) -> str:
 
 
 def prim_of(sources, platform: str, dtype: str, op: str, single_gpu: bool = False) -> list[str]:
-    """Lines of hccc_prim<T, RED> for (dtype, op), followed by those of the copy / reduce engine's
-    functions it calls (CUDA builds keep hccc_combine out of line, HCCC_ENGINE)."""
+    """Lines of hccc_prim<T, RED> for (dtype, op) and of the data path of a unit it calls
+    (hccc_unit_data), followed by those of the copy / reduce engine's functions (CUDA builds keep
+    hccc_combine out of line, HCCC_ENGINE)."""
     funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
-    lines = list(function(funcs, f"hccc_primI{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}EE"))
-    engine = f"hccc_combineI{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}E"
+    code = f"{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}E"
+    lines = list(function(funcs, f"hccc_primI{code}E")) + list(function(funcs, f"hccc_unit_dataI{code}E"))
+    engine = f"hccc_combineI{code}"
     for name in sorted(funcs):
         if engine in name:
             lines += funcs[name]
@@ -308,8 +310,11 @@ def test_gfx90a_half_reductions_are_packed(sources, op, ins):
 
 # ---------------------------------------------------------------------------------- sync
 def _hot(sources, platform, single_gpu):
+    """(the primitive with its unit functions -- wait, data, arrival and posting --, the wait)."""
     funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
-    return prim_of(sources, platform, "float32", "sum", single_gpu), function(funcs, "hccc_wait_geq")
+    unit = [x for part in ("hccc_unit_waitIfE", "hccc_unit_arriveIfE", "hccc_wait_posted")
+            for x in function(funcs, part)]
+    return prim_of(sources, platform, "float32", "sum", single_gpu) + unit, function(funcs, "hccc_wait_geq")
 
 
 def test_cuda_hot_path_has_no_sequentially_consistent_fence(sources):
@@ -353,6 +358,96 @@ def test_gfx90a_single_gpu_build_has_no_system_scope_cache_maintenance(sources):
     assert not any(re.search(r"\bbuffer_(?:wbl2|invl2)\b", x) for x in prim + wait)
     prim, _ = _hot(sources, "hip", False)
     assert any(re.search(r"\bbuffer_wbl2\b", x) for x in prim), "system-scope release expected across GPUs"
+
+
+# ---------------------------------------------------------------------------------- overlapped sync
+#: the functions a message runs through (waits, data path, arrival / posting, LL lines, engine)
+PER_MESSAGE = ("hccc_prim", "hccc_unit_wait", "hccc_unit_data", "hccc_unit_arrive", "hccc_wait_posted",
+               "hccc_wait_geq", "hccc_ll_move", "hccc_ll_recv_line", "hccc_combine")
+PTX_BLOCK_BARRIER = re.compile(r"\b(?:bar|barrier)(?:\.cta)?\.(?:sync|red|arrive)\b")
+PTX_ORDERING = re.compile(r"\b(?:fence|membar)\b|\.(?:release|acquire|acq_rel)\b|\batom\.|\bred\.")
+
+
+def _per_message(funcs: dict[str, list[str]], inlined: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Those functions, by name (``inlined``: parts the platform inlines into their callers)."""
+    out = {n: b for n, b in funcs.items() if any(p in n for p in PER_MESSAGE)}
+    assert {p for p in PER_MESSAGE if any(p in n for n in out)} == set(PER_MESSAGE) - set(inlined), sorted(out)
+    return out
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_cuda_no_block_barrier_per_message(sources, single):
+    """The overlapped sync: no function a message runs through has a block barrier (bar.sync /
+    barrier.sync); the warps of a block meet only at warp barriers and votes, and the one block
+    barrier of a kernel (hccc_ctx_init's, at the start) is in no loop."""
+    funcs = functions(compiled(sources, "cuda", single), "ptx")
+    for name, body in _per_message(funcs).items():
+        assert not any(PTX_BLOCK_BARRIER.search(x) for x in body), f"block barrier in {name}"
+    prim = function(funcs, "hccc_primIfLi0EE")
+    assert any(re.search(r"\bbar\.warp\.sync\b", x) for x in prim), "no warp barrier"
+    assert any(re.search(r"\bvote(?:\.sync)?\.all\b", x) for x in prim), "no warp vote"
+    for name, body in funcs.items():
+        for lp in loops(body):
+            assert not any(PTX_BLOCK_BARRIER.search(x) for x in lp), f"block barrier in a loop of {name}"
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_cuda_posting_is_one_release_per_counter_after_a_block_scope_arrival(sources, single):
+    """A unit's arrival is one acq_rel add on a shared counter at block (cta) scope; the posting
+    warp then stores tail and head with one release each at peer scope (gpu in single-GPU builds),
+    the progress counter at gpu scope, and `posted` with a cta release: no fence instruction, no
+    other ordering."""
+    funcs = functions(compiled(sources, "cuda", single), "ptx")
+    arrive = "\n".join(function(funcs, "hccc_unit_arriveIfE"))
+    assert len(re.findall(r"\batom\.acq_rel\.cta\.shared(?:::cta)?\.add\.u32\b", arrive)) == 1
+    peer = "gpu" if single else "sys"
+    releases = re.findall(r"\bst\.release\.(\w+)\.(global|shared(?:::cta)?)\.(u64|u32)\b", arrive)
+    want = sorted([(peer, "global", "u64")] * 2 + [("gpu", "global", "u64"), ("cta", "shared", "u32")])
+    assert sorted(releases) == want, releases
+    assert not re.search(r"\b(?:fence|membar)\b", arrive)
+    assert len(PTX_ORDERING.findall(arrive)) == 5      # the add and the four release stores
+
+
+def test_cuda_data_path_and_ll_lines_carry_no_ordering(sources):
+    """The data of a message (hccc_unit_data, the engine, the LL lines) has no fence, release,
+    acquire or atomic: ordering is the arrival's and the posts' alone. An LL line is one 8-byte
+    volatile (or relaxed) store, received by polling one 8-byte volatile (or relaxed) load, with no
+    fence in the LL path at all."""
+    funcs = functions(compiled(sources, "cuda", False), "ptx")
+    for name, body in funcs.items():
+        if any(p in name for p in ("hccc_unit_data", "hccc_combine", "hccc_ll_move", "hccc_ll_recv_line")):
+            assert not any(PTX_ORDERING.search(x) for x in body), f"ordering instruction in {name}"
+    ll_store = re.compile(r"\bst\.(?:volatile|relaxed\.\w+)\.global\.(?:u64|b64|v2\.(?:u32|b32))\b")
+    ll_load = re.compile(r"\bld\.(?:volatile|relaxed\.\w+)\.global\.(?:u64|b64|v2\.(?:u32|b32))\b")
+    for dt in DTYPES:
+        move = function(funcs, f"hccc_ll_moveI{TYPE_CODE['cuda'][dt]}Li0E")
+        assert sum(1 for x in move if ll_store.search(x)) == 1, dt     # one line store
+        assert not any(re.search(r"\bst\.global\.(?:u32|b32|u16|b16|f32)\b", x) and "[%" in x
+                       for x in move if ll_store.search(x)), dt
+    recv = function(funcs, "hccc_ll_recv_line")
+    assert any(ll_load.search(x) for x in recv)
+    assert not any(ll_load.search(x) for x in recv if re.search(r"\.v4\.", x))
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_gfx90a_no_workgroup_barrier_per_message_and_arrivals_drain_the_wave(sources, single):
+    """gfx90a: no s_barrier in any function a message runs through; an arrival is one LDS atomic
+    add after the wave's memory accesses completed (s_waitcnt vmcnt(0)); the L2 writeback of a
+    system-scope release (buffer_wbl2) happens only where a unit is posted, and not at all in
+    single-GPU builds; the data path has no cache maintenance."""
+    funcs = functions(compiled(sources, "hip", single), "amd")
+    for name, body in _per_message(funcs, inlined=("hccc_combine",)).items():
+        assert not any(re.search(r"\bs_barrier\b", x) for x in body), f"s_barrier in {name}"
+    arrive = function(funcs, "hccc_unit_arriveIfE")
+    at = [i for i, x in enumerate(arrive) if re.search(r"\bds_add_rtn_u32\b", x)]
+    assert len(at) == 1, "one LDS arrival"
+    assert any(re.search(r"\bs_waitcnt\b.*\bvmcnt\(0\)", x) for x in arrive[:at[0]])
+    assert any(re.search(r"\bbuffer_wbl2\b", x) for x in arrive) != single
+    for part in ("hccc_primIfLi0EE", "hccc_unit_dataIfLi0EE", "hccc_ll_moveIfLi0EE"):
+        body = function(funcs, part)
+        assert not any(re.search(r"\bbuffer_(?:wbl2|invl2|wbinvl1)", x) for x in body), part
+    move = function(funcs, "hccc_ll_moveIfLi0EE")
+    assert any(re.search(r"\b(?:global|flat)_store_dwordx2\b", x) for x in move), "no 8-byte LL store"
 
 
 # ---------------------------------------------------------------------------------- timers

@@ -130,3 +130,37 @@ def test_kernel_model_v3_terms():
     cross = model.ll_crossover(ir, **kw)
     assert 4 << 10 <= cross < 1 << 30
     assert model.v3(ir, 2 * cross, ll=True, **kw)["time_us"] >= model.v3(ir, 2 * cross, **kw)["time_us"]
+
+
+def test_kernel_model_overlapped_sync_term():
+    """The overlapped sync (per-warp waits, a block-shared arrival counter, no block barrier): what
+    a message costs a block and does not hide stays under 0.5 us in every v3 row the model prints
+    (threads as the runtime picks them), grows as a block has fewer warps to hide a poll and a
+    release behind, and is below the lock-step 1.0 us even for one warp's worth of hiding less;
+    a message's latency (the fill) still pays the whole chain."""
+    model = _script("kernel_model")
+    from hccc.compiler.pipeline import load_program
+    kw = dict(latency_ns=700, hbm_gbs=3000, sms=132, launch_us=5.0)
+    for name, path in model.ALGORITHMS.items():
+        ir = load_program(path)
+        for n in (4 << 10, 1 << 20, 1 << 30):
+            row = model.v3(ir, n, **kw)
+            assert row["sync_us"] < 0.5, (name, n, row)
+            fixed = model.v3(ir, n, sync_us=1.0, **kw)
+            assert row["block_us"] < fixed["block_us"]
+    costs = [model.overlapped_sync_us(t) for t in (1024, 512, 256, 128, 64, 32)]
+    assert costs == sorted(costs) and costs[1] < 0.5 and costs[3] < 0.5
+    ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
+    small = model.v3(ir, 4 << 10, **kw)
+    hidden = model.v3(ir, 4 << 10, sync_us=small["sync_us"], **kw)
+    assert small["fill_us"] > hidden["fill_us"]          # latency is not overlapped
+
+
+def test_ll_auto_threshold_is_the_model_crossover():
+    """``--proto auto`` switches at the crossover the model predicts for ring AllReduce 8."""
+    from hccc.compiler.backend import abi
+    from hccc.compiler.pipeline import load_program
+    model = _script("kernel_model")
+    ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
+    kw = dict(latency_ns=700, hbm_gbs=3000, sms=model.H100_SMS, launch_us=5.0, ll_sync_us=0.2)
+    assert model.ll_crossover(ir, **kw) == abi.LL_AUTO_MAX_BYTES

@@ -93,7 +93,7 @@ template <typename T> static int send_lines(const void* src, uint64_t* lines, ui
         hccc_pd d = pd0();
         d.op = HCCC_SEND;
         hccc_ll_move<T, HCCC_SUM>(x.c, d, 0, 0, nullptr, 0u, x.src, nullptr, nullptr, x.lines,
-                                  x.flag, nullptr, x.n);
+                                  x.flag, nullptr, x.n, hccc_tid(), hccc_nthreads());
       }, j, &blk, t);
     });
   for (auto& t : ts) t.join();

@@ -60,7 +60,7 @@ LL_FLAG_BASE = 1
 #: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
 #: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
 #: polling win while a message's sync costs more than its bytes)
-LL_AUTO_MAX_BYTES = 256 * 1024
+LL_AUTO_MAX_BYTES = 128 * 1024
 
 
 def ll_share_bytes(share: int) -> int:
