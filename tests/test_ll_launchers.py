@@ -4,7 +4,7 @@ it, and the C++ host API (``hccc_host.h``) built against the CPU emulation.
 
 Outputs are compared with the collective's definition computed with numpy from the inputs alone
 (:func:`hccc.runtime.reference.expected`, or a numpy sum), never with another run of the kernels.
-The size rule is checked against the documented crossover written out here (256 KiB of full
+The size rule is checked against the documented crossover written out here (128 KiB of full
 buffer), not against the function that implements it.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from test_communicator import INSTANCE, PROGRAMS, _no_leaks, _require_torch, cal
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 ROOT = Path(__file__).resolve().parent.parent
 #: the documented crossover of ``--proto auto`` (docs/kernel-protocol.md), in bytes of full buffer
-CROSSOVER = 256 * 1024
+CROSSOVER = 128 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_communicator_chooses_the_protocol_per_call(pool):
 
 @pytest.mark.slow
 def test_communicator_runs_ll_up_to_the_crossover_and_simple_above(pool):
-    """The same at the crossover: 256 KiB of full buffer runs LL, 4 bytes more Simple (unless LL
+    """The same at the crossover: 128 KiB of full buffer runs LL, 4 bytes more Simple (unless LL
     is asked for)."""
     ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=16384, fuse=True), 2)
     c4 = CROSSOVER // 4
@@ -303,7 +303,7 @@ def _emit(ir, d: Path) -> Path:
 
 
 def _oracle_proto(count: int, element_bytes: int, want: int, algorithm_level: bool) -> int:
-    """The documented rule: auto (-1) is LL (1) up to 256 KiB of full buffer, else Simple (0); an
+    """The documented rule: auto (-1) is LL (1) up to 128 KiB of full buffer, else Simple (0); an
     MSCCL import proven with one micro-batch per chunk runs Simple; anything else is refused (-1)."""
     if want == -1:
         want = 1 if count * element_bytes <= CROSSOVER else 0
