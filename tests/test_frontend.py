@@ -319,8 +319,9 @@ def test_string_op_and_case_insensitive_op_names():
     (H + "    x = 'abc'\n", 2, 9, "strings are only allowed"),
     (H + "    x = 'a' + 1\n", 2, 13, "unsupported operand for '+'"),
     (H + "    x = 9223372036854775807\n", 2, 9, "too large"),
-    (H + "    transfer(0, 1, 0, 0)\n", 2, 5, "transfer() takes 5 arguments"),
-    (H + "    transfer(0, 1, 0, 0, recv, 1)\n", 2, 5, "got 6"),
+    (H + "    transfer(0, 1, 0, 0)\n", 2, 5, "transfer() takes 5 or 6 arguments"),
+    (H + "    transfer(0, 1, 0, 0, recv, 1, 2)\n", 2, 5, "got 7"),
+    (H + "    transfer(0, 1, 0, 0, recv, rrc)\n", 2, 32, "argument 6 (channel)"),
     (H + "    transfer(0, 1, 0, 0, foo)\n", 2, 26, "unknown transfer op foo"),
     (H + "    transfer(0, 1, 0, 0, 'send')\n", 2, 26, "unknown transfer op 'send'"),
     (H + "    transfer(0, 1, 0, 0, 1 + 2)\n", 2, 26, "must be the operation"),
@@ -334,6 +335,15 @@ def test_syntax_errors(text, line, col, msg):
     assert msg in m
     assert (ln, cl) == (line, col), m
     assert "Traceback" not in render_all(e)
+
+
+def test_transfer_channel_argument():
+    """The optional sixth argument names the transfer's channel (0 where it is left out); a
+    program that names none has no channel column."""
+    alg = parse_rccl(H + "    for i in range(3):\n        transfer(i, i + 1, 0, i, recv, i % 2)\n"
+                     "    transfer(5, 6, 0, 5, recv)\n")
+    assert alg.channels.tolist() == [0, 1, 0, 0]
+    assert parse_rccl(H + "    transfer(0, 1, 0, 0, recv)\n").channel is None
 
 
 def test_unclosed_parenthesis_note():

@@ -97,6 +97,21 @@ def test_static_errors(row, kind, msg):
     assert (d.location.line, d.location.col) == (10 + len(rows) - 1, 13)
 
 
+@pytest.mark.parametrize("channel", [-1, 1024])
+def test_channel_out_of_range(channel):
+    import dataclasses
+
+    rows = ring_ag_rows(4)
+    alg = located("allgather", 4, rows)
+    ch = np.zeros(len(rows), np.int64)
+    ch[2] = channel
+    err = errors_of(dataclasses.replace(alg, channel=ch))
+    assert err.kinds[0] == "channel-out-of-range"
+    d = err.diagnostics[0]
+    assert d.message.startswith(f"channel {channel} is out of range (channels 0..1023)")
+    assert (d.location.line, d.location.col) == (12, 13)
+
+
 def test_static_error_precedence_one_per_transfer():
     alg = located("allgather", 4, [(9, 9, -1, 9, 7)])
     err = errors_of(alg)

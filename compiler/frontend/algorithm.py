@@ -14,6 +14,12 @@ chunk ``(i*N + j)*K + k`` is the ``k``-th piece of the block rank ``i`` sends to
 ``i*K + k``), and any rank may hold it in between (scratch). ``transfer(src, dst, step, chunk, op)`` moves ``src``'s chunk to
 ``dst`` (``RECV``: overwrite, ``RRC``: reduce into ``dst``'s chunk). All transfers of a step happen
 together, after every smaller step.
+
+An optional sixth argument, ``transfer(src, dst, step, chunk, op, channel)``, names the *channel*
+of the transfer (0 when left out): transfers between one pair of ranks on different channels
+travel over connections, FIFOs and thread blocks of their own, so they run side by side instead of
+one after another (the logical channels of MSCCL's XML; not the header's ``nChannels``, which is
+how many blocks run every thread block). The column is ``Algorithm.channel`` (None: all 0).
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from hccc.util.diagnostics import Location
 RECV = 0  # dst's chunk := src's chunk
 RRC = 1   # dst's chunk := dst's chunk (+) src's chunk   (recvReduceCopy)
 OP_NAMES = {RECV: "recv", RRC: "rrc"}
+#: the largest channel a transfer may name
+MAX_CHANNEL = 1023
 
 
 @dataclass(frozen=True)
@@ -96,22 +104,36 @@ class Algorithm:
     site: np.ndarray
     sites: list[TransferSite] = field(default_factory=list)
     loop_values: list[np.ndarray] = field(default_factory=list)
+    channel: np.ndarray | None = None     # per transfer (int64); None: every transfer on channel 0
 
     def __post_init__(self) -> None:
         n = len(self.src)
         for name in ("dst", "step", "chunk", "op", "site"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"column {name} has {len(getattr(self, name))} rows, expected {n}")
+        if self.channel is not None:
+            self.channel = np.asarray(self.channel, dtype=np.int64)
+            if len(self.channel) != n:
+                raise ValueError(f"column channel has {len(self.channel)} rows, expected {n}")
+            if not self.channel.any():
+                self.channel = None
         self._site_start: np.ndarray | None = None
+
+    @property
+    def channels(self) -> np.ndarray:
+        """The channel of every transfer (zeros when the program names none)."""
+        return self.channel if self.channel is not None else np.zeros(len(self.src), dtype=np.int64)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_rows(cls, header: Header, rows, sites: list[TransferSite] | None = None) -> "Algorithm":
-        """Build from ``(src, dst, step, chunk, op)`` tuples (generators, tests, synthesis).
+        """Build from ``(src, dst, step, chunk, op)`` or ``(src, dst, step, chunk, op, channel)``
+        tuples (generators, tests, synthesis).
 
         Without ``sites`` every row gets one anonymous site with no loop variables.
         """
-        arr = np.asarray(list(rows), dtype=np.int64).reshape(-1, 5)
+        arr = np.asarray(list(rows), dtype=np.int64)
+        arr = arr.reshape(-1, arr.shape[1] if arr.ndim == 2 and arr.shape[1] == 6 else 5)
         n = len(arr)
         if sites is None:
             sites = [TransferSite(header.location, ())]
@@ -122,6 +144,7 @@ class Algorithm:
             site=np.zeros(n, dtype=np.int64),
             sites=list(sites),
             loop_values=[np.zeros((n, 0), dtype=np.int64)],
+            channel=arr[:, 5].copy() if arr.shape[1] == 6 else None,
         )
 
     # ------------------------------------------------------------------ queries
@@ -181,4 +204,5 @@ class Algorithm:
         order = np.argsort(self.site[idx], kind="stable")
         idx = idx[order]
         return Algorithm(self.header, self.src[idx], self.dst[idx], self.step[idx], self.chunk[idx],
-                         self.op[idx], self.site[idx], list(self.sites), new_vals)
+                         self.op[idx], self.site[idx], list(self.sites), new_vals,
+                         None if self.channel is None else self.channel[idx])

@@ -565,8 +565,9 @@ class Evaluator:
     # ---------------------------------------------------------------- output
     def assemble(self) -> Algorithm:
         prog = self.program
-        cols = [[], [], [], []]
+        cols = [[], [], [], [], []]     # src, dst, step, chunk, channel
         ops, sites_col, loop_values, sites = [], [], [], []
+        named = any(len(tr.args) == 5 for tr in prog.transfers)   # some transfer names its channel
         for tr in prog.transfers:
             blocks = self.blocks[tr.site]
             depth = len(tr.loop_vars)
@@ -577,7 +578,7 @@ class Evaluator:
             if len(blocks) == 1:
                 bc, mat, _ = blocks[0]
             else:
-                bc = [np.concatenate([b[0][k] for b in blocks]) for k in range(4)]
+                bc = [np.concatenate([b[0][k] for b in blocks]) for k in range(len(tr.args))]
                 mat = np.concatenate([b[1] for b in blocks])
                 if tr.needs_key:
                     keys = [np.concatenate([b[2][k] for b in blocks]) for k in range(depth)]
@@ -587,6 +588,8 @@ class Evaluator:
             for k in range(4):
                 cols[k].append(np.asarray(bc[k], dtype=_I64))
             cnt = len(bc[0])
+            if named:
+                cols[4].append(np.asarray(bc[4], dtype=_I64) if len(bc) > 4 else np.zeros(cnt, _I64))
             ops.append(np.full(cnt, tr.op, dtype=np.uint8))
             sites_col.append(np.full(cnt, tr.site, dtype=_I64))
             loop_values.append(np.ascontiguousarray(mat, dtype=_I64))
@@ -598,7 +601,7 @@ class Evaluator:
             header=prog.header,
             src=cat(cols[0], _I64), dst=cat(cols[1], _I64), step=cat(cols[2], _I64),
             chunk=cat(cols[3], _I64), op=cat(ops, np.uint8), site=cat(sites_col, _I64),
-            sites=sites, loop_values=loop_values,
+            sites=sites, loop_values=loop_values, channel=cat(cols[4], _I64) if named else None,
         )
 
 

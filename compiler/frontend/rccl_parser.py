@@ -564,12 +564,14 @@ class _Builder:
         tok = tree.children[0]
         args = [a for a in tree.children[1:] if a is not None]
         loc = self.loc(tok)
-        if len(args) != 5:
-            raise CompileError.at(loc, f"transfer() takes 5 arguments (src, dst, step, chunk, op), "
-                                       f"got {len(args)}")
-        names = ("src", "dst", "step", "chunk")
+        if len(args) not in (5, 6):
+            raise CompileError.at(loc, f"transfer() takes 5 or 6 arguments (src, dst, step, chunk, op"
+                                       f"[, channel]), got {len(args)}")
+        names = ("src", "dst", "step", "chunk", "op", "channel")
         vals = []
-        for i, a in enumerate(args[:4]):
+        for i, a in enumerate(args):
+            if i == 4:
+                continue
             if isinstance(a, Tree) and a.data == "opword":
                 raise CompileError.at(self.tree_loc(a), f"'{a.children[0]}' is an operation; "
                                                         f"transfer() argument {i + 1} ({names[i]}) "

@@ -33,7 +33,8 @@ its thread block owns both ends. Fused traffic therefore travels on logical chan
 uses, chosen so that the fused primitives on a connection end and channel all belong to one
 (receive-from, send-to) pair of that rank and no plain primitive shares their end. Unfused traffic
 stays on channel 0 with its own thread blocks and FIFOs, so fusion no longer ties independent
-connections together.
+connections together. A program that names channels itself (``transfer(..., channel)``) keeps them
+and is not fused.
 FIFO order is kept per (connection, channel): a fused send runs with its receive's key, so fusions
 that would reorder the sends of a channel against its receives (:func:`_fifo_inversions`) are
 dropped and the choice is made again.
@@ -177,7 +178,11 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fused_send = np.full(T, -1, dtype=np.int64)   # a -> b (b's send rides on a's receive)
     es = np.asarray(dag.edge_src, dtype=np.int64)
     ed = np.asarray(dag.edge_dst, dtype=np.int64)
-    task_channel = np.zeros(T, dtype=np.int64)
+    # the channels the program names; such a program is not fused: its channels already give
+    # each stream connections and thread blocks of its own
+    task_channel = alg.channels.copy()
+    if alg.channel is not None:
+        fuse = False
     if fuse and len(es) and T:
         cand = dst[es] == src[ed]
         ca, cb = es[cand], ed[cand]

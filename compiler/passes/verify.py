@@ -34,14 +34,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hccc.compiler.frontend.algorithm import RRC, Algorithm, Collective
+from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RRC, Algorithm, Collective
 from hccc.util.diagnostics import CompileError, Diagnostic, Location
 from hccc.util.plural import plural_noun
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
 STATIC_KINDS = ("src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "negative-step",
-                "bad-op", "self-transfer")
+                "bad-op", "self-transfer", "channel-out-of-range")
 DYNAMIC_KINDS = ("write-write-race", "read-write-race", "undefined-source", "undefined-target",
                  "allgather-reduction", "double-count")
 POSTCONDITION = "postcondition"
@@ -236,6 +236,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
         step < 0,
         (op != 0) & (op != 1),
         src == dst,
+        (alg.channels < 0) | (alg.channels > MAX_CHANNEL),
     )
     kind_code = np.full(n, -1, dtype=np.int64)
     for k in range(len(checks) - 1, -1, -1):  # lowest k wins
@@ -257,8 +258,10 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             msg = f"step {t} is negative"
         elif k == 4:
             msg = f"unknown transfer operation {o} (expected recv or rrc)"
-        else:
+        elif k == 5:
             msg = f"rank {s} sends chunk {c} to itself at step {t}"
+        else:
+            msg = f"channel {int(alg.channels[i])} is out of range (channels 0..{MAX_CHANNEL})"
         col.add(STATIC_KINDS[k], i, msg)
 
     # ---------------------------------------------------------------- replay

@@ -2,7 +2,8 @@
 
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
 bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
-per line, grouped by step; a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
+per line, grouped by step (with a sixth argument, the channel, where it is not 0: tree programs
+give every stream channels of its own); a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
 identical nodes is written as ``for`` loops over the node (and GPU) shifts that map its
 representative trees onto the others, so the text stays short at any scale. It parses back to exactly the transfers of :func:`to_algorithm`, so
 ``hccc`` compiles it like any other program. Chunk ids follow the language's data model: with ``K``
@@ -61,12 +62,13 @@ def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm
     n = len(rows)
     return Algorithm(header=h, src=rows[:, 0].copy(), dst=rows[:, 1].copy(), step=rows[:, 2].copy(),
                      chunk=rows[:, 3].copy(), op=rows[:, 4].astype(np.uint8), site=np.zeros(n, np.int64),
-                     sites=base.sites, loop_values=[np.zeros((n, 0), np.int64)])
+                     sites=base.sites, loop_values=[np.zeros((n, 0), np.int64)],
+                     channel=rows[:, 5].copy() if rows.shape[1] > 5 else None)
 
 
 def _sorted_rows(result: SynthResult) -> np.ndarray:
     r = result.rows
-    return r[np.lexsort((r[:, 3], r[:, 1], r[:, 0], r[:, 2]))] if len(r) else r.reshape(0, 5)
+    return r[np.lexsort((r[:, 3], r[:, 1], r[:, 0], r[:, 2]))] if len(r) else r.reshape(0, r.shape[-1] if r.ndim == 2 else 5)
 
 
 #: programs of this many transfers or more are written as loops over their symmetry when they
@@ -100,9 +102,14 @@ def _loop_lines(part) -> list[str]:
            f"    for a in range(0, {N}):"]
     if B > 1:
         out.append(f"        for b in range(0, {B}):")
-    out.extend(f"{ind}transfer({rank(s)}, {rank(d)}, {t}, {chunk(r, j)}, {ops[o]})"
-               for s, d, t, r, j, o in rows.tolist())
+    out.extend(f"{ind}transfer({rank(x[0])}, {rank(x[1])}, {x[2]}, {chunk(x[3], x[4])}, {ops[x[5]]}{_channel_arg(x, 6)})"
+               for x in rows.tolist())
     return out
+
+
+def _channel_arg(row: list, col: int) -> str:
+    """``, channel`` for a row with a channel column ``col`` that is not 0, else nothing."""
+    return f", {row[col]}" if len(row) > col and row[col] else ""
 
 
 def _comment(text: str) -> str:
@@ -157,5 +164,6 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
         ops = dict(OP_NAMES)
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             lines.append(f"    # step {int(steps[a])}: {b - a} transfers")
-            lines.extend(f"    transfer({s}, {d}, {t}, {c}, {ops[o]})" for s, d, t, c, o in rows[a:b].tolist())
+            lines.extend(f"    transfer({r[0]}, {r[1]}, {r[2]}, {r[3]}, {ops[r[4]]}{_channel_arg(r, 5)})"
+                         for r in rows[a:b].tolist())
     return "\n".join(lines) + "\n"

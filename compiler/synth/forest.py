@@ -11,10 +11,33 @@ like the search's :class:`~hccc.compiler.synth.collectives.SynthResult`, with
   AllGather's on the transposed network.
 * AllReduce: that ReduceScatter, then that AllGather of the reduced chunks.
 
+How the trees become a program that runs at the packing's rate (in the simulator as on GPUs, a
+thread block runs its primitives one after another, each for all of its micro-batches, and links
+are shared max-min fairly between the flows on them):
+
+* **A channel per stream.** A *stream* is one of the packing's chunks (``1/K`` of its root's
+  data) on its way down its tree. Every transfer of a stream between a pair of ranks names the
+  channel the stream takes on that pair (``transfer(..., channel)``; the streams using the pair
+  are numbered 0, 1, ...), so each stream has connections and thread blocks of its own and the
+  streams that share a link run side by side. On one channel a thread block would forward one
+  stream after another: a stream arriving slowly (over a NIC) holds up everything queued behind
+  it, and the rest is forwarded after it ends. All streams have the same planned rate, so a fair
+  share of a link or shared group is never below what the packing plans for a stream on it: a
+  tree that carries several chunks gets as many streams, and its weight in every fair share.
+* **Pipelined streams.** Each chunk is cut ``split`` ways (:func:`split_for`: at least 2, and at
+  least :data:`SPLIT_TARGET` chunks per rank), so a stream is a sequence of chunks flowing down its
+  tree one behind the other; a rank forwards one while the next arrives.
+* **Blocks per thread block** (``nChannels``): enough for a stream's planned rate at the
+  per-block throughput (:func:`blocks_for`); ``hccc synth`` then keeps the fewest with which the
+  simulated time is that of a run without the per-block limit.
+* AllReduce: the AllGather's channels come after the ReduceScatter's, so the second phase's
+  streams never queue behind the first's on a thread block.
+
+ReduceScatter is built by the same recipe on the transposed network, so it is the time-reverse of
+an AllGather: its streams, channels and chunks mirror the AllGather's.
+
 Several shapes of the same packing (:data:`.trees.SHAPES`) are built; with a ``score`` (the
-simulated time of a program, lower is better) the best is kept, otherwise the first. The program
-asks for the channels its busiest connection needs (:func:`.trees.channels_for`) so the
-simulator's per-block limit does not bind where the link could carry more.
+simulated time of a program, lower is better) the best is kept, otherwise the first.
 """
 from __future__ import annotations
 
@@ -32,10 +55,14 @@ from hccc.compiler.synth import trees as tr
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 
 
+#: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
+SPLIT_TARGET = 8
+
+
 @dataclass
 class TreeProgram:
-    """What :func:`synthesize_trees` makes: transfer rows ``(src, dst, step, chunk, op)``, their
-    steps, the hop-distance step bound, chunks per rank and the report (``detail``)."""
+    """What :func:`synthesize_trees` makes: transfer rows ``(src, dst, step, chunk, op, channel)``,
+    their steps, the hop-distance step bound, chunks per rank and the report (``detail``)."""
 
     rows: np.ndarray
     steps: int
@@ -47,11 +74,93 @@ class TreeProgram:
     loops: list | None = None
 
 
-def _rows(rows4: np.ndarray, op: int, step0: int = 0) -> np.ndarray:
+def _rows(rows4: np.ndarray, op: int, step0: int = 0, tree: np.ndarray | None = None) -> np.ndarray:
+    """``(src, dst, step, chunk, op, channel)`` rows; ``tree``: the stream of every chunk id, whose
+    channel on each pair is its index among the streams using that pair (None: channel 0)."""
     if not len(rows4):
-        return np.zeros((0, 5), np.int64)
+        return np.zeros((0, 6), np.int64)
+    ch = np.zeros(len(rows4), np.int64) if tree is None else pair_channels(rows4[:, 0], rows4[:, 1],
+                                                                          tree[rows4[:, 3]])
     return np.c_[rows4[:, 0], rows4[:, 1], rows4[:, 2] + step0, rows4[:, 3],
-                 np.full(len(rows4), op)].astype(np.int64)
+                 np.full(len(rows4), op), ch].astype(np.int64)
+
+
+def pair_channels(src: np.ndarray, dst: np.ndarray, stream: np.ndarray) -> np.ndarray:
+    """The channel of every transfer: the index of its ``stream`` among the streams that use its
+    pair ``(src, dst)``, in stream order (0, 1, ...)."""
+    src, dst, stream = (np.asarray(a, np.int64) for a in (src, dst, stream))
+    if not len(src):
+        return np.zeros(0, np.int64)
+    pair = src * (int(max(src.max(), dst.max())) + 1) + dst
+    o = np.lexsort((stream, pair))
+    ps, ss = pair[o], stream[o]
+    new_pair = np.r_[True, ps[1:] != ps[:-1]]
+    new_stream = new_pair | np.r_[True, ss[1:] != ss[:-1]]
+    idx = np.cumsum(new_stream) - 1                     # distinct (pair, stream) in sorted order
+    first = np.maximum.accumulate(np.where(new_pair, idx, 0))
+    out = np.empty(len(src), np.int64)
+    out[o] = idx - first
+    return out
+
+
+def split_for(chunks_per_rank: int) -> int:
+    """How many ways every chunk of a packing with ``chunks_per_rank`` is cut: the least power of
+    two, at least 2, giving at least :data:`SPLIT_TARGET` chunks per rank."""
+    s = 2
+    while s * max(1, int(chunks_per_rank)) < SPLIT_TARGET:
+        s *= 2
+    return s
+
+
+def split_packing(packing: tr.Packing, split: int) -> tr.Packing:
+    """``packing`` with every chunk cut into ``split`` (the same trees, ``split`` times the chunks)."""
+    import dataclasses
+
+    if split == 1:
+        return packing
+    return dataclasses.replace(packing, chunks_per_rank=packing.chunks_per_rank * split,
+                               counts=[int(c) * split for c in packing.counts])
+
+
+def stream_of_chunk(packing: tr.Packing, split: int) -> np.ndarray:
+    """The stream of every chunk id of a packing split ``split`` ways: the packing's chunk it was
+    cut from (chunk ids ``r*K + j`` of root ``r``, as :func:`.trees.allgather_rows` and
+    :func:`.trees.reducescatter_rows` number them, stay in order when cut)."""
+    return np.arange(packing.nranks * packing.chunks_per_rank, dtype=np.int64) // int(split)
+
+
+def loop_channels(loops: tr.LoopRows, split: int) -> np.ndarray:
+    """Channels of the representative rows of a symmetric program (``loops``) that are the same in
+    every translate: the streams on a pair are the translates of the (stream, pair) combinations of
+    the representative rows whose pair lies in that pair's orbit, one each (the symmetry acts
+    freely on the ranks), so numbering the combinations within each pair orbit gives every stream
+    on a pair a channel of its own, 0, 1, ..., on every pair of the orbit."""
+    r = loops.rows
+    if not len(r):
+        return np.zeros(0, np.int64)
+    E = loops.symmetry.ranks
+    n = E.shape[1]
+    orbit = (E[:, r[:, 0]] * n + E[:, r[:, 1]]).min(axis=0)       # least pair of the pair's orbit
+    unit = r[:, 4] // int(split)
+    combo = np.stack([orbit, r[:, 3], unit, r[:, 0], r[:, 1]], axis=1)
+    _, first, inv = np.unique(combo, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    keys = combo[first]                                          # sorted: by orbit, then the rest
+    new_orbit = np.r_[True, keys[1:, 0] != keys[:-1, 0]]
+    idx = np.arange(len(keys))
+    start = np.maximum.accumulate(np.where(new_orbit, idx, 0))
+    return (idx - start)[inv].astype(np.int64)
+
+
+def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, *, block_gbps: float) -> int:
+    """Blocks per thread block so that a stream, at the rate the packing plans for it (``1/K`` of
+    its root's data over ``seconds``), fits in its thread block's blocks."""
+    from hccc.compiler.ir.program_ir import MAX_CHANNELS
+
+    if seconds <= 0 or not block_gbps or not packing.counts:
+        return 1
+    rate = data_bytes_per_rank / packing.chunks_per_rank / seconds
+    return int(min(MAX_CHANNELS, max(1, int(np.ceil(rate / (block_gbps * 1e9) * 1.05)))))
 
 
 def _steps(rows: np.ndarray) -> int:
@@ -126,24 +235,29 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         variants.append((1, ones))
 
     def channels_of(pk: dict) -> int:
-        """The busiest pair's planned rate at the packing's time, in blocks."""
-        ch = 1
-        for name, p in pk.items():
-            ch = max(ch, tr.channels_for(nets[name], p, per_rank, p.rounded_time * per_rank,
-                                         block_gbps=block_gbps or 0.0))
-        return ch
+        """Blocks per thread block for a stream's planned rate."""
+        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=block_gbps or 0.0)
+                   for p in pk.values())
 
-    def build(shape: str, pk: dict) -> tuple[np.ndarray, dict]:
-        parts, step0, info, loops = [], 0, {}, []
+    def build(shape: str, pk: dict, split: int) -> tuple[np.ndarray, dict]:
+        parts, step0, ch0, info, loops = [], 0, 0, {}, []
         for name in ("reducescatter", "allgather"):
             if name not in pk:
                 continue
-            sp = tr.shaped(nets[name], pk[name], shape)
-            r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
-            rows = _rows(r4, RRC if name == "reducescatter" else RECV, step0)
-            loops.append(tr.loop_rows(sp, RRC if name == "reducescatter" else RECV, step0,
-                                      reduce=name == "reducescatter"))
+            op = RRC if name == "reducescatter" else RECV
+            sp = split_packing(tr.shaped(nets[name], pk[name], shape), split)
+            lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
+            if lp is not None:
+                # symmetric: channels alike in every translate, so the loops carry them
+                lp.rows = np.c_[lp.rows, loop_channels(lp, split) + ch0]
+                rows = np.c_[lp.expand(), np.tile(lp.rows[:, 6], len(lp.symmetry))]
+            else:
+                r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
+                rows = _rows(r4, op, step0, stream_of_chunk(sp, split))
+                rows[:, 5] += ch0
+            loops.append(lp)
             step0 = _steps(rows)
+            ch0 = int(rows[:, 5].max()) + 1 if len(rows) else ch0
             parts.append(rows)
             info[name] = sp
         info["loops"] = loops if all(lp is not None for lp in loops) else None
@@ -152,14 +266,15 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     candidates = []
     for kv, pk in variants:
         ch = channels_of(pk)
+        split = split_for(kv)
         for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
-            rows, info = build(shape, pk)
-            sc = score(coll, rows, kv, ch) if score is not None else None
-            candidates.append((sc if sc is not None else 0.0, shape, rows, info, kv, pk, ch))
+            rows, info = build(shape, pk, split)
+            sc = score(coll, rows, kv * split, ch) if score is not None else None
+            candidates.append((sc if sc is not None else 0.0, shape, rows, info, kv * split, pk, ch, split))
             if time.perf_counter() > deadline:
                 break
     best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info, K, packs, channels = best
+    _, shape, rows, info, K, packs, channels, split = best
     loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
@@ -168,9 +283,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         "method": "trees",
         "channels": int(channels),
         "shape": shape,
+        "split": int(split),
         "model_seconds": model_s,
         "cut_seconds_per_rank_byte": cut,
-        "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank,
+        "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * split,
                          "lp_seconds_per_byte": p.lp_time, "bound_seconds_per_byte": p.lower_bound,
                          "model_fraction": p.fraction, "lp_iterations": p.iterations, "columns": p.columns,
                          "wall_s": round(p.seconds, 3), **info[name].stats}
@@ -178,4 +294,5 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     }
     if score is not None:
         detail["simulated_candidates"] = {f"K={c[4]} {c[1]}": c[0] for c in candidates}
+    detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)
