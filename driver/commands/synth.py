@@ -366,27 +366,43 @@ def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None
     return float(t)
 
 
-def resident_channels(ir, topo) -> int:
+def resident_channels(ir, topo, tbs: int | None = None) -> int:
     """The most channels with which every thread block of a rank fits on its GPU at once (the
     kernels' blocks must all be resident; ``hccc`` refuses more), on the platform of every rank's
-    vendor."""
+    vendor; ``tbs``: the thread blocks of the busiest rank (default: ``ir``'s)."""
     from hccc.compiler.passes.channels import max_blocks_per_rank, most_tbs
     from hccc.compiler.pipeline.options import platforms_for
 
     plats = {p[0] for p in platforms_for(topo.nranks, "auto", topo)}
     caps = [c for c in (max_blocks_per_rank(ir, p) for p in sorted(plats)) if c is not None]
-    return max(1, min(caps) // max(1, most_tbs(ir))) if caps else CHANNEL_STEPS[-1]
+    t = most_tbs(ir) if tbs is None else max(1, int(tbs))
+    return max(1, min(caps) // t) if caps else CHANNEL_STEPS[-1]
 
 
 def _cap_channels(result, topo) -> None:
     """Lower ``result.detail["channels"]`` (the packing's own count, not simulated) to
-    :func:`resident_channels` of its program."""
+    :func:`resident_channels` with a thread block per connection: the state-based allocation
+    ``hccc`` uses has at most as many (so the count stays resident), and finding it takes minutes
+    on programs of many steps at this scale."""
     if int(result.detail.get("channels", 1)) <= 1:
         return None
-    from hccc.compiler.passes.build import build_program
+    import types
+
+    import numpy as np
+
+    from hccc.compiler.passes.build import schedule_algorithm
+    from hccc.compiler.passes.dag import build_dag
+    from hccc.compiler.passes.lower import lower
+    from hccc.compiler.passes.tb_alloc import connection_units
     from hccc.compiler.synth import to_algorithm
 
-    cap = resident_channels(build_program(to_algorithm(result, topo)), topo)
+    alg = to_algorithm(result, topo)
+    dag = build_dag(alg)
+    low = lower(alg, dag, schedule_algorithm(alg, dag), fuse=False)
+    unit, urank, _, _ = connection_units(low)
+    per_rank = np.bincount(urank, minlength=low.nranks)
+    per_rank[np.unique(low.cols["rank"][unit < 0])] += 1      # local primitives' thread block
+    cap = resident_channels(types.SimpleNamespace(nwarps=alg.header.nwarps), topo, int(per_rank.max()))
     result.detail["channels"] = min(int(result.detail["channels"]), cap)
     return None
 
