@@ -25,7 +25,8 @@ are shared max-min fairly between the flows on them):
   share of a link or shared group is never below what the packing plans for a stream on it: a
   tree that carries several chunks gets as many streams, and its weight in every fair share.
 * **Pipelined streams.** Each chunk is cut ``split`` ways (:func:`split_for`: at least 2, and at
-  least :data:`SPLIT_TARGET` chunks per rank), so a stream is a sequence of chunks flowing down its
+  least :data:`SPLIT_TARGET` chunks per rank, unless that makes more than
+  :data:`SPLIT_MAX_TRANSFERS` transfers), so a stream is a sequence of chunks flowing down its
   tree one behind the other; a rank forwards one while the next arrives.
 * **Blocks per thread block** (``nChannels``): enough for a stream's planned rate at the
   per-block throughput (:func:`blocks_for`); ``hccc synth`` then keeps the fewest with which the
@@ -57,6 +58,8 @@ from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 
 #: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
 SPLIT_TARGET = 8
+#: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
+SPLIT_MAX_TRANSFERS = 100_000
 
 
 @dataclass
@@ -103,12 +106,19 @@ def pair_channels(src: np.ndarray, dst: np.ndarray, stream: np.ndarray) -> np.nd
     return out
 
 
-def split_for(chunks_per_rank: int) -> int:
+def split_for(chunks_per_rank: int, nranks: int = 0) -> int:
     """How many ways every chunk of a packing with ``chunks_per_rank`` is cut: the least power of
-    two, at least 2, giving at least :data:`SPLIT_TARGET` chunks per rank."""
+    two, at least 2, giving at least :data:`SPLIT_TARGET` chunks per rank; halved while the
+    program (``nranks (nranks - 1)`` transfers per chunk id of an AllGather) would have more than
+    :data:`SPLIT_MAX_TRANSFERS` transfers, down to 1 (large clusters: the text, the compiler and
+    the simulator grow with the transfers)."""
+    K = max(1, int(chunks_per_rank))
     s = 2
-    while s * max(1, int(chunks_per_rank)) < SPLIT_TARGET:
+    while s * K < SPLIT_TARGET:
         s *= 2
+    per_split = max(1, int(nranks) * (int(nranks) - 1)) * K
+    while s > 1 and s * per_split > SPLIT_MAX_TRANSFERS:
+        s //= 2
     return s
 
 
@@ -266,7 +276,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     candidates = []
     for kv, pk in variants:
         ch = channels_of(pk)
-        split = split_for(kv)
+        split = split_for(kv, n)
         for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
             rows, info = build(shape, pk, split)
             sc = score(coll, rows, kv * split, ch) if score is not None else None
