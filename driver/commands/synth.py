@@ -328,8 +328,9 @@ SIMULATE_MAX_RANKS = 128
 def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None:
     """The fewest channels (``CHANNEL_STEPS``) with which the program runs within ``tol`` of its
     time without the simulator's per-block limit at ``nbytes``: the per-block limit then never
-    binds where the links could carry more. Bisects ``CHANNEL_STEPS`` (more channels never slow
-    the program: each block's share only grows), so a few simulations suffice. Sets
+    binds where the links could carry more. Tries the packing's own count and the step below it,
+    then bisects ``CHANNEL_STEPS`` (taking the time as non-increasing in channels: each block's
+    share only grows), so a few simulations suffice. Sets
     ``result.detail["channels"]`` and returns the simulated seconds with them; leaves it alone and
     returns None without the simulator or when the program cannot be simulated."""
     try:
@@ -353,6 +354,18 @@ def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None
     try:
         free = simulate(prepare(ir, topo, None), topo, int(nbytes), slice_bytes="auto").time_s
         lo, hi = 0, len(steps) - 1             # the answer lies in [lo, hi]; hi is taken if none passes
+        # first the packing's own count (its busiest pair's planned rate) and the step below it:
+        # usually the answer, found in two simulations
+        guess = max([i for i, c in enumerate(steps) if c <= int(result.detail.get("channels", 1))] or [0])
+        if at(guess) <= free * (1 + tol):
+            hi = guess
+            if guess > 0:
+                if at(guess - 1) <= free * (1 + tol):
+                    hi = guess - 1
+                else:
+                    lo = guess
+        else:
+            lo = guess + 1
         while lo < hi:
             mid = (lo + hi) // 2
             if at(mid) <= free * (1 + tol):
