@@ -69,6 +69,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import Args, ErrorRecord
+from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
                                    check_fifo_memory, check_slice, describe_stuck, generated_sources,
                                    launch_proto, program_layout, rank_blocks)
@@ -89,18 +90,22 @@ _PROTO_CODE = {name.lower(): code for name, code in PROTOS}
 _REASON_AT, _REASON_MAX = 128, 1024       # a failed rank's reason, in its host segment
 
 
-def _call_type(dtype: str, op: str, proto: str) -> int:
-    """The host segment's word for a call's element type, op and FIFO protocol."""
-    return DTYPES.index(dtype) * 16 + OPS.index(op) + 256 * _PROTO_CODE[proto]
+def _call_type(dtype: str, op: str, proto: str, epoch: int = 0, zero: bool = False) -> int:
+    """The host segment's word for a call's element type, op, FIFO protocol and LL flag epoch
+    (with whether the call zeroes the slots first: :class:`~hccc.runtime.ll_epoch.LLEpochs`)."""
+    return (DTYPES.index(dtype) * 16 + OPS.index(op) + 256 * _PROTO_CODE[proto] +
+            (int(zero) << 16) + (int(epoch) << 17))
 
 
 def _describe_type(word: int) -> str:
-    """``float32 (sum, ll)`` from a :func:`_call_type` word."""
+    """``float32 (sum, ll) in LL epoch 3`` from a :func:`_call_type` word."""
+    epoch, word = divmod(word, 1 << 17)
+    zero, word = divmod(word, 1 << 16)
     pr, rest = divmod(word, 256)
     pd, po = divmod(rest, 16)
     protos = {v: k for k, v in _PROTO_CODE.items()}
     return (f"{DTYPES[pd] if pd < len(DTYPES) else '?'} ({OPS[po] if po < len(OPS) else '?'}, "
-            f"{protos.get(pr, '?')})")
+            f"{protos.get(pr, '?')})" + (f" in LL epoch {epoch}{' (zeroing)' if zero else ''}" if pr else ""))
 
 
 class CommunicatorError(RuntimeError):
@@ -443,6 +448,10 @@ class Communicator:
         self._host_own.unlink()
         self._calls = 0
         self._seq = 0
+        #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
+        #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
+        #: calls and when the epochs wrap (:mod:`hccc.runtime.ll_epoch`)
+        self.ll_epochs = LLEpochs()
 
     def _agree(self, man: dict, plats, codegen: str, dtype: str, op: str) -> None:
         """Before anything is mapped: every rank runs the same program with the same memory
@@ -593,10 +602,16 @@ class Communicator:
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
         proto = self._choose_proto(count * es)
+        from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
+        share = slot_share_bytes(self.chunk_bytes, ir.max_step_chunks)
+        slice_b = (self.chunk_bytes if ir.algorithm_level
+                   else auto_slice_bytes(count * es, ir.nchunks, share, es))
+        epoch, zero = self.ll_epochs.launch(proto, ll_messages_bound(
+            ir.nprims, count, ir.nchunks, es, self.chunk_bytes, share, slice_b))
         self._calls += 1
         hw = self._host_words(self._host_own)
         hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
-        hw[_H_TYPE] = _call_type(dtype, op, proto)
+        hw[_H_TYPE] = _call_type(dtype, op, proto, epoch, zero)
         self._barrier(f"{method} #{self._calls}")       # every rank finished its previous call
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
@@ -605,17 +620,13 @@ class Communicator:
                     f"{method} #{self._calls}: rank {r} passes {int(w[_H_COUNT])} elements of "
                     f"{_describe_type(int(w[_H_TYPE]))}, this rank {count} elements of "
                     f"{_describe_type(int(hw[_H_TYPE]))}; every rank must make the same call")
-        self._mem.reset(slots=proto == "ll")     # LL: no line of an earlier call may match
+        self._mem.reset(slots=zero)     # LL: zeroes only when no epoch keeps old lines apart
         if self._net is not None and not self._net.reset(self.timeout_s):
             raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
         ctypes.c_uint32.from_address(self._abort).value = 0
         pf.memset(self._error, 0, ctypes.sizeof(ErrorRecord))
         lay = program_layout(ir, count)[self.rank]
         scr = self._scratch_ptr(lay[2] * es)
-        from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
-        slice_b = (self.chunk_bytes if ir.algorithm_level
-                   else auto_slice_bytes(count * es, ir.nchunks,
-                                         slot_share_bytes(self.chunk_bytes, ir.max_step_chunks), es))
         try:           # every rank makes this call (compared above): every rank refuses it
             check_slice(ir, count, es, slice_b)
         except ValueError as exc:
@@ -625,7 +636,7 @@ class Communicator:
                     send_conns=self._mem.send_tab, recv_conns=self._mem.recv_tab,
                     progress=self._mem.progress, abort_flag=self._abort, error=self._error,
                     timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                    slice_bytes=slice_b, proto=_PROTO_CODE[proto])
+                    slice_bytes=slice_b, proto=_PROTO_CODE[proto], ll_epoch=epoch)
         self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
         # table mode: the generic kernel takes the rank's table address after hccc_args
         tail = self._table.to_bytes(8, "little") if self._table is not None else b""

@@ -63,6 +63,7 @@ from hccc.runtime.busbw import busbw_factor
 from hccc.compiler.backend import abi
 from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
 from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
@@ -504,9 +505,9 @@ class RankMemory:
 
     def reset(self, slots: bool = False) -> None:
         """Zero what the kernels need zeroed at launch: the control block (tails, heads, progress
-        counters) and the orphan FIFOs' headers; with ``slots`` (an LL launch) the FIFO slots too,
-        so that the only lines a slot holds are earlier messages of the same launch, whose flags
-        differ from the awaited one (``abi.LL_FLAG_BASE``)."""
+        counters) and the orphan FIFOs' headers; with ``slots`` the FIFO slots too, which an LL
+        launch needs only when :class:`~hccc.runtime.ll_epoch.LLEpochs` says so (the first LL
+        launch, one after Simple launches, and when the flag epochs wrap)."""
         self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
         if slots:
             self.platform.memset(self.slots, 0, self.plan.slots_bytes)
@@ -770,6 +771,9 @@ class Runner:
         for r in range(N):
             self.rank_mem[r].connect(self.rank_plans,
                                      lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots))
+        #: LL flag epochs of these FIFOs (:mod:`hccc.runtime.ll_epoch`): the slots are zeroed only
+        #: before the first LL launch, after Simple ones and when the epochs wrap
+        self.ll_epochs = LLEpochs()
         self.ctrl = [m.ctrl for m in self.rank_mem]
         self.ctrl_bytes = [m.plan.ctrl_bytes for m in self.rank_mem]
         self.prog_ptr = [m.progress for m in self.rank_mem]
@@ -1035,22 +1039,26 @@ class Runner:
                                        "receiver's buffer, which has no room for LL's flags)")
             else:
                 self._set_peers(argv, bufs)
-            args = []
-            for r, a in enumerate(argv):
-                # table mode: the generic kernels take the rank's table address after hccc_args
-                tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
-                args.append(bytes(a) + tail)
-
-            grid_arg = None
-            if self.grid_fn is not None:
-                blob = b"".join(args)
-                self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
-                grid_arg = (struct.pack("<QQQ", self.grid_args_ptr, self.grid_first_ptr, N)
-                            if self.table_ptr else struct.pack("<QQ", self.grid_args_ptr, N))
+            msgs = ll_messages_bound(ir.nprims, count, ir.nchunks, es, self.chunk_bytes,
+                                     slot_share_bytes(self.chunk_bytes, ir.max_step_chunks), slice_b)
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
             for it in range(warmup + iters):
-                self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=proto_run == "ll")
+                # every launch of an LL run gets the next flag epoch (its arguments change with it)
+                epoch, zero = self.ll_epochs.launch(proto_run, msgs)
+                args = []
+                for r, a in enumerate(argv):
+                    a.ll_epoch = epoch
+                    # table mode: the generic kernels take the rank's table address after hccc_args
+                    tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
+                    args.append(bytes(a) + tail)
+                grid_arg = None
+                if self.grid_fn is not None:
+                    blob = b"".join(args)
+                    self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
+                    grid_arg = (struct.pack("<QQQ", self.grid_args_ptr, self.grid_first_ptr, N)
+                                if self.table_ptr else struct.pack("<QQ", self.grid_args_ptr, N))
+                self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=zero)
                 timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)
                 if stuck is None:
@@ -1163,8 +1171,9 @@ class Runner:
         return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
 
     def _prepare(self, bufs, lay, dev_inputs, inplace, ddt, ll: bool = False) -> None:
-        """Zero counters, flags and the error record (and the FIFO slots for an LL launch);
-        outputs and scratch to garbage; inputs in."""
+        """Zero counters, flags and the error record (and, with ``ll``, the FIFO slots: an LL
+        launch that :class:`~hccc.runtime.ll_epoch.LLEpochs` says must zero); outputs and scratch
+        to garbage; inputs in."""
         g = _GARBAGE[self.dtype]
         for m in self.rank_mem:
             m.reset(slots=ll)

@@ -15,7 +15,16 @@ from pathlib import Path
 import numpy as np
 
 
-def _run_job(job: dict, protos: list | None = None):
+def _note(comm, protos: list | None, epochs: list | None) -> None:
+    """After a call: the protocol it ran and why not the one asked for; its LL flag state (the
+    epoch the next LL call would get, the slot zeroings so far)."""
+    if protos is not None:
+        protos.append((comm.last_proto, comm.proto_note))
+    if epochs is not None:
+        epochs.append((comm.ll_epochs.next, comm.ll_epochs.zeroings))
+
+
+def _run_job(job: dict, protos: list | None = None, epochs: list | None = None):
     from hccc.compiler.ir.check import load_ir_json
     from hccc.runtime.communicator import Communicator
 
@@ -66,8 +75,7 @@ def _run_job(job: dict, protos: list | None = None):
                 block = out[job["rank"] * len(x):(job["rank"] + 1) * len(x)]
                 block[:] = x
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
-                if protos is not None:
-                    protos.append((comm.last_proto, comm.proto_note))
+                _note(comm, protos, epochs)
                 continue
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
@@ -78,8 +86,7 @@ def _run_job(job: dict, protos: list | None = None):
                 else:
                     res = getattr(comm, method)(x, out, **kwargs)
             outs.append(np.array(res, copy=True))
-            if protos is not None:
-                protos.append((comm.last_proto, comm.proto_note))
+            _note(comm, protos, epochs)
     return outs
 
 
@@ -143,11 +150,13 @@ def _worker(conn) -> None:
         job = conn.recv()
         if job is None:
             return
-        protos = []
+        protos, epochs = [], []
         try:
-            outputs = _run_job(job, protos)
-            # per call: (the protocol it ran, why not the one asked for or None)
-            conn.send({"ok": True, "outputs": outputs, "protos": protos, "resources": resources()})
+            outputs = _run_job(job, protos, epochs)
+            # per call: (the protocol it ran, why not the one asked for or None), (the next LL
+            # epoch, slot zeroings so far)
+            conn.send({"ok": True, "outputs": outputs, "protos": protos, "epochs": epochs,
+                       "resources": resources()})
         except BaseException as exc:   # reported to the test
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}",
                        "trace": traceback.format_exc(), "resources": resources()})

@@ -187,6 +187,25 @@ def test_communicator_chooses_the_protocol_per_call(pool):
     _run_allreduces(pool, ir, plan, ["ll", "ll", "simple", "ll", "ll"])
 
 
+def test_communicator_reuses_the_fifos_across_ll_calls(pool):
+    """Ring AllReduce 3, one rank per process: LL calls one after another (uneven counts, in and
+    out of place, several messages per connection) run each in the next flag epoch without
+    zeroing the slots; a Simple call between them makes the next LL call zero them once. Every
+    rank reports the same (next epoch, zeroings) after every call; every sum is right."""
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=256)
+    plan = [(1001, "ll", True), (777, "ll", False), (1001, "ll", True), (5, "simple", False),
+            (13, "ll", True), (96, "ll", False), (500, "ll", True)]
+    calls, wants = _allreduce_calls(ir.nranks, plan, seed=3)
+    replies = pool.run(ir.to_json(), ir.nranks, calls)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], f"rank {r}: {rep['error']}\n{rep.get('trace', '')}"
+        assert [p for p, _ in rep["protos"]] == ["ll", "ll", "ll", "simple", "ll", "ll", "ll"]
+        assert [tuple(e) for e in rep["epochs"]] == [(1, 1), (2, 1), (3, 1), (3, 1), (1, 2), (2, 2),
+                                                    (3, 2)], rep["epochs"]
+        for k, (got, want) in enumerate(zip(rep["outputs"], wants)):
+            assert np.array_equal(got, want), f"rank {r}, call {k} ({plan[k]})"
+
+
 @pytest.mark.slow
 def test_communicator_runs_ll_up_to_the_crossover_and_simple_above(pool):
     """The same at the crossover: 128 KiB of full buffer runs LL, 4 bytes more Simple (unless LL
@@ -348,6 +367,26 @@ def test_host_api_protocol_rule(tmp_path, imported):
         assert got == _oracle_proto(n, es, w, imported), line
 
 
+def _oracle_epochs(protos: list[int], next_after_first: int | None = None) -> list[tuple[int, int]]:
+    """The documented LL epoch rule per call: (flag epoch, slot zeroings so far). An LL call (1)
+    gets the next epoch; it zeroes the slots first (and restarts at epoch 0) when it is the first
+    LL call, follows a Simple call (0), or the epochs are used up; a Simple call runs in epoch 0.
+    ``next_after_first``: the next epoch is forced to it after the first call."""
+    nxt, dirty, zeroings, out = 0, True, 0, []
+    for k, p in enumerate(protos):
+        if p == 1:
+            if dirty or nxt >= abi.LL_EPOCHS:
+                nxt, zeroings = 0, zeroings + 1
+            out.append((nxt, zeroings))
+            nxt, dirty = nxt + 1, False
+        else:
+            out.append((0, zeroings))
+            dirty = True
+        if k == 0 and next_after_first is not None:
+            nxt = next_after_first
+    return out
+
+
 def _host_program(tmp_path, ir) -> Path:
     """The rank kernels of ``ir`` (float32 / sum) and tests/host_proto_ranks.cpp, built with g++."""
     d = _emit(ir, tmp_path / "gen")
@@ -364,26 +403,36 @@ def _host_program(tmp_path, ir) -> Path:
 def test_host_api_runs_ll_by_size_on_every_rank(tmp_path):
     """Ring AllReduce 4 (2 channels) through hccc_host.h, one process per rank: auto runs LL up to
     the crossover and Simple above, forced LL and Simple run as asked, at uneven counts, in and out
-    of place, every element equal to the numpy sum. Successive LL calls reuse the FIFOs with the
-    same flags (message k carries k + 1 in every call): without hccc_host_reset zeroing them under
-    LL, the second call consumes the first one's lines (checked: that mutant fails here)."""
+    of place, every element equal to the numpy sum. Successive LL calls reuse the FIFOs without
+    zeroing them, each in the next flag epoch (the slots are zeroed at the first LL call, after a
+    Simple one and at the wrap of the epochs, forced here with LL_NEXT): the epochs and zeroings
+    each rank reports follow the documented rule, and every result is right."""
+    import os
     from hccc.runtime import shm
     ir = with_channels(build_program(gen.ring_allreduce(4), chunk_bytes=4096), 2)
     exe = _host_program(tmp_path, ir)
     c4 = CROSSOVER // 4
     before = set(shm.ours())
-    for want, counts in ((-1, [1001, 7, c4, c4 + 1, 96]), (1, [c4 + 3, 1001]), (0, [1001, 5])):
-        out = tmp_path / f"out{want}"
+    cases = ((-1, [1001, 7, c4, c4 + 1, 96], None), (1, [c4 + 3, 1001], None), (0, [1001, 5], None),
+             (1, ["1001", "777", "5:0", "1001", "13", "96", "7:0", "64"], None),
+             (1, [1001, 777, 96, 13, 5], abi.LL_EPOCHS - 2))
+    for i, (want, counts, ll_next) in enumerate(cases):
+        out = tmp_path / f"out{i}"
         out.mkdir()
+        env = dict(os.environ, **({"LL_NEXT": str(ll_next)} if ll_next is not None else {}))
         res = subprocess.run([str(exe), str(out), str(want), *map(str, counts)], capture_output=True,
-                             text=True, timeout=300)
+                             text=True, timeout=300, env=env)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        calls = [(int(str(c).split(":")[0]), int(str(c).split(":")[1]) if ":" in str(c) else want)
+                 for c in counts]
+        protos = [_oracle_proto(n, 4, w, False) for n, w in calls]
+        epochs = _oracle_epochs(protos, ll_next)
         got = sorted(res.stdout.splitlines())
-        assert got == sorted(f"rank {r} call {k} proto {_oracle_proto(n, 4, want, False)}"
-                             for r in range(4) for k, n in enumerate(counts)), got
-        for k, n in enumerate(counts):
-            i = np.arange(n)
-            want_sum = sum(((7 * r + 3 * i + k) % 17 - 8).astype(np.float32) for r in range(4))
+        assert got == sorted(f"rank {r} call {k} proto {p} epoch {e} zeroings {z}"
+                             for r in range(4) for k, (p, (e, z)) in enumerate(zip(protos, epochs))), got
+        for k, (n, _) in enumerate(calls):
+            idx = np.arange(n)
+            want_sum = sum(((7 * r + 3 * idx + k) % 17 - 8).astype(np.float32) for r in range(4))
             for r in range(4):
                 data = np.fromfile(out / f"r{r}_c{k}.bin", dtype=np.float32)
                 assert np.array_equal(data, want_sum), (want, k, n, r)

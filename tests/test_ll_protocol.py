@@ -1,11 +1,12 @@
 """The LL (low-latency) FIFO protocol of the kernels (``hccc_args::proto``, ``hccc run --proto``).
 
 Under LL every 8-byte line of a slot region carries 4 bytes of data and a 4-byte flag, the index of
-the message on its connection plus ``abi.LL_FLAG_BASE``, written with one 8-byte store; the
+the message on its connection plus ``abi.LL_FLAG_BASE`` plus the launch's flag epoch times 2**20,
+written with one 8-byte store; the
 receiver's threads poll their own lines (no tail, no fence). Checked here:
 
 * the receive of one line, in the CPU emulation: a line whose flag is stale (the previous message
-  in that slot, the message before, zeroed memory), or whose data half has been written without
+  in that slot, the message before, zeroed memory, the same message of an earlier epoch), or whose data half has been written without
   its flag half (a torn line), is never consumed; the wait gives up on the timeout and names the
   wait in the error record; once the whole line is stored it is consumed with its data;
 * the send of lines: each line holds the part's bytes (zero-padded) and the message's flag;
@@ -36,6 +37,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 from hccc.runtime.launcher import Runner, launch_proto
+from conftest import examples
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -68,6 +70,15 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_ll_recv(
   });
   t.join();
   return ok;
+}
+
+// The flag the kernels give every line of message k of a launch in LL epoch `epoch`.
+extern "C" __attribute__((visibility("default"))) uint32_t hccc_test_ll_flag(uint64_t k,
+                                                                            uint32_t epoch) {
+  hccc_args a;
+  __builtin_memset(&a, 0, sizeof a);
+  a.ll_epoch = epoch;
+  return hccc_ll_flag(a, k);
 }
 
 // The send side of hccc_ll_move: n float32 / float16 elements of src as lines with flag `flag`,
@@ -120,6 +131,8 @@ def lib(tmp_path_factory):
     lib.hccc_test_ll_recv.restype = ctypes.c_int
     lib.hccc_test_ll_recv.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_void_p]
+    lib.hccc_test_ll_flag.restype = ctypes.c_uint32
+    lib.hccc_test_ll_flag.argtypes = [ctypes.c_uint64, ctypes.c_uint32]
     lib.hccc_test_ll_send.restype = ctypes.c_int
     lib.hccc_test_ll_send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
                                       ctypes.c_uint64, ctypes.c_int]
@@ -159,6 +172,39 @@ def test_a_line_with_a_stale_flag_is_never_consumed(lib, stale):
     ok, _, err = _recv(lib, line, want)
     assert not ok
     assert err.valid == 1 and err.wait == 1 and (err.rank, err.tb, err.chunk, err.microbatch) == (3, 5, 7, 2)
+
+
+@pytest.mark.parametrize("epoch", [1, 2, abi.LL_EPOCHS // 2, abi.LL_EPOCHS - 1])
+@pytest.mark.parametrize("k", [0, 5, abi.LL_EPOCH_MESSAGES - 1])
+def test_a_line_of_an_earlier_launch_is_never_consumed(lib, epoch, k):
+    """Message k of a launch in LL epoch ``epoch`` finds the line message k of the launch before
+    (epoch - 1) or of the first epoch left in its slot: the wait gives up; the line of its own
+    epoch is consumed. (A kernel whose flag ignored the epoch would take the stale data.)"""
+    want = lib.hccc_test_ll_flag(k, epoch)
+    for old_epoch in {epoch - 1, 0}:
+        stale = lib.hccc_test_ll_flag(k, old_epoch)
+        ok, _, err = _recv(lib, _line(0xDEADBEEF, stale), want, timeout_us=1000)
+        assert not ok and err.valid == 1, (k, epoch, old_epoch, hex(stale), hex(want))
+    ok, data, _ = _recv(lib, _line(0x1234, want), want)
+    assert ok and data == 0x1234
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(k1=st.integers(0, abi.LL_EPOCH_MESSAGES - 1), k2=st.integers(0, abi.LL_EPOCH_MESSAGES - 1),
+       e1=st.integers(0, abi.LL_EPOCHS - 1), e2=st.integers(0, abi.LL_EPOCHS - 1))
+def test_flags_of_two_epochs_never_meet(lib, k1, k2, e1, e2):
+    """Every flag of a launch of at most LL_EPOCH_MESSAGES messages per connection lies in its
+    epoch's range of 2**20 values, none of them 0 (zeroed memory): no flag of one epoch is one of
+    another's, written out as that interval rather than with the kernels' formula."""
+    f1, f2 = lib.hccc_test_ll_flag(k1, e1), lib.hccc_test_ll_flag(k2, e2)
+    assert e1 * (1 << 20) < f1 < (e1 + 1) * (1 << 20) and f1 != 0
+    assert (f1 == f2) == (e1 == e2 and k1 == k2)
+
+
+def test_the_last_epoch_s_flags_end_at_the_top_of_32_bits(lib):
+    assert abi.LL_EPOCHS * (1 << abi.LL_EPOCH_SHIFT) == 1 << 32
+    assert lib.hccc_test_ll_flag(abi.LL_EPOCH_MESSAGES - 1, abi.LL_EPOCHS - 1) == (1 << 32) - 1
+    assert lib.hccc_test_ll_flag(0, 0) == abi.LL_FLAG_BASE
 
 
 def test_a_torn_line_is_not_consumed_until_its_flag_half_lands(lib):

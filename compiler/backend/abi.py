@@ -32,7 +32,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 4
+VERSION = 5
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -54,9 +54,22 @@ PROTOS: tuple[tuple[str, int], ...] = (("SIMPLE", 0), ("LL", 1))
 LL_LINE = 8
 #: data bytes an LL line carries
 LL_DATA = 4
-#: the flag of every line of the k-th message on a connection (k = 0, 1, ...): ``k + LL_FLAG_BASE``
+#: the flag of every line of the k-th message on a connection (k = 0, 1, ...) in a launch of LL
+#: epoch ``e`` (``hccc_args::ll_epoch``): :func:`ll_flag`, ``k + LL_FLAG_BASE + (e << LL_EPOCH_SHIFT)``
 #: modulo 2**32, so a slot's lines left from message ``k - NSLOTS`` (or zeroed memory) never match
 LL_FLAG_BASE = 1
+#: the launch epoch sits above this bit of the flag: a launch's flags are ``e * 2**LL_EPOCH_SHIFT +
+#: [1, 2**LL_EPOCH_SHIFT)`` while it posts at most :data:`LL_EPOCH_MESSAGES` messages on a connection,
+#: so the flag ranges of epochs 0 .. LL_EPOCHS - 1 are disjoint and none holds 0 (zeroed memory)
+LL_EPOCH_SHIFT = 20
+#: epochs between two zeroings of the FIFOs (``e`` runs 0 .. LL_EPOCHS - 1; the launch after the last
+#: zeroes the slots and starts again at 0): ``(LL_EPOCHS - 1) << LL_EPOCH_SHIFT`` plus the largest
+#: message flag is ``2**32 - 1``, no flag wraps
+LL_EPOCHS = 1 << (32 - LL_EPOCH_SHIFT)
+#: messages one LL launch may post on a connection and still share the FIFOs with other epochs; a
+#: launch that may post more (:func:`hccc.runtime.ll_epoch.ll_messages_bound`) zeroes the slots before
+#: it and makes the next LL launch zero them too
+LL_EPOCH_MESSAGES = (1 << LL_EPOCH_SHIFT) - LL_FLAG_BASE
 #: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
 #: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
 #: polling win while a message's sync costs more than its bytes)
@@ -72,6 +85,11 @@ def ll_share_bytes(share: int) -> int:
         return 0
     half = share // 2
     return half // 16 * 16 if half >= 16 else half
+
+
+def ll_flag(k: int, epoch: int) -> int:
+    """The flag of every line of message ``k`` on a connection in a launch of LL epoch ``epoch``."""
+    return (int(k) + LL_FLAG_BASE + (int(epoch) << LL_EPOCH_SHIFT)) % (1 << 32)
 
 
 def resolve_proto(proto: str, nbytes: int) -> str:
@@ -134,6 +152,7 @@ ARGS: tuple[CField, ...] = (
     CField("slice_bytes", "uint64_t", "micro-batch slice of this launch; 0 or > chunk_bytes: chunk_bytes"),
     CField("peers", "const struct hccc_args*", "every rank's hccc_args (direct mode), or nullptr"),
     CField("proto", "uint64_t", "FIFO protocol of this launch: HCCC_PROTO_SIMPLE or HCCC_PROTO_LL"),
+    CField("ll_epoch", "uint32_t", "LL flag epoch of this launch (abi.ll_flag), 0 .. LL_EPOCHS - 1"),
 )
 
 STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
@@ -293,11 +312,13 @@ def c_enums() -> str:
             f"enum {{ {protos} }};\n"
             f"#define HCCC_LL_LINE {LL_LINE}\n"
             f"#define HCCC_LL_DATA {LL_DATA}\n"
-            f"#define HCCC_LL_FLAG_BASE {LL_FLAG_BASE}u")
+            f"#define HCCC_LL_FLAG_BASE {LL_FLAG_BASE}u\n"
+            f"#define HCCC_LL_EPOCH_SHIFT {LL_EPOCH_SHIFT}")
 
 
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
-           "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
+           "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
+           "LL_EPOCH_MESSAGES", "ll_flag", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
            "CONN", "ERROR", "ARGS", "STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",

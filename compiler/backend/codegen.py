@@ -585,7 +585,7 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
         in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
         slot_bytes=slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         share_bytes=slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
-        algorithm_level=bool(ir.algorithm_level), nthreads=nthreads, tables=tables)
+        algorithm_level=bool(ir.algorithm_level), nprims=int(ir.nprims), nthreads=nthreads, tables=tables)
 
 
 def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:
