@@ -817,7 +817,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     s0, s1 = pf.stream(), pf.stream()
     assert [e[3] for e in fake.log if e[0] == "stream"] == [1, 1]       # non-blocking streams
     flag = pf.malloc(8)
-    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 104))  # sizeof(hccc_args) = 104 (ABI 4)
+    args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, 112))  # sizeof(hccc_args) = 112 (ABI 5)
     pf.launch(k0, 5, 512, args, s0)
     launches = [e for e in fake.log if e[0] == "launch"]
     assert launches[-1][2:6] == (5, 512, s0.handle, args)
