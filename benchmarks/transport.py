@@ -1,7 +1,7 @@
 """hccc's cross-node path against UCX itself, and a 2-node AllReduce against torch.distributed's gloo.
 
-    python benchmarks/transport.py [--tls tcp] [--sizes 8,4K,64K,1M,4M] [--lat-iters 2000]
-                                   [--bw-bytes 64M] [--repeats 3] [--call-iters 20]
+    python benchmarks/transport.py [--tls tcp] [--sizes 8,4K,64K,1M,4M] [--lat-iters 1000]
+                                   [--bw-bytes 32M] [--repeats 3] [--call-iters 10]
                                    [--allreduce 64K,1M,8M] [--ar-iters 5] [--json]
 
 1. **Path** (two processes as two nodes, ``UCX_TLS`` as given). A 2-rank communicator is set up
@@ -296,25 +296,31 @@ def _ar_rank(rank, url, tls, sizes, iters, q):
     from hccc.runtime.communicator import Communicator
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=4)
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 18)
-    comm = Communicator(ir, node="ab"[rank // 2], timeout_s=300, kernel_timeout_s=120)
+    # the same program twice: on two nodes (the ring crosses them twice, over UCX) and, for
+    # comparison, as if the four processes were one node (shared memory, no transport)
+    comms = {"hccc": Communicator(ir, node="ab"[rank // 2], name="ar-two-nodes", timeout_s=300,
+                                  kernel_timeout_s=120),
+             "one_node": Communicator(ir, node="one", name="ar-one-node", timeout_s=300,
+                                      kernel_timeout_s=120)}
     res = {}
     for nbytes in sizes:
         n = nbytes // 4
         x = torch.full((n,), float(rank + 1))
-        ts = {"hccc": [], "gloo": []}
-        for i in range(iters + 1):            # alternating, so both see the same machine
-            for name in ("hccc", "gloo"):
+        ts = {"hccc": [], "one_node": [], "gloo": []}
+        for i in range(iters + 1):            # alternating, so all see the same machine
+            for name in ts:
                 x.fill_(float(rank + 1))
                 dist.barrier()
                 t0 = time.perf_counter()
-                if name == "hccc":
-                    comm.all_reduce(x)
-                else:
+                if name == "gloo":
                     dist.all_reduce(x)
+                else:
+                    comms[name].all_reduce(x)
                 ts[name].append(time.perf_counter() - t0)
                 assert float(x[0]) == 10.0 and float(x[-1]) == 10.0, f"{name}: wrong sum"
         res[nbytes] = {k: float(np.median(v[1:])) for k, v in ts.items()}
-    comm.close()
+    for c in comms.values():
+        c.close()
     dist.destroy_process_group()
     q.put((rank, res))
 
@@ -330,7 +336,8 @@ def allreduce(sizes, iters, tls) -> dict:
     for p in ps:
         p.join(60)
     # a collective takes as long as its slowest rank
-    return {s: {k: max(out[r][s][k] for r in out) for k in ("hccc", "gloo")} for s in sizes}
+    return {s: {k: max(out[r][s][k] for r in out) for k in ("hccc", "one_node", "gloo")}
+            for s in sizes}
 
 
 def _fmt(n: int) -> str:
@@ -348,11 +355,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tls", default="tcp", help="UCX_TLS for both (default tcp)")
     ap.add_argument("--sizes", default="8,4K,64K,1M,4M", help="message sizes of the path table")
-    ap.add_argument("--lat-iters", type=int, default=2000)
-    ap.add_argument("--bw-bytes", default="64M", help="bytes streamed per bandwidth point")
+    ap.add_argument("--lat-iters", type=int, default=1000,
+                    help="ping-pongs per latency point up to 64K (a tenth above)")
+    ap.add_argument("--bw-bytes", default="32M", help="bytes streamed per bandwidth point")
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of the path table (each ratio taken side by side; medians shown)")
-    ap.add_argument("--call-iters", type=int, default=20,
+    ap.add_argument("--call-iters", type=int, default=10,
                     help="AllGather calls per size through the kernels (0: skip)")
     ap.add_argument("--allreduce", default="64K,1M,8M", help="AllReduce buffer sizes (bytes)")
     ap.add_argument("--ar-iters", type=int, default=5)
@@ -407,10 +415,12 @@ def main(argv=None) -> int:
               f"{a.call_iters} calls, slower rank")
     if ar:
         print(f"\nAllReduce, 2 nodes x 2 ranks (float32, median of {a.ar_iters} calls, slowest rank)")
-        print(f"{'size':>6} {'hccc ms':>9} {'gloo ms':>9} {'gloo/hccc':>10}")
+        print(f"{'size':>6} {'hccc ms':>9} {'gloo ms':>9} {'gloo/hccc':>10} {'1 node ms':>10}")
         for s, v in ar.items():
             print(f"{_fmt(s):>6} {v['hccc'] * 1e3:9.2f} {v['gloo'] * 1e3:9.2f} "
-                  f"{v['gloo'] / v['hccc']:10.2f}")
+                  f"{v['gloo'] / v['hccc']:10.2f} {v['one_node'] * 1e3:10.2f}")
+        print("1 node: the same hccc program and processes as one node (shared memory, no "
+              "transport):\nthe CPU-emulated kernels' share of the hccc time")
     return 0
 
 

@@ -720,7 +720,14 @@ class Communicator:
             return
         what = describe_stuck(self.ir, rec, pf.ticks_per_us) if rec.valid else None
         if cause is None:
-            cause = self._peer_problem(self._calls) or ("aborted by a peer" if not what else None)
+            cause = self._peer_problem(self._calls)
+            # a peer that aborted this kernel records why once its own kernel has stopped (across
+            # nodes its state travels through the proxy): give the reason a moment to arrive
+            until = time.monotonic() + 1.0
+            while cause is None and not what and time.monotonic() < until:
+                time.sleep(0.01)
+                cause = self._peer_problem(self._calls)
+            cause = cause or ("aborted by a peer" if not what else None)
         parts = [p for p in (cause, what) if p]
         raise self._fail(f"{method} #{self._calls} failed: " + "; ".join(parts))
 

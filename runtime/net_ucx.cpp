@@ -244,7 +244,7 @@ void reset_local(Net* n) {
 // without giving the core away for SPIN_NS, then yields the core between polls until YIELD_NS,
 // then sleeps in the worker's event fd (network activity wakes it at once) for at most SLEEP_NS
 // per poll of the mirrors, LONG_SLEEP_NS once nothing has moved for LONG_IDLE_NS.
-constexpr uint64_t SPIN_NS = 20000, YIELD_NS = 2000000, SLEEP_NS = 20000,
+constexpr uint64_t SPIN_NS = 2000, YIELD_NS = 2000000, SLEEP_NS = 20000,
                    LONG_IDLE_NS = 1000000000, LONG_SLEEP_NS = 200000;
 
 void loop(Net* n) {
