@@ -47,6 +47,7 @@ def test_the_documented_crossover_is_the_one_in_force():
 
 
 # ---------------------------------------------------------------------------- the Runner
+@pytest.mark.slow
 def test_runner_sends_direct_messages_as_ll_lines_under_ll():
     """Ring AllReduce 4 has direct-mode receives (its AllGather half: the sender writes the
     receiver's output). Under Simple the slots of those messages stay untouched; under LL the launch
@@ -177,6 +178,7 @@ def _run_allreduces(pool, ir, plan, protos):
             assert np.array_equal(got, want), f"rank {r}, call {k} ({plan[k]})"
 
 
+@pytest.mark.slow
 def test_communicator_chooses_the_protocol_per_call(pool):
     """Ring AllReduce 3, fused, one rank per process: auto runs small calls (uneven counts, in and
     out of place) under LL; a protocol set between calls wins; every sum is right (channels: the
@@ -187,6 +189,7 @@ def test_communicator_chooses_the_protocol_per_call(pool):
     _run_allreduces(pool, ir, plan, ["ll", "ll", "simple", "ll", "ll"])
 
 
+@pytest.mark.slow
 def test_communicator_reuses_the_fifos_across_ll_calls(pool):
     """Ring AllReduce 3, one rank per process: LL calls one after another (uneven counts, in and
     out of place, several messages per connection) run each in the next flag epoch without
@@ -216,6 +219,7 @@ def test_communicator_runs_ll_up_to_the_crossover_and_simple_above(pool):
     _run_allreduces(pool, ir, plan, ["ll", "simple", "ll", "simple"])
 
 
+@pytest.mark.slow
 def test_ranks_that_ask_for_different_protocols_all_get_an_error(pool):
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=512)
     calls, _ = _allreduce_calls(4, [(96, None, True)])

@@ -135,6 +135,7 @@ def _model_time(topo, rows: np.ndarray, chunks: int) -> float:
     return t
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(8), deadline=None)
 @given(topo=clusters())
 def test_tree_programs_reach_the_independent_optimum(topo):
@@ -257,6 +258,7 @@ def test_simulated_tree_programs_reach_the_independent_optimum_many(topo):
     _check_simulated(topo)
 
 
+@pytest.mark.slow
 def test_tree_streams_have_channels_of_their_own(monkeypatch):
     """Every stream between a pair of ranks is on a channel of its own (the streams using a pair
     are numbered 0, 1, ...), the chunks of one channel all come from one root, and the channels
