@@ -357,7 +357,7 @@ def test_synth_time_limit_holds(tmp_path):
                  env={"HCCC_JIT": "numba"})  # compiles the kernels (small work alone would run plain)
     assert warm[0] == 0, warm[1]
     limit = 3.0
-    code, out, secs = hccc("synth", topo, "--collective", "allgather", "--chunks-per-rank", "64",
+    code, out, secs = hccc("synth", topo, "--collective", "allgather", "--method", "search", "--chunks-per-rank", "64",
                            "--time-limit", str(limit), "-o", tmp_path / "s.rccl", timeout=600)
     # under the CPU cap of the other limits: the synthesis (about a minute of CPU before) must end
     # on its own time limit, and its wall time is printed (benchmarks/input_limits.py measures it)
