@@ -17,7 +17,10 @@ at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
   the program's own channels), as a fraction of the optimum; AllReduce also against its bound for
   any schedule (``AR bound``) and against ReduceScatter + AllGather's optimum (``RS+AG``);
 * ``model``: the packing's own time in the link model (integral chunks) as a fraction of the bound;
-* ``K``, ``ch``: chunks per rank and channels of the program; ``method``: what ``auto`` kept;
+* ``K``, ``ch``: chunks per rank and blocks per thread block (``nChannels``) of the program;
+  ``method``: what ``auto`` kept;
+* ``TBs``, ``blocks``: thread blocks of the busiest rank in the compiled program, and its blocks
+  (x ``nChannels``), which must all be resident at once (up to 128 GPUs; ``-`` past that);
 * ``wall``: seconds of the whole ``hccc synth`` run (packing, simulated shapes, channel fitting);
   ``peak MB``: the process's peak resident memory.
 
@@ -71,9 +74,28 @@ def one(topo: str, collective: str, method: str, time_limit: float, sim_large: b
         out = {"rc": rc, "wall_s": wall, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         if rc == 0:
             out["summary"] = json.loads(buf.getvalue())
+            if out["summary"]["nranks"] <= TBS_MAX_RANKS:
+                out["tbs"] = thread_blocks(algo)
             if sim_large and out["summary"].get("fraction_of_bound") is None:
                 out["large_sim"] = simulate_apart(algo, topo)
     return out
+
+
+#: thread blocks per rank are counted (by compiling the program) up to this many GPUs
+TBS_MAX_RANKS = 128
+
+
+def thread_blocks(algo: Path) -> dict:
+    """Thread blocks of the compiled program: the busiest rank's thread blocks, and its blocks
+    (thread blocks x the program's blocks per thread block, ``nChannels``), which must all be
+    resident on the GPU at once."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.channels import most_tbs
+    from hccc.compiler.pipeline.readers import load_algorithm
+
+    alg = load_algorithm(algo)
+    ir = build_program(alg)
+    return {"tbs": most_tbs(ir), "blocks": most_tbs(ir) * int(alg.header.nchannels)}
 
 
 def simulate_apart(algo: Path, topo: str) -> dict:
@@ -112,7 +134,8 @@ def row(name: str, topo: str, collective: str, method: str, time_limit: float, s
             "opt_busbw": b["busbw_GBps"], "sim": sim, "model": model, "lp_at_bound": lp_at_bound,
             "sim_apart_wall_s": big.get("wall_s"), "sim_apart_peak_mb": big.get("peak_mb"), "lines": big.get("lines"),
             "ar_bound": b.get("fraction_of_allreduce_bound"), "rs_ag": b.get("fraction_of_rs_ag"),
-            "K": s["chunks_per_rank"], "channels": s["channels"], "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
+            "K": s["chunks_per_rank"], "channels": s["channels"],
+            "tbs": (r.get("tbs") or {}).get("tbs"), "blocks": (r.get("tbs") or {}).get("blocks"), "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
 
 
 def fmt(v, f="{:.3f}") -> str:
@@ -150,7 +173,7 @@ def main() -> int:
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
-            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'wall s':>7s} {'peak MB':>7s}"
+            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'TBs':>4s} {'blocks':>6s} {'wall s':>7s} {'peak MB':>7s}"
             + (f" {'sim wall':>8s} {'sim MB':>7s}" if args.sim_large else ""))
     print(head)
     print("-" * len(head))
@@ -163,7 +186,7 @@ def main() -> int:
                 continue
             print(f"{name:24s} {r['nranks']:4d} {coll:13s} {r['method']:6s} {r['opt_busbw']:9.1f} {fmt(r['sim']):>6s} "
                   f"{fmt(r['ar_bound']):>8s} {fmt(r['rs_ag']):>6s} {fmt(r['model']):>6s} {fmt(r['lp_at_bound'], ''):>8s} "
-                  f"{r['K']:3d} {r['channels']:3d} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}"
+                  f"{r['K']:3d} {r['channels']:3d} {fmt(r['tbs'], '{:d}'):>4s} {fmt(r['blocks'], '{:d}'):>6s} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}"
                   + (f" {fmt(r['sim_apart_wall_s'], '{:.0f}'):>8s} {fmt(r['sim_apart_peak_mb'], '{:.0f}'):>7s}"
                      if args.sim_large else ""), flush=True)
     if args.json:

@@ -290,3 +290,46 @@ def test_tree_streams_have_channels_of_their_own(monkeypatch):
         alg = parse_rccl(text, "t.rccl")
         back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
         assert np.array_equal(key(back), key(rows))
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(monkeypatch, collective):
+    """A program whose busiest rank needs more blocks than its GPU keeps resident bundles the
+    streams of a tree onto shared channels: within the budget, every channel of a pair carries at
+    most the bundle size of streams, all of one root, the collective still holds (the verifier),
+    and the compiled program has no more thread blocks than counted. Without a budget every
+    stream has a channel of its own."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.verify import verify
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import forest
+    from hccc.compiler.synth.emit import to_algorithm
+
+    topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")      # 6 chunks per rank, up to 6 on a tree
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: None)
+    free = synthesize(topo, collective, method="trees", time_limit=30)
+    assert free.detail["streams_per_bundle"] == 1 and free.detail["max_blocks_per_rank"] is None
+    budget = free.detail["blocks_per_rank"] // 2
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: budget)
+    res = synthesize(topo, collective, method="trees", time_limit=30)
+    most = res.detail["streams_per_bundle"]
+    assert most > 1 and res.detail["blocks_per_rank"] <= budget
+    for r, cap in ((free, 1), (res, most)):
+        K, split = r.chunks_per_rank, r.detail["split"]
+        rows = r.rows
+        conn = {}
+        for s, d, _, c, _, ch in rows.tolist():
+            conn.setdefault((s, d, ch), set()).add(c // split)        # streams (chunks before splitting)
+        assert max(len(v) for v in conn.values()) <= cap
+        assert all(len({x // (K // split) for x in v}) == 1 for v in conn.values())   # one root
+        if r is res:
+            # counted blocks: connection ends per rank, recounted here
+            ends = np.zeros(topo.nranks, np.int64)
+            for s, d, _ in conn:
+                ends[s] += 1
+                ends[d] += 1
+            assert (int(ends.max()) + 1) * res.detail["channels"] == res.detail["blocks_per_rank"]
+    alg = to_algorithm(res, topo)
+    verify(alg)
+    ir = build_program(alg)
+    assert int(np.max(ir.ntbs)) * alg.header.nchannels <= res.detail["blocks_per_rank"]

@@ -146,14 +146,15 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     if method not in METHODS:
         raise ValueError(f"unknown synthesis method {method!r} (expected one of {', '.join(METHODS)})")
     if method == "trees":
-        from hccc.compiler.synth.forest import synthesize_trees
+        from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
         from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
 
         if coll not in TREE_COLLECTIVES:
             raise ValueError(f"tree packing builds {', '.join(TREE_COLLECTIVES)}, not {coll}")
         prog = synthesize_trees(net, coll, pair_bw=None if isinstance(topo, Network) else pair_bandwidth(topo),
                                 total_bytes=float(bandwidth_bound_bytes or (1 << 30)), time_limit=time_limit,
-                                score=tree_score)
+                                score=tree_score,
+                                max_blocks=None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor))
         res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
                           time.perf_counter() - t0, net.name, False, None, prog.detail, prog.loops)
         if bandwidth_bound_bytes:

@@ -24,6 +24,14 @@ are shared max-min fairly between the flows on them):
   it, and the rest is forwarded after it ends. All streams have the same planned rate, so a fair
   share of a link or shared group is never below what the packing plans for a stream on it: a
   tree that carries several chunks gets as many streams, and its weight in every fair share.
+* **Bundles where blocks would not be resident.** A rank's kernel needs every thread block
+  resident at once; when the busiest rank would need more blocks than its GPU holds
+  (``max_blocks``, :func:`resident_blocks`), the streams of each tree share channels in bundles
+  of at most 2, 3, 4, ... streams (:func:`bundled`): a bundle's streams cross the same pairs and
+  arrive one after another, so a rank still forwards each as it arrives, but a bundle takes one
+  fair share of a link where its streams took one each, so the program is slower. Streams of
+  different trees never share a channel: they arrive side by side, each at its planned rate, and
+  a thread block forwarding one would keep the other waiting.
 * **Pipelined streams.** Each chunk is cut ``split`` ways (:func:`split_for`: at least 2, and at
   least :data:`SPLIT_TARGET` chunks per rank, unless that makes more than
   :data:`SPLIT_MAX_TRANSFERS` transfers), so a stream is a sequence of chunks flowing down its
@@ -78,19 +86,20 @@ class TreeProgram:
 
 
 def _rows(rows4: np.ndarray, op: int, step0: int = 0, tree: np.ndarray | None = None) -> np.ndarray:
-    """``(src, dst, step, chunk, op, channel)`` rows; ``tree``: the stream of every chunk id, whose
-    channel on each pair is its index among the streams using that pair (None: channel 0)."""
+    """``(src, dst, step, chunk, op, channel)`` rows; ``tree``: the stream of every chunk id, the
+    streams (or bundles) of each pair numbered as channels (:func:`pair_channels`; ``tree`` None:
+    channel 0)."""
     if not len(rows4):
         return np.zeros((0, 6), np.int64)
-    ch = np.zeros(len(rows4), np.int64) if tree is None else pair_channels(rows4[:, 0], rows4[:, 1],
-                                                                          tree[rows4[:, 3]])
+    ch = np.zeros(len(rows4), np.int64) if tree is None else pair_channels(
+        rows4[:, 0], rows4[:, 1], tree[rows4[:, 3]])
     return np.c_[rows4[:, 0], rows4[:, 1], rows4[:, 2] + step0, rows4[:, 3],
                  np.full(len(rows4), op), ch].astype(np.int64)
 
 
 def pair_channels(src: np.ndarray, dst: np.ndarray, stream: np.ndarray) -> np.ndarray:
-    """The channel of every transfer: the index of its ``stream`` among the streams that use its
-    pair ``(src, dst)``, in stream order (0, 1, ...)."""
+    """The channel of every transfer: the index of its ``stream`` (or bundle of streams, see
+    :func:`bundles`) among those that use its pair ``(src, dst)``, in order (0, 1, ...)."""
     src, dst, stream = (np.asarray(a, np.int64) for a in (src, dst, stream))
     if not len(src):
         return np.zeros(0, np.int64)
@@ -104,6 +113,43 @@ def pair_channels(src: np.ndarray, dst: np.ndarray, stream: np.ndarray) -> np.nd
     out = np.empty(len(src), np.int64)
     out[o] = idx - first
     return out
+
+
+def bundles(packing: tr.Packing, split: int, most: int | None, trees=None) -> np.ndarray:
+    """The channel bundle of every stream (indexed ``root * K + j``, ``K`` the packing's chunks
+    per rank before splitting ``split`` ways): ``most`` None, a bundle per stream; otherwise the
+    streams of one tree (which cross the same pairs at the same steps, so a bundle's streams
+    arrive one after another on its channel and a rank forwards each as it arrives) are cut into
+    bundles of at most ``most``, as equal as can be. ``trees``: the trees whose streams are
+    numbered (default all; the representatives of a symmetric packing)."""
+    K = packing.chunks_per_rank // int(split)
+    n = packing.nranks
+    out = np.arange(n * K, dtype=np.int64)
+    if most is None:
+        return out
+    trees = range(len(packing.roots)) if trees is None else trees
+    nxt: dict[int, int] = {}
+    bid = n * K
+    for t in trees:
+        r, s_ = packing.roots[t], packing.counts[t] // int(split)
+        j0 = nxt.get(r, 0)
+        nxt[r] = j0 + s_
+        if s_:
+            g = -(-s_ // max(1, int(most)))
+            out[r * K + j0:r * K + j0 + s_] = bid + np.arange(s_) * g // s_
+            bid += g
+    return out
+
+
+def blocks_per_rank(rows: np.ndarray, nranks: int) -> np.ndarray:
+    """Thread blocks every rank needs for ``rows`` (``src, dst, ..., channel`` in column 5): one
+    per connection end, a connection per pair and channel, and one for local work; the compiler's
+    allocation shares a thread block between connections whose spans do not overlap, so this is
+    an upper bound."""
+    if not len(rows):
+        return np.ones(nranks, np.int64)
+    conn = np.unique(rows[:, [0, 1, 5]], axis=0)
+    return 1 + np.bincount(conn[:, 0], minlength=nranks) + np.bincount(conn[:, 1], minlength=nranks)
 
 
 def split_for(chunks_per_rank: int, nranks: int = 0) -> int:
@@ -139,20 +185,23 @@ def stream_of_chunk(packing: tr.Packing, split: int) -> np.ndarray:
     return np.arange(packing.nranks * packing.chunks_per_rank, dtype=np.int64) // int(split)
 
 
-def loop_channels(loops: tr.LoopRows, split: int) -> np.ndarray:
+def loop_channels(loops: tr.LoopRows, split: int, bundle: np.ndarray | None = None) -> np.ndarray:
     """Channels of the representative rows of a symmetric program (``loops``) that are the same in
     every translate: the streams on a pair are the translates of the (stream, pair) combinations of
     the representative rows whose pair lies in that pair's orbit, one each (the symmetry acts
     freely on the ranks), so numbering the combinations within each pair orbit gives every stream
-    on a pair a channel of its own, 0, 1, ..., on every pair of the orbit."""
+    on a pair a channel of its own, 0, 1, ..., on every pair of the orbit; ``bundle`` (of every
+    ``root * K + j`` stream, :func:`bundles`): streams of one bundle share their channel."""
     r = loops.rows
     if not len(r):
         return np.zeros(0, np.int64)
     E = loops.symmetry.ranks
     n = E.shape[1]
     orbit = (E[:, r[:, 0]] * n + E[:, r[:, 1]]).min(axis=0)       # least pair of the pair's orbit
-    unit = r[:, 4] // int(split)
-    combo = np.stack([orbit, r[:, 3], unit, r[:, 0], r[:, 1]], axis=1)
+    unit = r[:, 3] * (loops.chunks_per_rank // int(split)) + r[:, 4] // int(split)
+    if bundle is not None:
+        unit = bundle[unit]
+    combo = np.stack([orbit, unit, r[:, 0], r[:, 1]], axis=1)
     _, first, inv = np.unique(combo, axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     keys = combo[first]                                          # sorted: by orbit, then the rest
@@ -162,15 +211,60 @@ def loop_channels(loops: tr.LoopRows, split: int) -> np.ndarray:
     return (idx - start)[inv].astype(np.int64)
 
 
-def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, *, block_gbps: float) -> int:
-    """Blocks per thread block so that a stream, at the rate the packing plans for it (``1/K`` of
-    its root's data over ``seconds``), fits in its thread block's blocks."""
+def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, *, block_gbps: float,
+               streams: int = 1) -> int:
+    """Blocks per thread block so that ``streams`` streams, at the rate the packing plans for a
+    stream (``1/K`` of its root's data over ``seconds``), fit in their thread block's blocks."""
     from hccc.compiler.ir.program_ir import MAX_CHANNELS
 
     if seconds <= 0 or not block_gbps or not packing.counts:
         return 1
-    rate = data_bytes_per_rank / packing.chunks_per_rank / seconds
+    rate = data_bytes_per_rank / packing.chunks_per_rank / seconds * max(1, int(streams))
     return int(min(MAX_CHANNELS, max(1, int(np.ceil(rate / (block_gbps * 1e9) * 1.05)))))
+
+
+#: bundle sizes :func:`bundled` tries, smallest first, while a program needs more blocks than resident
+BUNDLE_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None):
+    """The program ``build(most)`` with a channel per stream (``most`` None) or, when its busiest
+    rank needs more than ``max_blocks`` blocks (:func:`blocks_per_rank` x blocks per thread block,
+    ``channels(most)``), with every tree's streams in bundles of at most ``most`` (the least of
+    :data:`BUNDLE_SIZES` within ``max_blocks``, else the one needing the fewest). A bundle's
+    streams run on one thread block one after another, so the program gets slower (a bundle takes
+    one fair share of a link where its streams took one each), but every thread block of a rank
+    must be resident at once for the program to run at all. Returns ``(rows, info, channels,
+    most, blocks)``."""
+    rows, info = build(None)
+    ch = channels(None)
+    blocks = int(blocks_per_rank(rows, nranks).max()) * ch
+    best = (rows, info, ch, None, blocks)
+    if max_blocks is None or blocks <= max_blocks:
+        return best
+    for most in BUNDLE_SIZES:
+        rows, info = build(most)
+        ch = channels(most)
+        blocks = int(blocks_per_rank(rows, nranks).max()) * ch
+        if blocks < best[4]:
+            best = (rows, info, ch, most, blocks)
+        if blocks <= max_blocks:
+            break
+    return best
+
+
+def resident_blocks(vendors, nwarps: int = 16) -> int | None:
+    """The most blocks a rank's kernel may have on every platform of ``vendors`` (one per rank:
+    ``nvidia``, ``amd``) at ``nwarps`` warps per block (:func:`~hccc.compiler.passes.channels.max_blocks_per_rank`); None
+    when no platform has a fixed limit."""
+    import types
+
+    from hccc.compiler.passes.channels import max_blocks_per_rank
+
+    plats = sorted({"hip" if str(v).lower() == "amd" else "cuda" for v in vendors})
+    caps = [c for c in (max_blocks_per_rank(types.SimpleNamespace(nwarps=int(nwarps)), p) for p in plats)
+            if c is not None]
+    return min(caps) if caps else None
 
 
 def _steps(rows: np.ndarray) -> int:
@@ -194,13 +288,15 @@ def _distance_bound(net: Network) -> int:
 def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | None = None,
                      total_bytes: float = float(1 << 30), time_limit: float = 60.0,
                      score: Callable[[str, np.ndarray, int, int], float] | None = None,
-                     block_gbps: float | None = DEFAULT_BLOCK_GBPS, max_chunks: int | None = None):
+                     block_gbps: float | None = DEFAULT_BLOCK_GBPS, max_chunks: int | None = None,
+                     max_blocks: int | None = None):
     """The tree-packing program of ``collective`` (allgather, reducescatter, allreduce) on ``net``.
 
     ``pair_bw``: bytes/s of every pair as the simulator runs it (default ``net.bw``);
     ``total_bytes``: the buffer (AllGather output, ReduceScatter/AllReduce input) the channels are
     sized for; ``score(collective, rows, chunks_per_rank, channels)``: simulated seconds of a
-    candidate program (None: keep the first shape)."""
+    candidate program (None: keep the first shape); ``max_blocks``: the blocks a rank keeps
+    resident at once (None: no limit), see :func:`bundled`."""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
 
     t0 = time.perf_counter()
@@ -244,12 +340,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 for name, p in packs.items()}
         variants.append((1, ones))
 
-    def channels_of(pk: dict) -> int:
-        """Blocks per thread block for a stream's planned rate."""
-        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=block_gbps or 0.0)
-                   for p in pk.values())
+    def channels_of(pk: dict, most: int | None = None) -> int:
+        """Blocks per thread block for the planned rate of a stream (of ``most`` streams)."""
+        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=block_gbps or 0.0,
+                              streams=most or 1) for p in pk.values())
 
-    def build(shape: str, pk: dict, split: int) -> tuple[np.ndarray, dict]:
+    def build(shape: str, pk: dict, split: int, most: int | None = None) -> tuple[np.ndarray, dict]:
         parts, step0, ch0, info, loops = [], 0, 0, {}, []
         for name in ("reducescatter", "allgather"):
             if name not in pk:
@@ -257,13 +353,15 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             op = RRC if name == "reducescatter" else RECV
             sp = split_packing(tr.shaped(nets[name], pk[name], shape), split)
             lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
+            G = len(sp.symmetry) if lp is not None else 1
+            bd = bundles(sp, split, most, trees=range(0, len(sp.roots), G))
             if lp is not None:
                 # symmetric: channels alike in every translate, so the loops carry them
-                lp.rows = np.c_[lp.rows, loop_channels(lp, split) + ch0]
+                lp.rows = np.c_[lp.rows, loop_channels(lp, split, bd) + ch0]
                 rows = np.c_[lp.expand(), np.tile(lp.rows[:, 6], len(lp.symmetry))]
             else:
                 r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
-                rows = _rows(r4, op, step0, stream_of_chunk(sp, split))
+                rows = _rows(r4, op, step0, bd[stream_of_chunk(sp, split)])
                 rows[:, 5] += ch0
             loops.append(lp)
             step0 = _steps(rows)
@@ -275,16 +373,18 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     candidates = []
     for kv, pk in variants:
-        ch = channels_of(pk)
         split = split_for(kv, n)
         for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
-            rows, info = build(shape, pk, split)
+            rows, info, ch, most, blocks = bundled(lambda m: build(shape, pk, split, m), lambda m: channels_of(pk, m),
+                                                   n, max_blocks)
             sc = score(coll, rows, kv * split, ch) if score is not None else None
-            candidates.append((sc if sc is not None else 0.0, shape, rows, info, kv * split, pk, ch, split))
+            fits = max_blocks is None or blocks <= max_blocks
+            candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
+                               split, most, blocks))
             if time.perf_counter() > deadline:
                 break
     best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info, K, packs, channels, split = best
+    _, shape, rows, info, K, packs, channels, split, most, blocks = best
     loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
@@ -294,6 +394,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         "channels": int(channels),
         "shape": shape,
         "split": int(split),
+        "streams_per_bundle": int(most or 1),
+        "blocks_per_rank": int(blocks),
+        "max_blocks_per_rank": None if max_blocks is None else int(max_blocks),
         "model_seconds": model_s,
         "cut_seconds_per_rank_byte": cut,
         "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * split,
@@ -303,6 +406,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   for name, p in packs.items()},
     }
     if score is not None:
-        detail["simulated_candidates"] = {f"K={c[4]} {c[1]}": c[0] for c in candidates}
+        detail["simulated_candidates"] = {f"K={c[4]} {c[1]}" + (f" bundles of {c[8]}" if c[8] else ""): c[0][1]
+                                          for c in candidates}
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)
