@@ -632,3 +632,21 @@ def run(*args):
         if out[0] != STATUS_BUDGET:
             return out                  # else the plain work is spent: compiled from now on
     return KERNELS.compiled()["run_engine"](*args, -1)
+
+
+def run_within(budget, *args):
+    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared flows
+    are spent (None: no limit, as :func:`run`). The plain-Python run and its compiled rerun each
+    get the whole budget (the plain one does at most :data:`MIN_COMPILED_WORK` of it)."""
+    if budget is None:
+        return run(*args)
+    budget = max(0, int(budget))
+    plain = KERNELS.plain_budget()
+    if plain is None or plain > 0:
+        lim = budget if plain is None else min(budget, plain)
+        out = run_engine(*args, lim)
+        counters = out[10]
+        KERNELS.spend(int(counters[0] + counters[2]))
+        if out[0] != STATUS_BUDGET or plain is None or lim == budget:
+            return out                  # finished, or the caller's budget is spent
+    return KERNELS.compiled()["run_engine"](*args, budget)

@@ -63,8 +63,8 @@ MAX_UNITS = 200_000_000
 EXECUTIONS = ("task", "algorithm")
 GB = 1e9
 
-__all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "bus_factor",
-           "simulate", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
+__all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "SimulationStopped", "bus_factor",
+           "simulate", "simulate_by", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
            "faster_allocation", "SimulatedCost", "ALLOCATION_SIZES",
            "resolve_slice"]
 
@@ -239,7 +239,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
              record: bool | int = False, nslots: int = NSLOTS,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
-             block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> SimResult:
+             block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -249,6 +249,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
     past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
     per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
+    ``work_budget``: see :func:`simulate_by` (None: no limit).
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
@@ -267,11 +268,17 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
             f"more than the limit of {max_units:,}); use a larger chunk size")
     # ``execution`` is validated by _engine_args
     rec_lim = prog.ntbs if record is True else int(record)
+    if work_budget is not None:
+        _check_work_floor(prog, geo, work_budget)
     t0 = time.perf_counter()
-    out = eng.run(*_engine_args(prog, geo, execution, rec_lim, nslots))
+    out = eng.run_within(work_budget, *_engine_args(prog, geo, execution, rec_lim, nslots))
     wall = time.perf_counter() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
+    if status == eng.STATUS_BUDGET:
+        raise SimulationStopped(f"simulation stopped at its work budget ({int(counters[0] + counters[2]):,} "
+                                f"events and re-shared flows) before the program finished",
+                                work=int(counters[0] + counters[2]), wall_s=wall)
     if status != eng.STATUS_OK:
         raise SimulationError(_deadlock_message(prog, tb_state, tb_wait, tb_pos, tb_m))
     L = prog.nlinks
@@ -287,6 +294,67 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
         stats={"instants": int(counters[3]), "share_components": int(counters[1]),
                "share_flows": int(counters[2])},
         slice_bytes=int(slice_b), slot_bytes=int(prog.chunk_bytes))
+
+
+class SimulationStopped(SimulationError):
+    """A simulation given a work budget or a deadline (:func:`simulate_by`) that stopped, or did
+    not start, because the program needs more; ``work``: what it did (0 when it did not start)."""
+
+    def __init__(self, message: str, *, work: int = 0, wall_s: float = 0.0):
+        super().__init__(message)
+        self.work = int(work)
+        self.wall_s = float(wall_s)
+
+
+#: work (events plus re-shared flows) per second :func:`simulate_by` assumes until this process has
+#: timed a simulation: the compiled engine on a loaded 2-core machine (about 3 us per event)
+ASSUMED_WORK_PER_S = 250_000.0
+#: runs of less work than this are not timed for the rate (their wall time is mostly overhead)
+RATE_MIN_WORK = 50_000
+#: the fastest rate timed in this process (None until one run of ``RATE_MIN_WORK`` has been timed)
+_measured_rate: list[float] = []
+
+
+def work_rate() -> float:
+    """Work per second :func:`simulate_by` budgets with: the fastest this process has timed (a run
+    that included numba's compile or plain Python is slower and does not lower it), else
+    :data:`ASSUMED_WORK_PER_S`."""
+    return max(_measured_rate) if _measured_rate else ASSUMED_WORK_PER_S
+
+
+def _time_rate(work: int, wall_s: float) -> None:
+    if work >= RATE_MIN_WORK and wall_s > 0:
+        _measured_rate.append(work / wall_s)
+
+
+def _check_work_floor(prog: SimProgram, geo: Geometry, budget: int) -> None:
+    """Refuse at once a run whose least work exceeds ``budget``: every sending primitive ends one
+    flow per micro-batch (an event each), however the bandwidth is shared."""
+    sends = int(np.count_nonzero(prog.p_flags & eng.F_SEND))
+    least = sends * int(geo.nmb)
+    if least > budget:
+        raise SimulationStopped(f"simulation not started: it needs at least {least:,} events, "
+                                f"more than its budget of {int(budget):,}")
+
+
+def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology, nbytes: int,
+                **kw) -> SimResult:
+    """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
+    result or with :class:`SimulationStopped`: the time left buys a work budget (events plus
+    re-shared flows, at :func:`work_rate`), a run whose least work (an event per sending primitive
+    and micro-batch) is over it does not start, and one that spends it stops cleanly. Preparing a
+    ProgramIR is not bounded (pass a prepared program to keep it out of the deadline)."""
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        raise SimulationStopped("simulation not started: no time left")
+    budget = int(left * work_rate())
+    try:
+        res = simulate(program, topo, nbytes, work_budget=budget, **kw)
+    except SimulationStopped as exc:
+        _time_rate(exc.work, exc.wall_s)
+        raise
+    _time_rate(res.events + int(res.stats.get("share_flows", 0)), res.wall_s)
+    return res
 
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,

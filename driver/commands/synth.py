@@ -12,12 +12,16 @@ picks the fastest at ``--select-size``. The output is ResCCLang that ``hccc`` co
 like any other program; it is proved by the verifier and checked against the cluster's links before
 it is written. ``--json`` prints ``{"collective", "nranks", "steps", "lower_bound_steps", "seconds",
 "output", "bandwidth_bound": {"bytes", "seconds", "busbw_GBps"}, ...}`` (the bandwidth bound is
-ForestColl's cut bound for a buffer of ``--select-size`` bytes). On the time limit the best schedule so far is written, with its gap to the bound.
+ForestColl's cut bound for a buffer of ``--select-size`` bytes). ``--time-limit`` bounds the whole
+command, the simulations after the search included (:class:`Simulations`); on the limit the best
+schedule so far is written, with its gap to the bound, and what was not simulated is said
+(``"not_simulated"``, ``"channels_fitted"`` in ``--json``). docs/synthesis.md: how channels are chosen.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
@@ -50,8 +54,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="chunks per rank of the step search (written as the program's nChunksPerRank; default 1; "
                         "the tree packing picks its own, so giving K makes --method auto search)")
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
-                   help="seconds for the search; the best schedule so far is written then (numba's first "
-                        "compile of a kernel after an install is not counted)")
+                   help="seconds for the whole command (several --size share it): the search or packing, "
+                        "then the simulations that pick the tree shape and the channels and measure the "
+                        "fraction of the bound; the best schedule so far is written then, saying what was not "
+                        "simulated (numba's first compile of a kernel after an install is not counted)")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
@@ -95,12 +101,14 @@ def describe_event(event: str, info: dict) -> str:
         return event
 
 
-def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1):
+def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1,
+                    deadline: float | None = None):
     """``score(collective, rows)`` for :func:`hccc.compiler.synth.synthesize`: the completion time of
     a candidate program in the alpha-beta simulator on ``topo`` at ``nbytes`` (None when the
-    simulator is not available)."""
+    simulator is not available). With a ``deadline`` (a :func:`time.perf_counter` time), a
+    candidate the time left cannot simulate scores infinity (the search keeps its first)."""
     try:
-        from hccc.runtime.simulator import simulate
+        from hccc.runtime.simulator import SimulationStopped, simulate, simulate_by
     except ImportError:
         return None
     import numpy as np
@@ -112,32 +120,47 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
         coll = Collective.parse(phase)
         if coll is None:
             return 0.0
+        if deadline is not None and time.perf_counter() >= deadline:
+            return float("inf")
         head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
                       chunks_per_rank=chunks_per_rank)
-        alg = Algorithm.from_rows(head, np.asarray(rows).tolist())
-        return float(simulate(build_program(alg), topo, int(nbytes), slice_bytes="auto").time_s)
+        ir = build_program(Algorithm.from_rows(head, np.asarray(rows).tolist()))
+        if deadline is None:
+            return float(simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s)
+        try:
+            return float(simulate_by(deadline, ir, topo, int(nbytes), slice_bytes="auto").time_s)
+        except SimulationStopped:
+            return float("inf")
 
     return score
 
 
-def tree_simulated_score(topo, nbytes: int = 1 << 30):
+def tree_simulated_score(sims: "Simulations"):
     """``score(collective, rows, chunks_per_rank, channels)`` for the tree packing: simulated
-    seconds of a candidate program with its channels (None when the simulator is not available)."""
-    try:
-        from hccc.runtime.simulator import simulate
-    except ImportError:
+    seconds of a candidate program with its channels, recorded in ``sims`` (None when the simulator
+    is not available; a candidate already simulated is not simulated again). Infinity, not
+    simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the cut
+    bound (no other shape can gain more than that; the bound is computed only then)."""
+    if not sims.available:
         return None
-    import numpy as np
+    from hccc.compiler.synth.collectives import SynthResult
 
-    from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
-    from hccc.compiler.passes.build import build_program
+    best: list[float] = []
 
     def score(collective: str, rows, chunks_per_rank: int, channels: int) -> float:
-        head = Header(topo.nranks, Collective.parse(collective), f"candidate_{collective}",
-                      chunks_per_rank=chunks_per_rank, nchannels=channels)
-        ir = build_program(Algorithm.from_rows(head, np.asarray(rows).tolist()))
-        ir.nchannels = channels
-        return float(simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s)
+        cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
+                           sims.topo.name, detail={"channels": int(channels)})
+        known = sims.known(cand, int(channels))
+        if known is not None:
+            return known
+        if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
+            sims.shapes_not_needed += 1
+            return float("inf")
+        t = sims.seconds(cand, int(channels))
+        if t is None:
+            return float("inf")
+        best.append(t)
+        return t
 
     return score
 
@@ -180,6 +203,7 @@ def _bandwidth_bound(result, nbytes: int) -> dict:
 
 
 def run(args) -> int:
+    deadline = time.perf_counter() + float(args.time_limit)   # the whole command's (see --time-limit)
     from hccc.util.limits import check_synth_size
     from hccc.compiler.pipeline import load_cluster
 
@@ -220,14 +244,16 @@ def run(args) -> int:
     for o in outs:
         check_output_file(o)
     summaries = []
-    for size, o in zip(sizes, outs):
-        summaries.append(_synthesize_one(args, topo, size, o))
+    for i, (size, o) in enumerate(zip(sizes, outs)):
+        # every program its share of the time left
+        share = max(0.0, deadline - time.perf_counter()) / (len(sizes) - i)
+        summaries.append(_synthesize_one(args, topo, size, o, time.perf_counter() + share))
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
     return 0
 
 
-def _synthesize_one(args, topo, size: int, out: Path) -> dict:
+def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
@@ -236,34 +262,41 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
     title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
     if len(args.size or []) > 1:
         title += f" for {format_size(size)}"
-    with Progress("hccc synth", enabled=not args.json) as prog, prog.phase(title, limit_s=args.time_limit) as phase:
+    simulated = topo.nranks <= SIMULATE_MAX_RANKS
+    sims = Simulations(topo, size, deadline)
+    with Progress("hccc synth", enabled=not args.json) as prog, \
+            prog.phase(title, limit_s=args.time_limit if len(args.size or []) <= 1 else
+                       round(max(0.0, deadline - time.perf_counter()), 1)) as phase:
 
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        simulated = topo.nranks <= SIMULATE_MAX_RANKS
-
         def make(how: str):
             sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
-                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank)
+                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=deadline)
             try:
                 return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                  time_limit=args.time_limit, progress=progress, pod_ranks=args.pod_size,
-                                  use_smt=not args.no_smt, variants=args.variants, score=score,
-                                  bandwidth_bound_bytes=size, method=how,
-                                  tree_score=tree_simulated_score(topo, size) if sim and how == "trees" else None)
+                                  time_limit=max(1e-3, deadline - time.perf_counter()), progress=progress,
+                                  pod_ranks=args.pod_size, use_smt=not args.no_smt, variants=args.variants,
+                                  score=score, bandwidth_bound_bytes=size, method=how,
+                                  tree_score=tree_simulated_score(sims) if sim and how == "trees" else None)
             except ValueError as exc:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
         result = make(method)
-        sim_s = _fit_channels(result, topo, size) if simulated else _cap_channels(result, topo)
         bound = _bandwidth_bound(result, size)
+        if simulated:
+            phase.update("fitting channels and simulating the program")
+            _fit_channels(result, topo, size, sims)
+        else:
+            _cap_channels(result, topo)
         if args.collective == "allreduce":
             bound.update(_allreduce_bounds(topo, size))
-        fraction = _simulated_fraction(result, topo, size, bound["seconds"], sim_s) if simulated else None
+        fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
         tried = {method: fraction}
-        if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW:
+        if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW \
+                and sims.time_left > 0:
             # the packing's program falls short in the simulator: the search too, the faster kept
             phase.update("tree program below the bound in the simulator: trying the step search")
             try:
@@ -272,13 +305,18 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
                 other = None
             tried["search"] = None
             if other is not None:
-                f2 = tried["search"] = _simulated_fraction(other, topo, size, bound["seconds"],
-                                                           _fit_channels(other, topo, size))
+                _fit_channels(other, topo, size, sims)
+                f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
                 if f2 is not None and f2 > fraction:
                     result, fraction = other, f2
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
+    # why the program's fraction of the bound (or its channel count) was not simulated, if it was not
+    why = ("simulator not installed" if not sims.available else "time limit" if sims.stopped else
+           f"simulation failed: {sims.failed}" if sims.failed else "not simulated")
+    not_simulated = None if fraction is not None else f"over {SIMULATE_MAX_RANKS} GPUs" if not simulated else why
+    fitted = result.detail.get("channels_fitted")
     extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
              f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]
     if "allreduce_bound_seconds" in bound:
@@ -287,6 +325,12 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
     if not simulated:
         extra.append(f"method {result.detail.get('method')}: not simulated during synthesis (over "
                      f"{SIMULATE_MAX_RANKS} GPUs; hccc sim measures the program)")
+    elif fraction is None:
+        extra.append(f"method {result.detail.get('method')}: not simulated during synthesis ({not_simulated}; "
+                     "hccc sim measures the program)")
+    if simulated and fitted is False:
+        extra.append(f"{plural(int(result.detail.get('channels', 1)), 'channel')}: the packing's own count, not "
+                     f"confirmed by simulation ({why})")
     if fraction is not None:
         extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
                      f"{fraction:.4f} of the cut bound")
@@ -304,13 +348,16 @@ def _synthesize_one(args, topo, size: int, out: Path) -> dict:
                "phases": result.summary()["phases"], "composed": result.composed,
                "method": result.detail.get("method"), "size": int(size),
                "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
-               "fraction_of_bound": fraction, "methods_tried": tried}
+               "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
+               "simulations_stopped": sims.stopped, "methods_tried": tried}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
     if not args.json:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
-        frac = f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else ""
+        frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else
+                f", fraction of the bandwidth bound not simulated ({not_simulated})")
         shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
+                 + (f" (not fitted: {why})" if simulated and fitted is False else "")
                  if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
         print(f"hccc synth: {result.collective} on {result.nranks} GPUs by {summary['method']}: {result.steps} steps "
               f"({shape}), {result.ntransfers} transfers{frac}, "
@@ -323,60 +370,191 @@ CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
 #: past this many GPUs ``synth`` does not simulate (shapes, channels, the fraction of the bound):
 #: one simulation of such a program takes longer than the whole synthesis; ``hccc sim`` measures it
 SIMULATE_MAX_RANKS = 128
+#: a program this close to its time without the per-block limit (or to the cut bound, which no
+#: program beats) has enough channels; a shape this close to the bound ends the shape search
+FIT_TOLERANCE = 0.005
 
 
-def _fit_channels(result, topo, nbytes: int, tol: float = 0.005) -> float | None:
+class Simulations:
+    """The simulations ``synth`` runs after its search (tree shapes, channel counts, the fraction
+    of the bound), all ending by ``deadline`` (a :func:`time.perf_counter` time): each program's
+    time is kept, keyed by its transfers and channels, so none is simulated twice.
+    ``stopped``: the deadline stopped a simulation or left no time to start one; ``failed``: why a
+    program could not be simulated (None: none failed)."""
+
+    def __init__(self, topo, nbytes: int, deadline: float):
+        self.topo = topo
+        self.nbytes = int(nbytes)
+        self.deadline = float(deadline)
+        self.times: dict[tuple, float] = {}
+        self.stopped = False
+        self.failed: str | None = None
+        self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
+        self._irs: dict[tuple, object] = {}
+        self._bounds: dict[str, float] = {}
+        self._net = None
+        try:
+            from hccc.runtime import simulator  # noqa: F401
+            self.available = True
+        except ImportError:
+            self.available = False
+
+    @property
+    def time_left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def network(self):
+        if self._net is None:
+            from hccc.compiler.synth import network_from_topology
+            self._net = network_from_topology(self.topo)
+        return self._net
+
+    def bound_seconds(self, collective: str) -> float:
+        """The cut bound of ``collective`` at ``nbytes`` (docs/bounds.md): no program is faster."""
+        if collective not in self._bounds:
+            from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+            self._bounds[collective] = float(collective_cut_bound_seconds(
+                self.network(), collective, self.topo.nranks, 1, 0, float(self.nbytes)))
+        return self._bounds[collective]
+
+    @staticmethod
+    def _key(result) -> tuple:
+        import hashlib
+
+        import numpy as np
+
+        from hccc.compiler.synth.emit import _sorted_rows
+        rows = np.ascontiguousarray(_sorted_rows(result), dtype=np.int64)
+        return (result.collective, int(result.chunks_per_rank), int(result.root or 0),
+                hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
+
+    def _ir(self, result, key: tuple):
+        if key not in self._irs:
+            from hccc.compiler.passes.build import build_program
+            from hccc.compiler.synth import to_algorithm
+            self._irs = {key: build_program(to_algorithm(result, self.topo))}   # the latest program only
+        return self._irs[key]
+
+    def channel_steps(self, result) -> list[int]:
+        """:data:`CHANNEL_STEPS` with which every thread block of the program stays resident."""
+        ir = self._ir(result, self._key(result))
+        return [c for c in CHANNEL_STEPS if c <= resident_channels(ir, self.topo)] or [1]
+
+    def known(self, result, channels: int | None) -> float | None:
+        """The time of ``result`` with ``channels`` when already simulated."""
+        return self.times.get(self._key(result) + (channels,))
+
+    def seconds(self, result, channels: int | None) -> float | None:
+        """Simulated seconds of ``result``'s program at ``nbytes`` with ``channels`` blocks per
+        thread block (None: without the per-block limit); None when the deadline stopped it (or
+        left no time to start it) or the program cannot be simulated (``failed`` says why)."""
+        if not self.available:
+            return None
+        key = self._key(result)
+        tkey = key + (channels,)
+        if tkey in self.times:
+            return self.times[tkey]
+        if self.time_left <= 0:
+            self.stopped = True
+            return None
+        from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
+        from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
+
+        try:
+            ir = self._ir(result, key)
+            ir.nchannels = int(channels or 1)
+            prog = prepare(ir, self.topo, DEFAULT_BLOCK_GBPS if channels else None)
+            t = float(simulate_by(self.deadline, prog, self.topo, self.nbytes, slice_bytes="auto").time_s)
+        except SimulationStopped:
+            self.stopped = True
+            return None
+        except (SimulationError, ValueError) as exc:
+            self.failed = str(exc)
+            return None
+        self.times[tkey] = t
+        return t
+
+
+def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT_TOLERANCE) -> float | None:
     """The fewest channels (``CHANNEL_STEPS``) with which the program runs within ``tol`` of its
     time without the simulator's per-block limit at ``nbytes``: the per-block limit then never
-    binds where the links could carry more. Tries the packing's own count and the step below it,
-    then bisects ``CHANNEL_STEPS`` (taking the time as non-increasing in channels: each block's
-    share only grows), so a few simulations suffice. Sets
-    ``result.detail["channels"]`` and returns the simulated seconds with them; leaves it alone and
-    returns None without the simulator or when the program cannot be simulated."""
-    try:
-        from hccc.runtime.simulator import SimulationError, prepare, simulate
-    except ImportError:
+    binds where the links could carry more. Starts from the packing's own count (its busiest
+    stream's planned rate over the per-block rate, :func:`hccc.compiler.synth.forest.blocks_for`):
+    when the program runs within ``tol`` of the cut bound with it, that count is confirmed without
+    simulating the unlimited program (which can only be slower than the bound); else the unlimited
+    time is simulated and ``CHANNEL_STEPS`` bisected (taking the time as non-increasing in
+    channels: each block's share only grows). Sets ``result.detail["channels"]`` (and
+    ``"channels_fitted"``: whether the simulations confirmed it) and returns the simulated seconds
+    with them; None without the simulator, when the program cannot be simulated, or when
+    ``sims``' deadline stops the fitting before the chosen count was simulated (the best count
+    known so far is kept: the fewest that passed, else the packing's own)."""
+    if not sims.available:
         return None
-    from hccc.compiler.passes.build import build_program
-    from hccc.compiler.synth import to_algorithm
+    if sims.time_left <= 0:             # no time to build the program: the packing's count, resident
+        sims.stopped = True
+        _cap_channels(result, topo)
+        result.detail["channels_fitted"] = False
+        return None
+    steps = sims.channel_steps(result)
+    own = int(result.detail.get("channels", 1))
+    guess = max([i for i, c in enumerate(steps) if c <= own] or [0])
+    passed: dict[int, bool] = {}
+    bound = float(result.detail.get("cut_bound_seconds") or 0.0)
 
-    ir = build_program(to_algorithm(result, topo))
-    steps = [c for c in CHANNEL_STEPS if c <= resident_channels(ir, topo)] or [1]
-    times: dict[int, float] = {}
+    def finish(i: int, fitted: bool) -> float | None:
+        result.detail["channels"] = int(steps[i])
+        result.detail["channels_fitted"] = bool(fitted)
+        return sims.times.get(sims._key(result) + (steps[i],))
 
-    def at(i: int) -> float:
-        ch = steps[i]
-        if ch not in times:
-            ir.nchannels = ch
-            times[ch] = simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s
-        return times[ch]
+    def settle() -> float | None:       # the deadline (or a failure) stopped the fitting
+        ok = [i for i, p in passed.items() if p]
+        return finish(min(ok) if ok else guess, False)
 
-    try:
-        free = simulate(prepare(ir, topo, None), topo, int(nbytes), slice_bytes="auto").time_s
-        lo, hi = 0, len(steps) - 1             # the answer lies in [lo, hi]; hi is taken if none passes
-        # first the packing's own count (its busiest pair's planned rate) and the step below it:
-        # usually the answer, found in two simulations
-        guess = max([i for i, c in enumerate(steps) if c <= int(result.detail.get("channels", 1))] or [0])
-        if at(guess) <= free * (1 + tol):
-            hi = guess
-            if guess > 0:
-                if at(guess - 1) <= free * (1 + tol):
-                    hi = guess - 1
-                else:
-                    lo = guess
-        else:
-            lo = guess + 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if at(mid) <= free * (1 + tol):
-                hi = mid
+    t = sims.seconds(result, steps[guess])
+    if t is None:
+        return settle()
+    if bound > 0 and t <= bound * (1 + tol):
+        limit = bound * (1 + tol)       # at the bound: the unlimited program is no faster
+    else:
+        free = sims.seconds(result, None)
+        if free is None:
+            return settle()
+        limit = free * (1 + tol)
+
+    def passes(i: int) -> bool | None:
+        if i not in passed:
+            ti = sims.seconds(result, steps[i])
+            if ti is None:
+                return None
+            passed[i] = ti <= limit
+        return passed[i]
+
+    lo, hi = 0, len(steps) - 1                 # the answer lies in [lo, hi]; hi is taken if none passes
+    first = passes(guess)
+    if first:
+        hi = guess
+        if guess > 0:
+            below = passes(guess - 1)
+            if below is None:
+                return settle()
+            if below:
+                hi = guess - 1
             else:
-                lo = mid + 1
-        t = at(lo)
-    except (SimulationError, ValueError):
-        return None
-    result.detail["channels"] = int(steps[lo])
-    return float(t)
+                lo = guess
+    else:
+        lo = guess + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ok = passes(mid)
+        if ok is None:
+            return settle()
+        if ok:
+            hi = mid
+        else:
+            lo = mid + 1
+    if sims.seconds(result, steps[lo]) is None:
+        return settle()
+    return finish(lo, True)
 
 
 def resident_channels(ir, topo, tbs: int | None = None) -> int:
@@ -420,23 +598,9 @@ def _cap_channels(result, topo) -> None:
     return None
 
 
-def _simulated_fraction(result, topo, nbytes: int, bound_s: float, known_s: float | None = None) -> float | None:
-    """Cut bound / simulated time of the program at ``nbytes`` (None without the simulator, or when
-    the program cannot be simulated at that size); ``known_s``: that time when already simulated."""
-    if known_s is not None:
-        return bound_s / known_s if known_s > 0 else None
-    try:
-        from hccc.runtime.simulator import SimulationError, simulate
-    except ImportError:
-        return None
-    from hccc.compiler.passes.build import build_program
-    from hccc.compiler.synth import to_algorithm
-
-    alg = to_algorithm(result, topo)
-    ir = build_program(alg)
-    ir.nchannels = alg.header.nchannels
-    try:
-        t = simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s
-    except (SimulationError, ValueError):
-        return None
-    return bound_s / t if t > 0 else None
+def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:
+    """Cut bound / simulated time of the program at ``sims.nbytes`` with its channels (None without
+    the simulator, when the program cannot be simulated at that size, or when the deadline left no
+    time: ``sims.stopped`` says so)."""
+    t = sims.seconds(result, int(result.detail.get("channels", 1)))
+    return bound_s / t if t is not None and t > 0 else None
