@@ -78,6 +78,7 @@ def test_mscclpp_plan_benchmark_rows():
     assert row["ops"] > row["nops"] > 0 and row["tbs"] >= 8
 
 
+@pytest.mark.slow   # builds kernels with nvcc/hipcc
 def test_build_time_builds_the_generic_and_per_rank_kernels(tmp_path):
     """build_time's building blocks: the hccc compile in both modes (sizes), a g++ build of the
     table kernels with only the chosen instantiation, and a per-rank build of the specialised ones."""
@@ -138,6 +139,7 @@ def test_fusion_benchmark_rows(capsys):
         assert len(r["busbw"]) == 1 and r["auto"] in ("fused", "unfused")
 
 
+@pytest.mark.slow   # several simulations
 def test_channels_benchmark_rises_with_channels_to_the_link_model():
     ch = _load("channels")
     rows = ch.run(["ring_allreduce_8:a100_topo1"], [64 << 20], [1, 2, 4], 20.0)
@@ -148,6 +150,7 @@ def test_channels_benchmark_rises_with_channels_to_the_link_model():
     assert bw[0] == pytest.approx(20.0, rel=0.01)      # one block per connection: the block rate
 
 
+@pytest.mark.slow   # many timed subprocess starts
 def test_startup_benchmark_times_both_entry_points_and_msccl(tmp_path):
     """startup.py times ``python -m hccc`` (and the console script where one is installed) and an
     msccl-tools script given to it; a stand-in script plays msccl-tools here."""

@@ -342,6 +342,7 @@ def run_cli(*args, cwd=None):
                           timeout=600)
 
 
+@pytest.mark.slow   # generates, checks and compiles three clusters' programs
 def test_cli_gen_check_compile(tmp_path):
     topo = str(CLUSTERS / "mixed_v100_w7800.topo")
     out = tmp_path / "ar.rccl"

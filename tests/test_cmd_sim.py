@@ -48,6 +48,7 @@ def test_table_has_one_row_per_size(capsys):
     assert float(avg.split(":")[1]) == pytest.approx(sum(busbw) / 2, rel=1e-3)
 
 
+@pytest.mark.slow   # a size sweep of simulations
 def test_nccl_tests_sweep_and_several_runs(capsys, tmp_path):
     """-b/-e/-f sweep like nccl-tests; two algorithms x two schedulers give four tables and one
     busbw figure; the timeline shows the chosen ranks only."""

@@ -327,6 +327,7 @@ def test_makefile_dry_run(tmp_path):
     assert res.returncode != 0 and "float64" in res.stderr
 
 
+@pytest.mark.slow   # a CMake configure with nvcc
 def test_cmake_configures(tmp_path, nvcc):
     if shutil.which("cmake") is None:
         pytest.skip("cmake not installed")

@@ -17,7 +17,7 @@ _values = st.recursive(_scalars, lambda inner: st.one_of(
     max_leaves=120)
 
 
-@settings(max_examples=examples(100), deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.dictionaries(st.text(max_size=10), _values, max_size=8))
 def test_manifest_json_is_the_document(manifest):
     text = manifest_json(manifest)

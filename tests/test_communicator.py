@@ -133,10 +133,10 @@ INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
             "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum")}
 
 
-# several processes per case, each building its kernels: one collective runs by default, the rest
-# with the slow tests (pytest -m slow)
-@pytest.mark.parametrize("collective", [c if c == "allreduce" else pytest.param(c, marks=pytest.mark.slow)
-                                        for c in sorted(PROGRAMS)])
+# several processes per case, each building its kernels: with the slow tests (pytest -m slow);
+# the default set runs random programs in separate processes (below)
+@pytest.mark.slow
+@pytest.mark.parametrize("collective", sorted(PROGRAMS))
 def test_every_collective_in_separate_processes(pool, collective):
     ir = build_program(PROGRAMS[collective](), chunk_bytes=64)
     dtype, op = INSTANCE[collective]

@@ -219,6 +219,7 @@ def _compile(tmp_path: Path, algo: Path, topo: Path, out: str, *extra: str) -> d
     return json.loads((tmp_path / out / "manifest.json").read_text())
 
 
+@pytest.mark.slow   # compiles for both vendors twice
 def test_mixed_vendor_compile_takes_platforms_from_vendors_and_records_the_cluster(tmp_path):
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
     topo = write(tmp_path, "mixed.topo", MIXED_2X2)
@@ -244,6 +245,7 @@ def test_mixed_vendor_compile_takes_platforms_from_vendors_and_records_the_clust
     assert all(set(r["sources"]) == {"cuda", "hip"} for r in everything["ranks"])
 
 
+@pytest.mark.slow   # three full compiles
 def test_topology_compile_is_deterministic_and_absent_without_topology(tmp_path):
     algo = write(tmp_path, "hm.rccl", hm_allreduce_rccl(4, 2))
     topo = write(tmp_path, "mixed.topo", MIXED_2X2)

@@ -402,7 +402,8 @@ def test_long_integer_literals_in_rccl(digits, where):
     assert not too_big
 
 
-@pytest.mark.parametrize("evil", ["a\x1b[2Jb", "a\nb", "a\u202eb", "a\rb\x07"])
+@pytest.mark.parametrize("evil", ["a\x1b[2Jb"] + [pytest.param(e, marks=pytest.mark.slow)
+                                                  for e in ("a\nb", "a\u202eb", "a\rb\x07")])
 def test_file_names_reach_the_terminal_escaped(tmp_path, evil):
     """Input and output file names printed by check, topo and the compile command: no control
     characters reach the terminal (each is shown escaped)."""

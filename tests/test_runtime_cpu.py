@@ -396,6 +396,7 @@ def test_build_is_cached_by_content(tmp_path):
         assert r3.module.path != lib1
 
 
+@pytest.mark.slow   # g++ builds per rank from an empty cache
 def test_a_process_builds_only_its_ranks_and_caches_per_rank(pf, tmp_path, monkeypatch):
     """A process that runs some ranks (one rank per process: ``hccc.Communicator``) compiles only
     their sources: the cache entry is keyed by those ranks' sources, so rank 1's library is reused
