@@ -24,7 +24,9 @@ primitives.
   micro-batch ``i`` now waits for all of ``last(V)``'s micro-batches instead of its ``i``-th.
   Reachability is searched forward from ``last(V)`` over primitives whose order key does not
   exceed ``first(U)``'s (keys never decrease along the wait graph), and only on ranks where
-  interval partitioning would share at all.
+  interval partitioning would share at all. Programs whose ranks could ask many such questions
+  (tree programs give every rank a unit per peer and direction) ask them in the compiled kernel
+  of :mod:`hccc.compiler.passes.tb_share_kernel`, which gives the same tracks.
 
 Local ``COPY`` primitives (never-written output chunks) use no connection and have no dependencies;
 they run first on TB 0. Within a TB, primitives run in order-key order (sub-pipeline, then insertion
@@ -179,9 +181,12 @@ class _WaitGraph:
         ok = ed >= 0
         es, ed = es[ok], ed[ok]
         order = stable_argsort(es)
-        self.ptr = np.searchsorted(es[order], np.arange(n + 1)).tolist()
-        self.adj = ed[order].tolist()
-        self.key = low.key.tolist()
+        self.ptr_array = np.searchsorted(es[order], np.arange(n + 1)).astype(np.int64)
+        self.adj_array = ed[order]
+        self.key_array = np.asarray(low.key, dtype=np.int64)
+        self.ptr = self.ptr_array.tolist()
+        self.adj = self.adj_array.tolist()
+        self.key = self.key_array.tolist()
 
     def reaches(self, a: int, b: int) -> bool:
         """Whether primitive ``b`` (transitively) waits for primitive ``a``."""
@@ -235,6 +240,43 @@ def share_when_free(start, end, first, last, reaches) -> tuple[np.ndarray, int]:
     return track, len(tail)
 
 
+def _share(low: LoweredProgram, unit, urank, ustart, uend, bounds, sharing: list[int], state_tb,
+           state_count) -> None:
+    """State-based tracks of the units of the ranks ``sharing`` (:func:`share_when_free` with the
+    wait graph's reachability), into ``state_tb`` and ``state_count``: by the compiled kernel of
+    :mod:`hccc.compiler.passes.tb_share_kernel` when the ranks could ask many reachability
+    questions, else rank by rank here."""
+    from hccc.compiler.passes import tb_share_kernel as kern
+
+    nunits = len(urank)
+    graph = _WaitGraph(low, unit)
+    first, last = _unit_ends(low, unit, nunits)
+    sizes = (bounds[1:] - bounds[:-1])[sharing]
+    compiled = kern.KERNELS.compiled_for("share_tracks", int((sizes * sizes).sum() // 2))
+    if compiled is None:
+        for r in sharing:
+            lo, hi = int(bounds[r]), int(bounds[r + 1])
+            tr, k = share_when_free(ustart[lo:hi], uend[lo:hi], first[lo:hi], last[lo:hi], graph.reaches)
+            state_tb[lo:hi] = tr
+            state_count[r] = k
+        return
+    labels = kern.KERNELS.compiled()["interval_labels"]
+    ptr, adj = graph.ptr_array, graph.adj_array
+    post1, low1, ok1 = labels(ptr, adj, False)
+    post2, low2, ok2 = labels(ptr, adj, True)
+    # the sweep order of share_when_free, every rank at once (units are numbered by rank)
+    order = lexsort((np.arange(nunits), uend, ustart, urank)).astype(np.int64)
+    track = np.zeros(nunits, dtype=np.int64)
+    count = np.zeros(len(bounds) - 1, dtype=np.int64)
+    compiled(order, bounds.astype(np.int64), np.asarray(sharing, dtype=np.int64), ustart, uend,
+             first.astype(np.int64), last.astype(np.int64), ptr, adj, graph.key_array,
+             post1, low1, post2, low2, bool(ok1 and ok2), track, count)
+    for r in sharing:
+        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        state_tb[lo:hi] = track[lo:hi]
+        state_count[r] = count[r]
+
+
 def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nwarps: int = 16,
              chunk_bytes: int = 1 << 20) -> ProgramIR:
     """Assign TBs (``mode`` = "state" or "connection") and sequence numbers; build the ProgramIR.
@@ -255,7 +297,7 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     state_count = np.zeros(N, dtype=np.int64)
     if nunits:
         bounds = np.searchsorted(urank, np.arange(N + 1))   # units are sorted by rank
-        graph = None
+        sharing = []                                        # ranks where interval partitioning shares
         for r in range(N):
             lo, hi = int(bounds[r]), int(bounds[r + 1])
             if hi == lo:
@@ -265,14 +307,10 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             if max_overlap(ustart[lo:hi], uend[lo:hi]) == hi - lo:   # nothing could share
                 state_tb[lo:hi] = np.arange(hi - lo)
                 state_count[r] = hi - lo
-                continue
-            if graph is None:
-                graph = _WaitGraph(low, unit)
-                first, last = _unit_ends(low, unit, nunits)
-            tr, k = share_when_free(ustart[lo:hi], uend[lo:hi], first[lo:hi], last[lo:hi],
-                                    graph.reaches)
-            state_tb[lo:hi] = tr
-            state_count[r] = k
+            else:
+                sharing.append(r)
+        if sharing:
+            _share(low, unit, urank, ustart, uend, bounds, sharing, state_tb, state_count)
     has_local = np.zeros(N, dtype=bool)
     local = unit < 0
     has_local[low.cols["rank"][local]] = True
