@@ -4,7 +4,7 @@
 connection ids and FIFO positions, the link of every sending primitive (``Topology.link_between``),
 the resources a flow occupies (the link, its shared groups, or the rank's reduction unit), the
 dependency lists in both directions and the slice anchor chunk of every primitive (the same one the
-generated kernels use, :func:`hccc.compiler.backend.codegen.analyse`). :func:`geometry` adds what depends on
+generated kernels use, :func:`hccc.compiler.ir.extents.chunk_anchors`). :func:`geometry` adds what depends on
 the buffer size: elements per chunk, the slice length and the micro-batch count, exactly as
 ``hccc_prims.h`` computes them.
 
@@ -127,7 +127,7 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
 
     Raises :class:`SimulationError` when the rank counts differ or a sending primitive has no link.
     """
-    from hccc.compiler.backend.codegen import analyse
+    from hccc.compiler.ir.extents import chunk_anchors
 
     N = int(ir.nranks)
     if topo.nranks != N:
@@ -189,6 +189,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     c_link = np.empty(C, dtype=np.int64)
     c_alpha = np.empty(C, dtype=np.float64)
     upairs, inv = np.unique(pair, return_inverse=True)
+    pair_link = np.empty(len(upairs), dtype=np.int64)
+    pair_alpha = np.empty(len(upairs), dtype=np.float64)
     for j, pr in enumerate(upairs.tolist()):
         u, v = divmod(int(pr), N)
         lk = topo.link_between(u, v)
@@ -197,8 +199,10 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
             raise SimulationError(
                 f"rank {u} sends to rank {v} (primitive {who}, task {int(p['task'][who])}) but the "
                 f"cluster '{topo.name}' has no link {u} -> {v}")
-        c_link[inv == j] = lk.id
-        c_alpha[inv == j] = lk.alpha
+        pair_link[j] = lk.id
+        pair_alpha[j] = lk.alpha
+    c_link[:] = pair_link[inv.reshape(-1)]
+    c_alpha[:] = pair_alpha[inv.reshape(-1)]
     p_link = np.full(n, -1, dtype=np.int64)
     p_link[si] = c_link[sconn[si]]
     # ---- resources
@@ -252,7 +256,7 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     dep_ptr, dep_on = _csr(dp, do, n)
     rdep_ptr, rdep_prim = _csr(do, dp, n)
     rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
-    chunk = analyse(ir).chunk.astype(np.int64)
+    chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
     return SimProgram(
         nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
         tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
