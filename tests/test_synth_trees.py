@@ -250,8 +250,9 @@ def test_simulated_allgather_reaches_the_independent_optimum_many(topo):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="not met yet: on 2 of 25 random clusters ReduceScatter reaches 0.89 of the optimum, "
-                          "or 0.012 below AllGather (docs/synthesis.md)", strict=False)
+@pytest.mark.xfail(reason="not met yet: on some random clusters (three GPUs on a line of links behind one "
+                          "shared NIC) the tree packing's optimum lies 11 % above the cut bound, so AllGather "
+                          "and ReduceScatter both reach 0.89 of it (docs/synthesis.md)", strict=False)
 @settings(max_examples=examples(25), deadline=None)
 @given(topo=clusters())
 def test_simulated_tree_programs_reach_the_independent_optimum_many(topo):
@@ -333,3 +334,66 @@ def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(mon
     verify(alg)
     ir = build_program(alg)
     assert int(np.max(ir.ntbs)) * alg.header.nchannels <= res.detail["blocks_per_rank"]
+
+
+@settings(max_examples=examples(6), deadline=None)
+@given(topo=clusters())
+def test_allreduce_halves_packed_together_fit_the_network(topo):
+    """The AllReduce packing (both halves at once): recomputed here from its trees alone, every
+    rank's data has K chunks on spanning out-trees and K on spanning in-trees, their loads together
+    fit every pair and shared group within the packing's time, and that time is at most the two
+    halves packed apart (the LP optimum, as a sum)."""
+    from hccc.compiler.synth.trees import pack_allreduce, pack_trees, transposed_pair_order
+
+    net = network_from_topology(topo)
+    n = net.nranks
+    if n < 2:
+        return
+    ag, rs = pack_allreduce(net, pair_bw=net.bw)
+    K = ag.chunks_per_rank
+    load = {}
+    for pk, reverse in ((ag, False), (rs, True)):
+        assert pk.chunks_per_rank == K
+        per_root = np.zeros(n, np.int64)
+        for r, par, c in zip(pk.roots, pk.parents, pk.counts):
+            per_root[r] += c
+            for v in range(n):                          # spanning: every rank reaches the root
+                x, hops = v, 0
+                while x != r:
+                    x = int(par[x])
+                    hops += 1
+                    assert x >= 0 and hops <= n
+            for v in np.flatnonzero(par >= 0).tolist():
+                a, b = (v, int(par[v])) if reverse else (int(par[v]), v)     # in-trees: towards the root
+                load[(a, b)] = load.get((a, b), 0.0) + c / K
+        assert (per_root == K).all()
+    T = ag.rounded_time
+    assert rs.rounded_time == T
+    pair = {(int(s), int(d)): p for p, (s, d) in enumerate(zip(net.psrc, net.pdst))}
+    for (a, b), w in load.items():
+        assert w <= T * net.bw[pair[(a, b)]] * (1 + 1e-6)
+    for g, members in enumerate(net.group_pairs()):
+        w = sum(load.get((int(net.psrc[p]), int(net.pdst[p])), 0.0) for p in members.tolist())
+        assert w <= T * net.gbw[g] * (1 + 1e-6)
+    apart = pack_trees(net, pair_bw=net.bw).lp_time + \
+        pack_trees(net.transposed(), pair_bw=net.bw[transposed_pair_order(net)]).lp_time
+    assert ag.lp_time <= apart * (1 + 1e-3)
+
+
+def test_allreduce_with_halves_packed_together_beats_their_optimum_apart():
+    """v100_4_8: the two halves' bottlenecks differ (the ReduceScatter fills the links into the
+    4-GPU node, the AllGather those out of it), so the AllReduce packed as one runs, in hccc's
+    simulator at 1 GiB, faster than the ReduceScatter and AllGather optima one after the other;
+    the verifier proves it an AllReduce."""
+    from hccc.compiler.passes.verify import verify
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import bandwidth_cut_bound
+    from hccc.compiler.synth.emit import to_algorithm
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    net = network_from_topology(topo)
+    res = synthesize(topo, "allreduce", method="trees", time_limit=30)
+    assert res.detail["joint"]
+    verify(to_algorithm(res, topo))
+    rs_ag = sum(bandwidth_cut_bound(net, c, topo.nranks, 1, 0, M) for c in ("reducescatter", "allgather"))
+    assert _simulated_fraction(topo, res, rs_ag) > 1.1

@@ -66,6 +66,10 @@ from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 
 #: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
 SPLIT_TARGET = 8
+#: the fewest pieces a stream of a ReduceScatter (and so an AllReduce) is cut into: a rank sends
+#: a piece of its partial sum once its last child's piece has reduced into it, so coarse pieces
+#: leave the links after a join idle for up to a piece's time (:func:`split_for`)
+REDUCE_SPLIT_LEAST = 4
 #: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
 SPLIT_MAX_TRANSFERS = 100_000
 
@@ -152,14 +156,15 @@ def blocks_per_rank(rows: np.ndarray, nranks: int) -> np.ndarray:
     return 1 + np.bincount(conn[:, 0], minlength=nranks) + np.bincount(conn[:, 1], minlength=nranks)
 
 
-def split_for(chunks_per_rank: int, nranks: int = 0) -> int:
+def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
     """How many ways every chunk of a packing with ``chunks_per_rank`` is cut: the least power of
-    two, at least 2, giving at least :data:`SPLIT_TARGET` chunks per rank; halved while the
-    program (``nranks (nranks - 1)`` transfers per chunk id of an AllGather) would have more than
+    two, at least ``least`` (a power of two), giving at least :data:`SPLIT_TARGET` chunks per rank;
+    halved while the program (``nranks (nranks - 1)`` transfers per chunk id of an AllGather) would
+    have more than
     :data:`SPLIT_MAX_TRANSFERS` transfers, down to 1 (large clusters: the text, the compiler and
     the simulator grow with the transfers)."""
     K = max(1, int(chunks_per_rank))
-    s = 2
+    s = max(1, int(least))
     while s * K < SPLIT_TARGET:
         s *= 2
     per_split = max(1, int(nranks) * (int(nranks) - 1)) * K
@@ -330,7 +335,14 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 packs[name] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
                                             bw[tr.transposed_pair_order(net)], min_chunks=K, max_chunks=K,
                                             bound=p.lower_bound, time_limit=max(1.0, deadline - time.perf_counter()))
-    variants = [(K, packs)]
+    variants = [(K, packs, False)]
+    if coll == "allreduce" and time.perf_counter() < deadline:
+        # both halves packed to run at once (their loads together within one time): never slower
+        # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
+        # check one half's loads)
+        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, max_chunks=max_chunks,
+                                     time_limit=max(1.0, deadline - time.perf_counter()))
+        variants.insert(0, (jag.chunks_per_rank, {"allgather": jag, "reducescatter": jrs}, True))
     if score is not None and K > 1 and time.perf_counter() < deadline:
         # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
         # thread block then has fewer transfers to run one after another (the simulator decides)
@@ -338,7 +350,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                                     bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
                                     time_limit=max(1.0, deadline - time.perf_counter()))
                 for name, p in packs.items()}
-        variants.append((1, ones))
+        variants.append((1, ones, False))
 
     def channels_of(pk: dict, most: int | None = None) -> int:
         """Blocks per thread block for the planned rate of a stream (of ``most`` streams)."""
@@ -372,9 +384,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return np.concatenate(parts), info
 
     candidates = []
-    for kv, pk in variants:
-        split = split_for(kv, n)
-        for shape in tr.SHAPES if score is not None else tr.SHAPES[:1]:
+    for kv, pk, joint in variants:
+        split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
+        for shape in ("",) if joint else tr.SHAPES if score is not None else tr.SHAPES[:1]:
             rows, info, ch, most, blocks = bundled(lambda m: build(shape, pk, split, m), lambda m: channels_of(pk, m),
                                                    n, max_blocks)
             sc = score(coll, rows, kv * split, ch) if score is not None else None
@@ -388,11 +400,13 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
-    model_s = sum(p.rounded_time for p in packs.values()) * per_rank
+    joint = any(p.stats.get("joint") for p in packs.values())
+    model_s = (max if joint else sum)(p.rounded_time for p in packs.values()) * per_rank
     detail = {
         "method": "trees",
         "channels": int(channels),
-        "shape": shape,
+        "shape": shape or "-",
+        "joint": joint,
         "split": int(split),
         "streams_per_bundle": int(most or 1),
         "blocks_per_rank": int(blocks),
@@ -406,7 +420,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   for name, p in packs.items()},
     }
     if score is not None:
-        detail["simulated_candidates"] = {f"K={c[4]} {c[1]}" + (f" bundles of {c[8]}" if c[8] else ""): c[0][1]
+        detail["simulated_candidates"] = {f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else ""): c[0][1]
                                           for c in candidates}
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)

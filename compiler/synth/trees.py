@@ -297,6 +297,29 @@ def node_symmetry(net: Network) -> Symmetry | None:
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
                round_tol: float = ROUND_TOL, symmetry: bool = True) -> Packing:
+    return _pack(net, pair_bw=pair_bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks,
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry)[0]
+
+
+def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunks: int | None = None,
+                   min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL, round_tol: float = ROUND_TOL,
+                   symmetry: bool = True) -> tuple[Packing, Packing]:
+    """An AllReduce's ReduceScatter and AllGather packed together, to run at once: the least
+    ``T`` such that every rank's data has out-trees (its AllGather) and in-trees (its
+    ReduceScatter) whose loads *together* fit every pair and shared group in ``T`` (the LP of the
+    module docstring with two rows per rank, in-trees priced as arborescences of the transposed
+    network). No worse than the two packed apart (their trees fit in the sum of their times), and
+    better where the two halves' bottlenecks differ: the ReduceScatter's in-trees load the links
+    into a cut, the AllGather's out-trees the links out of it. Returns ``(allgather,
+    reducescatter)``: the out-trees on ``net`` and the in-trees as out-trees of
+    ``net.transposed()`` (as :func:`pack_trees` packs each), both with the joint time and loads."""
+    return _pack(net, pair_bw=pair_bw, bound=None, max_chunks=max_chunks, min_chunks=min_chunks,
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, joint=True)
+
+
+def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
+          max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
+          round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False):
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
@@ -314,7 +337,8 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     t0 = time.perf_counter()
     n, P = net.nranks, net.npairs
     if n < 2:
-        return Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
+        empty = Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
+        return (empty, empty) if joint else (empty,)
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
     cap = _resources(net, bw)
     R = cap.size
@@ -341,36 +365,50 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     first[orb[::-1]] = np.arange(R)[::-1]
     ocap = capn[first]                           # the members of an orbit have equal capacities
 
-    def price(pi_o: np.ndarray, r: int) -> tuple[float, np.ndarray]:
+    kinds = (False, True) if joint else (False,)      # out-trees, then (joint) in-trees
+
+    def price(pi_o: np.ndarray, r: int, rev: bool = False) -> tuple[float, np.ndarray]:
         w = inc @ (pi_o * mult)[orb]
         C = np.full((n, n), np.inf)
         C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+        if rev:
+            C = C.T.copy()        # an in-tree of the network: an out-tree of the transposed one
         par = min_arborescence(C, r)
         v = np.flatnonzero(par >= 0)
         return float(C[par[v], v].sum()), par
 
     # initial columns: the cheapest tree by 1/bandwidth per root
     cols: list[np.ndarray] = []      # resource ids with multiplicity
-    col_root: list[int] = []
+    col_root: list[int] = []         # the root's row key: r, or n + r for an in-tree (joint)
     col_par: list[np.ndarray] = []
     seen: set = set()
 
-    def add(r: int, par: np.ndarray) -> bool:
-        key = (r, par.tobytes())
+    def add(r: int, par: np.ndarray, rev: bool = False) -> bool:
+        key = (r, rev, par.tobytes())
         if key in seen:
             return False
         seen.add(key)
         col_par.append(par)
-        col_root.append(r)
-        cols.append(orb[_tree_column(net, _tree_pairs(net, par, r))])
+        col_root.append(r + n * rev)
+        if rev:
+            v = np.flatnonzero(par >= 0)
+            pairs = net.pair_index(v, par[v])
+            if (pairs < 0).any():
+                raise PackingError("a tree uses an arc that is not a pair of the network")
+        else:
+            pairs = _tree_pairs(net, par, r)
+        cols.append(orb[_tree_column(net, pairs)])
         return True
 
     okc = ocap > 0
     pi0 = np.where(okc, 1.0 / np.where(okc, ocap, 1.0), 0.0) / mult
-    for r in reps.tolist():
-        add(r, price(pi0, r)[1])
-    root_row = np.full(n, -1, np.int64)
-    root_row[reps] = np.arange(reps.size)
+    for rev in kinds:
+        for r in reps.tolist():
+            add(r, price(pi0, r, rev)[1], rev)
+    root_row = np.full(2 * n, -1, np.int64)
+    for k, rev in enumerate(kinds):
+        root_row[reps + n * rev] = np.arange(reps.size) + k * reps.size
+    nrows = reps.size * len(kinds)
     best_lb = 0.0 if bound is None else float(bound) * scale
     lp_val = np.inf
     it = 0
@@ -385,10 +423,10 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         colidx = np.repeat(np.arange(J), lens)
         A_res = sparse.csr_matrix((mult[rows], (rows, colidx)), shape=(RO, J))
         A_ub = sparse.hstack([A_res, sparse.csr_matrix(-ocap.reshape(-1, 1))]).tocsr()
-        A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(reps.size, J + 1))
+        A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(nrows, J + 1))
         c = np.zeros(J + 1)
         c[-1] = 1.0
-        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(reps.size),
+        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
                       bounds=[(0, None)] * (J + 1), method="highs")
         if res.status != 0:
             raise PackingError(f"the packing LP failed: {res.message}")
@@ -399,11 +437,13 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         denom = float(pi @ ocap)
         added = 0
         lag = 0.0
-        for i, r in enumerate(reps.tolist()):
-            cost, par = price(pi, r)
-            lag += cost
-            if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
-                added += add(r, par)
+        for k, rev in enumerate(kinds):
+            for i0, r in enumerate(reps.tolist()):
+                i = i0 + k * reps.size
+                cost, par = price(pi, r, rev)
+                lag += cost
+                if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
+                    added += add(r, par, rev)
         if denom > 0:
             best_lb = max(best_lb, lag / denom)
         if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
@@ -417,7 +457,7 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
     kmax = max_chunks or CHUNK_CANDIDATES[-1]
     best = None
     for K in [k for k in CHUNK_CANDIDATES if min_chunks <= k <= kmax] or [min_chunks]:
-        counts = _round_counts(y, np.array(col_root), n, K)
+        counts = _round_counts(y, np.array(col_root), 2 * n, K)
         counts = _repair(counts, np.array(col_root), load_unit, ocap, K)
         t = _time_of(counts, load_unit, ocap, K)
         if best is None or t < best[0] * (1 - 1e-12):
@@ -425,25 +465,32 @@ def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float 
         if t <= lp_val * (1 + round_tol):
             break
     t_round, K, counts = best
-    keep = np.flatnonzero(counts > 0)
-    order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
     G = perms.shape[0]
-    roots, parents, cnts = [], [], []
-    for j in order.tolist():           # every translate of a representative's tree
-        par = col_par[j]
-        v = np.flatnonzero(par >= 0)
-        tp = np.full((G, n), -1, np.int64)
-        tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
-        roots.extend(perms[:, col_root[j]].tolist())
-        parents.extend(tp)
-        cnts.extend([int(counts[j])] * G)
     # the translates load every member of an orbit alike: the orbit's load per member
     load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
     limit = capn * t_round
-    return Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
-                   it, len(cols), time.perf_counter() - t0, load[:P].copy(),
-                   {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
-                    "lp_rows": RO}, load, limit, group)
+    out = []
+    for rev in kinds:
+        keep = np.flatnonzero((counts > 0) & ((np.array(col_root) >= n) == rev))
+        order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
+        roots, parents, cnts = [], [], []
+        for j in order.tolist():           # every translate of a representative's tree
+            par = col_par[j]
+            v = np.flatnonzero(par >= 0)
+            tp = np.full((G, n), -1, np.int64)
+            tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
+            roots.extend(perms[:, col_root[j] - n * rev].tolist())
+            parents.extend(tp)
+            cnts.extend([int(counts[j])] * G)
+        lo, li = load, limit
+        if rev:     # the in-trees' packing is read on the transposed network: its pair order
+            tord = transposed_pair_order(net)
+            lo, li = np.r_[load[:P][tord], load[P:]], np.r_[limit[:P][tord], limit[P:]]
+        out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
+                           it, len(cols), time.perf_counter() - t0, lo[:P].copy(),
+                           {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
+                            "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li, group))
+    return tuple(out)
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
