@@ -688,7 +688,8 @@ class Communicator:
             finally:
                 done.set()
 
-        threading.Thread(target=waiter, name="hccc-comm-wait", daemon=True).start()
+        waiting = threading.Thread(target=waiter, name="hccc-comm-wait", daemon=True)
+        waiting.start()
         limit = self.timeout_s + 2 * self.kernel_timeout_s
         deadline = time.monotonic() + limit
         cause = None
@@ -705,6 +706,10 @@ class Communicator:
                 if time.monotonic() > deadline + max(5.0, self.kernel_timeout_s):
                     self._broken = f"{cause}; the kernel ignores the abort flag"
                     raise CommunicatorError(f"rank {self.rank}: {method}: {self._broken}")
+        # the waiter has set `done` and is about to end: join it, so that a call that returns or
+        # raises leaves no thread of its own behind (a loaded machine may not have run its last
+        # lines yet)
+        waiting.join(max(5.0, self.kernel_timeout_s))
         if failure:
             raise self._fail(f"{method}: {failure[0]}")
         raw = np.zeros(ctypes.sizeof(ErrorRecord), dtype=np.uint8)

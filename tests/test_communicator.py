@@ -342,3 +342,28 @@ def test_calls_keep_to_the_placements_the_program_is_proven_for(pool):
     calls = [[dict(c[0], out=77)] for c in calls]
     for rep in pool.run(ir.to_json(), 3, calls):
         assert not rep["ok"] and "proven in place only" in rep["error"]
+
+
+def test_a_call_leaves_no_thread_of_its_own(tmp_path, monkeypatch):
+    """The thread that waits for the kernel has ended when a call returns, even when it is slow
+    to finish after reporting (as on a loaded machine): the leak checks of the failure tests count
+    threads right after a call."""
+    _require_torch()
+    import threading
+    import types
+    from hccc.runtime import communicator as mod
+
+    class Lingering(threading.Event):           # the waiter is late to end after reporting
+        def set(self):
+            super().set()
+            if threading.current_thread().name == "hccc-comm-wait":
+                time.sleep(0.3)
+
+    ir = build_program(gen.ring_allreduce(1), chunk_bytes=256)
+    with mod.Communicator(ir, rank=0, world_size=1, init_method=f"file://{tmp_path}/store",
+                          timeout_s=20, kernel_timeout_s=10) as comm:
+        monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Event=Lingering,
+                                                                    Thread=threading.Thread))
+        x = np.arange(64, dtype=np.float32)
+        assert np.array_equal(comm.all_reduce(x), np.arange(64, dtype=np.float32))
+        assert [t.name for t in threading.enumerate() if t.name == "hccc-comm-wait"] == []
