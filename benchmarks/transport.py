@@ -10,7 +10,10 @@
    mirror and the ``tail`` stored; the receiver polls its ``tail``, copies the message out and
    stores ``head``. What is timed is the transport: the progress threads that put the slot, fence,
    put the tail and return the credit. *Latency*: ping-pong of one message, half the round trip,
-   against ``ucx_perftest -t ucp_put_lat`` (also half a round trip of puts). *Bandwidth*: a stream
+   against ``ucx_perftest -t ucp_put_lat`` (also half a round trip of puts): ``p50`` the median
+   round trip (ucx_perftest's "typical"), ``avg`` the mean. On a shared machine the mean of
+   either side is mostly the time slices it lost to other jobs; the median is what one message
+   costs when both sides are running. *Bandwidth*: a stream
    of messages (``--bw-bytes`` worth, 64 to 20,000 of them) through the FIFO's slots, against
    ``ucx_perftest -t ucp_put_bw`` with as many messages; MiB/s both (UCX's "MB/s" is 2^20 bytes
    per second). Each hccc number is taken right before the UCX number it is compared with, and
@@ -53,7 +56,8 @@ def _free_port() -> int:
 
 
 def perftest(test: str, size: int, iters: int, tls: str) -> dict:
-    """One ``ucx_perftest`` run (server and client on this machine): latency (us), MiB/s."""
+    """One ``ucx_perftest`` run (server and client on this machine): typical (p50) and average
+    latency (us), MiB/s."""
     exe = shutil.which("ucx_perftest")
     if exe is None:
         raise SystemExit("ucx_perftest not found (Debian/Ubuntu: apt-get install ucx-utils)")
@@ -79,72 +83,88 @@ def perftest(test: str, size: int, iters: int, tls: str) -> dict:
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("Final:"))
     f = re.split(r"\s+", line.strip())
     # Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
-    return {"lat_us": float(f[3]), "mib_s": float(f[6])}
+    return {"p50_us": float(f[2]), "lat_us": float(f[3]), "mib_s": float(f[6])}
 
 
 # ------------------------------------------------------------------------------ hccc's path
 # The slot writer / reader of the transport-only measurement, in C so that no interpreter sits on
 # the data path: it writes a message into a FIFO mirror and publishes the tail, or waits for a tail,
-# copies the message out and posts the head -- what a kernel's send and receive do -- and waits the
-# way the CPU emulation's kernels do (poll, then yield the core).
+# copies the message out and posts the head -- what a kernel's send and receive do -- and waits and
+# posts the way the CPU emulation's kernels do (yield the core, then sleep on the word; a post wakes).
 _DRIVER = r"""
 #include <stdint.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
-static double now(void) {
-  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
+static uint64_t now_ns(void) {
+  struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
-static int wait_ge(const uint64_t* p, uint64_t v, double deadline) {
-  unsigned spins = 0;
-  while (__atomic_load_n(p, __ATOMIC_ACQUIRE) < v) {
-    if (++spins < 64) { __builtin_ia32_pause(); continue; }
-    sched_yield();
-    if ((spins & 1023) == 0 && now() > deadline) return 1;
+/* the CPU emulation's wait (hccc_spin_pause): the first 8 pauses of a streak yield the core, later
+   ones sleep on the word's low 32 bits (futex, at most 1 ms); a post is a release store and a wake
+   (hccc_post_peer). The progress thread wakes a word a put from the other node changed. */
+static int wait_ge(const uint64_t* p, uint64_t v, uint64_t deadline) {
+  unsigned pauses = 0;
+  for (;;) {
+    const uint64_t seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    if (seen >= v) return 0;
+    if (++pauses <= 8) { sched_yield(); continue; }
+    struct timespec ts = {0, 1000000};
+    syscall(SYS_futex, p, FUTEX_WAIT_PRIVATE, (uint32_t)seen, &ts, NULL, 0);
+    if ((pauses & 63) == 0 && now_ns() > deadline) return 1;
   }
-  return 0;
+}
+static void post(uint64_t* p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  syscall(SYS_futex, p, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
 }
 #define SLOT(base, k) ((base) + ((k) % nslots) * slot_bytes + 16)
-/* ping-pong of `iters` messages of m bytes; returns the elapsed seconds (negative: timed out) */
+/* ping-pong of `iters` messages of m bytes; rank 0 stores each round trip's ns in rtt; returns
+   the elapsed seconds (negative: timed out) */
 double hb_pingpong(int rank, long iters, long m, char* mslots, uint64_t* mtail, const char* rslots,
                    const uint64_t* rtail, uint64_t* mhead, long nslots, long slot_bytes,
-                   const char* src, char* dst, double timeout_s) {
-  const double t0 = now(), deadline = t0 + timeout_s;
+                   const char* src, char* dst, double timeout_s, uint64_t* rtt) {
+  const uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (long i = 0; i < iters; ++i) {
     if (rank == 0) {
+      const uint64_t s = now_ns();
       memcpy(SLOT(mslots, i), src, m);
-      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      post(mtail, (uint64_t)i + 1);
       if (wait_ge(rtail, i + 1, deadline)) return -1;
       memcpy(dst, SLOT(rslots, i), m);
-      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      rtt[i] = now_ns() - s;
+      post(mhead, (uint64_t)i + 1);
     } else {
       if (wait_ge(rtail, i + 1, deadline)) return -1;
       memcpy(dst, SLOT(rslots, i), m);
-      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      post(mhead, (uint64_t)i + 1);
       memcpy(SLOT(mslots, i), src, m);
-      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      post(mtail, (uint64_t)i + 1);
     }
   }
-  return now() - t0;
+  return 1e-9 * (double)(now_ns() - t0);
 }
 /* a stream of n messages from rank 0 to rank 1 through the FIFO's nslots slots (the sender waits
    for credits); returns the elapsed seconds at the receiver (negative: timed out) */
 double hb_stream(int rank, long n, long m, char* mslots, uint64_t* mtail, const uint64_t* shead,
                  const char* rslots, const uint64_t* rtail, uint64_t* mhead, long nslots,
                  long slot_bytes, const char* src, char* dst, double timeout_s) {
-  const double t0 = now(), deadline = t0 + timeout_s;
+  const uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (long i = 0; i < n; ++i) {
     if (rank == 0) {
       if (i >= nslots && wait_ge(shead, i + 1 - nslots, deadline)) return -1;
       memcpy(SLOT(mslots, i), src, m);
-      __atomic_store_n(mtail, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      post(mtail, (uint64_t)i + 1);
     } else {
       if (wait_ge(rtail, i + 1, deadline)) return -1;
       memcpy(dst, SLOT(rslots, i), m);
-      __atomic_store_n(mhead, (uint64_t)i + 1, __ATOMIC_RELEASE);
+      post(mhead, (uint64_t)i + 1);
     }
   }
-  const double el = now() - t0;
+  const double el = 1e-9 * (double)(now_ns() - t0);
   if (rank == 0 && wait_ge(shead, n, deadline)) return -1;   /* every credit back */
   return el;
 }
@@ -167,7 +187,7 @@ def _driver():
     lib = ctypes.CDLL(str(cache.entry("bench_driver", key, make) / "d.so"))
     vp, lng, d = ctypes.c_void_p, ctypes.c_long, ctypes.c_double
     lib.hb_pingpong.restype = d
-    lib.hb_pingpong.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, lng, lng, vp, vp, d]
+    lib.hb_pingpong.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, lng, lng, vp, vp, d, vp]
     lib.hb_stream.restype = d
     lib.hb_stream.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, vp, lng, lng, vp, vp, d]
     return lib
@@ -234,11 +254,13 @@ def _path_rank(rank, url, tls, max_size, conn):
         dst = np.zeros(m, dtype=np.uint8)
         reset(m)
         if what == "lat":                        # ping-pong: half the round trip
+            rtt = np.zeros(count, dtype=np.uint64)
             el = drv.hb_pingpong(rank, count, m, mslots, mtail, rslots, rtail, mhead, plan.nslots,
-                                 plan.slot_bytes, src.ctypes.data, dst.ctypes.data, 60.0)
+                                 plan.slot_bytes, src.ctypes.data, dst.ctypes.data, 60.0,
+                                 rtt.ctypes.data)
             assert el > 0, "ping-pong timed out"
             assert int(dst[0]) == 2 - rank and int(dst[-1]) == 2 - rank, "wrong bytes"
-            conn.send(el / count / 2 * 1e6)
+            conn.send((float(np.median(rtt)) / 2e3, el / count / 2 * 1e6))
         else:                                     # a stream from rank 0 to rank 1
             el = drv.hb_stream(rank, count, m, mslots, mtail, shead, rslots, rtail, mhead,
                                plan.nslots, plan.slot_bytes, src.ctypes.data, dst.ctypes.data,
@@ -368,15 +390,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     bw_bytes = parse_size(a.bw_bytes)
-    samples = {m: {k: [] for k in ("hl", "ul", "hb", "ub", "call")} for m in sizes}
+    samples = {m: {k: [] for k in ("hp", "up", "hl", "ul", "hb", "ub", "call")} for m in sizes}
     pair = PathPair(max(sizes), a.tls)
     try:
         for _ in range(max(1, a.repeats)):
             for m in sizes:
                 s = samples[m]
                 iters, n = _lat_iters(m, a.lat_iters), _stream_count(m, bw_bytes)
-                s["hl"].append(pair.run("lat", m, iters)[0])
-                s["ul"].append(perftest("ucp_put_lat", m, iters, a.tls)["lat_us"])
+                p50, avg = pair.run("lat", m, iters)[0]
+                ucx = perftest("ucp_put_lat", m, iters, a.tls)
+                s["hp"].append(p50)
+                s["up"].append(ucx["p50_us"])
+                s["hl"].append(avg)
+                s["ul"].append(ucx["lat_us"])
                 s["hb"].append(pair.run("bw", m, n)[1])       # the receiver's rate
                 s["ub"].append(perftest("ucp_put_bw", m, n, a.tls)["mib_s"])
         if a.call_iters > 0:
@@ -388,7 +414,9 @@ def main(argv=None) -> int:
     rows = []
     for m in sizes:
         s = samples[m]
-        rows.append({"bytes": m, "hccc_lat_us": _median(s["hl"]), "ucx_lat_us": _median(s["ul"]),
+        rows.append({"bytes": m, "hccc_p50_us": _median(s["hp"]), "ucx_p50_us": _median(s["up"]),
+                     "p50_ratio": _median([h / u for h, u in zip(s["hp"], s["up"])]),
+                     "hccc_lat_us": _median(s["hl"]), "ucx_lat_us": _median(s["ul"]),
                      "lat_ratio": _median([h / u for h, u in zip(s["hl"], s["ul"])]),
                      "hccc_mib_s": _median(s["hb"]), "ucx_mib_s": _median(s["ub"]),
                      "bw_ratio": _median([h / u for h, u in zip(s["hb"], s["ub"])]),
@@ -401,12 +429,14 @@ def main(argv=None) -> int:
         return 0
     print(f"Cross-node path, two processes as two nodes, UCX_TLS={a.tls}: the proxy moving FIFO "
           f"slots (transport only)\nagainst ucx_perftest, medians of {a.repeats} side-by-side "
-          "rounds; latency: half a round trip (us); bandwidth: MiB/s")
-    print(f"{'size':>6} {'hccc us':>9} {'UCX us':>9} {'lat x':>6} {'hccc MiB/s':>11} "
-          f"{'UCX MiB/s':>10} {'bw %':>6} {'call us':>9}")
+          "rounds; latency: half a round trip (us), p50: the\nmedian round trip (ucx_perftest's "
+          "'typical'), avg: the mean; bandwidth: MiB/s")
+    print(f"{'size':>6} {'hccc p50':>9} {'UCX p50':>8} {'p50 x':>6} {'hccc avg':>9} {'UCX avg':>8} "
+          f"{'avg x':>6} {'hccc MiB/s':>11} {'UCX MiB/s':>10} {'bw %':>6} {'call us':>8}")
     for r in rows:
-        call = f"{r['call_us']:9.0f}" if r["call_us"] is not None else f"{'-':>9}"
-        print(f"{_fmt(r['bytes']):>6} {r['hccc_lat_us']:9.1f} {r['ucx_lat_us']:9.1f} "
+        call = f"{r['call_us']:8.0f}" if r["call_us"] is not None else f"{'-':>8}"
+        print(f"{_fmt(r['bytes']):>6} {r['hccc_p50_us']:9.1f} {r['ucx_p50_us']:8.1f} "
+              f"{r['p50_ratio']:6.2f} {r['hccc_lat_us']:9.1f} {r['ucx_lat_us']:8.1f} "
               f"{r['lat_ratio']:6.2f} {r['hccc_mib_s']:11.1f} {r['ucx_mib_s']:10.1f} "
               f"{100 * r['bw_ratio']:5.0f}% {call}")
     if a.call_iters > 0:
