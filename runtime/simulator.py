@@ -374,17 +374,34 @@ class SimulatedCost(CostModel):
     time on ``topo`` by simulation at each of ``sizes`` (slice per size, as ``hccc sim``);
     ``block_gbps``: the simulator's per-block limit."""
 
+    #: programs whose simulations are kept for :meth:`simulated` (the last ones predicted)
+    KEEP = 2
+
     def __init__(self, topo: Topology, sizes=ALLOCATION_SIZES, block_gbps: float | None = DEFAULT_BLOCK_GBPS):
         self.topo = topo
         self.sizes = tuple(sizes)
         self.block_gbps = block_gbps
+        self._kept: list[tuple[ProgramIR, int, SimProgram, list[SimResult]]] = []
 
     @property
     def cluster_name(self) -> str:
         return self.topo.name
 
     def times(self, ir: ProgramIR) -> list[float]:
-        return [r.time_s for r in simulate_sizes(ir, self.topo, self.sizes, block_gbps=self.block_gbps)]
+        prog = prepare(ir, self.topo, self.block_gbps)
+        results = simulate_sizes(prog, self.topo, self.sizes)
+        self._kept = [*self._kept[-(self.KEEP - 1):], (ir, int(ir.nchannels), prog, results)]
+        return [r.time_s for r in results]
+
+    def simulated(self, ir: ProgramIR) -> tuple[SimProgram, dict[int, SimResult]] | None:
+        """The prepared program and the results by size (:func:`simulate` with its defaults and
+        ``slice_bytes="auto"``) of one of the last programs :meth:`times` predicted, when ``ir``
+        is that very program with the same channels, else None: a caller that simulates the
+        program a choice kept need not simulate it again."""
+        for kept, nch, prog, results in reversed(self._kept):
+            if kept is ir and nch == int(ir.nchannels):
+                return prog, {r.nbytes: r for r in results}
+        return None
 
 
 def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *, sizes=ALLOCATION_SIZES,

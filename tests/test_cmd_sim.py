@@ -223,3 +223,56 @@ def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
     assert json.loads(out)["execution"] == "algorithm"
     rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--execution", "task")
     assert rc == 1 and "simulation deadlock" in err and "waits for a free FIFO slot" in err
+
+
+def _sharing_rs4(tmp_path):
+    """A random 4-rank ReduceScatter whose state-based allocation shares TBs (so the allocation
+    choice simulates both allocations) and a mesh for it."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_tb_alloc import _random
+    alg = _random("reducescatter", 4, 32, 1)
+    lines = ['def ResCCLAlgo(nRanks=4, OpType="Reducescatter", AlgoName="rs4"):']
+    lines += [f"    transfer({s}, {d}, {t}, {c}, {'rrc' if o else 'recv'})"
+              for s, d, t, c, o in zip(alg.src.tolist(), alg.dst.tolist(), alg.step.tolist(),
+                                       alg.chunk.tolist(), alg.op.tolist())]
+    src = tmp_path / "rs4.rccl"
+    src.write_text("\n".join(lines) + "\n")
+    links = ", ".join(f"(({u},{v}) -> (25,1))" for u in range(4) for v in range(4) if u != v)
+    topo = tmp_path / "mesh.topo"
+    topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
+    return str(src), str(topo)
+
+
+@pytest.mark.parametrize("extra", [[], ["--dtype", "float16"], ["--block-bw", "0"], ["--chunk-size", "256K"]])
+def test_the_kept_allocation_is_not_simulated_twice(capsys, tmp_path, monkeypatch, extra):
+    """Where the allocation choice simulated both allocations at the sizes asked, ``hccc sim``
+    reports the kept program's results from that choice instead of simulating it again (two
+    simulations per size, not three), and they are those of a fresh simulation of that program;
+    with another element size, block limit or a fixed slice it simulates again."""
+    import hccc.runtime.simulator as S
+    from hccc.compiler.pipeline import read_cluster
+    from hccc.runtime.sim_model import prepare
+    src, topo = _sharing_rs4(tmp_path)
+    calls = []
+    real = S.simulate
+    monkeypatch.setattr(S, "simulate", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    rc, out, err = sim(capsys, src, "--topology", topo, "--sizes", "1M,64M", "--json", *extra)
+    assert rc == 0, err
+    d = json.loads(out)
+    # both allocations at both sizes for the choice, and only with other settings the kept one again
+    assert sorted(calls) == sorted([1 << 20, 64 << 20] * (2 if not extra else 3))
+    # a fresh simulation of the program kept, as hccc sim asks for it
+    from hccc.commands import sim as cmd
+    import argparse
+    p = argparse.ArgumentParser()
+    cmd.configure(p)
+    args = p.parse_args([src, "--topology", topo, "--sizes", "1M,64M", *extra])
+    cluster = read_cluster(topo)
+    ir, execution, _ = cmd._load(args, src, "hpds", cluster, [1 << 20, 64 << 20])
+    prog = prepare(ir, cluster.topology, args.block_bw or None)
+    esize = cmd.DTYPE_BYTES[args.dtype]
+    for r, size in zip(d["results"], [1 << 20, 64 << 20]):
+        fresh = real(prog, cluster.topology, size, execution=execution, element_bytes=esize,
+                     slice_bytes=None if args.chunk_size else "auto")
+        assert r == fresh.summary()
