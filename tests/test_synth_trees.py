@@ -397,3 +397,45 @@ def test_allreduce_with_halves_packed_together_beats_their_optimum_apart():
     verify(to_algorithm(res, topo))
     rs_ag = sum(bandwidth_cut_bound(net, c, topo.nranks, 1, 0, M) for c in ("reducescatter", "allgather"))
     assert _simulated_fraction(topo, res, rs_ag) > 1.1
+
+
+def test_bundled_channels_of_loop_programs_agree_in_every_translate():
+    """A symmetric program (loops over node shifts): with the streams of every tree in bundles,
+    the channels the representative rows carry give, in every translate, one channel per bundle
+    on each pair (the chunks of a pair and channel all of one bundle, two bundles on a pair never
+    one channel), as numbering the expanded program's bundles pair by pair would."""
+    from hccc.compiler.frontend.algorithm import RECV
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import forest
+    from hccc.compiler.synth.trees import loop_rows, pack_trees, pair_bandwidth
+
+    topo = load_cluster(CLUSTERS / "a100_topo3.topo")       # 4 identical nodes
+    net = network_from_topology(topo)
+    pk = forest.split_packing(pack_trees(net, pair_bw=pair_bandwidth(topo)), 4)   # 4 streams per tree
+    G = len(pk.symmetry)
+    reps = range(0, len(pk.roots), G)
+    bd = forest.bundles(pk, 1, 2, trees=reps)               # bundles of 2 of the 4
+    lp = loop_rows(pk, RECV)
+    ch = forest.loop_channels(lp, 1, bd)
+    rows = np.c_[lp.expand(), np.tile(ch, G)]
+    K = pk.chunks_per_rank
+    # the bundle of every expanded chunk: its root (a translate of a representative root) and
+    # the representative chunk's bundle
+    E = pk.symmetry.ranks
+    rep_of = {}
+    for e in range(G):
+        for r in {pk.roots[t] for t in reps}:
+            for j in range(K):
+                rep_of[int(E[e, r]) * K + j] = (int(E[e, r]), int(bd[r * K + j]))
+    seen = {}
+    for s, d, _, c, _, chan in rows.tolist():
+        b = rep_of[c]
+        assert seen.setdefault((s, d, chan), b) == b          # one bundle per pair and channel
+    per_pair = {}
+    for (s, d, chan), b in seen.items():
+        per_pair.setdefault((s, d), {}).setdefault(b, set()).add(chan)
+    for bundles_on_pair in per_pair.values():
+        assert all(len(v) == 1 for v in bundles_on_pair.values())
+        assert sorted(c for v in bundles_on_pair.values() for c in v) == list(range(len(bundles_on_pair)))
+    assert max(len(v) for v in per_pair.values()) < max(
+        len({c for s2, d2, _, c, _ in lp.expand().tolist() if (s2, d2) == p}) for p in per_pair)   # fewer than streams
