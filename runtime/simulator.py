@@ -369,6 +369,19 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 
 # ---------------------------------------------------------------------------- programs per mode
 # ---------------------------------------------------------------------------- the compile's cost model
+#: slices (primitives x micro-batches at the largest size) from which the cost model simulates the
+#: programs it compares side by side (a few seconds of the event loop each)
+SIDE_BY_SIDE_UNITS = 1_000_000
+
+
+def _units(prog: SimProgram, nbytes: int) -> int:
+    """Slices one :func:`simulate` of ``prog`` at ``nbytes`` processes (auto slice)."""
+    comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
+    share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
+    slice_b = min(resolve_slice("auto", int(nbytes), prog.nchunks, share), share)
+    return int(prog.p_cnt.sum()) * geometry(int(nbytes), prog.nchunks, slice_b).nmb
+
+
 class SimulatedCost(CostModel):
     """The compile's cost model (:class:`hccc.compiler.pipeline.cost_model.CostModel`): a program's
     time on ``topo`` by simulation at each of ``sizes`` (slice per size, as ``hccc sim``);
@@ -388,10 +401,27 @@ class SimulatedCost(CostModel):
         return self.topo.name
 
     def times(self, ir: ProgramIR) -> list[float]:
-        prog = prepare(ir, self.topo, self.block_gbps)
-        results = simulate_sizes(prog, self.topo, self.sizes)
-        self._kept = [*self._kept[-(self.KEEP - 1):], (ir, int(ir.nchannels), prog, results)]
-        return [r.time_s for r in results]
+        return self.times_of([ir])[0]
+
+    def times_of(self, irs) -> list[list[float]]:
+        """:meth:`times` of each program; large ones (from :data:`SIDE_BY_SIDE_UNITS` slices at
+        the largest size) are simulated side by side on threads of their own (the compiled
+        event loop releases the GIL), each simulation as it would run alone."""
+        progs = [prepare(ir, self.topo, self.block_gbps) for ir in irs]
+
+        def run(prog):
+            return simulate_sizes(prog, self.topo, self.sizes)
+
+        big = max(self.sizes, default=0)
+        if len(progs) > 1 and all(_units(p, big) >= SIDE_BY_SIDE_UNITS for p in progs):
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=len(progs), thread_name_prefix="hccc-sim") as pool:
+                results = list(pool.map(run, progs))
+        else:
+            results = [run(p) for p in progs]
+        for ir, prog, res in zip(irs, progs, results):
+            self._kept = [*self._kept[-(self.KEEP - 1):], (ir, int(ir.nchannels), prog, res)]
+        return [[r.time_s for r in res] for res in results]
 
     def simulated(self, ir: ProgramIR) -> tuple[SimProgram, dict[int, SimResult]] | None:
         """The prepared program and the results by size (:func:`simulate` with its defaults and

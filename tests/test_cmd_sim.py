@@ -276,3 +276,25 @@ def test_the_kept_allocation_is_not_simulated_twice(capsys, tmp_path, monkeypatc
         fresh = real(prog, cluster.topology, size, execution=execution, element_bytes=esize,
                      slice_bytes=None if args.chunk_size else "auto")
         assert r == fresh.summary()
+
+
+def test_side_by_side_predictions_equal_one_by_one(tmp_path, monkeypatch):
+    """The cost model simulates the programs it compares on threads of their own when they are
+    large (forced here): the predictions are those of one simulation after the other."""
+    import concurrent.futures as cf
+
+    import hccc.runtime.simulator as S
+    from hccc.compiler.pipeline import load_algorithm, read_cluster
+    src, topo = _sharing_rs4(tmp_path)
+    alg = load_algorithm(src)
+    irs = [build_program(alg, tb_alloc=m, chunk_bytes=1 << 16, fuse=False) for m in ("state", "connection")]
+    cluster = read_cluster(topo)
+    sizes = [1 << 20, 64 << 20]
+    alone = [S.SimulatedCost(cluster.topology, sizes).times(ir) for ir in irs]
+    pools = []
+    real_pool = cf.ThreadPoolExecutor
+    monkeypatch.setattr(cf, "ThreadPoolExecutor", lambda *a, **k: pools.append(1) or real_pool(*a, **k))
+    monkeypatch.setattr(S, "SIDE_BY_SIDE_UNITS", 0)
+    cost = S.SimulatedCost(cluster.topology, sizes)
+    assert cost.times_of(irs) == alone and pools == [1]
+    assert all(cost.simulated(ir) is not None for ir in irs)

@@ -4,7 +4,7 @@ A :class:`CostModel` predicts a program's time on a cluster at a few message siz
 here compare alternatives built from one schedule by those predictions, and are passes of the
 compile (:mod:`hccc.compiler.pipeline.compile`) run when the context has a cost model. The
 predictions come from the alpha-beta simulator (``hccc.runtime.simulator.SimulatedCost``);
-any object with ``sizes``, ``cluster_name`` and ``times(ir)`` serves.
+any object with ``sizes``, ``cluster_name``, ``times(ir)`` and ``times_of(irs)`` serves.
 """
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ class CostModel(ABC):
     def times(self, ir) -> list[float]:
         """Seconds of one call of ``ir`` at each size of :attr:`sizes`."""
 
+    def times_of(self, irs) -> list[list[float]]:
+        """:meth:`times` of each of ``irs`` (a model may predict them side by side)."""
+        return [self.times(ir) for ir in irs]
+
 
 def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
     """State-based TB allocation that never costs time on the cluster: sharing a TB between units
@@ -47,8 +51,7 @@ def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
         return ir                      # nothing shared: the two allocations are the same
     conn = build_connection()
     conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
-    t_state = sum(cost.times(ir))
-    t_conn = sum(cost.times(conn))
+    t_state, t_conn = (sum(t) for t in cost.times_of([ir, conn]))
     keep = ir if t_state <= t_conn else conn
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
