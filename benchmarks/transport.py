@@ -2,7 +2,8 @@
 
     python benchmarks/transport.py [--tls tcp] [--sizes 8,4K,64K,1M,4M] [--lat-iters 1000]
                                    [--bw-bytes 32M] [--repeats 3] [--call-iters 10]
-                                   [--allreduce 64K,1M,8M] [--ar-iters 5] [--json]
+                                   [--allreduce 64K,1M,8M] [--ar-iters 5] [--stages 2000]
+                                   [--json]
 
 1. **Path** (two processes as two nodes, ``UCX_TLS`` as given). A 2-rank communicator is set up
    and wired; then its cross-node connections are driven exactly as the kernels drive them, by a
@@ -19,6 +20,11 @@
    per second). Each hccc number is taken right before the UCX number it is compared with, and
    the table shows medians over ``--repeats`` rounds (of the values and of the per-round ratios),
    so a loaded machine slows both sides of a ratio alike.
+   *Steps* (``--stages``): an 8 B ping-pong with both progress threads recording what they do
+   (``UcxTransport.trace``) and the driver its stores and sightings, on one clock: per message the
+   writer's store to its proxy seeing it, the puts issued, the peer's proxy writing the tail, the
+   reader seeing it; medians over both directions, beside ``ucx_perftest``'s typical one-way
+   latency taken right after.
    *Through the kernels* (``call us``): one 2-rank AllGather call of the size each way through
    the CPU-emulated kernels, everything a call costs (host barriers, launch of the emulated
    thread blocks, the kernels, the proxy, the drain): what an application sees, which
@@ -122,26 +128,29 @@ static void post(uint64_t* p, uint64_t v) {
   syscall(SYS_futex, p, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
 }
 #define SLOT(base, k) ((base) + ((k) % nslots) * slot_bytes + 16)
-/* ping-pong of `iters` messages of m bytes; rank 0 stores each round trip's ns in rtt; returns
-   the elapsed seconds (negative: timed out) */
+/* ping-pong of `iters` messages of m bytes; returns the elapsed seconds (negative: timed out).
+   marks[2i], marks[2i+1] (CLOCK_MONOTONIC ns): rank 0 stores message i's tail, sees the reply's;
+   rank 1 sees message i's tail, stores the reply's. */
 double hb_pingpong(int rank, long iters, long m, char* mslots, uint64_t* mtail, const char* rslots,
                    const uint64_t* rtail, uint64_t* mhead, long nslots, long slot_bytes,
-                   const char* src, char* dst, double timeout_s, uint64_t* rtt) {
+                   const char* src, char* dst, double timeout_s, uint64_t* marks) {
   const uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(timeout_s * 1e9);
   for (long i = 0; i < iters; ++i) {
     if (rank == 0) {
-      const uint64_t s = now_ns();
       memcpy(SLOT(mslots, i), src, m);
+      marks[2 * i] = now_ns();
       post(mtail, (uint64_t)i + 1);
       if (wait_ge(rtail, i + 1, deadline)) return -1;
+      marks[2 * i + 1] = now_ns();
       memcpy(dst, SLOT(rslots, i), m);
-      rtt[i] = now_ns() - s;
       post(mhead, (uint64_t)i + 1);
     } else {
       if (wait_ge(rtail, i + 1, deadline)) return -1;
+      marks[2 * i] = now_ns();
       memcpy(dst, SLOT(rslots, i), m);
       post(mhead, (uint64_t)i + 1);
       memcpy(SLOT(mslots, i), src, m);
+      marks[2 * i + 1] = now_ns();
       post(mtail, (uint64_t)i + 1);
     }
   }
@@ -204,7 +213,7 @@ def _lat_iters(m: int, lat_iters: int) -> int:
 
 def _path_rank(rank, url, tls, max_size, conn):
     """One of the two processes: a 2-rank communicator on two nodes, then measurements on
-    command (``conn``: ("lat" | "bw" | "call", size, count) -> result; None: finish)."""
+    command (``conn``: ("lat" | "bw" | "call" | "stages", size, count) -> result; None: finish)."""
     os.environ["UCX_TLS"] = tls
     from hccc.compiler.frontend import generators as gen
     from hccc.compiler.passes.build import build_program
@@ -253,14 +262,24 @@ def _path_rank(rank, url, tls, max_size, conn):
         src = np.full(m, rank + 1, dtype=np.uint8)
         dst = np.zeros(m, dtype=np.uint8)
         reset(m)
-        if what == "lat":                        # ping-pong: half the round trip
-            rtt = np.zeros(count, dtype=np.uint64)
+        if what in ("lat", "stages"):           # ping-pong: half the round trip
+            marks = np.zeros(2 * count, dtype=np.uint64)
+            if what == "stages":
+                net.tx.trace(8 * count)
             el = drv.hb_pingpong(rank, count, m, mslots, mtail, rslots, rtail, mhead, plan.nslots,
                                  plan.slot_bytes, src.ctypes.data, dst.ctypes.data, 60.0,
-                                 rtt.ctypes.data)
+                                 marks.ctypes.data)
             assert el > 0, "ping-pong timed out"
             assert int(dst[0]) == 2 - rank and int(dst[-1]) == 2 - rank, "wrong bytes"
-            conn.send((float(np.median(rtt)) / 2e3, el / count / 2 * 1e6))
+            if what == "stages":
+                # the progress thread's steps; its watched words are the sends' heads, then the
+                # receives' tails (NetLink.wire), so this connection's tail is watch len(sends)
+                steps = net.tx.trace_take()
+                net.tx.trace(0)
+                conn.send((marks, steps, len(net._sends)))
+            else:
+                rtt = (marks[1::2] - marks[0::2]).astype(np.float64)
+                conn.send((float(np.median(rtt)) / 2e3, el / count / 2 * 1e6))
         else:                                     # a stream from rank 0 to rank 1
             el = drv.hb_stream(rank, count, m, mslots, mtail, shead, rslots, rtail, mhead,
                                plan.nslots, plan.slot_bytes, src.ctypes.data, dst.ctypes.data,
@@ -362,6 +381,36 @@ def allreduce(sizes, iters, tls) -> dict:
             for s in sizes}
 
 
+def stages(pair: "PathPair", m: int, count: int) -> dict:
+    """Where one message's time goes: a ping-pong of ``count`` messages of ``m`` bytes with both
+    progress threads recording their steps; per step the median over both directions (us)."""
+    (marks0, steps0, w0), (marks1, steps1, w1) = pair.run("stages", m, count)
+
+    def at(steps, kind, index):
+        sel = steps[(steps[:, 1] == kind) & (steps[:, 2] == index)]
+        return dict(zip(sel[:, 3].tolist(), sel[:, 0].tolist()))
+
+    out = {k: [] for k in ("seen", "issued", "delivered", "woken", "one_way")}
+    # direction 0 -> 1: rank 0 stores tail i+1 at marks0[2i], rank 1 sees it at marks1[2i];
+    # direction 1 -> 0: rank 1 stores at marks1[2i+1], rank 0 sees it at marks0[2i+1]
+    for src_marks, dst_marks, src_steps, dst_steps, w_dst, off in (
+            (marks0, marks1, steps0, steps1, w1, 0), (marks1, marks0, steps1, steps0, w0, 1)):
+        seen, issued = at(src_steps, 1, 0), at(src_steps, 2, 0)
+        landed = at(dst_steps, 3, w_dst)
+        for i in range(count):
+            v = i + 1
+            if v not in seen or v not in issued or v not in landed:
+                continue                # several tails seen at once: not one message's steps
+            post, got = int(src_marks[2 * i + off]), int(dst_marks[2 * i + off])
+            out["seen"].append(seen[v] - post)
+            out["issued"].append(issued[v] - seen[v])
+            out["delivered"].append(landed[v] - seen[v])
+            out["woken"].append(got - landed[v])
+            out["one_way"].append(got - post)
+    return {k: (float(np.median(v)) / 1e3 if v else float("nan")) for k, v in out.items()} | \
+        {"messages": len(out["one_way"])}
+
+
 def _fmt(n: int) -> str:
     for unit, f in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= f and n % f == 0:
@@ -386,11 +435,15 @@ def main(argv=None) -> int:
                     help="AllGather calls per size through the kernels (0: skip)")
     ap.add_argument("--allreduce", default="64K,1M,8M", help="AllReduce buffer sizes (bytes)")
     ap.add_argument("--ar-iters", type=int, default=5)
+    ap.add_argument("--stages", type=int, default=2000,
+                    help="ping-pongs of 8 B with both progress threads recording their steps, for "
+                         "where a message's time goes (0: skip)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     bw_bytes = parse_size(a.bw_bytes)
     samples = {m: {k: [] for k in ("hp", "up", "hl", "ul", "hb", "ub", "call")} for m in sizes}
+    steps = None
     pair = PathPair(max(sizes), a.tls)
     try:
         for _ in range(max(1, a.repeats)):
@@ -405,6 +458,9 @@ def main(argv=None) -> int:
                 s["ul"].append(ucx["lat_us"])
                 s["hb"].append(pair.run("bw", m, n)[1])       # the receiver's rate
                 s["ub"].append(perftest("ucp_put_bw", m, n, a.tls)["mib_s"])
+        if a.stages > 0:
+            steps = stages(pair, 8, a.stages)
+            steps["ucx_p50_us"] = perftest("ucp_put_lat", 8, a.stages, a.tls)["p50_us"]
         if a.call_iters > 0:
             for m in sizes:
                 if m >= 8:
@@ -424,7 +480,7 @@ def main(argv=None) -> int:
     ar_sizes = [parse_size(s) for s in a.allreduce.split(",")] if a.allreduce else []
     ar = allreduce(ar_sizes, a.ar_iters, a.tls) if ar_sizes else {}
     if a.json:
-        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "path": rows,
+        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "path": rows, "stages": steps,
                           "allreduce": [{"bytes": s, **v} for s, v in ar.items()]}, indent=1))
         return 0
     print(f"Cross-node path, two processes as two nodes, UCX_TLS={a.tls}: the proxy moving FIFO "
@@ -443,6 +499,17 @@ def main(argv=None) -> int:
         print("call us: one 2-rank AllGather through the CPU-emulated kernels (the size each way: "
               "barriers, launch,\nkernel, proxy, drain), median of "
               f"{a.call_iters} calls, slower rank")
+    if steps is not None:
+        print(f"\nOne 8 B message, step by step (median us over both directions of {a.stages} "
+              f"ping-pongs, {steps['messages']} messages whose steps were apart)")
+        for key, what in (("seen", "writer's tail store -> its progress thread sees it"),
+                          ("issued", "  seen -> slot put, fence, tail put issued"),
+                          ("delivered", "seen -> the peer's progress thread has written the tail"),
+                          ("woken", "written -> the reader sees it"),
+                          ("one_way", "one way in all (writer's store -> reader)")):
+            print(f"  {what:58s} {steps[key]:8.1f}")
+        print(f"  {'ucx_perftest ucp_put_lat, typical one way, right after':58s} "
+              f"{steps['ucx_p50_us']:8.1f}")
     if ar:
         print(f"\nAllReduce, 2 nodes x 2 ranks (float32, median of {a.ar_iters} calls, slowest rank)")
         print(f"{'size':>6} {'hccc ms':>9} {'gloo ms':>9} {'gloo/hccc':>10} {'1 node ms':>10}")

@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 #include <climits>
@@ -77,6 +78,16 @@ struct Watch {
   uint64_t last;
 };
 
+// Diagnostics (hn_trace): what the thread did when, on CLOCK_MONOTONIC, so that a benchmark can
+// split a message's latency into its steps. Off unless asked for.
+struct TraceEv {
+  uint64_t t_ns;
+  uint32_t kind;                // TR_SEEN, TR_ISSUED, TR_DELIVERED
+  uint32_t index;               // send connection (SEEN, ISSUED) or watched word (DELIVERED)
+  uint64_t value;               // the tail put, or the watched word's new value
+};
+enum : uint32_t { TR_SEEN = 1, TR_ISSUED = 2, TR_DELIVERED = 3 };
+
 struct Pending {
   void* req;
   void* owned;                  // a heap copy the put reads from, freed at completion
@@ -108,11 +119,28 @@ struct Net {
   int efd = -1;                 // the worker's event fd: network activity wakes an idle thread
   std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
   std::vector<Watch> watches;
+  std::atomic<bool> tracing{false};
+  std::mutex trace_mu;
+  std::vector<TraceEv> trace;
+  size_t trace_cap = 0;
 };
 
 void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   Peer* p = static_cast<Peer*>(arg);
   p->status.store(status == UCS_OK ? UCS_ERR_ENDPOINT_TIMEOUT : (int)status);
+}
+
+uint64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void trace(Net* n, uint32_t kind, size_t index, uint64_t value) {
+  if (!n->tracing.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> g(n->trace_mu);
+  if (n->trace.size() < n->trace_cap)
+    n->trace.push_back(TraceEv{now_ns(), kind, (uint32_t)index, value});
 }
 
 bool peer_ok(Net* n, int peer) {
@@ -172,6 +200,7 @@ bool push(Net* n) {
     SendConn& c = n->sends[i];
     const uint64_t t = __atomic_load_n(c.mtail, __ATOMIC_ACQUIRE);
     if (t <= c.sent || !peer_ok(n, c.peer)) continue;
+    trace(n, TR_SEEN, i, t);
     for (uint64_t k = c.sent; k < t; ++k) {
       const uint64_t off = (k % c.nslots) * c.slot_bytes;
       if (rb == 0 || ru >= rb || mc <= 1) {
@@ -189,7 +218,10 @@ bool push(Net* n) {
   }
   if (!tails.empty()) {
     ucp_worker_fence(n->worker);  // every slot above lands before any tail below
-    for (auto& [i, t] : tails) put_word(n, n->sends[i].peer, t, n->sends[i].rtail);
+    for (auto& [i, t] : tails) {
+      put_word(n, n->sends[i].peer, t, n->sends[i].rtail);
+      trace(n, TR_ISSUED, i, t);
+    }
     any = true;
   }
   for (RecvConn& c : n->recvs) {
@@ -222,14 +254,9 @@ void wake_watched(Net* n) {
     const uint64_t v = __atomic_load_n(w.word, __ATOMIC_ACQUIRE);
     if (v == w.last) continue;
     w.last = v;
+    trace(n, TR_DELIVERED, (size_t)(&w - n->watches.data()), v);
     syscall(SYS_futex, w.word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
   }
-}
-
-uint64_t now_ns() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
 // The mirrors this rank's kernel writes and the counts of what was put, back to zero (between
@@ -489,6 +516,34 @@ HN_API void hn_counters(void* h, uint64_t* out) {
   Net* n = static_cast<Net*>(h);
   out[0] = n->puts.load();
   out[1] = n->bytes_put.load();
+}
+
+// Record the thread's steps (at most `cap` of them, from now on; 0: stop recording).
+HN_API void hn_trace(void* h, uint64_t cap) {
+  Net* n = static_cast<Net*>(h);
+  std::lock_guard<std::mutex> g(n->trace_mu);
+  n->trace.clear();
+  n->trace.shrink_to_fit();
+  n->trace_cap = cap;
+  if (cap > 0) n->trace.reserve(cap);
+  n->tracing.store(cap > 0);
+}
+
+// The recorded steps so far (at most `cap`, 4 words each: ns, kind, index, value), which are
+// then dropped; returns how many.
+HN_API uint64_t hn_trace_take(void* h, uint64_t* out, uint64_t cap) {
+  Net* n = static_cast<Net*>(h);
+  std::lock_guard<std::mutex> g(n->trace_mu);
+  const uint64_t k = n->trace.size() < cap ? n->trace.size() : cap;
+  for (uint64_t i = 0; i < k; ++i) {
+    const TraceEv& e = n->trace[i];
+    out[4 * i] = e.t_ns;
+    out[4 * i + 1] = e.kind;
+    out[4 * i + 2] = e.index;
+    out[4 * i + 3] = e.value;
+  }
+  n->trace.erase(n->trace.begin(), n->trace.begin() + (long)k);
+  return k;
 }
 
 // Stop the thread, close every endpoint (forcibly: a peer may be gone), release keys, memory

@@ -84,6 +84,8 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_status_string": (ctypes.c_char_p, [i32]),
             "hn_counters": (None, [vp, ctypes.POINTER(u64)]),
             "hn_destroy": (None, [vp, lng]),
+            "hn_trace": (None, [vp, u64]),
+            "hn_trace_take": (u64, [vp, ctypes.POINTER(u64), u64]),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
@@ -171,6 +173,28 @@ class UcxTransport(Transport):
         out = (ctypes.c_uint64 * 2)()
         self._lib.hn_counters(self._h, out)
         return int(out[0]), int(out[1])
+
+    def trace(self, capacity: int) -> None:
+        """Diagnostics: record what the progress thread does (at most ``capacity`` steps from now
+        on; 0 stops): a send's new tail seen, its puts issued, a watched word changed by a peer's
+        put (see :meth:`trace_take`)."""
+        if self._h:
+            self._lib.hn_trace(self._h, int(capacity))
+
+    def trace_take(self):
+        """The steps recorded so far (then dropped): rows of (CLOCK_MONOTONIC ns, kind, index,
+        value); kind 1: send connection ``index``'s tail ``value`` seen, 2: its slots and tail put
+        (issued), 3: watched word ``index`` (in ``add_watch`` order) changed to ``value``."""
+        import numpy as np
+        rows = []
+        while self._h:
+            buf = np.zeros((4096, 4), dtype=np.uint64)
+            k = int(self._lib.hn_trace_take(self._h, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                                            4096))
+            rows.append(buf[:k])
+            if k < 4096:
+                break
+        return np.concatenate(rows) if rows else np.zeros((0, 4), dtype=np.uint64)
 
     def close(self) -> None:
         if self._h:

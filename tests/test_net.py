@@ -128,6 +128,61 @@ def test_node_names(monkeypatch):
         node_name("two words")
 
 
+def test_two_proxies_in_one_process_carry_a_slot_and_trace_their_steps(monkeypatch):
+    """Two transports of one process as two nodes over TCP, driven without kernels: the sender's
+    mirror slot and tail reach the receiver's FIFO and tail word (whole slot before the tail),
+    the credit comes back, and the steps each progress thread records (the benchmark's
+    breakdown of a message's time) come in their order: tail seen, then puts issued on the
+    sender and the tail written at the receiver."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    from hccc.runtime.net_ucx import UcxTransport
+    slot, nslots = 64, 8
+    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8),
+               "mirrors": np.zeros(4096, np.uint8)} for r in (0, 1)}
+    mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
+    tx = {r: UcxTransport(r, 2) for r in (0, 1)}
+    try:
+        keys = {r: [tx[r].register(mem[r][k].ctypes.data, mem[r][k].nbytes)
+                    for k in ("ctrl", "slots", "mirrors")] for r in (0, 1)}
+        tx[0].register(mslots.ctypes.data, mslots.nbytes, remote=False)
+        for r in (0, 1):
+            tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r], mem[1 - r]["mirrors"].ctypes.data)
+        # rank 0 sends: its mirror of rank 1's FIFO and tail; rank 1 returns credits into rank
+        # 0's head (ctrl[1]) from its mirror word
+        tx[0].add_send(1, mslots.ctypes.data, mwords.ctypes.data, mem[1]["slots"].ctypes.data,
+                       mem[1]["ctrl"].ctypes.data, slot, nslots)
+        tx[1].add_recv(0, mwords.ctypes.data + 8, mem[0]["ctrl"].ctypes.data + 8)
+        tx[1].add_watch(mem[1]["ctrl"].ctypes.data)
+        tx[0].set_shape(0, 0, 1)                      # whole slots
+        for r in (0, 1):
+            tx[r].trace(1000)
+            tx[r].start()
+        want = np.arange(1, slot * 2 + 1, dtype=np.uint8)
+        mslots[:2 * slot] = want
+        mwords[0] = 2                                  # two slots published
+        deadline = time.monotonic() + 30
+        while mem[1]["ctrl"][0] < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert mem[1]["ctrl"][0] == 2, "the tail did not arrive"
+        assert np.array_equal(mem[1]["slots"][:2 * slot], want)
+        mwords[1] = 2                                  # rank 1 frees both slots
+        while mem[0]["ctrl"][1] < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert mem[0]["ctrl"][1] == 2, "the credit did not come back"
+        sent, got = tx[0].trace_take(), tx[1].trace_take()
+        seen = [int(t) for t, k, i, v in sent if (k, i, v) == (1, 0, 2)]
+        issued = [int(t) for t, k, i, v in sent if (k, i, v) == (2, 0, 2)]
+        landed = [int(t) for t, k, i, v in got if (k, i, v) == (3, 0, 2)]
+        assert len(seen) == len(issued) == len(landed) == 1, (sent, got)
+        # issued is stamped after the put call returns, which may be after the tail has landed
+        assert seen[0] <= issued[0] and seen[0] <= landed[0]
+        tx[0].trace(0)
+        assert len(tx[0].trace_take()) == 0
+    finally:
+        for t in tx.values():
+            t.close()
+
+
 def run_nodes(pool, ir, count, nodes, dtype="float32", op="sum", seed=0, ncalls=1, **extra):
     calls, want, count = calls_for(ir, count, dtype, op, seed)
     calls = [c * ncalls for c in calls]
