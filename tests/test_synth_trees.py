@@ -17,7 +17,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
@@ -253,7 +253,9 @@ def test_simulated_allgather_reaches_the_independent_optimum_many(topo):
 @pytest.mark.xfail(reason="not met yet: on some random clusters (three GPUs on a line of links behind one "
                           "shared NIC) the tree packing's optimum lies 11 % above the cut bound, so AllGather "
                           "and ReduceScatter both reach 0.89 of it (docs/synthesis.md)", strict=False)
-@settings(max_examples=examples(25), deadline=None)
+# a known shortfall: fewer examples than the AllGather test above, and no shrinking of the one that
+# falls short (minutes of simulations to learn what the reason above already says)
+@settings(max_examples=examples(10), deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(topo=clusters())
 def test_simulated_tree_programs_reach_the_independent_optimum_many(topo):
     _check_simulated(topo)
