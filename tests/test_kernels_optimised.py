@@ -18,12 +18,13 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.slow
-def test_kernel_properties_with_the_optimised_emulation():
+@pytest.mark.parametrize("test_file", OPTIMISED_RERUN)    # one child per file: the slow set's workers share them
+def test_kernel_properties_with_the_optimised_emulation(test_file):
     env = dict(os.environ)
     env["HCCC_CPU_OPT"] = "-O1"
     env.setdefault("HYPOTHESIS_PROFILE", "ci")
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-m", "not slow", "--rootdir", str(HERE), *(str(HERE / f) for f in OPTIMISED_RERUN)]
+           "-m", "not slow", "--rootdir", str(HERE), str(HERE / test_file)]
     res = subprocess.run(cmd, cwd=str(HERE), env=env, capture_output=True, text=True, timeout=1800, check=False)
     out = res.stdout[-6000:] + res.stderr[-6000:]
     assert res.returncode == 0, out

@@ -965,13 +965,14 @@ def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
 
 @pytest.mark.slow
 def test_benchmark_halves_the_warps_until_every_block_fits(nvcc, monkeypatch):
-    """HM AllReduce 4x8 has 448 thread blocks: on 132 SMs of 65,536 registers, 64 registers per
-    thread, 512-thread blocks give 264 resident blocks (refused), 256-thread blocks 528."""
+    """HM AllReduce 2x4 has 64 thread blocks: on 24 SMs of 65,536 registers, 64 registers per
+    thread, 512-thread blocks give 48 resident blocks (refused), 256-thread blocks 96."""
     from hccc.runtime import launcher, platform
     bench = _bench()
-    fake = FakeCuda(sms=132, per_sm=lambda block: min(32, 2048 // block, 65536 // (block * 64)))
+    fake = FakeCuda(sms=24, per_sm=lambda block: min(32, 2048 // block, 65536 // (block * 64)))
     monkeypatch.setitem(platform._FACTORIES, "cuda", lambda: FakeCudaPlatform(fake))
-    ir = load_program(EXAMPLES / "hm_allreduce_4x8.rccl", CompileOptions(chunk_bytes=4096))
+    ir = load_program(EXAMPLES / "hm_allreduce_2x4.rccl", CompileOptions(chunk_bytes=4096))
+    assert sum(int(t) for t in ir.ntbs) == 64 and ir.nwarps == 16
     args = bench.argparse.Namespace(dtype="float32", timeout=5.0)
     runner, warps = bench.open_runner(launcher, ir, args, bench.nwarps_candidates(ir.nwarps))
     with runner:
