@@ -226,6 +226,132 @@ def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
 
 
 def _sharing_rs4(tmp_path):
+    """The random ReduceScatter of test_tb_alloc whose allocation choice simulates both
+    allocations, and a mesh for it."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_tb_alloc import sharing_rs4
+    return sharing_rs4(tmp_path)
+
+
+@pytest.mark.parametrize("extra", [["--scheduler", "rr"], ["--tb-alloc", "connection"],
+                                   ["--execution", "algorithm"], ["--chunk-size", "256K"],
+                                   ["--dtype", "float16"]])
+def test_options(capsys, extra):
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M", "--json", *extra)
+    assert rc == 0, err
+    d = json.loads(out)
+    if "--execution" in extra:
+        assert d["execution"] == "algorithm" and d["tb_alloc"] == "connection" and d["scheduler"] == "step"
+        assert d["tbs_total"] == d["tbs_connection_based"]
+    if "--scheduler" in extra:
+        assert d["scheduler"] == "rr"
+    if "--chunk-size" in extra:
+        assert d["chunk_bytes"] == 256 << 10 and d["results"][0]["micro_batches"] == 4
+        assert d["slice"] == "fixed" and d["results"][0]["chunk_bytes"] == 256 << 10
+    if "--dtype" in extra:
+        assert d["dtype"] == "float16"
+
+
+def test_every_execution_gets_the_same_slice(capsys):
+    """The algorithm-level baseline and round-robin get the policy's slice too (fair comparison)."""
+    out = {}
+    for extra in ([], ["--execution", "algorithm"], ["--scheduler", "rr"]):
+        _, o, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M,64M", "--json", *extra)
+        out[tuple(extra)] = [r["chunk_bytes"] for r in json.loads(o)["results"]]
+    assert len(set(map(tuple, out.values()))) == 1 and out[()] == [64 << 10, 256 << 10]
+
+
+def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
+    _, a, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "256M", "--json", "--execution", "algorithm")
+    _, t, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "256M", "--json")
+    assert json.loads(t)["results"][0]["time_us"] <= json.loads(a)["results"][0]["time_us"]
+
+
+def test_ir_json_input(capsys, tmp_path):
+    ir = build_program(load_algorithm(HM_AR), chunk_bytes=1 << 19)
+    p = tmp_path / "prog.json"
+    p.write_text(ir.to_json())
+    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M,1G", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    # the IR's 512 KiB slots bound the slice: 2 MiB chunks get 32 slices, 128 MiB chunks 256
+    assert d["chunk_bytes"] == 1 << 19
+    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 16, 32), (1 << 19, 256)]
+    rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json", "--chunk-size", "1M")
+    d = json.loads(out)
+    assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2
+
+
+@pytest.mark.slow
+def test_plot_writes_an_image(capsys, tmp_path):
+    png = tmp_path / "timeline.png"
+    rc, out, err = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "1M,16M", "--plot", str(png))
+    assert rc == 0, err
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert "timeline of 16MB" in out
+
+
+def test_rank_mismatch_is_a_clean_error(capsys):
+    rc, out, err = sim(capsys, str(EX / "hm_allreduce_4x8.rccl"), "--topology", TOPO1)
+    assert rc == 1
+    assert "error: the program has 32 ranks but the cluster 'a100_topo1' has 8 GPUs" in err
+    assert "Traceback" not in err
+
+
+def test_missing_link_is_a_clean_error(capsys, tmp_path):
+    topo = tmp_path / "line.topo"
+    topo.write_text("define nodenum = 1\ndefine node1 = 3\n"
+                    "define bandwidth = {direct => [((0,1) -> (25,1)), ((1,2) -> (25,1))]}\n")
+    algo = tmp_path / "ring3.rccl"
+    algo.write_text('def ResCCLAlgo(nRanks=3, nChannels=1, nWarps=16, AlgoName="r3", OpType="Allgather", '
+                    'GPUPerNode=3, NICPerNode=0):\n    for s in range(0, 2):\n        for r in range(3):\n'
+                    '            transfer(r, (r + 1) % 3, s, (r - s + 3) % 3, recv)\n')
+    rc, out, err = sim(capsys, str(algo), "--topology", str(topo))
+    assert rc == 1
+    # the compiler's own cluster check (sim builds through the compile's passes): located
+    assert re.search(r"ring3\.rccl:4:13: error: no link from rank 2 .* to rank 0 .* in cluster 'line\.topo'", err), err
+    assert "Traceback" not in err
+
+
+def test_bad_topology_file_is_located(capsys, tmp_path):
+    topo = tmp_path / "bad.topo"
+    topo.write_text("define nodenum = 1\ndefine node1 = two\n")
+    rc, _, err = sim(capsys, HM_AR, "--topology", str(topo))
+    assert rc == 1
+    assert re.search(r"bad\.topo:2:\d+: error:", err), err
+
+
+@pytest.mark.parametrize("args", [["--sizes", "12Q"], ["--chunk-size", "100"], ["--execution", "stage"]])
+def test_usage_errors_exit_2(capsys, args):
+    assert main(["sim", HM_AR, "--topology", TOPO1, *args]) == 2
+
+
+def test_topology_is_required(capsys):
+    assert main(["sim", HM_AR]) == 2
+
+
+def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
+    """An MSCCL ring that is deadlock-free only under MSCCL's algorithm-level execution is simulated
+    that way by default; forced task-level, the simulator finds the FIFO deadlock the kernels would hit."""
+    topo = tmp_path / "mesh4.topo"
+    links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(4) for b in range(4) if a != b)
+    topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
+    xml = EX / "msccl" / "allreduce_ring_4.xml"
+    from hccc.compiler.pipeline import load_program
+
+    ir = load_program(xml)
+    if ir.stats.get("execution") != "algorithm":
+        pytest.skip("this example also passes the task-level check")
+    rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["execution"] == "algorithm"
+    rc, out, err = sim(capsys, str(xml), "--topology", str(topo), "--sizes", "64M", "--execution", "task")
+    assert rc == 1 and "simulation deadlock" in err and "waits for a free FIFO slot" in err
+
+
+def _sharing_rs4(tmp_path):
     """A random 4-rank ReduceScatter whose state-based allocation shares TBs (so the allocation
     choice simulates both allocations) and a mesh for it."""
     import sys

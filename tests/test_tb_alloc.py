@@ -371,11 +371,10 @@ def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
     assert st["tb_alloc_kept"] == "connection" and st["tb_alloc_state_s"] == t_s and st["tb_alloc_connection_s"] == t_c
 
 
-def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
-    """`hccc ALGO -o OUT --topology T` simulates both allocations where state-based sharing happens
-    and emits the faster (the random ReduceScatter above: connection-based, 16 TBs); without a
-    cluster it keeps the state-based one (15 TBs)."""
-    from hccc.cli import main
+def sharing_rs4(tmp_path):
+    """A random 4-rank ReduceScatter whose state-based allocation shares TBs (so the allocation
+    choice simulates both allocations), written as ``rs4.rccl``, and a 4-GPU mesh ``mesh.topo`` for
+    it; returns both paths as strings."""
     alg = _random("reducescatter", 4, 32, 1)
     lines = ['def ResCCLAlgo(nRanks=4, OpType="Reducescatter", AlgoName="rs4"):']
     lines += [f"    transfer({s}, {d}, {t}, {c}, {'rrc' if o else 'recv'})"
@@ -386,6 +385,15 @@ def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
     links = ", ".join(f"(({u},{v}) -> (25,1))" for u in range(4) for v in range(4) if u != v)
     topo = tmp_path / "mesh.topo"
     topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
+    return str(src), str(topo)
+
+
+def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
+    """`hccc ALGO -o OUT --topology T` simulates both allocations where state-based sharing happens
+    and emits the faster (the random ReduceScatter above: connection-based, 16 TBs); without a
+    cluster it keeps the state-based one (15 TBs)."""
+    from hccc.cli import main
+    src, topo = sharing_rs4(tmp_path)
     assert main([str(src), "-o", str(tmp_path / "a"), "--topology", str(topo), "--chunk-size", "64K"]) == 0
     assert main([str(src), "-o", str(tmp_path / "b"), "--chunk-size", "64K"]) == 0
     from hccc.compiler.pipeline import load_program
