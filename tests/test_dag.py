@@ -194,6 +194,32 @@ def test_unknown_dag_engine_is_rejected():
         build_dag(hm_allreduce(2, 2), engine="fast")
 
 
+
+@st.composite
+def channelled_tables(draw):
+    """Transfer tables whose transfers name channels (0-2): several connections per pair."""
+    nranks = draw(st.integers(2, 4))
+    rows = draw(st.lists(st.tuples(st.integers(0, nranks - 1), st.integers(0, nranks - 1),
+                                   st.integers(0, 4), st.integers(0, 2), st.sampled_from([RECV, RRC]),
+                                   st.integers(0, 2)), min_size=1, max_size=30))
+    return make_alg(rows, nranks)
+
+
+@settings(max_examples=60)
+@given(channelled_tables())
+def test_channels_of_a_pair_are_links_of_their_own(alg):
+    """A link is a connection: tasks share a link id exactly when their (src, dst, channel) agree
+    (the channels of a pair have FIFOs and thread blocks of their own); link_src / link_dst still
+    give every link's pair."""
+    dag = build_dag(alg)
+    key = list(zip(alg.src.tolist(), alg.dst.tolist(), alg.channels.tolist()))
+    for a in range(len(alg)):
+        for b in range(len(alg)):
+            assert (key[a] == key[b]) == (dag.link[a] == dag.link[b])
+    assert (dag.link_src[dag.link] == alg.src).all()
+    assert (dag.link_dst[dag.link] == alg.dst).all()
+    assert dag.nlinks == len(set(key))
+
 @settings(max_examples=100)
 @given(programs)
 def test_csr_links_and_shape(alg):
@@ -213,10 +239,11 @@ def test_csr_links_and_shape(alg):
         assert succ == set(dag.edge_dst[dag.edge_src == t].tolist())
         assert pred == set(dag.edge_src[dag.edge_dst == t].tolist())
     assert (dag.indegree() == np.bincount(dag.edge_dst, minlength=n)).all()
-    # Links: equal ids exactly when (src, dst) equal; link_src/link_dst give the pair back.
+    # Links: equal ids exactly when (src, dst, channel) equal; link_src/link_dst give the pair back.
+    chan = alg.channels
     for a in range(n):
         for b in range(n):
-            same = (alg.src[a], alg.dst[a]) == (alg.src[b], alg.dst[b])
+            same = (alg.src[a], alg.dst[a], chan[a]) == (alg.src[b], alg.dst[b], chan[b])
             assert same == (dag.link[a] == dag.link[b])
     assert (dag.link_src[dag.link] == alg.src).all()
     assert (dag.link_dst[dag.link] == alg.dst).all()

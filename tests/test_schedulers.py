@@ -113,8 +113,8 @@ def check_valid(alg, dag, sched: Schedule) -> None:
     assert (np.diff(sp[sched.order]) >= 0).all()
     if n:
         assert sp.min() == 0 and set(np.unique(sp).tolist()) == set(range(sched.nsubpipelines))
-    # No two tasks of one sub-pipeline share a link.
-    pairs = {(int(s), int(x), int(y)) for s, x, y in zip(sp, alg.src, alg.dst)}
+    # No two tasks of one sub-pipeline share a link (a pair and channel: a connection).
+    pairs = {(int(s), int(x), int(y), int(c)) for s, x, y, c in zip(sp, alg.src, alg.dst, alg.channels)}
     assert len(pairs) == n
 
 
@@ -133,6 +133,18 @@ def test_hpds_matches_reference(alg):
 
 needs_numba = pytest.mark.skipif(not hpds_kernel.HAVE_NUMBA, reason="the compiled HPDS engine needs numba")
 
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("compiled", marks=[needs_numba, pytest.mark.slow])])
+def test_channels_of_a_pair_run_side_by_side(engine):
+    # Two chunks over the pair 0->1: on one channel they take two sub-pipelines, on channels of
+    # their own (connections and thread blocks of their own) one.
+    one = make_alg([(0, 1, 0, 0, RECV, 0), (0, 1, 0, 1, RECV, 0)], 2)
+    two = make_alg([(0, 1, 0, 0, RECV, 0), (0, 1, 0, 1, RECV, 1)], 2)
+    assert hpds(one, build_dag(one), engine=engine).subpipeline.tolist() == [0, 1]
+    s = hpds(two, build_dag(two), engine=engine)
+    check_valid(two, build_dag(two), s)
+    assert s.subpipeline.tolist() == [0, 0]
 
 @pytest.mark.slow   # compiles the numba kernel (cold: tens of seconds)
 @needs_numba
