@@ -9,8 +9,9 @@
    and wired; then its cross-node connections are driven exactly as the kernels drive them, by a
    small compiled driver (no interpreter on the data path): a message written into the FIFO
    mirror and the ``tail`` stored; the receiver polls its ``tail``, copies the message out and
-   stores ``head``. What is timed is the transport: the progress threads that put the slot, fence,
-   put the tail and return the credit. *Latency*: ping-pong of one message, half the round trip,
+   stores ``head``. What is timed is the transport: the progress threads that carry the slot (one
+   active message that the receiving proxy unpacks, or puts, a fence and a tail put above
+   ``HCCC_NET_AM_BYTES``) and return the credit. *Latency*: ping-pong of one message, half the round trip,
    against ``ucx_perftest -t ucp_put_lat`` (also half a round trip of puts): ``p50`` the median
    round trip (ucx_perftest's "typical"), ``avg`` the mean. On a shared machine the mean of
    either side is mostly the time slices it lost to other jobs; the median is what one message
@@ -22,9 +23,9 @@
    so a loaded machine slows both sides of a ratio alike.
    *Steps* (``--stages``): an 8 B ping-pong with both progress threads recording what they do
    (``UcxTransport.trace``) and the driver its stores and sightings, on one clock: per message the
-   writer's store to its proxy seeing it, the puts issued, the peer's proxy writing the tail, the
-   reader seeing it; medians over both directions, beside ``ucx_perftest``'s typical one-way
-   latency taken right after.
+   writer's store to its proxy seeing it, the slot sent (message, or puts and tail put), the
+   peer's proxy writing the tail, the reader seeing it; medians over both directions, beside
+   ``ucx_perftest``'s typical one-way latency taken right after.
    *Through the kernels* (``call us``): one 2-rank AllGather call of the size each way through
    the CPU-emulated kernels, everything a call costs (host barriers, launch of the emulated
    thread blocks, the kernels, the proxy, the drain): what an application sees, which
@@ -250,7 +251,7 @@ def _path_rank(rank, url, tls, max_size, conn):
         assert out[0] == 1 and out[-1] == 2, "wrong AllGather"
         return float(np.median(ts[1:]))
 
-    conn.send("ready")
+    conn.send(("ready", net.am_bytes))
     while (cmd := conn.recv()) is not None:
         what, m, count = cmd
         if what == "call":
@@ -306,9 +307,11 @@ class PathPair:
             p.start()
             self.conns.append(here)
             self.procs.append(p)
+        self.am_bytes = None
         for c in self.conns:
-            if not c.poll(600) or c.recv() != "ready":
+            if not c.poll(600) or (msg := c.recv())[0] != "ready":
                 raise RuntimeError("the path processes did not start")
+            self.am_bytes = msg[1] if self.am_bytes is None else min(self.am_bytes, msg[1])
 
     def run(self, what: str, m: int, count: int) -> list:
         for c in self.conns:
@@ -445,6 +448,7 @@ def main(argv=None) -> int:
     samples = {m: {k: [] for k in ("hp", "up", "hl", "ul", "hb", "ub", "call")} for m in sizes}
     steps = None
     pair = PathPair(max(sizes), a.tls)
+    am_bytes = pair.am_bytes
     try:
         for _ in range(max(1, a.repeats)):
             for m in sizes:
@@ -480,13 +484,18 @@ def main(argv=None) -> int:
     ar_sizes = [parse_size(s) for s in a.allreduce.split(",")] if a.allreduce else []
     ar = allreduce(ar_sizes, a.ar_iters, a.tls) if ar_sizes else {}
     if a.json:
-        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "path": rows, "stages": steps,
+        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "am_bytes": am_bytes,
+                          "path": rows, "stages": steps,
                           "allreduce": [{"bytes": s, **v} for s, v in ar.items()]}, indent=1))
         return 0
     print(f"Cross-node path, two processes as two nodes, UCX_TLS={a.tls}: the proxy moving FIFO "
           f"slots (transport only)\nagainst ucx_perftest, medians of {a.repeats} side-by-side "
           "rounds; latency: half a round trip (us), p50: the\nmedian round trip (ucx_perftest's "
           "'typical'), avg: the mean; bandwidth: MiB/s")
+    how = ("every slot as puts, a fence and a tail put" if am_bytes == 0 else
+           "every slot as one active message" if am_bytes >= 1 << 40 else
+           f"slots of up to {_fmt(am_bytes)} bytes as one active message, larger as puts")
+    print(f"hccc sends {how} (HCCC_NET_AM_BYTES)")
     print(f"{'size':>6} {'hccc p50':>9} {'UCX p50':>8} {'p50 x':>6} {'hccc avg':>9} {'UCX avg':>8} "
           f"{'avg x':>6} {'hccc MiB/s':>11} {'UCX MiB/s':>10} {'bw %':>6} {'call us':>8}")
     for r in rows:
@@ -503,7 +512,7 @@ def main(argv=None) -> int:
         print(f"\nOne 8 B message, step by step (median us over both directions of {a.stages} "
               f"ping-pongs, {steps['messages']} messages whose steps were apart)")
         for key, what in (("seen", "writer's tail store -> its progress thread sees it"),
-                          ("issued", "  seen -> slot put, fence, tail put issued"),
+                          ("issued", "  seen -> slot sent (one message, or puts + tail put)"),
                           ("delivered", "seen -> the peer's progress thread has written the tail"),
                           ("woken", "written -> the reader sees it"),
                           ("one_way", "one way in all (writer's store -> reader)")):

@@ -10,8 +10,10 @@ HIP IPC, POSIX shared memory); ranks on different nodes reach each other through
 :class:`NetLink` rewrites this rank's connection tables: a send to a remote receiver writes a local
 mirror of the receiver's FIFO and ``tail``; a receive from a remote sender frees slots into a local
 mirror of the sender's ``head``. The transport's progress thread (C++, not Python per message)
-puts what the kernel published into the peer's registered memory: slots, then (ordered after
-them) the tail; heads as credits. Direct mode needs the peer's destination buffer mapped, so the
+carries what the kernel published to the peer: a small slot as one message that the peer's
+thread unpacks (data into the slot, then the tail), a large one as puts into the peer's
+registered memory, then (ordered after them) the tail (:func:`am_bytes_limit` draws the line);
+heads as credits. Direct mode needs the peer's destination buffer mapped, so the
 Communicator, which launches kernels without peer buffer pointers, never uses it, on one node or
 across nodes: every cross-node connection goes through the FIFO.
 
@@ -24,8 +26,9 @@ has not moved for ``stale_s``.
 
 **Safety.** Worker addresses and remote keys travel only through the job's bootstrap; a process
 that did not get them cannot address this rank's memory, and UCX drops connections that do not
-speak its wire-up protocol. Memory per cross-node connection: one FIFO mirror on the sending side
-(``nslots`` slots), two words on the receiving side, at most ``nslots + 1`` puts in flight.
+speak its wire-up protocol; a slot message that does not fit the connection it names is dropped.
+Memory per cross-node connection: one FIFO mirror on the sending side (``nslots`` slots), two
+words and ``nslots`` arrival marks on the receiving side, at most ``nslots + 1`` sends in flight.
 """
 from __future__ import annotations
 
@@ -49,6 +52,40 @@ MIRROR_BYTES = 128 + 1024
 SEGMENT_STRIDE = 4096
 #: the heartbeat word of a host segment (the progress thread's clock, in ms)
 BEAT_OFFSET = 120
+#: environment variable: the largest slot message (bytes) sent as one active message that the
+#: receiver's proxy unpacks (data, then tail); larger ones go as puts, a fence and a tail put;
+#: 0: always puts
+AM_BYTES_ENV = "HCCC_NET_AM_BYTES"
+#: its default where UCX may use an RDMA transport (puts are zero-copy there)
+AM_BYTES = 65536
+#: ... and where ``UCX_TLS`` keeps UCX on TCP (a message is faster at every size measured)
+AM_BYTES_TCP = 1 << 62
+#: UCX_TLS names that leave no RDMA transport (TCP, intra-node ones, UCX's modifiers)
+_TCP_ONLY = {"tcp", "self", "sm", "shm", "posix", "sysv", "cma", "knem", "xpmem"}
+
+
+def am_bytes_limit(value: int | None = None) -> int:
+    """The active-message limit: ``value``, else ``$HCCC_NET_AM_BYTES`` (a size: ``16K``), else
+    :data:`AM_BYTES_TCP` when ``UCX_TLS`` names only TCP and intra-node transports, else
+    :data:`AM_BYTES`."""
+    if value is None:
+        raw = os.environ.get(AM_BYTES_ENV, "").strip()
+        if not raw:
+            tls = [t.strip().lstrip("^\\").lower() for t in os.environ.get("UCX_TLS", "").split(",")]
+            tls = [t for t in tls if t]
+            tcp = bool(tls) and not os.environ.get("UCX_TLS", "").strip().startswith("^") and \
+                all(t in _TCP_ONLY for t in tls)
+            return AM_BYTES_TCP if tcp else AM_BYTES
+        import argparse
+        from hccc.args import size_or_zero
+        try:
+            value = size_or_zero(raw)
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            raise ValueError(f"{AM_BYTES_ENV}={raw!r}: a size in bytes is expected (0, 4096, 64K)") \
+                from None
+    if int(value) < 0:
+        raise ValueError(f"active-message limit {value}: must be >= 0")
+    return int(value)
 
 
 def node_name(node: str | None = None) -> str:
@@ -184,8 +221,11 @@ class NetLink:
     them) and the mirror words (the kernel and the progress thread both touch them)."""
 
     def __init__(self, rank: int, nodes: list[str], plans, mem, host_seg: int, exchange,
-                 alloc_slots, alloc_words, *, stale_s: float = 5.0, cache_dir=None):
+                 alloc_slots, alloc_words, *, stale_s: float = 5.0, cache_dir=None,
+                 am_bytes: int | None = None):
         self.rank, self.nodes, self.plans, self.mem = rank, list(nodes), plans, mem
+        # slots arrive as messages only into FIFOs the proxy can write (host memory)
+        self.am_bytes = am_bytes_limit(am_bytes) if mem.platform.name == "cpu" else 0
         self.world = len(nodes)
         self.remote = [r for r in range(self.world) if nodes[r] != nodes[rank]]
         self.stale_s = float(stale_s)
@@ -213,7 +253,8 @@ class NetLink:
         del base
         mirror_key = tx.register(mirror_addr, SEGMENT_STRIDE * self.world)
         me = {"addr": tx.address().hex(), "ctrl": mem.ctrl, "slots": mem.slots,
-              "mirrors": mirror_addr, "keys": [ctrl_key.hex(), slots_key.hex(), mirror_key.hex()]}
+              "mirrors": mirror_addr, "keys": [ctrl_key.hex(), slots_key.hex(), mirror_key.hex()],
+              "am": self.am_bytes}
         infos = [json.loads(b) for b in exchange(json.dumps(me).encode(), "net")]
         self.info = infos
         for r in self.remote:
@@ -252,12 +293,15 @@ class NetLink:
             info = self.info[peer]
             tx.add_send(peer, mslots, mtail, int(info["slots"]) + j * plans[peer].fifo_bytes,
                         int(info["ctrl"]) + plans[peer].tail_offset(j), plans[peer].slot_bytes,
-                        plans[peer].nslots)
+                        plans[peer].nslots, j, min(self.am_bytes, int(info.get("am", 0))))
         for i, (j, peer) in enumerate(self._recvs):
+            if self.am_bytes > 0:           # the sender may send its slots as messages
+                tx.add_inbound(j, peer, recv[j][0], plan.slot_bytes, plan.nslots, recv[j][2])
             k = plans[peer].send_index(me, plan.recv_conns[j][1])
             mhead = self.mwords + 8 * (len(self._sends) + i)
             recv[j] = (recv[j][0], mhead, recv[j][2])
-            tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k))
+            tx.add_recv(peer, mhead, int(self.info[peer]["ctrl"]) + plans[peer].send_head_offset(k),
+                        recv[j][2], plan.nslots)
         if mem.platform.name == "cpu":
             # the words the peers' puts change (the tails of remote senders' FIFOs, the heads of
             # remote receivers) are what this rank's kernel threads sleep on: the thread wakes them
@@ -335,5 +379,5 @@ class NetLink:
             self._mirrors = None
 
 
-__all__ = ["NODE_ENV", "NetLink", "Transport", "TransportError", "declared_gpus_per_node", "declared_nodes",
-           "get_transport", "node_name", "placement_problems"]
+__all__ = ["AM_BYTES", "AM_BYTES_ENV", "AM_BYTES_TCP", "NODE_ENV", "NetLink", "Transport", "TransportError", "declared_gpus_per_node", "declared_nodes",
+           "am_bytes_limit", "get_transport", "node_name", "placement_problems"]

@@ -1,5 +1,6 @@
 """The interface a network engine offers the cross-node connections of :mod:`hccc.runtime.net`:
-registered memory, one-sided puts carried by a progress thread of its own, peer failure reports.
+registered memory, one-sided puts and small messages carried by a progress thread of its own, peer
+failure reports.
 UCX is the one engine built (:mod:`hccc.runtime.net_ucx`); another (libfabric for EFA, say) would
 implement the same methods over its own C++ proxy."""
 from __future__ import annotations
@@ -31,10 +32,25 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def add_send(self, peer: int, mslots: int, mtail: int, rslots: int, rtail: int,
-                 slot_bytes: int, nslots: int) -> None: ...
+                 slot_bytes: int, nslots: int, rconn: int = 0, am_bytes: int = 0) -> None:
+        """A send to a remote receiver: the FIFO and tail mirrors here, the receiver's FIFO and
+        tail there, the receiver's index of the connection (``rconn``). A slot whose message
+        holds at most ``am_bytes`` goes as one message that the receiver's proxy unpacks
+        (:meth:`add_inbound`); larger ones as puts, a fence and a tail put."""
 
     @abc.abstractmethod
-    def add_recv(self, peer: int, mhead: int, rhead: int) -> None: ...
+    def add_inbound(self, conn: int, peer: int, slots: int, slot_bytes: int, nslots: int,
+                    tail: int) -> None:
+        """Receive connection ``conn`` of this rank (its FIFO and tail word, host memory) from
+        remote ``peer`` accepts slots as messages: the proxy copies the data into the slot, then
+        publishes the tail."""
+
+    @abc.abstractmethod
+    def add_recv(self, peer: int, mhead: int, rhead: int, tail: int | None = None,
+                 nslots: int = 0) -> None:
+        """A receive from a remote sender: the mirror of its head here, its head there; ``tail``
+        (this rank's tail word of the connection) and ``nslots`` let a credit wait briefly while
+        the sender still has free slots (None: credits go at once)."""
 
     @abc.abstractmethod
     def add_watch(self, word: int) -> None:

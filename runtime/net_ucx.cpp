@@ -5,27 +5,39 @@
 // sender's connection table points at a local mirror of the receiver's FIFO and `tail` word; for
 // one whose sender is on another node, the receiver's table points at a local mirror of the
 // sender's `head` word. The proxy watches those mirrors:
-//   * a send mirror's tail moved from s to t: put slots s..t-1 into the receiver's registered FIFO,
-//     then (after a fence: every put before it is complete at the target before any put after it)
-//     put the tail value t into the receiver's control block -- data before tail;
+//   * a send mirror's tail moved from s to t: carry slots s..t-1 to the receiver, data before tail,
+//     one of two ways, by the bytes a slot's message holds this call:
+//     - small (at most the connection's am_bytes, which the receiver agreed to): one active message
+//       per slot, header (connection, slot number) and data together; the receiver's proxy copies
+//       the data into the slot, then publishes the tail with a release store (only as far as every
+//       earlier slot has arrived too) and wakes the kernel threads sleeping on it (on_slot);
+//     - large: put the slots into the receiver's registered FIFO, then (after a fence: every put
+//       before it is complete at the target before any put after it) put the tail value t into the
+//       receiver's control block;
 //   * a receive mirror's head moved: put the new head into the sender's control block (the credit;
-//     the receiver had finished reading those slots before it posted it);
+//     the receiver had finished reading those slots before it posted it); a credit the sender
+//     cannot be waiting for yet waits up to CREDIT_DELAY_NS so that a slot sent right after it
+//     goes first;
 //   * a host-segment mirror changed (the host's barrier words, call record, state, reason and the
 //     heartbeat this thread stamps): put it into every remote peer's mirror of this rank's segment.
-// A slot is put only as far as the launch uses it: every region holds a 16-byte header and at
+// A slot is sent only as far as the launch uses it: every region holds a 16-byte header and at
 // most 16 + slice bytes of data, so a message costs max_cnt * min(region, 32 + slice) bytes, not a
 // whole slot (hn_set_shape, per call).
 // drain: push everything pending, then a worker flush (remote completion of every put), so no put
 // of a finished call can land after the host resets the counters for the next one; then the
-// mirrors and sent counts start over (the kernel has finished), so the next call needs no reset.
+// mirrors, sent counts and published tails start over (the kernel has finished: it has read
+// every slot sent to it, so no slot message of this call is still coming), so the next call
+// needs no reset.
 // Peers: endpoints with peer error handling; a failed endpoint marks its peer failed (its
 // connections are skipped from then on, the host reports the rank and its node).
-// Memory per connection: one FIFO mirror (nslots slots) on the sending side, two words on the
-// receiving side, and at most nslots+1 outstanding puts.
+// Memory per connection: one FIFO mirror (nslots slots) and nslots message headers on the sending
+// side, two words and nslots arrival marks on the receiving side, and at most nslots+1
+// outstanding operations.
 // Threads: the worker is single-threaded; set-up calls run before hn_start, teardown after the
 // thread has joined; in between the host talks to the thread through atomics only.
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -54,20 +66,51 @@ struct Peer {
   std::atomic<int> status{0};                        // 0 = fine, else a ucs_status_t
 };
 
+// The header of a slot's active message (AM_SLOT): which of the receiver's connections, which
+// slot of this call, and where the data goes in it (nreg regions of reg_used bytes, reg_stride
+// apart; nreg == 1: the data from the slot's start).
+struct SlotHdr {
+  uint32_t conn;                // the receiver's receive-connection index
+  uint32_t sender;              // the sending rank
+  uint64_t seq;                 // the slot's number in this call (tail after it: seq + 1)
+  uint32_t nreg, reg_used;
+  uint64_t reg_stride;
+};
+enum : unsigned { AM_SLOT = 1 };
+
 struct SendConn {
   int peer;
   char* mslots;                 // local mirror of the receiver's FIFO
   uint64_t* mtail;              // local mirror of the receiver's tail
   uint64_t rslots, rtail;       // the receiver's FIFO and tail (remote addresses)
   uint64_t slot_bytes, nslots;
-  uint64_t sent;                // slots put so far this call
+  uint64_t sent;                // slots carried so far this call
+  uint32_t rconn;               // the receiver's index of this connection (AM header)
+  uint64_t am_bytes;            // slot messages up to this size go as one active message
+  std::vector<SlotHdr> hdr;     // one header per slot (read by UCX until the message has left)
+};
+
+// A receive connection whose sender is on another node, as the active-message path fills it: the
+// real FIFO and tail of this rank; `arrived[k % nslots] == k + 1` once slot k's data is in place.
+struct Inbound {
+  bool used = false;
+  int peer = -1;
+  char* slots = nullptr;
+  uint64_t* tail = nullptr;
+  uint64_t slot_bytes = 0, nslots = 0;
+  uint64_t published = 0;       // the tail this thread has published this call
+  std::vector<uint64_t> arrived;
+  long watch = -1;              // the watch on `tail`, if any
 };
 
 struct RecvConn {
   int peer;
   uint64_t* mhead;              // local mirror of the sender's head
   uint64_t rhead;               // the sender's head (remote address)
-  uint64_t sent;
+  uint64_t sent;                // the credit sent so far this call
+  const uint64_t* tail;         // this rank's tail of the connection (what the sender published)
+  uint64_t nslots;
+  uint64_t since = 0;           // when an unsent credit was first seen (0: none)
 };
 
 // A word this process's kernels wait on that a remote peer writes (a receive FIFO's tail, a send's
@@ -93,6 +136,10 @@ struct Pending {
   void* owned;                  // a heap copy the put reads from, freed at completion
 };
 
+// A credit the sender is not waiting for yet waits this long for the slots this thread sends to
+// go first (push).
+constexpr uint64_t CREDIT_DELAY_NS = 3000;
+
 struct Net {
   ucp_context_h ctx = nullptr;
   ucp_worker_h worker = nullptr;
@@ -100,6 +147,7 @@ struct Net {
   std::vector<Peer*> peers;     // by rank; nullptr for ranks reached by shared memory
   std::vector<SendConn> sends;
   std::vector<RecvConn> recvs;
+  std::vector<Inbound> inbound; // by receive-connection index
   // this rank's host segment: pushed to mirror_base[peer] + rank * seg_stride on each remote peer
   char* seg = nullptr;
   uint64_t seg_len = 0, seg_stride = 0;
@@ -114,11 +162,12 @@ struct Net {
   std::atomic<int> stop{0};
   std::atomic<uint64_t> drain_req{0}, drain_done{0}, reset_req{0}, reset_done{0};
   std::atomic<uint64_t> region_bytes{0}, region_used{0}, max_cnt{1};
-  std::atomic<uint64_t> bytes_put{0}, puts{0};
+  std::atomic<uint64_t> bytes_put{0}, puts{0}, ams{0}, am_bytes{0}, accepted{0}, rejected{0};
   uint64_t serving_drain = 0;
   int efd = -1;                 // the worker's event fd: network activity wakes an idle thread
   std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
   std::vector<Watch> watches;
+  bool credit_waiting = false;  // a delayed credit is due (push): the thread does not sleep
   std::atomic<bool> tracing{false};
   std::mutex trace_mu;
   std::vector<TraceEv> trace;
@@ -168,6 +217,91 @@ void put(Net* n, int peer, const void* buf, size_t len, uint64_t raddr, int whic
   n->pending.push_back(Pending{r, owned});
 }
 
+// One slot as one active message: header and data (contiguous, or `iov` regions: a heap array
+// freed at completion), eager only (no rendezvous: the receiver copies the data in the handler).
+void am_slot(Net* n, int peer, const SlotHdr* hdr, const void* buf, size_t len, ucp_dt_iov_t* iov,
+             size_t niov) {
+  Peer* p = n->peers[peer];
+  ucp_request_param_t prm;
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_AM_SEND_FLAG_EAGER;
+  if (iov != nullptr) {
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    prm.datatype = ucp_dt_make_iov();
+  }
+  ucs_status_ptr_t r = ucp_am_send_nbx(p->ep, AM_SLOT, hdr, sizeof(SlotHdr),
+                                       iov != nullptr ? (const void*)iov : buf,
+                                       iov != nullptr ? niov : len, &prm);
+  n->ams.fetch_add(1, std::memory_order_relaxed);
+  n->am_bytes.fetch_add(len, std::memory_order_relaxed);
+  if (r == nullptr) {
+    free(iov);
+    return;
+  }
+  if (UCS_PTR_IS_ERR(r)) {
+    free(iov);
+    if (p->status.load() == 0) p->status.store((int)UCS_PTR_STATUS(r));
+    return;
+  }
+  n->pending.push_back(Pending{r, iov});
+}
+
+void wake(uint64_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// A slot's active message arrived (inside ucp_worker_progress, on the progress thread): check it
+// against the connection it names (a message that does not fit is dropped and counted), copy the
+// data into the slot, then publish the tail as far as every slot before it has arrived (release:
+// the bytes before the tail) and wake the kernel threads sleeping on it.
+ucs_status_t on_slot(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                     const ucp_am_recv_param_t* param) {
+  Net* n = static_cast<Net*>(arg);
+  SlotHdr h;
+  if (header_length != sizeof h || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    n->rejected.fetch_add(1, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+  memcpy(&h, header, sizeof h);
+  Inbound* in = h.conn < n->inbound.size() ? &n->inbound[h.conn] : nullptr;
+  bool ok = in != nullptr && in->used && (int)h.sender == in->peer && h.seq >= in->published &&
+            h.seq - in->published < in->nslots && in->arrived[h.seq % in->nslots] != h.seq + 1;
+  if (ok) {
+    if (h.nreg <= 1) {
+      ok = length <= in->slot_bytes;
+    } else {
+      ok = h.reg_used <= h.reg_stride && h.reg_stride <= in->slot_bytes &&
+           (uint64_t)h.nreg * h.reg_used == length &&
+           (uint64_t)(h.nreg - 1) * h.reg_stride + h.reg_used <= in->slot_bytes;
+    }
+  }
+  if (!ok) {
+    n->rejected.fetch_add(1, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+  char* slot = in->slots + (h.seq % in->nslots) * in->slot_bytes;
+  if (h.nreg <= 1) {
+    memcpy(slot, data, length);
+  } else {
+    for (uint32_t r = 0; r < h.nreg; ++r)
+      memcpy(slot + r * h.reg_stride, static_cast<const char*>(data) + (uint64_t)r * h.reg_used,
+             h.reg_used);
+  }
+  in->arrived[h.seq % in->nslots] = h.seq + 1;
+  n->accepted.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t before = in->published;
+  while (in->arrived[in->published % in->nslots] == in->published + 1) ++in->published;
+  if (in->published != before) {
+    __atomic_store_n(in->tail, in->published, __ATOMIC_RELEASE);
+    wake(in->tail);
+    if (in->watch >= 0) {
+      n->watches[in->watch].last = in->published;
+      trace(n, TR_DELIVERED, (size_t)in->watch, in->published);
+    }
+  }
+  return UCS_OK;
+}
+
 void put_word(Net* n, int peer, uint64_t value, uint64_t raddr) {
   uint64_t* w = static_cast<uint64_t*>(malloc(sizeof(uint64_t)));
   *w = value;
@@ -189,7 +323,7 @@ void reap(Net* n) {
 }
 
 // Push what the kernel and the host published; true when something was put.
-bool push(Net* n) {
+bool push(Net* n, bool force = false) {
   bool any = false;
   const uint64_t rb = n->region_bytes.load(std::memory_order_relaxed);
   const uint64_t ru = n->region_used.load(std::memory_order_relaxed);
@@ -201,13 +335,34 @@ bool push(Net* n) {
     const uint64_t t = __atomic_load_n(c.mtail, __ATOMIC_ACQUIRE);
     if (t <= c.sent || !peer_ok(n, c.peer)) continue;
     trace(n, TR_SEEN, i, t);
+    // the bytes of a slot this launch uses: one contiguous run, or mc regions of ru bytes
+    const bool whole = rb == 0 || ru >= rb || mc <= 1;
+    uint64_t len = (rb == 0 || mc == 0) ? c.slot_bytes : (mc - 1) * rb + (ru < rb ? ru : rb);
+    if (len > c.slot_bytes) len = c.slot_bytes;
+    const uint64_t msg = whole ? len : mc * ru;
+    if (msg <= c.am_bytes) {
+      for (uint64_t k = c.sent; k < t; ++k) {
+        const uint64_t off = (k % c.nslots) * c.slot_bytes;
+        SlotHdr* h = &c.hdr[k % c.nslots];
+        *h = SlotHdr{c.rconn, (uint32_t)n->rank, k, whole ? 1u : (uint32_t)mc,
+                     whole ? 0u : (uint32_t)ru, whole ? 0 : rb};
+        if (whole) {
+          am_slot(n, c.peer, h, c.mslots + off, len, nullptr, 0);
+        } else {
+          ucp_dt_iov_t* iov = static_cast<ucp_dt_iov_t*>(malloc(mc * sizeof(ucp_dt_iov_t)));
+          for (uint64_t r = 0; r < mc; ++r) iov[r] = ucp_dt_iov_t{c.mslots + off + r * rb, ru};
+          am_slot(n, c.peer, h, nullptr, msg, iov, mc);
+        }
+      }
+      c.sent = t;
+      trace(n, TR_ISSUED, i, t);
+      any = true;
+      continue;
+    }
     for (uint64_t k = c.sent; k < t; ++k) {
       const uint64_t off = (k % c.nslots) * c.slot_bytes;
-      if (rb == 0 || ru >= rb || mc <= 1) {
-        const uint64_t len = (rb == 0 || mc == 0) ? c.slot_bytes
-                             : (mc - 1) * rb + (ru < rb ? ru : rb);
-        put(n, c.peer, c.mslots + off, len < c.slot_bytes ? len : c.slot_bytes, c.rslots + off, 1,
-            nullptr);
+      if (whole) {
+        put(n, c.peer, c.mslots + off, len, c.rslots + off, 1, nullptr);
       } else {
         for (uint64_t r = 0; r < mc; ++r)
           put(n, c.peer, c.mslots + off + r * rb, ru, c.rslots + off + r * rb, 1, nullptr);
@@ -224,9 +379,23 @@ bool push(Net* n) {
     }
     any = true;
   }
+  n->credit_waiting = false;
   for (RecvConn& c : n->recvs) {
     const uint64_t h = __atomic_load_n(c.mhead, __ATOMIC_ACQUIRE);
     if (h <= c.sent || !peer_ok(n, c.peer)) continue;
+    // delayed credit: unless the sender has used its whole window (it may be waiting for this
+    // very credit), the credit waits up to CREDIT_DELAY_NS, so that a slot this thread is about
+    // to send is not queued behind it
+    if (!force && c.tail != nullptr &&
+        __atomic_load_n(c.tail, __ATOMIC_ACQUIRE) < c.sent + c.nslots) {
+      const uint64_t t = now_ns();
+      if (c.since == 0) c.since = t;
+      if (t - c.since < CREDIT_DELAY_NS) {
+        n->credit_waiting = true;
+        continue;
+      }
+    }
+    c.since = 0;
     put_word(n, c.peer, h, c.rhead);
     c.sent = h;
     any = true;
@@ -255,7 +424,7 @@ void wake_watched(Net* n) {
     if (v == w.last) continue;
     w.last = v;
     trace(n, TR_DELIVERED, (size_t)(&w - n->watches.data()), v);
-    syscall(SYS_futex, w.word, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+    wake(w.word);
   }
 }
 
@@ -263,8 +432,16 @@ void wake_watched(Net* n) {
 // calls, once this rank's kernel has finished and its puts are complete).
 void reset_local(Net* n) {
   for (SendConn& c : n->sends) { __atomic_store_n(c.mtail, 0, __ATOMIC_RELEASE); c.sent = 0; }
-  for (RecvConn& c : n->recvs) { __atomic_store_n(c.mhead, 0, __ATOMIC_RELEASE); c.sent = 0; }
+  for (RecvConn& c : n->recvs) {
+    __atomic_store_n(c.mhead, 0, __ATOMIC_RELEASE);
+    c.sent = 0;
+    c.since = 0;
+  }
   for (Watch& w : n->watches) w.last = __atomic_load_n(w.word, __ATOMIC_ACQUIRE);
+  for (Inbound& in : n->inbound) {
+    in.published = 0;
+    std::fill(in.arrived.begin(), in.arrived.end(), 0);
+  }
 }
 
 // Idle policy. After the last piece of work the thread keeps polling (mirrors and the worker)
@@ -298,7 +475,7 @@ void loop(Net* n) {
     const uint64_t dq = n->drain_req.load(std::memory_order_acquire);
     if (dq != n->drain_done.load(std::memory_order_relaxed)) {
       if (!n->flushing) {
-        push(n);
+        push(n, true);
         ucp_request_param_t prm;
         prm.op_attr_mask = 0;
         ucs_status_ptr_t r = ucp_worker_flush_nbx(n->worker, &prm);
@@ -327,7 +504,7 @@ void loop(Net* n) {
     }
     const uint64_t quiet = now - last_work;
     if (quiet < SPIN_NS) continue;
-    if (quiet < YIELD_NS || n->efd < 0) {
+    if (quiet < YIELD_NS || n->efd < 0 || n->credit_waiting) {
       sched_yield();
     } else if (ucp_worker_arm(n->worker) == UCS_OK) {
       pollfd p{n->efd, POLLIN, 0};
@@ -351,7 +528,7 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
     ucp_params_t prm;
     memset(&prm, 0, sizeof prm);
     prm.field_mask = UCP_PARAM_FIELD_FEATURES;
-    prm.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    prm.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     st = ucp_init(&prm, cfg, &n->ctx);
     ucp_config_release(cfg);
   }
@@ -362,8 +539,20 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     st = ucp_worker_create(n->ctx, &wp, &n->worker);
   }
+  if (st == UCS_OK) {
+    ucp_am_handler_param_t ap;
+    memset(&ap, 0, sizeof ap);
+    ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    ap.id = AM_SLOT;
+    ap.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ap.cb = on_slot;
+    ap.arg = n;
+    st = ucp_worker_set_am_recv_handler(n->worker, &ap);
+  }
   if (st != UCS_OK) {
     snprintf(err, errlen, "%s", ucs_status_string(st));
+    if (n->worker) ucp_worker_destroy(n->worker);
     if (n->ctx) ucp_cleanup(n->ctx);
     delete n;
     return nullptr;
@@ -431,11 +620,33 @@ HN_API int hn_connect(void* h, int peer, const char* addr, const char* k0, const
   return 0;
 }
 
+// A send to a remote receiver: its FIFO mirror and tail mirror here, the receiver's FIFO and tail
+// there, and the receiver's index of the connection; slot messages of at most am_bytes go as one
+// active message each (0: always puts).
 HN_API void hn_add_send(void* h, int peer, void* mslots, void* mtail, uint64_t rslots,
-                        uint64_t rtail, uint64_t slot_bytes, uint64_t nslots) {
+                        uint64_t rtail, uint64_t slot_bytes, uint64_t nslots, uint32_t rconn,
+                        uint64_t am_bytes) {
   Net* n = static_cast<Net*>(h);
   n->sends.push_back(SendConn{peer, static_cast<char*>(mslots), static_cast<uint64_t*>(mtail),
-                              rslots, rtail, slot_bytes, nslots, 0});
+                              rslots, rtail, slot_bytes, nslots, 0, rconn, am_bytes,
+                              std::vector<SlotHdr>(nslots)});
+}
+
+// A receive from a remote sender that may come as active messages: this rank's FIFO (nslots
+// slots of slot_bytes) and tail word of receive connection `conn`.
+HN_API void hn_add_inbound(void* h, uint32_t conn, int peer, void* slots, uint64_t slot_bytes,
+                           uint64_t nslots, void* tail) {
+  Net* n = static_cast<Net*>(h);
+  if (n->inbound.size() <= conn) n->inbound.resize(conn + 1);
+  Inbound& in = n->inbound[conn];
+  in.used = nslots > 0;
+  in.peer = peer;
+  in.slots = static_cast<char*>(slots);
+  in.tail = static_cast<uint64_t*>(tail);
+  in.slot_bytes = slot_bytes;
+  in.nslots = nslots;
+  in.published = 0;
+  in.arrived.assign(nslots, 0);
 }
 
 // A word of this process's memory that a remote peer's puts change and local kernel threads may
@@ -445,9 +656,13 @@ HN_API void hn_add_watch(void* h, void* word) {
   n->watches.push_back(Watch{static_cast<uint64_t*>(word), 0});
 }
 
-HN_API void hn_add_recv(void* h, int peer, void* mhead, uint64_t rhead) {
+// A receive from a remote sender: the mirror of its head here, its head there, and this rank's
+// tail word of the connection with the FIFO's depth (null: credits never wait).
+HN_API void hn_add_recv(void* h, int peer, void* mhead, uint64_t rhead, void* tail,
+                        uint64_t nslots) {
   Net* n = static_cast<Net*>(h);
-  n->recvs.push_back(RecvConn{peer, static_cast<uint64_t*>(mhead), rhead, 0});
+  n->recvs.push_back(RecvConn{peer, static_cast<uint64_t*>(mhead), rhead, 0,
+                              static_cast<const uint64_t*>(tail), nslots});
 }
 
 // This rank's host segment: its first `len` bytes go to every remote peer's mirror; the proxy
@@ -471,6 +686,10 @@ HN_API void hn_set_shape(void* h, uint64_t region_bytes, uint64_t region_used, u
 HN_API void hn_start(void* h) {
   Net* n = static_cast<Net*>(h);
   if (ucp_worker_get_efd(n->worker, &n->efd) != UCS_OK) n->efd = -1;
+  for (Inbound& in : n->inbound) {
+    for (size_t w = 0; w < n->watches.size(); ++w)
+      if (n->watches[w].word == in.tail) in.watch = (long)w;
+  }
   n->th = std::thread(loop, n);
 }
 
@@ -516,6 +735,43 @@ HN_API void hn_counters(void* h, uint64_t* out) {
   Net* n = static_cast<Net*>(h);
   out[0] = n->puts.load();
   out[1] = n->bytes_put.load();
+  out[2] = n->ams.load();
+  out[3] = n->am_bytes.load();
+  out[4] = n->accepted.load();
+  out[5] = n->rejected.load();
+}
+
+// Diagnostics, only before hn_start (the calling thread drives the worker): send one slot
+// message with the header given (any values, to test what the receiver accepts) and `len` bytes
+// of `data`, and progress until it has left; 0, or a ucs_status_t.
+HN_API int hn_send_slot_message(void* h, int peer, uint32_t conn, uint32_t sender, uint64_t seq,
+                                uint32_t nreg, uint32_t reg_used, uint64_t reg_stride,
+                                const void* data, uint64_t len, long timeout_ms) {
+  Net* n = static_cast<Net*>(h);
+  if (n->th.joinable() || peer < 0 || peer >= (int)n->peers.size() || !peer_ok(n, peer))
+    return (int)UCS_ERR_INVALID_PARAM;
+  SlotHdr hdr{conn, sender, seq, nreg, reg_used, reg_stride};
+  ucp_request_param_t prm;
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t r = ucp_am_send_nbx(n->peers[peer]->ep, AM_SLOT, &hdr, sizeof hdr, data, len,
+                                       &prm);
+  if (UCS_PTR_IS_ERR(r)) return (int)UCS_PTR_STATUS(r);
+  if (r == nullptr) return 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (ucp_request_check_status(r) == UCS_INPROGRESS && std::chrono::steady_clock::now() < end)
+    ucp_worker_progress(n->worker);
+  ucs_status_t st = ucp_request_check_status(r);
+  ucp_request_free(r);
+  return st == UCS_INPROGRESS ? (int)UCS_ERR_TIMED_OUT : (int)st;
+}
+
+// Diagnostics, only before hn_start: progress the worker for `ms` milliseconds (wire-up).
+HN_API void hn_progress_for(void* h, long ms) {
+  Net* n = static_cast<Net*>(h);
+  if (n->th.joinable()) return;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) ucp_worker_progress(n->worker);
 }
 
 // Record the thread's steps (at most `cap` of them, from now on; 0: stop recording).
@@ -554,6 +810,7 @@ HN_API void hn_destroy(void* h, long timeout_ms) {
     n->stop.store(1, std::memory_order_release);
     n->th.join();
   }
+  n->inbound.clear();           // messages that still arrive while closing are dropped
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (Pending& q : n->pending) ucp_request_cancel(n->worker, q.req);
   while (!n->pending.empty() && std::chrono::steady_clock::now() < end) {
@@ -591,3 +848,4 @@ HN_API void hn_destroy(void* h, long timeout_ms) {
   for (Peer* p : n->peers) delete p;
   delete n;
 }
+

@@ -72,8 +72,9 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_register": (lng, [vp, vp, u64, ctypes.c_char_p, lng]),
             "hn_connect": (i32, [vp, i32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                  ctypes.c_char_p, u64]),
-            "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64]),
-            "hn_add_recv": (None, [vp, i32, vp, u64]),
+            "hn_add_send": (None, [vp, i32, vp, vp, u64, u64, u64, u64, ctypes.c_uint32, u64]),
+            "hn_add_inbound": (None, [vp, ctypes.c_uint32, i32, vp, u64, u64, vp]),
+            "hn_add_recv": (None, [vp, i32, vp, u64, vp, u64]),
             "hn_add_watch": (None, [vp, vp]),
             "hn_set_segment": (None, [vp, vp, u64, u64, u64]),
             "hn_set_shape": (None, [vp, u64, u64, u64]),
@@ -85,6 +86,9 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_counters": (None, [vp, ctypes.POINTER(u64)]),
             "hn_destroy": (None, [vp, lng]),
             "hn_trace": (None, [vp, u64]),
+            "hn_send_slot_message": (i32, [vp, i32, ctypes.c_uint32, ctypes.c_uint32, u64,
+                                           ctypes.c_uint32, ctypes.c_uint32, u64, vp, u64, lng]),
+            "hn_progress_for": (None, [vp, lng]),
             "hn_trace_take": (u64, [vp, ctypes.POINTER(u64), u64]),
         }
         for name, (res, args) in sig.items():
@@ -101,6 +105,7 @@ class UcxTransport(Transport):
 
     def __init__(self, rank: int, world: int, cache_dir=None):
         self._lib = library(cache_dir)
+        self._rank = int(rank)
         err = ctypes.create_string_buffer(256)
         self._h = self._lib.hn_create(int(rank), int(world), err, len(err))
         if not self._h:
@@ -128,11 +133,16 @@ class UcxTransport(Transport):
         if st:
             raise TransportError(f"UCX: cannot connect to rank {peer}: {self._status(st)}")
 
-    def add_send(self, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots) -> None:
-        self._lib.hn_add_send(self._h, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots)
+    def add_send(self, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots, rconn=0,
+                 am_bytes=0) -> None:
+        self._lib.hn_add_send(self._h, peer, mslots, mtail, rslots, rtail, slot_bytes, nslots,
+                              rconn, am_bytes)
 
-    def add_recv(self, peer, mhead, rhead) -> None:
-        self._lib.hn_add_recv(self._h, peer, mhead, rhead)
+    def add_inbound(self, conn, peer, slots, slot_bytes, nslots, tail) -> None:
+        self._lib.hn_add_inbound(self._h, conn, peer, slots, slot_bytes, nslots, tail)
+
+    def add_recv(self, peer, mhead, rhead, tail=None, nslots=0) -> None:
+        self._lib.hn_add_recv(self._h, peer, mhead, rhead, tail, nslots)
 
     def add_watch(self, word) -> None:
         self._lib.hn_add_watch(self._h, word)
@@ -168,11 +178,36 @@ class UcxTransport(Transport):
         return self._status(st) if st else None
 
     def counters(self) -> tuple[int, int]:
-        if not self._h:
-            return 0, 0
-        out = (ctypes.c_uint64 * 2)()
-        self._lib.hn_counters(self._h, out)
-        return int(out[0]), int(out[1])
+        s = self.stats()
+        return s["puts"], s["put_bytes"]
+
+    def stats(self) -> dict:
+        """What the progress thread sent and received so far: ``puts`` / ``put_bytes`` (slots,
+        tails, credits, host segments), ``ams`` / ``am_bytes`` (slots sent as active messages,
+        their data bytes), ``accepted`` (slot messages received and placed), ``rejected`` (slot
+        messages received that named no connection of this rank or did not fit it: dropped)."""
+        out = (ctypes.c_uint64 * 6)()
+        if self._h:
+            self._lib.hn_counters(self._h, out)
+        return dict(zip(("puts", "put_bytes", "ams", "am_bytes", "accepted", "rejected"),
+                        map(int, out)))
+
+    def send_slot_message(self, peer: int, conn: int, seq: int, data: bytes, *, sender=None,
+                          nreg: int = 1, reg_used: int = 0, reg_stride: int = 0,
+                          timeout_s: float = 10.0) -> None:
+        """Diagnostics, before :meth:`start` only (this thread drives the worker): send one slot
+        message as the proxy does, with any header (``sender`` defaults to this rank) -- for
+        tests of what a receiver accepts and in which order it publishes."""
+        buf = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
+        st = self._lib.hn_send_slot_message(
+            self._h, peer, conn, self._rank if sender is None else sender, seq, nreg, reg_used,
+            reg_stride, buf, len(data), int(timeout_s * 1000))
+        if st:
+            raise TransportError(f"UCX: slot message to rank {peer}: {self._status(st)}")
+
+    def progress_for(self, seconds: float) -> None:
+        """Diagnostics, before :meth:`start` only: drive this worker for ``seconds``."""
+        self._lib.hn_progress_for(self._h, int(seconds * 1000))
 
     def trace(self, capacity: int) -> None:
         """Diagnostics: record what the progress thread does (at most ``capacity`` steps from now

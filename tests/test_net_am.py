@@ -1,0 +1,235 @@
+"""The two ways a cross-node slot travels (``runtime/net_ucx.cpp``): a small slot as one active
+message that the receiving proxy unpacks (data into the slot, then the tail), a large one as puts,
+a fence and a tail put; which one by the bytes of a slot's message against ``HCCC_NET_AM_BYTES``.
+UCX over TCP (``UCX_TLS=tcp``), CPU emulation; every result checked against its definition."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+import pytest
+
+from test_net import TCP, _have_ucx  # noqa: F401 (skip conditions below)
+
+import shutil
+
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"),
+              pytest.mark.skipif(not _have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
+                                 reason="UCX (libucx-dev) not installed")]
+
+
+def _wait(cond, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.001)
+
+
+def _pair(monkeypatch):
+    """Two transports of this process as two nodes, connected, each with its control block
+    (ctrl[0]: the tail of its receive connection, ctrl[1]: the head of its send), FIFO and
+    host-mirror memory registered."""
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    from hccc.runtime.net_ucx import UcxTransport
+    slot, nslots = 64, 8
+    mem = {r: {"ctrl": np.zeros(8, dtype=np.uint64), "slots": np.zeros(slot * nslots, np.uint8),
+               "mirrors": np.zeros(4096, np.uint8)} for r in (0, 1)}
+    tx = {r: UcxTransport(r, 2) for r in (0, 1)}
+    keys = {r: [tx[r].register(mem[r][k].ctypes.data, mem[r][k].nbytes)
+                for k in ("ctrl", "slots", "mirrors")] for r in (0, 1)}
+    for r in (0, 1):
+        tx[r].connect(1 - r, tx[1 - r].address(), keys[1 - r], mem[1 - r]["mirrors"].ctypes.data)
+    return tx, mem, slot, nslots
+
+
+def test_small_slots_travel_as_one_message_each(monkeypatch):
+    """A send whose slot messages fit ``am_bytes``: each slot is one active message; the
+    receiving proxy copies the bytes in (a whole slot; then only the regions a launch uses, two
+    regions of 20 bytes 32 apart, the rest of the slot untouched) and publishes the tail; the
+    credit comes back; no slot is put; the steps are traced as for puts."""
+    tx, mem, slot, nslots = _pair(monkeypatch)
+    try:
+        mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
+        tx[0].register(mslots.ctypes.data, mslots.nbytes, remote=False)
+        tx[0].add_send(1, mslots.ctypes.data, mwords.ctypes.data, mem[1]["slots"].ctypes.data,
+                       mem[1]["ctrl"].ctypes.data, slot, nslots, 0, 1 << 20)
+        tx[1].add_inbound(0, 0, mem[1]["slots"].ctypes.data, slot, nslots, mem[1]["ctrl"].ctypes.data)
+        tx[1].add_recv(0, mwords.ctypes.data + 8, mem[0]["ctrl"].ctypes.data + 8,
+                       mem[1]["ctrl"].ctypes.data, nslots)
+        tx[1].add_watch(mem[1]["ctrl"].ctypes.data)
+        tx[0].set_shape(0, 0, 1)                      # whole slots
+        for r in (0, 1):
+            tx[r].trace(1000)
+            tx[r].start()
+        before = tx[0].stats()
+        want = np.arange(1, 2 * slot + 1, dtype=np.uint8)
+        mslots[:2 * slot] = want
+        mwords[0] = 2                                  # two slots published
+        _wait(lambda: mem[1]["ctrl"][0] >= 2, "the tail")
+        assert mem[1]["ctrl"][0] == 2
+        assert np.array_equal(mem[1]["slots"][:2 * slot], want)
+        mwords[1] = 2                                  # rank 1 frees both
+        _wait(lambda: mem[0]["ctrl"][1] >= 2, "the credit")
+        after = tx[0].stats()
+        assert after["ams"] - before["ams"] == 2 and after["am_bytes"] - before["am_bytes"] == 2 * slot
+        # no slot was put: the puts since are the credit's and host segments' (none here)
+        assert after["put_bytes"] == before["put_bytes"]
+        assert tx[1].stats()["accepted"] == 2 and tx[1].stats()["rejected"] == 0
+        sent, got = tx[0].trace_take(), tx[1].trace_take()
+        assert [(k, i, v) for _, k, i, v in sent] == [(1, 0, 2), (2, 0, 2)]
+        assert [(k, i, v) for _, k, i, v in got] == [(3, 0, 1), (3, 0, 2)]   # a tail per slot
+        # two regions of 20 bytes, 32 apart, per slot (max_cnt 2): the rest of the slot is not sent
+        tx[0].set_shape(32, 20, 2)
+        mslots[2 * slot:4 * slot] = 0xEE
+        mwords[0] = 4
+        _wait(lambda: mem[1]["ctrl"][0] >= 4, "the tail of the region slots")
+        for k in (2, 3):
+            got = mem[1]["slots"][k * slot:(k + 1) * slot]
+            assert np.all(got[0:20] == 0xEE) and np.all(got[32:52] == 0xEE)
+            assert np.all(got[20:32] == 0) and np.all(got[52:] == 0)
+        assert tx[0].stats()["am_bytes"] - after["am_bytes"] == 2 * 40
+    finally:
+        for t in tx.values():
+            t.close()
+
+
+def test_large_slots_are_put(monkeypatch):
+    """The same send with ``am_bytes`` below a slot's message: puts, a fence and a tail put,
+    although the receiver accepts messages."""
+    tx, mem, slot, nslots = _pair(monkeypatch)
+    try:
+        mslots, mwords = np.zeros(slot * nslots, np.uint8), np.zeros(2, dtype=np.uint64)
+        tx[0].register(mslots.ctypes.data, mslots.nbytes, remote=False)
+        tx[0].add_send(1, mslots.ctypes.data, mwords.ctypes.data, mem[1]["slots"].ctypes.data,
+                       mem[1]["ctrl"].ctypes.data, slot, nslots, 0, slot - 1)
+        tx[1].add_inbound(0, 0, mem[1]["slots"].ctypes.data, slot, nslots, mem[1]["ctrl"].ctypes.data)
+        tx[0].set_shape(0, 0, 1)
+        for r in (0, 1):
+            tx[r].start()
+        want = np.arange(3, 3 * slot + 3, dtype=np.uint8)
+        mslots[:3 * slot] = want
+        mwords[0] = 3
+        _wait(lambda: mem[1]["ctrl"][0] >= 3, "the tail")
+        assert np.array_equal(mem[1]["slots"][:3 * slot], want)
+        s = tx[0].stats()
+        assert s["ams"] == 0 and s["puts"] == 4 and s["put_bytes"] == 3 * slot + 8
+        assert tx[1].stats()["accepted"] == 0
+    finally:
+        for t in tx.values():
+            t.close()
+
+
+def test_receiver_publishes_only_complete_prefixes_and_drops_what_does_not_fit(monkeypatch):
+    """What a receiving proxy does with slot messages, sent one by one (deterministic): a slot
+    that arrives before an earlier one is placed but the tail waits for the gap (the reader never
+    sees a tail whose slots are not all in place); messages naming an unknown connection, another
+    sender, a slot outside the credit window or already placed, more bytes than a slot, or
+    regions past its end are dropped and counted, the FIFO and tail untouched."""
+    tx, mem, slot, nslots = _pair(monkeypatch)
+    try:
+        fifo, ctrl = mem[1]["slots"], mem[1]["ctrl"]
+        tx[1].add_inbound(0, 0, fifo.ctypes.data, slot, nslots, ctrl.ctypes.data)
+        tx[1].start()                 # rank 0's worker is driven by this thread (no proxy thread)
+        state = {"n": 0}
+
+        def send(seq, data, want, **kw):
+            tx[0].send_slot_message(1, kw.pop("conn", 0), seq, bytes(data), **kw)
+            state["n"] += 1
+            _wait(lambda: sum(tx[1].stats()[k] for k in ("accepted", "rejected")) >= state["n"],
+                  f"slot message {seq} to be handled")
+            s = tx[1].stats()
+            assert s["accepted"] + s["rejected"] == state["n"]
+            assert s[want] >= 1
+
+        one = np.full(slot, 1, np.uint8)
+        send(1, one, "accepted")                       # slot 1 before slot 0
+        assert ctrl[0] == 0, "the tail passed a slot that has not arrived"
+        assert np.all(fifo[slot:2 * slot] == 1) and np.all(fifo[:slot] == 0)
+        send(0, np.full(slot, 2, np.uint8), "accepted")
+        assert ctrl[0] == 2 and np.all(fifo[:slot] == 2)
+        snap, rejected = fifo.copy(), tx[1].stats()["rejected"]
+        bad = [dict(seq=2, data=one, conn=5),                      # no such connection
+               dict(seq=2, data=one, sender=7),                    # not this connection's sender
+               dict(seq=1, data=one),                              # already placed
+               dict(seq=2 + nslots, data=one),                     # beyond the credit window
+               dict(seq=2, data=np.ones(slot + 1, np.uint8)),      # more than a slot
+               dict(seq=2, data=np.ones(40, np.uint8), nreg=2, reg_used=20, reg_stride=48),
+               dict(seq=2, data=np.ones(40, np.uint8), nreg=2, reg_used=20, reg_stride=10),
+               dict(seq=2, data=np.ones(30, np.uint8), nreg=2, reg_used=20, reg_stride=32)]
+        for kw in bad:
+            send(kw.pop("seq"), kw.pop("data"), "rejected", **kw)
+        assert tx[1].stats()["rejected"] == rejected + len(bad)
+        assert np.array_equal(fifo, snap) and ctrl[0] == 2
+        # regions: 2 x 20 bytes, 32 apart, into slot 2
+        send(2, np.arange(40, dtype=np.uint8), "accepted", nreg=2, reg_used=20, reg_stride=32)
+        assert ctrl[0] == 3
+        got = fifo[2 * slot:3 * slot]
+        assert np.array_equal(got[:20], np.arange(20)) and np.array_equal(got[32:52], np.arange(20, 40))
+        assert np.all(got[20:32] == 0) and np.all(got[52:] == 0)
+        send(2 + nslots, one, "accepted")              # the window's last slot (tail 3, + 7)
+        assert ctrl[0] == 3
+    finally:
+        for t in tx.values():
+            t.close()
+
+
+def _rank(rank, url, ir_json, am_bytes, calls, q):
+    """One rank of a two-node job: the calls (count, dtype), the transport's counters after each."""
+    try:
+        os.environ.update(TCP)
+        os.environ["HCCC_NET_AM_BYTES"] = am_bytes
+        from hccc.compiler.ir.check import load_ir_json
+        from hccc.runtime.communicator import Communicator
+        out = []
+        with Communicator(load_ir_json(ir_json), rank=rank, world_size=2, init_method=url,
+                          node="ab"[rank], timeout_s=60) as comm:
+            for count, dtype in calls:
+                x = (np.arange(count) % 7 + rank + 1).astype(dtype)
+                y = comm.all_reduce(x, op="sum")
+                out.append((np.asarray(y).copy(), comm._net.tx.stats()))
+        q.put((rank, out))
+    except BaseException as exc:          # reported by the test
+        q.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.parametrize("am_bytes", ["1K", "0"])
+def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
+    """A ring AllReduce across two nodes, a small call (slot messages of at most 256 bytes) and a
+    large one (4 KiB slices), in float32 and int32, with ``HCCC_NET_AM_BYTES=1K``: the small calls'
+    slots travel as messages, the large ones' as puts; with ``0`` every slot is put. Results
+    exact either way."""
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=4096)
+    calls = [(64, "float32"), (8192, "float32"), (64, "int32"), (8192, "int32")]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    url = f"file://{tmp_path / 'store'}"
+    procs = [ctx.Process(target=_rank, args=(r, url, ir.to_json(), am_bytes, calls, q))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(q.get(timeout=240) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    for r in (0, 1):
+        assert not isinstance(got[r], str), f"rank {r}: {got[r]}"
+        prev = {"ams": 0, "put_bytes": 0}
+        for (count, dtype), (y, stats) in zip(calls, got[r]):
+            base = np.arange(count) % 7
+            assert np.array_equal(y, (2 * base + 3).astype(dtype)), f"rank {r}: {count} x {dtype}"
+            ams, put = stats["ams"] - prev["ams"], stats["put_bytes"] - prev["put_bytes"]
+            small = count * np.dtype(dtype).itemsize <= 256
+            if am_bytes != "0" and small:    # (puts: credits and host segments only)
+                assert ams > 0, (r, count, dtype, stats)
+            else:
+                assert ams == 0 and put >= count * np.dtype(dtype).itemsize // 2, (r, count, dtype, stats)
+            assert stats["rejected"] == 0
+            prev = stats
