@@ -437,6 +437,49 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     raise ValueError(f"no cut bound for collective {collective!r}; known: {', '.join(BOUND_COLLECTIVES)}")
 
 
+def packing_bound_seconds(net: Network, collective: str, total_bytes: float, *, time_limit: float = 60.0) -> float:
+    """The least time of any AllGather (ReduceScatter: on the transposed network) of ``total_bytes``
+    whose data moves between ranks over pairs, at least the cut bound and often equal to it
+    (docs/bounds.md, *The packing bound*).
+
+    Every byte of rank ``r``'s data reaches every other rank; the first arrival at each rank comes
+    from a rank that already had the byte, so the bytes of ``r``'s data on the pairs form a
+    fractional packing of spanning out-trees rooted at ``r``. The least time over such packings is
+    the tree-packing LP (:func:`hccc.compiler.synth.trees.pack_trees`); its column generation's
+    Lagrangian bound (``sum_r min_t pi(t) / sum_e pi_e cap_e`` for the duals ``pi >= 0``, valid for
+    any ``pi``) is what is returned, never the LP's own value. A cut counts every pair leaving a
+    set and a shared group's capacity once, whatever the trees inside need: where a group (a NIC
+    shared by several GPUs) feeds ranks that must each get the data, the trees pay for what the cut
+    does not see and the LP lies above the cut bound (three GPUs on a line behind one NIC: 11 %)."""
+    from hccc.compiler.synth.trees import pack_trees, transposed_pair_order
+
+    coll = collective.lower()
+    if coll not in ("allgather", "reducescatter"):
+        raise ValueError(f"the packing bound is for allgather and reducescatter, not {collective!r}")
+    if net.bw is None or net.gbw is None:
+        raise ValueError("the network has no bandwidth view")
+    n = net.nranks
+    if n < 2:
+        return 0.0
+    cut = collective_cut_bound_seconds(net, coll, n, 1, 0, float(n))   # seconds per byte of each rank's data
+    if coll == "reducescatter":
+        pk = pack_trees(net.transposed(), pair_bw=net.bw[transposed_pair_order(net)], bound=cut, max_chunks=1,
+                        time_limit=time_limit)
+    else:
+        pk = pack_trees(net, pair_bw=net.bw, bound=cut, max_chunks=1, time_limit=time_limit)
+    return max(cut, float(pk.lower_bound)) * float(total_bytes) / n
+
+
+def collective_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int, root: int,
+                             total_bytes: float) -> float:
+    """The bandwidth bound ``hccc`` reports: :func:`packing_bound_seconds` for AllGather and
+    ReduceScatter up to :data:`EXACT_LIMIT` ranks (the cut bound where the packing meets it),
+    :func:`collective_cut_bound_seconds` otherwise (valid, possibly below the packing bound)."""
+    if collective.lower() in ("allgather", "reducescatter") and int(nranks) == net.nranks <= EXACT_LIMIT:
+        return packing_bound_seconds(net, collective, total_bytes)
+    return collective_cut_bound_seconds(net, collective, nranks, chunks_per_rank, root, total_bytes)
+
+
 def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
     """AllReduce's traffic bound: ``2 (N-1) M / C`` with ``C`` the most bytes/s all transfers
     together can move (docs/bounds.md).

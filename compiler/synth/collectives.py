@@ -29,7 +29,7 @@ import numpy as np
 from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.cluster.topology import Topology
-from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_cut_bound_seconds, step_lower_bound
+from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_bound_seconds, step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
@@ -243,7 +243,8 @@ def _alltoall_cut_set(net: Network, total_bytes: float) -> str:
 
 
 def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float) -> float:
-    """The cut bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
-    ReduceScatter's input, the AllReduce/Broadcast buffer); see
-    :func:`~hccc.compiler.synth.bounds.collective_cut_bound_seconds`."""
-    return collective_cut_bound_seconds(net, collective, n, k, root, total_bytes)
+    """The bandwidth bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
+    ReduceScatter's input, the AllReduce/Broadcast buffer): the cut bound, for AllGather and
+    ReduceScatter the packing bound where it is tighter; see
+    :func:`~hccc.compiler.synth.bounds.collective_bound_seconds`."""
+    return collective_bound_seconds(net, collective, n, k, root, total_bytes)

@@ -327,6 +327,11 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                                                max_chunks=max_chunks,
                                                time_limit=max(1.0, deadline - time.perf_counter()))
         nets["reducescatter"] = tnet
+    if net.bw is not None and np.allclose(bw, net.bw):
+        # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
+        # cut bound where trees must pay for what no cut sees (docs/bounds.md, the packing bound)
+        for name, p in packs.items():
+            cut[name] = max(cut[name], float(p.lower_bound))
     K = max(p.chunks_per_rank for p in packs.values())
     if len({p.chunks_per_rank for p in packs.values()}) > 1:
         # AllReduce: both halves with one chunk count (the larger one; re-rounded)
@@ -412,7 +417,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         "blocks_per_rank": int(blocks),
         "max_blocks_per_rank": None if max_blocks is None else int(max_blocks),
         "model_seconds": model_s,
-        "cut_seconds_per_rank_byte": cut,
+        "cut_seconds_per_rank_byte": cut,      # the bound: cut, or the packing's where tighter
         "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * split,
                          "lp_seconds_per_byte": p.lp_time, "bound_seconds_per_byte": p.lower_bound,
                          "model_fraction": p.fraction, "lp_iterations": p.iterations, "columns": p.columns,

@@ -48,6 +48,10 @@ LP_TOL = 2e-4
 CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 #: rounded packings within this factor of the LP time are accepted
 ROUND_TOL = 5e-3
+#: seconds the integral rounding (:func:`_milp_counts`) may spend over all chunk counts tried
+ROUND_MILP_SECONDS = 10.0
+#: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
+ROUND_MILP_NODES = 200
 
 
 class PackingError(ValueError):
@@ -456,10 +460,22 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         np.add.at(load_unit[j], cj, mult[cj])
     kmax = max_chunks or CHUNK_CANDIDATES[-1]
     best = None
-    for K in [k for k in CHUNK_CANDIDATES if min_chunks <= k <= kmax] or [min_chunks]:
-        counts = _round_counts(y, np.array(col_root), 2 * n, K)
-        counts = _repair(counts, np.array(col_root), load_unit, ocap, K)
+    croot = np.array(col_root)
+    round_deadline = time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter()))
+    exact_k = _lp_denominator(y)
+    tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_chunks <= k <= kmax})
+    for K in tries or [min_chunks]:
+        counts = _round_counts(y, croot, 2 * n, K)
+        counts = _repair(counts, croot, load_unit, ocap, K)
         t = _time_of(counts, load_unit, ocap, K)
+        if t > lp_val * (1 + round_tol) and K > 1:
+            left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
+            exact = _milp_counts(croot, load_unit, ocap, K, left, target=lp_val * (1 + round_tol),
+                                 gap=round_tol / 2, nodes=ROUND_MILP_NODES) if left > 0.05 else None
+            if exact is not None:
+                te = _time_of(exact, load_unit, ocap, K)
+                if te < t:
+                    counts, t = exact, te
         if best is None or t < best[0] * (1 - 1e-12):
             best = (t, K, counts)
         if t <= lp_val * (1 + round_tol):
@@ -697,6 +713,61 @@ def _round_counts(y: np.ndarray, root: np.ndarray, n: int, K: int) -> np.ndarray
             base[np.argsort(-(f - base), kind="stable")[:rest]] += 1
         counts[js] = base
     return counts
+
+
+def _lp_denominator(y: np.ndarray, most: int = CHUNK_CANDIDATES[-1]) -> int | None:
+    """The least ``K <= most`` with every LP weight a multiple of ``1/K`` (an LP vertex's weights
+    are often fractions such as sixteenths or seventeenths), or None."""
+    import math
+    from fractions import Fraction
+
+    K = 1
+    for w in y[y > 1e-9].tolist():
+        f = Fraction(w).limit_denominator(most)
+        if abs(float(f) - w) > 1e-7:
+            return None
+        K = K * f.denominator // math.gcd(K, f.denominator)
+        if K > most:
+            return None
+    return K
+
+
+def _milp_counts(root: np.ndarray, load_unit: np.ndarray, capn: np.ndarray, K: int,
+                 time_limit: float, target: float = np.inf, gap: float = 1e-4,
+                 nodes: int | None = None) -> np.ndarray | None:
+    """Integral chunk counts over the generated trees (``K`` per root row) whose most loaded
+    resource is least: a small mixed-integer program (scipy's HiGHS) over the LP's columns, stopped
+    after ``nodes`` branch-and-bound nodes (deterministic; ``time_limit`` seconds as a guard) with
+    the best counts found, or once within ``gap`` of its relaxation
+    (None: none found, or none with the most loaded resource's time at most ``target``, in the
+    units of ``capn``). Where largest-remainder
+    rounding of the LP's weights misses (an LP vertex whose weights are thirds or sevenths of a
+    chunk), another combination of the same trees often fits ``K`` chunks exactly."""
+    from scipy import sparse
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    J = root.size
+    ok = (capn > 0) & (load_unit.sum(axis=0) > 0)
+    if J == 0 or not ok.any():
+        return None
+    U = load_unit[:, ok] / (capn[ok] * K)           # utilisation per chunk on each column
+    rows = np.unique(root)
+    A_eq = sparse.csr_matrix((np.ones(J), (np.searchsorted(rows, root), np.arange(J))), shape=(rows.size, J + 1))
+    A_ub = sparse.hstack([sparse.csr_matrix(U.T), sparse.csr_matrix(-np.ones((U.shape[1], 1)))]).tocsr()
+    c = np.zeros(J + 1)
+    c[-1] = 1.0
+    try:
+        res = milp(c, constraints=[LinearConstraint(A_eq, K, K), LinearConstraint(A_ub, -np.inf, 0.0)],
+                   integrality=np.r_[np.ones(J), 0.0], bounds=Bounds(np.zeros(J + 1), np.r_[np.full(J, K), target]),
+                   options={"time_limit": float(time_limit), "mip_rel_gap": float(gap), "disp": False,
+                            **({"node_limit": int(nodes)} if nodes else {})})
+    except ValueError:
+        return None
+    if res.x is None:
+        return None
+    counts = np.round(res.x[:J]).astype(np.int64)
+    per_row = np.bincount(np.searchsorted(rows, root), weights=counts, minlength=rows.size)
+    return counts if (per_row == K).all() and (counts >= 0).all() else None
 
 
 def _time_of(counts, load_unit, capn, K) -> float:
