@@ -17,15 +17,24 @@ resources with its duals ``pi_e``; a tree rooted at ``r`` improves the LP iff it
 root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds, :func:`min_arborescence`, arc costs
 ``pi_pair + sum of pi_group`` over the pair's groups). Every round also gives a lower bound (the
 Lagrangian ``sum_r min_t pi(t) / sum_e pi_e cap_e``), and the loop stops when the LP is within
-``tol`` of it, or of the cut bound (:mod:`.bounds`), which no schedule beats: on networks whose
-shared groups are switch- or NIC-like the two meet (Edmonds' branching theorem, extended to switches
-by edge splitting, as in ForestColl), so the packing is throughput-optimal.
+``tol`` of it, or of the cut bound (:mod:`.bounds`), which no schedule beats (on most networks the
+two meet: Edmonds' branching theorem, extended to balanced switches by edge splitting, as in
+ForestColl; see *Optimality* below where they do not).
 
 **Integral chunks.** A ResCCLang program has ``K`` equal chunks per rank; each chunk follows one
 tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
 repaired locally (a chunk moves to another generated tree of its root while that lowers the most
-loaded resource). ``K`` is the smallest candidate whose rounded time is within ``round_tol`` of the
-LP's.
+loaded resource); where that misses, a small mixed-integer program picks the counts over all the
+generated trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all). ``K`` is
+the smallest candidate (:data:`CHUNK_CANDIDATES` and the common denominator of the LP's weights)
+whose rounded time is within ``round_tol`` of the LP's: few chunks per rank mean few streams, so
+the program's thread blocks stay resident without sharing channels, and fewer transfers.
+
+**Optimality.** Every byte of a rank's data reaches every other rank, the first copy at each from a
+rank that held it, so any store-and-forward schedule's loads contain a packing of spanning trees:
+the LP's optimum is the least time of any schedule in this model (the *packing bound*,
+:func:`hccc.compiler.synth.bounds.packing_bound_seconds`), which can lie above the cut bound where
+a shared group feeds several ranks that must each get the data (docs/bounds.md).
 
 **ReduceScatter** is the time-reverse: the packing on the transposed network gives in-trees; each
 chunk's partial sums flow leaves-to-owner with ``rrc``, children of a rank reducing into it at
