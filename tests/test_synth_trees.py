@@ -313,6 +313,37 @@ def test_symmetry_solves_one_root_per_class_at_the_same_optimum():
     assert node_symmetry(network_from_topology(load_cluster(CLUSTERS / "h20_4_8.topo"))) is None
 
 
+def test_alternating_nodes_solve_one_root_per_class_at_the_same_optimum():
+    """Nodes of two kinds alternating (no single-node shift maps the cluster onto itself, a shift by
+    two nodes does): the LP over one root per class reaches the optimum of the LP over every root
+    and the flow LP here; every rank gets K chunks on spanning trees rooted at it."""
+    from hccc.compiler.synth.trees import node_symmetry, pack_trees, period_symmetry
+
+    a = NodeSpec(2, {"direct": [LinkSpec(0, 1, 50, 1), LinkSpec(1, 0, 50, 1)]}, nics=[NicSpec((0, 1), 10)])
+    b = NodeSpec(2, {"direct": [LinkSpec(0, 1, 10, 1), LinkSpec(1, 0, 10, 1)]},
+                 nics=[NicSpec((0,), 12.5), NicSpec((1,), 12.5)])
+    topo = parse_topology(format_topology(ClusterSpec([a, b, a, b], [InternodeSpec("all", "nic")])), "alt.topo")
+    net = network_from_topology(topo)
+    assert node_symmetry(net) is None
+    sym = period_symmetry(net)
+    assert sym is not None and len(sym) == 2
+    got = pack_trees(net, pair_bw=net.bw)
+    full = pack_trees(net, pair_bw=net.bw, symmetry=False)
+    assert got.stats["classes"] == 4 and full.stats["classes"] == 8 and got.symmetry is None
+    assert got.lp_time == pytest.approx(full.lp_time, rel=1e-6)
+    assert got.lp_time * M / 8 == pytest.approx(_optimum(net), rel=1e-4)
+    per_root = np.zeros(8, np.int64)
+    for r, par, c in zip(got.roots, got.parents, got.counts):
+        assert par[r] == -1
+        for v in range(8):                               # every rank reaches the root
+            x, hops = v, 0
+            while x != r:
+                x, hops = int(par[x]), hops + 1
+                assert x >= 0 and hops <= 8
+        per_root[r] += c
+    assert (per_root == got.chunks_per_rank).all()
+
+
 # ---------------------------------------------------------------- the simulator
 def _simulated_fraction(topo, res, optimum_s: float) -> float:
     """Independent optimum / the program's time in hccc's simulator at 1 GiB (per-block limit on,

@@ -307,6 +307,46 @@ def node_symmetry(net: Network) -> Symmetry | None:
     return Symmetry(nodes, g, gpu_shifts, ranks.astype(np.int64), orbits.astype(np.int64))
 
 
+def _orbits_of(R: int, gens: list) -> np.ndarray:
+    """Resource orbits (numbered by least member) of the group the resource permutations ``gens``
+    generate: the connected components of their graph."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    src = np.concatenate([np.arange(R)] * len(gens))
+    dst = np.concatenate(gens)
+    _, lab = connected_components(coo_matrix((np.ones(src.size), (src, dst)), shape=(R, R)), directed=True,
+                                  connection="weak")
+    least = np.full(lab.max() + 1, R, np.int64)
+    np.minimum.at(least, lab, np.arange(R))
+    return np.argsort(np.argsort(least, kind="stable"), kind="stable")[lab].astype(np.int64)
+
+
+def period_symmetry(net: Network) -> Symmetry | None:
+    """Shifts of every rank by ``p`` nodes, for the least ``p`` (a proper divisor of the node count,
+    above 1) whose shift is an automorphism: clusters whose nodes repeat in a pattern (two kinds of
+    node alternating). Used by the packing LP only (one root per class of equivalent ranks), where
+    :func:`node_symmetry` finds no single-node shift; the trees of the other roots are the
+    translates. None without such a shift."""
+    node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
+    n = net.nranks
+    sizes = np.bincount(node)
+    if sizes.size < 4 or (sizes != sizes[0]).any() or not (np.diff(node) >= 0).all() or net.bw is None:
+        return None
+    g, nodes = int(sizes[0]), int(sizes.size)
+    r = np.arange(n)
+    for p in range(2, nodes // 2 + 1):
+        if nodes % p:
+            continue
+        res = _shift_perm(net, (r + p * g) % n)
+        if res is None:
+            continue
+        shifts = nodes // p
+        ranks = (r[None, :] + (np.arange(shifts) * p * g)[:, None]) % n
+        return Symmetry(shifts, g * p, 1, ranks.astype(np.int64), _orbits_of(net.npairs + net.ngroups, [res]))
+    return None
+
+
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
                round_tol: float = ROUND_TOL, symmetry: bool = True) -> Packing:
@@ -363,6 +403,10 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     inc = sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
                             shape=(P, R))
     group = node_symmetry(net) if symmetry else None
+    lp_only = False
+    if group is None and symmetry:
+        group = period_symmetry(net)           # the LP's classes only: the packing has no loops
+        lp_only = group is not None
     if group is not None:
         perms = group.ranks
         orb = group.orbits
@@ -514,7 +558,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
                            it, len(cols), time.perf_counter() - t0, lo[:P].copy(),
                            {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
-                            "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li, group))
+                            "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
+                           None if lp_only else group))
     return tuple(out)
 
 
