@@ -25,6 +25,9 @@ clusters.
   (docs/bounds.md): AllGather and Broadcast as above, ReduceScatter and Reduce on the transposed
   network, AllReduce ``M / min_S B+(S)`` (every cut carries the whole buffer each way, once reduced:
   :func:`min_cut_capacity`), not ReduceScatter + AllGather.
+* :func:`packing_bound_seconds`: AllGather / ReduceScatter's least time in this model, the
+  tree-packing LP's proven bound, at least the cut bound and above it where a shared group feeds
+  ranks that must each get the data; :func:`collective_bound_seconds` is what ``synth`` reports.
 """
 from __future__ import annotations
 
@@ -437,6 +440,10 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     raise ValueError(f"no cut bound for collective {collective!r}; known: {', '.join(BOUND_COLLECTIVES)}")
 
 
+#: seconds :func:`collective_bound_seconds` lets the packing LP run (its bound is valid when stopped)
+PACKING_BOUND_SECONDS = 10.0
+
+
 def packing_bound_seconds(net: Network, collective: str, total_bytes: float, *, time_limit: float = 60.0) -> float:
     """The least time of any AllGather (ReduceScatter: on the transposed network) of ``total_bytes``
     whose data moves between ranks over pairs, at least the cut bound and often equal to it
@@ -474,9 +481,10 @@ def collective_bound_seconds(net: Network, collective: str, nranks: int, chunks_
                              total_bytes: float) -> float:
     """The bandwidth bound ``hccc`` reports: :func:`packing_bound_seconds` for AllGather and
     ReduceScatter up to :data:`EXACT_LIMIT` ranks (the cut bound where the packing meets it),
-    :func:`collective_cut_bound_seconds` otherwise (valid, possibly below the packing bound)."""
+    :func:`collective_cut_bound_seconds` otherwise (valid, possibly below the packing bound). The
+    packing LP gets :data:`PACKING_BOUND_SECONDS`; stopped early, its Lagrangian bound is still one."""
     if collective.lower() in ("allgather", "reducescatter") and int(nranks) == net.nranks <= EXACT_LIMIT:
-        return packing_bound_seconds(net, collective, total_bytes)
+        return packing_bound_seconds(net, collective, total_bytes, time_limit=PACKING_BOUND_SECONDS)
     return collective_cut_bound_seconds(net, collective, nranks, chunks_per_rank, root, total_bytes)
 
 
