@@ -61,6 +61,8 @@ ROUND_TOL = 5e-3
 ROUND_MILP_SECONDS = 10.0
 #: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
 ROUND_MILP_NODES = 200
+#: the most generated trees the rounding's program chooses among
+MILP_COLUMNS = 300
 
 
 class PackingError(ValueError):
@@ -88,28 +90,25 @@ def _edmonds(C: np.ndarray, root: int) -> np.ndarray:
     if not np.isfinite(inc).all():
         v = int(np.flatnonzero(~np.isfinite(inc))[0])
         raise PackingError(f"vertex {v} cannot be reached")
-    # cycles of the parent function (each vertex has one parent; walk until root/seen)
-    state = np.zeros(n, np.int8)     # 0 new, 1 on the current walk, 2 done
-    state[root] = 2
+    # cycles of the parent function, by pointer jumping: P^(2^k) (2^k >= n) maps every vertex onto
+    # its terminal cycle (the root's self-loop, or a cycle), and is a bijection on each cycle, so
+    # its image is the set of cycle vertices; a cycle's id is its least vertex
+    P = par.copy()
+    P[root] = root
+    J = P.copy()
+    low = np.minimum(np.arange(n), P)
+    for _ in range(max(1, int(np.ceil(np.log2(max(n, 2)))))):
+        low = np.minimum(low, low[J])
+        J = J[J]
+    on = np.zeros(n, bool)
+    on[J] = True
+    on[root] = False
     cyc_id = np.full(n, -1, np.int64)
     ncyc = 0
-    for s in range(n):
-        path = []
-        v = s
-        while state[v] == 0:
-            state[v] = 1
-            path.append(v)
-            v = int(par[v])
-        if state[v] == 1:            # closed a cycle at v
-            u = v
-            while True:
-                cyc_id[u] = ncyc
-                u = int(par[u])
-                if u == v:
-                    break
-            ncyc += 1
-        for u in path:
-            state[u] = 2
+    if on.any():
+        ids, inv = np.unique(low[on], return_inverse=True)
+        cyc_id[on] = inv.reshape(-1)
+        ncyc = int(ids.size)
     if ncyc == 0:
         return par
     # contract: singletons keep one vertex each, then one vertex per cycle
@@ -516,6 +515,14 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     croot = np.array(col_root)
     round_deadline = time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter()))
     exact_k = _lp_denominator(y)
+    rc = load_unit @ pi - lam[root_row[np.array(col_root)]]     # reduced costs at the last duals
+    # the MILP's trees: past MILP_COLUMNS generated ones, those of the LP's support and the
+    # cheapest others by their last reduced cost (the rest rarely help and slow it down)
+    keep_cols = np.ones(len(cols), bool)
+    if len(cols) > MILP_COLUMNS:
+        keep_cols = y > 1e-9
+        rest = np.flatnonzero(~keep_cols)
+        keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
     tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_chunks <= k <= kmax})
     for K in tries or [min_chunks]:
         counts = _round_counts(y, croot, 2 * n, K)
@@ -523,8 +530,14 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         t = _time_of(counts, load_unit, ocap, K)
         if t > lp_val * (1 + round_tol) and K > 1:
             left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
-            exact = _milp_counts(croot, load_unit, ocap, K, left, target=lp_val * (1 + round_tol),
-                                 gap=round_tol / 2, nodes=ROUND_MILP_NODES) if left > 0.05 else None
+            exact = None
+            if left > 0.05:
+                sub = np.flatnonzero(keep_cols)
+                got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
+                                   gap=round_tol / 2, nodes=ROUND_MILP_NODES)
+                if got is not None:
+                    exact = np.zeros(len(croot), np.int64)
+                    exact[sub] = got
             if exact is not None:
                 te = _time_of(exact, load_unit, ocap, K)
                 if te < t:
