@@ -76,13 +76,11 @@ def am_bytes_limit(value: int | None = None) -> int:
             tcp = bool(tls) and not os.environ.get("UCX_TLS", "").strip().startswith("^") and \
                 all(t in _TCP_ONLY for t in tls)
             return AM_BYTES_TCP if tcp else AM_BYTES
-        import argparse
-        from hccc.args import size_or_zero
-        try:
-            value = size_or_zero(raw)
-        except (ValueError, TypeError, argparse.ArgumentTypeError):
-            raise ValueError(f"{AM_BYTES_ENV}={raw!r}: a size in bytes is expected (0, 4096, 64K)") \
-                from None
+        from hccc.util.sizes import size_value
+        parsed = size_value(raw)
+        if parsed is None or parsed.denominator != 1 or parsed < 0:
+            raise ValueError(f"{AM_BYTES_ENV}={raw!r}: a size in bytes is expected (0, 4096, 64K)")
+        value = int(parsed)
     if int(value) < 0:
         raise ValueError(f"active-message limit {value}: must be >= 0")
     return int(value)

@@ -233,3 +233,23 @@ def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
                 assert ams == 0 and put >= count * np.dtype(dtype).itemsize // 2, (r, count, dtype, stats)
             assert stats["rejected"] == 0
             prev = stats
+
+
+@pytest.mark.parametrize("env, tls, expect", [("0", "tcp", 0), ("4096", "tcp", 4096), ("64K", "", 65536),
+                                              ("", "tcp", "tcp"), ("", "tcp,self", "tcp"), ("", "rc,tcp", "any"),
+                                              ("", "^shm", "any"), ("", "", "any")])
+def test_active_message_limit_from_the_environment(monkeypatch, env, tls, expect):
+    from hccc.runtime import net
+    monkeypatch.setenv(net.AM_BYTES_ENV, env)
+    monkeypatch.setenv("UCX_TLS", tls)
+    want = {"tcp": net.AM_BYTES_TCP, "any": net.AM_BYTES}.get(expect, expect)
+    assert net.am_bytes_limit() == want
+    assert net.am_bytes_limit(123) == 123
+
+
+@pytest.mark.parametrize("env", ["x", "-1", "1.5", "4Q"])
+def test_a_bad_active_message_limit_is_named(monkeypatch, env):
+    from hccc.runtime import net
+    monkeypatch.setenv(net.AM_BYTES_ENV, env)
+    with pytest.raises(ValueError, match=net.AM_BYTES_ENV):
+        net.am_bytes_limit()
