@@ -388,10 +388,48 @@ def min_cut_capacity(net: Network, pair_cap: np.ndarray, group_cap: np.ndarray) 
     import networkx as nx
 
     G = hub_graph(net, pair_cap, group_cap)
+    flow = _integer_max_flow(G)
+    if flow is not None:
+        return float(min(min(flow(0, v), flow(v, 0)) for v in range(1, n)))
     best = float("inf")
     for v in range(1, n):
         best = min(best, nx.maximum_flow_value(G, 0, v), nx.maximum_flow_value(G, v, 0))
     return float(best)
+
+
+def _integer_max_flow(G):
+    """``flow(s, t)``: the max-flow value between vertices ``s`` and ``t`` of the hub graph ``G``
+    by scipy's compiled max-flow, exact: the capacities (bytes/s or chunks per step: whole numbers)
+    are divided by their greatest common divisor, and the value multiplied back. None when a
+    capacity is not a whole number or the scaled ones could overflow scipy's 32-bit capacities
+    (networkx's max-flow then)."""
+    import math
+
+    try:
+        from scipy import sparse
+        from scipy.sparse.csgraph import maximum_flow
+    except ImportError:
+        return None
+    index = {v: i for i, v in enumerate(G.nodes())}
+    edges = [(index[a], index[b], d["capacity"]) for a, b, d in G.edges(data=True)]
+    caps = [c for _, _, c in edges]
+    if not caps or not all(isinstance(c, (int, float, np.integer, np.floating)) and math.isfinite(c) and c >= 0
+                           and float(c).is_integer() and c < 2 ** 62 for c in caps):
+        return None
+    whole = [int(c) for c in caps]
+    unit = 0
+    for c in whole:
+        unit = math.gcd(unit, c)
+    if unit == 0 or sum(whole) // unit >= 2 ** 31 - 1:
+        return None
+    a = np.array([e[0] for e in edges], np.int64)
+    b = np.array([e[1] for e in edges], np.int64)
+    m = sparse.csr_array((np.array([c // unit for c in whole], np.int32), (a, b)), shape=(len(index),) * 2)
+
+    def flow(s, t) -> float:
+        return float(int(maximum_flow(m, index[s], index[t]).flow_value) * unit)
+
+    return flow
 
 
 #: the collectives :func:`collective_cut_bound_seconds` knows
@@ -478,13 +516,15 @@ def packing_bound_seconds(net: Network, collective: str, total_bytes: float, *, 
 
 
 def collective_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int, root: int,
-                             total_bytes: float) -> float:
+                             total_bytes: float, *, time_limit: float | None = None) -> float:
     """The bandwidth bound ``hccc`` reports: :func:`packing_bound_seconds` for AllGather and
     ReduceScatter up to :data:`EXACT_LIMIT` ranks (the cut bound where the packing meets it),
     :func:`collective_cut_bound_seconds` otherwise (valid, possibly below the packing bound). The
-    packing LP gets :data:`PACKING_BOUND_SECONDS`; stopped early, its Lagrangian bound is still one."""
+    packing LP gets :data:`PACKING_BOUND_SECONDS` (or ``time_limit`` where less); stopped early,
+    its Lagrangian bound is still one."""
     if collective.lower() in ("allgather", "reducescatter") and int(nranks) == net.nranks <= EXACT_LIMIT:
-        return packing_bound_seconds(net, collective, total_bytes, time_limit=PACKING_BOUND_SECONDS)
+        limit = PACKING_BOUND_SECONDS if time_limit is None else min(PACKING_BOUND_SECONDS, float(time_limit))
+        return packing_bound_seconds(net, collective, total_bytes, time_limit=limit)
     return collective_cut_bound_seconds(net, collective, nranks, chunks_per_rank, root, total_bytes)
 
 
@@ -498,19 +538,31 @@ def allreduce_volume_bound_seconds(net: Network, total_bytes: float) -> float:
     2(N-1) distinct transfers per element, 2(N-1) M bytes in all, whatever the schedule (reductions
     happen at ranks; a message carries at most one value per element). ``C`` is at most the sum
     over ranks of what can leave each rank alone, and of what can enter it: the smaller sum is used.
+
+    The same holds for the parts of every hierarchy level (nodes, islands) in place of ranks, a
+    part knowing what any of its ranks received: the first part to know an element's full sum
+    needs a message from each of the k-1 others before then, and each of them one from outside it
+    after then, so ``2 (k-1) M / C_k`` with ``C_k`` the smaller sum of what can leave and enter
+    each part; the largest of these is returned (on 8 nodes whose NICs are the bottleneck it is
+    ReduceScatter + AllGather's optimum, where the rank bound is far below it).
     """
     n = net.nranks
     if n <= 1:
         return 0.0
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
-    single = np.arange(n)
-    out = net.entry_capacity(single, pair_cap=net.bw, group_cap=net.gbw, outgoing=True)
-    inn = net.entry_capacity(single, pair_cap=net.bw, group_cap=net.gbw)
-    cap = float(min(out.sum(), inn.sum()))
-    if cap <= 0:
-        raise ValueError("the cluster is not strongly connected")
-    return 2.0 * (n - 1) * float(total_bytes) / cap
+    best = 0.0
+    for part in [np.arange(n)] + [np.unique(np.asarray(lv), return_inverse=True)[1] for lv in net.levels]:
+        k = int(part.max()) + 1
+        if k < 2:
+            continue
+        out = net.entry_capacity(part, pair_cap=net.bw, group_cap=net.gbw, outgoing=True)
+        inn = net.entry_capacity(part, pair_cap=net.bw, group_cap=net.gbw)
+        cap = float(min(out.sum(), inn.sum()))
+        if cap <= 0:
+            raise ValueError("the cluster is not strongly connected")
+        best = max(best, 2.0 * (k - 1) * float(total_bytes) / cap)
+    return best
 
 
 def allreduce_bound_seconds(net: Network, total_bytes: float) -> float:

@@ -34,6 +34,9 @@ from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
 COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
+#: the step search's bandwidth bound (the packing LP for AllGather and ReduceScatter) gets at most
+#: this share of ``time_limit``
+BOUND_SHARE = 0.25
 #: how a schedule is made: the step search (greedy + SMT/CEGIS) or the tree packing (:mod:`.forest`)
 METHODS = ("search", "trees")
 
@@ -168,6 +171,11 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     phases: list[Phase] = []
     composed = None
     detail: dict = {}
+    if bandwidth_bound_bytes and coll != "alltoall":
+        # before the search, within a share of the time limit (the packing LP's bound is valid
+        # when stopped): the search then has the rest, and the whole stays within the limit
+        detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes,
+                                                          time_limit=float(time_limit) * BOUND_SHARE)
 
     def remaining_share(parts_left: int) -> float:
         return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / parts_left
@@ -231,8 +239,6 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                 composed = {"reducescatter": composed, "allgather": composed_ag}
     steps = int(rows[:, 2].max()) + 1 if rows.size else 0
     detail["method"] = "search"
-    if bandwidth_bound_bytes:
-        detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
     return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,
                        time.perf_counter() - t0, net.name,
                        any(p.result.timed_out for p in phases), composed, detail)
@@ -242,9 +248,10 @@ def _alltoall_cut_set(net: Network, total_bytes: float) -> str:
     return alltoall_cut_bound_seconds(net, total_bytes)[1]
 
 
-def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float) -> float:
+def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float, *,
+                        time_limit: float | None = None) -> float:
     """The bandwidth bound in seconds for ``total_bytes`` (the full buffer: AllGather's output,
     ReduceScatter's input, the AllReduce/Broadcast buffer): the cut bound, for AllGather and
-    ReduceScatter the packing bound where it is tighter; see
-    :func:`~hccc.compiler.synth.bounds.collective_bound_seconds`."""
-    return collective_bound_seconds(net, collective, n, k, root, total_bytes)
+    ReduceScatter the packing bound where it is tighter (its LP given at most ``time_limit``
+    seconds); see :func:`~hccc.compiler.synth.bounds.collective_bound_seconds`."""
+    return collective_bound_seconds(net, collective, n, k, root, total_bytes, time_limit=time_limit)

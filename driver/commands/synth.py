@@ -139,8 +139,9 @@ def tree_simulated_score(sims: "Simulations"):
     """``score(collective, rows, chunks_per_rank, channels)`` for the tree packing: simulated
     seconds of a candidate program with its channels, recorded in ``sims`` (None when the simulator
     is not available; a candidate already simulated is not simulated again). Infinity, not
-    simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the cut
-    bound (no other shape can gain more than that; the bound is computed only then)."""
+    simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the
+    collective's bound (:meth:`Simulations.bound_seconds`: no other shape can gain more than that;
+    the bound is computed only then)."""
     if not sims.available:
         return None
     from hccc.compiler.synth.collectives import SynthResult
@@ -176,17 +177,12 @@ def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str
     return "search"
 
 
-def _allreduce_bounds(topo, nbytes: int) -> dict:
+def _allreduce_bounds(sims: "Simulations") -> dict:
     """AllReduce's bound valid for any schedule (the larger of the cut and traffic bounds,
-    docs/bounds.md) and the optimum of ReduceScatter followed by AllGather, in seconds."""
-    from hccc.compiler.synth import network_from_topology
-    from hccc.compiler.synth.bounds import allreduce_bound_seconds, collective_cut_bound_seconds
-
-    net = network_from_topology(topo)
-    n = topo.nranks
-    return {"allreduce_bound_seconds": allreduce_bound_seconds(net, nbytes),
-            "rs_ag_seconds": sum(collective_cut_bound_seconds(net, c, n, 1, 0, nbytes)
-                                 for c in ("reducescatter", "allgather"))}
+    docs/bounds.md) and the optimum of ReduceScatter followed by AllGather, in seconds, at
+    ``sims.nbytes`` (each computed once per command: :meth:`Simulations.bound_seconds`)."""
+    return {"allreduce_bound_seconds": sims.bound_seconds("allreduce"),
+            "rs_ag_seconds": sims.bound_seconds("reducescatter") + sims.bound_seconds("allgather")}
 
 
 def _bandwidth_bound(result, nbytes: int) -> dict:
@@ -271,13 +267,13 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        def make(how: str):
+        def make(how: str, until: float = deadline):
             sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
-                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=deadline)
+                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until)
             try:
                 return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                  time_limit=max(1e-3, deadline - time.perf_counter()), progress=progress,
+                                  time_limit=max(1e-3, until - time.perf_counter()), progress=progress,
                                   pod_ranks=args.pod_size, use_smt=not args.no_smt, variants=args.variants,
                                   score=score, bandwidth_bound_bytes=size, method=how,
                                   tree_score=tree_simulated_score(sims) if sim and how == "trees" else None)
@@ -286,21 +282,27 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
 
         result = make(method)
         bound = _bandwidth_bound(result, size)
+        if args.collective == "allreduce":
+            bound.update(_allreduce_bounds(sims))
         if simulated:
             phase.update("fitting channels and simulating the program")
             _fit_channels(result, topo, size, sims)
         else:
             _cap_channels(result, topo)
-        if args.collective == "allreduce":
-            bound.update(_allreduce_bounds(topo, size))
         fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
         tried = {method: fraction}
-        if args.method == "auto" and method == "trees" and fraction is not None and fraction < AUTO_SEARCH_BELOW \
+        # the fraction of the least time any program needs (AllReduce: of its bound for any
+        # schedule, above the cut bound where the traffic bound rules): the search can gain at most that
+        reach = (fraction if fraction is None or "allreduce_bound_seconds" not in bound else
+                 bound["allreduce_bound_seconds"] / (bound["seconds"] / fraction))
+        if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
                 and sims.time_left > 0:
-            # the packing's program falls short in the simulator: the search too, the faster kept
+            # the packing's program falls short in the simulator: the search too, the faster kept,
+            # leaving time to simulate the search's program as long as the tree program took
             phase.update("tree program below the bound in the simulator: trying the step search")
+            until = deadline - min(sims.time_left / 2, 3 * sims.longest_s)
             try:
-                other = make("search")
+                other = make("search", until)
             except CompileError:      # no search schedule within the limits: the trees stand
                 other = None
             tried["search"] = None
@@ -390,6 +392,7 @@ class Simulations:
         self.stopped = False
         self.failed: str | None = None
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
+        self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
         self._irs: dict[tuple, object] = {}
         self._bounds: dict[str, float] = {}
         self._net = None
@@ -410,11 +413,14 @@ class Simulations:
         return self._net
 
     def bound_seconds(self, collective: str) -> float:
-        """The cut bound of ``collective`` at ``nbytes`` (docs/bounds.md): no program is faster."""
+        """The cut bound of ``collective`` at ``nbytes`` (docs/bounds.md), for AllReduce the larger
+        of its cut and traffic bounds: no program is faster. Computed once."""
         if collective not in self._bounds:
-            from hccc.compiler.synth.bounds import collective_cut_bound_seconds
-            self._bounds[collective] = float(collective_cut_bound_seconds(
-                self.network(), collective, self.topo.nranks, 1, 0, float(self.nbytes)))
+            from hccc.compiler.synth.bounds import allreduce_bound_seconds, collective_cut_bound_seconds
+            net = self.network()
+            self._bounds[collective] = float(
+                allreduce_bound_seconds(net, float(self.nbytes)) if collective == "allreduce" else
+                collective_cut_bound_seconds(net, collective, self.topo.nranks, 1, 0, float(self.nbytes)))
         return self._bounds[collective]
 
     @staticmethod
@@ -460,6 +466,7 @@ class Simulations:
         from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
         from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
 
+        t0 = time.perf_counter()
         try:
             ir = self._ir(result, key)
             ir.nchannels = int(channels or 1)
@@ -471,6 +478,8 @@ class Simulations:
         except (SimulationError, ValueError) as exc:
             self.failed = str(exc)
             return None
+        finally:
+            self.longest_s = max(self.longest_s, time.perf_counter() - t0)
         self.times[tkey] = t
         return t
 
@@ -500,6 +509,8 @@ def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT
     guess = max([i for i, c in enumerate(steps) if c <= own] or [0])
     passed: dict[int, bool] = {}
     bound = float(result.detail.get("cut_bound_seconds") or 0.0)
+    if getattr(result, "collective", None) == "allreduce":   # its bound for any schedule: above the cut bound
+        bound = max(bound, sims.bound_seconds("allreduce"))
 
     def finish(i: int, fitted: bool) -> float | None:
         result.detail["channels"] = int(steps[i])
