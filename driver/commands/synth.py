@@ -358,6 +358,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
         frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else
                 f", fraction of the bandwidth bound not simulated ({not_simulated})")
+        if "fraction_of_allreduce_bound" in bound:     # the cut bound alone can lie far below it
+            frac += f" ({bound['fraction_of_allreduce_bound']:.3f} of the AllReduce bound)"
         shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
                  + (f" (not fitted: {why})" if simulated and fitted is False else "")
                  if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
