@@ -270,7 +270,7 @@ ucs_status_t on_slot(void* arg, const void* header, size_t header_length, void* 
     if (h.nreg <= 1) {
       ok = length <= in->slot_bytes;
     } else {
-      ok = h.reg_used <= h.reg_stride && h.reg_stride <= in->slot_bytes &&
+      ok = h.reg_used > 0 && h.reg_used <= h.reg_stride && h.reg_stride <= in->slot_bytes &&
            (uint64_t)h.nreg * h.reg_used == length &&
            (uint64_t)(h.nreg - 1) * h.reg_stride + h.reg_used <= in->slot_bytes;
     }

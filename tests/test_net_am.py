@@ -126,8 +126,9 @@ def test_receiver_publishes_only_complete_prefixes_and_drops_what_does_not_fit(m
     """What a receiving proxy does with slot messages, sent one by one (deterministic): a slot
     that arrives before an earlier one is placed but the tail waits for the gap (the reader never
     sees a tail whose slots are not all in place); messages naming an unknown connection, another
-    sender, a slot outside the credit window or already placed, more bytes than a slot, or
-    regions past its end are dropped and counted, the FIFO and tail untouched."""
+    sender, a slot outside the credit window or already placed, more bytes than a slot,
+    regions past its end, or empty regions (billions of them would hold the progress thread) are
+    dropped and counted, the FIFO and tail untouched."""
     tx, mem, slot, nslots = _pair(monkeypatch)
     try:
         fifo, ctrl = mem[1]["slots"], mem[1]["ctrl"]
@@ -158,7 +159,8 @@ def test_receiver_publishes_only_complete_prefixes_and_drops_what_does_not_fit(m
                dict(seq=2, data=np.ones(slot + 1, np.uint8)),      # more than a slot
                dict(seq=2, data=np.ones(40, np.uint8), nreg=2, reg_used=20, reg_stride=48),
                dict(seq=2, data=np.ones(40, np.uint8), nreg=2, reg_used=20, reg_stride=10),
-               dict(seq=2, data=np.ones(30, np.uint8), nreg=2, reg_used=20, reg_stride=32)]
+               dict(seq=2, data=np.ones(30, np.uint8), nreg=2, reg_used=20, reg_stride=32),
+               dict(seq=2, data=np.ones(0, np.uint8), nreg=1 << 31, reg_used=0, reg_stride=0)]  # empty regions
         for kw in bad:
             send(kw.pop("seq"), kw.pop("data"), "rejected", **kw)
         assert tx[1].stats()["rejected"] == rejected + len(bad)
