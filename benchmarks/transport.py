@@ -3,13 +3,16 @@
     python benchmarks/transport.py [--tls tcp] [--sizes 8,4K,64K,1M,4M] [--lat-iters 1000]
                                    [--bw-bytes 32M] [--repeats 3] [--call-iters 10]
                                    [--allreduce 64K,1M,8M] [--ar-iters 5] [--stages 2000]
-                                   [--json]
+                                   [--reader poll|sleep] [--json]
 
 1. **Path** (two processes as two nodes, ``UCX_TLS`` as given). A 2-rank communicator is set up
    and wired; then its cross-node connections are driven exactly as the kernels drive them, by a
    small compiled driver (no interpreter on the data path): a message written into the FIFO
    mirror and the ``tail`` stored; the receiver polls its ``tail``, copies the message out and
-   stores ``head``. What is timed is the transport: the progress threads that carry the slot (one
+   stores ``head``. The receiver waits as a GPU kernel does (``--reader poll``: it polls and
+   never sleeps, yielding the core between polls since a CPU stands in for the GPU), or as the
+   CPU emulation's kernel threads do (``--reader sleep``: 8 yields, then a futex sleep that a
+   post wakes). What is timed is the transport: the progress threads that carry the slot (one
    active message that the receiving proxy unpacks, or puts, a fence and a tail put above
    ``HCCC_NET_AM_BYTES``) and return the credit. *Latency*: ping-pong of one message, half the round trip,
    against ``ucx_perftest -t ucp_put_lat`` (also half a round trip of puts): ``p50`` the median
@@ -97,7 +100,8 @@ def perftest(test: str, size: int, iters: int, tls: str) -> dict:
 # The slot writer / reader of the transport-only measurement, in C so that no interpreter sits on
 # the data path: it writes a message into a FIFO mirror and publishes the tail, or waits for a tail,
 # copies the message out and posts the head -- what a kernel's send and receive do -- and waits and
-# posts the way the CPU emulation's kernels do (yield the core, then sleep on the word; a post wakes).
+# posts the way a GPU kernel does (poll) or the CPU emulation's kernels do (yield the core, then
+# sleep on the word; a post wakes).
 _DRIVER = r"""
 #include <stdint.h>
 #include <string.h>
@@ -110,14 +114,23 @@ static uint64_t now_ns(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
-/* the CPU emulation's wait (hccc_spin_pause): the first 8 pauses of a streak yield the core, later
-   ones sleep on the word's low 32 bits (futex, at most 1 ms); a post is a release store and a wake
-   (hccc_post_peer). The progress thread wakes a word a put from the other node changed. */
+/* hb_sleep 1, the CPU emulation's wait (hccc_spin_pause): the first 8 pauses of a streak yield the
+   core, later ones sleep on the word's low 32 bits (futex, at most 1 ms); a post is a release store
+   and a wake (hccc_post_peer). The progress thread wakes a word a put from the other node changed.
+   hb_sleep 0, a GPU kernel's wait: it polls the word and never sleeps (between polls it yields the
+   core, which a CPU standing in for the GPU shares with the progress threads). */
+static int hb_sleep = 1;
+void hb_set_sleep(int sleep) { hb_sleep = sleep; }
 static int wait_ge(const uint64_t* p, uint64_t v, uint64_t deadline) {
   unsigned pauses = 0;
   for (;;) {
     const uint64_t seen = __atomic_load_n(p, __ATOMIC_ACQUIRE);
     if (seen >= v) return 0;
+    if (!hb_sleep) {
+      sched_yield();
+      if ((++pauses & 1023) == 0 && now_ns() > deadline) return 1;
+      continue;
+    }
     if (++pauses <= 8) { sched_yield(); continue; }
     struct timespec ts = {0, 1000000};
     syscall(SYS_futex, p, FUTEX_WAIT_PRIVATE, (uint32_t)seen, &ts, NULL, 0);
@@ -200,6 +213,7 @@ def _driver():
     lib.hb_pingpong.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, lng, lng, vp, vp, d, vp]
     lib.hb_stream.restype = d
     lib.hb_stream.argtypes = [ctypes.c_int, lng, lng, vp, vp, vp, vp, vp, vp, lng, lng, vp, vp, d]
+    lib.hb_set_sleep.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -212,7 +226,7 @@ def _lat_iters(m: int, lat_iters: int) -> int:
     return max(20, lat_iters if m <= 65536 else lat_iters // 10)
 
 
-def _path_rank(rank, url, tls, max_size, conn):
+def _path_rank(rank, url, tls, max_size, conn, reader="poll"):
     """One of the two processes: a 2-rank communicator on two nodes, then measurements on
     command (``conn``: ("lat" | "bw" | "call" | "stages", size, count) -> result; None: finish)."""
     os.environ["UCX_TLS"] = tls
@@ -220,6 +234,7 @@ def _path_rank(rank, url, tls, max_size, conn):
     from hccc.compiler.passes.build import build_program
     from hccc.runtime.communicator import Communicator
     drv = _driver()
+    drv.hb_set_sleep(1 if reader == "sleep" else 0)
     ir = build_program(gen.ring_allgather(2), chunk_bytes=(max_size + 64 + 15) // 16 * 16)
     comm = Communicator(ir, rank=rank, world_size=2, init_method=url, node="ab"[rank],
                         timeout_s=120)
@@ -297,13 +312,13 @@ class PathPair:
     """The two processes of the path measurements (two nodes), driven one command at a time so
     that each hccc number is taken right next to the ``ucx_perftest`` number it is compared with."""
 
-    def __init__(self, max_size: int, tls: str):
+    def __init__(self, max_size: int, tls: str, reader: str = "poll"):
         ctx = mp.get_context("spawn")
         url = "file://" + tempfile.mktemp(prefix="hccc-bench-")
         self.conns, self.procs = [], []
         for r in range(2):
             here, there = ctx.Pipe()
-            p = ctx.Process(target=_path_rank, args=(r, url, tls, max_size, there))
+            p = ctx.Process(target=_path_rank, args=(r, url, tls, max_size, there, reader))
             p.start()
             self.conns.append(here)
             self.procs.append(p)
@@ -441,13 +456,18 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int, default=2000,
                     help="ping-pongs of 8 B with both progress threads recording their steps, for "
                          "where a message's time goes (0: skip)")
+    ap.add_argument("--reader", choices=("poll", "sleep"), default="poll",
+                    help="how the driver standing in for the kernels waits for a word: poll (a GPU "
+                         "kernel's wait: poll, yielding the core between polls, never sleep) or sleep "
+                         "(the CPU emulation's: yield 8 times, then sleep on the word until a post "
+                         "wakes it)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     bw_bytes = parse_size(a.bw_bytes)
     samples = {m: {k: [] for k in ("hp", "up", "hl", "ul", "hb", "ub", "call")} for m in sizes}
     steps = None
-    pair = PathPair(max(sizes), a.tls)
+    pair = PathPair(max(sizes), a.tls, a.reader)
     am_bytes = pair.am_bytes
     try:
         for _ in range(max(1, a.repeats)):
@@ -484,7 +504,7 @@ def main(argv=None) -> int:
     ar_sizes = [parse_size(s) for s in a.allreduce.split(",")] if a.allreduce else []
     ar = allreduce(ar_sizes, a.ar_iters, a.tls) if ar_sizes else {}
     if a.json:
-        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "am_bytes": am_bytes,
+        print(json.dumps({"tls": a.tls, "repeats": a.repeats, "am_bytes": am_bytes, "reader": a.reader,
                           "path": rows, "stages": steps,
                           "allreduce": [{"bytes": s, **v} for s, v in ar.items()]}, indent=1))
         return 0
@@ -495,7 +515,9 @@ def main(argv=None) -> int:
     how = ("every slot as puts, a fence and a tail put" if am_bytes == 0 else
            "every slot as one active message" if am_bytes >= 1 << 40 else
            f"slots of up to {_fmt(am_bytes)} bytes as one active message, larger as puts")
-    print(f"hccc sends {how} (HCCC_NET_AM_BYTES)")
+    print(f"hccc sends {how} (HCCC_NET_AM_BYTES); the reader "
+          + ("polls as a GPU kernel does (--reader poll)" if a.reader == "poll" else
+             "sleeps as the CPU emulation's kernels do (--reader sleep)"))
     print(f"{'size':>6} {'hccc p50':>9} {'UCX p50':>8} {'p50 x':>6} {'hccc avg':>9} {'UCX avg':>8} "
           f"{'avg x':>6} {'hccc MiB/s':>11} {'UCX MiB/s':>10} {'bw %':>6} {'call us':>8}")
     for r in rows:
