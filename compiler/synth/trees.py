@@ -268,9 +268,6 @@ def node_symmetry(net: Network) -> Symmetry | None:
     onto equal ones), and also shifting every rank to the next GPU of its node when that is one too.
     None without such a symmetry. The resource orbits come from the generators' resource
     permutations (connected components), so no element's permutation of all resources is held."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
     n = net.nranks
     sizes = np.bincount(node)
@@ -295,15 +292,8 @@ def node_symmetry(net: Network) -> Symmetry | None:
     a = np.arange(nodes).repeat(gpu_shifts)[:, None]
     b = np.tile(np.arange(gpu_shifts), nodes)[:, None]
     ranks = ((r[None, :] // g + a) % nodes) * g + (r[None, :] % g + b) % g
-    R = net.npairs + net.ngroups
-    src = np.concatenate([np.arange(R)] * len(gens))
-    dst = np.concatenate(gens)
-    _, lab = connected_components(coo_matrix((np.ones(src.size), (src, dst)), shape=(R, R)), directed=True,
-                                  connection="weak")
-    least = np.full(lab.max() + 1, R, np.int64)
-    np.minimum.at(least, lab, np.arange(R))
-    orbits = np.argsort(np.argsort(least, kind="stable"), kind="stable")[lab]
-    return Symmetry(nodes, g, gpu_shifts, ranks.astype(np.int64), orbits.astype(np.int64))
+    orbits = _orbits_of(net.npairs + net.ngroups, gens)
+    return Symmetry(nodes, g, gpu_shifts, ranks.astype(np.int64), orbits)
 
 
 def _orbits_of(R: int, gens: list) -> np.ndarray:
