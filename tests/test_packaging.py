@@ -67,3 +67,44 @@ def test_every_data_file_is_shipped():
                         if not any(fnmatch.fnmatch(rel, p) for p in data.get(name, [])):
                             unshipped.append(path.relative_to(ROOT).as_posix())
     assert not unshipped, f"files no package-data pattern ships: {sorted(unshipped)}"
+
+
+#: import name -> distribution name, where they differ
+_DIST = {"z3": "z3-solver", "cupy": "cupy-cuda13x", "yaml": "pyyaml"}
+
+
+def _requirement_names(reqs) -> set[str]:
+    import re
+    return {re.split(r"[<>=!~\[; ]", r.strip(), maxsplit=1)[0].lower() for r in reqs}
+
+
+def test_every_third_party_import_is_installable_by_a_user():
+    """A module the shipped code imports (at the top of a file or inside a function) that is not
+    part of Python is a dependency, or in an extra other than ``test``: one only the test extra
+    brought in works in CI and fails for a user who installed ``hccc[synth]``."""
+    import ast
+    import sys
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    offered = _requirement_names(project["dependencies"])
+    for extra, reqs in project["optional-dependencies"].items():
+        if extra != "test":
+            offered |= _requirement_names(reqs)
+    own = {name.split(".")[0] for name in CONFIG["package-dir"]} | {"hccc"}
+    missing = set()
+    for folder in _folders().values():
+        for path in folder.glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in own or top.startswith("_"):
+                        continue
+                    if _DIST.get(top, top).lower() not in offered:
+                        missing.add(f"{path.relative_to(ROOT)}: {top}")
+    assert not missing, "imports no dependency or user-facing extra provides:\n" + "\n".join(sorted(missing))
