@@ -19,7 +19,25 @@ from __future__ import annotations
 # it), and under CPython 3.11 the import of numpy's typing modules ran 3x slower when it happened deep
 # inside hccc's own imports under ``python -m hccc`` (0.19 s against 0.16 s for a whole 8-GPU check;
 # benchmarks/startup.py times both entry points)
+import signal
 import sys
+
+#: set by the first Ctrl-C; an extension module interrupted while it loads may turn the interrupt
+#: into an ImportError of its own (numpy: "PyCapsule_Import could not import module datetime")
+_interrupted = False
+
+
+def _on_interrupt(signum, frame):
+    """Python's own Ctrl-C behaviour (KeyboardInterrupt), remembered."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+try:
+    signal.signal(signal.SIGINT, _on_interrupt)
+except ValueError:               # imported outside the main thread: Python's handler stays
+    pass
 
 try:
     import numpy  # noqa: F401
@@ -34,9 +52,13 @@ try:
     from hccc import __version__
     from hccc.args import CommandParser, HelpFormatter
     from hccc.util.limits import printable
-except KeyboardInterrupt:     # Ctrl-C while hccc starts: the same quiet exit as later
+except (KeyboardInterrupt, ImportError) as _exc:     # Ctrl-C while hccc starts: as later
+    if isinstance(_exc, ImportError) and not _interrupted:
+        raise
     sys.stderr.write("hccc: interrupted\n")
-    raise SystemExit(130) from None
+    sys.stderr.flush()
+    import os
+    os._exit(130)             # not SystemExit: see entry()
 
 #: command -> module; "compile" is what ``hccc ALGO -o OUTDIR`` runs
 COMMANDS = {name: f"hccc.commands.{name}" for name in
@@ -122,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:          # also while starting up, before a command runs
         sys.stderr.write("hccc: interrupted\n")
-        return 130
+        return INTERRUPTED
 
 
 def _main(argv: list[str] | None) -> int:
@@ -199,7 +221,7 @@ def _main(argv: list[str] | None) -> int:
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("hccc: interrupted\n")
-        return 130
+        return INTERRUPTED
     except MemoryError:
         sys.stderr.write("hccc: error: out of memory (try a smaller program or --max-transfers)\n")
         return 1
@@ -213,8 +235,34 @@ def _main(argv: list[str] | None) -> int:
         return 3
 
 
+#: main()'s status after Ctrl-C
+INTERRUPTED = 130
+
+
 def entry() -> None:
-    sys.exit(main())
+    """The ``hccc`` process: :func:`main`, then its exit status, also under a late Ctrl-C."""
+    import signal
+
+    try:
+        status = main()
+        # the work is done: an interrupt from here on changes nothing, and the interpreter's own
+        # shutdown must not die of one (status -2 where the caller waits for 0 or 130)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:          # between main's return and the line above
+        sys.stderr.write("hccc: interrupted\n")
+        status = INTERRUPTED
+    if status == INTERRUPTED:
+        # Ctrl-C: leave with 130 at once. Through a normal exit the interpreter sometimes ended
+        # by killing itself with SIGINT instead (status -2, after hccc had handled the interrupt
+        # and said so), for an interrupt about 0.1 s into start-up. Nothing is left to clean up:
+        # the interrupt unwound every command (their temporary files and atomic writes included).
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(INTERRUPTED)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
