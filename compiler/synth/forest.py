@@ -72,6 +72,9 @@ SPLIT_TARGET = 8
 REDUCE_SPLIT_LEAST = 4
 #: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
 SPLIT_MAX_TRANSFERS = 100_000
+#: the share of ``time_limit`` the packings may use: the rest is kept for building the program
+#: (splitting, shaping, bundling) and for what the caller does with it (simulating, writing)
+PACK_SHARE = 0.5
 
 
 @dataclass
@@ -311,6 +314,21 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     n = net.nranks
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
     deadline = t0 + float(time_limit)
+    # the packings end by their share of the limit (each LP keeps a feasible packing and a valid
+    # bound when stopped); the rest is for building the program and the caller's work after it
+    pack_deadline = t0 + PACK_SHARE * float(time_limit)
+    cut_by_limit: list[str] = []       # what the time limit cut, said in ``detail["time_limit_cut"]``
+
+    def left(share: int = 1) -> float:
+        """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
+        return max(0.0, pack_deadline - time.perf_counter()) / max(1, share)
+
+    def stopped(p: tr.Packing, name: str) -> None:
+        # the column generation ends at its LP optimum (within the tolerance) unless stopped
+        if p.lp_time > p.lower_bound * (1 + tr.LP_TOL):
+            cut_by_limit.append(f"{name} packing stopped short of its LP optimum (proven bound "
+                                f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
+
     per_rank = float(total_bytes) / max(n, 1)
     packs: dict[str, tr.Packing] = {}
     nets: dict[str, Network] = {}
@@ -318,14 +336,16 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     if coll in ("allgather", "allreduce"):
         bound = cut["allgather"] = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))
         packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=bound, max_chunks=max_chunks,
-                                           time_limit=max(1.0, deadline - time.perf_counter()))
+                                           time_limit=left(3 if coll == "allreduce" else 1))
+        stopped(packs["allgather"], "AllGather")
         nets["allgather"] = net
     if coll in ("reducescatter", "allreduce"):
         tnet = net.transposed()
         bound = cut["reducescatter"] = collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
         packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw[tr.transposed_pair_order(net)], bound=bound,
                                                max_chunks=max_chunks,
-                                               time_limit=max(1.0, deadline - time.perf_counter()))
+                                               time_limit=left(2 if coll == "allreduce" else 1))
+        stopped(packs["reducescatter"], "ReduceScatter")
         nets["reducescatter"] = tnet
     if net.bw is not None and np.allclose(bw, net.bw):
         # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
@@ -339,26 +359,35 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             if p.chunks_per_rank != K:
                 packs[name] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
                                             bw[tr.transposed_pair_order(net)], min_chunks=K, max_chunks=K,
-                                            bound=p.lower_bound, time_limit=max(1.0, deadline - time.perf_counter()))
+                                            bound=p.lower_bound, time_limit=left())
+                stopped(packs[name], {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name]
+                        + f" ({K} chunks per rank, as the other half)")
     variants = [(K, packs, False)]
-    if coll == "allreduce" and time.perf_counter() < deadline:
+    # a further packing only while the packing time left is at least what the first ones took
+    # (it solves an LP as large again): never where the limit binds
+    packed_s = time.perf_counter() - t0
+    if coll == "allreduce" and left() < packed_s:
+        cut_by_limit.append("AllReduce joint packing skipped")
+    elif coll == "allreduce":
         # both halves packed to run at once (their loads together within one time): never slower
         # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
         # check one half's loads)
         jag, jrs = tr.pack_allreduce(net, pair_bw=bw, max_chunks=max_chunks,
-                                     time_limit=max(1.0, deadline - time.perf_counter()))
+                                     time_limit=left())
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
         # ends the simulations before the other is simulated
         ahead = score is None or max(jag.rounded_time, jrs.rounded_time) < \
             sum(p.rounded_time for p in packs.values()) * (1 - 1e-9)
         variants.insert(0 if ahead else 1, (jag.chunks_per_rank, {"allgather": jag, "reducescatter": jrs}, True))
-    if score is not None and K > 1 and time.perf_counter() < deadline:
+    if score is not None and K > 1 and left() < packed_s:
+        cut_by_limit.append("one-chunk packing skipped")
+    elif score is not None and K > 1:
         # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
         # thread block then has fewer transfers to run one after another (the simulator decides)
         ones = {name: tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
                                     bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
-                                    time_limit=max(1.0, deadline - time.perf_counter()))
+                                    time_limit=left(len(packs)))
                 for name, p in packs.items()}
         variants.append((1, ones, False))
 
@@ -367,13 +396,18 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=block_gbps or 0.0,
                               streams=most or 1) for p in pk.values())
 
+    shapes: dict = {}      # (packing, shape) -> the shaped packing: bundling rebuilds, never reshapes
+
     def build(shape: str, pk: dict, split: int, most: int | None = None) -> tuple[np.ndarray, dict]:
         parts, step0, ch0, info, loops = [], 0, 0, {}, []
         for name in ("reducescatter", "allgather"):
             if name not in pk:
                 continue
             op = RRC if name == "reducescatter" else RECV
-            sp = split_packing(tr.shaped(nets[name], pk[name], shape), split)
+            key = (id(pk[name]), shape)
+            if key not in shapes:
+                shapes[key] = tr.shaped(nets[name], pk[name], shape)
+            sp = split_packing(shapes[key], split)
             lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
             G = len(sp.symmetry) if lp is not None else 1
             bd = bundles(sp, split, most, trees=range(0, len(sp.roots), G))
@@ -394,17 +428,24 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return np.concatenate(parts), info
 
     candidates = []
-    for kv, pk, joint in variants:
+    build_s = 0.0              # the longest a candidate took to build (and score)
+    todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
+            for shape in (("",) if joint else tr.SHAPES if score is not None else tr.SHAPES[:1])]
+    for i, (kv, pk, joint, shape) in enumerate(todo):
+        # the first candidate always; another only where it can be built well before the deadline
+        # (as long again for the caller's work on the program)
+        if candidates and time.perf_counter() + 2 * build_s > deadline:
+            cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
+            break
+        b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
-        for shape in ("",) if joint else tr.SHAPES if score is not None else tr.SHAPES[:1]:
-            rows, info, ch, most, blocks = bundled(lambda m: build(shape, pk, split, m), lambda m: channels_of(pk, m),
-                                                   n, max_blocks)
-            sc = score(coll, rows, kv * split, ch) if score is not None else None
-            fits = max_blocks is None or blocks <= max_blocks
-            candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
-                               split, most, blocks))
-            if time.perf_counter() > deadline:
-                break
+        rows, info, ch, most, blocks = bundled(lambda m: build(shape, pk, split, m), lambda m: channels_of(pk, m),
+                                               n, max_blocks)
+        sc = score(coll, rows, kv * split, ch) if score is not None else None
+        fits = max_blocks is None or blocks <= max_blocks
+        candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
+                           split, most, blocks))
+        build_s = max(build_s, time.perf_counter() - b0)
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels, split, most, blocks = best
     loops = info.pop("loops")
@@ -432,5 +473,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     if score is not None:
         detail["simulated_candidates"] = {f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else ""): c[0][1]
                                           for c in candidates}
+    if cut_by_limit:
+        detail["time_limit_cut"] = cut_by_limit
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)

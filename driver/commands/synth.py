@@ -319,11 +319,18 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
            f"simulation failed: {sims.failed}" if sims.failed else "not simulated")
     not_simulated = None if fraction is not None else f"over {SIMULATE_MAX_RANKS} GPUs" if not simulated else why
     fitted = result.detail.get("channels_fitted")
+    # what the time limit cut before the program was made (tree packing: a packing stopped short of
+    # its LP optimum, a further packing or candidate programs not made)
+    limit_cut = list(result.detail.get("time_limit_cut") or [])
+    if limit_cut:
+        result.timed_out = True
     extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
              f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]
     if "allreduce_bound_seconds" in bound:
         extra.append(f"AllReduce bound for any schedule (cut and traffic): {bound['allreduce_bound_seconds'] * 1e6:.1f} us; "
                      f"ReduceScatter + AllGather optimum: {bound['rs_ag_seconds'] * 1e6:.1f} us")
+    if limit_cut:
+        extra.append(f"time limit: {'; '.join(limit_cut)}")
     if not simulated:
         extra.append(f"method {result.detail.get('method')}: not simulated during synthesis (over "
                      f"{SIMULATE_MAX_RANKS} GPUs; hccc sim measures the program)")
@@ -351,7 +358,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                "method": result.detail.get("method"), "size": int(size),
                "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
                "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
-               "simulations_stopped": sims.stopped, "methods_tried": tried}
+               "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
     if not args.json:

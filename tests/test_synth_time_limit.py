@@ -1,0 +1,85 @@
+"""``--time-limit`` bounds tree synthesis too: the packings end by their share of the limit (each
+LP keeping a feasible packing and a valid bound), the AllReduce joint packing and the one-chunk
+packing are skipped when the time is short, and once the limit is spent only the first candidate
+program is built; the output says what the limit cut."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler.passes.verify import verify
+from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.synth import synthesize
+from hccc.compiler.synth.emit import to_algorithm
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTERS = REPO / "examples" / "clusters"
+
+
+@pytest.mark.parametrize("coll", ["allgather", "reducescatter", "allreduce"])
+def test_spent_limit_builds_one_program(coll):
+    """A limit spent before the packing starts: one LP round per packing, no further packing, the
+    first candidate only, and a correct program that says what was cut."""
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    res = synthesize(topo, coll, method="trees", time_limit=1e-3,
+                     tree_score=lambda *a: 1.0)     # a score: every shape would be a candidate
+    verify(to_algorithm(res, topo))
+    cut = res.detail["time_limit_cut"]
+    assert any("candidate programs not built" in c for c in cut), cut
+    assert len(res.detail["simulated_candidates"]) == 1
+    if coll == "allreduce":
+        assert "AllReduce joint packing skipped" in cut
+        assert not res.detail["joint"]
+
+
+def test_generous_limit_cuts_nothing():
+    """Where the limit does not bind nothing is cut: every candidate is built."""
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    res = synthesize(topo, "allreduce", method="trees", time_limit=60, tree_score=lambda *a: 1.0)
+    assert "time_limit_cut" not in res.detail
+    assert len(res.detail["simulated_candidates"]) > 1
+
+
+def _pod64(path: Path) -> Path:
+    """benchmarks/synth_scale.py's 64 H20 GPUs in 4- and 8-GPU nodes (no symmetry): its packings
+    alone take longer than the limit below."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from synth_scale import POD64, _node_builders
+    from hccc.compiler.cluster.topo_parser import format_topology
+
+    g = _node_builders()
+    nodes = [g.h20_node8() if s == 8 else g.h20_node4() for s in POD64]
+    path.write_text(format_topology(g.cluster(nodes, "64 GPUs")))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("coll", ["allreduce", "allgather", "reducescatter"])
+def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
+    """The whole command, a 64-GPU heterogeneous cluster, ``--time-limit 5``: ends well within the
+    limit plus slack (it took 35 s on a 20 s limit before), writes a program ``hccc check``
+    accepts, and says in ``--json`` and the program's comments what the limit cut."""
+    topo = _pod64(tmp_path / "pod64.topo")
+    out = tmp_path / "p.rccl"
+    limit = 5.0
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "hccc.cli", "synth", str(topo), "--collective", coll, "-o", str(out),
+                        "--time-limit", str(limit), "--json"], capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    print(f"{coll}: --time-limit {limit}: {wall:.1f} s wall")
+    assert r.returncode == 0, r.stderr
+    assert wall < limit + 7, f"{wall:.1f} s"
+    summary = json.loads(r.stdout)
+    assert summary["time_limit_cut"] and summary["timed_out"]
+    assert "# time limit: " in out.read_text()
+    # a 64-GPU program without loops is longer than check's default source limit
+    c = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(out), "-t", str(topo)],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, HCCC_MAX_SOURCE_LINES="10000000"))
+    assert c.returncode == 0, c.stdout + c.stderr
