@@ -5,7 +5,9 @@ bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, d
 per line, grouped by step (with a sixth argument, the channel, where it is not 0: tree programs
 give every stream channels of its own); a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
 identical nodes is written as ``for`` loops over the node (and GPU) shifts that map its
-representative trees onto the others, so the text stays short at any scale. It parses back to exactly the transfers of :func:`to_algorithm`, so
+representative trees onto the others, so the text stays short at any scale; one of as many
+transfers without that symmetry has its runs (a pair's transfers whose steps and chunks advance
+evenly: a stream's pieces) written as loops. It parses back to exactly the transfers of :func:`to_algorithm`, so
 ``hccc`` compiles it like any other program. Chunk ids follow the language's data model: with ``K``
 chunks per rank (``nChunksPerRank``), rank r's own chunks (AllGather) and the chunks reduced at
 rank r (ReduceScatter) are chunks ``r*K .. r*K+K-1``; a Broadcast names its ``Root``.
@@ -107,6 +109,47 @@ def _loop_lines(part) -> list[str]:
     return out
 
 
+def _run_lines(rows: np.ndarray) -> list[str]:
+    """Flat transfers as ResCCLang with their runs folded into loops: transfers of one pair, op and
+    channel whose steps and chunks advance by the same amounts from one to the next (the pieces of
+    a tree program's stream) become ``for p in range(0, n):`` over one ``transfer`` with ``step0 +
+    ds * p`` and ``chunk0 + dc * p``; a transfer in no run of 2 or more stays one line. The lines
+    are ordered by the step of each run's first transfer. Parses back to exactly ``rows``."""
+    ops = dict(OP_NAMES)
+    ch = rows[:, 5] if rows.shape[1] > 5 else np.zeros(len(rows), np.int64)
+    order = np.lexsort((rows[:, 3], ch, rows[:, 4], rows[:, 1], rows[:, 0]))
+    r = np.c_[rows[order, :5], ch[order]].tolist()
+
+    def term(start: int, d: int) -> str:
+        return str(start) if d == 0 else f"{start} + {d} * p" if d > 0 else f"{start} - {-d} * p"
+
+    runs, i, n = [], 0, len(r)
+    while i < n:
+        j = i
+        if i + 1 < n and r[i + 1][:2] == r[i][:2] and r[i + 1][4:] == r[i][4:]:
+            ds, dc = r[i + 1][2] - r[i][2], r[i + 1][3] - r[i][3]
+            j = i + 1
+            while j + 1 < n and r[j + 1][:2] == r[i][:2] and r[j + 1][4:] == r[i][4:] and \
+                    r[j + 1][2] - r[j][2] == ds and r[j + 1][3] - r[j][3] == dc:
+                j += 1
+        x = r[i]
+        if j > i:
+            text = [f"    for p in range(0, {j - i + 1}):",
+                    f"        transfer({x[0]}, {x[1]}, {term(x[2], ds)}, {term(x[3], dc)}, {ops[x[4]]}"
+                    f"{_channel_arg(x, 5)})"]
+        else:
+            text = [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}{_channel_arg(x, 5)})"]
+        runs.append((x[2], x[0], x[1], x[3], text))
+        i = j + 1
+    runs.sort(key=lambda t: t[:4])
+    folded = sum(1 for t in runs if len(t[4]) > 1)
+    out = [f"    # {n} transfers: runs of one pair whose steps and chunks advance evenly as loops "
+           f"({folded} loops, {len(runs) - folded} single transfers)"]
+    for t in runs:
+        out.extend(t[4])
+    return out
+
+
 def _channel_arg(row: list, col: int) -> str:
     """``, channel`` for a row with a channel column ``col`` that is not 0, else nothing."""
     return f", {row[col]}" if len(row) > col and row[col] else ""
@@ -158,6 +201,8 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     elif result.loops and len(rows) >= LOOPS_FROM_TRANSFERS:
         for part in result.loops:
             lines.extend(_loop_lines(part))
+    elif len(rows) >= LOOPS_FROM_TRANSFERS:
+        lines.extend(_run_lines(rows))
     else:
         steps = rows[:, 2]
         bounds = np.r_[0, np.flatnonzero(np.diff(steps)) + 1, len(rows)]
