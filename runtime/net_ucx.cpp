@@ -197,6 +197,17 @@ bool peer_ok(Net* n, int peer) {
   return p && p->ep && p->status.load(std::memory_order_relaxed) == 0;
 }
 
+// What a nonblocking send returned: done at once (free `owned`), failed (free it, the peer's
+// status records the first error), or under way (kept until reap() sees it complete).
+void track(Net* n, Peer* p, ucs_status_ptr_t r, void* owned) {
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+    free(owned);
+    if (r != nullptr && p->status.load() == 0) p->status.store((int)UCS_PTR_STATUS(r));
+    return;
+  }
+  n->pending.push_back(Pending{r, owned});
+}
+
 // One put; `owned` (may be null) is freed once UCX no longer reads it.
 void put(Net* n, int peer, const void* buf, size_t len, uint64_t raddr, int which, void* owned) {
   Peer* p = n->peers[peer];
@@ -205,16 +216,7 @@ void put(Net* n, int peer, const void* buf, size_t len, uint64_t raddr, int whic
   ucs_status_ptr_t r = ucp_put_nbx(p->ep, buf, len, raddr, p->rkey[which], &prm);
   n->puts.fetch_add(1, std::memory_order_relaxed);
   n->bytes_put.fetch_add(len, std::memory_order_relaxed);
-  if (r == nullptr) {
-    free(owned);
-    return;
-  }
-  if (UCS_PTR_IS_ERR(r)) {
-    free(owned);
-    if (p->status.load() == 0) p->status.store((int)UCS_PTR_STATUS(r));
-    return;
-  }
-  n->pending.push_back(Pending{r, owned});
+  track(n, p, r, owned);
 }
 
 // One slot as one active message: header and data (contiguous, or `iov` regions: a heap array
@@ -234,16 +236,7 @@ void am_slot(Net* n, int peer, const SlotHdr* hdr, const void* buf, size_t len, 
                                        iov != nullptr ? niov : len, &prm);
   n->ams.fetch_add(1, std::memory_order_relaxed);
   n->am_bytes.fetch_add(len, std::memory_order_relaxed);
-  if (r == nullptr) {
-    free(iov);
-    return;
-  }
-  if (UCS_PTR_IS_ERR(r)) {
-    free(iov);
-    if (p->status.load() == 0) p->status.store((int)UCS_PTR_STATUS(r));
-    return;
-  }
-  n->pending.push_back(Pending{r, iov});
+  track(n, p, r, iov);
 }
 
 void wake(uint64_t* word) {
