@@ -197,6 +197,25 @@ def test_two_nodes_of_two(pool):
     run_nodes(pool, ir, 1000, ["a", "a", "b", "b"], ncalls=2)
 
 
+def run_ranks(target, nranks: int, url: str, *args, timeout: float, join: float) -> dict:
+    """Each rank in a spawned process running ``target(rank, url, *args, queue)``, which puts
+    ``(rank, result)`` on the queue (a string: what went wrong); the results by rank, every
+    process joined (killed if it outlives ``join`` seconds)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, url, *args, q)) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    try:
+        return dict(q.get(timeout=timeout) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(join)
+            if p.is_alive():
+                p.kill()
+
+
 def _bf16_rank(rank, url, ir_json, nodes, inputs, q):
     """One rank of the bfloat16 job: torch bfloat16 tensors (numpy has none) through the
     Communicator; the results back as float32."""
@@ -224,7 +243,6 @@ def test_bfloat16_across_nodes(tmp_path):
     """bfloat16 across processes and nodes (2 x 2, 2 channels, an uneven count): a sum of small
     integers and a max of values with every bfloat16 mantissa bit in use, in and out of place,
     against the definition rounded to bfloat16 (reference.round_bf16)."""
-    import multiprocessing as mp
     _require_torch()
     from hccc.compiler.passes.channels import with_channels
     ir = with_channels(build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=256), 2)
@@ -235,20 +253,8 @@ def test_bfloat16_across_nodes(tmp_path):
     wide = [reference.round_bf16(rng.standard_normal(count).astype(np.float32) * 1e3)
             for _ in range(4)]
     inputs = [("sum", ints), ("max", wide)]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    url = "file://" + str(tmp_path / "store")
-    procs = [ctx.Process(target=_bf16_rank, args=(r, url, ir.to_json(), nodes, inputs, q))
-             for r in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(q.get(timeout=300) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(_bf16_rank, 4, "file://" + str(tmp_path / "store"), ir.to_json(), nodes, inputs,
+                    timeout=300, join=60)
     for r in range(4):
         assert not isinstance(got[r], str), f"rank {r}: {got[r]}"
         for (op, xs), (out, inplace) in zip(inputs, got[r]):

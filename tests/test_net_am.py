@@ -4,14 +4,13 @@ a fence and a tail put; which one by the bytes of a slot's message against ``HCC
 UCX over TCP (``UCX_TLS=tcp``), CPU emulation; every result checked against its definition."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 
 import numpy as np
 import pytest
 
-from test_net import TCP, _have_ucx  # noqa: F401 (skip conditions below)
+from test_net import TCP, _have_ucx, run_ranks
 
 import shutil
 
@@ -207,20 +206,8 @@ def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
     from hccc.compiler.passes.build import build_program
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=4096)
     calls = [(64, "float32"), (8192, "float32"), (64, "int32"), (8192, "int32")]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    url = f"file://{tmp_path / 'store'}"
-    procs = [ctx.Process(target=_rank, args=(r, url, ir.to_json(), am_bytes, calls, q))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(q.get(timeout=240) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(_rank, 2, f"file://{tmp_path / 'store'}", ir.to_json(), am_bytes, calls,
+                    timeout=240, join=30)
     for r in (0, 1):
         assert not isinstance(got[r], str), f"rank {r}: {got[r]}"
         prev = {"ams": 0, "put_bytes": 0}
