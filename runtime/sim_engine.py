@@ -237,43 +237,57 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
             continue
         counters[1] += 1
         counters[2] += nfl
-        # ---- progressive filling
+        # ---- progressive filling over the resources still carrying rising flows (``comp_res``
+        # keeps them, compacted after each level; ``stack`` holds a level's saturated ones)
+        best = _INF
+        arg = -1
         for k in range(nres):
             r = comp_res[k]
             rem[r] = res_cap[r]
             cnt[r] = res_n[r]
+            s = rem[r] / cnt[r]
+            if s < best:
+                best = s
+                arg = r
         for k in range(nfl):
             frozen[comp_fl[k]] = False
         level = 0.0
         left = nfl
+        na = nres
         while left > 0:
+            level += best
+            nsat = 0
+            for k in range(na):
+                r = comp_res[k]
+                rem[r] -= best * cnt[r]
+                if r == arg or rem[r] <= 1e-12 * res_cap[r]:
+                    stack[nsat] = r
+                    nsat += 1
+            for q in range(nsat):
+                inc = res_head[stack[q]]
+                while inc >= 0:
+                    g = inc // K
+                    if not frozen[g]:
+                        frozen[g] = True
+                        new_rate[g] = level
+                        left -= 1
+                        for j in range(fl_nres[g]):
+                            cnt[fl_res[g * K + j]] -= 1
+                    inc = inc_next[inc]
+            # the survivors, and the least fair share among them for the next level
+            w = 0
             best = _INF
             arg = -1
-            for k in range(nres):
+            for k in range(na):
                 r = comp_res[k]
                 if cnt[r] > 0:
+                    comp_res[w] = r
+                    w += 1
                     s = rem[r] / cnt[r]
                     if s < best:
                         best = s
                         arg = r
-            level += best
-            for k in range(nres):
-                r = comp_res[k]
-                if cnt[r] > 0:
-                    rem[r] -= best * cnt[r]
-            for k in range(nres):
-                r = comp_res[k]
-                if cnt[r] > 0 and (r == arg or rem[r] <= 1e-12 * res_cap[r]):
-                    inc = res_head[r]
-                    while inc >= 0:
-                        g = inc // K
-                        if not frozen[g]:
-                            frozen[g] = True
-                            new_rate[g] = level
-                            left -= 1
-                            for j in range(fl_nres[g]):
-                                cnt[fl_res[g * K + j]] -= 1
-                        inc = inc_next[inc]
+            na = w
         # ---- apply
         for k in range(nfl):
             g = comp_fl[k]

@@ -1,0 +1,77 @@
+"""The simulator's bandwidth sharing (``sim_engine._share``) against the definition of max-min
+fairness, not against another filling: an allocation is max-min fair exactly when it is feasible
+(no resource carries more than its capacity) and every flow has a *bottleneck*, a resource on its
+route that is full and on which no flow runs faster than it. Random flows over random shared
+resources, the engine's own arrays set up by its ``_flow_start``."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.runtime import sim_engine as eng
+
+
+def share(caps: list[float], routes: list[list[int]]) -> np.ndarray:
+    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``."""
+    R, G = len(caps), len(routes)
+    K = max(len(r) for r in routes)
+    res_cap = np.asarray(caps, float)
+    fl_res = np.full(G * K, -1, np.int64)
+    fl_nres = np.zeros(G, np.int64)
+    fl_rate, fl_rem, fl_last, fl_start = (np.zeros(G) for _ in range(4))
+    res_head = np.full(R, -1, np.int64)
+    res_n = np.zeros(R, np.int64)
+    inc_next = np.full(G * K, -1, np.int64)
+    inc_prev = np.full(G * K, -1, np.int64)
+    res_busy_t0 = np.zeros(R)
+    dirty = np.empty(R, np.int64)
+    dirty_n = np.zeros(1, np.int64)
+    dirty_mark = np.zeros(R, np.int64)
+    for g, route in enumerate(routes):
+        ids = np.asarray(route, np.int64)
+        eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
+                        fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                        dirty_mark, 1)
+    hkey = np.empty(G, float)
+    hitem = np.empty(G, np.int64)
+    hpos = np.full(G, -1, np.int64)
+    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres,
+               fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
+               np.empty(R, np.int64), np.empty(G, np.int64), np.zeros(R), np.zeros(R, np.int64),
+               np.zeros(G, np.bool_), np.zeros(G), np.empty(R, np.int64), hkey, hitem, hpos,
+               np.zeros(1, np.int64), np.zeros(4, np.int64))
+    return fl_rate
+
+
+@st.composite
+def flows(draw):
+    R = draw(st.integers(1, 7))
+    # capacities from a few values, so that ties (several resources full at one level) are common
+    caps = [float(draw(st.sampled_from([1, 2, 3, 5, 8, 10, 21, 40]))) * 1e9 for _ in range(R)]
+    G = draw(st.integers(1, 10))
+    routes = [sorted(draw(st.sets(st.integers(0, R - 1), min_size=1, max_size=min(R, 4)))) for _ in range(G)]
+    return caps, routes
+
+
+@settings(max_examples=300, deadline=None)
+@given(flows())
+def test_rates_are_max_min_fair(case):
+    caps, routes = case
+    rate = share(caps, routes)
+    assert (rate > 0).all()
+    load = np.zeros(len(caps))
+    for g, route in enumerate(routes):
+        load[route] += rate[g]
+    tol = 1e-9
+    assert (load <= np.asarray(caps) * (1 + tol)).all(), "a resource carries more than its capacity"
+    for g, route in enumerate(routes):
+        bottleneck = [r for r in route if load[r] >= caps[r] * (1 - tol)
+                      and all(rate[h] <= rate[g] * (1 + tol) for h, rt in enumerate(routes) if r in rt)]
+        assert bottleneck, f"flow {g} (rate {rate[g]:.4g}) has no bottleneck: it could run faster"
+
+
+def test_a_tie_freezes_every_full_resource_at_its_level():
+    """Two resources full at one level, a third flow only on a roomier one: 1, 1 and 2 GB/s."""
+    rate = share([1e9, 1e9, 4e9], [[0, 2], [1, 2], [2]])
+    assert np.allclose(rate, [1e9, 1e9, 2e9])
