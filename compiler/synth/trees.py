@@ -472,8 +472,12 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(nrows, J + 1))
         c = np.zeros(J + 1)
         c[-1] = 1.0
+        # a round after the first gets only the time left: stopped, the last round's packing stays
+        opts = {} if y is None else {"time_limit": max(0.01, deadline - time.perf_counter())}
         res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
-                      bounds=[(0, None)] * (J + 1), method="highs")
+                      bounds=[(0, None)] * (J + 1), method="highs", options=opts)
+        if res.status == 1 and y is not None:
+            break
         if res.status != 0:
             raise PackingError(f"the packing LP failed: {res.message}")
         lp_val = float(res.fun)
