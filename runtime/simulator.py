@@ -307,8 +307,11 @@ class SimulationStopped(SimulationError):
 
 
 #: work (events plus re-shared flows) per second :func:`simulate_by` assumes until this process has
-#: timed a simulation: the compiled engine on a loaded 2-core machine (about 3 us per event)
-ASSUMED_WORK_PER_S = 250_000.0
+#: timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared flow costs
+#: ~0.1 us, an event a few; tree programs of 24-64 GPUs measured 7-18 M/s here, so this leaves
+#: room for a machine a few times slower; a run the assumption stops early is run again at the
+#: rate it measured, see :func:`simulate_by`)
+ASSUMED_WORK_PER_S = 2_000_000.0
 #: runs of less work than this are not timed for the rate (their wall time is mostly overhead)
 RATE_MIN_WORK = 50_000
 #: the fastest rate timed in this process (None until one run of ``RATE_MIN_WORK`` has been timed)
@@ -342,19 +345,27 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
     """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
     result or with :class:`SimulationStopped`: the time left buys a work budget (events plus
     re-shared flows, at :func:`work_rate`), a run whose least work (an event per sending primitive
-    and micro-batch) is over it does not start, and one that spends it stops cleanly. Preparing a
+    and micro-batch) is over it does not start, and one that spends it stops cleanly. Before this
+    process has timed a run, the rate is :data:`ASSUMED_WORK_PER_S`; a run it stops is run once
+    more when the rate the run measured buys a larger budget with the time then left. Preparing a
     ProgramIR is not bounded (pass a prepared program to keep it out of the deadline)."""
-    left = deadline - time.perf_counter()
-    if left <= 0:
-        raise SimulationStopped("simulation not started: no time left")
-    budget = int(left * work_rate())
-    try:
-        res = simulate(program, topo, nbytes, work_budget=budget, **kw)
-    except SimulationStopped as exc:
-        _time_rate(exc.work, exc.wall_s)
-        raise
-    _time_rate(res.events + int(res.stats.get("share_flows", 0)), res.wall_s)
-    return res
+    assumed = not _measured_rate
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise SimulationStopped("simulation not started: no time left")
+        budget = int(left * work_rate())
+        try:
+            res = simulate(program, topo, nbytes, work_budget=budget, **kw)
+        except SimulationStopped as exc:
+            _time_rate(exc.work, exc.wall_s)
+            if assumed and _measured_rate and int((deadline - time.perf_counter()) * work_rate()) > budget:
+                # the assumed rate stopped it; the time still left buys more at the rate it measured
+                assumed = False
+                continue
+            raise
+        _time_rate(res.events + int(res.stats.get("share_flows", 0)), res.wall_s)
+        return res
 
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,

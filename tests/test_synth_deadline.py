@@ -72,6 +72,29 @@ def test_simulate_by_deadline(ring, monkeypatch):
         sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
 
 
+
+def test_a_run_the_assumed_rate_stops_runs_again_at_the_measured_rate(ring, monkeypatch):
+    """Before a process has timed a simulation it budgets at an assumed rate; a first run that
+    rate stops (here: half the work bought) is run once more at the rate it measured, and
+    finishes, where the deadline allows. The first compiled simulation of a synth run was
+    stopped this way for every program over ~0.25 M work per second left."""
+    topo, prog, full, work = ring
+    monkeypatch.setattr(sim, "_measured_rate", [])
+    monkeypatch.setattr(sim, "RATE_MIN_WORK", 1)
+    monkeypatch.setattr(sim, "ASSUMED_WORK_PER_S", work / 2 / 100.0)
+    runs = []
+    real = sim.simulate
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: runs.append(k["work_budget"]) or real(*a, **k))
+    r = sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
+    assert r.time_s == full.time_s and len(runs) == 2 and runs[1] > runs[0]
+    # no rate measured (a run too small to time): stopped, not run again
+    monkeypatch.setattr(sim, "_measured_rate", [])
+    monkeypatch.setattr(sim, "RATE_MIN_WORK", 10 ** 12)
+    runs.clear()
+    with pytest.raises(SimulationStopped):
+        sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
+    assert len(runs) == 1
+
 # ---------------------------------------------------------------- channel fitting
 class ScriptedSimulations(synth_cmd.Simulations):
     """Simulations whose times come from a table (channels -> seconds, None: the unlimited
