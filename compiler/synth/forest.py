@@ -31,7 +31,10 @@ are shared max-min fairly between the flows on them):
   arrive one after another, so a rank still forwards each as it arrives, but a bundle takes one
   fair share of a link where its streams took one each, so the program is slower. Streams of
   different trees never share a channel: they arrive side by side, each at its planned rate, and
-  a thread block forwarding one would keep the other waiting.
+  a thread block forwarding one would keep the other waiting. With a simulator to choose, a
+  bundled program's packing is also rounded again from its LP to fewer chunks per rank
+  (:func:`rerounded`, :func:`chunks_to_fit`: the streams scaled to the blocks), every stream on a
+  channel of its own: coarser rounding against bundles' lost shares, the faster kept.
 * **Pipelined streams.** Each chunk is cut ``split`` ways (:func:`split_for`: at least 2, and at
   least :data:`SPLIT_TARGET` chunks per rank, unless that makes more than
   :data:`SPLIT_MAX_TRANSFERS` transfers), so a stream is a sequence of chunks flowing down its
@@ -243,13 +246,13 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
     streams run on one thread block one after another, so the program gets slower (a bundle takes
     one fair share of a link where its streams took one each), but every thread block of a rank
     must be resident at once for the program to run at all. Returns ``(rows, info, channels,
-    most, blocks)``."""
+    most, blocks, own)``, ``own`` the blocks of the program with a channel per stream."""
     rows, info = build(None)
     ch = channels(None)
-    blocks = int(blocks_per_rank(rows, nranks).max()) * ch
+    blocks = own = int(blocks_per_rank(rows, nranks).max()) * ch
     best = (rows, info, ch, None, blocks)
     if max_blocks is None or blocks <= max_blocks:
-        return best
+        return best + (own,)
     for most in BUNDLE_SIZES:
         rows, info = build(most)
         ch = channels(most)
@@ -258,7 +261,35 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
             best = (rows, info, ch, most, blocks)
         if blocks <= max_blocks:
             break
-    return best
+    return best + (own,)
+
+
+def rerounded(packs: dict, chunks: int, time_limit: float) -> dict | None:
+    """``packs`` (name -> :class:`~.trees.Packing`: one collective, an AllReduce's halves, or its
+    joint packing) rounded again from their LPs to at most ``chunks`` chunks per rank, the halves
+    of an AllReduce to one count; None where a packing keeps no LP to round again."""
+    if any(p.reround is None for p in packs.values()):
+        return None
+    names = list(packs)
+    first = packs[names[0]]
+    if first.stats.get("joint"):
+        ag, rs = first.reround(chunks, time_limit)
+        return {"allgather": ag, "reducescatter": rs}
+    out = {name: packs[name].reround(chunks, time_limit / len(names))[0] for name in names}
+    K = max(p.chunks_per_rank for p in out.values())
+    for name, p in out.items():
+        if p.chunks_per_rank != K:           # the halves share one chunk count
+            out[name] = packs[name].reround(K, time_limit / len(names), min_chunks=K)[0]
+    return out
+
+
+def chunks_to_fit(chunks: int, own_blocks: int, max_blocks: int) -> int:
+    """The most chunks per rank (of :data:`.trees.CHUNK_CANDIDATES`, below ``chunks``) whose program,
+    with a channel per stream, should stay within ``max_blocks`` blocks: a rank's connections grow
+    with its streams, so ``own_blocks`` (the blocks of ``chunks`` per rank) scaled; 0 where none."""
+    k = int(chunks) * int(max_blocks) / max(1, int(own_blocks))
+    fit = [c for c in tr.CHUNK_CANDIDATES if c < int(chunks) and c <= k]
+    return max(fit) if fit else 0
 
 
 def resident_blocks(vendors, nwarps: int = 16) -> int | None:
@@ -429,6 +460,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     candidates = []
     build_s = 0.0              # the longest a candidate took to build (and score)
+    refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
             for shape in (("",) if joint else tr.SHAPES if score is not None else tr.SHAPES[:1])]
     for i, (kv, pk, joint, shape) in enumerate(todo):
@@ -439,13 +471,28 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             break
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
-        rows, info, ch, most, blocks = bundled(lambda m: build(shape, pk, split, m), lambda m: channels_of(pk, m),
-                                               n, max_blocks)
+        rows, info, ch, most, blocks, own = bundled(lambda m: build(shape, pk, split, m),
+                                                    lambda m: channels_of(pk, m), n, max_blocks)
         sc = score(coll, rows, kv * split, ch) if score is not None else None
         fits = max_blocks is None or blocks <= max_blocks
         candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
                            split, most, blocks))
         build_s = max(build_s, time.perf_counter() - b0)
+        if most is not None and score is not None and id(pk) not in refitted:
+            # bundles cost rate (a bundle takes one fair share where its streams took one each):
+            # also the same LP rounded to fewer chunks, each stream on a channel of its own
+            refitted.add(id(pk))
+            k_fit = chunks_to_fit(kv, own, max_blocks)
+            if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
+                k_fit = 0                        # the one-chunk packing is a candidate already
+            left_s = deadline - time.perf_counter()
+            if k_fit and left_s > 2 * build_s:
+                again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4))
+                if again is not None:
+                    refitted.add(id(again))
+                    # tried next: the other shapes of the bundled packing are bundled too
+                    todo.insert(i + 1, (max(p.chunks_per_rank for p in again.values()), again, joint,
+                                        "" if joint else tr.SHAPES[0]))
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels, split, most, blocks = best
     loops = info.pop("loops")

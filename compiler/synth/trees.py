@@ -45,6 +45,7 @@ distinct steps (two reductions into one (rank, chunk) never share a step).
 from __future__ import annotations
 
 import time
+from typing import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -179,6 +180,10 @@ class Packing:
     #: the symmetry the trees follow (None: none): trees come in runs of ``len(symmetry)``, the
     #: translates of a representative by every element in order, with equal counts
     symmetry: Symmetry | None = field(repr=False, default=None)
+    #: ``reround(max_chunks)``: the same LP's trees rounded to at most ``max_chunks`` chunks per
+    #: rank, without solving the LP again (a tuple: the AllGather and ReduceScatter packings of a
+    #: joint packing, else one packing); None where not kept
+    reround: Callable | None = field(repr=False, default=None, compare=False)
 
     @property
     def fraction(self) -> float:
@@ -504,10 +509,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     load_unit = np.zeros((len(cols), RO))
     for j, cj in enumerate(col_res):
         np.add.at(load_unit[j], cj, mult[cj])
-    kmax = max_chunks or CHUNK_CANDIDATES[-1]
-    best = None
     croot = np.array(col_root)
-    round_deadline = time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter()))
     exact_k = _lp_denominator(y)
     rc = load_unit @ pi - lam[root_row[np.array(col_root)]]     # reduced costs at the last duals
     # the MILP's trees: past MILP_COLUMNS generated ones, those of the LP's support and the
@@ -517,56 +519,70 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         keep_cols = y > 1e-9
         rest = np.flatnonzero(~keep_cols)
         keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
-    tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_chunks <= k <= kmax})
-    for K in tries or [min_chunks]:
-        counts = _round_counts(y, croot, 2 * n, K)
-        counts = _repair(counts, croot, load_unit, ocap, K)
-        t = _time_of(counts, load_unit, ocap, K)
-        if t > lp_val * (1 + round_tol) and K > 1:
-            left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
-            exact = None
-            if left > 0.05:
-                sub = np.flatnonzero(keep_cols)
-                got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
-                                   gap=round_tol / 2, nodes=ROUND_MILP_NODES)
-                if got is not None:
-                    exact = np.zeros(len(croot), np.int64)
-                    exact[sub] = got
-            if exact is not None:
-                te = _time_of(exact, load_unit, ocap, K)
-                if te < t:
-                    counts, t = exact, te
-        if best is None or t < best[0] * (1 - 1e-12):
-            best = (t, K, counts)
-        if t <= lp_val * (1 + round_tol):
-            break
-    t_round, K, counts = best
-    G = perms.shape[0]
-    # the translates load every member of an orbit alike: the orbit's load per member
-    load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
-    limit = capn * t_round
-    out = []
-    for rev in kinds:
-        keep = np.flatnonzero((counts > 0) & ((np.array(col_root) >= n) == rev))
-        order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
-        roots, parents, cnts = [], [], []
-        for j in order.tolist():           # every translate of a representative's tree
-            par = col_par[j]
-            v = np.flatnonzero(par >= 0)
-            tp = np.full((G, n), -1, np.int64)
-            tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
-            roots.extend(perms[:, col_root[j] - n * rev].tolist())
-            parents.extend(tp)
-            cnts.extend([int(counts[j])] * G)
-        lo, li = load, limit
-        if rev:     # the in-trees' packing is read on the transposed network: its pair order
-            tord = transposed_pair_order(net)
-            lo, li = np.r_[load[:P][tord], load[P:]], np.r_[limit[:P][tord], limit[P:]]
-        out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
-                           it, len(cols), time.perf_counter() - t0, lo[:P].copy(),
-                           {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
-                            "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
-                           None if lp_only else group))
+    lp_s = time.perf_counter() - t0
+
+    def finish(kmax: int, min_k: int, round_deadline: float):
+        """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank."""
+        r0 = time.perf_counter()
+        best = None
+        tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
+        for K in tries or [min_k]:
+            counts = _round_counts(y, croot, 2 * n, K)
+            counts = _repair(counts, croot, load_unit, ocap, K)
+            t = _time_of(counts, load_unit, ocap, K)
+            if t > lp_val * (1 + round_tol) and K > 1:
+                left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
+                exact = None
+                if left > 0.05:
+                    sub = np.flatnonzero(keep_cols)
+                    got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
+                                       gap=round_tol / 2, nodes=ROUND_MILP_NODES)
+                    if got is not None:
+                        exact = np.zeros(len(croot), np.int64)
+                        exact[sub] = got
+                if exact is not None:
+                    te = _time_of(exact, load_unit, ocap, K)
+                    if te < t:
+                        counts, t = exact, te
+            if best is None or t < best[0] * (1 - 1e-12):
+                best = (t, K, counts)
+            if t <= lp_val * (1 + round_tol):
+                break
+        t_round, K, counts = best
+        G = perms.shape[0]
+        # the translates load every member of an orbit alike: the orbit's load per member
+        load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
+        limit = capn * t_round
+        out = []
+        for rev in kinds:
+            keep = np.flatnonzero((counts > 0) & ((np.array(col_root) >= n) == rev))
+            order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
+            roots, parents, cnts = [], [], []
+            for j in order.tolist():           # every translate of a representative's tree
+                par = col_par[j]
+                v = np.flatnonzero(par >= 0)
+                tp = np.full((G, n), -1, np.int64)
+                tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
+                roots.extend(perms[:, col_root[j] - n * rev].tolist())
+                parents.extend(tp)
+                cnts.extend([int(counts[j])] * G)
+            lo, li = load, limit
+            if rev:     # the in-trees' packing is read on the transposed network: its pair order
+                tord = transposed_pair_order(net)
+                lo, li = np.r_[load[:P][tord], load[P:]], np.r_[limit[:P][tord], limit[P:]]
+            out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
+                               it, len(cols), lp_s + time.perf_counter() - r0, lo[:P].copy(),
+                               {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
+                                "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
+                               None if lp_only else group, reround))
+        return tuple(out)
+
+    def reround(kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
+        return finish(max(1, int(kmax)), max(1, min(int(min_chunks), int(kmax))),
+                      time.perf_counter() + max(0.0, float(time_limit)))
+
+    out = finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
+                 time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter())))
     return tuple(out)
 
 

@@ -1,0 +1,87 @@
+"""Rounding a tree packing's LP again to fewer chunks per rank (``Packing.reround``), and the
+synthesis that uses it: where a program would need more blocks than a GPU keeps resident, its
+streams share channels in bundles (a bundle takes one fair share of a link where its streams took
+one each), so the same LP rounded to fewer chunks, every stream on a channel of its own, is a
+candidate too and the simulator chooses."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+
+from conftest import examples
+from hccc.compiler.synth import network_from_topology, synthesize
+from hccc.compiler.synth import forest
+from hccc.compiler.synth import trees as tr
+from test_synth_trees import clusters
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+def _spanning_out_tree(par: np.ndarray, root: int) -> bool:
+    n = len(par)
+    if par[root] != -1 or (np.delete(par, root) < 0).any():
+        return False
+    for v in range(n):
+        seen, x = set(), v
+        while x != root:
+            if x in seen:
+                return False
+            seen.add(x)
+            x = int(par[x])
+    return True
+
+
+@settings(max_examples=examples(8), deadline=None)
+@given(topo=clusters())
+def test_reround_rounds_the_same_lp_to_at_most_the_chunks_asked(topo):
+    net = network_from_topology(topo)
+    p = tr.pack_trees(net)
+    for k in (1, 2, 3):
+        q, = p.reround(k)
+        assert 1 <= q.chunks_per_rank <= k
+        assert q.lp_time == p.lp_time and q.lower_bound == p.lower_bound
+        assert q.rounded_time >= q.lp_time * (1 - 1e-9)     # no rounding beats its LP
+        per_root = np.zeros(net.nranks, np.int64)
+        for r, par, c in zip(q.roots, q.parents, q.counts):
+            assert _spanning_out_tree(np.asarray(par), r) and c > 0
+            per_root[r] += c
+        assert (per_root == q.chunks_per_rank).all()      # every rank's data, all of it
+    # rounding again to the packing's own count gives the packing's own counts
+    same, = p.reround(p.chunks_per_rank, min_chunks=p.chunks_per_rank)
+    assert same.chunks_per_rank == p.chunks_per_rank and same.counts == p.counts
+
+
+def test_chunks_to_fit_scales_the_streams_to_the_blocks():
+    assert forest.chunks_to_fit(12, 1246, 208) == 2
+    assert forest.chunks_to_fit(16, 400, 208) == 8
+    assert forest.chunks_to_fit(4, 1000, 208) == 0          # fewer than one chunk: none
+    assert forest.chunks_to_fit(8, 100, 208) == 6            # always fewer than it had
+
+
+def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_own(monkeypatch):
+    """v100_4x2_8's AllReduce with a block budget that forces bundles: a re-rounded candidate with
+    no bundles, within the budget, is simulated beside the bundled ones, and the program kept is
+    the fastest within the budget."""
+    from hccc.commands.synth import Simulations, tree_simulated_score
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: None)
+    free = synthesize(topo, "allreduce", method="trees", time_limit=60)
+    budget = free.detail["blocks_per_rank"] * 2 // 3
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: budget)
+    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    res = synthesize(topo, "allreduce", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
+                     tree_score=tree_simulated_score(sims))
+    cands = res.detail["simulated_candidates"]
+    bundled = {k: v for k, v in cands.items() if "bundles" in k}
+    own = {k: v for k, v in cands.items() if "bundles" not in k and int(k.split("blocks ")[1]) <= budget}
+    assert bundled and own, cands
+    # the joint packing (both halves at once) needed bundles; rounded again it needs none
+    assert any("joint" in k for k in bundled) and any("joint" in k for k in own)
+    assert res.detail["blocks_per_rank"] <= budget
+    fits = [v for k, v in cands.items() if int(k.split("blocks ")[1]) <= budget]
+    assert sims.known(res, res.detail["channels"]) == min(fits)     # the fastest within the budget
