@@ -473,26 +473,26 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, own = bundled(lambda m: build(shape, pk, split, m),
                                                     lambda m: channels_of(pk, m), n, max_blocks)
-        sc = score(coll, rows, kv * split, ch) if score is not None else None
-        fits = max_blocks is None or blocks <= max_blocks
-        candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
-                           split, most, blocks))
-        build_s = max(build_s, time.perf_counter() - b0)
         if most is not None and score is not None and id(pk) not in refitted:
             # bundles cost rate (a bundle takes one fair share where its streams took one each):
-            # also the same LP rounded to fewer chunks, each stream on a channel of its own
+            # the same LP rounded to fewer chunks, every stream on a channel of its own, is built
+            # and simulated first, then this bundled program (the faster kept)
             refitted.add(id(pk))
             k_fit = chunks_to_fit(kv, own, max_blocks)
             if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
                 k_fit = 0                        # the one-chunk packing is a candidate already
             left_s = deadline - time.perf_counter()
-            if k_fit and left_s > 2 * build_s:
-                again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4))
-                if again is not None:
-                    refitted.add(id(again))
-                    # tried next: the other shapes of the bundled packing are bundled too
-                    todo.insert(i + 1, (max(p.chunks_per_rank for p in again.values()), again, joint,
-                                        "" if joint else tr.SHAPES[0]))
+            again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
+            if again is not None:
+                refitted.add(id(again))
+                todo[i + 1:i + 1] = [(max(p.chunks_per_rank for p in again.values()), again, joint,
+                                      "" if joint else tr.SHAPES[0]), (kv, pk, joint, shape)]
+                continue
+        sc = score(coll, rows, kv * split, ch) if score is not None else None
+        fits = max_blocks is None or blocks <= max_blocks
+        candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
+                           split, most, blocks))
+        build_s = max(build_s, time.perf_counter() - b0)
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels, split, most, blocks = best
     loops = info.pop("loops")
