@@ -518,8 +518,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   for name, p in packs.items()},
     }
     if score is not None:
-        detail["simulated_candidates"] = {f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}": c[0][1]
-                                          for c in candidates}
+        detail["simulated_candidates"] = {
+            f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}": c[0][1]
+            for c in candidates}
     if cut_by_limit:
         detail["time_limit_cut"] = cut_by_limit
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
