@@ -517,6 +517,14 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
   n->mirror_base.assign(world, 0);
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st == UCS_OK && getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    // UCX's own keepalive marks a peer's endpoint failed when the peer is slow to answer (a
+    // loaded host: many ranks on few cores); a put from that live peer then needs an ack on the
+    // failed endpoint, which UCX treats as fatal and aborts the process. hccc notices dead or
+    // stuck peers itself (closed sockets, its kernel and set-up timeouts), so the keepalive is
+    // off unless the environment asks for it.
+    ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "inf");
+  }
   if (st == UCS_OK) {
     ucp_params_t prm;
     memset(&prm, 0, sizeof prm);
