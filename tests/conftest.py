@@ -74,3 +74,40 @@ def nvcc() -> str:
 @pytest.fixture
 def hipcc() -> str:
     return require_tool("hipcc")
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.add(p)
+            todo.extend(children.get(p, []))
+    return out
+
+
+def shm_leaks(before: set) -> set:
+    """hccc shared-memory segments made since ``before`` that a test owns: made by this process or
+    a process below it (rank pools, programs it launched), or by a process now gone. Segments of
+    live processes of another pytest worker (``-n 2``) are theirs, not this test's leak."""
+    from hccc.runtime import shm
+
+    mine = _descendants(os.getpid())
+    leaks = set()
+    for name in set(shm.ours()) - set(before):
+        pid = int(shm._NAME.fullmatch(name).group(1))
+        if pid in mine or not os.path.exists(f"/proc/{pid}"):
+            leaks.add(name)
+    return leaks

@@ -26,6 +26,7 @@ from hccc.runtime import reference, shm
 from hccc.runtime.launcher import program_layout
 from hccc.testing import valid_programs
 
+from conftest import shm_leaks
 from rank_pool import RankPool, run_fresh
 
 
@@ -57,9 +58,9 @@ def _no_leaks():
     yield
     # segments are unlinked once every rank has mapped them: none may outlive a test
     deadline = time.monotonic() + 5
-    while set(shm.ours()) - before and time.monotonic() < deadline:
+    while shm_leaks(before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert set(shm.ours()) - before == set(), "shared memory left in /dev/shm"
+    assert shm_leaks(before) == set(), "shared memory left in /dev/shm"
 
 
 METHOD = {name: spec.method for name, spec in SPECS.items()}

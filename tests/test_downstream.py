@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import require_tool
+from conftest import require_tool, shm_leaks
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "examples" / "downstream"
@@ -206,7 +206,7 @@ def test_downstream_multiprocess_program_on_the_cpu_emulation(tmp_path):
                          text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert sorted(res.stdout.split("\n")[:-1]) == [f"rank {r}: OK (3 calls)" for r in range(4)]
-    assert set(shm.ours()) - before == set()      # every name was dropped after connecting
+    assert shm_leaks(before) == set()      # every name was dropped after connecting
 
 
 def _host_tu(tmp_path, target: str) -> pathlib.Path:

@@ -24,7 +24,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 
-from conftest import examples
+from conftest import examples, shm_leaks
 from rank_pool import RankPool
 from test_communicator import INSTANCE, PROGRAMS, _no_leaks, _require_torch, calls_for, check  # noqa: F401
 
@@ -440,4 +440,4 @@ def test_host_api_runs_ll_by_size_on_every_rank(tmp_path):
             for r in range(4):
                 data = np.fromfile(out / f"r{r}_c{k}.bin", dtype=np.float32)
                 assert np.array_equal(data, want_sum), (want, k, n, r)
-    assert set(shm.ours()) - before == set()
+    assert shm_leaks(before) == set()
