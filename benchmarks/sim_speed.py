@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from synth_speed import BOOT  # noqa: E402  (runs ``hccc`` from a given source tree)
+from synth_speed import LOAD_TREE  # noqa: E402  (imports ``hccc`` from a given source tree)
 
 #: simulates a program in the source tree given first: build, prepare, one call that compiles the
 #: engine, then the timed calls; prints one JSON line
-SIMULATE = BOOT.replace("import hccc.cli\nsys.exit(hccc.cli.main(sys.argv[2:]))", r"""
+SIMULATE = LOAD_TREE + r"""
 import json, time
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.pipeline.readers import load_algorithm
@@ -46,8 +46,7 @@ for _ in range(repeats):
     walls.append(r.wall_s)
 print(json.dumps({"time_s": r.time_s, "events": r.events, "share_flows": r.stats["share_flows"],
                   "walls": walls}))
-""")
-assert "SIMULATE" not in BOOT and SIMULATE != BOOT
+"""
 
 
 def make_program(gpus: int, collective: str, folder: Path) -> tuple[Path, Path, int]:

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-#: runs ``hccc`` from the source tree given as the first argument (the package layout of pyproject.toml)
-BOOT = r"""
+#: imports ``hccc`` from the source tree given as the first argument (the package layout of pyproject.toml)
+LOAD_TREE = r"""
 import importlib.util, os, sys
 root = sys.argv[1]
 mods = []
@@ -41,9 +41,9 @@ for name, d in (("hccc", "driver"), ("hccc.compiler", "compiler"), ("hccc.util",
     mods.append((m, spec))
 for m, spec in mods:
     spec.loader.exec_module(m)
-import hccc.cli
-sys.exit(hccc.cli.main(sys.argv[2:]))
 """
+#: runs ``hccc`` (the rest of the arguments) from that source tree
+BOOT = LOAD_TREE + "import hccc.cli\nsys.exit(hccc.cli.main(sys.argv[2:]))\n"
 
 
 def run(tree: Path, argv: list[str]) -> dict:

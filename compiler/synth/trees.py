@@ -45,8 +45,8 @@ distinct steps (two reductions into one (rank, chunk) never share a step).
 from __future__ import annotations
 
 import time
-from typing import Callable
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -581,9 +581,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         return finish(max(1, int(kmax)), max(1, min(int(min_chunks), int(kmax))),
                       time.perf_counter() + max(0.0, float(time_limit)))
 
-    out = finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
-                 time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter())))
-    return tuple(out)
+    return finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
+                  time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter())))
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
