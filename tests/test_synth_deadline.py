@@ -100,8 +100,9 @@ class ScriptedSimulations(synth_cmd.Simulations):
     """Simulations whose times come from a table (channels -> seconds, None: the unlimited
     program), stopping (the deadline) after ``stop_after`` simulations."""
 
-    def __init__(self, table: dict, stop_after: int | None = None):
+    def __init__(self, table: dict, stop_after: int | None = None, steps: list | None = None):
         self.table = table
+        self.steps = list(synth_cmd.CHANNEL_STEPS) if steps is None else list(steps)
         self.stop_after = stop_after
         self.calls: list = []
         self.times = {}
@@ -114,7 +115,7 @@ class ScriptedSimulations(synth_cmd.Simulations):
         return ("p",)
 
     def channel_steps(self, result):
-        return list(synth_cmd.CHANNEL_STEPS)
+        return list(self.steps)
 
     def seconds(self, result, channels):
         if ("p", channels) in self.times:
@@ -135,7 +136,8 @@ class _Result:
 @st.composite
 def channel_tables(draw):
     """Times non-increasing in channels over CHANNEL_STEPS, the unlimited time at most the
-    fewest's and at least the bound."""
+    fewest's and at least the bound; the counts that stay resident (a prefix of CHANNEL_STEPS, as
+    few as one: a program of many thread blocks) and the packing's own count (any step)."""
     steps = synth_cmd.CHANNEL_STEPS
     bound = 1.0
     free = bound * draw(st.sampled_from([1.0, 1.001, 1.01, 1.2]))
@@ -144,7 +146,8 @@ def channel_tables(draw):
         table[c] = max(free, t)
         t = t / draw(st.sampled_from([1.0, 1.0, 1.002, 1.3, 2.0]))
     table[None] = free
-    return table, bound, draw(st.sampled_from(steps))
+    resident = list(steps[:draw(st.integers(1, len(steps)))])
+    return table, bound, draw(st.sampled_from(steps)), resident
 
 
 @settings(max_examples=examples(60))
@@ -154,19 +157,20 @@ def test_fit_channels_against_brute_force(case):
     reference (the bound where the packing's own count already meets it, else the unlimited
     time), found by trying every count; the packing's count confirmed at the bound costs one
     simulation."""
-    table, bound, own = case
-    sims = ScriptedSimulations(table)
+    table, bound, own, resident = case
+    sims = ScriptedSimulations(table, steps=resident)
     res = _Result(own, bound)
     t = synth_cmd._fit_channels(res, None, 1 << 30, sims)
     tol = synth_cmd.FIT_TOLERANCE
-    ref = bound if table[own] <= bound * (1 + tol) else table[None]
-    ok = [c for c in synth_cmd.CHANNEL_STEPS if table[c] <= ref * (1 + tol)]
-    want = min(ok) if ok else max(synth_cmd.CHANNEL_STEPS)
+    start = max([c for c in resident if c <= own] or [resident[0]])     # the packing's, resident
+    ref = bound if table[start] <= bound * (1 + tol) else table[None]
+    ok = [c for c in resident if table[c] <= ref * (1 + tol)]
+    want = min(ok) if ok else max(resident)
     assert res.detail["channels"] == want and res.detail["channels_fitted"] is True
     assert t == table[want]
-    if table[own] <= bound * (1 + tol):
+    if table[start] <= bound * (1 + tol):
         assert None not in sims.calls          # no unlimited simulation at the bound
-    if own == 1 and table[1] <= bound * (1 + tol):
+    if start == 1 and table[1] <= bound * (1 + tol):
         assert sims.calls == [1]
 
 
@@ -175,11 +179,11 @@ def test_fit_channels_against_brute_force(case):
 def test_fit_channels_stopped_keeps_the_best_known(case, stop):
     """Stopped by the deadline after ``stop`` simulations: the fewest count known to pass, else the
     packing's own; marked not fitted; the time returned is that count's, when it was simulated."""
-    table, bound, own = case
-    full = ScriptedSimulations(table)
+    table, bound, own, resident = case
+    full = ScriptedSimulations(table, steps=resident)
     _Result_full = _Result(own, bound)
     synth_cmd._fit_channels(_Result_full, None, 1 << 30, full)
-    sims = ScriptedSimulations(table, stop_after=stop)
+    sims = ScriptedSimulations(table, stop_after=stop, steps=resident)
     res = _Result(own, bound)
     t = synth_cmd._fit_channels(res, None, 1 << 30, sims)
     if len(full.calls) <= stop:                 # the deadline came after the fitting's last simulation
@@ -188,10 +192,11 @@ def test_fit_channels_stopped_keeps_the_best_known(case, stop):
     assert sims.stopped and res.detail["channels_fitted"] is False
     ch = res.detail["channels"]
     tol = synth_cmd.FIT_TOLERANCE
-    ref = bound if table.get(own) is not None and own in sims.calls and table[own] <= bound * (1 + tol) \
+    start = max([c for c in resident if c <= own] or [resident[0]])     # the packing's, resident
+    ref = bound if start in sims.calls and table[start] <= bound * (1 + tol) \
         else table[None] if None in sims.calls else None
     passed = [c for c in sims.calls if c is not None and ref is not None and table[c] <= ref * (1 + tol)]
-    assert ch == (min(passed) if passed else own)
+    assert ch == (min(passed) if passed else start)
     assert t == (table[ch] if ch in sims.calls else None)
 
 

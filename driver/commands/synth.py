@@ -562,7 +562,7 @@ def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT
             else:
                 lo = guess
     else:
-        lo = guess + 1
+        lo = min(guess + 1, hi)                # none of the resident counts may pass: the most then
     while lo < hi:
         mid = (lo + hi) // 2
         ok = passes(mid)
