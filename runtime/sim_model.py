@@ -17,8 +17,9 @@ SM at ~0.5 us memory latency, some 15-20 GB/s for the FIFO protocol's copies), s
 fill a fast link alone; the kernels spread a connection over ``nchannels`` blocks
 (:mod:`hccc.compiler.passes.channels`). Each thread block's sends therefore also cross a resource
 of its own of capacity ``nchannels x block_gbps`` (default :data:`DEFAULT_BLOCK_GBPS`; None or
-infinity: no limit): a connection runs at min(its fair share of link and groups, nchannels x
-block_gbps).
+infinity: no limit) at 16 warps per block, in proportion at fewer (``block_gbps_at``: a block of 8
+warps keeps half the bytes in flight): a connection runs at min(its fair share of link and
+groups, nchannels x block_gbps).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
-from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
+from hccc.compiler.passes.channels import BLOCK_GBPS_WARPS, DEFAULT_BLOCK_GBPS, block_gbps_at
 
 from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 
@@ -234,7 +235,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
     if limited:
         bres0 = len(res_cap)
-        res_cap = np.concatenate([res_cap, np.full(G, nchannels * float(block_gbps) * 1e9)])
+        per_block = block_gbps_at(block_gbps, getattr(ir, "nwarps", BLOCK_GBPS_WARPS))
+        res_cap = np.concatenate([res_cap, np.full(G, nchannels * per_block * 1e9)])
         skeys = gtb[si] * max(L, 1) + p_link[si]
         ukeys_r, rinv = np.unique(skeys, return_inverse=True)
         r_tb, r_link = ukeys_r // max(L, 1), ukeys_r % max(L, 1)

@@ -478,14 +478,18 @@ def test_build_without_fusion_has_no_fused_primitives():
 # ----------------------------------------------------------------------------- the per-block limit
 @pytest.mark.parametrize("channels", [1, 2, 3, 8])
 @pytest.mark.parametrize("block_gbps", [5.0, 20.0])
-def test_single_transfer_runs_at_the_smaller_of_link_and_channels_x_block_rate(channels, block_gbps):
-    """One connection, one 64 MiB transfer: time = alpha + S / min(link bandwidth, K x block)."""
+@pytest.mark.parametrize("warps", [16, 32, 8, 4, 1])
+def test_single_transfer_runs_at_the_smaller_of_link_and_channels_x_block_rate(channels, block_gbps, warps):
+    """One connection, one 64 MiB transfer: time = alpha + S / min(link bandwidth, K x block),
+    a block of fewer than 16 warps moving in proportion to its warps (at 16 and more, the rate
+    given)."""
     topo = cluster(2, {(0, 1): (25, 2, 1.0)})
     ir = single_transfer_ir()
     ir.nchannels = channels
+    ir.nwarps = warps
     nbytes = 64 * MiB
     r = sim.simulate(ir, topo, nbytes, block_gbps=block_gbps)
-    rate = min(50e9, channels * block_gbps * 1e9)
+    rate = min(50e9, channels * block_gbps * 1e9 * min(warps, 16) / 16)
     assert r.time_s == pytest.approx(1e-6 + nbytes / rate, rel=1e-12)
     assert r.time_s >= r.lower_bound_s * (1 - 1e-12)
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
-                                                format_topology, parse_topology)
+                                                SharedSpec, format_topology, parse_topology)
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth.trees import min_arborescence
@@ -473,6 +473,72 @@ def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(mon
     verify(alg)
     ir = build_program(alg)
     assert int(np.max(ir.ntbs)) * alg.header.nchannels <= res.detail["blocks_per_rank"]
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_fewer_warps_before_bundles(monkeypatch, collective):
+    """Blocks resident in inverse proportion to the warps per block (as on GPUs): a program whose
+    streams' channels need twice the blocks resident at 16 warps keeps a channel per stream at 8
+    warps (the .rccl says nWarps=8, the compiled program's blocks fit what the budget allows at
+    8 warps); one needing more than 4 warps allow takes bundles at 16 warps."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.verify import verify
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import forest
+    from hccc.compiler.synth.emit import to_algorithm, to_rccl
+
+    topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: None)
+    free = synthesize(topo, collective, method="trees", time_limit=30)
+    own = free.detail["blocks_per_rank"]
+    assert free.detail["warps"] == 16
+    half = (own + 1) // 2                                  # at 16 warps; `own` and more at 8
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: half * 16 // nwarps)
+    res = synthesize(topo, collective, method="trees", time_limit=30)
+    assert res.detail["warps"] == 8 and res.detail["streams_per_bundle"] == 1
+    assert res.detail["blocks_per_rank"] == own * res.detail["channels"] // free.detail["channels"]
+    assert res.detail["max_blocks_per_rank"] == half * 2 >= res.detail["blocks_per_rank"]
+    assert np.array_equal(res.rows, free.rows)             # the same program, its channels kept
+    assert "nWarps=8" in to_rccl(res, topo)
+    alg = to_algorithm(res, topo)
+    verify(alg)
+    ir = build_program(alg)
+    assert ir.nwarps == 8
+    assert int(np.max(ir.ntbs)) * alg.header.nchannels <= res.detail["max_blocks_per_rank"]
+    # not even at 4 warps: bundles, at 16
+    tight = own // 4 - 1
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: tight * 16 // nwarps)
+    res = synthesize(topo, collective, method="trees", time_limit=30)
+    assert res.detail["warps"] == 16 and res.detail["streams_per_bundle"] > 1
+
+
+def test_512_multirail_allgather_is_resident_on_h100s():
+    """512 H800s on 64 multi-rail nodes (one chunk per rank: a rank forwards 511 streams on
+    channels of their own): the program needs more blocks than a GPU keeps at 16 warps, so it is
+    written with 8, and the compiled program's thread blocks fit what the compiler allows at its
+    warps (its own residency rule, not the synthesizer's)."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.passes.channels import max_blocks_per_rank
+    from hccc.compiler.synth.emit import to_algorithm
+
+    nodes, gpn = 64, 8
+    switch = [SharedSpec((g,), tuple(x for x in range(gpn) if x != g), 100.0, 9) for g in range(gpn)]
+    node = NodeSpec(gpn, {"switch": switch}, nics=[NicSpec((g,), 50.0) for g in range(gpn)], vendor="nvidia",
+                    gpu="H800")
+    topo = parse_topology(format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")])), "mr.topo")
+    res = synthesize(topo, "allgather", method="trees", time_limit=60)
+    assert res.detail["warps"] == 8 and res.detail["streams_per_bundle"] == 1
+    alg = to_algorithm(res, topo)
+    ir = build_program(alg)
+    tbs = int(np.max(ir.ntbs)) * alg.header.nchannels
+    assert max_blocks_per_rank(ir, "cuda") >= tbs > max_blocks_per_rank(_with_warps(ir, 16), "cuda")
+
+
+def _with_warps(ir, warps):
+    import copy
+    out = copy.copy(ir)
+    out.nwarps = warps
+    return out
 
 
 @settings(max_examples=examples(6), deadline=None)

@@ -51,6 +51,9 @@ WARP = {"cuda": 32, "hip": 64}
 #: GB/s one block moves through the FIFO protocol: ~8 KiB in flight per SM over ~0.4 us of memory
 #: latency (Little's law), the simulator's per-block limit (``hccc sim --block-bw``)
 DEFAULT_BLOCK_GBPS = 20.0
+#: warps per block at which a block moves :data:`DEFAULT_BLOCK_GBPS`; a block of fewer warps keeps
+#: proportionally fewer bytes in flight, so it moves proportionally less (:func:`block_gbps_at`)
+BLOCK_GBPS_WARPS = 16
 #: the most channels ``auto`` picks
 AUTO_MAX = 8
 #: the least bytes of a full slice ``auto`` gives one channel
@@ -86,6 +89,13 @@ def most_tbs(ir: ProgramIR) -> int:
 def _threads(ir: ProgramIR, platform: str) -> int:
     w = WARP[platform]
     return max(w, min(1024, int(ir.nwarps) * w))
+
+
+def block_gbps_at(block_gbps: float, nwarps: int) -> float:
+    """GB/s a block of ``nwarps`` warps moves where one of :data:`BLOCK_GBPS_WARPS` moves
+    ``block_gbps``: in proportion below that (Little's law: each thread keeps the same loads in
+    flight), the same above it (the figure is not raised past what was measured)."""
+    return float(block_gbps) * min(1.0, max(1, int(nwarps)) / BLOCK_GBPS_WARPS)
 
 
 def max_blocks_per_rank(ir: ProgramIR, platform: str, sms: int | None = None,
@@ -174,4 +184,5 @@ def with_channels(ir: ProgramIR, k: int) -> ProgramIR:
 
 
 __all__ = ["ChannelError", "parse_channels", "auto_channels", "device_channels", "DEVICE_AUTO_MAX", "resolve_channels", "max_blocks_per_rank",
-           "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART", "DEFAULT_BLOCK_GBPS"]
+           "with_channels", "most_tbs", "NOMINAL_SMS", "AUTO_MAX", "AUTO_MIN_PART", "DEFAULT_BLOCK_GBPS",
+           "BLOCK_GBPS_WARPS", "block_gbps_at"]

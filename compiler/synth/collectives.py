@@ -137,7 +137,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
 
     ``method``: ``"search"`` (the above), or ``"trees"``: the bandwidth-optimal tree packing of
     :mod:`.forest` (AllGather, ReduceScatter, AllReduce; its chunk count is its own, and
-    ``tree_score(collective, rows, chunks_per_rank, channels)`` picks among its shapes).
+    ``tree_score(collective, rows, chunks_per_rank, channels, warps)`` picks among its shapes).
     ``detail["method"]`` says which ran.
     """
     t0 = time.perf_counter()
@@ -157,7 +157,9 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         prog = synthesize_trees(net, coll, pair_bw=None if isinstance(topo, Network) else pair_bandwidth(topo),
                                 total_bytes=float(bandwidth_bound_bytes or (1 << 30)), time_limit=time_limit,
                                 score=tree_score,
-                                max_blocks=None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor))
+                                max_blocks=None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor),
+                                resident=None if isinstance(topo, Network) else
+                                lambda warps: resident_blocks(topo.rank_vendor, warps))
         res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
                           time.perf_counter() - t0, net.name, False, None, prog.detail, prog.loops)
         if bandwidth_bound_bytes:

@@ -24,9 +24,12 @@ are shared max-min fairly between the flows on them):
   it, and the rest is forwarded after it ends. All streams have the same planned rate, so a fair
   share of a link or shared group is never below what the packing plans for a stream on it: a
   tree that carries several chunks gets as many streams, and its weight in every fair share.
-* **Bundles where blocks would not be resident.** A rank's kernel needs every thread block
-  resident at once; when the busiest rank would need more blocks than its GPU holds
-  (``max_blocks``, :func:`resident_blocks`), the streams of each tree share channels in bundles
+* **Fewer warps, then bundles, where blocks would not be resident.** A rank's kernel needs every
+  thread block resident at once; when the busiest rank would need more blocks than its GPU holds
+  (``max_blocks``, :func:`resident_blocks`), the program is first written with fewer warps per
+  block (8, then 4: twice, four times the blocks resident, each moving that much less, which a
+  stream's planned rate rarely needs: 512 H800s, one chunk per rank, 1,023 blocks at 8 warps);
+  where even that is too many, the streams of each tree share channels in bundles
   of at most 2, 3, 4, ... streams (:func:`bundled`): a bundle's streams cross the same pairs and
   arrive one after another, so a rank still forwards each as it arrives, but a bundle takes one
   fair share of a link where its streams took one each, so the program is slower. Streams of
@@ -64,7 +67,7 @@ from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth import trees as tr
 
 #: GB/s one block moves (the simulator's default per-block limit, :mod:`hccc.compiler.passes.channels`)
-from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
+from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS, block_gbps_at
 
 
 #: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
@@ -236,32 +239,50 @@ def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, 
 
 #: bundle sizes :func:`bundled` tries, smallest first, while a program needs more blocks than resident
 BUNDLE_SIZES = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: warps per block of the tree programs (``nWarps``), and the fewest :func:`bundled` lowers it to
+WARPS = 16
+LEAST_WARPS = 4
 
 
-def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None):
+def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None,
+            resident: Callable[[int], int | None] | None = None):
     """The program ``build(most)`` with a channel per stream (``most`` None) or, when its busiest
-    rank needs more than ``max_blocks`` blocks (:func:`blocks_per_rank` x blocks per thread block,
-    ``channels(most)``), with every tree's streams in bundles of at most ``most`` (the least of
-    :data:`BUNDLE_SIZES` within ``max_blocks``, else the one needing the fewest). A bundle's
-    streams run on one thread block one after another, so the program gets slower (a bundle takes
-    one fair share of a link where its streams took one each), but every thread block of a rank
-    must be resident at once for the program to run at all. Returns ``(rows, info, channels,
-    most, blocks, own)``, ``own`` the blocks of the program with a channel per stream."""
+    rank needs more than ``max_blocks`` blocks at :data:`WARPS` warps per block
+    (:func:`blocks_per_rank` x blocks per thread block, ``channels(most, warps)``):
+
+    1. with fewer warps per block (halved down to :data:`LEAST_WARPS`), where the blocks of a
+       channel per stream fit what stays ``resident(warps)`` then, with blocks per thread block
+       for the streams' planned rate at a block's slower rate: the streams keep their channels;
+    2. else with every tree's streams in bundles of at most ``most`` (the least of
+       :data:`BUNDLE_SIZES` within ``max_blocks``, else the one needing the fewest). A bundle's
+       streams run on one thread block one after another, so the program gets slower (a bundle
+       takes one fair share of a link where its streams took one each).
+
+    Every thread block of a rank must be resident at once for the program to run at all. Returns
+    ``(rows, info, channels, most, blocks, warps, fits, own)``: ``fits`` whether the blocks are
+    resident, ``own`` the blocks of the program with a channel per stream at :data:`WARPS`."""
     rows, info = build(None)
-    ch = channels(None)
-    blocks = own = int(blocks_per_rank(rows, nranks).max()) * ch
-    best = (rows, info, ch, None, blocks)
+    ch = channels(None, WARPS)
+    conns = int(blocks_per_rank(rows, nranks).max())
+    blocks = own = conns * ch
     if max_blocks is None or blocks <= max_blocks:
-        return best + (own,)
+        return rows, info, ch, None, blocks, WARPS, True, own
+    w = WARPS // 2
+    while resident is not None and w >= LEAST_WARPS:
+        cap, chw = resident(w), channels(None, w)
+        if cap is None or conns * chw <= cap:
+            return rows, info, chw, None, conns * chw, w, True, own
+        w //= 2
+    best = (rows, info, ch, None, blocks)
     for most in BUNDLE_SIZES:
         rows, info = build(most)
-        ch = channels(most)
+        ch = channels(most, WARPS)
         blocks = int(blocks_per_rank(rows, nranks).max()) * ch
         if blocks < best[4]:
             best = (rows, info, ch, most, blocks)
         if blocks <= max_blocks:
             break
-    return best + (own,)
+    return best + (WARPS, best[4] <= max_blocks, own)
 
 
 def rerounded(packs: dict, chunks: int, time_limit: float) -> dict | None:
@@ -326,16 +347,17 @@ def _distance_bound(net: Network) -> int:
 
 def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | None = None,
                      total_bytes: float = float(1 << 30), time_limit: float = 60.0,
-                     score: Callable[[str, np.ndarray, int, int], float] | None = None,
+                     score: Callable[[str, np.ndarray, int, int, int], float] | None = None,
                      block_gbps: float | None = DEFAULT_BLOCK_GBPS, max_chunks: int | None = None,
-                     max_blocks: int | None = None):
+                     max_blocks: int | None = None, resident: Callable[[int], int | None] | None = None):
     """The tree-packing program of ``collective`` (allgather, reducescatter, allreduce) on ``net``.
 
     ``pair_bw``: bytes/s of every pair as the simulator runs it (default ``net.bw``);
     ``total_bytes``: the buffer (AllGather output, ReduceScatter/AllReduce input) the channels are
-    sized for; ``score(collective, rows, chunks_per_rank, channels)``: simulated seconds of a
-    candidate program (None: keep the first shape); ``max_blocks``: the blocks a rank keeps
-    resident at once (None: no limit), see :func:`bundled`."""
+    sized for; ``score(collective, rows, chunks_per_rank, channels, warps)``: simulated seconds of
+    a candidate program (None: keep the first shape); ``max_blocks``: the blocks a rank keeps
+    resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
+    fewer (None: no fewer warps), see :func:`bundled`."""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
 
     t0 = time.perf_counter()
@@ -422,9 +444,11 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 for name, p in packs.items()}
         variants.append((1, ones, False))
 
-    def channels_of(pk: dict, most: int | None = None) -> int:
-        """Blocks per thread block for the planned rate of a stream (of ``most`` streams)."""
-        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=block_gbps or 0.0,
+    def channels_of(pk: dict, most: int | None = None, warps: int = WARPS) -> int:
+        """Blocks per thread block of ``warps`` warps for the planned rate of a stream (of ``most``
+        streams)."""
+        rate = block_gbps_at(block_gbps, warps) if block_gbps else 0.0
+        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=rate,
                               streams=most or 1) for p in pk.values())
 
     shapes: dict = {}      # (packing, shape) -> the shaped packing: bundling rebuilds, never reshapes
@@ -471,12 +495,14 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             break
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
-        rows, info, ch, most, blocks, own = bundled(lambda m: build(shape, pk, split, m),
-                                                    lambda m: channels_of(pk, m), n, max_blocks)
-        if most is not None and score is not None and id(pk) not in refitted:
-            # bundles cost rate (a bundle takes one fair share where its streams took one each):
-            # the same LP rounded to fewer chunks, every stream on a channel of its own, is built
-            # and simulated first, then this bundled program (the faster kept)
+        rows, info, ch, most, blocks, warps, fits, own = bundled(
+            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w), n, max_blocks, resident)
+        if (most is not None or warps < WARPS) and score is not None and id(pk) not in refitted:
+            # bundles cost rate (a bundle takes one fair share where its streams took one each),
+            # and so do many streams at once (each link's last pieces wait behind a piece of every
+            # other stream on it): the same LP rounded to fewer chunks, every stream on a channel
+            # of its own at full warps, is built and simulated first, then this program (the
+            # faster kept)
             refitted.add(id(pk))
             k_fit = chunks_to_fit(kv, own, max_blocks)
             if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
@@ -488,13 +514,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 todo[i + 1:i + 1] = [(max(p.chunks_per_rank for p in again.values()), again, joint,
                                       "" if joint else tr.SHAPES[0]), (kv, pk, joint, shape)]
                 continue
-        sc = score(coll, rows, kv * split, ch) if score is not None else None
-        fits = max_blocks is None or blocks <= max_blocks
+        sc = score(coll, rows, kv * split, ch, warps) if score is not None else None
         candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
-                           split, most, blocks))
+                           split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
     best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info, K, packs, channels, split, most, blocks = best
+    _, shape, rows, info, K, packs, channels, split, most, blocks, warps = best
     loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
@@ -507,8 +532,11 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         "joint": joint,
         "split": int(split),
         "streams_per_bundle": int(most or 1),
+        "warps": int(warps),
         "blocks_per_rank": int(blocks),
-        "max_blocks_per_rank": None if max_blocks is None else int(max_blocks),
+        # what stays resident at the program's warps per block
+        "max_blocks_per_rank": None if max_blocks is None else
+        int(max_blocks) if warps == WARPS or resident is None else resident(warps),
         "model_seconds": model_s,
         "cut_seconds_per_rank_byte": cut,      # the bound: cut, or the packing's where tighter
         "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * split,
@@ -519,7 +547,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     }
     if score is not None:
         detail["simulated_candidates"] = {
-            f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}": c[0][1]
+            f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}" +
+            (f" of {c[10]} warps" if c[10] != WARPS else ""): c[0][1]
             for c in candidates}
     if cut_by_limit:
         detail["time_limit_cut"] = cut_by_limit

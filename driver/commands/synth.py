@@ -136,8 +136,8 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
 
 
 def tree_simulated_score(sims: "Simulations"):
-    """``score(collective, rows, chunks_per_rank, channels)`` for the tree packing: simulated
-    seconds of a candidate program with its channels, recorded in ``sims`` (None when the simulator
+    """``score(collective, rows, chunks_per_rank, channels, warps)`` for the tree packing: simulated
+    seconds of a candidate program with its channels and warps per block, recorded in ``sims`` (None when the simulator
     is not available; a candidate already simulated is not simulated again). Infinity, not
     simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the
     collective's bound (:meth:`Simulations.bound_seconds`: no other shape can gain more than that;
@@ -148,9 +148,9 @@ def tree_simulated_score(sims: "Simulations"):
 
     best: list[float] = []
 
-    def score(collective: str, rows, chunks_per_rank: int, channels: int) -> float:
+    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int = 16) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
-                           sims.topo.name, detail={"channels": int(channels)})
+                           sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
         known = sims.known(cand, int(channels))
         if known is not None:
             return known
@@ -441,7 +441,7 @@ class Simulations:
         from hccc.compiler.synth.emit import _sorted_rows
         rows = np.ascontiguousarray(_sorted_rows(result), dtype=np.int64)
         return (result.collective, int(result.chunks_per_rank), int(result.root or 0),
-                hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
+                int(result.detail.get("warps", 16)), hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
 
     def _ir(self, result, key: tuple):
         if key not in self._irs:
