@@ -32,7 +32,8 @@ algorithm-level execution says so in ``stats["execution"]``).
 
 Channels: ``--channels K`` runs every thread block as K blocks (``auto``: as the compiler picks
 for the cluster's GPUs, :mod:`hccc.compiler.passes.channels`); a block moves at most
-``--block-bw`` GB/s (default 20, the FIFO protocol's per-block rate; 0: no limit), so a
+``--block-bw`` GB/s (default 20, the FIFO protocol's per-block rate at 16 warps, in proportion
+for a program of fewer; 0: no limit), so a
 connection runs at min(its share of the link, K x block-bw). The JSON records ``channels`` and
 ``block_gbps``.
 """
@@ -91,7 +92,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="blocks per thread block (default: auto, i.e. the .rccl nChannels or a given IR's own, "
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
-                   help=f"GB/s one block moves, the per-block limit (default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
+                   help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: in proportion; default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
     p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements)")
     p.add_argument("-o", "--op", type=op_choice(("sum", "max", "min"), "sim"), default="sum", metavar="sum|max|min",
