@@ -482,6 +482,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         info["loops"] = loops if all(lp is not None for lp in loops) else None
         return np.concatenate(parts), info
 
+    def model_time(pk: dict) -> float:
+        """Seconds per byte of a rank's data of the packings ``pk`` in the link model."""
+        return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(p.rounded_time for p in pk.values())
+
     candidates = []
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
@@ -501,8 +505,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             # bundles cost rate (a bundle takes one fair share where its streams took one each),
             # and so do many streams at once (each link's last pieces wait behind a piece of every
             # other stream on it): the same LP rounded to fewer chunks, every stream on a channel
-            # of its own at full warps, is built and simulated first, then this program (the
-            # faster kept)
+            # of its own at full warps, is built and simulated too, the faster kept. Best first:
+            # a program never runs faster than its packing's time in the link model, so the one
+            # whose link-model time is less goes first (where the limit allows one simulation,
+            # the other may only be slower up to the difference); ties to the re-rounded one
             refitted.add(id(pk))
             k_fit = chunks_to_fit(kv, own, max_blocks)
             if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
@@ -511,9 +517,11 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
             if again is not None:
                 refitted.add(id(again))
-                todo[i + 1:i + 1] = [(max(p.chunks_per_rank for p in again.values()), again, joint,
-                                      "" if joint else tr.SHAPES[0]), (kv, pk, joint, shape)]
-                continue
+                cand = (max(p.chunks_per_rank for p in again.values()), again, joint, "" if joint else tr.SHAPES[0])
+                if model_time(again) <= model_time(pk) * (1 + 1e-9):
+                    todo[i + 1:i + 1] = [cand, (kv, pk, joint, shape)]
+                    continue
+                todo.insert(i + 1, cand)
         sc = score(coll, rows, kv * split, ch, warps) if score is not None else None
         candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
                            split, most, blocks, warps))
@@ -524,7 +532,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
     joint = any(p.stats.get("joint") for p in packs.values())
-    model_s = (max if joint else sum)(p.rounded_time for p in packs.values()) * per_rank
+    model_s = model_time(packs) * per_rank
     detail = {
         "method": "trees",
         "channels": int(channels),
