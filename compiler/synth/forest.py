@@ -79,8 +79,9 @@ REDUCE_SPLIT_LEAST = 4
 #: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
 SPLIT_MAX_TRANSFERS = 100_000
 #: the share of ``time_limit`` the packings may use: the rest is kept for building the program
-#: (splitting, shaping, bundling) and for what the caller does with it (simulating, writing)
-PACK_SHARE = 0.5
+#: (splitting, shaping, bundling) and for what the caller does with it (simulating, writing); a
+#: packing stopped short of its LP loses more than the simulations it leaves time for can win
+PACK_SHARE = 0.8
 
 
 @dataclass
