@@ -76,6 +76,16 @@ def hipcc() -> str:
     return require_tool("hipcc")
 
 
+@pytest.fixture
+def packing_without_classes(monkeypatch):
+    """The tree packing's LP over every root, without the classes of a cluster of several kinds of
+    node (:func:`hccc.compiler.synth.symmetry.class_symmetry`), whose LP often finds one tree per
+    root: for tests whose premise is a packing of several chunks per rank."""
+    from hccc.compiler.synth import trees
+
+    monkeypatch.setattr(trees, "class_symmetry", lambda net, bw=None: None)
+
+
 def _descendants(pid: int) -> set[int]:
     """``pid`` and every process below it (from /proc's parent links)."""
     children: dict[int, list[int]] = {}

@@ -61,14 +61,14 @@ def test_chunks_to_fit_scales_the_streams_to_the_blocks():
     assert forest.chunks_to_fit(8, 100, 208) == 6            # always fewer than it had
 
 
-def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_own(monkeypatch):
+def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_own(monkeypatch, packing_without_classes):
     """v100_4x2_8's AllReduce with a block budget that forces bundles: a re-rounded candidate with
     no bundles, within the budget, is simulated beside the bundled ones, and the program kept is
     the fastest within the budget."""
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.pipeline import load_cluster
 
-    topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")
+    topo = load_cluster(CLUSTERS / "v100_4x2_8.topo")      # 2 chunks per rank, up to 2 on a tree
     monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: None)
     free = synthesize(topo, "allreduce", method="trees", time_limit=60)
     budget = free.detail["blocks_per_rank"] * 2 // 3

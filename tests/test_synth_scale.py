@@ -24,7 +24,7 @@ def test_symmetry_elements_are_automorphisms():
     """Every element of the node symmetry maps each pair onto a pair of equal bandwidth and each
     shared group onto a group of equal capacity with the mapped members (checked on the network
     itself, not through the code that found the symmetry), and the elements are distinct."""
-    from hccc.compiler.synth.trees import node_symmetry
+    from hccc.compiler.synth.symmetry import node_symmetry
 
     net = network_from_topology(load_cluster(CLUSTERS / "a100_topo3.topo"))
     sym = node_symmetry(net)

@@ -299,7 +299,8 @@ def test_symmetry_solves_one_root_per_class_at_the_same_optimum():
     """Identical nodes: the LP over one root per class of equivalent ranks (trees translated to the
     other roots) reaches the same optimum as the LP over every root, and every rank is a root."""
     from hccc.compiler.pipeline import load_cluster
-    from hccc.compiler.synth.trees import node_symmetry, pack_trees, pair_bandwidth
+    from hccc.compiler.synth.symmetry import node_symmetry
+    from hccc.compiler.synth.trees import pack_trees, pair_bandwidth
 
     topo = load_cluster(CLUSTERS / "a100_topo3.topo")       # 4 identical nodes
     net = network_from_topology(topo)
@@ -317,7 +318,8 @@ def test_alternating_nodes_solve_one_root_per_class_at_the_same_optimum():
     """Nodes of two kinds alternating (no single-node shift maps the cluster onto itself, a shift by
     two nodes does): the LP over one root per class reaches the optimum of the LP over every root
     and the flow LP here; every rank gets K chunks on spanning trees rooted at it."""
-    from hccc.compiler.synth.trees import node_symmetry, pack_trees, period_symmetry
+    from hccc.compiler.synth.symmetry import node_symmetry, period_symmetry
+    from hccc.compiler.synth.trees import pack_trees
 
     a = NodeSpec(2, {"direct": [LinkSpec(0, 1, 50, 1), LinkSpec(1, 0, 50, 1)]}, nics=[NicSpec((0, 1), 10)])
     b = NodeSpec(2, {"direct": [LinkSpec(0, 1, 10, 1), LinkSpec(1, 0, 10, 1)]},
@@ -429,7 +431,8 @@ def test_tree_streams_have_channels_of_their_own(monkeypatch):
 
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
-def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(monkeypatch, collective):
+def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(monkeypatch, collective,
+                                                                           packing_without_classes):
     """A program whose busiest rank needs more blocks than its GPU keeps resident bundles the
     streams of a tree onto shared channels: within the budget, every channel of a pair carries at
     most the bundle size of streams, all of one root, the collective still holds (the verifier),
@@ -476,7 +479,7 @@ def test_streams_share_channels_in_bundles_when_blocks_would_not_be_resident(mon
 
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
-def test_fewer_warps_before_bundles(monkeypatch, collective):
+def test_fewer_warps_before_bundles(monkeypatch, collective, packing_without_classes):
     """Blocks resident in inverse proportion to the warps per block (as on GPUs): a program whose
     streams' channels need twice the blocks resident at 16 warps keeps a channel per stream at 8
     warps (the .rccl says nWarps=8, the compiled program's blocks fit what the budget allows at

@@ -349,12 +349,12 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
 
 def _symmetric_targets(net: Network, task: Task, targets: list[int]) -> list[int]:
     """``targets`` less those that an automorphism of the bandwidths (the node and GPU shifts of
-    :func:`hccc.compiler.synth.trees.node_symmetry`) maps onto another target: when every rank holds
+    :func:`hccc.compiler.synth.symmetry.node_symmetry`) maps onto another target: when every rank holds
     as many chunks, such targets have the same max-flow value, so one per orbit suffices."""
     w = np.bincount(task.origin, minlength=task.nranks)
     if not targets or (w != w[0]).any():
         return targets
-    from hccc.compiler.synth.trees import node_symmetry
+    from hccc.compiler.synth.symmetry import node_symmetry
 
     sym = node_symmetry(net)
     if sym is None:

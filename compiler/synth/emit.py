@@ -82,7 +82,7 @@ def _loop_lines(part) -> list[str]:
     """``part`` (:class:`hccc.compiler.synth.trees.LoopRows`) as ResCCLang loops: the representative
     transfers once, inside ``for a`` (node shifts) and ``for b`` (GPU shifts within a node) loops
     whose rank expressions shift every rank ``r`` to ``((r // g + a) % nodes) * g + (r % g + b) % g``
-    (:class:`hccc.compiler.synth.trees.Symmetry`)."""
+    (:class:`hccc.compiler.synth.symmetry.Symmetry`)."""
     sym = part.symmetry
     N, g, B = sym.nodes, sym.gpn, sym.gpu_shifts
     K = part.chunks_per_rank

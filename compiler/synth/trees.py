@@ -52,6 +52,7 @@ from typing import Callable
 import numpy as np
 
 from hccc.compiler.synth.problem import Network
+from hccc.compiler.synth.symmetry import Symmetry, class_symmetry, node_symmetry, period_symmetry
 
 #: the LP stops when within this factor of its lower bound (Lagrangian or cut bound)
 LP_TOL = 2e-4
@@ -227,120 +228,6 @@ def _pair_matrix(net: Network) -> np.ndarray:
     return m
 
 
-def _shift_perm(net: Network, sigma: np.ndarray) -> np.ndarray | None:
-    """The permutation of resources (pairs, then groups) that the rank permutation ``sigma``
-    induces, or None when ``sigma`` is no automorphism (a pair, a bandwidth or a group that does
-    not map onto an equal one)."""
-    P = net.npairs
-    pp = net.pair_index(sigma[net.psrc], sigma[net.pdst])
-    if (pp < 0).any() or not np.allclose(net.bw[pp], net.bw):
-        return None
-    members = net.group_pairs()
-    index = {tuple(sorted(m.tolist())): g for g, m in enumerate(members)}
-    gp = np.array([index.get(tuple(sorted(pp[m].tolist())), -1) for m in members], np.int64)
-    if (gp < 0).any() or (gp.size and not np.allclose(net.gbw[gp], net.gbw)):
-        return None
-    return np.r_[pp, P + gp].astype(np.int64)
-
-
-@dataclass
-class Symmetry:
-    """Automorphisms of a cluster of ``nodes`` identical nodes of ``gpn`` GPUs each (see
-    :func:`node_symmetry`): element ``a * gpu_shifts + b`` moves every rank ``a`` nodes on and ``b``
-    GPUs on within its node, ``r -> ((r // gpn + a) % nodes) * gpn + (r % gpn + b) % gpn``
-    (``gpu_shifts`` is 1 when only whole nodes shift). The group acts freely on the ranks."""
-
-    nodes: int
-    gpn: int
-    gpu_shifts: int
-    ranks: np.ndarray         # (|G|, n): the rank permutation of every element, element 0 the identity
-    orbits: np.ndarray        # (R,): the orbit of every resource (pairs, then groups), numbered by least member
-
-    def __len__(self) -> int:
-        return int(self.ranks.shape[0])
-
-    @property
-    def norbits(self) -> int:
-        return int(self.orbits.max()) + 1 if self.orbits.size else 0
-
-    def shift(self, element: int) -> tuple[int, int]:
-        """``(a, b)``: the nodes and the GPUs within a node that ``element`` shifts by."""
-        return divmod(int(element), self.gpu_shifts)
-
-
-def node_symmetry(net: Network) -> Symmetry | None:
-    """Automorphisms of a cluster of identical nodes (:class:`Symmetry`): shifting every rank to
-    the next node (when all nodes have the same size and the shift maps pairs, bandwidths and groups
-    onto equal ones), and also shifting every rank to the next GPU of its node when that is one too.
-    None without such a symmetry. The resource orbits come from the generators' resource
-    permutations (connected components), so no element's permutation of all resources is held."""
-    node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
-    n = net.nranks
-    sizes = np.bincount(node)
-    if sizes.size < 2 or (sizes != sizes[0]).any() or not (np.diff(node) >= 0).all() or net.bw is None:
-        return None
-    g = int(sizes[0])
-    r = np.arange(n)
-    gens = []
-    gpu_shifts = 1
-    for k, sigma in enumerate(((r + g) % n, (r // g) * g + (r % g + 1) % g)):
-        if (sigma == r).all():
-            continue
-        res = _shift_perm(net, sigma)
-        if res is None:
-            if k == 0:
-                return None      # no node shift: no symmetry used
-            continue
-        gens.append(res)
-        if k == 1:
-            gpu_shifts = g
-    nodes = n // g
-    a = np.arange(nodes).repeat(gpu_shifts)[:, None]
-    b = np.tile(np.arange(gpu_shifts), nodes)[:, None]
-    ranks = ((r[None, :] // g + a) % nodes) * g + (r[None, :] % g + b) % g
-    orbits = _orbits_of(net.npairs + net.ngroups, gens)
-    return Symmetry(nodes, g, gpu_shifts, ranks.astype(np.int64), orbits)
-
-
-def _orbits_of(R: int, gens: list) -> np.ndarray:
-    """Resource orbits (numbered by least member) of the group the resource permutations ``gens``
-    generate: the connected components of their graph."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    src = np.concatenate([np.arange(R)] * len(gens))
-    dst = np.concatenate(gens)
-    _, lab = connected_components(coo_matrix((np.ones(src.size), (src, dst)), shape=(R, R)), directed=True,
-                                  connection="weak")
-    least = np.full(lab.max() + 1, R, np.int64)
-    np.minimum.at(least, lab, np.arange(R))
-    return np.argsort(np.argsort(least, kind="stable"), kind="stable")[lab].astype(np.int64)
-
-
-def period_symmetry(net: Network) -> Symmetry | None:
-    """Shifts of every rank by ``p`` nodes, for the least ``p`` (a proper divisor of the node count,
-    above 1) whose shift is an automorphism: clusters whose nodes repeat in a pattern (two kinds of
-    node alternating). Used by the packing LP only (one root per class of equivalent ranks), where
-    :func:`node_symmetry` finds no single-node shift; the trees of the other roots are the
-    translates. None without such a shift."""
-    node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
-    n = net.nranks
-    sizes = np.bincount(node)
-    if sizes.size < 4 or (sizes != sizes[0]).any() or not (np.diff(node) >= 0).all() or net.bw is None:
-        return None
-    g, nodes = int(sizes[0]), int(sizes.size)
-    r = np.arange(n)
-    for p in range(2, nodes // 2 + 1):
-        if nodes % p:
-            continue
-        res = _shift_perm(net, (r + p * g) % n)
-        if res is None:
-            continue
-        shifts = nodes // p
-        ranks = (r[None, :] + (np.arange(shifts) * p * g)[:, None]) % n
-        return Symmetry(shifts, g * p, 1, ranks.astype(np.int64), _orbits_of(net.npairs + net.ngroups, [res]))
-    return None
-
 
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
@@ -367,7 +254,7 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
 
 def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
           max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-          round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False):
+          round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None):
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
@@ -378,7 +265,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     equivalent ranks is solved: a packing that gives every translate of a representative's trees to
     the translated root loads every resource of an orbit alike, ``|t & O| |G| / |O|`` for a tree
     ``t``, the orbit ``O`` and the group ``G``, so the LP has a row per resource orbit and trees
-    for the representatives only; the trees of the other ranks are the translates."""
+    for the representatives only; the trees of the other ranks are the translates. Where the nodes
+    come in several kinds (:func:`.symmetry.class_symmetry`, a group that does not act freely) a
+    tree of root ``r`` stands for its translates spread over ``r``'s class, so its load on an orbit
+    member is ``|t & O| |C_r| / |O|``; that LP's optimum is the full LP's (average any packing over
+    the group), and its trees, translated to every rank, seed the LP over every root (``seed``:
+    ``(root, parents, in-tree)`` columns), which then needs about one round and gives a basic
+    solution, few trees, to round."""
     from scipy import sparse
     from scipy.optimize import linprog
 
@@ -397,11 +290,14 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     rp, rg = net.pair_group_rows()
     inc = sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
                             shape=(P, R))
-    group = node_symmetry(net) if symmetry else None
-    lp_only = False
+    group = node_symmetry(net, bw) if symmetry else None
+    lp_only = seeding = False
     if group is None and symmetry:
-        group = period_symmetry(net)           # the LP's classes only: the packing has no loops
+        group = period_symmetry(net, bw)       # the LP's classes only: the packing has no loops
         lp_only = group is not None
+    if group is None and symmetry and seed is None:
+        group = class_symmetry(net, bw)        # classes that seed the LP over every root
+        seeding = group is not None
     if group is not None:
         perms = group.ranks
         orb = group.orbits
@@ -412,7 +308,9 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         reps = np.arange(n)
     RO = int(orb.max()) + 1
     osize = np.bincount(orb, minlength=RO)
-    mult = len(perms) / osize                   # load on each member per tree member in the orbit
+    # load on each member of an orbit per tree member in it: the root's class size over the orbit's
+    csize = np.bincount(perms.min(axis=0), minlength=n)[perms.min(axis=0)].astype(float)
+    mult = 1.0 / osize
     first = np.full(RO, -1, np.int64)
     first[orb[::-1]] = np.arange(R)[::-1]
     ocap = capn[first]                           # the members of an orbit have equal capacities
@@ -420,7 +318,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     kinds = (False, True) if joint else (False,)      # out-trees, then (joint) in-trees
 
     def price(pi_o: np.ndarray, r: int, rev: bool = False) -> tuple[float, np.ndarray]:
-        w = inc @ (pi_o * mult)[orb]
+        w = (inc @ (pi_o * mult)[orb]) * csize[r]
         C = np.full((n, n), np.inf)
         C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
         if rev:
@@ -457,6 +355,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     for rev in kinds:
         for r in reps.tolist():
             add(r, price(pi0, r, rev)[1], rev)
+    for r, par, rev in seed or ():
+        add(int(r), np.asarray(par, np.int64), bool(rev))
     root_row = np.full(2 * n, -1, np.int64)
     for k, rev in enumerate(kinds):
         root_row[reps + n * rev] = np.arange(reps.size) + k * reps.size
@@ -473,7 +373,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         lens = np.array([c.size for c in cols])
         rows = np.concatenate(cols)
         colidx = np.repeat(np.arange(J), lens)
-        A_res = sparse.csr_matrix((mult[rows], (rows, colidx)), shape=(RO, J))
+        A_res = sparse.csr_matrix((mult[rows] * csize[np.array(col_root) % n][colidx], (rows, colidx)),
+                                  shape=(RO, J))
         A_ub = sparse.hstack([A_res, sparse.csr_matrix(-ocap.reshape(-1, 1))]).tocsr()
         A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(nrows, J + 1))
         c = np.zeros(J + 1)
@@ -504,12 +405,35 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             best_lb = max(best_lb, lag / denom)
         if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
             break
+    if seeding:
+        # the classes' LP trees translated to every rank of their class seed the LP over every root
+        G = perms.shape[0]
+        seeds, got = [], set()
+        for j in np.flatnonzero(y > 1e-9).tolist():
+            par, rev = col_par[j], col_root[j] >= n
+            v = np.flatnonzero(par >= 0)
+            tp = np.full((G, n), -1, np.int64)
+            tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
+            for g, root in enumerate(perms[:, col_root[j] - n * rev].tolist()):
+                key = (root, rev, tp[g].tobytes())
+                if key not in got:
+                    got.add(key)
+                    seeds.append((root, tp[g], rev))
+        class_s = time.perf_counter() - t0
+        out = _pack(net, pair_bw=bw, bound=max(best_lb / scale, bound or 0.0), max_chunks=max_chunks,
+                    min_chunks=min_chunks, time_limit=max(0.0, deadline - time.perf_counter()), tol=tol,
+                    round_tol=round_tol, symmetry=False, joint=joint, seed=seeds)
+        for packing in out:
+            packing.seconds += class_s
+            packing.stats.update(symmetry=G, classes=int(reps.size), class_lp_rows=RO, class_lp_rounds=it,
+                                 class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds))
+        return out
     # integral chunk counts (columns added in the last round have no weight yet)
     y = np.r_[y, np.zeros(len(cols) - y.size)]
     col_res = cols
     load_unit = np.zeros((len(cols), RO))
     for j, cj in enumerate(col_res):
-        np.add.at(load_unit[j], cj, mult[cj])
+        np.add.at(load_unit[j], cj, mult[cj] * csize[col_root[j] % n])
     croot = np.array(col_root)
     exact_k = _lp_denominator(y)
     rc = load_unit @ pi - lam[root_row[np.array(col_root)]]     # reduced costs at the last duals

@@ -1,0 +1,172 @@
+"""Automorphisms of clusters with several kinds of node (compiler/synth/symmetry.py) and the tree
+packing's LP over their classes (compiler/synth/trees.py), against independent checks.
+
+* Every element :func:`class_symmetry` returns is recomputed here to be an automorphism of the
+  cluster as its ``.topo`` describes it (every link onto a link of equal bandwidth, every shared
+  group onto a group of equal capacity), the elements form a group (closed under composition),
+  and the orbits are those of the elements.
+* The LP over the classes alone, and the packing seeded with its trees, reach the optimum computed
+  from scratch by the flow LP of tests/test_synth_trees.py (the seeded LP over every root in one
+  round), every rank gets K chunks on spanning trees rooted at it, and the
+  packing's time, recomputed from its trees, is its own.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+                                                format_topology, parse_topology)
+from hccc.compiler.synth import network_from_topology
+from hccc.compiler.synth.symmetry import class_symmetry
+from hccc.compiler.synth.trees import pack_trees, pair_bandwidth
+from test_synth_trees import M, _optimum
+
+
+@st.composite
+def node_kinds(draw):
+    """1-3 kinds of node (1-4 GPUs: a ring of links in both directions, random chords, NICs each
+    shared by a run of GPUs, or one NIC per GPU pair so that rotating the node by two maps it onto
+    itself), 1-3 nodes of each, in a random order, every pair of nodes through the NICs."""
+    kinds = []
+    for _ in range(draw(st.integers(1, 3))):
+        g = draw(st.integers(1, 4))
+        bw = draw(st.sampled_from([10, 25, 50]))
+        links = []
+        for a in range(g):
+            for b in range(a + 1, g):
+                if b == a + 1 or draw(st.booleans()):
+                    w = bw if draw(st.booleans()) else draw(st.sampled_from([10, 25, 50]))
+                    links += [LinkSpec(a, b, w, 1), LinkSpec(b, a, w, 1)]
+        nic = draw(st.sampled_from([5, 10, 12.5, 25]))
+        if g % 2 == 0 and draw(st.booleans()):
+            nics = [NicSpec((i, i + 1), nic) for i in range(0, g, 2)]
+        else:
+            split = draw(st.integers(1, g))
+            nics = [NicSpec(tuple(range(split)), nic)]
+            if split < g:
+                nics.append(NicSpec(tuple(range(split, g)), draw(st.sampled_from([5, 10, 12.5, 25]))))
+        kinds.append(NodeSpec(g, {"direct": links} if links else None, nics=nics))
+    nodes = []
+    for kind in kinds:
+        nodes += [kind] * draw(st.integers(1, 3))
+    order = draw(st.permutations(range(len(nodes))))
+    nodes = [nodes[i] for i in order]
+    while sum(k.ngpus for k in nodes) > 9:           # the flow LP oracle stays small
+        nodes.pop()
+    if len(nodes) < 2:
+        nodes.append(nodes[0])
+    return parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])), "kinds.topo")
+
+
+def _automorphism(topo, sigma: np.ndarray) -> bool:
+    """``sigma`` maps every link onto a link of equal bandwidth, and every shared group onto one of
+    equal capacity, read from the topology's own links and groups."""
+    links = {}
+    for u in range(topo.nranks):
+        for v in range(topo.nranks):
+            link = topo.link_between(u, v) if u != v else None
+            if link is not None:
+                links[(u, v)] = link
+    for (u, v), link in links.items():
+        image = links.get((int(sigma[u]), int(sigma[v])))
+        if image is None or image.total_bandwidth != pytest.approx(link.total_bandwidth):
+            return False
+    by_id = {link.id: key for key, link in links.items()}
+    groups = {}
+    for g in topo.groups:
+        ends = frozenset(by_id[int(i)] for i in g.members.tolist() if int(i) in by_id)
+        groups.setdefault(ends, []).append(g.capacity_bytes)
+    for ends, caps in groups.items():
+        image = frozenset((int(sigma[u]), int(sigma[v])) for u, v in ends)
+        if sorted(groups.get(image, [])) != pytest.approx(sorted(caps)):
+            return False
+    return True
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(topo=node_kinds())
+def test_class_symmetry_is_a_group_of_automorphisms(topo):
+    net = network_from_topology(topo)
+    sym = class_symmetry(net)
+    if sym is None:
+        return
+    ranks = sym.ranks
+    assert (ranks[0] == np.arange(topo.nranks)).all()
+    assert len({e.tobytes() for e in ranks}) == len(ranks)                 # distinct elements
+    elements = {e.tobytes() for e in ranks}
+    for a in ranks[: 8]:
+        assert _automorphism(topo, a)
+        for b in ranks[: 8]:
+            assert a[b].tobytes() in elements                              # closed under composition
+    # every element maps a resource onto one of its orbit (pairs: by their ends)
+    orbits = sym.orbits
+    for e in ranks[: 8]:
+        image = net.pair_index(e[net.psrc], e[net.pdst])
+        assert (orbits[image] == orbits[: net.npairs]).all()
+
+
+@settings(max_examples=examples(25), deadline=None)
+@given(topo=node_kinds())
+def test_the_packing_over_classes_reaches_the_independent_optimum(topo):
+    net = network_from_topology(topo)
+    n = net.nranks
+    bw = pair_bandwidth(topo)
+    got = pack_trees(net, pair_bw=bw)
+    opt = _optimum(net)
+    assert got.lp_time * M / n == pytest.approx(opt, rel=1e-3)
+    if "class_lp_time" in got.stats:
+        # the classes' LP alone reaches the optimum; seeded with its trees the LP over every root
+        # stops after its first round
+        assert got.stats["class_lp_time"] * M / n == pytest.approx(opt, rel=1e-3)
+        assert got.iterations == 1
+    K = got.chunks_per_rank
+    per_root = np.zeros(n, np.int64)
+    load = np.zeros(net.npairs)
+    for r, par, c in zip(got.roots, got.parents, got.counts):
+        assert par[r] == -1
+        for v in range(n):                               # every rank reaches the root
+            x, hops = v, 0
+            while x != r:
+                x, hops = int(par[x]), hops + 1
+                assert x >= 0 and hops <= n
+        v = np.flatnonzero(par >= 0)
+        load[net.pair_index(par[v], v)] += c / K
+        per_root[r] += c
+    assert (per_root == K).all()
+    t = float((load / bw).max())
+    for g, m in enumerate(net.group_pairs()):
+        t = max(t, float(load[m].sum() / net.gbw[g]))
+    assert t == pytest.approx(got.rounded_time, rel=1e-6)
+    assert got.fraction >= 0.98
+
+
+def test_a_64_gpu_cluster_of_two_kinds_solves_four_classes_at_the_cut_bound():
+    """benchmarks/synth_scale.py's 64 H20s (4 nodes of 4, 6 of 8, a NIC per GPU pair): 4 classes of
+    equivalent ranks, and the packing's time, recomputed from its trees, is the cut bound."""
+    import importlib.util
+    from pathlib import Path
+
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "synth_scale.py"
+    spec = importlib.util.spec_from_file_location("synth_scale", path)
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    topo = scale.scaled_cluster(scale.POD64, "h20", "pod64")
+    net = network_from_topology(topo)
+    bw = pair_bandwidth(topo)
+    got = pack_trees(net, pair_bw=bw)
+    assert got.stats["classes"] == 4 and got.stats["symmetry"] == 192
+    load = np.zeros(net.npairs)
+    for r, par, c in zip(got.roots, got.parents, got.counts):
+        v = np.flatnonzero(par >= 0)
+        load[net.pair_index(par[v], v)] += c / got.chunks_per_rank
+    t = float((load / bw).max())
+    for g, m in enumerate(net.group_pairs()):
+        t = max(t, float(load[m].sum() / net.gbw[g]))
+    cut = collective_cut_bound_seconds(net, "allgather", 64, 1, 0, 64.0)
+    assert t == pytest.approx(cut, rel=1e-6)
