@@ -12,6 +12,8 @@ packing's LP over their classes (compiler/synth/trees.py), against independent c
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -170,3 +172,28 @@ def test_a_64_gpu_cluster_of_two_kinds_solves_four_classes_at_the_cut_bound():
         t = max(t, float(load[m].sum() / net.gbw[g]))
     cut = collective_cut_bound_seconds(net, "allgather", 64, 1, 0, 64.0)
     assert t == pytest.approx(cut, rel=1e-6)
+
+
+def test_a_class_rounding_that_needs_many_chunks_is_rounded_over_every_root_too(monkeypatch):
+    """mixed_v100_w7800's AllReduce (both halves packed together): K chunks per representative round
+    only at 12 chunks per rank; the LP over every root, seeded with every translate, rounds at 3 and
+    is kept; both are at the same LP optimum and every rank gets K chunks on spanning trees."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import trees
+
+    topo = load_cluster(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "mixed_v100_w7800.topo")
+    net = network_from_topology(topo)
+    bw = pair_bandwidth(topo)
+    ag, rs = trees.pack_allreduce(net, pair_bw=bw)
+    assert ag.stats["rounded_over"] == "every root" and ag.chunks_per_rank <= trees.SEED_EVERY_ROOT_ABOVE
+    assert ag.fraction >= 0.99
+    for p in (ag, rs):
+        per_root = np.zeros(topo.nranks, np.int64)
+        for r, par, c in zip(p.roots, p.parents, p.counts):
+            assert par[r] == -1 and (par >= 0).sum() == topo.nranks - 1
+            per_root[r] += c
+        assert (per_root == p.chunks_per_rank).all()
+    monkeypatch.setattr(trees, "SEED_EVERY_ROOT_ABOVE", 10 ** 6)       # the classes' rounding alone
+    alone = trees.pack_allreduce(net, pair_bw=bw)[0]
+    assert alone.stats["rounded_over"] == "translates" and alone.chunks_per_rank > ag.chunks_per_rank
+    assert alone.lp_time == pytest.approx(ag.lp_time, rel=1e-6)

@@ -524,7 +524,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                     continue
                 todo.insert(i + 1, cand)
         sc = score(coll, rows, kv * split, ch, warps) if score is not None else None
-        candidates.append(((not fits, sc if sc is not None else 0.0, blocks), shape, rows, info, kv * split, pk, ch,
+        # without a simulator, the link model's time decides (then the fewest blocks)
+        candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info, kv * split,
+                           pk, ch,
                            split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
     best = min(candidates, key=lambda c: c[0])

@@ -55,6 +55,15 @@ class Symmetry:
     gpu_shifts: int
     ranks: np.ndarray         # (|G|, n): the rank permutation of every element, element 0 the identity
     orbits: np.ndarray        # (R,): the orbit of every resource (pairs, then groups), numbered by least member
+    #: (n,): the kind of node of every rank, for a group that is a product over kinds
+    #: (:func:`class_symmetry`); None otherwise
+    kind: np.ndarray | None = None
+
+    def kind_elements(self, rank: int) -> np.ndarray:
+        """The elements (rank permutations) that move only ranks of ``rank``'s kind: they act on its
+        kind freely, so they translate a tree of ``rank`` onto every rank of its class once."""
+        other = np.flatnonzero(self.kind != self.kind[rank])
+        return self.ranks[(self.ranks[:, other] == other).all(axis=1)]
 
     def __len__(self) -> int:
         return int(self.ranks.shape[0])
@@ -162,7 +171,8 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
     of its nodes in rank order (GPU ``j`` to GPU ``j``) and the least rotation of the GPUs of
     every node of the kind (``j -> j + s``) that is an automorphism, each kind on its own. The
     generators commute, so the group is their product, enumerated as rank permutations (element 0
-    the identity). It does not act freely: an element moving one kind fixes the others' ranks.
+    the identity). It does not act freely: an element moving one kind fixes the others' ranks; the
+    elements of one kind (:meth:`Symmetry.kind_elements`) act on that kind's ranks freely.
     Without the rotations when the product has over :data:`CLASS_GROUP_MAX` elements; None when
     no generator is an automorphism or the group is still too large."""
     bw = net.bw if bw is None else np.asarray(bw, float)
@@ -175,6 +185,10 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
     for k, m in enumerate(members):
         if m.size:
             kinds.setdefault(_node_signature(net, bw, m), []).append(k)
+    kind = np.zeros(n, np.int64)
+    for i, nodes in enumerate(kinds.values()):
+        for k in nodes:
+            kind[members[k]] = i
     shifts, rotations = [], []           # (order, rank permutation, resource permutation)
     r = np.arange(n)
     for nodes in kinds.values():
@@ -207,5 +221,5 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
         for _ in range(o - 1):
             powers.append(sigma[powers[-1]])
         ranks = np.concatenate([p[ranks] for p in powers])     # every element so far, then sigma^i
-    return Symmetry(len(ranks), 0, 1, ranks.astype(np.int64), _orbits_of(net.npairs + net.ngroups,
-                                                                         [res for _, _, res in gens]))
+    return Symmetry(len(ranks), 0, 1, ranks.astype(np.int64),
+                    _orbits_of(net.npairs + net.ngroups, [res for _, _, res in gens]), kind)

@@ -66,6 +66,9 @@ ROUND_MILP_SECONDS = 10.0
 ROUND_MILP_NODES = 200
 #: the most generated trees the rounding's program chooses among
 MILP_COLUMNS = 300
+#: with classes of several kinds of node, the LP over every root is also rounded where the LP of
+#: translates needs more chunks per rank than this
+SEED_EVERY_ROOT_ABOVE = 8
 
 
 class PackingError(ValueError):
@@ -229,6 +232,15 @@ def _pair_matrix(net: Network) -> np.ndarray:
 
 
 
+def _translates(E: np.ndarray, root: int, par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tree ``par`` rooted at ``root`` moved by every rank permutation in ``E``: the roots and
+    the parent arrays of the images."""
+    v = np.flatnonzero(par >= 0)
+    tp = np.full((len(E), par.size), -1, np.int64)
+    tp[np.arange(len(E))[:, None], E[:, v]] = E[:, par[v]]
+    return E[:, root], tp
+
+
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
                round_tol: float = ROUND_TOL, symmetry: bool = True) -> Packing:
@@ -254,7 +266,8 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
 
 def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
           max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-          round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None):
+          round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None,
+          translate: dict | None = None):
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
@@ -269,9 +282,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     come in several kinds (:func:`.symmetry.class_symmetry`, a group that does not act freely) a
     tree of root ``r`` stands for its translates spread over ``r``'s class, so its load on an orbit
     member is ``|t & O| |C_r| / |O|``; that LP's optimum is the full LP's (average any packing over
-    the group), and its trees, translated to every rank, seed the LP over every root (``seed``:
-    ``(root, parents, in-tree)`` columns), which then needs about one round and gives a basic
-    solution, few trees, to round."""
+    the group). Its trees then seed (``seed``: ``(root, parents, in-tree)`` columns) the LP whose
+    columns are a representative's tree with its translates by its own kind's elements, which act
+    on the class freely (``translate``: representative -> those rank permutations): its rows are
+    the resources themselves, its optimum again the full one's (the seeds are the representatives'
+    trees under every element that fixes them, so the averaged packing is among its solutions), it
+    needs about one round, and its integral counts of K chunks per representative give every rank
+    of the class K chunks."""
     from scipy import sparse
     from scipy.optimize import linprog
 
@@ -295,10 +312,18 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     if group is None and symmetry:
         group = period_symmetry(net, bw)       # the LP's classes only: the packing has no loops
         lp_only = group is not None
-    if group is None and symmetry and seed is None:
-        group = class_symmetry(net, bw)        # classes that seed the LP over every root
+    if group is None and symmetry and translate is None:
+        group = class_symmetry(net, bw)        # classes whose trees seed the LP of translates
         seeding = group is not None
-    if group is not None:
+    pair_img = {}
+    if translate is not None:
+        # a column: a representative's tree and its translates, loads per resource
+        perms = np.arange(n)[None, :]
+        orb = np.arange(R)
+        reps = np.array(sorted(translate), np.int64)
+        for r, E in translate.items():
+            pair_img[r] = net.pair_index(E[:, net.psrc].ravel(), E[:, net.pdst].ravel()).reshape(len(E), P)
+    elif group is not None:
         perms = group.ranks
         orb = group.orbits
         reps = np.unique(perms.min(axis=0))
@@ -319,6 +344,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     def price(pi_o: np.ndarray, r: int, rev: bool = False) -> tuple[float, np.ndarray]:
         w = (inc @ (pi_o * mult)[orb]) * csize[r]
+        if translate is not None:
+            w = w[pair_img[r]].sum(axis=0)      # the tree's cost with all its translates
         C = np.full((n, n), np.inf)
         C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
         if rev:
@@ -347,6 +374,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 raise PackingError("a tree uses an arc that is not a pair of the network")
         else:
             pairs = _tree_pairs(net, par, r)
+        if translate is not None:
+            pairs = pair_img[r][:, pairs].ravel()
         cols.append(orb[_tree_column(net, pairs)])
         return True
 
@@ -406,27 +435,45 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
             break
     if seeding:
-        # the classes' LP trees translated to every rank of their class seed the LP over every root
-        G = perms.shape[0]
+        # the classes' LP trees under every element fixing their root seed the LP of translates
         seeds, got = [], set()
-        for j in np.flatnonzero(y > 1e-9).tolist():
-            par, rev = col_par[j], col_root[j] >= n
-            v = np.flatnonzero(par >= 0)
-            tp = np.full((G, n), -1, np.int64)
-            tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
-            for g, root in enumerate(perms[:, col_root[j] - n * rev].tolist()):
-                key = (root, rev, tp[g].tobytes())
+        support = np.flatnonzero(y > 1e-9).tolist()
+        for j in support:
+            rev = col_root[j] >= n
+            r = col_root[j] - n * rev
+            for tp in _translates(perms[perms[:, r] == r], r, col_par[j])[1]:
+                key = (rev, tp.tobytes())
                 if key not in got:
                     got.add(key)
-                    seeds.append((root, tp[g], rev))
+                    seeds.append((r, tp, rev))
         class_s = time.perf_counter() - t0
-        out = _pack(net, pair_bw=bw, bound=max(best_lb / scale, bound or 0.0), max_chunks=max_chunks,
-                    min_chunks=min_chunks, time_limit=max(0.0, deadline - time.perf_counter()), tol=tol,
-                    round_tol=round_tol, symmetry=False, joint=joint, seed=seeds)
+        lb = max(best_lb / scale, bound or 0.0)
+        common = dict(pair_bw=bw, bound=lb, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
+                      round_tol=round_tol, symmetry=False, joint=joint)
+        out = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=seeds,
+                    translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
+        how = "translates"
+        if out[0].chunks_per_rank > SEED_EVERY_ROOT_ABOVE and deadline - time.perf_counter() > 0:
+            # a representative's K chunks go to its whole class alike; where that rounds only at
+            # many chunks per rank, the LP over every root (seeded with every translate) rounds
+            # each rank apart, often at fewer
+            every = []
+            for j in support:
+                rev = col_root[j] >= n
+                roots, tps = _translates(perms, col_root[j] - n * rev, col_par[j])
+                every += [(int(r), tp, rev) for r, tp in zip(roots.tolist(), tps)]
+            alt = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=every, **common)
+
+            def rank(pk):
+                p = pk[0]
+                return (p.rounded_time > p.lp_time * (1 + round_tol), p.chunks_per_rank, p.rounded_time)
+            if rank(alt) < rank(out):
+                out, how = alt, "every root"
         for packing in out:
-            packing.seconds += class_s
-            packing.stats.update(symmetry=G, classes=int(reps.size), class_lp_rows=RO, class_lp_rounds=it,
-                                 class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds))
+            packing.seconds = time.perf_counter() - t0
+            packing.stats.update(symmetry=perms.shape[0], class_lp_rows=RO, class_lp_rounds=it,
+                                 class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds),
+                                 rounded_over=how)
         return out
     # integral chunk counts (columns added in the last round have no weight yet)
     y = np.r_[y, np.zeros(len(cols) - y.size)]
@@ -484,13 +531,11 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
             roots, parents, cnts = [], [], []
             for j in order.tolist():           # every translate of a representative's tree
-                par = col_par[j]
-                v = np.flatnonzero(par >= 0)
-                tp = np.full((G, n), -1, np.int64)
-                tp[np.arange(G)[:, None], perms[:, v]] = perms[:, par[v]]
-                roots.extend(perms[:, col_root[j] - n * rev].tolist())
+                r = col_root[j] - n * rev
+                got_roots, tp = _translates(perms if translate is None else translate[r], r, col_par[j])
+                roots.extend(got_roots.tolist())
                 parents.extend(tp)
-                cnts.extend([int(counts[j])] * G)
+                cnts.extend([int(counts[j])] * len(tp))
             lo, li = load, limit
             if rev:     # the in-trees' packing is read on the transposed network: its pair order
                 tord = transposed_pair_order(net)
