@@ -194,6 +194,26 @@ def test_a_class_rounding_that_needs_many_chunks_is_rounded_over_every_root_too(
             per_root[r] += c
         assert (per_root == p.chunks_per_rank).all()
     monkeypatch.setattr(trees, "SEED_EVERY_ROOT_ABOVE", 10 ** 6)       # the classes' rounding alone
+    monkeypatch.setattr(trees, "EVERY_ROOT_RANKS", 0)
     alone = trees.pack_allreduce(net, pair_bw=bw)[0]
     assert alone.stats["rounded_over"] == "translates" and alone.chunks_per_rank > ag.chunks_per_rank
     assert alone.lp_time == pytest.approx(ag.lp_time, rel=1e-6)
+
+
+def test_nodes_that_differ_only_in_their_nics_are_kinds_of_their_own():
+    """Four 2-GPU nodes alike inside, their NICs 8, 8, 12.5 and 12.5 GB/s: two kinds (the groups a
+    node sends and receives through tell them apart, not the other nodes' NICs its pairs also
+    reach), each with its node swap and GPU swap: 16 elements, one class per kind. Taken as one
+    kind, the four nodes' cyclic shift is no automorphism and nothing would be left."""
+    def node(nic):
+        return NodeSpec(2, {"direct": [LinkSpec(0, 1, 50, 1), LinkSpec(1, 0, 50, 1)]}, nics=[NicSpec((0, 1), nic)])
+
+    topo = parse_topology(format_topology(ClusterSpec([node(8), node(8), node(12.5), node(12.5)],
+                                                      [InternodeSpec("all", "nic")])), "nics.topo")
+    net = network_from_topology(topo)
+    sym = class_symmetry(net)
+    assert sym is not None and len(sym) == 4 * 4        # per kind: the node swap and the GPU swap
+    assert sorted(np.bincount(sym.kind).tolist()) == [4, 4]
+    assert np.unique(sym.ranks.min(axis=0)).size == 2   # one class per kind
+    for e in sym.ranks:
+        assert _automorphism(topo, e)

@@ -151,23 +151,35 @@ def period_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | No
     return None
 
 
-def _node_signature(net: Network, bw: np.ndarray, members: np.ndarray) -> tuple:
-    """What two nodes must share to be swapped: their size, the bandwidths among their GPUs in
-    local order, and the capacities of the groups their outgoing pairs run through."""
-    local = np.full(net.nranks, -1, np.int64)
-    local[members] = np.arange(members.size)
-    inside = (local[net.psrc] >= 0) & (local[net.pdst] >= 0)
-    mat = np.zeros((members.size, members.size))
-    mat[local[net.psrc[inside]], local[net.pdst[inside]]] = np.asarray(bw, float)[inside]
-    out = np.flatnonzero(local[net.psrc] >= 0)
-    groups = [net.pg_idx[net.pg_ptr[q]:net.pg_ptr[q + 1]] for q in out.tolist()]
-    gcap = sorted(float(net.gbw[g]) for g in np.unique(np.concatenate(groups)).tolist()) if groups else []
-    return members.size, mat.round(9).tobytes(), tuple(np.round(gcap, 9).tolist())
+def _node_signatures(net: Network, bw: np.ndarray, node: np.ndarray, members: list) -> list:
+    """What two nodes must share to be swapped, per node: their size, the bandwidths among their
+    GPUs in local order, and the capacities of the groups all of whose pairs leave from the node
+    (its NICs' egress) and of those all of whose pairs arrive at it (ingress)."""
+    egress: dict = {}
+    ingress: dict = {}
+    for g, m in enumerate(net.group_pairs()):
+        src, dst = np.unique(node[net.psrc[m]]), np.unique(node[net.pdst[m]])
+        if m.size and src.size == 1 and not (dst.size == 1 and dst[0] == src[0]):
+            egress.setdefault(int(src[0]), []).append(float(net.gbw[g]))
+        if m.size and dst.size == 1 and not (src.size == 1 and src[0] == dst[0]):
+            ingress.setdefault(int(dst[0]), []).append(float(net.gbw[g]))
+    local = np.zeros(net.nranks, np.int64)
+    for m in members:
+        local[m] = np.arange(m.size)
+    same = node[net.psrc] == node[net.pdst]
+    out = []
+    for k, m in enumerate(members):
+        mat = np.zeros((m.size, m.size))
+        q = np.flatnonzero(same & (node[net.psrc] == k))
+        mat[local[net.psrc[q]], local[net.pdst[q]]] = np.asarray(bw, float)[q]
+        out.append((m.size, mat.round(9).tobytes(), tuple(np.round(sorted(egress.get(k, [])), 9).tolist()),
+                    tuple(np.round(sorted(ingress.get(k, [])), 9).tolist())))
+    return out
 
 
 def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | None:
     """Automorphisms of a cluster whose nodes come in several kinds, in any order: for every kind
-    (nodes of equal size, internal bandwidths and groups, :func:`_node_signature`) the cyclic shift
+    (nodes of equal size, internal bandwidths and groups, :func:`_node_signatures`) the cyclic shift
     of its nodes in rank order (GPU ``j`` to GPU ``j``) and the least rotation of the GPUs of
     every node of the kind (``j -> j + s``) that is an automorphism, each kind on its own. The
     generators commute, so the group is their product, enumerated as rank permutations (element 0
@@ -182,9 +194,9 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
     n = net.nranks
     members = [np.flatnonzero(node == k) for k in range(int(node.max()) + 1)]
     kinds: dict = {}
-    for k, m in enumerate(members):
-        if m.size:
-            kinds.setdefault(_node_signature(net, bw, m), []).append(k)
+    for k, sig in enumerate(_node_signatures(net, bw, node, members)):
+        if members[k].size:
+            kinds.setdefault(sig, []).append(k)
     kind = np.zeros(n, np.int64)
     for i, nodes in enumerate(kinds.values()):
         for k in nodes:

@@ -67,8 +67,10 @@ ROUND_MILP_NODES = 200
 #: the most generated trees the rounding's program chooses among
 MILP_COLUMNS = 300
 #: with classes of several kinds of node, the LP over every root is also rounded where the LP of
-#: translates needs more chunks per rank than this
+#: translates needs more chunks per rank than this, or has at most :data:`EVERY_ROOT_RANKS` ranks
+#: (and more than one chunk per rank), where that LP takes well under a second
 SEED_EVERY_ROOT_ABOVE = 8
+EVERY_ROOT_RANKS = 32
 
 
 class PackingError(ValueError):
@@ -189,6 +191,9 @@ class Packing:
     #: rank, without solving the LP again (a tuple: the AllGather and ReduceScatter packings of a
     #: joint packing, else one packing); None where not kept
     reround: Callable | None = field(repr=False, default=None, compare=False)
+    #: the LP's trees of positive weight as ``(root, parents, in-tree)`` for every root, where the
+    #: LP was over representatives and their translates (they seed the LP over every root)
+    lp_support: list | None = field(repr=False, default=None, compare=False)
 
     @property
     def fraction(self) -> float:
@@ -453,16 +458,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         out = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=seeds,
                     translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
         how = "translates"
-        if out[0].chunks_per_rank > SEED_EVERY_ROOT_ABOVE and deadline - time.perf_counter() > 0:
+        k_cls = out[0].chunks_per_rank
+        if (k_cls > SEED_EVERY_ROOT_ABOVE or 1 < k_cls and n <= EVERY_ROOT_RANKS) and deadline > time.perf_counter():
             # a representative's K chunks go to its whole class alike; where that rounds only at
-            # many chunks per rank, the LP over every root (seeded with every translate) rounds
-            # each rank apart, often at fewer
-            every = []
-            for j in support:
-                rev = col_root[j] >= n
-                roots, tps = _translates(perms, col_root[j] - n * rev, col_par[j])
-                every += [(int(r), tp, rev) for r, tp in zip(roots.tolist(), tps)]
-            alt = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=every, **common)
+            # many chunks per rank (or the cluster is small), the LP over every root (seeded with
+            # the translates of that LP's trees, an optimal solution) rounds each rank apart,
+            # often at fewer
+            alt = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=out[0].lp_support, **common)
 
             def rank(pk):
                 p = pk[0]
@@ -471,7 +473,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 out, how = alt, "every root"
         for packing in out:
             packing.seconds = time.perf_counter() - t0
-            packing.stats.update(symmetry=perms.shape[0], class_lp_rows=RO, class_lp_rounds=it,
+            packing.stats.update(symmetry=perms.shape[0], classes=int(reps.size), class_lp_rows=RO, class_lp_rounds=it,
                                  class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds),
                                  rounded_over=how)
         return out
@@ -521,6 +523,14 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             if t <= lp_val * (1 + round_tol):
                 break
         t_round, K, counts = best
+        support = None
+        if translate is not None:
+            support = []
+            for j in np.flatnonzero(y > 1e-9).tolist():
+                rev = col_root[j] >= n
+                r = col_root[j] - n * rev
+                got_roots, tp = _translates(translate[r], r, col_par[j])
+                support += [(int(x), t, rev) for x, t in zip(got_roots.tolist(), tp)]
         G = perms.shape[0]
         # the translates load every member of an orbit alike: the orbit's load per member
         load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
@@ -544,7 +554,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                                it, len(cols), lp_s + time.perf_counter() - r0, lo[:P].copy(),
                                {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
                                 "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
-                               None if lp_only else group, reround))
+                               None if lp_only else group, reround, support))
         return tuple(out)
 
     def reround(kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
