@@ -46,9 +46,30 @@ def test_generous_limit_cuts_nothing():
     assert len(res.detail["simulated_candidates"]) > 1
 
 
+def test_a_program_at_the_bound_ends_the_building():
+    """A score whose ``settled`` says a candidate ran at the bound: no further candidate is built
+    (nor scored), which the result says apart from what a time limit cuts."""
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    calls = []
+
+    def score(*args):
+        calls.append(args)
+        return 1.0
+
+    score.settled = lambda collective: bool(calls)
+    res = synthesize(topo, "allreduce", method="trees", time_limit=60, tree_score=score)
+    verify(to_algorithm(res, topo))
+    assert len(calls) == 1 and res.detail["candidates_not_built"] >= 1
+    assert "time_limit_cut" not in res.detail
+    score.settled = lambda collective: False
+    calls.clear()
+    res = synthesize(topo, "allreduce", method="trees", time_limit=60, tree_score=score)
+    assert len(calls) > 1 and "candidates_not_built" not in res.detail
+
+
 def _pod64(path: Path) -> Path:
-    """benchmarks/synth_scale.py's 64 H20 GPUs in 4- and 8-GPU nodes (no symmetry): its packings
-    alone take longer than the limit below."""
+    """benchmarks/synth_scale.py's 64 H20 GPUs in 4- and 8-GPU nodes: a simulation of its programs
+    takes about as long as the limit below."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from synth_scale import POD64, _node_builders
     from hccc.compiler.cluster.topo_parser import format_topology

@@ -356,7 +356,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     ``pair_bw``: bytes/s of every pair as the simulator runs it (default ``net.bw``);
     ``total_bytes``: the buffer (AllGather output, ReduceScatter/AllReduce input) the channels are
     sized for; ``score(collective, rows, chunks_per_rank, channels, warps)``: simulated seconds of
-    a candidate program (None: keep the first shape); ``max_blocks``: the blocks a rank keeps
+    a candidate program (None: keep the first shape; a ``score.settled(collective)`` attribute,
+    true once a program ran so close to the bound that none is simulated any more, ends the
+    building of candidates while the best one fits); ``max_blocks``: the blocks a rank keeps
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
     fewer (None: no fewer warps), see :func:`bundled`."""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
@@ -488,6 +490,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(p.rounded_time for p in pk.values())
 
     candidates = []
+    not_needed = 0             # candidates not built: one ran at the bound
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
@@ -497,6 +500,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # (as long again for the caller's work on the program)
         if candidates and time.perf_counter() + 2 * build_s > deadline:
             cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
+            break
+        settled = getattr(score, "settled", None)
+        if candidates and settled is not None and not min(c[0] for c in candidates)[0] and settled(coll):
+            not_needed = len(todo) - i         # the best fits and ran at the bound: no other can win
             break
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
@@ -563,5 +570,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             for c in candidates}
     if cut_by_limit:
         detail["time_limit_cut"] = cut_by_limit
+    if not_needed:
+        detail["candidates_not_built"] = not_needed
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
     return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)

@@ -163,6 +163,11 @@ def tree_simulated_score(sims: "Simulations"):
         best.append(t)
         return t
 
+    def settled(collective: str) -> bool:
+        """A candidate ran within :data:`FIT_TOLERANCE` of the bound: no other is simulated."""
+        return bool(best) and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE)
+
+    score.settled = settled
     return score
 
 
