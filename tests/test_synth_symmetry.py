@@ -146,23 +146,18 @@ def test_the_packing_over_classes_reaches_the_independent_optimum(topo):
     assert got.fraction >= 0.98
 
 
-def test_a_64_gpu_cluster_of_two_kinds_solves_four_classes_at_the_cut_bound():
-    """benchmarks/synth_scale.py's 64 H20s (4 nodes of 4, 6 of 8, a NIC per GPU pair): 4 classes of
-    equivalent ranks, and the packing's time, recomputed from its trees, is the cut bound."""
+def _pod64():
     import importlib.util
-    from pathlib import Path
-
-    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "synth_scale.py"
     spec = importlib.util.spec_from_file_location("synth_scale", path)
     scale = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(scale)
-    topo = scale.scaled_cluster(scale.POD64, "h20", "pod64")
-    net = network_from_topology(topo)
-    bw = pair_bandwidth(topo)
-    got = pack_trees(net, pair_bw=bw)
-    assert got.stats["classes"] == 4 and got.stats["symmetry"] == 192
+    return scale.scaled_cluster(scale.POD64, "h20", "pod64")
+
+
+def _packing_time(net, bw, got) -> float:
+    """The packing's time recomputed from its trees: the most loaded pair or group."""
     load = np.zeros(net.npairs)
     for r, par, c in zip(got.roots, got.parents, got.counts):
         v = np.flatnonzero(par >= 0)
@@ -170,8 +165,46 @@ def test_a_64_gpu_cluster_of_two_kinds_solves_four_classes_at_the_cut_bound():
     t = float((load / bw).max())
     for g, m in enumerate(net.group_pairs()):
         t = max(t, float(load[m].sum() / net.gbw[g]))
+    return t
+
+
+def test_a_group_over_the_limit_drops_its_rotations_then_itself(monkeypatch):
+    """The 64-GPU cluster's group (192 elements) under a limit of 30: without the GPU rotations, 24
+    elements (every one an automorphism of the .topo, closed under composition) and the packing
+    still at the cut bound; under a limit of 20: no group, the LP over every root."""
+    from hccc.compiler.synth import symmetry
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+
+    topo = _pod64()
+    net = network_from_topology(topo)
+    monkeypatch.setattr(symmetry, "CLASS_GROUP_MAX", 30)
+    sym = class_symmetry(net)
+    assert len(sym) == 24
+    elements = {e.tobytes() for e in sym.ranks}
+    for a in sym.ranks:
+        assert _automorphism(topo, a)
+        assert all(a[b].tobytes() in elements for b in sym.ranks)
+    bw = pair_bandwidth(topo)
+    got = pack_trees(net, pair_bw=bw)
+    assert got.stats["symmetry"] == 24 and got.stats["classes"] == 16 // 4 + 48 // 6
     cut = collective_cut_bound_seconds(net, "allgather", 64, 1, 0, 64.0)
-    assert t == pytest.approx(cut, rel=1e-6)
+    assert _packing_time(net, bw, got) == pytest.approx(cut, rel=1e-6)
+    monkeypatch.setattr(symmetry, "CLASS_GROUP_MAX", 20)
+    assert class_symmetry(net) is None
+
+
+def test_a_64_gpu_cluster_of_two_kinds_solves_four_classes_at_the_cut_bound():
+    """benchmarks/synth_scale.py's 64 H20s (4 nodes of 4, 6 of 8, a NIC per GPU pair): 4 classes of
+    equivalent ranks, and the packing's time, recomputed from its trees, is the cut bound."""
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+
+    topo = _pod64()
+    net = network_from_topology(topo)
+    bw = pair_bandwidth(topo)
+    got = pack_trees(net, pair_bw=bw)
+    assert got.stats["classes"] == 4 and got.stats["symmetry"] == 192
+    cut = collective_cut_bound_seconds(net, "allgather", 64, 1, 0, 64.0)
+    assert _packing_time(net, bw, got) == pytest.approx(cut, rel=1e-6)
 
 
 def test_a_class_rounding_that_needs_many_chunks_is_rounded_over_every_root_too(monkeypatch):

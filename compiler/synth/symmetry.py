@@ -25,22 +25,52 @@ from hccc.compiler.synth.problem import Network
 CLASS_GROUP_MAX = 4096
 
 
-def _shift_perm(net: Network, sigma: np.ndarray, bw: np.ndarray | None = None) -> np.ndarray | None:
+def _shift_perm(net: Network, sigma: np.ndarray, bw: np.ndarray | None = None,
+                groups: tuple | None = None) -> np.ndarray | None:
     """The permutation of resources (pairs, then groups) that the rank permutation ``sigma``
     induces, or None when ``sigma`` is no automorphism (a pair, a bandwidth -- ``net.bw`` and
-    ``bw`` when given -- or a group that does not map onto an equal one)."""
+    ``bw`` when given -- or a group that does not map onto an equal one). ``groups``:
+    :func:`_group_index` of ``net``, when several permutations are tried."""
     P = net.npairs
     pp = net.pair_index(sigma[net.psrc], sigma[net.pdst])
     if (pp < 0).any() or not np.allclose(net.bw[pp], net.bw):
         return None
     if bw is not None and not np.allclose(np.asarray(bw, float)[pp], bw):
         return None
-    members = net.group_pairs()
-    index = {tuple(sorted(m.tolist())): g for g, m in enumerate(members)}
-    gp = np.array([index.get(tuple(sorted(pp[m].tolist())), -1) for m in members], np.int64)
-    if (gp < 0).any() or (gp.size and not np.allclose(net.gbw[gp], net.gbw)):
+    flat, starts, sizes, index = groups or _group_index(net)
+    if not sizes.size:
+        return pp.astype(np.int64)
+    gp = np.array([index.get(k, -1) for k in _set_keys(flat, starts, sizes, pp)], np.int64)
+    if (gp < 0).any() or not np.allclose(net.gbw[gp], net.gbw):
         return None
     return np.r_[pp, P + gp].astype(np.int64)
+
+
+def _group_index(net: Network) -> tuple:
+    """Every group's pairs, concatenated, with each group's start and size, and the group of
+    every pair set's key (:func:`_set_keys`)."""
+    members = net.group_pairs()
+    sizes = np.array([m.size for m in members], np.int64)
+    flat = np.concatenate(members).astype(np.int64) if members else np.zeros(0, np.int64)
+    starts = np.cumsum(sizes) - sizes
+    keys = _set_keys(flat, starts, sizes, np.arange(net.npairs))
+    return flat, starts, sizes, {k: g for g, k in enumerate(keys)}
+
+
+def _set_keys(flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray, image: np.ndarray) -> list:
+    """A key per group of the set of pairs its members map to under ``image``: the size and two
+    sums of fixed random 64-bit words of the pairs (a pair set, whatever its order; two different
+    sets share a key with probability about 2**-128)."""
+    words = np.random.default_rng(0x5EED).integers(0, 2 ** 63, size=(2, image.size), dtype=np.uint64)
+    img = image[flat]
+    out = []
+    full = np.flatnonzero(sizes > 0)
+    for w in words:
+        acc = np.zeros(sizes.size, np.uint64)
+        if full.size:
+            acc[full] = np.add.reduceat(w[img], starts[full])
+        out.append(acc)
+    return list(zip(sizes.tolist(), out[0].tolist(), out[1].tolist()))
 
 
 @dataclass
@@ -186,7 +216,9 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
     the identity). It does not act freely: an element moving one kind fixes the others' ranks; the
     elements of one kind (:meth:`Symmetry.kind_elements`) act on that kind's ranks freely.
     Without the rotations when the product has over :data:`CLASS_GROUP_MAX` elements; None when
-    no generator is an automorphism or the group is still too large."""
+    no generator is an automorphism or the group is still too large (the LPs over classes hold a
+    row per resource and a column per tree with all its translates: at 512 GPUs of several kinds
+    that no longer fits in memory)."""
     bw = net.bw if bw is None else np.asarray(bw, float)
     if net.bw is None or not net.levels:
         return None
@@ -202,13 +234,14 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
         for k in nodes:
             kind[members[k]] = i
     shifts, rotations = [], []           # (order, rank permutation, resource permutation)
+    groups = _group_index(net)
     r = np.arange(n)
     for nodes in kinds.values():
         rows = np.stack([members[k] for k in nodes])           # (nodes of the kind, GPUs per node)
         if len(nodes) > 1:
             sigma = r.copy()
             sigma[rows.ravel()] = np.roll(rows, -1, axis=0).ravel()
-            res = _shift_perm(net, sigma, bw)
+            res = _shift_perm(net, sigma, bw, groups)
             if res is not None:
                 shifts.append((len(nodes), sigma, res))
         g = rows.shape[1]
@@ -217,15 +250,15 @@ def class_symmetry(net: Network, bw: np.ndarray | None = None) -> Symmetry | Non
                 continue
             sigma = r.copy()
             sigma[rows.ravel()] = np.roll(rows, -s, axis=1).ravel()
-            res = _shift_perm(net, sigma, bw)
+            res = _shift_perm(net, sigma, bw, groups)
             if res is not None:
                 rotations.append((g // s, sigma, res))
                 break
-    for gens in (shifts + rotations, shifts):
-        order = int(np.prod([o for o, _, _ in gens])) if gens else 1
-        if 1 < order <= CLASS_GROUP_MAX:
-            break
-    else:
+    gens = shifts + rotations
+    if np.prod([o for o, _, _ in gens]) > CLASS_GROUP_MAX:
+        gens = shifts
+    order = int(np.prod([o for o, _, _ in gens])) if gens else 1
+    if not 1 < order <= CLASS_GROUP_MAX:
         return None
     ranks = r[None, :]
     for o, sigma, _ in gens:
