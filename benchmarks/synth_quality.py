@@ -7,6 +7,8 @@
     python benchmarks/synth_quality.py --json out.json      # also write the rows as JSON
     python benchmarks/synth_quality.py --clusters '' --multirail 8,64 --collectives allgather --sim-large
                                                             # 64 and 512 H800s, the 512 simulated apart
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --hetero h20,v100
+                                                            # 64 GPUs in nodes of two kinds
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -25,7 +27,8 @@ at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
   ``peak MB``: the process's peak resident memory.
 
 Multi-rail clusters: 8 H800s per node on an NVSwitch (900 GB/s per GPU), one 400 Gb/s NIC per GPU,
-every pair of nodes through the NICs.
+every pair of nodes through the NICs. Heterogeneous clusters (``--hetero``, default none):
+benchmarks/synth_scale.py's 64 GPUs in 4 nodes of 4 and 6 of 8, in its H20 or V100 flavour.
 """
 from __future__ import annotations
 
@@ -142,12 +145,26 @@ def fmt(v, f="{:.3f}") -> str:
     return "-" if v is None else (f.format(v) if not isinstance(v, bool) else ("yes" if v else "NO"))
 
 
+def hetero_text(flavour: str) -> str:
+    """benchmarks/synth_scale.py's 64-GPU cluster of 4- and 8-GPU nodes, as .topo text."""
+    import importlib.util
+
+    from hccc.compiler.cluster.topo_parser import format_topology
+
+    spec = importlib.util.spec_from_file_location("synth_scale", ROOT / "benchmarks" / "synth_scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    return format_topology(scale.scaled_spec(scale.POD64, flavour))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", nargs=4, metavar=("TOPO", "COLL", "METHOD", "LIMIT"), help=argparse.SUPPRESS)
     ap.add_argument("--clusters", default=None, help="example clusters (names without .topo, comma-separated; '' for none)")
     ap.add_argument("--multirail", default="8", help="multi-rail cluster sizes in nodes of 8 GPUs (default 8, "
                                                      "i.e. 64 GPUs; '' for none)")
+    ap.add_argument("--hetero", default="", help="flavours (h20, v100; comma-separated) of synth_scale.py's "
+                                                 "64 GPUs in nodes of two kinds (default none)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -170,6 +187,12 @@ def main() -> int:
     for nodes in [int(x) for x in args.multirail.split(",") if x.strip()]:
         path = Path(tmp.name) / f"h800_multirail_{nodes}x8.topo"
         path.write_text(multirail_text(nodes))
+        cases.append((path.stem, str(path)))
+    for flavour in [x.strip() for x in args.hetero.split(",") if x.strip()]:
+        if flavour not in ("h20", "v100"):
+            ap.error(f"--hetero: unknown flavour {flavour!r} (h20, v100)")
+        path = Path(tmp.name) / f"hetero64_{flavour}.topo"
+        path.write_text(hetero_text(flavour))
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "

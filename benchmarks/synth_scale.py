@@ -50,6 +50,11 @@ def _node_builders():
 
 def scaled_cluster(sizes: list[int], flavour: str, name: str):
     """A cluster of 4- and 8-GPU nodes in the V100 or H20 flavour of examples/clusters."""
+    return parse_topology(format_topology(scaled_spec(sizes, flavour)), name)
+
+
+def scaled_spec(sizes: list[int], flavour: str):
+    """:func:`scaled_cluster`'s cluster description (a ``ClusterSpec``)."""
     g = _node_builders()
     nodes, k = [], 0
     for s in sizes:
@@ -58,7 +63,7 @@ def scaled_cluster(sizes: list[int], flavour: str, name: str):
         else:
             nodes.append(g.v100_node8() if s == 8 else g.v100_node4(64 if k % 2 == 0 else 100))
             k += s == 4
-    return parse_topology(format_topology(g.cluster(nodes, f"{sum(sizes)} GPUs")), name)
+    return g.cluster(nodes, f"{sum(sizes)} GPUs")
 
 
 def _simulator():

@@ -250,3 +250,20 @@ def test_nodes_that_differ_only_in_their_nics_are_kinds_of_their_own():
     assert np.unique(sym.ranks.min(axis=0)).size == 2   # one class per kind
     for e in sym.ranks:
         assert _automorphism(topo, e)
+
+
+def test_the_quality_benchmark_writes_the_heterogeneous_clusters():
+    """benchmarks/synth_quality.py --hetero: the 64 GPUs of synth_scale.py (4 nodes of 4, 6 of 8) in
+    either flavour, as .topo text hccc reads; the two flavours differ (their NICs)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import hetero_text
+
+    texts = {f: hetero_text(f) for f in ("h20", "v100")}
+    assert texts["h20"] != texts["v100"]
+    for f, text in texts.items():
+        topo = parse_topology(text, f"hetero64_{f}.topo")
+        net = network_from_topology(topo)
+        assert topo.nranks == 64
+        assert sorted(np.bincount(np.asarray(net.levels[0])).tolist()) == [4] * 4 + [8] * 6
