@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
-from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.frontend.algorithm import RECV, RRC, Header
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_bound_seconds, step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
@@ -75,6 +75,12 @@ class SynthResult:
     @property
     def gap(self) -> int:
         return self.steps - self.lower_bound_steps
+
+    @property
+    def warps(self) -> int:
+        """Warps per thread block of the program (``nWarps``): the tree packing's choice, else the
+        header's default."""
+        return int(self.detail.get("warps", Header.nwarps))
 
     @property
     def ntransfers(self) -> int:

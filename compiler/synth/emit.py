@@ -52,7 +52,7 @@ def header(result: SynthResult, topo: Topology | None = None) -> Header:
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
-                  nchannels=int(result.detail.get("channels", 1)), nwarps=int(result.detail.get("warps", 16)), gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
+                  nchannels=int(result.detail.get("channels", 1)), nwarps=result.warps, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
                   root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank))
 
 

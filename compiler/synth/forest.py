@@ -532,9 +532,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 todo.insert(i + 1, cand)
         sc = score(coll, rows, kv * split, ch, warps) if score is not None else None
         # without a simulator, the link model's time decides (then the fewest blocks)
-        candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info, kv * split,
-                           pk, ch,
-                           split, most, blocks, warps))
+        candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
+                           kv * split, pk, ch, split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels, split, most, blocks, warps = best

@@ -148,7 +148,7 @@ def tree_simulated_score(sims: "Simulations"):
 
     best: list[float] = []
 
-    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int = 16) -> float:
+    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
                            sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
         known = sims.known(cand, int(channels))
@@ -446,7 +446,7 @@ class Simulations:
         from hccc.compiler.synth.emit import _sorted_rows
         rows = np.ascontiguousarray(_sorted_rows(result), dtype=np.int64)
         return (result.collective, int(result.chunks_per_rank), int(result.root or 0),
-                int(result.detail.get("warps", 16)), hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
+                result.warps, hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
 
     def _ir(self, result, key: tuple):
         if key not in self._irs:
