@@ -198,16 +198,22 @@ def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc
     fl_rate[g] = 0.0
 
 
-def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres, fl_rate,
-           fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
-           new_rate, stack, hkey, hitem, hpos, hn, counters):
+def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next, fl_res, fl_nres,
+           fl_rate, fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
+           new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters):
     """Max-min fair rates (progressive filling) on every component touching a dirty resource;
-    flows whose rate changes get a new completion time in the heap."""
+    flows whose rate changes get a new completion time in the heap.
+
+    A *private* resource (``res_private``: no two flows ever hold it at once, e.g. a thread
+    block's own block resource) joins no flows together: it is a cap on its flow's rate, not a
+    member of the component, so a component is only the flows its shared resources join and the
+    filling scans only those resources (a flow's cap freezes it at that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
         if mark_res[r0] == epoch:
             continue
-        # ---- the connected component of resources and flows around r0
+        # ---- the connected component of shared resources and flows around r0 (a private r0
+        # leads to its flow, if any, and on to that flow's shared resources)
         nres = 0
         nfl = 0
         sp = 0
@@ -217,8 +223,9 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
         while sp > 0:
             sp -= 1
             r = stack[sp]
-            comp_res[nres] = r
-            nres += 1
+            if not res_private[r]:
+                comp_res[nres] = r
+                nres += 1
             inc = res_head[r]
             while inc >= 0:
                 g = inc // K
@@ -226,19 +233,25 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
                     mark_fl[g] = epoch
                     comp_fl[nfl] = g
                     nfl += 1
+                    cap = _INF
                     for j in range(fl_nres[g]):
                         r2 = fl_res[g * K + j]
-                        if mark_res[r2] != epoch:
+                        if res_private[r2]:
+                            if res_cap[r2] < cap:
+                                cap = res_cap[r2]
+                        elif mark_res[r2] != epoch:
                             mark_res[r2] = epoch
                             stack[sp] = r2
                             sp += 1
+                    fl_cap[g] = cap
                 inc = inc_next[inc]
         if nfl == 0:
             continue
         counters[1] += 1
         counters[2] += nfl
-        # ---- progressive filling over the resources still carrying rising flows (``comp_res``
-        # keeps them, compacted after each level; ``stack`` holds a level's saturated ones)
+        # ---- progressive filling over the shared resources still carrying rising flows
+        # (``comp_res`` keeps them, compacted after each level; ``stack`` holds a level's saturated
+        # ones) and the least cap among the rising flows
         best = _INF
         arg = -1
         for k in range(nres):
@@ -249,18 +262,25 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
             if s < best:
                 best = s
                 arg = r
+        capmin = _INF
         for k in range(nfl):
-            frozen[comp_fl[k]] = False
+            g = comp_fl[k]
+            frozen[g] = False
+            if fl_cap[g] < capmin:
+                capmin = fl_cap[g]
         level = 0.0
         left = nfl
         na = nres
         while left > 0:
-            level += best
+            # the next level: a shared resource fills (``best`` more) or a cap is reached
+            capped = capmin - level <= best
+            step = capmin - level if capped else best
+            level = capmin if capped else level + best
             nsat = 0
             for k in range(na):
                 r = comp_res[k]
-                rem[r] -= best * cnt[r]
-                if r == arg or rem[r] <= 1e-12 * res_cap[r]:
+                rem[r] -= step * cnt[r]
+                if (r == arg and step == best) or rem[r] <= 1e-12 * res_cap[r]:
                     stack[nsat] = r
                     nsat += 1
             for q in range(nsat):
@@ -274,6 +294,22 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, fl_res, fl_n
                         for j in range(fl_nres[g]):
                             cnt[fl_res[g * K + j]] -= 1
                     inc = inc_next[inc]
+            if capped:
+                # the flows whose cap this level reached freeze at it; the next cap among the rest
+                nxt = _INF
+                for k in range(nfl):
+                    g = comp_fl[k]
+                    if frozen[g]:
+                        continue
+                    if fl_cap[g] <= level:
+                        frozen[g] = True
+                        new_rate[g] = fl_cap[g]
+                        left -= 1
+                        for j in range(fl_nres[g]):
+                            cnt[fl_res[g * K + j]] -= 1
+                    elif fl_cap[g] < nxt:
+                        nxt = fl_cap[g]
+                capmin = nxt
             # the survivors, and the least fair share among them for the next level
             w = 0
             best = _INF
@@ -307,7 +343,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
-               link_res_ptr, link_res, res_cap, rank_cres, chunk_len, K, budget):
+               link_res_ptr, link_res, res_cap, res_private, rank_cres, chunk_len, K, budget):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
@@ -367,6 +403,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     cnt = np.zeros(R, np.int64)
     frozen = np.zeros(G, np.bool_)
     new_rate = np.zeros(G, np.float64)
+    fl_cap = np.zeros(G, np.float64)
     stack = np.empty(R, np.int64)
     # ---- heap over G flow items and C visibility items
     NI = G + C
@@ -570,9 +607,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
-            _share(t, dirty, dirty_n[0], K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres,
-                   fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl, rem,
-                   cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters)
+            _share(t, dirty, dirty_n[0], K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
+                   fl_nres, fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl,
+                   rem, cnt, frozen, new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
         if ndone == G:

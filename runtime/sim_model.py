@@ -92,6 +92,9 @@ class SimProgram:
     route_res: np.ndarray = None
     nchannels: int = 1
     block_gbps: float | None = None
+    # per resource: no two thread blocks' flows ever hold it (a TB runs one flow at a time), so
+    # the engine takes it as a cap on its flow's rate (see sim_engine._share)
+    res_private: np.ndarray = None
 
     @property
     def ntbs(self) -> int:
@@ -259,6 +262,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     rdep_ptr, rdep_prim = _csr(do, dp, n)
     rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
     chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
+    private = _private_resources(len(res_cap), gtb, si, p_route[si], route_res_ptr, route_res,
+                                 np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank])
     return SimProgram(
         nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
         tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
@@ -269,7 +274,23 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres, K=K,
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
         p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
-        block_gbps=float(block_gbps) if limited else None)
+        block_gbps=float(block_gbps) if limited else None, res_private=private)
+
+
+def _private_resources(R: int, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,
+                       route_res_ptr: np.ndarray, route_res: np.ndarray, reduces: np.ndarray,
+                       cres: np.ndarray) -> np.ndarray:
+    """Per resource: held by the flows of at most one thread block (sending primitives ``sends``
+    over ``routes``; reducing primitives ``reduces`` on their rank's resource ``cres``)."""
+    lens = np.diff(route_res_ptr)[routes]
+    own = np.repeat(np.arange(len(routes)), lens)
+    at = np.repeat(route_res_ptr[:-1][routes], lens) + np.arange(len(own)) - np.repeat(np.cumsum(lens) - lens, lens)
+    rc = cres[reduces]
+    res = np.concatenate([route_res[at], rc[rc >= 0]]).astype(np.int64)
+    tbs = np.concatenate([gtb[sends][own], gtb[reduces][rc >= 0]]).astype(np.int64)
+    G = int(gtb.max()) + 1 if len(gtb) else 1
+    users = np.bincount(np.unique(res * G + tbs) // G, minlength=R)
+    return users <= 1
 
 
 @dataclass(frozen=True)

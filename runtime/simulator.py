@@ -191,8 +191,15 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
             prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_route,
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
-            prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
+            prog.route_res_ptr, prog.route_res, prog.res_cap, _private(prog), prog.rank_cres, geo.chunk_len,
             int(prog.K))
+
+
+def _private(prog: SimProgram) -> np.ndarray:
+    """``prog.res_private``, or no resource private (a SimProgram made without it)."""
+    if prog.res_private is None:
+        return np.zeros(len(prog.res_cap), np.bool_)
+    return np.asarray(prog.res_private, np.bool_)
 
 
 _WAIT_TEXT = {eng.W_DEP: "waits for another TB (dependency)", eng.W_DATA: "waits for data",

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from hccc.runtime import sim_engine as eng
 
 
-def share(caps: list[float], routes: list[list[int]]) -> np.ndarray:
-    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``."""
+def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
+    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``;
+    ``private``: the resources only one flow holds are marked private (caps on that flow)."""
     R, G = len(caps), len(routes)
     K = max(len(r) for r in routes)
     res_cap = np.asarray(caps, float)
@@ -33,13 +34,15 @@ def share(caps: list[float], routes: list[list[int]]) -> np.ndarray:
         eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
                         fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
                         dirty_mark, 1)
+    users = np.bincount([r for route in routes for r in route], minlength=R)
+    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
     hkey = np.empty(G, float)
     hitem = np.empty(G, np.int64)
     hpos = np.full(G, -1, np.int64)
-    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_head, res_n, inc_next, fl_res, fl_nres,
-               fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
+    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
+               fl_nres, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
                np.empty(R, np.int64), np.empty(G, np.int64), np.zeros(R), np.zeros(R, np.int64),
-               np.zeros(G, np.bool_), np.zeros(G), np.empty(R, np.int64), hkey, hitem, hpos,
+               np.zeros(G, np.bool_), np.zeros(G), np.zeros(G), np.empty(R, np.int64), hkey, hitem, hpos,
                np.zeros(1, np.int64), np.zeros(4, np.int64))
     return fl_rate
 
@@ -55,10 +58,12 @@ def flows(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(flows())
-def test_rates_are_max_min_fair(case):
+@given(flows(), st.booleans())
+def test_rates_are_max_min_fair(case, private):
+    """Also with the resources one flow holds taken as caps on its rate (as the engine takes a
+    thread block's own block resource)."""
     caps, routes = case
-    rate = share(caps, routes)
+    rate = share(caps, routes, private)
     assert (rate > 0).all()
     load = np.zeros(len(caps))
     for g, route in enumerate(routes):
@@ -73,5 +78,14 @@ def test_rates_are_max_min_fair(case):
 
 def test_a_tie_freezes_every_full_resource_at_its_level():
     """Two resources full at one level, a third flow only on a roomier one: 1, 1 and 2 GB/s."""
-    rate = share([1e9, 1e9, 4e9], [[0, 2], [1, 2], [2]])
-    assert np.allclose(rate, [1e9, 1e9, 2e9])
+    for private in (False, True):
+        rate = share([1e9, 1e9, 4e9], [[0, 2], [1, 2], [2]], private)
+        assert np.allclose(rate, [1e9, 1e9, 2e9])
+
+
+def test_private_caps_leave_shared_capacity_to_the_others():
+    """Flows capped by resources of their own (1 and 2 GB/s) on a shared 10 GB/s resource with a
+    third, uncapped flow: 1, 2 and the 7 GB/s they leave; the same with the caps as resources."""
+    for private in (False, True):
+        rate = share([10e9, 1e9, 2e9], [[0, 1], [0, 2], [0]], private)
+        assert np.allclose(rate, [1e9, 2e9, 7e9])
