@@ -6,8 +6,7 @@ extra ``sim``, is installed); :func:`run` picks the variant. Everything here wor
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
 
-Data layout (G thread blocks, P primitives, C connections, R resources, NCL flow classes, K = shared
-resources per class):
+Data layout (G thread blocks, P primitives, C connections, R resources, K = resources per flow):
 
 * a TB ``g`` owns primitives ``tb_ptr[g] .. tb_ptr[g+1]-1`` and runs them in that order;
 * primitive flags ``1`` send, ``2`` receive, ``4`` reduce; connection ids, FIFO positions
@@ -19,19 +18,12 @@ resources per class):
   primitive, the TBs whose primitives wait for it (so they can be woken);
 * a *flow* is the bandwidth phase of a slot write (over the link and its shared groups) or of a
   reduction (over the rank's reduction resource). A TB runs at most one flow at a time, so flows
-  are indexed by TB. Its *route* is the link (``0..L-1``) or the rank's reductions (``red0 + q``);
-* routes whose shared resources are the same and whose caps are equal form a *class*
-  (``route_cls``; built by :func:`hccc.runtime.sim_model.prepare`): max-min fairness gives their
-  flows one rate, so the sharing works on classes. A class keeps its members in order of their
-  *targets* on its virtual clock (bytes served to each member since the class last emptied): the
-  first completes first. Resources hold doubly-linked lists of class incidences (``c*K + j``);
-  a route's private resources (``priv_res``, caps already in ``cls_cap``) only count busy time.
+  are indexed by TB. Resources hold doubly-linked lists of flow incidences (``g*K + j``).
 
-Events live in one indexed binary heap over items ``0..NCL-1`` (the completion of class ``c``'s
-first member) and ``NCL..NCL+C-1`` (the next pending slot of connection ``c`` becoming visible to
-its receiver). All events of one instant (within a relative :data:`INSTANT_TOL`) are processed
-before bandwidth shares are recomputed, once per connected component of the resources touched
-(progressive filling, max-min fair). A unit of work is an event or a class re-shared.
+Events live in one indexed binary heap over items ``0..G-1`` (the completion of TB ``g``'s current
+flow) and ``G..G+C-1`` (the next pending slot of connection ``c`` becoming visible to its
+receiver). All events of one instant are processed before bandwidth shares are recomputed, once per
+connected component of the resources touched (progressive filling, max-min fair).
 """
 from __future__ import annotations
 
@@ -39,7 +31,7 @@ import numpy as np
 
 from hccc.util.jit import Kernels
 
-#: events plus re-shared flow classes from which a process's simulations run compiled: plain Python takes
+#: events plus re-shared flows from which a process's simulations run compiled: plain Python takes
 #: about a second for this many, numba's first compile of the engine about ten
 MIN_COMPILED_WORK = 40_000
 
@@ -69,8 +61,6 @@ STATUS_DEADLOCK = 1
 STATUS_BUDGET = 2     # the plain-Python run spent its work budget (rerun compiled)
 
 _INF = np.inf
-#: events this close (relative) to the next one are processed with it, as one instant
-INSTANT_TOL = 1e-12
 
 
 # ---------------------------------------------------------------------------- indexed heap
@@ -154,58 +144,27 @@ def _heap_pop(hkey, hitem, hpos, hn):
 
 
 # ---------------------------------------------------------------------------- flows
-def _flow_start(g, route, nbytes, t, K, route_cls, cls_ptr, cls_res, priv_ptr, priv_res, cls_n,
-                cls_rate, cls_v, cls_tv, cls_first, cls_last, cls_touch, touch_epoch, fl_route, fl_tgt,
-                fl_start, fl_next, fl_prev, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty,
-                dirty_n, dirty_mark, dirty_epoch):
-    """Start TB g's flow of ``nbytes`` over ``route`` at time t: it joins the route's class and
-    completes when the class's virtual clock (bytes served to each member) has advanced by
-    ``nbytes``. Returns the class."""
-    c = route_cls[route]
-    for j in range(priv_ptr[route], priv_ptr[route + 1]):
-        r = priv_res[j]
-        res_n[r] += 1
-        if res_n[r] == 1:
-            res_busy_t0[r] = t
-    if cls_n[c] > 0:
-        cls_v[c] += cls_rate[c] * (t - cls_tv[c])
-    else:
-        cls_v[c] = 0.0
-        cls_rate[c] = 0.0
-    cls_tv[c] = t
-    tgt = cls_v[c] + nbytes
-    fl_route[g] = route
-    fl_tgt[g] = tgt
+def _flow_start(g, res_ids, lo, hi, nbytes, t, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
+                fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                dirty_mark, dirty_epoch):
+    """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` at time t (rate 0 until
+    the next share computation)."""
+    nres = hi - lo
+    fl_nres[g] = nres
+    fl_rate[g] = 0.0
+    fl_rem[g] = nbytes
+    fl_last[g] = t
     fl_start[g] = t
-    # the members in order of their targets (a new one is usually last)
-    q = cls_last[c]
-    while q >= 0 and fl_tgt[q] > tgt:
-        q = fl_prev[q]
-    if q < 0:
-        nx = cls_first[c]
-        cls_first[c] = g
-    else:
-        nx = fl_next[q]
-        fl_next[q] = g
-    fl_prev[g] = q
-    fl_next[g] = nx
-    if nx >= 0:
-        fl_prev[nx] = g
-    else:
-        cls_last[c] = g
-    cls_n[c] += 1
-    cls_touch[c] = touch_epoch
-    lo = cls_ptr[c]
-    for j in range(cls_ptr[c + 1] - lo):
-        r = cls_res[lo + j]
-        if cls_n[c] == 1:
-            inc = c * K + j
-            h = res_head[r]
-            inc_next[inc] = h
-            inc_prev[inc] = -1
-            if h >= 0:
-                inc_prev[h] = inc
-            res_head[r] = inc
+    for j in range(nres):
+        r = res_ids[lo + j]
+        inc = g * K + j
+        fl_res[inc] = r
+        h = res_head[r]
+        inc_next[inc] = h
+        inc_prev[inc] = -1
+        if h >= 0:
+            inc_prev[h] = inc
+        res_head[r] = inc
         res_n[r] += 1
         if res_n[r] == 1:
             res_busy_t0[r] = t
@@ -213,48 +172,21 @@ def _flow_start(g, route, nbytes, t, K, route_cls, cls_ptr, cls_res, priv_ptr, p
             dirty_mark[r] = dirty_epoch
             dirty[dirty_n[0]] = r
             dirty_n[0] += 1
-    return c
 
 
-def _flow_stop(g, t, K, route_cls, cls_ptr, cls_res, priv_ptr, priv_res, cls_n, cls_v, cls_tv,
-               cls_first, cls_last, cls_touch, touch_epoch, fl_route, fl_tgt, fl_next, fl_prev,
-               res_head, res_n, inc_next, inc_prev, res_busy_t0, res_busy, dirty, dirty_n, dirty_mark,
-               dirty_epoch):
-    """TB g's flow, the first of its class, completes at t (the class's clock reached its target)."""
-    route = fl_route[g]
-    c = route_cls[route]
-    for j in range(priv_ptr[route], priv_ptr[route + 1]):
-        r = priv_res[j]
-        res_n[r] -= 1
-        if res_n[r] == 0:
-            res_busy[r] += t - res_busy_t0[r]
-    cls_v[c] = fl_tgt[g]
-    cls_tv[c] = t
-    pv = fl_prev[g]
-    nx = fl_next[g]
-    if pv >= 0:
-        fl_next[pv] = nx
-    else:
-        cls_first[c] = nx
-    if nx >= 0:
-        fl_prev[nx] = pv
-    else:
-        cls_last[c] = pv
-    cls_n[c] -= 1
-    cls_touch[c] = touch_epoch
-    lo = cls_ptr[c]
-    for j in range(cls_ptr[c + 1] - lo):
-        r = cls_res[lo + j]
-        if cls_n[c] == 0:
-            inc = c * K + j
-            ip = inc_prev[inc]
-            inx = inc_next[inc]
-            if ip >= 0:
-                inc_next[ip] = inx
-            else:
-                res_head[r] = inx
-            if inx >= 0:
-                inc_prev[inx] = ip
+def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+               res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch):
+    for j in range(fl_nres[g]):
+        inc = g * K + j
+        r = fl_res[inc]
+        pv = inc_prev[inc]
+        nx = inc_next[inc]
+        if pv >= 0:
+            inc_next[pv] = nx
+        else:
+            res_head[r] = nx
+        if nx >= 0:
+            inc_prev[nx] = pv
         res_n[r] -= 1
         if res_n[r] == 0:
             res_busy[r] += t - res_busy_t0[r]
@@ -262,41 +194,28 @@ def _flow_stop(g, t, K, route_cls, cls_ptr, cls_res, priv_ptr, priv_res, cls_n, 
             dirty_mark[r] = dirty_epoch
             dirty[dirty_n[0]] = r
             dirty_n[0] += 1
+    fl_nres[g] = 0
+    fl_rate[g] = 0.0
 
 
-def _run_alone(c, t, cls_cap, cls_rate, cls_v, cls_first, fl_tgt, hkey, hitem, hpos, hn):
-    """A class with no shared resource runs at its cap (its clock already read at t)."""
-    cls_rate[c] = cls_cap[c]
-    _heap_set(hkey, hitem, hpos, hn, c, _class_key(c, t, cls_rate, cls_v, cls_first, fl_tgt))
-
-
-def _class_key(c, t, cls_rate, cls_v, cls_first, fl_tgt):
-    """When class c's first member completes at the class's rate (its clock read at t)."""
-    d = fl_tgt[cls_first[c]] - cls_v[c]
-    if d < 0.0:
-        d = 0.0
-    return t + d / cls_rate[c]
-
-
-def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, cls_ptr, cls_res, cls_cap, cls_n,
-           cls_rate, cls_v, cls_tv, cls_first, cls_touch, touch_epoch, fl_tgt, mark_res, mark_cls, epoch,
-           comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters):
+def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next, fl_res, fl_nres,
+           fl_rate, fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
+           new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters):
     """Max-min fair rates (progressive filling) on every component touching a dirty resource;
-    classes whose rate (or first member) changed get a new completion time in the heap.
+    flows whose rate changes get a new completion time in the heap.
 
-    The filling runs over *classes* of flows (:mod:`hccc.runtime.sim_model`): flows whose shared
-    resources are the same and whose caps are equal get the same rate, so a class counts its
-    members on each of its resources and freezes as one. A resource no two thread blocks' flows
-    ever hold (e.g. a block's own per-block resource, a link one block uses) is *private*: it joins
-    nothing, only caps its flows' rate (``cls_cap``), so a component is the classes its shared
-    resources join and the filling scans only those."""
+    A *private* resource (``res_private``: no two flows ever hold it at once, e.g. a thread
+    block's own block resource) joins no flows together: it is a cap on its flow's rate, not a
+    member of the component, so a component is only the flows its shared resources join and the
+    filling scans only those resources (a flow's cap freezes it at that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
         if mark_res[r0] == epoch:
             continue
-        # ---- the connected component of shared resources and classes around r0
+        # ---- the connected component of shared resources and flows around r0 (a private r0
+        # leads to its flow, if any, and on to that flow's shared resources)
         nres = 0
-        ncl = 0
+        nfl = 0
         sp = 0
         stack[sp] = r0
         sp += 1
@@ -304,29 +223,35 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, cls_ptr, cls
         while sp > 0:
             sp -= 1
             r = stack[sp]
-            comp_res[nres] = r
-            nres += 1
+            if not res_private[r]:
+                comp_res[nres] = r
+                nres += 1
             inc = res_head[r]
             while inc >= 0:
-                c = inc // K
-                if mark_cls[c] != epoch:
-                    mark_cls[c] = epoch
-                    comp_cls[ncl] = c
-                    ncl += 1
-                    for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                        r2 = cls_res[j]
-                        if mark_res[r2] != epoch:
+                g = inc // K
+                if mark_fl[g] != epoch:
+                    mark_fl[g] = epoch
+                    comp_fl[nfl] = g
+                    nfl += 1
+                    cap = _INF
+                    for j in range(fl_nres[g]):
+                        r2 = fl_res[g * K + j]
+                        if res_private[r2]:
+                            if res_cap[r2] < cap:
+                                cap = res_cap[r2]
+                        elif mark_res[r2] != epoch:
                             mark_res[r2] = epoch
                             stack[sp] = r2
                             sp += 1
+                    fl_cap[g] = cap
                 inc = inc_next[inc]
-        if ncl == 0:
+        if nfl == 0:
             continue
         counters[1] += 1
-        counters[2] += ncl
+        counters[2] += nfl
         # ---- progressive filling over the shared resources still carrying rising flows
         # (``comp_res`` keeps them, compacted after each level; ``stack`` holds a level's saturated
-        # ones) and the least cap among the rising classes
+        # ones) and the least cap among the rising flows
         best = _INF
         arg = -1
         for k in range(nres):
@@ -338,13 +263,13 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, cls_ptr, cls
                 best = s
                 arg = r
         capmin = _INF
-        for k in range(ncl):
-            c = comp_cls[k]
-            frozen[c] = False
-            if cls_cap[c] < capmin:
-                capmin = cls_cap[c]
+        for k in range(nfl):
+            g = comp_fl[k]
+            frozen[g] = False
+            if fl_cap[g] < capmin:
+                capmin = fl_cap[g]
         level = 0.0
-        left = ncl
+        left = nfl
         na = nres
         while left > 0:
             # the next level: a shared resource fills (``best`` more) or a cap is reached
@@ -361,29 +286,29 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, cls_ptr, cls
             for q in range(nsat):
                 inc = res_head[stack[q]]
                 while inc >= 0:
-                    c = inc // K
-                    if not frozen[c]:
-                        frozen[c] = True
-                        new_rate[c] = level
+                    g = inc // K
+                    if not frozen[g]:
+                        frozen[g] = True
+                        new_rate[g] = level
                         left -= 1
-                        for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                            cnt[cls_res[j]] -= cls_n[c]
+                        for j in range(fl_nres[g]):
+                            cnt[fl_res[g * K + j]] -= 1
                     inc = inc_next[inc]
             if capped:
-                # the classes whose cap this level reached freeze at it; the next cap among the rest
+                # the flows whose cap this level reached freeze at it; the next cap among the rest
                 nxt = _INF
-                for k in range(ncl):
-                    c = comp_cls[k]
-                    if frozen[c]:
+                for k in range(nfl):
+                    g = comp_fl[k]
+                    if frozen[g]:
                         continue
-                    if cls_cap[c] <= level:
-                        frozen[c] = True
-                        new_rate[c] = cls_cap[c]
+                    if fl_cap[g] <= level:
+                        frozen[g] = True
+                        new_rate[g] = fl_cap[g]
                         left -= 1
-                        for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                            cnt[cls_res[j]] -= cls_n[c]
-                    elif cls_cap[c] < nxt:
-                        nxt = cls_cap[c]
+                        for j in range(fl_nres[g]):
+                            cnt[fl_res[g * K + j]] -= 1
+                    elif fl_cap[g] < nxt:
+                        nxt = fl_cap[g]
                 capmin = nxt
             # the survivors, and the least fair share among them for the next level
             w = 0
@@ -399,15 +324,18 @@ def _share(t, dirty, ndirty, K, res_cap, res_head, res_n, inc_next, cls_ptr, cls
                         best = s
                         arg = r
             na = w
-        # ---- apply: a class's clock runs at its old rate up to t, at the new one from t
-        for k in range(ncl):
-            c = comp_cls[k]
-            nr = new_rate[c]
-            if nr != cls_rate[c] or cls_touch[c] == touch_epoch:
-                cls_v[c] += cls_rate[c] * (t - cls_tv[c])
-                cls_tv[c] = t
-                cls_rate[c] = nr
-                _heap_set(hkey, hitem, hpos, hn, c, _class_key(c, t, cls_rate, cls_v, cls_first, fl_tgt))
+        # ---- apply
+        for k in range(nfl):
+            g = comp_fl[k]
+            nr = new_rate[g]
+            if nr != fl_rate[g]:
+                if fl_rate[g] > 0.0:
+                    fl_rem[g] -= fl_rate[g] * (t - fl_last[g])
+                    if fl_rem[g] < 0.0:
+                        fl_rem[g] = 0.0
+                fl_last[g] = t
+                fl_rate[g] = nr
+                _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
 
 
 # ---------------------------------------------------------------------------- the event loop
@@ -415,12 +343,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
-               route_cls, cls_ptr, cls_res, cls_cap, priv_ptr, priv_res, res_cap, rank_cres, red0,
-               chunk_len, K, budget):
+               link_res_ptr, link_res, res_cap, res_private, rank_cres, chunk_len, K, budget):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
-    ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus classes re-shared
+    ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flows re-shared
     exceed it (-1: no limit). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
     P = p_flags.shape[0]
@@ -451,23 +378,16 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     c_vist = np.zeros(C * NS, np.float64)    # visibility time of post k at k % NS
     c_sstart = np.zeros(C * NS, np.float64)  # start of the sender's write of post k
     # ---- flows and resources
-    NCL = cls_cap.shape[0]
-    fl_route = np.full(G, -1, np.int64)
-    fl_tgt = np.zeros(G, np.float64)
-    fl_next = np.full(G, -1, np.int64)
-    fl_prev = np.full(G, -1, np.int64)
+    fl_res = np.full(G * K, -1, np.int64)
+    fl_nres = np.zeros(G, np.int64)
+    fl_rate = np.zeros(G, np.float64)
+    fl_rem = np.zeros(G, np.float64)
+    fl_last = np.zeros(G, np.float64)
     fl_start = np.zeros(G, np.float64)
-    cls_n = np.zeros(NCL, np.int64)
-    cls_rate = np.zeros(NCL, np.float64)
-    cls_v = np.zeros(NCL, np.float64)
-    cls_tv = np.zeros(NCL, np.float64)
-    cls_first = np.full(NCL, -1, np.int64)
-    cls_last = np.full(NCL, -1, np.int64)
-    cls_touch = np.zeros(NCL, np.int64)
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
-    inc_next = np.full(NCL * K, -1, np.int64)
-    inc_prev = np.full(NCL * K, -1, np.int64)
+    inc_next = np.full(G * K, -1, np.int64)
+    inc_prev = np.full(G * K, -1, np.int64)
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
     dirty = np.empty(R, np.int64)
@@ -475,17 +395,18 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty_mark = np.zeros(R, np.int64)
     dirty_epoch = 1
     mark_res = np.zeros(R, np.int64)
-    mark_cls = np.zeros(NCL, np.int64)
+    mark_fl = np.zeros(G, np.int64)
     share_epoch = 0
     comp_res = np.empty(R, np.int64)
-    comp_cls = np.empty(NCL, np.int64)
+    comp_fl = np.empty(G, np.int64)
     rem = np.zeros(R, np.float64)
     cnt = np.zeros(R, np.int64)
-    frozen = np.zeros(NCL, np.bool_)
-    new_rate = np.zeros(NCL, np.float64)
+    frozen = np.zeros(G, np.bool_)
+    new_rate = np.zeros(G, np.float64)
+    fl_cap = np.zeros(G, np.float64)
     stack = np.empty(R, np.int64)
     # ---- heap over G flow items and C visibility items
-    NI = NCL + C
+    NI = G + C
     hkey = np.empty(NI, np.float64)
     hitem = np.empty(NI, np.int64)
     hpos = np.full(NI, -1, np.int64)
@@ -610,13 +531,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 if ph < 1 and (fl & F_REDUCE) and nb > 0.0:
                     cres = rank_cres[p_rank[p]]
                     if cres >= 0:
-                        c = _flow_start(g, red0 + p_rank[p], nb, t, K, route_cls, cls_ptr, cls_res,
-                                        priv_ptr, priv_res, cls_n, cls_rate, cls_v, cls_tv, cls_first,
-                                        cls_last, cls_touch, dirty_epoch, fl_route, fl_tgt, fl_start,
-                                        fl_next, fl_prev, res_head, res_n, inc_next, inc_prev,
-                                        res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
-                        if cls_ptr[c + 1] == cls_ptr[c]:
-                            _run_alone(c, t, cls_cap, cls_rate, cls_v, cls_first, fl_tgt, hkey, hitem, hpos, hn)
+                        _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, fl_res, fl_nres,
+                                    fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next,
+                                    inc_prev, res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
                         tb_phase[g] = 1
                         tb_state[g] = S_BUSY
                         break
@@ -625,13 +542,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     if i == 0:
                         c_sstart[sc * NS + tb_spost[g] % NS] = t
                     if nb > 0.0:
-                        c = _flow_start(g, p_link[p], nb, t, K, route_cls, cls_ptr, cls_res, priv_ptr,
-                                        priv_res, cls_n, cls_rate, cls_v, cls_tv, cls_first, cls_last,
-                                        cls_touch, dirty_epoch, fl_route, fl_tgt, fl_start, fl_next,
-                                        fl_prev, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty,
-                                        dirty_n, dirty_mark, dirty_epoch)
-                        if cls_ptr[c + 1] == cls_ptr[c]:
-                            _run_alone(c, t, cls_cap, cls_rate, cls_v, cls_first, fl_tgt, hkey, hitem, hpos, hn)
+                        lk = p_link[p]
+                        _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
+                                    fl_res, fl_nres, fl_rate, fl_rem, fl_last, fl_start, res_head,
+                                    res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                                    dirty_mark, dirty_epoch)
                         tb_phase[g] = 2
                         tb_state[g] = S_BUSY
                         break
@@ -644,7 +559,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     c_vist[sc * NS + k % NS] = vt
                     c_posted[sc] = k + 1
                     if c_tail[sc] == k:
-                        _heap_set(hkey, hitem, hpos, hn, NCL + sc, vt)
+                        _heap_set(hkey, hitem, hpos, hn, G + sc, vt)
                 if (fl & F_RECV) and last:
                     rc = p_rconn[p]
                     c_head[rc] = tb_rpost[g] + 1
@@ -692,10 +607,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
-            _share(t, dirty, dirty_n[0], K, res_cap, res_head, res_n, inc_next, cls_ptr, cls_res,
-                   cls_cap, cls_n, cls_rate, cls_v, cls_tv, cls_first, cls_touch, dirty_epoch, fl_tgt,
-                   mark_res, mark_cls, share_epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate,
-                   stack, hkey, hitem, hpos, hn, counters)
+            _share(t, dirty, dirty_n[0], K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
+                   fl_nres, fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl,
+                   rem, cnt, frozen, new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
         if ndone == G:
@@ -707,24 +621,15 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             status = STATUS_BUDGET
             break
         # ============================================ every event of the next instant
-        # (events within a relative 1e-12 of the first are one instant: a class's clock and its
-        # members' targets are sums, so completions that coincide exactly may differ in the last bits)
         t = hkey[0]
-        t_near = t + INSTANT_TOL * t
         counters[3] += 1
-        while hn[0] > 0 and hkey[0] <= t_near:
+        while hn[0] > 0 and hkey[0] == t:
             item = _heap_pop(hkey, hitem, hpos, hn)
             counters[0] += 1
-            if item < NCL:
-                # the first member of class ``item`` completes; the next completes at the same rate
-                # (the share at the end of this instant re-times the class if its rate changes)
-                g = cls_first[item]
-                _flow_stop(g, t, K, route_cls, cls_ptr, cls_res, priv_ptr, priv_res, cls_n, cls_v, cls_tv,
-                           cls_first, cls_last, cls_touch, dirty_epoch, fl_route, fl_tgt, fl_next,
-                           fl_prev, res_head, res_n, inc_next, inc_prev, res_busy_t0, res_busy, dirty,
-                           dirty_n, dirty_mark, dirty_epoch)
-                if cls_n[item] > 0 and cls_rate[item] > 0.0:
-                    _heap_set(hkey, hitem, hpos, hn, item, _class_key(item, t, cls_rate, cls_v, cls_first, fl_tgt))
+            if item < G:
+                g = item
+                _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                           res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g
@@ -740,7 +645,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     wl[wn] = g
                     wn += 1
             else:
-                c = item - NCL
+                c = item - G
                 c_tail[c] += 1
                 if c_tail[c] < c_posted[c]:
                     _heap_set(hkey, hitem, hpos, hn, item, c_vist[c * NS + c_tail[c] % NS])
@@ -762,13 +667,13 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 
 
 KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
-                              "_flow_start", "_flow_stop", "_class_key", "_run_alone", "_share", "run_engine"],
+                              "_flow_start", "_flow_stop", "_share", "run_engine"],
                   min_work=MIN_COMPILED_WORK)
 
 
 def run(*args):
     """:func:`run_engine` (every argument but ``budget``): plain Python while this process's
-    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared flow classes, compiled from
+    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared flows, compiled from
     there on (a plain run that reaches the limit is stopped and run again compiled)."""
     budget = KERNELS.plain_budget()
     if budget is None or budget > 0:
@@ -781,7 +686,7 @@ def run(*args):
 
 
 def run_within(budget, *args):
-    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared flow classes
+    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared flows
     are spent (None: no limit, as :func:`run`). The plain-Python run and its compiled rerun each
     get the whole budget (the plain one does at most :data:`MIN_COMPILED_WORK` of it)."""
     if budget is None:

@@ -81,19 +81,15 @@ class SimProgram:
     link_res: np.ndarray
     res_cap: np.ndarray
     rank_cres: np.ndarray     # reduction resource per rank, -1 = free (gamma not modelled)
-    K: int                    # most shared resources one flow class holds
+    K: int                    # most resources one flow holds
     link_alpha: np.ndarray    # per link, seconds
     nlinks: int
     ngroups: int
-    # the engine's flow classes: route l < nlinks (link l) or nlinks + q (rank q's reductions) is
-    # in class route_cls[route], whose flows hold the shared resources cls_res (CSR) at a rate of
-    # at most cls_cap; priv_res (CSR by route): the route's private resources (for busy times)
-    route_cls: np.ndarray = None
-    cls_ptr: np.ndarray = None
-    cls_res: np.ndarray = None
-    cls_cap: np.ndarray = None
-    priv_ptr: np.ndarray = None
-    priv_res: np.ndarray = None
+    # what a sending primitive's flow holds: its route (link, groups, and with a per-block limit
+    # its TB's block resource), the engine's p_link / link_res_ptr / link_res
+    p_route: np.ndarray = None
+    route_res_ptr: np.ndarray = None
+    route_res: np.ndarray = None
     nchannels: int = 1
     block_gbps: float | None = None
     # per resource: no two thread blocks' flows ever hold it (a TB runs one flow at a time), so
@@ -236,18 +232,29 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     if len(lg):
         owner = np.repeat(np.arange(L), np.diff(lg_ptr))
         link_res[np.arange(len(lg)) + owner + 1] = L + lg
-    # ---- routes: route l < L is link l (its resources), route L + q the reductions of rank q; a
-    # sending flow is also capped by its TB's block resource (the same capacity for every TB)
+    K = int(max(1, np.diff(link_res_ptr).max() if L else 1))
+    # ---- routes: with a per-block limit, each sending TB's flow also crosses its block resource
     nchannels = max(1, int(getattr(ir, "nchannels", 1) or 1))
     limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
-    block_cap = np.inf
     if limited:
-        block_cap = nchannels * block_gbps_at(block_gbps, getattr(ir, "nwarps", BLOCK_GBPS_WARPS)) * 1e9
-        res_cap = np.concatenate([res_cap, np.full(G, block_cap)])
-    has_cres = rank_cres >= 0
-    route_ptr = np.r_[link_res_ptr, link_res_ptr[-1] + np.cumsum(has_cres)].astype(np.int64)
-    route_res = np.r_[link_res, rank_cres[has_cres]].astype(np.int64)
-    route_cap = np.r_[np.full(L, block_cap), np.full(N, np.inf)]
+        bres0 = len(res_cap)
+        per_block = block_gbps_at(block_gbps, getattr(ir, "nwarps", BLOCK_GBPS_WARPS))
+        res_cap = np.concatenate([res_cap, np.full(G, nchannels * per_block * 1e9)])
+        skeys = gtb[si] * max(L, 1) + p_link[si]
+        ukeys_r, rinv = np.unique(skeys, return_inverse=True)
+        r_tb, r_link = ukeys_r // max(L, 1), ukeys_r % max(L, 1)
+        llen = np.diff(link_res_ptr)[r_link]
+        route_res_ptr = np.r_[0, np.cumsum(llen + 1)].astype(np.int64)
+        route_res = np.empty(int(route_res_ptr[-1]), np.int64)
+        own = np.repeat(np.arange(len(ukeys_r)), llen)
+        j = np.arange(len(own)) - np.repeat(np.cumsum(llen) - llen, llen)   # position in the link's list
+        route_res[route_res_ptr[:-1][own] + j] = link_res[link_res_ptr[r_link][own] + j]
+        route_res[route_res_ptr[1:] - 1] = bres0 + r_tb
+        p_route = np.full(n, -1, dtype=np.int64)
+        p_route[si] = rinv
+        K += 1
+    else:
+        route_res_ptr, route_res, p_route = link_res_ptr, link_res, p_link
     # ---- dependencies
     dp = np.asarray(ir.dep_prim, dtype=np.int64)
     do = np.asarray(ir.dep_on, dtype=np.int64)
@@ -255,9 +262,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     rdep_ptr, rdep_prim = _csr(do, dp, n)
     rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
     chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
-    private = _private_resources(len(res_cap), gtb, si, p_link[si], link_res_ptr, link_res,
+    private = _private_resources(len(res_cap), gtb, si, p_route[si], route_res_ptr, route_res,
                                  np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank])
-    classes = _flow_classes(route_ptr, route_res, route_cap, res_cap, private)
     return SimProgram(
         nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
         tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
@@ -265,48 +271,17 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         p_link=p_link, p_pipeline=p["pipeline"].astype(np.int64), dep_ptr=dep_ptr, dep_on=dep_on,
         rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=c_total, c_stb=c_stb,
         c_rtb=c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=c_src, c_dst=c_dst,
-        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
+        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres, K=K,
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
-        **classes, nchannels=nchannels, block_gbps=float(block_gbps) if limited else None)
-
-
-def _flow_classes(route_ptr: np.ndarray, route_res: np.ndarray, route_cap: np.ndarray,
-                  res_cap: np.ndarray, private: np.ndarray) -> dict:
-    """The engine's flow classes (see :mod:`hccc.runtime.sim_engine`): routes whose shared
-    resources are the same and whose caps (the route's own cap and its private resources') are
-    equal give their flows equal rates, so they form one class. Returns the SimProgram fields."""
-    nroutes = len(route_ptr) - 1
-    lens = np.diff(route_ptr)
-    own = np.repeat(np.arange(nroutes), lens)
-    priv = private[route_res]
-    cap = route_cap.astype(np.float64).copy()
-    np.minimum.at(cap, own[priv], res_cap[route_res[priv]])
-    shared_n = np.bincount(own[~priv], minlength=nroutes)
-    K = int(max(1, shared_n.max() if nroutes else 1))
-    # one row per route: its cap, then its shared resources (in route order), -1 padded
-    rows = np.full((nroutes, K + 1), -1.0)
-    rows[:, 0] = cap
-    sown = own[~priv]
-    spos = np.arange(len(sown)) - np.repeat(np.cumsum(shared_n) - shared_n, shared_n)
-    rows[sown, 1 + spos] = route_res[~priv]
-    keys, route_cls = np.unique(rows, axis=0, return_inverse=True)
-    route_cls = np.asarray(route_cls, np.int64).reshape(-1)
-    cls_n = (keys[:, 1:] >= 0).sum(axis=1)
-    cls_ptr = np.r_[0, np.cumsum(cls_n)].astype(np.int64)
-    cls_res = keys[:, 1:][keys[:, 1:] >= 0].astype(np.int64)
-    pown = own[priv]
-    priv_ptr = np.r_[0, np.cumsum(np.bincount(pown, minlength=nroutes))].astype(np.int64)
-    return {"route_cls": route_cls, "cls_ptr": cls_ptr, "cls_res": cls_res, "cls_cap": keys[:, 0].copy(),
-            "priv_ptr": priv_ptr, "priv_res": route_res[priv].astype(np.int64), "res_private": private,
-            "K": K}
+        p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
+        block_gbps=float(block_gbps) if limited else None, res_private=private)
 
 
 def _private_resources(R: int, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,
                        route_res_ptr: np.ndarray, route_res: np.ndarray, reduces: np.ndarray,
                        cres: np.ndarray) -> np.ndarray:
     """Per resource: held by the flows of at most one thread block (sending primitives ``sends``
-    over links ``routes``, whose resources are ``route_res``; reducing primitives ``reduces`` on
-    their rank's resource ``cres``)."""
+    over ``routes``; reducing primitives ``reduces`` on their rank's resource ``cres``)."""
     lens = np.diff(route_res_ptr)[routes]
     own = np.repeat(np.arange(len(routes)), lens)
     at = np.repeat(route_res_ptr[:-1][routes], lens) + np.arange(len(own)) - np.repeat(np.cumsum(lens) - lens, lens)

@@ -188,11 +188,18 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
     return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
             float(geo.element_bytes), int(rec_lim),
             prog.tb_ptr, prog.p_flags, prog.p_sconn, prog.p_rconn, prog.p_spos, prog.p_rpos,
-            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_link,
+            prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_route,
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
-            prog.route_cls, prog.cls_ptr, prog.cls_res, prog.cls_cap, prog.priv_ptr, prog.priv_res,
-            prog.res_cap, prog.rank_cres, int(prog.nlinks), geo.chunk_len, int(prog.K))
+            prog.route_res_ptr, prog.route_res, prog.res_cap, _private(prog), prog.rank_cres, geo.chunk_len,
+            int(prog.K))
+
+
+def _private(prog: SimProgram) -> np.ndarray:
+    """``prog.res_private``, or no resource private (a SimProgram made without it)."""
+    if prog.res_private is None:
+        return np.zeros(len(prog.res_cap), np.bool_)
+    return np.asarray(prog.res_private, np.bool_)
 
 
 _WAIT_TEXT = {eng.W_DEP: "waits for another TB (dependency)", eng.W_DATA: "waits for data",
@@ -277,7 +284,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
         raise SimulationStopped(f"simulation stopped at its work budget ({int(counters[0] + counters[2]):,} "
-                                f"events and re-shared flow classes) before the program finished",
+                                f"events and re-shared flows) before the program finished",
                                 work=int(counters[0] + counters[2]), wall_s=wall)
     if status != eng.STATUS_OK:
         raise SimulationError(_deadlock_message(prog, tb_state, tb_wait, tb_pos, tb_m))
@@ -306,8 +313,8 @@ class SimulationStopped(SimulationError):
         self.wall_s = float(wall_s)
 
 
-#: work (events plus re-shared flow classes) per second :func:`simulate_by` assumes until this process has
-#: timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared class costs
+#: work (events plus re-shared flows) per second :func:`simulate_by` assumes until this process has
+#: timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared flow costs
 #: ~0.1 us, an event a few; tree programs of 24-64 GPUs measured 7-18 M/s here, so this leaves
 #: room for a machine a few times slower; a run the assumption stops early is run again at the
 #: rate it measured, see :func:`simulate_by`)
@@ -344,7 +351,7 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
                 **kw) -> SimResult:
     """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
     result or with :class:`SimulationStopped`: the time left buys a work budget (events plus
-    re-shared flow classes, at :func:`work_rate`), a run whose least work (an event per sending primitive
+    re-shared flows, at :func:`work_rate`), a run whose least work (an event per sending primitive
     and micro-batch) is over it does not start, and one that spends it stops cleanly. Before this
     process has timed a run, the rate is :data:`ASSUMED_WORK_PER_S`; a run it stops is run once
     more when the rate the run measured buys a larger budget with the time then left. Preparing a

@@ -2,8 +2,7 @@
 fairness, not against another filling: an allocation is max-min fair exactly when it is feasible
 (no resource carries more than its capacity) and every flow has a *bottleneck*, a resource on its
 route that is full and on which no flow runs faster than it. Random flows over random shared
-resources (flows on equal routes share a class), the engine's own arrays set up by its
-``_flow_start``."""
+resources, the engine's own arrays set up by its ``_flow_start``."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,55 +10,41 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.runtime import sim_engine as eng
-from hccc.runtime import sim_model
 
 
 def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
-    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``: one
-    flow per route, each its own thread block, the routes grouped into the engine's flow classes
-    by :func:`sim_model._flow_classes`; ``private``: the resources one flow holds are private
-    (caps on that flow), as :func:`sim_model.prepare` marks them."""
+    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``;
+    ``private``: the resources only one flow holds are marked private (caps on that flow)."""
     R, G = len(caps), len(routes)
+    K = max(len(r) for r in routes)
     res_cap = np.asarray(caps, float)
-    route_ptr = np.r_[0, np.cumsum([len(r) for r in routes])].astype(np.int64)
-    route_res = np.asarray([x for r in routes for x in r], np.int64)
-    users = np.bincount(route_res, minlength=R)
-    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
-    cl = sim_model._flow_classes(route_ptr, route_res, np.full(G, np.inf), res_cap, res_private)
-    K, NCL = cl["K"], len(cl["cls_cap"])
-    cls_n = np.zeros(NCL, np.int64)
-    cls_rate, cls_v, cls_tv = (np.zeros(NCL) for _ in range(3))
-    cls_first, cls_last = (np.full(NCL, -1, np.int64) for _ in range(2))
-    cls_touch = np.zeros(NCL, np.int64)
-    fl_route, fl_next, fl_prev = (np.full(G, -1, np.int64) for _ in range(3))
-    fl_tgt, fl_start = np.zeros(G), np.zeros(G)
+    fl_res = np.full(G * K, -1, np.int64)
+    fl_nres = np.zeros(G, np.int64)
+    fl_rate, fl_rem, fl_last, fl_start = (np.zeros(G) for _ in range(4))
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
-    inc_next = np.full(NCL * K, -1, np.int64)
-    inc_prev = np.full(NCL * K, -1, np.int64)
+    inc_next = np.full(G * K, -1, np.int64)
+    inc_prev = np.full(G * K, -1, np.int64)
     res_busy_t0 = np.zeros(R)
     dirty = np.empty(R, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
-    hkey = np.empty(NCL, float)
-    hitem = np.empty(NCL, np.int64)
-    hpos = np.full(NCL, -1, np.int64)
-    hn = np.zeros(1, np.int64)
-    for g in range(G):
-        c = eng._flow_start(g, g, 1e6, 0.0, K, cl["route_cls"], cl["cls_ptr"], cl["cls_res"], cl["priv_ptr"],
-                            cl["priv_res"], cls_n, cls_rate, cls_v, cls_tv, cls_first, cls_last, cls_touch, 1,
-                            fl_route, fl_tgt, fl_start, fl_next, fl_prev, res_head, res_n, inc_next, inc_prev,
-                            res_busy_t0, dirty, dirty_n, dirty_mark, 1)
-        if cl["cls_ptr"][c + 1] == cl["cls_ptr"][c]:
-            eng._run_alone(c, 0.0, cl["cls_cap"], cls_rate, cls_v, cls_first, fl_tgt, hkey, hitem, hpos, hn)
-    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_head, res_n, inc_next, cl["cls_ptr"], cl["cls_res"],
-               cl["cls_cap"], cls_n, cls_rate, cls_v, cls_tv, cls_first, cls_touch, 1, fl_tgt,
-               np.zeros(R, np.int64), np.zeros(NCL, np.int64), 1, np.empty(R, np.int64), np.empty(NCL, np.int64),
-               np.zeros(R), np.zeros(R, np.int64), np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64),
-               hkey, hitem, hpos, hn, np.zeros(4, np.int64))
-    # every member of a class runs at the class's rate; each class is timed in the heap
-    assert int(hn[0]) == len(set(cl["route_cls"].tolist()))
-    return cls_rate[cl["route_cls"]]
+    for g, route in enumerate(routes):
+        ids = np.asarray(route, np.int64)
+        eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
+                        fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                        dirty_mark, 1)
+    users = np.bincount([r for route in routes for r in route], minlength=R)
+    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
+    hkey = np.empty(G, float)
+    hitem = np.empty(G, np.int64)
+    hpos = np.full(G, -1, np.int64)
+    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
+               fl_nres, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
+               np.empty(R, np.int64), np.empty(G, np.int64), np.zeros(R), np.zeros(R, np.int64),
+               np.zeros(G, np.bool_), np.zeros(G), np.zeros(G), np.empty(R, np.int64), hkey, hitem, hpos,
+               np.zeros(1, np.int64), np.zeros(4, np.int64))
+    return fl_rate
 
 
 @st.composite

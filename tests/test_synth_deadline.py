@@ -75,15 +75,13 @@ def test_simulate_by_deadline(ring, monkeypatch):
 
 def test_a_run_the_assumed_rate_stops_runs_again_at_the_measured_rate(ring, monkeypatch):
     """Before a process has timed a simulation it budgets at an assumed rate; a first run that
-    rate stops (here: half the work over the least bought) is run once more at the rate it measured, and
+    rate stops (here: half the work bought) is run once more at the rate it measured, and
     finishes, where the deadline allows. The first compiled simulation of a synth run was
     stopped this way for every program over ~0.25 M work per second left."""
     topo, prog, full, work = ring
     monkeypatch.setattr(sim, "_measured_rate", [])
     monkeypatch.setattr(sim, "RATE_MIN_WORK", 1)
-    # half way between the run's least work (an event per send and micro-batch) and all of it
-    floor = int((prog.p_flags & 1).astype(bool).sum()) * full.micro_batches
-    monkeypatch.setattr(sim, "ASSUMED_WORK_PER_S", (floor + work) / 2 / 100.0)
+    monkeypatch.setattr(sim, "ASSUMED_WORK_PER_S", work / 2 / 100.0)
     runs = []
     real = sim.simulate
     monkeypatch.setattr(sim, "simulate", lambda *a, **k: runs.append(k["work_budget"]) or real(*a, **k))
