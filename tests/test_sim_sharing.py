@@ -5,11 +5,22 @@ route that is full and on which no flow runs faster than it. Random flows over r
 resources, the engine's own arrays set up by its ``_flow_start``."""
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime import sim_engine as eng
+from hccc.runtime import sim_model
+from hccc.runtime.simulator import prepare, simulate
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CLUSTERS = EXAMPLES / "clusters"
 
 
 def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
@@ -89,3 +100,38 @@ def test_private_caps_leave_shared_capacity_to_the_others():
     for private in (False, True):
         rate = share([10e9, 1e9, 2e9], [[0, 1], [0, 2], [0]], private)
         assert np.allclose(rate, [1e9, 2e9, 7e9])
+
+
+@pytest.mark.parametrize("algo,cluster", [
+    ("ring_allreduce_8", "a100_topo1"),         # reductions on every rank's gamma resource
+    ("hm_allreduce_2x4", "a100_topo1"),
+    ("hm_allgather_2x8", "a100_topo2"),
+    ("direct_alltoall_8", "a100_topo1"),        # many blocks over the same NIC groups
+])
+def test_private_caps_change_no_simulated_time(algo, cluster):
+    """The engine with the private resources taken as caps against the same engine taking every
+    resource into the sharing (no resource private): the same completion time and link busy
+    times, with and without the per-block limit, at two sizes; and the resources it marks private
+    are exactly those the flows of at most one thread block hold."""
+    topo = load_cluster(CLUSTERS / f"{cluster}.topo")
+    ir = build_program(load_algorithm(EXAMPLES / f"{algo}.rccl"))
+    for block_gbps in (sim_model.DEFAULT_BLOCK_GBPS, None):
+        prog = prepare(ir, topo, block_gbps)
+        plain = dataclasses.replace(prog, res_private=None)
+        for size in (1 << 20, 64 << 20):
+            a = simulate(prog, topo, size, slice_bytes="auto")
+            b = simulate(plain, topo, size, slice_bytes="auto")
+            assert a.time_s == pytest.approx(b.time_s, rel=1e-12)
+            assert np.allclose(a.link_busy, b.link_busy, rtol=1e-12, atol=1e-15)
+        # an independent count: thread blocks whose flows hold each resource
+        holders = [set() for _ in range(len(prog.res_cap))]
+        gtb = np.repeat(np.arange(prog.ntbs), np.diff(prog.tb_ptr))
+        for p in np.flatnonzero(prog.p_flags & eng.F_SEND):
+            rt = prog.p_route[p]
+            for r in prog.route_res[prog.route_res_ptr[rt]:prog.route_res_ptr[rt + 1]]:
+                holders[r].add(int(gtb[p]))
+        for p in np.flatnonzero(prog.p_flags & eng.F_REDUCE):
+            r = prog.rank_cres[prog.p_rank[p]]
+            if r >= 0:
+                holders[r].add(int(gtb[p]))
+        assert [len(h) <= 1 for h in holders] == prog.res_private.tolist()
