@@ -144,34 +144,46 @@ def _heap_pop(hkey, hitem, hpos, hn):
 
 
 # ---------------------------------------------------------------------------- flows
-def _flow_start(g, res_ids, lo, hi, nbytes, t, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
-                fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
-                dirty_mark, dirty_epoch):
+def _flow_start(g, res_ids, lo, hi, nbytes, t, K, res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap,
+                fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty,
+                dirty_n, dirty_mark, dirty_epoch):
     """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` at time t (rate 0 until
-    the next share computation)."""
+    the next share computation). Its shared resources come first in its list (``fl_nsh`` of
+    them); its private ones only cap its rate (``fl_cap``, see :func:`_share`)."""
     nres = hi - lo
     fl_nres[g] = nres
     fl_rate[g] = 0.0
     fl_rem[g] = nbytes
     fl_last[g] = t
     fl_start[g] = t
-    for j in range(nres):
-        r = res_ids[lo + j]
-        inc = g * K + j
-        fl_res[inc] = r
-        h = res_head[r]
-        inc_next[inc] = h
-        inc_prev[inc] = -1
-        if h >= 0:
-            inc_prev[h] = inc
-        res_head[r] = inc
-        res_n[r] += 1
-        if res_n[r] == 1:
-            res_busy_t0[r] = t
-        if dirty_mark[r] != dirty_epoch:
-            dirty_mark[r] = dirty_epoch
-            dirty[dirty_n[0]] = r
-            dirty_n[0] += 1
+    cap = _INF
+    j = 0
+    for private in (False, True):
+        for k in range(nres):
+            r = res_ids[lo + k]
+            if res_private[r] != private:
+                continue
+            if private and res_cap[r] < cap:
+                cap = res_cap[r]
+            inc = g * K + j
+            j += 1
+            fl_res[inc] = r
+            h = res_head[r]
+            inc_next[inc] = h
+            inc_prev[inc] = -1
+            if h >= 0:
+                inc_prev[h] = inc
+            res_head[r] = inc
+            res_n[r] += 1
+            if res_n[r] == 1:
+                res_busy_t0[r] = t
+            if dirty_mark[r] != dirty_epoch:
+                dirty_mark[r] = dirty_epoch
+                dirty[dirty_n[0]] = r
+                dirty_n[0] += 1
+        if not private:
+            fl_nsh[g] = j
+    fl_cap[g] = cap
 
 
 def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
@@ -198,7 +210,7 @@ def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc
     fl_rate[g] = 0.0
 
 
-def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next, fl_res, fl_nres,
+def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next, fl_res, fl_nsh,
            fl_rate, fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
            new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters):
     """Max-min fair rates (progressive filling) on every component touching a dirty resource;
@@ -207,7 +219,9 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
     A *private* resource (``res_private``: no two flows ever hold it at once, e.g. a thread
     block's own block resource) joins no flows together: it is a cap on its flow's rate, not a
     member of the component, so a component is only the flows its shared resources join and the
-    filling scans only those resources (a flow's cap freezes it at that level)."""
+    filling scans only those resources (a flow's cap freezes it at that level). ``_flow_start``
+    lists a flow's ``fl_nsh`` shared resources first and keeps its private ones' least capacity
+    in ``fl_cap``."""
     for d in range(ndirty):
         r0 = dirty[d]
         if mark_res[r0] == epoch:
@@ -233,17 +247,12 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                     mark_fl[g] = epoch
                     comp_fl[nfl] = g
                     nfl += 1
-                    cap = _INF
-                    for j in range(fl_nres[g]):
+                    for j in range(fl_nsh[g]):
                         r2 = fl_res[g * K + j]
-                        if res_private[r2]:
-                            if res_cap[r2] < cap:
-                                cap = res_cap[r2]
-                        elif mark_res[r2] != epoch:
+                        if mark_res[r2] != epoch:
                             mark_res[r2] = epoch
                             stack[sp] = r2
                             sp += 1
-                    fl_cap[g] = cap
                 inc = inc_next[inc]
         if nfl == 0:
             continue
@@ -291,7 +300,7 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                         frozen[g] = True
                         new_rate[g] = level
                         left -= 1
-                        for j in range(fl_nres[g]):
+                        for j in range(fl_nsh[g]):
                             cnt[fl_res[g * K + j]] -= 1
                     inc = inc_next[inc]
             if capped:
@@ -305,7 +314,7 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                         frozen[g] = True
                         new_rate[g] = fl_cap[g]
                         left -= 1
-                        for j in range(fl_nres[g]):
+                        for j in range(fl_nsh[g]):
                             cnt[fl_res[g * K + j]] -= 1
                     elif fl_cap[g] < nxt:
                         nxt = fl_cap[g]
@@ -380,6 +389,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     # ---- flows and resources
     fl_res = np.full(G * K, -1, np.int64)
     fl_nres = np.zeros(G, np.int64)
+    fl_nsh = np.zeros(G, np.int64)
     fl_rate = np.zeros(G, np.float64)
     fl_rem = np.zeros(G, np.float64)
     fl_last = np.zeros(G, np.float64)
@@ -531,9 +541,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 if ph < 1 and (fl & F_REDUCE) and nb > 0.0:
                     cres = rank_cres[p_rank[p]]
                     if cres >= 0:
-                        _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, fl_res, fl_nres,
-                                    fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next,
-                                    inc_prev, res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, res_cap, res_private,
+                                    fl_res, fl_nres, fl_nsh, fl_cap, fl_rate, fl_rem, fl_last, fl_start,
+                                    res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
+                                    dirty_mark, dirty_epoch)
                         tb_phase[g] = 1
                         tb_state[g] = S_BUSY
                         break
@@ -544,9 +555,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     if nb > 0.0:
                         lk = p_link[p]
                         _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
-                                    fl_res, fl_nres, fl_rate, fl_rem, fl_last, fl_start, res_head,
-                                    res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
-                                    dirty_mark, dirty_epoch)
+                                    res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap, fl_rate,
+                                    fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev,
+                                    res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
                         tb_phase[g] = 2
                         tb_state[g] = S_BUSY
                         break
@@ -608,7 +619,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         if dirty_n[0] > 0:
             share_epoch += 1
             _share(t, dirty, dirty_n[0], K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
-                   fl_nres, fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl,
+                   fl_nsh, fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl,
                    rem, cnt, frozen, new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters)
             dirty_n[0] = 0
             dirty_epoch += 1

@@ -40,20 +40,22 @@ def share(caps: list[float], routes: list[list[int]], private: bool = False) -> 
     dirty = np.empty(R, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
-    for g, route in enumerate(routes):
-        ids = np.asarray(route, np.int64)
-        eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, fl_res, fl_nres, fl_rate, fl_rem, fl_last,
-                        fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
-                        dirty_mark, 1)
     users = np.bincount([r for route in routes for r in route], minlength=R)
     res_private = (users <= 1) if private else np.zeros(R, np.bool_)
+    fl_nsh = np.zeros(G, np.int64)
+    fl_cap = np.zeros(G)
+    for g, route in enumerate(routes):
+        ids = np.asarray(route, np.int64)
+        eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap,
+                        fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0,
+                        dirty, dirty_n, dirty_mark, 1)
     hkey = np.empty(G, float)
     hitem = np.empty(G, np.int64)
     hpos = np.full(G, -1, np.int64)
     eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
-               fl_nres, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
+               fl_nsh, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
                np.empty(R, np.int64), np.empty(G, np.int64), np.zeros(R), np.zeros(R, np.int64),
-               np.zeros(G, np.bool_), np.zeros(G), np.zeros(G), np.empty(R, np.int64), hkey, hitem, hpos,
+               np.zeros(G, np.bool_), np.zeros(G), fl_cap, np.empty(R, np.int64), hkey, hitem, hpos,
                np.zeros(1, np.int64), np.zeros(4, np.int64))
     return fl_rate
 
