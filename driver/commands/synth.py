@@ -506,7 +506,8 @@ def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT
     when the program runs within ``tol`` of the cut bound with it, that count is confirmed without
     simulating the unlimited program (which can only be slower than the bound); else the unlimited
     time is simulated and ``CHANNEL_STEPS`` bisected (taking the time as non-increasing in
-    channels: each block's share only grows). Sets ``result.detail["channels"]`` (and
+    channels: each block's share only grows). Where only one count keeps every thread block
+    resident, that count is simulated once and kept. Sets ``result.detail["channels"]`` (and
     ``"channels_fitted"``: whether the simulations confirmed it) and returns the simulated seconds
     with them; None without the simulator, when the program cannot be simulated, or when
     ``sims``' deadline stops the fitting before the chosen count was simulated (the best count
@@ -538,6 +539,8 @@ def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT
     t = sims.seconds(result, steps[guess])
     if t is None:
         return settle()
+    if len(steps) == 1:                 # the one count that stays resident: nothing to compare with
+        return finish(0, True)
     if bound > 0 and t <= bound * (1 + tol):
         limit = bound * (1 + tol)       # at the bound: the unlimited program is no faster
     else:
