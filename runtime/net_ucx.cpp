@@ -515,6 +515,11 @@ HN_API void* hn_create(int rank, int world, char* err, int errlen) {
   n->rank = rank;
   n->peers.assign(world, nullptr);
   n->mirror_base.assign(world, 0);
+  // The same for the TCP transport's own keepalive (idle 10 s, then probes every 2 s): on a loaded
+  // 2-core host it still ended live peers' endpoints as timed out ("Endpoint timeout" in
+  // ucp_put_handler, fatal inside UCX). Off unless the environment sets it (setenv does not
+  // replace a value already there).
+  setenv("UCX_TCP_KEEPIDLE", "inf", 0);
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st == UCS_OK && getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
