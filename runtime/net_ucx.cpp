@@ -835,9 +835,11 @@ HN_API void hn_destroy(void* h, long timeout_ms) {
     for (ucp_rkey_h& k : p->rkey)
       if (k) ucp_rkey_destroy(k);
     if (p->ep) {
+      // a flushing close: a forced one dropped the socket while a peer could still be acking
+      // this rank's last puts, and UCX aborts that peer when its ack meets the failed endpoint
+      // ("Endpoint timeout" in ucp_put_handler); bounded by ``timeout_ms`` as the rest
       ucp_request_param_t prm;
-      prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      prm.op_attr_mask = 0;
       ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &prm);
       if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
     }
