@@ -186,6 +186,15 @@ def _flow_start(g, res_ids, lo, hi, nbytes, t, K, res_cap, res_private, fl_res, 
     fl_cap[g] = cap
 
 
+def _flow_reuse(g, nbytes, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn):
+    """TB g's flow that ended at t is followed at t by one over the same resources: it keeps its
+    incidences and its rate (max-min of an unchanged set of flows) and carries ``nbytes``."""
+    fl_rem[g] = nbytes
+    fl_last[g] = t
+    fl_start[g] = t
+    _heap_set(hkey, hitem, hpos, hn, g, t + nbytes / fl_rate[g])
+
+
 def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
                res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch):
     for j in range(fl_nres[g]):
@@ -352,12 +361,14 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
-               link_res_ptr, link_res, res_cap, res_private, rank_cres, chunk_len, K, budget):
+               link_res_ptr, link_res, res_cap, res_private, rank_cres, chunk_len, K, take_over, budget):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
     ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flows re-shared
-    exceed it (-1: no limit). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
+    exceed it (-1: no limit). ``take_over``: a TB's next flow over the resources of the flow it
+    just ended, at the same instant, keeps that flow's rate without a re-share (False: every
+    flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
     P = p_flags.shape[0]
     C = c_total.shape[0]
@@ -415,6 +426,13 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     new_rate = np.zeros(G, np.float64)
     fl_cap = np.zeros(G, np.float64)
     stack = np.empty(R, np.int64)
+    # a flow that ended at t stays on its resources until the worklist of t is done: the TB's next
+    # flow over the same resources (``fl_key``: the link, or -1 - rank for a reduction) takes it
+    # over at the same rate without a re-share (the set of flows, hence max-min, is unchanged)
+    fl_key = np.zeros(G, np.int64)
+    fl_pend = np.zeros(G, np.bool_)
+    pend = np.empty(G, np.int64)
+    pn = 0
     # ---- heap over G flow items and C visibility items
     NI = G + C
     hkey = np.empty(NI, np.float64)
@@ -541,6 +559,17 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 if ph < 1 and (fl & F_REDUCE) and nb > 0.0:
                     cres = rank_cres[p_rank[p]]
                     if cres >= 0:
+                        key = -1 - p_rank[p]
+                        if fl_pend[g]:
+                            fl_pend[g] = False
+                            if fl_key[g] == key:
+                                _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
+                                tb_phase[g] = 1
+                                tb_state[g] = S_BUSY
+                                break
+                            _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                                       res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        fl_key[g] = key
                         _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, res_cap, res_private,
                                     fl_res, fl_nres, fl_nsh, fl_cap, fl_rate, fl_rem, fl_last, fl_start,
                                     res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
@@ -554,6 +583,16 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                         c_sstart[sc * NS + tb_spost[g] % NS] = t
                     if nb > 0.0:
                         lk = p_link[p]
+                        if fl_pend[g]:
+                            fl_pend[g] = False
+                            if fl_key[g] == lk:
+                                _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
+                                tb_phase[g] = 2
+                                tb_state[g] = S_BUSY
+                                break
+                            _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                                       res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        fl_key[g] = lk
                         _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
                                     res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap, fl_rate,
                                     fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev,
@@ -615,6 +654,14 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     ndone += 1
                     break
                 tb_state[g] = S_READY
+        # ============================================ flows that ended at t and were not taken over
+        for q in range(pn):
+            g = pend[q]
+            if fl_pend[g]:
+                fl_pend[g] = False
+                _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                           res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+        pn = 0
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
@@ -639,8 +686,13 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             counters[0] += 1
             if item < G:
                 g = item
-                _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-                           res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                if take_over:
+                    fl_pend[g] = True       # stopped after the worklist unless taken over
+                    pend[pn] = g
+                    pn += 1
+                else:
+                    _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
+                               res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g
@@ -678,7 +730,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 
 
 KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
-                              "_flow_start", "_flow_stop", "_share", "run_engine"],
+                              "_flow_start", "_flow_reuse", "_flow_stop", "_share", "run_engine"],
                   min_work=MIN_COMPILED_WORK)
 
 

@@ -182,7 +182,8 @@ class SimResult:
         }
 
 
-def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, nslots: int):
+def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, nslots: int,
+                 take_over: bool = True):
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")
     return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
@@ -192,7 +193,7 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
             prog.route_res_ptr, prog.route_res, prog.res_cap, _private(prog), prog.rank_cres, geo.chunk_len,
-            int(prog.K))
+            int(prog.K), bool(take_over))
 
 
 def _private(prog: SimProgram) -> np.ndarray:

@@ -6,6 +6,7 @@ resources, the engine's own arrays set up by its ``_flow_start``."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +138,58 @@ def test_private_caps_change_no_simulated_time(algo, cluster):
             if r >= 0:
                 holders[r].add(int(gtb[p]))
         assert [len(h) <= 1 for h in holders] == prog.res_private.tolist()
+
+
+def _tree_program(cluster: str, collective: str):
+    """A tree-packing program (a channel per stream, pipelined pieces: the flows a thread block
+    starts one after another over the same link), built without simulating."""
+    from hccc.compiler.synth import synthesize
+    from hccc.compiler.synth.emit import to_algorithm
+
+    topo = load_cluster(CLUSTERS / f"{cluster}.topo")
+    res = synthesize(topo, collective, method="trees", time_limit=30)
+    return build_program(to_algorithm(res, topo)), topo
+
+
+@pytest.mark.parametrize("case", [
+    ("ring_allreduce_8", "a100_topo1"),
+    ("ring_allreduce_8:fuse", "a100_topo1"),    # receive-reduce-send: a reduction, then a send
+    ("hm_allgather_2x8", "a100_topo2"),
+    ("direct_alltoall_8", "a100_topo1"),
+    ("trees:allgather", "h20_4_8"),
+    ("trees:reducescatter", "v100_4x2_8"),
+    ("trees:allreduce", "a100_topo3"),
+])
+def test_flow_take_over_changes_no_simulated_time(case):
+    """A thread block's next flow over the same resources at the instant its flow ended keeps
+    that flow's rate without a re-share (the set of flows is the same, so max-min is): against
+    the engine that stops every flow and re-shares, the same completion time and link busy
+    times, in both execution modes, with fewer flows re-shared where flows are taken over."""
+    from hccc.runtime.simulator import _engine_args, geometry
+
+    algo, cluster = case
+    if algo.startswith("trees:"):
+        ir, topo = _tree_program(cluster, algo.split(":")[1])
+    else:
+        topo = load_cluster(CLUSTERS / f"{cluster}.topo")
+        name, _, fuse = algo.partition(":")
+        ir = build_program(load_algorithm(EXAMPLES / f"{name}.rccl"), fuse=fuse == "fuse")
+    prog = prepare(ir, topo)
+    # also with reductions slower than the links, so a reduction's rate is never a send's
+    cap = prog.res_cap.copy()
+    cres = prog.rank_cres[prog.rank_cres >= 0]
+    cap[cres] = 0.37 * cap[:prog.nlinks].min()
+    slow = dataclasses.replace(prog, res_cap=cap)
+    fewer = False
+    for prog, execution in itertools.product((prog, slow), ("task", "algorithm")):
+        for size in (1 << 20, 64 << 20):
+            geo = geometry(size, prog.nchunks, min(prog.chunk_bytes, 1 << 16), 4)
+            a = eng.run(*_engine_args(prog, geo, execution, 0, 8, take_over=True))
+            b = eng.run(*_engine_args(prog, geo, execution, 0, 8, take_over=False))
+            assert a[0] == b[0] == eng.STATUS_OK
+            assert a[1] == pytest.approx(b[1], rel=1e-12)                 # completion time
+            assert np.allclose(a[5], b[5], rtol=1e-12, atol=1e-15)        # resource busy times
+            assert a[10][0] == b[10][0]                                   # the same events
+            assert a[10][2] <= b[10][2]
+            fewer |= bool(a[10][2] < b[10][2])
+    assert fewer
