@@ -104,3 +104,34 @@ def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
                        capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if k != "HCCC_MAX_SOURCE_LINES"})
     assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_a_program_that_does_not_fit_is_simulated_only_where_none_does():
+    """Candidates whose blocks would not all be resident rank after every one that is, so they
+    are not simulated while one that fits is (their simulations took the limit's time from those
+    that could win: 64 heterogeneous H20s, AllReduce); where none fits, all are simulated."""
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth.forest import blocks_per_rank, synthesize_trees
+
+    topo = load_cluster(CLUSTERS / "v100_4_8.topo")
+    net = network_from_topology(topo)
+
+    def run(max_blocks):
+        calls = []
+
+        def score(coll, rows, k, ch, warps):
+            calls.append(int(blocks_per_rank(rows, net.nranks).max()) * ch)
+            return 1e-3 * len(calls)        # later candidates are slower
+
+        res = synthesize_trees(net, "allreduce", score=score, max_blocks=max_blocks, time_limit=60)
+        return res, calls
+
+    _, every = run(None)
+    assert len(set(every)) > 1, every
+    cap = min(every)                              # some fit, some do not
+    res, calls = run(cap)
+    assert calls and all(b <= cap for b in calls), (cap, calls)
+    assert len(calls) < len(every)
+    assert res.detail["blocks_per_rank"] <= cap
+    res, calls = run(1)                           # none fits: every one simulated
+    assert len(calls) == len(every)

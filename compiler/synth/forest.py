@@ -530,11 +530,19 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                     todo[i + 1:i + 1] = [cand, (kv, pk, joint, shape)]
                     continue
                 todo.insert(i + 1, cand)
-        sc = score(coll, rows, kv * split, ch, warps) if score is not None else None
+        # a program whose blocks are not all resident ranks after every one that is: it is
+        # simulated only where none is (below), so its simulation never takes the time of theirs
+        sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None
         # without a simulator, the link model's time decides (then the fewest blocks)
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
                            kv * split, pk, ch, split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
+    if score is not None and all(c[0][0] for c in candidates):
+        # nothing fits: the simulated times decide after all (best first in the link model, as
+        # far as the deadline allows)
+        for j in sorted(range(len(candidates)), key=lambda j: candidates[j][0][1]):
+            c = candidates[j]
+            candidates[j] = ((True, score(coll, c[2], c[4], c[6], c[10]), c[9]),) + c[1:]
     best = min(candidates, key=lambda c: c[0])
     _, shape, rows, info, K, packs, channels, split, most, blocks, warps = best
     loops = info.pop("loops")
