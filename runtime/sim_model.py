@@ -92,8 +92,9 @@ class SimProgram:
     route_res: np.ndarray = None
     nchannels: int = 1
     block_gbps: float | None = None
-    # per resource: no two thread blocks' flows ever hold it (a TB runs one flow at a time), so
-    # the engine takes it as a cap on its flow's rate (see sim_engine._share)
+    # per resource: it never decides a rate that max-min over the other resources would not (see
+    # :func:`_private_resources`), so the engine takes it as a cap on its flows' rates and leaves
+    # it out of the sharing (see sim_engine._share)
     res_private: np.ndarray = None
 
     @property
@@ -262,8 +263,9 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     rdep_ptr, rdep_prim = _csr(do, dp, n)
     rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
     chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
-    private = _private_resources(len(res_cap), gtb, si, p_route[si], route_res_ptr, route_res,
-                                 np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank])
+    private = _private_resources(res_cap, gtb, si, p_route[si], route_res_ptr, route_res,
+                                 np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank],
+                                 link_res_ptr, link_res, res_cap[bres0] if limited else np.inf)
     return SimProgram(
         nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
         tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
@@ -277,20 +279,43 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         block_gbps=float(block_gbps) if limited else None, res_private=private)
 
 
-def _private_resources(R: int, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,
+def _private_resources(res_cap: np.ndarray, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,
                        route_res_ptr: np.ndarray, route_res: np.ndarray, reduces: np.ndarray,
-                       cres: np.ndarray) -> np.ndarray:
-    """Per resource: held by the flows of at most one thread block (sending primitives ``sends``
-    over ``routes``; reducing primitives ``reduces`` on their rank's resource ``cres``)."""
+                       cres: np.ndarray, link_res_ptr: np.ndarray, link_res: np.ndarray,
+                       block_cap: float) -> np.ndarray:
+    """Per resource (of capacities ``res_cap``): it never saturates unless another resource of
+    all its flows saturates with or before it, so taking it as a cap on its flows' rates leaves
+    max-min's rates as they are. That holds for a resource
+
+    1. held by the flows of at most one thread block (sending primitives ``sends`` over
+       ``routes``; reducing primitives ``reduces`` on their rank's resource ``cres``): it
+       saturates exactly when its one flow reaches its capacity;
+    2. a link with a shared group of at most its capacity (``link_res``: every flow over the
+       link crosses the link's groups, so the group carries at least the link's load);
+    3. whose holders cannot fill it: a thread block runs one flow at a time, a send at most at
+       its block resource's ``block_cap``, so holders x ``block_cap`` within the capacity (with
+       no per-block limit, ``block_cap`` is infinite and this never holds)."""
+    R = len(res_cap)
     lens = np.diff(route_res_ptr)[routes]
     own = np.repeat(np.arange(len(routes)), lens)
     at = np.repeat(route_res_ptr[:-1][routes], lens) + np.arange(len(own)) - np.repeat(np.cumsum(lens) - lens, lens)
     rc = cres[reduces]
     res = np.concatenate([route_res[at], rc[rc >= 0]]).astype(np.int64)
     tbs = np.concatenate([gtb[sends][own], gtb[reduces][rc >= 0]]).astype(np.int64)
+    capped = np.concatenate([np.full(len(own), block_cap), np.full(int((rc >= 0).sum()), np.inf)])
     G = int(gtb.max()) + 1 if len(gtb) else 1
-    users = np.bincount(np.unique(res * G + tbs) // G, minlength=R)
-    return users <= 1
+    key, first = np.unique(res * G + tbs, return_index=True)
+    users = np.bincount(key // G, minlength=R)
+    most = np.bincount(key // G, weights=capped[first], minlength=R)   # inf where a reduction holds it
+    private = (users <= 1) | (most <= res_cap)
+    L = len(link_res_ptr) - 1
+    if L and len(link_res) > L:
+        owner = np.repeat(np.arange(L), np.diff(link_res_ptr))
+        groups = link_res != owner                      # a link's list: itself, then its groups
+        least = np.full(L, np.inf)
+        np.minimum.at(least, owner[groups], res_cap[link_res[groups]])
+        private[:L] |= least <= res_cap[:L]
+    return private
 
 
 @dataclass(frozen=True)

@@ -110,14 +110,21 @@ def test_private_caps_leave_shared_capacity_to_the_others():
     ("hm_allreduce_2x4", "a100_topo1"),
     ("hm_allgather_2x8", "a100_topo2"),
     ("direct_alltoall_8", "a100_topo1"),        # many blocks over the same NIC groups
+    ("trees:allgather", "v100_4x2_8"),          # links behind shared PCIe switches and NICs
+    ("trees:allreduce", "h20_4_8"),
 ])
 def test_private_caps_change_no_simulated_time(algo, cluster):
     """The engine with the private resources taken as caps against the same engine taking every
     resource into the sharing (no resource private): the same completion time and link busy
     times, with and without the per-block limit, at two sizes; and the resources it marks private
-    are exactly those the flows of at most one thread block hold."""
-    topo = load_cluster(CLUSTERS / f"{cluster}.topo")
-    ir = build_program(load_algorithm(EXAMPLES / f"{algo}.rccl"))
+    are exactly those recounted here: held by the flows of at most one thread block, links with a
+    shared group of no more capacity, and resources whose holders' blocks cannot fill them."""
+    if algo.startswith("trees:"):
+        ir, topo = _tree_program(cluster, algo.split(":")[1])
+    else:
+        topo = load_cluster(CLUSTERS / f"{cluster}.topo")
+        ir = build_program(load_algorithm(EXAMPLES / f"{algo}.rccl"))
+    more = False
     for block_gbps in (sim_model.DEFAULT_BLOCK_GBPS, None):
         prog = prepare(ir, topo, block_gbps)
         plain = dataclasses.replace(prog, res_private=None)
@@ -137,7 +144,25 @@ def test_private_caps_change_no_simulated_time(algo, cluster):
             r = prog.rank_cres[prog.p_rank[p]]
             if r >= 0:
                 holders[r].add(int(gtb[p]))
-        assert [len(h) <= 1 for h in holders] == prog.res_private.tolist()
+        sends = [set() for _ in range(len(prog.res_cap))]
+        for p in np.flatnonzero(prog.p_flags & eng.F_SEND):
+            rt = prog.p_route[p]
+            for r in prog.route_res[prog.route_res_ptr[rt]:prog.route_res_ptr[rt + 1]]:
+                sends[r].add(int(gtb[p]))
+        nchannel_rate = None
+        if block_gbps is not None:
+            nchannel_rate = ir.nchannels * sim_model.block_gbps_at(block_gbps, ir.nwarps) * 1e9
+        expected = []
+        for r, h in enumerate(holders):
+            only_sends = h == sends[r]
+            fill = len(h) * nchannel_rate if nchannel_rate is not None and only_sends else np.inf
+            group_caps = [g.capacity_bytes for g in topo.groups if r < prog.nlinks and r in g.members]
+            expected.append(len(h) <= 1 or fill <= prog.res_cap[r]
+                            or (bool(group_caps) and min(group_caps) <= prog.res_cap[r]))
+        assert expected == prog.res_private.tolist()
+        more |= sum(expected) > sum(len(h) <= 1 for h in holders)
+    if algo.startswith("trees:"):     # many streams per pair: the rules past single holders
+        assert more                   # mark resources too
 
 
 def _tree_program(cluster: str, collective: str):
