@@ -7,7 +7,7 @@ each case in a process of its own (the programs are made once, by this checkout'
     python benchmarks/sim_speed.py --compare OTHER_CHECKOUT # the same under another source tree, side by side
     python benchmarks/sim_speed.py --gpus 16,32 --collectives allgather,reducescatter
 
-Columns: transfers of the program, events and flows re-shared by the engine (its work), the
+Columns: transfers of the program, events and flow classes re-shared by the engine (its work; flows in trees before the classes), the
 simulated time (which must not differ between the trees: the engines compute the same thing), and
 the engine's wall time (the median of ``--repeats`` calls after one call that compiles it), with
 ``--compare`` that of the other tree and the ratio.
@@ -44,7 +44,7 @@ walls = []
 for _ in range(repeats):
     r = simulate(prog, topo, 1 << 30, slice_bytes="auto")
     walls.append(r.wall_s)
-print(json.dumps({"time_s": r.time_s, "events": r.events, "share_flows": r.stats["share_flows"],
+print(json.dumps({"time_s": r.time_s, "events": r.events, "share_flows": r.stats.get("share_classes", r.stats.get("share_flows")),
                   "walls": walls}))
 """
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     table = Table(title="simulator speed: one call at 1 GiB (engine wall time)")
-    for col in ("cluster", "collective", "transfers", "events", "flows re-shared", "simulated us", "wall s"):
+    for col in ("cluster", "collective", "transfers", "events", "classes re-shared", "simulated us", "wall s"):
         table.add_column(col, justify="right")
     if args.compare:
         for col in ("other wall s", "other / this", "same result"):

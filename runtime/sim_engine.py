@@ -1,12 +1,13 @@
 """The simulator's event loop: columnar arrays in, completion times and busy times out.
 
 The functions are plain Python that numba compiles for large simulations
-(:mod:`hccc.util.jit`: from :data:`MIN_COMPILED_WORK` events and flows, when numba, the
+(:mod:`hccc.util.jit`: from :data:`MIN_COMPILED_WORK` events and classes re-shared, when numba, the
 extra ``sim``, is installed); :func:`run` picks the variant. Everything here works on
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
 
-Data layout (G thread blocks, P primitives, C connections, R resources, K = resources per flow):
+Data layout (G thread blocks, P primitives, C connections, R resources, NCL flow classes, KS =
+shared resources per class):
 
 * a TB ``g`` owns primitives ``tb_ptr[g] .. tb_ptr[g+1]-1`` and runs them in that order;
 * primitive flags ``1`` send, ``2`` receive, ``4`` reduce; connection ids, FIFO positions
@@ -16,14 +17,21 @@ Data layout (G thread blocks, P primitives, C connections, R resources, K = reso
   chunk that sizes its slices, the rank (for its reduction resource) and the link it sends over;
 * cross-TB dependencies as CSR ``dep_ptr``/``dep_on``; ``rdep_ptr``/``rdep_tb`` lists, for every
   primitive, the TBs whose primitives wait for it (so they can be woken);
-* a *flow* is the bandwidth phase of a slot write (over the link and its shared groups) or of a
-  reduction (over the rank's reduction resource). A TB runs at most one flow at a time, so flows
-  are indexed by TB. Resources hold doubly-linked lists of flow incidences (``g*K + j``).
+* a *flow* is the bandwidth phase of a slot write (over its route: the link, its shared groups
+  and, with the per-block limit, its TB's block resource) or of a reduction (over the rank's
+  reduction resource). A TB runs at most one flow at a time, so flows are indexed by TB;
+* flows over routes with the same shared resources and the same cap form a *class*
+  (:func:`hccc.runtime.sim_model.flow_classes`: ``route_cls``, ``rank_cls``; its shared resources
+  ``cls_sh[cls_ptr[c]:cls_ptr[c+1]]``, its cap ``cls_cap[c]``), which max-min gives one rate. A
+  class keeps a doubly-linked list of its member flows; a shared resource keeps one of the classes
+  with members on it (incidences ``c*KS + j``) and counts its flows (``res_n``, as every resource
+  does for its busy time).
 
 Events live in one indexed binary heap over items ``0..G-1`` (the completion of TB ``g``'s current
 flow) and ``G..G+C-1`` (the next pending slot of connection ``c`` becoming visible to its
 receiver). All events of one instant are processed before bandwidth shares are recomputed, once per
-connected component of the resources touched (progressive filling, max-min fair).
+connected component of the shared resources touched (progressive filling over classes, max-min
+fair). A unit of work is an event or a class re-shared.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ import numpy as np
 
 from hccc.util.jit import Kernels
 
-#: events plus re-shared flows from which a process's simulations run compiled: plain Python takes
+#: events plus re-shared flow classes from which a process's simulations run compiled: plain Python takes
 #: about a second for this many, numba's first compile of the engine about ten
 MIN_COMPILED_WORK = 40_000
 
@@ -144,101 +152,127 @@ def _heap_pop(hkey, hitem, hpos, hn):
 
 
 # ---------------------------------------------------------------------------- flows
-def _flow_start(g, res_ids, lo, hi, nbytes, t, K, res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap,
-                fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty,
-                dirty_n, dirty_mark, dirty_epoch):
-    """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` at time t (rate 0 until
-    the next share computation). Its shared resources come first in its list (``fl_nsh`` of
-    them); its private ones only cap its rate (``fl_cap``, see :func:`_share`)."""
-    nres = hi - lo
-    fl_nres[g] = nres
-    fl_rate[g] = 0.0
+def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next,
+                mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
+                fl_rate, fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh, fresh_n,
+                hkey, hitem, hpos, hn):
+    """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` (``red``: a reduction's,
+    on ``rank_cres``) at time t; ``c`` is its class. Every resource counts the flow (busy time,
+    and ``res_n`` is how many flows a shared resource's filling divides); the class gains a
+    member, and joins its shared resources' lists when it was empty. A flow of a class without
+    shared resources runs at the class's cap at once; another waits for the next share (rate 0,
+    listed in ``fresh``)."""
+    fl_cls[g] = c
+    fl_lo[g] = lo
+    fl_hi[g] = hi
+    fl_red[g] = red
     fl_rem[g] = nbytes
     fl_last[g] = t
     fl_start[g] = t
-    cap = _INF
-    j = 0
-    for private in (False, True):
-        for k in range(nres):
-            r = res_ids[lo + k]
-            if res_private[r] != private:
-                continue
-            if private and res_cap[r] < cap:
-                cap = res_cap[r]
-            inc = g * K + j
-            j += 1
-            fl_res[inc] = r
-            h = res_head[r]
-            inc_next[inc] = h
+    fl_rate[g] = 0.0
+    for k in range(lo, hi):
+        r = res_ids[k]
+        res_n[r] += 1
+        if res_n[r] == 1:
+            res_busy_t0[r] = t
+    h = cls_head[c]
+    mem_next[g] = h
+    mem_prev[g] = -1
+    if h >= 0:
+        mem_prev[h] = g
+    cls_head[c] = g
+    cls_n[c] += 1
+    a = cls_ptr[c]
+    b = cls_ptr[c + 1]
+    if a == b:
+        fl_rate[g] = cls_cap[c]
+        _heap_set(hkey, hitem, hpos, hn, g, t + nbytes / cls_cap[c])
+        return
+    for j in range(a, b):
+        r = cls_sh[j]
+        if cls_n[c] == 1:
+            inc = c * KS + (j - a)
+            hr = res_head[r]
+            inc_next[inc] = hr
             inc_prev[inc] = -1
-            if h >= 0:
-                inc_prev[h] = inc
+            if hr >= 0:
+                inc_prev[hr] = inc
             res_head[r] = inc
-            res_n[r] += 1
-            if res_n[r] == 1:
-                res_busy_t0[r] = t
-            if dirty_mark[r] != dirty_epoch:
-                dirty_mark[r] = dirty_epoch
-                dirty[dirty_n[0]] = r
-                dirty_n[0] += 1
-        if not private:
-            fl_nsh[g] = j
-    fl_cap[g] = cap
+        if dirty_mark[r] != dirty_epoch:
+            dirty_mark[r] = dirty_epoch
+            dirty[dirty_n[0]] = r
+            dirty_n[0] += 1
+    fresh[fresh_n[0]] = g
+    fresh_n[0] += 1
 
 
 def _flow_reuse(g, nbytes, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn):
     """TB g's flow that ended at t is followed at t by one over the same resources: it keeps its
-    incidences and its rate (max-min of an unchanged set of flows) and carries ``nbytes``."""
+    class membership and its rate (max-min of an unchanged set of flows) and carries ``nbytes``."""
     fl_rem[g] = nbytes
     fl_last[g] = t
     fl_start[g] = t
     _heap_set(hkey, hitem, hpos, hn, g, t + nbytes / fl_rate[g])
 
 
-def _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-               res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch):
-    for j in range(fl_nres[g]):
-        inc = g * K + j
-        r = fl_res[inc]
-        pv = inc_prev[inc]
-        nx = inc_next[inc]
-        if pv >= 0:
-            inc_next[pv] = nx
-        else:
-            res_head[r] = nx
-        if nx >= 0:
-            inc_prev[nx] = pv
+def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev, KS,
+               res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red,
+               fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch):
+    for k in range(fl_lo[g], fl_hi[g]):
+        r = rank_cres[k] if fl_red[g] else route_res[k]
         res_n[r] -= 1
         if res_n[r] == 0:
             res_busy[r] += t - res_busy_t0[r]
+    c = fl_cls[g]
+    pv = mem_prev[g]
+    nx = mem_next[g]
+    if pv >= 0:
+        mem_next[pv] = nx
+    else:
+        cls_head[c] = nx
+    if nx >= 0:
+        mem_prev[nx] = pv
+    cls_n[c] -= 1
+    a = cls_ptr[c]
+    for j in range(a, cls_ptr[c + 1]):
+        r = cls_sh[j]
+        if cls_n[c] == 0:
+            inc = c * KS + (j - a)
+            ip = inc_prev[inc]
+            ix = inc_next[inc]
+            if ip >= 0:
+                inc_next[ip] = ix
+            else:
+                res_head[r] = ix
+            if ix >= 0:
+                inc_prev[ix] = ip
         if dirty_mark[r] != dirty_epoch:
             dirty_mark[r] = dirty_epoch
             dirty[dirty_n[0]] = r
             dirty_n[0] += 1
-    fl_nres[g] = 0
+    fl_cls[g] = -1
     fl_rate[g] = 0.0
 
 
-def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next, fl_res, fl_nsh,
-           fl_rate, fl_rem, fl_last, mark_res, mark_fl, epoch, comp_res, comp_fl, rem, cnt, frozen,
-           new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters):
+def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
+           cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, mark_res, mark_cls, epoch, comp_res,
+           comp_cls, rem, cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters):
     """Max-min fair rates (progressive filling) on every component touching a dirty resource;
     flows whose rate changes get a new completion time in the heap.
 
-    A *private* resource (``res_private``: no two flows ever hold it at once, e.g. a thread
-    block's own block resource) joins no flows together: it is a cap on its flow's rate, not a
-    member of the component, so a component is only the flows its shared resources join and the
-    filling scans only those resources (a flow's cap freezes it at that level). ``_flow_start``
-    lists a flow's ``fl_nsh`` shared resources first and keeps its private ones' least capacity
-    in ``fl_cap``."""
+    The filling works on *classes* (:func:`hccc.runtime.sim_model.flow_classes`): flows with
+    the same shared resources and the same cap, which max-min gives one rate. A class counts on
+    each of its shared resources with its members (``res_n`` counts the flows), freezes whole,
+    and only where its rate changes are its members re-timed. Private resources (never
+    deciding a rate max-min over the others would not, ``res_private``) are in no class's list:
+    their least capacity is the class's cap (a class's cap freezes it at that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
         if mark_res[r0] == epoch:
             continue
-        # ---- the connected component of shared resources and flows around r0 (a private r0
-        # leads to its flow, if any, and on to that flow's shared resources)
+        # ---- the connected component of shared resources and classes around r0
         nres = 0
-        nfl = 0
+        ncl = 0
         sp = 0
         stack[sp] = r0
         sp += 1
@@ -246,30 +280,29 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
         while sp > 0:
             sp -= 1
             r = stack[sp]
-            if not res_private[r]:
-                comp_res[nres] = r
-                nres += 1
+            comp_res[nres] = r
+            nres += 1
             inc = res_head[r]
             while inc >= 0:
-                g = inc // K
-                if mark_fl[g] != epoch:
-                    mark_fl[g] = epoch
-                    comp_fl[nfl] = g
-                    nfl += 1
-                    for j in range(fl_nsh[g]):
-                        r2 = fl_res[g * K + j]
+                c = inc // KS
+                if mark_cls[c] != epoch:
+                    mark_cls[c] = epoch
+                    comp_cls[ncl] = c
+                    ncl += 1
+                    for j in range(cls_ptr[c], cls_ptr[c + 1]):
+                        r2 = cls_sh[j]
                         if mark_res[r2] != epoch:
                             mark_res[r2] = epoch
                             stack[sp] = r2
                             sp += 1
                 inc = inc_next[inc]
-        if nfl == 0:
+        if ncl == 0:
             continue
         counters[1] += 1
-        counters[2] += nfl
-        # ---- progressive filling over the shared resources still carrying rising flows
+        counters[2] += ncl
+        # ---- progressive filling over the shared resources still carrying rising classes
         # (``comp_res`` keeps them, compacted after each level; ``stack`` holds a level's saturated
-        # ones) and the least cap among the rising flows
+        # ones) and the least cap among the rising classes
         best = _INF
         arg = -1
         for k in range(nres):
@@ -281,13 +314,13 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                 best = s
                 arg = r
         capmin = _INF
-        for k in range(nfl):
-            g = comp_fl[k]
-            frozen[g] = False
-            if fl_cap[g] < capmin:
-                capmin = fl_cap[g]
+        for k in range(ncl):
+            c = comp_cls[k]
+            frozen[c] = False
+            if cls_cap[c] < capmin:
+                capmin = cls_cap[c]
         level = 0.0
-        left = nfl
+        left = ncl
         na = nres
         while left > 0:
             # the next level: a shared resource fills (``best`` more) or a cap is reached
@@ -304,29 +337,29 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
             for q in range(nsat):
                 inc = res_head[stack[q]]
                 while inc >= 0:
-                    g = inc // K
-                    if not frozen[g]:
-                        frozen[g] = True
-                        new_rate[g] = level
+                    c = inc // KS
+                    if not frozen[c]:
+                        frozen[c] = True
+                        new_rate[c] = level
                         left -= 1
-                        for j in range(fl_nsh[g]):
-                            cnt[fl_res[g * K + j]] -= 1
+                        for j in range(cls_ptr[c], cls_ptr[c + 1]):
+                            cnt[cls_sh[j]] -= cls_n[c]
                     inc = inc_next[inc]
             if capped:
-                # the flows whose cap this level reached freeze at it; the next cap among the rest
+                # the classes whose cap this level reached freeze at it; the next cap among the rest
                 nxt = _INF
-                for k in range(nfl):
-                    g = comp_fl[k]
-                    if frozen[g]:
+                for k in range(ncl):
+                    c = comp_cls[k]
+                    if frozen[c]:
                         continue
-                    if fl_cap[g] <= level:
-                        frozen[g] = True
-                        new_rate[g] = fl_cap[g]
+                    if cls_cap[c] <= level:
+                        frozen[c] = True
+                        new_rate[c] = cls_cap[c]
                         left -= 1
-                        for j in range(fl_nsh[g]):
-                            cnt[fl_res[g * K + j]] -= 1
-                    elif fl_cap[g] < nxt:
-                        nxt = fl_cap[g]
+                        for j in range(cls_ptr[c], cls_ptr[c + 1]):
+                            cnt[cls_sh[j]] -= cls_n[c]
+                    elif cls_cap[c] < nxt:
+                        nxt = cls_cap[c]
                 capmin = nxt
             # the survivors, and the least fair share among them for the next level
             w = 0
@@ -342,11 +375,15 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                         best = s
                         arg = r
             na = w
-        # ---- apply
-        for k in range(nfl):
-            g = comp_fl[k]
-            nr = new_rate[g]
-            if nr != fl_rate[g]:
+        # ---- apply: the members of every class whose rate changed
+        for k in range(ncl):
+            c = comp_cls[k]
+            nr = new_rate[c]
+            if nr == cls_rate[c]:
+                continue
+            cls_rate[c] = nr
+            g = cls_head[c]
+            while g >= 0:
                 if fl_rate[g] > 0.0:
                     fl_rem[g] -= fl_rate[g] * (t - fl_last[g])
                     if fl_rem[g] < 0.0:
@@ -354,6 +391,20 @@ def _share(t, dirty, ndirty, K, res_cap, res_private, res_head, res_n, inc_next,
                 fl_last[g] = t
                 fl_rate[g] = nr
                 _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
+                g = mem_next[g]
+
+
+def _fresh_rates(t, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn):
+    """After the share of t: the flows started at t whose class kept its rate (so :func:`_share`
+    re-timed none of its members) run at that rate."""
+    for q in range(fresh_n[0]):
+        g = fresh[q]
+        if fl_cls[g] >= 0 and fl_rate[g] == 0.0:
+            nr = cls_rate[fl_cls[g]]
+            fl_last[g] = t
+            fl_rate[g] = nr
+            _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
+    fresh_n[0] = 0
 
 
 # ---------------------------------------------------------------------------- the event loop
@@ -361,11 +412,12 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
-               link_res_ptr, link_res, res_cap, res_private, rank_cres, chunk_len, K, take_over, budget):
+               link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
-    ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flows re-shared
+    ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flow classes re-shared
     exceed it (-1: no limit). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
@@ -397,18 +449,27 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     c_tail = np.zeros(C, np.int64)      # slots visible to the receiver
     c_vist = np.zeros(C * NS, np.float64)    # visibility time of post k at k % NS
     c_sstart = np.zeros(C * NS, np.float64)  # start of the sender's write of post k
-    # ---- flows and resources
-    fl_res = np.full(G * K, -1, np.int64)
-    fl_nres = np.zeros(G, np.int64)
-    fl_nsh = np.zeros(G, np.int64)
+    # ---- flows, classes and resources
+    NCL = cls_cap.shape[0]
+    fl_cls = np.full(G, -1, np.int64)
+    fl_lo = np.zeros(G, np.int64)
+    fl_hi = np.zeros(G, np.int64)
+    fl_red = np.zeros(G, np.bool_)
     fl_rate = np.zeros(G, np.float64)
     fl_rem = np.zeros(G, np.float64)
     fl_last = np.zeros(G, np.float64)
     fl_start = np.zeros(G, np.float64)
+    cls_n = np.zeros(NCL, np.int64)
+    cls_rate = np.zeros(NCL, np.float64)
+    cls_head = np.full(NCL, -1, np.int64)
+    mem_next = np.full(G, -1, np.int64)
+    mem_prev = np.full(G, -1, np.int64)
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
-    inc_next = np.full(G * K, -1, np.int64)
-    inc_prev = np.full(G * K, -1, np.int64)
+    inc_next = np.full(NCL * KS, -1, np.int64)
+    inc_prev = np.full(NCL * KS, -1, np.int64)
+    fresh = np.empty(G, np.int64)       # flows started at t that wait for the share of t
+    fresh_n = np.zeros(1, np.int64)
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
     dirty = np.empty(R, np.int64)
@@ -416,15 +477,14 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty_mark = np.zeros(R, np.int64)
     dirty_epoch = 1
     mark_res = np.zeros(R, np.int64)
-    mark_fl = np.zeros(G, np.int64)
+    mark_cls = np.zeros(NCL, np.int64)
     share_epoch = 0
     comp_res = np.empty(R, np.int64)
-    comp_fl = np.empty(G, np.int64)
+    comp_cls = np.empty(NCL, np.int64)
     rem = np.zeros(R, np.float64)
     cnt = np.zeros(R, np.int64)
-    frozen = np.zeros(G, np.bool_)
-    new_rate = np.zeros(G, np.float64)
-    fl_cap = np.zeros(G, np.float64)
+    frozen = np.zeros(NCL, np.bool_)
+    new_rate = np.zeros(NCL, np.float64)
     stack = np.empty(R, np.int64)
     # a flow that ended at t stays on its resources until the worklist of t is done: the TB's next
     # flow over the same resources (``fl_key``: the link, or -1 - rank for a reduction) takes it
@@ -567,13 +627,16 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                                 tb_phase[g] = 1
                                 tb_state[g] = S_BUSY
                                 break
-                            _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-                                       res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                            _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next,
+                                       mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy,
+                                       fl_cls, fl_lo, fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark,
+                                       dirty_epoch)
                         fl_key[g] = key
-                        _flow_start(g, rank_cres, p_rank[p], p_rank[p] + 1, nb, t, K, res_cap, res_private,
-                                    fl_res, fl_nres, fl_nsh, fl_cap, fl_rate, fl_rem, fl_last, fl_start,
-                                    res_head, res_n, inc_next, inc_prev, res_busy_t0, dirty, dirty_n,
-                                    dirty_mark, dirty_epoch)
+                        _flow_start(g, rank_cls[p_rank[p]], rank_cres, p_rank[p], p_rank[p] + 1, True, nb, t,
+                                    cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head,
+                                    inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate,
+                                    fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh,
+                                    fresh_n, hkey, hitem, hpos, hn)
                         tb_phase[g] = 1
                         tb_state[g] = S_BUSY
                         break
@@ -590,13 +653,16 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                                 tb_phase[g] = 2
                                 tb_state[g] = S_BUSY
                                 break
-                            _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-                                       res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                            _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next,
+                                       mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy,
+                                       fl_cls, fl_lo, fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark,
+                                       dirty_epoch)
                         fl_key[g] = lk
-                        _flow_start(g, link_res, link_res_ptr[lk], link_res_ptr[lk + 1], nb, t, K,
-                                    res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap, fl_rate,
-                                    fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev,
-                                    res_busy_t0, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        _flow_start(g, route_cls[lk], link_res, link_res_ptr[lk], link_res_ptr[lk + 1], False, nb,
+                                    t, cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head,
+                                    inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate,
+                                    fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh,
+                                    fresh_n, hkey, hitem, hpos, hn)
                         tb_phase[g] = 2
                         tb_state[g] = S_BUSY
                         break
@@ -659,17 +725,19 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             g = pend[q]
             if fl_pend[g]:
                 fl_pend[g] = False
-                _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-                           res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev, KS,
+                           res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi,
+                           fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
         pn = 0
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
-            _share(t, dirty, dirty_n[0], K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
-                   fl_nsh, fl_rate, fl_rem, fl_last, mark_res, mark_fl, share_epoch, comp_res, comp_fl,
-                   rem, cnt, frozen, new_rate, fl_cap, stack, hkey, hitem, hpos, hn, counters)
+            _share(t, dirty, dirty_n[0], KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
+                   cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, mark_res, mark_cls, share_epoch,
+                   comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
+        _fresh_rates(t, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn)
         if ndone == G:
             break
         if hn[0] == 0:
@@ -691,8 +759,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     pend[pn] = g
                     pn += 1
                 else:
-                    _flow_stop(g, t, K, fl_res, fl_nres, fl_rate, res_head, res_n, inc_next, inc_prev,
-                               res_busy_t0, res_busy, dirty, dirty_n, dirty_mark, dirty_epoch)
+                    _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev,
+                               KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
+                               fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g
@@ -730,13 +799,15 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 
 
 KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
-                              "_flow_start", "_flow_reuse", "_flow_stop", "_share", "run_engine"],
-                  min_work=MIN_COMPILED_WORK)
+                              "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates", "run_engine"],
+                  min_work=MIN_COMPILED_WORK,
+                  borrowed=["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
+                            "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates"])
 
 
 def run(*args):
     """:func:`run_engine` (every argument but ``budget``): plain Python while this process's
-    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared flows, compiled from
+    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes, compiled from
     there on (a plain run that reaches the limit is stopped and run again compiled)."""
     budget = KERNELS.plain_budget()
     if budget is None or budget > 0:
@@ -749,7 +820,7 @@ def run(*args):
 
 
 def run_within(budget, *args):
-    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared flows
+    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes
     are spent (None: no limit, as :func:`run`). The plain-Python run and its compiled rerun each
     get the whole budget (the plain one does at most :data:`MIN_COMPILED_WORK` of it)."""
     if budget is None:

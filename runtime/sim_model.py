@@ -319,6 +319,55 @@ def _private_resources(res_cap: np.ndarray, gtb: np.ndarray, sends: np.ndarray, 
 
 
 @dataclass(frozen=True)
+class FlowClasses:
+    """Flows that max-min always gives one rate: the same shared resources and the same cap.
+    ``route_cls`` per sending route (``p_route``), ``rank_cls`` per rank's reductions (-1: not
+    modelled); a class's shared resources are ``sh[ptr[c]:ptr[c+1]]`` (sorted), its ``cap`` the
+    least capacity of its private resources (infinite where it has none); ``width`` the most
+    shared resources of a class (at least 1)."""
+
+    route_cls: np.ndarray
+    rank_cls: np.ndarray
+    ptr: np.ndarray
+    sh: np.ndarray
+    cap: np.ndarray
+    width: int
+
+
+def flow_classes(route_res_ptr: np.ndarray, route_res: np.ndarray, rank_cres: np.ndarray,
+                 res_cap: np.ndarray, private: np.ndarray) -> FlowClasses:
+    """The classes of the sending routes (CSR ``route_res_ptr``/``route_res``) and of every
+    rank's reductions (its resource ``rank_cres``, -1 where none), by their shared resources
+    (not ``private``) and the least capacity of their private ones."""
+    nrt = len(route_res_ptr) - 1
+    red = np.flatnonzero(rank_cres >= 0)
+    lens = np.r_[np.diff(route_res_ptr), np.ones(len(red), np.int64)].astype(np.int64)
+    res = np.r_[route_res, rank_cres[red]].astype(np.int64)
+    owner = np.repeat(np.arange(len(lens)), lens)
+    priv = private[res]
+    cap = np.full(len(lens), np.inf)
+    np.minimum.at(cap, owner[priv], res_cap[res[priv]])
+    nsh = np.bincount(owner[~priv], minlength=len(lens))
+    W = max(1, int(nsh.max()) if len(nsh) else 1)
+    # a row per route: its shared resources sorted (padded with -1), then its cap's bits
+    rows = np.full((len(lens), W + 1), -1, np.int64)
+    order = np.lexsort((res[~priv], owner[~priv]))
+    so, sr = owner[~priv][order], res[~priv][order]
+    pos = np.arange(len(so)) - np.repeat(np.cumsum(nsh) - nsh, nsh)
+    rows[so, pos] = sr
+    rows[:, W] = cap.view(np.int64)
+    uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    inv = inv.reshape(-1).astype(np.int64)
+    ucnt = (uniq[:, :W] >= 0).sum(axis=1)
+    ptr = np.r_[0, np.cumsum(ucnt)].astype(np.int64)
+    sh = uniq[:, :W][uniq[:, :W] >= 0].astype(np.int64)
+    rank_cls = np.full(len(rank_cres), -1, np.int64)
+    rank_cls[red] = inv[nrt:]
+    return FlowClasses(route_cls=inv[:nrt], rank_cls=rank_cls, ptr=ptr, sh=sh,
+                       cap=uniq[:, W].copy().view(np.float64), width=W)
+
+
+@dataclass(frozen=True)
 class Geometry:
     """Buffer geometry for one size, as the kernels compute it (``hccc_ctx_init``)."""
 

@@ -54,7 +54,7 @@ from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError, geometry,
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, flow_classes, SimulationError, geometry,
                         lower_bound, prepare, resource_bytes)
 
 NSLOTS = 8
@@ -186,14 +186,15 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
                  take_over: bool = True):
     if execution not in EXECUTIONS:
         raise ValueError(f"unknown execution {execution!r} (expected task or algorithm)")
+    cls = flow_classes(prog.route_res_ptr, prog.route_res, prog.rank_cres, prog.res_cap, _private(prog))
     return (0 if execution == "task" else 1, int(nslots), int(geo.nmb), int(geo.slice_elems),
             float(geo.element_bytes), int(rec_lim),
             prog.tb_ptr, prog.p_flags, prog.p_sconn, prog.p_rconn, prog.p_spos, prog.p_rpos,
             prog.p_cnt, prog.p_chunk, prog.p_rank, prog.p_route,
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
-            prog.route_res_ptr, prog.route_res, prog.res_cap, _private(prog), prog.rank_cres, geo.chunk_len,
-            int(prog.K), bool(take_over))
+            prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
+            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, int(cls.width), bool(take_over))
 
 
 def _private(prog: SimProgram) -> np.ndarray:
@@ -285,7 +286,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
         raise SimulationStopped(f"simulation stopped at its work budget ({int(counters[0] + counters[2]):,} "
-                                f"events and re-shared flows) before the program finished",
+                                f"events and re-shared flow classes) before the program finished",
                                 work=int(counters[0] + counters[2]), wall_s=wall)
     if status != eng.STATUS_OK:
         raise SimulationError(_deadlock_message(prog, tb_state, tb_wait, tb_pos, tb_m))
@@ -300,7 +301,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
         link_busy=np.asarray(res_busy[:L]), events=int(counters[0]), wall_s=wall,
         timeline=timeline,
         stats={"instants": int(counters[3]), "share_components": int(counters[1]),
-               "share_flows": int(counters[2])},
+               "share_classes": int(counters[2])},
         slice_bytes=int(slice_b), slot_bytes=int(prog.chunk_bytes))
 
 
@@ -314,8 +315,8 @@ class SimulationStopped(SimulationError):
         self.wall_s = float(wall_s)
 
 
-#: work (events plus re-shared flows) per second :func:`simulate_by` assumes until this process has
-#: timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared flow costs
+#: work (events plus re-shared flow classes) per second :func:`simulate_by` assumes until this process
+#: has timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared class costs
 #: ~0.1 us, an event a few; tree programs of 24-64 GPUs measured 7-18 M/s here, so this leaves
 #: room for a machine a few times slower; a run the assumption stops early is run again at the
 #: rate it measured, see :func:`simulate_by`)
@@ -352,7 +353,7 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
                 **kw) -> SimResult:
     """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
     result or with :class:`SimulationStopped`: the time left buys a work budget (events plus
-    re-shared flows, at :func:`work_rate`), a run whose least work (an event per sending primitive
+    re-shared flow classes, at :func:`work_rate`), a run whose least work (an event per sending primitive
     and micro-batch) is over it does not start, and one that spends it stops cleanly. Before this
     process has timed a run, the rate is :data:`ASSUMED_WORK_PER_S`; a run it stops is run once
     more when the rate the run measured buys a larger budget with the time then left. Preparing a
@@ -372,7 +373,7 @@ def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology
                 assumed = False
                 continue
             raise
-        _time_rate(res.events + int(res.stats.get("share_flows", 0)), res.wall_s)
+        _time_rate(res.events + int(res.stats.get("share_classes", 0)), res.wall_s)
         return res
 
 

@@ -110,6 +110,37 @@ def test_without_numba_nothing_compiles_and_require_says_why(monkeypatch):
         k.require("_twice")
 
 
+def _fill(a, x):
+    for i in range(a.shape[0]):
+        a[i] = _add(x, i)
+
+
+def _filled(n):
+    a = np.zeros(n)
+    _fill(a, 1.0)
+    return a
+
+
+def test_borrowing_kernels_are_kernels_and_not_parallel():
+    Kernels(globals(), ["_add", "_fill", "_filled"], min_work=1, borrowed=["_add", "_fill"])
+    with pytest.raises(NameError, match="borrowing"):
+        Kernels(globals(), ["_add"], min_work=1, borrowed=["_other"])
+    with pytest.raises(NameError, match="borrowing"):
+        Kernels(globals(), ["_add", "_twice"], min_work=1, parallel=["_twice"], borrowed=["_twice"])
+
+
+@needs_numba
+def test_a_borrowing_kernel_writes_its_callers_array(monkeypatch):
+    """A kernel compiled without reference counting, called from one that allocates, works on
+    the caller's array; called from Python it borrows the argument's buffer too."""
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    k = Kernels(globals(), ["_add", "_fill", "_filled"], min_work=1, borrowed=["_add", "_fill"])
+    assert np.array_equal(k.pick("_filled", 1)(5), _filled(5)) and _filled(5)[4] == 5.0
+    a = np.zeros(3)
+    k.pick("_fill", 1)(a, 2.0)
+    assert a.tolist() == [2.0, 3.0, 4.0]
+
+
 def test_parallel_names_are_kernels():
     Kernels(globals(), ["_add", "_twice"], min_work=1, parallel=["_twice"])
     with pytest.raises(NameError, match="_other"):

@@ -28,36 +28,42 @@ def share(caps: list[float], routes: list[list[int]], private: bool = False) -> 
     """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``;
     ``private``: the resources only one flow holds are marked private (caps on that flow)."""
     R, G = len(caps), len(routes)
-    K = max(len(r) for r in routes)
     res_cap = np.asarray(caps, float)
-    fl_res = np.full(G * K, -1, np.int64)
-    fl_nres = np.zeros(G, np.int64)
+    users = np.bincount([r for route in routes for r in route], minlength=R)
+    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
+    ptr = np.r_[0, np.cumsum([len(r) for r in routes])].astype(np.int64)
+    flat = np.asarray([r for route in routes for r in route], np.int64)
+    cls = sim_model.flow_classes(ptr, flat, np.zeros(0, np.int64), res_cap, res_private)
+    NCL, KS = len(cls.cap), cls.width
+    fl_cls = np.full(G, -1, np.int64)
+    fl_lo, fl_hi = np.zeros(G, np.int64), np.zeros(G, np.int64)
+    fl_red = np.zeros(G, np.bool_)
     fl_rate, fl_rem, fl_last, fl_start = (np.zeros(G) for _ in range(4))
+    cls_n, cls_rate, cls_head = np.zeros(NCL, np.int64), np.zeros(NCL), np.full(NCL, -1, np.int64)
+    mem_next, mem_prev = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
-    inc_next = np.full(G * K, -1, np.int64)
-    inc_prev = np.full(G * K, -1, np.int64)
-    res_busy_t0 = np.zeros(R)
+    inc_next = np.full(NCL * KS, -1, np.int64)
+    inc_prev = np.full(NCL * KS, -1, np.int64)
     dirty = np.empty(R, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
-    users = np.bincount([r for route in routes for r in route], minlength=R)
-    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
-    fl_nsh = np.zeros(G, np.int64)
-    fl_cap = np.zeros(G)
-    for g, route in enumerate(routes):
-        ids = np.asarray(route, np.int64)
-        eng._flow_start(g, ids, 0, len(ids), 1e6, 0.0, K, res_cap, res_private, fl_res, fl_nres, fl_nsh, fl_cap,
-                        fl_rate, fl_rem, fl_last, fl_start, res_head, res_n, inc_next, inc_prev, res_busy_t0,
-                        dirty, dirty_n, dirty_mark, 1)
+    fresh, fresh_n = np.empty(G, np.int64), np.zeros(1, np.int64)
     hkey = np.empty(G, float)
     hitem = np.empty(G, np.int64)
     hpos = np.full(G, -1, np.int64)
-    eng._share(0.0, dirty, int(dirty_n[0]), K, res_cap, res_private, res_head, res_n, inc_next, fl_res,
-               fl_nsh, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64), np.zeros(G, np.int64), 1,
-               np.empty(R, np.int64), np.empty(G, np.int64), np.zeros(R), np.zeros(R, np.int64),
-               np.zeros(G, np.bool_), np.zeros(G), fl_cap, np.empty(R, np.int64), hkey, hitem, hpos,
-               np.zeros(1, np.int64), np.zeros(4, np.int64))
+    hn = np.zeros(1, np.int64)
+    for g in range(G):
+        eng._flow_start(g, cls.route_cls[g], flat, ptr[g], ptr[g + 1], False, 1e6, 0.0, cls.ptr, cls.sh, cls.cap,
+                        cls_n, cls_head, mem_next, mem_prev, KS, res_head, inc_next, inc_prev, res_n,
+                        np.zeros(R), fl_cls, fl_lo, fl_hi, fl_red, fl_rate, fl_rem, fl_last, fl_start, dirty,
+                        dirty_n, dirty_mark, 1, fresh, fresh_n, hkey, hitem, hpos, hn)
+    eng._share(0.0, dirty, int(dirty_n[0]), KS, res_cap, res_head, res_n, inc_next, cls.ptr, cls.sh, cls.cap,
+               cls_n, cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64),
+               np.zeros(NCL, np.int64), 1, np.empty(R, np.int64), np.empty(NCL, np.int64), np.zeros(R),
+               np.zeros(R, np.int64), np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64), hkey, hitem,
+               hpos, hn, np.zeros(4, np.int64))
+    eng._fresh_rates(0.0, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn)
     return fl_rate
 
 
@@ -205,7 +211,7 @@ def test_flow_take_over_changes_no_simulated_time(case):
     cres = prog.rank_cres[prog.rank_cres >= 0]
     cap[cres] = 0.37 * cap[:prog.nlinks].min()
     slow = dataclasses.replace(prog, res_cap=cap)
-    fewer = False
+    fewer = shared = False
     for prog, execution in itertools.product((prog, slow), ("task", "algorithm")):
         for size in (1 << 20, 64 << 20):
             geo = geometry(size, prog.nchunks, min(prog.chunk_bytes, 1 << 16), 4)
@@ -217,4 +223,6 @@ def test_flow_take_over_changes_no_simulated_time(case):
             assert a[10][0] == b[10][0]                                   # the same events
             assert a[10][2] <= b[10][2]
             fewer |= bool(a[10][2] < b[10][2])
-    assert fewer
+            shared |= bool(b[10][2] > 0)
+    assert fewer or not shared        # taken-over flows save shares wherever flows share
+    assert fewer or not algo.startswith("trees:")
