@@ -72,51 +72,53 @@ _INF = np.inf
 
 
 # ---------------------------------------------------------------------------- indexed heap
-def _heap_less(hkey, hitem, a, b):
-    ka = hkey[a]
-    kb = hkey[b]
+def _heap_before(ka, ia, kb, ib):
+    """(key, item) ``a`` comes before ``b``: the earlier time, ties by the item."""
     if ka < kb:
         return True
     if ka > kb:
         return False
-    return hitem[a] < hitem[b]
-
-
-def _heap_swap(hkey, hitem, hpos, a, b):
-    ka = hkey[a]
-    ia = hitem[a]
-    hkey[a] = hkey[b]
-    hitem[a] = hitem[b]
-    hkey[b] = ka
-    hitem[b] = ia
-    hpos[hitem[a]] = a
-    hpos[hitem[b]] = b
+    return ia < ib
 
 
 def _heap_up(hkey, hitem, hpos, i):
+    """Sift the entry at ``i`` up: its parents move down into the hole it leaves until its
+    place is found, where it is written once."""
+    k = hkey[i]
+    it = hitem[i]
     while i > 0:
         parent = (i - 1) // 2
-        if _heap_less(hkey, hitem, i, parent):
-            _heap_swap(hkey, hitem, hpos, i, parent)
-            i = parent
-        else:
+        if not _heap_before(k, it, hkey[parent], hitem[parent]):
             break
+        hkey[i] = hkey[parent]
+        hitem[i] = hitem[parent]
+        hpos[hitem[i]] = i
+        i = parent
+    hkey[i] = k
+    hitem[i] = it
+    hpos[it] = i
 
 
 def _heap_down(hkey, hitem, hpos, i, n):
+    """Sift the entry at ``i`` down, its lesser child moving up into the hole each level."""
+    k = hkey[i]
+    it = hitem[i]
     while True:
-        left = 2 * i + 1
-        if left >= n:
+        best = 2 * i + 1
+        if best >= n:
             break
-        best = left
-        right = left + 1
-        if right < n and _heap_less(hkey, hitem, right, left):
+        right = best + 1
+        if right < n and _heap_before(hkey[right], hitem[right], hkey[best], hitem[best]):
             best = right
-        if _heap_less(hkey, hitem, best, i):
-            _heap_swap(hkey, hitem, hpos, best, i)
-            i = best
-        else:
+        if not _heap_before(hkey[best], hitem[best], k, it):
             break
+        hkey[i] = hkey[best]
+        hitem[i] = hitem[best]
+        hpos[hitem[i]] = i
+        i = best
+    hkey[i] = k
+    hitem[i] = it
+    hpos[it] = i
 
 
 def _heap_set(hkey, hitem, hpos, hn, item, key):
@@ -798,10 +800,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             rec_t1[:nrec])
 
 
-KERNELS = Kernels(globals(), ["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
+KERNELS = Kernels(globals(), ["_heap_before", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
                               "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates", "run_engine"],
                   min_work=MIN_COMPILED_WORK,
-                  borrowed=["_heap_less", "_heap_swap", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
+                  borrowed=["_heap_before", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
                             "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates"])
 
 

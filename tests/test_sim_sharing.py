@@ -226,3 +226,29 @@ def test_flow_take_over_changes_no_simulated_time(case):
             shared |= bool(b[10][2] > 0)
     assert fewer or not shared        # taken-over flows save shares wherever flows share
     assert fewer or not algo.startswith("trees:")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.25, 7.0])),
+                max_size=60))
+def test_event_heap_pops_in_time_then_item_order(ops):
+    """The engine's indexed heap against a dictionary of pending items: an insert or a key change
+    (``_heap_set``), or a pop, which must return the item of least (time, item), ties by item."""
+    n = 12
+    hkey, hitem = np.empty(n), np.empty(n, np.int64)
+    hpos, hn = np.full(n, -1, np.int64), np.zeros(1, np.int64)
+    pending: dict[int, float] = {}
+    for pop, item, key in ops:
+        if pop and pending:
+            want = min(pending, key=lambda i: (pending[i], i))
+            assert eng._heap_pop(hkey, hitem, hpos, hn) == want
+            del pending[want]
+        else:
+            eng._heap_set(hkey, hitem, hpos, hn, item, key)
+            pending[item] = key
+        assert hn[0] == len(pending)
+        assert all(hitem[hpos[i]] == i and hkey[hpos[i]] == k for i, k in pending.items())
+    while pending:
+        want = min(pending, key=lambda i: (pending[i], i))
+        assert eng._heap_pop(hkey, hitem, hpos, hn) == want
+        del pending[want]
