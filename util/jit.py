@@ -22,7 +22,9 @@ functions whose globals see each other's compiled twin (numba resolves a kernel'
 globals); the module's own names stay the plain functions. numba's on-disk cache keys them by their
 source file and line, as it keys decorated functions. A kernel named in ``parallel`` is compiled
 with ``parallel=True``, and its module's ``prange`` (this module's, which is ``range`` in plain
-Python) is numba's ``prange`` in the twin.
+Python) is numba's ``prange`` in the twin. A kernel named in ``borrowed`` (one that allocates no
+array and returns none) is compiled without numba's reference counting, so the arrays it is
+passed cost no atomic count per call where numba does not inline it.
 
 This is the only way hccc compiles with numba. Where a module keeps a second, plain-Python
 formulation of an algorithm beside its kernel (a list or numpy version that plain Python runs much
