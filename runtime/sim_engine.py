@@ -81,6 +81,13 @@ def _heap_before(ka, ia, kb, ib):
     return ia < ib
 
 
+def _heap_put(hkey, hitem, hpos, i, k, it):
+    """Write entry (time ``k``, item ``it``) at slot ``i``."""
+    hkey[i] = k
+    hitem[i] = it
+    hpos[it] = i
+
+
 def _heap_up(hkey, hitem, hpos, i):
     """Sift the entry at ``i`` up: its parents move down into the hole it leaves until its
     place is found, where it is written once."""
@@ -90,13 +97,9 @@ def _heap_up(hkey, hitem, hpos, i):
         parent = (i - 1) // 2
         if not _heap_before(k, it, hkey[parent], hitem[parent]):
             break
-        hkey[i] = hkey[parent]
-        hitem[i] = hitem[parent]
-        hpos[hitem[i]] = i
+        _heap_put(hkey, hitem, hpos, i, hkey[parent], hitem[parent])
         i = parent
-    hkey[i] = k
-    hitem[i] = it
-    hpos[it] = i
+    _heap_put(hkey, hitem, hpos, i, k, it)
 
 
 def _heap_down(hkey, hitem, hpos, i, n):
@@ -112,13 +115,9 @@ def _heap_down(hkey, hitem, hpos, i, n):
             best = right
         if not _heap_before(hkey[best], hitem[best], k, it):
             break
-        hkey[i] = hkey[best]
-        hitem[i] = hitem[best]
-        hpos[hitem[i]] = i
+        _heap_put(hkey, hitem, hpos, i, hkey[best], hitem[best])
         i = best
-    hkey[i] = k
-    hitem[i] = it
-    hpos[it] = i
+    _heap_put(hkey, hitem, hpos, i, k, it)
 
 
 def _heap_set(hkey, hitem, hpos, hn, item, key):
@@ -127,9 +126,7 @@ def _heap_set(hkey, hitem, hpos, hn, item, key):
     if i < 0:
         i = hn[0]
         hn[0] += 1
-        hkey[i] = key
-        hitem[i] = item
-        hpos[item] = i
+        _heap_put(hkey, hitem, hpos, i, key, item)
         _heap_up(hkey, hitem, hpos, i)
     else:
         old = hkey[i]
@@ -146,14 +143,42 @@ def _heap_pop(hkey, hitem, hpos, hn):
     hn[0] = last
     hpos[item] = -1
     if last > 0:
-        hkey[0] = hkey[last]
-        hitem[0] = hitem[last]
-        hpos[hitem[0]] = 0
+        _heap_put(hkey, hitem, hpos, 0, hkey[last], hitem[last])
         _heap_down(hkey, hitem, hpos, 0, last)
     return item
 
 
 # ---------------------------------------------------------------------------- flows
+def _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch):
+    """List resource ``r`` for the next share, once per instant (``dirty_epoch``)."""
+    if dirty_mark[r] != dirty_epoch:
+        dirty_mark[r] = dirty_epoch
+        dirty[dirty_n[0]] = r
+        dirty_n[0] += 1
+
+
+def _list_push(head, nxt, prv, h, x):
+    """Put node ``x`` first in the doubly-linked list whose first node is ``head[h]``."""
+    f = head[h]
+    nxt[x] = f
+    prv[x] = -1
+    if f >= 0:
+        prv[f] = x
+    head[h] = x
+
+
+def _list_remove(head, nxt, prv, h, x):
+    """Take node ``x`` out of the doubly-linked list whose first node is ``head[h]``."""
+    p = prv[x]
+    n = nxt[x]
+    if p >= 0:
+        nxt[p] = n
+    else:
+        head[h] = n
+    if n >= 0:
+        prv[n] = p
+
+
 def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next,
                 mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
                 fl_rate, fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh, fresh_n,
@@ -177,12 +202,7 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_cap,
         res_n[r] += 1
         if res_n[r] == 1:
             res_busy_t0[r] = t
-    h = cls_head[c]
-    mem_next[g] = h
-    mem_prev[g] = -1
-    if h >= 0:
-        mem_prev[h] = g
-    cls_head[c] = g
+    _list_push(cls_head, mem_next, mem_prev, c, g)
     cls_n[c] += 1
     a = cls_ptr[c]
     b = cls_ptr[c + 1]
@@ -193,17 +213,8 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_cap,
     for j in range(a, b):
         r = cls_sh[j]
         if cls_n[c] == 1:
-            inc = c * KS + (j - a)
-            hr = res_head[r]
-            inc_next[inc] = hr
-            inc_prev[inc] = -1
-            if hr >= 0:
-                inc_prev[hr] = inc
-            res_head[r] = inc
-        if dirty_mark[r] != dirty_epoch:
-            dirty_mark[r] = dirty_epoch
-            dirty[dirty_n[0]] = r
-            dirty_n[0] += 1
+            _list_push(res_head, inc_next, inc_prev, r, c * KS + (j - a))
+        _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
     fresh[fresh_n[0]] = g
     fresh_n[0] += 1
 
@@ -226,32 +237,14 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem
         if res_n[r] == 0:
             res_busy[r] += t - res_busy_t0[r]
     c = fl_cls[g]
-    pv = mem_prev[g]
-    nx = mem_next[g]
-    if pv >= 0:
-        mem_next[pv] = nx
-    else:
-        cls_head[c] = nx
-    if nx >= 0:
-        mem_prev[nx] = pv
+    _list_remove(cls_head, mem_next, mem_prev, c, g)
     cls_n[c] -= 1
     a = cls_ptr[c]
     for j in range(a, cls_ptr[c + 1]):
         r = cls_sh[j]
         if cls_n[c] == 0:
-            inc = c * KS + (j - a)
-            ip = inc_prev[inc]
-            ix = inc_next[inc]
-            if ip >= 0:
-                inc_next[ip] = ix
-            else:
-                res_head[r] = ix
-            if ix >= 0:
-                inc_prev[ix] = ip
-        if dirty_mark[r] != dirty_epoch:
-            dirty_mark[r] = dirty_epoch
-            dirty[dirty_n[0]] = r
-            dirty_n[0] += 1
+            _list_remove(res_head, inc_next, inc_prev, r, c * KS + (j - a))
+        _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
     fl_cls[g] = -1
     fl_rate[g] = 0.0
 
@@ -618,56 +611,45 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 # ---- st == S_PHASE: start the next phase of the unit, or complete it
                 nb = tb_bytes[g]
                 ph = tb_phase[g]
-                if ph < 1 and (fl & F_REDUCE) and nb > 0.0:
-                    cres = rank_cres[p_rank[p]]
-                    if cres >= 0:
-                        key = -1 - p_rank[p]
-                        if fl_pend[g]:
-                            fl_pend[g] = False
-                            if fl_key[g] == key:
-                                _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
-                                tb_phase[g] = 1
-                                tb_state[g] = S_BUSY
-                                break
-                            _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next,
-                                       mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy,
-                                       fl_cls, fl_lo, fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark,
-                                       dirty_epoch)
-                        fl_key[g] = key
-                        _flow_start(g, rank_cls[p_rank[p]], rank_cres, p_rank[p], p_rank[p] + 1, True, nb, t,
-                                    cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head,
-                                    inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate,
-                                    fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh,
-                                    fresh_n, hkey, hitem, hpos, hn)
-                        tb_phase[g] = 1
-                        tb_state[g] = S_BUSY
-                        break
-                if ph < 2 and (fl & F_SEND):
+                # the flow of the phase: a reduction (on the rank's resource, where modelled), then
+                # the send (over its route); ``key`` names its resources for a take-over
+                nph = 0
+                key = c = lo = hi = 0
+                if ph < 1 and (fl & F_REDUCE) and nb > 0.0 and rank_cres[p_rank[p]] >= 0:
+                    nph = 1
+                    key = -1 - p_rank[p]
+                    c = rank_cls[p_rank[p]]
+                    lo = p_rank[p]
+                    hi = lo + 1
+                elif ph < 2 and (fl & F_SEND):
                     sc = p_sconn[p]
                     if i == 0:
                         c_sstart[sc * NS + tb_spost[g] % NS] = t
                     if nb > 0.0:
-                        lk = p_link[p]
-                        if fl_pend[g]:
-                            fl_pend[g] = False
-                            if fl_key[g] == lk:
-                                _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
-                                tb_phase[g] = 2
-                                tb_state[g] = S_BUSY
-                                break
-                            _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next,
-                                       mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy,
-                                       fl_cls, fl_lo, fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark,
-                                       dirty_epoch)
-                        fl_key[g] = lk
-                        _flow_start(g, route_cls[lk], link_res, link_res_ptr[lk], link_res_ptr[lk + 1], False, nb,
-                                    t, cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head,
-                                    inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate,
-                                    fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh,
-                                    fresh_n, hkey, hitem, hpos, hn)
-                        tb_phase[g] = 2
-                        tb_state[g] = S_BUSY
-                        break
+                        nph = 2
+                        key = p_link[p]
+                        c = route_cls[key]
+                        lo = link_res_ptr[key]
+                        hi = link_res_ptr[key + 1]
+                if nph > 0:
+                    tb_phase[g] = nph
+                    tb_state[g] = S_BUSY
+                    if fl_pend[g]:
+                        fl_pend[g] = False
+                        if fl_key[g] == key:
+                            _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
+                            break
+                        _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev,
+                                   KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
+                                   fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
+                    fl_key[g] = key
+                    red = nph == 1
+                    ids = rank_cres if red else link_res
+                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh,
+                                cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head, inc_next, inc_prev, res_n,
+                                res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate, fl_rem, fl_last, fl_start, dirty,
+                                dirty_n, dirty_mark, dirty_epoch, fresh, fresh_n, hkey, hitem, hpos, hn)
+                    break
                 # ---- the unit is complete; the message with the primitive's last chunk
                 last = i + 1 == p_cnt[p]
                 if (fl & F_SEND) and last:
@@ -800,11 +782,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             rec_t1[:nrec])
 
 
-KERNELS = Kernels(globals(), ["_heap_before", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
-                              "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates", "run_engine"],
-                  min_work=MIN_COMPILED_WORK,
-                  borrowed=["_heap_before", "_heap_up", "_heap_down", "_heap_set", "_heap_pop",
-                            "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates"])
+#: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
+#: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
+HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
+           "_list_push", "_list_remove", "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates")
+KERNELS = Kernels(globals(), [*HELPERS, "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS)
 
 
 def run(*args):
