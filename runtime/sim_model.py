@@ -81,7 +81,6 @@ class SimProgram:
     link_res: np.ndarray
     res_cap: np.ndarray
     rank_cres: np.ndarray     # reduction resource per rank, -1 = free (gamma not modelled)
-    K: int                    # most resources one flow holds
     link_alpha: np.ndarray    # per link, seconds
     nlinks: int
     ngroups: int
@@ -233,7 +232,6 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     if len(lg):
         owner = np.repeat(np.arange(L), np.diff(lg_ptr))
         link_res[np.arange(len(lg)) + owner + 1] = L + lg
-    K = int(max(1, np.diff(link_res_ptr).max() if L else 1))
     # ---- routes: with a per-block limit, each sending TB's flow also crosses its block resource
     nchannels = max(1, int(getattr(ir, "nchannels", 1) or 1))
     limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
@@ -253,7 +251,6 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         route_res[route_res_ptr[1:] - 1] = bres0 + r_tb
         p_route = np.full(n, -1, dtype=np.int64)
         p_route[si] = rinv
-        K += 1
     else:
         route_res_ptr, route_res, p_route = link_res_ptr, link_res, p_link
     # ---- dependencies
@@ -273,7 +270,7 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         p_link=p_link, p_pipeline=p["pipeline"].astype(np.int64), dep_ptr=dep_ptr, dep_on=dep_on,
         rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=c_total, c_stb=c_stb,
         c_rtb=c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=c_src, c_dst=c_dst,
-        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres, K=K,
+        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
         p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
         block_gbps=float(block_gbps) if limited else None, res_private=private)

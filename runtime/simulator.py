@@ -54,8 +54,8 @@ from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
 
 from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
-from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, flow_classes, SimulationError, geometry,
-                        lower_bound, prepare, resource_bytes)
+from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError,
+                                    flow_classes, geometry, lower_bound, prepare, resource_bytes)
 
 NSLOTS = 8
 #: Default bound on the slices one simulation may process (about a minute of engine time).
