@@ -85,7 +85,9 @@ def _pod64(path: Path) -> Path:
 def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
     """The whole command, a 64-GPU heterogeneous cluster, ``--time-limit 5``: ends well within the
     limit plus slack (it took 35 s on a 20 s limit before), writes a program ``hccc check``
-    accepts, and says in ``--json`` and the program's comments what the limit cut."""
+    accepts, and says in ``--json`` and the program's comments what the limit cut. AllReduce
+    (about 20 s unlimited) is always cut; AllGather and ReduceScatter (2-3 s) may finish within
+    the limit, and then say nothing was cut."""
     topo = _pod64(tmp_path / "pod64.topo")
     out = tmp_path / "p.rccl"
     limit = 5.0
@@ -97,8 +99,10 @@ def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
     assert r.returncode == 0, r.stderr
     assert wall < limit + 7, f"{wall:.1f} s"
     summary = json.loads(r.stdout)
-    assert summary["time_limit_cut"] and summary["timed_out"]
-    assert "# time limit: " in out.read_text()
+    cut = bool(summary["time_limit_cut"])
+    assert cut or coll != "allreduce"
+    assert summary["timed_out"] or not cut
+    assert ("# time limit: " in out.read_text()) == cut
     # with check's default limits: the 64-GPU program, without a symmetry, has its runs as loops
     c = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(out), "-t", str(topo)],
                        capture_output=True, text=True, timeout=600,
