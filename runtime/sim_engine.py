@@ -35,6 +35,9 @@ fair). A unit of work is an event or a class re-shared.
 """
 from __future__ import annotations
 
+import ctypes
+import time
+
 import numpy as np
 
 from hccc.util.jit import Kernels
@@ -66,9 +69,48 @@ K_RECV = 2
 
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
-STATUS_BUDGET = 2     # the plain-Python run spent its work budget (rerun compiled)
+STATUS_BUDGET = 2     # the run spent its work budget (a plain run: rerun compiled) or passed its deadline
 
 _INF = np.inf
+#: instants between two looks at the clock of a run with a deadline (a look costs ~20 ns compiled)
+CLOCK_EVERY = 256
+
+
+def _monotonic_clock():
+    """libc's ``clock_gettime`` as a ctypes function, for plain Python (the compiled loop calls the
+    C function by its symbol: :func:`_compiled_clock`); None where the platform has none (a run's
+    deadline is then not checked)."""
+    try:
+        fn = ctypes.CDLL(None).clock_gettime
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _compiled_clock():
+    from numba.core import types
+    return types.ExternalFunction("clock_gettime", types.int32(types.int32, types.intp))
+
+
+_CLOCK_GETTIME = _monotonic_clock()
+_CLOCK_ID = int(getattr(time, "CLOCK_MONOTONIC", 1))
+HAVE_CLOCK = _CLOCK_GETTIME is not None
+
+if HAVE_CLOCK:
+    def _clock_now(ts):
+        """Seconds of the monotonic clock (``ts``: two int64, the timespec it is read into)."""
+        _CLOCK_GETTIME(_CLOCK_ID, ts.ctypes.data)
+        return ts[0] + ts[1] * 1e-9
+else:
+    def _clock_now(ts):
+        return 0.0
+
+
+def clock_now() -> float:
+    """The clock a run's ``deadline`` is in (:func:`run_engine`)."""
+    return float(_clock_now(np.zeros(2, np.int64)))
 
 
 # ---------------------------------------------------------------------------- indexed heap
@@ -408,12 +450,13 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
                link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
-               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget):
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget, deadline):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
     ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flow classes re-shared
-    exceed it (-1: no limit). ``take_over``: a TB's next flow over the resources of the flow it
+    exceed it (-1: no limit), and so does ``deadline`` > 0 once :func:`clock_now` passes it (looked at
+    every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
@@ -468,6 +511,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
     dirty = np.empty(R, np.int64)
+    clock = np.zeros(2, np.int64)       # the timespec the deadline's clock is read into
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
     dirty_epoch = 1
@@ -730,6 +774,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         if budget >= 0 and counters[0] + counters[2] > budget:
             status = STATUS_BUDGET
             break
+        if deadline > 0.0 and counters[3] % CLOCK_EVERY == 0 and _clock_now(clock) > deadline:
+            status = STATUS_BUDGET
+            break
         # ============================================ every event of the next instant
         t = hkey[0]
         counters[3] += 1
@@ -786,36 +833,44 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 #: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
 HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
            "_list_push", "_list_remove", "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates")
-KERNELS = Kernels(globals(), [*HELPERS, "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS)
+KERNELS = Kernels(globals(), [*HELPERS, "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
+                  compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 
 
 def run(*args):
-    """:func:`run_engine` (every argument but ``budget``): plain Python while this process's
-    simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes, compiled from
-    there on (a plain run that reaches the limit is stopped and run again compiled)."""
-    budget = KERNELS.plain_budget()
-    if budget is None or budget > 0:
-        out = run_engine(*args, -1 if budget is None else budget)
-        counters = out[10]
-        KERNELS.spend(int(counters[0] + counters[2]))
-        if out[0] != STATUS_BUDGET:
-            return out                  # else the plain work is spent: compiled from now on
-    return KERNELS.compiled()["run_engine"](*args, -1)
+    """:func:`run_within` without a budget or a deadline."""
+    return run_within(None, None, *args)
 
 
-def run_within(budget, *args):
-    """:func:`run` stopped with :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes
-    are spent (None: no limit, as :func:`run`). The plain-Python run and its compiled rerun each
-    get the whole budget (the plain one does at most :data:`MIN_COMPILED_WORK` of it)."""
-    if budget is None:
-        return run(*args)
-    budget = max(0, int(budget))
+def _clock_deadline(deadline: float | None) -> float:
+    """A :func:`time.perf_counter` deadline on :func:`clock_now`'s clock (0.0: none)."""
+    if deadline is None or not HAVE_CLOCK:
+        return 0.0
+    return max(1e-9, clock_now() + (float(deadline) - time.perf_counter()))
+
+
+def run_within(budget, deadline, *args):
+    """:func:`run_engine` (every argument but ``budget`` and ``deadline``) stopped with
+    :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes are spent or once the
+    :func:`time.perf_counter` time ``deadline`` passes (None: no limit). Plain Python while this
+    process's simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes,
+    compiled from there on: a plain run that reaches that limit is stopped and run again compiled,
+    with the whole budget; numba's first compile (or load) of the engine in a process is not
+    counted against the deadline (it moves the deadline on by its time)."""
+    b = -1 if budget is None else max(0, int(budget))
     plain = KERNELS.plain_budget()
     if plain is None or plain > 0:
-        lim = budget if plain is None else min(budget, plain)
-        out = run_engine(*args, lim)
+        lim = b if plain is None else plain if b < 0 else min(b, plain)
+        out = run_engine(*args, lim, _clock_deadline(deadline))
         counters = out[10]
         KERNELS.spend(int(counters[0] + counters[2]))
-        if out[0] != STATUS_BUDGET or plain is None or lim == budget:
-            return out                  # finished, or the caller's budget is spent
-    return KERNELS.compiled()["run_engine"](*args, budget)
+        if out[0] != STATUS_BUDGET or plain is None or lim == b or \
+                (deadline is not None and time.perf_counter() >= deadline):
+            return out                  # finished, or the caller's budget or time is spent
+    fn = KERNELS.compiled()["run_engine"]
+    if deadline is not None and not fn.signatures:
+        import numba
+        c0 = time.perf_counter()
+        fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
+        deadline += time.perf_counter() - c0
+    return fn(*args, b, _clock_deadline(deadline))

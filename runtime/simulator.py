@@ -248,7 +248,8 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              execution: str = "task", element_bytes: int = DEFAULT_ELEMENT_BYTES,
              record: bool | int = False, nslots: int = NSLOTS,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
-             block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None) -> SimResult:
+             block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
+             deadline: float | None = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -258,7 +259,9 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     integer) for :mod:`hccc.runtime.sim_plot`. ``max_units`` bounds the work (slices of primitives);
     past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
     per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
-    ``work_budget``: see :func:`simulate_by` (None: no limit).
+    ``work_budget``: events plus re-shared flow classes after which the run stops with
+    :class:`SimulationStopped` (None: no limit); ``deadline``: the :func:`time.perf_counter` time
+    at which it stops so (None: none; see :func:`simulate_by`).
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
@@ -279,13 +282,16 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     rec_lim = prog.ntbs if record is True else int(record)
     if work_budget is not None:
         _check_work_floor(prog, geo, work_budget)
+    if deadline is not None:
+        _check_work_floor(prog, geo, int(max(0.0, deadline - time.perf_counter()) * work_rate()))
     t0 = time.perf_counter()
-    out = eng.run_within(work_budget, *_engine_args(prog, geo, execution, rec_lim, nslots))
+    out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots))
     wall = time.perf_counter() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
-        raise SimulationStopped(f"simulation stopped at its work budget ({int(counters[0] + counters[2]):,} "
+        why = "its work budget" if work_budget is not None and counters[0] + counters[2] > work_budget else "its deadline"
+        raise SimulationStopped(f"simulation stopped at {why} ({int(counters[0] + counters[2]):,} "
                                 f"events and re-shared flow classes) before the program finished",
                                 work=int(counters[0] + counters[2]), wall_s=wall)
     if status != eng.STATUS_OK:
@@ -315,11 +321,11 @@ class SimulationStopped(SimulationError):
         self.wall_s = float(wall_s)
 
 
-#: work (events plus re-shared flow classes) per second :func:`simulate_by` assumes until this process
-#: has timed a simulation: the compiled engine on a loaded 2-core machine (a re-shared class costs
-#: ~0.1 us, an event a few; tree programs of 24-64 GPUs measured 7-18 M/s here, so this leaves
-#: room for a machine a few times slower; a run the assumption stops early is run again at the
-#: rate it measured, see :func:`simulate_by`)
+#: work (events plus re-shared flow classes) per second :func:`simulate_by` assumes, until this
+#: process has timed a simulation, to refuse a run whose least work the time left cannot buy: the
+#: compiled engine on a loaded 2-core machine (a re-shared class costs ~0.1 us, an event a few;
+#: tree programs of 24-64 GPUs measured 7-18 M/s here, so this leaves room for a machine a few
+#: times slower; the run itself stops by the clock, see :func:`simulate_by`)
 ASSUMED_WORK_PER_S = 2_000_000.0
 #: runs of less work than this are not timed for the rate (their wall time is mostly overhead)
 RATE_MIN_WORK = 50_000
@@ -328,7 +334,7 @@ _measured_rate: list[float] = []
 
 
 def work_rate() -> float:
-    """Work per second :func:`simulate_by` budgets with: the fastest this process has timed (a run
+    """Work per second :func:`simulate_by` counts on: the fastest this process has timed (a run
     that included numba's compile or plain Python is slower and does not lower it), else
     :data:`ASSUMED_WORK_PER_S`."""
     return max(_measured_rate) if _measured_rate else ASSUMED_WORK_PER_S
@@ -352,29 +358,23 @@ def _check_work_floor(prog: SimProgram, geo: Geometry, budget: int) -> None:
 def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology, nbytes: int,
                 **kw) -> SimResult:
     """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
-    result or with :class:`SimulationStopped`: the time left buys a work budget (events plus
-    re-shared flow classes, at :func:`work_rate`), a run whose least work (an event per sending primitive
-    and micro-batch) is over it does not start, and one that spends it stops cleanly. Before this
-    process has timed a run, the rate is :data:`ASSUMED_WORK_PER_S`; a run it stops is run once
-    more when the rate the run measured buys a larger budget with the time then left. Preparing a
-    ProgramIR is not bounded (pass a prepared program to keep it out of the deadline)."""
-    assumed = not _measured_rate
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            raise SimulationStopped("simulation not started: no time left")
-        budget = int(left * work_rate())
-        try:
-            res = simulate(program, topo, nbytes, work_budget=budget, **kw)
-        except SimulationStopped as exc:
-            _time_rate(exc.work, exc.wall_s)
-            if assumed and _measured_rate and int((deadline - time.perf_counter()) * work_rate()) > budget:
-                # the assumed rate stopped it; the time still left buys more at the rate it measured
-                assumed = False
-                continue
-            raise
-        _time_rate(res.events + int(res.stats.get("share_classes", 0)), res.wall_s)
-        return res
+    result or with :class:`SimulationStopped`: the event loop looks at the clock as it runs and
+    stops cleanly at the deadline, and a run whose least work (an event per sending primitive and
+    micro-batch) the time left cannot buy at :func:`work_rate` does not start. (Where the platform
+    gives the compiled loop no clock, the time left buys a work budget at that rate instead.)
+    Preparing a ProgramIR is not bounded (pass a prepared program to keep it out of the deadline)."""
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        raise SimulationStopped("simulation not started: no time left")
+    if not eng.HAVE_CLOCK:
+        kw["work_budget"] = int(left * work_rate())
+    try:
+        res = simulate(program, topo, nbytes, deadline=deadline, **kw)
+    except SimulationStopped as exc:
+        _time_rate(exc.work, exc.wall_s)
+        raise
+    _time_rate(res.events + int(res.stats.get("share_classes", 0)), res.wall_s)
+    return res
 
 
 def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,

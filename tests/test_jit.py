@@ -245,12 +245,35 @@ def test_a_plain_simulation_stops_when_its_budget_is_spent():
     prog, _ = _sim_case()
     geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
-    full = eng.run_engine(*args, -1)
+    full = eng.run_engine(*args, -1, 0.0)
     assert full[0] == eng.STATUS_OK
     work = int(full[10][0] + full[10][2])
-    assert eng.run_engine(*args, work)[0] == eng.STATUS_OK
-    cut = eng.run_engine(*args, work // 2)
+    assert eng.run_engine(*args, work, 0.0)[0] == eng.STATUS_OK
+    cut = eng.run_engine(*args, work // 2, 0.0)
     assert cut[0] == eng.STATUS_BUDGET and work // 2 < cut[10][0] + cut[10][2] < work
+
+
+@pytest.mark.parametrize("mode", ["python", pytest.param("numba", marks=needs_numba)])
+def test_a_simulation_stops_at_its_deadline(monkeypatch, mode):
+    """The event loop reads the clock (libc's, through ctypes in plain Python and by its symbol
+    compiled): a deadline already passed stops it at its first instant, one far off changes nothing."""
+    import time
+
+    from hccc.runtime import sim_engine as eng
+    from hccc.runtime.simulator import _engine_args, geometry
+    if not eng.HAVE_CLOCK:
+        pytest.skip("no clock_gettime on this platform")
+    monkeypatch.setenv("HCCC_JIT", mode)
+    assert abs(eng.clock_now() - time.monotonic()) < 1.0 or eng._CLOCK_ID != time.CLOCK_MONOTONIC
+    prog, _ = _sim_case()
+    geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
+    args = _engine_args(prog, geo, "task", 0, 8)
+    full = eng.run_within(None, None, *args)
+    later = eng.run_within(None, time.perf_counter() + 3600, *args)
+    assert full[0] == later[0] == eng.STATUS_OK and full[1] == later[1]
+    assert (full[10] == later[10]).all()
+    past = eng.run_within(None, time.perf_counter() - 1, *args)
+    assert past[0] == eng.STATUS_BUDGET and past[10][3] == 0     # no instant run
 
 
 @pytest.mark.slow

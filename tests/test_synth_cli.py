@@ -160,3 +160,18 @@ def test_trees_refuse_what_they_do_not_build(topo, tmp_path, capsys):
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "trees", "--chunks-per-rank", "2",
                  "-o", str(out)]) == 1
     assert "--chunks-per-rank applies to --method search" in capsys.readouterr().err and not out.exists()
+
+
+def test_auto_allreduce_searches_only_below_what_tree_programs_reach(tmp_path, capsys):
+    """``--method auto`` runs the step search after the trees where the tree program falls below
+    0.98 of its target; AllReduce's target is the lower throughput of its bound for any schedule
+    and ReduceScatter + AllGather's optimum. mixed_v100_w7800: the tree program runs at 1.14x of
+    RS + AG's optimum and 0.76 of the AllReduce bound (which no program is known to reach there),
+    so no search (it took 4 s and reached 0.42 of the cut bound)."""
+    out = tmp_path / "ar.rccl"
+    assert main(["synth", str(CLUSTERS / "mixed_v100_w7800.topo"), "--collective", "allreduce",
+                 "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    b = s["bandwidth_bound"]
+    assert b["fraction_of_rs_ag"] >= 0.98 and b["fraction_of_allreduce_bound"] < 0.98
+    assert s["method"] == "trees" and list(s["methods_tried"]) == ["trees"]

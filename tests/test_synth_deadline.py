@@ -66,35 +66,41 @@ def test_simulate_by_deadline(ring, monkeypatch):
     with pytest.raises(SimulationStopped, match="no time left"):
         sim.simulate_by(time.perf_counter() - 1.0, prog, topo, 64 * MiB)
     assert sim.simulate_by(time.perf_counter() + 600.0, prog, topo, 64 * MiB).time_s == full.time_s
-    # a rate that buys half the work in the time left: stopped, not finished late
-    monkeypatch.setattr(sim, "work_rate", lambda: work / 2 / 100.0)
-    with pytest.raises(SimulationStopped):
+    # a rate at which the time left does not buy the run's least work (an event per sending
+    # primitive and micro-batch): not started
+    sends = int((prog.p_flags & 1).astype(bool).sum())
+    monkeypatch.setattr(sim, "work_rate", lambda: sends * full.micro_batches / 2 / 100.0)
+    with pytest.raises(SimulationStopped, match="not started"):
         sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
 
 
 
-def test_a_run_the_assumed_rate_stops_runs_again_at_the_measured_rate(ring, monkeypatch):
-    """Before a process has timed a simulation it budgets at an assumed rate; a first run that
-    rate stops (here: three quarters of the work bought, above the floor of an event per
-    sending primitive and micro-batch) is run once more at the rate it measured, and
-    finishes, where the deadline allows. The first compiled simulation of a synth run was
-    stopped this way for every program over ~0.25 M work per second left."""
+def test_an_assumed_rate_does_not_stop_a_run_the_clock_allows(ring, monkeypatch):
+    """Before a process has timed a simulation the rate it assumes only refuses runs whose least
+    work the time left cannot buy; the run itself stops by the clock. Here three quarters of the
+    work is bought at the assumed rate (above the floor): a work budget stopped such a first run,
+    which then ran again at the rate it measured (the whole of it once more); now it runs once."""
     topo, prog, full, work = ring
     monkeypatch.setattr(sim, "_measured_rate", [])
-    monkeypatch.setattr(sim, "RATE_MIN_WORK", 1)
     monkeypatch.setattr(sim, "ASSUMED_WORK_PER_S", work * 3 / 4 / 100.0)
     runs = []
     real = sim.simulate
-    monkeypatch.setattr(sim, "simulate", lambda *a, **k: runs.append(k["work_budget"]) or real(*a, **k))
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: runs.append(k.get("work_budget")) or real(*a, **k))
     r = sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
-    assert r.time_s == full.time_s and len(runs) == 2 and runs[1] > runs[0]
-    # no rate measured (a run too small to time): stopped, not run again
-    monkeypatch.setattr(sim, "_measured_rate", [])
-    monkeypatch.setattr(sim, "RATE_MIN_WORK", 10 ** 12)
-    runs.clear()
-    with pytest.raises(SimulationStopped):
+    assert r.time_s == full.time_s and runs == [None] or not sim.eng.HAVE_CLOCK
+
+
+def test_the_clock_stops_a_run_past_its_deadline(ring, monkeypatch):
+    """A deadline that passes while the event loop runs stops it at the next look at the clock,
+    with :class:`SimulationStopped` saying so (here a deadline a second past)."""
+    topo, prog, full, work = ring
+    if not sim.eng.HAVE_CLOCK:
+        pytest.skip("no clock_gettime on this platform")
+    monkeypatch.setattr(sim.eng, "_clock_deadline", lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
+    with pytest.raises(SimulationStopped, match="its deadline") as exc:
         sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
-    assert len(runs) == 1
+    assert exc.value.work < work
+
 
 # ---------------------------------------------------------------- channel fitting
 class ScriptedSimulations(synth_cmd.Simulations):
@@ -232,8 +238,8 @@ def test_time_limit_reached_says_not_simulated(tmp_path, capsys):
 
 
 def test_simulation_stopped_by_the_deadline(tmp_path, capsys, monkeypatch):
-    """The deadline stops a simulation that has started (a rate that buys too little work in the
-    time left): the program is still written, reported as not simulated for the time limit."""
+    """The deadline stops a simulation that has started: the program is still written, reported
+    as not simulated for the time limit."""
     calls = []
     real = sim.simulate
 
@@ -241,15 +247,18 @@ def test_simulation_stopped_by_the_deadline(tmp_path, capsys, monkeypatch):
         try:
             return real(*a, **kw)
         except SimulationStopped as exc:
-            calls.append(exc.work)
+            calls.append(str(exc))
             raise
 
     monkeypatch.setattr(sim, "simulate", counting)
-    monkeypatch.setattr(sim, "_check_work_floor", lambda *a: None)
-    monkeypatch.setattr(sim, "work_rate", lambda: 10.0)     # a few hundred events in the time left
+    # every run's deadline a second past: each stops at its first look at the clock
+    if not sim.eng.HAVE_CLOCK:
+        pytest.skip("no clock_gettime on this platform")
+    monkeypatch.setattr(sim.eng, "_clock_deadline", lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
     s = _synth_json(capsys, CLUSTERS / "heteccl_fig10.topo", "--collective", "allgather", "--method", "trees",
                     "--time-limit", "30", "-o", tmp_path / "ag.rccl")
-    assert calls and all(w > 0 for w in calls) and s["fraction_of_bound"] is None and s["not_simulated"] == "time limit"
+    assert calls and all("stopped at its deadline" in c for c in calls)
+    assert s["fraction_of_bound"] is None and s["not_simulated"] == "time limit"
     assert s["channels_fitted"] is False
 
 

@@ -85,3 +85,24 @@ def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_
     assert res.detail["blocks_per_rank"] <= budget
     fits = [v for k, v in cands.items() if int(k.split("blocks ")[1]) <= budget]
     assert sims.known(res, res.detail["channels"]) == min(fits)     # the fastest within the budget
+
+
+def test_a_rerounding_reuses_the_counts_it_rounded_to_before(monkeypatch):
+    """A packing keeps what each chunk count rounded to (largest remainders, or the MILP's counts
+    when those missed): rounding again to counts tried before runs no MILP again where the first
+    MILP ended by its node limit (64 heterogeneous V100s: 4 s of the AllReduce's 18 s packing),
+    and gives the same trees and counts as a packing rounded afresh."""
+    calls = []
+    real = tr._milp_counts
+    monkeypatch.setattr(tr, "_milp_counts", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    from hccc.compiler.pipeline import load_cluster
+    net = network_from_topology(load_cluster(CLUSTERS / "v100_4x2_8x2.topo"))
+    p = tr.pack_trees(net)
+    assert calls, "the example needs the MILP (2 chunks per rank)"
+    tried = sorted(set(calls))
+    calls.clear()
+    k = tried[0]
+    again, = p.reround(k, min_chunks=k)
+    assert calls == [] and again.chunks_per_rank == k
+    fresh, = tr.pack_trees(net, min_chunks=k, max_chunks=k).reround(k, min_chunks=k)
+    assert (again.roots, again.counts, again.rounded_time) == (fresh.roots, fresh.counts, fresh.rounded_time)

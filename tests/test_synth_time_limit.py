@@ -56,15 +56,48 @@ def test_a_program_at_the_bound_ends_the_building():
         calls.append(args)
         return 1.0
 
-    score.settled = lambda collective: bool(calls)
+    score.settled = lambda collective, floor_s=0.0: bool(calls)
     res = synthesize(topo, "allreduce", method="trees", time_limit=60, tree_score=score)
     verify(to_algorithm(res, topo))
     assert len(calls) == 1 and res.detail["candidates_not_built"] >= 1
     assert "time_limit_cut" not in res.detail
-    score.settled = lambda collective: False
+    score.settled = lambda collective, floor_s=0.0: False
     calls.clear()
     res = synthesize(topo, "allreduce", method="trees", time_limit=60, tree_score=score)
     assert len(calls) > 1 and "candidates_not_built" not in res.detail
+
+
+def test_a_program_at_its_packings_lp_time_ends_the_others_of_that_packing():
+    """No program of a packing runs faster than the packing's LP in the link model: once one has
+    run within the tolerance of that time, no candidate of a packing whose LP is no faster is built
+    (mixed_v100_w7800 AllReduce: the joint packing runs at 1.14x of ReduceScatter + AllGather's
+    optimum, so the three shapes of the halves apart, each at best at that optimum, are not
+    simulated), and the program kept is the one every candidate simulated would keep."""
+    from hccc.commands import synth as synth_cmd
+
+    topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
+    floors = []
+
+    def run(prune: bool):
+        sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+        score = synth_cmd.tree_simulated_score(sims)
+        settled = score.settled
+        score.settled = (lambda c, floor_s=0.0: floors.append(floor_s) or settled(c, floor_s)) if prune else \
+            (lambda c, floor_s=0.0: settled(c))
+        res = synthesize(topo, "allreduce", method="trees", time_limit=600, tree_score=score)
+        return res, sims
+
+    pruned, sims_p = run(True)
+    full, sims_f = run(False)
+    best = min(sims_f.times.values())
+    assert min(sims_p.times.values()) == best
+    assert pruned.detail["simulated_candidates"] == {k: v for k, v in full.detail["simulated_candidates"].items()
+                                                     if k in pruned.detail["simulated_candidates"]}
+    assert len(sims_p.times) < len(sims_f.times) and pruned.detail["candidates_not_built"] >= 3
+    rs_ag = sims_p.bound_seconds("reducescatter") + sims_p.bound_seconds("allgather")
+    assert best < rs_ag / (1 + synth_cmd.FIT_TOLERANCE)
+    assert any(f >= rs_ag * (1 - 1e-9) for f in floors)       # the halves' floor: their optimum
+    verify(to_algorithm(pruned, topo))
 
 
 def _pod64(path: Path) -> Path:
@@ -108,6 +141,31 @@ def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
                        capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if k != "HCCC_MAX_SOURCE_LINES"})
     assert c.returncode == 0, c.stdout + c.stderr
+
+
+@pytest.mark.slow
+def test_a_joint_allreduce_too_large_for_full_warps_is_rounded_to_what_fits_at_fewer(tmp_path):
+    """64 heterogeneous H20s, AllReduce: the joint packing (both halves at once, at the AllReduce
+    bound in the link model) at its 8 chunks per rank needs 3,137 blocks with a channel per stream,
+    more than even 4-warp blocks leave resident (2,112), and with bundles 977 (528 at 16 warps).
+    It is rounded again to the most chunks whose streams fit at the fewest warps (4: 0.82 of its
+    LP's time in the link model), not at 16 warps (1: 0.53), and that program, at fewer warps and
+    all its blocks resident, runs faster than ReduceScatter + AllGather's optimum (1.31x; the
+    halves apart, 0.998 of it, were kept before)."""
+    from hccc.commands import synth as synth_cmd
+    from hccc.compiler.synth.forest import resident_blocks
+
+    topo = load_cluster(_pod64(tmp_path / "pod64.topo"))
+    sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+    res = synthesize(topo, "allreduce", method="trees", time_limit=600, bandwidth_bound_bytes=1 << 30,
+                     tree_score=synth_cmd.tree_simulated_score(sims))
+    d = res.detail
+    assert d["joint"] and d["warps"] < 16 and d["streams_per_bundle"] == 1
+    assert d["blocks_per_rank"] <= resident_blocks(topo.rank_vendor, d["warps"])
+    t = sims.known(res, d["channels"])
+    rs_ag = sims.bound_seconds("reducescatter") + sims.bound_seconds("allgather")
+    assert t is not None and t < rs_ag / 1.2
+    verify(to_algorithm(res, topo))
 
 
 def test_a_program_that_does_not_fit_is_simulated_only_where_none_does():

@@ -75,10 +75,15 @@ class Kernels:
     reference counting (its ``_nrt`` flag off): they only borrow the arrays their caller keeps
     alive, so a call that numba does not inline costs no atomic count per array argument (the
     simulator's flow and sharing helpers, called per event with some thirty arrays: without it
-    its event loop ran 1.7-1.9x slower on small programs)."""
+    its event loop ran 1.7-1.9x slower on small programs). ``compiled_globals``: names the
+    compiled twins see bound otherwise than the plain functions, each to what its function makes
+    when they are compiled (a C function that plain Python calls through ctypes and numba by its
+    symbol, ``numba.types.ExternalFunction``, which numba can cache where it cannot cache a
+    ctypes pointer)."""
 
     def __init__(self, namespace: dict, names: Iterable[str], *, min_work: int,
-                 parallel: Iterable[str] = (), nogil: bool = True, borrowed: Iterable[str] = ()):
+                 parallel: Iterable[str] = (), nogil: bool = True, borrowed: Iterable[str] = (),
+                 compiled_globals: dict[str, Callable[[], object]] | None = None):
         self._ns = namespace
         self._names = tuple(names)
         missing = [n for n in self._names if not callable(namespace.get(n))]
@@ -89,6 +94,7 @@ class Kernels:
             raise NameError(f"parallel kernels {', '.join(sorted(self._parallel - set(self._names)))} "
                             f"are not kernels of {namespace.get('__name__')}")
         self._borrowed = frozenset(borrowed)
+        self._compiled_globals = dict(compiled_globals or {})
         if not self._borrowed <= set(self._names) - self._parallel:
             raise NameError(f"borrowing kernels {', '.join(sorted(self._borrowed))} must be kernels of "
                             f"{namespace.get('__name__')}, and not parallel ones")
@@ -174,6 +180,7 @@ class Kernels:
                 import numba
                 from numba import njit
                 glb = dict(self._ns)
+                glb.update({name: make() for name, make in self._compiled_globals.items()})
                 if self._parallel:
                     glb["prange"] = numba.prange
                 twins = {}

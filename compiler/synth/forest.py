@@ -485,12 +485,13 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         info["loops"] = loops if all(lp is not None for lp in loops) else None
         return np.concatenate(parts), info
 
-    def model_time(pk: dict) -> float:
-        """Seconds per byte of a rank's data of the packings ``pk`` in the link model."""
-        return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(p.rounded_time for p in pk.values())
+    def model_time(pk: dict, of: str = "rounded_time") -> float:
+        """Seconds per byte of a rank's data of the packings ``pk`` in the link model (``of="lp_time"``:
+        of their LPs, which no rounding of them beats)."""
+        return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(getattr(p, of) for p in pk.values())
 
     candidates = []
-    not_needed = 0             # candidates not built: one ran at the bound
+    not_needed = 0             # candidates not built: one ran at the bound, or at their packing's LP time
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
@@ -502,9 +503,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
             break
         settled = getattr(score, "settled", None)
-        if candidates and settled is not None and not min(c[0] for c in candidates)[0] and settled(coll):
-            not_needed = len(todo) - i         # the best fits and ran at the bound: no other can win
-            break
+        if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
+                settled(coll, model_time(pk, "lp_time") * per_rank):
+            # the best fits and ran within the tolerance of the bound, or of this packing's LP time
+            # (no rounding of it, so no program of it, runs faster): this one cannot win
+            not_needed += 1
+            continue
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
@@ -518,7 +522,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             # whose link-model time is less goes first (where the limit allows one simulation,
             # the other may only be slower up to the difference); ties to the re-rounded one
             refitted.add(id(pk))
-            k_fit = chunks_to_fit(kv, own, max_blocks)
+            k_fit = chunks_to_fit(kv, own, (resident(LEAST_WARPS) if resident is not None else None) or max_blocks)
             if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
                 k_fit = 0                        # the one-chunk packing is a candidate already
             left_s = deadline - time.perf_counter()

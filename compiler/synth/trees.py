@@ -495,29 +495,44 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
     lp_s = time.perf_counter() - t0
 
+    def round_to(K: int, left: float) -> tuple[float, np.ndarray, float]:
+        """Counts of K chunks per rank: largest remainders repaired, else (where that misses the LP
+        by more than ``round_tol``) the MILP's, given ``left`` seconds; and the seconds with which
+        the MILP would end the same (infinity: it ended before its time, by its node limit)."""
+        counts = _repair(_round_counts(y, croot, 2 * n, K), croot, load_unit, ocap, K)
+        t = _time_of(counts, load_unit, ocap, K)
+        same_within = np.inf
+        if t > lp_val * (1 + round_tol) and K > 1 and left > 0.05:
+            m0 = time.perf_counter()
+            sub = np.flatnonzero(keep_cols)
+            got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
+                               gap=round_tol, nodes=ROUND_MILP_NODES, floor=lp_val)
+            if got is not None:
+                exact = np.zeros(len(croot), np.int64)
+                exact[sub] = got
+                te = _time_of(exact, load_unit, ocap, K)
+                if te < t:
+                    counts, t = exact, te
+            if time.perf_counter() - m0 > 0.9 * left:
+                same_within = left         # its time guard may have ended it: more time may find more
+        elif t > lp_val * (1 + round_tol) and K > 1:
+            same_within = 0.0              # no MILP run
+        return t, counts, same_within
+
+    rounded: dict[int, tuple] = {}      # K -> round_to's (time, counts, seconds): a re-rounding reuses them
+
     def finish(kmax: int, min_k: int, round_deadline: float):
         """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank."""
         r0 = time.perf_counter()
         best = None
         tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
         for K in tries or [min_k]:
-            counts = _round_counts(y, croot, 2 * n, K)
-            counts = _repair(counts, croot, load_unit, ocap, K)
-            t = _time_of(counts, load_unit, ocap, K)
-            if t > lp_val * (1 + round_tol) and K > 1:
-                left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
-                exact = None
-                if left > 0.05:
-                    sub = np.flatnonzero(keep_cols)
-                    got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
-                                       gap=round_tol, nodes=ROUND_MILP_NODES, floor=lp_val)
-                    if got is not None:
-                        exact = np.zeros(len(croot), np.int64)
-                        exact[sub] = got
-                if exact is not None:
-                    te = _time_of(exact, load_unit, ocap, K)
-                    if te < t:
-                        counts, t = exact, te
+            left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
+            if K in rounded and rounded[K][2] >= left:
+                t, counts = rounded[K][:2]       # rounded before, and more time would not change it
+            else:
+                rounded[K] = round_to(K, left)
+                t, counts = rounded[K][:2]
             if best is None or t < best[0] * (1 - 1e-12):
                 best = (t, K, counts)
             if t <= lp_val * (1 + round_tol):

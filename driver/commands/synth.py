@@ -37,6 +37,8 @@ METHOD_CHOICES = ("auto", "trees", "search")
 #: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
 TREES_MIN_PER_RANK = 256 << 10
 #: ``--method auto`` also runs the search when the tree program reaches less of the bound than this
+#: (AllReduce: of the lower throughput of its bound for any schedule and of ReduceScatter +
+#: AllGather's optimum, which tree programs reach; its target, as the others' is their bound)
 AUTO_SEARCH_BELOW = 0.98
 
 
@@ -163,9 +165,11 @@ def tree_simulated_score(sims: "Simulations"):
         best.append(t)
         return t
 
-    def settled(collective: str) -> bool:
-        """A candidate ran within :data:`FIT_TOLERANCE` of the bound: no other is simulated."""
-        return bool(best) and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE)
+    def settled(collective: str, floor_s: float = 0.0) -> bool:
+        """A candidate ran within :data:`FIT_TOLERANCE` of the bound, or of ``floor_s`` (the least
+        time of the next candidate: its packing's time in the link model, which no program of that
+        packing beats): that one gains at most the tolerance, so it is not simulated (nor built)."""
+        return bool(best) and min(best) <= max(sims.bound_seconds(collective), float(floor_s)) * (1 + FIT_TOLERANCE)
 
     score.settled = settled
     return score
@@ -296,10 +300,10 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             _cap_channels(result, topo)
         fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
         tried = {method: fraction}
-        # the fraction of the least time any program needs (AllReduce: of its bound for any
-        # schedule, above the cut bound where the traffic bound rules): the search can gain at most that
+        # the fraction of the least time any program needs (AllReduce: of the larger of its bound
+        # for any schedule and RS + AG's optimum): below it, the search may gain
         reach = (fraction if fraction is None or "allreduce_bound_seconds" not in bound else
-                 bound["allreduce_bound_seconds"] / (bound["seconds"] / fraction))
+                 max(bound["allreduce_bound_seconds"], bound["rs_ag_seconds"]) / (bound["seconds"] / fraction))
         if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
                 and sims.time_left > 0:
             # the packing's program falls short in the simulator: the search too, the faster kept,
