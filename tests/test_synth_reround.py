@@ -106,3 +106,37 @@ def test_a_rerounding_reuses_the_counts_it_rounded_to_before(monkeypatch):
     assert calls == [] and again.chunks_per_rank == k
     fresh, = tr.pack_trees(net, min_chunks=k, max_chunks=k).reround(k, min_chunks=k)
     assert (again.roots, again.counts, again.rounded_time) == (fresh.roots, fresh.counts, fresh.rounded_time)
+
+
+def test_the_joint_allreduce_rounds_only_to_chunk_counts_whose_streams_can_be_resident():
+    """With a channel per stream, the joint AllReduce's 2 N K streams of N - 1 arcs give a rank
+    4 K (N - 1) connection ends on average, a thread block each: past what stays resident at the
+    fewest warps the program could run only in bundles, so the packing is not rounded there. The
+    cap is that average (a lower bound of the busiest rank's), recounted from the rounded trees;
+    it applies where blocks of fewer warps are an option (a re-rounding runs there)."""
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "v100_4x2_8x2.topo")           # 24 GPUs
+    net = network_from_topology(topo)
+    n = net.nranks
+    for least in (None, 2112, 400, 150, 40):
+        cap = forest.joint_chunks_resident(n, None, 528, None if least is None else lambda w, x=least: x)
+        if least is None:
+            assert cap is None
+            continue
+        assert cap in tr.CHUNK_CANDIDATES and (4 * cap * (n - 1) <= least or cap == 1)
+        bigger = [c for c in tr.CHUNK_CANDIDATES if c > cap]
+        assert not bigger or 4 * bigger[0] * (n - 1) > least
+        ag, rs = tr.pack_allreduce(net, max_chunks=cap)
+        assert ag.chunks_per_rank <= cap and rs.chunks_per_rank == ag.chunks_per_rank
+        ends = np.zeros(n)
+        for p in (ag, rs):
+            for r, par, c in zip(p.roots, p.parents, p.counts):
+                par = np.asarray(par)
+                ends += c * (np.bincount(par[par >= 0], minlength=n) + (par >= 0))   # children + parent
+        assert ends.mean() == 4 * ag.chunks_per_rank * (n - 1)
+    # the fewest warps' residency decides; without blocks of fewer warps, no cap (bundles at more
+    # chunks may be all that fits); a caller's own cap stays
+    assert forest.joint_chunks_resident(n, None, 100, lambda w: 2112 * 16 // w // 4) == 16
+    assert forest.joint_chunks_resident(n, None, 100, None) is None
+    assert forest.joint_chunks_resident(n, 2, 100, lambda w: 2112) == 2

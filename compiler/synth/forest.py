@@ -162,8 +162,9 @@ def blocks_per_rank(rows: np.ndarray, nranks: int) -> np.ndarray:
     an upper bound."""
     if not len(rows):
         return np.ones(nranks, np.int64)
-    conn = np.unique(rows[:, [0, 1, 5]], axis=0)
-    return 1 + np.bincount(conn[:, 0], minlength=nranks) + np.bincount(conn[:, 1], minlength=nranks)
+    src, dst, ch = (np.asarray(rows[:, c], np.int64) for c in (0, 1, 5))
+    conn = np.unique((src * nranks + dst) * (int(ch.max()) + 1) + ch) // (int(ch.max()) + 1)
+    return 1 + np.bincount(conn // nranks, minlength=nranks) + np.bincount(conn % nranks, minlength=nranks)
 
 
 def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
@@ -314,6 +315,24 @@ def chunks_to_fit(chunks: int, own_blocks: int, max_blocks: int) -> int:
     return max(fit) if fit else 0
 
 
+def joint_chunks_resident(nranks: int, max_chunks: int | None, max_blocks: int | None,
+                          resident: Callable[[int], int | None] | None) -> int | None:
+    """The most chunks per rank (of :data:`.trees.CHUNK_CANDIDATES`, at most ``max_chunks``) the
+    joint AllReduce packing rounds to: with a channel per stream, its ``2 nranks K`` streams of
+    ``nranks - 1`` arcs each give a rank ``4 K (nranks - 1)`` connection ends on average, a thread
+    block each, so past what stays resident at the fewest warps (:data:`LEAST_WARPS`) its program
+    could only run in bundles, which a re-rounding to fewer chunks at fewer warps beats (mixed_v100_w7800, 64
+    heterogeneous H20s), and rounding to such counts (MILPs at up to 32 chunks per rank, and an LP
+    over every root where the classes round only at many) cost 64 heterogeneous V100s 14 s. Only
+    where blocks of fewer warps are an option (``resident``): without it, bundles at more chunks
+    may be all that fits."""
+    least = resident(LEAST_WARPS) if resident is not None else None
+    if not least or nranks < 2:
+        return max_chunks
+    fit = [c for c in tr.CHUNK_CANDIDATES if 4 * c * (nranks - 1) <= least] or [1]
+    return min(max(fit), max_chunks or max(fit))
+
+
 def resident_blocks(vendors, nwarps: int = 16) -> int | None:
     """The most blocks a rank's kernel may have on every platform of ``vendors`` (one per rank:
     ``nvidia``, ``amd``) at ``nwarps`` warps per block (:func:`~hccc.compiler.passes.channels.max_blocks_per_rank`); None
@@ -428,7 +447,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # both halves packed to run at once (their loads together within one time): never slower
         # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
         # check one half's loads)
-        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, max_chunks=max_chunks,
+        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, max_chunks=joint_chunks_resident(n, max_chunks, max_blocks, resident),
                                      time_limit=left())
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
