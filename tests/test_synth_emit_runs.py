@@ -8,6 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
 
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.pipeline import load_cluster
@@ -48,6 +52,48 @@ def test_run_lines_on_hand_made_rows():
         "\n".join(lines) + "\n"
     assert len(re.findall(r"for p in range", text)) == 3
     assert "5 - 1 * p" in text and "10 + 1 * p" in text and "20 + 2 * p" in text
+    alg = parse_rccl(text, "t.rccl")
+    back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
+    assert np.array_equal(_sorted(back), _sorted(rows))
+
+
+def test_runs_of_runs_fold_again():
+    """The streams of a pair, a channel each, whose pieces are runs: consecutive runs alike in count
+    and advances whose first transfers advance evenly fold into a loop around the run's loop, and
+    such loops again (three levels here), against the rows they were made from; a run that breaks
+    the pattern (another count) stays a loop of its own."""
+    rows = []
+    for o in range(3):                   # three groups of streams, 20 chunks and 5 channels apart
+        for q in range(4):               # four streams, a channel each
+            for p in range(2):           # two pieces a stream, one step apart
+                rows.append([5, 6, 2 + p, 100 + 20 * o + 4 * q + p, 0, 1 + 5 * o + q])
+    rows += [[5, 6, 9, 500 + p, 0, 0] for p in range(3)]          # a run of another count
+    rows = np.array(rows, np.int64)
+    lines = emit._run_lines(rows)
+    text = 'def ResCCLAlgo(nRanks=8, OpType="Allgather", AlgoName="t", nChunksPerRank=80):\n' + \
+        "\n".join(lines) + "\n"
+    assert "for u in range(0, 3):" in text and "for q in range(0, 4):" in text
+    assert "transfer(5, 6, 2 + 1 * p, 100 + 20 * u + 4 * q + 1 * p, recv, 1 + 5 * u + 1 * q)" in text
+    body = [ln for ln in lines if not ln.strip().startswith("#")]
+    assert len(body) == 4 + 2                       # three loops and a transfer; a loop and a transfer
+    alg = parse_rccl(text, "t.rccl")
+    back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
+    assert np.array_equal(_sorted(back), _sorted(rows))
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 6), st.integers(0, 20),
+                          st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=40),
+       st.integers(1, 4), st.integers(1, 3))
+def test_folded_text_parses_back_to_any_rows(base, copies, stride):
+    """Any transfers (here with some laid out as strided copies, so that runs and runs of runs
+    occur) parse back from the folded text to exactly the same multiset of rows."""
+    rows = [list(r) for r in base]
+    for c in range(1, copies):                    # shifted copies: steps, chunks and channels advance
+        rows += [[r[0], r[1], r[2] + c * stride, r[3] + 21 * c, r[4], r[5] + 4 * c] for r in base]
+    rows = np.array(rows, np.int64)
+    text = 'def ResCCLAlgo(nRanks=4, OpType="Allgather", AlgoName="t", nChunksPerRank=40):\n' + \
+        "\n".join(emit._run_lines(rows)) + "\n"
     alg = parse_rccl(text, "t.rccl")
     back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
     assert np.array_equal(_sorted(back), _sorted(rows))

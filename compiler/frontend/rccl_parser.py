@@ -188,7 +188,7 @@ def _parser() -> Lark:
     if _PARSER is None:
         from hccc.compiler.frontend.grammar_cache import lark_cache
         text = _GRAMMAR.read_text(encoding="utf-8")
-        _PARSER = Lark(text, parser="lalr", lexer="basic", propagate_positions=True, postlex=_Indenter(),
+        _PARSER = Lark(text, parser="lalr", lexer="basic", postlex=_Indenter(),
                        maybe_placeholders=True, cache=lark_cache("rccl", text))
     return _PARSER
 
@@ -432,7 +432,11 @@ class _Builder:
         return Location(self.source, tok.line, tok.column)
 
     def tree_loc(self, tree: Tree) -> Location:
-        return Location(self.source, tree.meta.line, tree.meta.column)
+        """Where ``tree`` starts: its first token (the parser keeps positions on tokens only)."""
+        node = tree
+        while isinstance(node, Tree):
+            node = next(k for k in node.children if k is not None)
+        return self.loc(node)
 
     def node_loc(self, node) -> Location:
         return self.loc(node) if isinstance(node, Token) else self.tree_loc(node)

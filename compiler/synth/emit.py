@@ -109,44 +109,71 @@ def _loop_lines(part) -> list[str]:
     return out
 
 
+#: loop variables of :func:`_run_lines`, innermost first: runs, runs of runs, ...
+RUN_VARS = ("p", "q", "u", "v")
+
+
 def _run_lines(rows: np.ndarray) -> list[str]:
-    """Flat transfers as ResCCLang with their runs folded into loops: transfers of one pair, op and
-    channel whose steps and chunks advance by the same amounts from one to the next (the pieces of
-    a tree program's stream) become ``for p in range(0, n):`` over one ``transfer`` with ``step0 +
-    ds * p`` and ``chunk0 + dc * p``; a transfer in no run of 2 or more stays one line. The lines
-    are ordered by the step of each run's first transfer. Parses back to exactly ``rows``."""
+    """Flat transfers as ResCCLang with their runs folded into loops: transfers of one pair and op
+    whose steps, chunks and channels advance by the same amounts from one to the next (the pieces
+    of a tree program's stream) become ``for p in range(0, n):`` over one ``transfer`` with
+    ``step0 + ds * p``, ``chunk0 + dc * p`` (and ``channel0 + dh * p``); consecutive such loops of
+    one pair and op, alike in their counts and advances, whose first transfers advance evenly (the
+    streams of a pair, a channel each) fold again into ``for q in range(0, m):`` around them, and
+    so on, up to :data:`RUN_VARS` deep. A transfer in no run stays one line. The lines are ordered
+    by the step of each loop's first transfer. Parses back to exactly ``rows``."""
     ops = dict(OP_NAMES)
     ch = rows[:, 5] if rows.shape[1] > 5 else np.zeros(len(rows), np.int64)
     order = np.lexsort((rows[:, 3], ch, rows[:, 4], rows[:, 1], rows[:, 0]))
-    r = np.c_[rows[order, :5], ch[order]].tolist()
+    # an item: (its first transfer [src, dst, step, chunk, op, channel], its loops innermost first,
+    # each (count, step advance, chunk advance, channel advance))
+    items = [(x, ()) for x in np.c_[rows[order, :5], ch[order]].tolist()]
 
-    def term(start: int, d: int) -> str:
-        return str(start) if d == 0 else f"{start} + {d} * p" if d > 0 else f"{start} - {-d} * p"
+    def alike(a, b) -> bool:
+        return a[0][:2] == b[0][:2] and a[0][4] == b[0][4] and a[1] == b[1]
 
-    runs, i, n = [], 0, len(r)
-    while i < n:
-        j = i
-        if i + 1 < n and r[i + 1][:2] == r[i][:2] and r[i + 1][4:] == r[i][4:]:
-            ds, dc = r[i + 1][2] - r[i][2], r[i + 1][3] - r[i][3]
-            j = i + 1
-            while j + 1 < n and r[j + 1][:2] == r[i][:2] and r[j + 1][4:] == r[i][4:] and \
-                    r[j + 1][2] - r[j][2] == ds and r[j + 1][3] - r[j][3] == dc:
-                j += 1
-        x = r[i]
-        if j > i:
-            text = [f"    for p in range(0, {j - i + 1}):",
-                    f"        transfer({x[0]}, {x[1]}, {term(x[2], ds)}, {term(x[3], dc)}, {ops[x[4]]}"
-                    f"{_channel_arg(x, 5)})"]
-        else:
-            text = [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}{_channel_arg(x, 5)})"]
-        runs.append((x[2], x[0], x[1], x[3], text))
-        i = j + 1
-    runs.sort(key=lambda t: t[:4])
-    folded = sum(1 for t in runs if len(t[4]) > 1)
-    out = [f"    # {n} transfers: runs of one pair whose steps and chunks advance evenly as loops "
-           f"({folded} loops, {len(runs) - folded} single transfers)"]
-    for t in runs:
-        out.extend(t[4])
+    def advance(a, b) -> tuple:
+        return b[0][2] - a[0][2], b[0][3] - a[0][3], b[0][5] - a[0][5]
+
+    for _ in RUN_VARS:
+        folded, k = [], 0
+        while k < len(items):
+            m = 1
+            if k + 1 < len(items) and alike(items[k], items[k + 1]):
+                adv = advance(items[k], items[k + 1])
+                m = 2
+                while k + m < len(items) and alike(items[k], items[k + m]) and \
+                        advance(items[k + m - 1], items[k + m]) == adv:
+                    m += 1
+            folded.append((items[k][0], items[k][1] + ((m,) + adv,)) if m > 1 else items[k])
+            k += m
+        if len(folded) == len(items):
+            break
+        items = folded
+
+    def term(start: int, loops: tuple, col: int) -> str:
+        text = str(start)
+        for loop, var in reversed(list(zip(loops, RUN_VARS))):      # outermost first
+            d = loop[col]
+            if d:
+                text += f" + {d} * {var}" if d > 0 else f" - {-d} * {var}"
+        return text
+
+    groups = []
+    for x, loops in items:
+        depth = len(loops)
+        text = [f"    {'    ' * lev}for {RUN_VARS[depth - 1 - lev]} in range(0, {loops[depth - 1 - lev][0]}):"
+                for lev in range(depth)]
+        chan = term(x[5], loops, 3)
+        text.append(f"    {'    ' * depth}transfer({x[0]}, {x[1]}, {term(x[2], loops, 1)}, {term(x[3], loops, 2)}, "
+                    f"{ops[x[4]]}{'' if chan == '0' else ', ' + chan})")
+        groups.append((x[2], x[0], x[1], x[3], depth, text))
+    groups.sort(key=lambda t: t[:4])
+    nloops = sum(1 for t in groups if t[4])
+    out = [f"    # {len(rows)} transfers: runs of one pair whose steps, chunks and channels advance evenly "
+           f"as loops, and runs of such runs ({nloops} loops, {len(groups) - nloops} single transfers)"]
+    for t in groups:
+        out.extend(t[5])
     return out
 
 
