@@ -647,3 +647,32 @@ def test_bundled_channels_of_loop_programs_agree_in_every_translate():
         assert sorted(c for v in bundles_on_pair.values() for c in v) == list(range(len(bundles_on_pair)))
     assert max(len(v) for v in per_pair.values()) < max(
         len({c for s2, d2, _, c, _ in lp.expand().tolist() if (s2, d2) == p}) for p in per_pair)   # fewer than streams
+
+
+def test_reshaped_trees_are_never_slower_in_the_link_model():
+    """Shaping never loads the most loaded resource more: the reshaped trees' time in the link model
+    (``load_time``, recomputed here from their pairs and the network's groups) is at most the
+    rounded packing's, and can be less (a100_topo2's one-chunk ReduceScatter: consolidating lightens
+    its bottleneck, 0.960 -> 1.000 of the bound)."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import trees as tr
+
+    topo = load_cluster(CLUSTERS / "a100_topo2.topo")
+    net = network_from_topology(topo)
+    tnet = net.transposed()
+    tbw = tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)]
+    one = tr.pack_trees(tnet, pair_bw=tbw, max_chunks=1, bound=tr.pack_trees(tnet, pair_bw=tbw).lower_bound)
+    times = []
+    for shape in tr.SHAPES:
+        s = tr.shaped(tnet, one, shape)
+        load = np.zeros(tnet.npairs)
+        for r, par, c in zip(s.roots, s.parents, s.counts):
+            par = np.asarray(par)
+            v = np.flatnonzero(par >= 0)
+            np.add.at(load, tnet.pair_index(par[v], v), c / s.chunks_per_rank)
+        t = max(float((load / tbw).max()),
+                max((load[m].sum() / g for m, g in zip(tnet.group_pairs(), tnet.gbw) if m.size), default=0.0))
+        assert s.load_time == pytest.approx(t, rel=1e-9)
+        assert s.load_time <= one.rounded_time * (1 + 1e-12)
+        times.append(s.load_time)
+    assert min(times) < one.rounded_time * 0.97

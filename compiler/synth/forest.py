@@ -505,8 +505,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return np.concatenate(parts), info
 
     def model_time(pk: dict, of: str = "rounded_time") -> float:
-        """Seconds per byte of a rank's data of the packings ``pk`` in the link model (``of="lp_time"``:
-        of their LPs, which no rounding of them beats)."""
+        """Seconds per byte of a rank's data of the packings ``pk`` in the link model (``of``: the
+        :class:`~.trees.Packing` attribute summed, or for a joint packing the larger: its rounded
+        trees' time, their ``load_time`` as reshaped, or the ``lower_bound`` its LP proved)."""
         return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(getattr(p, of) for p in pk.values())
 
     candidates = []
@@ -523,9 +524,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             break
         settled = getattr(score, "settled", None)
         if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                settled(coll, model_time(pk, "lp_time") * per_rank):
-            # the best fits and ran within the tolerance of the bound, or of this packing's LP time
-            # (no rounding of it, so no program of it, runs faster): this one cannot win
+                settled(coll, model_time(pk, "lower_bound") * per_rank):
+            # the best fits and ran within the tolerance of the bound, or of the bound this
+            # packing's LP proved (no packing of trees beats it, so no program of this one, nor of
+            # a rounding or reshaping of it): this one cannot win
             not_needed += 1
             continue
         b0 = time.perf_counter()
@@ -553,6 +555,14 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                     todo[i + 1:i + 1] = [cand, (kv, pk, joint, shape)]
                     continue
                 todo.insert(i + 1, cand)
+        if fits and candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
+                settled(coll, model_time({k: v for k, v in info.items() if k != "loops"}, "load_time") * per_rank,
+                        slack=False):
+            # built (and any re-rounding of it queued): its trees' time in the link model (as
+            # shaped) is no less than the best program's, so it cannot win
+            not_needed += 1
+            build_s = max(build_s, time.perf_counter() - b0)
+            continue
         # a program whose blocks are not all resident ranks after every one that is: it is
         # simulated only where none is (below), so its simulation never takes the time of theirs
         sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None

@@ -165,11 +165,15 @@ def tree_simulated_score(sims: "Simulations"):
         best.append(t)
         return t
 
-    def settled(collective: str, floor_s: float = 0.0) -> bool:
+    def settled(collective: str, floor_s: float = 0.0, slack: bool = True) -> bool:
         """A candidate ran within :data:`FIT_TOLERANCE` of the bound, or of ``floor_s`` (the least
         time of the next candidate: its packing's time in the link model, which no program of that
-        packing beats): that one gains at most the tolerance, so it is not simulated (nor built)."""
-        return bool(best) and min(best) <= max(sims.bound_seconds(collective), float(floor_s)) * (1 + FIT_TOLERANCE)
+        packing beats; ``slack`` False: no faster than it): that one gains at most the tolerance
+        (nothing), so it is not simulated (nor built)."""
+        if not best:
+            return False
+        return min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE) or \
+            min(best) <= float(floor_s) * ((1 + FIT_TOLERANCE) if slack else 1.0)
 
     score.settled = settled
     return score
