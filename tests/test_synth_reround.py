@@ -140,3 +140,43 @@ def test_the_joint_allreduce_rounds_only_to_chunk_counts_whose_streams_can_be_re
     assert forest.joint_chunks_resident(n, None, 100, lambda w: 2112 * 16 // w // 4) == 16
     assert forest.joint_chunks_resident(n, None, 100, None) is None
     assert forest.joint_chunks_resident(n, 2, 100, lambda w: 2112) == 2
+
+
+def test_stream_blocks_counts_the_built_programs_thread_blocks():
+    """The thread blocks of a channel-per-stream program, counted from its trees alone, are those
+    the built rows need (``blocks_per_rank``), shaped or not, for one collective and an
+    AllReduce's halves."""
+    from hccc.compiler.pipeline import load_cluster
+
+    for name in ("v100_4x3_8", "h20_4x3_8", "a100_topo2"):
+        topo = load_cluster(CLUSTERS / f"{name}.topo")
+        net = network_from_topology(topo)
+        ag = tr.pack_trees(net, pair_bw=tr.pair_bandwidth(topo))
+        rs = tr.pack_trees(net.transposed(), pair_bw=tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)])
+        for shape in ("",) + tr.SHAPES:
+            sag, srs = tr.shaped(net, ag, shape), tr.shaped(net.transposed(), rs, shape)
+            split = forest.split_for(ag.chunks_per_rank, net.nranks, 2)
+            sp = forest.split_packing(sag, split)
+            rows = forest._rows(tr.allgather_rows(sp), forest.RECV, 0,
+                                forest.bundles(sp, split, None)[forest.stream_of_chunk(sp, split)])
+            assert forest.stream_blocks({"allgather": sag}) == forest.blocks_per_rank(rows, net.nranks).max()
+            assert forest.stream_blocks({"allgather": sag, "reducescatter": srs}) >= \
+                forest.stream_blocks({"allgather": sag})
+
+
+def test_shaped_trees_that_break_residency_give_way_to_the_packings_own(monkeypatch):
+    """h20_4x3_8's AllGather: shaping puts 80 thread blocks on its busiest rank, its own trees
+    68. With 70 resident (at any warps) the shaped programs cannot run at all, and one chunk per
+    rank cannot be bundled or rounded to fewer: the unshaped program is built and kept."""
+    from hccc.commands.synth import Simulations, tree_simulated_score
+    from hccc.compiler.pipeline import load_cluster
+
+    topo = load_cluster(CLUSTERS / "h20_4x3_8.topo")
+    monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: 70)
+    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    res = synthesize(topo, "allgather", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
+                     tree_score=tree_simulated_score(sims))
+    d = res.detail
+    assert d["shape"] == "-" and d["blocks_per_rank"] <= 70, d["simulated_candidates"]
+    assert any("unshaped" in k for k in d["simulated_candidates"])
+    assert sims.known(res, d["channels"]) is not None

@@ -167,6 +167,21 @@ def blocks_per_rank(rows: np.ndarray, nranks: int) -> np.ndarray:
     return 1 + np.bincount(conn // nranks, minlength=nranks) + np.bincount(conn % nranks, minlength=nranks)
 
 
+def stream_blocks(packs: dict) -> int:
+    """The thread blocks of the busiest rank of the program of ``packs`` (name -> packing: one
+    collective, or an AllReduce's halves) with a channel per stream, from the trees alone: a
+    connection per stream and arc, a thread block at each end, and one for local work (what
+    :func:`blocks_per_rank` counts on the built rows; splitting adds no connection)."""
+    ends = None
+    for p in packs.values():
+        n = p.nranks
+        ends = np.ones(n, np.int64) if ends is None else ends
+        for par, c in zip(p.parents, p.counts):
+            par = np.asarray(par)
+            ends += int(c) * (np.bincount(par[par >= 0], minlength=n) + (par >= 0))
+    return int(ends.max()) if ends is not None else 1
+
+
 def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
     """How many ways every chunk of a packing with ``chunks_per_rank`` is cut: the least power of
     two, at least ``least`` (a power of two), giving at least :data:`SPLIT_TARGET` chunks per rank;
@@ -475,6 +490,17 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     shapes: dict = {}      # (packing, shape) -> the shaped packing: bundling rebuilds, never reshapes
 
+    def resident_somewhere(tbs: int, pk: dict) -> bool:
+        """A program of ``pk`` with ``tbs`` thread blocks on its busiest rank (a channel per
+        stream) stays resident at some warps per block (as :func:`bundled` would run it)."""
+        w = WARPS
+        while w >= LEAST_WARPS:
+            cap = max_blocks if w == WARPS else resident(w) if resident is not None else None
+            if (w == WARPS or resident is not None) and (cap is None or tbs * channels_of(pk, None, w) <= cap):
+                return True
+            w //= 2
+        return False
+
     def build(shape: str, pk: dict, split: int, most: int | None = None) -> tuple[np.ndarray, dict]:
         parts, step0, ch0, info, loops = [], 0, 0, {}, []
         for name in ("reducescatter", "allgather"):
@@ -534,7 +560,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
             lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w), n, max_blocks, resident)
-        if (most is not None or warps < WARPS) and score is not None and id(pk) not in refitted:
+        if (most is not None or warps < WARPS or not fits) and score is not None and id(pk) not in refitted:
             # bundles cost rate (a bundle takes one fair share where its streams took one each),
             # and so do many streams at once (each link's last pieces wait behind a piece of every
             # other stream on it): the same LP rounded to fewer chunks, every stream on a channel
@@ -543,14 +569,43 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             # whose link-model time is less goes first (where the limit allows one simulation,
             # the other may only be slower up to the difference); ties to the re-rounded one
             refitted.add(id(pk))
-            k_fit = chunks_to_fit(kv, own, (resident(LEAST_WARPS) if resident is not None else None) or max_blocks)
-            if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
-                k_fit = 0                        # the one-chunk packing is a candidate already
-            left_s = deadline - time.perf_counter()
-            again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
+            least = (resident(LEAST_WARPS) if resident is not None else None) or max_blocks
+            again = None
+            if shape and resident_somewhere(stream_blocks(pk), pk):
+                # shaping moved streams onto fewer forwarding ranks, which then hold more thread
+                # blocks than stay resident: the packing's own trees fit (at fewer warps) with all
+                # its chunks, which no re-rounding to fewer keeps; they go next
+                todo.insert(i + 1, (kv, pk, joint, ""))
+            else:
+                k_fit = chunks_to_fit(kv, own, least)
+                if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
+                    k_fit = 0                    # the one-chunk packing is a candidate already
+                left_s = deadline - time.perf_counter()
+                again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
+                # the scaling is an estimate (the trees of another rounding differ): more chunks
+                # whose rounded trees still fit, counted exactly, are taken where there are such
+                for k in sorted((c for c in tr.CHUNK_CANDIDATES if max(1, k_fit) < c < kv), reverse=True):
+                    left_s = deadline - time.perf_counter()
+                    if left_s <= 0:
+                        break
+                    more = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4))
+                    if more is not None and max(p.chunks_per_rank for p in more.values()) > \
+                            (k_fit if again is None else max(p.chunks_per_rank for p in again.values())) and \
+                            resident_somewhere(stream_blocks(more), more):
+                        again = more
+                        break
             if again is not None:
                 refitted.add(id(again))
-                cand = (max(p.chunks_per_rank for p in again.values()), again, joint, "" if joint else tr.SHAPES[0])
+                shape_r = "" if joint else tr.SHAPES[0]
+                if shape_r:
+                    # shaping moves streams onto fewer forwarding ranks, which may then hold more
+                    # thread blocks than stay resident: unshaped where it does
+                    for name, p in again.items():
+                        shapes[(id(p), shape_r)] = tr.shaped(nets[name], p, shape_r)
+                    if not resident_somewhere(stream_blocks({name: shapes[(id(p), shape_r)]
+                                                             for name, p in again.items()}), again):
+                        shape_r = ""
+                cand = (max(p.chunks_per_rank for p in again.values()), again, joint, shape_r)
                 if model_time(again) <= model_time(pk) * (1 + 1e-9):
                     todo[i + 1:i + 1] = [cand, (kv, pk, joint, shape)]
                     continue
@@ -605,7 +660,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     }
     if score is not None:
         detail["simulated_candidates"] = {
-            f"K={c[4]} {c[1] or 'joint'}" + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}" +
+            f"K={c[4]} {c[1] or ('joint' if any(p.stats.get('joint') for p in c[5].values()) else 'unshaped')}" +
+            (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}" +
             (f" of {c[10]} warps" if c[10] != WARPS else ""): c[0][1]
             for c in candidates}
     if cut_by_limit:
