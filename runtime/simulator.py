@@ -290,7 +290,8 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
-        why = "its work budget" if work_budget is not None and counters[0] + counters[2] > work_budget else "its deadline"
+        spent = work_budget is not None and counters[0] + counters[2] > work_budget
+        why = "its work budget" if spent else "its deadline"
         raise SimulationStopped(f"simulation stopped at {why} ({int(counters[0] + counters[2]):,} "
                                 f"events and re-shared flow classes) before the program finished",
                                 work=int(counters[0] + counters[2]), wall_s=wall)

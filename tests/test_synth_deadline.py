@@ -96,7 +96,8 @@ def test_the_clock_stops_a_run_past_its_deadline(ring, monkeypatch):
     topo, prog, full, work = ring
     if not sim.eng.HAVE_CLOCK:
         pytest.skip("no clock_gettime on this platform")
-    monkeypatch.setattr(sim.eng, "_clock_deadline", lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
+    monkeypatch.setattr(sim.eng, "_clock_deadline",
+                        lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
     with pytest.raises(SimulationStopped, match="its deadline") as exc:
         sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
     assert exc.value.work < work
@@ -254,7 +255,8 @@ def test_simulation_stopped_by_the_deadline(tmp_path, capsys, monkeypatch):
     # every run's deadline a second past: each stops at its first look at the clock
     if not sim.eng.HAVE_CLOCK:
         pytest.skip("no clock_gettime on this platform")
-    monkeypatch.setattr(sim.eng, "_clock_deadline", lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
+    monkeypatch.setattr(sim.eng, "_clock_deadline",
+                        lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
     s = _synth_json(capsys, CLUSTERS / "heteccl_fig10.topo", "--collective", "allgather", "--method", "trees",
                     "--time-limit", "30", "-o", tmp_path / "ag.rccl")
     assert calls and all("stopped at its deadline" in c for c in calls)

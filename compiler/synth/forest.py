@@ -336,8 +336,8 @@ def joint_chunks_resident(nranks: int, max_chunks: int | None, max_blocks: int |
     joint AllReduce packing rounds to: with a channel per stream, its ``2 nranks K`` streams of
     ``nranks - 1`` arcs each give a rank ``4 K (nranks - 1)`` connection ends on average, a thread
     block each, so past what stays resident at the fewest warps (:data:`LEAST_WARPS`) its program
-    could only run in bundles, which a re-rounding to fewer chunks at fewer warps beats (mixed_v100_w7800, 64
-    heterogeneous H20s), and rounding to such counts (MILPs at up to 32 chunks per rank, and an LP
+    could only run in bundles, which a re-rounding to fewer chunks at fewer warps beats
+    (mixed_v100_w7800, 64 heterogeneous H20s), and rounding to such counts (MILPs at up to 32 chunks per rank, and an LP
     over every root where the classes round only at many) cost 64 heterogeneous V100s 14 s. Only
     where blocks of fewer warps are an option (``resident``): without it, bundles at more chunks
     may be all that fits."""
@@ -462,8 +462,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # both halves packed to run at once (their loads together within one time): never slower
         # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
         # check one half's loads)
-        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, max_chunks=joint_chunks_resident(n, max_chunks, max_blocks, resident),
-                                     time_limit=left())
+        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, time_limit=left(),
+                                     max_chunks=joint_chunks_resident(n, max_chunks, max_blocks, resident))
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
         # ends the simulations before the other is simulated
@@ -537,7 +537,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(getattr(p, of) for p in pk.values())
 
     candidates = []
-    not_needed = 0             # candidates not built: one ran at the bound, or at their packing's LP time
+    not_needed = 0             # candidates not built (or not simulated): they cannot beat the best
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants

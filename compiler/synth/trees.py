@@ -202,7 +202,9 @@ class Packing:
         if self.res_load is None or self.res_limit is None:
             return self.rounded_time
         ok = self.res_limit > 0
-        return self.rounded_time * float((self.res_load[ok] / self.res_limit[ok]).max()) if ok.any() else self.rounded_time
+        if not ok.any():
+            return self.rounded_time
+        return self.rounded_time * float((self.res_load[ok] / self.res_limit[ok]).max())
 
     @property
     def fraction(self) -> float:
@@ -599,9 +601,9 @@ def shaped(net: Network, packing: Packing, order: str = SHAPES[0]) -> Packing:
     packing's time (:attr:`Packing.rounded_time`, kept) is an upper bound of the reshaped trees'
     (:attr:`Packing.load_time`: lower where a move lightened the most loaded resource, e.g. a
     one-chunk packing of a100_topo2's ReduceScatter, 0.960 -> 1.000 of the bound); what changes
-    besides is how the compiled program's thread blocks overlap (see those functions). With a symmetry only the representative
-    trees are reshaped, every move made in all their translates at once (:class:`_Loads`), so the
-    result keeps the symmetry."""
+    besides is how the compiled program's thread blocks overlap (see those functions). With a
+    symmetry only the representative trees are reshaped, every move made in all their translates
+    at once (:class:`_Loads`), so the result keeps the symmetry."""
     import dataclasses
 
     sym = packing.symmetry
