@@ -569,7 +569,6 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             # whose link-model time is less goes first (where the limit allows one simulation,
             # the other may only be slower up to the difference); ties to the re-rounded one
             refitted.add(id(pk))
-            least = (resident(LEAST_WARPS) if resident is not None else None) or max_blocks
             again = None
             if shape and resident_somewhere(stream_blocks(pk), pk):
                 # shaping moved streams onto fewer forwarding ranks, which then hold more thread
@@ -577,7 +576,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 # its chunks, which no re-rounding to fewer keeps; they go next
                 todo.insert(i + 1, (kv, pk, joint, ""))
             else:
-                k_fit = chunks_to_fit(kv, own, least)
+                k_fit = chunks_to_fit(kv, own, (resident(LEAST_WARPS) if resident is not None else None) or max_blocks)
                 if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
                     k_fit = 0                    # the one-chunk packing is a candidate already
                 left_s = deadline - time.perf_counter()
