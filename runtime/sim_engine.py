@@ -27,9 +27,13 @@ shared resources per class):
   with members on it (incidences ``c*KS + j``) and counts its flows (``res_n``, as every resource
   does for its busy time).
 
-Events live in one indexed binary heap over items ``0..G-1`` (the completion of TB ``g``'s current
-flow) and ``G..G+C-1`` (the next pending slot of connection ``c`` becoming visible to its
-receiver). All events of one instant are processed before bandwidth shares are recomputed, once per
+Events live in one indexed binary heap over items ``0..NCL-1`` (the next completion of a member
+of class ``c``) and ``NCL..NCL+C-1`` (the next pending slot of connection ``c`` becoming visible
+to its receiver). Each class keeps its running members in a heap of its own (slots
+``moff[c]..moff[c+1]-1`` of one array) keyed by the bytes left to each at the class's time
+``cls_vt``: every member runs at the class's rate, so the order of their completions is fixed
+while they run, and a change of rate re-times one event-heap item, not every member (the keys
+are brought up to the time of the change in one pass, without reordering). All events of one instant are processed before bandwidth shares are recomputed, once per
 connected component of the shared resources touched (progressive filling over classes, max-min
 fair). A unit of work is an event or a class re-shared.
 """
@@ -123,70 +127,73 @@ def _heap_before(ka, ia, kb, ib):
     return ia < ib
 
 
-def _heap_put(hkey, hitem, hpos, i, k, it):
-    """Write entry (time ``k``, item ``it``) at slot ``i``."""
-    hkey[i] = k
-    hitem[i] = it
+def _heap_put(hkey, hitem, hpos, base, i, k, it):
+    """Write entry (key ``k``, item ``it``) at slot ``i`` of the heap stored from ``base``."""
+    hkey[base + i] = k
+    hitem[base + i] = it
     hpos[it] = i
 
 
-def _heap_up(hkey, hitem, hpos, i):
+def _heap_up(hkey, hitem, hpos, base, i):
     """Sift the entry at ``i`` up: its parents move down into the hole it leaves until its
     place is found, where it is written once."""
-    k = hkey[i]
-    it = hitem[i]
+    k = hkey[base + i]
+    it = hitem[base + i]
     while i > 0:
         parent = (i - 1) // 2
-        if not _heap_before(k, it, hkey[parent], hitem[parent]):
+        if not _heap_before(k, it, hkey[base + parent], hitem[base + parent]):
             break
-        _heap_put(hkey, hitem, hpos, i, hkey[parent], hitem[parent])
+        _heap_put(hkey, hitem, hpos, base, i, hkey[base + parent], hitem[base + parent])
         i = parent
-    _heap_put(hkey, hitem, hpos, i, k, it)
+    _heap_put(hkey, hitem, hpos, base, i, k, it)
 
 
-def _heap_down(hkey, hitem, hpos, i, n):
+def _heap_down(hkey, hitem, hpos, base, i, n):
     """Sift the entry at ``i`` down, its lesser child moving up into the hole each level."""
-    k = hkey[i]
-    it = hitem[i]
+    k = hkey[base + i]
+    it = hitem[base + i]
     while True:
         best = 2 * i + 1
         if best >= n:
             break
         right = best + 1
-        if right < n and _heap_before(hkey[right], hitem[right], hkey[best], hitem[best]):
+        if right < n and _heap_before(hkey[base + right], hitem[base + right], hkey[base + best],
+                                      hitem[base + best]):
             best = right
-        if not _heap_before(hkey[best], hitem[best], k, it):
+        if not _heap_before(hkey[base + best], hitem[base + best], k, it):
             break
-        _heap_put(hkey, hitem, hpos, i, hkey[best], hitem[best])
+        _heap_put(hkey, hitem, hpos, base, i, hkey[base + best], hitem[base + best])
         i = best
-    _heap_put(hkey, hitem, hpos, i, k, it)
+    _heap_put(hkey, hitem, hpos, base, i, k, it)
 
 
-def _heap_set(hkey, hitem, hpos, hn, item, key):
-    """Insert ``item`` with ``key`` or change its key. ``hn`` is a 1-element size array."""
+def _heap_set(hkey, hitem, hpos, hn, h, base, item, key):
+    """Insert ``item`` with ``key`` into heap ``h`` (stored from ``base``, ``hn[h]`` entries;
+    ``hpos[item]``: its slot there, -1 when in no heap), or change its key."""
     i = hpos[item]
     if i < 0:
-        i = hn[0]
-        hn[0] += 1
-        _heap_put(hkey, hitem, hpos, i, key, item)
-        _heap_up(hkey, hitem, hpos, i)
+        i = hn[h]
+        hn[h] += 1
+        _heap_put(hkey, hitem, hpos, base, i, key, item)
+        _heap_up(hkey, hitem, hpos, base, i)
     else:
-        old = hkey[i]
-        hkey[i] = key
+        old = hkey[base + i]
+        hkey[base + i] = key
         if key < old:
-            _heap_up(hkey, hitem, hpos, i)
+            _heap_up(hkey, hitem, hpos, base, i)
         else:
-            _heap_down(hkey, hitem, hpos, i, hn[0])
+            _heap_down(hkey, hitem, hpos, base, i, hn[h])
 
 
-def _heap_pop(hkey, hitem, hpos, hn):
-    item = hitem[0]
-    last = hn[0] - 1
-    hn[0] = last
+def _heap_pop(hkey, hitem, hpos, hn, h, base):
+    """Take the least entry out of heap ``h`` and return its item."""
+    item = hitem[base]
+    last = hn[h] - 1
+    hn[h] = last
     hpos[item] = -1
     if last > 0:
-        _heap_put(hkey, hitem, hpos, 0, hkey[last], hitem[last])
-        _heap_down(hkey, hitem, hpos, 0, last)
+        _heap_put(hkey, hitem, hpos, base, 0, hkey[base + last], hitem[base + last])
+        _heap_down(hkey, hitem, hpos, base, 0, last)
     return item
 
 
@@ -221,65 +228,64 @@ def _list_remove(head, nxt, prv, h, x):
         prv[n] = p
 
 
-def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_cap, cls_n, cls_head, mem_next,
-                mem_prev, KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
-                fl_rate, fl_rem, fl_last, fl_start, dirty, dirty_n, dirty_mark, dirty_epoch, fresh, fresh_n,
-                hkey, hitem, hpos, hn):
+def _cls_advance(c, t, cls_rate, cls_vt, mkey, mn, moff):
+    """Bring class ``c``'s members up to t: what each carried since ``cls_vt`` (at the class's
+    rate) is taken off the bytes left to it (its key in the class's heap, whose order stays)."""
+    done = cls_rate[c] * (t - cls_vt[c])
+    if done != 0.0:
+        for j in range(moff[c], moff[c] + mn[c]):
+            mkey[j] -= done
+    cls_vt[c] = t
+
+
+def _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime):
+    """Flow ``g`` of ``nbytes`` joins its class ``c``'s heap of running members at t; the class is
+    listed for re-timing (its first member may be new)."""
+    _cls_advance(c, t, cls_rate, cls_vt, mkey, mn, moff)
+    _heap_set(mkey, mitem, mpos, mn, c, moff[c], g, nbytes)
+    if not in_retime[c]:
+        in_retime[c] = True
+        retime[retime_n[0]] = c
+        retime_n[0] += 1
+
+
+def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
+                res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey,
+                mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch):
     """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` (``red``: a reduction's,
     on ``rank_cres``) at time t; ``c`` is its class. Every resource counts the flow (busy time,
     and ``res_n`` is how many flows a shared resource's filling divides); the class gains a
-    member, and joins its shared resources' lists when it was empty. A flow of a class without
-    shared resources runs at the class's cap at once; another waits for the next share (rate 0,
-    listed in ``fresh``)."""
+    member (in its heap by the bytes left to each at ``cls_vt``; it ends once the class, at
+    ``cls_rate``, has carried them), and joins its shared resources' lists when it was empty."""
     fl_cls[g] = c
     fl_lo[g] = lo
     fl_hi[g] = hi
     fl_red[g] = red
-    fl_rem[g] = nbytes
-    fl_last[g] = t
     fl_start[g] = t
-    fl_rate[g] = 0.0
     for k in range(lo, hi):
         r = res_ids[k]
         res_n[r] += 1
         if res_n[r] == 1:
             res_busy_t0[r] = t
-    _list_push(cls_head, mem_next, mem_prev, c, g)
     cls_n[c] += 1
+    _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime)
     a = cls_ptr[c]
-    b = cls_ptr[c + 1]
-    if a == b:
-        fl_rate[g] = cls_cap[c]
-        _heap_set(hkey, hitem, hpos, hn, g, t + nbytes / cls_cap[c])
-        return
-    for j in range(a, b):
+    for j in range(a, cls_ptr[c + 1]):
         r = cls_sh[j]
         if cls_n[c] == 1:
             _list_push(res_head, inc_next, inc_prev, r, c * KS + (j - a))
         _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
-    fresh[fresh_n[0]] = g
-    fresh_n[0] += 1
 
 
-def _flow_reuse(g, nbytes, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn):
-    """TB g's flow that ended at t is followed at t by one over the same resources: it keeps its
-    class membership and its rate (max-min of an unchanged set of flows) and carries ``nbytes``."""
-    fl_rem[g] = nbytes
-    fl_last[g] = t
-    fl_start[g] = t
-    _heap_set(hkey, hitem, hpos, hn, g, t + nbytes / fl_rate[g])
-
-
-def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev, KS,
-               res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red,
-               fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch):
+def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev, res_n,
+               res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch):
+    """TB g's ended flow leaves its resources and its class."""
     for k in range(fl_lo[g], fl_hi[g]):
         r = rank_cres[k] if fl_red[g] else route_res[k]
         res_n[r] -= 1
         if res_n[r] == 0:
             res_busy[r] += t - res_busy_t0[r]
     c = fl_cls[g]
-    _list_remove(cls_head, mem_next, mem_prev, c, g)
     cls_n[c] -= 1
     a = cls_ptr[c]
     for j in range(a, cls_ptr[c + 1]):
@@ -288,19 +294,32 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem
             _list_remove(res_head, inc_next, inc_prev, r, c * KS + (j - a))
         _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
     fl_cls[g] = -1
-    fl_rate[g] = 0.0
+
+
+def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn):
+    """After the share of t: the next completion of every class listed (a member joined, or its
+    rate changed), in the event heap: when its first member has carried what was left to it."""
+    for q in range(retime_n[0]):
+        c = retime[q]
+        in_retime[c] = False
+        if mn[c] > 0:
+            te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+            if te < t:
+                te = t
+            _heap_set(hkey, hitem, hpos, hn, 0, 0, c, te)
+    retime_n[0] = 0
 
 
 def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-           cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, mark_res, mark_cls, epoch, comp_res,
-           comp_cls, rem, cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters):
+           cls_rate, cls_vt, mkey, mn, moff, mark_res, mark_cls, epoch, comp_res, comp_cls, rem, cnt,
+           frozen, new_rate, stack, retime, retime_n, in_retime, counters):
     """Max-min fair rates (progressive filling) on every component touching a dirty resource;
-    flows whose rate changes get a new completion time in the heap.
+    a class whose rate changes has its members brought up to t and is listed for re-timing
+    (:func:`_retime`).
 
     The filling works on *classes* (:func:`hccc.runtime.sim_model.flow_classes`): flows with
     the same shared resources and the same cap, which max-min gives one rate. A class counts on
-    each of its shared resources with its members (``res_n`` counts the flows), freezes whole,
-    and only where its rate changes are its members re-timed. Private resources (never
+    each of its shared resources with its members (``res_n`` counts the flows) and freezes whole. Private resources (never
     deciding a rate max-min over the others would not, ``res_private``) are in no class's list:
     their least capacity is the class's cap (a class's cap freezes it at that level)."""
     for d in range(ndirty):
@@ -412,36 +431,18 @@ def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cl
                         best = s
                         arg = r
             na = w
-        # ---- apply: the members of every class whose rate changed
+        # ---- apply: every class whose rate changed, its members brought up to t
         for k in range(ncl):
             c = comp_cls[k]
             nr = new_rate[c]
             if nr == cls_rate[c]:
                 continue
+            _cls_advance(c, t, cls_rate, cls_vt, mkey, mn, moff)
             cls_rate[c] = nr
-            g = cls_head[c]
-            while g >= 0:
-                if fl_rate[g] > 0.0:
-                    fl_rem[g] -= fl_rate[g] * (t - fl_last[g])
-                    if fl_rem[g] < 0.0:
-                        fl_rem[g] = 0.0
-                fl_last[g] = t
-                fl_rate[g] = nr
-                _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
-                g = mem_next[g]
-
-
-def _fresh_rates(t, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn):
-    """After the share of t: the flows started at t whose class kept its rate (so :func:`_share`
-    re-timed none of its members) run at that rate."""
-    for q in range(fresh_n[0]):
-        g = fresh[q]
-        if fl_cls[g] >= 0 and fl_rate[g] == 0.0:
-            nr = cls_rate[fl_cls[g]]
-            fl_last[g] = t
-            fl_rate[g] = nr
-            _heap_set(hkey, hitem, hpos, hn, g, t + fl_rem[g] / nr)
-    fresh_n[0] = 0
+            if not in_retime[c]:
+                in_retime[c] = True
+                retime[retime_n[0]] = c
+                retime_n[0] += 1
 
 
 # ---------------------------------------------------------------------------- the event loop
@@ -493,21 +494,43 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     fl_lo = np.zeros(G, np.int64)
     fl_hi = np.zeros(G, np.int64)
     fl_red = np.zeros(G, np.bool_)
-    fl_rate = np.zeros(G, np.float64)
-    fl_rem = np.zeros(G, np.float64)
-    fl_last = np.zeros(G, np.float64)
     fl_start = np.zeros(G, np.float64)
     cls_n = np.zeros(NCL, np.int64)
+    # a class's rate (one without shared resources runs at its cap), and the time its members'
+    # bytes left (their keys in its heap) were brought up to
     cls_rate = np.zeros(NCL, np.float64)
-    cls_head = np.full(NCL, -1, np.int64)
-    mem_next = np.full(G, -1, np.int64)
-    mem_prev = np.full(G, -1, np.int64)
+    cls_vt = np.zeros(NCL, np.float64)
+    for c in range(NCL):
+        if cls_ptr[c] == cls_ptr[c + 1]:
+            cls_rate[c] = cls_cap[c]
+    # each class's running members in a heap by the bytes left to them: class c's from moff[c],
+    # room for every TB with a flow in the class
+    moff = np.zeros(NCL + 1, np.int64)
+    last_tb = np.full(NCL, -1, np.int64)
+    for g in range(G):
+        for p in range(tb_ptr[g], tb_ptr[g + 1]):
+            for ph in range(2):
+                c = -1
+                if ph == 0 and (p_flags[p] & F_REDUCE) and rank_cres[p_rank[p]] >= 0:
+                    c = rank_cls[p_rank[p]]
+                elif ph == 1 and (p_flags[p] & F_SEND):
+                    c = route_cls[p_link[p]]
+                if c >= 0 and last_tb[c] != g:
+                    last_tb[c] = g
+                    moff[c + 1] += 1
+    for c in range(NCL):
+        moff[c + 1] += moff[c]
+    mkey = np.empty(moff[NCL], np.float64)
+    mitem = np.empty(moff[NCL], np.int64)
+    mpos = np.full(G, -1, np.int64)
+    mn = np.zeros(NCL, np.int64)
+    retime = np.empty(NCL, np.int64)    # classes to re-time after the share of t
+    retime_n = np.zeros(1, np.int64)
+    in_retime = np.zeros(NCL, np.bool_)
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
     inc_next = np.full(NCL * KS, -1, np.int64)
     inc_prev = np.full(NCL * KS, -1, np.int64)
-    fresh = np.empty(G, np.int64)       # flows started at t that wait for the share of t
-    fresh_n = np.zeros(1, np.int64)
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
     dirty = np.empty(R, np.int64)
@@ -532,8 +555,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     fl_pend = np.zeros(G, np.bool_)
     pend = np.empty(G, np.int64)
     pn = 0
-    # ---- heap over G flow items and C visibility items
-    NI = G + C
+    # ---- heap over NCL class items (a member's completion) and C visibility items
+    NI = NCL + C
     hkey = np.empty(NI, np.float64)
     hitem = np.empty(NI, np.int64)
     hpos = np.full(NI, -1, np.int64)
@@ -681,18 +704,21 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     if fl_pend[g]:
                         fl_pend[g] = False
                         if fl_key[g] == key:
-                            _flow_reuse(g, nb, t, fl_rate, fl_rem, fl_last, fl_start, hkey, hitem, hpos, hn)
+                            # the same class at the same rate
+                            fl_start[g] = t
+                            _member_join(g, fl_cls[g], nb, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
+                                         retime, retime_n, in_retime)
                             break
-                        _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev,
-                                   KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
-                                   fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
+                        _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next,
+                                   inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty,
+                                   dirty_n, dirty_mark, dirty_epoch)
                     fl_key[g] = key
                     red = nph == 1
                     ids = rank_cres if red else link_res
-                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh,
-                                cls_cap, cls_n, cls_head, mem_next, mem_prev, KS, res_head, inc_next, inc_prev, res_n,
-                                res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_rate, fl_rem, fl_last, fl_start, dirty,
-                                dirty_n, dirty_mark, dirty_epoch, fresh, fresh_n, hkey, hitem, hpos, hn)
+                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
+                                res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
+                                fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n,
+                                dirty_mark, dirty_epoch)
                     break
                 # ---- the unit is complete; the message with the primitive's last chunk
                 last = i + 1 == p_cnt[p]
@@ -703,7 +729,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     c_vist[sc * NS + k % NS] = vt
                     c_posted[sc] = k + 1
                     if c_tail[sc] == k:
-                        _heap_set(hkey, hitem, hpos, hn, G + sc, vt)
+                        _heap_set(hkey, hitem, hpos, hn, 0, 0, NCL + sc, vt)
                 if (fl & F_RECV) and last:
                     rc = p_rconn[p]
                     c_head[rc] = tb_rpost[g] + 1
@@ -753,19 +779,19 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             g = pend[q]
             if fl_pend[g]:
                 fl_pend[g] = False
-                _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev, KS,
-                           res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi,
-                           fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
+                _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev,
+                           res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
+                           dirty_epoch)
         pn = 0
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
             _share(t, dirty, dirty_n[0], KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-                   cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, mark_res, mark_cls, share_epoch,
-                   comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, hkey, hitem, hpos, hn, counters)
+                   cls_rate, cls_vt, mkey, mn, moff, mark_res, mark_cls, share_epoch, comp_res, comp_cls,
+                   rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
-        _fresh_rates(t, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn)
+        _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)
         if ndone == G:
             break
         if hn[0] == 0:
@@ -781,18 +807,25 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         t = hkey[0]
         counters[3] += 1
         while hn[0] > 0 and hkey[0] == t:
-            item = _heap_pop(hkey, hitem, hpos, hn)
+            item = _heap_pop(hkey, hitem, hpos, hn, 0, 0)
             counters[0] += 1
-            if item < G:
-                g = item
+            if item < NCL:
+                # the class's first member ends; the class's next completion follows
+                c = item
+                g = _heap_pop(mkey, mitem, mpos, mn, c, moff[c])
+                if mn[c] > 0:
+                    te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+                    if te < t:
+                        te = t
+                    _heap_set(hkey, hitem, hpos, hn, 0, 0, c, te)
                 if take_over:
                     fl_pend[g] = True       # stopped after the worklist unless taken over
                     pend[pn] = g
                     pn += 1
                 else:
-                    _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, cls_head, mem_next, mem_prev,
-                               KS, res_head, inc_next, inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
-                               fl_hi, fl_red, fl_rate, dirty, dirty_n, dirty_mark, dirty_epoch)
+                    _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev,
+                               res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n,
+                               dirty_mark, dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g
@@ -808,10 +841,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     wl[wn] = g
                     wn += 1
             else:
-                c = item - G
+                c = item - NCL
                 c_tail[c] += 1
                 if c_tail[c] < c_posted[c]:
-                    _heap_set(hkey, hitem, hpos, hn, item, c_vist[c * NS + c_tail[c] % NS])
+                    _heap_set(hkey, hitem, hpos, hn, 0, 0, item, c_vist[c * NS + c_tail[c] % NS])
                 o = c_rtb[c]
                 if not in_wl[o] and tb_state[o] == S_READY:
                     in_wl[o] = True
@@ -832,7 +865,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 #: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
 #: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
 HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
-           "_list_push", "_list_remove", "_flow_start", "_flow_reuse", "_flow_stop", "_share", "_fresh_rates")
+           "_list_push", "_list_remove", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_share", "_retime")
 KERNELS = Kernels(globals(), [*HELPERS, "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 

@@ -38,9 +38,13 @@ def share(caps: list[float], routes: list[list[int]], private: bool = False) -> 
     fl_cls = np.full(G, -1, np.int64)
     fl_lo, fl_hi = np.zeros(G, np.int64), np.zeros(G, np.int64)
     fl_red = np.zeros(G, np.bool_)
-    fl_rate, fl_rem, fl_last, fl_start = (np.zeros(G) for _ in range(4))
-    cls_n, cls_rate, cls_head = np.zeros(NCL, np.int64), np.zeros(NCL), np.full(NCL, -1, np.int64)
-    mem_next, mem_prev = np.full(G, -1, np.int64), np.full(G, -1, np.int64)
+    fl_start = np.zeros(G)
+    cls_n, cls_rate, cls_vt = np.zeros(NCL, np.int64), np.zeros(NCL), np.zeros(NCL)
+    cls_rate[np.diff(cls.ptr) == 0] = cls.cap[np.diff(cls.ptr) == 0]    # as the engine starts them
+    moff = np.r_[0, np.cumsum(np.bincount(cls.route_cls, minlength=NCL))].astype(np.int64)
+    mkey, mitem = np.empty(G), np.empty(G, np.int64)
+    mpos, mn = np.full(G, -1, np.int64), np.zeros(NCL, np.int64)
+    retime, retime_n, in_retime = np.empty(NCL, np.int64), np.zeros(1, np.int64), np.zeros(NCL, np.bool_)
     res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
     inc_next = np.full(NCL * KS, -1, np.int64)
@@ -48,23 +52,24 @@ def share(caps: list[float], routes: list[list[int]], private: bool = False) -> 
     dirty = np.empty(R, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
-    fresh, fresh_n = np.empty(G, np.int64), np.zeros(1, np.int64)
-    hkey = np.empty(G, float)
-    hitem = np.empty(G, np.int64)
-    hpos = np.full(G, -1, np.int64)
-    hn = np.zeros(1, np.int64)
+    hkey, hitem = np.empty(NCL), np.empty(NCL, np.int64)
+    hpos, hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
     for g in range(G):
-        eng._flow_start(g, cls.route_cls[g], flat, ptr[g], ptr[g + 1], False, 1e6, 0.0, cls.ptr, cls.sh, cls.cap,
-                        cls_n, cls_head, mem_next, mem_prev, KS, res_head, inc_next, inc_prev, res_n,
-                        np.zeros(R), fl_cls, fl_lo, fl_hi, fl_red, fl_rate, fl_rem, fl_last, fl_start, dirty,
-                        dirty_n, dirty_mark, 1, fresh, fresh_n, hkey, hitem, hpos, hn)
+        eng._flow_start(g, cls.route_cls[g], flat, ptr[g], ptr[g + 1], False, 1e6, 0.0, cls.ptr, cls.sh, cls_n,
+                        cls_rate, cls_vt, KS, res_head, inc_next, inc_prev, res_n, np.zeros(R), fl_cls, fl_lo,
+                        fl_hi, fl_red, fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty,
+                        dirty_n, dirty_mark, 1)
     eng._share(0.0, dirty, int(dirty_n[0]), KS, res_cap, res_head, res_n, inc_next, cls.ptr, cls.sh, cls.cap,
-               cls_n, cls_rate, cls_head, mem_next, fl_rate, fl_rem, fl_last, np.zeros(R, np.int64),
-               np.zeros(NCL, np.int64), 1, np.empty(R, np.int64), np.empty(NCL, np.int64), np.zeros(R),
-               np.zeros(R, np.int64), np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64), hkey, hitem,
-               hpos, hn, np.zeros(4, np.int64))
-    eng._fresh_rates(0.0, fresh, fresh_n, fl_cls, fl_rate, fl_rem, fl_last, cls_rate, hkey, hitem, hpos, hn)
-    return fl_rate
+               cls_n, cls_rate, cls_vt, mkey, mn, moff, np.zeros(R, np.int64), np.zeros(NCL, np.int64), 1,
+               np.empty(R, np.int64), np.empty(NCL, np.int64), np.zeros(R), np.zeros(R, np.int64),
+               np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64), retime, retime_n, in_retime,
+               np.zeros(4, np.int64))
+    eng._retime(0.0, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)
+    # every flow carries 1e6 bytes from 0: each class's next completion is 1e6 / its rate
+    assert hn[0] == len(set(cls.route_cls.tolist()))
+    for c in set(cls.route_cls.tolist()):
+        assert hkey[hpos[c]] == pytest.approx(1e6 / cls_rate[c], rel=1e-12)
+    return cls_rate[cls.route_cls]
 
 
 @st.composite
@@ -232,23 +237,30 @@ def test_flow_take_over_changes_no_simulated_time(case):
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 11), st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.25, 7.0])),
                 max_size=60))
 def test_event_heap_pops_in_time_then_item_order(ops):
-    """The engine's indexed heap against a dictionary of pending items: an insert or a key change
-    (``_heap_set``), or a pop, which must return the item of least (time, item), ties by item."""
+    """The engine's indexed heaps against dictionaries of pending items: an insert or a key
+    change (``_heap_set``), or a pop, which must return the item of least (time, item), ties by
+    item. Two heaps share the arrays, as the classes' heaps of members do: items 0-5 in heap 0
+    stored from slot 0, items 6-11 in heap 1 stored from slot 6."""
     n = 12
     hkey, hitem = np.empty(n), np.empty(n, np.int64)
-    hpos, hn = np.full(n, -1, np.int64), np.zeros(1, np.int64)
-    pending: dict[int, float] = {}
-    for pop, item, key in ops:
-        if pop and pending:
-            want = min(pending, key=lambda i: (pending[i], i))
-            assert eng._heap_pop(hkey, hitem, hpos, hn) == want
-            del pending[want]
+    hpos, hn = np.full(n, -1, np.int64), np.zeros(2, np.int64)
+    pending: list[dict[int, float]] = [{}, {}]
+
+    def pop(h):
+        want = min(pending[h], key=lambda i: (pending[h][i], i))
+        assert eng._heap_pop(hkey, hitem, hpos, hn, h, 6 * h) == want
+        del pending[h][want]
+
+    for is_pop, item, key in ops:
+        h = item // 6
+        if is_pop and pending[h]:
+            pop(h)
         else:
-            eng._heap_set(hkey, hitem, hpos, hn, item, key)
-            pending[item] = key
-        assert hn[0] == len(pending)
-        assert all(hitem[hpos[i]] == i and hkey[hpos[i]] == k for i, k in pending.items())
-    while pending:
-        want = min(pending, key=lambda i: (pending[i], i))
-        assert eng._heap_pop(hkey, hitem, hpos, hn) == want
-        del pending[want]
+            eng._heap_set(hkey, hitem, hpos, hn, h, 6 * h, item, key)
+            pending[h][item] = key
+        for j in (0, 1):
+            assert hn[j] == len(pending[j])
+            assert all(hitem[6 * j + hpos[i]] == i and hkey[6 * j + hpos[i]] == k for i, k in pending[j].items())
+    for h in (0, 1):
+        while pending[h]:
+            pop(h)
