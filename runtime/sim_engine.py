@@ -23,8 +23,8 @@ shared resources per class):
 * flows over routes with the same shared resources and the same cap form a *class*
   (:func:`hccc.runtime.sim_model.flow_classes`: ``route_cls``, ``rank_cls``; its shared resources
   ``cls_sh[cls_ptr[c]:cls_ptr[c+1]]``, its cap ``cls_cap[c]``), which max-min gives one rate. A
-  class keeps a doubly-linked list of its member flows; a shared resource keeps one of the classes
-  with members on it (incidences ``c*KS + j``) and counts its flows (``res_n``, as every resource
+  class counts its member flows (``cls_n``); a shared resource keeps a doubly-linked list of the
+  classes with members on it (incidences ``c*KS + j``) and counts its flows (``res_n``, as every resource
   does for its busy time).
 
 Events live in one indexed binary heap over items ``0..NCL-1`` (the next completion of a member
