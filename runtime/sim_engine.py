@@ -310,12 +310,16 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
     retime_n[0] = 0
 
 
-def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-           cls_rate, cls_vt, mkey, mn, moff, mark_res, mark_cls, epoch, comp_res, comp_cls, rem, cnt,
-           frozen, new_rate, stack, retime, retime_n, in_retime, counters):
-    """Max-min fair rates (progressive filling) on every component touching a dirty resource;
-    a class whose rate changes has its members brought up to t and is listed for re-timing
-    (:func:`_retime`).
+def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
+           cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls, mark_part,
+           epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters):
+    """Max-min fair rates (progressive filling) on every part touching a dirty resource; a class
+    whose rate changes has its members brought up to t and is listed for re-timing
+    (:func:`_retime`). A *part* is a connected component of the shared resources and the classes
+    over them, all the program's classes counted (``part_of[r]``, CSR ``part_res``/``part_cls``):
+    the components of the classes with flows now partition it, and max-min over several
+    components is max-min on each, so a part is filled whole, over its resources and classes
+    with flows.
 
     The filling works on *classes* (:func:`hccc.runtime.sim_model.flow_classes`): flows with
     the same shared resources and the same cap, which max-min gives one rate. A class counts on
@@ -324,34 +328,23 @@ def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cl
     their least capacity is the class's cap (a class's cap freezes it at that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
-        if mark_res[r0] == epoch:
+        p = part_of[r0]
+        if p < 0 or mark_part[p] == epoch:
             continue
-        # ---- the connected component of shared resources and classes around r0
+        mark_part[p] = epoch
+        # ---- the part's resources and classes with flows now
         nres = 0
+        for k in range(part_res_ptr[p], part_res_ptr[p + 1]):
+            r = part_res[k]
+            if res_n[r] > 0:
+                comp_res[nres] = r
+                nres += 1
         ncl = 0
-        sp = 0
-        stack[sp] = r0
-        sp += 1
-        mark_res[r0] = epoch
-        while sp > 0:
-            sp -= 1
-            r = stack[sp]
-            comp_res[nres] = r
-            nres += 1
-            inc = res_head[r]
-            while inc >= 0:
-                c = inc // KS
-                if mark_cls[c] != epoch:
-                    mark_cls[c] = epoch
-                    comp_cls[ncl] = c
-                    ncl += 1
-                    for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                        r2 = cls_sh[j]
-                        if mark_res[r2] != epoch:
-                            mark_res[r2] = epoch
-                            stack[sp] = r2
-                            sp += 1
-                inc = inc_next[inc]
+        for k in range(part_cls_ptr[p], part_cls_ptr[p + 1]):
+            c = part_cls[k]
+            if cls_n[c] > 0:
+                comp_cls[ncl] = c
+                ncl += 1
         if ncl == 0:
             continue
         counters[1] += 1
@@ -393,7 +386,7 @@ def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cl
             for q in range(nsat):
                 inc = res_head[stack[q]]
                 while inc >= 0:
-                    c = inc // KS
+                    c = inc_cls[inc]
                     if not frozen[c]:
                         frozen[c] = True
                         new_rate[c] = level
@@ -443,6 +436,66 @@ def _share(t, dirty, ndirty, KS, res_cap, res_head, res_n, inc_next, cls_ptr, cl
                 in_retime[c] = True
                 retime[retime_n[0]] = c
                 retime_n[0] += 1
+
+
+def _root(up, x):
+    """The representative of ``x``'s set in the union-find forest ``up`` (paths halved)."""
+    while up[x] != x:
+        up[x] = up[up[x]]
+        x = up[x]
+    return x
+
+
+def _parts(R, NCL, cls_ptr, cls_sh):
+    """The parts :func:`_share` fills: the connected components of the shared resources joined
+    by every class's list (union-find). Returns ``part_of`` (per resource, -1 where no class
+    shares it) and the CSR lists of each part's resources and classes (a class without shared
+    resources is in none)."""
+    up = np.arange(R)
+    used = np.zeros(R, np.bool_)
+    for c in range(NCL):
+        a = cls_ptr[c]
+        for j in range(a, cls_ptr[c + 1]):
+            used[cls_sh[j]] = True
+            x = _root(up, cls_sh[a])
+            y = _root(up, cls_sh[j])
+            if x != y:
+                up[y] = x
+    part_of = np.full(R, -1, np.int64)
+    ident = np.full(R, -1, np.int64)
+    nparts = 0
+    for r in range(R):
+        if used[r]:
+            x = _root(up, r)
+            if ident[x] < 0:
+                ident[x] = nparts
+                nparts += 1
+            part_of[r] = ident[x]
+    res_ptr = np.zeros(nparts + 1, np.int64)
+    cls_ptr_p = np.zeros(nparts + 1, np.int64)
+    for r in range(R):
+        if part_of[r] >= 0:
+            res_ptr[part_of[r] + 1] += 1
+    for c in range(NCL):
+        if cls_ptr[c] < cls_ptr[c + 1]:
+            cls_ptr_p[part_of[cls_sh[cls_ptr[c]]] + 1] += 1
+    for q in range(nparts):
+        res_ptr[q + 1] += res_ptr[q]
+        cls_ptr_p[q + 1] += cls_ptr_p[q]
+    res = np.empty(res_ptr[nparts], np.int64)
+    cls = np.empty(cls_ptr_p[nparts], np.int64)
+    fill = res_ptr[:nparts].copy()
+    for r in range(R):
+        if part_of[r] >= 0:
+            res[fill[part_of[r]]] = r
+            fill[part_of[r]] += 1
+    fill = cls_ptr_p[:nparts].copy()
+    for c in range(NCL):
+        if cls_ptr[c] < cls_ptr[c + 1]:
+            q = part_of[cls_sh[cls_ptr[c]]]
+            cls[fill[q]] = c
+            fill[q] += 1
+    return part_of, res_ptr, res, cls_ptr_p, cls
 
 
 # ---------------------------------------------------------------------------- the event loop
@@ -531,6 +584,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     res_n = np.zeros(R, np.int64)
     inc_next = np.full(NCL * KS, -1, np.int64)
     inc_prev = np.full(NCL * KS, -1, np.int64)
+    inc_cls = np.empty(NCL * KS, np.int64)     # the class of an incidence (no division in the filling)
+    for j in range(NCL * KS):
+        inc_cls[j] = j // KS
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
     dirty = np.empty(R, np.int64)
@@ -538,8 +594,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(R, np.int64)
     dirty_epoch = 1
-    mark_res = np.zeros(R, np.int64)
-    mark_cls = np.zeros(NCL, np.int64)
+    part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = _parts(R, NCL, cls_ptr, cls_sh)
+    mark_part = np.zeros(part_cls_ptr.shape[0], np.int64)
     share_epoch = 0
     comp_res = np.empty(R, np.int64)
     comp_cls = np.empty(NCL, np.int64)
@@ -786,9 +842,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
             share_epoch += 1
-            _share(t, dirty, dirty_n[0], KS, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-                   cls_rate, cls_vt, mkey, mn, moff, mark_res, mark_cls, share_epoch, comp_res, comp_cls,
-                   rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters)
+            _share(t, dirty, dirty_n[0], inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
+                   cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls,
+                   mark_part, share_epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n,
+                   in_retime, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
         _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)
@@ -865,8 +922,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 #: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
 #: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
 HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
-           "_list_push", "_list_remove", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_share", "_retime")
-KERNELS = Kernels(globals(), [*HELPERS, "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
+           "_list_push", "_list_remove", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_share", "_retime")
+KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 
 
@@ -888,10 +945,16 @@ def run_within(budget, deadline, *args):
     :func:`time.perf_counter` time ``deadline`` passes (None: no limit). Plain Python while this
     process's simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes,
     compiled from there on: a plain run that reaches that limit is stopped and run again compiled,
-    with the whole budget; numba's first compile (or load) of the engine in a process is not
-    counted against the deadline (it moves the deadline on by its time)."""
+    with the whole budget (a run whose least work, an event per sending primitive and micro-batch,
+    already reaches that limit runs compiled at once); numba's first compile (or load) of the
+    engine in a process is not counted against the deadline (it moves the deadline on by its
+    time)."""
     b = -1 if budget is None else max(0, int(budget))
     plain = KERNELS.plain_budget()
+    nmb, p_flags = args[2], args[7]
+    least = int(np.count_nonzero(p_flags & F_SEND)) * int(nmb)   # an event per send and micro-batch
+    if plain is not None and plain > 0 and least >= plain:
+        plain = 0                   # the plain run could not finish: compiled from the start
     if plain is None or plain > 0:
         lim = b if plain is None else plain if b < 0 else min(b, plain)
         out = run_engine(*args, lim, _clock_deadline(deadline))

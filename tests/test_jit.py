@@ -290,3 +290,23 @@ def test_simulations_past_the_budget_rerun_compiled(monkeypatch):
     got = [simulate(prog, topo, s, slice_bytes="auto") for s in (1 << 20, 16 << 20)]
     assert fresh._compiled is not None          # the second call ran out of plain work
     assert [(r.time_s, r.events) for r in got] == [(r.time_s, r.events) for r in want]
+
+
+@needs_numba
+def test_a_simulation_that_cannot_finish_plain_runs_compiled_at_once(monkeypatch):
+    """A run whose least work (an event per sending primitive and micro-batch) reaches what plain
+    runs have left is not started plain: no plain work is spent, and the compiled run gives the
+    plain engine's result."""
+    from hccc.runtime import sim_engine as eng
+    from hccc.runtime.simulator import _engine_args, geometry
+    prog, _ = _sim_case()
+    geo = geometry(16 << 20, prog.nchunks, 64 << 10, 4)
+    args = _engine_args(prog, geo, "task", 0, 8)
+    want = eng.run_engine(*args, -1, 0.0)
+    least = int(np.count_nonzero(prog.p_flags & eng.F_SEND)) * geo.nmb
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    fresh = Kernels(vars(eng), eng.KERNELS._names, min_work=least)
+    monkeypatch.setattr(eng, "KERNELS", fresh)
+    got = eng.run_within(None, None, *args)
+    assert fresh._plain_work == 0 and fresh._compiled is not None
+    assert got[1] == want[1] and (got[10] == want[10]).all()

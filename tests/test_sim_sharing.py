@@ -59,8 +59,9 @@ def share(caps: list[float], routes: list[list[int]], private: bool = False) -> 
                         cls_rate, cls_vt, KS, res_head, inc_next, inc_prev, res_n, np.zeros(R), fl_cls, fl_lo,
                         fl_hi, fl_red, fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty,
                         dirty_n, dirty_mark, 1)
-    eng._share(0.0, dirty, int(dirty_n[0]), KS, res_cap, res_head, res_n, inc_next, cls.ptr, cls.sh, cls.cap,
-               cls_n, cls_rate, cls_vt, mkey, mn, moff, np.zeros(R, np.int64), np.zeros(NCL, np.int64), 1,
+    parts = eng._parts(R, NCL, cls.ptr, cls.sh)
+    eng._share(0.0, dirty, int(dirty_n[0]), np.arange(NCL * KS) // KS, res_cap, res_head, res_n, inc_next, cls.ptr, cls.sh, cls.cap,
+               cls_n, cls_rate, cls_vt, mkey, mn, moff, *parts, np.zeros(len(parts[1]), np.int64), 1,
                np.empty(R, np.int64), np.empty(NCL, np.int64), np.zeros(R), np.zeros(R, np.int64),
                np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64), retime, retime_n, in_retime,
                np.zeros(4, np.int64))
@@ -264,3 +265,29 @@ def test_event_heap_pops_in_time_then_item_order(ops):
     for h in (0, 1):
         while pending[h]:
             pop(h)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda R: st.tuples(
+    st.just(R), st.lists(st.sets(st.integers(0, R - 1), max_size=4), max_size=10))))
+def test_parts_are_the_connected_components_of_the_classes(case):
+    """The parts the filling works on against networkx's connected components of the graph of
+    shared resources and the classes over them (a class with no shared resource is in no part)."""
+    import networkx as nx
+
+    R, lists = case
+    ptr = np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64)
+    sh = np.asarray([r for x in lists for r in sorted(x)], np.int64)
+    part_of, res_ptr, res, cls_ptr, cls = eng._parts(R, len(lists), ptr, sh)
+    g = nx.Graph()
+    for c, x in enumerate(lists):
+        g.add_nodes_from(("r", r) for r in x)
+        g.add_edges_from((("c", c), ("r", r)) for r in x)
+    want = {frozenset(comp) for comp in nx.connected_components(g)}
+    got = set()
+    for q in range(len(res_ptr) - 1):
+        got.add(frozenset([("r", int(r)) for r in res[res_ptr[q]:res_ptr[q + 1]]]
+                          + [("c", int(c)) for c in cls[cls_ptr[q]:cls_ptr[q + 1]]]))
+        assert all(part_of[r] == q for r in res[res_ptr[q]:res_ptr[q + 1]])
+    assert got == want
+    assert all(part_of[r] == -1 for r in range(R) if not any(r in x for x in lists))
