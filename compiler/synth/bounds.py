@@ -85,7 +85,8 @@ def max_cut_ratio(G, weight: dict[int, int], targets, *, exact: bool = True):
     """``max over vertex sets A (missing some target v) of w(A) / Cout(A)`` and the maximising A.
 
     ``weight[r]`` chunks start at rank r; ``targets`` are the ranks that need all of them. With
-    ``exact`` capacities and weights are integers and the ratio a Fraction.
+    ``exact`` capacities and weights are integers and the ratio a Fraction (the max-flows then run
+    compiled on large graphs, :mod:`hccc.compiler.synth.maxflow`).
     """
     import networkx as nx
 
@@ -99,6 +100,7 @@ def max_cut_ratio(G, weight: dict[int, int], targets, *, exact: bool = True):
         if w:
             H.add_edge("__s__", r, capacity=w)
     base = {e: d["capacity"] for e, d in G.edges.items()}
+    arrays = _flow_arrays(G, weight) if exact else None
     for v in targets:
         for _ in range(64):
             lam = best
@@ -108,12 +110,16 @@ def max_cut_ratio(G, weight: dict[int, int], targets, *, exact: bool = True):
             else:
                 # capacities c * lam against source edges w: scale by lam's denominator to stay integral
                 num, den = (lam.numerator, lam.denominator) if exact else (lam, 1)
-                for (a, b), c in base.items():
-                    H[a][b]["capacity"] = c * num
-                for r, w in weight.items():
-                    if w:
-                        H["__s__"][r]["capacity"] = w * den
-                value, (side, _) = nx.minimum_cut(H, "__s__", v)
+                cut = arrays(v, num, den) if arrays is not None else None
+                if cut is not None:
+                    value, side = cut
+                else:
+                    for (a, b), c in base.items():
+                        H[a][b]["capacity"] = c * num
+                    for r, w in weight.items():
+                        if w:
+                            H["__s__"][r]["capacity"] = w * den
+                    value, (side, _) = nx.minimum_cut(H, "__s__", v)
                 if value >= W * den - (0 if exact else 1e-9 * W):
                     break
             side = set(side) - {"__s__"}
@@ -126,6 +132,39 @@ def max_cut_ratio(G, weight: dict[int, int], targets, *, exact: bool = True):
                 break
             best, best_set = ratio, side
     return best, best_set
+
+
+def _flow_arrays(G, weight: dict[int, int]):
+    """``cut(v, num, den)`` for :func:`max_cut_ratio`'s exact iteration by the compiled max-flow:
+    the flow value from a source feeding rank r ``weight[r] * den`` into ``G`` with its
+    capacities times ``num``, to ``v``, and the source side of the minimum cut (None where the
+    scaled capacities do not fit 64 bits); None for the whole graph where networkx runs."""
+    from hccc.compiler.synth.maxflow import LIMIT, compiled_max_flow, fits
+
+    flow = compiled_max_flow(G.number_of_edges())
+    if flow is None:
+        return None
+    nodes = list(G.nodes) + ["__s__"]
+    index = {x: i for i, x in enumerate(nodes)}
+    caps = [d["capacity"] for _, _, d in G.edges(data=True)]
+    if not fits(caps):
+        return None
+    caps = [int(c) for c in caps]
+    feed = [(r, int(w)) for r, w in weight.items() if w]
+    eu = np.array([index[a] for a, _ in G.edges()] + [index["__s__"]] * len(feed), np.int64)
+    ev = np.array([index[b] for _, b in G.edges()] + [index[r] for r, _ in feed], np.int64)
+    total_c, total_w = sum(caps), sum(w for _, w in feed)
+    base = np.array(caps + [0] * len(feed), np.int64)
+    fed = np.array([0] * len(caps) + [w for _, w in feed], np.int64)
+    sink = np.zeros(len(nodes), np.bool_)
+
+    def cut(v, num: int, den: int):
+        if total_c * int(num) >= LIMIT or total_w * int(den) >= LIMIT:
+            return None
+        value = flow(len(nodes), eu, ev, base * int(num) + fed * int(den), index["__s__"], index[v], sink)
+        return int(value), {x for x, i in index.items() if not sink[i]}
+
+    return cut
 
 
 # ---------------------------------------------------------------- steps
@@ -345,8 +384,14 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
             ratio = float(_part_cuts(net, task, net.bw, net.gbw)[0])
         else:
             G = hub_graph(net, net.bw, net.gbw)
+            # whole bytes per second (as clusters give them): exact, and compiled on large graphs
+            exact = all(float(d["capacity"]).is_integer() and 0 <= d["capacity"] < 2 ** 53
+                        for _, _, d in G.edges(data=True))
+            if exact:
+                for _, _, d in G.edges(data=True):
+                    d["capacity"] = int(d["capacity"])
             ratio = float(max_cut_ratio(G, _origin_weights(task),
-                                        _symmetric_targets(net, task, rank_classes(net, task)), exact=False)[0])
+                                        _symmetric_targets(net, task, rank_classes(net, task)), exact=exact)[0])
         if len(_CUT_RATIOS) >= 64:
             _CUT_RATIOS.clear()
         _CUT_RATIOS[key] = ratio
