@@ -474,11 +474,13 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         cut_by_limit.append("one-chunk packing skipped")
     elif score is not None and K > 1:
         # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
-        # thread block then has fewer transfers to run one after another (the simulator decides)
-        ones = {name: tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
-                                    bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
-                                    time_limit=left(len(packs)))
-                for name, p in packs.items()}
+        # thread block then has fewer transfers to run one after another (the simulator decides).
+        # Packed when its turn comes, unless a program ran at what no packing beats by then
+        def ones(first=packs):
+            return {name: tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
+                                        bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
+                                        time_limit=left(len(first)))
+                    for name, p in first.items()}
         variants.append((1, ones, False))
 
     def channels_of(pk: dict, most: int | None = None, warps: int = WARPS) -> int:
@@ -536,6 +538,16 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         trees' time, their ``load_time`` as reshaped, or the ``lower_bound`` its LP proved)."""
         return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(getattr(p, of) for p in pk.values())
 
+    packed: dict = {}          # the packings of variants packed when their turn came
+
+    def packing(pk) -> dict:
+        """``pk``, or what the variant's packing function ``pk`` returns (packed once)."""
+        if callable(pk):
+            if id(pk) not in packed:
+                packed[id(pk)] = pk()
+            return packed[id(pk)]
+        return pk
+
     candidates = []
     not_needed = 0             # candidates not built (or not simulated): they cannot beat the best
     build_s = 0.0              # the longest a candidate took to build (and score)
@@ -550,12 +562,20 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             break
         settled = getattr(score, "settled", None)
         if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                settled(coll, model_time(pk, "lower_bound") * per_rank):
+                settled(coll, model_time(packs if callable(pk) else pk, "lower_bound") * per_rank):
             # the best fits and ran within the tolerance of the bound, or of the bound this
             # packing's LP proved (no packing of trees beats it, so no program of this one, nor of
-            # a rounding or reshaping of it): this one cannot win
+            # a rounding or reshaping of it): this one cannot win. A packing still to be made
+            # (fewer chunks of the same LP) is no better than the first packings' bound
             not_needed += 1
             continue
+        if callable(pk):
+            pk = packing(pk)
+            todo[i] = (kv, pk, joint, shape)
+            if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
+                    settled(coll, model_time(pk, "lower_bound") * per_rank):
+                not_needed += 1
+                continue
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
