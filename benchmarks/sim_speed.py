@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """The simulator's own speed: wall time of one simulated call at 1 GiB of tree-packed programs on the
-generated heterogeneous H20 clusters (mixes of 4- and 8-GPU nodes, as benchmarks/synth_scale.py),
-each case in a process of its own (the programs are made once, by this checkout's ``hccc synth``).
+generated heterogeneous clusters (mixes of 4- and 8-GPU nodes in the H20 or the V100 flavour, as
+benchmarks/synth_scale.py: the V100 flavour's NICs and PCIe switches shared by GPU pairs join most
+flows into one component of the bandwidth sharing), each case in a process of its own (the programs
+are made once, by this checkout's ``hccc synth``).
 
     python benchmarks/sim_speed.py                          # 16, 32 and 64 GPUs, AllGather
     python benchmarks/sim_speed.py --compare OTHER_CHECKOUT # the same under another source tree, side by side
     python benchmarks/sim_speed.py --gpus 16,32 --collectives allgather,reducescatter
+    python benchmarks/sim_speed.py --flavours h20,v100 --gpus 64 --collectives allgather,allreduce
 
 Columns: transfers of the program, events and flow classes re-shared by the engine (its work; flows in trees before the classes), the
-simulated time (which must not differ between the trees: the engines compute the same thing), and
+simulated time (which must not differ between the trees beyond rounding: the engines compute the
+same thing; ``same result`` says how far apart where not to the last bit), and
 the engine's wall time (the median of ``--repeats`` calls after one call that compiles it), with
 ``--compare`` that of the other tree and the ratio.
 """
@@ -49,17 +53,16 @@ print(json.dumps({"time_s": r.time_s, "events": r.events, "share_flows": r.stats
 """
 
 
-def make_program(gpus: int, collective: str, folder: Path) -> tuple[Path, Path, int]:
-    """The cluster of ``gpus`` GPUs and its tree-packed ``collective`` program (``hccc synth``)."""
-    from synth_scale import SCALED, _node_builders
+def make_program(gpus: int, collective: str, folder: Path, flavour: str = "h20") -> tuple[Path, Path, int]:
+    """The cluster of ``gpus`` GPUs in ``flavour`` and its tree-packed ``collective`` program
+    (``hccc synth``)."""
+    from synth_scale import SCALED, scaled_spec
 
     from hccc.compiler.cluster.topo_parser import format_topology
 
-    g = _node_builders()
-    nodes = [g.h20_node8() if s == 8 else g.h20_node4() for s in SCALED[gpus]]
-    tpath = folder / f"h20_{gpus}.topo"
-    tpath.write_text(format_topology(g.cluster(nodes, f"{gpus} GPUs")))
-    apath = folder / f"h20_{gpus}_{collective}.rccl"
+    tpath = folder / f"{flavour}_{gpus}.topo"
+    tpath.write_text(format_topology(scaled_spec(SCALED[gpus], flavour)))
+    apath = folder / f"{flavour}_{gpus}_{collective}.rccl"
     out = subprocess.run([sys.executable, "-m", "hccc", "synth", str(tpath), "--collective", collective,
                           "--method", "trees", "--time-limit", "30", "-o", str(apath), "--json"],
                          capture_output=True, text=True, check=True)
@@ -81,6 +84,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="16,32,64", help="cluster sizes (of 16, 32, 48, 64)")
     ap.add_argument("--collectives", default="allgather")
+    ap.add_argument("--flavours", default="h20", help="cluster flavours (h20, v100; comma-separated)")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per case (median)")
     ap.add_argument("--compare", type=Path, help="another checkout: its engine side by side")
     args = ap.parse_args(argv)
@@ -94,17 +98,17 @@ def main(argv=None) -> int:
         for col in ("other wall s", "other / this", "same result"):
             table.add_column(col, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
-        for gpus in [int(g) for g in args.gpus.split(",")]:
+        for flavour, gpus in [(f, int(g)) for f in args.flavours.split(",") for g in args.gpus.split(",")]:
             for coll in args.collectives.split(","):
-                tpath, apath, transfers = make_program(gpus, coll, Path(tmp))
+                tpath, apath, transfers = make_program(gpus, coll, Path(tmp), flavour)
                 this = simulate_in(ROOT, apath, tpath, args.repeats)
-                cells = [f"h20 {gpus} GPUs", coll, f"{transfers:,}", f"{this['events']:,}",
+                cells = [f"{flavour} {gpus} GPUs", coll, f"{transfers:,}", f"{this['events']:,}",
                          f"{this['share_flows']:,}", f"{this['time_s'] * 1e6:.1f}", f"{this['wall_s']:.2f}"]
                 if args.compare:
                     other = simulate_in(args.compare.resolve(), apath, tpath, args.repeats)
                     cells += [f"{other['wall_s']:.2f}", f"{other['wall_s'] / this['wall_s']:.2f}x",
                               "yes" if other["time_s"] == this["time_s"] else
-                              f"no ({other['time_s'] * 1e6:.3f} us)"]
+                              f"{abs(other['time_s'] / this['time_s'] - 1):.0e} apart"]
                 table.add_row(*cells)
     Console(width=max(150, Console().width)).print(table)
     return 0

@@ -187,10 +187,12 @@ def test_xml_scale_phases_are_the_export(tmp_path):
 
 @pytest.mark.slow
 def test_sim_speed_compares_two_trees_on_one_program():
-    """benchmarks/sim_speed.py end to end on 16 GPUs, this checkout against itself: the same
-    simulated time in both (the table says "yes")."""
+    """benchmarks/sim_speed.py end to end on 16 GPUs of both flavours, this checkout against
+    itself: the same simulated time in both (the table says "yes")."""
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_speed.py"), "--gpus", "16",
-                          "--compare", str(ROOT)], capture_output=True, text=True, timeout=600)
+                          "--flavours", "h20,v100", "--compare", str(ROOT)], capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stderr
-    row = next(ln for ln in out.stdout.splitlines() if "h20 16 GPUs" in ln)
-    assert "allgather" in row and row.rstrip(" │").endswith("yes")
+    for flavour in ("h20", "v100"):
+        row = next(ln for ln in out.stdout.splitlines() if f"{flavour} 16 GPUs" in ln)
+        assert "allgather" in row and row.rstrip(" │").endswith("yes")
