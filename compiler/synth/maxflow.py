@@ -36,25 +36,27 @@ def fits(capacities) -> bool:
     return total < LIMIT
 
 
-def _bfs_levels(n, head, nxt, to, res, s, t, level, queue):
-    """Levels from ``s`` over residual edges; True when ``t`` is reached."""
+def _bfs(n, head, nxt, to, res, start, back, level, queue):
+    """Hop distances (``level``, -1: none) from ``start`` over edges with room left, or with
+    ``back`` to ``start``: vertex ``v`` is a hop from ``u`` where the edge ``v -> u`` has room."""
     for x in range(n):
         level[x] = -1
-    level[s] = 0
+    level[start] = 0
     qh = 0
     qt = 1
-    queue[0] = s
+    queue[0] = start
     while qh < qt:
         u = queue[qh]
         qh += 1
         e = head[u]
         while e >= 0:
-            if res[e] > 0 and level[to[e]] < 0:
-                level[to[e]] = level[u] + 1
-                queue[qt] = to[e]
+            v = to[e]
+            room = res[e ^ 1] if back else res[e]
+            if room > 0 and level[v] < 0:
+                level[v] = level[u] + 1
+                queue[qt] = v
                 qt += 1
             e = nxt[e]
-    return level[t] >= 0
 
 
 def _blocking_flow(head, nxt, to, res, s, t, level, it, stack_v, stack_e):
@@ -128,32 +130,20 @@ def max_flow_arrays(n, eu, ev, ecap, s, t, sink_side):
     stack_v = np.empty(n + 1, np.int64)
     stack_e = np.empty(n + 1, np.int64)
     flow = 0
-    while _bfs_levels(n, head, nxt, to, res, s, t, level, queue):
+    while True:
+        _bfs(n, head, nxt, to, res, s, False, level, queue)
+        if level[t] < 0:
+            break
         for x in range(n):
             it[x] = head[x]
         flow += _blocking_flow(head, nxt, to, res, s, t, level, it, stack_v, stack_e)
-    # the vertices that reach t: backwards from t over edges with residual capacity
+    _bfs(n, head, nxt, to, res, t, True, level, queue)       # the vertices that still reach t
     for x in range(n):
-        sink_side[x] = False
-    sink_side[t] = True
-    qh = 0
-    qt = 1
-    queue[0] = t
-    while qh < qt:
-        y = queue[qh]
-        qh += 1
-        e = head[y]
-        while e >= 0:
-            u = to[e]
-            if not sink_side[u] and res[e ^ 1] > 0:      # the edge u -> y has room left
-                sink_side[u] = True
-                queue[qt] = u
-                qt += 1
-            e = nxt[e]
+        sink_side[x] = level[x] >= 0
     return flow
 
 
-KERNELS = Kernels(globals(), ["_bfs_levels", "_blocking_flow", "max_flow_arrays"], min_work=MIN_COMPILED_EDGES)
+KERNELS = Kernels(globals(), ["_bfs", "_blocking_flow", "max_flow_arrays"], min_work=MIN_COMPILED_EDGES)
 
 
 def compiled_max_flow(nedges: int):
