@@ -143,9 +143,9 @@ def test_the_joint_allreduce_rounds_only_to_chunk_counts_whose_streams_can_be_re
 
 
 def test_stream_blocks_counts_the_built_programs_thread_blocks():
-    """The thread blocks of a channel-per-stream program, counted from its trees alone, are those
-    the built rows need (``blocks_per_rank``), shaped or not, for one collective and an
-    AllReduce's halves."""
+    """The thread blocks of a channel-per-stream program, or of one with a tree's streams in
+    bundles, counted from its trees alone, are those the built rows need (``blocks_per_rank``),
+    shaped or not, for one collective and an AllReduce's halves."""
     from hccc.compiler.pipeline import load_cluster
 
     for name in ("v100_4x3_8", "h20_4x3_8", "a100_topo2"):
@@ -157,9 +157,11 @@ def test_stream_blocks_counts_the_built_programs_thread_blocks():
             sag, srs = tr.shaped(net, ag, shape), tr.shaped(net.transposed(), rs, shape)
             split = forest.split_for(ag.chunks_per_rank, net.nranks, 2)
             sp = forest.split_packing(sag, split)
-            rows = forest._rows(tr.allgather_rows(sp), forest.RECV, 0,
-                                forest.bundles(sp, split, None)[forest.stream_of_chunk(sp, split)])
-            assert forest.stream_blocks({"allgather": sag}) == forest.blocks_per_rank(rows, net.nranks).max()
+            for most in (None, 2, 3, 8):
+                rows = forest._rows(tr.allgather_rows(sp), forest.RECV, 0,
+                                    forest.bundles(sp, split, most)[forest.stream_of_chunk(sp, split)])
+                assert forest.stream_blocks({"allgather": sag}, most) == \
+                    forest.blocks_per_rank(rows, net.nranks).max()
             assert forest.stream_blocks({"allgather": sag, "reducescatter": srs}) >= \
                 forest.stream_blocks({"allgather": sag})
 

@@ -167,10 +167,11 @@ def blocks_per_rank(rows: np.ndarray, nranks: int) -> np.ndarray:
     return 1 + np.bincount(conn // nranks, minlength=nranks) + np.bincount(conn % nranks, minlength=nranks)
 
 
-def stream_blocks(packs: dict) -> int:
+def stream_blocks(packs: dict, most: int | None = None) -> int:
     """The thread blocks of the busiest rank of the program of ``packs`` (name -> packing: one
-    collective, or an AllReduce's halves) with a channel per stream, from the trees alone: a
-    connection per stream and arc, a thread block at each end, and one for local work (what
+    collective, or an AllReduce's halves) with a channel per stream (``most`` None) or per bundle
+    of at most ``most`` streams of a tree (:func:`bundles`), from the trees alone: a connection
+    per channel and arc, a thread block at each end, and one for local work (what
     :func:`blocks_per_rank` counts on the built rows; splitting adds no connection)."""
     ends = None
     for p in packs.values():
@@ -178,7 +179,8 @@ def stream_blocks(packs: dict) -> int:
         ends = np.ones(n, np.int64) if ends is None else ends
         for par, c in zip(p.parents, p.counts):
             par = np.asarray(par)
-            ends += int(c) * (np.bincount(par[par >= 0], minlength=n) + (par >= 0))
+            ch = int(c) if most is None else -(-int(c) // max(1, int(most)))
+            ends += ch * (np.bincount(par[par >= 0], minlength=n) + (par >= 0))
     return int(ends.max()) if ends is not None else 1
 
 
@@ -262,7 +264,7 @@ LEAST_WARPS = 4
 
 
 def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None,
-            resident: Callable[[int], int | None] | None = None):
+            resident: Callable[[int], int | None] | None = None, connections: Callable[[int], int] | None = None):
     """The program ``build(most)`` with a channel per stream (``most`` None) or, when its busiest
     rank needs more than ``max_blocks`` blocks at :data:`WARPS` warps per block
     (:func:`blocks_per_rank` x blocks per thread block, ``channels(most, warps)``):
@@ -273,7 +275,9 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
     2. else with every tree's streams in bundles of at most ``most`` (the least of
        :data:`BUNDLE_SIZES` within ``max_blocks``, else the one needing the fewest). A bundle's
        streams run on one thread block one after another, so the program gets slower (a bundle
-       takes one fair share of a link where its streams took one each).
+       takes one fair share of a link where its streams took one each). ``connections(most)``,
+       where given, counts the busiest rank's thread blocks of each bundle size from the trees
+       (:func:`stream_blocks`), and only the size chosen is built.
 
     Every thread block of a rank must be resident at once for the program to run at all. Returns
     ``(rows, info, channels, most, blocks, warps, fits, own)``: ``fits`` whether the blocks are
@@ -291,6 +295,16 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
             return rows, info, chw, None, conns * chw, w, True, own
         w //= 2
     best = (rows, info, ch, None, blocks)
+    if connections is not None:
+        need = [connections(most) * channels(most, WARPS) for most in BUNDLE_SIZES]
+        fit = [j for j, b in enumerate(need) if b <= max_blocks]
+        j = fit[0] if fit else min(range(len(need)), key=lambda j: need[j])
+        if need[j] < blocks:
+            most = BUNDLE_SIZES[j]
+            rows, info = build(most)
+            ch = channels(most, WARPS)
+            best = (rows, info, ch, most, int(blocks_per_rank(rows, nranks).max()) * ch)
+        return best + (WARPS, best[4] <= max_blocks, own)
     for most in BUNDLE_SIZES:
         rows, info = build(most)
         ch = channels(most, WARPS)
@@ -579,7 +593,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
-            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w), n, max_blocks, resident)
+            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w), n, max_blocks, resident,
+            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m))
         if (most is not None or warps < WARPS or not fits) and score is not None and id(pk) not in refitted:
             # bundles cost rate (a bundle takes one fair share where its streams took one each),
             # and so do many streams at once (each link's last pieces wait behind a piece of every
