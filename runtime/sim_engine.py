@@ -33,9 +33,10 @@ to its receiver). Each class keeps its running members in a heap of its own (slo
 ``moff[c]..moff[c+1]-1`` of one array) keyed by the bytes left to each at the class's time
 ``cls_vt``: every member runs at the class's rate, so the order of their completions is fixed
 while they run, and a change of rate re-times one event-heap item, not every member (the keys
-are brought up to the time of the change in one pass, without reordering). All events of one instant are processed before bandwidth shares are recomputed, once per
-connected component of the shared resources touched (progressive filling over classes, max-min
-fair). A unit of work is an event or a class re-shared.
+are brought up to the time of the change in one pass, without reordering). All events of one
+instant are processed before bandwidth shares are recomputed, once per part (a connected
+component of the shared resources over all the program's classes) touched: progressive filling
+over classes, max-min fair. A unit of work is an event or a class re-shared.
 """
 from __future__ import annotations
 
@@ -323,9 +324,10 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
 
     The filling works on *classes* (:func:`hccc.runtime.sim_model.flow_classes`): flows with
     the same shared resources and the same cap, which max-min gives one rate. A class counts on
-    each of its shared resources with its members (``res_n`` counts the flows) and freezes whole. Private resources (never
-    deciding a rate max-min over the others would not, ``res_private``) are in no class's list:
-    their least capacity is the class's cap (a class's cap freezes it at that level)."""
+    each of its shared resources with its members (``res_n`` counts the flows) and freezes whole.
+    Private resources (never deciding a rate max-min over the others would not, ``res_private``)
+    are in no class's list: their least capacity is the class's cap (a class's cap freezes it at
+    that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
         p = part_of[r0]

@@ -390,8 +390,8 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
             if exact:
                 for _, _, d in G.edges(data=True):
                     d["capacity"] = int(d["capacity"])
-            ratio = float(max_cut_ratio(G, _origin_weights(task),
-                                        _symmetric_targets(net, task, rank_classes(net, task)), exact=exact)[0])
+            targets = _symmetric_targets(net, task, rank_classes(net, task))
+            ratio = float(max_cut_ratio(G, _origin_weights(task), targets, exact=exact)[0])
         if len(_CUT_RATIOS) >= 64:
             _CUT_RATIOS.clear()
         _CUT_RATIOS[key] = ratio

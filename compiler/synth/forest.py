@@ -264,7 +264,8 @@ LEAST_WARPS = 4
 
 
 def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None,
-            resident: Callable[[int], int | None] | None = None, connections: Callable[[int], int] | None = None):
+            resident: Callable[[int], int | None] | None = None,
+            connections: Callable[[int], int] | None = None):
     """The program ``build(most)`` with a channel per stream (``most`` None) or, when its busiest
     rank needs more than ``max_blocks`` blocks at :data:`WARPS` warps per block
     (:func:`blocks_per_rank` x blocks per thread block, ``channels(most, warps)``):
