@@ -65,6 +65,43 @@ def test_min_arborescence_matches_networkx(n, data):
     assert got == pytest.approx(want)
 
 
+@settings(max_examples=examples(60), deadline=None)
+@given(n=st.integers(2, 12), root=st.integers(0, 11), data=st.data())
+def test_compiled_arborescence_is_the_numpy_formulations(n, root, data):
+    """:mod:`hccc.compiler.synth.edmonds_kernel` (run plain, and compiled where numba is) gives the
+    very arborescence of the numpy formulation, ties included (costs from a few values), and its
+    cost is networkx's least."""
+    from hccc.compiler.synth import edmonds_kernel, trees
+    from hccc.util import jit
+
+    root %= n
+    cost = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, np.inf]),
+                                       min_size=n * n, max_size=n * n))).reshape(n, n)
+    if data.draw(st.booleans()):
+        for v in range(n):             # a path through every vertex: all reachable from the root
+            u = (v - 1) % n
+            if v != root and not np.isfinite(cost[u, v]) and u != v:
+                cost[u, v] = 4.0
+    np.fill_diagonal(cost, np.inf)
+    cost[:, root] = np.inf
+    kernels = [edmonds_kernel.edmonds]
+    if jit.have_numba():
+        kernels.append(edmonds_kernel.KERNELS.compiled()["edmonds"])
+    try:
+        want = trees._edmonds(cost.copy(), root)
+    except trees.PackingError as exc:      # a vertex, or a cycle, no arc from the root reaches
+        for kernel in kernels:
+            got = kernel(cost.copy(), root)
+            assert got[0] <= -2 and f"vertex {-2 - int(got[0])} cannot" in str(exc)
+        return
+    for kernel in kernels:
+        assert (kernel(cost.copy(), root) == want).all()
+    G = nx.DiGraph()
+    G.add_weighted_edges_from((u, v, cost[u, v]) for u in range(n) for v in range(n) if np.isfinite(cost[u, v]))
+    best = sum(d["weight"] for _, _, d in nx.minimum_spanning_arborescence(G).edges(data=True))
+    assert sum(cost[want[v], v] for v in range(n) if v != root) == pytest.approx(best)
+
+
 # ---------------------------------------------------------------- random clusters
 @st.composite
 def clusters(draw):

@@ -82,11 +82,20 @@ def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray:
     """``parent[v]`` of a minimum-cost spanning arborescence rooted at ``root`` (``parent[root] =
     -1``) of the dense arc-cost matrix ``cost[u, v]`` (``inf``: no arc). Chu-Liu/Edmonds: every
     vertex takes its cheapest entering arc; cycles are contracted (entering costs reduced by the
-    cycle arc they would replace) and the contracted problem solved recursively, then expanded."""
+    cycle arc they would replace) and the contracted problem solved recursively, then expanded.
+    Large matrices run compiled (:mod:`hccc.compiler.synth.edmonds_kernel`, the same steps)."""
     C = np.array(cost, dtype=float, copy=True)
     np.fill_diagonal(C, np.inf)
     C[:, root] = np.inf
-    return _edmonds(C, int(root))
+    from hccc.compiler.synth.edmonds_kernel import compiled_edmonds
+
+    kernel = compiled_edmonds(C.shape[0])
+    if kernel is None:
+        return _edmonds(C, int(root))
+    par = kernel(C, int(root))
+    if par[0] <= -2:
+        raise PackingError(f"vertex {-2 - int(par[0])} cannot be reached")
+    return par
 
 
 def _edmonds(C: np.ndarray, root: int) -> np.ndarray:
