@@ -127,7 +127,7 @@ def _run_lines(rows: np.ndarray) -> list[str]:
     order = np.lexsort((rows[:, 3], ch, rows[:, 4], rows[:, 1], rows[:, 0]))
     # an item: (its first transfer [src, dst, step, chunk, op, channel], its loops innermost first,
     # each (count, step advance, chunk advance, channel advance))
-    items = [(x, ()) for x in np.c_[rows[order, :5], ch[order]].tolist()]
+    items = _first_runs(np.c_[rows[order, :5], ch[order]].astype(np.int64))
 
     def alike(a, b) -> bool:
         return a[0][:2] == b[0][:2] and a[0][4] == b[0][4] and a[1] == b[1]
@@ -135,7 +135,7 @@ def _run_lines(rows: np.ndarray) -> list[str]:
     def advance(a, b) -> tuple:
         return b[0][2] - a[0][2], b[0][3] - a[0][3], b[0][5] - a[0][5]
 
-    for _ in RUN_VARS:
+    for _ in RUN_VARS[1:] if len(items) < len(rows) else ():
         folded, k = [], 0
         while k < len(items):
             m = 1
@@ -175,6 +175,35 @@ def _run_lines(rows: np.ndarray) -> list[str]:
     for t in groups:
         out.extend(t[5])
     return out
+
+
+def _first_runs(base: np.ndarray) -> list:
+    """The first folding of :func:`_run_lines` over arrays: ``base`` (``src, dst, step, chunk, op,
+    channel`` rows, in pair, op, channel and chunk order) as its items, each a row and its loop
+    or none, taken greedily from the first row: a run is a row and the following ones of its pair
+    and op while their steps, chunks and channels advance by the first advance. (The rows of a
+    tree program are mostly in runs: only their first rows become Python lists.)"""
+    n = len(base)
+    if n < 2:
+        return [(x, ()) for x in base.tolist()]
+    same = (base[1:, 0] == base[:-1, 0]) & (base[1:, 1] == base[:-1, 1]) & (base[1:, 4] == base[:-1, 4])
+    adv = base[1:][:, [2, 3, 5]] - base[:-1][:, [2, 3, 5]]
+    # a run from row k has 2 + (how many advances after advance k repeat it) rows
+    even = same[:-1] & same[1:] & (adv[:-1] == adv[1:]).all(axis=1)
+    at = np.arange(len(even))
+    repeat = np.r_[np.minimum.accumulate(np.where(even, len(even), at)[::-1])[::-1] - at, 0]
+    length = np.r_[np.where(same, 2 + repeat, 1), 1].tolist()
+    starts, k = [], 0
+    while k < n:
+        starts.append(k)
+        k += length[k]
+    starts = np.asarray(starts, np.int64)
+    counts = np.asarray(length, np.int64)[starts]
+    folds = np.flatnonzero(counts > 1)
+    loops = [()] * len(starts)
+    for j, loop in zip(folds.tolist(), np.c_[counts[folds], adv[starts[folds]]].tolist()):
+        loops[j] = (tuple(loop),)
+    return list(zip(base[starts].tolist(), loops))
 
 
 def _channel_arg(row: list, col: int) -> str:
