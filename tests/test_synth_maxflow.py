@@ -60,6 +60,7 @@ def test_whole_capacities_that_fit_64_bits():
     assert not maxflow.fits([2.5])
     assert not maxflow.fits([-1])
     assert not maxflow.fits([1 << 61, 1 << 61])
+    assert not maxflow.fits([float("nan")]) and not maxflow.fits([float("inf")])
 
 
 @pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")

@@ -15,6 +15,8 @@ maximum flow leaves the same).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from hccc.util.jit import Kernels
@@ -27,10 +29,10 @@ LIMIT = 1 << 62
 
 
 def fits(capacities) -> bool:
-    """Whole, non-negative numbers whose sum stays below :data:`LIMIT`."""
+    """Whole, non-negative (finite) numbers whose sum stays below :data:`LIMIT`."""
     total = 0
     for c in capacities:
-        if c < 0 or c != int(c):
+        if not math.isfinite(c) or c < 0 or c != int(c):
             return False
         total += int(c)
     return total < LIMIT
