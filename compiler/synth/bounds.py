@@ -385,8 +385,9 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
         else:
             G = hub_graph(net, net.bw, net.gbw)
             # whole bytes per second (as clusters give them): exact, and compiled on large graphs
-            exact = all(float(d["capacity"]).is_integer() and 0 <= d["capacity"] < 2 ** 53
-                        for _, _, d in G.edges(data=True))
+            from hccc.compiler.synth.maxflow import fits
+
+            exact = fits(d["capacity"] for _, _, d in G.edges(data=True))
             if exact:
                 for _, _, d in G.edges(data=True):
                     d["capacity"] = int(d["capacity"])

@@ -263,9 +263,8 @@ WARPS = 16
 LEAST_WARPS = 4
 
 
-def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | None,
-            resident: Callable[[int], int | None] | None = None,
-            connections: Callable[[int], int] | None = None):
+def bundled(build: Callable, channels: Callable, connections: Callable[[int], int], nranks: int,
+            max_blocks: int | None, resident: Callable[[int], int | None] | None = None):
     """The program ``build(most)`` with a channel per stream (``most`` None) or, when its busiest
     rank needs more than ``max_blocks`` blocks at :data:`WARPS` warps per block
     (:func:`blocks_per_rank` x blocks per thread block, ``channels(most, warps)``):
@@ -276,9 +275,9 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
     2. else with every tree's streams in bundles of at most ``most`` (the least of
        :data:`BUNDLE_SIZES` within ``max_blocks``, else the one needing the fewest). A bundle's
        streams run on one thread block one after another, so the program gets slower (a bundle
-       takes one fair share of a link where its streams took one each). ``connections(most)``,
-       where given, counts the busiest rank's thread blocks of each bundle size from the trees
-       (:func:`stream_blocks`), and only the size chosen is built.
+       takes one fair share of a link where its streams took one each). ``connections(most)``
+       counts the busiest rank's thread blocks of each bundle size from the trees
+       (:func:`stream_blocks`), so only the size chosen is built.
 
     Every thread block of a rank must be resident at once for the program to run at all. Returns
     ``(rows, info, channels, most, blocks, warps, fits, own)``: ``fits`` whether the blocks are
@@ -296,24 +295,14 @@ def bundled(build: Callable, channels: Callable, nranks: int, max_blocks: int | 
             return rows, info, chw, None, conns * chw, w, True, own
         w //= 2
     best = (rows, info, ch, None, blocks)
-    if connections is not None:
-        need = [connections(most) * channels(most, WARPS) for most in BUNDLE_SIZES]
-        fit = [j for j, b in enumerate(need) if b <= max_blocks]
-        j = fit[0] if fit else min(range(len(need)), key=lambda j: need[j])
-        if need[j] < blocks:
-            most = BUNDLE_SIZES[j]
-            rows, info = build(most)
-            ch = channels(most, WARPS)
-            best = (rows, info, ch, most, int(blocks_per_rank(rows, nranks).max()) * ch)
-        return best + (WARPS, best[4] <= max_blocks, own)
-    for most in BUNDLE_SIZES:
+    need = [connections(most) * channels(most, WARPS) for most in BUNDLE_SIZES]
+    fit = [j for j, b in enumerate(need) if b <= max_blocks]
+    j = fit[0] if fit else min(range(len(need)), key=lambda j: need[j])
+    if need[j] < blocks:
+        most = BUNDLE_SIZES[j]
         rows, info = build(most)
         ch = channels(most, WARPS)
-        blocks = int(blocks_per_rank(rows, nranks).max()) * ch
-        if blocks < best[4]:
-            best = (rows, info, ch, most, blocks)
-        if blocks <= max_blocks:
-            break
+        best = (rows, info, ch, most, int(blocks_per_rank(rows, nranks).max()) * ch)
     return best + (WARPS, best[4] <= max_blocks, own)
 
 
@@ -576,26 +565,31 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
             break
         settled = getattr(score, "settled", None)
-        if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                settled(coll, model_time(packs if callable(pk) else pk, "lower_bound") * per_rank):
-            # the best fits and ran within the tolerance of the bound, or of the bound this
-            # packing's LP proved (no packing of trees beats it, so no program of this one, nor of
-            # a rounding or reshaping of it): this one cannot win. A packing still to be made
-            # (fewer chunks of the same LP) is no better than the first packings' bound
+
+        def beaten(floor_pk: dict) -> bool:
+            """The best fits and ran within the tolerance of the bound, or of the bound the LP of
+            ``floor_pk`` proved (no packing of trees beats it, so no program of this one, nor of a
+            rounding or reshaping of it): this candidate cannot win."""
+            return bool(candidates) and settled is not None and not min(c[0] for c in candidates)[0] and \
+                settled(coll, model_time(floor_pk, "lower_bound") * per_rank)
+
+        # a packing still to be made (fewer chunks of the same LP) is no better than the first
+        # packings' bound, and once made, than its own
+        if beaten(packs if callable(pk) else pk):
             not_needed += 1
             continue
         if callable(pk):
             pk = packing(pk)
             todo[i] = (kv, pk, joint, shape)
-            if candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                    settled(coll, model_time(pk, "lower_bound") * per_rank):
+            if beaten(pk):
                 not_needed += 1
                 continue
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
-            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w), n, max_blocks, resident,
-            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m))
+            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w),
+            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m),
+            n, max_blocks, resident)
         if (most is not None or warps < WARPS or not fits) and score is not None and id(pk) not in refitted:
             # bundles cost rate (a bundle takes one fair share where its streams took one each),
             # and so do many streams at once (each link's last pieces wait behind a piece of every
