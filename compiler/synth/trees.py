@@ -672,6 +672,7 @@ class _Loads:
             self.load = packing.res_load[first].copy()
             self.limit = packing.res_limit[first]
             self.mult = len(sym) / np.bincount(sym.orbits, minlength=O)
+        self._ids: dict = {}
         self.start_pass()
 
     def start_pass(self) -> None:
@@ -679,23 +680,30 @@ class _Loads:
         self.slack = self.limit * (1 + 1e-9) - self.load
         self.tight = (self.limit > 0) & (self.load >= self.limit * (1 - 1e-6))
 
-    def ids(self, pair: int) -> np.ndarray:
-        ids = _tree_column(self.net, np.array([pair]))
-        return ids if self.of is None else self.of[ids]
+    def ids(self, pair: int) -> list:
+        """The resources (resource orbits, with a symmetry) ``pair`` occupies, with multiplicity
+        (worked out once per pair: the passes ask again and again)."""
+        got = self._ids.get(pair)
+        if got is None:
+            ids = _tree_column(self.net, np.array([pair]))
+            got = self._ids[pair] = (ids if self.of is None else self.of[ids]).tolist()
+        return got
 
     def try_move(self, p_old: int, p_new: int, w: float) -> bool:
         """Move load ``w`` from pair ``p_old`` to ``p_new`` when every resource has room for it."""
-        new, old = self.ids(p_new), self.ids(p_old)
-        ids = np.concatenate([new, old])
-        vals = np.concatenate([np.full(new.size, w), np.full(old.size, -w)])
-        if self.mult is not None:
-            vals = vals * self.mult[ids]
-        uniq, inv = np.unique(ids, return_inverse=True)
-        delta = np.bincount(inv, weights=vals, minlength=uniq.size)
-        if not (delta <= self.slack[uniq] + 1e-15).all():
-            return False
-        self.slack[uniq] -= delta
-        self.load[uniq] += delta
+        delta: dict = {}
+        mult = self.mult
+        for x, pair in ((w, p_new), (-w, p_old)):
+            for r in self.ids(pair):
+                v = x if mult is None else x * float(mult[r])
+                delta[r] = delta[r] + v if r in delta else v
+        slack, load = self.slack, self.load
+        for r, d in delta.items():
+            if not d <= slack[r] + 1e-15:
+                return False
+        for r, d in delta.items():
+            slack[r] -= d
+            load[r] += d
         return True
 
     def full(self) -> np.ndarray:
@@ -783,7 +791,7 @@ def _flatten(net: Network, roots, parents, counts, K: int, loads: _Loads, own) -
                 new = int(pm[g, v])
                 if new < 0:
                     continue
-                if tight[loads.ids(new)].any():
+                if any(tight[r] for r in loads.ids(new)):
                     continue          # never onto a saturated resource (see _consolidate)
                 if loads.try_move(int(pm[p, v]), new, w):
                     par[v] = g

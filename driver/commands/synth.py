@@ -40,6 +40,10 @@ TREES_MIN_PER_RANK = 256 << 10
 #: (AllReduce: of the lower throughput of its bound for any schedule and of ReduceScatter +
 #: AllGather's optimum, which tree programs reach; its target, as the others' is their bound)
 AUTO_SEARCH_BELOW = 0.98
+#: the step search ``--method auto`` adds gets half as long as the tree program took to make (at
+#: least this many seconds): on large clusters it rarely comes near the trees, and it must not
+#: multiply the command's time for that
+AUTO_SEARCH_LEAST_S = 2.0
 
 
 SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
@@ -293,7 +297,9 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             except ValueError as exc:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
+        made_at = time.perf_counter()
         result = make(method)
+        made_s = time.perf_counter() - made_at
         bound = _bandwidth_bound(result, size)
         if args.collective == "allreduce":
             bound.update(_allreduce_bounds(sims))
@@ -311,9 +317,11 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
                 and sims.time_left > 0:
             # the packing's program falls short in the simulator: the search too, the faster kept,
-            # leaving time to simulate the search's program as long as the tree program took
+            # leaving time to simulate the search's program as long as the tree program took, and
+            # searching half as long as the trees took to make
             phase.update("tree program below the bound in the simulator: trying the step search")
-            until = deadline - min(sims.time_left / 2, 3 * sims.longest_s)
+            until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
+                        time.perf_counter() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
             try:
                 other = make("search", until)
             except CompileError:      # no search schedule within the limits: the trees stand
