@@ -9,6 +9,8 @@
                                                             # 64 and 512 H800s, the 512 simulated apart
     python benchmarks/synth_quality.py --clusters '' --multirail '' --hetero h20,v100
                                                             # 64 GPUs in nodes of two kinds
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --mi250 2,4
+                                                            # 32 and 64 MI250 GCDs (ForestColl's cluster)
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -29,6 +31,9 @@ at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
 Multi-rail clusters: 8 H800s per node on an NVSwitch (900 GB/s per GPU), one 400 Gb/s NIC per GPU,
 every pair of nodes through the NICs. Heterogeneous clusters (``--hetero``, default none):
 benchmarks/synth_scale.py's 64 GPUs in 4 nodes of 4 and 6 of 8, in its H20 or V100 flavour.
+MI250 clusters (``--mi250``, default none): the cluster ForestColl's paper evaluates on, nodes of
+eight MI250s (16 GCDs) joined by 1, 2 or 4 xGMI links of 50 GB/s each way (the two GCDs
+of a package by 4), each GCD with a 16 GB/s NIC, every pair of nodes through the NICs.
 """
 from __future__ import annotations
 
@@ -55,6 +60,25 @@ def multirail_text(nodes: int, gpn: int = 8, nvswitch_gbps: float = 900.0, nic_g
                     vendor="nvidia", gpu="H800")
     return format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")],
                                        comment=f"{nodes} x {gpn} H800, NVSwitch, one 400 Gb/s NIC per GPU"))
+
+
+#: xGMI links between the 16 GCDs of an 8 x MI250 node (GCD a, GCD b, links; both directions): the
+#: two GCDs of a package by 4 links, the others by 2 or 1
+MI250_XGMI = ((0, 1, 4), (0, 4, 2), (0, 8, 1), (1, 5, 1), (1, 9, 1), (1, 10, 1), (2, 3, 4), (2, 6, 1), (2, 9, 1),
+              (2, 10, 1), (3, 7, 2), (3, 11, 1), (4, 5, 4), (4, 6, 1), (5, 6, 1), (5, 7, 1), (6, 7, 4),
+              (8, 9, 4), (8, 12, 2), (9, 13, 1), (10, 11, 4), (10, 14, 1), (11, 15, 2), (12, 13, 4), (12, 14, 1),
+              (13, 14, 1), (13, 15, 1), (14, 15, 4))
+
+
+def mi250_text(nodes: int, xgmi_gbps: float = 50.0, nic_gbps: float = 16.0) -> str:
+    """A cluster of ``nodes`` nodes of 8 MI250s (16 GCDs) in the .topo language (module docstring)."""
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, format_topology
+
+    links = [LinkSpec(x, y, xgmi_gbps, k) for a, b, k in MI250_XGMI for x, y in ((a, b), (b, a))]
+    node = NodeSpec(16, {"direct": links}, nics=[NicSpec((g,), nic_gbps) for g in range(16)], vendor="amd",
+                    gpu="MI250")
+    return format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")],
+                                       comment=f"{nodes} x 8 MI250 (16 GCDs each), xGMI, one {nic_gbps:g} GB/s NIC per GCD"))
 
 
 def one(topo: str, collective: str, method: str, time_limit: float, sim_large: bool = False) -> dict:
@@ -165,6 +189,8 @@ def main() -> int:
                                                      "i.e. 64 GPUs; '' for none)")
     ap.add_argument("--hetero", default="", help="flavours (h20, v100; comma-separated) of synth_scale.py's "
                                                  "64 GPUs in nodes of two kinds (default none)")
+    ap.add_argument("--mi250", default="", help="MI250 cluster sizes in nodes of 16 GCDs (comma-separated; "
+                                                "default none)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -193,6 +219,10 @@ def main() -> int:
             ap.error(f"--hetero: unknown flavour {flavour!r} (h20, v100)")
         path = Path(tmp.name) / f"hetero64_{flavour}.topo"
         path.write_text(hetero_text(flavour))
+        cases.append((path.stem, str(path)))
+    for nodes in [int(x) for x in args.mi250.split(",") if x.strip()]:
+        path = Path(tmp.name) / f"mi250_{nodes}x16.topo"
+        path.write_text(mi250_text(nodes))
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "

@@ -266,6 +266,33 @@ def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
     _check_simulated(topo)
 
 
+def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
+    """ForestColl's evaluation cluster (benchmarks/synth_quality.py --mi250): a node of 8 MI250s, 16
+    GCDs joined by 1, 2 or 4 xGMI links of 50 GB/s, not all pairs linked. Every GCD has 7 links
+    (350 GB/s each way), a package's two GCDs 4 of them; the AllGather / ReduceScatter bound hccc
+    reports is the flow LP's optimum (independent of trees and cuts), and the tree packing's LP
+    meets it."""
+    import sys
+
+    from hccc.compiler.synth import bandwidth_cut_bound
+    from hccc.compiler.synth.trees import pack_trees
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import mi250_text
+
+    topo = parse_topology(mi250_text(1), "mi250_1.topo")
+    assert topo.nranks == 16 and topo.summary()["vendors"] == {"amd": 16}
+    net = network_from_topology(topo)
+    out = np.zeros(16)
+    np.add.at(out, net.psrc, net.bw)
+    assert np.allclose(out, 350e9) and net.npairs == 56
+    assert all(float(net.bw[(net.psrc == 2 * k) & (net.pdst == 2 * k + 1)][0]) == 200e9 for k in range(8))
+    for coll, rev in (("allgather", False), ("reducescatter", True)):
+        opt = _optimum(net, rev)
+        assert bandwidth_cut_bound(net, coll, 16, 1, 0, M) == pytest.approx(opt, rel=1e-6)
+    assert pack_trees(net).lp_time * M / 16 == pytest.approx(_optimum(net), rel=1e-3)
+
+
 @settings(max_examples=examples(12), deadline=None)
 @given(topo=clusters())
 def test_the_reported_bound_is_the_independent_optimum(topo):
