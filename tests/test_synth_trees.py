@@ -266,6 +266,46 @@ def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
     _check_simulated(topo)
 
 
+def test_rails_pair_the_ranks_at_the_same_place_of_every_node():
+    """A rank's rail peers are the ranks at its local index in every other node; clusters with
+    nodes of different sizes, or one node, have no rails."""
+    from hccc.compiler.synth.trees import _rails
+
+    def cluster(sizes):
+        nodes = [NodeSpec(g, {"direct": [LinkSpec(a, b, 50, 1) for a in range(g) for b in range(g) if a != b]},
+                          nics=[NicSpec((x,), 25) for x in range(g)]) for g in sizes]
+        return network_from_topology(parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])),
+                                                    "c.topo"))
+
+    node, peer = _rails(cluster([4, 4, 4]))
+    assert node.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    for v in range(12):
+        assert sorted(peer[v].tolist()) == [u for u in range(12) if u % 4 == v % 4 and u != v]
+    assert _rails(cluster([4, 2])) is None and _rails(cluster([8])) is None
+
+
+@pytest.mark.slow
+def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
+    """Four MI250 nodes (64 GCDs, a 16 GB/s NIC each, every NIC tight at the optimum): at 12 chunks
+    per rank the LP's own trees round one chunk over on a NIC (13/12 of the LP's time); with rail
+    trees among the columns every NIC carries whole chunks exactly and the rounding comes within
+    3.1 % (the intra-node links' rounding)."""
+    import sys
+
+    from hccc.compiler.synth import trees as tr
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import mi250_text
+
+    net = network_from_topology(parse_topology(mi250_text(4), "mi250_4.topo"))
+    with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12)
+    monkeypatch.setattr(tr, "_rails", lambda net: None)
+    without = tr.pack_trees(net, max_chunks=12, min_chunks=12)
+    assert with_rails.lp_time == pytest.approx(without.lp_time, rel=1e-6)
+    assert with_rails.rounded_time <= with_rails.lp_time * 1.05
+    assert without.rounded_time >= without.lp_time * 1.06
+
+
 def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
     """ForestColl's evaluation cluster (benchmarks/synth_quality.py --mi250): a node of 8 MI250s, 16
     GCDs joined by 1, 2 or 4 xGMI links of 50 GB/s, not all pairs linked. Every GCD has 7 links
@@ -721,12 +761,13 @@ def test_bundled_channels_of_loop_programs_agree_in_every_translate():
 def test_reshaped_trees_are_never_slower_in_the_link_model():
     """Shaping never loads the most loaded resource more: the reshaped trees' time in the link model
     (``load_time``, recomputed here from their pairs and the network's groups) is at most the
-    rounded packing's, and can be less (a100_topo2's one-chunk ReduceScatter: consolidating lightens
-    its bottleneck, 0.960 -> 1.000 of the bound)."""
+    rounded packing's, and can be less (mixed_v100_w7800's one-chunk ReduceScatter: shaping
+    lightens its bottleneck by 2.6 %; a100_topo2's, 4 % before its LP had rail trees, now starts at
+    the bound)."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth import trees as tr
 
-    topo = load_cluster(CLUSTERS / "a100_topo2.topo")
+    topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     net = network_from_topology(topo)
     tnet = net.transposed()
     tbw = tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)]
@@ -744,4 +785,4 @@ def test_reshaped_trees_are_never_slower_in_the_link_model():
         assert s.load_time == pytest.approx(t, rel=1e-9)
         assert s.load_time <= one.rounded_time * (1 + 1e-12)
         times.append(s.load_time)
-    assert min(times) < one.rounded_time * 0.97
+    assert min(times) < one.rounded_time * 0.98

@@ -249,6 +249,26 @@ def _tree_column(net: Network, pairs: np.ndarray) -> np.ndarray:
     return np.concatenate([pairs, net.npairs + net.pg_idx[start + np.arange(tot)].astype(np.int64)])
 
 
+def _rails(net: Network) -> tuple[np.ndarray, list] | None:
+    """Every rank's node and its *rail peers*: the ranks at the same place (local index, in rank
+    order) in every other node, where the nodes have as many ranks each (None otherwise, or with
+    one node). Rails need no NIC of their own: they only name which rank of another node a rail
+    tree enters it by (:func:`_pack`'s ``price``)."""
+    node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
+    sizes = np.bincount(node)
+    if sizes.size < 2 or (sizes != sizes[0]).any():
+        return None
+    local = np.zeros(net.nranks, np.int64)
+    at = {}
+    for v in range(net.nranks):
+        local[v] = at.get(int(node[v]), 0)
+        at[int(node[v])] = local[v] + 1
+    where = {(int(node[v]), int(local[v])): v for v in range(net.nranks)}
+    peer = [np.array([where[(b, int(local[v]))] for b in range(sizes.size) if b != node[v]], np.int64)
+            for v in range(net.nranks)]
+    return node, peer
+
+
 def _pair_matrix(net: Network) -> np.ndarray:
     """``m[u, v]``: the index of pair ``u -> v``, -1 where there is none."""
     m = np.full((net.nranks, net.nranks), -1, np.int64)
@@ -367,7 +387,17 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     kinds = (False, True) if joint else (False,)      # out-trees, then (joint) in-trees
 
-    def price(pi_o: np.ndarray, r: int, rev: bool = False) -> tuple[float, np.ndarray]:
+    rails = _rails(net)
+
+    def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False) -> tuple[float, np.ndarray | None]:
+        """The cheapest tree of root ``r`` at the resource prices ``pi_o`` and its cost; ``rail``:
+        the cheapest *rail tree* (None where there is none), whose only arcs between nodes are
+        from the root to its rail peers (:func:`_rails`): each other node gets the root's data
+        once, on the root's own rail, and spreads it inside. A rail tree is a spanning tree like
+        any other and joins the columns only where it prices below the root's dual, so the LP's
+        optimum is unchanged; but where every rank's NIC is tight (a 16 GB/s NIC per GCD on
+        MI250 nodes) the LP's own trees send some roots' data through other ranks' NICs and
+        round to whole chunks one chunk over on a NIC, where rail trees fill each NIC exactly."""
         w = (inc @ (pi_o * mult)[orb]) * csize[r]
         if translate is not None:
             w = w[pair_img[r]].sum(axis=0)      # the tree's cost with all its translates
@@ -375,7 +405,17 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
         if rev:
             C = C.T.copy()        # an in-tree of the network: an out-tree of the transposed one
-        par = min_arborescence(C, r)
+        if rail:
+            node, peer = rails
+            keep = C[r, peer[r]].copy()
+            C[node[:, None] != node[None, :]] = np.inf
+            C[r, peer[r]] = keep
+            try:
+                par = min_arborescence(C, r)
+            except PackingError:          # a node its rail peer cannot span, or no rail
+                return np.inf, None
+        else:
+            par = min_arborescence(C, r)
         v = np.flatnonzero(par >= 0)
         return float(C[par[v], v].sum()), par
 
@@ -409,6 +449,9 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     for rev in kinds:
         for r in reps.tolist():
             add(r, price(pi0, r, rev)[1], rev)
+            par_r = price(pi0, r, rev, rail=True)[1] if rails is not None else None
+            if par_r is not None:
+                add(r, par_r, rev)
     for r, par, rev in seed or ():
         add(int(r), np.asarray(par, np.int64), bool(rev))
     root_row = np.full(2 * n, -1, np.int64)
@@ -455,6 +498,9 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 lag += cost
                 if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
                     added += add(r, par, rev)
+                cost_r, par_r = price(pi, r, rev, rail=True) if rails is not None else (np.inf, None)
+                if par_r is not None and cost_r < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
+                    added += add(r, par_r, rev)
         if denom > 0:
             best_lb = max(best_lb, lag / denom)
         if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
