@@ -284,20 +284,25 @@ def test_rails_pair_the_ranks_at_the_same_place_of_every_node():
     assert _rails(cluster([4, 2])) is None and _rails(cluster([8])) is None
 
 
+def _mi250(nodes: int):
+    """benchmarks/synth_quality.py's MI250 cluster of ``nodes`` nodes (ForestColl's)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import mi250_text
+
+    return parse_topology(mi250_text(nodes), f"mi250_{nodes}.topo")
+
+
 @pytest.mark.slow
 def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
     """Four MI250 nodes (64 GCDs, a 16 GB/s NIC each, every NIC tight at the optimum): at 12 chunks
     per rank the LP's own trees round one chunk over on a NIC (13/12 of the LP's time); with rail
     trees among the columns every NIC carries whole chunks exactly and the rounding comes within
     3.1 % (the intra-node links' rounding)."""
-    import sys
-
     from hccc.compiler.synth import trees as tr
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synth_quality import mi250_text
-
-    net = network_from_topology(parse_topology(mi250_text(4), "mi250_4.topo"))
+    net = network_from_topology(_mi250(4))
     with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12)
     monkeypatch.setattr(tr, "_rails", lambda net: None)
     without = tr.pack_trees(net, max_chunks=12, min_chunks=12)
@@ -312,15 +317,10 @@ def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
     (350 GB/s each way), a package's two GCDs 4 of them; the AllGather / ReduceScatter bound hccc
     reports is the flow LP's optimum (independent of trees and cuts), and the tree packing's LP
     meets it."""
-    import sys
-
     from hccc.compiler.synth import bandwidth_cut_bound
     from hccc.compiler.synth.trees import pack_trees
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synth_quality import mi250_text
-
-    topo = parse_topology(mi250_text(1), "mi250_1.topo")
+    topo = _mi250(1)
     assert topo.nranks == 16 and topo.summary()["vendors"] == {"amd": 16}
     net = network_from_topology(topo)
     out = np.zeros(16)

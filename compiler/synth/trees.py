@@ -406,16 +406,18 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         if rev:
             C = C.T.copy()        # an in-tree of the network: an out-tree of the transposed one
         if rail:
+            if rails is None:
+                return np.inf, None
             node, peer = rails
             keep = C[r, peer[r]].copy()
             C[node[:, None] != node[None, :]] = np.inf
             C[r, peer[r]] = keep
-            try:
-                par = min_arborescence(C, r)
-            except PackingError:          # a node its rail peer cannot span, or no rail
-                return np.inf, None
-        else:
+        try:
             par = min_arborescence(C, r)
+        except PackingError:
+            if not rail:
+                raise
+            return np.inf, None           # a node its rail peer cannot span, or no rail
         v = np.flatnonzero(par >= 0)
         return float(C[par[v], v].sum()), par
 
@@ -449,7 +451,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     for rev in kinds:
         for r in reps.tolist():
             add(r, price(pi0, r, rev)[1], rev)
-            par_r = price(pi0, r, rev, rail=True)[1] if rails is not None else None
+            par_r = price(pi0, r, rev, rail=True)[1]
             if par_r is not None:
                 add(r, par_r, rev)
     for r, par, rev in seed or ():
@@ -498,7 +500,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 lag += cost
                 if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
                     added += add(r, par, rev)
-                cost_r, par_r = price(pi, r, rev, rail=True) if rails is not None else (np.inf, None)
+                cost_r, par_r = price(pi, r, rev, rail=True)
                 if par_r is not None and cost_r < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
                     added += add(r, par_r, rev)
         if denom > 0:
