@@ -299,9 +299,11 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
     """Four MI250 nodes (64 GCDs, a 16 GB/s NIC each, every NIC tight at the optimum): at 12 chunks
     per rank the LP's own trees round one chunk over on a NIC (13/12 of the LP's time); with rail
     trees among the columns every NIC carries whole chunks exactly and the rounding comes within
-    3.1 % (the intra-node links' rounding)."""
+    3.1 % (the intra-node links' rounding). (Without regrowing, which would find such trees
+    itself: rails are what the LP's own rounding needs.)"""
     from hccc.compiler.synth import trees as tr
 
+    monkeypatch.setattr(tr, "REGROW_ALPHAS", ())
     net = network_from_topology(_mi250(4))
     with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12)
     monkeypatch.setattr(tr, "_rails", lambda net: None)
@@ -309,6 +311,47 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
     assert with_rails.lp_time == pytest.approx(without.lp_time, rel=1e-6)
     assert with_rails.rounded_time <= with_rails.lp_time * 1.05
     assert without.rounded_time >= without.lp_time * 1.06
+
+
+@pytest.mark.parametrize("chunks", [3, 6])
+def test_regrowing_rounds_an_mi250_node_to_its_optimum(monkeypatch, chunks):
+    """One MI250 node at 3 or 6 chunks per rank: the LP's own trees round to at most 0.94 of the
+    optimum (largest remainder, repair and the MILP over them), while moving chunks onto trees
+    priced by the rounded loads (``regrow``, new trees included) reaches it; the program's time is
+    recomputed from its transfers and the optimum by the independent flow LP, for the AllGather
+    and the ReduceScatter (in-trees: the transposed network)."""
+    from hccc.compiler.synth import trees as tr
+
+    topo = _mi250(1)
+    net = network_from_topology(topo)
+    for coll, rev in (("allgather", False), ("reducescatter", True)):
+        on = net.transposed() if rev else net
+        pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks)
+        assert pk.chunks_per_rank == chunks
+        rows = tr.reducescatter_rows(pk) if rev else tr.allgather_rows(pk)
+        assert len(rows) == 16 * 15 * chunks
+        assert _optimum(net, rev) / _model_time(topo, rows, chunks) == pytest.approx(1.0, abs=1e-6), coll
+    monkeypatch.setattr(tr, "REGROW_ALPHAS", ())
+    old = tr.pack_trees(net, min_chunks=chunks, max_chunks=chunks)
+    assert _optimum(net) / _model_time(topo, tr.allgather_rows(old), chunks) < 0.94
+
+
+@pytest.mark.slow
+def test_rounding_takes_the_fewest_chunks_within_the_tolerance_of_the_best():
+    """Two MI250 nodes (32 GCDs), where no chunk count of at most 32 rounds within the tolerance
+    of the LP: the chunk count taken is the fewest whose rounding is within it of the best one
+    tried (more chunks are more streams and thread blocks per rank for a sliver of rate)."""
+    from hccc.compiler.synth import trees as tr
+
+    net = network_from_topology(_mi250(2))
+    got = tr.pack_trees(net, max_chunks=32)
+    each = {K: tr.pack_trees(net, min_chunks=K, max_chunks=K).rounded_time for K in tr.CHUNK_CANDIDATES}
+    assert got.rounded_time > got.lp_time * (1 + tr.ROUND_TOL)
+    assert got.rounded_time == pytest.approx(each[got.chunks_per_rank], rel=1e-9)
+    best = min(each.values())
+    assert got.rounded_time <= best * (1 + tr.ROUND_TOL)
+    assert all(t > best * (1 + tr.ROUND_TOL) for K, t in each.items() if K < got.chunks_per_rank)
+    assert got.lower_bound / got.rounded_time >= 0.98
 
 
 def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
@@ -786,3 +829,28 @@ def test_reshaped_trees_are_never_slower_in_the_link_model():
         assert s.load_time <= one.rounded_time * (1 + 1e-12)
         times.append(s.load_time)
     assert min(times) < one.rounded_time * 0.98
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(chunks=st.integers(1, 64), nranks=st.integers(2, 600), least=st.sampled_from([1, 2, 4]))
+def test_streams_are_split_finely_where_the_transfers_allow(chunks, nranks, least):
+    """A tree program's chunks are cut ``s`` ways (a power of two): at least ``least`` and at least
+    :data:`SPLIT_TARGET` chunks per rank unless that passes :data:`SPLIT_MAX_TRANSFERS`, then as
+    finely as :data:`SPLIT_FINE_TARGET` chunks per rank while within :data:`SPLIT_FINE_TRANSFERS`
+    (an AllGather has ``nranks (nranks - 1)`` transfers per chunk id)."""
+    from hccc.compiler.synth import forest
+
+    s = forest.split_for(chunks, nranks, least)
+    per = nranks * (nranks - 1) * chunks
+    assert s >= 1 and s & (s - 1) == 0
+    if s > 1:
+        assert s * per <= max(forest.SPLIT_MAX_TRANSFERS, forest.SPLIT_FINE_TRANSFERS)
+    coarse = least <= s and s * chunks >= forest.SPLIT_TARGET
+    assert coarse or 2 * s * per > forest.SPLIT_MAX_TRANSFERS
+    if s * chunks < forest.SPLIT_FINE_TARGET:
+        # not finer: that would pass the finer split's limit, or the coarse rule's
+        assert 2 * s * per > forest.SPLIT_FINE_TRANSFERS or s * per > forest.SPLIT_MAX_TRANSFERS
+    if s * chunks > forest.SPLIT_TARGET and s > least:
+        # a split past the coarse rule's only towards the finer target, within its limit
+        assert s * chunks <= 2 * forest.SPLIT_FINE_TARGET and s * per <= max(forest.SPLIT_FINE_TRANSFERS,
+                                                                             forest.SPLIT_MAX_TRANSFERS)

@@ -36,6 +36,7 @@ whatever the process ran before, so small calls neither add up nor follow a comp
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -54,8 +55,9 @@ CACHED_DIVISOR = 10
 prange = range
 
 
+@functools.lru_cache(maxsize=None)
 def have_numba() -> bool:
-    """numba is installed (without importing it)."""
+    """numba is installed (without importing it; looked up once)."""
     return importlib.util.find_spec("numba") is not None
 
 

@@ -72,6 +72,13 @@ from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS, block_gbps_at
 
 #: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
 SPLIT_TARGET = 8
+#: the chunks per rank a finer split reaches where it stays within :data:`SPLIT_FINE_TRANSFERS`:
+#: a stream's last pieces leave the links of its deep ranks idle for a piece's time each, so finer
+#: pieces end closer to the bound (one MI250 node: 0.973 -> 0.986 of it at 12 -> 48 chunks)
+SPLIT_FINE_TARGET = 32
+#: the most transfers (of one collective) the finer split may lead to: more cost more to simulate
+#: (every candidate is) and to compile than the few thousandths they win
+SPLIT_FINE_TRANSFERS = 40_000
 #: the fewest pieces a stream of a ReduceScatter (and so an AllReduce) is cut into: a rank sends
 #: a piece of its partial sum once its last child's piece has reduced into it, so coarse pieces
 #: leave the links after a join idle for up to a piece's time (:func:`split_for`)
@@ -190,7 +197,8 @@ def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
     halved while the program (``nranks (nranks - 1)`` transfers per chunk id of an AllGather) would
     have more than
     :data:`SPLIT_MAX_TRANSFERS` transfers, down to 1 (large clusters: the text, the compiler and
-    the simulator grow with the transfers)."""
+    the simulator grow with the transfers); then doubled towards :data:`SPLIT_FINE_TARGET` chunks
+    per rank while that stays within :data:`SPLIT_FINE_TRANSFERS`."""
     K = max(1, int(chunks_per_rank))
     s = max(1, int(least))
     while s * K < SPLIT_TARGET:
@@ -198,6 +206,8 @@ def split_for(chunks_per_rank: int, nranks: int = 0, least: int = 2) -> int:
     per_split = max(1, int(nranks) * (int(nranks) - 1)) * K
     while s > 1 and s * per_split > SPLIT_MAX_TRANSFERS:
         s //= 2
+    while s * K < SPLIT_FINE_TARGET and 2 * s * per_split <= SPLIT_FINE_TRANSFERS:
+        s *= 2
     return s
 
 

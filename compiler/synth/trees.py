@@ -26,10 +26,13 @@ tree, so the fractional weights are rounded to multiples of ``1/K`` (largest rem
 repaired locally (a chunk moves to another generated tree of its root while that lowers the most
 loaded resource); where that misses, a small mixed-integer program picks the counts over all the
 generated trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all; it stops at
-the first counts within ``round_tol`` of the LP, the rounding's own acceptance test). ``K`` is
-the smallest candidate (:data:`CHUNK_CANDIDATES` and the common denominator of the LP's weights)
-whose rounded time is within ``round_tol`` of the LP's: few chunks per rank mean few streams, so
-the program's thread blocks stay resident without sharing channels, and fewer transfers.
+the first counts within ``round_tol`` of the LP, the rounding's own acceptance test); where that
+misses too, chunks are moved one at a time onto the cheapest tree of their root at prices
+exponential in the rounded loads, trees never generated included (``regrow`` in :func:`_pack`).
+``K`` is the smallest candidate (:data:`CHUNK_CANDIDATES` and the common denominator of the LP's
+weights) whose rounded time is within ``round_tol`` of the LP's, or where none is, the smallest
+within ``round_tol`` of the best rounding: few chunks per rank mean few streams, so the program's
+thread blocks stay resident without sharing channels, and fewer transfers.
 
 **Optimality.** Every byte of a rank's data reaches every other rank, the first copy at each from a
 rank that held it, so any store-and-forward schedule's loads contain a packing of spanning trees:
@@ -62,6 +65,10 @@ CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 ROUND_TOL = 5e-3
 #: seconds the integral rounding (:func:`_milp_counts`) may spend over all chunk counts tried
 ROUND_MILP_SECONDS = 10.0
+#: the exponents (times the LP time) of the regrowing's load prices, one sweep each (:func:`_pack`'s
+#: ``regrow``), and the passes over every chunk each may make
+REGROW_ALPHAS = (16.0, 64.0)
+REGROW_PASSES = 3
 #: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
 ROUND_MILP_NODES = 200
 #: the most generated trees the rounding's program chooses among
@@ -78,18 +85,19 @@ class PackingError(ValueError):
 
 
 # ---------------------------------------------------------------- minimum arborescence
-def min_arborescence(cost: np.ndarray, root: int) -> np.ndarray:
+def min_arborescence(cost: np.ndarray, root: int, many: bool = False) -> np.ndarray:
     """``parent[v]`` of a minimum-cost spanning arborescence rooted at ``root`` (``parent[root] =
     -1``) of the dense arc-cost matrix ``cost[u, v]`` (``inf``: no arc). Chu-Liu/Edmonds: every
     vertex takes its cheapest entering arc; cycles are contracted (entering costs reduced by the
     cycle arc they would replace) and the contracted problem solved recursively, then expanded.
-    Large matrices run compiled (:mod:`hccc.compiler.synth.edmonds_kernel`, the same steps)."""
+    Large matrices run compiled (:mod:`hccc.compiler.synth.edmonds_kernel`, the same steps), and
+    any matrix where the caller will solve ``many`` (where loading the kernel pays for itself)."""
     C = np.array(cost, dtype=float, copy=True)
     np.fill_diagonal(C, np.inf)
     C[:, root] = np.inf
-    from hccc.compiler.synth.edmonds_kernel import compiled_edmonds
+    from hccc.compiler.synth.edmonds_kernel import MIN_COMPILED_RANKS, compiled_edmonds
 
-    kernel = compiled_edmonds(C.shape[0])
+    kernel = compiled_edmonds(max(C.shape[0], MIN_COMPILED_RANKS if many else 0))
     if kernel is None:
         return _edmonds(C, int(root))
     par = kernel(C, int(root))
@@ -389,7 +397,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     rails = _rails(net)
 
-    def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False) -> tuple[float, np.ndarray | None]:
+    def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
+              many: bool = False) -> tuple[float, np.ndarray | None]:
         """The cheapest tree of root ``r`` at the resource prices ``pi_o`` and its cost; ``rail``:
         the cheapest *rail tree* (None where there is none), whose only arcs between nodes are
         from the root to its rail peers (:func:`_rails`): each other node gets the root's data
@@ -413,7 +422,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             C[node[:, None] != node[None, :]] = np.inf
             C[r, peer[r]] = keep
         try:
-            par = min_arborescence(C, r)
+            par = min_arborescence(C, r, many)
         except PackingError:
             if not rail:
                 raise
@@ -425,13 +434,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     cols: list[np.ndarray] = []      # resource ids with multiplicity
     col_root: list[int] = []         # the root's row key: r, or n + r for an in-tree (joint)
     col_par: list[np.ndarray] = []
-    seen: set = set()
+    col_of: dict = {}                # (root, in-tree, parents) -> column
 
     def add(r: int, par: np.ndarray, rev: bool = False) -> bool:
         key = (r, rev, par.tobytes())
-        if key in seen:
+        if key in col_of:
             return False
-        seen.add(key)
+        col_of[key] = len(col_par)
         col_par.append(par)
         col_root.append(r + n * rev)
         if rev:
@@ -547,10 +556,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         return out
     # integral chunk counts (columns added in the last round have no weight yet)
     y = np.r_[y, np.zeros(len(cols) - y.size)]
-    col_res = cols
-    load_unit = np.zeros((len(cols), RO))
-    for j, cj in enumerate(col_res):
-        np.add.at(load_unit[j], cj, mult[cj] * csize[col_root[j] % n])
+
+    def unit_of(j: int) -> np.ndarray:
+        row = np.zeros(RO)
+        np.add.at(row, cols[j], mult[cols[j]] * csize[col_root[j] % n])
+        return row
+
+    load_unit = np.array([unit_of(j) for j in range(len(cols))]).reshape(len(cols), RO)
     croot = np.array(col_root)
     exact_k = _lp_denominator(y)
     rc = load_unit @ pi - lam[root_row[np.array(col_root)]]     # reduced costs at the last duals
@@ -585,7 +597,70 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 same_within = left         # its time guard may have ended it: more time may find more
         elif t > lp_val * (1 + round_tol) and K > 1:
             same_within = 0.0              # no MILP run
+        if t > lp_val * (1 + round_tol) and K > 1:
+            counts, t = regrow(K, counts, t)
         return t, counts, same_within
+
+    def regrow(K: int, counts: np.ndarray, t: float) -> tuple[np.ndarray, float]:
+        """Counts of K chunks per rank that the LP's trees could not round well, improved by moving
+        one chunk at a time onto the cheapest tree of its root at prices that grow exponentially
+        with each resource's load (a new tree where none generated is cheaper): the rounding's
+        own column generation, against the integral loads rather than the LP's duals."""
+        nonlocal load_unit, croot, y, keep_cols
+        okr = ocap > 0
+        inv = np.where(okr, 1.0 / np.where(okr, ocap, 1.0), 0.0) / K
+        U = list(load_unit * inv[None, :])        # utilisation per chunk of every column
+        cnt = counts.tolist()
+        util = counts @ load_unit * inv
+        best = (t, list(cnt))
+        target = lp_val * (1 + round_tol)
+        first_new = len(cols)
+        for alpha in REGROW_ALPHAS:
+            a = alpha / lp_val
+            moved = True
+            for _ in range(REGROW_PASSES):
+                if not moved or best[0] <= target:
+                    break
+                moved = False
+                for j in np.repeat(np.arange(len(cnt)), cnt).tolist():
+                    if cnt[j] == 0 or not (util[U[j] > 0] > lp_val).any():
+                        continue        # a chunk loading no resource past the LP's time stays
+                    rest = util - U[j]
+                    k = int(col_root[j])
+                    r, rev = k % n, k >= n
+                    top = float(util.max())         # the exponents' shift: no overflow
+                    pi = inv * np.exp(a * (rest - top))
+                    here = float(np.exp(a * (util - top)).sum())
+                    for rail in (False, True):
+                        par = price(pi, r, rev, rail=rail, many=True)[1]
+                        if par is None:
+                            continue
+                        i = col_of.get((r, rev, par.tobytes()))
+                        if i is None:
+                            add(r, par, rev)
+                            i = len(cols) - 1
+                            U.append(unit_of(i) * inv)
+                            cnt.append(0)
+                        if i == j:
+                            continue
+                        trial = rest + U[i]
+                        there = float(np.exp(np.minimum(a * (trial - top), 700.0)).sum())
+                        if there < here * (1 - 1e-12):
+                            cnt[j] -= 1
+                            cnt[i] += 1
+                            util, moved = trial, True
+                            break
+                    tm = float(util[okr].max()) if okr.any() else 0.0
+                    if tm < best[0] * (1 - 1e-12):
+                        best = (tm, list(cnt))
+        new = len(cols) - first_new
+        if new:
+            load_unit = np.vstack([load_unit] + [U[i] / np.where(okr, inv, 1.0) for i in range(first_new, len(cols))])
+            croot = np.r_[croot, np.array(col_root[first_new:], np.int64)]
+            y = np.r_[y, np.zeros(new)]
+            keep_cols = np.r_[keep_cols, np.zeros(new, bool)]
+        tb, cb = best
+        return np.r_[np.array(cb, np.int64), np.zeros(len(cols) - len(cb), np.int64)], tb
 
     rounded: dict[int, tuple] = {}      # K -> round_to's (time, counts, seconds): a re-rounding reuses them
 
@@ -594,6 +669,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         r0 = time.perf_counter()
         best = None
         tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
+        tried = []
         for K in tries or [min_k]:
             left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
             if K in rounded and rounded[K][2] >= left:
@@ -601,11 +677,16 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             else:
                 rounded[K] = round_to(K, left)
                 t, counts = rounded[K][:2]
+            tried.append((t, K, counts))
             if best is None or t < best[0] * (1 - 1e-12):
                 best = (t, K, counts)
             if t <= lp_val * (1 + round_tol):
                 break
+        # where no count is within the tolerance of the LP, the fewest chunks within it of the
+        # best rounding (more chunks are more streams and thread blocks for a sliver of rate)
+        best = next(c for c in tried if c[0] <= best[0] * (1 + round_tol))
         t_round, K, counts = best
+        counts = np.r_[counts, np.zeros(len(col_root) - counts.size, np.int64)]
         support = None
         if translate is not None:
             support = []
