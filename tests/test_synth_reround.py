@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 from conftest import examples
@@ -182,3 +183,32 @@ def test_shaped_trees_that_break_residency_give_way_to_the_packings_own(monkeypa
     assert d["shape"] == "-" and d["blocks_per_rank"] <= 70, d["simulated_candidates"]
     assert any("unshaped" in k for k in d["simulated_candidates"])
     assert sims.known(res, d["channels"]) is not None
+
+
+@pytest.mark.slow
+def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps():
+    """Two MI250 nodes' ReduceScatter (32 GCDs): its packing rounds to many chunks per rank, whose
+    streams are resident only in bundles; the re-rounding that fits at the fewest warps (blocks of
+    a quarter of the rate) and the one with fewer chunks that fits at full warps are both
+    simulated, and the faster (here the one at full warps) is kept."""
+    import sys
+
+    from hccc.commands.synth import Simulations, tree_simulated_score
+    from hccc.compiler.cluster.topo_parser import parse_topology
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import mi250_text
+
+    topo = parse_topology(mi250_text(2), "mi250_2.topo")
+    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    res = synthesize(topo, "reducescatter", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
+                     tree_score=tree_simulated_score(sims))
+    # the bundled programs are not resident: listed with their link-model time, not simulated
+    cands = {k: v for k, v in res.detail["simulated_candidates"].items() if "bundles" not in k}
+    few = [k for k in cands if k.endswith(f"of {forest.LEAST_WARPS} warps")]
+    full = [k for k in cands if "warps" not in k]
+    assert few and full, cands
+    blocks = {k: int(k.split("blocks ")[1].split()[0]) for k in cands}
+    assert max(blocks[k] for k in full) * 4 < min(blocks[k] for k in few), cands
+    assert sims.known(res, res.detail["channels"]) == min(cands.values())
+    assert res.detail["blocks_per_rank"] == blocks[min(cands, key=cands.get)]

@@ -644,11 +644,22 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                     if not resident_somewhere(stream_blocks({name: shapes[(id(p), shape_r)]
                                                              for name, p in again.items()}), again):
                         shape_r = ""
-                cand = (max(p.chunks_per_rank for p in again.values()), again, joint, shape_r)
+                cand = [(max(p.chunks_per_rank for p in again.values()), again, joint, shape_r)]
+                # the re-rounding fits at the fewest warps; where fewer chunks would fit at full
+                # warps (a block of LEAST_WARPS moves a quarter of one of WARPS), those are
+                # simulated too (two MI250 nodes' ReduceScatter: 12 chunks per rank at 4 warps,
+                # 751 blocks, 0.813 of the bound)
+                k_full = chunks_to_fit(kv, own, max_blocks) if max_blocks and resident is not None else 0
+                left_s = deadline - time.perf_counter()
+                if 0 < k_full < cand[0][0] and left_s > 0:
+                    full = rerounded(pk, k_full, min(tr.ROUND_MILP_SECONDS, left_s / 4))
+                    if full is not None and max(p.chunks_per_rank for p in full.values()) < cand[0][0]:
+                        refitted.add(id(full))
+                        cand.append((max(p.chunks_per_rank for p in full.values()), full, joint, ""))
                 if model_time(again) <= model_time(pk) * (1 + 1e-9):
-                    todo[i + 1:i + 1] = [cand, (kv, pk, joint, shape)]
+                    todo[i + 1:i + 1] = cand + [(kv, pk, joint, shape)]
                     continue
-                todo.insert(i + 1, cand)
+                todo[i + 1:i + 1] = cand
         if fits and candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
                 settled(coll, model_time({k: v for k, v in info.items() if k != "loops"}, "load_time") * per_rank,
                         slack=False):
