@@ -615,6 +615,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         best = (t, list(cnt))
         target = lp_val * (1 + round_tol)
         first_new = len(cols)
+        new_units = []                            # load_unit rows of the trees made here
         for alpha in REGROW_ALPHAS:
             a = alpha / lp_val
             moved = True
@@ -639,7 +640,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                         if i is None:
                             add(r, par, rev)
                             i = len(cols) - 1
-                            U.append(unit_of(i) * inv)
+                            new_units.append(unit_of(i))
+                            U.append(new_units[-1] * inv)
                             cnt.append(0)
                         if i == j:
                             continue
@@ -653,9 +655,9 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                     tm = float(util[okr].max()) if okr.any() else 0.0
                     if tm < best[0] * (1 - 1e-12):
                         best = (tm, list(cnt))
-        new = len(cols) - first_new
+        new = len(new_units)
         if new:
-            load_unit = np.vstack([load_unit] + [U[i] / np.where(okr, inv, 1.0) for i in range(first_new, len(cols))])
+            load_unit = np.vstack([load_unit] + new_units)
             croot = np.r_[croot, np.array(col_root[first_new:], np.int64)]
             y = np.r_[y, np.zeros(new)]
             keep_cols = np.r_[keep_cols, np.zeros(new, bool)]
