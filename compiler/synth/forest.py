@@ -444,12 +444,20 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         stopped(packs["allgather"], "AllGather")
         nets["allgather"] = net
     if coll in ("reducescatter", "allreduce"):
-        tnet = net.transposed()
-        bound = cut["reducescatter"] = collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
-        packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw[tr.transposed_pair_order(net)], bound=bound,
-                                               max_chunks=max_chunks,
-                                               time_limit=left(2 if coll == "allreduce" else 1))
-        stopped(packs["reducescatter"], "ReduceScatter")
+        # where reversing every pair gives the network again (bandwidths and groups alike), the
+        # in-trees are AllGather's out-trees on it: packed once, and ReduceScatter then reaches
+        # AllGather's time in the link model (packed apart, the LP's ties fall another way)
+        mirror = net.is_self_transposed() and (pair_bw is None or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
+        tnet = net if mirror else net.transposed()
+        bound = cut["reducescatter"] = cut["allgather"] if mirror and "allgather" in cut else \
+            collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
+        if mirror and "allgather" in packs:
+            packs["reducescatter"] = packs["allgather"]
+        else:
+            packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw if mirror else bw[tr.transposed_pair_order(net)],
+                                                   bound=bound, max_chunks=max_chunks,
+                                                   time_limit=left(2 if coll == "allreduce" else 1))
+            stopped(packs["reducescatter"], "ReduceScatter")
         nets["reducescatter"] = tnet
     if net.bw is not None and np.allclose(bw, net.bw):
         # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
@@ -491,10 +499,13 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # thread block then has fewer transfers to run one after another (the simulator decides).
         # Packed when its turn comes, unless a program ran at what no packing beats by then
         def ones(first=packs):
-            return {name: tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
-                                        bw[tr.transposed_pair_order(net)], max_chunks=1, bound=p.lower_bound,
-                                        time_limit=left(len(first)))
-                    for name, p in first.items()}
+            out: dict = {}
+            for name, p in first.items():
+                same = [o for o in out if first[o] is p]      # mirrored halves: one packing
+                out[name] = out[same[0]] if same else tr.pack_trees(
+                    nets[name], pair_bw=bw if name == "allgather" else bw[tr.transposed_pair_order(net)],
+                    max_chunks=1, bound=p.lower_bound, time_limit=left(len(first)))
+            return out
         variants.append((1, ones, False))
 
     def channels_of(pk: dict, most: int | None = None, warps: int = WARPS) -> int:

@@ -50,6 +50,7 @@ class Network:
     _in_csr: tuple | None = field(default=None, repr=False)
     _out_csr: tuple | None = field(default=None, repr=False)
     _spread: tuple | None = field(default=None, repr=False)
+    _self_transposed: bool | None = field(default=None, repr=False)
 
     @property
     def npairs(self) -> int:
@@ -175,6 +176,26 @@ class Network:
                        [lv.copy() for lv in self.levels], self.name + " (transposed)",
                        None if self.bw is None else self.bw[order].copy(),
                        None if self.gbw is None else self.gbw.copy())
+
+    def is_self_transposed(self) -> bool:
+        """Whether reversing every pair gives this network again, up to the numbering of its
+        groups: the same pairs with the same capacities and bandwidths, and every group's reversed
+        pairs (with its capacity) a group of this network. A packing of out-trees here is then a
+        packing of in-trees of :meth:`transposed` with the same loads, so ReduceScatter can use
+        AllGather's trees. Cached."""
+        if self._self_transposed is None:
+            t = self.transposed()
+            same = (np.array_equal(t.psrc, self.psrc) and np.array_equal(t.pdst, self.pdst)
+                    and np.array_equal(t.cap, self.cap) and (self.bw is None) == (t.bw is None)
+                    and (self.bw is None or np.array_equal(t.bw, self.bw)))
+            if same:
+                def groups(net: "Network") -> list:
+                    gbw = net.gbw if net.gbw is not None else np.zeros(net.ngroups)
+                    return sorted((int(net.gcap[g]), float(gbw[g]), tuple(np.sort(pairs).tolist()))
+                                  for g, pairs in enumerate(net.group_pairs()))
+                same = groups(t) == groups(self)
+            self._self_transposed = bool(same)
+        return self._self_transposed
 
     def subnetwork(self, ranks) -> tuple["Network", np.ndarray]:
         """The network induced by ``ranks`` (renumbered 0..len-1 in the given order).
