@@ -499,13 +499,13 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # thread block then has fewer transfers to run one after another (the simulator decides).
         # Packed when its turn comes, unless a program ran at what no packing beats by then
         def ones(first=packs):
-            out: dict = {}
+            made: dict = {}              # id of a packing -> its one-chunk packing (mirrored halves share one)
             for name, p in first.items():
-                same = [o for o in out if first[o] is p]      # mirrored halves: one packing
-                out[name] = out[same[0]] if same else tr.pack_trees(
-                    nets[name], pair_bw=bw if name == "allgather" else bw[tr.transposed_pair_order(net)],
-                    max_chunks=1, bound=p.lower_bound, time_limit=left(len(first)))
-            return out
+                if id(p) not in made:
+                    made[id(p)] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
+                                                bw[tr.transposed_pair_order(net)], max_chunks=1,
+                                                bound=p.lower_bound, time_limit=left(len(first)))
+            return {name: made[id(p)] for name, p in first.items()}
         variants.append((1, ones, False))
 
     def channels_of(pk: dict, most: int | None = None, warps: int = WARPS) -> int:
