@@ -24,11 +24,12 @@ ForestColl; see *Optimality* below where they do not).
 **Integral chunks.** A ResCCLang program has ``K`` equal chunks per rank; each chunk follows one
 tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
 repaired locally (a chunk moves to another generated tree of its root while that lowers the most
-loaded resource); where that misses, a small mixed-integer program picks the counts over all the
-generated trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all; it stops at
-the first counts within ``round_tol`` of the LP, the rounding's own acceptance test); where that
-misses too, chunks are moved one at a time onto the cheapest tree of their root at prices
-exponential in the rounded loads, trees never generated included (``regrow`` in :func:`_pack`).
+loaded resource); where that misses, chunks are moved one at a time onto the cheapest tree of their
+root at prices exponential in the rounded loads, trees never generated included (``regrow`` in
+:func:`_pack`, cheap); where that misses too, a small mixed-integer program picks the counts over
+the LP's trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all; it stops at
+the first counts within ``round_tol`` of the LP, the rounding's own acceptance test), kept where
+it beats the regrown counts.
 ``K`` is the smallest candidate (:data:`CHUNK_CANDIDATES` and the common denominator of the LP's
 weights) whose rounded time is within ``round_tol`` of the LP's, or where none is, the smallest
 within ``round_tol`` of the best rounding: few chunks per rank mean few streams, so the program's
@@ -65,12 +66,15 @@ CHUNK_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 ROUND_TOL = 5e-3
 #: seconds the integral rounding (:func:`_milp_counts`) may spend over all chunk counts tried
 ROUND_MILP_SECONDS = 10.0
+#: seconds it may spend on one chunk count: where it finds counts at all it does so within a few
+#: hundredths of a second, while proving that none fits can take seconds per count
+ROUND_MILP_EACH = 0.5
 #: the exponents (times the LP time) of the regrowing's load prices, one sweep each (:func:`_pack`'s
 #: ``regrow``), and the passes over every chunk each may make
 REGROW_ALPHAS = (16.0, 64.0)
 REGROW_PASSES = 3
 #: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
-ROUND_MILP_NODES = 200
+ROUND_MILP_NODES = 40
 #: the most generated trees the rounding's program chooses among
 MILP_COLUMNS = 300
 #: with classes of several kinds of node, the LP over every root is also rounded where the LP of
@@ -576,16 +580,20 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     lp_s = time.perf_counter() - t0
 
     def round_to(K: int, left: float) -> tuple[float, np.ndarray, float]:
-        """Counts of K chunks per rank: largest remainders repaired, else (where that misses the LP
-        by more than ``round_tol``) the MILP's, given ``left`` seconds; and the seconds with which
-        the MILP would end the same (infinity: it ended before its time, by its node limit)."""
+        """Counts of K chunks per rank: largest remainders repaired, then (where that misses the LP
+        by more than ``round_tol``) regrown, then (where that still misses) the MILP's if better,
+        given ``left`` seconds; and the seconds with which the MILP would end the same (infinity:
+        it ended before its time, by its node limit, or was not needed)."""
+        target = lp_val * (1 + round_tol)
         counts = _repair(_round_counts(y, croot, 2 * n, K), croot, load_unit, ocap, K)
         t = _time_of(counts, load_unit, ocap, K)
+        if t > target and K > 1:
+            counts, t = regrow(K, counts, t)
         same_within = np.inf
-        if t > lp_val * (1 + round_tol) and K > 1 and left > 0.05:
+        if t > target and K > 1 and left > 0.05:
             m0 = time.perf_counter()
             sub = np.flatnonzero(keep_cols)
-            got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=lp_val * (1 + round_tol),
+            got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=target,
                                gap=round_tol, nodes=ROUND_MILP_NODES, floor=lp_val)
             if got is not None:
                 exact = np.zeros(len(croot), np.int64)
@@ -595,10 +603,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                     counts, t = exact, te
             if time.perf_counter() - m0 > 0.9 * left:
                 same_within = left         # its time guard may have ended it: more time may find more
-        elif t > lp_val * (1 + round_tol) and K > 1:
+        elif t > target and K > 1:
             same_within = 0.0              # no MILP run
-        if t > lp_val * (1 + round_tol) and K > 1:
-            counts, t = regrow(K, counts, t)
         return t, counts, same_within
 
     def regrow(K: int, counts: np.ndarray, t: float) -> tuple[np.ndarray, float]:
@@ -673,7 +679,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
         tried = []
         for K in tries or [min_k]:
-            left = min(round_deadline - time.perf_counter(), ROUND_MILP_SECONDS)
+            left = min(round_deadline - time.perf_counter(), ROUND_MILP_EACH)
             if K in rounded and rounded[K][2] >= left:
                 t, counts = rounded[K][:2]       # rounded before, and more time would not change it
             else:

@@ -404,7 +404,7 @@ CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
 SIMULATE_MAX_RANKS = 128
 #: a program this close to its time without the per-block limit (or to the cut bound, which no
 #: program beats) has enough channels; a shape this close to the bound ends the shape search
-FIT_TOLERANCE = 0.005
+FIT_TOLERANCE = 0.01
 
 
 class Simulations:
