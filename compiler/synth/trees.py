@@ -579,12 +579,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
     lp_s = time.perf_counter() - t0
 
+    target = lp_val * (1 + round_tol)   # a rounding this close to the LP is accepted
+
     def round_to(K: int, left: float) -> tuple[float, np.ndarray, float]:
         """Counts of K chunks per rank: largest remainders repaired, then (where that misses the LP
         by more than ``round_tol``) regrown, then (where that still misses) the MILP's if better,
         given ``left`` seconds; and the seconds with which the MILP would end the same (infinity:
         it ended before its time, by its node limit, or was not needed)."""
-        target = lp_val * (1 + round_tol)
         counts = _repair(_round_counts(y, croot, 2 * n, K), croot, load_unit, ocap, K)
         t = _time_of(counts, load_unit, ocap, K)
         if t > target and K > 1:
@@ -619,7 +620,6 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         cnt = counts.tolist()
         util = counts @ load_unit * inv
         best = (t, list(cnt))
-        target = lp_val * (1 + round_tol)
         first_new = len(cols)
         new_units = []                            # load_unit rows of the trees made here
         for alpha in REGROW_ALPHAS:
@@ -688,7 +688,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             tried.append((t, K, counts))
             if best is None or t < best[0] * (1 - 1e-12):
                 best = (t, K, counts)
-            if t <= lp_val * (1 + round_tol):
+            if t <= target:
                 break
         # where no count is within the tolerance of the LP, the fewest chunks within it of the
         # best rounding (more chunks are more streams and thread blocks for a sliver of rate)
