@@ -24,53 +24,109 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CLUSTERS = EXAMPLES / "clusters"
 
 
+class Sharing:
+    """The engine's flow and sharing state for flows ``routes`` (resource ids) over resources of
+    ``caps``, driven through its own ``_flow_start``, ``_flow_stop`` and ``_share``; ``private``:
+    the resources only one flow holds are marked private (caps on that flow)."""
+
+    def __init__(self, caps: list[float], routes: list[list[int]], private: bool = False):
+        R, G = len(caps), len(routes)
+        self.R, self.G, self.t, self.epoch = R, G, 0.0, 1
+        self.res_cap = np.asarray(caps, float)
+        users = np.bincount([r for route in routes for r in route], minlength=R)
+        res_private = (users <= 1) if private else np.zeros(R, np.bool_)
+        self.ptr = np.r_[0, np.cumsum([len(r) for r in routes])].astype(np.int64)
+        self.flat = np.asarray([r for route in routes for r in route], np.int64)
+        self.cls = cls = sim_model.flow_classes(self.ptr, self.flat, np.zeros(0, np.int64), self.res_cap, res_private)
+        NCL, KS = len(cls.cap), cls.width
+        self.NCL, self.KS = NCL, KS
+        self.fl = (np.full(G, -1, np.int64), np.zeros(G, np.int64), np.zeros(G, np.int64), np.zeros(G, np.bool_))
+        self.fl_start = np.zeros(G)
+        self.cls_n, self.cls_rate, self.cls_vt = np.zeros(NCL, np.int64), np.zeros(NCL), np.zeros(NCL)
+        none = np.diff(cls.ptr) == 0
+        self.cls_rate[none] = cls.cap[none]          # as the engine starts them
+        self.moff = np.r_[0, np.cumsum(np.bincount(cls.route_cls, minlength=NCL))].astype(np.int64)
+        self.mkey, self.mitem = np.empty(G), np.empty(G, np.int64)
+        self.mpos, self.mn = np.full(G, -1, np.int64), np.zeros(NCL, np.int64)
+        self.retime, self.retime_n, self.in_retime = np.empty(NCL, np.int64), np.zeros(1, np.int64), np.zeros(NCL, np.bool_)
+        self.res_head, self.res_n = np.full(R, -1, np.int64), np.zeros(R, np.int64)
+        self.inc_next, self.inc_prev = np.full(NCL * KS, -1, np.int64), np.full(NCL * KS, -1, np.int64)
+        self.busy_t0, self.busy = np.zeros(R), np.zeros(R)
+        self.dirty, self.dirty_n, self.dirty_mark = np.empty(R, np.int64), np.zeros(1, np.int64), np.zeros(R, np.int64)
+        self.hkey, self.hitem = np.empty(NCL), np.empty(NCL, np.int64)
+        self.hpos, self.hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
+        self.parts = eng._parts(R, NCL, cls.ptr, cls.sh)
+        nparts = len(self.parts[1])
+        self.mark_part, self.part_moved = np.zeros(nparts, np.int64), np.zeros(nparts, np.int64)
+        self.res_sat = np.zeros(R, np.bool_)
+        self.counters = np.zeros(4, np.int64)
+        self.running: set[int] = set()
+
+    def start(self, g: int, nbytes: float = 1e6) -> None:
+        eng._flow_start(g, self.cls.route_cls[g], self.flat, self.ptr[g], self.ptr[g + 1], False, nbytes, self.t,
+                        self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls.cap, self.cls_vt, self.KS,
+                        self.res_head, self.inc_next, self.inc_prev, self.res_n, self.busy_t0, *self.fl,
+                        self.fl_start, self.mkey, self.mitem, self.mpos, self.mn, self.moff, self.retime,
+                        self.retime_n, self.in_retime, self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
+        self.running.add(g)
+
+    def stop(self, g: int) -> None:
+        c = self.fl[0][g]
+        # out of its class's heap of running members, as the engine's completion takes it, and
+        # the class's next completion after it (none: out of the event heap)
+        eng._heap_set(self.mkey, self.mitem, self.mpos, self.mn, c, self.moff[c], g, -np.inf)
+        assert eng._heap_pop(self.mkey, self.mitem, self.mpos, self.mn, c, self.moff[c]) == g
+        nxt = self.cls_vt[c] + self.mkey[self.moff[c]] / self.cls_rate[c] if self.mn[c] else -np.inf
+        eng._heap_set(self.hkey, self.hitem, self.hpos, self.hn, 0, 0, c, nxt)
+        if not self.mn[c]:
+            assert eng._heap_pop(self.hkey, self.hitem, self.hpos, self.hn, 0, 0) == c
+        eng._flow_stop(g, self.t, self.flat, self.flat, self.cls.ptr, self.cls.sh, self.cls_n, self.KS,
+                       self.res_head, self.inc_next, self.inc_prev, self.res_n, self.busy_t0, self.busy, *self.fl,
+                       self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
+        self.running.discard(g)
+
+    def share(self) -> dict[int, float]:
+        """The rates of the running flows after the changes since the last share; every class's
+        next completion is checked against its rate."""
+        eng._share(self.t, self.dirty, int(self.dirty_n[0]), np.arange(self.NCL * self.KS) // self.KS, self.res_cap,
+                   self.res_head, self.res_n, self.inc_next, self.cls.ptr, self.cls.sh, self.cls.cap, self.cls_n,
+                   self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, *self.parts, self.mark_part, self.epoch,
+                   np.empty(self.R, np.int64), np.empty(self.NCL, np.int64), np.zeros(self.R),
+                   np.zeros(self.R, np.int64), np.zeros(self.NCL, np.bool_), np.zeros(self.NCL),
+                   np.empty(self.R, np.int64), self.retime, self.retime_n, self.in_retime, self.counters,
+                   self.res_sat, self.part_moved)
+        self.dirty_n[0] = 0
+        eng._retime(self.t, self.retime, self.retime_n, self.in_retime, self.cls_rate, self.cls_vt, self.mkey,
+                    self.mn, self.moff, self.hkey, self.hitem, self.hpos, self.hn)
+        for c in set(self.cls.route_cls[sorted(self.running)].tolist()):
+            first = self.mkey[self.moff[c]]       # the bytes left to the class's first member
+            assert self.hkey[self.hpos[c]] == pytest.approx(self.cls_vt[c] + first / self.cls_rate[c], rel=1e-12)
+        self.epoch += 1
+        return {g: float(self.cls_rate[self.cls.route_cls[g]]) for g in self.running}
+
+
 def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
-    """Rates the engine gives flows ``routes`` (resource ids) over resources of ``caps``;
-    ``private``: the resources only one flow holds are marked private (caps on that flow)."""
-    R, G = len(caps), len(routes)
-    res_cap = np.asarray(caps, float)
-    users = np.bincount([r for route in routes for r in route], minlength=R)
-    res_private = (users <= 1) if private else np.zeros(R, np.bool_)
-    ptr = np.r_[0, np.cumsum([len(r) for r in routes])].astype(np.int64)
-    flat = np.asarray([r for route in routes for r in route], np.int64)
-    cls = sim_model.flow_classes(ptr, flat, np.zeros(0, np.int64), res_cap, res_private)
-    NCL, KS = len(cls.cap), cls.width
-    fl_cls = np.full(G, -1, np.int64)
-    fl_lo, fl_hi = np.zeros(G, np.int64), np.zeros(G, np.int64)
-    fl_red = np.zeros(G, np.bool_)
-    fl_start = np.zeros(G)
-    cls_n, cls_rate, cls_vt = np.zeros(NCL, np.int64), np.zeros(NCL), np.zeros(NCL)
-    cls_rate[np.diff(cls.ptr) == 0] = cls.cap[np.diff(cls.ptr) == 0]    # as the engine starts them
-    moff = np.r_[0, np.cumsum(np.bincount(cls.route_cls, minlength=NCL))].astype(np.int64)
-    mkey, mitem = np.empty(G), np.empty(G, np.int64)
-    mpos, mn = np.full(G, -1, np.int64), np.zeros(NCL, np.int64)
-    retime, retime_n, in_retime = np.empty(NCL, np.int64), np.zeros(1, np.int64), np.zeros(NCL, np.bool_)
-    res_head = np.full(R, -1, np.int64)
-    res_n = np.zeros(R, np.int64)
-    inc_next = np.full(NCL * KS, -1, np.int64)
-    inc_prev = np.full(NCL * KS, -1, np.int64)
-    dirty = np.empty(R, np.int64)
-    dirty_n = np.zeros(1, np.int64)
-    dirty_mark = np.zeros(R, np.int64)
-    hkey, hitem = np.empty(NCL), np.empty(NCL, np.int64)
-    hpos, hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
-    for g in range(G):
-        eng._flow_start(g, cls.route_cls[g], flat, ptr[g], ptr[g + 1], False, 1e6, 0.0, cls.ptr, cls.sh, cls_n,
-                        cls_rate, cls_vt, KS, res_head, inc_next, inc_prev, res_n, np.zeros(R), fl_cls, fl_lo,
-                        fl_hi, fl_red, fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty,
-                        dirty_n, dirty_mark, 1)
-    parts = eng._parts(R, NCL, cls.ptr, cls.sh)
-    eng._share(0.0, dirty, int(dirty_n[0]), np.arange(NCL * KS) // KS, res_cap, res_head, res_n, inc_next, cls.ptr, cls.sh, cls.cap,
-               cls_n, cls_rate, cls_vt, mkey, mn, moff, *parts, np.zeros(len(parts[1]), np.int64), 1,
-               np.empty(R, np.int64), np.empty(NCL, np.int64), np.zeros(R), np.zeros(R, np.int64),
-               np.zeros(NCL, np.bool_), np.zeros(NCL), np.empty(R, np.int64), retime, retime_n, in_retime,
-               np.zeros(4, np.int64))
-    eng._retime(0.0, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)
-    # every flow carries 1e6 bytes from 0: each class's next completion is 1e6 / its rate
-    assert hn[0] == len(set(cls.route_cls.tolist()))
-    for c in set(cls.route_cls.tolist()):
-        assert hkey[hpos[c]] == pytest.approx(1e6 / cls_rate[c], rel=1e-12)
-    return cls_rate[cls.route_cls]
+    """Rates the engine gives flows ``routes`` started together over resources of ``caps``."""
+    eng_state = Sharing(caps, routes, private)
+    for g in range(len(routes)):
+        eng_state.start(g)
+    rate = eng_state.share()
+    return np.asarray([rate[g] for g in range(len(routes))])
+
+
+def assert_max_min_fair(caps: list[float], routes: list[list[int]], rate: dict[int, float]) -> None:
+    """Feasible, and every flow of ``rate`` (flow -> rate; the others are not running) has a full
+    resource on its route on which no flow runs faster (the definition, module docstring)."""
+    assert all(r > 0 for r in rate.values())
+    load = np.zeros(len(caps))
+    for g, r in rate.items():
+        load[routes[g]] += r
+    tol = 1e-9
+    assert (load <= np.asarray(caps) * (1 + tol)).all(), "a resource carries more than its capacity"
+    for g in rate:
+        bottleneck = [r for r in routes[g] if load[r] >= caps[r] * (1 - tol)
+                      and all(rate[h] <= rate[g] * (1 + tol) for h in rate if r in routes[h])]
+        assert bottleneck, f"flow {g} (rate {rate[g]:.4g}) has no bottleneck: it could run faster"
 
 
 @st.composite
@@ -90,16 +146,50 @@ def test_rates_are_max_min_fair(case, private):
     thread block's own block resource)."""
     caps, routes = case
     rate = share(caps, routes, private)
-    assert (rate > 0).all()
-    load = np.zeros(len(caps))
-    for g, route in enumerate(routes):
-        load[route] += rate[g]
-    tol = 1e-9
-    assert (load <= np.asarray(caps) * (1 + tol)).all(), "a resource carries more than its capacity"
-    for g, route in enumerate(routes):
-        bottleneck = [r for r in route if load[r] >= caps[r] * (1 - tol)
-                      and all(rate[h] <= rate[g] * (1 + tol) for h, rt in enumerate(routes) if r in rt)]
-        assert bottleneck, f"flow {g} (rate {rate[g]:.4g}) has no bottleneck: it could run faster"
+    assert_max_min_fair(caps, routes, dict(enumerate(rate.tolist())))
+
+
+@settings(max_examples=300, deadline=None)
+@given(flows(), st.booleans(), st.data())
+def test_rates_stay_max_min_fair_as_flows_come_and_go(case, private, data):
+    """Flows starting and stopping over several shares, several at once: after each share the
+    running flows' rates are max-min fair, whether the share filled the parts again or kept
+    their rates (no resource it changed full, before or after)."""
+    caps, routes = case
+    st_ = Sharing(caps, routes, private)
+    for _ in range(data.draw(st.integers(1, 6))):
+        st_.t += data.draw(st.sampled_from([0.0, 1e-6]))    # before any flow could end (1e6 bytes)
+        for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=4, unique=True)):
+            (st_.stop if g in st_.running else st_.start)(g)
+        if st_.running:
+            assert_max_min_fair(caps, routes, st_.share())
+        else:
+            st_.share()
+
+
+def test_a_change_on_resources_with_room_keeps_the_rates():
+    """Two flows on a roomy shared resource, each capped by a resource of its own: a third flow
+    joining (and later leaving) leaves every resource with room, so the part is not filled again
+    and the rates stay; a fourth that fills the shared resource makes it filled again."""
+    caps = [10e9, 1e9, 2e9, 3e9, 8e9]
+    routes = [[0, 1], [0, 2], [0, 3], [0, 4]]
+    s = Sharing(caps, routes, private=True)           # resources 1-4: caps, as a block's own is
+    s.start(0), s.start(1)
+    assert s.share() == {0: 1e9, 1: 2e9}
+    filled = int(s.counters[1])
+    s.start(2)
+    assert s.share() == {0: 1e9, 1: 2e9, 2: 3e9}
+    s.stop(2)
+    assert s.share() == {0: 1e9, 1: 2e9}
+    assert s.counters[1] == filled                      # neither change filled the part again
+    s.start(3)
+    rate = s.share()
+    assert s.counters[1] == filled + 1
+    assert rate == pytest.approx({0: 1e9, 1: 2e9, 3: 7e9})
+    assert_max_min_fair(caps, routes, rate)
+    s.stop(0)                                           # off a full resource: filled again
+    assert s.share() == pytest.approx({1: 2e9, 3: 8e9})
+    assert s.counters[1] == filled + 2
 
 
 def test_a_tie_freezes_every_full_resource_at_its_level():
