@@ -336,6 +336,25 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(monkeypatch, chunks):
     assert _optimum(net) / _model_time(topo, tr.allgather_rows(old), chunks) < 0.94
 
 
+def test_pricing_compiled_after_a_few_trees_packs_the_same_trees(monkeypatch):
+    """A packing prices its first :data:`PRICED_PLAIN` trees with the numpy formulation and the
+    rest compiled: switching at once, or never, gives the very same packing (32 GCDs: both
+    formulations run, the matrices being under the compiled kernel's own threshold)."""
+    pytest.importorskip("numba")
+    from hccc.compiler.synth import edmonds_kernel
+    from hccc.compiler.synth import trees as tr
+
+    net = network_from_topology(_mi250(2))
+    assert net.nranks < edmonds_kernel.MIN_COMPILED_RANKS
+    got = {}
+    for plain in (0, 10**9):
+        monkeypatch.setattr(tr, "PRICED_PLAIN", plain)
+        p = tr.pack_trees(net, min_chunks=6, max_chunks=6)
+        got[plain] = (p.rounded_time, p.lp_time, [(int(r), tuple(q.tolist()), int(c))
+                                                   for r, q, c in zip(p.roots, p.parents, p.counts)])
+    assert got[0] == got[10**9]
+
+
 @pytest.mark.slow
 def test_rounding_takes_the_fewest_chunks_within_the_tolerance_of_the_best():
     """Two MI250 nodes (32 GCDs), where no chunk count of at most 32 rounds within the tolerance

@@ -80,6 +80,11 @@ MILP_COLUMNS = 300
 #: with classes of several kinds of node, the LP over every root is also rounded where the LP of
 #: translates needs more chunks per rank than this, or has at most :data:`EVERY_ROOT_RANKS` ranks
 #: (and more than one chunk per rank), where that LP takes well under a second
+#: trees a packing prices with the numpy formulation of Chu-Liu/Edmonds on matrices below
+#: :data:`~hccc.compiler.synth.edmonds_kernel.MIN_COMPILED_RANKS` ranks; the rest run compiled
+#: (a 32-rank matrix: 80 us numpy, 9 us compiled; loading the kernel costs about what this many
+#: numpy calls do, and two MI250 nodes price 19,000 trees)
+PRICED_PLAIN = 256
 SEED_EVERY_ROOT_ABOVE = 8
 EVERY_ROOT_RANKS = 32
 
@@ -401,6 +406,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     rails = _rails(net)
 
+    priced = [0]        # trees priced so far (:data:`PRICED_PLAIN`)
+
     def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
               many: bool = False) -> tuple[float, np.ndarray | None]:
         """The cheapest tree of root ``r`` at the resource prices ``pi_o`` and its cost; ``rail``:
@@ -411,6 +418,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         optimum is unchanged; but where every rank's NIC is tight (a 16 GB/s NIC per GCD on
         MI250 nodes) the LP's own trees send some roots' data through other ranks' NICs and
         round to whole chunks one chunk over on a NIC, where rail trees fill each NIC exactly."""
+        priced[0] += 1
+        many = many or priced[0] > PRICED_PLAIN
         w = (inc @ (pi_o * mult)[orb]) * csize[r]
         if translate is not None:
             w = w[pair_img[r]].sum(axis=0)      # the tree's cost with all its translates
