@@ -36,8 +36,7 @@ while they run, and a change of rate re-times one event-heap item, not every mem
 are brought up to the time of the change in one pass, without reordering). All events of one
 instant are processed before bandwidth shares are recomputed, once per part (a connected
 component of the shared resources over all the program's classes) touched: progressive filling
-over classes, max-min fair; a part whose changed resources all have room, before the change
-and after it, keeps its rates without filling (:func:`_share`). A unit of work is an event or a class re-shared.
+over classes, max-min fair. A unit of work is an event or a class re-shared.
 """
 from __future__ import annotations
 
@@ -233,8 +232,6 @@ def _list_remove(head, nxt, prv, h, x):
 def _cls_advance(c, t, cls_rate, cls_vt, mkey, mn, moff):
     """Bring class ``c``'s members up to t: what each carried since ``cls_vt`` (at the class's
     rate) is taken off the bytes left to it (its key in the class's heap, whose order stays)."""
-    if t == cls_vt[c]:
-        return          # nothing carried (nor a rate of a class just started at an infinite cap times 0)
     done = cls_rate[c] * (t - cls_vt[c])
     if done != 0.0:
         for j in range(moff[c], moff[c] + mn[c]):
@@ -253,7 +250,7 @@ def _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
         retime_n[0] += 1
 
 
-def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_cap, cls_vt, KS,
+def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
                 res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey,
                 mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch):
     """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` (``red``: a reduction's,
@@ -272,8 +269,6 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, c
         if res_n[r] == 1:
             res_busy_t0[r] = t
     cls_n[c] += 1
-    if cls_n[c] == 1:
-        cls_rate[c] = cls_cap[c]     # unless a saturated resource says less (:func:`_share`)
     _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime)
     a = cls_ptr[c]
     for j in range(a, cls_ptr[c + 1]):
@@ -318,8 +313,7 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
 
 def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
            cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls, mark_part,
-           epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters,
-           res_sat, part_moved):
+           epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters):
     """Max-min fair rates (progressive filling) on every part touching a dirty resource; a class
     whose rate changes has its members brought up to t and is listed for re-timing
     (:func:`_retime`). A *part* is a connected component of the shared resources and the classes
@@ -333,37 +327,13 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
     each of its shared resources with its members (``res_n`` counts the flows) and freezes whole.
     Private resources (never deciding a rate max-min over the others would not, ``res_private``)
     are in no class's list: their least capacity is the class's cap (a class's cap freezes it at
-    that level).
-
-    A part none of whose changed resources is saturated, before (``res_sat``: as its last filling
-    left it) or after the change (its flows at their classes' rates, a class that gained its first
-    flow at its cap), keeps its rates: no rate was set by those resources and none is now (a rate
-    set by a saturated resource elsewhere, or by a cap, stays the max-min one), so the part is
-    not filled again (``part_moved``: the parts filled at this share)."""
-    for d in range(ndirty):
-        r = dirty[d]
-        p = part_of[r]
-        if p < 0 or part_moved[p] == epoch:
-            continue
-        if res_sat[r]:
-            part_moved[p] = epoch
-            continue
-        load = 0.0
-        inc = res_head[r]
-        while inc >= 0:
-            c = inc_cls[inc]
-            load += cls_n[c] * cls_rate[c]
-            inc = inc_next[inc]
-        if not load < res_cap[r] * (1.0 - 1e-9):
-            part_moved[p] = epoch
+    that level)."""
     for d in range(ndirty):
         r0 = dirty[d]
         p = part_of[r0]
         if p < 0 or mark_part[p] == epoch:
             continue
         mark_part[p] = epoch
-        if part_moved[p] != epoch:
-            continue
         # ---- the part's resources and classes with flows now
         nres = 0
         for k in range(part_res_ptr[p], part_res_ptr[p + 1]):
@@ -388,7 +358,6 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
         arg = -1
         for k in range(nres):
             r = comp_res[k]
-            res_sat[r] = False
             rem[r] = res_cap[r]
             cnt[r] = res_n[r]
             s = rem[r] / cnt[r]
@@ -416,7 +385,6 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
                 if (r == arg and step == best) or rem[r] <= 1e-12 * res_cap[r]:
                     stack[nsat] = r
                     nsat += 1
-                    res_sat[r] = True
             for q in range(nsat):
                 inc = res_head[stack[q]]
                 while inc >= 0:
@@ -630,8 +598,6 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty_epoch = 1
     part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = _parts(R, NCL, cls_ptr, cls_sh)
     mark_part = np.zeros(part_cls_ptr.shape[0], np.int64)
-    part_moved = np.zeros(part_cls_ptr.shape[0], np.int64)    # the parts filled at a share
-    res_sat = np.zeros(R, np.bool_)     # saturated at its part's last filling
     share_epoch = 0
     comp_res = np.empty(R, np.int64)
     comp_cls = np.empty(NCL, np.int64)
@@ -807,7 +773,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     fl_key[g] = key
                     red = nph == 1
                     ids = rank_cres if red else link_res
-                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_cap, cls_vt, KS,
+                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
                                 res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
                                 fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n,
                                 dirty_mark, dirty_epoch)
@@ -881,7 +847,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             _share(t, dirty, dirty_n[0], inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
                    cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls,
                    mark_part, share_epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n,
-                   in_retime, counters, res_sat, part_moved)
+                   in_retime, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
         _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)

@@ -57,14 +57,13 @@ class Sharing:
         self.hpos, self.hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
         self.parts = eng._parts(R, NCL, cls.ptr, cls.sh)
         nparts = len(self.parts[1])
-        self.mark_part, self.part_moved = np.zeros(nparts, np.int64), np.zeros(nparts, np.int64)
-        self.res_sat = np.zeros(R, np.bool_)
+        self.mark_part = np.zeros(nparts, np.int64)
         self.counters = np.zeros(4, np.int64)
         self.running: set[int] = set()
 
     def start(self, g: int, nbytes: float = 1e6) -> None:
         eng._flow_start(g, self.cls.route_cls[g], self.flat, self.ptr[g], self.ptr[g + 1], False, nbytes, self.t,
-                        self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls.cap, self.cls_vt, self.KS,
+                        self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls_vt, self.KS,
                         self.res_head, self.inc_next, self.inc_prev, self.res_n, self.busy_t0, *self.fl,
                         self.fl_start, self.mkey, self.mitem, self.mpos, self.mn, self.moff, self.retime,
                         self.retime_n, self.in_retime, self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
@@ -93,8 +92,7 @@ class Sharing:
                    self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, *self.parts, self.mark_part, self.epoch,
                    np.empty(self.R, np.int64), np.empty(self.NCL, np.int64), np.zeros(self.R),
                    np.zeros(self.R, np.int64), np.zeros(self.NCL, np.bool_), np.zeros(self.NCL),
-                   np.empty(self.R, np.int64), self.retime, self.retime_n, self.in_retime, self.counters,
-                   self.res_sat, self.part_moved)
+                   np.empty(self.R, np.int64), self.retime, self.retime_n, self.in_retime, self.counters)
         self.dirty_n[0] = 0
         eng._retime(self.t, self.retime, self.retime_n, self.in_retime, self.cls_rate, self.cls_vt, self.mkey,
                     self.mn, self.moff, self.hkey, self.hitem, self.hpos, self.hn)
@@ -153,8 +151,8 @@ def test_rates_are_max_min_fair(case, private):
 @given(flows(), st.booleans(), st.data())
 def test_rates_stay_max_min_fair_as_flows_come_and_go(case, private, data):
     """Flows starting and stopping over several shares, several at once: after each share the
-    running flows' rates are max-min fair, whether the share filled the parts again or kept
-    their rates (no resource it changed full, before or after)."""
+    running flows' rates are max-min fair (a share fills again only the parts whose flows
+    changed)."""
     caps, routes = case
     st_ = Sharing(caps, routes, private)
     for _ in range(data.draw(st.integers(1, 6))):
@@ -165,31 +163,6 @@ def test_rates_stay_max_min_fair_as_flows_come_and_go(case, private, data):
             assert_max_min_fair(caps, routes, st_.share())
         else:
             st_.share()
-
-
-def test_a_change_on_resources_with_room_keeps_the_rates():
-    """Two flows on a roomy shared resource, each capped by a resource of its own: a third flow
-    joining (and later leaving) leaves every resource with room, so the part is not filled again
-    and the rates stay; a fourth that fills the shared resource makes it filled again."""
-    caps = [10e9, 1e9, 2e9, 3e9, 8e9]
-    routes = [[0, 1], [0, 2], [0, 3], [0, 4]]
-    s = Sharing(caps, routes, private=True)           # resources 1-4: caps, as a block's own is
-    s.start(0), s.start(1)
-    assert s.share() == {0: 1e9, 1: 2e9}
-    filled = int(s.counters[1])
-    s.start(2)
-    assert s.share() == {0: 1e9, 1: 2e9, 2: 3e9}
-    s.stop(2)
-    assert s.share() == {0: 1e9, 1: 2e9}
-    assert s.counters[1] == filled                      # neither change filled the part again
-    s.start(3)
-    rate = s.share()
-    assert s.counters[1] == filled + 1
-    assert rate == pytest.approx({0: 1e9, 1: 2e9, 3: 7e9})
-    assert_max_min_fair(caps, routes, rate)
-    s.stop(0)                                           # off a full resource: filled again
-    assert s.share() == pytest.approx({1: 2e9, 3: 8e9})
-    assert s.counters[1] == filled + 2
 
 
 def test_a_tie_freezes_every_full_resource_at_its_level():
