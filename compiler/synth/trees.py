@@ -407,6 +407,18 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     rails = _rails(net)
 
     priced = [0]        # trees priced so far (:data:`PRICED_PLAIN`)
+    cross = None if rails is None else rails[0][:, None] != rails[0][None, :]    # arcs between nodes
+    arcs_of: list = [None, None, None]      # the prices, the kind and their arc matrix (:func:`arcs`)
+
+    def arcs(pi_o: np.ndarray, rev: bool) -> np.ndarray:
+        """The arc costs at the prices ``pi_o`` of a tree whose root's class has one member (the
+        costs of every root are these times its class size), transposed for an in-tree; kept for
+        the next call at the same prices (every root of a round, a tree and its rail tree)."""
+        if arcs_of[0] is not pi_o or arcs_of[1] != rev:
+            C = np.full((n, n), np.inf)
+            C[net.psrc, net.pdst] = np.where(bw > 0, inc @ (pi_o * mult)[orb], np.inf)
+            arcs_of[:] = [pi_o, rev, C.T.copy() if rev else C]
+        return arcs_of[2]
 
     def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
               many: bool = False) -> tuple[float, np.ndarray | None]:
@@ -418,21 +430,22 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         optimum is unchanged; but where every rank's NIC is tight (a 16 GB/s NIC per GCD on
         MI250 nodes) the LP's own trees send some roots' data through other ranks' NICs and
         round to whole chunks one chunk over on a NIC, where rail trees fill each NIC exactly."""
+        if rail and rails is None:
+            return np.inf, None
         priced[0] += 1
         many = many or priced[0] > PRICED_PLAIN
-        w = (inc @ (pi_o * mult)[orb]) * csize[r]
         if translate is not None:
-            w = w[pair_img[r]].sum(axis=0)      # the tree's cost with all its translates
-        C = np.full((n, n), np.inf)
-        C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
-        if rev:
-            C = C.T.copy()        # an in-tree of the network: an out-tree of the transposed one
+            w = ((inc @ (pi_o * mult)[orb]) * csize[r])[pair_img[r]].sum(axis=0)   # with all its translates
+            C = np.full((n, n), np.inf)
+            C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+            if rev:
+                C = C.T.copy()    # an in-tree of the network: an out-tree of the transposed one
+        else:
+            C = arcs(pi_o, rev) * csize[r]
         if rail:
-            if rails is None:
-                return np.inf, None
             node, peer = rails
             keep = C[r, peer[r]].copy()
-            C[node[:, None] != node[None, :]] = np.inf
+            C[cross] = np.inf
             C[r, peer[r]] = keep
         try:
             par = min_arborescence(C, r, many)
