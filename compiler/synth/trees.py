@@ -77,14 +77,14 @@ REGROW_PASSES = 3
 ROUND_MILP_NODES = 40
 #: the most generated trees the rounding's program chooses among
 MILP_COLUMNS = 300
+#: trees a packing prices with the numpy formulation of Chu-Liu/Edmonds on matrices below
+#: :data:`~hccc.compiler.synth.edmonds_kernel.MIN_COMPILED_RANKS` ranks; the rest run compiled
+#: (a 32-rank matrix: 80-600 us numpy, about 10 us compiled; loading the kernel costs about what these
+#: numpy calls do, and two MI250 nodes price 19,000 trees)
+PRICED_PLAIN = 256
 #: with classes of several kinds of node, the LP over every root is also rounded where the LP of
 #: translates needs more chunks per rank than this, or has at most :data:`EVERY_ROOT_RANKS` ranks
 #: (and more than one chunk per rank), where that LP takes well under a second
-#: trees a packing prices with the numpy formulation of Chu-Liu/Edmonds on matrices below
-#: :data:`~hccc.compiler.synth.edmonds_kernel.MIN_COMPILED_RANKS` ranks; the rest run compiled
-#: (a 32-rank matrix: 80 us numpy, 9 us compiled; loading the kernel costs about what this many
-#: numpy calls do, and two MI250 nodes price 19,000 trees)
-PRICED_PLAIN = 256
 SEED_EVERY_ROOT_ABOVE = 8
 EVERY_ROOT_RANKS = 32
 
