@@ -198,3 +198,25 @@ def test_a_program_that_does_not_fit_is_simulated_only_where_none_does():
     assert res.detail["blocks_per_rank"] <= cap
     res, calls = run(1)                           # none fits: every one simulated
     assert len(calls) == len(every)
+
+
+def test_the_chosen_program_is_not_built_again_for_its_channel_counts(monkeypatch):
+    """``Simulations`` keeps the latest program's IR only, and every program's resident channel
+    counts: after two programs are simulated, the counts of the first (the candidate chosen, say)
+    come without building it again, and they are those of its own IR."""
+    from hccc.commands import synth as synth_cmd
+    from hccc.compiler.passes import build
+
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    ag = synthesize(topo, "allgather", method="trees", time_limit=60)
+    rs = synthesize(topo, "reducescatter", method="trees", time_limit=60)
+    want = [c for c in synth_cmd.CHANNEL_STEPS
+            if c <= synth_cmd.resident_channels(build.build_program(to_algorithm(ag, topo)), topo)] or [1]
+    built = []
+    real = build.build_program
+    monkeypatch.setattr(build, "build_program", lambda *a, **k: built.append(1) or real(*a, **k))
+    sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+    assert sims.seconds(ag, 1) is not None and sims.seconds(rs, 1) is not None
+    assert len(built) == 2
+    assert sims.channel_steps(ag) == want
+    assert len(built) == 2

@@ -424,6 +424,7 @@ class Simulations:
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
         self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
         self._irs: dict[tuple, object] = {}
+        self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
         self._bounds: dict[str, float] = {}
         self._net = None
         try:
@@ -469,12 +470,17 @@ class Simulations:
             from hccc.compiler.passes.build import build_program
             from hccc.compiler.synth import to_algorithm
             self._irs = {key: build_program(to_algorithm(result, self.topo))}   # the latest program only
+            self._resident[key] = resident_channels(self._irs[key], self.topo)
         return self._irs[key]
 
     def channel_steps(self, result) -> list[int]:
-        """:data:`CHANNEL_STEPS` with which every thread block of the program stays resident."""
-        ir = self._ir(result, self._key(result))
-        return [c for c in CHANNEL_STEPS if c <= resident_channels(ir, self.topo)] or [1]
+        """:data:`CHANNEL_STEPS` with which every thread block of the program stays resident (the
+        count is kept per program: the program chosen after several were simulated is not built
+        again for it)."""
+        key = self._key(result)
+        if key not in self._resident:
+            self._ir(result, key)
+        return [c for c in CHANNEL_STEPS if c <= self._resident[key]] or [1]
 
     def known(self, result, channels: int | None) -> float | None:
         """The time of ``result`` with ``channels`` when already simulated."""
