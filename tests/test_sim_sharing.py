@@ -31,7 +31,7 @@ class Sharing:
 
     def __init__(self, caps: list[float], routes: list[list[int]], private: bool = False):
         R, G = len(caps), len(routes)
-        self.R, self.G, self.t, self.epoch = R, G, 0.0, 1
+        self.R, self.t, self.epoch = R, 0.0, 1
         self.res_cap = np.asarray(caps, float)
         users = np.bincount([r for route in routes for r in route], minlength=R)
         res_private = (users <= 1) if private else np.zeros(R, np.bool_)
@@ -105,10 +105,10 @@ class Sharing:
 
 def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
     """Rates the engine gives flows ``routes`` started together over resources of ``caps``."""
-    eng_state = Sharing(caps, routes, private)
+    sharing = Sharing(caps, routes, private)
     for g in range(len(routes)):
-        eng_state.start(g)
-    rate = eng_state.share()
+        sharing.start(g)
+    rate = sharing.share()
     return np.asarray([rate[g] for g in range(len(routes))])
 
 

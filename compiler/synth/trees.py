@@ -410,14 +410,19 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     cross = None if rails is None else rails[0][:, None] != rails[0][None, :]    # arcs between nodes
     arcs_of: list = [None, None, None]      # the prices, the kind and their arc matrix (:func:`arcs`)
 
+    def arc_matrix(w: np.ndarray, rev: bool) -> np.ndarray:
+        """``C[u, v]``: the cost ``w`` of pair ``u -> v`` (infinite where there is none or it has no
+        bandwidth), transposed for an in-tree (an out-tree of the transposed network)."""
+        C = np.full((n, n), np.inf)
+        C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+        return C.T.copy() if rev else C
+
     def arcs(pi_o: np.ndarray, rev: bool) -> np.ndarray:
         """The arc costs at the prices ``pi_o`` of a tree whose root's class has one member (the
-        costs of every root are these times its class size), transposed for an in-tree; kept for
-        the next call at the same prices (every root of a round, a tree and its rail tree)."""
+        costs of every root are these times its class size); kept for the next call at the same
+        prices (every root of a round, a tree and its rail tree)."""
         if arcs_of[0] is not pi_o or arcs_of[1] != rev:
-            C = np.full((n, n), np.inf)
-            C[net.psrc, net.pdst] = np.where(bw > 0, inc @ (pi_o * mult)[orb], np.inf)
-            arcs_of[:] = [pi_o, rev, C.T.copy() if rev else C]
+            arcs_of[:] = [pi_o, rev, arc_matrix(inc @ (pi_o * mult)[orb], rev)]
         return arcs_of[2]
 
     def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
@@ -434,16 +439,12 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             return np.inf, None
         priced[0] += 1
         many = many or priced[0] > PRICED_PLAIN
-        if translate is not None:
-            w = ((inc @ (pi_o * mult)[orb]) * csize[r])[pair_img[r]].sum(axis=0)   # with all its translates
-            C = np.full((n, n), np.inf)
-            C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
-            if rev:
-                C = C.T.copy()    # an in-tree of the network: an out-tree of the transposed one
+        if translate is not None:     # the tree's cost with all its translates
+            C = arc_matrix(((inc @ (pi_o * mult)[orb]) * csize[r])[pair_img[r]].sum(axis=0), rev)
         else:
             C = arcs(pi_o, rev) * csize[r]
         if rail:
-            node, peer = rails
+            peer = rails[1]
             keep = C[r, peer[r]].copy()
             C[cross] = np.inf
             C[r, peer[r]] = keep
