@@ -174,6 +174,43 @@ def test_stream_blocks_counts_the_built_programs_thread_blocks():
                 forest.stream_blocks({"allgather": sag})
 
 
+def _ring_and_mesh(tmp_path):
+    from cluster_texts import RING_AND_MESH_14
+    from hccc.compiler.pipeline import load_cluster
+
+    path = tmp_path / "ring_and_mesh.topo"
+    path.write_text(RING_AND_MESH_14)
+    return load_cluster(path)
+
+
+def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(tmp_path, monkeypatch):
+    """A ReduceScatter whose packing rounds to many chunks per rank (14 GPUs, two nodes with deep
+    trees): its program simulates more than ``FEWER_STREAMS_ABOVE`` slower than the packing's time
+    in the link model (each of its many streams crosses a link at a small share of it, so its
+    pipeline fills and drains slowly), so the same LP rounded to half the chunks is simulated too,
+    and the faster is kept: within 0.98 of the cut bound, where the many streams' best is not.
+    Without the halving (the threshold out of reach), the program stays short."""
+    from hccc.commands.synth import Simulations, tree_simulated_score
+
+    topo = _ring_and_mesh(tmp_path)
+
+    def run():
+        sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+        res = synthesize(topo, "reducescatter", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
+                         tree_score=tree_simulated_score(sims))
+        return res, sims.known(res, res.detail["channels"]), sims.bound_seconds("reducescatter")
+
+    monkeypatch.setattr(forest, "FEWER_STREAMS_ABOVE", np.inf)
+    many, t_many, bound = run()
+    assert bound / t_many < 0.98
+    monkeypatch.setattr(forest, "FEWER_STREAMS_ABOVE", 0.02)
+    res, t, _ = run()
+    cands = res.detail["simulated_candidates"]
+    assert any(int(k.split()[0][2:]) < many.chunks_per_rank for k in cands), cands
+    assert res.chunks_per_rank < many.chunks_per_rank and t == min(cands.values()) < t_many
+    assert bound / t >= 0.98
+
+
 def test_shaped_trees_that_break_residency_give_way_to_the_packings_own(monkeypatch):
     """h20_4x3_8's AllGather: shaping puts 80 thread blocks on its busiest rank, its own trees
     68. With 70 resident (at any warps) the shaped programs cannot run at all, and one chunk per

@@ -83,6 +83,12 @@ SPLIT_FINE_TRANSFERS = 40_000
 #: a piece of its partial sum once its last child's piece has reduced into it, so coarse pieces
 #: leave the links after a join idle for up to a piece's time (:func:`split_for`)
 REDUCE_SPLIT_LEAST = 4
+#: a program simulated this much slower than its packing's time in the link model loses to its
+#: pipelines' fill and drain, which grow with the streams on each link (each stream's pieces cross
+#: a link at its share of it): the same LP rounded to half the chunks per rank is tried too, and
+#: halved again while that gains (four MI250 nodes' ReduceScatter: 0.80 -> 0.87 of the bound; 32
+#: GPUs in nodes of 8-GPU rings: 0.94 -> 0.97). Not for AllReduce, whose simulations cost most
+FEWER_STREAMS_ABOVE = 0.02
 #: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
 SPLIT_MAX_TRANSFERS = 100_000
 #: the share of ``time_limit`` the packings may use: the rest is kept for building the program
@@ -575,6 +581,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     candidates = []
     not_needed = 0             # candidates not built (or not simulated): they cannot beat the best
+    # packings re-rounded to fewer streams (FEWER_STREAMS_ABOVE) -> the simulated time of the
+    # program they were re-rounded from: another halving only while each is faster than that
+    thinned: dict = {}
+    halved: set = set()        # packings already re-rounded to fewer streams
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
@@ -686,6 +696,19 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
                            kv * split, pk, ch, split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
+        if sc is not None and not joint and coll != "allreduce" and id(pk) not in halved and kv > 1 and \
+                sc < thinned.get(id(pk), np.inf) and sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and \
+                time.perf_counter() + 3 * build_s < deadline:
+            # the program falls short of its packing's time in the link model: the same LP rounded
+            # to half the chunks (half the streams, each twice as fast) is built and simulated
+            # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
+            halved.add(id(pk))
+            k = max((c for c in tr.CHUNK_CANDIDATES if c <= kv // 2), default=0)
+            left_s = deadline - time.perf_counter()
+            fewer = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k else None
+            if fewer is not None and max(p.chunks_per_rank for p in fewer.values()) < kv:
+                thinned[id(fewer)] = sc
+                todo.insert(i + 1, (max(p.chunks_per_rank for p in fewer.values()), fewer, joint, shape))
     if score is not None and all(c[0][0] for c in candidates):
         # nothing fits: the simulated times decide after all (best first in the link model, as
         # far as the deadline allows)
