@@ -87,7 +87,8 @@ REDUCE_SPLIT_LEAST = 4
 #: pipelines' fill and drain, which grow with the streams on each link (each stream's pieces cross
 #: a link at its share of it): the same LP rounded to half the chunks per rank is tried too, and
 #: halved again while that gains (four MI250 nodes' ReduceScatter: 0.80 -> 0.87 of the bound; 32
-#: GPUs in nodes of 8-GPU rings: 0.94 -> 0.97). Not for AllReduce, whose simulations cost most
+#: GPUs in nodes of 8-GPU rings: 0.94 -> 0.97). Not for AllReduce: its simulations cost most and
+#: gained nothing there (four MI250 nodes: 0.912 -> 0.895 of RS + AG's optimum)
 FEWER_STREAMS_ABOVE = 0.02
 #: the most transfers (of one collective) splitting may lead to (:func:`split_for`)
 SPLIT_MAX_TRANSFERS = 100_000
