@@ -206,8 +206,9 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(tmp_path,
     monkeypatch.setattr(forest, "FEWER_STREAMS_ABOVE", 0.02)
     res, t, _ = run()
     cands = res.detail["simulated_candidates"]
+    simulated = [v for v in cands.values() if v > 1e-6]     # a candidate not simulated shows its model time per byte
     assert any(int(k.split()[0][2:]) < many.chunks_per_rank for k in cands), cands
-    assert res.chunks_per_rank < many.chunks_per_rank and t == min(cands.values()) < t_many
+    assert res.chunks_per_rank < many.chunks_per_rank and t == min(simulated) < t_many
     assert bound / t >= 0.98
 
 
