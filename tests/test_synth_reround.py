@@ -174,25 +174,18 @@ def test_stream_blocks_counts_the_built_programs_thread_blocks():
                 forest.stream_blocks({"allgather": sag})
 
 
-def _ring_and_mesh(tmp_path):
-    from cluster_texts import RING_AND_MESH_14
-    from hccc.compiler.pipeline import load_cluster
-
-    path = tmp_path / "ring_and_mesh.topo"
-    path.write_text(RING_AND_MESH_14)
-    return load_cluster(path)
-
-
-def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(tmp_path, monkeypatch):
+def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypatch):
     """A ReduceScatter whose packing rounds to many chunks per rank (14 GPUs, two nodes with deep
     trees): its program simulates more than ``FEWER_STREAMS_ABOVE`` slower than the packing's time
     in the link model (each of its many streams crosses a link at a small share of it, so its
     pipeline fills and drains slowly), so the same LP rounded to half the chunks is simulated too,
     and the faster is kept: within 0.98 of the cut bound, where the many streams' best is not.
     Without the halving (the threshold out of reach), the program stays short."""
+    from cluster_texts import RING_AND_MESH_14
     from hccc.commands.synth import Simulations, tree_simulated_score
+    from hccc.compiler.cluster.topo_parser import parse_topology
 
-    topo = _ring_and_mesh(tmp_path)
+    topo = parse_topology(RING_AND_MESH_14, "ring_and_mesh.topo")
 
     def run():
         sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)

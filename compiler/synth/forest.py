@@ -707,9 +707,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             k = max((c for c in tr.CHUNK_CANDIDATES if c <= kv // 2), default=0)
             left_s = deadline - time.perf_counter()
             fewer = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k else None
-            if fewer is not None and max(p.chunks_per_rank for p in fewer.values()) < kv:
+            k = max(p.chunks_per_rank for p in fewer.values()) if fewer is not None else kv
+            if k < kv:
                 thinned[id(fewer)] = sc
-                todo.insert(i + 1, (max(p.chunks_per_rank for p in fewer.values()), fewer, joint, shape))
+                todo.insert(i + 1, (k, fewer, joint, shape))
     if score is not None and all(c[0][0] for c in candidates):
         # nothing fits: the simulated times decide after all (best first in the link model, as
         # far as the deadline allows)
