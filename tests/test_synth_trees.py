@@ -301,9 +301,11 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
     trees among the columns every NIC carries whole chunks exactly and the rounding comes within
     3.1 % (the intra-node links' rounding). (Without regrowing, which would find such trees
     itself: rails are what the LP's own rounding needs.)"""
+    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
     monkeypatch.setattr(tr, "REGROW_ALPHAS", ())
+    monkeypatch.setattr(br, "MAX_RANKS", 0)       # the LP's trees only (no integral packing)
     net = network_from_topology(_mi250(4))
     with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12)
     monkeypatch.setattr(tr, "_rails", lambda net: None)
@@ -320,8 +322,10 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(monkeypatch, chunks):
     priced by the rounded loads (``regrow``, new trees included) reaches it; the program's time is
     recomputed from its transfers and the optimum by the independent flow LP, for the AllGather
     and the ReduceScatter (in-trees: the transposed network)."""
+    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
+    monkeypatch.setattr(br, "MAX_RANKS", 0)       # the LP's trees only (no integral packing)
     topo = _mi250(1)
     net = network_from_topology(topo)
     for coll, rev in (("allgather", False), ("reducescatter", True)):
@@ -820,15 +824,17 @@ def test_bundled_channels_of_loop_programs_agree_in_every_translate():
         len({c for s2, d2, _, c, _ in lp.expand().tolist() if (s2, d2) == p}) for p in per_pair)   # fewer than streams
 
 
-def test_reshaped_trees_are_never_slower_in_the_link_model():
+def test_reshaped_trees_are_never_slower_in_the_link_model(monkeypatch):
     """Shaping never loads the most loaded resource more: the reshaped trees' time in the link model
     (``load_time``, recomputed here from their pairs and the network's groups) is at most the
     rounded packing's, and can be less (mixed_v100_w7800's one-chunk ReduceScatter: shaping
     lightens its bottleneck by 2.6 %; a100_topo2's, 4 % before its LP had rail trees, now starts at
     the bound)."""
     from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
+    monkeypatch.setattr(br, "MAX_RANKS", 0)       # shaping of the LP's rounding (integral trees are exact)
     topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     net = network_from_topology(topo)
     tnet = net.transposed()

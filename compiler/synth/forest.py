@@ -511,7 +511,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 if id(p) not in made:
                     made[id(p)] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
                                                 bw[tr.transposed_pair_order(net)], max_chunks=1,
-                                                bound=p.lower_bound, time_limit=left(len(first)))
+                                                bound=p.lower_bound, time_limit=left(len(first)), exact=p.exact)
             return {name: made[id(p)] for name, p in first.items()}
         variants.append((1, ones, False))
 
@@ -586,6 +586,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     # program they were re-rounded from: another halving only while each is faster than that
     thinned: dict = {}
     halved: set = set()        # packings already re-rounded to fewer streams
+    alternated: set = set()    # integral packings whose LP rounding was queued (Packing.alternative)
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
@@ -711,6 +712,15 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             if k < kv:
                 thinned[id(fewer)] = sc
                 todo.insert(i + 1, (k, fewer, joint, shape))
+        if sc is not None and not joint and coll != "allreduce" and id(pk) not in alternated and \
+                all(p.alternative is not None for p in pk.values()) and \
+                sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and time.perf_counter() + 3 * build_s < deadline:
+            # integral trees (trees.Packing.alternative) that fall short of their link-model time:
+            # they fill every resource, so they can grow deep and fill slowly; the LP's own trees
+            # rounded, slower in the link model, are simulated next
+            alternated.add(id(pk))
+            alt = {name: p.alternative for name, p in pk.items()}
+            todo.insert(i + 1, (max(p.chunks_per_rank for p in alt.values()), alt, joint, shape))
     if score is not None and all(c[0][0] for c in candidates):
         # nothing fits: the simulated times decide after all (best first in the link model, as
         # far as the deadline allows)

@@ -220,6 +220,13 @@ class Packing:
     #: the LP's trees of positive weight as ``(root, parents, in-tree)`` for every root, where the
     #: LP was over representatives and their translates (they seed the LP over every root)
     lp_support: list | None = field(repr=False, default=None, compare=False)
+    #: where the trees are integral ones (:mod:`.branchings`, ``stats["integral"]``): the LP's own
+    #: trees rounded (what the packing is without them), which can run faster where the integral
+    #: trees, filling every resource, grow deep (the simulator decides; see ``forest``)
+    alternative: "Packing | None" = field(repr=False, default=None, compare=False)
+    #: the integral packings found while rounding (``_pack``'s cache: per chunk count, the cut
+    #: conditions, the time spent), for another packing of the same network (:func:`pack_trees`)
+    exact: dict | None = field(repr=False, default=None, compare=False)
 
     @property
     def load_time(self) -> float:
@@ -305,9 +312,11 @@ def _translates(E: np.ndarray, root: int, par: np.ndarray) -> tuple[np.ndarray, 
 
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-               round_tol: float = ROUND_TOL, symmetry: bool = True) -> Packing:
+               round_tol: float = ROUND_TOL, symmetry: bool = True, exact: dict | None = None) -> Packing:
+    """The least-time tree packing of an AllGather on ``net`` (:func:`_pack`); ``exact``: the integral
+    packings another packing of the same network found (its ``Packing.exact``), reused."""
     return _pack(net, pair_bw=pair_bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks,
-                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry)[0]
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, exact=exact)[0]
 
 
 def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunks: int | None = None,
@@ -329,7 +338,7 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
 def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
           max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
           round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None,
-          translate: dict | None = None):
+          translate: dict | None = None, exact: dict | None = None):
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
@@ -377,6 +386,12 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     if group is None and symmetry and translate is None:
         group = class_symmetry(net, bw)        # classes whose trees seed the LP of translates
         seeding = group is not None
+    if exact is None:
+        # integral packings at a chunk count (:mod:`.branchings`), shared with the LPs this one
+        # seeds: the network's automorphisms (their multiplicities alike on a pair orbit), the cut
+        # conditions found so far, the time and multiplicities found per K, the trees grown on
+        # them per K, the seconds spent finding them
+        exact = {"perms": None if group is None else group.ranks, "sets": [], "found": {}, "grown": {}, "spent": 0.0}
     pair_img = {}
     if translate is not None:
         # a column: a representative's tree and its translates, loads per resource
@@ -558,7 +573,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         class_s = time.perf_counter() - t0
         lb = max(best_lb / scale, bound or 0.0)
         common = dict(pair_bw=bw, bound=lb, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
-                      round_tol=round_tol, symmetry=False, joint=joint)
+                      round_tol=round_tol, symmetry=False, joint=joint, exact=exact)
         out = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=seeds,
                     translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
         how = "translates"
@@ -695,8 +710,50 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     rounded: dict[int, tuple] = {}      # K -> round_to's (time, counts, seconds): a re-rounding reuses them
 
-    def finish(kmax: int, min_k: int, round_deadline: float):
-        """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank."""
+    def integral_at(K: int, until: float) -> tuple[float, np.ndarray] | None:
+        """The least time of K trees per root and the pair multiplicities that attain it
+        (:func:`.branchings.integral_arcs`; the trees themselves are grown only for the count
+        kept) as ``(normalised time, multiplicities)``, where the network is small enough and the
+        time allows (:data:`.branchings.SECONDS` in all, across every K); None otherwise.
+        Out-trees only (a joint packing's halves share their resources)."""
+        from hccc.compiler.synth import branchings as br
+
+        if joint or K > br.MAX_CHUNKS or n > br.MAX_RANKS:
+            return None
+        if K not in exact["found"]:
+            b0 = time.perf_counter()
+            until = min(until, b0 + br.SECONDS - exact["spent"])
+            got = br.integral_arcs(net, K, cap, until, exact["sets"], exact["perms"]) if until > b0 else None
+            exact["spent"] += time.perf_counter() - b0
+            exact["found"][K] = None if got is None else (got[0] * scale, got[1])
+        return exact["found"][K]
+
+    def integral_packing(K: int, t_round: float, mult: np.ndarray, r0: float) -> Packing | None:
+        """The Packing of the integral trees on the multiplicities ``mult`` (K per root, no
+        symmetry: every tree listed) with the LP's figures; None where growing them runs out of
+        time."""
+        from hccc.compiler.synth import branchings as br
+
+        if K not in exact["grown"]:
+            arcs_k = np.zeros((n, n), np.int64)
+            arcs_k[net.psrc, net.pdst] = mult
+            exact["grown"][K] = br.branchings(n, arcs_k, K, time.perf_counter() + br.SECONDS)
+        trees = exact["grown"][K]
+        if trees is None:
+            return None
+        load = np.zeros(R)
+        for r, par, c in trees:
+            np.add.at(load, _tree_column(net, _tree_pairs(net, par, r)), c / K)
+        return Packing(n, K, [int(r) for r, _, _ in trees], [np.asarray(par) for _, par, _ in trees],
+                       [int(c) for _, _, c in trees], lp_val / scale, best_lb / scale, t_round / scale, it,
+                       len(cols), lp_s + time.perf_counter() - r0, load[:P].copy(),
+                       {"lp_trees": int((y > 1e-9).sum()), "symmetry": 1, "classes": int(reps.size),
+                        "lp_rows": RO, "integral": True}, load, capn * t_round, None, reround, None)
+
+    def finish(kmax: int, min_k: int, round_deadline: float, integral: bool = True):
+        """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank, or
+        (``integral``: where no count rounds within the tolerance, and they are faster) integral
+        trees at that count."""
         r0 = time.perf_counter()
         best = None
         tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
@@ -713,10 +770,31 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 best = (t, K, counts)
             if t <= target:
                 break
+        if integral and best[0] > target:
+            # no count rounds the LP's trees within the tolerance: the best K trees per root at
+            # every count (:mod:`.branchings`), where faster, the fewest counts first
+            for j, (t, K, _) in enumerate(tried):
+                got = integral_at(K, round_deadline)
+                if got is not None and got[0] < t * (1 - 1e-12):
+                    tried[j] = (got[0], K, got[1])      # (time, multiplicities)
+                    if got[0] < best[0] * (1 - 1e-12):
+                        best = tried[j]
+                    if got[0] <= target:
+                        break
         # where no count is within the tolerance of the LP, the fewest chunks within it of the
         # best rounding (more chunks are more streams and thread blocks for a sliver of rate)
         best = next(c for c in tried if c[0] <= best[0] * (1 + round_tol))
         t_round, K, counts = best
+        if integral and not joint and K in exact["found"] and exact["found"][K] is not None and \
+                counts is exact["found"][K][1]:
+            # integral trees: grown now (where that runs out of time, the LP's rounding stands)
+            plain = finish(kmax, min_k, round_deadline, integral=False)[0]     # its roundings are cached
+            exact_p = integral_packing(K, t_round, counts, r0)
+            if exact_p is None:
+                return (plain,)
+            exact_p.alternative = plain
+            exact_p.exact = exact
+            return (exact_p,)
         counts = np.r_[counts, np.zeros(len(col_root) - counts.size, np.int64)]
         support = None
         if translate is not None:
@@ -749,7 +827,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                                it, len(cols), lp_s + time.perf_counter() - r0, lo[:P].copy(),
                                {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
                                 "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
-                               None if lp_only else group, reround, support))
+                               None if lp_only else group, reround, support, exact=exact))
         return tuple(out)
 
     def reround(kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
