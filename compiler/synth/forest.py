@@ -587,6 +587,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     thinned: dict = {}
     halved: set = set()        # packings already re-rounded to fewer streams
     alternated: set = set()    # integral packings whose LP rounding was queued (Packing.alternative)
+    integral_built: set = set()    # integral packings built (unshaped, once)
     build_s = 0.0              # the longest a candidate took to build (and score)
     refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
     todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
@@ -617,6 +618,15 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             if beaten(pk):
                 not_needed += 1
                 continue
+        if any(p.stats.get("integral") for p in pk.values()):
+            # integral trees (trees.Packing.alternative) fill their resources, so the shaping passes
+            # have next to no room to move them: one candidate, unshaped
+            if id(pk) in integral_built:
+                not_needed += 1
+                continue
+            integral_built.add(id(pk))
+            shape = ""
+            todo[i] = (kv, pk, joint, shape)
         b0 = time.perf_counter()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
