@@ -714,7 +714,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         """The least time of K trees per root and the pair multiplicities that attain it
         (:func:`.branchings.integral_arcs`; the trees themselves are grown only for the count
         kept) as ``(normalised time, multiplicities)``, where the network is small enough and the
-        time allows (:data:`.branchings.SECONDS` in all, across every K); None otherwise.
+        time allows (:data:`.branchings.SECONDS` in all, across every K, and the packing's time limit); None otherwise.
         Out-trees only (a joint packing's halves share their resources)."""
         from hccc.compiler.synth import branchings as br
 
@@ -772,9 +772,11 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 break
         if integral and best[0] > target:
             # no count rounds the LP's trees within the tolerance: the best K trees per root at
-            # every count (:mod:`.branchings`), where faster, the fewest counts first
+            # every count (:mod:`.branchings`), where faster, the fewest counts first; bounded by
+            # the packing's own time limit, not the rounding's (so the counts tried, and the
+            # result, do not depend on how fast the rounding ran)
             for j, (t, K, _) in enumerate(tried):
-                got = integral_at(K, round_deadline)
+                got = integral_at(K, deadline)
                 if got is not None and got[0] < t * (1 - 1e-12):
                     tried[j] = (got[0], K, got[1])      # (time, multiplicities)
                     if got[0] < best[0] * (1 - 1e-12):
