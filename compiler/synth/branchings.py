@@ -27,9 +27,9 @@ groups):
    (capped by tree ``j``'s count and the arc's multiplicity); where ``mu`` is short of the count,
    the tree splits and the rest of its copies grow on later.
 
-Both are exact; what costs is their size (a binary variable per pair, a max-flow per arc of every
-tree), so :func:`integral_packing` is tried where the rounding of the LP misses, on networks of at
-most :data:`MAX_RANKS` ranks, within a time limit, and kept where it is faster (see
+Both are exact; what costs is their size (an integer variable per pair, a max-flow per arc of every
+tree), so the two are tried where the rounding of the LP misses, on networks of at
+most :data:`MAX_RANKS` ranks, within a time limit, and kept where they are faster (see
 ``trees._pack``'s ``finish``).
 """
 from __future__ import annotations
@@ -57,11 +57,6 @@ MIP_GAP = 2e-3
 SOLVE_NODES = 50
 #: rounds of cut separation before giving up
 MAX_ROUNDS = 50
-
-
-def _sparse():
-    from scipy import sparse
-    return sparse
 
 
 def max_flow(nv: int, eu: np.ndarray, ev: np.ndarray, ecap: np.ndarray, s: int, t: int) -> tuple[int, np.ndarray]:
@@ -140,9 +135,9 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     network as rank permutations (one per row, a group): the multiplicities are then the same on
     every pair of an orbit, one variable per orbit (far fewer where nodes repeat), and every set
     found short is added with its images."""
+    from scipy import sparse
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    sparse = _sparse()
     n, P, G = net.nranks, net.npairs, net.ngroups
     cap = np.asarray(cap, float)
     pair_cap, group_cap = cap[:P], cap[P:P + G]
@@ -183,8 +178,8 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
                    options={"time_limit": left, "node_limit": SOLVE_NODES, "mip_rel_gap": MIP_GAP, "disp": False})
         if res.x is None or res.status in (2, 3):
             return None                     # no integral point found in the time (or none exists)
-        # at its node limit (HiGHS: a limit status) the search keeps the best point found: a packing all the same (once
-        # the cut conditions hold), if not the least time's
+        # at its node limit (HiGHS: a limit status) the search keeps the best point found: a
+        # packing all the same (once the cut conditions hold), if not the least time's
         mult = np.round(res.x[:O]).astype(np.int64)[orbit]
         more = short_sets(n, src, dst, mult, k)
         if not more:
@@ -309,6 +304,14 @@ def branchings(n: int, arcs: np.ndarray, k: int, deadline: float) -> list[tuple[
     return [(roots[j], parents[j], copies[j]) for j in done]
 
 
+def trees_on(net: Network, mult: np.ndarray, k: int, deadline: float) -> list[tuple[int, np.ndarray, int]] | None:
+    """:func:`branchings` on the pair multiplicities ``mult`` of :func:`integral_arcs`."""
+    n = net.nranks
+    arcs = np.zeros((n, n), np.int64)
+    arcs[net.psrc, net.pdst] = mult
+    return branchings(n, arcs, k, deadline)
+
+
 def integral_packing(net: Network, k: int, cap: np.ndarray, deadline: float, sets: list | None = None,
                      perms: np.ndarray | None = None) -> tuple[float, list[tuple[int, np.ndarray, int]]] | None:
     """The least-time packing of ``k`` spanning out-trees per root on ``net`` (``cap``: pair then
@@ -320,12 +323,5 @@ def integral_packing(net: Network, k: int, cap: np.ndarray, deadline: float, set
     got = integral_arcs(net, k, cap, deadline, sets, perms)
     if got is None:
         return None
-    t, mult = got
-    n = net.nranks
-    arcs = np.zeros((n, n), np.int64)
-    arcs[net.psrc, net.pdst] = mult
-    trees = branchings(n, arcs, k, deadline)
-    if trees is None:
-        return None
-    return t, trees
-
+    trees = trees_on(net, got[1], k, deadline)
+    return None if trees is None else (got[0], trees)

@@ -708,9 +708,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
                            kv * split, pk, ch, split, most, blocks, warps))
         build_s = max(build_s, time.perf_counter() - b0)
-        if sc is not None and not joint and coll != "allreduce" and id(pk) not in halved and kv > 1 and \
-                sc < thinned.get(id(pk), np.inf) and sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and \
-                time.perf_counter() + 3 * build_s < deadline:
+        # AllGather / ReduceScatter programs short of their packing's link-model time, with time left
+        short = sc is not None and not joint and coll != "allreduce" and \
+            sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and time.perf_counter() + 3 * build_s < deadline
+        if short and id(pk) not in halved and kv > 1 and sc < thinned.get(id(pk), np.inf):
             # the program falls short of its packing's time in the link model: the same LP rounded
             # to half the chunks (half the streams, each twice as fast) is built and simulated
             # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
@@ -722,9 +723,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             if k < kv:
                 thinned[id(fewer)] = sc
                 todo.insert(i + 1, (k, fewer, joint, shape))
-        if sc is not None and not joint and coll != "allreduce" and id(pk) not in alternated and \
-                all(p.alternative is not None for p in pk.values()) and \
-                sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and time.perf_counter() + 3 * build_s < deadline:
+        if short and id(pk) not in alternated and all(p.alternative is not None for p in pk.values()):
             # integral trees (trees.Packing.alternative) that fall short of their link-model time:
             # they fill every resource, so they can grow deep and fill slowly; the LP's own trees
             # rounded, slower in the link model, are simulated next

@@ -728,16 +728,14 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             exact["found"][K] = None if got is None else (got[0] * scale, got[1])
         return exact["found"][K]
 
-    def integral_packing(K: int, t_round: float, mult: np.ndarray, r0: float) -> Packing | None:
+    def integral_trees(K: int, t_round: float, mult: np.ndarray, r0: float) -> Packing | None:
         """The Packing of the integral trees on the multiplicities ``mult`` (K per root, no
         symmetry: every tree listed) with the LP's figures; None where growing them runs out of
         time."""
         from hccc.compiler.synth import branchings as br
 
         if K not in exact["grown"]:
-            arcs_k = np.zeros((n, n), np.int64)
-            arcs_k[net.psrc, net.pdst] = mult
-            exact["grown"][K] = br.branchings(n, arcs_k, K, time.perf_counter() + br.SECONDS)
+            exact["grown"][K] = br.trees_on(net, mult, K, time.perf_counter() + br.SECONDS)
         trees = exact["grown"][K]
         if trees is None:
             return None
@@ -791,7 +789,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 counts is exact["found"][K][1]:
             # integral trees: grown now (where that runs out of time, the LP's rounding stands)
             plain = finish(kmax, min_k, round_deadline, integral=False)[0]     # its roundings are cached
-            exact_p = integral_packing(K, t_round, counts, r0)
+            exact_p = integral_trees(K, t_round, counts, r0)
             if exact_p is None:
                 return (plain,)
             exact_p.alternative = plain
