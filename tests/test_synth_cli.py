@@ -175,3 +175,25 @@ def test_auto_allreduce_searches_only_below_what_tree_programs_reach(tmp_path, c
     b = s["bandwidth_bound"]
     assert b["fraction_of_rs_ag"] >= 0.98 and b["fraction_of_allreduce_bound"] < 0.98
     assert s["method"] == "trees" and list(s["methods_tried"]) == ["trees"]
+
+
+def test_auto_search_after_the_trees_is_greedy_only(topo, tmp_path, capsys, monkeypatch):
+    """The step search ``--method auto`` adds after a tree program below its target runs at a
+    bandwidth size, where the steps z3 saves are not the program's time: greedy variants only,
+    rated by the simulator. ``--method search`` still shortens its schedule with z3."""
+    from hccc.commands import synth
+    from hccc.compiler.synth import cegis
+
+    calls = []
+    real = cegis._minimise
+    monkeypatch.setattr(cegis, "_minimise", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)        # every tree program is short of it
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert list(s["methods_tried"]) == ["trees", "search"] and s["methods_tried"]["search"] is not None
+    assert calls == []
+    verify(load_algorithm(out))
+    assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "search" and calls

@@ -284,14 +284,14 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        def make(how: str, until: float = deadline):
+        def make(how: str, until: float = deadline, smt: bool = not args.no_smt):
             sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
                 topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until)
             try:
                 return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
                                   time_limit=max(1e-3, until - time.perf_counter()), progress=progress,
-                                  pod_ranks=args.pod_size, use_smt=not args.no_smt, variants=args.variants,
+                                  pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
                                   score=score, bandwidth_bound_bytes=size, method=how,
                                   tree_score=tree_simulated_score(sims) if sim and how == "trees" else None)
             except ValueError as exc:
@@ -318,12 +318,13 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                 and sims.time_left > 0:
             # the packing's program falls short in the simulator: the search too, the faster kept,
             # leaving time to simulate the search's program as long as the tree program took, and
-            # searching half as long as the trees took to make
+            # searching half as long as the trees took to make; greedy only (its variants rated by
+            # the simulator): z3 shortens the schedule by steps, which at this size is not its time
             phase.update("tree program below the bound in the simulator: trying the step search")
             until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
                         time.perf_counter() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
             try:
-                other = make("search", until)
+                other = make("search", until, smt=False)
             except CompileError:      # no search schedule within the limits: the trees stand
                 other = None
             tried["search"] = None
