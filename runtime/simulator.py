@@ -267,12 +267,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
-    # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
-    comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
-    share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
-    slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
-    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes), share)
-    geo = geometry(int(nbytes), prog.nchunks, slice_b, element_bytes)
+    geo, slice_b = _call_geometry(prog, nbytes, slice_bytes, element_bytes)
     units = int(prog.p_cnt.sum()) * geo.nmb
     if max_units is not None and units > max_units:
         raise SimulationError(
@@ -310,6 +305,27 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
         stats={"instants": int(counters[3]), "share_components": int(counters[1]),
                "share_classes": int(counters[2])},
         slice_bytes=int(slice_b), slot_bytes=int(prog.chunk_bytes))
+
+
+def _call_geometry(prog: SimProgram, nbytes: int, slice_bytes, element_bytes: int) -> tuple[Geometry, int]:
+    """The geometry of one call of ``nbytes`` with ``slice_bytes`` (see :func:`simulate`), and its
+    slice in bytes."""
+    # the kernels give each chunk of a step 1/max_cnt of a slot (one slot per step and micro-batch)
+    comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
+    share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
+    slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
+    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes), share)
+    return geometry(int(nbytes), prog.nchunks, slice_b, element_bytes), slice_b
+
+
+def least_time(program: ProgramIR, topo: Topology, nbytes: int, *,
+               element_bytes: int = DEFAULT_ELEMENT_BYTES) -> float:
+    """Seconds no simulation of ``program`` at ``nbytes`` beats, whatever its channels, slices or
+    schedule: every link, shared group and reduction unit carries the program's bytes at no more
+    than its capacity (:func:`hccc.runtime.sim_model.lower_bound` without the per-block limit), at
+    the cost of counting bytes instead of running the engine."""
+    prog = prepare(program, topo, None)
+    return lower_bound(prog, _call_geometry(prog, nbytes, "auto", element_bytes)[0])
 
 
 class SimulationStopped(SimulationError):

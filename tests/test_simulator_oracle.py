@@ -23,7 +23,7 @@ from hccc.compiler.backend.codegen import analyse
 from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
-from hccc.runtime.simulator import NSLOTS, build_for_execution, simulate
+from hccc.runtime.simulator import NSLOTS, build_for_execution, least_time, simulate
 from hccc.testing import valid_programs
 
 
@@ -291,6 +291,31 @@ def test_engine_matches_reference_on_random_programs_and_clusters(data):
     ir.nchannels = data.draw(st.sampled_from([1, 2, 3]), label="channels")
     block_gbps = data.draw(st.sampled_from([None, 4.0, DEFAULT_BLOCK_GBPS, 1000.0]), label="block_gbps")
     compare(ir, topo, nbytes, execution, nslots, block_gbps)
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_least_time_bounds_every_simulation_of_the_program(data):
+    """``least_time`` (what ``synth`` uses to leave unsimulated a program that cannot beat another):
+    no simulation of the program at that size ends sooner, with any channels, per-block limit or
+    slice; it is the bound the simulator reports for the program at its own slices without the
+    per-block limit."""
+    alg = data.draw(valid_programs(max_ranks=6, min_ranks=2), label="algorithm")
+    n = alg.header.nranks
+    topo = data.draw(clusters(n), label="cluster")
+    chunk = data.draw(st.sampled_from([64, 256, 4096]), label="chunk_bytes")
+    ir = build_for_execution(alg, "task", chunk_bytes=chunk)
+    nbytes = data.draw(st.integers(0, 24 * chunk * n), label="nbytes")
+    least = least_time(ir, topo, nbytes)
+    plain = simulate(ir, topo, nbytes, block_gbps=None, slice_bytes="auto")
+    assert least == pytest.approx(plain.lower_bound_s, rel=1e-12, abs=1e-18)
+    assert plain.time_s >= least * (1 - 1e-9)
+    for _ in range(3):
+        ir.nchannels = data.draw(st.sampled_from([1, 2, 3]), label="channels")
+        block = data.draw(st.sampled_from([None, 4.0, DEFAULT_BLOCK_GBPS]), label="block_gbps")
+        slices = data.draw(st.sampled_from(["auto", None]), label="slice")
+        t = simulate(ir, topo, nbytes, block_gbps=block, slice_bytes=slices).time_s
+        assert t >= least * (1 - 1e-9)
 
 
 @settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -197,3 +197,27 @@ def test_auto_search_after_the_trees_is_greedy_only(topo, tmp_path, capsys, monk
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["method"] == "search" and calls
+
+
+def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, tmp_path, capsys, monkeypatch):
+    """A search program (or greedy variant) whose bytes over the link capacities already take the
+    tree program's time (``least_time``, which no simulation beats: tests/test_simulator_oracle.py)
+    cannot win, so ``--method auto`` does not simulate it: with every search program made to count
+    so, ``auto`` simulates what ``--method trees`` does and no more."""
+    import hccc.runtime.simulator as simulator
+    from hccc.commands import synth
+
+    sims = []
+    real = simulator.simulate_by
+    monkeypatch.setattr(simulator, "simulate_by", lambda *a, **k: sims.append(1) or real(*a, **k))
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--method", "trees", "-o", str(out),
+                 "--json"]) == 0
+    trees = json.loads(capsys.readouterr().out)
+    n_trees, sims[:] = len(sims), []
+    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
+    monkeypatch.setattr(simulator, "least_time", lambda *a, **k: float("inf"))
+    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["methods_tried"] == {"trees": trees["fraction_of_bound"], "search": None}
+    assert s["method"] == "trees" and n_trees > 0 and len(sims) == n_trees

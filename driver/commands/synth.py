@@ -108,13 +108,15 @@ def describe_event(event: str, info: dict) -> str:
 
 
 def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1,
-                    deadline: float | None = None):
+                    deadline: float | None = None, ceiling: float | None = None):
     """``score(collective, rows)`` for :func:`hccc.compiler.synth.synthesize`: the completion time of
     a candidate program in the alpha-beta simulator on ``topo`` at ``nbytes`` (None when the
     simulator is not available). With a ``deadline`` (a :func:`time.perf_counter` time), a
-    candidate the time left cannot simulate scores infinity (the search keeps its first)."""
+    candidate the time left cannot simulate scores infinity (the search keeps its first). With a
+    ``ceiling`` (seconds), a candidate whose bytes over the capacities already take that long
+    (:func:`hccc.runtime.simulator.least_time`) is not simulated: it scores that least time."""
     try:
-        from hccc.runtime.simulator import SimulationStopped, simulate, simulate_by
+        from hccc.runtime.simulator import SimulationStopped, least_time, simulate, simulate_by
     except ImportError:
         return None
     import numpy as np
@@ -131,6 +133,10 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
         head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
                       chunks_per_rank=chunks_per_rank)
         ir = build_program(Algorithm.from_rows(head, np.asarray(rows).tolist()))
+        if ceiling is not None:
+            least = least_time(ir, topo, int(nbytes))
+            if least >= ceiling:
+                return least
         if deadline is None:
             return float(simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s)
         try:
@@ -284,10 +290,10 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        def make(how: str, until: float = deadline, smt: bool = not args.no_smt):
+        def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None):
             sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
-                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until)
+                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
             try:
                 return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
                                   time_limit=max(1e-3, until - time.perf_counter()), progress=progress,
@@ -319,15 +325,20 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             # the packing's program falls short in the simulator: the search too, the faster kept,
             # leaving time to simulate the search's program as long as the tree program took, and
             # searching half as long as the trees took to make; greedy only (its variants rated by
-            # the simulator): z3 shortens the schedule by steps, which at this size is not its time
+            # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
+            # A search program whose bytes over the capacities alone take the tree program's time
+            # cannot win: it is not simulated (nor are such variants)
             phase.update("tree program below the bound in the simulator: trying the step search")
             until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
                         time.perf_counter() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
+            tree_s = bound["seconds"] / fraction
             try:
-                other = make("search", until, smt=False)
+                other = make("search", until, smt=False, ceiling=tree_s)
             except CompileError:      # no search schedule within the limits: the trees stand
                 other = None
             tried["search"] = None
+            if other is not None and sims.least_seconds(other) >= tree_s:
+                other = None
             if other is not None:
                 _fit_channels(other, topo, size, sims)
                 f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
@@ -473,6 +484,12 @@ class Simulations:
             self._irs = {key: build_program(to_algorithm(result, self.topo))}   # the latest program only
             self._resident[key] = resident_channels(self._irs[key], self.topo)
         return self._irs[key]
+
+    def least_seconds(self, result) -> float:
+        """Seconds no simulation of ``result``'s program at ``nbytes`` beats, with any channels
+        (:func:`hccc.runtime.simulator.least_time`: its bytes over the capacities)."""
+        from hccc.runtime.simulator import least_time
+        return least_time(self._ir(result, self._key(result)), self.topo, self.nbytes)
 
     def channel_steps(self, result) -> list[int]:
         """:data:`CHANNEL_STEPS` with which every thread block of the program stays resident (the
