@@ -485,9 +485,10 @@ class Communicator:
             fn = mod.function(sym)
             if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
                 from hccc.runtime.launcher import fit_block_threads
+                flavour = self._man["ranks"][self.rank]["platform"]
                 self.block, note = fit_block_threads(
-                    self.block, self._man["ranks"][self.rank]["platform"],
-                    lambda b: self.grid <= pf.max_resident_blocks(fn, b))
+                    self.block, flavour, lambda b: self.grid <= pf.max_resident_blocks(fn, b),
+                    least=pf.least_block_threads(flavour))
                 self.threads_note = note or self.threads_note
             if self.grid > 0 and self.grid > pf.max_resident_blocks(fn, self.block):
                 raise CommunicatorError(

@@ -468,6 +468,9 @@ class CpuPlatform(Platform):
     def block_threads(self, emitted: int) -> int:
         return min(int(emitted), DEFAULT_BLOCK_THREADS)
 
+    def least_block_threads(self, flavour: str) -> int:
+        return 1
+
     def launch(self, fn: Any, grid: int, block: int, args: bytes, stream: Any) -> None:
         if not isinstance(fn, CpuKernel):
             raise PlatformError("not a CPU kernel")

@@ -56,6 +56,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.util.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
+from hccc.util.plural import plural
 from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
@@ -148,17 +149,26 @@ def plans_memory_bytes(plans, ranks=None) -> int:
     return total
 
 
+class FifoMemoryError(PlatformError):
+    """FIFOs and control blocks over :func:`run_memory_limit`: ``need`` and ``limit`` in bytes."""
+
+    def __init__(self, message: str, need: int, limit: int):
+        super().__init__(message)
+        self.need, self.limit = int(need), int(limit)
+
+
 def check_fifo_memory(name: str, plans, ranks=None) -> None:
-    """Refuse (before allocating anything) FIFOs and control blocks that would not fit
+    """Refuse (before allocating or building anything) FIFOs and control blocks that would not fit
     :func:`run_memory_limit` (``--channels`` x ``--chunk-size`` x connections can ask for more
-    than the machine has)."""
+    than the machine has) with :class:`FifoMemoryError`."""
     need = plans_memory_bytes(plans, ranks)
     limit = run_memory_limit()
     if need > limit:
-        raise PlatformError(f"{name}'s FIFOs need {need / (1 << 30):.1f} GiB ({len(plans)} ranks' "
-                            f"connections x channels x {plans[0].nslots} slots of {plans[0].slot_bytes} "
-                            f"bytes), over the limit of {limit / (1 << 30):.1f} GiB; use a smaller "
-                            "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it")
+        raise FifoMemoryError(f"{name}'s FIFOs need {need / (1 << 30):.1f} GiB ({len(plans)} ranks' "
+                              f"connections x channels x {plans[0].nslots} slots of {plans[0].slot_bytes} "
+                              f"bytes), over the limit of {limit / (1 << 30):.1f} GiB; use a smaller "
+                              "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it",
+                              need, limit)
 
 
 def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int) -> tuple[str, str | None]:
@@ -424,16 +434,18 @@ class RankPlan:
         return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
 
 
-def fit_block_threads(block: int, platform: str, fits) -> tuple[int, str | None]:
-    """The most threads per block, from ``block`` halving down to one warp of ``platform``
-    ("cuda" / "hip"), for which ``fits(threads)`` holds, and a note saying so when that is fewer
-    than ``block``; ``(block, None)`` when ``block`` fits or nothing does (the caller refuses)."""
+def fit_block_threads(block: int, platform: str, fits, least: int | None = None) -> tuple[int, str | None]:
+    """The most threads per block, from ``block`` halving down to ``least`` (default: one warp of
+    ``platform``, "cuda" / "hip"; the running platform's :meth:`Platform.least_block_threads`),
+    for which ``fits(threads)`` holds, and a note saying so when that is fewer than ``block``;
+    ``(block, None)`` when ``block`` fits or nothing does (the caller refuses)."""
     b = int(block)
-    while not fits(b) and b // 2 >= WARP_SIZE.get(platform, 32):
+    floor = WARP_SIZE.get(platform, 32) if least is None else int(least)
+    while not fits(b) and b // 2 >= floor:
         b //= 2
     if b == block or not fits(b):
         return int(block), None
-    return b, (f"{b} threads per thread block instead of the emitted {block}, so that every block "
+    return b, (f"{plural(b, 'thread')} per thread block instead of the emitted {block}, so that every block "
                "of the kernel is resident at once")
 
 
@@ -711,6 +723,10 @@ class Runner:
         ranks = man["ranks"]
         if [e["platform"] for e in ranks] != self.rank_platform:
             raise PlatformError("generated manifest disagrees with the rank platforms")
+        # the FIFOs must fit before anything is built
+        self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
+        self.rank_plans = [RankPlan.from_manifest(man, r) for r in range(N)]
+        check_fifo_memory(self.ir.name, self.rank_plans)
         #: blocks per rank: channels x thread blocks
         self.grid = [rank_blocks(man, e) for e in ranks]
         self.library_ranks = self._ranks_of()
@@ -761,9 +777,6 @@ class Runner:
         # connection nobody sends on | progress counters]: tail lives with the receiver and head
         # with the sender, so each end polls locally. The same code allocates a one-rank-per-
         # process Communicator's memory.
-        self.slot_bytes = int(man.get("slot_bytes", self.chunk_bytes))
-        self.rank_plans = [RankPlan.from_manifest(man, r) for r in range(N)]
-        check_fifo_memory(self.ir.name, self.rank_plans)
         self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
                                     lambda n, r=r: self._malloc(r, n, peer=True),
                                     lambda n, r=r: self._malloc(r, n))
@@ -841,7 +854,8 @@ class Runner:
 
     def _fit_threads(self, auto: bool) -> None:
         """Check that every block of the run can be resident at once; with ``auto`` threads (no
-        ``nthreads`` given), halve the threads per block (down to one warp) until they can, and say
+        ``nthreads`` given), halve the threads per block (down to one warp on a GPU, one thread on
+        the CPU emulation: :meth:`Platform.least_block_threads`) until they can, and say
         so in :attr:`threads_note` (the kernels take any block size up to the emitted one)."""
         #: what was chosen instead of the emitted threads per block, and why (None: as emitted)
         self.threads_note = None
@@ -855,7 +869,8 @@ class Runner:
                 self._check_residency()
                 break
             except PlatformError as exc:
-                smaller = {p: b // 2 if b // 2 >= WARP_SIZE[p] else b for p, b in self.block_of.items()}
+                smaller = {p: b // 2 if b // 2 >= self.platforms[p].least_block_threads(p) else b
+                           for p, b in self.block_of.items()}
                 if not auto or smaller == self.block_of:
                     raise
                 why = str(exc)
@@ -864,7 +879,7 @@ class Runner:
                 self.block = max(self.blocks) if self.blocks else 1
         if self.block_of != first:
             self.threads_note = (
-                f"{self.block} threads per thread block instead of the emitted {max(first.values())}, so "
+                f"{plural(self.block, 'thread')} per thread block instead of the emitted {max(first.values())}, so "
                 f"that every block of the run is resident at once ({why.split(': ', 1)[-1]})")
 
     def _check_residency(self, block: int | None = None) -> None:

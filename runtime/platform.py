@@ -156,6 +156,13 @@ class Platform(abc.ABC):
         kernels were generated for (manifest ``nthreads``). The CPU emulation launches fewer."""
         return int(emitted)
 
+    def least_block_threads(self, flavour: str) -> int:
+        """The fewest threads per block a kernel of ``flavour`` (``"cuda"``, ``"hip"``) may be
+        launched with here, when too many blocks would otherwise not be resident at once: a warp
+        (a wavefront) on a GPU; the CPU emulation runs any count."""
+        from hccc.compiler.backend.codegen import WARP_SIZE
+        return int(WARP_SIZE.get(flavour, 1))
+
     # ---------------------------------------------------------------- devices (one rank per GPU)
     def device_count(self) -> int:
         """Devices this platform places ranks on (1: every rank on one device)."""

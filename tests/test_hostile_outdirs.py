@@ -191,6 +191,27 @@ def test_fifo_memory_of_the_command_line(capsys, monkeypatch):
     assert "FIFOs need" in capsys.readouterr().err
 
 
+def test_run_shrinks_a_default_slot_whose_fifos_would_not_fit(capsys, monkeypatch):
+    """Without --chunk-size, ``hccc run`` of an algorithm whose FIFOs of the default 1 MiB slots pass
+    the run's memory limit halves the slot until they fit (checked before anything is built),
+    says so, and the run is right; with --chunk-size given, or a ProgramIR run as given, the
+    limit refuses as before. (Synthesised tree programs of 8-11 GPUs have thousands of
+    connections: 13-17 GiB of FIFOs at 1 MiB, refused on a 24 GiB machine.)"""
+    algo = EXAMPLES / "direct_alltoall_8.rccl"
+    monkeypatch.setenv("HCCC_MAX_RUN_BYTES", "24M")       # 8 ranks x 7 connections x 8 slots: 3.5 MiB at 64K
+    assert main(["run", str(algo), "--sizes", "4K,100K", "-n", "1", "-w", "0"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    note = next(line for line in out.splitlines() if line.startswith("# chunk size"))
+    slot = int(note.split()[3])
+    assert slot < 1 << 20 and slot & (slot - 1) == 0 and "instead of 1048576 B" in note
+    assert f"chunk size {slot} B, " in out
+    rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")
+            and line.split()[0].isdigit()]
+    assert len(rows) == 2 and all(r[8] == "0" and r[-1] == "0" for r in rows), out
+    assert main(["run", str(algo), "--sizes", "4K", "-n", "1", "-w", "0", "--chunk-size", "1M"]) == 1
+    assert "FIFOs need" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------- slices
 def test_algorithm_order_programs_refuse_slices_that_would_stick(capsys):
     xml = EXAMPLES / "msccl" / "allreduce_ring_4.xml"

@@ -455,3 +455,16 @@ def test_runner_fits_threads_per_block_instead_of_refusing():
     assert b == 128 and note.startswith("128 threads per thread block instead of the emitted 512")
     assert fit_block_threads(512, "cuda", lambda b: True) == (512, None)
     assert fit_block_threads(512, "hip", lambda b: b < 64) == (512, None)    # below one warp: refuse
+    assert fit_block_threads(2, "cuda", lambda b: b < 2, least=1)[0] == 1
+
+
+def test_the_cpu_emulation_fits_down_to_one_thread_per_block():
+    """The CPU emulation runs kernels of any block size, so with too many thread blocks for its
+    thread budget at its default 2 threads it goes down to 1 (not to a GPU's warp, which left
+    synthesised tree programs of 4,000+ blocks refused), and the run is right."""
+    ir = ring_allreduce(4)
+    with Runner(ir, CpuPlatform(max_threads=8)) as runner:      # 8 blocks: of 1 thread, not of 2
+        assert runner.block == 1 and sum(runner.grid) == 8
+        assert "1 thread per thread block instead of the emitted 2" in runner.threads_note
+        res = runner.run(count=1000)
+        assert res.wrong == 0 and not res.stuck

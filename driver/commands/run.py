@@ -164,7 +164,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
                              "buffer ending in a redzone: an out-of-bounds access stops the run with "
                              "ASan's report (the run restarts itself with the ASan runtime preloaded)")
-    add_program_options(parser, prefix="for .rccl input: ", fuse=True)
+    add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
+                        chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
+                                   "1M, halved while the FIFOs would pass the run's memory limit)")
 
 
 #: one placement's columns: (name, unit, width)
@@ -227,6 +229,38 @@ def _device_shape(backend: str, nranks: int) -> tuple[int | None, int]:
         return None, nranks
 
 
+#: the smallest slot (bytes) ``hccc run`` shrinks the default one to where the FIFOs would not fit
+LEAST_FIT_SLOT = 4096
+
+
+def _runner_whose_fifos_fit(ir, fit: bool, make):
+    """``make()``'s Runner and None; with ``fit``, where its FIFOs would pass the run's memory
+    limit (:class:`~hccc.runtime.launcher.FifoMemoryError`, raised before anything is built),
+    the program's slot halved until they fit (at least :data:`LEAST_FIT_SLOT` bytes): smaller
+    slots are more micro-batches of the same program, never another result; and a note saying
+    so. Without ``fit`` (the slot was given, or the program runs as given) the error stands."""
+    from hccc.runtime.launcher import FifoMemoryError
+
+    first = int(ir.chunk_bytes)
+    note, first_need = None, None
+    while True:
+        try:
+            return make(), note
+        except FifoMemoryError as exc:
+            least = max(LEAST_FIT_SLOT, 16 * int(ir.max_step_chunks))
+            slot = int(ir.chunk_bytes) // 2
+            # the FIFOs grow with the slot: straight to the first halving that fits by that rate
+            while slot // 2 >= least and exc.need * slot / int(ir.chunk_bytes) > exc.limit:
+                slot //= 2
+            if not fit or slot < least:
+                raise
+            first_need = exc.need if first_need is None else first_need
+            ir.chunk_bytes = slot
+            note = (f"chunk size {slot} B instead of {first} B: FIFOs of {first} B slots need "
+                    f"{first_need / (1 << 30):.1f} GiB, over the run's limit of {exc.limit / (1 << 30):.1f} GiB "
+                    "(--chunk-size sets it; HCCC_MAX_RUN_BYTES the limit)")
+
+
 def run(args) -> int:
     from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
@@ -244,6 +278,14 @@ def run(args) -> int:
         sys.stderr.write(f"hccc run: error: size {bad[0]} is not a whole number of {args.dtype} "
                          f"elements ({es} bytes each)\n")
         return 2
+    from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
+    from hccc.compiler.pipeline import manifest_path
+    # a slot of the default size, smaller where the FIFOs would not fit (.rccl and .xml compiled
+    # here; a ProgramIR or compiled output runs as given)
+    fit_slot = args.chunk_size is None and manifest_path(args.algo) is None and \
+        Path(args.algo).suffix.lower() in (".rccl", ".xml")
+    if args.chunk_size is None:
+        args.chunk_size = DEFAULT_SLOT_BYTES
     ir, plats = load_with_platforms(args)
     from hccc.compiler.pipeline import apply_channels
     # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
@@ -288,10 +330,12 @@ def run(args) -> int:
     try:
         with Progress("hccc run", enabled=not args.json) as progress:
             with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
-                runner = Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                                timeout_s=args.timeout, codegen=args.codegen,
-                                one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
-                                direct=args.direct)
+                runner, slot_note = _runner_whose_fifos_fit(
+                    ir, fit_slot and not ir.algorithm_level,
+                    lambda: Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
+                                   timeout_s=args.timeout, codegen=args.codegen,
+                                   one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
+                                   direct=args.direct))
             with runner:
                 launch = "grid" if runner.grid_fn is not None else "per-rank"
                 libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
@@ -303,6 +347,8 @@ def run(args) -> int:
                         f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
                         f"{args.codegen} kernels, "
                         + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
+                    if slot_note:
+                        progress.print(f"# {slot_note}")
                     if runner.threads_note:
                         progress.print(f"# {runner.threads_note}")
                     if args.proto != "simple":
