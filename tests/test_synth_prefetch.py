@@ -4,6 +4,7 @@ with the same times, and the same one is written; only the wall time differs."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -15,31 +16,13 @@ from hccc.commands import synth as synth_cmd
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
 
-# a cluster not in the repository: a 6-GPU mesh and an 8-GPU ring of AMD GPUs, behind NICs shared
-# by pairs of the first and one per GPU of the second
-TOPO = """define nodenum = 2
-define node1 = 6
-define vendor = amd
-define bandwidth = {direct => [((0,1) -> (50,4)), ((1,0) -> (50,4)), ((0,2) -> (50,3)), ((2,0) -> (50,3)),
-    ((0,3) -> (50,4)), ((3,0) -> (50,4)), ((0,4) -> (50,1)), ((4,0) -> (50,1)),
-    ((0,5) -> (50,2)), ((5,0) -> (50,2)), ((1,2) -> (50,4)), ((2,1) -> (50,4)),
-    ((1,3) -> (50,4)), ((3,1) -> (50,4)), ((1,4) -> (50,2)), ((4,1) -> (50,2)),
-    ((1,5) -> (50,2)), ((5,1) -> (50,2)), ((2,3) -> (50,1)), ((3,2) -> (50,1)),
-    ((2,4) -> (50,1)), ((4,2) -> (50,1)), ((2,5) -> (50,2)), ((5,2) -> (50,2)),
-    ((3,4) -> (50,4)), ((4,3) -> (50,4)), ((3,5) -> (50,2)), ((5,3) -> (50,2)),
-    ((4,5) -> (50,2)), ((5,4) -> (50,2))]}
-define nic = [((0,1) -> (50,1)), ((2,3) -> (50,1)), ((4,5) -> (50,1))]
-define node2 = 8
-define vendor = amd
-define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((0,7) -> (25,1)), ((7,0) -> (25,1)),
-    ((1,2) -> (25,3)), ((2,1) -> (25,3)), ((2,3) -> (25,4)), ((3,2) -> (25,4)),
-    ((3,4) -> (25,2)), ((4,3) -> (25,2)), ((4,5) -> (25,4)), ((5,4) -> (25,4)),
-    ((5,6) -> (25,4)), ((6,5) -> (25,4)), ((6,7) -> (25,4)), ((7,6) -> (25,4))]}
-define nic = [((0) -> (12.5,1)), ((1) -> (12.5,1)), ((2) -> (12.5,1)), ((3) -> (12.5,1)),
-    ((4) -> (12.5,1)), ((5) -> (12.5,1)), ((6) -> (12.5,1)), ((7) -> (12.5,1))]
-define internode = all
-define interbandwidth = nic
-"""
+def _mi250_one_node(tmp_path: Path) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import mi250_text
+
+    p = tmp_path / "mi250_1.topo"
+    p.write_text(mi250_text(1))
+    return p
 
 
 def _synth(topo: Path, collective: str, out: Path, capsys, monkeypatch, prefetch: bool):
@@ -69,16 +52,14 @@ def _synth(topo: Path, collective: str, out: Path, capsys, monkeypatch, prefetch
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
 def test_prefetching_changes_no_result(tmp_path, capsys, monkeypatch, collective):
-    """The same simulations give the same times, and the same program is written, with and
-    without prefetching. ReduceScatter: its programs run short of their link-model time, so
-    five are simulated, two of them prefetched while another ran."""
-    topo = tmp_path / "mesh6_ring8.topo"
-    topo.write_text(TOPO)
+    """One MI250 node: the first candidate runs short of its link-model time, so a second is
+    simulated, the one prefetched while the first ran. With and without prefetching the same
+    simulations give the same times and the same program is written."""
+    topo = _mi250_one_node(tmp_path)
     without = _synth(topo, collective, tmp_path / "a.rccl", capsys, monkeypatch, prefetch=False)
     with_ = _synth(topo, collective, tmp_path / "b.rccl", capsys, monkeypatch, prefetch=True)
     assert without[3] == {"used": 0, "unused": 0}
-    if collective == "reducescatter":
-        assert with_[3]["used"] >= 2 and len(with_[2]) >= 4
+    assert with_[3]["used"] >= 1 and len(with_[2]) >= 2
     assert with_[2] == without[2]
     assert with_[0] == without[0] and with_[1] == without[1]
 

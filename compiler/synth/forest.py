@@ -594,14 +594,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m),
             n, max_blocks, resident)
 
-    def look_ahead(i: int, beaten: Callable[[dict], bool], current: tuple) -> None:
+    def look_ahead(i: int, beaten: Callable[[dict], bool]) -> None:
         """Before candidate ``i`` is simulated: the next one in ``todo`` that would be simulated as
         things stand (a packing already made, not integral, neither beaten nor settled by its own
         link-model time), built now and handed to ``score.prefetch`` (where the scorer has one),
         which simulates it on a spare core meanwhile. Its turn comes as before (it may then be skipped, its simulation unused);
-        nothing it decides depends on this. A next one that is candidate ``i``'s simulation again
-        (``current``: its transfers, chunks, channels and warps; another shape that moved nothing)
-        is not simulated twice, so not prefetched either."""
+        nothing it decides depends on this."""
         prefetch = getattr(score, "prefetch", None)
         if prefetch is None:
             return
@@ -618,8 +616,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                     settled(coll, model_time({k: v for k, v in info2.items() if k != "loops"}, "load_time") * per_rank,
                             slack=False):
                 continue
-            same = (kv2 * split2, ch2, warps2) == current[1:] and np.array_equal(rows2, current[0])
-            if fits2 and not same:
+            if fits2:
                 prefetch(coll, rows2, kv2 * split2, ch2, warps2)
             return
 
@@ -743,7 +740,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # a program whose blocks are not all resident ranks after every one that is: it is
         # simulated only where none is (below), so its simulation never takes the time of theirs
         if fits:
-            look_ahead(i, beaten, (rows, kv * split, ch, warps))
+            look_ahead(i, beaten)
         sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None
         # without a simulator, the link model's time decides (then the fewest blocks)
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
