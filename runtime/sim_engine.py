@@ -506,14 +506,13 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
                link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
-               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget, deadline, halt):
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget, deadline):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
     ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flow classes re-shared
-    exceed it (-1: no limit), and so does ``deadline`` > 0 once :func:`clock_now` passes it, or
-    ``halt[0]`` (a one-element int64 array another thread may set while the run goes) once it is
-    not 0 (both looked at every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
+    exceed it (-1: no limit), and so does ``deadline`` > 0 once :func:`clock_now` passes it (looked at
+    every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
@@ -860,7 +859,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         if budget >= 0 and counters[0] + counters[2] > budget:
             status = STATUS_BUDGET
             break
-        if counters[3] % CLOCK_EVERY == 0 and (halt[0] != 0 or (deadline > 0.0 and _clock_now(clock) > deadline)):
+        if deadline > 0.0 and counters[3] % CLOCK_EVERY == 0 and _clock_now(clock) > deadline:
             status = STATUS_BUDGET
             break
         # ============================================ every event of the next instant
@@ -942,11 +941,10 @@ def _clock_deadline(deadline: float | None) -> float:
     return max(1e-9, clock_now() + (float(deadline) - time.perf_counter()))
 
 
-def run_within(budget, deadline, *args, halt=None):
-    """:func:`run_engine` (every argument but ``budget``, ``deadline`` and ``halt``) stopped with
-    :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes are spent, once the
-    :func:`time.perf_counter` time ``deadline`` passes (None: no limit) or once another thread sets
-    ``halt[0]`` (a one-element int64 array; None: none). Plain Python while this
+def run_within(budget, deadline, *args):
+    """:func:`run_engine` (every argument but ``budget`` and ``deadline``) stopped with
+    :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes are spent or once the
+    :func:`time.perf_counter` time ``deadline`` passes (None: no limit). Plain Python while this
     process's simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes,
     compiled from there on: a plain run that reaches that limit is stopped and run again compiled,
     with the whole budget (a run whose least work, an event per sending primitive and micro-batch,
@@ -954,8 +952,6 @@ def run_within(budget, deadline, *args, halt=None):
     engine in a process is not counted against the deadline (it moves the deadline on by its
     time)."""
     b = -1 if budget is None else max(0, int(budget))
-    if halt is None:
-        halt = np.zeros(1, np.int64)
     plain = KERNELS.plain_budget()
     nmb, p_flags = args[2], args[7]
     least = int(np.count_nonzero(p_flags & F_SEND)) * int(nmb)   # an event per send and micro-batch
@@ -963,16 +959,16 @@ def run_within(budget, deadline, *args, halt=None):
         plain = 0                   # the plain run could not finish: compiled from the start
     if plain is None or plain > 0:
         lim = b if plain is None else plain if b < 0 else min(b, plain)
-        out = run_engine(*args, lim, _clock_deadline(deadline), halt)
+        out = run_engine(*args, lim, _clock_deadline(deadline))
         counters = out[10]
         KERNELS.spend(int(counters[0] + counters[2]))
-        if out[0] != STATUS_BUDGET or plain is None or lim == b or halt[0] != 0 or \
+        if out[0] != STATUS_BUDGET or plain is None or lim == b or \
                 (deadline is not None and time.perf_counter() >= deadline):
             return out                  # finished, or the caller's budget or time is spent
     fn = KERNELS.compiled()["run_engine"]
     if deadline is not None and not fn.signatures:
         import numba
         c0 = time.perf_counter()
-        fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0, halt)))
+        fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
         deadline += time.perf_counter() - c0
-    return fn(*args, b, _clock_deadline(deadline), halt)
+    return fn(*args, b, _clock_deadline(deadline))

@@ -249,7 +249,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              record: bool | int = False, nslots: int = NSLOTS,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
              block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
-             deadline: float | None = None, halt: np.ndarray | None = None) -> SimResult:
+             deadline: float | None = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -261,8 +261,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
     ``work_budget``: events plus re-shared flow classes after which the run stops with
     :class:`SimulationStopped` (None: no limit); ``deadline``: the :func:`time.perf_counter` time
-    at which it stops so (None: none; see :func:`simulate_by`); ``halt``: a one-element int64
-    array another thread sets (not 0) to stop it so (None: none).
+    at which it stops so (None: none; see :func:`simulate_by`).
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
@@ -281,13 +280,13 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     if deadline is not None:
         _check_work_floor(prog, geo, int(max(0.0, deadline - time.perf_counter()) * work_rate()))
     t0 = time.perf_counter()
-    out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots), halt=halt)
+    out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots))
     wall = time.perf_counter() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
         spent = work_budget is not None and counters[0] + counters[2] > work_budget
-        why = "its work budget" if spent else "a halt" if halt is not None and halt[0] != 0 else "its deadline"
+        why = "its work budget" if spent else "its deadline"
         raise SimulationStopped(f"simulation stopped at {why} ({int(counters[0] + counters[2]):,} "
                                 f"events and re-shared flow classes) before the program finished",
                                 work=int(counters[0] + counters[2]), wall_s=wall)
@@ -331,8 +330,7 @@ def least_time(program: ProgramIR, topo: Topology, nbytes: int, *,
 
 class SimulationStopped(SimulationError):
     """A simulation given a work budget or a deadline (:func:`simulate_by`) that stopped, or did
-    not start, because the program needs more, or that was halted; ``work``: what it did (0 when
-    it did not start)."""
+    not start, because the program needs more; ``work``: what it did (0 when it did not start)."""
 
     def __init__(self, message: str, *, work: int = 0, wall_s: float = 0.0):
         super().__init__(message)

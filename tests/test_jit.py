@@ -245,11 +245,11 @@ def test_a_plain_simulation_stops_when_its_budget_is_spent():
     prog, _ = _sim_case()
     geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
-    full = eng.run_engine(*args, -1, 0.0, np.zeros(1, np.int64))
+    full = eng.run_engine(*args, -1, 0.0)
     assert full[0] == eng.STATUS_OK
     work = int(full[10][0] + full[10][2])
-    assert eng.run_engine(*args, work, 0.0, np.zeros(1, np.int64))[0] == eng.STATUS_OK
-    cut = eng.run_engine(*args, work // 2, 0.0, np.zeros(1, np.int64))
+    assert eng.run_engine(*args, work, 0.0)[0] == eng.STATUS_OK
+    cut = eng.run_engine(*args, work // 2, 0.0)
     assert cut[0] == eng.STATUS_BUDGET and work // 2 < cut[10][0] + cut[10][2] < work
 
 
@@ -274,32 +274,6 @@ def test_a_simulation_stops_at_its_deadline(monkeypatch, mode):
     assert (full[10] == later[10]).all()
     past = eng.run_within(None, time.perf_counter() - 1, *args)
     assert past[0] == eng.STATUS_BUDGET and past[10][3] == 0     # no instant run
-
-
-@pytest.mark.parametrize("mode", ["python", pytest.param("numba", marks=needs_numba)])
-def test_a_simulation_stops_when_another_thread_halts_it(monkeypatch, mode):
-    """``halt``: a run halted before it starts runs no instant; one halted from another thread
-    while it runs stops within :data:`CLOCK_EVERY` instants, before it would have finished."""
-    import threading
-
-    from hccc.runtime import sim_engine as eng
-    from hccc.runtime.simulator import _engine_args, geometry
-    monkeypatch.setenv("HCCC_JIT", mode)
-    prog, _ = _sim_case()
-    geo = geometry(16 << 20, prog.nchunks, 16 << 10, 4)
-    args = _engine_args(prog, geo, "task", 0, 8)
-    full = eng.run_within(None, None, *args)
-    assert full[0] == eng.STATUS_OK and full[10][3] > 4 * eng.CLOCK_EVERY
-    halted = eng.run_within(None, None, *args, halt=np.ones(1, np.int64))
-    assert halted[0] == eng.STATUS_BUDGET and halted[10][3] == 0
-    halt = np.zeros(1, np.int64)
-    got = []
-    run = threading.Thread(target=lambda: got.append(eng.run_within(None, None, *args, halt=halt)))
-    run.start()
-    halt[0] = 1
-    run.join(60)
-    assert not run.is_alive() and got[0][10][3] <= full[10][3]
-    assert got[0][0] == eng.STATUS_BUDGET or got[0][1] == full[1]      # halted, or it had finished
 
 
 @pytest.mark.slow
@@ -328,7 +302,7 @@ def test_a_simulation_that_cannot_finish_plain_runs_compiled_at_once(monkeypatch
     prog, _ = _sim_case()
     geo = geometry(16 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
-    want = eng.run_engine(*args, -1, 0.0, np.zeros(1, np.int64))
+    want = eng.run_engine(*args, -1, 0.0)
     least = int(np.count_nonzero(prog.p_flags & eng.F_SEND)) * geo.nmb
     monkeypatch.delenv("HCCC_JIT", raising=False)
     fresh = Kernels(vars(eng), eng.KERNELS._names, min_work=least)

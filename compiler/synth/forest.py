@@ -580,46 +580,6 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             return packed[id(pk)]
         return pk
 
-    prebuilt: dict = {}        # (id of a packing, shape) -> its candidate, built ahead by look_ahead
-
-    def made(kv: int, pk: dict, shape: str) -> tuple:
-        """The split and :func:`bundled`'s program of candidate ``(kv, pk, shape)`` (built ahead
-        by :func:`look_ahead`, or now: the same either way)."""
-        got = prebuilt.pop((id(pk), shape), None)
-        if got is not None:
-            return got
-        split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
-        return (split,) + bundled(
-            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w),
-            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m),
-            n, max_blocks, resident)
-
-    def look_ahead(i: int, beaten: Callable[[dict], bool]) -> None:
-        """Before candidate ``i`` is simulated: the next one in ``todo`` that would be simulated as
-        things stand (a packing already made, not integral, neither beaten nor settled by its own
-        link-model time), built now and handed to ``score.prefetch`` (where the scorer has one),
-        which simulates it on a spare core meanwhile. Its turn comes as before (it may then be skipped, its simulation unused);
-        nothing it decides depends on this."""
-        prefetch = getattr(score, "prefetch", None)
-        if prefetch is None:
-            return
-        for kv2, pk2, _, shape2 in todo[i + 1:]:
-            if callable(pk2) or any(p.stats.get("integral") for p in pk2.values()):
-                return                 # made when its turn comes
-            if beaten(pk2):
-                continue
-            key = (id(pk2), shape2)
-            if key not in prebuilt:
-                prebuilt[key] = made(kv2, pk2, shape2)
-            split2, rows2, info2, ch2, _, _, warps2, fits2, _ = prebuilt[key]
-            if fits2 and candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                    settled(coll, model_time({k: v for k, v in info2.items() if k != "loops"}, "load_time") * per_rank,
-                            slack=False):
-                continue
-            if fits2:
-                prefetch(coll, rows2, kv2 * split2, ch2, warps2)
-            return
-
     candidates = []
     not_needed = 0             # candidates not built (or not simulated): they cannot beat the best
     # packings re-rounded to fewer streams (FEWER_STREAMS_ABOVE) -> the simulated time of the
@@ -668,7 +628,11 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             shape = ""
             todo[i] = (kv, pk, joint, shape)
         b0 = time.perf_counter()
-        split, rows, info, ch, most, blocks, warps, fits, own = made(kv, pk, shape)
+        split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
+        rows, info, ch, most, blocks, warps, fits, own = bundled(
+            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w),
+            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m),
+            n, max_blocks, resident)
         if (most is not None or warps < WARPS or not fits) and score is not None and id(pk) not in refitted:
             # bundles cost rate (a bundle takes one fair share where its streams took one each),
             # and so do many streams at once (each link's last pieces wait behind a piece of every
@@ -739,8 +703,6 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             continue
         # a program whose blocks are not all resident ranks after every one that is: it is
         # simulated only where none is (below), so its simulation never takes the time of theirs
-        if fits:
-            look_ahead(i, beaten)
         sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None
         # without a simulator, the link model's time decides (then the fewest blocks)
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,

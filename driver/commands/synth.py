@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import threading
 import time
 from pathlib import Path
 
@@ -162,19 +160,13 @@ def tree_simulated_score(sims: "Simulations"):
 
     best: list[float] = []
 
-    def candidate(collective: str, rows, chunks_per_rank: int, channels: int, warps: int):
-        return SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
-                           sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
-
-    def at_bound(collective: str) -> bool:
-        return bool(best) and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE)
-
     def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
-        cand = candidate(collective, rows, chunks_per_rank, channels, warps)
+        cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
+                           sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
         known = sims.known(cand, int(channels))
         if known is not None:
             return known
-        if at_bound(collective):
+        if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
             sims.shapes_not_needed += 1
             return float("inf")
         t = sims.seconds(cand, int(channels))
@@ -182,12 +174,6 @@ def tree_simulated_score(sims: "Simulations"):
             return float("inf")
         best.append(t)
         return t
-
-    def prefetch(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> None:
-        """The candidate ``score`` may be asked for next: simulated meanwhile on a spare core
-        (:meth:`Simulations.prefetch`), unless a program already ran at the bound."""
-        if not at_bound(collective):
-            sims.prefetch(candidate(collective, rows, chunks_per_rank, channels, warps), int(channels))
 
     def settled(collective: str, floor_s: float = 0.0, slack: bool = True) -> bool:
         """A candidate ran within :data:`FIT_TOLERANCE` of the bound, or of ``floor_s`` (the least
@@ -200,8 +186,6 @@ def tree_simulated_score(sims: "Simulations"):
             min(best) <= float(floor_s) * ((1 + FIT_TOLERANCE) if slack else 1.0)
 
     score.settled = settled
-    # only where a prefetch can run: the candidates are not built ahead for nothing
-    score.prefetch = prefetch if PREFETCH and _spare_core() else None
     return score
 
 
@@ -298,7 +282,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     if len(args.size or []) > 1:
         title += f" for {format_size(size)}"
     simulated = topo.nranks <= SIMULATE_MAX_RANKS
-    with Simulations(topo, size, deadline) as sims, Progress("hccc synth", enabled=not args.json) as prog, \
+    sims = Simulations(topo, size, deadline)
+    with Progress("hccc synth", enabled=not args.json) as prog, \
             prog.phase(title, limit_s=args.time_limit if len(args.size or []) <= 1 else
                        round(max(0.0, deadline - time.perf_counter()), 1)) as phase:
 
@@ -424,19 +409,6 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     return summary
 
 
-#: simulate the tree candidate ``synth`` will likely ask for next on a spare core while the
-#: current one runs (:meth:`Simulations.prefetch`; False: one simulation at a time)
-PREFETCH = True
-
-
-def _spare_core() -> bool:
-    """This process may run on more than one core."""
-    try:
-        return len(os.sched_getaffinity(0)) > 1
-    except AttributeError:        # no affinity on this platform
-        return (os.cpu_count() or 1) > 1
-
-
 #: channel counts :func:`_fit_channels` tries, fewest first
 CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
 #: past this many GPUs ``synth`` does not simulate (shapes, channels, the fraction of the bound):
@@ -464,8 +436,6 @@ class Simulations:
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
         self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
         self._irs: dict[tuple, object] = {}
-        self._pending: dict[tuple, tuple] = {}   # (program, channels) -> its prefetch (thread, halt, result box)
-        self.prefetched = {"used": 0, "unused": 0}     # prefetches whose time was asked for, and not
         self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
         self._bounds: dict[str, float] = {}
         self._net = None
@@ -530,62 +500,6 @@ class Simulations:
             self._ir(result, key)
         return [c for c in CHANNEL_STEPS if c <= self._resident[key]] or [1]
 
-    def prefetch(self, result, channels: int | None) -> None:
-        """Start simulating ``result``'s program with ``channels`` (as :meth:`seconds` would) on a
-        thread of its own, where this process has a spare core (:data:`PREFETCH`) and no other
-        prefetch is under way: the engine runs without the interpreter lock, so it runs beside
-        the caller's work; :meth:`seconds` then waits for its time instead of simulating again.
-        Which programs are simulated, and their times, stay what they would be without it; only
-        the wall time differs. :meth:`close` halts what nobody asked for."""
-        if not (PREFETCH and _spare_core() and self.available) or self.time_left <= 0 or \
-                any(th.is_alive() for th, _, _ in self._pending.values()):
-            return
-        key = self._key(result)
-        tkey = key + (channels,)
-        if tkey in self.times or tkey in self._pending:
-            return
-        import numpy as np
-
-        halt = np.zeros(1, np.int64)
-        box: dict = {}
-
-        def run() -> None:
-            from hccc.compiler.passes.build import build_program
-            from hccc.compiler.synth import to_algorithm
-            from hccc.runtime.simulator import prepare, simulate_by
-            from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
-
-            t0 = time.perf_counter()
-            try:
-                ir = build_program(to_algorithm(result, self.topo))
-                ir.nchannels = int(channels or 1)
-                prog = prepare(ir, self.topo, DEFAULT_BLOCK_GBPS if channels else None)
-                box["t"] = float(simulate_by(self.deadline, prog, self.topo, self.nbytes, slice_bytes="auto",
-                                             halt=halt).time_s)
-            except Exception:         # noqa: BLE001 -- seconds() simulates it again and reports why
-                pass
-            box["wall_s"] = time.perf_counter() - t0
-
-        th = threading.Thread(target=run, name="hccc-synth-prefetch", daemon=True)
-        self._pending[tkey] = (th, halt, box)
-        th.start()
-
-    def __enter__(self) -> "Simulations":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Halt and wait for the prefetched simulations nobody asked for (their results stay
-        unused)."""
-        for th, halt, _ in self._pending.values():
-            halt[0] = 1
-        for th, _, _ in self._pending.values():
-            th.join()
-        self.prefetched["unused"] += len(self._pending)
-        self._pending.clear()
-
     def known(self, result, channels: int | None) -> float | None:
         """The time of ``result`` with ``channels`` when already simulated."""
         return self.times.get(self._key(result) + (channels,))
@@ -600,15 +514,6 @@ class Simulations:
         tkey = key + (channels,)
         if tkey in self.times:
             return self.times[tkey]
-        if tkey in self._pending:
-            th, _, box = self._pending.pop(tkey)
-            th.join()
-            if "t" in box:
-                self.prefetched["used"] += 1
-                self.longest_s = max(self.longest_s, box["wall_s"])
-                self.times[tkey] = box["t"]
-                return box["t"]
-            # stopped or failed there: simulated here, which says why
         if self.time_left <= 0:
             self.stopped = True
             return None
