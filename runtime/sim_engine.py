@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from hccc.util import clock
 from hccc.util.jit import Kernels
 
 #: events plus re-shared flow classes from which a process's simulations run compiled: plain Python takes
@@ -935,22 +936,22 @@ def run(*args):
 
 
 def _clock_deadline(deadline: float | None) -> float:
-    """A :func:`time.perf_counter` deadline on :func:`clock_now`'s clock (0.0: none)."""
+    """A work-clock deadline (:func:`hccc.util.clock.now`) on :func:`clock_now`'s clock (0.0: none)."""
     if deadline is None or not HAVE_CLOCK:
         return 0.0
-    return max(1e-9, clock_now() + (float(deadline) - time.perf_counter()))
+    return max(1e-9, clock_now() + (float(deadline) - clock.now()))
 
 
 def run_within(budget, deadline, *args):
     """:func:`run_engine` (every argument but ``budget`` and ``deadline``) stopped with
     :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes are spent or once the
-    :func:`time.perf_counter` time ``deadline`` passes (None: no limit). Plain Python while this
+    work-clock time (:func:`hccc.util.clock.now`) ``deadline`` passes (None: no limit). Plain Python while this
     process's simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes,
     compiled from there on: a plain run that reaches that limit is stopped and run again compiled,
     with the whole budget (a run whose least work, an event per sending primitive and micro-batch,
-    already reaches that limit runs compiled at once); numba's first compile (or load) of the
-    engine in a process is not counted against the deadline (it moves the deadline on by its
-    time)."""
+    already reaches that limit runs compiled at once); numba's first compile of the engine in a
+    process is not counted against the deadline (the work clock stands still while numba
+    compiles), nor is loading it from numba's cache (that moves the deadline on by its time)."""
     b = -1 if budget is None else max(0, int(budget))
     plain = KERNELS.plain_budget()
     nmb, p_flags = args[2], args[7]
@@ -963,12 +964,12 @@ def run_within(budget, deadline, *args):
         counters = out[10]
         KERNELS.spend(int(counters[0] + counters[2]))
         if out[0] != STATUS_BUDGET or plain is None or lim == b or \
-                (deadline is not None and time.perf_counter() >= deadline):
+                (deadline is not None and clock.now() >= deadline):
             return out                  # finished, or the caller's budget or time is spent
     fn = KERNELS.compiled()["run_engine"]
     if deadline is not None and not fn.signatures:
         import numba
-        c0 = time.perf_counter()
+        c0 = clock.now()
         fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
-        deadline += time.perf_counter() - c0
+        deadline += clock.now() - c0        # loading the cache (a compile moves no work clock)
     return fn(*args, b, _clock_deadline(deadline))

@@ -41,7 +41,6 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +55,7 @@ from hccc.runtime import sim_engine as eng
 from hccc.runtime.busbw import busbw_factor
 from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram, SimulationError,
                                     flow_classes, geometry, lower_bound, prepare, resource_bytes)
+from hccc.util import clock
 
 NSLOTS = 8
 #: Default bound on the slices one simulation may process (about a minute of engine time).
@@ -260,7 +260,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     past it the call fails fast with advice instead of running for hours. ``block_gbps``: the
     per-block limit (:mod:`hccc.runtime.sim_model`; None: none) when ``program`` is a ProgramIR.
     ``work_budget``: events plus re-shared flow classes after which the run stops with
-    :class:`SimulationStopped` (None: no limit); ``deadline``: the :func:`time.perf_counter` time
+    :class:`SimulationStopped` (None: no limit); ``deadline``: the work-clock time (:func:`hccc.util.clock.now`)
     at which it stops so (None: none; see :func:`simulate_by`).
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
@@ -278,10 +278,10 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     if work_budget is not None:
         _check_work_floor(prog, geo, work_budget)
     if deadline is not None:
-        _check_work_floor(prog, geo, int(max(0.0, deadline - time.perf_counter()) * work_rate()))
-    t0 = time.perf_counter()
+        _check_work_floor(prog, geo, int(max(0.0, deadline - clock.now()) * work_rate()))
+    t0 = clock.now()
     out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots))
-    wall = time.perf_counter() - t0
+    wall = clock.now() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
     if status == eng.STATUS_BUDGET:
@@ -374,13 +374,13 @@ def _check_work_floor(prog: SimProgram, geo: Geometry, budget: int) -> None:
 
 def simulate_by(deadline: float, program: ProgramIR | SimProgram, topo: Topology, nbytes: int,
                 **kw) -> SimResult:
-    """:func:`simulate` that ends by ``deadline`` (a :func:`time.perf_counter` time) with its
+    """:func:`simulate` that ends by ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)) with its
     result or with :class:`SimulationStopped`: the event loop looks at the clock as it runs and
     stops cleanly at the deadline, and a run whose least work (an event per sending primitive and
     micro-batch) the time left cannot buy at :func:`work_rate` does not start. (Where the platform
     gives the compiled loop no clock, the time left buys a work budget at that rate instead.)
     Preparing a ProgramIR is not bounded (pass a prepared program to keep it out of the deadline)."""
-    left = deadline - time.perf_counter()
+    left = deadline - clock.now()
     if left <= 0:
         raise SimulationStopped("simulation not started: no time left")
     if not eng.HAVE_CLOCK:

@@ -2,7 +2,6 @@
 executor and the CPU emulation; the model checker's counterexamples; composition."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from hccc.compiler.frontend import parse_rccl
 from hccc.compiler.cluster.topology_check import check_on_topology
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
+from hccc.util import clock
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
@@ -195,7 +195,7 @@ def test_check_reports_each_violation_kind():
 
 def test_checkpoint_is_the_earliest_violation():
     topo, net, task = _fig10()
-    res = synthesize_task(net, task, deadline=time.perf_counter() + 10)
+    res = synthesize_task(net, task, deadline=clock.now() + 10)
     good = res.schedule
     assert check(net, task, good) == []
     # corrupt one transfer at the last step: the first counterexample is at that step
@@ -212,12 +212,12 @@ def test_cegis_learns_groups_and_repairs_with_z3():
     topo = load_cluster(CLUSTERS / "v100_4_8.topo")
     net = network_from_topology(topo)
     task = allgather_task(topo.nranks)
-    res = synthesize_task(net, task, deadline=time.perf_counter() + 20)
+    res = synthesize_task(net, task, deadline=clock.now() + 20)
     assert res.iterations >= 1 and res.learned_groups >= 1  # the first greedy schedule overloads NICs
     assert res.smt["calls"] >= 1
     assert check(net, task, res.schedule) == []
     # greedy only (no z3) is valid as well
-    res2 = synthesize_task(net, task, deadline=time.perf_counter() + 20, use_smt=False)
+    res2 = synthesize_task(net, task, deadline=clock.now() + 20, use_smt=False)
     assert check(net, task, res2.schedule) == []
 
 
@@ -232,7 +232,7 @@ def test_broadcast_schedule():
     topo = load_cluster(CLUSTERS / "v100_4_8.topo")
     net = network_from_topology(topo)
     task = broadcast_task(topo.nranks, 5)
-    res = synthesize_task(net, task, deadline=time.perf_counter() + 10)
+    res = synthesize_task(net, task, deadline=clock.now() + 10)
     assert check(net, task, res.schedule) == []
     assert res.steps >= res.bound.steps
     # the root's egress bounds the steps: 12 chunks leave rank 5 at most `out` per step
@@ -245,7 +245,7 @@ def test_chunks_per_rank_schedule():
     topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
     net = network_from_topology(topo)
     task = allgather_task(topo.nranks, 2)
-    res = synthesize_task(net, task, deadline=time.perf_counter() + 10)
+    res = synthesize_task(net, task, deadline=clock.now() + 10)
     assert check(net, task, res.schedule) == []
     assert len(res.schedule) == task.demand
 

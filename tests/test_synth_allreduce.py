@@ -14,7 +14,6 @@ per-block limit on, and proved an AllReduce by the verifier.
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from hypothesis import given, settings
 from conftest import examples
 from test_synth_trees import _lp_rate, _optimum, clusters
 from hccc.compiler.synth import network_from_topology, synthesize
+from hccc.util import clock
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 M = 1 << 30
@@ -45,7 +45,7 @@ def _synthesised(topo):
     by the simulator, as the command does."""
     from hccc.commands.synth import Simulations, _fit_channels, tree_simulated_score
 
-    sims = Simulations(topo, M, time.perf_counter() + 300)
+    sims = Simulations(topo, M, clock.now() + 300)
     res = synthesize(topo, "allreduce", method="trees", time_limit=120, bandwidth_bound_bytes=M,
                      tree_score=tree_simulated_score(sims))
     _fit_channels(res, topo, M, sims)

@@ -3,7 +3,6 @@ CEGIS + z3 search on problems small enough to solve exhaustively."""
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from hccc.compiler.synth.bounds import (cut_bound_seconds, hub_graph, max_cut_ra
 from hccc.compiler.synth.cegis import synthesize_task
 from hccc.compiler.synth.check import check
 from hccc.compiler.synth.problem import Network
+from hccc.util import clock
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 GB = 1e9
@@ -162,10 +162,10 @@ def test_bound_and_search_against_brute_force(case, fanout):
     opt = _brute_force_steps(net, task)
     lb = step_lower_bound(net, allgather_task(net.nranks, k)).steps
     assert lb <= opt
-    res = synthesize_task(net, task, deadline=time.perf_counter() + 20, max_window=8)
+    res = synthesize_task(net, task, deadline=clock.now() + 20, max_window=8)
     assert check(net, task, res.schedule) == []
     assert res.steps >= opt
     # z3 re-solves suffix windows up to the whole schedule: on problems this small it finds the optimum
     assert res.steps == opt
-    greedy_only = synthesize_task(net, task, deadline=time.perf_counter() + 20, use_smt=False)
+    greedy_only = synthesize_task(net, task, deadline=clock.now() + 20, use_smt=False)
     assert greedy_only.steps >= res.steps

@@ -3,7 +3,6 @@ root, against an independent search of Edmonds' condition, and the trees grown o
 from __future__ import annotations
 
 import math
-import time
 
 import networkx as nx
 import numpy as np
@@ -16,6 +15,7 @@ from hccc.compiler.cluster.topo_parser import ClusterSpec, LinkSpec, NodeSpec, f
 from hccc.compiler.synth import branchings as br
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth import trees as tr
+from hccc.util import clock
 from test_synth_trees import M, _mi250, _model_time, _optimum, clusters
 
 
@@ -107,7 +107,7 @@ def test_the_integral_time_is_the_fixed_k_optimum(monkeypatch_nodes, topo, k):
     condition holds (networkx's max-flow), and the trees grown on its multiplicities are ``k``
     spanning trees per root inside them, at that time."""
     net = network_from_topology(topo)
-    got = br.integral_packing(net, k, _capacities(net), time.perf_counter() + 60)
+    got = br.integral_packing(net, k, _capacities(net), clock.now() + 60)
     assert got is not None
     t, trees = got
     assert t == pytest.approx(_fixed_k_optimum(net, k), rel=1e-9)
@@ -123,7 +123,7 @@ def test_integral_trees_fit_pairs_and_shared_groups(monkeypatch_nodes, topo, k):
     optimum and no more than the LP's trees rounded to ``k`` chunks (every such rounding is a
     packing of ``k`` trees per root)."""
     net = network_from_topology(topo)
-    got = br.integral_packing(net, k, _capacities(net), time.perf_counter() + 60)
+    got = br.integral_packing(net, k, _capacities(net), clock.now() + 60)
     assert got is not None
     t, trees = got
     use = _check_trees(net, trees, k)
@@ -164,8 +164,8 @@ def test_the_integer_program_is_deterministic():
     """The same network gives the same multiplicities (node limits, not seconds, bound the search)."""
     net = network_from_topology(_mi250(2))
     cap = _capacities(net)
-    a = br.integral_arcs(net, 2, cap, time.perf_counter() + 60)
-    b = br.integral_arcs(net, 2, cap, time.perf_counter() + 60)
+    a = br.integral_arcs(net, 2, cap, clock.now() + 60)
+    b = br.integral_arcs(net, 2, cap, clock.now() + 60)
     assert a is not None and b is not None
     assert a[0] == b[0] and (a[1] == b[1]).all()
 

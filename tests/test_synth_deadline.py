@@ -18,6 +18,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime import simulator as sim
 from hccc.runtime.simulator import SimulationStopped
+from hccc.util import clock
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERS = REPO / "examples" / "clusters"
@@ -64,14 +65,14 @@ def test_work_floor_refuses_before_running(ring):
 def test_simulate_by_deadline(ring, monkeypatch):
     topo, prog, full, work = ring
     with pytest.raises(SimulationStopped, match="no time left"):
-        sim.simulate_by(time.perf_counter() - 1.0, prog, topo, 64 * MiB)
-    assert sim.simulate_by(time.perf_counter() + 600.0, prog, topo, 64 * MiB).time_s == full.time_s
+        sim.simulate_by(clock.now() - 1.0, prog, topo, 64 * MiB)
+    assert sim.simulate_by(clock.now() + 600.0, prog, topo, 64 * MiB).time_s == full.time_s
     # a rate at which the time left does not buy the run's least work (an event per sending
     # primitive and micro-batch): not started
     sends = int((prog.p_flags & 1).astype(bool).sum())
     monkeypatch.setattr(sim, "work_rate", lambda: sends * full.micro_batches / 2 / 100.0)
     with pytest.raises(SimulationStopped, match="not started"):
-        sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
+        sim.simulate_by(clock.now() + 100.0, prog, topo, 64 * MiB)
 
 
 
@@ -86,7 +87,7 @@ def test_an_assumed_rate_does_not_stop_a_run_the_clock_allows(ring, monkeypatch)
     runs = []
     real = sim.simulate
     monkeypatch.setattr(sim, "simulate", lambda *a, **k: runs.append(k.get("work_budget")) or real(*a, **k))
-    r = sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
+    r = sim.simulate_by(clock.now() + 100.0, prog, topo, 64 * MiB)
     assert r.time_s == full.time_s and runs == [None] or not sim.eng.HAVE_CLOCK
 
 
@@ -99,7 +100,7 @@ def test_the_clock_stops_a_run_past_its_deadline(ring, monkeypatch):
     monkeypatch.setattr(sim.eng, "_clock_deadline",
                         lambda d: 0.0 if d is None else max(1e-9, sim.eng.clock_now() - 1.0))
     with pytest.raises(SimulationStopped, match="its deadline") as exc:
-        sim.simulate_by(time.perf_counter() + 100.0, prog, topo, 64 * MiB)
+        sim.simulate_by(clock.now() + 100.0, prog, topo, 64 * MiB)
     assert exc.value.work < work
 
 
@@ -117,7 +118,7 @@ class ScriptedSimulations(synth_cmd.Simulations):
         self.stopped = False
         self.failed = None
         self.available = True
-        self.deadline = time.perf_counter() + 3600.0
+        self.deadline = clock.now() + 3600.0
 
     def _key(self, result):
         return ("p",)

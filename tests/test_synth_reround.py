@@ -5,7 +5,6 @@ one each), so the same LP rounded to fewer chunks, every stream on a channel of 
 candidate too and the simulator chooses."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from conftest import examples
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import forest
 from hccc.compiler.synth import trees as tr
+from hccc.util import clock
 from test_synth_trees import clusters
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
@@ -76,7 +76,7 @@ def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_
     free = synthesize(topo, "allreduce", method="trees", time_limit=60)
     budget = free.detail["blocks_per_rank"] * 2 // 3
     monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: budget)
-    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    sims = Simulations(topo, 1 << 30, clock.now() + 120)
     score = tree_simulated_score(sims)
     score.settled = lambda *a, **k: False
     res = synthesize(topo, "allreduce", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
@@ -188,7 +188,7 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypat
     topo = parse_topology(RING_AND_MESH_14, "ring_and_mesh.topo")
 
     def run():
-        sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+        sims = Simulations(topo, 1 << 30, clock.now() + 120)
         res = synthesize(topo, "reducescatter", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
                          tree_score=tree_simulated_score(sims))
         return res, sims.known(res, res.detail["channels"]), sims.bound_seconds("reducescatter")
@@ -214,7 +214,7 @@ def test_shaped_trees_that_break_residency_give_way_to_the_packings_own(monkeypa
 
     topo = load_cluster(CLUSTERS / "h20_4x3_8.topo")
     monkeypatch.setattr(forest, "resident_blocks", lambda vendors, nwarps=16: 70)
-    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    sims = Simulations(topo, 1 << 30, clock.now() + 120)
     res = synthesize(topo, "allgather", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
                      tree_score=tree_simulated_score(sims))
     d = res.detail
@@ -238,7 +238,7 @@ def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps():
     from synth_quality import mi250_text
 
     topo = parse_topology(mi250_text(2), "mi250_2.topo")
-    sims = Simulations(topo, 1 << 30, time.perf_counter() + 120)
+    sims = Simulations(topo, 1 << 30, clock.now() + 120)
     res = synthesize(topo, "reducescatter", method="trees", time_limit=60, bandwidth_bound_bytes=1 << 30,
                      tree_score=tree_simulated_score(sims))
     # the bundled programs are not resident: listed with their link-model time, not simulated

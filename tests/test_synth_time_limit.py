@@ -17,6 +17,7 @@ from hccc.compiler.passes.verify import verify
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import synthesize
 from hccc.compiler.synth.emit import to_algorithm
+from hccc.util import clock
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERS = REPO / "examples" / "clusters"
@@ -80,7 +81,7 @@ def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing():
     floors = []
 
     def run(prune: bool):
-        sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+        sims = synth_cmd.Simulations(topo, 1 << 30, clock.now() + 600)
         score = synth_cmd.tree_simulated_score(sims)
         settled = score.settled
         score.settled = (lambda c, floor_s=0.0, slack=True: floors.append(floor_s) or settled(c, floor_s, slack)) \
@@ -157,7 +158,7 @@ def test_a_joint_allreduce_too_large_for_full_warps_is_rounded_to_what_fits_at_f
     from hccc.compiler.synth.forest import resident_blocks
 
     topo = load_cluster(_pod64(tmp_path / "pod64.topo"))
-    sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+    sims = synth_cmd.Simulations(topo, 1 << 30, clock.now() + 600)
     res = synthesize(topo, "allreduce", method="trees", time_limit=600, bandwidth_bound_bytes=1 << 30,
                      tree_score=synth_cmd.tree_simulated_score(sims))
     d = res.detail
@@ -215,7 +216,7 @@ def test_the_chosen_program_is_not_built_again_for_its_channel_counts(monkeypatc
     built = []
     real = build.build_program
     monkeypatch.setattr(build, "build_program", lambda *a, **k: built.append(1) or real(*a, **k))
-    sims = synth_cmd.Simulations(topo, 1 << 30, time.perf_counter() + 600)
+    sims = synth_cmd.Simulations(topo, 1 << 30, clock.now() + 600)
     assert sims.seconds(ag, 1) is not None and sims.seconds(rs, 1) is not None
     assert len(built) == 2
     assert sims.channel_steps(ag) == want

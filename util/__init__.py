@@ -1,4 +1,5 @@
 """Shared utilities below every other layer (imports nothing else of hccc): located diagnostics
 (``diagnostics``), input and size limits (``limits``), the size syntax (``sizes``), English plurals
-(``plural``) and the one mechanism that runs a kernel as plain Python or compiled by numba (``jit``).
+(``plural``), the one mechanism that runs a kernel as plain Python or compiled by numba (``jit``), and
+the work clock every time limit is measured on, which stands still while numba compiles (``clock``).
 """

@@ -45,6 +45,8 @@ import types
 from pathlib import Path
 from typing import Callable, Iterable
 
+from hccc.util.clock import count_compiles
+
 MODES = ("auto", "python", "numba")
 #: with numba's cache on disk a module's threshold is this many times lower (loading is cheap)
 CACHED_DIVISOR = 10
@@ -179,6 +181,7 @@ class Kernels:
         """The compiled twins (numba dispatchers), made on first use."""
         with self._lock:
             if self._compiled is None:
+                count_compiles()           # time limits leave out what numba compiles (util/clock.py)
                 import numba
                 from numba import njit
                 glb = dict(self._ns)

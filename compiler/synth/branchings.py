@@ -34,11 +34,11 @@ most :data:`MAX_RANKS` ranks, within a time limit, and kept where they are faste
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
 from hccc.compiler.synth.problem import Network
+from hccc.util import clock
 
 #: networks above this many ranks are not given integral packings (the program and the trees'
 #: max-flows grow with the pairs, the ranks squared)
@@ -165,7 +165,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     c[O] = 1.0
     integrality = np.r_[np.ones(O), 0.0]
     for _ in range(MAX_ROUNDS):
-        left = deadline - time.perf_counter()
+        left = deadline - clock.now()
         if left <= 0:
             return None
         z = np.array(sets)
@@ -275,7 +275,7 @@ def branchings(n: int, arcs: np.ndarray, k: int, deadline: float) -> list[tuple[
             for y in np.flatnonzero(left_arcs[x] > 0).tolist():
                 if spans[j][y]:
                     continue
-                if time.perf_counter() > deadline:
+                if clock.now() > deadline:
                     return None
                 flow, _ = max_flow(m, np.concatenate([au, np.full(x_cols.size, x), o_rows]),
                                    np.concatenate([av, x_cols, o_cols]),

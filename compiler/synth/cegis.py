@@ -20,7 +20,6 @@ with its gap to the lower bound.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,6 +30,7 @@ from hccc.compiler.synth.bounds import StepBound, step_lower_bound
 from hccc.compiler.synth.check import check, earliest_step
 from hccc.compiler.synth.greedy import GreedyInputs, GreedyStopped
 from hccc.compiler.synth.problem import Network, Schedule, Task, replay
+from hccc.util import clock
 
 Progress = Callable[[str, dict], None]
 
@@ -71,7 +71,7 @@ def greedy_stop_at(deadline: float) -> float:
     """When a greedy run starting now is stopped: it may go past ``deadline`` to finish the schedule
     the anytime loop needs, by 2 s plus a tenth of the time left (counted from its start when it
     starts after the deadline)."""
-    now = time.perf_counter()
+    now = clock.now()
     return max(deadline, now) + 2.0 + 0.1 * max(0.0, deadline - now)
 
 
@@ -101,7 +101,7 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
         enforced[learned] = 1
         prefix = sched.before(t)
         has_t = replay(task, prefix)
-        if time.perf_counter() >= deadline:
+        if clock.now() >= deadline:
             timed_out = True
             enforced[:] = 1
             suffix, _ = gi.run(has_t, t, max_steps, enforced, stop_at=greedy_stop_at(deadline))
@@ -131,7 +131,7 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
     variant (:data:`.greedy.VARIANTS`: different tie-breaking among equally good transfers); the
     candidate with the fewest steps wins, ties broken by ``score`` (lower is better; e.g. a
     simulated completion time) when given, else the first variant."""
-    t_start = time.perf_counter()
+    t_start = clock.now()
     note = progress or (lambda *_: None)
     bound = bound or step_lower_bound(net, task)
     note("bound", {"steps": bound.steps})
@@ -139,7 +139,7 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
     use_smt = use_smt and smt.available()
     cands = []
     for v in range(max(1, int(variants))):
-        if v and time.perf_counter() >= deadline:
+        if v and clock.now() >= deadline:
             break
         gi = GreedyInputs(net, task, variant=v)
         try:
@@ -163,8 +163,8 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
         best, timed_out = _minimise(net, task, best, bound.steps, enforced, stats, deadline, note,
                                     max_window, max_vars)
     return TaskResult(best.sorted(), bound, sum(c[1] for c in cands), int(enforced.sum()), greedy_steps,
-                      best.nsteps <= bound.steps, timed_out or time.perf_counter() > deadline, stats.as_dict(),
-                      time.perf_counter() - t_start, variant=pool[0], variants=len(cands))
+                      best.nsteps <= bound.steps, timed_out or clock.now() > deadline, stats.as_dict(),
+                      clock.now() - t_start, variant=pool[0], variants=len(cands))
 
 
 def _minimise(net, task, best: Schedule, lb: int, enforced, stats, deadline, note, max_window, max_vars):
@@ -174,7 +174,7 @@ def _minimise(net, task, best: Schedule, lb: int, enforced, stats, deadline, not
         improved = False
         T = best.nsteps
         for w in range(2, min(max_window, T) + 1):
-            if time.perf_counter() >= deadline:
+            if clock.now() >= deadline:
                 timed_out = True
                 break
             s = T - w

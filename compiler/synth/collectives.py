@@ -20,12 +20,12 @@ sum, i.e. the bound *within the ReduceScatter + AllGather decomposition* HeteCCL
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from hccc.util import clock
 from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC, Header
 from hccc.compiler.cluster.topology import Topology
@@ -146,7 +146,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     ``tree_score(collective, rows, chunks_per_rank, channels, warps)`` picks among its shapes).
     ``detail["method"]`` says which ran.
     """
-    t0 = time.perf_counter()
+    t0 = clock.now()
     coll = collective.lower()
     if coll not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r} (expected one of {', '.join(COLLECTIVES)})")
@@ -167,7 +167,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                                 resident=None if isinstance(topo, Network) else
                                 lambda warps: resident_blocks(topo.rank_vendor, warps))
         res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
-                          time.perf_counter() - t0, net.name, False, None, prog.detail, prog.loops)
+                          clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
         if bandwidth_bound_bytes:
             known = prog.detail.get("cut_seconds_per_rank_byte", {})
             res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else
@@ -186,7 +186,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                                                           time_limit=float(time_limit) * BOUND_SHARE)
 
     def remaining_share(parts_left: int) -> float:
-        return time.perf_counter() + max(0.0, deadline - time.perf_counter()) / parts_left
+        return clock.now() + max(0.0, deadline - clock.now()) / parts_left
 
     def scorer(phase: str, make_rows):
         if score is None:
@@ -195,14 +195,14 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
 
     if coll == "alltoall":
         from hccc.compiler.synth.alltoall import synthesize_alltoall
-        sched, lb, detail = synthesize_alltoall(net, k, time_limit=max(0.0, deadline - time.perf_counter()))
+        sched, lb, detail = synthesize_alltoall(net, k, time_limit=max(0.0, deadline - clock.now()))
         rows = _rows(sched, RECV, 0)
         steps = int(rows[:, 2].max()) + 1 if rows.size else 0
         if bandwidth_bound_bytes:
             detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
             detail["cut_bound_set"] = _alltoall_cut_set(net, bandwidth_bound_bytes)
         timed_out = bool(detail.pop("timed_out", False))
-        return SynthResult(coll, n, k, None, rows, steps, lb, [], time.perf_counter() - t0, net.name,
+        return SynthResult(coll, n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,
                            timed_out, None, detail)
     if coll in ("allgather", "broadcast"):
         task = allgather_task(n, k) if coll == "allgather" else broadcast_task(n, root, k)
@@ -248,7 +248,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     steps = int(rows[:, 2].max()) + 1 if rows.size else 0
     detail["method"] = "search"
     return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,
-                       time.perf_counter() - t0, net.name,
+                       clock.now() - t0, net.name,
                        any(p.result.timed_out for p in phases), composed, detail)
 
 

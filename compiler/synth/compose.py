@@ -24,11 +24,11 @@ The result is checked like any other schedule (:func:`.check.check`) before it i
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from hccc.util import clock
 from hccc.util.jit import Kernels
 from hccc.compiler.synth.bounds import step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
@@ -224,7 +224,7 @@ def list_schedule(net: Network, task: Task, tu, tv, tk) -> Schedule:
 def synthesize_composed(net: Network, task: Task, plan: PodPlan, *, deadline: float,
                         progress: Progress | None = None, use_smt: bool = True) -> tuple[TaskResult, dict]:
     """Compose a pod schedule and an inter-pod schedule (module docstring); returns (result, info)."""
-    t0 = time.perf_counter()
+    t0 = clock.now()
     note = progress or (lambda *_: None)
     m, P, K = plan.pod_ranks, plan.npods, task.chunks_per_rank
     budget = max(0.0, deadline - t0)
@@ -279,5 +279,5 @@ def synthesize_composed(net: Network, task: Task, plan: PodPlan, *, deadline: fl
     res = TaskResult(sched.sorted(), bound, pod.iterations + inter.iterations,
                      pod.learned_groups + inter.learned_groups, sched.nsteps, sched.nsteps <= bound.steps,
                      pod.timed_out or inter.timed_out, {"pod": pod.smt, "inter_pod": inter.smt},
-                     time.perf_counter() - t0)
+                     clock.now() - t0)
     return res, info

@@ -56,7 +56,6 @@ simulated time of a program, lower is better) the best is kept, otherwise the fi
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -68,6 +67,7 @@ from hccc.compiler.synth import trees as tr
 
 #: GB/s one block moves (the simulator's default per-block limit, :mod:`hccc.compiler.passes.channels`)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS, block_gbps_at
+from hccc.util import clock
 
 
 #: the fewest chunks per rank a tree program splits its trees into (:func:`split_for`)
@@ -418,7 +418,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     fewer (None: no fewer warps), see :func:`bundled`."""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
 
-    t0 = time.perf_counter()
+    t0 = clock.now()
     coll = collective.lower()
     if coll not in tr.TREE_COLLECTIVES:
         raise ValueError(f"tree packing builds {', '.join(tr.TREE_COLLECTIVES)}, not {collective!r}")
@@ -432,7 +432,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     def left(share: int = 1) -> float:
         """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
-        return max(0.0, pack_deadline - time.perf_counter()) / max(1, share)
+        return max(0.0, pack_deadline - clock.now()) / max(1, share)
 
     def stopped(p: tr.Packing, name: str) -> None:
         # the column generation ends at its LP optimum (within the tolerance) unless stopped
@@ -484,7 +484,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     variants = [(K, packs, False)]
     # a further packing only while the packing time left is at least what the first ones took
     # (it solves an LP as large again): never where the limit binds
-    packed_s = time.perf_counter() - t0
+    packed_s = clock.now() - t0
     if coll == "allreduce" and left() < packed_s:
         cut_by_limit.append("AllReduce joint packing skipped")
     elif coll == "allreduce":
@@ -595,7 +595,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     for i, (kv, pk, joint, shape) in enumerate(todo):
         # the first candidate always; another only where it can be built well before the deadline
         # (as long again for the caller's work on the program)
-        if candidates and time.perf_counter() + 2 * build_s > deadline:
+        if candidates and clock.now() + 2 * build_s > deadline:
             cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
             break
         settled = getattr(score, "settled", None)
@@ -627,7 +627,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             integral_built.add(id(pk))
             shape = ""
             todo[i] = (kv, pk, joint, shape)
-        b0 = time.perf_counter()
+        b0 = clock.now()
         split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         rows, info, ch, most, blocks, warps, fits, own = bundled(
             lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w),
@@ -652,12 +652,12 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 k_fit = chunks_to_fit(kv, own, (resident(LEAST_WARPS) if resident is not None else None) or max_blocks)
                 if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
                     k_fit = 0                    # the one-chunk packing is a candidate already
-                left_s = deadline - time.perf_counter()
+                left_s = deadline - clock.now()
                 again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
                 # the scaling is an estimate (the trees of another rounding differ): more chunks
                 # whose rounded trees still fit, counted exactly, are taken where there are such
                 for k in sorted((c for c in tr.CHUNK_CANDIDATES if max(1, k_fit) < c < kv), reverse=True):
-                    left_s = deadline - time.perf_counter()
+                    left_s = deadline - clock.now()
                     if left_s <= 0:
                         break
                     more = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4))
@@ -683,7 +683,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 # simulated too (two MI250 nodes' ReduceScatter: 12 chunks per rank at 4 warps,
                 # 751 blocks, 0.813 of the bound)
                 k_full = chunks_to_fit(kv, own, max_blocks) if max_blocks and resident is not None else 0
-                left_s = deadline - time.perf_counter()
+                left_s = deadline - clock.now()
                 if 0 < k_full < cand[0][0] and left_s > 0:
                     full = rerounded(pk, k_full, min(tr.ROUND_MILP_SECONDS, left_s / 4))
                     if full is not None and max(p.chunks_per_rank for p in full.values()) < cand[0][0]:
@@ -699,7 +699,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             # built (and any re-rounding of it queued): its trees' time in the link model (as
             # shaped) is no less than the best program's, so it cannot win
             not_needed += 1
-            build_s = max(build_s, time.perf_counter() - b0)
+            build_s = max(build_s, clock.now() - b0)
             continue
         # a program whose blocks are not all resident ranks after every one that is: it is
         # simulated only where none is (below), so its simulation never takes the time of theirs
@@ -707,17 +707,17 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # without a simulator, the link model's time decides (then the fewest blocks)
         candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
                            kv * split, pk, ch, split, most, blocks, warps))
-        build_s = max(build_s, time.perf_counter() - b0)
+        build_s = max(build_s, clock.now() - b0)
         # AllGather / ReduceScatter programs short of their packing's link-model time, with time left
         short = sc is not None and not joint and coll != "allreduce" and \
-            sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and time.perf_counter() + 3 * build_s < deadline
+            sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and clock.now() + 3 * build_s < deadline
         if short and id(pk) not in halved and kv > 1 and sc < thinned.get(id(pk), np.inf):
             # the program falls short of its packing's time in the link model: the same LP rounded
             # to half the chunks (half the streams, each twice as fast) is built and simulated
             # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
             halved.add(id(pk))
             k = max((c for c in tr.CHUNK_CANDIDATES if c <= kv // 2), default=0)
-            left_s = deadline - time.perf_counter()
+            left_s = deadline - clock.now()
             fewer = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k else None
             k = max(p.chunks_per_rank for p in fewer.values()) if fewer is not None else kv
             if k < kv:
@@ -774,4 +774,4 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     if not_needed:
         detail["candidates_not_built"] = not_needed
     detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
-    return TreeProgram(rows, steps, lb, K, detail, time.perf_counter() - t0, loops)
+    return TreeProgram(rows, steps, lb, K, detail, clock.now() - t0, loops)

@@ -20,10 +20,10 @@ from :data:`MIN_COMPILED_WORK` ranks x ranks x chunks; same results either way).
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
+from hccc.util import clock
 from hccc.util.jit import Kernels
 from hccc.compiler.synth.problem import Network, Schedule, Task
 
@@ -280,16 +280,18 @@ class GreedyInputs:
     def run(self, has: np.ndarray, t0: int, max_steps: int, genforce: np.ndarray,
             frozen: Schedule | None = None, stop_at: float | None = None) -> tuple[Schedule, bool]:
         """Greedy steps from ``has`` at step ``t0``; returns (schedule of the new steps, complete).
-        ``stop_at`` (a ``time.perf_counter()`` value): an unfinished run is stopped then and
+        ``stop_at`` (a ``clock.now()`` value): an unfinished run is stopped then and
         :class:`GreedyStopped` raised."""
         stop = np.zeros(1, np.uint8)
         timer = None
         if stop_at is not None:
             # compile (or load) the kernel first: the time limit is for the search, not for numba
-            t_warm = time.perf_counter()
+            # (the work clock leaves out the compile; the shift below, the loading), and the
+            # timer counts real seconds from here
+            t_warm = clock.now()
             self._run(has, t0, 0, genforce, frozen, stop)
-            stop_at += time.perf_counter() - t_warm
-            timer = threading.Timer(max(0.0, stop_at - time.perf_counter()), stop.fill, args=(1,))
+            stop_at += clock.now() - t_warm
+            timer = threading.Timer(max(0.0, stop_at - clock.now()), stop.fill, args=(1,))
             timer.daemon = True
             timer.start()
         try:

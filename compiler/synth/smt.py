@@ -21,13 +21,13 @@ schedule it has.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from hccc.compiler.synth.check import check
 from hccc.compiler.synth.problem import Network, Schedule, Task
+from hccc.util import clock
 
 
 def _z3():
@@ -43,7 +43,7 @@ def available() -> bool:
 
 
 def _ms_left(deadline: float) -> int:
-    return max(1, int((deadline - time.perf_counter()) * 1000))
+    return max(1, int((deadline - clock.now()) * 1000))
 
 
 @dataclass
@@ -159,12 +159,12 @@ class StepRepair:
         ``per_call`` (z3's deterministic ``rlimit``) or ``deadline`` passes. The weights order the
         baseline (and so break ties); the solver maximises the number of transfers kept."""
         z3, s = self.z3, self.solver
-        t0 = time.perf_counter()
+        t0 = clock.now()
         best = self.baseline()
         value = int(best.sum())
         upper = len(self.x)
         delta = 1
-        while value < upper and time.perf_counter() < deadline:
+        while value < upper and clock.now() < deadline:
             target = min(upper, value + delta)
             s.push()
             s.add(z3.AtLeast(*self.x, target))
@@ -187,7 +187,7 @@ class StepRepair:
                 s.pop()
                 break
             s.pop()
-        self.stats.seconds += time.perf_counter() - t0
+        self.stats.seconds += clock.now() - t0
         self.optimal = value >= upper
         c = self.cand
         return Schedule(c.src[best], c.dst[best], c.step[best], c.chunk[best])
@@ -341,9 +341,9 @@ class SuffixWindow:
         if self.impossible or self.too_big:
             return None
         z3, s = self.z3, self.solver
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
-            while time.perf_counter() < deadline:
+            while clock.now() < deadline:
                 s.push()
                 s.add(*self.goal)
                 s.set("timeout", _ms_left(deadline))
@@ -375,7 +375,7 @@ class SuffixWindow:
                 self.add_groups(mask)
             return None
         finally:
-            self.stats.seconds += time.perf_counter() - t0
+            self.stats.seconds += clock.now() - t0
 
 
 def _check_window(net: Network, task: Task, has: np.ndarray, sched: Schedule):

@@ -49,7 +49,6 @@ distinct steps (two reductions into one (rank, chunk) never share a step).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -57,6 +56,7 @@ import numpy as np
 
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth.symmetry import Symmetry, class_symmetry, node_symmetry, period_symmetry
+from hccc.util import clock
 
 #: the LP stops when within this factor of its lower bound (Lagrangian or cut bound)
 LP_TOL = 2e-4
@@ -363,7 +363,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     from scipy import sparse
     from scipy.optimize import linprog
 
-    t0 = time.perf_counter()
+    t0 = clock.now()
     n, P = net.nranks, net.npairs
     if n < 2:
         empty = Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
@@ -530,7 +530,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         c = np.zeros(J + 1)
         c[-1] = 1.0
         # a round after the first gets only the time left: stopped, the last round's packing stays
-        opts = {} if y is None else {"time_limit": max(0.01, deadline - time.perf_counter())}
+        opts = {} if y is None else {"time_limit": max(0.01, deadline - clock.now())}
         res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
                       bounds=[(0, None)] * (J + 1), method="highs", options=opts)
         if res.status == 1 and y is not None:
@@ -556,7 +556,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                     added += add(r, par_r, rev)
         if denom > 0:
             best_lb = max(best_lb, lag / denom)
-        if not added or lp_val <= best_lb * (1 + tol) or time.perf_counter() > deadline:
+        if not added or lp_val <= best_lb * (1 + tol) or clock.now() > deadline:
             break
     if seeding:
         # the classes' LP trees under every element fixing their root seed the LP of translates
@@ -570,20 +570,20 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 if key not in got:
                     got.add(key)
                     seeds.append((r, tp, rev))
-        class_s = time.perf_counter() - t0
+        class_s = clock.now() - t0
         lb = max(best_lb / scale, bound or 0.0)
         common = dict(pair_bw=bw, bound=lb, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
                       round_tol=round_tol, symmetry=False, joint=joint, exact=exact)
-        out = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=seeds,
+        out = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=seeds,
                     translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
         how = "translates"
         k_cls = out[0].chunks_per_rank
-        if (k_cls > SEED_EVERY_ROOT_ABOVE or 1 < k_cls and n <= EVERY_ROOT_RANKS) and deadline > time.perf_counter():
+        if (k_cls > SEED_EVERY_ROOT_ABOVE or 1 < k_cls and n <= EVERY_ROOT_RANKS) and deadline > clock.now():
             # a representative's K chunks go to its whole class alike; where that rounds only at
             # many chunks per rank (or the cluster is small), the LP over every root (seeded with
             # the translates of that LP's trees, an optimal solution) rounds each rank apart,
             # often at fewer
-            alt = _pack(net, time_limit=max(0.0, deadline - time.perf_counter()), seed=out[0].lp_support, **common)
+            alt = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=out[0].lp_support, **common)
 
             def rank(pk):
                 p = pk[0]
@@ -591,7 +591,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             if rank(alt) < rank(out):
                 out, how = alt, "every root"
         for packing in out:
-            packing.seconds = time.perf_counter() - t0
+            packing.seconds = clock.now() - t0
             packing.stats.update(symmetry=perms.shape[0], classes=int(reps.size), class_lp_rows=RO, class_lp_rounds=it,
                                  class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds),
                                  rounded_over=how)
@@ -615,7 +615,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         keep_cols = y > 1e-9
         rest = np.flatnonzero(~keep_cols)
         keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
-    lp_s = time.perf_counter() - t0
+    lp_s = clock.now() - t0
 
     target = lp_val * (1 + round_tol)   # a rounding this close to the LP is accepted
 
@@ -630,7 +630,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             counts, t = regrow(K, counts, t)
         same_within = np.inf
         if t > target and K > 1 and left > 0.05:
-            m0 = time.perf_counter()
+            m0 = clock.now()
             sub = np.flatnonzero(keep_cols)
             got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=target,
                                gap=round_tol, nodes=ROUND_MILP_NODES, floor=lp_val)
@@ -640,7 +640,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 te = _time_of(exact, load_unit, ocap, K)
                 if te < t:
                     counts, t = exact, te
-            if time.perf_counter() - m0 > 0.9 * left:
+            if clock.now() - m0 > 0.9 * left:
                 same_within = left         # its time guard may have ended it: more time may find more
         elif t > target and K > 1:
             same_within = 0.0              # no MILP run
@@ -721,10 +721,10 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         if joint or K > br.MAX_CHUNKS or n > br.MAX_RANKS:
             return None
         if K not in exact["found"]:
-            b0 = time.perf_counter()
+            b0 = clock.now()
             until = min(until, b0 + br.SECONDS - exact["spent"])
             got = br.integral_arcs(net, K, cap, until, exact["sets"], exact["perms"]) if until > b0 else None
-            exact["spent"] += time.perf_counter() - b0
+            exact["spent"] += clock.now() - b0
             exact["found"][K] = None if got is None else (got[0] * scale, got[1])
         return exact["found"][K]
 
@@ -735,7 +735,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         from hccc.compiler.synth import branchings as br
 
         if K not in exact["grown"]:
-            exact["grown"][K] = br.trees_on(net, mult, K, time.perf_counter() + br.SECONDS)
+            exact["grown"][K] = br.trees_on(net, mult, K, clock.now() + br.SECONDS)
         trees = exact["grown"][K]
         if trees is None:
             return None
@@ -744,7 +744,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             np.add.at(load, _tree_column(net, _tree_pairs(net, par, r)), c / K)
         return Packing(n, K, [int(r) for r, _, _ in trees], [np.asarray(par) for _, par, _ in trees],
                        [int(c) for _, _, c in trees], lp_val / scale, best_lb / scale, t_round / scale, it,
-                       len(cols), lp_s + time.perf_counter() - r0, load[:P].copy(),
+                       len(cols), lp_s + clock.now() - r0, load[:P].copy(),
                        {"lp_trees": int((y > 1e-9).sum()), "symmetry": 1, "classes": int(reps.size),
                         "lp_rows": RO, "integral": True}, load, capn * t_round, None, reround, None)
 
@@ -752,12 +752,12 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank, or
         (``integral``: where no count rounds within the tolerance, and they are faster) integral
         trees at that count."""
-        r0 = time.perf_counter()
+        r0 = clock.now()
         best = None
         tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
         tried = []
         for K in tries or [min_k]:
-            left = min(round_deadline - time.perf_counter(), ROUND_MILP_EACH)
+            left = min(round_deadline - clock.now(), ROUND_MILP_EACH)
             if K in rounded and rounded[K][2] >= left:
                 t, counts = rounded[K][:2]       # rounded before, and more time would not change it
             else:
@@ -824,7 +824,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
                 tord = transposed_pair_order(net)
                 lo, li = np.r_[load[:P][tord], load[P:]], np.r_[limit[:P][tord], limit[P:]]
             out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
-                               it, len(cols), lp_s + time.perf_counter() - r0, lo[:P].copy(),
+                               it, len(cols), lp_s + clock.now() - r0, lo[:P].copy(),
                                {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
                                 "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
                                None if lp_only else group, reround, support, exact=exact))
@@ -832,10 +832,10 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
 
     def reround(kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
         return finish(max(1, int(kmax)), max(1, min(int(min_chunks), int(kmax))),
-                      time.perf_counter() + max(0.0, float(time_limit)))
+                      clock.now() + max(0.0, float(time_limit)))
 
     return finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
-                  time.perf_counter() + min(ROUND_MILP_SECONDS, max(0.0, deadline - time.perf_counter())))
+                  clock.now() + min(ROUND_MILP_SECONDS, max(0.0, deadline - clock.now())))
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
+from hccc.util import clock
 from hccc.util.plural import plural
 from hccc.progress import Progress
 from hccc.util.diagnostics import CompileError, Diagnostic
@@ -63,7 +63,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="seconds for the whole command (several --size share it): the search or packing, "
                         "then the simulations that pick the tree shape and the channels and measure the "
                         "fraction of the bound; the best schedule so far is written then, saying what was not "
-                        "simulated (numba's first compile of a kernel after an install is not counted)")
+                        "simulated (measured on a clock that stands still while numba compiles its kernels, as it "
+                        "does once after an install, so a first run decides as a later one)")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
                    help="compose hierarchically over identical pods of M GPUs (default: automatic; "
                         "clusters of up to 64 GPUs are solved flat)")
@@ -111,7 +112,7 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
                     deadline: float | None = None, ceiling: float | None = None):
     """``score(collective, rows)`` for :func:`hccc.compiler.synth.synthesize`: the completion time of
     a candidate program in the alpha-beta simulator on ``topo`` at ``nbytes`` (None when the
-    simulator is not available). With a ``deadline`` (a :func:`time.perf_counter` time), a
+    simulator is not available). With a ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)), a
     candidate the time left cannot simulate scores infinity (the search keeps its first). With a
     ``ceiling`` (seconds), a candidate whose bytes over the capacities already take that long
     (:func:`hccc.runtime.simulator.least_time`) is not simulated: it scores that least time."""
@@ -128,7 +129,7 @@ def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_ra
         coll = Collective.parse(phase)
         if coll is None:
             return 0.0
-        if deadline is not None and time.perf_counter() >= deadline:
+        if deadline is not None and clock.now() >= deadline:
             return float("inf")
         head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
                       chunks_per_rank=chunks_per_rank)
@@ -222,7 +223,7 @@ def _bandwidth_bound(result, nbytes: int) -> dict:
 
 
 def run(args) -> int:
-    deadline = time.perf_counter() + float(args.time_limit)   # the whole command's (see --time-limit)
+    deadline = clock.now() + float(args.time_limit)   # the whole command's (see --time-limit)
     from hccc.util.limits import check_synth_size
     from hccc.compiler.pipeline import load_cluster
 
@@ -265,8 +266,8 @@ def run(args) -> int:
     summaries = []
     for i, (size, o) in enumerate(zip(sizes, outs)):
         # every program its share of the time left
-        share = max(0.0, deadline - time.perf_counter()) / (len(sizes) - i)
-        summaries.append(_synthesize_one(args, topo, size, o, time.perf_counter() + share))
+        share = max(0.0, deadline - clock.now()) / (len(sizes) - i)
+        summaries.append(_synthesize_one(args, topo, size, o, clock.now() + share))
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
     return 0
@@ -285,7 +286,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     sims = Simulations(topo, size, deadline)
     with Progress("hccc synth", enabled=not args.json) as prog, \
             prog.phase(title, limit_s=args.time_limit if len(args.size or []) <= 1 else
-                       round(max(0.0, deadline - time.perf_counter()), 1)) as phase:
+                       round(max(0.0, deadline - clock.now()), 1)) as phase:
 
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
@@ -296,16 +297,16 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                 topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
             try:
                 return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                  time_limit=max(1e-3, until - time.perf_counter()), progress=progress,
+                                  time_limit=max(1e-3, until - clock.now()), progress=progress,
                                   pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
                                   score=score, bandwidth_bound_bytes=size, method=how,
                                   tree_score=tree_simulated_score(sims) if sim and how == "trees" else None)
             except ValueError as exc:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
-        made_at = time.perf_counter()
+        made_at = clock.now()
         result = make(method)
-        made_s = time.perf_counter() - made_at
+        made_s = clock.now() - made_at
         bound = _bandwidth_bound(result, size)
         if args.collective == "allreduce":
             bound.update(_allreduce_bounds(sims))
@@ -330,7 +331,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             # cannot win: it is not simulated (nor are such variants)
             phase.update("tree program below the bound in the simulator: trying the step search")
             until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                        time.perf_counter() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
+                        clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
             tree_s = bound["seconds"] / fraction
             try:
                 other = make("search", until, smt=False, ceiling=tree_s)
@@ -421,7 +422,7 @@ FIT_TOLERANCE = 0.01
 
 class Simulations:
     """The simulations ``synth`` runs after its search (tree shapes, channel counts, the fraction
-    of the bound), all ending by ``deadline`` (a :func:`time.perf_counter` time): each program's
+    of the bound), all ending by ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)): each program's
     time is kept, keyed by its transfers and channels, so none is simulated twice.
     ``stopped``: the deadline stopped a simulation or left no time to start one; ``failed``: why a
     program could not be simulated (None: none failed)."""
@@ -447,7 +448,7 @@ class Simulations:
 
     @property
     def time_left(self) -> float:
-        return self.deadline - time.perf_counter()
+        return self.deadline - clock.now()
 
     def network(self):
         if self._net is None:
@@ -520,7 +521,7 @@ class Simulations:
         from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
         from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
 
-        t0 = time.perf_counter()
+        t0 = clock.now()
         try:
             ir = self._ir(result, key)
             ir.nchannels = int(channels or 1)
@@ -533,7 +534,7 @@ class Simulations:
             self.failed = str(exc)
             return None
         finally:
-            self.longest_s = max(self.longest_s, time.perf_counter() - t0)
+            self.longest_s = max(self.longest_s, clock.now() - t0)
         self.times[tkey] = t
         return t
 
