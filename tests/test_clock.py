@@ -97,10 +97,10 @@ LIMIT_S = 20
 @pytest.mark.slow
 def test_a_cold_numba_cache_changes_nothing_synth_decides(tmp_path):
     """Every kernel compiled from scratch (a fresh numba cache, ``HCCC_JIT=numba``: 30-40 s of
-    compiling) under a 20 s time limit that the work itself (about 2 s alone, 3 s beside two busy
-    processes, more beside the suite's multi-process tests) fits: the packing, the candidates and the simulations all run, and the program
-    is the one a warm cache writes. (Before the work clock, at 5 s: timed out, 2 of 3 candidates
-    not built, nothing simulated.)"""
+    compiling) under a 20 s time limit that the work itself fits (about 2 s alone, 3 s beside two
+    busy processes, more beside the suite's multi-process tests): the packing, the candidates and
+    the simulations all run, and the program is the one a warm cache writes. (Before the work
+    clock, at 5 s: timed out, 2 of 3 candidates not built, nothing simulated.)"""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "HCCC_JIT": "numba"}
     runs = []
     for name in ("cold", "warm"):
