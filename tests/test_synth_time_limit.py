@@ -68,6 +68,7 @@ def test_a_program_at_the_bound_ends_the_building():
     assert len(calls) > 1 and "candidates_not_built" not in res.detail
 
 
+@pytest.mark.slow          # 14 s (three packings and their simulations)
 def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing():
     """No program of a packing runs faster than the bound its LP proved: once one has run within
     the tolerance of that time, no candidate of that packing is built (mixed_v100_w7800 AllReduce:

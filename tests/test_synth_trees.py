@@ -315,7 +315,7 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
     assert without.rounded_time >= without.lp_time * 1.06
 
 
-@pytest.mark.parametrize("chunks", [3, 6])
+@pytest.mark.parametrize("chunks", [3, pytest.param(6, marks=pytest.mark.slow)])   # 12 s each: one in the default set
 def test_regrowing_rounds_an_mi250_node_to_its_optimum(monkeypatch, chunks):
     """One MI250 node at 3 or 6 chunks per rank: the LP's own trees round to at most 0.94 of the
     optimum (largest remainder, repair and the MILP over them), while moving chunks onto trees
@@ -377,6 +377,7 @@ def test_rounding_takes_the_fewest_chunks_within_the_tolerance_of_the_best():
     assert got.lower_bound / got.rounded_time >= 0.98
 
 
+@pytest.mark.slow          # 13 s; the default set holds random clusters to the same LP (below)
 def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
     """ForestColl's evaluation cluster (benchmarks/synth_quality.py --mi250): a node of 8 MI250s, 16
     GCDs joined by 1, 2 or 4 xGMI links of 50 GB/s, not all pairs linked. Every GCD has 7 links
