@@ -92,6 +92,7 @@ def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_
     assert sims.known(res, res.detail["channels"]) == min(fits)     # the fastest within the budget
 
 
+@pytest.mark.slow          # 8 s (64 GPUs packed twice)
 def test_a_rerounding_reuses_the_counts_it_rounded_to_before(monkeypatch):
     """A packing keeps what each chunk count rounded to (largest remainders, or the MILP's counts
     when those missed): rounding again to counts tried before runs no MILP again where the first
