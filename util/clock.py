@@ -30,11 +30,16 @@ _started = 0.0           # perf_counter() at which the outermost one in progress
 _installed = False
 
 
+def _spent(t: float) -> float:
+    """Compile seconds up to ``perf_counter()`` time ``t`` (the caller holds the lock)."""
+    return _compiled + (t - _started if _depth else 0.0)
+
+
 def compile_seconds() -> float:
     """Seconds numba has spent compiling in this process since :func:`count_compiles`, the compile
     in progress (if any) up to now included."""
     with _lock:
-        return _compiled + (time.perf_counter() - _started if _depth else 0.0)
+        return _spent(time.perf_counter())
 
 
 def now() -> float:
@@ -42,7 +47,7 @@ def now() -> float:
     backwards and stands still while numba compiles."""
     with _lock:
         t = time.perf_counter()
-        return t - _compiled - (t - _started if _depth else 0.0)
+        return t - _spent(t)
 
 
 def _begin() -> None:
