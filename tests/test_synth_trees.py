@@ -239,13 +239,18 @@ def _model_time(topo, rows: np.ndarray, chunks: int) -> float:
     return t
 
 
-def _two_nodes_one_nic_each():
+def _two_nodes_one_nic_each_text() -> str:
     """Two nodes of two GPUs (20 GB/s links in one, 30 GB/s in the other), each node behind one
     shared 25 GB/s NIC: a cut sees 25 GB/s leave a node, but each GPU of a node must get the other
     node's data, which enters once through the NIC and then crosses the node's own link."""
     nodes = [NodeSpec(2, {"direct": [LinkSpec(0, 1, bw, 1), LinkSpec(1, 0, bw, 1)]}, nics=[NicSpec((0, 1), 25)])
              for bw in (20, 30)]
-    return parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])), "two.topo")
+    return format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")]))
+
+
+def _two_nodes_one_nic_each():
+    """:func:`_two_nodes_one_nic_each_text`'s cluster."""
+    return parse_topology(_two_nodes_one_nic_each_text(), "two.topo")
 
 
 def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():

@@ -44,6 +44,9 @@ AUTO_SEARCH_BELOW = 0.98
 #: least this many seconds): on large clusters it rarely comes near the trees, and it must not
 #: multiply the command's time for that
 AUTO_SEARCH_LEAST_S = 2.0
+#: the share of the time left that an AllReduce's report gives the packing LP of each half's bound
+#: where no tree packing computed it (:meth:`Simulations.optimum_seconds`)
+OPTIMUM_SHARE = 0.125
 
 
 SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
@@ -201,12 +204,19 @@ def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str
     return "search"
 
 
-def _allreduce_bounds(sims: "Simulations") -> dict:
+def _allreduce_bounds(sims: "Simulations", result=None) -> dict:
     """AllReduce's bound valid for any schedule (the larger of the cut and traffic bounds,
     docs/bounds.md) and the optimum of ReduceScatter followed by AllGather, in seconds, at
-    ``sims.nbytes`` (each computed once per command: :meth:`Simulations.bound_seconds`)."""
+    ``sims.nbytes``: the sum of the two halves' bounds as ``hccc synth`` reports them for
+    ReduceScatter and AllGather, the packing bound where it is tighter than the cut bound (each
+    computed once per command, :meth:`Simulations.optimum_seconds`; a tree ``result`` carries
+    its halves' packings' bounds, so their LPs are not solved again)."""
+    known = (result.detail.get("cut_seconds_per_rank_byte") or {}) if result is not None else {}
+    per_rank = float(sims.nbytes) / max(1, sims.topo.nranks)
+    for half, seconds in known.items():
+        sims.tighten(half, float(seconds) * per_rank)
     return {"allreduce_bound_seconds": sims.bound_seconds("allreduce"),
-            "rs_ag_seconds": sims.bound_seconds("reducescatter") + sims.bound_seconds("allgather")}
+            "rs_ag_seconds": sims.optimum_seconds("reducescatter") + sims.optimum_seconds("allgather")}
 
 
 def _bandwidth_bound(result, nbytes: int) -> dict:
@@ -309,7 +319,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         made_s = clock.now() - made_at
         bound = _bandwidth_bound(result, size)
         if args.collective == "allreduce":
-            bound.update(_allreduce_bounds(sims))
+            bound.update(_allreduce_bounds(sims, result))
         if simulated:
             phase.update("fitting channels and simulating the program")
             _fit_channels(result, topo, size, sims)
@@ -439,6 +449,7 @@ class Simulations:
         self._irs: dict[tuple, object] = {}
         self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
         self._bounds: dict[str, float] = {}
+        self._packed: set[str] = set()   # collectives whose bound is the packing bound (tighten)
         self._net = None
         try:
             from hccc.runtime import simulator  # noqa: F401
@@ -458,7 +469,8 @@ class Simulations:
 
     def bound_seconds(self, collective: str) -> float:
         """The cut bound of ``collective`` at ``nbytes`` (docs/bounds.md), for AllReduce the larger
-        of its cut and traffic bounds: no program is faster. Computed once."""
+        of its cut and traffic bounds, or a tighter bound given to :meth:`tighten`: no program is
+        faster. Computed once."""
         if collective not in self._bounds:
             from hccc.compiler.synth.bounds import allreduce_bound_seconds, collective_cut_bound_seconds
             net = self.network()
@@ -466,6 +478,24 @@ class Simulations:
                 allreduce_bound_seconds(net, float(self.nbytes)) if collective == "allreduce" else
                 collective_cut_bound_seconds(net, collective, self.topo.nranks, 1, 0, float(self.nbytes)))
         return self._bounds[collective]
+
+    def tighten(self, collective: str, seconds: float) -> None:
+        """A valid bound of ``collective`` at ``nbytes`` found elsewhere (a packing's): kept where it
+        is tighter than the cut bound, and known to be the packing bound (:meth:`optimum_seconds`)."""
+        self._bounds[collective] = max(self.bound_seconds(collective), float(seconds))
+        self._packed.add(collective)
+
+    def optimum_seconds(self, collective: str) -> float:
+        """AllGather's or ReduceScatter's bound as ``hccc synth`` reports it for that collective:
+        the packing bound up to :data:`~hccc.compiler.synth.bounds.EXACT_LIMIT` ranks (its LP
+        within a share of the time left, valid when stopped), the cut bound above (docs/bounds.md).
+        Computed once."""
+        if collective not in self._packed:
+            from hccc.compiler.synth.bounds import PACKING_BOUND_SECONDS, collective_bound_seconds
+            limit = min(PACKING_BOUND_SECONDS, max(0.0, self.time_left) * OPTIMUM_SHARE)
+            self.tighten(collective, collective_bound_seconds(self.network(), collective, self.topo.nranks, 1, 0,
+                                                              float(self.nbytes), time_limit=limit))
+        return self.bound_seconds(collective)
 
     @staticmethod
     def _key(result) -> tuple:
