@@ -181,6 +181,29 @@ def test_no_integral_packing_where_the_rounding_is_within_the_tolerance(monkeypa
     assert not pk.stats.get("integral") and not calls
 
 
+def test_no_integer_program_above_its_size_limit(monkeypatch):
+    """The integer program has a variable per pair orbit (two MI250 nodes: 624 pairs, 312 orbits
+    under the node symmetry); above :data:`.branchings.MAX_VARIABLES` none is solved, where its
+    branch-and-bound nodes cost seconds each (42 GPUs in six different nodes: 45 s at one chunk per
+    rank), and the packing keeps the LP's rounding: two MI250 nodes at 3 chunks per rank with the
+    limit below their orbits round as the LP's trees do (0.904 of the optimum, not the integral
+    0.968), without calling the integer program."""
+    from hccc.compiler.synth.symmetry import node_symmetry
+
+    net = network_from_topology(_mi250(2))
+    perms = node_symmetry(net).ranks
+    assert br.variables(net, perms) == 312 and br.variables(net) == net.npairs == 624
+    assert br.sized(net, perms) and br.sized(net)
+    monkeypatch.setattr(br, "MAX_VARIABLES", 311)
+    assert not br.sized(net, perms)
+    assert br.integral_packing(net, 3, _capacities(net), clock.now() + 60, perms=perms) is None
+    calls = []
+    monkeypatch.setattr(br, "integral_arcs", lambda *a, **k: calls.append(a) or None)
+    pk = tr.pack_trees(net, min_chunks=3, max_chunks=3)
+    assert not pk.stats.get("integral") and not calls
+    assert pk.lower_bound / pk.rounded_time < 0.91
+
+
 @pytest.mark.slow
 def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
     """Four MI250 nodes at most 12 chunks per rank (what stays resident): the LP's trees round

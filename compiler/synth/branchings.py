@@ -29,7 +29,8 @@ groups):
 
 Both are exact; what costs is their size (an integer variable per pair, a max-flow per arc of every
 tree), so the two are tried where the rounding of the LP misses, on networks of at
-most :data:`MAX_RANKS` ranks, within a time limit, and kept where they are faster (see
+most :data:`MAX_RANKS` ranks whose integer program has at most :data:`MAX_VARIABLES` variables
+(:func:`variables`), within a time limit, and kept where they are faster (see
 ``trees._pack``'s ``finish``).
 """
 from __future__ import annotations
@@ -45,6 +46,12 @@ from hccc.util import clock
 MAX_RANKS = 64
 #: the most chunks per rank an integral packing is sought for (more chunks round the LP well)
 MAX_CHUNKS = 12
+#: integer programs of more variables (pair orbits) than this are not solved: a branch-and-bound
+#: node's LP grows with them, and the node limit then bounds no time that fits a synthesis (four
+#: MI250 nodes, 824 orbits: 2 s for one count; 42 GPUs of six different nodes, 1,672 pairs of
+#: their own: 4-9 s per count, 45 s at one chunk per rank, and the re-roundings that need them cost
+#: a ReduceScatter its candidate programs)
+MAX_VARIABLES = 1024
 #: seconds a packing (every chunk count it tries) may spend on integral packings: a guard only (two
 #: MI250 nodes spend about 2 s over seven counts); the node limits, not the clock, decide the result
 SECONDS = 30.0
@@ -312,13 +319,24 @@ def trees_on(net: Network, mult: np.ndarray, k: int, deadline: float) -> list[tu
     return branchings(n, arcs, k, deadline)
 
 
+def variables(net: Network, perms: np.ndarray | None = None) -> int:
+    """The integer variables of :func:`integral_arcs`'s program on ``net`` with the symmetry
+    ``perms``: one per pair orbit."""
+    return int(pair_orbits(net, perms).max()) + 1 if net.npairs else 0
+
+
+def sized(net: Network, perms: np.ndarray | None = None) -> bool:
+    """Whether integral packings are sought on ``net`` (:data:`MAX_RANKS`, :data:`MAX_VARIABLES`)."""
+    return 2 <= net.nranks <= MAX_RANKS and variables(net, perms) <= MAX_VARIABLES
+
+
 def integral_packing(net: Network, k: int, cap: np.ndarray, deadline: float, sets: list | None = None,
                      perms: np.ndarray | None = None) -> tuple[float, list[tuple[int, np.ndarray, int]]] | None:
     """The least-time packing of ``k`` spanning out-trees per root on ``net`` (``cap``: pair then
     group capacities, bytes/s): its time in seconds per byte of each rank's data and its trees as
     ``(root, parents, copies)``; None where ``deadline`` passes first or the network is too large
-    (:data:`MAX_RANKS`)."""
-    if net.nranks > MAX_RANKS or net.nranks < 2 or k < 1:
+    (:func:`sized`)."""
+    if k < 1 or not sized(net, perms):
         return None
     got = integral_arcs(net, k, cap, deadline, sets, perms)
     if got is None:

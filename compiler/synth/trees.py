@@ -718,7 +718,11 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         Out-trees only (a joint packing's halves share their resources)."""
         from hccc.compiler.synth import branchings as br
 
-        if joint or K > br.MAX_CHUNKS or n > br.MAX_RANKS:
+        if joint or K > br.MAX_CHUNKS:
+            return None
+        if "sized" not in exact:
+            exact["sized"] = br.sized(net, exact["perms"])
+        if not exact["sized"]:
             return None
         if K not in exact["found"]:
             b0 = clock.now()
