@@ -44,7 +44,7 @@ def test_symmetry_elements_are_automorphisms():
     assert len(seen) == len(sym)
 
 
-@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", pytest.param("allreduce", marks=pytest.mark.slow)])
 def test_loops_read_back_as_the_same_transfers(collective, monkeypatch):
     """A symmetric tree program written as loops over the node shifts parses back into exactly the
     transfers of the program (as a multiset), in a text of a few lines per representative transfer."""
