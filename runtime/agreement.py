@@ -34,6 +34,8 @@ def program_digest(ir) -> str:
             "npipelines": int(ir.npipelines), "nwarps": int(ir.nwarps), "root": int(ir.root),
             "tbs": [int(x) for x in ir.ntbs], "placements": [bool(x) for x in ir.placements],
             "algorithm_level": bool(ir.algorithm_level)}
+    if not ir.slice_policy.is_default:     # every rank cuts a call into the same slices (the digest as before otherwise)
+        head["slicing"] = [int(ir.micro_batches), int(ir.min_slice_bytes)]
     h.update(json.dumps(head, sort_keys=True).encode())
     for k in PRIM_COLUMNS:
         h.update(k.encode())

@@ -603,10 +603,10 @@ class Communicator:
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
         proto = self._choose_proto(count * es)
-        from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
+        from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
         share = slot_share_bytes(self.chunk_bytes, ir.max_step_chunks)
         slice_b = (self.chunk_bytes if ir.algorithm_level
-                   else auto_slice_bytes(count * es, ir.nchunks, share, es))
+                   else program_slice_bytes(ir, count * es, share, es))
         epoch, zero = self.ll_epochs.launch(proto, ll_messages_bound(
             ir.nprims, count, ir.nchunks, es, self.chunk_bytes, share, slice_b))
         self._calls += 1

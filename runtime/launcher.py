@@ -57,7 +57,7 @@ from hccc.util.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
 from hccc.util.plural import plural
-from hccc.compiler.passes.slicing import auto_slice_bytes, slot_share_bytes
+from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
@@ -966,8 +966,8 @@ class Runner:
             # (the slot size its caller chose), where that order and the kernels' coincide
             slice_b = self.chunk_bytes
         elif slice_bytes == "auto":
-            slice_b = auto_slice_bytes(count * es, self.ir.nchunks,
-                                       slot_share_bytes(self.chunk_bytes, self.ir.max_step_chunks), es)
+            slice_b = program_slice_bytes(self.ir, count * es,
+                                          slot_share_bytes(self.chunk_bytes, self.ir.max_step_chunks), es)
         else:
             slice_b = int(slice_bytes)
             if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:

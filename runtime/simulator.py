@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, auto_slice_bytes, slot_share_bytes
+from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, SlicePolicy, auto_slice_bytes, slot_share_bytes
 from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
@@ -226,16 +226,19 @@ def _deadlock_message(prog: SimProgram, tb_state, tb_wait, tb_pos, tb_m) -> str:
 
 
 def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
-                  element_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
+                  element_bytes: int = DEFAULT_ELEMENT_BYTES, policy: SlicePolicy | None = None) -> int:
     """The slice (bytes) one call uses: ``None`` = the slot capacity ``slot_bytes``, ``"auto"`` =
-    :func:`~hccc.compiler.passes.slicing.auto_slice_bytes`, or an explicit positive number of bytes, which
-    must fit a slot (the kernels address slots with the slice as stride)."""
+    :func:`~hccc.compiler.passes.slicing.auto_slice_bytes` under the program's ``policy`` (hccc's
+    default when None), or an explicit positive number of bytes, which must fit a slot (the kernels
+    address slots with the slice as stride)."""
     if slice_bytes is None:
         return int(slot_bytes)
     if isinstance(slice_bytes, str):
         if slice_bytes != "auto":
             raise ValueError(f"slice_bytes must be None, 'auto' or a number of bytes, not {slice_bytes!r}")
-        return auto_slice_bytes(nbytes, nchunks, max(int(slot_bytes), SLICE_ALIGN), element_bytes)
+        pol = policy or SlicePolicy()
+        return auto_slice_bytes(nbytes, nchunks, max(int(slot_bytes), SLICE_ALIGN), element_bytes,
+                                target=pol.micro_batches, min_slice=pol.min_slice)
     v = int(slice_bytes)
     if v < 1:
         raise ValueError("slice_bytes must be positive")
@@ -314,7 +317,7 @@ def _call_geometry(prog: SimProgram, nbytes: int, slice_bytes, element_bytes: in
     comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
     share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
     slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
-    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes), share)
+    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes, prog.policy), share)
     return geometry(int(nbytes), prog.nchunks, slice_b, element_bytes), slice_b
 
 
@@ -415,7 +418,7 @@ def _units(prog: SimProgram, nbytes: int) -> int:
     """Slices one :func:`simulate` of ``prog`` at ``nbytes`` processes (auto slice)."""
     comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
     share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
-    slice_b = min(resolve_slice("auto", int(nbytes), prog.nchunks, share), share)
+    slice_b = min(resolve_slice("auto", int(nbytes), prog.nchunks, share, policy=prog.policy), share)
     return int(prog.p_cnt.sum()) * geometry(int(nbytes), prog.nchunks, slice_b).nmb
 
 

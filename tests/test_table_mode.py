@@ -61,8 +61,13 @@ def test_tables_round_trip_the_program(tmp_path_factory, data):
     dependencies, header), and runs to the same result under the reference executor."""
     alg = data.draw(valid_programs(None, max_ranks=6), label="program")
     ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([64, 256, 1 << 20])))
+    if data.draw(st.booleans(), label="a slice policy of its own"):
+        ir.micro_batches = data.draw(st.integers(1, 4096), label="nMicroBatches")
+        ir.min_slice_bytes = 16 * data.draw(st.integers(1, 1 << 12), label="MinSliceBytes / 16")
     _, man, blob = _written_table(ir, tmp_path_factory.mktemp("t"))
     back = program_from_table(man, blob)
+    assert back.slice_policy == ir.slice_policy
+    assert ("slicing" in man) == (not ir.slice_policy.is_default)
     assert (back.name, back.collective, back.nranks, back.nchunks) == (ir.name, ir.collective,
                                                                        ir.nranks, ir.nchunks)
     assert (back.in_chunks, back.out_chunks, back.scratch_chunks, back.chunk_bytes, back.root) == \

@@ -330,6 +330,8 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
         "stats": stats,
         **fields,
     }
+    if not prog.slice_policy.is_default:    # the Python runtime's slices (absent: hccc's default)
+        manifest["slicing"] = {"micro_batches": int(prog.micro_batches), "min_slice_bytes": int(prog.min_slice_bytes)}
     for key, value in (manifest_extra or {}).items():
         if key in manifest:
             raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")

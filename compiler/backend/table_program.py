@@ -13,6 +13,7 @@ import numpy as np
 
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.ir.program_ir import COLLECTIVES, PRIM_COLUMNS, Buf, ProgramIR
+from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES
 
 
 #: most ranks, chunks or TBs a manifest field may give (int32 columns; the table format's own bound)
@@ -163,6 +164,16 @@ def program_from_table(manifest: dict, data: bytes, where: str = "table") -> Pro
         stats=dict(stats) if isinstance(stats, dict) else {},
         root=_whole(manifest.get("root", 0), "root", 0, max(0, N - 1)),
         nchannels=max(1, _whole(manifest.get("nchannels", 1), "nchannels", 1, 1 << 16)))
+    sl = manifest.get("slicing")
+    if sl is not None:
+        if not isinstance(sl, dict):
+            raise tf.TableFormatError("manifest.json: 'slicing' must be an object")
+        ir.micro_batches = _whole(sl.get("micro_batches"), "slicing.micro_batches", 1, MAX_MICRO_BATCHES)
+        ir.min_slice_bytes = _whole(sl.get("min_slice_bytes"), "slicing.min_slice_bytes", 16, MAX_MIN_SLICE_BYTES)
+        try:
+            ir.slice_policy.check()
+        except ValueError as exc:
+            raise tf.TableFormatError(f"manifest.json: slicing: {exc}") from None
     # the checks of a ProgramIR JSON file: a table is the same program in another encoding
     from hccc.compiler.ir.check import check_loaded
     from hccc.compiler.ir.program_ir import IRFormatError

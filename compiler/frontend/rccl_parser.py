@@ -17,6 +17,7 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
+from hccc.compiler.frontend.slice_policy import MIN_SLICE_BYTES, SLICE_ALIGN, TARGET_MICRO_BATCHES, SlicePolicy
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.util.limits import check_source_lines
 
@@ -382,9 +383,11 @@ _PARAMS = {
     "NICPerNode": ("int", False, 0),
     "Root": ("int", False, 0),            # extension: Broadcast / Reduce root
     "nChunksPerRank": ("int", False, 1),  # extension: chunks each rank owns (nChunks = nRanks * this)
+    "nMicroBatches": ("int", False, TARGET_MICRO_BATCHES),  # extension: the slice policy's micro-batches per chunk
+    "MinSliceBytes": ("int", False, MIN_SLICE_BYTES),       # extension: the slice policy's least slice (bytes)
 }
 _PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0,
-              "nChunksPerRank": 1}
+              "nChunksPerRank": 1, "nMicroBatches": 1, "MinSliceBytes": SLICE_ALIGN}
 #: upper bound on nRanks * nChunksPerRank (the verifier's state has nRanks * nChunks rows)
 MAX_CHUNKS = 1 << 24
 # Header integers that the body may read as predefined variables.
@@ -484,12 +487,21 @@ class _Builder:
             what = "nRanks**3 * nChunksPerRank (AllToAll)" if coll.blockwise else "nRanks * nChunksPerRank"
             raise CompileError.at(where, f"{what} must be at most "
                                          f"{MAX_CHUNKS * (4 if coll.blockwise else 1)}")
+        policy = SlicePolicy(seen.get("nMicroBatches", TARGET_MICRO_BATCHES),
+                             seen.get("MinSliceBytes", MIN_SLICE_BYTES))
+        for pname in ("nMicroBatches", "MinSliceBytes"):
+            if pname in params:
+                try:
+                    SlicePolicy(**{("micro_batches" if pname == "nMicroBatches" else "min_slice"): seen[pname]}).check()
+                except ValueError as exc:
+                    raise CompileError.at(self.tree_loc(params[pname]), f"header parameter '{pname}': {exc}") from None
         return Header(
             nranks=seen["nRanks"], collective=seen["OpType"],
             name=seen.get("AlgoName", "algo"),
             nchannels=seen.get("nChannels", 1), nwarps=seen.get("nWarps", 16),
             gpu_per_node=seen.get("GPUPerNode", 0), nic_per_node=seen.get("NICPerNode", 0),
             location=loc, root=seen.get("Root", 0), chunks_per_rank=seen.get("nChunksPerRank", 1),
+            micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice,
         )
 
     def param_value(self, name: str, val: Tree):

@@ -61,6 +61,8 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import NAMES, SPECS
 from hccc.compiler.ir.sort_order import lexsort
+from hccc.compiler.frontend.slice_policy import (MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, MIN_SLICE_BYTES, SLICE_ALIGN,
+                                                 TARGET_MICRO_BATCHES, SlicePolicy)
 
 SCHEMA = "hccc.program/2"
 #: schemas of earlier versions, refused on load with a hint (what changed since)
@@ -170,6 +172,12 @@ class ProgramIR:
     stats: dict = field(default_factory=dict)
     root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
     nchannels: int = 1         # blocks (replicas) per TB: each moves its part of every slice
+    micro_batches: int = TARGET_MICRO_BATCHES   # the slice policy (compiler/passes/slicing.py):
+    min_slice_bytes: int = MIN_SLICE_BYTES       # micro-batches per chunk aimed at, least slice
+
+    @property
+    def slice_policy(self) -> SlicePolicy:
+        return SlicePolicy(int(self.micro_batches), int(self.min_slice_bytes))
 
     @property
     def rooted(self) -> bool:
@@ -259,6 +267,8 @@ class ProgramIR:
         }
         if self.rooted:
             head["root"] = int(self.root)
+        if not self.slice_policy.is_default:      # absent: hccc's default (older manifests too)
+            head["slicing"] = {"micro_batches": int(self.micro_batches), "min_slice_bytes": int(self.min_slice_bytes)}
         from hccc.compiler.ir.int_text import join_ints_view
         parts: list = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
         for i, k in enumerate(PRIM_COLUMNS):
@@ -342,6 +352,15 @@ class ProgramIR:
                                 f"not {chunk_bytes}", *at("chunk_bytes"))
         npipelines = need_int(d, "npipelines", 0, MAX_PRIMS)
         nchannels = need_int(d, "nchannels", 1, MAX_CHANNELS)
+        policy = SlicePolicy()
+        if "slicing" in d:
+            sl = need(d, "slicing", dict)
+            policy = SlicePolicy(need_int(sl, "micro_batches", 1, MAX_MICRO_BATCHES, "slicing"),
+                                 need_int(sl, "min_slice_bytes", SLICE_ALIGN, MAX_MIN_SLICE_BYTES, "slicing"))
+            try:
+                policy.check()
+            except ValueError as exc:
+                raise IRFormatError(f"slicing: {exc}", *at("slicing")) from None
         prims_d = need(d, "prims", dict)
         prims = {}
         n = None
@@ -372,7 +391,8 @@ class ProgramIR:
                  in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
                  prims=prims, dep_prim=dp, dep_on=do,
                  nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,
-                 ntbs=tbs.astype(np.int32), stats=stats, root=root, nchannels=nchannels)
+                 ntbs=tbs.astype(np.int32), stats=stats, root=root, nchannels=nchannels,
+                 micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice)
         return ir
 
 

@@ -33,15 +33,25 @@ floor pays.
 """
 from __future__ import annotations
 
-__all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES",
-           "auto_slice_bytes", "micro_batches", "slot_share_bytes"]
+__all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "MAX_MICRO_BATCHES",
+           "THIN_SLICE_BYTES", "THIN_SLOT_SECONDS", "THIN_SLOT_SHARE", "SlicePolicy", "policy_of",
+           "thin_policies", "busiest_slots", "thin_policy",
+           "auto_slice_bytes", "program_slice_bytes", "micro_batches", "slot_share_bytes"]
 
-#: Micro-batches per chunk the policy aims for (see the module docstring for the measurements).
-TARGET_MICRO_BATCHES = 32
-#: Smallest slice the policy picks for a chunk at least this large.
-MIN_SLICE_BYTES = 64 << 10
-#: Slices are multiples of this (the slots' alignment, 16-byte vector accesses).
-SLICE_ALIGN = 16
+import numpy as np
+
+from hccc.compiler.frontend.slice_policy import (MAX_MICRO_BATCHES, MIN_SLICE_BYTES, SLICE_ALIGN,
+                                                 TARGET_MICRO_BATCHES, SlicePolicy, policy_of)
+
+#: The smallest floor :func:`thin_policies` offers a program: 16 KiB, a quarter of the default.
+THIN_SLICE_BYTES = 16 << 10
+#: What a slot costs a thread block beyond the bytes it moves and the waiting it does (polling a
+#: flag that is already set, the barrier, the fence and the flag it posts), which the simulator
+#: leaves out: a microsecond, taken high (its latency, which the simulator does model, hides
+#: behind the other slots in flight)
+THIN_SLOT_SECONDS = 1e-6
+#: The share of a call's time such costs may take on the busiest thread block (:func:`thin_policy`)
+THIN_SLOT_SHARE = 0.5
 #: The slot capacity compiled in by default (``--chunk-size``, CompileOptions.chunk_bytes).
 DEFAULT_SLOT_BYTES = 1 << 20
 
@@ -102,3 +112,50 @@ def auto_slice_bytes(nbytes: int, nchunks: int, slot_bytes: int = DEFAULT_SLOT_B
     want = _round_up(-(-chunk // target), SLICE_ALIGN)
     floor = min(_round_up(max(min_slice, 1), SLICE_ALIGN), _round_up(chunk, SLICE_ALIGN))
     return int(min(cap, max(want, floor)))
+
+
+def program_slice_bytes(program, nbytes: int, slot_bytes: int, element_bytes: int = 4) -> int:
+    """:func:`auto_slice_bytes` under ``program``'s own policy (:func:`policy_of`): the slice the
+    launcher, the communicator and the simulator use for a call of ``nbytes``."""
+    pol = policy_of(program)
+    return auto_slice_bytes(nbytes, program.nchunks, slot_bytes, element_bytes, target=pol.micro_batches,
+                            min_slice=pol.min_slice)
+
+
+def thin_policies() -> list[SlicePolicy]:
+    """The policies of smaller slices a program of thin streams may take, smallest slice first:
+    floors from :data:`THIN_SLICE_BYTES` up to half the default's, each with the micro-batches per
+    chunk raised as much as its floor falls (the same chunk gets as many more, smaller slices)."""
+    out, floor = [], THIN_SLICE_BYTES
+    while floor < MIN_SLICE_BYTES:
+        out.append(SlicePolicy(TARGET_MICRO_BATCHES * (MIN_SLICE_BYTES // floor), floor))
+        floor *= 2
+    return out
+
+
+def busiest_slots(program, policy: SlicePolicy, nbytes: int, slot_bytes: int, element_bytes: int = 4) -> int:
+    """Slots (messages: one per primitive and micro-batch, each a flag to wait for and one to
+    post) the busiest thread block of ``program`` (a ProgramIR) handles in one call of ``nbytes``
+    under ``policy``."""
+    r, t = program.prims["rank"], program.prims["tb"]
+    if not len(r):
+        return 0
+    key = r.astype("int64") * (1 << 20) + t.astype("int64")
+    _, per_tb = np.unique(key, return_counts=True)
+    share = slot_share_bytes(slot_bytes, program.max_step_chunks)
+    slice_b = min(auto_slice_bytes(nbytes, program.nchunks, share, element_bytes, target=policy.micro_batches,
+                                   min_slice=policy.min_slice), share)
+    return int(per_tb.max()) * micro_batches(nbytes, program.nchunks, slice_b, element_bytes)
+
+
+def thin_policy(program, nbytes: int, seconds: float, slot_bytes: int = DEFAULT_SLOT_BYTES,
+                element_bytes: int = 4) -> list[SlicePolicy]:
+    """The :func:`thin_policies` that ``program`` (a ProgramIR running a call of ``nbytes`` in
+    about ``seconds``) can afford, smallest slice first: those whose busiest thread block's slots
+    (:func:`busiest_slots`), at :data:`THIN_SLOT_SECONDS` each (what a slot costs on a GPU beyond
+    the bytes it moves, which the simulator leaves out), take at most :data:`THIN_SLOT_SHARE` of
+    ``seconds``. A stream that carries a small share of its links waits for its data most of
+    the time, so such costs hide there; a program whose thread blocks are busy moving bytes is
+    not offered smaller slices at all (the default's floor stands)."""
+    budget = float(seconds) * THIN_SLOT_SHARE / THIN_SLOT_SECONDS
+    return [p for p in thin_policies() if busiest_slots(program, p, nbytes, slot_bytes, element_bytes) <= budget]

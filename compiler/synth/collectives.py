@@ -28,6 +28,7 @@ import numpy as np
 from hccc.util import clock
 from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC, Header
+from hccc.compiler.frontend.slice_policy import SlicePolicy
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_bound_seconds, step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
@@ -81,6 +82,13 @@ class SynthResult:
         """Warps per thread block of the program (``nWarps``): the tree packing's choice, else the
         header's default."""
         return int(self.detail.get("warps", Header.nwarps))
+
+    @property
+    def slice_policy(self) -> SlicePolicy:
+        """The program's slice policy (``nMicroBatches``, ``MinSliceBytes``): hccc's default unless
+        ``synth`` chose smaller slices for its thin streams (``detail["slicing"]``)."""
+        got = self.detail.get("slicing")
+        return SlicePolicy(int(got["micro_batches"]), int(got["min_slice_bytes"])) if got else SlicePolicy()
 
     @property
     def ntransfers(self) -> int:

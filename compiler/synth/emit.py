@@ -53,7 +53,8 @@ def header(result: SynthResult, topo: Topology | None = None) -> Header:
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
                   nchannels=int(result.detail.get("channels", 1)), nwarps=result.warps, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
-                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank))
+                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank),
+                  micro_batches=result.slice_policy.micro_batches, min_slice_bytes=result.slice_policy.min_slice)
 
 
 def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm:
@@ -247,7 +248,9 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     for c in extra_comments or []:
         lines.append("# " + _comment(c))
     extra = (f"Root={h.root}, " if h.collective.rooted else "") + \
-        (f"nChunksPerRank={h.chunks_per_rank}, " if h.chunks_per_rank != 1 else "")
+        (f"nChunksPerRank={h.chunks_per_rank}, " if h.chunks_per_rank != 1 else "") + \
+        (f"nMicroBatches={h.micro_batches}, MinSliceBytes={h.min_slice_bytes}, "
+         if not result.slice_policy.is_default else "")
     lines.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
                  f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {extra}GPUPerNode={h.gpu_per_node}, '
                  f'NICPerNode={h.nic_per_node}):')

@@ -326,11 +326,11 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         else:
             _cap_channels(result, topo)
         fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
+        fraction = _thin_slices(result, sims, bound, fraction, phase)
         tried = {method: fraction}
         # the fraction of the least time any program needs (AllReduce: of the larger of its bound
         # for any schedule and RS + AG's optimum): below it, the search may gain
-        reach = (fraction if fraction is None or "allreduce_bound_seconds" not in bound else
-                 max(bound["allreduce_bound_seconds"], bound["rs_ag_seconds"]) / (bound["seconds"] / fraction))
+        reach = None if fraction is None else _reach(bound, fraction)
         if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
                 and sims.time_left > 0:
             # the packing's program falls short in the simulator: the search too, the faster kept,
@@ -353,6 +353,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             if other is not None:
                 _fit_channels(other, topo, size, sims)
                 f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
+                f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
                 if f2 is not None and f2 > fraction:
                     result, fraction = other, f2
     alg = to_algorithm(result, topo)
@@ -384,6 +385,10 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     if simulated and fitted is False:
         extra.append(f"{plural(int(result.detail.get('channels', 1)), 'channel')}: the packing's own count, not "
                      f"confirmed by simulation ({why})")
+    if not result.slice_policy.is_default:
+        pol = result.slice_policy
+        extra.append(f"slices: {pol.micro_batches} micro-batches per chunk, at least {format_size(pol.min_slice)} "
+                     f"(nMicroBatches, MinSliceBytes): thin streams, whose pipelines fill faster in smaller slices")
     if fraction is not None:
         extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
                      f"{fraction:.4f} of the cut bound")
@@ -402,7 +407,9 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                "method": result.detail.get("method"), "size": int(size),
                "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
                "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
-               "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut}
+               "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut,
+               "slicing": {"micro_batches": result.slice_policy.micro_batches,
+                           "min_slice_bytes": result.slice_policy.min_slice}}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
     if not args.json:
@@ -428,6 +435,11 @@ SIMULATE_MAX_RANKS = 128
 #: a program this close to its time without the per-block limit (or to the cut bound, which no
 #: program beats) has enough channels; a shape this close to the bound ends the shape search
 FIT_TOLERANCE = 0.01
+#: a program simulated below this fraction of the least time any program needs is simulated again
+#: with smaller slices where its thread blocks can afford them (:func:`_thin_slices`)
+THIN_SLICES_BELOW = 0.99
+#: and those are kept where they run at least this much faster
+THIN_GAIN = 0.002
 
 
 class Simulations:
@@ -506,15 +518,20 @@ class Simulations:
         from hccc.compiler.synth.emit import _sorted_rows
         rows = np.ascontiguousarray(_sorted_rows(result), dtype=np.int64)
         return (result.collective, int(result.chunks_per_rank), int(result.root or 0),
-                result.warps, hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
+                result.warps, result.slice_policy, hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
 
     def _ir(self, result, key: tuple):
-        if key not in self._irs:
+        """The built program of ``result`` (``key``: its :meth:`_key`), with its slice policy: the
+        same transfers under another policy are the same program, not built again."""
+        base = key[:4] + key[5:]
+        if base not in self._irs:
             from hccc.compiler.passes.build import build_program
             from hccc.compiler.synth import to_algorithm
-            self._irs = {key: build_program(to_algorithm(result, self.topo))}   # the latest program only
-            self._resident[key] = resident_channels(self._irs[key], self.topo)
-        return self._irs[key]
+            self._irs = {base: build_program(to_algorithm(result, self.topo))}   # the latest program only
+            self._resident[base] = resident_channels(self._irs[base], self.topo)
+        ir = self._irs[base]
+        ir.micro_batches, ir.min_slice_bytes = result.slice_policy.micro_batches, result.slice_policy.min_slice
+        return ir
 
     def least_seconds(self, result) -> float:
         """Seconds no simulation of ``result``'s program at ``nbytes`` beats, with any channels
@@ -527,9 +544,10 @@ class Simulations:
         count is kept per program: the program chosen after several were simulated is not built
         again for it)."""
         key = self._key(result)
-        if key not in self._resident:
+        base = key[:4] + key[5:]          # the slice policy changes no thread block
+        if base not in self._resident:
             self._ir(result, key)
-        return [c for c in CHANNEL_STEPS if c <= self._resident[key]] or [1]
+        return [c for c in CHANNEL_STEPS if c <= self._resident[base]] or [1]
 
     def known(self, result, channels: int | None) -> float | None:
         """The time of ``result`` with ``channels`` when already simulated."""
@@ -695,6 +713,45 @@ def _cap_channels(result, topo) -> None:
     cap = resident_channels(types.SimpleNamespace(nwarps=alg.header.nwarps), topo, int(per_rank.max()))
     result.detail["channels"] = min(int(result.detail["channels"]), cap)
     return None
+
+
+def _reach(bound: dict, fraction: float) -> float:
+    """The program's fraction of the least time any program needs, from its ``fraction`` of the
+    cut bound (AllReduce: of the larger of its bound for any schedule and RS + AG's optimum)."""
+    if "allreduce_bound_seconds" not in bound:
+        return fraction
+    return max(bound["allreduce_bound_seconds"], bound["rs_ag_seconds"]) / (bound["seconds"] / fraction)
+
+
+def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None, phase) -> float | None:
+    """The program with smaller slices where its thread blocks can afford them
+    (:func:`hccc.compiler.passes.slicing.thin_policy`: thin streams, which wait for their data most
+    of the time, so a slot's own costs hide) and where it then runs faster: more micro-batches
+    per chunk shorten the fill and drain of its trees' pipelines, which large chunk counts make a
+    large share of a call. Each affordable policy is simulated, smallest slice first, until one
+    runs faster than the program at hccc's default (by :data:`THIN_GAIN`); that one is kept
+    (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``).
+    Only for a program simulated below :data:`THIN_SLICES_BELOW` of the least time any program
+    needs (:func:`_reach`) while the deadline leaves time. Returns the program's fraction of the
+    cut bound, as simulated."""
+    from hccc.compiler.passes.slicing import thin_policy
+
+    if fraction is None or _reach(bound, fraction) >= THIN_SLICES_BELOW or sims.time_left <= 0:
+        return fraction
+    phase.update("simulating the program with smaller slices")
+    bound_s = bound["seconds"]
+    channels = int(result.detail.get("channels", 1))
+    ir = sims._ir(result, sims._key(result))
+    before = bound_s / fraction
+    for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
+        result.detail["slicing"] = {"micro_batches": policy.micro_batches, "min_slice_bytes": policy.min_slice}
+        t = sims.seconds(result, channels)
+        if t is not None and t < before * (1 - THIN_GAIN):
+            return bound_s / t
+        del result.detail["slicing"]
+        if sims.time_left <= 0:
+            break
+    return fraction
 
 
 def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:

@@ -1,0 +1,192 @@
+"""A program's own slice policy (``nMicroBatches``, ``MinSliceBytes`` in its ``.rccl`` header; ``slicing``
+in its IR): carried from the header to the IR, its JSON and back, refused with a located error where out
+of range, followed by the simulator and the CPU emulation's launches, and chosen by ``hccc synth`` for
+programs of thin streams (compiler/passes/slicing.py: ``thin_policy``)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hccc.cli import main
+from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
+from hccc.compiler.passes import slicing
+from hccc.compiler.passes.slicing import (MIN_SLICE_BYTES, TARGET_MICRO_BATCHES, SlicePolicy, busiest_slots,
+                                          thin_policies, thin_policy)
+from hccc.compiler.pipeline import load_cluster, load_program
+from hccc.commands.synth import THIN_GAIN, THIN_SLICES_BELOW
+
+REPO = Path(__file__).resolve().parent.parent
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _ring_text(n: int, extra: str = "") -> str:
+    """A ring AllGather on ``n`` ranks, written out transfer by transfer (one chunk per rank)."""
+    lines = [f'def ResCCLAlgo(nRanks={n}, AlgoName="ring", OpType="Allgather"{extra}):']
+    for step in range(n - 1):
+        for r in range(n):
+            lines.append(f"    transfer({r}, {(r + 1) % n}, {step}, {(r - step) % n}, recv)")
+    return "\n".join(lines) + "\n"
+
+
+def _program(tmp_path, text: str, name: str = "p.rccl"):
+    path = tmp_path / name
+    path.write_text(text)
+    return load_program(str(path))
+
+
+# ----------------------------------------------------------------------------- header -> IR -> JSON
+def test_the_header_policy_reaches_the_program_and_its_json(tmp_path):
+    ir = _program(tmp_path, _ring_text(4, ", nMicroBatches=128, MinSliceBytes=16384"))
+    assert ir.slice_policy == SlicePolicy(128, 16384)
+    d = json.loads(ir.to_json())
+    assert d["slicing"] == {"micro_batches": 128, "min_slice_bytes": 16384}
+    back = ProgramIR.decode_json(ir.to_json())
+    assert back.slice_policy == SlicePolicy(128, 16384)
+    plain = _program(tmp_path, _ring_text(4), "q.rccl")
+    assert plain.slice_policy == SlicePolicy(TARGET_MICRO_BATCHES, MIN_SLICE_BYTES)
+    assert "slicing" not in json.loads(plain.to_json())          # default: the JSON as before
+    assert ProgramIR.decode_json(plain.to_json()).slice_policy.is_default
+
+
+@pytest.mark.parametrize("param, value, says", [
+    ("nMicroBatches", "0", "at least 1"),
+    ("nMicroBatches", "5000", "1 to 4096"),
+    ("MinSliceBytes", "1000", "multiple of 16"),
+    ("MinSliceBytes", "8", "at least 16"),
+    ("MinSliceBytes", '"big"', "must be an integer"),
+])
+def test_a_bad_policy_is_a_located_error(tmp_path, param, value, says):
+    path = tmp_path / "bad.rccl"
+    path.write_text(_ring_text(4, f", {param}={value}"))
+    proc = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    col = path.read_text().splitlines()[0].index(f"{param}=") + len(param) + 2
+    assert f"bad.rccl:1:{col}: error: " in proc.stderr and says in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("slicing_field, says", [
+    ({"micro_batches": 0, "min_slice_bytes": 16384}, "micro_batches"),
+    ({"micro_batches": 64, "min_slice_bytes": 1000}, "multiple of 16"),
+    ({"micro_batches": 64}, "min_slice_bytes"),
+    ([64, 16384], "slicing"),
+])
+def test_a_bad_slicing_field_is_refused(tmp_path, slicing_field, says):
+    d = json.loads(_program(tmp_path, _ring_text(3)).to_json())
+    d["slicing"] = slicing_field
+    with pytest.raises(IRFormatError, match=says):
+        ProgramIR.decode_json(json.dumps(d))
+
+
+# ----------------------------------------------------------------------------- who follows it
+def test_the_simulator_follows_the_programs_policy(tmp_path):
+    from hccc.runtime.simulator import simulate
+    topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
+    thin = _program(tmp_path, _ring_text(8, ", nMicroBatches=128, MinSliceBytes=16384"), "thin.rccl")
+    plain = _program(tmp_path, _ring_text(8), "plain.rccl")
+    size = 8 * MiB                     # 1 MiB chunks: 64 KiB slices by default (the floor), 16 KiB here
+    a = simulate(plain, topo, size, slice_bytes="auto")
+    b = simulate(thin, topo, size, slice_bytes="auto")
+    assert (a.slice_bytes, a.micro_batches) == (64 * KiB, 16)
+    assert (b.slice_bytes, b.micro_batches) == (16 * KiB, 64)
+    # the same as the default program given that slice by hand: the policy only picks the slice
+    assert simulate(plain, topo, size, slice_bytes=16 * KiB).time_s == b.time_s
+    assert b.stats["instants"] > a.stats["instants"]
+
+
+def test_the_emulated_launch_follows_the_programs_policy(tmp_path):
+    pytest.importorskip("hccc.runtime.launcher")
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("no g++")
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline import load_algorithm
+    from hccc.runtime.launcher import Runner
+    path = tmp_path / "ring.rccl"
+    path.write_text(_ring_text(3, ", nMicroBatches=8, MinSliceBytes=32"))
+    ir = build_program(load_algorithm(str(path)), chunk_bytes=1024)
+    count = 3 * 100                      # 100 floats a chunk: 400 bytes = 13 slices of 32 bytes
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
+        res = runner.run(count=count)
+        assert res.ok
+        assert res.slice_bytes == 64     # ceil(400 / 8) = 50 -> 64 (16-byte multiples), above the floor
+    path.write_text(_ring_text(3))
+    plain = build_program(load_algorithm(str(path)), chunk_bytes=1024)
+    with Runner(plain, "cpu", "float32", "sum", nthreads=2) as runner:
+        res = runner.run(count=count)
+        assert res.ok and res.slice_bytes == 400    # the default floor: the whole chunk in one slice
+
+
+# ----------------------------------------------------------------------------- the rule synth applies
+def _slots_oracle(ir, policy: SlicePolicy, nbytes: int) -> int:
+    """Primitives of the busiest (rank, tb), counted by hand, times the micro-batches a chunk gets."""
+    per_tb: dict = {}
+    for r, t in zip(ir.prims["rank"].tolist(), ir.prims["tb"].tolist()):
+        per_tb[(r, t)] = per_tb.get((r, t), 0) + 1
+    chunk = -(-(nbytes // 4) // ir.nchunks) * 4
+    share = (ir.chunk_bytes // ir.max_step_chunks) // 16 * 16
+    want = -(-(-(-chunk // policy.micro_batches)) // 16) * 16
+    floor = min(-(-policy.min_slice // 16) * 16, -(-chunk // 16) * 16)
+    sl = min(share, max(want, floor))
+    return max(per_tb.values()) * max(1, -(-(chunk // 4) // (sl // 4)))
+
+
+@given(nbytes=st.integers(1 << 20, 1 << 32), seconds=st.floats(1e-5, 1.0))
+@settings(max_examples=40, deadline=None)
+def test_thin_policy_is_what_the_slot_budget_affords(tmp_path_factory, nbytes, seconds):
+    nbytes -= nbytes % 64
+    ir = _program(tmp_path_factory.mktemp("p"), _ring_text(6))
+    got = thin_policy(ir, nbytes, seconds, ir.chunk_bytes)
+    for p in thin_policies():
+        assert busiest_slots(ir, p, nbytes, ir.chunk_bytes) == _slots_oracle(ir, p, nbytes)
+        affordable = _slots_oracle(ir, p, nbytes) * slicing.THIN_SLOT_SECONDS <= slicing.THIN_SLOT_SHARE * seconds
+        assert (p in got) == affordable
+    assert got == [p for p in thin_policies() if p in got]                # smallest slice first
+    assert all(p.min_slice < MIN_SLICE_BYTES and not p.is_default for p in got)
+    # a longer call affords at least as much
+    assert set(got) <= set(thin_policy(ir, nbytes, 2 * seconds, ir.chunk_bytes))
+
+
+# ----------------------------------------------------------------------------- synth chooses it
+def _synth(tmp_path, capsys, name: str) -> tuple[dict, Path]:
+    out = tmp_path / f"{name}.rccl"
+    assert main(["synth", str(REPO / "examples" / "clusters" / "a100_topo1.topo"), "--collective", "allgather",
+                 "--method", "trees", "--size", "16M", "-o", str(out), "--json"]) == 0
+    return json.loads(capsys.readouterr().out), out
+
+
+def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_path, capsys, monkeypatch):
+    """At 16 MiB the tree program's chunks are 64 KiB, one slice each at hccc's default: a
+    pipeline fill the size cannot hide (0.976 of the bound). Its thread blocks cannot afford
+    smaller slices at the slot cost assumed (a microsecond a slot: 256 slots on the busiest thread
+    block at 16 KiB, 128 at 32 KiB, in a call of 170 us), so the default stands; with slots made
+    free the smallest slice is simulated, found faster and written into the header, and the
+    fraction reported is what the written program simulates at."""
+    from hccc.runtime.simulator import simulate
+    topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
+    plain, out = _synth(tmp_path, capsys, "plain")
+    assert plain["slicing"] == {"micro_batches": TARGET_MICRO_BATCHES, "min_slice_bytes": MIN_SLICE_BYTES}
+    assert "nMicroBatches" not in out.read_text()
+    assert plain["fraction_of_bound"] < THIN_SLICES_BELOW       # so smaller slices were considered
+    monkeypatch.setattr(slicing, "THIN_SLOT_SECONDS", 1e-12)
+    thin, out2 = _synth(tmp_path, capsys, "thin")
+    assert thin["slicing"] == {"micro_batches": TARGET_MICRO_BATCHES * 4, "min_slice_bytes": 16 * KiB}
+    assert "nMicroBatches=128, MinSliceBytes=16384" in out2.read_text()
+    assert thin["fraction_of_bound"] > plain["fraction_of_bound"] * (1 + THIN_GAIN)
+    for got, path in ((plain, out), (thin, out2)):
+        prog = load_program(str(path))
+        prog.nchannels = got["channels"]          # the header's nChannels, as hccc sim takes it
+        t = simulate(prog, topo, 16 * MiB, slice_bytes="auto").time_s
+        assert got["fraction_of_bound"] == pytest.approx(got["bandwidth_bound"]["seconds"] / t, rel=1e-12)
+    # the same transfers as the default program: only the header differs
+    strip = out2.read_text().replace("nMicroBatches=128, MinSliceBytes=16384, ", "")
+    assert [ln for ln in strip.splitlines() if not ln.startswith("#")] == \
+        [ln for ln in out.read_text().splitlines() if not ln.startswith("#")]
+
