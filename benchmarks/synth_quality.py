@@ -22,7 +22,8 @@ at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
   any schedule (``AR bound``) and against ReduceScatter + AllGather's optimum (``RS+AG``);
 * ``model``: the packing's own time in the link model (integral chunks) as a fraction of the bound;
 * ``K``, ``ch``: chunks per rank and blocks per thread block (``nChannels``) of the program;
-  ``method``: what ``auto`` kept;
+  ``method``: what ``auto`` kept; ``slice``: the least slice of its slice policy in KiB (64: hccc's
+  default; less where ``synth`` gave its thin streams smaller slices, ``MinSliceBytes``);
 * ``TBs``, ``blocks``: thread blocks of the busiest rank in the compiled program, and its blocks
   (x ``nChannels``), which must all be resident at once (up to 128 GPUs; ``-`` past that);
 * ``wall``: seconds of the whole ``hccc synth`` run (packing, simulated shapes, channel fitting);
@@ -162,6 +163,7 @@ def row(name: str, topo: str, collective: str, method: str, time_limit: float, s
             "sim_apart_wall_s": big.get("wall_s"), "sim_apart_peak_mb": big.get("peak_mb"), "lines": big.get("lines"),
             "ar_bound": b.get("fraction_of_allreduce_bound"), "rs_ag": b.get("fraction_of_rs_ag"),
             "K": s["chunks_per_rank"], "channels": s["channels"],
+            "slice_kib": (s.get("slicing") or {}).get("min_slice_bytes", 65536) // 1024,
             "tbs": (r.get("tbs") or {}).get("tbs"), "blocks": (r.get("tbs") or {}).get("blocks"), "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
 
 
@@ -226,7 +228,7 @@ def main() -> int:
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
-            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'TBs':>4s} {'blocks':>6s} {'wall s':>7s} {'peak MB':>7s}"
+            f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'slice':>5s} {'TBs':>4s} {'blocks':>6s} {'wall s':>7s} {'peak MB':>7s}"
             + (f" {'sim wall':>8s} {'sim MB':>7s}" if args.sim_large else ""))
     print(head)
     print("-" * len(head))
@@ -239,7 +241,7 @@ def main() -> int:
                 continue
             print(f"{name:24s} {r['nranks']:4d} {coll:13s} {r['method']:6s} {r['opt_busbw']:9.1f} {fmt(r['sim']):>6s} "
                   f"{fmt(r['ar_bound']):>8s} {fmt(r['rs_ag']):>6s} {fmt(r['model']):>6s} {fmt(r['lp_at_bound'], ''):>8s} "
-                  f"{r['K']:3d} {r['channels']:3d} {fmt(r['tbs'], '{:d}'):>4s} {fmt(r['blocks'], '{:d}'):>6s} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}"
+                  f"{r['K']:3d} {r['channels']:3d} {r['slice_kib']:5d} {fmt(r['tbs'], '{:d}'):>4s} {fmt(r['blocks'], '{:d}'):>6s} {r['wall_s']:7.1f} {r['peak_mb']:7.0f}"
                   + (f" {fmt(r['sim_apart_wall_s'], '{:.0f}'):>8s} {fmt(r['sim_apart_peak_mb'], '{:.0f}'):>7s}"
                      if args.sim_large else ""), flush=True)
     if args.json:

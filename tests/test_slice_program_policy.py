@@ -190,3 +190,31 @@ def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_pat
     assert [ln for ln in strip.splitlines() if not ln.startswith("#")] == \
         [ln for ln in out.read_text().splitlines() if not ln.startswith("#")]
 
+
+
+def test_a_thin_simulation_that_would_outlast_the_limit_is_not_started(monkeypatch):
+    """``_thin_slices`` scales the default program's simulation by the slots; where that would end
+    past the deadline it starts nothing and keeps the default."""
+    from hccc.commands import synth as cmd
+    from hccc.compiler.synth import synthesize
+    from hccc.util import clock
+    topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
+    result = synthesize(topo, "allgather", method="trees", time_limit=60, bandwidth_bound_bytes=16 * MiB)
+    monkeypatch.setattr(slicing, "THIN_SLOT_SECONDS", 1e-12)            # every policy affordable
+    bound = {"seconds": float(result.detail["cut_bound_seconds"])}
+
+    class Phase:
+        def update(self, _):
+            pass
+
+    for took, kept in ((1e6, False), (None, True)):
+        sims = cmd.Simulations(topo, 16 * MiB, clock.now() + 600)
+        channels = int(result.detail.get("channels", 1))
+        t = sims.seconds(result, channels)
+        if took is not None:                                               # as if it had taken 11 days
+            sims.walls[sims._key(result) + (channels,)] = took
+        f = cmd._thin_slices(result, sims, bound, bound["seconds"] / t, Phase())
+        assert (len(sims.times) > 1) == kept
+        assert (f > bound["seconds"] / t) == kept
+        assert result.slice_policy.is_default != kept
+        result.detail.pop("slicing", None)

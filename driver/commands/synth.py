@@ -454,6 +454,7 @@ class Simulations:
         self.nbytes = int(nbytes)
         self.deadline = float(deadline)
         self.times: dict[tuple, float] = {}
+        self.walls: dict[tuple, float] = {}      # what each simulation took (work clock, preparing it included)
         self.stopped = False
         self.failed: str | None = None
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
@@ -584,6 +585,7 @@ class Simulations:
         finally:
             self.longest_s = max(self.longest_s, clock.now() - t0)
         self.times[tkey] = t
+        self.walls[tkey] = clock.now() - t0
         return t
 
 
@@ -729,12 +731,14 @@ def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None,
     of the time, so a slot's own costs hide) and where it then runs faster: more micro-batches
     per chunk shorten the fill and drain of its trees' pipelines, which large chunk counts make a
     large share of a call. Each affordable policy is simulated, smallest slice first, until one
-    runs faster than the program at hccc's default (by :data:`THIN_GAIN`); that one is kept
+    runs faster than the program at hccc's default (by :data:`THIN_GAIN`); one whose simulation
+    would not end before the deadline (the default's wall time, scaled by the slots) is not
+    started. The one found faster is kept
     (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``).
     Only for a program simulated below :data:`THIN_SLICES_BELOW` of the least time any program
     needs (:func:`_reach`) while the deadline leaves time. Returns the program's fraction of the
     cut bound, as simulated."""
-    from hccc.compiler.passes.slicing import thin_policy
+    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
 
     if fraction is None or _reach(bound, fraction) >= THIN_SLICES_BELOW or sims.time_left <= 0:
         return fraction
@@ -743,7 +747,12 @@ def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None,
     channels = int(result.detail.get("channels", 1))
     ir = sims._ir(result, sims._key(result))
     before = bound_s / fraction
+    took = sims.walls.get(sims._key(result) + (channels,), sims.longest_s)
+    slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
     for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
+        # its events grow with the slots: one that would not end before the deadline is not started
+        if took * busiest_slots(ir, policy, sims.nbytes, ir.chunk_bytes) / max(1, slots) > sims.time_left:
+            continue
         result.detail["slicing"] = {"micro_batches": policy.micro_batches, "min_slice_bytes": policy.min_slice}
         t = sims.seconds(result, channels)
         if t is not None and t < before * (1 - THIN_GAIN):
