@@ -185,6 +185,9 @@ def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_pat
         prog.nchannels = got["channels"]          # the header's nChannels, as hccc sim takes it
         t = simulate(prog, topo, 16 * MiB, slice_bytes="auto").time_s
         assert got["fraction_of_bound"] == pytest.approx(got["bandwidth_bound"]["seconds"] / t, rel=1e-12)
+    assert main(["synth", str(REPO / "examples" / "clusters" / "a100_topo1.topo"), "--collective", "allgather",
+                 "--method", "trees", "--size", "16M", "-o", str(tmp_path / "said.rccl")]) == 0
+    assert ", slices of at least 16K)" in capsys.readouterr().out
     # the same transfers as the default program: only the header differs
     strip = out2.read_text().replace("nMicroBatches=128, MinSliceBytes=16384, ", "")
     assert [ln for ln in strip.splitlines() if not ln.startswith("#")] == \

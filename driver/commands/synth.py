@@ -420,6 +420,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             frac += f" ({bound['fraction_of_allreduce_bound']:.3f} of the AllReduce bound)"
         shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
                  + (f" (not fitted: {why})" if simulated and fitted is False else "")
+                 + ("" if result.slice_policy.is_default else
+                    f", slices of at least {format_size(result.slice_policy.min_slice)}")
                  if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
         print(f"hccc synth: {result.collective} on {result.nranks} GPUs by {summary['method']}: {result.steps} steps "
               f"({shape}), {result.ntransfers} transfers{frac}, "
