@@ -30,7 +30,7 @@ import numpy as np
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.passes.channels import BLOCK_GBPS_WARPS, DEFAULT_BLOCK_GBPS, block_gbps_at
-from hccc.compiler.frontend.slice_policy import SlicePolicy, policy_of
+from hccc.compiler.frontend.slice_policy import SlicePolicy
 
 from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 
@@ -276,7 +276,7 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
         p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
-        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=policy_of(ir))
+        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy)
 
 
 def _private_resources(res_cap: np.ndarray, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,

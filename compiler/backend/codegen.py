@@ -331,7 +331,7 @@ def manifest_text(prog: ProgramIR, written: dict, *, name: str, nthreads: int, c
         **fields,
     }
     if not prog.slice_policy.is_default:    # the Python runtime's slices (absent: hccc's default)
-        manifest["slicing"] = {"micro_batches": int(prog.micro_batches), "min_slice_bytes": int(prog.min_slice_bytes)}
+        manifest["slicing"] = prog.slice_policy.as_dict()
     for key, value in (manifest_extra or {}).items():
         if key in manifest:
             raise ValueError(f"manifest_extra cannot replace the manifest field {key!r}")

@@ -489,10 +489,11 @@ class _Builder:
                                          f"{MAX_CHUNKS * (4 if coll.blockwise else 1)}")
         policy = SlicePolicy(seen.get("nMicroBatches", TARGET_MICRO_BATCHES),
                              seen.get("MinSliceBytes", MIN_SLICE_BYTES))
-        for pname in ("nMicroBatches", "MinSliceBytes"):
-            if pname in params:
+        for pname, one in (("nMicroBatches", SlicePolicy(micro_batches=policy.micro_batches)),
+                           ("MinSliceBytes", SlicePolicy(min_slice=policy.min_slice))):
+            if pname in params:          # each checked alone, so the error points at its value
                 try:
-                    SlicePolicy(**{("micro_batches" if pname == "nMicroBatches" else "min_slice"): seen[pname]}).check()
+                    one.check()
                 except ValueError as exc:
                     raise CompileError.at(self.tree_loc(params[pname]), f"header parameter '{pname}': {exc}") from None
         return Header(

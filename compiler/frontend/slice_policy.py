@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "MAX_MICRO_BATCHES", "MAX_MIN_SLICE_BYTES",
-           "SlicePolicy", "policy_of"]
+           "SlicePolicy"]
 
 #: Micro-batches per chunk the policy aims for (the measurements: :mod:`hccc.compiler.passes.slicing`).
 TARGET_MICRO_BATCHES = 32
@@ -44,6 +44,10 @@ class SlicePolicy:
     def is_default(self) -> bool:
         return self == SlicePolicy()
 
+    def as_dict(self) -> dict:
+        """The form an IR, a manifest and ``synth --json`` write it in (``slicing``)."""
+        return {"micro_batches": int(self.micro_batches), "min_slice_bytes": int(self.min_slice)}
+
     def check(self) -> None:
         """ValueError unless ``1 <= micro_batches <= MAX_MICRO_BATCHES`` and ``min_slice`` is a
         positive multiple of :data:`SLICE_ALIGN` of at most :data:`MAX_MIN_SLICE_BYTES`."""
@@ -54,8 +58,3 @@ class SlicePolicy:
             raise ValueError(f"the least slice must be a multiple of {SLICE_ALIGN} bytes from {SLICE_ALIGN} to "
                              f"{MAX_MIN_SLICE_BYTES}, not {m}")
 
-
-def policy_of(program) -> SlicePolicy:
-    """The slice policy of a ProgramIR, a SimProgram or a header (hccc's default where it has none)."""
-    return SlicePolicy(int(getattr(program, "micro_batches", TARGET_MICRO_BATCHES)),
-                       int(getattr(program, "min_slice_bytes", MIN_SLICE_BYTES)))

@@ -268,7 +268,7 @@ class ProgramIR:
         if self.rooted:
             head["root"] = int(self.root)
         if not self.slice_policy.is_default:      # absent: hccc's default (older manifests too)
-            head["slicing"] = {"micro_batches": int(self.micro_batches), "min_slice_bytes": int(self.min_slice_bytes)}
+            head["slicing"] = self.slice_policy.as_dict()
         from hccc.compiler.ir.int_text import join_ints_view
         parts: list = [json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "prims": {']
         for i, k in enumerate(PRIM_COLUMNS):

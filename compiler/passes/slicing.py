@@ -34,14 +34,14 @@ floor pays.
 from __future__ import annotations
 
 __all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "MAX_MICRO_BATCHES",
-           "THIN_SLICE_BYTES", "THIN_SLOT_SECONDS", "THIN_SLOT_SHARE", "SlicePolicy", "policy_of",
+           "THIN_SLICE_BYTES", "THIN_SLOT_SECONDS", "THIN_SLOT_SHARE", "SlicePolicy",
            "thin_policies", "busiest_slots", "thin_policy",
            "auto_slice_bytes", "program_slice_bytes", "micro_batches", "slot_share_bytes"]
 
 import numpy as np
 
 from hccc.compiler.frontend.slice_policy import (MAX_MICRO_BATCHES, MIN_SLICE_BYTES, SLICE_ALIGN,
-                                                 TARGET_MICRO_BATCHES, SlicePolicy, policy_of)
+                                                 TARGET_MICRO_BATCHES, SlicePolicy)
 
 #: The smallest floor :func:`thin_policies` offers a program: 16 KiB, a quarter of the default.
 THIN_SLICE_BYTES = 16 << 10
@@ -115,9 +115,9 @@ def auto_slice_bytes(nbytes: int, nchunks: int, slot_bytes: int = DEFAULT_SLOT_B
 
 
 def program_slice_bytes(program, nbytes: int, slot_bytes: int, element_bytes: int = 4) -> int:
-    """:func:`auto_slice_bytes` under ``program``'s own policy (:func:`policy_of`): the slice the
+    """:func:`auto_slice_bytes` under ``program``'s own policy (``ProgramIR.slice_policy``): the slice the
     launcher, the communicator and the simulator use for a call of ``nbytes``."""
-    pol = policy_of(program)
+    pol = program.slice_policy
     return auto_slice_bytes(nbytes, program.nchunks, slot_bytes, element_bytes, target=pol.micro_batches,
                             min_slice=pol.min_slice)
 

@@ -408,8 +408,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
                "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
                "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut,
-               "slicing": {"micro_batches": result.slice_policy.micro_batches,
-                           "min_slice_bytes": result.slice_policy.min_slice}}
+               "slicing": result.slice_policy.as_dict()}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
     if not args.json:
@@ -755,7 +754,7 @@ def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None,
         # its events grow with the slots: one that would not end before the deadline is not started
         if took * busiest_slots(ir, policy, sims.nbytes, ir.chunk_bytes) / max(1, slots) > sims.time_left:
             continue
-        result.detail["slicing"] = {"micro_batches": policy.micro_batches, "min_slice_bytes": policy.min_slice}
+        result.detail["slicing"] = policy.as_dict()
         t = sims.seconds(result, channels)
         if t is not None and t < before * (1 - THIN_GAIN):
             return bound_s / t
