@@ -246,9 +246,11 @@ def program_options(args, **overrides):
     """The :class:`CompileOptions` that :func:`add_program_options`' options ask for."""
     from hccc.compiler.pipeline import CompileOptions
 
-    kw = dict(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state", chunk_bytes=args.chunk_size,
+    kw = dict(scheduler=args.scheduler, tb_alloc=args.tb_alloc or "state",
               max_transfers=args.max_transfers, channels=getattr(args, "channels", None),
               fuse=getattr(args, "fuse", "auto"))
+    if args.chunk_size is not None:      # else CompileOptions' slot: an IR always has a slot size
+        kw["chunk_bytes"] = args.chunk_size
     kw.update(overrides)
     return CompileOptions(**kw)
 

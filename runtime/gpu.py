@@ -38,6 +38,9 @@ RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 _IPC_HANDLE = struct.Struct("<8s8sQ64s")
 _IPC_MAGIC = b"HCCCIPC1"
 
+#: the gate kernel's one argument, ``hccc_gate_args``: the flag's address and the timeout in clock ticks
+GATE_ARGS = struct.Struct("<QQ")
+
 #: byte offset of ``abort_flag`` in the packed ``hccc_args``
 ARGS_ABORT_OFFSET = Args.abort_flag.offset
 
@@ -147,10 +150,13 @@ def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], p
         lines += [
             "// Spins until the host sets *flag (or the timeout passes): holds queued kernels back",
             "// so that every rank starts together.",
-            f'extern "C" HCCC_GLOBAL void {GATE_SYMBOL}(const uint32_t* flag, uint64_t timeout) {{',
+            "// One parameter, a struct, like every hccc kernel: the launch passes one pointer to",
+            "// the packed argument bytes (cuLaunchKernel / hipModuleLaunchKernel kernelParams).",
+            "struct hccc_gate_args { const uint32_t* flag; uint64_t timeout; };",
+            f'extern "C" HCCC_GLOBAL void {GATE_SYMBOL}(hccc_gate_args g) {{',
             "  const uint64_t t0 = hccc_clock();",
-            "  while (hccc_load_u32(flag) == 0u) {",
-            "    if (timeout != 0 && hccc_clock() - t0 > timeout) break;",
+            "  while (hccc_load_u32(g.flag) == 0u) {",
+            "    if (g.timeout != 0 && hccc_clock() - t0 > g.timeout) break;",
             "    hccc_spin_pause();",
             "  }",
             "}",
@@ -951,7 +957,7 @@ class GpuPlatform(Platform):
             flag = int(rt.hostAlloc(8, 2))       # cudaHostAllocMapped; UVA: same address on device
         ctypes.c_uint32.from_address(flag).value = 0
         timeout = int(60 * 1_000_000 * self.ticks_per_us)     # never hold kernels back > 60 s
-        args = struct.pack("<QQ", flag, timeout)
+        args = GATE_ARGS.pack(flag, timeout)
         buf = (ctypes.c_char * len(args)).from_buffer_copy(args)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
         try:

@@ -440,3 +440,19 @@ def test_example_scripts_answer_help_and_write_nothing(tmp_path, script):
     assert res.returncode == 0 and "usage:" in res.stdout, res.stderr
     assert list(tmp_path.iterdir()) == []                 # no folder named --help
     assert not (EX / "--help").exists() and not (EX / script).parent.joinpath("--help").exists()
+
+
+def test_program_options_always_give_a_slot_size():
+    """Without --chunk-size (whose default `hccc run` leaves unset, to size the slot itself)
+    the compile options keep CompileOptions' slot (an IR always
+    has one: its JSON, the emitted code and the channel rule read it); with it, that size."""
+    from hccc.args import program_options
+    from hccc.compiler.pipeline import CompileOptions, load_program
+    from hccc.compiler.passes.channels import auto_channels
+
+    algo = str(Path(__file__).resolve().parent.parent / "examples" / "ring_allgather_8.rccl")
+    plain = program_options(command_parser("run").parse_args([algo]))
+    assert plain.chunk_bytes == CompileOptions().chunk_bytes
+    ir = load_program(algo, plain)
+    assert '"chunk_bytes": %d' % CompileOptions().chunk_bytes in ir.to_json() and auto_channels(ir, "cuda") >= 1
+    assert program_options(command_parser("run").parse_args([algo, "--chunk-size", "64K"])).chunk_bytes == 64 << 10

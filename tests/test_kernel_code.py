@@ -19,6 +19,7 @@ of the sources.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -30,7 +31,8 @@ import pytest
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import load_program
 from hccc.runtime.cuda import cuda_flags
-from hccc.runtime.gpu import CTYPES, RED_CONSTS, translation_unit
+from hccc.runtime.gpu import CTYPES, GATE_ARGS, GATE_SYMBOL, RED_CONSTS, translation_unit
+from hccc.runtime.kernel_abi import Args
 from hccc.runtime.hip import hip_flags
 from hccc.runtime.platform import Instance
 
@@ -470,6 +472,22 @@ def test_gfx90a_bf16_reductions_stay_branch_free_and_short(sources, op):
         # at most 8 vectors x 8 lanes: a few instructions per lane, not a conversion routine per lane
         assert len(body) < 8 * 8 * 16, len(body)
         assert not any(re.search(r"\bs_swappc|\bs_setpc", x) for x in body), "a call in the loop"
+
+
+# ---------------------------------------------------------------------------------- launch ABI
+def test_every_kernel_entry_takes_one_parameter_of_the_packed_size(sources):
+    """The launch (cuLaunchKernel / hipModuleLaunchKernel kernelParams, runtime/gpu.py) passes one
+    pointer, to the packed argument bytes: every entry of a module, the timer's gate too, takes
+    exactly one parameter, as large as what the host packs (a second parameter would be read
+    through a pointer the host never wrote, and the driver refuses the launch)."""
+    ptx = compiled(sources, "cuda", True)
+    entries = dict(re.findall(r"\.entry\s+(\w+)\s*\(([^)]*)\)", ptx, flags=re.S))
+    assert GATE_SYMBOL in entries and len(entries) >= 2, sorted(entries)
+    for name, params in entries.items():
+        sizes = re.findall(r"\.param\b[^,]*?\[(\d+)\]", params)
+        assert len(re.findall(r"\.param\b", params)) == 1 and len(sizes) == 1, (name, params)
+        want = GATE_ARGS.size if name == GATE_SYMBOL else ctypes.sizeof(Args)
+        assert int(sizes[0]) == want, (name, sizes, want)
 
 
 # ---------------------------------------------------------------------------------- one grid
