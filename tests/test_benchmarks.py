@@ -196,3 +196,24 @@ def test_sim_speed_compares_two_trees_on_one_program():
     for flavour in ("h20", "v100"):
         row = next(ln for ln in out.stdout.splitlines() if f"{flavour} 16 GPUs" in ln)
         assert "allgather" in row and row.rstrip(" │").endswith("yes")
+
+
+def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
+    """slot_cost.py: its slot count is slicing.busiest_slots' (by hand for the ring: each of its
+    two thread blocks per rank runs 8 and 7 primitives), its slope is least squares, and a CPU
+    run prints a row per slice with the oracle's verdict."""
+    sc = _load("slot_cost")
+    from hccc.compiler.frontend.slice_policy import SlicePolicy
+    from hccc.compiler.passes.slicing import busiest_slots
+    from hccc.compiler.pipeline import CompileOptions, load_program
+
+    ir = load_program(str(ROOT / "examples" / "ring_allgather_8.rccl"), CompileOptions())
+    # 4 MiB over 8 chunks = 512 KiB each: 8 slices of 64 KiB, 32 of 16 KiB; the busiest TB runs 8
+    assert sc.slots_of(ir, 4 << 20, 64 << 10) == 8 * 8 and sc.slots_of(ir, 4 << 20, 16 << 10) == 8 * 32
+    assert sc.slots_of(ir, 4 << 20, 16 << 10) == busiest_slots(ir, SlicePolicy(128, 16 << 10), 4 << 20, 1 << 20)
+    assert sc.slope([1, 2, 3], [10, 12, 14]) == pytest.approx(2.0) and sc.slope([5, 5], [1, 2]) is None
+    assert sc.main(["--backend", "cpu", "--algorithms", "ring_allgather_8", "--sizes", "64K",
+                    "--slices", "4K,2K", "--iters", "1", "--warmup", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["slice"], r["slots"], r["wrong"]) for r in out["rows"]] == [(4096, 16, 0), (2048, 32, 0)]
+    assert out["fits"][0]["slot_us"] is not None and out["backend"] == "cpu"

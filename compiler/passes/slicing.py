@@ -45,11 +45,12 @@ from hccc.compiler.frontend.slice_policy import (MAX_MICRO_BATCHES, MIN_SLICE_BY
 
 #: The smallest floor :func:`thin_policies` offers a program: 16 KiB, a quarter of the default.
 THIN_SLICE_BYTES = 16 << 10
-#: What a slot costs a thread block beyond the bytes it moves and the waiting it does (polling a
-#: flag that is already set, the barrier, the fence and the flag it posts), which the simulator
-#: leaves out: a microsecond, taken high (its latency, which the simulator does model, hides
-#: behind the other slots in flight)
-THIN_SLOT_SECONDS = 1e-6
+#: What a slot costs a thread block beyond the bytes it moves (polling its flags, the fences, the
+#: flag it posts), which the simulator leaves out: 7 us, as measured on an H200 with every rank on
+#: it (``benchmarks/slot_cost.py``: the slope of a call's time against its busiest thread block's
+#: slots, 6.6-7.0 us for ring AllGather and AllReduce 8 at 4 and 64 MiB, slices of 4-64 KiB;
+#: docs/measurements.md). Measure it again when the kernels' per-message path changes.
+THIN_SLOT_SECONDS = 7e-6
 #: The share of a call's time such costs may take on the busiest thread block (:func:`thin_policy`)
 THIN_SLOT_SHARE = 0.5
 #: The slot capacity compiled in by default (``--chunk-size``, CompileOptions.chunk_bytes).
