@@ -3,7 +3,9 @@ block on a GPU, beyond the bytes it moves: the constant ``THIN_SLOT_SECONDS`` th
 weighs smaller slices with (compiler/passes/slicing.py) assumes 1 us.
 
     python benchmarks/slot_cost.py [--backend cuda] [--algorithms ring_allgather_8,ring_allreduce_8]
-                                   [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--iters 10] [--json]
+                                   [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--nwarps auto]
+                                   [--direct auto] [--iters 10] [--json]
+    python benchmarks/slot_cost.py --diagnose      # where the slot's time goes (below)
 
 For each algorithm (examples/) and size (the collective's full buffer), the launcher runs the same
 call with each fixed micro-batch slice (``Runner.run(slice_bytes=)``), every rank on one device,
@@ -13,6 +15,18 @@ do not depend on the slice; the slots do: the busiest thread block handles (its 
 least-squares slope of time against the busiest block's slots is the cost of one slot as a thread
 block sees it (fill and drain of the pipeline shrink with the slice too, so at small sizes the
 slope is a lower bound). ``slot us`` is that slope; ``vs model`` is it over the constant.
+
+An algorithm is an example's name (examples/NAME.rccl) or GENERATOR:N, a generated program on N
+ranks (ring_allgather, ring_allreduce, direct_allgather: :mod:`hccc.compiler.frontend.generators`).
+``--nwarps`` runs each at those warps per thread block (``auto``: the program's, halved until
+every block is resident) and ``--direct`` with the sender writing the receiver's buffer where
+proven safe (``auto``) or through the FIFO (``off``); every combination gets its own slope.
+
+``--diagnose`` asks the questions a slot's time answers, at 4 MiB with 64, 16 and 4 KiB slices:
+does it grow with the ranks a slot's chain crosses (ring AllGather on 2 and on 8 ranks), with the
+warps that each poll and fence (16, 4, 1 warps a block), and with the FIFO copy (direct on, off)?
+A cost that stays with 2 ranks and 1 warp is the block's own per-message path; one that falls
+with the warps is per-warp polling and fencing; one that grows with the ranks is the chain.
 
 On the CPU emulation (``--backend cpu``, the default where no GPU is present) the numbers are the
 emulator's, not a GPU's: that backend is for checking this script.
@@ -52,13 +66,55 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
     return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
 
 
-def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: int, warmup: int) -> list[dict]:
+#: the programs ``GENERATOR:N`` names
+GENERATORS = ("ring_allgather", "ring_allreduce", "direct_allgather")
+#: the run ``--diagnose`` makes
+DIAGNOSE = dict(algorithms="ring_allgather:2,ring_allgather:8", sizes="4M", slices="64K,16K,4K",
+                nwarps="16,4,1", direct="auto,off")
+#: what a row's measurement is keyed by (one slope per key but the slice)
+KEY = ("algorithm", "bytes", "nwarps", "direct")
+
+
+def program(name: str):
+    """The ProgramIR ``name`` stands for: GENERATOR:N, or an example's name."""
+    from hccc.compiler.pipeline import CompileOptions, load_program
+    if ":" in name:
+        from hccc.compiler.frontend import generators
+        from hccc.compiler.passes.build import build_program
+        gen, _, n = name.partition(":")
+        if gen not in GENERATORS or not n.isdigit() or int(n) < 2:
+            raise SystemExit(f"slot_cost: {name!r}: expected GENERATOR:N with GENERATOR one of "
+                             f"{', '.join(GENERATORS)} and N >= 2")
+        return build_program(getattr(generators, gen)(int(n)), chunk_bytes=CompileOptions().chunk_bytes)
+    path = ROOT / "examples" / f"{name}.rccl"
+    if not path.is_file():
+        raise SystemExit(f"slot_cost: no example {name!r} (examples/{name}.rccl)")
+    return load_program(str(path), CompileOptions())
+
+
+def open_runner(launcher, ir, backend: str, nwarps: str, direct: str):
+    """(Runner, warps a block): ``nwarps`` warps, or (``auto``) the most from the program's own
+    count down at which every block of the run is resident."""
+    from hccc.runtime.platform import PlatformError
+    nw = ir.nwarps if nwarps == "auto" else int(nwarps)
+    while True:
+        try:
+            return launcher.Runner(ir, backend, "float32", "sum", nthreads=32 * nw, direct=direct), nw
+        except PlatformError as exc:
+            if nwarps != "auto" or "resident" not in str(exc) or nw == 1:
+                raise
+            nw //= 2
+
+
+def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: int, warmup: int,
+            nwarps: int = 0, direct: str = "auto") -> list[dict]:
     rows = []
     for size in sizes:
         for sl in slices:
             res = runner.run(size, slice_bytes=sl, iters=iters, warmup=warmup, seed=0)
             ok = not res.stuck and not res.wrong and res.iters
-            rows.append({"algorithm": name, "bytes": size, "slice": int(res.slice_bytes or sl),
+            rows.append({"algorithm": name, "bytes": size, "nwarps": nwarps, "direct": direct,
+                         "slice": int(res.slice_bytes or sl),
                          "slots": slots_of(ir, size, int(res.slice_bytes or sl)),
                          "time_us": float(res.time_us) if ok else None, "wrong": int(res.wrong),
                          "stuck": res.stuck})
@@ -66,14 +122,13 @@ def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: i
 
 
 def fits(rows: list[dict]) -> list[dict]:
-    """One slope per (algorithm, size) over the rows that ran."""
+    """One slope per (algorithm, size, warps, direct mode) over the rows that ran."""
     from hccc.compiler.passes.slicing import THIN_SLOT_SECONDS
     out = []
-    for key in dict.fromkeys((r["algorithm"], r["bytes"]) for r in rows):
-        good = [r for r in rows if (r["algorithm"], r["bytes"]) == key and r["time_us"] is not None]
+    for key in dict.fromkeys(tuple(r[k] for k in KEY) for r in rows):
+        good = [r for r in rows if tuple(r[k] for k in KEY) == key and r["time_us"] is not None]
         s = slope([r["slots"] for r in good], [r["time_us"] for r in good])
-        out.append({"algorithm": key[0], "bytes": key[1], "slot_us": s,
-                    "vs_model": None if s is None else s / (THIN_SLOT_SECONDS * 1e6)})
+        out.append(dict(zip(KEY, key), slot_us=s, vs_model=None if s is None else s / (THIN_SLOT_SECONDS * 1e6)))
     return out
 
 
@@ -83,12 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--algorithms", default="ring_allgather_8,ring_allreduce_8")
     ap.add_argument("--sizes", default="4M,64M")
     ap.add_argument("--slices", default="64K,32K,16K,8K,4K")
+    ap.add_argument("--nwarps", default="auto", help="warps a block, comma-separated, or auto")
+    ap.add_argument("--direct", default="auto", help="auto, off or both, comma-separated")
+    ap.add_argument("--diagnose", action="store_true", help="the runs that say where a slot's time goes")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.diagnose:
+        for k, v in DIAGNOSE.items():
+            setattr(args, k, v)
 
-    from hccc.compiler.pipeline import CompileOptions, load_program
     from hccc.runtime import launcher
     from hccc.runtime.platform import PlatformError, get_platform
 
@@ -100,20 +160,21 @@ def main(argv: list[str] | None = None) -> int:
         except (PlatformError, ImportError):
             backend = "cpu"
     sizes, slices = _sizes(args.sizes), _sizes(args.slices)
+    warps = [w for w in args.nwarps.split(",") if w]
+    directs = [d for d in args.direct.split(",") if d]
+    bad = [w for w in warps if w != "auto" and not (w.isdigit() and int(w) >= 1)] + \
+          [d for d in directs if d not in launcher.DIRECT_MODES]
+    if bad:
+        raise SystemExit(f"slot_cost: {bad[0]!r}: --nwarps takes auto or counts, --direct "
+                         f"{' or '.join(launcher.DIRECT_MODES)}")
     rows = []
     for name in (a for a in args.algorithms.split(",") if a):
-        ir = load_program(str(ROOT / "examples" / f"{name}.rccl"), CompileOptions())
-        nw = ir.nwarps
-        while True:      # the most threads per block at which every block of the run is resident
-            try:
-                runner = launcher.Runner(ir, backend, "float32", "sum", nthreads=32 * nw)
-                break
-            except PlatformError as exc:
-                if "resident" not in str(exc) or nw == 1:
-                    raise
-                nw //= 2
-        with runner:
-            rows += measure(name, ir, runner, sizes, slices, args.iters, args.warmup)
+        ir = program(name)
+        for w in warps:
+            for d in directs:
+                runner, nw = open_runner(launcher, ir, backend, w, d)
+                with runner:
+                    rows += measure(name, ir, runner, sizes, slices, args.iters, args.warmup, nw, d)
     fitted = fits(rows)
     if args.json:
         print(json.dumps({"backend": backend, "rows": rows, "fits": fitted}, indent=1))
@@ -121,17 +182,18 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         from rich.table import Table
         t = Table(title=f"slot cost ({backend})")
-        for c in ("algorithm", "size", "slice", "slots", "time us"):
+        for c in ("algorithm", "size", "warps", "direct", "slice", "slots", "time us"):
             t.add_column(c, justify="right")
         for r in rows:
-            t.add_row(r["algorithm"], str(r["bytes"]), str(r["slice"]), str(r["slots"]),
-                      "-" if r["time_us"] is None else f"{r['time_us']:.1f}")
+            t.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"], str(r["slice"]),
+                      str(r["slots"]), "-" if r["time_us"] is None else f"{r['time_us']:.1f}")
         Console().print(t)
         f = Table(title="slope of time against the busiest block's slots")
-        for c in ("algorithm", "size", "slot us", "vs model"):
+        for c in ("algorithm", "size", "warps", "direct", "slot us", "vs model"):
             f.add_column(c, justify="right")
         for r in fitted:
-            f.add_row(r["algorithm"], str(r["bytes"]), "-" if r["slot_us"] is None else f"{r['slot_us']:.3f}",
+            f.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"],
+                      "-" if r["slot_us"] is None else f"{r['slot_us']:.3f}",
                       "-" if r["vs_model"] is None else f"{r['vs_model']:.2f}")
         Console().print(f)
     return 0 if all(r["time_us"] is not None for r in rows) else 1

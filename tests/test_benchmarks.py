@@ -217,3 +217,16 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [(r["slice"], r["slots"], r["wrong"]) for r in out["rows"]] == [(4096, 16, 0), (2048, 32, 0)]
     assert out["fits"][0]["slot_us"] is not None and out["backend"] == "cpu"
+    # the diagnostic axes: a generated program, warps, direct mode; one slope per combination
+    assert sc.program("ring_allgather:2").nranks == 2 and sc.program("ring_allreduce:3").collective == "allreduce"
+    for bad in ("ring_allgather:1", "nosuch:4", "no_such_example"):
+        with pytest.raises(SystemExit, match="slot_cost"):
+            sc.program(bad)
+    with pytest.raises(SystemExit, match="--nwarps"):
+        sc.main(["--backend", "cpu", "--nwarps", "0"])
+    assert sc.main(["--backend", "cpu", "--algorithms", "ring_allgather:2", "--sizes", "32K", "--slices",
+                    "4K,2K", "--nwarps", "2,1", "--direct", "auto,off", "--iters", "1", "--warmup", "0",
+                    "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {(f["nwarps"], f["direct"]) for f in out["fits"]} == {(2, "auto"), (2, "off"), (1, "auto"), (1, "off")}
+    assert all(r["wrong"] == 0 and r["time_us"] is not None for r in out["rows"]) and len(out["rows"]) == 8
