@@ -42,10 +42,12 @@ Three terms the v2 rows leave out, each printed with its parameter:
   ``SYNC_WARP_US`` in every warp (0.08 us: a warp barrier, a vote, a shared-memory read of the
   unit's `ready` entry and one shared-memory atomic) plus one warp's poll of a counter another SM
   posted with its acquire fence (``SYNC_POLL_US``, 0.5 us at GPU scope: an L2 round trip and a
-  fence; the other warps find `ready` set and poll nothing) and the posting warp's release store
-  (``SYNC_RELEASE_US``, 0.5 us: a fence that drains its stores), each stalling one of the block's
+  fence; the warp that claims the unit polls, the others wait for `ready` and poll nothing) and
+  the posting warp's release store (``SYNC_RELEASE_US``, 0.5 us: a fence that drains its stores),
+  each stalling one of the block's
   ``w`` warps: sync = 0.08 + (0.5 + 0.5) / w us (``overlapped_sync_us``): 0.14 us at 512 threads
-  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row), not
+  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row; one
+  H200 measured about 7 us a slot before the claim: docs/measurements.md), not
   measurements; the lock-step v2 sync (one thread polls while the block waits at a barrier, two
   block barriers and a release per message) was 1.0 us; ``--sync-us X`` models any fixed cost.
   Overlap hides the sync from a block's throughput, not from a message's latency: each link of the

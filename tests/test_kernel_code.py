@@ -410,6 +410,27 @@ def test_cuda_posting_is_one_release_per_counter_after_a_block_scope_arrival(sou
     assert len(PTX_ORDERING.findall(arrive)) == 5      # the add and the four release stores
 
 
+@pytest.mark.parametrize("single", [False, True])
+def test_cuda_one_warp_polls_a_unit_the_others_wait_in_shared_memory(sources, single):
+    """hccc_unit_wait: one relaxed block-scope exchange claims the unit; the warp that loses it
+    waits for `ready` (hccc_wait_posted, shared memory) and returns, and only the winner calls the
+    global polls (hccc_wait_geq, each with its acquire fence) and publishes `ready` with one cta
+    release: a unit's polls and fences do not grow with the block's warps."""
+    funcs = functions(compiled(sources, "cuda", single), "ptx")
+    body = function(funcs, "hccc_unit_waitIfE")
+    text = "\n".join(body)
+    exch = [i for i, x in enumerate(body) if re.search(r"\batom\.(?:relaxed\.)?(?:shared\.cta|cta\.shared)(?:::cta)?\.exch\.b32\b", x)]
+    assert len(exch) == 1, text
+    calls = [(i, "geq" if "hccc_wait_geq" in x else "posted") for i, x in enumerate(body)
+             if "hccc_wait_geq" in x or "hccc_wait_posted" in x]
+    # the ring wait before the claim; after it, the loser's wait for `ready`, then the winner's polls
+    assert [k for i, k in calls if i < exch[0]] == ["posted"], calls
+    after = [k for i, k in calls if i > exch[0]]
+    assert after[0] == "posted" and after.count("posted") == 1 and set(after[1:]) == {"geq"}, calls
+    assert not re.search(r"\b(?:fence|membar)\b", text)      # the acquire fences are hccc_wait_geq's
+    assert len(re.findall(r"\bst\.release\.cta\.shared(?:::cta)?\.u32\b", text)) == 1
+
+
 def test_cuda_data_path_and_ll_lines_carry_no_ordering(sources):
     """The data of a message (hccc_unit_data, the engine, the LL lines) has no fence, release,
     acquire or atomic: ordering is the arrival's and the posts' alone. An LL line is one 8-byte
