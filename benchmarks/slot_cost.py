@@ -1,6 +1,6 @@
 """What one slot (one primitive's micro-batch: a flag waited for and one posted) costs a thread
 block on a GPU, beyond the bytes it moves: the constant ``THIN_SLOT_SECONDS`` that ``hccc synth``
-weighs smaller slices with (compiler/passes/slicing.py) assumes 1 us.
+weighs smaller slices with (compiler/passes/slicing.py) is what this measured on an H200.
 
     python benchmarks/slot_cost.py [--backend cuda] [--algorithms ring_allgather_8,ring_allreduce_8]
                                    [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--nwarps auto]
@@ -52,11 +52,8 @@ def _sizes(text: str) -> list[int]:
 def slots_of(ir, nbytes: int, slice_bytes: int, element_bytes: int = 4) -> int:
     """Slots of the busiest thread block of ``ir`` in a call of ``nbytes`` cut into ``slice_bytes``
     slices: its primitives times the micro-batches per chunk."""
-    from hccc.compiler.passes.slicing import micro_batches
-    r, t = ir.prims["rank"], ir.prims["tb"]
-    key = r.astype("int64") * (1 << 20) + t.astype("int64")
-    per_tb = int(np.unique(key, return_counts=True)[1].max())
-    return per_tb * micro_batches(nbytes, ir.nchunks, slice_bytes, element_bytes)
+    from hccc.compiler.passes.slicing import busiest_tb_prims, micro_batches
+    return busiest_tb_prims(ir) * micro_batches(nbytes, ir.nchunks, slice_bytes, element_bytes)
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
@@ -113,9 +110,9 @@ def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: i
         for sl in slices:
             res = runner.run(size, slice_bytes=sl, iters=iters, warmup=warmup, seed=0)
             ok = not res.stuck and not res.wrong and res.iters
+            ran = int(res.slice_bytes or sl)
             rows.append({"algorithm": name, "bytes": size, "nwarps": nwarps, "direct": direct,
-                         "slice": int(res.slice_bytes or sl),
-                         "slots": slots_of(ir, size, int(res.slice_bytes or sl)),
+                         "slice": ran, "slots": slots_of(ir, size, ran),
                          "time_us": float(res.time_us) if ok else None, "wrong": int(res.wrong),
                          "stuck": res.stuck})
     return rows

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 __all__ = ["TARGET_MICRO_BATCHES", "MIN_SLICE_BYTES", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "MAX_MICRO_BATCHES",
            "THIN_SLICE_BYTES", "THIN_SLOT_SECONDS", "THIN_SLOT_SHARE", "SlicePolicy",
-           "thin_policies", "busiest_slots", "thin_policy",
+           "thin_policies", "busiest_tb_prims", "busiest_slots", "thin_policy",
            "auto_slice_bytes", "program_slice_bytes", "micro_batches", "slot_share_bytes"]
 
 import numpy as np
@@ -134,19 +134,23 @@ def thin_policies() -> list[SlicePolicy]:
     return out
 
 
-def busiest_slots(program, policy: SlicePolicy, nbytes: int, slot_bytes: int, element_bytes: int = 4) -> int:
-    """Slots (messages: one per primitive and micro-batch, each a flag to wait for and one to
-    post) the busiest thread block of ``program`` (a ProgramIR) handles in one call of ``nbytes``
-    under ``policy``."""
+def busiest_tb_prims(program) -> int:
+    """Primitives of the thread block of ``program`` (a ProgramIR) that runs the most (0 without any)."""
     r, t = program.prims["rank"], program.prims["tb"]
     if not len(r):
         return 0
     key = r.astype("int64") * (1 << 20) + t.astype("int64")
-    _, per_tb = np.unique(key, return_counts=True)
+    return int(np.unique(key, return_counts=True)[1].max())
+
+
+def busiest_slots(program, policy: SlicePolicy, nbytes: int, slot_bytes: int, element_bytes: int = 4) -> int:
+    """Slots (messages: one per primitive and micro-batch, each a flag to wait for and one to
+    post) the busiest thread block of ``program`` (a ProgramIR) handles in one call of ``nbytes``
+    under ``policy``."""
     share = slot_share_bytes(slot_bytes, program.max_step_chunks)
     slice_b = min(auto_slice_bytes(nbytes, program.nchunks, share, element_bytes, target=policy.micro_batches,
                                    min_slice=policy.min_slice), share)
-    return int(per_tb.max()) * micro_batches(nbytes, program.nchunks, slice_b, element_bytes)
+    return busiest_tb_prims(program) * micro_batches(nbytes, program.nchunks, slice_b, element_bytes)
 
 
 def thin_policy(program, nbytes: int, seconds: float, slot_bytes: int = DEFAULT_SLOT_BYTES,
