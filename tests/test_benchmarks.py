@@ -230,3 +230,39 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {(f["nwarps"], f["direct"]) for f in out["fits"]} == {(2, "auto"), (2, "off"), (1, "auto"), (1, "off")}
     assert all(r["wrong"] == 0 and r["time_us"] is not None for r in out["rows"]) and len(out["rows"]) == 8
+
+
+def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
+    """rs_ag_gap.py: the ReduceScatter it writes is its AllGather turned around (the same chunk on
+    every pair reversed, a channel per stream each), both verify as their collectives, and both
+    run within the cut bound (at most 1.0 of it) with RS/AG the ratio of their times."""
+    gap = _load("rs_ag_gap")
+    from hccc.compiler.synth import forest as fo
+    from hccc.compiler.synth import to_algorithm
+    from hccc.compiler.synth import trees as tr
+    from hccc.compiler.synth.collectives import SynthResult
+    from hccc.compiler.synth.problem import network_from_topology
+
+    topo = load_topology(ROOT / "examples" / "clusters" / "a100_topo1.topo")
+    net = network_from_topology(topo)
+    pk = tr.pack_trees(net, pair_bw=tr.pair_bandwidth(topo), max_chunks=2)
+    ag, rs = fo.stream_rows(pk, "allgather", 2), fo.stream_rows(pk, "reducescatter", 2)
+    assert sorted(map(tuple, ag[:, [0, 1, 3]].tolist())) == sorted(map(tuple, rs[:, [1, 0, 3]].tolist()))
+    for rows in (ag, rs):
+        # a stream (a chunk before the split) keeps one channel on a pair; the chunks cut from it share it
+        key = {}
+        for s, d, c, ch in rows[:, [0, 1, 3, 5]].tolist():
+            assert key.setdefault((s, d, c // 2), ch) == ch
+    for coll, rows in (("allgather", ag), ("reducescatter", rs)):
+        res = SynthResult(coll, net.nranks, pk.chunks_per_rank * 2, None, rows, 0, 0, [], 0.0, topo.name)
+        assert verify(to_algorithm(res, topo)).collective.value == coll
+    row = gap.measure(topo, 1, None, 16 << 20, None)
+    assert 0.5 < row["AG"] <= 1 + 1e-9 and 0.5 < row["RS"] <= 1 + 1e-9
+    assert row["RS/AG"] == pytest.approx(row["AG"] / row["RS"])
+    assert 0 < row["busy AG"] <= 1 + 1e-9 and row["chunks"] == 1 and row["split AG"] >= 2 and row["split RS"] >= 4
+    assert gap.main(["--clusters", "a100_topo1", "--mi250", "", "--chunks", "1", "--size", "16M",
+                     "--slices", "auto,16K"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("a100_topo1")]
+    assert len(lines) == 2 and " 16K " in lines[1]
+    with pytest.raises(SystemExit, match="no example cluster"):
+        gap.clusters("no_such_cluster", "")

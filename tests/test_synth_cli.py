@@ -221,3 +221,26 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
     s = json.loads(capsys.readouterr().out)
     assert s["methods_tried"] == {"trees": trees["fraction_of_bound"], "search": None}
     assert s["method"] == "trees" and n_trees > 0 and len(sims) == n_trees
+
+
+@pytest.mark.parametrize("coll", ["allgather", "reducescatter"])
+def test_json_lists_the_tree_candidates_and_the_one_kept(topo, tmp_path, capsys, coll):
+    """``--json`` lists every tree program ``synth`` built: one kept, the fastest simulated among
+    the resident ones, none faster than the cut bound, each packing's link-model time in seconds
+    (not per byte: no packing beats the bound either), and the kept one's simulated time the one
+    the summary's fraction of the bound is taken from (channels not refitted on this cluster)."""
+    out = tmp_path / "t.rccl"
+    assert main(["synth", str(topo), "--collective", coll, "--method", "trees", "--size", "64M",
+                 "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    cands, bound = s["candidates"], s["bandwidth_bound"]["seconds"]
+    kept = [c for c in cands if c["kept"]]
+    assert len(kept) == 1 and kept[0]["resident"]
+    simulated = [c["simulated_seconds"] for c in cands if c["resident"] and c["simulated_seconds"] is not None]
+    assert kept[0]["simulated_seconds"] == min(simulated)
+    for c in cands:
+        assert c["model_seconds"] >= bound * (1 - 1e-9)
+        assert c["simulated_seconds"] is None or c["simulated_seconds"] >= bound * (1 - 1e-9)
+        assert c["program"].startswith(f"K={c['chunks_per_rank']} ") and c["blocks_per_rank"] >= 1
+    if s["channels"] == 1:
+        assert s["fraction_of_bound"] == pytest.approx(bound / kept[0]["simulated_seconds"])

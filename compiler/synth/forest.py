@@ -235,6 +235,20 @@ def stream_of_chunk(packing: tr.Packing, split: int) -> np.ndarray:
     return np.arange(packing.nranks * packing.chunks_per_rank, dtype=np.int64) // int(split)
 
 
+def stream_rows(packing: tr.Packing, collective: str, split: int, step0: int = 0,
+                bundle: np.ndarray | None = None) -> np.ndarray:
+    """``(src, dst, step, chunk, op, channel)`` rows of ``packing``'s trees as ``collective``
+    (allgather: out-trees, ``recv``; reducescatter: the trees turned around, ``rrc``), every chunk
+    cut ``split`` ways (:func:`split_packing`), steps from ``step0``, every stream on a channel of
+    its own on each pair it crosses (``bundle``: the bundle of every stream, :func:`bundles`;
+    None: a channel per stream)."""
+    sp = split_packing(packing, split)
+    reduce = collective == "reducescatter"
+    r4 = tr.reducescatter_rows(sp) if reduce else tr.allgather_rows(sp)
+    bd = bundles(sp, split, None) if bundle is None else bundle
+    return _rows(r4, RRC if reduce else RECV, step0, bd[stream_of_chunk(sp, split)])
+
+
 def loop_channels(loops: tr.LoopRows, split: int, bundle: np.ndarray | None = None) -> np.ndarray:
     """Channels of the representative rows of a symmetric program (``loops``) that are the same in
     every translate: the streams on a pair are the translates of the (stream, pair) combinations of
@@ -553,8 +567,7 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                 lp.rows = np.c_[lp.rows, loop_channels(lp, split, bd) + ch0]
                 rows = np.c_[lp.expand(), np.tile(lp.rows[:, 6], len(lp.symmetry))]
             else:
-                r4 = tr.reducescatter_rows(sp) if name == "reducescatter" else tr.allgather_rows(sp)
-                rows = _rows(r4, op, step0, bd[stream_of_chunk(sp, split)])
+                rows = stream_rows(shapes[key], name, split, step0, bd)
                 rows[:, 5] += ch0
             loops.append(lp)
             step0 = _steps(rows)
@@ -705,8 +718,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # simulated only where none is (below), so its simulation never takes the time of theirs
         sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None
         # without a simulator, the link model's time decides (then the fewest blocks)
-        candidates.append(((not fits, sc if sc is not None else model_time(pk), blocks), shape, rows, info,
-                           kv * split, pk, ch, split, most, blocks, warps))
+        candidates.append(((not fits, sc if sc is not None else model_time(pk) * per_rank, blocks), shape, rows, info,
+                           kv * split, pk, ch, split, most, blocks, warps, sc))
         build_s = max(build_s, clock.now() - b0)
         # AllGather / ReduceScatter programs short of their packing's link-model time, with time left
         short = sc is not None and not joint and coll != "allreduce" and \
@@ -735,9 +748,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # far as the deadline allows)
         for j in sorted(range(len(candidates)), key=lambda j: candidates[j][0][1]):
             c = candidates[j]
-            candidates[j] = ((True, score(coll, c[2], c[4], c[6], c[10]), c[9]),) + c[1:]
+            t = score(coll, c[2], c[4], c[6], c[10])
+            candidates[j] = ((True, t, c[9]),) + c[1:11] + (t,)
     best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info, K, packs, channels, split, most, blocks, warps = best
+    _, shape, rows, info, K, packs, channels, split, most, blocks, warps, _ = best
     loops = info.pop("loops")
     steps = _steps(rows)
     lb = sum(_distance_bound(nets[name]) for name in packs)
@@ -764,11 +778,24 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   for name, p in packs.items()},
     }
     if score is not None:
-        detail["simulated_candidates"] = {
-            f"K={c[4]} {c[1] or ('joint' if any(p.stats.get('joint') for p in c[5].values()) else 'unshaped')}" +
-            (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}" +
-            (f" of {c[10]} warps" if c[10] != WARPS else ""): c[0][1]
-            for c in candidates}
+        def label(c) -> str:
+            return (f"K={c[4]} {c[1] or ('joint' if any(p.stats.get('joint') for p in c[5].values()) else 'unshaped')}"
+                    + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}"
+                    + (f" of {c[10]} warps" if c[10] != WARPS else ""))
+
+        # seconds each candidate took in the simulator, or (not simulated) its packing's time in
+        # the link model, which no program of it beats
+        detail["simulated_candidates"] = {label(c): c[0][1] for c in candidates}
+        # what ``hccc synth --json`` lists: every candidate built, whether its blocks stay
+        # resident, its simulated seconds (None: not simulated, past the deadline or once a
+        # candidate ran within the tolerance of the bound), its packing's link-model seconds, and
+        # the one kept
+        detail["candidates"] = [
+            {"program": label(c), "chunks_per_rank": int(c[4]), "blocks_per_rank": int(c[9]), "warps": int(c[10]),
+             "resident": not c[0][0],
+             "simulated_seconds": float(c[11]) if c[11] is not None and np.isfinite(c[11]) else None,
+             "model_seconds": model_time(c[5]) * per_rank, "kept": c is best}
+            for c in candidates]
     if cut_by_limit:
         detail["time_limit_cut"] = cut_by_limit
     if not_needed:

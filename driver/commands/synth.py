@@ -411,6 +411,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                "slicing": result.slice_policy.as_dict()}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
+    if "candidates" in result.detail:
+        summary["candidates"] = result.detail["candidates"]
     if not args.json:
         gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
         frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else
