@@ -10,8 +10,8 @@ once where the network is its own transpose (docs/synthesis.md). This script tak
 rounded to ``--chunks`` trees per rank (the LP's own rounding or the integral trees, whichever
 the packing keeps), writes both programs from it (every chunk cut ``--split`` ways, ``auto``:
 what ``synth`` cuts it into, a channel per stream, 16 warps a block), and simulates both at
-``--size`` with each micro-batch slice of ``--slices`` (a row each; ``auto``: the slice the
-program's slicing policy gives, as ``synth`` writes it). Columns: ``model`` the packing's fraction
+``--size`` with each micro-batch slice of ``--slices`` (a row each; ``auto``: the slice each
+program's slicing policy gives, as ``synth`` writes it; ``slice AG/RS`` the two slices). Columns: ``model`` the packing's fraction
 of the bound in the link model; ``AG`` and ``RS`` each program's simulated fraction of the cut
 bound; ``RS/AG`` their ratio of times; ``busy AG``/``busy RS`` the busiest link's share of the
 run with a flow on it.
@@ -36,6 +36,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def _sizes(text: str) -> list[int]:
     from hccc.args import parse_size
     return [parse_size(s) for s in text.split(",") if s]
+
+
+def _kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:g}K"
 
 
 def clusters(names: str, mi250: str) -> list[tuple[str, object]]:
@@ -85,8 +89,8 @@ def measure(topo, chunks: int, split: int | None, size: int, slice_bytes: int | 
         ir = build_program(to_algorithm(res, topo))
         prog = prepare(ir, topo, DEFAULT_BLOCK_GBPS)
         sim = simulate(prog, topo, size, slice_bytes="auto" if slice_bytes is None else slice_bytes)
-        row["slice_kib"] = sim.slice_bytes / 1024
         key = "AG" if coll == "allgather" else "RS"
+        row[f"slice {key}"] = sim.slice_bytes
         times[key] = sim.time_s
         row[f"split {key}"] = s_
         row[key] = bound / sim.time_s
@@ -108,7 +112,7 @@ def main(argv=None) -> int:
     split = None if args.split == "auto" else int(args.split)
     size = _sizes(args.size)[0]
     rows = []
-    head = (f"{'cluster':<14} {'N':>3} {'K':>3} {'int':>3} {'slice':>5} {'model':>6} {'AG':>6} {'RS':>6} "
+    head = (f"{'cluster':<14} {'N':>3} {'K':>3} {'int':>3} {'slice AG/RS':>11} {'model':>6} {'AG':>6} {'RS':>6} "
             f"{'RS/AG':>6} {'busy AG':>7} {'busy RS':>7}")
     print(head)
     print("-" * len(head))
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
                 r["cluster"] = name
                 rows.append(r)
                 print(f"{name:<14} {r['N']:>3} {r['chunks']:>3} {'yes' if r['integral'] else 'no':>3} "
-                      f"{r['slice_kib']:>4g}K {r['model']:>6.3f} {r['AG']:>6.3f} {r['RS']:>6.3f} {r['RS/AG']:>6.3f} "
+                      f"{_kib(r['slice AG']) + '/' + _kib(r['slice RS']):>11} {r['model']:>6.3f} {r['AG']:>6.3f} {r['RS']:>6.3f} {r['RS/AG']:>6.3f} "
                       f"{r['busy AG']:>7.3f} {r['busy RS']:>7.3f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

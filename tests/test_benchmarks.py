@@ -263,6 +263,6 @@ def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
     assert gap.main(["--clusters", "a100_topo1", "--mi250", "", "--chunks", "1", "--size", "16M",
                      "--slices", "auto,16K"]) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("a100_topo1")]
-    assert len(lines) == 2 and " 16K " in lines[1]
+    assert len(lines) == 2 and " 16K/16K " in lines[1] and row["slice AG"] > 0
     with pytest.raises(SystemExit, match="no example cluster"):
         gap.clusters("no_such_cluster", "")

@@ -235,6 +235,7 @@ def test_json_lists_the_tree_candidates_and_the_one_kept(topo, tmp_path, capsys,
     s = json.loads(capsys.readouterr().out)
     cands, bound = s["candidates"], s["bandwidth_bound"]["seconds"]
     kept = [c for c in cands if c["kept"]]
+    assert len({(c["program"], c["simulated_seconds"], c["model_seconds"]) for c in cands}) == len(cands)
     assert len(kept) == 1 and kept[0]["resident"]
     simulated = [c["simulated_seconds"] for c in cands if c["resident"] and c["simulated_seconds"] is not None]
     assert kept[0]["simulated_seconds"] == min(simulated)

@@ -786,16 +786,22 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
         # seconds each candidate took in the simulator, or (not simulated) its packing's time in
         # the link model, which no program of it beats
         detail["simulated_candidates"] = {label(c): c[0][1] for c in candidates}
-        # what ``hccc synth --json`` lists: every candidate built, whether its blocks stay
-        # resident, its simulated seconds (None: not simulated, past the deadline or once a
-        # candidate ran within the tolerance of the bound), its packing's link-model seconds, and
-        # the one kept
-        detail["candidates"] = [
-            {"program": label(c), "chunks_per_rank": int(c[4]), "blocks_per_rank": int(c[9]), "warps": int(c[10]),
-             "resident": not c[0][0],
-             "simulated_seconds": float(c[11]) if c[11] is not None and np.isfinite(c[11]) else None,
-             "model_seconds": model_time(c[5]) * per_rank, "kept": c is best}
-            for c in candidates]
+        # what ``hccc synth --json`` lists: every program built (once: a packing reached again,
+        # as a re-rounding that gives the same counts, is built again but not simulated again),
+        # whether its blocks stay resident, its simulated seconds (None: not simulated, past the
+        # deadline or once a candidate ran within the tolerance of the bound), its packing's
+        # link-model seconds, and the one kept
+        listed: dict = {}
+        for c in candidates:
+            key = (label(c), c[0][1])
+            if key in listed:
+                listed[key]["kept"] = listed[key]["kept"] or c is best
+                continue
+            listed[key] = {"program": label(c), "chunks_per_rank": int(c[4]), "blocks_per_rank": int(c[9]),
+                           "warps": int(c[10]), "resident": not c[0][0],
+                           "simulated_seconds": float(c[11]) if c[11] is not None and np.isfinite(c[11]) else None,
+                           "model_seconds": model_time(c[5]) * per_rank, "kept": c is best}
+        detail["candidates"] = list(listed.values())
     if cut_by_limit:
         detail["time_limit_cut"] = cut_by_limit
     if not_needed:
