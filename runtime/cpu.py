@@ -9,7 +9,9 @@ translation units of at least four ranks, at most one per CPU core, compiled in 
 shared headers are parsed once per unit, not once per rank) with ``-DHCCC_FOR_EACH_INSTANCE(X)=
 X(dtype, ctype, op, HCCC_OP)`` so only the requested instantiation is compiled, and linked with
 ``cpu_launcher.cpp`` (this package; its object is cached separately, it does not depend on the
-program). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
+program), each unit starting from ``hccc_prims.h`` precompiled once per flags and instance (g++;
+cached too: the headers are the same for every program, and parsing them was most of a unit's
+compile). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
 ``HCCC_CPU_MAX_THREADS`` (thread budget, default 8192), ``HCCC_CPU_SANITIZE`` (``address``: the
 AddressSanitizer build below).
@@ -53,6 +55,8 @@ from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, Platfor
 CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
 REDOPS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 ALIGN = 256
+#: the emitted header every rank source includes first, precompiled for the units (``_prims_pch``)
+PCH_HEADER = "hccc_prims.h"
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 #: allocations from this size up are page-aligned anonymous mappings
 _MMAP_MIN = 1 << 16
@@ -401,6 +405,7 @@ class CpuPlatform(Platform):
         flags = ([*_CXX_FLAGS, self.opt, *(_ASAN_FLAGS if self.sanitize else [])]
                  + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
         launcher_obj = self._launcher_object(outdir, headers, flags)
+        pch = self._prims_pch(outdir, headers, flags, define)
         key = cache.content_key(
             "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
             cache.files_digest([outdir / f for f in sources + headers], outdir))
@@ -416,9 +421,13 @@ class CpuPlatform(Platform):
                 units.append(tu)
 
             def compile_unit(tu: Path):
-                cmd = [exe, *flags, define, "-I", str(outdir), "-c", str(tu),
+                # with the precompiled shared headers: found through the first -I, in front of the
+                # unit (the sources' own #include of it is then a no-op); run in the unit's
+                # directory, which -include searches first and which holds no header
+                pre = ["-I", str(pch), "-include", PCH_HEADER] if pch is not None else []
+                cmd = [exe, *flags, define, *pre, "-I", str(outdir), "-c", str(tu),
                        "-o", str(tu.with_suffix(".o"))]
-                return subprocess.run(cmd, capture_output=True, text=True)
+                return subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp))
 
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs) as ex:
                 results = list(ex.map(compile_unit, units))
@@ -436,6 +445,39 @@ class CpuPlatform(Platform):
                 os.unlink(tu.with_suffix(".o"))
 
         return cache.entry("cpu", key, make, root=self.cache_dir) / "module.so"
+
+    def _prims_pch(self, outdir: Path, headers: list[str], flags: list[str], define: str) -> Path | None:
+        """The directory holding ``hccc_prims.h.gch``: the emitted headers precompiled by g++ with
+        the build's flags and instance (cached: like the launcher, it depends on the headers, the
+        flags and the instance only, so every program of one hccc version shares it). Parsing the
+        headers is most of what a unit of a few ranks costs g++; the object code is the same with
+        and without it. None (units parse the headers themselves) for the AddressSanitizer build
+        (its debug information would name the headers where they were precompiled), for a
+        compiler that is not GCC (``HCCC_CXX=clang++``: its precompiled headers work otherwise), and
+        when g++ cannot precompile them (the units' own compile then reports what is wrong). g++
+        checks that a precompiled header matches the flags it is used with and falls back to the
+        header itself where not."""
+        if self.sanitize or PCH_HEADER not in headers or "clang" in self._compiler_id().lower():
+            return None
+        exe = self._cxx_exe
+        key = cache.content_key("cpu-pch", self._compiler_id(), " ".join(flags), define,
+                                cache.files_digest([outdir / h for h in headers], outdir))
+
+        def make(tmp: Path) -> None:
+            src = tmp / "src"
+            src.mkdir()
+            for h in headers:
+                shutil.copyfile(outdir / h, src / h)
+            res = subprocess.run([exe, *flags, define, "-x", "c++-header", str(src / PCH_HEADER),
+                                  "-o", str(tmp / f"{PCH_HEADER}.gch")], capture_output=True, text=True)
+            shutil.rmtree(src)
+            if res.returncode != 0:
+                raise PlatformError("g++ could not precompile the headers:\n" + res.stderr[-4000:])
+
+        try:
+            return cache.entry("cpu_pch", key, make, root=self.cache_dir)
+        except PlatformError:
+            return None
 
     def _launcher_object(self, outdir: Path, headers: list[str], flags: list[str]) -> Path:
         """``cpu_launcher.cpp`` compiled against the emitted headers (cached: it depends on the

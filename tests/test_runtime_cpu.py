@@ -396,6 +396,50 @@ def test_build_is_cached_by_content(tmp_path):
         assert r3.module.path != lib1
 
 
+def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_path, monkeypatch):
+    """The emitted headers are precompiled once per flags and instance and shared by every program
+    (one ``cpu_pch`` entry for two programs; a new one for another instance); g++ really uses it
+    (-H marks a precompiled header it loads with '!'); and a library built without it has the
+    same code (the same exported kernels, which compute the same results)."""
+    import json
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
+    pf = CpuPlatform(opt="-O0")
+    inst = Instance("float32", "sum")
+    libs = {}
+    for name, ir in (("ar", ring_allreduce(4)), ("ag", ring_allgather(4))):
+        out = tmp_path / name
+        out.mkdir()
+        generate(ir, out, platforms=["cuda"] * ir.nranks)
+        man = json.loads((out / "manifest.json").read_text())
+        libs[name] = (out, man, pf.build(out, man, inst))
+    pch = list((tmp_path / "cache" / "cpu_pch").iterdir())
+    assert len(pch) == 1 and (pch[0] / "hccc_prims.h.gch").stat().st_size > 0
+    out, man, lib = libs["ar"]
+    flags = [*cpu_module._CXX_FLAGS, "-O0"]
+    define = "-DHCCC_FOR_EACH_INSTANCE(X)=X(float32, float, sum, HCCC_SUM)"
+    unit = tmp_path / "unit.cpp"
+    unit.write_text(f'#include "{man["ranks"][0]["source"]}"\n')
+    used = subprocess.run(["g++", *flags, define, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
+                           "-I", str(out), "-fsyntax-only", str(unit)], capture_output=True, text=True,
+                          cwd=str(tmp_path))
+    assert used.returncode == 0 and "! " in used.stderr and "hccc_prims.h.gch" in used.stderr, used.stderr
+    monkeypatch.setattr(CpuPlatform, "_prims_pch", lambda self, *a: None)
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "plain"))
+    plain = CpuPlatform(opt="-O0").build(out, man, inst)
+    assert plain != lib
+    syms = [subprocess.run(["nm", "-D", "--defined-only", str(x)], capture_output=True, text=True).stdout
+            for x in (lib, plain)]
+    assert syms[0] == syms[1] and "_r0_float32_sum" in syms[0]
+    monkeypatch.undo()
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
+    pf.build(out, man, Instance("int32", "max"))
+    assert len(list((tmp_path / "cache" / "cpu_pch").iterdir())) == 2
+    res = run_program(ring_allreduce(4), backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
+    assert res.ok
+
+
 @pytest.mark.slow   # g++ builds per rank from an empty cache
 def test_a_process_builds_only_its_ranks_and_caches_per_rank(pf, tmp_path, monkeypatch):
     """A process that runs some ranks (one rank per process: ``hccc.Communicator``) compiles only
