@@ -29,7 +29,7 @@ def test_mixed_vendor_compares_ring_c2c_and_synthesis():
     mv = _load("mixed_vendor")
     topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")
     for coll in ("allgather", "allreduce"):
-        algs = mv.algorithms(topo, coll, None, synth_time=5.0)
+        algs = mv.algorithms(topo, coll, None, synth_time=60.0)   # a cap (about 3 s here): 5 s failed on a loaded machine
         labels = [a[0] for a in algs]
         assert labels[0] == "flat ring" and any(lb.startswith("c2c") for lb in labels)
         assert labels[-1].startswith("synth") and algs[-1][3] is not None
@@ -42,7 +42,7 @@ def test_mixed_vendor_compares_ring_c2c_and_synthesis():
 def test_alltoall_benchmark_compares_direct_hierarchical_c2c_and_synthesis():
     a2a = _load("alltoall")
     topo = load_topology(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo")
-    algs = a2a.algorithms(topo, synth_time=5.0)
+    algs = a2a.algorithms(topo, synth_time=60.0)   # a cap, not the time it takes
     labels = [a[0] for a in algs]
     assert labels[:3] == ["direct", "hierarchical", "c2c"] and labels[-1].startswith("synth")
     for _, alg, _ in algs:
