@@ -93,6 +93,18 @@ def asan_loaded() -> bool:
         return False
 
 
+def instance_define(instance: Instance) -> str:
+    """The ``-D`` that compiles only ``instance``'s kernels (dtype, C type, op, reduction constant)."""
+    return (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
+            f"{instance.op}, {REDOPS[instance.op]})")
+
+
+def _copy_headers(outdir: Path, headers: list[str], dest: Path) -> None:
+    """The emitted headers, copied into a cache entry's build directory."""
+    for h in headers:
+        shutil.copyfile(outdir / h, dest / h)
+
+
 def _launcher_source() -> str:
     return resources.files("hccc.runtime").joinpath("cpu_launcher.cpp").read_text()
 
@@ -400,12 +412,13 @@ class CpuPlatform(Platform):
                 raise PlatformError(f"manifest.json: {name!r} is not a plain file name")
         compiler = self._compiler_id()
         exe = self._cxx_exe
-        define = (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
-                  f"{instance.op}, {REDOPS[instance.op]})")
+        define = instance_define(instance)
         flags = ([*_CXX_FLAGS, self.opt, *(_ASAN_FLAGS if self.sanitize else [])]
                  + (["-DHCCC_SINGLE_GPU=1"] if single_gpu else []))
-        launcher_obj = self._launcher_object(outdir, headers, flags)
-        pch = self._prims_pch(outdir, headers, flags, define)
+        # the launcher and the precompiled headers depend on the headers, not on the program
+        headers_digest = cache.files_digest([outdir / h for h in headers], outdir)
+        launcher_obj = self._launcher_object(outdir, headers, headers_digest, flags)
+        pch = self._prims_pch(outdir, headers, headers_digest, flags, define)
         key = cache.content_key(
             "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
             cache.files_digest([outdir / f for f in sources + headers], outdir))
@@ -446,7 +459,8 @@ class CpuPlatform(Platform):
 
         return cache.entry("cpu", key, make, root=self.cache_dir) / "module.so"
 
-    def _prims_pch(self, outdir: Path, headers: list[str], flags: list[str], define: str) -> Path | None:
+    def _prims_pch(self, outdir: Path, headers: list[str], headers_digest: str, flags: list[str],
+                   define: str) -> Path | None:
         """The directory holding ``hccc_prims.h.gch``: the emitted headers precompiled by g++ with
         the build's flags and instance (cached: like the launcher, it depends on the headers, the
         flags and the instance only, so every program of one hccc version shares it). Parsing the
@@ -460,14 +474,12 @@ class CpuPlatform(Platform):
         if self.sanitize or PCH_HEADER not in headers or "clang" in self._compiler_id().lower():
             return None
         exe = self._cxx_exe
-        key = cache.content_key("cpu-pch", self._compiler_id(), " ".join(flags), define,
-                                cache.files_digest([outdir / h for h in headers], outdir))
+        key = cache.content_key("cpu-pch", self._compiler_id(), " ".join(flags), define, headers_digest)
 
         def make(tmp: Path) -> None:
             src = tmp / "src"
             src.mkdir()
-            for h in headers:
-                shutil.copyfile(outdir / h, src / h)
+            _copy_headers(outdir, headers, src)
             res = subprocess.run([exe, *flags, define, "-x", "c++-header", str(src / PCH_HEADER),
                                   "-o", str(tmp / f"{PCH_HEADER}.gch")], capture_output=True, text=True)
             shutil.rmtree(src)
@@ -479,17 +491,16 @@ class CpuPlatform(Platform):
         except PlatformError:
             return None
 
-    def _launcher_object(self, outdir: Path, headers: list[str], flags: list[str]) -> Path:
+    def _launcher_object(self, outdir: Path, headers: list[str], headers_digest: str,
+                         flags: list[str]) -> Path:
         """``cpu_launcher.cpp`` compiled against the emitted headers (cached: it depends on the
         headers and flags only, not on the program)."""
         exe = self._cxx_exe
         launcher = _launcher_source()
-        key = cache.content_key("cpu-launcher", self._compiler_id(), " ".join(flags), launcher,
-                                cache.files_digest([outdir / h for h in headers], outdir))
+        key = cache.content_key("cpu-launcher", self._compiler_id(), " ".join(flags), launcher, headers_digest)
 
         def make(tmp: Path) -> None:
-            for h in headers:
-                shutil.copyfile(outdir / h, tmp / h)
+            _copy_headers(outdir, headers, tmp)
             (tmp / "launcher.cpp").write_text(launcher)
             res = subprocess.run([exe, *flags, "-I", str(tmp), "-c", str(tmp / "launcher.cpp"), "-o",
                                   str(tmp / "launcher.o")], capture_output=True, text=True)

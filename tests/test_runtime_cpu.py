@@ -418,7 +418,7 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     assert len(pch) == 1 and (pch[0] / "hccc_prims.h.gch").stat().st_size > 0
     out, man, lib = libs["ar"]
     flags = [*cpu_module._CXX_FLAGS, "-O0"]
-    define = "-DHCCC_FOR_EACH_INSTANCE(X)=X(float32, float, sum, HCCC_SUM)"
+    define = cpu_module.instance_define(inst)
     unit = tmp_path / "unit.cpp"
     unit.write_text(f'#include "{man["ranks"][0]["source"]}"\n')
     used = subprocess.run(["g++", *flags, define, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
