@@ -2,9 +2,13 @@
 
 An entry is a directory ``ROOT/KIND/KEY`` whose name is the SHA-256 of everything that determines
 its contents (IR JSON, templates, platform, instance, compiler and flags, hccc version). It is
-built in a private temporary directory next to it and published with one atomic ``rename``; a
-process that loses the race (another pytest-xdist worker published the same key first) discards
-its copy and uses the winner's. Published entries are never modified, so readers need no locks.
+built in a private temporary directory next to it and published with one atomic ``rename``.
+Processes that want the same missing entry at once (the ranks of one job, each in its own process,
+all needing the same launcher object and precompiled headers) take turns on a per-key lock file
+(``KIND/.KEY.lock``): the first builds, the others wait for it and use its entry instead of
+building copies of their own (after :data:`LOCK_WAIT_S` without the lock a process builds anyway;
+one that still loses the race discards its copy and uses the winner's). Published entries are
+never modified, so readers need no locks.
 
 ``ROOT`` is ``$HCCC_CACHE_DIR`` when set, else the platform's user cache directory for hccc as
 ``platformdirs`` gives it (``$XDG_CACHE_HOME/hccc``, by default ``~/.cache/hccc``, on Linux;
@@ -44,6 +48,8 @@ _DONE = ".complete"
 
 #: a temporary build directory younger than this is never taken for a killed run's leftover
 STALE_AFTER_S = 1.0
+#: how long a process waits for another's build of the same entry before building its own copy
+LOCK_WAIT_S = 600.0
 
 
 class CacheTrustError(PlatformError):
@@ -217,6 +223,56 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
     except FileExistsError:
         pass
     _check_owned(base, "cache directory", directory=True)
+    turn = _take_turn(base / f".{key}.lock")
+    try:
+        if (final / _DONE).is_file():
+            # built by the process whose turn it was while this one waited
+            check_entry(final)
+            return final
+        return _build(base, key, final, build)
+    finally:
+        if turn is not None:
+            _end_turn(base / f".{key}.lock", turn)
+
+
+def _take_turn(path: Path) -> int | None:
+    """The per-key lock file ``path`` opened and locked (the caller builds, or uses what the
+    previous holder built); None where it cannot be had: not a regular file of the user's, or
+    still held by another build after :data:`LOCK_WAIT_S` (then the caller builds a copy)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        return None
+    deadline = time.monotonic() + LOCK_WAIT_S
+    pause = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
+def _end_turn(path: Path, fd: int) -> None:
+    """Remove the lock file (a waiter that opened it before finds the entry published, or builds
+    it itself if the build failed) and release it."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> Path:
+    """Build the entry in a private temporary directory and publish it as ``final``."""
     clean_stale_builds(base)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=base))
     lock = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -243,4 +299,4 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
 
 
 __all__ = ["cache_root", "content_key", "files_digest", "entry", "CacheTrustError", "check_root",
-           "check_entry", "clean_stale_builds", "STALE_AFTER_S"]
+           "check_entry", "clean_stale_builds", "STALE_AFTER_S", "LOCK_WAIT_S"]

@@ -368,6 +368,49 @@ def test_cache_entry_is_atomic_under_concurrent_builders(tmp_path):
     assert leftovers == []                              # losers cleaned up their private copies
 
 
+def _build_counted(root, key, log, fail, start, results):
+    import os as _os
+    import time as _time
+    from hccc.runtime import cache as c
+
+    def build(tmp):
+        with open(log, "a") as f:
+            f.write(f"{_os.getpid()}\n")
+        _time.sleep(0.5)
+        if fail:
+            raise RuntimeError("compiler failed")
+        (tmp / "value").write_text("v")
+    start.wait()
+    try:
+        results.put(str(c.entry("turns", key, build, root=root)))
+    except RuntimeError:
+        results.put(None)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_cache_entry_is_built_once_by_processes_that_want_it_at_once(tmp_path, fail):
+    """Processes that miss the same entry at once (a job's ranks, each in its own process) take
+    turns: the first builds it and the others use its entry (one build, not one per process); where
+    that build fails, the next in turn tries again (every process builds, each failing)."""
+    key = cache.content_key("turns", fail)
+    log = tmp_path / "builds.log"
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_build_counted, args=(str(tmp_path / "c"), key, str(log), fail, start, results))
+             for _ in range(4)]
+    for q in procs:
+        q.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for q in procs:
+        q.join(30)
+    builds = log.read_text().split()
+    if fail:
+        assert got == [None] * 4 and len(builds) == 4
+    else:
+        assert len(set(got)) == 1 and None not in got and len(builds) == 1, builds
+    assert [q.name for q in (tmp_path / "c" / "turns").iterdir()] == ([] if fail else [key])
+
+
 def test_cache_failed_build_leaves_nothing(tmp_path):
     def build(tmp):
         (tmp / "half").write_text("x")
