@@ -22,19 +22,22 @@ settings.register_profile("thorough", deadline=None, max_examples=1000, derandom
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 
-#: the kernel property tests the slow set runs again with the CPU emulation's default -O1 build
+#: the kernel property tests (and the LL protocol's, whose flags and data share a store) the slow
+#: set runs again with the CPU emulation's default -O1 build
 OPTIMISED_RERUN = ("test_kernels_property.py", "test_channels.py", "test_direct_safe.py",
-                   "test_fused_channels.py", "test_one_grid.py")
+                   "test_fused_channels.py", "test_one_grid.py", "test_ll_protocol.py")
 
 
 def pytest_configure(config):
-    """README's command (the default ``-m 'not slow'``) builds the CPU emulation's kernels at -O0:
-    g++ takes about half as long, and a cold run compiles hundreds of them. The emitted source, the
-    emulation header and every check are the same; the slow set (``-m slow``) keeps the platform's
-    -O1 and reruns the kernel property tests (:data:`OPTIMISED_RERUN`) with it, so CI proves both
-    builds. A user's own HCCC_CPU_OPT always wins."""
+    """README's command (the default ``-m 'not slow'``) and the slow set (``-m slow``, CI's second
+    command) build the CPU emulation's kernels at -O0: g++ takes about half as long, and a cold run
+    compiles hundreds of them. The emitted source, the emulation header and every check are the
+    same; the slow set reruns the kernel property tests (:data:`OPTIMISED_RERUN`) with the
+    platform's -O1 (``test_kernels_optimised.py``), so CI proves both builds. A user's own
+    HCCC_CPU_OPT always wins."""
     global DEFAULT_RUN_AT_O0
-    if "HCCC_CPU_OPT" not in os.environ and (config.option.markexpr or "").replace(" ", "") == "notslow":
+    if "HCCC_CPU_OPT" not in os.environ and \
+            (config.option.markexpr or "").replace(" ", "") in ("notslow", "slow"):
         os.environ["HCCC_CPU_OPT"] = "-O0"
         os.environ["HCCC_CPU_OPT_SET_BY_TESTS"] = "-O0"     # pytest-xdist's workers inherit both
         DEFAULT_RUN_AT_O0 = True

@@ -1,5 +1,6 @@
 """The kernel property tests with the CPU emulation built as ``hccc run`` builds it (-O1): README's
-command builds at -O0 for speed (``conftest.pytest_configure``); this child pytest, in the slow set,
+command and the slow set build at -O0 for speed (``conftest.pytest_configure``); this child pytest,
+in the slow set,
 runs the same property tests against the optimised build, where the compiler may reorder what the
 emulated memory model does not order."""
 from __future__ import annotations
@@ -32,12 +33,12 @@ def test_kernel_properties_with_the_optimised_emulation(test_file):
 
 
 def test_readme_command_builds_the_emulation_at_o0_and_the_rerun_list_exists():
-    """Under README's command the emulation builds at -O0 (unless the user set HCCC_CPU_OPT), and
-    every file the slow set reruns optimised exists."""
+    """Under README's command and the slow set the emulation builds at -O0 (unless the user set
+    HCCC_CPU_OPT), and every file the slow set reruns optimised exists."""
     import conftest
     from hccc.runtime.cpu import CpuPlatform
     for f in OPTIMISED_RERUN:
         assert (HERE / f).is_file(), f
     if not conftest.DEFAULT_RUN_AT_O0:
-        pytest.skip("HCCC_CPU_OPT given, or not README's command")
+        pytest.skip("HCCC_CPU_OPT given, or neither README's command nor the slow set")
     assert CpuPlatform().opt == "-O0"
