@@ -1,8 +1,7 @@
 """The kernel property tests with the CPU emulation built as ``hccc run`` builds it (-O1): README's
 command and the slow set build at -O0 for speed (``conftest.pytest_configure``); this child pytest,
-in the slow set,
-runs the same property tests against the optimised build, where the compiler may reorder what the
-emulated memory model does not order."""
+in the slow set, runs the same property tests against the optimised build, where the compiler may
+reorder what the emulated memory model does not order."""
 from __future__ import annotations
 
 import os
