@@ -451,7 +451,7 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     pf = CpuPlatform(opt="-O0")
     inst = Instance("float32", "sum")
     libs = {}
-    for name, ir in (("ar", ring_allreduce(4)), ("ag", ring_allgather(4))):
+    for name, ir in (("ar", ring_allreduce(2)), ("ag", ring_allgather(2))):
         out = tmp_path / name
         out.mkdir()
         generate(ir, out, platforms=["cuda"] * ir.nranks)
@@ -479,7 +479,7 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     pf.build(out, man, Instance("int32", "max"))
     assert len(list((tmp_path / "cache" / "cpu_pch").iterdir())) == 2
-    res = run_program(ring_allreduce(4), backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
+    res = run_program(ring_allreduce(2), backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
     assert res.ok
 
 
