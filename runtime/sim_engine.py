@@ -6,8 +6,7 @@ extra ``sim``, is installed); :func:`run` picks the variant. Everything here wor
 flat numpy arrays prepared by :mod:`hccc.runtime.sim_model`; the model itself (what a thread block
 does, how bandwidth is shared) is documented in :mod:`hccc.runtime.simulator`.
 
-Data layout (G thread blocks, P primitives, C connections, R resources, NCL flow classes, KS =
-shared resources per class):
+Data layout (G thread blocks, P primitives, C connections, R resources, NCL flow classes):
 
 * a TB ``g`` owns primitives ``tb_ptr[g] .. tb_ptr[g+1]-1`` and runs them in that order;
 * primitive flags ``1`` send, ``2`` receive, ``4`` reduce; connection ids, FIFO positions
@@ -23,9 +22,10 @@ shared resources per class):
 * flows over routes with the same shared resources and the same cap form a *class*
   (:func:`hccc.runtime.sim_model.flow_classes`: ``route_cls``, ``rank_cls``; its shared resources
   ``cls_sh[cls_ptr[c]:cls_ptr[c+1]]``, its cap ``cls_cap[c]``), which max-min gives one rate. A
-  class counts its member flows (``cls_n``); a shared resource keeps a doubly-linked list of the
-  classes with members on it (incidences ``c*KS + j``) and counts its flows (``res_n``, as every resource
-  does for its busy time).
+  class counts its member flows (``cls_n``); every resource counts its flows (``res_n``, for its
+  busy time and a shared one for the sharing), and the classes with members are listed, swapped
+  out when they empty, per part and per shared resource (:func:`_cls_on`), for the sharing to
+  visit only those.
 
 Events live in one indexed binary heap over items ``0..NCL-1`` (the next completion of a member
 of class ``c``) and ``NCL..NCL+C-1`` (the next pending slot of connection ``c`` becoming visible
@@ -36,7 +36,8 @@ while they run, and a change of rate re-times one event-heap item, not every mem
 are brought up to the time of the change in one pass, without reordering). All events of one
 instant are processed before bandwidth shares are recomputed, once per part (a connected
 component of the shared resources over all the program's classes) touched: progressive filling
-over classes, max-min fair. A unit of work is an event or a class re-shared.
+over classes, max-min fair, over the part's lists of classes with members (:func:`_share`). A
+unit of work is an event or a class re-shared.
 """
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ W_NONE = 0
 W_DEP = 1
 W_DATA = 2
 W_SLOT = 3
+
+# Columns of the event loop's table of primitives (``pr``: a row per primitive)
+PR_FLAGS = 0
+PR_DEP0 = 1         # its dependencies dep_on[PR_DEP0:PR_DEP1]
+PR_DEP1 = 2
+PR_RCONN = 3
+PR_RPOS = 4
+PR_SCONN = 5
+PR_SPOS = 6
+PR_CHUNK = 7
+PR_CNT = 8
+PR_LINK = 9
+PR_RANK = 10
+PR_RDEP0 = 11       # the TBs that wait for it, rdep_tb[PR_RDEP0:PR_RDEP1]
+PR_RDEP1 = 12
+PR_WIDTH = 16       # two cache lines
 
 # Interval kinds recorded for the timeline
 K_SEND = 0
@@ -200,34 +217,64 @@ def _heap_pop(hkey, hitem, hpos, hn, h, base):
 
 
 # ---------------------------------------------------------------------------- flows
-def _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch):
-    """List resource ``r`` for the next share, once per instant (``dirty_epoch``)."""
-    if dirty_mark[r] != dirty_epoch:
-        dirty_mark[r] = dirty_epoch
-        dirty[dirty_n[0]] = r
+def _mark_dirty(p, dirty, dirty_n, dirty_mark, dirty_epoch):
+    """List part ``p`` for the next share, once per instant (``dirty_epoch``)."""
+    if dirty_mark[p] != dirty_epoch:
+        dirty_mark[p] = dirty_epoch
+        dirty[dirty_n[0]] = p
         dirty_n[0] += 1
 
 
-def _list_push(head, nxt, prv, h, x):
-    """Put node ``x`` first in the doubly-linked list whose first node is ``head[h]``."""
-    f = head[h]
-    nxt[x] = f
-    prv[x] = -1
-    if f >= 0:
-        prv[f] = x
-    head[h] = x
+def _cls_on(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr,
+            pact, pact_n, cls_ppos):
+    """Class ``c``, which has a member again, joins the list of its part's classes with members
+    (``pact`` from ``part_cls_ptr[p]``, ``pact_n[p]`` of them) and each of its shared resources'
+    lists (a slot ``s``'s from ``slot_ptr[s]``, ``slot_n[s]`` of them: the class, and the
+    incidence ``j`` of ``cls_sh`` it is there by, whose place ``inc_pos[j]`` is)."""
+    a = cls_ptr[c]
+    b = cls_ptr[c + 1]
+    if a == b:
+        return
+    p = part_of[cls_sh[a]]
+    q = pact_n[p]
+    pact[part_cls_ptr[p] + q] = c
+    cls_ppos[c] = q
+    pact_n[p] = q + 1
+    for j in range(a, b):
+        s = sh_slot[j]
+        q = slot_n[s]
+        slot_cls[slot_ptr[s] + q] = c
+        slot_inc[slot_ptr[s] + q] = j
+        inc_pos[j] = q
+        slot_n[s] = q + 1
 
 
-def _list_remove(head, nxt, prv, h, x):
-    """Take node ``x`` out of the doubly-linked list whose first node is ``head[h]``."""
-    p = prv[x]
-    n = nxt[x]
-    if p >= 0:
-        nxt[p] = n
-    else:
-        head[h] = n
-    if n >= 0:
-        prv[n] = p
+def _cls_off(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr,
+             pact, pact_n, cls_ppos):
+    """Class ``c``, left without members, leaves the lists :func:`_cls_on` put it in (the last
+    entry of each list takes its place)."""
+    a = cls_ptr[c]
+    b = cls_ptr[c + 1]
+    if a == b:
+        return
+    p = part_of[cls_sh[a]]
+    base = part_cls_ptr[p]
+    q = cls_ppos[c]
+    last = pact_n[p] - 1
+    o = pact[base + last]
+    pact[base + q] = o
+    cls_ppos[o] = q
+    pact_n[p] = last
+    for j in range(a, b):
+        s = sh_slot[j]
+        base = slot_ptr[s]
+        q = inc_pos[j]
+        last = slot_n[s] - 1
+        o = slot_inc[base + last]
+        slot_cls[base + q] = slot_cls[base + last]
+        slot_inc[base + q] = o
+        inc_pos[o] = q
+        slot_n[s] = last
 
 
 def _cls_advance(c, t, cls_rate, cls_vt, mkey, mn, moff):
@@ -251,14 +298,16 @@ def _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
         retime_n[0] += 1
 
 
-def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
-                res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey,
-                mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch):
+def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, part_of, sh_slot,
+                slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
+                res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n,
+                in_retime, dirty, dirty_n, dirty_mark, dirty_epoch):
     """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` (``red``: a reduction's,
     on ``rank_cres``) at time t; ``c`` is its class. Every resource counts the flow (busy time,
     and ``res_n`` is how many flows a shared resource's filling divides); the class gains a
     member (in its heap by the bytes left to each at ``cls_vt``; it ends once the class, at
-    ``cls_rate``, has carried them), and joins its shared resources' lists when it was empty."""
+    ``cls_rate``, has carried them), and joins its part's and its shared resources' lists when
+    it was empty (:func:`_cls_on`); its part is listed for the share."""
     fl_cls[g] = c
     fl_lo[g] = lo
     fl_hi[g] = hi
@@ -272,16 +321,18 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, c
     cls_n[c] += 1
     _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime)
     a = cls_ptr[c]
-    for j in range(a, cls_ptr[c + 1]):
-        r = cls_sh[j]
+    if a < cls_ptr[c + 1]:
         if cls_n[c] == 1:
-            _list_push(res_head, inc_next, inc_prev, r, c * KS + (j - a))
-        _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
+            _cls_on(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos,
+                    part_cls_ptr, pact, pact_n, cls_ppos)
+        _mark_dirty(part_of[cls_sh[a]], dirty, dirty_n, dirty_mark, dirty_epoch)
 
 
-def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev, res_n,
-               res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch):
-    """TB g's ended flow leaves its resources and its class."""
+def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr, slot_cls, slot_inc,
+               slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
+               fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch):
+    """TB g's ended flow leaves its resources and its class (and the class its lists when it
+    has no member left: :func:`_cls_off`); its part is listed for the share."""
     for k in range(fl_lo[g], fl_hi[g]):
         r = rank_cres[k] if fl_red[g] else route_res[k]
         res_n[r] -= 1
@@ -290,11 +341,11 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head,
     c = fl_cls[g]
     cls_n[c] -= 1
     a = cls_ptr[c]
-    for j in range(a, cls_ptr[c + 1]):
-        r = cls_sh[j]
+    if a < cls_ptr[c + 1]:
         if cls_n[c] == 0:
-            _list_remove(res_head, inc_next, inc_prev, r, c * KS + (j - a))
-        _mark_dirty(r, dirty, dirty_n, dirty_mark, dirty_epoch)
+            _cls_off(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos,
+                     part_cls_ptr, pact, pact_n, cls_ppos)
+        _mark_dirty(part_of[cls_sh[a]], dirty, dirty_n, dirty_mark, dirty_epoch)
     fl_cls[g] = -1
 
 
@@ -312,62 +363,59 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
     retime_n[0] = 0
 
 
-def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-           cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls, mark_part,
-           epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters):
-    """Max-min fair rates (progressive filling) on every part touching a dirty resource; a class
+def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff, part_res_ptr,
+           part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n, comp_res, rem, cnt,
+           frozen, new_rate, stack, retime, retime_n, in_retime, counters):
+    """Max-min fair rates (progressive filling) on every dirty part (``dirty[:ndirty]``); a class
     whose rate changes has its members brought up to t and is listed for re-timing
     (:func:`_retime`). A *part* is a connected component of the shared resources and the classes
-    over them, all the program's classes counted (``part_of[r]``, CSR ``part_res``/``part_cls``):
-    the components of the classes with flows now partition it, and max-min over several
-    components is max-min on each, so a part is filled whole, over its resources and classes
-    with flows.
+    over them, all the program's classes counted (:func:`_parts`): the components of the classes
+    with flows now partition it, and max-min over several components is max-min on each, so a
+    part is filled whole, over its resources and classes with flows.
 
     The filling works on *classes* (:func:`hccc.runtime.sim_model.flow_classes`): flows with
     the same shared resources and the same cap, which max-min gives one rate. A class counts on
     each of its shared resources with its members (``res_n`` counts the flows) and freezes whole.
     Private resources (never deciding a rate max-min over the others would not, ``res_private``)
     are in no class's list: their least capacity is the class's cap (a class's cap freezes it at
-    that level)."""
+    that level).
+
+    It works on the part's own lists, kept as flows come and go (:func:`_cls_on`): the classes
+    with members (``pact``) and, per shared resource, the classes with members on it
+    (``slot_cls``); a shared resource is addressed by its *slot*, its place in the part's
+    resources (``part_res``), where ``slot_cap`` copies its capacity and ``rem``/``cnt`` (the
+    capacity left and the flows still rising over it) live, so a part's are side by side. Each
+    level scans the resources still carrying rising classes (compacted after each level) for the
+    least fair share ``rem / cnt``; the classes on the resources that fill at a level, or whose cap
+    it reaches, freeze at it and leave the counts of their resources."""
     for d in range(ndirty):
-        r0 = dirty[d]
-        p = part_of[r0]
-        if p < 0 or mark_part[p] == epoch:
-            continue
-        mark_part[p] = epoch
-        # ---- the part's resources and classes with flows now
-        nres = 0
-        for k in range(part_res_ptr[p], part_res_ptr[p + 1]):
-            r = part_res[k]
-            if res_n[r] > 0:
-                comp_res[nres] = r
-                nres += 1
-        ncl = 0
-        for k in range(part_cls_ptr[p], part_cls_ptr[p + 1]):
-            c = part_cls[k]
-            if cls_n[c] > 0:
-                comp_cls[ncl] = c
-                ncl += 1
+        p = dirty[d]
+        ncl = pact_n[p]
         if ncl == 0:
             continue
+        cb = part_cls_ptr[p]
         counters[1] += 1
         counters[2] += ncl
         # ---- progressive filling over the shared resources still carrying rising classes
-        # (``comp_res`` keeps them, compacted after each level; ``stack`` holds a level's saturated
-        # ones) and the least cap among the rising classes
+        # (``comp_res`` keeps their slots in the part's order, compacted after each level;
+        # ``stack`` holds a level's saturated ones) and the least cap among the rising classes
         best = _INF
         arg = -1
-        for k in range(nres):
-            r = comp_res[k]
-            rem[r] = res_cap[r]
-            cnt[r] = res_n[r]
-            s = rem[r] / cnt[r]
-            if s < best:
-                best = s
-                arg = r
+        nres = 0
+        for k in range(part_res_ptr[p], part_res_ptr[p + 1]):
+            n = res_n[part_res[k]]
+            if n > 0:
+                comp_res[nres] = k
+                nres += 1
+                rem[k] = slot_cap[k]
+                cnt[k] = n
+                s = slot_cap[k] / n
+                if s < best:
+                    best = s
+                    arg = k
         capmin = _INF
-        for k in range(ncl):
-            c = comp_cls[k]
+        for q in range(cb, cb + ncl):
+            c = pact[q]
             frozen[c] = False
             if cls_cap[c] < capmin:
                 capmin = cls_cap[c]
@@ -383,33 +431,34 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
             for k in range(na):
                 r = comp_res[k]
                 rem[r] -= step * cnt[r]
-                if (r == arg and step == best) or rem[r] <= 1e-12 * res_cap[r]:
+                if (r == arg and step == best) or rem[r] <= 1e-12 * slot_cap[r]:
                     stack[nsat] = r
                     nsat += 1
             for q in range(nsat):
-                inc = res_head[stack[q]]
-                while inc >= 0:
-                    c = inc_cls[inc]
+                r = stack[q]
+                for i in range(slot_ptr[r], slot_ptr[r] + slot_n[r]):
+                    c = slot_cls[i]
                     if not frozen[c]:
                         frozen[c] = True
                         new_rate[c] = level
                         left -= 1
+                        n = cls_n[c]
                         for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                            cnt[cls_sh[j]] -= cls_n[c]
-                    inc = inc_next[inc]
+                            cnt[sh_slot[j]] -= n
             if capped:
                 # the classes whose cap this level reached freeze at it; the next cap among the rest
                 nxt = _INF
-                for k in range(ncl):
-                    c = comp_cls[k]
+                for q in range(cb, cb + ncl):
+                    c = pact[q]
                     if frozen[c]:
                         continue
                     if cls_cap[c] <= level:
                         frozen[c] = True
                         new_rate[c] = cls_cap[c]
                         left -= 1
+                        n = cls_n[c]
                         for j in range(cls_ptr[c], cls_ptr[c + 1]):
-                            cnt[cls_sh[j]] -= cls_n[c]
+                            cnt[sh_slot[j]] -= n
                     elif cls_cap[c] < nxt:
                         nxt = cls_cap[c]
                 capmin = nxt
@@ -428,8 +477,8 @@ def _share(t, dirty, ndirty, inc_cls, res_cap, res_head, res_n, inc_next, cls_pt
                         arg = r
             na = w
         # ---- apply: every class whose rate changed, its members brought up to t
-        for k in range(ncl):
-            c = comp_cls[k]
+        for q in range(cb, cb + ncl):
+            c = pact[q]
             nr = new_rate[c]
             if nr == cls_rate[c]:
                 continue
@@ -501,13 +550,33 @@ def _parts(R, NCL, cls_ptr, cls_sh):
     return part_of, res_ptr, res, cls_ptr_p, cls
 
 
+def _slots(NCL, cls_ptr, cls_sh, res_cap, part_of, part_res_ptr, part_res):
+    """Where :func:`_share` keeps a part's shared resources: ``sh_slot`` (per entry of
+    ``cls_sh``: the slot of the resource, its place in ``part_res``), ``slot_ptr`` (CSR: room in
+    a slot's list for every class over it) and ``slot_cap`` (a slot's capacity)."""
+    n = part_res.shape[0]
+    slot_of = np.full(res_cap.shape[0], -1, np.int64)
+    slot_cap = np.empty(n, np.float64)
+    for k in range(n):
+        slot_of[part_res[k]] = k
+        slot_cap[k] = res_cap[part_res[k]]
+    sh_slot = np.empty(cls_sh.shape[0], np.int64)
+    slot_ptr = np.zeros(n + 1, np.int64)
+    for j in range(cls_sh.shape[0]):
+        sh_slot[j] = slot_of[cls_sh[j]]
+        slot_ptr[sh_slot[j] + 1] += 1
+    for k in range(n):
+        slot_ptr[k + 1] += slot_ptr[k]
+    return sh_slot, slot_ptr, slot_cap
+
+
 # ---------------------------------------------------------------------------- the event loop
 def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                tb_ptr, p_flags, p_sconn, p_rconn, p_spos, p_rpos, p_cnt, p_chunk, p_rank, p_link,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
                link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
-               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, KS, take_over, budget, deadline):
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, take_over, budget, deadline):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
@@ -583,30 +652,32 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     retime = np.empty(NCL, np.int64)    # classes to re-time after the share of t
     retime_n = np.zeros(1, np.int64)
     in_retime = np.zeros(NCL, np.bool_)
-    res_head = np.full(R, -1, np.int64)
     res_n = np.zeros(R, np.int64)
-    inc_next = np.full(NCL * KS, -1, np.int64)
-    inc_prev = np.full(NCL * KS, -1, np.int64)
-    inc_cls = np.empty(NCL * KS, np.int64)     # the class of an incidence (no division in the filling)
-    for j in range(NCL * KS):
-        inc_cls[j] = j // KS
     res_busy_t0 = np.zeros(R, np.float64)
     res_busy = np.zeros(R, np.float64)
-    dirty = np.empty(R, np.int64)
     clock = np.zeros(2, np.int64)       # the timespec the deadline's clock is read into
-    dirty_n = np.zeros(1, np.int64)
-    dirty_mark = np.zeros(R, np.int64)
-    dirty_epoch = 1
+    # ---- the parts the sharing fills, and their lists of classes with members (:func:`_cls_on`)
     part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = _parts(R, NCL, cls_ptr, cls_sh)
-    mark_part = np.zeros(part_cls_ptr.shape[0], np.int64)
-    share_epoch = 0
-    comp_res = np.empty(R, np.int64)
-    comp_cls = np.empty(NCL, np.int64)
-    rem = np.zeros(R, np.float64)
-    cnt = np.zeros(R, np.int64)
+    sh_slot, slot_ptr, slot_cap = _slots(NCL, cls_ptr, cls_sh, res_cap, part_of, part_res_ptr, part_res)
+    NPART = part_cls_ptr.shape[0] - 1
+    NSLOT = part_res.shape[0]
+    slot_cls = np.empty(cls_sh.shape[0], np.int64)
+    slot_inc = np.empty(cls_sh.shape[0], np.int64)
+    slot_n = np.zeros(NSLOT, np.int64)
+    inc_pos = np.zeros(cls_sh.shape[0], np.int64)
+    pact = np.empty(part_cls.shape[0], np.int64)
+    pact_n = np.zeros(NPART, np.int64)
+    cls_ppos = np.zeros(NCL, np.int64)
+    dirty = np.empty(NPART, np.int64)
+    dirty_n = np.zeros(1, np.int64)
+    dirty_mark = np.zeros(NPART, np.int64)
+    dirty_epoch = 1
+    comp_res = np.empty(NSLOT, np.int64)
+    rem = np.zeros(NSLOT, np.float64)
+    cnt = np.zeros(NSLOT, np.int64)
     frozen = np.zeros(NCL, np.bool_)
     new_rate = np.zeros(NCL, np.float64)
-    stack = np.empty(R, np.int64)
+    stack = np.empty(NSLOT, np.int64)
     # a flow that ended at t stays on its resources until the worklist of t is done: the TB's next
     # flow over the same resources (``fl_key``: the link, or -1 - rank for a reduction) takes it
     # over at the same rate without a re-share (the set of flows, hence max-min, is unchanged)
@@ -638,6 +709,23 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     rec_t0 = np.zeros(nrec_cap, np.float64)
     rec_t1 = np.zeros(nrec_cap, np.float64)
     nrec = 0
+    # ---- each primitive's fields side by side (a row of ``pr``, columns ``PR_*``): a TB's step
+    # reads most of them, from one or two cache lines instead of a line of each array
+    pr = np.zeros((P, PR_WIDTH), np.int64)
+    for p in range(P):
+        pr[p, PR_FLAGS] = p_flags[p]
+        pr[p, PR_DEP0] = dep_ptr[p]
+        pr[p, PR_DEP1] = dep_ptr[p + 1]
+        pr[p, PR_SCONN] = p_sconn[p]
+        pr[p, PR_RCONN] = p_rconn[p]
+        pr[p, PR_SPOS] = p_spos[p]
+        pr[p, PR_RPOS] = p_rpos[p]
+        pr[p, PR_CNT] = p_cnt[p]
+        pr[p, PR_CHUNK] = p_chunk[p]
+        pr[p, PR_RANK] = p_rank[p]
+        pr[p, PR_LINK] = p_link[p]
+        pr[p, PR_RDEP0] = rdep_ptr[p]
+        pr[p, PR_RDEP1] = rdep_ptr[p + 1]
     # counters: [events, share components, share flows, batches]
     counters = np.zeros(4, np.int64)
 
@@ -666,11 +754,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 p = tb_pos[g]
                 m = tb_m[g]
                 i = tb_i[g]
-                fl = p_flags[p]
+                fl = pr[p, PR_FLAGS]
                 if st == S_READY:
                     if not tb_depok[g]:
                         ok = True
-                        for d in range(dep_ptr[p], dep_ptr[p + 1]):
+                        for d in range(pr[p, PR_DEP0], pr[p, PR_DEP1]):
                             if progress[dep_on[d]] < m + 1:
                                 ok = False
                                 break
@@ -682,30 +770,30 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     sc = -1
                     # one slot (message) per primitive and micro-batch: its first chunk waits
                     if fl & F_RECV:
-                        rc = p_rconn[p]
+                        rc = pr[p, PR_RCONN]
                         if i == 0:
                             if mode == 0:
-                                rpost = p_rpos[p] * nmb + m
+                                rpost = pr[p, PR_RPOS] * nmb + m
                             else:
-                                rpost = m * c_total[rc] + p_rpos[p]
+                                rpost = m * c_total[rc] + pr[p, PR_RPOS]
                             if c_tail[rc] <= rpost:
                                 tb_wait[g] = W_DATA
                                 break
                             tb_rpost[g] = rpost
                     if fl & F_SEND:
-                        sc = p_sconn[p]
+                        sc = pr[p, PR_SCONN]
                         if i == 0:
                             if mode == 0:
-                                spost = p_spos[p] * nmb + m
+                                spost = pr[p, PR_SPOS] * nmb + m
                             else:
-                                spost = m * c_total[sc] + p_spos[p]
+                                spost = m * c_total[sc] + pr[p, PR_SPOS]
                             if c_head[sc] + NS <= spost:
                                 tb_wait[g] = W_SLOT
                                 break
                             tb_spost[g] = spost
                     tb_wait[g] = W_NONE
                     # geometry of this slice
-                    ch = (p_chunk[p] + i) % chunk_len.shape[0]   # anchors wrap around
+                    ch = (pr[p, PR_CHUNK] + i) % chunk_len.shape[0]   # anchors wrap around
                     ln = chunk_len[ch]
                     off = m * slice_elems
                     ne = 0
@@ -741,19 +829,19 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 # the send (over its route); ``key`` names its resources for a take-over
                 nph = 0
                 key = c = lo = hi = 0
-                if ph < 1 and (fl & F_REDUCE) and nb > 0.0 and rank_cres[p_rank[p]] >= 0:
+                if ph < 1 and (fl & F_REDUCE) and nb > 0.0 and rank_cres[pr[p, PR_RANK]] >= 0:
                     nph = 1
-                    key = -1 - p_rank[p]
-                    c = rank_cls[p_rank[p]]
-                    lo = p_rank[p]
+                    key = -1 - pr[p, PR_RANK]
+                    c = rank_cls[pr[p, PR_RANK]]
+                    lo = pr[p, PR_RANK]
                     hi = lo + 1
                 elif ph < 2 and (fl & F_SEND):
-                    sc = p_sconn[p]
+                    sc = pr[p, PR_SCONN]
                     if i == 0:
                         c_sstart[sc * NS + tb_spost[g] % NS] = t
                     if nb > 0.0:
                         nph = 2
-                        key = p_link[p]
+                        key = pr[p, PR_LINK]
                         c = route_cls[key]
                         lo = link_res_ptr[key]
                         hi = link_res_ptr[key + 1]
@@ -768,21 +856,22 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                             _member_join(g, fl_cls[g], nb, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
                                          retime, retime_n, in_retime)
                             break
-                        _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next,
-                                   inc_prev, res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty,
-                                   dirty_n, dirty_mark, dirty_epoch)
+                        _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr,
+                                   slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
+                                   res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
+                                   dirty_epoch)
                     fl_key[g] = key
                     red = nph == 1
                     ids = rank_cres if red else link_res
-                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, KS,
-                                res_head, inc_next, inc_prev, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red,
-                                fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n,
-                                dirty_mark, dirty_epoch)
+                    _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, part_of,
+                                sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n,
+                                cls_ppos, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey, mitem,
+                                mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch)
                     break
                 # ---- the unit is complete; the message with the primitive's last chunk
-                last = i + 1 == p_cnt[p]
+                last = i + 1 == pr[p, PR_CNT]
                 if (fl & F_SEND) and last:
-                    sc = p_sconn[p]
+                    sc = pr[p, PR_SCONN]
                     k = tb_spost[g]
                     vt = t + c_alpha[sc]
                     c_vist[sc * NS + k % NS] = vt
@@ -790,7 +879,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     if c_tail[sc] == k:
                         _heap_set(hkey, hitem, hpos, hn, 0, 0, NCL + sc, vt)
                 if (fl & F_RECV) and last:
-                    rc = p_rconn[p]
+                    rc = pr[p, PR_RCONN]
                     c_head[rc] = tb_rpost[g] + 1
                     o = c_stb[rc]
                     if not in_wl[o] and tb_state[o] == S_READY:
@@ -799,10 +888,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                         wn += 1
                 i += 1
                 finished = False
-                if i == p_cnt[p]:
+                if i == pr[p, PR_CNT]:
                     i = 0
                     progress[p] = m + 1
-                    for d in range(rdep_ptr[p], rdep_ptr[p + 1]):
+                    for d in range(pr[p, PR_RDEP0], pr[p, PR_RDEP1]):
                         o = rdep_tb[d]
                         if not in_wl[o] and tb_state[o] == S_READY:
                             in_wl[o] = True
@@ -838,17 +927,15 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             g = pend[q]
             if fl_pend[g]:
                 fl_pend[g] = False
-                _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev,
-                           res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
-                           dirty_epoch)
+                _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr, slot_cls,
+                           slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n, res_busy_t0,
+                           res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch)
         pn = 0
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
-            share_epoch += 1
-            _share(t, dirty, dirty_n[0], inc_cls, res_cap, res_head, res_n, inc_next, cls_ptr, cls_sh, cls_cap, cls_n,
-                   cls_rate, cls_vt, mkey, mn, moff, part_of, part_res_ptr, part_res, part_cls_ptr, part_cls,
-                   mark_part, share_epoch, comp_res, comp_cls, rem, cnt, frozen, new_rate, stack, retime, retime_n,
-                   in_retime, counters)
+            _share(t, dirty, dirty_n[0], res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff,
+                   part_res_ptr, part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
+                   comp_res, rem, cnt, frozen, new_rate, stack, retime, retime_n, in_retime, counters)
             dirty_n[0] = 0
             dirty_epoch += 1
         _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn)
@@ -883,9 +970,10 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     pend[pn] = g
                     pn += 1
                 else:
-                    _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, KS, res_head, inc_next, inc_prev,
-                               res_n, res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n,
-                               dirty_mark, dirty_epoch)
+                    _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr,
+                               slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
+                               res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
+                               dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g
@@ -925,8 +1013,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
 #: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
 #: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
 HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
-           "_list_push", "_list_remove", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_share", "_retime")
-KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
+           "_cls_on", "_cls_off", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_share",
+           "_retime")
+KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_slots", "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 
 

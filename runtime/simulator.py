@@ -194,7 +194,7 @@ def _engine_args(prog: SimProgram, geo: Geometry, execution: str, rec_lim: int, 
             prog.dep_ptr, prog.dep_on, prog.rdep_ptr, prog.rdep_tb,
             prog.c_total, prog.c_stb, prog.c_rtb, prog.c_alpha,
             prog.route_res_ptr, prog.route_res, prog.res_cap, prog.rank_cres, geo.chunk_len,
-            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, int(cls.width), bool(take_over))
+            cls.route_cls, cls.rank_cls, cls.ptr, cls.sh, cls.cap, bool(take_over))
 
 
 def _private(prog: SimProgram) -> np.ndarray:

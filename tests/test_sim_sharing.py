@@ -38,8 +38,8 @@ class Sharing:
         self.ptr = np.r_[0, np.cumsum([len(r) for r in routes])].astype(np.int64)
         self.flat = np.asarray([r for route in routes for r in route], np.int64)
         self.cls = cls = sim_model.flow_classes(self.ptr, self.flat, np.zeros(0, np.int64), self.res_cap, res_private)
-        NCL, KS = len(cls.cap), cls.width
-        self.NCL, self.KS = NCL, KS
+        NCL = len(cls.cap)
+        self.NCL = NCL
         self.fl = (np.full(G, -1, np.int64), np.zeros(G, np.int64), np.zeros(G, np.int64), np.zeros(G, np.bool_))
         self.fl_start = np.zeros(G)
         self.cls_n, self.cls_rate, self.cls_vt = np.zeros(NCL, np.int64), np.zeros(NCL), np.zeros(NCL)
@@ -49,22 +49,27 @@ class Sharing:
         self.mkey, self.mitem = np.empty(G), np.empty(G, np.int64)
         self.mpos, self.mn = np.full(G, -1, np.int64), np.zeros(NCL, np.int64)
         self.retime, self.retime_n, self.in_retime = np.empty(NCL, np.int64), np.zeros(1, np.int64), np.zeros(NCL, np.bool_)
-        self.res_head, self.res_n = np.full(R, -1, np.int64), np.zeros(R, np.int64)
-        self.inc_next, self.inc_prev = np.full(NCL * KS, -1, np.int64), np.full(NCL * KS, -1, np.int64)
+        self.res_n = np.zeros(R, np.int64)
         self.busy_t0, self.busy = np.zeros(R), np.zeros(R)
-        self.dirty, self.dirty_n, self.dirty_mark = np.empty(R, np.int64), np.zeros(1, np.int64), np.zeros(R, np.int64)
         self.hkey, self.hitem = np.empty(NCL), np.empty(NCL, np.int64)
         self.hpos, self.hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
-        self.parts = eng._parts(R, NCL, cls.ptr, cls.sh)
-        nparts = len(self.parts[1])
-        self.mark_part = np.zeros(nparts, np.int64)
+        self.parts = part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = eng._parts(R, NCL, cls.ptr, cls.sh)
+        self.sh_slot, self.slot_ptr, self.slot_cap = eng._slots(NCL, cls.ptr, cls.sh, self.res_cap, part_of,
+                                                                part_res_ptr, part_res)
+        nparts, nslots, nsh = len(part_cls_ptr) - 1, len(part_res), len(cls.sh)
+        # the lists of classes with members (the engine's ``_cls_on``/``_cls_off`` keep them)
+        self.lists = (part_of, self.sh_slot, self.slot_ptr, np.empty(nsh, np.int64), np.empty(nsh, np.int64),
+                      np.zeros(nslots, np.int64), np.zeros(nsh, np.int64), part_cls_ptr,
+                      np.empty(len(part_cls), np.int64), np.zeros(nparts, np.int64), np.zeros(NCL, np.int64))
+        self.dirty, self.dirty_n = np.empty(nparts, np.int64), np.zeros(1, np.int64)
+        self.dirty_mark = np.zeros(nparts, np.int64)
         self.counters = np.zeros(4, np.int64)
         self.running: set[int] = set()
 
     def start(self, g: int, nbytes: float = 1e6) -> None:
         eng._flow_start(g, self.cls.route_cls[g], self.flat, self.ptr[g], self.ptr[g + 1], False, nbytes, self.t,
-                        self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls_vt, self.KS,
-                        self.res_head, self.inc_next, self.inc_prev, self.res_n, self.busy_t0, *self.fl,
+                        self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls_vt, *self.lists,
+                        self.res_n, self.busy_t0, *self.fl,
                         self.fl_start, self.mkey, self.mitem, self.mpos, self.mn, self.moff, self.retime,
                         self.retime_n, self.in_retime, self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
         self.running.add(g)
@@ -79,20 +84,22 @@ class Sharing:
         eng._heap_set(self.hkey, self.hitem, self.hpos, self.hn, 0, 0, c, nxt)
         if not self.mn[c]:
             assert eng._heap_pop(self.hkey, self.hitem, self.hpos, self.hn, 0, 0) == c
-        eng._flow_stop(g, self.t, self.flat, self.flat, self.cls.ptr, self.cls.sh, self.cls_n, self.KS,
-                       self.res_head, self.inc_next, self.inc_prev, self.res_n, self.busy_t0, self.busy, *self.fl,
+        eng._flow_stop(g, self.t, self.flat, self.flat, self.cls.ptr, self.cls.sh, self.cls_n, *self.lists,
+                       self.res_n, self.busy_t0, self.busy, *self.fl,
                        self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
         self.running.discard(g)
 
     def share(self) -> dict[int, float]:
         """The rates of the running flows after the changes since the last share; every class's
         next completion is checked against its rate."""
-        eng._share(self.t, self.dirty, int(self.dirty_n[0]), np.arange(self.NCL * self.KS) // self.KS, self.res_cap,
-                   self.res_head, self.res_n, self.inc_next, self.cls.ptr, self.cls.sh, self.cls.cap, self.cls_n,
-                   self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, *self.parts, self.mark_part, self.epoch,
-                   np.empty(self.R, np.int64), np.empty(self.NCL, np.int64), np.zeros(self.R),
-                   np.zeros(self.R, np.int64), np.zeros(self.NCL, np.bool_), np.zeros(self.NCL),
-                   np.empty(self.R, np.int64), self.retime, self.retime_n, self.in_retime, self.counters)
+        part_of, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, _ = self.lists
+        nslots = len(slot_n)
+        eng._share(self.t, self.dirty, int(self.dirty_n[0]), self.res_n, self.cls.ptr, self.cls.cap, self.cls_n,
+                   self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, self.parts[1], self.parts[2],
+                   part_cls_ptr, self.slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
+                   np.empty(nslots, np.int64), np.zeros(nslots), np.zeros(nslots, np.int64),
+                   np.zeros(self.NCL, np.bool_), np.zeros(self.NCL), np.empty(nslots, np.int64), self.retime,
+                   self.retime_n, self.in_retime, self.counters)
         self.dirty_n[0] = 0
         eng._retime(self.t, self.retime, self.retime_n, self.in_retime, self.cls_rate, self.cls_vt, self.mkey,
                     self.mn, self.moff, self.hkey, self.hitem, self.hpos, self.hn)
@@ -100,7 +107,30 @@ class Sharing:
             first = self.mkey[self.moff[c]]       # the bytes left to the class's first member
             assert self.hkey[self.hpos[c]] == pytest.approx(self.cls_vt[c] + first / self.cls_rate[c], rel=1e-12)
         self.epoch += 1
+        self.check_lists()
         return {g: float(self.cls_rate[self.cls.route_cls[g]]) for g in self.running}
+
+    def check_lists(self) -> None:
+        """The lists the filling visits hold exactly the classes with members: each part's, and
+        each shared resource's (by its slot in its part), with the places ``_cls_off`` swaps by."""
+        part_of, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, ppos = self.lists
+        ptr, sh = self.cls.ptr, self.cls.sh
+        part_res_ptr, part_res = self.parts[1], self.parts[2]
+        for q in range(len(pact_n)):
+            got = pact[part_cls_ptr[q]:part_cls_ptr[q] + pact_n[q]].tolist()
+            want = [c for c in range(self.NCL) if self.cls_n[c] > 0 and ptr[c] < ptr[c + 1]
+                    and part_of[sh[ptr[c]]] == q]
+            assert sorted(got) == want and len(set(got)) == len(got)
+            assert all(ppos[c] == i for i, c in enumerate(got))
+            for k in range(part_res_ptr[q], part_res_ptr[q + 1]):
+                r = part_res[k]
+                lo = slot_ptr[k]
+                got = slot_cls[lo:lo + slot_n[k]].tolist()
+                assert sorted(got) == [c for c in want if r in sh[ptr[c]:ptr[c + 1]].tolist()]
+                for i in range(slot_n[k]):
+                    j = slot_inc[lo + i]
+                    assert sh[j] == r and sh_slot[j] == k and inc_pos[j] == i and ptr[got[i]] <= j < ptr[got[i] + 1]
+                assert self.res_n[r] == sum(self.cls_n[c] for c in got)
 
 
 def share(caps: list[float], routes: list[list[int]], private: bool = False) -> np.ndarray:
