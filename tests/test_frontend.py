@@ -515,3 +515,55 @@ def test_grammar_cache_is_private_and_parses_alike(tmp_path, monkeypatch):
     blocked.write_text("")
     monkeypatch.setenv("HCCC_CACHE_DIR", str(blocked))    # cannot make a directory there
     assert lark_cache("rccl", "grammar text") is False
+
+
+def _ast_dump(x):
+    """Every slot of every AST node (locations as line/column), for comparing parser paths."""
+    from hccc.compiler.frontend import rccl_parser as rp
+    if isinstance(x, list):
+        return [_ast_dump(y) for y in x]
+    if isinstance(x, rp.Node):
+        out = {"node": type(x).__name__}
+        for cls in type(x).__mro__:
+            for slot in getattr(cls, "__slots__", ()):
+                if slot == "key":    # the evaluator's
+                    continue
+                v = getattr(x, slot)
+                out[slot] = (v.line, v.col) if slot.endswith("loc") else _ast_dump(v)
+        return out
+    return x
+
+
+def test_fast_parse_path_builds_the_reference_ast():
+    """parse_program's fast path (AST built during the lark parse) gives the same AST as the
+    reference path (parse tree, then _Builder) on every example, and declines bad programs,
+    which then get the reference path's diagnostics."""
+    from pathlib import Path
+    from hccc.compiler.frontend import rccl_parser as rp
+    from hccc.util.diagnostics import SourceFile
+
+    srcs = [SourceFile.read(p) for p in sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.rccl"))]
+    srcs.append(SourceFile("a.rccl", 'def ResCCLAlgo(nRanks=4, OpType="Allgather",):\n'
+                                     '    x = -(1 + 2) * 3 // 4 % 5 - +x; y = --7\n'
+                                     '    for i in range(x, 4, (\n        1)):\n'
+                                     '        transfer(i % 4, (i + 1) % 4, -i, i / 1, "RRC", 0,); pass\n'
+                                     '    for j in range(2): transfer(0, 1, j, j, Recv)\n'))
+    for src in srcs:
+        fast = rp._parse_fast(src, rp._checked_text(src))
+        ref = rp._parse_reference(src)
+        assert fast.header == ref.header
+        assert _ast_dump(fast.body) == _ast_dump(ref.body), src.name
+        assert _ast_dump(fast.transfers) == _ast_dump(ref.transfers), src.name
+    head = 'ResCCLAlgo(nRanks=4, OpType="Allgather"):\n'
+    for body in ['    transfer(0, 1, 0, 0)\n', '    transfer(0, 1, 0, recv, recv)\n', '    x = "a"\n',
+                 '    transfer(0, 1, 0, 0, send)\n', '    for i in range(): pass\n', '    x = (1\n',
+                 '    x = 1\n      y = 2\n', '    x = ' + '-' * 201 + '1\n', '    x = 99999999999999999999\n',
+                 '    x = 1 ** 2\n', '    transfer(0, 1, 0, 0, recv) $\n']:
+        src = SourceFile("b.rccl", head + body)
+        with pytest.raises(Exception):
+            rp._parse_fast(src, rp._checked_text(src))
+        with pytest.raises(CompileError) as got:
+            rp.parse_program(src)
+        with pytest.raises(CompileError) as want:
+            rp._parse_reference(src)
+        assert render_all(got.value) == render_all(want.value)

@@ -375,3 +375,30 @@ def test_chunked_expansion_equals_sequential(prog, cap):
         check_equivalent(stmts, nsites)
     finally:
         evaluator.CHUNK_ROWS = old
+
+
+@settings(max_examples=examples(50))
+@given(programs())
+def test_both_parser_paths_build_one_ast(prog):
+    """The fast path of parse_program (the AST built during the lark parse) and the reference path
+    (lark's parse tree, then the tree walk that reports every error) agree on generated programs:
+    the same AST where the fast path accepts, and the fast path declines only what the reference
+    path rejects."""
+    from hccc.compiler.frontend import rccl_parser as rp
+    from hccc.util.diagnostics import SourceFile
+    from test_frontend import _ast_dump
+
+    src = SourceFile("gen.rccl", program_text(prog[0]))
+    try:
+        ref = rp._parse_reference(src)
+    except CompileError:
+        ref = None
+    try:
+        fast = rp._parse_fast(src, rp._checked_text(src))
+    except Exception:   # noqa: BLE001 - declined: the reference path must reject it too
+        assert ref is None, program_text(prog[0])
+        return
+    assert ref is not None, program_text(prog[0])
+    assert fast.header == ref.header
+    assert _ast_dump(fast.body) == _ast_dump(ref.body)
+    assert _ast_dump(fast.transfers) == _ast_dump(ref.transfers)

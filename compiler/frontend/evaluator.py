@@ -16,7 +16,9 @@ int64 array with one entry per row.
 The result equals plain sequential (Python) semantics; tests compare against a naive interpreter.
 Bounds (iterations, transfers, integer magnitude, division by zero, range step 0) are checked
 before the work they guard, and reported at the offending construct with the loop values of the
-first offending row, e.g. ``division by zero (n=3, r=0)``.
+first offending row, e.g. ``division by zero (n=3, r=0)``. The rows of an array result are scanned
+for overflow only when what is known of its operands' magnitudes (scalars, loop ranges, earlier
+results) does not already rule it out.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import numpy as np
 from hccc.compiler.frontend.algorithm import Algorithm, TransferSite
 from hccc.util.diagnostics import CompileError, Location
 from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
-                          Transfer, Var)
+                          Transfer, Var, gc_paused)
 
 DEFAULT_MAX_TRANSFERS = 10 ** 7
 DEFAULT_MAX_ITERATIONS = 10 ** 8
@@ -37,18 +39,24 @@ _I64 = np.int64
 
 
 # ------------------------------------------------------------------------- static analysis
-def _reads(e, out: set) -> set:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Var):
-            out.add(x.name)
-        elif isinstance(x, BinOp):
-            stack.append(x.left)
-            stack.append(x.right)
-        elif isinstance(x, Neg):
-            stack.append(x.operand)
-    return out
+def _reads(e, out: set, keys: dict) -> int:
+    """Adds the names ``e`` reads to ``out``; sets ``key`` on ``e`` and its subexpressions (equal
+    keys: equal expressions; ``keys`` interns them) and returns ``e.key``."""
+    t = type(e)
+    if t is BinOp:
+        k = (e.op, _reads(e.left, out, keys), _reads(e.right, out, keys))
+    elif t is Int:
+        k = ("int", e.value)
+    elif t is Var:
+        out.add(e.name)
+        k = ("var", e.name)
+    else:  # Neg
+        k = ("neg", _reads(e.operand, out, keys))
+    key = keys.get(k)
+    if key is None:
+        key = keys[k] = len(keys)
+    e.key = key
+    return key
 
 
 def _fold(e):
@@ -80,7 +88,7 @@ def _trip_scalar(start: int, stop: int, step: int) -> int:
     return max(0, (start - stop - step - 1) // (-step))
 
 
-def _analyze_block(stmts: list, defined: set) -> tuple[set, set, set]:
+def _analyze_block(stmts: list, defined: set, keys: dict) -> tuple[set, set, set]:
     """Returns (exposed reads, assigned names, definitely assigned after) for one iteration.
 
     ``exposed`` = names read before being definitely assigned in ``stmts`` (given ``defined``).
@@ -90,23 +98,27 @@ def _analyze_block(stmts: list, defined: set) -> tuple[set, set, set]:
     assigned: set = set()
     d = set(defined)
     for s in stmts:
-        if isinstance(s, Assign):
-            exposed |= _reads(s.value, set()) - d
-            assigned.add(s.name)
-            d.add(s.name)
-        elif isinstance(s, Transfer):
+        t = type(s)
+        if t is Transfer:
             r: set = set()
             for a in s.args:
-                _reads(a, r)
+                _reads(a, r, keys)
+            if r:
+                exposed |= r - d
+        elif t is Assign:
+            r = set()
+            _reads(s.value, r, keys)
             exposed |= r - d
-        elif isinstance(s, For):
+            assigned.add(s.name)
+            d.add(s.name)
+        elif t is For:
             r = set()
             for a in s.args:
-                _reads(a, r)
+                _reads(a, r, keys)
             exposed |= r - d
-            e_body, a_body, d_body = _analyze_block(s.body, {s.var})
+            e_body, a_body, d_body = _analyze_block(s.body, {s.var}, keys)
             s.carried = bool(e_body & a_body)
-            s.direct_transfers = [x for x in s.body if isinstance(x, Transfer)]
+            s.direct_transfers = [x for x in s.body if type(x) is Transfer]
             vals = [_fold(a) for a in s.args]
             if all(v is not None for v in vals):
                 start, stop, step = (0, vals[0], 1) if len(vals) == 1 else (
@@ -130,7 +142,7 @@ def _mark_keys(stmts: list, expanded_above: bool, needs: bool) -> None:
 
 
 def analyze(program: Program) -> None:
-    _analyze_block(program.body, set(HEADER_VARS))
+    _analyze_block(program.body, set(HEADER_VARS), {})
     _mark_keys(program.body, False, False)
 
 
@@ -138,7 +150,8 @@ def analyze(program: Program) -> None:
 class Frame:
     """A row set. ``pidx[j]`` is the parent row of row ``j`` (``None``: identity mapping)."""
 
-    __slots__ = ("n", "parent", "pidx", "vars", "cache", "maps", "loop_var", "loop_val", "iter_idx")
+    __slots__ = ("n", "parent", "pidx", "vars", "cache", "maps", "loop_var", "loop_val", "iter_idx",
+                 "bounds")
 
     def __init__(self, n: int, parent: "Frame | None" = None, pidx: np.ndarray | None = None,
                  loop_var: str | None = None):
@@ -149,7 +162,10 @@ class Frame:
         # None when true for every row. "assigned" = written during this frame's own iteration
         # (rows where a nested zero-trip loop skipped the write hold an older value).
         self.vars: dict = {}
-        self.cache: dict = {}     # name -> (value, mask) inherited from an ancestor, lifted
+        self.cache: dict = {}     # name -> (value, mask, bound) inherited from an ancestor, lifted
+        # name -> (array, b): every entry of that array (the value in ``vars`` while it is the
+        # same object) has magnitude <= b; lets expressions skip overflow scans (see _binop)
+        self.bounds: dict = {}
         self.maps: dict = {}      # id(ancestor) -> composite row index (or None)
         self.loop_var = loop_var
         self.loop_val = None
@@ -179,9 +195,16 @@ class Frame:
 
     def read(self, name: str):
         """(value, mask) lifted to this frame's rows, or None when never assigned."""
+        v = self.read_bounded(name)
+        return None if v is None else (v[0], v[1])
+
+    def read_bounded(self, name: str):
+        """(value, mask, bound) lifted to this frame's rows, or None when never assigned.
+        ``bound``: a known bound on the magnitude of an array value, else None."""
         v = self.vars.get(name)
         if v is not None:
-            return v[0], v[1]
+            b = self.bounds.get(name)
+            return v[0], v[1], (b[1] if b is not None and b[0] is v[0] else None)
         v = self.cache.get(name)
         if v is not None:
             return v
@@ -190,7 +213,9 @@ class Frame:
             pv = f.vars.get(name)
             if pv is not None:
                 val, mask = pv[0], pv[1]
-                res = (self.lift(val, f), None if mask is None else self.lift(mask, f))
+                b = f.bounds.get(name)
+                res = (self.lift(val, f), None if mask is None else self.lift(mask, f),
+                       b[1] if b is not None and b[0] is val else None)
                 self.cache[name] = res
                 return res
             f = f.parent
@@ -228,6 +253,13 @@ def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
 
+def _full(n: int, v) -> np.ndarray:
+    """``np.full(n, v, dtype=int64)`` without its Python-level overhead."""
+    a = np.empty(n, dtype=_I64)
+    a.fill(v)
+    return a
+
+
 # ----------------------------------------------------------------------------- evaluator
 class Evaluator:
     def __init__(self, program: Program, max_transfers: int, max_iterations: int):
@@ -248,25 +280,41 @@ class Evaluator:
         raise CompileError.at(loc, msg)
 
     # ---------------------------------------------------------------- expressions
-    def ev(self, e, f: Frame):
-        if isinstance(e, Int):
-            return e.value
-        if isinstance(e, Var):
-            v = f.read(e.name)
+    def ev(self, e, f: Frame, memo: dict | None = None):
+        return self._ev(e, f, {} if memo is None else memo)[0]
+
+    def _ev(self, e, f: Frame, memo: dict):
+        """(value, bound): ``bound`` >= the magnitude of every entry of an array value, or None
+        when not known; for a scalar value it is unused (None). ``memo``: key -> (value, bound)
+        of operations already evaluated over ``f`` since its variables last changed (programs
+        repeat subexpressions across the transfers of one loop body)."""
+        t = type(e)
+        if t is Int:
+            return e.value, None
+        if t is BinOp:
+            r = memo.get(e.key)
+            if r is None:
+                a, ba = self._ev(e.left, f, memo)
+                b, bb = self._ev(e.right, f, memo)
+                r = memo[e.key] = self._binop(e, a, b, f, ba, bb)
+            return r
+        if t is Var:
+            v = f.read_bounded(e.name)
             if v is None:
                 self._fail(e.loc, f"name '{e.name}' is not defined", f)
-            val, mask = v
+            val, mask, bound = v
             if mask is not None and not mask.all():
                 self._fail(e.loc, f"name '{e.name}' is not defined", f, _first(~mask))
-            return val
-        if isinstance(e, BinOp):
-            return self.binop(e, self.ev(e.left, f), self.ev(e.right, f), f)
-        if isinstance(e, Neg):
-            v = self.ev(e.operand, f)
-            return -v
+            return val, bound
+        if t is Neg:
+            v, bound = self._ev(e.operand, f, memo)
+            return -v, bound
         raise AssertionError(f"unknown expression {type(e).__name__}")  # pragma: no cover
 
-    def binop(self, e: BinOp, a, b, f: Frame):
+    def _binop(self, e: BinOp, a, b, f: Frame, ba, bb):
+        """``a op b`` and a bound on its magnitude (see :meth:`_ev`). Array overflow is found by
+        scanning the rows, which only runs when the operands' magnitudes (``ba`` / ``bb`` where
+        known, else measured) allow a result beyond INT_LIMIT."""
         op = e.op
         arr = isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
         if op == "+" or op == "-":
@@ -274,26 +322,30 @@ class Evaluator:
                 r = a + b if op == "+" else a - b
                 if abs(r) > INT_LIMIT:
                     self._overflow(e, f, 0)
-                return r
+                return r, None
             r = (a + b) if op == "+" else (a - b)
-            if _maxabs(a) + _maxabs(b) > INT_LIMIT:
+            m = (_maxabs(a) if ba is None else ba) + (_maxabs(b) if bb is None else bb)
+            if m > INT_LIMIT:
                 bad = (r > INT_LIMIT) | (r < -INT_LIMIT)
                 if bad.any():
                     self._overflow(e, f, _first(bad))
-            return r
+                m = INT_LIMIT
+            return r, m
         if op == "*":
             if not arr:
                 r = a * b
                 if abs(r) > INT_LIMIT:
                     self._overflow(e, f, 0)
-                return r
-            if _maxabs(a) * _maxabs(b) > INT_LIMIT:
+                return r, None
+            m = (_maxabs(a) if ba is None else ba) * (_maxabs(b) if bb is None else bb)
+            if m > INT_LIMIT:
                 aa = np.abs(np.broadcast_to(a, (f.n,)))
                 bb = np.abs(np.broadcast_to(b, (f.n,)))
                 bad = (aa != 0) & (bb > INT_LIMIT // np.where(aa == 0, 1, aa))
                 if bad.any():
                     self._overflow(e, f, _first(bad))
-            return a * b
+                m = INT_LIMIT
+            return a * b, m
         # '/', '//', '%': Python floor semantics (numpy's integer ops agree).
         what = "modulo by zero" if op == "%" else "division by zero"
         if isinstance(b, np.ndarray):
@@ -302,9 +354,10 @@ class Evaluator:
                 self._fail(e.loc, what, f, _first(zero))
         elif b == 0:
             self._fail(e.loc, what, f, 0)
-        if op == "%":
-            return a % b
-        return a // b
+        if op == "%":   # |a % b| < |b|
+            return a % b, (abs(b) if bb is None and not isinstance(b, np.ndarray) else bb)
+        # |a // b| <= |a| for integers with b != 0
+        return a // b, (abs(a) if ba is None and not isinstance(a, np.ndarray) else ba)
 
     def _overflow(self, e: BinOp, f: Frame, row: int):
         self._fail(e.loc, f"integer overflow: result of '{e.op}' exceeds 2**62 in magnitude", f, row)
@@ -321,39 +374,47 @@ class Evaluator:
         return self.assemble()
 
     def block(self, stmts: list, f: Frame) -> None:
+        memo: dict = {}   # see _ev; emptied whenever a statement may change f's variables
         for s in stmts:
-            if isinstance(s, Assign):
-                f.vars[s.name] = (self.ev(s.value, f), None, None)
-            elif isinstance(s, Transfer):
-                self.transfer(s, f)
-            elif isinstance(s, For):
-                self.for_loop(s, f)
-            elif isinstance(s, Pass):
+            t = type(s)
+            if t is Transfer:
+                self.transfer(s, f, memo)
+            elif t is For:
+                self.for_loop(s, f, memo)
+                memo.clear()
+            elif t is Assign:
+                val, bound = self._ev(s.value, f, memo)
+                f.vars[s.name] = (val, None, None)
+                if bound is not None:
+                    f.bounds[s.name] = (val, bound)
+                memo.clear()
+            elif t is Pass:
                 pass
             else:  # pragma: no cover
                 raise AssertionError(type(s).__name__)
 
-    def transfer(self, s: Transfer, f: Frame) -> None:
-        vals = [self.ev(a, f) for a in s.args]
+    def transfer(self, s: Transfer, f: Frame, memo: dict) -> None:
+        vals = [self._ev(a, f, memo)[0] for a in s.args]
         n = f.n
         if self.ntransfers + n > self.max_transfers:
             self._too_many_transfers(s)
         self.ntransfers += n
-        cols = [v if isinstance(v, np.ndarray) else np.full(n, v, dtype=_I64) for v in vals]
+        cols = [v if isinstance(v, np.ndarray) else _full(n, v) for v in vals]
         lv = []
         keys = []
         fr = f
         while fr is not None:
             if fr.loop_var is not None:
                 v = f.lift(fr.loop_val, fr)
-                lv.append(v if isinstance(v, np.ndarray) else np.full(n, v, dtype=_I64))
+                lv.append(v if isinstance(v, np.ndarray) else _full(n, v))
                 if s.needs_key:
                     k = f.lift(fr.iter_idx, fr)
-                    keys.append(k if isinstance(k, np.ndarray) else np.full(n, k, dtype=_I64))
+                    keys.append(k if isinstance(k, np.ndarray) else _full(n, k))
             fr = fr.parent
         lv.reverse()
         keys.reverse()
-        mat = np.column_stack(lv) if lv else np.zeros((n, 0), dtype=_I64)
+        # (n, depth); a transposed view (assemble makes the result contiguous)
+        mat = np.array(lv).T if lv else np.zeros((n, 0), dtype=_I64)
         self.blocks[s.site].append((cols, mat, keys))
 
     def _too_many_transfers(self, s: Transfer):
@@ -361,8 +422,8 @@ class Evaluator:
                                      f"{self.max_transfers} (raise the max_transfers limit if "
                                      f"this is intended)")
 
-    def range_args(self, s: For, f: Frame):
-        vals = [self.ev(a, f) for a in s.args]
+    def range_args(self, s: For, f: Frame, memo: dict):
+        vals = [self._ev(a, f, memo)[0] for a in s.args]
         if len(vals) == 1:
             start, stop, step = 0, vals[0], 1
         elif len(vals) == 2:
@@ -411,8 +472,8 @@ class Evaluator:
         raise CompileError.at(s.loc, f"loop iteration limit exceeded: the program would run more "
                                      f"than {self.max_iterations} loop iterations")
 
-    def for_loop(self, s: For, f: Frame) -> None:
-        start, stop, step = self.range_args(s, f)
+    def for_loop(self, s: For, f: Frame, memo: dict) -> None:
+        start, stop, step = self.range_args(s, f, memo)
         t, total = self.trips(start, stop, step, f, s)
         self.iterations += total
         if total == 0:
@@ -461,7 +522,7 @@ class Evaluator:
                 pidx, it = None, 0
             else:
                 pidx = np.repeat(np.arange(n, dtype=_I64), t) if n > 1 else np.zeros(t, _I64)
-                it = np.tile(np.arange(t, dtype=_I64), n) if n > 1 else np.arange(t, dtype=_I64)
+                it = np.arange(n * t, dtype=_I64) % t if n > 1 else np.arange(t, dtype=_I64)
             last = None if t == 1 else np.arange(t - 1, n * t, t, dtype=_I64)
             all_nz = True
         else:
@@ -479,6 +540,10 @@ class Evaluator:
         e.loop_val = val
         e.iter_idx = it + it_offset if it_offset else it
         e.vars[s.var] = (val, None, None)
+        if isinstance(val, np.ndarray) and not isinstance(st, np.ndarray) and not isinstance(sc, np.ndarray):
+            # the values run from st to st + sc * (longest trip - 1), all between start and stop
+            tmax = int(t.max()) if isinstance(t, np.ndarray) else t
+            e.bounds[s.var] = (val, max(abs(st), abs(st + sc * (tmax - 1))))
         self.block(s.body, e)
         # collapse: each group takes its last iteration's value; where the trip count was 0, or
         # where no iteration of the group wrote the name, the value from before the loop stays.
@@ -566,7 +631,7 @@ class Evaluator:
     def assemble(self) -> Algorithm:
         prog = self.program
         cols = [[], [], [], [], []]     # src, dst, step, chunk, channel
-        ops, sites_col, loop_values, sites = [], [], [], []
+        ops, sites_col, counts, loop_values, sites = [], [], [], [], []
         named = any(len(tr.args) == 5 for tr in prog.transfers)   # some transfer names its channel
         for tr in prog.transfers:
             blocks = self.blocks[tr.site]
@@ -590,8 +655,9 @@ class Evaluator:
             cnt = len(bc[0])
             if named:
                 cols[4].append(np.asarray(bc[4], dtype=_I64) if len(bc) > 4 else np.zeros(cnt, _I64))
-            ops.append(np.full(cnt, tr.op, dtype=np.uint8))
-            sites_col.append(np.full(cnt, tr.site, dtype=_I64))
+            ops.append(tr.op)
+            sites_col.append(tr.site)
+            counts.append(cnt)
             loop_values.append(np.ascontiguousarray(mat, dtype=_I64))
 
         def cat(parts, dtype):
@@ -600,7 +666,8 @@ class Evaluator:
         return Algorithm(
             header=prog.header,
             src=cat(cols[0], _I64), dst=cat(cols[1], _I64), step=cat(cols[2], _I64),
-            chunk=cat(cols[3], _I64), op=cat(ops, np.uint8), site=cat(sites_col, _I64),
+            chunk=cat(cols[3], _I64), op=np.repeat(np.array(ops, dtype=np.uint8), counts),
+            site=np.repeat(np.array(sites_col, dtype=_I64), counts),
             sites=sites, loop_values=loop_values, channel=cat(cols[4], _I64) if named else None,
         )
 
@@ -608,5 +675,6 @@ class Evaluator:
 def evaluate(program: Program, *, max_transfers: int = DEFAULT_MAX_TRANSFERS,
              max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Algorithm:
     """Evaluate a parsed program into an :class:`Algorithm` (bounded; errors are located)."""
-    analyze(program)
-    return Evaluator(program, max_transfers, max_iterations).run()
+    with gc_paused():
+        analyze(program)
+        return Evaluator(program, max_transfers, max_iterations).run()

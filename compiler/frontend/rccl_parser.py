@@ -4,16 +4,27 @@ The AST is deliberately tiny (one class per construct, positions as :class:`Loca
 checked statically here: header parameters, reserved words, ``range()`` / ``transfer()`` arity,
 transfer ops, string values outside the header, loop nesting and expression depth. Evaluation
 lives in :mod:`evaluator`.
+
+Two paths build the AST. The reference path (:func:`parse_tree` + :class:`_Builder`) makes lark's
+parse tree and walks it, and is the one that reports every error. :func:`parse_program` first
+tries the fast path: a second lark parser over the same grammar that builds the AST during the
+parse (lark's ``transformer=`` callbacks, :class:`_Reduce`) from a lexer that also does the
+indentation (:class:`_FastLexer`); it gives up on anything but a well-formed program, and the
+reference path then runs instead, so diagnostics do not depend on the path.
 """
 from __future__ import annotations
 
 import difflib
+import gc
 import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+from lark.lexer import BasicLexer, PatternStr, UnlessCallback
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
@@ -39,21 +50,28 @@ class Node:
     __slots__ = ("loc",)
 
 
-class Int(Node):
+class Expr(Node):
+    """An expression. ``key`` is filled in by the evaluator's analysis: equal keys, equal
+    expressions (same structure, names and literals)."""
+
+    __slots__ = ("key",)
+
+
+class Int(Expr):
     __slots__ = ("value",)
 
     def __init__(self, value: int, loc: Location):
         self.value, self.loc = value, loc
 
 
-class Var(Node):
+class Var(Expr):
     __slots__ = ("name",)
 
     def __init__(self, name: str, loc: Location):
         self.name, self.loc = name, loc
 
 
-class BinOp(Node):
+class BinOp(Expr):
     """``left op right``; ``op`` as written (``/`` and ``//`` both floor-divide)."""
 
     __slots__ = ("op", "left", "right")
@@ -62,7 +80,7 @@ class BinOp(Node):
         self.op, self.left, self.right, self.loc = op, left, right, loc
 
 
-class Neg(Node):
+class Neg(Expr):
     __slots__ = ("operand",)
 
     def __init__(self, operand: Node, loc: Location):
@@ -120,7 +138,9 @@ _PARSER: Lark | None = None
 
 
 class _Indenter:
-    """Turns ``_NL`` tokens into ``_NL`` + ``_INDENT`` / ``_DEDENT`` (Python rules, incl. TabError)."""
+    """Turns ``_NL`` tokens into ``_NL`` + ``_INDENT`` / ``_DEDENT`` (Python rules, incl. TabError).
+
+    The reference path's post-lexer; :meth:`_FastLexer.lex` repeats the same rules inline."""
 
     always_accept = ("_NL",)
 
@@ -345,11 +365,25 @@ def text_at(source: SourceFile, tok: Token, offset: int) -> str:
     return source.text[pos] if 0 <= pos < len(source.text) else ""
 
 
+@contextmanager
+def gc_paused():
+    """No cyclic garbage collection inside (restored after). The front end allocates about one
+    object per token and per AST node and makes no reference cycles: collection passes during a
+    parse or an evaluation would only rescan those objects, and cost as much as the work."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 _BLANK = re.compile(r"\A(\s*(#[^\n]*)?(\n|\Z))*\Z")
 
 
-def parse_tree(source: SourceFile) -> Tree:
-    """Run the lark parser; all syntax errors become located :class:`CompileError`."""
+def _checked_text(source: SourceFile) -> str:
+    """The checks made before lark sees ``source``; returns the text to parse (ending in a newline)."""
     text = source.text
     check_source_lines(source, "the program", "express repetition with for loops")
     if _BLANK.match(text):
@@ -361,6 +395,12 @@ def parse_tree(source: SourceFile) -> Tree:
         raise CompileError.at(Location(source, line, 1), "unexpected indent")
     if not text.endswith("\n"):
         text += "\n"
+    return text
+
+
+def parse_tree(source: SourceFile) -> Tree:
+    """Run the lark parser; all syntax errors become located :class:`CompileError`."""
+    text = _checked_text(source)
     parser = _parser()
     parser.options.postlex.source = source  # type: ignore[union-attr]
     try:
@@ -656,8 +696,360 @@ class _Builder:
         raise AssertionError(f"unknown expression {d}")  # pragma: no cover
 
 
+# ------------------------------------------------------------------- fast path (in-parse AST)
+# ``parse_program`` first tries a second lark parser over the same grammar and LALR tables that
+# builds the AST while it parses (lark's ``transformer=`` option), with a lexer that also does the
+# indentation (:class:`_FastLexer`). It handles well-formed programs only: at the first sign of
+# anything else (a syntax error, a failed static check, a construct it leaves to the reference path)
+# it gives up with :class:`_Fallback`, and the reference path above (parse tree + :class:`_Builder`)
+# runs from the start and reports exactly what it always reported. On success both paths build the
+# same AST; tests compare them.
+
+class _Fallback(Exception):
+    """The fast path declines this input; the reference path decides (and reports) instead."""
+
+
+class _FastLexer(BasicLexer):
+    """lark's basic lexer (same terminals, same regular expression, same keyword handling) in one
+    tight loop that also turns ``_NL`` into ``_NL`` / ``_INDENT`` / ``_DEDENT`` like
+    :class:`_Indenter` (which the fast parser does not use). Tokens that the parse tree drops
+    (punctuation, newlines, indentation) are shared objects without positions; the others are
+    real :class:`Token` objects with ``line`` and ``column`` (and ``start_pos``). Indentation
+    errors and characters no terminal matches raise :class:`_Fallback`."""
+
+    __future_interface__ = 2
+
+    def __init__(self, conf, comparator=None) -> None:
+        super().__init__(conf, comparator)
+        self._setup = None
+
+    def _prepare(self):
+        scanner = self.scanner  # builds lark's scanner (and self.callback)
+        if len(scanner._mres) != 1:
+            raise _Fallback("scanner split over several regular expressions")
+        keywords: dict[str, dict[str, str]] = {}
+        for type_, cb in self.callback.items():
+            terms = getattr(getattr(cb, "scanner", None), "terminals", None)
+            if type(cb) is not UnlessCallback or terms is None or any(
+                    type(t.pattern) is not PatternStr or t.pattern.flags for t in terms):
+                raise _Fallback(f"unsupported lexer callback for {type_}")
+            # an UnlessCallback re-types a token that fully matches one of these plain strings
+            keywords[type_] = {t.pattern.value: t.name for t in terms}
+        self._setup = (scanner._mres[0], keywords)
+        return self._setup
+
+    def lex(self, lexer_state, parser_state):
+        mre, keywords = self._setup or self._prepare()
+        shared = self.shared_tokens
+        kinds = self._kinds(keywords)
+        slice_ = lexer_state.text
+        text, end = slice_.text, slice_.end
+        if slice_.start != 0:
+            raise _Fallback("text slices are not supported")
+        next_match = mre.scanner(text, 0, end).match    # each call matches where the last ended
+        new_str = str.__new__
+        line, line_start = 1, 0
+        depth = 0                   # open parentheses: newlines inside are joined
+        stack = [(0, 0)]            # indentation widths (tab size 8, tab size 1)
+        widths = _Indenter._widths
+        nl_tok, indent_tok, dedent_tok = shared["_NL"], shared["_INDENT"], shared["_DEDENT"]
+        lpar, rpar = shared.get("LPAR"), shared.get("RPAR")
+        m = None
+        while True:
+            prev, m = m, next_match()
+            if m is None:
+                if (prev.end() if prev is not None else 0) != end:
+                    raise _Fallback("no terminal matches")
+                break
+            type_ = m.lastgroup
+            kind = kinds[type_]
+            if kind == _K_SHARED:
+                tok = shared[type_]
+                if tok is lpar:
+                    depth += 1
+                elif tok is rpar and depth:
+                    depth -= 1
+                yield tok
+                continue
+            if kind == _K_IGNORE:
+                continue
+            if kind == _K_NL:
+                value = m.group()
+                nls = value.count("\n")
+                if nls:
+                    start = m.start()
+                    line += nls
+                    line_start = start + value.rindex("\n") + 1
+                if depth:
+                    continue
+                yield nl_tok
+                if not nls:
+                    continue
+                w = widths(value[line_start - start:])
+                top = stack[-1]
+                if w == top:
+                    continue
+                if w[0] > top[0] and w[1] > top[1]:
+                    stack.append(w)
+                    yield indent_tok
+                    continue
+                if (w[0] > top[0]) != (w[1] > top[1]) or (w[0] == top[0]) != (w[1] == top[1]):
+                    raise _Fallback("inconsistent tabs and spaces")
+                while stack[-1][0] > w[0]:
+                    stack.pop()
+                    yield dedent_tok
+                if stack[-1] != w:
+                    raise _Fallback("unindent does not match")
+                continue
+            value = m.group()
+            start = m.start()
+            tok_line, tok_col = line, start - line_start + 1
+            if kind == _K_MULTILINE:    # may hold newlines (positions as lark's LineCounter)
+                nls = value.count("\n")
+                if nls:
+                    line += nls
+                    line_start = start + value.rindex("\n") + 1
+                if type_ in self.ignore_types:
+                    continue
+            kw = keywords.get(type_)
+            if kw is not None:
+                type_ = kw.get(value, type_)
+            tok = shared.get(type_)
+            if tok is None:
+                tok = new_str(Token, value)
+                tok.type = type_
+                tok.value = value
+                tok.start_pos = start
+                tok.line = tok_line
+                tok.column = tok_col
+                tok.end_line = tok.end_column = tok.end_pos = None
+            elif tok is lpar:
+                depth += 1
+            elif tok is rpar and depth:
+                depth -= 1
+            yield tok
+        while len(stack) > 1:
+            stack.pop()
+            yield dedent_tok
+
+    def _kinds(self, keywords) -> dict[str, int]:
+        kinds = {}
+        for t in self.terminals:
+            n = t.name
+            if n == "_NL":
+                kinds[n] = _K_NL
+            elif n in self.newline_types:
+                kinds[n] = _K_MULTILINE
+            elif n in self.ignore_types:
+                kinds[n] = _K_IGNORE
+            elif n in self.shared_tokens and n not in keywords:
+                kinds[n] = _K_SHARED
+            else:
+                kinds[n] = _K_TOKEN
+        return kinds
+
+
+# what _FastLexer does with a terminal's match
+_K_SHARED, _K_IGNORE, _K_NL, _K_MULTILINE, _K_TOKEN = range(5)
+
+
+def _shared_tokens(lark: Lark) -> dict[str, Token]:
+    """One position-less token per terminal that no tree keeps (punctuation, ``_NL``, ...)."""
+    kept = {"$END"}
+    for rule in lark.rules:
+        for sym in rule.expansion:
+            if sym.is_term and (rule.options.keep_all_tokens or not sym.filter_out):
+                kept.add(sym.name)
+    names = {t.name for t in lark.terminals} | {"_INDENT", "_DEDENT", "_NL"}
+    return {n: Token(n, "", 0, 0, 0, 0, 0, 0) for n in names - kept}
+
+
+class _Reduce:
+    """lark in-parse callbacks (one per rule or alias of ``rccl.lark``; lark passes the children
+    the tree would have had) that build :class:`_Builder`'s AST bottom-up, doing its checks as
+    conditions only: whatever it would report raises :class:`_Fallback`. Rules without a method
+    here (the header, lark's internal list rules) build ordinary trees.
+
+    Differences from the top-down builder, all resolved after the parse or conservatively:
+    ``Transfer.loop_vars`` and the loop nesting bound (:func:`_nest`), and the expression depth
+    bound (counted as the number of operators in the statement, an upper bound on the depth).
+    """
+
+    def __init__(self) -> None:
+        self._source: SourceFile | None = None
+        self._transfers: list[Transfer] = []
+        self._ops = 0    # unary / binary operators since the last statement
+
+    def _reset(self, source: SourceFile) -> None:
+        self._source, self._transfers, self._ops = source, [], 0
+
+    def _stmt_done(self) -> None:
+        if self._ops > MAX_EXPR_DEPTH:
+            raise _Fallback("expression may be nested too deeply")
+        self._ops = 0
+
+    # ---------------------------------------------------------------- expressions
+    def int(self, ch):
+        tok = ch[0]
+        v = tok.value
+        value = int(v) if len(v) <= 18 else _parse_int_literal(tok, self._source)
+        return Int(value, Location(self._source, tok.line, tok.column))
+
+    def var(self, ch):
+        tok = ch[0]
+        return Var(tok.value, Location(self._source, tok.line, tok.column))
+
+    def unary(self, ch):
+        op_tok, inner = ch
+        self._ops += 1
+        if type(inner) is Tree:
+            raise _Fallback("string or operation in an expression")
+        if op_tok.value == "+":
+            return inner
+        if type(inner) is Int:
+            return Int(-inner.value, Location(self._source, op_tok.line, op_tok.column))
+        return Neg(inner, Location(self._source, op_tok.line, op_tok.column))
+
+    def binop(self, ch):
+        left, op_tok, right = ch
+        self._ops += 1
+        if type(left) is Tree or type(right) is Tree:
+            raise _Fallback("string or operation in an expression")
+        return BinOp(op_tok.value, left, right, Location(self._source, op_tok.line, op_tok.column))
+
+    # ---------------------------------------------------------------- statements
+    def assign(self, ch):
+        name_tok, value = ch
+        if type(value) is Tree:
+            raise _Fallback("string value")
+        self._stmt_done()
+        return Assign(name_tok.value, value, Location(self._source, name_tok.line, name_tok.column))
+
+    def pass_stmt(self, ch):
+        tok = ch[0]
+        self._stmt_done()
+        return Pass(Location(self._source, tok.line, tok.column))
+
+    def transfer(self, ch):
+        tok = ch[0]
+        args = [a for a in ch[1:] if a is not None]
+        if len(args) not in (5, 6):
+            raise _Fallback("transfer() arity")
+        op_arg = args.pop(4)
+        for a in args:
+            if type(a) is Tree:
+                raise _Fallback("string or operation as a transfer() value")
+        if type(op_arg) is Tree:     # recv / rrc, or a string
+            raw = op_arg.children[0].value
+            word = _unquote(raw).lower() if op_arg.data == "string" else raw
+        elif type(op_arg) is Var:
+            word = op_arg.name.lower()
+        else:
+            raise _Fallback("transfer() operation")
+        if word == "recv":
+            op = RECV
+        elif word == "rrc":
+            op = RRC
+        else:
+            raise _Fallback("unknown transfer() operation")
+        self._stmt_done()
+        t = Transfer(args, op, len(self._transfers), (), Location(self._source, tok.line, tok.column))
+        self._transfers.append(t)
+        return t
+
+    def simple_stmt(self, ch):
+        return ch
+
+    def suite(self, ch):
+        out: list = []
+        for s in ch:
+            if type(s) is list:
+                out.extend(s)
+            else:
+                out.append(s)
+        return out
+
+    def for_stmt(self, ch):
+        for_tok, var_tok, _in, range_tok, *rest = ch
+        body = rest.pop()
+        args = [a for a in rest if a is not None]
+        if not 1 <= len(args) <= 3:
+            raise _Fallback("range() arity")
+        for a in args:
+            if type(a) is Tree:
+                raise _Fallback("string range() argument")
+        return For(var_tok.value, args, body, Location(self._source, for_tok.line, for_tok.column),
+                   Location(self._source, range_tok.line, range_tok.column))
+
+    def start(self, ch):
+        self._stmt_done()
+        header, body = ch
+        return header, body
+
+
+def _nest(stmts: list, loop_vars: tuple, depth: int) -> None:
+    """Sets ``Transfer.loop_vars`` (the enclosing loops' variables) and checks the nesting bound."""
+    for s in stmts:
+        if type(s) is Transfer:
+            s.loop_vars = loop_vars
+        elif type(s) is For:
+            if depth >= MAX_LOOP_NESTING:
+                raise _Fallback("loops nested too deeply")
+            _nest(s.body, loop_vars + (s.var,), depth + 1)
+
+
+_FAST: tuple | None = None   # (reference Lark it was made beside, fast Lark or None, _Reduce)
+
+
+def _fast_parser() -> tuple:
+    global _FAST
+    base = _parser()
+    if _FAST is None or _FAST[0] is not base:
+        from hccc.compiler.frontend.grammar_cache import lark_cache
+        text = _GRAMMAR.read_text(encoding="utf-8")
+        reducer = _Reduce()
+        lark = Lark(text, parser="lalr", lexer=_FastLexer, transformer=reducer,
+                    maybe_placeholders=True, cache=lark_cache("rccl-fast", text))
+        lexer = lark.parser.lexer
+        if isinstance(lexer, _FastLexer):
+            lexer.shared_tokens = _shared_tokens(lark)
+        else:  # pragma: no cover - lark wrapped the lexer: keep to the reference path
+            lark = None
+        _FAST = (base, lark, reducer)
+    return _FAST[1], _FAST[2]
+
+
+_FAST_LOCK = threading.Lock()   # the fast parser keeps the program being built in its _Reduce
+
+
+def _parse_fast(source: SourceFile, text: str) -> Program:
+    with _FAST_LOCK:
+        lark, reducer = _fast_parser()
+        if lark is None:
+            raise _Fallback("no fast parser")
+        reducer._reset(source)
+        try:
+            header_tree, body = lark.parse(text)
+            transfers = reducer._transfers
+        finally:
+            reducer._reset(None)  # type: ignore[arg-type]
+    _nest(body, (), 0)
+    header = _Builder(source).header(header_tree)
+    return Program(source, header, body, transfers)
+
+
 def parse_program(source: SourceFile) -> Program:
     """Parse and statically check ``source``; evaluation is :func:`evaluator.evaluate`."""
+    text = _checked_text(source)
+    try:
+        with gc_paused():
+            return _parse_fast(source, text)
+    except Exception:  # noqa: BLE001 - anything unusual: the reference path decides and reports
+        pass
+    return _parse_reference(source)
+
+
+def _parse_reference(source: SourceFile) -> Program:
     tree = parse_tree(source)
     header_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "header")
     suite_tree = next(c for c in tree.children if isinstance(c, Tree) and c.data == "suite")
