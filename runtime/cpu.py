@@ -50,10 +50,9 @@ import numpy as np
 
 from hccc.runtime import cache, shm
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
+from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
+                                   Timer, register)
 
-CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
-REDOPS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 ALIGN = 256
 #: the emitted header every rank source includes first, precompiled for the units (``_prims_pch``)
 PCH_HEADER = "hccc_prims.h"
@@ -96,7 +95,7 @@ def asan_loaded() -> bool:
 def instance_define(instance: Instance) -> str:
     """The ``-D`` that compiles only ``instance``'s kernels (dtype, C type, op, reduction constant)."""
     return (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
-            f"{instance.op}, {REDOPS[instance.op]})")
+            f"{instance.op}, {RED_CONSTS[instance.op]})")
 
 
 def _copy_headers(outdir: Path, headers: list[str], dest: Path) -> None:
@@ -388,7 +387,7 @@ class CpuPlatform(Platform):
     def build(self, outdir: Path, manifest: dict, instance: Instance, ranks: list[int] | None = None,
               *, single_gpu: bool = False) -> Path:
         outdir = Path(outdir)
-        if instance.dtype not in CTYPES or instance.op not in REDOPS:
+        if instance.dtype not in CTYPES or instance.op not in RED_CONSTS:
             raise PlatformError(f"no kernels for {instance.dtype}/{instance.op}")
         entries = manifest["ranks"]
         if ranks is not None:

@@ -25,14 +25,10 @@ import numpy as np
 
 from hccc.runtime import cache
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer
+from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
+                                   Timer)
 
 GATE_SYMBOL = "hccc_runtime_gate"
-
-#: element type of each dtype in the emitted kernels
-CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
-#: reduction-operator constant of each op
-RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 
 #: an exported GPU allocation: magic, platform name, size, the runtime's 64-byte IPC handle
 _IPC_HANDLE = struct.Struct("<8s8sQ64s")

@@ -54,6 +54,12 @@ class Instance:
     op: str      # sum | max | min
 
 
+#: the C type of each dtype in the emitted kernels' instantiation macro (``HCCC_FOR_EACH_INSTANCE``)
+CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
+#: the reduction-operator constant of each op in the same macro
+RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
+
+
 class Module(abc.ABC):
     @abc.abstractmethod
     def function(self, symbol: str) -> Any:
