@@ -51,7 +51,7 @@ import numpy as np
 from hccc.runtime import cache, shm
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
-                                   Timer, register)
+                                   Timer, instance_expansion, register)
 
 ALIGN = 256
 #: the emitted header every rank source includes first, precompiled for the units (``_prims_pch``)
@@ -94,8 +94,7 @@ def asan_loaded() -> bool:
 
 def instance_define(instance: Instance) -> str:
     """The ``-D`` that compiles only ``instance``'s kernels (dtype, C type, op, reduction constant)."""
-    return (f"-DHCCC_FOR_EACH_INSTANCE(X)=X({instance.dtype}, {CTYPES[instance.dtype]}, "
-            f"{instance.op}, {RED_CONSTS[instance.op]})")
+    return f"-DHCCC_FOR_EACH_INSTANCE(X)={instance_expansion(instance)}"
 
 
 def _copy_headers(outdir: Path, headers: list[str], dest: Path) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from hccc.runtime import cache
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
-                                   Timer)
+                                   Timer, instance_expansion)
 
 GATE_SYMBOL = "hccc_runtime_gate"
 
@@ -136,8 +136,7 @@ def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], p
     _check_instance(instance)
     lines = [f"// hccc runtime module: {instance.dtype}_{instance.op}, {platform}, ranks "
              + ",".join(map(str, ranks)),
-             f"#define HCCC_FOR_EACH_INSTANCE(X) X({instance.dtype}, {CTYPES[instance.dtype]}, "
-             f"{instance.op}, {RED_CONSTS[instance.op]})"]
+             f"#define HCCC_FOR_EACH_INSTANCE(X) {instance_expansion(instance)}"]
     # (table mode: every rank names the same generic source, included once)
     # ... and, with every rank, the one-grid entry (it calls their block functions)
     srcs = [rank_source(manifest, r, platform) for r in ranks] + [grid_source(manifest, platform, ranks)]

@@ -60,6 +60,12 @@ CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "
 RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
 
 
+def instance_expansion(instance: Instance) -> str:
+    """What ``HCCC_FOR_EACH_INSTANCE(X)`` expands to so that only ``instance``'s kernels compile:
+    ``X(dtype, C type, op, reduction constant)`` (the platforms check the instance first)."""
+    return f"X({instance.dtype}, {CTYPES[instance.dtype]}, {instance.op}, {RED_CONSTS[instance.op]})"
+
+
 class Module(abc.ABC):
     @abc.abstractmethod
     def function(self, symbol: str) -> Any:
