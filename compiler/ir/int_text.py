@@ -197,10 +197,12 @@ class RowText:
             args[k] = (add_int(start + base), add_int(length))
             blob_parts.append(data)
             base += len(data)
-        # numba compiles one kernel per tuple length: pad to a multiple of 8 (the padding is never
-        # read), so that few versions exist
-        masks += [np.zeros(1, np.bool_)] * (8 - len(masks) % 8)
-        ints += [np.zeros(1, np.int64)] * (8 - len(ints) % 8)
+        # numba compiles one kernel per tuple length (8 s each, the first time): pad to a power of
+        # two, at least 16 masks and 32 integer columns (the padding is never read), so that one
+        # version serves every text hccc writes (the .rccl text and the kernels' tables need up to
+        # 29 integer columns and 8 masks)
+        masks += [np.zeros(1, np.bool_)] * (_padded(len(masks), 16) - len(masks))
+        ints += [np.zeros(1, np.int64)] * (_padded(len(ints), 32) - len(ints))
         text_off = np.zeros(len(texts) + 1, np.int64)
         np.cumsum([len(t) for t in texts], out=text_off[1:])
         blob = np.frombuffer(b"".join(texts) + b"".join(blob_parts) + b"\0", np.uint8)
@@ -283,3 +285,12 @@ _KERNEL_LOCK = threading.Lock()
 
 #: rows from which :meth:`RowText.render` uses the compiled loop (below it, loading numba costs more)
 COMPILED_FROM = int_text_kernel.COMPILED_FROM
+
+
+def _padded(count: int, least: int) -> int:
+    """The tuple length :meth:`RowText._render_compiled` pads ``count`` arrays to: a power of two,
+    at least ``least`` and more than ``count`` (one padding array at least)."""
+    size = least
+    while size <= count:
+        size *= 2
+    return size

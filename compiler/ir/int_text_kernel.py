@@ -49,6 +49,9 @@ def _ndigits(v):
     return n
 
 
+#: the text of the least int64 (which has no positive counterpart), as bytes: a str constant would
+#: make numba compile its unicode indexing, seconds the first time
+_MIN_TEXT = np.frombuffer(b"-9223372036854775808", np.uint8).copy()
 #: the two-digit texts "00".."99", for writing two digits per division
 _PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode("ascii"), np.uint8).copy()
 
@@ -57,9 +60,8 @@ def _write_int(buf, at, v):
     """Write v's decimal text at buf[at:]; returns the position after it."""
     if v < 0:
         if v == -9223372036854775807 - 1:
-            digits = "-9223372036854775808"
             for i in range(20):
-                buf[at + i] = ord(digits[i])
+                buf[at + i] = _MIN_TEXT[i]
             return at + 20
         buf[at] = 45
         at += 1

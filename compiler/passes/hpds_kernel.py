@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.util.jit import Kernels, have_numba
+from hccc.util.kernel_sort import COMPILED as SORTS, sort_range
 
 HAVE_NUMBA = have_numba()
 
@@ -248,7 +249,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
                 order[norder] = t
                 norder += 1
             if nnew > 1:
-                new[:nnew].sort()
+                sort_range(new, 0, nnew)
             for i in range(nnew):
                 cand[base + i] = new[i]
             cand_len[c] = nnew
@@ -267,9 +268,9 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
                 m = cand_len[c]
                 for i in range(m):
                     park[base + np_ + i] = cand[base + i]
-                merged = np.sort(park[base:base + np_ + m])
                 for i in range(np_ + m):
-                    cand[base + i] = merged[i]
+                    cand[base + i] = park[base + i]
+                sort_range(cand, base, base + np_ + m)
                 cand_len[c] = np_ + m
                 park_len[c] = 0
         sp += 1
@@ -280,4 +281,4 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
 #: of its list scheduler (:meth:`~hccc.util.jit.Kernels.compiled_for`)
 COMPILED_FROM = 100_000
 KERNELS = Kernels(globals(), ["_less", "_lheap_push", "_lheap_pop", "_qheap_sift_down", "hpds_arrays"],
-                  min_work=COMPILED_FROM)
+                  min_work=COMPILED_FROM, compiled_globals={"sort_range": SORTS["sort_range"]})

@@ -30,6 +30,7 @@ import numpy as np
 
 from hccc.util import clock
 from hccc.util.jit import Kernels
+from hccc.util.kernel_sort import COMPILED as SORTS, argsort_stable, sort_range
 from hccc.compiler.synth.bounds import step_lower_bound
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.check import check
@@ -127,7 +128,7 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     step_of = np.full(M, -1, np.int64)
     # transfers waiting for (u, k): CSR by key
     key = tu * NC + tk
-    order = np.argsort(key, kind="mergesort")
+    order = argsort_stable(key)
     skey = key[order]
     ready = np.zeros(M, np.uint8)
     nready = 0
@@ -147,7 +148,8 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     acc = np.zeros(M, np.int64)
     while done < M and t < max_steps:
         # ready transfers in priority order (index order = priority)
-        rl = np.sort(rlist[:nready])
+        rl = rlist[:nready].copy()
+        sort_range(rl, 0, nready)
         used_p[:] = 0
         used_g[:] = 0
         if fanout_one:
@@ -180,7 +182,8 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
         if nacc == 0:
             break
         nready = keep
-        rlist[:nready] = rl[:keep]
+        for j in range(keep):          # (a loop: a slice assignment costs numba seconds to compile)
+            rlist[j] = rl[j]
         # receptions: new holders release their waiting transfers
         for a in range(nacc):
             i = acc[a]
@@ -204,7 +207,8 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
 
 #: transfers from which the list scheduler runs compiled (:mod:`hccc.util.jit`)
 MIN_COMPILED_TRANSFERS = 20_000
-KERNELS = Kernels(globals(), ["_list_schedule"], min_work=MIN_COMPILED_TRANSFERS)
+KERNELS = Kernels(globals(), ["_list_schedule"], min_work=MIN_COMPILED_TRANSFERS,
+                  compiled_globals={name: SORTS[name] for name in ("sort_range", "argsort_stable")})
 
 
 def list_schedule(net: Network, task: Task, tu, tv, tk) -> Schedule:

@@ -52,12 +52,14 @@ def edmonds(C, root):
         rounds += 1
     tmp = np.empty(n, np.int64)
     for _ in range(rounds):
+        # (swapped, not copied back: an array assigned to a slice makes numba compile the shape
+        # check's error message, seconds the first time)
         for v in range(n):
             tmp[v] = low[v] if low[v] < low[J[v]] else low[J[v]]
-        low[:] = tmp
+        low, tmp = tmp, low
         for v in range(n):
             tmp[v] = J[J[v]]
-        J[:] = tmp
+        J, tmp = tmp, J
     on = np.zeros(n, np.bool_)
     for v in range(n):
         on[J[v]] = True

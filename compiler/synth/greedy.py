@@ -25,6 +25,7 @@ import numpy as np
 
 from hccc.util import clock
 from hccc.util.jit import Kernels
+from hccc.util.kernel_sort import COMPILED as SORTS, argsort_stable
 from hccc.compiler.synth.problem import Network, Schedule, Task
 
 
@@ -36,7 +37,9 @@ def _append(out, nout, u, v, t, k):
     when full. Returns the (possibly new) table."""
     if nout == out.shape[0]:
         big = np.zeros((out.shape[0] * 2, 4), np.int64)
-        big[:nout] = out[:nout]
+        for i in range(nout):          # (a loop: a slice assignment costs numba seconds to compile)
+            for j in range(4):
+                big[i, j] = out[i, j]
         out = big
     out[nout, 0] = u
     out[nout, 1] = v
@@ -92,7 +95,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
         for v in range(N):
             for k in range(NC):
                 gh[k] += has[v, k]
-        korder = np.argsort(gh * NC + (np.arange(NC) + t * 7 + rot) % NC)
+        korder = argsort_stable(gh * NC + (np.arange(NC) + t * 7 + rot) % NC)   # distinct keys
         made = 0
         if t == frozen_step:
             for i in range(frozen_rows.shape[0]):
@@ -135,7 +138,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
                         urg[c] = -1.0
                     else:
                         urg[c] = need[c] / ecap[lvl, c]
-                porder = np.argsort(-urg, kind="mergesort")
+                porder = argsort_stable(-urg)
                 progress = False
                 for ci in range(npart):
                     c = porder[ci]
@@ -337,4 +340,5 @@ def entry_capacity(net: Network, levels: list[np.ndarray]) -> np.ndarray:
 #: ranks x ranks x chunks from which the greedy runs compiled (plain Python takes about a second
 #: per greedy run there; numba's first compile of the kernel takes 15-20 s)
 MIN_COMPILED_WORK = 1 << 17
-KERNELS = Kernels(globals(), ["_append", "_fill_steps"], min_work=MIN_COMPILED_WORK)
+KERNELS = Kernels(globals(), ["_append", "_fill_steps"], min_work=MIN_COMPILED_WORK,
+                  compiled_globals={"argsort_stable": SORTS["argsort_stable"]})
