@@ -131,24 +131,24 @@ def main() -> int:
     runs = ([("other", args.compare.resolve())] if args.compare else []) + [("this", ROOT)]
     got = {name: summary(measure(src)) for name, src in runs}
     names = [n for n, _ in runs]
-    kernels = sorted({k for n in names for k in got[n][0]}, key=lambda k: -max(got[n][0].get(k, 0) for n in names))
-    t = Table(title="numba compile seconds, empty cache (HCCC_JIT=numba)")
-    t.add_column("kernel")
-    for n in names:
-        t.add_column(n, justify="right")
-    for k in kernels:
-        t.add_row(k, *(f"{got[n][0].get(k, 0.0):.2f}" for n in names))
-    t.add_row("all kernels", *(f"{sum(got[n][0].values()):.1f}" for n in names))
-    t.add_row("process wall", *(f"{got[n][2]:.1f}" for n in names))
-    Console().print(t)
-    libs = sorted({k for n in names for k in got[n][1]}, key=lambda k: -max(got[n][1].get(k, 0) for n in names))[:15]
-    t = Table(title="numba library functions compiled (inclusive seconds)")
-    t.add_column("function")
-    for n in names:
-        t.add_column(n, justify="right")
-    for k in libs:
-        t.add_row(k, *(f"{got[n][1].get(k, 0.0):.2f}" for n in names))
-    Console().print(t)
+    def table(title: str, first: str, col: int, rows: list[str], totals: bool) -> Table:
+        t = Table(title=title)
+        t.add_column(first)
+        for n in names:
+            t.add_column(n, justify="right")
+        for k in rows:
+            t.add_row(k, *(f"{got[n][col].get(k, 0.0):.2f}" for n in names))
+        if totals:
+            t.add_row("all kernels", *(f"{sum(got[n][col].values()):.1f}" for n in names))
+            t.add_row("process wall", *(f"{got[n][2]:.1f}" for n in names))
+        return t
+
+    def by_cost(col: int) -> list[str]:
+        return sorted({k for n in names for k in got[n][col]}, key=lambda k: -max(got[n][col].get(k, 0) for n in names))
+
+    console = Console()
+    console.print(table("numba compile seconds, empty cache (HCCC_JIT=numba)", "kernel", 0, by_cost(0), True))
+    console.print(table("numba library functions compiled (inclusive seconds)", "function", 1, by_cost(1)[:15], False))
     return 0
 
 

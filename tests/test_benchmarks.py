@@ -266,3 +266,25 @@ def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
     assert len(lines) == 2 and " 16K/16K " in lines[1] and row["slice AG"] > 0
     with pytest.raises(SystemExit, match="no example cluster"):
         gap.clusters("no_such_cluster", "")
+
+
+def test_jit_compile_counts_top_level_compiles_per_kernel_and_library_functions_inclusive(tmp_path):
+    jc = _load("jit_compile")
+    log = [["hccc.runtime.sim_engine", "_share", 1.0, 1],           # nested in run_engine: in its line
+           ["numba.np.arrayobj", "ol_np_zeros.<locals>.impl", 0.5, 2],
+           ["hccc.runtime.sim_engine", "run_engine", 4.0, 0],
+           ["hccc.compiler.synth.greedy", "_fill_steps", 2.0, 0],
+           ["hccc.runtime.sim_engine", "run_engine", 3.0, 0]]       # a second signature adds up
+    top, lib, wall = jc.summary({"wall": 12.5, "log": log})
+    assert top == {"sim_engine.run_engine": 7.0, "greedy._fill_steps": 2.0} and wall == 12.5
+    assert lib == {"ol_np_zeros": 0.5}
+    for cmd in jc.commands(ROOT, tmp_path):          # the workload's inputs are the checkout's
+        assert all(Path(a).exists() for a in cmd if a.startswith(str(ROOT)))
+
+
+@pytest.mark.slow   # synthesises, simulates and compiles (numba as the cache has it)
+def test_jit_compile_workload_runs_and_reports_as_json(tmp_path, capsys):
+    jc = _load("jit_compile")
+    jc.child(ROOT)
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["wall"] > 0 and all(len(entry) == 4 for entry in res["log"])
