@@ -207,7 +207,11 @@ def _main(argv: list[str] | None) -> int:
         if inputs:
             from hccc.inputs import check_inputs
             check_inputs("hccc" if name == "compile" else f"hccc {name}", args, inputs)
-        return mod.run(args)
+        from hccc.util.clock import compile_seconds
+        before = compile_seconds()
+        status = mod.run(args)
+        _compile_note(json_mode, compile_seconds() - before)
+        return status
     except SystemExit as exc:          # argparse: help, version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except CompileError as err:
@@ -237,6 +241,23 @@ def _main(argv: list[str] | None) -> int:
 
 #: main()'s status after Ctrl-C
 INTERRUPTED = 130
+
+#: numba compiling hccc's kernels for this long during one command is said on a terminal
+COMPILE_NOTE_SECONDS = 5.0
+
+
+def _compile_note(json_mode: bool, spent: float) -> None:
+    """On a terminal, a command during which numba compiled hccc's kernels for ``spent`` seconds,
+    a while (the first run after an install), says so: the figures it printed (a synthesis's
+    seconds, what its time limit allowed) leave the compiles out (``util/clock.py``), and the next
+    run loads the kernels from numba's cache instead."""
+    from hccc.progress import interactive
+
+    if json_mode or not interactive():
+        return
+    if spent >= COMPILE_NOTE_SECONDS:
+        sys.stderr.write(f"hccc: numba compiled hccc's kernels for {spent:.0f} s of this run, once after an "
+                         "install (later runs load them from its cache)\n")
 
 
 def entry() -> None:

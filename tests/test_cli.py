@@ -203,3 +203,20 @@ def test_hm_allreduce_4x8_tb_counts(tmp_path):
     assert st["stats"]["tbs_state_based"] <= st["stats"]["tbs_connection_based"]
     for a, b in zip(st["ranks"], cn["ranks"]):
         assert a["tbs"] <= b["tbs"]
+
+
+@pytest.mark.parametrize("tty, spent, said", [(True, 12.0, True), (True, 1.0, False), (False, 12.0, False)])
+def test_a_long_first_compile_is_said_on_a_terminal(monkeypatch, capsys, tty, spent, said):
+    """A command during which numba compiled hccc's kernels for a while says so on a terminal
+    (its own figures leave the compiles out); piped, or when the compiles were short, nothing."""
+    import hccc.progress
+    import hccc.util.clock
+
+    monkeypatch.setattr(hccc.progress, "interactive", lambda stream=None: tty)
+    calls = iter([100.0, 100.0 + spent, 200.0, 200.0 + spent])    # before and after each command
+    monkeypatch.setattr(hccc.util.clock, "compile_seconds", lambda: next(calls))
+    assert main(["check", str(EXAMPLES / "ring_allgather_8.rccl")]) == 0
+    err = capsys.readouterr().err
+    assert ("numba compiled hccc's kernels for 12 s of this run" in err) == said
+    assert main(["check", "--json", str(EXAMPLES / "ring_allgather_8.rccl")]) == 0
+    assert "numba compiled" not in capsys.readouterr().err       # --json: silent on stderr
