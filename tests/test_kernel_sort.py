@@ -8,7 +8,6 @@ import importlib
 import inspect
 import re
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,16 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.util import jit, kernel_sort
+from test_layering import MODULES
 
-ROOT = Path(__file__).resolve().parent.parent
 needs_numba = pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")
 
-#: every module that declares kernels (checked against the sources below)
-KERNEL_MODULES = ("hccc.runtime.sim_engine", "hccc.compiler.ir.int_text_kernel", "hccc.compiler.ir.symbolic_kernel",
-                  "hccc.compiler.passes.hpds_kernel", "hccc.compiler.passes.tb_share_kernel",
-                  "hccc.compiler.passes.dag_kernel", "hccc.compiler.synth.greedy",
-                  "hccc.compiler.synth.edmonds_kernel", "hccc.compiler.synth.compose",
-                  "hccc.compiler.synth.maxflow")
+
+def _kernel_modules() -> list[str]:
+    """Every module of the package that declares its kernels (``KERNELS = Kernels(...)``)."""
+    return sorted(name for name, path in MODULES.items()
+                  if re.search(r"^KERNELS = Kernels\(", path.read_text(), re.M))
 
 
 @needs_numba
@@ -57,17 +55,6 @@ def test_compiled_argsort_is_stable_as_numpys(keys, floats):
     assert (kernel_sort.argsort_stable(k) == want).all()
 
 
-def test_every_kernel_module_is_listed():
-    declared = set()
-    for path in ROOT.glob("*/**/*.py"):
-        if path.parts[len(ROOT.parts)] in ("tests", "benchmarks", "build", "examples") or \
-                path.parts[len(ROOT.parts)].startswith("."):
-            continue
-        if re.search(r"^KERNELS = Kernels\(", path.read_text(), re.M):
-            declared.add(path.stem)
-    assert declared == {m.rsplit(".", 1)[1] for m in KERNEL_MODULES}
-
-
 def _costly(fn) -> list[str]:
     """What in ``fn``'s source makes numba compile for seconds: numpy's sorts, and an array
     expression assigned to a slice (its shape check's error message)."""
@@ -88,7 +75,7 @@ def _costly(fn) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("module", KERNEL_MODULES)
+@pytest.mark.parametrize("module", _kernel_modules())
 def test_kernels_avoid_what_numba_compiles_slowly(module):
     mod = importlib.import_module(module)
     bad = {}
