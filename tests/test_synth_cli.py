@@ -199,6 +199,29 @@ def test_auto_search_after_the_trees_is_greedy_only(topo, tmp_path, capsys, monk
     assert json.loads(capsys.readouterr().out)["method"] == "search" and calls
 
 
+def test_auto_search_takes_the_trees_bound(topo, tmp_path, capsys, monkeypatch):
+    """The search ``--method auto`` adds after the trees is measured against the trees' bandwidth
+    bound, which it takes as it is: the bound (a packing LP on 64 GPUs: seconds) is computed once,
+    and the search program's channels are fitted against the same bound as the fractions."""
+    from hccc.commands import synth
+    from hccc.compiler.synth import collectives
+
+    calls = []
+    real = collectives.bandwidth_cut_bound
+    monkeypatch.setattr(collectives, "bandwidth_cut_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
+                 "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert calls == [1]
+    calls[:] = []
+    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert list(s["methods_tried"]) == ["trees", "search"] and calls == []
+    assert s["bandwidth_bound"] == pytest.approx(alone["bandwidth_bound"])
+
+
 def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, tmp_path, capsys, monkeypatch):
     """A search program (or greedy variant) whose bytes over the link capacities already take the
     tree program's time (``least_time``, which no simulation beats: tests/test_simulator_oracle.py)

@@ -137,7 +137,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
                time_limit: float = 60.0, progress: Progress | None = None, pod_ranks: int | None = None,
                use_smt: bool = True, bandwidth_bound_bytes: float | None = None, variants: int = 1,
                score: Callable[[str, np.ndarray], float] | None = None, method: str = "search",
-               tree_score: Callable | None = None) -> SynthResult:
+               tree_score: Callable | None = None, known_bound_seconds: float | None = None) -> SynthResult:
     """Synthesise ``collective`` on ``topo`` (see the module docstring).
 
     ``time_limit`` is shared by all phases (anytime: the best schedule so far comes back).
@@ -152,7 +152,9 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     ``method``: ``"search"`` (the above), or ``"trees"``: the bandwidth-optimal tree packing of
     :mod:`.forest` (AllGather, ReduceScatter, AllReduce; its chunk count is its own, and
     ``tree_score(collective, rows, chunks_per_rank, channels, warps)`` picks among its shapes).
-    ``detail["method"]`` says which ran.
+    ``detail["method"]`` says which ran. ``known_bound_seconds``: the bandwidth bound for
+    ``bandwidth_bound_bytes`` where the caller has it already (the tree packing's, before a search
+    on the same cluster): taken as it is, not computed again.
     """
     t0 = clock.now()
     coll = collective.lower()
@@ -187,7 +189,9 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     phases: list[Phase] = []
     composed = None
     detail: dict = {}
-    if bandwidth_bound_bytes and coll != "alltoall":
+    if known_bound_seconds is not None and bandwidth_bound_bytes:
+        detail["cut_bound_seconds"] = float(known_bound_seconds)
+    elif bandwidth_bound_bytes and coll != "alltoall":
         # before the search, within a share of the time limit (the packing LP's bound is valid
         # when stopped): the search then has the rest, and the whole stays within the limit
         detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes,

@@ -301,7 +301,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
         def progress(event: str, info: dict) -> None:
             phase.update(describe_event(event, info))
 
-        def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None):
+        def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None,
+                 known_bound: float | None = None):
             sim = not args.no_sim_select and simulated
             score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
                 topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
@@ -310,7 +311,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                                   time_limit=max(1e-3, until - clock.now()), progress=progress,
                                   pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
                                   score=score, bandwidth_bound_bytes=size, method=how,
-                                  tree_score=tree_simulated_score(sims) if sim and how == "trees" else None)
+                                  tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
+                                  known_bound_seconds=known_bound)
             except ValueError as exc:
                 raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
 
@@ -344,7 +346,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                         clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
             tree_s = bound["seconds"] / fraction
             try:
-                other = make("search", until, smt=False, ceiling=tree_s)
+                # the bound is the trees' (the fractions compare with it): not computed again
+                other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
             except CompileError:      # no search schedule within the limits: the trees stand
                 other = None
             tried["search"] = None
