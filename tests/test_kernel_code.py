@@ -320,18 +320,23 @@ def _hot(sources, platform, single_gpu):
 
 
 def test_cuda_hot_path_has_no_sequentially_consistent_fence(sources):
+    """No sequentially consistent fence; the waits poll with no fence (the unit acquires once
+    after them, in hccc_unit_wait) and a unit's posts are relaxed stores after one acq_rel fence;
+    system scope only where ranks may span GPUs."""
     for single in (False, True):
         prim, wait = _hot(sources, "cuda", single)
         text = "\n".join(prim + wait)
         assert not re.search(r"\bmembar\b|\bfence\.sc\b", text)
         scope = "gpu" if single else "sys"
-        assert re.findall(r"\bfence\.acq_rel\.(\w+)", "\n".join(wait)), "no acquire after the wait"
-        assert re.search(rf"\bst\.release\.{scope}\.global\.u64\b", "\n".join(prim)), "posts are not release stores"
+        assert not re.search(r"\bfence\b", "\n".join(wait)), "a fence in the wait: the unit acquires once"
+        funcs = functions(compiled(sources, "cuda", single), "ptx")
+        unit_wait = "\n".join(function(funcs, "hccc_unit_waitIfE"))
+        assert re.search(rf"\bfence\.acq_rel\.{scope}\b", unit_wait), "no acquire after the waits"
+        assert re.search(rf"\bst\.relaxed\.{scope}\.global\.u64\b", "\n".join(prim)), "posts are not flag stores"
+        assert not re.search(r"\bst\.release\.\w+\.global\b", text), "a release store: a fence each"
         if single:
-            assert not re.search(r"\b(?:fence|membar)[.\w]*\.sys\b|\bst\.release\.sys\b", text), \
+            assert not re.search(r"\b(?:fence|membar)[.\w]*\.sys\b|\bst\.(?:release|relaxed)\.sys\b", text), \
                 "system scope in a single-GPU build"
-        else:
-            assert re.search(r"\bfence\.acq_rel\.sys\b", "\n".join(wait))
 
 
 def test_cuda_spin_loop_polls_relaxed_without_fences(sources):
@@ -349,8 +354,10 @@ def test_gfx90a_spin_loop_sleeps_and_acquires_once(sources):
         assert spins, "the spin loop does not sleep"
         for body in spins:
             assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in body), "fence in the spin loop"
-        text = "\n".join(wait)
-        assert "buffer_wbinvl1_vol" in text                     # the acquire after the wait
+        # the acquire after the waits (hccc_unit_wait: one for all of a unit's counters), none in them
+        text = "\n".join(function(functions(compiled(sources, "hip", single), "amd"), "hccc_unit_waitIfE"))
+        assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2)", x) for x in wait), "an acquire in the wait"
+        assert "buffer_wbinvl1_vol" in text
         # system scope invalidates L2 (peers on other GPUs); a single-GPU build never does
         assert ("buffer_invl2" in text) != single
 
@@ -394,28 +401,40 @@ def test_cuda_no_block_barrier_per_message(sources, single):
 
 
 @pytest.mark.parametrize("single", [False, True])
-def test_cuda_posting_is_one_release_per_counter_after_a_block_scope_arrival(sources, single):
+def test_cuda_posting_is_one_release_fence_after_a_block_scope_arrival(sources, single):
     """A unit's arrival is one acq_rel add on a shared counter at block (cta) scope; the posting
-    warp then stores tail and head with one release each at peer scope (gpu in single-GPU builds),
-    the progress counter at gpu scope, and `posted` with a cta release: no fence instruction, no
-    other ordering."""
+    warp then issues one release fence -- at peer scope (gpu in single-GPU builds) where it posts
+    tail or head, else at gpu scope for the progress counter alone: two fences in the code, one on
+    each path -- and stores tail and head relaxed at peer scope, the progress counter relaxed at
+    gpu scope, and `posted` with a cta release: no release store to global memory (each would be
+    a fence of its own), no other ordering."""
     funcs = functions(compiled(sources, "cuda", single), "ptx")
-    arrive = "\n".join(function(funcs, "hccc_unit_arriveIfE"))
+    body = function(funcs, "hccc_unit_arriveIfE")
+    arrive = "\n".join(body)
     assert len(re.findall(r"\batom\.acq_rel\.cta\.shared(?:::cta)?\.add\.u32\b", arrive)) == 1
     peer = "gpu" if single else "sys"
+    fences = re.findall(r"\bfence\.acq_rel\.(\w+)\b", arrive)
+    assert sorted(fences) == sorted([peer, "gpu"]), fences
+    stores = re.findall(r"\bst\.relaxed\.(\w+)\.global\.u64\b", arrive)
+    assert sorted(stores) == sorted([peer] * 2 + ["gpu"]), stores
     releases = re.findall(r"\bst\.release\.(\w+)\.(global|shared(?:::cta)?)\.(u64|u32)\b", arrive)
-    want = sorted([(peer, "global", "u64")] * 2 + [("gpu", "global", "u64"), ("cta", "shared", "u32")])
-    assert sorted(releases) == want, releases
-    assert not re.search(r"\b(?:fence|membar)\b", arrive)
-    assert len(PTX_ORDERING.findall(arrive)) == 5      # the add and the four release stores
+    assert releases == [("cta", "shared", "u32")], releases
+    assert not re.search(r"\bmembar\b", arrive)
+    # the add, the two fences (a fence and its .acq_rel: two matches each) and `posted`'s release
+    assert len(PTX_ORDERING.findall(arrive)) == 1 + 2 * 2 + 1
+    # every flag store comes after a fence in the code (the fences precede the posts)
+    first_store = min(i for i, x in enumerate(body) if re.search(r"\bst\.relaxed\.\w+\.global\b", x))
+    assert all(i < first_store for i, x in enumerate(body) if re.search(r"\bfence\.acq_rel\b", x))
 
 
 @pytest.mark.parametrize("single", [False, True])
 def test_cuda_one_warp_polls_a_unit_the_others_wait_in_shared_memory(sources, single):
     """hccc_unit_wait: one relaxed block-scope exchange claims the unit; the warp that loses it
     waits for `ready` (hccc_wait_posted, shared memory) and returns, and only the winner calls the
-    global polls (hccc_wait_geq, each with its acquire fence) and publishes `ready` with one cta
-    release: a unit's polls and fences do not grow with the block's warps."""
+    global polls (hccc_wait_geq, relaxed, no fence), acquires them with one fence (peer scope
+    where it polled a peer's counter, else gpu scope: one on each path) and publishes `ready`
+    with one cta release: a unit's polls and fences do not grow with the block's warps, nor its
+    fences with its counters."""
     funcs = functions(compiled(sources, "cuda", single), "ptx")
     body = function(funcs, "hccc_unit_waitIfE")
     text = "\n".join(body)
@@ -427,7 +446,12 @@ def test_cuda_one_warp_polls_a_unit_the_others_wait_in_shared_memory(sources, si
     assert [k for i, k in calls if i < exch[0]] == ["posted"], calls
     after = [k for i, k in calls if i > exch[0]]
     assert after[0] == "posted" and after.count("posted") == 1 and set(after[1:]) == {"geq"}, calls
-    assert not re.search(r"\b(?:fence|membar)\b", text)      # the acquire fences are hccc_wait_geq's
+    peer = "gpu" if single else "sys"
+    fences = [(i, m.group(1)) for i, x in enumerate(body) for m in [re.search(r"\bfence\.acq_rel\.(\w+)\b", x)] if m]
+    assert sorted(f for _, f in fences) == sorted([peer, "gpu"]), fences
+    last_geq = max(i for i, k in calls if k == "geq")
+    assert all(i > last_geq for i, _ in fences), "an acquire before the last poll"
+    assert not re.search(r"\bmembar\b", text)
     assert len(re.findall(r"\bst\.release\.cta\.shared(?:::cta)?\.u32\b", text)) == 1
 
 
