@@ -4,12 +4,13 @@ weighs smaller slices with (compiler/passes/slicing.py) is what this measured on
 
     python benchmarks/slot_cost.py [--backend cuda] [--algorithms ring_allgather_8,ring_allreduce_8]
                                    [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--nwarps auto]
-                                   [--direct auto] [--iters 10] [--json]
+                                   [--direct auto] [--placement out] [--iters 10] [--json]
     python benchmarks/slot_cost.py --diagnose      # where the slot's time goes (below)
 
 For each algorithm (examples/) and size (the collective's full buffer), the launcher runs the same
 call with each fixed micro-batch slice (``Runner.run(slice_bytes=)``), every rank on one device,
-out of place, float32 sum, and checks the result against the oracle. The bytes each rank moves
+out of place (``--placement in`` or ``out,in``: in place too), float32 sum, and checks the result
+against the oracle. The bytes each rank moves
 do not depend on the slice; the slots do: the busiest thread block handles (its primitives) x
 (micro-batches per chunk) of them (:func:`hccc.compiler.passes.slicing.busiest_slots`' count). The
 least-squares slope of time against the busiest block's slots is the cost of one slot as a thread
@@ -21,6 +22,11 @@ ranks (ring_allgather, ring_allreduce, direct_allgather: :mod:`hccc.compiler.fro
 ``--nwarps`` runs each at those warps per thread block (``auto``: the program's, halved until
 every block is resident) and ``--direct`` with the sender writing the receiver's buffer where
 proven safe (``auto``) or through the FIFO (``off``); every combination gets its own slope.
+
+The same axes take apart a program that runs far slower than its slots explain (the H100's ring
+Broadcast 8 and in-place HM AllReduce 4x8 at 32 MiB, docs/measurements.md): for example
+``--algorithms ring_broadcast_8,ring_allgather_8 --sizes 1M,32M --slices 64K,256K --nwarps 16,4
+--direct auto,off`` or ``--algorithms hm_allreduce_4x8 --sizes 4M,32M --placement out,in``.
 
 ``--diagnose`` asks the questions a slot's time answers, at 4 MiB with 64, 16 and 4 KiB slices:
 does it grow with the ranks a slot's chain crosses (ring AllGather on 2 and on 8 ranks), with the
@@ -69,7 +75,9 @@ GENERATORS = ("ring_allgather", "ring_allreduce", "direct_allgather")
 DIAGNOSE = dict(algorithms="ring_allgather:2,ring_allgather:8", sizes="4M", slices="64K,16K,4K",
                 nwarps="16,4,1", direct="auto,off")
 #: what a row's measurement is keyed by (one slope per key but the slice)
-KEY = ("algorithm", "bytes", "nwarps", "direct")
+KEY = ("algorithm", "bytes", "nwarps", "direct", "inplace")
+#: --placement's values: out of place, in place
+PLACEMENTS = {"out": False, "in": True}
 
 
 def program(name: str):
@@ -104,17 +112,18 @@ def open_runner(launcher, ir, backend: str, nwarps: str, direct: str):
 
 
 def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: int, warmup: int,
-            nwarps: int = 0, direct: str = "auto") -> list[dict]:
+            nwarps: int = 0, direct: str = "auto", placements: tuple[bool, ...] = (False,)) -> list[dict]:
     rows = []
     for size in sizes:
-        for sl in slices:
-            res = runner.run(size, slice_bytes=sl, iters=iters, warmup=warmup, seed=0)
-            ok = not res.stuck and not res.wrong and res.iters
-            ran = int(res.slice_bytes or sl)
-            rows.append({"algorithm": name, "bytes": size, "nwarps": nwarps, "direct": direct,
-                         "slice": ran, "slots": slots_of(ir, size, ran),
-                         "time_us": float(res.time_us) if ok else None, "wrong": int(res.wrong),
-                         "stuck": res.stuck})
+        for inplace in placements:
+            for sl in slices:
+                res = runner.run(size, slice_bytes=sl, iters=iters, warmup=warmup, seed=0, inplace=inplace)
+                ok = not res.stuck and not res.wrong and res.iters
+                ran = int(res.slice_bytes or sl)
+                rows.append({"algorithm": name, "bytes": size, "nwarps": nwarps, "direct": direct,
+                             "inplace": bool(inplace), "slice": ran, "slots": slots_of(ir, size, ran),
+                             "time_us": float(res.time_us) if ok else None, "wrong": int(res.wrong),
+                             "stuck": res.stuck})
     return rows
 
 
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slices", default="64K,32K,16K,8K,4K")
     ap.add_argument("--nwarps", default="auto", help="warps a block, comma-separated, or auto")
     ap.add_argument("--direct", default="auto", help="auto, off or both, comma-separated")
+    ap.add_argument("--placement", default="out", help="out (of place), in (place) or both, comma-separated")
     ap.add_argument("--diagnose", action="store_true", help="the runs that say where a slot's time goes")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -159,11 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes, slices = _sizes(args.sizes), _sizes(args.slices)
     warps = [w for w in args.nwarps.split(",") if w]
     directs = [d for d in args.direct.split(",") if d]
+    places = [p for p in args.placement.split(",") if p]
     bad = [w for w in warps if w != "auto" and not (w.isdigit() and int(w) >= 1)] + \
-          [d for d in directs if d not in launcher.DIRECT_MODES]
-    if bad:
-        raise SystemExit(f"slot_cost: {bad[0]!r}: --nwarps takes auto or counts, --direct "
-                         f"{' or '.join(launcher.DIRECT_MODES)}")
+          [d for d in directs if d not in launcher.DIRECT_MODES] + [p for p in places if p not in PLACEMENTS]
+    if bad or not places:
+        raise SystemExit(f"slot_cost: {bad[0] if bad else args.placement!r}: --nwarps takes auto or counts, "
+                         f"--direct {' or '.join(launcher.DIRECT_MODES)}, --placement out or in")
     rows = []
     for name in (a for a in args.algorithms.split(",") if a):
         ir = program(name)
@@ -171,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             for d in directs:
                 runner, nw = open_runner(launcher, ir, backend, w, d)
                 with runner:
-                    rows += measure(name, ir, runner, sizes, slices, args.iters, args.warmup, nw, d)
+                    rows += measure(name, ir, runner, sizes, slices, args.iters, args.warmup, nw, d,
+                                    tuple(dict.fromkeys(PLACEMENTS[p] for p in places)))
     fitted = fits(rows)
     if args.json:
         print(json.dumps({"backend": backend, "rows": rows, "fits": fitted}, indent=1))
@@ -179,17 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         from rich.table import Table
         t = Table(title=f"slot cost ({backend})")
-        for c in ("algorithm", "size", "warps", "direct", "slice", "slots", "time us"):
+        for c in ("algorithm", "size", "warps", "direct", "place", "slice", "slots", "time us"):
             t.add_column(c, justify="right")
         for r in rows:
-            t.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"], str(r["slice"]),
+            t.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"],
+                      "in" if r["inplace"] else "out", str(r["slice"]),
                       str(r["slots"]), "-" if r["time_us"] is None else f"{r['time_us']:.1f}")
         Console().print(t)
         f = Table(title="slope of time against the busiest block's slots")
-        for c in ("algorithm", "size", "warps", "direct", "slot us", "vs model"):
+        for c in ("algorithm", "size", "warps", "direct", "place", "slot us", "vs model"):
             f.add_column(c, justify="right")
         for r in fitted:
-            f.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"],
+            f.add_row(r["algorithm"], str(r["bytes"]), str(r["nwarps"]), r["direct"], "in" if r["inplace"] else "out",
                       "-" if r["slot_us"] is None else f"{r['slot_us']:.3f}",
                       "-" if r["vs_model"] is None else f"{r['vs_model']:.2f}")
         Console().print(f)

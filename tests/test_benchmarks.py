@@ -230,6 +230,15 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     out = json.loads(capsys.readouterr().out)
     assert {(f["nwarps"], f["direct"]) for f in out["fits"]} == {(2, "auto"), (2, "off"), (1, "auto"), (1, "off")}
     assert all(r["wrong"] == 0 and r["time_us"] is not None for r in out["rows"]) and len(out["rows"]) == 8
+    # in place too: a row and a slope per placement, each checked by the oracle
+    assert sc.main(["--backend", "cpu", "--algorithms", "ring_allreduce:3", "--sizes", "24K", "--slices",
+                    "4K,2K", "--placement", "out,in", "--iters", "1", "--warmup", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["inplace"], r["slice"], r["wrong"]) for r in out["rows"]] == \
+        [(False, 4096, 0), (False, 2048, 0), (True, 4096, 0), (True, 2048, 0)]
+    assert [f["inplace"] for f in out["fits"]] == [False, True]
+    with pytest.raises(SystemExit, match="--placement"):
+        sc.main(["--backend", "cpu", "--placement", "sideways"])
 
 
 def test_rs_ag_gap_simulates_both_halves_of_one_packing(capsys):
