@@ -19,7 +19,9 @@ groups):
    exponentially many: the singletons, their complements and the machine nodes go in first, and
    the program is solved again with every set a max-flow from ``s`` finds short (its minimum cut's
    sink side), until none is.
-2. **The trees** (:func:`branchings`), grown one at a time from the multiplicities, breadth first.
+2. **The trees** (:func:`branchings`), grown one at a time from the multiplicities, breadth first,
+   then made shallower by exchanges between trees that keep every arc's multiplicity
+   (:mod:`.exchanges`; growing fills every resource, so late trees snake through every rank).
    A tree carries a count of identical copies (all ``k`` of its root at first). Adding arc
    ``x -> y`` to tree ``j`` keeps the rest packable for ``mu`` of its copies, where ``mu`` is the
    maximum ``x -> y`` flow in the remaining arcs, with every other unfinished tree ``i`` as a
@@ -312,11 +314,20 @@ def branchings(n: int, arcs: np.ndarray, k: int, deadline: float) -> list[tuple[
 
 
 def trees_on(net: Network, mult: np.ndarray, k: int, deadline: float) -> list[tuple[int, np.ndarray, int]] | None:
-    """:func:`branchings` on the pair multiplicities ``mult`` of :func:`integral_arcs`."""
+    """:func:`branchings` on the pair multiplicities ``mult`` of :func:`integral_arcs`, made
+    shallower by :func:`.exchanges.shallower` (every arc keeps its multiplicity) over single ranks
+    and the parts of the network's partitions (its nodes)."""
+    from hccc.compiler.synth.exchanges import shallower
+
     n = net.nranks
     arcs = np.zeros((n, n), np.int64)
     arcs[net.psrc, net.pdst] = mult
-    return branchings(n, arcs, k, deadline)
+    trees = branchings(n, arcs, k, deadline)
+    if trees is None:
+        return None
+    parts = [np.flatnonzero(level == x) for level in net.levels for x in np.unique(level)]
+    parents, _ = shallower([par for _, par, _ in trees], [c for _, _, c in trees], parts, deadline)
+    return [(r, par, c) for (r, _, c), par in zip(trees, parents)]
 
 
 def variables(net: Network, perms: np.ndarray | None = None) -> int:
