@@ -11,6 +11,8 @@
                                                             # 64 GPUs in nodes of two kinds
     python benchmarks/synth_quality.py --clusters '' --multirail '' --mi250 2,4
                                                             # 32 and 64 MI250 GCDs (ForestColl's cluster)
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --random 1,2,3,4,5,6
+                                                            # seeded random clusters of AMD nodes
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -35,6 +37,11 @@ benchmarks/synth_scale.py's 64 GPUs in 4 nodes of 4 and 6 of 8, in its H20 or V1
 MI250 clusters (``--mi250``, default none): the cluster ForestColl's paper evaluates on, nodes of
 eight MI250s (16 GCDs) joined by 1, 2 or 4 xGMI links of 50 GB/s each way (the two GCDs
 of a package by 4), each GCD with a 16 GB/s NIC, every pair of nodes through the NICs.
+Random clusters (``--random SEEDS``, default none): per seed, 2-6 identical nodes of 4-8 AMD GPUs
+(the seed draws the counts), a ring inside each node and each other pair linked with probability
+0.4, every link 25 or 50 GB/s with 1 or 2 lanes, a 50 GB/s NIC per GPU, every pair of nodes through
+the NICs: clusters no one tuned for, where the thread blocks an AMD GPU keeps resident (fewer than
+an H100) and the slice floor bind.
 """
 from __future__ import annotations
 
@@ -80,6 +87,26 @@ def mi250_text(nodes: int, xgmi_gbps: float = 50.0, nic_gbps: float = 16.0) -> s
                     gpu="MI250")
     return format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")],
                                        comment=f"{nodes} x 8 MI250 (16 GCDs each), xGMI, one {nic_gbps:g} GB/s NIC per GCD"))
+
+
+def random_text(seed: int) -> str:
+    """The random cluster of ``seed`` (module docstring) in the .topo language: the same text for a
+    seed on every machine (its own ``random.Random``)."""
+    import random
+
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, format_topology
+
+    rng = random.Random(seed)
+    nodes, gpn = rng.randint(2, 6), rng.choice([4, 6, 8])
+    links = []
+    for a in range(gpn):
+        for b in range(a + 1, gpn):
+            if b == a + 1 or (a == 0 and b == gpn - 1) or rng.random() < 0.4:
+                bw, lanes = rng.choice([25.0, 50.0]), rng.choice([1, 1, 2])
+                links += [LinkSpec(a, b, bw, lanes), LinkSpec(b, a, bw, lanes)]
+    node = NodeSpec(gpn, {"direct": links}, nics=[NicSpec((g,), 50.0) for g in range(gpn)], vendor="amd", gpu="MI250")
+    return format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")],
+                                       comment=f"random cluster {seed}: {nodes} x {gpn} AMD GPUs, a 50 GB/s NIC each"))
 
 
 def one(topo: str, collective: str, method: str, time_limit: float, sim_large: bool = False) -> dict:
@@ -193,6 +220,8 @@ def main() -> int:
                                                  "64 GPUs in nodes of two kinds (default none)")
     ap.add_argument("--mi250", default="", help="MI250 cluster sizes in nodes of 16 GCDs (comma-separated; "
                                                 "default none)")
+    ap.add_argument("--random", default="", help="seeds of random clusters of AMD nodes (comma-separated; "
+                                                 "default none; see the module docstring)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -225,6 +254,10 @@ def main() -> int:
     for nodes in [int(x) for x in args.mi250.split(",") if x.strip()]:
         path = Path(tmp.name) / f"mi250_{nodes}x16.topo"
         path.write_text(mi250_text(nodes))
+        cases.append((path.stem, str(path)))
+    for seed in [int(x) for x in args.random.split(",") if x.strip()]:
+        path = Path(tmp.name) / f"random_{seed}.topo"
+        path.write_text(random_text(seed))
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "

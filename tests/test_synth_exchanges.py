@@ -119,3 +119,49 @@ def test_a_part_trades_whole():
     assert made == 1
     assert out[0].tolist() == [-1, 0, 1, 4, 0] and out[1].tolist() == [1, 2, -1, 2, 3]
     assert _arcs(out, [1, 1]) == _arcs([a, b], [1, 1])
+
+
+def _random_cluster(seed: int):
+    """benchmarks/synth_quality.py's random cluster of ``seed``."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from synth_quality import random_text
+
+    from hccc.compiler.cluster.topo_parser import parse_topology
+    return random_text, parse_topology(random_text(seed), f"random_{seed}.topo")
+
+
+def test_the_benchmarks_random_clusters_are_seeded():
+    random_text, topo = _random_cluster(3)
+    assert random_text(3) == random_text(3) and random_text(3) != random_text(4)
+    assert topo.nranks == 24
+
+
+def test_integral_trees_on_a_random_cluster_keep_the_integer_programs_arcs_and_are_shallower():
+    """Three trees per root on benchmarks/synth_quality.py's random cluster 3 (3 nodes of 8 AMD
+    GPUs): the trees ``trees_on`` returns use every arc as often as the trees grown without
+    exchanges do (within the integer program's multiplicities), and are shallower."""
+    from hccc.compiler.synth import branchings as br
+    from hccc.compiler.synth import network_from_topology
+    from hccc.util import clock
+
+    _, topo = _random_cluster(3)
+    net = network_from_topology(topo)
+    cap = np.r_[np.asarray(net.bw, float), np.asarray(net.gbw if net.gbw is not None else [], float)]
+    k = 3
+    got = br.integral_arcs(net, k, cap, clock.now() + 60)
+    assert got is not None
+    n = net.nranks
+    arcs = np.zeros((n, n), np.int64)
+    arcs[net.psrc, net.pdst] = got[1]
+    grown = br.branchings(n, arcs, k, clock.now() + 60)
+    final = br.trees_on(net, got[1], k, clock.now() + 60)
+    used = [_arcs([p for _, p, _ in t], [c for _, _, c in t]) for t in (grown, final)]
+    assert used[1] == used[0]
+    assert all(m <= arcs[u, v] for (u, v), m in used[0].items())
+    assert sorted((r, c) for r, _, c in final) == sorted((r, c) for r, _, c in grown)
+    deepest = [max(max(_walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
+    total = [sum(max(_walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
+    assert deepest[1] <= deepest[0] and total[1] < total[0], (deepest, total)
