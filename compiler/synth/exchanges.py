@@ -23,8 +23,9 @@ import numpy as np
 
 from hccc.util import clock
 
-#: passes over every tree (each pass tries every tree, deepest first, and keeps an exchange per set)
-MAX_PASSES = 12
+#: passes over every tree (each tries every tree, deepest first; four MI250 nodes at three trees per
+#: root: 124, 27 and 4 exchanges, 0.2 s each, then none)
+MAX_PASSES = 3
 
 
 def depths(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -32,15 +33,18 @@ def depths(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ``t``, -1 at its root) and whether the row is a tree (every rank reaches a rank with no parent:
     no cycle), by pointer jumping."""
     T, n = parents.shape
-    rows = np.arange(T)[:, None]
     has = parents >= 0
-    d = has.astype(np.int64)
-    anc = np.where(has, parents, np.arange(n)[None, :])
+    d = has.astype(np.int64).ravel()
+    # flat indices: rank v of row t is t * n + v; a root points at itself
+    anc = (np.where(has, parents, np.arange(n)[None, :]) + (np.arange(T) * n)[:, None]).ravel()
     for _ in range(max(1, int(n).bit_length())):
-        d = d + d[rows, anc]
-        anc = anc[rows, anc]
-    ok = (parents[rows, anc] < 0).all(axis=1)
-    return d, ok
+        nxt = anc[anc]
+        d = d + d[anc]
+        if (nxt == anc).all():
+            break
+        anc = nxt
+    ok = (parents.ravel()[anc] < 0).reshape(T, n).all(axis=1)
+    return d.reshape(T, n), ok
 
 
 def _path_to_deepest(par: np.ndarray, d: np.ndarray) -> list[int]:
@@ -74,7 +78,11 @@ def shallower(parents: list[np.ndarray], counts: list[int], parts: list[np.ndarr
         for a in np.argsort(-H, kind="stable").tolist():
             if H[a] <= 1:
                 continue
-            tried = [np.array([v]) for v in _path_to_deepest(P[a], D[a])] + sets
+            path = _path_to_deepest(P[a], D[a])
+            on_path = np.zeros(P.shape[1], bool)
+            on_path[path] = True
+            # a set none of whose ranks lies on the way to a's deepest ranks leaves those as deep
+            tried = [np.array([v]) for v in path] + [S for S in sets if on_path[S].any()]
             for S in tried:
                 if deadline is not None and clock.now() > deadline:
                     return [p.copy() for p in P], made
@@ -91,8 +99,8 @@ def shallower(parents: list[np.ndarray], counts: list[int], parts: list[np.ndarr
                 na[:, S] = P[np.ix_(bs, S)]
                 nb = P[bs].copy()
                 nb[:, S] = P[a, S]
-                da, oka = depths(na)
-                db, okb = depths(nb)
+                dd, okk = depths(np.concatenate([na, nb]))      # both sides in one batch
+                da, db, oka, okb = dd[:bs.size], dd[bs.size:], okk[:bs.size], okk[bs.size:]
                 ha, hb = da.max(axis=1), db.max(axis=1)
                 new_max, new_sum = np.maximum(ha, hb), ha + hb
                 old_max, old_sum = np.maximum(H[a], H[bs]), H[a] + H[bs]
