@@ -69,7 +69,7 @@ def test_a_program_at_the_bound_ends_the_building():
 
 
 @pytest.mark.slow          # 14 s (three packings and their simulations)
-def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing():
+def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing(monkeypatch):
     """No program of a packing runs faster than the bound its LP proved: once one has run within
     the tolerance of that time, no candidate of that packing is built (mixed_v100_w7800 AllReduce:
     the joint packing runs at 1.14x of ReduceScatter + AllGather's optimum, so the three shapes of
@@ -77,7 +77,12 @@ def test_a_program_at_a_packings_bound_ends_the_others_of_that_packing():
     built, load the link model for longer than the best program ran; and the program kept is the
     one every candidate simulated would keep."""
     from hccc.commands import synth as synth_cmd
+    from hccc.compiler.synth import trees as tr
 
+    # the rounding's integer program at 3 chunks per rank ends by its node limit in about 0.47 s,
+    # a hair under its time guard (trees.ROUND_MILP_EACH, 0.5 s): on a busy machine the guard
+    # ended it first, now and then, and the two runs compared here rounded differently
+    monkeypatch.setattr(tr, "ROUND_MILP_EACH", 30.0)
     topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     floors = []
 
