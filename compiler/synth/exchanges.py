@@ -6,7 +6,7 @@ time the link model leaves out: a slice crosses its tree's hops one after anothe
 fills and drains over about as many slice times as its tree has levels. Integral packings
 (:mod:`.branchings`), which fill every resource to the bound, grow trees that snake through every
 rank of a node and through the nodes one after another (four MI250 nodes at three trees per root:
-up to 26 hops deep where 6 reach every rank).
+the shallowest trees 6 levels deep, the deepest 26).
 
 Two trees ``A`` and ``B`` of the same count may exchange the parents of a set ``S`` of ranks that
 neither is rooted in: ``A`` takes ``B``'s arcs into ``S`` and ``B`` takes ``A``'s. Every arc keeps
