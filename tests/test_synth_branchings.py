@@ -16,18 +16,8 @@ from hccc.compiler.synth import branchings as br
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth import trees as tr
 from hccc.util import clock
+from test_synth_exchanges import _walk_depths
 from test_synth_trees import M, _mi250, _model_time, _optimum, clusters
-
-
-def _depths(par) -> list[int]:
-    """Every rank's depth, by walking to the root."""
-    out = []
-    for v in range(len(par)):
-        d = 0
-        while par[v] >= 0:
-            v, d = int(par[v]), d + 1
-        out.append(d)
-    return out
 
 
 def _capacities(net) -> np.ndarray:
@@ -228,4 +218,4 @@ def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
     assert pk.lower_bound * M / net.nranks / _model_time(topo, tr.allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
     # grown one after another, the last trees snaked up to 26 levels deep; the exchanges
     # (compiler/synth/exchanges.py), which keep every arc, leave none deeper than 16
-    assert max(max(_depths(p)) for p in pk.parents) <= 16
+    assert max(max(_walk_depths(p)) for p in pk.parents) <= 16

@@ -1024,7 +1024,7 @@ def _flatten(net: Network, roots, parents, counts, K: int, loads: _Loads, own) -
         changed = True
         while changed:
             changed = False
-            d = _depths(par, r)
+            d = _depths(par)
             for v in np.argsort(d, kind="stable").tolist():
                 p = int(par[v])
                 if p < 0 or p == r:
@@ -1163,17 +1163,11 @@ def _repair(counts: np.ndarray, root: np.ndarray, load_unit: np.ndarray, capn: n
 
 
 # ---------------------------------------------------------------- transfers
-def _depths(parent: np.ndarray, root: int) -> np.ndarray:
-    n = parent.size
-    depth = np.full(n, -1, np.int64)
-    depth[root] = 0
-    changed = True
-    while changed:           # at most tree-height passes
-        known = parent >= 0
-        upd = known & (depth < 0) & (depth[np.where(known, parent, 0)] >= 0)
-        changed = bool(upd.any())
-        depth[upd] = depth[parent[upd]] + 1
-    return depth
+def _depths(parent: np.ndarray) -> np.ndarray:
+    """Depth of every rank in the spanning tree ``parent`` (-1 at its root): :func:`.exchanges.depths`."""
+    from hccc.compiler.synth.exchanges import depths
+
+    return depths(np.asarray(parent, np.int64)[None, :])[0][0]
 
 
 def _tree_rows(packing: Packing, reduce: bool, trees) -> np.ndarray:
@@ -1183,7 +1177,7 @@ def _tree_rows(packing: Packing, reduce: bool, trees) -> np.ndarray:
     out = []
     for t in trees:
         r, par, cnt = packing.roots[t], packing.parents[t], packing.counts[t]
-        d = _depths(par, r)
+        d = _depths(par)
         v = np.flatnonzero(par >= 0)
         if reduce:
             step = _reduce_steps(par, d)
