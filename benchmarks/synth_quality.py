@@ -13,6 +13,8 @@
                                                             # 32 and 64 MI250 GCDs (ForestColl's cluster)
     python benchmarks/synth_quality.py --clusters '' --multirail '' --random 1,2,3,4,5,6
                                                             # seeded random clusters of AMD nodes
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --mixed 1,2,3,4,5,6
+                                                            # seeded mixed clusters (vendors, sizes, links)
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -42,6 +44,13 @@ Random clusters (``--random SEEDS``, default none): per seed, 2-6 identical node
 0.4, every link 25 or 50 GB/s with 1 or 2 lanes, a 50 GB/s NIC per GPU, every pair of nodes through
 the NICs: clusters no one tuned for, where the thread blocks an AMD GPU keeps resident (fewer than
 an H100) and the slice floor bind.
+Mixed clusters (``--mixed SEEDS``, default none): per seed, 2-5 nodes, alike (probability 0.4)
+or each drawn apart: NVIDIA or AMD, and one of two kinds, drawn per cluster. Half the seeds have
+fast NICs (50 or 100 GB/s) on nodes of 4-8 GPUs with sparse direct links (a ring and each other pair
+with probability 0.3; 16-100 GB/s, 1 or 2 lanes, one direction in five slower than the other), a
+NIC per GPU or per two, so that the links inside the nodes bind. The other half have nodes of 1-8 GPUs on
+a switch (100-300 GB/s per pair) or on such direct links, and 12.5-50 GB/s NICs per GPU, per two
+or per node. Every pair of nodes talks through the NICs.
 """
 from __future__ import annotations
 
@@ -198,6 +207,48 @@ def fmt(v, f="{:.3f}") -> str:
     return "-" if v is None else (f.format(v) if not isinstance(v, bool) else ("yes" if v else "NO"))
 
 
+def _mixed_node(rng, tight: bool):
+    """One node of :func:`mixed_text`: its GPU count, vendor, links inside and NICs."""
+    from hccc.compiler.cluster.topo_parser import LinkSpec, NicSpec, NodeSpec
+
+    gpn = rng.choice([4, 6, 8]) if tight else rng.choice([1, 2, 3, 4, 4, 6, 8, 8])
+    vendor = rng.choice(["nvidia", "amd"])
+    kind = "direct" if tight else rng.choice(["switch", "direct", "direct"])
+    links = []
+    if kind == "switch":
+        links = [LinkSpec(a, b, rng.choice([100.0, 200.0, 300.0])) for a in range(gpn) for b in range(gpn) if a != b]
+    else:
+        for a in range(gpn):
+            for b in range(a + 1, gpn):
+                if b == a + 1 or (a == 0 and b == gpn - 1) or rng.random() < 0.3:
+                    bw, lanes = rng.choice([16.0, 25.0, 50.0, 100.0]), rng.choice([1, 1, 2])
+                    back = bw if rng.random() < 0.8 else rng.choice([16.0, 25.0, 50.0])   # one way slower
+                    links += [LinkSpec(a, b, bw, lanes), LinkSpec(b, a, back, lanes)]
+    share = rng.choice([1, 1, 2]) if tight else rng.choice([1, 1, 2, gpn])
+    nic = rng.choice([50.0, 100.0]) if tight else rng.choice([12.5, 25.0, 50.0])
+    nics = [NicSpec(tuple(range(g, min(gpn, g + share))), nic) for g in range(0, gpn, share)]
+    return NodeSpec(gpn, {kind: links} if links else None, nics=nics, vendor=vendor,
+                    gpu="MI250" if vendor == "amd" else "A100")
+
+
+def mixed_text(seed: int) -> str:
+    """The mixed cluster of ``seed`` (module docstring) in the .topo language: the same text for a
+    seed on every machine (its own ``random.Random``)."""
+    import random
+
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, format_topology
+
+    rng = random.Random(seed)
+    tight = rng.random() < 0.5
+    nodes = rng.randint(2, 5)
+    alike = rng.random() < 0.4
+    first = _mixed_node(rng, tight)
+    specs = [first if alike or i == 0 else _mixed_node(rng, tight) for i in range(nodes)]
+    return format_topology(ClusterSpec(specs, [InternodeSpec("all", "nic")],
+                                       comment=f"mixed cluster {seed}: {nodes} nodes, "
+                                               f"{'fast NICs, direct links' if tight else 'any links and NICs'}"))
+
+
 def hetero_text(flavour: str) -> str:
     """benchmarks/synth_scale.py's 64-GPU cluster of 4- and 8-GPU nodes, as .topo text."""
     import importlib.util
@@ -222,6 +273,8 @@ def main() -> int:
                                                 "default none)")
     ap.add_argument("--random", default="", help="seeds of random clusters of AMD nodes (comma-separated; "
                                                  "default none; see the module docstring)")
+    ap.add_argument("--mixed", default="", help="seeds of mixed clusters (vendors, node sizes, links, NICs; "
+                                                "comma-separated; default none; see the module docstring)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -258,6 +311,10 @@ def main() -> int:
     for seed in [int(x) for x in args.random.split(",") if x.strip()]:
         path = Path(tmp.name) / f"random_{seed}.topo"
         path.write_text(random_text(seed))
+        cases.append((path.stem, str(path)))
+    for seed in [int(x) for x in args.mixed.split(",") if x.strip()]:
+        path = Path(tmp.name) / f"mixed_{seed}.topo"
+        path.write_text(mixed_text(seed))
         cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
