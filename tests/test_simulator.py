@@ -228,6 +228,41 @@ def test_dependency_across_thread_blocks_serialises():
     assert r.time_s == pytest.approx(1e-6 + S / 25e9 + 2e-6 + S / 50e9, rel=1e-12)
 
 
+#: (GB/s, alpha us) of the links 0->2, 1->2 and 2->3: one receive slower throughout, or the
+#: receives crossing (1->2 late for the first micro-batch, 0->2 for the seventh on: a TB that
+#: waited on its second dependency must check its first again for the next micro-batch)
+TWO_DEPS = {"one slower": {(0, 2): (40.0, 1.0), (1, 2): (10.0, 3.0), (2, 3): (25.0, 2.0)},
+            "crossing": {(0, 2): (20.0, 1.0), (1, 2): (100.0, 100.0), (2, 3): (25.0, 2.0)}}
+
+
+@pytest.mark.parametrize("nmb", [1, 3, 8])
+@pytest.mark.parametrize("fast_first", [True, False])
+@pytest.mark.parametrize("case", sorted(TWO_DEPS))
+def test_a_thread_block_with_two_dependencies_waits_for_the_later_each_micro_batch(nmb, fast_first, case):
+    """Rank 2 receives from ranks 0 and 1 on two TBs, over links of different speeds; a third TB
+    forwards to rank 3 once both receives of a micro-batch are done (two dependencies, met at
+    different times, listed in either order). Each micro-batch's send starts at the later of the
+    two receives and the end of the previous send (a recurrence computed here)."""
+    s = MiB
+    bw = {k: v[0] for k, v in TWO_DEPS[case].items()}
+    alpha = {k: v[1] for k, v in TWO_DEPS[case].items()}
+    links = {k: (bw[k], 1, alpha[k]) for k in bw}
+    first, second = ((2, 0, 0), (2, 1, 0)) if fast_first else ((2, 1, 0), (2, 0, 0))
+    ir = hand_ir(4, 1, [(0, [(Op.SEND, 2, -1, 0)]), (1, [(Op.SEND, 2, -1, 0)]), (2, [(Op.RECV, -1, 0, 0)]),
+                        (2, [(Op.RECV, -1, 1, 0)]), (2, [(Op.SEND, 3, -1, 0)]), (3, [(Op.RECV, -1, 2, 0)])],
+                 deps=[((2, 2, 0), first), ((2, 2, 0), second)], chunk_bytes=s, check=False)
+    r = simulate(ir, cluster(4, links), nmb * s)
+
+    def arrive(link, k):        # slice k of a sender that sends back to back
+        return alpha[link] * 1e-6 + (k + 1) * s / (bw[link] * 1e9)
+
+    end = 0.0
+    for k in range(nmb):
+        ready = max(arrive((0, 2), k), arrive((1, 2), k))
+        end = max(ready, end) + s / (bw[(2, 3)] * 1e9)
+    assert r.time_s == pytest.approx(end + alpha[(2, 3)] * 1e-6, rel=1e-12)
+
+
 def test_gamma_cost_of_a_reduction():
     S = 4 * MiB
     ir = hand_ir(2, 1, [(0, [(Op.SEND, 1, -1, 0)]), (1, [(Op.RECV_REDUCE_COPY, -1, 0, 0)])], chunk_bytes=S)
