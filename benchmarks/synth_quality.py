@@ -48,9 +48,9 @@ Mixed clusters (``--mixed SEEDS``, default none): per seed, 2-5 nodes, alike (pr
 or each drawn apart: NVIDIA or AMD, and one of two kinds, drawn per cluster. Half the seeds have
 fast NICs (50 or 100 GB/s) on nodes of 4-8 GPUs with sparse direct links (a ring and each other pair
 with probability 0.3; 16-100 GB/s, 1 or 2 lanes, one direction in five slower than the other), a
-NIC per GPU or per two, so that the links inside the nodes bind. The other half have nodes of 1-8 GPUs on
-a switch (100-300 GB/s per pair) or on such direct links, and 12.5-50 GB/s NICs per GPU, per two
-or per node. Every pair of nodes talks through the NICs.
+NIC per GPU or per two, so that the links inside the nodes bind. The other half have nodes of 1-8
+GPUs on a switch (100, 200 or 300 GB/s each way of each pair, drawn apart) or on such direct links,
+and 12.5-50 GB/s NICs per GPU, per two or per node. Every pair of nodes talks through the NICs.
 """
 from __future__ import annotations
 

@@ -622,7 +622,7 @@ def test_simulated_tree_programs_reach_the_independent_optimum_on_mixed_clusters
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 7])
 def test_simulated_tree_programs_reach_the_independent_optimum_on_mixed_clusters_of_fast_nics(seed):
-    """Mixed clusters 1 (two nodes of 6 AMD GPUs) and 7 (three nodes of 4 GPUs): sparse direct
+    """Mixed clusters 1 (two nodes of 6 AMD GPUs) and 7 (three nodes of 4 NVIDIA GPUs): sparse direct
     links inside the nodes, some faster one way, under 50-100 GB/s NICs, so that the links inside
     bind (the optimum's LP takes ~20 s at 12 GPUs)."""
     topo = _mixed(seed)
