@@ -293,29 +293,24 @@ def main() -> int:
              sorted(p.stem for p in (ROOT / "examples/clusters").glob("*.topo")))
     for name in names:
         cases.append((name, str(ROOT / "examples/clusters" / f"{name}.topo")))
-    tmp = tempfile.TemporaryDirectory()
-    for nodes in [int(x) for x in args.multirail.split(",") if x.strip()]:
-        path = Path(tmp.name) / f"h800_multirail_{nodes}x8.topo"
-        path.write_text(multirail_text(nodes))
-        cases.append((path.stem, str(path)))
-    for flavour in [x.strip() for x in args.hetero.split(",") if x.strip()]:
+    flavours = [x.strip() for x in args.hetero.split(",") if x.strip()]
+    for flavour in flavours:
         if flavour not in ("h20", "v100"):
             ap.error(f"--hetero: unknown flavour {flavour!r} (h20, v100)")
-        path = Path(tmp.name) / f"hetero64_{flavour}.topo"
-        path.write_text(hetero_text(flavour))
-        cases.append((path.stem, str(path)))
-    for nodes in [int(x) for x in args.mi250.split(",") if x.strip()]:
-        path = Path(tmp.name) / f"mi250_{nodes}x16.topo"
-        path.write_text(mi250_text(nodes))
-        cases.append((path.stem, str(path)))
-    for seed in [int(x) for x in args.random.split(",") if x.strip()]:
-        path = Path(tmp.name) / f"random_{seed}.topo"
-        path.write_text(random_text(seed))
-        cases.append((path.stem, str(path)))
-    for seed in [int(x) for x in args.mixed.split(",") if x.strip()]:
-        path = Path(tmp.name) / f"mixed_{seed}.topo"
-        path.write_text(mixed_text(seed))
-        cases.append((path.stem, str(path)))
+
+    def ints(text: str) -> list[int]:
+        return [int(x) for x in text.split(",") if x.strip()]
+
+    # generated clusters: (the values asked for, the cluster's name, its .topo text of a value)
+    generated = [(ints(args.multirail), "h800_multirail_{}x8", multirail_text), (flavours, "hetero64_{}", hetero_text),
+                 (ints(args.mi250), "mi250_{}x16", mi250_text), (ints(args.random), "random_{}", random_text),
+                 (ints(args.mixed), "mixed_{}", mixed_text)]
+    tmp = tempfile.TemporaryDirectory()
+    for values, name, text in generated:
+        for value in values:
+            path = Path(tmp.name) / f"{name.format(value)}.topo"
+            path.write_text(text(value))
+            cases.append((path.stem, str(path)))
     rows = []
     head = (f"{'cluster':24s} {'N':>4s} {'collective':13s} {'method':6s} {'opt busbw':>9s} {'sim':>6s} {'AR bound':>8s} "
             f"{'RS+AG':>6s} {'model':>6s} {'LP=bound':>8s} {'K':>3s} {'ch':>3s} {'slice':>5s} {'TBs':>4s} {'blocks':>6s} {'wall s':>7s} {'peak MB':>7s}"
