@@ -311,6 +311,53 @@ def test_allgather_gets_local_copy_of_own_chunk():
             (Buf.INPUT, 0, Buf.OUTPUT, r)
 
 
+@given(algorithms())
+@settings(max_examples=40)
+def test_local_copies_are_one_primitive_per_run(alg):
+    """The copies a rank makes of chunks no transfer writes: together (each primitive's count
+    expanded) every such (rank, output chunk) once, from the slot of the rank's input that holds
+    it; a primitive per run of consecutive slots, so an AllGather rank copies its K own chunks in
+    one primitive (a unit per micro-batch, not K)."""
+    from hccc.compiler.passes.verify import final_rows
+
+    if alg.header.collective is Collective.ALLTOALL:
+        return                      # its own block and its parked arrivals: _check_alltoall_mapping
+    h = alg.header
+    N, K, C = h.nranks, h.chunks_per_rank, alg.header.nchunks
+    _, _, low = _lower_checked(alg, fuse=False)
+    c = low.cols
+    written = {(int(d), int(ch)) for d, ch in zip(alg.dst, alg.chunk)}
+    rows = final_rows(h.collective, N, C, h.root)
+    want = {(int(x // C), int(x % C)) for x in rows} - written
+    got = []
+    for i in np.flatnonzero(c["op"] == Op.COPY):
+        r, n = int(c["rank"][i]), int(c["count"][i])
+        assert c["dst_buf"][i] == Buf.OUTPUT and c["src_buf"][i] == Buf.INPUT
+        for j in range(n):
+            so, do = int(c["src_off"][i]) + j, int(c["dst_off"][i]) + j
+            # an input slot holds the rank's own chunks when the input is the rank's part only
+            held = r * low.in_chunks + so if low.in_chunks * N == low.nchunks else so
+            assert held == do, (r, so, do)
+            got.append((r, do))
+    assert sorted(got) == sorted(want)
+    # runs: no two copies of a rank that one primitive could have made
+    cp = np.flatnonzero(c["op"] == Op.COPY)
+    ends = {(int(c["rank"][i]), int(c["src_off"][i]) + int(c["count"][i]), int(c["dst_off"][i]) + int(c["count"][i]))
+            for i in cp}
+    assert not any((int(c["rank"][i]), int(c["src_off"][i]), int(c["dst_off"][i])) in ends for i in cp)
+
+
+def test_allgather_rank_copies_its_chunks_in_one_primitive():
+    alg = G.split_chunks(G.ring_allgather(4), 3)
+    _, _, low = _lower_checked(alg)
+    c = low.cols
+    cp = np.flatnonzero(c["op"] == Op.COPY)
+    assert sorted(c["rank"][cp].tolist()) == [0, 1, 2, 3]
+    for i in cp:
+        r = int(c["rank"][i])
+        assert (c["src_off"][i], c["dst_off"][i], c["count"][i]) == (0, 3 * r, 3)
+
+
 @pytest.mark.parametrize("coll", list(Collective))
 def test_one_rank_program_is_a_local_copy(coll):
     alg = Algorithm.from_rows(Header(nranks=1, collective=coll, name="solo"), [])

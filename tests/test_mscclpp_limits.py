@@ -90,3 +90,16 @@ def test_a_thousand_gpu_compile_goes_on_without_the_plan(tmp_path, capsys):
         in capsys.readouterr().err
     man = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert man["mscclpp_plan"] is None and not list((tmp_path / "out").glob("*.mscclpp.json"))
+
+
+def test_a_long_last_primitive_is_refused_not_left_too_long():
+    """A thread block cut between primitives: where the piece after the last cut is one primitive
+    too long for a block, that is said (as for a first primitive), not left to the executor."""
+    lim = PlanLimits(max_operations=8)
+    ops = [{"name": "copy"} for _ in range(9)]
+    with pytest.raises(CompileError, match="one primitive needs 7 operations"):
+        mscclpp_export._segments(ops, [2, 9], lim, [0], 0, "rank 0 thread block 0")
+    with pytest.raises(CompileError, match="one primitive needs 5 operations"):
+        mscclpp_export._segments(ops, [5, 9], lim, [0], 0, "rank 0 thread block 0")
+    segs = mscclpp_export._segments(ops, [3, 6, 9], lim, [0], 0, "rank 0 thread block 0")
+    assert [sum(op["name"] == "copy" for op in s) for s in segs] == [3, 3, 3]

@@ -478,13 +478,13 @@ def _segments(ops: list[dict], cuts: list[int], lim: PlanLimits, sems: list[int]
     bounds = [c for c in cuts if c > 0] + ([len(ops)] if not cuts or cuts[-1] != len(ops) else [])
     prev = 0
     for c in bounds:
-        if c - start > body:
-            if prev == start:
-                raise _refuse(f"{label}: one primitive needs {c - start} operations, more than fit one thread "
-                              f"block ({lim.max_operations}, MAX_OPERATION, with the operations chaining it to the "
-                              f"block before and after); fewer instances or fewer chunks per step would fit")
+        if c - start > body and prev > start:
             pieces.append(ops[start:prev])
             start = prev
+        if c - start > body:        # the primitive from ``start`` to ``c`` alone is too long
+            raise _refuse(f"{label}: one primitive needs {c - start} operations, more than fit one thread "
+                          f"block ({lim.max_operations}, MAX_OPERATION, with the operations chaining it to the "
+                          f"block before and after); fewer instances or fewer chunks per step would fit")
         prev = c
     pieces.append(ops[start:])
     out = []

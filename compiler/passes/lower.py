@@ -244,6 +244,18 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         last_pipe = int(pipe.max()) if T else 0
         copy_pipe = np.concatenate([copy_pipe, np.full(nA, last_pipe, np.int64)])
         nK += nA
+    # each rank's copies of consecutive slots into consecutive slots: one primitive of that many
+    # chunks (a unit per micro-batch for them all, not one per chunk: a tree AllGather's rank
+    # copies its K own chunks on one thread block, whose sends waited behind K units per micro-batch)
+    plain = nK if a2a is None else nK - len(a2a.copy_rank)     # the a2a copies after them carry deps
+    copy_cnt = np.ones(nK, np.int64)
+    if plain > 1:
+        keep, cnt = _copy_runs(cr[:plain], copy_src[:plain], copy_dst[:plain])
+        keep = np.r_[keep, np.arange(plain, nK)]
+        copy_cnt = np.r_[cnt, np.ones(nK - plain, np.int64)]
+        cr, copy_src, copy_dst = cr[keep], copy_src[keep], copy_dst[keep]
+        copy_sbuf, copy_key, copy_pipe = copy_sbuf[keep], copy_key[keep], copy_pipe[keep]
+        nK = len(keep)
 
     n = nS + nR + nK
     cols = {
@@ -258,7 +270,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
                                    np.full(nK, Buf.OUTPUT, np.int8)]),
         "dst_off": np.concatenate([np.zeros(nS, np.int64), w_off, copy_dst]),
-        "count": np.ones(n, np.int64),
+        "count": np.r_[np.ones(nS + nR, np.int64), copy_cnt],
         "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
         "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
     }
@@ -568,6 +580,17 @@ def _cut_rank_revisits(fused_send: np.ndarray, src: np.ndarray, dst: np.ndarray)
         b = db[first]
         cut_a = prev_task[b]   # b is received at p2 and has depth p2 - 1 >= 1, so it has a predecessor
         fused_send[cut_a[cut_a >= 0]] = -1
+
+
+def _copy_runs(rank: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The copies (``rank``, source slot ``src``, destination slot ``dst``, one chunk each) as
+    runs: the indices of the first copy of each run and the run's length, a run being copies of
+    one rank from consecutive slots into consecutive slots (in the order of their source slots)."""
+    o = lexsort((src, rank))
+    r, s, d = rank[o], src[o], dst[o]
+    start = np.r_[True, (r[1:] != r[:-1]) | (s[1:] != s[:-1] + 1) | (d[1:] != d[:-1] + 1)]
+    first = np.flatnonzero(start)
+    return o[first], np.diff(np.r_[first, len(o)]).astype(np.int64)
 
 
 def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
