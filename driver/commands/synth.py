@@ -157,16 +157,23 @@ def tree_simulated_score(sims: "Simulations"):
     is not available; a candidate already simulated is not simulated again). Infinity, not
     simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the
     collective's bound (:meth:`Simulations.bound_seconds`: no other shape can gain more than that;
-    the bound is computed only then)."""
+    the bound is computed only then). An AllGather or ReduceScatter candidate short of
+    :data:`THIN_SLICES_BELOW` of the bound is scored at the slices it would be written with
+    (:func:`_thinner`; until :data:`THIN_CHOOSE_MOST` such tries ran a simulation)."""
     if not sims.available:
         return None
     from hccc.compiler.synth.collectives import SynthResult
 
     best: list[float] = []
+    thinned: dict[tuple, float] = {}     # candidates tried at smaller slices -> their score
+    tries: list[bool] = []               # whether each such try ran a simulation
 
     def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
                            sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
+        key = sims._key(cand) + (int(channels),)
+        if key in thinned:
+            return thinned[key]
         known = sims.known(cand, int(channels))
         if known is not None:
             return known
@@ -176,6 +183,16 @@ def tree_simulated_score(sims: "Simulations"):
         t = sims.seconds(cand, int(channels))
         if t is None:
             return float("inf")
+        if collective in THIN_WHILE_CHOOSING and sum(tries) < THIN_CHOOSE_MOST and \
+                sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
+                not (best and min(best) <= sims.least_seconds(cand)):
+            # short of the bound, where smaller slices may fill its pipelines faster: scored at the
+            # slices it would be written with (a candidate that trails at hccc's default may lead
+            # at its own; none is tried that cannot beat the best whatever its slices)
+            ran = len(sims.times)
+            thin = _thinner(cand, sims, t, int(channels))
+            tries.append(len(sims.times) > ran)
+            t = thinned[key] = t if thin is None else thin
         best.append(t)
         return t
 
@@ -446,6 +463,16 @@ FIT_TOLERANCE = 0.01
 THIN_SLICES_BELOW = 0.99
 #: and those are kept where they run at least this much faster
 THIN_GAIN = 0.002
+#: the collectives whose tree candidates are each scored at their own slices (smaller ones where
+#: they run faster, :func:`_thinner`), not only the program chosen: AllGather and ReduceScatter;
+#: an AllReduce's candidates are simulated at hccc's default slices only (twice the events a
+#: simulation; its program is measured against the larger of two references, :func:`_reach`)
+THIN_WHILE_CHOOSING = ("allgather", "reducescatter")
+#: at most this many of them (the first, in the packing's order of preference): each such try is
+#: a simulation of up to four times the events (a 40-GPU mixed cluster's ReduceScatter,
+#: ``synth_quality.py --mixed 106``: six candidates, 14 -> 37 s where every one was tried, the
+#: second the one kept)
+THIN_CHOOSE_MOST = 3
 
 
 class Simulations:
@@ -732,27 +759,31 @@ def _reach(bound: dict, fraction: float) -> float:
 
 
 def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None, phase) -> float | None:
-    """The program with smaller slices where its thread blocks can afford them
-    (:func:`hccc.compiler.passes.slicing.thin_policy`: thin streams, which wait for their data most
-    of the time, so a slot's own costs hide) and where it then runs faster: more micro-batches
-    per chunk shorten the fill and drain of its trees' pipelines, which large chunk counts make a
-    large share of a call. Each affordable policy is simulated, smallest slice first, until one
-    runs faster than the program at hccc's default (by :data:`THIN_GAIN`); one whose simulation
-    would not end before the deadline (the default's wall time, scaled by the slots) is not
-    started. The one found faster is kept
-    (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``).
-    Only for a program simulated below :data:`THIN_SLICES_BELOW` of the least time any program
-    needs (:func:`_reach`) while the deadline leaves time. Returns the program's fraction of the
-    cut bound, as simulated."""
-    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
-
+    """The program with smaller slices where its thread blocks can afford them and where it then
+    runs faster (:func:`_thinner`). Only for a program simulated below :data:`THIN_SLICES_BELOW`
+    of the least time any program needs (:func:`_reach`) while the deadline leaves time. Returns
+    the program's fraction of the cut bound, as simulated."""
     if fraction is None or _reach(bound, fraction) >= THIN_SLICES_BELOW or sims.time_left <= 0:
         return fraction
     phase.update("simulating the program with smaller slices")
-    bound_s = bound["seconds"]
-    channels = int(result.detail.get("channels", 1))
+    t = _thinner(result, sims, bound["seconds"] / fraction, int(result.detail.get("channels", 1)))
+    return fraction if t is None else bound["seconds"] / t
+
+
+def _thinner(result, sims: Simulations, before: float, channels: int) -> float | None:
+    """Simulated seconds of ``result``'s program (``before`` seconds at its slice policy, hccc's
+    default, with ``channels``) at the smallest slices its thread blocks can afford
+    (:func:`hccc.compiler.passes.slicing.thin_policy`: thin streams, which wait for their data most
+    of the time, so a slot's own costs hide) that run faster by :data:`THIN_GAIN`: more
+    micro-batches per chunk shorten the fill and drain of its trees' pipelines, which large chunk
+    counts make a large share of a call. Each affordable policy is simulated, smallest slice first,
+    until one is faster; one whose simulation would not end before the deadline (the default's
+    wall time, scaled by the slots) is not started. The one found faster is kept
+    (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``);
+    None, the policy unchanged, where none is."""
+    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
+
     ir = sims._ir(result, sims._key(result))
-    before = bound_s / fraction
     took = sims.walls.get(sims._key(result) + (channels,), sims.longest_s)
     slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
     for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
@@ -762,11 +793,11 @@ def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None,
         result.detail["slicing"] = policy.as_dict()
         t = sims.seconds(result, channels)
         if t is not None and t < before * (1 - THIN_GAIN):
-            return bound_s / t
+            return t
         del result.detail["slicing"]
         if sims.time_left <= 0:
             break
-    return fraction
+    return None
 
 
 def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:
