@@ -299,16 +299,18 @@ def test_buffer_sizes():
     assert buffer_sizes(Collective.ALLTOALL, 4, 3) == (12, 12, 0)
 
 
-def test_allgather_gets_local_copy_of_own_chunk():
-    alg = G.ring_allgather(4)
+@pytest.mark.parametrize("k", [1, 3])
+def test_allgather_gets_local_copy_of_own_chunks_in_one_primitive(k):
+    """A rank's K own chunks: one copy of K chunks (a unit per micro-batch for them all)."""
+    alg = G.ring_allgather(4) if k == 1 else G.split_chunks(G.ring_allgather(4), k)
     _, _, low = _lower_checked(alg)
     c = low.cols
     cp = np.flatnonzero(c["op"] == Op.COPY)
     assert sorted(c["rank"][cp].tolist()) == [0, 1, 2, 3]
     for i in cp:
         r = int(c["rank"][i])
-        assert (c["src_buf"][i], c["src_off"][i], c["dst_buf"][i], c["dst_off"][i]) == \
-            (Buf.INPUT, 0, Buf.OUTPUT, r)
+        assert (c["src_buf"][i], c["src_off"][i], c["dst_buf"][i], c["dst_off"][i], c["count"][i]) == \
+            (Buf.INPUT, 0, Buf.OUTPUT, k * r, k)
 
 
 @given(algorithms())
@@ -345,17 +347,6 @@ def test_local_copies_are_one_primitive_per_run(alg):
     ends = {(int(c["rank"][i]), int(c["src_off"][i]) + int(c["count"][i]), int(c["dst_off"][i]) + int(c["count"][i]))
             for i in cp}
     assert not any((int(c["rank"][i]), int(c["src_off"][i]), int(c["dst_off"][i])) in ends for i in cp)
-
-
-def test_allgather_rank_copies_its_chunks_in_one_primitive():
-    alg = G.split_chunks(G.ring_allgather(4), 3)
-    _, _, low = _lower_checked(alg)
-    c = low.cols
-    cp = np.flatnonzero(c["op"] == Op.COPY)
-    assert sorted(c["rank"][cp].tolist()) == [0, 1, 2, 3]
-    for i in cp:
-        r = int(c["rank"][i])
-        assert (c["src_off"][i], c["dst_off"][i], c["count"][i]) == (0, 3 * r, 3)
 
 
 @pytest.mark.parametrize("coll", list(Collective))
