@@ -159,14 +159,15 @@ def tree_simulated_score(sims: "Simulations"):
     collective's bound (:meth:`Simulations.bound_seconds`: no other shape can gain more than that;
     the bound is computed only then). An AllGather or ReduceScatter candidate short of
     :data:`THIN_SLICES_BELOW` of the bound is scored at the slices it would be written with
-    (:func:`_thinner`; until :data:`THIN_CHOOSE_MOST` such tries ran a simulation)."""
+    (:func:`_thinner`; until :data:`THIN_CHOOSE_MOST` such tries ran a simulation, and only
+    where it trails the best by less than :data:`THIN_REACH` times what they gained)."""
     if not sims.available:
         return None
     from hccc.compiler.synth.collectives import SynthResult
 
     best: list[float] = []
     thinned: dict[tuple, float] = {}     # candidates tried at smaller slices -> their score
-    tries: list[bool] = []               # whether each such try ran a simulation
+    gains: list[float] = []              # what each try that ran a simulation gained (a share of its time)
 
     def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
@@ -183,15 +184,18 @@ def tree_simulated_score(sims: "Simulations"):
         t = sims.seconds(cand, int(channels))
         if t is None:
             return float("inf")
-        if collective in THIN_WHILE_CHOOSING and sum(tries) < THIN_CHOOSE_MOST and \
+        if collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and \
                 sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
-                not (best and min(best) <= sims.least_seconds(cand)):
+                not (best and min(best) <= sims.least_seconds(cand)) and \
+                not (best and gains and t > min(best) * (1 + THIN_REACH * max(gains))):
             # short of the bound, where smaller slices may fill its pipelines faster: scored at the
             # slices it would be written with (a candidate that trails at hccc's default may lead
-            # at its own; none is tried that cannot beat the best whatever its slices)
+            # at its own; none is tried that cannot beat the best whatever its slices, nor one
+            # trailing it by more than smaller slices have gained so far, half as much again)
             ran = len(sims.times)
             thin = _thinner(cand, sims, t, int(channels))
-            tries.append(len(sims.times) > ran)
+            if len(sims.times) > ran:
+                gains.append(0.0 if thin is None else 1.0 - thin / t)
             t = thinned[key] = t if thin is None else thin
         best.append(t)
         return t
@@ -473,6 +477,10 @@ THIN_WHILE_CHOOSING = ("allgather", "reducescatter")
 #: ``synth_quality.py --mixed 106``: six candidates, 14 -> 37 s where every one was tried, the
 #: second the one kept)
 THIN_CHOOSE_MOST = 3
+#: and not for a candidate whose time at the default slices trails the best so far by more than
+#: this many times the most any such try gained so far (a share of its time): four MI250 nodes'
+#: AllGather, 2.0 % gained by the first, its third candidate 5.7 % behind, not tried (4.4 s)
+THIN_REACH = 1.5
 
 
 class Simulations:
