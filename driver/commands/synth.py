@@ -474,8 +474,8 @@ THIN_GAIN = 0.002
 THIN_WHILE_CHOOSING = ("allgather", "reducescatter")
 #: at most this many of them (the first, in the packing's order of preference): each such try is
 #: a simulation of up to four times the events (a 40-GPU mixed cluster's ReduceScatter,
-#: ``synth_quality.py --mixed 106``: six candidates, 14 -> 37 s where every one was tried, the
-#: second the one kept)
+#: ``synth_quality.py --mixed 106``: six candidates, 14 s at the default slices, 37 s where every
+#: one was tried, 26 s with three, the second the one kept)
 THIN_CHOOSE_MOST = 3
 #: and not for a candidate whose time at the default slices trails the best so far by more than
 #: this many times the most any such try gained so far (a share of its time): four MI250 nodes'
