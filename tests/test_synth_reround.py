@@ -182,11 +182,16 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypat
     in the link model (each of its many streams crosses a link at a small share of it, so its
     pipeline fills and drains slowly), so the same LP rounded to half the chunks is simulated too,
     and the faster is kept: within 0.98 of the cut bound, where the many streams' best is not.
-    Without the halving (the threshold out of reach), the program stays short."""
+    Without the halving (the threshold out of reach), the program stays short. Candidates are
+    scored at hccc's default slices here (``THIN_CHOOSE_MOST`` 0): at its own 16 KiB slices the
+    first one is no longer short (0.991 of the bound, tests/test_slice_program_policy.py has that
+    rule), and the halving is what is under test."""
     from cluster_texts import RING_AND_MESH_14
+    from hccc.commands import synth as cmd
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
 
+    monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
     topo = parse_topology(RING_AND_MESH_14, "ring_and_mesh.topo")
 
     def run():
@@ -226,15 +231,20 @@ def test_shaped_trees_that_break_residency_give_way_to_the_packings_own(monkeypa
 
 
 @pytest.mark.slow
-def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps():
+def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps(monkeypatch):
     """Two MI250 nodes' ReduceScatter (32 GCDs): its packing rounds to many chunks per rank, whose
     streams are resident only in bundles; the re-rounding that fits at the fewest warps (blocks of
     a quarter of the rate) and the one with fewer chunks that fits at full warps are both
-    simulated, and the faster (here the one at full warps) is kept."""
+    simulated, and the faster (here the one at full warps) is kept. At hccc's default slices
+    (``THIN_CHOOSE_MOST`` 0: the candidates' own slices, tests/test_slice_program_policy.py, rank
+    them otherwise)."""
     import sys
 
+    from hccc.commands import synth as cmd
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
+
+    monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synth_quality import mi250_text
