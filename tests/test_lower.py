@@ -325,7 +325,7 @@ def test_local_copies_are_one_primitive_per_run(alg):
     if alg.header.collective is Collective.ALLTOALL:
         return                      # its own block and its parked arrivals: _check_alltoall_mapping
     h = alg.header
-    N, K, C = h.nranks, h.chunks_per_rank, alg.header.nchunks
+    N, C = h.nranks, h.nchunks
     _, _, low = _lower_checked(alg, fuse=False)
     c = low.cols
     written = {(int(d), int(ch)) for d, ch in zip(alg.dst, alg.chunk)}

@@ -172,12 +172,11 @@ def tree_simulated_score(sims: "Simulations"):
     def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
                            sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
-        key = sims._key(cand) + (int(channels),)
+        key = sims._key(cand) + (int(channels),)     # the rows hashed once: known() would hash them again
         if key in thinned:
             return thinned[key]
-        known = sims.known(cand, int(channels))
-        if known is not None:
-            return known
+        if key in sims.times:
+            return sims.times[key]
         if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
             sims.shapes_not_needed += 1
             return float("inf")
@@ -791,8 +790,9 @@ def _thinner(result, sims: Simulations, before: float, channels: int) -> float |
     None, the policy unchanged, where none is."""
     from hccc.compiler.passes.slicing import busiest_slots, thin_policy
 
-    ir = sims._ir(result, sims._key(result))
-    took = sims.walls.get(sims._key(result) + (channels,), sims.longest_s)
+    key = sims._key(result)
+    ir = sims._ir(result, key)
+    took = sims.walls.get(key + (channels,), sims.longest_s)
     slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
     for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
         # its events grow with the slots: one that would not end before the deadline is not started
