@@ -155,6 +155,7 @@ def test_every_collective_in_separate_processes(pool, collective):
               want, f"{ir.name} call {i} ({dtype} {op})", ncalls=i + 1)
 
 
+@pytest.mark.slow
 def test_successive_calls_of_different_sizes(pool):
     """Counters are reset between calls; every call meets its peers first."""
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
@@ -282,6 +283,7 @@ def test_world_size_must_be_the_algorithms(pool):
         assert not rep["ok"] and "is an algorithm for 2 ranks; this job has 3" in rep["error"], rep
 
 
+@pytest.mark.slow
 def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(pool, tmp_path):
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     calls, want, _ = calls_for(ir, 500)
