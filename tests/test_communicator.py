@@ -173,6 +173,7 @@ def test_successive_calls_of_different_sizes(pool):
               want, f"call {i} ({sizes[i]} elements)", ncalls=i + 1)
 
 
+@pytest.mark.slow   # 13 s: three communicators of three processes; table mode's outdir stays in the default set
 def test_algorithm_from_an_outdir_and_from_an_rccl_file(pool, tmp_path):
     """The first argument may be a compiled OUTDIR (its manifest and ProgramIR) or an .rccl file."""
     from hccc.compiler.pipeline import CompileOptions, compile_program

@@ -41,9 +41,10 @@ CALL = [{"method": "all_reduce", "x": np.ones(64, np.float32)}]
 
 @pytest.mark.parametrize("irs, term", [
     ([_ring(), _ring(), _ring([3, 2, 1, 0]), _ring([3, 2, 1, 0])], "program"),    # the reversed ring
-    ([_ring(), _ring(nchannels=8), _ring(), _ring()], "channels"),
-    ([_ring(chunk_bytes=65536), _ring(chunk_bytes=4096), _ring(chunk_bytes=65536),
-      _ring(chunk_bytes=65536)], "chunk_bytes"),
+    # four processes each: one difference in the default set, the others with the slow tests
+    pytest.param([_ring(), _ring(nchannels=8), _ring(), _ring()], "channels", marks=pytest.mark.slow),
+    pytest.param([_ring(chunk_bytes=65536), _ring(chunk_bytes=4096), _ring(chunk_bytes=65536),
+                  _ring(chunk_bytes=65536)], "chunk_bytes", marks=pytest.mark.slow),
 ])
 def test_ranks_with_different_programs_all_fail_naming_the_difference(pool, irs, term):
     replies = pool.run(irs, 4, [CALL] * 4, timeout=20.0)

@@ -196,7 +196,7 @@ def _rank(rank, url, ir_json, am_bytes, calls, q):
         q.put((rank, f"{type(exc).__name__}: {exc}"))
 
 
-@pytest.mark.parametrize("am_bytes", ["1K", "0"])
+@pytest.mark.parametrize("am_bytes", ["1K", pytest.param("0", marks=pytest.mark.slow)])   # 5-6 s each: one in the default set
 def test_each_path_chosen_by_slot_size_through_the_kernels(tmp_path, am_bytes):
     """A ring AllReduce across two nodes, a small call (slot messages of at most 256 bytes) and a
     large one (4 KiB slices), in float32 and int32, with ``HCCC_NET_AM_BYTES=1K``: the small calls'

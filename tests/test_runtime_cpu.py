@@ -439,6 +439,7 @@ def test_build_is_cached_by_content(tmp_path):
         assert r3.module.path != lib1
 
 
+@pytest.mark.slow   # 6 s: three g++ builds of two programs (compile-heavy)
 def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_path, monkeypatch):
     """The emitted headers are precompiled once per flags and instance and shared by every program
     (one ``cpu_pch`` entry for two programs; a new one for another instance); g++ really uses it
