@@ -49,9 +49,9 @@ THIN_SLICE_BYTES = 16 << 10
 #: flag it posts), which the simulator leaves out: 7 us, as measured on an H200 with every rank on
 #: it (``benchmarks/slot_cost.py``: the slope of a call's time against its busiest thread block's
 #: slots, 6.6-7.0 us for ring AllGather and AllReduce 8 at 4 and 64 MiB, slices of 4-64 KiB;
-#: 4.6-6.8 us on an H100, ring AllGather on 2 and 8 ranks at 1-16 warps a block; docs/measurements.md).
-#: Measure it again when the kernels' per-message path changes (it did since: one fence a unit
-#: for its waits and one for its posts, not yet measured on a GPU).
+#: 4.6-6.8 us on an H100, ring AllGather on 2 and 8 ranks at 1-16 warps a block; 6.4-6.8 us on
+#: an H200 again after a unit's waits and posts came to one fence each; docs/measurements.md).
+#: Measure it again when the kernels' per-message path changes.
 THIN_SLOT_SECONDS = 7e-6
 #: The share of a call's time such costs may take on the busiest thread block (:func:`thin_policy`)
 THIN_SLOT_SHARE = 0.5
