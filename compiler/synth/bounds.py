@@ -186,6 +186,41 @@ def _origin_weights(task: Task) -> dict[int, int]:
     return {r: int(c) for r, c in enumerate(w.tolist()) if c}
 
 
+def unreachable(net: Network, collective: str, root: int = 0, node_of=None) -> str | None:
+    """Why ``collective`` cannot run on ``net`` for want of paths (None where it can): a broadcast
+    needs every rank reachable from ``root``; the other collectives every rank from every other.
+    Said once, before any synthesis, naming one rank that no path reaches and where from;
+    ``node_of`` (each rank's node, where the cluster has nodes) adds a hint where no link joins
+    two nodes."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    n = net.nranks
+    if n < 2:
+        return None
+    src, dst = np.asarray(net.psrc), np.asarray(net.pdst)
+    adj = coo_matrix((np.ones(len(src)), (src, dst)), shape=(n, n)).tocsr()
+    node = np.zeros(n, np.int64) if node_of is None else np.asarray(node_of)
+    hint = ""
+    if not len(src):
+        hint = " (the cluster has no link at all"
+    elif (node[src] == node[dst]).all() and len(set(node.tolist())) > 1:
+        hint = " (no link joins two nodes"
+    if hint:
+        hint += "; nodes are joined only where the .topo declares 'internode')"
+    start = int(root) if collective == "broadcast" else 0
+    seen = np.zeros(n, bool)
+    seen[breadth_first_order(adj, start, directed=True, return_predecessors=False)] = True
+    if not seen.all():
+        return f"rank {int(np.flatnonzero(~seen)[0])} cannot be reached from rank {start}{hint}"
+    if collective != "broadcast":
+        seen[:] = False
+        seen[breadth_first_order(adj.T.tocsr(), 0, directed=True, return_predecessors=False)] = True
+        if not seen.all():
+            return f"rank 0 cannot be reached from rank {int(np.flatnonzero(~seen)[0])}{hint}"
+    return None
+
+
 def _distances(net: Network, sources) -> np.ndarray:
     """Hop distances from each source to every rank (BFS on the pair CSR; -1: unreachable). Up to
     :data:`DENSE_BFS_RANKS` ranks all sources advance together, a level per product with the dense
@@ -377,6 +412,8 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
     collective buffer, ``task.nchunks`` equal chunks) given link and group bandwidths."""
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
+    if task.nranks < 2:
+        return 0.0              # one rank: no byte leaves it
     key = (_network_digest(net), np.asarray(task.origin).tobytes(), task.nranks, task.nchunks, task.kind)
     ratio = _CUT_RATIOS.get(key)
     if ratio is None:

@@ -30,7 +30,8 @@ from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F40
 from hccc.compiler.frontend.algorithm import RECV, RRC, Header
 from hccc.compiler.frontend.slice_policy import SlicePolicy
 from hccc.compiler.cluster.topology import Topology
-from hccc.compiler.synth.bounds import StepBound, alltoall_cut_bound_seconds, collective_bound_seconds, step_lower_bound
+from hccc.compiler.synth.bounds import (StepBound, alltoall_cut_bound_seconds, collective_bound_seconds,
+                                       step_lower_bound, unreachable)
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
@@ -164,6 +165,11 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     n, k = net.nranks, int(chunks_per_rank)
     if method not in METHODS:
         raise ValueError(f"unknown synthesis method {method!r} (expected one of {', '.join(METHODS)})")
+    why = unreachable(net, coll, root, None if isinstance(topo, Network) else topo.rank_node)
+    if why:
+        raise ValueError(why)
+    if method == "trees" and n == 1:
+        method = "search"            # one GPU: nothing to pack; the search writes its empty program
     if method == "trees":
         from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
         from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
@@ -214,6 +220,7 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
             detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
             detail["cut_bound_set"] = _alltoall_cut_set(net, bandwidth_bound_bytes)
         timed_out = bool(detail.pop("timed_out", False))
+        detail["method"] = "search"
         return SynthResult(coll, n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,
                            timed_out, None, detail)
     if coll in ("allgather", "broadcast"):

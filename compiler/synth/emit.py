@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.util.limits import printable
+from hccc.util.plural import plural
 from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, Header
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import Topology
@@ -226,8 +227,8 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     lines = [
         "# Synthesised by hccc synth (" + ("bandwidth-optimal spanning-tree packing" if trees else
                                          "HeteCCL-style chunking, greedy + CEGIS with z3") + ")",
-        f"# cluster: {name} ({result.nranks} GPUs"
-        + (f", {len(topo.nodes)} nodes: " + ", ".join(str(nd.ngpus) for nd in topo.nodes[:16])
+        f"# cluster: {name} ({plural(result.nranks, 'GPU')}"
+        + (f", {plural(len(topo.nodes), 'node')}: " + ", ".join(str(nd.ngpus) for nd in topo.nodes[:16])
            + (", ..." if len(topo.nodes) > 16 else "") if topo is not None else "") + ")",
         f"# collective: {result.collective}"
         + (f" (root {result.root})" if result.root is not None else ""),
@@ -238,7 +239,8 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
         lines.append(f"#   {name}: {t['trees']} trees, {t['chunks_per_rank']} chunks per rank, "
                      f"{t['model_fraction']:.4f} of the cut bound in the link model")
     for p in result.phases:
-        lines.append(f"#   {p.name}: steps {p.step0}..{p.step0 + p.steps - 1} ({p.steps} steps, lower bound "
+        span = f"steps {p.step0}..{p.step0 + p.steps - 1}" if p.steps else "no step"
+        lines.append(f"#   {p.name}: {span} ({plural(p.steps, 'step')}, lower bound "
                      f"{p.result.bound.steps}; greedy {p.result.greedy_steps}, CEGIS iterations "
                      f"{p.result.iterations}, shared groups learned {p.result.learned_groups})")
     if result.composed:

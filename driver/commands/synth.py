@@ -393,7 +393,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     if limit_cut:
         result.timed_out = True
     extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
-             f"busbw <= {bound['busbw_GBps']:.2f} GB/s"]
+             + (f"busbw <= {bound['busbw_GBps']:.2f} GB/s" if bound["seconds"] > 0 else "no byte moves")]
     if "allreduce_bound_seconds" in bound:
         extra.append(f"AllReduce bound for any schedule (cut and traffic): {bound['allreduce_bound_seconds'] * 1e6:.1f} us; "
                      f"ReduceScatter + AllGather optimum: {bound['rs_ag_seconds'] * 1e6:.1f} us")
@@ -447,7 +447,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                  + ("" if result.slice_policy.is_default else
                     f", slices of at least {format_size(result.slice_policy.min_slice)}")
                  if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
-        print(f"hccc synth: {result.collective} on {result.nranks} GPUs by {summary['method']}: {result.steps} steps "
+        print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
               f"({shape}), {result.ntransfers} transfers{frac}, "
               f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
     return summary
