@@ -153,6 +153,14 @@ def test_size_range_writes_one_program_per_size_by_its_method(topo, tmp_path, ca
     assert sorted(x.name for x in tmp_path.glob("ag_*.rccl")) == ["ag_1G.rccl", "ag_4K.rccl"]
 
 
+def test_a_size_given_twice_is_refused_before_any_work(topo, tmp_path, capsys):
+    """4096 and 4K name one program file: refused, nothing written."""
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--size", "4096,1G,4K", "-o", str(out)]) == 1
+    assert "--size: 4K is given twice" in capsys.readouterr().err
+    assert not list(tmp_path.glob("ag*.rccl"))
+
+
 def test_trees_refuse_what_they_do_not_build(topo, tmp_path, capsys):
     out = tmp_path / "b.rccl"
     assert main(["synth", str(topo), "--collective", "broadcast", "--method", "trees", "-o", str(out)]) == 1

@@ -285,6 +285,9 @@ def run(args) -> int:
     from hccc.compiler.synth.emit import dsl_collective
     dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
     sizes = args.size or [args.select_size]
+    twice = sorted({s for s in sizes if sizes.count(s) > 1})
+    if twice:
+        raise CompileError([Diagnostic(f"--size: {format_size(twice[0])} is given twice (one program per size)", None)])
     if args.method == "trees":
         from hccc.compiler.synth.trees import TREE_COLLECTIVES
         if args.collective not in TREE_COLLECTIVES:
