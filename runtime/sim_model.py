@@ -31,6 +31,7 @@ from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.passes.channels import BLOCK_GBPS_WARPS, DEFAULT_BLOCK_GBPS, block_gbps_at
 from hccc.compiler.frontend.slice_policy import SlicePolicy
+from hccc.util.plural import plural
 
 from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
 
@@ -138,8 +139,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
 
     N = int(ir.nranks)
     if topo.nranks != N:
-        raise SimulationError(f"the program has {N} ranks but the cluster '{topo.name}' has "
-                              f"{topo.nranks} GPUs")
+        raise SimulationError(f"the program has {plural(N, 'rank')} but the cluster '{topo.name}' has "
+                              f"{plural(topo.nranks, 'GPU')}")
     p = ir.prims
     n = ir.nprims
     op = p["op"].astype(np.int64)

@@ -3,6 +3,7 @@ unreachable rank (said once, before any synthesis), or the trivial program that 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -114,6 +115,9 @@ def test_one_gpu_program_runs(tmp_path, capsys):
     assert "allreduce on 1 GPU by search" in capsys.readouterr().out
     assert main(["run", str(out), "--sizes", "4K,1M"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
+    eight = Path(__file__).resolve().parents[1] / "examples" / "ring_allgather_8.rccl"
+    assert main(["sim", str(eight), "-t", str(topo), "--sizes", "1M"]) == 1
+    assert "has 8 ranks but the cluster 'one' has 1 GPU\n" in capsys.readouterr().err
 
 
 def test_alltoall_says_its_method(tmp_path, capsys):

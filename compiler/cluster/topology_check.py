@@ -57,7 +57,7 @@ def check_on_topology(alg: Algorithm, topo: Topology, cluster_name: str | None =
     h = alg.header
     if h.nranks != topo.nranks:
         raise CompileError([Diagnostic(
-            f"the algorithm has nRanks={h.nranks} but cluster '{name}' has {topo.nranks} GPUs "
+            f"the algorithm has nRanks={h.nranks} but cluster '{name}' has {plural(topo.nranks, 'GPU')} "
             f"({_node_sizes(topo)})", h.location,
             notes=(f"the algorithm's GPUPerNode is {h.gpu_per_node}",) if h.gpu_per_node else ())])
     if alg.ntransfers == 0:
@@ -125,7 +125,7 @@ def check_ir_on_topology(ir, topo: Topology, cluster_name: str | None = None) ->
     where = f" of cluster {cluster_name}" if cluster_name else ""
     if ir.nranks != topo.nranks:
         raise CompileError([Diagnostic(
-            f"the program has {ir.nranks} ranks but the cluster{where} has {topo.nranks} GPUs "
+            f"the program has {plural(ir.nranks, 'rank')} but the cluster{where} has {plural(topo.nranks, 'GPU')} "
             f"({_node_sizes(topo)})", None)])
     sp = ir.prims["send_peer"]
     m = sp >= 0
