@@ -15,6 +15,8 @@
                                                             # seeded random clusters of AMD nodes
     python benchmarks/synth_quality.py --clusters '' --multirail '' --mixed 1,2,3,4,5,6
                                                             # seeded mixed clusters (vendors, sizes, links)
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --shapes all
+                                                            # meshes, rings, hypercubes, tori (SHAPES)
 
 Every row is one ``hccc synth --json`` run in a process of its own (so its peak memory is its own),
 at 1 GiB, by the method ``--method`` names (default ``trees``). Columns:
@@ -249,6 +251,56 @@ def mixed_text(seed: int) -> str:
                                                f"{'fast NICs, direct links' if tight else 'any links and NICs'}"))
 
 
+def _both_ways(pairs, bw: float, lanes: int = 1) -> list:
+    from hccc.compiler.cluster.topo_parser import LinkSpec
+
+    return [LinkSpec(x, y, bw, lanes) for a, b in pairs for x, y in ((a, b), (b, a))]
+
+
+def _shape_nodes(name: str) -> list:
+    """The nodes of the regular cluster ``name`` (:data:`SHAPES`)."""
+    from hccc.compiler.cluster.topo_parser import NicSpec, NodeSpec
+
+    def node(n, links, nics=None, vendor="nvidia", gpu="A100"):
+        return NodeSpec(n, {"direct": links}, nics=nics, vendor=vendor, gpu=gpu)
+
+    mesh8 = _both_ways([(a, b) for a in range(8) for b in range(a + 1, 8)], 25.0)
+    ring8 = _both_ways([(a, (a + 1) % 8) for a in range(8)], 50.0, 2)
+    cube8 = _both_ways([(a, a ^ (1 << k)) for a in range(8) for k in range(3) if a < a ^ (1 << k)], 50.0)
+    torus16 = _both_ways(sorted({tuple(sorted((r * 4 + c, (r + dr) % 4 * 4 + (c + dc) % 4)))
+                                 for r in range(4) for c in range(4) for dr, dc in ((0, 1), (1, 0))}), 50.0)
+    nic8 = [NicSpec((g,), 25.0) for g in range(8)]
+    return {
+        "mesh8": lambda: [node(8, mesh8)],
+        "mesh8x2": lambda: [node(8, mesh8, nic8)] * 2,
+        "ring8x2": lambda: [node(8, ring8, [NicSpec((g, g + 1), 25.0) for g in range(0, 8, 2)])] * 2,
+        "cube8x3": lambda: [node(8, cube8, nic8)] * 3,
+        "torus16": lambda: [node(16, torus16)],
+        "torus16x2": lambda: [node(16, torus16, [NicSpec((g,), 12.5) for g in range(16)])] * 2,
+        "asym842": lambda: [node(8, mesh8, nic8),
+                            node(4, _both_ways([(a, b) for a in range(4) for b in range(a + 1, 4)], 50.0, 2),
+                                 [NicSpec((0, 1), 25.0), NicSpec((2, 3), 12.5)], "amd", "MI100"),
+                            node(2, _both_ways([(0, 1)], 50.0, 4), [NicSpec((0,), 50.0), NicSpec((1,), 50.0)],
+                                 "amd", "MI250")],
+    }[name]()
+
+
+#: regular clusters (``--shapes``): an 8-GPU full mesh of 25 GB/s links, alone and two of them; two
+#: 8-GPU rings (2 x 50 GB/s) with a NIC per pair; three 8-GPU hypercubes; a 4 x 4 torus of 50 GB/s
+#: links, alone and two of them on 12.5 GB/s NICs; nodes of 8, 4 and 2 GPUs of two vendors with
+#: unequal NICs. 25 GB/s NICs per GPU unless said; every pair of nodes through the NICs.
+SHAPES = ("mesh8", "mesh8x2", "ring8x2", "cube8x3", "torus16", "torus16x2", "asym842")
+
+
+def shape_text(name: str) -> str:
+    """The regular cluster ``name`` (:data:`SHAPES`) in the .topo language."""
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, format_topology
+
+    nodes = _shape_nodes(name)
+    return format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")] if len(nodes) > 1 else [],
+                                       comment=f"regular cluster {name}"))
+
+
 def hetero_text(flavour: str) -> str:
     """benchmarks/synth_scale.py's 64-GPU cluster of 4- and 8-GPU nodes, as .topo text."""
     import importlib.util
@@ -275,6 +327,8 @@ def main() -> int:
                                                  "default none; see the module docstring)")
     ap.add_argument("--mixed", default="", help="seeds of mixed clusters (vendors, node sizes, links, NICs; "
                                                 "comma-separated; default none; see the module docstring)")
+    ap.add_argument("--shapes", default="", help="regular clusters (comma-separated, or 'all': "
+                                                 + ", ".join(SHAPES) + "; default none; see SHAPES)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
     ap.add_argument("--method", default="trees", choices=("trees", "auto", "search"))
     ap.add_argument("--time-limit", type=float, default=60.0)
@@ -301,10 +355,15 @@ def main() -> int:
     def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
 
+    shapes = list(SHAPES) if args.shapes.strip() == "all" else [x.strip() for x in args.shapes.split(",") if x.strip()]
+    for shape in shapes:
+        if shape not in SHAPES:
+            ap.error(f"--shapes: unknown cluster {shape!r} ({', '.join(SHAPES)})")
+
     # generated clusters: (the values asked for, the cluster's name, its .topo text of a value)
     generated = [(ints(args.multirail), "h800_multirail_{}x8", multirail_text), (flavours, "hetero64_{}", hetero_text),
                  (ints(args.mi250), "mi250_{}x16", mi250_text), (ints(args.random), "random_{}", random_text),
-                 (ints(args.mixed), "mixed_{}", mixed_text)]
+                 (ints(args.mixed), "mixed_{}", mixed_text), (shapes, "{}", shape_text)]
     tmp = tempfile.TemporaryDirectory()
     for values, name, text in generated:
         for value in values:
