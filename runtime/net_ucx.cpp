@@ -22,7 +22,8 @@
 //     heartbeat this thread stamps): put it into every remote peer's mirror of this rank's segment.
 // A slot is sent only as far as the launch uses it: every region holds a 16-byte header and at
 // most 16 + slice bytes of data, so a message costs max_cnt * min(region, 32 + slice) bytes, not a
-// whole slot (hn_set_shape, per call).
+// whole slot (hn_set_shape, per call, before the launch; read after the tail that shows a slot,
+// so never the previous call's).
 // drain: push everything pending, then a worker flush (remote completion of every put), so no put
 // of a finished call can land after the host resets the counters for the next one; then the
 // mirrors, sent counts and published tails start over (the kernel has finished: it has read
@@ -318,9 +319,6 @@ void reap(Net* n) {
 // Push what the kernel and the host published; true when something was put.
 bool push(Net* n, bool force = false) {
   bool any = false;
-  const uint64_t rb = n->region_bytes.load(std::memory_order_relaxed);
-  const uint64_t ru = n->region_used.load(std::memory_order_relaxed);
-  const uint64_t mc = n->max_cnt.load(std::memory_order_relaxed);
   std::vector<std::pair<size_t, uint64_t>>& tails = n->tails;
   tails.clear();
   for (size_t i = 0; i < n->sends.size(); ++i) {
@@ -328,6 +326,14 @@ bool push(Net* n, bool force = false) {
     const uint64_t t = __atomic_load_n(c.mtail, __ATOMIC_ACQUIRE);
     if (t <= c.sent || !peer_ok(n, c.peer)) continue;
     trace(n, TR_SEEN, i, t);
+    // the launch's shape, read after the tail that shows its slots (acquire): the host set it
+    // before the launch whose kernel published that tail, so it is this call's. Read before the
+    // tail, it could be the previous call's (the host sets the shape and launches while this
+    // thread is between the two reads): a large call's slots then went as the last small call's
+    // regions, as messages, and the receiver read the rest of each slot stale.
+    const uint64_t rb = n->region_bytes.load(std::memory_order_relaxed);
+    const uint64_t ru = n->region_used.load(std::memory_order_relaxed);
+    const uint64_t mc = n->max_cnt.load(std::memory_order_relaxed);
     // the bytes of a slot this launch uses: one contiguous run, or mc regions of ru bytes
     const bool whole = rb == 0 || ru >= rb || mc <= 1;
     uint64_t len = (rb == 0 || mc == 0) ? c.slot_bytes : (mc - 1) * rb + (ru < rb ? ru : rb);
