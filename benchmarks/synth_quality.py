@@ -53,6 +53,9 @@ with probability 0.3; 16-100 GB/s, 1 or 2 lanes, one direction in five slower th
 NIC per GPU or per two, so that the links inside the nodes bind. The other half have nodes of 1-8
 GPUs on a switch (100, 200 or 300 GB/s each way of each pair, drawn apart) or on such direct links,
 and 12.5-50 GB/s NICs per GPU, per two or per node. Every pair of nodes talks through the NICs.
+Regular clusters (``--shapes NAME,...`` or ``all``, default none): full meshes, rings, hypercubes,
+tori and unequal nodes of two vendors (:data:`SHAPES`), the kinds of cluster ForestColl's and the
+issue's comparisons use, none tuned for.
 """
 from __future__ import annotations
 
