@@ -112,7 +112,8 @@ def test_one_gpu_program_runs(tmp_path, capsys):
     topo.write_text(_cluster([1]))
     out = tmp_path / "ar.rccl"
     assert main(["synth", str(topo), "--collective", "allreduce", "-o", str(out)]) == 0
-    assert "allreduce on 1 GPU by search" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "allreduce on 1 GPU by search" in out_text and "not simulated (no transfers: one GPU)" in out_text
     assert main(["run", str(out), "--sizes", "4K,1M"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
     eight = Path(__file__).resolve().parents[1] / "examples" / "ring_allgather_8.rccl"

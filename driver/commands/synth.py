@@ -386,8 +386,9 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     verify(alg)
     check_on_topology(alg, topo)
     # why the program's fraction of the bound (or its channel count) was not simulated, if it was not
-    why = ("simulator not installed" if not sims.available else "time limit" if sims.stopped else
-           f"simulation failed: {sims.failed}" if sims.failed else "not simulated")
+    why = ("no transfers: one GPU" if result.nranks < 2 else "simulator not installed" if not sims.available
+           else "time limit" if sims.stopped else f"simulation failed: {sims.failed}" if sims.failed else
+           "not simulated")
     not_simulated = None if fraction is not None else f"over {SIMULATE_MAX_RANKS} GPUs" if not simulated else why
     fitted = result.detail.get("channels_fitted")
     # what the time limit cut before the program was made (tree packing: a packing stopped short of
