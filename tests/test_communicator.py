@@ -244,6 +244,7 @@ def test_examples_in_separate_processes(pool, name):
 
 
 # ------------------------------------------------------------------------------ random programs
+@pytest.mark.slow   # 4 s: three programs, each on its own processes (the kernels' own property tests run by default)
 @settings(max_examples=3)
 @given(alg=valid_programs(list(SPECS), max_ranks=5, min_ranks=2),
        count=st.integers(0, 300), dtype=st.sampled_from(["float32", "int32"]),
@@ -263,6 +264,7 @@ def test_mismatched_calls_are_an_error_on_every_rank(pool):
         assert "every rank must make the same call" in rep["error"], rep["error"]
 
 
+@pytest.mark.slow   # 6.5 s: three communicators of two processes
 def test_bad_arrays_are_clear_errors(pool):
     ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
     bad = [

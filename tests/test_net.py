@@ -191,6 +191,7 @@ def run_nodes(pool, ir, count, nodes, dtype="float32", op="sum", seed=0, ncalls=
     check(replies, want, f"{ir.name} on nodes {nodes} ({count} x {dtype} {op})", ncalls)
 
 
+@pytest.mark.slow   # 6.6 s; test_net_am.py's AllReduce across two nodes runs by default
 def test_two_nodes_of_two(pool):
     """2 nodes x 2 ranks, a ring AllReduce whose ring crosses the nodes twice, two calls."""
     ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)

@@ -62,6 +62,7 @@ def test_chunks_to_fit_scales_the_streams_to_the_blocks():
     assert forest.chunks_to_fit(8, 100, 208) == 6            # always fewer than it had
 
 
+@pytest.mark.slow   # 4.6 s of synthesis and simulation
 def test_a_bundled_program_is_also_tried_with_fewer_chunks_on_channels_of_their_own(monkeypatch, packing_without_classes):
     """v100_4x2_8's AllReduce with a block budget that forces bundles: a re-rounded candidate with
     no bundles, within the budget, is simulated beside the bundled ones, and the program kept is
