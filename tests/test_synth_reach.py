@@ -16,6 +16,8 @@ from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.synth.bounds import unreachable
 from hccc.compiler.synth.problem import Network
 
+from test_synth_bounds import _network as unit_network
+
 
 def _node(i: int, gpus: int, nic: bool = True) -> str:
     links = ", ".join(f"(({a},{b}) -> (50,1))" for a in range(gpus) for b in range(gpus) if a != b)
@@ -32,11 +34,10 @@ def _cluster(sizes, internode: bool = True) -> str:
     return text + ("define internode = all\ndefine interbandwidth = nic\n" if internode else "")
 
 
-def _network(n: int, pairs: list[tuple[int, int]], nodes=None) -> Network:
+def _network(n: int, pairs: list[tuple[int, int]]) -> Network:
+    """The pairs as a network of unit capacities and no shared groups."""
     pairs = sorted(set(pairs))
-    return Network(n, np.array([a for a, _ in pairs], np.int32), np.array([b for _, b in pairs], np.int32),
-                   np.ones(len(pairs), np.int32), np.zeros(len(pairs) + 1, np.int64), np.zeros(0, np.int32),
-                   np.zeros(0, np.int32), [], [np.zeros(n, np.int32) if nodes is None else np.asarray(nodes, np.int32)])
+    return unit_network(n, pairs, [1] * len(pairs), [], [])
 
 
 @st.composite
@@ -68,7 +69,7 @@ def test_unreachable_agrees_with_networkx(graph, collective):
 
 def test_the_hint_names_internode_only_where_no_link_joins_two_nodes():
     # two nodes of two ranks, joined: rank 3 cannot send back, and the nodes are joined
-    joined = _network(4, [(0, 1), (1, 0), (1, 2), (2, 3)], nodes=[0, 0, 1, 1])
+    joined = _network(4, [(0, 1), (1, 0), (1, 2), (2, 3)])
     why = unreachable(joined, "allgather", 0, node_of=[0, 0, 1, 1])
     assert why is not None and "internode" not in why
     apart = _network(4, [(0, 1), (1, 0), (2, 3), (3, 2)])

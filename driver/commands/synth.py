@@ -172,11 +172,13 @@ def tree_simulated_score(sims: "Simulations"):
     def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
         cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
                            sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
-        key = sims._key(cand) + (int(channels),)     # the rows hashed once: known() would hash them again
+        base = sims._key(cand)                       # the rows hashed once, for every lookup below
+        key = base + (int(channels),)
         if key in thinned:
             return thinned[key]
-        if key in sims.times:
-            return sims.times[key]
+        known = sims.known(cand, int(channels), base)
+        if known is not None:
+            return known
         if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
             sims.shapes_not_needed += 1
             return float("inf")
@@ -594,9 +596,10 @@ class Simulations:
             self._ir(result, key)
         return [c for c in CHANNEL_STEPS if c <= self._resident[base]] or [1]
 
-    def known(self, result, channels: int | None) -> float | None:
-        """The time of ``result`` with ``channels`` when already simulated."""
-        return self.times.get(self._key(result) + (channels,))
+    def known(self, result, channels: int | None, key: tuple | None = None) -> float | None:
+        """The time of ``result`` with ``channels`` when already simulated (``key``: its
+        :meth:`_key`, where the caller has it)."""
+        return self.times.get((self._key(result) if key is None else key) + (channels,))
 
     def seconds(self, result, channels: int | None) -> float | None:
         """Simulated seconds of ``result``'s program at ``nbytes`` with ``channels`` blocks per
