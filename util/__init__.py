@@ -1,5 +1,6 @@
 """Shared utilities below every other layer (imports nothing else of hccc): located diagnostics
 (``diagnostics``), input and size limits (``limits``), the size syntax (``sizes``), English plurals
-(``plural``), the one mechanism that runs a kernel as plain Python or compiled by numba (``jit``), and
-the work clock every time limit is measured on, which stands still while numba compiles (``clock``).
+(``plural``), the one mechanism that runs a kernel as plain Python or compiled by numba (``jit``),
+the work clock every time limit is measured on, which stands still while numba compiles (``clock``),
+and the guard that keeps native libraries from writing into hccc's standard output (``native_output``).
 """

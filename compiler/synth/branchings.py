@@ -42,6 +42,7 @@ import numpy as np
 
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
+from hccc.util.native_output import silenced
 
 #: networks above this many ranks are not given integral packings (the program and the trees'
 #: max-flows grow with the pairs, the ranks squared)
@@ -181,10 +182,11 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
         entering = sparse.csr_matrix(((~z[:, src]) & z[:, dst]).astype(float)) @ to_orbit
         a_cut = sparse.hstack([entering, sparse.csr_matrix((len(sets), 1))]).tocsr()
         need = k * (n - z.sum(axis=1)).astype(float)
-        res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(O + 1), ub),
-                   constraints=[LinearConstraint(a_pair, -np.inf, 0.0), LinearConstraint(a_group, -np.inf, 0.0),
-                                LinearConstraint(a_cut, need, np.inf)],
-                   options={"time_limit": left, "node_limit": SOLVE_NODES, "mip_rel_gap": MIP_GAP, "disp": False})
+        with silenced():
+            res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(O + 1), ub),
+                       constraints=[LinearConstraint(a_pair, -np.inf, 0.0), LinearConstraint(a_group, -np.inf, 0.0),
+                                    LinearConstraint(a_cut, need, np.inf)],
+                       options={"time_limit": left, "node_limit": SOLVE_NODES, "mip_rel_gap": MIP_GAP, "disp": False})
         if res.x is None or res.status in (2, 3):
             return None                     # no integral point found in the time (or none exists)
         # at its node limit (HiGHS: a limit status) the search keeps the best point found: a

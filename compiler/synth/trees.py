@@ -57,6 +57,7 @@ import numpy as np
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth.symmetry import Symmetry, class_symmetry, node_symmetry, period_symmetry
 from hccc.util import clock
+from hccc.util.native_output import silenced
 
 #: the LP stops when within this factor of its lower bound (Lagrangian or cut bound)
 LP_TOL = 2e-4
@@ -531,8 +532,9 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         c[-1] = 1.0
         # a round after the first gets only the time left: stopped, the last round's packing stays
         opts = {} if y is None else {"time_limit": max(0.01, deadline - clock.now())}
-        res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
-                      bounds=[(0, None)] * (J + 1), method="highs", options=opts)
+        with silenced():
+            res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
+                          bounds=[(0, None)] * (J + 1), method="highs", options=opts)
         if res.status == 1 and y is not None:
             break
         if res.status != 0:
@@ -1109,10 +1111,11 @@ def _milp_counts(root: np.ndarray, load_unit: np.ndarray, capn: np.ndarray, K: i
     c = np.zeros(J + 1)
     c[-1] = 1.0
     try:
-        res = milp(c, constraints=[LinearConstraint(A_eq, K, K), LinearConstraint(A_ub, -np.inf, 0.0)],
-                   integrality=np.r_[np.ones(J), 0.0], bounds=Bounds(np.zeros(J + 1), np.r_[np.full(J, K), target]),
-                   options={"time_limit": float(time_limit), "mip_rel_gap": float(gap), "disp": False,
-                            **({"node_limit": int(nodes)} if nodes else {})})
+        with silenced():
+            res = milp(c, constraints=[LinearConstraint(A_eq, K, K), LinearConstraint(A_ub, -np.inf, 0.0)],
+                       integrality=np.r_[np.ones(J), 0.0], bounds=Bounds(np.zeros(J + 1), np.r_[np.full(J, K), target]),
+                       options={"time_limit": float(time_limit), "mip_rel_gap": float(gap), "disp": False,
+                                **({"node_limit": int(nodes)} if nodes else {})})
     except ValueError:
         return None
     if res.x is None:
