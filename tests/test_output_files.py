@@ -1,6 +1,7 @@
 """User files are never lost: output directories replace only what hccc wrote (its manifest lists
 it), foreign directories and ``manifest.json`` files of other tools are refused, single-file outputs
-refuse anything but new paths and regular files, stale temporaries of killed runs are cleaned.
+refuse anything but new paths and regular files (and the command's own input under any name), stale
+temporaries of killed runs are cleaned.
 
 The property tests compare :func:`atomic_output_dir` with a model written here (a dict of file
 names to contents): what a publish must leave, or that it must refuse and change nothing.
@@ -240,6 +241,55 @@ def test_single_file_commands_refuse_special_output_before_work(tmp_path, kind, 
     assert "Traceback" not in r.stderr and "error" in r.stderr
     assert os.lstat(p).st_mode == mode
     assert sorted(q.name for q in tmp_path.iterdir() if q.name.startswith(".")) == []
+
+
+def test_an_output_that_is_an_input_is_refused_under_any_name(tmp_path):
+    """The same file as an input, by its name, another spelling, a hard link or a symbolic link
+    to it, is refused; other files, new paths, ``-`` and None are not inputs that collide."""
+    inp = tmp_path / "c.topo"
+    inp.write_text("the user's cluster")
+    (tmp_path / "hard.rccl").hardlink_to(inp)
+    (tmp_path / "sym.topo").symlink_to(inp)
+    for out, given in ((inp, inp), (tmp_path / "." / "c.topo", inp), (tmp_path / "hard.rccl", inp),
+                       (inp, tmp_path / "sym.topo")):
+        with pytest.raises(CompileError, match="is the input"):
+            check_output_file(out, [given])
+        with pytest.raises(CompileError, match="is the input"):
+            write_text_atomically(out, "a program", [given])
+    assert inp.read_text() == "the user's cluster"
+    (tmp_path / "other.rccl").write_text("old")
+    assert check_output_file(tmp_path / "other.rccl", [inp, "-", None]) == tmp_path / "other.rccl"
+    assert check_output_file(tmp_path / "new.rccl", [inp, tmp_path / "missing.topo"]) == tmp_path / "new.rccl"
+
+
+INPUT_AS_OUTPUT = {
+    "xml": (EXAMPLES / "ring_allgather_8.rccl", ["xml", "{input}", "-o", "{input}"]),
+    "plan": (EXAMPLES / "ring_allgather_8.rccl", ["plan", "{input}", "-o", "{input}"]),
+    "synth": (EXAMPLES / "clusters" / "v100_4_8.topo", ["synth", "{input}", "--collective", "allgather", "-o",
+                                                          "{input}"]),
+    "synth --size": (EXAMPLES / "clusters" / "v100_4_8.topo", ["synth", "-t", "{input}", "--collective", "allgather",
+                                                                 "--size", "4K,1M", "-o", "{input}"]),
+    "gen": (EXAMPLES / "clusters" / "mixed_v100_w7800.topo", ["gen", "c2c", "{input}", "--collective", "allgather",
+                                                               "-o", "{input}"]),
+    "topo --plot": (EXAMPLES / "clusters" / "v100_4_8.topo", ["topo", "{input}", "--plot", "{input}"]),
+    "sim --plot-busbw": (EXAMPLES / "clusters" / "a100_topo1.topo", ["sim", EXAMPLES / "ring_allgather_8.rccl", "-t",
+                                                                      "{input}", "--plot-busbw", "{input}"]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(INPUT_AS_OUTPUT))
+def test_single_file_commands_never_write_over_their_input(tmp_path, command):
+    """``hccc synth c.topo -o c.topo`` replaced the cluster by the program (``hccc xml``/``plan`` an
+    algorithm by its export, ``hccc topo c.topo --plot c.topo`` the cluster by its drawing): now
+    exit 1 before any work, a located message, the input intact, nothing else written."""
+    src, argv = INPUT_AS_OUTPUT[command]
+    inp = tmp_path / src.name
+    inp.write_bytes(src.read_bytes())
+    r = run_hccc(*[str(a).format(input=inp.name) for a in argv], cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stderr + r.stdout
+    assert "Traceback" not in r.stderr and f"output '{inp.name}' is the input" in r.stderr, r.stderr
+    assert inp.read_bytes() == src.read_bytes()
+    assert sorted(q.name for q in tmp_path.iterdir()) == [inp.name]
 
 
 # ----------------------------------------------------------------------------- the compile command

@@ -251,10 +251,13 @@ def atomic_output_dir(outdir: str | Path):
 
 
 # --------------------------------------------------------------------------- single files
-def check_output_file(path: str | Path) -> Path:
-    """Refuse an output file path that is not a new path or a regular file (before any work is
-    done for it). Returns the absolute path."""
+def check_output_file(path: str | Path, inputs=()) -> Path:
+    """Refuse an output file path that is not a new path or a regular file, or that is one of the
+    command's ``inputs`` (paths it reads; ``-`` and None are skipped) under any name (before any
+    work is done for it: ``hccc synth c.topo -o c.topo`` would replace the cluster by the program).
+    Returns the absolute path."""
     p = Path(os.path.abspath(path))
+    check_not_an_input(path, inputs)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -274,11 +277,26 @@ def check_output_file(path: str | Path) -> Path:
     return p
 
 
-def write_text_atomically(path: str | Path, text: str) -> None:
+def check_not_an_input(path: str | Path, inputs) -> None:
+    """Refuse ``path`` where it names the same file as one of ``inputs`` (links and other
+    spellings included)."""
+    for inp in inputs:
+        if inp is None or str(inp) == "-":
+            continue
+        try:
+            same = os.path.samefile(path, inp)
+        except (OSError, ValueError):        # either does not exist (yet): not the same file
+            continue
+        if same:
+            raise _refuse(f"output '{_show(path)}' is the input '{_show(inp)}'; hccc does not write over what "
+                          "it reads (choose another output file)")
+
+
+def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
     """Write ``text`` to ``path`` through a temporary sibling and a rename: a failed write leaves an
-    existing file untouched and no partial file behind. ``path`` must be new or a regular file
-    (:func:`check_output_file`). Failures are CompileErrors for the user."""
-    path = check_output_file(path)
+    existing file untouched and no partial file behind. ``path`` must be new or a regular file, and
+    none of ``inputs`` (:func:`check_output_file`). Failures are CompileErrors for the user."""
+    path = check_output_file(path, inputs)
     clean_stale_siblings(path, kinds=("tmp",))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)

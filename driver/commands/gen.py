@@ -63,7 +63,7 @@ def run(args) -> int:
     from hccc.compiler.passes.verify import verify
 
     if args.output != "-":
-        check_output_file(args.output)   # before the work: never a device, FIFO or symlink
+        check_output_file(args.output, [args.cluster])   # before the work: never a device, FIFO, symlink or input
     topo = load_cluster(args.cluster)
     if args.root is not None and args.root >= topo.nranks:
         raise CompileError([Diagnostic(f"root rank {args.root} is out of range (the cluster has ranks "
@@ -90,7 +90,7 @@ def run(args) -> int:
     if to_stdout:
         sys.stdout.write(text)
     else:
-        write_text_atomically(Path(args.output), text)
+        write_text_atomically(Path(args.output), text, [args.cluster])
     summary = plan.summary()
     if args.json:
         summary["output"] = None if to_stdout else str(args.output)
@@ -113,7 +113,7 @@ def _write(args, text: str, summary: dict, line: str) -> int:
     if to_stdout:
         sys.stdout.write(text)
     else:
-        write_text_atomically(Path(args.output), text)
+        write_text_atomically(Path(args.output), text, [args.cluster])
     if args.json:
         summary["output"] = None if to_stdout else str(args.output)
         print(json.dumps(summary, sort_keys=True), file=sys.stderr if to_stdout else sys.stdout)

@@ -55,7 +55,7 @@ def run(args) -> int:
     if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
         raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     if args.output != "-" and not Path(args.output).is_dir():
-        check_output_file(args.output)
+        check_output_file(args.output, [args.algo])
     gpn = args.gpus_per_node or 0
     if Path(args.algo).suffix.lower() not in (".json", ".xml"):
         from hccc.compiler.passes.build import build_algorithm_level
@@ -80,7 +80,7 @@ def run(args) -> int:
     if out.is_dir():
         raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
                                        f"{printable(str(out))}/{ir.name}.mscclpp.json", None)])
-    write_text_atomically(out, text)
+    write_text_atomically(out, text, [args.algo])
     s = plan_summary(plan)
     print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {args.proto}, "
           f"{s['tbs']} thread blocks, {s['ops']} operations ({s['nops']} nops), messages "

@@ -248,6 +248,10 @@ def run(args) -> int:
         args.sizes = comma_list(parse_size, "sizes")(PLOT_SIZES)    # a curve, not three points
     sweep = sweep_sizes(args)
     sizes = list(sweep.sizes)
+    from hccc.compiler.backend.output_dir import check_not_an_input
+    for plot in (args.plot, args.plot_busbw):
+        if plot:
+            check_not_an_input(plot, [*args.algo, args.topology])    # before the work
     cluster = read_cluster(args.topology)
     topo = cluster.topology
     runs = []

@@ -263,7 +263,7 @@ def run(args) -> int:
     if out.is_dir():
         raise CompileError([Diagnostic(f"output '{printable(str(out))}' is a directory (expected a .rccl file "
                                        "name)", None)])
-    check_output_file(out)   # before the work: never a device, FIFO or symlink
+    check_output_file(out, [args.topology])   # before the work: never a device, FIFO, symlink or the input
     topo = load_cluster(args.topology)
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
@@ -297,7 +297,7 @@ def run(args) -> int:
                                            f"not {args.collective}", None)])
     outs = [out] if len(sizes) == 1 else [out.with_name(f"{out.stem}_{format_size(sz)}{out.suffix}") for sz in sizes]
     for o in outs:
-        check_output_file(o)
+        check_output_file(o, [args.topology])
     summaries = []
     for i, (size, o) in enumerate(zip(sizes, outs)):
         # every program its share of the time left
@@ -427,7 +427,7 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             bound["fraction_of_rs_ag"] = bound["rs_ag_seconds"] / t
             extra.append(f"{bound['fraction_of_allreduce_bound']:.4f} of the AllReduce bound, "
                          f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
-    write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra))
+    write_text_atomically(out, inputs=[args.topology], text=to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra))
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
                "output": str(out), "gap": result.gap, "transfers": result.ntransfers,

@@ -211,6 +211,9 @@ def run(args) -> int:
 
     from hccc.compiler.pipeline import load_cluster
 
+    if args.plot:
+        from hccc.compiler.backend.output_dir import check_not_an_input
+        check_not_an_input(args.plot, [args.cluster])    # before the work: a drawing over the cluster
     topo = load_cluster(args.cluster)
     from hccc.compiler.cluster.hierarchy import hierarchy
 

@@ -49,7 +49,7 @@ def run(args) -> int:
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
     from hccc.util.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
-        check_output_file(args.output)   # before the work: never a device, FIFO or symlink
+        check_output_file(args.output, [args.algo])   # before the work: never a device, FIFO, symlink or input
     lim = xml_limits_from_args(args)
     from hccc.compiler.pipeline import read_input
     src = read_input(args.algo, opts)
@@ -71,7 +71,7 @@ def run(args) -> int:
     if out.is_dir():
         raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
                                        f"{printable(str(out))}/{ir.name}.xml", None)])
-    write_text_atomically(out, text)
+    write_text_atomically(out, text, [args.algo])
     s = export_summary(text)
     print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {s['tbs']} thread blocks, "
           f"{s['steps']} steps ({s['nops']} nops)")
