@@ -71,3 +71,14 @@ def test_balance_cli(capsys):
     assert main(["balance", "--speeds", "1,1,1", "--batch", "2", "--min-each", "1"]) == 1
     assert "cannot give each" in capsys.readouterr().err
     assert main(["balance", "--speeds", "1,-2", "--batch", "2"]) == 2
+
+
+def test_balance_cli_json_stays_json_at_extreme_speeds(capsys):
+    """A speed so small that a step's time overflows a double printed ``Infinity`` (not JSON) and
+    "infx faster": now refused with a message; speeds far apart that fit still give finite JSON."""
+    assert main(["balance", "--speeds", "1e-320,1", "--batch", "5", "--json"]) == 1
+    cap = capsys.readouterr()
+    assert "Infinity" not in cap.out and "larger unit" in cap.err + cap.out
+    assert main(["balance", "--speeds", "1e-300,1", "--batch", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert out["sizes"] == [0, 5] and out["step_time"] == 5.0
