@@ -584,6 +584,13 @@ class CpuPlatform(Platform):
     def max_resident_blocks(self, fn: Any, block: int) -> int:
         return max(0, self.max_threads // max(1, int(block)))
 
+    def residency_advice(self, need: int, block: int) -> str:
+        """The emulation's limit is its thread budget (every block is ``block`` OS threads): a larger
+        budget, where the machine allows that many threads, runs the program as it is."""
+        more = (f"raise the emulation's thread budget of {self.max_threads} with HCCC_CPU_MAX_THREADS="
+                f"{int(need) * int(block)} where the machine allows that many OS threads (one per thread of a block)")
+        return more if int(block) <= 1 else "use fewer threads per block, or " + more
+
     def runs_sources(self, platform: str) -> bool:
         return platform in ("cuda", "hip")
 

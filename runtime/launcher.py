@@ -902,7 +902,7 @@ class Runner:
                 raise PlatformError(
                     f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
                     f"device {d} need {need} thread blocks of {b} threads resident at once, "
-                    f"but at most {cap} fit; use fewer threads per block or fewer ranks per device")
+                    f"but at most {cap} fit; {pf.residency_advice(need, b)}")
 
     def _malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
         """Memory on ``rank``'s platform and device (kept until :meth:`close`); ``peer``: memory

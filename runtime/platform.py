@@ -168,6 +168,11 @@ class Platform(abc.ABC):
         kernels were generated for (manifest ``nthreads``). The CPU emulation launches fewer."""
         return int(emitted)
 
+    def residency_advice(self, need: int, block: int) -> str:
+        """What the user can do when ``need`` blocks of ``block`` threads on one device would not be
+        resident at once (the end of the launcher's refusal)."""
+        return "use fewer threads per block or fewer ranks per device"
+
     def least_block_threads(self, flavour: str) -> int:
         """The fewest threads per block a kernel of ``flavour`` (``"cuda"``, ``"hip"``) may be
         launched with here, when too many blocks would otherwise not be resident at once: a warp

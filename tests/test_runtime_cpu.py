@@ -183,6 +183,22 @@ def test_too_many_threads_are_refused():
         Runner(ring_allreduce(4), pf, nthreads=2)
 
 
+def test_a_program_over_the_thread_budget_is_told_the_budget_that_runs_it(monkeypatch):
+    """At one thread per block the emulation's only limit is its thread budget: the refusal names
+    ``HCCC_CPU_MAX_THREADS`` and the budget the program needs (it said "use fewer threads per
+    block", which it already was, for a synthesised 20-GPU ReduceScatter of 8,554 blocks), and
+    that budget runs it."""
+    ir = ring_allreduce(4)                     # 8 thread blocks in all
+    with pytest.raises(PlatformError, match="HCCC_CPU_MAX_THREADS=8 ") as exc:
+        Runner(ir, CpuPlatform(max_threads=7))
+    assert "thread budget of 7" in str(exc.value) and "fewer threads" not in str(exc.value)
+    with pytest.raises(PlatformError, match="use fewer threads per block, or .*HCCC_CPU_MAX_THREADS=16 "):
+        Runner(ir, CpuPlatform(max_threads=15), nthreads=2)
+    monkeypatch.setenv("HCCC_CPU_MAX_THREADS", "8")
+    with Runner(ir, CpuPlatform()) as runner:
+        assert runner.block == 1 and runner.run(count=1000).wrong == 0
+
+
 # ---------------------------------------------------------------------------- API details
 def test_run_program_and_sizes(pf):
     ir = ring_allreduce(4)
