@@ -13,7 +13,8 @@ program), each unit starting from ``hccc_prims.h`` precompiled once per flags an
 cached too: the headers are the same for every program, and parsing them was most of a unit's
 compile). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
-``HCCC_CPU_MAX_THREADS`` (thread budget, default 8192), ``HCCC_CPU_SANITIZE`` (``address``: the
+``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
+:func:`thread_budget`), ``HCCC_CPU_SANITIZE`` (``address``: the
 AddressSanitizer build below).
 
 AddressSanitizer (``CpuPlatform(sanitize="address")``, ``hccc run --sanitize``). The kernels and
@@ -68,6 +69,49 @@ _ASAN_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g",
 SANITIZERS = ("address",)
 _CXX_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-gnu-unique",
               "-fno-strict-aliasing", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
+
+
+#: the most OS threads the emulation starts at once unless ``HCCC_CPU_MAX_THREADS`` says otherwise
+#: (and less where the system allows fewer, :func:`thread_budget`): a thread holds a 256 KiB stack
+#: (reserved, little of it touched) and some 40 KiB resident; a synthesised 20-GPU ReduceScatter of
+#: 8,554 blocks ran in 348 MB at one thread per block (it was refused at the 8,192 this was before)
+MAX_THREADS = 16384
+
+
+def _system_thread_limits() -> list[int]:
+    """Half of each limit the system puts on this user's threads (RLIMIT_NPROC, the kernel's
+    ``threads-max``, a cgroup's ``pids.max``), the other half left to everything else."""
+    out = []
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            out.append(int(soft) // 2)
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
+    for path in ("/proc/sys/kernel/threads-max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:
+            out.append(int(text) // 2)
+    return out
+
+
+def thread_budget() -> int:
+    """The emulation's thread budget: ``HCCC_CPU_MAX_THREADS`` where set (a positive integer),
+    else :data:`MAX_THREADS` or half of what the system allows, whichever is less (at least 64)."""
+    env = os.environ.get("HCCC_CPU_MAX_THREADS")
+    if env is not None and env.strip():
+        try:
+            v = int(env.strip())
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise PlatformError(f"HCCC_CPU_MAX_THREADS must be a positive number of threads, not {env!r}")
+        return v
+    return max(64, min([MAX_THREADS, *_system_thread_limits()]))
 
 
 def asan_runtime(cxx: str | None = None) -> str | None:
@@ -239,7 +283,7 @@ class CpuPlatform(Platform):
         self.opt = opt or os.environ.get("HCCC_CPU_OPT") or "-O1"
         self.jobs = max(1, jobs or os.cpu_count() or 1)
         self.cache_dir = cache_dir
-        self.max_threads = max_threads or int(os.environ.get("HCCC_CPU_MAX_THREADS", "8192"))
+        self.max_threads = max_threads or thread_budget()
         self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap
         self._starts: list[int] = []               # sorted aligned addresses
         self._sizes: dict[int, int] = {}

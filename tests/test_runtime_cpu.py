@@ -199,6 +199,26 @@ def test_a_program_over_the_thread_budget_is_told_the_budget_that_runs_it(monkey
         assert runner.block == 1 and runner.run(count=1000).wrong == 0
 
 
+def test_the_thread_budget_follows_the_environment_and_the_system(monkeypatch):
+    from hccc.runtime import cpu
+    limits = cpu._system_thread_limits()                 # this machine's: half of each, all positive
+    assert all(isinstance(v, int) and v > 0 for v in limits)
+    monkeypatch.delenv("HCCC_CPU_MAX_THREADS", raising=False)
+    assert cpu.thread_budget() == max(64, min([cpu.MAX_THREADS, *limits]))
+    monkeypatch.setattr(cpu, "_system_thread_limits", lambda: [])
+    assert cpu.thread_budget() == cpu.MAX_THREADS == CpuPlatform().max_threads
+    monkeypatch.setattr(cpu, "_system_thread_limits", lambda: [5000, 90000])   # half of a user's limit
+    assert cpu.thread_budget() == 5000
+    monkeypatch.setattr(cpu, "_system_thread_limits", lambda: [3])
+    assert cpu.thread_budget() == 64
+    monkeypatch.setenv("HCCC_CPU_MAX_THREADS", " 123 ")
+    assert cpu.thread_budget() == 123
+    for bad in ("abc", "0", "-5", "1e4"):
+        monkeypatch.setenv("HCCC_CPU_MAX_THREADS", bad)
+        with pytest.raises(PlatformError, match="HCCC_CPU_MAX_THREADS must be a positive number"):
+            CpuPlatform()
+
+
 # ---------------------------------------------------------------------------- API details
 def test_run_program_and_sizes(pf):
     ir = ring_allreduce(4)
