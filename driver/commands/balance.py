@@ -44,8 +44,8 @@ def run(args) -> int:
     uniform = [args.batch // n + (1 if i < args.batch % n else 0) for i in range(n)]
     t, tu = step_time(sizes, args.speeds), step_time(uniform, args.speeds)
     if not math.isfinite(t) or not math.isfinite(tu):   # a speed so small a step's time overflows a double
-        raise CompileError([Diagnostic(f"--speeds: a batch of {max(uniform)} at speed {min(args.speeds):g} takes longer "
-                                       "than a double can hold (give the speeds in a larger unit)", None)])
+        raise CompileError([Diagnostic(f"--speeds: a batch of {max(uniform)} at speed {min(args.speeds):g} takes "
+                                       "longer than a double can hold (give the speeds in a larger unit)", None)])
     speedup = tu / t if t > 0 else 1.0
     if args.json:
         print(json.dumps({"sizes": sizes, "step_time": t, "uniform_step_time": tu, "speedup": speedup}))

@@ -427,7 +427,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
             bound["fraction_of_rs_ag"] = bound["rs_ag_seconds"] / t
             extra.append(f"{bound['fraction_of_allreduce_bound']:.4f} of the AllReduce bound, "
                          f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
-    write_text_atomically(out, inputs=[args.topology], text=to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra))
+    write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra),
+                          [args.topology])
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
                "output": str(out), "gap": result.gap, "transfers": result.ntransfers,
