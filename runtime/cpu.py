@@ -91,7 +91,8 @@ def _system_thread_limits() -> list[int]:
         pass
     for path in ("/proc/sys/kernel/threads-max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
         try:
-            text = open(path).read().strip()
+            with open(path) as f:
+                text = f.read().strip()
         except OSError:
             continue
         if text.isdigit() and int(text) > 0:
