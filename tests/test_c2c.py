@@ -388,6 +388,7 @@ def test_cli_gen_errors(tmp_path):
     assert r.returncode == 1 and f"{bad}:2:" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow     # 6 s: a 16-rank mixed compile; test_runtime_mixed runs a mixed cluster by default
 def test_compile_for_the_mixed_cluster(tmp_path):
     """With the cluster given, NVIDIA ranks get CUDA kernels and AMD ranks HIP kernels."""
     topo = str(CLUSTERS / "mixed_v100_w7800.topo")

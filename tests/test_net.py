@@ -432,6 +432,7 @@ def test_failed_rank_is_reported_with_its_node_and_nothing_leaks(tmp_path, how):
         pool.close()
 
 
+@pytest.mark.slow     # 6 s of network runs; the transport's own tests stay in the default set
 def test_stray_connections_do_not_hurt(pool):
     """Garbage (empty, short, 64 KiB) sent to every TCP port the ranks listen on, after set-up and
     before a call: the call is still right."""
