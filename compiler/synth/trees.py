@@ -11,10 +11,10 @@ the groups' bandwidth. The least ``T`` is a linear program over trees:
     minimise T   s.t.   sum_{t rooted at r} y_t = 1            for every rank r
                         sum_t y_t * uses_e(t) <= T * cap_e      for every pair and group e
 
-solved by **column generation**: the LP over the trees found so far (scipy's HiGHS) prices
-resources with its duals ``pi_e``; a tree rooted at ``r`` improves the LP iff its cost
-``sum_{e in t} pi_e`` is below the dual ``lambda_r`` of ``r``'s row, and the cheapest tree of every
-root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds, :func:`min_arborescence`, arc costs
+solved by **column generation**: the LP over the trees found so far (HiGHS, one model kept between
+the rounds, :mod:`.master_lp`) prices resources with its duals ``pi_e``; a tree rooted at ``r``
+improves the LP iff its cost ``sum_{e in t} pi_e`` is below the dual ``lambda_r`` of ``r``'s row,
+and the cheapest tree of every root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds, :func:`min_arborescence`, arc costs
 ``pi_pair + sum of pi_group`` over the pair's groups). Every round also gives a lower bound (the
 Lagrangian ``sum_r min_t pi(t) / sum_e pi_e cap_e``), and the loop stops when the LP is within
 ``tol`` of it, or of the cut bound (:mod:`.bounds`), which no schedule beats (on most networks the
@@ -54,6 +54,7 @@ from typing import Callable
 
 import numpy as np
 
+from hccc.compiler.synth.master_lp import MasterLP
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth.symmetry import Symmetry, class_symmetry, node_symmetry, period_symmetry
 from hccc.util import clock
@@ -362,7 +363,6 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     needs about one round, and its integral counts of K chunks per representative give every rank
     of the class K chunks."""
     from scipy import sparse
-    from scipy.optimize import linprog
 
     t0 = clock.now()
     n, P = net.nranks, net.npairs
@@ -517,32 +517,23 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     it = 0
     y = None
     deadline = t0 + float(time_limit)
+    lp = MasterLP(ocap, nrows)
+    fed = 0                         # columns handed to the LP so far
     while True:
         it += 1
-        J = len(cols)
-        # variables: y_0..y_{J-1}, T ; rows: R resources (<=), n roots (==)
-        lens = np.array([c.size for c in cols])
-        rows = np.concatenate(cols)
-        colidx = np.repeat(np.arange(J), lens)
-        A_res = sparse.csr_matrix((mult[rows] * csize[np.array(col_root) % n][colidx], (rows, colidx)),
-                                  shape=(RO, J))
-        A_ub = sparse.hstack([A_res, sparse.csr_matrix(-ocap.reshape(-1, 1))]).tocsr()
-        A_eq = sparse.csr_matrix((np.ones(J), (root_row[np.array(col_root)], np.arange(J))), shape=(nrows, J + 1))
-        c = np.zeros(J + 1)
-        c[-1] = 1.0
+        for j in range(fed, len(cols)):
+            lp.add(cols[j], mult[cols[j]] * csize[col_root[j] % n], int(root_row[col_root[j]]))
+        fed = J = len(cols)
         # a round after the first gets only the time left: stopped, the last round's packing stays
-        opts = {} if y is None else {"time_limit": max(0.01, deadline - clock.now())}
-        with silenced():
-            res = linprog(c, A_ub=A_ub, b_ub=np.zeros(RO), A_eq=A_eq, b_eq=np.ones(nrows),
-                          bounds=[(0, None)] * (J + 1), method="highs", options=opts)
+        res = lp.solve(None if y is None else deadline - clock.now())
         if res.status == 1 and y is not None:
             break
         if res.status != 0:
             raise PackingError(f"the packing LP failed: {res.message}")
         lp_val = float(res.fun)
-        y = res.x[:J]
-        pi = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
-        lam = np.asarray(res.eqlin.marginals)
+        y = res.y[:J]
+        pi = np.maximum(-res.ineq, 0.0)
+        lam = res.eq
         denom = float(pi @ ocap)
         added = 0
         lag = 0.0
