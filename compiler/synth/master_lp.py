@@ -58,21 +58,15 @@ class MasterLP:
         with silenced():
             h = highspy.Highs()
         h.setOptionValue("output_flag", False)
-        # primal simplex: the columns a round adds leave the last basis primal feasible (measured on
-        # a 32-GPU joint AllReduce LP, 76 rounds: 2.8 s, against 9.5 s with HiGHS's default dual
-        # simplex from the same bases and 14.4 s solving every round from scratch)
-        h.setOptionValue("simplex_strategy", SIMPLEX_PRIMAL)
         inf = h.getInfinity()
         R = self.nres + self.nroots
         lower = np.r_[np.full(self.nres, -inf), np.ones(self.nroots)]
         upper = np.r_[np.zeros(self.nres), np.ones(self.nroots)]
         h.addRows(R, lower, upper, 0, np.zeros(R, np.int32), np.zeros(0, np.int32), np.zeros(0))
-        rows = np.flatnonzero(cap != 0).astype(np.int32)
-        # column 0 is T: cost 1, -cap on every resource row
-        h.addCols(1, np.ones(1), np.zeros(1), np.full(1, inf), rows.size, np.zeros(1, np.int32), rows,
-                  -cap[rows])
         self._h = h
         self._inf = inf
+        self._cap = cap
+        self._t = -1            # T's column: added after the first solve's columns (:meth:`solve`)
         self._pending: list[tuple[np.ndarray, np.ndarray, int]] = []
         self.ncols = 0          # columns y added (T not counted)
         self.solves = 0
@@ -111,6 +105,20 @@ class MasterLP:
 
         self._flush()
         h = self._h
+        if self._t < 0:
+            # the first solve is the LP as scipy's ``linprog`` is given it (the columns, then T: cost 1,
+            # -cap on every resource row), by HiGHS's default method, from scratch; every later solve
+            # starts from the basis before, which the columns it adds (nonbasic at zero) leave
+            # primal feasible: the primal simplex goes on from there (measured on a 32-GPU joint
+            # AllReduce LP of 76 rounds: 2.8 s, against 9.5 s with the dual simplex from the same
+            # bases and 14.4 s solving every round from scratch)
+            cap = self._cap
+            rows = np.flatnonzero(cap != 0).astype(np.int32)
+            self._t = h.getNumCol()
+            h.addCols(1, np.ones(1), np.zeros(1), np.full(1, self._inf), rows.size, np.zeros(1, np.int32), rows,
+                      -cap[rows])
+        elif self.solves == 1:
+            h.setOptionValue("simplex_strategy", SIMPLEX_PRIMAL)
         # HiGHS's time limit counts the model's whole run time, every solve before this one included
         limit = self._inf if time_limit is None else h.getRunTime() + max(0.01, float(time_limit))
         h.setOptionValue("time_limit", float(limit))
@@ -128,6 +136,7 @@ class MasterLP:
         sol = h.getSolution()
         x = np.asarray(sol.col_value, float)
         dual = np.asarray(sol.row_dual, float)
-        fun = float(x[0]) if x.size else np.inf
-        return Solution(status, fun, x[1:].copy() if x.size else np.zeros(0), dual[:self.nres].copy(),
-                        dual[self.nres:].copy(), message)
+        t = self._t
+        y = np.r_[x[:t], x[t + 1:]] if x.size else np.zeros(0)
+        fun = float(x[t]) if x.size else np.inf
+        return Solution(status, fun, y, dual[:self.nres].copy(), dual[self.nres:].copy(), message)
