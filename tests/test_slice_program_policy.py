@@ -258,12 +258,23 @@ def test_synth_scores_each_candidate_at_its_own_slices(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_scoring_only_the_chosen_program_at_smaller_slices_keeps_a_slower_one(tmp_path, capsys, monkeypatch):
+def test_scoring_only_the_chosen_program_at_smaller_slices_gains_nothing_over_scoring_each(tmp_path, capsys,
+                                                                                         monkeypatch):
     """Mixed cluster 123 again, with candidates scored at hccc's default slices only
-    (``THIN_CHOOSE_MOST`` 0) and the program chosen then thinned where it can be: a slower program."""
+    (``THIN_CHOOSE_MOST`` 0) and the program chosen then thinned where it can be: the program kept
+    is the fastest of those simulated at the default slices, and it is not faster, at its own
+    slices, than what scoring each candidate at its own slices keeps (beyond the gain that counts).
+    Where the program fastest at the default slices is not the one that gains most from smaller
+    ones, scoring each is what finds the faster program: on this cluster, before the tree packing's
+    LP was kept between its rounds (compiler/synth/master_lp.py), its column generation ended on
+    another optimal vertex, and the program chosen first ran at 0.968 of the bound against 0.981;
+    both now keep a program at 0.990."""
     from hccc.commands import synth as cmd
 
     each, _, _ = _synth_mixed_123(tmp_path, capsys, "each")
     monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
     chosen_first, _, _ = _synth_mixed_123(tmp_path, capsys, "chosen_first")
-    assert chosen_first["fraction_of_bound"] < each["fraction_of_bound"] * (1 - THIN_GAIN)
+    timed = [c["simulated_seconds"] for c in chosen_first["candidates"] if c["simulated_seconds"] is not None]
+    kept = [c for c in chosen_first["candidates"] if c["kept"]]
+    assert len(kept) == 1 and kept[0]["simulated_seconds"] == min(timed)
+    assert chosen_first["fraction_of_bound"] <= each["fraction_of_bound"] * (1 + THIN_GAIN)

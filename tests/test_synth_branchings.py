@@ -207,12 +207,13 @@ def test_no_integer_program_above_its_size_limit(monkeypatch):
 
 @pytest.mark.slow
 def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
-    """Four MI250 nodes at most 12 chunks per rank (what stays resident): the LP's trees round
-    within the tolerance only at 24, so integral trees are sought, and three per root attain the
-    optimum exactly."""
+    """Four MI250 nodes at most 12 chunks per rank (what stays resident), asked to round within
+    0.1 % of the LP: the LP's trees do not (0.9956 of it at 12 chunks, at best; which of the LP's
+    optimal vertices the column generation ends on decides how close they come), so integral
+    trees are sought, and three per root attain the optimum exactly."""
     topo = _mi250(4)
     net = network_from_topology(topo)
-    pk = tr.pack_trees(net, max_chunks=12)
+    pk = tr.pack_trees(net, max_chunks=12, round_tol=1e-3)
     assert pk.stats.get("integral") and pk.chunks_per_rank == 3
     assert pk.lower_bound == pytest.approx(pk.lp_time, rel=1e-3)
     assert pk.lower_bound * M / net.nranks / _model_time(topo, tr.allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
