@@ -75,6 +75,11 @@ def test_each_round_solves_the_lp_of_every_column_so_far(lp):
         reduced = np.r_[np.zeros(len(seen)), 1.0] - (A_ub.T @ got.ineq + A_eq.T @ got.eq)
         assert (reduced >= -1e-7).all()
         assert got.eq.sum() == pytest.approx(got.fun, rel=1e-7, abs=1e-9)
+    # solved again from scratch: the same optimum (another optimal vertex, maybe), duals optimal
+    again = master.solve_fresh()
+    assert again.status == 0 and again.fun == pytest.approx(ref.fun, rel=1e-7, abs=1e-9)
+    assert again.eq.sum() == pytest.approx(again.fun, rel=1e-7, abs=1e-9)
+    assert (np.r_[np.zeros(len(seen)), 1.0] - (A_ub.T @ again.ineq + A_eq.T @ again.eq) >= -1e-7).all()
 
 
 def test_a_column_on_no_capacity_makes_the_lp_infeasible_not_a_crash():

@@ -7,10 +7,16 @@
 
 and adds the trees that price below their root's dual as columns. Solving that LP from scratch
 every round (scipy's ``linprog``) repeats the work of the rounds before: on a 32-GPU cluster of five
-different nodes the joint AllReduce LP took 78 rounds, 14 s of its 17. Here the model lives in one
+different nodes the joint AllReduce LP took 76 rounds, 14 s of its 17. Here the model lives in one
 ``highspy.Highs`` object: a round adds its columns (nonbasic at zero, so the last optimal basis stays
-primal feasible) and HiGHS goes on from that basis with the simplex method, a few pivots where a
-fresh solve takes thousands.
+primal feasible) and the primal simplex goes on from that basis, a few hundred pivots where a fresh
+solve takes thousands (:meth:`MasterLP.solve`).
+
+The vertex a warm-started primal simplex ends on is optimal but often spread over more trees than
+the one HiGHS's default method finds from scratch, and the packing rounds the LP's weights to whole
+chunks, which goes better with few trees (a 64-GPU V100 cluster's AllReduce: 0.875 of its bound
+from the warm-started vertex, 0.903 from a fresh one). So once the rounds are done the last LP is
+solved once more from scratch (:meth:`MasterLP.solve_fresh`), a single solve of the final LP.
 
 The duals are HiGHS's own (the objective's derivatives in each row's bound: at most zero on the
 resource rows of a minimisation), exactly what scipy's ``linprog`` reports as ``marginals``.
@@ -25,7 +31,8 @@ import numpy as np
 
 from hccc.util.native_output import silenced
 
-#: HiGHS's ``simplex_strategy`` value for the primal simplex method
+#: HiGHS's ``simplex_strategy`` values: its own choice (the dual simplex, mostly), the primal simplex
+SIMPLEX_DEFAULT = 1
 SIMPLEX_PRIMAL = 4
 
 
@@ -97,6 +104,13 @@ class MasterLP:
         self._h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, self._inf), at, np.array(starts, np.int32),
                         np.concatenate(idx).astype(np.int32), np.concatenate(vals))
         self._pending = []
+
+    def solve_fresh(self, time_limit: float | None = None) -> Solution:
+        """Solve again from scratch, by HiGHS's default method, forgetting the basis (the vertex it
+        ends on, see the module docstring); later solves keep that method."""
+        self._h.clearSolver()
+        self._h.setOptionValue("simplex_strategy", SIMPLEX_DEFAULT)
+        return self.solve(time_limit)
 
     def solve(self, time_limit: float | None = None) -> Solution:
         """Solve from the last basis (the first time: from scratch), within ``time_limit`` seconds

@@ -518,12 +518,18 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     y = None
     deadline = t0 + float(time_limit)
     lp = MasterLP(ocap, nrows)
-    fed = 0                         # columns handed to the LP so far
+    fed = [0]                       # columns handed to the LP so far
+
+    def feed() -> int:
+        """The columns added since the last call join the LP; how many it has."""
+        for j in range(fed[0], len(cols)):
+            lp.add(cols[j], mult[cols[j]] * csize[col_root[j] % n], int(root_row[col_root[j]]))
+        fed[0] = len(cols)
+        return fed[0]
+
     while True:
         it += 1
-        for j in range(fed, len(cols)):
-            lp.add(cols[j], mult[cols[j]] * csize[col_root[j] % n], int(root_row[col_root[j]]))
-        fed = J = len(cols)
+        J = feed()
         # a round after the first gets only the time left: stopped, the last round's packing stays
         res = lp.solve(None if y is None else deadline - clock.now())
         if res.status == 1 and y is not None:
@@ -551,6 +557,13 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             best_lb = max(best_lb, lag / denom)
         if not added or lp_val <= best_lb * (1 + tol) or clock.now() > deadline:
             break
+    if lp.solves > 1 and clock.now() < deadline:
+        # the last LP (the last round's columns too) solved from scratch: a vertex on fewer trees,
+        # which round to whole chunks better than the warm-started one (:mod:`.master_lp`)
+        feed()
+        again = lp.solve_fresh(deadline - clock.now())
+        if again.status == 0:
+            lp_val, y, pi, lam = float(again.fun), again.y, np.maximum(-again.ineq, 0.0), again.eq
     if seeding:
         # the classes' LP trees under every element fixing their root seed the LP of translates
         seeds, got = [], set()
