@@ -38,8 +38,8 @@ SIMPLEX_PRIMAL = 4
 
 @dataclass
 class Solution:
-    """One round's LP: ``status`` 0 optimal, 1 stopped at its time limit (``x`` and the duals are
-    then HiGHS's last iterate, not to be used); ``fun`` the objective (``T``); ``y`` the columns'
+    """One round's LP: ``status`` 0 optimal, 1 stopped at its time limit (``y`` and the duals are
+    then HiGHS's last iterate, not to be used), 2 anything else (infeasible, say); ``fun`` the objective (``T``); ``y`` the columns'
     weights in the order they were added; ``ineq`` and ``eq`` the duals of the resource and root
     rows; ``message`` HiGHS's model status in words."""
 
