@@ -39,9 +39,9 @@ SIMPLEX_PRIMAL = 4
 @dataclass
 class Solution:
     """One round's LP: ``status`` 0 optimal, 1 stopped at its time limit (``y`` and the duals are
-    then HiGHS's last iterate, not to be used), 2 anything else (infeasible, say); ``fun`` the objective (``T``); ``y`` the columns'
-    weights in the order they were added; ``ineq`` and ``eq`` the duals of the resource and root
-    rows; ``message`` HiGHS's model status in words."""
+    then HiGHS's last iterate, not to be used), 2 anything else (infeasible, say); ``fun`` the
+    objective (``T``); ``y`` the columns' weights in the order they were added; ``ineq`` and ``eq``
+    the duals of the resource and root rows; ``message`` HiGHS's model status in words."""
 
     status: int
     fun: float
@@ -49,6 +49,12 @@ class Solution:
     ineq: np.ndarray
     eq: np.ndarray
     message: str
+
+    @property
+    def prices(self) -> np.ndarray:
+        """The resources' prices the trees are priced at: the resource rows' duals, sign turned
+        (at least zero)."""
+        return np.maximum(-self.ineq, 0.0)
 
 
 class MasterLP:
@@ -75,7 +81,6 @@ class MasterLP:
         self._cap = cap
         self._t = -1            # T's column: added after the first solve's columns (:meth:`solve`)
         self._pending: list[tuple[np.ndarray, np.ndarray, int]] = []
-        self.ncols = 0          # columns y added (T not counted)
         self.solves = 0
 
     def add(self, res_rows: np.ndarray, values: np.ndarray, root_row: int) -> None:
@@ -86,7 +91,6 @@ class MasterLP:
         uniq, inv = np.unique(rows, return_inverse=True)
         summed = np.bincount(inv, weights=vals, minlength=uniq.size)
         self._pending.append((uniq, summed, int(root_row)))
-        self.ncols += 1
 
     def _flush(self) -> None:
         if not self._pending:

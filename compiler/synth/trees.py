@@ -14,12 +14,12 @@ the groups' bandwidth. The least ``T`` is a linear program over trees:
 solved by **column generation**: the LP over the trees found so far (HiGHS, one model kept between
 the rounds, :mod:`.master_lp`) prices resources with its duals ``pi_e``; a tree rooted at ``r``
 improves the LP iff its cost ``sum_{e in t} pi_e`` is below the dual ``lambda_r`` of ``r``'s row,
-and the cheapest tree of every root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds, :func:`min_arborescence`, arc costs
-``pi_pair + sum of pi_group`` over the pair's groups). Every round also gives a lower bound (the
-Lagrangian ``sum_r min_t pi(t) / sum_e pi_e cap_e``), and the loop stops when the LP is within
-``tol`` of it, or of the cut bound (:mod:`.bounds`), which no schedule beats (on most networks the
-two meet: Edmonds' branching theorem, extended to balanced switches by edge splitting, as in
-ForestColl; see *Optimality* below where they do not).
+and the cheapest tree of every root is a minimum-cost spanning arborescence (Chu-Liu/Edmonds,
+:func:`min_arborescence`, arc costs ``pi_pair + sum of pi_group`` over the pair's groups). Every
+round also gives a lower bound (the Lagrangian ``sum_r min_t pi(t) / sum_e pi_e cap_e``), and the
+loop stops when the LP is within ``tol`` of it, or of the cut bound (:mod:`.bounds`), which no
+schedule beats (on most networks the two meet: Edmonds' branching theorem, extended to balanced
+switches by edge splitting, as in ForestColl; see *Optimality* below where they do not).
 
 **Integral chunks.** A ResCCLang program has ``K`` equal chunks per rank; each chunk follows one
 tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
@@ -538,7 +538,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             raise PackingError(f"the packing LP failed: {res.message}")
         lp_val = float(res.fun)
         y = res.y[:J]
-        pi = np.maximum(-res.ineq, 0.0)
+        pi = res.prices
         lam = res.eq
         denom = float(pi @ ocap)
         added = 0
@@ -563,7 +563,7 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         feed()
         again = lp.solve_fresh(deadline - clock.now())
         if again.status == 0:
-            lp_val, y, pi, lam = float(again.fun), again.y, np.maximum(-again.ineq, 0.0), again.eq
+            lp_val, y, pi, lam = float(again.fun), again.y, again.prices, again.eq
     if seeding:
         # the classes' LP trees under every element fixing their root seed the LP of translates
         seeds, got = [], set()
