@@ -95,7 +95,9 @@ def test_broadcast_and_chunks_per_rank(topo, tmp_path, capsys, argv, header):
     assert header in out.read_text()
     alg = load_algorithm(out)
     assert verify(alg).steps == summary["steps"]
-    k = int(argv[argv.index("--chunks-per-rank") + 1]) if "--chunks-per-rank" in argv else 1
+    k = summary["chunks_per_rank"]          # the tree packing (a large Broadcast) picks its own
+    if "--chunks-per-rank" in argv:
+        assert k == int(argv[argv.index("--chunks-per-rank") + 1])
     assert alg.header.nchunks == alg.header.nranks * k
     ir = build_program(alg)
     ins = inputs_for(ir, 7 * alg.header.nchunks + 3, "int32", seed=2)
@@ -163,8 +165,10 @@ def test_a_size_given_twice_is_refused_before_any_work(topo, tmp_path, capsys):
 
 def test_trees_refuse_what_they_do_not_build(topo, tmp_path, capsys):
     out = tmp_path / "b.rccl"
-    assert main(["synth", str(topo), "--collective", "broadcast", "--method", "trees", "-o", str(out)]) == 1
-    assert "--method trees builds" in capsys.readouterr().err and not out.exists()
+    assert main(["synth", str(topo), "--collective", "alltoall", "--method", "trees", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "--method trees builds allgather, reducescatter, allreduce, broadcast, not alltoall" in err
+    assert not out.exists()
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "trees", "--chunks-per-rank", "2",
                  "-o", str(out)]) == 1
     assert "--chunks-per-rank applies to --method search" in capsys.readouterr().err and not out.exists()

@@ -95,21 +95,25 @@ def max_flow(nv: int, eu: np.ndarray, ev: np.ndarray, ecap: np.ndarray, s: int, 
     return int(res.flow_value), sink
 
 
-def short_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: int) -> list[np.ndarray]:
+def short_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: int,
+               root: int | None = None) -> list[np.ndarray]:
     """Sets of ranks (boolean masks) with fewer than ``k (n - |Z|)`` arcs entering them in the
     multigraph of ``mult[i]`` arcs ``src[i] -> dst[i]``: for every rank ``v`` whose maximum flow
     from a source joined to every rank by ``k`` arcs is short of ``k n``, the sink side of that
-    flow's minimum cut."""
+    flow's minimum cut. With a ``root`` (``k`` out-trees of that rank alone): sets without it that
+    fewer than ``k`` arcs enter (the source joined to the root alone, the flow short of ``k``)."""
     s = n
-    eu = np.r_[np.asarray(src, np.int64), np.full(n, s)]
-    ev = np.r_[np.asarray(dst, np.int64), np.arange(n)]
-    ecap = np.r_[np.asarray(mult, np.int64), np.full(n, k, np.int64)]
+    tails = np.arange(n) if root is None else np.array([int(root)])
+    eu = np.r_[np.asarray(src, np.int64), np.full(tails.size, s)]
+    ev = np.r_[np.asarray(dst, np.int64), tails]
+    ecap = np.r_[np.asarray(mult, np.int64), np.full(tails.size, k, np.int64)]
     keep = ecap > 0
     eu, ev, ecap = eu[keep], ev[keep], ecap[keep]
+    want = k * tails.size
     out, seen = [], set()
     for v in range(n):
         flow, sink = max_flow(n + 1, eu, ev, ecap, s, v)
-        if flow >= k * n:
+        if flow >= want:
             continue
         z = sink[:n].copy()
         if z.tobytes() not in seen:
@@ -118,9 +122,10 @@ def short_sets(n: int, src: np.ndarray, dst: np.ndarray, mult: np.ndarray, k: in
     return out
 
 
-def _first_sets(net: Network) -> list[np.ndarray]:
+def _first_sets(net: Network, root: int | None = None) -> list[np.ndarray]:
     """The cut conditions every integral packing is asked first: each rank, all ranks but one, and
-    every part of the network's hierarchy (machine nodes first) and its complement."""
+    every part of the network's hierarchy (machine nodes first) and its complement (with a
+    ``root``: those without it)."""
     n = net.nranks
     sets = []
     for v in range(n):
@@ -132,11 +137,11 @@ def _first_sets(net: Network) -> list[np.ndarray]:
             z = np.asarray(lev) == part
             if 1 < z.sum() < n - 1:
                 sets += [z, ~z]
-    return sets
+    return sets if root is None else [z for z in sets if not z[root]]
 
 
 def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: list | None = None,
-                  perms: np.ndarray | None = None) -> tuple[float, np.ndarray] | None:
+                  perms: np.ndarray | None = None, root: int | None = None) -> tuple[float, np.ndarray] | None:
     """The least time (seconds per byte of each rank's data) of ``k`` spanning out-trees per root
     and the arc multiplicities ``M`` (per pair) that attain it (module docstring, step 1), or None
     where the time runs out first. ``cap``: the resources' capacities in bytes/s, the pairs' then
@@ -144,7 +149,9 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     appended, so the caller can pass them on to another ``k``); ``perms``: automorphisms of the
     network as rank permutations (one per row, a group): the multiplicities are then the same on
     every pair of an orbit, one variable per orbit (far fewer where nodes repeat), and every set
-    found short is added with its images."""
+    found short is added with its images. With a ``root``: ``k`` out-trees of that rank alone (a
+    Broadcast's, time per byte of its buffer): every set without the root needs ``k`` arcs entering
+    it (Edmonds), and ``perms`` must fix the root."""
     from scipy import sparse
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -162,7 +169,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     to_orbit = sparse.csr_matrix((np.ones(P), (np.arange(P), orbit)), shape=(P, O))
     # variables: M over the pair orbits, then tau = T * scale
     usable = pair_cap[first] > 0
-    ub = np.r_[np.where(usable, k * n, 0), np.inf]
+    ub = np.r_[np.where(usable, k * (n if root is None else 1), 0), np.inf]
     a_pair = sparse.hstack([sparse.identity(O, format="csr"),
                             sparse.csr_matrix(-k * pair_cap[first][:, None] / scale)]).tocsr()
     a_group = sparse.hstack([sparse.csr_matrix((np.ones(rp.size), (rg, rp)), shape=(G, P)) @ to_orbit,
@@ -170,7 +177,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
     if sets is None:
         sets = []
     if not sets:
-        sets += _first_sets(net)
+        sets += _first_sets(net, root)
     c = np.zeros(O + 1)
     c[O] = 1.0
     integrality = np.r_[np.ones(O), 0.0]
@@ -181,7 +188,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
         z = np.array(sets)
         entering = sparse.csr_matrix(((~z[:, src]) & z[:, dst]).astype(float)) @ to_orbit
         a_cut = sparse.hstack([entering, sparse.csr_matrix((len(sets), 1))]).tocsr()
-        need = k * (n - z.sum(axis=1)).astype(float)
+        need = k * (n - z.sum(axis=1)).astype(float) if root is None else np.full(len(sets), float(k))
         with silenced():
             res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(O + 1), ub),
                        constraints=[LinearConstraint(a_pair, -np.inf, 0.0), LinearConstraint(a_group, -np.inf, 0.0),
@@ -192,7 +199,7 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
         # at its node limit (HiGHS: a limit status) the search keeps the best point found: a
         # packing all the same (once the cut conditions hold), if not the least time's
         mult = np.round(res.x[:O]).astype(np.int64)[orbit]
-        more = short_sets(n, src, dst, mult, k)
+        more = short_sets(n, src, dst, mult, k, root)
         if not more:
             return arcs_time(net, mult, k, cap), mult
         known = {z.tobytes() for z in sets}
@@ -259,22 +266,23 @@ def _others(n: int, big: int, others: list[int], spans: list, copies: list) -> t
             n + np.arange(len(others)), x_caps, int(x_caps.sum()))
 
 
-def branchings(n: int, arcs: np.ndarray, k: int, deadline: float) -> list[tuple[int, np.ndarray, int]] | None:
-    """``k`` spanning out-trees rooted at every rank inside the multigraph ``arcs[u, v]`` (arc
-    multiplicities meeting the cut conditions of the module docstring) as ``(root, parents,
-    copies)``, the copies of a root summing to ``k`` (step 2 of the module docstring); None where
-    ``deadline`` passes first."""
+def branchings(n: int, arcs: np.ndarray, k: int, deadline: float,
+               root: int | None = None) -> list[tuple[int, np.ndarray, int]] | None:
+    """``k`` spanning out-trees rooted at every rank (at ``root`` alone, where given) inside the
+    multigraph ``arcs[u, v]`` (arc multiplicities meeting the cut conditions of the module
+    docstring) as ``(root, parents, copies)``, the copies of a root summing to ``k`` (step 2 of the
+    module docstring); None where ``deadline`` passes first."""
     left_arcs = np.array(arcs, np.int64, copy=True)
     big = k * n + 1
     roots, spans, parents, copies = [], [], [], []
-    for r in range(n):
+    for r in (range(n) if root is None else [int(root)]):
         roots.append(r)
         z = np.zeros(n, bool)
         z[r] = True
         spans.append(z)
         parents.append(np.full(n, -1, np.int64))
         copies.append(k)
-    queue = list(range(n))
+    queue = list(range(len(roots)))
     done = []
     while queue:
         j = queue.pop(0)
@@ -315,16 +323,17 @@ def branchings(n: int, arcs: np.ndarray, k: int, deadline: float) -> list[tuple[
     return [(roots[j], parents[j], copies[j]) for j in done]
 
 
-def trees_on(net: Network, mult: np.ndarray, k: int, deadline: float) -> list[tuple[int, np.ndarray, int]] | None:
-    """:func:`branchings` on the pair multiplicities ``mult`` of :func:`integral_arcs`, made
-    shallower by :func:`.exchanges.shallower` (every arc keeps its multiplicity) over single ranks
-    and the parts of the network's partitions (its nodes)."""
+def trees_on(net: Network, mult: np.ndarray, k: int, deadline: float,
+             root: int | None = None) -> list[tuple[int, np.ndarray, int]] | None:
+    """:func:`branchings` on the pair multiplicities ``mult`` of :func:`integral_arcs` (of every
+    rank, or of ``root`` alone), made shallower by :func:`.exchanges.shallower` (every arc keeps its
+    multiplicity) over single ranks and the parts of the network's partitions (its nodes)."""
     from hccc.compiler.synth.exchanges import shallower
 
     n = net.nranks
     arcs = np.zeros((n, n), np.int64)
     arcs[net.psrc, net.pdst] = mult
-    trees = branchings(n, arcs, k, deadline)
+    trees = branchings(n, arcs, k, deadline, root)
     if trees is None:
         return None
     parts = [np.flatnonzero(level == x) for level in net.levels for x in np.unique(level)]

@@ -176,14 +176,19 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
 
         if coll not in TREE_COLLECTIVES:
             raise ValueError(f"tree packing builds {', '.join(TREE_COLLECTIVES)}, not {coll}")
-        prog = synthesize_trees(net, coll, pair_bw=None if isinstance(topo, Network) else pair_bandwidth(topo),
-                                total_bytes=float(bandwidth_bound_bytes or (1 << 30)), time_limit=time_limit,
-                                score=tree_score,
-                                max_blocks=None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor),
-                                resident=None if isinstance(topo, Network) else
-                                lambda warps: resident_blocks(topo.rank_vendor, warps))
-        res = SynthResult(coll, n, prog.chunks_per_rank, None, prog.rows, prog.steps, prog.lower_bound_steps, [],
-                          clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
+        pair_bw = None if isinstance(topo, Network) else pair_bandwidth(topo)
+        max_blocks = None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor)
+        if coll == "broadcast":
+            from hccc.compiler.synth.broadcast_trees import synthesize_broadcast_trees
+            prog = synthesize_broadcast_trees(net, root, pair_bw=pair_bw, time_limit=time_limit, max_blocks=max_blocks,
+                                              total_bytes=float(bandwidth_bound_bytes or (1 << 30)))
+        else:
+            prog = synthesize_trees(net, coll, pair_bw=pair_bw, total_bytes=float(bandwidth_bound_bytes or (1 << 30)),
+                                    time_limit=time_limit, score=tree_score, max_blocks=max_blocks,
+                                    resident=None if isinstance(topo, Network) else
+                                    lambda warps: resident_blocks(topo.rank_vendor, warps))
+        res = SynthResult(coll, n, prog.chunks_per_rank, root if coll == "broadcast" else None, prog.rows, prog.steps,
+                          prog.lower_bound_steps, [], clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
         if bandwidth_bound_bytes:
             known = prog.detail.get("cut_seconds_per_rank_byte", {})
             res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else

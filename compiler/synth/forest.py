@@ -434,8 +434,8 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
 
     t0 = clock.now()
     coll = collective.lower()
-    if coll not in tr.TREE_COLLECTIVES:
-        raise ValueError(f"tree packing builds {', '.join(tr.TREE_COLLECTIVES)}, not {collective!r}")
+    if coll not in tr.PACKED_COLLECTIVES:
+        raise ValueError(f"tree packing builds {', '.join(tr.PACKED_COLLECTIVES)}, not {collective!r}")
     n = net.nranks
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
     deadline = t0 + float(time_limit)

@@ -254,6 +254,17 @@ def _resources(net: Network, pair_bw: np.ndarray):
     return cap
 
 
+def pair_incidence(net: Network, nres: int):
+    """The sparse (pairs x resources) incidence of :func:`_resources`' resources: every pair on
+    itself and on each of its shared groups (a pair's price is ``incidence @ prices``)."""
+    from scipy import sparse
+
+    P = net.npairs
+    rp, rg = net.pair_group_rows()
+    return sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
+                             shape=(P, nres))
+
+
 def _tree_pairs(net: Network, parent: np.ndarray, root: int) -> np.ndarray:
     v = np.flatnonzero(parent >= 0)
     idx = net.pair_index(parent[v], v)
@@ -362,8 +373,6 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     trees under every element that fixes them, so the averaged packing is among its solutions), it
     needs about one round, and its integral counts of K chunks per representative give every rank
     of the class K chunks."""
-    from scipy import sparse
-
     t0 = clock.now()
     n, P = net.nranks, net.npairs
     if n < 2:
@@ -375,10 +384,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     ok = cap > 0
     scale = float(cap[ok].max())
     capn = np.where(ok, cap / scale, 0.0)        # normalised capacities (LP conditioning)
-    # pair cost = pi_pair + sum of pi over its groups: a sparse (P x R) incidence
-    rp, rg = net.pair_group_rows()
-    inc = sparse.csr_matrix((np.ones(P + rp.size), (np.r_[np.arange(P), rp], np.r_[np.arange(P), P + rg])),
-                            shape=(P, R))
+    # pair cost = pi_pair + sum of pi over its groups
+    inc = pair_incidence(net, R)
     group = node_symmetry(net, bw) if symmetry else None
     lp_only = seeding = False
     if group is None and symmetry:
@@ -1288,8 +1295,10 @@ def pair_bandwidth(topo) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- collectives
-#: collectives the tree packing builds
-TREE_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+#: collectives the AllGather packing builds (:mod:`.forest`)
+PACKED_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+#: collectives the tree method builds: those, and Broadcast by its root's trees (:mod:`.broadcast_trees`)
+TREE_COLLECTIVES = PACKED_COLLECTIVES + ("broadcast",)
 
 
 def transposed_pair_order(net: Network) -> np.ndarray:

@@ -82,7 +82,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="do not use the simulator to choose among variants (keep the first)")
     p.add_argument("--method", type=str.lower, choices=METHOD_CHOICES, default="auto",
                    help="how the schedule is made: 'trees' (bandwidth-optimal spanning-tree packing; allgather, "
-                        "reducescatter, allreduce), 'search' (greedy + SMT/CEGIS step search), or 'auto': "
+                        "reducescatter, allreduce, broadcast), 'search' (greedy + SMT/CEGIS step search), or 'auto': "
                         f"trees when the buffer gives every rank at least {TREES_MIN_PER_RANK >> 10} KiB (and the "
                         f"search as well, the faster kept, when the simulator finds the tree program under "
                         f"{AUTO_SEARCH_BELOW:g} of the bound), else search")
