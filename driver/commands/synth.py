@@ -216,11 +216,15 @@ def tree_simulated_score(sims: "Simulations"):
 
 
 def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str:
-    """The method ``--method`` asks for at a buffer of ``nbytes`` (see :data:`TREES_MIN_PER_RANK`)."""
+    """The method ``--method`` asks for at a buffer of ``nbytes`` (see :data:`TREES_MIN_PER_RANK`; a
+    Broadcast packs trees on at most :data:`.broadcast_trees.MAX_RANKS` GPUs)."""
+    from hccc.compiler.synth.broadcast_trees import MAX_RANKS as BROADCAST_TREE_RANKS
     from hccc.compiler.synth.trees import TREE_COLLECTIVES
 
     if method != "auto":
         return method
+    if collective == "broadcast" and nranks > BROADCAST_TREE_RANKS:
+        return "search"
     if collective in TREE_COLLECTIVES and nbytes >= TREES_MIN_PER_RANK * max(1, nranks):
         return "trees"
     return "search"
