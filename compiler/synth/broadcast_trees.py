@@ -170,36 +170,18 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
 
 
 def round_counts(weights: np.ndarray, loads: np.ndarray, cap: np.ndarray, nchunks: int) -> np.ndarray:
-    """Chunks per tree, ``nchunks`` in all: the largest remainders of ``weights * nchunks``, then
-    one chunk at a time moved from a tree on the most loaded resource to the tree that leaves the
-    call shortest, while that shortens it (:func:`rounded_time`)."""
+    """Chunks (or streams) per tree, ``nchunks`` in all: the largest remainders of ``weights *
+    nchunks``, then single ones moved off the most loaded resource while it gets lighter (the
+    AllGather packing's repair, all trees of one root)."""
     w = np.asarray(weights, float)
     exact = w * nchunks
     counts = np.floor(exact).astype(np.int64)
     short = int(nchunks - counts.sum())
     if short > 0:
         counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
-    inv = np.where(cap > 0, 1.0 / np.where(cap > 0, cap, 1.0), 0.0)
-    used = loads.any(axis=0)
-    A = loads[:, used] * inv[used]                   # seconds per chunk-byte on each used resource
-    L = counts @ A
-    for _ in range(4 * int(nchunks)):
-        e = int(L.argmax())
-        now = float(L[e])
-        best = (now, -1, -1)
-        for t in np.flatnonzero((counts > 0) & (A[:, e] > 0)).tolist():
-            after = (L - A[t])[None, :] + A          # the chunk moved to each tree
-            worst = after.max(axis=1)
-            u = int(worst.argmin())
-            if worst[u] < best[0] * (1 - 1e-12) and u != t:
-                best = (float(worst[u]), t, u)
-        if best[1] < 0:
-            break
-        _, t, u = best
-        counts[t] -= 1
-        counts[u] += 1
-        L = L - A[t] + A[u]
-    return counts
+    ok = cap > 0
+    scale = float(cap[ok].max()) if ok.any() else 1.0
+    return tr._repair(counts, np.zeros(len(w), np.int64), loads, cap / scale, int(nchunks), rounds=4 * int(nchunks))
 
 
 def regrow(pk: dict, counts: np.ndarray, alphas=REGROW_ALPHAS) -> tuple[list, np.ndarray, np.ndarray]:
