@@ -89,22 +89,22 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
 
     def arc_costs(pi: np.ndarray) -> np.ndarray:
         """``C[u, v]``: what pair ``u -> v`` costs at the prices ``pi`` (its own and its groups')."""
-        pair_cost = inc @ pi
-        C = np.full((n, n), np.inf)
-        C[net.psrc, net.pdst] = np.where(bw > 0, pair_cost, np.inf)
-        return C
+        return tr.pair_cost_matrix(net, bw, inc @ pi)
 
     cols: list[np.ndarray] = []
     pars: list[np.ndarray] = []
     seen: set = set()
     lp = MasterLP(capn, 1)
 
-    def add(par: np.ndarray) -> bool:
+    def column(par: np.ndarray) -> np.ndarray:
+        return tr._tree_column(net, tr._tree_pairs(net, par, root))
+
+    def add(par: np.ndarray, col: np.ndarray | None = None) -> bool:
         key = par.tobytes()
         if key in seen:
             return False
         seen.add(key)
-        col = tr._tree_column(net, tr._tree_pairs(net, par, root))
+        col = column(par) if col is None else col
         cols.append(col)
         pars.append(par)
         lp.add(col, np.ones(col.size), 0)
@@ -118,9 +118,9 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
     load = np.zeros(cap.size)
     for _ in range(SEED_TREES_PER_RANK * n):
         par = tr.min_arborescence(arc_costs(inv * np.exp(SEED_STEEPNESS * load / max(load.max(), 1e-300))), root)
-        col = tr._tree_column(net, tr._tree_pairs(net, par, root))
+        col = column(par)
         np.add.at(load, col, inv[col])
-        add(par)
+        add(par, col)
         if clock.now() > t0 + (deadline - t0) * SEED_SHARE:
             break
     best_lb = 0.0
@@ -161,7 +161,7 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
         """The cheapest tree at per-resource ``prices`` and its crossings per resource."""
         par = tr.min_arborescence(arc_costs(prices), root)
         row = np.zeros(cap.size)
-        np.add.at(row, tr._tree_column(net, tr._tree_pairs(net, par, root)), 1.0)
+        np.add.at(row, column(par), 1.0)
         return par, row
 
     return {"parents": pars, "weights": y / y.sum(), "loads": loads, "cap": cap, "cheapest": cheapest,
@@ -400,7 +400,6 @@ def synthesize_broadcast_trees(net: Network, root: int, *, pair_bw: np.ndarray |
     """The Broadcast from ``root`` of the module docstring as a :class:`.forest.TreeProgram` (rows
     ``(src, dst, step, chunk, op, channel)``). ``max_blocks``: thread blocks a rank keeps resident;
     where a channel per stream would need more, the streams share the pairs' channels."""
-    from hccc.compiler.ir.program_ir import MAX_CHANNELS
     from hccc.compiler.synth import forest
 
     t0 = clock.now()
@@ -434,7 +433,7 @@ def synthesize_broadcast_trees(net: Network, root: int, *, pair_bw: np.ndarray |
     rate = float(total_bytes) / S / seconds if seconds > 0 else 0.0
     if shared:
         rate *= S
-    channels = 1 if not gbps or rate <= 0 else int(min(MAX_CHANNELS, max(1, int(np.ceil(rate / (gbps * 1e9) * 1.05)))))
+    channels = tr.blocks_at(rate, gbps)
     lb_steps = int(np.max(_hops(net, int(root)))) if n > 1 else 0
     steps = forest._steps(rows)
     detail = {

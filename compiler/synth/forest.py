@@ -279,12 +279,9 @@ def blocks_for(packing: tr.Packing, data_bytes_per_rank: float, seconds: float, 
                streams: int = 1) -> int:
     """Blocks per thread block so that ``streams`` streams, at the rate the packing plans for a
     stream (``1/K`` of its root's data over ``seconds``), fit in their thread block's blocks."""
-    from hccc.compiler.ir.program_ir import MAX_CHANNELS
-
-    if seconds <= 0 or not block_gbps or not packing.counts:
+    if seconds <= 0 or not packing.counts:
         return 1
-    rate = data_bytes_per_rank / packing.chunks_per_rank / seconds * max(1, int(streams))
-    return int(min(MAX_CHANNELS, max(1, int(np.ceil(rate / (block_gbps * 1e9) * 1.05)))))
+    return tr.blocks_at(data_bytes_per_rank / packing.chunks_per_rank / seconds * max(1, int(streams)), block_gbps)
 
 
 #: bundle sizes :func:`bundled` tries, smallest first, while a program needs more blocks than resident

@@ -265,6 +265,15 @@ def pair_incidence(net: Network, nres: int):
                              shape=(P, nres))
 
 
+def pair_cost_matrix(net: Network, bw: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``C[u, v]``: the cost ``w`` of pair ``u -> v`` (infinite where there is none or it has no
+    bandwidth ``bw``), for :func:`min_arborescence`."""
+    n = net.nranks
+    C = np.full((n, n), np.inf)
+    C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+    return C
+
+
 def _tree_pairs(net: Network, parent: np.ndarray, root: int) -> np.ndarray:
     v = np.flatnonzero(parent >= 0)
     idx = net.pair_index(parent[v], v)
@@ -434,10 +443,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     arcs_of: list = [None, None, None]      # the prices, the kind and their arc matrix (:func:`arcs`)
 
     def arc_matrix(w: np.ndarray, rev: bool) -> np.ndarray:
-        """``C[u, v]``: the cost ``w`` of pair ``u -> v`` (infinite where there is none or it has no
-        bandwidth), transposed for an in-tree (an out-tree of the transposed network)."""
-        C = np.full((n, n), np.inf)
-        C[net.psrc, net.pdst] = np.where(bw > 0, w, np.inf)
+        """:func:`pair_cost_matrix`, transposed for an in-tree (an out-tree of the transposed network)."""
+        C = pair_cost_matrix(net, bw, w)
         return C.T.copy() if rev else C
 
     def arcs(pi_o: np.ndarray, rev: bool) -> np.ndarray:
@@ -1314,10 +1321,17 @@ def channels_for(net: Network, packing: Packing, data_bytes_per_rank: float, sec
     maximum). A connection's traffic runs on thread blocks of its own unless the compiler shares
     one between connections whose spans do not overlap, so the busiest pair's rate is what one
     thread block must sustain."""
-    from hccc.compiler.ir.program_ir import MAX_CHANNELS
-
-    if seconds <= 0 or not block_gbps:
+    if seconds <= 0:
         return 1
     # pair_load: bytes per pair per byte of every rank's data
-    rate = packing.pair_load * data_bytes_per_rank / seconds
-    return int(min(MAX_CHANNELS, max(1, int(np.ceil(float(rate.max()) / (block_gbps * 1e9) * 1.05)))))
+    return blocks_at(float((packing.pair_load * data_bytes_per_rank / seconds).max()), block_gbps)
+
+
+def blocks_at(rate: float, block_gbps: float) -> int:
+    """Blocks a thread block needs to move ``rate`` bytes/s at ``block_gbps`` GB/s a block, with 5 %
+    to spare: at least 1, at most the IR's maximum (1 without a per-block rate)."""
+    from hccc.compiler.ir.program_ir import MAX_CHANNELS
+
+    if rate <= 0 or not block_gbps:
+        return 1
+    return int(min(MAX_CHANNELS, max(1, int(np.ceil(rate / (block_gbps * 1e9) * 1.05)))))
