@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from hccc.cli import main
-from hccc.compiler.cluster.topo_parser import ClusterSpec, LinkSpec, NodeSpec, format_topology, parse_topology
+from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
+                                                format_topology, parse_topology)
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import broadcast_trees as bt
@@ -223,3 +224,25 @@ def test_a_topology_without_paths_from_the_root_is_refused():
         bt.pack_broadcast(network_from_topology(topo), 0)
     with pytest.raises(ValueError, match="cannot be reached"):
         synthesize(topo, "broadcast", method="trees")
+
+
+def test_trees_take_a_broadcast_up_to_their_limit_and_say_so_past_it(tmp_path, capsys):
+    """``--method auto`` packs a large Broadcast's trees on up to ``MAX_RANKS`` GPUs and searches
+    past them; ``--method trees`` past them is refused with a located message naming the limit
+    (exit 1, no traceback, nothing written)."""
+    from hccc.commands.synth import choose_method
+
+    assert choose_method("auto", "broadcast", bt.MAX_RANKS, M) == "trees"
+    assert choose_method("auto", "broadcast", bt.MAX_RANKS + 1, M) == "search"
+    assert choose_method("auto", "allgather", bt.MAX_RANKS + 1, M) == "trees"     # the limit is Broadcast's
+    gpn = 8
+    nodes = bt.MAX_RANKS // gpn + 1
+    ring = [LinkSpec(a, (a + d) % gpn, 50, 1) for a in range(gpn) for d in (1, gpn - 1)]
+    node = NodeSpec(gpn, {"direct": ring}, nics=[NicSpec((g,), 50) for g in range(gpn)])
+    topo = tmp_path / "big.topo"
+    topo.write_text(format_topology(ClusterSpec([node] * nodes, [InternodeSpec("all", "nic")])))
+    out = tmp_path / "b.rccl"
+    assert main(["synth", str(topo), "--collective", "broadcast", "--method", "trees", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"at most {bt.MAX_RANKS} GPUs, not {nodes * gpn}" in err and "--method search" in err
+    assert "Traceback" not in err and not out.exists()

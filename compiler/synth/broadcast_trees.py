@@ -37,11 +37,13 @@ from hccc.compiler.synth.master_lp import MasterLP
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
 
-#: the most GPUs a tree Broadcast is packed for: past them a program cannot give every rank a chunk
-#: of every stream within :data:`TRANSFERS` (128 multi-rail H800s: 2 chunks a rank, 0.73 of the
-#: LP at 128 streams), and the trees' loads (a dense row of every pair and group each) outgrow the
-#: memory (512: 15 GB)
-MAX_RANKS = 64
+#: the most GPUs a tree Broadcast is packed for. Past 64 a program gets few chunks per rank within
+#: :data:`TRANSFERS` (128 GPUs: 2), so its streams round coarsely (128 multi-rail H800s: 0.71 of
+#: the bound simulated, 96: 0.86, eight MI250 nodes: 0.49), yet far above the step search (128
+#: multi-rail H800s: 0.05 of the bound, 60 s); past 128 the trees' loads (a dense row of every
+#: pair and group each) outgrow the memory (512 GPUs: 15 GB) and the program the compiler's input
+#: limit (101,977 lines)
+MAX_RANKS = 128
 #: the most transfers the program may have (chunks x the ranks each reaches): more cost more to
 #: simulate and to compile than the finer pipelining gains (the AllGather packing's finer split)
 TRANSFERS = 40_000
