@@ -30,7 +30,7 @@ from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import broadcast_trees as bt
 from hccc.compiler.synth.trees import pair_bandwidth
-from test_synth_trees import _model_time, _simulated_fraction, clusters
+from test_synth_trees import _model_time, _simulated_fraction, clusters, flow_optimum
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 M = 1 << 30
@@ -38,50 +38,9 @@ M = 1 << 30
 
 def _optimum(net, root: int) -> float:
     """Least Broadcast time (seconds for ``M`` bytes) of any schedule moving the root's data over
-    pairs: the bytes on the pairs, ``x``, carry a unit flow from the root to every other rank
-    (``f_v <= x``), and the pairs and groups carry ``x`` within the time T (scipy's LP)."""
-    from scipy import sparse
-    from scipy.optimize import linprog
-
-    n, P = net.nranks, net.npairs
-    src, dst = net.psrc.astype(np.int64), net.pdst.astype(np.int64)
-    targets = [v for v in range(n) if v != root]
-    NV = P + len(targets) * P + 1                     # x[p], f[v, p], T
-    T = NV - 1
-    er, ec, ev, beq = [], [], [], []
-    row = 0
-    for k, v in enumerate(targets):
-        for u in range(n):
-            if u == root:
-                continue
-            ins, outs = np.flatnonzero(dst == u), np.flatnonzero(src == u)
-            er += [row] * (ins.size + outs.size)
-            ec += (P + k * P + np.r_[ins, outs]).tolist()
-            ev += [1.0] * ins.size + [-1.0] * outs.size
-            beq.append(1.0 if u == v else 0.0)
-            row += 1
-    A_eq = sparse.csr_matrix((ev, (er, ec)), shape=(row, NV))
-    ur, uc, uv = [], [], []
-    row = 0
-    for k in range(len(targets)):
-        for p in range(P):
-            ur += [row, row]
-            uc += [P + k * P + p, p]
-            uv += [1.0, -1.0]
-            row += 1
-    groups = [([p], float(net.bw[p])) for p in range(P)] + \
-        [(m.tolist(), float(net.gbw[g])) for g, m in enumerate(net.group_pairs())]
-    for pairs, cap in groups:
-        ur += [row] * len(pairs) + [row]
-        uc += list(pairs) + [T]
-        uv += [M / 1e9] * len(pairs) + [-cap / 1e9]
-        row += 1
-    A_ub = sparse.csr_matrix((uv, (ur, uc)), shape=(row, NV))
-    c = np.zeros(NV)
-    c[T] = 1.0
-    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(row), A_eq=A_eq, b_eq=beq, bounds=(0, None), method="highs")
-    assert res.status == 0, res.message
-    return float(res.fun)
+    pairs: the AllGather flow LP with the root the only source (the bytes on the pairs carry a unit
+    flow from the root to every other rank, within the pairs' and groups' capacities)."""
+    return flow_optimum(net, [root], M)
 
 
 def _check_broadcast(rows: np.ndarray, n: int, root: int, nchunks: int) -> None:

@@ -172,6 +172,13 @@ def _optimum(net, reverse: bool = False) -> float:
     spanning out-trees of r of total weight 1 (Edmonds: it covers every cut into a set missing r),
     so the least T is the optimum. ReduceScatter: every contribution flows from v to its owner r.
     Unit: ``M / n`` bytes of data per rank, the result in seconds."""
+    return flow_optimum(net, range(net.nranks), M / net.nranks, reverse)
+
+
+def flow_optimum(net, sources, nbytes: float, reverse: bool = False) -> float:
+    """Seconds in which every rank of ``sources`` can get ``nbytes`` of its own data to every other
+    rank (``reverse``: every other rank's to it) over the pairs and shared groups, by the flow LP
+    of :func:`_optimum` (scipy): ``x_r`` on the pairs carries a unit flow from r to every v."""
     from scipy import sparse
     from scipy.optimize import linprog
 
@@ -179,13 +186,14 @@ def _optimum(net, reverse: bool = False) -> float:
     src, dst = net.psrc.astype(np.int64), net.pdst.astype(np.int64)
     if reverse:
         src, dst = dst, src
-    comm = [(r, v) for r in range(n) for v in range(n) if v != r]
-    nx_, nf = n * P, len(comm) * P
+    sources = [int(r) for r in sources]
+    comm = [(i, r, v) for i, r in enumerate(sources) for v in range(n) if v != r]
+    nx_, nf = len(sources) * P, len(comm) * P
     NV = nx_ + nf + 1                         # x[r, p], f[(r, v), p], T
     T = NV - 1
     eq_r, eq_c, eq_v, b_eq = [], [], [], []
     row = 0
-    for k, (r, v) in enumerate(comm):         # flow conservation at every rank but the source r
+    for k, (_, r, v) in enumerate(comm):      # flow conservation at every rank but the source r
         for u in range(n):
             if u == r:
                 continue
@@ -198,19 +206,19 @@ def _optimum(net, reverse: bool = False) -> float:
     A_eq = sparse.csr_matrix((eq_v, (eq_r, eq_c)), shape=(row, NV))
     ub_r, ub_c, ub_v = [], [], []
     row = 0
-    for k, (r, v) in enumerate(comm):         # f_rv <= x_r on every pair
+    for k, (i, _, _) in enumerate(comm):      # f_rv <= x_r on every pair
         for p in range(P):
             ub_r += [row, row]
-            ub_c += [nx_ + k * P + p, r * P + p]
+            ub_c += [nx_ + k * P + p, i * P + p]
             ub_v += [1.0, -1.0]
             row += 1
-    unit = M / n / 1e9                        # GB per rank; capacities in GB/s
+    unit = float(nbytes) / 1e9                # GB per source; capacities in GB/s
     for pairs, cap in [([p], float(net.bw[p])) for p in range(P)] + \
             [(m.tolist(), float(net.gbw[g])) for g, m in enumerate(net.group_pairs())]:
         for p in pairs:
-            ub_r += [row] * n
-            ub_c += [r * P + p for r in range(n)]
-            ub_v += [unit] * n
+            ub_r += [row] * len(sources)
+            ub_c += [i * P + p for i in range(len(sources))]
+            ub_v += [unit] * len(sources)
         ub_r.append(row)
         ub_c.append(T)
         ub_v.append(-cap / 1e9)
