@@ -382,6 +382,76 @@ def test_emulation_header_blocks_barriers_and_shared_storage(tmp_path, std):
     assert out.returncode == 0 and out.stdout.strip() == "failures 0", out.stdout + out.stderr
 
 
+WAIT_TEST = r"""
+#define HCCC_PLATFORM_CPU 1
+#include "hccc_prims.h"
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+static void away() { std::this_thread::sleep_for(std::chrono::milliseconds(3)); }
+int main(int argc, char** argv) {
+  // One wait whose thread is away 3 ms between its pauses (a thread among a thousand on two
+  // cores): the flag holds its value, so the pauses are one streak (they sleep after the yields).
+  uint64_t flag = 5;
+  for (int i = 0; i < 12; ++i) {
+    hccc_poll(&flag);
+    away();
+    hccc_spin_pause();
+  }
+  printf("same_wait %u\n", hccc_cpu_self.streak);
+  // The flag moved: a new wait, a new streak.
+  flag = 6;
+  hccc_poll(&flag);
+  away();
+  hccc_spin_pause();
+  printf("new_wait %u\n", hccc_cpu_self.streak);
+  // A chain of threads, each waiting for its flag, then posting the next one's: every waiter
+  // sleeps (as long as a sleep may get) before the chain reaches it, and each post wakes it.
+  const int n = argc > 1 ? atoi(argv[1]) : 1000;
+  std::vector<uint64_t> flags(n + 1, 0);
+  std::vector<std::thread> th;
+  for (int i = 0; i < n; ++i)
+    th.emplace_back([&, i] {
+      while (hccc_poll(&flags[i]) < 1) hccc_spin_pause();
+      hccc_post_peer(&flags[i + 1], 1);
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));   // every waiter asleep by now
+  const auto t0 = std::chrono::steady_clock::now();
+  hccc_post_peer(&flags[0], 1);
+  for (auto& x : th) x.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("chain %d %.3f\n", (int)flags[n], s);
+  return 0;
+}
+"""
+
+
+def test_a_wait_is_one_streak_however_long_its_thread_is_away_and_posts_wake_sleepers(tmp_path):
+    """The emulation's spin-wait escalates from yielding to sleeping within one wait even when its
+    thread goes unscheduled for milliseconds between pauses (a thousand threads on two cores: a
+    streak that restarted there would only yield, and a thread block with work to do waited behind
+    all of them until the run's timeout called it stuck), and a post wakes a sleeping waiter at
+    once, not at the end of its sleep: a chain of a thousand sleeping waiters runs through in well
+    under one sleep a link (64 ms at the longest)."""
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    generate(ring_allreduce(2), gen, platforms=["cuda", "cuda"])
+    (tmp_path / "t.cpp").write_text(WAIT_TEST)
+    exe = tmp_path / "t"
+    res = subprocess.run(["g++", "-std=c++17", "-O1", "-pthread", "-Wall", "-I", str(gen),
+                          str(tmp_path / "t.cpp"), "-o", str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = dict((line.split()[0], line.split()[1:]) for line in out.stdout.splitlines())
+    assert int(got["same_wait"][0]) >= 11, out.stdout     # twelve pauses, one streak
+    assert int(got["new_wait"][0]) == 0, out.stdout
+    assert int(got["chain"][0]) == 1, out.stdout
+    # every link a sleep's length would take 1000 x 64 ms = 64 s; woken by its post, seconds
+    assert float(got["chain"][1]) < 20.0, out.stdout
+
+
 # ---------------------------------------------------------------------------- the build cache
 def _publish(args):
     root, key, tag = args
