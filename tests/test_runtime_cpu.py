@@ -368,16 +368,22 @@ int main() {
 """
 
 
-@pytest.mark.parametrize("std", ["c++17", "c++20"])
-def test_emulation_header_blocks_barriers_and_shared_storage(tmp_path, std):
+def _built_against_the_emitted_headers(tmp_path, source: str, std: str = "c++17"):
+    """``source`` compiled (g++, -Wall) with the headers a program emits, into an executable."""
     gen = tmp_path / "gen"
     gen.mkdir()
     generate(ring_allreduce(2), gen, platforms=["cuda", "cuda"])
-    (tmp_path / "t.cpp").write_text(EMU_TEST)
+    (tmp_path / "t.cpp").write_text(source)
     exe = tmp_path / "t"
     res = subprocess.run(["g++", f"-std={std}", "-O1", "-pthread", "-Wall", "-I", str(gen),
                           str(tmp_path / "t.cpp"), "-o", str(exe)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
+    return exe
+
+
+@pytest.mark.parametrize("std", ["c++17", "c++20"])
+def test_emulation_header_blocks_barriers_and_shared_storage(tmp_path, std):
+    exe = _built_against_the_emitted_headers(tmp_path, EMU_TEST, std)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "failures 0", out.stdout + out.stderr
 
@@ -434,14 +440,7 @@ def test_a_wait_is_one_streak_however_long_its_thread_is_away_and_posts_wake_sle
     all of them until the run's timeout called it stuck), and a post wakes a sleeping waiter at
     once, not at the end of its sleep: a chain of a thousand sleeping waiters runs through in well
     under one sleep a link (64 ms at the longest)."""
-    gen = tmp_path / "gen"
-    gen.mkdir()
-    generate(ring_allreduce(2), gen, platforms=["cuda", "cuda"])
-    (tmp_path / "t.cpp").write_text(WAIT_TEST)
-    exe = tmp_path / "t"
-    res = subprocess.run(["g++", "-std=c++17", "-O1", "-pthread", "-Wall", "-I", str(gen),
-                          str(tmp_path / "t.cpp"), "-o", str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
+    exe = _built_against_the_emitted_headers(tmp_path, WAIT_TEST)
     out = subprocess.run([str(exe), "1000"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     got = dict((line.split()[0], line.split()[1:]) for line in out.stdout.splitlines())
