@@ -32,7 +32,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 5
+VERSION = 6
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -48,12 +48,13 @@ CTRL_WORD = 8
 # ---------------------------------------------------------------------------- FIFO protocols
 #: ``hccc_args::proto`` values (``HCCC_PROTO_*``): Simple (data in the slot, the sender publishes
 #: ``tail`` with a release store, the receiver waits for it and acquires) and LL (low latency:
-#: every 8-byte line of a region holds 4 bytes of data and a 4-byte flag, stored together)
+#: every 16-byte line of a region holds 8 bytes of data in two 8-byte words, each 4 data bytes
+#: and the 4-byte flag, stored together by one 16-byte store: NCCL's LL layout)
 PROTOS: tuple[tuple[str, int], ...] = (("SIMPLE", 0), ("LL", 1))
-#: bytes of an LL line: the data word (low 4 bytes) and the flag word (high 4 bytes)
-LL_LINE = 8
-#: data bytes an LL line carries
-LL_DATA = 4
+#: bytes of an LL line: two 8-byte words, each a data word (low 4 bytes) and the flag (high 4 bytes)
+LL_LINE = 16
+#: data bytes an LL line carries (bytes [8j, 8j + 8) of a region's part in line j)
+LL_DATA = 8
 #: the flag of every line of the k-th message on a connection (k = 0, 1, ...) in a launch of LL
 #: epoch ``e`` (``hccc_args::ll_epoch``): :func:`ll_flag`, ``k + LL_FLAG_BASE + (e << LL_EPOCH_SHIFT)``
 #: modulo 2**32, so a slot's lines left from message ``k - NSLOTS`` (or zeroed memory) never match
@@ -162,19 +163,19 @@ WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3))
 
 # ---------------------------------------------------------------------------- primitive descriptor
 #: C type of each ``struct hccc_pd`` member (``int`` unless listed)
-_PD_CTYPES = {"spos": "int64_t", "rpos": "int64_t", "deps": "const int*", "task": "int64_t"}
-#: the macros' argument order: every call, then the awaited progress counters (``HCCC_PW*``), then
-#: the direct-mode fields (``HCCC_P*X``); codegen writes its calls in this order
+_PD_CTYPES = {"spos": "int64_t", "rpos": "int64_t", "task": "int64_t"}
+#: the macros' argument order: every row, then the number of awaited progress counters
+#: (``HCCC_PW*``; the counters themselves are the rank's ``deps`` array, in primitive order), then
+#: the direct-mode fields (``HCCC_P*X``); codegen writes its rows in this order
 PD_CALL_BASE = ("seq", "op", "sconn", "spos", "rconn", "rpos", "sbuf", "soff", "dbuf", "doff", "cnt",
                 "chunk", "post", "task")
-PD_CALL_WAITS = ("ndeps", "deps")
+PD_CALL_WAITS = ("ndeps",)
 PD_CALL_DIRECT = ("direct", "dpeer", "pbuf", "poff", "pbase")
 #: fields given as an enumerator name at the call site (``SEND``, ``INPUT``): the prefix that makes
 #: the C constant
 PD_ENUM_PREFIX = {"op": "HCCC_", "sbuf": "HCCC_BUF_", "dbuf": "HCCC_BUF_", "pbuf": "HCCC_BUF_"}
 #: value of a field a macro does not take
-PD_DEFAULT = {"ndeps": "0", "deps": "nullptr", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0",
-              "pbase": "0"}
+PD_DEFAULT = {"ndeps": "0", "direct": "0", "dpeer": "0", "pbuf": "NONE", "poff": "0", "pbase": "0"}
 
 
 def pd_struct_fields() -> tuple[CField, ...]:
@@ -207,8 +208,8 @@ def _wrapped(head: str, items: list[str], indent: int, end: str, width: int = 10
 
 
 def pd_macros() -> str:
-    """The four primitive-call macros: each fills an ``hccc_pd`` (members in declaration order)
-    from its arguments and runs it; ``T``, ``RED`` and the context ``c`` are in scope."""
+    """The four row macros of a rank's program table: each is an ``hccc_pd`` initialiser (members
+    in declaration order) made from its arguments."""
     out = []
     for waits in (False, True):
         for direct in (False, True):
@@ -220,8 +221,7 @@ def pd_macros() -> str:
                 prefix = PD_ENUM_PREFIX.get(f.name)
                 inits.append(f"{prefix}##{v}" if prefix else v)
             lines = _wrapped(f"#define {name}(", list(params), len(f"#define {name}("), ")")
-            lines += _wrapped("  if (!hccc_prim<T, RED>(c, hccc_pd{", inits, 4, "}))")
-            lines.append("  return")
+            lines += _wrapped("  {", inits, 3, "}")
             width = max(len(ln) for ln in lines[:-1]) + 1
             out.append("\n".join(ln.ljust(width) + "\\" for ln in lines[:-1]) + "\n" + lines[-1])
     return "\n".join(out)

@@ -1,10 +1,12 @@
 """Code generation: ProgramIR -> CUDA / HIP kernel sources, primitive headers, manifest, build files.
 
-Each rank gets one source file holding one ``__device__`` function per thread block (TB) whose body
-is the TB's primitives as straight-line calls with compile-time constants, a ``switch`` on
-``blockIdx.x`` and one ``extern "C" __global__`` kernel per (dtype, op) instantiation. The
-per-primitive lines are built with plain string formatting from the numpy columns (this is the hot
-path: ~4M primitives at 1,024 ranks); Jinja renders only the file skeletons.
+Each rank gets one source file holding its program as data -- a table of primitive rows (``struct
+hccc_pd`` initialisers, one per line, grouped by thread block), its awaited progress counters and
+its thread blocks' ranges, in device memory -- and one ``extern "C" __global__`` kernel per (dtype,
+op) instantiation, which runs the rank's program through the one engine of ``hccc_prims.h``
+(``hccc_run``). The per-primitive lines are built with plain string formatting from the numpy
+columns (this is the hot path: ~4M primitives at 1,024 ranks); Jinja renders only the file
+skeletons.
 
 The protocol and kernel-argument layout live in the emitted ``hccc_prims.h`` (rank-independent);
 every platform-specific construct lives in ``hccc_platform.h``.
@@ -197,17 +199,19 @@ def analyse(ir: ProgramIR) -> Columns:
 
 # ---------------------------------------------------------------------------- primitive lines
 def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[memoryview, np.ndarray]:
-    """One line of C++ per primitive: the call, then a comment naming sub-pipeline, task(s) and peers.
+    """One line of C++ per primitive: its row of the rank's program table, then a comment naming
+    sub-pipeline, task(s) and peers.
 
     Hot path (millions of rows): the lines are assembled column by column
     (:class:`~hccc.compiler.ir.int_text.RowText`), all primitives at once, into one buffer.
     Returns the text (each line ends with a newline) and each line's start offset.
     Without progress waits a line reads::
 
-        HCCC_P(seq, OP, sconn, spos, rconn, rpos, SRCBUF, soff, DSTBUF, doff, cnt, chunk, post, task);  // sp P[, task T[+T2]][, from rX][, to rY]
+        HCCC_P(seq, OP, sconn, spos, rconn, rpos, SRCBUF, soff, DSTBUF, doff, cnt, chunk, post, task),  // sp P[, task T[+T2]][, from rX][, to rY]
 
-    and with them ``{ const int w[] = {S1, S2}; HCCC_PW(..., task, nwaits, w); }`` with the same
-    comment followed by ``, after progress S1, S2``. Primitives with direct-mode fields (``dx``,
+    and with them ``HCCC_PW(..., task, nwaits),`` with the same comment followed by ``, after
+    progress S1, S2`` (the awaited counters themselves are the rank's ``deps`` array, in primitive
+    order). Primitives with direct-mode fields (``dx``,
     :func:`hccc.compiler.backend.direct_fields.direct_fields`) use ``HCCC_PX`` / ``HCCC_PWX``,
     which take ``direct, dpeer, PBUF, poff, pbase`` last, and their comment ends with ``, direct``.
     """
@@ -234,8 +238,7 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     has_x = dx["direct"] != 0 if dx is not None else np.zeros(n, bool)
     rt = RowText(n)
-    rt.text("  { const int w[] = {", has_deps).blob(blob, dep_start, dep_len, has_deps)
-    rt.text("}; HCCC_PW", has_deps).text("  HCCC_P", ~has_deps).text("X", has_x).text("(")
+    rt.text("  HCCC_P").text("W", has_deps).text("X", has_x).text("(")
     # the macro's arguments in the ABI's call order (hccc.compiler.backend.abi.pd_call_fields)
     for group, where in ((abi.PD_CALL_BASE, None), (abi.PD_CALL_WAITS, has_deps), (abi.PD_CALL_DIRECT, has_x)):
         if where is not None and not where.any():
@@ -243,13 +246,11 @@ def _prim_lines(ir: ProgramIR, col: Columns, dx: dict | None = None) -> tuple[me
         for k in group:
             if k != group[0] or group is not abi.PD_CALL_BASE:
                 rt.text(", ", where)
-            if k == "deps":
-                rt.text("w", where)
-            elif k in abi.PD_ENUM_PREFIX:
+            if k in abi.PD_ENUM_PREFIX:
                 rt.choice(v[k], _OP_NAMES if k == "op" else _BUF_NAMES, where)
             else:
                 rt.int(v[k], where)
-    rt.text("); }", has_deps).text(");", ~has_deps)
+    rt.text("),")
     rt.text("  // sp ").int(p["pipeline"])
     t_here = v["task"] >= 0
     rt.text(", task ", t_here).int(v["task"], t_here)
@@ -420,6 +421,19 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
 
     max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
     nch = channel_count(ir)
+    # every rank's awaited progress counters, one text for all ("S1, S2, ..., "), and where each
+    # primitive's start: a rank's deps array is a slice of it
+    ndeps_col = np.zeros(ir.nprims, np.int64)
+    if len(col.dep_owner):
+        ndeps_col[col.dep_owner] = col.dep_n
+    dep_at = np.r_[0, np.cumsum(ndeps_col)]
+    if len(col.dep_slots):
+        dep_text, dep_off = RowText(len(col.dep_slots)).int(col.dep_slots).render_view(", ")
+    else:
+        dep_text, dep_off = memoryview(b""), np.zeros(1, np.int64)
+    prank = np.asarray(ir.prims["rank"], np.int64)
+    ptb = np.asarray(ir.prims["tb"], np.int64)
+    rank_at = np.searchsorted(prank, np.arange(ir.nranks + 1))
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
@@ -431,13 +445,20 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
         source = f"{name}_r{r}.{EXT[pl]}"
         kernel = f"hccc_{name}_r{r}"
         tbs = []
-        bodies = []                    # (start, end) of each TB's lines in text, spliced in below
+        bodies = []                    # (start, end, text) of each TB's rows, spliced in below
         nprims = 0
         for t, sl in sorted(by_rank.get(r, [])):
             tbs.append(dict(index=t, nprims=sl.stop - sl.start,
                             pipelines=tb_pipelines[sl.start], body=f"{_MARK}{len(bodies)}{_MARK}"))
-            bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1))
+            bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1, text))
             nprims += sl.stop - sl.start
+        lo, hi = int(rank_at[r]), int(rank_at[r + 1])
+        first = (np.searchsorted(ptb[lo:hi], np.arange(ntbs[r] + 1)) + lo).tolist()
+        tb_ranges = [(f - lo, int(dep_at[f] - dep_at[lo])) for f in first]
+        d0, d1 = int(dep_at[lo]), int(dep_at[hi])
+        deps_body = f"{_MARK}{len(bodies)}{_MARK}" if d1 > d0 else ""
+        if d1 > d0:
+            bodies.append((int(dep_off[d0]), int(dep_off[d1]) - 2, dep_text))
         rank_sources = {}
         for rpl in platforms[r]:
             rsrc = f"{name}_r{r}.{EXT[rpl]}"
@@ -447,7 +468,8 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
                 nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
                 ns=f"hccc_{name}_r{r}", nch=nch, nchunks=ir.nchunks, in_base=int(in_base[r]),
                 out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=max_cnt, tbs=tbs, grid_source=f"{name}_grid.{EXT[rpl]}"), bodies, text)
+                max_cnt=max_cnt, tbs=tbs, tb_ranges=tb_ranges, deps=deps_body, ndeps=d1 - d0,
+                grid_source=f"{name}_grid.{EXT[rpl]}"), bodies)
             sources[rpl].append(rsrc)
             rank_sources[rpl] = rsrc
         rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], blocks=nch * ntbs[r], kernel=kernel,
@@ -494,16 +516,16 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
 _MARK = "\0"
 
 
-def _splice(rendered: str, bodies: list[tuple[int, int]], text: memoryview) -> list:
+def _splice(rendered: str, bodies: list[tuple[int, int, memoryview]]) -> list:
     """The file's pieces: ``rendered`` with each ``<_MARK>k<_MARK>`` replaced by the bytes
-    ``text[bodies[k][0]:bodies[k][1]]`` (views, not copies: the primitive lines are most of a large
-    program's output)."""
+    ``text[a:b]`` of ``bodies[k] = (a, b, text)`` (views, not copies: the primitive rows are most of
+    a large program's output)."""
     parts = rendered.split(_MARK)
     if len(parts) != 2 * len(bodies) + 1:
-        raise AssertionError("internal error: a rank template dropped or repeated a TB body")
+        raise AssertionError("internal error: a rank template dropped or repeated a spliced body")
     out: list = [parts[0]]
     for i in range(1, len(parts), 2):
-        a, b = bodies[int(parts[i])]
+        a, b, text = bodies[int(parts[i])]
         out += [text[a:b], parts[i + 1]]
     return out
 
@@ -579,7 +601,7 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
         in_base=ints(in_base), out_base=ints(out_base),
         declarations="\n".join(
             f'  extern "C" HCCC_GLOBAL void HCCC_LAUNCH_BOUNDS({nthreads.get(e["platform"], 0)}) '
-            f'{e["kernel"]}_##DT##_##OPN(hccc_args); \\' for e in rank_entries),
+            f'{e["kernel"]}_##DT##_##OPN(const HCCC_GRID_CONSTANT hccc_args); \\' for e in rank_entries),
         kernels=", ".join(f'{e["kernel"]}_##DT##_##OPN' for e in rank_entries))
     return env.get_template("common/hccc_host.h.j2").render(
         version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,

@@ -7,8 +7,10 @@ the generic kernel rebuilds an ``hccc_pd`` from them (``hccc_table.h``, rendered
 A field's ``source`` says where the table mode takes it from:
 
 - ``column``: a column of the table (every primitive has a value);
-- ``seq``: the primitive's position in its thread block (implicit in the table);
-- ``deps``: pointer into the rank's dependency array, advanced by ``ndeps`` per primitive.
+- ``seq``: the primitive's position in its thread block (implicit in the table).
+
+The awaited progress counters are not a field: each mode keeps a rank's in one array, in primitive
+order, a thread block's from its ``first_dep`` on (``struct hccc_tb_range``).
 """
 from __future__ import annotations
 
@@ -39,8 +41,7 @@ PD_FIELDS: tuple[PdField, ...] = (
     PdField("cnt", "column", "consecutive chunks"),
     PdField("chunk", "column", "chunk of the full buffer that sizes the slices"),
     PdField("post", "column", "progress counter published, -1 if none"),
-    PdField("ndeps", "column", "progress counters awaited"),
-    PdField("deps", "deps", "the awaited progress counters"),
+    PdField("ndeps", "column", "progress counters awaited (the rank's deps array, in primitive order)"),
     PdField("task", "column", "originating transfer, -1 if none"),
     PdField("direct", "column", "direct mode: 1 the send writes the peer's destination, 2 the receive "
                                 "finds its data in its destination (backend/direct_fields.py)"),
