@@ -134,14 +134,19 @@ def test_rejects_bad_platforms_and_chunk_bytes(tmp_path):
 
 
 # ---------------------------------------------------------------------------- independent parse
-_CALL = re.compile(r"HCCC_PW?(X?)\(([^)]*)\)")
-_WAIT = re.compile(r"const int w\[\] = \{([^}]*)\}")
-_TB = re.compile(r"void tb(\d+)\(")
+_CALL = re.compile(r"^\s*HCCC_P(W?)(X?)\(([^)]*)\)")
+_TB = re.compile(r"^\s*// TB (\d+):")
+_DEPS = re.compile(r"\bdeps\[\d+\] = \{([^}]*)\};")
 
 
 def parse_rank_source(text: str):
-    """tb -> list of primitive dicts, read back from a generated rank source."""
+    """tb -> list of primitive dicts, read back from a generated rank source (its program table's
+    rows, and each row's awaited counters taken in turn from the rank's deps array)."""
     out, tb = {}, None
+    m = _DEPS.search(text)
+    assert m, "no deps array"
+    deps = [int(x) for x in m.group(1).split(",")]
+    taken = 0
     for line in text.splitlines():
         m = _TB.search(line)
         if m:
@@ -149,21 +154,23 @@ def parse_rank_source(text: str):
             out[tb] = []
             continue
         m = _CALL.search(line)
-        if m and "#define" not in line and "hccc_prim<" not in line:
-            a = [x.strip() for x in m.group(2).split(",")]
+        if m:
+            a = [x.strip() for x in m.group(3).split(",")]
             d = dict(seq=int(a[0]), op=Op[a[1]], sconn=int(a[2]), spos=int(a[3]),
                      rconn=int(a[4]), rpos=int(a[5]), sbuf=a[6], soff=int(a[7]), dbuf=a[8],
                      doff=int(a[9]), count=int(a[10]), chunk=int(a[11]), post=int(a[12]),
                      task=int(a[13]), waits=[], direct=0)
-            w = _WAIT.search(line)
-            if w:
-                d["waits"] = [int(x) for x in w.group(1).split(",")]
-                assert int(a[14]) == len(d["waits"])
-            if m.group(1):   # direct-mode fields last: direct, dpeer, pbuf, poff, pbase
-                x = a[16:] if w else a[14:]
+            if m.group(1):
+                nw = int(a[14])
+                assert nw > 0
+                d["waits"] = deps[taken:taken + nw]
+                taken += nw
+            if m.group(2):   # direct-mode fields last: direct, dpeer, pbuf, poff, pbase
+                x = a[15:] if m.group(1) else a[14:]
                 d.update(direct=int(x[0]), dpeer=int(x[1]), pbuf=x[2], poff=int(x[3]), pbase=int(x[4]))
                 assert d["direct"] in (1, 2, 3)
             out[tb].append(d)
+    assert taken == len(deps) or (taken == 0 and deps == [0]), "deps array and rows disagree"
     return out
 
 
@@ -294,9 +301,10 @@ def test_instantiation_trimming_removes_kernels(tmp_path):
     syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
     got = set(re.findall(r"hccc_ring_ag_r[01]_(\w+)", syms))
     want = {f"{d}_{o}" for d in ("float32", "bfloat16", "int32") for o in ("sum", "max")}
-    # the kernels, and the block functions they share with the one-grid entry (C++ names)
-    assert {g for g in got if not g.startswith("block_")} == want
-    assert set(re.findall(r"hccc_ring_ag_r[01]_block_([a-z0-9]+_[a-z]+)RK", syms)) == want
+    # the kernels, and the rank programs they share with the one-grid entry (C++ names)
+    assert {g for g in got if not g.startswith("program")} == want
+    # one engine per instantiation (C++ name hccc_run<T, RED, hccc_program>)
+    assert len(set(re.findall(r"\b_Z8hccc_runI(\w+?)E12hccc_program", syms))) == len(want)
 
 
 def test_makefile_dry_run(tmp_path):
@@ -423,7 +431,9 @@ def test_source_checker_detects_corruption(tmp_path):
     f.write_text(bad)
     with pytest.raises(AssertionError):
         check_against_ir(ir, tmp_path, man)
-    f.write_text(good.replace("const int w[] = {0};", "const int w[] = {1};"))
+    bad = re.sub(r"(deps\[\d+\] = \{)(\d+), (\d+)", r"\g<1>\3, \2", good)   # counters awaited by others
+    assert bad != good
+    f.write_text(bad)
     with pytest.raises(AssertionError):
         check_against_ir(ir, tmp_path, man)
     f.write_text(good)

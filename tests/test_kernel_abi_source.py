@@ -117,8 +117,8 @@ def test_planted_header_mismatch_is_caught(outdir, tmp_path, plant):
 
 
 def _descriptors(d, ir, tmp, prims_h=None):
-    """Per rank: the hccc_pd initialisers of every call in the rank's source after the C
-    preprocessor (enumerators resolved, the deps pointer dropped), sorted."""
+    """Per rank: the hccc_pd initialisers of every row of the rank's program table after the C
+    preprocessor (enumerators resolved), sorted."""
     _headers(d, tmp)
     if prims_h is not None:
         (tmp / "hccc_prims.h").write_text(prims_h)
@@ -128,16 +128,15 @@ def _descriptors(d, ir, tmp, prims_h=None):
     for r in range(ir.nranks):
         src = (d / f"abi_r{r}.cu").read_text()
         # only the macros: the calls, expanded by the header's own definitions
-        body = "\n".join(ln for ln in src.splitlines() if "HCCC_P" in ln)
+        body = "\n".join(ln for ln in src.splitlines() if re.match(r"\s*HCCC_PW?X?\(", ln))
         macros = "\n".join(m.group(0) for m in re.finditer(r"#define HCCC_P\w*\([^)]*\)(?:[^\n]*\\\n)*[^\n]*\n",
                                                               (tmp / "hccc_prims.h").read_text()))
         res = subprocess.run([CXX, "-E", "-P", "-x", "c++", "-"], input=macros + body, capture_output=True,
                              text=True, check=True)
         rows = []
-        for m in re.finditer(r"hccc_pd\{([^}]*)\}", res.stdout):
+        for m in re.finditer(r"\{([^{}]*)\}", res.stdout):
             vals = [v.strip() for v in m.group(1).split(",")]
-            deps = [f.name for f in abi.pd_struct_fields()].index("deps")
-            rows.append(tuple(int(names.get(v, v)) for k, v in enumerate(vals) if k != deps))
+            rows.append(tuple(int(names.get(v, v)) for v in vals))
         out[r] = sorted(rows)
     return out
 
@@ -145,7 +144,7 @@ def _descriptors(d, ir, tmp, prims_h=None):
 def _expected(ir):
     col = analyse(ir)
     v = pd_columns(ir, col, direct_fields(ir))
-    fields = [f.name for f in abi.pd_struct_fields() if f.name != "deps"]
+    fields = [f.name for f in abi.pd_struct_fields()]
     rank = ir.prims["rank"].astype(np.int64)
     return {r: sorted(tuple(int(v[f][i]) for f in fields) for i in np.flatnonzero(rank == r))
             for r in range(ir.nranks)}
@@ -162,12 +161,39 @@ def test_emitted_calls_fill_the_descriptor_the_compiler_means(outdir, tmp_path):
     assert got == _expected(ir)
 
 
+def _int_array(src: str, name: str) -> list[int]:
+    m = re.search(rf"\b{name}\[\d+\] = \{{(.*?)\}};", src, flags=re.S)
+    assert m, name
+    return [int(x) for x in re.findall(r"-?\d+", m.group(1))]
+
+
+def test_emitted_programs_await_and_split_what_the_compiler_means(outdir):
+    """Each rank's deps array holds every primitive's awaited progress counters in primitive
+    order, and its tbs array each thread block's first row and first awaited counter."""
+    d, ir = outdir
+    col = analyse(ir)
+    ndeps = np.zeros(ir.nprims, np.int64)
+    ndeps[col.dep_owner] = col.dep_n
+    at = np.r_[0, np.cumsum(ndeps)]
+    rank = ir.prims["rank"].astype(np.int64)
+    tb = ir.prims["tb"].astype(np.int64)
+    for r in range(ir.nranks):
+        src = (d / f"abi_r{r}.cu").read_text()
+        lo, hi = np.searchsorted(rank, [r, r + 1])
+        want = col.dep_slots[at[lo]:at[hi]].tolist() or [0]
+        assert _int_array(src, "deps") == want
+        ntb = int(ir.ntbs[r])
+        first = np.searchsorted(tb[lo:hi], np.arange(ntb + 1)) + lo
+        want_tbs = [v for f in first for v in (int(f - lo), int(at[f] - at[lo]))]
+        assert _int_array(src, "tbs") == want_tbs
+
+
 @needs_gxx
 def test_planted_macro_mismatch_is_caught(outdir, tmp_path):
     """Macros whose initialiser swaps two members fill descriptors the compiler did not mean."""
     d, ir = outdir
     h = (d / "hccc_prims.h").read_text()
-    h2 = h.replace("hccc_pd{seq, HCCC_##op, sconn, rconn,", "hccc_pd{seq, HCCC_##op, rconn, sconn,")
+    h2 = h.replace("{seq, HCCC_##op, sconn, rconn,", "{seq, HCCC_##op, rconn, sconn,")
     assert h2 != h
     assert _descriptors(d, ir, tmp_path, prims_h=h2) != _expected(ir)
 
