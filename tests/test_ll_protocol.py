@@ -1,13 +1,14 @@
 """The LL (low-latency) FIFO protocol of the kernels (``hccc_args::proto``, ``hccc run --proto``).
 
-Under LL every 8-byte line of a slot region carries 4 bytes of data and a 4-byte flag, the index of
-the message on its connection plus ``abi.LL_FLAG_BASE`` plus the launch's flag epoch times 2**20,
-written with one 8-byte store; the
-receiver's threads poll their own lines (no tail, no fence). Checked here:
+Under LL every 16-byte line of a slot region carries 8 bytes of data as two 8-byte words, each 4
+data bytes and a 4-byte flag, the index of the message on its connection plus ``abi.LL_FLAG_BASE``
+plus the launch's flag epoch times 2**20, written with one 16-byte store whose words are each
+single-copy atomic; the receiver's threads poll their own lines until both words carry the flag
+(no tail, no fence). Checked here:
 
 * the receive of one line, in the CPU emulation: a line whose flag is stale (the previous message
-  in that slot, the message before, zeroed memory, the same message of an earlier epoch), or whose data half has been written without
-  its flag half (a torn line), is never consumed; the wait gives up on the timeout and names the
+  in that slot, the message before, zeroed memory, the same message of an earlier epoch), or whose
+  data has been written without its flag in either word (a torn line), is never consumed; the wait gives up on the timeout and names the
   wait in the error record; once the whole line is stored it is consumed with its data;
 * the send of lines: each line holds the part's bytes (zero-padded) and the message's flag;
 * programs of several collectives, dtypes, ops, uneven counts, channels, in and out of place,
@@ -47,64 +48,73 @@ HARNESS = r"""
 #include <thread>
 #include <vector>
 
-static hccc_pd pd0() { hccc_pd d; __builtin_memset(&d, 0, sizeof d); d.op = HCCC_RECV; return d; }
+// The launch and the unit a data thread's LL wait reports from (rank 3, TB 5; chunk 7, micro-batch 2).
+static hccc_launch launch0(uint32_t* abort_flag, hccc_error* err, uint64_t timeout) {
+  hccc_launch L;
+  __builtin_memset((void*)&L, 0, sizeof L);
+  L.abort_flag = abort_flag;
+  L.error = err;
+  L.timeout = timeout;
+  L.rank = 3;
+  L.tb = 5;
+  return L;
+}
+static hccc_unit unit0(uint32_t kind) {
+  hccc_unit u;
+  __builtin_memset((void*)&u, 0, sizeof u);
+  u.kind = kind;
+  u.op = HCCC_RECV;
+  u.chunk = 7;
+  u.m = 2;
+  return u;
+}
 
-// One thread receives one line: 1 and *data when consumed, 0 when the wait gave up (timeout in
-// hccc_clock ticks, 0 = none, or the abort flag); err receives the error record.
+// One thread receives one line: 1 and *data (its 8 data bytes) when consumed, 0 when the wait
+// gave up (timeout in hccc_clock ticks, 0 = none, or the abort flag); err receives the error record.
 extern "C" __attribute__((visibility("default"))) int hccc_test_ll_recv(
     const uint64_t* line, uint32_t flag, uint64_t timeout, uint32_t* abort_flag, hccc_error* err,
-    uint32_t* data) {
-  hccc_args a;
-  __builtin_memset(&a, 0, sizeof a);
-  a.abort_flag = abort_flag;
-  a.error = err;
-  a.timeout = timeout;
+    uint64_t* data) {
   static hccc_cpu_block blk;
   hccc_cpu_block_init(&blk, 0, 1);
   int ok = 0;
-  struct job { hccc_args a; const uint64_t* line; uint32_t flag; uint32_t* data; int* ok; } j{a, line, flag, data, &ok};
+  struct job { hccc_launch L; hccc_unit u; const uint64_t* line; uint32_t flag; uint64_t* data; int* ok; };
+  job j{launch0(abort_flag, err, timeout), unit0(HCCC_K_RUN | HCCC_K_RLL), line, flag, data, &ok};
   std::thread t([&] {
     hccc_cpu_run_thread(+[](const job& x) {
-      *x.ok = hccc_ll_recv_line(x.a, 3, 5, pd0(), x.line, x.flag, 7, 2, x.data) ? 1 : 0;
+      *x.ok = hccc_ll_wait(x.line, x.flag, x.data, x.L, x.u) ? 1 : 0;
     }, j, &blk, 0);
   });
   t.join();
   return ok;
 }
 
-// The flag the kernels give every line of message k of a launch in LL epoch `epoch`.
+// The flag the kernels give every line of message k of a launch in LL epoch `epoch` (the launch
+// holds the epoch shifted into place, as hccc_launch_init puts it).
 extern "C" __attribute__((visibility("default"))) uint32_t hccc_test_ll_flag(uint64_t k,
                                                                             uint32_t epoch) {
-  hccc_args a;
-  __builtin_memset(&a, 0, sizeof a);
-  a.ll_epoch = epoch;
-  return hccc_ll_flag(a, k);
+  return hccc_ll_flag((uint32_t)((uint64_t)epoch << HCCC_LL_EPOCH_SHIFT), k);
 }
 
-// The send side of hccc_ll_move: n float32 / float16 elements of src as lines with flag `flag`,
-// by nthreads threads of one TB.
+// The send side of an LL piece: n float32 / float16 elements of src as lines with flag `flag`,
+// by nthreads data threads of one TB.
 template <typename T> static int send_lines(const void* src, uint64_t* lines, uint32_t flag,
                                             uint64_t n, int nthreads) {
-  hccc_args a;
-  __builtin_memset(&a, 0, sizeof a);
   static uint32_t abort_flag = 0;
-  a.abort_flag = &abort_flag;
-  hccc_rank_consts k;
-  __builtin_memset(&k, 0, sizeof k);
-  struct job { hccc_ctx<T> c; const T* src; uint64_t* lines; uint32_t flag; uint64_t n; };
-  job j;
-  __builtin_memset((void*)&j, 0, sizeof j);
-  j.c.a = a; j.c.k = k; j.src = (const T*)src; j.lines = lines; j.flag = flag; j.n = n;
+  struct job { hccc_launch L; hccc_unit u; };
+  job j{launch0(&abort_flag, nullptr, 0), unit0(HCCC_K_RUN | HCCC_K_SLL)};
+  j.u.op = HCCC_SEND;
+  j.u.sflag = flag;
+  j.u.npieces = 1;
+  j.u.p[0].a = src;
+  j.u.p[0].o1 = lines;
+  j.u.p[0].n = n;
   static hccc_cpu_block blk;
   hccc_cpu_block_init(&blk, 0, nthreads);
   std::vector<std::thread> ts;
   for (int t = 0; t < nthreads; ++t)
     ts.emplace_back([&, t] {
       hccc_cpu_run_thread(+[](const job& x) {
-        hccc_pd d = pd0();
-        d.op = HCCC_SEND;
-        hccc_ll_move<T, HCCC_SUM>(x.c, d, 0, 0, nullptr, 0u, x.src, nullptr, nullptr, x.lines,
-                                  x.flag, nullptr, x.n, hccc_tid(), hccc_nthreads());
+        hccc_unit_data<T, HCCC_SUM>(x.u, x.L, (uint32_t)hccc_tid(), (uint32_t)hccc_nthreads());
       }, j, &blk, t);
     });
   for (auto& t : ts) t.join();
@@ -147,16 +157,18 @@ class _Err(ctypes.Structure):
 
 
 def _recv(lib, line: np.ndarray, flag: int, timeout_us: float = 20_000):
-    """(consumed, data word, error record) of one receive of line[0] awaiting ``flag``."""
+    """(consumed, the line's 8 data bytes, error record) of one receive of a line awaiting ``flag``."""
     abort = np.zeros(1, np.uint32)
-    err, data = _Err(), np.zeros(1, np.uint32)
+    err, data = _Err(), np.zeros(1, np.uint64)
     ok = lib.hccc_test_ll_recv(line.ctypes.data, flag, int(timeout_us * abi.TIMER_TICKS_PER_US["cpu"]),
                                abort.ctypes.data, ctypes.addressof(err), data.ctypes.data)
     return bool(ok), int(data[0]), err
 
 
-def _line(data: int, flag: int) -> np.ndarray:
-    return np.array([(flag << 32) | data], np.uint64)
+def _line(data: int, flag: int, flag2: int | None = None) -> np.ndarray:
+    """A 16-byte line: two words, each 4 data bytes (low) and a flag (high)."""
+    f2 = flag if flag2 is None else flag2
+    return np.array([(flag << 32) | (data & 0xFFFFFFFF), (f2 << 32) | (data >> 32)], np.uint64)
 
 
 def test_error_record_layout_matches_the_abi():
@@ -185,8 +197,8 @@ def test_a_line_of_an_earlier_launch_is_never_consumed(lib, epoch, k):
         stale = lib.hccc_test_ll_flag(k, old_epoch)
         ok, _, err = _recv(lib, _line(0xDEADBEEF, stale), want, timeout_us=1000)
         assert not ok and err.valid == 1, (k, epoch, old_epoch, hex(stale), hex(want))
-    ok, data, _ = _recv(lib, _line(0x1234, want), want)
-    assert ok and data == 0x1234
+    ok, data, _ = _recv(lib, _line(0x5678_0000_1234, want), want)
+    assert ok and data == 0x5678_0000_1234
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -208,40 +220,47 @@ def test_the_last_epoch_s_flags_end_at_the_top_of_32_bits(lib):
 
 
 def test_a_torn_line_is_not_consumed_until_its_flag_half_lands(lib):
-    """The new data half written over an old line (flag half still stale): not consumed; the flag
-    half then written: consumed, with the new data."""
+    """The new data half of a word written over an old line (its flag half still stale): not
+    consumed; the first word whole but the second stale: not consumed either; both words' flags
+    then written: consumed, with the new data of both words."""
     want = 9 + abi.LL_FLAG_BASE
-    line = _line(0x11111111, want - abi.NSLOTS)
-    halves = line.view(np.uint32)                # little-endian: [data, flag]
-    halves[0] = 0x22222222                       # the data half alone
+    line = _line(0x33333333_11111111, want - abi.NSLOTS)
+    halves = line.view(np.uint32)                # little-endian: [data0, flag0, data1, flag1]
+    halves[0] = 0x22222222                       # the first data half alone
     ok, _, _ = _recv(lib, line, want)
     assert not ok
-    halves[1] = want                             # now the flag half
+    halves[1] = want                             # the first word whole, the second stale
+    ok, _, _ = _recv(lib, line, want)
+    assert not ok
+    halves[2] = 0x44444444
+    halves[3] = want                             # now the second word too
     ok, data, err = _recv(lib, line, want)
-    assert ok and data == 0x22222222 and err.valid == 0
+    assert ok and data == 0x44444444_22222222 and err.valid == 0
 
 
 def test_a_whole_line_is_consumed_at_once(lib):
     want = 1 + abi.LL_FLAG_BASE
-    ok, data, err = _recv(lib, _line(0x3F800000, want), want)
-    assert ok and data == 0x3F800000 and err.valid == 0
+    ok, data, err = _recv(lib, _line(0x40000000_3F800000, want), want)
+    assert ok and data == 0x40000000_3F800000 and err.valid == 0
 
 
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 8, 33])
 def test_sent_lines_hold_the_data_and_the_flag(lib, half, n):
+    """Line j holds bytes [8j, 8j + 8) of the data, zero-padded, as two words of 4 data bytes and
+    the flag each (NCCL's LL layout); nothing is written past the last line."""
     dt = np.float16 if half else np.float32
     src = (np.arange(n) * 1.5 - 7).astype(dt)
-    per = 4 // src.itemsize
+    per = abi.LL_DATA // src.itemsize
     nlines = -(-n // per)
-    lines = np.full(nlines + 2, 0xABABABABABABABAB, np.uint64)   # two canaries past the end
-    lib.hccc_test_ll_send(int(half), src.ctypes.data if n else None, lines.ctypes.data, 77, n, 3)
-    packed = np.zeros(nlines * 4, np.uint8)
+    words = np.full(2 * nlines + 2, 0xABABABABABABABAB, np.uint64)   # two canary words past the end
+    lib.hccc_test_ll_send(int(half), src.ctypes.data if n else None, words.ctypes.data, 77, n, 3)
+    packed = np.zeros(nlines * abi.LL_DATA, np.uint8)
     packed[:src.nbytes] = src.view(np.uint8)
-    words = packed.view(np.uint32)
-    assert ((lines[:nlines] >> np.uint64(32)) == 77).all()
-    assert np.array_equal((lines[:nlines] & np.uint64(0xFFFFFFFF)).astype(np.uint32), words)
-    assert (lines[nlines:] == 0xABABABABABABABAB).all()
+    data = packed.view(np.uint32)
+    assert ((words[:2 * nlines] >> np.uint64(32)) == 77).all()
+    assert np.array_equal((words[:2 * nlines] & np.uint64(0xFFFFFFFF)).astype(np.uint32), data)
+    assert (words[2 * nlines:] == 0xABABABABABABABAB).all()
 
 
 # ---------------------------------------------------------------------------- whole programs
@@ -269,8 +288,8 @@ def test_programs_under_ll_match_the_reference(name, dtype, op, count, inplace, 
 
 def test_slots_hold_ll_lines_after_an_ll_run():
     """Ring AllGather 2, one message per connection, the FIFO path: the receiver's slot 0, region 0
-    holds the peer's chunk as lines (data word, flag 0 + LL_FLAG_BASE); under Simple the same bytes
-    are the region header and the raw data."""
+    holds the peer's chunk as lines (two words of 4 data bytes and the flag 0 + LL_FLAG_BASE each);
+    under Simple the same bytes are the region header and the raw data."""
     ir = build_program(gen.ring_allgather(2), chunk_bytes=256)
     count = 2 * 20                                   # 80 bytes per chunk: under the LL share
     inputs = reference.make_inputs("allgather", 2, count, "float32", nchunks=2, seed=0)
@@ -284,7 +303,7 @@ def test_slots_hold_ll_lines_after_an_ll_run():
                 pf.memcpy_dtoh(slots, mem.slots)
                 sent = inputs[1 - r].astype(np.float32)
                 if proto == "ll":
-                    lines = slots[:20 * abi.LL_LINE].view(np.uint64)
+                    lines = slots[:80 // abi.LL_DATA * abi.LL_LINE].view(np.uint64)   # its words
                     assert ((lines >> np.uint64(32)) == abi.LL_FLAG_BASE).all()
                     data = (lines & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
                 else:

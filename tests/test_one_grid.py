@@ -94,10 +94,12 @@ def test_manifest_names_the_entry_of_each_platform_every_rank_has(tmp_path):
     src = (tmp_path / "one" / f"{ir.name}_grid.cu").read_text()
     first = np.r_[0, np.cumsum(ntbs)].tolist()
     assert f"first[{ir.nranks + 1}] = {{{', '.join(map(str, first))}}}" in src
-    # one call per rank with blocks, to that rank's own block function; no primitive code
+    # each rank with blocks: its own program (the rank's source has it); one call of the engine;
+    # no primitive rows of its own
     for r in range(ir.nranks):
-        assert src.count(f"hccc_{ir.name}_r{r}_block_##DT##_##OPN(g.ranks[{r}], tb)") == (1 if ntbs[r] else 0)
-    assert "HCCC_P(" not in src and "hccc_prim<" not in src
+        assert src.count(f"case {r}: return hccc_{ir.name}_r{r}_program();") == (1 if ntbs[r] else 0)
+    assert src.count("hccc_run<T, RED>(") == 1
+    assert "HCCC_P(" not in src
     # mixed platforms: no rank set shares one platform's source, so no entry
     (tmp_path / "mixed").mkdir()
     generate(ir, tmp_path / "mixed", platforms=["cuda", "hip"] * (ir.nranks // 2))

@@ -1,10 +1,13 @@
-"""The overlapped sync of the kernels (``hccc_prim``: each warp waits, moves its piece of a message
-and arrives on a block-shared counter; the last warp to arrive posts), run in the CPU emulation
-with **wide emulated warps** (``-DHCCC_WARP_SIZE=4``: ``hccc_syncwarp`` is then a real barrier over
-4 threads and ``hccc_warp_all`` a vote among them), so the per-warp logic with several lanes, and
-partial last warps (6 or 9 threads: warps of 4 + 2, 4 + 4 + 1), run against the reference
-executor. The default build (one thread per warp) runs through every other kernel test.
+"""The block's roles (``hccc_run`` in ``hccc_prims.h``: lane 0 of warp 0 prepares, waits for and
+posts every unit, the other warps move the data between two named barriers; a one-warp block runs
+in lock-step), run in the CPU emulation with **wide emulated warps** (``-DHCCC_WARP_SIZE=4``:
+``hccc_syncwarp`` is then a real barrier over 4 threads, the sync warp's other lanes leave and its
+arrivals count for the whole warp, as a GPU counts them), so partial last warps (6 or 9 threads:
+warps of 4 + 2, 4 + 4 + 1) and the one-warp block run against the reference executor. The default
+build (one thread per warp) runs through every other kernel test.
 
+- the emulated named barriers against an oracle of the hand-off (and a thread that laps one is
+  stopped with a message);
 - a fixed program (ring AllReduce, 2 channels) under Simple and LL, in and out of place, uneven
   count: 0 wrong elements;
 - a deadlock: every warp leaves (the run returns, the error record names the wait);
@@ -62,28 +65,36 @@ HARNESS = r"""
 #include "hccc_prims.h"
 #include <thread>
 #include <vector>
-// nthreads threads of one TB: out[t] = hccc_warp_all(in[t]) twice in a row (the vote word is
-// reset between votes), then, after a store and hccc_syncwarp, the sum of the values its warp's
-// lanes stored.
-extern "C" __attribute__((visibility("default"))) int hccc_test_warps(int nthreads, const int* in,
-                                                                      int* out, int* seen) {
+// One TB of nthreads threads run the kernels' hand-off: thread 0 (the sync lane) publishes value
+// k in a shared cell and arrives at barrier 1; every thread of the other warps syncs on barrier 1,
+// records the cell and arrives at barrier 2, on which thread 0 syncs before the next value. The
+// other lanes of warp 0 leave at once (a warp arrives with its exited lanes). `lap`: thread 0
+// arrives at barrier 1 twice in a row (what the kernels' protocol never does).
+extern "C" __attribute__((visibility("default"))) int hccc_test_handoff(int nthreads, int rounds, int lap,
+                                                                        int* seen) {
   static hccc_cpu_block blk;
   hccc_cpu_block_init(&blk, 0, nthreads);
-  static int cell[64];
-  struct job { const int* in; int* out; int* seen; } j{in, out, seen};
+  static volatile int cell;
+  struct job { int rounds, lap; int* seen; } j{rounds, lap, seen};
   std::vector<std::thread> ts;
   for (int t = 0; t < nthreads; ++t)
     ts.emplace_back([&, t] {
       hccc_cpu_run_thread(+[](const job& x) {
-        const int t = hccc_tid();
-        x.out[2 * t] = hccc_warp_all(x.in[t]);
-        x.out[2 * t + 1] = hccc_warp_all(!x.in[t]);
-        cell[t] = 10 + t;
-        hccc_syncwarp();
-        int sum = 0;
-        for (int l = t / HCCC_WARP_SIZE * HCCC_WARP_SIZE; l < hccc_nthreads() && l / HCCC_WARP_SIZE == t / HCCC_WARP_SIZE; ++l)
-          sum += __atomic_load_n(&cell[l], __ATOMIC_RELAXED);
-        x.seen[t] = sum;
+        const int t = hccc_tid(), W = HCCC_WARP_SIZE, nt = hccc_nthreads();
+        const int nbar = (nt + W - 1) / W * W;
+        if (t > 0 && t < W) return;
+        for (int k = 0; k < x.rounds; ++k) {
+          if (t == 0) {
+            cell = 100 + k;
+            hccc_bar_arrive(1, nbar);
+            if (x.lap) hccc_bar_arrive(1, nbar);
+            hccc_bar_sync(2, nbar);
+          } else {
+            hccc_bar_sync(1, nbar);
+            x.seen[t * x.rounds + k] = cell;
+            hccc_bar_arrive(2, nbar);
+          }
+        }
       }, j, &blk, t);
     });
   for (auto& t : ts) t.join();
@@ -93,40 +104,54 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_warps(int nthrea
 
 
 @pytest.fixture(scope="module")
-def warps_lib(tmp_path_factory):
+def handoff_lib(tmp_path_factory):
     import ctypes
     import subprocess
     from hccc.compiler.backend.codegen import generate
     from hccc.compiler.frontend import generators as gen
-    d = tmp_path_factory.mktemp("warps")
+    d = tmp_path_factory.mktemp("handoff")
     generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
     (d / "harness.cpp").write_text(HARNESS)
-    so = d / "warps.so"
+    so = d / "handoff.so"
     subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU",
                     f"-DHCCC_WARP_SIZE={WARP}", "-I", str(d), str(d / "harness.cpp"), "-o", str(so)],
                    check=True, capture_output=True, text=True)
     lib = ctypes.CDLL(str(so))
-    lib.hccc_test_warps.restype = ctypes.c_int
-    lib.hccc_test_warps.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3
-    return lib
+    lib.hccc_test_handoff.restype = ctypes.c_int
+    lib.hccc_test_handoff.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    return lib, so
 
 
-@settings(max_examples=20, deadline=None)
-@given(votes=st.lists(st.booleans(), min_size=1, max_size=13))
-def test_emulated_warp_votes_and_barriers(warps_lib, votes):
-    """Oracle: lanes t of warp t // WARP (the last warp partial); a vote is the AND over the lanes
-    that exist; after hccc_syncwarp a lane sees every store its warp's lanes made before it."""
+@settings(max_examples=12, deadline=None)
+@given(nthreads=st.integers(WARP + 1, 3 * WARP + 3), rounds=st.integers(1, 6))
+def test_emulated_named_barriers_hand_each_value_to_every_data_thread(handoff_lib, nthreads, rounds):
+    """Oracle: every thread of the data warps (the last warp partial) sees values 100 .. 100 +
+    rounds - 1 in order, each exactly once: bar.arrive does not wait, bar.sync completes at the
+    barrier's count with the exited lanes of the sync warp and the missing lanes of a partial warp
+    counted as arrived, and the barrier orders the cell's store before the reads."""
     import numpy as np
-    n = len(votes)
-    vin = np.array(votes, dtype=np.int32)
-    out = np.full(2 * n, -1, dtype=np.int32)
-    seen = np.zeros(n, dtype=np.int32)
-    assert warps_lib.hccc_test_warps(n, vin.ctypes.data, out.ctypes.data, seen.ctypes.data) == WARP
-    for t in range(n):
-        lanes = range(t // WARP * WARP, min(n, t // WARP * WARP + WARP))
-        assert out[2 * t] == all(votes[l] for l in lanes)
-        assert out[2 * t + 1] == all(not votes[l] for l in lanes)
-        assert seen[t] == sum(10 + l for l in lanes)
+    lib, _ = handoff_lib
+    seen = np.full(nthreads * rounds, -1, dtype=np.int32)
+    assert lib.hccc_test_handoff(nthreads, rounds, 0, seen.ctypes.data) == WARP
+    seen = seen.reshape(nthreads, rounds)
+    for t in range(WARP, nthreads):
+        assert seen[t].tolist() == [100 + k for k in range(rounds)]
+    assert (seen[:WARP] == -1).all()
+
+
+def test_a_thread_that_laps_a_named_barrier_stops_the_emulation(handoff_lib):
+    """A thread arriving twice in one phase would be counted twice by the hardware: the emulation
+    stops the program with a message (checked in a process of its own)."""
+    import subprocess
+    import sys
+    _, so = handoff_lib
+    code = ("import ctypes, numpy as np\n"
+            f"lib = ctypes.CDLL({str(so)!r})\n"
+            "seen = np.zeros(64, dtype=np.int32)\n"
+            "lib.hccc_test_handoff(ctypes.c_int(6), ctypes.c_int(3), ctypes.c_int(1), ctypes.c_void_p(seen.ctypes.data))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "arrived twice at named barrier 1 in one phase" in res.stderr
 
 
 def test_the_platform_builds_wide_warps(wide):
@@ -144,7 +169,8 @@ def test_the_platform_builds_wide_warps(wide):
 @pytest.mark.parametrize("inplace", [False, True])
 def test_ring_allreduce_with_channels_and_partial_warps(wide, proto, inplace):
     ir = with_channels(build_program(_ring(4), chunk_bytes=128), 2)
-    for nthreads, count in ((6, 4 * 3 * 40 + 3), (9, 1001)):
+    # one warp (the lock-step block), a warp and a partial one, two warps and a lane
+    for nthreads, count in ((4, 997), (6, 4 * 3 * 40 + 3), (9, 1001)):
         case = KernelCase(count=count, dtype="float32", op="sum", inplace=inplace, nthreads=nthreads,
                           slice_bytes=64)
         res = run_case(ir, case, backend=wide, proto=proto)
@@ -152,9 +178,8 @@ def test_ring_allreduce_with_channels_and_partial_warps(wide, proto, inplace):
 
 
 def test_a_deadlock_makes_every_warp_leave(wide):
-    """Both ranks receive first: one warp's lane 0 times out and raises the abort flag, the other
-    warps (waiting on the same counters, or on the block's arrival counters) see it and leave; the
-    run returns and names the wait."""
+    """Both ranks receive first: the sync lane times out, raises the abort flag and hands the data
+    warps a STOP descriptor; every thread leaves, the run returns and names the wait."""
     with Runner(stuck_ir(), wide, "float32", "sum", nthreads=6, timeout_s=0.2) as runner:
         res = runner.run(count=16)
         assert res.stuck is not None and res.wrong == 0
