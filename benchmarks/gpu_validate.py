@@ -4,6 +4,7 @@
                                       [--small 4K] [--large 64M] [--examples a,b,...]
                                       [--step-timeout S] [--budget S] [--skip tests,examples,...]
                                       [--latency-iters N]
+    python benchmarks/gpu_validate.py --quick [--budget 360] [--report FILE.md] [--json FILE.json]
 
 On one GPU with no network (every rank on that GPU, the one-grid launch), in order:
 
@@ -27,19 +28,47 @@ says "timeout" or the exit status and the tail of its output, and the next step 
 an interrupted run leaves what it measured. ``--backend cpu`` runs the same steps on the CPU
 emulation (no busbw step: it needs CUDA), which is how the command itself is tested without a GPU.
 Exit status: 0 when every step passed, 1 otherwise, 2 for bad arguments.
+
+``--quick``: what one short lease of a GPU answers, in about 6 minutes (``--budget``, default 360
+s), one line per step in the report:
+
+1. ``env``: the GPU, its SMs, the driver, nvcc, torch and NCCL versions; then (after the build
+   pass) the device-to-device copy bandwidth (``gpu_common.py copy``, 1 GiB);
+2. ``slot``: ``benchmarks/slot_anatomy.py --quick --json FILE`` where that script exists, else
+   "not available";
+3. ``examples``: every ``examples/*.rccl`` through ``hccc run``, one grid, out of place: Simple
+   at 4 KiB and 32 MiB and LL at 4 KiB only (LL is the small-message protocol; its crossover is
+   128 KiB), both in one process: wrong elements, time and busbw of each;
+4. ``vs_nccl``: ``benchmarks/vs_nccl.py --quick`` (4K, 1M, 64M; N = 8 first, then 4 and 2 while
+   its share of the budget lasts);
+5. ``pathology``: the programs earlier runs found pathological (docs/measurements.md): ring
+   Broadcast 8 at 32 MiB, HM AllReduce 4x8 at 32 MiB in place, and AllGather synthesised for
+   ``examples/clusters/h20_4_8.topo`` (``hccc synth --time-limit 20``; its cooperative grid fills
+   an H100 / H200: 264 blocks) in table mode at 64 MiB, each against its HBM bound
+   (``gpu_common.hbm_bytes`` at the copy's bandwidth).
+
+Before anything is timed a ``build`` step builds the kernels of the later steps, ``--build-jobs``
+at a time (nvcc takes over a minute for the specialised kernels of 32 ranks on two cores; built once,
+cached by content).
+Each group of steps gets a share of the budget and whatever the groups before it left unused;
+what does not fit is reported "not run (budget spent)". The report has a table per group after
+the step lines. ``--backend cpu`` runs the quick steps on the CPU emulation at small sizes (no build
+step), which is how they are tested.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import gpu_common as common  # noqa: E402
 EXAMPLES = ("ring_allgather_8", "ring_allreduce_8", "ring_reducescatter_8", "ring_broadcast_8", "ring_reduce_8",
             "ring_alltoall_6", "direct_allgather_8", "recursive_doubling_allgather_8", "hm_allgather_2x8",
             "hm_allreduce_2x8", "hm_allreduce_4x8", "hierarchical_alltoall_2x8")
@@ -54,22 +83,35 @@ GPU_TESTS = {"cuda": ["tests/test_runtime_cuda.py", "tests/test_communicator_gpu
 
 @dataclass
 class Step:
-    """One command of the validation, run in a process of its own."""
+    """One command of the validation, run in a process group of its own (:func:`gpu_common.run_command`).
+    ``before``: commands run first, within the same timeout, each of which must pass (skipped when
+    the file ``creates`` exists); ``data_file``: where the command writes its JSON (else its stdout);
+    an argument equal to :data:`LEFT` becomes the seconds the step may take."""
     group: str
     name: str
     argv: list
     timeout_s: float
     env: dict = field(default_factory=dict)
+    before: list = field(default_factory=list)
+    creates: str | None = None
+    data_file: str | None = None
+    keep_stdout: bool = False       # data: {"json": what it wrote, "stdout": what it printed}
 
 
 @dataclass
 class Result:
     group: str
     name: str
-    status: str            # ok | failed | timeout | skipped
+    status: str            # ok | failed | timeout | skipped (the budget was spent) | n/a (not available)
     seconds: float
     summary: str
     data: object = None    # the step's JSON output, when it printed one
+
+
+#: a step argument replaced by the seconds the step may take (a script's own --budget)
+LEFT = "@LEFT@"
+#: statuses that do not fail the validation
+PASSING = ("ok", "n/a")
 
 
 def hccc_argv(*args: str) -> list:
@@ -167,45 +209,388 @@ def latency_comparison(results: list) -> "Result | None":
                   f"<= {limit:.0f} us (2x {LATENCY_TARGET_US:.0f} us): {'met' if best <= limit else 'not met'}")
 
 
-def run_step(step: Step, budget_left: float) -> Result:
+def run_step(step: Step, budget_left: float, summary=None) -> Result:
+    """Run ``step`` for at most its timeout and what is left of the budget; its :class:`Result`.
+    ``summary(step, data) -> (passed, line)`` reads its JSON (default :func:`summarise`)."""
     timeout = max(1.0, min(step.timeout_s, budget_left))
     t0 = time.monotonic()
-    env = dict(os.environ, **step.env)
-    try:
-        proc = subprocess.run(step.argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")
-        out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        return Result(step.group, step.name, "timeout", time.monotonic() - t0,
-                      f"no answer in {timeout:.0f} s" + (f"; last output: {out.strip().splitlines()[-1][:160]}"
-                                                         if out.strip() else ""))
-    except OSError as exc:
-        return Result(step.group, step.name, "failed", time.monotonic() - t0, f"cannot start: {exc}")
+    env = dict(step.env)
+    if not (step.creates and Path(step.creates).exists()):
+        for argv in step.before:
+            res = common.run_command(argv, max(0.1, timeout - (time.monotonic() - t0)), cwd=ROOT, env=env)
+            if res.status != "ok":
+                return Result(step.group, step.name, "timeout" if res.status == "timeout" else "failed",
+                              time.monotonic() - t0, f"{_short(argv)}: {res.why()}")
+    left = max(0.1, timeout - (time.monotonic() - t0))
+    argv = [str(max(1, round(left) - 5)) if a == LEFT else a for a in step.argv]
+    res = common.run_command(argv, left, cwd=ROOT, env=env)
     secs = time.monotonic() - t0
-    data = None
-    try:
-        data = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-    except ValueError:
-        data = None
-    passed, line = summarise(step, data)
-    if proc.returncode != 0 or not passed:
-        tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+    if res.status == "timeout":
+        return Result(step.group, step.name, "timeout", secs,
+                      f"no answer in {timeout:.0f} s" + (f"; last output: {common.tail(res.stdout, 1, 160)}"
+                                                         if res.stdout.strip() else ""), _data(step, res))
+    data = _data(step, res)
+    passed, line = (summary or summarise)(step, data)
+    if res.returncode is None or res.returncode != 0 or not passed:
+        what = f"exit {res.returncode}" if res.returncode is not None else "cannot start"
         return Result(step.group, step.name, "failed", secs,
-                      (line + "; " if line else "") + f"exit {proc.returncode}: {tail[0][:200]}", data)
+                      (line + "; " if line else "") + f"{what}: {res.tail(1, 200)}", data)
     if not line:
-        last = proc.stdout.strip().splitlines()[-1:] or [""]
-        line = last[0][:200]
+        line = common.tail(res.stdout, 1, 200)
     return Result(step.group, step.name, "ok", secs, line, data)
 
 
+def _short(argv: list) -> str:
+    """``hccc synth`` for a command line of hccc (or a run worker's first), else the program's name."""
+    a = [str(x) for x in argv]
+    if len(a) > 3 and a[1:3] == ["-m", "hccc"]:
+        return f"hccc {a[3]}"
+    if "--run-worker" in a:
+        try:
+            return f"hccc {json.loads(a[a.index('--run-worker') + 1])[0][0]}"
+        except (ValueError, IndexError, TypeError):
+            pass
+    return Path(a[1] if len(a) > 1 and a[0] == sys.executable else a[0]).name
+
+
+def _data(step: Step, res) -> object:
+    """The JSON a step wrote (its ``data_file``, else its stdout), or None."""
+    if step.keep_stdout:
+        return {"json": _data(Step(step.group, step.name, step.argv, step.timeout_s, data_file=step.data_file), res),
+                "stdout": res.stdout[-20000:]}
+    if step.data_file:
+        try:
+            return json.loads(Path(step.data_file).read_text())
+        except (OSError, ValueError):
+            return None
+    out = res.stdout.strip()
+    if out.startswith("{"):
+        try:
+            return json.loads(out)
+        except ValueError:
+            return None
+    return None
+
+
+# ------------------------------------------------------------------------------ --quick
+#: the quick mode's groups in order, each with its share of the budget (fractions of it; a group
+#: may also spend what the groups before it left)
+QUICK_GROUPS = {"env": 0.04, "build": 0.28, "copy": 0.03, "slot": 0.11, "examples": 0.24, "vs_nccl": 0.20,
+                "pathology": 0.10}
+#: the programs earlier runs found pathological: (name, program, size, placement, extra options)
+PATHOLOGY = (("ring_broadcast_8", "examples/ring_broadcast_8.rccl", "32M", "--out-of-place", []),
+             ("hm_allreduce_4x8 in place", "examples/hm_allreduce_4x8.rccl", "32M", "--inplace", []),
+             ("synth h20_4_8 allgather (table)", None, "64M", "--out-of-place", ["--codegen", "table"]))
+SYNTH_TOPO = "examples/clusters/h20_4_8.topo"
+SYNTH_TIME_LIMIT = 20
+#: benchmarks/slot_anatomy.py: written beside the kernels; run when present
+SLOT_ANATOMY = HERE / "slot_anatomy.py"
+
+
+def all_examples() -> list:
+    """Every example program: the full mode's list first (its order is the priority), then the rest."""
+    rest = sorted(p.stem for p in (ROOT / "examples").glob("*.rccl") if p.stem not in EXAMPLES)
+    return [e for e in EXAMPLES if (ROOT / "examples" / f"{e}.rccl").is_file()] + rest
+
+
+def run_worker_argv(runs: list) -> list:
+    """A command that runs each ``hccc`` command line of ``runs`` in one process (``--run-worker``)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--run-worker", json.dumps(runs)]
+
+
+def example_runs(args, ex: str) -> list:
+    """The quick mode's ``hccc run`` command lines of one example: Simple at both sizes, LL at the small."""
+    base = ["run", str(ROOT / "examples" / f"{ex}.rccl"), "--backend", args.backend, "--out-of-place",
+            "-n", str(args.iters), "-w", "1", "--timeout", str(args.kernel_timeout), "--json"]
+    return [base + ["--sizes", f"{args.small},{args.large}", "--proto", "simple"],
+            base + ["--sizes", args.small, "--proto", "ll"]]
+
+
+def synth_output(workdir: Path) -> Path:
+    return workdir / "synth_h20_4_8_allgather.rccl"
+
+
+def synth_command(workdir: Path) -> list:
+    return ["synth", str(ROOT / SYNTH_TOPO), "--collective", "allgather", "--time-limit", str(SYNTH_TIME_LIMIT),
+            "-o", str(synth_output(workdir))]
+
+
+def pathology_runs(args, workdir: Path) -> list:
+    """(name, hccc run command line, whether it needs the synthesised program) of each pathology."""
+    out = []
+    for name, prog, size, place, extra in PATHOLOGY:
+        path = str(ROOT / prog) if prog else str(synth_output(workdir))
+        size = size if args.backend != "cpu" else args.small        # the emulation: the plumbing only
+        out.append((name, ["run", path, "--backend", args.backend, "--sizes", size, place, "-n", "2", "-w", "1",
+                           "--timeout", str(max(args.kernel_timeout, 30.0)), "--json", *extra], prog is None))
+    return out
+
+
+def vs_nccl_args(args, ranks: str = "8,4,2") -> list:
+    if args.backend == "cpu":      # the emulation: one small case, the plumbing only
+        return ["--backend", "cpu", "--ranks", "2", "--sizes", args.small, "--collectives", "allreduce",
+                "--impls", "comm-ring,grid-ring"]
+    return ["--backend", args.backend, "--quick", "--ranks", ranks]
+
+
+def build_run(args, ex: str) -> list:
+    """The build step's ``hccc run`` of one example: its kernels, one small call."""
+    return ["run", str(ROOT / "examples" / f"{ex}.rccl"), "--backend", args.backend, "--out-of-place",
+            "--sizes", args.small, "-n", "1", "-w", "0", "--timeout", str(args.kernel_timeout), "--json"]
+
+
+def plan_quick(args, workdir: Path) -> list[Step]:
+    """The quick mode's steps (module docstring), in order."""
+    py, me = sys.executable, str(Path(__file__).resolve())
+    t = args.step_timeout
+    steps = [Step("env", "environment", [py, str(HERE / "gpu_common.py"), "env"], 60.0)]
+    if args.build_jobs > 0 and args.backend != "cpu":
+        # the same programs and options as the steps below (the kernels are cached by content)
+        synth_run = [a for a in pathology_runs(args, workdir)[2][1]]
+        synth_run[synth_run.index("--sizes") + 1] = args.small
+        spec = {"jobs": args.build_jobs, "examples": [build_run(args, ex) for ex in args.examples],
+                "synth": [synth_command(workdir), synth_run],
+                "vs_nccl": ([py, str(HERE / "vs_nccl.py"), *vs_nccl_args(args, ranks="8"), "--build-only",
+                             "--build-jobs", "2", "--workdir", str(workdir / "vs_nccl_build")]
+                            if args.backend == "cuda" else None)}
+        steps.append(Step("build", f"kernels of the later steps, {args.build_jobs} at a time",
+                          [py, me, "--build-worker", json.dumps(spec)], 600.0))
+    steps.append(Step("copy", "device copy", [py, str(HERE / "gpu_common.py"), "copy", "--backend",
+                                              "cpu" if args.backend == "cpu" else "cuda",
+                                              "--bytes", "16M" if args.backend == "cpu" else "1G"], 60.0))
+    js = str(workdir / "slot_anatomy.json")
+    steps.append(Step("slot", "slot_anatomy --quick", [py, str(SLOT_ANATOMY), "--quick", "--json", js]
+                      + (["--backend", args.backend] if args.backend != "cuda" else []), 120.0, data_file=js,
+                      keep_stdout=True))
+    for ex in args.examples:
+        steps.append(Step("examples", ex, run_worker_argv(example_runs(args, ex)), t))
+    js = str(workdir / "vs_nccl.json")
+    steps.append(Step("vs_nccl", "vs_nccl --quick", [py, str(HERE / "vs_nccl.py"), *vs_nccl_args(args),
+                                                     "--json", js, "--budget", LEFT, "--build-jobs", "0",
+                                                     "--workdir", str(workdir / "vs_nccl")], 600.0, data_file=js))
+    for name, run, synth in pathology_runs(args, workdir):
+        steps.append(Step("pathology", name, run_worker_argv([run]), max(t, 90.0),
+                          before=[run_worker_argv([synth_command(workdir)])] if synth else [],
+                          creates=str(synth_output(workdir)) if synth else None))
+    return steps
+
+
+def _fmt_us(t) -> str:
+    return f"{t:,.1f} us" if isinstance(t, (int, float)) else "-"
+
+
+def _run_results(data) -> list:
+    """Every ``hccc run`` result row of a run worker's output, each with its protocol and program."""
+    rows = []
+    for run in (data or {}).get("runs", []):
+        res = run.get("result") or {}
+        for r in res.get("results", []):
+            rows.append(dict(r, algorithm=res.get("algorithm"), nranks_run=res.get("nranks"),
+                             nthreads_run=res.get("nthreads"), launch=res.get("launch")))
+    return rows
+
+
+def add_bounds(data: dict, hbm_gbps: float) -> None:
+    """Each run result of a run worker's output gets ``bound_us`` (its collective's HBM bound at
+    the copy's bandwidth: :func:`gpu_common.bound_us`) and ``of_bound`` (that over its time)."""
+    for run in data.get("runs", []):
+        for r in (run.get("result") or {}).get("results", []):
+            try:
+                r["bound_us"] = common.bound_us(r["collective"], r["nranks"], r["bytes"], hbm_gbps,
+                                                bool(r.get("inplace")))
+            except (KeyError, ValueError):
+                continue
+            if r.get("time_us"):
+                r["of_bound"] = r["bound_us"] / r["time_us"]
+
+
+def _runs_failed(data) -> str:
+    """Why a run worker's command failed ('' when none did)."""
+    for run in (data or {}).get("runs", []):
+        if run.get("rc"):
+            return f"hccc {run['argv'][0]} exit {run['rc']}: {run.get('error') or 'no result'}"
+    return ""
+
+
+def _size(b: int) -> str:
+    for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k}{unit}"
+    return f"{b}B"
+
+
+def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, str]:
+    """(passed, one line) of a quick-mode step from its JSON."""
+    if step.group == "env" and isinstance(data, dict):
+        d = data
+        return True, (f"{d.get('gpu') or 'no GPU'}, {d.get('sms') or '?'} SMs, {d.get('memory_gib') or '?'} GiB, "
+                      f"driver {d.get('driver') or '?'}, CUDA {d.get('cuda_runtime') or '?'}, nvcc "
+                      f"{d.get('nvcc') or '?'}, torch {d.get('torch') or '?'}, NCCL {d.get('nccl') or '?'}, "
+                      f"CuPy {d.get('cupy') or '?'}, {d.get('cpus')} CPUs")
+    if step.group == "copy" and isinstance(data, dict) and data.get("hbm_gbps"):
+        return True, (f"{_size(data['bytes'])}: {data['copy_gbps']:,.1f} GB/s copied, {data['hbm_gbps']:,.1f} GB/s "
+                      f"read + written ({data['timer']}, median of {data['iters']})")
+    if step.group == "build" and isinstance(data, dict):
+        jobs = data.get("jobs", [])
+        bad = [j for j in jobs if j["status"] != "ok"]
+        return not bad, (f"built {len(jobs) - len(bad)}/{len(jobs)} in {data.get('seconds', 0):.0f} s"
+                         + ("; " + "; ".join(f"{j['name']}: {j['status']} {j['reason']}"[:140] for j in bad[:4])
+                            if bad else ""))
+    if step.group == "slot" and isinstance(data, dict):
+        js = data.get("json")
+        rows = js.get("rows") if isinstance(js, dict) and isinstance(js.get("rows"), list) else None
+        return True, (f"{len(rows)} rows" if rows is not None else common.tail(data.get("stdout", ""), 1, 200)
+                      or "done")
+    if step.group in ("examples", "pathology") and isinstance(data, dict):
+        if step.group == "pathology" and copy_gbps:
+            add_bounds(data, copy_gbps)
+        rows = _run_results(data)
+        parts = []
+        for r in rows:
+            b = r.get("busbw_GBps")
+            part = (f"{r.get('proto', 'simple')} {_size(r['bytes'])} {'in' if r.get('inplace') else 'out'}: "
+                    + (f"STUCK {r['stuck']}" if r.get("stuck") else
+                       f"{r.get('wrong')} wrong, {_fmt_us(r.get('time_us'))}, "
+                       + (f"{b:,.2f} GB/s" if isinstance(b, (int, float)) else "- GB/s")))
+            if r.get("bound_us") and r.get("of_bound"):
+                part += f"; HBM bound {r['bound_us']:,.1f} us: {r['of_bound']:.3g} of it"
+            parts.append(part)
+        failed = _runs_failed(data)
+        bad = any(r.get("wrong") or r.get("stuck") for r in rows) or not rows or bool(failed)
+        return not bad, "; ".join(parts + ([failed] if failed else []))
+    if step.group == "vs_nccl" and isinstance(data, dict):
+        rows = data.get("rows", [])
+        mine = [r for r in rows if r["impl"] not in ("nccl", "copy bound")]
+        measured = [r for r in mine if r.get("time_us")]
+        wrong = [r for r in mine if r.get("wrong")]
+        notrun = [r for r in mine if r["status"] == "skipped"]
+        failed = [r for r in mine if r["status"] in ("failed", "timeout")]
+        best = {}
+        for r in measured:
+            k = (r["collective"], r["nranks"])
+            if r["bytes"] == max(x["bytes"] for x in measured if (x["collective"], x["nranks"]) == k) and \
+                    r.get("ratio") and (k not in best or r["ratio"] > best[k]["ratio"]):
+                best[k] = r
+        line = ((data.get("nccl") or {}).get("line", "") + f"; {len(measured)}/{len(mine)} hccc rows measured, "
+                f"{len(wrong)} wrong, {len(failed)} failed, {len(notrun)} not run")
+        if best:
+            line += "; best at the largest size: " + ", ".join(
+                f"{c} N={n} {r['impl']} {_size(r['bytes'])} {r['busbw']:.1f} GB/s = {r['ratio']:.3g} of {r['ratio_to']}"
+                for (c, n), r in best.items())
+        return not wrong and not failed, line
+    return True, ""
+
+
+def quick_tables(results: list[Result]) -> list:
+    """The report's tables after the step lines: examples, hccc vs NCCL, pathology, slot anatomy."""
+    out = []
+    ex = [(r, row) for r in results if r.group == "examples" for row in _run_results(r.data)]
+    if ex:
+        out += ["", "## Examples (one grid, out of place)", "",
+                "| example | ranks | threads | proto | size | #wrong | time (us) | algbw (GB/s) | busbw (GB/s) |",
+                "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for r, row in ex:
+            out.append(f"| {r.name} | {row.get('nranks_run')} | {row.get('nthreads_run')} | {row.get('proto')} | "
+                       f"{_size(row['bytes'])} | {'stuck' if row.get('stuck') else row.get('wrong')} | "
+                       f"{_num(row.get('time_us'), 1)} | {_num(row.get('algbw_GBps'), 2)} | "
+                       f"{_num(row.get('busbw_GBps'), 2)} |")
+    vs = next((r for r in results if r.group == "vs_nccl" and isinstance(r.data, dict)), None)
+    if vs is not None:
+        d = vs.data
+        copy = d.get("copy") or {}
+        out += ["", "## hccc vs NCCL", "", (d.get("nccl") or {}).get("line", ""), "",
+                f"Device copy {copy.get('hbm_gbps', 0):,.1f} GB/s read + written; ratio: busbw over NCCL's, or over "
+                "the copy bound's where NCCL did not run.", "",
+                "| collective | N | impl | size | time (us) | algbw | busbw | ratio | vs | #wrong | status |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
+        for row in d.get("rows", []):
+            if row["impl"] == "nccl" and row["status"] == "skipped":
+                continue
+            st = row["status"] + (f": {row['note'][:80]}" if row["status"] not in ("ok", "skipped") else "")
+            pick = " *" if row.get("catalog_pick") else ""
+            out.append(f"| {row['collective']} | {row['nranks']} | {row['impl']}{pick} | {_size(row['bytes'])} | "
+                       f"{_num(row.get('time_us'), 1)} | {_num(row.get('algbw'), 2)} | "
+                       f"{_num(row.get('busbw'), 2)} | {_sig(row.get('ratio'))} | {row.get('ratio_to') or ''} | "
+                       f"{'-' if row.get('wrong') is None else row['wrong']} | {st.replace('|', '/')} |")
+        out.append("")
+        out.append("`*`: the entry the torch backend's catalog picks for the call.")
+    pa = [(r, row) for r in results if r.group == "pathology" for row in _run_results(r.data)]
+    if pa:
+        out += ["", "## Pathological programs", "",
+                "| program | size | placement | #wrong | time (us) | HBM bound (us) | of bound |",
+                "|---|---:|---|---:|---:|---:|---:|"]
+        for r, row in pa:
+            out.append(f"| {r.name} | {_size(row['bytes'])} | {'in' if row.get('inplace') else 'out of'} place | "
+                       f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
+                       f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
+    slot = next((r for r in results if r.group == "slot" and r.status != "n/a"), None)
+    if slot is not None and isinstance(slot.data, dict) and slot.data.get("stdout"):
+        out += ["", "## Slot anatomy", "", "```", slot.data["stdout"].rstrip(), "```"]
+    return out
+
+
+def _num(v, digits: int) -> str:
+    return f"{v:,.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
+def _sig(v) -> str:
+    """Three significant digits (a ratio of the CPU emulation is tiny, a GPU's near 1)."""
+    return f"{v:.3g}" if isinstance(v, (int, float)) else "-"
+
+
+def run_worker(runs: list) -> int:
+    """Each ``hccc`` command line of ``runs`` in this process (imports and the device context made
+    once), in order, stopping at the first that fails; one JSON object: {"runs": [{"argv", "rc",
+    "result" (its --json output), "error"}]}."""
+    import contextlib
+    import io
+
+    from hccc.cli import main as hccc_main
+    out = []
+    for argv in runs:
+        buf, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+            try:
+                rc = hccc_main(list(argv))
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else 1
+        out.append({"argv": argv, "rc": rc, "result": common.last_json(buf.getvalue()),
+                    "error": common.tail(err.getvalue(), 1, 300) or None})
+        sys.stderr.write(err.getvalue())
+        if rc:
+            break
+    print(json.dumps({"runs": out}))
+    return 0 if all(r["rc"] == 0 for r in out) else 1
+
+
+def build_worker(spec: dict) -> int:
+    """The build step: every example's kernels (a run at the small size), the synthesised program
+    and its table kernels, and vs_nccl's (its --build-only), ``jobs`` at a time."""
+    t0 = time.monotonic()
+    jobs = [(f"example {Path(run[1]).stem}", run_worker_argv([run])) for run in spec["examples"]]
+    jobs.append(("synth h20_4_8 allgather + table kernels", run_worker_argv(spec["synth"])))
+    if spec.get("vs_nccl"):
+        jobs.append(("vs_nccl --build-only", spec["vs_nccl"]))
+    order = sorted(range(len(jobs)), key=lambda i: ("4x8" not in jobs[i][0], "synth" not in jobs[i][0],
+                                                    "vs_nccl" not in jobs[i][0], i))   # the longest first
+    results = common.run_parallel([(jobs[i][1], 3600.0, {}) for i in order], spec["jobs"])
+    out = [None] * len(jobs)
+    for i, res in zip(order, results):
+        out[i] = {"name": jobs[i][0], "status": res.status, "seconds": round(res.seconds, 1), "reason": res.why()}
+    print(json.dumps({"jobs": out, "seconds": time.monotonic() - t0}))
+    return 0 if all(j["status"] == "ok" for j in out) else 1
+
+
 def report_text(results: list[Result], args, device: str, started: str) -> str:
-    ok = sum(r.status == "ok" for r in results)
+    ok = sum(r.status in PASSING for r in results)
     lines = [f"# hccc GPU validation: {device}", "",
-             f"backend {args.backend}, started {started}, {ok}/{len(results)} steps passed, "
-             f"{sum(r.seconds for r in results):.0f} s", "",
+             f"backend {args.backend}{', quick' if getattr(args, 'quick', False) else ''}, started {started}, "
+             f"{ok}/{len(results)} steps passed, {sum(r.seconds for r in results):.0f} s", "",
              "| step | name | status | seconds | result |", "|---|---|---|---:|---|"]
     for r in results:
         lines.append(f"| {r.group} | {r.name} | {r.status} | {r.seconds:.1f} | {r.summary.replace('|', '/')} |")
+    if getattr(args, "quick", False):
+        lines += quick_tables(results)
     lines += ["", "Not measured by this command: several GPUs, a network."]
     return "\n".join(lines) + "\n"
 
@@ -227,20 +612,83 @@ def _names(text: str) -> list:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _write(results: list, args, device: str, started: str) -> None:
+    Path(args.report).write_text(report_text(results, args, device, started))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "backend": args.backend, "started": started,
+                                               "mode": "quick" if args.quick else "full", "budget": args.budget,
+                                               "steps": [asdict(r) for r in results]}, indent=1))
+
+
+def _log(r: Result) -> None:
+    print(f"{r.status:>8}  {r.group}: {r.name}  {r.summary}", file=sys.stderr)
+
+
+def run_quick(args, started: str) -> list[Result]:
+    """The quick mode: each group's steps within its share of the budget (module docstring)."""
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="hccc-gpu-validate-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    budget = common.Budget(args.budget)
+    steps = plan_quick(args, workdir)
+    groups = [g for g in QUICK_GROUPS if any(s.group == g for s in steps)]
+    share = {g: QUICK_GROUPS[g] / sum(QUICK_GROUPS[h] for h in groups) * args.budget for g in groups}
+    results: list[Result] = []
+    device = "CPU emulation" if args.backend == "cpu" else args.backend
+    copy_gbps = None
+    for step in steps:
+        later = sum(share[g] for g in groups[groups.index(step.group) + 1:])
+        left = budget.left() - later           # what this group may spend: the later groups keep their shares
+        if step.group == "slot" and not Path(step.argv[1]).is_file():
+            r = Result("slot", step.name, "n/a", 0.0,
+                       f"not available (benchmarks/{Path(step.argv[1]).name} is not in this checkout)")
+        elif left < 1.0:
+            r = Result(step.group, step.name, "skipped", 0.0, common.NOT_RUN)
+        elif step.group == "vs_nccl" and args.backend not in ("cuda", "cpu"):
+            r = Result(step.group, step.name, "n/a", 0.0, f"not available on {args.backend} (vs_nccl runs CUDA)")
+        else:
+            r = run_step(step, left, lambda st, d, c=copy_gbps: summarise_quick(st, d, c))
+        if step.group == "env" and isinstance(r.data, dict) and r.data.get("gpu"):
+            device = r.data["gpu"]
+        if step.group == "copy" and isinstance(r.data, dict):
+            copy_gbps = r.data.get("hbm_gbps")
+        results.append(r)
+        _log(r)
+        _write(results, args, device, started)
+    return results
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] in ("--run-worker", "--build-worker"):
+        spec = json.loads(argv[1])
+        return run_worker(spec) if argv[0] == "--run-worker" else build_worker(spec)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cuda", "hip", "cpu"), default="cuda")
+    ap.add_argument("--quick", action="store_true", help="what one short lease answers, in about 6 minutes")
     ap.add_argument("--report", default="gpu_validate.md", help="Markdown report (default gpu_validate.md)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
-    ap.add_argument("--small", default="4K")
-    ap.add_argument("--large", default="64M")
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--examples", type=_names, default=list(EXAMPLES))
-    ap.add_argument("--step-timeout", type=float, default=120.0, help="seconds per step")
-    ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole validation")
+    ap.add_argument("--small", default=None, help="the small size (default 4K)")
+    ap.add_argument("--large", default=None, help="the large size (default 64M; quick 32M)")
+    ap.add_argument("--iters", type=int, default=None, help="timed runs per size (default 5; quick 3)")
+    ap.add_argument("--examples", type=_names, default=None,
+                    help="examples to run (default: a list of twelve; quick: every example)")
+    ap.add_argument("--step-timeout", type=float, default=None, help="seconds per step (default 120; quick 40)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole validation (default 480; quick 360)")
     ap.add_argument("--skip", type=_names, default=[], help=f"steps to leave out ({', '.join(STEPS)})")
     ap.add_argument("--latency-iters", type=int, default=20, help="timed iterations of each latency step")
+    ap.add_argument("--build-jobs", type=int, default=8, help="quick: kernel builds at once before timing (0: none)")
+    ap.add_argument("--kernel-timeout", type=float, default=20.0,
+                    help="quick: seconds a kernel waits before it reports itself stuck")
+    ap.add_argument("--workdir", default=None, help="quick: where the steps write (default: a temporary directory)")
     args = ap.parse_args(argv)
+    q = args.quick
+    args.small = args.small or "4K"
+    args.large = args.large or ("32M" if q else "64M")
+    args.iters = args.iters if args.iters is not None else (3 if q else 5)
+    args.examples = args.examples if args.examples is not None else (all_examples() if q else list(EXAMPLES))
+    args.step_timeout = args.step_timeout if args.step_timeout is not None else (40.0 if q else 120.0)
+    args.budget = args.budget if args.budget is not None else (360.0 if q else 480.0)
     from hccc.args import parse_size
     bad = [s for s in args.skip if s not in STEPS]
     unknown = [e for e in args.examples if not (ROOT / "examples" / f"{e}.rccl").is_file()]
@@ -249,33 +697,39 @@ def main(argv=None) -> int:
     except (ValueError, argparse.ArgumentTypeError):
         sizes_ok = False
     if (bad or unknown or not sizes_ok or args.step_timeout <= 0 or args.budget <= 0 or args.iters < 1
-            or args.latency_iters < 1):
+            or args.latency_iters < 1 or args.build_jobs < 0 or args.kernel_timeout <= 0
+            or (q and args.skip)):
         why = (f"unknown step {bad[0]!r} (steps: {', '.join(STEPS)})" if bad else
                f"no example {unknown[0]!r} in examples/" if unknown else
                "--small / --large must be sizes such as 4K or 64M" if not sizes_ok else
-               "--step-timeout, --budget, --iters and --latency-iters must be positive")
+               "--skip is for the full mode (--quick runs its own steps)" if q and args.skip else
+               "--build-jobs must be at least 0" if args.build_jobs < 0 else
+               "--step-timeout, --budget, --iters, --kernel-timeout and --latency-iters must be positive")
         print(f"gpu_validate: error: {why}", file=sys.stderr)
         return 2
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if q:
+        results = run_quick(args, started)
+        device = next((r.data["gpu"] for r in results if r.group == "env" and isinstance(r.data, dict)
+                       and r.data.get("gpu")), "CPU emulation" if args.backend == "cpu" else args.backend)
+        print(report_text(results, args, device, started))
+        return 0 if all(r.status in PASSING for r in results) else 1
     device = device_name(args.backend)
     deadline = time.monotonic() + args.budget
     results: list[Result] = []
     for step in plan(args):
         left = deadline - time.monotonic()
         if left <= 0:
-            results.append(Result(step.group, step.name, "skipped", 0.0, "the budget was spent"))
+            results.append(Result(step.group, step.name, "skipped", 0.0, common.NOT_RUN))
         else:
             results.append(run_step(step, left))
-        print(f"{results[-1].status:>8}  {step.group}: {step.name}  {results[-1].summary}", file=sys.stderr)
+        _log(results[-1])
         if step.group == "latency" and not any(r.name.endswith("LL vs Simple") for r in results):
             row = latency_comparison(results)
             if row is not None:
                 results.append(row)
-                print(f"{row.status:>8}  {row.group}: {row.name}  {row.summary}", file=sys.stderr)
-        Path(args.report).write_text(report_text(results, args, device, started))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"device": device, "backend": args.backend, "started": started,
-                                                   "steps": [asdict(r) for r in results]}, indent=1))
+                _log(row)
+        _write(results, args, device, started)
     print(report_text(results, args, device, started))
     return 0 if all(r.status == "ok" for r in results) else 1
 

@@ -163,3 +163,163 @@ def test_latency_steps_from_a_cpu_run(tmp_path):
                                           "ring_allreduce_8 4K LL vs Simple"]
     assert [r["proto"] for s in steps[:2] for r in s["data"]["results"]] == ["simple", "ll"]
     assert "Simple " in steps[2]["summary"] and "LL " in steps[2]["summary"]
+
+
+# ------------------------------------------------------------------------------ --quick
+def _quick_args(v, backend="cuda", **kw):
+    a = dict(backend=backend, quick=True, small="4K", large="32M", iters=3, examples=v.all_examples(),
+             step_timeout=40.0, budget=360.0, build_jobs=8, kernel_timeout=20.0, workdir=None)
+    a.update(kw)
+    return v.argparse.Namespace(**a)
+
+
+def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
+    v = _script()
+    args = _quick_args(v)
+    steps = v.plan_quick(args, tmp_path)
+    examples = sorted(p.stem for p in (ROOT / "examples").glob("*.rccl"))
+    assert [s.group for s in steps] == (["env", "build", "copy", "slot"] + ["examples"] * len(examples)
+                                        + ["vs_nccl"] + ["pathology"] * 3)
+    assert sorted(s.name for s in steps if s.group == "examples") == examples
+    assert [s.name for s in steps if s.group == "examples"][:3] == list(v.EXAMPLES[:3])   # the full mode's first
+    for s in (s for s in steps if s.group == "examples"):
+        simple, ll = json.loads(s.argv[-1])            # both protocols in one process
+        assert simple[simple.index("--sizes") + 1] == "4K,32M" and simple[simple.index("--proto") + 1] == "simple"
+        assert ll[ll.index("--sizes") + 1] == "4K" and ll[ll.index("--proto") + 1] == "ll"
+        assert all("--out-of-place" in r and "--json" in r and r[r.index("--backend") + 1] == "cuda"
+                   for r in (simple, ll))
+    vs = next(s for s in steps if s.group == "vs_nccl")
+    assert "--quick" in vs.argv and vs.argv[vs.argv.index("--ranks") + 1] == "8,4,2"
+    assert vs.argv[vs.argv.index("--budget") + 1] == v.LEFT and vs.data_file.endswith("vs_nccl.json")
+    path = {s.name: s for s in steps if s.group == "pathology"}
+    runs = {name: json.loads(s.argv[-1])[0] for name, s in path.items()}
+    assert [(r[r.index("--sizes") + 1], "--inplace" in r) for r in runs.values()] == [
+        ("32M", False), ("32M", True), ("64M", False)]
+    synth = path["synth h20_4_8 allgather (table)"]
+    assert runs[synth.name][runs[synth.name].index("--codegen") + 1] == "table"
+    before = json.loads(synth.before[0][-1])[0]
+    assert before[:2] == ["synth", str(ROOT / "examples" / "clusters" / "h20_4_8.topo")]
+    assert before[before.index("--time-limit") + 1] == "20" and synth.creates == before[before.index("-o") + 1]
+    build = json.loads(steps[1].argv[-1])
+    assert len(build["examples"]) == len(examples) and build["jobs"] == 8
+    assert build["synth"][0] == before and build["synth"][1][build["synth"][1].index("--sizes") + 1] == "4K"
+    assert "--build-only" in build["vs_nccl"] and build["vs_nccl"][build["vs_nccl"].index("--ranks") + 1] == "8"
+    slot = steps[3]
+    assert slot.argv[1:4] == [str(v.SLOT_ANATOMY), "--quick", "--json"] and "--backend" not in slot.argv
+    cpu = v.plan_quick(_quick_args(v, "cpu", large="16K"), tmp_path)
+    assert "build" not in [s.group for s in cpu]                       # nothing to build ahead on the CPU
+    assert next(s for s in cpu if s.group == "slot").argv[-2:] == ["--backend", "cpu"]
+
+
+def _json_cmd(obj) -> list:
+    return _py(f"import json; print(json.dumps({obj!r}))")
+
+
+def _run_json(collective: str, nranks: int, nbytes: int, time_us: float, inplace=False, proto="simple") -> dict:
+    return {"runs": [{"argv": ["run"], "rc": 0, "error": None, "result": {
+        "algorithm": "x", "nranks": nranks, "nthreads": 512, "launch": "grid", "results": [
+            {"bytes": nbytes, "inplace": inplace, "wrong": 0, "stuck": None, "time_us": time_us, "proto": proto,
+             "collective": collective, "nranks": nranks, "algbw_GBps": 1.0, "busbw_GBps": 1.0}]}}]}
+
+
+def test_quick_mode_shares_the_budget_times_out_and_reports_what_did_not_run(monkeypatch, tmp_path):
+    """A hanging example is stopped where its group's share ends, so the next example does not run
+    (reported so) while the pathology group keeps its share; a missing slot_anatomy.py is "not
+    available"; the HBM bound comes from the copy step."""
+    v = _script()
+    steps = [v.Step("env", "environment", _json_cmd({"gpu": "Fake GPU", "sms": 132, "cpus": 2}), 30.0),
+             v.Step("copy", "device copy", _json_cmd({"bytes": 1 << 30, "copy_gbps": 1000.0, "hbm_gbps": 2000.0,
+                                                      "timer": "CUDA events", "iters": 10, "time_us": 1.0}), 30.0),
+             v.Step("slot", "slot_anatomy --quick", [sys.executable, str(tmp_path / "slot_anatomy.py"), "--quick"],
+                    30.0),
+             v.Step("examples", "hangs", _py("import time; print('building', flush=True); time.sleep(60)"), 100.0),
+             v.Step("examples", "never", _json_cmd(_run_json("allgather", 8, 4096, 100.0)), 100.0),
+             v.Step("pathology", "ring_broadcast_8", _json_cmd(_run_json("broadcast", 8, 32 << 20, 2.4e6)), 100.0)]
+    monkeypatch.setattr(v, "plan_quick", lambda args, workdir: steps)
+    # of 6 s: env 1.2, copy 1.2, slot 0.3, examples 2.1 (and what the groups before leave), pathology 1.2
+    monkeypatch.setattr(v, "QUICK_GROUPS", {"env": 0.2, "copy": 0.2, "slot": 0.05, "examples": 0.35,
+                                            "pathology": 0.2})
+    report, js = tmp_path / "r.md", tmp_path / "r.json"
+    t0 = time.monotonic()
+    rc = v.main(["--quick", "--budget", "6", "--report", str(report), "--json", str(js), "--workdir", str(tmp_path)])
+    assert time.monotonic() - t0 < 30
+    assert rc == 1
+    doc = json.loads(js.read_text())
+    assert doc["mode"] == "quick" and doc["device"] == "Fake GPU"
+    res = {s["name"]: s for s in doc["steps"]}
+    assert res["environment"]["status"] == "ok" and "Fake GPU, 132 SMs" in res["environment"]["summary"]
+    assert res["device copy"]["status"] == "ok" and "2,000.0 GB/s read + written" in res["device copy"]["summary"]
+    assert res["slot_anatomy --quick"]["status"] == "n/a"
+    assert res["slot_anatomy --quick"]["summary"].startswith("not available (benchmarks/slot_anatomy.py")
+    assert res["hangs"]["status"] == "timeout" and "last output: building" in res["hangs"]["summary"]
+    assert res["never"] == dict(res["never"], status="skipped", summary="not run (budget spent)")
+    patho = res["ring_broadcast_8"]
+    assert patho["status"] == "ok"
+    bound = 9 * (32 << 20) / 2000e3           # (N+1) S at 2,000 GB/s
+    assert f"HBM bound {bound:,.1f} us" in patho["summary"]
+    text = report.read_text()
+    assert "| slot | slot_anatomy --quick | n/a |" in text and "| examples | never | skipped |" in text
+    assert "## Pathological programs" in text and f"| {bound:,.1f} |" in text
+
+
+def test_slot_anatomy_runs_where_it_exists(monkeypatch, tmp_path):
+    v = _script()
+    fake = tmp_path / "slot_anatomy.py"
+    fake.write_text("import json, sys\n"
+                    "a = sys.argv[1:]\n"
+                    "assert a[:2] == ['--quick', '--json'] and a[3:] == ['--backend', 'cpu'], a\n"
+                    "open(a[2], 'w').write(json.dumps({'rows': [{'phase': 'wait'}, {'phase': 'post'}]}))\n"
+                    "print('phase  us\\nwait   3.1\\npost   1.2')\n")
+    monkeypatch.setattr(v, "SLOT_ANATOMY", fake)
+    real = v.plan_quick
+    monkeypatch.setattr(v, "plan_quick", lambda args, wd: [s for s in real(args, wd) if s.group == "slot"])
+    report, js = tmp_path / "r.md", tmp_path / "r.json"
+    assert v.main(["--quick", "--backend", "cpu", "--report", str(report), "--json", str(js),
+                   "--workdir", str(tmp_path / "w")]) == 0
+    (step,) = json.loads(js.read_text())["steps"]
+    assert step["status"] == "ok" and step["summary"] == "2 rows"
+    assert "## Slot anatomy" in report.read_text() and "wait   3.1" in report.read_text()
+
+
+def test_the_run_worker_runs_both_protocols_in_one_process_and_stops_at_a_failure(capsys):
+    v = _script()
+    ex = str(ROOT / "examples" / "ring_allgather_8.rccl")
+    base = ["run", ex, "--backend", "cpu", "--sizes", "4K", "-n", "1", "-w", "0", "--out-of-place", "--json"]
+    assert v.main(["--run-worker", json.dumps([base + ["--proto", "simple"], base + ["--proto", "ll"]])]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["rc"] for r in out["runs"]] == [0, 0]
+    assert [r["result"]["results"][0]["proto"] for r in out["runs"]] == ["simple", "ll"]
+    assert all(r["result"]["results"][0]["wrong"] == 0 for r in out["runs"])
+    bad = ["run", "/nonexistent.rccl", "--backend", "cpu", "--json"]
+    assert v.main(["--run-worker", json.dumps([bad, base])]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["runs"]) == 1 and out["runs"][0]["rc"] != 0 and out["runs"][0]["error"]
+
+
+@pytest.mark.slow
+def test_quick_mode_from_a_cpu_run(tmp_path):
+    """Every quick step for real on the CPU emulation (one example, small sizes)."""
+    v = _script()
+    js = tmp_path / "r.json"
+    rc = v.main(["--quick", "--backend", "cpu", "--examples", "ring_allgather_8", "--large", "16K", "--budget", "400",
+                 "--report", str(tmp_path / "r.md"), "--json", str(js), "--workdir", str(tmp_path / "w")])
+    steps = json.loads(js.read_text())["steps"]
+    assert rc == 0, steps
+    assert [s["group"] for s in steps] == ["env", "copy", "slot", "examples", "vs_nccl"] + ["pathology"] * 3
+    assert [r["proto"] for run in steps[3]["data"]["runs"] for r in run["result"]["results"]] == ["simple", "simple",
+                                                                                                   "ll"]
+    assert all("HBM bound" in s["summary"] for s in steps[-3:])
+
+
+def test_a_step_runs_its_before_commands_unless_their_file_exists_and_gets_its_seconds(tmp_path):
+    v = _script()
+    made = tmp_path / "made"
+    fail = _py("import sys; sys.exit('cannot synthesise')")
+    step = v.Step("pathology", "p", _py("import sys; print(sys.argv[1])") + [v.LEFT], 30.0, before=[fail],
+                  creates=str(made))
+    r = v.run_step(step, 100.0)
+    assert r.status == "failed" and r.summary.endswith("exit 1: cannot synthesise")
+    made.write_text("")
+    r = v.run_step(step, 100.0)
+    assert r.status == "ok" and r.summary == "25"          # its 30 s less a margin of 5
+    assert v.run_step(step, 12.0).summary == "7"            # never past what the budget leaves
