@@ -1,7 +1,8 @@
-"""The copy/reduce engine of the kernels (``hccc_combine`` in hccc_prims.h), run in the CPU emulation
+"""The copy/reduce engine of the kernels (``hccc_move`` in hccc_prims.h), run in the CPU emulation
 against numpy.
 
-``hccc_combine`` is the one data path of every primitive: o1 (and o2) := a, or a (+) b. It peels a
+``hccc_move`` is the one data path of every Simple and direct piece: o1 (and o2) := a, or a (+) b,
+by the data threads of a block. It peels a
 scalar head up to 16-byte alignment, moves the body in unrolled 16-byte vectors (warp-contiguous
 blocks of HCCC_LOADS vectors per thread, whole blocks first, then one vector per thread), a scalar
 tail, and falls back to element-wise moves when the pointers disagree modulo 16; fp16 / bf16 reduce
@@ -39,8 +40,8 @@ HARNESS = r"""
 
 struct job { void *a, *b, *o1, *o2; uint64_t n; };
 template <typename T, int RED, bool HASB, int NOUT> static void body(const job& j) {
-  hccc_combine<T, RED, HASB, NOUT>((const T*)j.a, (const T*)j.b, (T*)j.o1, (T*)j.o2, j.n, hccc_tid(),
-                                   hccc_nthreads());
+  hccc_move<T, RED, HASB, NOUT == 2>((const T*)j.a, (const T*)j.b, (T*)j.o1, (T*)j.o2, (uint32_t)j.n, (uint32_t)hccc_tid(),
+                                   (uint32_t)hccc_nthreads());
 }
 template <typename T, int RED> static void (*pick_shape(int hasb, int nout))(const job&) {
   if (hasb) return nout == 2 ? body<T, RED, true, 2> : body<T, RED, true, 1>;

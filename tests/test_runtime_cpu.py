@@ -401,14 +401,14 @@ int main(int argc, char** argv) {
   // cores): the flag holds its value, so the pauses are one streak (they sleep after the yields).
   uint64_t flag = 5;
   for (int i = 0; i < 12; ++i) {
-    hccc_poll(&flag);
+    hccc_poll_peer(&flag);
     away();
     hccc_spin_pause();
   }
   printf("same_wait %u\n", hccc_cpu_self.streak);
   // The flag moved: a new wait, a new streak.
   flag = 6;
-  hccc_poll(&flag);
+  hccc_poll_peer(&flag);
   away();
   hccc_spin_pause();
   printf("new_wait %u\n", hccc_cpu_self.streak);
@@ -419,7 +419,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> th;
   for (int i = 0; i < n; ++i)
     th.emplace_back([&, i] {
-      while (hccc_poll(&flags[i]) < 1) hccc_spin_pause();
+      while (hccc_poll_peer(&flags[i]) < 1) hccc_spin_pause();
       hccc_post_peer(&flags[i + 1], 1);
     });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));   // every waiter asleep by now
