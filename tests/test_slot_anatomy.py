@@ -1,0 +1,55 @@
+"""benchmarks/slot_anatomy.py: the unit-cost microbenchmark, built for the CPU emulation (the GPU run
+uses the same program and script): every experiment runs and the copies it times are correct; the
+slope it reports is a least-squares fit (checked against a known line)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("slot_anatomy", ROOT / "benchmarks" / "slot_anatomy.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["slot_anatomy"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.floats(-100, 100), b=st.floats(-5, 5),
+       xs=st.lists(st.integers(1, 5000), min_size=2, max_size=8, unique=True))
+def test_slope_recovers_a_line(a, b, xs):
+    sa = _module()
+    got = sa.slope([float(x) for x in xs], [a + b * x for x in xs])
+    assert got == pytest.approx(b, abs=1e-6 * (1 + abs(b)))
+    assert sa.slope([3.0, 3.0], [1.0, 2.0]) is None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+def test_every_experiment_runs_on_the_cpu_emulation(tmp_path):
+    sa = _module()
+    out = tmp_path / "anatomy.json"
+    assert sa.main(["--backend", "cpu", "--quick", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["backend"] == "cpu"
+    kinds = {r["exp"] for r in rows}
+    assert kinds >= {"device", "pingpong", "units", "copy", "grid", "unit_cost"}
+    ops = {r["op"] for r in rows if r["exp"] == "units"}
+    assert ops == {"COPY", "SEND", "RECV", "RECV_REDUCE_COPY", "SEND after a met dependency"}
+    copies = [r for r in rows if r["exp"] == "copy"]
+    assert copies and all(r["correct"] for r in copies)
+    assert all(r["us"] > 0 for r in rows if r["exp"] in ("units", "copy", "grid"))
+    # a fit per op and thread count, over every slice of the units rows
+    fits = [r for r in rows if r["exp"] == "unit_cost"]
+    assert len(fits) == len({(r["op"], r["threads"]) for r in rows if r["exp"] == "units"})
+    assert {r["blocks"] for r in rows if r["exp"] == "grid"} == {1, 4}
