@@ -125,11 +125,7 @@ def designs(channels: int):
 def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
           fused_ir=None) -> list[dict]:
     import numpy as np
-    from hccc.compiler.passes.slicing import (
-        auto_slice_bytes,
-        micro_batches,
-        slot_share_bytes,
-    )
+    from hccc.compiler.passes.slicing import micro_batches, program_slice_bytes, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
 
@@ -137,7 +133,7 @@ def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
     factor = busbw_factor(ir.collective, ir.nranks)
 
     def messages(prog):
-        slice_b = auto_slice_bytes(nbytes, prog.nchunks, slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks), es)
+        slice_b = program_slice_bytes(prog, nbytes, slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks), es)
         nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
         out: dict = {}
         for r, t in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
@@ -185,7 +181,7 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     low-latency protocol's model instead of Simple; ``sync_us``: a fixed sync per message instead
     of the overlapped sync's (``overlapped_sync_us`` of the row's threads)."""
     from hccc.compiler.passes.channels import device_channels, with_channels
-    from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
+    from hccc.compiler.passes.slicing import micro_batches, program_slice_bytes, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
 
@@ -196,7 +192,7 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     blocks = len(tbs) * k
     threads = v3_threads(blocks, sms)
     share = slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks)
-    slice_b = auto_slice_bytes(nbytes, prog.nchunks, share // 2 if ll else share, es)
+    slice_b = program_slice_bytes(prog, nbytes, share // 2 if ll else share, es, "ll" if ll else "simple")
     nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
     prims_per_tb: dict = {}
     for key in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
