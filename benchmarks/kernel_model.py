@@ -66,6 +66,30 @@ data and a 4-byte flag the receiver polls, so no fence, no barrier and no counte
 message (``--ll-sync-us``, default 0.2 us: a poll of a line another SM wrote), at twice the slot
 bytes and with two 8-byte lines in flight per thread instead of eight 16-byte vectors. Its time uses the same terms; the crossover is the largest full-buffer size (powers of
 two) at which LL beats the v3 Simple protocol for ring AllReduce 8.
+
+v4 (the kernels' rebuild, a design: every number below is a model until a GPU measures it,
+``benchmarks/slot_anatomy.py``). Its terms are the slice policy's (compiler/passes/slicing.py),
+each a constant named there:
+
+- Per-unit cost: a unit (one micro-batch of one primitive on one block) costs its block
+  ``UNIT_SECONDS`` (0.5 us) beyond its bytes, a COPY unit ``COPY_UNIT_SECONDS`` (0.2 us), an LL
+  unit ``LL_UNIT_SECONDS`` (0.2 us: its lines carry their flags, so it waits for no flag word).
+- One sync warp off the data path: a block's waits and posts run on a warp of their own while
+  its data warps copy, so where the next unit's inputs are already there the two overlap and a
+  block's steady time is ``max(its units' costs, its loads / its bandwidth)``.
+- Per-block bandwidth: ``BLOCK_BYTES_PER_SECOND`` (100 GB/s of loads for a block of 16 warps,
+  Little's law for the v4 engine; a block of fewer warps in proportion, as the runtime halves the
+  threads until every block is resident); channels split each unit's slice.
+- LL lines of 16 bytes, 8 data bytes and two 4-byte flags (NCCL's layout): a block moves
+  ``LL_DATA_FRACTION`` (half) of its bandwidth as data, a slot holds half its Simple share, and
+  every slot byte is written and read twice over in HBM.
+- Launch and fill: ``--launch-us`` once, and the critical path's units beyond the busiest path's
+  whole runs (``CriticalPath.fill``, the slice policy's ``D(m) - 1``) at a unit's full cost and
+  bytes each: a hop whose inputs just arrived hides nothing.
+
+The slice is the one the launchers pick (``launch_slice_bytes``' rule: the model's, over the
+program's critical path, under LL within LL's share); time = launch + fill + max(HBM bytes / HBM
+bandwidth, the slowest block's steady time). The v4 LL crossover is the v3 one's for these terms.
 """
 from __future__ import annotations
 
@@ -125,11 +149,7 @@ def designs(channels: int):
 def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
           fused_ir=None) -> list[dict]:
     import numpy as np
-    from hccc.compiler.passes.slicing import (
-        auto_slice_bytes,
-        micro_batches,
-        slot_share_bytes,
-    )
+    from hccc.compiler.passes.slicing import micro_batches, program_slice_bytes, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
 
@@ -137,7 +157,7 @@ def model(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, channels: int,
     factor = busbw_factor(ir.collective, ir.nranks)
 
     def messages(prog):
-        slice_b = auto_slice_bytes(nbytes, prog.nchunks, slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks), es)
+        slice_b = program_slice_bytes(prog, nbytes, slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks), es)
         nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
         out: dict = {}
         for r, t in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
@@ -185,7 +205,7 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     low-latency protocol's model instead of Simple; ``sync_us``: a fixed sync per message instead
     of the overlapped sync's (``overlapped_sync_us`` of the row's threads)."""
     from hccc.compiler.passes.channels import device_channels, with_channels
-    from hccc.compiler.passes.slicing import auto_slice_bytes, micro_batches, slot_share_bytes
+    from hccc.compiler.passes.slicing import micro_batches, program_slice_bytes, slot_share_bytes
     from hccc.runtime.busbw import busbw_factor
     from hccc.runtime.kernel_traffic import traffic
 
@@ -196,7 +216,7 @@ def v3(ir, nbytes: int, *, latency_ns: float, hbm_gbs: float, sms: int, sync_us:
     blocks = len(tbs) * k
     threads = v3_threads(blocks, sms)
     share = slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks)
-    slice_b = auto_slice_bytes(nbytes, prog.nchunks, share // 2 if ll else share, es)
+    slice_b = program_slice_bytes(prog, nbytes, share // 2 if ll else share, es, "ll" if ll else "simple")
     nmb = micro_batches(nbytes, prog.nchunks, slice_b, es)
     prims_per_tb: dict = {}
     for key in zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()):
@@ -239,6 +259,86 @@ def ll_crossover(ir, **kw) -> int:
     return best
 
 
+def v4(ir, nbytes: int, *, hbm_gbs: float, sms: int, launch_us: float, proto: str = "simple",
+       channels: int | None = None) -> dict:
+    """One v4 row (module docstring): the rebuilt kernels' design, all ranks on one GPU of ``sms``
+    multiprocessors, under ``proto`` ("simple" or "ll"); every cost is a constant of
+    :mod:`hccc.compiler.passes.slicing` (a model until measured)."""
+    from collections import Counter
+
+    from hccc.compiler.backend import abi
+    from hccc.compiler.ir.program_ir import Op
+    from hccc.compiler.passes import slicing
+    from hccc.compiler.passes.channels import device_channels, with_channels
+    from hccc.runtime.busbw import busbw_factor
+    from hccc.runtime.kernel_traffic import traffic
+
+    es = 4
+    ll = proto == "ll"
+    k = channels or device_channels(ir, sms, ir.nranks)
+    prog = with_channels(ir, k)
+    keys = list(zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()))
+    blocks = len(set(keys)) * k
+    threads = v3_threads(blocks, sms)
+    # bytes of loads a second one block moves (a block of fewer warps in proportion), data under LL
+    rate = slicing.block_bytes_per_second(proto) * min(1.0, threads / THREADS)
+    share = slicing.slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks)
+    if ll:
+        share = abi.ll_share_bytes(share) or share
+    slice_b = slicing.program_slice_bytes(prog, nbytes, share, es, proto)
+    nmb = slicing.micro_batches(nbytes, prog.nchunks, slice_b, es)
+    part = 16 * -(-(slice_b // 16) // k)                     # the largest channel's part of a slice
+    cp = slicing.critical_path(prog)
+    c = slicing.unit_seconds(proto)
+    # what a block's units cost its sync warp: COPY units less under Simple
+    copy = prog.prims["op"] == int(Op.COPY)
+    sync: dict = {}
+    for key, is_copy in zip(keys, copy.tolist()):
+        sync[key] = sync.get(key, 0.0) + nmb * (slicing.COPY_UNIT_SECONDS if is_copy and not ll else c)
+    tr = traffic(prog, nbytes, es)
+    hbm = tr.hbm + (tr.link * 2 if ll else 0)            # LL: every slot byte written and read twice over
+    t_hbm = hbm / (hbm_gbs * 1e9)
+    # the sync warp off the data path: a block's steady time is the longer of its units' costs and
+    # its loads (each of its k blocks loads 1/k of them)
+    steady = {key: max(sync[key], tr.per_tb_reads[key] / (rate * k)) for key in tr.per_tb_reads}
+    t_tb = max(steady.values())
+    # the fill: the critical path's units beyond its whole runs, each a unit's cost and bytes
+    fill = cp.fill(nmb) * (c + part / rate)
+    t = launch_us * 1e-6 + fill + max(t_hbm, t_tb)
+    factor = busbw_factor(ir.collective, ir.nranks)
+    return {"algorithm": ir.name, "size": nbytes, "design": f"v4 {proto} (model)", "model_only": True,
+            "proto": proto, "threads": threads, "channels": k, "blocks": blocks, "slice": slice_b,
+            "micro_batches": nmb, "units_per_block": max(Counter(keys).values(), default=0) * nmb,
+            "unit_us": c * 1e6, "block_gbs": rate / 1e9, "hbm_per_byte": hbm / nbytes if nbytes else 0.0,
+            "time_us": t * 1e6, "fill_us": fill * 1e6, "hbm_us": t_hbm * 1e6, "block_us": t_tb * 1e6,
+            "sync_bound": t_tb > 0 and max(sync.values()) >= t_tb, "busbw": nbytes / t * factor / 1e9,
+            "of_hbm_bound": t_hbm / t, "limit": "HBM" if t_hbm >= t_tb else "blocks"}
+
+
+def v4_ll_crossover(ir, **kw) -> int:
+    """The largest power-of-two full-buffer size (4 KiB .. 1 GiB) at which v4 LL is faster than v4
+    Simple (0: never)."""
+    best = 0
+    for e in range(12, 31):
+        n = 1 << e
+        if v4(ir, n, proto="ll", **kw)["time_us"] < v4(ir, n, **kw)["time_us"]:
+            best = n
+    return best
+
+
+def v4_constants() -> dict:
+    """The v4 rows' constants (compiler/passes/slicing.py), as printed: each a model until measured."""
+    from hccc.compiler.passes import slicing
+    return {"unit_us": slicing.UNIT_SECONDS * 1e6, "copy_unit_us": slicing.COPY_UNIT_SECONDS * 1e6,
+            "ll_unit_us": slicing.LL_UNIT_SECONDS * 1e6, "block_gbs": slicing.BLOCK_BYTES_PER_SECOND / 1e9,
+            "ll_data_fraction": slicing.LL_DATA_FRACTION, "measured": False}
+
+
+def _auto_max() -> int:
+    from hccc.compiler.backend import abi
+    return abi.LL_AUTO_MAX_BYTES
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="64M,1G")
@@ -268,6 +368,8 @@ def main(argv=None) -> int:
 
     rows = []
     v3_rows = []
+    v4_rows = []
+    kw4 = dict(hbm_gbs=args.hbm_gbs, sms=args.sms, launch_us=args.launch_us)
     kw = dict(latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, sms=args.sms, sync_us=args.sync_us,
               launch_us=args.launch_us, ll_sync_us=args.ll_sync_us)
     irs = {}
@@ -278,17 +380,23 @@ def main(argv=None) -> int:
             rows += model(ir, n, latency_ns=args.latency_ns, hbm_gbs=args.hbm_gbs, channels=args.channels,
                           fused_ir=fused_ir)
             v3_rows += [v3(ir, n, **kw), v3(ir, n, ll=True, **kw)]
+            v4_rows += [v4(ir, n, **kw4), v4(ir, n, proto="ll", **kw4)]
     # what the first GPU run (benchmarks/gpu_validate.py) is read against
     predictions = {
         "ring_allgather_8 1G": v3(irs["ring_allgather_8"], 1 << 30, **kw),
         "ring_allreduce_8 4K simple": v3(irs["ring_allreduce_8"], 4 << 10, **kw),
         "ring_allreduce_8 4K ll": v3(irs["ring_allreduce_8"], 4 << 10, ll=True, **kw),
         "ll_crossover_bytes": ll_crossover(irs["ring_allreduce_8"], **kw),
+        "v4 ring_allgather_8 1G": v4(irs["ring_allgather_8"], 1 << 30, **kw4),
+        "v4 ring_allreduce_8 4K simple": v4(irs["ring_allreduce_8"], 4 << 10, **kw4),
+        "v4 ring_allreduce_8 4K ll": v4(irs["ring_allreduce_8"], 4 << 10, proto="ll", **kw4),
+        "v4_ll_crossover_bytes": v4_ll_crossover(irs["ring_allreduce_8"], **kw4),
     }
     if args.json:
         print(json.dumps({"parameters": {"latency_ns": args.latency_ns, "hbm_gbs": args.hbm_gbs,
                                          "threads": THREADS, "sync_us": SYNC_US, "v3": kw},
-                          "rows": rows, "v3_rows": v3_rows, "predictions": predictions}, indent=1))
+                          "v4": v4_constants(), "rows": rows, "v3_rows": v3_rows, "v4_rows": v4_rows,
+                          "predictions": predictions}, indent=1))
         return 0
     print(f"all ranks on one GPU: HBM {args.hbm_gbs:.0f} GB/s, load latency {args.latency_ns:.0f} ns, "
           f"{THREADS} threads/block, sync per message v1 {SYNC_US['v1']} us / v2 {SYNC_US['v2']} us (assumed)")
@@ -324,6 +432,32 @@ def main(argv=None) -> int:
           f"(target within 2x of 15 us)")
     cross = predictions["ll_crossover_bytes"]
     print(f"  LL beats Simple up to {format_size(cross) if cross else 'no size'} (ring AllReduce 8, full buffer)")
+    print()
+    const = v4_constants()
+    print(f"v4 (a design; every cost a model until benchmarks/slot_anatomy.py measures it), all ranks on one GPU "
+          f"of {args.sms} SMs: a unit {const['unit_us']:.2g} us (COPY {const['copy_unit_us']:.2g}, LL "
+          f"{const['ll_unit_us']:.2g}) beyond its bytes, sync warp off the data path, "
+          f"{const['block_gbs']:.0f} GB/s a block of 16 warps (LL data {const['ll_data_fraction']:.0%} of it: "
+          f"16-byte lines of 8 data bytes), HBM {args.hbm_gbs:.0f} GB/s, launch {args.launch_us} us")
+    head = (f"{'algorithm':<18}{'size':>6}  {'design':<16}{'threads':>8}{'ch':>4}{'slice':>8}{'mb':>5}"
+            f"{'blk GB/s':>9}{'fill us':>9}{'block us':>10}{'HBM us':>9}{'time us':>10}{'busbw':>8}  limit")
+    print(head)
+    print("-" * len(head))
+    for r in v4_rows:
+        print(f"{r['algorithm']:<18}{format_size(r['size']):>6}  {r['design']:<16}{r['threads']:>8}{r['channels']:>4}"
+              f"{format_size(r['slice']):>8}{r['micro_batches']:>5}{r['block_gbs']:>9.1f}{r['fill_us']:>9.1f}"
+              f"{r['block_us']:>10.1f}{r['hbm_us']:>9.1f}{r['time_us']:>10.1f}{r['busbw']:>8.1f}  {r['limit']}"
+              + (" (units)" if r["limit"] == "blocks" and r["sync_bound"] else ""))
+    print()
+    ag, s4, l4 = (predictions[k] for k in ("v4 ring_allgather_8 1G", "v4 ring_allreduce_8 4K simple",
+                                           "v4 ring_allreduce_8 4K ll"))
+    print("v4, predicted (model):")
+    print(f"  ring AllGather 8 at 1 GiB: {ag['time_us']:.0f} us, busbw {ag['busbw']:.0f} GB/s, "
+          f"{ag['of_hbm_bound']:.0%} of the bound its HBM traffic allows")
+    print(f"  ring AllReduce 8 at 4 KiB: Simple {s4['time_us']:.1f} us, LL {l4['time_us']:.1f} us")
+    cross = predictions["v4_ll_crossover_bytes"]
+    print(f"  LL beats Simple up to {format_size(cross) if cross else 'no size'} (ring AllReduce 8, full buffer; "
+          f"--proto auto switches at {format_size(_auto_max())})")
     return 0
 
 

@@ -1,6 +1,8 @@
 """What one slot (one primitive's micro-batch: a flag waited for and one posted) costs a thread
-block on a GPU, beyond the bytes it moves: the constant ``THIN_SLOT_SECONDS`` that ``hccc synth``
-weighs smaller slices with (compiler/passes/slicing.py) is what this measured on an H200.
+block on a GPU, beyond the bytes it moves: the per-unit cost of the slice policy's model
+(``UNIT_SECONDS``, compiler/passes/slicing.py, which ``hccc synth`` weighs smaller slices with too).
+On the v3 kernels this measured 4.6-7.0 us (docs/measurements.md); the model now holds the v4
+kernels' target.
 
     python benchmarks/slot_cost.py [--backend cuda] [--algorithms ring_allgather_8,ring_allreduce_8]
                                    [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--nwarps auto]
@@ -15,7 +17,7 @@ do not depend on the slice; the slots do: the busiest thread block handles (its 
 (micro-batches per chunk) of them (:func:`hccc.compiler.passes.slicing.busiest_slots`' count). The
 least-squares slope of time against the busiest block's slots is the cost of one slot as a thread
 block sees it (fill and drain of the pipeline shrink with the slice too, so at small sizes the
-slope is a lower bound). ``slot us`` is that slope; ``vs model`` is it over the constant.
+slope is a lower bound). ``slot us`` is that slope; ``vs model`` is it over ``UNIT_SECONDS``.
 
 An algorithm is an example's name (examples/NAME.rccl) or GENERATOR:N, a generated program on N
 ranks (ring_allgather, ring_allreduce, direct_allgather: :mod:`hccc.compiler.frontend.generators`).
@@ -129,12 +131,12 @@ def measure(name: str, ir, runner, sizes: list[int], slices: list[int], iters: i
 
 def fits(rows: list[dict]) -> list[dict]:
     """One slope per (algorithm, size, warps, direct mode) over the rows that ran."""
-    from hccc.compiler.passes.slicing import THIN_SLOT_SECONDS
+    from hccc.compiler.passes.slicing import UNIT_SECONDS
     out = []
     for key in dict.fromkeys(tuple(r[k] for k in KEY) for r in rows):
         good = [r for r in rows if tuple(r[k] for k in KEY) == key and r["time_us"] is not None]
         s = slope([r["slots"] for r in good], [r["time_us"] for r in good])
-        out.append(dict(zip(KEY, key), slot_us=s, vs_model=None if s is None else s / (THIN_SLOT_SECONDS * 1e6)))
+        out.append(dict(zip(KEY, key), slot_us=s, vs_model=None if s is None else s / (UNIT_SECONDS * 1e6)))
     return out
 
 

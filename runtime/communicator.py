@@ -72,7 +72,7 @@ from hccc.runtime.kernel_abi import Args, ErrorRecord
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
                                    check_fifo_memory, check_slice, describe_stuck, generated_sources,
-                                   launch_proto, program_layout, rank_blocks)
+                                   launch_proto, launch_slice_bytes, program_layout, rank_blocks)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)
@@ -241,6 +241,9 @@ class Communicator:
         self.last_proto: str | None = None
         #: why the last call's protocol is not the one ``proto`` asked for, or None
         self.proto_note: str | None = None
+        #: the micro-batch slice (bytes) of the last call (:func:`~hccc.runtime.launcher.launch_slice_bytes`;
+        #: None before the first call)
+        self.last_slice_bytes: int | None = None
         self._closed = False
         self._net = None
         self._node = node
@@ -603,10 +606,9 @@ class Communicator:
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
         proto = self._choose_proto(count * es)
-        from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
+        from hccc.compiler.passes.slicing import slot_share_bytes
         share = slot_share_bytes(self.chunk_bytes, ir.max_step_chunks)
-        slice_b = (self.chunk_bytes if ir.algorithm_level
-                   else program_slice_bytes(ir, count * es, share, es))
+        slice_b = self.last_slice_bytes = launch_slice_bytes(ir, count * es, es, self.chunk_bytes, proto)
         epoch, zero = self.ll_epochs.launch(proto, ll_messages_bound(
             ir.nprims, count, ir.nchunks, es, self.chunk_bytes, share, slice_b))
         self._calls += 1

@@ -191,6 +191,25 @@ def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int) -> tu
     return "ll", None
 
 
+def launch_slice_bytes(ir: ProgramIR, nbytes: int, element_bytes: int, chunk_bytes: int, proto: str) -> int:
+    """The micro-batch slice (bytes) of an ``"auto"`` launch of ``nbytes`` (full buffer) of
+    ``element_bytes``-byte elements through slots of ``chunk_bytes`` under ``proto`` (``"simple"``
+    or ``"ll"``, :func:`launch_proto`): the slot capacity for a program proven only with one
+    micro-batch per chunk (:attr:`ProgramIR.algorithm_level`), else
+    :func:`hccc.compiler.passes.slicing.program_slice_bytes` within a chunk's share of a slot
+    (LL's half of it under LL, which the kernels cap the slice at). The one rule for every
+    launcher (:class:`Runner`, :class:`~hccc.runtime.communicator.Communicator`); the simulator
+    takes the same slice for a Simple call of a task-level program
+    (:func:`hccc.runtime.simulator.resolve_slice`; its algorithm-level baseline models MSCCL's own
+    runtime, which pipelines micro-batches, so it cuts an MSCCL import by the model too)."""
+    if ir.algorithm_level:
+        return int(chunk_bytes)
+    share = slot_share_bytes(chunk_bytes, ir.max_step_chunks)
+    if proto == "ll":
+        share = abi.ll_share_bytes(share) or share
+    return program_slice_bytes(ir, int(nbytes), share, int(element_bytes), "ll" if proto == "ll" else "simple")
+
+
 def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int) -> None:
     """Refuse (ValueError) a micro-batch slice a program cannot run with: a program proven only
     under the algorithm-level order (an MSCCL import, ``ProgramIR.algorithm_level``) runs in the
@@ -239,7 +258,7 @@ class RunResult:
     oracle: str | None = None
     #: every rank's output buffer (``Runner.run(keep_outputs=True)``; bfloat16 as float32)
     outputs: list | None = field(default=None, repr=False, compare=False)
-    #: micro-batch slice of the launch in bytes (:func:`hccc.compiler.passes.slicing.auto_slice_bytes`)
+    #: micro-batch slice of the launch in bytes (:func:`launch_slice_bytes`)
     slice_bytes: int = 0
     #: FIFO protocol the launch ran: "simple" or "ll" (:func:`launch_proto`)
     proto: str = "simple"
@@ -961,20 +980,17 @@ class Runner:
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        if slice_bytes == "auto" and self.ir.algorithm_level:
-            # an MSCCL import proven only under the algorithm-level order: one micro-batch per chunk
-            # (the slot size its caller chose), where that order and the kernels' coincide
-            slice_b = self.chunk_bytes
-        elif slice_bytes == "auto":
-            slice_b = program_slice_bytes(self.ir, count * es,
-                                          slot_share_bytes(self.chunk_bytes, self.ir.max_step_chunks), es)
+        proto_run, self.proto_note = launch_proto(self.ir, proto, count * es, self.chunk_bytes)
+        if slice_bytes == "auto":
+            # an MSCCL import proven only under the algorithm-level order gets one micro-batch per
+            # chunk (the slot size its caller chose), where that order and the kernels' coincide
+            slice_b = launch_slice_bytes(self.ir, count * es, es, self.chunk_bytes, proto_run)
         else:
             slice_b = int(slice_bytes)
             if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:
                 raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
                                  f"the slot size {self.chunk_bytes}")
         check_slice(self.ir, count, es, slice_b)
-        proto_run, self.proto_note = launch_proto(self.ir, proto, count * es, self.chunk_bytes)
         block = self.block if nthreads is None else int(nthreads)
         if block < 1:
             raise ValueError("nthreads must be positive")

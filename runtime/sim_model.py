@@ -31,6 +31,7 @@ from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.passes.channels import BLOCK_GBPS_WARPS, DEFAULT_BLOCK_GBPS, block_gbps_at
 from hccc.compiler.frontend.slice_policy import SlicePolicy
+from hccc.compiler.passes.slicing import CriticalPath, critical_path
 from hccc.util.plural import plural
 
 from hccc.runtime.sim_engine import F_RECV, F_REDUCE, F_SEND
@@ -97,8 +98,10 @@ class SimProgram:
     # :func:`_private_resources`), so the engine takes it as a cap on its flows' rates and leaves
     # it out of the sharing (see sim_engine._share)
     res_private: np.ndarray = None
-    # the program's slice policy (``ProgramIR.slice_policy``): what an "auto" slice follows
+    # the program's slice policy (``ProgramIR.slice_policy``) and critical path
+    # (:func:`hccc.compiler.passes.slicing.critical_path`): what an "auto" slice follows
     policy: SlicePolicy = SlicePolicy()
+    path: CriticalPath = CriticalPath.chain(1, 1)
 
     @property
     def ntbs(self) -> int:
@@ -277,7 +280,8 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
         link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
         link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
         p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
-        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy)
+        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy,
+        path=critical_path(ir))
 
 
 def _private_resources(res_cap: np.ndarray, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,

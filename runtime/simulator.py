@@ -11,8 +11,9 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   ``slice_bytes / element_bytes`` elements (possibly empty: empty slices still post their flags).
   A unit of work is one slice of one chunk of one primitive. The slice is a per-call choice up to
   the slot capacity the program was compiled with (``ProgramIR.chunk_bytes``): by default that
-  capacity, or with ``slice_bytes="auto"`` the size-aware policy of
-  :func:`hccc.compiler.passes.slicing.auto_slice_bytes` (what ``hccc sim`` and the benchmarks use).
+  capacity, or with ``slice_bytes="auto"`` the slice of the kernels' model that the launchers use
+  too (:func:`hccc.compiler.passes.slicing.auto_slice_bytes` with the program's critical path,
+  channels and policy; what ``hccc sim`` and the benchmarks use).
 * Connections are FIFOs of ``NSLOTS = 8`` slots. The k-th slot written on a connection is the k-th
   read; a sender blocks while 8 slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
@@ -46,7 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES, SLICE_ALIGN, SlicePolicy, auto_slice_bytes, slot_share_bytes
+from hccc.compiler.passes.slicing import (DEFAULT_SLOT_BYTES, SLICE_ALIGN, CriticalPath, SlicePolicy, auto_slice_bytes,
+                                          slot_share_bytes)
 from hccc.compiler.passes.schedule import step_schedule
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.pipeline.cost_model import ALLOCATION_SIZES, CostModel
@@ -226,19 +228,22 @@ def _deadlock_message(prog: SimProgram, tb_state, tb_wait, tb_pos, tb_m) -> str:
 
 
 def resolve_slice(slice_bytes, nbytes: int, nchunks: int, slot_bytes: int,
-                  element_bytes: int = DEFAULT_ELEMENT_BYTES, policy: SlicePolicy | None = None) -> int:
+                  element_bytes: int = DEFAULT_ELEMENT_BYTES, policy: SlicePolicy | None = None, *,
+                  path: CriticalPath | None = None, nchannels: int = 1) -> int:
     """The slice (bytes) one call uses: ``None`` = the slot capacity ``slot_bytes``, ``"auto"`` =
-    :func:`~hccc.compiler.passes.slicing.auto_slice_bytes` under the program's ``policy`` (hccc's
-    default when None), or an explicit positive number of bytes, which must fit a slot (the kernels
-    address slots with the slice as stride)."""
+    :func:`~hccc.compiler.passes.slicing.auto_slice_bytes` for a program of critical path ``path``
+    (required) and ``nchannels`` channels under its ``policy`` (hccc's default when None), with
+    ``slot_bytes`` as the share, or an explicit positive number of bytes, which must fit a slot
+    (the kernels address slots with the slice as stride)."""
     if slice_bytes is None:
         return int(slot_bytes)
     if isinstance(slice_bytes, str):
         if slice_bytes != "auto":
             raise ValueError(f"slice_bytes must be None, 'auto' or a number of bytes, not {slice_bytes!r}")
-        pol = policy or SlicePolicy()
-        return auto_slice_bytes(nbytes, nchunks, max(int(slot_bytes), SLICE_ALIGN), element_bytes,
-                                target=pol.micro_batches, min_slice=pol.min_slice)
+        if path is None:
+            raise ValueError("an 'auto' slice needs the program's critical path")
+        return auto_slice_bytes(nbytes, nchunks, max(int(slot_bytes), SLICE_ALIGN), element_bytes, path=path,
+                                nchannels=nchannels, policy=policy or SlicePolicy())
     v = int(slice_bytes)
     if v < 1:
         raise ValueError("slice_bytes must be positive")
@@ -317,7 +322,8 @@ def _call_geometry(prog: SimProgram, nbytes: int, slice_bytes, element_bytes: in
     comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
     share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
     slot = share if slice_bytes is None or isinstance(slice_bytes, str) else prog.chunk_bytes
-    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes, prog.policy), share)
+    slice_b = min(resolve_slice(slice_bytes, int(nbytes), prog.nchunks, slot, element_bytes, prog.policy,
+                                path=prog.path, nchannels=prog.nchannels), share)
     return geometry(int(nbytes), prog.nchunks, slice_b, element_bytes), slice_b
 
 
@@ -418,7 +424,8 @@ def _units(prog: SimProgram, nbytes: int) -> int:
     """Slices one :func:`simulate` of ``prog`` at ``nbytes`` processes (auto slice)."""
     comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
     share = slot_share_bytes(prog.chunk_bytes, int(prog.p_cnt[comm].max()) if comm.any() else 1)
-    slice_b = min(resolve_slice("auto", int(nbytes), prog.nchunks, share, policy=prog.policy), share)
+    slice_b = min(resolve_slice("auto", int(nbytes), prog.nchunks, share, policy=prog.policy, path=prog.path,
+                                nchannels=prog.nchannels), share)
     return int(prog.p_cnt.sum()) * geometry(int(nbytes), prog.nchunks, slice_b).nmb
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 import numpy as np
 
 
-def _note(comm, protos: list | None, epochs: list | None) -> None:
+def _note(comm, protos: list | None, epochs: list | None, slices: list | None = None) -> None:
     """After a call: the protocol it ran and why not the one asked for; its LL flag state (the
-    epoch the next LL call would get, the slot zeroings so far)."""
+    epoch the next LL call would get, the slot zeroings so far); its micro-batch slice."""
     if protos is not None:
         protos.append((comm.last_proto, comm.proto_note))
     if epochs is not None:
         epochs.append((comm.ll_epochs.next, comm.ll_epochs.zeroings))
+    if slices is not None:
+        slices.append(comm.last_slice_bytes)
 
 
-def _run_job(job: dict, protos: list | None = None, epochs: list | None = None):
+def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, slices: list | None = None):
     from hccc.compiler.ir.check import load_ir_json
     from hccc.runtime.communicator import Communicator
 
@@ -75,7 +77,7 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None):
                 block = out[job["rank"] * len(x):(job["rank"] + 1) * len(x)]
                 block[:] = x
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
-                _note(comm, protos, epochs)
+                _note(comm, protos, epochs, slices)
                 continue
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
@@ -86,7 +88,7 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None):
                 else:
                     res = getattr(comm, method)(x, out, **kwargs)
             outs.append(np.array(res, copy=True))
-            _note(comm, protos, epochs)
+            _note(comm, protos, epochs, slices)
     return outs
 
 
@@ -163,12 +165,12 @@ def _worker(conn) -> None:
         job = conn.recv()
         if job is None:
             return
-        protos, epochs = [], []
+        protos, epochs, slices = [], [], []
         try:
-            outputs = _run_job(job, protos, epochs)
+            outputs = _run_job(job, protos, epochs, slices)
             # per call: (the protocol it ran, why not the one asked for or None), (the next LL
-            # epoch, slot zeroings so far)
-            conn.send({"ok": True, "outputs": outputs, "protos": protos, "epochs": epochs,
+            # epoch, slot zeroings so far), its micro-batch slice
+            conn.send({"ok": True, "outputs": outputs, "protos": protos, "epochs": epochs, "slices": slices,
                        "resources": resources()})
         except BaseException as exc:   # reported to the test
             conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}",

@@ -39,8 +39,12 @@ def test_table_has_one_row_per_size(capsys):
     ref = simulate(ir, load_cluster(TOPO1), 64 << 20, slice_bytes="auto")
     assert float(fields[5]) == pytest.approx(ref.time_us, abs=0.01)
     assert float(fields[7]) == pytest.approx(ref.busbw_GBps, abs=0.01)
-    assert fields[9] == "256K" and int(fields[10]) == ref.micro_batches == 32  # slice column
-    assert rows[0].split()[9] == "64K"                                         # 1M: the 64K floor
+    # slice column: the model's slice for this program (CP(m) = 17, 19, 23, 35 units at m = 1, 2,
+    # 4, 8; 4 channels): 64M's 8 MiB chunks at the slot's 1 MiB (16 micro-batches would halve the
+    # parts but nearly double the units), 1M's 128 KiB chunks in two (two more units, half the
+    # bytes a unit)
+    assert fields[9] == "1M" and int(fields[10]) == ref.micro_batches == 8
+    assert rows[0].split()[9] == "64K"
     assert "state-based TBs" in out and "a100_topo1" in out and "slice per size" in out
     avg = out.splitlines()[-1]
     busbw = [float(r.split()[7]) for r in rows]
@@ -101,10 +105,15 @@ def test_json_schema_and_values(capsys):
     assert d["tb_idle_avg"] == d["results"][-1]["tb_idle_avg"]
     assert d["collective"] == "allreduce" and d["nranks"] == 8 and d["execution"] == "task"
     assert d["tbs_state_based"] <= d["tbs_connection_based"]
-    from hccc.compiler.passes.slicing import auto_slice_bytes
+    from hccc.compiler.passes.slicing import program_slice_bytes
+    from hccc.compiler.pipeline import load_program
     assert d["slice"] == "auto" and d["chunk_bytes"] == 1 << 20
-    assert [r["chunk_bytes"] for r in d["results"]] == [auto_slice_bytes(r["bytes"], 8) for r in d["results"]]
-    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 256 << 10, 1 << 20]
+    ir = load_program(HM_AR)
+    ir.nchannels = d["channels"]
+    assert [r["chunk_bytes"] for r in d["results"]] == [program_slice_bytes(ir, r["bytes"], 1 << 20)
+                                                        for r in d["results"]]
+    # the model's slices with the header's 4 channels: 128 KiB chunks in two, then the slot's share
+    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 1 << 20, 1 << 20]
     assert all(r["slot_bytes"] == 1 << 20 for r in d["results"])
 
 
@@ -127,13 +136,24 @@ def test_options(capsys, extra):
         assert d["dtype"] == "float16"
 
 
-def test_every_execution_gets_the_same_slice(capsys):
-    """The algorithm-level baseline and round-robin get the policy's slice too (fair comparison)."""
-    out = {}
+def test_every_execution_gets_its_programs_slice(capsys):
+    """Each program at the slice the launchers would give it (``program_slice_bytes``: the model
+    over its own critical path): the algorithm-level baseline's and round-robin's programs are
+    other programs than HPDS's, so their slices may differ (the comparison of schedules at one
+    slice: tests/test_sim_policy.py)."""
+    from hccc.cli import command_parser
+    from hccc.commands import sim as cmd
+    from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
+    from hccc.compiler.pipeline import read_cluster
+    sizes = [8 << 20, 64 << 20]
+    cluster = read_cluster(TOPO1)
     for extra in ([], ["--execution", "algorithm"], ["--scheduler", "rr"]):
         _, o, _ = sim(capsys, HM_AR, "--topology", TOPO1, "--sizes", "8M,64M", "--json", *extra)
-        out[tuple(extra)] = [r["chunk_bytes"] for r in json.loads(o)["results"]]
-    assert len(set(map(tuple, out.values()))) == 1 and out[()] == [64 << 10, 256 << 10]
+        args = command_parser("sim").parse_args([HM_AR, "--topology", TOPO1, "--sizes", "8M,64M", *extra])
+        ir, _, _ = cmd._load(args, HM_AR, args.scheduler[0], cluster, sizes)
+        share = slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)
+        assert [r["chunk_bytes"] for r in json.loads(o)["results"]] == \
+            [program_slice_bytes(ir, n, share) for n in sizes], extra
 
 
 def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
@@ -149,9 +169,11 @@ def test_ir_json_input(capsys, tmp_path):
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M,1G", "--json")
     assert rc == 0, err
     d = json.loads(out)
-    # the IR's 512 KiB slots bound the slice: 2 MiB chunks get 32 slices, 128 MiB chunks 256
+    # the IR's 512 KiB slots bound the slice: 2 MiB chunks in the model's 6 slices (one channel:
+    # a unit's part is the whole slice, and the program's fill pays for more than the 4 a full
+    # slot gives), 128 MiB chunks in 256
     assert d["chunk_bytes"] == 1 << 19
-    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 16, 32), (1 << 19, 256)]
+    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(349536, 6), (1 << 19, 256)]
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json", "--chunk-size", "1M")
     d = json.loads(out)
     assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2

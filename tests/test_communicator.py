@@ -264,6 +264,22 @@ def test_mismatched_calls_are_an_error_on_every_rank(pool):
         assert "every rank must make the same call" in rep["error"], rep["error"]
 
 
+def test_every_rank_cuts_a_call_as_the_launchers_rule_says(pool):
+    """Each rank's slice of a call (``last_slice_bytes``) is the one rule's
+    (``launch_slice_bytes``, which the Runner and the simulator follow too:
+    tests/test_slice_program_policy.py), under Simple and under LL (half the slot's share)."""
+    from hccc.runtime.launcher import launch_slice_bytes
+    ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
+    xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(2)]
+    calls = [[{"method": "all_reduce", "x": xs[r], "proto": proto} for proto in ("simple", "ll")] for r in range(2)]
+    want = [launch_slice_bytes(ir, 4000, 4, 64, proto) for proto in ("simple", "ll")]
+    assert want == [64, 32]
+    for rep in pool.run(ir.to_json(), 2, calls):
+        assert rep["ok"], rep.get("error")
+        assert [p for p, _ in rep["protos"]] == ["simple", "ll"] and rep["slices"] == want
+        assert all(np.array_equal(out, xs[0] + xs[1]) for out in rep["outputs"])
+
+
 @pytest.mark.slow   # 6.5 s: three communicators of two processes
 def test_bad_arrays_are_clear_errors(pool):
     ir = build_program(gen.ring_allgather(2), chunk_bytes=64)

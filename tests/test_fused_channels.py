@@ -168,7 +168,7 @@ def test_rendezvous_oracle_finds_a_cycle():
         assert_runs_to_completion(ir)
 
 
-@pytest.mark.parametrize("program", ["ring_broadcast_8", "hm_allreduce_2x4"])
+@pytest.mark.parametrize("program", ["recursive_doubling_allgather_8", "hm_allreduce_2x4"])
 def test_faster_fusion_keeps_fused_only_where_it_is_never_slower(program):
     from pathlib import Path
 
@@ -185,8 +185,10 @@ def test_faster_fusion_keeps_fused_only_where_it_is_never_slower(program):
                        <= simulate(plain, topo, s, slice_bytes="auto").time_s for s in ALLOCATION_SIZES)
     kept = faster_fusion(alg, topo, plain, fused)
     assert (kept is fused) == never_slower and kept.stats["fusion_kept"] == never_slower
-    # both outcomes occur on these two programs (ring broadcast: a tie, fused kept)
-    assert never_slower == (program == "ring_broadcast_8")
+    # both outcomes occur on these two programs (recursive doubling: a tie, fused kept; each program
+    # runs at its own model slice, so ring broadcast's fused program, whose chain is shorter and
+    # whose slices are larger, no longer ties at 64 MiB in the link model)
+    assert never_slower == (program == "recursive_doubling_allgather_8")
 
 
 def test_compile_fuse_option(tmp_path):

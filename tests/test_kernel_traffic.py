@@ -7,6 +7,7 @@ own independent count of sent bytes (benchmarks/gpu_busbw.py bytes_moved).
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,51 @@ def test_ll_auto_threshold_is_the_model_crossover():
     ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
     kw = dict(latency_ns=700, hbm_gbs=3000, sms=model.H100_SMS, launch_us=5.0, ll_sync_us=0.2)
     assert model.ll_crossover(ir, **kw) == abi.LL_AUTO_MAX_BYTES
+
+
+def test_kernel_model_v4_terms(monkeypatch):
+    """v4 (a design, every cost a constant of compiler/passes/slicing.py): the slice is the
+    launchers'; the fill is the critical path's units beyond its whole runs at a unit's full cost
+    and bytes; a block's steady time is the longer of its units' costs and its loads (the sync warp
+    off the data path), not their sum; LL moves half its bandwidth as data in 16-byte lines of 8;
+    the constants move the rows; the table and JSON print them."""
+    model = _script("kernel_model")
+    from hccc.compiler.passes import slicing
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime.launcher import launch_slice_bytes
+    kw = dict(hbm_gbs=3000, sms=132, launch_us=5.0)
+    ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
+    small = model.v4(ir, 4 << 10, **kw)
+    prog = with_channels(ir, small["channels"])
+    assert small["slice"] == launch_slice_bytes(prog, 4 << 10, 4, prog.chunk_bytes, "simple")
+    part = 16 * -(-(small["slice"] // 16) // small["channels"])
+    cp = slicing.critical_path(prog)
+    assert small["fill_us"] == pytest.approx(cp.fill(small["micro_batches"]) * (
+        slicing.UNIT_SECONDS + part / slicing.BLOCK_BYTES_PER_SECOND) * 1e6, rel=1e-9)
+    # 4 KiB: its units bound the blocks (14 primitives, one micro-batch, 0.5 us each)
+    assert small["limit"] == "blocks" and small["sync_bound"]
+    assert small["block_us"] == pytest.approx(14 * 0.5, rel=1e-9)
+    assert small["time_us"] == pytest.approx(5.0 + small["fill_us"] + small["block_us"], rel=1e-9)
+    # 1 GiB: HBM-bound; its blocks' loads outlast their units, which the sync warp hides
+    big = model.v4(ir, 1 << 30, **kw)
+    assert big["limit"] == "HBM" and not big["sync_bound"] and 0.9 < big["of_hbm_bound"] <= 1.0
+    units = 14 * big["micro_batches"] * slicing.UNIT_SECONDS * 1e6
+    assert units < big["block_us"] < units + big["block_us"]           # max, not the sum
+    ll = model.v4(ir, 4 << 10, proto="ll", **kw)
+    assert ll["block_gbs"] == pytest.approx(small["block_gbs"] * slicing.LL_DATA_FRACTION)
+    assert ll["unit_us"] == pytest.approx(slicing.LL_UNIT_SECONDS * 1e6) and ll["time_us"] < small["time_us"]
+    assert ll["hbm_per_byte"] > small["hbm_per_byte"]                   # slot bytes twice over
+    cross = model.v4_ll_crossover(ir, **kw)
+    assert 4 << 10 <= cross < 1 << 30
+    assert model.v4(ir, 2 * cross, proto="ll", **kw)["time_us"] >= model.v4(ir, 2 * cross, **kw)["time_us"]
+    monkeypatch.setattr(slicing, "UNIT_SECONDS", 2 * slicing.UNIT_SECONDS)   # one constant, read where it is
+    assert model.v4(ir, 4 << 10, **kw)["block_us"] == pytest.approx(2 * small["block_us"], rel=1e-9)
+    monkeypatch.undo()
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "4K", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["v4"]["unit_us"] == pytest.approx(0.5) and d["v4"]["measured"] is False
+    assert {r["design"] for r in d["v4_rows"]} == {"v4 simple (model)", "v4 ll (model)"}
+    assert d["predictions"]["v4_ll_crossover_bytes"] == cross

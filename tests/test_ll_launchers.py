@@ -168,11 +168,14 @@ def _allreduce_calls(n_ranks, counts_protos, seed=0):
 
 
 def _run_allreduces(pool, ir, plan, protos):
+    from hccc.runtime.launcher import launch_slice_bytes
     calls, wants = _allreduce_calls(ir.nranks, plan)
     replies = pool.run(ir.to_json(), ir.nranks, calls)
     for r, rep in enumerate(replies):
         assert rep["ok"], f"rank {r}: {rep['error']}\n{rep.get('trace', '')}"
         assert [p for p, _ in rep["protos"]] == protos
+        assert rep["slices"] == [launch_slice_bytes(ir, 4 * count, 4, ir.chunk_bytes, proto)
+                                 for (count, _, _), proto in zip(plan, protos)]
         assert all(note is None for _, note in rep["protos"])
         for k, (got, want) in enumerate(zip(rep["outputs"], wants)):
             assert np.array_equal(got, want), f"rank {r}, call {k} ({plan[k]})"

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.passes.slicing import auto_slice_bytes
 from hccc.runtime.kernel_abi import Args
+from hccc.runtime.launcher import launch_slice_bytes
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda
@@ -906,7 +906,7 @@ def test_fake_platform_under_the_launcher(nvcc):
         for raw in rank_args:
             a = Args.from_buffer_copy(raw)
             assert a.count == 8 * 1024 and a.timeout == int(2.0 * 1e6 * pf.ticks_per_us)
-            assert a.slice_bytes == auto_slice_bytes(8 * 1024 * 4, ir.nchunks, ir.chunk_bytes)
+            assert a.slice_bytes == launch_slice_bytes(ir, 8 * 1024 * 4, 4, ir.chunk_bytes, "simple")
             for ptr in (a.send_conns, a.recv_conns, a.progress, a.error):
                 fake._find(ptr, 8)          # inside an allocation the runner still holds
             # the abort flag is pinned, mapped host memory (the host raises it with a plain store)

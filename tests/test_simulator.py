@@ -426,8 +426,8 @@ def test_simulate_sizes_is_deterministic_and_monotone_in_size():
     assert [x.time_s for x in a] == [x.time_s for x in b]
     assert all(x.time_s < y.time_s for x, y in zip(a, a[1:]))
     # the slice follows the size (auto policy) up to the 1 MiB slots
-    from hccc.compiler.passes.slicing import auto_slice_bytes
-    assert [x.slice_bytes for x in a] == [auto_slice_bytes(s, 8, MiB) for s in sizes]
+    from hccc.compiler.passes.slicing import program_slice_bytes
+    assert [x.slice_bytes for x in a] == [program_slice_bytes(ir, s, MiB) for s in sizes]
     assert [x.micro_batches for x in a] == [geometry(s, 8, x.slice_bytes).nmb for s, x in zip(sizes, a)]
     fixed = simulate_sizes(ir, topo, sizes, slice_bytes=None)
     assert [x.micro_batches for x in fixed] == [geometry(s, 8, MiB).nmb for s in sizes]

@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from hccc.cli import main
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.passes import slicing
-from hccc.compiler.passes.slicing import (MIN_SLICE_BYTES, TARGET_MICRO_BATCHES, SlicePolicy, busiest_slots,
-                                          thin_policies, thin_policy)
+from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES
+from hccc.compiler.passes.slicing import (SlicePolicy, busiest_slots, critical_path, slot_share_bytes, thin_policies,
+                                          thin_policy)
+import slice_oracle as oracle
 from hccc.compiler.pipeline import load_cluster, load_program
 from hccc.commands.synth import THIN_GAIN, THIN_SLICES_BELOW
 
@@ -50,7 +52,7 @@ def test_the_header_policy_reaches_the_program_and_its_json(tmp_path):
     back = ProgramIR.decode_json(ir.to_json())
     assert back.slice_policy == SlicePolicy(128, 16384)
     plain = _program(tmp_path, _ring_text(4), "q.rccl")
-    assert plain.slice_policy == SlicePolicy(TARGET_MICRO_BATCHES, MIN_SLICE_BYTES)
+    assert plain.slice_policy == SlicePolicy(DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES) == SlicePolicy(1, 16)
     assert "slicing" not in json.loads(plain.to_json())          # default: the JSON as before
     assert ProgramIR.decode_json(plain.to_json()).slice_policy.is_default
 
@@ -91,14 +93,47 @@ def test_the_simulator_follows_the_programs_policy(tmp_path):
     topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
     thin = _program(tmp_path, _ring_text(8, ", nMicroBatches=128, MinSliceBytes=16384"), "thin.rccl")
     plain = _program(tmp_path, _ring_text(8), "plain.rccl")
-    size = 8 * MiB                     # 1 MiB chunks: 64 KiB slices by default (the floor), 16 KiB here
+    # 1 MiB chunks: by default the model's 512 KiB (a ring's fill is one unit from two
+    # micro-batches on: CP(m) = 8 m + 1), here at least 128 micro-batches down to 16 KiB
+    size = 8 * MiB
     a = simulate(plain, topo, size, slice_bytes="auto")
     b = simulate(thin, topo, size, slice_bytes="auto")
-    assert (a.slice_bytes, a.micro_batches) == (64 * KiB, 16)
+    assert (a.slice_bytes, a.micro_batches) == (512 * KiB, 2)
     assert (b.slice_bytes, b.micro_batches) == (16 * KiB, 64)
     # the same as the default program given that slice by hand: the policy only picks the slice
     assert simulate(plain, topo, size, slice_bytes=16 * KiB).time_s == b.time_s
     assert b.stats["instants"] > a.stats["instants"]
+
+
+def _mesh(n: int):
+    from hccc.compiler.cluster.topo_parser import parse_topology
+    links = ", ".join(f"(({u},{v}) -> (25,2))" for u in range(n) for v in range(n) if u != v)
+    return parse_topology(f"define nodenum = 1\ndefine node1 = {n}\ndefine bandwidth = {{direct => [{links}]}}\n",
+                          "mesh.topo")
+
+
+def _launchers_agree(runner, ir, counts) -> None:
+    """The Runner's launches, the one rule (``launch_slice_bytes``, which the Communicator calls)
+    and the simulator give a call the same slice: Simple, and under LL (no simulator) a slice
+    within LL's share, never larger than Simple's; with 2 channels too (the rule and the
+    simulator)."""
+    from hccc.compiler.backend import abi
+    from hccc.compiler.passes.channels import with_channels
+    from hccc.runtime.launcher import launch_slice_bytes
+    from hccc.runtime.simulator import simulate
+    topo = _mesh(ir.nranks)
+    share = slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)
+    for count in counts:
+        simple = runner.run(count=count, proto="simple")
+        ll = runner.run(count=count, proto="ll")
+        assert simple.ok and ll.ok and (simple.proto, ll.proto) == ("simple", "ll")
+        assert simple.slice_bytes == launch_slice_bytes(ir, 4 * count, 4, ir.chunk_bytes, "simple")
+        assert simple.slice_bytes == simulate(ir, topo, 4 * count, slice_bytes="auto").slice_bytes
+        assert ll.slice_bytes == launch_slice_bytes(ir, 4 * count, 4, ir.chunk_bytes, "ll")
+        assert ll.slice_bytes <= min(simple.slice_bytes, abi.ll_share_bytes(share))
+        two = with_channels(ir, 2)
+        assert launch_slice_bytes(two, 4 * count, 4, two.chunk_bytes, "simple") == \
+            simulate(two, topo, 4 * count, slice_bytes="auto").slice_bytes
 
 
 def test_the_emulated_launch_follows_the_programs_policy(tmp_path):
@@ -117,6 +152,7 @@ def test_the_emulated_launch_follows_the_programs_policy(tmp_path):
         res = runner.run(count=count)
         assert res.ok
         assert res.slice_bytes == 64     # ceil(400 / 8) = 50 -> 64 (16-byte multiples), above the floor
+        _launchers_agree(runner, ir, [count, 3 * 1000, 3 * 5])
     path.write_text(_ring_text(3))
     plain = build_program(load_algorithm(str(path)), chunk_bytes=1024)
     with Runner(plain, "cpu", "float32", "sum", nthreads=2) as runner:
@@ -126,16 +162,18 @@ def test_the_emulated_launch_follows_the_programs_policy(tmp_path):
 
 # ----------------------------------------------------------------------------- the rule synth applies
 def _slots_oracle(ir, policy: SlicePolicy, nbytes: int) -> int:
-    """Primitives of the busiest (rank, tb), counted by hand, times the micro-batches a chunk gets."""
+    """Primitives of the busiest (rank, tb), counted by hand, times the micro-batches a chunk gets
+    (counted as tests/slice_oracle.py counts them) at the slice the policy picks within
+    ``policy``'s bounds (that pick is checked against its oracle in tests/test_slice_model.py)."""
     per_tb: dict = {}
     for r, t in zip(ir.prims["rank"].tolist(), ir.prims["tb"].tolist()):
         per_tb[(r, t)] = per_tb.get((r, t), 0) + 1
-    chunk = -(-(nbytes // 4) // ir.nchunks) * 4
     share = (ir.chunk_bytes // ir.max_step_chunks) // 16 * 16
-    want = -(-(-(-chunk // policy.micro_batches)) // 16) * 16
-    floor = min(-(-policy.min_slice // 16) * 16, -(-chunk // 16) * 16)
-    sl = min(share, max(want, floor))
-    return max(per_tb.values()) * max(1, -(-(chunk // 4) // (sl // 4)))
+    sl = slicing.auto_slice_bytes(nbytes, ir.nchunks, share, 4, path=critical_path(ir), nchannels=ir.nchannels,
+                                  policy=policy)
+    lo, hi = oracle.bounds(nbytes, ir.nchunks, share, 4, policy.micro_batches, policy.min_slice)
+    assert lo <= sl <= hi
+    return max(per_tb.values()) * oracle.micro_batches(nbytes, ir.nchunks, sl, 4)
 
 
 @given(nbytes=st.integers(1 << 20, 1 << 32), seconds=st.floats(1e-5, 1.0))
@@ -146,10 +184,10 @@ def test_thin_policy_is_what_the_slot_budget_affords(tmp_path_factory, nbytes, s
     got = thin_policy(ir, nbytes, seconds, ir.chunk_bytes)
     for p in thin_policies():
         assert busiest_slots(ir, p, nbytes, ir.chunk_bytes) == _slots_oracle(ir, p, nbytes)
-        affordable = _slots_oracle(ir, p, nbytes) * slicing.THIN_SLOT_SECONDS <= slicing.THIN_SLOT_SHARE * seconds
+        affordable = _slots_oracle(ir, p, nbytes) * slicing.UNIT_SECONDS <= slicing.THIN_SLOT_SHARE * seconds
         assert (p in got) == affordable
     assert got == [p for p in thin_policies() if p in got]                # smallest slice first
-    assert all(p.min_slice < MIN_SLICE_BYTES and not p.is_default for p in got)
+    assert all(p in slicing.THIN_POLICIES and not p.is_default for p in got)
     # a longer call affords at least as much
     assert set(got) <= set(thin_policy(ir, nbytes, 2 * seconds, ir.chunk_bytes))
 
@@ -163,23 +201,29 @@ def _synth(tmp_path, capsys, name: str) -> tuple[dict, Path]:
 
 
 def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_path, capsys, monkeypatch):
-    """At 16 MiB the tree program's chunks are 64 KiB, one slice each at hccc's default: a
-    pipeline fill the size cannot hide (0.976 of the bound). Its thread blocks cannot afford
-    smaller slices at the slot cost assumed (a microsecond a slot: 256 slots on the busiest thread
-    block at 16 KiB, 128 at 32 KiB, in a call of 170 us), so the default stands; with slots made
-    free the smallest slice is simulated, found faster and written into the header, and the
-    fraction reported is what the written program simulates at."""
+    """At 16 MiB the tree program's chunks are 64 KiB, one slice each by the model (a unit costs
+    as much as moving 50 KB, and the trees' fill is a few units): a pipeline fill the size cannot
+    hide. Where the units of smaller slices are not affordable (the share they may take of the
+    call made tiny), the default stands; at UNIT_SECONDS they are (132 units on the busiest thread
+    block at 16 KiB, 66 us of a 170 us call, within THIN_SLOT_SHARE), so the smallest slices are
+    simulated, found faster and written into the header, and the fraction reported is what the
+    written program simulates at."""
     from hccc.runtime.simulator import simulate
     topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
-    plain, out = _synth(tmp_path, capsys, "plain")
-    assert plain["slicing"] == {"micro_batches": TARGET_MICRO_BATCHES, "min_slice_bytes": MIN_SLICE_BYTES}
+    with monkeypatch.context() as m:
+        m.setattr(slicing, "THIN_SLOT_SHARE", 1e-6)                    # no smaller slices affordable
+        plain, out = _synth(tmp_path, capsys, "plain")
+    assert plain["slicing"] == {"micro_batches": DEFAULT_MICRO_BATCHES, "min_slice_bytes": DEFAULT_MIN_SLICE_BYTES}
     assert "nMicroBatches" not in out.read_text()
     assert plain["fraction_of_bound"] < THIN_SLICES_BELOW       # so smaller slices were considered
-    monkeypatch.setattr(slicing, "THIN_SLOT_SECONDS", 1e-12)
     thin, out2 = _synth(tmp_path, capsys, "thin")
-    assert thin["slicing"] == {"micro_batches": TARGET_MICRO_BATCHES * 4, "min_slice_bytes": 16 * KiB}
+    assert thin["slicing"] == {"micro_batches": 128, "min_slice_bytes": 16 * KiB}
     assert "nMicroBatches=128, MinSliceBytes=16384" in out2.read_text()
     assert thin["fraction_of_bound"] > plain["fraction_of_bound"] * (1 + THIN_GAIN)
+    prog = load_program(str(out2))
+    prog.nchannels = thin["channels"]
+    assert slicing.busiest_slots(prog, prog.slice_policy, 16 * MiB, prog.chunk_bytes) * slicing.UNIT_SECONDS <= \
+        slicing.THIN_SLOT_SHARE * thin["bandwidth_bound"]["seconds"] / plain["fraction_of_bound"]
     for got, path in ((plain, out), (thin, out2)):
         prog = load_program(str(path))
         prog.nchannels = got["channels"]          # the header's nChannels, as hccc sim takes it
@@ -203,7 +247,7 @@ def test_a_thin_simulation_that_would_outlast_the_limit_is_not_started(monkeypat
     from hccc.util import clock
     topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
     result = synthesize(topo, "allgather", method="trees", time_limit=60, bandwidth_bound_bytes=16 * MiB)
-    monkeypatch.setattr(slicing, "THIN_SLOT_SECONDS", 1e-12)            # every policy affordable
+    monkeypatch.setattr(slicing, "THIN_SLOT_SHARE", 1e12)               # every policy affordable
     bound = {"seconds": float(result.detail["cut_bound_seconds"])}
 
     class Phase:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.compiler.frontend.collectives import Collective  # re-exported: the collectives' home
-from hccc.compiler.frontend.slice_policy import MIN_SLICE_BYTES, TARGET_MICRO_BATCHES
+from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES
 from hccc.util.diagnostics import Location
 
 # Transfer operations (values of Algorithm.op).
@@ -53,8 +53,8 @@ class Header:
     location: Location | None = None  # where the header is, for whole-program diagnostics
     root: int = 0                # Broadcast / Reduce root (Root); 0 and unused for the others
     chunks_per_rank: int = 1     # nChunksPerRank: chunks each rank owns (nchunks = nranks * this)
-    micro_batches: int = TARGET_MICRO_BATCHES   # nMicroBatches: the slice policy (compiler/passes/slicing.py)
-    min_slice_bytes: int = MIN_SLICE_BYTES       # MinSliceBytes: the slice policy's least slice
+    micro_batches: int = DEFAULT_MICRO_BATCHES   # nMicroBatches: the slice policy (compiler/frontend/slice_policy.py)
+    min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES   # MinSliceBytes: the slice policy's least slice
 
     @property
     def nchunks(self) -> int:

@@ -28,7 +28,7 @@ from lark.lexer import BasicLexer, PatternStr, UnlessCallback
 
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
-from hccc.compiler.frontend.slice_policy import MIN_SLICE_BYTES, SLICE_ALIGN, TARGET_MICRO_BATCHES, SlicePolicy
+from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.util.limits import check_source_lines
 
@@ -423,8 +423,8 @@ _PARAMS = {
     "NICPerNode": ("int", False, 0),
     "Root": ("int", False, 0),            # extension: Broadcast / Reduce root
     "nChunksPerRank": ("int", False, 1),  # extension: chunks each rank owns (nChunks = nRanks * this)
-    "nMicroBatches": ("int", False, TARGET_MICRO_BATCHES),  # extension: the slice policy's micro-batches per chunk
-    "MinSliceBytes": ("int", False, MIN_SLICE_BYTES),       # extension: the slice policy's least slice (bytes)
+    "nMicroBatches": ("int", False, DEFAULT_MICRO_BATCHES),   # extension: the slice policy's least micro-batches per chunk
+    "MinSliceBytes": ("int", False, DEFAULT_MIN_SLICE_BYTES),  # extension: the slice policy's least slice (bytes)
 }
 _PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0,
               "nChunksPerRank": 1, "nMicroBatches": 1, "MinSliceBytes": SLICE_ALIGN}
@@ -527,8 +527,8 @@ class _Builder:
             what = "nRanks**3 * nChunksPerRank (AllToAll)" if coll.blockwise else "nRanks * nChunksPerRank"
             raise CompileError.at(where, f"{what} must be at most "
                                          f"{MAX_CHUNKS * (4 if coll.blockwise else 1)}")
-        policy = SlicePolicy(seen.get("nMicroBatches", TARGET_MICRO_BATCHES),
-                             seen.get("MinSliceBytes", MIN_SLICE_BYTES))
+        policy = SlicePolicy(seen.get("nMicroBatches", DEFAULT_MICRO_BATCHES),
+                             seen.get("MinSliceBytes", DEFAULT_MIN_SLICE_BYTES))
         for pname, one in (("nMicroBatches", SlicePolicy(micro_batches=policy.micro_batches)),
                            ("MinSliceBytes", SlicePolicy(min_slice=policy.min_slice))):
             if pname in params:          # each checked alone, so the error points at its value

@@ -61,8 +61,8 @@ import numpy as np
 
 from hccc.compiler.frontend.collectives import NAMES, SPECS
 from hccc.compiler.ir.sort_order import lexsort
-from hccc.compiler.frontend.slice_policy import (MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, MIN_SLICE_BYTES, SLICE_ALIGN,
-                                                 TARGET_MICRO_BATCHES, SlicePolicy)
+from hccc.compiler.frontend.slice_policy import (DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES, MAX_MICRO_BATCHES,
+                                                 MAX_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy)
 
 SCHEMA = "hccc.program/2"
 #: schemas of earlier versions, refused on load with a hint (what changed since)
@@ -172,8 +172,8 @@ class ProgramIR:
     stats: dict = field(default_factory=dict)
     root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
     nchannels: int = 1         # blocks (replicas) per TB: each moves its part of every slice
-    micro_batches: int = TARGET_MICRO_BATCHES   # the slice policy (compiler/passes/slicing.py):
-    min_slice_bytes: int = MIN_SLICE_BYTES       # micro-batches per chunk aimed at, least slice
+    micro_batches: int = DEFAULT_MICRO_BATCHES      # the slice policy (compiler/frontend/slice_policy.py):
+    min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES  # least micro-batches per chunk, least slice
 
     @property
     def slice_policy(self) -> SlicePolicy:

@@ -143,8 +143,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "GPU, 2 on the CPU)")
     parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S", help="input data seed")
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
-                        help="micro-batch slice per launch (auto: sized for each size so a "
-                             "chunk gets about 32 micro-batches, at most the compiled --chunk-size)")
+                        help="micro-batch slice per launch (auto: for each size the slice of least "
+                             "modelled time, a unit's fixed cost against the pipeline's fill, within "
+                             "the program's nMicroBatches and MinSliceBytes, at most the slots' share)")
     parser.add_argument("--proto", choices=("auto", "simple", "ll"), default="simple",
                         help="FIFO protocol per size: simple (data in the slot, one flag per message), "
                              "ll (low latency: 4 data bytes and a flag in each 8-byte line, half-size "

@@ -16,10 +16,11 @@ out-of-place runs, so there is one column group. With ``--json`` (one run; sever
      "chunk_bytes": ..., "slice": "auto" | "fixed",
      "tbs_per_rank_max": ..., "tb_idle_avg": ..., "tb_idle_max": ..., ...}
 
-where the top-level idle ratios are those of the largest size. The micro-batch slice follows the
-size under the program's slice policy (hccc's default, or its header's ``nMicroBatches`` and
-``MinSliceBytes``: :func:`hccc.compiler.passes.slicing.program_slice_bytes`), up to the FIFO slot
-capacity (1 MiB, or a given IR's ``chunk_bytes``); each result records the slice it used as ``chunk_bytes`` and the
+where the top-level idle ratios are those of the largest size. The micro-batch slice is the one
+the launchers give each call of the program (the kernels' model over the program's critical path
+and channels, within its header's ``nMicroBatches`` and ``MinSliceBytes``:
+:func:`hccc.compiler.passes.slicing.program_slice_bytes`; so the programs of other schedulers or of
+the algorithm-level baseline may get other slices), up to the FIFO slot capacity (1 MiB, or a given IR's ``chunk_bytes``); each result records the slice it used as ``chunk_bytes`` and the
 top-level ``chunk_bytes`` is the slot capacity. ``--chunk-size B`` fixes slot and slice to ``B``
 for every size (``"slice": "fixed"``). ALGO is a ``.rccl`` algorithm
 (verified, then scheduled and lowered with the given options by the compiler's own passes, as

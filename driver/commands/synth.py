@@ -420,8 +420,9 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                      f"confirmed by simulation ({why})")
     if not result.slice_policy.is_default:
         pol = result.slice_policy
-        extra.append(f"slices: {pol.micro_batches} micro-batches per chunk, at least {format_size(pol.min_slice)} "
-                     f"(nMicroBatches, MinSliceBytes): thin streams, whose pipelines fill faster in smaller slices")
+        extra.append(f"slices: at least {pol.micro_batches} micro-batches per chunk, none below "
+                     f"{format_size(pol.min_slice)} (nMicroBatches, MinSliceBytes): thin streams, whose pipelines "
+                     "fill faster in smaller slices")
     if fraction is not None:
         extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
                      f"{fraction:.4f} of the cut bound")
