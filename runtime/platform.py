@@ -176,9 +176,11 @@ class Platform(abc.ABC):
     def least_block_threads(self, flavour: str) -> int:
         """The fewest threads per block a kernel of ``flavour`` (``"cuda"``, ``"hip"``) may be
         launched with here, when too many blocks would otherwise not be resident at once: a warp
-        (a wavefront) on a GPU; the CPU emulation runs any count."""
+        on an NVIDIA GPU (its lane 0 waits and posts, the other lanes move data); two wavefronts
+        on AMD, whose lanes cannot wait for each other (a sync wave and a data wave); the CPU
+        emulation runs any count."""
         from hccc.compiler.backend.codegen import WARP_SIZE
-        return int(WARP_SIZE.get(flavour, 1))
+        return int(WARP_SIZE.get(flavour, 1)) * (2 if flavour == "hip" else 1)
 
     # ---------------------------------------------------------------- devices (one rank per GPU)
     def device_count(self) -> int:
