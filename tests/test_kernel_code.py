@@ -1,17 +1,30 @@
 """The compiled kernels, inspected: what the protocol promises for speed and for correctness on real
-hardware shows in the code nvcc (PTX, sm_90) and hipcc (gfx90a assembly) emit.
+hardware shows in the code nvcc (PTX and SASS, sm_90) and hipcc (gfx90a and gfx1030 assembly) emit.
 
-- Copy/reduce loops: every unrolled loop of ``hccc_prim`` (and of the engine it calls) issues at least 4 independent 16-byte
+Every kernel runs one engine per (dtype, op): ``hccc_run`` (hccc_prims.h), which calls nothing on
+its per-unit path but the once-per-primitive ``hccc_sprim_load``, the once-per-block
+``hccc_launch_init`` and, on a timeout, ``hccc_report_stuck``.
+
+- Copy/reduce loops (in ``hccc_run``): every unrolled loop issues at least 4 independent 16-byte
   global loads (``ld.global.*.v4`` / ``global_load_dwordx4``, at least 4 outstanding at once)
-  before its first store; 16-byte data accesses never use generic/flat addressing; on gfx90a no
-  copy loop touches scratch (spills).
+  before its first store; 16-byte data accesses never use generic/flat addressing; on AMD no copy
+  loop touches scratch (spills).
 - fp16 / bf16 reductions use packed instructions (``add/max/min.f16x2``, ``.bf16x2``;
   ``v_pk_add/max/min_f16``) and no element-wise float conversion in the unrolled loops; gfx90a,
   which has no bf16 arithmetic, reduces bf16 pairs with shifts and float math (no conversion
   calls, no branches: the loops stay short).
-- Sync: no sequentially consistent fence (``membar``, ``fence.sc``) anywhere in the hot path;
-  single-GPU builds have no system-scope fence or release at all (gfx90a: no L2 writeback /
-  invalidate); the spin loops poll without fences, acquire once after them, and sleep on gfx90a.
+- The per-unit path: no call (PTX and SASS) but the three above, and no 64-bit division (PTX
+  ``div/rem.u64``, SASS calls of ``__cuda_sm20_div/rem``).
+- Sync: the data threads and the sync lane meet at named barriers (``bar.sync`` / ``bar.arrive``),
+  never at a block-wide barrier inside a loop; no sequentially consistent fence; on sm_90 the
+  acquire and release fences are ``fence.acquire`` / ``fence.release`` (no full ``fence.acq_rel``),
+  at GPU scope only in single-GPU builds (no system-scope fence, flag load or flag store there: only
+  the abort flag and the error record, which the host reads, stay at system scope); the flags are
+  relaxed stores after a release fence (no release store); the spin loops poll without fences; no
+  fence or atomic in a copy loop; an LL line is one 16-byte volatile access.
+- AMD: the release of a unit is the L2 writeback only across GPUs (none in single-GPU builds), the
+  spin loops sleep; gfx1030 (RDNA, wave32) builds with the compiler's wavefront size (32) and waits
+  for its stores (``s_waitcnt_vscnt``) before every barrier.
 - Timeouts read the global timers (``%globaltimer``, ``s_memrealtime``), never per-SM clocks.
 
 The loop structure is recovered from the assembly (labels and backward branches), independently
@@ -217,17 +230,11 @@ def compiled(sources, platform: str, single_gpu: bool) -> str:
 
 
 def prim_of(sources, platform: str, dtype: str, op: str, single_gpu: bool = False) -> list[str]:
-    """Lines of hccc_prim<T, RED> for (dtype, op) and of the data path of a unit it calls
-    (hccc_unit_data), followed by those of the copy / reduce engine's functions (CUDA builds keep
-    hccc_combine out of line, HCCC_ENGINE)."""
+    """Lines of the engine ``hccc_run<T, RED, hccc_program>`` for (dtype, op): the data threads'
+    loop with the copy / reduce engine inlined, the sync lane's loop."""
     funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
     code = f"{TYPE_CODE[platform][dtype]}Li{OPS.index(op)}E"
-    lines = list(function(funcs, f"hccc_primI{code}E")) + list(function(funcs, f"hccc_unit_dataI{code}E"))
-    engine = f"hccc_combineI{code}"
-    for name in sorted(funcs):
-        if engine in name:
-            lines += funcs[name]
-    return lines
+    return list(function(funcs, f"hccc_runI{code}12hccc_program"))
 
 
 FLAVOUR = {"cuda": "ptx", "hip": "amd"}
@@ -267,9 +274,11 @@ def test_16_byte_accesses_are_global_not_generic(sources, platform):
         assert not re.search(r"\b(?:ld|st)(?:\.(?:cg|cs|volatile|weak))*\.v4\.", prim), "generic 16-byte access"
     else:
         assert prim.count("global_load_dwordx4") >= 16
-        # (flat 16-byte loads elsewhere read the kernel's own argument structures)
+        # (flat 16-byte loads elsewhere read the program's and the connections' structures): the
+        # loops that move data store 16-byte vectors, all of them through global addressing
         for body in loops(prim_of(sources, "hip", "float32", "sum"), innermost=True):
-            assert not any(re.search(r"\bflat_(?:load|store)_dwordx4\b", x) for x in body)
+            if any(re.search(r"\b(?:global|flat)_store_dwordx4\b", x) for x in body):
+                assert not any(re.search(r"\bflat_(?:load|store)_dwordx4\b", x) for x in body)
 
 
 def test_gfx90a_copy_loops_do_not_spill(sources):
@@ -311,190 +320,199 @@ def test_gfx90a_half_reductions_are_packed(sources, op, ins):
 
 
 # ---------------------------------------------------------------------------------- sync
-def _hot(sources, platform, single_gpu):
-    """(the primitive with its unit functions -- wait, data, arrival and posting --, the wait)."""
-    funcs = functions(compiled(sources, platform, single_gpu), FLAVOUR[platform])
-    unit = [x for part in ("hccc_unit_waitIfE", "hccc_unit_arriveIfE", "hccc_wait_posted")
-            for x in function(funcs, part)]
-    return prim_of(sources, platform, "float32", "sum", single_gpu) + unit, function(funcs, "hccc_wait_geq")
+PTX_BLOCK_BARRIER = re.compile(r"\b(?:bar|barrier)(?:\.cta)?\.(?:sync|red|arrive)(?:\.aligned)?\s+0\b|\bbar\.sync\s+0;|\b__syncthreads\b")
+PTX_FENCE = re.compile(r"\b(?:fence|membar)\b")
+PTX_ATOMIC = re.compile(r"\batom\.|\bred\.")
 
 
-def test_cuda_hot_path_has_no_sequentially_consistent_fence(sources):
-    """No sequentially consistent fence; the waits poll with no fence (the unit acquires once
-    after them, in hccc_unit_wait) and a unit's posts are relaxed stores after one acq_rel fence;
-    system scope only where ranks may span GPUs."""
-    for single in (False, True):
-        prim, wait = _hot(sources, "cuda", single)
-        text = "\n".join(prim + wait)
-        assert not re.search(r"\bmembar\b|\bfence\.sc\b", text)
-        scope = "gpu" if single else "sys"
-        assert not re.search(r"\bfence\b", "\n".join(wait)), "a fence in the wait: the unit acquires once"
-        funcs = functions(compiled(sources, "cuda", single), "ptx")
-        unit_wait = "\n".join(function(funcs, "hccc_unit_waitIfE"))
-        assert re.search(rf"\bfence\.acq_rel\.{scope}\b", unit_wait), "no acquire after the waits"
-        assert re.search(rf"\bst\.relaxed\.{scope}\.global\.u64\b", "\n".join(prim)), "posts are not flag stores"
-        assert not re.search(r"\bst\.release\.\w+\.global\b", text), "a release store: a fence each"
-        if single:
-            assert not re.search(r"\b(?:fence|membar)[.\w]*\.sys\b|\bst\.(?:release|relaxed)\.sys\b", text), \
-                "system scope in a single-GPU build"
+def _engine(sources, platform="cuda", single=False):
+    return prim_of(sources, platform, "float32", "sum", single)
 
 
-def test_cuda_spin_loop_polls_relaxed_without_fences(sources):
-    _prim, wait = _hot(sources, "cuda", False)
-    spins = [b for b in loops(wait, innermost=True) if any(re.search(r"\bld\.relaxed\.\w+\.global\.u64\b", x) for x in b)]
+@pytest.mark.parametrize("single", [False, True])
+def test_cuda_fences_are_split_and_scoped(sources, single):
+    """sm_90: the acquire after the polls is ``fence.acquire``, the release before the posts
+    ``fence.release`` (no full acq_rel fence, no sequentially consistent one); at GPU scope in
+    single-GPU builds, where no flag is polled or posted at system scope either (only the abort
+    flag and the error record stay at system scope: the host reads them)."""
+    text = "\n".join(_engine(sources, single=single))
+    peer = "gpu" if single else "sys"
+    assert re.search(rf"\bfence\.acquire\.{peer}\b", text) and re.search(rf"\bfence\.release\.{peer}\b", text)
+    assert re.search(r"\bfence\.acquire\.gpu\b", text) and re.search(r"\bfence\.release\.gpu\b", text)
+    assert not re.search(r"\bfence\.acq_rel\b|\bfence\.sc\b|\bmembar\b", text)
+    assert not re.search(r"\bst\.release\.\w+\.global\.u64\b", text), "a release store: a fence each"
+    assert re.search(rf"\bst\.relaxed\.{peer}\.global\.u64\b", text), "tail / head are not relaxed flag stores"
+    assert re.search(r"\bst\.relaxed\.gpu\.global\.u64\b", text), "the progress counter"
+    if single:
+        assert not re.search(r"\bfence\.\w+\.sys\b", text)
+        assert not re.search(r"\b(?:ld|st)\.\w+\.sys\.global\.(?:u64|b64)\b", text), "a flag at system scope"
+    # the abort flag read and the error record at system scope in every build
+    funcs = functions(compiled(sources, "cuda", single), "ptx")
+    report = "\n".join(function(funcs, "hccc_report_stuck"))
+    assert re.search(r"\bst\.release\.sys\.global\.u32\b", report)
+    assert re.search(r"\batom\.(?:\w+\.)?sys\.(?:global\.)?cas\.b32\b|\batom\.global\.sys\.cas\b|atom\.sys", report)
+
+
+def test_cuda_spin_loops_poll_relaxed_without_fences(sources):
+    body = _engine(sources)
+    spins = [b for b in loops(body, innermost=True)
+             if any(re.search(r"\bld\.relaxed\.\w+\.global\.u64\b", x) for x in b)]
     assert spins, "no polling loop"
-    for body in spins:
-        assert not any(re.search(r"\bfence\b|\bmembar\b|\bld\.acquire\b", x) for x in body)
+    for b in spins:
+        assert not any(PTX_FENCE.search(x) or re.search(r"\bld\.acquire\b", x) for x in b)
 
 
-def test_gfx90a_spin_loop_sleeps_and_acquires_once(sources):
-    for single in (False, True):
-        _prim, wait = _hot(sources, "hip", single)
-        spins = [b for b in loops(wait, innermost=True) if any("s_sleep" in x for x in b)]
-        assert spins, "the spin loop does not sleep"
-        for body in spins:
-            assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in body), "fence in the spin loop"
-        # the acquire after the waits (hccc_unit_wait: one for all of a unit's counters), none in them
-        text = "\n".join(function(functions(compiled(sources, "hip", single), "amd"), "hccc_unit_waitIfE"))
-        assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2)", x) for x in wait), "an acquire in the wait"
-        assert "buffer_wbinvl1_vol" in text
-        # system scope invalidates L2 (peers on other GPUs); a single-GPU build never does
-        assert ("buffer_invl2" in text) != single
+@pytest.mark.parametrize("single", [False, True])
+def test_cuda_roles_meet_at_named_barriers_never_at_a_block_barrier_in_a_loop(sources, single):
+    """The data threads wait (bar.sync) and arrive (bar.arrive) at named barriers, as does the
+    sync lane; a one-warp block meets at the warp barrier; the one block-wide barrier of a kernel
+    (after the launch set-up) is in no loop; no copy loop holds a fence or an atomic."""
+    funcs = functions(compiled(sources, "cuda", single), "ptx")
+    body = _engine(sources, single=single)
+    text = "\n".join(body)
+    assert re.search(r"\bbar(?:rier)?(?:\.cta)?\.sync(?:\.aligned)?\s+%r\d+,\s*%r\d+", text), "no named bar.sync"
+    assert re.search(r"\bbar(?:rier)?(?:\.cta)?\.arrive(?:\.aligned)?\s+%r\d+,\s*%r\d+", text), "no bar.arrive"
+    assert re.search(r"\bbar\.warp\.sync\b", text), "no warp barrier (one-warp blocks)"
+    for name, lines in funcs.items():
+        for lp in loops(lines):
+            assert not any(PTX_BLOCK_BARRIER.search(x) for x in lp), f"block barrier in a loop of {name}"
+    for lp in copy_loops(body, "ptx"):
+        assert not any(PTX_FENCE.search(x) or PTX_ATOMIC.search(x) for x in lp), "ordering in a copy loop"
 
 
-def test_gfx90a_single_gpu_build_has_no_system_scope_cache_maintenance(sources):
-    prim, wait = _hot(sources, "hip", True)
-    assert not any(re.search(r"\bbuffer_(?:wbl2|invl2)\b", x) for x in prim + wait)
-    prim, _ = _hot(sources, "hip", False)
-    assert any(re.search(r"\bbuffer_wbl2\b", x) for x in prim), "system-scope release expected across GPUs"
+def test_cuda_ll_lines_are_single_16_byte_accesses(sources):
+    text = "\n".join(_engine(sources))
+    assert re.search(r"\bst\.volatile\.global\.v2\.u64\b", text), "no 16-byte LL line store"
+    assert re.search(r"\bld\.volatile\.global\.v2\.u64\b", text), "no 16-byte LL line load"
+    assert not re.search(r"\b(?:ld|st)\.local\b", text), "the engine touches the stack"
 
 
-# ---------------------------------------------------------------------------------- overlapped sync
-#: the functions a message runs through (waits, data path, arrival / posting, LL lines, engine)
-PER_MESSAGE = ("hccc_prim", "hccc_unit_wait", "hccc_unit_data", "hccc_unit_arrive", "hccc_wait_posted",
-               "hccc_wait_geq", "hccc_ll_move", "hccc_ll_recv_line", "hccc_combine")
-PTX_BLOCK_BARRIER = re.compile(r"\b(?:bar|barrier)(?:\.cta)?\.(?:sync|red|arrive)\b")
-PTX_ORDERING = re.compile(r"\b(?:fence|membar)\b|\.(?:release|acquire|acq_rel)\b|\batom\.|\bred\.")
+#: the only functions the engine calls: once a block, once a primitive, on a timeout
+CALLEES = ("hccc_launch_init", "hccc_sprim_load", "hccc_report_stuck")
 
 
-def _per_message(funcs: dict[str, list[str]], inlined: tuple[str, ...] = ()) -> dict[str, list[str]]:
-    """Those functions, by name (``inlined``: parts the platform inlines into their callers)."""
-    out = {n: b for n, b in funcs.items() if any(p in n for p in PER_MESSAGE)}
-    assert {p for p in PER_MESSAGE if any(p in n for n in out)} == set(PER_MESSAGE) - set(inlined), sorted(out)
+@pytest.mark.parametrize("single", [False, True])
+def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_ptx(sources, single):
+    for dt, op in (("float32", "sum"),) + ((("bfloat16", "max"),) if not single else ()):
+        body = prim_of(sources, "cuda", dt, op, single)
+        text = "\n".join(body)
+        targets = re.findall(r"^\s*call(?:\.uni)?\s+(?:\([^)]*\),\s*)?(\w+)", text, flags=re.M)
+        assert targets and all(any(c in t for c in CALLEES) for t in targets), targets
+        assert not re.search(r"\b(?:div|rem)\.[su]64\b", text), "a 64-bit division in the engine"
+
+
+def _nvdisasm() -> str | None:
+    import shutil
+    exe = shutil.which("nvdisasm")
+    if exe:
+        return exe
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for cand in Path(root).glob("*/bin/nvdisasm"):
+                return str(cand)
+    except ImportError:
+        pass
+    return None
+
+
+def sass_functions(text: str) -> dict[str, list[str]]:
+    """nvdisasm output -> function (entry or ``$entry$callee``) -> its instruction lines."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.match(r"^\s*(?:\.text\.)?(\$?[\w$]+):\s*$", line)
+        if m and not m.group(1).startswith(".L"):
+            name = m.group(1)
+            out.setdefault(name, [])
+        elif name is not None and re.search(r"/\*[0-9a-f]{4,}\*/", line):
+            out[name].append(line)
     return out
 
 
-@pytest.mark.parametrize("single", [False, True])
-def test_cuda_no_block_barrier_per_message(sources, single):
-    """The overlapped sync: no function a message runs through has a block barrier (bar.sync /
-    barrier.sync); the warps of a block meet only at warp barriers and votes, and the one block
-    barrier of a kernel (hccc_ctx_init's, at the start) is in no loop."""
-    funcs = functions(compiled(sources, "cuda", single), "ptx")
-    for name, body in _per_message(funcs).items():
-        assert not any(PTX_BLOCK_BARRIER.search(x) for x in body), f"block barrier in {name}"
-    prim = function(funcs, "hccc_primIfLi0EE")
-    assert any(re.search(r"\bbar\.warp\.sync\b", x) for x in prim), "no warp barrier"
-    assert any(re.search(r"\bvote(?:\.sync)?\.all\b", x) for x in prim), "no warp vote"
-    for name, body in funcs.items():
-        for lp in loops(body):
-            assert not any(PTX_BLOCK_BARRIER.search(x) for x in lp), f"block barrier in a loop of {name}"
+def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tmp_path):
+    """The machine code of the engine (nvdisasm, sm_90): its CALLs go to the three functions
+    above only, and none to the 64-bit division routines (``__cuda_sm20_div_u64`` and kin)."""
+    tool = _nvdisasm()
+    if tool is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    d, man = sources["cuda"]
+    tu = translation_unit(man, Instance("float32", "sum"), [0], "cuda")
+    src, cubin = d / "sass.cu", d / "sass.cubin"
+    src.write_text(tu)
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", True, output="-cubin"), "-I", str(d),
+                          "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    assert dis.returncode == 0, dis.stderr[-2000:]
+    funcs = sass_functions(dis.stdout)
+    engines = {n: b for n, b in funcs.items() if "hccc_runI" in n}
+    assert engines, sorted(funcs)[:20]
+    for name, body in engines.items():
+        calls = [re.search(r"CALL\S*\s+`?\(?([\w$]+)", x) for x in body if "CALL" in x]
+        targets = [m.group(1) for m in calls if m]
+        assert targets and all(any(c in t for c in CALLEES) for t in targets), (name, targets)
+        assert not any(re.search(r"__cuda_sm20_(?:div|rem)", t) for t in targets), (name, targets)
+    # the divisions that do exist are the per-primitive and per-block ones
+    divs = [n for n, b in funcs.items() if any(re.search(r"__cuda_sm20_div", x) for x in b)]
+    assert all(any(c in n for c in ("hccc_sprim_load", "hccc_launch_init")) for n in divs), divs
 
 
 @pytest.mark.parametrize("single", [False, True])
-def test_cuda_posting_is_one_release_fence_after_a_block_scope_arrival(sources, single):
-    """A unit's arrival is one acq_rel add on a shared counter at block (cta) scope; the posting
-    warp then issues one release fence -- at peer scope (gpu in single-GPU builds) where it posts
-    tail or head, else at gpu scope for the progress counter alone: two fences in the code, one on
-    each path -- and stores tail and head relaxed at peer scope, the progress counter relaxed at
-    gpu scope, and `posted` with a cta release: no release store to global memory (each would be
-    a fence of its own), no other ordering."""
-    funcs = functions(compiled(sources, "cuda", single), "ptx")
-    body = function(funcs, "hccc_unit_arriveIfE")
-    arrive = "\n".join(body)
-    assert len(re.findall(r"\batom\.acq_rel\.cta\.shared(?:::cta)?\.add\.u32\b", arrive)) == 1
-    peer = "gpu" if single else "sys"
-    fences = re.findall(r"\bfence\.acq_rel\.(\w+)\b", arrive)
-    assert sorted(fences) == sorted([peer, "gpu"]), fences
-    stores = re.findall(r"\bst\.relaxed\.(\w+)\.global\.u64\b", arrive)
-    assert sorted(stores) == sorted([peer] * 2 + ["gpu"]), stores
-    releases = re.findall(r"\bst\.release\.(\w+)\.(global|shared(?:::cta)?)\.(u64|u32)\b", arrive)
-    assert releases == [("cta", "shared", "u32")], releases
-    assert not re.search(r"\bmembar\b", arrive)
-    # the add, the two fences (a fence and its .acq_rel: two matches each) and `posted`'s release
-    assert len(PTX_ORDERING.findall(arrive)) == 1 + 2 * 2 + 1
-    # every flag store comes after a fence in the code (the fences precede the posts)
-    first_store = min(i for i, x in enumerate(body) if re.search(r"\bst\.relaxed\.\w+\.global\b", x))
-    assert all(i < first_store for i, x in enumerate(body) if re.search(r"\bfence\.acq_rel\b", x))
+def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sources, single):
+    """gfx90a: a unit's release writes the L2 back (buffer_wbl2) only across GPUs; in a
+    single-GPU build only the abort flag, a 32-bit store the host reads, is released at system
+    scope; the spin loops sleep and do no cache maintenance; the copy loops neither, nor meet at
+    a barrier."""
+    body = _engine(sources, "hip", single)
+    wbl2 = [i for i, x in enumerate(body) if re.search(r"\bbuffer_wbl2\b", x)]
+    flag_store = re.compile(r"\b(?:flat|global)_store_dword\b(?!x)")
+    if single:
+        assert not any(re.search(r"\bbuffer_invl2\b", x) for x in body)
+        for i in wbl2:
+            assert any(flag_store.search(x) for x in body[i + 1:i + 4]), body[i:i + 4]
+    else:
+        assert any(not any(flag_store.search(x) for x in body[i + 1:i + 4]) for i in wbl2), \
+            "no system-scope release of a unit"
+    spins = [b for b in loops(body, innermost=True) if any("s_sleep" in x for x in b)]
+    assert spins, "the spin loop does not sleep"
+    for b in spins:
+        assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in b), "cache maintenance in a spin"
+    for lp in copy_loops(body, "amd"):
+        assert not any(re.search(r"\bbuffer_(?:wbl2|invl2|wbinvl1)|\bs_barrier\b", x) for x in lp)
 
 
-@pytest.mark.parametrize("single", [False, True])
-def test_cuda_one_warp_polls_a_unit_the_others_wait_in_shared_memory(sources, single):
-    """hccc_unit_wait: one relaxed block-scope exchange claims the unit; the warp that loses it
-    waits for `ready` (hccc_wait_posted, shared memory) and returns, and only the winner calls the
-    global polls (hccc_wait_geq, relaxed, no fence), acquires them with one fence (peer scope
-    where it polled a peer's counter, else gpu scope: one on each path) and publishes `ready`
-    with one cta release: a unit's polls and fences do not grow with the block's warps, nor its
-    fences with its counters."""
-    funcs = functions(compiled(sources, "cuda", single), "ptx")
-    body = function(funcs, "hccc_unit_waitIfE")
-    text = "\n".join(body)
-    exch = [i for i, x in enumerate(body) if re.search(r"\batom\.(?:relaxed\.)?(?:shared\.cta|cta\.shared)(?:::cta)?\.exch\.b32\b", x)]
-    assert len(exch) == 1, text
-    calls = [(i, "geq" if "hccc_wait_geq" in x else "posted") for i, x in enumerate(body)
-             if "hccc_wait_geq" in x or "hccc_wait_posted" in x]
-    # the ring wait before the claim; after it, the loser's wait for `ready`, then the winner's polls
-    assert [k for i, k in calls if i < exch[0]] == ["posted"], calls
-    after = [k for i, k in calls if i > exch[0]]
-    assert after[0] == "posted" and after.count("posted") == 1 and set(after[1:]) == {"geq"}, calls
-    peer = "gpu" if single else "sys"
-    fences = [(i, m.group(1)) for i, x in enumerate(body) for m in [re.search(r"\bfence\.acq_rel\.(\w+)\b", x)] if m]
-    assert sorted(f for _, f in fences) == sorted([peer, "gpu"]), fences
-    last_geq = max(i for i, k in calls if k == "geq")
-    assert all(i > last_geq for i, _ in fences), "an acquire before the last poll"
-    assert not re.search(r"\bmembar\b", text)
-    assert len(re.findall(r"\bst\.release\.cta\.shared(?:::cta)?\.u32\b", text)) == 1
+@pytest.fixture(scope="module")
+def rdna(sources):
+    """gfx1030 (RDNA, wave32) assembly of rank 0, float32 sum, with a probe that the header's
+    warp size is the compiler's."""
+    tool = require_tool("hipcc")
+    d, man = sources["hip"]
+    tu = translation_unit(man, Instance("float32", "sum"), [0], "hip")
+    tu += ("\n#if defined(__HIP_DEVICE_COMPILE__)\n"
+           "static_assert(HCCC_WARP_SIZE == 32, \"gfx1030 runs wave32\");\n#endif\n")
+    src, out = d / "rdna.hip", d / "rdna.s"
+    src.write_text(tu)
+    res = subprocess.run([tool, *hip_flags("gfx1030", False, output=("--cuda-device-only", "-S")), "-I", str(d),
+                          "-o", str(out), str(src)], capture_output=True, text=True,
+                         env=dict(os.environ, HIP_PLATFORM="amd"), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()
 
 
-def test_cuda_data_path_and_ll_lines_carry_no_ordering(sources):
-    """The data of a message (hccc_unit_data, the engine, the LL lines) has no fence, release,
-    acquire or atomic: ordering is the arrival's and the posts' alone. An LL line is one 8-byte
-    volatile (or relaxed) store, received by polling one 8-byte volatile (or relaxed) load, with no
-    fence in the LL path at all."""
-    funcs = functions(compiled(sources, "cuda", False), "ptx")
-    for name, body in funcs.items():
-        if any(p in name for p in ("hccc_unit_data", "hccc_combine", "hccc_ll_move", "hccc_ll_recv_line")):
-            assert not any(PTX_ORDERING.search(x) for x in body), f"ordering instruction in {name}"
-    ll_store = re.compile(r"\bst\.(?:volatile|relaxed\.\w+)\.global\.(?:u64|b64|v2\.(?:u32|b32))\b")
-    ll_load = re.compile(r"\bld\.(?:volatile|relaxed\.\w+)\.global\.(?:u64|b64|v2\.(?:u32|b32))\b")
-    for dt in DTYPES:
-        move = function(funcs, f"hccc_ll_moveI{TYPE_CODE['cuda'][dt]}Li0E")
-        assert sum(1 for x in move if ll_store.search(x)) == 1, dt     # one line store
-        assert not any(re.search(r"\bst\.global\.(?:u32|b32|u16|b16|f32)\b", x) and "[%" in x
-                       for x in move if ll_store.search(x)), dt
-    recv = function(funcs, "hccc_ll_recv_line")
-    assert any(ll_load.search(x) for x in recv)
-    assert not any(ll_load.search(x) for x in recv if re.search(r"\.v4\.", x))
-
-
-@pytest.mark.parametrize("single", [False, True])
-def test_gfx90a_no_workgroup_barrier_per_message_and_arrivals_drain_the_wave(sources, single):
-    """gfx90a: no s_barrier in any function a message runs through; an arrival is one LDS atomic
-    add after the wave's memory accesses completed (s_waitcnt vmcnt(0)); the L2 writeback of a
-    system-scope release (buffer_wbl2) happens only where a unit is posted, and not at all in
-    single-GPU builds; the data path has no cache maintenance."""
-    funcs = functions(compiled(sources, "hip", single), "amd")
-    for name, body in _per_message(funcs, inlined=("hccc_combine",)).items():
-        assert not any(re.search(r"\bs_barrier\b", x) for x in body), f"s_barrier in {name}"
-    arrive = function(funcs, "hccc_unit_arriveIfE")
-    at = [i for i, x in enumerate(arrive) if re.search(r"\bds_add_rtn_u32\b", x)]
-    assert len(at) == 1, "one LDS arrival"
-    assert any(re.search(r"\bs_waitcnt\b.*\bvmcnt\(0\)", x) for x in arrive[:at[0]])
-    assert any(re.search(r"\bbuffer_wbl2\b", x) for x in arrive) != single
-    for part in ("hccc_primIfLi0EE", "hccc_unit_dataIfLi0EE", "hccc_ll_moveIfLi0EE"):
-        body = function(funcs, part)
-        assert not any(re.search(r"\bbuffer_(?:wbl2|invl2|wbinvl1)", x) for x in body), part
-    move = function(funcs, "hccc_ll_moveIfLi0EE")
-    assert any(re.search(r"\b(?:global|flat)_store_dwordx2\b", x) for x in move), "no 8-byte LL store"
+def test_gfx1030_builds_wave32_and_waits_for_its_stores_before_each_barrier(rdna):
+    """RDNA: the kernels see the compiler's wavefront (32, checked at compile time above) and
+    declare it; every workgroup barrier of the engine follows a wait for the wave's stores
+    (gfx10 counts stores in vscnt, which vmcnt(0) does not cover)."""
+    assert ".amdhsa_wavefront_size32 1" in rdna
+    body = function(functions(rdna, "amd"), "hccc_runIfLi0E12hccc_program")
+    at = [i for i, x in enumerate(body) if re.search(r"\bs_barrier\b", x)]
+    assert at, "no barrier"
+    for i in at:
+        before = body[max(0, i - 8):i]
+        assert any(re.search(r"\bs_waitcnt_vscnt\b", x) for x in before), body[max(0, i - 8):i + 1]
 
 
 # ---------------------------------------------------------------------------------- timers
@@ -537,10 +555,10 @@ def test_every_kernel_entry_takes_one_parameter_of_the_packed_size(sources):
 
 # ---------------------------------------------------------------------------------- one grid
 @pytest.mark.slow
-def test_cuda_one_grid_entry_only_dispatches_to_the_rank_block_functions(sources):
-    """The single-GPU one-grid entry holds no copy loop and no 16-byte access of its own: it calls
-    each rank's block function, the same (not inlined) function the rank's own kernel calls, so
-    the module has one copy of every rank's primitive code."""
+def test_cuda_one_grid_entry_runs_the_one_engine(sources):
+    """The single-GPU one-grid entry holds no copy loop and no 16-byte access of its own: it picks
+    the block's rank's program and calls the engine, the same (not inlined) function every rank
+    kernel calls, so the module has one copy of the engine per instance."""
     d, man = sources["cuda"]
     tu = translation_unit(man, Instance("float32", "sum"), list(range(len(man["ranks"]))), "cuda")
     src, out = d / "grid.cu", d / "grid.ptx"
@@ -551,12 +569,10 @@ def test_cuda_one_grid_entry_only_dispatches_to_the_rank_block_functions(sources
     funcs = functions(out.read_text(), "ptx")
     name = man["grid"]["cuda"]["kernel"]
     entry = funcs[f"{name}_float32_sum"]
-    body = "\n".join(entry)
     assert not any(PTX_LD16.search(x) or PTX_ST16.search(x) for x in entry) and not copy_loops(entry, "ptx")
-    nranks = len(man["ranks"])
-    for r in range(nranks):
-        block_fn = [f for f in funcs if re.search(rf"{man['ranks'][r]['kernel']}_block_float32_sum", f)]
-        assert len(block_fn) == 1, block_fn                       # one copy of the rank's code
-        assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{block_fn[0]}\b", body), f"rank {r} not dispatched"
+    engines = [f for f in funcs if re.search(r"hccc_runIfLi0E", f)]
+    assert len(engines) == 1, engines
+    assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{engines[0]}\b", "\n".join(entry))
+    for r in range(len(man["ranks"])):
         kernel = "\n".join(funcs[f"{man['ranks'][r]['kernel']}_float32_sum"])
-        assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{block_fn[0]}\b", kernel)
+        assert re.search(rf"\bcall(?:\.uni)?\b[^;]*\b{engines[0]}\b", kernel)
