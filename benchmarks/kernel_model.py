@@ -67,21 +67,19 @@ message (``--ll-sync-us``, default 0.2 us: a poll of a line another SM wrote), a
 bytes and with two 8-byte lines in flight per thread instead of eight 16-byte vectors. Its time uses the same terms; the crossover is the largest full-buffer size (powers of
 two) at which LL beats the v3 Simple protocol for ring AllReduce 8.
 
-v4 (the kernels' rebuild). Its terms are the slice policy's (compiler/passes/slicing.py), each a
-constant named there, measured on an H200 by ``benchmarks/slot_anatomy.py`` for the v4 kernels as
-first built (docs/measurements.md, *The fifth GPU run*; the sync lane's per-unit path has been cut
-since, unmeasured; the design target is 0.5 us a unit, 0.2 us a COPY unit):
+v4 (the kernels' rebuild, a design: every number below is a model until a GPU measures it,
+``benchmarks/slot_anatomy.py``). Its terms are the slice policy's (compiler/passes/slicing.py),
+each a constant named there:
 
 - Per-unit cost: a unit (one micro-batch of one primitive on one block) costs its block
-  ``UNIT_SECONDS`` (2.5 us measured) beyond its bytes, a COPY unit ``COPY_UNIT_SECONDS`` (2.0 us),
-  an LL unit ``LL_UNIT_SECONDS`` (a COPY unit's: its lines carry their flags, so it waits for no
-  flag word; not measured on its own).
+  ``UNIT_SECONDS`` (0.5 us) beyond its bytes, a COPY unit ``COPY_UNIT_SECONDS`` (0.2 us), an LL
+  unit ``LL_UNIT_SECONDS`` (0.2 us: its lines carry their flags, so it waits for no flag word).
 - One sync warp off the data path: a block's waits and posts run on a warp of their own while
   its data warps copy, so where the next unit's inputs are already there the two overlap and a
   block's steady time is ``max(its units' costs, its loads / its bandwidth)``.
-- Per-block bandwidth: ``BLOCK_BYTES_PER_SECOND`` (42 GB/s for a block of 16 warps, measured at
-  512 KiB units; a block of fewer warps in proportion, as the runtime halves the threads until
-  every block is resident); channels split each unit's slice.
+- Per-block bandwidth: ``BLOCK_BYTES_PER_SECOND`` (100 GB/s of loads for a block of 16 warps,
+  Little's law for the v4 engine; a block of fewer warps in proportion, as the runtime halves the
+  threads until every block is resident); channels split each unit's slice.
 - LL lines of 16 bytes, 8 data bytes and two 4-byte flags (NCCL's layout): a block moves
   ``LL_DATA_FRACTION`` (half) of its bandwidth as data, a slot holds half its Simple share, and
   every slot byte is written and read twice over in HBM.
@@ -329,12 +327,11 @@ def v4_ll_crossover(ir, **kw) -> int:
 
 
 def v4_constants() -> dict:
-    """The v4 rows' constants (compiler/passes/slicing.py), as printed: measured on a GPU (the
-    fifth run) but for the LL unit's, which is a COPY unit's."""
+    """The v4 rows' constants (compiler/passes/slicing.py), as printed: each a model until measured."""
     from hccc.compiler.passes import slicing
     return {"unit_us": slicing.UNIT_SECONDS * 1e6, "copy_unit_us": slicing.COPY_UNIT_SECONDS * 1e6,
             "ll_unit_us": slicing.LL_UNIT_SECONDS * 1e6, "block_gbs": slicing.BLOCK_BYTES_PER_SECOND / 1e9,
-            "ll_data_fraction": slicing.LL_DATA_FRACTION, "measured": True}
+            "ll_data_fraction": slicing.LL_DATA_FRACTION, "measured": False}
 
 
 def _auto_max() -> int:

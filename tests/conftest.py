@@ -124,19 +124,3 @@ def shm_leaks(before: set) -> set:
         if pid in mine or not os.path.exists(f"/proc/{pid}"):
             leaks.add(name)
     return leaks
-
-
-@pytest.fixture
-def model_costs(monkeypatch):
-    """The slice policy under the v4 kernels' design targets (0.5 us a unit, 0.2 us a COPY or LL
-    unit, 100 GB/s a block) instead of the costs measured on a GPU that hccc's defaults hold: the
-    tests that explain the policy's arithmetic on worked examples were written at these figures."""
-    from hccc.compiler.passes import slicing
-    monkeypatch.setattr(slicing, "UNIT_SECONDS", 0.5e-6)
-    monkeypatch.setattr(slicing, "COPY_UNIT_SECONDS", 0.2e-6)
-    monkeypatch.setattr(slicing, "LL_UNIT_SECONDS", 0.2e-6)
-    monkeypatch.setattr(slicing, "BLOCK_BYTES_PER_SECOND", 100e9)
-    slicing_cache = getattr(slicing, "_PATHS", None)
-    if isinstance(slicing_cache, dict):
-        slicing_cache.clear()
-    return slicing

@@ -162,7 +162,6 @@ def test_algorithm_level_is_not_faster_than_hpds_here(capsys):
     assert json.loads(t)["results"][0]["time_us"] <= json.loads(a)["results"][0]["time_us"]
 
 
-@pytest.mark.usefixtures("model_costs")
 def test_ir_json_input(capsys, tmp_path):
     ir = build_program(load_algorithm(HM_AR), chunk_bytes=1 << 19)
     p = tmp_path / "prog.json"

@@ -169,7 +169,6 @@ def test_rendezvous_oracle_finds_a_cycle():
 
 
 @pytest.mark.parametrize("program", ["recursive_doubling_allgather_8", "hm_allreduce_2x4"])
-@pytest.mark.usefixtures("model_costs")
 def test_faster_fusion_keeps_fused_only_where_it_is_never_slower(program):
     from pathlib import Path
 

@@ -96,26 +96,29 @@ from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, SLICE_ALIGN, 
 # the constants of the model (one place; each a model until measured)
 # ---------------------------------------------------------------------------------------------
 #: What one unit (one micro-batch of one primitive) costs a thread block beyond the bytes it moves:
-#: waiting for its flags, posting its flags. Measured on an H200 (docs/measurements.md, *The fifth
-#: GPU run*, ``benchmarks/slot_anatomy.py``: the slope of one block's time over its units at a fixed
-#: byte count, peers pre-satisfied): SEND, RECV and RECV_REDUCE_COPY units 2.46-2.65 us with 4 and
-#: 16 warps a block (3.1-4.1 us with one warp), the v4 kernels as first measured. (The v3 kernels
-#: measured 4.6-7.0 us; v4's target is 0.5 us: the sync lane's per-unit path has been cut since,
-#: not yet measured on a GPU -- measure again and set this from the new slope.) The Simple
-#: protocol's; ``hccc synth`` weighs smaller slices with it too (:func:`thin_policy`).
-UNIT_SECONDS = 2.5e-6
-#: What a COPY unit costs a block beyond its bytes (no flag of a peer to wait for, none to post to
-#: one): 2.02-2.07 us with 4 and 16 warps on the same H200 run (target 0.2 us; measure again as
-#: above). ``benchmarks/kernel_model.py`` counts copies at it; the slice policy counts every Simple
-#: unit at :data:`UNIT_SECONDS` (it errs toward fewer units).
-COPY_UNIT_SECONDS = 2.0e-6
+#: waiting for its flags, posting its flags. Model, to be measured on a GPU:
+#: ``benchmarks/slot_anatomy.py``. 0.5 us is the v4 kernels' target (one sync warp off the data
+#: path, one fence a unit); the v3 kernels measured 4.6-7.0 us (``benchmarks/slot_cost.py``:
+#: the slope of a call's time against its busiest block's units, H100 and H200,
+#: docs/measurements.md). The Simple protocol's; ``hccc synth`` weighs smaller slices with it too
+#: (:func:`thin_policy`).
+UNIT_SECONDS = 0.5e-6
+#: What a COPY unit costs a block beyond its bytes (no flag of a peer to wait for, none to post
+#: to one): the v4 kernels' target, 0.2 us. Model, to be measured: ``benchmarks/slot_anatomy.py``.
+#: ``benchmarks/kernel_model.py`` counts copies at it; the slice policy counts every Simple unit at
+#: :data:`UNIT_SECONDS` (it errs toward fewer units).
+COPY_UNIT_SECONDS = 0.2e-6
 #: What a unit costs a block under the LL protocol beyond its bytes: a COPY unit's
-#: (:data:`COPY_UNIT_SECONDS`), not measured on its own yet. Its lines carry their flags, so it
-#: waits for no flag word and fences nothing; it only posts its slot's release, as a copy ends.
+#: (:data:`COPY_UNIT_SECONDS`). Model, to be measured: ``benchmarks/slot_anatomy.py``. Its lines
+#: carry their flags, so it waits for no flag word and fences nothing; it only posts its slot's
+#: release, as a copy ends (the v3 model of LL counted 0.2 us a message too).
 LL_UNIT_SECONDS = COPY_UNIT_SECONDS
-#: Bytes a second one thread block's copy moves (Simple protocol): 42 GB/s, measured on the same
-#: H200 run (COPY units of 512 KiB, 16 warps; 37 GB/s at 256 KiB; the v3 kit's plain loop 48).
-BLOCK_BYTES_PER_SECOND = 42e9
+#: Bytes a second one thread block's copy moves (Simple protocol). Model, to be measured on a GPU:
+#: ``benchmarks/slot_anatomy.py``. Little's law for the v4 engine, a block of 16 warps keeping 8
+#: independent 16-byte loads a thread in flight (64 KiB) over a loaded HBM latency of about 0.7 us:
+#: 94 GB/s, rounded to 100; the v3 engine moved about 48 GB/s a block on an H200 for 64-512 KiB
+#: units, which a copy engine that saturates its block should double.
+BLOCK_BYTES_PER_SECOND = 100e9
 #: Data bytes per byte of an LL line: 8 of a 16-byte line, the rest its two 4-byte flags (NCCL's
 #: layout, the v4 kernels; the v3 kernels' 8-byte lines carried 4): under LL a block moves this
 #: share of :data:`BLOCK_BYTES_PER_SECOND` as payload.
