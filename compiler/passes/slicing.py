@@ -96,28 +96,29 @@ from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, SLICE_ALIGN, 
 # the constants of the model (one place; each a model until measured)
 # ---------------------------------------------------------------------------------------------
 #: What one unit (one micro-batch of one primitive) costs a thread block beyond the bytes it moves:
-#: waiting for its flags, posting its flags. Model, to be measured on a GPU:
-#: ``benchmarks/slot_anatomy.py``. 0.5 us is the v4 kernels' target (one sync warp off the data
-#: path, one fence a unit); the v3 kernels measured 4.6-7.0 us (``benchmarks/slot_cost.py``:
-#: the slope of a call's time against its busiest block's units, H100 and H200,
-#: docs/measurements.md). The Simple protocol's; ``hccc synth`` weighs smaller slices with it too
-#: (:func:`thin_policy`).
+#: waiting for its flags, posting its flags. 0.5 us: the v4 kernels' design target, a model. What a
+#: GPU measured (docs/measurements.md, *The fifth GPU run*, ``benchmarks/slot_anatomy.py`` on an
+#: H200: the slope of one block's time over its units, peers pre-satisfied): 2.46-2.65 us for
+#: SEND, RECV and RECV_REDUCE_COPY units with 4 and 16 warps, the v4 kernels as first built; their
+#: sync lane's per-unit path was cut after that run (its state and chunk walks had been read from
+#: shared memory in dependent chains) and has not been measured since. Set this from the next
+#: run's slope; the v3 kernels measured 4.6-7.0 us. The Simple protocol's; ``hccc synth`` weighs
+#: smaller slices with it too (:func:`thin_policy`).
 UNIT_SECONDS = 0.5e-6
 #: What a COPY unit costs a block beyond its bytes (no flag of a peer to wait for, none to post
-#: to one): the v4 kernels' target, 0.2 us. Model, to be measured: ``benchmarks/slot_anatomy.py``.
-#: ``benchmarks/kernel_model.py`` counts copies at it; the slice policy counts every Simple unit at
-#: :data:`UNIT_SECONDS` (it errs toward fewer units).
+#: to one): the v4 target, 0.2 us (a model; measured 2.02-2.07 us with 4 and 16 warps on the same
+#: run, before the fast path). ``benchmarks/kernel_model.py`` counts copies at it; the slice policy
+#: counts every Simple unit at :data:`UNIT_SECONDS` (it errs toward fewer units).
 COPY_UNIT_SECONDS = 0.2e-6
 #: What a unit costs a block under the LL protocol beyond its bytes: a COPY unit's
-#: (:data:`COPY_UNIT_SECONDS`). Model, to be measured: ``benchmarks/slot_anatomy.py``. Its lines
-#: carry their flags, so it waits for no flag word and fences nothing; it only posts its slot's
-#: release, as a copy ends (the v3 model of LL counted 0.2 us a message too).
+#: (:data:`COPY_UNIT_SECONDS`), a model. Its lines carry their flags, so it waits for no flag word
+#: and fences nothing; it only posts its slot's release, as a copy ends.
 LL_UNIT_SECONDS = COPY_UNIT_SECONDS
-#: Bytes a second one thread block's copy moves (Simple protocol). Model, to be measured on a GPU:
-#: ``benchmarks/slot_anatomy.py``. Little's law for the v4 engine, a block of 16 warps keeping 8
-#: independent 16-byte loads a thread in flight (64 KiB) over a loaded HBM latency of about 0.7 us:
-#: 94 GB/s, rounded to 100; the v3 engine moved about 48 GB/s a block on an H200 for 64-512 KiB
-#: units, which a copy engine that saturates its block should double.
+#: Bytes a second one thread block's copy moves (Simple protocol): 100 GB/s, a model (Little's law
+#: for a block of 16 warps keeping 8 independent 16-byte loads a thread in flight, 64 KiB, over a
+#: loaded HBM latency of about 0.7 us: 94 GB/s). Measured on the fifth GPU run: 42 GB/s at 512 KiB
+#: units, 37 at 256 KiB, 21 at 64 KiB (16 warps; the v3 kit's plain loop 48): the engine does not
+#: yet keep that many loads in flight across a unit's end -- measure again with the next kernels.
 BLOCK_BYTES_PER_SECOND = 100e9
 #: Data bytes per byte of an LL line: 8 of a 16-byte line, the rest its two 4-byte flags (NCCL's
 #: layout, the v4 kernels; the v3 kernels' 8-byte lines carried 4): under LL a block moves this
