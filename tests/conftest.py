@@ -124,3 +124,30 @@ def shm_leaks(before: set) -> set:
         if pid in mine or not os.path.exists(f"/proc/{pid}"):
             leaks.add(name)
     return leaks
+
+
+def harness_library(tmp_dir, source: str, name: str, *, warp: int | None = None, opt: str = "-O1"):
+    """A C++ test harness (``source``, which includes ``hccc_prims.h``) built for the CPU emulation
+    against the headers hccc emits, as a shared library loaded with ctypes: the one way the
+    kernel-level tests (LL lines, the block roles, the copy engine) reach the device code.
+    ``warp``: the emulated warp width (-DHCCC_WARP_SIZE)."""
+    import ctypes
+    import subprocess
+    from pathlib import Path
+
+    from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.build import build_program
+
+    d = Path(tmp_dir)
+    if not (d / "hccc_prims.h").exists():
+        generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
+    (d / f"{name}.cpp").write_text(source)
+    so = d / f"{name}.so"
+    flags = ["-std=c++17", opt, "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU"]
+    if warp is not None:
+        flags.append(f"-DHCCC_WARP_SIZE={warp}")
+    res = subprocess.run(["g++", *flags, "-I", str(d), str(d / f"{name}.cpp"), "-o", str(so)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return ctypes.CDLL(str(so)), so

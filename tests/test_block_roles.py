@@ -30,6 +30,7 @@ from hccc.compiler.passes.channels import with_channels
 from hccc.runtime.launcher import Runner
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
+from conftest import harness_library
 from test_codegen_irs import ring_allreduce, stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -106,17 +107,7 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_handoff(int nthr
 @pytest.fixture(scope="module")
 def handoff_lib(tmp_path_factory):
     import ctypes
-    import subprocess
-    from hccc.compiler.backend.codegen import generate
-    from hccc.compiler.frontend import generators as gen
-    d = tmp_path_factory.mktemp("handoff")
-    generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
-    (d / "harness.cpp").write_text(HARNESS)
-    so = d / "handoff.so"
-    subprocess.run(["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU",
-                    f"-DHCCC_WARP_SIZE={WARP}", "-I", str(d), str(d / "harness.cpp"), "-o", str(so)],
-                   check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(so))
+    lib, so = harness_library(tmp_path_factory.mktemp("handoff"), HARNESS, "handoff", warp=WARP)
     lib.hccc_test_handoff.restype = ctypes.c_int
     lib.hccc_test_handoff.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib, so

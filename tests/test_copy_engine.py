@@ -26,10 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.backend.codegen import generate
-from hccc.compiler.frontend import generators as gen
-from hccc.compiler.passes.build import build_program
 from hccc.runtime.reference import round_bf16
+
+from conftest import harness_library
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -80,15 +79,9 @@ WARPS = (1, 4)
 def engines(tmp_path_factory):
     """warp width -> the harness library built against the emitted headers."""
     d = tmp_path_factory.mktemp("engine")
-    generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
-    (d / "harness.cpp").write_text(HARNESS)
     libs = {}
     for w in WARPS:
-        so = d / f"engine_w{w}.so"
-        subprocess.run(["g++", "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU",
-                        f"-DHCCC_WARP_SIZE={w}", "-I", str(d), str(d / "harness.cpp"), "-o", str(so)],
-                       check=True, capture_output=True, text=True)
-        lib = ctypes.CDLL(str(so))
+        lib, _ = harness_library(d, HARNESS, f"engine_w{w}", warp=w, opt="-O2")
         lib.hccc_test_combine.restype = ctypes.c_int
         lib.hccc_test_combine.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_uint64]
         assert lib.hccc_test_combine(0, 0, 0, 1, 1, None, None, None, None, 0) == w

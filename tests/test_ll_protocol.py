@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -32,13 +31,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.compiler.backend import abi
-from hccc.compiler.backend.codegen import generate
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
 from hccc.runtime.launcher import Runner, launch_proto
-from conftest import examples
+from conftest import examples, harness_library
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -130,14 +128,7 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_ll_send(
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ll")
-    generate(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
-    (d / "harness.cpp").write_text(HARNESS)
-    so = d / "ll.so"
-    p = subprocess.run(["g++", "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-DHCCC_PLATFORM_CPU",
-                        "-I", str(d), str(d / "harness.cpp"), "-o", str(so)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lib = ctypes.CDLL(str(so))
+    lib, _ = harness_library(tmp_path_factory.mktemp("ll"), HARNESS, "ll", opt="-O2")
     lib.hccc_test_ll_recv.restype = ctypes.c_int
     lib.hccc_test_ll_recv.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_void_p]
