@@ -222,6 +222,7 @@ def _run_json(collective: str, nranks: int, nbytes: int, time_us: float, inplace
              "collective": collective, "nranks": nranks, "algbw_GBps": 1.0, "busbw_GBps": 1.0}]}}]}
 
 
+@pytest.mark.slow   # (real timeouts: seconds of waiting; CI runs the slow set too)
 def test_quick_mode_shares_the_budget_times_out_and_reports_what_did_not_run(monkeypatch, tmp_path):
     """A hanging example is stopped where its group's share ends, so the next example does not run
     (reported so) while the pathology group keeps its share; a missing slot_anatomy.py is "not

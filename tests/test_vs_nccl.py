@@ -199,6 +199,7 @@ def _alive(pid: int) -> bool:
     return "\nState:\tZ" not in state
 
 
+@pytest.mark.slow   # (real timeouts: seconds of waiting; CI runs the slow set too)
 def test_a_step_that_hangs_is_killed_with_every_process_it_started(tmp_path):
     pidfile = tmp_path / "child"
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
@@ -300,6 +301,7 @@ def test_a_cpu_run_end_to_end_with_a_failing_and_a_hanging_step(monkeypatch, tmp
     assert rows[("comm-direct", 4096)]["catalog_pick"] is True
 
 
+@pytest.mark.slow   # (real timeouts: seconds of waiting; CI runs the slow set too)
 def test_what_does_not_fit_the_budget_is_not_run(monkeypatch, tmp_path):
     _fake(monkeypatch, {"grid-ring": "hang"}, hang_timeout=None)     # it hangs till the budget's end
     js = tmp_path / "r.json"
