@@ -151,3 +151,15 @@ def harness_library(tmp_dir, source: str, name: str, *, warp: int | None = None,
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     return ctypes.CDLL(str(so)), so
+
+
+def cuda_platform_or_skip():
+    """The CUDA platform (the caller closes it), or the test skipped when there is none: failed
+    instead when HCCC_REQUIRE_GPU is set (the GPU tests of a lent machine must not pass vacuously)."""
+    from hccc.runtime.platform import PlatformError, get_platform
+    try:
+        return get_platform("cuda")
+    except PlatformError as exc:
+        if os.environ.get("HCCC_REQUIRE_GPU"):
+            pytest.fail(f"HCCC_REQUIRE_GPU is set but: {exc}")
+        pytest.skip(str(exc))

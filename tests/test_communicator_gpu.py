@@ -4,22 +4,16 @@ Skipped without a CUDA GPU and CuPy (``HCCC_REQUIRE_GPU=1`` makes that a failure
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
 import numpy as np
 import pytest
 
-from hccc.runtime.platform import PlatformError, get_platform
+from conftest import cuda_platform_or_skip
 
 
 @pytest.fixture
 def cuda_visible():
-    try:
-        get_platform("cuda").close()
-    except PlatformError as exc:
-        if os.environ.get("HCCC_REQUIRE_GPU"):
-            pytest.fail(f"HCCC_REQUIRE_GPU is set but: {exc}")
-        pytest.skip(str(exc))
+    cuda_platform_or_skip().close()
     try:
         import torch.distributed  # noqa: F401
     except ImportError:

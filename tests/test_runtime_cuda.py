@@ -35,6 +35,7 @@ import hccc.runtime.gpu as gpu_module
 from hccc.runtime.gpu import (GATE_SYMBOL, ResidentKernel, check_residency, elf_symbols, grid_symbol, kernel_symbol,
                               placement_for, residency_capacity, translation_unit)
 from hccc.runtime.platform import Instance, PlatformError, get_platform
+from conftest import cuda_platform_or_skip
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -424,12 +425,7 @@ def test_benchmark_size_formatting():
 # ---------------------------------------------------------------------------------- on a GPU
 @pytest.fixture
 def gpu():
-    try:
-        pf = get_platform("cuda")
-    except PlatformError as exc:
-        if os.environ.get("HCCC_REQUIRE_GPU"):
-            pytest.fail(f"HCCC_REQUIRE_GPU is set but: {exc}")
-        pytest.skip(str(exc))
+    pf = cuda_platform_or_skip()
     yield pf
     pf.close()
 

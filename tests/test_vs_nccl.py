@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from conftest import cuda_platform_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -335,13 +335,7 @@ def test_every_collective_through_the_communicator_and_a_gloo_stand_in_for_nccl(
 @pytest.mark.gpu
 def test_vs_nccl_quick_on_a_gpu(tmp_path):
     """On a CUDA GPU: N = 2, every hccc implementation correct at 4 KiB; NCCL runs or says why not."""
-    from hccc.runtime.platform import PlatformError, get_platform
-    try:
-        get_platform("cuda").close()
-    except PlatformError as exc:
-        if os.environ.get("HCCC_REQUIRE_GPU"):
-            pytest.fail(f"HCCC_REQUIRE_GPU is set but: {exc}")
-        pytest.skip(str(exc))
+    cuda_platform_or_skip().close()
     js = tmp_path / "r.json"
     vs.main(["--ranks", "2", "--sizes", "4K", "--iters", "3", "--warmup", "1", "--json", str(js),
              "--workdir", str(tmp_path / "w")])
