@@ -1,5 +1,11 @@
 """``hccc topo T [--json] [--groups] [--plot graph.png]``: summarise a cluster description.
 
+``hccc topo --from-nccl DUMP.xml [DUMP2.xml ...] | --from-smi FILE [FILE ...] | --detect [-o C.topo]``:
+make one from what the machine knows (:mod:`hccc.compiler.cluster.import_nccl`,
+:mod:`~hccc.compiler.cluster.import_smi`, :mod:`~hccc.compiler.cluster.detect`; one file per node, in
+rank order). The ``.topo`` text is parsed back before it is written; with ``-o`` it is written
+atomically and summarised as ``hccc topo`` summarises a file, without ``-o`` it is printed.
+
 T is a ``.topo`` file (cluster DSL) or a TACCL topology profile ``.json``; both load through
 :func:`hccc.compiler.pipeline.load_cluster`. The text output is a set of plain tables (the same on a
 terminal and in a pipe); ``--json`` prints :func:`report` (schema ``hccc.topo/1``, keys below);
@@ -53,7 +59,7 @@ EPILOG = """\
 """
 
 
-SUMMARY = "summarise a cluster description"
+SUMMARY = "summarise a cluster description, or make one from the machine"
 INPUTS = {"cluster": "cluster"}
 
 
@@ -64,6 +70,33 @@ def configure(parser) -> None:
                         help=f"print one JSON object (schema {SCHEMA}; keys below)")
     parser.add_argument("--groups", action="store_true", help="list every shared group in the text output")
     parser.add_argument("--plot", metavar="PNG", help="also draw the cluster into this PNG file (needs matplotlib)")
+    parser.set_defaults(cluster_dest=None, topo_parser=parser)   # T is not needed when importing (run() checks)
+    src = parser.add_argument_group("make a cluster description from the machine").add_mutually_exclusive_group()
+    src.add_argument("--from-nccl", nargs="+", metavar="DUMP.xml",
+                     help="NCCL's topology dumps (the XML NCCL_TOPO_DUMP_FILE writes), one per node")
+    src.add_argument("--from-smi", nargs="+", metavar="FILE",
+                     help="saved output of `nvidia-smi topo -m` (with `nvidia-smi -L` lines for the GPU names), "
+                          "one per node")
+    src.add_argument("--detect", action="store_true",
+                     help="this machine's GPUs through NVML (pip install 'hccc[detect]')")
+    parser.add_argument("-o", "--output", metavar="C.topo",
+                        help="write the imported cluster here (default: print it)")
+    parser.add_argument("--gpu", metavar="MODEL",
+                        help="--from-smi: the GPU model where the file does not name it (A100, H100, ...)")
+    parser.add_argument("--nic-gbit", metavar="GBIT", type=_gbit,
+                        help="--from-smi: NIC port speed in Gbit/s (the matrix does not say; default 200)")
+
+
+def _gbit(text: str):
+    import argparse
+    from fractions import Fraction
+    if not text or len(text) > 12 or not all(c.isdigit() or c == "." for c in text) or text.count(".") > 1 \
+            or text.startswith(".") or text.endswith("."):
+        raise argparse.ArgumentTypeError(f"not a speed in Gbit/s: {printable(text, limit=20)!r}")
+    value = Fraction(text)
+    if not 0 < value <= 100_000:
+        raise argparse.ArgumentTypeError("must be above 0 and at most 100000 Gbit/s")
+    return value
 
 
 def _f(x) -> float:
@@ -206,10 +239,79 @@ def format_text(rep: dict, all_groups: bool = False) -> str:
     return "\n".join(out)
 
 
+def _import(args):
+    """(nodes, title, input paths) of an import option; CompileErrors for bad inputs."""
+    if args.from_nccl:
+        from hccc.compiler.cluster.import_nccl import load_nccl_dump
+        return [load_nccl_dump(p) for p in args.from_nccl], "NCCL topology dump", list(args.from_nccl)
+    if args.from_smi:
+        from hccc.compiler.cluster.import_smi import load_smi_topo
+        return ([load_smi_topo(p, args.gpu, args.nic_gbit) for p in args.from_smi], "nvidia-smi topo -m",
+                list(args.from_smi))
+    from hccc.compiler.cluster.detect import detect_machine
+    return [detect_machine()], "NVML on this machine", []
+
+
+def run_import(args) -> int:
+    from pathlib import Path
+
+    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+    from hccc.compiler.cluster.hierarchy import hierarchy
+    from hccc.compiler.cluster.machine import write_topology
+
+    inputs = list(args.from_nccl or args.from_smi or [])
+    if args.output:
+        check_output_file(args.output, inputs)     # before the work: never over an input, a device, a link
+    nodes, what, paths = _import(args)
+    name = Path(args.output).name if args.output else "<imported>"
+    names = ", ".join(Path(p).name for p in paths)
+    title = f"imported by hccc topo from {what}{': ' + names if names else ''}"
+    text, topo = write_topology(nodes, title, name)
+    if not args.output:
+        if args.json:
+            rep = report(topo, None)
+            rep["hierarchy"] = hierarchy(topo).summary()
+            rep["topo"] = text
+            print(json.dumps(rep, indent=1))
+        else:
+            sys.stdout.write(text)
+        return 0
+    write_text_atomically(args.output, text, inputs)
+    rep = report(topo, Path(args.output).name)
+    hier = hierarchy(topo)
+    rep["hierarchy"] = hier.summary()
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(format_text(rep, args.groups))
+        print()
+        print(hier.describe())
+        print(f"\nwrote {printable(str(args.output))}")
+    return 0
+
+
 def run(args) -> int:
     from pathlib import Path
 
     from hccc.compiler.pipeline import load_cluster
+
+    importing = bool(args.from_nccl or args.from_smi or args.detect)
+    if importing and args.cluster is not None:
+        args.topo_parser.error("give a cluster description T or an import option (--from-nccl, --from-smi, "
+                               "--detect), not both")
+    if not importing:
+        for opt, val in (("-o", args.output), ("--gpu", args.gpu), ("--nic-gbit", args.nic_gbit)):
+            if val is not None:
+                args.topo_parser.error(f"{opt} goes with --from-nccl, --from-smi or --detect")
+        if args.cluster is None:
+            args.topo_parser.error("the following arguments are required: T (a cluster description, .topo or "
+                                   "TACCL .json; or -t T), or one of --from-nccl, --from-smi, --detect")
+    if importing:
+        if args.plot:
+            args.topo_parser.error("--plot draws a cluster file: import with -o, then hccc topo FILE --plot")
+        if (args.gpu or args.nic_gbit is not None) and not args.from_smi:
+            args.topo_parser.error("--gpu and --nic-gbit go with --from-smi")
+        return run_import(args)
 
     if args.plot:
         from hccc.compiler.backend.output_dir import check_not_an_input
