@@ -102,6 +102,7 @@ def parse_xml(src: SourceFile) -> El:
     stack: list[El] = []
     root: list[El] = []
     count = [0]
+    data = src.text.encode("utf-8")
 
     def here():
         return p.CurrentLineNumber, p.CurrentColumnNumber + 1
@@ -139,11 +140,20 @@ def parse_xml(src: SourceFile) -> El:
             raise _Stop(f"unexpected text {printable(data.strip(), limit=20)!r} (NCCL's topology has only "
                         "elements and attributes)", line, col)
 
+    def at_keyword(word: bytes):
+        """Where the declaration that expat is reporting begins (it reports past its opening)."""
+        off = data.rfind(word, 0, max(p.CurrentByteIndex, 0) + len(word))
+        if off < 0:
+            return here()
+        line = data.count(b"\n", 0, off) + 1
+        return line, len(data[data.rfind(b"\n", 0, off) + 1:off].decode("utf-8", "replace")) + 1
+
     def doctype(*_a):
-        raise _Stop("DOCTYPE declarations are not accepted in a topology dump", *here())
+        raise _Stop("DOCTYPE declarations are not accepted in a topology dump (no entities, no external "
+                    "references)", *at_keyword(b"<!DOCTYPE"))
 
     def entity(*_a):
-        raise _Stop("entity declarations are not accepted in a topology dump", *here())
+        raise _Stop("entity declarations are not accepted in a topology dump", *at_keyword(b"<!ENTITY"))
 
     p.StartElementHandler = start
     p.EndElementHandler = end
@@ -152,7 +162,7 @@ def parse_xml(src: SourceFile) -> El:
     p.EntityDeclHandler = entity
     p.ExternalEntityRefHandler = lambda *a: 0
     try:
-        p.Parse(src.text.encode("utf-8"), True)
+        p.Parse(data, True)
     except _Stop as exc:
         raise CompileError([Diagnostic(str(exc), Location(src, exc.line, exc.col))]) from None
     except expat.ExpatError as exc:

@@ -50,6 +50,8 @@ _NV = re.compile(r"NV([0-9]{1,4})")
 _SMI_L = re.compile(r"\s*GPU ([0-9]{1,4}): (.+?)(?: \(UUID: [^)]*\))?\s*$")
 _NIC_LEGEND = re.compile(r"\s*(NIC[0-9]{1,4}):\s*(\S+)\s*$")
 _AFFINITY_WORDS = (("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID"))
+#: a CPU or NUMA affinity cell (a device cell never starts with a digit)
+_AFFINITY = re.compile(r"[0-9][0-9,-]*|N/A")
 _RELATION_ALIASES = {"SOC": "SYS", "CPU": "PHB"}
 
 
@@ -118,7 +120,11 @@ def read_smi_topo(src: SourceFile, gpu_model: str | None = None, nic_gbit: Fract
             continue
         if toks[0][0] in rows:
             raise err(ln_no + 1, toks[0][1], f"a second row for {printable(toks[0][0])}")
-        cells = toks[1:1 + len(columns)]
+        cells = []
+        for tok in toks[1:1 + len(columns)]:
+            if _AFFINITY.fullmatch(tok[0]):     # the affinity columns came early: a short row
+                break
+            cells.append(tok)
         if len(cells) < len(columns):
             raise err(ln_no + 1, len(ln) + 1, f"row {printable(toks[0][0])} has {len(cells)} of the "
                                               f"{len(columns)} columns")
