@@ -392,7 +392,8 @@ BAD_XML = [
     (H100.replace("<nic>", "<nic>\n<fancy/>", 1), None, "unexpected <fancy> inside <nic>"),
     (H100.replace("<gpu ", "<gpu>text</gpu><gpu ", 1), None, "unexpected text 'text'"),
     (H100.replace(' sm="90"', ' sm="nine"', 1), None, 'sm="nine" is not an integer'),
-    (H100.replace('target="0000:05:00.0"', 'target="zz"', 1), None, 'target="zz" is not a PCI bus id'),
+    (H100.replace('target="0000:05:00.0" count="5" tclass="0x068000"', 'target="zz" count="5" tclass="0x030200"', 1),
+     None, 'target="zz" is not a PCI bus id'),
     (H100.replace('tclass="0x068000"', 'tclass="0x010000"', 1), None, "is not a GPU of this dump"),
     (H100.replace('vendor="0x10de" device="0x2330"', 'vendor="0x1002" device="0x740c"', 1), None,
      "only NVIDIA GPUs"),
@@ -404,7 +405,7 @@ BAD_XML = [
 ]
 
 
-@pytest.mark.parametrize("text, where, message", BAD_XML)
+@pytest.mark.parametrize("text, where, message", BAD_XML, ids=[m for _, _, m in BAD_XML])
 def test_bad_nccl_dumps_are_located_errors(tmp_path, capsys, text, where, message):
     dump = tmp_path / "bad.xml"
     dump.write_text(text)
@@ -471,7 +472,7 @@ BAD_SMI = [
 ]
 
 
-@pytest.mark.parametrize("text, where, message", BAD_SMI)
+@pytest.mark.parametrize("text, where, message", BAD_SMI, ids=[m for _, _, m in BAD_SMI])
 def test_bad_smi_files_are_located_errors(tmp_path, capsys, text, where, message):
     f = tmp_path / "m.txt"
     f.write_text(text)

@@ -21,8 +21,10 @@ How it is read:
 * GPUs in the order of their ``rank`` (``dev`` where ranks are missing or repeated); the model from
   the PCI device id (:data:`~hccc.compiler.cluster.link_speeds.NVIDIA_DEVICE_IDS`), the NVLink speed
   from ``sm``;
-* ``<nvlink>`` to another GPU of the dump: direct NVLinks; to ``tclass="0x068000"`` (an NVSwitch):
-  ports on the node's NVSwitch fabric (NCCL, too, joins every NVSwitch of a node into one); to a CPU
+* ``<nvlink>`` to another GPU of the dump: direct NVLinks; to ``tclass="0x068000"`` (an NVSwitch,
+  also ``target="fffffff:ffff:ff"``, an NVSwitch a virtual machine cannot see, and a target without
+  a class that is no GPU of the dump, as NCCL reads them): ports on the node's NVSwitch fabric
+  (NCCL, too, joins every NVSwitch of a node into one); to a CPU
   (``0x068001``, POWER9) or a GPU outside the dump: noted and left out;
 * GPU pairs without NVLink: their PCIe path, at its slowest hop (each ``<pci>`` states its link to
   its parent); a path between two ``<cpu>`` elements also crosses the sockets' link
@@ -62,6 +64,8 @@ MAX_GPUS = 1024
 CLASS_BRIDGE = "0x0604"
 CLASS_NVSWITCH = "0x068000"
 CLASS_CPU_NVLINK = "0x068001"
+#: the NVLink target NCCL writes for an NVSwitch a virtual machine cannot see (src/graph/xml.cc)
+NVSWITCH_HIDDEN = "fffffff:ffff:ff"
 
 #: element -> the elements NCCL nests inside it (src/graph/xml.cc, its loaders)
 CHILDREN: dict[str, tuple[str, ...]] = {
@@ -305,9 +309,16 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
             if link.tag == "c2c":
                 notes.append(f"line {link.line}: GPU {a}'s C2C link to its CPU is not modelled")
                 continue
-            target = r.busid(link, "target")
+            text = r.attr(link, "target")
+            m = _BUSID.fullmatch(text.strip())
+            target = tuple(int(x, 16) for x in m.groups()) if m else None
             count = r.int_attr(link, "count", lo=1, hi=1024)
             tclass = (link.attrs.get("tclass") or "").strip().lower()
+            if target is None and tclass != CLASS_NVSWITCH and text.strip().lower() != NVSWITCH_HIDDEN:
+                raise r.err(link, f"target=\"{printable(text, limit=30)}\" is not a PCI bus id "
+                                  "(DOMAIN:BUS:DEVICE.FUNCTION)")
+            if not tclass and target not in local:
+                tclass = CLASS_NVSWITCH     # NCCL's rule: a remote end it cannot see is an NVSwitch
             if target in local and local[target] != a:
                 b = local[target]
                 listed[(a, b)] = listed.get((a, b), 0) + count
