@@ -72,7 +72,7 @@ SUMMARIES = {
     "run": "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element",
     "fuzz": "run random sizes/dtypes/ops through the kernels and the oracle",
     "sim": "simulate an algorithm on a cluster (alpha-beta model)",
-    "topo": "summarise a cluster description",
+    "topo": "summarise a cluster description, or make one from the machine",
     "synth": "synthesise a schedule for a cluster (SMT + CEGIS)",
     "gen": "generate algorithms (c2c: mixed-vendor hierarchical collectives)",
     "xml": "export an algorithm as MSCCL XML",

@@ -48,8 +48,14 @@ PAGES = {
             "scheduler, `--plot-busbw` for bus bandwidth against size, `--plot` for a timeline.",
             ["hccc sim examples/hm_allreduce_2x4.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8"]),
     "topo": ("Summarise a cluster description: nodes, vendors, link classes with HeteCCL's logical "
-             "capacities, shared groups and the vendor hierarchy.",
-             ["hccc topo examples/clusters/heteccl_fig10.topo"]),
+             "capacities, shared groups and the vendor hierarchy. Or make one from what the machine "
+             "knows: NCCL's topology dump (`--from-nccl`, the XML `NCCL_TOPO_DUMP_FILE` writes), the saved "
+             "output of `nvidia-smi topo -m` (`--from-smi`), or NVML on this machine (`--detect`, needs "
+             "`pip install 'hccc[detect]'`); one file per node, in rank order. The `.topo` written is "
+             "parsed back before it is written; its comments say what each node is and what was assumed "
+             "([../topology-import.md](../topology-import.md)).",
+             ["hccc topo examples/clusters/heteccl_fig10.topo",
+              "hccc topo --from-nccl tests/topo_dumps/two_nics.xml"]),
     "synth": ("Synthesise a schedule for a collective on a cluster and write it as ResCCLang: spanning-tree "
               "packing at the bandwidth optimum for large messages, or the step search (greedy, repaired and "
               "shortened with z3 within the time limit) for small ones (docs/synthesis.md).",
