@@ -429,6 +429,10 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
         if unused:
             notes.append(f"NIC ports no GPU is nearest to, left out: {', '.join(unused)}")
 
+    hosts = {el.attrs.get("host_hash") for el in root.children if el.attrs.get("host_hash")}
+    if len(hosts) > 1:
+        notes.append(f"CPUs of {len(hosts)} hosts (host_hash) in one dump, NCCL's view of an NVLink domain "
+                     "across hosts: modelled as one node")
     model = node.model
     fabric = (f"NVSwitch, {node.fabric_ports} NVLinks x {_n(node.nvlink_gbps)} GB/s per GPU" if node.nvswitch else
               f"{len(node.nvlinks)} NVLink pairs" if node.nvlinks else "no NVLink")

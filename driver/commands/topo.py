@@ -27,6 +27,7 @@ JSON keys (``hccc.topo/1``; floats are in the units their names say):
   ``capacity`` (C(u,v) = ceil(tau_ref / tau) * lanes)
 * ``shared_groups``: one object per group, by id: ``id``, ``kind``, ``direction``, ``label``,
   ``links`` (member count), ``bandwidth_gbps``, ``lanes``, ``capacity_gbps``, ``capacity`` (C_g)
+* ``topo``: the ``.topo`` text, for an import without ``-o`` (``file`` is null then)
 * ``hierarchy``: the HetCCL view (:func:`hccc.compiler.cluster.hierarchy.hierarchy`): homogeneous clusters
   (same vendor, model and interconnect) with their border ranks (behind a NIC) and internal ranks
 """
@@ -56,6 +57,12 @@ EPILOG = """\
   shared_groups[]: id, kind, direction, label, links, bandwidth_gbps, lanes, capacity_gbps,
                    capacity (C_g)
   hierarchy:       homogeneous clusters with border and internal ranks (HetCCL)
+  topo:            the .topo text (an import without -o)
+
+from the machine (one file per node, in rank order; -o writes the .topo, else it is printed):
+  hccc topo --from-nccl node0.xml node1.xml -o cluster.topo   NCCL_TOPO_DUMP_FILE's XML
+  hccc topo --from-smi node0.txt -o cluster.topo             saved `nvidia-smi topo -m` (and -L)
+  hccc topo --detect -o cluster.topo                         this machine through NVML (hccc[detect])
 """
 
 
@@ -263,7 +270,7 @@ def run_import(args) -> int:
     if args.output:
         check_output_file(args.output, inputs)     # before the work: never over an input, a device, a link
     nodes, what, paths = _import(args)
-    name = Path(args.output).name if args.output else "<imported>"
+    name = Path(args.output).name if args.output else "imported.topo"
     names = ", ".join(Path(p).name for p in paths)
     title = f"imported by hccc topo from {what}{': ' + names if names else ''}"
     text, topo = write_topology(nodes, title, name)
