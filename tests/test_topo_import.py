@@ -398,6 +398,7 @@ BAD_XML = [
     (H100.replace('vendor="0x10de" device="0x2330"', 'vendor="0x1002" device="0x740c"', 1), None,
      "only NVIDIA GPUs"),
     (H100.replace(' speed="400000"', '', 1), None, "<net> lacks the attribute speed"),
+    (H100.replace('<nvlink target="0000:05:00.0"', '<xgmi target="0000:05:00.0"', 1), None, "<xgmi> is RCCL's"),
     ("<system version=\"1\"><cpu/></system>\n", "1:1", "the dump lists no <gpu>"),
     ("", "1:1", "malformed XML: no element found"),
     ("<system version=\"1\"/><system version=\"1\"/>", "1:22", "junk after document element"),
@@ -516,3 +517,85 @@ def test_link_speed_tables_are_consistent():
     assert s.pcie_gbps("8", 16) == Fraction("15.76") and s.nvlink_gbps(89) == s.nvlink_gbps(86)
     assert s.model_key("NVIDIA A100-SXM4-80GB") == "A100" and s.model_key("NVIDIA H200") == "H200"
     assert s.model_key("NVIDIA L40S") == "L40S" and s.model_key("NVIDIA GH200 480GB") == "GH200"
+
+
+# ---------------------------------------------------------------------------------------------
+# random PCIe trees: every pair's bandwidth is its path's slowest hop
+# ---------------------------------------------------------------------------------------------
+#: PCIe GB/s per lane after line coding, typed in from PCI-SIG's published table
+SPEC_LANE = {"2.5 GT/s": Fraction("0.25"), "5.0 GT/s PCIe": Fraction("0.5"), "8 GT/s": Fraction("0.985"),
+             "16.0 GT/s PCIe": Fraction("1.969"), "32.0 GT/s PCIe": Fraction("3.938")}
+
+_link = st.tuples(st.sampled_from(sorted(SPEC_LANE)), st.sampled_from([4, 8, 16]))
+_tree = st.recursive(st.builds(lambda l: ("gpu", l), _link),
+                     lambda kids: st.builds(lambda l, k: ("sw", l, k), _link, st.lists(kids, min_size=1, max_size=3)),
+                     max_leaves=6)
+
+
+def _render(trees_per_cpu) -> tuple[str, list[list[tuple]]]:
+    """The dump's XML, and each GPU's path upward as (element id, link GB/s) up to its CPU, then
+    ("cpu", index); GPUs in document order (rank = order)."""
+    paths, lines, bus = [], ['<system version="1">'], [0]
+
+    def emit(node, up, depth):
+        bus[0] += 1
+        me = f"0000:{bus[0]:02x}:00.0"
+        speed, width = node[1]
+        gbps = SPEC_LANE[speed] * width
+        cls = "0x030200" if node[0] == "gpu" else "0x060400"
+        pad = "  " * depth
+        lines.append(f'{pad}<pci busid="{me}" class="{cls}" vendor="0x10de" device="0x2330" '
+                     f'link_speed="{speed}" link_width="{width}">')
+        here = [(me, gbps)] + up
+        if node[0] == "gpu":
+            lines.append(f'{pad}  <gpu dev="{len(paths)}" sm="90" rank="{len(paths)}" gdr="1"/>')
+            paths.append(here)
+        else:
+            for kid in node[2]:
+                emit(kid, here, depth + 1)
+        lines.append(f"{pad}</pci>")
+
+    for c, trees in enumerate(trees_per_cpu):
+        lines.append(f'  <cpu numaid="{c}" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">')
+        for t in trees:
+            emit(t, [("cpu", c)], 2)
+        lines.append("  </cpu>")
+    lines.append("</system>")
+    return "\n".join(lines) + "\n", paths
+
+
+@settings(max_examples=60)
+@given(st.lists(st.lists(_tree, min_size=1, max_size=3), min_size=1, max_size=2))
+def test_random_pcie_trees_pair_bandwidth_is_the_slowest_hop(trees_per_cpu):
+    from hccc.compiler.cluster.import_nccl import read_nccl_dump
+    text, paths = _render(trees_per_cpu)
+    if not 2 <= len(paths) <= 8:
+        return
+    node = read_nccl_dump(SourceFile("r.xml", text))
+    upi = Fraction(10)       # NCCL's figure for Sapphire Rapids' UPI (family 6, model 143)
+    for a in range(len(paths)):
+        for b in range(a + 1, len(paths)):
+            pa, pb = paths[a], paths[b]
+            ids_b = [x[0] for x in pb]
+            k = next((i for i, x in enumerate(pa) if x[0] in ids_b and x[0] != "cpu"), None)
+            if k is not None:                                  # a shared PCIe switch
+                want = min(x[1] for x in pa[:k] + pb[:ids_b.index(pa[k][0])])
+            else:
+                want = min(x[1] for x in pa[:-1] + pb[:-1])
+                if pa[-1] != pb[-1]:                           # different CPU sockets
+                    want = min(want, upi)
+            assert node.pcie[(a, b)] == want, (a, b)
+    # every GPU is in exactly one PCIe group, whose uplink is the top element under its CPU
+    members = sorted(g for gpus, _, _ in node.pcie_groups for g in gpus)
+    assert members == list(range(len(paths)))
+    for gpus, bw, _ in node.pcie_groups:
+        assert {paths[g][-2] for g in gpus} == {paths[gpus[0]][-2]} and bw == paths[gpus[0]][-2][1]
+
+
+def test_two_smi_files_are_two_nodes(tmp_path, capsys):
+    out, rep = imported(tmp_path, capsys, "--from-smi", str(DUMPS / "hgx_a100_4gpu_smi.txt"),
+                        str(DUMPS / "hgx_a100_4gpu_smi.txt"), "--gpu", "A100")
+    assert rep["nnodes"] == 2 and rep["nranks"] == 8
+    topo = load_topology(out)
+    assert sum(1 for ln in topo.links() if ln.cls == "nic") == 2 * 4 * 4
+    assert all(ln.bandwidth == 25 * GB for ln in topo.links() if ln.cls == "nic")

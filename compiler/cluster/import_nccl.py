@@ -127,6 +127,8 @@ def parse_xml(src: SourceFile) -> El:
                             "NCCL_TOPO_DUMP_FILE writes)", line, col)
         else:
             allowed = CHILDREN[stack[-1].tag]
+            if name == "xgmi":
+                raise _Stop("<xgmi> is RCCL's (AMD GPUs): only NCCL's dumps of NVIDIA GPUs are read", line, col)
             if name not in allowed:
                 inside = ", ".join(f"<{a}>" for a in allowed) or "nothing"
                 raise _Stop(f"unexpected <{shown}> inside <{stack[-1].tag}> (NCCL's topology has {inside} there)",
