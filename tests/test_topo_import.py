@@ -599,3 +599,28 @@ def test_two_smi_files_are_two_nodes(tmp_path, capsys):
     topo = load_topology(out)
     assert sum(1 for ln in topo.links() if ln.cls == "nic") == 2 * 4 * 4
     assert all(ln.bandwidth == 25 * GB for ln in topo.links() if ln.cls == "nic")
+
+
+def test_what_is_left_out_or_assumed_is_said_in_the_file(tmp_path, capsys):
+    """GPU 1 lists 11 NVLinks back to GPU 0's 12 (one down): the pair gets 11; a C2C link and an
+    NVLink to a CPU are noted, not modelled; an unreadable link speed is read as Gen3 (NCCL's
+    fallback) and said."""
+    text = (DUMPS / "two_nics.xml").read_text()
+    text = text.replace('<nvlink target="0000:21:00.0" count="12"', '<nvlink target="0000:21:00.0" count="11"', 1)
+    text = text.replace('<gpu dev="2" sm="80" rank="2" gdr="1">',
+                        '<gpu dev="2" sm="80" rank="2" gdr="1">\n<c2c bw="40000" count="10"/>\n'
+                        '<nvlink target="0000:00:00.0" count="2" tclass="0x068001"/>', 1)
+    text = text.replace('busid="0000:a1:00.0" class="0x030200" vendor="0x10de" device="0x20f1" '
+                        'subsystem_vendor="0x10de" subsystem_device="0x1463" link_speed="16.0 GT/s PCIe"',
+                        'busid="0000:a1:00.0" class="0x030200" vendor="0x10de" device="0x20f1" '
+                        'subsystem_vendor="0x10de" subsystem_device="0x1463" link_speed="weird"', 1)
+    dump = tmp_path / "d.xml"
+    dump.write_text(text)
+    out, _ = imported(tmp_path, capsys, "--from-nccl", str(dump))
+    written = out.read_text()
+    assert "GPUs 0 and 1 list 12 and 11 NVLinks to each other: the fewer taken" in written
+    assert "C2C link to its CPU is not modelled" in written and "2 NVLinks to its CPU are not modelled" in written
+    assert 'link_speed "weird" read as 8 GT/s (PCIe Gen3)' in written
+    got = links(load_topology(out))
+    assert got[(0, 1, "direct")] == got[(1, 0, "direct")] == (Fraction(25), 11)
+    assert got[(2, 0, "switch")] == (GEN3_X16 if GEN3_X16 < 16 else Fraction(16), 1)

@@ -255,12 +255,6 @@ def _cpu_of(el: El) -> El | None:
     return None
 
 
-@dataclass
-class _Dev:
-    el: El             # the <pci> (or <cpu>) element the device hangs from
-    path: list         # ancestors from el up to <system>
-
-
 def read_nccl_dump(src: SourceFile) -> MachineNode:
     """One node from the text of one NCCL topology dump."""
     root = parse_xml(src)
@@ -435,6 +429,7 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
     if len(hosts) > 1:
         notes.append(f"CPUs of {len(hosts)} hosts (host_hash) in one dump, NCCL's view of an NVLink domain "
                      "across hosts: modelled as one node")
+    node.notes = list(dict.fromkeys(notes))      # once each, in the order found
     model = node.model
     fabric = (f"NVSwitch, {node.fabric_ports} NVLinks x {_n(node.nvlink_gbps)} GB/s per GPU" if node.nvswitch else
               f"{len(node.nvlinks)} NVLink pairs" if node.nvlinks else "no NVLink")
