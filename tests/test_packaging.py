@@ -70,7 +70,7 @@ def test_every_data_file_is_shipped():
 
 
 #: import name -> distribution name, where they differ
-_DIST = {"z3": "z3-solver", "cupy": "cupy-cuda13x", "yaml": "pyyaml"}
+_DIST = {"z3": "z3-solver", "cupy": "cupy-cuda13x", "yaml": "pyyaml", "pynvml": "nvidia-ml-py"}
 
 
 def _requirement_names(reqs) -> set[str]:
