@@ -501,7 +501,8 @@ def test_output_never_replaces_an_input_and_usage_errors(tmp_path, capsys):
     assert "is the input" in capsys.readouterr().err and dump.read_text() == (DUMPS / "pcie_4gpu.xml").read_text()
     for argv in (["topo"], ["topo", "x.topo", "--from-nccl", str(dump)], ["topo", "x.topo", "-o", "y.topo"],
                  ["topo", "--from-nccl", str(dump), "--gpu", "A100"], ["topo", "--from-nccl", str(dump), "--detect"],
-                 ["topo", "--from-smi", str(dump), "--nic-gbit", "fast"]):
+                 ["topo", "--from-smi", str(dump), "--nic-gbit", "fast"], ["topo", "--from-nccl", str(dump), "--plot", "x.png"],
+                 ["topo", "--from-smi", str(dump), "--nic-gbit", "0"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "usage:" in err and "Traceback" not in err
