@@ -625,3 +625,18 @@ def test_what_is_left_out_or_assumed_is_said_in_the_file(tmp_path, capsys):
     got = links(load_topology(out))
     assert got[(0, 1, "direct")] == got[(1, 0, "direct")] == (Fraction(25), 11)
     assert got[(2, 0, "switch")] == (GEN3_X16 if GEN3_X16 < 16 else Fraction(16), 1)
+
+
+def test_a_node_with_too_many_pcie_pairs_is_refused_before_the_work(monkeypatch, capsys):
+    """4 GPUs on PCIe only: 6 pairs, 12 links; with room for 10 the node is refused, by name, before
+    any path is worked out (a large node's pairs grow with the square of its GPUs)."""
+    from hccc.compiler.cluster import import_nccl, machine
+    monkeypatch.setattr(machine, "MAX_PAIR_LINKS", 10)
+    walked = []
+    monkeypatch.setattr(import_nccl, "_ancestors", lambda el: walked.append(el) or [])
+    assert main(["topo", "--from-nccl", str(DUMPS / "pcie_4gpu.xml")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hccc: error: pcie_4gpu.xml: 4 GPUs with 6 pairs outside an NVSwitch fabric would "
+                          "need 12 links, over the 10") and not walked
+    assert main(["topo", "--from-nccl", str(DUMPS / "dgx_a100.xml")]) == 0    # a fabric's pairs need none
+    capsys.readouterr()

@@ -49,7 +49,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from hccc.compiler.cluster import link_speeds as speeds
-from hccc.compiler.cluster.machine import PCIE_RELATIONS, Gpu, MachineNode, Nic
+from hccc.compiler.cluster.machine import PCIE_RELATIONS, Gpu, MachineNode, Nic, check_pair_links
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.util.limits import printable
 
@@ -349,6 +349,8 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
         node.nvswitch.clear()
 
     # PCIe paths of the pairs NVLink does not join
+    fabric_size = len(node.nvswitch)
+    check_pair_links(node.source, len(gpus), fabric_size * (fabric_size - 1) // 2)
     paths = [_ancestors(g.parent) for g in gpu_els]
     link_bw: dict[int, Fraction] = {}
 

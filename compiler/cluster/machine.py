@@ -32,6 +32,21 @@ from hccc.util.limits import printable
 
 #: PCIe relations between two devices, nearest first (nvidia-smi's legend; NVML's topology levels)
 PCIE_RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+#: most per-pair links (one entry each, both directions of every GPU pair written out) one node may
+#: need: half the 32,768 link entries the .topo parser reads, so that the lines they take (four
+#: entries a line) stay within its 8,192-line limit next to the rest of the file. Checked before
+#: the pairs are worked out: the work grows with the square of the GPUs
+MAX_PAIR_LINKS = 16_384
+
+
+def check_pair_links(source: str, ngpus: int, joined_pairs: int) -> None:
+    """Refuse a node whose GPU pairs need more links than a .topo file holds, before any work on
+    them. ``joined_pairs``: pairs an NVSwitch fabric joins (one entry per GPU covers them)."""
+    pairs = ngpus * (ngpus - 1) // 2 - joined_pairs
+    if 2 * pairs > MAX_PAIR_LINKS:
+        raise CompileError([Diagnostic(
+            f"{printable(source)}: {ngpus} GPUs with {pairs} pairs outside an NVSwitch fabric would need "
+            f"{2 * pairs} links, over the {MAX_PAIR_LINKS} a cluster file holds per node", None)])
 
 
 @dataclass
@@ -172,6 +187,7 @@ def node_from_relations(source: str, gpus: list[Gpu], nv: list[list[int]], rel: 
     from hccc.compiler.cluster.link_speeds import nvlink_gbps, nvlinks_per_gpu
 
     n = len(gpus)
+    check_pair_links(source, n, 0 if switch_ports is None else len(switch_ports) * (len(switch_ports) - 1) // 2)
     node = MachineNode(source, gpus, notes=list(notes))
     sms = [g.sm for g in gpus if g.sm is not None]
     node.nvlink_gbps = nvlink_gbps(min(sms)) if sms else nvlink_gbps(80)
