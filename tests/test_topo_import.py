@@ -633,7 +633,8 @@ def test_a_node_with_too_many_pcie_pairs_is_refused_before_the_work(monkeypatch,
     from hccc.compiler.cluster import import_nccl, machine
     monkeypatch.setattr(machine, "MAX_PAIR_LINKS", 10)
     walked = []
-    monkeypatch.setattr(import_nccl, "_ancestors", lambda el: walked.append(el) or [])
+    ancestors = import_nccl._ancestors
+    monkeypatch.setattr(import_nccl, "_ancestors", lambda el: walked.append(el) or ancestors(el))
     assert main(["topo", "--from-nccl", str(DUMPS / "pcie_4gpu.xml")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hccc: error: pcie_4gpu.xml: 4 GPUs with 6 pairs outside an NVSwitch fabric would "
