@@ -282,6 +282,8 @@ class FakeNVML:
         return self._link(h, link)[2]
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        if self.levels[a][b] is None:
+            raise FakeNVMLError("Not Supported")
         return self.levels[a][b]
 
 
@@ -641,3 +643,14 @@ def test_a_node_with_too_many_pcie_pairs_is_refused_before_the_work(monkeypatch,
                           "need 12 links, over the 10") and not walked
     assert main(["topo", "--from-nccl", str(DUMPS / "dgx_a100.xml")]) == 0    # a fabric's pairs need none
     capsys.readouterr()
+
+
+def test_detect_when_nvml_does_not_say_a_pcie_path():
+    """A VM whose NVML answers no common ancestor: the pair is taken as SYS (the inter-socket
+    figure caps it) and the file says so."""
+    from hccc.compiler.cluster.detect import detect
+    from hccc.compiler.cluster.machine import write_topology
+    fake = FakeNVML(["NVIDIA L4"] * 2, [_bus(0), _bus(1)], [[], []], [[0, None], [None, 0]], gen=4, cc=(8, 9))
+    text, topo = write_topology([detect(fake)], "t")
+    assert links(topo) == full_mesh(2, "switch", 10, 1)
+    assert "NVML did not say the PCIe path of 1 GPU pairs: taken as SYS" in text

@@ -132,10 +132,15 @@ def _detect(nvml, err) -> MachineNode:
                 notes.append(f"GPUs {a} and {b} count {nv[a][b]} and {nv[b][a]} NVLinks to each other: the fewer taken")
                 nv[a][b] = nv[b][a] = min(nv[a][b], nv[b][a])
     rel = [["PIX"] * n for _ in range(n)]
+    unknown = 0
     for a in range(n):
         for b in range(a + 1, n):
-            level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]))
-            rel[a][b] = rel[b][a] = LEVEL_RELATION.get(level, "SYS")
+            level = _optional(nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b], err=err)
+            if level is None:           # not reported (some virtual machines): the farthest assumed
+                unknown += 1
+            rel[a][b] = rel[b][a] = LEVEL_RELATION.get(int(level), "SYS") if level is not None else "SYS"
+    if unknown:
+        notes.append(f"NVML did not say the PCIe path of {unknown} GPU pairs: taken as SYS (across the sockets)")
     if any(rel[a][b] == "SYS" for a in range(n) for b in range(n)):
         notes.append(f"SYS pairs cross the CPU sockets' link, taken at {speeds.UNKNOWN_INTER_SOCKET_GBPS} GB/s")
     notes.append("NVML knows no NICs: this node has none (hccc topo --from-nccl reads them from NCCL's dump)")
