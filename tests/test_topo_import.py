@@ -403,6 +403,7 @@ BAD_XML = [
     (H100.replace('<nvlink target="0000:05:00.0"', '<xgmi target="0000:05:00.0"', 1), None, "<xgmi> is RCCL's"),
     ("<system version=\"1\"><cpu/></system>\n", "1:1", "the dump lists no <gpu>"),
     ("", "1:1", "malformed XML: no element found"),
+    ("\n  GPU 0: NVIDIA A100\n", "2:3", "not XML: NCCL's topology dump begins with <system>"),
     ("<system version=\"1\"/><system version=\"1\"/>", "1:22", "junk after document element"),
     ("<system version=\"1\"><cpu>" + "<pci>" * 70, None, "nested more than 64 deep"),
 ]
@@ -466,6 +467,7 @@ SMI_A100 = (DUMPS / "hgx_a100_4gpu_smi.txt").read_text()
 
 BAD_SMI = [
     ("hello\n", "1:1", "no matrix header"),
+    (H100, "1:1", "this is XML, not the output of nvidia-smi topo -m"),
     (SMI_A100.replace("NV4", "NVX", 1), None, "'NVX' is not a link kind nvidia-smi writes"),
     (SMI_A100.replace("NV4", "PIX", 1), None, "the matrix is not symmetric"),
     ("\n".join(ln for ln in SMI_A100.splitlines() if not ln.startswith("GPU2")), None, "the matrix has no row for GPU2"),

@@ -101,6 +101,13 @@ class _Stop(Exception):
 
 def parse_xml(src: SourceFile) -> El:
     """The element tree of an NCCL topology dump; every refusal is a located CompileError."""
+    body = src.text.lstrip()
+    if body and not body.startswith("<"):
+        off = len(src.text) - len(body)
+        line = src.text.count("\n", 0, off) + 1
+        col = off - (src.text.rfind("\n", 0, off) + 1) + 1
+        raise CompileError([Diagnostic("not XML: NCCL's topology dump begins with <system> (the saved output of "
+                                       "nvidia-smi topo -m is read by --from-smi)", Location(src, line, col))])
     p = expat.ParserCreate()
     p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
     stack: list[El] = []

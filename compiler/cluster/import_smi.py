@@ -76,6 +76,9 @@ def read_smi_topo(src: SourceFile, gpu_model: str | None = None, nic_gbit: Fract
             header_at = i
             break
     if header_at is None:
+        if src.text.lstrip().startswith("<"):
+            raise err(1, 1, "this is XML, not the output of nvidia-smi topo -m (NCCL's topology dump is read by "
+                            "--from-nccl)")
         raise err(1, 1, "no matrix header (a line of columns starting 'GPU0'): not the output of nvidia-smi topo -m")
     head = _tokens(lines[header_at])
     columns: list[str] = []
