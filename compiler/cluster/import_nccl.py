@@ -101,7 +101,7 @@ class _Stop(Exception):
 
 def parse_xml(src: SourceFile) -> El:
     """The element tree of an NCCL topology dump; every refusal is a located CompileError."""
-    body = src.text.lstrip()
+    body = src.text.lstrip("\ufeff \t\r\n")       # a byte-order mark an editor wrote, whitespace
     if body and not body.startswith("<"):
         off = len(src.text) - len(body)
         line = src.text.count("\n", 0, off) + 1
