@@ -62,7 +62,7 @@ def _tokens(line: str) -> list[tuple[str, int]]:
 
 def read_smi_topo(src: SourceFile, gpu_model: str | None = None, nic_gbit: Fraction | int | None = None) -> MachineNode:
     """One node from the saved output of ``nvidia-smi topo -m`` (and, optionally, ``nvidia-smi -L``)."""
-    lines = [_ANSI.sub("", ln).replace("\t", " ") for ln in src.text.splitlines()]
+    lines = [_ANSI.sub("", ln).replace("\t", " ").replace("\ufeff", " ") for ln in src.text.splitlines()]
 
     def err(line: int, col: int, msg: str) -> CompileError:
         return CompileError([Diagnostic(msg, Location(src, line, col))])
