@@ -111,15 +111,16 @@ def test_pcie_only_box_gets_pcie_links_and_its_two_switches(tmp_path, capsys):
 
 
 def test_nvlink_bridges_and_a_socket_crossing_with_two_nics(tmp_path, capsys):
-    """4 x A100 PCIe on two AMD sockets: NVLink bridges (12 links) join 0-1 and 2-3; the other
-    pairs cross Infinity Fabric (NCCL's 16 GB/s, below the GPUs' 31.504); one NIC per socket."""
+    """4 x A100 PCIe on two AMD EPYC 7763 sockets (Zen 3, family 0x19): NVLink bridges (12 links)
+    join 0-1 and 2-3; the other pairs cross Infinity Fabric (NCCL's 24 GB/s for Zen 3-4, below the
+    GPUs' 31.504); one NIC per socket."""
     out, _ = imported(tmp_path, capsys, "--from-nccl", str(DUMPS / "two_nics.xml"))
     want = {}
     for a, b in ((0, 1), (2, 3)):
         want[(a, b, "direct")] = want[(b, a, "direct")] = (Fraction(25), 12)
     for a in (0, 1):
         for b in (2, 3):
-            want[(a, b, "switch")] = want[(b, a, "switch")] = (Fraction(16), 1)
+            want[(a, b, "switch")] = want[(b, a, "switch")] = (Fraction(24), 1)
     assert links(load_topology(out)) == want
     assert "define nic = [((0,1) -> (25,1)), ((2,3) -> (25,1))]" in out.read_text()
 
@@ -577,7 +578,7 @@ def test_random_pcie_trees_pair_bandwidth_is_the_slowest_hop(trees_per_cpu):
     if not 2 <= len(paths) <= 8:
         return
     node = read_nccl_dump(SourceFile("r.xml", text))
-    upi = Fraction(10)       # NCCL's figure for Sapphire Rapids' UPI (family 6, model 143)
+    upi = Fraction(22)       # NCCL's figure for Sapphire Rapids' UPI (family 6, model 143 = 0x8F)
     for a in range(len(paths)):
         for b in range(a + 1, len(paths)):
             pa, pb = paths[a], paths[b]
@@ -628,7 +629,7 @@ def test_what_is_left_out_or_assumed_is_said_in_the_file(tmp_path, capsys):
     assert 'link_speed "weird" read as 8 GT/s (PCIe Gen3)' in written
     got = links(load_topology(out))
     assert got[(0, 1, "direct")] == got[(1, 0, "direct")] == (Fraction(25), 11)
-    assert got[(2, 0, "switch")] == (GEN3_X16 if GEN3_X16 < 16 else Fraction(16), 1)
+    assert got[(2, 0, "switch")] == (GEN3_X16, 1)       # 15.76, below the sockets' 24
 
 
 def test_a_node_with_too_many_pcie_pairs_is_refused_before_the_work(monkeypatch, capsys):
@@ -656,3 +657,15 @@ def test_detect_when_nvml_does_not_say_a_pcie_path():
     text, topo = write_topology([detect(fake)], "t")
     assert links(topo) == full_mesh(2, "switch", 10, 1)
     assert "NVML did not say the PCIe path of 1 GPU pairs: taken as SYS" in text
+
+
+@pytest.mark.parametrize("vendor, family, model, gbps", [
+    ("GenuineIntel", 6, 0x4F, 6), ("GenuineIntel", 6, 0x55, 10), ("GenuineIntel", 6, 0x6A, 10),
+    ("GenuineIntel", 6, 0x8F, 22), ("GenuineIntel", 6, 0xCF, 40), ("AuthenticAMD", 0x17, 0x31, 16),
+    ("AuthenticAMD", 0x19, 0x01, 24), ("AuthenticAMD", 0x1A, 0x02, 32), ("", None, None, 10),
+])
+def test_inter_socket_figures_follow_the_cpu_as_nccl_reads_it(vendor, family, model, gbps):
+    """Broadwell 6, Skylake/Ice Lake 10, Sapphire Rapids 22, Emerald Rapids 40; AMD Zen 1-2 16,
+    Zen 3-4 24, Zen 5 32 (NCCL's src/graph/topo.h); a CPU the input does not name: 10."""
+    from hccc.compiler.cluster.link_speeds import inter_socket_gbps
+    assert inter_socket_gbps(vendor, "x86_64", family, model)[0] == gbps

@@ -66,17 +66,25 @@ SM_BY_MODEL: dict[str, int] = {
     "GH200": 90, "B200": 100, "B100": 100,
 }
 
-#: GB/s one direction between two CPU sockets, the figures NCCL assumes for that hop
-#: (src/graph/topo.h: QPI_BW 6, SKL_QPI_BW 10, AMD_BW 16, P9_BW 32, ARM_BW 6)
+#: GB/s one direction between two CPU sockets: the figures NCCL itself assumes for that hop
+#: (src/graph/topo.h: BDW_QPI_BW 6, SKL_QPI_BW 10, SRP_QPI_BW 22, ERP_QPI_BW 40, AMD_ZEN12_BW 16,
+#: AMD_ZEN34_BW 24, AMD_ZEN5_BW 32, P9_BW 32, ARM_BW 6)
 INTER_SOCKET_GBPS: dict[str, Fraction] = {
-    "intel-qpi": Fraction(6), "intel-upi": Fraction(10), "amd": Fraction(16), "power9": Fraction(32),
-    "arm": Fraction(6),
+    "intel-broadwell": Fraction(6), "intel-skylake": Fraction(10), "intel-sapphire-rapids": Fraction(22),
+    "intel-emerald-rapids": Fraction(40), "amd-zen1-2": Fraction(16), "amd-zen3-4": Fraction(24),
+    "amd-zen5": Fraction(32), "power9": Fraction(32), "arm": Fraction(6),
 }
 #: the inter-socket figure where the CPU is not known (``nvidia-smi topo -m``'s SYS, NVML's
-#: SYSTEM): NCCL's figure for Intel UPI (Skylake and later), the commonest host of these GPUs
-UNKNOWN_INTER_SOCKET_GBPS = INTER_SOCKET_GBPS["intel-upi"]
-#: Intel x86 family 6 models from Skylake-SP (0x55) on have UPI (NCCL: NCCL_TOPO_CPU_TYPE_SKL)
-INTEL_UPI_FIRST_MODEL = 0x55
+#: SYSTEM): NCCL's figure for Intel Skylake-class UPI, below every newer CPU's
+UNKNOWN_INTER_SOCKET_GBPS = INTER_SOCKET_GBPS["intel-skylake"]
+#: Intel x86 family 6 models from which each generation's figure applies, as NCCL's topology reads
+#: the dump's modelid (src/graph/topo.cc): Skylake-SP 0x55, Sapphire Rapids 0x8F, Emerald Rapids 0xCF
+INTEL_MODELS = ((0xCF, "intel-emerald-rapids"), (0x8F, "intel-sapphire-rapids"), (0x55, "intel-skylake"))
+#: AMD x86 families (the dump's familyid): 0x17 Zen 1-2, 0x19 Zen 3-4, 0x1A Zen 5
+AMD_FAMILIES = {0x17: "amd-zen1-2", 0x19: "amd-zen3-4", 0x1A: "amd-zen5"}
+_CPU_NAMES = {"intel-skylake": "Skylake", "intel-sapphire-rapids": "Sapphire Rapids",
+              "intel-emerald-rapids": "Emerald Rapids", "amd-zen1-2": "Zen 1-2", "amd-zen3-4": "Zen 3-4",
+              "amd-zen5": "Zen 5"}
 
 #: NIC port speed assumed where the input does not say it (``nvidia-smi topo -m``, NVML): 200 Gbit/s,
 #: HDR InfiniBand, the ConnectX-6 of DGX A100 (NVIDIA DGX A100 user guide); ``--nic-gbit`` overrides
@@ -140,7 +148,7 @@ def pcie_gen_of_model(name: str | None) -> int | None:
 
 
 def inter_socket_gbps(vendor: str | None, arch: str | None, family: int | None, model: int | None) -> tuple[Fraction, str]:
-    """The inter-socket figure for a CPU as NCCL's dump describes it, and its name."""
+    """The inter-socket figure for a CPU as NCCL's dump describes it, and what the link is."""
     v = (vendor or "").lower()
     a = (arch or "").lower()
     if a in ("ppc64", "ppc64le", "power"):
@@ -148,11 +156,13 @@ def inter_socket_gbps(vendor: str | None, arch: str | None, family: int | None, 
     if a in ("arm64", "aarch64", "arm"):
         return INTER_SOCKET_GBPS["arm"], "Arm socket link"
     if "amd" in v:
-        return INTER_SOCKET_GBPS["amd"], "AMD Infinity Fabric"
+        key = AMD_FAMILIES.get(family, "amd-zen1-2")
+        return INTER_SOCKET_GBPS[key], f"AMD Infinity Fabric ({_CPU_NAMES[key]})"
     if "intel" in v:
-        if family == 6 and model is not None and model >= INTEL_UPI_FIRST_MODEL:
-            return INTER_SOCKET_GBPS["intel-upi"], "Intel UPI"
-        return INTER_SOCKET_GBPS["intel-qpi"], "Intel QPI"
+        for first, key in INTEL_MODELS:
+            if family == 6 and model is not None and model >= first:
+                return INTER_SOCKET_GBPS[key], f"Intel UPI ({_CPU_NAMES[key]})"
+        return INTER_SOCKET_GBPS["intel-broadwell"], "Intel QPI (Broadwell)"
     return UNKNOWN_INTER_SOCKET_GBPS, "inter-socket link (CPU not named)"
 
 
