@@ -669,3 +669,14 @@ def test_inter_socket_figures_follow_the_cpu_as_nccl_reads_it(vendor, family, mo
     Zen 3-4 24, Zen 5 32 (NCCL's src/graph/topo.h); a CPU the input does not name: 10."""
     from hccc.compiler.cluster.link_speeds import inter_socket_gbps
     assert inter_socket_gbps(vendor, "x86_64", family, model)[0] == gbps
+
+
+def test_detect_topology_for_callers(monkeypatch):
+    """The Python entry a backend uses: the .topo text and the parsed Topology of this machine."""
+    from hccc.compiler.cluster.detect import detect_topology
+    fake = FakeNVML(["NVIDIA A100-SXM4-80GB"] * 2, [_bus(0), _bus(1)], [[(1, _bus(1), 0)] * 4, [(1, _bus(0), 0)] * 4],
+                    [[0, 10], [10, 0]])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    text, topo = detect_topology()
+    assert text.startswith("# detected by hccc through NVML") and topo.nranks == 2
+    assert links(topo) == full_mesh(2, "direct", 25, 4)

@@ -162,3 +162,10 @@ def detect_machine() -> MachineNode:
     """This machine through the installed pynvml."""
     return detect(load_nvml())
 
+
+def detect_topology():
+    """This machine as ``(.topo text, Topology)``, for callers that want the cluster itself (a
+    backend choosing algorithms for the machine it runs on). Raises DetectError as detect() does."""
+    from hccc.compiler.cluster.machine import write_topology
+    return write_topology([detect_machine()], "detected by hccc through NVML", "detected.topo")
+

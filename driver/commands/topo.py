@@ -89,7 +89,8 @@ def configure(parser) -> None:
     parser.add_argument("-o", "--output", metavar="C.topo",
                         help="write the imported cluster here (default: print it)")
     parser.add_argument("--gpu", metavar="MODEL",
-                        help="--from-smi: the GPU model where the file does not name it (A100, H100, ...)")
+                        help="--from-smi: the GPU model (A100, H100, ...; else the file's `nvidia-smi -L` "
+                             "lines name it)")
     parser.add_argument("--nic-gbit", metavar="GBIT", type=_gbit,
                         help="--from-smi: NIC port speed in Gbit/s (the matrix does not say; default 200)")
 
