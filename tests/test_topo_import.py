@@ -680,3 +680,16 @@ def test_detect_topology_for_callers(monkeypatch):
     text, topo = detect_topology()
     assert text.startswith("# detected by hccc through NVML") and topo.nranks == 2
     assert links(topo) == full_mesh(2, "direct", 25, 4)
+
+
+def test_fixtures_are_what_their_generator_writes():
+    """tests/topo_dumps/generate.py writes every fixture; a hand edit of one (or of the generator
+    alone) is caught here."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("topo_dumps_generate", DUMPS / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.files()
+    assert sorted(written) == sorted(NCCL + SMI)
+    for name, text in written.items():
+        assert (DUMPS / name).read_text() == text, name
