@@ -254,6 +254,17 @@ def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int 
             stuck = "; ".join(f"rank {t.rank} tb {t.tb['id']} at op {t.pc} ({t.steps[t.pc][0]['name']})"
                               for t in live[:4])
             raise InterpError(f"deadlock: {stuck}")
+    # every call must leave the counts as it found them: a signal (or semaphore release) nobody
+    # consumed satisfies a wait (an acquire) of the next call before its data is there
+    for r, rk in enumerate(ranks):
+        for t in rk.inbound:
+            for c, (got, used) in enumerate(zip(rk.inbound[t], rk.expected[t])):
+                if got != used:
+                    raise InterpError(f"rank {r}'s {t} channel {c}: {got} signals arrived over {runs} calls, "
+                                      f"{used} waited for: the rest satisfy a later call's waits early")
+        init = [s["init_value"] for s in rk.g.get("semaphores", [])]
+        if rk.sems != init:
+            raise InterpError(f"rank {r}'s semaphores end at {rk.sems}, not at their initial {init}")
     return [rk.bufs["o"] for rk in ranks]
 
 

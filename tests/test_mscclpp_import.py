@@ -236,7 +236,7 @@ def test_refusals_are_located(tmp_path):
     bad = copy.deepcopy(plan)
     del bad["gpus"][0]["threadblocks"][0]["ops"][7]                              # the put's signal
     msg, line = _error(bad, tmp_path)
-    assert "without a signal" in msg and '"name": "put"' in line
+    assert "a wait no signal satisfies" in msg and '"name": "wait"' in line
     bad = copy.deepcopy(plan)
     bad["gpus"][1]["channels"].append({"channel_type": "switch", "buffer_type": "o",
                                        "rank_groups": [{"size": 2, "ranks": [0, 1]}]})

@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NAMES
+from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
@@ -258,23 +260,36 @@ class _Importer:
         self.sig_tb = defaultdict(list)   # (rank, type, channel) -> thread block of each signal
         self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
         self.chain_in, self.chain_out = {}, {}
+        self.sem_init = [semaphore_inits(g, ("gpus", r), rd.err) for r, g in enumerate(gpus)]
+
+        def operation(op, p):
+            name = rd.get(op, "name", p, str)
+            if name not in OP_NAMES:
+                raise rd.err(p + ("name",), f"invalid operation type '{name}'")
+            if name in _UNSUPPORTED:
+                raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+            check_operation(op, p, rd.err, len(self.sem_init[r]))
+            return name
+
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
                 base = ("gpus", r, "threadblocks", ti)
                 tid = rd.get(tb, "id", base, int)
                 if tid != ti:
                     raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
-                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])
-                       if isinstance(c, dict) and "channel_type" in c and "channel_ids" in c}
+                check_thread_block(tb, base, rd.err)
+                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
                 self.tb_chans[(r, ti)] = tch
-                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])
-                       if isinstance(c, dict) and "access_channel_type" in c}
+                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
                 ops = []
                 for k, op in enumerate(rd.get(tb, "ops", base, list)):
                     p = base + ("ops", k)
-                    name = rd.get(op, "name", p, str)
+                    name = operation(op, p)
                     if name == "pipeline":
-                        inner = rd.get(op, "ops", p, list)
+                        inner = op["ops"]
+                        for j, o in enumerate(inner):
+                            if operation(o, p + ("ops", j)) == "pipeline":
+                                raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
                         sizes = {ref.get("size") for o in inner for s in ("src_buff", "dst_buff")
                                  for ref in o.get(s, [])}
                         if len(sizes) > 1:
@@ -285,11 +300,7 @@ class _Importer:
                         ops.append((p, op))
                 resolved = []
                 for p, op in ops:
-                    name = op.get("name")
-                    if name not in OP_NAMES:
-                        raise rd.err(p + ("name",), f"invalid operation type '{name}'")
-                    if name in _UNSUPPORTED:
-                        raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+                    name = op["name"]
                     if op.get("tbg_info") and op["tbg_info"].get("tbg_size", 1) != 1:
                         raise rd.err(p + ("tbg_info",), "thread-block groups split chunks into parts, below "
                                                         "hccc's chunk granularity")
@@ -322,6 +333,9 @@ class _Importer:
                 if b not in {self.chain_in.get((r, sid)) for sid in self.chain_out.get((r, a), [])}:
                     raise rd.err(p, f"{t} channel {c} of rank {r} is used by thread blocks {a} and {b}, which may "
                                     f"run at the same time: the order of its signals is not fixed")
+        # the executor's synchronisation: no block races inside, every wait satisfied, no deadlock
+        check_races(self.tbs, self._ref, rd.err)
+        check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err)
 
     # -- pass 2: primitives
     def _ref(self, op, ref, path, r):
@@ -767,7 +781,9 @@ class _Importer:
         cols = {"rank": rank, "tb": tb, "seq": seq, "pipeline": np.zeros(N), "op": rows_arr[:, 2],
                 "send_peer": rows_arr[:, 3], "recv_peer": rows_arr[:, 4], "channel": rows_arr[:, 5],
                 "src_buf": rows_arr[:, 6], "src_off": rows_arr[:, 7], "dst_buf": rows_arr[:, 8],
-                "dst_off": rows_arr[:, 9], "count": rows_arr[:, 10], "task": np.arange(N), "task2": np.full(N, -1)}
+                "dst_off": rows_arr[:, 9], "count": rows_arr[:, 10], "task": np.full(N, -1), "task2": np.full(N, -1)}
+        # no task ids: a plan's messages are matched by their order on a connection, and a send and
+        # its receive are different rows (ids per row made every matched pair disagree once written)
         cols = {k: np.asarray(v).astype(PRIM_COLUMNS[k]) for k, v in cols.items()}
         ntbs = np.zeros(R, np.int32)
         for r, ti, _ in self.tbs:
@@ -787,7 +803,7 @@ class _Importer:
                               "tbs_state_based": int(ntbs.sum())})
         ir.sort_canonical()
         self.order_where = None
-        from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
+        from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
         from hccc.compiler.ir.extents import ExtentError, check_extents
         from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
         order = np.lexsort((seq, tb, rank))
@@ -803,6 +819,7 @@ class _Importer:
 
         try:
             check_structure(ir)
+            check_fifo_order(ir)         # what reading the program back from its .ir.json checks too
         except IRFormatError as exc:
             raise CompileError([Diagnostic(f"the plan is not a well-formed program: {exc}", rd.loc(()))]) from None
         try:
