@@ -29,6 +29,7 @@ packets, channels shared by thread blocks, signals nobody waits for.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from pathlib import Path
 
@@ -241,16 +242,17 @@ class _Importer:
                 bufs.append((p, letter))
             self.rbufs.append(bufs)
         # the k-th channel of a type from A to B is the k-th from B to A
-        self.pair = {}
+        # (linear in the channels: each rank's channels grouped by peer once)
+        towards = defaultdict(list)          # (rank, type, peer) -> the rank's channels to peer, in order
         for r in range(self.R):
             for t, peers in self.chans[r].items():
-                seen = defaultdict(int)
                 for c, p in enumerate(peers):
-                    m = seen[p]
-                    seen[p] += 1
-                    theirs = [j for j, q in enumerate(self.chans[p][t]) if q == r]
-                    if m < len(theirs):
-                        self.pair[(r, t, c)] = (theirs[m], m)
+                    towards[(r, t, p)].append(c)
+        self.pair = {}
+        for (r, t, p), mine in towards.items():
+            theirs = towards.get((p, t, r), ())
+            for m, c in enumerate(mine[:len(theirs)]):
+                self.pair[(r, t, c)] = (theirs[m], m)
 
     # -- pass 1: operations in order, signals and waits counted per channel
     def _scan(self, gpus):
@@ -474,10 +476,10 @@ class _Importer:
                                       "path": p, "j": j})
         # a packet write read in parts (by several operations) is sent in those parts
         for peer, writes in list(packet_writes.items()):
-            cuts = packet_reads.get(peer, set())
+            cuts = sorted(packet_reads.get(peer, set()))
             parts = []
             for lo, n, send in writes:
-                bounds = sorted({lo, lo + n} | {c for c in cuts if lo < c < lo + n})
+                bounds = [lo] + cuts[bisect_right(cuts, lo):bisect_left(cuts, lo + n)] + [lo + n]
                 if len(bounds) == 2:
                     parts.append((lo, n, send))
                     continue
@@ -500,24 +502,39 @@ class _Importer:
             packet_writes[peer] = sorted(parts, key=lambda x: x[0])
         # a packet region read by one operation is received into that operation's place; one read
         # by several is received into the scratch (at self.PK + index) by the first and read there
+        # (parts never straddle a read's bounds, which cut them: the parts a read covers are
+        # those starting inside it)
+        self.pk_los = {}
         for peer, parts in packet_writes.items():
-            for lo, n, w in parts:
-                w["readers"] = sum(1 for a, b in self.pk_readers.get(peer, []) if a <= lo and lo + n <= b)
+            los = [lo for lo, _, _ in parts]
+            self.pk_los[peer] = los
+            for _, _, w in parts:
+                w["readers"] = 0
+            for a, b in self.pk_readers.get(peer, []):
+                for k in range(bisect_left(los, a), bisect_left(los, b)):
+                    lo, n, w = parts[k]
+                    if lo + n <= b:
+                        w["readers"] += 1
         for key, lst in pending.items():
             if lst:
                 raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
                                              f"after it: the peer cannot know when the data is there")
         chan_no: dict[tuple, int] = {}
+        chans_between: dict[tuple, int] = defaultdict(int)     # (sender, receiver) -> connections so far
 
         def channel_no(key):
             # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
             # receiving thread blocks): a subsequence of the channel's messages, in their order
             if key not in chan_no:
-                chan_no[key] = sum(1 for k in chan_no if k[1:3] == key[1:3])
+                chan_no[key] = chans_between[key[1:3]]
+                chans_between[key[1:3]] += 1
             return chan_no[key]
 
         # the signal a read belongs to: the peer's k-th signal on the partner channel
         sig_reads = defaultdict(list)
+        reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
+        for x in reads:
+            reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
         for rd_ in reads:
             t, c, k = rd_["wait"]
             partner = self.pair.get((rd_["rank"], t, c))
@@ -578,7 +595,7 @@ class _Importer:
                             b, i, n = rr["src"]
                             rr["send_row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
                                                  sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
-                self._local(r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no)
+                self._local(r, ti, pos, p, op, desc, add, reads_at, packet_writes, channel_no)
                 for kind, what in emit_at.get((r, ti, pos), []):
                     if kind == "send":
                         s = what
@@ -597,6 +614,11 @@ class _Importer:
                     arrive = add(r, ti, Op.NOP, p, desc)
                     depart = add(r, ti, Op.NOP, p, desc)
                     barriers[(r, op.get("barrier_id", 0))].append((ti, arrive, depart, p))
+            if not tb_rows.get((r, ti)):
+                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
+                # its place, so the program's thread blocks stay the plan's
+                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
+                add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
         # put-message channels (set when their receive was placed)
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
@@ -679,7 +701,7 @@ class _Importer:
             self._reduce_local(r, ti, p, desc, add, srcs, d)
             return
         if name in ("get", "rre", "rres"):
-            mine = [x for x in reads if x["rank"] == r and x["tb"] == ti and x["pos"] == pos]
+            mine = reads.get((r, ti, pos), [])
             if name == "get":
                 for x in mine:
                     d = self._ref(op, op["dst_buff"][x["j"]], p + ("dst_buff", x["j"]), r)
@@ -710,8 +732,9 @@ class _Importer:
             acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
             for j in range(first_pk, last):
                 q = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                pieces = sorted((w for w in packet_writes.get(r, []) if q[2] <= w[0] and w[0] + w[1] <= q[2] + q[3]),
-                                key=lambda w: w[0])
+                lst, los = packet_writes.get(r, []), self.pk_los.get(r, [])
+                pieces = [w for w in lst[bisect_left(los, q[2]):bisect_left(los, q[2] + q[3])]
+                          if w[0] + w[1] <= q[2] + q[3]]
                 cover = q[2]
                 for lo, n, s in pieces:
                     if lo != cover:
