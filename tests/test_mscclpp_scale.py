@@ -96,3 +96,42 @@ def test_a_thread_block_that_only_synchronises_is_accepted():
             tb["ops"] = [o for o in tb["ops"] if o["name"] in ("signal", "wait")]
     ir = import_plan_text(json.dumps(plan), "sync_only.json")
     assert list(ir.ntbs) == [3, 3]
+
+
+def _refused_within(plan: dict, budget: int):
+    """The plan's refusal (its message and line), found holding at most ``budget`` bytes beyond
+    the plan's own text (traced Python allocations, numpy's included)."""
+    import tracemalloc
+    text = json.dumps(plan, indent=1)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(CompileError) as exc:
+            import_plan_text(text, "big.json")
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    d = exc.value.diagnostics[0]
+    assert peak < budget, peak
+    return d.message, text.splitlines()[d.location.line - 1]
+
+
+def test_a_plan_declaring_a_huge_scratch_is_refused_from_its_sizes():
+    plan = many_channels(2)
+    plan["gpus"][1]["scratch_chunks"] = 10 ** 8
+    msg, line = _refused_within(plan, 16 << 20)
+    assert "chunk slots" in msg and "files-and-limits" in msg and '"scratch_chunks": 100000000' in line
+
+
+def test_twenty_thousand_empty_gpus_are_refused_from_their_sizes():
+    R = 20_000
+    gpus = [{"id": r, "input_chunks": 1, "output_chunks": R, "scratch_chunks": 0, "channels": [],
+             "remote_buffers": [], "threadblocks": [], "semaphores": []} for r in range(R)]
+    plan = {"name": "empty", "collective": "allgather", "protocol": "Simple", "inplace": False, "gpus": gpus}
+    msg, line = _refused_within(plan, 64 << 20)
+    assert f"{R} ranks" in msg and "chunk slots" in msg and '"output_chunks"' in line
+
+
+def test_the_slot_limit_admits_a_thousand_gpu_allgather():
+    from hccc.compiler.interop.mscclpp_plan import MAX_PLAN_SLOTS
+    assert 1024 * (1 + 1024 + 1024) <= MAX_PLAN_SLOTS

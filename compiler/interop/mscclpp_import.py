@@ -37,7 +37,7 @@ import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
-from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NAMES
+from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, MAX_PLAN_SLOTS, OP_NAMES
 from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
@@ -48,8 +48,14 @@ _PACKET_READS = {"upkt": 0, "repkt": 1, "respkt": 1, "recpkt": 1, "recspkt": 1, 
 
 
 # ---------------------------------------------------------------------------------------- locations
-def _positions(text: str) -> dict[tuple, int]:
-    """Offset of every JSON value by its path (keys and indices), for located messages."""
+class _Found(Exception):
+    pass
+
+
+def _positions(text: str, target: tuple | None = None) -> dict[tuple, int]:
+    """Offset of every JSON value by its path (keys and indices), for located messages; with a
+    ``target`` path, only up to that value (a message about the start of a large plan is found
+    without reading the rest)."""
     pos: dict[tuple, int] = {}
     n = len(text)
 
@@ -73,6 +79,8 @@ def _positions(text: str) -> dict[tuple, int]:
     def value(i, path):
         i = ws(i)
         pos[path] = i
+        if path == target:
+            raise _Found
         c = text[i]
         if c == "{":
             i = ws(i + 1)
@@ -106,7 +114,7 @@ def _positions(text: str) -> dict[tuple, int]:
 
     try:
         value(0, ())
-    except (IndexError, RecursionError):
+    except (IndexError, RecursionError, _Found):
         pass
     return pos
 
@@ -117,14 +125,23 @@ class _Reader:
         self._pos = None
 
     def loc(self, path: tuple) -> Location:
-        if self._pos is None:
-            self._pos = _positions(self.src.text)
         p = tuple(path)
+        if self._pos is None:
+            early = _positions(self.src.text, p)          # read only up to the value itself
+            if p in early:
+                if self.src.text.startswith("{", early[p]):    # an operation: point at its name
+                    named = _positions(self.src.text, p + ("name",))
+                    if p + ("name",) in named:
+                        return self._offset(named[p + ("name",)])
+                return self._offset(early[p])
+            self._pos = _positions(self.src.text)
         while p and p not in self._pos:
             p = p[:-1]
         if p + ("name",) in self._pos:       # an operation: point at its name
             p = p + ("name",)
-        off = self._pos.get(p, 0)
+        return self._offset(self._pos.get(p, 0))
+
+    def _offset(self, off: int) -> Location:
         line = self.src.text.count("\n", 0, off) + 1
         col = off - (self.src.text.rfind("\n", 0, off) + 1) + 1
         return Location(self.src, line, col)
@@ -200,6 +217,16 @@ class _Importer:
         if len(counts) != 1:
             raise rd.err(("gpus",), "the gpus declare different input/output chunk counts")
         ic, oc = counts.pop()
+        # the sizes the plan declares, bounded before anything is built from them
+        big = max(range(R), key=lambda r: gpus[r]["scratch_chunks"])
+        sc = gpus[big]["scratch_chunks"] * (2 if proto == "LL" else 1)
+        slots = R * (ic + oc + sc)
+        if slots > MAX_PLAN_SLOTS:
+            at = ("gpus", big, "scratch_chunks") if sc > ic + oc else ("gpus", 0, "output_chunks" if oc > ic else
+                                                                         "input_chunks")
+            raise rd.err(at, f"the plan declares {R} ranks x ({ic} input + {oc} output + {sc} scratch"
+                             + (" (LL: twice)" if proto == "LL" else "") + f" chunks) = {slots:,} chunk slots: more "
+                             f"than the {MAX_PLAN_SLOTS:,} hccc checks a plan with (docs/files-and-limits.md)")
         C = {"allgather": oc, "reducescatter": ic}.get(coll, ic)
         ok = {"allgather": oc == R * ic, "reducescatter": ic == R * oc, "allreduce": ic == oc,
               "alltoall": ic == oc and ic % R == 0}[coll]

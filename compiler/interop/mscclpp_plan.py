@@ -48,6 +48,13 @@ BUFFER_ALIGNMENT = 16
 #: the largest ``max_message_size`` the loader defaults to (uint64 max)
 NO_MAX_SIZE = (1 << 64) - 1
 
+#: the most chunk slots a plan may declare, over all ranks (input + output + scratch chunks, the
+#: scratch twice with LL, where packets take a second region), checked from the declared counts
+#: before anything is allocated: the import's proof holds a value per slot of every rank, measured
+#: at about 500 bytes per slot (an AllGather on 2,000 GPUs, 4 M slots: 2.0 GB, 40 s), so this
+#: bounds a check at about 2 GB. A 1,024-GPU AllGather with one chunk per rank needs 1 M.
+MAX_PLAN_SLOTS = 1 << 22
+
 PROTOCOLS = ("Simple", "LL")
 #: collectives hccc writes and reads as plans (the ``collective`` field)
 COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
@@ -98,7 +105,7 @@ def looks_like_plan(obj) -> bool:
             and "collective" in obj and "protocol" in obj)
 
 
-__all__ = ["MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
+__all__ = ["MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
            "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
            "PlanLimits", "looks_like_plan"]
