@@ -37,7 +37,8 @@ import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
-from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, MAX_PLAN_SLOTS, OP_NAMES
+from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
+                                                OP_NAMES, SHARED_SCRATCH_BYTES)
 from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
@@ -199,9 +200,12 @@ class _Importer:
         inplace = rd.get(plan, "inplace", ())
         if not isinstance(inplace, bool):
             raise rd.err(("inplace",), "'inplace' must be true or false")
-        if plan.get("reuse_resources"):
-            raise rd.err(("reuse_resources",), "reuse_resources (a scratch buffer shared between plans, "
-                                               "offsets folded into it) is not modelled")
+        reuse = plan.get("reuse_resources", False)
+        if not isinstance(reuse, bool):
+            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
+        double = plan.get("use_double_scratch_buffer", False)
+        if not isinstance(double, bool):
+            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
         gpus = rd.get(plan, "gpus", (), list)
         R = len(gpus)
         if R < 1:
@@ -234,6 +238,7 @@ class _Importer:
             raise rd.err(("gpus", 0, "input_chunks"), f"{coll} on {R} ranks with {ic} input and {oc} output "
                                                       f"chunks: the chunk counts do not fit the collective")
         self.coll, self.proto, self.inplace = coll, proto, inplace
+        self.served = self._served_sizes(plan, reuse, double, ic, oc, max(g["scratch_chunks"] for g in gpus))
         self.ic, self.oc, self.C = ic, oc, C
         self.scratch = [g["scratch_chunks"] for g in gpus]
         #: packets of a rank's own scratch region q live in ProgramIR scratch slot PK + q
@@ -241,6 +246,39 @@ class _Importer:
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
+
+    def _served_sizes(self, plan, reuse, double, ic, oc, scratch) -> tuple[int, int, str | None]:
+        """(least, largest message size, why the largest is below the plan's) the proof covers.
+
+        With ``reuse_resources`` the executor gives the plan its shared scratch buffer of
+        :data:`SHARED_SCRATCH_BYTES` (half of it per call with a double buffer) instead of one
+        sized for the message. While the scratch the plan uses (its scratch chunks of the
+        message's chunk size, twice with LL packets) fits that buffer, every offset is the one of a
+        plan without reuse: the plan is the same program. Past that size the executor folds the
+        scratch offsets of pipelined operations into shorter scratch chunks (modulo), which hccc
+        does not model: the proof, and the range hccc serves it for, stops there."""
+        lo = plan.get("min_message_size", 0)
+        hi = plan.get("max_message_size", NO_MAX_SIZE)
+        for key, v in (("min_message_size", lo), ("max_message_size", hi)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise self.rd.err((key,), f"'{key}' must be a non-negative integer")
+        if not reuse or not scratch:
+            return lo, hi, None
+        align = plan.get("buffer_alignment", BUFFER_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+            raise self.rd.err(("buffer_alignment",), "'buffer_alignment' must be a positive integer")
+        room = SHARED_SCRATCH_BYTES // (2 if double else 1)
+        chunk = room // (scratch * (2 if self.proto == "LL" else 1)) // align * align
+        nchunks = oc if self.coll == "allgather" else ic
+        top = chunk * nchunks
+        if top < lo:
+            raise self.rd.err(("min_message_size",), f"with reuse_resources the plan's {scratch} scratch chunks "
+                                                     f"fit the executor's shared {SHARED_SCRATCH_BYTES >> 20} MiB "
+                                                     f"scratch only up to {top} bytes, below its min_message_size")
+        if top < hi:
+            return lo, top, (f"reuse_resources: proven up to {top} bytes, where the {scratch} scratch chunks "
+                             f"fill the executor's shared scratch buffer")
+        return lo, hi, None
 
     def _channels(self, gpus):
         rd = self.rd
@@ -846,11 +884,15 @@ class _Importer:
                        dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
                        stats={"source": "mscclpp-plan", "proto": self.proto, "msccl_inplace": self.inplace,
                               "msccl_outofplace": not self.inplace,
-                              "minBytes": plan.get("min_message_size", 0),
-                              "maxBytes": plan.get("max_message_size", 0),
+                              "minBytes": self.served[0],
+                              # (0: no bound; stats hold 64-bit integers, a plan's bound is uint64)
+                              "maxBytes": min(self.served[1], (1 << 63) - 1)
+                              if "max_message_size" in plan or self.served[2] else 0,
                               "transfers": int((cols["send_peer"] >= 0).sum()),
                               "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
                               "tbs_state_based": int(ntbs.sum())})
+        if self.served[2]:
+            ir.stats["note"] = self.served[2]
         ir.sort_canonical()
         self.order_where = None
         from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure

@@ -45,6 +45,9 @@ MAX_DEVICE_SYNCERS = 16
 #: byte offsets and sizes of an operation are uint32 in the device plan
 MAX_BYTE_OFFSET = (1 << 32) - 1
 BUFFER_ALIGNMENT = 16
+#: the executor's scratch buffer shared by the plans that set ``reuse_resources``
+#: (``PREDFINED_SCRATCH_SIZE`` in execution_common.hpp: 64 MiB; half per call with a double buffer)
+SHARED_SCRATCH_BYTES = 1 << 26
 #: the largest ``max_message_size`` the loader defaults to (uint64 max)
 NO_MAX_SIZE = (1 << 64) - 1
 
@@ -105,7 +108,7 @@ def looks_like_plan(obj) -> bool:
             and "collective" in obj and "protocol" in obj)
 
 
-__all__ = ["MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
+__all__ = ["SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
            "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
            "PlanLimits", "looks_like_plan"]
