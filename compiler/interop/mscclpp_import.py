@@ -29,6 +29,7 @@ packets, channels shared by thread blocks, signals nobody waits for.
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from pathlib import Path
@@ -38,7 +39,7 @@ import numpy as np
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
-                                                OP_NAMES, SHARED_SCRATCH_BYTES)
+                                                MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
 from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
@@ -221,15 +222,19 @@ class _Importer:
         if len(counts) != 1:
             raise rd.err(("gpus",), "the gpus declare different input/output chunk counts")
         ic, oc = counts.pop()
+        #: every chunk is cut into F parts, so that a thread-block group's share of a range is whole parts
+        self.F = self._refinement(gpus)
         # the sizes the plan declares, bounded before anything is built from them
         big = max(range(R), key=lambda r: gpus[r]["scratch_chunks"])
         sc = gpus[big]["scratch_chunks"] * (2 if proto == "LL" else 1)
-        slots = R * (ic + oc + sc)
+        slots = R * (ic + oc + sc) * self.F
         if slots > MAX_PLAN_SLOTS:
             at = ("gpus", big, "scratch_chunks") if sc > ic + oc else ("gpus", 0, "output_chunks" if oc > ic else
                                                                          "input_chunks")
             raise rd.err(at, f"the plan declares {R} ranks x ({ic} input + {oc} output + {sc} scratch"
-                             + (" (LL: twice)" if proto == "LL" else "") + f" chunks) = {slots:,} chunk slots: more "
+                             + (" (LL: twice)" if proto == "LL" else "") + " chunks)"
+                             + (f" x {self.F} parts (thread-block groups)" if self.F > 1 else "")
+                             + f" = {slots:,} chunk slots: more "
                              f"than the {MAX_PLAN_SLOTS:,} hccc checks a plan with (docs/files-and-limits.md)")
         C = {"allgather": oc, "reducescatter": ic}.get(coll, ic)
         ok = {"allgather": oc == R * ic, "reducescatter": ic == R * oc, "allreduce": ic == oc,
@@ -242,10 +247,40 @@ class _Importer:
         self.ic, self.oc, self.C = ic, oc, C
         self.scratch = [g["scratch_chunks"] for g in gpus]
         #: packets of a rank's own scratch region q live in ProgramIR scratch slot PK + q
-        self.PK = max(self.scratch) if proto == "LL" else 0
+        self.PK = max(self.scratch) * self.F if proto == "LL" else 0
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
+
+    def _refinement(self, gpus) -> int:
+        """The least common multiple of the plan's thread-block group sizes (1: none), bounded by
+        :data:`MAX_GROUP_PARTS`; every operation's ``tbg_info`` checked on the way."""
+        rd = self.rd
+        F = 1
+        for r, g in enumerate(gpus):
+            tbs = g.get("threadblocks")
+            for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
+                ops = tb.get("ops") if isinstance(tb, dict) else None
+                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o) for k, o in enumerate(ops or ())]
+                while todo:
+                    p, op = todo.pop()
+                    if not isinstance(op, dict):
+                        continue
+                    if isinstance(op.get("ops"), list):
+                        todo.extend((p + ("ops", j), o) for j, o in enumerate(op["ops"]))
+                    if "tbg_info" not in op:
+                        continue
+                    info = op["tbg_info"]
+                    if not isinstance(info, dict) or not all(isinstance(info.get(k), int) and not isinstance(info[k], bool)
+                                                             for k in ("tb_id", "tbg_size")) \
+                            or not 0 <= info["tb_id"] < info["tbg_size"]:
+                        raise rd.err(p + ("tbg_info",), "'tbg_info' needs integers 'tb_id' and 'tbg_size', "
+                                                        "0 <= tb_id < tbg_size")
+                    F = math.lcm(F, info["tbg_size"])
+                    if F > MAX_GROUP_PARTS:
+                        raise rd.err(p + ("tbg_info",), f"the plan's thread-block group sizes cut a chunk into "
+                                                        f"{F} parts: hccc models at most {MAX_GROUP_PARTS}")
+        return F
 
     def _served_sizes(self, plan, reuse, double, ic, oc, scratch) -> tuple[int, int, str | None]:
         """(least, largest message size, why the largest is below the plan's) the proof covers.
@@ -368,9 +403,6 @@ class _Importer:
                 resolved = []
                 for p, op in ops:
                     name = op["name"]
-                    if op.get("tbg_info") and op["tbg_info"].get("tbg_size", 1) != 1:
-                        raise rd.err(p + ("tbg_info",), "thread-block groups split chunks into parts, below "
-                                                        "hccc's chunk granularity")
                     t = op.get("channel_type", "memory")
                     if t == "switch":
                         raise rd.err(p, "switch (NVLS) channels are not modelled")
@@ -427,7 +459,14 @@ class _Importer:
         limit = {Buf.INPUT: self.ic, Buf.OUTPUT: self.oc, Buf.SCRATCH: self.scratch[owner]}[buf]
         if idx + n > limit:
             raise rd.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
-        return owner, buf, idx, n
+        F = self.F
+        group = op.get("tbg_info")
+        if group and group["tbg_size"] > 1:
+            # the executor cuts the operation's range into tbg_size equal parts (at sizes that are a
+            # multiple of the alignment x chunks x F) and this block moves part tb_id
+            part = n * F // group["tbg_size"]
+            return owner, buf, idx * F + group["tb_id"] * part, part
+        return owner, buf, idx * F, n * F
 
     def _build(self, plan) -> ProgramIR:
         rd = self.rd
@@ -617,6 +656,7 @@ class _Importer:
         sem_rel = defaultdict(list)
         sem_acq = defaultdict(list)
         barriers = defaultdict(list)
+        barrier_uses = defaultdict(int)
         recv_for_send = {}
         nsig2 = defaultdict(int)
         tb_rows: dict[tuple, list[int]] = defaultdict(list)
@@ -678,7 +718,11 @@ class _Importer:
                 if name == "barrier":
                     arrive = add(r, ti, Op.NOP, p, desc)
                     depart = add(r, ti, Op.NOP, p, desc)
-                    barriers[(r, op.get("barrier_id", 0))].append((ti, arrive, depart, p))
+                    # the k-th pass of a block through barrier b meets the k-th of the others
+                    bkey = (r, op.get("barrier_id", 0))
+                    k = barrier_uses[(bkey, ti)]
+                    barrier_uses[(bkey, ti)] += 1
+                    barriers[bkey + (k,)].append((ti, arrive, depart, p))
             if not tb_rows.get((r, ti)):
                 # a block that only synchronises (or has no operations) moves no data: a NOP keeps
                 # its place, so the program's thread blocks stay the plan's
@@ -879,8 +923,8 @@ class _Importer:
         from hccc.compiler.passes.build import sanitize_identifier
         plan = self.plan
         ir = ProgramIR(name=sanitize_identifier(str(plan.get("name", "mscclpp_plan"))[:64] or "mscclpp_plan"),
-                       collective=self.coll, nranks=R, nchunks=self.C, in_chunks=self.ic, out_chunks=self.oc,
-                       scratch_chunks=max(self.scratch) + self.PK, prims=cols, dep_prim=np.asarray(dp, np.int64),
+                       collective=self.coll, nranks=R, nchunks=self.C * self.F, in_chunks=self.ic * self.F,
+                       out_chunks=self.oc * self.F, scratch_chunks=max(self.scratch) * self.F + self.PK, prims=cols, dep_prim=np.asarray(dp, np.int64),
                        dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
                        stats={"source": "mscclpp-plan", "proto": self.proto, "msccl_inplace": self.inplace,
                               "msccl_outofplace": not self.inplace,

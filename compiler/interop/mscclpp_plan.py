@@ -58,6 +58,11 @@ NO_MAX_SIZE = (1 << 64) - 1
 #: bounds a check at about 2 GB. A 1,024-GPU AllGather with one chunk per rank needs 1 M.
 MAX_PLAN_SLOTS = 1 << 22
 
+#: the most parts the import cuts a chunk into for thread-block groups (the least common multiple
+#: of a plan's ``tbg_size``s; MSCCL++'s DSL writes groups of up to a node's peers or SMs per peer:
+#: 7 and 4 in its installed plans); parts multiply the chunk slots checked against MAX_PLAN_SLOTS
+MAX_GROUP_PARTS = 1024
+
 PROTOCOLS = ("Simple", "LL")
 #: collectives hccc writes and reads as plans (the ``collective`` field)
 COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
@@ -108,7 +113,7 @@ def looks_like_plan(obj) -> bool:
             and "collective" in obj and "protocol" in obj)
 
 
-__all__ = ["SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
+__all__ = ["MAX_GROUP_PARTS", "SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
            "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
            "PlanLimits", "looks_like_plan"]
