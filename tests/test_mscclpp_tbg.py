@@ -110,7 +110,7 @@ DSL_PROGRAMS = [(f"single_node/{n}", ["--num_gpus", "4"]) for n in (
         "allgather", "allgather_pkt", "reducescatter", "reducescatter_pkt")] + [
     ("multi_node/allgather_tbg", ["--num_gpus", "8", "--gpus_per_node", "4", "--tbg_size", "2"])]
 #: what the import still refuses among them, and why
-DSL_REFUSED = {"single_node/allgather_tbg": "without a signal after it"}
+DSL_REFUSED: dict[str, str] = {}
 
 
 @pytest.mark.slow
@@ -131,3 +131,43 @@ def test_the_dsls_plans_are_proven_and_run_right(prog, args, tmp_path):
         return
     assert prog not in DSL_REFUSED
     check_plan(plan, 4, runs=1 if plan["inplace"] else 2)
+
+
+def grouped_puts_allgather():
+    """2 ranks: the put of the rank's chunk into its peer is moved by a group of two thread blocks;
+    only block 0 signals, after a barrier of the group (as the DSL writes single-node groups)."""
+    from test_mscclpp_import import _gpu, _mem, _plan, _rb, _refs, _sig
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+
+        def put(i):
+            return {"name": "put", "src_buff": [_b("i", 0)], "dst_buff": [_rb(0, r)], "channel_type": "memory",
+                    "tbg_info": {"tb_id": i, "tbg_size": 2}}
+
+        def bar(b, n):
+            return {"name": "barrier", "barrier_id": b, "num_threadblocks": n}
+
+        tb0 = {"id": 0, "ops": [put(0), NOP, bar(1, 2), _sig("signal", [0]), _sig("wait", [0]), bar(0, 3)],
+               "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}
+        tb1 = {"id": 1, "ops": [{"name": "copy", "src_buff": [_b("i", 0)], "dst_buff": [_b("o", r)]}, NOP, bar(0, 3)]}
+        tb2 = {"id": 2, "ops": [put(1), NOP, bar(1, 2), bar(0, 3)], "remote_buffer_refs": _refs([0])}
+        gpus.append(_gpu(r, 1, 2, 0, [{"channel_type": "memory", "connected_to": [p]}],
+                         [{"rank": p, "type": "o", "access_channel_types": ["memory"]}], [tb0, tb1, tb2]))
+    return _plan("allgather", gpus)
+
+
+def test_a_groups_puts_are_announced_by_the_signal_after_its_barrier():
+    plan = grouped_puts_allgather()
+    check_plan(plan, 2)
+    check_plan(plan, 4, seed=1)
+    ir = import_plan_text(json.dumps(plan), "grouped_puts.json")      # was "puts ... without a signal"
+    _runs_right(ir)
+    # without the barrier between the put and the signal, nothing orders block 2's part before it
+    bad = grouped_puts_allgather()
+    for g in bad["gpus"]:
+        for tb in g["threadblocks"]:
+            tb["ops"] = [o for o in tb["ops"] if o.get("barrier_id") != 1]
+    with pytest.raises(CompileError) as exc:
+        import_plan_text(json.dumps(bad), "grouped_puts.json")
+    assert "without a signal" in exc.value.diagnostics[0].message

@@ -476,6 +476,10 @@ class _Importer:
         paths: list[tuple] = []
         # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
         pending = defaultdict(list)
+        mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
+        bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
+        bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
+        bar_uses = defaultdict(int)
         groups = defaultdict(list)
         # reads attached to signals: (rank, type, channel, k) -> [(reader rank, path, region)]
         nsig = defaultdict(int)
@@ -545,6 +549,13 @@ class _Importer:
                 if name in ("signal", "rlxsignal"):
                     for c in ids:
                         self._signal(r, t, c, pending, groups, nsig, ti)
+                        if t == "memory":
+                            mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, groups[(r, t, c)][-1]))
+                if name == "barrier":
+                    bkey = (op["barrier_id"], bar_uses[(r, ti, op["barrier_id"])])
+                    bar_uses[(r, ti, op["barrier_id"])] += 1
+                    bar_pass[(r, ti)].append((pos, bkey))
+                    bar_members[(r,) + bkey].append(ti)
                 if name in ("wait", "rlxwait"):
                     for c in ids:
                         k = nwait[(r, t, c)]
@@ -619,6 +630,7 @@ class _Importer:
                     lo, n, w = parts[k]
                     if lo + n <= b:
                         w["readers"] += 1
+        self._announce_across_barriers(pending, mem_signals, bar_pass, bar_members)
         for key, lst in pending.items():
             if lst:
                 raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
@@ -783,6 +795,38 @@ class _Importer:
         if len(cands) != 1:
             raise self.rd.err(p, f"which {t} channel to rank {peer} this operation uses is not said")
         return cands.pop()
+
+    def _announce_across_barriers(self, pending, mem_signals, bar_pass, bar_members):
+        """Memory-channel puts a block never signals itself (a thread-block group's parts): the
+        first barrier the block passes after the put orders it before what the other blocks of
+        that barrier do after it, so the signal to the same peer that one other block sends first
+        after the barrier announces it (the signal's fence publishes what the barrier ordered
+        before it). Several blocks signalling that peer after the barrier: which one announces
+        the put is not fixed, and it stays unannounced (refused)."""
+        for key in [k for k, lst in pending.items() if lst and len(k) == 3]:
+            r, ti, peer = key
+            left = []
+            for snd in pending[key]:
+                after = [(pos, bk) for pos, bk in bar_pass.get((r, ti), []) if pos > snd["pos"]]
+                if not after:
+                    left.append(snd)
+                    continue
+                bk = after[0][1]
+                found = []
+                for tj in bar_members.get((r,) + bk, []):
+                    if tj == ti:
+                        continue
+                    at = next(pos for pos, k in bar_pass[(r, tj)] if k == bk)
+                    sig = next((x for x in mem_signals.get((r, tj), []) if x[0] > at and x[1] == peer), None)
+                    if sig is not None:
+                        found.append(sig)
+                if len(found) != 1:
+                    left.append(snd)
+                    continue
+                _, _, c, group = found[0]
+                snd["key"] = ("put", r, peer, "memory", c)
+                group.append(snd)
+            pending[key] = left
 
     def _signal(self, r, t, c, pending, groups, nsig, ti):
         peer = self.chans[r][t][c]
