@@ -70,7 +70,7 @@ DSL = os.environ.get("HCCC_MSCCLPP_DSL")          # MSCCL++'s python/ directory 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not DSL, reason="set HCCC_MSCCLPP_DSL to MSCCL++'s python/ directory")
-def test_the_plans_mscclpp_installs_import(tmp_path):
+def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
     """`python -m mscclpp --install`'s plans (two- and four-node AllReduce, reuse_resources),
     generated here by MSCCL++'s DSL."""
     import subprocess
@@ -92,3 +92,7 @@ def test_the_plans_mscclpp_installs_import(tmp_path):
         unit = 16 * plan["gpus"][0]["input_chunks"] * 28
         mult = 28 * -(-plan["min_message_size"] // unit)
         check_plan(plan, mult, runs=1)                         # in place: one call
+    # hccc's own kernels in CPU emulation (all 16 ranks in one process), in place as the plan says
+    from hccc.cli import main
+    assert main(["run", str(tmp_path / "allreduce_2nodes_1K_64K.json"), "--sizes", "56K", "-n", "1", "-w", "0"]) == 0
+    assert "Out of bounds values : 0 OK" in capsys.readouterr().out
