@@ -202,7 +202,8 @@ def _forward_plan():
 @lru_cache(maxsize=None)
 def _corpus() -> tuple[str, ...]:
     """Real plans as text: the hand-written ones (the DSL's styles) and small exported ones."""
-    out = [json.dumps(make()) for make in HAND]
+    from test_mscclpp_tbg import grouped_copy_allgather, grouped_puts_allgather
+    out = [json.dumps(make()) for make in HAND + [grouped_copy_allgather, grouped_puts_allgather]]
     for name, kw in (("ring_allreduce_8", {}), ("hm_allgather_2x4", {}), ("ring_allgather_8", dict(protocol="LL")),
                      ("ring_reducescatter_8", dict(instances=2))):
         a = load_algorithm(EX / f"{name}.rccl")
@@ -267,6 +268,6 @@ def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
         return                              # refused: nothing to run
     for seed in range(2):                   # accepted: it must run right, no deadlock, no race
         try:
-            check_plan(plan, 2, seed=seed, runs=1 if plan["inplace"] else 2)
+            check_plan(plan, 6, seed=seed, runs=1 if plan["inplace"] else 2)   # 6: groups of 2 and 3 cut evenly
         except InterpError as exc:
             raise AssertionError(f"the checker accepted a plan ({what}) the interpreter rejects: {exc}") from None
