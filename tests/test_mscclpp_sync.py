@@ -214,7 +214,7 @@ def _corpus() -> tuple[str, ...]:
     return tuple(out)
 
 
-MUTATIONS = ("drop", "duplicate", "swap", "semaphore", "channel", "drop_kind")
+MUTATIONS = ("drop", "duplicate", "swap", "semaphore", "channel", "drop_kind", "group")
 
 
 def _mutate(plan, data) -> str:
@@ -247,6 +247,16 @@ def _mutate(plan, data) -> str:
             o = data.draw(st.sampled_from(cands))
             o["semaphore_ids"] = [data.draw(st.integers(-1, 3))]
             return "semaphore id"
+        return "none"
+    if kind == "group":                     # a thread-block group's part moved, or the group dropped
+        cands = [o for o in ops if "tbg_info" in o]
+        if cands:
+            o = data.draw(st.sampled_from(cands))
+            size = o["tbg_info"]["tbg_size"]
+            o["tbg_info"] = {"tb_id": data.draw(st.integers(0, size - 1)), "tbg_size": size}
+            if data.draw(st.booleans()):
+                del o["tbg_info"]
+            return "group"
         return "none"
     cands = [o for o in ops if o.get("channel_ids")]
     if cands:
