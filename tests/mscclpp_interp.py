@@ -14,7 +14,8 @@ operations touching the same bytes from each other: a plan that breaks this is r
 semaphore acquire, then a data operation; a data operation, then a signal, semaphore release or
 port-channel put; two data operations on the same bytes; ``barrier`` synchronises the whole block).
 
-Unsupported here (raises :class:`InterpError`): switch (NVLS) operations, ``reuse_resources``.
+Unsupported here (raises :class:`InterpError`): switch (NVLS) operations; ``reuse_resources`` at sizes
+where the plan's scratch outgrows the executor's shared scratch buffer (below that it is a plain plan).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ RELEASE = {"signal", "rlxsignal", "sem_release", "flush"}
 SWITCH = {"glres", "gstore", "gstorepkt"}
 MAX_OPERATION, MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_LOCAL_BUFFER = 64, 16, 8, 2
 MAX_DEVICE_SEMAPHORES, MAX_DEVICE_SYNCERS = 16, 16
+SHARED_SCRATCH = 1 << 26      # the executor's scratch for reuse_resources plans (execution_common.hpp)
 
 
 class InterpError(AssertionError):
@@ -74,7 +76,16 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
     if not plan.get("min_message_size", 0) <= size <= plan.get("max_message_size", (1 << 64) - 1):
         raise InterpError("message size outside the plan's range")
     if plan.get("reuse_resources"):
-        raise InterpError("reuse_resources is not modelled")
+        # the plan's scratch is the executor's shared buffer (PREDFINED_SCRATCH_SIZE, half per call
+        # with a double buffer): offsets are a plain plan's while its scratch fits there; past that
+        # the executor folds pipelined scratch offsets, which this interpreter does not run
+        room = SHARED_SCRATCH // (2 if plan.get("use_double_scratch_buffer") else 1)
+        for g in plan["gpus"]:
+            n = g["input_chunks"] or g["output_chunks"]
+            per_chunk = -(-((in_bytes if g["input_chunks"] else out_bytes) // align) // n) * align
+            if per_chunk * g["scratch_chunks"] * (2 if plan["protocol"] == "LL" else 1) > room:
+                raise InterpError("reuse_resources: the scratch does not fit the shared buffer at this size "
+                                  "(folded offsets are not modelled)")
     for r, g in enumerate(plan["gpus"]):
         if g["id"] != r:
             raise InterpError(f"gpus[{r}] has id {g['id']}")
@@ -254,6 +265,17 @@ def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int 
             stuck = "; ".join(f"rank {t.rank} tb {t.tb['id']} at op {t.pc} ({t.steps[t.pc][0]['name']})"
                               for t in live[:4])
             raise InterpError(f"deadlock: {stuck}")
+    # every call must leave the counts as it found them: a signal (or semaphore release) nobody
+    # consumed satisfies a wait (an acquire) of the next call before its data is there
+    for r, rk in enumerate(ranks):
+        for t in rk.inbound:
+            for c, (got, used) in enumerate(zip(rk.inbound[t], rk.expected[t])):
+                if got != used:
+                    raise InterpError(f"rank {r}'s {t} channel {c}: {got} signals arrived over {runs} calls, "
+                                      f"{used} waited for: the rest satisfy a later call's waits early")
+        init = [s["init_value"] for s in rk.g.get("semaphores", [])]
+        if rk.sems != init:
+            raise InterpError(f"rank {r}'s semaphores end at {rk.sems}, not at their initial {init}")
     return [rk.bufs["o"] for rk in ranks]
 
 

@@ -26,7 +26,7 @@ from hccc.compiler.backend.file_sink import FileSink
 from hccc.compiler.backend.output_dir import MANIFEST_SCHEMA
 from hccc.compiler.backend import abi
 from hccc.compiler.backend.prim_fields import pd_columns
-from hccc.compiler.ir.check import check_structure
+from hccc.compiler.ir.check import check_fifo_order, check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
@@ -293,6 +293,9 @@ def prepare_output(ir: ProgramIR, outdir, platforms: list, structure_checked: bo
         if not _is_canonical(ir):
             ir = _sorted_copy(ir)
         check_structure(ir)
+    # what reading the written .ir.json back checks beyond the structure (check_loaded): never write
+    # a program that `hccc run`, `check` or a Communicator would then refuse
+    check_fifo_order(ir)
     return ir, pathlib.Path(outdir), platforms
 
 

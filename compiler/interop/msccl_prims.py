@@ -205,6 +205,8 @@ def allgather_sources(ir: ProgramIR, rows: Prims) -> Prims:
         cps = {copy_of[r].get(so + j, -1) for j in range(c)}
         if -1 in cps:
             continue
+        if any(rows.htb[d] == rows.htb[i] and rows.pos[d] > rows.pos[i] for d in cps):
+            continue            # the copy comes later in the sender's own thread block: keep the input
         rows.sbuf[i], rows.soff[i] = int(Buf.OUTPUT), r * k + so
         for d in cps:
             wa.append(i)

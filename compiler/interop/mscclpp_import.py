@@ -29,13 +29,18 @@ packets, channels shared by thread blocks, signals nobody waits for.
 """
 from __future__ import annotations
 
+import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
-from hccc.compiler.interop.mscclpp_plan import BUF_OF_LETTER, COLLECTIVES, OP_NAMES
+from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
+from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
+                                                MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
+from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
@@ -45,8 +50,14 @@ _PACKET_READS = {"upkt": 0, "repkt": 1, "respkt": 1, "recpkt": 1, "recspkt": 1, 
 
 
 # ---------------------------------------------------------------------------------------- locations
-def _positions(text: str) -> dict[tuple, int]:
-    """Offset of every JSON value by its path (keys and indices), for located messages."""
+class _Found(Exception):
+    pass
+
+
+def _positions(text: str, target: tuple | None = None) -> dict[tuple, int]:
+    """Offset of every JSON value by its path (keys and indices), for located messages; with a
+    ``target`` path, only up to that value (a message about the start of a large plan is found
+    without reading the rest)."""
     pos: dict[tuple, int] = {}
     n = len(text)
 
@@ -70,6 +81,8 @@ def _positions(text: str) -> dict[tuple, int]:
     def value(i, path):
         i = ws(i)
         pos[path] = i
+        if path == target:
+            raise _Found
         c = text[i]
         if c == "{":
             i = ws(i + 1)
@@ -103,7 +116,7 @@ def _positions(text: str) -> dict[tuple, int]:
 
     try:
         value(0, ())
-    except (IndexError, RecursionError):
+    except (IndexError, RecursionError, _Found):
         pass
     return pos
 
@@ -114,14 +127,23 @@ class _Reader:
         self._pos = None
 
     def loc(self, path: tuple) -> Location:
-        if self._pos is None:
-            self._pos = _positions(self.src.text)
         p = tuple(path)
+        if self._pos is None:
+            early = _positions(self.src.text, p)          # read only up to the value itself
+            if p in early:
+                if self.src.text.startswith("{", early[p]):    # an operation: point at its name
+                    named = _positions(self.src.text, p + ("name",))
+                    if p + ("name",) in named:
+                        return self._offset(named[p + ("name",)])
+                return self._offset(early[p])
+            self._pos = _positions(self.src.text)
         while p and p not in self._pos:
             p = p[:-1]
         if p + ("name",) in self._pos:       # an operation: point at its name
             p = p + ("name",)
-        off = self._pos.get(p, 0)
+        return self._offset(self._pos.get(p, 0))
+
+    def _offset(self, off: int) -> Location:
         line = self.src.text.count("\n", 0, off) + 1
         col = off - (self.src.text.rfind("\n", 0, off) + 1) + 1
         return Location(self.src, line, col)
@@ -179,9 +201,12 @@ class _Importer:
         inplace = rd.get(plan, "inplace", ())
         if not isinstance(inplace, bool):
             raise rd.err(("inplace",), "'inplace' must be true or false")
-        if plan.get("reuse_resources"):
-            raise rd.err(("reuse_resources",), "reuse_resources (a scratch buffer shared between plans, "
-                                               "offsets folded into it) is not modelled")
+        reuse = plan.get("reuse_resources", False)
+        if not isinstance(reuse, bool):
+            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
+        double = plan.get("use_double_scratch_buffer", False)
+        if not isinstance(double, bool):
+            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
         gpus = rd.get(plan, "gpus", (), list)
         R = len(gpus)
         if R < 1:
@@ -197,6 +222,20 @@ class _Importer:
         if len(counts) != 1:
             raise rd.err(("gpus",), "the gpus declare different input/output chunk counts")
         ic, oc = counts.pop()
+        #: every chunk is cut into F parts, so that a thread-block group's share of a range is whole parts
+        self.F = self._refinement(gpus)
+        # the sizes the plan declares, bounded before anything is built from them
+        big = max(range(R), key=lambda r: gpus[r]["scratch_chunks"])
+        sc = gpus[big]["scratch_chunks"] * (2 if proto == "LL" else 1)
+        slots = R * (ic + oc + sc) * self.F
+        if slots > MAX_PLAN_SLOTS:
+            at = ("gpus", big, "scratch_chunks") if sc > ic + oc else ("gpus", 0, "output_chunks" if oc > ic else
+                                                                         "input_chunks")
+            raise rd.err(at, f"the plan declares {R} ranks x ({ic} input + {oc} output + {sc} scratch"
+                             + (" (LL: twice)" if proto == "LL" else "") + " chunks)"
+                             + (f" x {self.F} parts (thread-block groups)" if self.F > 1 else "")
+                             + f" = {slots:,} chunk slots: more "
+                             f"than the {MAX_PLAN_SLOTS:,} hccc checks a plan with (docs/files-and-limits.md)")
         C = {"allgather": oc, "reducescatter": ic}.get(coll, ic)
         ok = {"allgather": oc == R * ic, "reducescatter": ic == R * oc, "allreduce": ic == oc,
               "alltoall": ic == oc and ic % R == 0}[coll]
@@ -204,13 +243,77 @@ class _Importer:
             raise rd.err(("gpus", 0, "input_chunks"), f"{coll} on {R} ranks with {ic} input and {oc} output "
                                                       f"chunks: the chunk counts do not fit the collective")
         self.coll, self.proto, self.inplace = coll, proto, inplace
+        self.served = self._served_sizes(plan, reuse, double, ic, oc, max(g["scratch_chunks"] for g in gpus))
         self.ic, self.oc, self.C = ic, oc, C
         self.scratch = [g["scratch_chunks"] for g in gpus]
         #: packets of a rank's own scratch region q live in ProgramIR scratch slot PK + q
-        self.PK = max(self.scratch) if proto == "LL" else 0
+        self.PK = max(self.scratch) * self.F if proto == "LL" else 0
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
+
+    def _refinement(self, gpus) -> int:
+        """The least common multiple of the plan's thread-block group sizes (1: none), bounded by
+        :data:`MAX_GROUP_PARTS`; every operation's ``tbg_info`` checked on the way."""
+        rd = self.rd
+        F = 1
+        for r, g in enumerate(gpus):
+            tbs = g.get("threadblocks")
+            for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
+                ops = tb.get("ops") if isinstance(tb, dict) else None
+                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o) for k, o in enumerate(ops or ())]
+                while todo:
+                    p, op = todo.pop()
+                    if not isinstance(op, dict):
+                        continue
+                    if isinstance(op.get("ops"), list):
+                        todo.extend((p + ("ops", j), o) for j, o in enumerate(op["ops"]))
+                    if "tbg_info" not in op:
+                        continue
+                    info = op["tbg_info"]
+                    if not isinstance(info, dict) or not all(isinstance(info.get(k), int) and not isinstance(info[k], bool)
+                                                             for k in ("tb_id", "tbg_size")) \
+                            or not 0 <= info["tb_id"] < info["tbg_size"]:
+                        raise rd.err(p + ("tbg_info",), "'tbg_info' needs integers 'tb_id' and 'tbg_size', "
+                                                        "0 <= tb_id < tbg_size")
+                    F = math.lcm(F, info["tbg_size"])
+                    if F > MAX_GROUP_PARTS:
+                        raise rd.err(p + ("tbg_info",), f"the plan's thread-block group sizes cut a chunk into "
+                                                        f"{F} parts: hccc models at most {MAX_GROUP_PARTS}")
+        return F
+
+    def _served_sizes(self, plan, reuse, double, ic, oc, scratch) -> tuple[int, int, str | None]:
+        """(least, largest message size, why the largest is below the plan's) the proof covers.
+
+        With ``reuse_resources`` the executor gives the plan its shared scratch buffer of
+        :data:`SHARED_SCRATCH_BYTES` (half of it per call with a double buffer) instead of one
+        sized for the message. While the scratch the plan uses (its scratch chunks of the
+        message's chunk size, twice with LL packets) fits that buffer, every offset is the one of a
+        plan without reuse: the plan is the same program. Past that size the executor folds the
+        scratch offsets of pipelined operations into shorter scratch chunks (modulo), which hccc
+        does not model: the proof, and the range hccc serves it for, stops there."""
+        lo = plan.get("min_message_size", 0)
+        hi = plan.get("max_message_size", NO_MAX_SIZE)
+        for key, v in (("min_message_size", lo), ("max_message_size", hi)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise self.rd.err((key,), f"'{key}' must be a non-negative integer")
+        if not reuse or not scratch:
+            return lo, hi, None
+        align = plan.get("buffer_alignment", BUFFER_ALIGNMENT)
+        if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+            raise self.rd.err(("buffer_alignment",), "'buffer_alignment' must be a positive integer")
+        room = SHARED_SCRATCH_BYTES // (2 if double else 1)
+        chunk = room // (scratch * (2 if self.proto == "LL" else 1)) // align * align
+        nchunks = oc if self.coll == "allgather" else ic
+        top = chunk * nchunks
+        if top < lo:
+            raise self.rd.err(("min_message_size",), f"with reuse_resources the plan's {scratch} scratch chunks "
+                                                     f"fit the executor's shared {SHARED_SCRATCH_BYTES >> 20} MiB "
+                                                     f"scratch only up to {top} bytes, below its min_message_size")
+        if top < hi:
+            return lo, top, (f"reuse_resources: proven up to {top} bytes, where the {scratch} scratch chunks "
+                             f"fill the executor's shared scratch buffer")
+        return lo, hi, None
 
     def _channels(self, gpus):
         rd = self.rd
@@ -239,16 +342,17 @@ class _Importer:
                 bufs.append((p, letter))
             self.rbufs.append(bufs)
         # the k-th channel of a type from A to B is the k-th from B to A
-        self.pair = {}
+        # (linear in the channels: each rank's channels grouped by peer once)
+        towards = defaultdict(list)          # (rank, type, peer) -> the rank's channels to peer, in order
         for r in range(self.R):
             for t, peers in self.chans[r].items():
-                seen = defaultdict(int)
                 for c, p in enumerate(peers):
-                    m = seen[p]
-                    seen[p] += 1
-                    theirs = [j for j, q in enumerate(self.chans[p][t]) if q == r]
-                    if m < len(theirs):
-                        self.pair[(r, t, c)] = (theirs[m], m)
+                    towards[(r, t, p)].append(c)
+        self.pair = {}
+        for (r, t, p), mine in towards.items():
+            theirs = towards.get((p, t, r), ())
+            for m, c in enumerate(mine[:len(theirs)]):
+                self.pair[(r, t, c)] = (theirs[m], m)
 
     # -- pass 1: operations in order, signals and waits counted per channel
     def _scan(self, gpus):
@@ -258,23 +362,36 @@ class _Importer:
         self.sig_tb = defaultdict(list)   # (rank, type, channel) -> thread block of each signal
         self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
         self.chain_in, self.chain_out = {}, {}
+        self.sem_init = [semaphore_inits(g, ("gpus", r), rd.err) for r, g in enumerate(gpus)]
+
+        def operation(op, p):
+            name = rd.get(op, "name", p, str)
+            if name not in OP_NAMES:
+                raise rd.err(p + ("name",), f"invalid operation type '{name}'")
+            if name in _UNSUPPORTED:
+                raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+            check_operation(op, p, rd.err, len(self.sem_init[r]))
+            return name
+
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
                 base = ("gpus", r, "threadblocks", ti)
                 tid = rd.get(tb, "id", base, int)
                 if tid != ti:
                     raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
-                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])
-                       if isinstance(c, dict) and "channel_type" in c and "channel_ids" in c}
+                check_thread_block(tb, base, rd.err)
+                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
                 self.tb_chans[(r, ti)] = tch
-                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])
-                       if isinstance(c, dict) and "access_channel_type" in c}
+                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
                 ops = []
                 for k, op in enumerate(rd.get(tb, "ops", base, list)):
                     p = base + ("ops", k)
-                    name = rd.get(op, "name", p, str)
+                    name = operation(op, p)
                     if name == "pipeline":
-                        inner = rd.get(op, "ops", p, list)
+                        inner = op["ops"]
+                        for j, o in enumerate(inner):
+                            if operation(o, p + ("ops", j)) == "pipeline":
+                                raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
                         sizes = {ref.get("size") for o in inner for s in ("src_buff", "dst_buff")
                                  for ref in o.get(s, [])}
                         if len(sizes) > 1:
@@ -285,14 +402,7 @@ class _Importer:
                         ops.append((p, op))
                 resolved = []
                 for p, op in ops:
-                    name = op.get("name")
-                    if name not in OP_NAMES:
-                        raise rd.err(p + ("name",), f"invalid operation type '{name}'")
-                    if name in _UNSUPPORTED:
-                        raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
-                    if op.get("tbg_info") and op["tbg_info"].get("tbg_size", 1) != 1:
-                        raise rd.err(p + ("tbg_info",), "thread-block groups split chunks into parts, below "
-                                                        "hccc's chunk granularity")
+                    name = op["name"]
                     t = op.get("channel_type", "memory")
                     if t == "switch":
                         raise rd.err(p, "switch (NVLS) channels are not modelled")
@@ -322,6 +432,9 @@ class _Importer:
                 if b not in {self.chain_in.get((r, sid)) for sid in self.chain_out.get((r, a), [])}:
                     raise rd.err(p, f"{t} channel {c} of rank {r} is used by thread blocks {a} and {b}, which may "
                                     f"run at the same time: the order of its signals is not fixed")
+        # the executor's synchronisation: no block races inside, every wait satisfied, no deadlock
+        check_races(self.tbs, self._ref, rd.err)
+        check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err)
 
     # -- pass 2: primitives
     def _ref(self, op, ref, path, r):
@@ -346,7 +459,14 @@ class _Importer:
         limit = {Buf.INPUT: self.ic, Buf.OUTPUT: self.oc, Buf.SCRATCH: self.scratch[owner]}[buf]
         if idx + n > limit:
             raise rd.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
-        return owner, buf, idx, n
+        F = self.F
+        group = op.get("tbg_info")
+        if group and group["tbg_size"] > 1:
+            # the executor cuts the operation's range into tbg_size equal parts (at sizes that are a
+            # multiple of the alignment x chunks x F) and this block moves part tb_id
+            part = n * F // group["tbg_size"]
+            return owner, buf, idx * F + group["tb_id"] * part, part
+        return owner, buf, idx * F, n * F
 
     def _build(self, plan) -> ProgramIR:
         rd = self.rd
@@ -356,6 +476,10 @@ class _Importer:
         paths: list[tuple] = []
         # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
         pending = defaultdict(list)
+        mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
+        bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
+        bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
+        bar_uses = defaultdict(int)
         groups = defaultdict(list)
         # reads attached to signals: (rank, type, channel, k) -> [(reader rank, path, region)]
         nsig = defaultdict(int)
@@ -425,6 +549,13 @@ class _Importer:
                 if name in ("signal", "rlxsignal"):
                     for c in ids:
                         self._signal(r, t, c, pending, groups, nsig, ti)
+                        if t == "memory":
+                            mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, groups[(r, t, c)][-1]))
+                if name == "barrier":
+                    bkey = (op["barrier_id"], bar_uses[(r, ti, op["barrier_id"])])
+                    bar_uses[(r, ti, op["barrier_id"])] += 1
+                    bar_pass[(r, ti)].append((pos, bkey))
+                    bar_members[(r,) + bkey].append(ti)
                 if name in ("wait", "rlxwait"):
                     for c in ids:
                         k = nwait[(r, t, c)]
@@ -460,10 +591,10 @@ class _Importer:
                                       "path": p, "j": j})
         # a packet write read in parts (by several operations) is sent in those parts
         for peer, writes in list(packet_writes.items()):
-            cuts = packet_reads.get(peer, set())
+            cuts = sorted(packet_reads.get(peer, set()))
             parts = []
             for lo, n, send in writes:
-                bounds = sorted({lo, lo + n} | {c for c in cuts if lo < c < lo + n})
+                bounds = [lo] + cuts[bisect_right(cuts, lo):bisect_left(cuts, lo + n)] + [lo + n]
                 if len(bounds) == 2:
                     parts.append((lo, n, send))
                     continue
@@ -486,24 +617,40 @@ class _Importer:
             packet_writes[peer] = sorted(parts, key=lambda x: x[0])
         # a packet region read by one operation is received into that operation's place; one read
         # by several is received into the scratch (at self.PK + index) by the first and read there
+        # (parts never straddle a read's bounds, which cut them: the parts a read covers are
+        # those starting inside it)
+        self.pk_los = {}
         for peer, parts in packet_writes.items():
-            for lo, n, w in parts:
-                w["readers"] = sum(1 for a, b in self.pk_readers.get(peer, []) if a <= lo and lo + n <= b)
+            los = [lo for lo, _, _ in parts]
+            self.pk_los[peer] = los
+            for _, _, w in parts:
+                w["readers"] = 0
+            for a, b in self.pk_readers.get(peer, []):
+                for k in range(bisect_left(los, a), bisect_left(los, b)):
+                    lo, n, w = parts[k]
+                    if lo + n <= b:
+                        w["readers"] += 1
+        self._announce_across_barriers(pending, mem_signals, bar_pass, bar_members)
         for key, lst in pending.items():
             if lst:
                 raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
                                              f"after it: the peer cannot know when the data is there")
         chan_no: dict[tuple, int] = {}
+        chans_between: dict[tuple, int] = defaultdict(int)     # (sender, receiver) -> connections so far
 
         def channel_no(key):
             # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
             # receiving thread blocks): a subsequence of the channel's messages, in their order
             if key not in chan_no:
-                chan_no[key] = sum(1 for k in chan_no if k[1:3] == key[1:3])
+                chan_no[key] = chans_between[key[1:3]]
+                chans_between[key[1:3]] += 1
             return chan_no[key]
 
         # the signal a read belongs to: the peer's k-th signal on the partner channel
         sig_reads = defaultdict(list)
+        reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
+        for x in reads:
+            reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
         for rd_ in reads:
             t, c, k = rd_["wait"]
             partner = self.pair.get((rd_["rank"], t, c))
@@ -521,6 +668,7 @@ class _Importer:
         sem_rel = defaultdict(list)
         sem_acq = defaultdict(list)
         barriers = defaultdict(list)
+        barrier_uses = defaultdict(int)
         recv_for_send = {}
         nsig2 = defaultdict(int)
         tb_rows: dict[tuple, list[int]] = defaultdict(list)
@@ -564,7 +712,7 @@ class _Importer:
                             b, i, n = rr["src"]
                             rr["send_row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
                                                  sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
-                self._local(r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no)
+                self._local(r, ti, pos, p, op, desc, add, reads_at, packet_writes, channel_no)
                 for kind, what in emit_at.get((r, ti, pos), []):
                     if kind == "send":
                         s = what
@@ -582,7 +730,16 @@ class _Importer:
                 if name == "barrier":
                     arrive = add(r, ti, Op.NOP, p, desc)
                     depart = add(r, ti, Op.NOP, p, desc)
-                    barriers[(r, op.get("barrier_id", 0))].append((ti, arrive, depart, p))
+                    # the k-th pass of a block through barrier b meets the k-th of the others
+                    bkey = (r, op.get("barrier_id", 0))
+                    k = barrier_uses[(bkey, ti)]
+                    barrier_uses[(bkey, ti)] += 1
+                    barriers[bkey + (k,)].append((ti, arrive, depart, p))
+            if not tb_rows.get((r, ti)):
+                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
+                # its place, so the program's thread blocks stay the plan's
+                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
+                add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
         # put-message channels (set when their receive was placed)
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
@@ -639,6 +796,38 @@ class _Importer:
             raise self.rd.err(p, f"which {t} channel to rank {peer} this operation uses is not said")
         return cands.pop()
 
+    def _announce_across_barriers(self, pending, mem_signals, bar_pass, bar_members):
+        """Memory-channel puts a block never signals itself (a thread-block group's parts): the
+        first barrier the block passes after the put orders it before what the other blocks of
+        that barrier do after it, so the signal to the same peer that one other block sends first
+        after the barrier announces it (the signal's fence publishes what the barrier ordered
+        before it). Several blocks signalling that peer after the barrier: which one announces
+        the put is not fixed, and it stays unannounced (refused)."""
+        for key in [k for k, lst in pending.items() if lst and len(k) == 3]:
+            r, ti, peer = key
+            left = []
+            for snd in pending[key]:
+                after = [(pos, bk) for pos, bk in bar_pass.get((r, ti), []) if pos > snd["pos"]]
+                if not after:
+                    left.append(snd)
+                    continue
+                bk = after[0][1]
+                found = []
+                for tj in bar_members.get((r,) + bk, []):
+                    if tj == ti:
+                        continue
+                    at = next(pos for pos, k in bar_pass[(r, tj)] if k == bk)
+                    sig = next((x for x in mem_signals.get((r, tj), []) if x[0] > at and x[1] == peer), None)
+                    if sig is not None:
+                        found.append(sig)
+                if len(found) != 1:
+                    left.append(snd)
+                    continue
+                _, _, c, group = found[0]
+                snd["key"] = ("put", r, peer, "memory", c)
+                group.append(snd)
+            pending[key] = left
+
     def _signal(self, r, t, c, pending, groups, nsig, ti):
         peer = self.chans[r][t][c]
         sent = pending.pop((r, ti, peer) if t == "memory" else (r, ti, peer, c), [])
@@ -665,7 +854,7 @@ class _Importer:
             self._reduce_local(r, ti, p, desc, add, srcs, d)
             return
         if name in ("get", "rre", "rres"):
-            mine = [x for x in reads if x["rank"] == r and x["tb"] == ti and x["pos"] == pos]
+            mine = reads.get((r, ti, pos), [])
             if name == "get":
                 for x in mine:
                     d = self._ref(op, op["dst_buff"][x["j"]], p + ("dst_buff", x["j"]), r)
@@ -696,8 +885,9 @@ class _Importer:
             acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
             for j in range(first_pk, last):
                 q = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                pieces = sorted((w for w in packet_writes.get(r, []) if q[2] <= w[0] and w[0] + w[1] <= q[2] + q[3]),
-                                key=lambda w: w[0])
+                lst, los = packet_writes.get(r, []), self.pk_los.get(r, [])
+                pieces = [w for w in lst[bisect_left(los, q[2]):bisect_left(los, q[2] + q[3])]
+                          if w[0] + w[1] <= q[2] + q[3]]
                 cover = q[2]
                 for lo, n, s in pieces:
                     if lo != cover:
@@ -767,7 +957,9 @@ class _Importer:
         cols = {"rank": rank, "tb": tb, "seq": seq, "pipeline": np.zeros(N), "op": rows_arr[:, 2],
                 "send_peer": rows_arr[:, 3], "recv_peer": rows_arr[:, 4], "channel": rows_arr[:, 5],
                 "src_buf": rows_arr[:, 6], "src_off": rows_arr[:, 7], "dst_buf": rows_arr[:, 8],
-                "dst_off": rows_arr[:, 9], "count": rows_arr[:, 10], "task": np.arange(N), "task2": np.full(N, -1)}
+                "dst_off": rows_arr[:, 9], "count": rows_arr[:, 10], "task": np.full(N, -1), "task2": np.full(N, -1)}
+        # no task ids: a plan's messages are matched by their order on a connection, and a send and
+        # its receive are different rows (ids per row made every matched pair disagree once written)
         cols = {k: np.asarray(v).astype(PRIM_COLUMNS[k]) for k, v in cols.items()}
         ntbs = np.zeros(R, np.int32)
         for r, ti, _ in self.tbs:
@@ -775,19 +967,23 @@ class _Importer:
         from hccc.compiler.passes.build import sanitize_identifier
         plan = self.plan
         ir = ProgramIR(name=sanitize_identifier(str(plan.get("name", "mscclpp_plan"))[:64] or "mscclpp_plan"),
-                       collective=self.coll, nranks=R, nchunks=self.C, in_chunks=self.ic, out_chunks=self.oc,
-                       scratch_chunks=max(self.scratch) + self.PK, prims=cols, dep_prim=np.asarray(dp, np.int64),
+                       collective=self.coll, nranks=R, nchunks=self.C * self.F, in_chunks=self.ic * self.F,
+                       out_chunks=self.oc * self.F, scratch_chunks=max(self.scratch) * self.F + self.PK, prims=cols, dep_prim=np.asarray(dp, np.int64),
                        dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
                        stats={"source": "mscclpp-plan", "proto": self.proto, "msccl_inplace": self.inplace,
                               "msccl_outofplace": not self.inplace,
-                              "minBytes": plan.get("min_message_size", 0),
-                              "maxBytes": plan.get("max_message_size", 0),
+                              "minBytes": self.served[0],
+                              # (0: no bound; stats hold 64-bit integers, a plan's bound is uint64)
+                              "maxBytes": min(self.served[1], (1 << 63) - 1)
+                              if "max_message_size" in plan or self.served[2] else 0,
                               "transfers": int((cols["send_peer"] >= 0).sum()),
                               "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
                               "tbs_state_based": int(ntbs.sum())})
+        if self.served[2]:
+            ir.stats["note"] = self.served[2]
         ir.sort_canonical()
         self.order_where = None
-        from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
+        from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
         from hccc.compiler.ir.extents import ExtentError, check_extents
         from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
         order = np.lexsort((seq, tb, rank))
@@ -803,6 +999,7 @@ class _Importer:
 
         try:
             check_structure(ir)
+            check_fifo_order(ir)         # what reading the program back from its .ir.json checks too
         except IRFormatError as exc:
             raise CompileError([Diagnostic(f"the plan is not a well-formed program: {exc}", rd.loc(()))]) from None
         try:

@@ -45,8 +45,23 @@ MAX_DEVICE_SYNCERS = 16
 #: byte offsets and sizes of an operation are uint32 in the device plan
 MAX_BYTE_OFFSET = (1 << 32) - 1
 BUFFER_ALIGNMENT = 16
+#: the executor's scratch buffer shared by the plans that set ``reuse_resources``
+#: (``PREDFINED_SCRATCH_SIZE`` in execution_common.hpp: 64 MiB; half per call with a double buffer)
+SHARED_SCRATCH_BYTES = 1 << 26
 #: the largest ``max_message_size`` the loader defaults to (uint64 max)
 NO_MAX_SIZE = (1 << 64) - 1
+
+#: the most chunk slots a plan may declare, over all ranks (input + output + scratch chunks, the
+#: scratch twice with LL, where packets take a second region), checked from the declared counts
+#: before anything is allocated: the import's proof holds a value per slot of every rank, measured
+#: at about 500 bytes per slot (an AllGather on 2,000 GPUs, 4 M slots: 2.0 GB, 40 s), so this
+#: bounds a check at about 2 GB. A 1,024-GPU AllGather with one chunk per rank needs 1 M.
+MAX_PLAN_SLOTS = 1 << 22
+
+#: the most parts the import cuts a chunk into for thread-block groups (the least common multiple
+#: of a plan's ``tbg_size``s; MSCCL++'s DSL writes groups of up to a node's peers or SMs per peer:
+#: 7 and 4 in its installed plans); parts multiply the chunk slots checked against MAX_PLAN_SLOTS
+MAX_GROUP_PARTS = 1024
 
 PROTOCOLS = ("Simple", "LL")
 #: collectives hccc writes and reads as plans (the ``collective`` field)
@@ -98,7 +113,7 @@ def looks_like_plan(obj) -> bool:
             and "collective" in obj and "protocol" in obj)
 
 
-__all__ = ["MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
+__all__ = ["MAX_GROUP_PARTS", "SHARED_SCRATCH_BYTES", "MAX_PLAN_SLOTS", "MAX_OPERATION", "MAX_CHANNEL", "MAX_CHANNEL_PER_OPERATION", "MAX_LOCAL_BUFFER_PER_OPERATION",
            "MAX_DEVICE_SEMAPHORES", "MAX_DEVICE_SYNCERS", "MAX_BYTE_OFFSET", "BUFFER_ALIGNMENT", "NO_MAX_SIZE",
            "PROTOCOLS", "COLLECTIVES", "LETTER_OF_BUF", "BUF_OF_LETTER", "CONTROL_OPS", "OP_NAMES",
            "PlanLimits", "looks_like_plan"]

@@ -74,16 +74,25 @@ def _prove(path: str, ir) -> None:
     from hccc.compiler.ir.program_ir import IRFormatError
     from hccc.compiler.ir.symbolic import ProofError, prove
 
+    algorithm_level = ir.algorithm_level     # an imported MSCCL XML / MSCCL++ plan, as its stats say
+    inplace = False
     try:
         check_fifo_order(ir)
-        check_deadlock(ir)
-        for inplace in (False, True):
+        if algorithm_level:                   # checked as the import checked it, as `hccc run` runs it
+            from hccc.compiler.ir.symbolic import check_deadlock_buffered
+            from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT
+            st = ir.stats
+            check_deadlock_buffered(ir, None if st.get("source") == "mscclpp-plan"
+                                    else MESSAGES_IN_FLIGHT.get(st.get("proto"), 1))
+        else:
+            check_deadlock(ir)
+        for inplace in ir.placements:         # both for hccc's own programs; an import's declared ones
             prove(ir, inplace)
     except (IRFormatError, ProofError) as exc:
         mode = "" if isinstance(exc, IRFormatError) else " (in place)" if inplace else " (out of place)"
         raise CompileError([Diagnostic(f"the program does not implement {ir.collective}{mode}: {exc}",
                                        Location(SourceFile.read(path), 1, 1))]) from None
-    ir.stats["execution"] = "task"
+    ir.stats["execution"] = "algorithm" if algorithm_level else "task"
 
 
 def _check_program(args, reader) -> int:

@@ -1,0 +1,137 @@
+"""The plan checker's work is near-linear in the plan's channels, and a plan declaring sizes that
+would take gigabytes is refused from those sizes, before anything is allocated."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hccc.util.diagnostics import CompileError
+from hccc.compiler.interop.mscclpp_import import import_plan_text
+
+HCCC = Path(__file__).resolve().parent.parent
+
+
+def _b(t, i):
+    return {"type": t, "index": i, "size": 1}
+
+
+def _rb(k, i):
+    return {"buffer_id": k, "index": i, "size": 1}
+
+
+def _sig(name, c):
+    return {"name": name, "channel_ids": [c], "channel_type": "memory"}
+
+
+def many_channels(K: int) -> dict:
+    """A 2-rank AllReduce (a read-reduce, then a put) on channel 0, with ``K - 1`` more channels
+    between the two ranks, each with a thread block of its own that signals and waits on it, and
+    reads the peer's input into its scratch."""
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+        ops = [_sig("signal", 0), _sig("wait", 0), {"name": "nop"},
+               {"name": "rre", "src_buff": [_b("i", r), _rb(0, r)], "dst_buff": [_b("o", r)], "channel_type": "memory"},
+               {"name": "nop"}, {"name": "put", "src_buff": [_b("o", r)], "dst_buff": [_rb(1, r)],
+                                 "channel_type": "memory", "channel_ids": [0]},
+               {"name": "nop"}, _sig("signal", 0), _sig("wait", 0)]
+        refs = [{"access_channel_type": "memory", "remote_buffer_ids": [0, 1]}]
+        tbs = [{"id": 0, "ops": ops, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                "remote_buffer_refs": refs}]
+        for k in range(1, K):
+            tbs.append({"id": k, "ops": [_sig("signal", 0), _sig("wait", 0), {"name": "nop"},
+                                         {"name": "get", "src_buff": [_rb(0, 0)], "dst_buff": [_b("s", k - 1)],
+                                          "channel_type": "memory", "channel_ids": [0]},
+                                         {"name": "nop"}, _sig("signal", 0), _sig("wait", 0)],
+                        "channels": [{"channel_type": "memory", "channel_ids": [k]}], "remote_buffer_refs": refs})
+        gpus.append({"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": max(K - 1, 1),
+                     "channels": [{"channel_type": "memory", "connected_to": [p] * K}],
+                     "remote_buffers": [{"rank": p, "type": "i", "access_channel_types": ["memory"]},
+                                        {"rank": p, "type": "o", "access_channel_types": ["memory"]}],
+                     "threadblocks": tbs, "semaphores": []})
+    return {"name": "many", "collective": "allreduce", "protocol": "Simple", "inplace": False,
+            "reuse_resources": False, "num_threads_per_block": 1024, "use_double_scratch_buffer": False,
+            "buffer_alignment": 16, "min_message_size": 0, "max_message_size": 1 << 40, "gpus": gpus}
+
+
+def _work(text: str) -> int:
+    """Python lines the checker runs (every loop iteration counts) in hccc's own modules."""
+    count = 0
+    root = str(HCCC)
+    shadow = str(HCCC / ".shadow")
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def trace(frame, event, arg):
+        f = frame.f_code.co_filename
+        return local if f.startswith(root) or f.startswith(shadow) or "/hccc/" in f else None
+
+    sys.settrace(trace)
+    try:
+        import_plan_text(text, "many.json")
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def test_the_checkers_work_is_near_linear_in_the_channels():
+    w = [_work(json.dumps(many_channels(k))) for k in (50, 100, 200)]
+    # the work added by doubling the channels again: 2x when linear; the pairing of channels by a
+    # scan of the peer's list (quadratic) made it 2.5x at these sizes and 4x in the limit
+    growth = (w[2] - w[1]) / (w[1] - w[0])
+    assert growth < 2.25, w
+
+
+def test_a_thread_block_that_only_synchronises_is_accepted():
+    plan = many_channels(3)
+    for g in plan["gpus"]:
+        for tb in g["threadblocks"][1:]:
+            tb["ops"] = [o for o in tb["ops"] if o["name"] in ("signal", "wait")]
+    ir = import_plan_text(json.dumps(plan), "sync_only.json")
+    assert list(ir.ntbs) == [3, 3]
+
+
+def _refused_within(plan: dict, budget: int):
+    """The plan's refusal (its message and line), found holding at most ``budget`` bytes beyond
+    the plan's own text (traced Python allocations, numpy's included)."""
+    import tracemalloc
+    text = json.dumps(plan, indent=1)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with pytest.raises(CompileError) as exc:
+            import_plan_text(text, "big.json")
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    d = exc.value.diagnostics[0]
+    assert peak < budget, peak
+    return d.message, text.splitlines()[d.location.line - 1]
+
+
+def test_a_plan_declaring_a_huge_scratch_is_refused_from_its_sizes():
+    plan = many_channels(2)
+    plan["gpus"][1]["scratch_chunks"] = 10 ** 8
+    msg, line = _refused_within(plan, 16 << 20)
+    assert "chunk slots" in msg and "files-and-limits" in msg and '"scratch_chunks": 100000000' in line
+
+
+def test_twenty_thousand_empty_gpus_are_refused_from_their_sizes():
+    R = 20_000
+    gpus = [{"id": r, "input_chunks": 1, "output_chunks": R, "scratch_chunks": 0, "channels": [],
+             "remote_buffers": [], "threadblocks": [], "semaphores": []} for r in range(R)]
+    plan = {"name": "empty", "collective": "allgather", "protocol": "Simple", "inplace": False, "gpus": gpus}
+    msg, line = _refused_within(plan, 64 << 20)
+    assert f"{R} ranks" in msg and "chunk slots" in msg and '"output_chunks"' in line
+
+
+def test_the_slot_limit_admits_a_thousand_gpu_allgather():
+    from hccc.compiler.interop.mscclpp_plan import MAX_PLAN_SLOTS
+    assert 1024 * (1 + 1024 + 1024) <= MAX_PLAN_SLOTS

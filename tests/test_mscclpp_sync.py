@@ -1,0 +1,283 @@
+"""The MSCCL++ executor's synchronisation checked on plans (compiler/interop/mscclpp_sync.py and
+mscclpp_operands.py): waits no signal satisfies, cycles of waits, missing nops, undeclared
+semaphores and operations without their operands are refused with located errors; and a fuzz of
+mutated real plans against the independent interpreter (tests/mscclpp_interp.py): every mutation
+the checker accepts runs right, without deadlock or race, in the interpreter."""
+from __future__ import annotations
+
+import copy
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import examples
+from mscclpp_interp import InterpError, check_plan
+from test_mscclpp_import import (HAND, NOP, plan_direct_allgather, plan_read_reduce_allreduce,
+                                 plan_semaphore_reducescatter, _sig)
+from hccc.util.diagnostics import CompileError
+from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
+from hccc.compiler.interop.mscclpp_import import import_plan_text
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.passes.verify import verify
+from hccc.compiler.pipeline import load_algorithm
+
+EX = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _refused(plan):
+    """The first diagnostic's message and the line of the plan's text it points at."""
+    text = json.dumps(plan, indent=2)
+    with pytest.raises(CompileError) as exc:
+        import_plan_text(text, "p.json")
+    d = exc.value.diagnostics[0]
+    assert d.location is not None, d.message
+    return d.message, text.splitlines()[d.location.line - 1]
+
+
+def _ops(plan, r, t=0):
+    return plan["gpus"][r]["threadblocks"][t]["ops"]
+
+
+# ------------------------------------------------------------------ item: waits and counts
+def test_a_duplicated_wait_is_a_wait_no_signal_satisfies():
+    plan = plan_read_reduce_allreduce()
+    ops = _ops(plan, 1)
+    ops.insert(1, copy.deepcopy(ops[1]))                  # the first wait, twice
+    msg, line = _refused(plan)
+    assert "a wait no signal satisfies" in msg and "rank 1 thread block 0" in msg and '"wait"' in line
+    with pytest.raises(InterpError, match="deadlock"):    # the interpreter agrees
+        check_plan(plan, 1)
+
+
+def test_a_dropped_signal_is_refused_where_its_wait_hangs():
+    plan = plan_read_reduce_allreduce()
+    del _ops(plan, 0)[0]                                  # rank 0's first signal
+    msg, line = _refused(plan)
+    assert "deadlock under the executor" in msg and "rank 1" in msg and '"wait"' in line
+
+
+def test_a_cycle_of_waits_is_a_deadlock_even_when_the_counts_match():
+    plan = plan_read_reduce_allreduce()
+    for r in range(2):                                    # both ranks wait before they signal
+        ops = _ops(plan, r)
+        ops[0], ops[1] = ops[1], ops[0]
+    msg, _ = _refused(plan)
+    assert "a cycle of waits" in msg
+
+
+def test_an_extra_signal_is_refused_it_would_satisfy_the_next_call_early():
+    plan = plan_read_reduce_allreduce()
+    _ops(plan, 0).append(_sig("signal", [0]))
+    msg, line = _refused(plan)
+    assert "next call early" in msg and '"signal"' in line
+    with pytest.raises(InterpError, match="later call"):  # the interpreter agrees
+        check_plan(plan, 1)
+
+
+def test_a_barrier_short_of_its_thread_blocks_deadlocks():
+    plan = plan_direct_allgather()
+    for g in plan["gpus"]:
+        g["threadblocks"][1]["ops"][-1]["num_threadblocks"] = 3
+        g["threadblocks"][0]["ops"][-1]["num_threadblocks"] = 3
+    msg, _ = _refused(plan)
+    assert "barrier 0 waits for 3 thread blocks" in msg
+
+
+def test_a_semaphore_released_less_than_acquired_deadlocks():
+    plan = plan_semaphore_reducescatter()
+    del plan["gpus"][0]["threadblocks"][0]["ops"][-1]     # the release
+    msg, line = _refused(plan)
+    assert "semaphore 0 is never released" in msg and '"sem_acquire"' in line
+
+
+# ------------------------------------------------------------------ item: races and semaphores
+def test_a_wait_then_a_data_operation_without_a_nop_races():
+    plan = plan_read_reduce_allreduce()
+    ops = _ops(plan, 0)
+    assert ops[2] == NOP
+    del ops[2]
+    msg, line = _refused(plan)
+    assert "no 'nop'" in msg and "'rre' directly after 'wait'" in msg and '"rre"' in line
+    with pytest.raises(InterpError, match="no nop"):
+        check_plan(plan, 1)
+
+
+def test_a_simple_plan_without_any_nop_is_refused():
+    for make in HAND:
+        plan = make()
+        for g in plan["gpus"]:
+            for tb in g["threadblocks"]:
+                tb["ops"] = [o for o in tb["ops"] if o["name"] != "nop"]
+                for o in tb["ops"]:
+                    if o["name"] == "pipeline":
+                        o["ops"] = [x for x in o["ops"] if x["name"] != "nop"]
+        if plan["protocol"] == "LL":       # packets carry their own flags: no nop needed, none refused
+            import_plan_text(json.dumps(plan), "p.json")
+            check_plan(plan, 2)
+            continue
+        msg, _ = _refused(plan)
+        assert "no 'nop'" in msg, (make.__name__, msg)
+
+
+def test_a_data_operation_then_a_signal_without_a_nop_races():
+    plan = plan_read_reduce_allreduce()
+    ops = _ops(plan, 1)
+    assert ops[6] == NOP and ops[7]["name"] == "signal"
+    del ops[6]
+    msg, _ = _refused(plan)
+    assert "'signal' directly after 'put'" in msg
+
+
+@pytest.mark.parametrize("sid", [1, -1, 7, "0", None])
+def test_undeclared_or_negative_semaphores_are_refused(sid):
+    for side in (0, -1):                                  # the release, the acquire
+        plan = plan_semaphore_reducescatter()
+        tbs = plan["gpus"][1]["threadblocks"]
+        op = tbs[0]["ops"][-1] if side == -1 else tbs[1]["ops"][0]
+        op["semaphore_ids"] = [sid]
+        msg, line = _refused(plan)
+        assert "semaphore" in msg and ("not declared" in msg or "non-negative" in msg), msg
+
+
+def test_a_negative_initial_semaphore_value_is_refused():
+    plan = plan_semaphore_reducescatter()
+    plan["gpus"][0]["semaphores"] = [{"init_value": -1}]
+    msg, line = _refused(plan)
+    assert "init_value" in msg and "init_value" in line
+
+
+# ------------------------------------------------------------------ item: operands from one table
+OPERAND_CASES = [("copy", "src_buff"), ("copy", "dst_buff"), ("re", "src_buff"), ("rre", "dst_buff"),
+                 ("put", "src_buff"), ("put", "dst_buff"), ("signal", "channel_ids"), ("wait", "channel_ids"),
+                 ("ppkt", "src_buff"), ("upkt", "dst_buff"), ("cpkt", "src_buff"), ("rppkt", "dst_buff"),
+                 ("sem_acquire", "semaphore_ids"), ("barrier", "barrier_id"), ("barrier", "num_threadblocks")]
+
+
+@pytest.mark.parametrize("name,field", OPERAND_CASES)
+def test_operations_without_their_operands_get_a_located_error(name, field, tmp_path, capsys):
+    from hccc.cli import main
+    plan = {"ppkt": _packet_plan, "upkt": _packet_plan, "cpkt": _forward_plan, "rppkt": _forward_plan,
+            "sem_acquire": plan_semaphore_reducescatter, "barrier": plan_direct_allgather,
+            "copy": plan_direct_allgather, "re": plan_semaphore_reducescatter}.get(name, plan_read_reduce_allreduce)()
+    hits = [o for g in plan["gpus"] for tb in g["threadblocks"] for o in tb["ops"] if o["name"] == name]
+    assert hits, name
+    for value in (None, [], {}):
+        bad = copy.deepcopy(plan)
+        op = [o for g in bad["gpus"] for tb in g["threadblocks"] for o in tb["ops"] if o["name"] == name][0]
+        if value is None:
+            del op[field]
+        else:
+            op[field] = value
+        f = tmp_path / "p.json"
+        f.write_text(json.dumps(bad, indent=2))
+        assert main(["check", str(f)]) == 1, (name, field, value)
+        err = capsys.readouterr().err
+        assert "p.json:" in err and "error:" in err and "Traceback" not in err and "internal error" not in err
+
+
+def test_thread_blocks_without_their_tables_get_a_located_error():
+    for key, field in (("remote_buffer_refs", "remote_buffer_ids"), ("channels", "channel_ids"),
+                       ("remote_buffer_refs", "access_channel_type")):
+        plan = plan_read_reduce_allreduce()
+        del plan["gpus"][0]["threadblocks"][0][key][0][field]
+        msg, _ = _refused(plan)
+        assert f"'{key}'" in msg
+
+
+def _packet_plan():
+    from test_mscclpp_import import plan_packet_allgather
+    return plan_packet_allgather()
+
+
+def _forward_plan():
+    from test_mscclpp_import import plan_forwarded_packets_allgather
+    return plan_forwarded_packets_allgather()
+
+
+# ------------------------------------------------------------------ item: fuzz against the interpreter
+@lru_cache(maxsize=None)
+def _corpus() -> tuple[str, ...]:
+    """Real plans as text: the hand-written ones (the DSL's styles) and small exported ones."""
+    from test_mscclpp_tbg import grouped_copy_allgather, grouped_puts_allgather
+    out = [json.dumps(make()) for make in HAND + [grouped_copy_allgather, grouped_puts_allgather]]
+    for name, kw in (("ring_allreduce_8", {}), ("hm_allgather_2x4", {}), ("ring_allgather_8", dict(protocol="LL")),
+                     ("ring_reducescatter_8", dict(instances=2))):
+        a = load_algorithm(EX / f"{name}.rccl")
+        verify(a)
+        ir = build_program(a)
+        nodes = None if kw.get("protocol") == "LL" else node_map(ir.nranks, a.header.gpu_per_node)
+        out.append(plan_text(export_plan(ir, nodes=nodes, **kw)))
+    return tuple(out)
+
+
+MUTATIONS = ("drop", "duplicate", "swap", "semaphore", "channel", "drop_kind", "group")
+
+
+def _mutate(plan, data) -> str:
+    """One mutation of ``plan`` in place, drawn from ``data``; returns what it did."""
+    g = plan["gpus"][data.draw(st.integers(0, len(plan["gpus"]) - 1))]
+    tbs = [tb for tb in g["threadblocks"] if tb["ops"]]
+    tb = tbs[data.draw(st.integers(0, len(tbs) - 1))]
+    ops = tb["ops"]
+    kind = data.draw(st.sampled_from(MUTATIONS))
+    if kind == "drop_kind":                 # drop one signal, wait or nop (the issue's mutations)
+        cands = [k for k, o in enumerate(ops) if o["name"] in ("signal", "wait", "nop", "sem_release", "sem_acquire")]
+        if not cands:
+            kind = "drop"
+        else:
+            k = data.draw(st.sampled_from(cands))
+            return f"drop {ops.pop(k)['name']}"
+    k = data.draw(st.integers(0, len(ops) - 1))
+    if kind == "drop":
+        return f"drop {ops.pop(k)['name']}"
+    if kind == "duplicate":
+        ops.insert(k, copy.deepcopy(ops[k]))
+        return f"duplicate {ops[k]['name']}"
+    if kind == "swap":
+        j = min(k + 1, len(ops) - 1)
+        ops[k], ops[j] = ops[j], ops[k]
+        return f"swap {ops[k]['name']} {ops[j]['name']}"
+    if kind == "semaphore":
+        cands = [o for o in ops if "semaphore_ids" in o]
+        if cands:
+            o = data.draw(st.sampled_from(cands))
+            o["semaphore_ids"] = [data.draw(st.integers(-1, 3))]
+            return "semaphore id"
+        return "none"
+    if kind == "group":                     # a thread-block group's part moved, or the group dropped
+        cands = [o for o in ops if "tbg_info" in o]
+        if cands:
+            o = data.draw(st.sampled_from(cands))
+            size = o["tbg_info"]["tbg_size"]
+            o["tbg_info"] = {"tb_id": data.draw(st.integers(0, size - 1)), "tbg_size": size}
+            if data.draw(st.booleans()):
+                del o["tbg_info"]
+            return "group"
+        return "none"
+    cands = [o for o in ops if o.get("channel_ids")]
+    if cands:
+        o = data.draw(st.sampled_from(cands))
+        o["channel_ids"] = [data.draw(st.integers(0, 3))]
+        return "channel id"
+    return "none"
+
+
+@settings(max_examples=examples(60))
+@given(data=st.data())
+def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
+    corpus = _corpus()
+    plan = json.loads(corpus[data.draw(st.integers(0, len(corpus) - 1))])
+    what = _mutate(plan, data)
+    try:
+        import_plan_text(json.dumps(plan), "mutant.json")
+    except CompileError:
+        return                              # refused: nothing to run
+    for seed in range(2):                   # accepted: it must run right, no deadlock, no race
+        try:
+            check_plan(plan, 6, seed=seed, runs=1 if plan["inplace"] else 2)   # 6: groups of 2 and 3 cut evenly
+        except InterpError as exc:
+            raise AssertionError(f"the checker accepted a plan ({what}) the interpreter rejects: {exc}") from None
