@@ -88,3 +88,45 @@ def count_compiles() -> bool:
         event.register("numba:compile", _CompileTimer())
         _installed = True
         return True
+
+
+class Deadline:
+    """A time on the work clock by which a piece of work must end, passed explicitly through every
+    phase of it (``hccc synth --time-limit``: the bounds, the search or packing, the simulations,
+    the emission). ``Deadline.after(s)``: ``s`` seconds from now; ``Deadline.never()``: no limit."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float):
+        self.at = float(at)
+
+    @classmethod
+    def after(cls, seconds: float) -> "Deadline":
+        return cls(now() + float(seconds))
+
+    @classmethod
+    def never(cls) -> "Deadline":
+        return cls(float("inf"))
+
+    def left(self) -> float:
+        """Seconds left (negative once passed)."""
+        return self.at - now()
+
+    def passed(self) -> bool:
+        return now() >= self.at
+
+    def share(self, fraction: float) -> "Deadline":
+        """The deadline that leaves the rest of the time left (``1 - fraction`` of it) to what follows."""
+        if self.at == float("inf"):
+            return self
+        return Deadline(now() + max(0.0, self.left()) * float(fraction))
+
+    def sooner(self, other: "Deadline | float | None") -> "Deadline":
+        """The earlier of this and ``other`` (a Deadline, a work-clock time, or None: this one)."""
+        if other is None:
+            return self
+        at = other.at if isinstance(other, Deadline) else float(other)
+        return self if self.at <= at else Deadline(at)
+
+    def __repr__(self) -> str:
+        return f"Deadline(at={self.at!r})"
