@@ -50,20 +50,55 @@ def now() -> float:
         return t - _spent(t)
 
 
+#: callables told ``(True)`` when numba starts an outermost compile and ``(False)`` when it ends
+#: (:func:`watch_compiles`: the commands' progress displays say that numba is compiling)
+_watchers: list = []
+
+
+def watch_compiles(callback) -> None:
+    """Call ``callback(True)`` when numba starts an outermost compile, ``callback(False)`` when it
+    ends (until :func:`unwatch_compiles`). The listener itself is installed by whatever compiles
+    (:class:`hccc.util.jit.Kernels`), so watching costs no import of numba."""
+    with _lock:
+        _watchers.append(callback)
+
+
+def unwatch_compiles(callback) -> None:
+    with _lock:
+        if callback in _watchers:
+            _watchers.remove(callback)
+
+
+def _tell(starting: bool) -> None:
+    with _lock:
+        watchers = list(_watchers)
+    for w in watchers:
+        try:
+            w(starting)
+        except Exception:        # a display that fails must never break a compile
+            pass
+
+
 def _begin() -> None:
     global _depth, _started
     with _lock:
-        if _depth == 0:
+        outermost = _depth == 0
+        if outermost:
             _started = time.perf_counter()
         _depth += 1
+    if outermost:
+        _tell(True)
 
 
 def _end() -> None:
     global _depth, _compiled
     with _lock:
         _depth = max(0, _depth - 1)
-        if _depth == 0:
+        outermost = _depth == 0
+        if outermost:
             _compiled += time.perf_counter() - _started
+    if outermost:
+        _tell(False)
 
 
 def count_compiles() -> bool:

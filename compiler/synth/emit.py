@@ -1,7 +1,7 @@
 """Synthesised schedules as hccc Algorithms and ResCCLang text (DESIGN.md section 3).
 
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
-bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
+bound; never a timing, so one synthesis always writes the same bytes), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
 per line, grouped by step (with a sixth argument, the channel, where it is not 0: tree programs
 give every stream channels of its own); a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
 identical nodes is written as ``for`` loops over the node (and GPU) shifts that map its
@@ -245,8 +245,9 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
                      f"{p.result.iterations}, shared groups learned {p.result.learned_groups})")
     if result.composed:
         lines.append(f"# hierarchical composition: {_comment(str(result.composed))}")
-    lines.append(f"# synthesis time: {result.seconds:.2f} s" + (" (time limit reached: best schedule so far)"
-                                                                 if result.timed_out else ""))
+    # no timing: the same synthesis writes the same bytes (``hccc synth`` says its time on stderr)
+    if result.timed_out:
+        lines.append("# time limit reached: best schedule so far")
     for c in extra_comments or []:
         lines.append("# " + _comment(c))
     extra = (f"Root={h.root}, " if h.collective.rooted else "") + \

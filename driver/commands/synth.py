@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
@@ -303,16 +304,124 @@ def run(args) -> int:
     for o in outs:
         check_output_file(o, [args.topology])
     summaries = []
+    # where a size's program is not the default one, the default (``hccc synth`` without
+    # ``--size``) is a candidate too: made once, in a share of the time like a size's
+    made: list = []
+    shares = len(sizes) + 1
+    needs_default = args.method == "auto" and topo.nranks <= SIMULATE_MAX_RANKS and \
+        any(s != args.select_size for s in sizes)
+
+    def default():
+        if not made:
+            until = clock.now() + max(0.0, deadline - clock.now()) / len(sizes)
+            made.append(_select(args, topo, args.select_size, until, _QuietPhase())[0])
+        return made[0]
+
     for i, (size, o) in enumerate(zip(sizes, outs)):
         # every program its share of the time left
-        share = max(0.0, deadline - clock.now()) / (len(sizes) - i)
-        summaries.append(_synthesize_one(args, topo, size, o, clock.now() + share))
+        share = max(0.0, deadline - clock.now()) / (shares - i if needs_default and not made else len(sizes) - i)
+        summaries.append(_synthesize_one(args, topo, size, o, clock.now() + share,
+                                         default if needs_default else None))
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
     return 0
 
 
-def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
+class _QuietPhase:
+    """A progress phase that shows nothing (the default program made beside a size's)."""
+
+    def update(self, detail: str) -> None:
+        pass
+
+
+def _select(args, topo, size: int, deadline: float, phase, method: str | None = None):
+    """The program for ``size`` (``method``: the one :func:`choose_method` picks unless given),
+    chosen by the simulator: ``(result, fraction, bound, tried, sims, simulated)``."""
+    from hccc.compiler.synth import synthesize
+
+    method = method or choose_method(args.method, args.collective, topo.nranks, size)
+    simulated = topo.nranks <= SIMULATE_MAX_RANKS
+    sims = Simulations(topo, size, deadline)
+    def progress(event: str, info: dict) -> None:
+        phase.update(describe_event(event, info))
+
+    def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None,
+             known_bound: float | None = None):
+        sim = not args.no_sim_select and simulated
+        score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
+            topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
+        try:
+            return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
+                              time_limit=max(1e-3, until - clock.now()), progress=progress,
+                              pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
+                              score=score, bandwidth_bound_bytes=size, method=how,
+                              tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
+                              known_bound_seconds=known_bound)
+        except ValueError as exc:
+            raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
+
+    made_at = clock.now()
+    result = make(method)
+    made_s = clock.now() - made_at
+    bound = _bandwidth_bound(result, size)
+    if args.collective == "allreduce":
+        bound.update(_allreduce_bounds(sims, result))
+    if simulated:
+        phase.update("fitting channels and simulating the program")
+        _fit_channels(result, topo, size, sims)
+    else:
+        _cap_channels(result, topo)
+    fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
+    fraction = _thin_slices(result, sims, bound, fraction, phase)
+    tried = {method: fraction}
+    # the fraction of the least time any program needs (AllReduce: of the larger of its bound
+    # for any schedule and RS + AG's optimum): below it, the search may gain
+    reach = None if fraction is None else _reach(bound, fraction)
+    if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
+            and sims.time_left > 0:
+        # the packing's program falls short in the simulator: the search too, the faster kept,
+        # leaving time to simulate the search's program as long as the tree program took, and
+        # searching half as long as the trees took to make; greedy only (its variants rated by
+        # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
+        # A search program whose bytes over the capacities alone take the tree program's time
+        # cannot win: it is not simulated (nor are such variants)
+        phase.update("tree program below the bound in the simulator: trying the step search")
+        until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
+                    clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
+        tree_s = bound["seconds"] / fraction
+        try:
+            # the bound is the trees' (the fractions compare with it): not computed again
+            other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
+        except CompileError:      # no search schedule within the limits: the trees stand
+            other = None
+        tried["search"] = None
+        if other is not None and sims.least_seconds(other) >= tree_s:
+            other = None
+        if other is not None:
+            _fit_channels(other, topo, size, sims)
+            f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
+            f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
+            if f2 is not None and f2 > fraction:
+                result, fraction = other, f2
+    return result, fraction, bound, tried, sims, simulated
+
+
+def _default_fraction(args, topo, size: int, sims: "Simulations", bound: dict, default):
+    """The default program (what ``hccc synth`` writes without ``--size``: ``default``) run at
+    ``size`` in the same simulator as the program made for it: its fraction of the bound there,
+    and the program with its channels fitted at that size (None, None where it cannot be
+    simulated in the time left)."""
+    import copy
+
+    if default is None or sims.time_left <= 0:
+        return None, None
+    d = copy.deepcopy(default)
+    d.detail["cut_bound_seconds"] = bound["seconds"]
+    _fit_channels(d, topo, size, sims)
+    return _simulated_fraction(d, sims, bound["seconds"]), d
+
+
+def _synthesize_one(args, topo, size: int, out: Path, deadline: float, default=None) -> dict:
     from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
@@ -321,73 +430,18 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
     title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
     if len(args.size or []) > 1:
         title += f" for {format_size(size)}"
-    simulated = topo.nranks <= SIMULATE_MAX_RANKS
-    sims = Simulations(topo, size, deadline)
     with Progress("hccc synth", enabled=not args.json) as prog, \
             prog.phase(title, limit_s=args.time_limit if len(args.size or []) <= 1 else
                        round(max(0.0, deadline - clock.now()), 1)) as phase:
-
-        def progress(event: str, info: dict) -> None:
-            phase.update(describe_event(event, info))
-
-        def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None,
-                 known_bound: float | None = None):
-            sim = not args.no_sim_select and simulated
-            score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
-                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
-            try:
-                return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                  time_limit=max(1e-3, until - clock.now()), progress=progress,
-                                  pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
-                                  score=score, bandwidth_bound_bytes=size, method=how,
-                                  tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
-                                  known_bound_seconds=known_bound)
-            except ValueError as exc:
-                raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
-
-        made_at = clock.now()
-        result = make(method)
-        made_s = clock.now() - made_at
-        bound = _bandwidth_bound(result, size)
-        if args.collective == "allreduce":
-            bound.update(_allreduce_bounds(sims, result))
-        if simulated:
-            phase.update("fitting channels and simulating the program")
-            _fit_channels(result, topo, size, sims)
-        else:
-            _cap_channels(result, topo)
-        fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
-        fraction = _thin_slices(result, sims, bound, fraction, phase)
-        tried = {method: fraction}
-        # the fraction of the least time any program needs (AllReduce: of the larger of its bound
-        # for any schedule and RS + AG's optimum): below it, the search may gain
-        reach = None if fraction is None else _reach(bound, fraction)
-        if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
-                and sims.time_left > 0:
-            # the packing's program falls short in the simulator: the search too, the faster kept,
-            # leaving time to simulate the search's program as long as the tree program took, and
-            # searching half as long as the trees took to make; greedy only (its variants rated by
-            # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
-            # A search program whose bytes over the capacities alone take the tree program's time
-            # cannot win: it is not simulated (nor are such variants)
-            phase.update("tree program below the bound in the simulator: trying the step search")
-            until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                        clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
-            tree_s = bound["seconds"] / fraction
-            try:
-                # the bound is the trees' (the fractions compare with it): not computed again
-                other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
-            except CompileError:      # no search schedule within the limits: the trees stand
-                other = None
-            tried["search"] = None
-            if other is not None and sims.least_seconds(other) >= tree_s:
-                other = None
-            if other is not None:
-                _fit_channels(other, topo, size, sims)
-                f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
-                f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
-                if f2 is not None and f2 > fraction:
-                    result, fraction = other, f2
+        result, fraction, bound, tried, sims, simulated = _select(args, topo, size, deadline, phase, method)
+        if default is not None and args.method == "auto" and size != args.select_size and simulated:
+            # the choice by size is never worse than the default program: it is a candidate,
+            # compared in the same simulator at this size
+            phase.update("simulating the default program at this size")
+            fd, d = _default_fraction(args, topo, size, sims, bound, default())
+            tried["default"] = fd
+            if fd is not None and (fraction is None or fd > fraction):
+                result, fraction = d, fd
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
@@ -460,8 +514,10 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
                     f", slices of at least {format_size(result.slice_policy.min_slice)}")
                  if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
         print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
-              f"({shape}), {result.ntransfers} transfers{frac}, "
-              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
+              f"({shape}), {result.ntransfers} transfers{frac}"
+              f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
+        # timings on stderr: standard output, like the file, is the same for the same synthesis
+        print(f"hccc synth: synthesis took {result.seconds:.2f} s", file=sys.stderr)
     return summary
 
 
