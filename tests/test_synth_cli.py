@@ -341,3 +341,29 @@ def test_choice_by_size_is_never_slower_than_the_default_program(topo, tmp_path,
         mine = _sim_seconds(capsys, Path(p["output"]), topo, p["size"])
         theirs = _sim_seconds(capsys, default, topo, p["size"])
         assert mine <= theirs * (1 + 1e-9), (p["size"], mine, theirs)
+
+
+@pytest.mark.parametrize("engine,export", [("xml", "xml"), ("mscclpp", "plan")])
+def test_for_an_engine_writes_what_that_engine_exports(topo, tmp_path, capsys, engine, export):
+    """``--for xml|mscclpp``: the program written exports with that engine's default limits (one
+    channel: the engines copy the program per channel)."""
+    out = tmp_path / "ar.rccl"
+    assert main(["synth", str(topo), "--collective", "allreduce", "--for", engine, "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["channels"] == 1 and "nChannels=1," in out.read_text()
+    assert main([export, str(out), "-o", str(tmp_path / "exported")]) == 0
+
+
+def test_for_an_engine_says_why_nothing_fits(tmp_path, capsys):
+    """Where no program fits the engine (65 chunks on one connection, over the MSCCL executor's 64
+    steps per thread block), synthesis says so in one line, exits 1 and writes nothing."""
+    p = tmp_path / "two.topo"
+    p.write_text("define nodenum = 1\ndefine node1 = 2\ndefine bandwidth = {direct => [((0,1) -> (50,1)), "
+                 "((1,0) -> (50,1))]}\n")
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(p), "--collective", "allgather", "--chunks-per-rank", "65", "--for", "xml",
+                 "-o", str(out)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "--for xml: no program synthesized for 'two.topo' fits the MSCCL executor" in err[0]
+    assert "64 steps per thread block" in err[0] and "Traceback" not in err[0]
+    assert not out.exists()

@@ -90,6 +90,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
+    p.add_argument("--for", dest="engine", choices=("xml", "mscclpp"), default=None,
+                   help="synthesize for another engine: 'xml' (the MSCCL executor, hccc xml) or 'mscclpp' (the "
+                        "MSCCL++ executor, hccc plan): one channel, and only a program that engine's exporter "
+                        "accepts with its default limits (steps per thread block, thread blocks per rank, XML "
+                        "elements); the step search is tried where the tree program does not fit, and where "
+                        "none fits the command says why and writes nothing")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")
     p.add_argument("--json", action="store_true",
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
@@ -406,6 +412,33 @@ def _select(args, topo, size: int, deadline: float, phase, method: str | None = 
     return result, fraction, bound, tried, sims, simulated
 
 
+def _fit_engine(args, topo, size: int, deadline: float, phase, result, sims, bound: dict, simulated: bool):
+    """``result`` as ``--for``'s engine runs it (:func:`hccc.compiler.synth.engines.for_engine`),
+    or the step search's program where the engine's exporter refuses it and accepts that one;
+    ``(result, fraction of the bound)``. A CompileError, one line saying why, where neither fits."""
+    from hccc.compiler.synth.engines import ENGINES, export_refusal, for_engine
+
+    phase.update(f"checking the program against {ENGINES[args.engine]}")
+    for_engine(result)
+    why = export_refusal(result, topo, args.engine)
+    if why is not None and result.detail.get("method") != "search" and args.collective != "alltoall":
+        phase.update(f"the tree program does not fit {ENGINES[args.engine]}: trying the step search")
+        try:
+            other = _select(args, topo, size, deadline, phase, "search")[0]
+        except CompileError:
+            other = None
+        if other is not None:
+            for_engine(other)
+            if export_refusal(other, topo, args.engine) is None:
+                result, why = other, None
+    if why is not None:
+        raise CompileError([Diagnostic(f"--for {args.engine}: no program synthesized for "
+                                       f"'{printable(Path(args.topology).name)}' fits {ENGINES[args.engine]}: {why}",
+                                       None)])
+    fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
+    return result, fraction
+
+
 def _default_fraction(args, topo, size: int, sims: "Simulations", bound: dict, default):
     """The default program (what ``hccc synth`` writes without ``--size``: ``default``) run at
     ``size`` in the same simulator as the program made for it: its fraction of the bound there,
@@ -442,6 +475,8 @@ def _synthesize_one(args, topo, size: int, out: Path, deadline: float, default=N
             tried["default"] = fd
             if fd is not None and (fraction is None or fd > fraction):
                 result, fraction = d, fd
+        if args.engine:
+            result, fraction = _fit_engine(args, topo, size, deadline, phase, result, sims, bound, simulated)
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
