@@ -11,6 +11,9 @@ from hccc import cli
 from hccc.cli import main
 from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.passes.verify import verify
+from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.synth.plan import SynthOptions
+from hccc.compiler.synth.select import synthesize_programs
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -194,18 +197,18 @@ def test_auto_search_after_the_trees_is_greedy_only(topo, tmp_path, capsys, monk
     """The step search ``--method auto`` adds after a tree program below its target runs at a
     bandwidth size, where the steps z3 saves are not the program's time: greedy variants only,
     rated by the simulator. ``--method search`` still shortens its schedule with z3."""
-    from hccc.commands import synth
     from hccc.compiler.synth import cegis
 
     calls = []
     real = cegis._minimise
     monkeypatch.setattr(cegis, "_minimise", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)        # every tree program is short of it
-    out = tmp_path / "ag.rccl"
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    # every tree program is short of a target of 2: the search always runs
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert list(s["methods_tried"]) == ["trees", "search"] and s["methods_tried"]["search"] is not None
     assert calls == []
+    out = tmp_path / "ag.rccl"
+    out.write_text(p.text)
     verify(load_algorithm(out))
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
                  "--json"]) == 0
@@ -216,21 +219,19 @@ def test_auto_search_takes_the_trees_bound(topo, tmp_path, capsys, monkeypatch):
     """The search ``--method auto`` adds after the trees is measured against the trees' bandwidth
     bound, which it takes as it is: the bound (a packing LP on 64 GPUs: seconds) is computed once,
     and the search program's channels are fitted against the same bound as the fractions."""
-    from hccc.commands import synth
     from hccc.compiler.synth import collectives
 
     calls = []
     real = collectives.bandwidth_cut_bound
     monkeypatch.setattr(collectives, "bandwidth_cut_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
     out = tmp_path / "ag.rccl"
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
                  "--json"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert calls == [1]
     calls[:] = []
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert list(s["methods_tried"]) == ["trees", "search"] and calls == []
     assert s["bandwidth_bound"] == pytest.approx(alone["bandwidth_bound"])
 
@@ -241,7 +242,6 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
     cannot win, so ``--method auto`` does not simulate it: with every search program made to count
     so, ``auto`` simulates what ``--method trees`` does and no more."""
     import hccc.runtime.simulator as simulator
-    from hccc.commands import synth
 
     sims = []
     real = simulator.simulate_by
@@ -251,10 +251,9 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
                  "--json"]) == 0
     trees = json.loads(capsys.readouterr().out)
     n_trees, sims[:] = len(sims), []
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
     monkeypatch.setattr(simulator, "least_time", lambda *a, **k: float("inf"))
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert s["methods_tried"] == {"trees": trees["fraction_of_bound"], "search": None}
     assert s["method"] == "trees" and n_trees > 0 and len(sims) == n_trees
 

@@ -23,6 +23,7 @@ from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, He
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.collectives import SynthResult
+from hccc.compiler.synth.plan import SynthPlan
 
 
 def dsl_collective(collective: str) -> Collective:
@@ -49,19 +50,22 @@ def _nic_per_node(topo: Topology | None) -> int:
     return int(counts.max()) if counts.size else 0
 
 
-def header(result: SynthResult, topo: Topology | None = None) -> Header:
+def header(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Header:
+    """The program's header, every choice in it (channels, warps, chunks, slices) from ``plan``
+    (default: the plan ``result`` carries as made, :meth:`SynthPlan.of`)."""
+    plan = plan or SynthPlan.of(result)
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
-                  nchannels=int(result.detail.get("channels", 1)), nwarps=result.warps, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
-                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank),
-                  micro_batches=result.slice_policy.micro_batches, min_slice_bytes=result.slice_policy.min_slice)
+                  nchannels=int(plan.channels), nwarps=int(plan.warps), gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
+                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(plan.chunks_per_rank),
+                  micro_batches=plan.slicing.micro_batches, min_slice_bytes=plan.slicing.min_slice)
 
 
-def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm:
+def to_algorithm(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Algorithm:
     """The synthesised transfers as an :class:`Algorithm` (one anonymous site)."""
     rows = _sorted_rows(result)
-    h = header(result, topo)
+    h = header(result, topo, plan)
     base = Algorithm.from_rows(h, [])  # one anonymous site at the header
     n = len(rows)
     return Algorithm(header=h, src=rows[:, 0].copy(), dst=rows[:, 1].copy(), step=rows[:, 2].copy(),
@@ -218,12 +222,14 @@ def _comment(text: str) -> str:
     return printable(text, limit=1 << 16)
 
 
-def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str | None = None,
-            extra_comments: list[str] | None = None) -> str:
-    """ResCCLang source of ``result`` (see the module docstring)."""
-    h = header(result, topo)
+def to_rccl(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None, *,
+            cluster: str | None = None, extra_comments: list[str] | None = None) -> str:
+    """ResCCLang source of ``result`` written as ``plan`` says (see the module docstring and
+    :func:`header`)."""
+    plan = plan or SynthPlan.of(result)
+    h = header(result, topo, plan)
     name = _comment(cluster or result.cluster)
-    trees = result.detail.get("method") == "trees"
+    trees = plan.method == "trees"
     lines = [
         "# Synthesised by hccc synth (" + ("bandwidth-optimal spanning-tree packing" if trees else
                                          "HeteCCL-style chunking, greedy + CEGIS with z3") + ")",
@@ -253,7 +259,7 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
     extra = (f"Root={h.root}, " if h.collective.rooted else "") + \
         (f"nChunksPerRank={h.chunks_per_rank}, " if h.chunks_per_rank != 1 else "") + \
         (f"nMicroBatches={h.micro_batches}, MinSliceBytes={h.min_slice_bytes}, "
-         if not result.slice_policy.is_default else "")
+         if not plan.slicing.is_default else "")
     lines.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
                  f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {extra}GPUPerNode={h.gpu_per_node}, '
                  f'NICPerNode={h.nic_per_node}):')
