@@ -241,7 +241,7 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, plan: SynthPlan |
         f"# steps: {result.steps} (lower bound {result.lower_bound_steps}, gap {result.gap}); "
         f"transfers: {result.ntransfers}",
     ]
-    for name, t in result.detail.get("trees", {}).items():
+    for name, t in plan.trees.items():
         lines.append(f"#   {name}: {t['trees']} trees, {t['chunks_per_rank']} chunks per rank, "
                      f"{t['model_fraction']:.4f} of the cut bound in the link model")
     for p in result.phases:

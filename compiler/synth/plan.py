@@ -69,6 +69,7 @@ class SynthPlan:
     slicing: SlicePolicy = field(default_factory=SlicePolicy)
     methods_tried: dict = field(default_factory=dict)   # method -> simulated fraction of the bound
     engine: str | None = None
+    trees: dict = field(default_factory=dict)   # tree programs: per half, its trees and chunk count
 
     @classmethod
     def of(cls, result, *, requested: str | None = None, size: int = 0, methods_tried: dict | None = None,
@@ -78,7 +79,8 @@ class SynthPlan:
                    str(result.detail.get("method", "search")), size=int(size),
                    chunks_per_rank=int(result.chunks_per_rank), channels=int(result.detail.get("channels", 1)),
                    channels_fitted=result.detail.get("channels_fitted"), warps=int(result.warps),
-                   slicing=result.slice_policy, methods_tried=dict(methods_tried or {}), engine=engine)
+                   slicing=result.slice_policy, methods_tried=dict(methods_tried or {}), engine=engine,
+                   trees=dict(result.detail.get("trees") or {}))
 
     def as_dict(self) -> dict:
         out = asdict(self)
