@@ -167,6 +167,10 @@ def _run_lines(rows: np.ndarray) -> list[str]:
 
     groups = []
     for x, loops in items:
+        if not loops:       # a single transfer (all of an AllToAll's at one chunk per block): no loop terms
+            groups.append((x[2], x[0], x[1], x[3], 0, [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}"
+                                                     f"{', ' + str(x[5]) if x[5] else ''})"]))
+            continue
         depth = len(loops)
         text = [f"    {'    ' * lev}for {RUN_VARS[depth - 1 - lev]} in range(0, {loops[depth - 1 - lev][0]}):"
                 for lev in range(depth)]
