@@ -10,6 +10,9 @@ Compiling
     CompileOptions(), topology=None)`` (any input into kernels, manifest, build files, MSCCL XML:
     what ``hccc ALGO -o OUTDIR`` writes, byte for byte), ``compile_program(ir, outdir,
     CompileOptions())`` (a ProgramIR as given).
+Synthesis
+    ``synthesize(cluster, collective, **options)``: the ``.rccl`` text ``hccc synth`` writes with
+    the same options, byte for byte (:mod:`hccc.compiler.synth.api`).
 Running and checking
     ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
     ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
@@ -41,6 +44,7 @@ _API = {
     "run_program": "hccc.runtime.launcher",
     "Runner": "hccc.runtime.launcher",
     "simulate": "hccc.runtime.simulator",
+    "synthesize": "hccc.compiler.synth.api",
     "Communicator": "hccc.runtime.communicator",
     "CommunicatorError": "hccc.runtime.communicator",
 }

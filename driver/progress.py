@@ -19,6 +19,10 @@ synthesis and fuzzing::
         progress.update("simulating", "size 64M")
 
 ``enabled=False`` (``--json`` output) keeps the command silent on standard error.
+
+While numba compiles hccc's kernels (10-20 s a module, once after an install: numba caches them on
+disk) every Progress says so (:func:`hccc.util.clock.watch_compiles`): on a terminal a line with a
+spinner and the seconds spent, otherwise one plain line per command.
 """
 from __future__ import annotations
 
@@ -74,6 +78,23 @@ class Progress:
         self.stream = sys.stderr if stream is None else stream
         self.live = None
         self.lines: list[str] = []       # the plain lines written (for tests and callers)
+        self._compiling = None           # the live task shown while numba compiles
+        self._told_compile = False
+
+    #: what every display says while numba compiles
+    COMPILING = "numba is compiling hccc's kernels (once after an install; cached on disk for later runs)"
+
+    def _on_compile(self, starting: bool) -> None:
+        """numba started (``starting``) or ended an outermost compile (:mod:`hccc.util.clock`)."""
+        if self.live is not None:
+            if starting and self._compiling is None:
+                self._compiling = _Task(self, self.COMPILING, None)
+            elif not starting and self._compiling is not None:
+                self._compiling.finish()
+                self._compiling = None
+        elif starting and not self._told_compile:
+            self._told_compile = True
+            self._plain(self.COMPILING)
 
     def __enter__(self) -> "Progress":
         if self.enabled and interactive(self.stream):
@@ -85,9 +106,14 @@ class Progress:
                                      MofNCompleteColumn(), TimeElapsedColumn(),
                                      console=Console(file=self.stream), transient=True)
             self.live.__enter__()
+        if self.enabled:
+            from hccc.util.clock import watch_compiles
+            watch_compiles(self._on_compile)
         return self
 
     def __exit__(self, *exc) -> None:
+        from hccc.util.clock import unwatch_compiles
+        unwatch_compiles(self._on_compile)
         if self.live is not None:
             self.live.__exit__(*exc)
             self.live = None

@@ -242,7 +242,8 @@ def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_pat
 def test_a_thin_simulation_that_would_outlast_the_limit_is_not_started(monkeypatch):
     """``_thin_slices`` scales the default program's simulation by the slots; where that would end
     past the deadline it starts nothing and keeps the default."""
-    from hccc.commands import synth as cmd
+    from hccc.commands import synth as cmd  # noqa: F401
+    from hccc.compiler.synth import select
     from hccc.compiler.synth import synthesize
     from hccc.util import clock
     topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
@@ -313,10 +314,11 @@ def test_scoring_only_the_chosen_program_at_smaller_slices_gains_nothing_over_sc
     LP was kept between its rounds (compiler/synth/master_lp.py), its column generation ended on
     another optimal vertex, and the program chosen first ran at 0.968 of the bound against 0.981;
     both now keep a program at 0.990."""
-    from hccc.commands import synth as cmd
+    from hccc.commands import synth as cmd  # noqa: F401
+    from hccc.compiler.synth import select
 
     each, _, _ = _synth_mixed_123(tmp_path, capsys, "each")
-    monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
+    monkeypatch.setattr(select, "THIN_CHOOSE_MOST", 0)
     chosen_first, _, _ = _synth_mixed_123(tmp_path, capsys, "chosen_first")
     timed = [c["simulated_seconds"] for c in chosen_first["candidates"] if c["simulated_seconds"] is not None]
     kept = [c for c in chosen_first["candidates"] if c["kept"]]

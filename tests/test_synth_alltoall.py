@@ -103,3 +103,79 @@ def test_cli_json_reports_the_cut_bound(tmp_path, capsys):
     b = res["bandwidth_bound"]
     assert b["seconds"] > 0 and b["cut"].startswith("{")
     assert 'OpType="Alltoall"' in out.read_text()
+
+
+def _many_nodes_text(nodes: int, gpus: int = 8) -> str:
+    """``nodes`` nodes of ``gpus`` NVLink-meshed GPUs, two NICs each, every GPU pair across nodes
+    linked through the NICs: big enough that AllToAll's bounds and routing need a time limit."""
+    mesh = ", ".join(f"(({a},{b}) -> (100,2))" for a in range(gpus) for b in range(gpus) if a != b)
+    half = gpus // 2
+    nics = f"[(({','.join(map(str, range(half)))}) -> (25,1)), (({','.join(map(str, range(half, gpus)))}) -> (25,1))]"
+    lines = [f"define nodenum = {nodes}"]
+    for i in range(1, nodes + 1):
+        lines += [f"define node{i} = {gpus}", f"define bandwidth = {{direct => [{mesh}]}}", f"define nic = {nics}"]
+    return "\n".join(lines + ["define internode = all", "define interbandwidth = nic"]) + "\n"
+
+
+def test_fast_set_cuts_equal_networkx_on_the_example_clusters():
+    """The compiled max-flow over the hub graph's arrays gives every examined cut the value
+    networkx's max-flow gives on the hub graph itself (bytes/s and chunks per step)."""
+    from hccc.compiler.synth.bounds import _set_cut, _set_cuts, alltoall_cut_sets, hub_graph
+
+    for name in ("v100_4x2_8x2.topo", "mixed_v100_w7800.topo", "h20_8x2_4.topo", "heteccl_fig10.topo"):
+        net = network_from_topology(load_cluster(CLUSTERS / name))
+        for pc, gc in ((net.bw, net.gbw), (net.cap.astype(float), net.gcap.astype(float))):
+            G, fast = hub_graph(net, pc, gc), _set_cuts(net, pc, gc)
+            assert fast is not None
+            for s in alltoall_cut_sets(net)[:25]:
+                assert fast(s) == pytest.approx(_set_cut(G, s, net.nranks), rel=1e-12)
+
+
+def test_a_spent_deadline_stops_the_cut_examination_with_a_valid_bound():
+    """With its deadline spent, the AllToAll cut ratio examines one set (the most telling first:
+    a node, not a single rank), which is still a bound: at most the ratio over every set, and on
+    this cluster (the NICs bind) equal to it."""
+    from hccc.compiler.synth.bounds import alltoall_cut_ratio
+    from hccc.util.clock import Deadline
+
+    net = network_from_topology(parse_topology(_many_nodes_text(6), "n6.topo"))
+    full, side = alltoall_cut_ratio(net, net.bw, net.gbw)
+    cut, cut_side = alltoall_cut_ratio(net, net.bw, net.gbw, deadline=Deadline(0.0))
+    assert 0 < cut <= full
+    assert len(cut_side) > 1 and cut == pytest.approx(full)
+
+
+def test_alltoall_time_limit_holds_on_128_gpus(tmp_path):
+    """``--time-limit`` bounds AllToAll's every phase: on 128 GPUs the step bound's max-flows took
+    21 s and the whole command two minutes with a 2 s limit; the bound, the routing and the cut
+    bound now stop at their share of the limit (the blocks not routed by then take their direct
+    link), and the program still verifies on the cluster's links."""
+    from hccc.util import clock
+
+    topo = parse_topology(_many_nodes_text(16), "n16.topo")
+    t0 = clock.now()
+    res = synthesize(topo, "alltoall", time_limit=1.0, bandwidth_bound_bytes=1 << 30)
+    took = clock.now() - t0
+    assert res.timed_out and took < 8.0, took
+    assert res.lower_bound_steps >= 1 and res.detail["cut_bound_seconds"] > 0
+    alg = to_algorithm(res, topo)
+    verify(alg)
+    check_on_topology(alg, topo)
+
+
+@pytest.mark.slow   # a 512-GPU cluster: about 20 s of parsing, scheduling and emission
+def test_alltoall_time_limit_on_512_gpus(tmp_path):
+    """The issue's case: ``hccc synth --collective alltoall --time-limit 10`` on 512 GPUs ran past
+    120 s in the bounds alone."""
+    import subprocess
+    import sys
+    import time
+
+    p = tmp_path / "n64.topo"
+    p.write_text(_many_nodes_text(64))
+    t0 = time.perf_counter()
+    got = subprocess.run([sys.executable, "-m", "hccc", "synth", str(p), "--collective", "alltoall", "--time-limit",
+                          "10", "-o", str(tmp_path / "a.rccl"), "--json"], capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["timed_out"]
+    assert time.perf_counter() - t0 < 120

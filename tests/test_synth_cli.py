@@ -11,6 +11,9 @@ from hccc import cli
 from hccc.cli import main
 from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.passes.verify import verify
+from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.synth.plan import SynthOptions
+from hccc.compiler.synth.select import synthesize_programs
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -53,7 +56,8 @@ def test_synth_json_then_check(topo, tmp_path, capsys, coll):
     text = out.read_text()
     assert text.startswith("# Synthesised by hccc synth")
     assert "# cluster: c5.topo" in text and f"# steps: {summary['steps']} (lower bound" in text
-    assert "# synthesis time:" in text and "# bandwidth lower bound (ForestColl cut bound)" in text
+    assert "# bandwidth lower bound (ForestColl cut bound)" in text
+    assert "synthesis time" not in text          # no timing in the file: the same bytes every run
     alg = load_algorithm(out)
     assert verify(alg).steps == summary["steps"]
     assert main(["check", str(out), "--json"]) == 0
@@ -193,18 +197,18 @@ def test_auto_search_after_the_trees_is_greedy_only(topo, tmp_path, capsys, monk
     """The step search ``--method auto`` adds after a tree program below its target runs at a
     bandwidth size, where the steps z3 saves are not the program's time: greedy variants only,
     rated by the simulator. ``--method search`` still shortens its schedule with z3."""
-    from hccc.commands import synth
     from hccc.compiler.synth import cegis
 
     calls = []
     real = cegis._minimise
     monkeypatch.setattr(cegis, "_minimise", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)        # every tree program is short of it
-    out = tmp_path / "ag.rccl"
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    # every tree program is short of a target of 2: the search always runs
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert list(s["methods_tried"]) == ["trees", "search"] and s["methods_tried"]["search"] is not None
     assert calls == []
+    out = tmp_path / "ag.rccl"
+    out.write_text(p.text)
     verify(load_algorithm(out))
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
                  "--json"]) == 0
@@ -215,21 +219,19 @@ def test_auto_search_takes_the_trees_bound(topo, tmp_path, capsys, monkeypatch):
     """The search ``--method auto`` adds after the trees is measured against the trees' bandwidth
     bound, which it takes as it is: the bound (a packing LP on 64 GPUs: seconds) is computed once,
     and the search program's channels are fitted against the same bound as the fractions."""
-    from hccc.commands import synth
     from hccc.compiler.synth import collectives
 
     calls = []
     real = collectives.bandwidth_cut_bound
     monkeypatch.setattr(collectives, "bandwidth_cut_bound", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
     out = tmp_path / "ag.rccl"
     assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "-o", str(out),
                  "--json"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert calls == [1]
     calls[:] = []
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert list(s["methods_tried"]) == ["trees", "search"] and calls == []
     assert s["bandwidth_bound"] == pytest.approx(alone["bandwidth_bound"])
 
@@ -240,7 +242,6 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
     cannot win, so ``--method auto`` does not simulate it: with every search program made to count
     so, ``auto`` simulates what ``--method trees`` does and no more."""
     import hccc.runtime.simulator as simulator
-    from hccc.commands import synth
 
     sims = []
     real = simulator.simulate_by
@@ -250,10 +251,9 @@ def test_auto_search_unsimulated_where_its_bytes_alone_outlast_the_trees(topo, t
                  "--json"]) == 0
     trees = json.loads(capsys.readouterr().out)
     n_trees, sims[:] = len(sims), []
-    monkeypatch.setattr(synth, "AUTO_SEARCH_BELOW", 2.0)
     monkeypatch.setattr(simulator, "least_time", lambda *a, **k: float("inf"))
-    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(out), "--json"]) == 0
-    s = json.loads(capsys.readouterr().out)
+    [p] = synthesize_programs(load_cluster(topo), SynthOptions("allgather", auto_search_below=2.0))
+    s = p.summary
     assert s["methods_tried"] == {"trees": trees["fraction_of_bound"], "search": None}
     assert s["method"] == "trees" and n_trees > 0 and len(sims) == n_trees
 
@@ -280,3 +280,89 @@ def test_json_lists_the_tree_candidates_and_the_one_kept(topo, tmp_path, capsys,
         assert c["program"].startswith(f"K={c['chunks_per_rank']} ") and c["blocks_per_rank"] >= 1
     if s["channels"] == 1:
         assert s["fraction_of_bound"] == pytest.approx(bound / kept[0]["simulated_seconds"])
+
+
+def test_output_is_byte_identical_across_runs_and_timings_go_to_stderr(topo, tmp_path, capsys):
+    """Two runs of one synthesis write the same bytes and print the same standard output; the
+    time it took is said on standard error only."""
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"ag{i}.rccl"
+        assert main(["synth", str(topo), "--collective", "allgather", "--method", "search", "--size", "64K",
+                     "-o", str(out)]) == 0
+        got = capsys.readouterr()
+        assert "synthesis took" in got.err and "synthesis took" not in got.out
+        outs.append((out.read_bytes(), got.out.replace(str(out), "OUT")))
+    assert outs[0] == outs[1]
+
+
+def test_numba_compiling_is_said_on_the_progress_display():
+    """While numba compiles, the commands' progress says so (once per command in plain mode)."""
+    import io
+
+    from hccc.progress import Progress
+    from hccc.util import clock
+
+    stream = io.StringIO()
+    with Progress("hccc synth", stream=stream) as prog:
+        clock._begin()
+        clock._begin()          # a nested compile: said once
+        clock._end()
+        clock._end()
+        clock._begin()
+        clock._end()
+    assert stream.getvalue().count("numba is compiling") == 1 and prog.lines == [f"hccc synth: {Progress.COMPILING}"]
+    stream = io.StringIO()
+    with Progress("hccc synth", stream=stream, enabled=False):
+        clock._begin()
+        clock._end()
+    assert stream.getvalue() == ""
+
+
+def _sim_seconds(capsys, path: Path, topo: Path, size: int) -> float:
+    """The program's time in ``hccc sim`` at ``size`` (the user's measure, not synth's own)."""
+    assert main(["sim", str(path), "--topology", str(topo), "--sizes", str(size), "--json"]) == 0
+    return float(json.loads(capsys.readouterr().out)["results"][0]["time_us"])
+
+
+def test_choice_by_size_is_never_slower_than_the_default_program(topo, tmp_path, capsys):
+    """``--size 64K,1M``: each size's program runs in ``hccc sim`` at its size no slower than the
+    default program (``hccc synth`` without ``--size``) does there: the default is a candidate,
+    compared in the same simulator."""
+    default = tmp_path / "default.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "-o", str(default), "--json"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(topo), "--collective", "allgather", "--size", "64K,1M", "-o", str(out), "--json"]) == 0
+    progs = json.loads(capsys.readouterr().out)["programs"]
+    for p in progs:
+        assert "default" in p["methods_tried"]
+        mine = _sim_seconds(capsys, Path(p["output"]), topo, p["size"])
+        theirs = _sim_seconds(capsys, default, topo, p["size"])
+        assert mine <= theirs * (1 + 1e-9), (p["size"], mine, theirs)
+
+
+@pytest.mark.parametrize("engine,export", [("xml", "xml"), ("mscclpp", "plan")])
+def test_for_an_engine_writes_what_that_engine_exports(topo, tmp_path, capsys, engine, export):
+    """``--for xml|mscclpp``: the program written exports with that engine's default limits (one
+    channel: the engines copy the program per channel)."""
+    out = tmp_path / "ar.rccl"
+    assert main(["synth", str(topo), "--collective", "allreduce", "--for", engine, "-o", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["channels"] == 1 and "nChannels=1," in out.read_text()
+    assert main([export, str(out), "-o", str(tmp_path / "exported")]) == 0
+
+
+def test_for_an_engine_says_why_nothing_fits(tmp_path, capsys):
+    """Where no program fits the engine (65 chunks on one connection, over the MSCCL executor's 64
+    steps per thread block), synthesis says so in one line, exits 1 and writes nothing."""
+    p = tmp_path / "two.topo"
+    p.write_text("define nodenum = 1\ndefine node1 = 2\ndefine bandwidth = {direct => [((0,1) -> (50,1)), "
+                 "((1,0) -> (50,1))]}\n")
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(p), "--collective", "allgather", "--chunks-per-rank", "65", "--for", "xml",
+                 "-o", str(out)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "--for xml: no program synthesized for 'two.topo' fits the MSCCL executor" in err[0]
+    assert "64 steps per thread block" in err[0] and "Traceback" not in err[0]
+    assert not out.exists()

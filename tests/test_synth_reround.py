@@ -190,11 +190,12 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypat
     first one is no longer short (0.991 of the bound, tests/test_slice_program_policy.py has that
     rule), and the halving is what is under test."""
     from cluster_texts import RING_AND_MESH_14
-    from hccc.commands import synth as cmd
+    from hccc.commands import synth as cmd  # noqa: F401
+    from hccc.compiler.synth import select
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
 
-    monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
+    monkeypatch.setattr(select, "THIN_CHOOSE_MOST", 0)
     topo = parse_topology(RING_AND_MESH_14, "ring_and_mesh.topo")
 
     def run():
@@ -243,11 +244,12 @@ def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps(monke
     them otherwise)."""
     import sys
 
-    from hccc.commands import synth as cmd
+    from hccc.commands import synth as cmd  # noqa: F401
+    from hccc.compiler.synth import select
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
 
-    monkeypatch.setattr(cmd, "THIN_CHOOSE_MOST", 0)
+    monkeypatch.setattr(select, "THIN_CHOOSE_MOST", 0)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from synth_quality import mi250_text

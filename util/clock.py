@@ -50,20 +50,55 @@ def now() -> float:
         return t - _spent(t)
 
 
+#: callables told ``(True)`` when numba starts an outermost compile and ``(False)`` when it ends
+#: (:func:`watch_compiles`: the commands' progress displays say that numba is compiling)
+_watchers: list = []
+
+
+def watch_compiles(callback) -> None:
+    """Call ``callback(True)`` when numba starts an outermost compile, ``callback(False)`` when it
+    ends (until :func:`unwatch_compiles`). The listener itself is installed by whatever compiles
+    (:class:`hccc.util.jit.Kernels`), so watching costs no import of numba."""
+    with _lock:
+        _watchers.append(callback)
+
+
+def unwatch_compiles(callback) -> None:
+    with _lock:
+        if callback in _watchers:
+            _watchers.remove(callback)
+
+
+def _tell(starting: bool) -> None:
+    with _lock:
+        watchers = list(_watchers)
+    for w in watchers:
+        try:
+            w(starting)
+        except Exception:        # a display that fails must never break a compile
+            pass
+
+
 def _begin() -> None:
     global _depth, _started
     with _lock:
-        if _depth == 0:
+        outermost = _depth == 0
+        if outermost:
             _started = time.perf_counter()
         _depth += 1
+    if outermost:
+        _tell(True)
 
 
 def _end() -> None:
     global _depth, _compiled
     with _lock:
         _depth = max(0, _depth - 1)
-        if _depth == 0:
+        outermost = _depth == 0
+        if outermost:
             _compiled += time.perf_counter() - _started
+    if outermost:
+        _tell(False)
 
 
 def count_compiles() -> bool:
@@ -88,3 +123,45 @@ def count_compiles() -> bool:
         event.register("numba:compile", _CompileTimer())
         _installed = True
         return True
+
+
+class Deadline:
+    """A time on the work clock by which a piece of work must end, passed explicitly through every
+    phase of it (``hccc synth --time-limit``: the bounds, the search or packing, the simulations,
+    the emission). ``Deadline.after(s)``: ``s`` seconds from now; ``Deadline.never()``: no limit."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float):
+        self.at = float(at)
+
+    @classmethod
+    def after(cls, seconds: float) -> "Deadline":
+        return cls(now() + float(seconds))
+
+    @classmethod
+    def never(cls) -> "Deadline":
+        return cls(float("inf"))
+
+    def left(self) -> float:
+        """Seconds left (negative once passed)."""
+        return self.at - now()
+
+    def passed(self) -> bool:
+        return now() >= self.at
+
+    def share(self, fraction: float) -> "Deadline":
+        """The deadline that leaves the rest of the time left (``1 - fraction`` of it) to what follows."""
+        if self.at == float("inf"):
+            return self
+        return Deadline(now() + max(0.0, self.left()) * float(fraction))
+
+    def sooner(self, other: "Deadline | float | None") -> "Deadline":
+        """The earlier of this and ``other`` (a Deadline, a work-clock time, or None: this one)."""
+        if other is None:
+            return self
+        at = other.at if isinstance(other, Deadline) else float(other)
+        return self if self.at <= at else Deadline(at)
+
+    def __repr__(self) -> str:
+        return f"Deadline(at={self.at!r})"

@@ -11,6 +11,11 @@ hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamp
 AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
 (Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing) and
 :mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``).
+
+Choosing among programs: :mod:`.select` (the selection loop behind an ``Evaluator``, the simulator
+wired in by ``hccc synth`` and :func:`hccc.synthesize`), :mod:`.plan` (``SynthOptions``, and the
+``SynthPlan`` every choice reaches the emitter in), :mod:`.engines` (``--for xml|mscclpp``),
+:mod:`.api` (``hccc.synthesize``: the bytes ``hccc synth`` writes).
 """
 from hccc.compiler.synth.collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
 from hccc.compiler.synth.emit import to_algorithm, to_rccl

@@ -26,7 +26,13 @@ import numpy as np
 from hccc.compiler.synth.bounds import alltoall_step_bound
 from hccc.compiler.synth.compose import list_schedule
 from hccc.compiler.synth.problem import Network, Schedule, Task
-from hccc.util import clock
+from hccc.util.clock import Deadline
+
+#: the share of the time left that the step lower bound's max-flows get before the routing (its
+#: cuts are examined most telling first and stop there, the bound staying valid): a 512-GPU
+#: cluster has 1,152 cut sets, 5 ms each by the compiled max-flow, which the rest of the command
+#: (routing, scheduling, the cut bound in bytes, emission) needs time beside
+BOUND_SHARE = 0.25
 
 
 def alltoall_task(nranks: int, chunks_per_rank: int = 1) -> Task:
@@ -71,33 +77,38 @@ def _route(net: Network, src: int, dst: int, load_p: np.ndarray, load_g: np.ndar
     return path[::-1]
 
 
-def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: float = 60.0):
-    """``(schedule, lower_bound_steps, detail)`` for an AllToAll on ``net`` (see the module doc)."""
-    t0 = clock.now()
+def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: float | None = None,
+                        deadline: Deadline | None = None):
+    """``(schedule, lower_bound_steps, detail)`` for an AllToAll on ``net`` (see the module doc), by
+    ``deadline`` (or within ``time_limit`` seconds; neither: 60 s): the step bound gets
+    :data:`BOUND_SHARE` of it, and once it has passed every block not yet routed takes its direct
+    link (a block without one is still routed)."""
+    if deadline is None:
+        deadline = Deadline.after(60.0 if time_limit is None else float(time_limit))
     n, K = net.nranks, int(chunks_per_rank)
     if K < 1:
         raise ValueError("chunks per rank must be at least 1")
     task = alltoall_task(n, K)
-    lb = alltoall_step_bound(net, K)
+    lb = alltoall_step_bound(net, K, deadline=deadline.share(BOUND_SHARE))
     out_ptr, out_idx = net.out_csr()
     load_p = np.zeros(net.npairs, np.int64)
     load_g = np.zeros(net.ngroups, np.int64)
     # blocks whose ranks sit in different top-level parts first (they cross the scarce links)
     part = net.levels[0] if net.levels else np.zeros(n, np.int64)
-    blocks = [(i, j) for i in range(n) for j in range(n) if i != j]
-    blocks.sort(key=lambda b: (part[b[0]] == part[b[1]], (b[1] - b[0]) % n, b[0]))
-    tu, tv, tk, plen, hop = [], [], [], [], []
-    deadline = t0 + float(time_limit)
+    ii, jj = np.divmod(np.arange(n * n, dtype=np.int64), n)
+    ii, jj = ii[ii != jj], jj[ii != jj]
+    first = np.lexsort((ii, (jj - ii) % n, part[ii] == part[jj]))
+    ii, jj = ii[first], jj[first]
     direct = net.pair_index(np.arange(n).repeat(n), np.tile(np.arange(n), n)).reshape(n, n)
-    timed_out = False
+    tu, tv, tk, plen, hop = [], [], [], [], []
+    cut_at = None                      # (k, block index) from which the direct links are taken
     for k in range(K):
-        for i, j in blocks:
+        for b, (i, j) in enumerate(zip(ii.tolist(), jj.tolist())):
             c = (i * n + j) * K + k
-            if clock.now() < deadline or direct[i, j] < 0:
-                path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
-            else:   # out of time: the direct link
-                timed_out = True
-                path = [int(direct[i, j])]
+            if deadline.passed() and direct[i, j] >= 0:
+                cut_at = (k, b)
+                break
+            path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
             for h, p in enumerate(path):
                 load_p[p] += 1
                 load_g[net.groups_of(p)] += 1
@@ -106,13 +117,42 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
                 tk.append(c)
                 plen.append(len(path))
                 hop.append(h)
+        if cut_at is not None:
+            break
+    timed_out = cut_at is not None
+    if timed_out:
+        # out of time: every block not routed takes its direct link, all at once; one without a
+        # direct link is still routed
+        k0, b0 = cut_at
+        kk = np.concatenate([np.full(len(ii) - b0, k0, np.int64)] +
+                            [np.full(len(ii), k, np.int64) for k in range(k0 + 1, K)])
+        bi = np.concatenate([ii[b0:]] + [ii] * (K - k0 - 1))
+        bj = np.concatenate([jj[b0:]] + [jj] * (K - k0 - 1))
+        p = direct[bi, bj]
+        has = p >= 0
+        tu.extend(net.psrc[p[has]].astype(np.int64).tolist())
+        tv.extend(net.pdst[p[has]].astype(np.int64).tolist())
+        tk.extend(((bi[has] * n + bj[has]) * K + kk[has]).tolist())
+        plen.extend([1] * int(has.sum()))
+        hop.extend([0] * int(has.sum()))
+        for i, j, k in zip(bi[~has].tolist(), bj[~has].tolist(), kk[~has].tolist()):
+            path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
+            for h, q in enumerate(path):
+                load_p[q] += 1
+                load_g[net.groups_of(q)] += 1
+                tu.append(int(net.psrc[q]))
+                tv.append(int(net.pdst[q]))
+                tk.append((i * n + j) * K + k)
+                plen.append(len(path))
+                hop.append(h)
     if not tu:
         return Schedule.empty(), lb, {"timed_out": False}
     tu, tv, tk = (np.asarray(x, np.int64) for x in (tu, tv, tk))
     order = np.lexsort((tk, np.asarray(hop), -np.asarray(plen)))
     sched = list_schedule(net, task, tu[order], tv[order], tk[order])
-    detail = {"timed_out": timed_out, "max_path_hops": int(max(plen)), "relayed_blocks":
-              int(len({int(c) for c, L in zip(tk.tolist(), plen) if L > 1}))}
+    plen = np.asarray(plen)
+    detail = {"timed_out": timed_out, "max_path_hops": int(plen.max()), "relayed_blocks":
+              int(np.unique(tk[plen > 1]).size)}
     return sched, lb, detail
 
 

@@ -723,43 +723,143 @@ def _set_cut(G, side: frozenset, n: int) -> float:
     return float(nx.maximum_flow_value(H, "__s__", "__t__"))
 
 
-def alltoall_cut_ratio(net: Network, pair_cap, group_cap) -> tuple[float, frozenset]:
+def _hub_arrays(net: Network, pair_cap, group_cap) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`hub_graph` as arrays, built without a loop over pairs: ``(vertices, a, b, cap)``
+    with ranks ``0..n-1`` and group ``g``'s hub ``n + 2g`` (in) and ``n + 2g + 1`` (out); parallel
+    edges merged (their capacities summed), as the graph's are."""
+    n = net.nranks
+    pc = np.asarray(pair_cap, np.float64)
+    rp, rg = net.pair_group_rows()
+    key = _group_order(net)
+    order = np.lexsort((rg, key[rg] if rg.size else rg, rp))
+    rp, rg = rp[order], rg[order]
+    first = np.ones(rp.size, bool)
+    first[1:] = rp[1:] != rp[:-1]
+    last = np.ones(rp.size, bool)
+    last[:-1] = rp[1:] != rp[:-1]
+    bare = np.flatnonzero(np.diff(net.pg_ptr) == 0)
+    a = np.concatenate([net.psrc[bare], net.psrc[rp[first]], n + 2 * rg[:-1][~last[:-1]] + 1,
+                        n + 2 * rg[last] + 1]).astype(np.int64)
+    b = np.concatenate([net.pdst[bare], n + 2 * rg[first], n + 2 * rg[1:][~first[1:]],
+                        net.pdst[rp[last]]]).astype(np.int64)
+    c = np.concatenate([pc[bare], pc[rp[first]], pc[rp[:-1][~last[:-1]]], pc[rp[last]]])
+    used = np.unique(rg)
+    a = np.concatenate([a, n + 2 * used])
+    b = np.concatenate([b, n + 2 * used + 1])
+    c = np.concatenate([c, np.asarray(group_cap, np.float64)[used]])
+    nv = n + 2 * max(net.ngroups, 0)
+    edge, inv = np.unique(a * nv + b, return_inverse=True)
+    return nv, edge // nv, edge % nv, np.bincount(inv.ravel(), weights=c, minlength=edge.size)
+
+
+def _set_cuts(net: Network, pair_cap, group_cap):
+    """``cut(side)``: :func:`_set_cut` by scipy's compiled max-flow on the hub graph's arrays
+    (:func:`_hub_arrays`), built once, with a source feeding every rank of ``side`` and a sink fed
+    by every other rank. The source's edge into rank r carries what can leave r and the sink's
+    edge out of r what can enter r: no flow through r exceeds either, so they bind no cut (they
+    stand for the infinite edges of :func:`_set_cut`). Capacities are divided by their greatest
+    common divisor, so the value is exact. None where a capacity is not a whole number or the
+    scaled ones could overflow scipy's 32-bit capacities (:func:`_set_cut` then)."""
+    try:
+        from scipy import sparse
+        from scipy.sparse.csgraph import maximum_flow
+    except ImportError:
+        return None
+    n = net.nranks
+    nv, a, b, caps = _hub_arrays(net, pair_cap, group_cap)
+    if not (np.isfinite(caps).all() and (caps >= 0).all() and (caps < 2 ** 62).all()
+            and (caps == np.round(caps)).all()):
+        return None
+    whole = caps.astype(np.int64)
+    unit = int(np.gcd.reduce(whole[whole > 0])) if (whole > 0).any() else 0
+    if unit == 0 or 3 * (int(whole.sum()) // unit) >= 2 ** 31 - 1:
+        return None
+    keep = whole > 0
+    a, b, c = a[keep], b[keep], whole[keep] // unit
+    ranks = np.arange(n)
+    leave = np.bincount(a, weights=c, minlength=nv)[:n].astype(np.int64)
+    enter = np.bincount(b, weights=c, minlength=nv)[:n].astype(np.int64)
+    s, t = nv, nv + 1
+
+    def cut(side: frozenset) -> float:
+        inside = np.zeros(n, bool)
+        inside[sorted(side)] = True
+        src = np.concatenate([a, np.full(int(inside.sum()), s), ranks[~inside]])
+        dst = np.concatenate([b, ranks[inside], np.full(int((~inside).sum()), t)])
+        cap = np.concatenate([c, leave[inside], enter[~inside]]).astype(np.int32)
+        m = sparse.csr_array((cap, (src, dst)), shape=(nv + 2,) * 2)
+        return float(int(maximum_flow(m, s, t).flow_value) * unit)
+
+    return cut
+
+
+def _alltoall_priority(net: Network, sets: list[frozenset]) -> list[int]:
+    """The order in which :func:`alltoall_cut_ratio` examines ``sets`` (indices): the parts of the
+    hierarchy (nodes, islands) and their complements first, since the scarce links (NICs) sit
+    between parts; then the unions of top-level parts; then single ranks and theirs. A deadline
+    that stops the examination early then has the cuts most likely to bind."""
+    n = net.nranks
+    everyone = frozenset(range(n))
+    parts = set()
+    for lev in net.levels:
+        for q in np.unique(lev).tolist():
+            part = frozenset(np.flatnonzero(lev == q).tolist())
+            parts |= {part, everyone - part}
+
+    def rank(i: int) -> tuple:
+        s = sets[i]
+        return (0 if s in parts else 2 if min(len(s), n - len(s)) == 1 else 1, i)
+
+    return sorted(range(len(sets)), key=rank)
+
+
+def alltoall_cut_ratio(net: Network, pair_cap, group_cap, *, deadline=None) -> tuple[float, frozenset]:
     """``max over examined rank sets S`` of ``|S| * |V - S| / cut(S -> V - S)``: blocks (one per
     ordered pair of ranks) that must leave ``S``, per unit of the capacity leaving it. Every block
     from a rank in S to one outside crosses that cut at least once, so any schedule needs at least
     that ratio in time units (a valid lower bound for each set examined; the maximum over them is
-    what is reported)."""
-    G = hub_graph(net, pair_cap, group_cap)
+    what is reported). ``deadline`` (a :class:`hccc.util.clock.Deadline`): the sets are examined
+    in :func:`_alltoall_priority`'s order, at least one, and none once it has passed: the maximum
+    over those examined is still a bound (a weaker one)."""
     n = net.nranks
-    best, arg = 0.0, frozenset()
-    for s in alltoall_cut_sets(net):
+    sets = alltoall_cut_sets(net)
+    fast = _set_cuts(net, pair_cap, group_cap)
+    G = hub_graph(net, pair_cap, group_cap) if fast is None else None
+    best, arg, at = 0.0, frozenset(), len(sets)
+    for k, i in enumerate(_alltoall_priority(net, sets)):
+        if k and deadline is not None and deadline.passed():
+            break
+        s = sets[i]
         demand = len(s) * (n - len(s))
-        cap = _set_cut(G, s, n)
+        cap = fast(s) if fast is not None else _set_cut(G, s, n)
         if cap <= 0:
             raise ValueError(f"ranks {_ranges(sorted(s))} cannot reach the other ranks")
-        if demand / cap > best:
-            best, arg = demand / cap, s
+        r = demand / cap
+        if r > best or (r == best and i < at):      # ties: the first set in the examined order of old
+            best, arg, at = r, s, i
     return best, arg
 
 
-def alltoall_cut_bound_seconds(net: Network, total_bytes: float) -> tuple[float, str]:
+def alltoall_cut_bound_seconds(net: Network, total_bytes: float, *, deadline=None) -> tuple[float, str]:
     """AllToAll's cut bound for ``total_bytes`` per rank (``nranks`` blocks of
     ``total_bytes / nranks``): max over cuts of the bytes that must cross it over its capacity.
-    Returns (seconds, the maximising cut's rank set as text)."""
+    Returns (seconds, the maximising cut's rank set as text); ``deadline``: see
+    :func:`alltoall_cut_ratio`."""
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
     n = net.nranks
     if n < 2:
         return 0.0, "{}"
-    ratio, side = alltoall_cut_ratio(net, net.bw, net.gbw)
+    ratio, side = alltoall_cut_ratio(net, net.bw, net.gbw, deadline=deadline)
     return ratio * total_bytes / n, _ranges(sorted(side))
 
 
-def alltoall_step_bound(net: Network, chunks_per_rank: int) -> int:
+def alltoall_step_bound(net: Network, chunks_per_rank: int, *, deadline=None) -> int:
     """Steps any AllToAll schedule needs with ``chunks_per_rank`` chunks per block: the cut ratio in
-    chunk capacities C(u, v) (rounded up), and at least one step when there are two ranks."""
+    chunk capacities C(u, v) (rounded up), and at least one step when there are two ranks;
+    ``deadline``: see :func:`alltoall_cut_ratio`."""
     n = net.nranks
     if n < 2:
         return 0
-    ratio, _ = alltoall_cut_ratio(net, net.cap.astype(np.float64), net.gcap.astype(np.float64))
+    ratio, _ = alltoall_cut_ratio(net, net.cap.astype(np.float64), net.gcap.astype(np.float64), deadline=deadline)
     return max(1, int(np.ceil(ratio * chunks_per_rank - 1e-9)))

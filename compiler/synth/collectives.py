@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from hccc.util import clock
+from hccc.util.clock import Deadline
 from hccc.util.limits import MAX_CHUNK_RANK_PAIRS, check_synth_size  # noqa: F401
 from hccc.compiler.frontend.algorithm import RECV, RRC, Header
 from hccc.compiler.frontend.slice_policy import SlicePolicy
@@ -217,13 +218,16 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         return lambda sc: score(phase, make_rows(sc))
 
     if coll == "alltoall":
-        from hccc.compiler.synth.alltoall import synthesize_alltoall
-        sched, lb, detail = synthesize_alltoall(net, k, time_limit=max(0.0, deadline - clock.now()))
+        from hccc.compiler.synth.alltoall import BOUND_SHARE as A2A_BOUND_SHARE, synthesize_alltoall
+        limit = Deadline(deadline)
+        # the cut bound in bytes after the routing: a share of what is left then, the emission after it
+        sched, lb, detail = synthesize_alltoall(net, k, deadline=limit.share(1 - A2A_BOUND_SHARE))
         rows = _rows(sched, RECV, 0)
         steps = int(rows[:, 2].max()) + 1 if rows.size else 0
         if bandwidth_bound_bytes:
-            detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes)
-            detail["cut_bound_set"] = _alltoall_cut_set(net, bandwidth_bound_bytes)
+            seconds, cut = alltoall_cut_bound_seconds(net, float(bandwidth_bound_bytes),
+                                                      deadline=limit.share(A2A_BOUND_SHARE))
+            detail["cut_bound_seconds"], detail["cut_bound_set"] = seconds, cut
         timed_out = bool(detail.pop("timed_out", False))
         detail["method"] = "search"
         return SynthResult(coll, n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,
@@ -274,10 +278,6 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,
                        clock.now() - t0, net.name,
                        any(p.result.timed_out for p in phases), composed, detail)
-
-
-def _alltoall_cut_set(net: Network, total_bytes: float) -> str:
-    return alltoall_cut_bound_seconds(net, total_bytes)[1]
 
 
 def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float, *,

@@ -146,10 +146,22 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     done = 0
     t = 0
     acc = np.zeros(M, np.int64)
+    nsorted = nready                   # rlist[:nsorted] is in priority order already
+    rl = np.zeros(M, np.int64)
     while done < M and t < max_steps:
-        # ready transfers in priority order (index order = priority)
-        rl = rlist[:nready].copy()
-        sort_range(rl, 0, nready)
+        # ready transfers in priority order (index order = priority): the ones kept from the last
+        # step are in order, the ones released since are sorted and merged in (sorting the whole
+        # list each step made a 512-GPU AllToAll's 2,016 steps take 87 s)
+        sort_range(rlist, nsorted, nready)
+        x, y, z = 0, nsorted, 0
+        while x < nsorted or y < nready:
+            if y >= nready or (x < nsorted and rlist[x] < rlist[y]):
+                rl[z] = rlist[x]
+                x += 1
+            else:
+                rl[z] = rlist[y]
+                y += 1
+            z += 1
         used_p[:] = 0
         used_g[:] = 0
         if fanout_one:
@@ -184,6 +196,7 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
         nready = keep
         for j in range(keep):          # (a loop: a slice assignment costs numba seconds to compile)
             rlist[j] = rl[j]
+        nsorted = keep
         # receptions: new holders release their waiting transfers
         for a in range(nacc):
             i = acc[a]

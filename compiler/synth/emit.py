@@ -1,7 +1,7 @@
 """Synthesised schedules as hccc Algorithms and ResCCLang text (DESIGN.md section 3).
 
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
-bound, synthesis time), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
+bound; never a timing, so one synthesis always writes the same bytes), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
 per line, grouped by step (with a sixth argument, the channel, where it is not 0: tree programs
 give every stream channels of its own); a tree program of at least :data:`LOOPS_FROM_TRANSFERS` transfers on
 identical nodes is written as ``for`` loops over the node (and GPU) shifts that map its
@@ -23,6 +23,7 @@ from hccc.compiler.frontend.algorithm import OP_NAMES, Algorithm, Collective, He
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.collectives import SynthResult
+from hccc.compiler.synth.plan import SynthPlan
 
 
 def dsl_collective(collective: str) -> Collective:
@@ -49,19 +50,22 @@ def _nic_per_node(topo: Topology | None) -> int:
     return int(counts.max()) if counts.size else 0
 
 
-def header(result: SynthResult, topo: Topology | None = None) -> Header:
+def header(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Header:
+    """The program's header, every choice in it (channels, warps, chunks, slices) from ``plan``
+    (default: the plan ``result`` carries as made, :meth:`SynthPlan.of`)."""
+    plan = plan or SynthPlan.of(result)
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
-                  nchannels=int(result.detail.get("channels", 1)), nwarps=result.warps, gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
-                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(result.chunks_per_rank),
-                  micro_batches=result.slice_policy.micro_batches, min_slice_bytes=result.slice_policy.min_slice)
+                  nchannels=int(plan.channels), nwarps=int(plan.warps), gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
+                  root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(plan.chunks_per_rank),
+                  micro_batches=plan.slicing.micro_batches, min_slice_bytes=plan.slicing.min_slice)
 
 
-def to_algorithm(result: SynthResult, topo: Topology | None = None) -> Algorithm:
+def to_algorithm(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Algorithm:
     """The synthesised transfers as an :class:`Algorithm` (one anonymous site)."""
     rows = _sorted_rows(result)
-    h = header(result, topo)
+    h = header(result, topo, plan)
     base = Algorithm.from_rows(h, [])  # one anonymous site at the header
     n = len(rows)
     return Algorithm(header=h, src=rows[:, 0].copy(), dst=rows[:, 1].copy(), step=rows[:, 2].copy(),
@@ -163,6 +167,10 @@ def _run_lines(rows: np.ndarray) -> list[str]:
 
     groups = []
     for x, loops in items:
+        if not loops:       # a single transfer (all of an AllToAll's at one chunk per block): no loop terms
+            groups.append((x[2], x[0], x[1], x[3], 0, [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}"
+                                                     f"{', ' + str(x[5]) if x[5] else ''})"]))
+            continue
         depth = len(loops)
         text = [f"    {'    ' * lev}for {RUN_VARS[depth - 1 - lev]} in range(0, {loops[depth - 1 - lev][0]}):"
                 for lev in range(depth)]
@@ -218,12 +226,14 @@ def _comment(text: str) -> str:
     return printable(text, limit=1 << 16)
 
 
-def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str | None = None,
-            extra_comments: list[str] | None = None) -> str:
-    """ResCCLang source of ``result`` (see the module docstring)."""
-    h = header(result, topo)
+def to_rccl(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None, *,
+            cluster: str | None = None, extra_comments: list[str] | None = None) -> str:
+    """ResCCLang source of ``result`` written as ``plan`` says (see the module docstring and
+    :func:`header`)."""
+    plan = plan or SynthPlan.of(result)
+    h = header(result, topo, plan)
     name = _comment(cluster or result.cluster)
-    trees = result.detail.get("method") == "trees"
+    trees = plan.method == "trees"
     lines = [
         "# Synthesised by hccc synth (" + ("bandwidth-optimal spanning-tree packing" if trees else
                                          "HeteCCL-style chunking, greedy + CEGIS with z3") + ")",
@@ -235,7 +245,7 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
         f"# steps: {result.steps} (lower bound {result.lower_bound_steps}, gap {result.gap}); "
         f"transfers: {result.ntransfers}",
     ]
-    for name, t in result.detail.get("trees", {}).items():
+    for name, t in plan.trees.items():
         lines.append(f"#   {name}: {t['trees']} trees, {t['chunks_per_rank']} chunks per rank, "
                      f"{t['model_fraction']:.4f} of the cut bound in the link model")
     for p in result.phases:
@@ -245,14 +255,15 @@ def to_rccl(result: SynthResult, topo: Topology | None = None, *, cluster: str |
                      f"{p.result.iterations}, shared groups learned {p.result.learned_groups})")
     if result.composed:
         lines.append(f"# hierarchical composition: {_comment(str(result.composed))}")
-    lines.append(f"# synthesis time: {result.seconds:.2f} s" + (" (time limit reached: best schedule so far)"
-                                                                 if result.timed_out else ""))
+    # no timing: the same synthesis writes the same bytes (``hccc synth`` says its time on stderr)
+    if result.timed_out:
+        lines.append("# time limit reached: best schedule so far")
     for c in extra_comments or []:
         lines.append("# " + _comment(c))
     extra = (f"Root={h.root}, " if h.collective.rooted else "") + \
         (f"nChunksPerRank={h.chunks_per_rank}, " if h.chunks_per_rank != 1 else "") + \
         (f"nMicroBatches={h.micro_batches}, MinSliceBytes={h.min_slice_bytes}, "
-         if not result.slice_policy.is_default else "")
+         if not plan.slicing.is_default else "")
     lines.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
                  f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {extra}GPUPerNode={h.gpu_per_node}, '
                  f'NICPerNode={h.nic_per_node}):')

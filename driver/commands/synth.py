@@ -16,11 +16,16 @@ ForestColl's cut bound for a buffer of ``--select-size`` bytes). ``--time-limit`
 command, the simulations after the search included (:class:`Simulations`); on the limit the best
 schedule so far is written, with its gap to the bound, and what was not simulated is said
 (``"not_simulated"``, ``"channels_fitted"`` in ``--json``). docs/synthesis.md: how channels are chosen.
+
+The command only reads its options, wires the simulator and a progress display into the selection
+loop (:func:`hccc.compiler.synth.select.synthesize_programs`) and writes what it returns:
+:func:`hccc.synthesize` with the same options returns the same bytes.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hccc.args import add_cluster_argument, comma_list, count_at_least, format_size, parse_size, positive_int, seconds
@@ -30,24 +35,13 @@ from hccc.progress import Progress
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
 from hccc.util.limits import printable
-
-COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
-METHOD_CHOICES = ("auto", "trees", "search")
-#: ``--method auto`` packs trees from this many bytes per rank (the bandwidth regime: chunks large
-#: enough to pipeline); below it the step search, whose few rounds pay fewer latencies
-TREES_MIN_PER_RANK = 256 << 10
-#: ``--method auto`` also runs the search when the tree program reaches less of the bound than this
-#: (AllReduce: of the lower throughput of its bound for any schedule and of ReduceScatter +
-#: AllGather's optimum, which tree programs reach; its target, as the others' is their bound)
-AUTO_SEARCH_BELOW = 0.98
-#: the step search ``--method auto`` adds gets half as long as the tree program took to make (at
-#: least this many seconds): on large clusters it rarely comes near the trees, and it must not
-#: multiply the command's time for that
-AUTO_SEARCH_LEAST_S = 2.0
-#: the share of the time left that an AllReduce's report gives the packing LP of each half's bound
-#: where no tree packing computed it (:meth:`Simulations.optimum_seconds`)
-OPTIMUM_SHARE = 0.125
-
+from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, METHOD_CHOICES, SynthOptions
+# the selection lives in hccc.compiler.synth.select; its names stay importable from here
+from hccc.compiler.synth.select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
+                                        THIN_GAIN, THIN_REACH, THIN_SLICES_BELOW, THIN_WHILE_CHOOSING,
+                                        TREES_MIN_PER_RANK, Simulations, _fit_channels, choose_method,
+                                        resident_channels, simulated_score, synthesize_programs,
+                                        tree_simulated_score, _thin_slices)
 
 SUMMARY = "synthesise a schedule for a cluster (SMT + CEGIS)"
 INPUTS = {"topology": "cluster"}
@@ -89,178 +83,31 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=comma_list(parse_size, "sizes"), default=None, metavar="BYTES[,BYTES...]",
                    help="message size(s) the program is made for (default: --select-size); with several sizes "
                         "one program per size is written, named ALGO_<size>.rccl, each by the method its size picks")
+    p.add_argument("--for", dest="engine", choices=("xml", "mscclpp"), default=None,
+                   help="synthesize for another engine: 'xml' (the MSCCL executor, hccc xml) or 'mscclpp' (the "
+                        "MSCCL++ executor, hccc plan): one channel, and only a program that engine's exporter "
+                        "accepts with its default limits (steps per thread block, thread blocks per rank, XML "
+                        "elements); the step search is tried where the tree program does not fit, and where "
+                        "none fits the command says why and writes nothing")
     p.add_argument("-o", "--output", required=True, metavar="ALGO.rccl", help="where to write the program")
     p.add_argument("--json", action="store_true",
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
 
 
-#: how synthesis events read in the progress display
-EVENTS = {"bound": "lower bound {steps} steps",
-          "greedy": "greedy schedule: {steps} steps",
-          "cegis": "CEGIS iteration {iteration}: checkpoint step {checkpoint}, {learned} groups learned, {steps} steps",
-          "minimise": "z3 shortened the schedule to {steps} steps (window {window})",
-          "pod": "pod of {ranks} GPUs: {steps} steps",
-          "select": "simulator chose greedy variant {variant}",
-          "inter-pod": "inter-pod schedule over {pods} pods: {steps} steps"}
+COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
-def describe_event(event: str, info: dict) -> str:
-    try:
-        return EVENTS.get(event, event).format(**info)
-    except (KeyError, IndexError):
-        return event
-
-
-def simulated_score(topo, nbytes: int = 1 << 30, *, root: int = 0, chunks_per_rank: int = 1,
-                    deadline: float | None = None, ceiling: float | None = None):
-    """``score(collective, rows)`` for :func:`hccc.compiler.synth.synthesize`: the completion time of
-    a candidate program in the alpha-beta simulator on ``topo`` at ``nbytes`` (None when the
-    simulator is not available). With a ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)), a
-    candidate the time left cannot simulate scores infinity (the search keeps its first). With a
-    ``ceiling`` (seconds), a candidate whose bytes over the capacities already take that long
-    (:func:`hccc.runtime.simulator.least_time`) is not simulated: it scores that least time."""
-    try:
-        from hccc.runtime.simulator import SimulationStopped, least_time, simulate, simulate_by
-    except ImportError:
-        return None
-    import numpy as np
-
-    from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
-    from hccc.compiler.passes.build import build_program
-
-    def score(phase: str, rows) -> float:
-        coll = Collective.parse(phase)
-        if coll is None:
-            return 0.0
-        if deadline is not None and clock.now() >= deadline:
-            return float("inf")
-        head = Header(topo.nranks, coll, f"candidate_{phase}", root=root if coll.rooted else 0,
-                      chunks_per_rank=chunks_per_rank)
-        ir = build_program(Algorithm.from_rows(head, np.asarray(rows).tolist()))
-        if ceiling is not None:
-            least = least_time(ir, topo, int(nbytes))
-            if least >= ceiling:
-                return least
-        if deadline is None:
-            return float(simulate(ir, topo, int(nbytes), slice_bytes="auto").time_s)
-        try:
-            return float(simulate_by(deadline, ir, topo, int(nbytes), slice_bytes="auto").time_s)
-        except SimulationStopped:
-            return float("inf")
-
-    return score
-
-
-def tree_simulated_score(sims: "Simulations"):
-    """``score(collective, rows, chunks_per_rank, channels, warps)`` for the tree packing: simulated
-    seconds of a candidate program with its channels and warps per block, recorded in ``sims`` (None when the simulator
-    is not available; a candidate already simulated is not simulated again). Infinity, not
-    simulated, past the deadline, or once a candidate ran within :data:`FIT_TOLERANCE` of the
-    collective's bound (:meth:`Simulations.bound_seconds`: no other shape can gain more than that;
-    the bound is computed only then). An AllGather or ReduceScatter candidate short of
-    :data:`THIN_SLICES_BELOW` of the bound is scored at the slices it would be written with
-    (:func:`_thinner`; until :data:`THIN_CHOOSE_MOST` such tries ran a simulation, and only
-    where it trails the best by less than :data:`THIN_REACH` times what they gained)."""
-    if not sims.available:
-        return None
-    from hccc.compiler.synth.collectives import SynthResult
-
-    best: list[float] = []
-    thinned: dict[tuple, float] = {}     # candidates tried at smaller slices -> their score
-    gains: list[float] = []              # what each try that ran a simulation gained (a share of its time)
-
-    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
-        cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
-                           sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
-        base = sims._key(cand)                       # the rows hashed once, for every lookup below
-        key = base + (int(channels),)
-        if key in thinned:
-            return thinned[key]
-        known = sims.known(cand, int(channels), base)
-        if known is not None:
-            return known
-        if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
-            sims.shapes_not_needed += 1
-            return float("inf")
-        t = sims.seconds(cand, int(channels))
-        if t is None:
-            return float("inf")
-        if collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and \
-                sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
-                not (best and min(best) <= sims.least_seconds(cand)) and \
-                not (best and gains and t > min(best) * (1 + THIN_REACH * max(gains))):
-            # short of the bound, where smaller slices may fill its pipelines faster: scored at the
-            # slices it would be written with (a candidate that trails at hccc's default may lead
-            # at its own; none is tried that cannot beat the best whatever its slices, nor one
-            # trailing it by more than smaller slices have gained so far, half as much again)
-            ran = len(sims.times)
-            thin = _thinner(cand, sims, t, int(channels))
-            if len(sims.times) > ran:
-                gains.append(0.0 if thin is None else 1.0 - thin / t)
-            t = thinned[key] = t if thin is None else thin
-        best.append(t)
-        return t
-
-    def settled(collective: str, floor_s: float = 0.0, slack: bool = True) -> bool:
-        """A candidate ran within :data:`FIT_TOLERANCE` of the bound, or of ``floor_s`` (the least
-        time of the next candidate: its packing's time in the link model, which no program of that
-        packing beats; ``slack`` False: no faster than it): that one gains at most the tolerance
-        (nothing), so it is not simulated (nor built)."""
-        if not best:
-            return False
-        return min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE) or \
-            min(best) <= float(floor_s) * ((1 + FIT_TOLERANCE) if slack else 1.0)
-
-    score.settled = settled
-    return score
-
-
-def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str:
-    """The method ``--method`` asks for at a buffer of ``nbytes`` (see :data:`TREES_MIN_PER_RANK`; a
-    Broadcast packs trees on at most :data:`.broadcast_trees.MAX_RANKS` GPUs)."""
-    from hccc.compiler.synth.broadcast_trees import MAX_RANKS as BROADCAST_TREE_RANKS
-    from hccc.compiler.synth.trees import TREE_COLLECTIVES
-
-    if method != "auto":
-        return method
-    if collective == "broadcast" and nranks > BROADCAST_TREE_RANKS:
-        return "search"
-    if collective in TREE_COLLECTIVES and nbytes >= TREES_MIN_PER_RANK * max(1, nranks):
-        return "trees"
-    return "search"
-
-
-def _allreduce_bounds(sims: "Simulations", result=None) -> dict:
-    """AllReduce's bound valid for any schedule (the larger of the cut and traffic bounds,
-    docs/bounds.md) and the optimum of ReduceScatter followed by AllGather, in seconds, at
-    ``sims.nbytes``: the sum of the two halves' bounds as ``hccc synth`` reports them for
-    ReduceScatter and AllGather, the packing bound where it is tighter than the cut bound (each
-    computed once per command, :meth:`Simulations.optimum_seconds`; a tree ``result`` carries
-    its halves' packings' bounds, so their LPs are not solved again)."""
-    known = (result.detail.get("cut_seconds_per_rank_byte") or {}) if result is not None else {}
-    per_rank = float(sims.nbytes) / max(1, sims.topo.nranks)
-    for half, seconds in known.items():
-        sims.tighten(half, float(seconds) * per_rank)
-    return {"allreduce_bound_seconds": sims.bound_seconds("allreduce"),
-            "rs_ag_seconds": sims.optimum_seconds("reducescatter") + sims.optimum_seconds("allgather")}
-
-
-def _bandwidth_bound(result, nbytes: int) -> dict:
-    """ForestColl's cut bound for the collective's full buffer of ``nbytes``, also as nccl-tests busbw."""
-    from hccc.runtime.busbw import busbw_factor
-
-    t = float(result.detail["cut_bound_seconds"])
-    n = result.nranks
-    factor = busbw_factor(result.collective, n)
-    out = {"bytes": int(nbytes), "seconds": t, "busbw_GBps": (nbytes / t / 1e9 * factor) if t > 0 else 0.0}
-    if "cut_bound_set" in result.detail:   # AllToAll: the cut that attains the bound
-        out["cut"] = result.detail["cut_bound_set"]
-    return out
+def options(args, cluster_name: str) -> SynthOptions:
+    """The command's options as the selection takes them."""
+    return SynthOptions(collective=args.collective, root=args.root or 0, chunks_per_rank=args.chunks_per_rank,
+                        time_limit=float(args.time_limit), pod_size=args.pod_size, smt=not args.no_smt,
+                        variants=args.variants, select_size=int(args.select_size), sim_select=not args.no_sim_select,
+                        method=args.method, sizes=tuple(args.size or ()), engine=args.engine,
+                        cluster_name=cluster_name)
 
 
 def run(args) -> int:
-    deadline = clock.now() + float(args.time_limit)   # the whole command's (see --time-limit)
-    from hccc.util.limits import check_synth_size
+    deadline = clock.Deadline.after(float(args.time_limit))   # the whole command's (see --time-limit)
     from hccc.compiler.pipeline import load_cluster
 
     out = Path(args.output)
@@ -268,562 +115,47 @@ def run(args) -> int:
         raise CompileError([Diagnostic(f"output '{printable(str(out))}' is a directory (expected a .rccl file "
                                        "name)", None)])
     check_output_file(out, [args.topology])   # before the work: never a device, FIFO, symlink or the input
-    topo = load_cluster(args.topology)
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
-    args.root = args.root or 0
-    search_only = [o for o, given in (("--chunks-per-rank", args.chunks_per_rank is not None),
-                                      ("--pod-size", args.pod_size is not None), ("--no-smt", args.no_smt))
-                   if given]
-    args.chunks_per_rank = args.chunks_per_rank or 1
-    if search_only and args.method == "trees":
-        raise CompileError([Diagnostic(f"{search_only[0]} applies to --method search (the tree packing picks "
-                                       "its own chunks and needs no pods)", None)])
-    if search_only and args.method == "auto":
-        args.method = "search"
-    if args.collective == "broadcast" and not 0 <= args.root < topo.nranks:
-        raise CompileError([Diagnostic(f"--root {args.root} is not a rank of '{topo.name}' "
-                                       f"(ranks 0..{topo.nranks - 1})", None)])
-    try:
-        check_synth_size(topo.nranks, args.chunks_per_rank)   # before any work is sized by it
-    except ValueError as exc:
-        raise CompileError([Diagnostic(f"--chunks-per-rank: {exc}", None)]) from None
-    from hccc.compiler.synth.emit import dsl_collective
-    dsl_collective(args.collective)  # refuse early what ResCCLang cannot express
-    sizes = args.size or [args.select_size]
-    twice = sorted({s for s in sizes if sizes.count(s) > 1})
-    if twice:
-        raise CompileError([Diagnostic(f"--size: {format_size(twice[0])} is given twice (one program per size)", None)])
-    if args.method == "trees":
-        from hccc.compiler.synth.trees import TREE_COLLECTIVES
-        if args.collective not in TREE_COLLECTIVES:
-            raise CompileError([Diagnostic(f"--method trees builds {', '.join(TREE_COLLECTIVES)}, "
-                                           f"not {args.collective}", None)])
+    topo = load_cluster(args.topology)
+    opts = options(args, Path(args.topology).name)
+    sizes = opts.program_sizes
     outs = [out] if len(sizes) == 1 else [out.with_name(f"{out.stem}_{format_size(sz)}{out.suffix}") for sz in sizes]
     for o in outs:
         check_output_file(o, [args.topology])
+    with Progress("hccc synth", enabled=not args.json) as prog:
+        try:
+            programs = synthesize_programs(topo, opts, deadline=deadline,
+                                           phases=lambda title, limit_s: prog.phase(title, limit_s=limit_s))
+        except ValueError as exc:
+            raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
     summaries = []
-    for i, (size, o) in enumerate(zip(sizes, outs)):
-        # every program its share of the time left
-        share = max(0.0, deadline - clock.now()) / (len(sizes) - i)
-        summaries.append(_synthesize_one(args, topo, size, o, clock.now() + share))
+    for p, o in zip(programs, outs):
+        write_text_atomically(o, p.text, [args.topology])
+        summary = dict(p.summary, output=str(o))
+        summaries.append(summary)
+        if not args.json:
+            _say(p, summary, o)
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
     return 0
 
 
-def _synthesize_one(args, topo, size: int, out: Path, deadline: float) -> dict:
-    from hccc.compiler.synth import synthesize, to_algorithm, to_rccl
-    from hccc.compiler.cluster.topology_check import check_on_topology
-    from hccc.compiler.passes.verify import verify
-
-    method = choose_method(args.method, args.collective, topo.nranks, size)
-    title = f"{args.collective} on {printable(Path(args.topology).name)} ({plural(topo.nranks, 'GPU')})"
-    if len(args.size or []) > 1:
-        title += f" for {format_size(size)}"
-    simulated = topo.nranks <= SIMULATE_MAX_RANKS
-    sims = Simulations(topo, size, deadline)
-    with Progress("hccc synth", enabled=not args.json) as prog, \
-            prog.phase(title, limit_s=args.time_limit if len(args.size or []) <= 1 else
-                       round(max(0.0, deadline - clock.now()), 1)) as phase:
-
-        def progress(event: str, info: dict) -> None:
-            phase.update(describe_event(event, info))
-
-        def make(how: str, until: float = deadline, smt: bool = not args.no_smt, ceiling: float | None = None,
-                 known_bound: float | None = None):
-            sim = not args.no_sim_select and simulated
-            score = None if not sim or args.variants == 1 or how == "trees" else simulated_score(
-                topo, size, root=args.root, chunks_per_rank=args.chunks_per_rank, deadline=until, ceiling=ceiling)
-            try:
-                return synthesize(topo, args.collective, root=args.root, chunks_per_rank=args.chunks_per_rank,
-                                  time_limit=max(1e-3, until - clock.now()), progress=progress,
-                                  pod_ranks=args.pod_size, use_smt=smt, variants=args.variants,
-                                  score=score, bandwidth_bound_bytes=size, method=how,
-                                  tree_score=tree_simulated_score(sims) if sim and how == "trees" else None,
-                                  known_bound_seconds=known_bound)
-            except ValueError as exc:
-                raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
-
-        made_at = clock.now()
-        result = make(method)
-        made_s = clock.now() - made_at
-        bound = _bandwidth_bound(result, size)
-        if args.collective == "allreduce":
-            bound.update(_allreduce_bounds(sims, result))
-        if simulated:
-            phase.update("fitting channels and simulating the program")
-            _fit_channels(result, topo, size, sims)
-        else:
-            _cap_channels(result, topo)
-        fraction = _simulated_fraction(result, sims, bound["seconds"]) if simulated else None
-        fraction = _thin_slices(result, sims, bound, fraction, phase)
-        tried = {method: fraction}
-        # the fraction of the least time any program needs (AllReduce: of the larger of its bound
-        # for any schedule and RS + AG's optimum): below it, the search may gain
-        reach = None if fraction is None else _reach(bound, fraction)
-        if args.method == "auto" and method == "trees" and reach is not None and reach < AUTO_SEARCH_BELOW \
-                and sims.time_left > 0:
-            # the packing's program falls short in the simulator: the search too, the faster kept,
-            # leaving time to simulate the search's program as long as the tree program took, and
-            # searching half as long as the trees took to make; greedy only (its variants rated by
-            # the simulator): z3 shortens the schedule by steps, which at this size is not its time.
-            # A search program whose bytes over the capacities alone take the tree program's time
-            # cannot win: it is not simulated (nor are such variants)
-            phase.update("tree program below the bound in the simulator: trying the step search")
-            until = min(deadline - min(sims.time_left / 2, 3 * sims.longest_s),
-                        clock.now() + max(AUTO_SEARCH_LEAST_S, made_s / 2))
-            tree_s = bound["seconds"] / fraction
-            try:
-                # the bound is the trees' (the fractions compare with it): not computed again
-                other = make("search", until, smt=False, ceiling=tree_s, known_bound=bound["seconds"])
-            except CompileError:      # no search schedule within the limits: the trees stand
-                other = None
-            tried["search"] = None
-            if other is not None and sims.least_seconds(other) >= tree_s:
-                other = None
-            if other is not None:
-                _fit_channels(other, topo, size, sims)
-                f2 = tried["search"] = _simulated_fraction(other, sims, bound["seconds"])
-                f2 = tried["search"] = _thin_slices(other, sims, bound, f2, phase)
-                if f2 is not None and f2 > fraction:
-                    result, fraction = other, f2
-    alg = to_algorithm(result, topo)
-    verify(alg)
-    check_on_topology(alg, topo)
-    # why the program's fraction of the bound (or its channel count) was not simulated, if it was not
-    why = ("no transfers: one GPU" if result.nranks < 2 else "simulator not installed" if not sims.available
-           else "time limit" if sims.stopped else f"simulation failed: {sims.failed}" if sims.failed else
-           "not simulated")
-    not_simulated = None if fraction is not None else f"over {SIMULATE_MAX_RANKS} GPUs" if not simulated else why
-    fitted = result.detail.get("channels_fitted")
-    # what the time limit cut before the program was made (tree packing: a packing stopped short of
-    # its LP optimum, a further packing or candidate programs not made)
-    limit_cut = list(result.detail.get("time_limit_cut") or [])
-    if limit_cut:
-        result.timed_out = True
-    extra = [f"bandwidth lower bound (ForestColl cut bound) at {bound['bytes']} bytes: {bound['seconds'] * 1e6:.1f} us, "
-             + (f"busbw <= {bound['busbw_GBps']:.2f} GB/s" if bound["seconds"] > 0 else "no byte moves")]
-    if "allreduce_bound_seconds" in bound:
-        extra.append(f"AllReduce bound for any schedule (cut and traffic): {bound['allreduce_bound_seconds'] * 1e6:.1f} us; "
-                     f"ReduceScatter + AllGather optimum: {bound['rs_ag_seconds'] * 1e6:.1f} us")
-    if limit_cut:
-        extra.append(f"time limit: {'; '.join(limit_cut)}")
-    if not simulated:
-        extra.append(f"method {result.detail.get('method')}: not simulated during synthesis (over "
-                     f"{SIMULATE_MAX_RANKS} GPUs; hccc sim measures the program)")
-    elif fraction is None:
-        extra.append(f"method {result.detail.get('method')}: not simulated during synthesis ({not_simulated}; "
-                     "hccc sim measures the program)")
-    if simulated and fitted is False:
-        extra.append(f"{plural(int(result.detail.get('channels', 1)), 'channel')}: the packing's own count, not "
-                     f"confirmed by simulation ({why})")
-    if not result.slice_policy.is_default:
-        pol = result.slice_policy
-        extra.append(f"slices: at least {pol.micro_batches} micro-batches per chunk, none below "
-                     f"{format_size(pol.min_slice)} (nMicroBatches, MinSliceBytes): thin streams, whose pipelines "
-                     "fill faster in smaller slices")
-    if fraction is not None:
-        extra.append(f"method {result.detail.get('method')}: simulated at {bound['bytes']} bytes, "
-                     f"{fraction:.4f} of the cut bound")
-        if "allreduce_bound_seconds" in bound:
-            t = bound["seconds"] / fraction
-            bound["fraction_of_allreduce_bound"] = bound["allreduce_bound_seconds"] / t
-            bound["fraction_of_rs_ag"] = bound["rs_ag_seconds"] / t
-            extra.append(f"{bound['fraction_of_allreduce_bound']:.4f} of the AllReduce bound, "
-                         f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
-    write_text_atomically(out, to_rccl(result, topo, cluster=Path(args.topology).name, extra_comments=extra),
-                          [args.topology])
-    summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
-               "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
-               "output": str(out), "gap": result.gap, "transfers": result.ntransfers,
-               "timed_out": result.timed_out, "bandwidth_bound": bound,
-               "phases": result.summary()["phases"], "composed": result.composed,
-               "method": result.detail.get("method"), "size": int(size),
-               "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
-               "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
-               "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut,
-               "slicing": result.slice_policy.as_dict()}
-    if "trees" in result.detail:
-        summary["trees"] = result.detail["trees"]
-    if "candidates" in result.detail:
-        summary["candidates"] = result.detail["candidates"]
-    if not args.json:
-        gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
-        frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(size)}" if fraction is not None else
-                f", fraction of the bandwidth bound not simulated ({not_simulated})")
-        if "fraction_of_allreduce_bound" in bound:     # the cut bound alone can lie far below it
-            frac += f" ({bound['fraction_of_allreduce_bound']:.3f} of the AllReduce bound)"
-        shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
-                 + (f" (not fitted: {why})" if simulated and fitted is False else "")
-                 + ("" if result.slice_policy.is_default else
-                    f", slices of at least {format_size(result.slice_policy.min_slice)}")
-                 if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
-        print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
-              f"({shape}), {result.ntransfers} transfers{frac}, "
-              f"{result.seconds:.2f} s{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
-    return summary
-
-
-#: channel counts :func:`_fit_channels` tries, fewest first
-CHANNEL_STEPS = (1, 2, 4, 8, 16, 32, 64)
-#: past this many GPUs ``synth`` does not simulate (shapes, channels, the fraction of the bound):
-#: one simulation of such a program takes longer than the whole synthesis; ``hccc sim`` measures it
-SIMULATE_MAX_RANKS = 128
-#: a program this close to its time without the per-block limit (or to the cut bound, which no
-#: program beats) has enough channels; a shape this close to the bound ends the shape search
-FIT_TOLERANCE = 0.01
-#: a program simulated below this fraction of the least time any program needs is simulated again
-#: with smaller slices where its thread blocks can afford them (:func:`_thin_slices`)
-THIN_SLICES_BELOW = 0.99
-#: and those are kept where they run at least this much faster
-THIN_GAIN = 0.002
-#: the collectives whose tree candidates are each scored at their own slices (smaller ones where
-#: they run faster, :func:`_thinner`), not only the program chosen: AllGather and ReduceScatter;
-#: an AllReduce's candidates are simulated at hccc's default slices only (twice the events a
-#: simulation; its program is measured against the larger of two references, :func:`_reach`)
-THIN_WHILE_CHOOSING = ("allgather", "reducescatter")
-#: at most this many of them (the first, in the packing's order of preference): each such try is
-#: a simulation of up to four times the events (a 40-GPU mixed cluster's ReduceScatter,
-#: ``synth_quality.py --mixed 106``: six candidates, 14 s at the default slices, 37 s where every
-#: one was tried, 26 s with three, the second the one kept)
-THIN_CHOOSE_MOST = 3
-#: and not for a candidate whose time at the default slices trails the best so far by more than
-#: this many times the most any such try gained so far (a share of its time): four MI250 nodes'
-#: AllGather, 2.0 % gained by the first, its third candidate 5.7 % behind, not tried (4.4 s)
-THIN_REACH = 1.5
-
-
-class Simulations:
-    """The simulations ``synth`` runs after its search (tree shapes, channel counts, the fraction
-    of the bound), all ending by ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)): each program's
-    time is kept, keyed by its transfers and channels, so none is simulated twice.
-    ``stopped``: the deadline stopped a simulation or left no time to start one; ``failed``: why a
-    program could not be simulated (None: none failed)."""
-
-    def __init__(self, topo, nbytes: int, deadline: float):
-        self.topo = topo
-        self.nbytes = int(nbytes)
-        self.deadline = float(deadline)
-        self.times: dict[tuple, float] = {}
-        self.walls: dict[tuple, float] = {}      # what each simulation took (work clock, preparing it included)
-        self.stopped = False
-        self.failed: str | None = None
-        self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
-        self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
-        self._irs: dict[tuple, object] = {}
-        self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
-        self._bounds: dict[str, float] = {}
-        self._packed: set[str] = set()   # collectives whose bound is the packing bound (tighten)
-        self._net = None
-        try:
-            from hccc.runtime import simulator  # noqa: F401
-            self.available = True
-        except ImportError:
-            self.available = False
-
-    @property
-    def time_left(self) -> float:
-        return self.deadline - clock.now()
-
-    def network(self):
-        if self._net is None:
-            from hccc.compiler.synth import network_from_topology
-            self._net = network_from_topology(self.topo)
-        return self._net
-
-    def bound_seconds(self, collective: str) -> float:
-        """The cut bound of ``collective`` at ``nbytes`` (docs/bounds.md), for AllReduce the larger
-        of its cut and traffic bounds, or a tighter bound given to :meth:`tighten`: no program is
-        faster. Computed once."""
-        if collective not in self._bounds:
-            from hccc.compiler.synth.bounds import allreduce_bound_seconds, collective_cut_bound_seconds
-            net = self.network()
-            self._bounds[collective] = float(
-                allreduce_bound_seconds(net, float(self.nbytes)) if collective == "allreduce" else
-                collective_cut_bound_seconds(net, collective, self.topo.nranks, 1, 0, float(self.nbytes)))
-        return self._bounds[collective]
-
-    def tighten(self, collective: str, seconds: float) -> None:
-        """A valid bound of ``collective`` at ``nbytes`` found elsewhere (a packing's): kept where it
-        is tighter than the cut bound, and known to be the packing bound (:meth:`optimum_seconds`)."""
-        self._bounds[collective] = max(self.bound_seconds(collective), float(seconds))
-        self._packed.add(collective)
-
-    def optimum_seconds(self, collective: str) -> float:
-        """AllGather's or ReduceScatter's bound as ``hccc synth`` reports it for that collective:
-        the packing bound up to :data:`~hccc.compiler.synth.bounds.EXACT_LIMIT` ranks (its LP
-        within a share of the time left, valid when stopped), the cut bound above (docs/bounds.md).
-        Computed once."""
-        if collective not in self._packed:
-            from hccc.compiler.synth.bounds import PACKING_BOUND_SECONDS, collective_bound_seconds
-            limit = min(PACKING_BOUND_SECONDS, max(0.0, self.time_left) * OPTIMUM_SHARE)
-            self.tighten(collective, collective_bound_seconds(self.network(), collective, self.topo.nranks, 1, 0,
-                                                              float(self.nbytes), time_limit=limit))
-        return self.bound_seconds(collective)
-
-    @staticmethod
-    def _key(result) -> tuple:
-        import hashlib
-
-        import numpy as np
-
-        from hccc.compiler.synth.emit import _sorted_rows
-        rows = np.ascontiguousarray(_sorted_rows(result), dtype=np.int64)
-        return (result.collective, int(result.chunks_per_rank), int(result.root or 0),
-                result.warps, result.slice_policy, hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest())
-
-    def _ir(self, result, key: tuple):
-        """The built program of ``result`` (``key``: its :meth:`_key`), with its slice policy: the
-        same transfers under another policy are the same program, not built again."""
-        base = key[:4] + key[5:]
-        if base not in self._irs:
-            from hccc.compiler.passes.build import build_program
-            from hccc.compiler.synth import to_algorithm
-            self._irs = {base: build_program(to_algorithm(result, self.topo))}   # the latest program only
-            self._resident[base] = resident_channels(self._irs[base], self.topo)
-        ir = self._irs[base]
-        ir.micro_batches, ir.min_slice_bytes = result.slice_policy.micro_batches, result.slice_policy.min_slice
-        return ir
-
-    def least_seconds(self, result) -> float:
-        """Seconds no simulation of ``result``'s program at ``nbytes`` beats, with any channels
-        (:func:`hccc.runtime.simulator.least_time`: its bytes over the capacities)."""
-        from hccc.runtime.simulator import least_time
-        return least_time(self._ir(result, self._key(result)), self.topo, self.nbytes)
-
-    def channel_steps(self, result) -> list[int]:
-        """:data:`CHANNEL_STEPS` with which every thread block of the program stays resident (the
-        count is kept per program: the program chosen after several were simulated is not built
-        again for it)."""
-        key = self._key(result)
-        base = key[:4] + key[5:]          # the slice policy changes no thread block
-        if base not in self._resident:
-            self._ir(result, key)
-        return [c for c in CHANNEL_STEPS if c <= self._resident[base]] or [1]
-
-    def known(self, result, channels: int | None, key: tuple | None = None) -> float | None:
-        """The time of ``result`` with ``channels`` when already simulated (``key``: its
-        :meth:`_key`, where the caller has it)."""
-        return self.times.get((self._key(result) if key is None else key) + (channels,))
-
-    def seconds(self, result, channels: int | None) -> float | None:
-        """Simulated seconds of ``result``'s program at ``nbytes`` with ``channels`` blocks per
-        thread block (None: without the per-block limit); None when the deadline stopped it (or
-        left no time to start it) or the program cannot be simulated (``failed`` says why)."""
-        if not self.available:
-            return None
-        key = self._key(result)
-        tkey = key + (channels,)
-        if tkey in self.times:
-            return self.times[tkey]
-        if self.time_left <= 0:
-            self.stopped = True
-            return None
-        from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
-        from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
-
-        t0 = clock.now()
-        try:
-            ir = self._ir(result, key)
-            ir.nchannels = int(channels or 1)
-            prog = prepare(ir, self.topo, DEFAULT_BLOCK_GBPS if channels else None)
-            t = float(simulate_by(self.deadline, prog, self.topo, self.nbytes, slice_bytes="auto").time_s)
-        except SimulationStopped:
-            self.stopped = True
-            return None
-        except (SimulationError, ValueError) as exc:
-            self.failed = str(exc)
-            return None
-        finally:
-            self.longest_s = max(self.longest_s, clock.now() - t0)
-        self.times[tkey] = t
-        self.walls[tkey] = clock.now() - t0
-        return t
-
-
-def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT_TOLERANCE) -> float | None:
-    """The fewest channels (``CHANNEL_STEPS``) with which the program runs within ``tol`` of its
-    time without the simulator's per-block limit at ``nbytes``: the per-block limit then never
-    binds where the links could carry more. Starts from the packing's own count (its busiest
-    stream's planned rate over the per-block rate, :func:`hccc.compiler.synth.forest.blocks_for`):
-    when the program runs within ``tol`` of the cut bound with it, that count is confirmed without
-    simulating the unlimited program (which can only be slower than the bound); else the unlimited
-    time is simulated and ``CHANNEL_STEPS`` bisected (taking the time as non-increasing in
-    channels: each block's share only grows). Where only one count keeps every thread block
-    resident, that count is simulated once and kept. Sets ``result.detail["channels"]`` (and
-    ``"channels_fitted"``: whether the simulations confirmed it) and returns the simulated seconds
-    with them; None without the simulator, when the program cannot be simulated, or when
-    ``sims``' deadline stops the fitting before the chosen count was simulated (the best count
-    known so far is kept: the fewest that passed, else the packing's own)."""
-    if not sims.available:
-        return None
-    if sims.time_left <= 0:             # no time to build the program: the packing's count, resident
-        sims.stopped = True
-        _cap_channels(result, topo)
-        result.detail["channels_fitted"] = False
-        return None
-    steps = sims.channel_steps(result)
-    own = int(result.detail.get("channels", 1))
-    guess = max([i for i, c in enumerate(steps) if c <= own] or [0])
-    passed: dict[int, bool] = {}
-    bound = float(result.detail.get("cut_bound_seconds") or 0.0)
-    if getattr(result, "collective", None) == "allreduce":   # its bound for any schedule: above the cut bound
-        bound = max(bound, sims.bound_seconds("allreduce"))
-
-    def finish(i: int, fitted: bool) -> float | None:
-        result.detail["channels"] = int(steps[i])
-        result.detail["channels_fitted"] = bool(fitted)
-        return sims.times.get(sims._key(result) + (steps[i],))
-
-    def settle() -> float | None:       # the deadline (or a failure) stopped the fitting
-        ok = [i for i, p in passed.items() if p]
-        return finish(min(ok) if ok else guess, False)
-
-    t = sims.seconds(result, steps[guess])
-    if t is None:
-        return settle()
-    if len(steps) == 1:                 # the one count that stays resident: nothing to compare with
-        return finish(0, True)
-    if bound > 0 and t <= bound * (1 + tol):
-        limit = bound * (1 + tol)       # at the bound: the unlimited program is no faster
-    else:
-        free = sims.seconds(result, None)
-        if free is None:
-            return settle()
-        limit = free * (1 + tol)
-
-    def passes(i: int) -> bool | None:
-        if i not in passed:
-            ti = sims.seconds(result, steps[i])
-            if ti is None:
-                return None
-            passed[i] = ti <= limit
-        return passed[i]
-
-    lo, hi = 0, len(steps) - 1                 # the answer lies in [lo, hi]; hi is taken if none passes
-    first = passes(guess)
-    if first:
-        hi = guess
-        if guess > 0:
-            below = passes(guess - 1)
-            if below is None:
-                return settle()
-            if below:
-                hi = guess - 1
-            else:
-                lo = guess
-    else:
-        lo = min(guess + 1, hi)                # none of the resident counts may pass: the most then
-    while lo < hi:
-        mid = (lo + hi) // 2
-        ok = passes(mid)
-        if ok is None:
-            return settle()
-        if ok:
-            hi = mid
-        else:
-            lo = mid + 1
-    if sims.seconds(result, steps[lo]) is None:
-        return settle()
-    return finish(lo, True)
-
-
-def resident_channels(ir, topo, tbs: int | None = None) -> int:
-    """The most channels with which every thread block of a rank fits on its GPU at once (the
-    kernels' blocks must all be resident; ``hccc`` refuses more), on the platform of every rank's
-    vendor; ``tbs``: the thread blocks of the busiest rank (default: ``ir``'s)."""
-    from hccc.compiler.passes.channels import max_blocks_per_rank, most_tbs
-    from hccc.compiler.pipeline.options import platforms_for
-
-    plats = {p[0] for p in platforms_for(topo.nranks, "auto", topo)}
-    caps = [c for c in (max_blocks_per_rank(ir, p) for p in sorted(plats)) if c is not None]
-    t = most_tbs(ir) if tbs is None else max(1, int(tbs))
-    return max(1, min(caps) // t) if caps else CHANNEL_STEPS[-1]
-
-
-def _cap_channels(result, topo) -> None:
-    """Lower ``result.detail["channels"]`` (the packing's own count, not simulated) to
-    :func:`resident_channels` with a thread block per connection: the state-based allocation
-    ``hccc`` uses has at most as many (so the count stays resident), and finding it takes minutes
-    on programs of many steps at this scale."""
-    if int(result.detail.get("channels", 1)) <= 1:
-        return None
-    import types
-
-    import numpy as np
-
-    from hccc.compiler.passes.build import schedule_algorithm
-    from hccc.compiler.passes.dag import build_dag
-    from hccc.compiler.passes.lower import lower
-    from hccc.compiler.passes.tb_alloc import connection_units
-    from hccc.compiler.synth import to_algorithm
-
-    alg = to_algorithm(result, topo)
-    dag = build_dag(alg)
-    low = lower(alg, dag, schedule_algorithm(alg, dag), fuse=False)
-    unit, urank, _, _ = connection_units(low)
-    per_rank = np.bincount(urank, minlength=low.nranks)
-    per_rank[np.unique(low.cols["rank"][unit < 0])] += 1      # local primitives' thread block
-    cap = resident_channels(types.SimpleNamespace(nwarps=alg.header.nwarps), topo, int(per_rank.max()))
-    result.detail["channels"] = min(int(result.detail["channels"]), cap)
-    return None
-
-
-def _reach(bound: dict, fraction: float) -> float:
-    """The program's fraction of the least time any program needs, from its ``fraction`` of the
-    cut bound (AllReduce: of the larger of its bound for any schedule and RS + AG's optimum)."""
-    if "allreduce_bound_seconds" not in bound:
-        return fraction
-    return max(bound["allreduce_bound_seconds"], bound["rs_ag_seconds"]) / (bound["seconds"] / fraction)
-
-
-def _thin_slices(result, sims: Simulations, bound: dict, fraction: float | None, phase) -> float | None:
-    """The program with smaller slices where its thread blocks can afford them and where it then
-    runs faster (:func:`_thinner`). Only for a program simulated below :data:`THIN_SLICES_BELOW`
-    of the least time any program needs (:func:`_reach`) while the deadline leaves time. Returns
-    the program's fraction of the cut bound, as simulated."""
-    if fraction is None or _reach(bound, fraction) >= THIN_SLICES_BELOW or sims.time_left <= 0:
-        return fraction
-    phase.update("simulating the program with smaller slices")
-    t = _thinner(result, sims, bound["seconds"] / fraction, int(result.detail.get("channels", 1)))
-    return fraction if t is None else bound["seconds"] / t
-
-
-def _thinner(result, sims: Simulations, before: float, channels: int) -> float | None:
-    """Simulated seconds of ``result``'s program (``before`` seconds at its slice policy, hccc's
-    default, with ``channels``) at the smallest slices its thread blocks can afford
-    (:func:`hccc.compiler.passes.slicing.thin_policy`: thin streams, which wait for their data most
-    of the time, so a slot's own costs hide) that run faster by :data:`THIN_GAIN`: more
-    micro-batches per chunk shorten the fill and drain of its trees' pipelines, which large chunk
-    counts make a large share of a call. Each affordable policy is simulated, smallest slice first,
-    until one is faster; one whose simulation would not end before the deadline (the default's
-    wall time, scaled by the slots) is not started. The one found faster is kept
-    (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``);
-    None, the policy unchanged, where none is."""
-    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
-
-    key = sims._key(result)
-    ir = sims._ir(result, key)
-    took = sims.walls.get(key + (channels,), sims.longest_s)
-    slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
-    for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
-        # its events grow with the slots: one that would not end before the deadline is not started
-        if took * busiest_slots(ir, policy, sims.nbytes, ir.chunk_bytes) / max(1, slots) > sims.time_left:
-            continue
-        result.detail["slicing"] = policy.as_dict()
-        t = sims.seconds(result, channels)
-        if t is not None and t < before * (1 - THIN_GAIN):
-            return t
-        del result.detail["slicing"]
-        if sims.time_left <= 0:
-            break
-    return None
-
-
-def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:
-    """Cut bound / simulated time of the program at ``sims.nbytes`` with its channels (None without
-    the simulator, when the program cannot be simulated at that size, or when the deadline left no
-    time: ``sims.stopped`` says so)."""
-    t = sims.seconds(result, int(result.detail.get("channels", 1)))
-    return bound_s / t if t is not None and t > 0 else None
+def _say(p, summary: dict, out: Path) -> None:
+    """The human summary line on stdout (the same for the same synthesis), the time on stderr."""
+    result, bound, fraction = p.result, summary["bandwidth_bound"], summary["fraction_of_bound"]
+    gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
+    frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(p.plan.size)}" if fraction is not None else
+            f", fraction of the bandwidth bound not simulated ({summary['not_simulated']})")
+    if "fraction_of_allreduce_bound" in bound:     # the cut bound alone can lie far below it
+        frac += f" ({bound['fraction_of_allreduce_bound']:.3f} of the AllReduce bound)"
+    why = summary.get("not_fitted_because")
+    shape = (f"{plural(result.chunks_per_rank, 'chunk')} per rank, {plural(summary['channels'], 'channel')}"
+             + (f" (not fitted: {why})" if why else "")
+             + ("" if p.plan.slicing.is_default else f", slices of at least {format_size(p.plan.slicing.min_slice)}")
+             if summary["method"] == "trees" else f"lower bound {result.lower_bound_steps}, {gap}")
+    print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
+          f"({shape}), {result.ntransfers} transfers{frac}"
+          f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
+    # timings on stderr: standard output, like the file, is the same for the same synthesis
+    print(f"hccc synth: synthesis took {result.seconds:.2f} s", file=sys.stderr)

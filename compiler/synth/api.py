@@ -1,0 +1,45 @@
+"""``hccc.synthesize``: the program ``hccc synth`` writes, from Python.
+
+    import hccc
+    text = hccc.synthesize("cluster.topo", "allgather", time_limit=30)
+    texts = hccc.synthesize("cluster.topo", "allreduce", sizes=(64 << 10, 1 << 20))   # {size: text}
+
+The options are :class:`~hccc.compiler.synth.plan.SynthOptions`' fields (``hccc synth``'s options
+by their Python names: ``root``, ``chunks_per_rank``, ``time_limit``, ``pod_size``, ``smt``,
+``variants``, ``select_size``, ``sim_select``, ``method``, ``sizes``, ``engine``); the same options
+give the same bytes as the command, which runs the same selection (:mod:`.select`).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from hccc.compiler.synth.plan import SynthOptions
+
+
+def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
+    """The ``.rccl`` text ``hccc synth CLUSTER --collective COLLECTIVE`` writes with ``options``
+    (``cluster``: a path to a ``.topo`` or TACCL profile, or a loaded Topology); with several
+    ``sizes``, ``{size: text}`` (the files ``ALGO_<size>.rccl``). A :class:`CompileError` for bad
+    options or a cluster that cannot be synthesized for, as the command reports them."""
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.select import synthesize_programs
+
+    known = {f.name for f in fields(SynthOptions)} - {"collective", "cluster_name"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"synthesize() got unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    if "sizes" in options:
+        options["sizes"] = tuple(int(s) for s in options["sizes"] or ())
+    if isinstance(cluster, (str, Path)):
+        name, topo = Path(cluster).name, load_cluster(cluster)
+    else:
+        name, topo = None, cluster
+    opts = SynthOptions(collective=str(collective).lower(), cluster_name=name, **options)
+    programs = synthesize_programs(topo, opts)
+    if len(programs) == 1:
+        return programs[0].text
+    return {p.plan.size: p.text for p in programs}
+
+
+__all__ = ["synthesize"]

@@ -1,0 +1,56 @@
+"""What a synthesized program must fit to run on another engine (``hccc synth --for xml|mscclpp``).
+
+The MSCCL executors run an exported XML, the MSCCL++ executor a plan; each has limits (steps per
+thread block, thread blocks per rank, XML elements, channels: :mod:`hccc.compiler.interop.msccl_limits`,
+:mod:`hccc.compiler.interop.mscclpp_limits`). A program synthesized for one of them is written the
+way that engine expresses it without races (one channel: the engines give every channel its own
+copy of the program, which the streams of a tree program do not split), and it is kept only when
+the engine's own exporter accepts it (:func:`export_refusal`): the very check ``hccc xml`` and
+``hccc plan`` make, with their default limits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hccc.util.diagnostics import CompileError
+
+#: the engines ``--for`` names, and what each is called in messages
+ENGINES = {"xml": "the MSCCL executor (MSCCL XML)", "mscclpp": "the MSCCL++ executor (plan)"}
+
+
+def for_engine(result) -> None:
+    """``result`` (a :class:`~hccc.compiler.synth.collectives.SynthResult`) as every engine runs it:
+    one channel, no per-stream channel column, no loops over channels."""
+    result.detail["channels"] = 1
+    result.detail["channels_fitted"] = None
+    if result.rows.ndim == 2 and result.rows.shape[1] > 5:
+        result.rows = np.ascontiguousarray(result.rows[:, :5])
+    result.loops = None
+
+
+def export_refusal(result, topo, engine: str) -> str | None:
+    """Why ``engine``'s exporter refuses ``result``'s program (its first reason, one line), or None
+    where it exports."""
+    from hccc.compiler.passes.build import build_algorithm_level
+    from hccc.compiler.passes.verify import verify
+    from hccc.compiler.synth.emit import to_algorithm
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} (expected one of {', '.join(ENGINES)})")
+    alg = to_algorithm(result, topo)
+    verify(alg)
+    try:
+        if engine == "xml":
+            from hccc.compiler.interop.msccl_export import export_algorithm
+            export_algorithm(alg)
+        else:
+            from hccc.compiler.interop.mscclpp_export import export_plan, node_map
+            export_plan(build_algorithm_level(alg), nodes=node_map(alg.header.nranks, topology=topo),
+                        micro_batches=1)
+    except CompileError as exc:
+        first = exc.diagnostics[0] if getattr(exc, "diagnostics", None) else None
+        return (first.message if first is not None else str(exc)).splitlines()[0]
+    return None
+
+
+__all__ = ["ENGINES", "export_refusal", "for_engine"]

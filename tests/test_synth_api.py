@@ -1,0 +1,104 @@
+"""``hccc.synthesize``: the Python API returns exactly the bytes ``hccc synth`` writes with the
+same options (one selection loop serves both), and refuses what the command refuses."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import hccc
+from hccc.cli import main
+from hccc.util.diagnostics import CompileError
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+# a cluster not in the repository: two 2-GPU nodes, NVLink inside, one NIC per node, unequal
+TOPO = """define nodenum = 2
+define node1 = 2
+define bandwidth = {direct => [((0,1) -> (50,2)), ((1,0) -> (50,2))]}
+define nic = [((0,1) -> (12.5,1))]
+define node2 = 3
+define bandwidth = {direct => [((0,1) -> (25,2)), ((1,0) -> (25,2)), ((1,2) -> (25,1)), ((2,1) -> (25,1))]}
+define nic = [((0,1,2) -> (25,1))]
+define internode = all
+define interbandwidth = nic
+"""
+
+
+@pytest.fixture
+def c5(tmp_path) -> Path:
+    p = tmp_path / "c5.topo"
+    p.write_text(TOPO)
+    return p
+
+
+def _flags(options: dict) -> list[str]:
+    """``hccc synth``'s flags for the API's options (an independent spelling of the mapping)."""
+    out = []
+    for k, v in options.items():
+        if k == "sizes":
+            out += ["--size", ",".join(str(s) for s in v)]
+        elif k == "smt":
+            out += [] if v else ["--no-smt"]
+        elif k == "engine":
+            out += ["--for", v]
+        else:
+            out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+CASES = [
+    ("c5", "allgather", {}),
+    ("c5", "allreduce", {"time_limit": 30}),
+    ("c5", "broadcast", {"root": 1, "method": "search"}),
+    ("c5", "reducescatter", {"chunks_per_rank": 2}),
+    ("c5", "alltoall", {}),
+    ("c5", "allgather", {"sizes": (65536, 1 << 20)}),
+    ("c5", "allreduce", {"engine": "xml"}),
+    ("heteccl_fig10", "allgather", {"method": "trees", "select_size": 64 << 20}),
+]
+
+
+@pytest.mark.parametrize("cluster,collective,options", CASES)
+def test_api_returns_the_bytes_the_command_writes(c5, tmp_path, capsys, cluster, collective, options):
+    topo = c5 if cluster == "c5" else CLUSTERS / f"{cluster}.topo"
+    out = tmp_path / "prog.rccl"
+    assert main(["synth", str(topo), "--collective", collective, *_flags(options), "-o", str(out)]) == 0
+    capsys.readouterr()
+    got = hccc.synthesize(topo, collective, **options)
+    if "sizes" in options:
+        from hccc.args import format_size
+        assert set(got) == set(options["sizes"])
+        for size, text in got.items():
+            assert (tmp_path / f"prog_{format_size(size)}.rccl").read_text() == text
+    else:
+        assert out.read_text() == got
+
+
+def test_api_refuses_what_the_command_refuses(c5):
+    with pytest.raises(CompileError, match="--method trees builds"):
+        hccc.synthesize(c5, "alltoall", method="trees")
+    with pytest.raises(CompileError, match="--chunks-per-rank applies to --method search"):
+        hccc.synthesize(c5, "allgather", method="trees", chunks_per_rank=2)
+    with pytest.raises(TypeError, match="unknown option"):
+        hccc.synthesize(c5, "allgather", chunk_per_rank=2)
+
+
+def test_the_emitter_writes_the_plan_it_is_given(c5):
+    """The header's choices come from the SynthPlan alone: a plan with other channels and slices
+    gives a header with those, whatever the result's report says."""
+    from dataclasses import replace
+
+    from hccc.compiler.frontend.slice_policy import SlicePolicy
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.compiler.synth.emit import header
+    from hccc.compiler.synth.plan import SynthOptions
+    from hccc.compiler.synth.select import synthesize_programs
+
+    topo = load_cluster(c5)
+    [p] = synthesize_programs(topo, SynthOptions("allgather", method="search", time_limit=20))
+    other = replace(p.plan, channels=p.plan.channels + 3, slicing=SlicePolicy(4, 4096))
+    h = header(p.result, topo, other)
+    assert (h.nchannels, h.micro_batches, h.min_slice_bytes) == (p.plan.channels + 3, 4, 4096)
+    assert header(p.result, topo, p.plan).nchannels == p.plan.channels
