@@ -17,6 +17,13 @@ An optional ``catalog.json`` in the directory narrows them::
     {"entries": [{"file": "ring4.rccl", "dtypes": ["float32"], "ops": ["sum", "max"],
                   "min_bytes": 0, "max_bytes": 1048576}]}
 
+Every file is read through the checks of every other input (regular files only, the input size
+limit, the JSON limits for ``catalog.json``: nesting, integer digits, a key given twice), and each
+``.rccl`` entry is evaluated under the language's work budget, so a FIFO or device named ``*.json``
+or a runaway program is a located error, never a hang. The catalog's fingerprint (the ranks'
+agreement) hashes a block at a time only what defines each entry: the file, or an OUTDIR's manifest
+and the files it lists.
+
 A call (collective, world size, bytes, dtype, op, root) is served by the entries whose
 declarations all hold and whose chunk layout gives every rank an equal share (torch's collectives
 have equal shares); when several do, the one the simulator predicts fastest on the given cluster
