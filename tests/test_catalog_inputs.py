@@ -214,3 +214,17 @@ def test_duplicate_key_found_wherever_it_is(doc, data):
     want_col = found - (spliced.rfind("\n", 0, found) + 1) + 1
     assert (loc.line, loc.col) == (want_line, want_col)
     assert "given twice" in ei.value.diagnostics[0].message
+
+
+@pytest.mark.slow          # imports torch (seconds)
+def test_the_torch_backend_refuses_a_fifo_catalog_at_once(tmp_path):
+    """What ``init_process_group("hccc")`` loads on every rank: a FIFO named ``*.json`` is one clear
+    error (before the group's timeout), not a rank blocked on the read."""
+    pytest.importorskip("torch")
+    from hccc.torch import process_group as pg
+    d = _catalog(tmp_path)
+    os.mkfifo(d / "pipe.json")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="FIFO"):
+        pg._catalog(d)
+    assert time.monotonic() - t0 < HANG_GUARD_S
