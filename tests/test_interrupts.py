@@ -108,3 +108,34 @@ def test_ctrl_c_during_hccc_synth_exits_130(tmp_path, delay):
     if code == 130:
         assert err.rstrip().splitlines()[-1] == "hccc: interrupted"
         assert not (tmp_path / "x.rccl").exists()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_ctrl_c_during_an_smt_check_reaches_hccc():
+    """z3 would swallow Ctrl-C during a check (it cancels the check and says nothing); hccc synth
+    turns that off, so the interrupt is raised once the check returns."""
+    z3 = pytest.importorskip("z3")
+    from hccc.cli import _ctrl_c_reaches_hccc_through_z3
+    x = [z3.Int(f"x{i}") for i in range(40)]
+    s = z3.Solver()
+    s.set("timeout", 1500)
+    for i in range(39):                      # nonlinear: no answer within the timeout
+        s.add(x[i] * x[i] + 3 * x[i + 1] * x[i + 1] * x[i] == 7 * x[(i * 7) % 40] + 11)
+
+    def raise_(signum, frame):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGINT, raise_)
+    try:
+        _ctrl_c_reaches_hccc_through_z3()
+        import threading
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(_Interrupted):
+            s.check()
+            time.sleep(0.5)                  # a handler run late still lands inside the block
+    finally:
+        signal.signal(signal.SIGINT, old)
+        z3.set_param("ctrl_c", True)
