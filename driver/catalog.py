@@ -35,14 +35,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hccc.compiler.frontend.collectives import OWN, SPECS
 from hccc.compiler.pipeline.readers import HEAD_BYTES
-from hccc.util.diagnostics import (CompileError, Diagnostic, Location, SourceFile, describe_mode,
-                                   max_input_bytes, printable, read_input_bytes)
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, printable, read_input_bytes
 from hccc.util.limits import loads_json
 
 #: what hccc's kernels implement (the Communicator's dtypes and ops)
@@ -190,41 +188,6 @@ def _load_ir(path: Path):
     return load_program(path), False
 
 
-#: bytes read at a time while a file is hashed (the fingerprint's memory does not grow with the file)
-_HASH_BLOCK = 1 << 20
-
-
-def _hash_file(h, path: Path) -> None:
-    """Feed ``path``'s bytes to ``h`` a block at a time, through the input checks: a regular file
-    (a FIFO or device is refused, never read) within the input size limit."""
-    shown = printable(str(path))
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise CatalogError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CatalogError([Diagnostic(f"cannot read '{shown}': it is {describe_mode(st.st_mode)}; "
-                                           "hccc reads regular files only", None)])
-        cap = max_input_bytes()
-        if st.st_size > cap:
-            raise CatalogError([Diagnostic(f"'{shown}' is over the {cap}-byte input limit (set "
-                                           "HCCC_MAX_INPUT_BYTES to raise it)", None)])
-        os.set_blocking(fd, True)
-        total = 0
-        while block := os.read(fd, _HASH_BLOCK):
-            total += len(block)
-            if total > cap:
-                raise CatalogError([Diagnostic(f"'{shown}' grew past the input limit while being read",
-                                               None)])
-            h.update(block)
-    except OSError as exc:
-        raise CatalogError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None
-    finally:
-        os.close(fd)
-
-
 def _defining_files(entry: Path) -> list[Path]:
     """The files that define a catalog entry: the file itself, or for an OUTDIR its manifest and
     the files that manifest lists as hccc's (build outputs and anything else the user keeps in the
@@ -248,7 +211,7 @@ def _digest(path: Path) -> str:
     h = hashlib.sha256()
     for q in _defining_files(path):
         h.update(str(q.relative_to(path.parent)).encode() + b"\0")
-        _hash_file(h, q)
+        read_input_bytes(q, sink=h.update)       # the input checks, a block at a time
         h.update(b"\0")
     return h.hexdigest()
 
