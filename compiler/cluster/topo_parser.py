@@ -762,19 +762,11 @@ class _Walker:
     def nic_links(self, b: TopologyBuilder, x: _Node, y: _Node, offsets, nic_of, nic_table, a: Fraction,
                   at: Location) -> None:
         ox, oy = offsets[x.name], offsets[y.name]
-        nx_ = nic_of[ox:ox + x.ngpus]
-        ny_ = nic_of[oy:oy + y.ngpus]
-        for nd, arr in ((x, nx_), (y, ny_)):
-            missing = np.nonzero(arr < 0)[0]
-            if missing.size:
-                raise self.err(at, f"'interbandwidth = nic' needs a NIC for every GPU, but GPU {int(missing[0])} "
-                                   f"of {nd.name} has none (add 'define nic = [...]' after {nd.name})")
-        ux, uy = np.unique(nx_), np.unique(ny_)
         # link parameters of every NIC pair, memoised by what they depend on (node pairs repeat them)
         memo = b.__dict__.setdefault("_nic_params", {})
         kinds = b.__dict__.setdefault("_nic_kinds", {})
-        ki = [kinds.setdefault((nic_table[i][3], nic_table[i][4]), len(kinds)) for i in ux.tolist()]
-        kj = [kinds.setdefault((nic_table[j][3], nic_table[j][4]), len(kinds)) for j in uy.tolist()]
+        ux, ki, ix = self._node_nics(b, x, ox, nic_of, nic_table, at, kinds)
+        uy, kj, iy = self._node_nics(b, y, oy, nic_of, nic_table, at, kinds)
         ka = kinds.setdefault(("alpha", a), len(kinds))
         small = np.zeros((ux.size, uy.size), dtype=np.int64)
         for ii, i in enumerate(ux.tolist()):
@@ -787,7 +779,7 @@ class _Walker:
                     pid = memo[key] = b.params("nic", bw, lanes, a)
                     self._param_loc.setdefault(pid, at)
                 small[ii, jj] = pid
-        pm = small[np.ix_(np.searchsorted(ux, nx_), np.searchsorted(uy, ny_))]
+        pm = small[np.ix_(ix, iy)]
         src = np.repeat(np.arange(ox, ox + x.ngpus), y.ngpus)
         dst = np.tile(np.arange(oy, oy + y.ngpus), x.ngpus)
         self._note_origin(b, at, "nic")
@@ -795,6 +787,22 @@ class _Walker:
             raise self.err(at, f"the cluster has more than {MAX_LINKS} links")
         b.add_links(src, dst, pm.ravel(), mergeable=True)
         b.add_links(dst, src, pm.ravel(), mergeable=True)
+
+    def _node_nics(self, b: TopologyBuilder, nd: _Node, off: int, nic_of, nic_table, at: Location, kinds: dict):
+        """A node's distinct NICs, their parameter kinds and each GPU's index among them, once per node
+        (``internode = all`` asks for every node once per other node)."""
+        cache = b.__dict__.setdefault("_node_nics", {})
+        got = cache.get(nd.name)
+        if got is None:
+            arr = nic_of[off:off + nd.ngpus]
+            missing = np.nonzero(arr < 0)[0]
+            if missing.size:
+                raise self.err(at, f"'interbandwidth = nic' needs a NIC for every GPU, but GPU {int(missing[0])} "
+                                   f"of {nd.name} has none (add 'define nic = [...]' after {nd.name})")
+            u = np.unique(arr)
+            k = [kinds.setdefault((nic_table[i][3], nic_table[i][4]), len(kinds)) for i in u.tolist()]
+            got = cache[nd.name] = (u, k, np.searchsorted(u, arr))
+        return got
 
     def describe_rank(self, b: TopologyBuilder, r: int) -> str:
         for nd in b.nodes:
