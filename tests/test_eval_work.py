@@ -76,14 +76,16 @@ def test_work_bound_applies_in_catalogs(tmp_path):
     assert code == 1 and WORK.search(out), out
 
 
-def test_budget_from_environment(tmp_path):
-    p = tmp_path / "small.rccl"
-    shutil.copy(EXAMPLE, p)
-    assert _cli("check", p)[0] == 0
-    code, out = _cli("check", p, env={"HCCC_MAX_RCCL_WORK": "10"})
-    assert code == 1 and WORK.search(out), out
-    code, out = _cli("check", p, env={"HCCC_MAX_RCCL_WORK": "lots"})
-    assert code == 1 and "HCCC_MAX_RCCL_WORK must be" in out and "Traceback" not in out
+def test_budget_from_environment(monkeypatch):
+    text = EXAMPLE.read_text()
+    assert parse_rccl(text, "small.rccl").ntransfers > 0
+    monkeypatch.setenv("HCCC_MAX_RCCL_WORK", "10")
+    with pytest.raises(CompileError) as ei:
+        parse_rccl(text, "small.rccl")
+    assert WORK.search(render_all(ei.value)), render_all(ei.value)
+    monkeypatch.setenv("HCCC_MAX_RCCL_WORK", "lots")
+    with pytest.raises(CompileError, match="HCCC_MAX_RCCL_WORK must be"):
+        parse_rccl(text, "small.rccl")
 
 
 def test_examples_fit_well_inside_the_budget():
