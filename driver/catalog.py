@@ -17,6 +17,13 @@ An optional ``catalog.json`` in the directory narrows them::
     {"entries": [{"file": "ring4.rccl", "dtypes": ["float32"], "ops": ["sum", "max"],
                   "min_bytes": 0, "max_bytes": 1048576}]}
 
+Every file is read through the checks of every other input (regular files only, the input size
+limit, the JSON limits for ``catalog.json``: nesting, integer digits, a key given twice), and each
+``.rccl`` entry is evaluated under the language's work budget, so a FIFO or device named ``*.json``
+or a runaway program is a located error, never a hang. The catalog's fingerprint (the ranks'
+agreement) hashes a block at a time only what defines each entry: the file, or an OUTDIR's manifest
+and the files it lists.
+
 A call (collective, world size, bytes, dtype, op, root) is served by the entries whose
 declarations all hold and whose chunk layout gives every rank an equal share (torch's collectives
 have equal shares); when several do, the one the simulator predicts fastest on the given cluster
@@ -27,11 +34,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hccc.compiler.frontend.collectives import OWN, SPECS
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.pipeline.readers import HEAD_BYTES
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, printable, read_input_bytes
+from hccc.util.limits import loads_json
 
 #: what hccc's kernels implement (the Communicator's dtypes and ops)
 KERNEL_DTYPES = ("float32", "float16", "bfloat16", "int32")
@@ -102,16 +112,18 @@ def _located(src: SourceFile, needle: str, msg: str) -> CatalogError:
     return CatalogError([Diagnostic(msg, Location(src, line, col))])
 
 
-def _read_index(directory: Path) -> dict[str, dict]:
+def _read_index(directory: Path) -> tuple[dict[str, dict], bytes]:
+    """The declarations of ``catalog.json`` by file name, and the file's bytes (for the
+    fingerprint); read through the input checks and the JSON limits (:func:`loads_json`)."""
     path = directory / INDEX
-    if not path.exists():
-        return {}
-    src = SourceFile.read(path)
+    if not os.path.lexists(path):
+        return {}, b""
+    data = read_input_bytes(path)
+    src = SourceFile.from_bytes(str(path), data)
     try:
-        doc = json.loads(src.text)
-    except json.JSONDecodeError as exc:
-        raise CatalogError([Diagnostic(f"not valid JSON: {exc.msg}",
-                                       Location(src, exc.lineno, exc.colno))]) from None
+        doc = loads_json(src)
+    except CompileError as exc:
+        raise CatalogError(exc.diagnostics) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise _located(src, "", 'expected {"entries": [{"file": ..., ...}, ...]}')
     out: dict[str, dict] = {}
@@ -141,7 +153,7 @@ def _read_index(directory: Path) -> dict[str, dict]:
         if name in out:
             raise _located(src, here, f"entry {name!r} is listed twice")
         out[name] = e
-    return out
+    return out, data
 
 
 def _candidates(directory: Path) -> list[Path]:
@@ -161,12 +173,11 @@ def _candidates(directory: Path) -> list[Path]:
 
 
 def _is_program_json(p: Path) -> bool:
-    """A ProgramIR ``.json`` (not a cluster profile or other JSON lying beside the algorithms)."""
-    try:
-        head = p.read_text(errors="replace")[:4096]
-    except OSError:
-        return False
-    return '"prims"' in head or '"collective"' in head
+    """A ProgramIR ``.json`` (not a cluster profile or other JSON lying beside the algorithms),
+    by its first bytes, read through the input checks: a FIFO or device named ``*.json`` is refused
+    (a located error), never read."""
+    head = read_input_bytes(p, head=HEAD_BYTES)
+    return b'"prims"' in head or b'"collective"' in head
 
 
 def _load_ir(path: Path):
@@ -177,12 +188,31 @@ def _load_ir(path: Path):
     return load_program(path), False
 
 
+def _defining_files(entry: Path) -> list[Path]:
+    """The files that define a catalog entry: the file itself, or for an OUTDIR its manifest and
+    the files that manifest lists as hccc's (build outputs and anything else the user keeps in the
+    directory are not part of the algorithm and are never read)."""
+    if not entry.is_dir():
+        return [entry]
+    man = entry / "manifest.json"
+    doc = loads_json(SourceFile.read(man))
+    listed = doc.get("files") if isinstance(doc, dict) else None
+    names = sorted({n for n in listed if isinstance(n, str)} - {"manifest.json"}) \
+        if isinstance(listed, list) else []
+    bad = [n for n in names if "/" in n or n in (".", "..") or "\0" in n]
+    if bad:
+        raise CatalogError([Diagnostic(f"'{printable(str(man))}' lists '{printable(bad[0])}', "
+                                       "not a file name in its directory", None)])
+    return [man] + [entry / n for n in names if os.path.lexists(entry / n)]
+
+
 def _digest(path: Path) -> str:
+    """A fingerprint of what defines the entry ``path`` (:func:`_defining_files`), streamed."""
     h = hashlib.sha256()
-    files = sorted(q for q in path.rglob("*") if q.is_file()) if path.is_dir() else [path]
-    for q in files:
+    for q in _defining_files(path):
         h.update(str(q.relative_to(path.parent)).encode() + b"\0")
-        h.update(q.read_bytes())
+        read_input_bytes(q, sink=h.update)       # the input checks, a block at a time
+        h.update(b"\0")
     return h.hexdigest()
 
 
@@ -201,14 +231,24 @@ class Catalog:
 
     @classmethod
     def load(cls, directory) -> "Catalog":
-        """Every entry of ``directory``; bad files and a bad ``catalog.json`` are located errors."""
-        d = Path(directory)
+        """Every entry of ``directory``; bad files and a bad ``catalog.json`` are located errors
+        (:class:`CatalogError`). Every file is read through the input checks (regular files only,
+        the size limit, the JSON limits), and each ``.rccl`` entry's evaluation through the
+        language's work budget."""
+        try:
+            return cls._load(Path(directory))
+        except CatalogError:
+            raise
+        except CompileError as exc:
+            raise CatalogError(exc.diagnostics, exc.more) from None
+
+    @classmethod
+    def _load(cls, d: Path) -> "Catalog":
         if not d.is_dir():
             raise CatalogError([Diagnostic(f"{d}: the algorithm catalog must be a directory", None)])
-        index = _read_index(d)
+        index, index_bytes = _read_index(d)
         h = hashlib.sha256()
-        if (d / INDEX).exists():
-            h.update((d / INDEX).read_bytes())
+        h.update(index_bytes)
         entries = []
         for p in _candidates(d):
             ir, outdir = _load_ir(p)

@@ -64,8 +64,14 @@ from hccc.runtime.busbw import busbw_factor
 from hccc.compiler.backend import abi
 from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
 from hccc.runtime.gpu import grid_symbol
+from hccc.runtime.interrupts import deferred_interrupts
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
+
+#: the least time kernels get to end after the abort flag is raised by an interrupt or an error
+#: (the watchdog's own grace, :meth:`Runner._wait`: at least this, or twice the spin-wait timeout);
+#: a kernel ends at its next wait, which comes within a primitive's copy of at most one slot
+STOP_GRACE_S = 5.0
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 OPS = ("sum", "max", "min")
@@ -1112,11 +1118,17 @@ class Runner:
                     outs.append(_from_device(host, self.dtype))
                 if check:
                     wrong, first, coll_wrong, oracle = self._compare(outs, inputs, inplace)
+        except BaseException:
+            # Ctrl-C (or any error) while kernels may still run: they stop before the buffers
+            # they use are freed below
+            self.stop_kernels()
+            raise
         finally:
-            if not self._broken:
-                for r, (in_p, out_p, scr_p, own) in enumerate(bufs):
-                    for p in own:
-                        self.rank_pf[r].free(p)
+            with deferred_interrupts():
+                if not self._broken:
+                    for r, (in_p, out_p, scr_p, own) in enumerate(bufs):
+                        for p in own:
+                            self.rank_pf[r].free(p)
         return RunResult(bytes=count * es, count=count, dtype=self.dtype, op=self.op,
                          inplace=bool(inplace), wrong=int(wrong),
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
@@ -1241,7 +1253,7 @@ class Runner:
                 raise failure[0]
             return None
         self._raise_abort()
-        grace = max(5.0, 2.0 * self.timeout_s)
+        grace = max(STOP_GRACE_S, 2.0 * self.timeout_s)
         if done.wait(grace):
             rec = self._error_message()
             return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
@@ -1249,6 +1261,33 @@ class Runner:
         self._broken = (f"kernels still running {limit + grace:.0f} s after launch and ignore the "
                         "abort flag")
         return f"host watchdog: {self._broken}"
+
+    def stop_kernels(self) -> None:
+        """Stop every kernel this runner launched before anything they use is freed (an interrupt
+        or an error left them running): raise the abort flag and wait for every platform, with
+        Ctrl-C held back. Kernels still running after the grace time mark the runner broken, and a
+        broken runner never frees their memory."""
+        if self._broken or not hasattr(self, "abort_ptr"):
+            return
+        with deferred_interrupts():
+            try:
+                self._raise_abort()
+            except Exception:
+                pass
+            done = threading.Event()
+
+            def waiter():
+                try:
+                    for pf in self._distinct:
+                        pf.synchronize()
+                except BaseException:        # an aborted kernel's error: it has stopped all the same
+                    pass
+                finally:
+                    done.set()
+
+            threading.Thread(target=waiter, name="hccc-stop", daemon=True).start()
+            if not done.wait(max(STOP_GRACE_S, 2.0 * self.timeout_s)):
+                self._broken = "kernels still running after an interrupt ignore the abort flag"
 
     def _raise_abort(self) -> None:
         """Raise the abort flag: a plain store into pinned host memory, which no queued copy or
@@ -1329,6 +1368,10 @@ class Runner:
     def close(self) -> None:
         if self._closed:
             return
+        with deferred_interrupts():
+            self._release_all()
+
+    def _release_all(self) -> None:
         self._closed = True
         if self._broken:
             return  # kernels may still use the memory: leave it

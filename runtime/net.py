@@ -141,8 +141,9 @@ def declared_gpus_per_node(algo) -> int:
         return 0
     try:
         from hccc.compiler.frontend import parse_rccl
-        with open(algo, encoding="utf-8") as f:
-            return int(parse_rccl(f.read(), str(algo)).header.gpu_per_node or 0)
+        from hccc.util.diagnostics import SourceFile
+        src = SourceFile.read(algo)        # the input checks: a FIFO or device is never read
+        return int(parse_rccl(src.text, str(algo)).header.gpu_per_node or 0)
     except Exception:       # the Communicator reports a bad file when it loads it
         return 0
 
@@ -155,9 +156,11 @@ def _outdir_topology(algo) -> dict:
     p = p / "manifest.json" if p.is_dir() else p
     if p.name != "manifest.json":
         return {}
+    from hccc.util.diagnostics import CompileError, SourceFile
+    from hccc.util.limits import loads_json
     try:
-        topo = json.loads(p.read_text(encoding="utf-8")).get("topology")
-    except (OSError, ValueError, AttributeError):
+        topo = loads_json(SourceFile.read(p)).get("topology")
+    except (CompileError, AttributeError):
         return {}
     return topo if isinstance(topo, dict) else {}
 

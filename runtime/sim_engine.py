@@ -1055,10 +1055,15 @@ def run_within(budget, deadline, *args):
         if out[0] != STATUS_BUDGET or plain is None or lim == b or \
                 (deadline is not None and clock.now() >= deadline):
             return out                  # finished, or the caller's budget or time is spent
-    fn = KERNELS.compiled()["run_engine"]
-    if deadline is not None and not fn.signatures:
-        import numba
-        c0 = clock.now()
-        fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
-        deadline += clock.now() - c0        # loading the cache (a compile moves no work clock)
-    return fn(*args, b, _clock_deadline(deadline))
+    # numba's compile (or load) and the compiled call run with Ctrl-C held back: an interrupt
+    # raised inside numba's compiler leaves half-made native objects that crash when collected;
+    # the compiled loop cannot be interrupted anyway, and the interrupt is raised when it returns
+    from hccc.runtime.interrupts import deferred_interrupts
+    with deferred_interrupts():
+        fn = KERNELS.compiled()["run_engine"]
+        if deadline is not None and not fn.signatures:
+            import numba
+            c0 = clock.now()
+            fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
+            deadline += clock.now() - c0        # loading the cache (a compile moves no work clock)
+        return fn(*args, b, _clock_deadline(deadline))

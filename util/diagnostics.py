@@ -178,11 +178,14 @@ def describe_mode(mode: int) -> str:
     return "not a regular file"
 
 
-def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
+def read_input_bytes(path: str | Path, *, limit: int | None = None, head: int | None = None,
+                     sink=None) -> bytes:
     """The bytes of the user's input file ``path``, or a :class:`CompileError` saying why not.
 
     Never blocks (FIFOs are refused, not read), never reads more than ``limit`` (default
-    :func:`max_input_bytes`) plus one byte.
+    :func:`max_input_bytes`) plus one byte. ``head``: only the first ``head`` bytes are wanted
+    (a format sniff), whatever the file's size; it must still be a regular file. ``sink``: each
+    block read is handed to it instead of kept (a hash of the file in bounded memory); returns b"".
     """
     p = Path(path)
     cap = max_input_bytes() if limit is None else limit
@@ -196,6 +199,9 @@ def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise CompileError([Diagnostic(
                 f"cannot read '{shown}': it is {describe_mode(st.st_mode)}; hccc reads regular files only", None)])
+        if head is not None:
+            os.set_blocking(fd, True)
+            return os.read(fd, max(0, head))
         if st.st_size > cap:
             raise CompileError([Diagnostic(
                 f"'{shown}' is {_human(st.st_size)}, over the {_human(cap)} input limit "
@@ -206,8 +212,13 @@ def read_input_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
             b = os.read(fd, min(1 << 20, cap + 1 - total))
             if not b:
                 break
-            chunks.append(b)
             total += len(b)
+            if total > cap:
+                break
+            if sink is None:
+                chunks.append(b)
+            else:
+                sink(b)
         if total > cap:
             raise CompileError([Diagnostic(
                 f"'{shown}' grew past the {_human(cap)} input limit while being read", None)])

@@ -9,7 +9,8 @@ second instead of exhausting memory or blocking:
   regular file, and refuses files over :func:`max_input_bytes` *before* reading them (and reads at
   most one byte past the cap, should the file grow meanwhile).
 - :func:`loads_json` parses JSON with integers of at most :data:`MAX_JSON_INT_DIGITS` digits, no
-  ``NaN``/``Infinity``, and a bounded nesting depth, each refused with a located diagnostic.
+  ``NaN``/``Infinity``, no key given twice in one object, and a bounded nesting depth, each
+  refused with a located diagnostic.
 - :func:`check_int_range` is the one range check for numbers given on the command line or in
   files (sizes, counts, timeouts); it names the offending option and the accepted range.
 - :func:`printable` makes text read from inputs (names, paths) safe to print on a terminal or put
@@ -58,14 +59,69 @@ def _no_constant(name: str):
     raise ValueError(name)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """An object's members as a dict; a key given twice is an error (JSON parsers disagree on
+    which one wins, so hccc takes neither)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return out
+
+
+def _duplicate_key_offset(text: str, key: str) -> int:
+    """The offset of the first key of ``text`` given twice in one object (``key``, the one the
+    parser found), by a walk over the text's strings and brackets; 0 when it cannot tell."""
+    from json.decoder import scanstring
+    stack: list[set | None] = []          # per open container: the keys seen (None for arrays)
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "{":
+            stack.append(set())
+        elif c == "[":
+            stack.append(None)
+        elif c in "]}":
+            if stack:
+                stack.pop()
+        elif c == '"':
+            try:
+                s, end = scanstring(text, i + 1)
+            except ValueError:
+                return 0
+            j = end
+            while j < n and text[j] in " \t\r\n":
+                j += 1
+            if stack and stack[-1] is not None and j < n and text[j] == ":":
+                if s in stack[-1]:
+                    return i
+                stack[-1].add(s)
+            i = end
+            continue
+        i += 1
+    return 0
+
+
 def loads_json(src: SourceFile, *, parse_float=float):
     """Parse ``src`` as JSON; every way it can be unusable is a located :class:`CompileError`."""
     text = src.text
     try:
-        data = json.loads(text, parse_int=_parse_int, parse_float=parse_float, parse_constant=_no_constant)
+        data = json.loads(text, parse_int=_parse_int, parse_float=parse_float, parse_constant=_no_constant,
+                          object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise CompileError([Diagnostic(f"not valid JSON: {exc.msg}",
                                        Location(src, exc.lineno, exc.colno))]) from None
+    except _DuplicateKey as exc:
+        key = str(exc.args[0])
+        raise _located(src, _duplicate_key_offset(text, key),
+                       f"key '{printable(key, limit=60)}' is given twice in one object") from None
     except _TooLong:
         m = _LONG_INT.search(text)
         raise _located(src, m.start() if m else 0,

@@ -36,8 +36,8 @@ def depfile_text(target: Path | str, inputs: list[Path | str]) -> str:
 
 
 def write_depfile(path: Path | str, target: Path | str, inputs: list[Path | str]) -> None:
-    """Write the depfile atomically."""
-    write_text_atomically(Path(path), depfile_text(target, inputs))
+    """Write the depfile atomically (never over one of the ``inputs``)."""
+    write_text_atomically(Path(path), depfile_text(target, inputs), inputs)
 
 
 __all__ = ["hccc_inputs", "depfile_text", "write_depfile"]

@@ -151,9 +151,66 @@ def _entries(d: Path) -> dict[str, os.stat_result]:
     return {e.name: e.stat(follow_symlinks=False) for e in os.scandir(d)}
 
 
-def _plan(out: Path, new: set[str]) -> set[str]:
+def _input_ids(inputs) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """(device, inode) of every file among ``inputs`` (symbolic links followed), and of every
+    directory among them (an OUTDIR read as an input: every file in it is read)."""
+    files, dirs = set(), set()
+    for inp in inputs or ():
+        if inp is None or str(inp) == "-":
+            continue
+        try:
+            st = os.stat(inp)
+        except (OSError, ValueError):
+            continue
+        (dirs if stat.S_ISDIR(st.st_mode) else files).add((st.st_dev, st.st_ino))
+    return files, dirs
+
+
+def _check_inputs_kept(out: Path, owned: set[str], inputs) -> None:
+    """Refuse when a file the run would replace or remove (``owned``: every file the earlier hccc
+    run wrote, each replaced by the new one of the same name or removed as stale) is one of the
+    command's ``inputs``, under any name: a hard link, a symbolic link, another spelling."""
+    files, dirs = _input_ids(inputs)
+    if not files and not dirs:
+        return
+    try:
+        ost = os.stat(out)
+    except OSError:
+        return
+    if (ost.st_dev, ost.st_ino) in dirs and owned:
+        raise _refuse(f"output directory '{_show(out)}' is an input of this command; hccc does not "
+                      "replace or remove what it reads (choose another output directory)")
+    for name in sorted(owned):
+        try:
+            st = os.lstat(out / name)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) in files:
+            raise _refuse(f"'{_show(out / name)}' is an input of this command and a file the earlier hccc "
+                          f"run wrote into '{_show(out)}', which this run replaces or removes; hccc does "
+                          "not replace or remove what it reads (choose another output directory, or move "
+                          "the input out of it first)")
+
+
+def check_output_dir(outdir: str | Path, inputs=()) -> None:
+    """Before any work: refuse an output directory hccc may not write into (a file, a foreign
+    non-empty directory) or whose writing would replace or remove one of ``inputs``."""
+    out = Path(os.path.abspath(outdir))
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _refuse(f"cannot use output path '{_show(outdir)}': {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(f"output path '{_show(outdir)}' exists and is not a directory")
+    _plan(out, set(), inputs)
+
+
+def _plan(out: Path, new: set[str], inputs=()) -> set[str]:
     """Check that ``new`` files may be published into the existing directory ``out``; returns the
-    names the earlier hccc run owns there (to be replaced or removed). Raises before any change."""
+    names the earlier hccc run owns there (to be replaced or removed). Raises before any change,
+    also when one of them is one of the command's ``inputs``."""
     try:
         present = _entries(out)
     except OSError as exc:
@@ -164,6 +221,7 @@ def _plan(out: Path, new: set[str]) -> set[str]:
     if owned is None:
         raise _refuse(f"output directory '{_show(out)}' is not empty and was not written by hccc ({why}); "
                       "refusing to write into it")
+    _check_inputs_kept(out, owned & set(present), inputs)
     for name in sorted(new):
         st = present.get(name)
         if st is None:
@@ -203,9 +261,11 @@ def _publish_into(tmp: Path, out: Path, new: set[str], owned: set[str]) -> None:
 
 
 @contextmanager
-def atomic_output_dir(outdir: str | Path):
+def atomic_output_dir(outdir: str | Path, inputs=()):
     """Yield a temporary directory; on success its files are published into ``outdir`` (see the
-    module docstring); on any error it is removed and ``outdir`` is untouched."""
+    module docstring); on any error it is removed and ``outdir`` is untouched. ``inputs``: the
+    paths the command read; no file of the earlier run that is one of them is replaced or removed
+    (refused, before any change)."""
     out = Path(os.path.abspath(outdir))
     try:
         st = os.stat(out)
@@ -216,7 +276,7 @@ def atomic_output_dir(outdir: str | Path):
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise _refuse(f"output path '{_show(outdir)}' exists and is not a directory")
     if st is not None:
-        _plan(out, set())          # refuse a foreign directory before any work
+        _plan(out, set(), inputs)  # refuse a foreign directory, or one holding an input, before any work
     parent = out.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +295,7 @@ def atomic_output_dir(outdir: str | Path):
             new.add(f.name)
         os.chmod(tmp, 0o755)
         if os.path.isdir(out):
-            owned = _plan(out, new)
+            owned = _plan(out, new, inputs)
             _publish_into(tmp, out, new, owned)
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -14,6 +14,7 @@ in ``examples/clusters/README.md``.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -28,12 +29,15 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.util.limits import check_count, check_source_lines
 from hccc.util.sizes import SIZE_RE as _SIZE_RE, SIZE_SUFFIX as _SUFFIX
-from hccc.compiler.cluster.topology import (CLASS_CODE, DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, LINK_CLASSES, DuplicateLinkError,
-                        Topology, TopologyBuilder)
+from hccc.compiler.cluster.topology import (CLASS_CODE, DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, LINK_CLASSES,
+                        MAX_LOGICAL_CAPACITY, CapacityError, DuplicateLinkError, Topology, TopologyBuilder)
 
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 1024
 MAX_RANKS = 65536
+#: links of one cluster (after every internode statement is expanded), counted before they are
+#: built. Measured: 2,048 GPUs linked all-to-all through NICs (4.2M links) take 1.5 GB and about 30 s
+#: in ``hccc topo``, so the limit keeps a cluster under about 3 GB; 2,828 GPUs all-to-all reach it
 MAX_LINKS = 8_000_000
 #: link entries (``->``, ``>->``) one file may write, counted before parsing (the parser's time grows
 #: with them; a switch group ``>->`` describes any number of links in one entry)
@@ -42,6 +46,10 @@ MAX_LINK_ENTRIES = 32_768
 MAX_TOPO_LINES = 8_192
 MAX_LANES = 1 << 16
 MAX_BANDWIDTH_GBPS = 10**9
+#: the smallest bandwidth (GB/s, per lane) and GPU compute rate (gamma) accepted: 1 kB/s. Slower is no
+#: interconnect hccc could schedule for, and every ratio of link speeds (the logical capacities,
+#: :data:`~hccc.compiler.cluster.topology.MAX_LOGICAL_CAPACITY`) must stay representable
+MIN_BANDWIDTH_GBPS = Fraction(1, 10**6)
 MAX_LATENCY_US = 10**9
 MAX_CHUNK_SIZE = 1 << 40
 
@@ -272,6 +280,9 @@ class _Walker:
         # link origins for duplicate reporting
         self._origin_start: list[int] = []
         self._origin_loc: list[tuple[Location, str]] = []
+        # where each link parameter entry and shared group was first declared (capacity errors)
+        self._param_loc: dict[int, Location] = {}
+        self._group_loc: dict[int, Location] = {}
 
     # -- helpers -------------------------------------------------------------------------------
     def loc(self, item) -> Location:
@@ -290,7 +301,7 @@ class _Walker:
         return CompileError([Diagnostic(msg, at, notes=notes)])
 
     def number(self, tok: Token, what: str, *, integer: bool = False, positive: bool = True,
-               nonneg: bool = False, maximum=None, suffix: bool = False) -> Fraction | int:
+               nonneg: bool = False, maximum=None, minimum=None, suffix: bool = False) -> Fraction | int:
         m = _SIZE_RE.fullmatch(str(tok))
         if m is None:  # the lexer guarantees the shape; stay defensive
             raise self.err(tok, f"malformed number '{tok}'")
@@ -307,6 +318,8 @@ class _Walker:
             raise self.err(tok, f"{what} must be >= 0, got '{tok}'")
         if maximum is not None and val > maximum:
             raise self.err(tok, f"{what} {tok} is too large (at most {maximum})")
+        if minimum is not None and val < minimum and not (nonneg and val == 0):
+            raise self.err(tok, f"{what} {tok} is too small (at least {_fmt_num(minimum)})")
         return int(val) if integer else val
 
     def expect(self, value, kind: str, what: str):
@@ -422,12 +435,12 @@ class _Walker:
 
     def spec(self, tree: Tree) -> tuple[Fraction, int]:
         bw_tok, lanes_tok = tree.children
-        bw = self.number(bw_tok, "bandwidth", maximum=MAX_BANDWIDTH_GBPS)
+        bw = self.number(bw_tok, "bandwidth", maximum=MAX_BANDWIDTH_GBPS, minimum=MIN_BANDWIDTH_GBPS)
         lanes = self.number(lanes_tok, "the lane count", integer=True, maximum=MAX_LANES)
         return bw, lanes
 
     def scalar_map(self, loc: Location, value, keys: tuple[str, ...], what: str, *, nonneg=False,
-                   maximum=None) -> dict[str, Fraction]:
+                   maximum=None, minimum=None) -> dict[str, Fraction]:
         tree = self.expect(value, "map", what)
         out: dict[str, Fraction] = {}
         for item in tree.children:
@@ -438,7 +451,8 @@ class _Walker:
             if k in out:
                 raise self.err(ktok, f"'{k}' appears twice in {what}")
             vt = self.expect(v, "number", f"{what} '{k}'").children[0]
-            out[k] = self.number(vt, f"{what} '{k}'", positive=not nonneg, nonneg=nonneg, maximum=maximum)
+            out[k] = self.number(vt, f"{what} '{k}'", positive=not nonneg, nonneg=nonneg, maximum=maximum,
+                                 minimum=minimum)
         return out
 
     def vendor(self, value) -> str:
@@ -469,10 +483,11 @@ class _Walker:
         if "gamma" in self.globals:
             loc, v = self.globals["gamma"]
             if isinstance(v, Tree) and v.data == "map":
-                ggamma_map = self.scalar_map(loc, v, ("nvidia", "amd"), "gamma", maximum=MAX_BANDWIDTH_GBPS)
+                ggamma_map = self.scalar_map(loc, v, ("nvidia", "amd"), "gamma", maximum=MAX_BANDWIDTH_GBPS,
+                                             minimum=MIN_BANDWIDTH_GBPS)
             else:
                 ggamma = self.number(self.expect(v, "number", "gamma").children[0], "gamma",
-                                     maximum=MAX_BANDWIDTH_GBPS)
+                                     maximum=MAX_BANDWIDTH_GBPS, minimum=MIN_BANDWIDTH_GBPS)
 
         def alpha(c: str, local: dict[str, Fraction]) -> Fraction:
             return local.get(c, glat.get(c, DEFAULT_ALPHA_US[c]))
@@ -483,7 +498,7 @@ class _Walker:
             model = self.model(nd.defs["gpu"][1]) if "gpu" in nd.defs else gmodel
             if "gamma" in nd.defs:
                 gamma = self.number(self.expect(nd.defs["gamma"][1], "number", "gamma").children[0], "gamma",
-                                    maximum=MAX_BANDWIDTH_GBPS)
+                                    maximum=MAX_BANDWIDTH_GBPS, minimum=MIN_BANDWIDTH_GBPS)
             else:
                 gamma = ggamma_map.get(vendor, ggamma)
             info = b.add_node(nd.name, nd.ngpus, vendor, model, gamma)
@@ -501,7 +516,9 @@ class _Walker:
                 for cls, entries in self.bwmap(v, "bandwidth"):
                     for e in entries:
                         self.entry(b, e, cls, nd, nd, off, off, lambda c: alpha(c, lat), intra=True)
-        # inter-node links
+        # inter-node links: counted first, so that a cluster over the link limit is refused before
+        # any of its node pairs is built
+        self.check_internode_links(b)
         seen_pairs: dict[tuple[str, str], Location] = {}
         nic_pairs: list[tuple[_Node, _Node, Fraction, Location]] = []
         for it in self.inters:
@@ -510,7 +527,7 @@ class _Walker:
                 loc, v = it.defs["latency"]
                 lat = self.scalar_map(loc, v, ("internode", "nic"), "latency", nonneg=True, maximum=MAX_LATENCY_US)
             if it.pair is None:
-                pairs = [(x, y) for i, x in enumerate(self.nodes) for y in self.nodes[i + 1:]]
+                pairs = itertools.combinations(self.nodes, 2)
             else:
                 nodes = []
                 for tok in it.pair:
@@ -554,6 +571,65 @@ class _Walker:
             return b.build(chunk)
         except DuplicateLinkError as exc:
             raise self.duplicate(b, exc) from None
+        except CapacityError as exc:
+            raise self.capacity(b, exc) from None
+
+    def capacity(self, b: TopologyBuilder, exc: CapacityError) -> CompileError:
+        """A link or group whose speed is too far from the slowest link's (located at it, with a note
+        at the slowest link)."""
+        first = self.chunksize[0] if self.chunksize else Location(self.src, 1, 1)
+        locs = self._param_loc if exc.kind == "param" else self._group_loc
+        at = locs.get(exc.index, first)
+        ref = self._param_loc.get(exc.ref)
+        what = "this link" if exc.kind == "param" else "this shared connection"
+        return CompileError([Diagnostic(
+            f"{what} is so much faster than the slowest link that one chunk time of the slowest holds "
+            f"{exc.capacity} chunks of it (its logical capacity, ceil(tau_ref / tau) * lanes), over the "
+            f"limit of {MAX_LOGICAL_CAPACITY}: link speeds of one cluster must be within about 10**9 of "
+            "one another", at, notes=(f"the slowest link (tau_ref) is declared at {ref}",) if ref else ())])
+
+    def check_internode_links(self, b: TopologyBuilder) -> None:
+        """Refuse, before building them, inter-node statements that would take the cluster past
+        :data:`MAX_LINKS`: ``internode = all`` with ``interbandwidth = nic`` links every GPU to every
+        GPU of every other node (with G GPUs in all and g_k on node k: G**2 - sum g_k**2 links), and
+        a map's entries repeat for every node pair."""
+        total = b.nlinks
+        sizes = [nd.ngpus for nd in self.nodes]
+        everyone = sum(sizes) ** 2 - sum(g * g for g in sizes)     # ordered GPU pairs across nodes
+        for it in self.inters:
+            _bloc, bv = it.defs["interbandwidth"]
+            if it.pair is None:
+                npairs = len(sizes) * (len(sizes) - 1) // 2
+            elif all(str(t) in self.node_by_name for t in it.pair):
+                npairs = 1
+            else:
+                continue                       # the build reports the undefined node, located
+            if isinstance(bv, Tree) and bv.data == "name":
+                if it.pair is None:
+                    adds = everyone
+                else:
+                    x, y = (self.node_by_name[str(t)] for t in it.pair)
+                    adds = 2 * x.ngpus * y.ngpus
+            elif isinstance(bv, Tree) and bv.data == "map":
+                per_pair = 0
+                for item in bv.children:
+                    lst = item.children[1]
+                    for e in (lst.children if isinstance(lst, Tree) and lst.data == "list" else ()):
+                        if isinstance(e, Tree) and e.data == "link":
+                            per_pair += 1
+                        elif isinstance(e, Tree) and len(e.children) == 3:
+                            na, nb = (sum(isinstance(t, Token) for t in g.children) for g in e.children[:2])
+                            per_pair += 2 * na * nb
+                adds = npairs * per_pair
+            else:
+                continue                       # the build reports the malformed value, located
+            total += adds
+            if total > MAX_LINKS:
+                what = ("internode = all" if it.pair is None else "this internode") + (
+                    " with interbandwidth = nic links every GPU to every GPU of the other node(s)"
+                    if isinstance(bv, Tree) and bv.data == "name" else "")
+                raise self.err(it.loc, f"{what}: the cluster would have {total} links or more, over the "
+                                       f"limit of {MAX_LINKS} (checked before any is built)")
 
     def device_table(self, nranks: int, offsets: dict[str, int], key: str, group_what: str, device: str):
         """``define <key> = [((gpus...) -> (bw, lanes)), ...]`` of every node: the shared devices (NICs,
@@ -584,8 +660,7 @@ class _Walker:
                 idx += 1
         return owner, rows
 
-    @staticmethod
-    def device_groups(b: TopologyBuilder, kind: str, src_owner: np.ndarray, dst_owner: np.ndarray,
+    def device_groups(self, b: TopologyBuilder, kind: str, src_owner: np.ndarray, dst_owner: np.ndarray,
                       through: np.ndarray, rows: list, alphas: list) -> None:
         """One egress and one ingress shared group per device of ``rows`` over the links selected by
         ``through`` that leave (``src_owner``) / enter (``dst_owner``) its GPUs."""
@@ -598,8 +673,9 @@ class _Walker:
             for k, (nd, idx, gpus, bw, lanes) in enumerate(rows):
                 members = ids[bounds[k]:bounds[k + 1]]
                 if members.size:
-                    b.add_group(kind, direction, f"{nd.name} {kind}{idx} {_fmt_ids(gpus)} {direction}", members,
-                                bw, lanes, alphas[k])
+                    gid = b.add_group(kind, direction, f"{nd.name} {kind}{idx} {_fmt_ids(gpus)} {direction}",
+                                      members, bw, lanes, alphas[k])
+                    self._group_loc[gid] = nd.defs[kind][0]
 
     def pcie_groups(self, b: TopologyBuilder, offsets: dict[str, int], glat: dict[str, Fraction]) -> None:
         """``define pcie = [((gpus...) -> (bw, lanes)), ...]``: the GPUs behind one PCIe switch share its
@@ -655,6 +731,7 @@ class _Walker:
                 raise self.err(toks[1], f"link from GPU {a} to itself")
             bw, lanes = self.spec(spec_tree)
             pid = b.params(cls, bw, lanes, alpha(cls))
+            self._param_loc.setdefault(pid, at)
             self._note_origin(b, at, "link")
             b.add_links([offx + a], [offy + c], pid, mergeable=False)
             return
@@ -667,6 +744,7 @@ class _Walker:
                 raise self.err(gb_tree, f"GPU {common[0]} is in both groups of a shared connection")
         bw, lanes = self.spec(spec_tree)
         pid = b.params(cls, bw, lanes, alpha(cls))
+        self._param_loc.setdefault(pid, at)
         A = offx + np.array(ga, dtype=np.int64)
         B = offy + np.array(gb, dtype=np.int64)
         s_ab, d_ab = np.repeat(A, B.size), np.tile(B, A.size)
@@ -678,25 +756,17 @@ class _Walker:
         where = x.name if intra else f"{x.name}/{y.name}"
         label = f"{where} {cls} ({_fmt_ids(ga)},{_fmt_ids(gb)})"
         kind = cls
-        b.add_group(kind, "a->b", label + " a->b", ab, bw, lanes, alpha(cls))
-        b.add_group(kind, "b->a", label + " b->a", ba, bw, lanes, alpha(cls))
+        self._group_loc[b.add_group(kind, "a->b", label + " a->b", ab, bw, lanes, alpha(cls))] = at
+        self._group_loc[b.add_group(kind, "b->a", label + " b->a", ba, bw, lanes, alpha(cls))] = at
 
     def nic_links(self, b: TopologyBuilder, x: _Node, y: _Node, offsets, nic_of, nic_table, a: Fraction,
                   at: Location) -> None:
         ox, oy = offsets[x.name], offsets[y.name]
-        nx_ = nic_of[ox:ox + x.ngpus]
-        ny_ = nic_of[oy:oy + y.ngpus]
-        for nd, arr in ((x, nx_), (y, ny_)):
-            missing = np.nonzero(arr < 0)[0]
-            if missing.size:
-                raise self.err(at, f"'interbandwidth = nic' needs a NIC for every GPU, but GPU {int(missing[0])} "
-                                   f"of {nd.name} has none (add 'define nic = [...]' after {nd.name})")
-        ux, uy = np.unique(nx_), np.unique(ny_)
         # link parameters of every NIC pair, memoised by what they depend on (node pairs repeat them)
         memo = b.__dict__.setdefault("_nic_params", {})
         kinds = b.__dict__.setdefault("_nic_kinds", {})
-        ki = [kinds.setdefault((nic_table[i][3], nic_table[i][4]), len(kinds)) for i in ux.tolist()]
-        kj = [kinds.setdefault((nic_table[j][3], nic_table[j][4]), len(kinds)) for j in uy.tolist()]
+        ux, ki, ix = self._node_nics(b, x, ox, nic_of, nic_table, at, kinds)
+        uy, kj, iy = self._node_nics(b, y, oy, nic_of, nic_table, at, kinds)
         ka = kinds.setdefault(("alpha", a), len(kinds))
         small = np.zeros((ux.size, uy.size), dtype=np.int64)
         for ii, i in enumerate(ux.tolist()):
@@ -707,8 +777,9 @@ class _Walker:
                     bw = min(nic_table[i][3], nic_table[j][3])
                     lanes = min(nic_table[i][4], nic_table[j][4])
                     pid = memo[key] = b.params("nic", bw, lanes, a)
+                    self._param_loc.setdefault(pid, at)
                 small[ii, jj] = pid
-        pm = small[np.ix_(np.searchsorted(ux, nx_), np.searchsorted(uy, ny_))]
+        pm = small[np.ix_(ix, iy)]
         src = np.repeat(np.arange(ox, ox + x.ngpus), y.ngpus)
         dst = np.tile(np.arange(oy, oy + y.ngpus), x.ngpus)
         self._note_origin(b, at, "nic")
@@ -716,6 +787,22 @@ class _Walker:
             raise self.err(at, f"the cluster has more than {MAX_LINKS} links")
         b.add_links(src, dst, pm.ravel(), mergeable=True)
         b.add_links(dst, src, pm.ravel(), mergeable=True)
+
+    def _node_nics(self, b: TopologyBuilder, nd: _Node, off: int, nic_of, nic_table, at: Location, kinds: dict):
+        """A node's distinct NICs, their parameter kinds and each GPU's index among them, once per node
+        (``internode = all`` asks for every node once per other node)."""
+        cache = b.__dict__.setdefault("_node_nics", {})
+        got = cache.get(nd.name)
+        if got is None:
+            arr = nic_of[off:off + nd.ngpus]
+            missing = np.nonzero(arr < 0)[0]
+            if missing.size:
+                raise self.err(at, f"'interbandwidth = nic' needs a NIC for every GPU, but GPU {int(missing[0])} "
+                                   f"of {nd.name} has none (add 'define nic = [...]' after {nd.name})")
+            u = np.unique(arr)
+            k = [kinds.setdefault((nic_table[i][3], nic_table[i][4]), len(kinds)) for i in u.tolist()]
+            got = cache[nd.name] = (u, k, np.searchsorted(u, arr))
+        return got
 
     def describe_rank(self, b: TopologyBuilder, r: int) -> str:
         for nd in b.nodes:

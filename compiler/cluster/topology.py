@@ -52,6 +52,12 @@ DEFAULT_ALPHA_US: dict[str, Fraction] = {
 DEFAULT_CHUNK_SIZE = 1 << 20
 
 GB = 10**9  # bandwidths are written in GB/s, 1 GB = 10^9 bytes
+#: the largest logical capacity C = ceil(tau_ref / tau) * lanes of one link or shared group. Every
+#: consumer (the synthesiser's flows, the simulator's per-step counts, the topology summary) holds
+#: it in int32 / int64 arithmetic; real clusters stay below 10**6 (link speeds within 10**3 of one
+#: another, at most a few dozen lanes), so a larger one means speeds apart by about 10**9 or more:
+#: a typing slip, refused at the link instead of overflowing later.
+MAX_LOGICAL_CAPACITY = (1 << 31) - 1
 US = Fraction(1, 10**6)
 
 
@@ -155,6 +161,16 @@ class DuplicateLinkError(ValueError):
         super().__init__(f"links {first} and {second} are the same (src, dst, class)")
         self.first = first
         self.second = second
+
+
+class CapacityError(ValueError):
+    """A link parameter entry (``kind`` "param", its index in the builder's parameters) or a shared
+    group (``kind`` "group", its index) whose logical capacity exceeds :data:`MAX_LOGICAL_CAPACITY`;
+    ``ref``: the parameter index of the slowest link (the one that sets tau_ref)."""
+
+    def __init__(self, kind: str, index: int, capacity: int, ref: int):
+        self.kind, self.index, self.capacity, self.ref = kind, index, capacity, ref
+        super().__init__(f"{kind} {index}: logical capacity {capacity} is over {MAX_LOGICAL_CAPACITY}")
 
 
 class TopologyBuilder:
@@ -309,8 +325,13 @@ class Topology:
         used = np.unique(self.link_param)
         taus = [chunk_time(p.alpha_us, p.bandwidth_gbps, self.chunk_size) for p in params]
         self.tau_ref_exact: Fraction | None = max((taus[i] for i in used), default=None)
+        ref = -1
         if self.tau_ref_exact is not None:
             pcap = [logical_capacity(self.tau_ref_exact, t, p.lanes) for t, p in zip(taus, params)]
+            ref = next(i for i in used.tolist() if taus[i] == self.tau_ref_exact)
+            for i in used.tolist():
+                if pcap[i] > MAX_LOGICAL_CAPACITY:
+                    raise CapacityError("param", i, pcap[i], ref)
         else:
             pcap = [p.lanes for p in params]
         codes = np.array([CLASS_CODE[p.cls] for p in params] or [0], dtype=np.int8)
@@ -332,6 +353,8 @@ class Topology:
             tau_g = chunk_time(p.alpha_us, p.bandwidth_gbps, self.chunk_size)
             cg = (logical_capacity(self.tau_ref_exact, tau_g, p.lanes)
                   if self.tau_ref_exact is not None else p.lanes)
+            if cg > MAX_LOGICAL_CAPACITY:
+                raise CapacityError("group", gid, cg, ref)
             glist.append(SharedGroup(gid, kind, direction, label, np.asarray(members, np.int64),
                                      p.bandwidth_gbps, p.lanes, p.alpha_us, cg))
         self.groups: tuple[SharedGroup, ...] = tuple(glist)

@@ -14,23 +14,34 @@ int64 array with one entry per row.
   iteration index ``i``, still vectorised across the outer rows (rows active where ``i < trip``).
 
 The result equals plain sequential (Python) semantics; tests compare against a naive interpreter.
-Bounds (iterations, transfers, integer magnitude, division by zero, range step 0) are checked
-before the work they guard, and reported at the offending construct with the loop values of the
+Bounds (iterations, transfers, total work, integer magnitude, division by zero, range step 0) are
+checked before the work they guard, and reported at the offending construct with the loop values of the
 first offending row, e.g. ``division by zero (n=3, r=0)``. The rows of an array result are scanned
 for overflow only when what is known of its operands' magnitudes (scalars, loop ranges, earlier
 results) does not already rule it out.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm, TransferSite
-from hccc.util.diagnostics import CompileError, Location
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, printable
 from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
                           Transfer, Var, gc_paused)
 
 DEFAULT_MAX_TRANSFERS = 10 ** 7
 DEFAULT_MAX_ITERATIONS = 10 ** 8
+#: The evaluator's total work, in units of one row of one vectorised operation. Measured (CPython
+#: 3.11, numpy, one core): a vectorised operation costs about 10 ns a row, and one statement run
+#: once (by a loop with a carried name, which runs its body iteration by iteration) about 5 us, so
+#: :data:`STATEMENT_COST` row units. The default budget is about 1.5 s of evaluation at those rates
+#: and leaves room for the largest programs the transfer limit admits (10**7 transfers from a
+#: loop of a few operations a row: about 7 * 10**7 units); ``HCCC_MAX_RCCL_WORK`` raises it.
+DEFAULT_MAX_WORK = 150_000_000
+#: the work of running one statement (or one iteration of a loop) once, in row units (see above)
+STATEMENT_COST = 500
 # An expanded loop materialises at most this many rows at once; bigger loops run in pieces
 # (contiguous parent rows, or iteration ranges of one row) so memory stays bounded.
 CHUNK_ROWS = 1 << 22
@@ -262,10 +273,13 @@ def _full(n: int, v) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- evaluator
 class Evaluator:
-    def __init__(self, program: Program, max_transfers: int, max_iterations: int):
+    def __init__(self, program: Program, max_transfers: int, max_iterations: int,
+                 max_work: int = DEFAULT_MAX_WORK):
         self.program = program
         self.max_transfers = max_transfers
         self.max_iterations = max_iterations
+        self.max_work = max_work
+        self.work = 0
         self.iterations = 0
         self.ntransfers = 0
         self.blocks: list[list] = [[] for _ in program.transfers]
@@ -278,6 +292,16 @@ class Evaluator:
             if suffix:
                 msg = f"{msg} {suffix}"
         raise CompileError.at(loc, msg)
+
+    def _charge(self, units: int, loc: Location) -> None:
+        """Count ``units`` of work (:data:`DEFAULT_MAX_WORK`) before doing it; past the budget,
+        a located error at the construct that would do it."""
+        self.work += units
+        if self.work > self.max_work:
+            raise CompileError.at(loc, f"evaluation work limit exceeded: the program needs more than "
+                                       f"{self.max_work} units of work (one unit: one row of one "
+                                       f"operation; one statement run once: {STATEMENT_COST}); write "
+                                       f"fewer nested loops, or set HCCC_MAX_RCCL_WORK to raise the limit")
 
     # ---------------------------------------------------------------- expressions
     def ev(self, e, f: Frame, memo: dict | None = None):
@@ -296,6 +320,8 @@ class Evaluator:
             if r is None:
                 a, ba = self._ev(e.left, f, memo)
                 b, bb = self._ev(e.right, f, memo)
+                if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                    self._charge(f.n, e.loc)
                 r = memo[e.key] = self._binop(e, a, b, f, ba, bb)
             return r
         if t is Var:
@@ -376,6 +402,7 @@ class Evaluator:
     def block(self, stmts: list, f: Frame) -> None:
         memo: dict = {}   # see _ev; emptied whenever a statement may change f's variables
         for s in stmts:
+            self._charge(STATEMENT_COST + f.n, s.loc)
             t = type(s)
             if t is Transfer:
                 self.transfer(s, f, memo)
@@ -480,6 +507,7 @@ class Evaluator:
             return
         if s.direct_transfers and self.ntransfers + total > self.max_transfers:
             self._too_many_transfers(s.direct_transfers[0])
+        self._charge(total, s.loc)           # the expanded rows, or the sequential loop's indices
         if s.carried:
             self.sequential(s, f, start, step, t)
         elif total <= CHUNK_ROWS:
@@ -595,6 +623,7 @@ class Evaluator:
         n = f.n
         maxt = int(t.max()) if isinstance(t, np.ndarray) else t
         for i in range(maxt):
+            self._charge(STATEMENT_COST, s.loc)
             if isinstance(t, np.ndarray) and not (t > i).all():
                 active = np.flatnonzero(t > i)
                 m = len(active)
@@ -672,9 +701,23 @@ class Evaluator:
         )
 
 
+def work_budget() -> int:
+    """The work budget: ``HCCC_MAX_RCCL_WORK`` (a positive number of units) or
+    :data:`DEFAULT_MAX_WORK`."""
+    text = os.environ.get("HCCC_MAX_RCCL_WORK", "").strip().replace("_", "")
+    if not text:
+        return DEFAULT_MAX_WORK
+    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) <= 0:
+        raise CompileError([Diagnostic(f"HCCC_MAX_RCCL_WORK must be a positive number of work units, "
+                                       f"got {printable(text, limit=40)!r}", None)])
+    return int(text)
+
+
 def evaluate(program: Program, *, max_transfers: int = DEFAULT_MAX_TRANSFERS,
-             max_iterations: int = DEFAULT_MAX_ITERATIONS) -> Algorithm:
-    """Evaluate a parsed program into an :class:`Algorithm` (bounded; errors are located)."""
+             max_iterations: int = DEFAULT_MAX_ITERATIONS, max_work: int | None = None) -> Algorithm:
+    """Evaluate a parsed program into an :class:`Algorithm` (bounded by iterations, transfers
+    and total work, :data:`DEFAULT_MAX_WORK`; errors are located)."""
+    budget = work_budget() if max_work is None else max_work
     with gc_paused():
         analyze(program)
-        return Evaluator(program, max_transfers, max_iterations).run()
+        return Evaluator(program, max_transfers, max_iterations, budget).run()

@@ -52,7 +52,7 @@ import numpy as np
 
 from hccc.util.limits import loads_json
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
-from hccc.compiler.cluster.topology import Topology, TopologyBuilder
+from hccc.compiler.cluster.topology import MAX_LOGICAL_CAPACITY, CapacityError, Topology, TopologyBuilder
 from hccc.util.plural import plural
 
 MAX_GPUS_PER_NODE = 1024
@@ -281,7 +281,13 @@ def parse_taccl(text: str, name: str = "<input>") -> Topology:
             label = f"node{node + 1} nic{local} (GPUs {local * per}..{local * per + per - 1})"
             b.add_group("nic", "egress", label + " egress", ids[nic_of[src] == n_id], bw, 1, r_alpha)
             b.add_group("nic", "ingress", label + " ingress", ids[nic_of[dst] == n_id], bw, 1, r_alpha)
-    return b.build(chunk)
+    try:
+        return b.build(chunk)
+    except CapacityError as exc:
+        raise CompileError([Diagnostic(
+            f"the profile's link speeds are too far apart: one link holds {exc.capacity} chunks in the "
+            f"slowest link's chunk time (its logical capacity), over the limit of {MAX_LOGICAL_CAPACITY}",
+            Location(p.src, 1, 1))]) from None
 
 
 def load_taccl(path: str | Path) -> Topology:

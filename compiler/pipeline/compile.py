@@ -120,7 +120,7 @@ def codegen(ctx: CompileContext) -> dict:
     from hccc.compiler.backend.output_dir import atomic_output_dir
     from hccc.compiler.pipeline.emitters import kernel_emitter
     emitter = kernel_emitter(ctx.options.codegen)
-    ctx.staging = Path(ctx.output.enter_context(atomic_output_dir(ctx.outdir)))
+    ctx.staging = Path(ctx.output.enter_context(atomic_output_dir(ctx.outdir, _inputs(ctx))))
     files, phases = emitter.make(ctx, ctx.staging)
     for name, text in ctx.exports.items():
         path = ctx.staging / name
@@ -166,6 +166,7 @@ def context_for(source, opts: CompileOptions | None = None, *, cluster=None, cos
                          xml_limits=xml_limits, times=times or StageTimes())
     if isinstance(source, (str, Path)):
         from hccc.compiler.pipeline.readers import read_input
+        ctx.inputs.append(Path(source))
         source = ctx.times.run("parse", read_input, source, ctx.options)
     if hasattr(source, "prims"):
         ctx.ir = source
@@ -180,8 +181,15 @@ def compile(ctx: CompileContext, outdir: str | Path) -> CompileContext:   # noqa
     compile leaves it untouched). ``ctx.ir``, ``ctx.files`` and ``ctx.notes`` (warnings for the
     user, e.g. an export refused past a runtime limit: the kernels are still written) hold the
     outcome."""
+    from hccc.compiler.backend.output_dir import check_output_dir
+    check_output_dir(outdir, _inputs(ctx))      # before any pass: never replace or remove an input
     ctx.outdir = Path(outdir)
     return run_passes(ctx, compile_passes())
+
+
+def _inputs(ctx: CompileContext) -> list[Path]:
+    """The files the compile read: the algorithm's path and the cluster's."""
+    return [*ctx.inputs, *([ctx.cluster.path] if ctx.cluster is not None else [])]
 
 
 def build(ctx: CompileContext):

@@ -78,6 +78,7 @@ class CompileContext:
     cost_model: "CostModel | None" = None
     xml_limits: Any = None
     outdir: Path | None = None
+    inputs: list[Path] = field(default_factory=list)     #: the files read (never replaced or removed)
     times: StageTimes = field(default_factory=StageTimes)
     dag: Any = None
     schedule: Any = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, read_input_bytes
 
 #: bytes a ``claims`` test sees (the start of the file)
 HEAD_BYTES = 4096
@@ -70,11 +70,12 @@ def algorithm_suffixes() -> tuple[str, ...]:
 
 
 def _head(path: Path) -> bytes:
+    """The first bytes of ``path`` through the input checks (a FIFO or device is never opened
+    for a blocking read: the sniff sees nothing and the reader's own read refuses it)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(HEAD_BYTES)
-    except OSError:
-        return b""      # the reader's own open reports it, located
+        return read_input_bytes(path, head=HEAD_BYTES)
+    except CompileError:
+        return b""      # the reader's own read reports it
 
 
 def reader_for(path: str | Path) -> Reader:

@@ -55,6 +55,12 @@ def run(args) -> int:
     from hccc.compiler.pipeline import StageTimes, compile as passes
     from hccc.runtime import compile as hccc_compile
 
+    from hccc.compiler.backend.output_dir import check_not_an_input, check_output_dir
+    inputs = [args.algo] + ([args.topology] if args.topology else [])
+    if not args.list_outputs:         # before any work: never write over, or remove, what is read
+        check_output_dir(args.output, inputs)
+        if args.depfile:
+            check_not_an_input(args.depfile, inputs)
     times = StageTimes()
     opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen, direct=args.direct,
                            xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)
@@ -80,7 +86,6 @@ def run(args) -> int:
         sys.stderr.write(f"hccc: warning: {note}\n")
     if args.depfile:
         from hccc.compiler.backend.depfile import write_depfile
-        inputs = [args.algo] + ([args.topology] if args.topology else [])
         write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
     st = ir.stats
     subp = st.get("subpipelines")

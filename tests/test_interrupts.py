@@ -1,0 +1,141 @@
+"""Ctrl-C during ``hccc run`` or ``hccc synth`` ends with exit status 130 and one line, never with
+SIGSEGV: the workers (the emulated kernel threads, the simulator's engine) are stopped before
+anything they use is freed."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.launcher import Runner
+
+ROOT = Path(__file__).resolve().parents[1]
+HCCC = [sys.executable, "-m", "hccc.cli"]
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+#: an interrupted command must be gone within this (the kernels' abort grace included)
+GONE_S = 60
+
+
+@needs_gxx
+def test_an_interrupt_stops_the_kernels_before_their_buffers_are_freed(monkeypatch):
+    """Ctrl-C arriving while the kernels run (here: as the wait for them starts): every buffer is
+    freed only after every launch has ended (the stream has nothing pending)."""
+    ir = build_program(gen.ring_allgather(4), chunk_bytes=256)
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2, direct="off") as runner:
+        assert runner.run(count=4 * 4096).ok          # built and warm
+        pf = runner.rank_pf[0]
+        frees, real_free = [], pf.free
+
+        def free(ptr):
+            frees.append(any(s.pending for s in pf._streams))
+            return real_free(ptr)
+
+        def interrupted(limit):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(pf, "free", free)
+        monkeypatch.setattr(runner, "_wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(count=4 * 4096, iters=3)
+        assert frees and not any(frees), "a buffer was freed while a launch was still pending"
+        monkeypatch.undo()
+        assert runner.run(count=4 * 4096).ok          # the runner is still usable
+
+
+def test_deferred_interrupts_hold_ctrl_c_until_the_block_ends():
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done = True                                # reached: the interrupt waited
+    assert done
+    # an exception leaving the block is not replaced by the held interrupt
+    with pytest.raises(ValueError):
+        with deferred_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise ValueError("kept")
+
+
+def _interrupt(args: list[str], after_line: str | None, delay: float) -> tuple[int, str]:
+    """Start hccc, wait for a line of its stderr (when given), then ``delay`` seconds, send SIGINT;
+    (exit status, stderr)."""
+    p = subprocess.Popen([*HCCC, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, env=dict(os.environ, HCCC_DEBUG=""))
+    seen = []
+    try:
+        if after_line is not None:
+            for line in p.stderr:
+                seen.append(line)
+                if after_line in line:
+                    break
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        rest = p.communicate(timeout=GONE_S)[1]
+    except BaseException:
+        p.kill()
+        p.communicate()
+        raise
+    return p.returncode, "".join(seen) + rest
+
+
+@needs_gxx
+@pytest.mark.parametrize("delay", [0.05, 0.4, pytest.param(0.9, marks=pytest.mark.slow),
+                                   pytest.param(1.6, marks=pytest.mark.slow)])
+def test_ctrl_c_during_hccc_run_exits_130(delay):
+    """Interrupts while the kernels run (after the run's first line), at several points."""
+    code, err = _interrupt(["run", str(ROOT / "examples" / "direct_allgather_8.rccl"), "-b", "16M", "-e", "16M",
+                            "-n", "200", "-w", "0"], "running", delay)
+    assert code == 130, f"exit {code}: {err[-2000:]}"
+    assert err.rstrip().splitlines()[-1] == "hccc: interrupted"
+
+
+@pytest.mark.parametrize("delay", [1.0, pytest.param(2.0, marks=pytest.mark.slow),
+                                   pytest.param(3.0, marks=pytest.mark.slow)])
+def test_ctrl_c_during_hccc_synth_exits_130(tmp_path, delay):
+    code, err = _interrupt(["synth", str(ROOT / "examples" / "clusters" / "a100_topo1.topo"), "--collective",
+                            "allgather", "-o", str(tmp_path / "x.rccl")], None, delay)
+    assert code in (130, 0), f"exit {code}: {err[-2000:]}"      # 0: it finished first
+    if code == 130:
+        assert err.rstrip().splitlines()[-1] == "hccc: interrupted"
+        assert not (tmp_path / "x.rccl").exists()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_ctrl_c_during_an_smt_check_reaches_hccc():
+    """z3 would swallow Ctrl-C during a check (it cancels the check and says nothing); hccc synth
+    turns that off, so the interrupt is raised once the check returns."""
+    z3 = pytest.importorskip("z3")
+    from hccc.cli import _ctrl_c_reaches_hccc_through_z3
+    x = [z3.Int(f"x{i}") for i in range(40)]
+    s = z3.Solver()
+    s.set("timeout", 1500)
+    for i in range(39):                      # nonlinear: no answer within the timeout
+        s.add(x[i] * x[i] + 3 * x[i + 1] * x[i + 1] * x[i] == 7 * x[(i * 7) % 40] + 11)
+
+    def raise_(signum, frame):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGINT, raise_)
+    try:
+        _ctrl_c_reaches_hccc_through_z3()
+        import threading
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(_Interrupted):
+            s.check()
+            time.sleep(0.5)                  # a handler run late still lands inside the block
+    finally:
+        signal.signal(signal.SIGINT, old)
+        z3.set_param("ctrl_c", True)
