@@ -300,19 +300,23 @@ class HcccProcessGroup(dist.ProcessGroup):
         (their contents), the device map and hccc's version. Paths are shown, contents compared
         (two ranks may read the same files from different places)."""
         src = self.options._sources
+
+        def given(key: str) -> str:
+            label = src.get(key, "")
+            return f" (given as {label})" if label.startswith("Options(") else ""
         cat = self.catalog
         out = {}
-        name = f"the algorithm catalog ({src.get('catalog', 'HCCC_ALGO_DIR')})"
-        out[name] = [cat.fingerprint, (f"{len(cat.entries)} entries from {cat.directory} "
-                                       f"[{cat.fingerprint[:12]}]") if cat.directory is not None
-                     else "(not set: the built-in catalog)"]
-        for key, label, value in (("cluster", src.get("cluster", "HCCC_CLUSTER"), self.options.cluster),
-                                  ("topology", "HCCC_TOPOLOGY", self.options.topology)):
+        out["the algorithm catalog (HCCC_ALGO_DIR)"] = [
+            cat.fingerprint, (f"{len(cat.entries)} entries from {cat.directory} [{cat.fingerprint[:12]}]"
+                              f"{given('catalog')}") if cat.directory is not None
+            else "(not set: the built-in catalog)"]
+        for key, env, value in (("cluster", "HCCC_CLUSTER", self.options.cluster),
+                                ("topology", "HCCC_TOPOLOGY", self.options.topology)):
             if value is None:
-                out[label] = ["", "(not set)"]
+                out[env] = ["", "(not set)"]
             else:
                 d = _file_digest(value)
-                out[label] = [d, f"{value} [{d[:12]}]"]
+                out[env] = [d, f"{value} [{d[:12]}]{given(key)}"]
         dmap = ",".join(f"{d}:{b}" for d, b in sorted(self.device_backends.items()))
         out["the device map"] = [dmap, dmap]
         from hccc import __version__
