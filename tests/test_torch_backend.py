@@ -685,3 +685,19 @@ def test_avg_of_float16_40000_and_float32_3e38_on_two_ranks_through_the_delegate
         assert torch.equal(res[0], torch.full((4,), 30000.0, dtype=torch.float16))
         assert torch.equal(res[1], torch.full((4,), 2.25e38, dtype=torch.float32))
         assert torch.equal(res[2], torch.full((4,), 100, dtype=torch.int32))
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, monkeypatch):
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    from torch_ranks import builtin_job, spawn
+    res = _ok(spawn(builtin_job, 2, tmp_path))
+    for r, rep in enumerate(res):
+        assert all(rep["checks"].values()), (r, rep["checks"])
+        carried = rep["stats"]["carried"]
+        assert carried["allreduce"]["float32"] == 1 and carried["allreduce"]["float16"] == 1
+        assert carried["allreduce"]["int32"] == 1 and carried["reducescatter"]["float32"] == 1
+        assert carried["broadcast"]["float32"] == 1 and carried["allgather"]["float32"] == 1
+        assert rep["stats"]["fallback"] == {}, rep["stats"]["reasons"]

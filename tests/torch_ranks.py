@@ -185,3 +185,44 @@ def bad_input_job(rank: int, world: int, url: str, timeout_s: float):
         dist.all_reduce(torch.ones(8), group=g)
     attempt("dead rank", die)
     return seen
+
+
+def builtin_job(rank: int, world: int, url: str):
+    """No catalog and no environment: the built-in catalog carries the calls; each result against
+    its definition (torch arithmetic on inputs every rank recomputes, the AVGs at values whose
+    sum overflows the dtype); returns the stats."""
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    init("hccc", rank, world, url)
+    n = 64 * world
+    checks = {}
+
+    def inp(r, dtype=torch.float32, k=n):
+        return (torch.arange(k) % 13 + 7 * r).to(dtype)
+    t = inp(rank)
+    dist.all_reduce(t)
+    checks["allreduce"] = torch.equal(t, sum(inp(r) for r in range(world)))
+    t = torch.full((n,), 40000.0 - 1000 * rank, dtype=torch.float16)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    want = torch.tensor(sum(40000.0 - 1000 * r for r in range(world)) / world).to(torch.float16)
+    checks["allreduce avg float16"] = bool((t == want).all())
+    big = torch.full((n,), 3e38, dtype=torch.float32)
+    out = torch.empty(n // world)
+    dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
+    checks["reduce_scatter avg float32"] = bool(torch.isclose(out, torch.tensor(3e38), rtol=1e-6).all())
+    t = torch.full((n,), 3e38, dtype=torch.float32)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
+    checks["reduce avg float32"] = (rank != 0) or bool(torch.isclose(t, torch.tensor(3e38), rtol=1e-6).all())
+    t = inp(rank, torch.int32)
+    dist.all_reduce(t)
+    checks["allreduce int32"] = torch.equal(t, sum(inp(r, torch.int32) for r in range(world)))
+    t = inp(rank)
+    dist.broadcast(t, src=world - 1)
+    checks["broadcast"] = torch.equal(t, inp(world - 1))
+    o = torch.empty(n * world)
+    dist.all_gather_into_tensor(o, inp(rank))
+    checks["allgather"] = torch.equal(o, torch.cat([inp(r) for r in range(world)]))
+    dist.barrier()
+    return {"checks": checks, "stats": hccc.torch.stats()}

@@ -282,6 +282,9 @@ class HcccProcessGroup(dist.ProcessGroup):
                          "entries": Counter(), "reasons": Counter(), "protos": Counter()}
         #: calls hccc's kernels carried, per collective and dtype
         self.carried: dict[str, Counter] = defaultdict(Counter)
+        #: seconds the worker spent on calls, per route kind and collective (where a step's time
+        #: goes: benchmarks/torch_backend.py)
+        self.seconds: dict[str, Counter] = defaultdict(Counter)
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._worker, name=f"hccc-pg-{rank}", daemon=True)
@@ -621,6 +624,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             dtype = kernel_dtype(acc if acc is not None else result_dtype)
 
             def fn():
+                t0 = time.perf_counter()
                 if ready is not None:
                     ready.synchronize()
                 seq, tag = self._next_call(text)
@@ -638,22 +642,25 @@ class HcccProcessGroup(dist.ProcessGroup):
                     comm.watch = None
                 self._ledger_settle(seq, text, tag)
                 self.counters["protos"][comm.last_proto] += 1     # auto: LL for small calls
+                self.seconds["hccc"][coll] += time.perf_counter() - t0
         else:
             backend = self._delegate(dev.type)
 
             def fn():
+                t0 = time.perf_counter()
                 if ready is not None:
                     ready.synchronize()
                 if text is None:
                     work = run_delegate(backend)
                     if work is not None:
                         work.wait()
-                    return
-                seq, tag = self._next_call(text)
-                work = run_delegate(backend)
-                if work is not None:
-                    self._wait_delegate(work, seq, text, tag)
-                self._ledger_settle(seq, text, tag)
+                else:
+                    seq, tag = self._next_call(text)
+                    work = run_delegate(backend)
+                    if work is not None:
+                        self._wait_delegate(work, seq, text, tag)
+                    self._ledger_settle(seq, text, tag)
+                self.seconds[kind][coll] += time.perf_counter() - t0
         return self._enqueue(fn, result)
 
     def _ledger_settle(self, seq: int, text: str, tag: int) -> None:
@@ -1066,7 +1073,9 @@ def _result_dtype(result):
 
 def stats(group=None) -> dict:
     """How this process's calls on ``group`` (default: the default group) went: ``hccc`` and
-    ``fallback`` / ``delegated`` (calls per collective), ``entries`` (calls per catalog entry),
+    ``fallback`` / ``delegated`` (calls per collective), ``carried`` (calls hccc's kernels ran, per
+    collective and dtype), ``seconds`` (the worker's time on calls, per route kind and collective),
+    ``entries`` (calls per catalog entry),
     ``reasons`` (calls per fallback reason), ``protos`` (hccc calls per FIFO protocol the
     Communicator chose by size: ``ll``, ``simple``)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
@@ -1074,6 +1083,7 @@ def stats(group=None) -> dict:
         raise ValueError(f"not an hccc process group: {pg!r}")
     out = {k: dict(v) for k, v in pg.counters.items()}
     out["carried"] = {coll: dict(per) for coll, per in pg.carried.items()}
+    out["seconds"] = {kind: dict(per) for kind, per in pg.seconds.items()}
     return out
 
 
