@@ -701,3 +701,7 @@ def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, mo
         assert carried["allreduce"]["int32"] == 1 and carried["reducescatter"]["float32"] == 1
         assert carried["broadcast"]["float32"] == 1 and carried["allgather"]["float32"] == 1
         assert rep["stats"]["fallback"] == {}, rep["stats"]["reasons"]
+        # ranks whose calls differ only in torch's op: refused on both, at once, naming both calls
+        assert rep["mismatch"] and "must make the same calls" in rep["mismatch"], rep["mismatch"]
+        assert "made allreduce(op=avg" in rep["mismatch"] and "made allreduce(op=sum" in rep["mismatch"]
+        assert rep["mismatch_s"] < 10.0

@@ -225,4 +225,12 @@ def builtin_job(rank: int, world: int, url: str):
     dist.all_gather_into_tensor(o, inp(rank))
     checks["allgather"] = torch.equal(o, torch.cat([inp(r) for r in range(world)]))
     dist.barrier()
-    return {"checks": checks, "stats": hccc.torch.stats()}
+    stats = hccc.torch.stats()
+    # the last call: AVG on rank 0, SUM on the others, both on hccc's sum kernel
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(n), op=dist.ReduceOp.AVG if rank == 0 else dist.ReduceOp.SUM)
+        mismatch = None
+    except Exception as exc:
+        mismatch = f"{type(exc).__name__}: {exc}"
+    return {"checks": checks, "stats": stats, "mismatch": mismatch, "mismatch_s": time.monotonic() - t0}
