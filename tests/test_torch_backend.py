@@ -3,7 +3,9 @@
 Default set (seconds, one process): the catalog's choice per call against a brute-force oracle
 (hypothesis), ``catalog.json`` errors, ``hccc catalog``, ranks that disagree on the catalog, and
 the backend in a one-rank group (registration, device maps, fallback with reasons, async work and
-futures, the refusal under CUDA graph capture). Slow set (4 processes each): every collective
+futures, the refusal under CUDA graph capture); 2 and 3 ranks in threads of one process on the
+delegate: calls that disagree (op, kind, root), inputs to the choice and set-up failures named on
+every rank, AVG at every dtype's edges against an exact oracle. Slow set (4 processes each): every collective
 through the CPU emulation against its definition; DDP and FSDP ``fully_shard`` training, 20 steps,
 equal to gloo after every step, with counters proving hccc's kernels carried the collectives; the
 example under ``torchrun --nproc-per-node 4``; bad input and a dead rank give every rank an error

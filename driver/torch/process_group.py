@@ -20,9 +20,13 @@ GPU tensors: the call records an event on the caller's current stream; the worke
 then the Communicator runs its kernel on its own stream and waits for it, so the tensors are
 ready once the work completes (this path has not been run on a GPU here).
 
-Failures: the Communicator's own checks (mismatched calls, a dead rank: an error on every rank
-within the timeout) surface from ``wait()``; a catalog that differs between ranks is an error on
-every rank when the group is made; the delegate gets the group's timeout.
+Agreement: every rank's calls are numbered, described (kind, torch's op, dtype, counts, root) and
+compared (:mod:`hccc.torch.ledger`): ranks whose calls differ all get a :class:`CallMismatch` at
+once, on any route. When the group is made, every input to the choice of algorithm (catalog,
+``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map, version) and every rank's set-up outcome are
+compared: a difference or a failure is an error on every rank naming the ranks. Other failures are
+the Communicator's (a dead rank: an error on every rank within the timeout), surfacing from
+``wait()``; the delegate gets the group's timeout.
 """
 from __future__ import annotations
 
@@ -107,10 +111,12 @@ def capture_active() -> bool:
 class Options:
     """The backend's options (``init_process_group(..., pg_options=Options(...))``; subgroups
     inherit the default group's). ``catalog``: the algorithm directory (default: the
-    ``HCCC_ALGO_DIR`` environment variable; none: every call goes to the delegate). ``cluster``:
-    a cluster description (``.topo`` or TACCL ``.json``; default ``HCCC_CLUSTER``) whose simulated
-    times break ties between entries. ``kernel_timeout_s``: the kernels' spin-wait limit
-    (default: the group's timeout, at most 30 s)."""
+    ``HCCC_ALGO_DIR`` environment variable; none: the built-in catalog, :mod:`hccc.torch.builtin`).
+    ``cluster``: a cluster description (``.topo`` or TACCL ``.json``; default ``HCCC_CLUSTER``)
+    whose simulated times break ties between entries. ``topology``: the machine's ``.topo``
+    (default ``HCCC_TOPOLOGY``), the tie-break where no cluster is given. ``kernel_timeout_s``: the
+    kernels' spin-wait limit (default: the group's timeout, at most 30 s). Every rank must resolve
+    them alike (compared when the group is made)."""
 
     catalog: str | os.PathLike | None = None
     cluster: str | os.PathLike | None = None
