@@ -72,8 +72,11 @@ class StoreBootstrap(Bootstrap):
     """All-gather and barrier through a ``torch.distributed.Store``."""
 
     def __init__(self, store, rank: int, world_size: int, *, name: str = "comm",
-                 timeout_s: float = 60.0, owned: bool = False):
+                 timeout_s: float = 60.0, owned: bool = False, watch=None):
         self.store, self.rank, self.world_size = store, int(rank), int(world_size)
+        #: a callable polled while a step waits: a reason to give up (the caller knows the peers
+        #: went elsewhere), or None
+        self.watch = watch
         self.timeout_s = float(timeout_s)
         self._owned = owned
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "comm"
@@ -105,6 +108,9 @@ class StoreBootstrap(Bootstrap):
             missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
             if not missing:
                 break
+            why = self.watch() if self.watch is not None else None
+            if why:
+                raise BootstrapError(f"{why} (communicator set-up, step '{tag}')")
             failure = self._peer_failure()
             if failure is not None:
                 raise BootstrapError(f"the set-up failed on {failure} (communicator set-up, step "

@@ -707,3 +707,7 @@ def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, mo
         assert rep["mismatch"] and "must make the same calls" in rep["mismatch"], rep["mismatch"]
         assert "made allreduce(op=avg" in rep["mismatch"] and "made allreduce(op=sum" in rep["mismatch"]
         assert rep["mismatch_s"] < 10.0
+        # two different algorithms, neither set up yet: named at once too, not at the timeout
+        assert rep["apart"] and "made allreduce(op=sum" in rep["apart"] and "made broadcast(" in rep["apart"], \
+            rep["apart"]
+        assert rep["apart_s"] < 30.0

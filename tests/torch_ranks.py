@@ -233,4 +233,18 @@ def builtin_job(rank: int, world: int, url: str):
         mismatch = None
     except Exception as exc:
         mismatch = f"{type(exc).__name__}: {exc}"
-    return {"checks": checks, "stats": stats, "mismatch": mismatch, "mismatch_s": time.monotonic() - t0}
+    mismatch_s = time.monotonic() - t0
+    # a new group: an all_reduce on rank 0, a broadcast on the others (two algorithms whose
+    # communicators are not made yet: their set-ups would wait for each other)
+    g = dist.new_group(list(range(world)))
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(n), group=g)
+        else:
+            dist.broadcast(torch.ones(n), src=0, group=g)
+        apart = None
+    except Exception as exc:
+        apart = f"{type(exc).__name__}: {exc}"
+    return {"checks": checks, "stats": stats, "mismatch": mismatch, "mismatch_s": mismatch_s,
+            "apart": apart, "apart_s": time.monotonic() - t0}

@@ -24,7 +24,6 @@ the ranks agree on the catalog without exchanging it. The choice between entries
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from hccc.catalog import Catalog, Entry
@@ -97,12 +96,13 @@ class BuiltinCatalog(Catalog):
     #: entries appear as calls ask for them (the process group routes to it while it is empty)
     lazy = True
 
-    def __init__(self, world: int, nodes: list[str], topology=None, cache_dir=None):
+    def __init__(self, world: int, nodes: list[str], cache_dir=None):
+        from hccc.runtime.cache import content_key
         self.world = int(world)
         self.nodes = list(nodes)
         self._cache_dir = cache_dir
-        key = hashlib.sha256(repr(("builtin", self.world, self.nodes)).encode()).hexdigest()
-        super().__init__(None, [], key)
+        # what every rank derives its entries from (content_key adds hccc's version)
+        super().__init__(None, [], content_key("builtin catalog", self.world, "\0".join(self.nodes)))
         self._made: dict[tuple[str, int | None], list[Entry]] = {}
 
     def _entries(self, collective: str, root: int | None) -> list[Entry]:

@@ -387,7 +387,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             self._ledger = ledger
         if self.options.catalog is None and not self.disabled:
             from hccc.torch.builtin import BuiltinCatalog
-            self.catalog = BuiltinCatalog(self._size, self.nodes, self.options.topology)
+            self.catalog = BuiltinCatalog(self._size, self.nodes)
 
     def _delegate(self, dev: str):
         if dev not in self._delegates:
@@ -573,18 +573,21 @@ class HcccProcessGroup(dist.ProcessGroup):
             name = name if name != "hccc" else ("gloo" if dev == "cpu" else "nccl")
             _log_fallback(self._rank, coll, name, what)
 
-    def _communicator(self, entry, dev: torch.device, dtype: str, op: str):
+    def _communicator(self, entry, dev: torch.device, dtype: str, op: str, watch=None):
+        """The entry's Communicator, made on its first call (``watch``: polled while its set-up
+        waits for the peers, who may be making another call)."""
         key = (entry.name, dev.type)
         comm = self._comms.get(key)
         if comm is None:
             from hccc.runtime.bootstrap import StoreBootstrap
             from hccc.runtime.communicator import Communicator
             boot = StoreBootstrap(self._store, self._rank, self._size, name=f"entry/{entry.name}",
-                                  timeout_s=self.timeout_s)
+                                  timeout_s=self.timeout_s, watch=watch)
             backend = "cpu" if dev.type == "cpu" else ("hip" if torch.version.hip else "cuda")
             comm = Communicator(entry.path if entry.outdir else entry.ir, bootstrap=boot,
                                 backend=backend, device=dev.index, timeout_s=self.timeout_s,
                                 kernel_timeout_s=self.kernel_timeout_s, dtype=dtype, op=op)
+            boot.watch = None                # set up: the first call's watch has done its part
             self._comms[key] = comm
         return comm
 
@@ -634,9 +637,18 @@ class HcccProcessGroup(dist.ProcessGroup):
                 if ready is not None:
                     ready.synchronize()
                 seq, tag = self._next_call(text)
-                comm = self._communicator(entry, dev, dtype, kop)
+
+                def watch():
+                    return self._ledger.conflict(seq, text, tag)
+                try:
+                    comm = self._communicator(entry, dev, dtype, kop, watch)
+                except Exception as exc:
+                    why = watch()
+                    if why:
+                        raise self._mismatch(why) from None
+                    raise exc
                 comm.call_tag = tag
-                comm.watch = lambda: self._ledger.conflict(seq, text, tag)
+                comm.watch = watch
                 try:
                     run_hccc(comm, kop)
                 except Exception as exc:
