@@ -86,8 +86,16 @@ class Ledger:
     def close(self) -> None:
         pass
 
-    def _differs(self, r: int, seq: int, tag: int, text: str, got) -> str | None:
-        if got is None or got[0] != seq or got[1] == tag:
+    def head(self, r: int, seq: int) -> tuple[int, int] | None:
+        """(seq, digest) of rank ``r``'s slot for call ``seq``, without the text."""
+        got = self.peer(r, seq)
+        return None if got is None else (got[0], got[1])
+
+    def _differs(self, r: int, seq: int, tag: int, text: str, head) -> str | None:
+        if head is None or head[0] != seq or head[1] == tag:
+            return None
+        got = self.peer(r, seq)
+        if got is None or got[0] != seq:
             return None
         return (f"call #{seq} of the group: rank {r} made {got[2]}, rank {self.rank} made {text}; "
                 "every rank must make the same calls in the same order")
@@ -96,7 +104,7 @@ class Ledger:
         """The first peer whose call ``seq`` differs from this rank's, described; or None."""
         for r in range(self.size):
             if r != self.rank:
-                why = self._differs(r, seq, tag, text, self.peer(r, seq))
+                why = self._differs(r, seq, tag, text, self.head(r, seq))
                 if why:
                     return why
         return None
@@ -110,7 +118,7 @@ class Ledger:
         while pending:
             left = []
             for r in pending:
-                got = self.peer(r, seq)
+                got = self.head(r, seq)
                 if got is not None and got[0] >= seq:
                     why = self._differs(r, seq, tag, text, got)
                     if why:
@@ -153,6 +161,9 @@ class ShmLedger(Ledger):
         m[at + _HEAD.size:at + SLOT_BYTES] = raw + b"\0" * (TEXT_BYTES - len(raw))
         m[at + 8:at + 16] = tag.to_bytes(8, "little")
         m[at:at + 8] = seq.to_bytes(8, "little")          # the number last: the slot is complete
+
+    def head(self, r: int, seq: int):
+        return _HEAD.unpack_from(self._rings[r]._map, (seq % RING) * SLOT_BYTES)
 
     def peer(self, r: int, seq: int):
         m = self._rings[r]._map
