@@ -14,9 +14,11 @@ hosts). Then
 - while the call waits (a Communicator's host barrier or kernel, or the delegate's work), the rank
   compares its call with every peer's call of the same number (:meth:`Ledger.conflict`): a peer
   that made another call is an error at once, on both ranks, instead of a hang until the timeout;
-- after the call the rank waits until every peer has posted that number and compares
+- after a delegate's call the rank waits until every peer has posted that number and compares
   (:meth:`Ledger.settle`): two calls that completed although they differ (two delegate calls with
-  different ops) are an error on every rank too.
+  different ops) are an error on every rank too. (A call that completed on one of hccc's
+  algorithms needs no such look: every rank's call met it there, and the Communicator compared
+  their digests before its kernel ran.)
 
 The digest also goes into the Communicator's own per-call check (its ``call_tag``), so two ranks
 whose different calls reach the same algorithm are refused before the kernel touches their data.
