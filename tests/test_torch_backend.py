@@ -711,3 +711,53 @@ def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, mo
         assert rep["apart"] and "made allreduce(op=sum" in rep["apart"] and "made broadcast(" in rep["apart"], \
             rep["apart"]
         assert rep["apart_s"] < 30.0
+
+
+# ------------------------------------------------------------------------------ the call ledger
+def _ledgers(kind, world):
+    from hccc.torch.ledger import ShmLedger, StoreLedger
+    if kind == "store":
+        store = dist.HashStore()
+        ls = [StoreLedger(store, r, world) for r in range(world)]
+        for led in ls:
+            led.conflict_every_s = 0.0            # every look goes to the store
+        return ls
+    ls = [ShmLedger(r, world) for r in range(world)]
+    for led in ls:
+        led.attach([x.handle for x in ls])
+    for led in ls:
+        led.mapped()
+    return ls
+
+
+_call_texts = st.sampled_from(["allreduce(op=sum, float32, elements 8, cpu)",
+                               "allreduce(op=avg, float32, elements 8, cpu)", "barrier(cpu)",
+                               "broadcast(float32, elements 8, root 1, cpu)"])
+
+
+@pytest.mark.parametrize("kind", ["shm", "store"])
+@given(calls=st.lists(st.lists(_call_texts, min_size=3, max_size=3), min_size=1, max_size=70))
+@settings(max_examples=examples(25), deadline=None)
+def test_the_ledger_reports_a_difference_exactly_when_the_calls_differ(kind, calls):
+    """Every rank posts call after call (more than a ring's worth); after each, every rank's
+    comparison finds a difference exactly when the ranks' texts differ (the oracle: string
+    equality), and the text it gives names both calls."""
+    from hccc.torch.ledger import CallMismatch, digest
+    ls = _ledgers(kind, 3)
+    try:
+        for seq, texts in enumerate(calls, start=1):
+            for led, text in zip(ls, texts):
+                led.post(seq, text, digest(text))
+            for r, led in enumerate(ls):
+                why = led.conflict(seq, texts[r], digest(texts[r]))
+                if len(set(texts)) == 1:
+                    assert why is None
+                    led.settle(seq, texts[r], digest(texts[r]), 1.0)
+                else:
+                    other = next(t for t in texts if t != texts[r])
+                    assert why is not None and texts[r] in why and other in why, why
+                    with pytest.raises(CallMismatch):
+                        led.settle(seq, texts[r], digest(texts[r]), 1.0)
+    finally:
+        for led in ls:
+            led.close()

@@ -206,9 +206,12 @@ class StoreLedger(Ledger):
         s, t, text = bytes(self.store.get(key)).decode("utf-8", "replace").split("|", 2)
         return int(s), int(t), text
 
+    #: seconds between two looks of :meth:`conflict` at the store (the wait loops poll it often)
+    conflict_every_s = STORE_POLL_S
+
     def conflict(self, seq: int, text: str, tag: int) -> str | None:
         now = time.monotonic()
-        if now - self._last_poll < STORE_POLL_S:
+        if now - self._last_poll < self.conflict_every_s:
             return None
         self._last_poll = now
         return super().conflict(seq, text, tag)
