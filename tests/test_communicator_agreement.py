@@ -115,6 +115,7 @@ def test_tensors_whose_memory_is_not_their_values_are_refused():
         _as_buf(x.to_sparse(), "input")
 
 
+@pytest.mark.slow      # rank 1 builds its kernel before it fails (seconds, cold)
 def test_a_rank_whose_set_up_fails_fails_its_peers_at_once_with_its_reason(pool):
     """Rank 1's node name is empty: its set-up fails after the ranks have met, and rank 0's fails
     at once naming rank 1's reason (not after the timeout with "did not arrive")."""
