@@ -761,3 +761,16 @@ def test_the_ledger_reports_a_difference_exactly_when_the_calls_differ(kind, cal
     finally:
         for led in ls:
             led.close()
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_a_group_across_two_nodes_runs_the_hierarchical_built_in_algorithm(tmp_path, monkeypatch):
+    pytest.importorskip("hccc.runtime.net_ucx")
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    from torch_ranks import spawn, two_nodes_job
+    res = _ok(spawn(two_nodes_job, 4, tmp_path))
+    for r, rep in enumerate(res):
+        assert rep["ok"], r
+        assert rep["stats"]["entries"] == {"hm_allreduce_2x2": 1}, rep["stats"]

@@ -248,3 +248,23 @@ def builtin_job(rank: int, world: int, url: str):
         apart = f"{type(exc).__name__}: {exc}"
     return {"checks": checks, "stats": stats, "mismatch": mismatch, "mismatch_s": mismatch_s,
             "apart": apart, "apart_s": time.monotonic() - t0}
+
+
+def two_nodes_job(rank: int, world: int, url: str):
+    """Ranks on two nodes (``HCCC_NODE``: the first half on node a, the rest on b) with no
+    catalog: the built-in catalog's hierarchical algorithms, over the network transport."""
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    os.environ["HCCC_NODE"] = "a" if rank < world // 2 else "b"
+    os.environ.setdefault("UCX_TLS", "tcp")
+    init("hccc", rank, world, url)
+    n = 64 * world
+
+    def inp(r):
+        return (torch.arange(n) % 13 + 7 * r).to(torch.float32)
+    t = inp(rank)
+    dist.all_reduce(t)
+    ok = torch.equal(t, sum(inp(r) for r in range(world)))
+    return {"ok": ok, "stats": hccc.torch.stats()}
