@@ -10,10 +10,13 @@ catalog is ``examples/torch/catalog4`` (ring AllReduce); ``direct us`` is the me
 ``comm.all_reduce(t)`` on the communicator the backend made for that entry, ``backend us`` the
 mean of ``dist.all_reduce(t)`` on the same tensor (routing, queueing on the group's worker, the
 work object, the wait), on rank 0, in ``--rounds`` alternating blocks of ``--iters`` calls each
-(the median block is shown: the machine may be shared). DDP: a 3-layer MLP (32 -> width ->
+(the median block of each is shown, and the median over the rounds of the ratio of a round's two
+blocks: the machine may be shared, and its load drifts). DDP: a 3-layer MLP (32 -> width ->
 width -> 8) trained ``--steps`` steps after 3 warm-up steps on the group's ranks, mean step time
-on rank 0, first with backend "hccc", then with "gloo" (process groups made one after the other
-in the same processes).
+on rank 0, first with backend "hccc" (no catalog given: the built-in one, as a new user runs it),
+then with "gloo" (process groups made one after the other in the same processes); then where an
+hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
+same model's step without a process group, and the rest.
 """
 from __future__ import annotations
 
@@ -53,12 +56,32 @@ def _ddp_step_ms(backend: str, rank: int, world: int, url: str, width: int, step
     for _ in range(3):
         step()
     dist.barrier()
+    before = _calls_s(backend)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     ms = (time.perf_counter() - t0) / steps * 1e3
+    calls_ms = (_calls_s(backend) - before) / steps * 1e3
+    # the same step's computation alone (no gradient all-reduce): what the collectives add to it
+    local = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 8))
+    lopt = torch.optim.SGD(local.parameters(), lr=0.01)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        lopt.zero_grad()
+        torch.nn.functional.mse_loss(local(x), y).backward()
+        lopt.step()
+    compute_ms = (time.perf_counter() - t0) / steps * 1e3
     dist.destroy_process_group()
-    return ms
+    return {"step": ms, "calls": calls_ms, "compute": compute_ms}
+
+
+def _calls_s(backend: str) -> float:
+    """Seconds the "hccc" group's worker has spent on calls so far (nan for another backend)."""
+    if backend != "hccc":
+        return float("nan")
+    import hccc.torch
+    return sum(sum(per.values()) for per in hccc.torch.stats()["seconds"].values())
 
 
 def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds: int, width: int,
@@ -94,10 +117,14 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
             for _ in range(iters):
                 dist.all_reduce(t)
             backend.append((time.perf_counter() - t0) / iters * 1e6)
-        out["overhead"][nbytes] = (statistics.median(direct), statistics.median(backend))
+        # the ratio of each round's adjacent blocks, then their median: a shared machine's load
+        # drifts between rounds, and pairing neighbours cancels most of it
+        out["overhead"][nbytes] = (statistics.median(direct), statistics.median(backend),
+                                   statistics.median(b / d for d, b in zip(direct, backend)))
     out["carried"] = hccc.torch.stats()["hccc"].get("allreduce", 0)
     dist.destroy_process_group()
-    os.environ["HCCC_ALGO_DIR"] = str(CATALOG)
+    # DDP as a new user runs it: no catalog, no environment (the built-in catalog)
+    os.environ.pop("HCCC_ALGO_DIR", None)
     out["ddp"] = {"hccc": _ddp_step_ms("hccc", rank, world, f"file://{tmp}/store-ddp-hccc", width, steps),
                   "gloo": _ddp_step_ms("gloo", rank, world, f"file://{tmp}/store-ddp-gloo", width, steps)}
     q.put((rank, out))
@@ -133,16 +160,23 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     res = run(args.ranks, sizes, args.iters, args.rounds, args.width, args.steps)
-    rows = [[f"{n >> 10} KiB", f"{d:.0f}", f"{b:.0f}", f"{b / d:.2f}x"]
-            for n, (d, b) in sorted(res["overhead"].items())]
+    rows = [[f"{n >> 10} KiB", f"{d:.0f}", f"{b:.0f}", f"{r:.2f}x"]
+            for n, (d, b, r) in sorted(res["overhead"].items())]
     print(f"dist.all_reduce through \"hccc\" vs the same Communicator called directly "
           f"({args.ranks} ranks, CPU emulation, rank 0, median of {args.rounds} blocks of {args.iters})")
-    print("\n".join(table_lines(["size", "direct us", "backend us", "ratio"], rows, {1, 2, 3})))
+    print("\n".join(table_lines(["size", "direct us", "backend us", "ratio (median of rounds)"], rows,
+                                 {1, 2, 3})))
     print(f"allreduce calls carried by hccc's kernels: {res['carried']}")
     params = 32 * args.width + args.width + args.width * args.width + args.width + args.width * 8 + 8
-    print(f"DDP step, MLP of {params} parameters, {args.ranks} ranks: "
-          f"hccc {res['ddp']['hccc']:.1f} ms, gloo {res['ddp']['gloo']:.1f} ms "
-          f"(hccc / gloo {res['ddp']['hccc'] / res['ddp']['gloo']:.2f}x)")
+    h, g = res["ddp"]["hccc"], res["ddp"]["gloo"]
+    print(f"DDP step, MLP of {params} parameters, {args.ranks} ranks, built-in catalog: "
+          f"hccc {h['step']:.1f} ms, gloo {g['step']:.1f} ms (hccc / gloo {h['step'] / g['step']:.2f}x)")
+    print("where an hccc step's time goes (rank 0, ms per step)")
+    rows = [["the collectives (the group's worker, hccc and fallback calls)", f"{h['calls']:.1f}"],
+            ["forward, backward, optimizer alone (no process group)", f"{h['compute']:.1f}"],
+            ["the rest (DDP's bucketing and hooks, waits for the worker)",
+             f"{max(0.0, h['step'] - h['calls'] - h['compute']):.1f}"]]
+    print("\n".join(table_lines(["part", "ms"], rows, {1})))
 
 
 if __name__ == "__main__":

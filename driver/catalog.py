@@ -43,9 +43,9 @@ from hccc.compiler.pipeline.readers import HEAD_BYTES
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, printable, read_input_bytes
 from hccc.util.limits import loads_json
 
-#: what hccc's kernels implement (the Communicator's dtypes and ops)
-KERNEL_DTYPES = ("float32", "float16", "bfloat16", "int32")
-KERNEL_OPS = ("sum", "max", "min")
+#: what hccc's kernels implement (the Communicator's dtypes and ops: the runtime's own tables)
+from hccc.runtime.launcher import DTYPES as KERNEL_DTYPES, ELEMENT_BYTES  # noqa: E402
+from hccc.runtime.launcher import OPS as KERNEL_OPS  # noqa: E402
 #: collectives with a root
 ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 INDEX = "catalog.json"
@@ -269,7 +269,7 @@ class Catalog:
     def select(self, collective: str, world: int, nbytes: int, dtype: str, op: str,
                root: int | None = None, cluster=None) -> tuple[Entry | None, str]:
         """(entry, "") for the call, or (None, reason) when no entry serves it."""
-        es = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}.get(dtype)
+        es = ELEMENT_BYTES.get(dtype)
         if es is None:
             return None, f"dtype {dtype} has no hccc kernel (hccc: {', '.join(KERNEL_DTYPES)})"
         if op not in KERNEL_OPS:

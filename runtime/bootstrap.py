@@ -59,6 +59,11 @@ class Bootstrap:
     def barrier(self, tag: str) -> None:
         self.all_gather(b"", tag)
 
+    def fail(self, reason: str) -> None:
+        """Tell the peers that this rank's set-up failed and why: their exchanges end at once with
+        that reason instead of waiting for this rank until the timeout (where the bootstrap can
+        carry it; a no-op otherwise)."""
+
     def close(self) -> None:
         """Release what the bootstrap holds."""
 
@@ -67,8 +72,11 @@ class StoreBootstrap(Bootstrap):
     """All-gather and barrier through a ``torch.distributed.Store``."""
 
     def __init__(self, store, rank: int, world_size: int, *, name: str = "comm",
-                 timeout_s: float = 60.0, owned: bool = False):
+                 timeout_s: float = 60.0, owned: bool = False, watch=None):
         self.store, self.rank, self.world_size = store, int(rank), int(world_size)
+        #: a callable polled while a step waits: a reason to give up (the caller knows the peers
+        #: went elsewhere), or None
+        self.watch = watch
         self.timeout_s = float(timeout_s)
         self._owned = owned
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64] or "comm"
@@ -76,6 +84,20 @@ class StoreBootstrap(Bootstrap):
         # communicators in the same order (as collectives must be called anyway)
         n = int(store.add(f"hccc/{safe}/made/{self.rank}", 1))
         self.prefix = f"hccc/{safe}/{n}"
+        self._failed_key = f"{self.prefix}/failed"
+
+    def fail(self, reason: str) -> None:
+        text = f"rank {self.rank}: {reason}"[:2000]
+        try:
+            # the first failure is the one every peer names (later ones are its echoes)
+            self.store.compare_set(self._failed_key, "", text)
+        except Exception:
+            pass
+
+    def _peer_failure(self) -> str | None:
+        if not self.store.check([self._failed_key]):
+            return None
+        return bytes(self.store.get(self._failed_key)).decode("utf-8", "replace")
 
     def all_gather(self, data: bytes, tag: str) -> list[bytes]:
         keys = [f"{self.prefix}/{tag}/{r}" for r in range(self.world_size)]
@@ -86,6 +108,13 @@ class StoreBootstrap(Bootstrap):
             missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
             if not missing:
                 break
+            why = self.watch() if self.watch is not None else None
+            if why:
+                raise BootstrapError(f"{why} (communicator set-up, step '{tag}')")
+            failure = self._peer_failure()
+            if failure is not None:
+                raise BootstrapError(f"the set-up failed on {failure} (communicator set-up, step "
+                                     f"'{tag}')")
             if time.monotonic() >= deadline:
                 raise BootstrapError(
                     f"rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} of {self.world_size} "

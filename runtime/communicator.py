@@ -80,7 +80,7 @@ METHODS = {name: spec.method for name, spec in SPECS.items()}
 _COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
 _FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
 # host segment: uint64 words
-_H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE = range(9)
+_H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE, _H_TAG = range(10)
 # (word 15: the network proxy's heartbeat in multi-node jobs, hccc.runtime.net.BEAT_OFFSET)
 _MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
 _RUNNING, _FAILED, _CLOSED = 0, 1, 2
@@ -264,10 +264,22 @@ class Communicator:
         self._abort: int | None = None
         self.timeout_s = float(timeout_s)
         self.kernel_timeout_s = float(kernel_timeout_s)
+        #: a word the caller sets before a call that every rank's call must match (0: none): what
+        #: the caller was asked for beyond this call's collective, count, dtype and op (the torch
+        #: backend's description of the call: AVG and SUM run the same kernel)
+        self.call_tag = 0
+        #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
+        #: that is making another call elsewhere), or None
+        self.watch = None
         try:
             self._setup(algo, rank, world_size, group, store, init_method, bootstrap, backend,
                         device, name, options, dtype, op, nthreads, cache_dir, codegen)
-        except BaseException:
+        except BaseException as exc:
+            if self._boot is not None and isinstance(exc, Exception):
+                # the peers end their set-up at once with this reason, not at the timeout
+                why = str(exc)
+                prefix = f"rank {self.rank}: "
+                self._boot.fail(why[len(prefix):] if why.startswith(prefix) else why)
             self._release()
             raise
 
@@ -522,6 +534,8 @@ class Communicator:
         nothing more to this call. Dead peers are named before peers that report a failure (the
         cause before its echoes)."""
         failed = None
+        if self.watch is not None and (why := self.watch()):
+            return why
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
             if call is not None and int(w[_H_DONE]) >= call:
@@ -615,9 +629,16 @@ class Communicator:
         hw = self._host_words(self._host_own)
         hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
         hw[_H_TYPE] = _call_type(dtype, op, proto, epoch, zero)
+        hw[_H_TAG] = int(self.call_tag) & ((1 << 64) - 1)
         self._barrier(f"{method} #{self._calls}")       # every rank finished its previous call
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
+            if int(w[_H_TAG]) != int(hw[_H_TAG]) and int(w[_H_COUNT]) == count \
+                    and int(w[_H_TYPE]) == int(hw[_H_TYPE]):
+                raise self._fail(abort_peers=False, why=
+                    f"{method} #{self._calls}: rank {r}'s call differs from this rank's in what its "
+                    f"caller asked for (call tag {int(w[_H_TAG]):#x}, this rank {int(hw[_H_TAG]):#x}); "
+                    "every rank must make the same call")
             if int(w[_H_COUNT]) != count or int(w[_H_TYPE]) != int(hw[_H_TYPE]):
                 raise self._fail(abort_peers=False, why=
                     f"{method} #{self._calls}: rank {r} passes {int(w[_H_COUNT])} elements of "

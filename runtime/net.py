@@ -316,6 +316,9 @@ class NetLink:
                 mem.platform.memcpy_htod(tab, blob)
         mem.send_conns, mem.recv_conns = send, recv
         tx.start()
+        # a stop of this process as long as the peers wait for a silent heartbeat: they have given
+        # up on it, and the transport must not serve what they left in the sockets
+        tx.set_stall(self.stale_s)
 
     # ------------------------------------------------------------------ per call
     def shape(self, slot_bytes: int, max_cnt: int, slice_bytes: int) -> None:
@@ -349,6 +352,10 @@ class NetLink:
     def peer_problem(self, peer: int, words) -> str | None:
         """Why ``peer`` cannot take part (a remote peer's connection lost; any peer's heartbeat
         stopped), or None. ``words``: the peer's host segment words (mapped or mirrored)."""
+        stalled = self.tx.stalled_s() if self.tx is not None else 0.0
+        if stalled:
+            return (f"this rank's process was stopped for {stalled:.1f} s, longer than its peers wait "
+                    f"for a heartbeat ({self.stale_s:g} s): they have given up on it")
         if peer in self.remote:
             err = self.tx.peer_error(peer) if self.tx is not None else "transport closed"
             if err:

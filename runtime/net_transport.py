@@ -67,6 +67,14 @@ class Transport(abc.ABC):
     def start(self) -> None: ...
 
     @abc.abstractmethod
+    def set_stall(self, seconds: float) -> None:
+        """Give up for good after a stop of this process longer than ``seconds`` (its peers have
+        given up on it meanwhile); a transport that cannot tell ignores it."""
+
+    def stalled_s(self) -> float:
+        """How long the stop that made the transport give up lasted (0.0: it did not)."""
+        return 0.0
+
     def drain(self, timeout_s: float) -> bool:
         """Everything published put and complete at its target, then the mirrors and sent
         counters to zero (the kernel has finished); False on timeout."""

@@ -169,6 +169,13 @@ struct Net {
   std::vector<std::pair<size_t, uint64_t>> tails;   // scratch of push(): (send conn, new tail)
   std::vector<Watch> watches;
   bool credit_waiting = false;  // a delayed credit is due (push): the thread does not sleep
+  // A stop of the whole process (SIGSTOP, a debugger) longer than stall_ns, seen by the thread as a
+  // gap between two of its polls: the peers gave up on this rank meanwhile (its heartbeat stopped)
+  // and closed their endpoints, so what waits in the sockets must not be served: acking a put on
+  // an endpoint its peer has closed is fatal inside UCX ("Endpoint timeout" in ucp_put_handler).
+  // From then on the thread drives no more UCX work, drains and resets fail at once, and close
+  // neither flushes nor progresses; stalled_ms says how long the gap was (0: never stalled).
+  std::atomic<uint64_t> stall_ns{0}, stalled_ms{0};
   std::atomic<bool> tracing{false};
   std::mutex trace_mu;
   std::vector<TraceEv> trace;
@@ -452,9 +459,22 @@ constexpr uint64_t SPIN_NS = 2000, YIELD_NS = 2000000, SLEEP_NS = 20000,
 
 void loop(Net* n) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);   // sleeps of 20 us, not 20 + the default 50 us
-  uint64_t last_beat = 0, last_work = now_ns();
+  uint64_t last_beat = 0, last_work = now_ns(), last_poll = last_work;
   while (!n->stop.load(std::memory_order_acquire)) {
     bool work = false;
+    if (n->stalled_ms.load(std::memory_order_relaxed) != 0) {
+      timespec ts{0, (long)LONG_SLEEP_NS};
+      nanosleep(&ts, nullptr);     // stalled: nothing more is served (see Net::stall_ns)
+      continue;
+    }
+    {
+      const uint64_t t = now_ns(), limit = n->stall_ns.load(std::memory_order_relaxed);
+      if (limit != 0 && t - last_poll > limit) {
+        n->stalled_ms.store((t - last_poll) / 1000000 + 1, std::memory_order_release);
+        continue;
+      }
+      last_poll = t;
+    }
     const uint64_t rq = n->reset_req.load(std::memory_order_acquire);
     if (rq != n->reset_done.load(std::memory_order_relaxed)) {
       reset_local(n);                // between calls: no kernel runs
@@ -705,11 +725,11 @@ HN_API void hn_start(void* h) {
   n->th = std::thread(loop, n);
 }
 
-static int wait_for(std::atomic<uint64_t>& done, uint64_t want, long timeout_ms) {
+static int wait_for(Net* n, std::atomic<uint64_t>& done, uint64_t want, long timeout_ms) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   unsigned spins = 0;
   while (done.load(std::memory_order_acquire) < want) {
-    if (std::chrono::steady_clock::now() > end) return 1;
+    if (std::chrono::steady_clock::now() > end || n->stalled_ms.load() != 0) return 1;
     if (++spins < 256) sched_yield();
     else {
       timespec ts{0, 50000};
@@ -724,15 +744,24 @@ static int wait_for(std::atomic<uint64_t>& done, uint64_t want, long timeout_ms)
 HN_API int hn_drain(void* h, long timeout_ms) {
   Net* n = static_cast<Net*>(h);
   const uint64_t want = n->drain_req.fetch_add(1) + 1;
-  return wait_for(n->drain_done, want, timeout_ms);
+  return wait_for(n, n->drain_done, want, timeout_ms);
 }
 
 // Mirrors and counters back to zero (between calls); 0, or 1 on timeout.
 HN_API int hn_reset(void* h, long timeout_ms) {
   Net* n = static_cast<Net*>(h);
   const uint64_t want = n->reset_req.fetch_add(1) + 1;
-  return wait_for(n->reset_done, want, timeout_ms);
+  return wait_for(n, n->reset_done, want, timeout_ms);
 }
+
+// A gap between two polls of the thread longer than `ns` (the time after which the peers give up
+// on a rank whose heartbeat stopped) stalls the proxy for good (Net::stall_ns); 0: never.
+HN_API void hn_set_stall(void* h, uint64_t ns) {
+  static_cast<Net*>(h)->stall_ns.store(ns, std::memory_order_relaxed);
+}
+
+// How long the gap that stalled the proxy was, in ms (0: not stalled).
+HN_API uint64_t hn_stalled_ms(void* h) { return static_cast<Net*>(h)->stalled_ms.load(); }
 
 // 0 while the peer's endpoint is fine, else the ucs_status_t that failed it.
 HN_API int hn_peer_status(void* h, int peer) {
@@ -823,6 +852,14 @@ HN_API void hn_destroy(void* h, long timeout_ms) {
     n->th.join();
   }
   n->inbound.clear();           // messages that still arrive while closing are dropped
+  if (n->stalled_ms.load() != 0) {
+    // stalled: the peers closed their endpoints; progressing the worker would serve what waits
+    // in the sockets (fatal inside UCX), so the endpoints and the worker are left as they are
+    // (the operating system takes the sockets back when the process ends)
+    for (Peer* p : n->peers) delete p;
+    delete n;
+    return;
+  }
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (Pending& q : n->pending) ucp_request_cancel(n->worker, q.req);
   while (!n->pending.empty() && std::chrono::steady_clock::now() < end) {

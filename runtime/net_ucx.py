@@ -82,6 +82,8 @@ def library(cache_dir=None) -> ctypes.CDLL:
             "hn_drain": (i32, [vp, lng]),
             "hn_reset": (i32, [vp, lng]),
             "hn_peer_status": (i32, [vp, i32]),
+            "hn_set_stall": (None, [vp, u64]),
+            "hn_stalled_ms": (u64, [vp]),
             "hn_status_string": (ctypes.c_char_p, [i32]),
             "hn_counters": (None, [vp, ctypes.POINTER(u64)]),
             "hn_destroy": (None, [vp, lng]),
@@ -157,6 +159,16 @@ class UcxTransport(Transport):
 
     def start(self) -> None:
         self._lib.hn_start(self._h)
+
+    def set_stall(self, seconds: float) -> None:
+        """Stall for good after a stop of the process longer than ``seconds`` (the peers' limit
+        for a silent heartbeat): see ``Net::stall_ns`` in ``net_ucx.cpp``."""
+        if self._h:
+            self._lib.hn_set_stall(self._h, int(seconds * 1e9))
+
+    def stalled_s(self) -> float:
+        """How long the stop that stalled this transport lasted (0.0: not stalled)."""
+        return self._lib.hn_stalled_ms(self._h) / 1000.0 if self._h else 0.0
 
     def drain(self, timeout_s: float) -> bool:
         if not self._h:

@@ -113,3 +113,20 @@ def test_tensors_whose_memory_is_not_their_values_are_refused():
         _as_buf(x._neg_view(), "input")
     with pytest.raises(TypeError, match="sparse_coo tensor.*to_dense"):
         _as_buf(x.to_sparse(), "input")
+
+
+@pytest.mark.slow      # rank 1 builds its kernel before it fails (seconds, cold)
+def test_a_rank_whose_set_up_fails_fails_its_peers_at_once_with_its_reason(pool):
+    """Rank 1's node name is empty: its set-up fails after the ranks have met, and rank 0's fails
+    at once naming rank 1's reason (not after the timeout with "did not arrive")."""
+    import time
+    ir = build_program(gen.ring_allreduce(2, name="ring2"), chunk_bytes=64)
+    t0 = time.monotonic()
+    replies = pool.run(ir.to_json(), 2, [CALL] * 2, per_rank={1: {"nodes": ["a", ""]}}, timeout=60.0)
+    took = time.monotonic() - t0
+    assert not replies[1]["ok"] and "node name ''" in replies[1]["error"], replies[1]
+    assert not replies[0]["ok"], replies[0]
+    assert "set-up failed on rank 1" in replies[0]["error"] and "node name ''" in replies[0]["error"], \
+        replies[0]["error"]
+    assert "did not arrive" not in replies[0]["error"]
+    assert took < 60.0, took            # rank 1 builds its kernel first; nobody waits the timeout out

@@ -577,3 +577,30 @@ def _connections(ir):
     """(sender, receiver) of every send of the program."""
     rank, peer = ir.prims["rank"], ir.prims["send_peer"]
     return {(int(r), int(p)) for r, p in zip(rank, peer) if p >= 0}
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_that_resumes_gets_a_communicator_error(tmp_path):
+    """Rank 3 (node b) is stopped (SIGSTOP) in the kernel; once its peers have reported it, it
+    resumes (SIGCONT): it too ends with a CommunicatorError, never an abort inside UCX."""
+    _require_torch()
+    pool = RankPool(4, tmp_path)
+    try:
+        ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
+        calls, _, _ = calls_for(ir, 1000)
+        calls[3] = [dict(calls[3][0], stop_in_kernel=True)]
+        _send_all(pool, ir, calls, ["a", "a", "b", "b"])
+        got = _replies(pool, range(3))
+        for r in range(3):
+            assert got[r] is not None and not got[r]["ok"] and "rank 3" in got[r]["error"], got[r]
+        p = pool.workers[3][0]
+        os.kill(p.pid, signal.SIGCONT)
+        rep = _replies(pool, [3], wait_s=60.0)[3]
+        assert rep is not None, "rank 3 died after it resumed"
+        assert not rep["ok"] and "CommunicatorError" in rep["error"], rep
+        assert p.is_alive()
+    finally:
+        for p, _ in pool.workers:
+            if p.is_alive():
+                p.kill()
+        pool.close()

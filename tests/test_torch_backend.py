@@ -3,7 +3,9 @@
 Default set (seconds, one process): the catalog's choice per call against a brute-force oracle
 (hypothesis), ``catalog.json`` errors, ``hccc catalog``, ranks that disagree on the catalog, and
 the backend in a one-rank group (registration, device maps, fallback with reasons, async work and
-futures, the refusal under CUDA graph capture). Slow set (4 processes each): every collective
+futures, the refusal under CUDA graph capture); 2 and 3 ranks in threads of one process on the
+delegate: calls that disagree (op, kind, root), inputs to the choice and set-up failures named on
+every rank, AVG at every dtype's edges against an exact oracle. Slow set (4 processes each): every collective
 through the CPU emulation against its definition; DDP and FSDP ``fully_shard`` training, 20 steps,
 equal to gloo after every step, with counters proving hccc's kernels carried the collectives; the
 example under ``torchrun --nproc-per-node 4``; bad input and a dead rank give every rank an error
@@ -392,3 +394,383 @@ def test_bad_input_and_a_dead_rank_error_on_every_rank(tmp_path, catalog_env):
         assert "every rank must make the same call" in got["count"][0] or r != 0
         assert "rank 3" in got["dead rank"][0]
     assert "tensors on meta are not supported" in replies[2][1][2][1]
+
+
+# ------------------------------------------------------------------------------ calls that disagree
+def _ranks_in_threads(jobs, options=None, timeout_s=20.0, world=None):
+    """Make a ``world``-rank HcccProcessGroup in one thread per rank on one store, then run
+    ``jobs[r](pg)`` on rank r; each rank's (result or exception, seconds the job took)."""
+    import time as _time
+    from hccc.torch import HcccProcessGroup, Options
+    world = world or len(jobs)
+    store = dist.HashStore()
+    out = [None] * world
+
+    def run(r):
+        pg = None
+        t0 = _time.monotonic()
+        try:
+            opt = options[r] if isinstance(options, list) else options
+            pg = HcccProcessGroup(store, r, world, datetime.timedelta(seconds=timeout_s),
+                                  opt if opt is not None else Options())
+            t0 = _time.monotonic()
+            out[r] = (jobs[r](pg), _time.monotonic() - t0)
+        except Exception as exc:
+            out[r] = (exc, _time.monotonic() - t0)
+        finally:
+            if pg is not None:
+                pg.shutdown()
+    ts = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(3 * timeout_s)
+    return out
+
+
+def _allreduce(t, op):
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return lambda pg: pg.allreduce([t], o).wait()
+
+
+@pytest.fixture
+def no_catalog(tmp_path):
+    """Options whose catalog is an empty directory: every call goes to the delegate (gloo)."""
+    from hccc.torch import Options
+    d = tmp_path / "empty"
+    d.mkdir()
+    return Options(catalog=d)
+
+
+@pytest.mark.parametrize("ops", [(dist.ReduceOp.AVG, dist.ReduceOp.SUM), (dist.ReduceOp.SUM, dist.ReduceOp.MAX)])
+def test_ranks_with_different_ops_both_fail(no_catalog, ops):
+    """Both calls complete on the delegate (an AVG runs as a SUM there): the comparison after the
+    call still names both calls, on both ranks."""
+    out = _ranks_in_threads([_allreduce(torch.ones(8), ops[0]), _allreduce(torch.ones(8), ops[1])],
+                            no_catalog, timeout_s=5.0)
+    names = [hccc_op_name(o) for o in ops]
+    for r, (res, secs) in enumerate(out):
+        assert isinstance(res, RuntimeError), (r, res)
+        assert f"made allreduce(op={names[0]}, float32, elements 8, cpu)" in str(res), str(res)
+        assert f"made allreduce(op={names[1]}, float32, elements 8, cpu)" in str(res), str(res)
+        assert secs < 3.0
+
+
+def hccc_op_name(op):
+    from hccc.torch.process_group import _op_name
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return _op_name(o)
+
+
+def test_a_barrier_never_pairs_with_a_one_element_allreduce(no_catalog):
+    out = _ranks_in_threads([lambda pg: pg.barrier().wait(),
+                             _allreduce(torch.ones(1), dist.ReduceOp.SUM)], no_catalog, timeout_s=4.0)
+    for r, (res, secs) in enumerate(out):
+        assert isinstance(res, RuntimeError), (r, res)
+        assert "barrier(cpu)" in str(res) and "allreduce(op=sum, float32, elements 1, cpu)" in str(res)
+        assert secs < 2.0, secs             # at once, not at the group's timeout
+
+
+def test_ranks_that_make_the_same_calls_pass_the_comparison(no_catalog):
+    def job(pg):
+        t = torch.arange(6.0)
+        pg.barrier().wait()
+        o = dist.AllreduceOptions()
+        o.reduceOp = dist.ReduceOp.AVG
+        pg.allreduce([t], o).wait()
+        b = dist.BroadcastOptions()
+        b.rootRank = 1
+        pg.broadcast([t], b).wait()
+        return t
+    out = _ranks_in_threads([job, job], no_catalog)
+    for res, _ in out:
+        assert torch.equal(res, torch.arange(6.0)), res
+
+
+def test_different_roots_fail_on_both_ranks(no_catalog):
+    def bcast(root):
+        def job(pg):
+            o = dist.BroadcastOptions()
+            o.rootRank = root
+            return pg.broadcast([torch.ones(4)], o).wait()
+        return job
+    out = _ranks_in_threads([bcast(0), bcast(1)], no_catalog, timeout_s=4.0)
+    for res, secs in out:
+        assert isinstance(res, RuntimeError) and "root 0" in str(res) and "root 1" in str(res), res
+
+
+# ------------------------------------------------------------------------------ set-up agreement
+def test_an_input_to_the_choice_set_on_one_rank_only_is_named_on_every_rank(tmp_path):
+    from hccc.torch import Options
+    topo = ROOT / "examples" / "clusters"
+    cluster = next(p for p in sorted(topo.iterdir()) if p.suffix == ".topo")
+    out = _ranks_in_threads([lambda pg: None] * 3,
+                            [Options(catalog=CATALOG4), Options(catalog=CATALOG4, cluster=cluster),
+                             Options(catalog=CATALOG4)])
+    for r, (res, _) in enumerate(out):
+        assert isinstance(res, RuntimeError), (r, res)
+        text = str(res)
+        assert "disagree on HCCC_CLUSTER" in text, text
+        assert "ranks 0, 2: (not set)" in text and f"rank 1: {cluster}" in text, text
+
+
+def test_a_rank_whose_set_up_fails_fails_every_rank_at_once(tmp_path):
+    from hccc.torch import Options
+    import time as _time
+    t0 = _time.monotonic()
+    out = _ranks_in_threads([lambda pg: None] * 2,
+                            [Options(catalog=CATALOG4), Options(catalog=CATALOG4, cluster=tmp_path / "nope.topo")],
+                            timeout_s=30.0)
+    assert _time.monotonic() - t0 < 10.0
+    for r, (res, _) in enumerate(out):
+        assert isinstance(res, RuntimeError), (r, res)
+        assert "set-up failed on rank 1" in str(res) and "nope.topo" in str(res), str(res)
+
+
+def test_empty_node_name_fails_every_rank_at_once(monkeypatch):
+    """An empty ``HCCC_NODE`` (read by every rank of this process here) is every rank's set-up
+    failure, named; nobody waits for the timeout."""
+    monkeypatch.setenv("HCCC_NODE", " ")
+    out = _ranks_in_threads([lambda pg: None] * 2, timeout_s=30.0)
+    for res, _ in out:
+        assert isinstance(res, RuntimeError) and "node name" in str(res), res
+
+
+# ------------------------------------------------------------------------------ routes and logging
+def test_premul_sum_reason_and_route_cache_are_stable(one_rank, caplog):
+    pg = one_rank()
+    from hccc.torch.process_group import _op_name
+    if not hasattr(dist, "_make_nccl_premul_sum"):
+        pytest.skip("this torch has no PREMUL_SUM")
+    ops = [dist._make_nccl_premul_sum(float(k)) for k in range(20)]
+    for op in ops:
+        o = dist.AllreduceOptions()
+        o.reduceOp = op
+        assert _op_name(o) == "premul_sum"
+        route = pg._route("allreduce", torch.device("cpu"), [torch.ones(2)], 8, _op_name(o))
+        assert "0x" not in route[1]
+    assert len(pg._routes) == 1
+    for op in ops:                       # through torch: the delegate refuses, the log stays one line
+        with caplog.at_level("WARNING", logger="hccc.torch"):
+            try:
+                dist.all_reduce(torch.ones(2), op=op)
+            except Exception:
+                pass
+    assert len(pg._routes) == 1
+    assert all("0x" not in k for k in hccc_stats()["reasons"])
+
+
+def hccc_stats():
+    import hccc.torch
+    return hccc.torch.stats()
+
+
+def test_a_fallback_is_logged_once_by_rank_zero(no_catalog, caplog):
+    from hccc.torch import process_group as pgmod
+    pgmod._LOGGED.clear()
+    with caplog.at_level("WARNING", logger="hccc.torch"):
+        out = _ranks_in_threads([lambda pg: [pg.allreduce([torch.ones(2)]).wait() for _ in range(3)]
+                                 + [pg.counters["reasons"]]] * 3, no_catalog)
+    for res, _ in out:
+        assert not isinstance(res, Exception), res
+        assert sum(res[-1].values()) == 3          # every rank counts its own fallbacks
+    lines = [r.getMessage() for r in caplog.records if r.name == "hccc.torch"]
+    assert len(lines) == 1 and "allreduce falls back to gloo" in lines[0], lines
+
+
+# ------------------------------------------------------------------------------ AVG at the edges
+_FLOATS = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _edge_values(dtype):
+    """Values at the edges of a dtype: its largest, its smallest normal and subnormal, and a few
+    ordinary ones, of both signs."""
+    if dtype.is_floating_point:
+        fi = torch.finfo(dtype)
+        base = [fi.max, fi.max / 2, fi.tiny, fi.tiny * 4, fi.eps, 1.0, 40000.0 if dtype == torch.float16
+                else 3e38 if dtype == torch.float32 else fi.max / 3, 0.0]
+        if dtype != torch.bfloat16:
+            base.append(fi.tiny * fi.eps)   # the smallest subnormal
+    else:
+        ii = torch.iinfo(dtype)
+        base = [ii.max, ii.min, ii.max // 2, ii.min // 2 + 1, 1, 0, 7]
+    return base + [-v for v in base if dtype.is_floating_point or dtype.is_signed]
+
+
+def _avg_oracle(cols, dtype):
+    """The average of each column, exactly (Python fractions), rounded once to ``dtype`` (numpy;
+    bfloat16 through float32, then rounded to bfloat16 by torch); integers truncate toward zero."""
+    from fractions import Fraction
+    n = len(cols)
+    out = []
+    for vals in zip(*cols):
+        if dtype.is_floating_point:
+            out.append(float(sum(Fraction(float(v)) for v in vals) / n))
+        else:
+            s = sum(int(v) for v in vals)
+            out.append(abs(s) // n * (1 if s >= 0 else -1))
+    if dtype.is_floating_point:
+        return torch.tensor(out, dtype=torch.float64).to(dtype)
+    return torch.tensor(out, dtype=dtype)
+
+
+def _avg_through_plan(cols, dtype, n):
+    """The backend's AVG with the SUM done here, in the plan's dtype, rank after rank (as a ring
+    adds)."""
+    from hccc.runtime.launcher import DTYPES
+    from hccc.torch.process_group import _avg_input, _avg_output, avg_plan
+    acc, pre = avg_plan(dtype, DTYPES)
+    ys = [_avg_input(torch.tensor(c, dtype=dtype), acc, pre, n, inplace=False) for c in cols]
+    total = ys[0].clone()
+    for y in ys[1:]:
+        total += y
+    out = torch.empty(len(cols[0]), dtype=dtype)
+    _avg_output(total, out, pre, n)
+    return out
+
+
+def _close(got, want, dtype, n):
+    if not dtype.is_floating_point:
+        return torch.equal(got, want)
+    g, w = got.double(), want.double()
+    fi = torch.finfo(dtype)
+    # scaling first rounds each rank's share once and the sum n times: n + 1 units in the last place
+    tol = (n + 1) * fi.eps * w.abs() + n * fi.tiny * fi.eps * 2
+    return bool(torch.isfinite(g).all()) and bool(((g - w).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.int32, torch.int64, torch.uint8])
+@given(data=st.data())
+@settings(max_examples=examples(40))
+def test_avg_is_the_average_where_it_is_representable(dtype, data):
+    n = data.draw(st.integers(2, 8), label="ranks")
+    edges = _edge_values(dtype)
+    width = data.draw(st.integers(1, 6), label="elements")
+    # every rank's values near one edge per element (the average stays representable)
+    picks = [data.draw(st.sampled_from(edges)) for _ in range(width)]
+    cols = [[p for p in picks] for _ in range(n)]
+    for j in range(width):        # vary one rank's value a little: not all ranks equal
+        r = data.draw(st.integers(0, n - 1))
+        cols[r][j] = edges[data.draw(st.integers(0, len(edges) - 1))] if abs(picks[j]) < 1e4 else picks[j]
+    if not dtype.is_floating_point:
+        from hccc.runtime.launcher import DTYPES
+        from hccc.torch.process_group import avg_plan
+        if avg_plan(dtype, DTYPES)[0] == dtype:
+            # summed in the tensor's own dtype (wraps, as NCCL's): only sums that fit are promised
+            ii = torch.iinfo(dtype)
+            cols = [[max(min(v, ii.max // n), -(ii.max // n)) for v in c] for c in cols]
+    want = _avg_oracle(cols, dtype)
+    got = _avg_through_plan(cols, dtype, n)
+    assert _close(got, want, dtype, n), (cols, got, want)
+
+
+def test_avg_of_float16_40000_and_float32_3e38_on_two_ranks_through_the_delegate(no_catalog):
+    def job(vals):
+        def run(pg):
+            res = []
+            for v, dt in vals:
+                t = torch.full((4,), v, dtype=dt)
+                o = dist.AllreduceOptions()
+                o.reduceOp = dist.ReduceOp.AVG
+                pg.allreduce([t], o).wait()
+                res.append(t.clone())
+            return res
+        return run
+    vals = [(40000.0, torch.float16), (3e38, torch.float32), (100, torch.int32)]
+    out = _ranks_in_threads([job(vals), job([(v * (0.5 if dt.is_floating_point else 1), dt)
+                                             for v, dt in vals])], no_catalog)
+    for res, _ in out:
+        assert not isinstance(res, Exception), res
+        assert torch.equal(res[0], torch.full((4,), 30000.0, dtype=torch.float16))
+        assert torch.equal(res[1], torch.full((4,), 2.25e38, dtype=torch.float32))
+        assert torch.equal(res[2], torch.full((4,), 100, dtype=torch.int32))
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, monkeypatch):
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    from torch_ranks import builtin_job, spawn
+    res = _ok(spawn(builtin_job, 2, tmp_path))
+    for r, rep in enumerate(res):
+        assert all(rep["checks"].values()), (r, rep["checks"])
+        carried = rep["stats"]["carried"]
+        assert carried["allreduce"]["float32"] == 1 and carried["allreduce"]["float16"] == 1
+        assert carried["allreduce"]["int32"] == 1 and carried["reducescatter"]["float32"] == 1
+        assert carried["broadcast"]["float32"] == 1 and carried["allgather"]["float32"] == 1
+        assert rep["stats"]["fallback"] == {}, rep["stats"]["reasons"]
+        # ranks whose calls differ only in torch's op: refused on both, at once, naming both calls
+        assert rep["mismatch"] and "must make the same calls" in rep["mismatch"], rep["mismatch"]
+        assert "made allreduce(op=avg" in rep["mismatch"] and "made allreduce(op=sum" in rep["mismatch"]
+        assert rep["mismatch_s"] < 10.0
+        # two different algorithms, neither set up yet: named at once too, not at the timeout
+        assert rep["apart"] and "made allreduce(op=sum" in rep["apart"] and "made broadcast(" in rep["apart"], \
+            rep["apart"]
+        assert rep["apart_s"] < 30.0
+
+
+# ------------------------------------------------------------------------------ the call ledger
+def _ledgers(kind, world):
+    from hccc.torch.ledger import ShmLedger, StoreLedger
+    if kind == "store":
+        store = dist.HashStore()
+        ls = [StoreLedger(store, r, world) for r in range(world)]
+        for led in ls:
+            led.conflict_every_s = 0.0            # every look goes to the store
+        return ls
+    ls = [ShmLedger(r, world) for r in range(world)]
+    for led in ls:
+        led.attach([x.handle for x in ls])
+    for led in ls:
+        led.mapped()
+    return ls
+
+
+_call_texts = st.sampled_from(["allreduce(op=sum, float32, elements 8, cpu)",
+                               "allreduce(op=avg, float32, elements 8, cpu)", "barrier(cpu)",
+                               "broadcast(float32, elements 8, root 1, cpu)"])
+
+
+@pytest.mark.parametrize("kind", ["shm", "store"])
+@given(calls=st.lists(st.lists(_call_texts, min_size=3, max_size=3), min_size=1, max_size=70))
+@settings(max_examples=examples(25), deadline=None)
+def test_the_ledger_reports_a_difference_exactly_when_the_calls_differ(kind, calls):
+    """Every rank posts call after call (more than a ring's worth); after each, every rank's
+    comparison finds a difference exactly when the ranks' texts differ (the oracle: string
+    equality), and the text it gives names both calls."""
+    from hccc.torch.ledger import CallMismatch, digest
+    ls = _ledgers(kind, 3)
+    try:
+        for seq, texts in enumerate(calls, start=1):
+            for led, text in zip(ls, texts):
+                led.post(seq, text, digest(text))
+            for r, led in enumerate(ls):
+                why = led.conflict(seq, texts[r], digest(texts[r]))
+                if len(set(texts)) == 1:
+                    assert why is None
+                    led.settle(seq, texts[r], digest(texts[r]), 1.0)
+                else:
+                    other = next(t for t in texts if t != texts[r])
+                    assert why is not None and texts[r] in why and other in why, why
+                    with pytest.raises(CallMismatch):
+                        led.settle(seq, texts[r], digest(texts[r]), 1.0)
+    finally:
+        for led in ls:
+            led.close()
+
+
+@pytest.mark.slow
+@needs_gxx
+def test_a_group_across_two_nodes_runs_the_hierarchical_built_in_algorithm(tmp_path, monkeypatch):
+    pytest.importorskip("hccc.runtime.net_ucx")
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    from torch_ranks import spawn, two_nodes_job
+    res = _ok(spawn(two_nodes_job, 4, tmp_path))
+    for r, rep in enumerate(res):
+        assert rep["ok"], r
+        assert rep["stats"]["entries"] == {"hm_allreduce_2x2": 1}, rep["stats"]

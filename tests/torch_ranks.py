@@ -185,3 +185,86 @@ def bad_input_job(rank: int, world: int, url: str, timeout_s: float):
         dist.all_reduce(torch.ones(8), group=g)
     attempt("dead rank", die)
     return seen
+
+
+def builtin_job(rank: int, world: int, url: str):
+    """No catalog and no environment: the built-in catalog carries the calls; each result against
+    its definition (torch arithmetic on inputs every rank recomputes, the AVGs at values whose
+    sum overflows the dtype); returns the stats."""
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    init("hccc", rank, world, url)
+    n = 64 * world
+    checks = {}
+
+    def inp(r, dtype=torch.float32, k=n):
+        return (torch.arange(k) % 13 + 7 * r).to(dtype)
+    t = inp(rank)
+    dist.all_reduce(t)
+    checks["allreduce"] = torch.equal(t, sum(inp(r) for r in range(world)))
+    t = torch.full((n,), 40000.0 - 1000 * rank, dtype=torch.float16)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    want = torch.tensor(sum(40000.0 - 1000 * r for r in range(world)) / world).to(torch.float16)
+    checks["allreduce avg float16"] = bool((t == want).all())
+    big = torch.full((n,), 3e38, dtype=torch.float32)
+    out = torch.empty(n // world)
+    dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
+    checks["reduce_scatter avg float32"] = bool(torch.isclose(out, torch.tensor(3e38), rtol=1e-6).all())
+    t = torch.full((n,), 3e38, dtype=torch.float32)
+    dist.reduce(t, dst=0, op=dist.ReduceOp.AVG)
+    checks["reduce avg float32"] = (rank != 0) or bool(torch.isclose(t, torch.tensor(3e38), rtol=1e-6).all())
+    t = inp(rank, torch.int32)
+    dist.all_reduce(t)
+    checks["allreduce int32"] = torch.equal(t, sum(inp(r, torch.int32) for r in range(world)))
+    t = inp(rank)
+    dist.broadcast(t, src=world - 1)
+    checks["broadcast"] = torch.equal(t, inp(world - 1))
+    o = torch.empty(n * world)
+    dist.all_gather_into_tensor(o, inp(rank))
+    checks["allgather"] = torch.equal(o, torch.cat([inp(r) for r in range(world)]))
+    dist.barrier()
+    stats = hccc.torch.stats()
+    # the last call: AVG on rank 0, SUM on the others, both on hccc's sum kernel
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(n), op=dist.ReduceOp.AVG if rank == 0 else dist.ReduceOp.SUM)
+        mismatch = None
+    except Exception as exc:
+        mismatch = f"{type(exc).__name__}: {exc}"
+    mismatch_s = time.monotonic() - t0
+    # a new group: an all_reduce on rank 0, a broadcast on the others (two algorithms whose
+    # communicators are not made yet: their set-ups would wait for each other)
+    g = dist.new_group(list(range(world)))
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(n), group=g)
+        else:
+            dist.broadcast(torch.ones(n), src=0, group=g)
+        apart = None
+    except Exception as exc:
+        apart = f"{type(exc).__name__}: {exc}"
+    return {"checks": checks, "stats": stats, "mismatch": mismatch, "mismatch_s": mismatch_s,
+            "apart": apart, "apart_s": time.monotonic() - t0}
+
+
+def two_nodes_job(rank: int, world: int, url: str):
+    """Ranks on two nodes (``HCCC_NODE``: the first half on node a, the rest on b) with no
+    catalog: the built-in catalog's hierarchical algorithms, over the network transport."""
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    os.environ["HCCC_NODE"] = "a" if rank < world // 2 else "b"
+    os.environ.setdefault("UCX_TLS", "tcp")
+    init("hccc", rank, world, url)
+    n = 64 * world
+
+    def inp(r):
+        return (torch.arange(n) % 13 + 7 * r).to(torch.float32)
+    t = inp(rank)
+    dist.all_reduce(t)
+    ok = torch.equal(t, sum(inp(r) for r in range(world)))
+    return {"ok": ok, "stats": hccc.torch.stats()}

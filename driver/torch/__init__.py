@@ -6,16 +6,18 @@
 
 Every collective a training job makes (DDP, FSDP ``fully_shard``, tensor parallelism) is served
 by an algorithm of the catalog (:mod:`hccc.catalog`: the directory ``HCCC_ALGO_DIR``, or
-``pg_options=hccc.torch.Options(catalog=DIR)``) through :class:`hccc.runtime.Communicator`, or,
+``pg_options=hccc.torch.Options(catalog=DIR)``; without one, the built-in catalog of hccc's
+generators, :mod:`hccc.torch.builtin`) through :class:`hccc.runtime.Communicator`, or,
 where no algorithm serves it, by a delegate backend (gloo for CPU tensors, nccl -- RCCL on ROCm --
-for GPU tensors), each such fallback logged once with its reason. :func:`stats` counts which
+for GPU tensors), each such fallback logged once per job with its reason. :func:`stats` counts which
 calls took which route. The process group: :mod:`hccc.torch.process_group`.
 """
 from __future__ import annotations
 
+from hccc.torch.ledger import CallMismatch
 from hccc.torch.process_group import (CaptureError, HcccProcessGroup, Options, capture_active,
                                       register, stats)
 
 register()
 
-__all__ = ["CaptureError", "HcccProcessGroup", "Options", "capture_active", "register", "stats"]
+__all__ = ["CallMismatch", "CaptureError", "HcccProcessGroup", "Options", "capture_active", "register", "stats"]

@@ -11,8 +11,9 @@ package register, :func:`register`). Per call it
    dtype, op and root) run by a :class:`~hccc.runtime.Communicator` made on first use (group rank
    ``r`` is the algorithm's rank ``r``), or the delegate backend (gloo for CPU tensors, nccl --
    RCCL on ROCm -- for GPU tensors, or the backend the device map names for that device), with
-   the reason logged once per collective and reason;
-4. queues the call on the group's worker thread, which runs the calls one at a time in the order
+   the reason logged once per job (rank 0, once per reason);
+4. runs the call at once in the caller's thread when no earlier call is pending, else queues it on
+   the group's worker thread, which runs the calls one at a time in the order
    they were made (the same order on every rank), and returns a :class:`HcccWork` (``wait``,
    ``is_completed``, ``get_future`` for DDP's communication hooks).
 
@@ -20,9 +21,13 @@ GPU tensors: the call records an event on the caller's current stream; the worke
 then the Communicator runs its kernel on its own stream and waits for it, so the tensors are
 ready once the work completes (this path has not been run on a GPU here).
 
-Failures: the Communicator's own checks (mismatched calls, a dead rank: an error on every rank
-within the timeout) surface from ``wait()``; a catalog that differs between ranks is an error on
-every rank when the group is made; the delegate gets the group's timeout.
+Agreement: every rank's calls are numbered, described (kind, torch's op, dtype, counts, root) and
+compared (:mod:`hccc.torch.ledger`): ranks whose calls differ all get a :class:`CallMismatch` at
+once, on any route. When the group is made, every input to the choice of algorithm (catalog,
+``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map, version) and every rank's set-up outcome are
+compared: a difference or a failure is an error on every rank naming the ranks. Other failures are
+the Communicator's (a dead rank: an error on every rank within the timeout), surfacing from
+``wait()``; the delegate gets the group's timeout.
 """
 from __future__ import annotations
 
@@ -32,8 +37,9 @@ import queue
 import socket
 import sys
 import threading
+import time
 import weakref
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -43,16 +49,51 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from hccc.catalog import Catalog, CatalogError
+from hccc.torch.ledger import CallMismatch, ShmLedger, StoreLedger, describe, digest
 
 log = logging.getLogger("hccc.torch")
 
 _C = torch._C._distributed_c10d
-_OPS = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min"),
-        (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.PRODUCT, "product"),
-        (dist.ReduceOp.BAND, "band"), (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")]
-_DTYPE = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-          torch.int32: "int32"}
+#: torch's reduction operations by the names the calls are described with (and the runtime's op
+#: names where it has the op: :data:`hccc.runtime.launcher.OPS`)
+_TORCH_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "avg", "PRODUCT": "prod",
+              "BAND": "band", "BOR": "bor", "BXOR": "bxor", "PREMUL_SUM": "premul_sum"}
 _DEVICES = ("cpu", "cuda")
+#: distinct call signatures whose routes a group remembers; past this the memory starts afresh
+#: (a job has a few dozen signatures: its tensors' sizes, dtypes and ops; this bounds a job that
+#: makes a new size every call)
+ROUTE_CACHE_MAX = 4096
+#: seconds between looks at a delegate's work (and the peers' calls) once its first millisecond
+#: has passed: well below a gloo call's own time at any size worth measuring
+_DELEGATE_POLL_S = 0.0005
+#: (delegate, reason) pairs this process has logged: a fallback is logged once per job, by the
+#: rank 0 of a group (every rank counts it: :func:`stats`)
+_LOGGED: set[tuple[str, str]] = set()
+
+
+def _log_fallback(rank: int, coll: str, delegate: str, why: str) -> None:
+    if rank != 0 or (delegate, why) in _LOGGED:
+        return
+    _LOGGED.add((delegate, why))
+    log.warning("hccc: %s falls back to %s: %s", coll, delegate, why)
+
+
+def kernel_dtype(dtype: torch.dtype) -> str | None:
+    """The runtime's name of a torch dtype its kernels implement (:data:`hccc.runtime.launcher.
+    DTYPES`: whatever the kernels gain is carried), else None."""
+    from hccc.runtime.launcher import DTYPES
+    name = str(dtype).replace("torch.", "")
+    return name if name in DTYPES else None
+
+
+def kernel_op(op: str) -> str | None:
+    """The runtime's name of a torch-level op its kernels implement (:data:`hccc.runtime.launcher.
+    OPS`), else None (``prod`` may be spelt ``product`` there)."""
+    from hccc.runtime.launcher import OPS
+    for name in ((op, "product") if op == "prod" else (op,)):
+        if name in OPS:
+            return name
+    return None
 
 
 class CaptureError(RuntimeError):
@@ -71,24 +112,44 @@ def capture_active() -> bool:
 class Options:
     """The backend's options (``init_process_group(..., pg_options=Options(...))``; subgroups
     inherit the default group's). ``catalog``: the algorithm directory (default: the
-    ``HCCC_ALGO_DIR`` environment variable; none: every call goes to the delegate). ``cluster``:
-    a cluster description (``.topo`` or TACCL ``.json``; default ``HCCC_CLUSTER``) whose simulated
-    times break ties between entries. ``kernel_timeout_s``: the kernels' spin-wait limit
-    (default: the group's timeout, at most 30 s)."""
+    ``HCCC_ALGO_DIR`` environment variable; none: the built-in catalog, :mod:`hccc.torch.builtin`).
+    ``cluster``: a cluster description (``.topo`` or TACCL ``.json``; default ``HCCC_CLUSTER``)
+    whose simulated times break ties between entries. ``topology``: the machine's ``.topo``
+    (default ``HCCC_TOPOLOGY``), the tie-break where no cluster is given. ``kernel_timeout_s``: the
+    kernels' spin-wait limit (default: the group's timeout, at most 30 s). Every rank must resolve
+    them alike (compared when the group is made)."""
 
     catalog: str | os.PathLike | None = None
     cluster: str | os.PathLike | None = None
     kernel_timeout_s: float | None = None
+    topology: str | os.PathLike | None = None
     _resolved: bool = field(default=False, repr=False)
+    _sources: dict = field(default_factory=dict, repr=False)
 
     def resolved(self) -> "Options":
+        """The options with the environment's defaults filled in (and where each came from)."""
         if self._resolved:
             return self
-        return Options(catalog=self.catalog if self.catalog is not None
-                       else (os.environ.get("HCCC_ALGO_DIR") or None),
-                       cluster=self.cluster if self.cluster is not None
-                       else (os.environ.get("HCCC_CLUSTER") or None),
-                       kernel_timeout_s=self.kernel_timeout_s, _resolved=True)
+        vals, sources = {}, {}
+        for key, env, label in (("catalog", "HCCC_ALGO_DIR", "Options(catalog=)"),
+                                ("cluster", "HCCC_CLUSTER", "Options(cluster=)"),
+                                ("topology", "HCCC_TOPOLOGY", "Options(topology=)")):
+            given = getattr(self, key)
+            vals[key] = given if given is not None else (os.environ.get(env) or None)
+            sources[key] = label if given is not None else env
+        return Options(kernel_timeout_s=self.kernel_timeout_s, _resolved=True, _sources=sources, **vals)
+
+
+def _file_digest(path) -> str:
+    """SHA-256 of a description file's contents, read through the input checks every reader uses
+    (a regular file within the input size limit; anything else is an error naming the file)."""
+    import hashlib
+    from hccc.util.diagnostics import read_input_bytes, render_all
+    from hccc.util.diagnostics import CompileError
+    try:
+        return hashlib.sha256(read_input_bytes(path)).hexdigest()
+    except CompileError as exc:
+        raise RuntimeError(render_all(exc)) from None
 
 
 # ------------------------------------------------------------------------------------- work
@@ -165,11 +226,14 @@ def _cluster(path):
 
 
 def _op_name(opts) -> str:
+    """torch's operation of a call as a stable name (never an object's text: a PREMUL_SUM op is an
+    object whose text holds its address)."""
     op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-    for want, name in _OPS:
-        if op == want:
+    for member, name in _TORCH_OPS.items():
+        kind = getattr(dist.ReduceOp.RedOpType, member, None)
+        if kind is not None and op == kind:
             return name
-    return str(op).lower()
+    return "an unknown reduction"
 
 
 # ------------------------------------------------------------------------------------- the group
@@ -183,26 +247,57 @@ class HcccProcessGroup(dist.ProcessGroup):
                  device_backends: dict[str, str] | None = None, global_ranks=None):
         super().__init__(rank, size)
         self._rank, self._size = int(rank), int(size)
-        self.options = (options or Options()).resolved()
         self.timeout_s = max(1.0, timeout.total_seconds())
-        self.kernel_timeout_s = (self.options.kernel_timeout_s if self.options.kernel_timeout_s
-                                 else min(30.0, self.timeout_s))
         self._timeout = timeout
         self._store = dist.PrefixStore("hccc/", store)
         self._outer_store = store
         #: device type -> backend named by the device map ("hccc" where hccc serves it)
         self.device_backends = dict(device_backends or {d: "hccc" for d in _DEVICES})
-        self.catalog = _catalog(self.options.catalog)
-        self.cluster = _cluster(self.options.cluster)
         self.disabled: str | None = None
-        self._agree()
+        self._broken: str | None = None
+        self._ledger = None
+        self._calls = 0
+        self._digests: dict[str, int] = {}
+        self._closed = True                  # until the worker runs
+        # this rank's set-up: whatever fails is told to every peer at the agreement below, so that
+        # every rank fails at once with the reason (not after the timeout, waiting for this one)
+        problem, inputs, node, ledger = None, {}, None, None
+        try:
+            self.options = (options or Options()).resolved()
+            self.kernel_timeout_s = (self.options.kernel_timeout_s if self.options.kernel_timeout_s
+                                     else min(30.0, self.timeout_s))
+            self.catalog = _catalog(self.options.catalog)
+            # the simulator breaks ties between entries on the cluster, else on the topology
+            self.cluster = _cluster(self.options.cluster if self.options.cluster is not None
+                                    else self.options.topology)
+            from hccc.runtime import net
+            node = net.node_name()
+            inputs = self._choice_inputs()
+            ledger = ShmLedger(self._rank, self._size)
+        except Exception as exc:
+            problem = str(exc).removeprefix("hccc: ") or type(exc).__name__
+        try:
+            self._agree(problem, inputs, node, ledger)
+        except BaseException:
+            if ledger is not None:
+                ledger.close()
+            raise
         self._delegates: dict[str, object] = {}
         self._routes: dict[tuple, tuple] = {}
         self._comms: dict[tuple[str, str], object] = {}
-        self._logged: set[tuple[str, str]] = set()
         self.counters = {"hccc": Counter(), "fallback": Counter(), "delegated": Counter(),
                          "entries": Counter(), "reasons": Counter(), "protos": Counter()}
+        #: calls hccc's kernels carried, per collective and dtype
+        self.carried: dict[str, Counter] = defaultdict(Counter)
+        #: seconds the worker spent on calls, per route kind and collective (where a step's time
+        #: goes: benchmarks/torch_backend.py)
+        self.seconds: dict[str, Counter] = defaultdict(Counter)
         self._queue: queue.Queue = queue.Queue()
+        #: held while a call runs (on the worker or inline in the caller's thread)
+        self._exec = threading.Lock()
+        #: guards _pending: calls made and not finished (queued or running)
+        self._state = threading.Lock()
+        self._pending = 0
         self._closed = False
         self._thread = threading.Thread(target=self._worker, name=f"hccc-pg-{rank}", daemon=True)
         self._thread.start()
@@ -214,30 +309,91 @@ class HcccProcessGroup(dist.ProcessGroup):
         _GROUPS.add(self)
 
     # ------------------------------------------------------------------ set-up
-    def _agree(self) -> None:
-        """Every rank must load the same catalog; ranks on several hosts run everything on the
-        delegate (a Communicator maps its peers' memory)."""
+    def _choice_inputs(self) -> dict[str, list]:
+        """Every input to the choice of algorithm, as ``name -> [what is compared, what is
+        shown]``: the catalog (its files' fingerprint), the cluster and topology descriptions
+        (their contents), the device map and hccc's version. Paths are shown, contents compared
+        (two ranks may read the same files from different places)."""
+        src = self.options._sources
+
+        def given(key: str) -> str:
+            label = src.get(key, "")
+            return f" (given as {label})" if label.startswith("Options(") else ""
+        cat = self.catalog
+        out = {}
+        out["the algorithm catalog (HCCC_ALGO_DIR)"] = [
+            cat.fingerprint, (f"{len(cat.entries)} entries from {cat.directory} [{cat.fingerprint[:12]}]"
+                              f"{given('catalog')}") if cat.directory is not None
+            else "(not set: the built-in catalog)"]
+        for key, env, value in (("cluster", "HCCC_CLUSTER", self.options.cluster),
+                                ("topology", "HCCC_TOPOLOGY", self.options.topology)):
+            if value is None:
+                out[env] = ["", "(not set)"]
+            else:
+                d = _file_digest(value)
+                out[env] = [d, f"{value} [{d[:12]}]{given(key)}"]
+        dmap = ",".join(f"{d}:{b}" for d, b in sorted(self.device_backends.items()))
+        out["the device map"] = [dmap, dmap]
+        from hccc import __version__
+        out["the hccc version"] = [__version__, __version__]
+        return out
+
+    def _agree(self, problem: str | None, inputs: dict, node: str | None, ledger) -> None:
+        """Every rank's set-up and choice inputs, gathered and compared: a rank whose set-up failed
+        or an input on which ranks differ is an error on every rank, naming the ranks. Ranks on
+        several hosts run everything on the delegate (a Communicator maps its peers' memory)."""
         import json
         from hccc.runtime.bootstrap import BootstrapError, StoreBootstrap
-        me = {"catalog": self.catalog.fingerprint, "entries": len(self.catalog.entries),
-              "dir": str(self.catalog.directory) if self.catalog.directory else None,
-              "host": socket.gethostname()}
+        me = {"problem": problem, "inputs": inputs, "host": socket.gethostname(), "node": node,
+              "ledger": ledger.handle.hex() if ledger is not None else ""}
         try:
             boot = StoreBootstrap(self._store, self._rank, self._size, name="agree",
                                   timeout_s=self.timeout_s)
             peers = [json.loads(b) for b in boot.all_gather(json.dumps(me).encode(), "catalog")]
         except BootstrapError as exc:
             raise RuntimeError(f"hccc: rank {self._rank}: {exc}") from None
-        prints = {p["catalog"] for p in peers}
-        if len(prints) > 1:
-            desc = "; ".join(f"rank {r}: {p['entries']} entries from {p['dir'] or '(no catalog)'} "
-                             f"[{p['catalog'][:12]}]" for r, p in enumerate(peers))
-            raise RuntimeError(f"hccc: the ranks disagree on the algorithm catalog (every rank must "
-                               f"load the same files): {desc}")
+        failed = [(r, p["problem"]) for r, p in enumerate(peers) if p["problem"]]
+        if failed:
+            raise RuntimeError("hccc: the process group's set-up failed on " + "; ".join(
+                f"rank {r}: {why}" for r, why in failed))
+        lines = []
+        for name in peers[0]["inputs"]:
+            seen: dict[str, list[int]] = {}
+            shown: dict[str, str] = {}
+            for r, p in enumerate(peers):
+                key, text = p["inputs"].get(name, ["", "(not set)"])
+                seen.setdefault(key, []).append(r)
+                shown[key] = text
+            if len(seen) > 1:
+                groups = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: "
+                                   f"{shown[k]}" for k, rs in seen.items())
+                lines.append(f"{name} ({groups})")
+        if lines:
+            raise RuntimeError(
+                "hccc: the ranks disagree on " + "; and on ".join(lines) + ": every rank must load "
+                "the same algorithm catalog and set every input to the choice of algorithm alike, "
+                "or ranks pick different algorithms")
         hosts = sorted({p["host"] for p in peers})
-        if len(hosts) > 1 and self.catalog.entries:
-            self.disabled = (f"the group spans {len(hosts)} hosts; hccc's communicators map their "
-                             "peers' memory, so every call runs on the delegate")
+        self.nodes = [p["node"] for p in peers]
+        if len(hosts) > 1:
+            # a group across hosts compares its calls through the store
+            self._ledger = StoreLedger(dist.PrefixStore("ledger/", self._store), self._rank, self._size)
+            ledger.close()
+            if self.catalog.entries or self.options.catalog is None:
+                self.disabled = (f"the group spans {len(hosts)} hosts; hccc's communicators map their "
+                                 "peers' memory, so every call runs on the delegate")
+        else:
+            try:
+                ledger.attach([bytes.fromhex(p["ledger"]) for p in peers])
+                boot.barrier("ledger")
+            except Exception as exc:
+                raise RuntimeError(f"hccc: rank {self._rank}: cannot map the peers' call records: "
+                                   f"{exc}") from None
+            ledger.mapped()
+            self._ledger = ledger
+        if self.options.catalog is None and not self.disabled:
+            from hccc.torch.builtin import BuiltinCatalog
+            self.catalog = BuiltinCatalog(self._size, self.nodes)
 
     def _delegate(self, dev: str):
         if dev not in self._delegates:
@@ -282,19 +438,38 @@ class HcccProcessGroup(dist.ProcessGroup):
             job = self._queue.get()
             if job is None:
                 return
-            fn, work = job
+            self._run_job(*job)
+
+    def _run_job(self, fn, work) -> None:
+        """Run one call (one at a time, in the order the calls were made)."""
+        exc = None
+        with self._exec:
             try:
                 fn()
-            except BaseException as exc:
-                work._finish(exc)
-            else:
-                work._finish()
+            except BaseException as e:
+                exc = e
+        with self._state:
+            self._pending -= 1
+        # last: a future's callbacks run here and may make further calls
+        work._finish(exc)
 
     def _enqueue(self, fn, result) -> HcccWork:
+        """Run the call: at once in the caller's thread when no earlier call is queued or running
+        (the common case: two thread hand-offs less per call, which on a loaded host cost more
+        than the call's own work), else after them on the worker thread."""
         if self._closed:
             raise RuntimeError("hccc: the process group has been shut down")
+        if self._broken:
+            raise RuntimeError(f"hccc: rank {self._rank}: the process group is unusable after an "
+                               f"earlier failure: {self._broken}")
         work = HcccWork(result)
-        self._queue.put((fn, work))
+        with self._state:
+            inline = self._pending == 0 and threading.current_thread() is not self._thread
+            self._pending += 1
+        if inline:
+            self._run_job(fn, work)
+        else:
+            self._queue.put((fn, work))
         return work
 
     def shutdown(self) -> None:
@@ -311,6 +486,8 @@ class HcccProcessGroup(dist.ProcessGroup):
             except Exception:
                 pass
         self._comms.clear()
+        if self._ledger is not None:
+            self._ledger.close()
 
     def abort(self) -> None:
         self.shutdown()
@@ -350,8 +527,9 @@ class HcccProcessGroup(dist.ProcessGroup):
 
     def _route(self, coll: str, dev: torch.device, tensors, nbytes: int, op: str,
                root: int | None = None, extra: str = "", strided_ok: bool = False) -> tuple:
-        """("hccc", entry, kernel op) or ("fallback" | "delegated", reason, None); cached.
-        ``strided_ok``: the call runs non-contiguous tensors on a contiguous copy."""
+        """("hccc", entry, kernel op, sum dtype, prescale) or ("fallback" | "delegated", reason,
+        None, None, None); cached per call signature (stable values only). An AVG runs as a SUM in
+        the dtype and with the scaling :func:`avg_plan` gives."""
         t = tensors[0]
         key = (coll, dev.type, t.dtype, nbytes, op, root, extra,
                strided_ok or all(x.is_contiguous() for x in tensors))
@@ -360,85 +538,189 @@ class HcccProcessGroup(dist.ProcessGroup):
             return got
         if self.device_backends.get(dev.type, "hccc") != "hccc":
             got = ("delegated", f"the device map gives {dev.type} to "
-                   f"{self.device_backends[dev.type]}", None)
+                   f"{self.device_backends[dev.type]}", None, None, None)
         elif extra:
-            got = ("fallback", extra, None)
+            got = ("fallback", extra, None, None, None)
         elif self.disabled:
-            got = ("fallback", self.disabled, None)
-        elif not self.catalog.entries:
-            got = ("fallback", "no algorithm catalog (set HCCC_ALGO_DIR or Options(catalog=))", None)
+            got = ("fallback", self.disabled, None, None, None)
+        elif not self.catalog.entries and not getattr(self.catalog, "lazy", False):
+            got = ("fallback", "no algorithm catalog (set HCCC_ALGO_DIR or Options(catalog=))",
+                   None, None, None)
         elif not key[-1]:
-            got = ("fallback", "a non-contiguous tensor", None)
+            got = ("fallback", "a non-contiguous tensor", None, None, None)
         elif nbytes == 0:
-            got = ("fallback", "an empty tensor", None)
+            got = ("fallback", "an empty tensor", None, None, None)
         else:
-            dtype = _DTYPE.get(t.dtype, str(t.dtype).replace("torch.", ""))
-            kop = op
+            from hccc.runtime.launcher import DTYPES, OPS
+            name = str(t.dtype).replace("torch.", "")
+            acc, pre, kop = None, False, kernel_op(op)
             if op == "avg":
-                kop = "sum"
-                if not t.dtype.is_floating_point:
-                    got = ("fallback", f"op avg of {dtype} (hccc averages floating-point tensors)", None)
-            if got is None:
-                entry, why = self.catalog.select(coll, self._size, nbytes, dtype, kop, root, self.cluster)
-                got = ("hccc", entry, kop) if entry is not None else ("fallback", why, None)
+                plan = avg_plan(t.dtype, DTYPES)
+                kop = kernel_op("sum")
+                if plan is None:
+                    got = ("fallback", f"op avg of {name} (torch averages no {name} tensors)",
+                           None, None, None)
+                else:
+                    acc, pre = plan
+                    nbytes = nbytes // t.element_size() * acc.itemsize
+            dtype = kernel_dtype(acc if acc is not None else t.dtype)
+            if got is not None:
+                pass
+            elif dtype is None:
+                got = ("fallback", f"dtype {name} has no hccc kernel (hccc: {', '.join(DTYPES)})",
+                       None, None, None)
+            elif kop is None:
+                got = ("fallback", f"op {op} has no hccc kernel (hccc: {', '.join(OPS)})",
+                       None, None, None)
+            else:
+                entry, why = self.catalog.select(coll, self._size, nbytes, dtype, kop, root,
+                                                 self.cluster)
+                got = (("hccc", entry, kop, acc, pre) if entry is not None
+                       else ("fallback", why, None, None, None))
+        if len(self._routes) >= ROUTE_CACHE_MAX:
+            self._routes.clear()
         self._routes[key] = got
         return got
 
-    def _count(self, coll: str, route: tuple, dev: str) -> None:
-        kind, what, _ = route
+    def _count(self, coll: str, route: tuple, dev: str, dtype: torch.dtype) -> None:
+        kind, what = route[0], route[1]
         self.counters[kind][coll] += 1
         if kind == "hccc":
             self.counters["entries"][what.name] += 1
+            self.carried[coll][str(dtype).replace("torch.", "")] += 1
             return
         self.counters["reasons"][what] += 1
-        if kind == "fallback" and (coll, what) not in self._logged:
-            self._logged.add((coll, what))
+        if kind == "fallback":
             name = self.device_backends.get(dev, "hccc")
             name = name if name != "hccc" else ("gloo" if dev == "cpu" else "nccl")
-            log.warning("hccc: %s falls back to %s: %s", coll, name, what)
+            _log_fallback(self._rank, coll, name, what)
 
-    def _communicator(self, entry, dev: torch.device, dtype: str, op: str):
+    def _communicator(self, entry, dev: torch.device, dtype: str, op: str, watch=None):
+        """The entry's Communicator, made on its first call (``watch``: polled while its set-up
+        waits for the peers, who may be making another call)."""
         key = (entry.name, dev.type)
         comm = self._comms.get(key)
         if comm is None:
             from hccc.runtime.bootstrap import StoreBootstrap
             from hccc.runtime.communicator import Communicator
             boot = StoreBootstrap(self._store, self._rank, self._size, name=f"entry/{entry.name}",
-                                  timeout_s=self.timeout_s)
+                                  timeout_s=self.timeout_s, watch=watch)
             backend = "cpu" if dev.type == "cpu" else ("hip" if torch.version.hip else "cuda")
             comm = Communicator(entry.path if entry.outdir else entry.ir, bootstrap=boot,
                                 backend=backend, device=dev.index, timeout_s=self.timeout_s,
                                 kernel_timeout_s=self.kernel_timeout_s, dtype=dtype, op=op)
+            boot.watch = None                # set up: the first call's watch has done its part
             self._comms[key] = comm
         return comm
 
-    def _submit(self, coll: str, dev: torch.device, route: tuple, run_hccc, run_delegate, result):
-        """Queue the call on its route; ``run_hccc(comm, op)`` / ``run_delegate(backend)``."""
-        self._count(coll, route, dev.type)
+    def _next_call(self, text: str) -> tuple[int, int]:
+        """Number and post this rank's next call (the worker's thread: calls in their order)."""
+        self._calls += 1
+        tag = self._digests.get(text)
+        if tag is None:
+            if len(self._digests) >= ROUTE_CACHE_MAX:
+                self._digests.clear()
+            tag = self._digests[text] = digest(text)
+        self._ledger.post(self._calls, text, tag)
+        return self._calls, tag
+
+    def _mismatch(self, why: str) -> CallMismatch:
+        self._broken = why
+        return CallMismatch(f"hccc: rank {self._rank}: {why}")
+
+    def _wait_delegate(self, work, seq: int, text: str, tag: int) -> None:
+        """Wait for a delegate's work, comparing the peers' calls meanwhile."""
+        start = time.monotonic()
+        while not work.is_completed():
+            why = self._ledger.conflict(seq, text, tag)
+            if why:
+                raise self._mismatch(why)
+            # yield for the first millisecond (most calls complete within it), then sleep
+            time.sleep(0 if time.monotonic() - start < 1e-3 else _DELEGATE_POLL_S)
+        work.wait()
+
+    def _submit(self, coll: str, dev: torch.device, route: tuple, run_hccc, run_delegate, result,
+                text: str | None):
+        """Queue the call on its route; ``run_hccc(comm, op)`` / ``run_delegate(backend)``;
+        ``text``: the call as every rank must make it (:func:`~hccc.torch.ledger.describe`; None for
+        point-to-point calls, which the ranks make differently)."""
+        result_dtype = _result_dtype(result)
+        self._count(coll, route, dev.type, result_dtype)
         ready = None
         if dev.type == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(dev))
-        kind, entry, kop = route
-        result_dtype = _result_dtype(result)
+        kind, entry, kop, acc = route[0], route[1], route[2], route[3]
         if kind == "hccc":
+            dtype = kernel_dtype(acc if acc is not None else result_dtype)
+
             def fn():
+                t0 = time.perf_counter()
                 if ready is not None:
                     ready.synchronize()
-                dtype = _DTYPE[result_dtype]
-                comm = self._communicator(entry, dev, dtype, kop)
-                run_hccc(comm, kop)
+                seq, tag = self._next_call(text)
+
+                def watch():
+                    return self._ledger.conflict(seq, text, tag)
+                try:
+                    comm = self._communicator(entry, dev, dtype, kop, watch)
+                except Exception as exc:
+                    why = watch()
+                    if why:
+                        raise self._mismatch(why) from None
+                    raise exc
+                comm.call_tag = tag
+                comm.watch = watch
+                try:
+                    run_hccc(comm, kop)
+                except Exception as exc:
+                    why = self._ledger.conflict(seq, text, tag)
+                    if why:
+                        raise self._mismatch(why) from None
+                    raise exc
+                finally:
+                    comm.watch = None
+                # no comparison after the call: every rank's call met this one's on the same
+                # communicator, which compared their digests (call_tag) before its kernel ran
                 self.counters["protos"][comm.last_proto] += 1     # auto: LL for small calls
+                self.seconds["hccc"][coll] += time.perf_counter() - t0
         else:
             backend = self._delegate(dev.type)
 
             def fn():
+                t0 = time.perf_counter()
                 if ready is not None:
                     ready.synchronize()
-                work = run_delegate(backend)
-                if work is not None:
-                    work.wait()
+                if text is None:
+                    work = run_delegate(backend)
+                    if work is not None:
+                        work.wait()
+                else:
+                    seq, tag = self._next_call(text)
+                    work = run_delegate(backend)
+                    if work is not None:
+                        self._wait_delegate(work, seq, text, tag)
+                    self._ledger_settle(seq, text, tag)
+                self.seconds[kind][coll] += time.perf_counter() - t0
         return self._enqueue(fn, result)
+
+    def _ledger_settle(self, seq: int, text: str, tag: int) -> None:
+        try:
+            self._ledger.settle(seq, text, tag, self.timeout_s)
+        except CallMismatch as exc:
+            raise CallMismatch(f"hccc: rank {self._rank}: {exc}") from None
+
+    def _text(self, kind: str, tensors, *, op: str | None = None, counts=None, root=None) -> str:
+        t = tensors[0] if tensors else None
+        return describe(kind, op=op, dtype=t.dtype if t is not None else None,
+                        counts=counts if counts is not None else [x.numel() for x in tensors],
+                        root=root, device=t.device.type if t is not None else "cpu")
+
+    @staticmethod
+    def _avg_delegate(backend, _unused=None) -> bool:
+        """Whether an AVG on this delegate runs as a SUM here (gloo has no AVG; nccl has)."""
+        nccl = getattr(_C, "ProcessGroupNCCL", None)
+        return nccl is None or not isinstance(backend, nccl)
 
     # ------------------------------------------------------------------ the collectives
     def allreduce(self, tensors, opts=None):
@@ -449,13 +731,26 @@ class HcccProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         route = self._route("allreduce", dev, tensors, t.numel() * t.element_size(), op, extra=extra,
                             strided_ok=True)
+        n = self._size
 
         def run(comm, kop):
             with _contiguous(t) as c:
-                comm.all_reduce(c, op=kop)
-                if op == "avg":
-                    c.div_(self._size)
-        return self._submit("allreduce", dev, route, run, lambda b: b.allreduce(tensors, opts), tensors)
+                if op != "avg":
+                    comm.all_reduce(c, op=kop)
+                    return
+                acc, pre = route[3], route[4]
+                y = _avg_input(c, acc, pre, n, inplace=True)
+                comm.all_reduce(y, op=kop)
+                _avg_output(y, c, pre, n)
+
+        def delegate(b):
+            if op != "avg" or not self._avg_delegate(b, None):
+                return b.allreduce(tensors, opts)
+            for x in tensors:
+                _avg_on_sum(x, lambda y: _sum_work(b.allreduce, [y]), n)
+            return None
+        return self._submit("allreduce", dev, route, run, delegate, tensors,
+                            self._text("allreduce", tensors, op=op))
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
@@ -482,7 +777,8 @@ class HcccProcessGroup(dist.ProcessGroup):
         return self._submit("allgather", dev, route,
                             lambda comm, _op: comm.all_gather(input.clone() if _overlap(input, output)
                                                               else input, output),
-                            lambda b: b._allgather_base(output, input, opts), [output])
+                            lambda b: b._allgather_base(output, input, opts), [output],
+                            self._text("allgather", [input]))
 
     _allgather_base = all_gather_single
 
@@ -505,7 +801,9 @@ class HcccProcessGroup(dist.ProcessGroup):
             for o, piece in zip(outs, flat.chunk(self._size)):
                 o.copy_(piece.view_as(o))
         return self._submit("allgather", dev, route, run,
-                            lambda b: b.allgather(output_tensors, input_tensors, opts), output_tensors)
+                            lambda b: b.allgather(output_tensors, input_tensors, opts), output_tensors,
+                            self._text("allgather (tensor list)", list(input_tensors),
+                                       counts=[len(outs), *(x.numel() for x in input_tensors)]))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _C.AllgatherOptions()
@@ -520,13 +818,32 @@ class HcccProcessGroup(dist.ProcessGroup):
                  if input.numel() != output.numel() * self._size else "")
         route = self._route("reducescatter", dev, [input, output], input.numel() * input.element_size(),
                             op, extra=extra)
+        n = self._size
 
         def run(comm, kop):
-            comm.reduce_scatter(input.clone() if _overlap(input, output) else input, output, op=kop)
-            if op == "avg":
-                output.div_(self._size)
-        return self._submit("reducescatter", dev, route, run,
-                            lambda b: b._reduce_scatter_base(output, input, opts), [output])
+            if op != "avg":
+                comm.reduce_scatter(input.clone() if _overlap(input, output) else input, output, op=kop)
+                return
+            acc, pre = route[3], route[4]
+            y = _avg_input(input, acc, pre, n, inplace=False)
+            res = output if output.dtype == y.dtype and not _overlap(input, output) \
+                else torch.empty(output.numel(), dtype=y.dtype, device=output.device)
+            comm.reduce_scatter(y, res, op=kop)
+            _avg_output(res, output, pre, n)
+
+        def delegate(b):
+            if op != "avg" or not self._avg_delegate(b, None):
+                return b._reduce_scatter_base(output, input, opts)
+            sopts = dist.ReduceScatterOptions()
+            sopts.reduceOp = dist.ReduceOp.SUM
+            acc, pre = avg_plan(input.dtype, None) or (input.dtype, False)
+            y = _avg_input(input, acc, pre, n, inplace=False)
+            res = torch.empty(output.numel(), dtype=y.dtype, device=output.device)
+            b._reduce_scatter_base(res, y, sopts).wait()
+            _avg_output(res, output, pre, n)
+            return None
+        return self._submit("reducescatter", dev, route, run, delegate, [output],
+                            self._text("reducescatter", [output], op=op))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -541,6 +858,8 @@ class HcccProcessGroup(dist.ProcessGroup):
             extra = "several tensors in one call"
         elif len(ins) != self._size or any(i.numel() != out.numel() for i in ins):
             extra = "inputs of different sizes"
+        elif op == "avg":
+            extra = "op avg of a reduce_scatter of tensor lists"
         route = self._route("reducescatter", dev, [out, *ins], out.numel() * out.element_size() * self._size,
                             op, extra=extra)
 
@@ -548,11 +867,11 @@ class HcccProcessGroup(dist.ProcessGroup):
             flat = torch.cat([i.reshape(-1) for i in ins])
             res = torch.empty(out.numel(), dtype=out.dtype, device=out.device)
             comm.reduce_scatter(flat, res, op=kop)
-            if op == "avg":
-                res.div_(self._size)
             out.copy_(res.view_as(out))
         return self._submit("reducescatter", dev, route, run,
-                            lambda b: b.reduce_scatter(output_tensors, input_tensors, opts), output_tensors)
+                            lambda b: b.reduce_scatter(output_tensors, input_tensors, opts), output_tensors,
+                            self._text("reducescatter (tensor list)", list(output_tensors), op=op,
+                                       counts=[len(ins), *(x.numel() for x in output_tensors)]))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -563,14 +882,16 @@ class HcccProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         dev = self._check("broadcast", tensors)
         t = tensors[0]
+        root = int(opts.rootRank)
         extra = "several tensors in one call" if len(tensors) != 1 else ""
         route = self._route("broadcast", dev, tensors, t.numel() * t.element_size(), "sum",
-                            root=int(opts.rootRank), extra=extra, strided_ok=True)
+                            root=root, extra=extra, strided_ok=True)
 
         def run(comm, _op):
             with _contiguous(t) as c:
-                comm.broadcast(c, int(opts.rootRank))
-        return self._submit("broadcast", dev, route, run, lambda b: b.broadcast(tensors, opts), tensors)
+                comm.broadcast(c, root)
+        return self._submit("broadcast", dev, route, run, lambda b: b.broadcast(tensors, opts), tensors,
+                            self._text("broadcast", tensors, root=root))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -581,17 +902,36 @@ class HcccProcessGroup(dist.ProcessGroup):
         extra = "several tensors in one call" if len(tensors) != 1 else ""
         route = self._route("reduce", dev, tensors, t.numel() * t.element_size(), op, root=root,
                             extra=extra, strided_ok=True)
+        n = self._size
 
         def run(comm, kop):
+            if op == "avg":
+                acc, pre = route[3], route[4]
+                y = _avg_input(t.contiguous(), acc, pre, n, inplace=False)
+                comm.reduce(y, root, op=kop)
+                if self._rank == root:
+                    _avg_output(y, t, pre, n)
+                return
             if self._rank != root:
                 # the algorithm may leave partial sums in a non-root rank's buffer; torch keeps it
                 comm.reduce(t.contiguous().clone(), root, op=kop)
                 return
             with _contiguous(t) as c:
                 comm.reduce(c, root, op=kop)
-                if op == "avg":
-                    c.div_(self._size)
-        return self._submit("reduce", dev, route, run, lambda b: b.reduce(tensors, opts), tensors)
+
+        def delegate(b):
+            if op != "avg" or not self._avg_delegate(b, None):
+                return b.reduce(tensors, opts)
+            sopts = dist.ReduceOptions()
+            sopts.reduceOp, sopts.rootRank = dist.ReduceOp.SUM, root
+            acc, pre = avg_plan(t.dtype, None) or (t.dtype, False)
+            y = _avg_input(t.contiguous(), acc, pre, n, inplace=False)
+            b.reduce([y], sopts).wait()
+            if self._rank == root:
+                _avg_output(y, t, pre, n)
+            return None
+        return self._submit("reduce", dev, route, run, delegate, tensors,
+                            self._text("reduce", tensors, op=op, root=root))
 
     def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
                           opts=None):
@@ -605,64 +945,140 @@ class HcccProcessGroup(dist.ProcessGroup):
             extra = "input and output of different sizes"
         route = self._route("alltoall", dev, [input, output], input.numel() * input.element_size(),
                             "sum", extra=extra)
+        # with splits the ranks' sizes may differ: only the kind and dtype must agree
+        text = self._text("alltoall", [input], counts=() if splits else None)
         return self._submit("alltoall", dev, route,
                             lambda comm, _op: comm.all_to_all(input.clone() if _overlap(input, output)
                                                               else input, output),
                             lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
-                                                      list(input_split_sizes or []), opts), [output])
+                                                      list(input_split_sizes or []), opts), [output],
+                            text)
 
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        """A one-element allreduce (through hccc when the catalog has one for it)."""
+        """A barrier: a call kind of its own (never taken for a peer's data collective), run as a
+        one-element allreduce through hccc when the catalog has one for it."""
         opts = opts if opts is not None else dist.BarrierOptions()
         if capture_active():
             self._check("barrier", [])
         t = torch.zeros(1)
         route = self._route("barrier", t.device, [t], 4, "sum")
-        if route[0] == "fallback" and self.catalog.entries and not self.disabled:
+        if route[0] == "fallback" and not self.disabled and (
+                self.catalog.entries or getattr(self.catalog, "lazy", False)):
             r2 = self._route("allreduce", t.device, [t], 4, "sum")
             route = r2 if r2[0] == "hccc" else route
         return self._submit("barrier", t.device, route, lambda comm, kop: comm.all_reduce(t, op=kop),
-                            lambda b: b.barrier(opts), [t])
+                            lambda b: b.barrier(opts), [t], describe("barrier"))
 
     # calls hccc has no algorithm kind for: the delegate, counted and logged
-    def _passthrough(self, coll: str, tensors, call, result):
+    def _passthrough(self, coll: str, tensors, call, result, text: str | None):
         dev = self._device(tensors, coll) if tensors else torch.device("cpu")
         if capture_active():
             self._check(coll, [])
-        route = ("fallback", f"hccc has no {coll} algorithms", None)
+        route = ("fallback", f"hccc has no {coll} algorithms", None, None, None)
         if self.device_backends.get(dev.type, "hccc") != "hccc":
             route = ("delegated", f"the device map gives {dev.type} to {self.device_backends[dev.type]}",
-                     None)
-        return self._submit(coll, dev, route, None, call, result)
+                     None, None, None)
+        return self._submit(coll, dev, route, None, call, result, text)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
         return self._passthrough("gather", list(input_tensors),
-                                 lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors)
+                                 lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors,
+                                 self._text("gather", list(input_tensors), root=int(opts.rootRank)))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
         return self._passthrough("scatter", list(output_tensors),
-                                 lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors)
+                                 lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors,
+                                 self._text("scatter", list(output_tensors), root=int(opts.rootRank)))
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         return self._passthrough("alltoall (tensor lists)", list(input_tensors),
-                                 lambda b: b.alltoall(output_tensors, input_tensors, opts), output_tensors)
+                                 lambda b: b.alltoall(output_tensors, input_tensors, opts), output_tensors,
+                                 self._text("alltoall (tensor lists)", list(input_tensors),
+                                            counts=[len(input_tensors)]))
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         opts = opts if opts is not None else _C.AllgatherOptions()
         return self._passthrough("allgather_coalesced", list(input_tensors),
                                  lambda b: b.allgather_coalesced(output_lists, input_tensors, opts),
-                                 output_lists)
+                                 output_lists,
+                                 self._text("allgather_coalesced", list(input_tensors)))
 
     def send(self, tensors, dst, tag=0):
-        return self._passthrough("send", list(tensors), lambda b: b.send(tensors, dst, tag), tensors)
+        return self._passthrough("send", list(tensors), lambda b: b.send(tensors, dst, tag), tensors, None)
 
     def recv(self, tensors, src, tag=0):
-        return self._passthrough("recv", list(tensors), lambda b: b.recv(tensors, src, tag), tensors)
+        return self._passthrough("recv", list(tensors), lambda b: b.recv(tensors, src, tag), tensors, None)
+
+
+# ------------------------------------------------------------------------------------- averages
+def avg_plan(dtype: torch.dtype, sum_dtypes) -> tuple[torch.dtype, bool] | None:
+    """How an AVG of ``dtype`` tensors runs as a SUM over the ranks: (the dtype the sum runs in,
+    whether each rank scales its input by 1/n first); None for a dtype torch averages not (bool,
+    complex). ``sum_dtypes``: the runtime dtype names a sum can run in (None: any).
+
+    A sum in the tensor's own dtype followed by a divide overflows where the average is
+    representable (float16 40000 + 40000, float32 3e38 + 3e38), so floating types are summed in
+    float32 at least (float16 then divides after the sum: float32 holds any sum of float16 values
+    exactly enough and none overflows) and scaled by 1/n first where the sum could still overflow
+    (bfloat16, float32, float64: as NCCL's floating-point AVG does). Integers are summed in int64
+    where it is available (the sum does not wrap) and divided after, truncating toward zero (C's
+    integer division, NCCL's integer AVG)."""
+    def have(d):
+        return sum_dtypes is None or str(d).replace("torch.", "") in sum_dtypes
+    if dtype == torch.bool or dtype.is_complex:
+        return None
+    if dtype.is_floating_point:
+        if dtype == torch.float16:
+            return (torch.float32, False) if have(torch.float32) else (dtype, True)
+        if dtype == torch.bfloat16:
+            return (torch.float32, True) if have(torch.float32) else (dtype, True)
+        return dtype, True
+    return (torch.int64, False) if have(torch.int64) else (dtype, False)
+
+
+def _avg_input(x: torch.Tensor, acc: torch.dtype, pre: bool, n: int, *, inplace: bool) -> torch.Tensor:
+    """The tensor the SUM of an AVG runs on: ``x`` in ``acc`` (``x`` itself when ``inplace`` and it
+    is already of that dtype), scaled by 1/n when ``pre``."""
+    if x.dtype == acc and inplace:
+        y = x
+    else:
+        y = x.to(acc, copy=True)
+    if pre:
+        y.mul_(1.0 / n)
+    return y
+
+
+def _avg_output(y: torch.Tensor, out: torch.Tensor, pre: bool, n: int) -> None:
+    """The AVG from the summed ``y`` into ``out`` (divided by n unless scaled before)."""
+    if not pre:
+        if y.dtype.is_floating_point:
+            y.div_(n)
+        else:
+            y = torch.div(y, n, rounding_mode="trunc")
+    if y is not out:
+        out.copy_(y.view_as(out))
+
+
+def _sum_work(call, tensors):
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    return call(tensors, opts)
+
+
+def _avg_on_sum(x: torch.Tensor, run_sum, n: int) -> None:
+    """AVG of ``x`` in place through ``run_sum(tensor) -> work`` (a delegate without AVG)."""
+    acc, pre = avg_plan(x.dtype, None) or (x.dtype, False)
+    with _contiguous(x) as c:
+        y = _avg_input(c, acc, pre, n, inplace=True)
+        work = run_sum(y)
+        if work is not None:
+            work.wait()
+        _avg_output(y, c, pre, n)
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -698,13 +1114,18 @@ def _result_dtype(result):
 
 def stats(group=None) -> dict:
     """How this process's calls on ``group`` (default: the default group) went: ``hccc`` and
-    ``fallback`` / ``delegated`` (calls per collective), ``entries`` (calls per catalog entry),
+    ``fallback`` / ``delegated`` (calls per collective), ``carried`` (calls hccc's kernels ran, per
+    collective and dtype), ``seconds`` (the worker's time on calls, per route kind and collective),
+    ``entries`` (calls per catalog entry),
     ``reasons`` (calls per fallback reason), ``protos`` (hccc calls per FIFO protocol the
     Communicator chose by size: ``ll``, ``simple``)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, HcccProcessGroup):
         raise ValueError(f"not an hccc process group: {pg!r}")
-    return {k: dict(v) for k, v in pg.counters.items()}
+    out = {k: dict(v) for k, v in pg.counters.items()}
+    out["carried"] = {coll: dict(per) for coll, per in pg.carried.items()}
+    out["seconds"] = {kind: dict(per) for kind, per in pg.seconds.items()}
+    return out
 
 
 # ------------------------------------------------------------------------------------- registration
