@@ -27,7 +27,7 @@ from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, XmlLimits
 from hccc.compiler.interop.msccl_prims import (Prims, allgather_sources, export_error, from_ir,
                                                unfuse)
-from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, lay_out, relabels
+from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, Segments, lay_out, segments
 from hccc.compiler.interop.msccl_text import xml_text
 from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, ProgramIR
@@ -97,8 +97,9 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = F
     (:func:`~hccc.compiler.interop.msccl_tbs.instantiate`). Fused output, and instances of programs with multi-chunk steps, are
     re-read with the importer, which proves the collective and checks deadlock freedom under the
     runtimes' execution (``prove``); a fused export that fails is written unfused, an instanced one
-    is refused. Instances of one-chunk steps are a renaming of the one-instance export's chunks
-    (:func:`~hccc.compiler.interop.msccl_tbs.instantiate`) and are not re-read.
+    is refused. Instances are a renaming of the one-instance export's chunks wherever every step's
+    chunk range stays inside one segment of the collective (:func:`~hccc.compiler.interop.msccl_tbs.segments`,
+    always with one-chunk steps) and are then not re-read.
     """
     lim = limits or XmlLimits()
     if instances < 1:
@@ -153,7 +154,7 @@ def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
             except CompileError:
                 pass          # a limit, or the importer's proof: written unfused
     text = _export(ir, plain, lim, instances)
-    if not prove or instances == 1 or relabels(plain):
+    if not prove or instances == 1 or _segments(ir, unfuse(plain)) is not None:
         return text
     from hccc.compiler.interop.msccl_import import import_xml_text
     try:
@@ -164,13 +165,22 @@ def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
     return text
 
 
+def _segments(ir: ProgramIR, rows: Prims) -> Segments | None:
+    """How ``k`` instances rename the chunks of these rows (:func:`~hccc.compiler.interop.msccl_tbs.segments`):
+    the collective's own segment is an AllToAll's block, else the smaller of its input and output
+    (an AllGather's input, a ReduceScatter's output, an AllReduce's whole buffer)."""
+    unit = ir.in_chunks // max(1, ir.nranks) if spec_of(ir.collective).blockwise else min(ir.in_chunks, ir.out_chunks)
+    return segments(rows, max(1, int(unit)), ir.scratch_chunks)
+
+
 def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> str:
     """Thread blocks, waits, instances, limits and text for prepared rows."""
     base = unfuse(rows)
+    segs = _segments(ir, base) if k > 1 else None
     # first try merging the pieces of each hccc thread block (fewer TBs); if that breaks a limit
     # (long TBs), fall back to one MSCCL TB per group of connection ends
     for merge in (lim.max_steps, 0):
-        full = lay_out(base, lim, merge, k)
+        full = lay_out(base, lim, merge, k, segs)
         try:
             _check_limits(ir, full, lim)
             break
