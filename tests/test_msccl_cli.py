@@ -32,12 +32,15 @@ def test_stdout_and_options(capsys):
 def test_limit_error_keeps_the_old_file(tmp_path, capsys):
     out = tmp_path / "ring.xml"
     out.write_text("old")
-    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4"]) == 1
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-max-channels", "1"]) == 1
     err = capsys.readouterr().err
-    assert "hccc: error: the algorithm does not fit the MSCCL runtime" in err and "--xml-max-steps" in err
+    # located at the algorithm's header: the limit is about the whole program
+    assert f"{RING}:" in err.splitlines()[0] and ": error: the algorithm does not fit the MSCCL runtime" in err
+    assert "--xml-max-steps" in err and "--xml-max-channels" in err
     assert out.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["ring.xml"], "no temporary file left behind"
-    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-legacy"]) == 1
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-max-channels", "1",
+                 "--xml-legacy"]) == 1
     assert main(["xml", str(RING), "-o", str(out), "--xml-legacy"]) == 0
 
 

@@ -346,8 +346,10 @@ def test_large_program_is_refused_before_anything_is_built(monkeypatch):
 
     monkeypatch.setattr(build, "build_algorithm_level", boom)
     alg = G.hm_allreduce(128, 8)
-    with pytest.raises(CompileError, match="steps per thread block"):
+    with pytest.raises(CompileError, match="XML elements"):
         export_algorithm(alg)
+    with pytest.raises(CompileError, match="steps per thread block cut that into .* channels"):
+        export_algorithm(alg, XmlLimits(max_channels=1))
     with pytest.raises(CompileError, match="XML elements"):
         export_algorithm(alg, XmlLimits(max_steps=1024))
 

@@ -536,6 +536,59 @@ def instantiate(lay: Layout, k: int, segs: Segments | None = None) -> Layout:
                   row_of[inst * nt + tile(lay.tb)], tile(lay.idx), tile(lay.s), tile(lay.hasdep))
 
 
+def split_connections(rows: Prims, per_tb: int) -> Prims | None:
+    """The rows with every connection of more than ``per_tb`` messages cut into consecutive runs
+    of ``per_tb``, run ``j`` on channel ``ch + j*nch`` (``nch``: the channels the rows use), at both
+    ends. The rows as given where no connection is longer; None where the cut cannot be made.
+
+    An MSCCL thread block has one channel and a connection (sender, receiver, channel) one thread
+    block at each end, so a connection's messages are a lower bound on its thread blocks' steps.
+    Messages of one connection arrive in the order they were sent (FIFO), so the ``m``-th send
+    and the ``m``-th receive of a connection are one message: cutting both ends' sequences at the
+    same counts keeps every match, and each run is a connection of its own on its own channel.
+    :func:`assign_tbs` then gives each run its thread block and keeps the order of the thread block
+    the runs came from with a wait at each cut. A forwarding primitive whose receive and send fall
+    into different runs cannot be cut (None)."""
+    sends = np.flatnonzero(rows.sp >= 0)
+    recvs = np.flatnonzero(rows.rp >= 0)
+    if not len(sends):
+        return rows
+
+    def ordinals(idx, peer):
+        key = (rows.rank[idx], peer[idx], rows.ch[idx])
+        order = lexsort((_half_steps(rows.pos[idx]), rows.htb[idx]) + key[::-1])
+        k = np.stack([a[order] for a in key], axis=1)
+        new = np.ones(len(idx), bool)
+        new[1:] = np.any(k[1:] != k[:-1], axis=1)
+        start = np.maximum.accumulate(np.where(new, np.arange(len(idx)), 0))
+        out = np.full(len(rows), -1, np.int64)
+        out[idx[order]] = np.arange(len(idx)) - start
+        return out
+
+    n = len(rows)
+    s_ord = np.full(n, -1, np.int64)
+    s_ord[sends] = ordinals(sends, rows.sp)[sends]
+    if s_ord.max() < per_tb:
+        return rows
+    r_ord = np.full(n, -1, np.int64)
+    r_ord[recvs] = ordinals(recvs, rows.rp)[recvs]
+    fwd = (rows.sp >= 0) & (rows.rp >= 0)
+    partner = np.where(fwd, rows.peer_x2, rows.peer_x)       # a send's receiving row
+    if np.any(partner[sends] < 0) or np.any(r_ord[partner[sends]] != s_ord[sends]):
+        return None          # the rows' order is not each connection's message order
+    run = np.zeros(n, np.int64)
+    run[sends] = s_ord[sends] // per_tb
+    recv_run = np.zeros(n, np.int64)
+    recv_run[recvs] = r_ord[recvs] // per_tb
+    if np.any(run[fwd] != recv_run[fwd]):
+        return None
+    run = np.where(rows.sp >= 0, run, recv_run)
+    nch = int(rows.ch.max(initial=0)) + 1
+    out = rows.copy()
+    out.ch = rows.ch + run * nch
+    return out
+
+
 def lay_out(rows: Prims, lim: XmlLimits, merge_up_to: int, k: int, segs: Segments | None = None) -> Layout:
     """The passes in order: thread blocks, channels, waits, ids, step numbers, then ``k`` instances
     (renamed by ``segs``, see :func:`instantiate`)."""
@@ -554,4 +607,4 @@ def relabels(rows: Prims) -> bool:
 
 
 __all__ = ["Layout", "OrderCycle", "Segments", "segments", "lay_out", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
-           "number_steps", "instantiate", "relabels"]
+           "number_steps", "instantiate", "relabels", "split_connections"]

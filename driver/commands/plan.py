@@ -56,7 +56,9 @@ def run(args) -> int:
         raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output, [args.algo])
+    from hccc.commands.xml import located
     gpn = args.gpus_per_node or 0
+    alg = None
     if Path(args.algo).suffix.lower() not in (".json", ".xml"):
         from hccc.compiler.passes.build import build_algorithm_level
         from hccc.compiler.passes.verify import verify
@@ -68,10 +70,11 @@ def run(args) -> int:
     else:
         ir = load_program(args.algo, program_options(args))
         gpn = gpn or int((ir.stats or {}).get("gpus_per_node", 0))
-    plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
-                       instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,
-                       max_bytes=args.max_bytes,
-                       limits=PlanLimits(max_tbs=args.max_tbs))
+    with located(args.algo, alg):
+        plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
+                           instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,
+                           max_bytes=args.max_bytes,
+                           limits=PlanLimits(max_tbs=args.max_tbs))
     text = plan_text(plan)
     if args.output == "-":
         sys.stdout.write(text)

@@ -14,6 +14,7 @@ The file is replaced atomically: a failed export leaves an existing file untouch
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from hccc.args import add_program_options, add_xml_limit_arguments, program_options, size_or_zero, xml_limits_from_args
@@ -21,6 +22,25 @@ from hccc.args import add_program_options, add_xml_limit_arguments, program_opti
 
 SUMMARY = "export an algorithm as MSCCL XML"
 INPUTS = {"algo": "algorithm"}
+
+
+@contextmanager
+def located(path: str, alg=None):
+    """An export's refusal (a limit of the target runtime, which is about the whole program)
+    located at the algorithm's header where the input is an algorithm, else named by the input
+    file: never a bare ``hccc: error``."""
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    from hccc.util.limits import printable
+    try:
+        yield
+    except CompileError as err:
+        if all(d.location is not None for d in err.diagnostics):
+            raise
+        where = getattr(getattr(alg, "header", None), "location", None)
+        raise CompileError([d if d.location is not None else
+                            Diagnostic(d.message if where is not None else f"{printable(path)}: {d.message}",
+                                       where, d.severity, d.notes)
+                            for d in err.diagnostics]) from None
 
 
 def configure(parser) -> None:
@@ -59,11 +79,13 @@ def run(args) -> int:
         alg = src
         verify(alg)
         # each channel is an MSCCL instance (hccc.compiler.pipeline.xml_instances)
-        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
-                                    instances=xml_instances(opts, alg.header.nchannels))
+        with located(args.algo, alg):
+            ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
+                                        instances=xml_instances(opts, alg.header.nchannels))
     else:
         ir = src if hasattr(src, "prims") else load_program(src, opts)
-        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
+        with located(args.algo, None if hasattr(src, "prims") else src):
+            text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
     if args.output == "-":
         sys.stdout.write(text)
         return 0
