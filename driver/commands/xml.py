@@ -17,7 +17,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from hccc.args import add_program_options, add_xml_limit_arguments, program_options, size_or_zero, xml_limits_from_args
+from hccc.args import (add_program_options, add_selection_band, add_xml_limit_arguments, program_options, proto_choice,
+                       proto_metavar, xml_limits_from_args)
 
 
 SUMMARY = "export an algorithm as MSCCL XML"
@@ -49,11 +50,10 @@ def configure(parser) -> None:
     parser.add_argument("algo", metavar="ALGO", help="algorithm (.rccl, ProgramIR .json, MSCCL .xml)")
     parser.add_argument("-o", "--output", metavar="FILE.xml", required=True, help="output file ('-': stdout)")
     add_program_options(parser)
-    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="protocol the runtime uses")
-    parser.add_argument("--min-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="smallest message size the runtime may choose this algorithm for")
-    parser.add_argument("--max-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="largest message size (0: no limit)")
+    protocols = {p.lower(): p for p in PROTOCOLS}
+    parser.add_argument("--proto", type=proto_choice("MSCCL XML", protocols), default="simple",
+                        metavar=proto_metavar(protocols), help="protocol the runtime uses (any case)")
+    add_selection_band(parser, "the runtime may choose this algorithm for", "0: no limit")
     add_xml_limit_arguments(parser)
 
 
@@ -64,8 +64,6 @@ def run(args) -> int:
 
     from hccc.compiler.pipeline import xml_instances
     opts = program_options(args, xml_instances=args.instances)
-    if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
-        raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
     from hccc.util.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
