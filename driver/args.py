@@ -375,8 +375,9 @@ def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str |
                         help=prefix + "refuse programs with more transfers than this")
     parser.add_argument("--channels", type=channels_arg, default=None, metavar="K|auto",
                         help="blocks per thread block: each moves 1/K of every slice over FIFOs of its "
-                             "own (default: auto, i.e. the CPU emulation 1; CUDA/HIP the .rccl nChannels, "
-                             "else from the SM count, thread blocks and slice size)")
+                             "own (default: auto, i.e. the CPU emulation 1; CUDA/HIP the .rccl header's "
+                             "nChannels where it writes one, 1 included, else from the SM count, thread "
+                             "blocks and slice size)")
 
 
 def program_options(args, **overrides):

@@ -343,9 +343,10 @@ def test_old_spellings_are_hidden_aliases(name, old, new):
 
 
 def test_dtypes_and_backends_agree_across_commands():
-    for name in ("sim", "fuzz"):
-        assert set(_options(name)["--dtype"].type("float32,int32") if name == "fuzz"
-                   else _options(name)["--dtype"].choices) >= {"float32", "int32"}
+    for name in ("sim", "fuzz", "run"):
+        parse = _options(name)["--dtype"].type
+        assert parse("float32") in ("float32", ["float32"]) and parse("FLOAT") in ("float32", ["float32"])
+        assert parse("half") in ("float16", ["float16"]) and parse("int32") in ("int32", ["int32"])
     assert set(_options("fuzz")["--backend"].choices) == set(_options("run")["--backend"].choices)
 
 
@@ -364,8 +365,14 @@ def test_o_given_a_folder_explains_itself(capsys, name, tmp_path):
     rc, _, err = cli(capsys, name, RING, *extra, "-o", f"{tmp_path}/out/")
     assert rc == 2
     assert "is not a reduction operator" in err and "nccl-tests' -o" in err and "hccc ALGO -o OUTDIR" in err
-    rc, _, err = cli(capsys, name, RING, *extra, "-o", "prod")
-    assert rc == 2 and "is not a reduction operator (sum, max, min)" in err and "OUTDIR" not in err
+    from hccc.args import NCCL_OPS
+    from hccc.runtime.launcher import OPS
+    rc, _, err = cli(capsys, name, RING, *extra, "-o", "mulsum")
+    assert rc == 2 and f"is not a reduction operator ({', '.join(OPS)})" in err and "OUTDIR" not in err
+    for op in NCCL_OPS:          # nccl-tests' operators: the kernels' own, or a clear error naming them
+        rc, _, err = cli(capsys, name, RING, *extra, "-o", op.upper(), "--help")
+        if op not in OPS:
+            assert rc == 2 and f"have no '{op}' reduction" in err.splitlines()[0]
 
 
 def test_cpu_emulation_times_are_labelled(capsys):

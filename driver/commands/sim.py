@@ -165,7 +165,7 @@ def _load(args, algo: str, scheduler: str, cluster, sizes):
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes,
                              fuse=getattr(args, "fuse", "auto") == "on" and execution == "task")
-    return _channels(args, ir, topo, alg.header.nchannels), execution, None
+    return _channels(args, ir, topo, alg.header.nchannels if alg.header.nchannels_given else 0), execution, None
 
 
 def _compiled(args, alg, opts, cluster, sizes):
@@ -186,7 +186,7 @@ def _compiled(args, alg, opts, cluster, sizes):
     return ctx.ir, cost
 
 
-def _channels(args, ir, topo, declared: int = 1):
+def _channels(args, ir, topo, declared: int = 0):
     """``ir`` with the channels ``--channels`` asks for on the cluster's GPUs."""
     from hccc.compiler.pipeline import CompileOptions, apply_channels, platforms_for
     if topo.nranks != ir.nranks:
