@@ -73,7 +73,7 @@ def _repro(args, ir, case) -> str:
     from hccc.compiler.pipeline import reader_for
     if reader_for(args.algo).gives == "algorithm":
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
-    cmd.append("--inplace" if case.inplace else "--out-of-place")
+    cmd.append("--inplace-only" if case.inplace else "--out-of-place-only")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
     if args.channels is not None:
         cmd += ["--channels", str(args.channels)]
