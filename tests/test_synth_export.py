@@ -49,9 +49,35 @@ def test_synthesized_programs_export_to_both_engines(topo, coll, k, channels):
         assert max(len(tb) for tb in tbs) <= lim.max_steps
         import_xml_text(text, "synth.xml")             # proves the collective
         emu.check(text, seed=k, capacity=2)
-    # MSCCL++ plan: what is written is what runs
+    # MSCCL++ plan, one instance and the header's channels as instances: what is written is what runs
     ir = build_algorithm_level(alg)
-    plan = export_plan(ir, nodes=node_map(ir.nranks, alg.header.gpu_per_node))
-    text = plan_text(plan)
-    import_plan_text(text, "synth.json")               # proves the collective
-    check_plan(json.loads(text), 1, seed=k)
+    for instances in sorted({1, channels}):
+        plan = export_plan(ir, nodes=node_map(ir.nranks, alg.header.gpu_per_node), instances=instances)
+        text = plan_text(plan)
+        import_plan_text(text, "synth.json")           # proves the collective
+        check_plan(json.loads(text), 1, seed=k)
+
+
+def test_synthesized_program_with_two_channels_exports_from_the_command_line(tmp_path, capsys):
+    """The tutorial's flow: a synthesized AllGather whose header declares nChannels=2 exports with
+    `hccc xml` (its channels as instances, and --instances 2 on top) and `hccc plan`; each file is
+    proven when read back and computes the collective in its engine's emulator."""
+    from hccc.cli import main
+    from hccc.compiler.pipeline import load_cluster
+    from test_synth import CLUSTERS
+
+    topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
+    res = synthesize(topo, "allgather", time_limit=3, chunks_per_rank=2)
+    src = tmp_path / "ag.rccl"
+    src.write_text(_header_channels(to_rccl(res, topo), 2))
+    for extra, k in (([], 2), (["--instances", "1"], 2), (["--instances", "2"], 4)):
+        out = tmp_path / "ag.xml"
+        assert main(["xml", str(src), "-o", str(out), *extra]) == 0, capsys.readouterr().err
+        text = out.read_text()
+        assert ET.fromstring(text).get("nchannels") == str(k)
+        import_xml_text(text, "ag.xml")
+        emu.check(text, seed=k, capacity=2)
+    out = tmp_path / "ag.mscclpp.json"
+    assert main(["plan", str(src), "-o", str(out)]) == 0, capsys.readouterr().err
+    import_plan_text(out.read_text(), "ag.json")
+    check_plan(json.loads(out.read_text()), 1, seed=2)
