@@ -392,3 +392,23 @@ def test_compile_writes_the_step_ordered_export(tmp_path):
     _, _, notes = compile_algorithm(alg, tmp_path / "c", CompileOptions(), xml_limits=XmlLimits(max_steps=2))
     assert not (tmp_path / "c" / "hm_allreduce_2x4.xml").exists()
     assert any("MSCCL XML not written" in n and "--xml-max-steps" in n for n in notes)
+
+
+@given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=5), st.integers(2, 8), st.integers(1, 2))
+@settings(max_examples=25, deadline=None)
+def test_long_connections_are_cut_to_the_step_limit(alg, max_steps, k):
+    """Under a small step limit every export either keeps each thread block within it (long
+    connections cut over channels of their own), is proven by the importer and computes the
+    collective in the independent emulator, or is refused naming a limit; never an export over it."""
+    import xml.etree.ElementTree as ET
+
+    lim = XmlLimits(max_steps=max_steps, max_tbs=4096, max_xml_nodes=1 << 20)
+    try:
+        _, text = export_algorithm(alg, lim, instances=k)
+    except CompileError as exc:
+        assert "the algorithm does not fit the MSCCL runtime" in str(exc) or "cannot export" in str(exc)
+        return
+    algo = ET.fromstring(text)
+    assert max(len(tb) for gpu in algo for tb in gpu) <= max_steps
+    import_xml_text(text)
+    emu.check(text, seed=max_steps, capacity=2)
