@@ -212,7 +212,8 @@ def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> tuple[str, bo
 
 
 def _too_long(exc: CompileError) -> bool:
-    return any("steps, but the target runtime runs at most" in d.message for d in exc.diagnostics)
+    """Whether a limit check failed (also) for a thread block's steps (:func:`_check_limits`)."""
+    return bool(getattr(exc, "too_long", False))
 
 
 def _laid_out(ir: ProgramIR, base: Prims, lim: XmlLimits, k: int) -> str:
@@ -247,7 +248,8 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
     rows = lay.rows
     nt = lay.ntbs
     members = np.bincount(lay.tb, minlength=nt)
-    if nt and lay.tb_nsteps.max() > lim.max_steps:
+    too_long = bool(nt and lay.tb_nsteps.max() > lim.max_steps)
+    if too_long:
         w = int(np.argmax(lay.tb_nsteps))
         nops = int(lay.tb_nsteps[w] - members[w])
         n_over = int((lay.tb_nsteps > lim.max_steps).sum())
@@ -315,7 +317,9 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
             msgs.append(f"rank {rank}: more than {lim.max_children} child elements in one XML element")
             break
     if msgs:
-        raise export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
+        err = export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
+        err.too_long = too_long          # a thread block's steps are among the limits broken
+        raise err
 
 
 def export_summary(text: str) -> dict:
