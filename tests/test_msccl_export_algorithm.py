@@ -389,7 +389,8 @@ def test_compile_writes_the_step_ordered_export(tmp_path):
     assert (tmp_path / "a" / "hm_allreduce_2x4.xml").read_text() == text
     compile_algorithm(alg, tmp_path / "b", CompileOptions(xml_order="kernel"))
     assert (tmp_path / "b" / "hm_allreduce_2x4.xml").read_text() == export_xml(build_program(alg), instances=4)
-    _, _, notes = compile_algorithm(alg, tmp_path / "c", CompileOptions(), xml_limits=XmlLimits(max_steps=2))
+    _, _, notes = compile_algorithm(alg, tmp_path / "c", CompileOptions(),
+                                    xml_limits=XmlLimits(max_steps=2, max_channels=4))
     assert not (tmp_path / "c" / "hm_allreduce_2x4.xml").exists()
     assert any("MSCCL XML not written" in n and "--xml-max-steps" in n for n in notes)
 
