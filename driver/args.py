@@ -80,10 +80,62 @@ class CommandParser(argparse.ArgumentParser):
         return hints
 
     def error(self, message: str):
+        """A usage error: one line first (``hccc CMD: error: ...``), the usage after, exit status 2."""
+        import sys
         hints = self._hints()
         if hints and "did you mean" in " ".join(hints):
             message += " (" + "; ".join(hints) + ")"
-        super().error(message)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        self.print_usage(sys.stderr)
+        sys.exit(2)
+
+
+def warn_deprecated(prog: str, old: str, new: str, why: str = "") -> None:
+    """The warning of a deprecated option spelling (still accepted)."""
+    import sys
+    sys.stderr.write(f"{prog}: warning: {old} is deprecated{why}; use {new}\n")
+
+
+def deprecated_alias(new: str, why: str = "") -> type[argparse.Action]:
+    """An argparse action for an old option spelling kept working: it stores as the option it
+    stands for does and warns, naming ``new`` (the spelling to use). Hidden from the help."""
+
+    class Alias(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            warn_deprecated(parser.prog, option_string, new, why)
+            setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+    return Alias
+
+
+def add_deprecated_flag(parser, old: str, new: str, dest: str, why: str = "") -> None:
+    """``old``: a hidden, warned spelling of the flag ``new`` (``store_true`` into ``dest``)."""
+    parser.add_argument(old, dest=dest, nargs=0, action=deprecated_alias(new, why), help=argparse.SUPPRESS)
+
+
+#: every protocol name an engine may have, in hccc's one spelling (any case is accepted)
+PROTOCOL_NAMES = ("auto", "simple", "ll", "ll128")
+
+
+def proto_choice(engine: str, spellings: dict[str, str]) -> Callable[[str], str]:
+    """Type of ``--proto``, spelled one way on every command, in any case: ``auto``, ``simple``,
+    ``ll``, ``ll128``. ``spellings`` maps the names ``engine`` has to the value the command uses
+    (e.g. ``{"simple": "Simple", "ll": "LL"}``); a protocol the engine lacks is an error saying
+    which it has."""
+    def parse(text: str) -> str:
+        name = text.strip().lower()
+        if name in spellings:
+            return spellings[name]
+        has = "|".join(spellings)
+        if name in PROTOCOL_NAMES:
+            raise argparse.ArgumentTypeError(f"{engine} has no '{name}' protocol (it has {has})")
+        raise argparse.ArgumentTypeError(f"'{printable(text, limit=40)}' is not a protocol ({has})")
+    parse.__name__ = "protocol"
+    return parse
+
+
+def proto_metavar(spellings: dict[str, str]) -> str:
+    return "|".join(spellings)
 
 
 def op_choice(ops: Sequence[str], command: str) -> Callable[[str], str]:
@@ -91,14 +143,83 @@ def op_choice(ops: Sequence[str], command: str) -> Callable[[str], str]:
     operator, e.g. a folder, gets an error saying what ``-o`` means on ``command`` and how to
     write compiled output instead."""
     def parse(text: str) -> str:
-        if text in ops:
-            return text
+        if text.strip().lower() in ops:
+            return text.strip().lower()
+        if text.strip().lower() in NCCL_OPS:
+            raise argparse.ArgumentTypeError(f"hccc's kernels have no '{text.strip().lower()}' reduction "
+                                             f"(they have {', '.join(ops)})")
         looks_like_path = "/" in text or "." in text or text.endswith(os.sep)
         raise argparse.ArgumentTypeError(
             f"'{printable(text, limit=40)}' is not a reduction operator ({', '.join(ops)})"
             + (f": on hccc {command}, -o/--op is the reduction, as nccl-tests' -o; {command} writes no "
                "output folder (compile to one with 'hccc ALGO -o OUTDIR', then pass OUTDIR here)"
                if looks_like_path else ""))
+    parse.__name__ = "reduction operator"
+    return parse
+
+
+#: nccl-tests' names of the element types (its ``-d``), as hccc's tables name them; hccc's own names
+#: are accepted too, and ``all`` is every type hccc's kernels have
+NCCL_TYPE_NAMES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+                   "uint64": "uint64", "half": "float16", "float": "float32", "double": "float64",
+                   "bfloat16": "bfloat16"}
+#: nccl-tests' reduction operators (its ``-o``)
+NCCL_OPS = ("sum", "prod", "min", "max", "avg")
+
+
+def nccl_type_name(dtype: str) -> str:
+    """nccl-tests' name of one of hccc's element types (its own where nccl-tests has none)."""
+    return next((k for k, v in NCCL_TYPE_NAMES.items() if v == dtype), dtype)
+
+
+def dtype_list(known: Sequence[str]) -> Callable[[str], list[str]]:
+    """Type of ``-d/--dtype`` (nccl-tests' ``-d``): one element type, a comma list, or ``all``
+    (every type in ``known``, the kernels' table), each by nccl-tests' name (``float``, ``half``,
+    ``bfloat16``, ``double``, ...) or hccc's (``float32``, ...), in any case."""
+    def one(text: str) -> str:
+        name = text.strip().lower()
+        dtype = NCCL_TYPE_NAMES.get(name, name)
+        if dtype in known:
+            return dtype
+        has = ", ".join(f"{nccl_type_name(d)} ({d})" if nccl_type_name(d) != d else d for d in known)
+        if dtype in NCCL_TYPE_NAMES.values():
+            raise argparse.ArgumentTypeError(f"hccc's kernels have no {dtype} type (they have {has}, or all)")
+        raise argparse.ArgumentTypeError(f"'{printable(text, limit=40)}' is not an element type ({has}, or all)")
+
+    def parse(text: str) -> list[str]:
+        if text.strip().lower() == "all":
+            return list(known)
+        return list(dict.fromkeys(comma_list(one, "element types")(text)))
+    parse.__name__ = "element type"
+    return parse
+
+
+def dtype_one(known: Sequence[str], command: str) -> Callable[[str], str]:
+    """Type of ``-d/--dtype`` where a command takes one element type (any name of
+    :func:`dtype_list`)."""
+    many = dtype_list(known)
+
+    def parse(text: str) -> str:
+        got = many(text)
+        if len(got) != 1:
+            raise argparse.ArgumentTypeError(f"hccc {command} takes one element type at a time, got '{text}'")
+        return got[0]
+    parse.__name__ = "element type"
+    return parse
+
+
+def op_list(ops: Sequence[str], command: str) -> Callable[[str], list[str]]:
+    """Type of ``-o/--op`` where it is a list (nccl-tests' ``-o``): one reduction operator, a
+    comma list or ``all`` (every operator in ``ops``, the kernels' table), any case; a value that
+    is no operator gets :func:`op_choice`'s error."""
+    single = op_choice(ops, command)
+
+    def parse(text: str) -> list[str]:
+        if text.strip().lower() == "all":
+            return list(ops)
+        if "," not in text:
+            return [single(text)]
+        return list(dict.fromkeys(comma_list(single, "operators")(text)))
     parse.__name__ = "reduction operator"
     return parse
 
@@ -191,6 +312,22 @@ def add_cluster_argument(parser: argparse.ArgumentParser, dest: str, help: str) 
     parser.set_defaults(cluster_dest=dest)
 
 
+def usage_checks(parser, args) -> None:
+    """The usage errors argparse cannot see, each one line then the usage, exit status 2: no
+    cluster (:func:`missing_cluster`), an empty selection band, a contradictory size sweep
+    (``-b 8K -e 4K``)."""
+    if missing_cluster(args):
+        parser.error(missing_cluster(args))
+    check_selection_band(parser, args)
+    if hasattr(args, "sweep_default"):
+        from hccc.sweep import sweep_sizes
+        from hccc.util.diagnostics import CompileError
+        try:
+            sweep_sizes(args)
+        except CompileError as exc:
+            parser.error(exc.diagnostics[0].message)
+
+
 def missing_cluster(args) -> str | None:
     """The usage error of a command of :func:`add_cluster_argument` given no cluster, or None."""
     dest = getattr(args, "cluster_dest", None)
@@ -238,8 +375,9 @@ def add_program_options(parser: argparse.ArgumentParser, *, chunk_default: str |
                         help=prefix + "refuse programs with more transfers than this")
     parser.add_argument("--channels", type=channels_arg, default=None, metavar="K|auto",
                         help="blocks per thread block: each moves 1/K of every slice over FIFOs of its "
-                             "own (default: auto, i.e. the CPU emulation 1; CUDA/HIP the .rccl nChannels, "
-                             "else from the SM count, thread blocks and slice size)")
+                             "own (default: auto, i.e. the CPU emulation 1; CUDA/HIP the .rccl header's "
+                             "nChannels where it writes one, 1 included, else from the SM count, thread "
+                             "blocks and slice size)")
 
 
 def program_options(args, **overrides):
@@ -280,6 +418,29 @@ def add_xml_limit_arguments(parser: argparse.ArgumentParser) -> None:
                         "blocks of hccc's kernels (kernel: --scheduler, --tb-alloc)")
 
 
+def add_selection_band(parser, what: str, top: str) -> None:
+    """``--select-min-bytes`` / ``--select-max-bytes``: the message sizes an exported file tells
+    its runtime to choose it for (MSCCL's minBytes/maxBytes, MSCCL++'s message size range). Not a
+    sweep: ``-b``/``--min-bytes`` and ``-e``/``--max-bytes`` are the sizes ``hccc run`` and
+    ``hccc sim`` sweep, so here those spellings are deprecated aliases that warn."""
+    parser.add_argument("--select-min-bytes", dest="min_bytes", type=size_or_zero, default="0", metavar="BYTES",
+                        help=f"smallest message size {what}")
+    parser.add_argument("--select-max-bytes", dest="max_bytes", type=size_or_zero, default="0", metavar="BYTES",
+                        help=f"largest message size {what} ({top})")
+    why = " here (run and sim sweep sizes with it)"
+    parser.add_argument("--min-bytes", dest="min_bytes", type=size_or_zero, help=argparse.SUPPRESS,
+                        action=deprecated_alias("--select-min-bytes", why))
+    parser.add_argument("--max-bytes", dest="max_bytes", type=size_or_zero, help=argparse.SUPPRESS,
+                        action=deprecated_alias("--select-max-bytes", why))
+
+
+def check_selection_band(parser, args) -> None:
+    """A usage error where the band is empty."""
+    lo, hi = getattr(args, "min_bytes", 0), getattr(args, "max_bytes", 0)
+    if lo and hi and hi < lo:
+        parser.error(f"--select-max-bytes {format_size(hi)} is below --select-min-bytes {format_size(lo)}")
+
+
 def add_direct_option(p) -> None:
     """``--direct auto|off`` (the compile command and ``hccc run``)."""
     p.add_argument("--direct", choices=("auto", "off"), default="auto",
@@ -297,6 +458,7 @@ def xml_limits_from_args(args):
 
     lim = LEGACY_LIMITS if args.xml_legacy else XmlLimits()
     changes = {k: getattr(args, k) for k in ("proto", "min_bytes", "max_bytes") if hasattr(args, k)}
+    # (``--select-min-bytes``/``--select-max-bytes`` store as min_bytes/max_bytes)
     for opt, field in (("xml_max_steps", "max_steps"), ("xml_max_count", "max_count"),
                        ("xml_max_tbs_per_channel", "max_tbs_per_channel"), ("xml_max_channels", "max_channels"),
                        ("xml_max_elements", "max_xml_nodes")):

@@ -10,7 +10,8 @@ declare ``INPUTS`` (argument -> kind of file it reads, checked by :mod:`hccc.inp
 builds the parser, dispatches, and turns errors into messages; commands never import it.
 
 Bad input: ``FILE:LINE:COL: error: ...`` on stderr with the source line and a caret, exit status 1.
-Usage errors (unknown command or option, a malformed value): exit status 2. Never a Python
+Usage errors (unknown command or option, a malformed value, contradictory options): one line
+``hccc CMD: error: ...`` first, the usage after, exit status 2. Never a Python
 traceback for bad input (set HCCC_DEBUG=1 to see one for an internal error).
 """
 from __future__ import annotations
@@ -124,8 +125,8 @@ def _looks_like_path(word: str) -> bool:
 
 
 def _unknown_command(word: str) -> int:
-    sys.stderr.write(f"usage: {USAGE}\nhccc: error: unknown command '{word}'"
-                     f"{did_you_mean(word, [*COMMANDS, 'help'])}\n")
+    sys.stderr.write(f"hccc: error: unknown command '{word}'{did_you_mean(word, [*COMMANDS, 'help'])}\n"
+                     f"usage: {USAGE}\n")
     return 2
 
 
@@ -163,8 +164,8 @@ def _main(argv: list[str] | None) -> int:
         return 1
     try:
         if not argv:
-            _top_parser().print_usage(sys.stderr)
             sys.stderr.write("hccc: error: no algorithm or command given (see 'hccc help')\n")
+            _top_parser().print_usage(sys.stderr)
             return 2
         head = argv[0]
         if head == "--table-kernels":
@@ -197,9 +198,8 @@ def _main(argv: list[str] | None) -> int:
             return _unknown_command(head)
         parser = command_parser(name)
         args = parser.parse_args(rest)
-        from hccc.args import missing_cluster
-        if missing_cluster(args):
-            parser.error(missing_cluster(args))
+        from hccc.args import usage_checks
+        usage_checks(parser, args)
         args.argv = [name, *rest]          # the command line, for commands that re-run themselves
         if name == "synth" and not getattr(args, "no_smt", False):
             _ctrl_c_reaches_hccc_through_z3()

@@ -89,11 +89,13 @@ def plot_timeline(result: SimResult, prog: SimProgram, path: str | Path, *, titl
 
 
 def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Path, *,
-               title: str | None = None, bounds: dict[str, tuple[list[int], list[float]]] | None = None):
+               title: str | None = None, bounds: dict[str, tuple[list[int], list[float]]] | None = None,
+               cut_bound: tuple[list[int], list[float]] | None = None):
     """Bus bandwidth against size, one line per curve (``label -> (sizes in bytes, busbw GB/s)``),
     sizes on a log2 axis labelled as the command line writes them (``64K``, ``1.5M``), the y axis
-    from 0; ``bounds`` (same keys) are drawn dashed in their curve's colour (the busbw a lower
-    bound on the time allows). Returns (path, y-axis limits)."""
+    from 0; ``bounds`` (same keys) are drawn dashed in their curve's colour (the busbw each
+    program's own bound on its time allows), ``cut_bound`` dotted in black (the busbw the
+    cluster's cut bound allows any program of the collective). Returns (path, y-axis limits)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,7 +110,9 @@ def plot_busbw(curves: dict[str, tuple[list[int], list[float]]], path: str | Pat
         ticks.update(int(s) for s in sizes)
         if bounds and label in bounds:
             bs, bb = bounds[label]
-            ax.plot(bs, bb, linestyle="--", linewidth=0.9, color=line.get_color(), label=f"{label}: bound")
+            ax.plot(bs, bb, linestyle="--", linewidth=0.9, color=line.get_color(), label=f"{label}: program bound")
+    if cut_bound is not None and any(v == v for v in cut_bound[1]):
+        ax.plot(cut_bound[0], cut_bound[1], linestyle=":", linewidth=1.1, color="black", label="cluster cut bound")
     ax.set_ylim(bottom=0)
     ax.set_xscale("log", base=2)
     shown = sorted(ticks)

@@ -343,9 +343,10 @@ def test_old_spellings_are_hidden_aliases(name, old, new):
 
 
 def test_dtypes_and_backends_agree_across_commands():
-    for name in ("sim", "fuzz"):
-        assert set(_options(name)["--dtype"].type("float32,int32") if name == "fuzz"
-                   else _options(name)["--dtype"].choices) >= {"float32", "int32"}
+    for name in ("sim", "fuzz", "run"):
+        parse = _options(name)["--dtype"].type
+        assert parse("float32") in ("float32", ["float32"]) and parse("FLOAT") in ("float32", ["float32"])
+        assert parse("half") in ("float16", ["float16"]) and parse("int32") in ("int32", ["int32"])
     assert set(_options("fuzz")["--backend"].choices) == set(_options("run")["--backend"].choices)
 
 
@@ -364,8 +365,14 @@ def test_o_given_a_folder_explains_itself(capsys, name, tmp_path):
     rc, _, err = cli(capsys, name, RING, *extra, "-o", f"{tmp_path}/out/")
     assert rc == 2
     assert "is not a reduction operator" in err and "nccl-tests' -o" in err and "hccc ALGO -o OUTDIR" in err
-    rc, _, err = cli(capsys, name, RING, *extra, "-o", "prod")
-    assert rc == 2 and "is not a reduction operator (sum, max, min)" in err and "OUTDIR" not in err
+    from hccc.args import NCCL_OPS
+    from hccc.runtime.launcher import OPS
+    rc, _, err = cli(capsys, name, RING, *extra, "-o", "mulsum")
+    assert rc == 2 and f"is not a reduction operator ({', '.join(OPS)})" in err and "OUTDIR" not in err
+    for op in NCCL_OPS:          # nccl-tests' operators: the kernels' own, or a clear error naming them
+        rc, _, err = cli(capsys, name, RING, *extra, "-o", op.upper(), "--help")
+        if op not in OPS:
+            assert rc == 2 and f"have no '{op}' reduction" in err.splitlines()[0]
 
 
 def test_cpu_emulation_times_are_labelled(capsys):
@@ -456,3 +463,131 @@ def test_program_options_always_give_a_slot_size():
     ir = load_program(algo, plain)
     assert '"chunk_bytes": %d' % CompileOptions().chunk_bytes in ir.to_json() and auto_channels(ir, "cuda") >= 1
     assert program_options(command_parser("run").parse_args([algo, "--chunk-size", "64K"])).chunk_bytes == 64 << 10
+
+
+# ---------------------------------------------------------------------------- one vocabulary
+def _parse(capsys, name, *argv):
+    """(namespace or exit status, stderr) of parsing a command line of ``name`` (nothing runs)."""
+    try:
+        ns = command_parser(name).parse_args([str(a) for a in argv])
+    except SystemExit as exc:
+        ns = exc.code
+    return ns, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, has", [("run", ("auto", "simple", "ll")), ("xml", ("simple", "ll", "ll128")),
+                                       ("plan", ("simple", "ll"))])
+def test_proto_is_spelled_one_way_in_any_case(capsys, name, has):
+    from hccc.args import PROTOCOL_NAMES
+    action = _options(name)["--proto"]
+    assert action.metavar == "|".join(has)
+    out = [] if name == "run" else ["-o", "x"]        # run's -o is the reduction
+    for proto in PROTOCOL_NAMES:
+        for spelled in (proto, proto.upper(), proto.capitalize()):
+            ns, err = _parse(capsys, name, RING, *out, "--proto", spelled)
+            if proto in has:
+                assert not isinstance(ns, int) and ns.proto.lower() == proto, (name, spelled)
+            else:             # another engine's protocol: the one line says which this one has
+                assert ns == 2 and f"no '{proto}' protocol (it has {'|'.join(has)})" in err.splitlines()[0]
+    ns, err = _parse(capsys, name, RING, *out, "--proto", "fast")
+    assert ns == 2 and "'fast' is not a protocol" in err
+
+
+def test_nccl_tests_type_and_operator_names(capsys):
+    from hccc.args import NCCL_OPS, NCCL_TYPE_NAMES
+    from hccc.runtime.launcher import DTYPES, OPS
+    for nccl, ours in NCCL_TYPE_NAMES.items():
+        ns, err = _parse(capsys, "run", RING, "-d", nccl.upper())
+        if ours in DTYPES:
+            assert ns.dtype == [ours]
+        else:                 # nccl-tests has it, the kernels' table does not (yet): say which they have
+            assert ns == 2 and f"have no {ours} type" in err.splitlines()[0]
+    ns, _ = _parse(capsys, "run", RING, "-d", "all", "-o", "all")
+    assert ns.dtype == list(DTYPES) and ns.op == list(OPS)
+    ns, _ = _parse(capsys, "run", RING, "-d", "float,half,float32", "-o", "MAX,sum")
+    assert ns.dtype == ["float32", "float16"] and ns.op == ["max", "sum"]
+    ns, _ = _parse(capsys, "fuzz", RING, "-d", "half", "-o", "all")
+    assert ns.dtypes == ["float16"] and ns.ops == list(OPS)
+    ns, err = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "all")
+    assert ns == 2 and "one element type at a time" in err
+    ns, _ = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "half", "-o", "Min", "-n", "20", "-w", "5")
+    assert ns.dtype == "float16" and ns.op == "min"
+    for op in NCCL_OPS:
+        ns, err = _parse(capsys, "sim", RING, "-t", TOPO, "-o", op)
+        assert (ns.op == op) if op in OPS else (ns == 2 and f"no '{op}' reduction" in err)
+    ns, _ = _parse(capsys, "run", RING, "-c", "0", "-a", "3", "-g", "8", "-n", "20", "-w", "5")
+    assert (ns.check, ns.average, ns.ngpus, ns.iters, ns.warmup) == (0, 3, 8, 20, 5)
+
+
+def test_run_takes_nccl_tests_flags(capsys):
+    ag = str(EX / "ring_allgather_8.rccl")
+    rc, _, err = cli(capsys, "run", ag, "-g", "4", "--sizes", "4K")
+    assert rc == 2 and "-g 4: ring_allgather_8 runs on 8 ranks" in err
+    rc, out, err = cli(capsys, "run", ag, "-g", "8", "-c", "0", "-a", "0", "-d", "float,int32", "--sizes", "4K",
+                       "-n", "1", "-w", "0", "--out-of-place-only")
+    assert rc == 0, err
+    rows = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert [r[2] for r in rows] == ["float32", "int32"]          # a table per type
+    assert all(r[-1] == "N/A" for r in rows)                      # -c 0: nothing is reported checked
+    assert out.count("validation: 0") == 2
+
+
+def test_old_spellings_warn_and_still_work(capsys):
+    ns, err = _parse(capsys, "xml", RING, "-o", "x.xml", "--min-bytes", "4K", "--max-bytes", "1M")
+    assert (ns.min_bytes, ns.max_bytes) == (4096, 1 << 20)
+    assert "--min-bytes is deprecated here" in err and "use --select-min-bytes" in err and "use --select-max-bytes" in err
+    ns, err = _parse(capsys, "plan", RING, "-o", "x.json", "--select-min-bytes", "4K", "--select-max-bytes", "1M")
+    assert (ns.min_bytes, ns.max_bytes) == (4096, 1 << 20) and not err
+    ns, err = _parse(capsys, "plan", RING, "-o", "x.json", "--inplace")
+    assert ns.inplace and "use --for-inplace" in err
+    ns, err = _parse(capsys, "plan", RING, "-o", "x.json", "--for-inplace")
+    assert ns.inplace and not err
+    ns, err = _parse(capsys, "run", RING, "--inplace")
+    assert ns.inplace and "use --inplace-only" in err
+    ns, err = _parse(capsys, "run", RING, "--inplace-only")
+    assert ns.inplace and not err
+    ns, err = _parse(capsys, "run", RING, "--inplace-only", "--out-of-place-only")
+    assert ns == 2
+    # neither command shows the other's name, nor the sweep's name for the band
+    assert "--inplace" not in command_parser("plan").format_help().replace("--for-inplace", "")
+    assert "--min-bytes" not in command_parser("xml").format_help()
+
+
+@pytest.mark.parametrize("name, argv, first", [
+    ("run", ["-b", "8K", "-e", "4K"], "hccc run: error: -e 4K is below -b 8K"),
+    ("sim", ["-t", TOPO, "--sizes", "1M", "-b", "1M"], "hccc sim: error: give sizes either as --sizes"),
+    ("xml", ["-o", "x.xml", "--select-min-bytes", "4K", "--select-max-bytes", "1K"],
+     "hccc xml: error: --select-max-bytes 1K is below --select-min-bytes 4K"),
+    ("run", ["--frobnicate"], "hccc run: error: unrecognized arguments: --frobnicate")])
+def test_usage_errors_exit_2_with_the_error_line_first(capsys, name, argv, first):
+    rc, _, err = cli(capsys, name, RING, *argv)
+    lines = err.splitlines()
+    assert rc == 2 and lines[0].startswith(first) and lines[1].startswith(f"usage: hccc {name}")
+
+
+def test_unknown_command_error_line_first(capsys):
+    rc, _, err = cli(capsys, "frobnicate")
+    assert rc == 2 and err.startswith("hccc: error: unknown command") and "usage:" in err.splitlines()[1]
+
+
+@pytest.mark.parametrize("folder, warns", [("sum", True), ("PROD", True), ("all", True), ("kernels", False)])
+def test_output_folder_named_like_an_operator_warns(capsys, tmp_path, folder, warns):
+    rc, _, err = cli(capsys, RING, "-o", tmp_path / folder, "--list-outputs")
+    assert rc == 0 and ("named like a reduction operator" in err) == warns
+
+
+def test_header_nchannels_is_honoured_one_included(capsys, tmp_path):
+    """--channels auto takes the .rccl header's nChannels where it is written, 1 included; a header
+    without one gets the hardware rule (more than one channel for this ring on a CUDA device)."""
+    text = Path(RING).read_text()
+    assert "nChannels=1, " in text
+    none = tmp_path / "none.rccl"
+    none.write_text(text.replace("nChannels=1, ", ""))
+    four = tmp_path / "four.rccl"
+    four.write_text(text.replace("nChannels=1, ", "nChannels=4, "))
+    got = {}
+    for path in (RING, none, four):
+        rc, out, err = cli(capsys, path, "-o", tmp_path / f"out_{Path(path).stem}", "--target", "cuda")
+        assert rc == 0, err
+        got[Path(path).stem] = int(re.search(r"(\d+) channels? \(blocks per TB\)", out).group(1))
+    assert got["ring_allreduce_8"] == 1 and got["four"] == 4 and got["none"] > 1

@@ -43,3 +43,36 @@ def test_page_example_prints_what_the_page_shows(name, tmp_path):
         assert rc == 0, line
         shown = re.search(r"```sh\n" + re.escape(line) + r"\n```\n\n```text\n(.*?)\n```", text, re.S).group(1)
         assert out == shown, f"{line}: the page shows\n{shown}\nthe command printed\n{out}"
+
+
+def _page_options(name: str) -> set[str]:
+    """Every option spelling the page's option list shows."""
+    return set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", gen.options_section((HERE / f"{name}.md").read_text())))
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_page_examples_use_only_listed_options(name):
+    """A page's examples use the options its option list shows (never a hidden alias)."""
+    listed = _page_options(name)
+    for line in gen.PAGES[name][1]:
+        used = {w.split("=", 1)[0] for w in line.split() if w.startswith("-") and not w[1:2].isdigit()}
+        assert used <= listed, f"{name}: {line} uses {sorted(used - listed)}, not in the page's options"
+
+
+def test_readme_lists_every_command_and_every_output_file():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Commands", 1)[1].split("```", 2)[1]
+    for name in COMMANDS:
+        if name != "compile":
+            assert re.search(rf"^hccc {name}\b", block, re.M), f"README's command list lacks hccc {name}"
+    from hccc.compiler.pipeline.emitters import exports
+    assert ".mscclpp.json" in readme and ".xml" in readme
+    assert {e.name for e in exports()} >= {"msccl_xml", "mscclpp_plan"}
+
+
+def test_communicator_doc_names_the_cmake_option_that_exists():
+    cmake = (ROOT / "driver" / "cmake" / "hccc-config.cmake").read_text()
+    options = set(re.findall(r"option\((\w+)", cmake))
+    doc = (ROOT / "docs" / "communicator.md").read_text()
+    named = set(re.findall(r"-D(HCCC_\w+)=", doc))
+    assert named and named <= options, sorted(named - options)

@@ -198,11 +198,16 @@ def test_compile_fuse_option(tmp_path):
     from hccc.cli import main
 
     root = Path(__file__).resolve().parent.parent
-    algo = str(root / "examples" / "ring_broadcast_8.rccl")
+    # without nChannels in its header, so that the channels are hccc's choice (a written
+    # nChannels=1 is honoured: one block per thread block, where fusing gains nothing here)
+    text = (root / "examples" / "ring_broadcast_8.rccl").read_text()
+    assert "nChannels=1, " in text
+    algo = str(tmp_path / "ring_broadcast_8.rccl")
+    Path(algo).write_text(text.replace("nChannels=1, ", ""))
     topo = str(root / "examples" / "clusters" / "a100_topo1.topo")
 
     def fused(*opts):
-        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        out = tmp_path / f"o{len(list(tmp_path.glob('o*')))}"
         assert main([algo, "-o", str(out), *opts]) == 0
         return json.loads((out / "manifest.json").read_text())["stats"]["fused"]
 

@@ -32,12 +32,15 @@ def test_stdout_and_options(capsys):
 def test_limit_error_keeps_the_old_file(tmp_path, capsys):
     out = tmp_path / "ring.xml"
     out.write_text("old")
-    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4"]) == 1
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-max-channels", "1"]) == 1
     err = capsys.readouterr().err
-    assert "hccc: error: the algorithm does not fit the MSCCL runtime" in err and "--xml-max-steps" in err
+    # located at the algorithm's header: the limit is about the whole program
+    assert f"{RING}:" in err.splitlines()[0] and ": error: the algorithm does not fit the MSCCL runtime" in err
+    assert "--xml-max-steps" in err and "--xml-max-channels" in err
     assert out.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["ring.xml"], "no temporary file left behind"
-    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-legacy"]) == 1
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-steps", "4", "--xml-max-channels", "1",
+                 "--xml-legacy"]) == 1
     assert main(["xml", str(RING), "-o", str(out), "--xml-legacy"]) == 0
 
 
@@ -64,3 +67,25 @@ def test_usage_errors_exit_2():
 def test_output_directory_is_refused(tmp_path, capsys):
     assert main(["xml", str(RING), "-o", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_over_the_element_limit_is_refused_never_half_written(tmp_path, capsys):
+    """A program over the loaders' XML elements is refused by hccc xml with an error at the
+    algorithm's header and no file; the compile says so and writes no XML (the manifest says none),
+    never a warning beside an unusable file."""
+    import json
+    out = tmp_path / "r.xml"
+    assert main(["xml", str(RING), "-o", str(out), "--xml-max-elements", "20"]) == 1
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith(f"{RING}:") and ": error: " in first and "XML elements" in first
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert main([str(RING), "-o", str(tmp_path / "k"), "--xml-max-elements", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "MSCCL XML not written (the kernels are)" in err and "XML elements" in err
+    assert not list((tmp_path / "k").glob("*.xml"))
+    assert json.loads((tmp_path / "k" / "manifest.json").read_text())["msccl_xml"] is None
+    plan = tmp_path / "r.json"
+    assert main(["plan", str(RING), "-o", str(plan), "--max-tbs", "1"]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"{RING}:") and "MSCCL++ executor" in first and not plan.exists()

@@ -175,18 +175,26 @@ def test_fusing_a_task_level_program_falls_back_when_merging_orders_against_a_pa
 
 
 # ------------------------------------------------------------------ limits
-def test_step_limit_names_thread_block_and_option():
+def test_step_limit_cuts_long_connections_or_names_the_option():
+    """7 sends on one connection over a limit of 4 steps: cut into connections on channels of
+    their own (the importer proves the result, every thread block within the limit), or, with one
+    channel, refused before exporting, naming the connection and the options."""
+    import xml.etree.ElementTree as ET
+    from hccc.compiler.interop.msccl_import import import_xml_text
+
     ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
-    with pytest.raises(CompileError) as e:   # 7 sends on one connection: refused before exporting
-        export_xml(ir, XmlLimits(max_steps=4))
+    with pytest.raises(CompileError) as e:
+        export_xml(ir, XmlLimits(max_steps=4, max_channels=1))
     msg = render_all(e.value)
-    assert "sends to rank 1 on channel 0 in 7 primitives" in msg and "at most 4 per thread block" in msg
-    assert "--xml-max-steps" in msg
-    with pytest.raises(CompileError) as e:   # 7 sends fit, the thread block's 8 steps do not
-        export_xml(ir, XmlLimits(max_steps=7))
-    msg = render_all(e.value)
-    assert "needs 8 steps" in msg and "at most 7 per thread block" in msg and "--xml-max-steps" in msg
-    assert export_xml(ir, XmlLimits(max_steps=8))
+    assert "sends to rank 1 on channel 0 in 7 primitives" in msg and "at most 4 steps per thread block" in msg
+    assert "--xml-max-steps" in msg and "--xml-max-channels" in msg
+    for steps in (4, 7):
+        text = export_xml(ir, XmlLimits(max_steps=steps))
+        algo = ET.fromstring(text)
+        assert max(len(tb) for gpu in algo for tb in gpu) <= steps
+        assert int(algo.get("nchannels")) > 1
+        import_xml_text(text, "cut.xml")
+    assert ET.fromstring(export_xml(ir, XmlLimits(max_steps=8))).get("nchannels") == "1"
 
 
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.integers(1, 12))

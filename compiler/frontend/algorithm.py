@@ -55,6 +55,9 @@ class Header:
     chunks_per_rank: int = 1     # nChunksPerRank: chunks each rank owns (nchunks = nranks * this)
     micro_batches: int = DEFAULT_MICRO_BATCHES   # nMicroBatches: the slice policy (compiler/frontend/slice_policy.py)
     min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES   # MinSliceBytes: the slice policy's least slice
+    # nChannels was written in the header: --channels auto honours it, 1 included (where the text
+    # came from, not what the program is: left out of comparisons)
+    nchannels_given: bool = field(default=False, compare=False)
 
     @property
     def nchunks(self) -> int:

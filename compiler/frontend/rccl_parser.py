@@ -543,6 +543,7 @@ class _Builder:
             gpu_per_node=seen.get("GPUPerNode", 0), nic_per_node=seen.get("NICPerNode", 0),
             location=loc, root=seen.get("Root", 0), chunks_per_rank=seen.get("nChunksPerRank", 1),
             micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice,
+            nchannels_given="nChannels" in seen,
         )
 
     def param_value(self, name: str, val: Tree):

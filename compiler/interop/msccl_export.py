@@ -27,18 +27,20 @@ from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.msccl_format import MESSAGES_IN_FLIGHT, XmlLimits
 from hccc.compiler.interop.msccl_prims import (Prims, allgather_sources, export_error, from_ir,
                                                unfuse)
-from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, lay_out, relabels
+from hccc.compiler.interop.msccl_tbs import Layout, OrderCycle, Segments, lay_out, segments, split_connections
 from hccc.compiler.interop.msccl_text import xml_text
 from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, ProgramIR
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered
 
 
-def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
+def _quick_step_check(ir: ProgramIR, lim: XmlLimits, instances: int = 1) -> None:
     """Refuse at once (numpy, before the per-primitive export) a program whose MSCCL thread blocks
-    must exceed ``lim.max_steps``: every primitive that sends to peer ``p`` on channel ``c`` (or
-    receives from it) lands in the one MSCCL thread block that owns that connection end, one step
-    or more each, so the largest such count is a lower bound on that thread block's steps."""
+    must exceed ``lim.max_steps`` however its connections are cut: every primitive that sends to
+    peer ``p`` on channel ``c`` (or receives from it) lands in a thread block that owns that
+    connection end, one step or more each; a connection of ``n`` messages cut into runs of at most
+    ``max_steps`` (:func:`~hccc.compiler.interop.msccl_tbs.split_connections`) needs that many
+    channels of its own per instance, so more than ``max_channels`` of them cannot fit."""
     P = ir.prims
     worst = None
     for peer, what in (("send_peer", "sends to"), ("recv_peer", "receives from")):
@@ -51,15 +53,18 @@ def _quick_step_check(ir: ProgramIR, lim: XmlLimits) -> None:
         if worst is None or counts[i] > worst[0]:
             k = int(keys[i])
             rank, rest = divmod(k >> 16, ir.nranks + 1)
-            worst = (int(counts[i]), rank, what, rest, k & 0xFFFF, int((counts > lim.max_steps).sum()))
-    if worst is not None and worst[0] > lim.max_steps:
-        n, rank, what, peer, ch, n_over = worst
+            worst = (int(counts[i]), rank, what, rest, k & 0xFFFF)
+    if worst is None:
+        return
+    n, rank, what, peer, ch = worst
+    runs = -(-n // lim.max_steps) * max(1, instances)
+    if runs > lim.max_channels:
         raise export_error([f"the algorithm does not fit the MSCCL runtime: rank {rank} {what} rank {peer} on "
-                    f"channel {ch} in {n} primitives, all in one MSCCL "
-                    f"thread block of at least {n} steps, but the target runtime runs at most "
-                    f"{lim.max_steps} per thread block"
-                    + (f" ({n_over - 1} more connection(s) are too long)" if n_over > 1 else "")
-                    + "; the older msccl executor allows 256 (--xml-max-steps 256 or --xml-legacy)"])
+                            f"channel {ch} in {n} primitives, which at most {lim.max_steps} steps per thread "
+                            f"block cut into {runs} thread blocks (with {max(1, instances)} instance(s)) on as "
+                            f"many channels, but the target runtime has {lim.max_channels} channels "
+                            "(--xml-max-channels); the older msccl executor allows 256 steps "
+                            "(--xml-max-steps 256 or --xml-legacy)"])
 
 
 def export_algorithm(alg, limits: XmlLimits | None = None, *, fuse: bool = False, instances: int = 1,
@@ -97,13 +102,14 @@ def export_xml(ir: ProgramIR, limits: XmlLimits | None = None, *, fuse: bool = F
     (:func:`~hccc.compiler.interop.msccl_tbs.instantiate`). Fused output, and instances of programs with multi-chunk steps, are
     re-read with the importer, which proves the collective and checks deadlock freedom under the
     runtimes' execution (``prove``); a fused export that fails is written unfused, an instanced one
-    is refused. Instances of one-chunk steps are a renaming of the one-instance export's chunks
-    (:func:`~hccc.compiler.interop.msccl_tbs.instantiate`) and are not re-read.
+    is refused. Instances are a renaming of the one-instance export's chunks wherever every step's
+    chunk range stays inside one segment of the collective (:func:`~hccc.compiler.interop.msccl_tbs.segments`,
+    always with one-chunk steps) and are then not re-read.
     """
     lim = limits or XmlLimits()
     if instances < 1:
         raise ValueError("instances must be at least 1")
-    _quick_step_check(ir, lim)
+    _quick_step_check(ir, lim, instances)
     _check_exportable(ir, lim)
     return _export_program(ir, lim, fuse, instances, prove)
 
@@ -142,7 +148,7 @@ def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
         fused = fuse_forwarding(plain)
         if fused is not None:
             try:
-                text = _export(ir, fused, lim, instances)
+                text, _ = _export(ir, fused, lim, instances)
                 if not prove:
                     return text
                 from hccc.compiler.interop.msccl_import import import_xml_text
@@ -152,25 +158,70 @@ def _export_program(ir: ProgramIR, lim: XmlLimits, fuse: bool, instances: int, p
                 pass          # fusing ordered two thread blocks against a path between them
             except CompileError:
                 pass          # a limit, or the importer's proof: written unfused
-    text = _export(ir, plain, lim, instances)
-    if not prove or instances == 1 or relabels(plain):
+    text, cut = _export(ir, plain, lim, instances)
+    renamed = instances == 1 or _segments(ir, unfuse(plain)) is not None
+    if not prove or (renamed and not cut):
         return text
     from hccc.compiler.interop.msccl_import import import_xml_text
     try:
         import_xml_text(text, f"{ir.name}.xml")
     except CompileError as exc:
-        raise export_error([f"cannot export {instances} instances of this program: "
+        what = f"{instances} instances of this program" if not renamed else \
+            "this program with its long thread blocks cut over channels"
+        raise export_error([f"cannot export {what}: "
                             + "; ".join(d.message for d in exc.diagnostics[:2])]) from None
     return text
 
 
-def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> str:
-    """Thread blocks, waits, instances, limits and text for prepared rows."""
+def _segments(ir: ProgramIR, rows: Prims) -> Segments | None:
+    """How ``k`` instances rename the chunks of these rows (:func:`~hccc.compiler.interop.msccl_tbs.segments`):
+    the collective's own segment is an AllToAll's block, else the smaller of its input and output
+    (an AllGather's input, a ReduceScatter's output, an AllReduce's whole buffer)."""
+    unit = ir.in_chunks // max(1, ir.nranks) if spec_of(ir.collective).blockwise else min(ir.in_chunks, ir.out_chunks)
+    return segments(rows, max(1, int(unit)), ir.scratch_chunks)
+
+
+#: fractions of the step limit tried, in order, as the most messages of one connection per thread
+#: block when long connections are cut over channels: a run of that many messages shares its
+#: thread block with the local steps next to it and the nops of its waits, so a full run may
+#: not fit and a shorter one is tried
+SPLIT_FRACTIONS = (1.0, 0.75, 0.5, 0.25)
+
+
+def _export(ir: ProgramIR, rows: Prims, lim: XmlLimits, k: int) -> tuple[str, bool]:
+    """Thread blocks, waits, instances, limits and text for prepared rows: (text, whether long
+    connections were cut over channels, :func:`~hccc.compiler.interop.msccl_tbs.split_connections`)."""
     base = unfuse(rows)
+    first = None
+    for frac in (None, *SPLIT_FRACTIONS):
+        if frac is None:
+            cut = base
+        else:
+            cut = split_connections(base, max(1, int(lim.max_steps * frac)))
+            if cut is None:
+                break
+            if cut is base:
+                continue       # no connection that long: the steps are local ones and nops
+        try:
+            return _laid_out(ir, cut, lim, k), frac is not None
+        except CompileError as exc:
+            first = first or exc
+            if not _too_long(exc):
+                break          # another limit: cutting connections would not help
+    raise first
+
+
+def _too_long(exc: CompileError) -> bool:
+    """Whether a limit check failed (also) for a thread block's steps (:func:`_check_limits`)."""
+    return bool(getattr(exc, "too_long", False))
+
+
+def _laid_out(ir: ProgramIR, base: Prims, lim: XmlLimits, k: int) -> str:
+    segs = _segments(ir, base) if k > 1 else None
     # first try merging the pieces of each hccc thread block (fewer TBs); if that breaks a limit
     # (long TBs), fall back to one MSCCL TB per group of connection ends
     for merge in (lim.max_steps, 0):
-        full = lay_out(base, lim, merge, k)
+        full = lay_out(base, lim, merge, k, segs)
         try:
             _check_limits(ir, full, lim)
             break
@@ -197,7 +248,8 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
     rows = lay.rows
     nt = lay.ntbs
     members = np.bincount(lay.tb, minlength=nt)
-    if nt and lay.tb_nsteps.max() > lim.max_steps:
+    too_long = bool(nt and lay.tb_nsteps.max() > lim.max_steps)
+    if too_long:
         w = int(np.argmax(lay.tb_nsteps))
         nops = int(lay.tb_nsteps[w] - members[w])
         n_over = int((lay.tb_nsteps > lim.max_steps).sum())
@@ -265,7 +317,9 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
             msgs.append(f"rank {rank}: more than {lim.max_children} child elements in one XML element")
             break
     if msgs:
-        raise export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
+        err = export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
+        err.too_long = too_long          # a thread block's steps are among the limits broken
+        raise err
 
 
 def export_summary(text: str) -> dict:

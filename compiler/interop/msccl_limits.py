@@ -9,10 +9,11 @@ millions of transfers. Every quantity it compares is a lower bound on what the s
 program the exporter would accept:
 
 * every transfer is one step in the MSCCL thread block that owns its sending end and one in the
-  thread block owning its receiving end, and a connection end belongs to exactly one thread block
-  per instance: the most transfers on one (sender, receiver) pair bound a thread block's steps;
+  thread block owning its receiving end; a (sender, receiver) pair of ``c`` transfers is cut into
+  at least ``ceil(c / max_steps)`` connections, each on a channel and a thread block of its own at
+  both ends (:func:`hccc.compiler.interop.msccl_tbs.split_connections`), per instance;
 * a rank's XML elements are ``1 + ngpus + thread blocks + steps``; without fusion every send and
-  every receive is a step of its own and every connection end a thread block of its own; with
+  every receive is a step of its own and every connection end (cut as above) a thread block of its own; with
   fusion a step may both receive and send and a thread block may hold one end of each kind, so the
   larger of the two counts bounds them; ``instances`` multiplies both;
 * a thread block has one channel and a channel takes ``max_tbs_per_channel`` sending (and as many
@@ -44,19 +45,21 @@ def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, 
     msgs: list[str] = []
     if len(src):
         keys, pair = np.unique(src * n + dst, return_counts=True)
-        j, c = _worst(pair)
-        if c > lim.max_steps:
-            over = int((pair > lim.max_steps).sum())
+        runs = -(-pair // lim.max_steps)           # connections a pair is cut into, per instance
+        j, c = _worst(runs * k)
+        if c > lim.max_channels:
+            over = int((runs * k > lim.max_channels).sum())
             a, b = divmod(int(keys[j]), n)
-            msgs.append(f"rank {a} sends {c} chunks to rank {b}, one step each in the one MSCCL "
-                        f"thread block that owns that connection end, but the target runtime runs at most "
-                        f"{lim.max_steps} steps per thread block"
+            msgs.append(f"rank {a} sends {int(pair[j])} chunks to rank {b}, one step each; at most {lim.max_steps} "
+                        f"steps per thread block cut that into {c} connections (with {k} instance(s)), "
+                        f"each on a channel of its own, but the target runtime has {lim.max_channels} channels "
+                        "(--xml-max-channels)"
                         + (f" ({over - 1} more connection(s) are too long)" if over > 1 else "")
-                        + "; the older msccl executor allows 256 (--xml-max-steps 256 or --xml-legacy)")
+                        + "; the older msccl executor allows 256 steps (--xml-max-steps 256 or --xml-legacy)")
         sends = np.bincount(src, minlength=n)
         recvs = np.bincount(dst, minlength=n)
-        send_peers = np.bincount(keys // n, minlength=n)
-        recv_peers = np.bincount(keys % n, minlength=n)
+        send_peers = np.bincount(keys // n, weights=runs, minlength=n).astype(np.int64)
+        recv_peers = np.bincount(keys % n, weights=runs, minlength=n).astype(np.int64)
         if fuse:
             steps = np.maximum(sends, recvs)
             tbs = np.maximum(send_peers, recv_peers)
@@ -76,7 +79,7 @@ def check_algorithm_fits(alg: Algorithm, lim: XmlLimits, *, instances: int = 1, 
         r, c = _worst(peers)
         room = lim.max_tbs_per_channel * lim.max_channels
         if c > room:
-            msgs.append(f"rank {r} talks to {c // k} peers ({c} thread blocks with {k} instance(s)) in one "
+            msgs.append(f"rank {r} has {c // k} connections to its peers ({c} thread blocks with {k} instance(s)) in one "
                         f"direction, but {lim.max_channels} channels of {lim.max_tbs_per_channel} thread blocks "
                         f"hold {room} (--xml-max-tbs-per-channel, --xml-max-channels)")
     if n > lim.max_children:

@@ -440,20 +440,62 @@ def number_steps(lay: Layout) -> None:
     lay.hasdep[rows.wait_b] = True
 
 
-def instantiate(lay: Layout, k: int) -> Layout:
-    """``k`` instances of the layout (msccl-tools' ``instances``): every MSCCL TB becomes ``k`` TBs
-    (ids ``id*k + i``, channel ``i*nchannels + ch``), each moving its own ``1/k`` of every chunk
-    range: a step on chunks ``[off, off+cnt)`` moves chunks ``[off*k + i*cnt, off*k + (i+1)*cnt)`` of
-    the ``k`` times finer buffers in instance ``i``.
+@dataclass(frozen=True)
+class Segments:
+    """How instances rename chunks: the input and output buffers are cut into segments of
+    ``seg`` chunks, the scratch buffer into segments of ``scratch`` chunks; instance ``i`` of
+    chunk ``q*g + j`` of a buffer cut into segments of ``g`` is the fine chunk ``q*g*k + i*g + j``
+    (:func:`instantiate`; ``g = 1`` is msccl-tools' rule ``c*k + i``)."""
 
-    With one-chunk steps (:func:`relabels`) instance ``i`` is the one-instance program with chunk
-    ``c`` of every buffer of every rank renamed ``c*k + i``: one renaming for all buffers and ranks,
-    so each fine chunk follows the path of its coarse chunk, and the postconditions of the exported
-    collectives are invariant under it (AllReduce ``out[c] = sum in[c]``; AllGather
-    ``out[s*I + j] = in_s[j]`` becomes ``out[s*I*k + j*k + i] = in_s[j*k + i]`` with ``I*k`` input
-    chunks; ReduceScatter and AllToAll alike; an in-place alias at chunk ``r*I`` stays one at
-    ``r*I*k``). The instances share no TB, channel or dependency, so they are deadlock-free when one
-    is. Multi-chunk ranges are renamed per step and need not agree between steps: the exporter then
+    seg: int
+    scratch: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, max(1, n) + 1) if max(1, n) % d == 0]
+
+
+def _fitting(lo: np.ndarray, cnt: np.ndarray, total: int) -> int | None:
+    """The smallest divisor ``g`` of ``total`` such that no range ``[lo, lo+cnt)`` crosses a
+    multiple of ``g``, or None."""
+    hi = lo + cnt - 1
+    return next((g for g in _divisors(total) if np.all(lo // g == hi // g)), None)
+
+
+def segments(rows: Prims, unit: int, scratch: int) -> Segments | None:
+    """The renaming segments for these rows, or None where none keeps every row's chunk range
+    contiguous.
+
+    ``unit`` is the collective's own segment (the chunks one rank's part of a rank-indexed buffer
+    holds: an AllGather's input, a ReduceScatter's output, an AllToAll's block; the whole buffer of
+    an AllReduce, Broadcast or Reduce). Any divisor ``g`` of ``unit`` gives a renaming under which
+    the collective's postcondition holds when it held before: every chunk index in it has the form
+    ``q*unit + j`` on both sides, and the renaming maps it to ``q*unit*k + (j//g)*g*k + i*g +
+    j%g``, which is chunk ``(j//g)*g*k + i*g + j%g`` of segment ``q`` of ``unit*k`` chunks, the same
+    on every buffer and rank. The scratch buffer is private to a rank, so any divisor of its size
+    renames it. The smallest ``g`` under which no row's chunk range crosses a segment boundary is
+    chosen: ranges then stay contiguous (one XML step each), and with one-chunk steps it is
+    msccl-tools' own rule."""
+    def ranges(which):
+        parts = [(o[which(b)], rows.cnt[which(b)]) for b, o in ((rows.sbuf, rows.soff), (rows.dbuf, rows.doff))]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    g = _fitting(*ranges(lambda b: (b == int(Buf.INPUT)) | (b == int(Buf.OUTPUT))), unit)
+    gs = _fitting(*ranges(lambda b: b == int(Buf.SCRATCH)), scratch)
+    return None if g is None or gs is None else Segments(g, gs)
+
+
+def instantiate(lay: Layout, k: int, segs: Segments | None = None) -> Layout:
+    """``k`` instances of the layout (msccl-tools' ``instances``): every MSCCL TB becomes ``k`` TBs
+    (ids ``id*k + i``, channel ``i*nchannels + ch``), each moving its own ``1/k`` of the data.
+
+    With ``segs`` (:func:`segments`) the instances are one renaming of chunks for every buffer,
+    rank and step: instance ``i`` of chunk ``q*g + j`` is ``q*g*k + i*g + j`` (``g``: the
+    buffer's segment). Each fine chunk then follows the path of its coarse chunk,
+    the collective's postcondition holds for the fine chunks (:func:`segments`), and the instances
+    share no TB, channel or dependency, so they are deadlock-free and correct when one is. Without
+    ``segs`` a step on chunks ``[off, off+cnt)`` moves chunks ``[off*k + i*cnt, off*k + (i+1)*cnt)``
+    in instance ``i``: renamed per step, which need not agree between steps, so the exporter then
     proves the result with the importer."""
     if k == 1:
         return lay
@@ -472,8 +514,13 @@ def instantiate(lay: Layout, k: int) -> Layout:
     new = Prims(*(tile(getattr(rows, f.name)) for f in fields(Prims)))
     new.peer_x, new.peer_x2 = shift(rows.peer_x), shift(rows.peer_x2)
     for buf, off in (("sbuf", "soff"), ("dbuf", "doff")):
-        o = getattr(new, off)
-        setattr(new, off, np.where(getattr(new, buf) != int(Buf.NONE), o * k + inst * new.cnt, o))
+        o, b = getattr(new, off), getattr(new, buf)
+        if segs is None:
+            fine = o * k + inst * new.cnt
+        else:
+            g = np.where(b == int(Buf.SCRATCH), segs.scratch, segs.seg)
+            fine = (o // g) * g * k + inst * g + o % g
+        setattr(new, off, np.where(b != int(Buf.NONE), fine, o))
     m = len(rows.wait_a)
     new.wait_a = tile(rows.wait_a) + np.repeat(np.arange(k), m) * n
     new.wait_b = tile(rows.wait_b) + np.repeat(np.arange(k), m) * n
@@ -489,14 +536,68 @@ def instantiate(lay: Layout, k: int) -> Layout:
                   row_of[inst * nt + tile(lay.tb)], tile(lay.idx), tile(lay.s), tile(lay.hasdep))
 
 
-def lay_out(rows: Prims, lim: XmlLimits, merge_up_to: int, k: int) -> Layout:
-    """The passes in order: thread blocks, channels, waits, ids, step numbers, then ``k`` instances."""
+def split_connections(rows: Prims, per_tb: int) -> Prims | None:
+    """The rows with every connection of more than ``per_tb`` messages cut into consecutive runs
+    of ``per_tb``, run ``j`` on channel ``ch + j*nch`` (``nch``: the channels the rows use), at both
+    ends. The rows as given where no connection is longer; None where the cut cannot be made.
+
+    An MSCCL thread block has one channel and a connection (sender, receiver, channel) one thread
+    block at each end, so a connection's messages are a lower bound on its thread blocks' steps.
+    Messages of one connection arrive in the order they were sent (FIFO), so the ``m``-th send
+    and the ``m``-th receive of a connection are one message: cutting both ends' sequences at the
+    same counts keeps every match, and each run is a connection of its own on its own channel.
+    :func:`assign_tbs` then gives each run its thread block and keeps the order of the thread block
+    the runs came from with a wait at each cut. A forwarding primitive whose receive and send fall
+    into different runs cannot be cut (None)."""
+    sends = np.flatnonzero(rows.sp >= 0)
+    recvs = np.flatnonzero(rows.rp >= 0)
+    if not len(sends):
+        return rows
+
+    def ordinals(idx, peer):
+        key = (rows.rank[idx], peer[idx], rows.ch[idx])
+        order = lexsort((_half_steps(rows.pos[idx]), rows.htb[idx]) + key[::-1])
+        k = np.stack([a[order] for a in key], axis=1)
+        new = np.ones(len(idx), bool)
+        new[1:] = np.any(k[1:] != k[:-1], axis=1)
+        start = np.maximum.accumulate(np.where(new, np.arange(len(idx)), 0))
+        out = np.full(len(rows), -1, np.int64)
+        out[idx[order]] = np.arange(len(idx)) - start
+        return out
+
+    n = len(rows)
+    s_ord = np.full(n, -1, np.int64)
+    s_ord[sends] = ordinals(sends, rows.sp)[sends]
+    if s_ord.max() < per_tb:
+        return rows
+    r_ord = np.full(n, -1, np.int64)
+    r_ord[recvs] = ordinals(recvs, rows.rp)[recvs]
+    fwd = (rows.sp >= 0) & (rows.rp >= 0)
+    partner = np.where(fwd, rows.peer_x2, rows.peer_x)       # a send's receiving row
+    if np.any(partner[sends] < 0) or np.any(r_ord[partner[sends]] != s_ord[sends]):
+        return None          # the rows' order is not each connection's message order
+    run = np.zeros(n, np.int64)
+    run[sends] = s_ord[sends] // per_tb
+    recv_run = np.zeros(n, np.int64)
+    recv_run[recvs] = r_ord[recvs] // per_tb
+    if np.any(run[fwd] != recv_run[fwd]):
+        return None
+    run = np.where(rows.sp >= 0, run, recv_run)
+    nch = int(rows.ch.max(initial=0)) + 1
+    out = rows.copy()
+    out.ch = rows.ch + run * nch
+    return out
+
+
+def lay_out(rows: Prims, lim: XmlLimits, merge_up_to: int, k: int, segs: Segments | None = None) -> Layout:
+    """The passes in order: thread blocks, channels, waits, ids, step numbers, then ``k`` instances
+    (renamed by ``segs``, see :func:`instantiate`)."""
     lay = assign_tbs(rows, merge_up_to)
     spread_channels(lay, lim)
     reduce_deps(lay)
     targets_first(lay)
     number_steps(lay)
-    return instantiate(lay, k)
+    return instantiate(lay, k, segs)
 
 
 def relabels(rows: Prims) -> bool:
@@ -505,5 +606,5 @@ def relabels(rows: Prims) -> bool:
     return bool(np.all(rows.cnt == 1))
 
 
-__all__ = ["Layout", "OrderCycle", "lay_out", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
-           "number_steps", "instantiate", "relabels"]
+__all__ = ["Layout", "OrderCycle", "Segments", "segments", "lay_out", "assign_tbs", "spread_channels", "reduce_deps", "targets_first",
+           "number_steps", "instantiate", "relabels", "split_connections"]

@@ -132,11 +132,12 @@ def device_channels(ir: ProgramIR, sms: int, ranks_per_device: int = 1) -> int:
 
 
 def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | None = None,
-                     declared: int = 1, ranks_per_device: int = 1, device_sms: int | None = None) -> int:
+                     declared: int = 0, ranks_per_device: int = 1, device_sms: int | None = None) -> int:
     """The channel count for ``ir`` running on ``platforms`` (names of :data:`PLATFORMS`, one per
     rank or a set): ``request`` (an integer, or None for ``auto``), checked against every
     platform's block limit (:class:`ChannelError` naming the limit). ``declared``: the
-    algorithm's own count (``.rccl`` nChannels), which ``auto`` takes for GPU code.
+    algorithm's own count (``.rccl`` nChannels where the header writes it, 1 included; 0: none),
+    which ``auto`` takes for GPU code.
     ``device_sms``: the multiprocessors of the device the run uses, as its runtime reports them
     (None: not known; the nominal rule): ``auto`` then follows :func:`device_channels`."""
     plats = sorted(set(platforms)) or ["cpu"]
@@ -149,8 +150,8 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
             k = own
         elif plats == ["cpu"]:
             k = 1
-        elif int(declared) > 1:
-            k = int(declared)
+        elif int(declared) > 0:
+            k = int(declared)          # the header's nChannels, 1 included
         elif device_sms:
             k = device_channels(ir, device_sms, ranks_per_device)
         else:

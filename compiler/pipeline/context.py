@@ -100,9 +100,11 @@ class CompileContext:
 
     @property
     def declared_channels(self) -> int:
-        """The channel count the input declares (the ``.rccl`` nChannels; 1 for a ProgramIR,
-        whose own count is in the program)."""
-        return int(self.algorithm.header.nchannels) if self.algorithm is not None else 1
+        """The channel count the input declares: the ``.rccl`` header's nChannels where it is
+        written (1 included), else 0 (none: ``auto`` follows the hardware rule; a ProgramIR's own
+        count is in the program)."""
+        h = self.algorithm.header if self.algorithm is not None else None
+        return int(h.nchannels) if h is not None and h.nchannels_given else 0
 
     def platforms(self) -> list[tuple[str, ...]]:
         """Each rank's platforms (:func:`~hccc.compiler.pipeline.options.platforms_for`)."""

@@ -64,7 +64,7 @@ def platforms_for(nranks: int, target: str, topology=None) -> list[tuple[str, ..
     raise ValueError(f"unknown target {target!r}")
 
 
-def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 1,
+def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 0,
                           ranks_per_device: int = 1, device_sms: int | None = None) -> int:
     """The channel count ``opts.channels`` asks for ``ir`` on ``platforms``
     (:func:`hccc.compiler.passes.channels.resolve_channels`); a count that cannot run is a
@@ -78,7 +78,7 @@ def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 1
         raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
 
 
-def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 1, ranks_per_device: int = 1,
+def apply_channels(ir, opts: CompileOptions, platforms, declared: int = 0, ranks_per_device: int = 1,
                    device_sms: int | None = None):
     """``ir`` with the channel count ``opts.channels`` asks for on ``platforms`` (per-rank tuples
     as :func:`platforms_for` gives, or names), :func:`hccc.compiler.passes.channels.resolve_channels`;

@@ -43,7 +43,7 @@ PAGES = {
             ["hccc run examples/ring_allgather_8.rccl -b 1K -e 16K -f 4 -n 1 -w 0"]),
     "fuzz": ("Random sizes, dtypes, operators, placements and threads per block through the kernels and "
              "the reference executor; the first failure is shrunk to a `hccc run` command.",
-             ["hccc fuzz examples/ring_allgather_8.rccl --examples 4 --dtypes int32 --ops sum"]),
+             ["hccc fuzz examples/ring_allgather_8.rccl --examples 4 -d int32 -o sum"]),
     "sim": ("Simulate programs on a cluster with the alpha-beta model; nccl-tests table per program and "
             "scheduler, `--plot-busbw` for bus bandwidth against size, `--plot` for a timeline.",
             ["hccc sim examples/hm_allreduce_2x4.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8"]),

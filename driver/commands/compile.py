@@ -50,6 +50,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_xml_limit_arguments(p)
 
 
+def _warn_op_named_output(output: str) -> None:
+    """``hccc ALGO -o sum``: -o is the output folder here but the reduction operator of run, sim
+    and fuzz (nccl-tests' -o); a folder named like an operator is most likely that mix-up."""
+    from hccc.args import NCCL_OPS
+    name = Path(output).name
+    if name.lower() in NCCL_OPS + ("all",):
+        sys.stderr.write(f"hccc: warning: writing the output folder '{printable(name)}', named like a reduction "
+                         f"operator: -o is the output folder of a compile (hccc run's -o {printable(name)} is "
+                         "the reduction)\n")
+
+
 def run(args) -> int:
     from hccc.args import xml_limits_from_args
     from hccc.compiler.pipeline import StageTimes, compile as passes
@@ -61,6 +72,7 @@ def run(args) -> int:
         check_output_dir(args.output, inputs)
         if args.depfile:
             check_not_an_input(args.depfile, inputs)
+    _warn_op_named_output(args.output)
     times = StageTimes()
     opts = program_options(args, target=args.target, fuse=args.fuse, codegen=args.codegen, direct=args.direct,
                            xml_order=args.xml_order, xml_fuse=args.xml_fuse, xml_instances=args.instances)

@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hccc.args import add_program_options, choice_list, count_at_least, program_options, seconds
+from hccc.args import add_program_options, count_at_least, dtype_list, op_list, program_options, seconds
 from hccc.commands.run import DTYPES, OPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
@@ -38,12 +38,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where the kernels run (as hccc run's --backend)")
     parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S",
                         help="seed of the case generator and of the data")
-    parser.add_argument("-d", "--dtype", dest="dtypes", type=choice_list(DTYPES, "dtypes"), default=",".join(DTYPES),
-                        metavar="T[,T...]", help="element types to draw from (hccc run's -d/--dtype, a list)")
-    parser.add_argument("-o", "--op", dest="ops", type=choice_list(OPS, "operators"), default=",".join(OPS),
-                        metavar="OP[,OP...]", help="reduction operators to draw from (hccc run's -o/--op, a list)")
-    parser.add_argument("--dtypes", dest="dtypes", type=choice_list(DTYPES, "dtypes"), help=argparse.SUPPRESS)
-    parser.add_argument("--ops", dest="ops", type=choice_list(OPS, "operators"), help=argparse.SUPPRESS)
+    parser.add_argument("-d", "--dtype", dest="dtypes", type=dtype_list(DTYPES), default="all",
+                        metavar="T[,T...]|all", help="element types to draw from (hccc run's -d/--dtype: "
+                                                     "nccl-tests' names or hccc's, a list, or all)")
+    parser.add_argument("-o", "--op", dest="ops", type=op_list(OPS, "fuzz"), default="all",
+                        metavar="OP[,OP...]|all", help="reduction operators to draw from (hccc run's -o/--op, a "
+                                                       "list, or all)")
+    parser.add_argument("--dtypes", dest="dtypes", type=dtype_list(DTYPES), help=argparse.SUPPRESS)
+    parser.add_argument("--ops", dest="ops", type=op_list(OPS, "fuzz"), help=argparse.SUPPRESS)
     parser.add_argument("--max-microbatches", type=count_at_least(1), default=20, metavar="M",
                         help="largest size, in micro-batches per chunk")
     parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
@@ -71,7 +73,7 @@ def _repro(args, ir, case) -> str:
     from hccc.compiler.pipeline import reader_for
     if reader_for(args.algo).gives == "algorithm":
         cmd += ["--chunk-size", str(ir.chunk_bytes)]
-    cmd.append("--inplace" if case.inplace else "--out-of-place")
+    cmd.append("--inplace-only" if case.inplace else "--out-of-place-only")
     cmd += ["--slice-size", str(case.slice_bytes or ir.chunk_bytes)]
     if args.channels is not None:
         cmd += ["--channels", str(args.channels)]

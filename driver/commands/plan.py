@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hccc.args import add_program_options, positive_int, program_options, size_or_zero
+from hccc.args import (add_deprecated_flag, add_program_options, add_selection_band, positive_int, program_options,
+                       proto_choice, proto_metavar)
 
 SUMMARY = "export an algorithm as an MSCCL++ execution plan"
 INPUTS = {"algo": "algorithm"}
@@ -26,18 +27,21 @@ def configure(parser) -> None:
     parser.add_argument("algo", metavar="ALGO", help="algorithm (.rccl, ProgramIR .json, MSCCL .xml, plan .json)")
     parser.add_argument("-o", "--output", metavar="FILE.json", required=True, help="output file ('-': stdout)")
     add_program_options(parser)
-    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple",
-                        help="Simple (put + signal) or LL (packets with flags, one node only)")
-    parser.add_argument("--inplace", action="store_true", help="a plan for in-place calls (input inside output)")
+    protocols = {p.lower(): p for p in PROTOCOLS}
+    parser.add_argument("--proto", type=proto_choice("the MSCCL++ executor", protocols), default="simple",
+                        metavar=proto_metavar(protocols),
+                        help="simple (put + signal) or ll (packets with flags, one node only); any case")
+    parser.add_argument("--for-inplace", dest="inplace", action="store_true",
+                        help="a plan for in-place calls (input inside output)")
+    add_deprecated_flag(parser, "--inplace", "--for-inplace", "inplace",
+                        " on hccc plan (hccc run's --inplace-only runs in place only)")
     parser.add_argument("--instances", type=positive_int, default=1, metavar="K",
                         help="K copies of every thread block on channels of their own, each moving 1/K of every chunk")
     parser.add_argument("--micro-batches", type=positive_int, default=1, metavar="M",
                         help="the task-level pipeline unrolled: every chunk cut into M parts, each primitive run "
                              "for every part before the next (needs a program deadlock-free that way)")
-    parser.add_argument("--min-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="smallest message size the executor may choose this plan for")
-    parser.add_argument("--max-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="largest message size (0: the largest the plan's 32-bit offsets reach)")
+    add_selection_band(parser, "the executor may choose this plan for",
+                       "0: the largest the plan's 32-bit offsets reach")
     parser.add_argument("--gpus-per-node", type=positive_int, default=None, metavar="N",
                         help="GPUs per node (default: the algorithm's GPUPerNode; none: one node)")
     parser.add_argument("--max-tbs", type=positive_int, default=108, metavar="N",
@@ -52,11 +56,11 @@ def run(args) -> int:
     from hccc.compiler.interop.mscclpp_plan import PlanLimits
     from hccc.compiler.pipeline import load_program
 
-    if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
-        raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output, [args.algo])
+    from hccc.commands.xml import located
     gpn = args.gpus_per_node or 0
+    alg = None
     if Path(args.algo).suffix.lower() not in (".json", ".xml"):
         from hccc.compiler.passes.build import build_algorithm_level
         from hccc.compiler.passes.verify import verify
@@ -68,10 +72,11 @@ def run(args) -> int:
     else:
         ir = load_program(args.algo, program_options(args))
         gpn = gpn or int((ir.stats or {}).get("gpus_per_node", 0))
-    plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
-                       instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,
-                       max_bytes=args.max_bytes,
-                       limits=PlanLimits(max_tbs=args.max_tbs))
+    with located(args.algo, alg):
+        plan = export_plan(ir, nodes=node_map(ir.nranks, gpn), protocol=args.proto, inplace=args.inplace,
+                           instances=args.instances, micro_batches=args.micro_batches, min_bytes=args.min_bytes,
+                           max_bytes=args.max_bytes,
+                           limits=PlanLimits(max_tbs=args.max_tbs))
     text = plan_text(plan)
     if args.output == "-":
         sys.stdout.write(text)

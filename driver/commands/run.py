@@ -48,22 +48,26 @@ import sys
 from pathlib import Path
 
 from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
-from hccc.args import (add_direct_option, add_program_options, add_topology_option, count_at_least, op_choice,
-                       parse_size, program_options, seconds)
+from hccc.args import (add_deprecated_flag, add_direct_option, add_program_options, add_topology_option, count_at_least,
+                       dtype_list, nccl_type_name, op_list, parse_size, program_options, proto_choice, proto_metavar,
+                       seconds)
 from hccc.util.plural import plural
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
-DTYPES = ("float32", "float16", "bfloat16", "int32")
-OPS = ("sum", "max", "min")
+#: the element types and reduction operators hccc's kernels have (the runtime's tables: -d and -o
+#: take their values from them, by nccl-tests' names or hccc's)
+from hccc.runtime.launcher import DTYPES, OPS  # noqa: E402
 #: nccl-tests' names of the element types (hccc's tables spell them as the -d/--dtype option does)
-TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
+TYPE_NAMES = {d: nccl_type_name(d) for d in DTYPES}
 #: what the times of the CPU emulation are
 EMULATED_NOTE = ("# CPU emulation: every thread block is a group of OS threads of this machine; the times "
                  "and bandwidths measure that emulation, not a GPU (--backend cuda or hip times GPUs)")
 DEFAULT_BYTES = "4K,64K,1M"
+#: the FIFO protocols of hccc's kernels (--proto's values; auto chooses per size)
+RUN_PROTOCOLS = {"auto": "auto", "simple": "simple", "ll": "ll"}
 
 
 def load(args):
@@ -119,18 +123,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_topology_option(parser, help="cluster (.topo or TACCL .json): the program must fit it, and each "
                                      "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
     add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
-    parser.add_argument("-d", "--dtype", choices=DTYPES, default="float32", help="element type")
-    parser.add_argument("-o", "--op", type=op_choice(OPS, "run"), default="sum", metavar="|".join(OPS),
-                        help="reduction operator, nccl-tests' -o (shown as redop 'none' for collectives "
-                             "that reduce nothing); hccc run writes no files")
+    parser.add_argument("-d", "--dtype", type=dtype_list(DTYPES), default="float32",
+                        metavar="|".join(nccl_type_name(d) for d in DTYPES) + "|all",
+                        help="element type, nccl-tests' -d: its names (float, half, bfloat16, ...) or hccc's "
+                             "(float32, float16, ...), a comma list, or all (each runs as a table of its own)")
+    parser.add_argument("-o", "--op", type=op_list(OPS, "run"), default="sum", metavar="|".join(OPS) + "|all",
+                        help="reduction operator, nccl-tests' -o: one, a comma list, or all (shown as redop "
+                             "'none' for collectives that reduce nothing); hccc run writes no files")
+    nccl = parser.add_argument_group("nccl-tests' other options")
+    nccl.add_argument("-c", "--check", type=count_at_least(0), default=1, metavar="N",
+                      help="nccl-tests' -c: 0 shows #wrong as N/A and an exit status that ignores wrong "
+                           "elements; hccc run still compares the last run of every size (the check is "
+                           "what it is for), so any N >= 1 is the same")
+    nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1, metavar="0|1|2|3",
+                      help="nccl-tests' -a: report rank 0's time (0), the mean (1), min (2) or max (3) over "
+                           "ranks; hccc run times one launch of every rank together, so all four are that time")
+    nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
+                      help="nccl-tests' -g, GPUs per thread, i.e. the ranks: hccc run drives every rank of "
+                           "the program from this process, so N must be its nRanks")
     parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
                         help="root of a Broadcast or Reduce: must be the program's own Root (it is "
                              "compiled in)")
     place = parser.add_mutually_exclusive_group()
-    place.add_argument("--inplace", action="store_true",
+    place.add_argument("--inplace-only", dest="inplace", action="store_true",
                        help="run in place only (AllReduce input == output, AllGather input inside the "
                             "output, ReduceScatter output inside the input); both run by default, side by side")
-    place.add_argument("--out-of-place", action="store_true", help="run out of place only")
+    place.add_argument("--out-of-place-only", dest="out_of_place", action="store_true",
+                       help="run out of place only")
+    # the old spellings: --inplace also names hccc plan's option for in-place calls, so it warns
+    add_deprecated_flag(place, "--inplace", "--inplace-only", "inplace",
+                        " on hccc run (hccc plan's --for-inplace writes a plan for in-place calls)")
+    place.add_argument("--out-of-place", dest="out_of_place", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("-n", "--iters", type=count_at_least(1), default=3, metavar="N",
                         help="timed runs per size")
     parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
@@ -146,8 +169,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="micro-batch slice per launch (auto: for each size the slice of least "
                              "modelled time, a unit's fixed cost against the pipeline's fill, within "
                              "the program's nMicroBatches and MinSliceBytes, at most the slots' share)")
-    parser.add_argument("--proto", choices=("auto", "simple", "ll"), default="simple",
-                        help="FIFO protocol per size: simple (data in the slot, one flag per message), "
+    parser.add_argument("--proto", type=proto_choice("hccc's kernels", RUN_PROTOCOLS), default="simple",
+                        metavar=proto_metavar(RUN_PROTOCOLS),
+                        help="FIFO protocol per size (any case): simple (data in the slot, one flag per message), "
                              "ll (low latency: 4 data bytes and a flag in each 8-byte line, half-size "
                              "slots, every message through the FIFO; MSCCL imports stay simple), auto (ll up "
                              f"to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, the model's crossover)")
@@ -174,11 +198,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 COLUMNS = [("time", "(us)", 9), ("algbw", "(GB/s)", 7), ("busbw", "(GB/s)", 7), ("#wrong", "", 6)]
 
 
-def _cells(res) -> str:
+def _cells(res, checked: bool = True) -> str:
     if res.stuck is not None:
         vals = ("stuck", "-", "-", "-")
     else:
-        vals = (f"{res.time_us:.1f}", f"{res.algbw_GBps:.2f}", f"{res.busbw_GBps:.2f}", str(res.wrong))
+        vals = (f"{res.time_us:.1f}", f"{res.algbw_GBps:.2f}", f"{res.busbw_GBps:.2f}",
+                str(res.wrong) if checked else "N/A")
     return "".join(f"  {v:>{w}}" for v, (_, _, w) in zip(vals, COLUMNS))
 
 
@@ -263,6 +288,19 @@ def _runner_whose_fifos_fit(ir, fit: bool, make):
 
 
 def run(args) -> int:
+    """Every (element type, operator) asked for, a table each; the worst exit status."""
+    combos = [(d, o) for d in args.dtype for o in args.op]
+    status = 0
+    for dtype, op in combos:
+        one = argparse.Namespace(**vars(args))
+        one.dtype, one.op = dtype, op
+        status = max(status, _run_one(one))
+        if status not in (0, 1):
+            break
+    return status
+
+
+def _run_one(args) -> int:
     from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
@@ -288,6 +326,11 @@ def run(args) -> int:
     if args.chunk_size is None:
         args.chunk_size = DEFAULT_SLOT_BYTES
     ir, plats = load_with_platforms(args)
+    if args.ngpus is not None and args.ngpus != ir.nranks:
+        sys.stderr.write(f"hccc run: error: -g {args.ngpus}: {ir.name} runs on {plural(ir.nranks, 'rank')} (its "
+                         "nRanks), and hccc run drives every rank from this process: -g must be "
+                         f"{ir.nranks} or left out\n")
+        return 2
     from hccc.compiler.pipeline import apply_channels
     # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
     # the device the run uses: its multiprocessors and the ranks placed on each)
@@ -316,7 +359,7 @@ def run(args) -> int:
     unproven = [g for g in groups if g not in ir.placements]
     if unproven and len(groups) == 1:
         raise CompileError([Diagnostic(
-            f"--{'inplace' if unproven[0] else 'out-of-place'}: {ir.name} is proven "
+            f"--{'inplace-only' if unproven[0] else 'out-of-place-only'}: {ir.name} is proven "
             f"{'out of place' if unproven[0] else 'in place'} only (its MSCCL XML declares inplace="
             f"\"{int(True in ir.placements)}\" outofplace=\"{int(False in ir.placements)}\")", None)])
     groups = [g for g in groups if g in ir.placements]
@@ -358,7 +401,7 @@ def run(args) -> int:
                                           if args.proto == "auto" else "LL")
                                        + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
                     progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
-                                   f"warmup iters: {args.warmup} iters: {args.iters} validation: 1")
+                                   f"warmup iters: {args.warmup} iters: {args.iters} validation: {int(args.check > 0)}")
                     if args.backend == "cpu":
                         progress.print(EMULATED_NOTE)
                     if len(libraries) > 1 or plats[0] != "cuda":
@@ -393,7 +436,7 @@ def run(args) -> int:
                     if not args.json:
                         progress.print(table_left(nbytes, nbytes // es, args.dtype,
                                                   redop_column(coll, args.op), root)
-                                       + "".join(_cells(r) for r in row))
+                                       + "".join(_cells(r, args.check > 0) for r in row))
                         for r in row:
                             where = GROUP[r.inplace]
                             if r.stuck is not None:
@@ -414,7 +457,8 @@ def run(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
-    ok = all(r.ok for r in results)
+    # -c 0 (nccl-tests): wrong elements do not fail the run; a stuck run still does
+    ok = all(r.ok if args.check else r.stuck is None for r in results)
     if args.json:
         print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
                           "backend": pname, "emulated": args.backend == "cpu", "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,

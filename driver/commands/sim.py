@@ -45,7 +45,8 @@ import argparse
 import json
 from pathlib import Path
 
-from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, format_size, op_choice,
+from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, dtype_one, format_size,
+                       nccl_type_name, op_choice,
                        parse_size, positive_int)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
@@ -55,7 +56,8 @@ from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_co
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+#: bytes of each element type the kernels have (the runtime's table)
+from hccc.runtime.launcher import ELEMENT_BYTES as DTYPE_BYTES, OPS  # noqa: E402
 DEFAULT_SIZES = "1M,64M,1G"
 PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
@@ -95,11 +97,18 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
                    help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: in proportion; default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
-    p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
-                   help="element type (sizes are rounded down to whole elements)")
-    p.add_argument("-o", "--op", type=op_choice(("sum", "max", "min"), "sim"), default="sum", metavar="sum|max|min",
+    p.add_argument("-d", "--dtype", type=dtype_one(tuple(DTYPE_BYTES), "sim"), default="float32",
+                   metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES),
+                   help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...); "
+                        "sizes are rounded down to whole elements")
+    p.add_argument("-o", "--op", type=op_choice(OPS, "sim"), default="sum", metavar="|".join(OPS),
                    help="reduction operator shown in the redop column, nccl-tests' -o (the model's cost does not "
                         "depend on it); the plots have options of their own")
+    nccl = p.add_argument_group("nccl-tests' options a model needs not")
+    nccl.add_argument("-n", "--iters", type=count_at_least(1), default=None, metavar="N",
+                      help="nccl-tests' timed iterations: accepted; the model's time is the same every iteration")
+    nccl.add_argument("-w", "--warmup", type=count_at_least(0), default=None, metavar="N",
+                      help="nccl-tests' warmup iterations: accepted; the model has nothing to warm up")
     add_fuse_option(p, "for .rccl input, task-level execution: ")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                    help="refuse programs with more transfers than this")
@@ -156,7 +165,7 @@ def _load(args, algo: str, scheduler: str, cluster, sizes):
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes,
                              fuse=getattr(args, "fuse", "auto") == "on" and execution == "task")
-    return _channels(args, ir, topo, alg.header.nchannels), execution, None
+    return _channels(args, ir, topo, alg.header.nchannels if alg.header.nchannels_given else 0), execution, None
 
 
 def _compiled(args, alg, opts, cluster, sizes):
@@ -177,7 +186,7 @@ def _compiled(args, alg, opts, cluster, sizes):
     return ctx.ir, cost
 
 
-def _channels(args, ir, topo, declared: int = 1):
+def _channels(args, ir, topo, declared: int = 0):
     """``ir`` with the channels ``--channels`` asks for on the cluster's GPUs."""
     from hccc.compiler.pipeline import CompileOptions, apply_channels, platforms_for
     if topo.nranks != ir.nranks:
@@ -188,15 +197,18 @@ def _channels(args, ir, topo, declared: int = 1):
 
 #: what the simulator's own columns mean (printed under the table's header and in ``--help``)
 COLUMN_LEGEND = (
-    "bound: a lower bound on the time no schedule can beat (every link and GPU carrying its bytes at "
-    "full capacity, plus a link's latency); slice: the micro-batch slice of each chunk; mbatch: "
+    "progbound: the program's own bound, a lower bound on its time (every link and GPU carrying the "
+    "bytes this program moves at full capacity, plus a link's latency; a ring's equals its time); "
+    "cutbound: the cluster's cut bound, which no program of the collective can beat (the bytes that "
+    "must cross the cluster's narrowest cut at its bandwidth; hccc synth's bound, docs/bounds.md); slice: the micro-batch slice of each chunk; mbatch: "
     "micro-batches per chunk; idle avg / max: the share of the run a thread block waits (mean over "
     "the thread blocks, and the worst one)")
 #: sizes of a --plot-busbw curve when no sizes are given (2 per octave is too coarse for a line)
 PLOT_SIZES = "1M,2M,4M,8M,16M,32M,64M,128M,256M,512M,1G"
 
 #: the simulator's columns after nccl-tests' (name, unit, width)
-COLUMNS = [("time", "(us)", 11), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("bound", "(us)", 11),
+COLUMNS = [("time", "(us)", 11), ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("progbound", "(us)", 11),
+           ("cutbound", "(us)", 11),
            ("slice", "(B)", 7), ("mbatch", "", 6), ("idle", "avg", 6), ("idle", "max", 6)]
 
 
@@ -239,7 +251,22 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
             raise CompileError([Diagnostic(str(exc), None)]) from None
         task.advance()
     task.finish()
+    for r, cut in zip(results, _cut_bounds(topo, ir, sizes)):
+        r.cut_bound_s = cut
     return ir, prog, execution, slice_mode, results, largest
+
+
+def _cut_bounds(topo, ir, sizes: list[int]) -> list[float | None]:
+    """The cluster's cut bound on ``ir``'s collective at each size (seconds; None where the
+    cluster has no bandwidth view for it): :func:`hccc.compiler.synth.bounds.collective_cut_bound_seconds`."""
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+    try:
+        net = network_from_topology(topo)
+        return [collective_cut_bound_seconds(net, ir.collective, int(ir.nranks), 1, int(max(ir.root, 0)), float(s))
+                for s in sizes]
+    except (ValueError, KeyError, NotImplementedError):
+        return [None] * len(sizes)
 
 
 def run(args) -> int:
@@ -271,15 +298,19 @@ def run(args) -> int:
         if args.plot_busbw:
             from hccc.runtime.sim_plot import plot_busbw
             curves = {_label(args, r): ([x.nbytes for x in r[6]], [x.busbw_GBps for x in r[6]]) for r in runs}
-            # the busbw the lower bound on the time allows: the same bytes in the bound's time
-            bounds = {_label(args, r): ([x.nbytes for x in r[6]],
-                                        [x.busbw_GBps * x.time_us * 1e-6 / x.lower_bound_s if x.lower_bound_s > 0
-                                         else float("nan") for x in r[6]]) for r in runs}
+            # the busbw a bound on the time allows: the same bytes in the bound's time; the program's
+            # own bound per curve, the cluster's cut bound once (it is the collective's, on this cluster)
+            def allowed(x, bound):
+                return x.busbw_GBps * x.time_us * 1e-6 / bound if bound else float("nan")
+            bounds = {_label(args, r): ([x.nbytes for x in r[6]], [allowed(x, x.lower_bound_s) for x in r[6]])
+                      for r in runs}
+            first = runs[0][6]
+            cut = ([x.nbytes for x in first], [allowed(x, getattr(x, "cut_bound_s", None)) for x in first])
             title = (f"{runs[0][2].collective} on {topo.name}, scheduler {','.join(args.scheduler)}"
                      + (f", {runs[0][4]}-level execution" if runs[0][4] != "task" else ""))
             with progress.phase(f"plotting bus bandwidth to {args.plot_busbw}"):
                 try:
-                    plot_busbw(curves, args.plot_busbw, title=title, bounds=bounds)
+                    plot_busbw(curves, args.plot_busbw, title=title, bounds=bounds, cut_bound=cut)
                 except (OSError, ValueError) as exc:
                     raise CompileError([Diagnostic(f"cannot write the plot '{args.plot_busbw}': {exc}",
                                                    None)]) from None
@@ -314,7 +345,8 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
         "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
         "channels": int(ir.nchannels), "block_gbps": args.block_bw or None,
         "redop": redop_column(ir.collective, args.op), "root": root_column(ir.collective, ir.root),
-        "results": [r.summary() for r in results],
+        "results": [dict(r.summary(), cut_bound_us=None if getattr(r, "cut_bound_s", None) is None
+                         else r.cut_bound_s * 1e6) for r in results],
         "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
         "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
         "tb_idle_avg": big.tb_idle_avg, "tb_idle_max": big.tb_idle_max, "comm_time": big.comm_time,
@@ -342,8 +374,9 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
     redop = redop_column(ir.collective, args.op)
     root = root_column(ir.collective, ir.root)
     for r in results:
+        cut = getattr(r, "cut_bound_s", None)
         vals = (f"{r.time_us:.2f}", f"{r.algbw_GBps:.2f}", f"{r.busbw_GBps:.2f}", f"{r.lower_bound_s * 1e6:.2f}",
-                format_size(r.slice_bytes), str(r.micro_batches), f"{100 * r.tb_idle_avg:.1f}%",
+                "-" if cut is None else f"{cut * 1e6:.2f}", format_size(r.slice_bytes), str(r.micro_batches), f"{100 * r.tb_idle_avg:.1f}%",
                 f"{100 * r.tb_idle_max:.1f}%")
         print(table_left(r.nbytes, r.nbytes // esize, args.dtype, redop, root)
               + "".join(f"  {v:>{w}}" for v, (_, _, w) in zip(vals, COLUMNS)))

@@ -14,13 +14,34 @@ The file is replaced atomically: a failed export leaves an existing file untouch
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from hccc.args import add_program_options, add_xml_limit_arguments, program_options, size_or_zero, xml_limits_from_args
+from hccc.args import (add_program_options, add_selection_band, add_xml_limit_arguments, program_options, proto_choice,
+                       proto_metavar, xml_limits_from_args)
 
 
 SUMMARY = "export an algorithm as MSCCL XML"
 INPUTS = {"algo": "algorithm"}
+
+
+@contextmanager
+def located(path: str, alg=None):
+    """An export's refusal (a limit of the target runtime, which is about the whole program)
+    located at the algorithm's header where the input is an algorithm, else named by the input
+    file: never a bare ``hccc: error``."""
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    from hccc.util.limits import printable
+    try:
+        yield
+    except CompileError as err:
+        if all(d.location is not None for d in err.diagnostics):
+            raise
+        where = getattr(getattr(alg, "header", None), "location", None)
+        raise CompileError([d if d.location is not None else
+                            Diagnostic(d.message if where is not None else f"{printable(path)}: {d.message}",
+                                       where, d.severity, d.notes)
+                            for d in err.diagnostics]) from None
 
 
 def configure(parser) -> None:
@@ -29,11 +50,10 @@ def configure(parser) -> None:
     parser.add_argument("algo", metavar="ALGO", help="algorithm (.rccl, ProgramIR .json, MSCCL .xml)")
     parser.add_argument("-o", "--output", metavar="FILE.xml", required=True, help="output file ('-': stdout)")
     add_program_options(parser)
-    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="protocol the runtime uses")
-    parser.add_argument("--min-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="smallest message size the runtime may choose this algorithm for")
-    parser.add_argument("--max-bytes", type=size_or_zero, default="0", metavar="BYTES",
-                        help="largest message size (0: no limit)")
+    protocols = {p.lower(): p for p in PROTOCOLS}
+    parser.add_argument("--proto", type=proto_choice("MSCCL XML", protocols), default="simple",
+                        metavar=proto_metavar(protocols), help="protocol the runtime uses (any case)")
+    add_selection_band(parser, "the runtime may choose this algorithm for", "0: no limit")
     add_xml_limit_arguments(parser)
 
 
@@ -44,8 +64,6 @@ def run(args) -> int:
 
     from hccc.compiler.pipeline import xml_instances
     opts = program_options(args, xml_instances=args.instances)
-    if args.min_bytes and args.max_bytes and args.max_bytes < args.min_bytes:
-        raise CompileError([Diagnostic(f"--max-bytes {args.max_bytes} is below --min-bytes {args.min_bytes}", None)])
     from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
     from hccc.util.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
@@ -59,11 +77,13 @@ def run(args) -> int:
         alg = src
         verify(alg)
         # each channel is an MSCCL instance (hccc.compiler.pipeline.xml_instances)
-        ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
-                                    instances=xml_instances(opts, alg.header.nchannels))
+        with located(args.algo, alg):
+            ir, text = export_algorithm(alg, lim, fuse=args.xml_fuse, chunk_bytes=args.chunk_size,
+                                        instances=xml_instances(opts, alg.header.nchannels))
     else:
         ir = src if hasattr(src, "prims") else load_program(src, opts)
-        text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
+        with located(args.algo, None if hasattr(src, "prims") else src):
+            text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
     if args.output == "-":
         sys.stdout.write(text)
         return 0
