@@ -372,7 +372,7 @@ def test_synth_time_limit_holds(tmp_path):
     if code == 1:
         assert "time limit" in out and not (tmp_path / "s.rccl").exists()
     else:
-        assert "of the bandwidth bound" in out, out     # its fraction, or why it was not simulated
+        assert "of the cluster's cut bound" in out, out     # its fraction, or why it was not simulated
 
 
 @settings(max_examples=40)

@@ -235,7 +235,7 @@ def test_time_limit_reached_says_not_simulated(tmp_path, capsys):
     assert main(["synth", str(CLUSTERS / "a100_topo1.topo"), "--collective", "allgather", "--method", "trees",
                  "--time-limit", "0.001", "-o", str(out)]) == 0
     line = capsys.readouterr().out
-    assert "fraction of the bandwidth bound not simulated (time limit)" in line and "not fitted: time limit" in line
+    assert "fraction of the cluster's cut bound not simulated (time limit)" in line and "not fitted: time limit" in line
     assert time.perf_counter() - t0 < 60       # two packings of 8 GPUs, nothing simulated
 
 

@@ -145,8 +145,8 @@ def _say(p, summary: dict, out: Path) -> None:
     """The human summary line on stdout (the same for the same synthesis), the time on stderr."""
     result, bound, fraction = p.result, summary["bandwidth_bound"], summary["fraction_of_bound"]
     gap = "optimal in steps" if result.gap == 0 else f"gap {result.gap}"
-    frac = (f", {fraction:.3f} of the bandwidth bound at {format_size(p.plan.size)}" if fraction is not None else
-            f", fraction of the bandwidth bound not simulated ({summary['not_simulated']})")
+    frac = (f", {fraction:.3f} of the cluster's cut bound at {format_size(p.plan.size)}" if fraction is not None else
+            f", fraction of the cluster's cut bound not simulated ({summary['not_simulated']})")
     if "fraction_of_allreduce_bound" in bound:     # the cut bound alone can lie far below it
         frac += f" ({bound['fraction_of_allreduce_bound']:.3f} of the AllReduce bound)"
     why = summary.get("not_fitted_because")
