@@ -239,9 +239,9 @@ def test_a_class_rounding_is_rounded_over_every_root_too_and_the_better_kept(mon
             per_root[r] += c
         assert (per_root == p.chunks_per_rank).all()
     made.clear()
-    monkeypatch.setattr(trees, "SEED_EVERY_ROOT_ABOVE", 10 ** 6)       # the classes' rounding alone
-    monkeypatch.setattr(trees, "EVERY_ROOT_RANKS", 0)
-    alone = trees.pack_allreduce(net, pair_bw=bw)[0]
+    # the classes' rounding alone
+    alone = trees.pack_allreduce(net, pair_bw=bw, options=trees.PackOptions(seed_every_root_above=10 ** 6,
+                                                                             every_root_ranks=0))[0]
     assert alone.stats["rounded_over"] == "translates" and set(made) == {"translates"}
     assert alone.lp_time == pytest.approx(ag.lp_time, rel=1e-6)
 

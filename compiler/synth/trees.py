@@ -91,6 +91,24 @@ SEED_EVERY_ROOT_ABOVE = 8
 EVERY_ROOT_RANKS = 32
 
 
+@dataclass(frozen=True)
+class PackOptions:
+    """The choices of a packing a caller may set instead of the module's defaults (each field's
+    default is its module constant, read when the options are made, where its measurement is
+    written): the regrowing's exponents (``()``: no regrowing), the trees priced with the plain
+    formulation before the compiled one, the MILP's seconds per chunk count, when a classes'
+    packing is also rounded over every root, whether rail trees join the columns, and whether
+    integral trees (:mod:`.branchings`) are sought where the LP's trees round badly."""
+
+    regrow_alphas: tuple = field(default_factory=lambda: REGROW_ALPHAS)
+    priced_plain: int = field(default_factory=lambda: PRICED_PLAIN)
+    round_milp_each: float = field(default_factory=lambda: ROUND_MILP_EACH)
+    seed_every_root_above: int = field(default_factory=lambda: SEED_EVERY_ROOT_ABOVE)
+    every_root_ranks: int = field(default_factory=lambda: EVERY_ROOT_RANKS)
+    rails: bool = True
+    integral: bool = True
+
+
 class PackingError(ValueError):
     """The network admits no spanning tree from some rank (it is not strongly connected)."""
 
@@ -334,16 +352,19 @@ def _translates(E: np.ndarray, root: int, par: np.ndarray) -> tuple[np.ndarray, 
 
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-               round_tol: float = ROUND_TOL, symmetry: bool = True, exact: dict | None = None) -> Packing:
+               round_tol: float = ROUND_TOL, symmetry: bool = True, exact: dict | None = None,
+               options: PackOptions | None = None) -> Packing:
     """The least-time tree packing of an AllGather on ``net`` (:func:`_pack`); ``exact``: the integral
-    packings another packing of the same network found (its ``Packing.exact``), reused."""
+    packings another packing of the same network found (its ``Packing.exact``), reused; ``options``:
+    :class:`PackOptions` (default: the module's)."""
     return _pack(net, pair_bw=pair_bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks,
-                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, exact=exact)[0]
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, exact=exact,
+                 options=options)[0]
 
 
 def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunks: int | None = None,
                    min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL, round_tol: float = ROUND_TOL,
-                   symmetry: bool = True) -> tuple[Packing, Packing]:
+                   symmetry: bool = True, options: PackOptions | None = None) -> tuple[Packing, Packing]:
     """An AllReduce's ReduceScatter and AllGather packed together, to run at once: the least
     ``T`` such that every rank's data has out-trees (its AllGather) and in-trees (its
     ReduceScatter) whose loads *together* fit every pair and shared group in ``T`` (the LP of the
@@ -354,7 +375,7 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
     reducescatter)``: the out-trees on ``net`` and the in-trees as out-trees of
     ``net.transposed()`` (as :func:`pack_trees` packs each), both with the joint time and loads."""
     return _pack(net, pair_bw=pair_bw, bound=None, max_chunks=max_chunks, min_chunks=min_chunks,
-                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, joint=True)
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, joint=True, options=options)
 
 
 @dataclass
@@ -392,7 +413,8 @@ class _Columns:
     col_root: list = field(default_factory=list)    # the root's row key: r, or n + r for an in-tree
     col_par: list = field(default_factory=list)
     col_of: dict = field(default_factory=dict)      # (root, in-tree, parents) -> column
-    priced: int = 0                                 # trees priced so far (:data:`PRICED_PLAIN`)
+    priced_plain: int = PRICED_PLAIN                # trees priced plain before compiled (:data:`PRICED_PLAIN`)
+    priced: int = 0                                 # trees priced so far
     _arcs: tuple = (None, None, None)               # prices, kind, their arc matrix (:meth:`arcs`)
 
     @property
@@ -429,7 +451,7 @@ class _Columns:
         if rail and self.rails is None:
             return np.inf, None
         self.priced += 1
-        many = many or self.priced > PRICED_PLAIN
+        many = many or self.priced > self.priced_plain
         if self.translate is not None:     # the tree's cost with all its translates
             w = self.inc @ (pi_o * self.mult)[self.orb]
             C = self.arc_matrix((w * self.csize[r])[self.pair_img[r]].sum(axis=0), rev)
@@ -483,7 +505,8 @@ class _Columns:
         return self.col_root[j] - self.n * rev, rev
 
 
-def _columns(net: Network, bw: np.ndarray, symmetry: bool, joint: bool, translate: dict | None) -> _Columns:
+def _columns(net: Network, bw: np.ndarray, symmetry: bool, joint: bool, translate: dict | None,
+             options: PackOptions) -> _Columns:
     """The LP's setting for ``net`` at the pair bandwidths ``bw`` (:class:`_Columns`, no columns yet):
     the symmetry whose classes it solves (:func:`_pack`)."""
     n, P = net.nranks, net.npairs
@@ -517,13 +540,13 @@ def _columns(net: Network, bw: np.ndarray, symmetry: bool, joint: bool, translat
     first = np.full(RO, -1, np.int64)
     first[orb[::-1]] = np.arange(R)[::-1]
     capn = np.where(ok, cap / scale, 0.0)        # normalised capacities (LP conditioning)
-    rails = _rails(net)
+    rails = _rails(net) if options.rails else None
     return _Columns(net=net, bw=bw, cap=cap, capn=capn, scale=scale, inc=pair_incidence(net, R), group=group,
                     lp_only=lp_only, seeding=seeding, perms=perms, orb=orb, reps=reps,
                     mult=1.0 / np.bincount(orb, minlength=RO), csize=csize, ocap=capn[first],
                     kinds=(False, True) if joint else (False,), rails=rails,
                     cross=None if rails is None else rails[0][:, None] != rails[0][None, :], translate=translate,
-                    pair_img=pair_img)
+                    pair_img=pair_img, priced_plain=options.priced_plain)
 
 
 @dataclass
@@ -653,7 +676,8 @@ def _pack_by_classes(net: Network, cs: _Columns, sol: _LPSolution, t0: float, de
     how = "translates"
     k_cls = out[0].chunks_per_rank
     n = net.nranks
-    if (k_cls > SEED_EVERY_ROOT_ABOVE or 1 < k_cls and n <= EVERY_ROOT_RANKS) and deadline > clock.now():
+    opt = common["options"]
+    if (k_cls > opt.seed_every_root_above or 1 < k_cls and n <= opt.every_root_ranks) and deadline > clock.now():
         # a representative's K chunks go to its whole class alike; where that rounds only at
         # many chunks per rank (or the cluster is small), the LP over every root (seeded with
         # the translates of that LP's trees, an optimal solution) rounds each rank apart,
@@ -676,7 +700,7 @@ def _pack_by_classes(net: Network, cs: _Columns, sol: _LPSolution, t0: float, de
 def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
           max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
           round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None,
-          translate: dict | None = None, exact: dict | None = None):
+          translate: dict | None = None, exact: dict | None = None, options: PackOptions | None = None):
     """The least-time tree packing of an AllGather on ``net`` (see the module docstring): the
     column generation to a fractional packing (:func:`_column_generation`), then its rounding to
     whole chunks (:class:`_Rounding`).
@@ -706,7 +730,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         empty = Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
         return (empty, empty) if joint else (empty,)
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
-    cs = _columns(net, bw, symmetry, joint, translate)
+    options = PackOptions() if options is None else options
+    cs = _columns(net, bw, symmetry, joint, translate, options)
     if exact is None:
         # integral packings at a chunk count (:mod:`.branchings`), shared with the LPs this one
         # seeds: the network's automorphisms (their multiplicities alike on a pair orbit), the cut
@@ -719,10 +744,10 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
     sol = _column_generation(cs, bound, tol, deadline)
     if cs.seeding:
         common = dict(pair_bw=bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
-                      round_tol=round_tol, joint=joint, exact=exact)
+                      round_tol=round_tol, joint=joint, exact=exact, options=options)
         return _pack_by_classes(net, cs, sol, t0, deadline, common)
     rounding = _Rounding(cs, sol, joint=joint, round_tol=round_tol, deadline=deadline, exact=exact,
-                         lp_s=clock.now() - t0)
+                         lp_s=clock.now() - t0, options=options)
     return rounding.finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
                            clock.now() + min(ROUND_MILP_SECONDS, max(0.0, deadline - clock.now())))
 
@@ -735,8 +760,8 @@ class _Rounding:
     a packing's ``reround``) reuses it."""
 
     def __init__(self, cs: _Columns, sol: _LPSolution, *, joint: bool, round_tol: float, deadline: float,
-                 exact: dict, lp_s: float):
-        self.cs, self.sol, self.joint, self.round_tol = cs, sol, joint, round_tol
+                 exact: dict, lp_s: float, options: PackOptions):
+        self.cs, self.sol, self.joint, self.round_tol, self.options = cs, sol, joint, round_tol, options
         self.deadline, self.exact, self.lp_s = deadline, exact, lp_s
         n = cs.n
         # integral chunk counts (columns added in the last round have no weight yet)
@@ -804,7 +829,7 @@ class _Rounding:
         inv = np.where(okr, 1.0 / np.where(okr, cs.ocap, 1.0), 0.0) / K
         grow = _Regrowth(list(self.load_unit * inv[None, :]), counts.tolist(), counts @ self.load_unit * inv,
                          (t, counts.tolist()), len(cs.cols))
-        for alpha in REGROW_ALPHAS:
+        for alpha in self.options.regrow_alphas:
             moved = True
             for _ in range(REGROW_PASSES):
                 if not moved or grow.best[0] <= self.target:
@@ -866,7 +891,7 @@ class _Rounding:
         from hccc.compiler.synth import branchings as br
 
         exact, net = self.exact, self.cs.net
-        if self.joint or K > br.MAX_CHUNKS:
+        if self.joint or not self.options.integral or K > br.MAX_CHUNKS:
             return None
         if "sized" not in exact:
             exact["sized"] = br.sized(net, exact["perms"])
@@ -909,7 +934,7 @@ class _Rounding:
         best, tried = None, []
         tries = sorted({k for k in CHUNK_CANDIDATES + ((self.exact_k,) if self.exact_k else ()) if min_k <= k <= kmax})
         for K in tries or [min_k]:
-            left = min(round_deadline - clock.now(), ROUND_MILP_EACH)
+            left = min(round_deadline - clock.now(), self.options.round_milp_each)
             if not (K in self.rounded and self.rounded[K][2] >= left):
                 self.rounded[K] = self.round_to(K, left)   # else rounded before, and more time would not change it
             t, counts = self.rounded[K][:2]
