@@ -25,8 +25,8 @@ switches by edge splitting, as in ForestColl; see *Optimality* below where they 
 tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
 repaired locally (a chunk moves to another generated tree of its root while that lowers the most
 loaded resource); where that misses, chunks are moved one at a time onto the cheapest tree of their
-root at prices exponential in the rounded loads, trees never generated included (``regrow`` in
-:func:`_pack`, cheap); where that misses too, a small mixed-integer program picks the counts over
+root at prices exponential in the rounded loads, trees never generated included (:meth:`_Rounding._regrown`,
+cheap); where that misses too, a small mixed-integer program picks the counts over
 the LP's trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all; it stops at
 the first counts within ``round_tol`` of the LP, the rounding's own acceptance test), kept where
 it beats the regrown counts.
@@ -71,8 +71,8 @@ ROUND_MILP_SECONDS = 10.0
 #: seconds it may spend on one chunk count: where it finds counts at all it does so within a few
 #: hundredths of a second, while proving that none fits can take seconds per count
 ROUND_MILP_EACH = 0.5
-#: the exponents (times the LP time) of the regrowing's load prices, one sweep each (:func:`_pack`'s
-#: ``regrow``), and the passes over every chunk each may make
+#: the exponents (times the LP time) of the regrowing's load prices, one sweep each
+#: (:meth:`_Rounding._regrown`), and the passes over every chunk each may make
 REGROW_ALPHAS = (16.0, 64.0)
 REGROW_PASSES = 3
 #: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
@@ -317,7 +317,7 @@ def _rails(net: Network) -> tuple[np.ndarray, list] | None:
     """Every rank's node and its *rail peers*: the ranks at the same place (local index, in rank
     order) in every other node, where the nodes have as many ranks each (None otherwise, or with
     one node). Rails need no NIC of their own: they only name which rank of another node a rail
-    tree enters it by (:func:`_pack`'s ``price``)."""
+    tree enters it by (:meth:`_Columns.price`)."""
     node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
     sizes = np.bincount(node)
     if sizes.size < 2 or (sizes != sizes[0]).any():
@@ -603,27 +603,25 @@ def _price_round(cs: _Columns, pi: np.ndarray, lam: np.ndarray) -> tuple[int, fl
     return added, lag
 
 
+def _feed(lp: MasterLP, cs: _Columns, root_row: np.ndarray, fed: int) -> int:
+    """The columns of ``cs`` from ``fed`` on join the LP; how many it has."""
+    for j in range(fed, len(cs.cols)):
+        lp.add(cs.cols[j], cs.mult[cs.cols[j]] * cs.csize[cs.col_root[j] % cs.n], int(root_row[cs.col_root[j]]))
+    return len(cs.cols)
+
+
 def _column_generation(cs: _Columns, bound: float | None, tol: float, deadline: float) -> _LPSolution:
     """The packing LP over the trees of ``cs``, new trees priced in until none improves it, it is
     within ``tol`` of a lower bound (Lagrangian, or ``bound``), or ``deadline``: the fractional
     packing (the module docstring)."""
-    n = cs.n
     root_row = _root_rows(cs)
     lp = MasterLP(cs.ocap, cs.reps.size * len(cs.kinds))
     fed = 0                      # columns handed to the LP so far
-
-    def feed() -> int:
-        nonlocal fed
-        for j in range(fed, len(cs.cols)):
-            lp.add(cs.cols[j], cs.mult[cs.cols[j]] * cs.csize[cs.col_root[j] % n], int(root_row[cs.col_root[j]]))
-        fed = len(cs.cols)
-        return fed
-
     best_lb = 0.0 if bound is None else float(bound) * cs.scale
     lp_val, y, it = np.inf, None, 0
     while True:
         it += 1
-        J = feed()
+        J = fed = _feed(lp, cs, root_row, fed)
         # a round after the first gets only the time left: stopped, the last round's packing stays
         res = lp.solve(None if y is None else deadline - clock.now())
         if res.status == 1 and y is not None:
@@ -640,7 +638,7 @@ def _column_generation(cs: _Columns, bound: float | None, tol: float, deadline: 
     if lp.solves > 1 and clock.now() < deadline:
         # the last LP (the last round's columns too) solved from scratch: a vertex on fewer trees,
         # which round to whole chunks better than the warm-started one (:mod:`.master_lp`)
-        feed()
+        _feed(lp, cs, root_row, fed)
         again = lp.solve_fresh(deadline - clock.now())
         if again.status == 0:
             lp_val, y, pi, lam = float(again.fun), again.y, again.prices, again.eq
