@@ -220,3 +220,27 @@ def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
     # grown one after another, the last trees snaked up to 26 levels deep; the exchanges
     # (compiler/synth/exchanges.py), which keep every arc, leave none deeper than 16
     assert max(max(_walk_depths(p)) for p in pk.parents) <= 16
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(topo=meshes(), data=st.data())
+def test_pair_orbits_are_networkx_components_of_pairs_and_their_images(topo, data):
+    """Every pair's orbit under a few rank permutations: the weakly connected components (networkx)
+    of the graph joining each pair to its image, numbered in the order of their least pair."""
+    net = network_from_topology(topo)
+    n = net.nranks
+    perms = np.array([np.arange(n)] + [data.draw(st.permutations(range(n))) for _ in range(data.draw(st.integers(0, 3)))])
+    got = br.pair_orbits(net, perms)
+    G = nx.Graph()
+    G.add_nodes_from(range(net.npairs))
+    where = {(int(u), int(v)): p for p, (u, v) in enumerate(zip(net.psrc, net.pdst))}
+    for perm in perms:
+        for p, (u, v) in enumerate(zip(net.psrc, net.pdst)):
+            q = where.get((int(perm[u]), int(perm[v])))
+            if q is not None:
+                G.add_edge(p, q)
+    comps = sorted((sorted(c) for c in nx.connected_components(G)), key=lambda c: c[0])
+    want = np.empty(net.npairs, np.int64)
+    for i, c in enumerate(comps):
+        want[c] = i
+    assert (got == want).all()

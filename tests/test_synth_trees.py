@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 from pathlib import Path
@@ -309,53 +311,50 @@ def _mi250(nodes: int):
 
 
 @pytest.mark.slow
-def test_rail_trees_round_four_mi250_nodes_to_whole_chunks(monkeypatch):
+def test_rail_trees_round_four_mi250_nodes_to_whole_chunks():
     """Four MI250 nodes (64 GCDs, a 16 GB/s NIC each, every NIC tight at the optimum): at 12 chunks
     per rank the LP's own trees round one chunk over on a NIC (13/12 of the LP's time); with rail
     trees among the columns every NIC carries whole chunks exactly and the rounding comes within
     3.1 % (the intra-node links' rounding). (Without regrowing, which would find such trees
     itself: rails are what the LP's own rounding needs.)"""
-    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
-    monkeypatch.setattr(tr, "REGROW_ALPHAS", ())
-    monkeypatch.setattr(br, "MAX_RANKS", 0)       # the LP's trees only (no integral packing)
+    # the LP's trees only (no regrowing, no integral packing)
+    lp_only = tr.PackOptions(regrow_alphas=(), integral=False)
     net = network_from_topology(_mi250(4))
-    with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12)
-    monkeypatch.setattr(tr, "_rails", lambda net: None)
-    without = tr.pack_trees(net, max_chunks=12, min_chunks=12)
+    with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=lp_only)
+    without = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=dataclasses.replace(lp_only, rails=False))
     assert with_rails.lp_time == pytest.approx(without.lp_time, rel=1e-6)
     assert with_rails.rounded_time <= with_rails.lp_time * 1.05
     assert without.rounded_time >= without.lp_time * 1.06
 
 
 @pytest.mark.parametrize("chunks", [3, pytest.param(6, marks=pytest.mark.slow)])   # 10 s each: one in the default set
-def test_regrowing_rounds_an_mi250_node_to_its_optimum(monkeypatch, chunks):
+def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
     """One MI250 node at 3 or 6 chunks per rank: the LP's own trees round to at most 0.94 of the
     optimum (largest remainder, repair and the MILP over them), while moving chunks onto trees
     priced by the rounded loads (``regrow``, new trees included) reaches it; the program's time is
     recomputed from its transfers and the optimum by the independent flow LP, for the AllGather
     and the ReduceScatter (in-trees: the transposed network)."""
-    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
-    monkeypatch.setattr(br, "MAX_RANKS", 0)       # the LP's trees only (no integral packing)
+    no_integral = tr.PackOptions(integral=False)       # the LP's trees only (no integral packing)
     topo = _mi250(1)
     net = network_from_topology(topo)
     optimum = {rev: _optimum(net, rev) for rev in (False, True)}     # each LP solved once (4 s each)
     for coll, rev in (("allgather", False), ("reducescatter", True)):
         on = net.transposed() if rev else net
-        pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks)
+        pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks, options=no_integral)
         assert pk.chunks_per_rank == chunks
         rows = tr.reducescatter_rows(pk) if rev else tr.allgather_rows(pk)
         assert len(rows) == 16 * 15 * chunks
         assert optimum[rev] / _model_time(topo, rows, chunks) == pytest.approx(1.0, abs=1e-6), coll
-    monkeypatch.setattr(tr, "REGROW_ALPHAS", ())
-    old = tr.pack_trees(net, min_chunks=chunks, max_chunks=chunks)
+    old = tr.pack_trees(net, min_chunks=chunks, max_chunks=chunks,
+                        options=dataclasses.replace(no_integral, regrow_alphas=()))
     assert optimum[False] / _model_time(topo, tr.allgather_rows(old), chunks) < 0.94
 
 
-def test_pricing_compiled_after_a_few_trees_packs_the_same_trees(monkeypatch):
+def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     """A packing prices its first :data:`PRICED_PLAIN` trees with the numpy formulation and the
     rest compiled: switching at once, or never, gives the very same packing (32 GCDs: both
     formulations run, the matrices being under the compiled kernel's own threshold)."""
@@ -367,8 +366,7 @@ def test_pricing_compiled_after_a_few_trees_packs_the_same_trees(monkeypatch):
     assert net.nranks < edmonds_kernel.MIN_COMPILED_RANKS
     got = {}
     for plain in (0, 10**9):
-        monkeypatch.setattr(tr, "PRICED_PLAIN", plain)
-        p = tr.pack_trees(net, min_chunks=6, max_chunks=6)
+        p = tr.pack_trees(net, min_chunks=6, max_chunks=6, options=tr.PackOptions(priced_plain=plain))
         got[plain] = (p.rounded_time, p.lp_time, [(int(r), tuple(q.tolist()), int(c))
                                                    for r, q, c in zip(p.roots, p.parents, p.counts)])
     assert got[0] == got[10**9]
@@ -911,22 +909,22 @@ def test_bundled_channels_of_loop_programs_agree_in_every_translate():
         len({c for s2, d2, _, c, _ in lp.expand().tolist() if (s2, d2) == p}) for p in per_pair)   # fewer than streams
 
 
-def test_reshaped_trees_are_never_slower_in_the_link_model(monkeypatch):
+def test_reshaped_trees_are_never_slower_in_the_link_model():
     """Shaping never loads the most loaded resource more: the reshaped trees' time in the link model
     (``load_time``, recomputed here from their pairs and the network's groups) is at most the
     rounded packing's, and can be less (mixed_v100_w7800's one-chunk ReduceScatter: shaping
     lightens its bottleneck by 2.6 %; a100_topo2's, 4 % before its LP had rail trees, now starts at
     the bound)."""
     from hccc.compiler.pipeline import load_cluster
-    from hccc.compiler.synth import branchings as br
     from hccc.compiler.synth import trees as tr
 
-    monkeypatch.setattr(br, "MAX_RANKS", 0)       # shaping of the LP's rounding (integral trees are exact)
+    lp_rounding = tr.PackOptions(integral=False)     # shaping of the LP's rounding (integral trees are exact)
     topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
     net = network_from_topology(topo)
     tnet = net.transposed()
     tbw = tr.pair_bandwidth(topo)[tr.transposed_pair_order(net)]
-    one = tr.pack_trees(tnet, pair_bw=tbw, max_chunks=1, bound=tr.pack_trees(tnet, pair_bw=tbw).lower_bound)
+    one = tr.pack_trees(tnet, pair_bw=tbw, max_chunks=1, options=lp_rounding,
+                        bound=tr.pack_trees(tnet, pair_bw=tbw, options=lp_rounding).lower_bound)
     times = []
     for shape in tr.SHAPES:
         s = tr.shaped(tnet, one, shape)

@@ -214,29 +214,26 @@ def integral_arcs(net: Network, k: int, cap: np.ndarray, deadline: float, sets: 
 
 
 def pair_orbits(net: Network, perms: np.ndarray | None) -> np.ndarray:
-    """The orbit (numbered from 0) of every pair under the rank permutations ``perms`` (None: every
-    pair its own)."""
+    """The orbit of every pair under the rank permutations ``perms`` (None: every pair its own),
+    orbits numbered from 0 in the order of their least pair: the connected components of the
+    graph joining every pair to its image under every permutation."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     P = net.npairs
     if perms is None or len(perms) <= 1:
         return np.arange(P)
-    parent = np.arange(P)
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for perm in np.asarray(perms):
-        img = net.pair_index(perm[net.psrc], perm[net.pdst])
-        for a, b in zip(range(P), img.tolist()):
-            if b < 0:
-                continue
-            ra, rb = find(a), find(b)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-    roots = np.array([find(a) for a in range(P)])
-    return np.unique(roots, return_inverse=True)[1].astype(np.int64)
+    perms = np.asarray(perms)
+    img = net.pair_index(perms[:, net.psrc].ravel(), perms[:, net.pdst].ravel())
+    src = np.tile(np.arange(P), len(perms))
+    ok = img >= 0
+    graph = coo_matrix((np.ones(int(ok.sum())), (src[ok], img[ok])), shape=(P, P))
+    _, label = connected_components(graph, directed=True, connection="weak")
+    least = np.full(int(label.max()) + 1, P)
+    np.minimum.at(least, label, np.arange(P))
+    order = np.empty(least.size, np.int64)
+    order[np.argsort(least, kind="stable")] = np.arange(least.size)
+    return order[label].astype(np.int64)
 
 
 def arcs_time(net: Network, mult: np.ndarray, k: int, cap: np.ndarray) -> float:

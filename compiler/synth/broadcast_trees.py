@@ -83,33 +83,24 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
     t0 = clock.now()
     n = net.nranks
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
-    cap = tr._resources(net, bw)
-    ok = cap > 0
-    scale = float(cap[ok].max()) if ok.any() else 1.0
-    capn = np.where(ok, cap / scale, 0.0)
-    inc = tr.pair_incidence(net, cap.size)
+    # the general packing's setting and columns (:class:`.trees._Columns`), with the one root's row
+    cs = tr._columns(net, bw, False, False, None, tr.PackOptions(rails=False))
+    cap, capn, scale, ok = cs.cap, cs.capn, cs.scale, cs.cap > 0
+    cols, pars = cs.cols, cs.col_par
+    lp = MasterLP(capn, 1)
 
     def arc_costs(pi: np.ndarray) -> np.ndarray:
         """``C[u, v]``: what pair ``u -> v`` costs at the prices ``pi`` (its own and its groups')."""
-        return tr.pair_cost_matrix(net, bw, inc @ pi)
-
-    cols: list[np.ndarray] = []
-    pars: list[np.ndarray] = []
-    seen: set = set()
-    lp = MasterLP(capn, 1)
+        return cs.arc_matrix(cs.inc @ pi, False)
 
     def column(par: np.ndarray) -> np.ndarray:
         return tr._tree_column(net, tr._tree_pairs(net, par, root))
 
-    def add(par: np.ndarray, col: np.ndarray | None = None) -> bool:
-        key = par.tobytes()
-        if key in seen:
+    def add(par: np.ndarray) -> bool:
+        """Tree ``par`` joins the columns and the LP (False: it is one)."""
+        if not cs.add(root, par):
             return False
-        seen.add(key)
-        col = column(par) if col is None else col
-        cols.append(col)
-        pars.append(par)
-        lp.add(col, np.ones(col.size), 0)
+        lp.add(cols[-1], np.ones(cols[-1].size), 0)
         return True
 
     # the first columns: the cheapest tree by 1/bandwidth, then trees priced by the loads of the
@@ -122,7 +113,7 @@ def pack_broadcast(net: Network, root: int, *, pair_bw: np.ndarray | None = None
         par = tr.min_arborescence(arc_costs(inv * np.exp(SEED_STEEPNESS * load / max(load.max(), 1e-300))), root)
         col = column(par)
         np.add.at(load, col, inv[col])
-        add(par, col)
+        add(par)
         if clock.now() > t0 + (deadline - t0) * SEED_SHARE:
             break
     best_lb = 0.0

@@ -172,34 +172,8 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
     if method == "trees" and n == 1:
         method = "search"            # one GPU: nothing to pack; the search writes its empty program
     if method == "trees":
-        from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
-        from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
-
-        if coll not in TREE_COLLECTIVES:
-            raise ValueError(f"tree packing builds {', '.join(TREE_COLLECTIVES)}, not {coll}")
-        pair_bw = None if isinstance(topo, Network) else pair_bandwidth(topo)
-        max_blocks = None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor)
-        if coll == "broadcast":
-            from hccc.compiler.synth.broadcast_trees import synthesize_broadcast_trees
-            prog = synthesize_broadcast_trees(net, root, pair_bw=pair_bw, time_limit=time_limit, max_blocks=max_blocks,
-                                              total_bytes=float(bandwidth_bound_bytes or (1 << 30)))
-        else:
-            prog = synthesize_trees(net, coll, pair_bw=pair_bw, total_bytes=float(bandwidth_bound_bytes or (1 << 30)),
-                                    time_limit=time_limit, score=tree_score, max_blocks=max_blocks,
-                                    resident=None if isinstance(topo, Network) else
-                                    lambda warps: resident_blocks(topo.rank_vendor, warps))
-        res = SynthResult(coll, n, prog.chunks_per_rank, root if coll == "broadcast" else None, prog.rows, prog.steps,
-                          prog.lower_bound_steps, [], clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
-        if bandwidth_bound_bytes:
-            known = prog.detail.get("cut_seconds_per_rank_byte", {})
-            res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else
-                                               bandwidth_cut_bound(net, coll, n, res.chunks_per_rank, root,
-                                                                   bandwidth_bound_bytes))
-        return res
+        return _by_trees(topo, net, coll, root, time_limit, bandwidth_bound_bytes, tree_score, t0)
     check_synth_size(n, k)
-    deadline = t0 + float(time_limit)
-    phases: list[Phase] = []
-    composed = None
     detail: dict = {}
     if known_bound_seconds is not None and bandwidth_bound_bytes:
         detail["cut_bound_seconds"] = float(known_bound_seconds)
@@ -208,76 +182,134 @@ def synthesize(topo: Topology | Network, collective: str, *, root: int = 0, chun
         # when stopped): the search then has the rest, and the whole stays within the limit
         detail["cut_bound_seconds"] = bandwidth_cut_bound(net, coll, n, k, root, bandwidth_bound_bytes,
                                                           time_limit=float(time_limit) * BOUND_SHARE)
-
-    def remaining_share(parts_left: int) -> float:
-        return clock.now() + max(0.0, deadline - clock.now()) / parts_left
-
-    def scorer(phase: str, make_rows):
-        if score is None:
-            return None
-        return lambda sc: score(phase, make_rows(sc))
-
     if coll == "alltoall":
-        from hccc.compiler.synth.alltoall import BOUND_SHARE as A2A_BOUND_SHARE, synthesize_alltoall
-        limit = Deadline(deadline)
-        # the cut bound in bytes after the routing: a share of what is left then, the emission after it
-        sched, lb, detail = synthesize_alltoall(net, k, deadline=limit.share(1 - A2A_BOUND_SHARE))
-        rows = _rows(sched, RECV, 0)
-        steps = int(rows[:, 2].max()) + 1 if rows.size else 0
-        if bandwidth_bound_bytes:
-            seconds, cut = alltoall_cut_bound_seconds(net, float(bandwidth_bound_bytes),
-                                                      deadline=limit.share(A2A_BOUND_SHARE))
-            detail["cut_bound_seconds"], detail["cut_bound_set"] = seconds, cut
-        timed_out = bool(detail.pop("timed_out", False))
-        detail["method"] = "search"
-        return SynthResult(coll, n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,
-                           timed_out, None, detail)
+        return _alltoall(net, k, t0, time_limit, bandwidth_bound_bytes, root)
+    search = _Search(net, k, t0 + float(time_limit), progress, pod_ranks, use_smt, variants, score)
     if coll in ("allgather", "broadcast"):
-        task = allgather_task(n, k) if coll == "allgather" else broadcast_task(n, root, k)
-        res, composed = solve_phase(net, task, deadline=deadline, progress=progress, pod_ranks=pod_ranks,
-                                    use_smt=use_smt, variants=variants,
-                                    score=scorer(coll, lambda sc: _rows(sc, RECV, 0)))
-        phases.append(Phase(coll, RECV, 0, res))
-        rows = _rows(res.schedule, RECV, 0)
-        lb = res.bound.steps
+        rows, lb, composed = search.dissemination(coll, root)
     else:
+        rows, lb, composed = search.reduction(coll, detail)
+    steps = int(rows[:, 2].max()) + 1 if rows.size else 0
+    detail["method"] = "search"
+    return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, search.phases,
+                       clock.now() - t0, net.name,
+                       any(p.result.timed_out for p in search.phases), composed, detail)
+
+
+def _by_trees(topo, net: Network, coll: str, root: int, time_limit: float, bandwidth_bound_bytes: float | None,
+              tree_score: Callable | None, t0: float) -> SynthResult:
+    """:func:`synthesize` by the tree packing (:mod:`.forest`, :mod:`.broadcast_trees`)."""
+    from hccc.compiler.synth.forest import resident_blocks, synthesize_trees
+    from hccc.compiler.synth.trees import TREE_COLLECTIVES, pair_bandwidth
+
+    n = net.nranks
+    if coll not in TREE_COLLECTIVES:
+        raise ValueError(f"tree packing builds {', '.join(TREE_COLLECTIVES)}, not {coll}")
+    pair_bw = None if isinstance(topo, Network) else pair_bandwidth(topo)
+    max_blocks = None if isinstance(topo, Network) else resident_blocks(topo.rank_vendor)
+    if coll == "broadcast":
+        from hccc.compiler.synth.broadcast_trees import synthesize_broadcast_trees
+        prog = synthesize_broadcast_trees(net, root, pair_bw=pair_bw, time_limit=time_limit, max_blocks=max_blocks,
+                                          total_bytes=float(bandwidth_bound_bytes or (1 << 30)))
+    else:
+        prog = synthesize_trees(net, coll, pair_bw=pair_bw, total_bytes=float(bandwidth_bound_bytes or (1 << 30)),
+                                time_limit=time_limit, score=tree_score, max_blocks=max_blocks,
+                                resident=None if isinstance(topo, Network) else
+                                lambda warps: resident_blocks(topo.rank_vendor, warps))
+    res = SynthResult(coll, n, prog.chunks_per_rank, root if coll == "broadcast" else None, prog.rows, prog.steps,
+                      prog.lower_bound_steps, [], clock.now() - t0, net.name, False, None, prog.detail, prog.loops)
+    if bandwidth_bound_bytes:
+        known = prog.detail.get("cut_seconds_per_rank_byte", {})
+        res.detail["cut_bound_seconds"] = (known[coll] * float(bandwidth_bound_bytes) / n if coll in known else
+                                           bandwidth_cut_bound(net, coll, n, res.chunks_per_rank, root,
+                                                               bandwidth_bound_bytes))
+    return res
+
+
+def _alltoall(net: Network, k: int, t0: float, time_limit: float, bandwidth_bound_bytes: float | None,
+              root: int) -> SynthResult:
+    """:func:`synthesize`'s AllToAll (:mod:`.alltoall`): the routing, then the cut bound, each within
+    its share of one deadline."""
+    from hccc.compiler.synth.alltoall import BOUND_SHARE as A2A_BOUND_SHARE, synthesize_alltoall
+
+    n = net.nranks
+    limit = Deadline(t0 + float(time_limit))
+    # the cut bound in bytes after the routing: a share of what is left then, the emission after it
+    sched, lb, detail = synthesize_alltoall(net, k, deadline=limit.share(1 - A2A_BOUND_SHARE))
+    rows = _rows(sched, RECV, 0)
+    steps = int(rows[:, 2].max()) + 1 if rows.size else 0
+    if bandwidth_bound_bytes:
+        seconds, cut = alltoall_cut_bound_seconds(net, float(bandwidth_bound_bytes),
+                                                  deadline=limit.share(A2A_BOUND_SHARE))
+        detail["cut_bound_seconds"], detail["cut_bound_set"] = seconds, cut
+    timed_out = bool(detail.pop("timed_out", False))
+    detail["method"] = "search"
+    return SynthResult("alltoall", n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,
+                       timed_out, None, detail)
+
+
+class _Search:
+    """:func:`synthesize`'s step search of one collective: its phases (:func:`solve_phase`), each
+    scored by ``score`` where given, collected in :attr:`phases`."""
+
+    def __init__(self, net: Network, k: int, deadline: float, progress, pod_ranks, use_smt: bool, variants: int,
+                 score):
+        self.net, self.k, self.deadline, self.progress = net, k, deadline, progress
+        self.pod_ranks, self.use_smt, self.variants, self.score = pod_ranks, use_smt, variants, score
+        self.phases: list[Phase] = []
+
+    def scorer(self, phase: str, make_rows):
+        if self.score is None:
+            return None
+        return lambda sc: self.score(phase, make_rows(sc))
+
+    def solve(self, net: Network, task: Task, deadline: float, score, bound: StepBound | None = None):
+        return solve_phase(net, task, deadline=deadline, progress=self.progress, pod_ranks=self.pod_ranks,
+                           use_smt=self.use_smt, bound=bound, variants=self.variants, score=score)
+
+    def dissemination(self, coll: str, root: int):
+        """AllGather or Broadcast: one phase. Rows, step bound, composition."""
+        n, k = self.net.nranks, self.k
+        task = allgather_task(n, k) if coll == "allgather" else broadcast_task(n, root, k)
+        res, composed = self.solve(self.net, task, self.deadline, self.scorer(coll, lambda sc: _rows(sc, RECV, 0)))
+        self.phases.append(Phase(coll, RECV, 0, res))
+        return _rows(res.schedule, RECV, 0), res.bound.steps, composed
+
+    def reduction(self, coll: str, detail: dict):
+        """ReduceScatter (the AllGather of the transposed network, reversed), or AllReduce: the
+        AllGather half first, so that the ReduceScatter variant is chosen for the whole AllReduce
+        program (the phases overlap when the program runs). Rows, step bound, composition."""
+        net, n, k = self.net, self.net.nranks, self.k
         tnet = net.transposed()
         rs_task = allgather_task(n, k, fanout_one=True)
         rs_bound = step_lower_bound(tnet, allgather_task(n, k))
         ag = composed_ag = None
         if coll == "allreduce":
-            # the AllGather half first, so that the ReduceScatter variant is chosen for the whole
-            # AllReduce program (the phases overlap when the program runs)
-            ag, composed_ag = solve_phase(net, allgather_task(n, k), deadline=remaining_share(2),
-                                          progress=progress, pod_ranks=pod_ranks, use_smt=use_smt,
-                                          variants=variants, score=scorer("allgather", lambda sc: _rows(sc, RECV, 0)))
+            half = clock.now() + max(0.0, self.deadline - clock.now()) / 2
+            ag, composed_ag = self.solve(net, allgather_task(n, k), half,
+                                         self.scorer("allgather", lambda sc: _rows(sc, RECV, 0)))
 
             def combined(sc):
                 r = sc.reversed()
                 return np.concatenate([_rows(r, RRC, 0), _rows(ag.schedule, RECV, r.nsteps)])
 
-            rs_score = scorer("allreduce", combined)
+            rs_score = self.scorer("allreduce", combined)
         else:
-            rs_score = scorer("reducescatter", lambda sc: _rows(sc.reversed(), RRC, 0))
-        rs, composed = solve_phase(tnet, rs_task, deadline=deadline, progress=progress, pod_ranks=pod_ranks,
-                                   use_smt=use_smt, bound=rs_bound, variants=variants, score=rs_score)
+            rs_score = self.scorer("reducescatter", lambda sc: _rows(sc.reversed(), RRC, 0))
+        rs, composed = self.solve(tnet, rs_task, self.deadline, rs_score, bound=rs_bound)
         rs_sched = rs.schedule.reversed()
-        phases.append(Phase("reducescatter", RRC, 0, rs))
+        self.phases.append(Phase("reducescatter", RRC, 0, rs))
         rows = _rows(rs_sched, RRC, 0)
         lb = rs.bound.steps
         if ag is not None:
             T = rs_sched.nsteps
-            phases.append(Phase("allgather", RECV, T, ag))
+            self.phases.append(Phase("allgather", RECV, T, ag))
             rows = np.concatenate([rows, _rows(ag.schedule, RECV, T)])
             lb += ag.bound.steps
             detail["any_schedule_bound"] = max(rs.bound.steps, ag.bound.steps)
             if composed is not None or composed_ag is not None:
                 composed = {"reducescatter": composed, "allgather": composed_ag}
-    steps = int(rows[:, 2].max()) + 1 if rows.size else 0
-    detail["method"] = "search"
-    return SynthResult(coll, n, k, root if coll == "broadcast" else None, rows, steps, lb, phases,
-                       clock.now() - t0, net.name,
-                       any(p.result.timed_out for p in phases), composed, detail)
+        return rows, lb, composed
 
 
 def bandwidth_cut_bound(net: Network, collective: str, n: int, k: int, root: int, total_bytes: float, *,

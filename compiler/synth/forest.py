@@ -56,7 +56,8 @@ simulated time of a program, lower is better) the best is kept, otherwise the fi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -412,6 +413,562 @@ def _distance_bound(net: Network) -> int:
     return int(d.max())
 
 
+class PackSet:
+    """The packings of one program (name -> :class:`~.trees.Packing`: one collective, an
+    AllReduce's halves, or its joint packing), and what the selection loop did with them already
+    (an object of its own: the loop's marks are its attributes, not lookups by identity)."""
+
+    def __init__(self, by_name: dict):
+        self.by_name = dict(by_name)
+        self.refitted = False        # its bundled program was also tried with fewer chunks
+        self.halved = False          # re-rounded to fewer streams (FEWER_STREAMS_ABOVE)
+        self.alternated = False      # its integral trees' LP rounding was queued (Packing.alternative)
+        self.integral_built = False  # its integral trees were built (unshaped, once)
+        #: the simulated seconds of the program it was re-rounded from to fewer streams: another
+        #: halving only while each is faster than that
+        self.thinned_from = np.inf
+
+    def items(self):
+        return self.by_name.items()
+
+    def values(self):
+        return self.by_name.values()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name
+
+    def __getitem__(self, name: str) -> tr.Packing:
+        return self.by_name[name]
+
+    @property
+    def joint(self) -> bool:
+        return any(p.stats.get("joint") for p in self.values())
+
+    @property
+    def chunks(self) -> int:
+        return max(p.chunks_per_rank for p in self.values())
+
+    def model_time(self, of: str = "rounded_time") -> float:
+        """Seconds per byte of a rank's data in the link model (``of``: the
+        :class:`~.trees.Packing` attribute summed, or for a joint packing the larger: its rounded
+        trees' time, their ``load_time`` as reshaped, or the ``lower_bound`` its LP proved)."""
+        return (max if self.joint else sum)(getattr(p, of) for p in self.values())
+
+
+class _Lazy:
+    """A variant's packings made when its turn comes (once), by ``make()``."""
+
+    def __init__(self, make: Callable[[], PackSet]):
+        self._make, self._got = make, None
+
+    def get(self) -> PackSet:
+        if self._got is None:
+            self._got = self._make()
+        return self._got
+
+
+@dataclass
+class Job:
+    """A program to build: its packings (or the maker of them) at ``chunks`` per rank, joint or
+    not, reshaped by ``shape`` ("" unshaped)."""
+
+    chunks: int
+    packs: PackSet | _Lazy
+    joint: bool
+    shape: str
+
+
+@dataclass
+class Candidate:
+    """A program built: its rank (not resident, seconds, blocks: least first), shape, rows, the
+    split packings (``info``), chunks per rank, packings, blocks per thread block, split, streams
+    per bundle, blocks of the busiest rank, warps and simulated seconds (None: not simulated)."""
+
+    rank: tuple
+    shape: str
+    rows: np.ndarray
+    info: dict
+    chunks: int
+    packs: PackSet
+    channels: int
+    split: int
+    most: int | None
+    blocks: int
+    warps: int
+    simulated: float | None
+
+    @property
+    def fits(self) -> bool:
+        return not self.rank[0]
+
+    def label(self) -> str:
+        return (f"K={self.chunks} {self.shape or ('joint' if self.packs.joint else 'unshaped')}"
+                + (f" bundles of {self.most}" if self.most else "") + f" blocks {self.blocks}"
+                + (f" of {self.warps} warps" if self.warps != WARPS else ""))
+
+
+@dataclass
+class _Setting:
+    """What every stage of :func:`synthesize_trees` reads: the collective, the network (and its
+    transpose per half), the bandwidths, the buffer, the limits and the clock's deadlines."""
+
+    coll: str
+    net: Network
+    bw: np.ndarray
+    per_rank: float
+    block_gbps: float | None
+    max_blocks: int | None
+    resident: Callable[[int], int | None] | None
+    max_chunks: int | None
+    score: Callable | None
+    t0: float
+    deadline: float
+    pack_deadline: float
+    own_bw: bool = False         # ``bw`` is the network's own (no ``pair_bw`` given)
+    nets: dict = field(default_factory=dict)
+    cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
+
+    def left(self, share: int = 1) -> float:
+        """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
+        return max(0.0, self.pack_deadline - clock.now()) / max(1, share)
+
+    def half_bw(self, name: str) -> np.ndarray:
+        """The pair bandwidths of half ``name``'s network (transposed for the ReduceScatter's)."""
+        return self.bw if name == "allgather" else self.bw[tr.transposed_pair_order(self.net)]
+
+    def stopped(self, p: tr.Packing, name: str) -> None:
+        # the column generation ends at its LP optimum (within the tolerance) unless stopped
+        if p.lp_time > p.lower_bound * (1 + tr.LP_TOL):
+            self.cut_by_limit.append(f"{name} packing stopped short of its LP optimum (proven bound "
+                                     f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
+
+
+def _pack_halves(st: _Setting) -> tuple[dict, dict]:
+    """Stage 1: the AllGather and/or ReduceScatter packings, and the cut bound of each (seconds
+    per byte of a rank's data)."""
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+
+    net, coll, bw, n = st.net, st.coll, st.bw, st.net.nranks
+    packs: dict[str, tr.Packing] = {}
+    cut: dict[str, float] = {}
+    if coll in ("allgather", "allreduce"):
+        bound = cut["allgather"] = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))
+        packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=bound, max_chunks=st.max_chunks,
+                                           time_limit=st.left(3 if coll == "allreduce" else 1))
+        st.stopped(packs["allgather"], "AllGather")
+        st.nets["allgather"] = net
+    if coll in ("reducescatter", "allreduce"):
+        # where reversing every pair gives the network again (bandwidths and groups alike), the
+        # in-trees are AllGather's out-trees on it: packed once, and ReduceScatter then reaches
+        # AllGather's time in the link model (packed apart, the LP's ties fall another way)
+        mirror = net.is_self_transposed() and (st.own_bw or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
+        tnet = net if mirror else net.transposed()
+        bound = cut["reducescatter"] = cut["allgather"] if mirror and "allgather" in cut else \
+            collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
+        if mirror and "allgather" in packs:
+            packs["reducescatter"] = packs["allgather"]
+        else:
+            packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw if mirror else st.half_bw("reducescatter"),
+                                                   bound=bound, max_chunks=st.max_chunks,
+                                                   time_limit=st.left(2 if coll == "allreduce" else 1))
+            st.stopped(packs["reducescatter"], "ReduceScatter")
+        st.nets["reducescatter"] = tnet
+    if net.bw is not None and np.allclose(bw, net.bw):
+        # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
+        # cut bound where trees must pay for what no cut sees (docs/bounds.md, the packing bound)
+        for name, p in packs.items():
+            cut[name] = max(cut[name], float(p.lower_bound))
+    K = max(p.chunks_per_rank for p in packs.values())
+    for name, p in list(packs.items()):
+        if p.chunks_per_rank != K:
+            # AllReduce: both halves with one chunk count (the larger one; re-rounded)
+            packs[name] = tr.pack_trees(st.nets[name], pair_bw=st.half_bw(name), min_chunks=K, max_chunks=K,
+                                        bound=p.lower_bound, time_limit=st.left())
+            st.stopped(packs[name], {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name]
+                       + f" ({K} chunks per rank, as the other half)")
+    return packs, cut
+
+
+def _one_chunk(st: _Setting, first: PackSet) -> PackSet:
+    """``first``'s packings again at one chunk per rank (mirrored halves share one)."""
+    made: list = []                 # (packing, its one-chunk packing)
+    out = {}
+    for name, p in first.items():
+        got = next((q for o, q in made if o is p), None)
+        if got is None:
+            got = tr.pack_trees(st.nets[name], pair_bw=st.half_bw(name), max_chunks=1, bound=p.lower_bound,
+                                time_limit=st.left(len(first.by_name)), exact=p.exact)
+            made.append((p, got))
+        out[name] = got
+    return PackSet(out)
+
+
+def _variants(st: _Setting, packs: PackSet) -> list[tuple[int, PackSet | _Lazy, bool]]:
+    """Stage 2: the packings programs are built from, in the order they are tried: the packings
+    apart, the joint AllReduce packing, one chunk per rank (packed when its turn comes)."""
+    K = packs.chunks
+    variants = [(K, packs, False)]
+    # a further packing only while the packing time left is at least what the first ones took
+    # (it solves an LP as large again): never where the limit binds
+    packed_s = clock.now() - st.t0
+    if st.coll == "allreduce" and st.left() < packed_s:
+        st.cut_by_limit.append("AllReduce joint packing skipped")
+    elif st.coll == "allreduce":
+        # both halves packed to run at once (their loads together within one time): never slower
+        # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
+        # check one half's loads)
+        jag, jrs = tr.pack_allreduce(st.net, pair_bw=st.bw, time_limit=st.left(), max_chunks=joint_chunks_resident(
+            st.net.nranks, st.max_chunks, st.max_blocks, st.resident))
+        # simulated first where it is faster in the link model; where it is not (the halves'
+        # bottlenecks are the same links), the halves apart first: a program at the bound then
+        # ends the simulations before the other is simulated
+        ahead = st.score is None or max(jag.rounded_time, jrs.rounded_time) < \
+            sum(p.rounded_time for p in packs.values()) * (1 - 1e-9)
+        variants.insert(0 if ahead else 1, (jag.chunks_per_rank,
+                                            PackSet({"allgather": jag, "reducescatter": jrs}), True))
+    if st.score is not None and K > 1 and st.left() < packed_s:
+        st.cut_by_limit.append("one-chunk packing skipped")
+    elif st.score is not None and K > 1:
+        # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
+        # thread block then has fewer transfers to run one after another (the simulator decides).
+        # Packed when its turn comes, unless a program ran at what no packing beats by then
+        variants.append((1, _Lazy(lambda: _one_chunk(st, packs)), False))
+    return variants
+
+
+class _Builder:
+    """Stage 3: programs of packings (rows, channels, bundles, warps), the shaped packings kept
+    (bundling rebuilds, never reshapes)."""
+
+    def __init__(self, st: _Setting):
+        self.st = st
+        self._shapes: list = []      # (packing, shape, the shaped packing)
+
+    def shaped(self, name: str, p: tr.Packing, shape: str) -> tr.Packing:
+        """``p`` (half ``name``) reshaped by ``shape``, made once per packing and shape."""
+        got = next((s for q, sh, s in self._shapes if q is p and sh == shape), None)
+        if got is None:
+            got = tr.shaped(self.st.nets[name], p, shape)
+            self._shapes.append((p, shape, got))
+        return got
+
+    def shaped_set(self, pk: PackSet, shape: str) -> dict:
+        return {name: self.shaped(name, p, shape) for name, p in pk.items()}
+
+    def channels_of(self, pk: PackSet, most: int | None = None, warps: int = WARPS) -> int:
+        """Blocks per thread block of ``warps`` warps for the planned rate of a stream (of ``most``
+        streams)."""
+        st = self.st
+        rate = block_gbps_at(st.block_gbps, warps) if st.block_gbps else 0.0
+        return max(blocks_for(p, st.per_rank, p.rounded_time * st.per_rank, block_gbps=rate,
+                              streams=most or 1) for p in pk.values())
+
+    def resident_somewhere(self, tbs: int, pk: PackSet) -> bool:
+        """A program of ``pk`` with ``tbs`` thread blocks on its busiest rank (a channel per
+        stream) stays resident at some warps per block (as :func:`bundled` would run it)."""
+        st = self.st
+        w = WARPS
+        while w >= LEAST_WARPS:
+            cap = st.max_blocks if w == WARPS else st.resident(w) if st.resident is not None else None
+            if (w == WARPS or st.resident is not None) and (cap is None or tbs * self.channels_of(pk, None, w) <= cap):
+                return True
+            w //= 2
+        return False
+
+    def build(self, shape: str, pk: PackSet, split: int, most: int | None = None) -> tuple[np.ndarray, dict]:
+        """The rows of ``pk``'s program (ReduceScatter first), every chunk cut ``split`` ways,
+        streams in bundles of at most ``most``; and the split packings (``info``, with the loops
+        of a symmetric program)."""
+        parts, step0, ch0, info, loops = [], 0, 0, {}, []
+        for name in ("reducescatter", "allgather"):
+            if name not in pk:
+                continue
+            op = RRC if name == "reducescatter" else RECV
+            whole = self.shaped(name, pk[name], shape)
+            sp = split_packing(whole, split)
+            lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
+            G = len(sp.symmetry) if lp is not None else 1
+            bd = bundles(sp, split, most, trees=range(0, len(sp.roots), G))
+            if lp is not None:
+                # symmetric: channels alike in every translate, so the loops carry them
+                lp.rows = np.c_[lp.rows, loop_channels(lp, split, bd) + ch0]
+                rows = np.c_[lp.expand(), np.tile(lp.rows[:, 6], len(lp.symmetry))]
+            else:
+                rows = stream_rows(whole, name, split, step0, bd)
+                rows[:, 5] += ch0
+            loops.append(lp)
+            step0 = _steps(rows)
+            ch0 = int(rows[:, 5].max()) + 1 if len(rows) else ch0
+            parts.append(rows)
+            info[name] = sp
+        info["loops"] = loops if all(lp is not None for lp in loops) else None
+        return np.concatenate(parts), info
+
+    def program(self, job: Job, pk: PackSet):
+        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
+        st = self.st
+        split = split_for(job.chunks, st.net.nranks, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
+        return split, bundled(
+            lambda m: self.build(job.shape, pk, split, m), lambda m, w: self.channels_of(pk, m, w),
+            lambda m: stream_blocks(self.shaped_set(pk, job.shape), m),
+            st.net.nranks, st.max_blocks, st.resident)
+
+
+class _Selection:
+    """Stage 4: the loop that builds (and, with a ``score``, simulates) the programs of a queue of
+    jobs, best first, queueing further ones as the results ask (re-roundings to fewer chunks where
+    the blocks do not fit or a program falls short of its packing, an integral packing's LP
+    rounding), until the queue ends, no job can beat the best, or the deadline nears."""
+
+    def __init__(self, st: _Setting, builder: _Builder, variants: list, apart: PackSet):
+        self.st, self.builder, self.variants, self.apart = st, builder, variants, apart
+        self.candidates: list[Candidate] = []
+        self.not_needed = 0            # candidates not built (or not simulated): they cannot beat the best
+        self.build_s = 0.0             # the longest a candidate took to build (and score)
+        shapes = tr.SHAPES if st.score is not None else tr.SHAPES[:1]
+        self.queue = deque(Job(kv, pk, joint, shape) for kv, pk, joint in variants
+                           for shape in (("",) if joint else shapes))
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> list[Candidate]:
+        done = 0
+        while self.queue:
+            job = self.queue.popleft()
+            # the first candidate always; another only where it can be built well before the
+            # deadline (as long again for the caller's work on the program)
+            if self.candidates and clock.now() + 2 * self.build_s > self.st.deadline:
+                total = done + 1 + len(self.queue)
+                self.st.cut_by_limit.append(f"{total - done} of {total} candidate programs not built")
+                break
+            done += 1
+            self.step(job)
+        if self.st.score is not None and all(not c.fits for c in self.candidates):
+            self._score_unfit()
+        return self.candidates
+
+    def _settled(self):
+        return getattr(self.st.score, "settled", None)
+
+    def beaten(self, floor: PackSet) -> bool:
+        """The best fits and ran within the tolerance of the bound, or of the bound the LP of
+        ``floor`` proved (no packing of trees beats it, so no program of this one, nor of a
+        rounding or reshaping of it): this candidate cannot win."""
+        settled = self._settled()
+        return bool(self.candidates) and settled is not None and self._best_fits() and \
+            settled(self.st.coll, floor.model_time("lower_bound") * self.st.per_rank)
+
+    def _best_fits(self) -> bool:
+        return not min(c.rank for c in self.candidates)[0]
+
+    def _packs_of(self, job: Job) -> PackSet | None:
+        """The job's packings (made now where still to be made), or None where it cannot win."""
+        # a packing still to be made (fewer chunks of the same LP) is no better than the first
+        # packings' bound, and once made, than its own
+        lazy = isinstance(job.packs, _Lazy)
+        if self.beaten(self.apart if lazy else job.packs):
+            return None
+        if lazy:
+            job.packs = job.packs.get()
+            if self.beaten(job.packs):
+                return None
+        return job.packs
+
+    def step(self, job: Job) -> None:
+        """Build (and score) one job's program; queue what its result asks for."""
+        pk = self._packs_of(job)
+        if pk is None:
+            self.not_needed += 1
+            return
+        if any(p.stats.get("integral") for p in pk.values()):
+            # integral trees (trees.Packing.alternative) fill their resources, so the shaping passes
+            # have next to no room to move them: one candidate, unshaped
+            if pk.integral_built:
+                self.not_needed += 1
+                return
+            pk.integral_built = True
+            job.shape = ""
+        b0 = clock.now()
+        split, (rows, info, ch, most, blocks, warps, fits, own) = self.builder.program(job, pk)
+        if (most is not None or warps < WARPS or not fits) and self.st.score is not None and not pk.refitted:
+            if self._refit(job, pk, own):
+                return
+        st, settled = self.st, self._settled()
+        if fits and self.candidates and settled is not None and self._best_fits() and \
+                settled(st.coll, PackSet({k: v for k, v in info.items() if k != "loops"}).model_time("load_time")
+                        * st.per_rank, slack=False):
+            # built (and any re-rounding of it queued): its trees' time in the link model (as
+            # shaped) is no less than the best program's, so it cannot win
+            self.not_needed += 1
+            self.build_s = max(self.build_s, clock.now() - b0)
+            return
+        # a program whose blocks are not all resident ranks after every one that is: it is
+        # simulated only where none is (below), so its simulation never takes the time of theirs
+        sc = st.score(st.coll, rows, job.chunks * split, ch, warps) if st.score is not None and fits else None
+        # without a simulator, the link model's time decides (then the fewest blocks)
+        self.candidates.append(Candidate((not fits, sc if sc is not None else pk.model_time() * st.per_rank, blocks),
+                                         job.shape, rows, info, job.chunks * split, pk, ch, split, most, blocks,
+                                         warps, sc))
+        self.build_s = max(self.build_s, clock.now() - b0)
+        self._after(job, pk, sc)
+
+    # ------------------------------------------------------------ what a result queues
+    def _reround(self, pk: PackSet, k: int) -> PackSet | None:
+        left_s = self.st.deadline - clock.now()
+        got = rerounded(pk.by_name, k, min(tr.ROUND_MILP_SECONDS, left_s / 4))
+        return None if got is None else PackSet(got)
+
+    def _refit_chunks(self, job: Job, pk: PackSet, own: int) -> PackSet | None:
+        """The same LP rounded to the most chunks whose program fits resident blocks."""
+        st = self.st
+        k_fit = chunks_to_fit(job.chunks, own, (st.resident(LEAST_WARPS) if st.resident is not None else None)
+                              or st.max_blocks)
+        if k_fit == 1 and any(v[0] == 1 and v[2] == job.joint for v in self.variants):
+            k_fit = 0                    # the one-chunk packing is a candidate already
+        again = self._reround(pk, k_fit) if k_fit and st.deadline - clock.now() > 0 else None
+        # the scaling is an estimate (the trees of another rounding differ): more chunks
+        # whose rounded trees still fit, counted exactly, are taken where there are such
+        for k in sorted((c for c in tr.CHUNK_CANDIDATES if max(1, k_fit) < c < job.chunks), reverse=True):
+            if st.deadline - clock.now() <= 0:
+                break
+            more = self._reround(pk, k)
+            if more is not None and more.chunks > (k_fit if again is None else again.chunks) and \
+                    self.builder.resident_somewhere(stream_blocks(more.by_name), more):
+                again = more
+                break
+        return again
+
+    def _refit(self, job: Job, pk: PackSet, own: int) -> bool:
+        """Bundles cost rate (a bundle takes one fair share where its streams took one each), and
+        so do many streams at once (each link's last pieces wait behind a piece of every other
+        stream on it): the same LP rounded to fewer chunks, every stream on a channel of its own at
+        full warps, is built and simulated too, the faster kept. Best first: a program never runs
+        faster than its packing's time in the link model, so the one whose link-model time is less
+        goes first (where the limit allows one simulation, the other may only be slower up to the
+        difference); ties to the re-rounded one. True where ``job`` itself is queued again after."""
+        st, b = self.st, self.builder
+        pk.refitted = True
+        if job.shape and b.resident_somewhere(stream_blocks(pk.by_name), pk):
+            # shaping moved streams onto fewer forwarding ranks, which then hold more thread
+            # blocks than stay resident: the packing's own trees fit (at fewer warps) with all
+            # its chunks, which no re-rounding to fewer keeps; they go next
+            self.queue.appendleft(Job(job.chunks, pk, job.joint, ""))
+            return False
+        again = self._refit_chunks(job, pk, own)
+        if again is None:
+            return False
+        again.refitted = True
+        shape_r = "" if job.joint else tr.SHAPES[0]
+        if shape_r and not b.resident_somewhere(stream_blocks(b.shaped_set(again, shape_r)), again):
+            # shaping moves streams onto fewer forwarding ranks, which may then hold more
+            # thread blocks than stay resident: unshaped where it does
+            shape_r = ""
+        cand = [Job(again.chunks, again, job.joint, shape_r)]
+        # the re-rounding fits at the fewest warps; where fewer chunks would fit at full
+        # warps (a block of LEAST_WARPS moves a quarter of one of WARPS), those are
+        # simulated too (two MI250 nodes' ReduceScatter: 12 chunks per rank at 4 warps,
+        # 751 blocks, 0.813 of the bound)
+        k_full = chunks_to_fit(job.chunks, own, st.max_blocks) if st.max_blocks and st.resident is not None else 0
+        if 0 < k_full < cand[0].chunks and st.deadline - clock.now() > 0:
+            full = self._reround(pk, k_full)
+            if full is not None and full.chunks < cand[0].chunks:
+                full.refitted = True
+                cand.append(Job(full.chunks, full, job.joint, ""))
+        if again.model_time() <= pk.model_time() * (1 + 1e-9):
+            self.queue.extendleft(reversed(cand + [Job(job.chunks, pk, job.joint, job.shape)]))
+            return True
+        self.queue.extendleft(reversed(cand))
+        return False
+
+    def _after(self, job: Job, pk: PackSet, sc: float | None) -> None:
+        """A program short of its packing's link-model time queues the same LP at half the chunks,
+        and integral trees their LP's rounding (AllGather / ReduceScatter, with time left)."""
+        st = self.st
+        short = sc is not None and not job.joint and st.coll != "allreduce" and \
+            sc > pk.model_time() * st.per_rank * (1 + FEWER_STREAMS_ABOVE) and \
+            clock.now() + 3 * self.build_s < st.deadline
+        if short and not pk.halved and job.chunks > 1 and sc < pk.thinned_from:
+            # the program falls short of its packing's time in the link model: the same LP rounded
+            # to half the chunks (half the streams, each twice as fast) is built and simulated
+            # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
+            pk.halved = True
+            k = max((c for c in tr.CHUNK_CANDIDATES if c <= job.chunks // 2), default=0)
+            fewer = self._reround(pk, k) if k else None
+            if fewer is not None and fewer.chunks < job.chunks:
+                fewer.thinned_from = sc
+                self.queue.appendleft(Job(fewer.chunks, fewer, job.joint, job.shape))
+        if short and not pk.alternated and all(p.alternative is not None for p in pk.values()):
+            # integral trees (trees.Packing.alternative) that fall short of their link-model time:
+            # they fill every resource, so they can grow deep and fill slowly; the LP's own trees
+            # rounded, slower in the link model, are simulated next
+            pk.alternated = True
+            alt = PackSet({name: p.alternative for name, p in pk.items()})
+            self.queue.appendleft(Job(alt.chunks, alt, job.joint, job.shape))
+
+    def _score_unfit(self) -> None:
+        """Nothing fits: the simulated times decide after all (best first in the link model, as
+        far as the deadline allows)."""
+        st = self.st
+        for c in sorted(self.candidates, key=lambda c: c.rank[1]):
+            c.simulated = st.score(st.coll, c.rows, c.chunks, c.channels, c.warps)
+            c.rank = (True, c.simulated, c.blocks)
+
+
+def _detail(st: _Setting, best: Candidate, candidates: list, cut: dict, not_needed: int) -> dict:
+    """Stage 5: the report of the program kept (``TreeProgram.detail``)."""
+    packs, info = best.packs, best.info
+    detail = {
+        "method": "trees",
+        "channels": int(best.channels),
+        "shape": best.shape or "-",
+        "joint": packs.joint,
+        "split": int(best.split),
+        "streams_per_bundle": int(best.most or 1),
+        "warps": int(best.warps),
+        "blocks_per_rank": int(best.blocks),
+        # what stays resident at the program's warps per block
+        "max_blocks_per_rank": None if st.max_blocks is None else
+        int(st.max_blocks) if best.warps == WARPS or st.resident is None else st.resident(best.warps),
+        "model_seconds": packs.model_time() * st.per_rank,
+        "cut_seconds_per_rank_byte": cut,      # the bound: cut, or the packing's where tighter
+        "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * best.split,
+                         "lp_seconds_per_byte": p.lp_time, "bound_seconds_per_byte": p.lower_bound,
+                         "model_fraction": p.fraction, "lp_iterations": p.iterations, "columns": p.columns,
+                         "wall_s": round(p.seconds, 3), **info[name].stats}
+                  for name, p in packs.items()},
+    }
+    if st.score is not None:
+        # seconds each candidate took in the simulator, or (not simulated) its packing's time in
+        # the link model, which no program of it beats
+        detail["simulated_candidates"] = {c.label(): c.rank[1] for c in candidates}
+        detail["candidates"] = _listed(st, best, candidates)
+    if st.cut_by_limit:
+        detail["time_limit_cut"] = st.cut_by_limit
+    if not_needed:
+        detail["candidates_not_built"] = not_needed
+    detail["channels_per_pair"] = int(best.rows[:, 5].max()) + 1 if len(best.rows) else 1
+    return detail
+
+
+def _listed(st: _Setting, best: Candidate, candidates: list) -> list:
+    """What ``hccc synth --json`` lists: every program built (once: a packing reached again, as a
+    re-rounding that gives the same counts, is built again but not simulated again), whether its
+    blocks stay resident, its simulated seconds (None: not simulated, past the deadline or once a
+    candidate ran within the tolerance of the bound), its packing's link-model seconds, and the one
+    kept."""
+    listed: dict = {}
+    for c in candidates:
+        key = (c.label(), c.rank[1])
+        if key in listed:
+            listed[key]["kept"] = listed[key]["kept"] or c is best
+            continue
+        listed[key] = {"program": c.label(), "chunks_per_rank": int(c.chunks), "blocks_per_rank": int(c.blocks),
+                       "warps": int(c.warps), "resident": c.fits,
+                       "simulated_seconds": float(c.simulated) if c.simulated is not None and np.isfinite(c.simulated)
+                       else None,
+                       "model_seconds": c.packs.model_time() * st.per_rank, "kept": c is best}
+    return list(listed.values())
+
+
 def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | None = None,
                      total_bytes: float = float(1 << 30), time_limit: float = 60.0,
                      score: Callable[[str, np.ndarray, int, int, int], float] | None = None,
@@ -426,382 +983,27 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     true once a program ran so close to the bound that none is simulated any more, ends the
     building of candidates while the best one fits); ``max_blocks``: the blocks a rank keeps
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
-    fewer (None: no fewer warps), see :func:`bundled`."""
-    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+    fewer (None: no fewer warps), see :func:`bundled`.
 
+    Stages: the packings (:func:`_pack_halves`), the variants programs are built from
+    (:func:`_variants`), the selection loop building and scoring them (:class:`_Selection`, its
+    programs by :class:`_Builder`), the report (:func:`_detail`)."""
     t0 = clock.now()
     coll = collective.lower()
     if coll not in tr.PACKED_COLLECTIVES:
         raise ValueError(f"tree packing builds {', '.join(tr.PACKED_COLLECTIVES)}, not {collective!r}")
     n = net.nranks
-    bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
-    deadline = t0 + float(time_limit)
     # the packings end by their share of the limit (each LP keeps a feasible packing and a valid
     # bound when stopped); the rest is for building the program and the caller's work after it
-    pack_deadline = t0 + PACK_SHARE * float(time_limit)
-    cut_by_limit: list[str] = []       # what the time limit cut, said in ``detail["time_limit_cut"]``
-
-    def left(share: int = 1) -> float:
-        """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
-        return max(0.0, pack_deadline - clock.now()) / max(1, share)
-
-    def stopped(p: tr.Packing, name: str) -> None:
-        # the column generation ends at its LP optimum (within the tolerance) unless stopped
-        if p.lp_time > p.lower_bound * (1 + tr.LP_TOL):
-            cut_by_limit.append(f"{name} packing stopped short of its LP optimum (proven bound "
-                                f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
-
-    per_rank = float(total_bytes) / max(n, 1)
-    packs: dict[str, tr.Packing] = {}
-    nets: dict[str, Network] = {}
-    cut: dict[str, float] = {}         # the cut bound, seconds per byte of each rank's data
-    if coll in ("allgather", "allreduce"):
-        bound = cut["allgather"] = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))
-        packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=bound, max_chunks=max_chunks,
-                                           time_limit=left(3 if coll == "allreduce" else 1))
-        stopped(packs["allgather"], "AllGather")
-        nets["allgather"] = net
-    if coll in ("reducescatter", "allreduce"):
-        # where reversing every pair gives the network again (bandwidths and groups alike), the
-        # in-trees are AllGather's out-trees on it: packed once, and ReduceScatter then reaches
-        # AllGather's time in the link model (packed apart, the LP's ties fall another way)
-        mirror = net.is_self_transposed() and (pair_bw is None or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
-        tnet = net if mirror else net.transposed()
-        bound = cut["reducescatter"] = cut["allgather"] if mirror and "allgather" in cut else \
-            collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
-        if mirror and "allgather" in packs:
-            packs["reducescatter"] = packs["allgather"]
-        else:
-            packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw if mirror else bw[tr.transposed_pair_order(net)],
-                                                   bound=bound, max_chunks=max_chunks,
-                                                   time_limit=left(2 if coll == "allreduce" else 1))
-            stopped(packs["reducescatter"], "ReduceScatter")
-        nets["reducescatter"] = tnet
-    if net.bw is not None and np.allclose(bw, net.bw):
-        # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
-        # cut bound where trees must pay for what no cut sees (docs/bounds.md, the packing bound)
-        for name, p in packs.items():
-            cut[name] = max(cut[name], float(p.lower_bound))
-    K = max(p.chunks_per_rank for p in packs.values())
-    if len({p.chunks_per_rank for p in packs.values()}) > 1:
-        # AllReduce: both halves with one chunk count (the larger one; re-rounded)
-        for name, p in list(packs.items()):
-            if p.chunks_per_rank != K:
-                packs[name] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
-                                            bw[tr.transposed_pair_order(net)], min_chunks=K, max_chunks=K,
-                                            bound=p.lower_bound, time_limit=left())
-                stopped(packs[name], {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name]
-                        + f" ({K} chunks per rank, as the other half)")
-    variants = [(K, packs, False)]
-    # a further packing only while the packing time left is at least what the first ones took
-    # (it solves an LP as large again): never where the limit binds
-    packed_s = clock.now() - t0
-    if coll == "allreduce" and left() < packed_s:
-        cut_by_limit.append("AllReduce joint packing skipped")
-    elif coll == "allreduce":
-        # both halves packed to run at once (their loads together within one time): never slower
-        # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
-        # check one half's loads)
-        jag, jrs = tr.pack_allreduce(net, pair_bw=bw, time_limit=left(),
-                                     max_chunks=joint_chunks_resident(n, max_chunks, max_blocks, resident))
-        # simulated first where it is faster in the link model; where it is not (the halves'
-        # bottlenecks are the same links), the halves apart first: a program at the bound then
-        # ends the simulations before the other is simulated
-        ahead = score is None or max(jag.rounded_time, jrs.rounded_time) < \
-            sum(p.rounded_time for p in packs.values()) * (1 - 1e-9)
-        variants.insert(0 if ahead else 1, (jag.chunks_per_rank, {"allgather": jag, "reducescatter": jrs}, True))
-    if score is not None and K > 1 and left() < packed_s:
-        cut_by_limit.append("one-chunk packing skipped")
-    elif score is not None and K > 1:
-        # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
-        # thread block then has fewer transfers to run one after another (the simulator decides).
-        # Packed when its turn comes, unless a program ran at what no packing beats by then
-        def ones(first=packs):
-            made: dict = {}              # id of a packing -> its one-chunk packing (mirrored halves share one)
-            for name, p in first.items():
-                if id(p) not in made:
-                    made[id(p)] = tr.pack_trees(nets[name], pair_bw=bw if name == "allgather" else
-                                                bw[tr.transposed_pair_order(net)], max_chunks=1,
-                                                bound=p.lower_bound, time_limit=left(len(first)), exact=p.exact)
-            return {name: made[id(p)] for name, p in first.items()}
-        variants.append((1, ones, False))
-
-    def channels_of(pk: dict, most: int | None = None, warps: int = WARPS) -> int:
-        """Blocks per thread block of ``warps`` warps for the planned rate of a stream (of ``most``
-        streams)."""
-        rate = block_gbps_at(block_gbps, warps) if block_gbps else 0.0
-        return max(blocks_for(p, per_rank, p.rounded_time * per_rank, block_gbps=rate,
-                              streams=most or 1) for p in pk.values())
-
-    shapes: dict = {}      # (packing, shape) -> the shaped packing: bundling rebuilds, never reshapes
-
-    def resident_somewhere(tbs: int, pk: dict) -> bool:
-        """A program of ``pk`` with ``tbs`` thread blocks on its busiest rank (a channel per
-        stream) stays resident at some warps per block (as :func:`bundled` would run it)."""
-        w = WARPS
-        while w >= LEAST_WARPS:
-            cap = max_blocks if w == WARPS else resident(w) if resident is not None else None
-            if (w == WARPS or resident is not None) and (cap is None or tbs * channels_of(pk, None, w) <= cap):
-                return True
-            w //= 2
-        return False
-
-    def build(shape: str, pk: dict, split: int, most: int | None = None) -> tuple[np.ndarray, dict]:
-        parts, step0, ch0, info, loops = [], 0, 0, {}, []
-        for name in ("reducescatter", "allgather"):
-            if name not in pk:
-                continue
-            op = RRC if name == "reducescatter" else RECV
-            key = (id(pk[name]), shape)
-            if key not in shapes:
-                shapes[key] = tr.shaped(nets[name], pk[name], shape)
-            sp = split_packing(shapes[key], split)
-            lp = tr.loop_rows(sp, op, step0, reduce=name == "reducescatter")
-            G = len(sp.symmetry) if lp is not None else 1
-            bd = bundles(sp, split, most, trees=range(0, len(sp.roots), G))
-            if lp is not None:
-                # symmetric: channels alike in every translate, so the loops carry them
-                lp.rows = np.c_[lp.rows, loop_channels(lp, split, bd) + ch0]
-                rows = np.c_[lp.expand(), np.tile(lp.rows[:, 6], len(lp.symmetry))]
-            else:
-                rows = stream_rows(shapes[key], name, split, step0, bd)
-                rows[:, 5] += ch0
-            loops.append(lp)
-            step0 = _steps(rows)
-            ch0 = int(rows[:, 5].max()) + 1 if len(rows) else ch0
-            parts.append(rows)
-            info[name] = sp
-        info["loops"] = loops if all(lp is not None for lp in loops) else None
-        return np.concatenate(parts), info
-
-    def model_time(pk: dict, of: str = "rounded_time") -> float:
-        """Seconds per byte of a rank's data of the packings ``pk`` in the link model (``of``: the
-        :class:`~.trees.Packing` attribute summed, or for a joint packing the larger: its rounded
-        trees' time, their ``load_time`` as reshaped, or the ``lower_bound`` its LP proved)."""
-        return (max if any(p.stats.get("joint") for p in pk.values()) else sum)(getattr(p, of) for p in pk.values())
-
-    packed: dict = {}          # the packings of variants packed when their turn came
-
-    def packing(pk) -> dict:
-        """``pk``, or what the variant's packing function ``pk`` returns (packed once)."""
-        if callable(pk):
-            if id(pk) not in packed:
-                packed[id(pk)] = pk()
-            return packed[id(pk)]
-        return pk
-
-    candidates = []
-    not_needed = 0             # candidates not built (or not simulated): they cannot beat the best
-    # packings re-rounded to fewer streams (FEWER_STREAMS_ABOVE) -> the simulated time of the
-    # program they were re-rounded from: another halving only while each is faster than that
-    thinned: dict = {}
-    halved: set = set()        # packings already re-rounded to fewer streams
-    alternated: set = set()    # integral packings whose LP rounding was queued (Packing.alternative)
-    integral_built: set = set()    # integral packings built (unshaped, once)
-    build_s = 0.0              # the longest a candidate took to build (and score)
-    refitted: set = set()      # packings whose bundled program was also tried with fewer chunks
-    todo = [(kv, pk, joint, shape) for kv, pk, joint in variants
-            for shape in (("",) if joint else tr.SHAPES if score is not None else tr.SHAPES[:1])]
-    for i, (kv, pk, joint, shape) in enumerate(todo):
-        # the first candidate always; another only where it can be built well before the deadline
-        # (as long again for the caller's work on the program)
-        if candidates and clock.now() + 2 * build_s > deadline:
-            cut_by_limit.append(f"{len(todo) - i} of {len(todo)} candidate programs not built")
-            break
-        settled = getattr(score, "settled", None)
-
-        def beaten(floor_pk: dict) -> bool:
-            """The best fits and ran within the tolerance of the bound, or of the bound the LP of
-            ``floor_pk`` proved (no packing of trees beats it, so no program of this one, nor of a
-            rounding or reshaping of it): this candidate cannot win."""
-            return bool(candidates) and settled is not None and not min(c[0] for c in candidates)[0] and \
-                settled(coll, model_time(floor_pk, "lower_bound") * per_rank)
-
-        # a packing still to be made (fewer chunks of the same LP) is no better than the first
-        # packings' bound, and once made, than its own
-        if beaten(packs if callable(pk) else pk):
-            not_needed += 1
-            continue
-        if callable(pk):
-            pk = packing(pk)
-            todo[i] = (kv, pk, joint, shape)
-            if beaten(pk):
-                not_needed += 1
-                continue
-        if any(p.stats.get("integral") for p in pk.values()):
-            # integral trees (trees.Packing.alternative) fill their resources, so the shaping passes
-            # have next to no room to move them: one candidate, unshaped
-            if id(pk) in integral_built:
-                not_needed += 1
-                continue
-            integral_built.add(id(pk))
-            shape = ""
-            todo[i] = (kv, pk, joint, shape)
-        b0 = clock.now()
-        split = split_for(kv, n, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
-        rows, info, ch, most, blocks, warps, fits, own = bundled(
-            lambda m: build(shape, pk, split, m), lambda m, w: channels_of(pk, m, w),
-            lambda m: stream_blocks({name: shapes[(id(p), shape)] for name, p in pk.items()}, m),
-            n, max_blocks, resident)
-        if (most is not None or warps < WARPS or not fits) and score is not None and id(pk) not in refitted:
-            # bundles cost rate (a bundle takes one fair share where its streams took one each),
-            # and so do many streams at once (each link's last pieces wait behind a piece of every
-            # other stream on it): the same LP rounded to fewer chunks, every stream on a channel
-            # of its own at full warps, is built and simulated too, the faster kept. Best first:
-            # a program never runs faster than its packing's time in the link model, so the one
-            # whose link-model time is less goes first (where the limit allows one simulation,
-            # the other may only be slower up to the difference); ties to the re-rounded one
-            refitted.add(id(pk))
-            again = None
-            if shape and resident_somewhere(stream_blocks(pk), pk):
-                # shaping moved streams onto fewer forwarding ranks, which then hold more thread
-                # blocks than stay resident: the packing's own trees fit (at fewer warps) with all
-                # its chunks, which no re-rounding to fewer keeps; they go next
-                todo.insert(i + 1, (kv, pk, joint, ""))
-            else:
-                k_fit = chunks_to_fit(kv, own, (resident(LEAST_WARPS) if resident is not None else None) or max_blocks)
-                if k_fit == 1 and any(v[0] == 1 and v[2] == joint for v in variants):
-                    k_fit = 0                    # the one-chunk packing is a candidate already
-                left_s = deadline - clock.now()
-                again = rerounded(pk, k_fit, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k_fit and left_s > 0 else None
-                # the scaling is an estimate (the trees of another rounding differ): more chunks
-                # whose rounded trees still fit, counted exactly, are taken where there are such
-                for k in sorted((c for c in tr.CHUNK_CANDIDATES if max(1, k_fit) < c < kv), reverse=True):
-                    left_s = deadline - clock.now()
-                    if left_s <= 0:
-                        break
-                    more = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4))
-                    if more is not None and max(p.chunks_per_rank for p in more.values()) > \
-                            (k_fit if again is None else max(p.chunks_per_rank for p in again.values())) and \
-                            resident_somewhere(stream_blocks(more), more):
-                        again = more
-                        break
-            if again is not None:
-                refitted.add(id(again))
-                shape_r = "" if joint else tr.SHAPES[0]
-                if shape_r:
-                    # shaping moves streams onto fewer forwarding ranks, which may then hold more
-                    # thread blocks than stay resident: unshaped where it does
-                    for name, p in again.items():
-                        shapes[(id(p), shape_r)] = tr.shaped(nets[name], p, shape_r)
-                    if not resident_somewhere(stream_blocks({name: shapes[(id(p), shape_r)]
-                                                             for name, p in again.items()}), again):
-                        shape_r = ""
-                cand = [(max(p.chunks_per_rank for p in again.values()), again, joint, shape_r)]
-                # the re-rounding fits at the fewest warps; where fewer chunks would fit at full
-                # warps (a block of LEAST_WARPS moves a quarter of one of WARPS), those are
-                # simulated too (two MI250 nodes' ReduceScatter: 12 chunks per rank at 4 warps,
-                # 751 blocks, 0.813 of the bound)
-                k_full = chunks_to_fit(kv, own, max_blocks) if max_blocks and resident is not None else 0
-                left_s = deadline - clock.now()
-                if 0 < k_full < cand[0][0] and left_s > 0:
-                    full = rerounded(pk, k_full, min(tr.ROUND_MILP_SECONDS, left_s / 4))
-                    if full is not None and max(p.chunks_per_rank for p in full.values()) < cand[0][0]:
-                        refitted.add(id(full))
-                        cand.append((max(p.chunks_per_rank for p in full.values()), full, joint, ""))
-                if model_time(again) <= model_time(pk) * (1 + 1e-9):
-                    todo[i + 1:i + 1] = cand + [(kv, pk, joint, shape)]
-                    continue
-                todo[i + 1:i + 1] = cand
-        if fits and candidates and settled is not None and not min(c[0] for c in candidates)[0] and \
-                settled(coll, model_time({k: v for k, v in info.items() if k != "loops"}, "load_time") * per_rank,
-                        slack=False):
-            # built (and any re-rounding of it queued): its trees' time in the link model (as
-            # shaped) is no less than the best program's, so it cannot win
-            not_needed += 1
-            build_s = max(build_s, clock.now() - b0)
-            continue
-        # a program whose blocks are not all resident ranks after every one that is: it is
-        # simulated only where none is (below), so its simulation never takes the time of theirs
-        sc = score(coll, rows, kv * split, ch, warps) if score is not None and fits else None
-        # without a simulator, the link model's time decides (then the fewest blocks)
-        candidates.append(((not fits, sc if sc is not None else model_time(pk) * per_rank, blocks), shape, rows, info,
-                           kv * split, pk, ch, split, most, blocks, warps, sc))
-        build_s = max(build_s, clock.now() - b0)
-        # AllGather / ReduceScatter programs short of their packing's link-model time, with time left
-        short = sc is not None and not joint and coll != "allreduce" and \
-            sc > model_time(pk) * per_rank * (1 + FEWER_STREAMS_ABOVE) and clock.now() + 3 * build_s < deadline
-        if short and id(pk) not in halved and kv > 1 and sc < thinned.get(id(pk), np.inf):
-            # the program falls short of its packing's time in the link model: the same LP rounded
-            # to half the chunks (half the streams, each twice as fast) is built and simulated
-            # next, and halved again while that gains (see FEWER_STREAMS_ABOVE)
-            halved.add(id(pk))
-            k = max((c for c in tr.CHUNK_CANDIDATES if c <= kv // 2), default=0)
-            left_s = deadline - clock.now()
-            fewer = rerounded(pk, k, min(tr.ROUND_MILP_SECONDS, left_s / 4)) if k else None
-            k = max(p.chunks_per_rank for p in fewer.values()) if fewer is not None else kv
-            if k < kv:
-                thinned[id(fewer)] = sc
-                todo.insert(i + 1, (k, fewer, joint, shape))
-        if short and id(pk) not in alternated and all(p.alternative is not None for p in pk.values()):
-            # integral trees (trees.Packing.alternative) that fall short of their link-model time:
-            # they fill every resource, so they can grow deep and fill slowly; the LP's own trees
-            # rounded, slower in the link model, are simulated next
-            alternated.add(id(pk))
-            alt = {name: p.alternative for name, p in pk.items()}
-            todo.insert(i + 1, (max(p.chunks_per_rank for p in alt.values()), alt, joint, shape))
-    if score is not None and all(c[0][0] for c in candidates):
-        # nothing fits: the simulated times decide after all (best first in the link model, as
-        # far as the deadline allows)
-        for j in sorted(range(len(candidates)), key=lambda j: candidates[j][0][1]):
-            c = candidates[j]
-            t = score(coll, c[2], c[4], c[6], c[10])
-            candidates[j] = ((True, t, c[9]),) + c[1:11] + (t,)
-    best = min(candidates, key=lambda c: c[0])
-    _, shape, rows, info, K, packs, channels, split, most, blocks, warps, _ = best
-    loops = info.pop("loops")
-    steps = _steps(rows)
-    lb = sum(_distance_bound(nets[name]) for name in packs)
-    joint = any(p.stats.get("joint") for p in packs.values())
-    model_s = model_time(packs) * per_rank
-    detail = {
-        "method": "trees",
-        "channels": int(channels),
-        "shape": shape or "-",
-        "joint": joint,
-        "split": int(split),
-        "streams_per_bundle": int(most or 1),
-        "warps": int(warps),
-        "blocks_per_rank": int(blocks),
-        # what stays resident at the program's warps per block
-        "max_blocks_per_rank": None if max_blocks is None else
-        int(max_blocks) if warps == WARPS or resident is None else resident(warps),
-        "model_seconds": model_s,
-        "cut_seconds_per_rank_byte": cut,      # the bound: cut, or the packing's where tighter
-        "trees": {name: {"trees": len(p.roots), "chunks_per_rank": p.chunks_per_rank * split,
-                         "lp_seconds_per_byte": p.lp_time, "bound_seconds_per_byte": p.lower_bound,
-                         "model_fraction": p.fraction, "lp_iterations": p.iterations, "columns": p.columns,
-                         "wall_s": round(p.seconds, 3), **info[name].stats}
-                  for name, p in packs.items()},
-    }
-    if score is not None:
-        def label(c) -> str:
-            return (f"K={c[4]} {c[1] or ('joint' if any(p.stats.get('joint') for p in c[5].values()) else 'unshaped')}"
-                    + (f" bundles of {c[8]}" if c[8] else "") + f" blocks {c[9]}"
-                    + (f" of {c[10]} warps" if c[10] != WARPS else ""))
-
-        # seconds each candidate took in the simulator, or (not simulated) its packing's time in
-        # the link model, which no program of it beats
-        detail["simulated_candidates"] = {label(c): c[0][1] for c in candidates}
-        # what ``hccc synth --json`` lists: every program built (once: a packing reached again,
-        # as a re-rounding that gives the same counts, is built again but not simulated again),
-        # whether its blocks stay resident, its simulated seconds (None: not simulated, past the
-        # deadline or once a candidate ran within the tolerance of the bound), its packing's
-        # link-model seconds, and the one kept
-        listed: dict = {}
-        for c in candidates:
-            key = (label(c), c[0][1])
-            if key in listed:
-                listed[key]["kept"] = listed[key]["kept"] or c is best
-                continue
-            listed[key] = {"program": label(c), "chunks_per_rank": int(c[4]), "blocks_per_rank": int(c[9]),
-                           "warps": int(c[10]), "resident": not c[0][0],
-                           "simulated_seconds": float(c[11]) if c[11] is not None and np.isfinite(c[11]) else None,
-                           "model_seconds": model_time(c[5]) * per_rank, "kept": c is best}
-        detail["candidates"] = list(listed.values())
-    if cut_by_limit:
-        detail["time_limit_cut"] = cut_by_limit
-    if not_needed:
-        detail["candidates_not_built"] = not_needed
-    detail["channels_per_pair"] = int(rows[:, 5].max()) + 1 if len(rows) else 1
-    return TreeProgram(rows, steps, lb, K, detail, clock.now() - t0, loops)
+    st = _Setting(coll, net, np.asarray(net.bw if pair_bw is None else pair_bw, float), float(total_bytes) / max(n, 1),
+                  block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
+                  t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
+    packs, cut = _pack_halves(st)
+    apart = PackSet(packs)
+    selection = _Selection(st, _Builder(st), _variants(st, apart), apart)
+    candidates = selection.run()
+    best = min(candidates, key=lambda c: c.rank)
+    loops = best.info.pop("loops")
+    lb = sum(_distance_bound(st.nets[name]) for name in best.packs.by_name)
+    detail = _detail(st, best, candidates, cut, selection.not_needed)
+    return TreeProgram(best.rows, _steps(best.rows), lb, best.chunks, detail, clock.now() - t0, loops)

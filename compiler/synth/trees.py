@@ -25,8 +25,8 @@ switches by edge splitting, as in ForestColl; see *Optimality* below where they 
 tree, so the fractional weights are rounded to multiples of ``1/K`` (largest remainder) and then
 repaired locally (a chunk moves to another generated tree of its root while that lowers the most
 loaded resource); where that misses, chunks are moved one at a time onto the cheapest tree of their
-root at prices exponential in the rounded loads, trees never generated included (``regrow`` in
-:func:`_pack`, cheap); where that misses too, a small mixed-integer program picks the counts over
+root at prices exponential in the rounded loads, trees never generated included (:meth:`_Rounding._regrown`,
+cheap); where that misses too, a small mixed-integer program picks the counts over
 the LP's trees (:func:`_milp_counts`, a node limit per ``K`` and a few seconds in all; it stops at
 the first counts within ``round_tol`` of the LP, the rounding's own acceptance test), kept where
 it beats the regrown counts.
@@ -71,8 +71,8 @@ ROUND_MILP_SECONDS = 10.0
 #: seconds it may spend on one chunk count: where it finds counts at all it does so within a few
 #: hundredths of a second, while proving that none fits can take seconds per count
 ROUND_MILP_EACH = 0.5
-#: the exponents (times the LP time) of the regrowing's load prices, one sweep each (:func:`_pack`'s
-#: ``regrow``), and the passes over every chunk each may make
+#: the exponents (times the LP time) of the regrowing's load prices, one sweep each
+#: (:meth:`_Rounding._regrown`), and the passes over every chunk each may make
 REGROW_ALPHAS = (16.0, 64.0)
 REGROW_PASSES = 3
 #: branch-and-bound nodes the rounding's program may explore per chunk count (deterministic)
@@ -89,6 +89,24 @@ PRICED_PLAIN = 256
 #: (and more than one chunk per rank), where that LP takes well under a second
 SEED_EVERY_ROOT_ABOVE = 8
 EVERY_ROOT_RANKS = 32
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """The choices of a packing a caller may set instead of the module's defaults (each field's
+    default is its module constant, read when the options are made, where its measurement is
+    written): the regrowing's exponents (``()``: no regrowing), the trees priced with the plain
+    formulation before the compiled one, the MILP's seconds per chunk count, when a classes'
+    packing is also rounded over every root, whether rail trees join the columns, and whether
+    integral trees (:mod:`.branchings`) are sought where the LP's trees round badly."""
+
+    regrow_alphas: tuple = field(default_factory=lambda: REGROW_ALPHAS)
+    priced_plain: int = field(default_factory=lambda: PRICED_PLAIN)
+    round_milp_each: float = field(default_factory=lambda: ROUND_MILP_EACH)
+    seed_every_root_above: int = field(default_factory=lambda: SEED_EVERY_ROOT_ABOVE)
+    every_root_ranks: int = field(default_factory=lambda: EVERY_ROOT_RANKS)
+    rails: bool = True
+    integral: bool = True
 
 
 class PackingError(ValueError):
@@ -299,7 +317,7 @@ def _rails(net: Network) -> tuple[np.ndarray, list] | None:
     """Every rank's node and its *rail peers*: the ranks at the same place (local index, in rank
     order) in every other node, where the nodes have as many ranks each (None otherwise, or with
     one node). Rails need no NIC of their own: they only name which rank of another node a rail
-    tree enters it by (:func:`_pack`'s ``price``)."""
+    tree enters it by (:meth:`_Columns.price`)."""
     node = np.asarray(net.levels[0], np.int64) if net.levels else np.zeros(net.nranks, np.int64)
     sizes = np.bincount(node)
     if sizes.size < 2 or (sizes != sizes[0]).any():
@@ -334,16 +352,19 @@ def _translates(E: np.ndarray, root: int, par: np.ndarray) -> tuple[np.ndarray, 
 
 def pack_trees(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
                max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
-               round_tol: float = ROUND_TOL, symmetry: bool = True, exact: dict | None = None) -> Packing:
+               round_tol: float = ROUND_TOL, symmetry: bool = True, exact: dict | None = None,
+               options: PackOptions | None = None) -> Packing:
     """The least-time tree packing of an AllGather on ``net`` (:func:`_pack`); ``exact``: the integral
-    packings another packing of the same network found (its ``Packing.exact``), reused."""
+    packings another packing of the same network found (its ``Packing.exact``), reused; ``options``:
+    :class:`PackOptions` (default: the module's)."""
     return _pack(net, pair_bw=pair_bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks,
-                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, exact=exact)[0]
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, exact=exact,
+                 options=options)[0]
 
 
 def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunks: int | None = None,
                    min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL, round_tol: float = ROUND_TOL,
-                   symmetry: bool = True) -> tuple[Packing, Packing]:
+                   symmetry: bool = True, options: PackOptions | None = None) -> tuple[Packing, Packing]:
     """An AllReduce's ReduceScatter and AllGather packed together, to run at once: the least
     ``T`` such that every rank's data has out-trees (its AllGather) and in-trees (its
     ReduceScatter) whose loads *together* fit every pair and shared group in ``T`` (the LP of the
@@ -354,14 +375,333 @@ def pack_allreduce(net: Network, *, pair_bw: np.ndarray | None = None, max_chunk
     reducescatter)``: the out-trees on ``net`` and the in-trees as out-trees of
     ``net.transposed()`` (as :func:`pack_trees` packs each), both with the joint time and loads."""
     return _pack(net, pair_bw=pair_bw, bound=None, max_chunks=max_chunks, min_chunks=min_chunks,
-                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, joint=True)
+                 time_limit=time_limit, tol=tol, round_tol=round_tol, symmetry=symmetry, joint=True, options=options)
+
+
+@dataclass
+class _Columns:
+    """The LP's setting and the trees generated so far (one packing's solver state).
+
+    Resources are the network's pairs then its shared groups (capacities normalised by ``scale``);
+    with a symmetry the LP's rows are resource *orbits* (``orb``: resource -> orbit, ``ocap`` an
+    orbit's capacity, ``mult`` the load on each member per tree member in it, ``csize`` a root's
+    class size) and only the representatives ``reps`` get trees. A column is a tree as the
+    resource orbits it occupies, with multiplicity; ``translate`` (representative -> rank
+    permutations) makes a column a representative's tree with all its translates."""
+
+    net: Network
+    bw: np.ndarray
+    cap: np.ndarray
+    capn: np.ndarray
+    scale: float
+    inc: object
+    group: Symmetry | None
+    lp_only: bool
+    seeding: bool
+    perms: np.ndarray
+    orb: np.ndarray
+    reps: np.ndarray
+    mult: np.ndarray
+    csize: np.ndarray
+    ocap: np.ndarray
+    kinds: tuple
+    rails: tuple | None
+    cross: np.ndarray | None       # arcs between nodes (where there are rails)
+    translate: dict | None
+    pair_img: dict
+    cols: list = field(default_factory=list)        # resource orbits per column, with multiplicity
+    col_root: list = field(default_factory=list)    # the root's row key: r, or n + r for an in-tree
+    col_par: list = field(default_factory=list)
+    col_of: dict = field(default_factory=dict)      # (root, in-tree, parents) -> column
+    priced_plain: int = PRICED_PLAIN                # trees priced plain before compiled (:data:`PRICED_PLAIN`)
+    priced: int = 0                                 # trees priced so far
+    _arcs: tuple = (None, None, None)               # prices, kind, their arc matrix (:meth:`arcs`)
+
+    @property
+    def n(self) -> int:
+        return self.net.nranks
+
+    @property
+    def norbits(self) -> int:
+        return int(self.orb.max()) + 1
+
+    def arc_matrix(self, w: np.ndarray, rev: bool) -> np.ndarray:
+        """:func:`pair_cost_matrix`, transposed for an in-tree (an out-tree of the transposed network)."""
+        C = pair_cost_matrix(self.net, self.bw, w)
+        return C.T.copy() if rev else C
+
+    def arcs(self, pi_o: np.ndarray, rev: bool) -> np.ndarray:
+        """The arc costs at the prices ``pi_o`` of a tree whose root's class has one member (the
+        costs of every root are these times its class size); kept for the next call at the same
+        prices (every root of a round, a tree and its rail tree)."""
+        if self._arcs[0] is not pi_o or self._arcs[1] != rev:
+            self._arcs = (pi_o, rev, self.arc_matrix(self.inc @ (pi_o * self.mult)[self.orb], rev))
+        return self._arcs[2]
+
+    def price(self, pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
+              many: bool = False) -> tuple[float, np.ndarray | None]:
+        """The cheapest tree of root ``r`` at the resource prices ``pi_o`` and its cost; ``rail``:
+        the cheapest *rail tree* (None where there is none), whose only arcs between nodes are
+        from the root to its rail peers (:func:`_rails`): each other node gets the root's data
+        once, on the root's own rail, and spreads it inside. A rail tree is a spanning tree like
+        any other and joins the columns only where it prices below the root's dual, so the LP's
+        optimum is unchanged; but where every rank's NIC is tight (a 16 GB/s NIC per GCD on
+        MI250 nodes) the LP's own trees send some roots' data through other ranks' NICs and
+        round to whole chunks one chunk over on a NIC, where rail trees fill each NIC exactly."""
+        if rail and self.rails is None:
+            return np.inf, None
+        self.priced += 1
+        many = many or self.priced > self.priced_plain
+        if self.translate is not None:     # the tree's cost with all its translates
+            w = self.inc @ (pi_o * self.mult)[self.orb]
+            C = self.arc_matrix((w * self.csize[r])[self.pair_img[r]].sum(axis=0), rev)
+        else:
+            C = self.arcs(pi_o, rev) * self.csize[r]
+        if rail:
+            peer = self.rails[1]
+            keep = C[r, peer[r]].copy()
+            C[self.cross] = np.inf
+            C[r, peer[r]] = keep
+        try:
+            par = min_arborescence(C, r, many)
+        except PackingError:
+            if not rail:
+                raise
+            return np.inf, None           # a node its rail peer cannot span, or no rail
+        v = np.flatnonzero(par >= 0)
+        return float(C[par[v], v].sum()), par
+
+    def add(self, r: int, par: np.ndarray, rev: bool = False) -> bool:
+        """Tree ``par`` of root ``r`` (``rev``: an in-tree) as a new column; False if it is one."""
+        net = self.net
+        key = (r, rev, par.tobytes())
+        if key in self.col_of:
+            return False
+        self.col_of[key] = len(self.col_par)
+        self.col_par.append(par)
+        self.col_root.append(r + self.n * rev)
+        if rev:
+            v = np.flatnonzero(par >= 0)
+            pairs = net.pair_index(v, par[v])
+            if (pairs < 0).any():
+                raise PackingError("a tree uses an arc that is not a pair of the network")
+        else:
+            pairs = _tree_pairs(net, par, r)
+        if self.translate is not None:
+            pairs = self.pair_img[r][:, pairs].ravel()
+        self.cols.append(self.orb[_tree_column(net, pairs)])
+        return True
+
+    def unit_of(self, j: int) -> np.ndarray:
+        """The load of column ``j`` on every resource orbit, per unit of its root's data."""
+        row = np.zeros(self.norbits)
+        c = self.cols[j]
+        np.add.at(row, c, self.mult[c] * self.csize[self.col_root[j] % self.n])
+        return row
+
+    def root_of(self, j: int) -> tuple[int, bool]:
+        """Column ``j``'s root and whether it is an in-tree."""
+        rev = self.col_root[j] >= self.n
+        return self.col_root[j] - self.n * rev, rev
+
+
+def _columns(net: Network, bw: np.ndarray, symmetry: bool, joint: bool, translate: dict | None,
+             options: PackOptions) -> _Columns:
+    """The LP's setting for ``net`` at the pair bandwidths ``bw`` (:class:`_Columns`, no columns yet):
+    the symmetry whose classes it solves (:func:`_pack`)."""
+    n, P = net.nranks, net.npairs
+    cap = _resources(net, bw)
+    R = cap.size
+    ok = cap > 0
+    scale = float(cap[ok].max())
+    group = node_symmetry(net, bw) if symmetry else None
+    lp_only = seeding = False
+    if group is None and symmetry:
+        group = period_symmetry(net, bw)       # the LP's classes only: the packing has no loops
+        lp_only = group is not None
+    if group is None and symmetry and translate is None:
+        group = class_symmetry(net, bw)        # classes whose trees seed the LP of translates
+        seeding = group is not None
+    pair_img = {}
+    if translate is not None:
+        # a column: a representative's tree and its translates, loads per resource
+        perms, orb = np.arange(n)[None, :], np.arange(R)
+        reps = np.array(sorted(translate), np.int64)
+        for r, E in translate.items():
+            pair_img[r] = net.pair_index(E[:, net.psrc].ravel(), E[:, net.pdst].ravel()).reshape(len(E), P)
+    elif group is not None:
+        perms, orb = group.ranks, group.orbits
+        reps = np.unique(perms.min(axis=0))
+    else:
+        perms, orb, reps = np.arange(n)[None, :], np.arange(R), np.arange(n)
+    RO = int(orb.max()) + 1
+    # load on each member of an orbit per tree member in it: the root's class size over the orbit's
+    csize = np.bincount(perms.min(axis=0), minlength=n)[perms.min(axis=0)].astype(float)
+    first = np.full(RO, -1, np.int64)
+    first[orb[::-1]] = np.arange(R)[::-1]
+    capn = np.where(ok, cap / scale, 0.0)        # normalised capacities (LP conditioning)
+    rails = _rails(net) if options.rails else None
+    return _Columns(net=net, bw=bw, cap=cap, capn=capn, scale=scale, inc=pair_incidence(net, R), group=group,
+                    lp_only=lp_only, seeding=seeding, perms=perms, orb=orb, reps=reps,
+                    mult=1.0 / np.bincount(orb, minlength=RO), csize=csize, ocap=capn[first],
+                    kinds=(False, True) if joint else (False,), rails=rails,
+                    cross=None if rails is None else rails[0][:, None] != rails[0][None, :], translate=translate,
+                    pair_img=pair_img, priced_plain=options.priced_plain)
+
+
+@dataclass
+class _LPSolution:
+    """Where the column generation ended: the LP's value (normalised time), its weights per column,
+    its duals (resource prices ``pi``, root rows ``lam``), the best lower bound proven and rounds."""
+
+    value: float
+    y: np.ndarray
+    pi: np.ndarray
+    lam: np.ndarray
+    lower_bound: float
+    rounds: int
+
+
+def _root_rows(cs: _Columns) -> np.ndarray:
+    """The LP row of every root key (``r``, or ``n + r`` for an in-tree), -1 for none."""
+    n = cs.n
+    root_row = np.full(2 * n, -1, np.int64)
+    for k, rev in enumerate(cs.kinds):
+        root_row[cs.reps + n * rev] = np.arange(cs.reps.size) + k * cs.reps.size
+    return root_row
+
+
+def _initial_columns(cs: _Columns, seed: list | None) -> None:
+    """The cheapest tree (and rail tree) of every root by 1/bandwidth, then the ``seed`` trees."""
+    okc = cs.ocap > 0
+    pi0 = np.where(okc, 1.0 / np.where(okc, cs.ocap, 1.0), 0.0) / cs.mult
+    for rev in cs.kinds:
+        for r in cs.reps.tolist():
+            cs.add(r, cs.price(pi0, r, rev)[1], rev)
+            par_r = cs.price(pi0, r, rev, rail=True)[1]
+            if par_r is not None:
+                cs.add(r, par_r, rev)
+    for r, par, rev in seed or ():
+        cs.add(int(r), np.asarray(par, np.int64), bool(rev))
+
+
+def _price_round(cs: _Columns, pi: np.ndarray, lam: np.ndarray) -> tuple[int, float]:
+    """Every root's cheapest tree and rail tree at the prices ``pi``, added where below its dual
+    ``lam``: the trees added and the sum of the cheapest costs (the Lagrangian's numerator)."""
+    added, lag = 0, 0.0
+    for k, rev in enumerate(cs.kinds):
+        for i0, r in enumerate(cs.reps.tolist()):
+            i = i0 + k * cs.reps.size
+            below = lam[i] - 1e-9 * max(1.0, abs(lam[i]))
+            cost, par = cs.price(pi, r, rev)
+            lag += cost
+            if cost < below:
+                added += cs.add(r, par, rev)
+            cost_r, par_r = cs.price(pi, r, rev, rail=True)
+            if par_r is not None and cost_r < below:
+                added += cs.add(r, par_r, rev)
+    return added, lag
+
+
+def _feed(lp: MasterLP, cs: _Columns, root_row: np.ndarray, fed: int) -> int:
+    """The columns of ``cs`` from ``fed`` on join the LP; how many it has."""
+    for j in range(fed, len(cs.cols)):
+        lp.add(cs.cols[j], cs.mult[cs.cols[j]] * cs.csize[cs.col_root[j] % cs.n], int(root_row[cs.col_root[j]]))
+    return len(cs.cols)
+
+
+def _column_generation(cs: _Columns, bound: float | None, tol: float, deadline: float) -> _LPSolution:
+    """The packing LP over the trees of ``cs``, new trees priced in until none improves it, it is
+    within ``tol`` of a lower bound (Lagrangian, or ``bound``), or ``deadline``: the fractional
+    packing (the module docstring)."""
+    root_row = _root_rows(cs)
+    lp = MasterLP(cs.ocap, cs.reps.size * len(cs.kinds))
+    fed = 0                      # columns handed to the LP so far
+    best_lb = 0.0 if bound is None else float(bound) * cs.scale
+    lp_val, y, it = np.inf, None, 0
+    while True:
+        it += 1
+        J = fed = _feed(lp, cs, root_row, fed)
+        # a round after the first gets only the time left: stopped, the last round's packing stays
+        res = lp.solve(None if y is None else deadline - clock.now())
+        if res.status == 1 and y is not None:
+            break
+        if res.status != 0:
+            raise PackingError(f"the packing LP failed: {res.message}")
+        lp_val, y, pi, lam = float(res.fun), res.y[:J], res.prices, res.eq
+        denom = float(pi @ cs.ocap)
+        added, lag = _price_round(cs, pi, lam)
+        if denom > 0:
+            best_lb = max(best_lb, lag / denom)
+        if not added or lp_val <= best_lb * (1 + tol) or clock.now() > deadline:
+            break
+    if lp.solves > 1 and clock.now() < deadline:
+        # the last LP (the last round's columns too) solved from scratch: a vertex on fewer trees,
+        # which round to whole chunks better than the warm-started one (:mod:`.master_lp`)
+        _feed(lp, cs, root_row, fed)
+        again = lp.solve_fresh(deadline - clock.now())
+        if again.status == 0:
+            lp_val, y, pi, lam = float(again.fun), again.y, again.prices, again.eq
+    return _LPSolution(lp_val, y, pi, lam, best_lb, it)
+
+
+def _support_translates(cs: _Columns, y: np.ndarray, perms_of) -> list:
+    """``(root, parents, in-tree)`` of every translate (by ``perms_of(root)``) of the LP's trees of
+    positive weight ``y``, each once."""
+    out, got = [], set()
+    for j in np.flatnonzero(y > 1e-9).tolist():
+        r, rev = cs.root_of(j)
+        roots, tps = _translates(perms_of(r), r, cs.col_par[j])
+        for x, tp in zip(roots.tolist(), tps):
+            key = (int(x), rev, tp.tobytes())
+            if key not in got:
+                got.add(key)
+                out.append((int(x), tp, rev))
+    return out
+
+
+def _pack_by_classes(net: Network, cs: _Columns, sol: _LPSolution, t0: float, deadline: float, common: dict):
+    """The classes' LP (``sol``, over ``cs``'s kinds of node) turned into packings: its trees under
+    every element fixing their root seed the LP of translates, rounded per representative; where
+    that rounds only at many chunks per rank (or the cluster is small), also the LP over every root
+    (seeded with that LP's trees), the better rounding kept."""
+    group, reps = cs.group, cs.reps
+    seeds = _support_translates(cs, sol.y, lambda r: cs.perms[cs.perms[:, r] == r])
+    class_s = clock.now() - t0
+    common = dict(common, bound=max(sol.lower_bound / cs.scale, common["bound"] or 0.0), symmetry=False)
+    out = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=seeds,
+                translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
+    how = "translates"
+    k_cls = out[0].chunks_per_rank
+    n = net.nranks
+    opt = common["options"]
+    if (k_cls > opt.seed_every_root_above or 1 < k_cls and n <= opt.every_root_ranks) and deadline > clock.now():
+        # a representative's K chunks go to its whole class alike; where that rounds only at
+        # many chunks per rank (or the cluster is small), the LP over every root (seeded with
+        # the translates of that LP's trees, an optimal solution) rounds each rank apart,
+        # often at fewer
+        alt = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=out[0].lp_support, **common)
+
+        def rank(pk):
+            p = pk[0]
+            return (p.rounded_time > p.lp_time * (1 + common["round_tol"]), p.chunks_per_rank, p.rounded_time)
+        if rank(alt) < rank(out):
+            out, how = alt, "every root"
+    for packing in out:
+        packing.seconds = clock.now() - t0
+        packing.stats.update(symmetry=cs.perms.shape[0], classes=int(reps.size), class_lp_rows=cs.norbits,
+                             class_lp_rounds=sol.rounds, class_lp_time=sol.value / cs.scale,
+                             class_lp_s=round(class_s, 3), seeds=len(seeds), rounded_over=how)
+    return out
 
 
 def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | None = None,
           max_chunks: int | None = None, min_chunks: int = 1, time_limit: float = 60.0, tol: float = LP_TOL,
           round_tol: float = ROUND_TOL, symmetry: bool = True, joint: bool = False, seed: list | None = None,
-          translate: dict | None = None, exact: dict | None = None):
-    """The least-time tree packing of an AllGather on ``net`` (see the module docstring).
+          translate: dict | None = None, exact: dict | None = None, options: PackOptions | None = None):
+    """The least-time tree packing of an AllGather on ``net`` (see the module docstring): the
+    column generation to a fractional packing (:func:`_column_generation`), then its rounding to
+    whole chunks (:class:`_Rounding`).
 
     ``pair_bw``: bytes/s of every pair (default ``net.bw``); ``bound``: a proven lower bound in
     seconds per byte of each rank's data (the cut bound), used to stop early; ``max_chunks``: the
@@ -388,349 +728,159 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         empty = Packing(n, 1, [], [], [], 0.0, 0.0, 0.0, 0, 0, 0.0, np.zeros(P), {}, np.zeros(0), np.zeros(0))
         return (empty, empty) if joint else (empty,)
     bw = np.asarray(net.bw if pair_bw is None else pair_bw, float)
-    cap = _resources(net, bw)
-    R = cap.size
-    ok = cap > 0
-    scale = float(cap[ok].max())
-    capn = np.where(ok, cap / scale, 0.0)        # normalised capacities (LP conditioning)
-    # pair cost = pi_pair + sum of pi over its groups
-    inc = pair_incidence(net, R)
-    group = node_symmetry(net, bw) if symmetry else None
-    lp_only = seeding = False
-    if group is None and symmetry:
-        group = period_symmetry(net, bw)       # the LP's classes only: the packing has no loops
-        lp_only = group is not None
-    if group is None and symmetry and translate is None:
-        group = class_symmetry(net, bw)        # classes whose trees seed the LP of translates
-        seeding = group is not None
+    options = PackOptions() if options is None else options
+    cs = _columns(net, bw, symmetry, joint, translate, options)
     if exact is None:
         # integral packings at a chunk count (:mod:`.branchings`), shared with the LPs this one
         # seeds: the network's automorphisms (their multiplicities alike on a pair orbit), the cut
         # conditions found so far, the time and multiplicities found per K, the trees grown on
         # them per K, the seconds spent finding them
-        exact = {"perms": None if group is None else group.ranks, "sets": [], "found": {}, "grown": {}, "spent": 0.0}
-    pair_img = {}
-    if translate is not None:
-        # a column: a representative's tree and its translates, loads per resource
-        perms = np.arange(n)[None, :]
-        orb = np.arange(R)
-        reps = np.array(sorted(translate), np.int64)
-        for r, E in translate.items():
-            pair_img[r] = net.pair_index(E[:, net.psrc].ravel(), E[:, net.pdst].ravel()).reshape(len(E), P)
-    elif group is not None:
-        perms = group.ranks
-        orb = group.orbits
-        reps = np.unique(perms.min(axis=0))
-    else:
-        perms = np.arange(n)[None, :]
-        orb = np.arange(R)
-        reps = np.arange(n)
-    RO = int(orb.max()) + 1
-    osize = np.bincount(orb, minlength=RO)
-    # load on each member of an orbit per tree member in it: the root's class size over the orbit's
-    csize = np.bincount(perms.min(axis=0), minlength=n)[perms.min(axis=0)].astype(float)
-    mult = 1.0 / osize
-    first = np.full(RO, -1, np.int64)
-    first[orb[::-1]] = np.arange(R)[::-1]
-    ocap = capn[first]                           # the members of an orbit have equal capacities
-
-    kinds = (False, True) if joint else (False,)      # out-trees, then (joint) in-trees
-
-    rails = _rails(net)
-
-    priced = [0]        # trees priced so far (:data:`PRICED_PLAIN`)
-    cross = None if rails is None else rails[0][:, None] != rails[0][None, :]    # arcs between nodes
-    arcs_of: list = [None, None, None]      # the prices, the kind and their arc matrix (:func:`arcs`)
-
-    def arc_matrix(w: np.ndarray, rev: bool) -> np.ndarray:
-        """:func:`pair_cost_matrix`, transposed for an in-tree (an out-tree of the transposed network)."""
-        C = pair_cost_matrix(net, bw, w)
-        return C.T.copy() if rev else C
-
-    def arcs(pi_o: np.ndarray, rev: bool) -> np.ndarray:
-        """The arc costs at the prices ``pi_o`` of a tree whose root's class has one member (the
-        costs of every root are these times its class size); kept for the next call at the same
-        prices (every root of a round, a tree and its rail tree)."""
-        if arcs_of[0] is not pi_o or arcs_of[1] != rev:
-            arcs_of[:] = [pi_o, rev, arc_matrix(inc @ (pi_o * mult)[orb], rev)]
-        return arcs_of[2]
-
-    def price(pi_o: np.ndarray, r: int, rev: bool = False, rail: bool = False,
-              many: bool = False) -> tuple[float, np.ndarray | None]:
-        """The cheapest tree of root ``r`` at the resource prices ``pi_o`` and its cost; ``rail``:
-        the cheapest *rail tree* (None where there is none), whose only arcs between nodes are
-        from the root to its rail peers (:func:`_rails`): each other node gets the root's data
-        once, on the root's own rail, and spreads it inside. A rail tree is a spanning tree like
-        any other and joins the columns only where it prices below the root's dual, so the LP's
-        optimum is unchanged; but where every rank's NIC is tight (a 16 GB/s NIC per GCD on
-        MI250 nodes) the LP's own trees send some roots' data through other ranks' NICs and
-        round to whole chunks one chunk over on a NIC, where rail trees fill each NIC exactly."""
-        if rail and rails is None:
-            return np.inf, None
-        priced[0] += 1
-        many = many or priced[0] > PRICED_PLAIN
-        if translate is not None:     # the tree's cost with all its translates
-            C = arc_matrix(((inc @ (pi_o * mult)[orb]) * csize[r])[pair_img[r]].sum(axis=0), rev)
-        else:
-            C = arcs(pi_o, rev) * csize[r]
-        if rail:
-            peer = rails[1]
-            keep = C[r, peer[r]].copy()
-            C[cross] = np.inf
-            C[r, peer[r]] = keep
-        try:
-            par = min_arborescence(C, r, many)
-        except PackingError:
-            if not rail:
-                raise
-            return np.inf, None           # a node its rail peer cannot span, or no rail
-        v = np.flatnonzero(par >= 0)
-        return float(C[par[v], v].sum()), par
-
-    # initial columns: the cheapest tree by 1/bandwidth per root
-    cols: list[np.ndarray] = []      # resource ids with multiplicity
-    col_root: list[int] = []         # the root's row key: r, or n + r for an in-tree (joint)
-    col_par: list[np.ndarray] = []
-    col_of: dict = {}                # (root, in-tree, parents) -> column
-
-    def add(r: int, par: np.ndarray, rev: bool = False) -> bool:
-        key = (r, rev, par.tobytes())
-        if key in col_of:
-            return False
-        col_of[key] = len(col_par)
-        col_par.append(par)
-        col_root.append(r + n * rev)
-        if rev:
-            v = np.flatnonzero(par >= 0)
-            pairs = net.pair_index(v, par[v])
-            if (pairs < 0).any():
-                raise PackingError("a tree uses an arc that is not a pair of the network")
-        else:
-            pairs = _tree_pairs(net, par, r)
-        if translate is not None:
-            pairs = pair_img[r][:, pairs].ravel()
-        cols.append(orb[_tree_column(net, pairs)])
-        return True
-
-    okc = ocap > 0
-    pi0 = np.where(okc, 1.0 / np.where(okc, ocap, 1.0), 0.0) / mult
-    for rev in kinds:
-        for r in reps.tolist():
-            add(r, price(pi0, r, rev)[1], rev)
-            par_r = price(pi0, r, rev, rail=True)[1]
-            if par_r is not None:
-                add(r, par_r, rev)
-    for r, par, rev in seed or ():
-        add(int(r), np.asarray(par, np.int64), bool(rev))
-    root_row = np.full(2 * n, -1, np.int64)
-    for k, rev in enumerate(kinds):
-        root_row[reps + n * rev] = np.arange(reps.size) + k * reps.size
-    nrows = reps.size * len(kinds)
-    best_lb = 0.0 if bound is None else float(bound) * scale
-    lp_val = np.inf
-    it = 0
-    y = None
+        exact = {"perms": None if cs.group is None else cs.group.ranks, "sets": [], "found": {}, "grown": {},
+                 "spent": 0.0}
+    _initial_columns(cs, seed)
     deadline = t0 + float(time_limit)
-    lp = MasterLP(ocap, nrows)
-    fed = [0]                       # columns handed to the LP so far
+    sol = _column_generation(cs, bound, tol, deadline)
+    if cs.seeding:
+        common = dict(pair_bw=bw, bound=bound, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
+                      round_tol=round_tol, joint=joint, exact=exact, options=options)
+        return _pack_by_classes(net, cs, sol, t0, deadline, common)
+    rounding = _Rounding(cs, sol, joint=joint, round_tol=round_tol, deadline=deadline, exact=exact,
+                         lp_s=clock.now() - t0, options=options)
+    return rounding.finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
+                           clock.now() + min(ROUND_MILP_SECONDS, max(0.0, deadline - clock.now())))
 
-    def feed() -> int:
-        """The columns added since the last call join the LP; how many it has."""
-        for j in range(fed[0], len(cols)):
-            lp.add(cols[j], mult[cols[j]] * csize[col_root[j] % n], int(root_row[col_root[j]]))
-        fed[0] = len(cols)
-        return fed[0]
 
-    while True:
-        it += 1
-        J = feed()
-        # a round after the first gets only the time left: stopped, the last round's packing stays
-        res = lp.solve(None if y is None else deadline - clock.now())
-        if res.status == 1 and y is not None:
-            break
-        if res.status != 0:
-            raise PackingError(f"the packing LP failed: {res.message}")
-        lp_val = float(res.fun)
-        y = res.y[:J]
-        pi = res.prices
-        lam = res.eq
-        denom = float(pi @ ocap)
-        added = 0
-        lag = 0.0
-        for k, rev in enumerate(kinds):
-            for i0, r in enumerate(reps.tolist()):
-                i = i0 + k * reps.size
-                cost, par = price(pi, r, rev)
-                lag += cost
-                if cost < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
-                    added += add(r, par, rev)
-                cost_r, par_r = price(pi, r, rev, rail=True)
-                if par_r is not None and cost_r < lam[i] - 1e-9 * max(1.0, abs(lam[i])):
-                    added += add(r, par_r, rev)
-        if denom > 0:
-            best_lb = max(best_lb, lag / denom)
-        if not added or lp_val <= best_lb * (1 + tol) or clock.now() > deadline:
-            break
-    if lp.solves > 1 and clock.now() < deadline:
-        # the last LP (the last round's columns too) solved from scratch: a vertex on fewer trees,
-        # which round to whole chunks better than the warm-started one (:mod:`.master_lp`)
-        feed()
-        again = lp.solve_fresh(deadline - clock.now())
-        if again.status == 0:
-            lp_val, y, pi, lam = float(again.fun), again.y, again.prices, again.eq
-    if seeding:
-        # the classes' LP trees under every element fixing their root seed the LP of translates
-        seeds, got = [], set()
-        support = np.flatnonzero(y > 1e-9).tolist()
-        for j in support:
-            rev = col_root[j] >= n
-            r = col_root[j] - n * rev
-            for tp in _translates(perms[perms[:, r] == r], r, col_par[j])[1]:
-                key = (rev, tp.tobytes())
-                if key not in got:
-                    got.add(key)
-                    seeds.append((r, tp, rev))
-        class_s = clock.now() - t0
-        lb = max(best_lb / scale, bound or 0.0)
-        common = dict(pair_bw=bw, bound=lb, max_chunks=max_chunks, min_chunks=min_chunks, tol=tol,
-                      round_tol=round_tol, symmetry=False, joint=joint, exact=exact)
-        out = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=seeds,
-                    translate={r: group.kind_elements(r) for r in reps.tolist()}, **common)
-        how = "translates"
-        k_cls = out[0].chunks_per_rank
-        if (k_cls > SEED_EVERY_ROOT_ABOVE or 1 < k_cls and n <= EVERY_ROOT_RANKS) and deadline > clock.now():
-            # a representative's K chunks go to its whole class alike; where that rounds only at
-            # many chunks per rank (or the cluster is small), the LP over every root (seeded with
-            # the translates of that LP's trees, an optimal solution) rounds each rank apart,
-            # often at fewer
-            alt = _pack(net, time_limit=max(0.0, deadline - clock.now()), seed=out[0].lp_support, **common)
+class _Rounding:
+    """The fractional packing ``sol`` over the trees of ``cs`` rounded to whole chunks: for each
+    chunk count tried, the rounding strategies (:attr:`strategies`) run in turn until one is within
+    ``round_tol`` of the LP; where none is, integral trees (:mod:`.branchings`) where faster.
+    Keeps what it found per chunk count, so that rounding again to fewer chunks (:meth:`reround`,
+    a packing's ``reround``) reuses it."""
 
-            def rank(pk):
-                p = pk[0]
-                return (p.rounded_time > p.lp_time * (1 + round_tol), p.chunks_per_rank, p.rounded_time)
-            if rank(alt) < rank(out):
-                out, how = alt, "every root"
-        for packing in out:
-            packing.seconds = clock.now() - t0
-            packing.stats.update(symmetry=perms.shape[0], classes=int(reps.size), class_lp_rows=RO, class_lp_rounds=it,
-                                 class_lp_time=lp_val / scale, class_lp_s=round(class_s, 3), seeds=len(seeds),
-                                 rounded_over=how)
-        return out
-    # integral chunk counts (columns added in the last round have no weight yet)
-    y = np.r_[y, np.zeros(len(cols) - y.size)]
+    def __init__(self, cs: _Columns, sol: _LPSolution, *, joint: bool, round_tol: float, deadline: float,
+                 exact: dict, lp_s: float, options: PackOptions):
+        self.cs, self.sol, self.joint, self.round_tol, self.options = cs, sol, joint, round_tol, options
+        self.deadline, self.exact, self.lp_s = deadline, exact, lp_s
+        n = cs.n
+        # integral chunk counts (columns added in the last round have no weight yet)
+        self.y = np.r_[sol.y, np.zeros(len(cs.cols) - sol.y.size)]
+        self.load_unit = np.array([cs.unit_of(j) for j in range(len(cs.cols))]).reshape(len(cs.cols), cs.norbits)
+        self.croot = np.array(cs.col_root)
+        self.exact_k = _lp_denominator(self.y)
+        root_row = _root_rows(cs)
+        rc = self.load_unit @ sol.pi - sol.lam[root_row[np.array(cs.col_root)]]     # reduced costs at the last duals
+        # the MILP's trees: past MILP_COLUMNS generated ones, those of the LP's support and the
+        # cheapest others by their last reduced cost (the rest rarely help and slow it down)
+        keep = np.ones(len(cs.cols), bool)
+        if len(cs.cols) > MILP_COLUMNS:
+            keep = self.y > 1e-9
+            rest = np.flatnonzero(~keep)
+            keep[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep.sum()))]]] = True
+        self.keep_cols = keep
+        self.target = sol.value * (1 + round_tol)   # a rounding this close to the LP is accepted
+        self.rounded: dict[int, tuple] = {}    # K -> round_to's (time, counts, seconds): a re-rounding reuses them
+        self.nroots = 2 * n
+        #: after the largest remainders repaired, each tried while the counts miss the target
+        self.strategies = (self._regrown, self._milp)
 
-    def unit_of(j: int) -> np.ndarray:
-        row = np.zeros(RO)
-        np.add.at(row, cols[j], mult[cols[j]] * csize[col_root[j] % n])
-        return row
-
-    load_unit = np.array([unit_of(j) for j in range(len(cols))]).reshape(len(cols), RO)
-    croot = np.array(col_root)
-    exact_k = _lp_denominator(y)
-    rc = load_unit @ pi - lam[root_row[np.array(col_root)]]     # reduced costs at the last duals
-    # the MILP's trees: past MILP_COLUMNS generated ones, those of the LP's support and the
-    # cheapest others by their last reduced cost (the rest rarely help and slow it down)
-    keep_cols = np.ones(len(cols), bool)
-    if len(cols) > MILP_COLUMNS:
-        keep_cols = y > 1e-9
-        rest = np.flatnonzero(~keep_cols)
-        keep_cols[rest[np.argsort(rc[rest], kind="stable")[:max(0, MILP_COLUMNS - int(keep_cols.sum()))]]] = True
-    lp_s = clock.now() - t0
-
-    target = lp_val * (1 + round_tol)   # a rounding this close to the LP is accepted
-
-    def round_to(K: int, left: float) -> tuple[float, np.ndarray, float]:
-        """Counts of K chunks per rank: largest remainders repaired, then (where that misses the LP
-        by more than ``round_tol``) regrown, then (where that still misses) the MILP's if better,
-        given ``left`` seconds; and the seconds with which the MILP would end the same (infinity:
-        it ended before its time, by its node limit, or was not needed)."""
-        counts = _repair(_round_counts(y, croot, 2 * n, K), croot, load_unit, ocap, K)
-        t = _time_of(counts, load_unit, ocap, K)
-        if t > target and K > 1:
-            counts, t = regrow(K, counts, t)
+    # ------------------------------------------------------------ one chunk count
+    def round_to(self, K: int, left: float) -> tuple[float, np.ndarray, float]:
+        """Counts of K chunks per rank: largest remainders repaired, then each of
+        :attr:`strategies` while the counts miss the LP by more than ``round_tol`` (``left``
+        seconds for the MILP); and the seconds with which the rounding would end the same
+        (infinity: the MILP ended before its time, by its node limit, or was not needed)."""
+        counts = _repair(_round_counts(self.y, self.croot, self.nroots, K), self.croot, self.load_unit,
+                         self.cs.ocap, K)
+        t = _time_of(counts, self.load_unit, self.cs.ocap, K)
         same_within = np.inf
-        if t > target and K > 1 and left > 0.05:
-            m0 = clock.now()
-            sub = np.flatnonzero(keep_cols)
-            got = _milp_counts(croot[sub], load_unit[sub], ocap, K, left, target=target,
-                               gap=round_tol, nodes=ROUND_MILP_NODES, floor=lp_val)
-            if got is not None:
-                exact = np.zeros(len(croot), np.int64)
-                exact[sub] = got
-                te = _time_of(exact, load_unit, ocap, K)
-                if te < t:
-                    counts, t = exact, te
-            if clock.now() - m0 > 0.9 * left:
-                same_within = left         # its time guard may have ended it: more time may find more
-        elif t > target and K > 1:
-            same_within = 0.0              # no MILP run
+        for strategy in self.strategies:
+            if t <= self.target or K <= 1:
+                break
+            counts, t, same_within = strategy(K, counts, t, left)
         return t, counts, same_within
 
-    def regrow(K: int, counts: np.ndarray, t: float) -> tuple[np.ndarray, float]:
+    def _milp(self, K: int, counts: np.ndarray, t: float, left: float):
+        """The MILP's counts over the kept columns (:func:`_milp_counts`) where better, given ``left``
+        seconds; with the seconds with which it would end the same."""
+        if left <= 0.05:
+            return counts, t, 0.0              # no MILP run
+        m0 = clock.now()
+        sub = np.flatnonzero(self.keep_cols)
+        got = _milp_counts(self.croot[sub], self.load_unit[sub], self.cs.ocap, K, left, target=self.target,
+                           gap=self.round_tol, nodes=ROUND_MILP_NODES, floor=self.sol.value)
+        if got is not None:
+            exact = np.zeros(len(self.croot), np.int64)
+            exact[sub] = got
+            te = _time_of(exact, self.load_unit, self.cs.ocap, K)
+            if te < t:
+                counts, t = exact, te
+        # its time guard may have ended it: more time may find more
+        return counts, t, (left if clock.now() - m0 > 0.9 * left else np.inf)
+
+    def _regrown(self, K: int, counts: np.ndarray, t: float, left: float):
         """Counts of K chunks per rank that the LP's trees could not round well, improved by moving
         one chunk at a time onto the cheapest tree of its root at prices that grow exponentially
         with each resource's load (a new tree where none generated is cheaper): the rounding's
         own column generation, against the integral loads rather than the LP's duals."""
-        nonlocal load_unit, croot, y, keep_cols
-        okr = ocap > 0
-        inv = np.where(okr, 1.0 / np.where(okr, ocap, 1.0), 0.0) / K
-        U = list(load_unit * inv[None, :])        # utilisation per chunk of every column
-        cnt = counts.tolist()
-        util = counts @ load_unit * inv
-        best = (t, list(cnt))
-        first_new = len(cols)
-        new_units = []                            # load_unit rows of the trees made here
-        for alpha in REGROW_ALPHAS:
-            a = alpha / lp_val
+        cs = self.cs
+        okr = cs.ocap > 0
+        inv = np.where(okr, 1.0 / np.where(okr, cs.ocap, 1.0), 0.0) / K
+        grow = _Regrowth(list(self.load_unit * inv[None, :]), counts.tolist(), counts @ self.load_unit * inv,
+                         (t, counts.tolist()), len(cs.cols))
+        for alpha in self.options.regrow_alphas:
             moved = True
             for _ in range(REGROW_PASSES):
-                if not moved or best[0] <= target:
+                if not moved or grow.best[0] <= self.target:
                     break
-                moved = False
-                for j in np.repeat(np.arange(len(cnt)), cnt).tolist():
-                    if cnt[j] == 0 or not (util[U[j] > 0] > lp_val).any():
-                        continue        # a chunk loading no resource past the LP's time stays
-                    rest = util - U[j]
-                    k = int(col_root[j])
-                    r, rev = k % n, k >= n
-                    top = float(util.max())         # the exponents' shift: no overflow
-                    pi = inv * np.exp(a * (rest - top))
-                    here = float(np.exp(a * (util - top)).sum())
-                    for rail in (False, True):
-                        par = price(pi, r, rev, rail=rail, many=True)[1]
-                        if par is None:
-                            continue
-                        i = col_of.get((r, rev, par.tobytes()))
-                        if i is None:
-                            add(r, par, rev)
-                            i = len(cols) - 1
-                            new_units.append(unit_of(i))
-                            U.append(new_units[-1] * inv)
-                            cnt.append(0)
-                        if i == j:
-                            continue
-                        trial = rest + U[i]
-                        there = float(np.exp(np.minimum(a * (trial - top), 700.0)).sum())
-                        if there < here * (1 - 1e-12):
-                            cnt[j] -= 1
-                            cnt[i] += 1
-                            util, moved = trial, True
-                            break
-                    tm = float(util[okr].max()) if okr.any() else 0.0
-                    if tm < best[0] * (1 - 1e-12):
-                        best = (tm, list(cnt))
-        new = len(new_units)
+                moved = self._regrow_pass(grow, alpha / self.sol.value, inv, okr)
+        new = len(cs.cols) - grow.first_new
         if new:
-            load_unit = np.vstack([load_unit] + new_units)
-            croot = np.r_[croot, np.array(col_root[first_new:], np.int64)]
-            y = np.r_[y, np.zeros(new)]
-            keep_cols = np.r_[keep_cols, np.zeros(new, bool)]
-        tb, cb = best
-        return np.r_[np.array(cb, np.int64), np.zeros(len(cols) - len(cb), np.int64)], tb
+            self.load_unit = np.vstack([self.load_unit] + [cs.unit_of(i) for i in range(grow.first_new, len(cs.cols))])
+            self.croot = np.r_[self.croot, np.array(cs.col_root[grow.first_new:], np.int64)]
+            self.y = np.r_[self.y, np.zeros(new)]
+            self.keep_cols = np.r_[self.keep_cols, np.zeros(new, bool)]
+        tb, cb = grow.best
+        return np.r_[np.array(cb, np.int64), np.zeros(len(cs.cols) - len(cb), np.int64)], tb, np.inf
 
-    rounded: dict[int, tuple] = {}      # K -> round_to's (time, counts, seconds): a re-rounding reuses them
+    def _regrow_pass(self, grow: "_Regrowth", a: float, inv: np.ndarray, okr: np.ndarray) -> bool:
+        """One pass of :meth:`_regrown` over every chunk at the exponent ``a``: whether a chunk moved."""
+        cs, lp_val = self.cs, self.sol.value
+        moved = False
+        cnt, U = grow.cnt, grow.U
+        for j in np.repeat(np.arange(len(cnt)), cnt).tolist():
+            if cnt[j] == 0 or not (grow.util[U[j] > 0] > lp_val).any():
+                continue        # a chunk loading no resource past the LP's time stays
+            rest = grow.util - U[j]
+            r, rev = cs.root_of(j)
+            top = float(grow.util.max())         # the exponents' shift: no overflow
+            pi = inv * np.exp(a * (rest - top))
+            here = float(np.exp(a * (grow.util - top)).sum())
+            for rail in (False, True):
+                par = cs.price(pi, r, rev, rail=rail, many=True)[1]
+                if par is None:
+                    continue
+                i = cs.col_of.get((r, rev, par.tobytes()))
+                if i is None:
+                    cs.add(r, par, rev)
+                    i = len(cs.cols) - 1
+                    U.append(cs.unit_of(i) * inv)
+                    cnt.append(0)
+                if i == j:
+                    continue
+                trial = rest + U[i]
+                there = float(np.exp(np.minimum(a * (trial - top), 700.0)).sum())
+                if there < here * (1 - 1e-12):
+                    cnt[j] -= 1
+                    cnt[i] += 1
+                    grow.util, moved = trial, True
+                    break
+            tm = float(grow.util[okr].max()) if okr.any() else 0.0
+            if tm < grow.best[0] * (1 - 1e-12):
+                grow.best = (tm, list(cnt))
+        return moved
 
-    def integral_at(K: int, until: float) -> tuple[float, np.ndarray] | None:
+    # ------------------------------------------------------------ integral trees
+    def integral_at(self, K: int, until: float) -> tuple[float, np.ndarray] | None:
         """The least time of K trees per root and the pair multiplicities that attain it
         (:func:`.branchings.integral_arcs`; the trees themselves are grown only for the count
         kept) as ``(normalised time, multiplicities)``, where the network is small enough and the
@@ -738,7 +888,8 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         Out-trees only (a joint packing's halves share their resources)."""
         from hccc.compiler.synth import branchings as br
 
-        if joint or K > br.MAX_CHUNKS:
+        exact, net = self.exact, self.cs.net
+        if self.joint or not self.options.integral or K > br.MAX_CHUNKS:
             return None
         if "sized" not in exact:
             exact["sized"] = br.sized(net, exact["perms"])
@@ -747,99 +898,119 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
         if K not in exact["found"]:
             b0 = clock.now()
             until = min(until, b0 + br.SECONDS - exact["spent"])
-            got = br.integral_arcs(net, K, cap, until, exact["sets"], exact["perms"]) if until > b0 else None
+            got = br.integral_arcs(net, K, self.cs.cap, until, exact["sets"], exact["perms"]) if until > b0 else None
             exact["spent"] += clock.now() - b0
-            exact["found"][K] = None if got is None else (got[0] * scale, got[1])
+            exact["found"][K] = None if got is None else (got[0] * self.cs.scale, got[1])
         return exact["found"][K]
 
-    def integral_trees(K: int, t_round: float, mult: np.ndarray, r0: float) -> Packing | None:
+    def integral_trees(self, K: int, t_round: float, mult: np.ndarray, r0: float) -> Packing | None:
         """The Packing of the integral trees on the multiplicities ``mult`` (K per root, no
         symmetry: every tree listed) with the LP's figures; None where growing them runs out of
         time."""
         from hccc.compiler.synth import branchings as br
 
+        cs, sol, exact, net = self.cs, self.sol, self.exact, self.cs.net
         if K not in exact["grown"]:
             exact["grown"][K] = br.trees_on(net, mult, K, clock.now() + br.SECONDS)
         trees = exact["grown"][K]
         if trees is None:
             return None
-        load = np.zeros(R)
+        load = np.zeros(cs.cap.size)
         for r, par, c in trees:
             np.add.at(load, _tree_column(net, _tree_pairs(net, par, r)), c / K)
-        return Packing(n, K, [int(r) for r, _, _ in trees], [np.asarray(par) for _, par, _ in trees],
-                       [int(c) for _, _, c in trees], lp_val / scale, best_lb / scale, t_round / scale, it,
-                       len(cols), lp_s + clock.now() - r0, load[:P].copy(),
-                       {"lp_trees": int((y > 1e-9).sum()), "symmetry": 1, "classes": int(reps.size),
-                        "lp_rows": RO, "integral": True}, load, capn * t_round, None, reround, None)
+        return Packing(cs.n, K, [int(r) for r, _, _ in trees], [np.asarray(par) for _, par, _ in trees],
+                       [int(c) for _, _, c in trees], sol.value / cs.scale, sol.lower_bound / cs.scale,
+                       t_round / cs.scale, sol.rounds, len(cs.cols), self.lp_s + clock.now() - r0,
+                       load[:net.npairs].copy(),
+                       {"lp_trees": int((self.y > 1e-9).sum()), "symmetry": 1, "classes": int(cs.reps.size),
+                        "lp_rows": cs.norbits, "integral": True}, load, cs.capn * t_round, None, self.reround, None)
 
-    def finish(kmax: int, min_k: int, round_deadline: float, integral: bool = True):
+    # ------------------------------------------------------------ the loop over chunk counts
+    def _tried(self, kmax: int, min_k: int, round_deadline: float) -> tuple[tuple, list]:
+        """Every chunk count from ``min_k`` to ``kmax`` rounded, fewest first, until one is within
+        the tolerance: the best ``(time, K, counts)`` and all those tried."""
+        best, tried = None, []
+        tries = sorted({k for k in CHUNK_CANDIDATES + ((self.exact_k,) if self.exact_k else ()) if min_k <= k <= kmax})
+        for K in tries or [min_k]:
+            left = min(round_deadline - clock.now(), self.options.round_milp_each)
+            if not (K in self.rounded and self.rounded[K][2] >= left):
+                self.rounded[K] = self.round_to(K, left)   # else rounded before, and more time would not change it
+            t, counts = self.rounded[K][:2]
+            tried.append((t, K, counts))
+            if best is None or t < best[0] * (1 - 1e-12):
+                best = (t, K, counts)
+            if t <= self.target:
+                break
+        return best, tried
+
+    def _with_integral(self, best: tuple, tried: list) -> tuple:
+        """No count rounds the LP's trees within the tolerance: the best K trees per root at
+        every count (:mod:`.branchings`), where faster, the fewest counts first; bounded by the
+        packing's own time limit, not the rounding's (so the counts tried, and the result, do not
+        depend on how fast the rounding ran). Edits ``tried``."""
+        for j, (t, K, _) in enumerate(tried):
+            got = self.integral_at(K, self.deadline)
+            if got is not None and got[0] < t * (1 - 1e-12):
+                tried[j] = (got[0], K, got[1])      # (time, multiplicities)
+                if got[0] < best[0] * (1 - 1e-12):
+                    best = tried[j]
+                if got[0] <= self.target:
+                    break
+        return best
+
+    def finish(self, kmax: int, min_k: int, round_deadline: float, integral: bool = True):
         """The LP's trees rounded to integral counts of at most ``kmax`` chunks per rank, or
         (``integral``: where no count rounds within the tolerance, and they are faster) integral
         trees at that count."""
         r0 = clock.now()
-        best = None
-        tries = sorted({k for k in CHUNK_CANDIDATES + ((exact_k,) if exact_k else ()) if min_k <= k <= kmax})
-        tried = []
-        for K in tries or [min_k]:
-            left = min(round_deadline - clock.now(), ROUND_MILP_EACH)
-            if K in rounded and rounded[K][2] >= left:
-                t, counts = rounded[K][:2]       # rounded before, and more time would not change it
-            else:
-                rounded[K] = round_to(K, left)
-                t, counts = rounded[K][:2]
-            tried.append((t, K, counts))
-            if best is None or t < best[0] * (1 - 1e-12):
-                best = (t, K, counts)
-            if t <= target:
-                break
-        if integral and best[0] > target:
-            # no count rounds the LP's trees within the tolerance: the best K trees per root at
-            # every count (:mod:`.branchings`), where faster, the fewest counts first; bounded by
-            # the packing's own time limit, not the rounding's (so the counts tried, and the
-            # result, do not depend on how fast the rounding ran)
-            for j, (t, K, _) in enumerate(tried):
-                got = integral_at(K, deadline)
-                if got is not None and got[0] < t * (1 - 1e-12):
-                    tried[j] = (got[0], K, got[1])      # (time, multiplicities)
-                    if got[0] < best[0] * (1 - 1e-12):
-                        best = tried[j]
-                    if got[0] <= target:
-                        break
+        best, tried = self._tried(kmax, min_k, round_deadline)
+        if integral and best[0] > self.target:
+            best = self._with_integral(best, tried)
         # where no count is within the tolerance of the LP, the fewest chunks within it of the
         # best rounding (more chunks are more streams and thread blocks for a sliver of rate)
-        best = next(c for c in tried if c[0] <= best[0] * (1 + round_tol))
-        t_round, K, counts = best
-        if integral and not joint and K in exact["found"] and exact["found"][K] is not None and \
-                counts is exact["found"][K][1]:
+        t_round, K, counts = next(c for c in tried if c[0] <= best[0] * (1 + self.round_tol))
+        found = self.exact["found"].get(K)
+        if integral and not self.joint and found is not None and counts is found[1]:
             # integral trees: grown now (where that runs out of time, the LP's rounding stands)
-            plain = finish(kmax, min_k, round_deadline, integral=False)[0]     # its roundings are cached
-            exact_p = integral_trees(K, t_round, counts, r0)
+            plain = self.finish(kmax, min_k, round_deadline, integral=False)[0]     # its roundings are cached
+            exact_p = self.integral_trees(K, t_round, counts, r0)
             if exact_p is None:
                 return (plain,)
             exact_p.alternative = plain
-            exact_p.exact = exact
+            exact_p.exact = self.exact
             return (exact_p,)
-        counts = np.r_[counts, np.zeros(len(col_root) - counts.size, np.int64)]
-        support = None
-        if translate is not None:
-            support = []
-            for j in np.flatnonzero(y > 1e-9).tolist():
-                rev = col_root[j] >= n
-                r = col_root[j] - n * rev
-                got_roots, tp = _translates(translate[r], r, col_par[j])
-                support += [(int(x), t, rev) for x, t in zip(got_roots.tolist(), tp)]
-        G = perms.shape[0]
+        return self._packings(K, t_round, np.r_[counts, np.zeros(len(self.cs.col_root) - counts.size, np.int64)], r0)
+
+    def _support(self) -> list | None:
+        """With translates: the LP's trees of positive weight, every translate listed."""
+        cs = self.cs
+        if cs.translate is None:
+            return None
+        support = []
+        for j in np.flatnonzero(self.y > 1e-9).tolist():
+            r, rev = cs.root_of(j)
+            got_roots, tp = _translates(cs.translate[r], r, cs.col_par[j])
+            support += [(int(x), t, rev) for x, t in zip(got_roots.tolist(), tp)]
+        return support
+
+    def _packings(self, K: int, t_round: float, counts: np.ndarray, r0: float) -> tuple:
+        """The :class:`Packing` of every kind (out-trees; with a joint packing, in-trees too) of
+        ``counts`` chunks on the columns, every translate of a representative's tree listed."""
+        cs, sol, net = self.cs, self.sol, self.cs.net
+        n, P = cs.n, net.npairs
+        support = self._support()
         # the translates load every member of an orbit alike: the orbit's load per member
-        load = ((counts[:, None] * load_unit).sum(axis=0) / K)[orb]
-        limit = capn * t_round
+        load = ((counts[:, None] * self.load_unit).sum(axis=0) / K)[cs.orb]
+        limit = cs.capn * t_round
+        col_root = np.array(cs.col_root)
         out = []
-        for rev in kinds:
-            keep = np.flatnonzero((counts > 0) & ((np.array(col_root) >= n) == rev))
-            order = keep[np.lexsort((keep, np.array(col_root)[keep]))]
+        for rev in cs.kinds:
+            keep = np.flatnonzero((counts > 0) & ((col_root >= n) == rev))
+            order = keep[np.lexsort((keep, col_root[keep]))]
             roots, parents, cnts = [], [], []
             for j in order.tolist():           # every translate of a representative's tree
-                r = col_root[j] - n * rev
-                got_roots, tp = _translates(perms if translate is None else translate[r], r, col_par[j])
+                r = cs.col_root[j] - n * rev
+                got_roots, tp = _translates(cs.perms if cs.translate is None else cs.translate[r], r, cs.col_par[j])
                 roots.extend(got_roots.tolist())
                 parents.extend(tp)
                 cnts.extend([int(counts[j])] * len(tp))
@@ -847,19 +1018,33 @@ def _pack(net: Network, *, pair_bw: np.ndarray | None = None, bound: float | Non
             if rev:     # the in-trees' packing is read on the transposed network: its pair order
                 tord = transposed_pair_order(net)
                 lo, li = np.r_[load[:P][tord], load[P:]], np.r_[limit[:P][tord], limit[P:]]
-            out.append(Packing(n, K, roots, parents, cnts, lp_val / scale, best_lb / scale, t_round / scale,
-                               it, len(cols), lp_s + clock.now() - r0, lo[:P].copy(),
-                               {"lp_trees": int((y > 1e-9).sum()), "symmetry": G, "classes": int(reps.size),
-                                "lp_rows": RO, **({"joint": True} if joint else {})}, lo, li,
-                               None if lp_only else group, reround, support, exact=exact))
+            out.append(Packing(n, K, roots, parents, cnts, sol.value / cs.scale, sol.lower_bound / cs.scale,
+                               t_round / cs.scale, sol.rounds, len(cs.cols), self.lp_s + clock.now() - r0,
+                               lo[:P].copy(),
+                               {"lp_trees": int((self.y > 1e-9).sum()), "symmetry": cs.perms.shape[0],
+                                "classes": int(cs.reps.size), "lp_rows": cs.norbits,
+                                **({"joint": True} if self.joint else {})}, lo, li,
+                               None if cs.lp_only else cs.group, self.reround, support, exact=self.exact))
         return tuple(out)
 
-    def reround(kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
-        return finish(max(1, int(kmax)), max(1, min(int(min_chunks), int(kmax))),
-                      clock.now() + max(0.0, float(time_limit)))
+    def reround(self, kmax: int, time_limit: float = ROUND_MILP_SECONDS, min_chunks: int = 1):
+        """The same LP's trees rounded again to at most ``kmax`` chunks per rank (at least
+        ``min_chunks``) within ``time_limit`` seconds."""
+        return self.finish(max(1, int(kmax)), max(1, min(int(min_chunks), int(kmax))),
+                           clock.now() + max(0.0, float(time_limit)))
 
-    return finish(max_chunks or CHUNK_CANDIDATES[-1], min_chunks,
-                  clock.now() + min(ROUND_MILP_SECONDS, max(0.0, deadline - clock.now())))
+
+@dataclass
+class _Regrowth:
+    """The regrowing's state (:meth:`_Rounding._regrown`): utilisation per chunk of every column,
+    the counts, the utilisation of every resource, the best ``(time, counts)`` so far and the
+    first column made by it."""
+
+    U: list
+    cnt: list
+    util: np.ndarray
+    best: tuple
+    first_new: int
 
 
 #: the orders of the shaping passes tried (``c``: consolidate, ``f``: flatten); the first is the default
