@@ -51,15 +51,17 @@ from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
 from hccc.args import (add_direct_option, add_program_options, add_topology_option, count_at_least, op_choice,
                        parse_size, program_options, seconds)
 from hccc.util.plural import plural
+from hccc.util import dtypes as dtypes_table
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
-DTYPES = ("float32", "float16", "bfloat16", "int32")
-OPS = ("sum", "max", "min")
+#: -d / -o values: the kernels' element types and reduction operators (hccc.util.dtypes)
+DTYPES = dtypes_table.DTYPE_NAMES
+OPS = dtypes_table.OP_NAMES
 #: nccl-tests' names of the element types (hccc's tables spell them as the -d/--dtype option does)
-TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
+TYPE_NAMES = {d.name: d.nccl for d in dtypes_table.DTYPES}
 #: what the times of the CPU emulation are
 EMULATED_NOTE = ("# CPU emulation: every thread block is a group of OS threads of this machine; the times "
                  "and bandwidths measure that emulation, not a GPU (--backend cuda or hip times GPUs)")
