@@ -364,8 +364,8 @@ def test_o_given_a_folder_explains_itself(capsys, name, tmp_path):
     rc, _, err = cli(capsys, name, RING, *extra, "-o", f"{tmp_path}/out/")
     assert rc == 2
     assert "is not a reduction operator" in err and "nccl-tests' -o" in err and "hccc ALGO -o OUTDIR" in err
-    rc, _, err = cli(capsys, name, RING, *extra, "-o", "prod")
-    assert rc == 2 and "is not a reduction operator (sum, max, min)" in err and "OUTDIR" not in err
+    rc, _, err = cli(capsys, name, RING, *extra, "-o", "xor")
+    assert rc == 2 and "is not a reduction operator (sum, max, min, prod, avg)" in err and "OUTDIR" not in err
 
 
 def test_cpu_emulation_times_are_labelled(capsys):

@@ -45,6 +45,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hccc.util import dtypes as dtypes_table
 from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, format_size, op_choice,
                        parse_size, positive_int)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
@@ -55,7 +56,7 @@ from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_co
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+DTYPE_BYTES = {d.name: d.bytes for d in dtypes_table.DTYPES}   # the kernels' types (hccc.util.dtypes)
 DEFAULT_SIZES = "1M,64M,1G"
 PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
@@ -97,7 +98,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: in proportion; default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
     p.add_argument("-d", "--dtype", choices=tuple(DTYPE_BYTES), default="float32",
                    help="element type (sizes are rounded down to whole elements)")
-    p.add_argument("-o", "--op", type=op_choice(("sum", "max", "min"), "sim"), default="sum", metavar="sum|max|min",
+    p.add_argument("-o", "--op", type=op_choice(dtypes_table.OP_NAMES, "sim"), default="sum", metavar="|".join(dtypes_table.OP_NAMES),
                    help="reduction operator shown in the redop column, nccl-tests' -o (the model's cost does not "
                         "depend on it); the plots have options of their own")
     add_fuse_option(p, "for .rccl input, task-level execution: ")
