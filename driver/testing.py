@@ -627,8 +627,11 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
     E = max(1, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks) // ELEMENT_BYTES["float32"])
     # several micro-batches, more than the FIFO holds; one per chunk for an algorithm-level import
     nmb = 1 if ir.algorithm_level else NSLOTS + 1
-    smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), "float32" if "float32" in dtypes else dtypes[0],
-                       "sum" if "sum" in ops else ops[0], False, threads[0])
+    pairs = [(d, o) for d in dtypes for o in ops if dtypes_table.instance_error(d, o) is None]
+    if not pairs:   # (every pair asked for is an integer avg)
+        raise ValueError(dtypes_table.instance_error(dtypes[0], ops[0]))
+    sd, so = ("float32", "sum") if ("float32", "sum") in pairs else pairs[0]
+    smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), sd, so, False, threads[0])
     res = one(smoke)
     if not res.ok:
         report.failure = (smoke, describe_failure(smoke, res))

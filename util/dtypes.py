@@ -107,8 +107,8 @@ def instance_error(dtype_name: str, op_name: str) -> str | None:
     d, o = dtype(dtype_name), redop(op_name)
     if not d.floating and not o.integer:
         return (f"op {o.name} has no kernel for the integer type {d.name}: hccc's {o.name} scales every "
-                f"contribution by 1/nranks before the sum, which only floating types can "
-                f"(sum, then divide, on the host)")
+                f"contribution by 1/nranks before the sum, which only floating types can (for integers, "
+                f"run sum and divide the result by the number of ranks)")
     return None
 
 
