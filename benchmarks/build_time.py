@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from hccc.args import parse_size
+from hccc.util import dtypes as dtypes_table
 from hccc.compiler.frontend.generators import hm_allreduce_rccl, ring_allreduce_rccl
 from rich.console import Console
 from rich.table import Table
@@ -44,8 +45,8 @@ ALGOS = {
     "hm4x8": lambda: hm_allreduce_rccl(4, 8),
     "hm16x8": lambda: hm_allreduce_rccl(16, 8),
 }
-DTYPES = ("float32", "float16", "bfloat16", "int32")
-OPS = ("sum", "max", "min")
+DTYPES = dtypes_table.DTYPE_NAMES   # every instantiation switch of the kernels (hccc.util.dtypes)
+OPS = dtypes_table.OP_NAMES
 COMPILERS = ("nvcc", "hipcc", "g++")
 PLATFORM = {"nvcc": "cuda", "hipcc": "hip", "g++": "cuda"}   # g++ compiles the CUDA sources (emulation)
 EXT = {"cuda": "cu", "hip": "hip"}

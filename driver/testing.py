@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective
+from hccc.util import dtypes as dtypes_table
 from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.compiler.passes.verify import final_rows, verify
@@ -43,8 +44,8 @@ __all__ = ["ring_orders", "hm_shapes", "trees", "sizes", "dtypes", "ops", "valid
            "KernelCase", "kernel_cases", "default_counts", "kernel_runner", "run_case",
            "assert_kernels_match", "fuzz_kernels", "FuzzReport"]
 
-DTYPES = ("float32", "float16", "bfloat16", "int32")
-OPS = ("sum", "max", "min")
+DTYPES = dtypes_table.DTYPE_NAMES
+OPS = dtypes_table.OP_NAMES
 
 
 # ====================================================================== 1. building blocks
@@ -450,7 +451,10 @@ def kernel_cases(draw, ir, *, dtypes: Sequence[str] = DTYPES, ops: Sequence[str]
     from hccc.compiler.backend.codegen import NSLOTS
     from hccc.runtime.launcher import ELEMENT_BYTES
     dtype = draw(st.sampled_from(list(dtypes)))
-    op = draw(st.sampled_from(list(ops)))
+    # the operators with kernels for this type (integer types have no avg)
+    fit = [o for o in ops if dtypes_table.instance_error(dtype, o) is None]
+    assume(fit)
+    op = draw(st.sampled_from(fit))
     C = ir.nchunks
     slice_b = 0
     if ir.algorithm_level:
@@ -623,8 +627,11 @@ def fuzz_kernels(ir, *, backend="cpu", examples: int = 50, seed: int = 0, timeou
     E = max(1, slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks) // ELEMENT_BYTES["float32"])
     # several micro-batches, more than the FIFO holds; one per chunk for an algorithm-level import
     nmb = 1 if ir.algorithm_level else NSLOTS + 1
-    smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), "float32" if "float32" in dtypes else dtypes[0],
-                       "sum" if "sum" in ops else ops[0], False, threads[0])
+    pairs = [(d, o) for d in dtypes for o in ops if dtypes_table.instance_error(d, o) is None]
+    if not pairs:   # (every pair asked for is an integer avg)
+        raise ValueError(dtypes_table.instance_error(dtypes[0], ops[0]))
+    sd, so = ("float32", "sum") if ("float32", "sum") in pairs else pairs[0]
+    smoke = KernelCase(ir.nchunks * nmb * E + (nmb > 1), sd, so, False, threads[0])
     res = one(smoke)
     if not res.ok:
         report.failure = (smoke, describe_failure(smoke, res))

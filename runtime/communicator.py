@@ -74,6 +74,7 @@ from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMem
                                    check_fifo_memory, check_slice, describe_stuck, generated_sources,
                                    launch_proto, launch_slice_bytes, program_layout, rank_blocks)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
+from hccc.util import dtypes as dtypes_table
 
 #: the collective each method runs (ProgramIR collective names)
 METHODS = {name: spec.method for name, spec in SPECS.items()}
@@ -135,9 +136,10 @@ def _load(algo, options) -> tuple[ProgramIR, list[str] | None, str | None]:
 
 
 # ------------------------------------------------------------------------------- arrays
-_NP_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-             np.dtype(np.int32): "int32"}
-_TYPESTR = {"<f4": "float32", "<f2": "float16", "<i4": "int32"}
+#: numpy's element types (and their __cuda_array_interface__ typestr) of every dtype of the one
+#: table, hccc.util.dtypes (bfloat16: ml_dtypes' or torch's, matched by name)
+_NP_NAMES = {np.dtype(d.numpy): d.name for d in dtypes_table.DTYPES if d.name != "bfloat16"}
+_TYPESTR = {np.dtype(d.numpy).newbyteorder("<").str: d.name for d in dtypes_table.DTYPES if d.name != "bfloat16"}
 
 
 class _Buf:
@@ -770,6 +772,8 @@ class Communicator:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r} (expected one of {', '.join(OPS)})")
         bx = _as_buf(x, f"{method}: input")
+        if SPECS[self.collective].reduces:
+            dtypes_table.check_instance(bx.dtype, op)   # (integer avg: refused with the reason)
         bo = _as_buf(out, f"{method}: output") if out is not None else None
         if bo is not None and bo.dtype != bx.dtype:
             raise TypeError(f"{method}: input is {bx.dtype} but output is {bo.dtype}")

@@ -51,6 +51,7 @@ import numpy as np
 
 from hccc.runtime import cache, shm
 from hccc.runtime.kernel_abi import Args
+from hccc.util import dtypes as dtypes_table
 from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
                                    Timer, instance_expansion, register)
 
@@ -67,8 +68,10 @@ _ASAN_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer", "-g",
                # instrumented frames are larger: give every emulated GPU thread 1 MiB of stack
                "-DHCCC_CPU_STACK_BYTES=(1024*1024)"]
 SANITIZERS = ("address",)
+#: -ffp-contract=off: avg's scaling ``x * (1/n)`` is rounded once and never fused into the add after
+#: it, as on the GPUs (``hccc_mul_rn``) and in the numpy reference
 _CXX_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-gnu-unique",
-              "-fno-strict-aliasing", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
+              "-fno-strict-aliasing", "-ffp-contract=off", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
 
 
 #: the most OS threads the emulation starts at once unless ``HCCC_CPU_MAX_THREADS`` says otherwise
@@ -433,6 +436,9 @@ class CpuPlatform(Platform):
         outdir = Path(outdir)
         if instance.dtype not in CTYPES or instance.op not in RED_CONSTS:
             raise PlatformError(f"no kernels for {instance.dtype}/{instance.op}")
+        why = dtypes_table.instance_error(instance.dtype, instance.op)
+        if why:
+            raise PlatformError(why)
         entries = manifest["ranks"]
         if ranks is not None:
             wanted = set(ranks)

@@ -25,6 +25,7 @@ import numpy as np
 
 from hccc.runtime import cache
 from hccc.runtime.kernel_abi import Args
+from hccc.util import dtypes as dtypes_table
 from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
                                    Timer, instance_expansion)
 
@@ -66,6 +67,9 @@ def _check_instance(instance: Instance) -> None:
         raise PlatformError(f"unknown dtype '{instance.dtype}' (known: {', '.join(CTYPES)})")
     if instance.op not in RED_CONSTS:
         raise PlatformError(f"unknown op '{instance.op}' (known: {', '.join(RED_CONSTS)})")
+    why = dtypes_table.instance_error(instance.dtype, instance.op)
+    if why:
+        raise PlatformError(why)
 
 
 def _rank_entry(manifest: dict, rank: int) -> dict:

@@ -52,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.frontend.collectives import SPECS, spec_of
+from hccc.util import dtypes as dtypes_table
 from hccc.util.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
@@ -73,13 +74,18 @@ from hccc.runtime.platform import Instance, Platform, PlatformError, get_platfor
 #: a kernel ends at its next wait, which comes within a primitive's copy of at most one slot
 STOP_GRACE_S = 5.0
 
-DTYPES = ("float32", "float16", "bfloat16", "int32")
-OPS = ("sum", "max", "min")
-ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
-_DEVICE_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
-                 "int32": np.int32}
-_GARBAGE = {"float32": np.float32(np.nan), "float16": np.float16(np.nan),
-            "bfloat16": np.uint16(0x7FC0), "int32": np.int32(np.iinfo(np.int32).min)}
+#: element types and reduction operators (the one table of them: hccc.util.dtypes)
+DTYPES = dtypes_table.DTYPE_NAMES
+OPS = dtypes_table.OP_NAMES
+ELEMENT_BYTES = {d.name: d.bytes for d in dtypes_table.DTYPES}
+#: how the host holds a device buffer's elements (bfloat16: its bit patterns)
+_DEVICE_DTYPE = {d.name: (np.uint16 if d.name == "bfloat16" else np.dtype(d.numpy).type)
+                 for d in dtypes_table.DTYPES}
+#: what out-of-place outputs and scratch start as (a NaN, the most negative integer, 0xA5 for
+#: uint8), so that an element never written shows up
+_GARBAGE = {d.name: (np.uint16(0x7FC0) if d.name == "bfloat16" else np.dtype(d.numpy).type(np.nan)
+                     if d.floating else np.dtype(d.numpy).type(0xA5 if d.kind == "uint" else np.iinfo(d.numpy).min))
+            for d in dtypes_table.DTYPES}
 #: largest magnitude every partial sum of the inputs may reach and stay exact in the type
 def program_layout(ir: ProgramIR, count: int):
     """Per rank of ``ir`` at ``count`` elements: (input length, output length, scratch length,
@@ -234,7 +240,7 @@ def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int)
             f"it needs a slice and FIFO slot (--chunk-size) of at least {-(-need // 16) * 16} bytes")
 
 
-_EXACT = {"float32": 1 << 24, "float16": 2048, "bfloat16": 256, "int32": 1 << 30}
+_EXACT = {d.name: d.exact for d in dtypes_table.DTYPES}
 
 
 # ============================================================================ results
@@ -599,6 +605,10 @@ class Runner:
             raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
         if op not in OPS:
             raise ValueError(f"unknown op {op!r} (expected one of {', '.join(OPS)})")
+        if spec_of(ir.collective).reduces:
+            dtypes_table.check_instance(dtype, op)
+        else:
+            op = "sum"   # a collective that reduces nothing runs the same kernels under every op
         if nthreads is not None and int(nthreads) < 1:
             raise ValueError("nthreads must be positive")
         self.ir = ir
@@ -1021,10 +1031,12 @@ class Runner:
         # inputs (small integers: exact under every reduction order and type)
         if inputs is None:
             bound = max(1, min(8, _EXACT[self.dtype] // max(N, 1)))
+            if self.op == "prod":   # every partial product exact: bound ** N within the range
+                bound = max(1, min(8, int(_EXACT[self.dtype] ** (1.0 / max(N, 1)))))
             inputs = reference.make_inputs(coll, N, count, self.dtype, nchunks=ir.nchunks,
                                            seed=seed, low=-bound, high=bound + 1)
         else:
-            npdt = np.float32 if self.dtype == "bfloat16" else np.dtype(self.dtype)
+            npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
             inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
             if len(inputs) != N:
                 raise ValueError(f"expected {N} input arrays, got {len(inputs)}")
@@ -1357,11 +1369,14 @@ class Runner:
         """Elementwise agreement of the reference run with the collective's definition: exact
         for int32 (and for the generated small-integer data, which every order sums exactly);
         floats within the rounding that a different reduction order may cause."""
-        if self.dtype == "int32":
+        if not np.issubdtype(np.asarray(b).dtype, np.floating):
             return _same(a, b)
-        eps = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[self.dtype]
+        eps = float(np.finfo(np.float32 if self.dtype == "bfloat16" else self.dtype).eps)
+        if self.dtype == "bfloat16":
+            eps = 2.0 ** -7
         tol = 4 * max(self.nranks, 1) * eps
-        scale = float(np.nanmax(np.abs(b))) if b.size and not np.isnan(b).all() else 0.0
+        fin = np.abs(b[np.isfinite(b)]).astype(np.float64)   # (infinities compare as equals)
+        scale = float(fin.max()) if fin.size else 0.0
         return np.isclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True)
 
     # ------------------------------------------------------------------ teardown

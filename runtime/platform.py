@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from hccc.util import dtypes as dtypes_table
+
 DevicePtr = int
 
 
@@ -50,19 +52,22 @@ class PlatformError(RuntimeError):
 class Instance:
     """One kernel instantiation: element type and reduction operator."""
 
-    dtype: str   # float32 | float16 | bfloat16 | int32
-    op: str      # sum | max | min
+    dtype: str   # a name of hccc.util.dtypes.DTYPES
+    op: str      # a name of hccc.util.dtypes.OPS
 
 
 #: the C type of each dtype in the emitted kernels' instantiation macro (``HCCC_FOR_EACH_INSTANCE``)
-CTYPES = {"float32": "float", "float16": "hccc_half", "bfloat16": "hccc_bf16", "int32": "int32_t"}
+CTYPES = {d.name: d.ctype for d in dtypes_table.DTYPES}
 #: the reduction-operator constant of each op in the same macro
-RED_CONSTS = {"sum": "HCCC_SUM", "max": "HCCC_MAX", "min": "HCCC_MIN"}
+RED_CONSTS = {o.name: o.const for o in dtypes_table.OPS}
 
 
 def instance_expansion(instance: Instance) -> str:
     """What ``HCCC_FOR_EACH_INSTANCE(X)`` expands to so that only ``instance``'s kernels compile:
     ``X(dtype, C type, op, reduction constant)`` (the platforms check the instance first)."""
+    why = dtypes_table.instance_error(instance.dtype, instance.op)
+    if why:
+        raise PlatformError(why)
     return f"X({instance.dtype}, {CTYPES[instance.dtype]}, {instance.op}, {RED_CONSTS[instance.op]})"
 
 

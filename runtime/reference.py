@@ -28,18 +28,26 @@ the topological order, which exposes missing dependencies in tests.
 
 bfloat16: numpy has no bfloat16, so pass float32 buffers with ``bf16=True``; every reduction result
 is then rounded to bfloat16 (round to nearest even) and stays representable.
+
+Operators (:mod:`hccc.util.dtypes` states the semantics; this module computes them with numpy
+alone, not with the kernels' code): ``sum`` ``np.add``, ``prod`` ``np.multiply`` (integers wrap
+modulo 2**bits as numpy's array arithmetic does), ``max`` / ``min`` ``np.fmax`` / ``np.fmin`` (a NaN
+loses), ``avg`` of a floating type: every rank's input multiplied by ``1/nranks`` rounded to the
+type (the product rounded to the type) before a sum; the integer types have no ``avg``.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from hccc.compiler.frontend.collectives import OWN, spec_of
+from hccc.util import dtypes as dtypes_table
 from hccc.compiler.ir.check import check_structure, match_connections, topological_components
 from hccc.compiler.ir.extents import chunk_anchors, chunk_size, count_unit
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 
-OPS = ("sum", "max", "min")
-DTYPES = ("float32", "float16", "bfloat16", "int32")
+OPS = dtypes_table.OP_NAMES
+DTYPES = dtypes_table.DTYPE_NAMES
+_UFUNC = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.fmax, "min": np.fmin}
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
@@ -54,10 +62,32 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
 def _reducer(op: str, bf16: bool):
     if op not in OPS:
         raise ValueError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
-    f = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+    f = _UFUNC[op]
     if bf16:
         return lambda a, b: round_bf16(f(a, b))
     return lambda a, b: f(a, b).astype(a.dtype, copy=False)
+
+
+def avg_scaled(inputs: list[np.ndarray], bf16: bool = False) -> list[np.ndarray]:
+    """Every rank's contribution to an ``avg``: its input times ``1/nranks`` rounded to the element
+    type, the product rounded to the type (computed in float64, where the product of two float32,
+    float16 or bfloat16 values is exact, so it is rounded once; float64 multiplies directly)."""
+    n = len(inputs)
+    out = []
+    for x in inputs:
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ValueError(f"avg is not defined for {x.dtype} (integer types have no avg kernels)")
+        if x.dtype == np.float64:
+            out.append(x * np.float64(1.0 / n))
+            continue
+        if bf16:
+            s = float(round_bf16(np.array([1.0 / n], np.float32))[0])
+            out.append(round_bf16((x.astype(np.float64) * s).astype(np.float32)))
+            continue
+        s = float(x.dtype.type(1.0 / n))
+        out.append((x.astype(np.float64) * s).astype(x.dtype))
+    return out
 
 
 def alltoall_count(count: int, nranks: int) -> int:
@@ -97,7 +127,7 @@ def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32"
         raise ValueError(f"unknown dtype {dtype!r}")
     nchunks = nchunks or nranks
     rng = np.random.default_rng(seed)
-    np_dt = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+    np_dt = np.dtype(dtypes_table.dtype(dtype).numpy)
     return [rng.integers(low, high, input_length(collective, r, nranks, nchunks, count)).astype(np_dt)
             for r in range(nranks)]
 
@@ -110,6 +140,8 @@ def expected(collective: str, inputs: list[np.ndarray], op: str = "sum", *,
     ``None`` marks an output the collective leaves unspecified (a Reduce's non-root ranks)."""
     spec = spec_of(collective)
     nchunks = nchunks or len(inputs)
+    if op == "avg" and spec.reduces:
+        inputs = avg_scaled(inputs, bf16)
     return spec.semantics(inputs, _reducer(op, bf16), nchunks, root)
 
 
@@ -176,6 +208,10 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
     dtype = np.asarray(inputs[0]).dtype
     red = _reducer(op, bf16)
     spec = spec_of(coll)
+    if op == "avg" and spec.reduces:
+        # the kernels scale a rank's contribution where it is read from its input buffer: the
+        # same as running the program on the scaled inputs
+        inputs = avg_scaled(inputs, bf16)
     if spec.input == OWN:
         # the full buffer is the concatenation of all ranks' parts
         count = int(sum(len(x) for x in inputs))
@@ -308,5 +344,5 @@ def _run_chain_chunk(chain, k, ops, region, red, m_count) -> None:
 
 
 __all__ = ["execute", "expected", "make_inputs", "input_length", "chunk_bounds", "alltoall_count",
-           "alltoall_unit", "round_bf16", "OPS",
+           "alltoall_unit", "round_bf16", "avg_scaled", "OPS",
            "DTYPES"]

@@ -328,7 +328,8 @@ def test_communicator_runs_several_channels_in_separate_processes(pool3):
 
 
 # ---------------------------------------------------------------------------- nvcc / hipcc
-ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_INT32=0", "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
+ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_INT32=0", "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0",
+                "-DHCCC_ENABLE_INT64=0", "-DHCCC_ENABLE_UINT8=0", "-DHCCC_ENABLE_FLOAT64=0", "-DHCCC_ENABLE_PROD=0", "-DHCCC_ENABLE_AVG=0"]
 
 
 def _compile_channels(tmp_path, platform, cmd):

@@ -16,8 +16,12 @@ from hccc.compiler.backend import codegen
 from hccc.compiler.backend.codegen import generate, threads_per_tb
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.ir.check import load_ir_json
+from hccc.util.dtypes import DTYPES, OPS, instance_error
 from test_codegen_irs import random_ir, ring_allgather, ring_allgather_fused, ring_allreduce, \
     ring_allreduce_fused
+
+#: switches that leave out the element types and operators added after the original four and three
+NEW_OFF = [f"-DHCCC_ENABLE_{x.name.upper()}=0" for x in DTYPES[4:] + OPS[3:]]
 
 HEADERS = ("hccc_cpu_emu.h", "hccc_platform.h", "hccc_prims.h")
 
@@ -296,7 +300,7 @@ def test_instantiation_trimming_removes_kernels(tmp_path):
     gen(ring_allgather(2), tmp_path)
     obj = tmp_path / "x.o"
     subprocess.run(["g++", "-std=c++17", "-c", "-DHCCC_PLATFORM_CPU", "-DHCCC_ENABLE_FLOAT16=0",
-                    "-DHCCC_ENABLE_MIN=0", "-x", "c++", "-I", str(tmp_path),
+                    "-DHCCC_ENABLE_MIN=0", *NEW_OFF, "-x", "c++", "-I", str(tmp_path),
                     str(tmp_path / "ring_ag_cuda.cu"), "-o", str(obj)], check=True)
     syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout
     got = set(re.findall(r"hccc_ring_ag_r[01]_(\w+)", syms))
@@ -331,8 +335,8 @@ def test_makefile_dry_run(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "-DHCCC_ENABLE_FLOAT32=1" in res.stdout and "-DHCCC_ENABLE_INT32=1" in res.stdout
     assert "-DHCCC_ENABLE_FLOAT16=0" in res.stdout and "-DHCCC_ENABLE_MAX=0" in res.stdout
-    res = subprocess.run(["make", "-n", "HCCC_DTYPES=float64"], cwd=tmp_path, capture_output=True, text=True)
-    assert res.returncode != 0 and "float64" in res.stderr
+    res = subprocess.run(["make", "-n", "HCCC_DTYPES=complex64"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode != 0 and "complex64" in res.stderr
 
 
 @pytest.mark.slow   # a CMake configure with nvcc
@@ -364,9 +368,10 @@ def test_nvcc_compiles_every_instantiation(tmp_path, nvcc):
               "ring_ar_cuda.cu", "-o", "cuda.o"], tmp_path)
     syms = subprocess.run(["nm", "cuda.o"], cwd=tmp_path, capture_output=True, text=True).stdout
     for r in (0, 2):
-        for d in ("float32", "float16", "bfloat16", "int32"):
-            for o in ("sum", "max", "min"):
-                assert f"hccc_ring_ar_r{r}_{d}_{o}" in syms
+        for d in DTYPES:
+            for o in OPS:
+                # every (dtype, op) of the table but an integer avg (instance_error)
+                assert (f"hccc_ring_ar_r{r}_{d.name}_{o.name}" in syms) == (instance_error(d.name, o.name) is None)
 
 
 @pytest.mark.slow
@@ -385,7 +390,7 @@ def test_nvcc_and_hipcc_other_irs(tmp_path, make, nvcc, hipcc, monkeypatch):
     plats = ["cuda" if r % 2 == 0 else "hip" for r in range(ir.nranks)]
     gen(ir, tmp_path, plats)
     # (nvcc splits -D values at commas, so trim with the HCCC_ENABLE_* switches)
-    one = ["-DHCCC_ENABLE_FLOAT32=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_MIN=0"]
+    one = ["-DHCCC_ENABLE_FLOAT32=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_MIN=0", *NEW_OFF]
     _compile([nvcc, "-std=c++17", "-arch=sm_90", *one, "-c", f"{ir.name}_cuda.cu", "-o", "c.o"],
              tmp_path)
     if "hip" in plats:

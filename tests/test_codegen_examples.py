@@ -14,11 +14,11 @@ import subprocess
 import pytest
 
 from hccc.compiler.backend.codegen import generate
+from hccc.util.dtypes import only_instance_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # float32 / sum only (nvcc splits -D values at commas: use the HCCC_ENABLE_* switches)
-ONE_INSTANCE = ["-DHCCC_ENABLE_FLOAT16=0", "-DHCCC_ENABLE_BFLOAT16=0", "-DHCCC_ENABLE_INT32=0",
-                "-DHCCC_ENABLE_MAX=0", "-DHCCC_ENABLE_MIN=0"]
+ONE_INSTANCE = only_instance_flags("float32", "sum")
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))
 #: compiled on its own by the default run, one example per compiler (nvcc: a reduction through
 #: forwarding chains; hipcc: an AllToAll through scratch)

@@ -24,6 +24,7 @@ from hccc.compiler.frontend.generators import (direct_allgather_rccl, hm_allredu
                                       ring_allreduce_rccl)
 from hccc.compiler.pipeline import (ClusterSource, CompileOptions, compile_algorithm, load_algorithm,
                                     platforms_for, read_cluster)
+from hccc.util.dtypes import only_instance_flags
 from hccc.compiler.cluster.topology_check import MAX_LISTED, check_on_topology, link_usage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -331,7 +332,7 @@ def test_mixed_vendor_output_builds_with_nvcc_and_hipcc(tmp_path, nvcc, hipcc):
     topo = write(tmp_path, "mixed.topo", MIXED_2X2)
     man = _compile(tmp_path, algo, topo, "k")
     out = tmp_path / "k"
-    trim = "-DHCCC_ENABLE_FLOAT16=0 -DHCCC_ENABLE_BFLOAT16=0 -DHCCC_ENABLE_INT32=0 -DHCCC_ENABLE_MIN=0"
+    trim = " ".join(f for f in only_instance_flags("float32", "sum") if "MAX" not in f)   # float32 sum, max
     res = subprocess.run(["make", "-j2", f"NVCC={nvcc}", f"HIPCC={hipcc}", f"HCCC_FLAGS={trim}"], cwd=out,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -13,10 +13,11 @@ import pytest
 
 from conftest import require_tool, shm_leaks
 
+from hccc.util.dtypes import only_instance_flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "examples" / "downstream"
-TRIM = "-DHCCC_ENABLE_FLOAT16=0 -DHCCC_ENABLE_BFLOAT16=0 -DHCCC_ENABLE_INT32=0 " \
-       "-DHCCC_ENABLE_MAX=0 -DHCCC_ENABLE_MIN=0"
+TRIM = " ".join(only_instance_flags("float32", "sum"))
 
 
 def _hccc() -> str:

@@ -164,9 +164,11 @@ def test_bad_inputs_rejected():
     with pytest.raises(ValueError):
         execute(ir, [np.zeros(3, np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32)])
     with pytest.raises(ValueError):
-        execute(ir, [np.zeros(3, np.float32)] * 3, op="prod")
+        execute(ir, [np.zeros(3, np.float32)] * 3, op="xor")
+    with pytest.raises(ValueError, match="integer"):
+        execute(ir, [np.zeros(3, np.int64)] * 3, op="avg")
     with pytest.raises(ValueError):
-        make_inputs("allreduce", 3, 3, "float64")
+        make_inputs("allreduce", 3, 3, "complex64")
 
 
 @pytest.mark.parametrize("coll", list(Collective))

@@ -32,7 +32,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 6
+VERSION = 7
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8

@@ -32,14 +32,16 @@ from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
 from hccc.compiler.passes.slicing import slot_share_bytes
 from hccc.compiler.ir.sort_order import lexsort
+from hccc.util import dtypes as dtypes_table
 
 VERSION = "0.1.0"
 PLATFORMS = ("cuda", "hip")
 WARP_SIZE = {"cuda": 32, "hip": 64}
 EXT = {"cuda": "cu", "hip": "hip"}
-DTYPES = (("float32", "float"), ("float16", "hccc_half"), ("bfloat16", "hccc_bf16"),
-          ("int32", "int32_t"))
-REDOPS = ("sum", "max", "min")
+#: (dtype, C type) of every element type the kernels instantiate, and the reduction operators: from
+#: the one table of them (hccc.util.dtypes)
+DTYPES = tuple((d.name, d.ctype) for d in dtypes_table.DTYPES)
+REDOPS = dtypes_table.OP_NAMES
 NSLOTS = abi.NSLOTS
 #: bytes each region of a FIFO slot adds to its share (hccc_prims.h HCCC_REGION_BYTES)
 SLOT_OVERHEAD = abi.SLOT_OVERHEAD
@@ -100,6 +102,7 @@ def _template_env() -> jinja2.Environment:
         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined, autoescape=False)
     env.globals["abi"] = abi   # every ABI fact the templates print comes from the one source
+    env.globals["types"] = dtypes_table   # and every element type and reduction operator
     return env
 
 

@@ -61,7 +61,8 @@ def table_sections(ir: ProgramIR, col=None, direct: str = "auto") -> list[bytes]
             consts={"rank": r, "nchunks": int(ir.nchunks), "in_base": int(in_base[r]),
                     "out_base": int(out_base[r]), "chunk_bytes": int(ir.chunk_bytes),
                     "max_cnt": max_cnt, "nch": channel_count(ir), "nsend": len(col.send_conns[r]),
-                    "nrecv": len(col.recv_conns[r]), "nprog": int(col.nprogress[r])},
+                    "nrecv": len(col.recv_conns[r]), "nprog": int(col.nprogress[r]),
+                    "nranks": int(ir.nranks)},
             ntbs=n_tb, tb_first=first, columns={k: v[k][lo:hi] for k in tf.COLUMNS},
             deps=col.dep_slots[int(dep_bounds[r]):int(dep_bounds[r + 1])])
         out.append(tf.encode_section(t))

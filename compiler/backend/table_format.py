@@ -38,13 +38,13 @@ import numpy as np
 from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
-TABLE_FORMAT = "hccc.table/1"
-VERSION = 1
+TABLE_FORMAT = "hccc.table/2"
+VERSION = 2
 FILE_MAGIC = 0x46544348      # "HCTF"
 SECTION_MAGIC = 0x53544348   # "HCTS"
 #: rank constants (members of ``struct hccc_rank_consts``, in declaration order)
 RANK_CONSTS = ("rank", "nchunks", "in_base", "out_base", "chunk_bytes", "max_cnt", "nch", "nsend", "nrecv",
-               "nprog")
+               "nprog", "nranks")
 #: columns the host keeps to rebuild the ProgramIR (the kernel does not read them)
 HOST_COLUMNS = ("pipeline", "channel", "task2")
 DEVICE_COLUMNS = tuple(f.name for f in PD_FIELDS if f.source == "column")

@@ -52,16 +52,17 @@ from hccc.args import (add_deprecated_flag, add_direct_option, add_program_optio
                        dtype_list, nccl_type_name, op_list, parse_size, program_options, proto_choice, proto_metavar,
                        seconds)
 from hccc.util.plural import plural
+from hccc.util import dtypes as dtypes_table
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
                         sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
 INPUTS = {"algo": "algorithm", "--topology": "cluster"}
-#: the element types and reduction operators hccc's kernels have (the runtime's tables: -d and -o
-#: take their values from them, by nccl-tests' names or hccc's)
-from hccc.runtime.launcher import DTYPES, OPS  # noqa: E402
+#: -d / -o values: the kernels' element types and reduction operators (hccc.util.dtypes)
+DTYPES = dtypes_table.DTYPE_NAMES
+OPS = dtypes_table.OP_NAMES
 #: nccl-tests' names of the element types (hccc's tables spell them as the -d/--dtype option does)
-TYPE_NAMES = {d: nccl_type_name(d) for d in DTYPES}
+TYPE_NAMES = {d.name: d.nccl for d in dtypes_table.DTYPES}
 #: what the times of the CPU emulation are
 EMULATED_NOTE = ("# CPU emulation: every thread block is a group of OS threads of this machine; the times "
                  "and bandwidths measure that emulation, not a GPU (--backend cuda or hip times GPUs)")

@@ -45,6 +45,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hccc.util import dtypes as dtypes_table
 from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, dtype_one, format_size,
                        nccl_type_name, op_choice,
                        parse_size, positive_int)
@@ -56,8 +57,9 @@ from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_co
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
 
-#: bytes of each element type the kernels have (the runtime's table)
-from hccc.runtime.launcher import ELEMENT_BYTES as DTYPE_BYTES, OPS  # noqa: E402
+#: bytes of each element type the kernels have, and their operators (hccc.util.dtypes)
+DTYPE_BYTES = {d.name: d.bytes for d in dtypes_table.DTYPES}
+OPS = dtypes_table.OP_NAMES
 DEFAULT_SIZES = "1M,64M,1G"
 PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
