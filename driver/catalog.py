@@ -46,6 +46,7 @@ from hccc.util.limits import loads_json
 #: what hccc's kernels implement (the Communicator's dtypes and ops: the runtime's own tables)
 from hccc.runtime.launcher import DTYPES as KERNEL_DTYPES, ELEMENT_BYTES  # noqa: E402
 from hccc.runtime.launcher import OPS as KERNEL_OPS  # noqa: E402
+from hccc.util.dtypes import instance_error  # noqa: E402
 #: collectives with a root
 ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
 INDEX = "catalog.json"
@@ -274,6 +275,9 @@ class Catalog:
             return None, f"dtype {dtype} has no hccc kernel (hccc: {', '.join(KERNEL_DTYPES)})"
         if op not in KERNEL_OPS:
             return None, f"op {op} has no hccc kernel (hccc: {', '.join(KERNEL_OPS)})"
+        why = instance_error(dtype, op)
+        if why:
+            return None, why
         pool = [e for e in self.entries if e.collective == collective]
         if not pool:
             return None, f"the catalog has no {collective} algorithm"

@@ -72,7 +72,8 @@ def test_catalog_reads_every_kind_of_entry(tmp_path):
     assert "declares float16" in cat.select("allreduce", 4, 64, "float16", "sum")[1]
     assert "no allreduce algorithm for 8 ranks" in cat.select("allreduce", 8, 64, "float32", "sum")[1]
     assert "no broadcast algorithm" in cat.select("broadcast", 4, 64, "float32", "sum", root=0)[1]
-    assert "float64 has no hccc kernel" in cat.select("allreduce", 4, 64, "float64", "sum")[1]
+    assert "int8 has no hccc kernel" in cat.select("allreduce", 4, 64, "int8", "sum")[1]
+    assert "no kernel for the integer type int32" in cat.select("allreduce", 4, 64, "int32", "avg")[1]
     assert "op product has no hccc kernel" in cat.select("allreduce", 4, 64, "float32", "product")[1]
     # an all-gather of 4 x 3 elements splits evenly; 13 elements do not
     assert cat.select("allgather", 4, 48, "float32", "sum")[0] is not None
@@ -85,7 +86,7 @@ def test_catalog_reads_every_kind_of_entry(tmp_path):
 
 @pytest.mark.parametrize("text, where, what", [
     ('{"entries": [{"file": "nope.rccl"}]}', (1, 23), "no such file"),
-    ('{"entries": [{"file": "ring_allreduce_4.rccl", "ops": ["prod"]}]}', (1, 23), "ops must be"),
+    ('{"entries": [{"file": "ring_allreduce_4.rccl", "ops": ["xor"]}]}', (1, 23), "ops must be"),
     ('{"entries": [{"file": "ring_allreduce_4.rccl", "min_bytes": 9, "max_bytes": 3}]}', (1, 23),
      "is above max_bytes"),
     ('{"entries": [{"file": "ring_allreduce_4.rccl", "band": 3}]}', (1, 23), "unknown key 'band'"),
@@ -313,11 +314,11 @@ def test_every_collective_through_hccc_on_four_processes(tmp_path, catalog_env):
         bad = [k for k, v in rep["checks"].items() if not v]
         assert not bad, f"rank {r}: wrong results: {bad}"
         s = rep["stats"]
-        assert s["hccc"] == {"allreduce": 5, "allgather": 3, "reducescatter": 2, "broadcast": 1,
+        assert s["hccc"] == {"allreduce": 7, "allgather": 3, "reducescatter": 2, "broadcast": 1,
                              "reduce": 1, "alltoall": 1, "barrier": 1}, s
         assert s["fallback"] == {"allreduce": 1}, s
-        assert set(s["reasons"]) == {"dtype float64 has no hccc kernel (hccc: float32, float16, "
-                                     "bfloat16, int32)"}
+        from hccc.util.dtypes import DTYPE_NAMES
+        assert set(s["reasons"]) == {f"dtype int8 has no hccc kernel (hccc: {', '.join(DTYPE_NAMES)})"}
         if r < 2:
             assert rep["sub_stats"]["fallback"] == {"allreduce": 1}, rep["sub_stats"]
             assert list(rep["sub_stats"]["reasons"]) == [
@@ -596,7 +597,10 @@ def _edge_values(dtype):
     else:
         ii = torch.iinfo(dtype)
         base = [ii.max, ii.min, ii.max // 2, ii.min // 2 + 1, 1, 0, 7]
-    return base + [-v for v in base if dtype.is_floating_point or dtype.is_signed]
+    values = base + [-v for v in base if dtype.is_floating_point or dtype.is_signed]
+    if not dtype.is_floating_point:     # -min of a two's complement type is past its max
+        values = [v for v in values if ii.min <= v <= ii.max]
+    return values
 
 
 def _avg_oracle(cols, dtype):

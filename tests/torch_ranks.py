@@ -116,10 +116,15 @@ def collectives_job(rank: int, world: int, url: str, backend: str):
     checks["all_to_all_single"] = torch.equal(
         b, torch.cat([inp(r, world * n).chunk(world)[rank] for r in range(world)]))
     dist.barrier()
-    # float64 is not served by hccc (no kernel); a non-contiguous tensor is (on a copy)
-    t = inp(rank, n, torch.float64)
+    # float64 and int64 (DDP's start-up calls) are served by hccc's kernels; int8 is not (no kernel);
+    # a non-contiguous tensor is (on a copy)
+    for wide in (torch.float64, torch.int64):
+        t = inp(rank, n, wide)
+        dist.all_reduce(t)
+        checks[f"{wide} allreduce"] = torch.equal(t, sum(inp(r, n, wide) for r in range(world)))
+    t = inp(rank, n, torch.int8)
     dist.all_reduce(t)
-    checks["float64 fallback"] = torch.equal(t, sum(inp(r, n, torch.float64) for r in range(world)))
+    checks["int8 fallback"] = torch.equal(t, sum(inp(r, n, torch.int8) for r in range(world)))
     t = inp(rank, 2 * n).view(2, n)[:, ::2]
     dist.all_reduce(t)
     checks["non-contiguous"] = torch.equal(
