@@ -201,8 +201,6 @@ def _main(argv: list[str] | None) -> int:
         from hccc.args import usage_checks
         usage_checks(parser, args)
         args.argv = [name, *rest]          # the command line, for commands that re-run themselves
-        if name == "synth" and not getattr(args, "no_smt", False):
-            _ctrl_c_reaches_hccc_through_z3()
         json_mode = bool(getattr(args, "json", False))
         mod = importlib.import_module(COMMANDS[name])
         inputs = getattr(mod, "INPUTS", None)
@@ -244,17 +242,6 @@ def _main(argv: list[str] | None) -> int:
 #: main()'s status after Ctrl-C
 INTERRUPTED = 130
 
-
-def _ctrl_c_reaches_hccc_through_z3() -> None:
-    """z3 takes SIGINT over while a check runs and only cancels that check: the interrupt never
-    reached hccc, and ``hccc synth`` went on to write a program and exit 0. With z3's own handling
-    off, Ctrl-C raises KeyboardInterrupt (exit 130) as soon as the check in progress returns (each
-    has a timeout within the command's time limit)."""
-    try:
-        import z3
-    except ImportError:
-        return
-    z3.set_param("ctrl_c", False)
 
 #: numba compiling hccc's kernels for this long during one command is said on a terminal
 COMPILE_NOTE_SECONDS = 5.0

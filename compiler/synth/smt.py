@@ -42,6 +42,21 @@ def available() -> bool:
     return _z3() is not None
 
 
+#: what z3 says of a check its own SIGINT handler cancelled (Ctrl-C while the check ran)
+Z3_INTERRUPTED = "interrupted from keyboard"
+
+
+def solver_check(s):
+    """``s.check()``, with Ctrl-C delivered at once: z3 takes SIGINT over while a check runs and
+    only cancels that check (it answers ``unknown``), so an interrupt the user sent would be
+    swallowed; here it becomes the KeyboardInterrupt it was, as soon as z3 stops."""
+    z3 = _z3()
+    result = s.check()
+    if result == z3.unknown and s.reason_unknown() == Z3_INTERRUPTED:
+        raise KeyboardInterrupt
+    return result
+
+
 def _ms_left(deadline: float) -> int:
     return max(1, int((deadline - clock.now()) * 1000))
 
@@ -170,7 +185,7 @@ class StepRepair:
             s.add(z3.AtLeast(*self.x, target))
             s.set("timeout", _ms_left(deadline))
             s.set("rlimit", int(per_call))
-            r = s.check()
+            r = solver_check(s)
             self.stats.calls += 1
             if r == z3.sat:
                 self.stats.sat += 1
@@ -348,7 +363,7 @@ class SuffixWindow:
                 s.add(*self.goal)
                 s.set("timeout", _ms_left(deadline))
                 s.set("rlimit", int(self.rlimit))
-                r = s.check()
+                r = solver_check(s)
                 self.stats.calls += 1
                 if r != z3.sat:
                     if r == z3.unsat:
