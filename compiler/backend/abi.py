@@ -73,6 +73,16 @@ LL_EPOCHS = 1 << (32 - LL_EPOCH_SHIFT)
 #: launch that may post more (:func:`hccc.runtime.ll_epoch.ll_messages_bound`) zeroes the slots before
 #: it and makes the next LL launch zero them too
 LL_EPOCH_MESSAGES = (1 << LL_EPOCH_SHIFT) - LL_FLAG_BASE
+#: when an LL launch zeroes the FIFO slots first and starts the epochs again at 0: when any of these
+#: holds (name, meaning, the C expression ``hccc_host_reset`` tests). The one statement of the rule:
+#: :class:`hccc.runtime.ll_epoch.LLEpochs` evaluates it through :func:`ll_zero`, and ``hccc_host.h``
+#: is rendered with :func:`ll_zero_c`
+LL_ZERO_WHEN: tuple[tuple[str, str, str], ...] = (
+    ("dirty", "the slots may hold something other than LL lines of the epochs since the last zeroing "
+              "(set-up, a Simple launch, a launch past LL_EPOCH_MESSAGES)", "c->ll_dirty"),
+    ("wide", "this launch may post more than LL_EPOCH_MESSAGES messages on a connection", "wide"),
+    ("wrapped", "every epoch since the last zeroing is taken", "c->ll_next >= HCCC_HOST_LL_EPOCHS"),
+)
 #: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
 #: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
 #: polling win while a message's sync costs more than its bytes)
@@ -93,6 +103,20 @@ def ll_share_bytes(share: int) -> int:
 def ll_flag(k: int, epoch: int) -> int:
     """The flag of every line of message ``k`` on a connection in a launch of LL epoch ``epoch``."""
     return (int(k) + LL_FLAG_BASE + (int(epoch) << LL_EPOCH_SHIFT)) % (1 << 32)
+
+
+def ll_zero(**terms: bool) -> bool:
+    """Whether an LL launch zeroes the slots first, given every term of :data:`LL_ZERO_WHEN` by
+    name (KeyError when a term is missing or unknown: a caller cannot drift from the rule)."""
+    names = [n for n, _, _ in LL_ZERO_WHEN]
+    if sorted(terms) != sorted(names):
+        raise KeyError(f"the LL zeroing rule takes {', '.join(names)}, not {', '.join(sorted(terms))}")
+    return any(bool(terms[n]) for n in names)
+
+
+def ll_zero_c() -> str:
+    """:data:`LL_ZERO_WHEN` as one C condition (``hccc_host_reset``)."""
+    return " || ".join(f"({c})" for _, _, c in LL_ZERO_WHEN)
 
 
 def resolve_proto(proto: str, nbytes: int) -> str:
@@ -347,7 +371,7 @@ def c_enums() -> str:
 
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
-           "LL_EPOCH_MESSAGES", "ll_flag", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
+           "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
            "CONN", "ERROR", "ARGS", "STRUCTS",
            "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
