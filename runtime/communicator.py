@@ -70,9 +70,9 @@ from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import ErrorRecord
 from hccc.runtime.ll_epoch import LLEpochs
-from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankPlan, check_fifo_memory,
+from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, check_fifo_memory,
                                    describe_stuck, generated_sources, program_layout, rank_blocks)
-from hccc.runtime.rank_memory import LaunchCall, RankMemory, launch_proto
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan, launch_proto
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the collective each method runs (ProgramIR collective names)

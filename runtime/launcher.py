@@ -65,8 +65,8 @@ from hccc.runtime.kernel_abi import (WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, Error
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.ll_epoch import LLEpochs
 # the per-call recipe and what a rank owns (re-exported: callers import them from here too)
-from hccc.runtime.rank_memory import (LaunchCall, RankMemory, check_slice, grid_argument, launch_proto,
-                                      launch_slice_bytes)
+from hccc.runtime.rank_memory import (LaunchCall, RankMemory, RankPlan, check_slice, grid_argument,
+                                      launch_proto, launch_slice_bytes)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 DTYPES = ("float32", "float16", "bfloat16", "int32")
@@ -303,101 +303,6 @@ def _platform_label(backend) -> str:
 
 
 # ============================================================================ what one rank owns
-@dataclass(frozen=True)
-class RankPlan:
-    """The size-independent memory rank ``rank`` owns, as sizes and offsets: the same numbers in
-    every process (they come from the manifest), so a peer can locate a FIFO or a counter inside
-    memory it mapped from this rank.
-
-    Layout (:mod:`hccc.compiler.backend.abi`, the one source of it; both blocks in memory the
-    peers reach): a control block of :attr:`ctrl_bytes` (``abi.CTRL_REGIONS``: the tail of each
-    receive connection, the head of each send connection, the head of each receive connection
-    nobody sends on, the progress counters) and a slot block: receive connection ``j``'s ``nslots
-    * slot_bytes`` bytes at ``j *`` :attr:`fifo_bytes`. Sends nobody receives go to a FIFO of the
-    sender's own (:attr:`orphan_bytes`: an ``abi.ORPHAN_HEADER``-byte header holding its
-    ``tail``, then the slots). Counters and orphan headers must be zero at launch
-    (:meth:`RankMemory.reset`).
-
-    Channels (manifest ``nchannels`` = K): the connections and progress counters here are every
-    channel's, the manifest's one-channel lists K times (channel ``c``'s copy names its channel
-    ``channel + c * stride``, :func:`~hccc.compiler.backend.codegen.replicated_conns`), in the
-    order the kernels index them."""
-
-    rank: int
-    recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
-    send_conns: tuple[tuple[int, int], ...]    # (receiving peer, channel), manifest order
-    progress_slots: int
-    nslots: int
-    slot_bytes: int                            # one FIFO slot (manifest ``slot_bytes``)
-
-    @classmethod
-    def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
-        from hccc.compiler.backend.codegen import channel_stride, replicated_conns
-        e = manifest["ranks"][rank]
-        nch = max(1, int(manifest.get("nchannels", 1)))
-        stride = 1
-        if nch > 1:   # the manifest's own, else computed (one scan of every rank's connections)
-            stride = int(manifest.get("channel_stride") or channel_stride(manifest["ranks"]))
-        return cls(rank=rank,
-                   recv_conns=tuple(replicated_conns(e["recv_conns"], nch, stride)),
-                   send_conns=tuple(replicated_conns(e["send_conns"], nch, stride)),
-                   progress_slots=nch * int(e["progress_slots"]),
-                   nslots=int(manifest["nslots"]),
-                   slot_bytes=int(manifest.get("slot_bytes", manifest["chunk_bytes"])))
-
-    @property
-    def fifo_bytes(self) -> int:
-        """Bytes of one connection's slots."""
-        return self.nslots * self.slot_bytes
-
-    @property
-    def ctrl_bytes(self) -> int:
-        return abi.ctrl_bytes(len(self.recv_conns), len(self.send_conns), self.progress_slots)
-
-    @property
-    def slots_bytes(self) -> int:
-        """Bytes of the slot block (at least one connection's, so it is never empty)."""
-        return max(len(self.recv_conns), 1) * self.fifo_bytes
-
-    @property
-    def orphan_bytes(self) -> int:
-        return abi.ORPHAN_HEADER + self.fifo_bytes
-
-    def _ctrl(self, region: str, i: int) -> int:
-        return abi.ctrl_offset(region, i, len(self.recv_conns), len(self.send_conns))
-
-    @property
-    def progress_offset(self) -> int:
-        return self._ctrl("progress", 0)
-
-    def tail_offset(self, j: int) -> int:
-        return self._ctrl("tail", j)
-
-    def send_head_offset(self, k: int) -> int:
-        return self._ctrl("send_head", k)
-
-    def unsent_head_offset(self, j: int) -> int:
-        return self._ctrl("unsent_head", j)
-
-    def recv_index(self, peer: int, channel: int) -> int | None:
-        """Index of the receive connection from ``peer`` on ``channel`` (None: not received)."""
-        try:
-            return self.recv_conns.index((int(peer), int(channel)))
-        except ValueError:
-            return None
-
-    def send_index(self, peer: int, channel: int) -> int | None:
-        """Index of the send connection to ``peer`` on ``channel`` (None: nothing sent)."""
-        try:
-            return self.send_conns.index((int(peer), int(channel)))
-        except ValueError:
-            return None
-
-    def peers(self) -> set[int]:
-        """Ranks whose memory this rank's connection tables point into."""
-        return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
-
-
 def fit_block_threads(block: int, platform: str, fits, least: int | None = None) -> tuple[int, str | None]:
     """The most threads per block, from ``block`` halving down to ``least`` (default: one warp of
     ``platform``, "cuda" / "hip"; the running platform's :meth:`Platform.least_block_threads`),

@@ -21,9 +21,8 @@ from hccc.compiler.backend.table_codegen import generate_table
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.runtime import kernel_abi
-from hccc.runtime.launcher import RankPlan
 from hccc.runtime.ll_epoch import LLEpochs
-from hccc.runtime.rank_memory import LaunchCall, RankMemory, grid_argument, launch_slice_bytes
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan, grid_argument, launch_slice_bytes
 
 CXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(CXX is None, reason="g++ not installed")

@@ -6,7 +6,7 @@ macros that fill it; the launch arguments of the table mode and the one-grid ent
 :data:`LAUNCH_STRUCTS`, declared in ``hccc_prims.h`` / ``hccc_table.h`` and checked against these
 records; ``hccc_host.h``: the control-block layout), code generation writes the
 primitive calls in the macros' argument order (:func:`pd_call_fields`), and the runtime
-(:mod:`hccc.runtime.kernel_abi`, :class:`hccc.runtime.launcher.RankPlan`) packs arguments and lays
+(:mod:`hccc.runtime.kernel_abi`, :class:`hccc.runtime.rank_memory.RankPlan`) packs arguments and lays
 out memory from the same tables. ``tests/test_kernel_abi_source.py`` compiles the rendered headers
 against these tables, so a header or a host structure edited by hand fails.
 
