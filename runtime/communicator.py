@@ -7,7 +7,7 @@ Set-up (``Communicator(algo, rank=, world_size=, ...)``):
    MSCCL ``.xml`` / ProgramIR ``.json`` file, compiled with ``options``) and check that it is for
    ``world_size`` ranks;
 2. build and load *this rank's* kernel only (per dtype and op, cached by content hash);
-3. allocate what the rank owns (:class:`~hccc.runtime.launcher.RankMemory`, the code the
+3. allocate what the rank owns (:class:`~hccc.runtime.rank_memory.RankMemory`, the code the
    single-process runner uses, kernel protocol v2): its control block (tails of the connections
    it receives on, heads of those it sends on, progress counters) and the FIFOs it receives on,
    in memory the platform can export (CPU emulation: POSIX shared memory; CUDA / HIP: IPC
@@ -37,7 +37,7 @@ share of an uneven count), meets its peers at a host barrier where every rank's 
 (collective, count, dtype, op: a mismatch is an error on every rank, not a hang), zeroes the
 counters it owns, meets them again (nobody sends into a FIFO before its receiver has reset it) and
 launches its kernel under the FIFO protocol its size asks for (``proto``: ``"auto"`` runs LL up to the
-crossover and Simple above, :func:`hccc.runtime.launcher.launch_proto`, the rule ``hccc run --proto``
+crossover and Simple above, :func:`hccc.runtime.rank_memory.launch_proto`, the rule ``hccc run --proto``
 follows; the protocol each rank chose is compared with the call, and :attr:`Communicator.last_proto`
 says what ran) and on the arrays themselves (temporaries only where the algorithm's buffers
 cannot alias the way the call asks). While the kernel runs, the host watches its peers: a peer
@@ -68,11 +68,11 @@ from hccc.compiler.frontend.collectives import OWN, SPECS, CollectiveSpec
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import reference, shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
-from hccc.runtime.kernel_abi import Args, ErrorRecord
-from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
-from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, RankMemory, RankPlan,
-                                   check_fifo_memory, check_slice, describe_stuck, generated_sources,
-                                   launch_proto, launch_slice_bytes, program_layout, rank_blocks)
+from hccc.runtime.kernel_abi import ErrorRecord
+from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.launcher import (CODEGENS, DTYPES, ELEMENT_BYTES, OPS, check_fifo_memory,
+                                   describe_stuck, generated_sources, program_layout, rank_blocks)
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan, launch_proto
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.util import dtypes as dtypes_table
 
@@ -228,7 +228,7 @@ class Communicator:
     or ``"ll"``; the attribute of that name may be changed between calls (every rank alike).
     :attr:`last_proto` is the protocol the last call ran, :attr:`proto_note` why it is not the one
     asked for (or None): MSCCL imports and slots too small for LL lines run Simple
-    (:func:`~hccc.runtime.launcher.launch_proto`), and so does a job across nodes (the network
+    (:func:`~hccc.runtime.rank_memory.launch_proto`), and so does a job across nodes (the network
     proxy forwards a slot when its ``tail`` advances; LL messages post none).
     """
 
@@ -243,7 +243,7 @@ class Communicator:
         self.last_proto: str | None = None
         #: why the last call's protocol is not the one ``proto`` asked for, or None
         self.proto_note: str | None = None
-        #: the micro-batch slice (bytes) of the last call (:func:`~hccc.runtime.launcher.launch_slice_bytes`;
+        #: the micro-batch slice (bytes) of the last call (:func:`~hccc.runtime.rank_memory.launch_slice_bytes`;
         #: None before the first call)
         self.last_slice_bytes: int | None = None
         self._closed = False
@@ -387,7 +387,7 @@ class Communicator:
             self._error = local(ctypes.sizeof(ErrorRecord))
             self._flags = None
         if codegen == "table":
-            self._table = self._upload_table(man, local)
+            self._table = mem.load_table(self._read_table(man))
         self._host_own = shm.create(4096)
         hw = self._host_words(self._host_own)
         hw[_H_PID] = os.getpid()
@@ -514,8 +514,8 @@ class Communicator:
             self._kernels[key] = fn
         return self._kernels[key]
 
-    def _upload_table(self, man: dict, malloc) -> int:
-        """This rank's table (table mode), checked against the manifest, in this rank's memory."""
+    def _read_table(self, man: dict) -> bytes:
+        """This rank's table (table mode), checked against the manifest."""
         from hccc.compiler.backend.table_format import TableFormatError
         from hccc.compiler.backend.table_program import load_tables, read_table
         try:
@@ -524,10 +524,7 @@ class Communicator:
         except (OSError, TableFormatError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot use the tables of {self.ir.name}: "
                                     f"{exc}") from None
-        section = bytes(tables[self.rank][1])
-        ptr = malloc(max(len(section), 8))
-        self._pf.memcpy_htod(ptr, section)
-        return ptr
+        return bytes(tables[self.rank][1])
 
     # ------------------------------------------------------------------ failure detection
     def _peer_problem(self, call: int | None = None) -> str | None:
@@ -621,12 +618,12 @@ class Communicator:
         pf, ir = self._pf, self.ir
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
-        proto = self._choose_proto(count * es)
-        from hccc.compiler.passes.slicing import slot_share_bytes
-        share = slot_share_bytes(self.chunk_bytes, ir.max_step_chunks)
-        slice_b = self.last_slice_bytes = launch_slice_bytes(ir, count * es, es, self.chunk_bytes, proto)
-        epoch, zero = self.ll_epochs.launch(proto, ll_messages_bound(
-            ir.nprims, count, ir.nchunks, es, self.chunk_bytes, share, slice_b))
+        # the call's protocol, slice and message bound: the one recipe (hccc.runtime.rank_memory)
+        call = LaunchCall.plan(ir, count, es, self.chunk_bytes, proto=self.proto,
+                               ll_refused=self._ll_refused())
+        self.last_proto, self.proto_note, self.last_slice_bytes = call.proto, call.note, call.slice_bytes
+        proto, slice_b = call.proto, call.slice_bytes
+        epoch, zero = call.launch(self.ll_epochs)
         self._calls += 1
         hw = self._host_words(self._host_own)
         hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
@@ -654,22 +651,17 @@ class Communicator:
         lay = program_layout(ir, count)[self.rank]
         scr = self._scratch_ptr(lay[2] * es)
         try:           # every rank makes this call (compared above): every rank refuses it
-            check_slice(ir, count, es, slice_b)
+            call.check(ir)
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {method} #{self._calls}: {exc}") from None
         timeout = self.kernel_timeout_s
-        args = Args(input=in_p, output=out_p, scratch=scr, count=count,
-                    send_conns=self._mem.send_tab, recv_conns=self._mem.recv_tab,
-                    progress=self._mem.progress, abort_flag=self._abort, error=self._error,
-                    timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                    slice_bytes=slice_b, proto=_PROTO_CODE[proto], ll_epoch=epoch)
+        args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self._abort,
+                              error=self._error, timeout_s=timeout, epoch=epoch)
         self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
-        # table mode: the generic kernel takes the rank's table address after hccc_args
-        tail = self._table.to_bytes(8, "little") if self._table is not None else b""
         if self._net is not None:
             self._net.shape(self.slot_bytes, ir.max_step_chunks, slice_b)
         if self.grid > 0:
-            pf.launch(fn, self.grid, self.block, bytes(args) + tail, self._stream)
+            pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
         self._wait(method)
 
     @property
@@ -686,12 +678,16 @@ class Communicator:
         """The FIFO protocol of a call of ``nbytes`` (full buffer) under :attr:`proto`; sets
         :attr:`last_proto` and :attr:`proto_note`. Every rank computes it from the same call and
         the same job, and the call check compares it."""
-        proto, note = launch_proto(self.ir, self.proto, nbytes, self.chunk_bytes)
-        if proto == "ll" and self._net is not None:
-            proto, note = "simple", ("a job across nodes runs Simple: the network proxy forwards a FIFO "
-                                     "slot when its tail advances, and LL messages post no tail")
+        proto, note = launch_proto(self.ir, self.proto, nbytes, self.chunk_bytes, self._ll_refused())
         self.last_proto, self.proto_note = proto, note
         return proto
+
+    def _ll_refused(self) -> str | None:
+        """Why this job cannot run LL at all, or None."""
+        if self._net is None:
+            return None
+        return ("a job across nodes runs Simple: the network proxy forwards a FIFO slot when its tail "
+                "advances, and LL messages post no tail")
 
     def _scratch_ptr(self, nbytes: int) -> int:
         if self._scratch is None or self._scratch[1] < nbytes:

@@ -19,9 +19,11 @@ _CTYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "int": ctypes
            "uint64_t": ctypes.c_uint64, "int64_t": ctypes.c_int64}
 
 
-def ctypes_fields(fields) -> list[tuple[str, type]]:
-    """ctypes ``_fields_`` of an ABI member table (pointers as 64-bit integers)."""
-    return [(f.name, ctypes.c_uint64 if f.ctype.endswith("*") else _CTYPES[f.ctype]) for f in fields]
+def ctypes_fields(fields, nested: dict | None = None) -> list[tuple[str, type]]:
+    """ctypes ``_fields_`` of an ABI member table (pointers as 64-bit integers; ``nested``: the
+    ctypes class of each struct type a member has by value)."""
+    types = dict(_CTYPES, **(nested or {}))
+    return [(f.name, ctypes.c_uint64 if f.ctype.endswith("*") else types[f.ctype]) for f in fields]
 
 
 class Conn(ctypes.Structure):
@@ -38,6 +40,36 @@ class ErrorRecord(ctypes.Structure):
 class Args(ctypes.Structure):
     """``struct hccc_args``, the kernels' single by-value argument."""
     _fields_ = ctypes_fields(abi.ARGS)
+
+
+class TableArgs(ctypes.Structure):
+    """``struct hccc_table_args``: the table mode's kernel argument (``hccc_args``, then the table)."""
+    _fields_ = ctypes_fields(abi.TABLE_ARGS, {"hccc_args": Args})
+
+
+class GridArgs(ctypes.Structure):
+    """``struct hccc_grid_args``: the one-grid entry's argument."""
+    _fields_ = ctypes_fields(abi.GRID_ARGS)
+
+
+class TableGridArgs(ctypes.Structure):
+    """``struct hccc_table_grid_args``: the table mode's one-grid argument."""
+    _fields_ = ctypes_fields(abi.TABLE_GRID_ARGS)
+
+
+#: ctypes class of every struct of the ABI by its C name
+STRUCT_CLASSES = {"hccc_args": Args, "hccc_conn": Conn, "hccc_error": ErrorRecord,
+                  "hccc_table_args": TableArgs, "hccc_grid_args": GridArgs,
+                  "hccc_table_grid_args": TableGridArgs}
+
+
+def grid_first(blocks) -> bytes:
+    """The one-grid block table (``hccc_grid_locate``'s ``first``) for ``blocks`` per rank: the
+    first block of every rank, then the total."""
+    n = [0]
+    for b in blocks:
+        n.append(n[-1] + int(b))
+    return bytes((_CTYPES[abi.GRID_FIRST] * len(n))(*n))
 
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
@@ -60,5 +92,6 @@ def conn_table(conns: list[tuple[int, int, int]]) -> bytes:
     return bytes(arr)[:ctypes.sizeof(Conn) * len(conns)] if conns else b""
 
 
-__all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "WAIT_DATA", "WAIT_SLOT",
+__all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "TableArgs", "GridArgs",
+           "TableGridArgs", "STRUCT_CLASSES", "grid_first", "WAIT_DATA", "WAIT_SLOT",
            "WAIT_DEP", "sizes", "op_name", "conn_table"]

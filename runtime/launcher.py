@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import struct
 import math
 import threading
 from dataclasses import dataclass, field, fields
@@ -58,15 +57,18 @@ from hccc.util.limits import printable
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
 from hccc.util.plural import plural
-from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
 
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
 from hccc.compiler.backend import abi
-from hccc.runtime.kernel_abi import WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, conn_table, op_name
+from hccc.runtime.kernel_abi import (WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, TableArgs,
+                                     grid_first, op_name)
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
+from hccc.runtime.ll_epoch import LLEpochs
+# the per-call recipe and what a rank owns (re-exported: callers import them from here too)
+from hccc.runtime.rank_memory import (LaunchCall, RankMemory, RankPlan, check_slice, grid_argument,
+                                      launch_proto, launch_slice_bytes)
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 
 #: the least time kernels get to end after the abort flag is raised by an interrupt or an error
@@ -181,63 +183,6 @@ def check_fifo_memory(name: str, plans, ranks=None) -> None:
                               f"bytes), over the limit of {limit / (1 << 30):.1f} GiB; use a smaller "
                               "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it",
                               need, limit)
-
-
-def launch_proto(ir: ProgramIR, proto: str, nbytes: int, chunk_bytes: int) -> tuple[str, str | None]:
-    """The FIFO protocol a launch of ``nbytes`` (full buffer) runs under ``proto`` = ``"auto"`` |
-    ``"simple"`` | ``"ll"`` (:func:`hccc.compiler.backend.abi.resolve_proto`), and why LL fell back to
-    Simple when it did (None otherwise). LL halves what a slot carries, so an MSCCL import proven only
-    with one micro-batch per chunk keeps Simple, and so does a slot whose share is under 16 bytes.
-    The one rule for every launcher (:class:`Runner`, :class:`~hccc.runtime.communicator.Communicator`;
-    the C++ host API's ``hccc_host_proto`` is its transcription). An LL launch runs without direct
-    mode (:meth:`Runner.run`): a direct write lands in the receiver's own buffer, which has no room
-    for LL's flag words."""
-    want = abi.resolve_proto(proto, nbytes)
-    if want == "simple":
-        return "simple", None
-    if ir.algorithm_level:
-        return "simple", (f"{ir.name} is proven with one micro-batch per chunk only (an MSCCL import): "
-                          "LL's half-size slots would cut it, so it runs Simple")
-    if abi.ll_share_bytes(slot_share_bytes(chunk_bytes, ir.max_step_chunks)) == 0:
-        return "simple", f"a slot share under 16 bytes holds no whole LL lines: {ir.name} runs Simple"
-    return "ll", None
-
-
-def launch_slice_bytes(ir: ProgramIR, nbytes: int, element_bytes: int, chunk_bytes: int, proto: str) -> int:
-    """The micro-batch slice (bytes) of an ``"auto"`` launch of ``nbytes`` (full buffer) of
-    ``element_bytes``-byte elements through slots of ``chunk_bytes`` under ``proto`` (``"simple"``
-    or ``"ll"``, :func:`launch_proto`): the slot capacity for a program proven only with one
-    micro-batch per chunk (:attr:`ProgramIR.algorithm_level`), else
-    :func:`hccc.compiler.passes.slicing.program_slice_bytes` within a chunk's share of a slot
-    (LL's half of it under LL, which the kernels cap the slice at). The one rule for every
-    launcher (:class:`Runner`, :class:`~hccc.runtime.communicator.Communicator`); the simulator
-    takes the same slice for a Simple call of a task-level program
-    (:func:`hccc.runtime.simulator.resolve_slice`; its algorithm-level baseline models MSCCL's own
-    runtime, which pipelines micro-batches, so it cuts an MSCCL import by the model too)."""
-    if ir.algorithm_level:
-        return int(chunk_bytes)
-    share = slot_share_bytes(chunk_bytes, ir.max_step_chunks)
-    if proto == "ll":
-        share = abi.ll_share_bytes(share) or share
-    return program_slice_bytes(ir, int(nbytes), share, int(element_bytes), "ll" if proto == "ll" else "simple")
-
-
-def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int) -> None:
-    """Refuse (ValueError) a micro-batch slice a program cannot run with: a program proven only
-    under the algorithm-level order (an MSCCL import, ``ProgramIR.algorithm_level``) runs in the
-    kernels' task-level order only with one micro-batch per chunk, so the slice must hold a whole
-    chunk of ``count`` elements; with more micro-batches its ranks would wait for each other."""
-    if not ir.algorithm_level or count <= 0:
-        return
-    from hccc.compiler.passes.slicing import micro_batches
-    m = micro_batches(count * element_bytes, ir.nchunks, slice_bytes, element_bytes)
-    if m > 1:
-        need = -(-count // max(1, ir.nchunks)) * element_bytes
-        raise ValueError(
-            f"{ir.name} is proven only under the MSCCL runtimes' algorithm-level order, which hccc's "
-            f"kernels follow with one micro-batch per chunk; a slice of {slice_bytes} bytes cuts the "
-            f"{need}-byte chunks of a {count}-element call into {m} micro-batches, which would stick: "
-            f"it needs a slice and FIFO slot (--chunk-size) of at least {-(-need // 16) * 16} bytes")
 
 
 _EXACT = {d.name: d.exact for d in dtypes_table.DTYPES}
@@ -370,101 +315,6 @@ def _platform_label(backend) -> str:
 
 
 # ============================================================================ what one rank owns
-@dataclass(frozen=True)
-class RankPlan:
-    """The size-independent memory rank ``rank`` owns, as sizes and offsets: the same numbers in
-    every process (they come from the manifest), so a peer can locate a FIFO or a counter inside
-    memory it mapped from this rank.
-
-    Layout (:mod:`hccc.compiler.backend.abi`, the one source of it; both blocks in memory the
-    peers reach): a control block of :attr:`ctrl_bytes` (``abi.CTRL_REGIONS``: the tail of each
-    receive connection, the head of each send connection, the head of each receive connection
-    nobody sends on, the progress counters) and a slot block: receive connection ``j``'s ``nslots
-    * slot_bytes`` bytes at ``j *`` :attr:`fifo_bytes`. Sends nobody receives go to a FIFO of the
-    sender's own (:attr:`orphan_bytes`: an ``abi.ORPHAN_HEADER``-byte header holding its
-    ``tail``, then the slots). Counters and orphan headers must be zero at launch
-    (:meth:`RankMemory.reset`).
-
-    Channels (manifest ``nchannels`` = K): the connections and progress counters here are every
-    channel's, the manifest's one-channel lists K times (channel ``c``'s copy names its channel
-    ``channel + c * stride``, :func:`~hccc.compiler.backend.codegen.replicated_conns`), in the
-    order the kernels index them."""
-
-    rank: int
-    recv_conns: tuple[tuple[int, int], ...]    # (sending peer, channel), manifest order
-    send_conns: tuple[tuple[int, int], ...]    # (receiving peer, channel), manifest order
-    progress_slots: int
-    nslots: int
-    slot_bytes: int                            # one FIFO slot (manifest ``slot_bytes``)
-
-    @classmethod
-    def from_manifest(cls, manifest: dict, rank: int) -> "RankPlan":
-        from hccc.compiler.backend.codegen import channel_stride, replicated_conns
-        e = manifest["ranks"][rank]
-        nch = max(1, int(manifest.get("nchannels", 1)))
-        stride = 1
-        if nch > 1:   # the manifest's own, else computed (one scan of every rank's connections)
-            stride = int(manifest.get("channel_stride") or channel_stride(manifest["ranks"]))
-        return cls(rank=rank,
-                   recv_conns=tuple(replicated_conns(e["recv_conns"], nch, stride)),
-                   send_conns=tuple(replicated_conns(e["send_conns"], nch, stride)),
-                   progress_slots=nch * int(e["progress_slots"]),
-                   nslots=int(manifest["nslots"]),
-                   slot_bytes=int(manifest.get("slot_bytes", manifest["chunk_bytes"])))
-
-    @property
-    def fifo_bytes(self) -> int:
-        """Bytes of one connection's slots."""
-        return self.nslots * self.slot_bytes
-
-    @property
-    def ctrl_bytes(self) -> int:
-        return abi.ctrl_bytes(len(self.recv_conns), len(self.send_conns), self.progress_slots)
-
-    @property
-    def slots_bytes(self) -> int:
-        """Bytes of the slot block (at least one connection's, so it is never empty)."""
-        return max(len(self.recv_conns), 1) * self.fifo_bytes
-
-    @property
-    def orphan_bytes(self) -> int:
-        return abi.ORPHAN_HEADER + self.fifo_bytes
-
-    def _ctrl(self, region: str, i: int) -> int:
-        return abi.ctrl_offset(region, i, len(self.recv_conns), len(self.send_conns))
-
-    @property
-    def progress_offset(self) -> int:
-        return self._ctrl("progress", 0)
-
-    def tail_offset(self, j: int) -> int:
-        return self._ctrl("tail", j)
-
-    def send_head_offset(self, k: int) -> int:
-        return self._ctrl("send_head", k)
-
-    def unsent_head_offset(self, j: int) -> int:
-        return self._ctrl("unsent_head", j)
-
-    def recv_index(self, peer: int, channel: int) -> int | None:
-        """Index of the receive connection from ``peer`` on ``channel`` (None: not received)."""
-        try:
-            return self.recv_conns.index((int(peer), int(channel)))
-        except ValueError:
-            return None
-
-    def send_index(self, peer: int, channel: int) -> int | None:
-        """Index of the send connection to ``peer`` on ``channel`` (None: nothing sent)."""
-        try:
-            return self.send_conns.index((int(peer), int(channel)))
-        except ValueError:
-            return None
-
-    def peers(self) -> set[int]:
-        """Ranks whose memory this rank's connection tables point into."""
-        return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
-
-
 def fit_block_threads(block: int, platform: str, fits, least: int | None = None) -> tuple[int, str | None]:
     """The most threads per block, from ``block`` halving down to ``least`` (default: one warp of
     ``platform``, "cuda" / "hip"; the running platform's :meth:`Platform.least_block_threads`),
@@ -483,79 +333,6 @@ def fit_block_threads(block: int, platform: str, fits, least: int | None = None)
 def rank_blocks(manifest: dict, entry: dict) -> int:
     """Blocks of a rank's launch: ``nchannels`` x its thread blocks (manifest ``blocks``)."""
     return int(entry.get("blocks", max(1, int(manifest.get("nchannels", 1))) * int(entry["tbs"])))
-
-
-class RankMemory:
-    """Allocates and connects what one rank owns: its control block and slot block (through
-    ``malloc``: memory the peers reach, e.g. :meth:`Platform.malloc_peer` or memory another
-    process maps), the FIFOs of sends nobody receives (through ``malloc_orphan``, default
-    ``malloc``) and its two connection tables (through ``malloc_local``, default ``malloc``; by
-    :meth:`connect`). The single-process :class:`Runner` makes one per rank; a one-rank-per-process
-    :class:`~hccc.runtime.communicator.Communicator` makes its own and reaches its peers through
-    memory mapped from them."""
-
-    def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None,
-                 malloc_orphan=None):
-        self.plan, self.platform = plan, platform
-        self._malloc_local = malloc_local or malloc
-        self._malloc_orphan = malloc_orphan or malloc
-        self.ctrl = malloc(plan.ctrl_bytes)
-        self.slots = malloc(plan.slots_bytes)
-        self.progress = self.ctrl + plan.progress_offset
-        self.orphans: list[int] = []      # FIFOs of unreceived sends: a header, then slots
-        self.send_tab: int | None = None
-        self.recv_tab: int | None = None
-        self.send_conns: list[tuple[int, int, int]] = []
-        self.recv_conns: list[tuple[int, int, int]] = []
-
-    def connect(self, plans, locate) -> None:
-        """Write and upload the connection tables. ``plans``: every rank's :class:`RankPlan`;
-        ``locate(peer)`` gives the (control block, slot block) addresses of ``peer``'s memory in
-        this process (called for the peers of :meth:`RankPlan.peers` only; for this rank itself
-        the own blocks are used)."""
-        plan, me = self.plan, self.plan.rank
-
-        def blocks(r: int) -> tuple[int, int]:
-            return (self.ctrl, self.slots) if r == me else tuple(int(x) for x in locate(r))
-
-        recv = []
-        for j, (peer, ch) in enumerate(plan.recv_conns):
-            k = plans[peer].send_index(me, ch)
-            head = (blocks(peer)[0] + plans[peer].send_head_offset(k) if k is not None
-                    else self.ctrl + plan.unsent_head_offset(j))
-            recv.append((self.slots + j * plan.fifo_bytes, head, self.ctrl + plan.tail_offset(j)))
-        send = []
-        for k, (peer, ch) in enumerate(plan.send_conns):
-            head = self.ctrl + plan.send_head_offset(k)
-            j = plans[peer].recv_index(me, ch)
-            if j is not None:
-                ctrl, slots = blocks(peer)
-                send.append((slots + j * plans[peer].fifo_bytes, head,
-                             ctrl + plans[peer].tail_offset(j)))
-            else:
-                fifo = self._malloc_orphan(plan.orphan_bytes)
-                self.orphans.append(fifo)
-                send.append((fifo + abi.ORPHAN_HEADER, head, fifo))
-        self.send_conns, self.recv_conns = send, recv
-        tabs = []
-        for conns in (send, recv):
-            blob = conn_table(conns)
-            ptr = self._malloc_local(max(len(blob), 8))
-            if blob:
-                self.platform.memcpy_htod(ptr, blob)
-            tabs.append(ptr)
-        self.send_tab, self.recv_tab = tabs
-
-    def reset(self, slots: bool = False) -> None:
-        """Zero what the kernels need zeroed at launch: the control block (tails, heads, progress
-        counters) and the orphan FIFOs' headers; with ``slots`` the FIFO slots too, which an LL
-        launch needs only when :class:`~hccc.runtime.ll_epoch.LLEpochs` says so (the first LL
-        launch, one after Simple launches, and when the flag epochs wrap)."""
-        self.platform.memset(self.ctrl, 0, self.plan.ctrl_bytes)
-        if slots:
-            self.platform.memset(self.slots, 0, self.plan.slots_bytes)
-        for fifo in self.orphans:
-            self.platform.memset(fifo, 0, abi.ORPHAN_HEADER + (self.plan.fifo_bytes if slots else 0))
 
 
 class Runner:
@@ -847,12 +624,12 @@ class Runner:
             # the one-grid entry's argument: every rank's kernel argument, in one array on the
             # device (filled per run); the table mode's entry also reads the first block of
             # each rank from device memory (the specialised entry has it compiled in)
-            self._grid_arg_bytes = ctypes.sizeof(Args) + (8 if self.table_ptr else 0)
+            self._grid_arg_bytes = ctypes.sizeof(TableArgs if self.table_ptr else Args)
             self.grid_args_ptr = self._malloc(0, N * self._grid_arg_bytes)
             if self.table_ptr:
-                first = np.r_[0, np.cumsum(self.grid)].astype(np.int32)
-                self.grid_first_ptr = self._malloc(0, first.nbytes)
-                self.rank_pf[0].memcpy_htod(self.grid_first_ptr, first)
+                first = grid_first(self.grid)
+                self.grid_first_ptr = self._malloc(0, len(first))
+                self.rank_pf[0].memcpy_htod(self.grid_first_ptr, np.frombuffer(first, np.uint8))
 
     def _grid_function(self, man: dict, inst: Instance):
         """The one-grid entry to launch (see the class docstring's ``one_grid``), or None."""
@@ -882,10 +659,7 @@ class Runner:
         except (OSError, TableFormatError) as exc:
             raise PlatformError(f"cannot use the tables of {self.ir.name}: {exc}") from None
         for r in range(self.nranks):
-            section = bytes(tables[r][1])
-            ptr = self._malloc(r, len(section))
-            self.rank_pf[r].memcpy_htod(ptr, section)
-            self.table_ptr.append(ptr)
+            self.table_ptr.append(self.rank_mem[r].load_table(tables[r][1]))
 
     def _fit_threads(self, auto: bool) -> None:
         """Check that every block of the run can be resident at once; with ``auto`` threads (no
@@ -996,17 +770,10 @@ class Runner:
         if iters < 1 or warmup < 0:
             raise ValueError("iters must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        proto_run, self.proto_note = launch_proto(self.ir, proto, count * es, self.chunk_bytes)
-        if slice_bytes == "auto":
-            # an MSCCL import proven only under the algorithm-level order gets one micro-batch per
-            # chunk (the slot size its caller chose), where that order and the kernels' coincide
-            slice_b = launch_slice_bytes(self.ir, count * es, es, self.chunk_bytes, proto_run)
-        else:
-            slice_b = int(slice_bytes)
-            if slice_b <= 0 or slice_b % 16 or slice_b > self.chunk_bytes:
-                raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
-                                 f"the slot size {self.chunk_bytes}")
-        check_slice(self.ir, count, es, slice_b)
+        # the call's protocol, slice and message bound: the one recipe (hccc.runtime.rank_memory)
+        call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
+        proto_run, slice_b, self.proto_note = call.proto, call.slice_bytes, call.note
+        call.check(self.ir)
         block = self.block if nthreads is None else int(nthreads)
         if block < 1:
             raise ValueError("nthreads must be positive")
@@ -1068,16 +835,9 @@ class Runner:
                 own.append(scr_p)
                 bufs.append((in_p, out_p, scr_p, own))
 
-            argv = []
-            for r in range(N):
-                in_p, out_p, scr_p, _ = bufs[r]
-                pf = self.rank_pf[r]
-                argv.append(Args(input=in_p, output=out_p, scratch=scr_p, count=count,
-                                 send_conns=self.send_tab[r], recv_conns=self.recv_tab[r],
-                                 progress=self.prog_ptr[r], abort_flag=self.abort_ptr, error=self.error_ptr,
-                                 timeout=int(timeout * 1e6 * pf.ticks_per_us) if timeout > 0 else 0,
-                                 slice_bytes=slice_b,
-                                 proto=abi.PROTOS[1][1] if proto_run == "ll" else abi.PROTOS[0][1]))
+            argv = [m.args(call, input=bufs[r][0], output=bufs[r][1], scratch=bufs[r][2],
+                           abort_flag=self.abort_ptr, error=self.error_ptr, timeout_s=timeout)
+                    for r, m in enumerate(self.rank_mem)]
             if proto_run == "ll":
                 # LL: every message through the FIFO as lines (no peers array, so the kernels'
                 # direct-marked primitives take the FIFO path; both ends of a message agree)
@@ -1088,25 +848,20 @@ class Runner:
                                        "receiver's buffer, which has no room for LL's flags)")
             else:
                 self._set_peers(argv, bufs)
-            msgs = ll_messages_bound(ir.nprims, count, ir.nchunks, es, self.chunk_bytes,
-                                     slot_share_bytes(self.chunk_bytes, ir.max_step_chunks), slice_b)
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
             times, stuck = [], None
             for it in range(warmup + iters):
                 # every launch of an LL run gets the next flag epoch (its arguments change with it)
-                epoch, zero = self.ll_epochs.launch(proto_run, msgs)
-                args = []
-                for r, a in enumerate(argv):
+                epoch, zero = call.launch(self.ll_epochs)
+                for a in argv:
                     a.ll_epoch = epoch
-                    # table mode: the generic kernels take the rank's table address after hccc_args
-                    tail = self.table_ptr[r].to_bytes(8, "little") if self.table_ptr else b""
-                    args.append(bytes(a) + tail)
+                args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
                 grid_arg = None
                 if self.grid_fn is not None:
                     blob = b"".join(args)
                     self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
-                    grid_arg = (struct.pack("<QQQ", self.grid_args_ptr, self.grid_first_ptr, N)
-                                if self.table_ptr else struct.pack("<QQ", self.grid_args_ptr, N))
+                    grid_arg = grid_argument(self.grid_args_ptr, N,
+                                             self.grid_first_ptr if self.table_ptr else None)
                 self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=zero)
                 timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)

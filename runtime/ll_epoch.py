@@ -4,8 +4,9 @@ Under LL the receiver takes a line of a slot once its flag is the one it awaits
 (:func:`hccc.compiler.backend.abi.ll_flag`: the message's index ``k`` on its connection plus
 ``LL_FLAG_BASE`` plus the launch's epoch ``e`` times ``2**LL_EPOCH_SHIFT``). Message indices start
 at 0 in every launch, so without the epoch a line left in a slot by an earlier launch could carry
-the flag a later launch awaits. The rule every launcher follows (:class:`LLEpochs`; the C++ host
-API's ``hccc_host_reset`` is its transcription):
+the flag a later launch awaits. The rule every launcher follows (:class:`LLEpochs`; when to zero
+is :data:`hccc.compiler.backend.abi.LL_ZERO_WHEN`, which the C++ host API's ``hccc_host_reset`` is
+rendered from):
 
 * every LL launch gets the next epoch, 0, 1, ..., ``LL_EPOCHS - 1``; a launch that posts at most
   ``LL_EPOCH_MESSAGES`` messages on a connection writes flags in ``e * 2**LL_EPOCH_SHIFT + [1,
@@ -64,7 +65,7 @@ class LLEpochs:
             self.dirty = True
             return 0, False
         wide = int(messages) > abi.LL_EPOCH_MESSAGES
-        zero = self.dirty or wide or self.next >= self.epochs
+        zero = abi.ll_zero(dirty=self.dirty, wide=wide, wrapped=self.next >= self.epochs)
         if zero:
             self.next = 0
             self.zeroings += 1

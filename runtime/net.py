@@ -215,8 +215,8 @@ class _Mirror:
 class NetLink:
     """This rank's cross-node connections: transport, mirrors, rewritten connection tables.
 
-    ``nodes``: node per rank; ``plans``: every rank's :class:`~hccc.runtime.launcher.RankPlan`;
-    ``mem``: this rank's :class:`~hccc.runtime.launcher.RankMemory` (before ``connect``);
+    ``nodes``: node per rank; ``plans``: every rank's :class:`~hccc.runtime.rank_memory.RankPlan`;
+    ``mem``: this rank's :class:`~hccc.runtime.rank_memory.RankMemory` (before ``connect``);
     ``host_seg``: address of this rank's host segment; ``exchange(data, tag)``: the bootstrap's
     all-gather; ``alloc_slots`` / ``alloc_words``: memory for the FIFO mirrors (the kernel writes
     them) and the mirror words (the kernel and the progress thread both touch them)."""

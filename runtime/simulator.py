@@ -14,8 +14,9 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
   capacity, or with ``slice_bytes="auto"`` the slice of the kernels' model that the launchers use
   too (:func:`hccc.compiler.passes.slicing.auto_slice_bytes` with the program's critical path,
   channels and policy; what ``hccc sim`` and the benchmarks use).
-* Connections are FIFOs of ``NSLOTS = 8`` slots. The k-th slot written on a connection is the k-th
-  read; a sender blocks while 8 slots are unread, a receiver until its slot is visible. A unit
+* Connections are FIFOs of ``NSLOTS`` slots (the kernel ABI's,
+  :data:`hccc.compiler.backend.abi.NSLOTS`). The k-th slot written on a connection is the k-th
+  read; a sender blocks while ``NSLOTS`` slots are unread, a receiver until its slot is visible. A unit
   starts once the TB's cross-TB dependencies for that micro-batch are met (``deps``), its receive
   slot is visible and its send slot is free.
 * Costs of a unit: a reducing primitive first reduces the slice on its rank's reduction unit
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.compiler.passes.slicing import (DEFAULT_SLOT_BYTES, SLICE_ALIGN, CriticalPath, SlicePolicy, auto_slice_bytes,
                                           slot_share_bytes)
@@ -59,7 +61,6 @@ from hccc.runtime.sim_model import (DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, G
                                     flow_classes, geometry, lower_bound, prepare, resource_bytes)
 from hccc.util import clock
 
-NSLOTS = 8
 #: Default bound on the slices one simulation may process (about a minute of engine time).
 MAX_UNITS = 200_000_000
 EXECUTIONS = ("task", "algorithm")

@@ -1,5 +1,5 @@
 """One source for the kernel ABI (hccc.compiler.backend.abi): the emitted headers, the rank sources,
-the host structures (hccc.runtime.kernel_abi), the memory layout (hccc.runtime.launcher.RankPlan)
+the host structures (hccc.runtime.kernel_abi), the memory layout (hccc.runtime.rank_memory.RankPlan)
 and the C++ host API (hccc_host.h) agree, as the C++ compiler sees them; a planted mismatch in
 any of them is caught; the manifest records the ABI version and loading an OUTDIR checks it.
 
@@ -28,7 +28,7 @@ from hccc.compiler.frontend.load import load_rccl
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import kernel_abi
-from hccc.runtime.launcher import RankPlan
+from hccc.runtime.rank_memory import RankPlan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CXX = shutil.which("g++")

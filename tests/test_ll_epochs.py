@@ -91,6 +91,27 @@ def test_the_rule_written_out():
         LLEpochs(abi.LL_EPOCHS + 1)
 
 
+def test_the_zeroing_rule_has_one_statement(tmp_path, monkeypatch):
+    """When to zero is abi.LL_ZERO_WHEN: LLEpochs evaluates it and hccc_host_reset is rendered from
+    it (the emitted header holds its C condition; a term added to the rule changes the header and
+    stops LLEpochs, which does not give it, rather than letting the two drift)."""
+    from hccc.compiler.backend.codegen import generate
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=1024)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    generate(ir, tmp_path / "a", platforms=["cuda"] * 2)
+    host = (tmp_path / "a" / "hccc_host.h").read_text()
+    assert f"ll = {abi.ll_zero_c()};" in host
+    assert abi.ll_zero_c() == "(c->ll_dirty) || (wide) || (c->ll_next >= HCCC_HOST_LL_EPOCHS)"
+    with pytest.raises(KeyError):
+        abi.ll_zero(dirty=True, wide=False)
+    monkeypatch.setattr(abi, "LL_ZERO_WHEN", abi.LL_ZERO_WHEN + (("cold", "planted", "c->cold"),))
+    generate(ir, tmp_path / "b", platforms=["cuda"] * 2)
+    assert "(c->cold)" in (tmp_path / "b" / "hccc_host.h").read_text()
+    with pytest.raises(KeyError, match="cold"):
+        LLEpochs().launch("ll", 1)
+
+
 def test_message_bound_covers_the_kernels_micro_batches():
     """ll_messages_bound: primitives x micro-batches, the slice capped at LL's half share."""
     # 4 primitives, 1000 float32 over 2 chunks (500 each), 1024-byte slot of one chunk's share:

@@ -2,9 +2,11 @@
 
 This module is the one source of those facts. The templates render them (``hccc_prims.h``: the
 version, the argument / connection / error-record structs, the primitive descriptor and the
-macros that fill it; ``hccc_host.h``: the control-block layout), code generation writes the
+macros that fill it; the launch arguments of the table mode and the one-grid entries,
+:data:`LAUNCH_STRUCTS`, declared in ``hccc_prims.h`` / ``hccc_table.h`` and checked against these
+records; ``hccc_host.h``: the control-block layout), code generation writes the
 primitive calls in the macros' argument order (:func:`pd_call_fields`), and the runtime
-(:mod:`hccc.runtime.kernel_abi`, :class:`hccc.runtime.launcher.RankPlan`) packs arguments and lays
+(:mod:`hccc.runtime.kernel_abi`, :class:`hccc.runtime.rank_memory.RankPlan`) packs arguments and lays
 out memory from the same tables. ``tests/test_kernel_abi_source.py`` compiles the rendered headers
 against these tables, so a header or a host structure edited by hand fails.
 
@@ -71,6 +73,16 @@ LL_EPOCHS = 1 << (32 - LL_EPOCH_SHIFT)
 #: launch that may post more (:func:`hccc.runtime.ll_epoch.ll_messages_bound`) zeroes the slots before
 #: it and makes the next LL launch zero them too
 LL_EPOCH_MESSAGES = (1 << LL_EPOCH_SHIFT) - LL_FLAG_BASE
+#: when an LL launch zeroes the FIFO slots first and starts the epochs again at 0: when any of these
+#: holds (name, meaning, the C expression ``hccc_host_reset`` tests). The one statement of the rule:
+#: :class:`hccc.runtime.ll_epoch.LLEpochs` evaluates it through :func:`ll_zero`, and ``hccc_host.h``
+#: is rendered with :func:`ll_zero_c`
+LL_ZERO_WHEN: tuple[tuple[str, str, str], ...] = (
+    ("dirty", "the slots may hold something other than LL lines of the epochs since the last zeroing "
+              "(set-up, a Simple launch, a launch past LL_EPOCH_MESSAGES)", "c->ll_dirty"),
+    ("wide", "this launch may post more than LL_EPOCH_MESSAGES messages on a connection", "wide"),
+    ("wrapped", "every epoch since the last zeroing is taken", "c->ll_next >= HCCC_HOST_LL_EPOCHS"),
+)
 #: ``--proto auto`` runs LL up to this many bytes of the collective's full buffer, Simple above:
 #: the crossover ``benchmarks/kernel_model.py`` predicts (LL's half-size slots and data-in-flag
 #: polling win while a message's sync costs more than its bytes)
@@ -91,6 +103,20 @@ def ll_share_bytes(share: int) -> int:
 def ll_flag(k: int, epoch: int) -> int:
     """The flag of every line of message ``k`` on a connection in a launch of LL epoch ``epoch``."""
     return (int(k) + LL_FLAG_BASE + (int(epoch) << LL_EPOCH_SHIFT)) % (1 << 32)
+
+
+def ll_zero(**terms: bool) -> bool:
+    """Whether an LL launch zeroes the slots first, given every term of :data:`LL_ZERO_WHEN` by
+    name (KeyError when a term is missing or unknown: a caller cannot drift from the rule)."""
+    names = [n for n, _, _ in LL_ZERO_WHEN]
+    if sorted(terms) != sorted(names):
+        raise KeyError(f"the LL zeroing rule takes {', '.join(names)}, not {', '.join(sorted(terms))}")
+    return any(bool(terms[n]) for n in names)
+
+
+def ll_zero_c() -> str:
+    """:data:`LL_ZERO_WHEN` as one C condition (``hccc_host_reset``)."""
+    return " || ".join(f"({c})" for _, _, c in LL_ZERO_WHEN)
 
 
 def resolve_proto(proto: str, nbytes: int) -> str:
@@ -157,6 +183,33 @@ ARGS: tuple[CField, ...] = (
 )
 
 STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
+
+# ---------------------------------------------------------------------------- launch arguments
+#: ``struct hccc_table_args`` (``hccc_table.h``): the table mode's kernel argument, the rank's
+#: ``hccc_args`` followed by the address of its table in its memory
+TABLE_ARGS: tuple[CField, ...] = (
+    CField("a", "hccc_args", "the rank's kernel arguments"),
+    CField("table", "const hccc_table_head*", "the rank's table (a section of the .table file)"),
+)
+#: ``struct hccc_grid_args`` (``hccc_prims.h``): the one-grid entry's argument, every rank's
+#: ``hccc_args`` in one device array (the entry has each rank's first block compiled in)
+GRID_ARGS: tuple[CField, ...] = (
+    CField("ranks", "const hccc_args*", "every rank's hccc_args, an array in device memory"),
+    CField("nranks", "int64_t", "must equal the ranks the entry was generated for"),
+)
+#: ``struct hccc_table_grid_args`` (``hccc_table.h``): the table mode's one-grid argument, every
+#: rank's ``hccc_table_args`` and the block table ``first`` (:data:`GRID_FIRST`) in device memory
+TABLE_GRID_ARGS: tuple[CField, ...] = (
+    CField("ranks", "const hccc_table_args*", "every rank's hccc_table_args, an array in device memory"),
+    CField("first", "const int32_t*", "first block of each rank, nranks + 1 entries"),
+    CField("nranks", "int64_t"),
+)
+#: C type of an entry of the one-grid block table (``hccc_grid_locate``'s ``first``: rank r's
+#: blocks are ``first[r] .. first[r + 1] - 1``)
+GRID_FIRST = "int32_t"
+#: the arguments a launch passes by value or through device memory besides ``hccc_args``
+LAUNCH_STRUCTS: dict[str, tuple[CField, ...]] = {
+    "hccc_table_args": TABLE_ARGS, "hccc_grid_args": GRID_ARGS, "hccc_table_grid_args": TABLE_GRID_ARGS}
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
 WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3))
@@ -318,8 +371,9 @@ def c_enums() -> str:
 
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
-           "LL_EPOCH_MESSAGES", "ll_flag", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
-           "CONN", "ERROR", "ARGS", "STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
+           "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
+           "CONN", "ERROR", "ARGS", "STRUCTS",
+           "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",
            "c_enums", "manifest_abi_error"]

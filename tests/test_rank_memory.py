@@ -1,0 +1,202 @@
+"""The one executor of rank memory (hccc.runtime.rank_memory): the launch arguments it packs have
+the layout the emitted C++ declares, and the per-call recipe it computes once is the one the
+launchers follow.
+
+The oracle for the layouts is g++: ``offsetof`` / ``sizeof`` of ``hccc_table_args``,
+``hccc_grid_args`` and ``hccc_table_grid_args`` in a probe compiled against the emitted headers,
+and a probe program that reads the packed bytes through those structs and prints their members."""
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hccc.compiler.backend import abi
+from hccc.compiler.backend.table_codegen import generate_table
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.runtime import kernel_abi
+from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan, grid_argument, launch_slice_bytes
+
+CXX = shutil.which("g++")
+needs_gxx = pytest.mark.skipif(CXX is None, reason="g++ not installed")
+_LAUNCH = {"hccc_table_args": kernel_abi.TableArgs, "hccc_grid_args": kernel_abi.GridArgs,
+           "hccc_table_grid_args": kernel_abi.TableGridArgs}
+
+
+@pytest.fixture(scope="module")
+def headers(tmp_path_factory):
+    """The table mode's headers (hccc_prims.h with hccc_grid_args, hccc_table.h with the table
+    structs), emitted for CUDA."""
+    d = tmp_path_factory.mktemp("launch_abi")
+    generate_table(build_program(gen.ring_allgather(2), chunk_bytes=64), d, platforms=["cuda"] * 2)
+    return d
+
+
+def _gxx(d: Path, src: str, *args) -> subprocess.CompletedProcess:
+    f = d / "probe.cpp"
+    f.write_text(src)
+    return subprocess.run([CXX, "-std=c++17", "-DHCCC_PLATFORM_CPU=1", f"-I{d}", *args, str(f)],
+                          capture_output=True, text=True)
+
+
+def _layout_probe() -> str:
+    lines = ["#include <stddef.h>", '#include "hccc_table.h"']
+    for name, cls in _LAUNCH.items():
+        lines.append(f"static_assert(sizeof({name}) == {ctypes.sizeof(cls)}, \"sizeof {name}\");")
+        for fname, _ in cls._fields_:
+            lines.append(f"static_assert(offsetof({name}, {fname}) == {getattr(cls, fname).offset}, "
+                         f"\"{name}.{fname}\");")
+    lines.append(f"static_assert(sizeof(hccc_table_grid_args::first[0]) == "
+                 f"{ctypes.sizeof(kernel_abi._CTYPES[abi.GRID_FIRST])}, \"first\");")
+    return "\n".join(lines) + "\n"
+
+
+def test_launch_records_are_the_abi_s():
+    """The ctypes classes are built from the ABI's records, member for member."""
+    for name, cls in _LAUNCH.items():
+        assert [f for f, _ in cls._fields_] == [f.name for f in abi.LAUNCH_STRUCTS[name]]
+    assert kernel_abi.TableArgs.a.size == ctypes.sizeof(kernel_abi.Args)
+
+
+@needs_gxx
+def test_launch_structs_match_the_emitted_headers(headers, tmp_path):
+    res = _gxx(headers, _layout_probe(), "-fsyntax-only")
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@needs_gxx
+@pytest.mark.parametrize("plant", ["table_grid", "grid"])
+def test_planted_launch_struct_mismatch_is_caught(headers, tmp_path, plant):
+    """A header edited by hand (two members of a grid argument swapped) no longer compiles
+    against the host's records."""
+    for f in headers.iterdir():
+        if f.suffix == ".h":
+            (tmp_path / f.name).write_text(f.read_text())
+    name = "hccc_table.h" if plant == "table_grid" else "hccc_prims.h"
+    h = (tmp_path / name).read_text()
+    if plant == "table_grid":
+        h2 = h.replace("  const int32_t* first;\n  int64_t nranks;\n", "  int64_t nranks;\n  const int32_t* first;\n")
+    else:
+        h2 = re.sub(r"(  const hccc_args\* ranks;\n)(  int64_t nranks;[^\n]*\n)", r"\2\1", h)
+    assert h2 != h
+    (tmp_path / name).write_text(h2)
+    res = _gxx(tmp_path, _layout_probe(), "-fsyntax-only")
+    assert res.returncode != 0
+
+
+_READ_PROBE = r"""
+#include "hccc_table.h"
+#include <stdio.h>
+#include <string.h>
+int main(int argc, char** argv) {
+  unsigned char buf[256];
+  FILE* f = fopen(argv[1], "rb");
+  const size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  hccc_grid_args g; hccc_table_grid_args t; hccc_table_args a;
+  if (n == sizeof g) { memcpy(&g, buf, n); printf("grid %llu %lld\n", (unsigned long long)g.ranks, (long long)g.nranks); }
+  if (n == sizeof t) { memcpy(&t, buf, n); printf("table_grid %llu %llu %lld\n", (unsigned long long)t.ranks,
+                                                  (unsigned long long)t.first, (long long)t.nranks); }
+  if (n == sizeof a) { memcpy(&a, buf, n); printf("table_args %llu %llu %llu %u %llu\n", (unsigned long long)a.a.input,
+                                                  (unsigned long long)a.a.count, (unsigned long long)a.a.proto,
+                                                  a.a.ll_epoch, (unsigned long long)a.table); }
+  return 0;
+}
+"""
+
+
+class _Memory:
+    """A platform that hands out distinct fake addresses and records what it is asked."""
+    name, ticks_per_us = "fake", 1000.0
+
+    def __init__(self):
+        self.next, self.sizes, self.copies = 1 << 20, [], {}
+
+    def malloc(self, n):
+        self.sizes.append(int(n))
+        self.next += 1 << 12
+        return self.next
+
+    def memcpy_htod(self, ptr, blob):
+        self.copies[ptr] = bytes(blob)
+
+
+@needs_gxx
+def test_packed_arguments_read_back_through_the_emitted_structs(headers, tmp_path):
+    """What the runtime packs (the grid arguments, a table-mode kernel argument) is what the C++
+    structs read: a probe program compiled against the emitted headers prints the members."""
+    exe = tmp_path / "readback"
+    res = _gxx(headers, _READ_PROBE, "-pthread", "-o", str(exe))
+    assert res.returncode == 0, res.stderr[-3000:]
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
+    man = json.loads((headers / "manifest.json").read_text())
+    plans = [RankPlan.from_manifest(man, r) for r in range(2)]
+    pf = _Memory()
+    mem = RankMemory(plans[0], pf, pf.malloc)
+    mem.connect(plans, lambda peer: (0x7000000, 0x8000000))
+    table = mem.load_table(b"\x01" * 24)
+    call = LaunchCall.plan(ir, 1000, 4, ir.chunk_bytes, proto="ll")
+    args = mem.args(call, input=0x1234, output=0x5678, scratch=0, abort_flag=1, error=2, timeout_s=0,
+                    epoch=77)
+    cases = [(grid_argument(0xABCDEF0, 3), "grid 180150000 3"),
+             (grid_argument(0xABCDEF0, 5, first=0x2000), "table_grid 180150000 8192 5"),
+             (mem.argument(args), f"table_args 4660 1000 {call.proto_code} 77 {table}")]
+    assert call.proto == "ll" and call.proto_code == dict(abi.PROTOS)["LL"]
+    for blob, want in cases:
+        (tmp_path / "arg.bin").write_bytes(blob)
+        out = subprocess.run([str(exe), str(tmp_path / "arg.bin")], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        assert out == want
+
+
+def test_table_upload_never_allocates_zero_bytes():
+    """The rank's table is allocated at least 8 bytes (a 0-byte device allocation is a null
+    pointer on CUDA / HIP) and copied whole."""
+    plan = RankPlan(rank=0, recv_conns=(), send_conns=(), progress_slots=1, nslots=abi.NSLOTS,
+                    slot_bytes=64)
+    pf = _Memory()
+    mem = RankMemory(plan, pf, pf.malloc)
+    before = len(pf.sizes)
+    assert mem.load_table(b"") and pf.sizes[before:] == [8]
+    ptr = mem.load_table(b"x" * 40)
+    assert pf.sizes[-1] == 40 and pf.copies[ptr] == b"x" * 40 and mem.table == ptr
+
+
+def test_launch_call_is_the_one_recipe():
+    """The call's values: the slot's whole capacity for an algorithm-level program, a fixed slice
+    checked, LL refused where the launcher says so, and a new LL epoch per launch."""
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=4096)
+    auto = LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, proto="simple")
+    assert auto.slice_bytes == launch_slice_bytes(ir, 4 << 16, 4, ir.chunk_bytes, "simple")
+    assert LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, slice_bytes=256).slice_bytes == 256
+    for bad in (0, 24, ir.chunk_bytes + 16):
+        with pytest.raises(ValueError, match="multiple of 16"):
+            LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, slice_bytes=bad)
+    refused = LaunchCall.plan(ir, 64, 4, ir.chunk_bytes, proto="ll", ll_refused="no LL here")
+    assert (refused.proto, refused.note) == ("simple", "no LL here")
+    ll = LaunchCall.plan(ir, 64, 4, ir.chunk_bytes, proto="auto")
+    assert ll.proto == "ll" and ll.note is None
+    epochs = LLEpochs()
+    assert [ll.launch(epochs) for _ in range(3)] == [(0, True), (1, False), (2, False)]
+    assert refused.launch(epochs) == (0, False) and ll.launch(epochs) == (0, True)
+    # a program proven under the algorithm-level order only (an MSCCL import): Simple, one
+    # micro-batch per chunk, and a slice that cuts its chunks refused
+    ir.stats = dict(ir.stats or {}, execution="algorithm")
+    call = LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, proto="ll")
+    assert call.proto == "simple" and "one micro-batch per chunk" in call.note
+    assert call.slice_bytes == ir.chunk_bytes
+    with pytest.raises(ValueError, match="micro-batches"):
+        LaunchCall.plan(ir, 1 << 16, 4, ir.chunk_bytes, slice_bytes=256).check(ir)
+
+
+def test_simulator_slots_are_the_abi_s():
+    from hccc.runtime import simulator
+    assert simulator.NSLOTS is abi.NSLOTS or simulator.NSLOTS == abi.NSLOTS
+    assert "NSLOTS = " not in Path(simulator.__file__).read_text()
