@@ -12,7 +12,7 @@ Compiling
     CompileOptions())`` (a ProgramIR as given).
 Synthesis
     ``synthesize(cluster, collective, **options)``: the ``.rccl`` text ``hccc synth`` writes with
-    the same options, byte for byte (:mod:`hccc.compiler.synth.api`).
+    the same options, byte for byte (:mod:`hccc.synth_api`).
 Running and checking
     ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
     ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
@@ -44,7 +44,7 @@ _API = {
     "run_program": "hccc.runtime.launcher",
     "Runner": "hccc.runtime.launcher",
     "simulate": "hccc.runtime.simulator",
-    "synthesize": "hccc.compiler.synth.api",
+    "synthesize": "hccc.synth_api",
     "Communicator": "hccc.runtime.communicator",
     "CommunicatorError": "hccc.runtime.communicator",
 }

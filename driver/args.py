@@ -312,22 +312,6 @@ def add_cluster_argument(parser: argparse.ArgumentParser, dest: str, help: str) 
     parser.set_defaults(cluster_dest=dest)
 
 
-def usage_checks(parser, args) -> None:
-    """The usage errors argparse cannot see, each one line then the usage, exit status 2: no
-    cluster (:func:`missing_cluster`), an empty selection band, a contradictory size sweep
-    (``-b 8K -e 4K``)."""
-    if missing_cluster(args):
-        parser.error(missing_cluster(args))
-    check_selection_band(parser, args)
-    if hasattr(args, "sweep_default"):
-        from hccc.sweep import sweep_sizes
-        from hccc.util.diagnostics import CompileError
-        try:
-            sweep_sizes(args)
-        except CompileError as exc:
-            parser.error(exc.diagnostics[0].message)
-
-
 def missing_cluster(args) -> str | None:
     """The usage error of a command of :func:`add_cluster_argument` given no cluster, or None."""
     dest = getattr(args, "cluster_dest", None)

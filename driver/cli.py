@@ -198,7 +198,7 @@ def _main(argv: list[str] | None) -> int:
             return _unknown_command(head)
         parser = command_parser(name)
         args = parser.parse_args(rest)
-        from hccc.args import usage_checks
+        from hccc.sweep import usage_checks
         usage_checks(parser, args)
         args.argv = [name, *rest]          # the command line, for commands that re-run themselves
         json_mode = bool(getattr(args, "json", False))

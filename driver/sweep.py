@@ -20,7 +20,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from hccc.args import comma_list, format_size, parse_size, size_or_zero
+from hccc.args import check_selection_band, comma_list, format_size, missing_cluster, parse_size, size_or_zero
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.util.diagnostics import CompileError, Diagnostic
 
@@ -160,3 +160,17 @@ def avg_busbw_line(values: list[float]) -> str:
     good = [v for v in values if math.isfinite(v)]
     avg = sum(good) / len(good) if good else float("nan")
     return f"# Avg bus bandwidth    : {avg:.6g}"
+
+
+def usage_checks(parser, args) -> None:
+    """The usage errors argparse cannot see, each one line then the usage, exit status 2: no
+    cluster (:func:`missing_cluster`), an empty selection band, a contradictory size sweep
+    (``-b 8K -e 4K``)."""
+    if missing_cluster(args):
+        parser.error(missing_cluster(args))
+    check_selection_band(parser, args)
+    if hasattr(args, "sweep_default"):
+        try:
+            sweep_sizes(args)
+        except CompileError as exc:
+            parser.error(exc.diagnostics[0].message)

@@ -255,7 +255,7 @@ def test_manifest_grid_and_sources_count_every_channel(tmp_path):
     assert man["grid"]["cuda"]["blocks"] == 3 * sum(ntbs)
     src = (tmp_path / f"{ir.name}_r0.cu").read_text()
     e = man["ranks"][0]
-    consts = f"{ntbs[0]}, 3, {len(e['send_conns'])}, {len(e['recv_conns'])}, {e['progress_slots']}}};"
+    consts = f"{ntbs[0]}, 3, {len(e['send_conns'])}, {len(e['recv_conns'])}, {e['progress_slots']}, {ir.nranks}}};"
     assert consts in src
     host = (tmp_path / "hccc_host.h").read_text()
     assert f"hccc_host_tbs[HCCC_HOST_NRANKS] = {{ {', '.join(str(3 * t) for t in ntbs)} }}" in host

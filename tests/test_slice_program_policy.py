@@ -243,7 +243,7 @@ def test_a_thin_simulation_that_would_outlast_the_limit_is_not_started(monkeypat
     """``_thin_slices`` scales the default program's simulation by the slots; where that would end
     past the deadline it starts nothing and keeps the default."""
     from hccc.commands import synth as cmd  # noqa: F401
-    from hccc.compiler.synth import select
+    import hccc.synth_select as select
     from hccc.compiler.synth import synthesize
     from hccc.util import clock
     topo = load_cluster(str(REPO / "examples" / "clusters" / "a100_topo1.topo"))
@@ -315,7 +315,7 @@ def test_scoring_only_the_chosen_program_at_smaller_slices_gains_nothing_over_sc
     another optimal vertex, and the program chosen first ran at 0.968 of the bound against 0.981;
     both now keep a program at 0.990."""
     from hccc.commands import synth as cmd  # noqa: F401
-    from hccc.compiler.synth import select
+    import hccc.synth_select as select
 
     each, _, _ = _synth_mixed_123(tmp_path, capsys, "each")
     monkeypatch.setattr(select, "THIN_CHOOSE_MOST", 0)

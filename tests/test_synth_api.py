@@ -94,7 +94,7 @@ def test_the_emitter_writes_the_plan_it_is_given(c5):
     from hccc.compiler.pipeline import load_cluster
     from hccc.compiler.synth.emit import header
     from hccc.compiler.synth.plan import SynthOptions
-    from hccc.compiler.synth.select import synthesize_programs
+    from hccc.synth_select import synthesize_programs
 
     topo = load_cluster(c5)
     [p] = synthesize_programs(topo, SynthOptions("allgather", method="search", time_limit=20))

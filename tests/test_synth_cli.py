@@ -13,7 +13,7 @@ from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.passes.verify import verify
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth.plan import SynthOptions
-from hccc.compiler.synth.select import synthesize_programs
+from hccc.synth_select import synthesize_programs
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
@@ -353,16 +353,36 @@ def test_for_an_engine_writes_what_that_engine_exports(topo, tmp_path, capsys, e
     assert main([export, str(out), "-o", str(tmp_path / "exported")]) == 0
 
 
-def test_for_an_engine_says_why_nothing_fits(tmp_path, capsys):
-    """Where no program fits the engine (65 chunks on one connection, over the MSCCL executor's 64
-    steps per thread block), synthesis says so in one line, exits 1 and writes nothing."""
+def _two_gpus(tmp_path):
     p = tmp_path / "two.topo"
     p.write_text("define nodenum = 1\ndefine node1 = 2\ndefine bandwidth = {direct => [((0,1) -> (50,1)), "
                  "((1,0) -> (50,1))]}\n")
+    return p
+
+
+def test_for_xml_cuts_a_long_connection_over_thread_blocks(tmp_path, capsys):
+    """65 chunks on one connection are over the MSCCL executor's 64 steps per thread block; the
+    export cuts the connection over thread blocks of their own, so the program fits and exports."""
+    p = _two_gpus(tmp_path)
     out = tmp_path / "ag.rccl"
     assert main(["synth", str(p), "--collective", "allgather", "--chunks-per-rank", "65", "--for", "xml",
+                 "-o", str(out)]) == 0
+    assert main(["xml", str(out), "-o", str(tmp_path / "ag.xml")]) == 0
+    assert main(["check", str(tmp_path / "ag.xml")]) == 0
+
+
+def test_for_an_engine_says_why_nothing_fits(tmp_path, capsys, monkeypatch):
+    """Where the engine's exporter refuses every candidate, synthesis says so in one line with the
+    exporter's reason, exits 1 and writes nothing (the exporters' own limits are tested with them:
+    test_msccl_cli.py, test_mscclpp_limits.py)."""
+    import hccc.synth_engines as engines
+    reason = "the program needs 4,707 XML elements per rank, over the MSCCL executor's 4,096"
+    monkeypatch.setattr(engines, "export_refusal", lambda result, topo, engine: reason)
+    p = _two_gpus(tmp_path)
+    out = tmp_path / "ag.rccl"
+    assert main(["synth", str(p), "--collective", "allgather", "--chunks-per-rank", "4", "--for", "xml",
                  "-o", str(out)]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and "--for xml: no program synthesized for 'two.topo' fits the MSCCL executor" in err[0]
-    assert "64 steps per thread block" in err[0] and "Traceback" not in err[0]
+    assert reason in err[0] and "Traceback" not in err[0]
     assert not out.exists()

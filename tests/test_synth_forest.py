@@ -191,7 +191,7 @@ def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypat
     rule), and the halving is what is under test."""
     from cluster_texts import RING_AND_MESH_14
     from hccc.commands import synth as cmd  # noqa: F401
-    from hccc.compiler.synth import select
+    import hccc.synth_select as select
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
 
@@ -245,7 +245,7 @@ def test_a_rerounding_at_fewer_warps_is_simulated_beside_one_at_full_warps(monke
     import sys
 
     from hccc.commands import synth as cmd  # noqa: F401
-    from hccc.compiler.synth import select
+    import hccc.synth_select as select
     from hccc.commands.synth import Simulations, tree_simulated_score
     from hccc.compiler.cluster.topo_parser import parse_topology
 

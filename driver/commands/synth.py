@@ -18,7 +18,7 @@ schedule so far is written, with its gap to the bound, and what was not simulate
 (``"not_simulated"``, ``"channels_fitted"`` in ``--json``). docs/synthesis.md: how channels are chosen.
 
 The command only reads its options, wires the simulator and a progress display into the selection
-loop (:func:`hccc.compiler.synth.select.synthesize_programs`) and writes what it returns:
+loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
 :func:`hccc.synthesize` with the same options returns the same bytes.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
 from hccc.util.limits import printable
 from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, METHOD_CHOICES, SynthOptions
-# the selection lives in hccc.compiler.synth.select; its names stay importable from here
-from hccc.compiler.synth.select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
+# the selection lives in hccc.synth_select; its names stay importable from here
+from hccc.synth_select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
                                         THIN_GAIN, THIN_REACH, THIN_SLICES_BELOW, THIN_WHILE_CHOOSING,
                                         TREES_MIN_PER_RANK, Simulations, _fit_channels, choose_method,
                                         resident_channels, simulated_score, synthesize_programs,

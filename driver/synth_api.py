@@ -23,7 +23,7 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
     ``sizes``, ``{size: text}`` (the files ``ALGO_<size>.rccl``). A :class:`CompileError` for bad
     options or a cluster that cannot be synthesized for, as the command reports them."""
     from hccc.compiler.pipeline import load_cluster
-    from hccc.compiler.synth.select import synthesize_programs
+    from hccc.synth_select import synthesize_programs
 
     known = {f.name for f in fields(SynthOptions)} - {"collective", "cluster_name"}
     unknown = sorted(set(options) - known)

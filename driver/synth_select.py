@@ -410,10 +410,10 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
 
 def _fit_engine(opts, topo, size: int, deadline: float, phase, result, sims, bound: dict, simulated: bool,
                 make_eval=None):
-    """``result`` as ``--for``'s engine runs it (:func:`hccc.compiler.synth.engines.for_engine`),
+    """``result`` as ``--for``'s engine runs it (:func:`hccc.synth_engines.for_engine`),
     or the step search's program where the engine's exporter refuses it and accepts that one;
     ``(result, fraction of the bound)``. A CompileError, one line saying why, where neither fits."""
-    from hccc.compiler.synth.engines import ENGINES, export_refusal, for_engine
+    from hccc.synth_engines import ENGINES, export_refusal, for_engine
 
     phase.update(f"checking the program against {ENGINES[opts.engine]}")
     for_engine(result)
