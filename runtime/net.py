@@ -283,7 +283,7 @@ class NetLink:
     def wire(self) -> None:
         """Point this rank's connection tables at the mirrors (after ``RankMemory.connect``),
         tell the transport what to carry, and start it."""
-        from hccc.runtime.launcher import conn_table
+        from hccc.runtime.kernel_abi import conn_table
         mem, plan, plans, tx, me = self.mem, self.plans[self.rank], self.plans, self.tx, self.rank
         send, recv = list(mem.send_conns), list(mem.recv_conns)
         step = (plan.fifo_bytes + 255) // 256 * 256

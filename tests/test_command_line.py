@@ -106,7 +106,7 @@ def test_one_option_name_per_idea():
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-@given(st.integers(min_value=0, max_value=1 << 42))
+@given(st.integers(min_value=0, max_value=MAX_OPTION_BYTES))
 @settings(max_examples=examples(100))
 def test_format_size_is_exact_and_parses_back(n):
     text = format_size(n)
