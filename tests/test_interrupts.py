@@ -128,11 +128,22 @@ def test_ctrl_c_during_an_smt_check_reaches_hccc_at_once():
     from hccc.compiler.synth.smt import solver_check
     s = _hard_z3_problem(z3, 20000)
     import threading
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    from_check = False
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        solver_check(s)
-    assert time.monotonic() - t0 < 10.0      # not the check's 20 s timeout
+    timer.start()
+    try:
+        try:
+            solver_check(s)
+        except KeyboardInterrupt:
+            from_check = True
+        else:
+            time.sleep(5)        # a signal sent after a check that ended by itself lands here, not in pytest
+    except KeyboardInterrupt:
+        pass
+    finally:
+        timer.cancel()
+    assert from_check and time.monotonic() - t0 < 10.0      # from the check, not after its 20 s timeout
 
 
 def test_a_check_that_runs_out_of_time_is_no_interrupt():
