@@ -43,7 +43,6 @@ a file that is not NCCL's topology is not read as one), and every error located 
 from __future__ import annotations
 
 import re
-import xml.parsers.expat as expat
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -51,6 +50,7 @@ from pathlib import Path
 from hccc.compiler.cluster import link_speeds as speeds
 from hccc.compiler.cluster.machine import PCIE_RELATIONS, Gpu, MachineNode, Nic, check_pair_links
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util import safe_xml
 from hccc.util.limits import printable
 
 #: most elements one dump may hold: a 72-GPU NVLink domain's fused dump has about 3,000
@@ -93,12 +93,6 @@ class El:
     children: list = field(default_factory=list)
 
 
-class _Stop(Exception):
-    def __init__(self, msg: str, line: int, col: int):
-        super().__init__(msg)
-        self.line, self.col = line, col
-
-
 def parse_xml(src: SourceFile) -> El:
     """The element tree of an NCCL topology dump; every refusal is a located CompileError."""
     body = src.text.lstrip("\ufeff \t\r\n")       # a byte-order mark an editor wrote, whitespace
@@ -108,37 +102,36 @@ def parse_xml(src: SourceFile) -> El:
         col = off - (src.text.rfind("\n", 0, off) + 1) + 1
         raise CompileError([Diagnostic("not XML: NCCL's topology dump begins with <system> (the saved output of "
                                        "nvidia-smi topo -m is read by --from-smi)", Location(src, line, col))])
-    p = expat.ParserCreate()
-    p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    p = safe_xml.new_parser()
     stack: list[El] = []
     root: list[El] = []
     count = [0]
     data = src.text.encode("utf-8")
 
     def here():
-        return p.CurrentLineNumber, p.CurrentColumnNumber + 1
+        return safe_xml.position(p)
 
     def start(name, attrs):
         line, col = here()
         count[0] += 1
         if count[0] > MAX_ELEMENTS:
-            raise _Stop(f"more than {MAX_ELEMENTS} elements: not a topology dump NCCL writes", line, col)
+            raise safe_xml.XmlStop(f"more than {MAX_ELEMENTS} elements: not a topology dump NCCL writes", line, col)
         if len(stack) >= MAX_DEPTH:
-            raise _Stop(f"elements nested more than {MAX_DEPTH} deep", line, col)
+            raise safe_xml.XmlStop(f"elements nested more than {MAX_DEPTH} deep", line, col)
         shown = printable(name, limit=40)
         if not stack:
             if root:
-                raise _Stop(f"a second top-level element <{shown}>", line, col)
+                raise safe_xml.XmlStop(f"a second top-level element <{shown}>", line, col)
             if name != "system":
-                raise _Stop(f"<{shown}> is not an NCCL topology dump (expected <system>, the root of the XML "
+                raise safe_xml.XmlStop(f"<{shown}> is not an NCCL topology dump (expected <system>, the root of the XML "
                             "NCCL_TOPO_DUMP_FILE writes)", line, col)
         else:
             allowed = CHILDREN[stack[-1].tag]
             if name == "xgmi":
-                raise _Stop("<xgmi> is RCCL's (AMD GPUs): only NCCL's dumps of NVIDIA GPUs are read", line, col)
+                raise safe_xml.XmlStop("<xgmi> is RCCL's (AMD GPUs): only NCCL's dumps of NVIDIA GPUs are read", line, col)
             if name not in allowed:
                 inside = ", ".join(f"<{a}>" for a in allowed) or "nothing"
-                raise _Stop(f"unexpected <{shown}> inside <{stack[-1].tag}> (NCCL's topology has {inside} there)",
+                raise safe_xml.XmlStop(f"unexpected <{shown}> inside <{stack[-1].tag}> (NCCL's topology has {inside} there)",
                             line, col)
         el = El(name, dict(attrs), line, col, stack[-1] if stack else None)
         (stack[-1].children if stack else root).append(el)
@@ -150,7 +143,7 @@ def parse_xml(src: SourceFile) -> El:
     def text(data):
         if data.strip():
             line, col = here()
-            raise _Stop(f"unexpected text {printable(data.strip(), limit=20)!r} (NCCL's topology has only "
+            raise safe_xml.XmlStop(f"unexpected text {printable(data.strip(), limit=20)!r} (NCCL's topology has only "
                         "elements and attributes)", line, col)
 
     def at_keyword(word: bytes):
@@ -161,26 +154,9 @@ def parse_xml(src: SourceFile) -> El:
         line = data.count(b"\n", 0, off) + 1
         return line, len(data[data.rfind(b"\n", 0, off) + 1:off].decode("utf-8", "replace")) + 1
 
-    def doctype(*_a):
-        raise _Stop("DOCTYPE declarations are not accepted in a topology dump (no entities, no external "
-                    "references)", *at_keyword(b"<!DOCTYPE"))
-
-    def entity(*_a):
-        raise _Stop("entity declarations are not accepted in a topology dump", *at_keyword(b"<!ENTITY"))
-
-    p.StartElementHandler = start
-    p.EndElementHandler = end
-    p.CharacterDataHandler = text
-    p.StartDoctypeDeclHandler = doctype
-    p.EntityDeclHandler = entity
-    p.ExternalEntityRefHandler = lambda *a: 0
     try:
-        p.Parse(data, True)
-    except _Stop as exc:
-        raise CompileError([Diagnostic(str(exc), Location(src, exc.line, exc.col))]) from None
-    except expat.ExpatError as exc:
-        raise CompileError([Diagnostic(f"malformed XML: {expat.ErrorString(exc.code)}",
-                                       Location(src, exc.lineno, exc.offset + 1))]) from None
+        safe_xml.parse(p, src, data, "a topology dump", start=start, end=end, text=text, declared_at=at_keyword,
+                       doctype_note=" (no entities, no external references)")
     except RecursionError:       # not reachable under MAX_DEPTH; kept as a located refusal all the same
         raise CompileError([Diagnostic("elements nested too deep", Location(src, 1, 1))]) from None
     if not root:

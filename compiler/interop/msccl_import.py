@@ -13,7 +13,6 @@ such step at or after ``deps``; ``nop`` steps only carry extra dependencies for 
 from __future__ import annotations
 
 import re
-import xml.parsers.expat as expat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from hccc.compiler.passes.build import sanitize_identifier
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util import safe_xml
 from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_structure
 from hccc.compiler.ir.extents import ExtentError, check_extents
 from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
@@ -60,26 +60,16 @@ class _El:
     children: list = field(default_factory=list)
 
 
-class _Stop(Exception):
-    def __init__(self, msg: str, line: int, col: int):
-        super().__init__(msg)
-        self.line, self.col = line, col
-
-
 def _parse(src: SourceFile, data: bytes) -> _El:
-    p = expat.ParserCreate()
-    p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    p = safe_xml.new_parser()
     stack: list[_El] = []
     root: list[_El] = []
 
-    def here():
-        return p.CurrentLineNumber, p.CurrentColumnNumber + 1
-
     def start(name, attrs):
-        line, col = here()
+        line, col = safe_xml.position(p)
         if len(stack) >= len(_CHILD):   # <algo><gpu><tb><step>: nothing deeper, refused at once
-            raise _Stop(f"unexpected <{name[:40]}> inside <{stack[-1].tag[:40]}> (MSCCL XML nests "
-                        "<algo>, <gpu>, <tb>, <step> and nothing deeper)", line, col)
+            raise safe_xml.XmlStop(f"unexpected <{name[:40]}> inside <{stack[-1].tag[:40]}> (MSCCL XML nests "
+                                   "<algo>, <gpu>, <tb>, <step> and nothing deeper)", line, col)
         el = _El(name, dict(attrs), line, col, p.CurrentByteIndex)
         if stack:
             stack[-1].children.append(el)
@@ -92,31 +82,10 @@ def _parse(src: SourceFile, data: bytes) -> _El:
 
     def text(data):
         if data.strip():
-            line, col = here()
-            raise _Stop(f"unexpected text {data.strip()[:20]!r} (MSCCL XML has only elements and attributes)",
-                        line, col)
+            raise safe_xml.XmlStop(f"unexpected text {data.strip()[:20]!r} (MSCCL XML has only elements and "
+                                   "attributes)", *safe_xml.position(p))
 
-    def doctype(*_a):
-        line, col = here()
-        raise _Stop("DOCTYPE declarations are not accepted in MSCCL XML", line, col)
-
-    def entity(*_a):
-        line, col = here()
-        raise _Stop("entity declarations are not accepted in MSCCL XML", line, col)
-
-    p.StartElementHandler = start
-    p.EndElementHandler = end
-    p.CharacterDataHandler = text
-    p.StartDoctypeDeclHandler = doctype
-    p.EntityDeclHandler = entity
-    p.ExternalEntityRefHandler = lambda *a: 0
-    try:
-        p.Parse(data, True)
-    except _Stop as exc:
-        raise CompileError([Diagnostic(str(exc), Location(src, exc.line, exc.col))]) from None
-    except expat.ExpatError as exc:
-        msg = expat.ErrorString(exc.code)
-        raise CompileError([Diagnostic(f"malformed XML: {msg}", Location(src, exc.lineno, exc.offset + 1))]) from None
+    safe_xml.parse(p, src, data, "MSCCL XML", start=start, end=end, text=text)
     if not root:
         raise CompileError([Diagnostic("empty document: expected an <algo> element", Location(src, 1, 1))])
     return root[0]
