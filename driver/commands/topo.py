@@ -288,13 +288,7 @@ def run_import(args) -> int:
     rep = report(topo, Path(args.output).name)
     hier = hierarchy(topo)
     rep["hierarchy"] = hier.summary()
-    if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        print(format_text(rep, args.groups))
-        print()
-        print(hier.describe())
-        print(f"\nwrote {printable(str(args.output))}")
+    _print_report(rep, hier, args, wrote=args.output)
     return 0
 
 
@@ -344,12 +338,17 @@ def run(args) -> int:
         except OSError as exc:
             sys.stderr.write(f"hccc topo: error: cannot write '{args.plot}': {exc.strerror or exc}\n")
             return 1
+    _print_report(rep, hier, args, wrote=args.plot)
+    return 0
+
+
+def _print_report(rep: dict, hier, args, wrote) -> None:
+    """A cluster's report: JSON, or its table, its hierarchy and the file written (if any)."""
     if args.json:
         print(json.dumps(rep, indent=1))
-    else:
-        print(format_text(rep, args.groups))
-        print()
-        print(hier.describe())
-        if args.plot:
-            print(f"\nwrote {printable(str(args.plot))}")
-    return 0
+        return
+    print(format_text(rep, args.groups))
+    print()
+    print(hier.describe())
+    if wrote:
+        print(f"\nwrote {printable(str(wrote))}")
