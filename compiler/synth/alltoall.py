@@ -102,21 +102,26 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     direct = net.pair_index(np.arange(n).repeat(n), np.tile(np.arange(n), n)).reshape(n, n)
     tu, tv, tk, plen, hop = [], [], [], [], []
     cut_at = None                      # (k, block index) from which the direct links are taken
+
+    def route(i: int, j: int, c: int) -> None:
+        """Block ``c`` from ``i`` to ``j`` on its least-loaded path, recorded hop by hop."""
+        path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
+        for h, p in enumerate(path):
+            load_p[p] += 1
+            load_g[net.groups_of(p)] += 1
+            tu.append(int(net.psrc[p]))
+            tv.append(int(net.pdst[p]))
+            tk.append(c)
+            plen.append(len(path))
+            hop.append(h)
+
     for k in range(K):
         for b, (i, j) in enumerate(zip(ii.tolist(), jj.tolist())):
             c = (i * n + j) * K + k
             if deadline.passed() and direct[i, j] >= 0:
                 cut_at = (k, b)
                 break
-            path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
-            for h, p in enumerate(path):
-                load_p[p] += 1
-                load_g[net.groups_of(p)] += 1
-                tu.append(int(net.psrc[p]))
-                tv.append(int(net.pdst[p]))
-                tk.append(c)
-                plen.append(len(path))
-                hop.append(h)
+            route(i, j, c)
         if cut_at is not None:
             break
     timed_out = cut_at is not None
@@ -136,15 +141,7 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
         plen.extend([1] * int(has.sum()))
         hop.extend([0] * int(has.sum()))
         for i, j, k in zip(bi[~has].tolist(), bj[~has].tolist(), kk[~has].tolist()):
-            path = _route(net, i, j, load_p, load_g, out_ptr, out_idx)
-            for h, q in enumerate(path):
-                load_p[q] += 1
-                load_g[net.groups_of(q)] += 1
-                tu.append(int(net.psrc[q]))
-                tv.append(int(net.pdst[q]))
-                tk.append((i * n + j) * K + k)
-                plen.append(len(path))
-                hop.append(h)
+            route(i, j, (i * n + j) * K + k)
     if not tu:
         return Schedule.empty(), lb, {"timed_out": False}
     tu, tv, tk = (np.asarray(x, np.int64) for x in (tu, tv, tk))
