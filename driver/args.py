@@ -168,8 +168,13 @@ NCCL_OPS = ("sum", "prod", "min", "max", "avg")
 
 
 def nccl_type_name(dtype: str) -> str:
-    """nccl-tests' name of one of hccc's element types (its own where nccl-tests has none)."""
-    return next((k for k, v in NCCL_TYPE_NAMES.items() if v == dtype), dtype)
+    """nccl-tests' name of one of hccc's element types (the kernels' table, hccc.util.dtypes), or of
+    another type nccl-tests knows; the name itself where neither has it."""
+    from hccc.util import dtypes
+    try:
+        return dtypes.dtype(dtype).nccl
+    except ValueError:
+        return next((k for k, v in NCCL_TYPE_NAMES.items() if v == dtype), dtype)
 
 
 def dtype_list(known: Sequence[str]) -> Callable[[str], list[str]]:
