@@ -457,6 +457,18 @@ void reset_local(Net* n) {
 constexpr uint64_t SPIN_NS = 2000, YIELD_NS = 2000000, SLEEP_NS = 20000,
                    LONG_IDLE_NS = 1000000000, LONG_SLEEP_NS = 200000;
 
+// True once the gap since the thread's last poll exceeds Net::stall_ns: records the gap in
+// stalled_ms (the thread then serves nothing more). Otherwise moves last_poll to now.
+bool stalled_since(Net* n, uint64_t& last_poll) {
+  const uint64_t t = now_ns(), limit = n->stall_ns.load(std::memory_order_relaxed);
+  if (limit != 0 && t - last_poll > limit) {
+    n->stalled_ms.store((t - last_poll) / 1000000 + 1, std::memory_order_release);
+    return true;
+  }
+  last_poll = t;
+  return false;
+}
+
 void loop(Net* n) {
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);   // sleeps of 20 us, not 20 + the default 50 us
   uint64_t last_beat = 0, last_work = now_ns(), last_poll = last_work;
@@ -467,14 +479,7 @@ void loop(Net* n) {
       nanosleep(&ts, nullptr);     // stalled: nothing more is served (see Net::stall_ns)
       continue;
     }
-    {
-      const uint64_t t = now_ns(), limit = n->stall_ns.load(std::memory_order_relaxed);
-      if (limit != 0 && t - last_poll > limit) {
-        n->stalled_ms.store((t - last_poll) / 1000000 + 1, std::memory_order_release);
-        continue;
-      }
-      last_poll = t;
-    }
+    if (stalled_since(n, last_poll)) continue;
     const uint64_t rq = n->reset_req.load(std::memory_order_acquire);
     if (rq != n->reset_done.load(std::memory_order_relaxed)) {
       reset_local(n);                // between calls: no kernel runs
@@ -486,6 +491,10 @@ void loop(Net* n) {
       __atomic_store_n(n->beat, last_beat, __ATOMIC_RELEASE);
     }
     work |= push(n);
+    // Checked again just before the worker is progressed: a stop that fell anywhere in this
+    // iteration so far is seen before anything waiting in the sockets is served. Only a stop that
+    // falls inside ucp_worker_progress itself escapes both checks.
+    if (stalled_since(n, last_poll)) continue;
     if (ucp_worker_progress(n->worker) != 0) {
       work = true;
       wake_watched(n);
