@@ -3,6 +3,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+
+# Bytecode is cached for the suite even where the environment turns caching off
+# (PYTHONDONTWRITEBYTECODE): the suite starts hundreds of Python processes (the command line,
+# rank processes), each of which would otherwise compile every hccc module it imports again, and
+# each pytest worker would rewrite the asserts of every test module again on every run.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest
 from hypothesis import HealthCheck, settings
