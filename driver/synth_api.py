@@ -7,7 +7,7 @@
 The options are :class:`~hccc.compiler.synth.plan.SynthOptions`' fields (``hccc synth``'s options
 by their Python names: ``root``, ``chunks_per_rank``, ``time_limit``, ``pod_size``, ``smt``,
 ``variants``, ``select_size``, ``sim_select``, ``method``, ``sizes``, ``engine``); the same options
-give the same bytes as the command, which runs the same selection (:mod:`.select`).
+give the same bytes as the command, which runs the same selection (:mod:`hccc.synth_select`).
 """
 from __future__ import annotations
 

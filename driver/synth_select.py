@@ -10,7 +10,7 @@ Stages, in order, per size (docs/architecture.md, *Synthesis*):
 3. **fit**: channels (:func:`_fit_channels`) and slices (:func:`_thin_slices`) by the evaluator;
 4. **compare**: under ``auto`` the search where the trees fall short of
    :data:`~.plan.AUTO_SEARCH_BELOW`, and the default program where a size was given, all timed by
-   the same evaluator, the fastest kept; ``--for`` keeps only what that engine exports (:mod:`.engines`);
+   the same evaluator, the fastest kept; ``--for`` keeps only what that engine exports (:mod:`hccc.synth_engines`);
 5. **emit**: the choices as a :class:`~.plan.SynthPlan`, the text by :func:`.emit.to_rccl`.
 
 :func:`synthesize_programs` runs the whole for every size of a :class:`~.plan.SynthOptions`,

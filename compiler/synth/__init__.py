@@ -12,10 +12,11 @@ AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mo
 (Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing) and
 :mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``).
 
-Choosing among programs: :mod:`.select` (the selection loop behind an ``Evaluator``, the simulator
+Choosing among programs: :mod:`hccc.synth_select` (the selection loop behind an ``Evaluator``, the simulator
 wired in by ``hccc synth`` and :func:`hccc.synthesize`), :mod:`.plan` (``SynthOptions``, and the
-``SynthPlan`` every choice reaches the emitter in), :mod:`.engines` (``--for xml|mscclpp``),
-:mod:`.api` (``hccc.synthesize``: the bytes ``hccc synth`` writes).
+``SynthPlan`` every choice reaches the emitter in), :mod:`hccc.synth_engines` (``--for xml|mscclpp``),
+:mod:`hccc.synth_api` (``hccc.synthesize``: the bytes ``hccc synth`` writes); those three live in the
+driver layer (``driver/``), which may import the runtime's simulator and the exporters.
 """
 from hccc.compiler.synth.collectives import COLLECTIVES, SynthResult, bandwidth_cut_bound, synthesize
 from hccc.compiler.synth.emit import to_algorithm, to_rccl

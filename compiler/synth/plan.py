@@ -2,7 +2,7 @@
 selection made, carried to the emitter (:class:`SynthPlan`).
 
 ``hccc synth`` and :func:`hccc.synthesize` build the same :class:`SynthOptions`; the selection loop
-(:mod:`.select`) turns it into a program and a :class:`SynthPlan` per message size, and the emitter
+(:mod:`hccc.synth_select`) turns it into a program and a :class:`SynthPlan` per message size, and the emitter
 (:mod:`.emit`) writes the program's header from the plan alone: the method, chunks per rank,
 channels, warps per thread block and slice policy are read from it, never from a result's report.
 """
@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from hccc.compiler.frontend.algorithm import Header
 from hccc.compiler.frontend.slice_policy import SlicePolicy
 
-#: how a schedule may be asked for: ``auto`` resolves per size (:func:`.select.choose_method`)
+#: how a schedule may be asked for: ``auto`` resolves per size (:func:`hccc.synth_select.choose_method`)
 METHOD_CHOICES = ("auto", "trees", "search")
-#: the engines ``--for`` names (:mod:`.engines`)
+#: the engines ``--for`` names (:mod:`hccc.synth_engines`)
 ENGINE_CHOICES = ("xml", "mscclpp")
 #: ``--method auto`` also runs the step search when the tree program reaches less of the bound than
 #: this in the simulator (AllReduce: of the lower throughput of its bound for any schedule and of
