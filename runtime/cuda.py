@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Iterable
 
 
 from hccc.compiler.backend import abi
-from hccc.runtime.gpu import GpuPlatform, compile_module, select_ranks, translation_unit
+from hccc.runtime.gpu import GpuPlatform, compile_module, find_compiler, select_ranks, translation_unit
 from hccc.runtime.platform import Instance, PlatformError, register
 
 GPU_HINT = "CuPy is not installed: pip install 'hccc[gpu]'"
@@ -67,13 +66,7 @@ def resolve_arch(detected: str | None = None) -> str:
 
 
 def find_nvcc() -> str:
-    path = shutil.which("nvcc")
-    if path is None:
-        for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-            if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
-                return os.path.join(root, "bin", "nvcc")
-        raise PlatformError("nvcc not found: install the CUDA toolkit or put nvcc on PATH")
-    return path
+    return find_compiler("nvcc", ("CUDA_PATH", "CUDA_HOME"), "/usr/local/cuda", "install the CUDA toolkit or put nvcc on PATH")
 
 
 def build_cuda_module(outdir: Path, manifest: dict, instance: Instance,

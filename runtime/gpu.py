@@ -166,6 +166,21 @@ def translation_unit(manifest: dict, instance: Instance, ranks: Sequence[int], p
 _VERSIONS: dict[str, str] = {}
 
 
+def find_compiler(tool: str, env_roots: Sequence[str], default_root: str, install_hint: str) -> str:
+    """The path of ``tool``: on PATH, else in ``bin/`` under the first of the folders the
+    environment variables ``env_roots`` name, then ``default_root``; a PlatformError saying how to
+    install it where none has it."""
+    import shutil
+
+    path = shutil.which(tool)
+    if path is not None:
+        return path
+    for root in (*(os.environ.get(v) for v in env_roots), default_root):
+        if root and os.access(os.path.join(root, "bin", tool), os.X_OK):
+            return os.path.join(root, "bin", tool)
+    raise PlatformError(f"{tool} not found: {install_hint}")
+
+
 def compiler_version(tool: str) -> str:
     """``tool --version`` output (cached per process; part of the build cache key)."""
     if tool not in _VERSIONS:

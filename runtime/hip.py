@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hccc.compiler.backend import abi
-from hccc.runtime.gpu import GpuPlatform, compile_module, elf_symbols, select_ranks, translation_unit
+from hccc.runtime.gpu import GpuPlatform, compile_module, elf_symbols, find_compiler, select_ranks, translation_unit
 from hccc.runtime.platform import Instance, PlatformError, register
 
 ARCH_ENV = "HCCC_HIP_ARCH"
@@ -74,13 +74,7 @@ def resolve_hip_arch(detected: str | None = None) -> str:
 
 
 def find_hipcc() -> str:
-    path = shutil.which("hipcc")
-    if path is None:
-        for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-            if root and os.access(os.path.join(root, "bin", "hipcc"), os.X_OK):
-                return os.path.join(root, "bin", "hipcc")
-        raise PlatformError("hipcc not found: install ROCm's hipcc (Debian: apt-get install hipcc)")
-    return path
+    return find_compiler("hipcc", ("ROCM_PATH",), "/opt/rocm", "install ROCm's hipcc (Debian: apt-get install hipcc)")
 
 
 def build_hip_module(outdir: Path, manifest: dict, instance: Instance,
@@ -179,7 +173,6 @@ _PROTOS = {
     "hipEventDestroy": [_vp],
     "hipModuleLoad": [ctypes.POINTER(_vp), ctypes.c_char_p],
     "hipModuleUnload": [_vp],
-    "hipExtMallocWithFlags": [ctypes.POINTER(_vp), _sz, _u],
     "hipIpcGetMemHandle": [ctypes.POINTER(HipIpcMemHandle), _vp],
     "hipIpcOpenMemHandle": [ctypes.POINTER(_vp), HipIpcMemHandle, _u],
     "hipIpcCloseMemHandle": [_vp],
@@ -263,10 +256,7 @@ class HipApi:
     def memcpy(self, dst: int, src: int, n: int, kind: int) -> None:
         self._call("hipMemcpy", dst, src, n, kind)
 
-    # IPC (one rank per process): fine-grained memory, exported and imported by handle
-    def extMallocWithFlags(self, n: int, flags: int) -> int:
-        return self._out("hipExtMallocWithFlags", _vp, n, flags) or 0
-
+    # IPC (one rank per process): memory exported and imported by handle (fine-grained: extMallocWithFlags)
     def ipcGetMemHandle(self, p: int) -> bytes:
         h = HipIpcMemHandle()
         self._call("hipIpcGetMemHandle", ctypes.byref(h), p)

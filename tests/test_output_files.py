@@ -372,3 +372,17 @@ def test_run_killed_while_publishing_leaves_a_cleanable_directory(tmp_path, monk
     if start == "hccc":
         expect["user.txt"] = b"mine"
     assert snapshot(out) == expect
+
+
+@pytest.mark.parametrize("command,suffix", [("xml", ".xml"), ("plan", ".mscclpp.json")])
+def test_an_export_to_a_folder_names_a_file_to_give_and_writes_nothing(tmp_path, command, suffix):
+    """`hccc xml|plan ALGO -o DIR`: one located refusal that suggests DIR/<name><suffix>, nothing
+    written into the folder; `-o -` writes the export to standard output and no file."""
+    algo = ROOT / "examples" / "ring_allreduce_8.rccl"
+    p = run_hccc(command, str(algo), "-o", str(tmp_path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "is a directory; give a file name such as" in p.stderr and f"ring_allreduce_8{suffix}" in p.stderr
+    assert list(tmp_path.iterdir()) == []
+    p = run_hccc(command, str(algo), "-o", "-", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.lstrip().startswith("<" if command == "xml" else "{")
+    assert list(tmp_path.iterdir()) == []

@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -381,3 +382,18 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def write_export(output: str, text: str, algo: str, example_name: str) -> Path | None:
+    """Write an export's ``text`` where ``-o`` says: standard output for ``-``, else the file
+    ``output`` (atomically, never over ``algo``); None for standard output. A folder given where a
+    file is wanted is refused with ``example_name`` as the file name to give."""
+    if output == "-":
+        sys.stdout.write(text)
+        return None
+    out = Path(output)
+    if out.is_dir():
+        raise _refuse(f"'{_show(out)}' is a directory; give a file name such as {_show(out)}/{example_name}")
+    write_text_atomically(out, text, [algo])
+    return out
+

@@ -11,7 +11,6 @@ writes to standard output, a file is replaced atomically.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from hccc.args import (add_deprecated_flag, add_program_options, add_selection_band, positive_int, program_options,
@@ -49,8 +48,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
-    from hccc.util.diagnostics import CompileError, Diagnostic
+    from hccc.compiler.backend.output_dir import check_output_file, write_export
     from hccc.util.limits import printable
     from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_summary, plan_text
     from hccc.compiler.interop.mscclpp_plan import PlanLimits
@@ -78,14 +76,9 @@ def run(args) -> int:
                            max_bytes=args.max_bytes,
                            limits=PlanLimits(max_tbs=args.max_tbs))
     text = plan_text(plan)
-    if args.output == "-":
-        sys.stdout.write(text)
+    out = write_export(args.output, text, args.algo, f"{ir.name}.mscclpp.json")
+    if out is None:
         return 0
-    out = Path(args.output)
-    if out.is_dir():
-        raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
-                                       f"{printable(str(out))}/{ir.name}.mscclpp.json", None)])
-    write_text_atomically(out, text, [args.algo])
     s = plan_summary(plan)
     print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {args.proto}, "
           f"{s['tbs']} thread blocks, {s['ops']} operations ({s['nops']} nops), messages "

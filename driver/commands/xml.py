@@ -13,7 +13,6 @@ The file is replaced atomically: a failed export leaves an existing file untouch
 """
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,13 +57,12 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from hccc.util.diagnostics import CompileError, Diagnostic
     from hccc.compiler.interop.msccl_export import export_summary, export_xml
     from hccc.compiler.pipeline import load_program
 
     from hccc.compiler.pipeline import xml_instances
     opts = program_options(args, xml_instances=args.instances)
-    from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
+    from hccc.compiler.backend.output_dir import check_output_file, write_export
     from hccc.util.limits import printable
     if args.output != "-" and not Path(args.output).is_dir():
         check_output_file(args.output, [args.algo])   # before the work: never a device, FIFO, symlink or input
@@ -84,14 +82,9 @@ def run(args) -> int:
         ir = src if hasattr(src, "prims") else load_program(src, opts)
         with located(args.algo, None if hasattr(src, "prims") else src):
             text = export_xml(ir, lim, fuse=args.xml_fuse, instances=xml_instances(opts, ir.nchannels))
-    if args.output == "-":
-        sys.stdout.write(text)
+    out = write_export(args.output, text, args.algo, f"{ir.name}.xml")
+    if out is None:
         return 0
-    out = Path(args.output)
-    if out.is_dir():
-        raise CompileError([Diagnostic(f"'{printable(str(out))}' is a directory; give a file name such as "
-                                       f"{printable(str(out))}/{ir.name}.xml", None)])
-    write_text_atomically(out, text, [args.algo])
     s = export_summary(text)
     print(f"hccc: wrote {printable(str(out))}: {ir.name}, {ir.collective} on {ir.nranks} ranks, {s['tbs']} thread blocks, "
           f"{s['steps']} steps ({s['nops']} nops)")
