@@ -273,3 +273,39 @@ def two_nodes_job(rank: int, world: int, url: str):
     dist.all_reduce(t)
     ok = torch.equal(t, sum(inp(r) for r in range(world)))
     return {"ok": ok, "stats": hccc.torch.stats()}
+
+
+def scatter_job(rank: int, world: int, url: str, backend: str):
+    """torch.distributed.scatter with no catalog and no environment (on hccc: the built-in
+    catalog) at several dtypes, roots and sizes, into contiguous and strided outputs; then a root
+    whose scatter_list is one tensor short. Returns every result (as numpy), the error each rank got
+    from the bad call, and the stats (on hccc)."""
+    import torch
+    import torch.distributed as dist
+    init(backend, rank, world, url, timeout_s=30.0)
+    got = []
+    for i, (dtype, root, n) in enumerate([(torch.float32, 0, 64), (torch.float16, world - 1, 5),
+                                          (torch.bfloat16, 1 % world, 33), (torch.int32, 0, 1),
+                                          (torch.int64, world - 1, 17), (torch.uint8, 0, 40),
+                                          (torch.float64, 1 % world, 9)]):
+        lst = ([(torch.arange(n) * (r + 2) + 3 * i + r).to(dtype) for r in range(world)]
+               if rank == root else None)
+        out = torch.full((n,), 7, dtype=dtype)
+        dist.scatter(out, lst, src=root)
+        got.append(out.to(torch.float64).numpy().tolist())
+    # a strided output: every other element of a buffer
+    buf = torch.zeros(2 * 12)
+    lst = [torch.arange(12, dtype=torch.float32) + 100 * r for r in range(world)] if rank == 0 else None
+    dist.scatter(buf[::2], lst, src=0)
+    got.append(buf.numpy().tolist())
+    if backend != "hccc":   # gloo's root refuses the short list; the other ranks would wait
+        return {"got": got}
+    import hccc.torch
+    stats = hccc.torch.stats()
+    try:
+        lst = [torch.ones(4)] * (world - 1) if rank == 0 else None
+        dist.scatter(torch.empty(4), lst, src=0)
+        bad = None
+    except Exception as exc:
+        bad = f"{type(exc).__name__}: {exc}"
+    return {"got": got, "bad": bad, "stats": stats}
