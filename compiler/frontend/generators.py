@@ -444,8 +444,8 @@ def direct_scatter(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str
 def binomial_tree(n: int, root: int = 0) -> list[tuple[int, int]]:
     """The binomial spanning tree rooted at ``root`` as ``(parent, child)`` edges: the rank at
     distance ``v`` (``1..n-1``) after the root hangs under the one at ``v`` with its highest set bit
-    cleared, so the tree is ``ceil(log2 n)`` deep (the tree of MPI's binomial broadcast and scatter;
-    for :func:`tree_scatter` and the other tree builders)."""
+    cleared, so it lies as many edges deep as ``v`` has set bits, at most ``ceil(log2 n)`` (the tree
+    of MPI's binomial broadcast and scatter; for :func:`tree_scatter` and the other tree builders)."""
     _check_root(n, root, 1)
     return [((root + (v & ~(1 << (v.bit_length() - 1)))) % n, (root + v) % n) for v in range(1, n)]
 
