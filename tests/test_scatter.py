@@ -327,3 +327,70 @@ def test_torch_scatter_equals_gloo_and_hccc_carried_it(tmp_path, monkeypatch):
         assert mine["bad"], f"rank {r}: the bad call passed"
         if r:
             assert "the root's scatter_list holds 2 tensors of 4/4 elements" in mine["bad"]
+
+
+@pytest.mark.parametrize("bad", ["short", "dtype"])
+def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
+    """Two ranks in threads on the delegate (an empty catalog): a good scatter first, then a root
+    whose list is one tensor short or of another dtype; the root's call is refused, the other rank
+    is told the calls differ (instead of waiting for the root), both within seconds."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from hccc.torch import Options
+    from test_torch_backend import _ranks_in_threads
+    (tmp_path / "empty").mkdir()
+
+    first = {}
+
+    def job(rank):
+        def run(pg):
+            opts = dist.ScatterOptions()
+            opts.rootRank = 1
+            out = torch.zeros(3)
+            lists = [[torch.arange(3.0) + 10 * r for r in range(2)]] if rank == 1 else []
+            pg.scatter([out], lists, opts).wait()
+            first[rank] = out.tolist()
+            wrong = ([torch.ones(3)] if bad == "short" else [torch.ones(3, dtype=torch.int32)] * 2)
+            pg.scatter([torch.zeros(3)], [wrong] if rank == 1 else [], opts).wait()
+        return run
+    got = _ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"), timeout_s=10.0)
+    assert first == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
+    for rank, (res, seconds) in enumerate(got):
+        assert isinstance(res, Exception), f"rank {rank}: {res}"
+        assert seconds < 8.0, f"rank {rank} waited {seconds:.1f} s"
+    assert "the root's scatter_list" in str(got[0][0]) and "rank 1 made scatter(" in str(got[0][0])
+
+
+@needs_gxx
+def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monkeypatch):
+    """Three ranks in threads of one process: the built-in catalog's linear scatter (root 1) gives
+    what gloo gives (the same calls on the delegate, an empty catalog), and hccc's counters say
+    hccc carried both calls (the slow set's test above takes seven dtypes through processes)."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from hccc.torch import Options
+    from test_torch_backend import _ranks_in_threads
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "empty").mkdir()
+
+    def job(rank):
+        def run(pg):
+            opts = dist.ScatterOptions()
+            opts.rootRank = 1
+            got = []
+            for dtype, n in ((torch.float32, 37), (torch.float32, 4)):
+                out = torch.full((n,), -1).to(dtype)
+                lists = [[(torch.arange(n) * (r + 3) + r).to(dtype) for r in range(3)]] if rank == 1 else []
+                pg.scatter([out], lists, opts).wait()
+                got.append(out)
+            return got, dict(pg.counters["hccc"]), dict(pg.carried["scatter"])
+        return run
+    ours = _ranks_in_threads([job(r) for r in range(3)], Options(), timeout_s=60.0)
+    gloo = _ranks_in_threads([job(r) for r in range(3)], Options(catalog=tmp_path / "empty"))
+    for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
+        assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
+        for a, b in zip(mine[0], theirs[0]):
+            assert a.dtype == b.dtype and torch.equal(a, b), f"rank {rank}"
+        assert mine[1] == {"scatter": 2} and mine[2] == {"float32": 2}, mine[1:]
+        assert theirs[1] == {}

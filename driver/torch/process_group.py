@@ -997,13 +997,17 @@ class HcccProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ScatterOptions()
         root = int(opts.rootRank)
         ins = [t for lst in input_tensors for t in lst]
-        dev = self._check("scatter", ins, output_tensors)
         out = output_tensors[0]
         bad = ""
         if self._rank == root and (len(input_tensors) != 1 or len(ins) != self._size
                                    or any(i.numel() != out.numel() for i in ins)):
             bad = (f"the root's scatter_list holds {len(ins)} tensors of "
                    f"{'/'.join(str(i.numel()) for i in ins) or 'no'} elements")
+        elif self._rank == root and any(i.dtype != out.dtype or i.device != out.device for i in ins):
+            bad = "the root's scatter_list holds tensors of another dtype or device than the output"
+        # only what every rank passes decides the route; a bad list goes to the delegate, which
+        # refuses it on the root while the others fail on the comparison of the calls
+        dev = self._check("scatter", [] if bad else ins, output_tensors)
         extra = "several tensors in one call" if len(output_tensors) != 1 else bad
         route = self._route("scatter", dev, [out, *ins], out.numel() * out.element_size() * self._size,
                             "sum", root=root, extra=extra, strided_ok=True)
