@@ -115,11 +115,12 @@ def test_generators_refuse_bad_arguments():
 
 
 # ------------------------------------------------------------------------------ the kernels
-def _kernels_compute_scatter(data, dtypes):
+def _kernels_compute_scatter(data, dtypes, codegens=("specialized",)):
     alg = data.draw(valid_programs("scatter", max_ranks=6), label="program")
     ir = build_program(alg, chunk_bytes=data.draw(st.sampled_from([32, 64, 256]), label="chunk_bytes"))
     dtype = data.draw(st.sampled_from(dtypes), label="dtype")
-    runner = kernel_runner(ir, "cpu", dtype, "sum")
+    runner = kernel_runner(ir, "cpu", dtype, "sum",
+                           codegen=data.draw(st.sampled_from(list(codegens)), label="codegen"))
     np_dt = np.float32 if dtype == "bfloat16" else np.dtype(dtypes_table.dtype(dtype).numpy)
     N, C, root = ir.nranks, ir.nchunks, ir.root
     for _ in range(2):   # two sizes per build
@@ -129,7 +130,8 @@ def _kernels_compute_scatter(data, dtypes):
         inputs = [np.full(count, NOT_SENT, np_dt) for _ in range(N)]
         inputs[root] = np.random.default_rng(seed).integers(0, 60, count).astype(np_dt)
         res = runner.run(count=count, inplace=inplace, inputs=inputs, keep_outputs=True,
-                         nthreads=data.draw(st.sampled_from([1, 2, 3]), label="threads"))
+                         nthreads=data.draw(st.sampled_from([1, 2, 3]), label="threads"),
+                         proto=data.draw(st.sampled_from(["simple", "ll"]), label="proto"))
         assert res.stuck is None, res.stuck
         want = scatter_oracle(inputs[root], N, C)
         for r in range(N):
@@ -144,7 +146,8 @@ def _kernels_compute_scatter(data, dtypes):
 @given(data=st.data())
 def test_generated_scatter_programs_compute_scatter(data):
     """Random Scatter programs (chains, trees, linear; relabelled, renumbered, split chunks): the
-    emitted kernels give every rank its block of the root's buffer, whatever the others send."""
+    emitted kernels, under either FIFO protocol, give every rank its block of the root's buffer,
+    whatever the others send."""
     _kernels_compute_scatter(data, ["float32", "float16", "bfloat16", "int32", "uint8"])
 
 
@@ -153,7 +156,8 @@ def test_generated_scatter_programs_compute_scatter(data):
 @settings(max_examples=examples(30), deadline=None)
 @given(data=st.data())
 def test_generated_scatter_programs_compute_scatter_in_every_dtype(data):
-    _kernels_compute_scatter(data, DTYPES)
+    """Every element type, the specialised and the table-mode kernels."""
+    _kernels_compute_scatter(data, DTYPES, ("specialized", "table"))
 
 
 # ------------------------------------------------------------------------------ hccc check
