@@ -170,9 +170,10 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
     doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape; for AllToAll the
     two-step hierarchical algorithm; AllToAll's ring relays blocks along the ring); the rooted
     collectives (Broadcast, Reduce, Gather, Scatter) from a random root, a tree one down or up a
-    random spanning tree, a direct one straight from or to the root (Scatter's linear algorithm). Then, one time in four, every chunk split into 2..
-    ``max_chunks_per_rank`` chunks (``nChunksPerRank``); then optionally a random rank relabeling
-    and a random validity-preserving step re-numbering.
+    random spanning tree, a direct one straight from or to the root (Scatter's linear algorithm).
+    Then, one time in four, every chunk split into 2.. ``max_chunks_per_rank`` chunks
+    (``nChunksPerRank``); then optionally a random rank relabeling and a random
+    validity-preserving step re-numbering.
     """
     if collective is None:
         coll = draw(st.sampled_from(list(Collective)))
@@ -338,8 +339,8 @@ def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
     * ``drop`` (the copy-only collectives: Allgather, Broadcast, Gather, Scatter, Alltoall): the
       first write of a (rank, chunk) K that the precondition leaves empty, when K is read before
       its next write, or has no next write and the postcondition names K (not the copies a relay
-      keeps on the way: Alltoall's, Gather's and Scatter's transit copies). Without it K is empty until then: a read of
-      undefined data, or K misses its chunk at the end.
+      keeps on the way: Alltoall's, Gather's and Scatter's transit copies). Without it K is empty
+      until then: a read of undefined data, or K misses its chunk at the end.
     * ``drop`` (Reducescatter/Allreduce): a *live* ``rrc`` (:func:`live_transfers`). Values are
       disjoint unions of contributions; removing the reduction removes its nonempty source set S
       from every output derived from it (S cannot arrive another way, it would overlap), so an

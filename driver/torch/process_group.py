@@ -992,8 +992,8 @@ class HcccProcessGroup(dist.ProcessGroup):
         """torch.distributed.scatter: the root's ``scatter_list`` (``input_tensors[0]``, one tensor
         per rank) split over the ranks, tensor ``r`` into rank ``r``'s output. The route depends
         only on what every rank passes (the output, the root); a root whose list does not fit the
-        output (a wrong length or size) says so in its call's text, so that every rank's call
-        fails on the comparison instead of waiting for the root."""
+        output (another length, size, dtype or device) says so in its call's text, so that every
+        rank's call fails on the comparison instead of waiting for the root."""
         opts = opts if opts is not None else dist.ScatterOptions()
         root = int(opts.rootRank)
         ins = [t for lst in input_tensors for t in lst]
