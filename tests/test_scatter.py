@@ -293,6 +293,21 @@ def test_built_in_catalog_offers_linear_and_across_nodes_the_binomial_tree():
     assert plan("scatter", 4, ["a"] * 4, None) == plan("scatter", 4, ["a"] * 4, 4) == []
 
 
+def test_a_catalog_serves_scatter_at_its_root(tmp_path, capsys):
+    """An algorithm directory holding the example: hccc catalog lists it with its root, and the
+    torch backend's choice takes it for a scatter from root 3 only."""
+    from hccc.catalog import Catalog
+    shutil.copy(EXAMPLE, tmp_path)
+    rc, out, err = run_cli(capsys, "catalog", tmp_path)
+    assert rc == 0 and "  scatter         8     3  ring_scatter_8.rccl" in out, out
+    assert "gather, send, recv" in out and "scatter, send" not in out
+    cat = Catalog.load(tmp_path)
+    entry, why = cat.select("scatter", 8, 8 * 4 * 100, "float32", "sum", 3)
+    assert entry is not None and entry.name == "ring_scatter_8.rccl" and entry.root == 3, why
+    entry, why = cat.select("scatter", 8, 8 * 4 * 100, "float32", "sum", 2)
+    assert entry is None and why == "no scatter algorithm for root 2 (the catalog's roots: 3)"
+
+
 @pytest.mark.parametrize("topo,n,faster", [("a100_topo1", 8, "direct"), ("a100_topo2", 16, "direct"),
                                            ("a100_topo3", 16, "binomial")])
 def test_the_simulator_prefers_what_the_catalog_says(topo, n, faster):
