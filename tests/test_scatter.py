@@ -103,6 +103,20 @@ def test_the_example_is_the_chain_from_root_3():
     assert sorted(alg.rows()) == sorted(want.rows())
 
 
+def test_hccc_testing_draws_every_scatter_family():
+    """hccc.testing's strategies know Scatter's three generators, and draw valid programs of it."""
+    from hccc import testing
+    assert testing._FAMILIES[Collective.SCATTER] == ("ring", "tree", "direct")
+    assert testing._generator("direct", Collective.SCATTER) is gen.direct_scatter
+
+    @settings(max_examples=examples(15), deadline=None)
+    @given(valid_programs("scatter", max_ranks=7))
+    def drawn(alg):
+        assert alg.header.collective is Collective.SCATTER and 0 <= alg.header.root < alg.header.nranks
+        verify(alg)
+    drawn()
+
+
 def test_generators_refuse_bad_arguments():
     with pytest.raises(ValueError, match="root 4 is out of range"):
         gen.direct_scatter(4, 4)
