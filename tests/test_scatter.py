@@ -227,6 +227,8 @@ def test_run_prints_nccl_tests_scatter_table(capsys, monkeypatch):
 
 
 def test_sim_reports_scatter_bandwidths(capsys):
+    """nccl-tests' columns (busbw factor (n-1)/n), and the cluster's cut bound for a Scatter, which
+    the program's simulated time never beats."""
     import json
     rc, out, err = run_cli(capsys, "sim", EXAMPLE, "-t", CLUSTERS / "a100_topo1.topo", "--sizes", "1M,64M",
                            "--json")
@@ -236,6 +238,21 @@ def test_sim_reports_scatter_bandwidths(capsys):
     assert [r["bytes"] for r in doc["results"]] == [1 << 20, 64 << 20]
     for r in doc["results"]:
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 7 / 8)
+        assert 0 < r["cut_bound_us"] <= r["time_us"]
+
+
+@pytest.mark.parametrize("coll", ["scatter", "gather"])
+def test_cut_bound_is_the_far_nodes_blocks_across_the_nic(coll):
+    """4 + 8 GPUs, one 12 GB/s NIC per node, the intra-node links far faster: the blocks of the
+    ranks on the other node than the root cross its NIC, 8 of the 12 from a root on the small node
+    and 4 from one on the large; Gather's cross the other way, as many."""
+    from hccc.compiler.synth import network_from_topology
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+    from test_bounds_collectives import GB, _two_nodes
+    net = network_from_topology(_two_nodes(4, 8, 12))
+    M = 1 << 30
+    assert collective_cut_bound_seconds(net, coll, 12, 1, 0, M) == pytest.approx(M * 8 / 12 / (12 * GB), rel=1e-9)
+    assert collective_cut_bound_seconds(net, coll, 12, 1, 5, M) == pytest.approx(M * 4 / 12 / (12 * GB), rel=1e-9)
 
 
 @pytest.mark.parametrize("cmd,why", [
