@@ -1,11 +1,13 @@
 """Scatter (NCCL's ncclScatter): the root's send buffer holds one block per rank, in rank order;
 every rank's receive buffer gets its block. Its generators (linear from the root, the chain, a tree
-and the binomial tree), the emitted kernels on the CPU emulation against a numpy oracle written here
-in every element type, in and out of place, ``hccc check`` refusing wrong programs at their
-place, ``hccc run`` / ``sim`` (nccl-tests' busbw factor (n-1)/n), the MSCCL XML and MSCCL++ plan
-exports refusing it with the reason, the Communicator's ``scatter`` one rank per process, the
-built-in torch catalog's choice and, in the slow set, ``torch.distributed.scatter`` through hccc
-against gloo."""
+and the binomial tree) and hccc.testing's strategies for it; the emitted kernels on the CPU
+emulation against a numpy oracle written here, in every element type, in and out of place, under
+both FIFO protocols; ``hccc check`` refusing wrong programs at their place; ``hccc run`` / ``sim``
+(nccl-tests' busbw factor (n-1)/n, the cluster's cut bound); the MSCCL XML and MSCCL++ plan
+exports refusing it with the reason; the Communicator's ``scatter`` one rank per process (slow
+set); algorithm catalogs and the built-in one's choice, held to the simulator; and
+``torch.distributed.scatter`` through hccc against gloo (in threads; seven dtypes in processes in
+the slow set), a root's bad list failing every rank at once."""
 from __future__ import annotations
 
 import math
@@ -44,7 +46,8 @@ NOT_SENT = 99
 
 def scatter_oracle(root_input: np.ndarray, nranks: int, nchunks: int) -> list[np.ndarray]:
     """Rank ``r``'s block of the root's buffer: its ``nchunks // nranks`` chunks, chunk ``c``
-    being elements ``[c * count // nchunks, (c + 1) * count // nchunks)`` (nccl-tests' split)."""
+    being elements ``[c * count // nchunks, (c + 1) * count // nchunks)`` (hccc's split of a full
+    buffer; with a count of whole blocks, as torch's and nccl-tests' calls have, equal blocks)."""
     count, k = len(root_input), nchunks // nranks
     return [root_input[r * k * count // nchunks:(r + 1) * k * count // nchunks] for r in range(nranks)]
 
