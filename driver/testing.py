@@ -168,10 +168,12 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
 
     Families: ring (random order), tree (random spanning tree), direct (full mesh), recursive
     doubling (AllGather, power-of-two ranks), HM (random ``nNodes x G`` shape; for AllToAll the
-    two-step hierarchical algorithm; AllToAll's ring relays blocks along the ring); Broadcast and
-    Reduce from a random root. Then, one time in four, every chunk split into 2..
-    ``max_chunks_per_rank`` chunks (``nChunksPerRank``); then optionally a random rank relabeling
-    and a random validity-preserving step re-numbering.
+    two-step hierarchical algorithm; AllToAll's ring relays blocks along the ring); the rooted
+    collectives (Broadcast, Reduce, Gather, Scatter) from a random root, a tree one down or up a
+    random spanning tree, a direct one straight from or to the root (Scatter's linear algorithm).
+    Then, one time in four, every chunk split into 2.. ``max_chunks_per_rank`` chunks
+    (``nChunksPerRank``); then optionally a random rank relabeling and a random
+    validity-preserving step re-numbering.
     """
     if collective is None:
         coll = draw(st.sampled_from(list(Collective)))
@@ -277,7 +279,7 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
         for lst in d.values():
             lst.sort(key=lambda i: (step[i], i))
     cands: dict[str, list] = {"duplicate": list(range(n)), "drop": [], "duplicate-rrc": [], "reorder": []}
-    if not coll.reduces:   # Allgather, Broadcast, Alltoall: copies only
+    if not coll.reduces:   # Allgather, Broadcast, Gather, Scatter, Alltoall: copies only
         h = alg.header
         spec = coll.spec
         final = set(final_rows(coll, h.nranks, C, h.root).tolist())
@@ -334,10 +336,11 @@ def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
     * ``duplicate-rrc``: a copy of an ``rrc`` in a new step right after it (steps doubled, copy at
       2t+1). Nothing happens in between and a valid step never writes what it reads, so the copy
       reduces the same nonempty set S into a chunk that already contains S: double counting.
-    * ``drop`` (Allgather, Broadcast, Alltoall): the first write of a non-owner (rank, chunk) K,
-      when K is read before its next write, or has no next write and the postcondition names K
-      (every K but Alltoall's transit copies). Without it K is empty until then: a read of
-      undefined data, or K misses its chunk at the end.
+    * ``drop`` (the copy-only collectives: Allgather, Broadcast, Gather, Scatter, Alltoall): the
+      first write of a (rank, chunk) K that the precondition leaves empty, when K is read before
+      its next write, or has no next write and the postcondition names K (not the copies a relay
+      keeps on the way: Alltoall's, Gather's and Scatter's transit copies). Without it K is empty
+      until then: a read of undefined data, or K misses its chunk at the end.
     * ``drop`` (Reducescatter/Allreduce): a *live* ``rrc`` (:func:`live_transfers`). Values are
       disjoint unions of contributions; removing the reduction removes its nonempty source set S
       from every output derived from it (S cannot arrive another way, it would overlap), so an

@@ -79,6 +79,11 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, 
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
                 _note(comm, protos, epochs, slices)
                 continue
+            if call.get("output_in_input") is not None:   # in place: out is x[at : at + out]
+                at = call["output_in_input"]
+                outs.append(np.array(getattr(comm, method)(x, x[at:at + out_len], **kwargs), copy=True))
+                _note(comm, protos, epochs, slices)
+                continue
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
             else:

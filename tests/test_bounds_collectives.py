@@ -33,7 +33,9 @@ def _demand(coll: str, side: frozenset, n: int, root: int, M: float) -> float:
             "broadcast": M if root in side else 0.0,
             "reduce": 0.0 if root in side else M,   # S's contributions to every chunk, pre-reduced
             "allreduce": M,                         # every chunk outside depends on S
-            "alltoall": inside * outside * M / n}[coll]   # one M/n block per ordered pair across
+            "alltoall": inside * outside * M / n,   # one M/n block per ordered pair across
+            "gather": 0.0 if root in side else inside * M / n,      # S's blocks, for the root
+            "scatter": outside * M / n if root in side else 0.0}[coll]   # the root's blocks for the outside
 
 
 def _hub_flow(net: Network, side) -> float:
@@ -169,7 +171,7 @@ def test_allreduce_bound_full_mesh(n):
 def test_unknown_collective_is_refused():
     net = network_from_topology(_two_nodes(2, 2, 10))
     with pytest.raises(ValueError, match="no cut bound"):
-        collective_cut_bound_seconds(net, "gather", 4, 1, 0, 1.0)
+        collective_cut_bound_seconds(net, "bogus", 4, 1, 0, 1.0)
 
 
 # ---------------------------------------------------------------- no schedule beats its bound
@@ -189,6 +191,13 @@ def _algorithms(coll: str, n: int, root: int):
     elif coll == "alltoall":
         yield gen.direct_alltoall(n)
         yield gen.ring_alltoall(n)
+    elif coll == "gather":
+        yield gen.ring_gather(n, root)
+        yield gen.direct_gather(n, root)
+    elif coll == "scatter":
+        yield gen.ring_scatter(n, root)
+        yield gen.direct_scatter(n, root)
+        yield gen.tree_scatter(n, gen.binomial_tree(n, root), root)
     else:
         yield gen.ring_reduce(n, root)
 

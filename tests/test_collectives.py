@@ -29,7 +29,8 @@ from hccc.testing import valid_programs
 #: nccl-tests' PERFORMANCE.md factors, written out here as the independent oracle
 NCCL_TESTS_BUSBW = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
                     "reducescatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-                    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+                    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+                    "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n}
 
 
 # ------------------------------------------------------------------------- one list, everywhere

@@ -125,13 +125,15 @@ PROGRAMS = {
     "reduce": lambda: gen.ring_reduce(4, root=2),
     "alltoall": lambda: gen.ring_alltoall(3),
     "gather": lambda: gen.ring_gather(4, root=1, chunks_per_rank=2),
+    "scatter": lambda: gen.tree_scatter(5, gen.binomial_tree(5, 2), root=2, chunks_per_rank=2),
 }
 
 
 #: one kernel instance per collective (each rank builds its own kernel: keep the builds few)
 INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
             "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
-            "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum")}
+            "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum"),
+            "scatter": ("float32", "sum")}
 
 
 # several processes per case, each building its kernels: with the slow tests (pytest -m slow);

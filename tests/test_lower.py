@@ -79,6 +79,20 @@ def _gather_rows(rng, n, c, root, t0):
     return rows
 
 
+def _scatter_rows(rng, n, c, root, t0):
+    """Chunk c (for rank c) walks a random simple path from root: direct, or through up to two
+    other ranks (which keep it in scratch), hops at increasing random steps."""
+    if c == root:
+        return []
+    others = [r for r in rng.permutation(n).tolist() if r not in (c, root)]
+    path = [root] + others[:int(rng.integers(0, min(2, len(others)) + 1))] + [c]
+    rows, t = [], t0
+    for a, b in zip(path, path[1:]):
+        rows.append((a, b, t, c, RECV))
+        t += 1 + int(rng.integers(0, 2))
+    return rows
+
+
 def _alltoall_rows(rng, n):
     """Every block (i -> j) walks a random simple path from i to j (direct, or through up to two
     other ranks, which keep it in scratch), hops at increasing random steps; some blocks also
@@ -106,7 +120,7 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
     rows = []
     if coll == Collective.ALLTOALL:
         return Algorithm.from_rows(Header(nranks=n, collective=coll, name=name), _alltoall_rows(rng, n))
-    top = int(rng.integers(n))   # Broadcast / Reduce root
+    top = int(rng.integers(n))   # Broadcast / Reduce / Gather / Scatter root
     for c in range(n):
         t0 = int(rng.integers(0, 3))
         if coll == Collective.BROADCAST:
@@ -119,6 +133,8 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
             rows += _reduce_rows(rng, n, c, c, t0)[0]
         elif coll == Collective.GATHER:
             rows += _gather_rows(rng, n, c, top, t0)
+        elif coll == Collective.SCATTER:
+            rows += _scatter_rows(rng, n, c, top, t0)
         else:
             root = int(rng.integers(n))
             r1, t_end = _reduce_rows(rng, n, c, root, t0)
@@ -197,7 +213,7 @@ def _oracle_locations(alg):
         first[(d, c)] = min(first.get((d, c), stp), stp)
 
     def wloc(r, c):
-        if coll == Collective.REDUCESCATTER:
+        if coll in (Collective.REDUCESCATTER, Collective.SCATTER):
             return (Buf.OUTPUT, c % k) if c // k == r else (Buf.SCRATCH, c)
         if coll in (Collective.REDUCE, Collective.GATHER):
             return (Buf.OUTPUT, c) if r == root else (Buf.SCRATCH, c)
@@ -337,10 +353,11 @@ def test_local_copies_are_one_primitive_per_run(alg):
         assert c["dst_buf"][i] == Buf.OUTPUT and c["src_buf"][i] == Buf.INPUT
         for j in range(n):
             so, do = int(c["src_off"][i]) + j, int(c["dst_off"][i]) + j
-            # an input slot holds the rank's own chunks when the input is the rank's part only
+            # a slot holds the rank's own chunks when the buffer is the rank's part only
             held = r * low.in_chunks + so if low.in_chunks * N == low.nchunks else so
-            assert held == do, (r, so, do)
-            got.append((r, do))
+            kept = r * low.out_chunks + do if low.out_chunks * N == low.nchunks else do
+            assert held == kept, (r, so, do)
+            got.append((r, kept))
     assert sorted(got) == sorted(want)
     # runs: no two copies of a rank that one primitive could have made
     cp = np.flatnonzero(c["op"] == Op.COPY)

@@ -188,6 +188,9 @@ ATTR_CASES = [
     # (line index, attribute, old, new, message)
     (0, "proto", 'proto="Simple"', 'proto="LL256"', "unknown protocol 'LL256'"),
     (0, "coll", 'coll="allgather"', 'coll="alltoallv"', "unsupported collective 'alltoallv'"),
+    # a collective hccc has, which MSCCL XML cannot state: the reason, not "hccc runs only ..."
+    (0, "coll", 'coll="allgather"', 'coll="scatter"', "unsupported collective 'scatter': an MSCCL "
+     "<algo> has no root attribute, so it cannot express a Scatter; hccc reads allgather"),
     (0, "coll", 'coll="allgather"', 'coll="bogus"', "unknown collective 'bogus'"),
     (0, "nchunksperloop", 'nchunksperloop="2"', 'nchunksperloop="3"', "not a multiple of ngpus=2"),
     (0, "outofplace", 'outofplace="1"', 'outofplace="0"', "neither in-place nor out-of-place"),

@@ -254,6 +254,10 @@ def test_refusals_are_located(tmp_path):
     bad["collective"] = "broadcast"
     msg, line = _error(bad, tmp_path)
     assert "unsupported collective 'broadcast'" in msg and '"collective"' in line
+    assert "an MSCCL++ plan has no root, so it cannot express a Broadcast" in msg
+    bad["collective"] = "scatter"
+    msg, line = _error(bad, tmp_path)
+    assert "cannot express a Scatter; hccc reads allgather" in msg and '"collective"' in line
     bad = copy.deepcopy(plan)
     bad["gpus"][0]["threadblocks"][0]["ops"][3]["src_buff"][1]["index"] = 9
     msg, line = _error(bad, tmp_path)

@@ -162,7 +162,7 @@ def test_catalog_command_lists_coverage_and_gaps(tmp_path, capsys):
     assert "ring_allreduce_4.rccl" in out and "[1 KiB, 1 MiB]" in out
     assert "allreduce on 4 ranks: 0 B .. 1023 B" in out
     assert "allreduce on 4 ranks: 1048577 B and up" in out
-    assert "no entries: reducescatter, broadcast, reduce, alltoall" in out
+    assert "no entries: reducescatter, broadcast, reduce, alltoall, scatter" in out
     assert main(["catalog", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "hccc.catalog/1" and len(doc["entries"]) == 2

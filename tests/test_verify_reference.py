@@ -25,7 +25,7 @@ STATIC_ORDER = ["src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "n
 def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int]], root: int = 0, k: int = 1):
     """Sequential model: returns the sorted list of (phase, step, kind order, transfer, kind).
 
-    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce/Gather;
+    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce/Gather/Scatter;
     Alltoall: ``n*n*k`` chunks, chunk ``c`` goes from rank ``c // (n*k)`` to rank ``(c // k) % n``."""
     errors = []
     live = []
@@ -36,13 +36,14 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
             errors.append((0, 0, 0, i, STATIC_ORDER[problems.index(True)]))
         else:
             live.append(i)
-    copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLTOALL, Collective.GATHER)
+    copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLTOALL, Collective.GATHER,
+                         Collective.SCATTER)
     if coll is Collective.ALLTOALL:
         state = {(r, c): (frozenset([r]) if r == c // (n * k) else frozenset())
                  for r in range(n) for c in range(nc)}
     elif coll in (Collective.ALLGATHER, Collective.GATHER):
         state = {(r, c): (frozenset([r]) if r == c // k else frozenset()) for r in range(n) for c in range(nc)}
-    elif coll is Collective.BROADCAST:
+    elif coll in (Collective.BROADCAST, Collective.SCATTER):
         state = {(r, c): (frozenset([r]) if r == root else frozenset()) for r in range(n) for c in range(nc)}
     else:
         state = {(r, c): frozenset([r]) for r in range(n) for c in range(nc)}
@@ -97,6 +98,8 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
                     ok = r != root or state[(r, c)] == everyone
                 elif coll is Collective.GATHER:
                     ok = r != root or state[(r, c)] == frozenset([c // k])
+                elif coll is Collective.SCATTER:
+                    ok = c // k != r or state[(r, c)] == frozenset([root])
                 else:
                     ok = state[(r, c)] == everyone
                 if not ok:

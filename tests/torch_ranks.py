@@ -273,3 +273,43 @@ def two_nodes_job(rank: int, world: int, url: str):
     dist.all_reduce(t)
     ok = torch.equal(t, sum(inp(r) for r in range(world)))
     return {"ok": ok, "stats": hccc.torch.stats()}
+
+
+def scatter_job(rank: int, world: int, url: str, backend: str):
+    """torch.distributed.scatter with no catalog and no environment (on hccc: the built-in
+    catalog) at several dtypes, roots and sizes; on hccc also into a strided output (checked here)
+    and from a root whose scatter_list is one tensor short. Returns every result (as lists), and on
+    hccc whether the strided one is right, the error each rank got from the bad call and the stats."""
+    import torch
+    import torch.distributed as dist
+    init(backend, rank, world, url, timeout_s=30.0)
+    got = []
+    for i, (dtype, root, n) in enumerate([(torch.float32, 0, 64), (torch.float16, world - 1, 5),
+                                          (torch.bfloat16, 1 % world, 33), (torch.int32, 0, 1),
+                                          (torch.int64, world - 1, 17), (torch.uint8, 0, 40),
+                                          (torch.float64, 1 % world, 9)]):
+        lst = ([(torch.arange(n) * (r + 2) + 3 * i + r).to(dtype) for r in range(world)]
+               if rank == root else None)
+        out = torch.full((n,), 7, dtype=dtype)
+        dist.scatter(out, lst, src=root)
+        got.append(out.to(torch.float64).numpy().tolist())
+    if backend != "hccc":
+        # gloo writes a strided output as if it were contiguous; its root refuses the short list
+        # below, and the other ranks would wait for it
+        return {"got": got}
+    # a strided output: every other element of a buffer
+    buf = torch.zeros(2 * 12)
+    lst = [torch.arange(12, dtype=torch.float32) + 100 * r for r in range(world)] if rank == 0 else None
+    dist.scatter(buf[::2], lst, src=0)
+    want = torch.zeros(2 * 12)
+    want[::2] = torch.arange(12, dtype=torch.float32) + 100 * rank
+    strided = torch.equal(buf, want)
+    import hccc.torch
+    stats = hccc.torch.stats()
+    try:
+        lst = [torch.ones(4)] * (world - 1) if rank == 0 else None
+        dist.scatter(torch.empty(4), lst, src=0)
+        bad = None
+    except Exception as exc:
+        bad = f"{type(exc).__name__}: {exc}"
+    return {"got": got, "strided": strided, "bad": bad, "stats": stats}

@@ -107,6 +107,14 @@ def _gather(inputs, red, nchunks, root):
     return [full if r == root else None for r in range(len(inputs))]
 
 
+def _scatter(inputs, red, nchunks, root):
+    # the root's input is the ranks' blocks in rank order (nccl-tests' split of the full buffer:
+    # chunk boundaries at c * count // nchunks); rank r receives block r, the other inputs are unread
+    full = np.asarray(inputs[root])
+    b, k = _bounds(len(full), nchunks), nchunks // len(inputs)
+    return [full[b[r * k]:b[r * k + k]].copy() for r in range(len(inputs))]
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """One collective (see the module docstring for the chunk model)."""
@@ -138,7 +146,7 @@ class CollectiveSpec:
 
     @property
     def rooted(self) -> bool:
-        """It has a root rank (Broadcast, Reduce, Gather)."""
+        """It has a root rank (Broadcast, Reduce, Gather, Scatter)."""
         return ROOT in (self.start, self.end)
 
     @property
@@ -288,6 +296,8 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
                    semantics=_alltoall, msccl="alltoall", blockwise=True),
     CollectiveSpec("gather", "Gather", start=OWNER, end=ROOT, reduces=False,
                    input=OWN, output=FULL, busbw=_ring, method="gather", semantics=_gather),
+    CollectiveSpec("scatter", "Scatter", start=ROOT, end=OWNER, reduces=False,
+                   input=FULL, output=OWN, busbw=_ring, method="scatter", semantics=_scatter),
 )}
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "hm_allgather", "hm_reducescatter", "hm_allreduce",
     "ring_broadcast", "ring_reduce", "tree_broadcast", "tree_reduce", "direct_broadcast", "direct_reduce",
     "ring_gather", "tree_gather", "direct_gather", "ring_gather_rccl",
+    "ring_scatter", "tree_scatter", "direct_scatter", "binomial_tree", "ring_scatter_rccl",
     "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
     "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
@@ -399,6 +400,67 @@ def ring_gather_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: s
             + "            for j in range(0, nChunksPerRank):\n"
             + "                transfer((Root + 1 + h) % nRanks, (Root + 2 + h) % nRanks, h + j, "
               "((Root + 1 + i) % nRanks) * nChunksPerRank + j, recv)\n")
+
+
+def ring_scatter(n: int, root: int = 0, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                 name: str = "ring_scatter") -> Algorithm:
+    """Chain Scatter: the ring ``order`` opened at ``root``; the root sends the chunks of every
+    other rank down the chain, chunk ``j`` of the rank at position ``i`` crossing hop ``h``
+    (``0..i-1``, from position ``h`` to ``h + 1``) at step ``h + j`` (Gather's chain, reversed)."""
+    _check_root(n, root, chunks_per_rank)
+    p = _chain(n, root, order)   # root first
+    K = chunks_per_rank
+    rows = [(p[h], p[h + 1], h + j, p[i] * K + j, RECV)
+            for i in range(1, n) for h in range(i) for j in range(K)]
+    return _algorithm(_header(n, Collective.SCATTER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def tree_scatter(n: int, edges: Sequence[tuple[int, int]], root: int = 0, *, chunks_per_rank: int = 1,
+                 name: str = "tree_scatter") -> Algorithm:
+    """Tree Scatter down the spanning tree ``edges`` rooted at ``root``: the edge into a rank at
+    depth ``d`` carries the chunks of every rank of its subtree at step ``d - 1``."""
+    _check_root(n, root, chunks_per_rank)
+    adj = _check_tree(n, edges)
+    K = chunks_per_rank
+    below: dict[int, list[int]] = {u: [u] for u in range(n)}   # the ranks of each subtree
+    for u, q in _postorder_edges(adj, root):                  # children are complete first
+        below[q] = below[q] + below[u]
+    rows = [(u, v, d - 1, w * K + j, RECV) for (u, v, d) in _bfs(adj, root) for w in sorted(below[v])
+            for j in range(K)]
+    return _algorithm(_header(n, Collective.SCATTER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def direct_scatter(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "direct_scatter") -> Algorithm:
+    """Linear Scatter: the root sends every other rank its chunks at step 0."""
+    _check_root(n, root, chunks_per_rank)
+    K = chunks_per_rank
+    rows = [(root, r, 0, r * K + j, RECV) for r in range(n) if r != root for j in range(K)]
+    return _algorithm(_header(n, Collective.SCATTER, name, root=root, chunks_per_rank=K),
+                      np.asarray(rows, _I64).reshape(-1, 5))
+
+
+def binomial_tree(n: int, root: int = 0) -> list[tuple[int, int]]:
+    """The binomial spanning tree rooted at ``root`` as ``(parent, child)`` edges: the rank at
+    distance ``v`` (``1..n-1``) after the root hangs under the one at ``v`` with its highest set bit
+    cleared, so it lies as many edges deep as ``v`` has set bits, at most ``ceil(log2 n)`` (the tree
+    of MPI's binomial broadcast and scatter; for :func:`tree_scatter` and the other tree builders)."""
+    _check_root(n, root, 1)
+    return [((root + (v & ~(1 << (v.bit_length() - 1)))) % n, (root + v) % n) for v in range(1, n)]
+
+
+def ring_scatter_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: str = "ring_scatter") -> str:
+    """ResCCLang text of :func:`ring_scatter` (identity ring order, opened at the root)."""
+    _check_root(n, root, chunks_per_rank)
+    return (_rooted_head(n, Collective.SCATTER, name, root, chunks_per_rank)
+            + "    # chain from the root: chunk j of the rank at position i (Root + i) crosses\n"
+            + "    # hop h (from Root + h) at step h + j\n"
+            + "    for i in range(1, nRanks):\n"
+            + "        for h in range(0, i):\n"
+            + "            for j in range(0, nChunksPerRank):\n"
+            + "                transfer((Root + h) % nRanks, (Root + h + 1) % nRanks, h + j, "
+              "((Root + i) % nRanks) * nChunksPerRank + j, recv)\n")
 
 
 def split_chunks(alg: Algorithm, k: int) -> Algorithm:
@@ -834,6 +896,8 @@ EXAMPLES = {
                       lambda: ring_reduce_rccl(8, 3, chunks_per_rank=2, name="ring_reduce_8")),
     "ring_gather_8": (lambda: ring_gather(8, 3, chunks_per_rank=2, name="ring_gather_8"),
                       lambda: ring_gather_rccl(8, 3, chunks_per_rank=2, name="ring_gather_8")),
+    "ring_scatter_8": (lambda: ring_scatter(8, 3, chunks_per_rank=2, name="ring_scatter_8"),
+                       lambda: ring_scatter_rccl(8, 3, chunks_per_rank=2, name="ring_scatter_8")),
     "direct_alltoall_8": (lambda: direct_alltoall(8, name="direct_alltoall_8"),
                           lambda: direct_alltoall_rccl(8, name="direct_alltoall_8")),
     "ring_alltoall_6": (lambda: ring_alltoall(6, chunks_per_rank=2, name="ring_alltoall_6"),

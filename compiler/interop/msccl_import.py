@@ -190,8 +190,11 @@ class _Importer:
         coll = COLLECTIVE_ALIASES.get(a.attrs["coll"], a.attrs["coll"])
         if coll not in SUPPORTED_COLLECTIVES:
             if coll in OTHER_COLLECTIVES:
-                raise self.err(a, f"unsupported collective '{coll}': hccc proves and runs "
-                                  f"{', '.join(SUPPORTED_COLLECTIVES)}", "coll")
+                # a collective hccc has but MSCCL XML cannot state (a rooted one: no root attribute)
+                spec = SPECS.get(coll)
+                why = (f"{spec.msccl_refusal}; hccc reads {', '.join(SUPPORTED_COLLECTIVES)} from MSCCL XML"
+                       if spec is not None else f"hccc proves and runs {', '.join(SUPPORTED_COLLECTIVES)}")
+                raise self.err(a, f"unsupported collective '{coll}': {why}", "coll")
             raise self.err(a, f"unknown collective '{coll}' (expected {', '.join(SUPPORTED_COLLECTIVES)})", "coll")
         coll = COLLECTIVE_OF_COLL[coll]
         spec = SPECS[coll]

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
@@ -193,6 +194,11 @@ class _Importer:
         rd, plan = self.rd, self.plan
         coll = rd.get(plan, "collective", (), str)
         if coll not in COLLECTIVES:
+            spec = SPECS.get(coll)
+            if spec is not None and spec.rooted:   # one hccc has, which a plan cannot state
+                raise rd.err(("collective",), f"unsupported collective '{coll}': an MSCCL++ plan has no "
+                                              f"root, so it cannot express a {spec.title}; hccc reads "
+                                              f"{', '.join(COLLECTIVES)} plans")
             raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
                                           f"{', '.join(COLLECTIVES)}")
         proto = rd.get(plan, "protocol", (), str)

@@ -540,7 +540,8 @@ def _integer_max_flow(G):
 
 
 #: the collectives :func:`collective_cut_bound_seconds` knows
-BOUND_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "allreduce", "alltoall")
+BOUND_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "allreduce", "alltoall", "gather",
+                     "scatter")
 
 
 def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int,
@@ -560,6 +561,8 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
       ``M`` bytes leave S, for every S, so ``T >= M / min_S B+(S)``. It dominates the
       ReduceScatter and AllGather terms of the same cut (``|S| <= N``); their sum is no bound.
     * AllToAll (``total_bytes``: one rank's buffer): :func:`alltoall_cut_bound_seconds`.
+    * Scatter (root in S) and Gather (root outside S): the blocks (``M/N`` each) of the ranks on
+      the far side of the cut from the root cross it: :func:`rooted_cut_ratio`.
     """
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
@@ -567,6 +570,10 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     n, k = int(nranks), int(chunks_per_rank)
     if coll == "alltoall":   # total_bytes: one rank's buffer (nranks blocks)
         return alltoall_cut_bound_seconds(net, total_bytes)[0]
+    if coll in ("scatter", "gather"):   # total_bytes: the root's whole buffer (nranks blocks)
+        if n <= 1:
+            return 0.0
+        return rooted_cut_ratio(net, net.bw, net.gbw, int(root), toward_root=coll == "gather") * total_bytes / n
     if coll == "allgather":
         return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
     if coll == "reducescatter":
@@ -838,6 +845,30 @@ def alltoall_cut_ratio(net: Network, pair_cap, group_cap, *, deadline=None) -> t
         if r > best or (r == best and i < at):      # ties: the first set in the examined order of old
             best, arg, at = r, s, i
     return best, arg
+
+
+def rooted_cut_ratio(net: Network, pair_cap, group_cap, root: int, *, toward_root: bool) -> float:
+    """``max over examined rank sets S`` of the blocks that must cross ``cut(S -> V - S)``, per unit
+    of its capacity, for a collective that moves one block between the root and every other rank:
+    Scatter (``toward_root`` False) over the sets holding the root, whose blocks for the ``|V - S|``
+    ranks outside leave S; Gather (True) over the sets without it, whose ``|S|`` blocks leave S for
+    the root. The sets are :func:`alltoall_cut_sets`' (every proper subset up to
+    :data:`ALLTOALL_ALL_SUBSETS` ranks): each gives a valid bound, so their maximum is one."""
+    n = net.nranks
+    if not 0 <= int(root) < n:
+        raise ValueError(f"root {root} is not a rank of the {n}-rank network")
+    fast = _set_cuts(net, pair_cap, group_cap)
+    G = hub_graph(net, pair_cap, group_cap) if fast is None else None
+    best = 0.0
+    for side in alltoall_cut_sets(net):
+        if (int(root) in side) == toward_root:
+            continue
+        demand = len(side) if toward_root else n - len(side)
+        cap = fast(side) if fast is not None else _set_cut(G, side, n)
+        if cap <= 0:
+            raise ValueError(f"ranks {_ranges(sorted(side))} cannot reach the other ranks")
+        best = max(best, demand / cap)
+    return best
 
 
 def alltoall_cut_bound_seconds(net: Network, total_bytes: float, *, deadline=None) -> tuple[float, str]:

@@ -36,17 +36,19 @@ PAGES = {
                 ["hccc examples/hm_allreduce_2x4.rccl -o OUT/kernels --topology examples/clusters/a100_topo1.topo"]),
     "check": ("Prove that an algorithm implements its collective (and, with `--topology`, fits the "
               "cluster); bad programs get `file:line:col: error:` diagnostics.",
-              ["hccc check examples/hm_allreduce_4x8.rccl"]),
+              ["hccc check examples/hm_allreduce_4x8.rccl", "hccc check examples/ring_scatter_8.rccl"]),
     "run": ("Build the emitted kernels (CPU emulation with g++, or CUDA / HIP on a GPU), run them at each "
             "size out of place and in place, and compare every element with the reference executor. "
             "Options and table follow nccl-tests (`-b/-e/-f`, `-n/-w`, `-d`, `-o`, `-r`).",
-            ["hccc run examples/ring_allgather_8.rccl -b 1K -e 16K -f 4 -n 1 -w 0"]),
+            ["hccc run examples/ring_allgather_8.rccl -b 1K -e 16K -f 4 -n 1 -w 0",
+             "hccc run examples/ring_scatter_8.rccl -b 1K -e 16K -f 4 -n 1 -w 0"]),
     "fuzz": ("Random sizes, dtypes, operators, placements and threads per block through the kernels and "
              "the reference executor; the first failure is shrunk to a `hccc run` command.",
              ["hccc fuzz examples/ring_allgather_8.rccl --examples 4 -d int32 -o sum"]),
     "sim": ("Simulate programs on a cluster with the alpha-beta model; nccl-tests table per program and "
             "scheduler, `--plot-busbw` for bus bandwidth against size, `--plot` for a timeline.",
-            ["hccc sim examples/hm_allreduce_2x4.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8"]),
+            ["hccc sim examples/hm_allreduce_2x4.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8",
+             "hccc sim examples/ring_scatter_8.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8"]),
     "topo": ("Summarise a cluster description: nodes, vendors, link classes with HeteCCL's logical "
              "capacities, shared groups and the vendor hierarchy. Or make one from what the machine "
              "knows: NCCL's topology dump (`--from-nccl`, the XML `NCCL_TOPO_DUMP_FILE` writes), the saved "
@@ -66,10 +68,13 @@ PAGES = {
             "clusters.",
             ["hccc gen c2c examples/clusters/mixed_v100_w7800.topo --collective allgather -o OUT/c2c_ag.rccl"]),
     "xml": ("Export an algorithm as MSCCL XML for the MSCCL executor and RCCL, within the runtime's "
-            "limits.",
+            "limits. AllGather, ReduceScatter, AllReduce and AllToAll: an MSCCL `<algo>` has no root, so "
+            "a Broadcast, Reduce, Gather or Scatter is refused at its header with that reason.",
             ["hccc xml examples/ring_allgather_8.rccl -o OUT/ring_allgather_8.xml"]),
     "plan": ("Export an algorithm as an MSCCL++ execution plan for the MSCCL++ executor and its NCCL-API "
-             "shim (docs/mscclpp.md), within the executor's limits.",
+             "shim (docs/mscclpp.md), within the executor's limits. AllGather, ReduceScatter, AllReduce "
+             "and AllToAll: the executor's plans have no root, so a Broadcast, Reduce, Gather or Scatter "
+             "is refused at its header with that reason.",
              ["hccc plan examples/hm_allreduce_2x4.rccl -o OUT/hm_allreduce_2x4.mscclpp.json"]),
     "balance": ("Split a batch over GPUs of different measured speeds (HetCCL-SNU section 4.5).",
                 ["hccc balance --speeds 2.1,1.0,1.0 --batch 64"]),

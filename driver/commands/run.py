@@ -143,12 +143,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="nccl-tests' -g, GPUs per thread, i.e. the ranks: hccc run drives every rank of "
                            "the program from this process, so N must be its nRanks")
     parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
-                        help="root of a Broadcast or Reduce: must be the program's own Root (it is "
-                             "compiled in)")
+                        help="root of a Broadcast, Reduce, Gather or Scatter: must be the program's "
+                             "own Root (it is compiled in)")
     place = parser.add_mutually_exclusive_group()
     place.add_argument("--inplace-only", dest="inplace", action="store_true",
                        help="run in place only (AllReduce input == output, AllGather input inside the "
-                            "output, ReduceScatter output inside the input); both run by default, side by side")
+                            "output, ReduceScatter and Scatter output inside the input); both run by "
+                            "default, side by side")
     place.add_argument("--out-of-place-only", dest="out_of_place", action="store_true",
                        help="run out of place only")
     # the old spellings: --inplace also names hccc plan's option for in-place calls, so it warns

@@ -11,6 +11,9 @@ reducescatter  ring (hierarchical across nodes)
 broadcast      ring from the call's root
 reduce         ring to the call's root
 alltoall       direct (hierarchical across nodes)
+scatter        direct (linear) from the call's root; across nodes also the binomial tree
+               (``tree_scatter`` over ``binomial_tree``), which the simulator picks where
+               it is faster on the group's cluster description (see :func:`plan`)
 ============== =========================================================================
 
 Nothing is built until a call asks for it: the first call of a collective (and root) builds its
@@ -81,6 +84,17 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
         out.append((f"ring_broadcast_{world}_root{root}", lambda: gen.ring_broadcast(world, root), 0, None))
     elif collective == "reduce" and root is not None and 0 <= root < world:
         out.append((f"ring_reduce_{world}_root{root}", lambda: gen.ring_reduce(world, root), 0, None))
+    elif collective == "scatter" and root is not None and 0 <= root < world:
+        # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter is
+        # the fastest at every size (8 A100s, 4 KiB to 256 MiB; the CPU emulation, 4 to 16 ranks);
+        # across nodes the binomial tree wins above about 8 MiB on 4 servers (4 x 4 and 4 x 8
+        # A100s) and loses at every size on 2 (2 x 8). Both serve every size across nodes: with a
+        # cluster description the simulator chooses, without one the tie goes to the first name,
+        # the linear one.
+        out.append((f"direct_scatter_{world}_root{root}", lambda: gen.direct_scatter(world, root), 0, None))
+        if len(set(nodes)) > 1 and world > 2:
+            out.append((f"tree_scatter_binomial_{world}_root{root}",
+                        lambda: gen.tree_scatter(world, gen.binomial_tree(world, root), root), 0, None))
     elif collective == "alltoall":
         if hier:
             out.append((f"hierarchical_alltoall_{hier[0]}x{hier[1]}",

@@ -989,10 +989,40 @@ class HcccProcessGroup(dist.ProcessGroup):
                                  self._text("gather", list(input_tensors), root=int(opts.rootRank)))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
+        """torch.distributed.scatter: the root's ``scatter_list`` (``input_tensors[0]``, one tensor
+        per rank) split over the ranks, tensor ``r`` into rank ``r``'s output. The route depends
+        only on what every rank passes (the output, the root); a root whose list does not fit the
+        output (another length, size, dtype or device) says so in its call's text, so that every
+        rank's call fails on the comparison instead of waiting for the root."""
         opts = opts if opts is not None else dist.ScatterOptions()
-        return self._passthrough("scatter", list(output_tensors),
-                                 lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors,
-                                 self._text("scatter", list(output_tensors), root=int(opts.rootRank)))
+        root = int(opts.rootRank)
+        ins = [t for lst in input_tensors for t in lst]
+        out = output_tensors[0]
+        bad = ""
+        if self._rank == root and (len(input_tensors) != 1 or len(ins) != self._size
+                                   or any(i.numel() != out.numel() for i in ins)):
+            bad = (f"the root's scatter_list holds {len(ins)} tensors of "
+                   f"{'/'.join(str(i.numel()) for i in ins) or 'no'} elements")
+        elif self._rank == root and any(i.dtype != out.dtype or i.device != out.device for i in ins):
+            bad = "the root's scatter_list holds tensors of another dtype or device than the output"
+        # only what every rank passes decides the route; a bad list goes to the delegate, which
+        # refuses it on the root while the others fail on the comparison of the calls
+        dev = self._check("scatter", [] if bad else ins, output_tensors)
+        extra = "several tensors in one call" if len(output_tensors) != 1 else bad
+        route = self._route("scatter", dev, [out, *ins], out.numel() * out.element_size() * self._size,
+                            "sum", root=root, extra=extra, strided_ok=True)
+        n = self._size
+
+        def run(comm, _op):
+            # the full buffer: the root's list in rank order; the other ranks' is never read
+            flat = (torch.cat([i.reshape(-1) for i in ins]) if self._rank == root else
+                    torch.empty(out.numel() * n, dtype=out.dtype, device=out.device))
+            with _contiguous(out) as c:
+                comm.scatter(flat, c.view(-1), root=root)
+        text = describe("scatter", dtype=out.dtype, counts=[out.numel()], root=root,
+                        device=out.device.type, extra=bad)
+        return self._submit("scatter", dev, route, run,
+                            lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors, text)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
