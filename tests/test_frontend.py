@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective
 from hccc.util.diagnostics import CompileError, render_all
 from hccc.compiler.frontend import load_rccl, parse_rccl
+from rccl_ast import ast_dump
 
 H = 'ResCCLAlgo(nRanks=8, OpType="Allgather"):\n'
 
@@ -517,23 +518,6 @@ def test_grammar_cache_is_private_and_parses_alike(tmp_path, monkeypatch):
     assert lark_cache("rccl", "grammar text") is False
 
 
-def _ast_dump(x):
-    """Every slot of every AST node (locations as line/column), for comparing parser paths."""
-    from hccc.compiler.frontend import rccl_parser as rp
-    if isinstance(x, list):
-        return [_ast_dump(y) for y in x]
-    if isinstance(x, rp.Node):
-        out = {"node": type(x).__name__}
-        for cls in type(x).__mro__:
-            for slot in getattr(cls, "__slots__", ()):
-                if slot == "key":    # the evaluator's
-                    continue
-                v = getattr(x, slot)
-                out[slot] = (v.line, v.col) if slot.endswith("loc") else _ast_dump(v)
-        return out
-    return x
-
-
 def test_fast_parse_path_builds_the_reference_ast():
     """parse_program's fast path (AST built during the lark parse) gives the same AST as the
     reference path (parse tree, then _Builder) on every example, and declines bad programs,
@@ -552,8 +536,8 @@ def test_fast_parse_path_builds_the_reference_ast():
         fast = rp._parse_fast(src, rp._checked_text(src))
         ref = rp._parse_reference(src)
         assert fast.header == ref.header
-        assert _ast_dump(fast.body) == _ast_dump(ref.body), src.name
-        assert _ast_dump(fast.transfers) == _ast_dump(ref.transfers), src.name
+        assert ast_dump(fast.body) == ast_dump(ref.body), src.name
+        assert ast_dump(fast.transfers) == ast_dump(ref.transfers), src.name
     head = 'ResCCLAlgo(nRanks=4, OpType="Allgather"):\n'
     for body in ['    transfer(0, 1, 0, 0)\n', '    transfer(0, 1, 0, recv, recv)\n', '    x = "a"\n',
                  '    transfer(0, 1, 0, 0, send)\n', '    for i in range(): pass\n', '    x = (1\n',

@@ -14,6 +14,7 @@ from conftest import examples
 
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.frontend import parse_rccl
+from rccl_ast import ast_dump
 
 LIMIT = 2 ** 62
 MAX_ITER = 3000
@@ -386,7 +387,6 @@ def test_both_parser_paths_build_one_ast(prog):
     path rejects."""
     from hccc.compiler.frontend import rccl_parser as rp
     from hccc.util.diagnostics import SourceFile
-    from test_frontend import _ast_dump
 
     src = SourceFile("gen.rccl", program_text(prog[0]))
     try:
@@ -400,5 +400,5 @@ def test_both_parser_paths_build_one_ast(prog):
         return
     assert ref is not None, program_text(prog[0])
     assert fast.header == ref.header
-    assert _ast_dump(fast.body) == _ast_dump(ref.body)
-    assert _ast_dump(fast.transfers) == _ast_dump(ref.transfers)
+    assert ast_dump(fast.body) == ast_dump(ref.body)
+    assert ast_dump(fast.transfers) == ast_dump(ref.transfers)
