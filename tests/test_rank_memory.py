@@ -74,17 +74,17 @@ def test_launch_structs_match_the_emitted_headers(headers, tmp_path):
 @needs_gxx
 @pytest.mark.parametrize("plant", ["table_grid", "grid"])
 def test_planted_launch_struct_mismatch_is_caught(headers, tmp_path, plant):
-    """A header edited by hand (two members of a grid argument swapped) no longer compiles
-    against the host's records."""
+    """The grid arguments are rendered from compiler/backend/abi.py's records; a header edited by
+    hand (two members of a grid argument swapped) no longer compiles against the host's records."""
     for f in headers.iterdir():
         if f.suffix == ".h":
             (tmp_path / f.name).write_text(f.read_text())
     name = "hccc_table.h" if plant == "table_grid" else "hccc_prims.h"
     h = (tmp_path / name).read_text()
     if plant == "table_grid":
-        h2 = h.replace("  const int32_t* first;\n  int64_t nranks;\n", "  int64_t nranks;\n  const int32_t* first;\n")
+        h2 = re.sub(r"(  const int32_t\* first;[^\n]*\n)(  int64_t nranks;[^\n]*\n)", r"\2\1", h)
     else:
-        h2 = re.sub(r"(  const hccc_args\* ranks;\n)(  int64_t nranks;[^\n]*\n)", r"\2\1", h)
+        h2 = re.sub(r"(  const hccc_args\* ranks;[^\n]*\n)(  int64_t nranks;[^\n]*\n)", r"\2\1", h)
     assert h2 != h
     (tmp_path / name).write_text(h2)
     res = _gxx(tmp_path, _layout_probe(), "-fsyntax-only")

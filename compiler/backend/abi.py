@@ -340,8 +340,9 @@ def manifest_abi_error(manifest: dict) -> str | None:
 
 # ---------------------------------------------------------------------------- C text
 def c_struct(name: str) -> str:
-    """The C declaration of one ABI struct (``hccc_pd`` included), one member per line."""
-    fields = pd_struct_fields() if name == "hccc_pd" else STRUCTS[name]
+    """The C declaration of one ABI struct (``hccc_pd`` and the launch structs included), one member
+    per line."""
+    fields = pd_struct_fields() if name == "hccc_pd" else {**STRUCTS, **LAUNCH_STRUCTS}[name]
     decls = [f"  {f.ctype} {f.name};" for f in fields]
     width = max(len(d) for d in decls) + 1
     body = "\n".join((d.ljust(width) + f"// {f.doc}").rstrip() if f.doc else d
