@@ -4,6 +4,7 @@ circle. A new module lands in a layer by the folder it is put in."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,9 @@ def _imports(mod: str, path: Path) -> list[tuple[str, int]]:
     return out
 
 
+@functools.cache
 def _graph() -> nx.DiGraph:
+    """The import graph of the package, parsed once per test process (the tests only read it)."""
     g = nx.DiGraph()
     for mod, path in MODULES.items():
         g.add_node(mod)
