@@ -158,4 +158,9 @@ def _say(p, summary: dict, out: Path) -> None:
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
     # timings on stderr: standard output, like the file, is the same for the same synthesis
-    print(f"hccc synth: synthesis took {result.seconds:.2f} s", file=sys.stderr)
+    took = summary.get("phase_seconds") or {}
+    inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in took.items()
+                      if k not in ("search", "proof", "text", "closing_predicted"))
+    print(f"hccc synth: synthesis took {result.seconds:.2f} s" + (f" ({inner})" if inner else "")
+          + (f"; search and simulations {took['search']:.2f} s, proof {took['proof']:.2f} s, text {took['text']:.2f} s"
+             if took else ""), file=sys.stderr)

@@ -1,0 +1,57 @@
+"""What the phases after a search cost, predicted before it, so that ``--time-limit`` holds in every
+phase: the search stops early enough to leave them their time.
+
+``hccc synth ... --time-limit T`` runs, in order: the cluster's reading, the bounds and the search
+(or packing), then the *closing phases*: the program as transfers, its proof (the verifier), its
+check on the cluster's links and its ``.rccl`` text. The closing phases cannot stop half-way (a
+program is proven before it is written), so the search gets ``T`` less their predicted cost
+(:func:`closing_seconds`, from the transfers the collective needs at least: :func:`least_transfers`).
+An AllToAll's search also leaves its list scheduler, which packs every routed hop into steps and
+cannot stop either, the time it will take (:func:`schedule_seconds`, from the transfers and the
+step lower bound), and routes no block past that point (the blocks left take their direct links).
+
+The model, measured on a 2-core machine without a GPU (``docs/measurements.md``, *AllToAll under
+--time-limit*): the command ends by ``T + overhead``, the overhead being what the prediction
+misses plus, where ``T`` is shorter than the phases that cannot stop, those phases themselves: the
+list scheduler (AllToAll), the closing phases, and reading the cluster (512 GPUs: about 4.3 s,
+0.9 s and 2 s of CPU).
+"""
+from __future__ import annotations
+
+#: CPU seconds of the closing phases per transfer of the program: transfers as an Algorithm, the
+#: proof, the check on the links, the text and its writing. Measured on the 512-GPU AllToAll (64
+#: nodes x 8, 261,632 transfers): 0.10 + 0.15 + 0.03 + 0.52 + 0.05 s = 3.3 us per transfer; a
+#: 512-GPU AllReduce by trees (523,264 transfers, replayed rather than proven at once: reductions)
+#: 2.8 us. Rounded up for a machine under load.
+CLOSING_SECONDS_PER_TRANSFER = 4e-6
+#: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
+#: transfer and step: each step scans the transfers ready and not yet placed, so its time grows
+#: as transfers x steps. Measured: 256 GPUs (65,280 transfers, 992 steps) 0.44 s = 6.8e-9; 512 GPUs
+#: (261,632 transfers, 2,016 steps) 4.1-4.5 s = 7.8-8.5e-9. Rounded up.
+SCHEDULE_SECONDS_PER_TRANSFER_STEP = 1e-8
+
+
+def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
+    """The fewest transfers any program of ``collective`` on ``nranks`` ranks with
+    ``chunks_per_rank`` chunks has: every chunk must reach every rank that needs it and lacks it,
+    one transfer each (an AllReduce twice: its ReduceScatter and its AllGather)."""
+    n, k = int(nranks), max(1, int(chunks_per_rank))
+    if n < 2:
+        return 0
+    per = {"broadcast": (n - 1) * k, "allreduce": 2 * n * (n - 1) * k}
+    return per.get(collective, n * (n - 1) * k)
+
+
+def closing_seconds(ntransfers: int) -> float:
+    """Predicted seconds of the closing phases of a program of ``ntransfers`` transfers."""
+    return CLOSING_SECONDS_PER_TRANSFER * max(0, int(ntransfers))
+
+
+def schedule_seconds(ntransfers: int, steps: int) -> float:
+    """Predicted seconds of the AllToAll list scheduler for ``ntransfers`` hops over about
+    ``steps`` steps."""
+    return SCHEDULE_SECONDS_PER_TRANSFER_STEP * max(0, int(ntransfers)) * max(1, int(steps))
+
+
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "closing_seconds",
+           "least_transfers", "schedule_seconds"]
