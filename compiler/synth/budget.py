@@ -33,13 +33,15 @@ SCHEDULE_SECONDS_PER_TRANSFER_STEP = 1e-8
 
 def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
     """The fewest transfers any program of ``collective`` on ``nranks`` ranks with
-    ``chunks_per_rank`` chunks has: every chunk must reach every rank that needs it and lacks it,
-    one transfer each (an AllReduce twice: its ReduceScatter and its AllGather)."""
+    ``chunks_per_rank`` chunks per rank has: each of the ``nranks * chunks_per_rank`` chunks (an
+    AllToAll's blocks: ``nranks * (nranks - 1) * chunks_per_rank`` that move) must reach each of
+    the ``nranks - 1`` ranks that lack it (an AllGather's, a Broadcast's), or leave each of them
+    (a ReduceScatter's contributions): one transfer each; an AllReduce's chunk twice as many
+    (one-way gossip: ``2 (nranks - 1)`` transfers before every rank holds every contribution)."""
     n, k = int(nranks), max(1, int(chunks_per_rank))
     if n < 2:
         return 0
-    per = {"broadcast": (n - 1) * k, "allreduce": 2 * n * (n - 1) * k}
-    return per.get(collective, n * (n - 1) * k)
+    return n * (n - 1) * k * (2 if collective == "allreduce" else 1)
 
 
 def closing_seconds(ntransfers: int) -> float:
