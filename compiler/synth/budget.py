@@ -26,8 +26,11 @@ from __future__ import annotations
 CLOSING_SECONDS_PER_TRANSFER = 4e-6
 #: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
 #: transfer and step: each step scans the transfers ready and not yet placed, so its time grows
-#: as transfers x steps. Measured: 256 GPUs (65,280 transfers, 992 steps) 0.44 s = 6.8e-9; 512 GPUs
-#: (261,632 transfers, 2,016 steps) 4.1-4.5 s = 7.8-8.5e-9. Rounded up.
+#: as transfers x steps. Measured with every step scanning them all: 256 GPUs (65,280 transfers,
+#: 992 steps) 0.44 s = 6.8e-9; 512 GPUs (261,632 transfers, 2,016 steps) 4.1-4.5 s = 7.8-8.5e-9,
+#: rounded up. The scan now ends once every transfer left needs a full group (where the NICs bind,
+#: as on those clusters: 0.14 s and 1.5 s, 2.2-2.9e-9), which no cluster is sure to allow: the
+#: prediction stays the full scan's.
 SCHEDULE_SECONDS_PER_TRANSFER_STEP = 1e-8
 
 
