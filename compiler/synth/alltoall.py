@@ -153,7 +153,15 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     if not tu:
         return Schedule.empty(), lb, {"timed_out": False}
     tu, tv, tk = (np.asarray(x, np.int64) for x in (tu, tv, tk))
-    order = np.lexsort((tk, np.asarray(hop), -np.asarray(plen)))
+    # the scheduler's priority: long paths first, earlier hops first, then the blocks in the order
+    # they were routed (by shift): each step's first transfers then come from every rank to every
+    # other, the NIC groups fill evenly, and each step's scan ends soon after they are full (a
+    # 512-GPU AllToAll's scheduling 4.5 s -> 1.9 s of CPU against the blocks' own order, the same
+    # 2,016 steps)
+    routed = np.empty(n * n, np.int64)
+    routed[ii * n + jj] = np.arange(len(ii))
+    rank = (tk % K) * len(ii) + routed[tk // K]
+    order = np.lexsort((rank, np.asarray(hop), -np.asarray(plen)))
     t_route = clock.now()
     sched = list_schedule(net, task, tu[order], tv[order], tk[order])
     plen = np.asarray(plen)
