@@ -13,8 +13,8 @@ step lower bound), and routes no block past that point (the blocks left take the
 The model, measured on a 2-core machine without a GPU (``docs/measurements.md``, *AllToAll under
 --time-limit*): the command ends by ``T + overhead``, the overhead being what the prediction
 misses plus, where ``T`` is shorter than the phases that cannot stop, those phases themselves: the
-list scheduler (AllToAll), the closing phases, and reading the cluster (512 GPUs: about 4.3 s,
-0.9 s and 2 s of CPU).
+list scheduler (AllToAll), the closing phases, and reading the cluster (512 GPUs: about 1.9 s,
+0.9 s and 1.5-2 s of CPU).
 """
 from __future__ import annotations
 
@@ -25,13 +25,12 @@ from __future__ import annotations
 #: 2.8 us. Rounded up for a machine under load.
 CLOSING_SECONDS_PER_TRANSFER = 4e-6
 #: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
-#: transfer and step: each step scans the transfers ready and not yet placed, so its time grows
-#: as transfers x steps. Measured with every step scanning them all: 256 GPUs (65,280 transfers,
-#: 992 steps) 0.44 s = 6.8e-9; 512 GPUs (261,632 transfers, 2,016 steps) 4.1-4.5 s = 7.8-8.5e-9,
-#: rounded up. The scan now ends once every transfer left needs a full group (where the NICs bind,
-#: as on those clusters: 0.14 s and 1.5 s, 2.2-2.9e-9), which no cluster is sure to allow: the
-#: prediction stays the full scan's.
-SCHEDULE_SECONDS_PER_TRANSFER_STEP = 1e-8
+#: transfer and step: each step scans the transfers ready and not yet placed until every one left
+#: needs a full group, so its time grows as transfers x steps. Measured with the routing order as
+#: the priority: 256 GPUs (65,280 transfers, 992 steps) 0.3 s = 4.6e-9; 512 GPUs (261,632
+#: transfers, 2,016 steps) 1.85-1.9 s = 3.5-3.6e-9; rounded up. (Every step scanning every ready
+#: transfer, as before the early end: 6.8-8.5e-9.)
+SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
 
 
 def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:

@@ -15,7 +15,9 @@ it is written. ``--json`` prints ``{"collective", "nranks", "steps", "lower_boun
 ForestColl's cut bound for a buffer of ``--select-size`` bytes). ``--time-limit`` bounds the whole
 command, the simulations after the search included (:class:`Simulations`); on the limit the best
 schedule so far is written, with its gap to the bound, and what was not simulated is said
-(``"not_simulated"``, ``"channels_fitted"`` in ``--json``). docs/synthesis.md: how channels are chosen.
+(``"not_simulated"``, ``"channels_fitted"`` in ``--json``); the proof and the text that follow the
+search get their predicted time out of the limit (:mod:`hccc.compiler.synth.budget`), and
+``"phase_seconds"`` says what each phase took. docs/synthesis.md: how channels are chosen.
 
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
@@ -59,7 +61,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
                    help="seconds for the whole command (several --size share it): the search or packing, "
                         "then the simulations that pick the tree shape and the channels and measure the "
-                        "fraction of the bound; the best schedule so far is written then, saying what was not "
+                        "fraction of the bound, then the proof and the text, whose predicted time the search "
+                        "leaves them; the best schedule so far is written then, saying what was not "
                         "simulated (measured on a clock that stands still while numba compiles its kernels, as it "
                         "does once after an install, so a first run decides as a later one)")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
