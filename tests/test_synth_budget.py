@@ -88,3 +88,13 @@ def test_alltoall_command_holds_its_limit_on_128_gpus(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["timed_out"] and got["transfers"] >= 128 * 127
     assert took < 1 + 12, (took, got["phase_seconds"])
+
+
+def test_the_scheduler_prediction_counts_its_kernel_load_only_where_it_runs_compiled():
+    from hccc.compiler.synth.compose import MIN_COMPILED_TRANSFERS
+
+    small = MIN_COMPILED_TRANSFERS - 1
+    assert budget.schedule_seconds(small, 10) == pytest.approx(budget.SCHEDULE_SECONDS_PER_TRANSFER_STEP * small * 10)
+    big = 512 * 511
+    assert budget.schedule_seconds(big, 2016) == pytest.approx(
+        budget.SCHEDULER_LOAD_SECONDS + budget.SCHEDULE_SECONDS_PER_TRANSFER_STEP * big * 2016)

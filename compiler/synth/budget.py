@@ -31,6 +31,10 @@ CLOSING_SECONDS_PER_TRANSFER = 4e-6
 #: transfers, 2,016 steps) 1.85-1.9 s = 3.5-3.6e-9; rounded up. (Every step scanning every ready
 #: transfer, as before the early end: 6.8-8.5e-9.)
 SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
+#: CPU seconds of the list scheduler's first compiled call in a process: numba loads the kernel
+#: from its on-disk cache (measured 0.9 s; its compiling, once after an install, is not counted:
+#: the work clock stands still then)
+SCHEDULER_LOAD_SECONDS = 1.0
 
 
 def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
@@ -53,9 +57,13 @@ def closing_seconds(ntransfers: int) -> float:
 
 def schedule_seconds(ntransfers: int, steps: int) -> float:
     """Predicted seconds of the AllToAll list scheduler for ``ntransfers`` hops over about
-    ``steps`` steps."""
-    return SCHEDULE_SECONDS_PER_TRANSFER_STEP * max(0, int(ntransfers)) * max(1, int(steps))
+    ``steps`` steps (loading its compiled kernel included, where it runs compiled)."""
+    from hccc.compiler.synth.compose import MIN_COMPILED_TRANSFERS
+
+    m = max(0, int(ntransfers))
+    load = SCHEDULER_LOAD_SECONDS if m >= MIN_COMPILED_TRANSFERS else 0.0
+    return load + SCHEDULE_SECONDS_PER_TRANSFER_STEP * m * max(1, int(steps))
 
 
-__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "closing_seconds",
-           "least_transfers", "schedule_seconds"]
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
+           "closing_seconds", "least_transfers", "schedule_seconds"]
