@@ -9,6 +9,12 @@ Every ``(rank, chunk)`` carries the set of ranks whose contribution it holds, st
 * ``recv`` copies the sender's set, ``rrc`` unions it into the receiver's (sets must be disjoint);
 * all transfers of one step read the state before the step.
 
+A copy-only program (every transfer ``recv``, a collective that does not reduce: AllGather,
+Broadcast, AllToAll, Gather) is first proven over all its transfers at once (:func:`copies_hold`:
+sorts and searches, no loop over steps and no table of every (rank, chunk)); the replay runs where
+that proof does not accept the program, and it alone reports errors, so the diagnostics are the
+replay's whatever the program.
+
 Errors, in the order they are listed (and the order the tests' reference model uses):
 
 1. static errors, by transfer index (at most one per transfer, first that applies): source rank out
