@@ -368,37 +368,52 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
         col.add(STATIC_KINDS[k], i, msg)
 
     # ---------------------------------------------------------------- replay
-    state = initial_state(coll, N, C, h.root)
-    words = state.shape[1]
+    # the state and the stamps have a row for each (rank, chunk) the program or the collective
+    # names, not for all N * C of them (an AllToAll's C is N * N * K: 134 million rows on 512 GPUs);
+    # ``ids`` numbers them in ascending order, so sorting ids sorts the keys
+    words = (N + 63) // 64
     is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
     keep = np.flatnonzero(~bad)
+    start_rank, start_id, start_set = coll.spec.start_holders(N, coll.spec.chunks(N, C, coll.blockwise), h.root)
+    rows, want = final_state(coll, N, C, h.root)
+    universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
+                                       start_rank * C + start_id, rows]))
+    universe = universe[np.r_[True, universe[1:] != universe[:-1]]] if len(universe) else universe
+
+    def ids(keys):
+        return np.searchsorted(universe, keys)
+
+    state = np.zeros((len(universe), words), dtype=np.uint64)
+    state[ids(start_rank * C + start_id)] = _single_bits(start_set, words)
     if len(keep):
         order = keep[stable_argsort(step[keep])]
         S, D, T, K, O = src[order], dst[order], step[order], chunk[order], op[order]
+        WI, RI = ids(D * C + K), ids(S * C + K)
         bounds = np.r_[0, np.flatnonzero(np.diff(T)) + 1, len(order)]
-        rstamp = np.full(N * C, -1, dtype=np.int64)
-        race_stamp = np.full(N * C, -1, dtype=np.int64)
+        rstamp = np.full(len(universe), -1, dtype=np.int64)
+        race_stamp = np.full(len(universe), -1, dtype=np.int64)
         for si in range(len(bounds) - 1):
             a, b = int(bounds[si]), int(bounds[si + 1])
             idx = order[a:b]
             s, d, c, o = S[a:b], D[a:b], K[a:b], O[a:b]
             wk = d * C + c
             rk = s * C + c
+            wi, ri = WI[a:b], RI[a:b]
             t = int(T[a])
             if b - a > 1:
                 # -- races
-                rstamp[rk] = si
+                rstamp[ri] = si
                 srt = stable_argsort(wk)
                 sw = wk[srt]
                 dup_sorted = np.zeros(len(sw), dtype=bool)
                 dup_sorted[1:] = sw[1:] == sw[:-1]
                 ww_keys = sw[dup_sorted]    # sorted: distinct keys without np.unique (imports numpy.ma)
                 ww_keys = ww_keys[np.r_[True, ww_keys[1:] != ww_keys[:-1]]] if len(ww_keys) else ww_keys
-                wr_writer = rstamp[wk] == si  # writers whose key is also read in this step
+                wr_writer = rstamp[wi] == si  # writers whose key is also read in this step
                 if len(ww_keys) or wr_writer.any():
-                    race_stamp[ww_keys] = si
-                    race_stamp[wk[wr_writer]] = si
-                    involved = (race_stamp[wk] == si) | (race_stamp[rk] == si)
+                    race_stamp[ids(ww_keys)] = si
+                    race_stamp[wi[wr_writer]] = si
+                    involved = (race_stamp[wi] == si) | (race_stamp[ri] == si)
                     errs: list[tuple[int, int, int, int]] = []  # (kind, index, other, key)
                     if len(ww_keys):
                         # second writer of each key: first duplicate in the sorted run
@@ -434,10 +449,11 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                                     other, "it is read at")
                     rest = ~involved
                     idx, s, d, c, o, wk, rk = idx[rest], s[rest], d[rest], c[rest], o[rest], wk[rest], rk[rest]
+                    wi, ri = wi[rest], ri[rest]
                     if not len(idx):
                         continue
-            sv = state[rk]
-            dv = state[wk]
+            sv = state[ri]
+            dv = state[wi]
             src_empty = ~sv.any(axis=1)
             rrc = o == RRC
             dst_empty = rrc & ~src_empty & ~dv.any(axis=1)
@@ -476,20 +492,19 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                                     f"rrc of chunk {c_} from rank {s_} into rank {d_} at step {t} counts "
                                     f"the contribution of {plural_noun(cnt, 'rank')} {lst} twice")
                 ok = ~errmask
-                wk, sv, dv, rrc = wk[ok], sv[ok], dv[ok], rrc[ok]
-            if len(wk):
+                wi, sv, dv, rrc = wi[ok], sv[ok], dv[ok], rrc[ok]
+            if len(wi):
                 newv = sv.copy()
                 if rrc.any():
                     newv[rrc] |= dv[rrc]
-                state[wk] = newv
+                state[wi] = newv
 
     # ---------------------------------------------------------------- postcondition
     if col.total == 0:
-        rows, want = final_state(coll, N, C, h.root)
         if is_ag:   # copy-only: the one contribution the chunk started with
-            unmet = rows[~(state[rows] == _single_bits(want, words)).all(axis=1)]
+            unmet = rows[~(state[ids(rows)] == _single_bits(want, words)).all(axis=1)]
         else:       # reducing: every rank's contribution
-            unmet = rows[~(state[rows] == _full_row(N, words)).all(axis=1)]
+            unmet = rows[~(state[ids(rows)] == _full_row(N, words)).all(axis=1)]
         checked = len(rows)
         if len(unmet):
             listed = min(POSTCONDITION_LISTED, col.limit)
@@ -505,7 +520,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
                     msg = f"rank {r_} does not hold chunk {c_} at the end"
                 else:
                     msg = (f"rank {r_} does not hold chunk {c_} at the end "
-                           f"(has contributions from {_popcount(state[row])} of {N} ranks)")
+                           f"(has contributions from {_popcount(state[ids(row)])} of {N} ranks)")
                 notes = (f"postcondition of {what}",)
                 if n == 0:
                     notes += ("the program has no transfers",)
