@@ -20,10 +20,11 @@ from __future__ import annotations
 
 #: CPU seconds of the closing phases per transfer of the program: transfers as an Algorithm, the
 #: proof, the check on the links, the text and its writing. Measured on the 512-GPU AllToAll (64
-#: nodes x 8, 261,632 transfers): 0.10 + 0.15 + 0.03 + 0.52 + 0.05 s = 3.3 us per transfer; a
-#: 512-GPU AllReduce by trees (523,264 transfers, replayed rather than proven at once: reductions)
-#: 2.8 us. Rounded up for a machine under load.
-CLOSING_SECONDS_PER_TRANSFER = 4e-6
+#: nodes x 8, 261,632 transfers, every one a line of its own): 0.10 + 0.15 + 0.03 + 0.52 + 0.05 s
+#: = 3.3 us per transfer; a 512-GPU AllReduce by trees (523,264 transfers, replayed rather than
+#: proven at once: reductions) 2.8 us; a 256-GPU AllGather by the step search (65,280 transfers,
+#: 30,000 of its runs folded into loops one by one) 0.11 + 0.52 s = 9.7 us. The largest, rounded up.
+CLOSING_SECONDS_PER_TRANSFER = 1e-5
 #: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
 #: transfer and step: each step scans the transfers ready and not yet placed until every one left
 #: needs a full group, so its time grows as transfers x steps. Measured with the routing order as
