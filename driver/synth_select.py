@@ -458,13 +458,20 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     from hccc.compiler.cluster.topology_check import check_on_topology
     from hccc.compiler.passes.verify import verify
 
+    from hccc.compiler.synth.budget import closing_seconds, least_transfers
+
     method = choose_method(opts.method, opts.collective, topo.nranks, size)
     title = f"{opts.collective} on {printable(str(opts.cluster_name))} ({plural(topo.nranks, 'GPU')})"
     if len(opts.sizes) > 1:
         title += f" for {format_size(size)}"
+    # the proof and the text cannot stop half-way: the search and the simulations leave them their
+    # predicted time (compiler/synth/budget.py)
+    closing = closing_seconds(least_transfers(opts.collective, topo.nranks, opts.chunks_per_rank or 1))
+    started = clock.now()
     with phases(title, opts.time_limit if len(opts.sizes) <= 1 else round(max(0.0, deadline - clock.now()), 1)) \
             as phase:
-        result, fraction, bound, tried, sims, simulated = _select(opts, topo, size, deadline, phase, method, make_eval)
+        result, fraction, bound, tried, sims, simulated = _select(opts, topo, size, deadline - closing, phase, method,
+                                                                  make_eval)
         if default is not None and opts.method == "auto" and size != opts.select_size and simulated:
             # the choice by size is never worse than the default program: it is a candidate,
             # compared in the same simulator at this size
@@ -476,9 +483,11 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
         if opts.engine:
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)
+    searched = clock.now()
     alg = to_algorithm(result, topo)
     verify(alg)
     check_on_topology(alg, topo)
+    proven = clock.now()
     # why the program's fraction of the bound (or its channel count) was not simulated, if it was not
     why = ("no transfers: one GPU" if result.nranks < 2 else "simulator not installed" if not sims.available
            else "time limit" if sims.stopped else f"simulation failed: {sims.failed}" if sims.failed else
@@ -522,6 +531,10 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
                          f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
     plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
+    # what each phase took (work clock), with the search's own phases where it reports them
+    took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
+            "proof": round(proven - searched, 3), "text": round(clock.now() - proven, 3),
+            "closing_predicted": round(closing, 3)}
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
                "gap": result.gap, "transfers": result.ntransfers,
@@ -531,7 +544,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
                "chunks_per_rank": int(result.chunks_per_rank), "channels": int(result.detail.get("channels", 1)),
                "channels_fitted": fitted, "fraction_of_bound": fraction, "not_simulated": not_simulated,
                "simulations_stopped": sims.stopped, "methods_tried": tried, "time_limit_cut": limit_cut,
-               "slicing": result.slice_policy.as_dict()}
+               "slicing": result.slice_policy.as_dict(), "phase_seconds": took}
     if "trees" in result.detail:
         summary["trees"] = result.detail["trees"]
     if "candidates" in result.detail:

@@ -163,10 +163,13 @@ def test_alltoall_time_limit_holds_on_128_gpus(tmp_path):
     check_on_topology(alg, topo)
 
 
-@pytest.mark.slow   # a 512-GPU cluster: about 20 s of parsing, scheduling and emission
+@pytest.mark.slow   # a 512-GPU cluster: about 10 s of reading, bounds, routing, scheduling, proof and text
 def test_alltoall_time_limit_on_512_gpus(tmp_path):
     """The issue's case: ``hccc synth --collective alltoall --time-limit 10`` on 512 GPUs ran past
-    120 s in the bounds alone."""
+    120 s in the bounds alone, then 46 s in the proof and the text; every phase now leaves the
+    ones after it their predicted time (compiler/synth/budget.py): the command ends near the limit
+    (bounded here with room for a loaded machine and Python's start), and says what each phase
+    took."""
     import subprocess
     import sys
     import time
@@ -177,5 +180,7 @@ def test_alltoall_time_limit_on_512_gpus(tmp_path):
     got = subprocess.run([sys.executable, "-m", "hccc", "synth", str(p), "--collective", "alltoall", "--time-limit",
                           "10", "-o", str(tmp_path / "a.rccl"), "--json"], capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, got.stderr
-    assert json.loads(got.stdout)["timed_out"]
-    assert time.perf_counter() - t0 < 120
+    res = json.loads(got.stdout)
+    assert res["timed_out"] and res["transfers"] >= 512 * 511
+    assert {"search", "routing", "scheduling", "proof", "text"} <= set(res["phase_seconds"])
+    assert time.perf_counter() - t0 < 10 + 20, res["phase_seconds"]

@@ -15,6 +15,7 @@ from conftest import examples
 
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.frontend.algorithm import OP_NAMES
 from hccc.compiler.synth import emit, synthesize
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
@@ -97,3 +98,136 @@ def test_folded_text_parses_back_to_any_rows(base, copies, stride):
     alg = parse_rccl(text, "t.rccl")
     back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
     assert np.array_equal(_sorted(back), _sorted(rows))
+
+
+
+# ---------------------------------------------------------------- the oracle: the item-by-item folding
+# (``_run_lines`` and ``_first_runs`` as they were before the transfers in no run were written over
+# arrays: every run and every single transfer a Python item, folded and sorted one by one)
+def _item_lines(rows: np.ndarray) -> list[str]:
+    """Flat transfers as ResCCLang with their runs folded into loops: transfers of one pair and op
+    whose steps, chunks and channels advance by the same amounts from one to the next (the pieces
+    of a tree program's stream) become ``for p in range(0, n):`` over one ``transfer`` with
+    ``step0 + ds * p``, ``chunk0 + dc * p`` (and ``channel0 + dh * p``); consecutive such loops of
+    one pair and op, alike in their counts and advances, whose first transfers advance evenly (the
+    streams of a pair, a channel each) fold again into ``for q in range(0, m):`` around them, and
+    so on, up to :data:`emit.RUN_VARS` deep. A transfer in no run stays one line. The lines are ordered
+    by the step of each loop's first transfer. Parses back to exactly ``rows``."""
+    ops = dict(OP_NAMES)
+    ch = rows[:, 5] if rows.shape[1] > 5 else np.zeros(len(rows), np.int64)
+    order = np.lexsort((rows[:, 3], ch, rows[:, 4], rows[:, 1], rows[:, 0]))
+    # an item: (its first transfer [src, dst, step, chunk, op, channel], its loops innermost first,
+    # each (count, step advance, chunk advance, channel advance))
+    items = _item_runs(np.c_[rows[order, :5], ch[order]].astype(np.int64))
+
+    def alike(a, b) -> bool:
+        return a[0][:2] == b[0][:2] and a[0][4] == b[0][4] and a[1] == b[1]
+
+    def advance(a, b) -> tuple:
+        return b[0][2] - a[0][2], b[0][3] - a[0][3], b[0][5] - a[0][5]
+
+    for _ in emit.RUN_VARS[1:] if len(items) < len(rows) else ():
+        folded, k = [], 0
+        while k < len(items):
+            m = 1
+            if k + 1 < len(items) and alike(items[k], items[k + 1]):
+                adv = advance(items[k], items[k + 1])
+                m = 2
+                while k + m < len(items) and alike(items[k], items[k + m]) and \
+                        advance(items[k + m - 1], items[k + m]) == adv:
+                    m += 1
+            folded.append((items[k][0], items[k][1] + ((m,) + adv,)) if m > 1 else items[k])
+            k += m
+        if len(folded) == len(items):
+            break
+        items = folded
+
+    def term(start: int, loops: tuple, col: int) -> str:
+        text = str(start)
+        for loop, var in reversed(list(zip(loops, emit.RUN_VARS))):      # outermost first
+            d = loop[col]
+            if d:
+                text += f" + {d} * {var}" if d > 0 else f" - {-d} * {var}"
+        return text
+
+    groups = []
+    for x, loops in items:
+        if not loops:       # a single transfer (all of an AllToAll's at one chunk per block): no loop terms
+            groups.append((x[2], x[0], x[1], x[3], 0, [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}"
+                                                     f"{', ' + str(x[5]) if x[5] else ''})"]))
+            continue
+        depth = len(loops)
+        text = [f"    {'    ' * lev}for {emit.RUN_VARS[depth - 1 - lev]} in range(0, {loops[depth - 1 - lev][0]}):"
+                for lev in range(depth)]
+        chan = term(x[5], loops, 3)
+        text.append(f"    {'    ' * depth}transfer({x[0]}, {x[1]}, {term(x[2], loops, 1)}, {term(x[3], loops, 2)}, "
+                    f"{ops[x[4]]}{'' if chan == '0' else ', ' + chan})")
+        groups.append((x[2], x[0], x[1], x[3], depth, text))
+    groups.sort(key=lambda t: t[:4])
+    nloops = sum(1 for t in groups if t[4])
+    out = [f"    # {len(rows)} transfers: runs of one pair whose steps, chunks and channels advance evenly "
+           f"as loops, and runs of such runs ({nloops} loops, {len(groups) - nloops} single transfers)"]
+    for t in groups:
+        out.extend(t[5])
+    return out
+
+
+def _item_runs(base: np.ndarray) -> list:
+    """The first folding of :func:`_run_lines` over arrays: ``base`` (``src, dst, step, chunk, op,
+    channel`` rows, in pair, op, channel and chunk order) as its items, each a row and its loop
+    or none, taken greedily from the first row: a run is a row and the following ones of its pair
+    and op while their steps, chunks and channels advance by the first advance. (The rows of a
+    tree program are mostly in runs: only their first rows become Python lists.)"""
+    n = len(base)
+    if n < 2:
+        return [(x, ()) for x in base.tolist()]
+    same = (base[1:, 0] == base[:-1, 0]) & (base[1:, 1] == base[:-1, 1]) & (base[1:, 4] == base[:-1, 4])
+    adv = base[1:][:, [2, 3, 5]] - base[:-1][:, [2, 3, 5]]
+    # a run from row k has 2 + (how many advances after advance k repeat it) rows
+    even = same[:-1] & same[1:] & (adv[:-1] == adv[1:]).all(axis=1)
+    at = np.arange(len(even))
+    repeat = np.r_[np.minimum.accumulate(np.where(even, len(even), at)[::-1])[::-1] - at, 0]
+    length = np.r_[np.where(same, 2 + repeat, 1), 1].tolist()
+    starts, k = [], 0
+    while k < n:
+        starts.append(k)
+        k += length[k]
+    starts = np.asarray(starts, np.int64)
+    counts = np.asarray(length, np.int64)[starts]
+    folds = np.flatnonzero(counts > 1)
+    loops = [()] * len(starts)
+    for j, loop in zip(folds.tolist(), np.c_[counts[folds], adv[starts[folds]]].tolist()):
+        loops[j] = (tuple(loop),)
+    return list(zip(base[starts].tolist(), loops))
+
+
+@settings(max_examples=examples(80), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.integers(0, 6), st.integers(0, 30),
+                          st.integers(0, 1), st.sampled_from([0, 0, 0, 1, 7])), min_size=1, max_size=50),
+       st.integers(1, 4), st.integers(1, 3), st.booleans())
+def test_lines_are_the_item_foldings(base, copies, stride, thin):
+    """Any rows (runs, runs of runs, single transfers between them, ties; ``thin``: one row per pair
+    and op, as an AllToAll's): the very lines the item-by-item folding writes."""
+    rows = [list(r) for r in base]
+    for c in range(1, copies):
+        rows += [[r[0], r[1], r[2] + c * stride, r[3] + 31 * c, r[4], r[5] + 8 * c] for r in base]
+    rows = np.array(rows, np.int64)
+    if thin:
+        rows = rows[np.unique(rows[:, [0, 1, 4]], axis=0, return_index=True)[1]]
+    assert emit._run_lines(rows) == _item_lines(rows)
+
+
+def test_a_synthesized_alltoall_is_written_as_the_item_folding_writes_it():
+    """A 32-GPU AllToAll (relayed blocks make a few runs among the single transfers) and a program
+    of single transfers only: the item folding's text, parsed back to the same transfers."""
+    from hccc.compiler.cluster.topo_parser import parse_topology
+    from test_synth_alltoall import _many_nodes_text
+
+    topo = parse_topology(_many_nodes_text(4), "n4.topo")
+    res = synthesize(topo, "alltoall", time_limit=1.0)
+    rows = emit._sorted_rows(res)
+    assert emit._run_lines(rows) == _item_lines(rows)
+    one = rows[np.unique(rows[:, [0, 1]], axis=0, return_index=True)[1]]
+    assert emit._run_lines(one) == _item_lines(one)
+    alg = parse_rccl(emit.to_rccl(res, topo), "a.rccl")
+    assert np.array_equal(_sorted(np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op]), _sorted(rows))

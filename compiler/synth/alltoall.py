@@ -24,8 +24,10 @@ import heapq
 import numpy as np
 
 from hccc.compiler.synth.bounds import alltoall_step_bound
+from hccc.compiler.synth.budget import least_transfers, schedule_seconds
 from hccc.compiler.synth.compose import list_schedule
 from hccc.compiler.synth.problem import Network, Schedule, Task
+from hccc.util import clock
 from hccc.util.clock import Deadline
 
 #: the share of the time left that the step lower bound's max-flows get before the routing (its
@@ -81,15 +83,21 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
                         deadline: Deadline | None = None):
     """``(schedule, lower_bound_steps, detail)`` for an AllToAll on ``net`` (see the module doc), by
     ``deadline`` (or within ``time_limit`` seconds; neither: 60 s): the step bound gets
-    :data:`BOUND_SHARE` of it, and once it has passed every block not yet routed takes its direct
-    link (a block without one is still routed)."""
+    :data:`BOUND_SHARE` of it; the routing stops where the list scheduler's predicted time
+    (:func:`.budget.schedule_seconds` of the hops and the step bound) is all that is left, and
+    every block not yet routed then takes its direct link (a block without one is still routed).
+    ``detail["phase_seconds"]``: what the bound, the routing and the scheduling took."""
     if deadline is None:
         deadline = Deadline.after(60.0 if time_limit is None else float(time_limit))
     n, K = net.nranks, int(chunks_per_rank)
     if K < 1:
         raise ValueError("chunks per rank must be at least 1")
     task = alltoall_task(n, K)
+    t0 = clock.now()
     lb = alltoall_step_bound(net, K, deadline=deadline.share(BOUND_SHARE))
+    t_bound = clock.now()
+    # the scheduler cannot stop: the routing leaves it its predicted time
+    deadline = Deadline(deadline.at - schedule_seconds(least_transfers("alltoall", n, K), lb))
     out_ptr, out_idx = net.out_csr()
     load_p = np.zeros(net.npairs, np.int64)
     load_g = np.zeros(net.ngroups, np.int64)
@@ -145,11 +153,22 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     if not tu:
         return Schedule.empty(), lb, {"timed_out": False}
     tu, tv, tk = (np.asarray(x, np.int64) for x in (tu, tv, tk))
-    order = np.lexsort((tk, np.asarray(hop), -np.asarray(plen)))
+    # the scheduler's priority: long paths first, earlier hops first, then the blocks in the order
+    # they were routed (by shift): each step's first transfers then come from every rank to every
+    # other, the NIC groups fill evenly, and each step's scan ends soon after they are full (a
+    # 512-GPU AllToAll's scheduling 4.5 s -> 1.9 s of CPU against the blocks' own order, the same
+    # 2,016 steps)
+    routed = np.empty(n * n, np.int64)
+    routed[ii * n + jj] = np.arange(len(ii))
+    rank = (tk % K) * len(ii) + routed[tk // K]
+    order = np.lexsort((rank, np.asarray(hop), -np.asarray(plen)))
+    t_route = clock.now()
     sched = list_schedule(net, task, tu[order], tv[order], tk[order])
     plen = np.asarray(plen)
     detail = {"timed_out": timed_out, "max_path_hops": int(plen.max()), "relayed_blocks":
-              int(np.unique(tk[plen > 1]).size)}
+              int(np.unique(tk[plen > 1]).size),
+              "phase_seconds": {"step_bound": round(t_bound - t0, 3), "routing": round(t_route - t_bound, 3),
+                                "scheduling": round(clock.now() - t_route, 3)}}
     return sched, lb, detail
 
 

@@ -239,9 +239,11 @@ def _alltoall(net: Network, k: int, t0: float, time_limit: float, bandwidth_boun
     rows = _rows(sched, RECV, 0)
     steps = int(rows[:, 2].max()) + 1 if rows.size else 0
     if bandwidth_bound_bytes:
+        t_cut = clock.now()
         seconds, cut = alltoall_cut_bound_seconds(net, float(bandwidth_bound_bytes),
                                                   deadline=limit.share(A2A_BOUND_SHARE))
         detail["cut_bound_seconds"], detail["cut_bound_set"] = seconds, cut
+        detail.setdefault("phase_seconds", {})["cut_bound"] = round(clock.now() - t_cut, 3)
     timed_out = bool(detail.pop("timed_out", False))
     detail["method"] = "search"
     return SynthResult("alltoall", n, k, None, rows, steps, lb, [], clock.now() - t0, net.name,

@@ -133,13 +133,22 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
     ready = np.zeros(M, np.uint8)
     nready = 0
     rlist = np.zeros(M, np.int64)
+    P = cap.shape[0]
+    G = gcap.shape[0]
+    # ready transfers not yet placed: using each group, and using none
+    ready_g = np.zeros(max(G, 1), np.int64)
+    left_g = np.zeros(max(G, 1), np.int64)
+    ready_free = 0
     for i in range(M):
         if has[tu[i], tk[i]]:
             rlist[nready] = i
             nready += 1
             ready[i] = 1
-    P = cap.shape[0]
-    G = gcap.shape[0]
+            p = tp[i]
+            if pg_ptr[p] == pg_ptr[p + 1]:
+                ready_free += 1
+            for q in range(pg_ptr[p], pg_ptr[p + 1]):
+                ready_g[pg_idx[q]] += 1
     used_p = np.zeros(P, np.int64)
     used_g = np.zeros(max(G, 1), np.int64)
     sent = np.zeros((N, NC), np.uint8) if fanout_one else np.zeros((1, 1), np.uint8)
@@ -168,9 +177,31 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
             sent[:, :] = 0
         nacc = 0
         keep = 0
+        # the scan ends early, exactly, once every transfer left in it needs a full group: no open
+        # group has a user left to visit (``live``) and no transfer without a group is left
+        # (a 512-GPU AllToAll, its NIC groups binding: 2,016 steps over up to 261,632 ready
+        # transfers, 4.1-4.5 s -> 1.5 s of CPU, the same steps)
+        live = 0
+        for g in range(G):
+            left_g[g] = ready_g[g]
+            if left_g[g] > 0 and gcap[g] > 0:
+                live += 1
+        left_free = ready_free
         for j in range(nready):
+            if live == 0 and left_free == 0:
+                for r in range(j, nready):      # all refused: kept, in order
+                    rl[keep] = rl[r]
+                    keep += 1
+                break
             i = rl[j]
             p = tp[i]
+            if pg_ptr[p] == pg_ptr[p + 1]:
+                left_free -= 1
+            for q in range(pg_ptr[p], pg_ptr[p + 1]):
+                g = pg_idx[q]
+                left_g[g] -= 1
+                if left_g[g] == 0 and used_g[g] < gcap[g]:
+                    live -= 1
             ok = used_p[p] < cap[p]
             if ok:
                 for q in range(pg_ptr[p], pg_ptr[p + 1]):
@@ -181,8 +212,14 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
                 ok = False
             if ok:
                 used_p[p] += 1
+                if pg_ptr[p] == pg_ptr[p + 1]:
+                    ready_free -= 1
                 for q in range(pg_ptr[p], pg_ptr[p + 1]):
-                    used_g[pg_idx[q]] += 1
+                    g = pg_idx[q]
+                    used_g[g] += 1
+                    ready_g[g] -= 1
+                    if used_g[g] == gcap[g] and left_g[g] > 0:
+                        live -= 1
                 if fanout_one:
                     sent[tu[i], tk[i]] = 1
                 step_of[i] = t
@@ -212,6 +249,11 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
                         ready[w] = 1
                         rlist[nready] = w
                         nready += 1
+                        pw = tp[w]
+                        if pg_ptr[pw] == pg_ptr[pw + 1]:
+                            ready_free += 1
+                        for q in range(pg_ptr[pw], pg_ptr[pw + 1]):
+                            ready_g[pg_idx[q]] += 1
                     lo += 1
         done += nacc
         t += 1

@@ -15,7 +15,9 @@ it is written. ``--json`` prints ``{"collective", "nranks", "steps", "lower_boun
 ForestColl's cut bound for a buffer of ``--select-size`` bytes). ``--time-limit`` bounds the whole
 command, the simulations after the search included (:class:`Simulations`); on the limit the best
 schedule so far is written, with its gap to the bound, and what was not simulated is said
-(``"not_simulated"``, ``"channels_fitted"`` in ``--json``). docs/synthesis.md: how channels are chosen.
+(``"not_simulated"``, ``"channels_fitted"`` in ``--json``); the proof and the text that follow the
+search get their predicted time out of the limit (:mod:`hccc.compiler.synth.budget`), and
+``"phase_seconds"`` says what each phase took. docs/synthesis.md: how channels are chosen.
 
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
@@ -59,7 +61,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=seconds(zero_ok=False), default=60.0, metavar="S",
                    help="seconds for the whole command (several --size share it): the search or packing, "
                         "then the simulations that pick the tree shape and the channels and measure the "
-                        "fraction of the bound; the best schedule so far is written then, saying what was not "
+                        "fraction of the bound, then the proof and the text, whose predicted time the search "
+                        "leaves them; the best schedule so far is written then, saying what was not "
                         "simulated (measured on a clock that stands still while numba compiles its kernels, as it "
                         "does once after an install, so a first run decides as a later one)")
     p.add_argument("--pod-size", type=positive_int, default=None, metavar="M",
@@ -158,4 +161,9 @@ def _say(p, summary: dict, out: Path) -> None:
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
     # timings on stderr: standard output, like the file, is the same for the same synthesis
-    print(f"hccc synth: synthesis took {result.seconds:.2f} s", file=sys.stderr)
+    took = summary.get("phase_seconds") or {}
+    inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in took.items()
+                      if k not in ("search", "proof", "text", "closing_predicted"))
+    print(f"hccc synth: synthesis took {result.seconds:.2f} s" + (f" ({inner})" if inner else "")
+          + (f"; search and simulations {took['search']:.2f} s, proof {took['proof']:.2f} s, text {took['text']:.2f} s"
+             if took else ""), file=sys.stderr)

@@ -1,0 +1,70 @@
+"""What the phases after a search cost, predicted before it, so that ``--time-limit`` holds in every
+phase: the search stops early enough to leave them their time.
+
+``hccc synth ... --time-limit T`` runs, in order: the cluster's reading, the bounds and the search
+(or packing), then the *closing phases*: the program as transfers, its proof (the verifier), its
+check on the cluster's links and its ``.rccl`` text. The closing phases cannot stop half-way (a
+program is proven before it is written), so the search gets ``T`` less their predicted cost
+(:func:`closing_seconds`, from the transfers the collective needs at least: :func:`least_transfers`).
+An AllToAll's search also leaves its list scheduler, which packs every routed hop into steps and
+cannot stop either, the time it will take (:func:`schedule_seconds`, from the transfers and the
+step lower bound), and routes no block past that point (the blocks left take their direct links).
+
+The model, measured on a 2-core machine without a GPU (``docs/measurements.md``, *AllToAll under
+--time-limit*): the command ends by ``T + overhead``, the overhead being what the prediction
+misses plus, where ``T`` is shorter than the phases that cannot stop, those phases themselves: the
+list scheduler (AllToAll), the closing phases, and reading the cluster (512 GPUs: about 1.9 s,
+0.9 s and 1.5-2 s of CPU).
+"""
+from __future__ import annotations
+
+#: CPU seconds of the closing phases per transfer of the program: transfers as an Algorithm, the
+#: proof, the check on the links, the text and its writing. Measured on the 512-GPU AllToAll (64
+#: nodes x 8, 261,632 transfers, every one a line of its own): 0.10 + 0.15 + 0.03 + 0.52 + 0.05 s
+#: = 3.3 us per transfer; a 512-GPU AllReduce by trees (523,264 transfers, replayed rather than
+#: proven at once: reductions) 2.8 us; a 256-GPU AllGather by the step search (65,280 transfers,
+#: 30,000 of its runs folded into loops one by one) 0.11 + 0.52 s = 9.7 us. The largest, rounded up.
+CLOSING_SECONDS_PER_TRANSFER = 1e-5
+#: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
+#: transfer and step: each step scans the transfers ready and not yet placed until every one left
+#: needs a full group, so its time grows as transfers x steps. Measured with the routing order as
+#: the priority: 256 GPUs (65,280 transfers, 992 steps) 0.3 s = 4.6e-9; 512 GPUs (261,632
+#: transfers, 2,016 steps) 1.85-1.9 s = 3.5-3.6e-9; rounded up. (Every step scanning every ready
+#: transfer, as before the early end: 6.8-8.5e-9.)
+SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
+#: CPU seconds of the list scheduler's first compiled call in a process: numba loads the kernel
+#: from its on-disk cache (measured 0.9 s; its compiling, once after an install, is not counted:
+#: the work clock stands still then)
+SCHEDULER_LOAD_SECONDS = 1.0
+
+
+def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
+    """The fewest transfers any program of ``collective`` on ``nranks`` ranks with
+    ``chunks_per_rank`` chunks per rank has: each of the ``nranks * chunks_per_rank`` chunks (an
+    AllToAll's blocks: ``nranks * (nranks - 1) * chunks_per_rank`` that move) must reach each of
+    the ``nranks - 1`` ranks that lack it (an AllGather's, a Broadcast's), or leave each of them
+    (a ReduceScatter's contributions): one transfer each; an AllReduce's chunk twice as many
+    (one-way gossip: ``2 (nranks - 1)`` transfers before every rank holds every contribution)."""
+    n, k = int(nranks), max(1, int(chunks_per_rank))
+    if n < 2:
+        return 0
+    return n * (n - 1) * k * (2 if collective == "allreduce" else 1)
+
+
+def closing_seconds(ntransfers: int) -> float:
+    """Predicted seconds of the closing phases of a program of ``ntransfers`` transfers."""
+    return CLOSING_SECONDS_PER_TRANSFER * max(0, int(ntransfers))
+
+
+def schedule_seconds(ntransfers: int, steps: int) -> float:
+    """Predicted seconds of the AllToAll list scheduler for ``ntransfers`` hops over about
+    ``steps`` steps (loading its compiled kernel included, where it runs compiled)."""
+    from hccc.compiler.synth.compose import MIN_COMPILED_TRANSFERS
+
+    m = max(0, int(ntransfers))
+    load = SCHEDULER_LOAD_SECONDS if m >= MIN_COMPILED_TRANSFERS else 0.0
+    return load + SCHEDULE_SECONDS_PER_TRANSFER_STEP * m * max(1, int(steps))
+
+
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
+           "closing_seconds", "least_transfers", "schedule_seconds"]
