@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["CountsError", "as_counts", "packed_displs", "check_call", "scratch_slot", "equal_count",
-           "expected", "device_displs"]
+           "expected", "device_displs", "read_counts_file", "MAX_FILE_RANKS", "MAX_FILE_COUNT"]
 
 
 class CountsError(ValueError):
@@ -141,3 +141,50 @@ def expected(sends: list[np.ndarray], recvs_before: list[np.ndarray], counts: np
 def device_displs(sd: np.ndarray, rd: np.ndarray) -> np.ndarray:
     """``hccc_args::vdispls`` (:data:`hccc.compiler.backend.abi.V_DISPLS`): ``sd`` then ``rd``."""
     return np.concatenate([np.asarray(sd, np.int64).ravel(), np.asarray(rd, np.int64).ravel()])
+
+
+# ---------------------------------------------------------------------------- counts files
+#: the most ranks a counts file may describe (a 4096 x 4096 matrix: 16 M entries)
+MAX_FILE_RANKS = 4096
+#: the largest count a counts file may give (elements of one block; 2**48 is 256 TiB of bytes)
+MAX_FILE_COUNT = 1 << 48
+
+
+def read_counts_file(path) -> np.ndarray:
+    """A counts matrix from a text file (``hccc sim --counts``): one line per sending rank ``s``,
+    holding ``counts[s][0] .. counts[s][N-1]`` (elements, non-negative decimal integers) separated
+    by spaces, tabs or commas; ``#`` starts a comment; blank lines are skipped. Every row must
+    have ``N`` entries for ``N`` rows. Errors are :class:`~hccc.util.diagnostics.CompileError`
+    located at the line and column of the offending entry."""
+    import re
+
+    from hccc.util.diagnostics import CompileError, Location, SourceFile
+    src = SourceFile.read(path)
+    rows, where = [], []
+    for ln, line in enumerate(src.text.splitlines(), start=1):
+        body = line.split("#", 1)[0]
+        toks = [(m.group(), m.start() + 1) for m in re.finditer(r"[^\s,]+", body)]
+        if not toks:
+            continue
+        row = []
+        for tok, col in toks:
+            if not re.fullmatch(r"[0-9]+", tok):
+                raise CompileError.at(Location(src, ln, col), f"'{tok[:40]}' is not a count: counts are "
+                                                              "non-negative whole numbers of elements")
+            v = int(tok) if len(tok) <= 20 else MAX_FILE_COUNT + 1
+            if v > MAX_FILE_COUNT:
+                raise CompileError.at(Location(src, ln, col), f"count {tok[:40]} is larger than {MAX_FILE_COUNT}")
+            row.append(v)
+        if len(rows) >= MAX_FILE_RANKS:
+            raise CompileError.at(Location(src, ln, 1), f"more than {MAX_FILE_RANKS} rows (ranks)")
+        rows.append(row)
+        where.append((ln, toks))
+    if not rows:
+        raise CompileError.at(Location(src, 1, 1), "no counts: expected one line of counts per sending rank")
+    n = len(rows)
+    for i, (row, (ln, toks)) in enumerate(zip(rows, where)):
+        if len(row) != n:
+            col = toks[n][1] if len(row) > n else len(src.text.splitlines()[ln - 1].split("#", 1)[0].rstrip()) + 1
+            raise CompileError.at(Location(src, ln, col), f"row {i} has {len(row)} counts, but the "
+                                                          f"file has {n} rows: a {n} x {n} matrix is needed")
+    return np.array(rows, dtype=np.int64)

@@ -156,7 +156,7 @@ def test_size_dependent_placement_is_refused_and_located():
 
 def test_non_alltoall_is_refused():
     ir = build_program(gen.ring_allgather(3) if hasattr(gen, "ring_allgather") else gen.direct_allgather(3))
-    with pytest.raises(VBlockError, match="not an AllToAll"):
+    with pytest.raises(VBlockError, match="implements AllGather: per-pair counts apply to AllToAll"):
         vblock_map(ir)
 
 

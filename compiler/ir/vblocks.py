@@ -77,7 +77,7 @@ def vblock_map(ir: ProgramIR, inplace: bool = False, order=None) -> VBlockMap:
     from hccc.compiler.ir.symbolic import ProofError, prim_order
     spec = spec_of(ir.collective)
     if not spec.blockwise:
-        raise VBlockError(f"{ir.name} is a {spec.title}, not an AllToAll: per-pair counts apply to AllToAll only")
+        raise VBlockError(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
     N, C = int(ir.nranks), int(ir.nchunks)
     if N < 1 or C % N:
         raise VBlockError(f"{ir.name}: nchunks = {C} is not a whole number of pieces per block of {N} ranks")
