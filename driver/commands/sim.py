@@ -404,7 +404,12 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
           + (f" of <= {args.block_bw:g} GB/s per block, " if args.block_bw else " (no per-block limit), ")
           + f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
-    print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
+    if getattr(args, "counts_matrix", None) is not None:
+        c = args.counts_matrix
+        print(f"# AllToAllv counts from {printable(str(args.counts))}: {len(c)} x {len(c)}, {int(c.sum())} elements in "
+              f"all, largest block {int(c.max())}; size = the mean per-rank send buffer")
+    else:
+        print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
     print("# " + COLUMN_LEGEND)
     print("#")
     for line in table_header([False], COLUMNS)[1:]:
