@@ -35,4 +35,4 @@ def test_model_table(capsys):
     assert len(rows) == 4                       # 2 programs x dispatch, combine
     for r in rows:
         v, eq, ratio = float(r[7]), float(r[8]), float(r[9])
-        assert v > 0 and eq > 0 and abs(v / eq - ratio) < 0.01
+        assert v > 0 and eq > 0 and abs(v / eq - ratio) <= 0.06 * ratio   # (printed to 0.1 us)
