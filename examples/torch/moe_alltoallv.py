@@ -125,7 +125,7 @@ def train(backend: str, steps: int, experts: int = 8, rank: int | None = None, w
                 if p.grad is not None:
                     p -= lr * p.grad
         snaps.append(snapshot(model))
-        losses.append(float(loss))
+        losses.append(loss.item())
         splits.append(sp)
     return snaps, losses, splits
 
