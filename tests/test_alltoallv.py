@@ -292,3 +292,18 @@ def test_property_small_programs_as_alltoallv(data):
     assert res.stuck is None and res.ok, res.stuck or res.first_wrong
     if not inplace:
         _check(res, sends, c)
+
+
+@needs_gxx
+@pytest.mark.parametrize("kw, proto", [({"codegen": "table"}, "ll"), ({"one_grid": False}, "simple")])
+def test_kernels_table_mode_ll_and_a_kernel_per_rank(kw, proto):
+    """The generic table kernels and the LL protocol (every message through the FIFO as lines)
+    read the same counts; so do the ranks' own kernels launched one per rank."""
+    ir = build_program(gen.ring_alltoall(4, chunks_per_rank=2))
+    r = kernel_runner(ir, "cpu", "float16", **kw)
+    c = np.random.default_rng(4).integers(0, 300, (4, 4))
+    c[2, 1] = 5000
+    sends = _inputs(c, "float16", seed=9)
+    res = r.run_v(c, proto=proto, inputs=sends, keep_outputs=True)
+    assert res.proto == proto
+    _check(res, sends, c)
