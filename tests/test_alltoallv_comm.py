@@ -98,3 +98,35 @@ def test_counts_past_a_buffer_fail_on_every_rank(pool):
     for r, rep in enumerate(replies):
         assert not rep["ok"], f"rank {r} ran: {rep}"
         assert "rank 2" in rep["error"], rep["error"]
+
+
+def test_across_two_emulated_nodes(tmp_path_factory):
+    """2 nodes x 2 ranks (the network transport over UCX's TCP between the nodes): the hierarchical
+    program, whose blocks cross the network once, as AllToAllv with per-call counts."""
+    from test_net import TCP, _have_ucx
+    if not _have_ucx():
+        pytest.skip("UCX (libucx-dev) not installed")
+    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    try:
+        n = 4
+        ir = build_program(gen.hierarchical_alltoall(2, 2)).to_json()
+        mats = [np.array([[3, 0, 9, 1], [2, 2, 0, 40], [0, 5, 1, 1], [7, 1, 1, 0]]), np.zeros((n, n), np.int64)]
+
+        def send(r, c):
+            return np.arange(int(c[r].sum()), dtype=np.float32) + 1000 * r
+
+        def want(d, c):
+            out = []
+            for s in range(n):
+                start = int(c[s][:d].sum())
+                out += [1000 * s + start + e for e in range(int(c[s][d]))]
+            return out
+        calls = [[{"method": "all_to_all_v", "x": send(r, c), "out": int(c[:, r].sum()),
+                   "kwargs": {"counts": c.tolist()}} for c in mats] for r in range(n)]
+        replies = p.run(ir, n, calls, timeout=60.0, nodes=["a", "a", "b", "b"], env=TCP)
+        for r, rep in enumerate(replies):
+            assert rep["ok"], rep.get("trace") or rep
+            for c, got in zip(mats, rep["outputs"]):
+                assert got.tolist() == want(r, c)
+    finally:
+        p.close()
