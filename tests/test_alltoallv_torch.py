@@ -1,7 +1,8 @@
 """Uneven ``all_to_all_single`` (split sizes) through the ``"hccc"`` backend: carried by the
 built-in catalog's AllToAll program as an AllToAllv (the counters say so), results equal to gloo's,
 a MoE training (token dispatch and combine) with parameters equal to gloo's after every step, and
-ranks whose split sizes disagree all get an error. One process a rank: the slow set."""
+ranks whose split sizes disagree all get an error (one process a rank: the slow set); the split
+exchanges leave one store key per rank."""
 from __future__ import annotations
 
 import shutil
@@ -12,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
 
-pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"), pytest.mark.slow]
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
 @pytest.fixture
@@ -27,6 +28,8 @@ def _ok(replies):
     return [val for _, val in replies]
 
 
+@pytest.mark.slow
+@needs_gxx
 def test_uneven_splits_equal_gloo_and_are_carried_by_hccc(tmp_path, builtin):
     from alltoallv_ranks import splits_job
     from torch_ranks import spawn
@@ -40,6 +43,8 @@ def test_uneven_splits_equal_gloo_and_are_carried_by_hccc(tmp_path, builtin):
         assert "alltoallv" not in s["fallback"], s["reasons"]
 
 
+@pytest.mark.slow
+@needs_gxx
 def test_disagreeing_split_sizes_fail_on_every_rank(tmp_path, builtin):
     from alltoallv_ranks import splits_job
     from torch_ranks import spawn
@@ -48,6 +53,8 @@ def test_disagreeing_split_sizes_fail_on_every_rank(tmp_path, builtin):
         assert rep["error"] and "rank 2 expects" in rep["error"], (r, rep["error"])
 
 
+@pytest.mark.slow
+@needs_gxx
 def test_moe_training_equals_gloo_after_every_step(tmp_path, builtin):
     from alltoallv_ranks import moe_job
     from torch_ranks import spawn
@@ -61,3 +68,23 @@ def test_moe_training_equals_gloo_after_every_step(tmp_path, builtin):
         # dispatch and combine forward, the combine's reverse in backward: three uneven calls a step
         assert s["hccc"].get("alltoallv") == 3 * 6, s
         assert any(len(set(sp["in"])) > 1 for sp in ours[r]["splits"])      # really uneven
+
+
+@pytest.mark.parametrize("world", [1])
+def test_split_exchanges_leave_one_key_per_rank(world):
+    """The uneven calls' split exchanges do not pile up keys in the group's store."""
+    import types
+
+    import torch.distributed as dist
+    from hccc.runtime.bootstrap import StoreBootstrap
+    from hccc.torch.process_group import _forget_split_keys
+    store = dist.HashStore()
+    boot = StoreBootstrap(store, 0, world, name="entry/x")
+    comm = types.SimpleNamespace(_boot=boot)
+    for n in range(1, 4):
+        tag = f"alltoallv/{n}"
+        boot.all_gather(b"x", tag)
+        _forget_split_keys(comm, tag)
+        assert store.check([f"{boot.prefix}/{tag}/0"])
+        if n > 1:
+            assert not store.check([f"{boot.prefix}/alltoallv/{n - 1}/0"])

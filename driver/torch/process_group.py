@@ -993,7 +993,9 @@ class HcccProcessGroup(dist.ProcessGroup):
 
         def run(comm, _op):
             from hccc.runtime.communicator import CommunicatorError
-            got = comm._all_gather(mine.tobytes(), f"alltoallv/{comm._calls + 1}")
+            tag = f"alltoallv/{comm._calls + 1}"
+            got = comm._all_gather(mine.tobytes(), tag)
+            _forget_split_keys(comm, tag)
             table = np.stack([np.frombuffer(g, np.int64) for g in got])
             counts = table[:, :n]
             for d in range(n):
@@ -1158,6 +1160,22 @@ class _contiguous:
     def __exit__(self, *exc) -> None:
         if self.c is not self.t and exc[0] is None:
             self.t.copy_(self.c)
+
+
+def _forget_split_keys(comm, tag: str) -> None:
+    """Delete this rank's key of the communicator's previous split exchange from the store, so a
+    long training run leaves one key per rank there, not one per call: every peer has posted
+    ``tag`` by now, which it does only after reading every key of the previous exchange."""
+    from hccc.runtime.bootstrap import StoreBootstrap
+    boot = getattr(comm, "_boot", None)
+    prev = getattr(comm, "_split_tag", None)
+    comm._split_tag = tag
+    if prev is None or not isinstance(boot, StoreBootstrap) or boot.store is None:
+        return
+    try:
+        boot.store.delete_key(f"{boot.prefix}/{prev}/{boot.rank}")
+    except Exception:       # a store without deletion keeps the key: only memory
+        pass
 
 
 def _result_dtype(result):
