@@ -132,27 +132,40 @@ def _staging_program():
     moves it to slot 0 and copies its own block in: correct when blocks have one size."""
     rows = [
         dict(rank=0, tb=0, seq=0, op=Op.SEND, send_peer=1, src_buf=Buf.INPUT, src_off=1),
-        dict(rank=0, tb=0, seq=1, op=Op.RECV, recv_peer=1, dst_buf=Buf.OUTPUT, dst_off=1),
-        dict(rank=0, tb=0, seq=2, op=Op.COPY, src_buf=Buf.INPUT, src_off=0, dst_buf=Buf.OUTPUT, dst_off=0),
+        dict(rank=0, tb=1, seq=0, op=Op.RECV, recv_peer=1, dst_buf=Buf.OUTPUT, dst_off=1),
+        dict(rank=0, tb=1, seq=1, op=Op.COPY, src_buf=Buf.INPUT, src_off=0, dst_buf=Buf.OUTPUT, dst_off=0),
         dict(rank=1, tb=0, seq=0, op=Op.SEND, send_peer=0, src_buf=Buf.INPUT, src_off=0),
-        dict(rank=1, tb=0, seq=1, op=Op.RECV, recv_peer=0, dst_buf=Buf.OUTPUT, dst_off=1),
-        dict(rank=1, tb=0, seq=2, op=Op.COPY, src_buf=Buf.OUTPUT, src_off=1, dst_buf=Buf.OUTPUT, dst_off=0),
-        dict(rank=1, tb=0, seq=3, op=Op.COPY, src_buf=Buf.INPUT, src_off=1, dst_buf=Buf.OUTPUT, dst_off=1),
+        dict(rank=1, tb=1, seq=0, op=Op.RECV, recv_peer=0, dst_buf=Buf.OUTPUT, dst_off=1),
+        dict(rank=1, tb=1, seq=1, op=Op.COPY, src_buf=Buf.OUTPUT, src_off=1, dst_buf=Buf.OUTPUT, dst_off=0),
+        dict(rank=1, tb=1, seq=2, op=Op.COPY, src_buf=Buf.INPUT, src_off=1, dst_buf=Buf.OUTPUT, dst_off=1),
     ]
     defaults = {"pipeline": 0, "send_peer": -1, "recv_peer": -1, "channel": 0, "src_buf": 0, "src_off": 0,
                 "dst_buf": 0, "dst_off": 0, "count": 1, "task": -1, "task2": -1}
     prims = {k: np.array([r.get(k, defaults.get(k, 0)) for r in rows], dtype=dt) for k, dt in PRIM_COLUMNS.items()}
+    # proven out of place only (in place, the arrival would race with the send of its slot)
     return ProgramIR(name="staging", collective="alltoall", nranks=2, nchunks=2, in_chunks=2, out_chunks=2,
-                     scratch_chunks=0, prims=prims, npipelines=1, ntbs=np.array([1, 1], np.int32))
+                     scratch_chunks=0, prims=prims, npipelines=1, ntbs=np.array([2, 2], np.int32),
+                     stats={"msccl_inplace": False})
 
 
 def test_size_dependent_placement_is_refused_and_located():
     ir = _staging_program()
     prove(ir, False)                  # an AllToAll when every block has one size ...
-    with pytest.raises(VBlockError, match=r"rank 1 tb 0 seq 1 \(recv from rank 0\) writes rank 1 output chunk 1 "
+    with pytest.raises(VBlockError, match=r"rank 1 tb 1 seq 0 \(recv from rank 0\) writes rank 1 output chunk 1 "
                                           r"holding the block rank 0 sends to rank 1") as e:
         vblock_map(ir, False)         # ... but not with per-pair counts
     assert e.value.prims == [4]
+
+
+def test_check_command_says_whether_a_program_runs_as_alltoallv(tmp_path, capsys):
+    from hccc.cli import main
+    f = tmp_path / "staging.json"
+    f.write_text(_staging_program().to_json())
+    assert main(["check", str(f)]) == 0          # a valid AllToAll ...
+    out = capsys.readouterr().out
+    assert "valid alltoall" in out and "runs as AllToAllv (per-pair counts): no: out of place: rank 1 tb 1 seq 0" in out
+    assert main(["check", str(ROOT / "examples" / "ring_alltoall_6.rccl"), "--json"]) == 0
+    assert '"alltoallv": {"ok": true}' in capsys.readouterr().out
 
 
 def test_non_alltoall_is_refused():
