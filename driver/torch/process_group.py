@@ -986,8 +986,10 @@ class HcccProcessGroup(dist.ProcessGroup):
                              f"{rows_in} and the output's {rows_out} rows among {n} ranks")
         extra = "input and output rows of different sizes" if rows_in and rows_out and per_in != per_out else ""
         per = per_in or per_out
+        # (torch refuses strided tensors before the backend; were one to arrive, it runs on a
+        # contiguous copy: a route that depended on this rank's layout could differ from its peers')
         route = self._route("alltoall", dev, [input, output], UNEVEN_ROUTE_ELEMENTS * n * input.element_size(),
-                            "sum", extra=extra)
+                            "sum", extra=extra, strided_ok=True)
         text = self._text("alltoallv", [input], counts=())
         mine = np.array([c * per for c in ins] + [c * per for c in outs], np.int64)
 
@@ -1005,8 +1007,12 @@ class HcccProcessGroup(dist.ProcessGroup):
                         f"rank {self._rank}: all_to_all_single: rank {d} expects {int(table[d, n + s])} "
                         f"elements from rank {s}, which sends it {int(counts[s, d])} (every rank's "
                         "output_split_sizes must match the senders' input_split_sizes)")
-            x = input.clone() if _overlap(input, output) else input
-            comm.all_to_all_v(x, output, counts)
+            x = (input.clone(memory_format=torch.contiguous_format) if _overlap(input, output)
+                 else input.contiguous())
+            y = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+            comm.all_to_all_v(x, y, counts)
+            if y is not output:
+                output.copy_(y)
 
         return self._submit("alltoallv", dev, route, run,
                             lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
