@@ -81,7 +81,7 @@ METHODS = {name: spec.method for name, spec in SPECS.items()}
 _COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
 _FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
 # host segment: uint64 words
-_H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE, _H_TAG = range(10)
+_H_MAGIC, _H_PID, _H_SEQ, _H_STATE, _H_CALL, _H_COLL, _H_COUNT, _H_TYPE, _H_DONE, _H_TAG, _H_VDIGEST = range(11)
 # (word 15: the network proxy's heartbeat in multi-node jobs, hccc.runtime.net.BEAT_OFFSET)
 _MAGIC = 0x48434343434F4D31           # "HCCCCOM1"
 _RUNNING, _FAILED, _CLOSED = 0, 1, 2
@@ -205,6 +205,14 @@ def _sync_caller(a) -> None:
     elif mod == "cupy":
         import cupy
         cupy.cuda.get_current_stream().synchronize()
+
+
+class _VCall:
+    """An AllToAllv call's device pointers (counts, displacements or 0, block-piece table), the
+    scratch slot's elements and the digest every rank compares (0: device counts, not known)."""
+
+    def __init__(self, counts: int, displs: int, vmap: int, slot: int, digest: int):
+        self.counts, self.displs, self.vmap, self.slot, self.digest = counts, displs, vmap, slot, digest
 
 
 # ------------------------------------------------------------------------------- the communicator
@@ -614,7 +622,9 @@ class Communicator:
             raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an earlier "
                                     f"failure: {self._broken}")
 
-    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int) -> None:
+    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        """One launch of ``count`` elements (the full buffer); ``v``: an AllToAllv call's
+        :class:`_VCall` (``count`` is then its equal-size stand-in, which sizes slice and protocol)."""
         pf, ir = self._pf, self.ir
         fn = self._kernel(dtype, op)
         es = ELEMENT_BYTES[dtype]
@@ -629,9 +639,16 @@ class Communicator:
         hw[_H_CALL], hw[_H_COLL], hw[_H_COUNT] = self._calls, _COLL_CODE[ir.collective], count
         hw[_H_TYPE] = _call_type(dtype, op, proto, epoch, zero)
         hw[_H_TAG] = int(self.call_tag) & ((1 << 64) - 1)
+        hw[_H_VDIGEST] = v.digest if v is not None else 0
         self._barrier(f"{method} #{self._calls}")       # every rank finished its previous call
         for r, seg in self._host_peer.items():
             w = self._host_words(seg)
+            if int(w[_H_VDIGEST]) != int(hw[_H_VDIGEST]):
+                # every rank compares with every peer: a rank whose counts differ is seen by all
+                raise self._fail(abort_peers=False, why=
+                    f"{method} #{self._calls}: rank {r}'s AllToAllv counts (and displacements) differ from "
+                    f"this rank's (digest {int(w[_H_VDIGEST]):#018x}, this rank {int(hw[_H_VDIGEST]):#018x}); "
+                    "every rank must pass the same counts matrix")
             if int(w[_H_TAG]) != int(hw[_H_TAG]) and int(w[_H_COUNT]) == count \
                     and int(w[_H_TYPE]) == int(hw[_H_TYPE]):
                 raise self._fail(abort_peers=False, why=
@@ -649,7 +666,7 @@ class Communicator:
         ctypes.c_uint32.from_address(self._abort).value = 0
         pf.memset(self._error, 0, ctypes.sizeof(ErrorRecord))
         lay = program_layout(ir, count)[self.rank]
-        scr = self._scratch_ptr(lay[2] * es)
+        scr = self._scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
         try:           # every rank makes this call (compared above): every rank refuses it
             call.check(ir)
         except ValueError as exc:
@@ -657,6 +674,9 @@ class Communicator:
         timeout = self.kernel_timeout_s
         args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self._abort,
                               error=self._error, timeout_s=timeout, epoch=epoch)
+        if v is not None:
+            args.vcounts, args.vdispls, args.vmap = v.counts, v.displs, v.vmap
+            args.vslot = v.slot if ir.scratch_chunks else 0
         self._barrier(f"{method} #{self._calls} (counters reset)")  # nobody sends into a stale FIFO
         if self._net is not None:
             self._net.shape(self.slot_bytes, ir.max_step_chunks, slice_b)
@@ -872,6 +892,117 @@ class Communicator:
         """Block ``j`` of ``x`` to rank ``j``; block ``i`` of ``out`` from rank ``i``."""
         self._call("all_to_all", x, out, False, "sum")
         return out
+
+    def all_to_all_v(self, x, out=None, counts=None, *, sdispls=None, rdispls=None,
+                     device_counts: bool = False):
+        """AllToAllv (:mod:`hccc.runtime.alltoallv`) on this rank's AllToAll program: ``counts[s][d]``
+        elements from rank ``s`` to rank ``d`` (the whole ``nranks x nranks`` matrix, the same on
+        every rank; zeros allowed; any matrix on any call), block ``(rank, d)`` read from ``x`` at
+        ``sdispls[rank][d]`` and block ``(s, rank)`` written to ``out`` at ``rdispls[rank][s]``
+        (displacements: the whole matrices, or None for packed). ``out=None`` runs in place
+        (symmetric counts, equal displacements). Checked before anything runs: the counts against
+        this rank's buffers (:class:`CommunicatorError` naming the entry; the peers fail the call
+        too, since this rank never reaches it), and at the call's host barrier every
+        rank's counts and displacements against every peer's (a 64-bit digest): ranks that
+        disagree all raise :class:`CommunicatorError`, none launches.
+
+        ``device_counts=True``: ``counts`` is an int64 array of ``nranks * nranks`` elements in
+        the memory the kernels run in (CPU emulation: host memory; CUDA: a GPU tensor, e.g. a
+        router's output gathered to every rank), read by the kernels only, with no host sync:
+        they take the prefix sums and refuse a negative count themselves (every rank fails the
+        call). The host then cannot check or compare the counts: every rank must pass buffers
+        of one size (compared), scratch is sized for blocks up to a whole send buffer, and
+        displacements must be None (packed)."""
+        from hccc.runtime import alltoallv as av
+        self._check_usable()
+        method = "all_to_all_v"
+        if not SPECS[self.collective].blockwise:
+            raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
+                                    "all_to_all_v needs an AllToAll program")
+        inplace = out is None
+        if inplace and not True in self.ir.placements:
+            raise CommunicatorError(f"{self.ir.name} is proven out of place only; pass out=")
+        bx = _as_buf(x, f"{method}: input")
+        bo = bx if inplace else _as_buf(out, f"{method}: output")
+        if bo.dtype != bx.dtype:
+            raise TypeError(f"{method}: input is {bx.dtype} but output is {bo.dtype}")
+        kind = "cpu" if self._pf.name == "cpu" else "cuda"
+        for b, what in ((bx, "input"), (bo, "output")):
+            if b.device != kind:
+                raise ValueError(f"{method}: the {what} lives on {b.device}; the {self._pf.name} "
+                                 f"backend needs {'host' if kind == 'cpu' else 'GPU'} arrays")
+        es = ELEMENT_BYTES[bx.dtype]
+        if not inplace and bo.ptr < bx.ptr + bx.n * es and bx.ptr < bo.ptr + bo.n * es and bx.n and bo.n:
+            raise ValueError(f"{method}: input and output overlap; pass out=None for an in-place call")
+        N = self.world_size
+        vm, tables = self._vtables(inplace)
+        K = vm.k
+        if device_counts:
+            if sdispls is not None or rdispls is not None:
+                raise ValueError(f"{method}: device counts take packed displacements only")
+            bc = _as_buf(counts, f"{method}: counts")
+            if bc.dtype != "int64" or bc.n != N * N or bc.device != kind:
+                raise ValueError(f"{method}: device counts must be {N * N} int64 elements on "
+                                 f"{'the host' if kind == 'cpu' else 'the GPU'}, not {bc.n} {bc.dtype} on {bc.device}")
+            cnt_p, dsp_p = bc.ptr, 0
+            slot = -(-max(bx.n, bo.n) // K)           # no piece exceeds a whole buffer
+            digest = 0
+        else:
+            try:
+                c = av.as_counts(counts, N)
+                sd, rd = av.check_call(c, [bx.n if r == self.rank else None for r in range(N)],
+                                       [bo.n if r == self.rank else None for r in range(N)],
+                                       sdispls, rdispls, inplace)
+            except av.CountsError as exc:
+                # the peers are told (this rank's state), so they fail at the call's barrier at once
+                # instead of waiting for a rank that will not come
+                raise self._fail(f"{method} #{self._calls + 1}: {exc}", abort_peers=False) from None
+            slot = av.scratch_slot(c, K)
+            given = sdispls is not None or rdispls is not None
+            blob = c.tobytes() + (av.device_displs(sd, rd).tobytes() if given else b"")
+            digest = int.from_bytes(__import__("hashlib").sha256(blob).digest()[:8], "little") | 1
+            cnt_p = self._vstage("counts", c.ravel())
+            dsp_p = self._vstage("displs", av.device_displs(sd, rd)) if given else 0
+        map_p = self._vstage(("map", inplace), tables[self.rank], keep=True)
+        vcall = _VCall(cnt_p, dsp_p, map_p, max(slot, 0), digest)
+        eq = max(slot, 1) * K * N
+        if self._pf.name != "cpu":
+            _sync_caller(x)
+        self._run(method, eq, bx.dtype, "sum", bx.ptr, bo.ptr, v=vcall)
+        return x if inplace else out
+
+    def _vtables(self, inplace: bool):
+        """The program's AllToAllv block-piece tables (:mod:`hccc.compiler.ir.vblocks`), once."""
+        from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
+        from hccc.compiler.ir.vblocks import VBlockError, rank_tables, vblock_map
+        cache_ = self.__dict__.setdefault("_vcache", {})
+        if inplace not in cache_:
+            ir = self.ir if _is_canonical(self.ir) else _sorted_copy(self.ir)
+            try:
+                vm = vblock_map(ir, inplace)
+            except VBlockError as exc:
+                raise CommunicatorError(f"{self.ir.name} cannot run as an AllToAllv: {exc}") from None
+            cache_[inplace] = (vm, rank_tables(ir, vm))
+        return cache_[inplace]
+
+    def _vstage(self, key, data: np.ndarray, keep: bool = False) -> int:
+        """``data`` in this rank's device memory, in a buffer kept for ``key`` (grown as needed;
+        with ``keep`` uploaded once)."""
+        bufs = self.__dict__.setdefault("_vbufs", {})
+        data = np.ascontiguousarray(data)
+        have = bufs.get(key)
+        if have is not None and keep:
+            return have[0]
+        if have is None or have[1] < data.nbytes:
+            if have is not None:
+                self._allocs.remove(have[0])
+                self._pf.free(have[0])
+            ptr = self._pf.malloc(max(data.nbytes, 16))
+            self._allocs.append(ptr)
+            bufs[key] = have = (ptr, max(data.nbytes, 16))
+        if data.nbytes:
+            self._pf.memcpy_htod(have[0], data)
+        return have[0]
 
     def _check_root(self, root, method) -> None:
         have = getattr(self.ir, "root", None)

@@ -73,7 +73,7 @@ def grid_first(blocks) -> bytes:
 
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
-WAIT_DATA, WAIT_SLOT, WAIT_DEP = (dict(abi.WAITS)[k] for k in ("DATA", "SLOT", "DEP"))
+WAIT_DATA, WAIT_SLOT, WAIT_DEP, WAIT_COUNTS = (dict(abi.WAITS)[k] for k in ("DATA", "SLOT", "DEP", "COUNTS"))
 
 
 def sizes() -> tuple[int, int, int]:
@@ -94,4 +94,4 @@ def conn_table(conns: list[tuple[int, int, int]]) -> bytes:
 
 __all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "TableArgs", "GridArgs",
            "TableGridArgs", "STRUCT_CLASSES", "grid_first", "WAIT_DATA", "WAIT_SLOT",
-           "WAIT_DEP", "sizes", "op_name", "conn_table"]
+           "WAIT_DEP", "WAIT_COUNTS", "sizes", "op_name", "conn_table"]

@@ -61,7 +61,7 @@ from hccc.util.plural import plural
 from hccc.runtime import cache, reference
 from hccc.runtime.busbw import busbw_factor
 from hccc.compiler.backend import abi
-from hccc.runtime.kernel_abi import (WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, TableArgs,
+from hccc.runtime.kernel_abi import (WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, TableArgs,
                                      grid_first, op_name)
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.interrupts import deferred_interrupts
@@ -904,6 +904,180 @@ class Runner:
                          outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b,
                          proto=proto_run)
 
+    # ------------------------------------------------------------------ AllToAllv
+    def vblocks(self, inplace: bool = False):
+        """The program's block-piece tables for AllToAllv (:func:`hccc.compiler.ir.vblocks.vblock_map`,
+        one int32 table per rank), computed once per placement; VBlockError when the program cannot
+        run with per-pair counts."""
+        from hccc.compiler.ir.vblocks import rank_tables, vblock_map
+        cache_ = self.__dict__.setdefault("_vblocks", {})
+        key = bool(inplace)
+        if key not in cache_:
+            ir = self.ir
+            from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
+            cir = ir if _is_canonical(ir) else _sorted_copy(ir)
+            vm = vblock_map(cir, inplace)
+            cache_[key] = (vm, rank_tables(cir, vm))
+        return cache_[key]
+
+    def run_v(self, counts, *, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
+              inplace: bool = False, inputs: list | None = None, seed: int = 0, iters: int = 1,
+              warmup: int = 0, timeout_s: float | None = None, slice_bytes: int | str = "auto",
+              proto: str = "simple", pass_displs: bool | None = None, keep_outputs: bool = False) -> RunResult:
+        """Run the AllToAll program as an AllToAllv (:mod:`hccc.runtime.alltoallv`): ``counts[s][d]``
+        elements from rank ``s`` to rank ``d``, send / receive displacements ``sdispls[s][d]`` /
+        ``rdispls[d][s]`` (None: packed), buffers of ``send_lens[r]`` / ``recv_lens[r]`` elements
+        (None: just large enough). The kernels read the counts (and the displacements when given,
+        or with ``pass_displs``) from device memory and take the prefix sums themselves. The receive
+        buffers are compared with the oracle (:func:`hccc.runtime.alltoallv.expected`). CountsError
+        (a ValueError) before anything runs for counts the buffers cannot take."""
+        from hccc.runtime import alltoallv as av
+        if self._closed:
+            raise PlatformError("runner is closed")
+        if self._broken:
+            raise PlatformError(f"the {self._names()} platform is unusable after an earlier run: {self._broken}")
+        ir, N = self.ir, self.nranks
+        if not SPECS[ir.collective].blockwise:
+            raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
+        if bool(inplace) not in ir.placements:
+            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")
+        counts = av.as_counts(counts, N)
+        psd, prd = av.packed_displs(counts)
+        need_s = [int((psd[r] + counts[r]).max()) if N else 0 for r in range(N)]
+        need_r = [int((prd[r] + counts[:, r]).max()) if N else 0 for r in range(N)]
+        if sdispls is not None:
+            sdv = av.as_counts(sdispls, N, "send displacements")
+            need_s = [int((sdv[r] + counts[r]).max()) for r in range(N)]
+        if rdispls is not None:
+            rdv = av.as_counts(rdispls, N, "receive displacements")
+            need_r = [int((rdv[r] + counts[:, r]).max()) for r in range(N)]
+        if inplace:
+            need_s = need_r = [max(a, b) for a, b in zip(need_s, need_r)]
+        send_lens = list(send_lens) if send_lens is not None else need_s
+        recv_lens = list(recv_lens) if recv_lens is not None else need_r
+        if inplace:
+            recv_lens = send_lens
+        sd, rd = av.check_call(counts, send_lens, recv_lens, sdispls, rdispls, inplace)
+        vm, tables = self.vblocks(inplace)
+        es = ELEMENT_BYTES[self.dtype]
+        K = vm.k
+        piece = av.scratch_slot(counts, K)
+        eq = av.equal_count(counts, K)
+        call = LaunchCall.plan(ir, eq, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
+        call.check(ir)
+        proto_run, slice_b = call.proto, call.slice_bytes
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
+        if inputs is None:
+            rng = np.random.default_rng(seed)
+            inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
+        else:
+            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+            if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
+                raise ValueError("inputs: one array per rank, of its send buffer's length")
+        g = _GARBAGE[self.dtype]
+        ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
+        before = [np.array(inputs[r], copy=True) if inplace else
+                  _from_device(np.full(int(recv_lens[r]), g, dtype=ddt), self.dtype) for r in range(N)]
+        scr_n = ir.scratch_chunks * piece
+        check_run_memory(ir.name, sum(send_lens) * es,
+                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
+        give_displs = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
+        bufs, stuck, times = [], None, []
+        try:
+            for r in range(N):
+                pf = self.rank_pf[r]
+                pf.set_device(self.placement[r])
+                in_p = pf.malloc(max(int(send_lens[r]) * es, 16))
+                own = [in_p]
+                if inplace:
+                    out_p = in_p
+                else:
+                    out_p = pf.malloc(max(int(recv_lens[r]) * es, 16))
+                    own.append(out_p)
+                scr_p = pf.malloc(max(scr_n * es, 16))
+                own.append(scr_p)
+                cnt_p = pf.malloc(max(counts.nbytes, 16))
+                pf.memcpy_htod(cnt_p, np.ascontiguousarray(counts.ravel()))
+                own.append(cnt_p)
+                dsp_p = 0
+                if give_displs:
+                    dv = av.device_displs(sd, rd)
+                    dsp_p = pf.malloc(dv.nbytes)
+                    pf.memcpy_htod(dsp_p, dv)
+                    own.append(dsp_p)
+                map_p = pf.malloc(max(tables[r].nbytes, 16))
+                if tables[r].nbytes:
+                    pf.memcpy_htod(map_p, tables[r])
+                own.append(map_p)
+                bufs.append((in_p, out_p, scr_p, own, cnt_p, dsp_p, map_p))
+            argv = []
+            for r, m in enumerate(self.rank_mem):
+                a = m.args(call, input=bufs[r][0], output=bufs[r][1], scratch=bufs[r][2],
+                           abort_flag=self.abort_ptr, error=self.error_ptr, timeout_s=timeout)
+                a.vcounts, a.vdispls, a.vmap = bufs[r][4], bufs[r][5], bufs[r][6]
+                a.vslot = piece if vm.uses_scratch else 0
+                argv.append(a)
+            if proto_run != "ll":
+                self._set_peers(argv, [(b[0], b[1], b[2], b[3]) for b in bufs])
+            limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(eq * es)
+            for it in range(warmup + iters):
+                epoch, zero = call.launch(self.ll_epochs)
+                for a in argv:
+                    a.ll_epoch = epoch
+                args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
+                grid_arg = None
+                if self.grid_fn is not None:
+                    blob = b"".join(args)
+                    self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
+                    grid_arg = grid_argument(self.grid_args_ptr, N, self.grid_first_ptr if self.table_ptr else None)
+                for m in self.rank_mem:
+                    m.reset(slots=zero)
+                ctypes.c_uint32.from_address(self.abort_ptr).value = 0
+                self.flags_pf.memset(self.error_ptr, 0, ctypes.sizeof(ErrorRecord))
+                for r in range(N):
+                    pf = self.rank_pf[r]
+                    pf.set_device(self.placement[r])
+                    if not inplace and int(recv_lens[r]):
+                        pf.memcpy_htod(bufs[r][1], np.full(int(recv_lens[r]), g, dtype=ddt))
+                    if int(send_lens[r]):
+                        pf.memcpy_htod(bufs[r][0], _to_device(inputs[r], self.dtype))
+                timers = self._launch_all(args, blocks=self.blocks, limit=limit, grid_arg=grid_arg)
+                stuck = self._wait(limit)
+                if stuck is None:
+                    stuck = self._error_message()
+                if stuck is not None:
+                    break
+                if it >= warmup:
+                    times.append(max(t.elapsed_us() for t in timers))
+            wrong, first, outs = 0, None, None
+            if stuck is None:
+                outs = []
+                for r in range(N):
+                    pf = self.rank_pf[r]
+                    pf.set_device(self.placement[r])
+                    host = np.empty(int(recv_lens[r]), dtype=ddt)
+                    pf.memcpy_dtoh(host, bufs[r][1])
+                    outs.append(_from_device(host, self.dtype))
+                want = av.expected([np.array(x) for x in inputs], before, counts, sd, rd)
+                wrong, first = self._count(outs, want, _same, "")
+        except BaseException:
+            self.stop_kernels()
+            raise
+        finally:
+            with deferred_interrupts():
+                if not self._broken:
+                    for r, b in enumerate(bufs):
+                        for ptr in b[3]:
+                            self.rank_pf[r].free(ptr)
+        total = int(counts.sum()) * es
+        return RunResult(bytes=total, count=int(counts.sum()), dtype=self.dtype, op=self.op,
+                         inplace=bool(inplace), wrong=int(wrong),
+                         time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
+                         first_wrong=first, collective=ir.collective, nranks=N, iters=len(times),
+                         collective_wrong=0, nthreads=self.block, oracle="alltoallv",
+                         outputs=outs if keep_outputs else None, slice_bytes=slice_b, proto=proto_run)
+
     def _set_peers(self, argv: list, bufs: list) -> None:
         """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
         own device memory, when all ranks run on one platform (one address space: the CPU
@@ -1180,6 +1354,11 @@ def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
             WAIT_SLOT: (f"waiting for a free FIFO slot towards rank {peer}" if peer is not None
                         else "waiting for a free FIFO slot"),
             WAIT_DEP: "waiting for another thread block of its rank"}.get(e.wait, "waiting")
+    if e.wait == WAIT_COUNTS:
+        N = max(1, int(ir.nranks))
+        s, d = divmod(int(e.chunk), N)
+        return (f"rank {e.rank}'s kernels refused the AllToAllv counts matrix: counts[{s}][{d}] is negative "
+                "or its block's pieces exceed the scratch slots the call allocated")
     extra = [what, f"primitive {e.seq}"]
     if e.task >= 0:
         extra.append(f"task {e.task}")

@@ -258,7 +258,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              record: bool | int = False, nslots: int = NSLOTS,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
              block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
-             deadline: float | None = None) -> SimResult:
+             deadline: float | None = None, call_geometry: tuple[Geometry, int] | None = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -271,12 +271,14 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     ``work_budget``: events plus re-shared flow classes after which the run stops with
     :class:`SimulationStopped` (None: no limit); ``deadline``: the work-clock time (:func:`hccc.util.clock.now`)
     at which it stops so (None: none; see :func:`simulate_by`).
+    ``call_geometry``: the call's (geometry, slice bytes) as the caller computed them (an
+    AllToAllv, :mod:`hccc.runtime.sim_alltoallv`), instead of ``nbytes`` and ``slice_bytes``'.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     if int(nslots) < 1:
         raise ValueError("nslots must be at least 1")
-    geo, slice_b = _call_geometry(prog, nbytes, slice_bytes, element_bytes)
+    geo, slice_b = call_geometry or _call_geometry(prog, nbytes, slice_bytes, element_bytes)
     units = int(prog.p_cnt.sum()) * geo.nmb
     if max_units is not None and units > max_units:
         raise SimulationError(

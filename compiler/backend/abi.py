@@ -34,7 +34,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 7
+VERSION = 8
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -180,7 +180,26 @@ ARGS: tuple[CField, ...] = (
     CField("peers", "const struct hccc_args*", "every rank's hccc_args (direct mode), or nullptr"),
     CField("proto", "uint64_t", "FIFO protocol of this launch: HCCC_PROTO_SIMPLE or HCCC_PROTO_LL"),
     CField("ll_epoch", "uint32_t", "LL flag epoch of this launch (abi.ll_flag), 0 .. LL_EPOCHS - 1"),
+    CField("vcounts", "const int64_t*", "AllToAllv: nranks x nranks element counts (row = source), or nullptr"),
+    CField("vdispls", "const int64_t*", "AllToAllv: send then receive displacements (V_DISPLS), nullptr: packed"),
+    CField("vmap", "const int32_t*", "AllToAllv: the rank's block-piece table (V_MAP)"),
+    CField("vslot", "uint64_t", "AllToAllv: elements of one scratch slot (0: the program has no scratch)"),
 )
+
+# ---------------------------------------------------------------------------- AllToAllv
+#: ``hccc_args::vdispls`` (AllToAllv, displacements in elements, both ``nranks x nranks`` int64
+#: row-major): first ``sd[o][p]``, where rank ``o``'s send buffer holds the block it sends to ``p``,
+#: then ``rd[o][p]``, where rank ``o``'s receive buffer holds the block it receives from ``p``.
+#: Without it (nullptr) both are packed: the kernels take prefix sums of ``vcounts``
+#: (``sd[o][p] = sum_{j<p} counts[o][j]``, ``rd[o][p] = sum_{i<p} counts[i][o]``).
+V_DISPLS = ("sd", "rd")
+#: ``hccc_args::vmap`` (AllToAllv, int32, one table per rank, :mod:`hccc.compiler.ir.vblocks`):
+#: entry ``i`` (``i`` = 0 .. the rank's primitives) is where primitive ``i``'s row starts in the
+#: table; the row holds, for each of the primitive's ``cnt`` chunks, the block piece it moves,
+#: ``(s * nranks + d) * K + k`` (piece ``k`` of ``K`` of the block rank ``s`` sends to rank ``d``:
+#: elements ``[k*c/K, (k+1)*c/K)`` of its ``c = counts[s][d]``), or -1 for a chunk that carries
+#: no block (it moves nothing)
+V_MAP = "offsets of each primitive's row, then the rows"
 
 STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
 
@@ -212,7 +231,9 @@ LAUNCH_STRUCTS: dict[str, tuple[CField, ...]] = {
     "hccc_table_args": TABLE_ARGS, "hccc_grid_args": GRID_ARGS, "hccc_table_grid_args": TABLE_GRID_ARGS}
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
-WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3))
+WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3), ("COUNTS", 4))
+#: (``COUNTS``: not a wait: the kernels refused an AllToAllv counts matrix at the start, a negative
+#: count or a piece larger than a scratch slot; ``hccc_error::chunk`` is the count's index s*N+d)
 
 # ---------------------------------------------------------------------------- primitive descriptor
 #: C type of each ``struct hccc_pd`` member (``int`` unless listed)
@@ -373,7 +394,7 @@ def c_enums() -> str:
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
            "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
-           "CONN", "ERROR", "ARGS", "STRUCTS",
+           "CONN", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP",
            "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",

@@ -8,7 +8,11 @@ structure, FIFO order and deadlock freedom checked and the collective proven sym
 and out of place, :func:`hccc.compiler.ir.symbolic.prove`). With
 ``--topology T`` the program must also fit the cluster (nRanks = its GPU count, every transfer on
 a link). ``--json`` prints ``{"valid", "collective", "nranks", "transfers", "steps"[, "topology"]}``
-(on failure ``{"valid": false, "errors": [{"message", "file", "line", "col"}]}``).
+(on failure ``{"valid": false, "errors": [{"message", "file", "line", "col"}]}``). For an AllToAll
+the summary also says whether the program runs as an AllToAllv (per-pair counts,
+docs/alltoallv.md): ``"alltoallv": {"ok": true}`` when it moves every block whole to places of its
+own size, else ``{"ok": false, "why": ...}`` naming the primitive that places a block by its size
+(:func:`hccc.compiler.ir.vblocks.vblock_map`); such a program stays a valid AllToAll.
 """
 from __future__ import annotations
 
@@ -53,17 +57,42 @@ def run(args) -> int:
         usage = link_usage(alg, cluster.topology)
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256,
                                "pairs": usage["pairs"], "transfers_by_class": usage["transfers_by_class"]}
+    if alg.header.collective.value == "alltoall":
+        from hccc.compiler.passes.build import build_program
+        summary["alltoallv"] = _alltoallv(build_program(alg))
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"{printable(str(args.algo))}: valid {alg.header.collective.dsl_name} on {plural(alg.header.nranks, 'rank')} "
               f"({plural(alg.ntransfers, 'transfer')}, {plural(report.steps, 'step')})")
+        _print_alltoallv(summary)
         if cluster is not None:
             use = summary["topology"]
             by = ", ".join(f"{k} {v}" for k, v in use["transfers_by_class"].items()) or "none"
             print(f"  fits cluster {cluster.name}: {plural(use['pairs'], 'linked rank pair')} used; "
                   f"transfers by link class: {by}")
     return 0
+
+
+def _alltoallv(ir) -> dict:
+    """Whether an AllToAll program runs with per-pair counts, in every placement it is proven for."""
+    from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
+    from hccc.compiler.ir.vblocks import VBlockError, vblock_map
+    ir = ir if _is_canonical(ir) else _sorted_copy(ir)
+    for inplace in ir.placements:
+        try:
+            vblock_map(ir, inplace)
+        except VBlockError as exc:
+            return {"ok": False, "why": f"{'in place' if inplace else 'out of place'}: {exc}"}
+    return {"ok": True}
+
+
+def _print_alltoallv(summary: dict) -> None:
+    v = summary.get("alltoallv")
+    if v is None:
+        return
+    print("  runs as AllToAllv (per-pair counts): " + ("yes, every block moves whole" if v["ok"]
+                                                       else f"no: {printable(v['why'])}"))
 
 
 def _prove(path: str, ir) -> None:
@@ -112,6 +141,8 @@ def _check_program(args, reader) -> int:
         cluster = read_cluster(args.topology)
         check_ir_on_topology(ir, cluster.topology, cluster.name)
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
+    if ir.collective == "alltoall":
+        summary["alltoallv"] = _alltoallv(ir)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -119,4 +150,5 @@ def _check_program(args, reader) -> int:
               f"{plural(summary['transfers'], 'transfer')}, "
               f"{plural(summary['tbs_per_rank_max'], 'thread block')} per rank at most, "
               f"{summary['execution']}-level execution)")
+        _print_alltoallv(summary)
     return 0

@@ -65,7 +65,7 @@ PLOT_ROWS = 48  # TBs shown (and recorded) in the timeline
 
 
 SUMMARY = "simulate an algorithm on a cluster (alpha-beta model)"
-INPUTS = {"algo": "algorithm", "--topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster", "--counts": "counts matrix"}
 
 
 def _chunk(text: str) -> int:
@@ -114,6 +114,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_fuse_option(p, "for .rccl input, task-level execution: ")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                    help="refuse programs with more transfers than this")
+    p.add_argument("--counts", metavar="FILE", default=None,
+                   help="an AllToAll program run as an AllToAllv: the call's counts matrix (one line per sending "
+                        "rank of elements to each rank, docs/alltoallv.md); the table's one row is that call "
+                        "(size: the mean per-rank send buffer, nccl-tests' alltoall busbw factor)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="write a timeline of the largest size (PNG, SVG or PDF, by extension)")
@@ -238,6 +242,8 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
             raise CompileError([Diagnostic(f"--ranks {bad[0]}: {ir.name} has ranks 0..{ir.nranks - 1}", None)])
     esize = DTYPE_BYTES[args.dtype]
     slice_mode = None if args.chunk_size else "auto"   # --chunk-size: slot and slice fixed
+    if getattr(args, "counts_matrix", None) is not None:
+        return _simulate_v(args, cluster, ir, execution, slice_mode, progress)
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
     record = (True if args.ranks is not None else PLOT_ROWS) if args.plot else 0
     results = []
@@ -256,6 +262,28 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
     for r, cut in zip(results, _cut_bounds(topo, ir, sizes)):
         r.cut_bound_s = cut
     return ir, prog, execution, slice_mode, results, largest
+
+
+def _simulate_v(args, cluster, ir, execution, slice_mode, progress):
+    """``--counts``: one AllToAllv call of the file's matrix (:mod:`hccc.runtime.sim_alltoallv`)."""
+    from hccc.compiler.ir.vblocks import VBlockError
+    from hccc.runtime.alltoallv import CountsError
+    from hccc.runtime.sim_alltoallv import prepare_v, simulate_v
+    from hccc.runtime.simulator import SimulationError
+    topo = cluster.topology
+    counts = args.counts_matrix
+    if len(counts) != ir.nranks:
+        raise CompileError([Diagnostic(f"{args.counts}: a {len(counts)} x {len(counts)} counts matrix, but "
+                                       f"{ir.name} has {plural(int(ir.nranks), 'rank')}", None)])
+    try:
+        vp = prepare_v(ir, topo, args.block_bw or None)
+        with progress.phase(f"simulating {ir.name} as an AllToAllv"):
+            res = simulate_v(vp, topo, counts, element_bytes=DTYPE_BYTES[args.dtype], execution=execution,
+                             slice_bytes=slice_mode, record=PLOT_ROWS if args.plot else 0)
+    except (VBlockError, CountsError, SimulationError) as exc:
+        raise CompileError([Diagnostic(f"{ir.name} with the counts of {args.counts}: {exc}", None)]) from None
+    res.cut_bound_s = None
+    return vp.ir, vp.prog, execution, slice_mode, [res], 0
 
 
 def _cut_bounds(topo, ir, sizes: list[int]) -> list[float | None]:
@@ -282,6 +310,13 @@ def run(args) -> int:
     for plot in (args.plot, args.plot_busbw):
         if plot:
             check_not_an_input(plot, [*args.algo, args.topology])    # before the work
+    args.counts_matrix = None
+    if args.counts is not None:
+        from hccc.runtime.alltoallv import read_counts_file
+        if not sweep_is_default(args) or args.plot_busbw:
+            raise CompileError([Diagnostic("--counts gives the call's sizes: --sizes, -b/-e/-f and --plot-busbw "
+                                           "do not apply", None)])
+        args.counts_matrix = read_counts_file(args.counts)
     cluster = read_cluster(args.topology)
     topo = cluster.topology
     runs = []
@@ -353,6 +388,7 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
         "tbs_state_based": st.get("tbs_state_based"), "tbs_connection_based": st.get("tbs_connection_based"),
         "tb_idle_avg": big.tb_idle_avg, "tb_idle_max": big.tb_idle_max, "comm_time": big.comm_time,
         "plot": args.plot,
+        **({"counts": args.counts} if getattr(args, "counts", None) else {}),
     }
 
 
@@ -368,7 +404,12 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
           + (f" of <= {args.block_bw:g} GB/s per block, " if args.block_bw else " (no per-block limit), ")
           + f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
-    print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
+    if getattr(args, "counts_matrix", None) is not None:
+        c = args.counts_matrix
+        print(f"# AllToAllv counts from {printable(str(args.counts))}: {len(c)} x {len(c)}, {int(c.sum())} elements in "
+              f"all, largest block {int(c.max())}; size = the mean per-rank send buffer")
+    else:
+        print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
     print("# " + COLUMN_LEGEND)
     print("#")
     for line in table_header([False], COLUMNS)[1:]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -63,6 +64,12 @@ _DEVICES = ("cpu", "cuda")
 #: (a job has a few dozen signatures: its tensors' sizes, dtypes and ops; this bounds a job that
 #: makes a new size every call)
 ROUTE_CACHE_MAX = 4096
+#: an ``all_to_all_single`` with split sizes is routed (catalog size bands) as an even call of this
+#: many elements per rank and block, the same on every rank: its ranks move different byte counts,
+#: and every rank must pick the same catalog entry before they exchange their splits. 80640 =
+#: 2^8 * 3^2 * 5 * 7, so the call splits into equal pieces for any pieces per block up to 10
+#: (the catalog's even-share test); about 2.5 MB of float32 at 8 ranks
+UNEVEN_ROUTE_ELEMENTS = 80640
 #: seconds between looks at a delegate's work (and the peers' calls) once its first millisecond
 #: has passed: well below a gloo call's own time at any size worth measuring
 _DELEGATE_POLL_S = 0.0005
@@ -939,8 +946,10 @@ class HcccProcessGroup(dist.ProcessGroup):
         dev = self._check("all_to_all_single", [input], [output])
         splits = list(output_split_sizes or []) + list(input_split_sizes or [])
         extra = ""
-        if splits and len(set(splits)) > 1:
-            extra = "uneven all-to-all splits"
+        if splits:
+            # split sizes given: an AllToAllv on every rank (a rank whose own splits happen to be
+            # equal takes the same route as its peers, whose splits may not be)
+            return self._all_to_all_v(output, input, output_split_sizes, input_split_sizes, opts, dev)
         elif input.numel() != output.numel():
             extra = "input and output of different sizes"
         route = self._route("alltoall", dev, [input, output], input.numel() * input.element_size(),
@@ -955,6 +964,60 @@ class HcccProcessGroup(dist.ProcessGroup):
                             text)
 
     alltoall_base = all_to_all_single
+
+    def _all_to_all_v(self, output, input, output_split_sizes, input_split_sizes, opts, dev):
+        """``all_to_all_single`` with uneven split sizes, on the catalog's AllToAll program run as an
+        AllToAllv (:meth:`hccc.runtime.Communicator.all_to_all_v`). Each rank knows its own row of
+        the counts matrix (its input splits) and column (its output splits): the ranks exchange
+        both through the communicator's bootstrap, every rank builds the matrix from the rows and
+        checks every rank's column against it, so ranks that disagree all raise (the same verdict
+        everywhere) before any data moves. The route is chosen for :data:`UNEVEN_ROUTE_ELEMENTS`, not
+        the rank's own bytes, which differ between ranks (the ranks must take one route)."""
+        n = self._size
+        rows_in = input.shape[0] if input.dim() else input.numel()
+        rows_out = output.shape[0] if output.dim() else output.numel()
+        per_in = input.numel() // rows_in if rows_in else 0
+        per_out = output.numel() // rows_out if rows_out else 0
+        ins = list(input_split_sizes) if input_split_sizes else [rows_in // n] * n
+        outs = list(output_split_sizes) if output_split_sizes else [rows_out // n] * n
+        if len(ins) != n or len(outs) != n or sum(ins) != rows_in or sum(outs) != rows_out \
+                or min(ins + outs) < 0:
+            raise ValueError(f"all_to_all_single: split sizes {ins} / {outs} do not split the input's "
+                             f"{rows_in} and the output's {rows_out} rows among {n} ranks")
+        extra = "input and output rows of different sizes" if rows_in and rows_out and per_in != per_out else ""
+        per = per_in or per_out
+        # (torch refuses strided tensors before the backend; were one to arrive, it runs on a
+        # contiguous copy: a route that depended on this rank's layout could differ from its peers')
+        route = self._route("alltoall", dev, [input, output], UNEVEN_ROUTE_ELEMENTS * n * input.element_size(),
+                            "sum", extra=extra, strided_ok=True)
+        text = self._text("alltoallv", [input], counts=())
+        mine = np.array([c * per for c in ins] + [c * per for c in outs], np.int64)
+
+        def run(comm, _op):
+            from hccc.runtime.communicator import CommunicatorError
+            tag = f"alltoallv/{comm._calls + 1}"
+            got = comm._all_gather(mine.tobytes(), tag)
+            _forget_split_keys(comm, tag)
+            table = np.stack([np.frombuffer(g, np.int64) for g in got])
+            counts = table[:, :n]
+            for d in range(n):
+                if not np.array_equal(table[d, n:], counts[:, d]):
+                    s = int(np.flatnonzero(table[d, n:] != counts[:, d])[0])
+                    raise CommunicatorError(
+                        f"rank {self._rank}: all_to_all_single: rank {d} expects {int(table[d, n + s])} "
+                        f"elements from rank {s}, which sends it {int(counts[s, d])} (every rank's "
+                        "output_split_sizes must match the senders' input_split_sizes)")
+            x = (input.clone(memory_format=torch.contiguous_format) if _overlap(input, output)
+                 else input.contiguous())
+            y = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+            comm.all_to_all_v(x, y, counts)
+            if y is not output:
+                output.copy_(y)
+
+        return self._submit("alltoallv", dev, route, run,
+                            lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
+                                                      list(input_split_sizes or []), opts), [output],
+                            text)
 
     def barrier(self, opts=None):
         """A barrier: a call kind of its own (never taken for a peer's data collective), run as a
@@ -1133,6 +1196,22 @@ class _contiguous:
     def __exit__(self, *exc) -> None:
         if self.c is not self.t and exc[0] is None:
             self.t.copy_(self.c)
+
+
+def _forget_split_keys(comm, tag: str) -> None:
+    """Delete this rank's key of the communicator's previous split exchange from the store, so a
+    long training run leaves one key per rank there, not one per call: every peer has posted
+    ``tag`` by now, which it does only after reading every key of the previous exchange."""
+    from hccc.runtime.bootstrap import StoreBootstrap
+    boot = getattr(comm, "_boot", None)
+    prev = getattr(comm, "_split_tag", None)
+    comm._split_tag = tag
+    if prev is None or not isinstance(boot, StoreBootstrap) or boot.store is None:
+        return
+    try:
+        boot.store.delete_key(f"{boot.prefix}/{prev}/{boot.rank}")
+    except Exception:       # a store without deletion keeps the key: only memory
+        pass
 
 
 def _result_dtype(result):

@@ -1,0 +1,132 @@
+"""AllToAllv through :class:`hccc.runtime.Communicator`, one rank per process (CPU emulation):
+per-call counts on one communicator, in place, counts read by the kernels only (device counts),
+and ranks that disagree on the counts: every rank errors, none hangs or returns a wrong result.
+The oracle is a plain loop over the definition, written here."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+
+from rank_pool import RankPool
+
+# one process per rank, each building its kernel cold (about 30 s on two cores): the slow set
+pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"), pytest.mark.slow]
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    pytest.importorskip("torch.distributed")
+    p = RankPool(N, tmp_path_factory.mktemp("stores"))
+    yield p
+    p.close()
+
+
+def _ir():
+    return build_program(gen.ring_alltoall(N)).to_json()
+
+
+def _send(r, counts):
+    return (np.arange(int(np.sum(counts[r])), dtype=np.float32) + 1000 * r)
+
+
+def _want(d, counts):
+    out = []
+    for s in range(N):
+        start = int(sum(counts[s][:d]))
+        out += [1000 * s + start + e for e in range(int(counts[s][d]))]
+    return out
+
+
+COUNTS = [np.array([[0, 5, 1], [7, 0, 0], [2, 30, 4]]),
+          np.zeros((N, N), np.int64),
+          np.array([[1, 1, 90], [1, 1, 1], [1, 1, 1]])]     # one pair with 90 % of the elements
+
+
+def test_per_call_counts_on_one_communicator(pool):
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()),
+               "kwargs": {"counts": c.tolist()}} for c in COUNTS] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=30.0)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep.get("trace") or rep
+        for c, got in zip(COUNTS, rep["outputs"]):
+            assert got.tolist() == _want(r, c)
+
+
+def test_in_place_and_device_counts(pool):
+    sym = np.array([[2, 3, 0], [3, 1, 4], [0, 4, 5]])
+    dev = COUNTS[0].astype(np.int64).ravel()
+    calls = [[{"method": "all_to_all_v", "x": _send(r, sym), "kwargs": {"counts": sym.tolist()}},
+              {"method": "all_to_all_v", "x": np.concatenate([_send(r, COUNTS[0]), np.zeros(40, np.float32)]),
+               "out": 45, "kwargs": {"counts": dev, "device_counts": True}}] for r in range(N)]
+    # device counts: every rank's buffers have one size (45 elements here)
+    for r in range(N):
+        calls[r][1]["x"] = calls[r][1]["x"][:45]
+    replies = pool.run(_ir(), N, calls, timeout=30.0)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep.get("trace") or rep
+        inplace, device = rep["outputs"]
+        assert inplace.tolist() == _want(r, sym)
+        want = _want(r, COUNTS[0])
+        assert device[:len(want)].tolist() == want
+
+
+def test_disagreeing_counts_fail_on_every_rank(pool):
+    c = COUNTS[0]
+    other = c.copy()
+    other[2, 1] += 1
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()) + 1,
+               "kwargs": {"counts": (other if r == 1 else c).tolist()}}] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=20.0)
+    for r, rep in enumerate(replies):
+        assert not rep["ok"], f"rank {r} ran: {rep}"
+        assert "CommunicatorError" in rep["error"] and "AllToAllv counts" in rep["error"], rep["error"]
+
+
+def test_counts_past_a_buffer_fail_on_every_rank(pool):
+    c = COUNTS[0]
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c)[:-1] if r == 2 and len(_send(r, c)) else _send(r, c),
+               "out": int(c[:, r].sum()), "kwargs": {"counts": c.tolist()}}] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=20.0)
+    assert "rank 2's send buffer holds 35 elements" in replies[2]["error"], replies[2]["error"]
+    for r, rep in enumerate(replies):
+        assert not rep["ok"], f"rank {r} ran: {rep}"
+        assert "rank 2" in rep["error"], rep["error"]
+
+
+def test_across_two_emulated_nodes(tmp_path_factory):
+    """2 nodes x 2 ranks (the network transport over UCX's TCP between the nodes): the hierarchical
+    program, whose blocks cross the network once, as AllToAllv with per-call counts."""
+    from test_net import TCP, _have_ucx
+    if not _have_ucx():
+        pytest.skip("UCX (libucx-dev) not installed")
+    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    try:
+        n = 4
+        ir = build_program(gen.hierarchical_alltoall(2, 2)).to_json()
+        mats = [np.array([[3, 0, 9, 1], [2, 2, 0, 40], [0, 5, 1, 1], [7, 1, 1, 0]]), np.zeros((n, n), np.int64)]
+
+        def send(r, c):
+            return np.arange(int(c[r].sum()), dtype=np.float32) + 1000 * r
+
+        def want(d, c):
+            out = []
+            for s in range(n):
+                start = int(c[s][:d].sum())
+                out += [1000 * s + start + e for e in range(int(c[s][d]))]
+            return out
+        calls = [[{"method": "all_to_all_v", "x": send(r, c), "out": int(c[:, r].sum()),
+                   "kwargs": {"counts": c.tolist()}} for c in mats] for r in range(n)]
+        replies = p.run(ir, n, calls, timeout=60.0, nodes=["a", "a", "b", "b"], env=TCP)
+        for r, rep in enumerate(replies):
+            assert rep["ok"], rep.get("trace") or rep
+            for c, got in zip(mats, rep["outputs"]):
+                assert got.tolist() == want(r, c)
+    finally:
+        p.close()

@@ -1,0 +1,95 @@
+"""``hccc sim --counts FILE``: AllToAll programs simulated as AllToAllv, the counts file format and
+its located errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hccc.cli import main
+from hccc.compiler.frontend import generators as gen
+from hccc.compiler.passes.build import build_program
+from hccc.compiler.pipeline import load_cluster
+from hccc.runtime.sim_alltoallv import prepare_v, simulate_v
+from hccc.runtime.simulator import prepare, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPO1 = str(ROOT / "examples" / "clusters" / "a100_topo1.topo")      # 2 nodes x 4 GPUs
+DIRECT8 = str(ROOT / "examples" / "direct_alltoall_8.rccl")
+
+
+def sim(capsys, *args):
+    rc = main(["sim", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("make", [lambda: gen.direct_alltoall(8), lambda: gen.hierarchical_alltoall(2, 4),
+                                  lambda: gen.ring_alltoall(8, chunks_per_rank=2)])
+def test_equal_counts_give_the_alltoall_of_the_same_size(make):
+    """An oracle independent of the AllToAllv path: the simulator's own AllToAll at the same size."""
+    topo = load_cluster(TOPO1)
+    ir = build_program(make())
+    block = 3 << 16
+    v = simulate_v(prepare_v(ir, topo), topo, np.full((8, 8), block))
+    e = simulate(prepare(ir, topo), topo, block * 8 * 4, slice_bytes="auto")
+    assert v.time_us == pytest.approx(e.time_us) and v.busbw_GBps == pytest.approx(e.busbw_GBps)
+    assert v.nbytes == e.nbytes
+
+
+def test_zero_pairs_and_a_heavy_pair_change_the_time_as_the_bytes_do():
+    topo = load_cluster(TOPO1)
+    vp = prepare_v(build_program(gen.direct_alltoall(8)), topo)
+    base = np.full((8, 8), 1 << 16)
+    t0 = simulate_v(vp, topo, base).time_us
+    zero = base.copy()
+    zero[:, 7] = 0                           # nobody sends to rank 7: fewer bytes, not more time
+    assert simulate_v(vp, topo, zero).time_us <= t0
+    heavy = base.copy()
+    heavy[0, 5] = 90 * base.sum()           # one pair with ~99 % of the bytes, across the nodes
+    r = simulate_v(vp, topo, heavy)
+    # the pair's own link sets the time: at least its bytes over the fastest inter-node rate modelled
+    assert r.time_us > 10 * t0 and r.micro_batches > 1
+    assert simulate_v(vp, topo, np.zeros((8, 8), np.int64)).time_us >= 0
+
+
+def test_command_line_table_and_json(tmp_path, capsys):
+    f = tmp_path / "counts.txt"
+    c = np.arange(64).reshape(8, 8) * 1000
+    f.write_text("# elements rank s sends to rank d\n" + "\n".join(", ".join(map(str, row)) for row in c) + "\n")
+    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    assert rc == 0, err
+    rows = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
+    assert len(rows) == 1 and int(rows[0].split()[0]) == int(c.sum()) * 4 // 8
+    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f), "--json")
+    d = json.loads(out)
+    r = d["results"][0]
+    assert d["counts"] == str(f) and r["bytes"] == int(c.sum()) * 4 // 8
+    assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 7 / 8)
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("1 2\n3 x\n", ":2:3:", "'x' is not a count"),
+    ("1 2\n3\n", ":2:2:", "row 1 has 1 counts"),
+    ("1 -2\n3 4\n", ":1:3:", "'-2' is not a count"),
+    ("# nothing\n\n", ":1:1:", "no counts"),
+])
+def test_bad_counts_files_are_located_errors(tmp_path, capsys, text, where, what):
+    f = tmp_path / "c.txt"
+    f.write_text(text)
+    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    assert rc == 1 and f"{f}{where} error: {what}" in err and "Traceback" not in err
+
+
+def test_wrong_shape_and_wrong_collective_are_refused(tmp_path, capsys):
+    f = tmp_path / "c.txt"
+    f.write_text("1 2\n3 4\n")
+    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    assert rc == 1 and "a 2 x 2 counts matrix, but direct_alltoall_8 has 8 ranks" in err
+    f.write_text("\n".join(" ".join(["1"] * 8) for _ in range(8)))
+    rc, out, err = sim(capsys, str(ROOT / "examples" / "ring_allgather_8.rccl"), "-t", TOPO1, "--counts", str(f))
+    assert rc == 1 and "per-pair counts apply to AllToAll programs only" in err
+    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f), "--sizes", "1M")
+    assert rc == 1 and "--counts gives the call's sizes" in err
