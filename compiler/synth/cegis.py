@@ -109,7 +109,11 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
             continue
         frozen = None
         cand = sched.at(t)
-        if use_smt:
+        if use_smt and stats.skip_repair(len(cand)):   # z3 would exhaust its limit: its baseline
+            keep = smt.greedy_subset(net, cand, net.pair_index(cand.src, cand.dst), enforced.astype(bool),
+                                     _weights(net, cand), task.fanout_one)
+            frozen = Schedule(cand.src[keep], cand.dst[keep], cand.step[keep], cand.chunk[keep])
+        elif use_smt:
             rep = smt.StepRepair(net, task, cand, enforced.astype(bool), _weights(net, cand), stats)
             frozen = rep.solve(deadline)
         if frozen is None:  # no solver: drop the transfers on overloaded groups
