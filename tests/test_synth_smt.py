@@ -11,7 +11,7 @@ import pytest
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import allgather_task, network_from_topology
 from hccc.compiler.synth import smt
-from hccc.compiler.synth.cegis import _weights, greedy_stop_at
+from hccc.compiler.synth.cegis import _weights, greedy_stop_at, synthesize_task
 from hccc.compiler.synth.check import check, earliest_step
 from hccc.compiler.synth.greedy import GreedyInputs
 from hccc.util import clock
@@ -90,3 +90,27 @@ def test_a_repair_that_proves_or_improves_records_nothing():
     base = smt.greedy_subset(net, cand, net.pair_index(cand.src, cand.dst), enforced, _weights(net, cand),
                              task.fanout_one)
     assert keep.sum() >= base.sum()
+
+
+def _rows(sched) -> list:
+    return sorted(zip(sched.step.tolist(), sched.src.tolist(), sched.dst.tolist(), sched.chunk.tolist()))
+
+
+@pytest.mark.parametrize("name", ["v100_4_8", "h20_4x2_8x2", "mixed_v100_w7800", "a100_topo2"])
+@pytest.mark.parametrize("rlimit", [1, pytest.param(smt.REPAIR_RLIMIT, marks=pytest.mark.slow)])
+def test_skipping_repairs_gives_the_schedule_every_repair_asked_gives(name, rlimit):
+    """The oracle is the same search with every repair asked of z3 (``skip_unknown=False``): with
+    one resource unit per call every z3 answer is ``unknown``, so later repairs are skipped; with
+    the default limit these small clusters' repairs are answered, and nothing is skipped."""
+    topo = load_cluster(CLUSTERS / f"{name}.topo")
+    net = network_from_topology(topo)
+    task = allgather_task(topo.nranks)
+    runs = {skip: synthesize_task(net, task, deadline=clock.now() + 60, variants=3, minimize=False,
+                                  repair_rlimit=rlimit, skip_unknown=skip)
+            for skip in (True, False)}
+    assert _rows(runs[True].schedule) == _rows(runs[False].schedule)
+    assert check(net, task, runs[True].schedule) == []
+    assert runs[False].smt["repairs_skipped"] == 0
+    if rlimit == 1:         # every cluster here repairs more than once: later repairs are skipped
+        assert runs[True].smt["repairs_skipped"] >= 1
+        assert runs[True].smt["calls"] < runs[False].smt["calls"]

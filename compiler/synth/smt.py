@@ -73,6 +73,8 @@ class SmtStats:
     repair_unknown_at: int = 0
     #: repairs not asked of z3 because one no larger already ended ``unknown`` (:meth:`skip_repair`)
     repairs_skipped: int = 0
+    #: False: :meth:`skip_repair` never skips (every repair asks z3)
+    skip_unknown: bool = True
 
     def skip_repair(self, ncand: int) -> bool:
         """Whether a repair of ``ncand`` candidate transfers goes straight to its greedy baseline:
@@ -81,13 +83,13 @@ class SmtStats:
         least as many learned groups is no easier; each such call costs a whole
         :data:`REPAIR_RLIMIT` and returns the baseline anyway (measured: three such calls, 3.1 s of
         CPU of a 64-GPU heterogeneous AllGather's search, docs/measurements.md)."""
-        if self.repair_unknown_at and ncand >= self.repair_unknown_at:
+        if self.skip_unknown and self.repair_unknown_at and ncand >= self.repair_unknown_at:
             self.repairs_skipped += 1
             return True
         return False
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "skip_unknown"}
 
 
 #: z3 resource limits per call (deterministic, unlike wall-clock timeouts: the same input gives the
