@@ -15,6 +15,8 @@
                                                             # seeded random clusters of AMD nodes
     python benchmarks/synth_quality.py --clusters '' --multirail '' --mixed 1,2,3,4,5,6
                                                             # seeded mixed clusters (vendors, sizes, links)
+    python benchmarks/synth_quality.py --clusters '' --multirail '' --asym 1,2
+                                                            # seeded asymmetric 64-GPU clusters
     python benchmarks/synth_quality.py --clusters '' --multirail '' --shapes all
                                                             # meshes, rings, hypercubes, tori (SHAPES)
 
@@ -53,6 +55,10 @@ with probability 0.3; 16-100 GB/s, 1 or 2 lanes, one direction in five slower th
 NIC per GPU or per two, so that the links inside the nodes bind. The other half have nodes of 1-8
 GPUs on a switch (100, 200 or 300 GB/s each way of each pair, drawn apart) or on such direct links,
 and 12.5-50 GB/s NICs per GPU, per two or per node. Every pair of nodes talks through the NICs.
+Asymmetric clusters (``--asym SEEDS``, default none): per seed, 64 GPUs in nodes of 2, 4, 6 or 8
+(the last one what is left), each node drawn apart: NVIDIA or AMD, a ring and each other pair
+linked with probability 0.4 at 25-150 GB/s (1 or 2 lanes, one direction in five slower), a 12.5, 25
+or 50 GB/s NIC per GPU or per two; the held-out clusters of the speed targets (no symmetry to reduce).
 Regular clusters (``--shapes NAME,...`` or ``all``, default none): full meshes, rings, hypercubes,
 tori and unequal nodes of two vendors (:data:`SHAPES`), the kinds of cluster ForestColl's and the
 issue's comparisons use, none tuned for.
@@ -254,6 +260,44 @@ def mixed_text(seed: int) -> str:
                                                f"{'fast NICs, direct links' if tight else 'any links and NICs'}"))
 
 
+#: GPUs of an ``--asym`` cluster: issue 71's size for the speed targets
+ASYM_GPUS = 64
+
+
+def asym_text(seed: int) -> str:
+    """The asymmetric 64-GPU cluster of ``seed`` (module docstring) in the .topo language: the same
+    text for a seed on every machine (its own ``random.Random``). Every node is drawn apart (size,
+    links, NIC speed), so that no two nodes are alike and symmetry reduction does not apply."""
+    import random
+
+    from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, format_topology
+
+    rng = random.Random(seed)
+    sizes, left = [], ASYM_GPUS
+    while left:
+        gpn = min(left, rng.choice([2, 4, 6, 8]))
+        sizes.append(gpn)
+        left -= gpn
+    specs = []
+    for gpn in sizes:
+        links = []
+        for a in range(gpn):
+            for b in range(a + 1, gpn):
+                if b == a + 1 or (a == 0 and b == gpn - 1) or rng.random() < 0.4:
+                    bw, lanes = rng.choice([25.0, 50.0, 100.0, 150.0]), rng.choice([1, 1, 2])
+                    back = bw if rng.random() < 0.8 else rng.choice([25.0, 50.0])   # one way slower
+                    links += [LinkSpec(a, b, bw, lanes), LinkSpec(b, a, back, lanes)]
+        share = rng.choice([1, 1, 2])
+        nic = rng.choice([12.5, 25.0, 50.0])
+        nics = [NicSpec(tuple(range(g, min(gpn, g + share))), nic) for g in range(0, gpn, share)]
+        vendor = rng.choice(["nvidia", "amd"])
+        specs.append(NodeSpec(gpn, {"direct": links}, nics=nics, vendor=vendor,
+                              gpu="MI250" if vendor == "amd" else "A100"))
+    return format_topology(ClusterSpec(specs, [InternodeSpec("all", "nic")],
+                                       comment=f"asymmetric cluster {seed}: {len(sizes)} nodes drawn apart, "
+                                               f"{ASYM_GPUS} GPUs"))
+
+
 def _both_ways(pairs, bw: float, lanes: int = 1) -> list:
     from hccc.compiler.cluster.topo_parser import LinkSpec
 
@@ -330,6 +374,8 @@ def main() -> int:
                                                  "default none; see the module docstring)")
     ap.add_argument("--mixed", default="", help="seeds of mixed clusters (vendors, node sizes, links, NICs; "
                                                 "comma-separated; default none; see the module docstring)")
+    ap.add_argument("--asym", default="", help="seeds of asymmetric 64-GPU clusters (every node drawn apart; "
+                                               "comma-separated; default none; see the module docstring)")
     ap.add_argument("--shapes", default="", help="regular clusters (comma-separated, or 'all': "
                                                  + ", ".join(SHAPES) + "; default none; see SHAPES)")
     ap.add_argument("--collectives", default="allgather,reducescatter,allreduce")
@@ -366,7 +412,8 @@ def main() -> int:
     # generated clusters: (the values asked for, the cluster's name, its .topo text of a value)
     generated = [(ints(args.multirail), "h800_multirail_{}x8", multirail_text), (flavours, "hetero64_{}", hetero_text),
                  (ints(args.mi250), "mi250_{}x16", mi250_text), (ints(args.random), "random_{}", random_text),
-                 (ints(args.mixed), "mixed_{}", mixed_text), (shapes, "{}", shape_text)]
+                 (ints(args.mixed), "mixed_{}", mixed_text),
+                 (ints(args.asym), "asym64_{}", asym_text), (shapes, "{}", shape_text)]
     tmp = tempfile.TemporaryDirectory()
     for values, name, text in generated:
         for value in values:

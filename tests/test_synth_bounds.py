@@ -169,3 +169,29 @@ def test_bound_and_search_against_brute_force(case, fanout):
     assert res.steps == opt
     greedy_only = synthesize_task(net, task, deadline=clock.now() + 20, use_smt=False)
     assert greedy_only.steps >= res.steps
+
+
+def test_allreduce_cut_bound_is_kept_per_network_not_reused_across_networks():
+    """AllReduce's least cut capacity is computed once per network: asked again it is the same,
+    and a network whose bandwidths differ gets its own (the buffer over its least cut, recomputed
+    here by networkx's max-flow on the hub graph, the oracle)."""
+    import copy
+
+    import networkx as nx
+
+    from hccc.compiler.synth.bounds import collective_cut_bound_seconds
+
+    def oracle(net) -> float:
+        G = hub_graph(net, net.bw, net.gbw)
+        cap = min(min(nx.maximum_flow_value(G, 0, v), nx.maximum_flow_value(G, v, 0))
+                  for v in range(1, net.nranks))
+        return 1e9 / cap
+
+    net = network_from_topology(load_cluster(CLUSTERS / "v100_4_8.topo"))
+    first = collective_cut_bound_seconds(net, "allreduce", net.nranks, 1, 0, 1e9)
+    assert first == pytest.approx(oracle(net), rel=1e-9)
+    assert collective_cut_bound_seconds(net, "allreduce", net.nranks, 1, 0, 1e9) == first
+    slow = copy.copy(net)
+    slow.bw, slow.gbw = net.bw * 0.5, net.gbw * 0.5
+    half = collective_cut_bound_seconds(slow, "allreduce", slow.nranks, 1, 0, 1e9)
+    assert half == pytest.approx(oracle(slow), rel=1e-9) and half == pytest.approx(2 * first, rel=1e-9)

@@ -436,8 +436,9 @@ def cut_bound_seconds(net: Network, task: Task, total_bytes: float) -> float:
     return ratio * total_bytes / task.nchunks
 
 
-#: cut ratios already computed, by network and task: ``synth`` asks for the same bound where it
-#: packs trees and where it simulates (0.7 s each at 64 GPUs)
+#: cut ratios already computed, by network and task (and AllReduce's least cut capacity, by
+#: network): ``synth`` asks for the same bound where it packs trees and where it simulates (0.7 s
+#: each at 64 GPUs; the least cut 0.3 s, asked twice by an AllReduce)
 _CUT_RATIOS: dict = {}
 
 
@@ -585,7 +586,13 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     if coll == "allreduce":
         if n <= 1:
             return 0.0
-        cap = min_cut_capacity(net, net.bw, net.gbw)
+        key = (_network_digest(net), "min_cut")        # asked for by the packing, the report and the bounds
+        cap = _CUT_RATIOS.get(key)
+        if cap is None:
+            cap = min_cut_capacity(net, net.bw, net.gbw)
+            if len(_CUT_RATIOS) >= 64:
+                _CUT_RATIOS.clear()
+            _CUT_RATIOS[key] = cap
         if cap <= 0:
             raise ValueError("the cluster is not strongly connected")
         return float(total_bytes) / cap

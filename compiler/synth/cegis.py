@@ -75,7 +75,8 @@ def greedy_stop_at(deadline: float) -> float:
     return max(deadline, now) + 2.0 + 0.1 * max(0.0, deadline - now)
 
 
-def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, deadline: float, note):
+def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, deadline: float, note,
+           repair_rlimit: int = smt.REPAIR_RLIMIT):
     """Steps 1-4 of the module docstring with one greedy variant: (valid schedule, iterations,
     enforced groups, timed out)."""
     enforced = np.zeros(net.ngroups, np.uint8)
@@ -109,9 +110,13 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
             continue
         frozen = None
         cand = sched.at(t)
-        if use_smt:
+        if use_smt and stats.skip_repair(len(cand)):   # z3 would exhaust its limit: its baseline
+            keep = smt.greedy_subset(net, cand, net.pair_index(cand.src, cand.dst), enforced.astype(bool),
+                                     _weights(net, cand), task.fanout_one)
+            frozen = Schedule(cand.src[keep], cand.dst[keep], cand.step[keep], cand.chunk[keep])
+        elif use_smt:
             rep = smt.StepRepair(net, task, cand, enforced.astype(bool), _weights(net, cand), stats)
-            frozen = rep.solve(deadline)
+            frozen = rep.solve(deadline, repair_rlimit)
         if frozen is None:  # no solver: drop the transfers on overloaded groups
             keep = ~np.isin(np.flatnonzero(sched.step == t), np.concatenate([c.transfers for c in cex]))
             frozen = Schedule(cand.src[keep], cand.dst[keep], cand.step[keep], cand.chunk[keep])
@@ -126,16 +131,20 @@ def _cegis(net: Network, task: Task, gi: GreedyInputs, stats, use_smt: bool, dea
 def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool = True,
                     progress: Progress | None = None, bound: StepBound | None = None,
                     minimize: bool = True, max_window: int = 6, max_vars: int = 40_000,
-                    variants: int = 1, score: Callable[[Schedule], float] | None = None) -> TaskResult:
+                    variants: int = 1, score: Callable[[Schedule], float] | None = None,
+                    repair_rlimit: int = smt.REPAIR_RLIMIT, skip_unknown: bool = True) -> TaskResult:
     """CEGIS for ``task`` (module docstring). With ``variants`` > 1 the loop runs once per greedy
     variant (:data:`.greedy.VARIANTS`: different tie-breaking among equally good transfers); the
     candidate with the fewest steps wins, ties broken by ``score`` (lower is better; e.g. a
-    simulated completion time) when given, else the first variant."""
+    simulated completion time) when given, else the first variant. ``repair_rlimit``: z3's resource
+    limit per step-repair call; ``skip_unknown`` False: every repair asks z3, even after one no
+    larger ended ``unknown`` (:meth:`.smt.SmtStats.skip_repair`; the reference the tests hold the
+    skipping to)."""
     t_start = clock.now()
     note = progress or (lambda *_: None)
     bound = bound or step_lower_bound(net, task)
     note("bound", {"steps": bound.steps})
-    stats = smt.SmtStats()
+    stats = smt.SmtStats(skip_unknown=skip_unknown)
     use_smt = use_smt and smt.available()
     cands = []
     for v in range(max(1, int(variants))):
@@ -143,7 +152,7 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
             break
         gi = GreedyInputs(net, task, variant=v)
         try:
-            cands.append(_cegis(net, task, gi, stats, use_smt, deadline, note))
+            cands.append(_cegis(net, task, gi, stats, use_smt, deadline, note, repair_rlimit))
         except GreedyStopped:
             if cands:
                 break       # keep the variants that finished

@@ -69,9 +69,27 @@ class SmtStats:
     unknown: int = 0
     learned_groups: int = 0
     seconds: float = 0.0
+    #: the fewest candidate transfers of a repair whose first call ended ``unknown`` (0: none yet)
+    repair_unknown_at: int = 0
+    #: repairs not asked of z3 because one no larger already ended ``unknown`` (:meth:`skip_repair`)
+    repairs_skipped: int = 0
+    #: False: :meth:`skip_repair` never skips (every repair asks z3)
+    skip_unknown: bool = True
+
+    def skip_repair(self, ncand: int) -> bool:
+        """Whether a repair of ``ncand`` candidate transfers goes straight to its greedy baseline:
+        one of at most as many candidates already exhausted its resource limit before beating its
+        baseline (z3 answered ``unknown`` to its first, easiest target). A larger step under at
+        least as many learned groups is no easier; each such call costs a whole
+        :data:`REPAIR_RLIMIT` and returns the baseline anyway (measured: three such calls, 3.1 s of
+        CPU of a 64-GPU heterogeneous AllGather's search, docs/measurements.md)."""
+        if self.skip_unknown and self.repair_unknown_at and ncand >= self.repair_unknown_at:
+            self.repairs_skipped += 1
+            return True
+        return False
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "skip_unknown"}
 
 
 #: z3 resource limits per call (deterministic, unlike wall-clock timeouts: the same input gives the
@@ -143,30 +161,7 @@ class StepRepair:
 
     def baseline(self) -> np.ndarray:
         """A feasible subset found greedily (heaviest first): the value z3 has to beat."""
-        net, c = self.net, self.cand
-        order = np.argsort(-self.w, kind="stable")
-        used_p = np.zeros(net.npairs, np.int64)
-        used_g = np.zeros(max(net.ngroups, 1), np.int64)
-        seen_recv: set[int] = set()
-        seen_send: set[int] = set()
-        nc = int(c.chunk.max()) + 1 if len(c) else 1
-        chosen = np.zeros(len(c), bool)
-        for i in order.tolist():
-            q = int(self.pairs[i])
-            gs = [g for g in net.groups_of(q).tolist() if self.encoded[g]]
-            rk = int(c.dst[i]) * nc + int(c.chunk[i])
-            sk = int(c.src[i]) * nc + int(c.chunk[i])
-            if used_p[q] >= net.cap[q] or any(used_g[g] >= net.gcap[g] for g in gs) or rk in seen_recv:
-                continue
-            if self.fanout_one and sk in seen_send:
-                continue
-            used_p[q] += 1
-            for g in gs:
-                used_g[g] += 1
-            seen_recv.add(rk)
-            seen_send.add(sk)
-            chosen[i] = True
-        return chosen
+        return greedy_subset(self.net, self.cand, self.pairs, self.encoded, self.w, self.fanout_one)
 
     def solve(self, deadline: float, per_call: int = REPAIR_RLIMIT) -> Schedule:
         """Keep more transfers than :meth:`baseline` with z3 (galloping search on the count, one
@@ -179,7 +174,9 @@ class StepRepair:
         value = int(best.sum())
         upper = len(self.x)
         delta = 1
+        asked = 0
         while value < upper and clock.now() < deadline:
+            asked += 1
             target = min(upper, value + delta)
             s.push()
             s.add(z3.AtLeast(*self.x, target))
@@ -199,6 +196,9 @@ class StepRepair:
                 delta = max(1, delta // 2)
             else:
                 self.stats.unknown += 1
+                if asked == 1:          # its first, easiest target: nothing gained on the baseline
+                    at = self.stats.repair_unknown_at
+                    self.stats.repair_unknown_at = len(self.x) if not at else min(at, len(self.x))
                 s.pop()
                 break
             s.pop()
@@ -206,6 +206,38 @@ class StepRepair:
         self.optimal = value >= upper
         c = self.cand
         return Schedule(c.src[best], c.dst[best], c.step[best], c.chunk[best])
+
+
+def greedy_subset(net: Network, c: Schedule, pairs: np.ndarray, encoded: np.ndarray, weights: np.ndarray,
+                  fanout_one: bool) -> np.ndarray:
+    """A feasible subset of the step's candidate transfers ``c`` found greedily, heaviest
+    ``weights`` first: within each pair's capacity (``pairs``: their pair indices), each group's
+    of the ``encoded`` (learned) groups, receive-once and, with ``fanout_one``, send-once per
+    chunk. :class:`StepRepair`'s baseline, and the repair itself where z3 is not asked
+    (:meth:`SmtStats.skip_repair`)."""
+    order = np.argsort(-np.asarray(weights, np.int64), kind="stable")
+    used_p = np.zeros(net.npairs, np.int64)
+    used_g = np.zeros(max(net.ngroups, 1), np.int64)
+    seen_recv: set[int] = set()
+    seen_send: set[int] = set()
+    nc = int(c.chunk.max()) + 1 if len(c) else 1
+    chosen = np.zeros(len(c), bool)
+    for i in order.tolist():
+        q = int(pairs[i])
+        gs = [g for g in net.groups_of(q).tolist() if encoded[g]]
+        rk = int(c.dst[i]) * nc + int(c.chunk[i])
+        sk = int(c.src[i]) * nc + int(c.chunk[i])
+        if used_p[q] >= net.cap[q] or any(used_g[g] >= net.gcap[g] for g in gs) or rk in seen_recv:
+            continue
+        if fanout_one and sk in seen_send:
+            continue
+        used_p[q] += 1
+        for g in gs:
+            used_g[g] += 1
+        seen_recv.add(rk)
+        seen_send.add(sk)
+        chosen[i] = True
+    return chosen
 
 
 class SuffixWindow:
