@@ -1070,8 +1070,10 @@ class Runner:
                     for r, b in enumerate(bufs):
                         for ptr in b[3]:
                             self.rank_pf[r].free(ptr)
-        total = int(counts.sum()) * es
-        return RunResult(bytes=total, count=int(counts.sum()), dtype=self.dtype, op=self.op,
+        # nccl-tests' alltoall convention with the mean per-rank send buffer as the size (as hccc sim
+        # --counts, hccc.runtime.sim_alltoallv): busbw = size / time * (n - 1) / n
+        per_rank = int(counts.sum()) * es // max(N, 1)
+        return RunResult(bytes=per_rank, count=per_rank // es, dtype=self.dtype, op=self.op,
                          inplace=bool(inplace), wrong=int(wrong),
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
                          first_wrong=first, collective=ir.collective, nranks=N, iters=len(times),
