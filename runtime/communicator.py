@@ -928,9 +928,10 @@ class Communicator:
         (:meth:`_gather_rows`), every rank assembles the same matrix, and the call goes on as with
         ``counts`` (checked against this rank's buffers, digests compared): a rank that passes
         ``counts`` while the others pass rows fails the call on every rank. Displacements packed;
-        ranks on one node (across nodes the host segments' mirrors do not carry the rows). Rows
-        in device memory are not taken: gather them on the device and pass the whole matrix with
-        ``device_counts=True`` (docs/alltoallv.md)."""
+        ranks on one node (across nodes the host segments' mirrors do not carry the rows). With
+        ``device_counts=True`` the row is ``nranks`` int64 in device memory and never read on the
+        host: a first AllToAllv call of the same program gathers the rows into a matrix on the
+        device (:meth:`_gather_rows_on_device`), which the call then reads as device counts."""
         from hccc.runtime import alltoallv as av
         self._check_usable()
         method = "all_to_all_v"
@@ -938,19 +939,17 @@ class Communicator:
             if counts is not None:
                 raise ValueError(f"{method}: pass counts (the whole matrix) or send_counts (this rank's "
                                  "row), not both")
-            if device_counts:
-                raise ValueError(f"{method}: send_counts is a host row; device counts take the whole "
-                                 "matrix (gather the rows on the device first)")
             if sdispls is not None or rdispls is not None:
                 raise ValueError(f"{method}: send_counts takes packed displacements only")
-            if hasattr(send_counts, "__cuda_array_interface__") or getattr(send_counts, "is_cuda", False):
-                raise ValueError(f"{method}: send_counts lives on the GPU; rows are exchanged on the host: "
-                                 "pass it to the host (a sync), or gather the rows on the device and pass "
-                                 "the whole matrix with device_counts=True")
+            if not device_counts and (hasattr(send_counts, "__cuda_array_interface__")
+                                      or getattr(send_counts, "is_cuda", False)):
+                raise ValueError(f"{method}: send_counts lives on the GPU: pass device_counts=True (the rows "
+                                 "are gathered on the device), or a host row")
             if not SPECS[self.collective].blockwise:
                 raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
                                         "all_to_all_v needs an AllToAll program")
-            counts = self._gather_rows(send_counts, method)
+            if not device_counts:
+                counts = self._gather_rows(send_counts, method)
         if not SPECS[self.collective].blockwise:
             raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
                                     "all_to_all_v needs an AllToAll program")
@@ -975,11 +974,15 @@ class Communicator:
         if device_counts:
             if sdispls is not None or rdispls is not None:
                 raise ValueError(f"{method}: device counts take packed displacements only")
-            bc = _as_buf(counts, f"{method}: counts")
-            if bc.dtype != "int64" or bc.n != N * N or bc.device != kind:
-                raise ValueError(f"{method}: device counts must be {N * N} int64 elements on "
-                                 f"{'the host' if kind == 'cpu' else 'the GPU'}, not {bc.n} {bc.dtype} on {bc.device}")
-            cnt_p, dsp_p = bc.ptr, 0
+            if send_counts is not None:
+                cnt_p = self._gather_rows_on_device(send_counts, method, kind)
+            else:
+                bc = _as_buf(counts, f"{method}: counts")
+                if bc.dtype != "int64" or bc.n != N * N or bc.device != kind:
+                    raise ValueError(f"{method}: device counts must be {N * N} int64 elements on "
+                                     f"{'the host' if kind == 'cpu' else 'the GPU'}, not {bc.n} {bc.dtype} on {bc.device}")
+                cnt_p = bc.ptr
+            dsp_p = 0
             slot = -(-max(bx.n, bo.n) // K)           # no piece exceeds a whole buffer
             digest = 0
         else:
@@ -1037,6 +1040,39 @@ class Communicator:
                     "must pass send_counts=, or every rank the whole matrix)")
             c[r] = w[1:]
         return c
+
+    def _gather_rows_on_device(self, row, method: str, kind: str) -> int:
+        """The counts matrix of an ``all_to_all_v(send_counts=row, device_counts=True)`` call, in
+        device memory, assembled with no host read of any row: one AllToAllv call of the program
+        itself (int64 kernels) in which every rank sends its whole row to every rank, each block
+        ``(s, d)`` the ``nranks`` counts of ``row`` (every send displacement 0: all blocks read the
+        one row), received packed, so rank ``d``'s output is row ``s`` at ``s * nranks``: the
+        matrix, the same on every rank by construction. Its counts and displacements are constants
+        every rank knows (uploaded once)."""
+        from hccc.runtime import alltoallv as av
+        N = self.world_size
+        br = _as_buf(row, f"{method}: send_counts")
+        if br.dtype != "int64" or br.n != N or br.device != kind:
+            raise ValueError(f"{method}: device send_counts must be {N} int64 elements on "
+                             f"{'the host' if kind == 'cpu' else 'the GPU'}, not {br.n} {br.dtype} on {br.device}")
+        full = np.full((N, N), N, np.int64)
+        sd = np.zeros((N, N), np.int64)
+        _, rd = av.packed_displs(full)
+        av.check_call(full, [N] * N, [N * N] * N, sd, rd)
+        dv = av.device_displs(sd, rd)
+        digest = int.from_bytes(__import__("hashlib").sha256(full.tobytes() + dv.tobytes()).digest()[:8],
+                                "little") | 1
+        vm, tables = self._vtables(False)
+        vcall = _VCall(self._vstage("rows counts", full.ravel(), keep=True),
+                       self._vstage("rows displs", dv, keep=True),
+                       self._vstage(("map", False), tables[self.rank], keep=True),
+                       av.scratch_slot(full, vm.k), digest)
+        mat_p = self._vstage("rows matrix", np.zeros(N * N, np.int64), keep=True)
+        if self._pf.name != "cpu":
+            _sync_caller(row)
+        self._run(f"{method} (gathering the counts rows)", max(vcall.slot, 1) * vm.k * N, "int64", "sum",
+                  br.ptr, mat_p, v=vcall)
+        return mat_p
 
     def _vtables(self, inplace: bool):
         """The program's AllToAllv block-piece tables (:mod:`hccc.compiler.ir.vblocks`), once."""

@@ -112,6 +112,22 @@ def test_each_rank_passes_its_row_only(pool):
             assert got.tolist() == _want(r, c)
 
 
+def test_device_rows_are_gathered_on_the_device(pool):
+    """send_counts with device_counts=True: each rank's row is an int64 array in the kernels'
+    memory (the CPU emulation's: host memory), gathered by an AllToAllv of the program itself;
+    the results equal the definition, call after call."""
+    calls = [[{"method": "all_to_all_v",
+               "x": np.concatenate([_send(r, c), np.zeros(100 - len(_send(r, c)), np.float32)]), "out": 100,
+               "kwargs": {"send_counts": c[r].astype(np.int64), "device_counts": True}} for c in COUNTS]
+             for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=60.0)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep.get("trace") or rep
+        for c, got in zip(COUNTS, rep["outputs"]):
+            want = _want(r, c)
+            assert got[:len(want)].tolist() == want
+
+
 def test_rows_and_a_whole_matrix_mixed_or_a_bad_row_fail_on_every_rank(pool):
     c = COUNTS[0]
     calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()),
