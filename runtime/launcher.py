@@ -968,6 +968,10 @@ class Runner:
         proto_run, slice_b = call.proto, call.slice_bytes
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
+        scr_n = ir.scratch_chunks * piece
+        # before any buffer of the call exists, on the host (inputs, oracle) or the device
+        check_run_memory(ir.name, sum(send_lens) * es,
+                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
         if inputs is None:
             rng = np.random.default_rng(seed)
             inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
@@ -979,9 +983,6 @@ class Runner:
         ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
         before = [np.array(inputs[r], copy=True) if inplace else
                   _from_device(np.full(int(recv_lens[r]), g, dtype=ddt), self.dtype) for r in range(N)]
-        scr_n = ir.scratch_chunks * piece
-        check_run_memory(ir.name, sum(send_lens) * es,
-                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
         give_displs = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
         bufs, stuck, times = [], None, []
         try:

@@ -130,3 +130,12 @@ def test_wrong_program_shape_and_placement_are_refused_before_anything_runs(tmp_
     rc, out, err = run_cli(capsys, direct4, "--counts", counts_file(tmp_path, np.zeros((4, 4), int), "z.txt"),
                            "--sizes", "1K")
     assert rc == 1 and "every count is 0" in err and "Traceback" not in err
+
+
+def test_counts_past_the_memory_limit_are_refused_before_any_buffer_exists(tmp_path, capsys, direct4):
+    """A 2^40-element block: refused by the run's memory limit with the numbers, before the inputs
+    or the oracle's buffers are made (not a MemoryError half-way)."""
+    c = np.zeros((4, 4), np.int64)
+    c[0, 1] = 1 << 40
+    rc, out, err = run_cli(capsys, direct4, "--counts", counts_file(tmp_path, c), "-n", "1", "-w", "0")
+    assert rc == 1 and "over the limit of" in err and "HCCC_MAX_RUN_BYTES" in err and "Traceback" not in err
