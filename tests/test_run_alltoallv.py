@@ -58,7 +58,7 @@ def test_the_files_matrix_as_given_one_row_with_the_alltoallv_convention(tmp_pat
     per_rank = int(ASYM.sum()) * 4 // 4                  # the mean per-rank send buffer
     assert row[:3] == [str(per_rank), str(per_rank // 4), "int32"] and row[-1] == "0"
     # asymmetric counts: an in-place call cannot take them, so only out of place runs, saying why
-    assert "in place: not run" in out and "counts[0][1] = 5 but counts[1][0] = 7" in out
+    assert "in-place: not run" in out and "counts[0][1] = 5 but counts[1][0] = 7" in out
     rc, out, err = run_cli(capsys, direct4, "--counts", f, "-n", "1", "-w", "0", "--json")
     d = json.loads(out)
     (r,) = d["results"]

@@ -330,9 +330,9 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
     import numpy as np
 
     from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
+    from hccc.compiler.frontend.collectives import spec_of
     from hccc.compiler.ir.vblocks import VBlockError, vblock_map
     from hccc.runtime.alltoallv import read_counts_file
-    from hccc.sweep import sweep_is_default
     from hccc.util.diagnostics import CompileError, Diagnostic
 
     shape = read_counts_file(args.counts)
@@ -341,29 +341,33 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
     def refuse(msg):
         raise CompileError([Diagnostic(f"{where}: {msg}", None)])
 
-    cir = ir if _is_canonical(ir) else _sorted_copy(ir)
-    run_groups = []
-    for g in groups:
-        try:
-            vblock_map(cir, g)
-            run_groups.append(g)
-        except VBlockError as exc:
-            if not run_groups and g == groups[-1]:
-                refuse(str(exc))
+    spec = spec_of(ir.collective)
+    if not spec.blockwise:
+        refuse(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
     n = len(shape)
     if n != ir.nranks:
         refuse(f"a {n} x {n} counts matrix, but {ir.name} has {plural(int(ir.nranks), 'rank')}")
-    notes = []
+    cir = ir if _is_canonical(ir) else _sorted_copy(ir)
     asym = np.argwhere(shape != shape.T)
-    if True in run_groups and len(asym):
-        s, d = (int(v) for v in asym[0])
-        why = (f"an in-place AllToAllv needs symmetric counts (its one buffer holds the block rank r sends "
-               f"to p where the block from p arrives): counts[{s}][{d}] = {int(shape[s, d])} but "
-               f"counts[{d}][{s}] = {int(shape[d, s])}")
-        if run_groups == [True]:
-            refuse(why)
-        run_groups = [g for g in run_groups if not g]
-        notes.append(f"in place: not run ({why})")
+    run_groups, notes, whys = [], [], []
+    for g in groups:
+        why = None
+        try:
+            vblock_map(cir, g)
+        except VBlockError as exc:
+            why = str(exc)
+        if why is None and g and len(asym):
+            s, d = (int(v) for v in asym[0])
+            why = (f"an in-place AllToAllv needs symmetric counts (its one buffer holds the block rank r "
+                   f"sends to p where the block from p arrives): counts[{s}][{d}] = {int(shape[s, d])} but "
+                   f"counts[{d}][{s}] = {int(shape[d, s])}")
+        if why is None:
+            run_groups.append(g)
+        else:
+            whys.append(why)
+            notes.append(f"{GROUP[g]}: not run ({why})")
+    if not run_groups:
+        refuse("; ".join(whys))
     if sweep_is_default(args):
         calls = [(int(shape.sum()) * element_bytes // n, shape)]
         notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, {int(shape.sum())} elements in all, largest "
