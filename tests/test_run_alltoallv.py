@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,16 @@ def test_counts_past_the_memory_limit_are_refused_before_any_buffer_exists(tmp_p
     c[0, 1] = 1 << 40
     rc, out, err = run_cli(capsys, direct4, "--counts", counts_file(tmp_path, c), "-n", "1", "-w", "0")
     assert rc == 1 and "over the limit of" in err and "HCCC_MAX_RUN_BYTES" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "sim"])
+def test_an_algorithm_given_as_the_counts_file_names_what_is_wanted(capsys, direct4, command):
+    """--counts holding an algorithm (hccc run and hccc sim declare the counts matrix as an input
+    kind): an error that names both kinds, not an internal error."""
+    argv = [command, str(direct4), "--counts", str(direct4)]
+    if command == "sim":
+        argv[2:2] = ["-t", str(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "a100_topo1.topo")]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and f"{direct4} is an algorithm" in err and "reads a counts matrix" in err, err
+    assert "internal error" not in err
