@@ -137,3 +137,25 @@ def test_programs_that_cannot_run_as_alltoallv_say_why(tmp_path):
     h = (d / "hccc_host.h").read_text()
     assert "#define HCCC_HOST_V_K 0" in h and "#define HCCC_HOST_V_OUT_OF_PLACE 0" in h
     assert "per-pair counts apply to AllToAll programs only" in h
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["cuda", "hip"])
+def test_the_alltoallv_host_program_compiles_for_gpus(tmp_path, target):
+    """The CUDA and HIP paths of hccc_host.h's AllToAllv call (the tables copied with cudaMemcpy /
+    hipMemcpy) compile with the kernels of an AllToAll program, warnings as errors; a GPU is
+    needed to run them."""
+    import os
+    from conftest import require_tool
+    tool = require_tool("nvcc" if target == "cuda" else "hipcc")
+    ir = build_program(gen.ring_alltoall(4), chunk_bytes=1024)
+    d = tmp_path / "gen"
+    d.mkdir()
+    generate(ir, d, platforms=[target] * ir.nranks)
+    ext = "cu" if target == "cuda" else "hip"
+    tu = tmp_path / f"ranks.{ext}"
+    tu.write_text(f'#include "{ir.name}_{target}.{ext}"\n#include "{ROOT / "tests" / "host_alltoallv_ranks.cpp"}"\n')
+    flags = (["-arch=sm_90", "-Werror", "all-warnings"] if target == "cuda" else ["--offload-arch=gfx90a", "-Werror"])
+    res = subprocess.run([tool, "-std=c++17", *flags, f"-I{d}", *TRIM, "-c", str(tu), "-o", str(tmp_path / "a.o")],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, HIP_PLATFORM="amd"))
+    assert res.returncode == 0, res.stderr[-4000:]
