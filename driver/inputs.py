@@ -26,7 +26,8 @@ DESCRIBE = {"algorithm": "an algorithm", "cluster": "a cluster description"}
 READERS = {"algorithm": "`hccc check {path}` or `hccc {path} -o OUTDIR`",
            "cluster": "`hccc topo {path}` or `--topology {path}`"}
 WANTS = {"algorithm": "an algorithm (.rccl, MSCCL .xml, ProgramIR .json)",
-         "cluster": "a cluster description (.topo, or a TACCL profile .json)"}
+         "cluster": "a cluster description (.topo, or a TACCL profile .json)",
+         "counts matrix": "a counts matrix (text: one line of counts per sending rank, docs/alltoallv.md)"}
 
 
 def kind_of(path: str) -> str | None:

@@ -27,31 +27,39 @@ class CountsError(ValueError):
     """A counts matrix or displacements a call cannot run with (the message names the entry)."""
 
 
-def as_counts(counts, nranks: int, what: str = "counts") -> np.ndarray:
-    """``counts`` as an ``nranks x nranks`` int64 array (CountsError for another shape, a value
-    that is not a non-negative integer, or one past 2**62)."""
+def as_counts(counts, nranks: int, what: str = "counts", *, row: bool = False) -> np.ndarray:
+    """``counts`` as an ``nranks x nranks`` int64 array (with ``row``: one rank's row, ``nranks``
+    counts); CountsError for another shape, a value that is not a non-negative integer, or one
+    past 2**62."""
     try:
         a = np.asarray(counts)
     except Exception as e:   # ragged nested lists
-        raise CountsError(f"{what}: not a matrix ({e})") from None
-    if a.shape != (nranks, nranks):
+        raise CountsError(f"{what}: not a {'row' if row else 'matrix'} ({e})") from None
+    if row and a.shape != (nranks,):
+        raise CountsError(f"{what}: {nranks} counts are needed (one per receiving rank), not shape {a.shape}")
+    if not row and a.shape != (nranks, nranks):
         raise CountsError(f"{what}: a {nranks} x {nranks} matrix is needed (one row per sending rank), "
                           f"not shape {a.shape}")
     if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
         raise CountsError(f"{what}: element counts must be integers, not {a.dtype}")
+
+    def entry(mask) -> tuple[str, object]:
+        at = tuple(int(i) for i in np.argwhere(mask)[0])
+        return what + "".join(f"[{i}]" for i in at), a[at]
+
     if np.issubdtype(a.dtype, np.floating):
         bad = ~np.isfinite(a) | (a != np.floor(a))
         if bad.any():
-            s, d = np.argwhere(bad)[0]
-            raise CountsError(f"{what}[{s}][{d}] = {a[s, d]!r} is not a whole number of elements")
+            name, v = entry(bad)
+            raise CountsError(f"{name} = {float(v)!r} is not a whole number of elements")
     neg = a < 0
     if neg.any():
-        s, d = np.argwhere(neg)[0]
-        raise CountsError(f"{what}[{s}][{d}] = {int(a[s, d])}: a count must be >= 0")
+        name, v = entry(neg)
+        raise CountsError(f"{name} = {int(v)}: a count must be >= 0")
     big = a > 2 ** 62
     if big.any():
-        s, d = np.argwhere(big)[0]
-        raise CountsError(f"{what}[{s}][{d}] = {int(a[s, d])} is too large")
+        name, v = entry(big)
+        raise CountsError(f"{name} = {int(v)} is too large")
     return a.astype(np.int64)
 
 

@@ -89,6 +89,14 @@ _POLL_S = 0.0005
 #: ``hccc_args::proto`` per protocol name
 _PROTO_CODE = {name.lower(): code for name, code in PROTOS}
 _REASON_AT, _REASON_MAX = 128, 1024       # a failed rank's reason, in its host segment
+#: a rank's AllToAllv counts row (``all_to_all_v(send_counts=)``), in its host segment after the
+#: reason: the number of the call it belongs to, then ``nranks`` int64 counts
+_ROW_AT = _REASON_AT + _REASON_MAX
+
+
+def _host_segment_bytes(nranks: int) -> int:
+    """A rank's host segment: the words, the failure reason and a counts row (at least a page)."""
+    return max(4096, _ROW_AT + 8 * (1 + int(nranks)))
 
 
 def _call_type(dtype: str, op: str, proto: str, epoch: int = 0, zero: bool = False) -> int:
@@ -396,7 +404,7 @@ class Communicator:
             self._flags = None
         if codegen == "table":
             self._table = mem.load_table(self._read_table(man))
-        self._host_own = shm.create(4096)
+        self._host_own = shm.create(_host_segment_bytes(self.ir.nranks))
         hw = self._host_words(self._host_own)
         hw[_H_PID] = os.getpid()
         hw[_H_MAGIC] = _MAGIC
@@ -894,7 +902,7 @@ class Communicator:
         return out
 
     def all_to_all_v(self, x, out=None, counts=None, *, sdispls=None, rdispls=None,
-                     device_counts: bool = False):
+                     device_counts: bool = False, send_counts=None):
         """AllToAllv (:mod:`hccc.runtime.alltoallv`) on this rank's AllToAll program: ``counts[s][d]``
         elements from rank ``s`` to rank ``d`` (the whole ``nranks x nranks`` matrix, the same on
         every rank; zeros allowed; any matrix on any call), block ``(rank, d)`` read from ``x`` at
@@ -912,10 +920,36 @@ class Communicator:
         they take the prefix sums and refuse a negative count themselves (every rank fails the
         call). The host then cannot check or compare the counts: every rank must pass buffers
         of one size (compared), scratch is sized for blocks up to a whole send buffer, and
-        displacements must be None (packed)."""
+        displacements must be None (packed).
+
+        ``send_counts`` (instead of ``counts``): this rank's row only, ``send_counts[d]`` elements
+        to rank ``d`` (host memory: a list, numpy array or CPU tensor), as a MoE router gives each
+        rank. The ranks exchange their rows through their host segments at a barrier of the call
+        (:meth:`_gather_rows`), every rank assembles the same matrix, and the call goes on as with
+        ``counts`` (checked against this rank's buffers, digests compared): a rank that passes
+        ``counts`` while the others pass rows fails the call on every rank. Displacements packed;
+        ranks on one node (across nodes the host segments' mirrors do not carry the rows). With
+        ``device_counts=True`` the row is ``nranks`` int64 in device memory and never read on the
+        host: a first AllToAllv call of the same program gathers the rows into a matrix on the
+        device (:meth:`_gather_rows_on_device`), which the call then reads as device counts."""
         from hccc.runtime import alltoallv as av
         self._check_usable()
         method = "all_to_all_v"
+        if send_counts is not None:
+            if counts is not None:
+                raise ValueError(f"{method}: pass counts (the whole matrix) or send_counts (this rank's "
+                                 "row), not both")
+            if sdispls is not None or rdispls is not None:
+                raise ValueError(f"{method}: send_counts takes packed displacements only")
+            if not device_counts and (hasattr(send_counts, "__cuda_array_interface__")
+                                      or getattr(send_counts, "is_cuda", False)):
+                raise ValueError(f"{method}: send_counts lives on the GPU: pass device_counts=True (the rows "
+                                 "are gathered on the device), or a host row")
+            if not SPECS[self.collective].blockwise:
+                raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
+                                        "all_to_all_v needs an AllToAll program")
+            if not device_counts:
+                counts = self._gather_rows(send_counts, method)
         if not SPECS[self.collective].blockwise:
             raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
                                     "all_to_all_v needs an AllToAll program")
@@ -940,11 +974,15 @@ class Communicator:
         if device_counts:
             if sdispls is not None or rdispls is not None:
                 raise ValueError(f"{method}: device counts take packed displacements only")
-            bc = _as_buf(counts, f"{method}: counts")
-            if bc.dtype != "int64" or bc.n != N * N or bc.device != kind:
-                raise ValueError(f"{method}: device counts must be {N * N} int64 elements on "
-                                 f"{'the host' if kind == 'cpu' else 'the GPU'}, not {bc.n} {bc.dtype} on {bc.device}")
-            cnt_p, dsp_p = bc.ptr, 0
+            if send_counts is not None:
+                cnt_p = self._gather_rows_on_device(send_counts, method, kind)
+            else:
+                bc = _as_buf(counts, f"{method}: counts")
+                if bc.dtype != "int64" or bc.n != N * N or bc.device != kind:
+                    raise ValueError(f"{method}: device counts must be {N * N} int64 elements on "
+                                     f"{'the host' if kind == 'cpu' else 'the GPU'}, not {bc.n} {bc.dtype} on {bc.device}")
+                cnt_p = bc.ptr
+            dsp_p = 0
             slot = -(-max(bx.n, bo.n) // K)           # no piece exceeds a whole buffer
             digest = 0
         else:
@@ -970,6 +1008,71 @@ class Communicator:
             _sync_caller(x)
         self._run(method, eq, bx.dtype, "sum", bx.ptr, bo.ptr, v=vcall)
         return x if inplace else out
+
+    def _gather_rows(self, row, method: str) -> np.ndarray:
+        """The counts matrix of an ``all_to_all_v(send_counts=row)`` call: this rank writes its
+        row, stamped with the call's number, into its host segment (:data:`_ROW_AT`), and after a
+        barrier reads every peer's (each rank finished reading before any rank can pass the next
+        call's first barrier and overwrite its row). A peer whose row is not stamped with this
+        call made another call: every rank fails. A row this rank cannot use fails the call here
+        (the peers see the failure at the barrier)."""
+        from hccc.runtime import alltoallv as av
+        N, call = self.world_size, self._calls + 1
+        if self._net is not None and self._net.remote:
+            raise CommunicatorError(f"rank {self.rank}: {method}: send_counts needs every rank on one node "
+                                    "(the rows travel in the host segments, whose mirrors across nodes "
+                                    "do not carry them); pass the whole counts matrix")
+        try:
+            mine = av.as_counts(row, N, "send_counts", row=True)
+        except av.CountsError as exc:
+            raise self._fail(f"{method} #{call}: {exc}", abort_peers=False) from None
+        words = np.frombuffer(self._host_own._map, dtype=np.int64, count=1 + N, offset=_ROW_AT)
+        words[1:] = mine
+        words[0] = call                      # the stamp last: a peer that sees it sees the row
+        self._barrier(f"{method} #{call} (counts rows)")
+        c = np.empty((N, N), np.int64)
+        c[self.rank] = mine
+        for r, seg in self._host_peer.items():
+            w = np.frombuffer(seg._map, dtype=np.int64, count=1 + N, offset=_ROW_AT)
+            if int(w[0]) != call:
+                raise self._fail(abort_peers=False, why=
+                    f"{method} #{call}: rank {r} did not pass its counts row for this call (every rank "
+                    "must pass send_counts=, or every rank the whole matrix)")
+            c[r] = w[1:]
+        return c
+
+    def _gather_rows_on_device(self, row, method: str, kind: str) -> int:
+        """The counts matrix of an ``all_to_all_v(send_counts=row, device_counts=True)`` call, in
+        device memory, assembled with no host read of any row: one AllToAllv call of the program
+        itself (int64 kernels) in which every rank sends its whole row to every rank, each block
+        ``(s, d)`` the ``nranks`` counts of ``row`` (every send displacement 0: all blocks read the
+        one row), received packed, so rank ``d``'s output is row ``s`` at ``s * nranks``: the
+        matrix, the same on every rank by construction. Its counts and displacements are constants
+        every rank knows (uploaded once)."""
+        from hccc.runtime import alltoallv as av
+        N = self.world_size
+        br = _as_buf(row, f"{method}: send_counts")
+        if br.dtype != "int64" or br.n != N or br.device != kind:
+            raise ValueError(f"{method}: device send_counts must be {N} int64 elements on "
+                             f"{'the host' if kind == 'cpu' else 'the GPU'}, not {br.n} {br.dtype} on {br.device}")
+        full = np.full((N, N), N, np.int64)
+        sd = np.zeros((N, N), np.int64)
+        _, rd = av.packed_displs(full)
+        av.check_call(full, [N] * N, [N * N] * N, sd, rd)
+        dv = av.device_displs(sd, rd)
+        digest = int.from_bytes(__import__("hashlib").sha256(full.tobytes() + dv.tobytes()).digest()[:8],
+                                "little") | 1
+        vm, tables = self._vtables(False)
+        vcall = _VCall(self._vstage("rows counts", full.ravel(), keep=True),
+                       self._vstage("rows displs", dv, keep=True),
+                       self._vstage(("map", False), tables[self.rank], keep=True),
+                       av.scratch_slot(full, vm.k), digest)
+        mat_p = self._vstage("rows matrix", np.zeros(N * N, np.int64), keep=True)
+        if self._pf.name != "cpu":
+            _sync_caller(row)
+        self._run(f"{method} (gathering the counts rows)", max(vcall.slot, 1) * vm.k * N, "int64", "sum",
+                  br.ptr, mat_p, v=vcall)
+        return mat_p
 
     def _vtables(self, inplace: bool):
         """The program's AllToAllv block-piece tables (:mod:`hccc.compiler.ir.vblocks`), once."""

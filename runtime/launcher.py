@@ -968,6 +968,10 @@ class Runner:
         proto_run, slice_b = call.proto, call.slice_bytes
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
+        scr_n = ir.scratch_chunks * piece
+        # before any buffer of the call exists, on the host (inputs, oracle) or the device
+        check_run_memory(ir.name, sum(send_lens) * es,
+                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
         if inputs is None:
             rng = np.random.default_rng(seed)
             inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
@@ -979,9 +983,6 @@ class Runner:
         ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
         before = [np.array(inputs[r], copy=True) if inplace else
                   _from_device(np.full(int(recv_lens[r]), g, dtype=ddt), self.dtype) for r in range(N)]
-        scr_n = ir.scratch_chunks * piece
-        check_run_memory(ir.name, sum(send_lens) * es,
-                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
         give_displs = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
         bufs, stuck, times = [], None, []
         try:
@@ -1070,8 +1071,10 @@ class Runner:
                     for r, b in enumerate(bufs):
                         for ptr in b[3]:
                             self.rank_pf[r].free(ptr)
-        total = int(counts.sum()) * es
-        return RunResult(bytes=total, count=int(counts.sum()), dtype=self.dtype, op=self.op,
+        # nccl-tests' alltoall convention with the mean per-rank send buffer as the size (as hccc sim
+        # --counts, hccc.runtime.sim_alltoallv): busbw = size / time * (n - 1) / n
+        per_rank = int(counts.sum()) * es // max(N, 1)
+        return RunResult(bytes=per_rank, count=per_rank // es, dtype=self.dtype, op=self.op,
                          inplace=bool(inplace), wrong=int(wrong),
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
                          first_wrong=first, collective=ir.collective, nranks=N, iters=len(times),

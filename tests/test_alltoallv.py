@@ -91,6 +91,14 @@ def test_counts_refused_with_the_entry_named():
         av.as_counts([1, 2, 3], 2)
     with pytest.raises(av.CountsError, match="whole number"):
         av.as_counts([[1.5, 0], [0, 0]], 2)
+    # one rank's row (Communicator.all_to_all_v(send_counts=)): the entry named by its one index
+    with pytest.raises(av.CountsError, match=r"send_counts\[2\] = -1: a count must be >= 0"):
+        av.as_counts([0, 4, -1], 3, "send_counts", row=True)
+    with pytest.raises(av.CountsError, match=r"send_counts\[0\] = 0.5 is not a whole"):
+        av.as_counts([0.5, 4, 1], 3, "send_counts", row=True)
+    with pytest.raises(av.CountsError, match="3 counts are needed"):
+        av.as_counts([[0, 4, 1]], 3, "send_counts", row=True)
+    assert av.as_counts((0, 4, 1), 3, row=True).tolist() == [0, 4, 1]
     c = av.as_counts([[1, 5], [2, 0]], 2)
     with pytest.raises(av.CountsError, match=r"rank 0's send buffer holds 5 elements.*counts\[0\]\[1\] = 5"):
         av.check_call(c, [5, 2], [3, 5])

@@ -100,6 +100,52 @@ def test_counts_past_a_buffer_fail_on_every_rank(pool):
         assert "rank 2" in rep["error"], rep["error"]
 
 
+def test_each_rank_passes_its_row_only(pool):
+    """send_counts: every rank gives its own row; the rows are exchanged at the call and every
+    result equals the definition of the whole matrix, per call, zeros and a skewed pair included."""
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()),
+               "kwargs": {"send_counts": c[r].tolist()}} for c in COUNTS] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=30.0)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep.get("trace") or rep
+        for c, got in zip(COUNTS, rep["outputs"]):
+            assert got.tolist() == _want(r, c)
+
+
+def test_device_rows_are_gathered_on_the_device(pool):
+    """send_counts with device_counts=True: each rank's row is an int64 array in the kernels'
+    memory (the CPU emulation's: host memory), gathered by an AllToAllv of the program itself;
+    the results equal the definition, call after call."""
+    calls = [[{"method": "all_to_all_v",
+               "x": np.concatenate([_send(r, c), np.zeros(100 - len(_send(r, c)), np.float32)]), "out": 100,
+               "kwargs": {"send_counts": c[r].astype(np.int64), "device_counts": True}} for c in COUNTS]
+             for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=60.0)
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep.get("trace") or rep
+        for c, got in zip(COUNTS, rep["outputs"]):
+            want = _want(r, c)
+            assert got[:len(want)].tolist() == want
+
+
+def test_rows_and_a_whole_matrix_mixed_or_a_bad_row_fail_on_every_rank(pool):
+    c = COUNTS[0]
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()),
+               "kwargs": {"counts": c.tolist()} if r == 0 else {"send_counts": c[r].tolist()}}]
+             for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=20.0)
+    for r, rep in enumerate(replies):
+        assert not rep["ok"] and "CommunicatorError" in rep["error"], f"rank {r}: {rep}"
+    assert any("did not pass its counts row" in rep["error"] for rep in replies), replies
+    bad = [0, -1, 3]
+    calls = [[{"method": "all_to_all_v", "x": _send(r, c), "out": int(c[:, r].sum()),
+               "kwargs": {"send_counts": bad if r == 1 else c[r].tolist()}}] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=20.0)
+    assert "send_counts[1] = -1: a count must be >= 0" in replies[1]["error"], replies[1]["error"]
+    for r, rep in enumerate(replies):
+        assert not rep["ok"] and "rank 1" in rep["error"], f"rank {r}: {rep}"
+
+
 def test_across_two_emulated_nodes(tmp_path_factory):
     """2 nodes x 2 ranks (the network transport over UCX's TCP between the nodes): the hierarchical
     program, whose blocks cross the network once, as AllToAllv with per-call counts."""

@@ -447,3 +447,46 @@ def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monk
             assert a.dtype == b.dtype and torch.equal(a, b), f"rank {rank}"
         assert mine[1] == {"scatter": 2} and mine[2] == {"float32": 2}, mine[1:]
         assert theirs[1] == {}
+
+
+TORCH_CATALOG = ROOT / "examples" / "torch" / "catalog4"
+
+
+def test_the_torch_example_catalog_has_a_scatter_entry():
+    """examples/torch/catalog4 covers every collective the torch backend carries, Scatter included
+    (from root 0, as its Broadcast and Reduce); a scatter from another root has no entry."""
+    from hccc.catalog import Catalog
+    cat = Catalog.load(TORCH_CATALOG)
+    entry, why = cat.select("scatter", 4, 4 * 4 * 10, "float32", "sum", 0)
+    assert entry is not None and entry.name == "ring_scatter_4.rccl" and entry.root == 0, why
+    assert cat.select("scatter", 4, 160, "float32", "sum", 1)[0] is None
+
+
+@pytest.mark.slow
+def test_the_torch_example_catalog_carries_scatter_from_its_root(tmp_path, monkeypatch):
+    """Four ranks in threads with examples/torch/catalog4 get what gloo gives (an empty catalog)
+    for a scatter from root 0, and hccc's counters say the catalog's ring carried it."""
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    from hccc.torch import Options
+    from test_torch_backend import _ranks_in_threads
+    CATALOG4 = TORCH_CATALOG
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "empty").mkdir()
+
+    def job(rank):
+        def run(pg):
+            opts = dist.ScatterOptions()
+            opts.rootRank = 0
+            out = torch.full((29,), -1.0)
+            lists = [[torch.arange(29.0) * (r + 3) + r for r in range(4)]] if rank == 0 else []
+            pg.scatter([out], lists, opts).wait()
+            return out, dict(pg.counters["hccc"])
+        return run
+    ours = _ranks_in_threads([job(r) for r in range(4)], Options(catalog=CATALOG4), timeout_s=60.0)
+    gloo = _ranks_in_threads([job(r) for r in range(4)], Options(catalog=tmp_path / "empty"))
+    for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
+        assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
+        assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[0], torch.arange(29.0) * (rank + 3) + rank)
+        assert mine[1] == {"scatter": 1} and theirs[1] == {}, (mine[1], theirs[1])

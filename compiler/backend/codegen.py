@@ -610,12 +610,42 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
             f'{e["kernel"]}_##DT##_##OPN(const HCCC_GRID_CONSTANT hccc_args); \\' for e in rank_entries),
         kernels=", ".join(f'{e["kernel"]}_##DT##_##OPN' for e in rank_entries))
     return env.get_template("common/hccc_host.h.j2").render(
-        version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
+        vtables=_host_vtables(ir, ints), version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
         nchunks=ir.nchunks, scratch_chunks=ir.scratch_chunks, chunk_bytes=ir.chunk_bytes,
         in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
         slot_bytes=slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         share_bytes=slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
         algorithm_level=bool(ir.algorithm_level), nprims=int(ir.nprims), nthreads=nthreads, tables=tables)
+
+
+def _host_vtables(ir: ProgramIR, ints) -> dict:
+    """``hccc_host.h``'s AllToAllv tables: pieces per block (0: the program cannot run with
+    per-pair counts), whether it uses scratch, and per placement (out of place, in place) every
+    rank's ``hccc_args::vmap`` (:func:`hccc.compiler.ir.vblocks.rank_tables`) joined, with where
+    each rank's starts, or the reason that placement cannot run as an AllToAllv."""
+    from hccc.compiler.frontend.collectives import spec_of
+    from hccc.compiler.ir.vblocks import VBlockError, rank_tables, vblock_map
+    # other collectives fail vblock_map at once; only an AllToAll needs the canonical copy
+    cir = ir if not spec_of(ir.collective).blockwise or _is_canonical(ir) else _sorted_copy(ir)
+    out = {"k": 0, "uses_scratch": 0, "placements": []}
+    for inplace in (False, True):
+        entry = {"name": "ip" if inplace else "oop", "ok": 0, "why": "", "table": "0", "first": "0, 0"}
+        if bool(inplace) not in ir.placements:
+            entry["why"] = f"{ir.name} is not proven {'in place' if inplace else 'out of place'}"
+        else:
+            try:
+                vm = vblock_map(cir, inplace)
+                tabs = rank_tables(cir, vm)
+            except VBlockError as exc:
+                entry["why"] = str(exc)
+            else:
+                first = np.r_[0, np.cumsum([len(t) for t in tabs])]
+                body = np.concatenate(tabs) if tabs else np.zeros(0, np.int32)
+                entry.update(ok=1, table=ints(body) if len(body) else "0", first=ints(first))
+                out["k"], out["uses_scratch"] = int(vm.k), int(vm.uses_scratch)
+        entry["why"] = " ".join(entry["why"].split()).replace("*/", "* /")
+        out["placements"].append(entry)
+    return out
 
 
 def _tb_pipeline_ranges(ir: ProgramIR, slices: dict) -> dict[int, str]:

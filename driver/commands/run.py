@@ -29,6 +29,17 @@ ReduceScatter) or 1 (Broadcast, Reduce). Exit status 1 when an element is wrong 
 reported as "rank R, TB T stuck in <primitive> for chunk C (micro-batch M)", never hangs: kernels
 give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
+AllToAllv. ``--counts FILE`` runs an AllToAll program as an AllToAllv with the per-pair counts of
+FILE (the format ``hccc sim --counts`` reads, docs/alltoallv.md). Without sizes the table has one
+row, the file's counts in elements as given (the same call ``hccc sim --counts FILE`` models);
+with ``--sizes`` or a ``-b/-e`` sweep the file is a pattern, scaled at every size (each count
+rounded down) to that mean per-rank send buffer, as rccl-tests' ``alltoallv_perf`` keeps one
+pattern over its sweep. ``size`` is the mean per-rank send buffer (total bytes / nranks), algbw =
+size / time, busbw = algbw x (n-1)/n (nccl-tests' alltoall convention, as ``hccc sim --counts``);
+#wrong compares every receive buffer with a numpy oracle of the counts. In place runs only for
+symmetric counts (MPI's in-place Alltoallv rule); ``--json`` adds ``"counts"`` (the file) and
+``"counts_scaled"``.
+
 ``--json`` prints ``{"algorithm", "collective", "nranks", "backend", "emulated" (true on the CPU
 emulation, whose times are not a GPU's), "nthreads", "ok",
 "rank_platform": [per-rank "cuda"/"hip"], "libraries": {platform: {"ranks", "backend", "library"}},
@@ -51,13 +62,14 @@ from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
 from hccc.args import (add_deprecated_flag, add_direct_option, add_program_options, add_topology_option, count_at_least,
                        dtype_list, nccl_type_name, op_list, parse_size, program_options, proto_choice, proto_metavar,
                        seconds)
+from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
 from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
-                        sweep_sizes, table_header, table_left)
+                        sweep_is_default, sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
-INPUTS = {"algo": "algorithm", "--topology": "cluster"}
+INPUTS = {"algo": "algorithm", "--topology": "cluster", "--counts": "counts matrix"}
 #: -d / -o values: the kernels' element types and reduction operators (hccc.util.dtypes)
 DTYPES = dtypes_table.DTYPE_NAMES
 OPS = dtypes_table.OP_NAMES
@@ -186,6 +198,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "one device); per-rank: a kernel per rank, each in its own stream; auto: "
                              "grid whenever every rank is on one device (default: auto)")
     add_direct_option(parser)
+    parser.add_argument("--counts", metavar="FILE", default=None,
+                        help="an AllToAll program run as an AllToAllv (hccc sim --counts' file: one line per "
+                             "sending rank of elements to each rank, docs/alltoallv.md): without sizes, one row "
+                             "of exactly those counts; with --sizes or -b/-e, the matrix scaled at each size "
+                             "(size: the mean per-rank send buffer, nccl-tests' alltoall busbw factor); "
+                             "#wrong against a numpy oracle")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--sanitize", action="store_true",
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
@@ -289,6 +307,83 @@ def _runner_whose_fifos_fit(ir, fit: bool, make):
                     "(--chunk-size sets it; HCCC_MAX_RUN_BYTES the limit)")
 
 
+def scaled_counts(shape, nbytes: int, element_bytes: int):
+    """The counts matrix of one ``hccc run --counts`` row at sweep size ``nbytes``: ``shape``'s
+    entries scaled (rounded down) so that the mean per-rank send buffer is ``nbytes`` (every rank
+    together sends ``nranks * nbytes / element_bytes`` elements), as rccl-tests' ``alltoallv_perf``
+    keeps one pattern over its size sweep. Exact integer arithmetic (entries up to 2**48)."""
+    import numpy as np
+    n = len(shape)
+    want = nbytes // element_bytes * n
+    total = int(shape.sum())
+    if total == 0:
+        return np.zeros_like(shape)
+    return np.array([[int(c) * want // total for c in row] for row in shape.tolist()], dtype=np.int64)
+
+
+def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
+    """``--counts FILE``: ``(calls, groups, notes)``: the table's rows as (size, counts matrix) with
+    size the mean per-rank send buffer (bytes), the placements that run, and lines for the
+    header. Located errors (CompileError) for a bad file, a program that is not an AllToAll or
+    cannot run with per-pair counts, a matrix of another rank count, and in-place-only with counts
+    an in-place call cannot take."""
+    import numpy as np
+
+    from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
+    from hccc.compiler.frontend.collectives import spec_of
+    from hccc.compiler.ir.vblocks import VBlockError, vblock_map
+    from hccc.runtime.alltoallv import read_counts_file
+    from hccc.util.diagnostics import CompileError, Diagnostic
+
+    shape = read_counts_file(args.counts)
+    where = printable(str(args.counts))
+
+    def refuse(msg):
+        raise CompileError([Diagnostic(f"{where}: {msg}", None)])
+
+    spec = spec_of(ir.collective)
+    if not spec.blockwise:
+        refuse(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
+    n = len(shape)
+    if n != ir.nranks:
+        refuse(f"a {n} x {n} counts matrix, but {ir.name} has {plural(int(ir.nranks), 'rank')}")
+    cir = ir if _is_canonical(ir) else _sorted_copy(ir)
+    asym = np.argwhere(shape != shape.T)
+    run_groups, notes, whys = [], [], []
+    for g in groups:
+        why = None
+        try:
+            vblock_map(cir, g)
+        except VBlockError as exc:
+            why = str(exc)
+        if why is None and g and len(asym):
+            s, d = (int(v) for v in asym[0])
+            why = (f"an in-place AllToAllv needs symmetric counts (its one buffer holds the block rank r "
+                   f"sends to p where the block from p arrives): counts[{s}][{d}] = {int(shape[s, d])} but "
+                   f"counts[{d}][{s}] = {int(shape[d, s])}")
+        if why is None:
+            run_groups.append(g)
+        else:
+            whys.append(why)
+            notes.append(f"{GROUP[g]}: not run ({why})")
+    if not run_groups:
+        refuse("; ".join(whys))
+    if sweep_is_default(args):
+        calls = [(int(shape.sum()) * element_bytes // n, shape)]
+        notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, {int(shape.sum())} elements in all, largest "
+                        "block " + f"{int(shape.max())}; size = the mean per-rank send buffer")
+    else:
+        if int(shape.sum()) == 0:
+            refuse("every count is 0: a matrix scaled to the sweep's sizes needs a nonzero entry")
+        calls = []
+        for nbytes in sweep.sizes:
+            c = scaled_counts(shape, nbytes, element_bytes)
+            calls.append((int(c.sum()) * element_bytes // n, c))
+        notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, scaled at each size (rounded down) to a "
+                        "mean per-rank send buffer of that size; size = the mean per-rank send buffer")
+    return calls, run_groups, notes
+
+
 def run(args) -> int:
     """Every (element type, operator) asked for, a table each; the worst exit status."""
     combos = [(d, o) for d in args.dtype for o in args.op]
@@ -365,9 +460,14 @@ def _run_one(args) -> int:
             f"{'out of place' if unproven[0] else 'in place'} only (its MSCCL XML declares inplace="
             f"\"{int(True in ir.placements)}\" outofplace=\"{int(False in ir.placements)}\")", None)])
     groups = [g for g in groups if g in ir.placements]
+    calls, vnotes = [(nbytes, None) for nbytes in sweep.sizes], []
+    if args.counts is not None:
+        # an AllToAllv per row: every call checks its own buffers (Runner.run_v) before it runs
+        calls, groups, vnotes = alltoallv_calls(args, ir, sweep, es, groups)
     try:
-        for nbytes in sweep.sizes:            # before building anything: the buffers must fit
-            check_program_memory(ir, nbytes, args.dtype)
+        for nbytes, counts in calls:            # before building anything: the buffers must fit
+            if counts is None:
+                check_program_memory(ir, nbytes, args.dtype)
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
@@ -402,8 +502,15 @@ def _run_one(args) -> int:
                                        + (f"LL up to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, Simple above"
                                           if args.proto == "auto" else "LL")
                                        + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
-                    progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
-                                   f"warmup iters: {args.warmup} iters: {args.iters} validation: {int(args.check > 0)}")
+                    for note in vnotes:
+                        progress.print(f"# {note}")
+                    if args.counts is None or len(calls) > 1:
+                        progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
+                                       f"warmup iters: {args.warmup} iters: {args.iters} validation: "
+                                       f"{int(args.check > 0)}")
+                    else:
+                        progress.print(f"# warmup iters: {args.warmup} iters: {args.iters} validation: "
+                                       f"{int(args.check > 0)}")
                     if args.backend == "cpu":
                         progress.print(EMULATED_NOTE)
                     if len(libraries) > 1 or plats[0] != "cuda":
@@ -418,14 +525,18 @@ def _run_one(args) -> int:
                         progress.print(line)
                 broken = False
                 proto_notes = set()
-                task = progress.task(f"running {plural(len(sweep.sizes), 'size')}"
+                task = progress.task(f"running {plural(len(calls), 'size')}"
                                      + (" out of place and in place" if len(groups) > 1 else ""),
-                                     total=len(sweep.sizes) * len(groups))
-                for nbytes in sweep.sizes:
+                                     total=len(calls) * len(groups))
+                for nbytes, counts in calls:
                     row = []
                     for inplace in groups:
-                        res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
-                                         seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
+                        if counts is None:
+                            res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                             seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
+                        else:
+                            res = runner.run_v(counts, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                               seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
                         if runner.proto_note and runner.proto_note not in proto_notes and not args.json:
                             proto_notes.add(runner.proto_note)
                             progress.print(f"# --proto {args.proto}: {runner.proto_note}")
@@ -466,6 +577,8 @@ def _run_one(args) -> int:
                           "backend": pname, "emulated": args.backend == "cpu", "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
                           "redop": redop_column(coll, args.op),
                           "rank_platform": plats, "libraries": libraries, "launch": launch,
+                          **({"counts": args.counts, "counts_scaled": len(calls) > 1 or not sweep_is_default(args)}
+                             if args.counts is not None else {}),
                           "results": [r.to_json() for r in results]}))
     else:
         wrong = sum(max(r.wrong, 0) for r in results)

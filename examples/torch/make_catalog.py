@@ -1,6 +1,6 @@
 """(Re)write ``catalog4/``: the 4-rank algorithm catalog the torch examples and tests use (ring
-AllReduce, AllGather, ReduceScatter, Broadcast and Reduce from rank 0, direct AllToAll), from the
-text generators in ``hccc.compiler.frontend.generators``.
+AllReduce, AllGather, ReduceScatter, Broadcast, Reduce and Scatter from rank 0, direct AllToAll: every
+collective the torch backend carries), from the text generators in ``hccc.compiler.frontend.generators``.
 
 Usage: ``python examples/torch/make_catalog.py [OUTDIR]``. Deterministic; tests/test_torch_backend.py
 checks the committed files are current.
@@ -18,6 +18,7 @@ ENTRIES = {
     "ring_reducescatter_4": lambda: gen.ring_reducescatter_rccl(4, name="ring_reducescatter_4"),
     "ring_broadcast_4": lambda: gen.ring_broadcast_rccl(4, root=0, name="ring_broadcast_4"),
     "ring_reduce_4": lambda: gen.ring_reduce_rccl(4, root=0, name="ring_reduce_4"),
+    "ring_scatter_4": lambda: gen.ring_scatter_rccl(4, root=0, name="ring_scatter_4"),
     "direct_alltoall_4": lambda: gen.direct_alltoall_rccl(4, name="direct_alltoall_4"),
 }
 
