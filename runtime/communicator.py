@@ -794,9 +794,9 @@ class Communicator:
                                  f"({self.world_size} ranks x {unit // self.world_size} pieces)")
         n_in, n_out, _scr, in_off, out_off = program_layout(self.ir, count)[self.rank]
         copy_back = None
-        if bool(inplace) not in self.ir.placements and not inplace:
-            raise CommunicatorError(f"{self.ir.name} is proven in place only (its MSCCL XML declares "
-                                    f"outofplace=\"0\"); call {method} in place")
+        if bool(inplace) not in self.ir.placements and not inplace and not self._at_place(bx, bo, in_off, out_off, es):
+            raise CommunicatorError(f"{self.ir.name} is proven in place only (its {self._source_text()} "
+                                    f"declares it); call {method} in place")
         # an in-place call of a program proven out of place only (an MSCCL XML with inplace="0") runs
         # out of place into a temporary output and copies it back
         alias = True in self.ir.placements
@@ -822,14 +822,28 @@ class Communicator:
         if bo.ptr < bx.ptr + bx.n * es and bx.ptr < bo.ptr + bo.n * es and bx.n and bo.n:
             # the collective's in-place layout (an all_gather input at its place in the output, a
             # reduce_scatter output at its place in the input) runs in place, as the program allows
-            at_place = ((in_off >= 0 and bx.ptr == bo.ptr + in_off * es)
-                        or (out_off >= 0 and bo.ptr == bx.ptr + out_off * es))
+            at_place = self._at_place(bx, bo, in_off, out_off, es)
             if at_place and True in self.ir.placements:
                 return count, bx.dtype, bx.ptr, bo.ptr, None
             raise ValueError(f"{method}: input and output overlap" + (
                 f"; {self.ir.name} is proven out of place only" if at_place else
                 " other than in the collective's in-place layout (this rank's block of the larger buffer)"))
         return count, bx.dtype, bx.ptr, bo.ptr, None
+
+    @staticmethod
+    def _at_place(bx, bo, in_off: int, out_off: int, es: int) -> bool:
+        """Whether the input and output are the collective's in-place layout (an all_gather input
+        at its place in the output, a reduce_scatter output at its place in the input)."""
+        if bo is None:
+            return False
+        return bool((in_off >= 0 and bx.ptr == bo.ptr + in_off * es)
+                    or (out_off >= 0 and bo.ptr == bx.ptr + out_off * es))
+
+    def _source_text(self) -> str:
+        """What declared the program's placements, for messages."""
+        src = (self.ir.stats or {}).get("source")
+        return {"mscclpp-plan": "MSCCL++ plan ('inplace': true)"}.get(
+            src, 'MSCCL XML (outofplace="0")' if src == "msccl-xml" else "source")
 
     def _call(self, method, x, out, inplace, op):
         count, dtype, in_p, out_p, copy_back = self._prepare(method, x, out, inplace, op)

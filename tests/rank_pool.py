@@ -79,6 +79,11 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, 
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
                 _note(comm, protos, epochs, slices)
                 continue
+            if call.get("output_in_input"):     # reduce_scatter in place: out is this rank's block of x
+                out = x[job["rank"] * out_len:(job["rank"] + 1) * out_len]
+                outs.append(np.array(getattr(comm, method)(x, out, **kwargs), copy=True))
+                _note(comm, protos, epochs, slices)
+                continue
             if out_len is None:
                 res = getattr(comm, method)(x, **kwargs)
             else:
