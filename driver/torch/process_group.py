@@ -393,7 +393,8 @@ class HcccProcessGroup(dist.ProcessGroup):
             self._ledger = ledger
         if self.options.catalog is None and not self.disabled:
             from hccc.torch.builtin import BuiltinCatalog
-            self.catalog = BuiltinCatalog(self._size, self.nodes)
+            self.catalog = BuiltinCatalog(self._size, self.nodes, topology=self.options.topology,
+                                          topology_digest=inputs.get("HCCC_TOPOLOGY", [""])[0])
 
     def _delegate(self, dev: str):
         if dev not in self._delegates:
