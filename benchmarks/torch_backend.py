@@ -3,7 +3,7 @@
 DDP training step with "hccc" next to the same step with gloo, in one run.
 
     python benchmarks/torch_backend.py [--ranks 4] [--sizes 4K,64K,1M] [--iters 20] [--rounds 5]
-                                       [--width 256] [--steps 10] [--own-calls 300]
+                                       [--width 256] [--steps 10] [--own-calls 2000]
 
 Every rank runs in its own process (``mp.spawn``-style, a torch ``FileStore``). Overhead: the
 catalog is ``examples/torch/catalog4`` (ring AllReduce); ``direct us`` is the mean wall time of
@@ -12,12 +12,12 @@ mean of ``dist.all_reduce(t)`` on the same tensor (routing, queueing on the grou
 work object, the wait), on rank 0, in ``--rounds`` alternating blocks of ``--iters`` calls each
 (the median block of each is shown, and the median over the rounds of the ratio of a round's two
 blocks: the machine may be shared, and its load drifts). The backend's own work per call: the
-same two loops (``--own-calls`` calls each, 5 alternating rounds, medians) with the
-communicator's launch (its kernel and its two host barriers) stubbed out on every rank, so what
-is left is each layer's Python: the Communicator's call checks and plan, and on top of them the
-backend's (torch's wrapper, the route, the call's description and post, the work object). DDP: a 3-layer MLP (32 -> width ->
-width -> 8) trained ``--steps`` steps after 3 warm-up steps on the group's ranks, mean step time
-on rank 0, first with backend "hccc" (no catalog given: the built-in one, as a new user runs it),
+same two loops (``--own-calls`` calls each, 5 alternating rounds, medians) on rank 0 alone (the
+other ranks wait idle) with the communicator's launch (its kernel and its two host barriers)
+stubbed out, so what is left is each layer's Python: the Communicator's call checks and plan,
+and on top of them the backend's (torch's wrapper, the route, the call's description and post,
+the work object). DDP: a 3-layer MLP (32 -> width -> width -> 8) trained ``--steps`` steps after
+3 warm-up steps on the group's ranks, mean step time on rank 0, first with backend "hccc" (no catalog given: the built-in one, as a new user runs it),
 then with "gloo" (process groups made one after the other in the same processes); then where an
 hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
 same model's step without a process group, and the rest.
@@ -89,8 +89,9 @@ def _calls_s(backend: str) -> float:
 
 
 def _own_work(dist, comm, t, calls: int) -> tuple[float, float]:
-    """(direct us, backend us) per call with the communicator's launch stubbed out on every rank
-    (medians of 5 alternating rounds of ``calls`` calls)."""
+    """(direct us, backend us) per call with the communicator's launch stubbed out (medians of 5
+    alternating rounds of ``calls`` calls); made by rank 0 alone (its call numbers then run ahead
+    of the other ranks', so the group makes no further call)."""
     direct, backend = [], []
     comm._run = lambda *a, **k: None        # no kernel, no barrier: each layer's own work
     try:
@@ -148,8 +149,15 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
     out["carried"] = hccc.torch.stats()["hccc"].get("allreduce", 0)
     t = torch.ones(sizes[0] // 4)
     entry = pg.catalog.select("allreduce", world, sizes[0], "float32", "sum")[0]
-    out["own"] = _own_work(dist, pg._communicator(entry, t.device, "float32", "sum"), t, own_calls)
+    comm = pg._communicator(entry, t.device, "float32", "sum")
     dist.barrier()
+    # rank 0 alone (the others wait on the store, idle): no peer shares its cores meanwhile
+    store = dist.FileStore(f"{tmp}/own-work", world)
+    if rank == 0:
+        out["own"] = _own_work(dist, comm, t, own_calls)
+        store.set("done", "1")
+    else:
+        store.wait(["done"], datetime.timedelta(seconds=600))
     dist.destroy_process_group()
     # DDP as a new user runs it: no catalog, no environment (the built-in catalog)
     os.environ.pop("HCCC_ALGO_DIR", None)
@@ -159,7 +167,7 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
 
 
 def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps: int,
-        own_calls: int = 300) -> dict:
+        own_calls: int = 2000) -> dict:
     """Rank 0's measurements: ``overhead`` {bytes: (direct us, backend us)}, ``ddp`` {backend: ms},
     ``carried`` (allreduce calls hccc's kernels ran)."""
     ctx = mp.get_context("spawn")
@@ -187,7 +195,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--own-calls", type=int, default=300,
+    ap.add_argument("--own-calls", type=int, default=2000,
                     help="calls per round of the stubbed-launch measurement of each layer's own work")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -200,7 +208,7 @@ def main() -> None:
                                  {1, 2, 3})))
     print(f"allreduce calls carried by hccc's kernels: {res['carried']}")
     d, b = res["own"]
-    print(f"each layer's own work per call, the launch stubbed out ({sizes[0] >> 10} KiB, rank 0): "
+    print(f"each layer's own work per call, the launch stubbed out ({sizes[0] >> 10} KiB, rank 0 alone): "
           f"Communicator {d:.0f} us, through dist.all_reduce {b:.0f} us (the backend's own {b - d:.0f} us)")
     params = 32 * args.width + args.width + args.width * args.width + args.width + args.width * 8 + 8
     h, g = res["ddp"]["hccc"], res["ddp"]["gloo"]

@@ -26,6 +26,10 @@ semantics (its device kernel: ``execution_kernel.hpp``):
   the first threads), and two data operations on the same bytes with nothing between them race.
   MSCCL++'s own DSL inserts these ``nop``\\ s.
 
+* **the next call** (:func:`check_next_call`): on the happens-before of the run above, a write
+  into a peer's scratch must follow, through some rank's calls, every access of those bytes in
+  the call before (two calls before with a double scratch buffer).
+
 A pipeline's body counts once (both ends of a channel iterate over the same sizes), as in the
 import. Refusals are :class:`~hccc.util.diagnostics.CompileError` located at the operation.
 """
