@@ -129,3 +129,31 @@ def test_memory_channels_say_which_ranks_share_a_node():
     # one node's plan (memory channels everywhere) says nothing about nodes
     one = import_plan_text(plan_text(export_plan(ir)), "hm1.json")
     assert "gpus_per_node" not in one.stats
+
+
+@pytest.mark.slow
+def test_an_exported_two_node_plan_runs_across_two_emulated_nodes(tmp_path):
+    """hccc's own 2 x 2 hierarchical AllReduce written as an MSCCL++ plan (port channels between
+    the nodes, LL and Simple), read back and run by the Communicator with ranks 0-1 on one
+    emulated node and 2-3 on another (UCX over TCP), three calls in a row: 0 wrong elements."""
+    import shutil
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
+    from hccc.compiler.passes.build import build_program
+    from rank_pool import RankPool
+    from test_communicator import _require_torch, calls_for, check
+    from test_net import TCP, _have_ucx
+    if shutil.which("g++") is None or not _have_ucx():
+        pytest.skip("needs g++ and UCX")
+    _require_torch()
+    ir = build_program(gen.hm_allreduce(2, 2))
+    pool = RankPool(4, tmp_path)
+    try:
+        for proto in ("Simple", "LL"):
+            plan = export_plan(ir, nodes=node_map(4, 2) if proto == "Simple" else None, protocol=proto)
+            back = import_plan_text(plan_text(plan), "hm.json")
+            calls, want, _ = calls_for(back, back.nchunks * 4 * 5 + 16, seed=3)
+            replies = pool.run(back.to_json(), 4, [cs * 3 for cs in calls], nodes=["a", "a", "b", "b"], env=TCP)
+            check(replies, want, f"the {proto} plan on two nodes", 3)
+    finally:
+        pool.close()
