@@ -96,6 +96,24 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
     from hccc.cli import main
     assert main(["run", str(tmp_path / "allreduce_2nodes_1K_64K.json"), "--sizes", "56K", "-n", "1", "-w", "0"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
+    # and through the Communicator, one process a rank, ranks 0-7 on one emulated node and 8-15 on
+    # another (the plan's memory channels say nodes of 8), two calls in a row (minutes on 2 cores)
+    from test_net import TCP, _have_ucx
+    from test_communicator import _require_torch, calls_for, check
+    from rank_pool import RankPool
+    if not _have_ucx():
+        return
+    _require_torch()
+    ir = import_plan_text((tmp_path / "allreduce_2nodes_1K_64K.json").read_text(), "allreduce_2nodes_1K_64K.json")
+    assert ir.stats["gpus_per_node"] == 8
+    calls, want, _ = calls_for(ir, (56 << 10) // 4, seed=5)
+    calls = [[{k: v for k, v in c.items() if k != "out"} for c in cs] * 2 for cs in calls]     # in place
+    pool = RankPool(16, tmp_path)
+    try:
+        replies = pool.run(ir.to_json(), 16, calls, nodes=["a"] * 8 + ["b"] * 8, env=TCP, timeout=120)
+    finally:
+        pool.close()
+    check(replies, want, "allreduce_2nodes_1K_64K on two emulated nodes", 2)
 
 
 #: MSCCL++'s hierarchical LL plans (its ``default_algos``) at 2 nodes x 2 GPUs, as the DSL writes
