@@ -17,9 +17,9 @@ other ranks wait idle) with the communicator's launch (its kernel and its two ho
 stubbed out, so what is left is each layer's Python: the Communicator's call checks and plan,
 and on top of them the backend's (torch's wrapper, the route, the call's description and post,
 the work object). DDP: a 3-layer MLP (32 -> width -> width -> 8) trained ``--steps`` steps after
-3 warm-up steps on the group's ranks, mean step time on rank 0, first with backend "hccc" (no catalog given: the built-in one, as a new user runs it),
-then with "gloo" (process groups made one after the other in the same processes); then where an
-hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
+3 warm-up steps on the group's ranks, mean step time on rank 0, first with backend "hccc" (no
+catalog given: the built-in one, as a new user runs it), then with "gloo" (process groups made one
+after the other in the same processes); then where an hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
 same model's step without a process group, and the rest.
 """
 from __future__ import annotations
