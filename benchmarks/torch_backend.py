@@ -3,7 +3,7 @@
 DDP training step with "hccc" next to the same step with gloo, in one run.
 
     python benchmarks/torch_backend.py [--ranks 4] [--sizes 4K,64K,1M] [--iters 20] [--rounds 5]
-                                       [--width 256] [--steps 10]
+                                       [--width 256] [--steps 10] [--own-calls 2000]
 
 Every rank runs in its own process (``mp.spawn``-style, a torch ``FileStore``). Overhead: the
 catalog is ``examples/torch/catalog4`` (ring AllReduce); ``direct us`` is the mean wall time of
@@ -11,11 +11,15 @@ catalog is ``examples/torch/catalog4`` (ring AllReduce); ``direct us`` is the me
 mean of ``dist.all_reduce(t)`` on the same tensor (routing, queueing on the group's worker, the
 work object, the wait), on rank 0, in ``--rounds`` alternating blocks of ``--iters`` calls each
 (the median block of each is shown, and the median over the rounds of the ratio of a round's two
-blocks: the machine may be shared, and its load drifts). DDP: a 3-layer MLP (32 -> width ->
-width -> 8) trained ``--steps`` steps after 3 warm-up steps on the group's ranks, mean step time
-on rank 0, first with backend "hccc" (no catalog given: the built-in one, as a new user runs it),
-then with "gloo" (process groups made one after the other in the same processes); then where an
-hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
+blocks: the machine may be shared, and its load drifts). The backend's own work per call: the
+same two loops (``--own-calls`` calls each, 5 alternating rounds, medians) on rank 0 alone (the
+other ranks wait idle) with the communicator's launch (its kernel and its two host barriers)
+stubbed out, so what is left is each layer's Python: the Communicator's call checks and plan,
+and on top of them the backend's (torch's wrapper, the route, the call's description and post,
+the work object). DDP: a 3-layer MLP (32 -> width -> width -> 8) trained ``--steps`` steps after
+3 warm-up steps on the group's ranks, mean step time on rank 0, first with backend "hccc" (no
+catalog given: the built-in one, as a new user runs it), then with "gloo" (process groups made one
+after the other in the same processes); then where an hccc step's time goes: the group worker's time on calls (``hccc.torch.stats()["seconds"]``), the
 same model's step without a process group, and the rest.
 """
 from __future__ import annotations
@@ -84,8 +88,29 @@ def _calls_s(backend: str) -> float:
     return sum(sum(per.values()) for per in hccc.torch.stats()["seconds"].values())
 
 
+def _own_work(dist, comm, t, calls: int) -> tuple[float, float]:
+    """(direct us, backend us) per call with the communicator's launch stubbed out (medians of 5
+    alternating rounds of ``calls`` calls); made by rank 0 alone (its call numbers then run ahead
+    of the other ranks', so the group makes no further call)."""
+    direct, backend = [], []
+    comm._run = lambda *a, **k: None        # no kernel, no barrier: each layer's own work
+    try:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                comm.all_reduce(t)
+            direct.append((time.perf_counter() - t0) / calls * 1e6)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(t)
+            backend.append((time.perf_counter() - t0) / calls * 1e6)
+    finally:
+        del comm._run
+    return statistics.median(direct), statistics.median(backend)
+
+
 def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds: int, width: int,
-          steps: int, q) -> None:
+          steps: int, own_calls: int, q) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -122,6 +147,17 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
         out["overhead"][nbytes] = (statistics.median(direct), statistics.median(backend),
                                    statistics.median(b / d for d, b in zip(direct, backend)))
     out["carried"] = hccc.torch.stats()["hccc"].get("allreduce", 0)
+    t = torch.ones(sizes[0] // 4)
+    entry = pg.catalog.select("allreduce", world, sizes[0], "float32", "sum")[0]
+    comm = pg._communicator(entry, t.device, "float32", "sum")
+    dist.barrier()
+    # rank 0 alone (the others wait on the store, idle): no peer shares its cores meanwhile
+    store = dist.FileStore(f"{tmp}/own-work", world)
+    if rank == 0:
+        out["own"] = _own_work(dist, comm, t, own_calls)
+        store.set("done", "1")
+    else:
+        store.wait(["done"], datetime.timedelta(seconds=600))
     dist.destroy_process_group()
     # DDP as a new user runs it: no catalog, no environment (the built-in catalog)
     os.environ.pop("HCCC_ALGO_DIR", None)
@@ -130,13 +166,15 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
     q.put((rank, out))
 
 
-def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps: int) -> dict:
+def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps: int,
+        own_calls: int = 2000) -> dict:
     """Rank 0's measurements: ``overhead`` {bytes: (direct us, backend us)}, ``ddp`` {backend: ms},
     ``carried`` (allreduce calls hccc's kernels ran)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_rank, args=(r, world, tmp, sizes, iters, rounds, width, steps, q))
+        procs = [ctx.Process(target=_rank, args=(r, world, tmp, sizes, iters, rounds, width, steps,
+                                                 own_calls, q))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -157,9 +195,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--own-calls", type=int, default=2000,
+                    help="calls per round of the stubbed-launch measurement of each layer's own work")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    res = run(args.ranks, sizes, args.iters, args.rounds, args.width, args.steps)
+    res = run(args.ranks, sizes, args.iters, args.rounds, args.width, args.steps, args.own_calls)
     rows = [[f"{n >> 10} KiB", f"{d:.0f}", f"{b:.0f}", f"{r:.2f}x"]
             for n, (d, b, r) in sorted(res["overhead"].items())]
     print(f"dist.all_reduce through \"hccc\" vs the same Communicator called directly "
@@ -167,6 +207,9 @@ def main() -> None:
     print("\n".join(table_lines(["size", "direct us", "backend us", "ratio (median of rounds)"], rows,
                                  {1, 2, 3})))
     print(f"allreduce calls carried by hccc's kernels: {res['carried']}")
+    d, b = res["own"]
+    print(f"each layer's own work per call, the launch stubbed out ({sizes[0] >> 10} KiB, rank 0 alone): "
+          f"Communicator {d:.0f} us, through dist.all_reduce {b:.0f} us (the backend's own {b - d:.0f} us)")
     params = 32 * args.width + args.width + args.width * args.width + args.width + args.width * 8 + 8
     h, g = res["ddp"]["hccc"], res["ddp"]["gloo"]
     print(f"DDP step, MLP of {params} parameters, {args.ranks} ranks, built-in catalog: "

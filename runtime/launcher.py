@@ -219,6 +219,8 @@ class RunResult:
     slice_bytes: int = 0
     #: FIFO protocol the launch ran: "simple" or "ll" (:func:`launch_proto`)
     proto: str = "simple"
+    #: launches whose outputs were compared (nccl-tests' -c N; 0 when not checked)
+    checks: int = 0
 
     def __post_init__(self):
         if self.time_us and self.time_us > 0 and math.isfinite(self.time_us):
@@ -737,7 +739,8 @@ class Runner:
     def run(self, nbytes: int | None = None, *, count: int | None = None, inplace: bool = False,
             iters: int = 1, warmup: int = 0, seed: int = 0, timeout_s: float | None = None,
             nthreads: int | None = None, check: bool = True, inputs: list | None = None,
-            keep_outputs: bool = False, slice_bytes: int | str = "auto", proto: str = "simple") -> RunResult:
+            keep_outputs: bool = False, slice_bytes: int | str = "auto", proto: str = "simple",
+            checks: int = 1) -> RunResult:
         """Run at ``nbytes`` (the collective's full buffer, see the module docstring) or ``count``
         elements; returns a :class:`RunResult` (never raises for wrong results or stuck kernels).
         ``nthreads`` overrides the runner's threads per thread block for this run. ``inputs``
@@ -748,7 +751,9 @@ class Runner:
         int fixes it (a multiple of 16 of at most the compiled slot size). ``proto`` is the FIFO protocol:
         ``"simple"``, ``"ll"`` or ``"auto"`` (LL up to :data:`hccc.compiler.backend.abi.LL_AUTO_MAX_BYTES`);
         :func:`launch_proto` says when LL falls back, :attr:`RunResult.proto` what ran and
-        :attr:`proto_note` why."""
+        :attr:`proto_note` why. ``checks`` (nccl-tests' ``-c N``, with ``check``): the outputs of the
+        last timed launch are compared, then ``checks - 1`` more launches run, each from fresh
+        inputs and compared; :attr:`RunResult.wrong` sums the wrong elements of all ``checks``."""
         if self._closed:
             raise PlatformError("runner is closed")
         if self._broken:
@@ -767,8 +772,8 @@ class Runner:
             raise ValueError("count must be non-negative")
         if SPECS[self.ir.collective].blockwise:
             count = reference.alltoall_count(count, reference.alltoall_unit(self.ir))  # equal blocks
-        if iters < 1 or warmup < 0:
-            raise ValueError("iters must be >= 1 and warmup >= 0")
+        if iters < 1 or warmup < 0 or checks < 1:
+            raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         # the call's protocol, slice and message bound: the one recipe (hccc.runtime.rank_memory)
         call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
@@ -849,8 +854,9 @@ class Runner:
             else:
                 self._set_peers(argv, bufs)
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
-            times, stuck = [], None
-            for it in range(warmup + iters):
+
+            def launch():
+                """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
                 # every launch of an LL run gets the next flag epoch (its arguments change with it)
                 epoch, zero = call.launch(self.ll_epochs)
                 for a in argv:
@@ -865,8 +871,21 @@ class Runner:
                 self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=zero)
                 timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)
-                if stuck is None:
-                    stuck = self._error_message()
+                return timers, stuck if stuck is not None else self._error_message()
+
+            def outputs():
+                got = []
+                for r in range(N):
+                    pf = self.rank_pf[r]
+                    pf.set_device(self.placement[r])
+                    host = np.empty(lay[r][1], dtype=ddt)
+                    pf.memcpy_dtoh(host, bufs[r][1])
+                    got.append(_from_device(host, self.dtype))
+                return got
+
+            times, stuck = [], None
+            for it in range(warmup + iters):
+                timers, stuck = launch()
                 if stuck is not None:
                     break
                 if it >= warmup:
@@ -874,17 +893,21 @@ class Runner:
                     # together); the run takes as long as its slowest platform's part
                     times.append(max(t.elapsed_us() for t in timers))
 
-            wrong, first, coll_wrong, outs, oracle = 0, None, 0, None, None
+            wrong, first, coll_wrong, outs, oracle, checked = 0, None, 0, None, None, 0
             if stuck is None and (check or keep_outputs):
-                outs = []
-                for r in range(N):
-                    pf = self.rank_pf[r]
-                    pf.set_device(self.placement[r])
-                    host = np.empty(lay[r][1], dtype=ddt)
-                    pf.memcpy_dtoh(host, bufs[r][1])
-                    outs.append(_from_device(host, self.dtype))
+                outs = outputs()
                 if check:
                     wrong, first, coll_wrong, oracle = self._compare(outs, inputs, inplace)
+                    checked = 1
+                    # nccl-tests' -c N: N checked launches (the first is the last timed one)
+                    for _ in range(checks - 1):
+                        _, stuck = launch()
+                        if stuck is not None:
+                            break
+                        w, f, _, _ = self._compare(outputs(), inputs, inplace)
+                        wrong += w
+                        checked += 1
+                        first = first if first is not None else f
         except BaseException:
             # Ctrl-C (or any error) while kernels may still run: they stop before the buffers
             # they use are freed below
@@ -902,7 +925,7 @@ class Runner:
                          first_wrong=first, collective=coll, nranks=N, iters=len(times),
                          collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
                          outputs=outs if keep_outputs else None, oracle=oracle, slice_bytes=slice_b,
-                         proto=proto_run)
+                         proto=proto_run, checks=checked)
 
     # ------------------------------------------------------------------ AllToAllv
     def vblocks(self, inplace: bool = False):

@@ -178,6 +178,7 @@ class _Rank:
         self.barriers: dict[int, int] = {}
         self.run = 0
         self.left = 0
+        self.live: list = []      # this run's thread blocks
 
 
 class _Tb:
@@ -201,10 +202,13 @@ def _pipeline_steps(rk: _Rank, op):
 
 
 def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int = 0, runs: int = 1,
-             check_sync: bool = True) -> list[np.ndarray]:
+             check_sync: bool = True, eager: int | None = None) -> list[np.ndarray]:
     """Run ``plan`` ``runs`` times on float64 ``inputs`` (one array per rank); returns the outputs
     (of the last run; every run computes the same). Raises :class:`InterpError` on a deadlock, a
-    load-time check, a missing ``nop`` or an unsupported operation."""
+    load-time check, a missing ``nop``, an unsupported operation, or a write into a peer's scratch
+    by a later run while an operation of the peer's earlier run that touches those bytes has not
+    run yet (a race between calls). ``eager``: a rank that moves as far as it can before the
+    others take each of their random steps (a schedule that lets it run calls ahead)."""
     R = len(plan["gpus"])
     in_bytes = len(inputs[0]) * ELEM
     out_bytes = out_elems * ELEM
@@ -238,13 +242,31 @@ def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int 
                 steps.extend(_pipeline_steps(rk, op) if op["name"] == "pipeline" else [(op, 0, None)])
             t.steps = steps
         rk.left = len(tbs)
+        rk.live = tbs
         live.extend(tbs)
         if not tbs and rk.run < runs:
             launch(r)
 
     for r in range(R):
         launch(r)
+    def finish(k, t):
+        live[k] = None
+        rk = ranks[t.rank]
+        rk.left -= 1
+        if rk.left == 0 and rk.run < runs:
+            launch(t.rank)
+
     while live:
+        while eager is not None:
+            ahead = False
+            for k, t in enumerate(list(live)):
+                if t is not None and t.rank == eager and (t.pc == len(t.steps) or _step(ranks, t, plan, check_sync)):
+                    ahead = True
+                    if t.pc == len(t.steps):
+                        finish(k, t)
+            live[:] = [t for t in live if t is not None]
+            if not ahead:
+                break
         order = list(range(len(live)))
         rng.shuffle(order)
         moved = False
@@ -255,11 +277,7 @@ def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int 
             if t.pc == len(t.steps) or _step(ranks, t, plan, check_sync):
                 moved = True
                 if t.pc == len(t.steps):
-                    live[k] = None
-                    rk = ranks[t.rank]
-                    rk.left -= 1
-                    if rk.left == 0 and rk.run < runs:
-                        launch(t.rank)
+                    finish(k, t)
         live[:] = [t for t in live if t is not None]
         if live and not moved:
             stuck = "; ".join(f"rank {t.rank} tb {t.tb['id']} at op {t.pc} ({t.steps[t.pc][0]['name']})"
@@ -409,6 +427,10 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
             rk.sems[s] += 1
         return _done(t, name, [], [], check_sync)
     src, dst = refs("src_buff"), refs("dst_buff")
+    for o, letter, lo, n, remote in dst:
+        if remote and letter == "s":
+            _no_overtaking(ranks, r, o, lo, n, half, name)
+    packed = None              # (plain region, start of the packets) a local packing wrote
     reads = [(o, l, lo, n) for o, l, lo, n, _ in src]
     writes = [(o, l, lo, n) for o, l, lo, n, _ in dst]
     if name in ("put", "pws", "pwsf"):
@@ -462,10 +484,20 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         val[a:b] = _view(ranks, o, l, lo, n, half)
         fl[a:b] = flag
         writes = []
+        packed = ((o, l, lo, n), lo2)
     elif name == "upkt":
         o, l, lo, n, _ = dst[0]
         _view(ranks, o, l, lo, n, half)[:] = packet_reads[0]
         reads = []
+        # unpacking, into the very bytes they were packed from, packets the operation just before
+        # packed: each packet is written after its bytes were, and read before they are written
+        # again, so every thread's store puts the same value there (a benign overlap)
+        got = t.prev[5] if t.prev is not None else None
+        if got is not None:
+            (po, pl, plo, pn), kpk = got
+            s_lo = src[0][2]
+            if (po, pl) == (o, l) and kpk <= s_lo and s_lo + n <= kpk + pn and lo - plo == s_lo - kpk:
+                writes = []
     elif name == "rppkt":
         for (o, l, lo, n, _) in dst:
             val, fl, a, b = pk(o, lo, n)
@@ -485,6 +517,7 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
             val, fl, a, b = pk(r, lo, n)
             val[a:b], fl[a:b] = acc, flag
             rest = dst[2:]
+            packed = (writes[0], lo)
         if name in ("respkt", "recspkt"):
             for (o, l, lo, _, _) in rest:
                 val, fl, a, b = pk(o, lo, n)
@@ -492,7 +525,35 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         reads, writes = reads[:1], writes[:1]
     else:
         raise InterpError(f"operation {name} is not modelled")
-    return _done(t, name, reads, writes, check_sync)
+    return _done(t, name, reads, writes, check_sync, packed)
+
+
+def _touches(rk: _Rank, t: _Tb, step) -> list:
+    """The (rank, letter, lo, n) regions one step of a thread block names."""
+    op, offset, unit = step
+    ctype = op.get("channel_type", "memory")
+    out = []
+    for side in ("src_buff", "dst_buff"):
+        for ref in op.get(side, []):
+            owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
+            lo, n = _tbg(op, lo, n, rk.sz.align)
+            out.append((t.rank if owner is None else owner, letter, lo, n))
+    return out
+
+
+def _no_overtaking(ranks, r, o, lo, n, half, name):
+    """A write by rank r into rank o's scratch half ``half``: refused while an operation of an
+    earlier run of rank o that touches those bytes (of that half) is still to run."""
+    peer = ranks[o]
+    if peer.run >= ranks[r].run or (peer.halves == 2 and (peer.run & 1) != half):
+        return
+    for t in peer.live:
+        for step in t.steps[t.pc:]:
+            for owner, letter, lo2, n2 in _touches(peer, t, step):
+                if owner == o and letter == "s" and lo2 < lo + n and lo < lo2 + n2:
+                    raise InterpError(f"race between calls: rank {r}'s {name} of call {ranks[r].run} writes rank "
+                                      f"{o}'s scratch [{lo}, {lo + n}) while rank {o}'s call {peer.run} has still "
+                                      f"to run {step[0]['name']} on those bytes")
 
 
 def _signal(ranks, r, t, c):
@@ -500,8 +561,21 @@ def _signal(ranks, r, t, c):
     ranks[p].inbound[t][ranks[r].partner[(t, c)]] += 1
 
 
-def _overlap(a, b):
-    return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3] for x in a for y in b)
+#: packet operations whose thread t moves payload t, t + blockDim, ... of each of its buffers,
+#: counted from the buffer's start (the kernel's upkt, repkt, respkt, recpkt, recspkt loops and
+#: copyToPackets under cpkt and a memory-channel ppkt)
+PER_PAYLOAD = {"upkt", "repkt", "respkt", "recpkt", "recspkt", "cpkt", "ppkt"}
+
+
+def _overlap(a, b, same_thread=False):
+    """Regions of a and b sharing bytes; with same_thread, not those that start at the same byte
+    (one thread moves those bytes in both per-payload operations)."""
+    return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3]
+               and not (same_thread and x[2] == y[2]) for x in a for y in b)
+
+
+def _per_payload(op) -> bool:
+    return op["name"] in PER_PAYLOAD and not (op["name"] == "ppkt" and op.get("channel_type") == "port")
 
 
 def _kind(op) -> str:
@@ -517,19 +591,21 @@ def _kind(op) -> str:
     return "data"
 
 
-def _done(t: _Tb, name, reads, writes, check_sync) -> bool:
+def _done(t: _Tb, name, reads, writes, check_sync, packed=None) -> bool:
     op = t.steps[t.pc][0]
     kind = _kind(op)
     if check_sync and t.prev is not None:
-        pkind, preads, pwrites, pname = t.prev
+        pkind, preads, pwrites, pname, pper, _ = t.prev
+        same = pper and _per_payload(op)
         where = f"rank {t.rank} thread block {t.tb['id']} operation {t.pc} ({name} after {pname})"
         if pkind == "acquire" and kind == "data":
             raise InterpError(f"{where}: no nop between a wait of the first threads and the data operation after it")
         if pkind == "data" and kind == "release":
             raise InterpError(f"{where}: no nop between a data operation and the signal after it")
-        if pkind == "data" and kind == "data" and (_overlap(pwrites, reads + writes) or _overlap(preads, writes)):
+        if pkind == "data" and kind == "data" and (_overlap(pwrites, reads + writes, same)
+                                                  or _overlap(preads, writes, same)):
             raise InterpError(f"{where}: no nop between data operations on the same bytes")
-    t.prev = None if kind == "sync" else (kind, reads, writes, name)
+    t.prev = None if kind == "sync" else (kind, reads, writes, name, _per_payload(op), packed)
     t.pc += 1
     return True
 
@@ -552,10 +628,10 @@ def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarr
     raise InterpError(f"no oracle for {coll}")
 
 
-def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2) -> None:
+def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None) -> None:
     """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
     every rank's output with the collective's; raises :class:`InterpError` naming the first
-    wrong element."""
+    wrong element. ``eager``: see :func:`run_plan`."""
     R = len(plan["gpus"])
     g = plan["gpus"][0]
     align = plan.get("buffer_alignment", 16)
@@ -565,7 +641,7 @@ def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2) -> No
     out_bytes = in_bytes * g["output_chunks"] // g["input_chunks"]
     rng = np.random.default_rng(seed)
     inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
-    outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs)
+    outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager)
     want = oracle(plan["collective"], inputs, out_bytes // ELEM)
     for r in range(R):
         bad = np.flatnonzero(~(outs[r] == want[r]))

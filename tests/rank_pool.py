@@ -79,8 +79,9 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, 
                 outs.append(np.array(getattr(comm, method)(block, out, **kwargs), copy=True))
                 _note(comm, protos, epochs, slices)
                 continue
-            if call.get("output_in_input") is not None:   # in place: out is x[at : at + out]
-                at = call["output_in_input"]
+            oii = call.get("output_in_input")
+            if oii is not None:   # in place: out is x[at : at + out] (True: this rank's block of x)
+                at = job["rank"] * out_len if oii is True else oii
                 outs.append(np.array(getattr(comm, method)(x, x[at:at + out_len], **kwargs), copy=True))
                 _note(comm, protos, epochs, slices)
                 continue

@@ -182,3 +182,36 @@ def test_launch_mode_is_chosen_and_reported(tmp_path, capsys):
     assert rc == 0 and "a kernel per rank" in out
     rc, out, _ = run_cli(capsys, "run", algo, "--bytes", "3000", "--iters", "1")
     assert rc == 0 and "one grid for every rank" in out
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 4])
+def test_check_count_is_nccl_tests_check_iterations(tmp_path, capsys, monkeypatch, n):
+    """nccl-tests' -c N: N checked launches per size and placement (the last timed launch, then
+    N-1 more from fresh inputs), their wrong elements summed; -c 0 checks nothing. Counted at the
+    runner: every launch and every comparison (each comparison here reports 2 wrong elements)."""
+    from hccc.runtime.launcher import Runner
+    ir = build_program(gen.ring_allgather(3), chunk_bytes=256)
+    f = tmp_path / "ag.json"
+    f.write_text(ir.to_json())
+    launches, compares = [], []
+    real_launch = Runner._launch_all
+
+    def count_launch(self, *a, **k):
+        launches.append(1)
+        return real_launch(self, *a, **k)
+
+    def fake_compare(self, outs, inputs, inplace):
+        compares.append(len(launches))
+        return 2, "rank 0, output element 0: got 1.0, expected 2.0", 0, "reference"
+    monkeypatch.setattr(Runner, "_launch_all", count_launch)
+    monkeypatch.setattr(Runner, "_compare", fake_compare)
+    rc, out, _ = run_cli(capsys, "run", f, "--sizes", "3K", "-n", "2", "-w", "1", "-c", n,
+                         "--out-of-place-only", "--json")
+    res = json.loads(out)["results"][0]
+    assert len(launches) == 1 + 2 + max(n - 1, 0)               # warmup, timed, then the extra checks
+    assert compares == list(range(3, 3 + n))                    # after the last timed launch, then after each
+    assert res["checks"] == n and res["wrong"] == 2 * n and res["iters"] == 2
+    assert rc == (0 if n == 0 else 1)                           # -c 0: results do not fail the run
+    rc, out, _ = run_cli(capsys, "run", f, "--sizes", "3K", "-n", "1", "-w", "0", "-c", n, "--out-of-place-only")
+    assert f"validation: {n}" in out
+    assert table(out)[0][-1] == ("N/A" if n == 0 else str(2 * n))

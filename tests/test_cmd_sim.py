@@ -293,6 +293,7 @@ def test_the_kept_allocation_is_not_simulated_twice(capsys, tmp_path, monkeypatc
     p = argparse.ArgumentParser()
     cmd.configure(p)
     args = p.parse_args([src, "--topology", topo, "--sizes", "1M,64M", *extra])
+    (args.dtype,), (args.op,) = args.dtype, args.op          # one table's (hccc sim runs one per pair)
     cluster = read_cluster(topo)
     ir, execution, _ = cmd._load(args, src, "hpds", cluster, [1 << 20, 64 << 20])
     prog = prepare(ir, cluster.topology, args.block_bw or None)

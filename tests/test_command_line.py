@@ -508,13 +508,13 @@ def test_nccl_tests_type_and_operator_names(capsys):
     assert ns.dtype == ["float32", "float16"] and ns.op == ["max", "sum"]
     ns, _ = _parse(capsys, "fuzz", RING, "-d", "half", "-o", "all")
     assert ns.dtypes == ["float16"] and ns.ops == list(OPS)
-    ns, err = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "all")
-    assert ns == 2 and "one element type at a time" in err
+    ns, _ = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "all", "-o", "all")
+    assert ns.dtype == list(DTYPES) and ns.op == list(OPS)
     ns, _ = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "half", "-o", "Min", "-n", "20", "-w", "5")
-    assert ns.dtype == "float16" and ns.op == "min"
+    assert ns.dtype == ["float16"] and ns.op == ["min"]
     for op in NCCL_OPS:
         ns, err = _parse(capsys, "sim", RING, "-t", TOPO, "-o", op)
-        assert (ns.op == op) if op in OPS else (ns == 2 and f"no '{op}' reduction" in err)
+        assert (ns.op == [op]) if op in OPS else (ns == 2 and f"no '{op}' reduction" in err)
     ns, _ = _parse(capsys, "run", RING, "-c", "0", "-a", "3", "-g", "8", "-n", "20", "-w", "5")
     assert (ns.check, ns.average, ns.ngpus, ns.iters, ns.warmup) == (0, 3, 8, 20, 5)
 
@@ -530,6 +530,24 @@ def test_run_takes_nccl_tests_flags(capsys):
     assert [r[2] for r in rows] == ["float32", "int32"]          # a table per type
     assert all(r[-1] == "N/A" for r in rows)                      # -c 0: nothing is reported checked
     assert out.count("validation: 0") == 2
+
+
+def test_sim_takes_nccl_tests_flags(capsys, tmp_path):
+    """hccc sim with nccl-tests' -c, -a, -g, -n, -w and -d/-o lists: accepted with what they mean
+    for a model (a table per element type and operator; -g must be the ranks)."""
+    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-c", "5", "-a", "3", "-g", "8", "-n",
+                       "20", "-w", "5", "-d", "float,half", "-o", "sum,MAX")
+    assert rc == 0, err
+    rows = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert [(r[1], r[2], r[3]) for r in rows] == [("262144", "float32", "sum"), ("262144", "float32", "max"),
+                                                   ("524288", "float16", "sum"), ("524288", "float16", "max")]
+    assert len({r[5] for r in rows}) == 1                    # the model's time does not depend on them
+    rc, _, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-g", "4")
+    assert rc == 2 and ("hccc sim: error: -g 4: ring_allreduce_8 runs on 8 ranks (its nRanks): -g must be "
+                        "that or left out") in err.splitlines()
+    rc, _, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-d", "all", "--plot-busbw",
+                     str(tmp_path / "b.png"))
+    assert rc == 2 and "give one -d and one -o" in err and not (tmp_path / "b.png").exists()
 
 
 def test_old_spellings_warn_and_still_work(capsys):

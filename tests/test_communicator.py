@@ -368,6 +368,21 @@ def test_calls_keep_to_the_placements_the_program_is_proven_for(pool):
         assert not rep["ok"] and "proven in place only" in rep["error"]
 
 
+def test_in_place_only_gathers_and_scatters_take_their_in_place_layout(pool):
+    """A program proven in place only (an MSCCL++ plan with 'inplace': true) is called in place
+    with all_gather's input at its block of the output and reduce_scatter's output at its block of
+    the input (they were refused as out-of-place calls)."""
+    for make, how in ((gen.ring_allgather, "input_in_output"), (gen.ring_reducescatter, "output_in_input")):
+        ir = build_program(make(3), chunk_bytes=64)
+        ir.stats.update(msccl_inplace=True, msccl_outofplace=False)
+        assert ir.placements == (True,)
+        calls, want, _ = calls_for(ir, 3 * 40, seed=2)
+        check(pool.run(ir.to_json(), 3, [[dict(c, **{how: True}) for c in cs] for cs in calls]), want,
+              f"in-place-only {ir.collective} in its in-place layout")
+        for rep in pool.run(ir.to_json(), 3, calls):                  # separate buffers: refused
+            assert not rep["ok"] and "proven in place only" in rep["error"]
+
+
 def test_a_call_leaves_no_thread_of_its_own(tmp_path, monkeypatch):
     """The thread that waits for the kernel has ended when a call returns, even when it is slow
     to finish after reporting (as on a loaded machine): the leak checks of the failure tests count

@@ -167,15 +167,19 @@ def plan_pipelined_allreduce():
     return _plan("allreduce", gpus)
 
 
-def plan_semaphore_reducescatter():
+def plan_semaphore_reducescatter(ready=True):
     """2 ranks: block 0 receives the peer's part into scratch, block 1 reduces once a device
-    semaphore says block 0 has it."""
+    semaphore says block 0 has it. Block 0 first tells the peer its scratch is free (a call starts
+    once the rank's previous call, its reduction included, has finished) and waits for the peer's
+    word before its put; without that (``ready=False``) a rank's next call may put into the
+    peer's scratch while the peer still reduces this call's data."""
     gpus = []
     for r in range(2):
         p = 1 - r
-        tb0 = {"id": 0, "ops": [{"name": "put", "src_buff": [_b("i", p)], "dst_buff": [_rb(0, 0)],
-                                 "channel_type": "memory", "channel_ids": [0]}, NOP, _sig("signal", [0]),
-                                _sig("wait", [0]), {"name": "sem_release", "semaphore_ids": [0]}],
+        first = [_sig("signal", [0]), _sig("wait", [0]), NOP] if ready else []
+        tb0 = {"id": 0, "ops": first + [{"name": "put", "src_buff": [_b("i", p)], "dst_buff": [_rb(0, 0)],
+                                         "channel_type": "memory", "channel_ids": [0]}, NOP, _sig("signal", [0]),
+                                        _sig("wait", [0]), {"name": "sem_release", "semaphore_ids": [0]}],
                "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}
         tb1 = {"id": 1, "ops": [{"name": "sem_acquire", "semaphore_ids": [0]}, NOP,
                                 {"name": "re", "src_buff": [_b("i", r), _b("s", 0)], "dst_buff": [_b("o", 0)]}]}

@@ -96,3 +96,89 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
     from hccc.cli import main
     assert main(["run", str(tmp_path / "allreduce_2nodes_1K_64K.json"), "--sizes", "56K", "-n", "1", "-w", "0"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
+    # and through the Communicator, one process a rank, ranks 0-7 on one emulated node and 8-15 on
+    # another (the plan's memory channels say nodes of 8), two calls in a row (minutes on 2 cores)
+    from test_net import TCP, _have_ucx
+    from test_communicator import _require_torch, calls_for, check
+    from rank_pool import RankPool
+    if not _have_ucx():
+        return
+    _require_torch()
+    ir = import_plan_text((tmp_path / "allreduce_2nodes_1K_64K.json").read_text(), "allreduce_2nodes_1K_64K.json")
+    assert ir.stats["gpus_per_node"] == 8
+    calls, want, _ = calls_for(ir, (56 << 10) // 4, seed=5)
+    calls = [[{k: v for k, v in c.items() if k != "out"} for c in cs] * 2 for cs in calls]     # in place
+    pool = RankPool(16, tmp_path)
+    try:
+        replies = pool.run(ir.to_json(), 16, calls, nodes=["a"] * 8 + ["b"] * 8, env=TCP, timeout=120)
+    finally:
+        pool.close()
+    check(replies, want, "allreduce_2nodes_1K_64K on two emulated nodes", 2)
+
+
+#: MSCCL++'s hierarchical LL plans (its ``default_algos``) at 2 nodes x 2 GPUs, as the DSL writes
+#: them with reuse_resources: (file, builder, collective, in place, extra arguments)
+TWO_NODE = [("allreduce_tbg1", "allreduce_multi_nodes", "AllReduce", True, {"thread_block_group_size": 1}),
+            ("allreduce_tbg2", "allreduce_multi_nodes", "AllReduce", True, {"thread_block_group_size": 2}),
+            ("reducescatter_tbg1", "reducescatter_multi_nodes", "ReduceScatter", True, {"thread_block_group_size": 1}),
+            ("reducescatter_tbg2", "reducescatter_multi_nodes", "ReduceScatter", True, {"thread_block_group_size": 2}),
+            ("allgather_in", "allgather_multi_nodes", "AllGather", True, {}),
+            ("allgather_out", "allgather_multi_nodes", "AllGather", False, {})]
+
+_GEN_TWO_NODE = """
+import json, sys, types
+dsl, out, jobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+pkg = types.ModuleType("mscclpp")          # the language alone: not the package's compiled core
+pkg.__path__ = [dsl + "/mscclpp"]
+sys.modules["mscclpp"] = pkg
+import mscclpp.default_algos as algos
+import mscclpp.language.collectives as colls
+from mscclpp.language.utils import AlgoSpec
+for name, fn, coll, inplace, kw in jobs:
+    spec = AlgoSpec(name=name, collective=getattr(colls, coll)(4, 1, inplace), nranks_per_node=2, world_size=4,
+                    in_place=inplace, instances=1, protocol="LL", auto_sync=False, num_threads_per_block=1024,
+                    reuse_resources=True, use_double_scratch_buffer=True, min_message_size=0,
+                    max_message_size=1 << 30, tags={})
+    open(out + "/" + name + ".json", "w").write(getattr(algos, fn)(spec, **kw).to_json())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DSL, reason="set HCCC_MSCCLPP_DSL to MSCCL++'s python/ directory")
+def test_two_node_plans_run_across_two_emulated_nodes(tmp_path):
+    """MSCCL++'s two-node AllReduce, ReduceScatter and AllGather (LL, reuse_resources,
+    thread-block groups), 2 nodes x 2 ranks: proven, right in the interpreter (a rank running
+    ahead included), and run by hccc's kernels through the Communicator with ranks 0-1 on one
+    emulated node and 2-3 on another (every cross-node step over the network transport, UCX over
+    TCP), three calls in a row, in place or out of place as each plan declares: 0 wrong elements."""
+    import subprocess
+    import sys
+    from test_net import TCP, _have_ucx
+    from test_communicator import _require_torch, calls_for, check
+    from rank_pool import RankPool
+    if not _have_ucx():
+        pytest.skip("UCX (libucx-dev) not installed")
+    _require_torch()
+    subprocess.run([sys.executable, "-c", _GEN_TWO_NODE, DSL, str(tmp_path), json.dumps(TWO_NODE)],
+                   check=True, timeout=600)
+    pool = RankPool(4, tmp_path)
+    try:
+        for name, _, coll, inplace, _ in TWO_NODE:
+            text = (tmp_path / f"{name}.json").read_text()
+            plan = json.loads(text)
+            ir = import_plan_text(text, f"{name}.json")
+            assert ir.stats["gpus_per_node"] == 2 and ir.placements == (inplace,)
+            for ahead in (0, 3):
+                check_plan(plan, 12, seed=ahead, runs=1 if inplace else 3, eager=ahead)
+            count = ir.nchunks * 4 * 3
+            calls, want, count = calls_for(ir, count, seed=7)
+            if inplace:
+                how = {"allreduce": lambda c: {k: v for k, v in c.items() if k != "out"},
+                       "allgather": lambda c: dict(c, input_in_output=True),
+                       "reducescatter": lambda c: dict(c, output_in_input=True)}[ir.collective]
+                calls = [[how(c) for c in cs] for cs in calls]
+            calls = [cs * 3 for cs in calls]
+            replies = pool.run(ir.to_json(), 4, calls, nodes=["a", "a", "b", "b"], env=TCP)
+            check(replies, want, f"{name} on two nodes", 3)
+    finally:
+        pool.close()

@@ -313,3 +313,26 @@ def scatter_job(rank: int, world: int, url: str, backend: str):
     except Exception as exc:
         bad = f"{type(exc).__name__}: {exc}"
     return {"got": got, "strided": strided, "bad": bad, "stats": stats}
+
+
+def topology_job(rank: int, world: int, url: str):
+    """No catalog, a topology (``HCCC_TOPOLOGY``, set by the caller): 1 MiB calls, where the
+    programs synthesized for the topology are the fastest the simulator finds; each result against
+    its definition; returns the checks and the stats."""
+    import torch
+    import torch.distributed as dist
+
+    import hccc.torch
+    init("hccc", rank, world, url, timeout_s=120.0)
+    n = (1 << 20) // 4
+
+    def inp(r, k=n):
+        return (torch.arange(k) % 29 + 3 * r).to(torch.float32)
+    checks = {}
+    t = inp(rank)
+    dist.all_reduce(t)
+    checks["allreduce"] = torch.equal(t, sum(inp(r) for r in range(world)))
+    o = torch.empty(n)
+    dist.all_gather_into_tensor(o, inp(rank, n // world))
+    checks["allgather"] = torch.equal(o, torch.cat([inp(r, n // world) for r in range(world)]))
+    return {"checks": checks, "stats": hccc.torch.stats()}

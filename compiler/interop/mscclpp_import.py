@@ -41,7 +41,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
-from hccc.compiler.interop.mscclpp_sync import check_counts, check_races
+from hccc.compiler.interop.mscclpp_sync import check_counts, check_next_call, check_races
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
@@ -248,7 +248,7 @@ class _Importer:
         if not ok or ic < 1 or oc < 1:
             raise rd.err(("gpus", 0, "input_chunks"), f"{coll} on {R} ranks with {ic} input and {oc} output "
                                                       f"chunks: the chunk counts do not fit the collective")
-        self.coll, self.proto, self.inplace = coll, proto, inplace
+        self.coll, self.proto, self.inplace, self.double = coll, proto, inplace, double
         self.served = self._served_sizes(plan, reuse, double, ic, oc, max(g["scratch_chunks"] for g in gpus))
         self.ic, self.oc, self.C = ic, oc, C
         self.scratch = [g["scratch_chunks"] for g in gpus]
@@ -360,6 +360,33 @@ class _Importer:
             for m, c in enumerate(mine[:len(theirs)]):
                 self.pair[(r, t, c)] = (theirs[m], m)
 
+    def _node_size(self) -> int:
+        """The ranks per node the plan's channels imply, 0 where they imply none. A memory channel
+        maps the peer's memory, so its two ends share a node; a port channel may cross nodes. When
+        the ranks joined by memory channels fall into two or more groups of one size G >= 2, rank r
+        in group r // G, the plan is for nodes of G ranks (the runtime's placement check then
+        reports a job that splits a group over nodes)."""
+        parent = list(range(self.R))
+
+        def find(a):
+            while parent[a] != a:
+                parent[a] = parent[parent[a]]
+                a = parent[a]
+            return a
+        for r in range(self.R):
+            for p in self.chans[r]["memory"]:
+                parent[find(r)] = find(p)
+        groups: dict[int, list[int]] = defaultdict(list)
+        for r in range(self.R):
+            groups[find(r)].append(r)
+        sizes = {len(m) for m in groups.values()}
+        if len(groups) < 2 or len(sizes) != 1:
+            return 0
+        g = sizes.pop()
+        if g < 2 or any(m != list(range(m[0], m[0] + g)) or m[0] % g for m in groups.values()):
+            return 0
+        return g
+
     # -- pass 1: operations in order, signals and waits counted per channel
     def _scan(self, gpus):
         rd = self.rd
@@ -440,7 +467,9 @@ class _Importer:
                                     f"run at the same time: the order of its signals is not fixed")
         # the executor's synchronisation: no block races inside, every wait satisfied, no deadlock
         check_races(self.tbs, self._ref, rd.err)
-        check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err)
+        order: list = []
+        check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err, order)
+        check_next_call(self.tbs, order, self._ref, lambda b: b == Buf.SCRATCH, self.double, rd.err)
 
     # -- pass 2: primitives
     def _ref(self, op, ref, path, r):
@@ -892,8 +921,20 @@ class _Importer:
             for j in range(first_pk, last):
                 q = self._ref(op, srcs[j], p + ("src_buff", j), r)
                 lst, los = packet_writes.get(r, []), self.pk_los.get(r, [])
-                pieces = [w for w in lst[bisect_left(los, q[2]):bisect_left(los, q[2] + q[3])]
-                          if w[0] + w[1] <= q[2] + q[3]]
+                end = q[2] + q[3]
+                pieces = []
+                # the writes are disjoint and sorted: only the one before the first that starts
+                # inside the read may reach into it
+                for lo, n, s in lst[max(bisect_left(los, q[2]) - 1, 0):bisect_left(los, end)]:
+                    if lo + n <= q[2]:
+                        continue
+                    if lo >= q[2] and lo + n <= end:
+                        pieces.append((lo, n, s))
+                    elif s.get("local"):
+                        # part of packets this rank wrote itself (a thread-block group's share of
+                        # them): each packet's own flag makes the read wait for it
+                        a, b = max(lo, q[2]), min(lo + n, end)
+                        pieces.append((a, b - a, s))
                 cover = q[2]
                 for lo, n, s in pieces:
                     if lo != cover:
@@ -987,6 +1028,9 @@ class _Importer:
                               "tbs_state_based": int(ntbs.sum())})
         if self.served[2]:
             ir.stats["note"] = self.served[2]
+        g = self._node_size()
+        if g:
+            ir.stats["gpus_per_node"] = g
         ir.sort_canonical()
         self.order_where = None
         from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure

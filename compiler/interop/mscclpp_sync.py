@@ -26,12 +26,16 @@ semantics (its device kernel: ``execution_kernel.hpp``):
   the first threads), and two data operations on the same bytes with nothing between them race.
   MSCCL++'s own DSL inserts these ``nop``\\ s.
 
+* **the next call** (:func:`check_next_call`): on the happens-before of the run above, a write
+  into a peer's scratch must follow, through some rank's calls, every access of those bytes in
+  the call before (two calls before with a double scratch buffer).
+
 A pipeline's body counts once (both ends of a channel iterate over the same sizes), as in the
 import. Refusals are :class:`~hccc.util.diagnostics.CompileError` located at the operation.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict, deque
 
 #: run by the first threads only; a later data operation must not start before they finished
@@ -78,8 +82,44 @@ def _data_access(name, op, p, r, region):
     return src, dst
 
 
-def _overlap(a, b) -> bool:
-    return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3] for x in a for y in b)
+#: packet operations whose thread ``t`` moves payload ``t``, ``t + blockDim``, ... of every buffer
+#: it names, counted from each buffer's start (the executor's ``upkt``, ``repkt``, ``respkt``,
+#: ``recpkt``, ``recspkt`` loops, and ``copyToPackets`` under ``cpkt`` and a memory ``ppkt``)
+PER_PAYLOAD = {"upkt", "repkt", "respkt", "recpkt", "recspkt", "cpkt", "ppkt"}
+
+
+def _per_payload(name, op) -> bool:
+    return name in PER_PAYLOAD and not _is_port_ppkt(name, op)
+
+
+def _overlap(a, b, same_thread: bool = False) -> bool:
+    """Whether a region of ``a`` and one of ``b`` share bytes; with ``same_thread`` (two
+    per-payload packet operations in a row) regions that start at the same byte are moved by the
+    same thread in both operations, so only overlaps that start apart count."""
+    return any(x[0] == y[0] and x[1] == y[1] and x[2] < y[2] + y[3] and y[2] < x[2] + x[3]
+               and not (same_thread and x[2] == y[2]) for x in a for y in b)
+
+
+def _echo(prev, op, dst, r, region) -> bool:
+    """Whether ``upkt`` ``op`` writes back, at destination region ``dst``, exactly the values the
+    operation ``prev`` before it (``cpkt``, ``recpkt``, ``recspkt``) holds at the same place: it
+    unpacks packets ``prev`` packed from (``cpkt``: its source) or alongside (its reduced
+    destination) that region. Each payload's packet is written after its value was read or
+    written, and ``upkt`` waits for the packet, so whichever thread's store lands last, the bytes
+    hold that one value (as MSCCL++'s own hierarchical ReduceScatter writes it)."""
+    (pp, pop), (up, uop) = prev, op
+    pname = pop["name"]
+    k = PACKET_LOCAL_DST[pname]
+    side, j = ("src_buff", 0) if pname == "cpkt" else ("dst_buff", 0)
+    if len(pop.get(side, [])) <= j or len(pop.get("dst_buff", [])) <= k or not uop.get("src_buff"):
+        return False
+    plain = region(pop, pop[side][j], pp + (side, j), r)
+    pack = region(pop, pop["dst_buff"][k], pp + ("dst_buff", k), r)
+    src = region(uop, uop["src_buff"][0], up + ("src_buff", 0), r)
+    if src[:2] != pack[:2] or not (pack[2] <= src[2] and src[2] + src[3] <= pack[2] + pack[3]):
+        return False
+    return (dst[:2] == plain[:2] and dst[3] == src[3] and dst[2] - plain[2] == src[2] - pack[2]
+            and plain[3] == pack[3])
 
 
 def check_races(tbs, region, err) -> None:
@@ -93,8 +133,11 @@ def check_races(tbs, region, err) -> None:
             name = op["name"]
             cur = _kind(name, op.get("_t", "memory"))
             acc = _data_access(name, op, p, r, region) if cur == "data" else ([], [])
-            _race(prev, (cur, acc, name, p), r, ti, err)
-            prev = None if cur == "sync" else (cur, acc, name, p)
+            per = _per_payload(name, op)
+            if prev is not None and name == "upkt" and prev[2] in PACKET_LOCAL_DST:
+                acc = (acc[0], [w for w in acc[1] if not _echo(ops[pos - 1], (p, op), w, r, region)])
+            _race(prev, (cur, acc, name, p, per), r, ti, err)
+            prev = None if cur == "sync" else (cur, acc, name, p, per)
             # a pipeline body (paths ... "ops", k, "ops", j) runs again from its start
             in_body = len(p) >= 2 and p[-2] == "ops" and len(p) >= 4 and p[-4] == "ops"
             if in_body and (body_start is None or ops[body_start][0][:-1] != p[:-1]):
@@ -105,7 +148,7 @@ def check_races(tbs, region, err) -> None:
                 bname = bop["name"]
                 bk = _kind(bname, bop.get("_t", "memory"))
                 bacc = _data_access(bname, bop, bp, r, region) if bk == "data" else ([], [])
-                _race(prev, (bk, bacc, bname, bp), r, ti, err, wrap=True)
+                _race(prev, (bk, bacc, bname, bp, _per_payload(bname, bop)), r, ti, err, wrap=True)
             if not in_body:
                 body_start = None
 
@@ -113,8 +156,8 @@ def check_races(tbs, region, err) -> None:
 def _race(prev, cur, r, ti, err, wrap=False):
     if prev is None or cur[0] == "sync":
         return
-    pkind, (preads, pwrites), pname, _ = prev
-    kind, (reads, writes), name, p = cur
+    pkind, (preads, pwrites), pname, _, pper = prev
+    kind, (reads, writes), name, p, per = cur
     where = (f"rank {r} thread block {ti}: '{name}' " + ("at the start of the pipeline's next iteration "
                                                          if wrap else "") + f"directly after '{pname}'")
     if pkind == "acquire" and kind == "data":
@@ -123,19 +166,27 @@ def _race(prev, cur, r, ti, err, wrap=False):
     if pkind == "data" and kind == "release":
         raise err(p, f"{where} with no 'nop' between them: the first threads signal before the other "
                      f"threads finished the data operation (a race)")
-    if pkind == "data" and kind == "data" and (_overlap(pwrites, reads + writes) or _overlap(preads, writes)):
+    same = pper and per
+    if pkind == "data" and kind == "data" and (_overlap(pwrites, reads + writes, same)
+                                              or _overlap(preads, writes, same)):
         raise err(p, f"{where} on the same bytes with no 'nop' between them: threads of one operation "
                      f"touch elements another thread of the other still uses (a race)")
 
 
-def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
+def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = None) -> None:
     """Run one call of the plan on its synchronisation alone (see the module's doc): refuse a
     thread block left waiting (naming what it waits for) and a call that leaves a channel count or
     a semaphore other than it found it. ``tbs`` lists ``(rank, thread block, [(path, operation)])``
     with each operation's rank-level channel ids in ``_ids`` and its channel type in ``_t``;
     ``pair[(r, type, c)]`` is the partner end ``(channel on the peer, k)``; ``region(op, ref,
     path, r)`` resolves a buffer reference to ``(owner rank, buffer, first chunk, chunks)``;
-    ``sem_init[r]`` the declared initial values; ``err(path, message)`` makes the located error."""
+    ``sem_init[r]`` the declared initial values; ``err(path, message)`` makes the located error.
+    ``order``, when given, receives the call's happens-before graph (for :func:`check_next_call`):
+    every operation ``(rank, tb, pos)`` in an order the run found (a topological order), each
+    with the operations of other thread blocks it surely waits for (the signal a wait consumes,
+    the releases an acquire needs whichever blocks release first, the blocks' operations before a
+    barrier they pass together, the packet writes a read waits for); its block's previous
+    operation precedes it too."""
     inbound = defaultdict(int)         # (rank, type, channel) -> signals arrived this call
     expected = defaultdict(int)        # (rank, type, channel) -> waits done
     sems = {(r, s): v for r, vals in enumerate(sem_init) for s, v in enumerate(vals)}
@@ -207,6 +258,22 @@ def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
                                                    f"[{cover}, {lo + n}) that no operation writes in a call: it "
                                                    f"waits for their flags forever")
             pending[(r, ti, pos)] = need
+    writer_of = {w: key for key, ids in write_at.items() for w in ids}
+    reads_of = defaultdict(list)       # read key -> the writes it waits for
+    for w, keys in readers_of.items():
+        for key in keys:
+            reads_of[key].append(writer_of[w])
+    # releases of each semaphore per block (each semaphore is acquired by one block)
+    releases = defaultdict(lambda: defaultdict(list))     # (rank, sem) -> block -> [pos]
+    for r, ti, ops in tbs:
+        for pos, (p, op) in enumerate(ops):
+            if op["name"] == "sem_release":
+                for sm in op["semaphore_ids"]:
+                    releases[(r, sm)][ti].append(pos)
+    acquired = defaultdict(int)        # (rank, sem) -> acquires done
+    sent = defaultdict(list)           # receiving end -> the signals raising it, in order
+    members = defaultdict(list)        # (rank, barrier id, target) -> the members' previous ops
+    passed = {}                        # block -> the arrival count of the barrier it just passed
     # ---- the run: every block as far as it goes; a blocked block waits on one key
     pc = {(r, ti): 0 for r, ti, _ in tbs}
     ops_of = {(r, ti): ops for r, ti, ops in tbs}
@@ -241,10 +308,12 @@ def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
                 n = op["num_threadblocks"]
                 barrier_target[b] = (arrivals[key] // n + 1) * n
                 arrivals[key] += 1
+                if i:
+                    members[key + (barrier_target[b],)].append((r, b[1], i - 1))
                 wake(("bar",) + key)
             if arrivals[key] < barrier_target[b]:
                 return ("bar",) + key
-            del barrier_target[b]
+            passed[b] = barrier_target.pop(b)
         if pending.get((r, b[1], i), 0) > 0:
             return ("pk", r, b[1], i)
         return None
@@ -262,12 +331,23 @@ def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
                 break
             p, op = ops[i]
             name = op["name"]
+            preds = []
             if name in ("wait", "rlxwait"):
                 for c in op["_ids"]:
-                    expected[(r, op["_t"], c)] += 1
+                    end = (r, op["_t"], c)
+                    preds.append(sent[end][expected[end]])
+                    expected[end] += 1
             elif name == "sem_acquire":
                 for s in op["semaphore_ids"]:
                     sems[(r, s)] -= 1
+                    acquired[(r, s)] += 1
+                    need = acquired[(r, s)] - sem_init[r][s]
+                    by = releases[(r, s)]
+                    total = sum(len(v) for v in by.values())
+                    for rb, poss in by.items():
+                        j = need - (total - len(poss))     # this block's releases surely done
+                        if j >= 1:
+                            preds.append((r, rb, poss[min(j, len(poss)) - 1]))
             elif name == "sem_release":
                 for s in op["semaphore_ids"]:
                     sems[(r, s)] += 1
@@ -276,6 +356,7 @@ def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
                 for c in op["_ids"]:
                     end = _partner(r, op["_t"], c, pair, chans, p, err)
                     inbound[end] += 1
+                    sent[end].append((r, ti, i))
                     last_signal[end] = p
                     wake(("ch",) + end)
             for w in write_at.get((r, ti, i), ()):
@@ -283,6 +364,10 @@ def check_counts(tbs, pair, chans, region, sem_init, err) -> None:
                     pending[key] -= 1
                     if pending[key] == 0:
                         wake(("pk",) + key)
+            if order is not None:
+                if name == "barrier":
+                    preds += members[(r, op["barrier_id"], passed.pop(b))]
+                order.append(((r, ti, i), preds + reads_of.get((r, ti, i), [])))
             pc[b] = i + 1
     # ---- what is left: a deadlock, or counts the next call would inherit
     stuck = [(r, ti) for r, ti, ops in tbs if pc[(r, ti)] < len(ops)]
@@ -340,4 +425,79 @@ def _why_stuck(r, ti, op, inbound, expected, signals_to, sems, arrivals, chans) 
     return f"{head}: it reads packets whose writer never runs (a cycle of waits)"
 
 
-__all__ = ["check_counts", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
+def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
+    """Refuse a plan whose next call may write scratch bytes before this call is done with them.
+
+    The executor runs a rank's calls in stream order (call k+1's kernel starts when call k's has
+    finished on that rank) but nothing orders rank A's call k+1 after rank B's call k unless the
+    plan does: a write by A in call k+1 into B's scratch (a put, a packet) is safe after an access
+    R of those bytes in call k only if some rank C is reached from R in call k (R happens before
+    an operation of C: through signals, semaphores, barriers, packets; R's own rank always) and
+    C's call k+1 reaches the write (A's own call always). With ``use_double_scratch_buffer`` the
+    calls alternate halves of the scratch, so the write to fear is call k+2's, one more call of
+    ranks in between. ``order`` is :func:`check_counts`' happens-before graph of one call,
+    ``is_scratch(buffer)`` tells a region's buffer (scratch is the plan's own, kept between
+    calls; input and output are the caller's)."""
+    succ = defaultdict(list)
+    bwd = {}                     # operation -> ranks with an operation that happens before it (bits)
+    for node, preds in order:
+        r, ti, i = node
+        m = 1 << r
+        if i:
+            m |= bwd[(r, ti, i - 1)]
+        for q in preds:
+            m |= bwd[q]
+            succ[q].append(node)
+        bwd[node] = m
+    fwd = {}                     # operation -> ranks with an operation that happens after it (bits)
+    for node, _ in reversed(order):
+        r, ti, i = node
+        m = 1 << r
+        m |= fwd.get((r, ti, i + 1), 0)
+        for q in succ[node]:
+            m |= fwd[q]
+        fwd[node] = m
+    rank_reach = defaultdict(int)   # rank -> ranks its call reaches (its blocks' first operations)
+    for (r, ti, i), m in fwd.items():
+        if i == 0:
+            rank_reach[r] |= m
+    by_owner = defaultdict(list)    # owner -> [(lo, hi, writes, node, name, path)]
+    for r, ti, ops in tbs:
+        for pos, (p, op) in enumerate(ops):
+            for side, writes in (("src_buff", False), ("dst_buff", True)):
+                for j, ref in enumerate(op.get(side, [])):
+                    owner, buf, lo, n = region(op, ref, p + (side, j), r)
+                    if is_scratch(buf):
+                        by_owner[owner].append((lo, lo + n, writes, (r, ti, pos), op["name"], p))
+    gap = 2 if double else 1
+    for owner, acc in by_owner.items():
+        acc.sort(key=lambda a: a[0])
+        los = [a[0] for a in acc]
+        longest = max(a[1] - a[0] for a in acc)
+        for lo, hi, w_writes, w_node, w_name, w_path in acc:
+            if not w_writes:
+                continue
+            before = bwd[w_node]
+            # the accesses that may overlap [lo, hi): those starting in (lo - longest, hi)
+            for lo2, hi2, _, r_node, r_name, _ in acc[bisect_right(los, lo - longest):bisect_left(los, hi)]:
+                if hi2 <= lo or r_node[0] == w_node[0]:
+                    continue
+                seen = fwd[r_node]
+                for _ in range(gap - 1):
+                    more = seen
+                    for c in range(seen.bit_length()):
+                        if seen >> c & 1:
+                            more |= rank_reach[c]
+                    seen = more
+                if seen & before:
+                    continue
+                a, b = w_node[0], r_node[0]
+                nxt = "call k+2 (the double scratch buffer gives every other call the same half)" if double \
+                    else "call k+1"
+                raise err(w_path, f"rank {a}'s '{w_name}' of {nxt} may write rank {owner}'s scratch before rank "
+                                  f"{b}'s '{r_name}' (thread block {r_node[1]}) of call k is done with the same "
+                                  f"bytes: nothing orders rank {b}'s call k before that write (a race between "
+                                  f"calls; rank {a} must first wait for a signal that rank {b} sends after it)")
+
+
+__all__ = ["check_counts", "check_next_call", "check_races", "ACQUIRE", "RELEASE", "SYNC"]

@@ -145,9 +145,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "'none' for collectives that reduce nothing); hccc run writes no files")
     nccl = parser.add_argument_group("nccl-tests' other options")
     nccl.add_argument("-c", "--check", type=count_at_least(0), default=1, metavar="N",
-                      help="nccl-tests' -c: 0 shows #wrong as N/A and an exit status that ignores wrong "
-                           "elements; hccc run still compares the last run of every size (the check is "
-                           "what it is for), so any N >= 1 is the same")
+                      help="nccl-tests' -c: N checked launches per size and placement (the last timed "
+                           "one, then N-1 more, each from fresh inputs; #wrong sums them); 0 checks "
+                           "nothing (#wrong N/A, the exit status ignores results; a stuck run still fails)")
     nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1, metavar="0|1|2|3",
                       help="nccl-tests' -a: report rank 0's time (0), the mean (1), min (2) or max (3) over "
                            "ranks; hccc run times one launch of every rank together, so all four are that time")
@@ -506,11 +506,9 @@ def _run_one(args) -> int:
                         progress.print(f"# {note}")
                     if args.counts is None or len(calls) > 1:
                         progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
-                                       f"warmup iters: {args.warmup} iters: {args.iters} validation: "
-                                       f"{int(args.check > 0)}")
+                                       f"warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
                     else:
-                        progress.print(f"# warmup iters: {args.warmup} iters: {args.iters} validation: "
-                                       f"{int(args.check > 0)}")
+                        progress.print(f"# warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
                     if args.backend == "cpu":
                         progress.print(EMULATED_NOTE)
                     if len(libraries) > 1 or plats[0] != "cuda":
@@ -533,7 +531,8 @@ def _run_one(args) -> int:
                     for inplace in groups:
                         if counts is None:
                             res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
-                                             seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
+                                             seed=args.seed, slice_bytes=args.slice_size, proto=args.proto,
+                                             check=args.check > 0, checks=max(args.check, 1))
                         else:
                             res = runner.run_v(counts, inplace=inplace, iters=args.iters, warmup=args.warmup,
                                                seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)

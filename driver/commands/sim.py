@@ -46,8 +46,8 @@ import json
 from pathlib import Path
 
 from hccc.util import dtypes as dtypes_table
-from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, dtype_one, format_size,
-                       nccl_type_name, op_choice,
+from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, count_at_least, dtype_list, format_size,
+                       nccl_type_name, op_list,
                        parse_size, positive_int)
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
@@ -99,18 +99,27 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
                    help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: in proportion; default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
-    p.add_argument("-d", "--dtype", type=dtype_one(tuple(DTYPE_BYTES), "sim"), default="float32",
-                   metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES),
-                   help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...); "
-                        "sizes are rounded down to whole elements")
-    p.add_argument("-o", "--op", type=op_choice(OPS, "sim"), default="sum", metavar="|".join(OPS),
-                   help="reduction operator shown in the redop column, nccl-tests' -o (the model's cost does not "
-                        "depend on it); the plots have options of their own")
+    p.add_argument("-d", "--dtype", type=dtype_list(tuple(DTYPE_BYTES)), default="float32",
+                   metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES) + "|all",
+                   help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...), "
+                        "a comma list, or all (a table each); sizes are rounded down to whole elements")
+    p.add_argument("-o", "--op", type=op_list(OPS, "sim"), default="sum", metavar="|".join(OPS) + "|all",
+                   help="reduction operator shown in the redop column, nccl-tests' -o: one, a comma list or "
+                        "all, a table each (the model's cost does not depend on it); the plots have options "
+                        "of their own")
     nccl = p.add_argument_group("nccl-tests' options a model needs not")
     nccl.add_argument("-n", "--iters", type=count_at_least(1), default=None, metavar="N",
                       help="nccl-tests' timed iterations: accepted; the model's time is the same every iteration")
     nccl.add_argument("-w", "--warmup", type=count_at_least(0), default=None, metavar="N",
                       help="nccl-tests' warmup iterations: accepted; the model has nothing to warm up")
+    nccl.add_argument("-c", "--check", type=count_at_least(0), default=None, metavar="N",
+                      help="nccl-tests' check iterations: accepted; a model computes no data to check "
+                           "(hccc run checks every element)")
+    nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=None, metavar="0|1|2|3",
+                      help="nccl-tests' time over ranks (rank 0, mean, min, max): accepted; the model's time "
+                           "is the collective's, the same on every rank")
+    nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
+                      help="nccl-tests' GPUs per thread, i.e. the ranks: must be every ALGO's nRanks")
     add_fuse_option(p, "for .rccl input, task-level execution: ")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                    help="refuse programs with more transfers than this")
@@ -236,6 +245,9 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
                 prog = prepare(ir, topo, args.block_bw or None)
             except SimulationError as exc:
                 raise CompileError([Diagnostic(str(exc), None)]) from None
+    if args.ngpus is not None and args.ngpus != ir.nranks:
+        raise _UsageError(f"-g {args.ngpus}: {ir.name} runs on {plural(int(ir.nranks), 'rank')} (its nRanks): "
+                          "-g must be that or left out")
     if args.ranks is not None:
         bad = [r for r in args.ranks if r >= ir.nranks]
         if bad:
@@ -300,6 +312,36 @@ def _cut_bounds(topo, ir, sizes: list[int]) -> list[float | None]:
 
 
 def run(args) -> int:
+    """Every (element type, operator) asked for, a table each (the plots draw one: give one of
+    each with them); the worst exit status."""
+    dtypes = args.dtype if isinstance(args.dtype, list) else [args.dtype]
+    ops = args.op if isinstance(args.op, list) else [args.op]
+    if len(dtypes) * len(ops) > 1 and (args.plot or args.plot_busbw):
+        import sys
+        sys.stderr.write("hccc sim: error: --plot and --plot-busbw draw one element type and operator: "
+                         "give one -d and one -o with them\n")
+        return 2
+    status = 0
+    for dtype in dtypes:
+        for op in ops:
+            one = argparse.Namespace(**vars(args))
+            one.dtype, one.op = dtype, op
+            try:
+                status = max(status, _run_one(one))
+            except _UsageError as exc:
+                import sys
+                sys.stderr.write(f"hccc sim: error: {exc}\n")
+                return 2
+            if status not in (0, 1):
+                return status
+    return status
+
+
+class _UsageError(Exception):
+    """An option that does not fit the input (exit status 2, as argparse's errors)."""
+
+
+def _run_one(args) -> int:
     from hccc.compiler.pipeline import read_cluster
 
     if args.plot_busbw and sweep_is_default(args):

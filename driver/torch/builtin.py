@@ -16,13 +16,24 @@ scatter        direct (linear) from the call's root; across nodes also the binom
                it is faster on the group's cluster description (see :func:`plan`)
 ============== =========================================================================
 
+With a topology (``HCCC_TOPOLOGY`` or ``Options(topology=)``, a ``.topo`` or TACCL ``.json``) whose
+GPUs are as many as the group's ranks, each of allreduce, allgather, reducescatter, alltoall and
+broadcast also gets the program ``hccc synth`` makes for that topology (:func:`hccc.synthesize`,
+within :data:`SYNTH_TIME_LIMIT_S`); the catalog's choice then times every entry on the topology
+(the process group's tie-break cluster) and takes the fastest. A topology that synthesis refuses,
+or one of another size, adds nothing (the reason is kept: :attr:`BuiltinCatalog.synth_notes`).
+
 Nothing is built until a call asks for it: the first call of a collective (and root) builds its
 entries, each ProgramIR kept in hccc's build cache (:mod:`hccc.runtime.cache`, kind
-``torch_catalog``, keyed by the generator, the group's size and node layout and hccc's version), so
-later runs read them instead of building (their kernels are cached by content as every
-Communicator's are). Every rank derives the same entries from the same agreed inputs (the group's
-size, every rank's node name, hccc's version: the process group compares them when it is made), so
-the ranks agree on the catalog without exchanging it. The choice between entries is the catalog's
+``torch_catalog``, keyed by the generator, the group's size and node layout and hccc's version; a
+synthesized one by the topology's contents, the collective, root and time limit too), so later runs
+read them instead of building (their kernels are cached by content as every Communicator's are).
+Every rank derives the same entries from the same agreed inputs (the group's size, every rank's
+node name, the topology's contents, hccc's version: the process group compares them when it is
+made), so the ranks agree on the catalog without exchanging it. A synthesis bounded by its time
+limit might end differently in two processes; the ranks of a group hccc carries share one host and
+so one cache, whose per-entry lock lets one rank synthesize while the others wait for its result
+(:func:`hccc.runtime.cache.entry`), so they read the same program. The choice between entries is the catalog's
 (:meth:`hccc.catalog.Catalog.select`).
 """
 from __future__ import annotations
@@ -36,6 +47,14 @@ from hccc.catalog import Catalog, Entry
 #: a host-barrier round (tens of microseconds) while 64 KiB moves in a few microseconds, so the
 #: step count dominates below it
 SMALL_BYTES = 64 << 10
+
+#: the time limit of a synthesis for the built-in catalog (seconds, ``hccc synth --time-limit``): it
+#: delays the first call of a collective once per topology (later runs read the cache). A 2 x 2
+#: AllReduce synthesizes in about 2.6 s here, an AllGather in 0.1 s; ``hccc synth``'s own default
+#: is 60 s, halved so that a first call stays well inside torch's default collective timeout
+SYNTH_TIME_LIMIT_S = 30.0
+#: the collectives :func:`hccc.synthesize` makes programs for (reduce is not among them)
+SYNTH_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
 
 
 def _layout(nodes: list[str]) -> tuple[int, int] | None:
@@ -110,22 +129,74 @@ class BuiltinCatalog(Catalog):
     #: entries appear as calls ask for them (the process group routes to it while it is empty)
     lazy = True
 
-    def __init__(self, world: int, nodes: list[str], cache_dir=None):
+    def __init__(self, world: int, nodes: list[str], cache_dir=None, topology=None,
+                 topology_digest: str | None = None):
         from hccc.runtime.cache import content_key
         self.world = int(world)
         self.nodes = list(nodes)
         self._cache_dir = cache_dir
+        self.topology = topology
+        #: the topology file's SHA-256 (its contents, not its path, key the synthesized entries)
+        self.topology_digest = "" if topology is None else topology_digest or _digest(topology)
+        #: why a collective has no synthesized entry (a topology of another size, a refusal)
+        self.synth_notes: dict[str, str] = {}
         # what every rank derives its entries from (content_key adds hccc's version)
-        super().__init__(None, [], content_key("builtin catalog", self.world, "\0".join(self.nodes)))
+        super().__init__(None, [], content_key("builtin catalog", self.world, "\0".join(self.nodes),
+                                               self.topology_digest))
         self._made: dict[tuple[str, int | None], list[Entry]] = {}
+        self._topo = None
 
     def _entries(self, collective: str, root: int | None) -> list[Entry]:
         got = self._made.get((collective, root))
         if got is None:
-            got = self._made[(collective, root)] = [self._entry(collective, root, *p) for p in
-                                                    plan(collective, self.world, self.nodes, root)]
+            got = [self._entry(collective, root, *p) for p in plan(collective, self.world, self.nodes, root)]
+            if got and self.topology is not None and collective in SYNTH_COLLECTIVES:
+                got += self._synthesized(collective, root)
+            self._made[(collective, root)] = got
             self.entries.extend(got)
         return got
+
+    def _synthesized(self, collective: str, root: int | None) -> list[Entry]:
+        """The program synthesis makes for the topology (built once per topology, collective and
+        root, then read from the cache), or nothing, with the reason in :attr:`synth_notes`."""
+        from hccc.compiler.ir.program_ir import ProgramIR
+        from hccc.runtime import cache
+        if self._topo is None:
+            from hccc.compiler.pipeline import load_cluster
+            self._topo = load_cluster(self.topology)
+        ngpus = sum(int(n.ngpus) for n in self._topo.nodes)
+        if ngpus != self.world:
+            self.synth_notes[collective] = (f"the topology {self.topology} has {ngpus} GPUs, the group "
+                                            f"{self.world} ranks")
+            return []
+        name = f"synth_{collective}_{self.world}" + (f"_root{root}" if collective == "broadcast" else "")
+        key = cache.content_key("torch-catalog-synth", name, self.topology_digest, collective, root,
+                                SYNTH_TIME_LIMIT_S)
+
+        def build(tmp: Path) -> None:
+            from hccc import synthesize
+            from hccc.compiler.passes.build import build_program
+            from hccc.compiler.pipeline import load_algorithm
+            from hccc.util.diagnostics import CompileError, render_all
+            try:
+                text = synthesize(self.topology, collective, root=root or 0, time_limit=SYNTH_TIME_LIMIT_S)
+                (tmp / f"{name}.rccl").write_text(text)
+                ir = build_program(load_algorithm(tmp / f"{name}.rccl"), name=name)
+            except CompileError as exc:
+                # (kept, so that later runs do not try again)
+                (tmp / "refused.txt").write_text(render_all(exc))
+                return
+            (tmp / f"{name}.json").write_text(ir.to_json())
+        where = cache.entry("torch_catalog", key, build, root=self._cache_dir)
+        if (where / "refused.txt").exists():
+            self.synth_notes[collective] = "synthesis refused the topology: " + \
+                (where / "refused.txt").read_text().strip().splitlines()[0]
+            return []
+        from hccc.runtime.launcher import DTYPES, OPS
+        ir = ProgramIR.decode_json((where / f"{name}.json").read_text())
+        return [Entry(name=name, path=where / f"{name}.json", collective=ir.collective, nranks=int(ir.nranks),
+                      root=int(ir.root) if root is not None else None, dtypes=tuple(DTYPES), ops=tuple(OPS),
+                      min_bytes=0, max_bytes=None, ir=ir, outdir=False)]
 
     def _entry(self, collective: str, root, name: str, make, lo: int, hi: int | None) -> Entry:
         from hccc.compiler.ir.program_ir import ProgramIR
@@ -157,4 +228,11 @@ class BuiltinCatalog(Catalog):
         return sub.select(collective, world, nbytes, dtype, op, root, cluster)
 
 
-__all__ = ["BuiltinCatalog", "SMALL_BYTES", "plan"]
+def _digest(path) -> str:
+    """SHA-256 of a topology file, read through the input checks every reader uses."""
+    import hashlib
+    from hccc.util.diagnostics import read_input_bytes
+    return hashlib.sha256(read_input_bytes(path)).hexdigest()
+
+
+__all__ = ["BuiltinCatalog", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]

@@ -42,6 +42,10 @@ TEXT_BYTES = SLOT_BYTES - _HEAD.size
 STORE_POLL_S = 0.05
 
 
+#: call texts whose slot bytes a ledger keeps (a job makes a handful of call shapes)
+TEXT_CACHE_MAX = 256
+
+
 class CallMismatch(RuntimeError):
     """Two ranks made different calls as the same call of their group."""
 
@@ -140,6 +144,7 @@ class ShmLedger(Ledger):
         from hccc.runtime import shm
         self.rank, self.size = int(rank), int(size)
         self._own = shm.create(RING * SLOT_BYTES)
+        self._slot_text: dict[str, bytes] = {}
         self._rings: dict[int, object] = {self.rank: self._own}
 
     @property
@@ -159,8 +164,13 @@ class ShmLedger(Ledger):
     def post(self, seq: int, text: str, tag: int) -> None:
         m = self._own._map
         at = (seq % RING) * SLOT_BYTES
-        raw = text.encode()[:TEXT_BYTES]
-        m[at + _HEAD.size:at + SLOT_BYTES] = raw + b"\0" * (TEXT_BYTES - len(raw))
+        raw = self._slot_text.get(text)
+        if raw is None:                 # a call's text, as its slot holds it, made once per text
+            if len(self._slot_text) >= TEXT_CACHE_MAX:
+                self._slot_text.clear()
+            raw = text.encode()[:TEXT_BYTES]
+            raw = self._slot_text[text] = raw + b"\0" * (TEXT_BYTES - len(raw))
+        m[at + _HEAD.size:at + SLOT_BYTES] = raw
         m[at + 8:at + 16] = tag.to_bytes(8, "little")
         m[at:at + 8] = seq.to_bytes(8, "little")          # the number last: the slot is complete
 

@@ -108,9 +108,10 @@ class CaptureError(RuntimeError):
 
 
 def capture_active() -> bool:
-    """Whether the current CUDA stream is being captured into a graph (False without CUDA)."""
+    """Whether the current CUDA stream is being captured into a graph (False without CUDA, and
+    before CUDA is initialised: a capture needs it, and the check costs nothing then)."""
     try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
     except Exception:
         return False
 
@@ -161,44 +162,69 @@ def _file_digest(path) -> str:
 
 # ------------------------------------------------------------------------------------- work
 class HcccWork(_C.Work):
-    """The result of one queued call: completes when the group's worker has run it."""
+    """The result of one call: completes when the call has run (in the caller's thread, before the
+    work is returned, or on the group's worker). ``queued``: the call waits for the worker, so
+    :meth:`wait` may block (an event to block on); a call run in the caller's thread is finished
+    when its work is returned and needs none. The future is made when it is asked for (most calls
+    never are: DDP's hooks ask, a plain ``dist.all_reduce`` does not)."""
 
-    def __init__(self, result):
+    #: guards a work's lazily made future against the worker finishing the call meanwhile
+    _future_lock = threading.Lock()
+
+    def __init__(self, result, queued: bool = True):
         super().__init__()
-        self._done = threading.Event()
+        self._finished = False
+        self._done = threading.Event() if queued else None
         self._exc: BaseException | None = None
         self._result = result
-        self._future = Future()
+        self._future: Future | None = None
+
+    def _settle(self, fut: Future) -> None:
+        if self._exc is None:
+            fut.set_result(self._result)
+        else:
+            fut.set_exception(self._exc)
 
     def _finish(self, exc: BaseException | None = None) -> None:
         self._exc = exc
-        self._done.set()
-        if exc is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(exc)
+        with HcccWork._future_lock:
+            self._finished = True
+            fut = self._future
+        if self._done is not None:
+            self._done.set()
+        if fut is not None:
+            self._settle(fut)
 
     def wait(self, timeout=None) -> bool:
-        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if secs is not None and secs <= 0:
-            secs = None
-        if not self._done.wait(secs):
-            raise RuntimeError(f"hccc: the collective did not complete within {secs:g} s")
+        if not self._finished:
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            if secs is not None and secs <= 0:
+                secs = None
+            if self._done is None or not self._done.wait(secs):
+                raise RuntimeError(f"hccc: the collective did not complete within {secs:g} s")
         if self._exc is not None:
             raise self._exc
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._exc is None
+        return self._finished and self._exc is None
 
     def exception(self):
         return self._exc
 
     def get_future(self) -> Future:
-        return self._future
+        with HcccWork._future_lock:
+            fut = self._future
+            if fut is not None:
+                return fut
+            fut = self._future = Future()
+            finished = self._finished
+        if finished:
+            self._settle(fut)
+        return fut
 
     def result(self):
         return self._result
@@ -265,6 +291,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         self._ledger = None
         self._calls = 0
         self._digests: dict[str, int] = {}
+        self._texts: dict[tuple, str] = {}       # call shape -> its description
         self._closed = True                  # until the worker runs
         # this rank's set-up: whatever fails is told to every peer at the agreement below, so that
         # every rank fails at once with the reason (not after the timeout, waiting for this one)
@@ -400,7 +427,8 @@ class HcccProcessGroup(dist.ProcessGroup):
             self._ledger = ledger
         if self.options.catalog is None and not self.disabled:
             from hccc.torch.builtin import BuiltinCatalog
-            self.catalog = BuiltinCatalog(self._size, self.nodes)
+            self.catalog = BuiltinCatalog(self._size, self.nodes, topology=self.options.topology,
+                                          topology_digest=inputs.get("HCCC_TOPOLOGY", [""])[0])
 
     def _delegate(self, dev: str):
         if dev not in self._delegates:
@@ -469,10 +497,10 @@ class HcccProcessGroup(dist.ProcessGroup):
         if self._broken:
             raise RuntimeError(f"hccc: rank {self._rank}: the process group is unusable after an "
                                f"earlier failure: {self._broken}")
-        work = HcccWork(result)
         with self._state:
             inline = self._pending == 0 and threading.current_thread() is not self._thread
             self._pending += 1
+        work = HcccWork(result, queued=not inline)
         if inline:
             self._run_job(fn, work)
         else:
@@ -718,10 +746,18 @@ class HcccProcessGroup(dist.ProcessGroup):
             raise CallMismatch(f"hccc: rank {self._rank}: {exc}") from None
 
     def _text(self, kind: str, tensors, *, op: str | None = None, counts=None, root=None) -> str:
+        """The call's description (:func:`~hccc.torch.ledger.describe`), made once per call shape."""
         t = tensors[0] if tensors else None
-        return describe(kind, op=op, dtype=t.dtype if t is not None else None,
-                        counts=counts if counts is not None else [x.numel() for x in tensors],
-                        root=root, device=t.device.type if t is not None else "cpu")
+        counts = tuple(counts) if counts is not None else tuple(x.numel() for x in tensors)
+        dtype, device = (t.dtype, t.device.type) if t is not None else (None, "cpu")
+        key = (kind, op, dtype, counts, root, device)
+        got = self._texts.get(key)
+        if got is None:
+            if len(self._texts) >= ROUTE_CACHE_MAX:
+                self._texts.clear()
+            got = self._texts[key] = describe(kind, op=op, dtype=dtype, counts=counts, root=root,
+                                              device=device)
+        return got
 
     @staticmethod
     def _avg_delegate(backend, _unused=None) -> bool:

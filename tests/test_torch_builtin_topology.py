@@ -1,0 +1,136 @@
+"""The torch backend's built-in catalog with a topology (``HCCC_TOPOLOGY``): each collective hccc
+synthesizes for also gets the synthesized program, made on the first call that asks for it, read
+from the cache by later runs, keyed by the topology's contents; the choice times every entry on
+the topology. One process, no torch process group (the catalog is plain Python)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hccc.torch.builtin import SYNTH_COLLECTIVES, BuiltinCatalog
+
+#: 2 nodes x 2 GPUs, NVLink within a node and one NIC per node pair
+SMALL_TOPO = """# 2 nodes x 2 GPUs
+define nodenum = 2
+define chunksize = 1M
+""" + "".join(f"""
+define node{k} = 2
+define vendor = nvidia
+define gpu = A100-SXM4-80GB
+define gamma = 650
+define bandwidth = {{direct => [((0,1) -> (25,4)), ((1,0) -> (25,4))]}}
+define nic = [((0,1) -> (25,1))]
+""" for k in (1, 2)) + """
+define internode = all
+define interbandwidth = nic
+"""
+
+
+@pytest.fixture
+def topo(tmp_path) -> Path:
+    p = tmp_path / "small.topo"
+    p.write_text(SMALL_TOPO)
+    return p
+
+
+def _names(cat, coll, root=None):
+    return sorted(e.name for e in cat._entries(coll, root))
+
+
+def test_a_topology_adds_the_synthesized_program_and_the_choice_times_every_entry(topo, tmp_path):
+    from hccc.compiler.pipeline import load_cluster
+    from hccc.runtime.reference import execute, expected_for, inputs_for
+    from hccc.runtime.simulator import simulate
+    cluster = load_cluster(topo)
+    cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
+    assert _names(cat, "allgather") == ["recursive_doubling_allgather_4", "ring_allgather_4", "synth_allgather_4"]
+    synth = next(e for e in cat.entries if e.name == "synth_allgather_4")
+    # the synthesized program computes its collective (hccc's reference executor)
+    ins = inputs_for(synth.ir, synth.ir.nchunks * 4 * 3, "float32", seed=1)
+    for got, want in zip(execute(synth.ir, [x.copy() for x in ins]), expected_for(synth.ir, ins)):
+        assert (got == want).all()
+    for nbytes in (4 << 10, 16 << 20):
+        entry, why = cat.select("allgather", 4, nbytes, "float32", "sum", cluster=cluster)
+        assert why == ""
+        # the oracle: every entry that serves the size, timed by the simulator on the topology
+        serving = [e for e in cat.entries if e.collective == "allgather" and e.in_band(nbytes)]
+        best = min(serving, key=lambda e: (simulate(e.ir, cluster, nbytes, slice_bytes="auto").time_s, e.name))
+        assert entry.name == best.name
+    # a rooted collective: the root asked for
+    assert "synth_broadcast_4_root2" in _names(cat, "broadcast", 2)
+    assert next(e for e in cat.entries if e.name == "synth_broadcast_4_root2").ir.root == 2
+    # reduce is not synthesized: generators only
+    assert _names(cat, "reduce", 1) == ["ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
+
+
+def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp_path, monkeypatch):
+    import hccc
+    cache = tmp_path / "cache"
+    first = BuiltinCatalog(4, ["h"] * 4, cache_dir=cache, topology=topo)
+    ir1 = next(e.ir for e in first._entries("reducescatter", None) if e.name.startswith("synth_"))
+
+    def refuse(*a, **k):
+        raise AssertionError("synthesized again")
+    monkeypatch.setattr(hccc, "synthesize", refuse)
+    again = BuiltinCatalog(4, ["h"] * 4, cache_dir=cache, topology=topo)      # a later run
+    ir2 = next(e.ir for e in again._entries("reducescatter", None) if e.name.startswith("synth_"))
+    assert ir2.to_json() == ir1.to_json()
+    # the same contents under another path: the same entry; other contents: another one
+    moved = tmp_path / "elsewhere.topo"
+    moved.write_text(SMALL_TOPO)
+    third = BuiltinCatalog(4, ["h"] * 4, cache_dir=cache, topology=moved)
+    assert third.fingerprint == again.fingerprint
+    assert _names(third, "reducescatter")[-1] == "synth_reducescatter_4"
+    changed = tmp_path / "changed.topo"
+    changed.write_text(SMALL_TOPO.replace("(25,4)", "(50,4)"))
+    other = BuiltinCatalog(4, ["h"] * 4, cache_dir=cache, topology=changed)
+    assert other.fingerprint != again.fingerprint
+    with pytest.raises(AssertionError, match="synthesized again"):
+        other._entries("reducescatter", None)
+
+
+def test_a_topology_of_another_size_or_one_synthesis_refuses_adds_nothing(topo, tmp_path, monkeypatch):
+    cat = BuiltinCatalog(8, ["h"] * 8, cache_dir=tmp_path / "cache", topology=topo)
+    assert _names(cat, "allreduce") == ["ring_allreduce_8"]
+    assert "4 GPUs" in cat.synth_notes["allreduce"] and "8 ranks" in cat.synth_notes["allreduce"]
+    import hccc
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    calls = []
+
+    def refuse(path, coll, **k):
+        calls.append(coll)
+        raise CompileError([Diagnostic(f"cannot synthesize {coll} here", None)])
+    monkeypatch.setattr(hccc, "synthesize", refuse)
+    cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
+    assert _names(cat, "alltoall") == ["direct_alltoall_4"]
+    assert "cannot synthesize alltoall here" in cat.synth_notes["alltoall"]
+    again = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
+    assert _names(again, "alltoall") == ["direct_alltoall_4"] and calls == ["alltoall"]   # the refusal is cached
+
+
+def test_without_a_topology_nothing_is_synthesized(tmp_path, monkeypatch):
+    import hccc
+    monkeypatch.setattr(hccc, "synthesize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("synthesized")))
+    cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache")
+    for coll in SYNTH_COLLECTIVES:
+        assert not any(n.startswith("synth_") for n in _names(cat, coll, 0 if coll == "broadcast" else None))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="g++ not installed")
+def test_a_job_with_only_a_topology_runs_the_synthesized_programs(topo, tmp_path, monkeypatch):
+    """4 processes, ``backend="hccc"``, no catalog, ``HCCC_TOPOLOGY`` the 2 x 2 topology: the 1 MiB
+    AllReduce and AllGather run on the programs synthesized for it (the simulator's fastest there),
+    with the right result on every rank."""
+    pytest.importorskip("torch")
+    for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_NODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HCCC_TOPOLOGY", str(topo))
+    from torch_ranks import spawn, topology_job
+    res = spawn(topology_job, 4, tmp_path)
+    for r, (ok, rep) in enumerate(res):
+        assert ok, (r, rep)
+        assert all(rep["checks"].values()), (r, rep["checks"])
+        assert rep["stats"]["entries"] == {"synth_allreduce_4": 1, "synth_allgather_4": 1}, rep["stats"]
+        assert rep["stats"]["fallback"] == {}, rep["stats"]["reasons"]
