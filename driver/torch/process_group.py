@@ -1070,6 +1070,7 @@ def _method(call: TorchCall):
         def method(self, output_tensors, input_tensors, opts=None):
             return self._delegate_only(call, output_tensors, input_tensors, opts_of(opts))
     method.__name__ = method.__qualname__ = call.method
+    method.torch_call = call            # the row it was made from
     method.__doc__ = (f"torch's ``{call.what or call.method}``: "
                       + (f"the {call.spec.title} collective ({call.form})" if call.spec is not None
                          else f"on the delegate ({call.form})") + ", from :data:`hccc.torch_calls.TORCH_CALLS`.")
