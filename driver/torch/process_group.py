@@ -17,6 +17,12 @@ package register, :func:`register`). Per call it
    they were made (the same order on every rank), and returns a :class:`HcccWork` (``wait``,
    ``is_completed``, ``get_future`` for DDP's communication hooks).
 
+The methods: one per row of :data:`hccc.torch_calls.TORCH_CALLS` (torch's method, the collective
+spec it runs as, the form in which torch passes the buffers), made by :func:`_method`; the form's
+adapter (``_in_place``, ``_single``, ``_lists``, ``_coalesced``, ``_barrier``, the delegate-only
+``_delegate_only`` and ``_point``) maps torch's arguments onto the spec's buffers, root and op, and
+every AVG runs through :func:`_avg_sum`.
+
 GPU tensors: the call records an event on the caller's current stream; the worker waits for it,
 then the Communicator runs its kernel on its own stream and waits for it, so the tensors are
 ready once the work completes (this path has not been run on a GPU here).
@@ -768,7 +774,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             sopts = _sum_options(call, root)
             for x in tensors:
                 with _contiguous(x) as c:
-                    _avg_sum(c, c, avg_plan(x.dtype, None) or (x.dtype, False), n, inplace=receives,
+                    _avg_sum(c, c, None, n, inplace=receives,
                              receives=receives,
                              run_sum=lambda y, _res: getattr(b, call.delegate or call.method)([y], sopts).wait())
             return None
@@ -813,7 +819,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             if op != "avg" or not self._avg_delegate(b):
                 return run_b(output, input, *rest, opts)
             sopts = _sum_options(call, None)
-            _avg_sum(input, output, avg_plan(input.dtype, None) or (input.dtype, False), n,
+            _avg_sum(input, output, None, n,
                      inplace=False, receives=True, run_sum=lambda y, res: run_b(res, y, *rest, sopts).wait())
             return None
         # the call is described by the rank's own part (the buffer that is not the full one)
@@ -1135,11 +1141,12 @@ def _avg_sum(x: torch.Tensor, out: torch.Tensor, plan, n: int, *, inplace: bool,
              run_sum) -> None:
     """An AVG as a SUM (every AVG of the backend, on hccc's kernels or a delegate without AVG):
     ``x``'s values in ``plan`` = (the dtype the sum runs in, whether each rank scales by 1/n
-    first: :func:`avg_plan`), summed by ``run_sum(y, res)`` into ``res`` (None: in place in ``y``,
+    first: :func:`avg_plan` over the kernels' dtypes; None: over every dtype, for a delegate),
+    summed by ``run_sum(y, res)`` into ``res`` (None: in place in ``y``,
     where ``out`` is ``x``: the collective's input and output are one buffer), then averaged into
     ``out`` where this rank ``receives`` the result. ``inplace``: ``x`` itself may be summed in
     (its dtype is the sum's)."""
-    acc, pre = plan
+    acc, pre = plan if plan is not None else (avg_plan(x.dtype, None) or (x.dtype, False))
     y = _avg_input(x, acc, pre, n, inplace=inplace)
     if out is x:
         res = y
