@@ -55,6 +55,16 @@ class TorchCall:
     repeats: str = ""              # COALESCED: the method run once per tensor
 
     @property
+    def name(self) -> str:
+        """Its name in error messages."""
+        return self.what or self.method
+
+    @property
+    def delegate_method(self) -> str:
+        """The delegate backend's method that carries it."""
+        return self.delegate or self.method
+
+    @property
     def spec(self):
         """The collective's spec (None for a delegate-only call)."""
         return SPECS[self.collective] if self.collective is not None else None

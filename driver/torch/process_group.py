@@ -748,7 +748,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         """``(tensors, opts)``: one tensor, the collective's input and output (allreduce,
         broadcast, reduce)."""
         spec = call.spec
-        dev = self._check(call.what or call.method, tensors)
+        dev = self._check(call.name, tensors)
         op = _op_name(opts) if spec.reduces else None
         root = int(opts.rootRank) if spec.rooted else None
         extra = "several tensors in one call" if len(tensors) != 1 else ""
@@ -770,13 +770,13 @@ class HcccProcessGroup(dist.ProcessGroup):
 
         def delegate(b):
             if op != "avg" or not self._avg_delegate(b):
-                return getattr(b, call.delegate or call.method)(tensors, opts)
+                return getattr(b, call.delegate_method)(tensors, opts)
             sopts = _sum_options(call, root)
             for x in tensors:
                 with _contiguous(x) as c:
                     _avg_sum(c, c, None, n, inplace=receives,
                              receives=receives,
-                             run_sum=lambda y, _res: getattr(b, call.delegate or call.method)([y], sopts).wait())
+                             run_sum=lambda y, _res: getattr(b, call.delegate_method)([y], sopts).wait())
             return None
         return self._submit(call.collective, dev, route, run, delegate, tensors,
                             self._text(call.kind, tensors, op=op, root=root))
@@ -790,7 +790,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             # split sizes given: an AllToAllv on every rank (a rank whose own splits happen to be
             # equal takes the same route as its peers, whose splits may not be)
             return self._all_to_all_v(call, output, input, splits[0], splits[1], opts)
-        dev = self._check(call.what or call.method, [input], [output])
+        dev = self._check(call.name, [input], [output])
         op = _op_name(opts) if spec.reduces else None
         n = self._size
         extra = ""
@@ -815,7 +815,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         rest = ([], []) if call.splits else ()
 
         def delegate(b):
-            run_b = getattr(b, call.delegate or call.method)
+            run_b = getattr(b, call.delegate_method)
             if op != "avg" or not self._avg_delegate(b):
                 return run_b(output, input, *rest, opts)
             sopts = _sum_options(call, None)
@@ -863,30 +863,30 @@ class HcccProcessGroup(dist.ProcessGroup):
             elif op == "avg":
                 extra = f"op avg of a {call.method} of tensor lists"
             checked = pieces
-        dev = self._check(call.what or call.method, *((own_list, checked) if listed_out
+        dev = self._check(call.name, *((own_list, checked) if listed_out
                                                       else (checked, own_list)))
         route = self._route(call.collective, dev, [mine, *pieces], mine.numel() * mine.element_size() * n,
                             op or "sum", root=root, extra=extra, strided_ok=call.strided)
 
         def run(comm, kop):
-            flat_shape = dict(dtype=mine.dtype, device=mine.device)
+            like = dict(dtype=mine.dtype, device=mine.device)
             if listed_out:
-                flat = torch.empty(mine.numel() * n, **flat_shape)
+                flat = torch.empty(mine.numel() * n, **like)
                 _run_spec(comm, spec, mine.contiguous().view(-1), flat, root, kop)
                 for o, piece in zip(pieces, flat.chunk(n)):
                     o.copy_(piece.view_as(o))
                 return
             # the full buffer: the list in rank order (a rooted collective's others are never read)
             flat = (torch.cat([i.reshape(-1) for i in pieces]) if not spec.rooted or self._rank == root
-                    else torch.empty(mine.numel() * n, **flat_shape))
+                    else torch.empty(mine.numel() * n, **like))
             with _contiguous(mine) as c:
                 _run_spec(comm, spec, flat, c.view(-1), root, kop)
+        # (a rooted collective's list is the root's alone: not counted)
         counts = ([] if spec.rooted else [len(pieces)]) + [x.numel() for x in own_list]
-        t = own_list[0] if own_list else None
-        text = describe(call.kind, op=op, dtype=t.dtype if t is not None else None, counts=counts,
-                        root=root, device=t.device.type if t is not None else "cpu", extra=bad)
+        text = describe(call.kind, op=op, dtype=mine.dtype, counts=counts, root=root,
+                        device=mine.device.type, extra=bad)
         return self._submit(call.collective, dev, route, run,
-                            lambda b: getattr(b, call.delegate or call.method)(output_tensors,
+                            lambda b: getattr(b, call.delegate_method)(output_tensors,
                                                                              input_tensors, opts),
                             output_tensors, text)
 
@@ -917,7 +917,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         checks every rank's column against it, so ranks that disagree all raise (the same verdict
         everywhere) before any data moves. The route is chosen for :data:`UNEVEN_ROUTE_ELEMENTS`, not
         the rank's own bytes, which differ between ranks (the ranks must take one route)."""
-        dev = self._check(call.what or call.method, [input], [output])
+        dev = self._check(call.name, [input], [output])
         n = self._size
         rows_in = input.shape[0] if input.dim() else input.numel()
         rows_out = output.shape[0] if output.dim() else output.numel()
@@ -962,7 +962,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                 output.copy_(y)
 
         return self._submit(f"{call.collective}v", dev, route, run,
-                            lambda b: getattr(b, call.delegate)(output, input, list(output_split_sizes or []),
+                            lambda b: getattr(b, call.delegate_method)(output, input, list(output_split_sizes or []),
                                                                 list(input_split_sizes or []), opts),
                             [output], text)
 
@@ -1077,7 +1077,7 @@ def _method(call: TorchCall):
             return self._delegate_only(call, output_tensors, input_tensors, opts_of(opts))
     method.__name__ = method.__qualname__ = call.method
     method.torch_call = call            # the row it was made from
-    method.__doc__ = (f"torch's ``{call.what or call.method}``: "
+    method.__doc__ = (f"torch's ``{call.name}``: "
                       + (f"the {call.spec.title} collective ({call.form})" if call.spec is not None
                          else f"on the delegate ({call.form})") + ", from :data:`hccc.torch_calls.TORCH_CALLS`.")
     return method
