@@ -1,6 +1,6 @@
 """The table of torch calls (hccc.torch_calls): every ProcessGroup method the backend overrides is made
 from a row, every row's collective is a spec, and the modules that name the collectives the backend
-routes (``hccc catalog``) or a generator implements (c2c) read them from their one source."""
+routes (``hccc catalog``) read them from the table."""
 from __future__ import annotations
 
 import json
@@ -87,21 +87,3 @@ def test_catalog_command_shows_ops_exactly_for_reducing_collectives(tmp_path, ca
     for row in rows:
         ops_shown = row[5] != "-"
         assert ops_shown == SPECS[row[0]].reduces, row
-
-
-def test_c2c_collectives_are_the_specs_its_breakdowns_build():
-    """Every non-blockwise spec either has a C2C breakdown (and builds a program that satisfies the
-    spec on a three-cluster machine) or is refused with the list of those that have one."""
-    from hccc.compiler.cluster.c2c import COLLECTIVES, C2CError, plan_c2c
-    from hccc.compiler.cluster.topo_parser import load_topology
-    from hccc.compiler.passes.verify import verify
-    topo = load_topology(Path(__file__).resolve().parent.parent / "examples" / "clusters"
-                         / "mixed_v100_w7800.topo")
-    assert set(COLLECTIVES) <= set(SPECS)
-    for name, spec in SPECS.items():
-        if name in COLLECTIVES:
-            verify(plan_c2c(topo, name, root=1 if spec.rooted else None).algorithm())
-        else:
-            with pytest.raises(C2CError) as err:
-                plan_c2c(topo, name)
-            assert f"expected one of {', '.join(COLLECTIVES)}" in str(err.value)
