@@ -425,3 +425,19 @@ def test_c2c_runs_in_cpu_emulation(coll):
     for dtype, op in (("float32", "sum"), ("int32", "max")):
         res = launcher.run_program(ir, backend="cpu", nbytes=topo.nranks * 4 * 33, dtype=dtype, op=op)
         assert res.count > 0 and res.wrong == 0 and res.stuck is None and res.collective_wrong == 0
+
+
+def test_c2c_collectives_are_the_specs_its_breakdowns_build():
+    """Every non-blockwise spec either has a C2C breakdown (and builds a program that satisfies the
+    spec on a two-cluster machine) or is refused with the list of those that have one."""
+    from hccc.compiler.cluster.c2c import COLLECTIVES
+    from hccc.compiler.frontend.collectives import SPECS
+    topo = load_topology(CLUSTERS / "mixed_v100_w7800.topo")
+    assert set(COLLECTIVES) <= set(SPECS)
+    for name, spec in SPECS.items():
+        if name in COLLECTIVES:
+            verify(plan_c2c(topo, name, root=1 if spec.rooted else None).algorithm())
+        else:
+            with pytest.raises(C2CError) as err:
+                plan_c2c(topo, name)
+            assert f"expected one of {', '.join(COLLECTIVES)}" in str(err.value)

@@ -693,6 +693,37 @@ def test_avg_of_float16_40000_and_float32_3e38_on_two_ranks_through_the_delegate
         assert torch.equal(res[2], torch.full((4,), 100, dtype=torch.int32))
 
 
+def test_avg_of_reduce_and_reduce_scatter_through_the_delegate(no_catalog):
+    """Every AVG runs as a SUM on gloo (which has no AVG): a reduce of two tensors averages both on
+    the root and leaves the other rank's, a reduce_scatter_tensor averages each rank's part (the
+    oracle: the mean computed here from every rank's inputs)."""
+    def job(r):
+        def run(pg):
+            a, b = torch.full((4,), 10.0 * (r + 1)), torch.arange(4.0) * (r + 3)
+            o = dist.ReduceOptions()
+            o.reduceOp, o.rootRank = dist.ReduceOp.AVG, 0
+            pg.reduce([a, b], o).wait()
+            full = torch.arange(8, dtype=torch.float32) + 100 * r
+            part = torch.empty(4)
+            s = dist.ReduceScatterOptions()
+            s.reduceOp = dist.ReduceOp.AVG
+            pg.reduce_scatter_single(part, full, s).wait()
+            return a, b, part
+        return run
+    out = _ranks_in_threads([job(0), job(1)], no_catalog)
+    for r, (res, _) in enumerate(out):
+        assert not isinstance(res, Exception), res
+        a, b, part = res
+        if r == 0:
+            assert torch.equal(a, torch.full((4,), 15.0))
+            assert torch.equal(b, torch.arange(4.0) * 3.5)
+        else:
+            assert torch.equal(a, torch.full((4,), 20.0))
+            assert torch.equal(b, torch.arange(4.0) * 4)
+        mean = (torch.arange(8, dtype=torch.float32) * 2 + 100) / 2
+        assert torch.equal(part, mean[4 * r:4 * r + 4]), (r, part)
+
+
 @pytest.mark.slow
 @needs_gxx
 def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, monkeypatch):

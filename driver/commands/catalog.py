@@ -14,8 +14,6 @@ from hccc.table import table_lines
 
 SUMMARY = "list what an algorithm catalog directory covers and where the gaps are"
 SCHEMA = "hccc.catalog/1"
-REDUCING = ("allreduce", "reducescatter", "reduce")
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "scatter")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -26,10 +24,13 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from hccc.catalog import Catalog, gap_text
+    from hccc.compiler.frontend.collectives import SPECS
+    # the collectives the torch backend routes through a catalog entry, and the calls it never does
+    from hccc.torch_calls import DELEGATE_ONLY, ROUTED
 
     cat = Catalog.load(args.dir)
     cov = cat.coverage()
-    missing = [c for c in COLLECTIVES if not any(r["collective"] == c for r in cov)]
+    missing = [c for c in ROUTED if not any(r["collective"] == c for r in cov)]
     if args.json:
         print(json.dumps({
             "schema": SCHEMA, "dir": args.dir, "fingerprint": cat.fingerprint,
@@ -42,7 +43,7 @@ def run(args) -> int:
         return 0
     print(f"{args.dir}: {len(cat.entries)} entr{'y' if len(cat.entries) == 1 else 'ies'}")
     rows = [[e.collective, str(e.nranks), "-" if e.root is None else str(e.root), e.name,
-             ",".join(e.dtypes), ",".join(e.ops) if e.collective in REDUCING else "-", e.band()]
+             ",".join(e.dtypes), ",".join(e.ops) if SPECS[e.collective].reduces else "-", e.band()]
             for r in cov for e in r["entries"]]
     if rows:
         print("\n".join(table_lines(["collective", "ranks", "root", "entry", "dtypes", "ops", "bytes"],
@@ -53,5 +54,5 @@ def run(args) -> int:
     if missing:
         print(f"  no entries: {', '.join(missing)} (every call falls back)")
     print("  always: world sizes, dtypes and ops no entry declares; calls on several tensors at once; "
-          "gather, send, recv")
+          + ", ".join(DELEGATE_ONLY))
     return 0

@@ -17,6 +17,12 @@ package register, :func:`register`). Per call it
    they were made (the same order on every rank), and returns a :class:`HcccWork` (``wait``,
    ``is_completed``, ``get_future`` for DDP's communication hooks).
 
+The methods: one per row of :data:`hccc.torch_calls.TORCH_CALLS` (torch's method, the collective
+spec it runs as, the form in which torch passes the buffers), made by :func:`_method`; the form's
+adapter (``_in_place``, ``_single``, ``_lists``, ``_coalesced``, ``_barrier``, the delegate-only
+``_delegate_only`` and ``_point``) maps torch's arguments onto the spec's buffers, root and op, and
+every AVG runs through :func:`_avg_sum`.
+
 GPU tensors: the call records an event on the caller's current stream; the worker waits for it,
 then the Communicator runs its kernel on its own stream and waits for it, so the tensors are
 ready once the work completes (this path has not been run on a GPU here).
@@ -50,6 +56,9 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from hccc.catalog import Catalog, CatalogError
+from hccc.compiler.frontend.collectives import OWN, ROOT
+from hccc.torch_calls import (BARRIER, COALESCED, DELEGATE_LISTS, IN_PLACE, LISTS, POINT, SINGLE,
+                              TORCH_CALLS, TorchCall)
 from hccc.torch.ledger import CallMismatch, ShmLedger, StoreLedger, describe, digest
 
 log = logging.getLogger("hccc.torch")
@@ -760,46 +769,173 @@ class HcccProcessGroup(dist.ProcessGroup):
         return got
 
     @staticmethod
-    def _avg_delegate(backend, _unused=None) -> bool:
+    def _avg_delegate(backend) -> bool:
         """Whether an AVG on this delegate runs as a SUM here (gloo has no AVG; nccl has)."""
         nccl = getattr(_C, "ProcessGroupNCCL", None)
         return nccl is None or not isinstance(backend, nccl)
 
     # ------------------------------------------------------------------ the collectives
-    def allreduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        dev = self._check("allreduce", tensors)
-        op = _op_name(opts)
+    # Every method torch calls is made from one row of :data:`hccc.torch_calls.TORCH_CALLS`
+    # (:func:`_method`): the row's form picks the adapter below, which turns torch's arguments into
+    # the row's collective's buffers, root and op; the collective's spec says the rest (whether it
+    # reduces, has a root, which buffer is the full one, how the two overlay), :func:`_run_spec`
+    # runs it on a Communicator and :func:`_avg_sum` does every AVG.
+    def _in_place(self, call: TorchCall, tensors, opts):
+        """``(tensors, opts)``: one tensor, the collective's input and output (allreduce,
+        broadcast, reduce)."""
+        spec = call.spec
+        dev = self._check(call.name, tensors)
+        op = _op_name(opts) if spec.reduces else None
+        root = int(opts.rootRank) if spec.rooted else None
         extra = "several tensors in one call" if len(tensors) != 1 else ""
         t = tensors[0]
-        route = self._route("allreduce", dev, tensors, t.numel() * t.element_size(), op, extra=extra,
-                            strided_ok=True)
+        route = self._route(call.collective, dev, tensors, t.numel() * t.element_size(), op or "sum",
+                            root=root, extra=extra, strided_ok=call.strided)
         n = self._size
+        # a rank the result does not reach keeps its buffer (the algorithm may leave partial sums
+        # in it): it runs on a copy
+        receives = spec.end != ROOT or self._rank == root
 
         def run(comm, kop):
             with _contiguous(t) as c:
-                if op != "avg":
-                    comm.all_reduce(c, op=kop)
-                    return
-                acc, pre = route[3], route[4]
-                y = _avg_input(c, acc, pre, n, inplace=True)
-                comm.all_reduce(y, op=kop)
-                _avg_output(y, c, pre, n)
+                if op == "avg":
+                    _avg_sum(c, c, route[3:5], n, inplace=receives, receives=receives,
+                             run_sum=lambda y, _res: _run_spec(comm, spec, y, None, root, kop))
+                else:
+                    _run_spec(comm, spec, c if receives else c.clone(), None, root, kop)
 
         def delegate(b):
-            if op != "avg" or not self._avg_delegate(b, None):
-                return b.allreduce(tensors, opts)
+            if op != "avg" or not self._avg_delegate(b):
+                return getattr(b, call.delegate_method)(tensors, opts)
+            sopts = _sum_options(call, root)
             for x in tensors:
-                _avg_on_sum(x, lambda y: _sum_work(b.allreduce, [y]), n)
+                with _contiguous(x) as c:
+                    _avg_sum(c, c, None, n, inplace=receives,
+                             receives=receives,
+                             run_sum=lambda y, _res: getattr(b, call.delegate_method)([y], sopts).wait())
             return None
-        return self._submit("allreduce", dev, route, run, delegate, tensors,
-                            self._text("allreduce", tensors, op=op))
+        return self._submit(call.collective, dev, route, run, delegate, tensors,
+                            self._text(call.kind, tensors, op=op, root=root))
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        one = dist.AllreduceOptions()
-        one.reduceOp = opts.reduceOp
-        return self._together([self.allreduce([t], one) for t in tensors], tensors)
+    def _single(self, call: TorchCall, output, input, opts, splits=None):
+        """``(output, input, opts)``: one flat tensor per buffer, laid out as the spec's (the
+        input the rank's part of the output, or the output the rank's part of the input, may
+        overlay it: that input is copied first)."""
+        spec = call.spec
+        if splits is not None and (splits[0] or splits[1]):
+            # split sizes given: an AllToAllv on every rank (a rank whose own splits happen to be
+            # equal takes the same route as its peers, whose splits may not be)
+            return self._all_to_all_v(call, output, input, splits[0], splits[1], opts)
+        dev = self._check(call.name, [input], [output])
+        op = _op_name(opts) if spec.reduces else None
+        n = self._size
+        extra = ""
+        if spec.alias == "input in output" and output.numel() != input.numel() * n:
+            extra = "the output does not hold the group's inputs"
+        elif spec.alias == "output in input" and input.numel() != output.numel() * n:
+            extra = "the input does not hold the group's outputs"
+        elif spec.alias == "same" and input.numel() != output.numel():
+            extra = "input and output of different sizes"
+        full = output if spec.full_buffer == "output" else input
+        route = self._route(call.collective, dev, [full, output if full is input else input],
+                            full.numel() * full.element_size(), op or "sum", extra=extra,
+                            strided_ok=call.strided)
+
+        def run(comm, kop):
+            if op == "avg":
+                _avg_sum(input, output, route[3:5], n, inplace=False, receives=True,
+                         run_sum=lambda y, res: _run_spec(comm, spec, y, res, None, kop))
+            else:
+                _run_spec(comm, spec, input.clone() if _overlap(input, output) else input, output,
+                          None, kop)
+        rest = ([], []) if call.splits else ()
+
+        def delegate(b):
+            run_b = getattr(b, call.delegate_method)
+            if op != "avg" or not self._avg_delegate(b):
+                return run_b(output, input, *rest, opts)
+            sopts = _sum_options(call, None)
+            _avg_sum(input, output, None, n,
+                     inplace=False, receives=True, run_sum=lambda y, res: run_b(res, y, *rest, sopts).wait())
+            return None
+        # the call is described by the rank's own part (the buffer that is not the full one)
+        own = output if spec.output == OWN else input
+        return self._submit(call.collective, dev, route, run, delegate, [output],
+                            self._text(call.kind, [own], op=op))
+
+    def _lists(self, call: TorchCall, output_tensors, input_tensors, opts):
+        """``(output_tensors, input_tensors, opts)``: the spec's full buffer as a list of one tensor
+        per rank, the rank's own part one tensor (allgather, reduce_scatter, scatter). For a rooted
+        collective only the root passes the list, so the route depends only on what every rank
+        passes; a root whose list does not fit says so in its call's text, so that every rank's
+        call fails on the comparison instead of waiting for the root."""
+        spec = call.spec
+        n = self._size
+        listed_out = spec.output != OWN            # the list is the output (allgather)
+        own_list, lists = (input_tensors, output_tensors) if listed_out else (output_tensors, input_tensors)
+        pieces = [t for lst in lists for t in lst]
+        mine = own_list[0]
+        op = _op_name(opts) if spec.reduces else None
+        root = int(opts.rootRank) if spec.rooted else None
+        bad = extra = ""
+        if spec.rooted:
+            if self._rank == root and (len(lists) != 1 or len(pieces) != n
+                                       or any(i.numel() != mine.numel() for i in pieces)):
+                bad = (f"the root's {call.method}_list holds {len(pieces)} tensors of "
+                       f"{'/'.join(str(i.numel()) for i in pieces) or 'no'} elements")
+            elif self._rank == root and any(i.dtype != mine.dtype or i.device != mine.device
+                                            for i in pieces):
+                bad = (f"the root's {call.method}_list holds tensors of another dtype or device "
+                       f"than the {'input' if listed_out else 'output'}")
+            extra = "several tensors in one call" if len(own_list) != 1 else bad
+            # a bad list goes to the delegate, which refuses it on the root while the others
+            # fail on the comparison of the calls
+            checked = [] if bad else pieces
+        else:
+            if len(own_list) != 1 or len(lists) != 1:
+                extra = "several tensors in one call"
+            elif len(pieces) != n or any(i.numel() != mine.numel() for i in pieces):
+                extra = f"{'outputs' if listed_out else 'inputs'} of different sizes"
+            elif op == "avg":
+                extra = f"op avg of a {call.method} of tensor lists"
+            checked = pieces
+        dev = self._check(call.name, *((own_list, checked) if listed_out
+                                                      else (checked, own_list)))
+        route = self._route(call.collective, dev, [mine, *pieces], mine.numel() * mine.element_size() * n,
+                            op or "sum", root=root, extra=extra, strided_ok=call.strided)
+
+        def run(comm, kop):
+            like = dict(dtype=mine.dtype, device=mine.device)
+            if listed_out:
+                flat = torch.empty(mine.numel() * n, **like)
+                _run_spec(comm, spec, mine.contiguous().view(-1), flat, root, kop)
+                for o, piece in zip(pieces, flat.chunk(n)):
+                    o.copy_(piece.view_as(o))
+                return
+            # the full buffer: the list in rank order (a rooted collective's others are never read)
+            flat = (torch.cat([i.reshape(-1) for i in pieces]) if not spec.rooted or self._rank == root
+                    else torch.empty(mine.numel() * n, **like))
+            with _contiguous(mine) as c:
+                _run_spec(comm, spec, flat, c.view(-1), root, kop)
+        # (a rooted collective's list is the root's alone: not counted)
+        counts = ([] if spec.rooted else [len(pieces)]) + [x.numel() for x in own_list]
+        text = describe(call.kind, op=op, dtype=mine.dtype, counts=counts, root=root,
+                        device=mine.device.type, extra=bad)
+        return self._submit(call.collective, dev, route, run,
+                            lambda b: getattr(b, call.delegate_method)(output_tensors,
+                                                                             input_tensors, opts),
+                            output_tensors, text)
+
+    def _coalesced(self, call: TorchCall, outputs, inputs, opts):
+        """Several tensors in one call: :attr:`TorchCall.repeats` once per tensor (``inputs`` is
+        None for an in-place collective)."""
+        each = _BY_METHOD[call.repeats]
+        if inputs is None:
+            one = _options(each)()
+            one.reduceOp = opts.reduceOp
+            return self._together([getattr(self, each.method)([t], one) for t in outputs], outputs)
+        return self._together([getattr(self, each.method)(o, i, opts) for o, i in zip(outputs, inputs)],
+                              outputs)
 
     def _together(self, works, result) -> HcccWork:
         """One work for several queued calls (coalesced calls run as one call per tensor): it
@@ -809,199 +945,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                 w.wait()
         return self._enqueue(fn, result)
 
-    def all_gather_single(self, output, input, opts=None):
-        opts = opts if opts is not None else _C.AllgatherOptions()
-        dev = self._check("all_gather_into_tensor", [input], [output])
-        extra = ("the output does not hold the group's inputs"
-                 if output.numel() != input.numel() * self._size else "")
-        route = self._route("allgather", dev, [output, input], output.numel() * output.element_size(),
-                            "sum", extra=extra)
-        # in place (FSDP: the input is this rank's slice of the output): the input is copied first
-        return self._submit("allgather", dev, route,
-                            lambda comm, _op: comm.all_gather(input.clone() if _overlap(input, output)
-                                                              else input, output),
-                            lambda b: b._allgather_base(output, input, opts), [output],
-                            self._text("allgather", [input]))
-
-    _allgather_base = all_gather_single
-
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts if opts is not None else _C.AllgatherOptions()
-        outs = [t for lst in output_tensors for t in lst]
-        dev = self._check("allgather", input_tensors, outs)
-        inp = input_tensors[0]
-        extra = ""
-        if len(input_tensors) != 1 or len(output_tensors) != 1:
-            extra = "several tensors in one call"
-        elif len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
-            extra = "outputs of different sizes"
-        route = self._route("allgather", dev, [inp, *outs], inp.numel() * inp.element_size() * self._size,
-                            "sum", extra=extra)
-
-        def run(comm, _op):
-            flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
-            comm.all_gather(inp.contiguous().view(-1), flat)
-            for o, piece in zip(outs, flat.chunk(self._size)):
-                o.copy_(piece.view_as(o))
-        return self._submit("allgather", dev, route, run,
-                            lambda b: b.allgather(output_tensors, input_tensors, opts), output_tensors,
-                            self._text("allgather (tensor list)", list(input_tensors),
-                                       counts=[len(outs), *(x.numel() for x in input_tensors)]))
-
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else _C.AllgatherOptions()
-        return self._together([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)],
-                              outputs)
-
-    def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        dev = self._check("reduce_scatter_tensor", [input], [output])
-        op = _op_name(opts)
-        extra = ("the input does not hold the group's outputs"
-                 if input.numel() != output.numel() * self._size else "")
-        route = self._route("reducescatter", dev, [input, output], input.numel() * input.element_size(),
-                            op, extra=extra)
-        n = self._size
-
-        def run(comm, kop):
-            if op != "avg":
-                comm.reduce_scatter(input.clone() if _overlap(input, output) else input, output, op=kop)
-                return
-            acc, pre = route[3], route[4]
-            y = _avg_input(input, acc, pre, n, inplace=False)
-            res = output if output.dtype == y.dtype and not _overlap(input, output) \
-                else torch.empty(output.numel(), dtype=y.dtype, device=output.device)
-            comm.reduce_scatter(y, res, op=kop)
-            _avg_output(res, output, pre, n)
-
-        def delegate(b):
-            if op != "avg" or not self._avg_delegate(b, None):
-                return b._reduce_scatter_base(output, input, opts)
-            sopts = dist.ReduceScatterOptions()
-            sopts.reduceOp = dist.ReduceOp.SUM
-            acc, pre = avg_plan(input.dtype, None) or (input.dtype, False)
-            y = _avg_input(input, acc, pre, n, inplace=False)
-            res = torch.empty(output.numel(), dtype=y.dtype, device=output.device)
-            b._reduce_scatter_base(res, y, sopts).wait()
-            _avg_output(res, output, pre, n)
-            return None
-        return self._submit("reducescatter", dev, route, run, delegate, [output],
-                            self._text("reducescatter", [output], op=op))
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        ins = [t for lst in input_tensors for t in lst]
-        dev = self._check("reduce_scatter", ins, output_tensors)
-        op = _op_name(opts)
-        out = output_tensors[0]
-        extra = ""
-        if len(output_tensors) != 1 or len(input_tensors) != 1:
-            extra = "several tensors in one call"
-        elif len(ins) != self._size or any(i.numel() != out.numel() for i in ins):
-            extra = "inputs of different sizes"
-        elif op == "avg":
-            extra = "op avg of a reduce_scatter of tensor lists"
-        route = self._route("reducescatter", dev, [out, *ins], out.numel() * out.element_size() * self._size,
-                            op, extra=extra)
-
-        def run(comm, kop):
-            flat = torch.cat([i.reshape(-1) for i in ins])
-            res = torch.empty(out.numel(), dtype=out.dtype, device=out.device)
-            comm.reduce_scatter(flat, res, op=kop)
-            out.copy_(res.view_as(out))
-        return self._submit("reducescatter", dev, route, run,
-                            lambda b: b.reduce_scatter(output_tensors, input_tensors, opts), output_tensors,
-                            self._text("reducescatter (tensor list)", list(output_tensors), op=op,
-                                       counts=[len(ins), *(x.numel() for x in output_tensors)]))
-
-    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return self._together([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)],
-                              outputs)
-
-    def broadcast(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
-        dev = self._check("broadcast", tensors)
-        t = tensors[0]
-        root = int(opts.rootRank)
-        extra = "several tensors in one call" if len(tensors) != 1 else ""
-        route = self._route("broadcast", dev, tensors, t.numel() * t.element_size(), "sum",
-                            root=root, extra=extra, strided_ok=True)
-
-        def run(comm, _op):
-            with _contiguous(t) as c:
-                comm.broadcast(c, root)
-        return self._submit("broadcast", dev, route, run, lambda b: b.broadcast(tensors, opts), tensors,
-                            self._text("broadcast", tensors, root=root))
-
-    def reduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.ReduceOptions()
-        dev = self._check("reduce", tensors)
-        t = tensors[0]
-        op = _op_name(opts)
-        root = int(opts.rootRank)
-        extra = "several tensors in one call" if len(tensors) != 1 else ""
-        route = self._route("reduce", dev, tensors, t.numel() * t.element_size(), op, root=root,
-                            extra=extra, strided_ok=True)
-        n = self._size
-
-        def run(comm, kop):
-            if op == "avg":
-                acc, pre = route[3], route[4]
-                y = _avg_input(t.contiguous(), acc, pre, n, inplace=False)
-                comm.reduce(y, root, op=kop)
-                if self._rank == root:
-                    _avg_output(y, t, pre, n)
-                return
-            if self._rank != root:
-                # the algorithm may leave partial sums in a non-root rank's buffer; torch keeps it
-                comm.reduce(t.contiguous().clone(), root, op=kop)
-                return
-            with _contiguous(t) as c:
-                comm.reduce(c, root, op=kop)
-
-        def delegate(b):
-            if op != "avg" or not self._avg_delegate(b, None):
-                return b.reduce(tensors, opts)
-            sopts = dist.ReduceOptions()
-            sopts.reduceOp, sopts.rootRank = dist.ReduceOp.SUM, root
-            acc, pre = avg_plan(t.dtype, None) or (t.dtype, False)
-            y = _avg_input(t.contiguous(), acc, pre, n, inplace=False)
-            b.reduce([y], sopts).wait()
-            if self._rank == root:
-                _avg_output(y, t, pre, n)
-            return None
-        return self._submit("reduce", dev, route, run, delegate, tensors,
-                            self._text("reduce", tensors, op=op, root=root))
-
-    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
-                          opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
-        dev = self._check("all_to_all_single", [input], [output])
-        splits = list(output_split_sizes or []) + list(input_split_sizes or [])
-        extra = ""
-        if splits:
-            # split sizes given: an AllToAllv on every rank (a rank whose own splits happen to be
-            # equal takes the same route as its peers, whose splits may not be)
-            return self._all_to_all_v(output, input, output_split_sizes, input_split_sizes, opts, dev)
-        elif input.numel() != output.numel():
-            extra = "input and output of different sizes"
-        route = self._route("alltoall", dev, [input, output], input.numel() * input.element_size(),
-                            "sum", extra=extra)
-        # with splits the ranks' sizes may differ: only the kind and dtype must agree
-        text = self._text("alltoall", [input], counts=() if splits else None)
-        return self._submit("alltoall", dev, route,
-                            lambda comm, _op: comm.all_to_all(input.clone() if _overlap(input, output)
-                                                              else input, output),
-                            lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
-                                                      list(input_split_sizes or []), opts), [output],
-                            text)
-
-    alltoall_base = all_to_all_single
-
-    def _all_to_all_v(self, output, input, output_split_sizes, input_split_sizes, opts, dev):
+    def _all_to_all_v(self, call: TorchCall, output, input, output_split_sizes, input_split_sizes, opts):
         """``all_to_all_single`` with uneven split sizes, on the catalog's AllToAll program run as an
         AllToAllv (:meth:`hccc.runtime.Communicator.all_to_all_v`). Each rank knows its own row of
         the counts matrix (its input splits) and column (its output splits): the ranks exchange
@@ -1009,6 +953,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         checks every rank's column against it, so ranks that disagree all raise (the same verdict
         everywhere) before any data moves. The route is chosen for :data:`UNEVEN_ROUTE_ELEMENTS`, not
         the rank's own bytes, which differ between ranks (the ranks must take one route)."""
+        dev = self._check(call.name, [input], [output])
         n = self._size
         rows_in = input.shape[0] if input.dim() else input.numel()
         rows_out = output.shape[0] if output.dim() else output.numel()
@@ -1018,15 +963,17 @@ class HcccProcessGroup(dist.ProcessGroup):
         outs = list(output_split_sizes) if output_split_sizes else [rows_out // n] * n
         if len(ins) != n or len(outs) != n or sum(ins) != rows_in or sum(outs) != rows_out \
                 or min(ins + outs) < 0:
-            raise ValueError(f"all_to_all_single: split sizes {ins} / {outs} do not split the input's "
+            raise ValueError(f"{call.method}: split sizes {ins} / {outs} do not split the input's "
                              f"{rows_in} and the output's {rows_out} rows among {n} ranks")
         extra = "input and output rows of different sizes" if rows_in and rows_out and per_in != per_out else ""
         per = per_in or per_out
         # (torch refuses strided tensors before the backend; were one to arrive, it runs on a
         # contiguous copy: a route that depended on this rank's layout could differ from its peers')
-        route = self._route("alltoall", dev, [input, output], UNEVEN_ROUTE_ELEMENTS * n * input.element_size(),
-                            "sum", extra=extra, strided_ok=True)
-        text = self._text("alltoallv", [input], counts=())
+        route = self._route(call.collective, dev, [input, output],
+                            UNEVEN_ROUTE_ELEMENTS * n * input.element_size(), "sum", extra=extra,
+                            strided_ok=True)
+        # the ranks' sizes differ: only the kind and dtype must agree
+        text = self._text(f"{call.collective}v", [input], counts=())
         mine = np.array([c * per for c in ins] + [c * per for c in outs], np.int64)
 
         def run(comm, _op):
@@ -1040,7 +987,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                 if not np.array_equal(table[d, n:], counts[:, d]):
                     s = int(np.flatnonzero(table[d, n:] != counts[:, d])[0])
                     raise CommunicatorError(
-                        f"rank {self._rank}: all_to_all_single: rank {d} expects {int(table[d, n + s])} "
+                        f"rank {self._rank}: {call.method}: rank {d} expects {int(table[d, n + s])} "
                         f"elements from rank {s}, which sends it {int(counts[s, d])} (every rank's "
                         "output_split_sizes must match the senders' input_split_sizes)")
             x = (input.clone(memory_format=torch.contiguous_format) if _overlap(input, output)
@@ -1050,98 +997,131 @@ class HcccProcessGroup(dist.ProcessGroup):
             if y is not output:
                 output.copy_(y)
 
-        return self._submit("alltoallv", dev, route, run,
-                            lambda b: b.alltoall_base(output, input, list(output_split_sizes or []),
-                                                      list(input_split_sizes or []), opts), [output],
-                            text)
+        return self._submit(f"{call.collective}v", dev, route, run,
+                            lambda b: getattr(b, call.delegate_method)(output, input, list(output_split_sizes or []),
+                                                                list(input_split_sizes or []), opts),
+                            [output], text)
 
-    def barrier(self, opts=None):
+    def _barrier(self, call: TorchCall, opts):
         """A barrier: a call kind of its own (never taken for a peer's data collective), run as a
         one-element allreduce through hccc when the catalog has one for it."""
-        opts = opts if opts is not None else dist.BarrierOptions()
         if capture_active():
-            self._check("barrier", [])
+            self._check(call.kind, [])
         t = torch.zeros(1)
-        route = self._route("barrier", t.device, [t], 4, "sum")
+        route = self._route(call.kind, t.device, [t], 4, "sum")
         if route[0] == "fallback" and not self.disabled and (
                 self.catalog.entries or getattr(self.catalog, "lazy", False)):
-            r2 = self._route("allreduce", t.device, [t], 4, "sum")
+            r2 = self._route(call.collective, t.device, [t], 4, "sum")
             route = r2 if r2[0] == "hccc" else route
-        return self._submit("barrier", t.device, route, lambda comm, kop: comm.all_reduce(t, op=kop),
-                            lambda b: b.barrier(opts), [t], describe("barrier"))
+        spec = call.spec
+        return self._submit(call.kind, t.device, route,
+                            lambda comm, kop: _run_spec(comm, spec, t, None, 0, kop),
+                            lambda b: b.barrier(opts), [t], describe(call.kind))
 
-    # calls hccc has no algorithm kind for: the delegate, counted and logged
-    def _passthrough(self, coll: str, tensors, call, result, text: str | None):
-        dev = self._device(tensors, coll) if tensors else torch.device("cpu")
+    def _delegated(self, call: TorchCall, tensors, run_delegate, result, text: str | None):
+        """A call hccc has no algorithm kind for: the delegate, counted and logged."""
+        dev = self._device(tensors, call.kind) if tensors else torch.device("cpu")
         if capture_active():
-            self._check(coll, [])
-        route = ("fallback", f"hccc has no {coll} algorithms", None, None, None)
+            self._check(call.kind, [])
+        route = ("fallback", f"hccc has no {call.kind} algorithms", None, None, None)
         if self.device_backends.get(dev.type, "hccc") != "hccc":
             route = ("delegated", f"the device map gives {dev.type} to {self.device_backends[dev.type]}",
                      None, None, None)
-        return self._submit(coll, dev, route, None, call, result, text)
+        return self._submit(call.kind, dev, route, None, run_delegate, result, text)
 
-    def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts if opts is not None else dist.GatherOptions()
-        return self._passthrough("gather", list(input_tensors),
-                                 lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors,
-                                 self._text("gather", list(input_tensors), root=int(opts.rootRank)))
+    def _delegate_only(self, call: TorchCall, output_tensors, input_tensors, opts):
+        """``(output_tensors, input_tensors, opts)`` on the delegate. Uneven lists (alltoall of
+        tensor lists: a rank's tensors may differ from its peers') are described by how many
+        tensors; the others by their sizes (and root)."""
+        ins = list(input_tensors)
+        root = int(opts.rootRank) if hasattr(opts, "rootRank") else None
+        text = self._text(call.kind, ins, root=root,
+                          counts=[len(ins)] if call.form == DELEGATE_LISTS else None)
+        return self._delegated(call, ins, lambda b: getattr(b, call.method)(output_tensors, input_tensors, opts),
+                               output_tensors, text)
 
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        """torch.distributed.scatter: the root's ``scatter_list`` (``input_tensors[0]``, one tensor
-        per rank) split over the ranks, tensor ``r`` into rank ``r``'s output. The route depends
-        only on what every rank passes (the output, the root); a root whose list does not fit the
-        output (another length, size, dtype or device) says so in its call's text, so that every
-        rank's call fails on the comparison instead of waiting for the root."""
-        opts = opts if opts is not None else dist.ScatterOptions()
-        root = int(opts.rootRank)
-        ins = [t for lst in input_tensors for t in lst]
-        out = output_tensors[0]
-        bad = ""
-        if self._rank == root and (len(input_tensors) != 1 or len(ins) != self._size
-                                   or any(i.numel() != out.numel() for i in ins)):
-            bad = (f"the root's scatter_list holds {len(ins)} tensors of "
-                   f"{'/'.join(str(i.numel()) for i in ins) or 'no'} elements")
-        elif self._rank == root and any(i.dtype != out.dtype or i.device != out.device for i in ins):
-            bad = "the root's scatter_list holds tensors of another dtype or device than the output"
-        # only what every rank passes decides the route; a bad list goes to the delegate, which
-        # refuses it on the root while the others fail on the comparison of the calls
-        dev = self._check("scatter", [] if bad else ins, output_tensors)
-        extra = "several tensors in one call" if len(output_tensors) != 1 else bad
-        route = self._route("scatter", dev, [out, *ins], out.numel() * out.element_size() * self._size,
-                            "sum", root=root, extra=extra, strided_ok=True)
-        n = self._size
+    def _point(self, call: TorchCall, tensors, peer, tag):
+        """Point-to-point (send, recv) on the delegate; never compared (the ranks make different
+        calls)."""
+        return self._delegated(call, list(tensors), lambda b: getattr(b, call.method)(tensors, peer, tag),
+                               tensors, None)
 
-        def run(comm, _op):
-            # the full buffer: the root's list in rank order; the other ranks' is never read
-            flat = (torch.cat([i.reshape(-1) for i in ins]) if self._rank == root else
-                    torch.empty(out.numel() * n, dtype=out.dtype, device=out.device))
-            with _contiguous(out) as c:
-                comm.scatter(flat, c.view(-1), root=root)
-        text = describe("scatter", dtype=out.dtype, counts=[out.numel()], root=root,
-                        device=out.device.type, extra=bad)
-        return self._submit("scatter", dev, route, run,
-                            lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors, text)
 
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._passthrough("alltoall (tensor lists)", list(input_tensors),
-                                 lambda b: b.alltoall(output_tensors, input_tensors, opts), output_tensors,
-                                 self._text("alltoall (tensor lists)", list(input_tensors),
-                                            counts=[len(input_tensors)]))
+# ------------------------------------------------------------------------------------- the methods
+_BY_METHOD = {c.method: c for c in TORCH_CALLS}
 
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        opts = opts if opts is not None else _C.AllgatherOptions()
-        return self._passthrough("allgather_coalesced", list(input_tensors),
-                                 lambda b: b.allgather_coalesced(output_lists, input_tensors, opts),
-                                 output_lists,
-                                 self._text("allgather_coalesced", list(input_tensors)))
 
-    def send(self, tensors, dst, tag=0):
-        return self._passthrough("send", list(tensors), lambda b: b.send(tensors, dst, tag), tensors, None)
+def _options(call: TorchCall):
+    """torch's options class of a call."""
+    return getattr(_C, call.options)
 
-    def recv(self, tensors, src, tag=0):
-        return self._passthrough("recv", list(tensors), lambda b: b.recv(tensors, src, tag), tensors, None)
+
+def _sum_options(call: TorchCall, root: int | None):
+    """The call's options for a SUM (an AVG on a delegate without it), with the call's root."""
+    sopts = _options(call)()
+    sopts.reduceOp = dist.ReduceOp.SUM
+    if root is not None:
+        sopts.rootRank = root
+    return sopts
+
+
+def _run_spec(comm, spec, x, out, root, kop):
+    """Run ``spec``'s collective on a Communicator (its method of the spec's name): input ``x``,
+    output ``out`` (None: in place in ``x``), the root where the spec has one, the op where it
+    reduces."""
+    kw = {}
+    if spec.rooted:
+        kw["root"] = root
+    if spec.reduces:
+        kw["op"] = kop
+    return getattr(comm, spec.method)(x, out=out, **kw)
+
+
+def _method(call: TorchCall):
+    """The ProcessGroup method of one row of the table: torch's arguments (the options defaulted)
+    handed to the adapter of the row's form."""
+    def opts_of(opts):
+        return opts if opts is not None else _options(call)()
+
+    if call.form == IN_PLACE:
+        def method(self, tensors, opts=None):
+            return self._in_place(call, tensors, opts_of(opts))
+    elif call.form == SINGLE and call.splits:
+        def method(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
+            return self._single(call, output, input, opts_of(opts),
+                                (list(output_split_sizes or []), list(input_split_sizes or [])))
+    elif call.form == SINGLE:
+        def method(self, output, input, opts=None):
+            return self._single(call, output, input, opts_of(opts))
+    elif call.form == LISTS:
+        def method(self, output_tensors, input_tensors, opts=None):
+            return self._lists(call, output_tensors, input_tensors, opts_of(opts))
+    elif call.form == COALESCED and _BY_METHOD[call.repeats].form == IN_PLACE:
+        def method(self, tensors, opts=None):
+            return self._coalesced(call, tensors, None, opts_of(opts))
+    elif call.form == COALESCED:
+        def method(self, outputs, inputs, opts=None):
+            return self._coalesced(call, outputs, inputs, opts_of(opts))
+    elif call.form == BARRIER:
+        def method(self, opts=None):
+            return self._barrier(call, opts_of(opts))
+    elif call.form == POINT:
+        def method(self, tensors, peer, tag=0):
+            return self._point(call, tensors, peer, tag)
+    else:
+        def method(self, output_tensors, input_tensors, opts=None):
+            return self._delegate_only(call, output_tensors, input_tensors, opts_of(opts))
+    method.__name__ = method.__qualname__ = call.method
+    method.torch_call = call            # the row it was made from
+    method.__doc__ = (f"torch's ``{call.name}``: "
+                      + (f"the {call.spec.title} collective ({call.form})" if call.spec is not None
+                         else f"on the delegate ({call.form})") + ", from :data:`hccc.torch_calls.TORCH_CALLS`.")
+    return method
+
+
+for _call in TORCH_CALLS:
+    for _name in (_call.method, *_call.aliases):
+        setattr(HcccProcessGroup, _name, _method(_call))
 
 
 # ------------------------------------------------------------------------------------- averages
@@ -1193,21 +1173,26 @@ def _avg_output(y: torch.Tensor, out: torch.Tensor, pre: bool, n: int) -> None:
         out.copy_(y.view_as(out))
 
 
-def _sum_work(call, tensors):
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
-    return call(tensors, opts)
-
-
-def _avg_on_sum(x: torch.Tensor, run_sum, n: int) -> None:
-    """AVG of ``x`` in place through ``run_sum(tensor) -> work`` (a delegate without AVG)."""
-    acc, pre = avg_plan(x.dtype, None) or (x.dtype, False)
-    with _contiguous(x) as c:
-        y = _avg_input(c, acc, pre, n, inplace=True)
-        work = run_sum(y)
-        if work is not None:
-            work.wait()
-        _avg_output(y, c, pre, n)
+def _avg_sum(x: torch.Tensor, out: torch.Tensor, plan, n: int, *, inplace: bool, receives: bool,
+             run_sum) -> None:
+    """An AVG as a SUM (every AVG of the backend, on hccc's kernels or a delegate without AVG):
+    ``x``'s values in ``plan`` = (the dtype the sum runs in, whether each rank scales by 1/n
+    first: :func:`avg_plan` over the kernels' dtypes; None: over every dtype, for a delegate),
+    summed by ``run_sum(y, res)`` into ``res`` (None: in place in ``y``,
+    where ``out`` is ``x``: the collective's input and output are one buffer), then averaged into
+    ``out`` where this rank ``receives`` the result. ``inplace``: ``x`` itself may be summed in
+    (its dtype is the sum's)."""
+    acc, pre = plan if plan is not None else (avg_plan(x.dtype, None) or (x.dtype, False))
+    y = _avg_input(x, acc, pre, n, inplace=inplace)
+    if out is x:
+        res = y
+        run_sum(y, None)
+    else:
+        res = out if out.dtype == y.dtype and not _overlap(x, out) \
+            else torch.empty(out.numel(), dtype=y.dtype, device=out.device)
+        run_sum(y, res)
+    if receives:
+        _avg_output(res, out, pre, n)
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

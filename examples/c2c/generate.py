@@ -18,12 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from hccc.compiler.cluster.c2c import plan_c2c
+from hccc.compiler.cluster.c2c import COLLECTIVES, plan_c2c
 from hccc.compiler.cluster.topo_parser import load_topology
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE.parent / "clusters" / "mixed_v100_w7800.topo"
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
 #: the rooted examples use an AMD rank as the root, so the data starts (or ends) in the second cluster
 ROOT = 9
 
