@@ -134,3 +134,67 @@ def test_a_job_with_only_a_topology_runs_the_synthesized_programs(topo, tmp_path
         assert all(rep["checks"].values()), (r, rep["checks"])
         assert rep["stats"]["entries"] == {"synth_allreduce_4": 1, "synth_allgather_4": 1}, rep["stats"]
         assert rep["stats"]["fallback"] == {}, rep["stats"]["reasons"]
+
+
+# ------------------------------------------------------------ the machine's topology, detected
+def _detector(tmp_path, text=SMALL_TOPO, fail=None):
+    """A stand-in for NVML detection: the .topo text of a machine and its Topology, or ``fail``."""
+    from hccc.compiler.pipeline import load_cluster
+
+    def detect():
+        if fail is not None:
+            raise fail
+        p = tmp_path / "machine.topo"
+        p.write_text(text)
+        return text, load_cluster(p)
+    return detect
+
+
+def test_a_detected_topology_is_written_once_by_its_contents_and_given_to_the_group(tmp_path, monkeypatch):
+    """No topology given, hccc serves CUDA tensors, the machine has the group's GPUs: the detected
+    .topo lands in the cache under its contents' digest (every rank names the same file), and the
+    options carry it as the topology, said to be detected."""
+    import hashlib
+
+    from hccc.torch.process_group import Options, _with_detected_topology
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)
+    opts = Options().resolved()
+    got, note = _with_detected_topology(opts, {"cpu": "gloo", "cuda": "hccc"}, 4, detect=_detector(tmp_path))
+    assert note is None and got.topology is not None
+    path = Path(got.topology)
+    assert path.read_text() == SMALL_TOPO
+    assert path.name == hashlib.sha256(SMALL_TOPO.encode()).hexdigest() + ".topo"
+    assert got._sources["topology"] == "detected through NVML"
+    again, _ = _with_detected_topology(opts, {"cuda": "hccc"}, 4, detect=_detector(tmp_path))
+    assert again.topology == got.topology
+    # the built-in catalog takes it like a given topology: the synthesized entries join
+    cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cat", topology=got.topology)
+    assert "synth_allgather_4" in _names(cat, "allgather")
+
+
+@pytest.mark.parametrize("case", ["other size", "no nvml", "switched off", "cuda delegated"])
+def test_detection_that_does_not_apply_leaves_the_options_alone(tmp_path, monkeypatch, case):
+    from hccc.compiler.cluster.detect import DetectError
+    from hccc.torch.process_group import Options, _with_detected_topology
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)
+    devices, world, fail = {"cuda": "hccc"}, 4, None
+    if case == "other size":
+        world = 8
+    elif case == "no nvml":
+        fail = DetectError("--detect needs NVML's Python bindings: pip install 'hccc[detect]' (nvidia-ml-py)")
+    elif case == "switched off":
+        monkeypatch.setenv("HCCC_DETECT_TOPOLOGY", "0")
+    else:
+        devices = {"cuda": "nccl"}
+    opts = Options().resolved()
+    got, note = _with_detected_topology(opts, devices, world, detect=_detector(tmp_path, fail=fail))
+    assert got is opts
+    if case == "other size":
+        assert "4 GPUs, the group 8 ranks" in note
+    elif case == "no nvml":
+        assert "nvidia-ml-py" in note
+    else:
+        assert note is None
+    assert not (tmp_path / "cache" / "detected_topology").exists() or case == "other size"

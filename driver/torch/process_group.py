@@ -157,6 +157,49 @@ class Options:
         return Options(kernel_timeout_s=self.kernel_timeout_s, _resolved=True, _sources=sources, **vals)
 
 
+#: set to 0 to keep the backend from describing the machine through NVML when no topology is given
+DETECT_ENV = "HCCC_DETECT_TOPOLOGY"
+
+
+def _with_detected_topology(options: Options, device_backends: dict, world: int, detect=None):
+    """``options`` with the topology of this machine, detected through NVML, where none was given
+    (``HCCC_TOPOLOGY``, ``Options(topology=)``), hccc serves the group's CUDA tensors, CUDA has
+    devices, and the machine has as many GPUs as the group has ranks (the group is this machine's
+    GPUs: a group spanning hosts falls back anyway). The ``.topo`` is written into hccc's cache
+    under its contents' digest, so every rank of the machine names the same file and the group's
+    agreement compares its contents like a given topology's. Returns ``(options, note)``: the note
+    says why nothing was detected (None when something was, or detection did not apply).
+    ``detect``: the detector (default :func:`hccc.compiler.cluster.detect.detect_topology`)."""
+    import dataclasses
+    import hashlib
+    if os.environ.get(DETECT_ENV, "1") == "0" or device_backends.get("cuda", "hccc") != "hccc":
+        return options, None
+    if detect is None:
+        import torch
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            return options, None
+        from hccc.compiler.cluster.detect import detect_topology as detect
+    from hccc.util.diagnostics import CompileError, render_all
+    try:
+        text, topo = detect()
+    except CompileError as exc:
+        return options, f"no topology detected: {render_all(exc).strip()}"
+    ngpus = topo.nranks
+    if ngpus != world:
+        return options, (f"no topology detected: this machine has {ngpus} GPUs, the group {world} "
+                         "ranks (set HCCC_TOPOLOGY to the cluster's .topo)")
+    from hccc.runtime import cache
+    folder = cache.cache_root() / "detected_topology"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()}.topo"
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    sources = dict(options._sources, topology="detected through NVML")
+    return dataclasses.replace(options, topology=str(path), _sources=sources), None
+
+
 def _file_digest(path) -> str:
     """SHA-256 of a description file's contents, read through the input checks every reader uses
     (a regular file within the input size limit; anything else is an error naming the file)."""
@@ -307,6 +350,10 @@ class HcccProcessGroup(dist.ProcessGroup):
         problem, inputs, node, ledger = None, {}, None, None
         try:
             self.options = (options or Options()).resolved()
+            self.topology_note = None
+            if self.options.topology is None:
+                self.options, self.topology_note = _with_detected_topology(
+                    self.options, self.device_backends, self._size)
             self.kernel_timeout_s = (self.options.kernel_timeout_s if self.options.kernel_timeout_s
                                      else min(30.0, self.timeout_s))
             self.catalog = _catalog(self.options.catalog)
