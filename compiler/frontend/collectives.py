@@ -173,6 +173,41 @@ class CollectiveSpec:
         """The full buffer's chunks for ``nids`` chunk ids (inverse of :meth:`nids`)."""
         return int(nids) // max(1, int(nranks)) if blockwise else int(nids)
 
+    def full_chunks(self, nranks: int, nids: int) -> int:
+        """The full buffer's chunks for ``nids`` chunk ids (inverse of :meth:`nids`)."""
+        return self.chunks(nranks, nids, self.blockwise)
+
+    def block_of(self, ids, nranks: int, nchunks: int):
+        """``(source, destination, piece)`` of chunk ``ids`` (int or array) over a full buffer of
+        ``nchunks`` chunks: blockwise, id ``(i*N + j)*K + k`` is piece ``k`` of the block rank ``i``
+        sends to rank ``j``; otherwise id ``r*K + k`` is piece ``k`` of rank ``r``'s part, and
+        ``source == destination == r``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        C = int(nchunks)
+        K = max(1, C // int(nranks))
+        if self.blockwise:
+            return ids // C, (ids // K) % int(nranks), ids % K
+        return ids // K, ids // K, ids % K
+
+    def block_id(self, source, destination, piece, nranks: int, nchunks: int):
+        """The chunk id of ``(source, destination, piece)`` (inverse of :meth:`block_of`)."""
+        K = max(1, int(nchunks) // int(nranks))
+        if self.blockwise:
+            return (np.asarray(source, dtype=np.int64) * int(nranks) + destination) * K + piece
+        return np.asarray(source, dtype=np.int64) * K + piece
+
+    def count_unit(self, nranks: int) -> int:
+        """A run's per-rank element count must be a multiple of this: ``nranks`` for a blockwise
+        collective (every rank sends every other the same number of elements; nccl-tests rounds
+        its AllToAll sizes down the same way), 1 (any count) otherwise."""
+        return max(1, int(nranks)) if self.blockwise else 1
+
+    @property
+    def split_by_rank(self) -> bool:
+        """A buffer is laid out by rank (:data:`OWN`, :data:`TO`, :data:`FROM`), so the full
+        buffer's chunks must be a multiple of the ranks."""
+        return any(layout in (OWN, TO, FROM) for layout in (self.input, self.output))
+
     def place(self, where: str, ids: np.ndarray, nranks: int, nchunks: int, root: int = 0):
         """``(rank, id)`` arrays: the ranks ``where`` names for each of ``ids``, rank-major."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -237,6 +272,29 @@ class CollectiveSpec:
         if layout == TO:
             return ids % C
         return (ids // C) * K + ids % K   # FROM
+
+    def id_at(self, buffer: str, rank, slot, nranks: int, nchunks: int):
+        """The chunk id that ``slot`` (int or array) of ``rank``'s ``"input"`` or ``"output"``
+        buffer holds (inverse of :meth:`slot`)."""
+        layout = self.input if buffer == "input" else self.output
+        C = int(nchunks)
+        K = max(1, C // int(nranks))
+        rank = np.asarray(rank, dtype=np.int64)
+        slot = np.asarray(slot, dtype=np.int64)
+        if layout == OWN:
+            return rank * K + slot
+        if layout == FULL:
+            return slot
+        if layout == TO:
+            return self.block_id(rank, slot // K, slot % K, nranks, C)
+        return self.block_id(slot // K, rank, slot % K, nranks, C)   # FROM
+
+    @property
+    def crossed_overlay(self) -> bool:
+        """In place, a rank's output slot of a chunk id is its input slot of a *different* id (the
+        two buffers are one but laid out differently: AllToAll's block from rank ``i`` lands where
+        its block to rank ``i`` was), so an arrival must wait for the departure it overwrites."""
+        return self.alias == "same" and self.input != self.output
 
     def holds(self, where: str, rank, ids, nranks: int, nchunks: int, root: int = 0):
         """Boolean (array): ``rank`` is among the ranks ``where`` names for chunk ``ids``."""
