@@ -90,11 +90,10 @@ class Slots:
         except ValueError:
             raise ProofError(f"unsupported collective '{ir.collective}'") from None
         N, C, coll = int(ir.nranks), int(ir.nchunks), ir.collective
-        own = OWN in (spec.input, spec.output)
-        if (own or spec.blockwise) and C % N:
+        if spec.split_by_rank and C % N:
             raise ProofError(f"{coll}: nchunks = {C} is not a multiple of {N} ranks")
         #: chunks each rank owns (None when the collective has no such split)
-        self.k = C // N if own or spec.blockwise else None
+        self.k = C // N if spec.split_by_rank else None
         for what, have in (("input", ir.in_chunks), ("output", ir.out_chunks)):
             want = spec.slots(what, N, C)
             if have != want:
