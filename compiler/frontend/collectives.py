@@ -59,6 +59,11 @@ def _one(n: int) -> float:
     return 1.0
 
 
+def _int64(x):
+    """An int stays an int; anything else becomes an int64 array (no overflow of narrower ids)."""
+    return int(x) if isinstance(x, (int, np.integer)) else np.asarray(x, dtype=np.int64)
+
+
 def _bounds(count: int, nchunks: int) -> np.ndarray:
     return np.arange(nchunks + 1, dtype=np.int64) * count // nchunks
 
@@ -182,7 +187,7 @@ class CollectiveSpec:
         ``nchunks`` chunks: blockwise, id ``(i*N + j)*K + k`` is piece ``k`` of the block rank ``i``
         sends to rank ``j``; otherwise id ``r*K + k`` is piece ``k`` of rank ``r``'s part, and
         ``source == destination == r``."""
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = _int64(ids)
         C = int(nchunks)
         K = max(1, C // int(nranks))
         if self.blockwise:
@@ -192,9 +197,10 @@ class CollectiveSpec:
     def block_id(self, source, destination, piece, nranks: int, nchunks: int):
         """The chunk id of ``(source, destination, piece)`` (inverse of :meth:`block_of`)."""
         K = max(1, int(nchunks) // int(nranks))
+        source, destination, piece = _int64(source), _int64(destination), _int64(piece)
         if self.blockwise:
-            return (np.asarray(source, dtype=np.int64) * int(nranks) + destination) * K + piece
-        return np.asarray(source, dtype=np.int64) * K + piece
+            return (source * int(nranks) + destination) * K + piece
+        return source * K + piece
 
     def count_unit(self, nranks: int) -> int:
         """A run's per-rank element count must be a multiple of this: ``nranks`` for a blockwise
@@ -212,15 +218,14 @@ class CollectiveSpec:
         """``(rank, id)`` arrays: the ranks ``where`` names for each of ``ids``, rank-major."""
         ids = np.asarray(ids, dtype=np.int64)
         N, C = int(nranks), int(nchunks)
-        K = max(1, C // N)
         if where == EVERY:
             return np.repeat(np.arange(N, dtype=np.int64), len(ids)), np.tile(ids, N)
         if where == ROOT:
             return np.full(len(ids), int(root), np.int64), ids
         if where == OWNER:
-            rank = ids // C if self.blockwise else ids // K
+            rank = self.block_of(ids, N, C)[0]
         elif where == DEST:
-            rank = (ids // K) % N
+            rank = self.block_of(ids, N, C)[1]
         else:
             raise ValueError(f"unknown placement {where!r}")
         if len(rank) > 1 and (rank[1:] < rank[:-1]).any():   # ids ascend: keep their order per rank
@@ -242,8 +247,7 @@ class CollectiveSpec:
             return np.full(len(ids), int(root), np.int64)
         if self.start != OWNER:
             raise ValueError(f"{self.title}: every rank holds every chunk at the start")
-        K = max(1, int(nchunks) // int(nranks))
-        return ids // int(nchunks) if self.blockwise else ids // K
+        return self.block_of(ids, nranks, nchunks)[0]
 
     def end_holders(self, nranks: int, nchunks: int, root: int = 0):
         """The postcondition: ``(rank, id, want)`` arrays sorted by ``(rank, id)``; ``want`` is
@@ -269,9 +273,10 @@ class CollectiveSpec:
             return ids - rank * K
         if layout == FULL:
             return ids if not self.blockwise else ids % C
+        src, dst, piece = self.block_of(ids, nranks, C)
         if layout == TO:
-            return ids % C
-        return (ids // C) * K + ids % K   # FROM
+            return dst * K + piece
+        return src * K + piece   # FROM
 
     def id_at(self, buffer: str, rank, slot, nranks: int, nchunks: int):
         """The chunk id that ``slot`` (int or array) of ``rank``'s ``"input"`` or ``"output"``
@@ -279,8 +284,7 @@ class CollectiveSpec:
         layout = self.input if buffer == "input" else self.output
         C = int(nchunks)
         K = max(1, C // int(nranks))
-        rank = np.asarray(rank, dtype=np.int64)
-        slot = np.asarray(slot, dtype=np.int64)
+        rank, slot = _int64(rank), _int64(slot)
         if layout == OWN:
             return rank * K + slot
         if layout == FULL:
@@ -304,10 +308,8 @@ class CollectiveSpec:
             return np.ones(np.broadcast(rank, ids).shape, bool)
         if where == ROOT:
             return rank == int(root)
-        K = max(1, int(nchunks) // int(nranks))
-        if where == OWNER:
-            return (ids // int(nchunks) if self.blockwise else ids // K) == rank
-        return (ids // K) % int(nranks) == rank    # DEST
+        src, dst, _ = self.block_of(ids, nranks, nchunks)
+        return (src if where == OWNER else dst) == rank    # DEST: the block's destination
 
     @property
     def scratch(self) -> bool:
