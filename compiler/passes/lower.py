@@ -234,9 +234,9 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     copy_key = np.zeros(nK, np.int64)
     copy_pipe = np.zeros(nK, np.int64)
     if a2a is not None:
-        # the rank's own block: input slot j*K+k to output slot i*K+k (i == j); then the blocks
-        # that arrived in scratch because their output slot was still to be sent (in-place)
-        copy_src, copy_dst = h.block_slot(cc)
+        # after the copies of the chunks never written (an AllToAll rank's own block, placed by
+        # the spec's slots above), the blocks that arrived in scratch because their output slot
+        # was still to be sent (in place)
         nA = len(a2a.copy_rank)
         cr = np.concatenate([cr, a2a.copy_rank])
         copy_src = np.concatenate([copy_src, a2a.copy_src])
