@@ -16,8 +16,10 @@ collective's to touch, as in NCCL). Output chunks the postcondition needs but th
 writes (AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get
 a local ``COPY`` input->output, which in-place runs skip because source and destination alias.
 
-AllToAll (``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per buffer) has its own mapping, with
-the care in-place runs need: see :func:`_alltoall_mapping`.
+A collective whose in-place overlay is crossed (:attr:`CollectiveSpec.crossed_overlay`: an output
+slot is another id's input slot; AllToAll, ``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per
+buffer) has its own mapping, with the care in-place runs need: see :func:`_alltoall_mapping`. Both
+take every id's blocks, slots and holders from the spec, never from the collective's name.
 
 Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` (task ``b``) becomes one
 ``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
