@@ -5,10 +5,10 @@ prover take the precondition and postcondition from :meth:`CollectiveSpec.start`
 :meth:`CollectiveSpec.end`, the lowering and the executors the buffer layouts
 (:meth:`CollectiveSpec.slot`) and the chunk model's facts (:meth:`~CollectiveSpec.block_of`,
 :meth:`~CollectiveSpec.id_at`, :meth:`~CollectiveSpec.count_unit`,
-:attr:`~CollectiveSpec.crossed_overlay` ...: no layer tests for a collective by name), the reference executor the semantics, the simulator and the
-runners the bus-bandwidth factor, the Communicator its method names, the nccl-tests sweep the
-``redop``/``root`` columns, the MSCCL XML layers the ``coll`` names, and the command line and
-``hccc.testing`` the list of collectives. docs/architecture.md ("Adding a collective") says what a
+:attr:`~CollectiveSpec.crossed_overlay` ..., asked instead of testing for a collective by name),
+the reference executor the semantics, the simulator and the runners the bus-bandwidth factor, the
+Communicator its method names, the nccl-tests sweep the ``redop``/``root`` columns, the MSCCL XML
+layers the ``coll`` names, and the command line and ``hccc.testing`` the list of collectives. docs/architecture.md ("Adding a collective") says what a
 new entry needs besides this module.
 
 Chunk model. A run moves one *full buffer* of ``count`` elements (nccl-tests' ``S``: the output of a
