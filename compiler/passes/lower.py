@@ -394,16 +394,17 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     wr, wc = wl // C, wl % C
     w_piece = spec.block_of(wc, N, Cf)[2]
     to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf) | redirect_loc[wl]
-    # dense scratch blocks per rank
-    sb = wr[to_scratch] * (N * N) + wc[to_scratch] // K
+    # dense scratch blocks per rank (block ``c // K`` of the ``C // K`` blocks of K pieces)
+    nb = C // K
+    sb = wr[to_scratch] * nb + wc[to_scratch] // K
     ub = unique(sb)
-    first_of_rank = np.searchsorted(ub // (N * N), np.arange(N))
-    dense = np.searchsorted(ub, sb) - first_of_rank[sb // (N * N)]
+    first_of_rank = np.searchsorted(ub // nb, np.arange(N))
+    dense = np.searchsorted(ub, sb) - first_of_rank[sb // nb]
     loc_buf = np.full(len(wl), Buf.OUTPUT, np.int8)
     loc_off = spec.slot("output", wr, wc, N, Cf)
     loc_buf[to_scratch] = Buf.SCRATCH
     loc_off[to_scratch] = dense * K + w_piece[to_scratch]
-    per_rank = np.bincount(ub // (N * N), minlength=N) if len(ub) else np.zeros(N, np.int64)
+    per_rank = np.bincount(ub // nb, minlength=N) if len(ub) else np.zeros(N, np.int64)
     scratch_chunks = int(per_rank.max()) * K if len(ub) else 0
 
     def where(loc):
