@@ -54,6 +54,7 @@ import numpy as np
 from hccc.compiler.frontend.collectives import SPECS, spec_of
 from hccc.util import dtypes as dtypes_table
 from hccc.util.limits import printable
+from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
 from hccc.compiler.backend.codegen import WARP_SIZE, buffer_bases
 from hccc.util.plural import plural
@@ -770,8 +771,7 @@ class Runner:
         count = int(count)
         if count < 0:
             raise ValueError("count must be non-negative")
-        if SPECS[self.ir.collective].blockwise:
-            count = reference.alltoall_count(count, reference.alltoall_unit(self.ir))  # equal blocks
+        count = reference.alltoall_count(count, count_unit(self.ir))  # AllToAll: equal blocks
         if iters < 1 or warmup < 0 or checks < 1:
             raise ValueError("iters and checks must be >= 1 and warmup >= 0")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
@@ -960,6 +960,8 @@ class Runner:
         if self._broken:
             raise PlatformError(f"the {self._names()} platform is unusable after an earlier run: {self._broken}")
         ir, N = self.ir, self.nranks
+        # per-pair counts are AllToAllv's own runtime (hccc.runtime.alltoallv), which exists only
+        # for the blockwise collective: a name test, not a fact a spec field could stand for
         if not SPECS[ir.collective].blockwise:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
         if bool(inplace) not in ir.placements:

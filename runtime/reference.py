@@ -92,13 +92,16 @@ def avg_scaled(inputs: list[np.ndarray], bf16: bool = False) -> list[np.ndarray]
 
 def alltoall_count(count: int, nranks: int) -> int:
     """The largest AllToAll size not above ``count`` elements per rank: a multiple of ``nranks``
-    (every rank sends every other the same number of elements; nccl-tests rounds the same way)."""
+    (every rank sends every other the same number of elements; nccl-tests rounds the same way).
+    With any other unit (:meth:`~hccc.compiler.frontend.collectives.CollectiveSpec.count_unit`,
+    :func:`count_unit`) it rounds down to a multiple of that: 1 leaves ``count`` as it is."""
     return int(count) - int(count) % max(1, int(nranks))
 
 
 def alltoall_unit(ir: ProgramIR) -> int:
     """What an AllToAll run's per-rank count must be a multiple of (:func:`count_unit`)."""
-    return count_unit(ir) if spec_of(ir.collective).blockwise else int(ir.nranks)
+    u = count_unit(ir)
+    return u if u > 1 else int(ir.nranks)
 
 
 def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
@@ -108,16 +111,14 @@ def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
 
 def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
     """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements
-    (its own part where the collective's input is the rank's part; AllToAll: ``count`` rounded
-    down to whole blocks, :func:`alltoall_count`)."""
+    (its own part where the collective's input is the rank's part; otherwise ``count`` rounded
+    down to the spec's count unit: AllToAll's whole blocks, :func:`alltoall_count`)."""
     spec = spec_of(collective)
     if spec.input == OWN:
         b = chunk_bounds(count, nchunks)
         k = nchunks // nranks
         return int(b[rank * k + k] - b[rank * k])
-    if spec.blockwise:
-        return alltoall_count(count, nranks)
-    return count
+    return alltoall_count(count, spec.count_unit(nranks))
 
 
 def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32", *,
@@ -217,8 +218,8 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
         count = int(sum(len(x) for x in inputs))
     else:
         count = len(inputs[0])
-    if spec.blockwise and count % count_unit(ir):
-        raise ValueError(f"an AllToAll of {count} elements per rank is not {count_unit(ir)} equal "
+    if count % count_unit(ir):
+        raise ValueError(f"an {spec.title} of {count} elements per rank is not {count_unit(ir)} equal "
                          f"blocks (use a multiple of {count_unit(ir)})")
     for r in range(N):
         want = input_length(coll, r, N, C, count) if spec.input == OWN else count

@@ -43,6 +43,24 @@ def test_header_chunk_model():
     assert h.block_slot(c) == (2 * 2 + 1, 1 * 2 + 1)
 
 
+@pytest.mark.parametrize("rank", [1, 2, 3, 4])
+def test_prover_names_the_missing_block_by_source_destination_and_piece(rank):
+    """An output slot nothing writes is named as the block it must hold: in ring_alltoall_6
+    (K = 2) rank ``r``'s output slot 1 is piece 1 of the block from rank 0, id (0*6 + r)*2 + 1."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "ring_alltoall_6.rccl"
+    ir = build_program(parse_rccl(path.read_text(), str(path)), chunk_bytes=64)
+    assert (ir.nranks, ir.nchunks) == (6, 12)
+    P = ir.prims
+    i = np.flatnonzero((P["rank"] == rank) & (P["dst_buf"] == Buf.OUTPUT) & (P["dst_off"] == 1))
+    assert len(i) == 1
+    P["dst_buf"][i[0]] = Buf.SCRATCH          # the block lands in scratch and stays there
+    with pytest.raises(ProofError, match=rf"rank {rank} output chunk 1 must hold block "
+                                         rf"{(0 * 6 + rank) * 2 + 1} \(piece 1 of what rank 0 sends "
+                                         rf"to rank {rank}\), but nothing ever writes it"):
+        prove(ir, False)
+
+
 def test_wrong_destination_is_located_at_the_delivering_transfer():
     direct = ('def ResCCLAlgo(nRanks=3, OpType="Alltoall"):\n'
               '    for i in range(0, 3):\n'

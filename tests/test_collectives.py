@@ -105,6 +105,82 @@ def test_chunk_model_agrees_with_the_semantics(name, nranks, k, root):
         assert by_rank[r][s] == ((1 << N) - 1 if w == ALL else 1 << w), f"{name}: rank {r} slot {s}"
 
 
+# --------------------------------------------------- the chunk model's facts, stated independently
+def _alltoall_model(N, K):
+    """AllToAll's chunk model written out piece by piece (not from the spec's arithmetic): rows
+    ``(id, source, destination, piece, source's input slot, destination's output slot)``, ids
+    numbered in the order (source, destination, piece)."""
+    rows, cid = [], 0
+    for i in range(N):
+        for j in range(N):
+            for k in range(K):
+                rows.append((cid, i, j, k, j * K + k, i * K + k))
+                cid += 1
+    return rows
+
+
+@settings(max_examples=20, deadline=None)
+@given(N=st.integers(1, 5), K=st.integers(1, 3))
+def test_blockwise_spec_facts_agree_with_the_written_out_alltoall_model(N, K):
+    """What the lowering, the verifier, the prover and the executors ask the spec (ids, blocks,
+    slots, the in-place overlay, buffer sizes, count unit) against the model written out above."""
+    spec = SPECS["alltoall"]
+    C = N * K                                 # the full buffer's chunks
+    rows = _alltoall_model(N, K)
+    assert spec.nids(N, C) == len(rows) and spec.full_chunks(N, len(rows)) == C
+    assert spec.count_unit(N) == N and spec.split_by_rank and spec.crossed_overlay
+    assert spec.buffer_sizes(N, K)[:2] == (C, C)
+    slot_in = {}
+    for cid, i, j, k, s_in, s_out in rows:
+        assert tuple(int(x) for x in spec.block_of(cid, N, C)) == (i, j, k)
+        assert int(spec.block_id(i, j, k, N, C)) == cid
+        assert int(spec.slot("input", i, cid, N, C)) == s_in
+        assert int(spec.slot("output", j, cid, N, C)) == s_out
+        assert int(spec.id_at("input", i, s_in, N, C)) == cid
+        assert int(spec.id_at("output", j, s_out, N, C)) == cid
+        assert bool(spec.holds(spec.start, i, cid, N, C)) and bool(spec.holds(spec.end, j, cid, N, C))
+        slot_in[(i, s_in)] = cid
+    for cid, i, j, k, s_in, s_out in rows:
+        # in place, the destination's output slot of this block is its input slot of the block
+        # it sends back to the source
+        back = slot_in[(j, s_out)]
+        assert back == (j * N + i) * K + k
+        assert int(spec.id_at("input", j, spec.slot("output", j, cid, N, C), N, C)) == back
+    # the array forms agree with the scalar ones
+    ids = np.array([r[0] for r in rows])
+    src, dst, piece = spec.block_of(ids, N, C)
+    assert src.tolist() == [r[1] for r in rows] and dst.tolist() == [r[2] for r in rows]
+    assert piece.tolist() == [r[3] for r in rows]
+
+
+@pytest.mark.parametrize("name", [n for n in SPECS if not SPECS[n].blockwise])
+@pytest.mark.parametrize("N,K", [(1, 1), (3, 2), (4, 1)])
+def test_other_collectives_spec_facts_are_the_trivial_cases(name, N, K):
+    """Every other collective: ids are the full buffer's chunks, id ``r*K + k`` is piece ``k`` of
+    rank ``r``'s part (source = destination = ``r``), any count runs, its in-place overlay keeps
+    every id in one slot, and ``id_at`` undoes ``slot`` wherever a rank holds an id."""
+    spec = SPECS[name]
+    C = N * K
+    assert spec.nids(N, C) == C and spec.full_chunks(N, C) == C and spec.count_unit(N) == 1
+    assert spec.split_by_rank == ("own" in (spec.input, spec.output))
+    assert not spec.crossed_overlay
+    for r in range(N):
+        for k in range(K):
+            cid = r * K + k
+            assert tuple(int(x) for x in spec.block_of(cid, N, C)) == (r, r, k)
+            assert int(spec.block_id(r, r, k, N, C)) == cid
+    for buffer, holders in (("input", spec.start_holders(N, C)), ("output", spec.end_holders(N, C))):
+        for r, cid in zip(holders[0].tolist(), holders[1].tolist()):
+            s = spec.slot(buffer, r, cid, N, C)
+            assert int(spec.id_at(buffer, r, s, N, C)) == cid, (buffer, r, cid)
+            if spec.alias != "same" or buffer == "output":
+                continue
+            # in place the two layouts are one: the output slot of an id the rank keeps is its
+            # input slot of the same id
+            if spec.holds(spec.end, r, cid, N, C):
+                assert int(spec.slot("output", r, cid, N, C)) == int(s)
+
+
 # ------------------------------------------------------------------------- end to end, every one
 @settings(max_examples=4, deadline=None)
 @given(data=st.data())

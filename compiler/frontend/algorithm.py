@@ -62,26 +62,24 @@ class Header:
     @property
     def nchunks(self) -> int:
         """Chunk ids of the program: ``nranks * K``; AllToAll ``nranks * nranks * K``."""
-        n = self.nranks * self.chunks_per_rank
-        return n * self.nranks if self.collective.blockwise else n
+        return self.collective.spec.nids(self.nranks, self.nranks * self.chunks_per_rank)
 
     def owner(self, chunk):
         """The rank owning ``chunk`` (int or array): AllGather source, ReduceScatter destination;
         AllToAll: the block's source rank ``i`` (chunk ``(i*N + j)*K + k``)."""
-        if self.collective.blockwise:
-            return chunk // (self.nranks * self.chunks_per_rank)
-        return chunk // self.chunks_per_rank
+        return self.collective.spec.block_of(chunk, self.nranks, self.nranks * self.chunks_per_rank)[0]
 
     def block_dest(self, chunk):
         """AllToAll: the destination rank ``j`` of chunk ``(i*N + j)*K + k`` (int or array)."""
-        return (chunk // self.chunks_per_rank) % self.nranks
+        return self.collective.spec.block_of(chunk, self.nranks, self.nranks * self.chunks_per_rank)[1]
 
     def block_slot(self, chunk):
         """AllToAll: ``(input slot on the source, output slot on the destination)`` of chunk
         ``(i*N + j)*K + k``: ``j*K + k`` and ``i*K + k`` (ints or arrays)."""
-        K, N = self.chunks_per_rank, self.nranks
-        k = chunk % K
-        return self.block_dest(chunk) * K + k, self.owner(chunk) * K + k
+        spec, N = self.collective.spec, self.nranks
+        C = N * self.chunks_per_rank
+        return (spec.slot("input", self.owner(chunk), chunk, N, C),
+                spec.slot("output", self.block_dest(chunk), chunk, N, C))
 
 
 @dataclass(frozen=True)

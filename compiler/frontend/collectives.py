@@ -3,10 +3,12 @@
 Every layer reads a collective from here instead of spelling it out: the verifier and the symbolic
 prover take the precondition and postcondition from :meth:`CollectiveSpec.start` and
 :meth:`CollectiveSpec.end`, the lowering and the executors the buffer layouts
-(:meth:`CollectiveSpec.slot`), the reference executor the semantics, the simulator and the
-runners the bus-bandwidth factor, the Communicator its method names, the nccl-tests sweep the
-``redop``/``root`` columns, the MSCCL XML layers the ``coll`` names, and the command line and
-``hccc.testing`` the list of collectives. docs/architecture.md ("Adding a collective") says what a
+(:meth:`CollectiveSpec.slot`) and the chunk model's facts (:meth:`~CollectiveSpec.block_of`,
+:meth:`~CollectiveSpec.id_at`, :meth:`~CollectiveSpec.count_unit`,
+:attr:`~CollectiveSpec.crossed_overlay` ..., asked instead of testing for a collective by name),
+the reference executor the semantics, the simulator and the runners the bus-bandwidth factor, the
+Communicator its method names, the nccl-tests sweep the ``redop``/``root`` columns, the MSCCL XML
+layers the ``coll`` names, and the command line and ``hccc.testing`` the list of collectives. docs/architecture.md ("Adding a collective") says what a
 new entry needs besides this module.
 
 Chunk model. A run moves one *full buffer* of ``count`` elements (nccl-tests' ``S``: the output of a
@@ -57,6 +59,11 @@ def _twice_ring(n: int) -> float:
 
 def _one(n: int) -> float:
     return 1.0
+
+
+def _int64(x):
+    """An int stays an int; anything else becomes an int64 array (no overflow of narrower ids)."""
+    return int(x) if isinstance(x, (int, np.integer)) else np.asarray(x, dtype=np.int64)
 
 
 def _bounds(count: int, nchunks: int) -> np.ndarray:
@@ -173,19 +180,54 @@ class CollectiveSpec:
         """The full buffer's chunks for ``nids`` chunk ids (inverse of :meth:`nids`)."""
         return int(nids) // max(1, int(nranks)) if blockwise else int(nids)
 
+    def full_chunks(self, nranks: int, nids: int) -> int:
+        """The full buffer's chunks for ``nids`` chunk ids (inverse of :meth:`nids`)."""
+        return self.chunks(nranks, nids, self.blockwise)
+
+    def block_of(self, ids, nranks: int, nchunks: int):
+        """``(source, destination, piece)`` of chunk ``ids`` (int or array) over a full buffer of
+        ``nchunks`` chunks: blockwise, id ``(i*N + j)*K + k`` is piece ``k`` of the block rank ``i``
+        sends to rank ``j``; otherwise id ``r*K + k`` is piece ``k`` of rank ``r``'s part, and
+        ``source == destination == r``."""
+        ids = _int64(ids)
+        C = int(nchunks)
+        K = max(1, C // int(nranks))
+        if self.blockwise:
+            return ids // C, (ids // K) % int(nranks), ids % K
+        return ids // K, ids // K, ids % K
+
+    def block_id(self, source, destination, piece, nranks: int, nchunks: int):
+        """The chunk id of ``(source, destination, piece)`` (inverse of :meth:`block_of`)."""
+        K = max(1, int(nchunks) // int(nranks))
+        source, destination, piece = _int64(source), _int64(destination), _int64(piece)
+        if self.blockwise:
+            return (source * int(nranks) + destination) * K + piece
+        return source * K + piece
+
+    def count_unit(self, nranks: int) -> int:
+        """A run's per-rank element count must be a multiple of this: ``nranks`` for a blockwise
+        collective (every rank sends every other the same number of elements; nccl-tests rounds
+        its AllToAll sizes down the same way), 1 (any count) otherwise."""
+        return max(1, int(nranks)) if self.blockwise else 1
+
+    @property
+    def split_by_rank(self) -> bool:
+        """A buffer is laid out by rank (:data:`OWN`, :data:`TO`, :data:`FROM`), so the full
+        buffer's chunks must be a multiple of the ranks."""
+        return any(layout in (OWN, TO, FROM) for layout in (self.input, self.output))
+
     def place(self, where: str, ids: np.ndarray, nranks: int, nchunks: int, root: int = 0):
         """``(rank, id)`` arrays: the ranks ``where`` names for each of ``ids``, rank-major."""
         ids = np.asarray(ids, dtype=np.int64)
         N, C = int(nranks), int(nchunks)
-        K = max(1, C // N)
         if where == EVERY:
             return np.repeat(np.arange(N, dtype=np.int64), len(ids)), np.tile(ids, N)
         if where == ROOT:
             return np.full(len(ids), int(root), np.int64), ids
         if where == OWNER:
-            rank = ids // C if self.blockwise else ids // K
+            rank = self.block_of(ids, N, C)[0]
         elif where == DEST:
-            rank = (ids // K) % N
+            rank = self.block_of(ids, N, C)[1]
         else:
             raise ValueError(f"unknown placement {where!r}")
         if len(rank) > 1 and (rank[1:] < rank[:-1]).any():   # ids ascend: keep their order per rank
@@ -207,8 +249,7 @@ class CollectiveSpec:
             return np.full(len(ids), int(root), np.int64)
         if self.start != OWNER:
             raise ValueError(f"{self.title}: every rank holds every chunk at the start")
-        K = max(1, int(nchunks) // int(nranks))
-        return ids // int(nchunks) if self.blockwise else ids // K
+        return self.block_of(ids, nranks, nchunks)[0]
 
     def end_holders(self, nranks: int, nchunks: int, root: int = 0):
         """The postcondition: ``(rank, id, want)`` arrays sorted by ``(rank, id)``; ``want`` is
@@ -234,9 +275,32 @@ class CollectiveSpec:
             return ids - rank * K
         if layout == FULL:
             return ids if not self.blockwise else ids % C
+        src, dst, piece = self.block_of(ids, nranks, C)
         if layout == TO:
-            return ids % C
-        return (ids // C) * K + ids % K   # FROM
+            return dst * K + piece
+        return src * K + piece   # FROM
+
+    def id_at(self, buffer: str, rank, slot, nranks: int, nchunks: int):
+        """The chunk id that ``slot`` (int or array) of ``rank``'s ``"input"`` or ``"output"``
+        buffer holds (inverse of :meth:`slot`)."""
+        layout = self.input if buffer == "input" else self.output
+        C = int(nchunks)
+        K = max(1, C // int(nranks))
+        rank, slot = _int64(rank), _int64(slot)
+        if layout == OWN:
+            return rank * K + slot
+        if layout == FULL:
+            return slot
+        if layout == TO:
+            return self.block_id(rank, slot // K, slot % K, nranks, C)
+        return self.block_id(slot // K, rank, slot % K, nranks, C)   # FROM
+
+    @property
+    def crossed_overlay(self) -> bool:
+        """In place, a rank's output slot of a chunk id is its input slot of a *different* id (the
+        two buffers are one but laid out differently: AllToAll's block from rank ``i`` lands where
+        its block to rank ``i`` was), so an arrival must wait for the departure it overwrites."""
+        return self.alias == "same" and self.input != self.output
 
     def holds(self, where: str, rank, ids, nranks: int, nchunks: int, root: int = 0):
         """Boolean (array): ``rank`` is among the ranks ``where`` names for chunk ``ids``."""
@@ -246,10 +310,8 @@ class CollectiveSpec:
             return np.ones(np.broadcast(rank, ids).shape, bool)
         if where == ROOT:
             return rank == int(root)
-        K = max(1, int(nchunks) // int(nranks))
-        if where == OWNER:
-            return (ids // int(nchunks) if self.blockwise else ids // K) == rank
-        return (ids // K) % int(nranks) == rank    # DEST
+        src, dst, _ = self.block_of(ids, nranks, nchunks)
+        return (src if where == OWNER else dst) == rank    # DEST: the block's destination
 
     @property
     def scratch(self) -> bool:

@@ -63,11 +63,12 @@ def count_unit(ir: ProgramIR) -> int:
     rank sends every other the same number of elements); ``nchunks`` for an imported MSCCL
     AllToAll that uses scratch, which may park any piece in any slot, so all pieces must have
     one size. Every other collective: any count (1)."""
-    if not spec_of(ir.collective).blockwise:
+    unit = spec_of(ir.collective).count_unit(ir.nranks)
+    if unit == 1:
         return 1
     if (ir.stats or {}).get("source") == "msccl-xml" and ir.scratch_chunks:
         return max(1, int(ir.nchunks))
-    return max(1, int(ir.nranks))
+    return unit
 
 
 def size_period(ir: ProgramIR) -> int:

@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from hccc.compiler.frontend.collectives import ALL, OWN, ROOT, spec_of
+from hccc.compiler.frontend.collectives import ALL, DEST, OWN, ROOT, spec_of
 from hccc.compiler.ir.check import describe_prim, match_connections
 from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR
 from hccc.util.plural import plural, plural_noun
@@ -90,11 +90,10 @@ class Slots:
         except ValueError:
             raise ProofError(f"unsupported collective '{ir.collective}'") from None
         N, C, coll = int(ir.nranks), int(ir.nchunks), ir.collective
-        own = OWN in (spec.input, spec.output)
-        if (own or spec.blockwise) and C % N:
+        if spec.split_by_rank and C % N:
             raise ProofError(f"{coll}: nchunks = {C} is not a multiple of {N} ranks")
         #: chunks each rank owns (None when the collective has no such split)
-        self.k = C // N if own or spec.blockwise else None
+        self.k = C // N if spec.split_by_rank else None
         for what, have in (("input", ir.in_chunks), ("output", ir.out_chunks)):
             want = spec.slots(what, N, C)
             if have != want:
@@ -586,9 +585,9 @@ def check_postcondition(ir: ProgramIR, inplace: bool = False, order=None, descri
     spec = slots.spec
     if spec.reduces:
         need = f"chunk {want[0]} reduced over all {N} ranks"
-    elif spec.blockwise:
-        src_r, rest = divmod(want[0], ir.nchunks)
-        need = f"block {want[0]} (piece {rest % slots.k} of what rank {src_r} sends to rank {rest // slots.k})"
+    elif spec.end == DEST:   # one destination per id: name the block it is
+        src_r, dst_r, piece = spec.block_of(want[0], N, ir.nchunks)
+        need = f"block {want[0]} (piece {piece} of what rank {src_r} sends to rank {dst_r})"
     else:
         src_r = want[1].bit_length() - 1
         need = f"chunk {want[0]} (from {'root' if spec.start == ROOT else 'rank'} {src_r})"

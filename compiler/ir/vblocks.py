@@ -76,7 +76,7 @@ def vblock_map(ir: ProgramIR, inplace: bool = False, order=None) -> VBlockMap:
     structure checks; ``order``: primitives in a happens-before order (default: the prover's)."""
     from hccc.compiler.ir.symbolic import ProofError, prim_order
     spec = spec_of(ir.collective)
-    if not spec.blockwise:
+    if not spec.blockwise:   # AllToAllv is AllToAll's own variant: no other collective has one
         raise VBlockError(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
     N, C = int(ir.nranks), int(ir.nchunks)
     if N < 1 or C % N:

@@ -16,8 +16,10 @@ collective's to touch, as in NCCL). Output chunks the postcondition needs but th
 writes (AllGather: the rank's own chunks; Broadcast and Reduce: the root's; one-rank programs) get
 a local ``COPY`` input->output, which in-place runs skip because source and destination alias.
 
-AllToAll (``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per buffer) has its own mapping, with
-the care in-place runs need: see :func:`_alltoall_mapping`.
+A collective whose in-place overlay is crossed (:attr:`CollectiveSpec.crossed_overlay`: an output
+slot is another id's input slot; AllToAll, ``nchunks = N*N*K`` DSL chunk ids, ``N*K`` slots per
+buffer) has its own mapping, with the care in-place runs need: see :func:`_alltoall_mapping`. Both
+take every id's blocks, slots and holders from the spec, never from the collective's name.
 
 Fusion. A receive into ``(r, c)`` (task ``a``) followed by a send of ``(r, c)`` (task ``b``) becomes one
 ``RECV_COPY_SEND`` / ``RECV_REDUCE_COPY_SEND`` primitive when: ``a`` is ``b``'s only data predecessor on
@@ -133,7 +135,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     fw_dst = first_write[dst * C + chunk]
 
     spec = coll.spec
-    Cf = spec.chunks(N, C, spec.blockwise)   # the full buffer's chunks
+    Cf = spec.full_chunks(N, C)   # the full buffer's chunks
 
     def input_offset(rank, ch, tasks, verb):
         bad = ~spec.holds(spec.start, rank, ch, N, Cf, root)
@@ -147,7 +149,10 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
 
     tasks = np.arange(T, dtype=np.int64)
     a2a = None
-    if spec.blockwise:
+    if spec.crossed_overlay:
+        # a different mapping, not a special case: in place an arrival overwrites another id's
+        # input slot, which the general one below never has to order (its overlays keep each id
+        # in one slot); the mapping reads the ids and slots from the spec
         a2a = _alltoall_mapping(alg, key_t, first_write)
         s_buf, s_off, w_buf, w_off = a2a.s_buf, a2a.s_off, a2a.w_buf, a2a.w_off
         scratch_chunks = a2a.scratch_chunks
@@ -231,9 +236,9 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     copy_key = np.zeros(nK, np.int64)
     copy_pipe = np.zeros(nK, np.int64)
     if a2a is not None:
-        # the rank's own block: input slot j*K+k to output slot i*K+k (i == j); then the blocks
-        # that arrived in scratch because their output slot was still to be sent (in-place)
-        copy_src, copy_dst = h.block_slot(cc)
+        # after the copies of the chunks never written (an AllToAll rank's own block, placed by
+        # the spec's slots above), the blocks that arrived in scratch because their output slot
+        # was still to be sent (in place)
         nA = len(a2a.copy_rank)
         cr = np.concatenate([cr, a2a.copy_rank])
         copy_src = np.concatenate([copy_src, a2a.copy_src])
@@ -306,7 +311,7 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     dep_prim, dep_on = dep_prim[keep], dep_on[keep]
 
     return LoweredProgram(
-        collective=coll, nranks=N, nchunks=in_chunks if a2a is not None else C, in_chunks=in_chunks, out_chunks=out_chunks,
+        collective=coll, nranks=N, nchunks=Cf, in_chunks=in_chunks, out_chunks=out_chunks,
         scratch_chunks=scratch_chunks, npipelines=sched.nsubpipelines if T else (1 if nK else 0),
         cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()), root=int(root))
 
@@ -349,6 +354,8 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     """
     h = alg.header
     N, K, C = h.nranks, h.chunks_per_rank, h.nchunks
+    spec = h.collective.spec
+    Cf = spec.full_chunks(N, C)
     T = alg.ntransfers
     src = alg.src.astype(np.int64)
     dst = alg.dst.astype(np.int64)
@@ -358,13 +365,9 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
         i = int(np.flatnonzero(alg.op == RRC)[0])
         raise CompileError([Diagnostic(f"reduction (rrc) in an Alltoall {alg.describe(i)}".rstrip(),
                                        alg.location_of(i))])
-    owner = chunk // (N * K)
-    dest = (chunk // K) % N
-    piece = chunk % K
-    in_slot = dest * K + piece
-    out_slot = owner * K + piece
+    in_slot = spec.slot("input", src, chunk, N, Cf)
     from_input = step < first_write[src * C + chunk]
-    bad = from_input & (owner != src)
+    bad = from_input & ~spec.holds(spec.start, src, chunk, N, Cf)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CompileError([Diagnostic(
@@ -378,8 +381,10 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     np.maximum.at(max_read, src[read_idx] * C + chunk[read_idx], key_t[read_idx])
     min_write = np.full(N * C, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(min_write, loc_w, key_t)
-    arriving = (dest == dst) & (owner != dst)
-    alias = dst * C + ((dst * N + owner) * K + piece)   # (rank, chunk it sends to the owner)
+    arriving = spec.holds(spec.end, dst, chunk, N, Cf) & ~spec.holds(spec.start, dst, chunk, N, Cf)
+    # (rank, the id in its input slot that the arriving id's output slot overlays: the chunk it
+    # sends to the arriving one's source)
+    alias = dst * C + spec.id_at("input", dst, spec.slot("output", dst, chunk, N, Cf), N, Cf)
     redirect_loc = np.zeros(N * C, bool)
     hazard = arriving & (min_write[loc_w] <= max_read[alias])
     redirect_loc[loc_w[hazard]] = True
@@ -387,18 +392,19 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     # write locations of every written (rank, chunk)
     wl = unique(loc_w)
     wr, wc = wl // C, wl % C
-    w_owner, w_dest, w_piece = wc // (N * K), (wc // K) % N, wc % K
-    to_scratch = (w_dest != wr) | redirect_loc[wl]
-    # dense scratch blocks per rank
-    sb = wr[to_scratch] * (N * N) + wc[to_scratch] // K
+    w_piece = spec.block_of(wc, N, Cf)[2]
+    to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf) | redirect_loc[wl]
+    # dense scratch blocks per rank (block ``c // K`` of the ``C // K`` blocks of K pieces)
+    nb = C // K
+    sb = wr[to_scratch] * nb + wc[to_scratch] // K
     ub = unique(sb)
-    first_of_rank = np.searchsorted(ub // (N * N), np.arange(N))
-    dense = np.searchsorted(ub, sb) - first_of_rank[sb // (N * N)]
+    first_of_rank = np.searchsorted(ub // nb, np.arange(N))
+    dense = np.searchsorted(ub, sb) - first_of_rank[sb // nb]
     loc_buf = np.full(len(wl), Buf.OUTPUT, np.int8)
-    loc_off = w_owner * K + w_piece
+    loc_off = spec.slot("output", wr, wc, N, Cf)
     loc_buf[to_scratch] = Buf.SCRATCH
     loc_off[to_scratch] = dense * K + w_piece[to_scratch]
-    per_rank = np.bincount(ub // (N * N), minlength=N) if len(ub) else np.zeros(N, np.int64)
+    per_rank = np.bincount(ub // nb, minlength=N) if len(ub) else np.zeros(N, np.int64)
     scratch_chunks = int(per_rank.max()) * K if len(ub) else 0
 
     def where(loc):
@@ -420,13 +426,14 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     red_l = wl[to_scratch & redirect_loc[wl]]
     copy_rank, copy_chunk = red_l // C, red_l % C
     c_buf, c_off = where(red_l)
-    c_alias = copy_rank * C + ((copy_rank * N + copy_chunk // (N * K)) * K + copy_chunk % K)
+    copy_dst = spec.slot("output", copy_rank, copy_chunk, N, Cf)
+    c_alias = copy_rank * C + spec.id_at("input", copy_rank, copy_dst, N, Cf)
     cw, tw = _pairs_by_key(np.arange(len(red_l)), red_l, np.arange(T), loc_w)
     cr, tr = _pairs_by_key(np.arange(len(red_l)), c_alias, read_idx, src[read_idx] * C + chunk[read_idx])
     return _AlltoallMapping(
         s_buf=s_buf, s_off=s_off, w_buf=w_buf, w_off=w_off, scratch_chunks=scratch_chunks,
         dep_write=dw, dep_read=dr, copy_rank=copy_rank, copy_src=c_off,
-        copy_dst=(copy_chunk // (N * K)) * K + copy_chunk % K,
+        copy_dst=copy_dst,
         cdep_copy=np.concatenate([cw, cr]), cdep_task=np.concatenate([tw, tr]),
         cdep_is_write=np.r_[np.ones(len(cw), bool), np.zeros(len(cr), bool)])
 
@@ -604,7 +611,7 @@ def _missing_output_chunks(alg: Algorithm, first_write: np.ndarray) -> tuple[np.
     rows = rows[first_write[rows] == NO_STEP]
     r, c = (rows // C).astype(np.int64), (rows % C).astype(np.int64)
     spec = h.collective.spec
-    bad = np.flatnonzero(~spec.holds(spec.start, r, c, N, spec.chunks(N, C, spec.blockwise), h.root))
+    bad = np.flatnonzero(~spec.holds(spec.start, r, c, N, spec.full_chunks(N, C), h.root))
     if len(bad):
         raise CompileError([Diagnostic(
             f"rank {int(r[bad[0]])} never receives chunk {int(c[bad[0]])}", alg.header.location)])

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RRC, Algorithm, Collective
+from hccc.compiler.frontend.collectives import DEST
 from hccc.util.diagnostics import CompileError, Diagnostic, Location
 from hccc.util.plural import plural_noun
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
@@ -161,7 +162,7 @@ def initial_state(collective: Collective, nranks: int, nchunks: int | None = Non
     spec = collective.spec
     C = int(nchunks or nranks)
     words = (nranks + 63) // 64
-    rank, ids, contrib = spec.start_holders(nranks, spec.chunks(nranks, C, spec.blockwise), root)
+    rank, ids, contrib = spec.start_holders(nranks, spec.full_chunks(nranks, C), root)
     if len(rank) == nranks * C:   # every (rank, chunk) holds something: rows in order
         return _single_bits(contrib, words)
     state = np.zeros((nranks * C, words), dtype=np.uint64)
@@ -176,7 +177,7 @@ def final_state(collective: Collective, nranks: int, nchunks: int, root: int = 0
     rank, or :data:`~hccc.compiler.frontend.collectives.ALL`); the other rows may hold anything."""
     spec = collective.spec
     C = int(nchunks)
-    rank, ids, want = spec.end_holders(nranks, spec.chunks(nranks, C, spec.blockwise), root)
+    rank, ids, want = spec.end_holders(nranks, spec.full_chunks(nranks, C), root)
     return rank * C + ids, want
 
 
@@ -273,7 +274,7 @@ def copies_hold(alg: Algorithm) -> bool:
     if (ws[np.minimum(at, n - 1)] == rkey).any():   # a row written and read in one step
         return False
     spec = coll.spec
-    start_rank, start_id, start_set = spec.start_holders(N, spec.chunks(N, C, spec.blockwise), h.root)
+    start_rank, start_id, start_set = spec.start_holders(N, spec.full_chunks(N, C), h.root)
     start_row = start_rank * C + start_id            # ascending (sorted by rank, then id)
 
     def held(rows: np.ndarray) -> np.ndarray:
@@ -374,7 +375,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     words = (N + 63) // 64
     is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
     keep = np.flatnonzero(~bad)
-    start_rank, start_id, start_set = coll.spec.start_holders(N, coll.spec.chunks(N, C, coll.blockwise), h.root)
+    start_rank, start_id, start_set = coll.spec.start_holders(N, coll.spec.full_chunks(N, C), h.root)
     rows, want = final_state(coll, N, C, h.root)
     universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
                                        start_rank * C + start_id, rows]))
@@ -513,7 +514,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
             what = coll.dsl_name
             for row in unmet[:listed].tolist():
                 r_, c_ = divmod(row, C)
-                if coll.blockwise:
+                if coll.spec.end == DEST:   # one destination per id: name the block it is
                     _alltoall_unmet(col, alg, r_, c_, n)
                     continue
                 if is_ag:  # copy-only holdings are {owner} or empty: recv only copies
