@@ -16,6 +16,7 @@ from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop import mscclpp_export
 from hccc.compiler.interop.mscclpp_export import export_plan, node_map
 from hccc.compiler.interop.mscclpp_limits import check_plan_fits
+from hccc.compiler.interop.mscclpp_ops import PlanOp, local
 from hccc.compiler.interop.mscclpp_plan import PlanLimits
 from hccc.compiler.passes.build import build_algorithm_level, build_program
 from hccc.compiler.passes.verify import verify
@@ -96,10 +97,11 @@ def test_a_long_last_primitive_is_refused_not_left_too_long():
     """A thread block cut between primitives: where the piece after the last cut is one primitive
     too long for a block, that is said (as for a first primitive), not left to the executor."""
     lim = PlanLimits(max_operations=8)
-    ops = [{"name": "copy"} for _ in range(9)]
+    copy = PlanOp("copy", src=(local("i", 0, 1),), dst=(local("o", 0, 1),))
+    ops = [copy] * 9
     with pytest.raises(CompileError, match="one primitive needs 7 operations"):
         mscclpp_export._segments(ops, [2, 9], lim, [0], 0, "rank 0 thread block 0")
     with pytest.raises(CompileError, match="one primitive needs 5 operations"):
         mscclpp_export._segments(ops, [5, 9], lim, [0], 0, "rank 0 thread block 0")
     segs = mscclpp_export._segments(ops, [3, 6, 9], lim, [0], 0, "rank 0 thread block 0")
-    assert [sum(op["name"] == "copy" for op in s) for s in segs] == [3, 3, 3]
+    assert [sum(op.name == "copy" for op in s) for s in segs] == [3, 3, 3]

@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.interop.mscclpp_limits import check_plan_fits, largest_input
+from hccc.compiler.interop.mscclpp_ops import NOP, PlanOp, local, remote
 from hccc.compiler.interop.mscclpp_plan import (BUFFER_ALIGNMENT, COLLECTIVES, CONTROL_OPS, LETTER_OF_BUF,
                                                 PROTOCOLS, PlanLimits)
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op, ProgramIR
@@ -75,7 +77,7 @@ class _Tb:
 
     def __init__(self, label: str):
         self.label = label
-        self.ops: list[dict] = []
+        self.ops: list[PlanOp] = []
         self.last_data = False
         self.cuts: list[int] = []       # where the block may be cut: after the handshake and each primitive
 
@@ -83,45 +85,37 @@ class _Tb:
         if self.ops and (not self.cuts or self.cuts[-1] != len(self.ops)):
             self.cuts.append(len(self.ops))
 
-    def emit(self, op: dict) -> None:
-        data = op["name"] not in CONTROL_OPS
-        if self.ops and (data or self.last_data) and self.ops[-1]["name"] != "nop":
-            self.ops.append({"name": "nop"})
+    def emit(self, op: PlanOp) -> None:
+        data = op.name not in CONTROL_OPS
+        if self.ops and (data or self.last_data) and not self.ops[-1].is_nop:
+            self.ops.append(NOP)
         self.ops.append(op)
         self.last_data = data
 
 
-def _resolve(ops: list[dict], tb_id: int) -> dict:
+def _resolve(ops: list[PlanOp], tb_id: int) -> dict:
     """A thread block object with its channel and remote-buffer lists, the operations' symbolic
     references replaced by indices into them."""
     chans: dict[str, list[int]] = {"memory": [], "port": []}
     bufs: dict[str, list[int]] = {"memory": [], "port": []}
     chan_at: dict[tuple[str, int], int] = {}
     buf_at: dict[tuple[str, int], int] = {}
+    def index(at: dict, lists: dict, key: tuple[str, int]) -> int:
+        if key not in at:
+            at[key] = len(lists[key[0]])
+            lists[key[0]].append(key[1])
+        return at[key]
+
+    def refs(side):
+        if side is None:
+            return None
+        return tuple(remote(index(buf_at, bufs, ref.buffer_id), ref.index, ref.size)
+                     if ref.buffer_id is not None else ref for ref in side)
+
     out = []
     for op in ops:
-        op = dict(op)
-        if "channel_ids" in op:
-            ids = []
-            for t, g in op["channel_ids"]:
-                if (t, g) not in chan_at:
-                    chan_at[(t, g)] = len(chans[t])
-                    chans[t].append(g)
-                ids.append(chan_at[(t, g)])
-            op["channel_ids"] = ids
-        for side in ("src_buff", "dst_buff"):
-            if side in op:
-                refs = []
-                for ref in op[side]:
-                    if "buffer_id" in ref:
-                        t, g = ref["buffer_id"]
-                        if (t, g) not in buf_at:
-                            buf_at[(t, g)] = len(bufs[t])
-                            bufs[t].append(g)
-                        ref = {"buffer_id": buf_at[(t, g)], "index": ref["index"], "size": ref["size"]}
-                    refs.append(ref)
-                op[side] = refs
-        out.append(op)
+        ids = None if op.channel_ids is None else tuple(index(chan_at, chans, c) for c in op.channel_ids)
+        out.append(op.with_refs(ids, refs(op.src), refs(op.dst)).to_dict())
     tb = {"id": tb_id, "ops": out,
           "channels": [{"channel_type": t, "channel_ids": chans[t]} for t in ("memory", "port") if chans[t]],
           "remote_buffer_refs": [{"access_channel_type": t, "remote_buffer_ids": bufs[t]}
@@ -154,6 +148,35 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     one node). ``min_bytes`` / ``max_bytes``: the message sizes the plan serves (0: from the
     smallest the chunking allows to the largest its 32-bit offsets reach)."""
     lim = limits or PlanLimits()
+    _check_arguments(ir, protocol, instances, micro_batches)
+    nodes = np.zeros(ir.nranks, np.int64) if nodes is None else np.asarray(nodes, np.int64)
+    F = int(instances)
+    M = int(micro_batches)
+    # limits the plan certainly breaks, from the IR's columns, before anything is built
+    check_plan_fits(ir, lim, nodes=nodes, protocol=protocol, copies=F * M, instances=F)
+    _check_valid(ir)
+    if M > 1:
+        _check_task_level(ir)
+    copies = [(j, m) for j in range(F) for m in range(M)]     # (instance, micro-batch)
+    P = {k: v.tolist() for k, v in ir.prims.items()}
+    order = lexsort((ir.prims["seq"], ir.prims["tb"], ir.prims["rank"])).tolist()
+    conns, msg_send, msg_recv, kind = _messages(P, order, nodes, protocol)
+    chan_lists, chan_of = _channels(ir.nranks, F, conns, kind)
+    nscratch, slot, temp = _scratch(ir, P, order, protocol, copies, msg_recv)
+    sems, acq, rel = _semaphores(ir, P, copies)
+    ctx = _Emit(P, protocol, msg_send, msg_recv, chan_of, slot, temp, _RemoteBuffers(ir.nranks),
+                _BufferRuns(ir, inplace, F, M), lim)
+    tb_ops = _thread_blocks(ctx, order, F, M, acq, rel)
+    gpus = [_gpu(ir, r, tb_ops[r], chan_lists[r], ctx.remote.lists[r], nscratch[r], sems, lim, F, M)
+            for r in range(ir.nranks)]
+    lo, hi = _size_range(ir, gpus, F * M, protocol, min_bytes, max_bytes)
+    return {"name": name or ir.name, "collective": ir.collective, "protocol": protocol, "inplace": bool(inplace),
+            "reuse_resources": False, "num_threads_per_block": lim.threads_per_block,
+            "use_double_scratch_buffer": protocol == "LL", "buffer_alignment": BUFFER_ALIGNMENT,
+            "min_message_size": lo, "max_message_size": hi, "gpus": gpus}
+
+
+def _check_arguments(ir: ProgramIR, protocol: str, instances: int, micro_batches: int) -> None:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r} (expected {', '.join(PROTOCOLS)})")
     if instances < 1:
@@ -161,23 +184,14 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
     if ir.collective not in COLLECTIVES:
         raise _error([f"cannot export collective '{ir.collective}' as an MSCCL++ plan: hccc writes "
                       f"{', '.join(COLLECTIVES)} (the executor's plans have no root)"])
-    nodes = np.zeros(ir.nranks, np.int64) if nodes is None else np.asarray(nodes, np.int64)
-    F = int(instances)
-    M = int(micro_batches)
-    if M < 1:
+    if int(micro_batches) < 1:
         raise ValueError("micro_batches must be at least 1")
-    # limits the plan certainly breaks, from the IR's columns, before anything is built
-    check_plan_fits(ir, lim, nodes=nodes, protocol=protocol, copies=F * M, instances=F)
-    _check_valid(ir)
-    if M > 1:
-        _check_task_level(ir)
-    copies = [(j, m) for j in range(F) for m in range(M)]     # (instance, micro-batch)
-    FM = F * M
-    P = {k: v.tolist() for k, v in ir.prims.items()}
-    order = lexsort((ir.prims["seq"], ir.prims["tb"], ir.prims["rank"])).tolist()
-    R = ir.nranks
 
-    # ---- messages: the k-th send of a connection is the k-th receive
+
+def _messages(P: dict, order: list[int], nodes: np.ndarray, protocol: str):
+    """The connections ``(sender, receiver, channel)``, each primitive's message ``(connection, k)``
+    on the sending and the receiving side (the k-th send of a connection is the k-th receive) and
+    each connection's channel type (port across nodes)."""
     sends: dict[tuple, list[int]] = defaultdict(list)
     recvs: dict[tuple, list[int]] = defaultdict(list)
     for i in order:
@@ -201,10 +215,14 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             raise _error([f"protocol LL: rank {s} sends to rank {r} (channel {ch}) on another node, over a "
                           f"port channel, which carries packets only from a packet-format source; "
                           f"export with protocol Simple, or run the program within one node"])
+    return conns, msg_send, msg_recv, kind
 
-    # ---- channels: one pair per connection and instance, in one global order on both ends
+
+def _channels(R: int, F: int, conns: list, kind: dict):
+    """One channel pair per connection and instance, in one global order on both ends: each rank's
+    peers per channel type and ``(rank, instance, conn) -> (type, index)``."""
     chan_lists: list[dict[str, list[int]]] = [{"memory": [], "port": []} for _ in range(R)]
-    chan_of: dict[tuple, tuple[str, int]] = {}          # (rank, instance, conn) -> (type, index)
+    chan_of: dict[tuple, tuple[str, int]] = {}
     for j in range(F):
         for c in conns:
             s, r, _ = c
@@ -212,17 +230,29 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             for a, b in ((s, r), (r, s)):
                 chan_of[(a, j, c)] = (t, len(chan_lists[a][t]))
                 chan_lists[a][t].append(b)
-    rbufs: list[list[dict]] = [[] for _ in range(R)]
-    rbuf_of: list[dict] = [{} for _ in range(R)]
+    return chan_lists, chan_of
 
-    def remote_scratch(rank: int, peer: int, t: str) -> tuple[str, int]:
+
+class _RemoteBuffers:
+    """Each rank's remote buffers (a peer's scratch over a channel type), declared on first use."""
+
+    def __init__(self, R: int):
+        self.lists: list[list[dict]] = [[] for _ in range(R)]
+        self._at: list[dict] = [{} for _ in range(R)]
+
+    def __call__(self, rank: int, peer: int, t: str) -> tuple[str, int]:
         key = (peer, t)
-        if key not in rbuf_of[rank]:
-            rbuf_of[rank][key] = len(rbufs[rank])
-            rbufs[rank].append({"rank": peer, "type": "s", "access_channel_types": [t]})
-        return (t, rbuf_of[rank][key])
+        if key not in self._at[rank]:
+            self._at[rank][key] = len(self.lists[rank])
+            self.lists[rank].append({"rank": peer, "type": "s", "access_channel_types": [t]})
+        return (t, self._at[rank][key])
 
-    # ---- scratch: the program's own chunks, LL reduce temporaries, then one slot per message
+
+def _scratch(ir: ProgramIR, P: dict, order: list[int], protocol: str, copies: list, msg_recv: dict):
+    """Scratch chunks per rank: the program's own chunks, LL reduce temporaries, then one slot per
+    message; the slot of each ``(message, copy)`` and temporary of each ``(primitive, copy)``."""
+    FM = len(copies)
+    R = ir.nranks
     plain = [ir.scratch_chunks * FM] * R
     if protocol == "LL":
         for i in order:
@@ -241,30 +271,40 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             if protocol == "LL" and P["op"][i] == Op.RECV_REDUCE_SEND:
                 temp[(i, j)] = tmp_next[r]
                 tmp_next[r] += P["count"][i]
+    return nscratch, slot, temp
 
-    # ---- buffers: aliasing in place, then the instance's part of every chunk
-    coll = ir.collective
 
-    def alias(rank: int, buf: int, off: int) -> tuple[int, int]:
-        if not inplace:
+class _BufferRuns:
+    """A primitive's buffer range as the plan addresses it: aliased in place as the collective
+    dictates, then (with several copies) the copy's part of every chunk."""
+
+    def __init__(self, ir: ProgramIR, inplace: bool, F: int, M: int):
+        self.ir, self.inplace, self.F, self.M = ir, inplace, F, M
+
+    def alias(self, rank: int, buf: int, off: int) -> tuple[int, int]:
+        if not self.inplace:
             return buf, off
-        overlay = SPECS[coll].alias      # how the collective's buffers overlay in place
+        overlay = SPECS[self.ir.collective].alias      # how the collective's buffers overlay in place
         if overlay == "input in output" and buf == Buf.INPUT:
-            return int(Buf.OUTPUT), rank * ir.in_chunks + off
+            return int(Buf.OUTPUT), rank * self.ir.in_chunks + off
         if overlay == "output in input" and buf == Buf.OUTPUT:
-            return int(Buf.INPUT), rank * ir.out_chunks + off
+            return int(Buf.INPUT), rank * self.ir.out_chunks + off
         if overlay == "same" and buf == Buf.INPUT:
             return int(Buf.OUTPUT), off
         return buf, off
 
-    def runs(rank: int, buf: int, off: int, cnt: int, j: tuple) -> tuple[str, list[tuple[int, int]]]:
-        buf, off = alias(rank, buf, off)
-        if FM == 1:
+    def __call__(self, rank: int, buf: int, off: int, cnt: int, j: tuple) -> tuple[str, list[tuple[int, int]]]:
+        buf, off = self.alias(rank, buf, off)
+        F, M = self.F, self.M
+        if F * M == 1:
             return LETTER_OF_BUF[Buf(buf)], [(off, cnt)]
         return LETTER_OF_BUF[Buf(buf)], [((c * F + j[0]) * M + j[1], 1) for c in range(off, off + cnt)]
 
-    # ---- dependencies -> semaphores
-    sems = [0] * R
+
+def _semaphores(ir: ProgramIR, P: dict, copies: list):
+    """Cross-thread-block dependencies as semaphores: the count per rank, the ids each
+    ``(primitive, copy)`` acquires before and releases after it."""
+    sems = [0] * ir.nranks
     acq: dict[tuple, list[int]] = defaultdict(list)
     rel: dict[tuple, list[int]] = defaultdict(list)
     dp, do = ir.dep_prim.tolist(), ir.dep_on.tolist()
@@ -276,43 +316,63 @@ def export_plan(ir: ProgramIR, *, nodes: np.ndarray | None = None, protocol: str
             acq[(a, j)].append(sems[r])
             rel[(b, j)].append(sems[r])
             sems[r] += 1
+    return sems, acq, rel
 
-    # ---- thread blocks
-    tb_ops: list[list[tuple[str, list[dict]]]] = [[] for _ in range(R)]
+
+@dataclass(frozen=True)
+class _Emit:
+    """What writing a primitive's operations reads: the columns, protocol, messages, channels,
+    scratch slots and temporaries, remote buffers, buffer runs and limits."""
+    P: dict
+    protocol: str
+    msg_send: dict
+    msg_recv: dict
+    chan_of: dict
+    slot: dict
+    temp: dict
+    remote: _RemoteBuffers
+    runs: _BufferRuns
+    lim: PlanLimits
+
+
+def _thread_blocks(ctx: _Emit, order: list[int], F: int, M: int, acq: dict, rel: dict):
+    """Per rank, each plan thread block (one per program thread block and instance) as
+    ``(label, operations, cuts)``."""
+    P = ctx.P
+    tb_ops: list[list[tuple]] = [[] for _ in range(len(ctx.remote.lists))]
     by_tb: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i in order:
         by_tb[(P["rank"][i], P["tb"][i])].append(i)
     for inst in range(F):
         for (r, t), prims in sorted(by_tb.items()):
             tb = _Tb(f"rank {r} thread block {t}" + (f" (instance {inst})" if F > 1 else ""))
-            if protocol == "Simple":
-                _handshake(tb, r, inst, prims, P, msg_send, msg_recv, chan_of, lim)
+            if ctx.protocol == "Simple":
+                _handshake(tb, r, inst, prims, P, ctx.msg_send, ctx.msg_recv, ctx.chan_of, ctx.lim)
                 tb.cut()
             for i in prims:
                 for m in range(M):       # task-level: each primitive for every micro-batch before the next
                     j = (inst, m)
-                    _prim_ops(tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, temp, runs,
-                              remote_scratch, acq.get((i, j), []), rel.get((i, j), []), lim)
+                    _prim_ops(tb, i, j, P, ctx.protocol, ctx.msg_send, ctx.msg_recv, ctx.chan_of, ctx.slot,
+                              ctx.temp, ctx.runs, ctx.remote, acq.get((i, j), []), rel.get((i, j), []), ctx.lim)
                     tb.cut()
             tb_ops[r].append((tb.label, tb.ops, tb.cuts))
+    return tb_ops
 
-    gpus = []
-    for r in range(R):
-        tbs = []
-        for label, ops, cuts in tb_ops[r]:
-            for seg in _segments(ops, cuts, lim, sems, r, label):
-                tbs.append(_resolve(seg, len(tbs)))
-        _check_rank(r, tbs, tb_ops[r], lim, F)
-        channels = [{"channel_type": t, "connected_to": chan_lists[r][t]} for t in ("memory", "port")
-                    if chan_lists[r][t]]
-        gpus.append({"id": r, "input_chunks": ir.in_chunks * FM, "output_chunks": ir.out_chunks * FM,
-                     "scratch_chunks": nscratch[r], "threadblocks": tbs, "channels": channels,
-                     "remote_buffers": rbufs[r], "semaphores": [{"init_value": 0}] * sems[r]})
-    lo, hi = _size_range(ir, gpus, FM, protocol, min_bytes, max_bytes)
-    return {"name": name or ir.name, "collective": coll, "protocol": protocol, "inplace": bool(inplace),
-            "reuse_resources": False, "num_threads_per_block": lim.threads_per_block,
-            "use_double_scratch_buffer": protocol == "LL", "buffer_alignment": BUFFER_ALIGNMENT,
-            "min_message_size": lo, "max_message_size": hi, "gpus": gpus}
+
+def _gpu(ir: ProgramIR, r: int, tb_ops: list, chan_lists: dict, rbufs: list, nscratch: int, sems: list[int],
+         lim: PlanLimits, F: int, M: int) -> dict:
+    """Rank ``r``'s plan object: its thread blocks cut into segments and resolved, checked against
+    the executor's limits."""
+    tbs = []
+    for label, ops, cuts in tb_ops:
+        for seg in _segments(ops, cuts, lim, sems, r, label):
+            tbs.append(_resolve(seg, len(tbs)))
+    _check_rank(r, tbs, tb_ops, lim, F)
+    channels = [{"channel_type": t, "connected_to": chan_lists[t]} for t in ("memory", "port") if chan_lists[t]]
+    FM = F * M
+    return {"id": r, "input_chunks": ir.in_chunks * FM, "output_chunks": ir.out_chunks * FM,
+            "scratch_chunks": nscratch, "threadblocks": tbs, "channels": channels,
+            "remote_buffers": rbufs, "semaphores": [{"init_value": 0}] * sems[r]}
 
 
 def _check_task_level(ir: ProgramIR) -> None:
@@ -357,7 +417,7 @@ def _handshake(tb: _Tb, r, j, prims, P, msg_send, msg_recv, chan_of, lim: PlanLi
         for t in ("memory", "port"):
             ids = [c for c in chs if c[0] == t]
             for batch in _batches(ids, lim.max_channels_per_op):
-                tb.emit({"name": name, "channel_ids": batch, "channel_type": t})
+                tb.emit(PlanOp(name, channel_ids=tuple(batch), channel_type=t))
 
 
 def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, temp, runs, remote_scratch,
@@ -366,7 +426,7 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
     op = Op(P["op"][i])
     cnt = P["count"][i]
     for batch in _batches(acq, lim.max_semaphores_per_op):
-        tb.emit({"name": "sem_acquire", "semaphore_ids": batch})
+        tb.emit(PlanOp("sem_acquire", semaphore_ids=tuple(batch)))
     src = runs(r, P["src_buf"][i], P["src_off"][i], cnt, j) if op.reads_src else None
     dst = runs(r, P["dst_buf"][i], P["dst_off"][i], cnt, j) if op.writes_dst else None
     rslot = None
@@ -375,21 +435,17 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
         rslot = ("s", [(q, cnt)])
         if protocol == "Simple":
             t, g = chan_of[(r, j[0], msg_recv[i][0])]
-            tb.emit({"name": "wait", "channel_ids": [(t, g)], "channel_type": t})
-
-    def local(letter, idx, size):
-        return {"type": letter, "index": idx, "size": size}
+            tb.emit(PlanOp("wait", channel_ids=((t, g),), channel_type=t))
 
     def copy(a, b):
         for x, y, n in _zip_runs(a[1], b[1]):
             if a[0] == b[0] and x == y:
                 continue
-            tb.emit({"name": "copy", "src_buff": [local(a[0], x, n)], "dst_buff": [local(b[0], y, n)]})
+            tb.emit(PlanOp("copy", src=(local(a[0], x, n),), dst=(local(b[0], y, n),)))
 
     def reduce(a, b, out, name="re"):
         for x, y, z, n in _zip_runs(a[1], b[1], out[1]):
-            tb.emit({"name": name, "src_buff": [local(a[0], x, n), local(b[0], y, n)],
-                     "dst_buff": [local(out[0], z, n)]})
+            tb.emit(PlanOp(name, src=(local(a[0], x, n), local(b[0], y, n)), dst=(local(out[0], z, n),)))
 
     def send(a):
         c, k = msg_send[i]
@@ -406,15 +462,13 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
                 name = "pwsf" if last else "put"
             else:
                 name = "put"
-            tb.emit({"name": name, "src_buff": [local(a[0], x, n)],
-                     "dst_buff": [{"buffer_id": rb, "index": y, "size": n}], "channel_type": t,
-                     "channel_ids": [(t, g)]})
+            tb.emit(PlanOp(name, src=(local(a[0], x, n),), dst=(remote(rb, y, n),), channel_type=t,
+                           channel_ids=((t, g),)))
         if protocol == "Simple" and t == "memory":
-            tb.emit({"name": "signal", "channel_ids": [(t, g)], "channel_type": t})
+            tb.emit(PlanOp("signal", channel_ids=((t, g),), channel_type=t))
 
     if protocol == "LL" and rslot is not None:
-        _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, temp, remote_scratch,
-                    local, send)
+        _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, temp, remote_scratch, send)
     elif op == Op.SEND:
         send(src)
     elif op == Op.RECV:
@@ -435,23 +489,22 @@ def _prim_ops(tb: _Tb, i, j, P, protocol, msg_send, msg_recv, chan_of, slot, tem
     elif op == Op.REDUCE:
         reduce(dst, src, dst)
     for batch in _batches(rel, lim.max_semaphores_per_op):
-        tb.emit({"name": "sem_release", "semaphore_ids": batch})
+        tb.emit(PlanOp("sem_release", semaphore_ids=tuple(batch)))
 
 
-def _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, temp, remote_scratch, local,
+def _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, temp, remote_scratch,
                 send) -> None:
     """A receiving primitive with packets: the slot holds packets (unpacked by ``upkt``, reduced by
     ``repkt``; ``respkt`` reduces and forwards the sum as packets in one operation)."""
     if op in (Op.RECV, Op.RECV_COPY_SEND):
         for x, y, n in _zip_runs(rslot[1], dst[1]):
-            tb.emit({"name": "upkt", "src_buff": [local("s", x, n)], "dst_buff": [local(dst[0], y, n)]})
+            tb.emit(PlanOp("upkt", src=(local("s", x, n),), dst=(local(dst[0], y, n),)))
         if op == Op.RECV_COPY_SEND:
             send(dst)
         return
     if op == Op.RECV_REDUCE_COPY:
         for x, y, z, n in _zip_runs(src[1], rslot[1], dst[1]):
-            tb.emit({"name": "repkt", "src_buff": [local(src[0], x, n), local("s", y, n)],
-                     "dst_buff": [local(dst[0], z, n)]})
+            tb.emit(PlanOp("repkt", src=(local(src[0], x, n), local("s", y, n)), dst=(local(dst[0], z, n),)))
         return
     # RECV_REDUCE_SEND / RECV_REDUCE_COPY_SEND: reduce, keep (dst or a temporary), forward
     out = dst if op == Op.RECV_REDUCE_COPY_SEND else ("s", [(temp[(i, j)], cnt)])
@@ -460,13 +513,12 @@ def _ll_receive(tb, i, j, op, r, src, dst, rslot, cnt, msg_send, chan_of, slot, 
     q = slot[((c, k), j)]
     rb = remote_scratch(r, c[1], t)
     for x, y, z, w, n in _zip_runs(src[1], rslot[1], out[1], [(q, cnt)]):
-        tb.emit({"name": "respkt", "src_buff": [local(src[0], x, n), local("s", y, n)],
-                 "dst_buff": [local(out[0], z, n), {"buffer_id": rb, "index": w, "size": n}],
-                 "channel_type": t, "channel_ids": [(t, g)]})
+        tb.emit(PlanOp("respkt", src=(local(src[0], x, n), local("s", y, n)),
+                       dst=(local(out[0], z, n), remote(rb, w, n)), channel_type=t, channel_ids=((t, g),)))
 
 
-def _segments(ops: list[dict], cuts: list[int], lim: PlanLimits, sems: list[int], r: int,
-              label: str) -> list[list[dict]]:
+def _segments(ops: list[PlanOp], cuts: list[int], lim: PlanLimits, sems: list[int], r: int,
+              label: str) -> list[list[PlanOp]]:
     """A thread block's operations cut, between primitives, into segments of at most
     ``max_operations``, each after the first starting once the one before finished (a semaphore
     released at the end of one and acquired at the start of the next)."""
@@ -489,21 +541,21 @@ def _segments(ops: list[dict], cuts: list[int], lim: PlanLimits, sems: list[int]
     pieces.append(ops[start:])
     out = []
     for n, piece in enumerate(pieces):
-        while piece and piece[0]["name"] == "nop":
+        while piece and piece[0].is_nop:
             piece = piece[1:]
-        while piece and piece[-1]["name"] == "nop":
+        while piece and piece[-1].is_nop:
             piece = piece[:-1]
         seg = _Tb("")
         if n:
-            seg.emit({"name": "sem_acquire", "semaphore_ids": [sems[r] - 1]})
+            seg.emit(PlanOp("sem_acquire", semaphore_ids=(sems[r] - 1,)))
         for op in piece:
-            if op["name"] == "nop":
+            if op.is_nop:
                 seg.ops.append(op)
                 seg.last_data = False
             else:
                 seg.emit(op)
         if n < len(pieces) - 1:
-            seg.emit({"name": "sem_release", "semaphore_ids": [sems[r]]})
+            seg.emit(PlanOp("sem_release", semaphore_ids=(sems[r],)))
             sems[r] += 1
         out.append(seg.ops)
     return out
