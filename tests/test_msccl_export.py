@@ -27,7 +27,7 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.runtime.reference import execute, make_inputs
 from hccc.testing import valid_programs
 
-import test_msccl_emulator as emu
+import msccl_emulator as emu
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.rccl"))

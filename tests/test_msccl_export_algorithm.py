@@ -21,7 +21,7 @@ from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime.simulator import simulate
 from hccc.testing import valid_programs
 
-import test_msccl_emulator as emu
+import msccl_emulator as emu
 from test_msccl_export import same_results, structure
 
 ROOT = Path(__file__).resolve().parent.parent

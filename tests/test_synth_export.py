@@ -1,7 +1,7 @@
 """What hccc synthesizes, hccc exports: programs synthesized on random small clusters become MSCCL
 XML (one instance and two, the channels a header declares included) and an MSCCL++ plan; each
 export is read back by its importer (which proves the collective) and run by an independent
-emulator of its engine (tests/test_msccl_emulator.py, tests/mscclpp_interp.py)."""
+emulator of its engine (tests/msccl_emulator.py, tests/mscclpp_interp.py)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from hccc.compiler.passes.build import build_algorithm_level
 from hccc.compiler.passes.verify import verify
 from hccc.compiler.synth import synthesize, to_rccl
 
-import test_msccl_emulator as emu
+import msccl_emulator as emu
 from mscclpp_interp import check_plan
 from test_synth import clusters
 
