@@ -120,3 +120,15 @@ def cluster_specs(draw, max_nodes: int = 5, max_gpus: int = 5):
                 for i in range(len(bounds) - 1)]
         nodes.append((vendor, model, g, nics))
     return nodes
+
+
+def many_nodes_text(nodes: int, gpus: int = 8) -> str:
+    """``nodes`` nodes of ``gpus`` NVLink-meshed GPUs, two NICs each, every GPU pair across nodes
+    linked through the NICs: big enough that AllToAll's bounds and routing need a time limit."""
+    mesh = ", ".join(f"(({a},{b}) -> (100,2))" for a in range(gpus) for b in range(gpus) if a != b)
+    half = gpus // 2
+    nics = f"[(({','.join(map(str, range(half)))}) -> (25,1)), (({','.join(map(str, range(half, gpus)))}) -> (25,1))]"
+    lines = [f"define nodenum = {nodes}"]
+    for i in range(1, nodes + 1):
+        lines += [f"define node{i} = {gpus}", f"define bandwidth = {{direct => [{mesh}]}}", f"define nic = {nics}"]
+    return "\n".join(lines + ["define internode = all", "define interbandwidth = nic"]) + "\n"

@@ -25,22 +25,21 @@ from hccc.compiler.passes.build import build_program
 from hccc.runtime import reference
 
 from rank_pool import RankPool, run_fresh
-from test_communicator import _no_leaks, _require_torch, calls_for, check  # noqa: F401 (autouse fixture)
+from communicator_calls import no_leaks, require_torch, calls_for, check  # noqa: F401 (autouse fixture)
+from net_ranks import TCP, have_ucx, run_ranks
 
-
-def _have_ucx() -> bool:
-    return Path("/usr/include/ucp/api/ucp.h").exists() or bool(os.environ.get("HCCC_UCX_HOME"))
+#: the name tests/test_mscclpp_*.py and test_alltoallv_comm.py still import from here
+_have_ucx = have_ucx
 
 
 pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"),
-              pytest.mark.skipif(not _have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
+              pytest.mark.skipif(not have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
                                  reason="UCX (libucx-dev) not installed")]
-TCP = {"UCX_TLS": "tcp"}
 
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    _require_torch()
+    require_torch()
     p = RankPool(4, tmp_path_factory.mktemp("stores"))
     yield p
     p.close()
@@ -198,25 +197,6 @@ def test_two_nodes_of_two(pool):
     run_nodes(pool, ir, 1000, ["a", "a", "b", "b"], ncalls=2)
 
 
-def run_ranks(target, nranks: int, url: str, *args, timeout: float, join: float) -> dict:
-    """Each rank in a spawned process running ``target(rank, url, *args, queue)``, which puts
-    ``(rank, result)`` on the queue (a string: what went wrong); the results by rank, every
-    process joined (killed if it outlives ``join`` seconds)."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, url, *args, q)) for r in range(nranks)]
-    for p in procs:
-        p.start()
-    try:
-        return dict(q.get(timeout=timeout) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(join)
-            if p.is_alive():
-                p.kill()
-
-
 def _bf16_rank(rank, url, ir_json, nodes, inputs, q):
     """One rank of the bfloat16 job: torch bfloat16 tensors (numpy has none) through the
     Communicator; the results back as float32."""
@@ -244,7 +224,7 @@ def test_bfloat16_across_nodes(tmp_path):
     """bfloat16 across processes and nodes (2 x 2, 2 channels, an uneven count): a sum of small
     integers and a max of values with every bfloat16 mantissa bit in use, in and out of place,
     against the definition rounded to bfloat16 (reference.round_bf16)."""
-    _require_torch()
+    require_torch()
     from hccc.compiler.passes.channels import with_channels
     ir = with_channels(build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=256), 2)
     nodes = ["a", "a", "b", "b"]
@@ -318,7 +298,7 @@ def test_bytes_cross_tcp(tmp_path):
     """2 nodes x 2 ranks, each node in its own mount namespace (private /dev/shm): the result is
     right and every rank put bytes through UCX, so the cross-node data did not go through shared
     memory."""
-    _require_torch()
+    require_torch()
     ir = build_program(gen.ring_allreduce(4, [0, 2, 1, 3]), chunk_bytes=256)
     res, errs, puts = run_namespaced(tmp_path, ir, 777, ["a", "a", "b", "b"])
     _, want, _ = calls_for(ir, 777)
@@ -333,7 +313,7 @@ def test_bytes_cross_tcp(tmp_path):
 def test_private_shm_really_separates(tmp_path):
     """The control: ranks that claim one node but sit in different namespaces cannot map each
     other's shared memory, so the test above would fail if cross-node ranks used it."""
-    _require_torch()
+    require_torch()
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=256)
     job_nodes = ["a", "a"]
     out = tmp_path / "out"
@@ -387,7 +367,7 @@ def test_failed_rank_is_reported_with_its_node_and_nothing_leaks(tmp_path, how):
     every other rank gets a CommunicatorError naming rank 3 (and node b) within the timeout; the
     survivors' threads and sockets are back to what they were, and a later cross-node
     communicator in the same processes works."""
-    _require_torch()
+    require_torch()
     pool = RankPool(4, tmp_path)
     try:
         small = build_program(gen.ring_allreduce(3), chunk_bytes=256)
@@ -449,7 +429,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def big_pool(tmp_path_factory):
-    _require_torch()
+    require_torch()
     p = RankPool(16, tmp_path_factory.mktemp("stores16"))
     yield p
     p.close()
@@ -583,7 +563,7 @@ def _connections(ir):
 def test_a_stopped_rank_that_resumes_gets_a_communicator_error(tmp_path):
     """Rank 3 (node b) is stopped (SIGSTOP) in the kernel; once its peers have reported it, it
     resumes (SIGCONT): it too ends with a CommunicatorError, never an abort inside UCX."""
-    _require_torch()
+    require_torch()
     pool = RankPool(4, tmp_path)
     try:
         ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)

@@ -251,8 +251,8 @@ def test_cut_bound_is_the_far_nodes_blocks_across_the_nic(coll):
     and 4 from one on the large; Gather's cross the other way, as many."""
     from hccc.compiler.synth import network_from_topology
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
-    from test_bounds_collectives import GB, _two_nodes
-    net = network_from_topology(_two_nodes(4, 8, 12))
+    from synth_networks import GB, two_nic_nodes
+    net = network_from_topology(two_nic_nodes(4, 8, 12))
     M = 1 << 30
     assert collective_cut_bound_seconds(net, coll, 12, 1, 0, M) == pytest.approx(M * 8 / 12 / (12 * GB), rel=1e-9)
     assert collective_cut_bound_seconds(net, coll, 12, 1, 5, M) == pytest.approx(M * 4 / 12 / (12 * GB), rel=1e-9)
