@@ -22,7 +22,7 @@ from hccc.runtime.simulator import simulate
 from hccc.testing import valid_programs
 
 import msccl_emulator as emu
-from test_msccl_export import same_results, structure
+from msccl_checks import same_results, structure
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"
