@@ -178,7 +178,7 @@ STILL_IMPORTING_TESTS = {
 }
 
 
-def test_module_imports(path: Path) -> set[str]:
+def imported_test_modules(path: Path) -> set[str]:
     """The ``test_*`` modules ``path`` imports, at any depth (``import test_x``, ``from test_x import``)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -192,14 +192,11 @@ def test_module_imports(path: Path) -> set[str]:
     return found
 
 
-test_module_imports.__test__ = False          # a helper, not a test, despite its name
-
-
 def test_no_test_file_imports_another():
     """Shared helpers live in helper modules or conftest.py, never in a test file another imports."""
     problems = []
     for path in sorted(TESTS.glob("test_*.py")):
-        got = test_module_imports(path)
+        got = imported_test_modules(path)
         allowed = STILL_IMPORTING_TESTS.get(path.name, set())
         for module in sorted(got - allowed):
             problems.append(f"tests/{path.name} imports {module}: move what it uses into a helper module "
@@ -214,4 +211,4 @@ def test_test_imports_are_found(tmp_path):
     sample = tmp_path / "test_sample.py"
     sample.write_text("import os\nimport test_a as a\nfrom test_b import x\nfrom conftest import examples\n"
                       "def f():\n    from test_c import y\n    from tests.test_d import z\n")
-    assert test_module_imports(sample) == {"test_a", "test_b", "test_c", "tests.test_d"}
+    assert imported_test_modules(sample) == {"test_a", "test_b", "test_c", "tests.test_d"}
