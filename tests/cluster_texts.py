@@ -1,5 +1,9 @@
 """Cluster descriptions shared by several test files (written here, not in examples/, so the
 tests see clusters that the repository's examples do not cover)."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
 
 # HeteCCL Fig. 10 / DESIGN.md section 4: a 2-GPU node and a 4-GPU node behind shared switches.
 FIG10 = """\
@@ -69,3 +73,62 @@ define nic = [((0) -> (12.5,1)), ((1) -> (12.5,1)), ((2) -> (12.5,1)), ((3) -> (
 define internode = all
 define interbandwidth = nic
 """
+
+
+def topo_text(nodes, *, nic_links: bool = True) -> str:
+    """A .topo with full NVLink meshes inside nodes and every node pair linked through NICs.
+
+    ``nodes``: list of (vendor, model, ngpus, nics) with ``nics`` a list of (gpu tuple, GB/s)."""
+    out = [f"define nodenum = {len(nodes)}"]
+    for i, (vendor, model, g, nics) in enumerate(nodes, 1):
+        out.append(f"define node{i} = {g}")
+        out.append(f"define vendor = {vendor}")
+        if model:
+            out.append(f"define gpu = {model}")
+        if g > 1:
+            links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(g) for b in range(g) if a != b)
+            out.append(f"define bandwidth = {{direct => [{links}]}}")
+        if nics:
+            out.append("define nic = [" + ", ".join(f"(({','.join(map(str, gp))}{',' if len(gp) == 1 else ''})"
+                                                    f" -> ({bw},1))" for gp, bw in nics) + "]")
+    if nic_links and len(nodes) > 1:
+        out += ["define internode = all", "define interbandwidth = nic"]
+    return "\n".join(out) + "\n"
+
+
+MIXED_3 = [  # 3 vendor/model mixes, odd GPU counts, several NICs per node, unequal NICs
+    ("nvidia", "A100", 3, [((0, 1), 25), ((2,), "12.5")]),
+    ("amd", "MI250", 5, [((0, 1, 2), 50), ((3, 4), 25)]),
+    ("nvidia", "H100", 2, [((0, 1), 50)]),
+    ("amd", "MI250", 1, [((0,), 25)]),
+]
+
+
+VENDOR_MODELS = [("nvidia", "A100"), ("nvidia", "H100"), ("amd", "MI300X"), ("amd", "W7800")]
+
+
+@st.composite
+def cluster_specs(draw, max_nodes: int = 5, max_gpus: int = 5):
+    n = draw(st.integers(1, max_nodes))
+    nodes = []
+    for _ in range(n):
+        vendor, model = draw(st.sampled_from(VENDOR_MODELS))
+        g = draw(st.integers(1, max_gpus))
+        cuts = sorted(draw(st.sets(st.integers(1, g - 1), max_size=g - 1))) if g > 1 else []
+        bounds = [0, *cuts, g]
+        nics = [(tuple(range(bounds[i], bounds[i + 1])), draw(st.sampled_from([25, 50, "12.5"])))
+                for i in range(len(bounds) - 1)]
+        nodes.append((vendor, model, g, nics))
+    return nodes
+
+
+def many_nodes_text(nodes: int, gpus: int = 8) -> str:
+    """``nodes`` nodes of ``gpus`` NVLink-meshed GPUs, two NICs each, every GPU pair across nodes
+    linked through the NICs: big enough that AllToAll's bounds and routing need a time limit."""
+    mesh = ", ".join(f"(({a},{b}) -> (100,2))" for a in range(gpus) for b in range(gpus) if a != b)
+    half = gpus // 2
+    nics = f"[(({','.join(map(str, range(half)))}) -> (25,1)), (({','.join(map(str, range(half, gpus)))}) -> (25,1))]"
+    lines = [f"define nodenum = {nodes}"]
+    for i in range(1, nodes + 1):
+        lines += [f"define node{i} = {gpus}", f"define bandwidth = {{direct => [{mesh}]}}", f"define nic = {nics}"]
+    return "\n".join(lines + ["define internode = all", "define interbandwidth = nic"]) + "\n"

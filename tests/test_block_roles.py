@@ -31,7 +31,7 @@ from hccc.runtime.launcher import Runner
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
 from conftest import harness_library
-from test_codegen_irs import ring_allreduce, stuck_ir
+from codegen_irs import ring_allreduce, stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

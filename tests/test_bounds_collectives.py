@@ -4,7 +4,6 @@ simulated schedules that must never beat the bound."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import networkx as nx
 import numpy as np
@@ -12,16 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
-                                                format_topology, parse_topology)
+from hccc.compiler.cluster.topo_parser import ClusterSpec, LinkSpec, NodeSpec, format_topology, parse_topology
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology
 from hccc.compiler.synth.bounds import BOUND_COLLECTIVES, collective_cut_bound_seconds, hub_graph
 from hccc.compiler.synth.problem import Network
-from test_synth_bounds import _network as unit_network
+from synth_networks import GB, tiny_networks, two_nic_nodes
 
-GB = 1e9
 
 
 # ---------------------------------------------------------------- oracles
@@ -85,31 +82,6 @@ def _brute_force(net: Network, coll: str, root: int, M: float, capacity) -> floa
 
 
 # ---------------------------------------------------------------- random tiny networks
-def _network(n, pairs, bws, groups, gbws) -> Network:
-    """test_synth_bounds' tiny network (unit capacities) with bandwidths in GB/s, in its pair order."""
-    order = sorted(range(len(pairs)), key=lambda i: pairs[i])
-    net = unit_network(n, pairs, [1] * len(pairs), groups, [1] * len(groups))
-    return replace(net, bw=np.array([bws[i] for i in order], float) * GB, gbw=np.array(gbws, float) * GB)
-
-
-@st.composite
-def tiny_networks(draw, max_groups: int = 2):
-    n = draw(st.integers(2, 4))
-    all_pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
-    keep = draw(st.lists(st.booleans(), min_size=len(all_pairs), max_size=len(all_pairs)))
-    pairs = [p for p, k in zip(all_pairs, keep) if k]
-    for a in range(n):  # strongly connected: a ring
-        if (a, (a + 1) % n) not in pairs:
-            pairs.append((a, (a + 1) % n))
-    bws = [draw(st.integers(1, 5)) for _ in pairs]
-    groups, gbws = [], []
-    for _ in range(draw(st.integers(0, max_groups))):
-        groups.append(draw(st.lists(st.integers(0, len(pairs) - 1), min_size=2, max_size=len(pairs),
-                                    unique=True)))
-        gbws.append(draw(st.integers(1, 5)))
-    return _network(n, pairs, bws, groups, gbws)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(net=tiny_networks(), coll=st.sampled_from(BOUND_COLLECTIVES), root=st.integers(0, 3))
 def test_bound_equals_enumerated_cuts_of_the_flow_model(net, coll, root):
@@ -136,16 +108,10 @@ def test_bound_never_exceeds_the_linear_program_cuts(net, coll, root):
 
 
 # ---------------------------------------------------------------- hand-computed clusters
-def _two_nodes(g1: int, g2: int, nic_gbps: float, intra_gbps: int = 100):
-    nodes = [NodeSpec(g, {"direct": [LinkSpec(a, b, intra_gbps, 2) for a in range(g) for b in range(g) if a != b]},
-                      nics=[NicSpec(tuple(range(g)), nic_gbps)]) for g in (g1, g2)]
-    return parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])), "two.topo")
-
-
 def test_allreduce_bound_is_the_buffer_across_the_narrowest_cut():
     """4 + 8 GPUs, one 12 GB/s NIC per node: every byte of the buffer crosses the NIC once each
     way, T = M / 12 GB/s, busbw = 12 * 2 * 11 / 12 = 22 GB/s (ReduceScatter + AllGather said 16.5)."""
-    net = network_from_topology(_two_nodes(4, 8, 12))
+    net = network_from_topology(two_nic_nodes(4, 8, 12))
     M = 1 << 30
     t = bandwidth_cut_bound(net, "allreduce", 12, 1, 0, M)
     assert t == pytest.approx(M / (12 * GB), rel=1e-9)
@@ -169,7 +135,7 @@ def test_allreduce_bound_full_mesh(n):
 
 
 def test_unknown_collective_is_refused():
-    net = network_from_topology(_two_nodes(2, 2, 10))
+    net = network_from_topology(two_nic_nodes(2, 2, 10))
     with pytest.raises(ValueError, match="no cut bound"):
         collective_cut_bound_seconds(net, "bogus", 4, 1, 0, 1.0)
 
@@ -208,7 +174,7 @@ def _algorithms(coll: str, n: int, root: int):
 def test_no_simulated_schedule_beats_its_bound(g1, g2, nic, intra, coll, root):
     from hccc.runtime.simulator import simulate
 
-    topo = _two_nodes(g1, g2, nic, intra)
+    topo = two_nic_nodes(g1, g2, nic, intra)
     n = g1 + g2
     root %= n
     net = network_from_topology(topo)
@@ -240,7 +206,7 @@ def test_no_simulated_allreduce_beats_the_allreduce_bound(g1, g2, nic, intra):
     from hccc.compiler.synth.bounds import allreduce_bound_seconds
     from hccc.runtime.simulator import simulate
 
-    topo = _two_nodes(g1, g2, nic, intra)
+    topo = two_nic_nodes(g1, g2, nic, intra)
     net = network_from_topology(topo)
     M = 1 << 24
     bound = allreduce_bound_seconds(net, M)

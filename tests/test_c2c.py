@@ -23,7 +23,7 @@ from hccc.compiler.cluster.hierarchy import hierarchy
 from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
-from test_hierarchy import MIXED_3, cluster_specs, topo_text
+from cluster_texts import MIXED_3, cluster_specs, topo_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTERS = ROOT / "examples" / "clusters"

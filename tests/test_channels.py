@@ -308,8 +308,8 @@ def _ring_text(n: int) -> str:
 # ---------------------------------------------------------------------------- one rank per process
 @pytest.fixture(scope="module")
 def pool3(tmp_path_factory):
-    from test_communicator import _require_torch
-    _require_torch()
+    from communicator_calls import require_torch
+    require_torch()
     from rank_pool import RankPool
     p = RankPool(3, tmp_path_factory.mktemp("stores"))
     yield p
@@ -321,7 +321,7 @@ def pool3(tmp_path_factory):
 def test_communicator_runs_several_channels_in_separate_processes(pool3):
     """Each rank in its own process (FIFOs and counters of every channel in POSIX shared memory,
     connected through the manifest's replicated tables): uneven counts, several micro-batches."""
-    from test_communicator import run
+    from communicator_calls import run
     ir = with_channels(build_program(gen.ring_allreduce(3, [0, 2, 1]), chunk_bytes=64), 3)
     for count in (1000 + 2, 37):
         run(pool3, ir, count, "float32", "sum", seed=count)

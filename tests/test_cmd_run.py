@@ -15,7 +15,7 @@ import pytest
 from hccc.cli import main
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
-from test_codegen_irs import stuck_ir
+from codegen_irs import stuck_ir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

@@ -17,7 +17,7 @@ from hccc.compiler.backend.codegen import generate, threads_per_tb
 from hccc.compiler.ir.program_ir import Op, ProgramIR
 from hccc.compiler.ir.check import load_ir_json
 from hccc.util.dtypes import DTYPES, OPS, instance_error
-from test_codegen_irs import random_ir, ring_allgather, ring_allgather_fused, ring_allreduce, \
+from codegen_irs import random_ir, ring_allgather, ring_allgather_fused, ring_allreduce, \
     ring_allreduce_fused
 
 #: switches that leave out the element types and operators added after the original four and three

@@ -8,7 +8,6 @@ surviving rank a clear error within the timeout and leave nothing in ``/dev/shm`
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -22,120 +21,21 @@ from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_program
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.runtime import reference, shm
-from hccc.runtime.launcher import program_layout
 from hccc.testing import valid_programs
 
-from conftest import shm_leaks
 from rank_pool import RankPool, run_fresh
+from communicator_calls import (INSTANCE, POOL_SIZE, PROGRAMS, calls_for, check, no_leaks, pool,  # noqa: F401 (fixtures)
+                                require_torch, run)
 
-
-def _require_torch():
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
-            pytest.fail("torch is required (HCCC_REQUIRE_COMPILERS is set) but not installed")
-        pytest.skip("torch (the optional 'dist' extra) is not installed: no bootstrap")
+#: the name tests/test_mscclpp_*.py still import from here
+_require_torch = require_torch
 
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 ROOT = Path(__file__).resolve().parent.parent
-POOL_SIZE = 8
-
-
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    _require_torch()
-    p = RankPool(POOL_SIZE, tmp_path_factory.mktemp("stores"))
-    yield p
-    p.close()
-
-
-@pytest.fixture(autouse=True)
-def _no_leaks():
-    before = set(shm.ours())
-    yield
-    # segments are unlinked once every rank has mapped them: none may outlive a test
-    deadline = time.monotonic() + 5
-    while shm_leaks(before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert shm_leaks(before) == set(), "shared memory left in /dev/shm"
-
-
-METHOD = {name: spec.method for name, spec in SPECS.items()}
-
-
-def _takes_out(method: str) -> bool:
-    """The Communicator method takes its output array as a required positional argument (an
-    all_to_all always does, although its in-place form overlays the whole buffer)."""
-    import inspect
-
-    from hccc.runtime.communicator import Communicator
-    p = inspect.signature(getattr(Communicator, method)).parameters.get("out")
-    return p is not None and p.default is inspect.Parameter.empty and p.kind != p.KEYWORD_ONLY
-
-
-def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int = 0):
-    """(per-rank call lists, inputs, expected outputs) for one collective call of ``count``."""
-    coll = ir.collective
-    N = ir.nranks
-    if coll == "alltoall":
-        count = reference.alltoall_count(count, reference.alltoall_unit(ir))
-    inputs = reference.make_inputs(coll, N, count, dtype, nchunks=ir.nchunks, seed=seed)
-    want = reference.expected(coll, inputs, op, nchunks=ir.nchunks, root=ir.root)
-    spec = SPECS[coll]
-    layout = program_layout(ir, count)
-    calls = []
-    for r in range(N):
-        c = {"method": METHOD[coll], "x": inputs[r]}
-        if spec.alias != "same" or _takes_out(METHOD[coll]):   # a separate output array
-            c["out"] = layout[r][1]
-        if spec.reduces:
-            c["kwargs"] = {"op": op}
-        calls.append([c])
-    return calls, want, count
-
-
-def check(replies, want, what: str, ncalls: int = 1) -> None:
-    for r, rep in enumerate(replies):
-        assert rep["ok"], f"{what}: rank {r}: {rep['error']}\n{rep.get('trace', '')}"
-        assert len(rep["outputs"]) == ncalls
-        if want[r] is None:
-            continue
-        got = rep["outputs"][-1]
-        assert got.shape == want[r].shape, f"{what}: rank {r}: {got.shape} vs {want[r].shape}"
-        bad = np.flatnonzero(got != want[r])
-        assert len(bad) == 0, (f"{what}: rank {r}: {len(bad)} wrong elements, first at {bad[0]}: "
-                               f"{got[bad[0]]} != {want[r][bad[0]]}")
-
-
-def run(pool, ir, count, dtype="float32", op="sum", seed=0):
-    calls, want, count = calls_for(ir, count, dtype, op, seed)
-    replies = pool.run(ir.to_json(), ir.nranks, calls, dtype=dtype, op=op)
-    check(replies, want, f"{ir.name} ({ir.collective}, {ir.nranks} ranks, {count} x {dtype} {op})")
 
 
 # ------------------------------------------------------------------------------ every collective
-PROGRAMS = {
-    "allreduce": lambda: gen.ring_allreduce(4, [0, 2, 1, 3]),
-    "allgather": lambda: gen.ring_allgather(3),
-    "reducescatter": lambda: gen.ring_reducescatter(4),
-    "broadcast": lambda: gen.ring_broadcast(3, root=1),
-    "reduce": lambda: gen.ring_reduce(4, root=2),
-    "alltoall": lambda: gen.ring_alltoall(3),
-    "gather": lambda: gen.ring_gather(4, root=1, chunks_per_rank=2),
-    "scatter": lambda: gen.tree_scatter(5, gen.binomial_tree(5, 2), root=2, chunks_per_rank=2),
-}
-
-
-#: one kernel instance per collective (each rank builds its own kernel: keep the builds few)
-INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
-            "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
-            "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum"),
-            "scatter": ("float32", "sum")}
-
-
 # several processes per case, each building its kernels: with the slow tests (pytest -m slow);
 # the default set runs random programs in separate processes (below)
 @pytest.mark.slow
@@ -225,7 +125,7 @@ def test_damaged_table_is_refused_clearly(pool, tmp_path):
 def test_bootstrap_through_an_initialised_process_group(tmp_path):
     """torch.distributed initialised (as under torchrun): the communicator takes rank, world size
     and the handle exchange from the default process group."""
-    _require_torch()
+    require_torch()
     ir = build_program(gen.ring_reducescatter(3), chunk_bytes=64)
     calls, want, _ = calls_for(ir, 100)
     check(run_fresh(ir.to_json(), 3, calls, tmp_path, process_group=True), want, "process group")
@@ -325,7 +225,7 @@ def test_peer_killed_during_the_kernel(tmp_path):
     """Rank 1 dies after meeting its peers, when it would launch: the others' kernels wait for its
     data, and the host watch aborts them (the error names the dead process: the kernels' own
     60 s timeout, which would report a stuck primitive alone, is not what ends the wait)."""
-    _require_torch()
+    require_torch()
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)
     calls, _, _ = calls_for(ir, 3000)
     calls[1] = [{**calls[1][0], "die_in_kernel": True}]
@@ -340,7 +240,7 @@ def test_peer_killed_during_the_kernel(tmp_path):
 
 @pytest.mark.slow
 def test_peer_that_never_arrives(tmp_path):
-    _require_torch()
+    require_torch()
     ir = build_program(gen.ring_allgather(3), chunk_bytes=64)
     calls, _, _ = calls_for(ir, 30)
     pool = RankPool(2, tmp_path)        # only ranks 0 and 1 of 3 exist
@@ -387,7 +287,7 @@ def test_a_call_leaves_no_thread_of_its_own(tmp_path, monkeypatch):
     """The thread that waits for the kernel has ended when a call returns, even when it is slow
     to finish after reporting (as on a loaded machine): the leak checks of the failure tests count
     threads right after a call."""
-    _require_torch()
+    require_torch()
     import threading
     import types
     from hccc.runtime import communicator as mod

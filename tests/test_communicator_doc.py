@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_communicator import _require_torch
+from communicator_calls import require_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_documented_example_runs(tmp_path):
     if shutil.which("g++") is None:
         pytest.skip("g++ not installed")
-    _require_torch()
+    require_torch()
     text = (ROOT / "docs" / "communicator.md").read_text()
     section = text.split("# One rank per process", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

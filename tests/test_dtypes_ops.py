@@ -25,7 +25,7 @@ from hccc.runtime import launcher, platform, reference
 from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.launcher import Runner
 from hccc.util import dtypes as T
-from test_communicator import pool  # noqa: F401  (the rank processes' fixture)
+from communicator_calls import pool  # noqa: F401  (the rank processes' fixture)
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -308,5 +308,5 @@ def test_every_type_and_op_at_the_edges(pf, dtype, op):
 def test_communicator_runs_the_new_types_and_ops(pool, dtype, op):
     """One process per rank, numpy arrays of the new types through the Communicator, against the
     collective's definition (reference.expected)."""
-    from test_communicator import run
+    from communicator_calls import run
     run(pool, build_program(G.ring_allreduce(4, [0, 2, 1, 3])), 1001, dtype, op)

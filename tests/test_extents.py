@@ -19,7 +19,7 @@ from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op
 from hccc.compiler.passes.build import build_program
 from hccc.testing import valid_programs
 
-from test_codegen_irs import _ir_from_rows
+from codegen_irs import ir_from_rows
 
 COLLS = ("allgather", "reducescatter", "allreduce", "alltoall")
 
@@ -85,7 +85,7 @@ def random_irs(draw, scratch_ok: bool = True):
             sb, so = place(cnt)
             db, do = place(cnt)
             add(r, "local", op=op, src_buf=sb, src_off=so, dst_buf=db, dst_off=do, count=cnt)
-    ir = _ir_from_rows("rnd", coll, N, C, in_n, out_n, S, rows)
+    ir = ir_from_rows("rnd", coll, N, C, in_n, out_n, S, rows)
     try:
         check_structure(ir)
     except IRFormatError:
@@ -243,7 +243,7 @@ def test_two_rank_allgather_copy_into_a_smaller_chunk_is_refused_with_a_location
                          dst_off=1 - r))
     rows.append(dict(rank=0, tb=0, seq=3, op=Op.COPY, src_buf=Buf.OUTPUT, src_off=1, dst_buf=Buf.INPUT,
                      dst_off=0))
-    ir = _ir_from_rows("ag", "allgather", 2, 2, 1, 2, 0, rows)
+    ir = ir_from_rows("ag", "allgather", 2, 2, 1, 2, 0, rows)
     with pytest.raises(IRFormatError, match=r"rank 0 tb 0 seq 3 \(copy\): copies between chunks of "
                                             r"different sizes: .* differ in size at 1 element \(1 vs 0\)"):
         load_ir_json(ir.to_json())
@@ -252,7 +252,7 @@ def test_two_rank_allgather_copy_into_a_smaller_chunk_is_refused_with_a_location
 def test_a_slot_too_small_for_the_largest_step_is_refused():
     rows = [dict(rank=0, tb=0, seq=0, op=Op.SEND, send_peer=1, src_buf=Buf.INPUT, src_off=0, count=4),
             dict(rank=1, tb=0, seq=0, op=Op.RECV, recv_peer=0, dst_buf=Buf.OUTPUT, dst_off=0, count=4)]
-    ir = _ir_from_rows("big_step", "allreduce", 2, 4, 4, 4, 0, rows, chunk_bytes=48)
+    ir = ir_from_rows("big_step", "allreduce", 2, 4, 4, 4, 0, rows, chunk_bytes=48)
     with pytest.raises(IRFormatError, match=r"chunk_bytes 48 is too small for steps of 4 chunks.*>= 64"):
         load_ir_json(ir.to_json())
     ir.chunk_bytes = 64

@@ -14,7 +14,7 @@ from hccc.cli import main
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.ir.program_ir import Buf, Op
-from test_codegen_irs import stuck_ir
+from codegen_irs import stuck_ir
 
 REPO = Path(__file__).resolve().parent.parent
 

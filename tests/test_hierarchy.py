@@ -18,32 +18,12 @@ from hypothesis import given, settings, strategies as st
 from hccc.compiler.cluster.topo_parser import load_topology, parse_topology
 from hccc.compiler.cluster.hierarchy import HierarchyError, hierarchy
 from hccc.compiler.cluster.topology import TopologyBuilder
+from cluster_texts import MIXED_3, cluster_specs, topo_text
 
 CLUSTERS = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 
 
 # ---------------------------------------------------------------------------------------- inline clusters
-def topo_text(nodes, *, nic_links: bool = True) -> str:
-    """A .topo with full NVLink meshes inside nodes and every node pair linked through NICs.
-
-    ``nodes``: list of (vendor, model, ngpus, nics) with ``nics`` a list of (gpu tuple, GB/s)."""
-    out = [f"define nodenum = {len(nodes)}"]
-    for i, (vendor, model, g, nics) in enumerate(nodes, 1):
-        out.append(f"define node{i} = {g}")
-        out.append(f"define vendor = {vendor}")
-        if model:
-            out.append(f"define gpu = {model}")
-        if g > 1:
-            links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(g) for b in range(g) if a != b)
-            out.append(f"define bandwidth = {{direct => [{links}]}}")
-        if nics:
-            out.append("define nic = [" + ", ".join(f"(({','.join(map(str, gp))}{',' if len(gp) == 1 else ''})"
-                                                    f" -> ({bw},1))" for gp, bw in nics) + "]")
-    if nic_links and len(nodes) > 1:
-        out += ["define internode = all", "define interbandwidth = nic"]
-    return "\n".join(out) + "\n"
-
-
 def expected_hierarchy(nodes, one_per_nic: bool = False):
     """(vendor, model, ranks, {border: (GB/s, members)}) per cluster, from the spec alone."""
     keys: dict = {}
@@ -59,14 +39,6 @@ def expected_hierarchy(nodes, one_per_nic: bool = False):
                 entry[3][b] = (Fraction(str(bw)) / len(chosen), members)
         off += g
     return list(keys.values())  # dicts keep first-insertion order = order of first node
-
-
-MIXED_3 = [  # 3 vendor/model mixes, odd GPU counts, several NICs per node, unequal NICs
-    ("nvidia", "A100", 3, [((0, 1), 25), ((2,), "12.5")]),
-    ("amd", "MI250", 5, [((0, 1, 2), 50), ((3, 4), 25)]),
-    ("nvidia", "H100", 2, [((0, 1), 50)]),
-    ("amd", "MI250", 1, [((0,), 25)]),
-]
 
 
 def test_mixed_example_two_vendor_clusters():
@@ -205,24 +177,6 @@ def test_builder_topology_without_nic_groups():
 
 
 # ---------------------------------------------------------------------------------------- properties
-VENDOR_MODELS = [("nvidia", "A100"), ("nvidia", "H100"), ("amd", "MI300X"), ("amd", "W7800")]
-
-
-@st.composite
-def cluster_specs(draw, max_nodes: int = 5, max_gpus: int = 5):
-    n = draw(st.integers(1, max_nodes))
-    nodes = []
-    for _ in range(n):
-        vendor, model = draw(st.sampled_from(VENDOR_MODELS))
-        g = draw(st.integers(1, max_gpus))
-        cuts = sorted(draw(st.sets(st.integers(1, g - 1), max_size=g - 1))) if g > 1 else []
-        bounds = [0, *cuts, g]
-        nics = [(tuple(range(bounds[i], bounds[i + 1])), draw(st.sampled_from([25, 50, "12.5"])))
-                for i in range(len(bounds) - 1)]
-        nodes.append((vendor, model, g, nics))
-    return nodes
-
-
 @settings(max_examples=40)
 @given(cluster_specs(), st.booleans())
 def test_hierarchy_matches_spec(spec, one_per_nic):

@@ -1,9 +1,9 @@
 """Hostile and accidental inputs get a located error (exit 1) or a usage error (exit 2), never an
 internal error (exit 3), a hang or unbounded memory; every limit fires before the work it guards.
 
-Limits run in subprocesses under an address-space cap (``RLIMIT_AS``, :data:`MEMORY_CAP`) and a
-CPU-time cap (``RLIMIT_CPU``, :data:`CPU_CAP_S`): a limit that fires before its work needs the
-interpreter's start-up and little more, while the work it guards (parsing 200,000 lines, a
+Limits run in subprocesses under an address-space cap (``RLIMIT_AS``,
+:data:`capped_runs.MEMORY_CAP`) and a CPU-time cap (``RLIMIT_CPU``, :data:`capped_runs.CPU_CAP_S`): a
+limit that fires before its work needs the interpreter's start-up and little more, while the work it guards (parsing 200,000 lines, a
 4096-node cluster, allocating a huge scratch buffer, a minute of synthesis) would be killed by
 either cap. CPU time, unlike wall-clock time, does not grow with the load of a shared test
 machine, so the tests assert no wall-clock times (``benchmarks/input_limits.py`` prints them).
@@ -14,9 +14,6 @@ import json
 import os
 import re
 import resource
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,39 +24,11 @@ from hccc.util.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, p
                                            read_input_bytes)
 from hccc.util.diagnostics import SourceFile
 from hccc.compiler.pipeline import load_program
+from capped_runs import assert_fires, hccc
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-HCCC = [sys.executable, "-m", "hccc.cli"]
-MEMORY_CAP = 3 << 30
-CPU_CAP_S = 12
 LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.M)
-
-
-def _cap_memory():
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-    resource.setrlimit(resource.RLIMIT_CPU, (CPU_CAP_S, CPU_CAP_S + 2))
-
-
-def hccc(*args, timeout=300, env=None, cwd=None, capped=True):
-    """Run hccc in a subprocess under the memory and CPU caps; (returncode, stderr+stdout, seconds).
-    ``timeout`` only guards against a hang (a FIFO read that blocks)."""
-    e = dict(os.environ, HCCC_DEBUG="")
-    e.update(env or {})
-    t0 = time.perf_counter()
-    r = subprocess.run([*HCCC, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=_cap_memory if capped else None, env=e, cwd=cwd, stdin=subprocess.DEVNULL)
-    return r.returncode, r.stderr + r.stdout, time.perf_counter() - t0
-
-
-def assert_fires(result, rc=1, pattern=None):
-    """Refused with exit ``rc`` (a process killed by the CPU or memory cap has a negative code or
-    a MemoryError), no traceback, the message matching ``pattern``."""
-    code, out, secs = result
-    assert code == rc, f"exit {code} after {secs:.1f} s: {out[-2000:]}"
-    assert "Traceback" not in out and "internal error" not in out
-    if pattern:
-        assert re.search(pattern, out), out
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from hccc.compiler.ir.program_ir import IRFormatError
 from hccc.runtime.launcher import RankPlan, check_fifo_memory, check_slice, plans_memory_bytes
 from hccc.runtime.platform import PlatformError
 
-from test_hostile_inputs import assert_fires, hccc
+from capped_runs import assert_fires, hccc
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.util import jit, kernel_sort
-from test_layering import MODULES
+from source_modules import MODULES
 
 needs_numba = pytest.mark.skipif(not jit.have_numba(), reason="numba is not installed")
 

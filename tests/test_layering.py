@@ -12,10 +12,9 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from source_modules import MODULES
+
 ROOT = Path(__file__).resolve().parent.parent
-#: source folder -> import name
-PACKAGES = {"util": "hccc.util", "compiler": "hccc.compiler", "runtime": "hccc.runtime", "templates": "hccc.templates",
-            "driver": "hccc"}
 
 #: layer of every hccc package; an import may only reach the same or a lower layer (same-layer
 #: imports are allowed only inside one package)
@@ -34,20 +33,6 @@ LAYERS = {
     "hccc.runtime": 6,
     "hccc": 7,
 }
-
-
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for folder, name in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            mods[".".join([name, *parts])] = path
-    return mods
-
-
-MODULES = _modules()
 
 
 def _package(mod: str) -> str:

@@ -27,7 +27,7 @@ from hccc.runtime import reference
 from conftest import examples, shm_leaks
 from hccc.util.dtypes import only_instance_flags
 from rank_pool import RankPool
-from test_communicator import INSTANCE, PROGRAMS, _no_leaks, _require_torch, calls_for, check  # noqa: F401
+from communicator_calls import INSTANCE, PROGRAMS, no_leaks, require_torch, calls_for, check  # noqa: F401
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ CROSSOVER = 128 * 1024
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    _require_torch()
+    require_torch()
     p = RankPool(4, tmp_path_factory.mktemp("stores"))
     yield p
     p.close()
@@ -268,8 +268,8 @@ def test_allreduce_under_ll_in_every_dtype_in_place(pool, dtype, op):
 def test_a_job_across_nodes_runs_simple_and_says_why(pool):
     """2 nodes x 2 ranks over UCX (TCP): LL asked for, Simple run on every rank with the reason
     (the network proxy forwards a slot when its tail advances); the sums are right."""
-    from test_net import TCP, _have_ucx
-    if not _have_ucx():
+    from net_ranks import TCP, have_ucx
+    if not have_ucx():
         pytest.skip("UCX (libucx-dev) not installed")
     ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=256)
     calls, wants = _allreduce_calls(4, [(1000, "ll", True), (37, None, False)])
@@ -304,7 +304,7 @@ def _torch_job(rank, world, url, small, large):
 def test_torch_backend_gets_ll_for_small_messages(tmp_path, monkeypatch):
     """dist.all_reduce through the "hccc" backend: the Communicator picks LL for 96 floats and
     Simple above the crossover (counted in hccc.torch.stats()["protos"]); the sums are right."""
-    _require_torch()
+    require_torch()
     from torch_ranks import spawn
     monkeypatch.setenv("HCCC_ALGO_DIR", str(ROOT / "examples" / "torch" / "catalog4"))
     small, large = 96, CROSSOVER // 4 + 8

@@ -22,7 +22,7 @@ from hccc.compiler.ir.symbolic import prove
 from hccc.compiler.passes.build import build_program
 from hccc.runtime.reference import execute, make_inputs
 
-import test_msccl_emulator as emu
+import msccl_emulator as emu
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

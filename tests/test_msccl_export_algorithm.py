@@ -21,8 +21,8 @@ from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime.simulator import simulate
 from hccc.testing import valid_programs
 
-import test_msccl_emulator as emu
-from test_msccl_export import same_results, structure
+import msccl_emulator as emu
+from msccl_checks import same_results, structure
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 
-from test_net import TCP, _have_ucx, run_ranks
+from net_ranks import TCP, have_ucx, run_ranks
 
 import shutil
 
 pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"),
-              pytest.mark.skipif(not _have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
+              pytest.mark.skipif(not have_ucx() and not os.environ.get("HCCC_REQUIRE_COMPILERS"),
                                  reason="UCX (libucx-dev) not installed")]
 
 

@@ -184,7 +184,7 @@ def test_random_programs_one_grid_and_per_rank_match_oracle(collective, data):
 def test_a_stuck_grid_times_out_and_names_the_rank_and_its_own_thread_block():
     """Ranks that receive before they send: the grid's blocks time out and exit, and the report
     names the rank and its thread block in the rank's numbering (rank 1's TB 0 is block 2)."""
-    from test_codegen_irs import stuck_ir
+    from codegen_irs import stuck_ir
     with Runner(stuck_ir(), "cpu", "float32", "sum", nthreads=2, timeout_s=0.2) as runner:
         assert runner.grid_fn is not None and runner.grid == [2, 2]
         res = runner.run(count=16)

@@ -24,7 +24,7 @@ from hccc.runtime import cache, kernel_abi, reference
 from hccc.runtime.cpu import CpuPlatform
 from hccc.runtime.launcher import Runner, busbw_factor, run_program
 from hccc.runtime.platform import PlatformError, get_platform
-from test_codegen_irs import ring_allgather, stuck_ir, ring_allreduce, ring_allreduce_fused
+from codegen_irs import ring_allgather, stuck_ir, ring_allreduce, ring_allreduce_fused
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

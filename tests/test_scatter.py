@@ -251,8 +251,8 @@ def test_cut_bound_is_the_far_nodes_blocks_across_the_nic(coll):
     and 4 from one on the large; Gather's cross the other way, as many."""
     from hccc.compiler.synth import network_from_topology
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
-    from test_bounds_collectives import GB, _two_nodes
-    net = network_from_topology(_two_nodes(4, 8, 12))
+    from synth_networks import GB, two_nic_nodes
+    net = network_from_topology(two_nic_nodes(4, 8, 12))
     M = 1 << 30
     assert collective_cut_bound_seconds(net, coll, 12, 1, 0, M) == pytest.approx(M * 8 / 12 / (12 * GB), rel=1e-9)
     assert collective_cut_bound_seconds(net, coll, 12, 1, 5, M) == pytest.approx(M * 4 / 12 / (12 * GB), rel=1e-9)
@@ -390,7 +390,7 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
     from hccc.torch import Options
-    from test_torch_backend import _ranks_in_threads
+    from torch_ranks import ranks_in_threads
     (tmp_path / "empty").mkdir()
 
     first = {}
@@ -406,7 +406,7 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
             wrong = ([torch.ones(3)] if bad == "short" else [torch.ones(3, dtype=torch.int32)] * 2)
             pg.scatter([torch.zeros(3)], [wrong] if rank == 1 else [], opts).wait()
         return run
-    got = _ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"), timeout_s=10.0)
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"), timeout_s=10.0)
     assert first == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
     for rank, (res, seconds) in enumerate(got):
         assert isinstance(res, Exception), f"rank {rank}: {res}"
@@ -422,7 +422,7 @@ def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monk
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
     from hccc.torch import Options
-    from test_torch_backend import _ranks_in_threads
+    from torch_ranks import ranks_in_threads
     for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
         monkeypatch.delenv(var, raising=False)
     (tmp_path / "empty").mkdir()
@@ -439,8 +439,8 @@ def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monk
                 got.append(out)
             return got, dict(pg.counters["hccc"]), dict(pg.carried["scatter"])
         return run
-    ours = _ranks_in_threads([job(r) for r in range(3)], Options(), timeout_s=60.0)
-    gloo = _ranks_in_threads([job(r) for r in range(3)], Options(catalog=tmp_path / "empty"))
+    ours = ranks_in_threads([job(r) for r in range(3)], Options(), timeout_s=60.0)
+    gloo = ranks_in_threads([job(r) for r in range(3)], Options(catalog=tmp_path / "empty"))
     for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
         assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
         for a, b in zip(mine[0], theirs[0]):
@@ -469,7 +469,7 @@ def test_the_torch_example_catalog_carries_scatter_from_its_root(tmp_path, monke
     torch = pytest.importorskip("torch")
     dist = pytest.importorskip("torch.distributed")
     from hccc.torch import Options
-    from test_torch_backend import _ranks_in_threads
+    from torch_ranks import ranks_in_threads
     CATALOG4 = TORCH_CATALOG
     for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
         monkeypatch.delenv(var, raising=False)
@@ -484,8 +484,8 @@ def test_the_torch_example_catalog_carries_scatter_from_its_root(tmp_path, monke
             pg.scatter([out], lists, opts).wait()
             return out, dict(pg.counters["hccc"])
         return run
-    ours = _ranks_in_threads([job(r) for r in range(4)], Options(catalog=CATALOG4), timeout_s=60.0)
-    gloo = _ranks_in_threads([job(r) for r in range(4)], Options(catalog=tmp_path / "empty"))
+    ours = ranks_in_threads([job(r) for r in range(4)], Options(catalog=CATALOG4), timeout_s=60.0)
+    gloo = ranks_in_threads([job(r) for r in range(4)], Options(catalog=tmp_path / "empty"))
     for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
         assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
         assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[0], torch.arange(29.0) * (rank + 3) + rank)

@@ -14,8 +14,8 @@ from hccc.compiler.passes.hpds import hpds
 from hccc.compiler.passes.round_robin import round_robin
 from hccc.compiler.passes.schedule import Schedule
 
-from test_dag import (hm_allreduce, make_alg, naive_relation, programs,  # noqa: E402
-                      ring_allgather)
+from dag_programs import (hm_allreduce, make_alg, naive_relation, programs,  # noqa: E402
+                          ring_allgather)
 
 SCHEDULERS = {"hpds": hpds, "rr": round_robin}
 SLICE = 1.0 / 16   # the clock's pipelining lag (hccc.compiler.passes.hpds._SLICE)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
-                                                SharedSpec, format_topology, parse_topology)
+                                                format_topology, parse_topology)
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import (Schedule, allgather_task, broadcast_task, network_from_topology, synthesize,
                                  to_algorithm, to_rccl)
@@ -25,37 +25,10 @@ from hccc.compiler.cluster.topology_check import check_on_topology
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
 from hccc.util import clock
+from synth_oracles import mixed_clusters
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
-
-
-# ---------------------------------------------------------------- random clusters
-@st.composite
-def clusters(draw, max_nodes: int = 3, max_gpus: int = 4):
-    """Small heterogeneous clusters: NVLink meshes, shared switches, NICs shared by GPU pairs."""
-    nnodes = draw(st.integers(1, max_nodes))
-    nodes = []
-    for _ in range(nnodes):
-        g = draw(st.integers(1, max_gpus))
-        kind = draw(st.sampled_from(["mesh", "switch", "ring"]))
-        bw: dict = {}
-        if g > 1:
-            if kind == "mesh":
-                bw["direct"] = [LinkSpec(a, b, draw(st.sampled_from([25, 50])), draw(st.integers(1, 3)))
-                                for a in range(g) for b in range(g) if a != b]
-            elif kind == "switch":
-                lanes = draw(st.integers(1, 2))
-                bw["switch"] = [SharedSpec((a,), tuple(x for x in range(g) if x != a), 16, lanes) for a in range(g)]
-            else:
-                ring = sorted({(a, (a + 1) % g) for a in range(g)} | {((a + 1) % g, a) for a in range(g)})
-                bw["direct"] = [LinkSpec(a, b, 25, 2) for a, b in ring]
-        per_nic = draw(st.sampled_from([1, 2]))
-        nics = [NicSpec(tuple(range(a, min(a + per_nic, g))), draw(st.sampled_from([8, "12.5", 25])))
-                for a in range(0, g, per_nic)]
-        nodes.append(NodeSpec(g, bw or None, nics=nics))
-    inter = [InternodeSpec("all", "nic")] if nnodes > 1 else []
-    return parse_topology(format_topology(ClusterSpec(nodes, inter, chunksize="1M")), "random.topo")
 
 
 def _run_reference(alg, count: int = 96):
@@ -127,7 +100,7 @@ def test_reducescatter_is_the_time_reversed_allgather():
 # ---------------------------------------------------------------- property: random clusters
 @pytest.mark.slow   # a minute of the default run went to a few CLI and random-cluster runs
 @settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=clusters(), coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]),
+@given(topo=mixed_clusters(), coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]),
        k=st.sampled_from([1, 1, 2]), data=st.data())
 def test_random_clusters_verify_and_match_the_reference(topo, coll, k, data):
     root = data.draw(st.integers(0, topo.nranks - 1)) if coll == "broadcast" else 0
@@ -152,7 +125,7 @@ def _launcher():
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=clusters(max_nodes=2, max_gpus=3),
+@given(topo=mixed_clusters(max_nodes=2, max_gpus=3),
        coll=st.sampled_from(["allgather", "reducescatter", "allreduce", "broadcast"]))
 def test_random_clusters_run_in_cpu_emulation(topo, coll):
     run_program = _launcher()

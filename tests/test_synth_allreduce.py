@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 
 from conftest import examples
-from test_synth_trees import _lp_rate, _optimum, clusters
+from synth_oracles import lp_rate, optimum, clusters
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.util import clock
 
@@ -34,10 +34,10 @@ def _allreduce_bound(net) -> float:
     """The AllReduce bound of docs/bounds.md recomputed from scratch (seconds at ``M`` bytes)."""
     n = net.nranks
     everyone = set(range(n))
-    narrowest = min(_lp_rate(net, set(side)) for size in range(1, n)
+    narrowest = min(lp_rate(net, set(side)) for size in range(1, n)
                     for side in itertools.combinations(range(n), size))
-    out = sum(_lp_rate(net, {r}) for r in range(n))
-    into = sum(_lp_rate(net, everyone - {r}) for r in range(n))
+    out = sum(lp_rate(net, {r}) for r in range(n))
+    into = sum(lp_rate(net, everyone - {r}) for r in range(n))
     return max(M / narrowest, 2 * (n - 1) * M / min(out, into))
 
 
@@ -72,7 +72,7 @@ def _check(topo) -> float:
     net = network_from_topology(topo)
     if net.nranks < 2:
         return 1.0
-    rs_ag = _optimum(net) + _optimum(net, reverse=True)
+    rs_ag = optimum(net) + optimum(net, reverse=True)
     bound = _allreduce_bound(net)
     t = _simulated_seconds(topo, _synthesised(topo))
     assert t >= bound * (1 - 1e-6)                 # no schedule beats the bound
@@ -152,16 +152,16 @@ def test_the_reported_rs_ag_optimum_is_each_halfs_optimum_where_a_cut_is_loose(t
     report their bounds, by either method (the trees' packings carry theirs; the search has the
     LPs solved for the report). It was the sum of the cut bounds, which no ReduceScatter followed
     by an AllGather reaches: the tree AllReduce here, 1.03x of the optimum, read 0.89 of it."""
-    from test_synth_trees import _cut_optimum, _two_nodes_one_nic_each_text
+    from synth_oracles import cut_optimum, two_nodes_one_nic_each_text
 
     from hccc.cli import main
     from hccc.compiler.cluster.topo_parser import parse_topology
 
     path = tmp_path / "two.topo"
-    path.write_text(_two_nodes_one_nic_each_text())
+    path.write_text(two_nodes_one_nic_each_text())
     net = network_from_topology(parse_topology(path.read_text(), "two.topo"))
-    opt = _optimum(net) + _optimum(net, reverse=True)
-    cut = _cut_optimum(net) + _cut_optimum(net, True)
+    opt = optimum(net) + optimum(net, reverse=True)
+    cut = cut_optimum(net) + cut_optimum(net, True)
     assert opt > cut * 1.15
     reported = {}
     for coll in ("allgather", "reducescatter", "allreduce"):

@@ -17,6 +17,10 @@ from hccc.compiler.passes.verify import verify
 from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import network_from_topology, synthesize, to_algorithm
 from hccc.compiler.synth.bounds import alltoall_cut_bound_seconds, alltoall_step_bound
+from cluster_texts import many_nodes_text
+
+#: the name tests/test_verify_copies.py still imports from here
+_many_nodes_text = many_nodes_text
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 GB = 1e9
@@ -105,18 +109,6 @@ def test_cli_json_reports_the_cut_bound(tmp_path, capsys):
     assert 'OpType="Alltoall"' in out.read_text()
 
 
-def _many_nodes_text(nodes: int, gpus: int = 8) -> str:
-    """``nodes`` nodes of ``gpus`` NVLink-meshed GPUs, two NICs each, every GPU pair across nodes
-    linked through the NICs: big enough that AllToAll's bounds and routing need a time limit."""
-    mesh = ", ".join(f"(({a},{b}) -> (100,2))" for a in range(gpus) for b in range(gpus) if a != b)
-    half = gpus // 2
-    nics = f"[(({','.join(map(str, range(half)))}) -> (25,1)), (({','.join(map(str, range(half, gpus)))}) -> (25,1))]"
-    lines = [f"define nodenum = {nodes}"]
-    for i in range(1, nodes + 1):
-        lines += [f"define node{i} = {gpus}", f"define bandwidth = {{direct => [{mesh}]}}", f"define nic = {nics}"]
-    return "\n".join(lines + ["define internode = all", "define interbandwidth = nic"]) + "\n"
-
-
 def test_fast_set_cuts_equal_networkx_on_the_example_clusters():
     """The compiled max-flow over the hub graph's arrays gives every examined cut the value
     networkx's max-flow gives on the hub graph itself (bytes/s and chunks per step)."""
@@ -138,7 +130,7 @@ def test_a_spent_deadline_stops_the_cut_examination_with_a_valid_bound():
     from hccc.compiler.synth.bounds import alltoall_cut_ratio
     from hccc.util.clock import Deadline
 
-    net = network_from_topology(parse_topology(_many_nodes_text(6), "n6.topo"))
+    net = network_from_topology(parse_topology(many_nodes_text(6), "n6.topo"))
     full, side = alltoall_cut_ratio(net, net.bw, net.gbw)
     cut, cut_side = alltoall_cut_ratio(net, net.bw, net.gbw, deadline=Deadline(0.0))
     assert 0 < cut <= full
@@ -152,7 +144,7 @@ def test_alltoall_time_limit_holds_on_128_gpus(tmp_path):
     link), and the program still verifies on the cluster's links."""
     from hccc.util import clock
 
-    topo = parse_topology(_many_nodes_text(16), "n16.topo")
+    topo = parse_topology(many_nodes_text(16), "n16.topo")
     t0 = clock.now()
     res = synthesize(topo, "alltoall", time_limit=1.0, bandwidth_bound_bytes=1 << 30)
     took = clock.now() - t0
@@ -175,7 +167,7 @@ def test_alltoall_time_limit_on_512_gpus(tmp_path):
     import time
 
     p = tmp_path / "n64.topo"
-    p.write_text(_many_nodes_text(64))
+    p.write_text(many_nodes_text(64))
     t0 = time.perf_counter()
     got = subprocess.run([sys.executable, "-m", "hccc", "synth", str(p), "--collective", "alltoall", "--time-limit",
                           "10", "-o", str(tmp_path / "a.rccl"), "--json"], capture_output=True, text=True, timeout=600)

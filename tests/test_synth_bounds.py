@@ -20,6 +20,7 @@ from hccc.compiler.synth.cegis import synthesize_task
 from hccc.compiler.synth.check import check
 from hccc.compiler.synth.problem import Network
 from hccc.util import clock
+from synth_networks import unit_network
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 GB = 1e9
@@ -76,23 +77,6 @@ def test_symmetry_classes_do_not_change_the_cut_bound():
 
 
 # ---------------------------------------------------------------- brute force
-def _network(n, pairs, caps, groups, gcaps) -> Network:
-    order = sorted(range(len(pairs)), key=lambda i: pairs[i])
-    pairs = [pairs[i] for i in order]
-    caps = [caps[i] for i in order]
-    inv = {old: new for new, old in enumerate(order)}
-    members = [[] for _ in pairs]
-    for g, mem in enumerate(groups):
-        for old in mem:
-            members[inv[old]].append(g)
-    ptr = np.zeros(len(pairs) + 1, np.int64)
-    ptr[1:] = np.cumsum([len(m) for m in members])
-    idx = np.array([g for m in members for g in sorted(m)], np.int32)
-    return Network(n, np.array([p[0] for p in pairs], np.int32), np.array([p[1] for p in pairs], np.int32),
-                   np.array(caps, np.int32), ptr, idx, np.array(gcaps, np.int32),
-                   [f"g{g}" for g in range(len(groups))], [np.zeros(n, np.int32)], "tiny")
-
-
 @st.composite
 def tiny_networks(draw):
     n = draw(st.integers(2, 3))
@@ -111,7 +95,7 @@ def tiny_networks(draw):
         groups.append(mem)
         gcaps.append(draw(st.integers(1, 2)))
     kpr = draw(st.integers(1, 2 if n == 2 else 1))
-    return _network(n, pairs, caps, groups, gcaps), kpr
+    return unit_network(n, pairs, caps, groups, gcaps), kpr
 
 
 def _brute_force_steps(net: Network, task) -> int:

@@ -16,8 +16,8 @@ from hccc.compiler.synth import branchings as br
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth import trees as tr
 from hccc.util import clock
-from test_synth_exchanges import _walk_depths
-from test_synth_trees import M, _mi250, _model_time, _optimum, clusters
+from synth_oracles import walk_depths
+from synth_oracles import M, mi250, model_time, optimum, clusters
 
 
 def _capacities(net) -> np.ndarray:
@@ -129,7 +129,7 @@ def test_integral_trees_fit_pairs_and_shared_groups(monkeypatch_nodes, topo, k):
     t, trees = got
     use = _check_trees(net, trees, k)
     assert _time_of(net, use, k) == pytest.approx(t, rel=1e-9)
-    assert t * M / net.nranks >= _optimum(net) * (1 - 1e-9)
+    assert t * M / net.nranks >= optimum(net) * (1 - 1e-9)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(br, "MAX_RANKS", 0)          # the LP's rounding alone
         rounded = tr.pack_trees(net, min_chunks=k, max_chunks=k, symmetry=False)
@@ -150,12 +150,12 @@ def test_two_mi250_nodes_pack_three_trees_per_root_at_the_fixed_k_optimum():
     full), and the packing holds them (stats ``integral``), its time recomputed from its transfer
     rows against the LP's proven bound (the optimum: the flow LP is too large here to solve in a
     test; tests/test_synth_trees.py holds the bound to it on one node)."""
-    topo = _mi250(2)
+    topo = mi250(2)
     net = network_from_topology(topo)
     pk = tr.pack_trees(net, min_chunks=3, max_chunks=3)
     assert pk.stats.get("integral") and pk.chunks_per_rank == 3
     assert pk.lower_bound == pytest.approx(pk.lp_time, rel=1e-3)
-    frac = pk.lower_bound * M / net.nranks / _model_time(topo, tr.allgather_rows(pk), 3)
+    frac = pk.lower_bound * M / net.nranks / model_time(topo, tr.allgather_rows(pk), 3)
     assert frac == pytest.approx(0.968, abs=1e-3)
     assert pk.alternative is not None and not pk.alternative.stats.get("integral")
     assert pk.alternative.lower_bound / pk.alternative.rounded_time < 0.91
@@ -163,7 +163,7 @@ def test_two_mi250_nodes_pack_three_trees_per_root_at_the_fixed_k_optimum():
 
 def test_the_integer_program_is_deterministic():
     """The same network gives the same multiplicities (node limits, not seconds, bound the search)."""
-    net = network_from_topology(_mi250(2))
+    net = network_from_topology(mi250(2))
     cap = _capacities(net)
     a = br.integral_arcs(net, 2, cap, clock.now() + 60)
     b = br.integral_arcs(net, 2, cap, clock.now() + 60)
@@ -191,7 +191,7 @@ def test_no_integer_program_above_its_size_limit(monkeypatch):
     0.968), without calling the integer program."""
     from hccc.compiler.synth.symmetry import node_symmetry
 
-    net = network_from_topology(_mi250(2))
+    net = network_from_topology(mi250(2))
     perms = node_symmetry(net).ranks
     assert br.variables(net, perms) == 312 and br.variables(net) == net.npairs == 624
     assert br.sized(net, perms) and br.sized(net)
@@ -211,15 +211,15 @@ def test_four_mi250_nodes_reach_the_optimum_with_three_trees_per_root():
     0.1 % of the LP: the LP's trees do not (0.9956 of it at 12 chunks, at best; which of the LP's
     optimal vertices the column generation ends on decides how close they come), so integral
     trees are sought, and three per root attain the optimum exactly."""
-    topo = _mi250(4)
+    topo = mi250(4)
     net = network_from_topology(topo)
     pk = tr.pack_trees(net, max_chunks=12, round_tol=1e-3)
     assert pk.stats.get("integral") and pk.chunks_per_rank == 3
     assert pk.lower_bound == pytest.approx(pk.lp_time, rel=1e-3)
-    assert pk.lower_bound * M / net.nranks / _model_time(topo, tr.allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
+    assert pk.lower_bound * M / net.nranks / model_time(topo, tr.allgather_rows(pk), 3) == pytest.approx(1.0, abs=1e-6)
     # grown one after another, the last trees snaked up to 26 levels deep; the exchanges
     # (compiler/synth/exchanges.py), which keep every arc, leave none deeper than 16
-    assert max(max(_walk_depths(p)) for p in pk.parents) <= 16
+    assert max(max(walk_depths(p)) for p in pk.parents) <= 16
 
 
 @settings(max_examples=examples(30), deadline=None)

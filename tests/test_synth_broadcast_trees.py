@@ -30,13 +30,13 @@ from hccc.compiler.pipeline import load_cluster
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import broadcast_trees as bt
 from hccc.compiler.synth.trees import pair_bandwidth
-from test_synth_trees import _model_time, _simulated_fraction, clusters, flow_optimum
+from synth_oracles import model_time, simulated_fraction, clusters, flow_optimum
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 M = 1 << 30
 
 
-def _optimum(net, root: int) -> float:
+def optimum(net, root: int) -> float:
     """Least Broadcast time (seconds for ``M`` bytes) of any schedule moving the root's data over
     pairs: the AllGather flow LP with the root the only source (the bytes on the pairs carry a unit
     flow from the root to every other rank, within the pairs' and groups' capacities)."""
@@ -59,13 +59,13 @@ def _check_broadcast(rows: np.ndarray, n: int, root: int, nchunks: int) -> None:
 def test_packing_is_the_flow_optimum_and_the_program_reaches_it(topo, data):
     root = data.draw(st.integers(0, topo.nranks - 1))
     net = network_from_topology(topo)
-    opt = _optimum(net, root)
+    opt = optimum(net, root)
     pk = bt.pack_broadcast(net, root, pair_bw=pair_bandwidth(topo))
     assert pk["lp_time"] * M == pytest.approx(opt, rel=1e-5)
     res = synthesize(topo, "broadcast", root=root, method="trees", time_limit=30, bandwidth_bound_bytes=M)
     assert res.detail["method"] == "trees" and res.root == root
     _check_broadcast(res.rows, topo.nranks, root, topo.nranks * res.chunks_per_rank)
-    assert opt / _model_time(topo, res.rows, res.chunks_per_rank) >= 0.98
+    assert opt / model_time(topo, res.rows, res.chunks_per_rank) >= 0.98
     assert res.detail["cut_bound_seconds"] <= opt * (1 + 1e-9)      # what synth reports is a bound
 
 
@@ -99,7 +99,7 @@ def test_simulated_broadcast_reaches_the_independent_optimum(topo, data):
     within 2 % of the optimum computed here."""
     root = data.draw(st.integers(0, topo.nranks - 1))
     res = synthesize(topo, "broadcast", root=root, method="trees", time_limit=30)
-    f = _simulated_fraction(topo, res, _optimum(network_from_topology(topo), root))
+    f = simulated_fraction(topo, res, optimum(network_from_topology(topo), root))
     assert 0.98 <= f <= 1 + 1e-6, f
 
 
@@ -119,7 +119,7 @@ def test_an_integral_packing_where_the_lp_rounds_badly():
     res = synthesize(topo, "broadcast", root=3, method="trees", time_limit=30)
     tb = res.detail["trees"]["broadcast"]
     assert tb["integral"] and tb["streams"] == 7 and tb["trees"] == 7
-    assert _optimum(network_from_topology(topo), 3) / _model_time(topo, res.rows, res.chunks_per_rank) == \
+    assert optimum(network_from_topology(topo), 3) / model_time(topo, res.rows, res.chunks_per_rank) == \
         pytest.approx(1.0, abs=1e-6)
 
 

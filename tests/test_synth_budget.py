@@ -15,7 +15,7 @@ from hccc.compiler.synth import alltoall as a2a, budget, synthesize
 from hccc.testing import valid_programs
 from hccc.util import clock
 
-from test_synth_alltoall import _many_nodes_text
+from cluster_texts import many_nodes_text
 
 SYNTH = ["allgather", "broadcast", "reducescatter", "allreduce", "alltoall"]
 
@@ -40,7 +40,7 @@ def test_the_routing_leaves_the_scheduler_its_predicted_time(monkeypatch):
     """With a scheduler predicted to take longer than the whole limit, no block is routed: every
     block takes its direct link at once, and the synthesis still ends with a valid program well
     within a generous limit; with none predicted, the routing of 32 GPUs ends by itself."""
-    topo = parse_topology(_many_nodes_text(4), "n4.topo")
+    topo = parse_topology(many_nodes_text(4), "n4.topo")
     seen = []
     monkeypatch.setattr(a2a, "schedule_seconds", lambda m, s: seen.append((m, s)) or 1e6)
     t0 = clock.now()
@@ -61,7 +61,7 @@ def test_the_search_leaves_the_closing_phases_their_predicted_time(monkeypatch, 
 
     monkeypatch.setattr(budget, "CLOSING_SECONDS_PER_TRANSFER", 1.0)
     p = tmp_path / "n4.topo"
-    p.write_text(_many_nodes_text(4))
+    p.write_text(many_nodes_text(4))
     t0 = clock.now()
     assert main(["synth", str(p), "--collective", "alltoall", "--time-limit", "60", "-o", str(tmp_path / "a.rccl"),
                  "--json"]) == 0
@@ -80,7 +80,7 @@ def test_alltoall_command_holds_its_limit_on_128_gpus(tmp_path, capsys):
     from hccc.cli import main
 
     p = tmp_path / "n16.topo"
-    p.write_text(_many_nodes_text(16))
+    p.write_text(many_nodes_text(16))
     t0 = clock.now()
     assert main(["synth", str(p), "--collective", "alltoall", "--time-limit", "1", "-o", str(tmp_path / "a.rccl"),
                  "--json"]) == 0

@@ -221,9 +221,9 @@ def test_a_synthesized_alltoall_is_written_as_the_item_folding_writes_it():
     """A 32-GPU AllToAll (relayed blocks make a few runs among the single transfers) and a program
     of single transfers only: the item folding's text, parsed back to the same transfers."""
     from hccc.compiler.cluster.topo_parser import parse_topology
-    from test_synth_alltoall import _many_nodes_text
+    from cluster_texts import many_nodes_text
 
-    topo = parse_topology(_many_nodes_text(4), "n4.topo")
+    topo = parse_topology(many_nodes_text(4), "n4.topo")
     res = synthesize(topo, "alltoall", time_limit=1.0)
     rows = emit._sorted_rows(res)
     assert emit._run_lines(rows) == _item_lines(rows)

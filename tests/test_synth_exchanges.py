@@ -11,20 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from hccc.compiler.synth import exchanges as ex
-
-
-def _walk_depths(par) -> list[int] | None:
-    """Depth of every rank by walking to the root; None where a walk meets a rank twice (a cycle)."""
-    out = []
-    for v in range(len(par)):
-        seen, x, d = set(), v, 0
-        while par[x] >= 0:
-            if x in seen:
-                return None
-            seen.add(x)
-            x, d = int(par[x]), d + 1
-        out.append(d)
-    return out
+from synth_oracles import walk_depths
 
 
 def _arcs(parents, counts) -> Counter:
@@ -64,10 +51,10 @@ def test_exchanges_keep_every_arc_and_every_tree_and_never_deepen(forest):
     assert len(out) == len(parents)
     for old, new in zip(parents, out):
         assert int(np.flatnonzero(new < 0)[0]) == int(np.flatnonzero(old < 0)[0]) and (new < 0).sum() == 1
-        assert _walk_depths(new) is not None, "an exchange made a cycle"
+        assert walk_depths(new) is not None, "an exchange made a cycle"
     assert _arcs(out, counts) == _arcs(parents, counts)
-    before = max(max(_walk_depths(p)) for p in parents)
-    after = max(max(_walk_depths(p)) for p in out)
+    before = max(max(walk_depths(p)) for p in parents)
+    after = max(max(walk_depths(p)) for p in out)
     assert after <= before
     if made == 0:
         assert all((a == b).all() for a, b in zip(parents, out))
@@ -79,14 +66,14 @@ def test_pointer_jumping_depths_are_the_walked_ones(forest):
     parents, _, _ = forest
     d, ok = ex.depths(np.array(parents))
     assert ok.all()
-    assert d.tolist() == [_walk_depths(p) for p in parents]
+    assert d.tolist() == [walk_depths(p) for p in parents]
     # a cycle: a rank two levels down made its parent's parent
     par = np.array(parents[0])
     deep = [v for v in range(len(par)) if par[v] >= 0 and par[int(par[v])] >= 0]
     if deep:
         bad = par.copy()
         bad[int(par[deep[0]])] = deep[0]
-        assert _walk_depths(bad) is None and not ex.depths(bad[None, :])[1][0]
+        assert walk_depths(bad) is None and not ex.depths(bad[None, :])[1][0]
 
 
 def test_a_chain_and_a_star_trade_a_parent():
@@ -96,7 +83,7 @@ def test_a_chain_and_a_star_trade_a_parent():
     star = np.array([-1, 0, 0, 0])
     out, made = ex.shallower([chain, star], [1, 1], [])
     assert made >= 1
-    assert max(max(_walk_depths(p)) for p in out) == 2
+    assert max(max(walk_depths(p)) for p in out) == 2
     assert _arcs(out, [1, 1]) == _arcs([chain, star], [1, 1])
 
 
@@ -162,6 +149,6 @@ def test_integral_trees_on_a_random_cluster_keep_the_integer_programs_arcs_and_a
     assert used[1] == used[0]
     assert all(m <= arcs[u, v] for (u, v), m in used[0].items())
     assert sorted((r, c) for r, _, c in final) == sorted((r, c) for r, _, c in grown)
-    deepest = [max(max(_walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
-    total = [sum(max(_walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
+    deepest = [max(max(walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
+    total = [sum(max(walk_depths(p)) for _, p, _ in t) for t in (grown, final)]
     assert deepest[1] <= deepest[0] and total[1] < total[0], (deepest, total)

@@ -1,10 +1,11 @@
 """What hccc synthesizes, hccc exports: programs synthesized on random small clusters become MSCCL
 XML (one instance and two, the channels a header declares included) and an MSCCL++ plan; each
 export is read back by its importer (which proves the collective) and run by an independent
-emulator of its engine (tests/test_msccl_emulator.py, tests/mscclpp_interp.py)."""
+emulator of its engine (tests/msccl_emulator.py, tests/mscclpp_interp.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import xml.etree.ElementTree as ET
 
 from hypothesis import HealthCheck, given, settings
@@ -20,9 +21,11 @@ from hccc.compiler.passes.build import build_algorithm_level
 from hccc.compiler.passes.verify import verify
 from hccc.compiler.synth import synthesize, to_rccl
 
-import test_msccl_emulator as emu
+import msccl_emulator as emu
 from mscclpp_interp import check_plan
-from test_synth import clusters
+from synth_oracles import mixed_clusters
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
 
 def _header_channels(text: str, k: int) -> str:
@@ -33,7 +36,8 @@ def _header_channels(text: str, k: int) -> str:
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(topo=clusters(max_nodes=2, max_gpus=3), coll=st.sampled_from(["allgather", "reducescatter", "allreduce"]),
+@given(topo=mixed_clusters(max_nodes=2, max_gpus=3),
+       coll=st.sampled_from(["allgather", "reducescatter", "allreduce"]),
        k=st.sampled_from([1, 2]), channels=st.sampled_from([1, 2]))
 def test_synthesized_programs_export_to_both_engines(topo, coll, k, channels):
     if topo.nranks < 2:
@@ -64,7 +68,6 @@ def test_synthesized_program_with_two_channels_exports_from_the_command_line(tmp
     proven when read back and computes the collective in its engine's emulator."""
     from hccc.cli import main
     from hccc.compiler.pipeline import load_cluster
-    from test_synth import CLUSTERS
 
     topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
     res = synthesize(topo, "allgather", time_limit=3, chunks_per_rank=2)

@@ -16,7 +16,7 @@ from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth import forest
 from hccc.compiler.synth import trees as tr
 from hccc.util import clock
-from test_synth_trees import clusters
+from synth_oracles import clusters
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 

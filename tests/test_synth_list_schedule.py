@@ -152,9 +152,9 @@ def test_compiled_early_end_gives_the_full_scans_steps_on_an_alltoall():
     from hccc.compiler.synth import synthesize
     from hccc.compiler.synth.alltoall import alltoall_task
     from hccc.compiler.synth.problem import network_from_topology
-    from test_synth_alltoall import _many_nodes_text
+    from cluster_texts import many_nodes_text
 
-    topo = parse_topology(_many_nodes_text(4), "n4.topo")
+    topo = parse_topology(many_nodes_text(4), "n4.topo")
     net = network_from_topology(topo)
     r = synthesize(topo, "alltoall", time_limit=0.5).rows
     o = np.lexsort((r[:, 3], r[:, 2]))

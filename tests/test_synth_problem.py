@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import examples
 from hccc.compiler.cluster.topo_parser import ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, format_topology, parse_topology
 from hccc.compiler.synth import network_from_topology, synthesize
-from test_synth_trees import _model_time, _optimum, clusters
+from synth_oracles import model_time, optimum, clusters
 
 
 def _mirrored(net) -> bool:
@@ -98,5 +98,5 @@ def test_reducescatter_on_an_asymmetric_network_packs_its_own_trees():
     assert res.detail["trees"]["reducescatter"]["model_fraction"] >= 0.98
     net = network_from_topology(topo)
     # and against the independent flow LP: the program's own transfers in the link model
-    assert _optimum(net, reverse=True) / _model_time(topo, res.rows, res.chunks_per_rank) >= 0.98
+    assert optimum(net, reverse=True) / model_time(topo, res.rows, res.chunks_per_rank) >= 0.98
     assert not net.is_self_transposed()

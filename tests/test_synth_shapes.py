@@ -16,7 +16,7 @@ from hccc.compiler.synth import network_from_topology
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from synth_quality import SHAPES, shape_text  # noqa: E402
 
-from test_synth_trees import _optimum  # noqa: E402
+from synth_oracles import optimum as flow_optimum_1gib  # noqa: E402
 
 #: the shapes run here: the full mesh by default, four more with the slow set (the benchmark runs
 #: them all, the two 24- and 32-GPU ones at 5-10 s a collective)
@@ -43,5 +43,5 @@ def test_shapes_reach_the_bound(tmp_path, capsys, name, collective):
     assert summary["fraction_of_bound"] >= 0.98, summary["fraction_of_bound"]
     if summary["nranks"] <= 8:
         net = network_from_topology(parse_topology(shape_text(name), f"{name}.topo"))
-        optimum = _optimum(net, collective == "reducescatter")      # seconds for 1 GiB
+        optimum = flow_optimum_1gib(net, collective == "reducescatter")      # seconds for 1 GiB
         assert summary["bandwidth_bound"]["seconds"] == pytest.approx(optimum, rel=1e-3)

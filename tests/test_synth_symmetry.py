@@ -25,7 +25,7 @@ from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkS
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth.symmetry import class_symmetry
 from hccc.compiler.synth.trees import pack_trees, pair_bandwidth
-from test_synth_trees import M, _optimum
+from synth_oracles import M, optimum
 
 
 @st.composite
@@ -118,7 +118,7 @@ def test_the_packing_over_classes_reaches_the_independent_optimum(topo):
     n = net.nranks
     bw = pair_bandwidth(topo)
     got = pack_trees(net, pair_bw=bw)
-    opt = _optimum(net)
+    opt = optimum(net)
     assert got.lp_time * M / n == pytest.approx(opt, rel=1e-3)
     if "class_lp_time" in got.stats:
         # the classes' LP alone reaches the optimum; seeded with its trees the LP over every root

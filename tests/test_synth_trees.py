@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import itertools
 import json
 from pathlib import Path
 
@@ -32,9 +31,10 @@ from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkS
 from hccc.compiler.frontend.algorithm import RECV, RRC
 from hccc.compiler.synth import network_from_topology, synthesize
 from hccc.compiler.synth.trees import min_arborescence
+from synth_oracles import (M, clusters, cut_optimum, mi250, model_time, optimum, simulated_fraction,
+                           two_nodes_one_nic_each)
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
-M = 1 << 30
 #: added to every arc's cost in networkx's graph (an arborescence has n - 1 arcs, so the least
 #: one stays the least): networkx's minimum_spanning_arborescence fails on some graphs with arcs
 #: of cost 0 ("No minimum spanning arborescence in G") where one exists
@@ -111,157 +111,6 @@ def test_compiled_arborescence_is_the_numpy_formulations(n, root, data):
 
 
 # ---------------------------------------------------------------- random clusters
-@st.composite
-def clusters(draw):
-    """2-3 nodes of 1-3 GPUs: random intra-node links (both directions, a ring at least) and NICs
-    shared by random groups of GPUs, every pair of nodes through the NICs."""
-    nodes = []
-    for _ in range(draw(st.integers(2, 3))):
-        g = draw(st.integers(1, 3))
-        links = []
-        for a in range(g):
-            for b in range(a + 1, g):
-                if b == a + 1 or draw(st.booleans()):
-                    bw = draw(st.sampled_from([10, 25, 50]))
-                    lanes = draw(st.integers(1, 3))
-                    links += [LinkSpec(a, b, bw, lanes), LinkSpec(b, a, bw, lanes)]
-        split = draw(st.integers(1, g))
-        nics = [NicSpec(tuple(range(0, split)), draw(st.sampled_from([5, 10, 12.5, 25])))]
-        if split < g:
-            nics.append(NicSpec(tuple(range(split, g)), draw(st.sampled_from([5, 10, 12.5, 25]))))
-        nodes.append(NodeSpec(g, {"direct": links} if links else None, nics=nics))
-    return parse_topology(format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")])), "random.topo")
-
-
-def _lp_rate(net, side) -> float:
-    """Most bytes/s leaving ``side``: pairs at most their bandwidth, groups at most theirs (scipy LP)."""
-    from scipy.optimize import linprog
-
-    cross = [p for p in range(net.npairs) if int(net.psrc[p]) in side and int(net.pdst[p]) not in side]
-    rows, rhs = [], []
-    members = net.group_pairs()
-    for g in range(net.ngroups):
-        mem = set(members[g].tolist())
-        row = [1.0 if p in mem else 0.0 for p in cross]
-        if any(row):
-            rows.append(row)
-            rhs.append(float(net.gbw[g]))
-    res = linprog(-np.ones(len(cross)), A_ub=rows or None, b_ub=rhs or None,
-                  bounds=[(0, float(net.bw[p])) for p in cross], method="highs")
-    assert res.status == 0
-    return -res.fun
-
-
-def _cut_optimum(net, reverse: bool = False) -> float:
-    """The cut bound recomputed: every rank subset S, max_S (bytes that must leave S) / (most
-    bytes/s that can leave S). ReduceScatter (``reverse``): |S^c| chunks' worth leaves S."""
-    n = net.nranks
-    best = 0.0
-    for size in range(1, n):
-        for side in itertools.combinations(range(n), size):
-            demand = (n - size) if reverse else size
-            best = max(best, demand * M / n / _lp_rate(net, set(side)))
-    return best
-
-
-def _optimum(net, reverse: bool = False) -> float:
-    """Least AllGather time of any schedule whose data moves between ranks over pairs (ReduceScatter:
-    ``reverse``, its time-reverse), by one linear program over flows (scipy), without trees or cuts.
-
-    Every byte of rank r's data reaches every other rank v along a path of pairs, so the bytes of
-    r's data on the pairs, ``x_r``, carry a unit flow from r to every v (``f_rv <= x_r``); the pairs
-    and shared groups carry ``sum_r x_r`` within the time T. Conversely such ``x_r`` carries
-    spanning out-trees of r of total weight 1 (Edmonds: it covers every cut into a set missing r),
-    so the least T is the optimum. ReduceScatter: every contribution flows from v to its owner r.
-    Unit: ``M / n`` bytes of data per rank, the result in seconds."""
-    return flow_optimum(net, range(net.nranks), M / net.nranks, reverse)
-
-
-def flow_optimum(net, sources, nbytes: float, reverse: bool = False) -> float:
-    """Seconds in which every rank of ``sources`` can get ``nbytes`` of its own data to every other
-    rank (``reverse``: every other rank's to it) over the pairs and shared groups, by the flow LP
-    of :func:`_optimum` (scipy): ``x_r`` on the pairs carries a unit flow from r to every v."""
-    from scipy import sparse
-    from scipy.optimize import linprog
-
-    n, P = net.nranks, net.npairs
-    src, dst = net.psrc.astype(np.int64), net.pdst.astype(np.int64)
-    if reverse:
-        src, dst = dst, src
-    sources = [int(r) for r in sources]
-    comm = [(i, r, v) for i, r in enumerate(sources) for v in range(n) if v != r]
-    nx_, nf = len(sources) * P, len(comm) * P
-    NV = nx_ + nf + 1                         # x[r, p], f[(r, v), p], T
-    T = NV - 1
-    eq_r, eq_c, eq_v, b_eq = [], [], [], []
-    row = 0
-    for k, (_, r, v) in enumerate(comm):      # flow conservation at every rank but the source r
-        for u in range(n):
-            if u == r:
-                continue
-            ins, outs = np.flatnonzero(dst == u), np.flatnonzero(src == u)
-            eq_r += [row] * (ins.size + outs.size)
-            eq_c += (nx_ + k * P + np.r_[ins, outs]).tolist()
-            eq_v += [1.0] * ins.size + [-1.0] * outs.size
-            b_eq.append(1.0 if u == v else 0.0)
-            row += 1
-    A_eq = sparse.csr_matrix((eq_v, (eq_r, eq_c)), shape=(row, NV))
-    ub_r, ub_c, ub_v = [], [], []
-    row = 0
-    for k, (i, _, _) in enumerate(comm):      # f_rv <= x_r on every pair
-        for p in range(P):
-            ub_r += [row, row]
-            ub_c += [nx_ + k * P + p, i * P + p]
-            ub_v += [1.0, -1.0]
-            row += 1
-    unit = float(nbytes) / 1e9                # GB per source; capacities in GB/s
-    for pairs, cap in [([p], float(net.bw[p])) for p in range(P)] + \
-            [(m.tolist(), float(net.gbw[g])) for g, m in enumerate(net.group_pairs())]:
-        for p in pairs:
-            ub_r += [row] * len(sources)
-            ub_c += [i * P + p for i in range(len(sources))]
-            ub_v += [unit] * len(sources)
-        ub_r.append(row)
-        ub_c.append(T)
-        ub_v.append(-cap / 1e9)
-        row += 1
-    A_ub = sparse.csr_matrix((ub_v, (ub_r, ub_c)), shape=(row, NV))
-    c = np.zeros(NV)
-    c[T] = 1.0
-    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(row), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs")
-    assert res.status == 0, res.message
-    return float(res.fun)
-
-
-def _model_time(topo, rows: np.ndarray, chunks: int) -> float:
-    """The program's time in the link model, from its transfers alone: every transfer moves one
-    chunk over the pair's best link and that link's shared groups; time >= bytes / bandwidth."""
-    n = topo.nranks
-    chunk = M / (n * chunks)
-    per_link: dict[int, float] = {}
-    for s, d in zip(rows[:, 0].tolist(), rows[:, 1].tolist()):
-        link = topo.link_between(s, d)
-        assert link is not None, (s, d)
-        per_link[link.id] = per_link.get(link.id, 0.0) + chunk
-    t = max(b / topo.link(i).total_bandwidth for i, b in per_link.items())
-    for g in topo.groups:
-        b = sum(per_link.get(int(i), 0.0) for i in g.members.tolist())
-        t = max(t, b / g.capacity_bytes)
-    return t
-
-
-def _two_nodes_one_nic_each_text() -> str:
-    """Two nodes of two GPUs (20 GB/s links in one, 30 GB/s in the other), each node behind one
-    shared 25 GB/s NIC: a cut sees 25 GB/s leave a node, but each GPU of a node must get the other
-    node's data, which enters once through the NIC and then crosses the node's own link."""
-    nodes = [NodeSpec(2, {"direct": [LinkSpec(0, 1, bw, 1), LinkSpec(1, 0, bw, 1)]}, nics=[NicSpec((0, 1), 25)])
-             for bw in (20, 30)]
-    return format_topology(ClusterSpec(nodes, [InternodeSpec("all", "nic")]))
-
-
-def _two_nodes_one_nic_each():
-    """:func:`_two_nodes_one_nic_each_text`'s cluster."""
-    return parse_topology(_two_nodes_one_nic_each_text(), "two.topo")
 
 
 def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
@@ -271,10 +120,10 @@ def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
     from hccc.compiler.synth import bandwidth_cut_bound
 
-    topo = _two_nodes_one_nic_each()
+    topo = two_nodes_one_nic_each()
     net = network_from_topology(topo)
     for coll, rev in (("allgather", False), ("reducescatter", True)):
-        cut, opt = _cut_optimum(net, rev), _optimum(net, rev)
+        cut, opt = cut_optimum(net, rev), optimum(net, rev)
         assert opt > cut * 1.15
         assert collective_cut_bound_seconds(net, coll, 4, 1, 0, M) == pytest.approx(cut, rel=1e-6)
         assert bandwidth_cut_bound(net, coll, 4, 1, 0, M) == pytest.approx(opt, rel=1e-3)
@@ -300,16 +149,6 @@ def test_rails_pair_the_ranks_at_the_same_place_of_every_node():
     assert _rails(cluster([4, 2])) is None and _rails(cluster([8])) is None
 
 
-def _mi250(nodes: int):
-    """benchmarks/synth_quality.py's MI250 cluster of ``nodes`` nodes (ForestColl's)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from synth_quality import mi250_text
-
-    return parse_topology(mi250_text(nodes), f"mi250_{nodes}.topo")
-
-
 @pytest.mark.slow
 def test_rail_trees_round_four_mi250_nodes_to_whole_chunks():
     """Four MI250 nodes (64 GCDs, a 16 GB/s NIC each, every NIC tight at the optimum): at 12 chunks
@@ -321,7 +160,7 @@ def test_rail_trees_round_four_mi250_nodes_to_whole_chunks():
 
     # the LP's trees only (no regrowing, no integral packing)
     lp_only = tr.PackOptions(regrow_alphas=(), integral=False)
-    net = network_from_topology(_mi250(4))
+    net = network_from_topology(mi250(4))
     with_rails = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=lp_only)
     without = tr.pack_trees(net, max_chunks=12, min_chunks=12, options=dataclasses.replace(lp_only, rails=False))
     assert with_rails.lp_time == pytest.approx(without.lp_time, rel=1e-6)
@@ -339,19 +178,19 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
     from hccc.compiler.synth import trees as tr
 
     no_integral = tr.PackOptions(integral=False)       # the LP's trees only (no integral packing)
-    topo = _mi250(1)
+    topo = mi250(1)
     net = network_from_topology(topo)
-    optimum = {rev: _optimum(net, rev) for rev in (False, True)}     # each LP solved once (4 s each)
+    best = {rev: optimum(net, rev) for rev in (False, True)}        # each LP solved once (4 s each)
     for coll, rev in (("allgather", False), ("reducescatter", True)):
         on = net.transposed() if rev else net
         pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks, options=no_integral)
         assert pk.chunks_per_rank == chunks
         rows = tr.reducescatter_rows(pk) if rev else tr.allgather_rows(pk)
         assert len(rows) == 16 * 15 * chunks
-        assert optimum[rev] / _model_time(topo, rows, chunks) == pytest.approx(1.0, abs=1e-6), coll
+        assert best[rev] / model_time(topo, rows, chunks) == pytest.approx(1.0, abs=1e-6), coll
     old = tr.pack_trees(net, min_chunks=chunks, max_chunks=chunks,
                         options=dataclasses.replace(no_integral, regrow_alphas=()))
-    assert optimum[False] / _model_time(topo, tr.allgather_rows(old), chunks) < 0.94
+    assert best[False] / model_time(topo, tr.allgather_rows(old), chunks) < 0.94
 
 
 def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
@@ -362,7 +201,7 @@ def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     from hccc.compiler.synth import edmonds_kernel
     from hccc.compiler.synth import trees as tr
 
-    net = network_from_topology(_mi250(2))
+    net = network_from_topology(mi250(2))
     assert net.nranks < edmonds_kernel.MIN_COMPILED_RANKS
     got = {}
     for plain in (0, 10**9):
@@ -379,7 +218,7 @@ def test_rounding_takes_the_fewest_chunks_within_the_tolerance_of_the_best():
     tried (more chunks are more streams and thread blocks per rank for a sliver of rate)."""
     from hccc.compiler.synth import trees as tr
 
-    net = network_from_topology(_mi250(2))
+    net = network_from_topology(mi250(2))
     got = tr.pack_trees(net, max_chunks=32)
     each = {K: tr.pack_trees(net, min_chunks=K, max_chunks=K).rounded_time for K in tr.CHUNK_CANDIDATES}
     assert got.rounded_time > got.lp_time * (1 + tr.ROUND_TOL)
@@ -400,7 +239,7 @@ def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
     from hccc.compiler.synth import bandwidth_cut_bound
     from hccc.compiler.synth.trees import pack_trees
 
-    topo = _mi250(1)
+    topo = mi250(1)
     assert topo.nranks == 16 and topo.summary()["vendors"] == {"amd": 16}
     net = network_from_topology(topo)
     out = np.zeros(16)
@@ -408,9 +247,9 @@ def test_the_bound_on_an_mi250_node_is_the_independent_optimum():
     assert np.allclose(out, 350e9) and net.npairs == 56
     assert all(float(net.bw[(net.psrc == 2 * k) & (net.pdst == 2 * k + 1)][0]) == 200e9 for k in range(8))
     for coll, rev in (("allgather", False), ("reducescatter", True)):
-        opt = _optimum(net, rev)
+        opt = optimum(net, rev)
         assert bandwidth_cut_bound(net, coll, 16, 1, 0, M) == pytest.approx(opt, rel=1e-6)
-    assert pack_trees(net).lp_time * M / 16 == pytest.approx(_optimum(net), rel=1e-3)
+    assert pack_trees(net).lp_time * M / 16 == pytest.approx(optimum(net), rel=1e-3)
 
 
 @settings(max_examples=examples(12), deadline=None)
@@ -424,9 +263,9 @@ def test_the_reported_bound_is_the_independent_optimum(topo):
     net = network_from_topology(topo)
     n = net.nranks
     for coll, rev in (("allgather", False), ("reducescatter", True)):
-        got, opt = bandwidth_cut_bound(net, coll, n, 1, 0, M), _optimum(net, rev)
+        got, opt = bandwidth_cut_bound(net, coll, n, 1, 0, M), optimum(net, rev)
         assert opt * (1 - 1e-3) <= got <= opt * (1 + 1e-6)
-        assert got >= _cut_optimum(net, rev) * (1 - 1e-6)
+        assert got >= cut_optimum(net, rev) * (1 - 1e-6)
 
 
 @pytest.mark.slow
@@ -440,8 +279,8 @@ def test_tree_programs_reach_the_independent_optimum(topo):
     assert ag.detail["method"] == rs.detail["method"] == "trees"
     assert (ag.rows[:, 4] == RECV).all() and (rs.rows[:, 4] == RRC).all()
     assert len(ag.rows) == n * (n - 1) * ag.chunks_per_rank and len(rs.rows) == n * (n - 1) * rs.chunks_per_rank
-    f_ag = _optimum(net) / _model_time(topo, ag.rows, ag.chunks_per_rank)
-    f_rs = _optimum(net, reverse=True) / _model_time(topo, rs.rows, rs.chunks_per_rank)
+    f_ag = optimum(net) / model_time(topo, ag.rows, ag.chunks_per_rank)
+    f_rs = optimum(net, reverse=True) / model_time(topo, rs.rows, rs.chunks_per_rank)
     assert 0.98 <= f_ag <= 1 + 1e-9
     assert 0.98 <= f_rs <= 1 + 1e-9
     # the clusters' links and NICs are symmetric, so the transposed cluster is the cluster itself
@@ -522,7 +361,7 @@ def test_alternating_nodes_solve_one_root_per_class_at_the_same_optimum():
     full = pack_trees(net, pair_bw=net.bw, symmetry=False)
     assert got.stats["classes"] == 4 and full.stats["classes"] == 8 and got.symmetry is None
     assert got.lp_time == pytest.approx(full.lp_time, rel=1e-6)
-    assert got.lp_time * M / 8 == pytest.approx(_optimum(net), rel=1e-4)
+    assert got.lp_time * M / 8 == pytest.approx(optimum(net), rel=1e-4)
     per_root = np.zeros(8, np.int64)
     for r, par, c in zip(got.roots, got.parents, got.counts):
         assert par[r] == -1
@@ -536,28 +375,17 @@ def test_alternating_nodes_solve_one_root_per_class_at_the_same_optimum():
 
 
 # ---------------------------------------------------------------- the simulator
-def _simulated_fraction(topo, res, optimum_s: float) -> float:
-    """Independent optimum / the program's time in hccc's simulator at 1 GiB (per-block limit on,
-    the program's own blocks per thread block)."""
-    from hccc.compiler.passes.build import build_program
-    from hccc.compiler.synth.emit import to_algorithm
-    from hccc.runtime.simulator import simulate
-
-    alg = to_algorithm(res, topo)
-    ir = build_program(alg)
-    ir.nchannels = alg.header.nchannels
-    return optimum_s / simulate(ir, topo, M, slice_bytes="auto").time_s
 
 
 def _check_simulated(topo, collectives=("allgather", "reducescatter"), symmetric: bool = True):
     """Each collective synthesised by the tree packing, simulated at 1 GiB, within 2 % of the
-    optimum of :func:`_optimum`; ``symmetric`` (every link as fast both ways): ReduceScatter within
+    optimum of :func:`optimum`; ``symmetric`` (every link as fast both ways): ReduceScatter within
     1 % of AllGather."""
     net = network_from_topology(topo)
     f = {}
     for coll in collectives:
         res = synthesize(topo, coll, method="trees", time_limit=30)
-        f[coll] = _simulated_fraction(topo, res, _optimum(net, reverse=coll == "reducescatter"))
+        f[coll] = simulated_fraction(topo, res, optimum(net, reverse=coll == "reducescatter"))
         assert 0.98 <= f[coll] <= 1 + 1e-6, (coll, f[coll])
     if len(f) == 2 and symmetric:
         # ReduceScatter is the AllGather's time-reverse (the clusters' links and NICs are symmetric)
@@ -652,7 +480,7 @@ def test_written_tree_programs_reach_the_independent_optimum_on_mixed_clusters_o
         got = json.loads(capsys.readouterr().out)
         prog = load_program(str(out))
         prog.nchannels = got["channels"]
-        f = _optimum(net, reverse=coll == "reducescatter") / simulate(prog, topo, M, slice_bytes="auto").time_s
+        f = optimum(net, reverse=coll == "reducescatter") / simulate(prog, topo, M, slice_bytes="auto").time_s
         assert 0.98 <= f <= 1 + 1e-6, (coll, f)
 
 
@@ -864,7 +692,7 @@ def test_allreduce_with_halves_packed_together_beats_their_optimum_apart():
     assert res.detail["joint"]
     verify(to_algorithm(res, topo))
     rs_ag = sum(bandwidth_cut_bound(net, c, topo.nranks, 1, 0, M) for c in ("reducescatter", "allgather"))
-    assert _simulated_fraction(topo, res, rs_ag) > 1.1
+    assert simulated_fraction(topo, res, rs_ag) > 1.1
 
 
 def test_bundled_channels_of_loop_programs_agree_in_every_translate():

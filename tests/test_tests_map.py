@@ -3,6 +3,7 @@ without a row, no row for a module that is gone, and no test file named there th
 The map is parsed as its markdown table; a failure says which row to add or fix and how."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -155,3 +156,59 @@ def test_import_names():
     assert import_name("driver/torch/ledger.py") == "hccc.torch.ledger"
     assert import_name("compiler/synth/__init__.py") == "hccc.compiler.synth"
     assert import_name("util/clock.py") == "hccc.util.clock"
+
+
+# ---------------------------------------------------------------- no test imports another test module
+#: test files that still import from another test module, with the modules they import: their
+#: helpers move to a helper module (tests/*.py without the ``test_`` prefix) as these files are
+#: next changed. The list may only shrink: an entry no longer needed fails the test too.
+STILL_IMPORTING_TESTS = {
+    'test_alltoallv.py': {'test_msccl_alltoall'},
+    'test_alltoallv_comm.py': {'test_net'},
+    'test_cmd_sim.py': {'test_tb_alloc'},
+    'test_ir_check.py': {'test_lower'},
+    'test_mscclpp_calls.py': {'test_communicator', 'test_mscclpp_import', 'test_net'},
+    'test_mscclpp_outdir.py': {'test_mscclpp_sync'},
+    'test_mscclpp_reuse.py': {'test_communicator', 'test_mscclpp_import', 'test_net'},
+    'test_mscclpp_sync.py': {'test_mscclpp_import', 'test_mscclpp_tbg'},
+    'test_mscclpp_tbg.py': {'test_mscclpp_import'},
+    'test_reference.py': {'test_lower'},
+    'test_tb_alloc.py': {'test_lower'},
+    'test_verify_copies.py': {'test_synth_alltoall'},
+}
+
+
+def imported_test_modules(path: Path) -> set[str]:
+    """The ``test_*`` modules ``path`` imports, at any depth (``import test_x``, ``from test_x import``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0].startswith("test_")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0].startswith("test_"):
+            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests.test_"):
+            found.add(node.module)
+    return found
+
+
+def test_no_test_file_imports_another():
+    """Shared helpers live in helper modules or conftest.py, never in a test file another imports."""
+    problems = []
+    for path in sorted(TESTS.glob("*.py")):          # helper modules too: none may lean on a test file
+        got = imported_test_modules(path)
+        allowed = STILL_IMPORTING_TESTS.get(path.name, set())
+        for module in sorted(got - allowed):
+            problems.append(f"tests/{path.name} imports {module}: move what it uses into a helper module "
+                            f"(a tests/*.py not named test_*) or conftest.py and import it from there")
+        for module in sorted(allowed - got):
+            problems.append(f"tests/{path.name} no longer imports {module}: remove it from "
+                            f"STILL_IMPORTING_TESTS in tests/test_tests_map.py")
+    assert not problems, "\n".join(problems)
+
+
+def test_test_imports_are_found(tmp_path):
+    sample = tmp_path / "test_sample.py"
+    sample.write_text("import os\nimport test_a as a\nfrom test_b import x\nfrom conftest import examples\n"
+                      "def f():\n    from test_c import y\n    from tests.test_d import z\n")
+    assert imported_test_modules(sample) == {"test_a", "test_b", "test_c", "tests.test_d"}

@@ -28,6 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
+from torch_ranks import ranks_in_threads
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -398,37 +399,6 @@ def test_bad_input_and_a_dead_rank_error_on_every_rank(tmp_path, catalog_env):
 
 
 # ------------------------------------------------------------------------------ calls that disagree
-def _ranks_in_threads(jobs, options=None, timeout_s=20.0, world=None):
-    """Make a ``world``-rank HcccProcessGroup in one thread per rank on one store, then run
-    ``jobs[r](pg)`` on rank r; each rank's (result or exception, seconds the job took)."""
-    import time as _time
-    from hccc.torch import HcccProcessGroup, Options
-    world = world or len(jobs)
-    store = dist.HashStore()
-    out = [None] * world
-
-    def run(r):
-        pg = None
-        t0 = _time.monotonic()
-        try:
-            opt = options[r] if isinstance(options, list) else options
-            pg = HcccProcessGroup(store, r, world, datetime.timedelta(seconds=timeout_s),
-                                  opt if opt is not None else Options())
-            t0 = _time.monotonic()
-            out[r] = (jobs[r](pg), _time.monotonic() - t0)
-        except Exception as exc:
-            out[r] = (exc, _time.monotonic() - t0)
-        finally:
-            if pg is not None:
-                pg.shutdown()
-    ts = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(3 * timeout_s)
-    return out
-
-
 def _allreduce(t, op):
     o = dist.AllreduceOptions()
     o.reduceOp = op
@@ -448,7 +418,7 @@ def no_catalog(tmp_path):
 def test_ranks_with_different_ops_both_fail(no_catalog, ops):
     """Both calls complete on the delegate (an AVG runs as a SUM there): the comparison after the
     call still names both calls, on both ranks."""
-    out = _ranks_in_threads([_allreduce(torch.ones(8), ops[0]), _allreduce(torch.ones(8), ops[1])],
+    out = ranks_in_threads([_allreduce(torch.ones(8), ops[0]), _allreduce(torch.ones(8), ops[1])],
                             no_catalog, timeout_s=5.0)
     names = [hccc_op_name(o) for o in ops]
     for r, (res, secs) in enumerate(out):
@@ -466,7 +436,7 @@ def hccc_op_name(op):
 
 
 def test_a_barrier_never_pairs_with_a_one_element_allreduce(no_catalog):
-    out = _ranks_in_threads([lambda pg: pg.barrier().wait(),
+    out = ranks_in_threads([lambda pg: pg.barrier().wait(),
                              _allreduce(torch.ones(1), dist.ReduceOp.SUM)], no_catalog, timeout_s=4.0)
     for r, (res, secs) in enumerate(out):
         assert isinstance(res, RuntimeError), (r, res)
@@ -485,7 +455,7 @@ def test_ranks_that_make_the_same_calls_pass_the_comparison(no_catalog):
         b.rootRank = 1
         pg.broadcast([t], b).wait()
         return t
-    out = _ranks_in_threads([job, job], no_catalog)
+    out = ranks_in_threads([job, job], no_catalog)
     for res, _ in out:
         assert torch.equal(res, torch.arange(6.0)), res
 
@@ -497,7 +467,7 @@ def test_different_roots_fail_on_both_ranks(no_catalog):
             o.rootRank = root
             return pg.broadcast([torch.ones(4)], o).wait()
         return job
-    out = _ranks_in_threads([bcast(0), bcast(1)], no_catalog, timeout_s=4.0)
+    out = ranks_in_threads([bcast(0), bcast(1)], no_catalog, timeout_s=4.0)
     for res, secs in out:
         assert isinstance(res, RuntimeError) and "root 0" in str(res) and "root 1" in str(res), res
 
@@ -507,7 +477,7 @@ def test_an_input_to_the_choice_set_on_one_rank_only_is_named_on_every_rank(tmp_
     from hccc.torch import Options
     topo = ROOT / "examples" / "clusters"
     cluster = next(p for p in sorted(topo.iterdir()) if p.suffix == ".topo")
-    out = _ranks_in_threads([lambda pg: None] * 3,
+    out = ranks_in_threads([lambda pg: None] * 3,
                             [Options(catalog=CATALOG4), Options(catalog=CATALOG4, cluster=cluster),
                              Options(catalog=CATALOG4)])
     for r, (res, _) in enumerate(out):
@@ -521,7 +491,7 @@ def test_a_rank_whose_set_up_fails_fails_every_rank_at_once(tmp_path):
     from hccc.torch import Options
     import time as _time
     t0 = _time.monotonic()
-    out = _ranks_in_threads([lambda pg: None] * 2,
+    out = ranks_in_threads([lambda pg: None] * 2,
                             [Options(catalog=CATALOG4), Options(catalog=CATALOG4, cluster=tmp_path / "nope.topo")],
                             timeout_s=30.0)
     assert _time.monotonic() - t0 < 10.0
@@ -534,7 +504,7 @@ def test_empty_node_name_fails_every_rank_at_once(monkeypatch):
     """An empty ``HCCC_NODE`` (read by every rank of this process here) is every rank's set-up
     failure, named; nobody waits for the timeout."""
     monkeypatch.setenv("HCCC_NODE", " ")
-    out = _ranks_in_threads([lambda pg: None] * 2, timeout_s=30.0)
+    out = ranks_in_threads([lambda pg: None] * 2, timeout_s=30.0)
     for res, _ in out:
         assert isinstance(res, RuntimeError) and "node name" in str(res), res
 
@@ -572,7 +542,7 @@ def test_a_fallback_is_logged_once_by_rank_zero(no_catalog, caplog):
     from hccc.torch import process_group as pgmod
     pgmod._LOGGED.clear()
     with caplog.at_level("WARNING", logger="hccc.torch"):
-        out = _ranks_in_threads([lambda pg: [pg.allreduce([torch.ones(2)]).wait() for _ in range(3)]
+        out = ranks_in_threads([lambda pg: [pg.allreduce([torch.ones(2)]).wait() for _ in range(3)]
                                  + [pg.counters["reasons"]]] * 3, no_catalog)
     for res, _ in out:
         assert not isinstance(res, Exception), res
@@ -684,7 +654,7 @@ def test_avg_of_float16_40000_and_float32_3e38_on_two_ranks_through_the_delegate
             return res
         return run
     vals = [(40000.0, torch.float16), (3e38, torch.float32), (100, torch.int32)]
-    out = _ranks_in_threads([job(vals), job([(v * (0.5 if dt.is_floating_point else 1), dt)
+    out = ranks_in_threads([job(vals), job([(v * (0.5 if dt.is_floating_point else 1), dt)
                                              for v, dt in vals])], no_catalog)
     for res, _ in out:
         assert not isinstance(res, Exception), res
@@ -710,7 +680,7 @@ def test_avg_of_reduce_and_reduce_scatter_through_the_delegate(no_catalog):
             pg.reduce_scatter_single(part, full, s).wait()
             return a, b, part
         return run
-    out = _ranks_in_threads([job(0), job(1)], no_catalog)
+    out = ranks_in_threads([job(0), job(1)], no_catalog)
     for r, (res, _) in enumerate(out):
         assert not isinstance(res, Exception), res
         a, b, part = res

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from test_net import _have_ucx
+from net_ranks import have_ucx
 
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed"),
-              pytest.mark.skipif(shutil.which("ucx_perftest") is None or not _have_ucx(),
+              pytest.mark.skipif(shutil.which("ucx_perftest") is None or not have_ucx(),
                                  reason="UCX and ucx_perftest (libucx-dev ucx-utils) not installed")]
 
 

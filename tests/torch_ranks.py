@@ -1,6 +1,7 @@
 """Test helper: jobs that run in separate processes, one rank each, under torch.distributed with the
 ``"hccc"`` backend (CPU emulation) or gloo, and :func:`spawn`, which runs one job on N fresh
-processes and returns each rank's reply (or its error) within a time limit."""
+processes and returns each rank's reply (or its error) within a time limit; and
+:func:`ranks_in_threads`, which runs an HcccProcessGroup per rank in threads of this process."""
 from __future__ import annotations
 
 import datetime
@@ -8,6 +9,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -336,3 +338,35 @@ def topology_job(rank: int, world: int, url: str):
     dist.all_gather_into_tensor(o, inp(rank, n // world))
     checks["allgather"] = torch.equal(o, torch.cat([inp(r, n // world) for r in range(world)]))
     return {"checks": checks, "stats": hccc.torch.stats()}
+
+
+def ranks_in_threads(jobs, options=None, timeout_s=20.0, world=None):
+    """Make a ``world``-rank HcccProcessGroup in one thread per rank on one store, then run
+    ``jobs[r](pg)`` on rank r; each rank's (result or exception, seconds the job took)."""
+    import torch.distributed as dist
+
+    from hccc.torch import HcccProcessGroup, Options
+    world = world or len(jobs)
+    store = dist.HashStore()
+    out = [None] * world
+
+    def run(r):
+        pg = None
+        t0 = time.monotonic()
+        try:
+            opt = options[r] if isinstance(options, list) else options
+            pg = HcccProcessGroup(store, r, world, datetime.timedelta(seconds=timeout_s),
+                                  opt if opt is not None else Options())
+            t0 = time.monotonic()
+            out[r] = (jobs[r](pg), time.monotonic() - t0)
+        except Exception as exc:
+            out[r] = (exc, time.monotonic() - t0)
+        finally:
+            if pg is not None:
+                pg.shutdown()
+    ts = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(3 * timeout_s)
+    return out

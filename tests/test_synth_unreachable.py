@@ -16,7 +16,7 @@ from hccc.compiler.pipeline import load_algorithm
 from hccc.compiler.synth.bounds import unreachable
 from hccc.compiler.synth.problem import Network
 
-from test_synth_bounds import _network as unit_network
+from synth_networks import unit_network
 
 
 def _node(i: int, gpus: int, nic: bool = True) -> str:

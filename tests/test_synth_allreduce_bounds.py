@@ -22,7 +22,7 @@ from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.synth import network_from_topology
 from hccc.compiler.synth.bounds import (allreduce_bound_seconds, allreduce_volume_bound_seconds,
                                         collective_cut_bound_seconds, hub_graph, min_cut_capacity)
-from test_bounds_collectives import tiny_networks
+from synth_networks import tiny_networks
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9

@@ -11,7 +11,7 @@ from hccc.compiler.ir.program_ir import Buf, Op, ProgramIR, PRIM_COLUMNS
 _COLS = list(PRIM_COLUMNS)
 
 
-def _ir_from_rows(name, collective, nranks, nchunks, in_chunks, out_chunks, scratch, rows,
+def ir_from_rows(name, collective, nranks, nchunks, in_chunks, out_chunks, scratch, rows,
                   deps=(), nwarps=16, chunk_bytes=1 << 16, npipelines=1):
     """rows: dicts with the PRIM_COLUMNS keys (missing -> default); deps: (prim, on) row indices."""
     defaults = dict(send_peer=-1, recv_peer=-1, channel=0, src_buf=0, src_off=0, dst_buf=0,
@@ -44,7 +44,7 @@ def stuck_ir(copies: bool = True):
         if copies:
             rows.append(dict(rank=r, tb=1, seq=0, op=Op.COPY, src_buf=Buf.INPUT, src_off=0,
                              dst_buf=Buf.OUTPUT, dst_off=r))
-    return _ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
+    return ir_from_rows("stuck", "allgather", 2, 2, 1, 2, 0, rows)
 
 
 def ring_allgather(n: int, name: str = "ring_ag") -> ProgramIR:
@@ -69,7 +69,7 @@ def ring_allgather(n: int, name: str = "ring_ag") -> ProgramIR:
             deps.append((len(rows), recv_i[k]))
             rows.append(dict(rank=r, tb=0, seq=k, op=Op.SEND, send_peer=nxt, src_buf=Buf.OUTPUT,
                              src_off=(r - k) % n, pipeline=k, task=k * n + r))
-    return _ir_from_rows(name, "allgather", n, n, 1, n, 0, rows, deps, npipelines=n)
+    return ir_from_rows(name, "allgather", n, n, 1, n, 0, rows, deps, npipelines=n)
 
 
 def ring_allgather_fused(n: int, name: str = "ring_agf") -> ProgramIR:
@@ -87,7 +87,7 @@ def ring_allgather_fused(n: int, name: str = "ring_agf") -> ProgramIR:
                              send_peer=nxt if op == Op.RECV_COPY_SEND else -1,
                              dst_buf=Buf.OUTPUT, dst_off=(r - k) % n, pipeline=k,
                              task=(k - 1) * n + prv, task2=k * n + r if op == Op.RECV_COPY_SEND else -1))
-    return _ir_from_rows(name, "allgather", n, n, 1, n, 0, rows, npipelines=n)
+    return ir_from_rows(name, "allgather", n, n, 1, n, 0, rows, npipelines=n)
 
 
 def ring_allreduce(n: int, name: str = "ring_ar") -> ProgramIR:
@@ -123,7 +123,7 @@ def ring_allreduce(n: int, name: str = "ring_ar") -> ProgramIR:
             if dep is not None:
                 deps.append((len(rows), dep))
             rows.append(dict(rank=r, tb=0, seq=i, pipeline=i, **row))
-    return _ir_from_rows(name, "allreduce", n, n, n, n, 0, rows, deps, npipelines=2 * n - 1)
+    return ir_from_rows(name, "allreduce", n, n, n, n, 0, rows, deps, npipelines=2 * n - 1)
 
 
 def ring_allreduce_fused(n: int, name: str = "ring_arf") -> ProgramIR:
@@ -152,7 +152,7 @@ def ring_allreduce_fused(n: int, name: str = "ring_arf") -> ProgramIR:
             add(op=Op.RECV_COPY_SEND, send_peer=nxt, recv_peer=prv, dst_buf=Buf.OUTPUT,
                 dst_off=c, task=prv, task2=r)
         add(op=Op.RECV, recv_peer=prv, dst_buf=Buf.OUTPUT, dst_off=(r + 1) % n, task=prv)
-    return _ir_from_rows(name, "allreduce", n, n, n, n, 0, rows, npipelines=2 * n - 1)
+    return ir_from_rows(name, "allreduce", n, n, n, n, 0, rows, npipelines=2 * n - 1)
 
 
 def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
@@ -243,7 +243,7 @@ def random_ir(rng: np.random.Generator, name: str = "rand") -> ProgramIR:
             if rows[a]["tb"] != rows[b]["tb"]:
                 deps.append((a, b))
     # chunk_bytes: at least 16 bytes per chunk of a 2-chunk step
-    ir = _ir_from_rows(name, ["allgather", "reducescatter", "allreduce"][int(rng.integers(0, 3))],
+    ir = ir_from_rows(name, ["allgather", "reducescatter", "allreduce"][int(rng.integers(0, 3))],
                        nranks, nchunks, nchunks, nchunks, scratch, rows, sorted(set(deps)),
                        nwarps=int(rng.integers(1, 40)), chunk_bytes=16 * int(rng.integers(2, 5000)),
                        npipelines=max((row["pipeline"] for row in rows), default=0) + 1)

@@ -1,0 +1,34 @@
+"""Helpers for ranks on several nodes through the network transport: whether UCX is installed, the
+environment that keeps UCX on TCP, and :func:`run_ranks`, which runs one spawned process per rank."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def have_ucx() -> bool:
+    """UCX's headers are installed (or HCCC_UCX_HOME names them): the network transport can build."""
+    return Path("/usr/include/ucp/api/ucp.h").exists() or bool(os.environ.get("HCCC_UCX_HOME"))
+
+
+#: the environment that keeps UCX on TCP (one machine runs every "node")
+TCP = {"UCX_TLS": "tcp"}
+
+
+def run_ranks(target, nranks: int, url: str, *args, timeout: float, join: float) -> dict:
+    """Each rank in a spawned process running ``target(rank, url, *args, queue)``, which puts
+    ``(rank, result)`` on the queue (a string: what went wrong); the results by rank, every
+    process joined (killed if it outlives ``join`` seconds)."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, url, *args, q)) for r in range(nranks)]
+    for p in procs:
+        p.start()
+    try:
+        return dict(q.get(timeout=timeout) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(join)
+            if p.is_alive():
+                p.kill()
