@@ -485,7 +485,7 @@ class Communicator:
         self._host_own.unlink()
         self._calls = 0
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
-        self._plans: dict = {}
+        self._call_plans: dict = {}
         self._seq = 0
         #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
         #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
@@ -701,23 +701,23 @@ class Communicator:
         per call shape: every input to them is the shape, the protocol asked for and what the
         communicator fixed when it was made."""
         key = (count, es, self._proto)
-        got = self._plans.get(key)
+        got = self._call_plans.get(key)
         if got is None:
-            if len(self._plans) >= _PLAN_CACHE_MAX:
-                self._plans.clear()
+            if len(self._call_plans) >= _PLAN_CACHE_MAX:
+                self._call_plans.clear()
             call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
                                    ll_refused=self._ll_refused())
-            got = self._plans[key] = (call, self._layout_row(count))
+            got = self._call_plans[key] = (call, self._layout_row(count))
         return got
 
     def _layout_row(self, count: int):
         """This rank's (input, output, scratch elements, input offset, output offset) at ``count``."""
         key = ("layout", count)
-        got = self._plans.get(key)
+        got = self._call_plans.get(key)
         if got is None:
-            if len(self._plans) >= _PLAN_CACHE_MAX:
-                self._plans.clear()
-            got = self._plans[key] = program_layout(self.ir, count)[self.rank]
+            if len(self._call_plans) >= _PLAN_CACHE_MAX:
+                self._call_plans.clear()
+            got = self._call_plans[key] = program_layout(self.ir, count)[self.rank]
         return got
 
     @property

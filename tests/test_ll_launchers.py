@@ -38,7 +38,8 @@ CROSSOVER = 128 * 1024
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     require_torch()
-    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    # as many rank processes as the largest program of PROGRAMS (Scatter's binomial tree: 5)
+    p = RankPool(max(PROGRAMS[c]().header.nranks for c in PROGRAMS), tmp_path_factory.mktemp("stores"))
     yield p
     p.close()
 

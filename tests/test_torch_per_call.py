@@ -50,7 +50,7 @@ def test_a_communicator_plans_each_call_shape_once(monkeypatch):
     from hccc.runtime.rank_memory import LaunchCall
     ir = build_program(gen.ring_allreduce(4), chunk_bytes=4096)
     comm = C.Communicator.__new__(C.Communicator)
-    comm.ir, comm.rank, comm.chunk_bytes, comm._proto, comm._net, comm._plans = ir, 1, 4096, "auto", None, {}
+    comm.ir, comm.rank, comm.chunk_bytes, comm._proto, comm._net, comm._call_plans = ir, 1, 4096, "auto", None, {}
     made = []
     real = LaunchCall.plan.__func__
 
