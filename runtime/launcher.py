@@ -857,17 +857,7 @@ class Runner:
 
             def launch():
                 """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
-                # every launch of an LL run gets the next flag epoch (its arguments change with it)
-                epoch, zero = call.launch(self.ll_epochs)
-                for a in argv:
-                    a.ll_epoch = epoch
-                args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
-                grid_arg = None
-                if self.grid_fn is not None:
-                    blob = b"".join(args)
-                    self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
-                    grid_arg = grid_argument(self.grid_args_ptr, N,
-                                             self.grid_first_ptr if self.table_ptr else None)
+                zero, args, grid_arg = self._launch_arguments(call, argv)
                 self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=zero)
                 timers = self._launch_all(args, blocks, limit, grid_arg)
                 stuck = self._wait(limit)
@@ -1048,15 +1038,7 @@ class Runner:
                 self._set_peers(argv, [(b[0], b[1], b[2], b[3]) for b in bufs])
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(eq * es)
             for it in range(warmup + iters):
-                epoch, zero = call.launch(self.ll_epochs)
-                for a in argv:
-                    a.ll_epoch = epoch
-                args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
-                grid_arg = None
-                if self.grid_fn is not None:
-                    blob = b"".join(args)
-                    self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(blob, np.uint8))
-                    grid_arg = grid_argument(self.grid_args_ptr, N, self.grid_first_ptr if self.table_ptr else None)
+                zero, args, grid_arg = self._launch_arguments(call, argv)
                 for m in self.rank_mem:
                     m.reset(slots=zero)
                 ctypes.c_uint32.from_address(self.abort_ptr).value = 0
@@ -1181,6 +1163,22 @@ class Runner:
 
     def _names(self) -> str:
         return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
+
+    def _launch_arguments(self, call, argv):
+        """One launch's arguments: every launch of an LL run gets the next flag epoch (its
+        arguments change with it); the packed ``hccc_args`` of every rank and, for the one-grid
+        entry, its argument over them in device memory. Returns (whether the LL slots are zeroed,
+        the ranks' packed arguments, the grid argument or None)."""
+        epoch, zero = call.launch(self.ll_epochs)
+        for a in argv:
+            a.ll_epoch = epoch
+        args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
+        grid_arg = None
+        if self.grid_fn is not None:
+            self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(b"".join(args), np.uint8))
+            grid_arg = grid_argument(self.grid_args_ptr, len(argv),
+                                     self.grid_first_ptr if self.table_ptr else None)
+        return zero, args, grid_arg
 
     def _prepare(self, bufs, lay, dev_inputs, inplace, ddt, ll: bool = False) -> None:
         """Zero counters, flags and the error record (and, with ``ll``, the FIFO slots: an LL

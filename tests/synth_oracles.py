@@ -45,6 +45,8 @@ def lp_rate(net, side) -> float:
     from scipy.optimize import linprog
 
     cross = [p for p in range(net.npairs) if int(net.psrc[p]) in side and int(net.pdst[p]) not in side]
+    if not cross:
+        return 0.0
     rows, rhs = [], []
     members = net.group_pairs()
     for g in range(net.ngroups):

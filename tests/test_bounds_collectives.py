@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 
 import networkx as nx
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +17,7 @@ from hccc.compiler.synth import bandwidth_cut_bound, network_from_topology
 from hccc.compiler.synth.bounds import BOUND_COLLECTIVES, collective_cut_bound_seconds, hub_graph
 from hccc.compiler.synth.problem import Network
 from synth_networks import GB, tiny_networks, two_nic_nodes
-
+from synth_oracles import lp_rate
 
 
 # ---------------------------------------------------------------- oracles
@@ -44,27 +43,6 @@ def _hub_flow(net: Network, side) -> float:
         else:
             G.add_edge(r, "t")
     return nx.maximum_flow_value(G, "s", "t")
-
-
-def _lp_rate(net: Network, side) -> float:
-    """The most bytes/s that can leave ``side`` when every pair's rate is at most its bandwidth and
-    every shared group's pairs together at most its capacity (a linear program, scipy)."""
-    from scipy.optimize import linprog
-
-    cross = [p for p in range(net.npairs) if int(net.psrc[p]) in side and int(net.pdst[p]) not in side]
-    if not cross:
-        return 0.0
-    rows, rhs = [], []
-    for g in range(net.ngroups):
-        mem = set(net.group_pairs()[g].tolist())
-        row = [1.0 if p in mem else 0.0 for p in cross]
-        if any(row):
-            rows.append(row)
-            rhs.append(float(net.gbw[g]))
-    res = linprog(-np.ones(len(cross)), A_ub=rows or None, b_ub=rhs or None,
-                  bounds=[(0, float(net.bw[p])) for p in cross], method="highs")
-    assert res.status == 0
-    return -res.fun
 
 
 def _brute_force(net: Network, coll: str, root: int, M: float, capacity) -> float:
@@ -101,7 +79,7 @@ def test_bound_never_exceeds_the_linear_program_cuts(net, coll, root):
     root %= net.nranks
     M = 6.0 * 2 ** 20
     got = collective_cut_bound_seconds(net, coll, net.nranks, 1, root, M)
-    want = _brute_force(net, coll, root, M, _lp_rate)
+    want = _brute_force(net, coll, root, M, lp_rate)
     assert got <= want * (1 + 1e-9)
     if net.ngroups == 0:
         assert got == pytest.approx(want, rel=1e-9)
