@@ -904,11 +904,7 @@ class Runner:
             self.stop_kernels()
             raise
         finally:
-            with deferred_interrupts():
-                if not self._broken:
-                    for r, (in_p, out_p, scr_p, own) in enumerate(bufs):
-                        for p in own:
-                            self.rank_pf[r].free(p)
+            self._free_buffers(bufs)
         return RunResult(bytes=count * es, count=count, dtype=self.dtype, op=self.op,
                          inplace=bool(inplace), wrong=int(wrong),
                          time_us=float(np.mean(times)) if times else float("nan"), stuck=stuck,
@@ -1073,11 +1069,7 @@ class Runner:
             self.stop_kernels()
             raise
         finally:
-            with deferred_interrupts():
-                if not self._broken:
-                    for r, b in enumerate(bufs):
-                        for ptr in b[3]:
-                            self.rank_pf[r].free(ptr)
+            self._free_buffers(bufs)
         # nccl-tests' alltoall convention with the mean per-rank send buffer as the size (as hccc sim
         # --counts, hccc.runtime.sim_alltoallv): busbw = size / time * (n - 1) / n
         per_rank = int(counts.sum()) * es // max(N, 1)
@@ -1163,6 +1155,15 @@ class Runner:
 
     def _names(self) -> str:
         return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
+
+    def _free_buffers(self, bufs) -> None:
+        """Free each rank's buffers of one run (``bufs[r][3]``: what the run allocated for rank r),
+        unless the runner is broken (kernels may still use them); a Ctrl-C waits until done."""
+        with deferred_interrupts():
+            if not self._broken:
+                for r, b in enumerate(bufs):
+                    for ptr in b[3]:
+                        self.rank_pf[r].free(ptr)
 
     def _launch_arguments(self, call, argv):
         """One launch's arguments: every launch of an LL run gets the next flag epoch (its
