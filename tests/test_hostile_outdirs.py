@@ -240,3 +240,22 @@ def test_check_slice_accepts_exactly_one_micro_batch_per_chunk(ring_xml, count, 
         assert not fits
     else:
         assert fits
+
+
+@pytest.mark.parametrize("fmt", ["plan", "xml"])
+def test_run_shrinks_the_default_slot_of_every_format_lowered_here(fmt, tmp_path, capsys, monkeypatch):
+    """An MSCCL++ plan or an MSCCL XML is lowered by ``hccc run`` as a .rccl is, so its default slot
+    is shrunk the same way where its FIFOs would not fit (MSCCL++'s installed two-node plans asked
+    for 31-77 GiB at 1 MiB slots and were refused); a ProgramIR still runs exactly as written."""
+    path = tmp_path / ("a.json" if fmt == "plan" else "a.xml")
+    assert main([fmt, str(EXAMPLES / "direct_alltoall_8.rccl"), "-o", str(path)]) == 0
+    monkeypatch.setenv("HCCC_MAX_RUN_BYTES", "24M")
+    capsys.readouterr()
+    assert main(["run", str(path), "--sizes", "4K", "-n", "1", "-w", "0"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert any(line.startswith("# chunk size") and "instead of 1048576 B" in line for line in out.splitlines())
+    assert "Out of bounds values : 0 OK" in out
+    assert main([str(EXAMPLES / "direct_alltoall_8.rccl"), "-o", str(tmp_path / "out")]) == 0
+    ir_json = tmp_path / "out" / "direct_alltoall_8.ir.json"
+    assert main(["run", str(ir_json), "--sizes", "4K", "-n", "1", "-w", "0"]) == 1
+    assert "FIFOs need" in capsys.readouterr().err

@@ -37,6 +37,7 @@ class Reader:
     claims: Callable[[bytes], bool] | None = None   #: takes the file by its first bytes
     label: str = ""              #: how a summary names the format ("MSCCL XML"); default ``name``
     proven: bool = False         #: a program format whose reading proves the collective (``hccc check`` need not)
+    as_written: bool = False     #: a compiled program, run exactly as written (its slot size is not re-chosen)
 
     def __post_init__(self):
         if self.gives not in ("algorithm", "program"):
@@ -143,7 +144,7 @@ def _claims_mscclpp_plan(head: bytes) -> bool:
 register_reader(Reader("mscclpp-plan", (".json",), "an MSCCL++ execution plan", "program", _read_mscclpp_plan,
                        claims=_claims_mscclpp_plan, label="MSCCL++ plan", proven=True))
 register_reader(Reader("program-ir", (".json",), "a ProgramIR", "program", _read_program_ir,
-                       label="ProgramIR"))
+                       label="ProgramIR", as_written=True))
 
 
 def load_algorithm(path: str | Path, *, max_transfers: int = 10 ** 7):

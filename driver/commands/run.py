@@ -279,12 +279,14 @@ def _device_shape(backend: str, nranks: int) -> tuple[int | None, int]:
 LEAST_FIT_SLOT = 4096
 
 
-def _runner_whose_fifos_fit(ir, fit: bool, make):
+def _runner_whose_fifos_fit(ir, fit: bool, least: int, make):
     """``make()``'s Runner and None; with ``fit``, where its FIFOs would pass the run's memory
     limit (:class:`~hccc.runtime.launcher.FifoMemoryError`, raised before anything is built),
-    the program's slot halved until they fit (at least :data:`LEAST_FIT_SLOT` bytes): smaller
-    slots are more micro-batches of the same program, never another result; and a note saying
-    so. Without ``fit`` (the slot was given, or the program runs as given) the error stands."""
+    the program's slot halved until they fit, down to ``least`` bytes (:data:`LEAST_FIT_SLOT`, or
+    for a program proven in the algorithm-level order the slot that holds one micro-batch of its
+    largest step, which the last halving stops at): smaller slots are more micro-batches of the
+    same program, never another result; and a note saying so. Without ``fit`` (the slot was
+    given, or the program runs as given) the error stands."""
     from hccc.runtime.launcher import FifoMemoryError
 
     first = int(ir.chunk_bytes)
@@ -293,12 +295,13 @@ def _runner_whose_fifos_fit(ir, fit: bool, make):
         try:
             return make(), note
         except FifoMemoryError as exc:
-            least = max(LEAST_FIT_SLOT, 16 * int(ir.max_step_chunks))
-            slot = int(ir.chunk_bytes) // 2
+            slot = max(least, int(ir.chunk_bytes) // 2)
             # the FIFOs grow with the slot: straight to the first halving that fits by that rate
             while slot // 2 >= least and exc.need * slot / int(ir.chunk_bytes) > exc.limit:
                 slot //= 2
-            if not fit or slot < least:
+            if exc.need * slot / int(ir.chunk_bytes) > exc.limit and slot > least:
+                slot = least
+            if not fit or slot >= int(ir.chunk_bytes):
                 raise
             first_need = exc.need if first_need is None else first_need
             ir.chunk_bytes = slot
@@ -416,10 +419,11 @@ def _run_one(args) -> int:
         return 2
     from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
     from hccc.compiler.pipeline import manifest_path
-    # a slot of the default size, smaller where the FIFOs would not fit (.rccl and .xml compiled
-    # here; a ProgramIR or compiled output runs as given)
+    from hccc.compiler.pipeline.readers import reader_for
+    # a slot of the default size, smaller where the FIFOs would not fit (programs lowered here:
+    # .rccl, MSCCL XML, MSCCL++ plans; a ProgramIR or compiled output runs as given)
     fit_slot = args.chunk_size is None and manifest_path(args.algo) is None and \
-        Path(args.algo).suffix.lower() in (".rccl", ".xml")
+        not reader_for(args.algo).as_written
     if args.chunk_size is None:
         args.chunk_size = DEFAULT_SLOT_BYTES
     ir, plats = load_with_platforms(args)
@@ -449,9 +453,13 @@ def _run_one(args) -> int:
         # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
         # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
         # chunk of each of the chunks its largest step moves.
+        # That slot is also the least one its FIFOs may shrink to.
         most = max(sweep.sizes) * max(1, ir.nranks) // es
         per_chunk = -(-most // max(1, ir.nchunks)) * es
-        ir.chunk_bytes = max(ir.chunk_bytes, -(-per_chunk // 16) * 16 * ir.max_step_chunks)
+        least_slot = -(-per_chunk // 16) * 16 * ir.max_step_chunks
+        ir.chunk_bytes = max(ir.chunk_bytes, least_slot)
+    else:
+        least_slot = max(LEAST_FIT_SLOT, 16 * int(ir.max_step_chunks))
     groups = placements(args)
     unproven = [g for g in groups if g not in ir.placements]
     if unproven and len(groups) == 1:
@@ -477,7 +485,7 @@ def _run_one(args) -> int:
         with Progress("hccc run", enabled=not args.json) as progress:
             with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
                 runner, slot_note = _runner_whose_fifos_fit(
-                    ir, fit_slot and not ir.algorithm_level,
+                    ir, fit_slot, least_slot,
                     lambda: Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
                                    timeout_s=args.timeout, codegen=args.codegen,
                                    one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
