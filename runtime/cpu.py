@@ -140,6 +140,19 @@ def asan_loaded() -> bool:
         return False
 
 
+#: the engine over a specialised rank program, instantiated for the build's instance (dtype and
+#: op: ``HCCC_FOR_EACH_INSTANCE`` names one) in an object of its own (``CpuPlatform._engine_object``)
+ENGINE_SOURCE = """#define HCCC_ENGINE_(DT, T, OPN, RED) template void hccc_run<T, RED, hccc_program>(const hccc_args*, const hccc_program, int);
+HCCC_FOR_EACH_INSTANCE(HCCC_ENGINE_)
+"""
+#: what each unit says first (after the prims header, which every unit and the engine take with
+#: ``-include``): the engine is instantiated elsewhere, not in this unit
+ENGINE_EXTERN = """#define HCCC_ENGINE_(DT, T, OPN, RED) extern template void hccc_run<T, RED, hccc_program>(const hccc_args*, const hccc_program, int);
+HCCC_FOR_EACH_INSTANCE(HCCC_ENGINE_)
+#undef HCCC_ENGINE_
+"""
+
+
 def instance_define(instance: Instance) -> str:
     """The ``-D`` that compiles only ``instance``'s kernels (dtype, C type, op, reduction constant)."""
     return f"-DHCCC_FOR_EACH_INSTANCE(X)={instance_expansion(instance)}"
@@ -468,8 +481,10 @@ class CpuPlatform(Platform):
         headers_digest = cache.files_digest([outdir / h for h in headers], outdir)
         launcher_obj = self._launcher_object(outdir, headers, headers_digest, flags)
         pch = self._prims_pch(outdir, headers, headers_digest, flags, define)
+        engine_obj = self._engine_object(outdir, headers, headers_digest, flags, define, pch)
         key = cache.content_key(
             "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
+            engine_obj.read_bytes() if engine_obj is not None else b"",
             cache.files_digest([outdir / f for f in sources + headers], outdir))
         # translation units: a few ranks each (the headers are parsed once per unit), in parallel
         ngroups = max(1, min(self.jobs, len(sources) // 4))
@@ -479,14 +494,16 @@ class CpuPlatform(Platform):
             units = []
             for i, grp in enumerate(groups):
                 tu = tmp / f"unit{i}.cpp"
-                tu.write_text("".join(f'#include "{f}"\n' for f in grp))
+                tu.write_text((ENGINE_EXTERN if engine_obj is not None else "")
+                              + "".join(f'#include "{f}"\n' for f in grp))
                 units.append(tu)
 
             def compile_unit(tu: Path):
                 # with the precompiled shared headers: found through the first -I, in front of the
                 # unit (the sources' own #include of it is then a no-op); run in the unit's
                 # directory, which -include searches first and which holds no header
-                pre = ["-I", str(pch), "-include", PCH_HEADER] if pch is not None else []
+                pre = (["-I", str(pch), "-include", PCH_HEADER] if pch is not None
+                       else ["-include", PCH_HEADER] if engine_obj is not None else [])
                 cmd = [exe, *flags, define, *pre, "-I", str(outdir), "-c", str(tu),
                        "-o", str(tu.with_suffix(".o"))]
                 return subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp))
@@ -497,7 +514,8 @@ class CpuPlatform(Platform):
                 if res.returncode != 0:
                     raise PlatformError(f"g++ failed on the emitted sources ({tu.name}):\n"
                                         + res.stderr[-4000:])
-            objs = [str(tu.with_suffix(".o")) for tu in units] + [str(launcher_obj)]
+            objs = [str(tu.with_suffix(".o")) for tu in units] + [str(launcher_obj)] + \
+                ([str(engine_obj)] if engine_obj is not None else [])
             san = ["-fsanitize=address"] if self.sanitize else []
             res = subprocess.run([exe, "-shared", "-pthread", *san, *objs, "-o", str(tmp / "module.so")],
                                  capture_output=True, text=True)
@@ -539,6 +557,34 @@ class CpuPlatform(Platform):
             return cache.entry("cpu_pch", key, make, root=self.cache_dir)
         except PlatformError:
             return None
+
+    def _engine_object(self, outdir: Path, headers: list[str], headers_digest: str, flags: list[str],
+                       define: str, pch: Path | None) -> Path | None:
+        """The engine (``hccc_run`` for the instance's dtype and op over a rank program) compiled
+        once into an object (cached: it depends on the headers, the flags and the instance only,
+        so every program of one hccc version shares it). The units declare it ``extern template``
+        (:data:`ENGINE_EXTERN`), so a program's build compiles its ranks' tables and kernel entries
+        only: the engine was most of what a unit cost g++ (each unit instantiated it again). None
+        where the emitted headers have no engine (not hccc's prims header)."""
+        if PCH_HEADER not in headers:
+            return None
+        exe = self._cxx_exe
+        key = cache.content_key("cpu-engine", self._compiler_id(), " ".join(flags), define, headers_digest,
+                                ENGINE_SOURCE)
+
+        def make(tmp: Path) -> None:
+            src = tmp / "src"
+            src.mkdir()
+            _copy_headers(outdir, headers, src)
+            (src / "engine.cpp").write_text(ENGINE_SOURCE)
+            pre = ["-I", str(pch), "-include", PCH_HEADER] if pch is not None else ["-include", PCH_HEADER]
+            res = subprocess.run([exe, *flags, define, *pre, "-I", str(src), "-c", str(src / "engine.cpp"),
+                                  "-o", str(tmp / "engine.o")], capture_output=True, text=True, cwd=str(src))
+            shutil.rmtree(src)
+            if res.returncode != 0:
+                raise PlatformError("g++ failed on the engine:\n" + res.stderr[-4000:])
+
+        return cache.entry("cpu_engine", key, make, root=self.cache_dir) / "engine.o"
 
     def _launcher_object(self, outdir: Path, headers: list[str], headers_digest: str,
                          flags: list[str]) -> Path:
