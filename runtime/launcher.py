@@ -755,11 +755,7 @@ class Runner:
         :attr:`proto_note` why. ``checks`` (nccl-tests' ``-c N``, with ``check``): the outputs of the
         last timed launch are compared, then ``checks - 1`` more launches run, each from fresh
         inputs and compared; :attr:`RunResult.wrong` sums the wrong elements of all ``checks``."""
-        if self._closed:
-            raise PlatformError("runner is closed")
-        if self._broken:
-            raise PlatformError(f"the {self._names()} platform is unusable after an earlier "
-                                f"run: {self._broken}")
+        self._check_usable()
         es = ELEMENT_BYTES[self.dtype]
         if (nbytes is None) == (count is None):
             raise ValueError("give exactly one of nbytes and count")
@@ -819,27 +815,9 @@ class Runner:
         dev_inputs = [_to_device(x, self.dtype) for x in inputs]
 
         # size-dependent buffers
-        ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
         bufs = []
         try:
-            for r in range(N):
-                pf = self.rank_pf[r]
-                pf.set_device(self.placement[r])
-                n_in, n_out, n_scr, in_off, out_off = lay[r]
-                if inplace and in_off >= 0:
-                    out_p = pf.malloc(max(n_out * es, 16))
-                    in_p, own = out_p + in_off * es, [out_p]
-                elif inplace:
-                    in_p = pf.malloc(max(n_in * es, 16))
-                    out_p, own = in_p + out_off * es, [in_p]
-                else:
-                    in_p = pf.malloc(max(n_in * es, 16))
-                    out_p = pf.malloc(max(n_out * es, 16))
-                    own = [in_p, out_p]
-                scr_p = pf.malloc(max(n_scr * es, 16))
-                own.append(scr_p)
-                bufs.append((in_p, out_p, scr_p, own))
-
+            self._alloc_buffers(bufs, lay, inplace, es)
             argv = [m.args(call, input=bufs[r][0], output=bufs[r][1], scratch=bufs[r][2],
                            abort_flag=self.abort_ptr, error=self.error_ptr, timeout_s=timeout)
                     for r, m in enumerate(self.rank_mem)]
@@ -856,32 +834,12 @@ class Runner:
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(count * es)
 
             def launch():
-                """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
-                zero, args, grid_arg = self._launch_arguments(call, argv)
-                self._prepare(bufs, lay, dev_inputs, inplace, ddt, ll=zero)
-                timers = self._launch_all(args, blocks, limit, grid_arg)
-                stuck = self._wait(limit)
-                return timers, stuck if stuck is not None else self._error_message()
+                return self._launch_once(call, argv, bufs, lay, dev_inputs, blocks, limit)
 
             def outputs():
-                got = []
-                for r in range(N):
-                    pf = self.rank_pf[r]
-                    pf.set_device(self.placement[r])
-                    host = np.empty(lay[r][1], dtype=ddt)
-                    pf.memcpy_dtoh(host, bufs[r][1])
-                    got.append(_from_device(host, self.dtype))
-                return got
+                return self._read_outputs(bufs, [row[1] for row in lay])
 
-            times, stuck = [], None
-            for it in range(warmup + iters):
-                timers, stuck = launch()
-                if stuck is not None:
-                    break
-                if it >= warmup:
-                    # platforms hold their launches until their timer stops (all ranks start
-                    # together); the run takes as long as its slowest platform's part
-                    times.append(max(t.elapsed_us() for t in timers))
+            times, stuck = self._timed_launches(launch, warmup, iters)
 
             wrong, first, coll_wrong, outs, oracle, checked = 0, None, 0, None, None, 0
             if stuck is None and (check or keep_outputs):
@@ -941,10 +899,7 @@ class Runner:
         buffers are compared with the oracle (:func:`hccc.runtime.alltoallv.expected`). CountsError
         (a ValueError) before anything runs for counts the buffers cannot take."""
         from hccc.runtime import alltoallv as av
-        if self._closed:
-            raise PlatformError("runner is closed")
-        if self._broken:
-            raise PlatformError(f"the {self._names()} platform is unusable after an earlier run: {self._broken}")
+        self._check_usable()
         ir, N = self.ir, self.nranks
         # per-pair counts are AllToAllv's own runtime (hccc.runtime.alltoallv), which exists only
         # for the blockwise collective: a name test, not a fact a spec field could stand for
@@ -995,74 +950,43 @@ class Runner:
         before = [np.array(inputs[r], copy=True) if inplace else
                   _from_device(np.full(int(recv_lens[r]), g, dtype=ddt), self.dtype) for r in range(N)]
         give_displs = pass_displs if pass_displs is not None else (sdispls is not None or rdispls is not None)
+        # the buffers as run's layout rows: in place, one buffer at offset 0 of both
+        lay = [(int(send_lens[r]), int(recv_lens[r]), scr_n, 0 if inplace else -1, -1) for r in range(N)]
+        dev_inputs = [_to_device(x, self.dtype) for x in inputs]
         bufs, stuck, times = [], None, []
         try:
+            self._alloc_buffers(bufs, lay, inplace, es)
+            vtabs = []        # each rank's counts, displacements (or 0) and piece map, in its memory
             for r in range(N):
                 pf = self.rank_pf[r]
                 pf.set_device(self.placement[r])
-                in_p = pf.malloc(max(int(send_lens[r]) * es, 16))
-                own = [in_p]
-                if inplace:
-                    out_p = in_p
-                else:
-                    out_p = pf.malloc(max(int(recv_lens[r]) * es, 16))
-                    own.append(out_p)
-                scr_p = pf.malloc(max(scr_n * es, 16))
-                own.append(scr_p)
-                cnt_p = pf.malloc(max(counts.nbytes, 16))
-                pf.memcpy_htod(cnt_p, np.ascontiguousarray(counts.ravel()))
-                own.append(cnt_p)
-                dsp_p = 0
-                if give_displs:
-                    dv = av.device_displs(sd, rd)
-                    dsp_p = pf.malloc(dv.nbytes)
-                    pf.memcpy_htod(dsp_p, dv)
-                    own.append(dsp_p)
-                map_p = pf.malloc(max(tables[r].nbytes, 16))
-                if tables[r].nbytes:
-                    pf.memcpy_htod(map_p, tables[r])
-                own.append(map_p)
-                bufs.append((in_p, out_p, scr_p, own, cnt_p, dsp_p, map_p))
+                host = [np.ascontiguousarray(counts.ravel()), av.device_displs(sd, rd) if give_displs else None,
+                        tables[r]]
+                ptrs = []
+                for h in host:
+                    ptr = 0 if h is None else pf.malloc(max(h.nbytes, 16))
+                    if ptr:
+                        bufs[r][3].append(ptr)
+                        if h.nbytes:
+                            pf.memcpy_htod(ptr, h)
+                    ptrs.append(ptr)
+                vtabs.append(ptrs)
             argv = []
             for r, m in enumerate(self.rank_mem):
                 a = m.args(call, input=bufs[r][0], output=bufs[r][1], scratch=bufs[r][2],
                            abort_flag=self.abort_ptr, error=self.error_ptr, timeout_s=timeout)
-                a.vcounts, a.vdispls, a.vmap = bufs[r][4], bufs[r][5], bufs[r][6]
+                a.vcounts, a.vdispls, a.vmap = vtabs[r]
                 a.vslot = piece if vm.uses_scratch else 0
                 argv.append(a)
             if proto_run != "ll":
-                self._set_peers(argv, [(b[0], b[1], b[2], b[3]) for b in bufs])
+                self._set_peers(argv, bufs)
             limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(eq * es)
-            for it in range(warmup + iters):
-                zero, args, grid_arg = self._launch_arguments(call, argv)
-                for m in self.rank_mem:
-                    m.reset(slots=zero)
-                ctypes.c_uint32.from_address(self.abort_ptr).value = 0
-                self.flags_pf.memset(self.error_ptr, 0, ctypes.sizeof(ErrorRecord))
-                for r in range(N):
-                    pf = self.rank_pf[r]
-                    pf.set_device(self.placement[r])
-                    if not inplace and int(recv_lens[r]):
-                        pf.memcpy_htod(bufs[r][1], np.full(int(recv_lens[r]), g, dtype=ddt))
-                    if int(send_lens[r]):
-                        pf.memcpy_htod(bufs[r][0], _to_device(inputs[r], self.dtype))
-                timers = self._launch_all(args, blocks=self.blocks, limit=limit, grid_arg=grid_arg)
-                stuck = self._wait(limit)
-                if stuck is None:
-                    stuck = self._error_message()
-                if stuck is not None:
-                    break
-                if it >= warmup:
-                    times.append(max(t.elapsed_us() for t in timers))
+            times, stuck = self._timed_launches(
+                lambda: self._launch_once(call, argv, bufs, lay, dev_inputs, self.blocks, limit),
+                warmup, iters)
             wrong, first, outs = 0, None, None
             if stuck is None:
-                outs = []
-                for r in range(N):
-                    pf = self.rank_pf[r]
-                    pf.set_device(self.placement[r])
-                    host = np.empty(int(recv_lens[r]), dtype=ddt)
-                    pf.memcpy_dtoh(host, bufs[r][1])
-                    outs.append(_from_device(host, self.dtype))
+                outs = self._read_outputs(bufs, recv_lens)
                 want = av.expected([np.array(x) for x in inputs], before, counts, sd, rd)
                 wrong, first = self._count(outs, want, _same, "")
         except BaseException:
@@ -1165,6 +1089,72 @@ class Runner:
                     for ptr in b[3]:
                         self.rank_pf[r].free(ptr)
 
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise PlatformError("runner is closed")
+        if self._broken:
+            raise PlatformError(f"the {self._names()} platform is unusable after an earlier "
+                                f"run: {self._broken}")
+
+    def _alloc_buffers(self, bufs: list, lay, inplace: bool, es: int) -> None:
+        """Each rank's input, output and scratch for one run, appended to ``bufs`` as they are
+        allocated (``(input, output, scratch, [what to free])``; a failure leaves in ``bufs`` what
+        :meth:`_free_buffers` must free). ``lay``: :meth:`layout`'s rows (elements in, out,
+        scratch; in place, the input's or the output's offset in the other, or -1)."""
+        for r in range(self.nranks):
+            pf = self.rank_pf[r]
+            pf.set_device(self.placement[r])
+            n_in, n_out, n_scr, in_off, out_off = lay[r]
+            if inplace and in_off >= 0:
+                out_p = pf.malloc(max(n_out * es, 16))
+                in_p, own = out_p + in_off * es, [out_p]
+            elif inplace:
+                in_p = pf.malloc(max(n_in * es, 16))
+                out_p, own = in_p + out_off * es, [in_p]
+            else:
+                in_p = pf.malloc(max(n_in * es, 16))
+                out_p = pf.malloc(max(n_out * es, 16))
+                own = [in_p, out_p]
+            bufs.append((in_p, out_p, 0, own))          # freed as allocated, should the next fail
+            scr_p = pf.malloc(max(n_scr * es, 16))
+            own.append(scr_p)
+            bufs[-1] = (in_p, out_p, scr_p, own)
+
+    def _launch_once(self, call, argv, bufs, lay, dev_inputs, blocks, limit: float):
+        """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
+        zero, args, grid_arg = self._launch_arguments(call, argv)
+        self._prepare(bufs, lay, dev_inputs, ll=zero)
+        timers = self._launch_all(args, blocks, limit, grid_arg)
+        stuck = self._wait(limit)
+        return timers, stuck if stuck is not None else self._error_message()
+
+    @staticmethod
+    def _timed_launches(launch, warmup: int, iters: int):
+        """``warmup + iters`` launches (``launch()``: timers and why it stuck), until one sticks:
+        (the timed launches' times in us, why the last stuck or None). Platforms hold their
+        launches until their timer stops (all ranks start together): a launch takes as long as
+        its slowest platform's part."""
+        times, stuck = [], None
+        for it in range(warmup + iters):
+            timers, stuck = launch()
+            if stuck is not None:
+                break
+            if it >= warmup:
+                times.append(max(t.elapsed_us() for t in timers))
+        return times, stuck
+
+    def _read_outputs(self, bufs, lens) -> list[np.ndarray]:
+        """Each rank's output buffer (``lens[r]`` elements) back on the host, as the oracle sees it."""
+        ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
+        got = []
+        for r in range(self.nranks):
+            pf = self.rank_pf[r]
+            pf.set_device(self.placement[r])
+            host = np.empty(int(lens[r]), dtype=ddt)
+            pf.memcpy_dtoh(host, bufs[r][1])
+            got.append(_from_device(host, self.dtype))
+        return got
+
     def _launch_arguments(self, call, argv):
         """One launch's arguments: every launch of an LL run gets the next flag epoch (its
         arguments change with it); the packed ``hccc_args`` of every rank and, for the one-grid
@@ -1181,11 +1171,12 @@ class Runner:
                                      self.grid_first_ptr if self.table_ptr else None)
         return zero, args, grid_arg
 
-    def _prepare(self, bufs, lay, dev_inputs, inplace, ddt, ll: bool = False) -> None:
+    def _prepare(self, bufs, lay, dev_inputs, ll: bool = False) -> None:
         """Zero counters, flags and the error record (and, with ``ll``, the FIFO slots: an LL
         launch that :class:`~hccc.runtime.ll_epoch.LLEpochs` says must zero); outputs and scratch
-        to garbage; inputs in."""
+        to garbage; inputs in (after the output's garbage: in place, they overlay)."""
         g = _GARBAGE[self.dtype]
+        ddt = np.dtype(_DEVICE_DTYPE[self.dtype])
         for m in self.rank_mem:
             m.reset(slots=ll)
         ctypes.c_uint32.from_address(self.abort_ptr).value = 0
