@@ -311,3 +311,50 @@ def test_a_simulation_that_cannot_finish_plain_runs_compiled_at_once(monkeypatch
     got = eng.run_within(None, None, *args)
     assert fresh._plain_work == 0 and fresh._compiled is not None
     assert got[1] == want[1] and (got[10] == want[10]).all()
+
+
+_ONE_COMPILE = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import toy_kernels as t
+start = float(sys.argv[2])
+while time.time() < start:          # both processes call at once
+    time.sleep(0.001)
+fn = t.KERNELS.compiled()["toy_sum"]
+assert fn(t.np.arange(10.0)) == 45.0
+print(sum(fn.dispatcher.stats.cache_misses.values()), sum(fn.dispatcher.stats.cache_hits.values()))
+"""
+
+_TOY_MODULE = """
+import numpy as np
+from hccc.util.jit import Kernels
+
+
+def toy_sum(x):
+    s = 0.0
+    for i in range(len(x)):
+        for j in range(3):
+            s += x[i] * (1 if j == 0 else 0)
+    return s
+
+
+KERNELS = Kernels(globals(), ["toy_sum"], min_work=1)
+"""
+
+
+@needs_numba
+def test_processes_starting_together_compile_a_kernel_once(tmp_path):
+    """Two processes whose first call of a kernel comes at the same moment (a fresh numba cache):
+    one compiles it, the other waits for it and loads what it wrote (numba's own counters: one
+    cache miss in all, one hit). Without the compile lock both compiled it."""
+    import os
+    import time
+    (tmp_path / "toy_kernels.py").write_text(_TOY_MODULE)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "HCCC_JIT": "numba"}
+    start = f"{time.time() + 3.0:.3f}"
+    procs = [subprocess.Popen([sys.executable, "-c", _ONE_COMPILE, str(tmp_path), start], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    counts = [tuple(map(int, o.split())) for o, _ in outs]
+    assert sorted(counts) == [(0, 1), (1, 0)], counts

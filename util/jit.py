@@ -26,6 +26,11 @@ Python) is numba's ``prange`` in the twin. A kernel named in ``borrowed`` (one t
 array and returns none) is compiled without numba's reference counting, so the arrays it is
 passed cost no atomic count per call where numba does not inline it.
 
+Processes that start together (a job's ranks, a test run's workers) compile each kernel once: the
+first call of a compiled twin holds a lock file beside numba's cache of it, and the others wait for
+it and load what it wrote (:class:`_OneCompiler`; a cold run of the tests compiled the simulator's
+event loop, about 20 s of CPU, in both workers before).
+
 This is the only way hccc compiles with numba. Where a module keeps a second, plain-Python
 formulation of an algorithm beside its kernel (a list or numpy version that plain Python runs much
 faster than the kernel's array loops; each such module says why, with the measurement of
@@ -198,5 +203,59 @@ class Kernels:
                     opts = {"_nrt": False} if n in self._borrowed else {}
                     twins[n] = njit(cache=True, nogil=self._nogil, parallel=n in self._parallel, **opts)(twin)
                 glb.update(twins)
-                self._compiled = twins
+                self._compiled = {n: _OneCompiler(t) for n, t in twins.items()}
             return self._compiled
+
+
+class _OneCompiler:
+    """A compiled twin whose first call in this process (where numba compiles it, or loads it from
+    its cache) holds a lock file beside numba's cache of it, so that processes starting together
+    (the ranks of a job, the workers of a test run) compile each kernel once: the others wait,
+    then load what the first one wrote (numba reads its cache index when it compiles). Every
+    later call goes straight to the dispatcher; without a lock (no cache directory, no ``flock``)
+    the first call runs unlocked, as numba alone would."""
+
+    __slots__ = ("dispatcher", "_first")
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+        self._first = True
+
+    def __call__(self, *args, **kwargs):
+        if not self._first:
+            return self.dispatcher(*args, **kwargs)
+        with _compile_lock(self.dispatcher):
+            out = self.dispatcher(*args, **kwargs)
+        self._first = False
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.dispatcher, name)
+
+
+class _compile_lock:
+    """``flock`` on ``<numba's cache directory of the dispatcher>/<its name>.hccc-lock`` (a no-op
+    where there is none)."""
+
+    def __init__(self, dispatcher):
+        self._dispatcher = dispatcher
+        self._fd = None
+
+    def __enter__(self):
+        try:
+            import fcntl
+            where = Path(self._dispatcher._cache._cache_path)
+            name = self._dispatcher.py_func.__qualname__
+            self._fd = os.open(where / f"{name}.hccc-lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except Exception:          # no cache directory, or no locks on it: compile unlocked
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._fd is not None:
+            os.close(self._fd)      # (closing releases the lock)
+        return False
+
