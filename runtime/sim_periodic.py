@@ -1,0 +1,111 @@
+"""A long pipelined call's time from a few short ones: the steady state's period extrapolated.
+
+A call whose chunks each pass in ``M`` micro-batches of one slice runs, once its pipelines are
+full, one *period* per micro-batch: every further micro-batch adds the same time, so at a fixed
+slice its simulated time is ``T(M) = fill and drain + M x period`` from some ``M`` on. The event
+loop's work grows with ``M`` (an event per sending primitive and micro-batch), so a call of many
+micro-batches (``hccc synth``'s thin slices: 128 a chunk) costs many times one of a few.
+
+:func:`simulate_periodic` simulates the same call cut to the micro-batches of
+:data:`PERIODIC_SAMPLES` (the same program, slice and chunks, every chunk shortened by whole
+slices, so each keeps its last, partial slice: :func:`cut_geometry`), takes the two periods
+between them, and where they agree (the part they extrapolate uncertain by at most
+:data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2) + (M - M2) x period``. Where they do not,
+or where the call has too few micro-batches for the samples to save work
+(:data:`PERIODIC_LEAST_RATIO`), the whole call is simulated, so the answer is never a guess
+beyond the check: measured against the whole simulation in docs/measurements.md (*Synthesis speed
+at 64 GPUs without symmetry*) and by ``tests/test_sim_periodic.py`` on random programs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
+
+#: micro-batches a chunk of the three cut calls simulated. The held-out 64-GPU clusters
+#: (``synth_quality.py --asym 1``): AllGather and ReduceScatter at 16 KiB slices (128 micro-batches
+#: a chunk) extrapolated from 2 and 4 micro-batches within 3e-5 of the whole simulation, from 4
+#: and 8 within 4e-5; ReduceScatter at hccc's default slices (25) from 2, 4, 6 within 1e-6, and
+#: AllGather's (12, not extrapolated: :data:`PERIODIC_LEAST_RATIO`) within 4e-5, where 1, 2, 3
+#: erred by 4e-3 (its periods 0.5 % apart: the check refuses it)
+PERIODIC_SAMPLES = (2, 4, 6)
+#: the extrapolated part's uncertainty, the two periods' difference times the micro-batches
+#: extrapolated, at most this share of the time: half the least gain for which ``hccc synth``
+#: changes a program's slices (``THIN_GAIN``, 0.002). The figure is a worst case (the period
+#: drifting on as between the samples); the periods settle instead: asym 1's AllGather at 16 KiB
+#: slices, its periods 0.1 % apart between 2, 4 and 6 micro-batches (the figure 7.3e-4), was
+#: extrapolated to 128 within 2.4e-5 of the whole simulation
+PERIODIC_TOLERANCE = 1e-3
+#: the call is extrapolated only where it has at least this many times the micro-batches the
+#: samples simulate together (12): below, the samples cost about as much as the call (the events
+#: of one micro-batch grow with how many run at once: the samples' 12 of a 12-micro-batch
+#: AllGather took 0.78 s against the call's 1.33 s; a 25-micro-batch ReduceScatter's 0.80 s against 3.3 s)
+PERIODIC_LEAST_RATIO = 2.0
+
+
+@dataclass(frozen=True)
+class PeriodicTime:
+    """A call's time (seconds) and how it was found: ``samples`` the micro-batches of the calls
+    simulated (the whole call's alone where not extrapolated), ``sample_times`` theirs,
+    ``extrapolated`` whether ``time_s`` is ``T(M2) + (M - M2) x period``; ``events`` simulated in all."""
+
+    time_s: float
+    micro_batches: int
+    samples: tuple[int, ...]
+    sample_times: tuple[float, ...]
+    extrapolated: bool
+    events: int
+
+
+def cut_geometry(geo: Geometry, nmb: int) -> Geometry:
+    """``geo`` with ``nmb`` micro-batches: every chunk shortened by the same whole slices (its
+    last, partial slice kept), at the same slice."""
+    nmb = int(nmb)
+    if not 1 <= nmb <= geo.nmb:
+        raise ValueError(f"a cut call has 1 to {geo.nmb} micro-batches, not {nmb}")
+    drop = (geo.nmb - nmb) * geo.slice_elems
+    chunk_len = np.maximum(0, geo.chunk_len - drop).astype(np.int64)
+    count = int(chunk_len.sum())
+    return Geometry(count * geo.element_bytes, count, geo.element_bytes, geo.slice_elems, nmb, chunk_len)
+
+
+def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
+                      element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+                      deadline: float | None = None, samples: tuple[int, int, int] = PERIODIC_SAMPLES,
+                      tolerance: float = PERIODIC_TOLERANCE, least_ratio: float = PERIODIC_LEAST_RATIO,
+                      **kw) -> PeriodicTime:
+    """The time of one task-level call of ``nbytes`` (see the module docstring): ``program`` a
+    ProgramIR or a prepared :class:`SimProgram`, the rest as :func:`hccc.runtime.simulator.simulate`
+    takes them (``deadline``: every simulation of it runs by
+    :func:`~hccc.runtime.simulator.simulate_by`, ending by that work-clock time or raising
+    :class:`~hccc.runtime.simulator.SimulationStopped`)."""
+    from hccc.runtime.simulator import _call_geometry, prepare, simulate, simulate_by
+
+    def run(**k):
+        if deadline is None:
+            return simulate(prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
+        return simulate_by(deadline, prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
+
+    m0, m1, m2 = (int(s) for s in samples)
+    if not 1 <= m0 < m1 < m2:
+        raise ValueError(f"samples must be three increasing micro-batch counts from 1, not {samples!r}")
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    geo, slice_b = _call_geometry(prog, int(nbytes), slice_bytes, element_bytes)
+    if kw.get("execution", "task") != "task" or geo.nmb < least_ratio * (m0 + m1 + m2):
+        whole = run(slice_bytes=slice_bytes)
+        return PeriodicTime(whole.time_s, geo.nmb, (geo.nmb,), (whole.time_s,), False, whole.events)
+    times, events = [], 0
+    for m in (m0, m1, m2):
+        r = run(call_geometry=(cut_geometry(geo, m), slice_b))
+        times.append(r.time_s)
+        events += r.events
+    p1 = (times[1] - times[0]) / (m1 - m0)
+    p2 = (times[2] - times[1]) / (m2 - m1)
+    est = times[2] + (geo.nmb - m2) * p2
+    if est > 0 and abs(p2 - p1) * (geo.nmb - m2) <= tolerance * est:
+        return PeriodicTime(float(est), geo.nmb, (m0, m1, m2), tuple(times), True, events)
+    whole = run(slice_bytes=slice_bytes)
+    return PeriodicTime(whole.time_s, geo.nmb, (m0, m1, m2, geo.nmb), (*times, whole.time_s), False,
+                        events + whole.events)
