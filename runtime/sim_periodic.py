@@ -6,8 +6,8 @@ slice its simulated time is ``T(M) = fill and drain + M x period`` from some ``M
 loop's work grows with ``M`` (an event per sending primitive and micro-batch), so a call of many
 micro-batches (``hccc synth``'s thin slices: 128 a chunk) costs many times one of a few.
 
-:func:`simulate_periodic` simulates the same call cut to the micro-batches of
-:data:`PERIODIC_SAMPLES` (the same program, slice and chunks, every chunk shortened by whole
+:func:`simulate_periodic` simulates the same call cut to three counts of micro-batches
+(:func:`periodic_samples`, a FIFO's depth apart; the same program, slice and chunks, every chunk shortened by whole
 slices, so each keeps its last, partial slice: :func:`cut_geometry`), takes the two periods
 between them, and where they agree (the part they extrapolate uncertain by at most
 :data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2) + (M - M2) x period``. Where they do not,
@@ -22,15 +22,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
 
-#: micro-batches a chunk of the three cut calls simulated. The held-out 64-GPU clusters
-#: (``synth_quality.py --asym 1``): AllGather and ReduceScatter at 16 KiB slices (128 micro-batches
-#: a chunk) extrapolated from 2 and 4 micro-batches within 3e-5 of the whole simulation, from 4
-#: and 8 within 4e-5; ReduceScatter at hccc's default slices (25) from 2, 4, 6 within 1e-6, and
-#: AllGather's (12, not extrapolated: :data:`PERIODIC_LEAST_RATIO`) within 4e-5, where 1, 2, 3
-#: erred by 4e-3 (its periods 0.5 % apart: the check refuses it)
-PERIODIC_SAMPLES = (2, 4, 6)
+#: The cut calls simulated are three, each a FIFO's depth (``nslots`` slots,
+#: :data:`hccc.compiler.backend.abi.NSLOTS`) of micro-batches after the last. A sender runs ahead
+#: of its receiver by at most ``nslots`` slots, so a pipeline its latency holds back runs in steps
+#: of ``nslots`` micro-batches, one round trip each, not in even periods: two ranks over one link
+#: of 6 us latency, 256-byte slices, 6.03 us for 2 micro-batches, 6.10 for 8, 12.03 for 9, 12.12
+#: for 16, 18.13 for 24. Its period is ``nslots`` micro-batches, and the call is extrapolated by
+#: whole periods from a sample in the same phase (the last sample's micro-batches equal the
+#: call's modulo ``nslots``); samples of a few micro-batches (2, 4, 6) miss it entirely (there 16 %
+#: short of the whole simulation at 24 micro-batches)
 #: the extrapolated part's uncertainty, the two periods' difference times the micro-batches
 #: extrapolated, at most this share of the time: half the least gain for which ``hccc synth``
 #: changes a program's slices (``THIN_GAIN``, 0.002). The figure is a worst case (the period
@@ -39,9 +42,9 @@ PERIODIC_SAMPLES = (2, 4, 6)
 #: extrapolated to 128 within 2.4e-5 of the whole simulation
 PERIODIC_TOLERANCE = 1e-3
 #: the call is extrapolated only where it has at least this many times the micro-batches the
-#: samples simulate together (12): below, the samples cost about as much as the call (the events
-#: of one micro-batch grow with how many run at once: the samples' 12 of a 12-micro-batch
-#: AllGather took 0.78 s against the call's 1.33 s; a 25-micro-batch ReduceScatter's 0.80 s against 3.3 s)
+#: samples simulate together (22 with 8 slots): below, the samples cost about as much as the call
+#: (the events of a micro-batch grow with how many run at once: 12 micro-batches of samples of a
+#: 12-micro-batch AllGather took 0.78 s against the call's 1.33 s)
 PERIODIC_LEAST_RATIO = 2.0
 
 
@@ -71,10 +74,17 @@ def cut_geometry(geo: Geometry, nmb: int) -> Geometry:
     return Geometry(count * geo.element_bytes, count, geo.element_bytes, geo.slice_elems, nmb, chunk_len)
 
 
+def periodic_samples(nmb: int, nslots: int = NSLOTS) -> tuple[int, ...]:
+    """The micro-batches of the cut calls of a call of ``nmb`` micro-batches with FIFOs of
+    ``nslots`` slots: three counts ``nslots`` apart, the least from 1 to ``nslots``, each equal
+    to ``nmb`` modulo ``nslots``."""
+    first = (int(nmb) - 1) % int(nslots) + 1
+    return first, first + int(nslots), first + 2 * int(nslots)
+
+
 def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
                       element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
-                      deadline: float | None = None, samples: tuple[int, int, int] = PERIODIC_SAMPLES,
-                      tolerance: float = PERIODIC_TOLERANCE, least_ratio: float = PERIODIC_LEAST_RATIO,
+                      deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE, least_ratio: float = PERIODIC_LEAST_RATIO,
                       **kw) -> PeriodicTime:
     """The time of one task-level call of ``nbytes`` (see the module docstring): ``program`` a
     ProgramIR or a prepared :class:`SimProgram`, the rest as :func:`hccc.runtime.simulator.simulate`
@@ -88,11 +98,10 @@ def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | No
             return simulate(prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
         return simulate_by(deadline, prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
 
-    m0, m1, m2 = (int(s) for s in samples)
-    if not 1 <= m0 < m1 < m2:
-        raise ValueError(f"samples must be three increasing micro-batch counts from 1, not {samples!r}")
+    nslots = int(kw.get("nslots", NSLOTS))
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
     geo, slice_b = _call_geometry(prog, int(nbytes), slice_bytes, element_bytes)
+    m0, m1, m2 = periodic_samples(geo.nmb, nslots)
     if kw.get("execution", "task") != "task" or geo.nmb < least_ratio * (m0 + m1 + m2):
         whole = run(slice_bytes=slice_bytes)
         return PeriodicTime(whole.time_s, geo.nmb, (geo.nmb,), (whole.time_s,), False, whole.events)
@@ -101,10 +110,11 @@ def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | No
         r = run(call_geometry=(cut_geometry(geo, m), slice_b))
         times.append(r.time_s)
         events += r.events
-    p1 = (times[1] - times[0]) / (m1 - m0)
-    p2 = (times[2] - times[1]) / (m2 - m1)
-    est = times[2] + (geo.nmb - m2) * p2
-    if est > 0 and abs(p2 - p1) * (geo.nmb - m2) <= tolerance * est:
+    # one period is ``nslots`` micro-batches; the call is a whole number of them past the last sample
+    p1, p2 = times[1] - times[0], times[2] - times[1]
+    periods = (geo.nmb - m2) // nslots
+    est = times[2] + periods * p2
+    if est > 0 and abs(p2 - p1) * periods <= tolerance * est:
         return PeriodicTime(float(est), geo.nmb, (m0, m1, m2), tuple(times), True, events)
     whole = run(slice_bytes=slice_bytes)
     return PeriodicTime(whole.time_s, geo.nmb, (m0, m1, m2, geo.nmb), (*times, whole.time_s), False,
