@@ -1,16 +1,18 @@
 """A long pipelined call's time from a few short ones: the steady state's period extrapolated.
 
 A call whose chunks each pass in ``M`` micro-batches of one slice runs, once its pipelines are
-full, one *period* per micro-batch: every further micro-batch adds the same time, so at a fixed
-slice its simulated time is ``T(M) = fill and drain + M x period`` from some ``M`` on. The event
+full, in *periods*: every further ``nslots`` micro-batches (a FIFO's depth, see
+:func:`periodic_samples`) add the same time, so at a fixed slice its simulated time is ``fill and
+drain + M / nslots x period`` from some ``M`` on. The event
 loop's work grows with ``M`` (an event per sending primitive and micro-batch), so a call of many
 micro-batches (``hccc synth``'s thin slices: 128 a chunk) costs many times one of a few.
 
 :func:`simulate_periodic` simulates the same call cut to three counts of micro-batches
-(:func:`periodic_samples`, a FIFO's depth apart; the same program, slice and chunks, every chunk shortened by whole
-slices, so each keeps its last, partial slice: :func:`cut_geometry`), takes the two periods
-between them, and where they agree (the part they extrapolate uncertain by at most
-:data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2) + (M - M2) x period``. Where they do not,
+(:func:`periodic_samples`, a FIFO's depth apart, the last in the call's phase; the same program,
+slice and chunks, every chunk shortened by whole slices, so each keeps its last, partial slice:
+:func:`cut_geometry`), takes the two periods between them, and where they agree (the part they
+extrapolate uncertain by at most :data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2)`` plus
+the whole periods from ``M2`` to ``M``. Where they do not,
 or where the call has too few micro-batches for the samples to save work
 (:data:`PERIODIC_LEAST_RATIO`), the whole call is simulated, so the answer is never a guess
 beyond the check: measured against the whole simulation in docs/measurements.md (*Synthesis speed
@@ -25,24 +27,17 @@ import numpy as np
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
 
-#: The cut calls simulated are three, each a FIFO's depth (``nslots`` slots,
-#: :data:`hccc.compiler.backend.abi.NSLOTS`) of micro-batches after the last. A sender runs ahead
-#: of its receiver by at most ``nslots`` slots, so a pipeline its latency holds back runs in steps
-#: of ``nslots`` micro-batches, one round trip each, not in even periods: two ranks over one link
-#: of 6 us latency, 256-byte slices, 6.03 us for 2 micro-batches, 6.10 for 8, 12.03 for 9, 12.12
-#: for 16, 18.13 for 24. Its period is ``nslots`` micro-batches, and the call is extrapolated by
-#: whole periods from a sample in the same phase (the last sample's micro-batches equal the
-#: call's modulo ``nslots``); samples of a few micro-batches (2, 4, 6) miss it entirely (there 16 %
-#: short of the whole simulation at 24 micro-batches)
-#: the extrapolated part's uncertainty, the two periods' difference times the micro-batches
+#: the extrapolated part's uncertainty, the two periods' difference times the periods
 #: extrapolated, at most this share of the time: half the least gain for which ``hccc synth``
 #: changes a program's slices (``THIN_GAIN``, 0.002). The figure is a worst case (the period
-#: drifting on as between the samples); the periods settle instead: asym 1's AllGather at 16 KiB
-#: slices, its periods 0.1 % apart between 2, 4 and 6 micro-batches (the figure 7.3e-4), was
-#: extrapolated to 128 within 2.4e-5 of the whole simulation
+#: drifting on as between the samples) of what the samples show; a regime that sets in after them
+#: they cannot show (``tests/test_sim_periodic.py`` holds random programs to 5e-3). Measured: the
+#: held-out 64-GPU AllGather and ReduceScatter at 16 KiB slices (``synth_quality.py --asym 1``,
+#: 128 micro-batches, samples 8, 16, 24) within 1e-6 of the whole simulation, two MI250 nodes'
+#: AllGather (``--mi250 2``) within 2e-4
 PERIODIC_TOLERANCE = 1e-3
 #: the call is extrapolated only where it has at least this many times the micro-batches the
-#: samples simulate together (22 with 8 slots): below, the samples cost about as much as the call
+#: samples simulate together (27 to 48 with 8 slots): below, the samples cost about as much as the call
 #: (the events of a micro-batch grow with how many run at once: 12 micro-batches of samples of a
 #: 12-micro-batch AllGather took 0.78 s against the call's 1.33 s)
 PERIODIC_LEAST_RATIO = 2.0
@@ -52,7 +47,7 @@ PERIODIC_LEAST_RATIO = 2.0
 class PeriodicTime:
     """A call's time (seconds) and how it was found: ``samples`` the micro-batches of the calls
     simulated (the whole call's alone where not extrapolated), ``sample_times`` theirs,
-    ``extrapolated`` whether ``time_s`` is ``T(M2) + (M - M2) x period``; ``events`` simulated in all."""
+    ``extrapolated`` whether ``time_s`` is extrapolated from them; ``events`` simulated in all."""
 
     time_s: float
     micro_batches: int
@@ -77,15 +72,23 @@ def cut_geometry(geo: Geometry, nmb: int) -> Geometry:
 def periodic_samples(nmb: int, nslots: int = NSLOTS) -> tuple[int, ...]:
     """The micro-batches of the cut calls of a call of ``nmb`` micro-batches with FIFOs of
     ``nslots`` slots: three counts ``nslots`` apart, the least from 1 to ``nslots``, each equal
-    to ``nmb`` modulo ``nslots``."""
+    to ``nmb`` modulo ``nslots``.
+
+    A sender runs ahead of its receiver by at most ``nslots`` slots, so a pipeline its latency
+    holds back runs in steps of ``nslots`` micro-batches, a round trip each, not in even periods
+    (two ranks over links of 6 us latency, 256-byte slices: 6.03 us for 2 micro-batches, 6.10 for
+    8, 12.03 for 9, 12.12 for 16, 18.13 for 24): its period is ``nslots`` micro-batches, and a
+    sample in the call's phase extrapolates by whole periods. Samples of fewer micro-batches than
+    the FIFO holds never show it (2, 4 and 6 there: 16 % short at 24 micro-batches), and samples
+    past it out of phase err by up to a step (9, 10, 11 on random programs: 2.8 %)."""
     first = (int(nmb) - 1) % int(nslots) + 1
     return first, first + int(nslots), first + 2 * int(nslots)
 
 
 def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
                       element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
-                      deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE, least_ratio: float = PERIODIC_LEAST_RATIO,
-                      **kw) -> PeriodicTime:
+                      deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE,
+                      least_ratio: float = PERIODIC_LEAST_RATIO, **kw) -> PeriodicTime:
     """The time of one task-level call of ``nbytes`` (see the module docstring): ``program`` a
     ProgramIR or a prepared :class:`SimProgram`, the rest as :func:`hccc.runtime.simulator.simulate`
     takes them (``deadline``: every simulation of it runs by

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,8 +111,8 @@ def test_a_latency_bound_pipeline_is_extrapolated_by_whole_fifo_periods():
     for u, v in ((0, 1), (1, 0)):
         b.add_links([u], [v], b.params("direct", 25, 1, 6))
     topo = b.build()
-    ir = build_program(Algorithm.from_rows(Header(2, Collective.ALLGATHER, "direct"), [[0, 1, 0, 0, 0], [1, 0, 0, 1, 0]]),
-                       chunk_bytes=256)
+    rows = [[0, 1, 0, 0, 0], [1, 0, 0, 1, 0]]
+    ir = build_program(Algorithm.from_rows(Header(2, Collective.ALLGATHER, "direct"), rows), chunk_bytes=256)
     prog = prepare(ir, topo)
     for nmb in (96, 97, 100, 103):
         found = simulate_periodic(prog, topo, 2 * 256 * nmb, slice_bytes=None)
