@@ -1,0 +1,127 @@
+"""A long pipelined call's time from a few short ones: the steady state's period extrapolated.
+
+A call whose chunks each pass in ``M`` micro-batches of one slice runs, once its pipelines are
+full, in *periods*: every further ``nslots`` micro-batches (a FIFO's depth, see
+:func:`periodic_samples`) add the same time, so at a fixed slice its simulated time is ``fill and
+drain + M / nslots x period`` from some ``M`` on. The event
+loop's work grows with ``M`` (an event per sending primitive and micro-batch), so a call of many
+micro-batches (``hccc synth``'s thin slices: 128 a chunk) costs many times one of a few.
+
+:func:`simulate_periodic` simulates the same call cut to three counts of micro-batches
+(:func:`periodic_samples`, a FIFO's depth apart, the last in the call's phase; the same program,
+slice and chunks, every chunk shortened by whole slices, so each keeps its last, partial slice:
+:func:`cut_geometry`), takes the two periods between them, and where they agree (the part they
+extrapolate uncertain by at most :data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2)`` plus
+the whole periods from ``M2`` to ``M``. Where they do not,
+or where the call has too few micro-batches for the samples to save work
+(:data:`PERIODIC_LEAST_RATIO`), the whole call is simulated, so the answer is never a guess
+beyond the check: measured against the whole simulation in docs/measurements.md (*Synthesis speed
+at 64 GPUs without symmetry*) and by ``tests/test_sim_periodic.py`` on random programs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hccc.compiler.backend.abi import NSLOTS
+from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
+
+#: the extrapolated part's uncertainty, the two periods' difference times the periods
+#: extrapolated, at most this share of the time: half the least gain for which ``hccc synth``
+#: changes a program's slices (``THIN_GAIN``, 0.002). The figure is a worst case (the period
+#: drifting on as between the samples) of what the samples show; a regime that sets in after them
+#: they cannot show (``tests/test_sim_periodic.py`` holds random programs to 5e-3). Measured: the
+#: held-out 64-GPU AllGather and ReduceScatter at 16 KiB slices (``synth_quality.py --asym 1``,
+#: 128 micro-batches, samples 8, 16, 24) within 1e-6 of the whole simulation, two MI250 nodes'
+#: AllGather (``--mi250 2``) within 2e-4
+PERIODIC_TOLERANCE = 1e-3
+#: the call is cut only where it has at least this many times the micro-batches its samples
+#: simulate together (27 to 48 with 8 slots). A micro-batch costs the event loop less in the short
+#: samples, where fewer flows run at once, than in the whole call: ReduceScatter's programs at
+#: hccc's default slices (``synth_quality.py --asym 1`` and ``2``, 25 micro-batches), their samples
+#: of 1, 9 and 17 micro-batches took 2.9 and 3.6 s of CPU against the whole calls' 5.1 and 4.7 s
+#: (a loaded machine), and were extrapolated within 5e-9; below this, the samples would cost about
+#: the call, and the whole call besides where the check refuses them
+PERIODIC_LEAST_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class PeriodicTime:
+    """A call's time (seconds) and how it was found: ``samples`` the micro-batches of the calls
+    simulated (the whole call's alone where not extrapolated), ``sample_times`` theirs,
+    ``extrapolated`` whether ``time_s`` is extrapolated from them; ``events`` simulated in all."""
+
+    time_s: float
+    micro_batches: int
+    samples: tuple[int, ...]
+    sample_times: tuple[float, ...]
+    extrapolated: bool
+    events: int
+
+
+def cut_geometry(geo: Geometry, nmb: int) -> Geometry:
+    """``geo`` with ``nmb`` micro-batches: every chunk shortened by the same whole slices (its
+    last, partial slice kept), at the same slice."""
+    nmb = int(nmb)
+    if not 1 <= nmb <= geo.nmb:
+        raise ValueError(f"a cut call has 1 to {geo.nmb} micro-batches, not {nmb}")
+    drop = (geo.nmb - nmb) * geo.slice_elems
+    chunk_len = np.maximum(0, geo.chunk_len - drop).astype(np.int64)
+    count = int(chunk_len.sum())
+    return Geometry(count * geo.element_bytes, count, geo.element_bytes, geo.slice_elems, nmb, chunk_len)
+
+
+def periodic_samples(nmb: int, nslots: int = NSLOTS) -> tuple[int, ...]:
+    """The micro-batches of the cut calls of a call of ``nmb`` micro-batches with FIFOs of
+    ``nslots`` slots: three counts ``nslots`` apart, the least from 1 to ``nslots``, each equal
+    to ``nmb`` modulo ``nslots``.
+
+    A sender runs ahead of its receiver by at most ``nslots`` slots, so a pipeline its latency
+    holds back runs in steps of ``nslots`` micro-batches, a round trip each, not in even periods
+    (two ranks over links of 6 us latency, 256-byte slices: 6.03 us for 2 micro-batches, 6.10 for
+    8, 12.03 for 9, 12.12 for 16, 18.13 for 24): its period is ``nslots`` micro-batches, and a
+    sample in the call's phase extrapolates by whole periods. Samples of fewer micro-batches than
+    the FIFO holds never show it (2, 4 and 6 there: 16 % short at 24 micro-batches), and samples
+    past it out of phase err by up to a step (9, 10, 11 on random programs: 2.8 %)."""
+    first = (int(nmb) - 1) % int(nslots) + 1
+    return first, first + int(nslots), first + 2 * int(nslots)
+
+
+def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
+                      element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+                      deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE,
+                      least_ratio: float = PERIODIC_LEAST_RATIO, **kw) -> PeriodicTime:
+    """The time of one task-level call of ``nbytes`` (see the module docstring): ``program`` a
+    ProgramIR or a prepared :class:`SimProgram`, the rest as :func:`hccc.runtime.simulator.simulate`
+    takes them (``deadline``: every simulation of it runs by
+    :func:`~hccc.runtime.simulator.simulate_by`, ending by that work-clock time or raising
+    :class:`~hccc.runtime.simulator.SimulationStopped`)."""
+    from hccc.runtime.simulator import _call_geometry, prepare, simulate, simulate_by
+
+    def run(**k):
+        if deadline is None:
+            return simulate(prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
+        return simulate_by(deadline, prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
+
+    nslots = int(kw.get("nslots", NSLOTS))
+    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+    geo, slice_b = _call_geometry(prog, int(nbytes), slice_bytes, element_bytes)
+    m0, m1, m2 = periodic_samples(geo.nmb, nslots)
+    if kw.get("execution", "task") != "task" or geo.nmb < least_ratio * (m0 + m1 + m2):
+        whole = run(slice_bytes=slice_bytes)
+        return PeriodicTime(whole.time_s, geo.nmb, (geo.nmb,), (whole.time_s,), False, whole.events)
+    times, events = [], 0
+    for m in (m0, m1, m2):
+        r = run(call_geometry=(cut_geometry(geo, m), slice_b))
+        times.append(r.time_s)
+        events += r.events
+    # one period is ``nslots`` micro-batches; the call is a whole number of them past the last sample
+    p1, p2 = times[1] - times[0], times[2] - times[1]
+    periods = (geo.nmb - m2) // nslots
+    est = times[2] + periods * p2
+    if est > 0 and abs(p2 - p1) * periods <= tolerance * est:
+        return PeriodicTime(float(est), geo.nmb, (m0, m1, m2), tuple(times), True, events)
+    whole = run(slice_bytes=slice_bytes)
+    return PeriodicTime(whole.time_s, geo.nmb, (m0, m1, m2, geo.nmb), (*times, whole.time_s), False,
+                        events + whole.events)
