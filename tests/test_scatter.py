@@ -10,6 +10,8 @@ set); algorithm catalogs and the built-in one's choice, held to the simulator; a
 the slow set), a root's bad list failing every rank at once."""
 from __future__ import annotations
 
+import threading
+
 import math
 import shutil
 import time
@@ -394,6 +396,10 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
     (tmp_path / "empty").mkdir()
 
     first = {}
+    # both ranks finish the good call before the bad one: a root that fails its call leaves the
+    # job (shutting its group down) at once, which a rank still receiving the good call would
+    # see as a broken connection instead of the comparison this test is about
+    between = threading.Barrier(2)
 
     def job(rank):
         def run(pg):
@@ -403,6 +409,7 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
             lists = [[torch.arange(3.0) + 10 * r for r in range(2)]] if rank == 1 else []
             pg.scatter([out], lists, opts).wait()
             first[rank] = out.tolist()
+            between.wait(timeout=30)
             wrong = ([torch.ones(3)] if bad == "short" else [torch.ones(3, dtype=torch.int32)] * 2)
             pg.scatter([torch.zeros(3)], [wrong] if rank == 1 else [], opts).wait()
         return run
