@@ -80,6 +80,9 @@ PROGRAMS = {
     "ring4": lambda: gen.ring_alltoall(4),
     "hier2x2": lambda: gen.hierarchical_alltoall(2, 2),
     "ring3_k2": lambda: gen.ring_alltoall(3, chunks_per_rank=2),
+    # primitives of 10 chunks: more than a unit round's HCCC_UNIT_PIECES (8), so the kernels build
+    # the pieces of each round of each micro-batch from the counts (hccc_v_round)
+    "ring3_k10": lambda: gen.ring_alltoall(3, chunks_per_rank=10),
 }
 
 
