@@ -6,6 +6,7 @@ from ``sdispls[s][d]``), independent of ``hccc.runtime.alltoallv``.
 """
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -186,6 +187,25 @@ def test_non_alltoall_is_refused():
 
 
 # ------------------------------------------------------------------------------ the kernels
+def test_only_alltoall_programs_kernels_have_the_alltoallv_path(tmp_path):
+    """An AllToAll program's rank and one-grid sources run their program as an hccc_vprogram (the
+    engine with the AllToAllv path); every other collective's as an hccc_program, whose engine is
+    compiled without it (its registers stay off every ordinary collective's kernels)."""
+    from hccc.compiler.backend.codegen import generate
+    for prog, want in ((gen.ring_alltoall(3), "hccc_vprogram"), (gen.ring_allreduce(3), "hccc_program"),
+                       (gen.ring_allgather(3), "hccc_program")):
+        ir = build_program(prog)
+        out = tmp_path / ir.collective
+        out.mkdir()
+        generate(ir, out, platforms=["cuda"] * ir.nranks)
+        for src in sorted(out.glob("*.cu")):
+            text = src.read_text()
+            if "_program()" not in text:
+                continue
+            used = set(re.findall(r"\b(hccc_v?program)\b(?:\{| \w+_program\(\))", text))
+            assert used == {want}, (src.name, used)
+
+
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_kernels_random_skewed_zero_counts(name):
