@@ -7,7 +7,9 @@ on-timeout functions it calls) spills nothing, and a kernel's cumulative stack i
 STACK_BYTES: the engine's state lives in registers and shared memory, not in local memory (the v3
 kernels kept a 592-728-byte frame, which a full grid pushed out of L2: docs/measurements.md).
 Checked for ring AllReduce 8 (float32 sum) and HM AllReduce 4x8 (bfloat16 max), every rank and the
-one-grid entry, in single-GPU and system-scope builds."""
+one-grid entry, in single-GPU and system-scope builds, and for direct AllToAll 8 (float32), whose
+kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
+the engine registers either (docs/measurements.md, "The engine's registers under AllToAllv")."""
 from __future__ import annotations
 
 import json
@@ -84,7 +86,8 @@ def _ptxas(tool, src: Path, inc: Path, single_gpu: bool) -> dict[str, dict]:
 
 @pytest.mark.parametrize("single", [True, False])
 @pytest.mark.parametrize("example,dtype,op", [("ring_allreduce_8", "float32", "sum"),
-                                              ("hm_allreduce_4x8", "bfloat16", "max")])
+                                              ("hm_allreduce_4x8", "bfloat16", "max"),
+                                              ("direct_alltoall_8", "float32", "sum")])
 def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, example, dtype, op,
                                                                           single):
     tool = require_tool("nvcc")
