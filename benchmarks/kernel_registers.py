@@ -1,12 +1,13 @@
 """Registers, spills and stack of one program's CUDA kernels, from ``ptxas -v`` (sm_90).
 
-    python benchmarks/kernel_registers.py [EXAMPLE ...] [--dtype float32] [--op sum] [--system]
+    python benchmarks/kernel_registers.py [EXAMPLE ...] [--dtype float32] [--op sum] [--system] [--table]
 
 For each example of ``examples/`` (default: the two ``tests/test_kernel_registers.py`` checks, ring
 AllReduce 8 and HM AllReduce 4x8, and the AllToAll programs whose kernels also run as AllToAllv:
 direct AllToAll 8, ring AllToAll 6, hierarchical AllToAll 2x4) it builds the module the runtime
 builds (every rank's kernel and the one-grid entry, one instance; ``--system``: the system-scope
-build, else the single-GPU one) and prints, per function of the call tree (one line for the
+build, else the single-GPU one; ``--table``: the table mode's generic kernels instead, which run
+every program and carry the AllToAllv path) and prints, per function of the call tree (one line for the
 copies ptxas makes per entry when they agree): its spill stores / loads in bytes, and per entry
 its registers and cumulative stack. The figures of docs/measurements.md ("The engine's registers
 under AllToAllv") are this script's. Needs ``nvcc``; a few seconds per example.
@@ -48,8 +49,9 @@ def report(text: str) -> dict[str, dict]:
     return out
 
 
-def build(example: str, dtype: str, op: str, system: bool) -> dict[str, dict]:
+def build(example: str, dtype: str, op: str, system: bool, table: bool = False) -> dict[str, dict]:
     from hccc.compiler.backend.codegen import generate
+    from hccc.compiler.backend.table_codegen import generate_table
     from hccc.compiler.pipeline import load_program
     from hccc.runtime.cuda import cuda_flags
     from hccc.runtime.gpu import translation_unit
@@ -57,7 +59,7 @@ def build(example: str, dtype: str, op: str, system: bool) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         ir = load_program(ROOT / "examples" / f"{example}.rccl")
-        generate(ir, d, platforms=["cuda"] * ir.nranks)
+        (generate_table if table else generate)(ir, d, platforms=["cuda"] * ir.nranks)
         man = json.loads((d / "manifest.json").read_text())
         src = d / "all.cu"
         src.write_text(translation_unit(man, Instance(dtype, op), list(range(ir.nranks)), "cuda"))
@@ -74,16 +76,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--op", default="sum")
     ap.add_argument("--system", action="store_true", help="the system-scope build (default: single-GPU)")
+    ap.add_argument("--table", action="store_true", help="the table mode's generic kernels")
     args = ap.parse_args(argv)
     for ex in args.examples:
-        rep = build(ex, args.dtype, args.op, args.system)
-        print(f"{ex} ({args.dtype} {args.op}, {'system' if args.system else 'single-GPU'} build)")
+        rep = build(ex, args.dtype, args.op, args.system, args.table)
+        print(f"{ex} ({args.dtype} {args.op}, {'system' if args.system else 'single-GPU'} build"
+              f"{', table kernels' if args.table else ''})")
         rows: dict[tuple, int] = defaultdict(int)
         for name, v in rep.items():
             if name == "hccc_runtime_gate":
                 continue
             if "registers" in v:
-                kind = "one-grid entry" if "_grid_" in name else "rank kernel"
+                kind = ("one-grid entry" if "_grid_" in name else
+                        "generic table kernel" if args.table else "rank kernel")
                 rows[(kind, f"{v['registers']} registers, {v['stack']} B stack, "
                             f"spills {v['spill_stores']}/{v['spill_loads']} B")] += 1
             else:
