@@ -1372,6 +1372,9 @@ def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
             WAIT_SLOT: (f"waiting for a free FIFO slot towards rank {peer}" if peer is not None
                         else "waiting for a free FIFO slot"),
             WAIT_DEP: "waiting for another thread block of its rank"}.get(e.wait, "waiting")
+    if e.wait == WAIT_COUNTS and e.chunk < 0:
+        return (f"rank {e.rank}'s kernels refused the AllToAllv counts: they are not an AllToAll "
+                "program's, and have no AllToAllv path")
     if e.wait == WAIT_COUNTS:
         N = max(1, int(ir.nranks))
         s, d = divmod(int(e.chunk), N)

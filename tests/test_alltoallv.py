@@ -6,6 +6,7 @@ from ``sdispls[s][d]``), independent of ``hccc.runtime.alltoallv``.
 """
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -80,6 +81,9 @@ PROGRAMS = {
     "ring4": lambda: gen.ring_alltoall(4),
     "hier2x2": lambda: gen.hierarchical_alltoall(2, 2),
     "ring3_k2": lambda: gen.ring_alltoall(3, chunks_per_rank=2),
+    # primitives of 10 chunks: more than a unit round's HCCC_UNIT_PIECES (8), so the kernels build
+    # the pieces of each round of each micro-batch from the counts (hccc_v_round)
+    "ring3_k10": lambda: gen.ring_alltoall(3, chunks_per_rank=10),
 }
 
 
@@ -183,6 +187,25 @@ def test_non_alltoall_is_refused():
 
 
 # ------------------------------------------------------------------------------ the kernels
+def test_only_alltoall_programs_kernels_have_the_alltoallv_path(tmp_path):
+    """An AllToAll program's rank and one-grid sources run their program as an hccc_vprogram (the
+    engine with the AllToAllv path); every other collective's as an hccc_program, whose engine is
+    compiled without it (its registers stay off every ordinary collective's kernels)."""
+    from hccc.compiler.backend.codegen import generate
+    for prog, want in ((gen.ring_alltoall(3), "hccc_vprogram"), (gen.ring_allreduce(3), "hccc_program"),
+                       (gen.ring_allgather(3), "hccc_program")):
+        ir = build_program(prog)
+        out = tmp_path / ir.collective
+        out.mkdir()
+        generate(ir, out, platforms=["cuda"] * ir.nranks)
+        for src in sorted(out.glob("*.cu")):
+            text = src.read_text()
+            if "_program()" not in text:
+                continue
+            used = set(re.findall(r"\b(hccc_v?program)\b(?:\{| \w+_program\(\))", text))
+            assert used == {want}, (src.name, used)
+
+
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_kernels_random_skewed_zero_counts(name):
@@ -350,3 +373,60 @@ def test_imported_msccl_and_c2c_programs_as_alltoallv(tmp_path):
         c = np.random.default_rng(1).integers(0, 50, (4, 4))
         sends = _inputs(c, "float32", seed=5)
         _check(r.run_v(c, inputs=sends, keep_outputs=True), sends, c)
+
+
+REFUSE_HARNESS = r"""
+#include "hccc_prims.h"
+// hccc_launch_init of a one-primitive program of 2 ranks, as an ordinary program's engine
+// (hccc_program) or an AllToAll program's (hccc_vprogram), given a counts matrix or none:
+// 1 = it would run; else 0, with the error record's wait and chunk and the abort flag.
+static hccc_rank_consts consts = {0, 2, 0, 0, 1024, 1, 1, 1, 0, 0, 0, 2};
+static hccc_pd prims[1];
+static int32_t deps[1];
+static hccc_tb_range tbs[2] = {{0, 0}, {1, 0}};
+static hccc_shared sh;
+extern "C" __attribute__((visibility("default"))) int hccc_test_init(int vprog, int counts, int* wait,
+                                                                    int* chunk, uint32_t* abort_flag) {
+  static int64_t matrix[4] = {1, 2, 3, 4};
+  static int32_t vmap[2] = {1, -1};
+  static hccc_error err;
+  err = hccc_error{};
+  *abort_flag = 0;
+  hccc_args a{};
+  a.count = 64;
+  a.abort_flag = abort_flag;
+  a.error = &err;
+  a.vcounts = counts ? matrix : nullptr;
+  a.vmap = counts ? vmap : nullptr;
+  const hccc_program p{&consts, prims, deps, tbs};
+  const bool go = vprog ? hccc_launch_init<float>(sh, &a, hccc_vprogram{p}, 0)
+                        : hccc_launch_init<float>(sh, &a, p, 0);
+  *wait = err.valid ? err.wait : -1;
+  *chunk = err.valid ? err.chunk : -2;
+  return go ? 1 : 0;
+}
+"""
+
+
+@needs_gxx
+def test_a_kernel_without_the_alltoallv_path_refuses_counts(tmp_path):
+    """Counts given to an ordinary program's kernels (compiled without the AllToAllv path) stop the
+    launch with a record the runtime describes (no entry of the matrix named), where an AllToAll
+    program's kernels take them; both run without counts."""
+    import ctypes
+    from conftest import harness_library
+    from hccc.runtime.kernel_abi import WAIT_COUNTS
+    from hccc.runtime.launcher import describe_stuck
+    lib, _ = harness_library(tmp_path, REFUSE_HARNESS, "refuse")
+    lib.hccc_test_init.restype = ctypes.c_int
+    wait, chunk, abort = ctypes.c_int(), ctypes.c_int(), ctypes.c_uint32()
+
+    def init(vprog, counts):
+        return lib.hccc_test_init(vprog, counts, ctypes.byref(wait), ctypes.byref(chunk), ctypes.byref(abort))
+
+    assert init(0, 1) == 0 and (wait.value, chunk.value, abort.value) == (WAIT_COUNTS, -1, 1)
+    assert init(1, 1) == 1 and (wait.value, abort.value) == (-1, 0)
+    assert init(0, 0) == 1 and init(1, 0) == 1 and abort.value == 0
+    from hccc.runtime.kernel_abi import ErrorRecord
+    rec = ErrorRecord(valid=1, rank=1, tb=0, seq=-1, op=-1, wait=WAIT_COUNTS, chunk=-1, task=-1)
+    assert "not an AllToAll program's" in describe_stuck(build_program(gen.ring_allreduce(2)), rec, 0.0)

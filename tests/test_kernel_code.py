@@ -387,10 +387,10 @@ def test_cuda_ll_lines_are_single_16_byte_accesses(sources):
     assert not re.search(r"\b(?:ld|st)\.local\b", text), "the engine touches the stack"
 
 
-#: the only functions the engine calls: once a block, once a primitive, on a timeout
-#: (hccc_v_chunk: AllToAllv calls only, behind the primitive's vmap test: a piece's place from the
-#: counts, once a primitive, or once a unit of a primitive over HCCC_UNIT_PIECES chunks)
-CALLEES = ("hccc_launch_init", "hccc_sprim_load", "hccc_report_stuck", "hccc_v_chunk")
+#: the only functions the engine calls: once a block, once a primitive (or, in an AllToAll
+#: program's engine, once a unit round of an AllToAllv primitive over HCCC_UNIT_PIECES chunks: its
+#: hccc_v_round is called from hccc_sprim_load), on a timeout
+CALLEES = ("hccc_launch_init", "hccc_sprim_load", "hccc_report_stuck")
 
 
 @pytest.mark.parametrize("single", [False, True])
@@ -459,7 +459,7 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tm
         assert not any(re.search(r"__cuda_sm20_(?:div|rem)", t) for t in targets), (name, targets)
     # the divisions that do exist are the per-primitive and per-block ones
     divs = [n for n, b in funcs.items() if any(re.search(r"__cuda_sm20_div", x) for x in b)]
-    assert all(any(c in n for c in ("hccc_sprim_load", "hccc_launch_init", "hccc_v_chunk")) for n in divs), divs
+    assert all(any(c in n for c in ("hccc_sprim_load", "hccc_launch_init", "hccc_v_round")) for n in divs), divs
 
 
 @pytest.mark.parametrize("single", [False, True])

@@ -71,3 +71,37 @@ def test_each_branch_of_the_first_step(walk):
     for count, n, c0 in ((1 << 20, 8, 5), (1000003, 7, 3), (2**40 + 12345, 4999, 2**20 + 7)):
         assert _walk(walk, count, n, c0, 2) == [(_exact(count, n, c), _exact(count, n, c + 1) - _exact(count, n, c))
                                                for c in (c0, c0 + 1)]
+
+
+VDIV_HARNESS = r"""
+#include "hccc_prims.h"
+// floor(x / K) as AllToAllv's piece bounds take it (hccc_v_div, through the double reciprocal of K
+// hccc_launch_init keeps), for n values.
+extern "C" __attribute__((visibility("default"))) void hccc_test_vdiv(const uint64_t* x, uint32_t K, int n,
+                                                                     uint64_t* out) {
+  const double inv = 1.0 / (double)K;
+  for (int i = 0; i < n; ++i) out[i] = hccc_v_div(x[i], K, inv);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def vdiv(tmp_path_factory):
+    lib, _ = harness_library(tmp_path_factory.mktemp("vdiv"), VDIV_HARNESS, "vdiv")
+    lib.hccc_test_vdiv.restype = None
+    lib.hccc_test_vdiv.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(K=st.one_of(st.integers(1, 64), st.integers(1, 2**32 - 1)),
+       xs=st.lists(st.one_of(st.integers(0, 2**20), st.integers(0, 2**53), st.integers(0, 2**64 - 1)),
+                   min_size=1, max_size=8))
+def test_piece_bounds_divide_exactly_without_a_64_bit_division(vdiv, K, xs):
+    """The quotient from the reciprocal, corrected, is the exact floor for every 64-bit x (near
+    multiples of K and past 2^53, where a double no longer holds x, included)."""
+    xs = xs + [min(2**64 - 1, q * K + d) for q in (xs[0] // K, 2**40 + 3) for d in (-1, 0, 1) if q * K + d >= 0]
+    arr = (ctypes.c_uint64 * len(xs))(*xs)
+    out = (ctypes.c_uint64 * len(xs))()
+    vdiv.hccc_test_vdiv(arr, K, len(xs), out)
+    assert list(out) == [x // K for x in xs]

@@ -7,7 +7,11 @@ on-timeout functions it calls) spills nothing, and a kernel's cumulative stack i
 STACK_BYTES: the engine's state lives in registers and shared memory, not in local memory (the v3
 kernels kept a 592-728-byte frame, which a full grid pushed out of L2: docs/measurements.md).
 Checked for ring AllReduce 8 (float32 sum) and HM AllReduce 4x8 (bfloat16 max), every rank and the
-one-grid entry, in single-GPU and system-scope builds."""
+one-grid entry, in single-GPU and system-scope builds, and for direct AllToAll 8 (float32), whose
+kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
+the engine registers either (docs/measurements.md, "The engine's registers under AllToAllv"); and
+for the table mode's generic kernels (float32 sum), which run every program and so carry that path
+too."""
 from __future__ import annotations
 
 import json
@@ -84,7 +88,8 @@ def _ptxas(tool, src: Path, inc: Path, single_gpu: bool) -> dict[str, dict]:
 
 @pytest.mark.parametrize("single", [True, False])
 @pytest.mark.parametrize("example,dtype,op", [("ring_allreduce_8", "float32", "sum"),
-                                              ("hm_allreduce_4x8", "bfloat16", "max")])
+                                              ("hm_allreduce_4x8", "bfloat16", "max"),
+                                              ("direct_alltoall_8", "float32", "sum")])
 def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, example, dtype, op,
                                                                           single):
     tool = require_tool("nvcc")
@@ -104,3 +109,23 @@ def test_rank_and_grid_kernels_keep_to_64_registers_no_spill_little_stack(tmp_pa
     for name, v in rep.items():
         assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
     assert any("hccc_run" in n for n in rep), sorted(rep)
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_table_kernels_keep_to_64_registers_no_spill_little_stack(tmp_path, single):
+    tool = require_tool("nvcc")
+    from hccc.compiler.backend.table_codegen import generate_table
+    ir = load_program(ROOT / "examples" / "direct_alltoall_8.rccl")
+    generate_table(ir, tmp_path, platforms=["cuda"] * ir.nranks)
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    src = tmp_path / "all.cu"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), list(range(ir.nranks)), "cuda"))
+    rep = _ptxas(tool, src, tmp_path, single)
+    entries = {k: v for k, v in rep.items() if "registers" in v and k != "hccc_runtime_gate"}
+    assert set(entries) == {"hccc_table_float32_sum", "hccc_table_grid_float32_sum"}, sorted(entries)
+    for name, v in entries.items():
+        assert v["registers"] <= BUDGET, (name, v)
+        assert v["cumulative_stack"] <= STACK_BYTES, (name, v)
+    for name, v in rep.items():
+        assert v["spill_stores"] == 0 and v["spill_loads"] == 0, (name, v)
+    assert any("hccc_v_round" in n for n in rep), sorted(rep)

@@ -86,6 +86,14 @@ def replicated_conns(conns, nch: int, stride: int) -> list[tuple[int, int]]:
     return [(int(p), int(ch) + c * stride) for c in range(max(1, nch)) for p, ch in conns]
 
 
+def program_type(collective: str) -> str:
+    """The C++ type of a rank's program in its source: ``hccc_vprogram`` for a blockwise collective
+    (AllToAll: its kernels also run as AllToAllv, so its engine has that path), ``hccc_program``
+    for every other (its engine is compiled without the AllToAllv path, and refuses counts)."""
+    from hccc.compiler.frontend.collectives import spec_of
+    return "hccc_vprogram" if spec_of(collective).blockwise else "hccc_program"
+
+
 def threads_per_tb(nwarps: int, platform: str) -> int:
     """Threads per TB: nwarps * warp size, capped at 1024 (and at least one warp)."""
     return max(WARP_SIZE[platform], min(1024, int(nwarps) * WARP_SIZE[platform]))
@@ -442,7 +450,8 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     rank_at = np.searchsorted(prank, np.arange(ir.nranks + 1))
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
-    common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks)
+    common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
+                  program_type=program_type(ir.collective))
     rank_tpl = env.get_template("common/rank.j2")
     rank_entries = []
     sources: dict[str, list[str]] = {pl: [] for pl in present}
