@@ -590,6 +590,46 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     assert res.ok
 
 
+@pytest.mark.slow   # 8 s: the engine, headers and two programs built from an empty cache
+def test_a_programs_units_take_the_engine_from_the_shared_engine_object(tmp_path, monkeypatch):
+    """The engine is compiled once per flags and instance (one ``cpu_engine`` entry for an
+    AllReduce and an AllToAll program: it holds both program types' engines) and a program's units
+    only declare it: a unit compiled as the build compiles it leaves ``hccc_run`` undefined (nm),
+    where the same unit without the declaration defines it; the modules compute right."""
+    import json
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.frontend import generators as gen
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
+    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
+    pf = CpuPlatform(opt="-O0")
+    inst = Instance("float32", "sum")
+    out, irs = None, (ring_allreduce(2), build_program(gen.direct_alltoall(2), chunk_bytes=64))
+    for name, ir in zip(("ar", "a2a"), irs):
+        d = tmp_path / name
+        d.mkdir()
+        generate(ir, d, platforms=["cuda"] * ir.nranks)
+        man = json.loads((d / "manifest.json").read_text())
+        pf.build(d, man, inst)
+        out = out or (d, man)
+    assert len(list((tmp_path / "cache" / "cpu_engine").iterdir())) == 1
+    for ir in irs:
+        res = run_program(ir, backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
+        assert res.ok, ir.name
+    d, man = out
+    flags = [*cpu_module._CXX_FLAGS, "-O0", cpu_module.instance_define(inst), "-include", "hccc_prims.h", "-I", str(d)]
+
+    def engine_symbols(text):
+        unit = tmp_path / "unit.cpp"
+        unit.write_text(text + f'#include "{man["ranks"][0]["source"]}"\n')
+        subprocess.run(["g++", *flags, "-c", str(unit), "-o", str(tmp_path / "unit.o")], check=True,
+                       cwd=str(tmp_path))
+        nm = subprocess.run(["nm", str(tmp_path / "unit.o")], capture_output=True, text=True).stdout
+        return {line.split()[-2] for line in nm.splitlines() if "hccc_run" in line}
+    assert engine_symbols(cpu_module.ENGINE_EXTERN) == {"U"}
+    assert engine_symbols("") - {"U"}
+
+
 @pytest.mark.slow   # g++ builds per rank from an empty cache
 def test_a_process_builds_only_its_ranks_and_caches_per_rank(pf, tmp_path, monkeypatch):
     """A process that runs some ranks (one rank per process: ``hccc.Communicator``) compiles only
