@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,16 +14,11 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan
-from test_mscclpp_import import (HAND, NOP, plan_direct_allgather, plan_read_reduce_allreduce,
-                                 plan_semaphore_reducescatter, _sig)
 from hccc.util.diagnostics import CompileError
-from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
 from hccc.compiler.interop.mscclpp_import import import_plan_text
-from hccc.compiler.passes.build import build_program
-from hccc.compiler.passes.verify import verify
-from hccc.compiler.pipeline import load_algorithm
-
-EX = Path(__file__).resolve().parent.parent / "examples"
+from mscclpp_plans import (HAND, NOP, corpus, plan_direct_allgather, plan_forwarded_packets_allgather,
+                           plan_packet_allgather, plan_read_reduce_allreduce, plan_semaphore_reducescatter,
+                           sync_op)
 
 
 def _refused(plan):
@@ -71,7 +64,7 @@ def test_a_cycle_of_waits_is_a_deadlock_even_when_the_counts_match():
 
 def test_an_extra_signal_is_refused_it_would_satisfy_the_next_call_early():
     plan = plan_read_reduce_allreduce()
-    _ops(plan, 0).append(_sig("signal", [0]))
+    _ops(plan, 0).append(sync_op("signal", [0]))
     msg, line = _refused(plan)
     assert "next call early" in msg and '"signal"' in line
     with pytest.raises(InterpError, match="later call"):  # the interpreter agrees
@@ -189,31 +182,14 @@ def test_thread_blocks_without_their_tables_get_a_located_error():
 
 
 def _packet_plan():
-    from test_mscclpp_import import plan_packet_allgather
     return plan_packet_allgather()
 
 
 def _forward_plan():
-    from test_mscclpp_import import plan_forwarded_packets_allgather
     return plan_forwarded_packets_allgather()
 
 
 # ------------------------------------------------------------------ item: fuzz against the interpreter
-@lru_cache(maxsize=None)
-def _corpus() -> tuple[str, ...]:
-    """Real plans as text: the hand-written ones (the DSL's styles) and small exported ones."""
-    from test_mscclpp_tbg import grouped_copy_allgather, grouped_puts_allgather
-    out = [json.dumps(make()) for make in HAND + [grouped_copy_allgather, grouped_puts_allgather]]
-    for name, kw in (("ring_allreduce_8", {}), ("hm_allgather_2x4", {}), ("ring_allgather_8", dict(protocol="LL")),
-                     ("ring_reducescatter_8", dict(instances=2))):
-        a = load_algorithm(EX / f"{name}.rccl")
-        verify(a)
-        ir = build_program(a)
-        nodes = None if kw.get("protocol") == "LL" else node_map(ir.nranks, a.header.gpu_per_node)
-        out.append(plan_text(export_plan(ir, nodes=nodes, **kw)))
-    return tuple(out)
-
-
 MUTATIONS = ("drop", "duplicate", "swap", "semaphore", "channel", "drop_kind", "group")
 
 
@@ -269,8 +245,8 @@ def _mutate(plan, data) -> str:
 @settings(max_examples=examples(60))
 @given(data=st.data())
 def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
-    corpus = _corpus()
-    plan = json.loads(corpus[data.draw(st.integers(0, len(corpus) - 1))])
+    texts = corpus()
+    plan = json.loads(texts[data.draw(st.integers(0, len(texts) - 1))])
     what = _mutate(plan, data)
     try:
         import_plan_text(json.dumps(plan), "mutant.json")
