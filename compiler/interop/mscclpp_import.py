@@ -39,6 +39,7 @@ import numpy as np
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
+from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
 from hccc.compiler.interop.mscclpp_sync import check_counts, check_next_call, check_races
@@ -403,8 +404,10 @@ class _Importer:
                 raise rd.err(p + ("name",), f"invalid operation type '{name}'")
             if name in _UNSUPPORTED:
                 raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
-            check_operation(op, p, rd.err, len(self.sem_init[r]))
-            return name
+            if name == "pipeline":
+                check_operation(op, p, rd.err, len(self.sem_init[r]))
+                return name
+            return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
 
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
@@ -419,28 +422,28 @@ class _Importer:
                 ops = []
                 for k, op in enumerate(rd.get(tb, "ops", base, list)):
                     p = base + ("ops", k)
-                    name = operation(op, p)
-                    if name == "pipeline":
-                        inner = op["ops"]
-                        for j, o in enumerate(inner):
-                            if operation(o, p + ("ops", j)) == "pipeline":
+                    parsed = operation(op, p)
+                    if parsed == "pipeline":
+                        inner = []
+                        for j, o in enumerate(op["ops"]):
+                            inner.append(operation(o, p + ("ops", j)))
+                            if inner[-1] == "pipeline":
                                 raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
-                        sizes = {ref.get("size") for o in inner for s in ("src_buff", "dst_buff")
-                                 for ref in o.get(s, [])}
+                        sizes = {ref.size for o in inner for ref in (o.src or ()) + (o.dst or ())}
                         if len(sizes) > 1:
                             raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
                                             "would cut different elements in different operations")
                         ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
                     else:
-                        ops.append((p, op))
+                        ops.append((p, parsed))
                 resolved = []
                 for p, op in ops:
-                    name = op["name"]
-                    t = op.get("channel_type", "memory")
+                    name = op.name
+                    t = op.channel_type or "memory"
                     if t == "switch":
                         raise rd.err(p, "switch (NVLS) channels are not modelled")
                     ids = []
-                    for c in op.get("channel_ids", []):
+                    for c in op.channel_ids or ():
                         if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
                             raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
                         g_c = tch[t][c]
@@ -451,13 +454,13 @@ class _Importer:
                             users = self.owner.setdefault((r, t, g_c, name in ("wait", "rlxwait")), [])
                             if ti not in (u for u, _ in users):
                                 users.append((ti, p))
-                    resolved.append((p, dict(op, _ids=ids, _t=t, _rb=trb)))
+                    resolved.append((p, BlockOp(op, p, t, tuple(ids), trb)))
                 self.tbs.append((r, ti, resolved))
-                if resolved and resolved[0][1]["name"] == "sem_acquire":
-                    for sid in resolved[0][1].get("semaphore_ids", []):
+                if resolved and resolved[0][1].name == "sem_acquire":
+                    for sid in resolved[0][1].semaphore_ids:
                         self.chain_in[(r, sid)] = ti
-                if resolved and resolved[-1][1]["name"] == "sem_release":
-                    self.chain_out[(r, ti)] = resolved[-1][1].get("semaphore_ids", [])
+                if resolved and resolved[-1][1].name == "sem_release":
+                    self.chain_out[(r, ti)] = resolved[-1][1].semaphore_ids
         # a channel end used by several thread blocks: they must run one after the other (each
         # starting on a semaphore the one before releases as its last operation), in id order
         for (r, t, c, waits), users in self.owner.items():
@@ -475,19 +478,15 @@ class _Importer:
     def _ref(self, op, ref, path, r):
         """(rank, Buf, chunk, count) of a buffer reference (a remote one through the op's channel type)."""
         rd = self.rd
-        if not isinstance(ref, dict) or "index" not in ref or "size" not in ref:
-            raise rd.err(path, "a buffer reference needs 'index' and 'size'")
-        idx, n = ref["index"], ref["size"]
-        if not isinstance(idx, int) or not isinstance(n, int) or idx < 0 or n < 1:
-            raise rd.err(path, "index and size must be integers (size at least 1)")
-        if "buffer_id" in ref:
-            ids = op["_rb"].get(op["_t"], [])
-            b = ref["buffer_id"]
-            if not isinstance(b, int) or not 0 <= b < len(ids) or not 0 <= ids[b] < len(self.rbufs[r]):
+        idx, n = ref.index, ref.size        # integers, size at least 1 (checked as the operation was read)
+        if ref.buffer_id is not None:
+            ids = op.rbufs.get(op.t, [])
+            b = ref.buffer_id
+            if not 0 <= b < len(ids) or not 0 <= ids[b] < len(self.rbufs[r]):
                 raise rd.err(path + ("buffer_id",), "remote buffer id beyond the thread block's remote buffers")
             owner, letter = self.rbufs[r][ids[b]]
         else:
-            owner, letter = r, ref.get("type")
+            owner, letter = r, ref.type
             if letter not in BUF_OF_LETTER:
                 raise rd.err(path, f"bad buffer type {letter!r}")
         buf = BUF_OF_LETTER[letter]
@@ -495,12 +494,12 @@ class _Importer:
         if idx + n > limit:
             raise rd.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
         F = self.F
-        group = op.get("tbg_info")
-        if group and group["tbg_size"] > 1:
+        group = op.tbg
+        if group and group[1] > 1:
             # the executor cuts the operation's range into tbg_size equal parts (at sizes that are a
             # multiple of the alignment x chunks x F) and this block moves part tb_id
-            part = n * F // group["tbg_size"]
-            return owner, buf, idx * F + group["tb_id"] * part, part
+            part = n * F // group[1]
+            return owner, buf, idx * F + group[0] * part, part
         return owner, buf, idx * F, n * F
 
     def _build(self, plan) -> ProgramIR:
@@ -537,18 +536,18 @@ class _Importer:
 
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op["name"]
-                t, ids = op["_t"], op["_ids"]
+                name = op.name
+                t, ids = op.t, op.ids
                 if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
-                    dsts = op.get("dst_buff", [])
-                    srcs = op.get("src_buff", [])
+                    dsts = op.dst
+                    srcs = op.src
                     first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
                     for j, ref in enumerate(dsts[first_remote:], start=first_remote):
-                        if "buffer_id" not in ref:
+                        if ref.buffer_id is None:
                             raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
                         peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
                         port_pkt = name == "ppkt" and t == "port"
-                        if port_pkt and (not srcs or srcs[0].get("type") != "s"):
+                        if port_pkt and (not srcs or srcs[0].type != "s"):
                             raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
                                             "only packets of the rank's scratch are modelled")
                         if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
@@ -587,8 +586,8 @@ class _Importer:
                         if t == "memory":
                             mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, groups[(r, t, c)][-1]))
                 if name == "barrier":
-                    bkey = (op["barrier_id"], bar_uses[(r, ti, op["barrier_id"])])
-                    bar_uses[(r, ti, op["barrier_id"])] += 1
+                    bkey = (op.barrier_id, bar_uses[(r, ti, op.barrier_id)])
+                    bar_uses[(r, ti, op.barrier_id)] += 1
                     bar_pass[(r, ti)].append((pos, bkey))
                     bar_members[(r,) + bkey].append(ti)
                 if name in ("wait", "rlxwait"):
@@ -598,7 +597,7 @@ class _Importer:
                         last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
                         emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
                 if name in _PACKET_READS or (name == "ppkt" and t == "port"):
-                    srcs = op.get("src_buff", [])
+                    srcs = op.src
                     name = "rppkt" if name == "ppkt" else name
                     for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
                                                                                                 else len(srcs)))):
@@ -607,15 +606,15 @@ class _Importer:
                         self.pk_readers[r].append((idx, idx + n))
                 if name in ("cpkt", "recpkt", "recspkt"):
                     k = 0 if name == "cpkt" else 1
-                    _, _, idx, n = self._ref(op, op["dst_buff"][k], p + ("dst_buff", k), r)
+                    _, _, idx, n = self._ref(op, op.dst[k], p + ("dst_buff", k), r)
                     w = {"rank": r, "local": True, "path": p, "tb": ti}
                     local_pk[r].append((idx, n, w))
                     self.local_pk_by[(r, ti, pos)] = w
                 if name in ("get", "rre", "rres"):
-                    srcs = op.get("src_buff", [])
+                    srcs = op.src
                     first = 0 if name == "get" else 1
                     for j, ref in enumerate(srcs[first:], start=first):
-                        if "buffer_id" not in ref:
+                        if ref.buffer_id is None:
                             raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
                         peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
                         w = last_wait.get((r, ti, peer))
@@ -717,7 +716,7 @@ class _Importer:
 
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op["name"]
+                name = op.name
                 desc = f"rank {r} thread block {ti} operation {pos} ({name})"
                 first_row = len(rows)
                 # receives announced by a wait
@@ -738,9 +737,9 @@ class _Importer:
                                 add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
                                     db=b, do=i, n=n)
                 # sends reading a peer's announced data at its signal
-                if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op["_t"] == "port"):
-                    for c in op["_ids"]:
-                        t = op["_t"]
+                if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+                    for c in op.ids:
+                        t = op.t
                         k = nsig2[(r, t, c)]
                         nsig2[(r, t, c)] += 1
                         for rr in sig_reads.get((r, t, c, k), []):
@@ -756,17 +755,17 @@ class _Importer:
                 # the order operations carry: a NOP stands where a semaphore or barrier is passed
                 if name == "sem_acquire":
                     at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.get("semaphore_ids", []):
+                    for s in op.semaphore_ids:
                         sem_acq[(r, s)].append((ti, at, p))
                 if name == "sem_release":
                     at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.get("semaphore_ids", []):
+                    for s in op.semaphore_ids:
                         sem_rel[(r, s)].append((ti, at, p))
                 if name == "barrier":
                     arrive = add(r, ti, Op.NOP, p, desc)
                     depart = add(r, ti, Op.NOP, p, desc)
                     # the k-th pass of a block through barrier b meets the k-th of the others
-                    bkey = (r, op.get("barrier_id", 0))
+                    bkey = (r, op.barrier_id)
                     k = barrier_uses[(bkey, ti)]
                     barrier_uses[(bkey, ti)] += 1
                     barriers[bkey + (k,)].append((ti, arrive, depart, p))
@@ -875,15 +874,15 @@ class _Importer:
     def _local(self, r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no):
         """Local data operations, remote reads and packet reads of one operation."""
         rd = self.rd
-        name = op["name"]
+        name = op.name
         if name in ("copy",):
-            s = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            s = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
             return
         if name in ("re", "res"):
-            srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op["src_buff"])]
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op.src)]
+            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             if any(s[0] != r for s in srcs):
                 raise rd.err(p, f"'{name}' reduces local buffers only")
             self._reduce_local(r, ti, p, desc, add, srcs, d)
@@ -892,12 +891,12 @@ class _Importer:
             mine = reads.get((r, ti, pos), [])
             if name == "get":
                 for x in mine:
-                    d = self._ref(op, op["dst_buff"][x["j"]], p + ("dst_buff", x["j"]), r)
+                    d = self._ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
                     add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
                         db=d[1], do=d[2], n=d[3])
                 return
-            s0 = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            s0 = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             acc = s0
             for x in mine:
                 add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
@@ -905,18 +904,18 @@ class _Importer:
                 acc = d
             return
         if name == "cpkt":
-            sr = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            q = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            sr = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+            q = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2], db=Buf.SCRATCH,
                                                         do=self.PK + q[2], n=sr[3])
             return
-        if name == "ppkt" and op["_t"] == "port":
+        if name == "ppkt" and op.t == "port":
             name = "rppkt"            # packets of its own scratch, put as they are
         if name in _PACKET_READS:
-            srcs = op.get("src_buff", [])
+            srcs = op.src
             first_pk = _PACKET_READS[name]
             last = first_pk + 1 if name == "rppkt" else len(srcs)
-            d = None if name == "rppkt" else self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            d = None if name == "rppkt" else self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
             for j in range(first_pk, last):
                 q = self._ref(op, srcs[j], p + ("src_buff", j), r)
@@ -973,7 +972,7 @@ class _Importer:
                 if d is not None and acc is not None:
                     acc = d
             if name in ("recpkt", "recspkt"):
-                q = self._ref(op, op["dst_buff"][1], p + ("dst_buff", 1), r)
+                q = self._ref(op, op.dst[1], p + ("dst_buff", 1), r)
                 self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
                                                             db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
             return
