@@ -503,129 +503,166 @@ class _Importer:
         return owner, buf, idx * F, n * F
 
     def _build(self, plan) -> ProgramIR:
-        rd = self.rd
-        R = self.R
-        rows: list[list] = []           # rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, cnt
-        where: list[str] = []
-        paths: list[tuple] = []
-        # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
-        pending = defaultdict(list)
-        mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
-        bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
-        bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
-        bar_uses = defaultdict(int)
-        groups = defaultdict(list)
-        # reads attached to signals: (rank, type, channel, k) -> [(reader rank, path, region)]
-        nsig = defaultdict(int)
-        nwait = defaultdict(int)
-        # pass A: sends (puts and packets), signal groups; waits counted
-        emit_at: dict[tuple, list] = defaultdict(list)     # (rank, tb, op position) -> rows to emit there
-        packet_writes = defaultdict(list)                  # receiver -> [(lo, n, send)]
-        packet_reads = defaultdict(set)                    # reader -> boundaries of the packet regions it reads
-        local_pk = defaultdict(list)                       # rank -> packets it writes into its own scratch
-        self.pk_readers = defaultdict(list)
-        self.local_pk_by = {}                              # (rank, tb, op) -> its local packet write
-        self.pk_deps = []                                  # (reader row, packet write): flags order them
-        reads = []                                         # remote reads: (rank, tb, pos, peer, wait key, region)
-        last_wait = {}
-        msg_id = [0]
-
-        def new_msg():
-            msg_id[0] += 1
-            return msg_id[0]
-
+        """The plan's primitives, in two passes over every thread block's operations: first where
+        data goes (sends, signal groups, waits, packet regions, remote reads), then the rows in each
+        block's order with the dependencies semaphores, barriers and packet flags carry."""
+        self._start_build()
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op.name
-                t, ids = op.t, op.ids
-                if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
-                    dsts = op.dst
-                    srcs = op.src
-                    first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
-                    for j, ref in enumerate(dsts[first_remote:], start=first_remote):
-                        if ref.buffer_id is None:
-                            raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
-                        peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
-                        port_pkt = name == "ppkt" and t == "port"
-                        if port_pkt and (not srcs or srcs[0].type != "s"):
-                            raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
-                                            "only packets of the rank's scratch are modelled")
-                        if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
-                            _, _, qi, qn = self._ref(op, srcs[0], p + ("src_buff", 0), r)
-                            sb, so, sn = Buf.SCRATCH, self.PK + qi, qn
-                            if sn != n:
-                                raise rd.err(p, "source and destination sizes differ")
-                        elif name in ("put", "pws", "pwsf", "ppkt"):
-                            s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
-                            if s is None:
-                                raise rd.err(p, f"'{name}' without a source")
-                            _, sb, so, sn = self._ref(op, s, p + ("src_buff", min(j, len(srcs) - 1)), r)
-                            if sn != n:
-                                raise rd.err(p, "source and destination sizes differ")
-                        else:
-                            _, sb, so, sn = self._ref(op, dsts[0], p + ("dst_buff", 0), r)
-                        c = self._channel_to(r, t, ids, j - first_remote, peer, p, ti)
-                        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
-                                "dst": (buf, idx, n), "path": p}
-                        emit_at[(r, ti, pos)].append(("send", send))
-                        if name in ("ppkt", "respkt", "recspkt", "rppkt"):
-                            if t != "memory" and name not in ("rppkt", "ppkt"):
-                                raise rd.err(p, f"'{name}' over a port channel is not modelled")
-                            packet_writes[peer].append((idx, n, send))
-                        else:
-                            # a memory put is announced by the block's next signal to that peer (the
-                            # signal's fence publishes every earlier write of the block); a port put
-                            # by the next signal on its own channel (the proxy keeps one order per channel)
-                            pending[(r, ti, peer) if t == "memory" else (r, ti, peer, c)].append(send)
-                    if name in ("pws", "pwsf") and t == "port":
-                        for c in ids:
-                            self._signal(r, t, c, pending, groups, nsig, ti)
-                if name in ("signal", "rlxsignal"):
-                    for c in ids:
-                        self._signal(r, t, c, pending, groups, nsig, ti)
-                        if t == "memory":
-                            mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, groups[(r, t, c)][-1]))
-                if name == "barrier":
-                    bkey = (op.barrier_id, bar_uses[(r, ti, op.barrier_id)])
-                    bar_uses[(r, ti, op.barrier_id)] += 1
-                    bar_pass[(r, ti)].append((pos, bkey))
-                    bar_members[(r,) + bkey].append(ti)
-                if name in ("wait", "rlxwait"):
-                    for c in ids:
-                        k = nwait[(r, t, c)]
-                        nwait[(r, t, c)] += 1
-                        last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
-                        emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
-                if name in _PACKET_READS or (name == "ppkt" and t == "port"):
-                    srcs = op.src
-                    name = "rppkt" if name == "ppkt" else name
-                    for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
-                                                                                                else len(srcs)))):
-                        _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                        packet_reads[r].update((idx, idx + n))
-                        self.pk_readers[r].append((idx, idx + n))
-                if name in ("cpkt", "recpkt", "recspkt"):
-                    k = 0 if name == "cpkt" else 1
-                    _, _, idx, n = self._ref(op, op.dst[k], p + ("dst_buff", k), r)
-                    w = {"rank": r, "local": True, "path": p, "tb": ti}
-                    local_pk[r].append((idx, n, w))
-                    self.local_pk_by[(r, ti, pos)] = w
-                if name in ("get", "rre", "rres"):
-                    srcs = op.src
-                    first = 0 if name == "get" else 1
-                    for j, ref in enumerate(srcs[first:], start=first):
-                        if ref.buffer_id is None:
-                            raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
-                        peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
-                        w = last_wait.get((r, ti, peer))
-                        if w is None:
-                            raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
-                                            f"signal from it in this thread block")
-                        reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
-                                      "path": p, "j": j})
-        # a packet write read in parts (by several operations) is sent in those parts
-        for peer, writes in list(packet_writes.items()):
-            cuts = sorted(packet_reads.get(peer, set()))
+                self._place(r, ti, pos, p, op)
+        self._cut_packet_writes()
+        self._count_packet_readers()
+        self._announce_across_barriers(self.pending, self.mem_signals, self.bar_pass, self.bar_members)
+        for key, lst in self.pending.items():
+            if lst:
+                raise self.rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
+                                                  f"after it: the peer cannot know when the data is there")
+        self._attach_reads()
+        self._start_rows()
+        for r, ti, ops in self.tbs:
+            for pos, (p, op) in enumerate(ops):
+                self._rows_of(r, ti, pos, p, op)
+            if not self.tb_rows.get((r, ti)):
+                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
+                # its place, so the program's thread blocks stay the plan's
+                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
+                self._add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
+        self._set_put_channels()
+        self._sync_deps()
+        return self._finish(self.rows, self.deps, self.tb_rows)
+
+    def _start_build(self):
+        """The state of pass A (where data goes)."""
+        self.rows: list[list] = []      # rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, cnt
+        self.where: list[str] = []
+        self.paths: list[tuple] = []
+        # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
+        self.pending = defaultdict(list)
+        self.mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
+        self.bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
+        self.bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
+        self.bar_uses = defaultdict(int)
+        self.groups = defaultdict(list)
+        self.nsig = defaultdict(int)
+        self.nwait = defaultdict(int)
+        self.emit_at: dict[tuple, list] = defaultdict(list)  # (rank, tb, op position) -> rows to emit there
+        self.packet_writes = defaultdict(list)               # receiver -> [(lo, n, send)]
+        self.packet_reads = defaultdict(set)                 # reader -> boundaries of the packet regions it reads
+        self.local_pk = defaultdict(list)                    # rank -> packets it writes into its own scratch
+        self.pk_readers = defaultdict(list)
+        self.local_pk_by = {}                                # (rank, tb, op) -> its local packet write
+        self.pk_deps = []                                    # (reader row, packet write): flags order them
+        self.reads = []                                      # remote reads: (rank, tb, pos, peer, wait key, region)
+        self.last_wait = {}
+        self.chan_no: dict[tuple, int] = {}
+        self.chans_between: dict[tuple, int] = defaultdict(int)   # (sender, receiver) -> connections so far
+
+    # -- pass A: sends (puts and packets), signal groups; waits counted
+    def _place(self, r, ti, pos, p, op):
+        """Where one operation's data goes, and the synchronisation it counts."""
+        name, t, ids = op.name, op.t, op.ids
+        if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
+            first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
+            for j, ref in enumerate(op.dst[first_remote:], start=first_remote):
+                self._put(r, ti, pos, p, op, j, first_remote, ref)
+            if name in ("pws", "pwsf") and t == "port":
+                for c in ids:
+                    self._signal(r, t, c, self.pending, self.groups, self.nsig, ti)
+        if name in ("signal", "rlxsignal"):
+            for c in ids:
+                self._signal(r, t, c, self.pending, self.groups, self.nsig, ti)
+                if t == "memory":
+                    self.mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, self.groups[(r, t, c)][-1]))
+        if name == "barrier":
+            bkey = (op.barrier_id, self.bar_uses[(r, ti, op.barrier_id)])
+            self.bar_uses[(r, ti, op.barrier_id)] += 1
+            self.bar_pass[(r, ti)].append((pos, bkey))
+            self.bar_members[(r,) + bkey].append(ti)
+        if name in ("wait", "rlxwait"):
+            for c in ids:
+                k = self.nwait[(r, t, c)]
+                self.nwait[(r, t, c)] += 1
+                self.last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
+                self.emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
+        self._packet_places(r, ti, pos, p, op)
+
+    def _put(self, r, ti, pos, p, op, j, first_remote, ref):
+        """The send of one remote destination ``j`` of a put or packet operation."""
+        rd, name, t, ids = self.rd, op.name, op.t, op.ids
+        dsts, srcs = op.dst, op.src
+        if ref.buffer_id is None:
+            raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
+        peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
+        port_pkt = name == "ppkt" and t == "port"
+        if port_pkt and (not srcs or srcs[0].type != "s"):
+            raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
+                            "only packets of the rank's scratch are modelled")
+        if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
+            _, _, qi, qn = self._ref(op, srcs[0], p + ("src_buff", 0), r)
+            sb, so, sn = Buf.SCRATCH, self.PK + qi, qn
+            if sn != n:
+                raise rd.err(p, "source and destination sizes differ")
+        elif name in ("put", "pws", "pwsf", "ppkt"):
+            s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
+            if s is None:
+                raise rd.err(p, f"'{name}' without a source")
+            _, sb, so, sn = self._ref(op, s, p + ("src_buff", min(j, len(srcs) - 1)), r)
+            if sn != n:
+                raise rd.err(p, "source and destination sizes differ")
+        else:
+            _, sb, so, sn = self._ref(op, dsts[0], p + ("dst_buff", 0), r)
+        c = self._channel_to(r, t, ids, j - first_remote, peer, p, ti)
+        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
+                "dst": (buf, idx, n), "path": p}
+        self.emit_at[(r, ti, pos)].append(("send", send))
+        if name in ("ppkt", "respkt", "recspkt", "rppkt"):
+            if t != "memory" and name not in ("rppkt", "ppkt"):
+                raise rd.err(p, f"'{name}' over a port channel is not modelled")
+            self.packet_writes[peer].append((idx, n, send))
+        else:
+            # a memory put is announced by the block's next signal to that peer (the
+            # signal's fence publishes every earlier write of the block); a port put
+            # by the next signal on its own channel (the proxy keeps one order per channel)
+            self.pending[(r, ti, peer) if t == "memory" else (r, ti, peer, c)].append(send)
+
+    def _packet_places(self, r, ti, pos, p, op):
+        """The packet regions an operation reads, the packets it writes into its own scratch, and
+        its reads of a peer's buffer (after the block's latest wait towards that peer)."""
+        rd, name, t = self.rd, op.name, op.t
+        if name in _PACKET_READS or (name == "ppkt" and t == "port"):
+            srcs = op.src
+            name = "rppkt" if name == "ppkt" else name
+            for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
+                                                                                        else len(srcs)))):
+                _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
+                self.packet_reads[r].update((idx, idx + n))
+                self.pk_readers[r].append((idx, idx + n))
+        if name in ("cpkt", "recpkt", "recspkt"):
+            k = 0 if name == "cpkt" else 1
+            _, _, idx, n = self._ref(op, op.dst[k], p + ("dst_buff", k), r)
+            w = {"rank": r, "local": True, "path": p, "tb": ti}
+            self.local_pk[r].append((idx, n, w))
+            self.local_pk_by[(r, ti, pos)] = w
+        if name in ("get", "rre", "rres"):
+            srcs = op.src
+            first = 0 if name == "get" else 1
+            for j, ref in enumerate(srcs[first:], start=first):
+                if ref.buffer_id is None:
+                    raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
+                peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
+                w = self.last_wait.get((r, ti, peer))
+                if w is None:
+                    raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
+                                    f"signal from it in this thread block")
+                self.reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
+                              "path": p, "j": j})
+
+    def _cut_packet_writes(self):
+        """A packet write read in parts (by several operations) is sent in those parts; packet
+        writes into one region by two operations are refused."""
+        rd = self.rd
+        for peer, writes in list(self.packet_writes.items()):
+            cuts = sorted(self.packet_reads.get(peer, set()))
             parts = []
             for lo, n, send in writes:
                 bounds = [lo] + cuts[bisect_right(cuts, lo):bisect_left(cuts, lo + n)] + [lo + n]
@@ -637,24 +674,26 @@ class _Importer:
                     piece = dict(send, so=send["so"] + (a - lo), n=b - a, dst=(send["dst"][0], a, b - a))
                     pieces.append(piece)
                     parts.append((a, b - a, piece))
-                at = emit_at[(send["rank"], send["tb"], send["pos"])]
+                at = self.emit_at[(send["rank"], send["tb"], send["pos"])]
                 k = next(i for i, e in enumerate(at) if e[1] is send)
                 at[k:k + 1] = [("send", x) for x in pieces]
-            parts += local_pk.pop(peer, [])
+            parts += self.local_pk.pop(peer, [])
             parts.sort(key=lambda x: x[0])
             for (a, n, s1), (b, _, s2) in zip(parts, parts[1:]):
                 if b < a + n:
                     raise rd.err(s2["path"], f"rank {s2['rank']} puts packets into rank {peer}'s scratch where rank "
                                              f"{s1['rank']} puts packets too: which one a read sees is not fixed")
-            packet_writes[peer] = parts
-        for peer, parts in local_pk.items():
-            packet_writes[peer] = sorted(parts, key=lambda x: x[0])
+            self.packet_writes[peer] = parts
+        for peer, parts in self.local_pk.items():
+            self.packet_writes[peer] = sorted(parts, key=lambda x: x[0])
+
+    def _count_packet_readers(self):
         # a packet region read by one operation is received into that operation's place; one read
         # by several is received into the scratch (at self.PK + index) by the first and read there
         # (parts never straddle a read's bounds, which cut them: the parts a read covers are
         # those starting inside it)
         self.pk_los = {}
-        for peer, parts in packet_writes.items():
+        for peer, parts in self.packet_writes.items():
             los = [lo for lo, _, _ in parts]
             self.pk_los[peer] = los
             for _, _, w in parts:
@@ -664,28 +703,23 @@ class _Importer:
                     lo, n, w = parts[k]
                     if lo + n <= b:
                         w["readers"] += 1
-        self._announce_across_barriers(pending, mem_signals, bar_pass, bar_members)
-        for key, lst in pending.items():
-            if lst:
-                raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
-                                             f"after it: the peer cannot know when the data is there")
-        chan_no: dict[tuple, int] = {}
-        chans_between: dict[tuple, int] = defaultdict(int)     # (sender, receiver) -> connections so far
 
-        def channel_no(key):
-            # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
-            # receiving thread blocks): a subsequence of the channel's messages, in their order
-            if key not in chan_no:
-                chan_no[key] = chans_between[key[1:3]]
-                chans_between[key[1:3]] += 1
-            return chan_no[key]
+    def _channel_no(self, key):
+        # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
+        # receiving thread blocks): a subsequence of the channel's messages, in their order
+        if key not in self.chan_no:
+            self.chan_no[key] = self.chans_between[key[1:3]]
+            self.chans_between[key[1:3]] += 1
+        return self.chan_no[key]
 
-        # the signal a read belongs to: the peer's k-th signal on the partner channel
-        sig_reads = defaultdict(list)
-        reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
-        for x in reads:
-            reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
-        for rd_ in reads:
+    def _attach_reads(self):
+        """The signal a read belongs to: the peer's k-th signal on the partner channel."""
+        rd = self.rd
+        self.sig_reads = defaultdict(list)
+        self.reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
+        for x in self.reads:
+            self.reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
+        for rd_ in self.reads:
             t, c, k = rd_["wait"]
             partner = self.pair.get((rd_["rank"], t, c))
             if partner is None:
@@ -694,98 +728,108 @@ class _Importer:
             if k >= len(sigs):
                 raise rd.err(rd_["path"], f"rank {rd_['rank']} reads rank {rd_['peer']}'s buffer after a wait "
                                           f"rank {rd_['peer']} never signals")
-            rd_["channel"] = channel_no(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
-            sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
-        # pass B: rows in every thread block's order
-        self.rows, self.where, self.paths = rows, where, paths
-        deps = []
-        sem_rel = defaultdict(list)
-        sem_acq = defaultdict(list)
-        barriers = defaultdict(list)
-        barrier_uses = defaultdict(int)
-        recv_for_send = {}
-        nsig2 = defaultdict(int)
-        tb_rows: dict[tuple, list[int]] = defaultdict(list)
+            rd_["channel"] = self._channel_no(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
+            self.sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
 
-        def add(r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1):
-            rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
-            where.append(desc)
-            paths.append(path)
-            tb_rows[(r, ti)].append(len(rows) - 1)
-            return len(rows) - 1
+    # -- pass B: rows in every thread block's order
+    def _start_rows(self):
+        self.deps = []
+        self.sem_rel = defaultdict(list)
+        self.sem_acq = defaultdict(list)
+        self.barriers = defaultdict(list)
+        self.barrier_uses = defaultdict(int)
+        self.nsig2 = defaultdict(int)
+        self.tb_rows: dict[tuple, list[int]] = defaultdict(list)
 
+    def _add(self, r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1):
+        self.rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
+        self.where.append(desc)
+        self.paths.append(path)
+        self.tb_rows[(r, ti)].append(len(self.rows) - 1)
+        return len(self.rows) - 1
+
+    def _rows_of(self, r, ti, pos, p, op):
+        """One operation's rows: receives its waits announce, sends of data peers read at its
+        signals, its local data movement, its own sends, NOPs where it passes a semaphore or barrier."""
+        name = op.name
+        desc = f"rank {r} thread block {ti} operation {pos} ({name})"
+        self._receives_at_wait(r, ti, pos, p, desc)
+        # sends reading a peer's announced data at its signal
+        if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+            for c in op.ids:
+                t = op.t
+                k = self.nsig2[(r, t, c)]
+                self.nsig2[(r, t, c)] += 1
+                for rr in self.sig_reads.get((r, t, c, k), []):
+                    b, i, n = rr["src"]
+                    rr["send_row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
+                                         sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
+        self._local(r, ti, pos, p, op, desc, self._add, self.reads_at, self.packet_writes, self._channel_no)
+        for kind, what in self.emit_at.get((r, ti, pos), []):
+            if kind == "send":
+                s = what
+                s["row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
+                               ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
+        self._sync_rows(r, ti, p, op, desc)
+
+    def _receives_at_wait(self, r, ti, pos, p, desc):
+        """Receives announced by a wait."""
+        rd = self.rd
+        for kind, what in self.emit_at.get((r, ti, pos), []):
+            if kind == "wait":
+                t, c, k = what
+                partner = self.pair.get((r, t, c))
+                if partner is None:
+                    raise rd.err(p, f"rank {r}'s {t} channel {c} has no partner channel on rank "
+                                    f"{self.chans[r][t][c]}")
+                peer = self.chans[r][t][c]
+                grp = self.groups.get((peer, t, partner[0]), [])
+                if k < len(grp):
+                    for s in grp[k]:
+                        b, i, n = s["dst"]
+                        ch = self._channel_no(s["key"] + (s["tb"], ti))
+                        s["channel"] = ch
+                        self._add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
+                            db=b, do=i, n=n)
+
+    def _sync_rows(self, r, ti, p, op, desc):
+        """The order operations carry: a NOP stands where a semaphore or barrier is passed."""
+        name = op.name
+        if name == "sem_acquire":
+            at = self._add(r, ti, Op.NOP, p, desc)
+            for s in op.semaphore_ids:
+                self.sem_acq[(r, s)].append((ti, at, p))
+        if name == "sem_release":
+            at = self._add(r, ti, Op.NOP, p, desc)
+            for s in op.semaphore_ids:
+                self.sem_rel[(r, s)].append((ti, at, p))
+        if name == "barrier":
+            arrive = self._add(r, ti, Op.NOP, p, desc)
+            depart = self._add(r, ti, Op.NOP, p, desc)
+            # the k-th pass of a block through barrier b meets the k-th of the others
+            bkey = (r, op.barrier_id)
+            k = self.barrier_uses[(bkey, ti)]
+            self.barrier_uses[(bkey, ti)] += 1
+            self.barriers[bkey + (k,)].append((ti, arrive, depart, p))
+
+    def _set_put_channels(self):
+        """Put-message channels (set when their receive was placed)."""
+        rd = self.rd
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op.name
-                desc = f"rank {r} thread block {ti} operation {pos} ({name})"
-                first_row = len(rows)
-                # receives announced by a wait
-                for kind, what in emit_at.get((r, ti, pos), []):
-                    if kind == "wait":
-                        t, c, k = what
-                        partner = self.pair.get((r, t, c))
-                        if partner is None:
-                            raise rd.err(p, f"rank {r}'s {t} channel {c} has no partner channel on rank "
-                                            f"{self.chans[r][t][c]}")
-                        peer = self.chans[r][t][c]
-                        grp = groups.get((peer, t, partner[0]), [])
-                        if k < len(grp):
-                            for s in grp[k]:
-                                b, i, n = s["dst"]
-                                ch = channel_no(s["key"] + (s["tb"], ti))
-                                s["channel"] = ch
-                                add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
-                                    db=b, do=i, n=n)
-                # sends reading a peer's announced data at its signal
-                if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
-                    for c in op.ids:
-                        t = op.t
-                        k = nsig2[(r, t, c)]
-                        nsig2[(r, t, c)] += 1
-                        for rr in sig_reads.get((r, t, c, k), []):
-                            b, i, n = rr["src"]
-                            rr["send_row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
-                                                 sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
-                self._local(r, ti, pos, p, op, desc, add, reads_at, packet_writes, channel_no)
-                for kind, what in emit_at.get((r, ti, pos), []):
-                    if kind == "send":
-                        s = what
-                        s["row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
-                                       ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
-                # the order operations carry: a NOP stands where a semaphore or barrier is passed
-                if name == "sem_acquire":
-                    at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.semaphore_ids:
-                        sem_acq[(r, s)].append((ti, at, p))
-                if name == "sem_release":
-                    at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.semaphore_ids:
-                        sem_rel[(r, s)].append((ti, at, p))
-                if name == "barrier":
-                    arrive = add(r, ti, Op.NOP, p, desc)
-                    depart = add(r, ti, Op.NOP, p, desc)
-                    # the k-th pass of a block through barrier b meets the k-th of the others
-                    bkey = (r, op.barrier_id)
-                    k = barrier_uses[(bkey, ti)]
-                    barrier_uses[(bkey, ti)] += 1
-                    barriers[bkey + (k,)].append((ti, arrive, depart, p))
-            if not tb_rows.get((r, ti)):
-                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
-                # its place, so the program's thread blocks stay the plan's
-                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
-                add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
-        # put-message channels (set when their receive was placed)
-        for r, ti, ops in self.tbs:
-            for pos, (p, op) in enumerate(ops):
-                for kind, s in emit_at.get((r, ti, pos), []):
+                for kind, s in self.emit_at.get((r, ti, pos), []):
                     if kind == "send":
                         if "channel" not in s:
                             raise rd.err(s["path"], f"rank {r} sends to rank {s['peer']}, but rank {s['peer']} "
                                                     f"never receives it (no matching wait or packet read)")
-                        rows[s["row"]][5] = s["channel"]
-        # semaphores: the k-th acquire after the k-th release; barriers: everyone before everyone
-        for key, acqs in sem_acq.items():
-            rels = sem_rel.get(key, [])
+                        self.rows[s["row"]][5] = s["channel"]
+
+    def _sync_deps(self):
+        """Semaphores: the k-th acquire after the k-th release; barriers: everyone before everyone;
+        packet reads after the packet writes whose flags they wait for."""
+        rd = self.rd
+        for key, acqs in self.sem_acq.items():
+            rels = self.sem_rel.get(key, [])
             sems = self.plan["gpus"][key[0]].get("semaphores", [])
             if key[1] >= len(sems) or not isinstance(sems[key[1]], dict):
                 raise rd.err(acqs[0][2], f"semaphore {key[1]} of rank {key[0]} is not declared")
@@ -800,17 +844,16 @@ class _Importer:
                     continue
                 if kk >= len(rels):
                     raise rd.err(p, f"semaphore {key[1]} of rank {key[0]} is acquired more often than released")
-                deps.append((at, rels[kk][1]))
-        for key, arr in barriers.items():
+                self.deps.append((at, rels[kk][1]))
+        for key, arr in self.barriers.items():
             for ti, _, depart, p in arr:
                 for tj, arrive, _, _ in arr:
                     if tj != ti:
-                        deps.append((depart, arrive))
+                        self.deps.append((depart, arrive))
         for row, w in self.pk_deps:
             if w.get("pk_row") is None:
                 raise rd.err(w["path"], "packets read before anything writes them")
-            deps.append((row, w["pk_row"]))
-        return self._finish(rows, deps, tb_rows)
+            self.deps.append((row, w["pk_row"]))
 
     def _channel_to(self, r, t, ids, j, peer, p, ti):
         """The channel an operation writing ``peer``'s buffer goes through: the one it names (which
