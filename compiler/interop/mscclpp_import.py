@@ -397,70 +397,9 @@ class _Importer:
         self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
         self.chain_in, self.chain_out = {}, {}
         self.sem_init = [semaphore_inits(g, ("gpus", r), rd.err) for r, g in enumerate(gpus)]
-
-        def operation(op, p):
-            name = rd.get(op, "name", p, str)
-            if name not in OP_NAMES:
-                raise rd.err(p + ("name",), f"invalid operation type '{name}'")
-            if name in _UNSUPPORTED:
-                raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
-            if name == "pipeline":
-                check_operation(op, p, rd.err, len(self.sem_init[r]))
-                return name
-            return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
-
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
-                base = ("gpus", r, "threadblocks", ti)
-                tid = rd.get(tb, "id", base, int)
-                if tid != ti:
-                    raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
-                check_thread_block(tb, base, rd.err)
-                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
-                self.tb_chans[(r, ti)] = tch
-                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
-                ops = []
-                for k, op in enumerate(rd.get(tb, "ops", base, list)):
-                    p = base + ("ops", k)
-                    parsed = operation(op, p)
-                    if parsed == "pipeline":
-                        inner = []
-                        for j, o in enumerate(op["ops"]):
-                            inner.append(operation(o, p + ("ops", j)))
-                            if inner[-1] == "pipeline":
-                                raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
-                        sizes = {ref.size for o in inner for ref in (o.src or ()) + (o.dst or ())}
-                        if len(sizes) > 1:
-                            raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
-                                            "would cut different elements in different operations")
-                        ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
-                    else:
-                        ops.append((p, parsed))
-                resolved = []
-                for p, op in ops:
-                    name = op.name
-                    t = op.channel_type or "memory"
-                    if t == "switch":
-                        raise rd.err(p, "switch (NVLS) channels are not modelled")
-                    ids = []
-                    for c in op.channel_ids or ():
-                        if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
-                            raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
-                        g_c = tch[t][c]
-                        if not 0 <= g_c < len(self.chans[r][t]):
-                            raise rd.err(base + ("channels",), "channel id beyond the gpu's channels")
-                        ids.append(g_c)
-                        if name in ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf"):
-                            users = self.owner.setdefault((r, t, g_c, name in ("wait", "rlxwait")), [])
-                            if ti not in (u for u, _ in users):
-                                users.append((ti, p))
-                    resolved.append((p, BlockOp(op, p, t, tuple(ids), trb)))
-                self.tbs.append((r, ti, resolved))
-                if resolved and resolved[0][1].name == "sem_acquire":
-                    for sid in resolved[0][1].semaphore_ids:
-                        self.chain_in[(r, sid)] = ti
-                if resolved and resolved[-1][1].name == "sem_release":
-                    self.chain_out[(r, ti)] = resolved[-1][1].semaphore_ids
+                self._scan_block(r, ti, tb)
         # a channel end used by several thread blocks: they must run one after the other (each
         # starting on a semaphore the one before releases as its last operation), in id order
         for (r, t, c, waits), users in self.owner.items():
@@ -473,6 +412,80 @@ class _Importer:
         order: list = []
         check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err, order)
         check_next_call(self.tbs, order, self._ref, lambda b: b == Buf.SCRATCH, self.double, rd.err)
+
+    def _operation(self, r, op, p):
+        """Operation object ``op`` at ``p`` of rank ``r`` as a :class:`PlanOp` (``"pipeline"`` for
+        a pipeline, its body read by the caller); what hccc does not model is refused."""
+        rd = self.rd
+        name = rd.get(op, "name", p, str)
+        if name not in OP_NAMES:
+            raise rd.err(p + ("name",), f"invalid operation type '{name}'")
+        if name in _UNSUPPORTED:
+            raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+        if name == "pipeline":
+            check_operation(op, p, rd.err, len(self.sem_init[r]))
+            return name
+        return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
+
+    def _block_ops(self, r, tb, base) -> list[tuple[tuple, PlanOp]]:
+        """A thread block's operations in order, with their paths; a pipeline's body in place of
+        the pipeline (it runs once over the whole ranges)."""
+        rd = self.rd
+        ops = []
+        for k, op in enumerate(rd.get(tb, "ops", base, list)):
+            p = base + ("ops", k)
+            parsed = self._operation(r, op, p)
+            if parsed != "pipeline":
+                ops.append((p, parsed))
+                continue
+            inner = []
+            for j, o in enumerate(op["ops"]):
+                inner.append(self._operation(r, o, p + ("ops", j)))
+                if inner[-1] == "pipeline":
+                    raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
+            sizes = {ref.size for o in inner for ref in (o.src or ()) + (o.dst or ())}
+            if len(sizes) > 1:
+                raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
+                                "would cut different elements in different operations")
+            ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
+        return ops
+
+    def _scan_block(self, r, ti, tb):
+        """Thread block ``ti`` of rank ``r``: its operations resolved against its channel and
+        remote-buffer tables, the channel ends it uses, the semaphores that chain it."""
+        rd = self.rd
+        base = ("gpus", r, "threadblocks", ti)
+        tid = rd.get(tb, "id", base, int)
+        if tid != ti:
+            raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
+        check_thread_block(tb, base, rd.err)
+        tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
+        self.tb_chans[(r, ti)] = tch
+        trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
+        resolved = []
+        for p, op in self._block_ops(r, tb, base):
+            t = op.channel_type or "memory"
+            if t == "switch":
+                raise rd.err(p, "switch (NVLS) channels are not modelled")
+            ids = []
+            for c in op.channel_ids or ():
+                if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
+                    raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
+                g_c = tch[t][c]
+                if not 0 <= g_c < len(self.chans[r][t]):
+                    raise rd.err(base + ("channels",), "channel id beyond the gpu's channels")
+                ids.append(g_c)
+                if op.name in ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf"):
+                    users = self.owner.setdefault((r, t, g_c, op.name in ("wait", "rlxwait")), [])
+                    if ti not in (u for u, _ in users):
+                        users.append((ti, p))
+            resolved.append((p, BlockOp(op, p, t, tuple(ids), trb)))
+        self.tbs.append((r, ti, resolved))
+        if resolved and resolved[0][1].name == "sem_acquire":
+            for sid in resolved[0][1].semaphore_ids:
+                self.chain_in[(r, sid)] = ti
+        if resolved and resolved[-1][1].name == "sem_release":
+            self.chain_out[(r, ti)] = resolved[-1][1].semaphore_ids
 
     # -- pass 2: primitives
     def _ref(self, op, ref, path, r):
@@ -764,7 +777,7 @@ class _Importer:
                     b, i, n = rr["src"]
                     rr["send_row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
                                          sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
-        self._local(r, ti, pos, p, op, desc, self._add, self.reads_at, self.packet_writes, self._channel_no)
+        self._local(r, ti, pos, p, op, desc)
         for kind, what in self.emit_at.get((r, ti, pos), []):
             if kind == "send":
                 s = what
@@ -914,113 +927,130 @@ class _Importer:
         nsig[(r, t, c)] += 1
         self.sig_tb[(r, t, c)].append(ti)
 
-    def _local(self, r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no):
+    def _local(self, r, ti, pos, p, op, desc):
         """Local data operations, remote reads and packet reads of one operation."""
         rd = self.rd
         name = op.name
         if name in ("copy",):
             s = self._ref(op, op.src[0], p + ("src_buff", 0), r)
             d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
-            add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
+            self._add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
             return
         if name in ("re", "res"):
             srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op.src)]
             d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             if any(s[0] != r for s in srcs):
                 raise rd.err(p, f"'{name}' reduces local buffers only")
-            self._reduce_local(r, ti, p, desc, add, srcs, d)
+            self._reduce_local(r, ti, p, desc, srcs, d)
             return
         if name in ("get", "rre", "rres"):
-            mine = reads.get((r, ti, pos), [])
-            if name == "get":
-                for x in mine:
-                    d = self._ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
-                    add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
-                        db=d[1], do=d[2], n=d[3])
-                return
-            s0 = self._ref(op, op.src[0], p + ("src_buff", 0), r)
-            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
-            acc = s0
-            for x in mine:
-                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
-                    ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
-                acc = d
+            self._remote_reads(r, ti, pos, p, op, desc)
             return
         if name == "cpkt":
             sr = self._ref(op, op.src[0], p + ("src_buff", 0), r)
             q = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
-            self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2], db=Buf.SCRATCH,
-                                                        do=self.PK + q[2], n=sr[3])
+            self.local_pk_by[(r, ti, pos)]["pk_row"] = self._add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2],
+                                                                 db=Buf.SCRATCH, do=self.PK + q[2], n=sr[3])
             return
         if name == "ppkt" and op.t == "port":
             name = "rppkt"            # packets of its own scratch, put as they are
         if name in _PACKET_READS:
-            srcs = op.src
-            first_pk = _PACKET_READS[name]
-            last = first_pk + 1 if name == "rppkt" else len(srcs)
-            d = None if name == "rppkt" else self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
-            acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
-            for j in range(first_pk, last):
-                q = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                lst, los = packet_writes.get(r, []), self.pk_los.get(r, [])
-                end = q[2] + q[3]
-                pieces = []
-                # the writes are disjoint and sorted: only the one before the first that starts
-                # inside the read may reach into it
-                for lo, n, s in lst[max(bisect_left(los, q[2]) - 1, 0):bisect_left(los, end)]:
-                    if lo + n <= q[2]:
-                        continue
-                    if lo >= q[2] and lo + n <= end:
-                        pieces.append((lo, n, s))
-                    elif s.get("local"):
-                        # part of packets this rank wrote itself (a thread-block group's share of
-                        # them): each packet's own flag makes the read wait for it
-                        a, b = max(lo, q[2]), min(lo + n, end)
-                        pieces.append((a, b - a, s))
-                cover = q[2]
-                for lo, n, s in pieces:
-                    if lo != cover:
-                        break
-                    cover += n
-                if cover != q[2] + q[3]:
-                    raise rd.err(p + ("src_buff", j), f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
-                                                      f"not exactly the regions packets are written into")
-                for lo, n, s in pieces:
-                    off = lo - q[2]
-                    slot = self.PK + lo
-                    if not s.get("local") and not s.get("received"):
-                        s["channel"] = channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
-                        s["received"] = True
-                        if d is not None and s.get("readers", 1) == 1:
-                            if acc is None:
-                                add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                    ch=s["channel"], db=d[1], do=d[2] + off, n=n)
-                            else:
-                                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                    ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
-                            continue
-                        s["pk_row"] = add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                       ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
-                        s["tb_in"] = ti
-                    elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
-                        # packets another block wrote here: their flags make this read wait for them
-                        self.pk_deps.append((add(r, ti, Op.NOP, p, desc), s))
-                    if d is None:
-                        continue            # rppkt: its sends read the slot
-                    if acc is None:
-                        add(r, ti, Op.COPY, p, desc, sb=Buf.SCRATCH, so=slot, db=d[1], do=d[2] + off, n=n)
-                    else:
-                        self._reduce_local(r, ti, p, desc, add, [(r, acc[1], acc[2] + off, n), (r, Buf.SCRATCH, slot, n)],
-                                           (r, d[1], d[2] + off, n))
-                if d is not None and acc is not None:
-                    acc = d
-            if name in ("recpkt", "recspkt"):
-                q = self._ref(op, op.dst[1], p + ("dst_buff", 1), r)
-                self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
-                                                            db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
-            return
+            self._packet_reads(r, ti, pos, p, op, desc, name)
 
-    def _reduce_local(self, r, ti, p, desc, add, srcs, d):
+    def _remote_reads(self, r, ti, pos, p, op, desc):
+        """``get`` receives what it reads; ``rre``/``rres`` reduce each peer's region into place."""
+        mine = self.reads_at.get((r, ti, pos), [])
+        if op.name == "get":
+            for x in mine:
+                d = self._ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
+                self._add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
+                          db=d[1], do=d[2], n=d[3])
+            return
+        s0 = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+        d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+        acc = s0
+        for x in mine:
+            self._add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
+                      ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
+            acc = d
+
+    def _packet_reads(self, r, ti, pos, p, op, desc, name):
+        """An operation reading packets of its own scratch (``name``: ``rppkt`` for a port ppkt):
+        each source region in the pieces packets were written in, received, copied or reduced."""
+        srcs = op.src
+        first_pk = _PACKET_READS[name]
+        last = first_pk + 1 if name == "rppkt" else len(srcs)
+        d = None if name == "rppkt" else self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+        acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
+        for j in range(first_pk, last):
+            q = self._ref(op, srcs[j], p + ("src_buff", j), r)
+            for lo, n, s in self._packet_pieces(r, q, p + ("src_buff", j)):
+                self._read_piece(r, ti, p, desc, lo - q[2], self.PK + lo, n, s, d, acc)
+            if d is not None and acc is not None:
+                acc = d
+        if name in ("recpkt", "recspkt"):
+            q = self._ref(op, op.dst[1], p + ("dst_buff", 1), r)
+            self.local_pk_by[(r, ti, pos)]["pk_row"] = self._add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
+                                                                 db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
+
+    def _packet_pieces(self, r, q, path):
+        """The packet writes that make up region ``q`` of rank ``r``'s packet scratch, in order;
+        a region that is not exactly such writes is refused at ``path``."""
+        lst, los = self.packet_writes.get(r, []), self.pk_los.get(r, [])
+        end = q[2] + q[3]
+        pieces = []
+        # the writes are disjoint and sorted: only the one before the first that starts
+        # inside the read may reach into it
+        for lo, n, s in lst[max(bisect_left(los, q[2]) - 1, 0):bisect_left(los, end)]:
+            if lo + n <= q[2]:
+                continue
+            if lo >= q[2] and lo + n <= end:
+                pieces.append((lo, n, s))
+            elif s.get("local"):
+                # part of packets this rank wrote itself (a thread-block group's share of
+                # them): each packet's own flag makes the read wait for it
+                a, b = max(lo, q[2]), min(lo + n, end)
+                pieces.append((a, b - a, s))
+        cover = q[2]
+        for lo, n, s in pieces:
+            if lo != cover:
+                break
+            cover += n
+        if cover != q[2] + q[3]:
+            raise self.rd.err(path, f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
+                                    f"not exactly the regions packets are written into")
+        return pieces
+
+    def _read_piece(self, r, ti, p, desc, off, slot, n, s, d, acc):
+        """One packet write ``s`` read at offset ``off`` of the read (its packets in scratch
+        ``slot``): received where first read (into its place when one operation reads it), waited
+        for where another block wrote it, then copied or reduced into ``d`` (with ``acc``)."""
+        if not s.get("local") and not s.get("received"):
+            s["channel"] = self._channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
+            s["received"] = True
+            if d is not None and s.get("readers", 1) == 1:
+                if acc is None:
+                    self._add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                              ch=s["channel"], db=d[1], do=d[2] + off, n=n)
+                else:
+                    self._add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                              ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
+                return
+            s["pk_row"] = self._add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                                    ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
+            s["tb_in"] = ti
+        elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
+            # packets another block wrote here: their flags make this read wait for them
+            self.pk_deps.append((self._add(r, ti, Op.NOP, p, desc), s))
+        if d is None:
+            return            # rppkt: its sends read the slot
+        if acc is None:
+            self._add(r, ti, Op.COPY, p, desc, sb=Buf.SCRATCH, so=slot, db=d[1], do=d[2] + off, n=n)
+        else:
+            self._reduce_local(r, ti, p, desc, [(r, acc[1], acc[2] + off, n), (r, Buf.SCRATCH, slot, n)],
+                               (r, d[1], d[2] + off, n))
+
+    def _reduce_local(self, r, ti, p, desc, srcs, d):
         """dst := src0 (+) src1 (+) ... as COPY / REDUCE primitives."""
         n = srcs[0][3]
         others = list(srcs)
@@ -1028,12 +1058,11 @@ class _Importer:
             others.remove(next(s for s in srcs if s[1:3] == d[1:3]))
         else:
             first = others.pop(0)
-            add(r, ti, Op.COPY, p, desc, sb=first[1], so=first[2], db=d[1], do=d[2], n=n)
+            self._add(r, ti, Op.COPY, p, desc, sb=first[1], so=first[2], db=d[1], do=d[2], n=n)
         for s in others:
-            add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
+            self._add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
 
     def _finish(self, rows, deps, tb_rows) -> ProgramIR:
-        rd = self.rd
         R = self.R
         dp = [a for a, _ in deps]
         do = [b for _, b in deps]
@@ -1074,6 +1103,12 @@ class _Importer:
         if g:
             ir.stats["gpus_per_node"] = g
         ir.sort_canonical()
+        return self._checked(ir, seq, tb, rank)
+
+    def _checked(self, ir, seq, tb, rank) -> ProgramIR:
+        """``ir`` checked like an imported XML (structure, deadlock freedom, the collective's
+        postcondition, every access in bounds), each refusal located at its operation."""
+        rd = self.rd
         self.order_where = None
         from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
         from hccc.compiler.ir.extents import ExtentError, check_extents
