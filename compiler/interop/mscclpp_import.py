@@ -26,6 +26,11 @@ that writes into a region its peer still reads (a race in the plan) is not detec
 located reason: switch (NVLS) channels and their operations, thread-block groups (``tbg_info``:
 parts of chunks), the packet copies ``cpkt``/``rppkt``/``recpkt``/``recspkt`` and port-channel
 packets, channels shared by thread blocks, signals nobody waits for.
+
+Each operation is read once, through :meth:`~hccc.compiler.interop.mscclpp_ops.PlanOp.from_dict`,
+into a :class:`~hccc.compiler.interop.mscclpp_ops.BlockOp` (:meth:`_Importer._scan`); the passes
+after it (:meth:`_Importer._build`: where data goes, then the rows of every block in order) and the
+checks of :mod:`hccc.compiler.interop.mscclpp_sync` read only those values.
 """
 from __future__ import annotations
 
@@ -193,27 +198,7 @@ class _Importer:
     # -- reading
     def run(self) -> ProgramIR:
         rd, plan = self.rd, self.plan
-        coll = rd.get(plan, "collective", (), str)
-        if coll not in COLLECTIVES:
-            spec = SPECS.get(coll)
-            if spec is not None and spec.rooted:   # one hccc has, which a plan cannot state
-                raise rd.err(("collective",), f"unsupported collective '{coll}': an MSCCL++ plan has no "
-                                              f"root, so it cannot express a {spec.title}; hccc reads "
-                                              f"{', '.join(COLLECTIVES)} plans")
-            raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
-                                          f"{', '.join(COLLECTIVES)}")
-        proto = rd.get(plan, "protocol", (), str)
-        if proto not in ("Simple", "LL"):
-            raise rd.err(("protocol",), f"unknown protocol '{proto}' (Simple or LL)")
-        inplace = rd.get(plan, "inplace", ())
-        if not isinstance(inplace, bool):
-            raise rd.err(("inplace",), "'inplace' must be true or false")
-        reuse = plan.get("reuse_resources", False)
-        if not isinstance(reuse, bool):
-            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
-        double = plan.get("use_double_scratch_buffer", False)
-        if not isinstance(double, bool):
-            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
+        coll, proto, inplace, reuse, double = self._flags()
         gpus = rd.get(plan, "gpus", (), list)
         R = len(gpus)
         if R < 1:
@@ -258,6 +243,33 @@ class _Importer:
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
+
+    def _flags(self) -> tuple[str, str, bool, bool, bool]:
+        """The plan's collective, protocol, ``inplace``, ``reuse_resources`` and
+        ``use_double_scratch_buffer``, each checked."""
+        rd, plan = self.rd, self.plan
+        coll = rd.get(plan, "collective", (), str)
+        if coll not in COLLECTIVES:
+            spec = SPECS.get(coll)
+            if spec is not None and spec.rooted:   # one hccc has, which a plan cannot state
+                raise rd.err(("collective",), f"unsupported collective '{coll}': an MSCCL++ plan has no "
+                                              f"root, so it cannot express a {spec.title}; hccc reads "
+                                              f"{', '.join(COLLECTIVES)} plans")
+            raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
+                                          f"{', '.join(COLLECTIVES)}")
+        proto = rd.get(plan, "protocol", (), str)
+        if proto not in ("Simple", "LL"):
+            raise rd.err(("protocol",), f"unknown protocol '{proto}' (Simple or LL)")
+        inplace = rd.get(plan, "inplace", ())
+        if not isinstance(inplace, bool):
+            raise rd.err(("inplace",), "'inplace' must be true or false")
+        reuse = plan.get("reuse_resources", False)
+        if not isinstance(reuse, bool):
+            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
+        double = plan.get("use_double_scratch_buffer", False)
+        if not isinstance(double, bool):
+            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
+        return coll, proto, inplace, reuse, double
 
     def _refinement(self, gpus) -> int:
         """The least common multiple of the plan's thread-block group sizes (1: none), bounded by
