@@ -680,7 +680,7 @@ class _Importer:
                     raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
                                     f"signal from it in this thread block")
                 self.reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
-                              "path": p, "j": j})
+                                   "path": p, "j": j})
 
     def _cut_packet_writes(self):
         """A packet write read in parts (by several operations) is sent in those parts; packet
@@ -788,13 +788,13 @@ class _Importer:
                 for rr in self.sig_reads.get((r, t, c, k), []):
                     b, i, n = rr["src"]
                     rr["send_row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
-                                         sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
+                                               sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
         self._local(r, ti, pos, p, op, desc)
         for kind, what in self.emit_at.get((r, ti, pos), []):
             if kind == "send":
                 s = what
                 s["row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
-                               ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
+                                     ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
         self._sync_rows(r, ti, p, op, desc)
 
     def _receives_at_wait(self, r, ti, pos, p, desc):
@@ -815,7 +815,7 @@ class _Importer:
                         ch = self._channel_no(s["key"] + (s["tb"], ti))
                         s["channel"] = ch
                         self._add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
-                            db=b, do=i, n=n)
+                                  db=b, do=i, n=n)
 
     def _sync_rows(self, r, ti, p, op, desc):
         """The order operations carry: a NOP stands where a semaphore or barrier is passed."""
