@@ -17,7 +17,9 @@ for the format):
   receive;
 * device semaphores (the ``k``-th acquire after the ``k``-th release), barriers and the chain of
   operations in a thread block carry the order; a ``pipeline`` runs its body once over the whole
-  ranges (its iterations cut the same elements the same way in every operation of the body).
+  ranges (its iterations cut the same elements the same way in every operation of the body; where
+  pipelined operations of two blocks share scratch bytes they must be cut alike, see
+  :func:`hccc.compiler.interop.mscclpp_sync.check_pipeline_iterations`).
 
 The result is checked like an imported XML: structure, deadlock freedom, the collective's
 postcondition (:func:`hccc.compiler.ir.symbolic.prove`) in the placement the plan declares, every
@@ -47,7 +49,8 @@ from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread
 from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
-from hccc.compiler.interop.mscclpp_sync import check_counts, check_next_call, check_races
+from hccc.compiler.interop.mscclpp_sync import (check_counts, check_next_call, check_pipeline_iterations,
+                                                check_races)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
@@ -409,6 +412,7 @@ class _Importer:
         self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
         self.chain_in, self.chain_out = {}, {}
         self.sem_init = [semaphore_inits(g, ("gpus", r), rd.err) for r, g in enumerate(gpus)]
+        self.pipelines = {}               # a pipeline's path -> (unit_size, num_chunks) of its iterations
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
                 self._scan_block(r, ti, tb)
@@ -424,6 +428,7 @@ class _Importer:
         order: list = []
         check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err, order)
         check_next_call(self.tbs, order, self._ref, lambda b: b == Buf.SCRATCH, self.double, rd.err)
+        check_pipeline_iterations(self.tbs, self.pipelines, self._ref, lambda b: b == Buf.SCRATCH, rd.err)
 
     def _operation(self, r, op, p):
         """Operation object ``op`` at ``p`` of rank ``r`` as a :class:`PlanOp` (``"pipeline"`` for
@@ -450,6 +455,7 @@ class _Importer:
             if parsed != "pipeline":
                 ops.append((p, parsed))
                 continue
+            self.pipelines[p] = (op["iter_context"]["unit_size"], op["iter_context"]["num_chunks"])
             inner = []
             for j, o in enumerate(op["ops"]):
                 inner.append(self._operation(r, o, p + ("ops", j)))
@@ -459,6 +465,10 @@ class _Importer:
             if len(sizes) > 1:
                 raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
                                 "would cut different elements in different operations")
+            if sizes and sizes != {op["iter_context"]["num_chunks"]}:
+                raise rd.err(p + ("iter_context", "num_chunks"),
+                             f"a pipeline over {op['iter_context']['num_chunks']} chunks whose operations move "
+                             f"{sizes.pop()}: its iterations would not cover its operations' ranges exactly")
             ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
         return ops
 

@@ -501,4 +501,46 @@ def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
                                   f"calls; rank {a} must first wait for a signal that rank {b} sends after it)")
 
 
-__all__ = ["check_counts", "check_next_call", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
+__all__ = ["check_counts", "check_next_call", "check_pipeline_iterations", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
+
+
+def check_pipeline_iterations(tbs, contexts, region, is_scratch, err) -> None:
+    """Refuse pipelined operations of different thread blocks that touch overlapping bytes of one
+    scratch buffer, one of them writing, unless both pipelines cut their iterations alike
+    (``contexts``: a pipeline's path -> its ``(unit_size, num_chunks)``) and both ranges start at
+    the same chunk. Iteration ``i`` of a pipeline moves part ``i`` of every range it names, so
+    then iteration ``i`` of one meets only iteration ``i`` of the other, which the plan's
+    synchronisation orders as it orders the body (the importer models a body once). Otherwise
+    iteration ``i + 1`` of the writer reaches bytes iteration ``i`` of the other still reads or
+    writes, or the ``k``-th signal of one pipeline is not the ``k``-th iteration of the other, and
+    nothing the plan says orders them: a race between iterations of one call."""
+    by_owner = defaultdict(list)     # owner -> [(lo, hi, writes, (rank, tb), name, path, context)]
+    for r, ti, ops in tbs:
+        for p, op in ops:
+            if not (len(p) >= 4 and p[-2] == "ops" and p[-4] == "ops"):
+                continue                                 # not in a pipeline's body
+            reads, writes = _data_access(op.name, op, p, r, region)
+            for regions, w in ((reads, False), (writes, True)):
+                for owner, buf, lo, n in regions:
+                    if is_scratch(buf):
+                        by_owner[owner].append((lo, lo + n, w, (r, ti), op.name, p, contexts[p[:-2]]))
+    for owner, acc in by_owner.items():
+        acc.sort(key=lambda a: a[0])
+        for k, a in enumerate(acc):
+            for b in acc[k + 1:]:
+                if b[0] >= a[1]:
+                    break
+                if a[3] == b[3] or not (a[2] or b[2]) or (a[0] == b[0] and a[6] == b[6]):
+                    continue
+                w, o = (a, b) if a[2] else (b, a)
+                raise err(w[5], f"pipelined '{w[4]}' (rank {w[3][0]} thread block {w[3][1]}) writes rank {owner}'s "
+                                f"scratch parts [{w[0]}, {w[1]}) that pipelined '{o[4]}' (rank {o[3][0]} thread "
+                                f"block {o[3][1]}, at {'/'.join(map(str, o[5]))}) "
+                                f"{'writes' if o[2] else 'reads'} as [{o[0]}, {o[1]}): "
+                                + ("their ranges start at different chunks, so one iteration of the first "
+                                   "reaches the bytes another iteration of the second moves"
+                                   if a[6] == b[6] else
+                                   f"their pipelines cut iterations differently ({w[6]} and {o[6]}: unit size "
+                                   f"and chunks), so the k-th iteration of one is not the k-th of the other")
+                                + "; nothing orders the iterations: a race between iterations of one call")
+
