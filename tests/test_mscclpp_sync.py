@@ -320,3 +320,34 @@ def test_pipeline_check_agrees_with_the_interpreter(a, b):
     except CompileError:
         accepted = False
     assert accepted == (not _interpreter_fails(plan)), (a, b)
+
+
+def test_pipelined_ranges_that_start_apart_race_between_iterations():
+    """Two blocks' pipelines cut alike, one writing scratch chunks [0, 2), the other reading
+    [1, 3): iteration i + 1 of the writer reaches the bytes iteration i of the reader reads
+    (parts cut from each range's own start). The same ranges starting together, or apart without
+    sharing bytes, or both only reading: no race."""
+    from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp, local
+    from hccc.compiler.interop.mscclpp_sync import check_pipeline_iterations
+
+    def block(tb, src, dst):
+        p = ("gpus", 0, "threadblocks", tb, "ops", 0, "ops", 0)
+        return (0, tb, [(p, BlockOp(PlanOp("copy", src=(src,), dst=(dst,)), p, "memory", (), {}))])
+
+    def region(op, ref, path, r):
+        return r, ref.type, ref.index, ref.size
+
+    def err(path, msg):
+        return ValueError(f"{'/'.join(map(str, path))}: {msg}")
+
+    cuts = {("gpus", 0, "threadblocks", tb, "ops", 0): (32, 2) for tb in (0, 1)}
+
+    def check(w, rd):
+        check_pipeline_iterations([block(0, local("i", 0, 2), w), block(1, rd, local("o", 0, 2))], cuts, region,
+                                  lambda b: b == "s", err)
+    with pytest.raises(ValueError, match="start at different chunks") as exc:
+        check(local("s", 0, 2), local("s", 1, 2))
+    assert str(exc.value).startswith("gpus/0/threadblocks/0/ops/0/ops/0: pipelined 'copy'")
+    check(local("s", 0, 2), local("s", 0, 2))
+    check(local("s", 0, 2), local("s", 2, 2))
+    check(local("o", 2, 2), local("s", 1, 2))
