@@ -361,7 +361,7 @@ def test_imported_msccl_and_c2c_programs_as_alltoallv(tmp_path):
     from hccc.cli import main
     from hccc.compiler.interop.msccl_xml import import_xml_text
     from hccc.compiler.pipeline import load_algorithm
-    from test_msccl_alltoall import allpairs_xml, hierarchical_xml
+    from msccl_texts import allpairs_xml, hierarchical_xml
     irs = [import_xml_text(allpairs_xml(4, 2), "a.xml"), import_xml_text(hierarchical_xml(2, 2), "h.xml")]
     out = tmp_path / "c2c.rccl"
     assert main(["gen", "c2c", str(ROOT / "examples" / "clusters" / "mixed_v100_w7800.topo"),

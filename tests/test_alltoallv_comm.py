@@ -149,8 +149,8 @@ def test_rows_and_a_whole_matrix_mixed_or_a_bad_row_fail_on_every_rank(pool):
 def test_across_two_emulated_nodes(tmp_path_factory):
     """2 nodes x 2 ranks (the network transport over UCX's TCP between the nodes): the hierarchical
     program, whose blocks cross the network once, as AllToAllv with per-call counts."""
-    from test_net import TCP, _have_ucx
-    if not _have_ucx():
+    from net_ranks import TCP, have_ucx
+    if not have_ucx():
         pytest.skip("UCX (libucx-dev) not installed")
     p = RankPool(4, tmp_path_factory.mktemp("stores"))
     try:

@@ -11,6 +11,7 @@ from hccc.cli import main
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime.simulator import simulate
+from random_programs import sharing_rs4
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"
@@ -260,15 +261,6 @@ def test_msccl_xml_runs_the_way_it_was_checked_for(capsys, tmp_path):
     assert rc == 1 and "simulation deadlock" in err and "waits for a free FIFO slot" in err
 
 
-def _sharing_rs4(tmp_path):
-    """The random ReduceScatter of test_tb_alloc whose allocation choice simulates both
-    allocations, and a mesh for it."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_tb_alloc import sharing_rs4
-    return sharing_rs4(tmp_path)
-
-
 @pytest.mark.parametrize("extra", [[], ["--dtype", "float16"], ["--block-bw", "0"], ["--chunk-size", "256K"]])
 def test_the_kept_allocation_is_not_simulated_twice(capsys, tmp_path, monkeypatch, extra):
     """Where the allocation choice simulated both allocations at the sizes asked, ``hccc sim``
@@ -278,7 +270,7 @@ def test_the_kept_allocation_is_not_simulated_twice(capsys, tmp_path, monkeypatc
     import hccc.runtime.simulator as S
     from hccc.compiler.pipeline import read_cluster
     from hccc.runtime.sim_model import prepare
-    src, topo = _sharing_rs4(tmp_path)
+    src, topo = sharing_rs4(tmp_path)
     calls = []
     real = S.simulate
     monkeypatch.setattr(S, "simulate", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
@@ -311,7 +303,7 @@ def test_side_by_side_predictions_equal_one_by_one(tmp_path, monkeypatch):
 
     import hccc.runtime.simulator as S
     from hccc.compiler.pipeline import load_algorithm, read_cluster
-    src, topo = _sharing_rs4(tmp_path)
+    src, topo = sharing_rs4(tmp_path)
     alg = load_algorithm(src)
     irs = [build_program(alg, tb_alloc=m, chunk_bytes=1 << 16, fuse=False) for m in ("state", "connection")]
     cluster = read_cluster(topo)

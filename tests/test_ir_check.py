@@ -12,7 +12,7 @@ from hccc.compiler.ir.check import (load_ir_json, DeadlockError, FifoOrderError,
                                     check_structure, match_connections)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
-from test_lower import algorithms
+from random_programs import algorithms
 
 
 def make_ir(rows, nranks, ntbs, deps=(), coll="allreduce", nchunks=None):

@@ -11,10 +11,10 @@ import json
 import pytest
 
 from mscclpp_interp import InterpError, check_plan
-from test_mscclpp_import import (HAND, NOP, _gpu, _mem, _plan, _rb, _refs, plan_packet_allgather,
-                                 plan_semaphore_reducescatter)
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.util.diagnostics import CompileError
+from mscclpp_plans import (EX, HAND, NOP, gpu_entry, mem_buffer_refs, mem_channels, plan_obj,
+                           plan_packet_allgather, plan_semaphore_reducescatter, remote_buf)
 
 
 def _refused(plan) -> tuple[str, str]:
@@ -77,20 +77,20 @@ def unpack_own_packets_allreduce(echo: bool = True):
         def b(t, i, n=1):
             return {"type": t, "index": i, "size": n}
         first, second = (3, 2) if echo else (2, 3)
-        tb0 = {"id": 0, "ops": [{"name": "ppkt", "src_buff": [b("i", 2 * p, 2)], "dst_buff": [_rb(0, 0, 2)],
+        tb0 = {"id": 0, "ops": [{"name": "ppkt", "src_buff": [b("i", 2 * p, 2)], "dst_buff": [remote_buf(0, 0, 2)],
                                  "channel_type": "memory", "channel_ids": [0]}],
-               "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}
+               "channels": [mem_channels([0])], "remote_buffer_refs": mem_buffer_refs([0])}
         tb1 = {"id": 1, "ops": [{"name": "recpkt", "src_buff": [b("i", 2 * r, 2), b("s", 0, 2)],
                                  "dst_buff": [b("o", 2 * r, 2), b("s", 2, 2)]},
                                 {"name": "upkt", "src_buff": [b("s", first)], "dst_buff": [b("o", 2 * r + 1)]},
-                                {"name": "rppkt", "src_buff": [b("s", 2, 2)], "dst_buff": [_rb(0, 4, 2)],
+                                {"name": "rppkt", "src_buff": [b("s", 2, 2)], "dst_buff": [remote_buf(0, 4, 2)],
                                  "channel_type": "memory", "channel_ids": [0]}],
-               "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}
+               "channels": [mem_channels([0])], "remote_buffer_refs": mem_buffer_refs([0])}
         tb2 = {"id": 2, "ops": [{"name": "upkt", "src_buff": [b("s", second)], "dst_buff": [b("o", 2 * r)]}, NOP,
                                 {"name": "upkt", "src_buff": [b("s", 4, 2)], "dst_buff": [b("o", 2 * p, 2)]}]}
-        gpus.append(_gpu(r, 4, 4, 6, [{"channel_type": "memory", "connected_to": [p]}],
+        gpus.append(gpu_entry(r, 4, 4, 6, [{"channel_type": "memory", "connected_to": [p]}],
                          [{"rank": p, "type": "s", "access_channel_types": ["memory"]}], [tb0, tb1, tb2]))
-    return _plan("allreduce", gpus, proto="LL")
+    return plan_obj("allreduce", gpus, proto="LL")
 
 
 def test_unpacking_what_the_block_just_packed_needs_no_nop():
@@ -117,7 +117,6 @@ def test_memory_channels_say_which_ranks_share_a_node():
     from hccc.compiler.passes.build import build_program
     from hccc.compiler.pipeline import load_algorithm
     from hccc.runtime.net import declared_nodes, placement_problems
-    from test_mscclpp_import import EX
     a = load_algorithm(EX / "hm_allreduce_2x4.rccl")
     ir = build_program(a)
     back = import_plan_text(plan_text(export_plan(ir, nodes=node_map(8, 4))), "hm.json")
@@ -141,11 +140,11 @@ def test_an_exported_two_node_plan_runs_across_two_emulated_nodes(tmp_path):
     from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
     from hccc.compiler.passes.build import build_program
     from rank_pool import RankPool
-    from test_communicator import _require_torch, calls_for, check
-    from test_net import TCP, _have_ucx
-    if shutil.which("g++") is None or not _have_ucx():
+    from communicator_calls import calls_for, check, require_torch
+    from net_ranks import TCP, have_ucx
+    if shutil.which("g++") is None or not have_ucx():
         pytest.skip("needs g++ and UCX")
-    _require_torch()
+    require_torch()
     ir = build_program(gen.hm_allreduce(2, 2))
     pool = RankPool(4, tmp_path)
     try:

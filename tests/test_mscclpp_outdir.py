@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from test_mscclpp_sync import _corpus
 from hccc.compiler.ir.check import load_ir_json
 from hccc.compiler.pipeline import load_manifest
+from mscclpp_plans import corpus
 
 
 def _compile(text, tmp_path, k):
@@ -31,13 +31,13 @@ def _reads_back(out):
 
 
 def test_every_corpus_plan_compiles_to_an_outdir_hccc_reads_back(tmp_path, capsys):
-    for k, text in enumerate(_corpus()):
+    for k, text in enumerate(corpus()):
         _reads_back(_compile(text, tmp_path, k))
 
 
 def test_hccc_run_runs_a_compiled_plan_outdir(tmp_path, capsys):
     from hccc.cli import main
-    out = _compile(_corpus()[5], tmp_path, 0)      # the semaphore ReduceScatter
+    out = _compile(corpus()[5], tmp_path, 0)      # the semaphore ReduceScatter
     name = json.loads((out / "manifest.json").read_text())["algorithm"]
     assert main(["check", str(out / f"{name}.ir.json")]) == 0
     assert main(["run", str(out), "--sizes", "64K", "-n", "1", "-w", "0"]) == 0

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from mscclpp_interp import InterpError, check_plan
-from test_mscclpp_import import HAND, plan_pipelined_allreduce
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.compiler.interop.mscclpp_plan import SHARED_SCRATCH_BYTES
+from mscclpp_plans import HAND, plan_pipelined_allreduce
 
 
 def _reuse(plan, **kw):
@@ -98,12 +98,12 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
     # and through the Communicator, one process a rank, ranks 0-7 on one emulated node and 8-15 on
     # another (the plan's memory channels say nodes of 8), two calls in a row (minutes on 2 cores)
-    from test_net import TCP, _have_ucx
-    from test_communicator import _require_torch, calls_for, check
+    from net_ranks import TCP, have_ucx
+    from communicator_calls import calls_for, check, require_torch
     from rank_pool import RankPool
-    if not _have_ucx():
+    if not have_ucx():
         return
-    _require_torch()
+    require_torch()
     ir = import_plan_text((tmp_path / "allreduce_2nodes_1K_64K.json").read_text(), "allreduce_2nodes_1K_64K.json")
     assert ir.stats["gpus_per_node"] == 8
     calls, want, _ = calls_for(ir, (56 << 10) // 4, seed=5)
@@ -153,12 +153,12 @@ def test_two_node_plans_run_across_two_emulated_nodes(tmp_path):
     TCP), three calls in a row, in place or out of place as each plan declares: 0 wrong elements."""
     import subprocess
     import sys
-    from test_net import TCP, _have_ucx
-    from test_communicator import _require_torch, calls_for, check
+    from net_ranks import TCP, have_ucx
+    from communicator_calls import calls_for, check, require_torch
     from rank_pool import RankPool
-    if not _have_ucx():
+    if not have_ucx():
         pytest.skip("UCX (libucx-dev) not installed")
-    _require_torch()
+    require_torch()
     subprocess.run([sys.executable, "-c", _GEN_TWO_NODE, DSL, str(tmp_path), json.dumps(TWO_NODE)],
                    check=True, timeout=600)
     pool = RankPool(4, tmp_path)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,16 +14,11 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan
-from test_mscclpp_import import (HAND, NOP, plan_direct_allgather, plan_read_reduce_allreduce,
-                                 plan_semaphore_reducescatter, _sig)
 from hccc.util.diagnostics import CompileError
-from hccc.compiler.interop.mscclpp_export import export_plan, node_map, plan_text
 from hccc.compiler.interop.mscclpp_import import import_plan_text
-from hccc.compiler.passes.build import build_program
-from hccc.compiler.passes.verify import verify
-from hccc.compiler.pipeline import load_algorithm
-
-EX = Path(__file__).resolve().parent.parent / "examples"
+from mscclpp_plans import (HAND, NOP, corpus, plan_direct_allgather, plan_forwarded_packets_allgather,
+                           plan_packet_allgather, plan_pipelined_allreduce, plan_read_reduce_allreduce,
+                           plan_semaphore_reducescatter, sync_op)
 
 
 def _refused(plan):
@@ -71,7 +64,7 @@ def test_a_cycle_of_waits_is_a_deadlock_even_when_the_counts_match():
 
 def test_an_extra_signal_is_refused_it_would_satisfy_the_next_call_early():
     plan = plan_read_reduce_allreduce()
-    _ops(plan, 0).append(_sig("signal", [0]))
+    _ops(plan, 0).append(sync_op("signal", [0]))
     msg, line = _refused(plan)
     assert "next call early" in msg and '"signal"' in line
     with pytest.raises(InterpError, match="later call"):  # the interpreter agrees
@@ -189,31 +182,14 @@ def test_thread_blocks_without_their_tables_get_a_located_error():
 
 
 def _packet_plan():
-    from test_mscclpp_import import plan_packet_allgather
     return plan_packet_allgather()
 
 
 def _forward_plan():
-    from test_mscclpp_import import plan_forwarded_packets_allgather
     return plan_forwarded_packets_allgather()
 
 
 # ------------------------------------------------------------------ item: fuzz against the interpreter
-@lru_cache(maxsize=None)
-def _corpus() -> tuple[str, ...]:
-    """Real plans as text: the hand-written ones (the DSL's styles) and small exported ones."""
-    from test_mscclpp_tbg import grouped_copy_allgather, grouped_puts_allgather
-    out = [json.dumps(make()) for make in HAND + [grouped_copy_allgather, grouped_puts_allgather]]
-    for name, kw in (("ring_allreduce_8", {}), ("hm_allgather_2x4", {}), ("ring_allgather_8", dict(protocol="LL")),
-                     ("ring_reducescatter_8", dict(instances=2))):
-        a = load_algorithm(EX / f"{name}.rccl")
-        verify(a)
-        ir = build_program(a)
-        nodes = None if kw.get("protocol") == "LL" else node_map(ir.nranks, a.header.gpu_per_node)
-        out.append(plan_text(export_plan(ir, nodes=nodes, **kw)))
-    return tuple(out)
-
-
 MUTATIONS = ("drop", "duplicate", "swap", "semaphore", "channel", "drop_kind", "group")
 
 
@@ -269,8 +245,8 @@ def _mutate(plan, data) -> str:
 @settings(max_examples=examples(60))
 @given(data=st.data())
 def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
-    corpus = _corpus()
-    plan = json.loads(corpus[data.draw(st.integers(0, len(corpus) - 1))])
+    texts = corpus()
+    plan = json.loads(texts[data.draw(st.integers(0, len(texts) - 1))])
     what = _mutate(plan, data)
     try:
         import_plan_text(json.dumps(plan), "mutant.json")
@@ -282,3 +258,96 @@ def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
                        eager=seed % len(plan["gpus"]))
         except InterpError as exc:
             raise AssertionError(f"the checker accepted a plan ({what}) the interpreter rejects: {exc}") from None
+
+
+# ------------------------------------------------------------------ races between pipeline iterations
+PIPELINE_CUTS = [(u, c) for u in (16, 32, 64) for c in (1, 2)]
+
+
+def _pipelines(cuts) -> dict:
+    """The pipelined AllReduce, rank r's pipeline cut as ``cuts[r]`` (unit size, chunks)."""
+    plan = plan_pipelined_allreduce()
+    for r, (u, c) in enumerate(cuts):
+        plan["gpus"][r]["threadblocks"][0]["ops"][0]["iter_context"] = {"unit_size": u, "num_chunks": c}
+    return plan
+
+
+def _interpreter_fails(plan) -> bool:
+    """Whether the independent interpreter, at several sizes, with every rank running ahead in
+    turn and three calls in a row, finds a wrong element, a deadlock or a race between calls."""
+    for mult in (1, 2, 4, 8):
+        for ahead in (None, 0, 1):
+            try:
+                check_plan(plan, mult, eager=ahead, seed=mult, runs=3)
+            except InterpError:
+                return True
+    return False
+
+
+def test_pipelines_that_cut_iterations_differently_are_refused_naming_both():
+    """Rank 0 pipelines its puts into rank 1's scratch in 16-byte iterations, rank 1 reduces what
+    lands in 32-byte ones: one signal per iteration on each side, so rank 1's first reduction reads
+    bytes rank 0's second iteration has not put yet. A body counted once hides it."""
+    plan = _pipelines([(16, 1), (32, 1)])
+    msg, line = _refused(plan)
+    assert "pipelined 'put' (rank 0 thread block 0)" in msg and "pipelined 're' (rank 1 thread block 0" in msg
+    assert "race between iterations" in msg and '"name": "put"' in line
+    assert _interpreter_fails(plan)
+
+
+def test_a_pipeline_over_other_chunks_than_its_ranges_is_refused():
+    msg, _ = _refused(_pipelines([(32, 2), (32, 2)]))
+    assert "pipeline over 2 chunks" in msg
+    assert _interpreter_fails(_pipelines([(32, 2), (32, 2)]))
+
+
+@pytest.mark.parametrize("cuts", [((u, 1), (u, 1)) for u in (16, 32, 64)])
+def test_pipelines_cut_alike_are_accepted_and_run_right(cuts):
+    plan = _pipelines(cuts)
+    import_plan_text(json.dumps(plan), "p.json")
+    assert not _interpreter_fails(plan)
+
+
+@settings(max_examples=examples(30))
+@given(a=st.sampled_from(PIPELINE_CUTS), b=st.sampled_from(PIPELINE_CUTS))
+def test_pipeline_check_agrees_with_the_interpreter(a, b):
+    """Random cuts of the two ranks' pipelines: hccc accepts exactly the plans on which the
+    independent interpreter (which runs every iteration, ranks running ahead) finds nothing wrong."""
+    plan = _pipelines([a, b])
+    try:
+        import_plan_text(json.dumps(plan), "p.json")
+        accepted = True
+    except CompileError:
+        accepted = False
+    assert accepted == (not _interpreter_fails(plan)), (a, b)
+
+
+def test_pipelined_ranges_that_start_apart_race_between_iterations():
+    """Two blocks' pipelines cut alike, one writing scratch chunks [0, 2), the other reading
+    [1, 3): iteration i + 1 of the writer reaches the bytes iteration i of the reader reads
+    (parts cut from each range's own start). The same ranges starting together, or apart without
+    sharing bytes, or both only reading: no race."""
+    from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp, local
+    from hccc.compiler.interop.mscclpp_sync import check_pipeline_iterations
+
+    def block(tb, src, dst):
+        p = ("gpus", 0, "threadblocks", tb, "ops", 0, "ops", 0)
+        return (0, tb, [(p, BlockOp(PlanOp("copy", src=(src,), dst=(dst,)), p, "memory", (), {}))])
+
+    def region(op, ref, path, r):
+        return r, ref.type, ref.index, ref.size
+
+    def err(path, msg):
+        return ValueError(f"{'/'.join(map(str, path))}: {msg}")
+
+    cuts = {("gpus", 0, "threadblocks", tb, "ops", 0): (32, 2) for tb in (0, 1)}
+
+    def check(w, rd):
+        check_pipeline_iterations([block(0, local("i", 0, 2), w), block(1, rd, local("o", 0, 2))], cuts, region,
+                                  lambda b: b == "s", err)
+    with pytest.raises(ValueError, match="start at different chunks") as exc:
+        check(local("s", 0, 2), local("s", 1, 2))
+    assert str(exc.value).startswith("gpus/0/threadblocks/0/ops/0/ops/0: pipelined 'copy'")
+    check(local("s", 0, 2), local("s", 0, 2))
+    check(local("s", 0, 2), local("s", 2, 2))
+    check(local("o", 2, 2), local("s", 1, 2))

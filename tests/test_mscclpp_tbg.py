@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from mscclpp_interp import InterpError, check_plan
-from test_mscclpp_import import NOP, _b, plan_direct_allgather
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.runtime.reference import execute, expected_for, inputs_for
+from mscclpp_plans import NOP, grouped_copy_allgather, grouped_puts_allgather, plan_direct_allgather
 
 
 def _runs_right(ir):
@@ -23,21 +23,6 @@ def _runs_right(ir):
     outs = execute(ir, [x.copy() for x in ins])
     for r, (o, w) in enumerate(zip(outs, expected_for(ir, ins))):
         np.testing.assert_array_equal(o, w, err_msg=f"rank {r}")
-
-
-def grouped_copy_allgather(size=3):
-    """The direct AllGather, its local copy moved by a group of ``size`` thread blocks (one part each)."""
-    plan = plan_direct_allgather()
-    for r, g in enumerate(plan["gpus"]):
-        tbs = g["threadblocks"]
-        tbs[0]["ops"][-1]["num_threadblocks"] = 1 + size
-        copy_op = tbs[1]["ops"][0]
-        del tbs[1:]
-        for i in range(size):
-            op = dict(copy_op, tbg_info={"tb_id": i, "tbg_size": size})
-            tbs.append({"id": 1 + i, "ops": [op, NOP, {"name": "barrier", "barrier_id": 0,
-                                                          "num_threadblocks": 1 + size}]})
-    return plan
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -134,30 +119,6 @@ def test_the_dsls_plans_are_proven_and_run_right(prog, args, tmp_path):
     if not plan["inplace"]:              # calls in a row with one rank running ahead: no race between calls
         for ahead in (0, len(plan["gpus"]) - 1):
             check_plan(plan, 4, runs=3, eager=ahead, seed=ahead)
-
-
-def grouped_puts_allgather():
-    """2 ranks: the put of the rank's chunk into its peer is moved by a group of two thread blocks;
-    only block 0 signals, after a barrier of the group (as the DSL writes single-node groups)."""
-    from test_mscclpp_import import _gpu, _mem, _plan, _rb, _refs, _sig
-    gpus = []
-    for r in range(2):
-        p = 1 - r
-
-        def put(i):
-            return {"name": "put", "src_buff": [_b("i", 0)], "dst_buff": [_rb(0, r)], "channel_type": "memory",
-                    "tbg_info": {"tb_id": i, "tbg_size": 2}}
-
-        def bar(b, n):
-            return {"name": "barrier", "barrier_id": b, "num_threadblocks": n}
-
-        tb0 = {"id": 0, "ops": [put(0), NOP, bar(1, 2), _sig("signal", [0]), _sig("wait", [0]), bar(0, 3)],
-               "channels": [_mem([0])], "remote_buffer_refs": _refs([0])}
-        tb1 = {"id": 1, "ops": [{"name": "copy", "src_buff": [_b("i", 0)], "dst_buff": [_b("o", r)]}, NOP, bar(0, 3)]}
-        tb2 = {"id": 2, "ops": [put(1), NOP, bar(1, 2), bar(0, 3)], "remote_buffer_refs": _refs([0])}
-        gpus.append(_gpu(r, 1, 2, 0, [{"channel_type": "memory", "connected_to": [p]}],
-                         [{"rank": p, "type": "o", "access_channel_types": ["memory"]}], [tb0, tb1, tb2]))
-    return _plan("allgather", gpus)
 
 
 def test_a_groups_puts_are_announced_by_the_signal_after_its_barrier():

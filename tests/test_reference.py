@@ -15,7 +15,7 @@ from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime.reference import (chunk_bounds, execute, expected, expected_for, input_length, inputs_for,
                                     make_inputs, round_bf16)
 
-from test_lower import EXAMPLES, algorithms, step_schedule
+from random_programs import EXAMPLES, algorithms, step_schedule
 
 
 def _equal(out, exp):

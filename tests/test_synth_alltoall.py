@@ -19,9 +19,6 @@ from hccc.compiler.synth import network_from_topology, synthesize, to_algorithm
 from hccc.compiler.synth.bounds import alltoall_cut_bound_seconds, alltoall_step_bound
 from cluster_texts import many_nodes_text
 
-#: the name tests/test_verify_copies.py still imports from here
-_many_nodes_text = many_nodes_text
-
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 GB = 1e9
 

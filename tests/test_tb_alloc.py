@@ -14,7 +14,7 @@ from hccc.compiler.passes.lower import lower
 from hccc.compiler.passes.tb_alloc import allocate, connection_units, dense_ids, max_overlap, partition_intervals
 from hccc.testing import valid_programs
 
-from test_lower import algorithms, step_schedule
+from random_programs import algorithms, random_program, sharing_rs4, step_schedule
 
 
 def brute_max_overlap(start, end):
@@ -302,7 +302,7 @@ def test_state_based_sharing_that_is_free():
     """A random 5-rank ReduceScatter: interval partitioning alone would pack its units into 24 TBs
     (connection-based: 32); only one of those pairings cannot delay its later unit, so state-based
     allocation keeps that one (31 TBs) and costs no simulated time at 16 MB on a mesh."""
-    alg = _random("reducescatter", 5, 5, 1)
+    alg = random_program("reducescatter", 5, 5, 1)
     (ts, t_s), (tc, t_c) = _state_vs_connection(alg, "hpds", 16 << 20)
     assert (ts, tc) == (31, 32) and t_s <= 1.02 * t_c
     low_units = connection_units(_lowered(alg))
@@ -316,18 +316,11 @@ def _lowered(alg):
     return lower(alg, dag, schedule_algorithm(alg, dag, "hpds"), fuse=False)
 
 
-def _random(coll: str, n: int, seed: int, k: int):
-    from hccc.compiler.frontend.algorithm import Collective
-    from test_lower import random_algorithm
-    alg = random_algorithm(Collective.parse(coll), n, seed)
-    return G.split_chunks(alg, k) if k > 1 else alg
-
-
 @pytest.mark.parametrize("coll,n,seed", [("reducescatter", 4, 13), ("allreduce", 6, 38)])
 def test_sharing_that_could_cost_time_is_refused(coll, n, seed):
     """Random programs where plain interval partitioning shares TBs (16 vs 18, 47 vs 56) at a cost
     of 27 % of simulated time; state-based allocation must stay within 2 % of connection-based."""
-    (ts, t_s), (tc, t_c) = _state_vs_connection(_random(coll, n, seed, 1), "hpds", 1 << 20)
+    (ts, t_s), (tc, t_c) = _state_vs_connection(random_program(coll, n, seed, 1), "hpds", 1 << 20)
     assert ts <= tc
     assert t_s <= 1.02 * t_c
 
@@ -362,30 +355,13 @@ def test_state_based_never_costs_time(alg, scheduler):
 def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
     """Random ReduceScatters where state-based sharing (15 vs 16, 19 vs 20 TBs) costs 2.2 % and
     3.2 % of simulated time at 1 MB on a mesh: the tool keeps the connection-based allocation."""
-    alg = _random(coll, n, seed, 1)
+    alg = random_program(coll, n, seed, 1)
     (ts, t_s), (tc, t_c) = _state_vs_connection(alg, "hpds", 1 << 20)
     assert ts < tc and t_s > 1.02 * t_c
     ir, tk, t_k = _chosen(alg, "hpds", 1 << 20)
     assert (tk, t_k) == (tc, t_c)
     st = ir.stats
     assert st["tb_alloc_kept"] == "connection" and st["tb_alloc_state_s"] == t_s and st["tb_alloc_connection_s"] == t_c
-
-
-def sharing_rs4(tmp_path):
-    """A random 4-rank ReduceScatter whose state-based allocation shares TBs (so the allocation
-    choice simulates both allocations), written as ``rs4.rccl``, and a 4-GPU mesh ``mesh.topo`` for
-    it; returns both paths as strings."""
-    alg = _random("reducescatter", 4, 32, 1)
-    lines = ['def ResCCLAlgo(nRanks=4, OpType="Reducescatter", AlgoName="rs4"):']
-    lines += [f"    transfer({s}, {d}, {t}, {c}, {'rrc' if o else 'recv'})"
-              for s, d, t, c, o in zip(alg.src.tolist(), alg.dst.tolist(), alg.step.tolist(),
-                                       alg.chunk.tolist(), alg.op.tolist())]
-    src = tmp_path / "rs4.rccl"
-    src.write_text("\n".join(lines) + "\n")
-    links = ", ".join(f"(({u},{v}) -> (25,1))" for u in range(4) for v in range(4) if u != v)
-    topo = tmp_path / "mesh.topo"
-    topo.write_text(f"define nodenum = 1\ndefine node1 = 4\ndefine bandwidth = {{direct => [{links}]}}\n")
-    return str(src), str(topo)
 
 
 def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
@@ -471,7 +447,7 @@ def test_compiled_sharing_equals_the_list_version(coll, n, seed, k):
     """The compiled kernel (tb_share_kernel.share_tracks, with its label filter) gives the very
     tracks of share_when_free's list version, on random programs where sharing is decided both
     ways (the first four share some TBs and refuse others)."""
-    low = _lowered(_random(coll, n, seed, k))
+    low = _lowered(random_program(coll, n, seed, k))
     for mode in ("state", "connection"):
         plain, compiled = _alloc_both(low, mode)
         _same_ir(plain, compiled)

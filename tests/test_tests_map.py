@@ -159,23 +159,6 @@ def test_import_names():
 
 
 # ---------------------------------------------------------------- no test imports another test module
-#: test files that still import from another test module, with the modules they import: their
-#: helpers move to a helper module (tests/*.py without the ``test_`` prefix) as these files are
-#: next changed. The list may only shrink: an entry no longer needed fails the test too.
-STILL_IMPORTING_TESTS = {
-    'test_alltoallv.py': {'test_msccl_alltoall'},
-    'test_alltoallv_comm.py': {'test_net'},
-    'test_cmd_sim.py': {'test_tb_alloc'},
-    'test_ir_check.py': {'test_lower'},
-    'test_mscclpp_calls.py': {'test_communicator', 'test_mscclpp_import', 'test_net'},
-    'test_mscclpp_outdir.py': {'test_mscclpp_sync'},
-    'test_mscclpp_reuse.py': {'test_communicator', 'test_mscclpp_import', 'test_net'},
-    'test_mscclpp_sync.py': {'test_mscclpp_import', 'test_mscclpp_tbg'},
-    'test_mscclpp_tbg.py': {'test_mscclpp_import'},
-    'test_reference.py': {'test_lower'},
-    'test_tb_alloc.py': {'test_lower'},
-    'test_verify_copies.py': {'test_synth_alltoall'},
-}
 
 
 def imported_test_modules(path: Path) -> set[str]:
@@ -196,14 +179,9 @@ def test_no_test_file_imports_another():
     """Shared helpers live in helper modules or conftest.py, never in a test file another imports."""
     problems = []
     for path in sorted(TESTS.glob("*.py")):          # helper modules too: none may lean on a test file
-        got = imported_test_modules(path)
-        allowed = STILL_IMPORTING_TESTS.get(path.name, set())
-        for module in sorted(got - allowed):
+        for module in sorted(imported_test_modules(path)):
             problems.append(f"tests/{path.name} imports {module}: move what it uses into a helper module "
                             f"(a tests/*.py not named test_*) or conftest.py and import it from there")
-        for module in sorted(allowed - got):
-            problems.append(f"tests/{path.name} no longer imports {module}: remove it from "
-                            f"STILL_IMPORTING_TESTS in tests/test_tests_map.py")
     assert not problems, "\n".join(problems)
 
 

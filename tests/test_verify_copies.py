@@ -90,9 +90,9 @@ def test_a_synthesized_alltoall_is_proven_as_the_replay_proves_it():
     one transfer dropped, delayed or misdelivered."""
     from hccc.compiler.cluster.topo_parser import parse_topology
     from hccc.compiler.synth import synthesize, to_algorithm
-    from test_synth_alltoall import _many_nodes_text
+    from cluster_texts import many_nodes_text
 
-    topo = parse_topology(_many_nodes_text(4), "n4.topo")
+    topo = parse_topology(many_nodes_text(4), "n4.topo")
     alg = to_algorithm(synthesize(topo, "alltoall", time_limit=1.0), topo)
     n = alg.header.nranks
     assert len(alg) >= n * (n - 1)

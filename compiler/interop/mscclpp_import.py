@@ -17,7 +17,9 @@ for the format):
   receive;
 * device semaphores (the ``k``-th acquire after the ``k``-th release), barriers and the chain of
   operations in a thread block carry the order; a ``pipeline`` runs its body once over the whole
-  ranges (its iterations cut the same elements the same way in every operation of the body).
+  ranges (its iterations cut the same elements the same way in every operation of the body; where
+  pipelined operations of two blocks share scratch bytes they must be cut alike, see
+  :func:`hccc.compiler.interop.mscclpp_sync.check_pipeline_iterations`).
 
 The result is checked like an imported XML: structure, deadlock freedom, the collective's
 postcondition (:func:`hccc.compiler.ir.symbolic.prove`) in the placement the plan declares, every
@@ -26,6 +28,11 @@ that writes into a region its peer still reads (a race in the plan) is not detec
 located reason: switch (NVLS) channels and their operations, thread-block groups (``tbg_info``:
 parts of chunks), the packet copies ``cpkt``/``rppkt``/``recpkt``/``recspkt`` and port-channel
 packets, channels shared by thread blocks, signals nobody waits for.
+
+Each operation is read once, through :meth:`~hccc.compiler.interop.mscclpp_ops.PlanOp.from_dict`,
+into a :class:`~hccc.compiler.interop.mscclpp_ops.BlockOp` (:meth:`_Importer._scan`); the passes
+after it (:meth:`_Importer._build`: where data goes, then the rows of every block in order) and the
+checks of :mod:`hccc.compiler.interop.mscclpp_sync` read only those values.
 """
 from __future__ import annotations
 
@@ -39,9 +46,11 @@ import numpy as np
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
+from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
-from hccc.compiler.interop.mscclpp_sync import check_counts, check_next_call, check_races
+from hccc.compiler.interop.mscclpp_sync import (check_counts, check_next_call, check_pipeline_iterations,
+                                                check_races)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
 _UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
@@ -192,27 +201,7 @@ class _Importer:
     # -- reading
     def run(self) -> ProgramIR:
         rd, plan = self.rd, self.plan
-        coll = rd.get(plan, "collective", (), str)
-        if coll not in COLLECTIVES:
-            spec = SPECS.get(coll)
-            if spec is not None and spec.rooted:   # one hccc has, which a plan cannot state
-                raise rd.err(("collective",), f"unsupported collective '{coll}': an MSCCL++ plan has no "
-                                              f"root, so it cannot express a {spec.title}; hccc reads "
-                                              f"{', '.join(COLLECTIVES)} plans")
-            raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
-                                          f"{', '.join(COLLECTIVES)}")
-        proto = rd.get(plan, "protocol", (), str)
-        if proto not in ("Simple", "LL"):
-            raise rd.err(("protocol",), f"unknown protocol '{proto}' (Simple or LL)")
-        inplace = rd.get(plan, "inplace", ())
-        if not isinstance(inplace, bool):
-            raise rd.err(("inplace",), "'inplace' must be true or false")
-        reuse = plan.get("reuse_resources", False)
-        if not isinstance(reuse, bool):
-            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
-        double = plan.get("use_double_scratch_buffer", False)
-        if not isinstance(double, bool):
-            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
+        coll, proto, inplace, reuse, double = self._flags()
         gpus = rd.get(plan, "gpus", (), list)
         R = len(gpus)
         if R < 1:
@@ -257,6 +246,33 @@ class _Importer:
         self._channels(gpus)
         self._scan(gpus)
         return self._build(plan)
+
+    def _flags(self) -> tuple[str, str, bool, bool, bool]:
+        """The plan's collective, protocol, ``inplace``, ``reuse_resources`` and
+        ``use_double_scratch_buffer``, each checked."""
+        rd, plan = self.rd, self.plan
+        coll = rd.get(plan, "collective", (), str)
+        if coll not in COLLECTIVES:
+            spec = SPECS.get(coll)
+            if spec is not None and spec.rooted:   # one hccc has, which a plan cannot state
+                raise rd.err(("collective",), f"unsupported collective '{coll}': an MSCCL++ plan has no "
+                                              f"root, so it cannot express a {spec.title}; hccc reads "
+                                              f"{', '.join(COLLECTIVES)} plans")
+            raise rd.err(("collective",), f"unsupported collective '{coll}': hccc proves and runs "
+                                          f"{', '.join(COLLECTIVES)}")
+        proto = rd.get(plan, "protocol", (), str)
+        if proto not in ("Simple", "LL"):
+            raise rd.err(("protocol",), f"unknown protocol '{proto}' (Simple or LL)")
+        inplace = rd.get(plan, "inplace", ())
+        if not isinstance(inplace, bool):
+            raise rd.err(("inplace",), "'inplace' must be true or false")
+        reuse = plan.get("reuse_resources", False)
+        if not isinstance(reuse, bool):
+            raise rd.err(("reuse_resources",), "'reuse_resources' must be true or false")
+        double = plan.get("use_double_scratch_buffer", False)
+        if not isinstance(double, bool):
+            raise rd.err(("use_double_scratch_buffer",), "'use_double_scratch_buffer' must be true or false")
+        return coll, proto, inplace, reuse, double
 
     def _refinement(self, gpus) -> int:
         """The least common multiple of the plan's thread-block group sizes (1: none), bounded by
@@ -396,68 +412,10 @@ class _Importer:
         self.tb_chans = {}                # (rank, tb) -> type -> the block's channels (rank-level ids)
         self.chain_in, self.chain_out = {}, {}
         self.sem_init = [semaphore_inits(g, ("gpus", r), rd.err) for r, g in enumerate(gpus)]
-
-        def operation(op, p):
-            name = rd.get(op, "name", p, str)
-            if name not in OP_NAMES:
-                raise rd.err(p + ("name",), f"invalid operation type '{name}'")
-            if name in _UNSUPPORTED:
-                raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
-            check_operation(op, p, rd.err, len(self.sem_init[r]))
-            return name
-
+        self.pipelines = {}               # a pipeline's path -> (unit_size, num_chunks) of its iterations
         for r, g in enumerate(gpus):
             for ti, tb in enumerate(rd.get(g, "threadblocks", ("gpus", r), list)):
-                base = ("gpus", r, "threadblocks", ti)
-                tid = rd.get(tb, "id", base, int)
-                if tid != ti:
-                    raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
-                check_thread_block(tb, base, rd.err)
-                tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
-                self.tb_chans[(r, ti)] = tch
-                trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
-                ops = []
-                for k, op in enumerate(rd.get(tb, "ops", base, list)):
-                    p = base + ("ops", k)
-                    name = operation(op, p)
-                    if name == "pipeline":
-                        inner = op["ops"]
-                        for j, o in enumerate(inner):
-                            if operation(o, p + ("ops", j)) == "pipeline":
-                                raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
-                        sizes = {ref.get("size") for o in inner for s in ("src_buff", "dst_buff")
-                                 for ref in o.get(s, [])}
-                        if len(sizes) > 1:
-                            raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
-                                            "would cut different elements in different operations")
-                        ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
-                    else:
-                        ops.append((p, op))
-                resolved = []
-                for p, op in ops:
-                    name = op["name"]
-                    t = op.get("channel_type", "memory")
-                    if t == "switch":
-                        raise rd.err(p, "switch (NVLS) channels are not modelled")
-                    ids = []
-                    for c in op.get("channel_ids", []):
-                        if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
-                            raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
-                        g_c = tch[t][c]
-                        if not 0 <= g_c < len(self.chans[r][t]):
-                            raise rd.err(base + ("channels",), "channel id beyond the gpu's channels")
-                        ids.append(g_c)
-                        if name in ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf"):
-                            users = self.owner.setdefault((r, t, g_c, name in ("wait", "rlxwait")), [])
-                            if ti not in (u for u, _ in users):
-                                users.append((ti, p))
-                    resolved.append((p, dict(op, _ids=ids, _t=t, _rb=trb)))
-                self.tbs.append((r, ti, resolved))
-                if resolved and resolved[0][1]["name"] == "sem_acquire":
-                    for sid in resolved[0][1].get("semaphore_ids", []):
-                        self.chain_in[(r, sid)] = ti
-                if resolved and resolved[-1][1]["name"] == "sem_release":
-                    self.chain_out[(r, ti)] = resolved[-1][1].get("semaphore_ids", [])
+                self._scan_block(r, ti, tb)
         # a channel end used by several thread blocks: they must run one after the other (each
         # starting on a semaphore the one before releases as its last operation), in id order
         for (r, t, c, waits), users in self.owner.items():
@@ -470,24 +428,100 @@ class _Importer:
         order: list = []
         check_counts(self.tbs, self.pair, self.chans, self._ref, self.sem_init, rd.err, order)
         check_next_call(self.tbs, order, self._ref, lambda b: b == Buf.SCRATCH, self.double, rd.err)
+        check_pipeline_iterations(self.tbs, self.pipelines, self._ref, lambda b: b == Buf.SCRATCH, rd.err)
+
+    def _operation(self, r, op, p):
+        """Operation object ``op`` at ``p`` of rank ``r`` as a :class:`PlanOp` (``"pipeline"`` for
+        a pipeline, its body read by the caller); what hccc does not model is refused."""
+        rd = self.rd
+        name = rd.get(op, "name", p, str)
+        if name not in OP_NAMES:
+            raise rd.err(p + ("name",), f"invalid operation type '{name}'")
+        if name in _UNSUPPORTED:
+            raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+        if name == "pipeline":
+            check_operation(op, p, rd.err, len(self.sem_init[r]))
+            return name
+        return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
+
+    def _block_ops(self, r, tb, base) -> list[tuple[tuple, PlanOp]]:
+        """A thread block's operations in order, with their paths; a pipeline's body in place of
+        the pipeline (it runs once over the whole ranges)."""
+        rd = self.rd
+        ops = []
+        for k, op in enumerate(rd.get(tb, "ops", base, list)):
+            p = base + ("ops", k)
+            parsed = self._operation(r, op, p)
+            if parsed != "pipeline":
+                ops.append((p, parsed))
+                continue
+            self.pipelines[p] = (op["iter_context"]["unit_size"], op["iter_context"]["num_chunks"])
+            inner = []
+            for j, o in enumerate(op["ops"]):
+                inner.append(self._operation(r, o, p + ("ops", j)))
+                if inner[-1] == "pipeline":
+                    raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
+            sizes = {ref.size for o in inner for ref in (o.src or ()) + (o.dst or ())}
+            if len(sizes) > 1:
+                raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
+                                "would cut different elements in different operations")
+            if sizes and sizes != {op["iter_context"]["num_chunks"]}:
+                raise rd.err(p + ("iter_context", "num_chunks"),
+                             f"a pipeline over {op['iter_context']['num_chunks']} chunks whose operations move "
+                             f"{sizes.pop()}: its iterations would not cover its operations' ranges exactly")
+            ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
+        return ops
+
+    def _scan_block(self, r, ti, tb):
+        """Thread block ``ti`` of rank ``r``: its operations resolved against its channel and
+        remote-buffer tables, the channel ends it uses, the semaphores that chain it."""
+        rd = self.rd
+        base = ("gpus", r, "threadblocks", ti)
+        tid = rd.get(tb, "id", base, int)
+        if tid != ti:
+            raise rd.err(base + ("id",), f"thread block {ti} has id {tid}")
+        check_thread_block(tb, base, rd.err)
+        tch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
+        self.tb_chans[(r, ti)] = tch
+        trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
+        resolved = []
+        for p, op in self._block_ops(r, tb, base):
+            t = op.channel_type or "memory"
+            if t == "switch":
+                raise rd.err(p, "switch (NVLS) channels are not modelled")
+            ids = []
+            for c in op.channel_ids or ():
+                if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
+                    raise rd.err(p + ("channel_ids",), "channel id beyond the thread block's channels")
+                g_c = tch[t][c]
+                if not 0 <= g_c < len(self.chans[r][t]):
+                    raise rd.err(base + ("channels",), "channel id beyond the gpu's channels")
+                ids.append(g_c)
+                if op.name in ("signal", "wait", "rlxsignal", "rlxwait", "pws", "pwsf"):
+                    users = self.owner.setdefault((r, t, g_c, op.name in ("wait", "rlxwait")), [])
+                    if ti not in (u for u, _ in users):
+                        users.append((ti, p))
+            resolved.append((p, BlockOp(op, p, t, tuple(ids), trb)))
+        self.tbs.append((r, ti, resolved))
+        if resolved and resolved[0][1].name == "sem_acquire":
+            for sid in resolved[0][1].semaphore_ids:
+                self.chain_in[(r, sid)] = ti
+        if resolved and resolved[-1][1].name == "sem_release":
+            self.chain_out[(r, ti)] = resolved[-1][1].semaphore_ids
 
     # -- pass 2: primitives
     def _ref(self, op, ref, path, r):
         """(rank, Buf, chunk, count) of a buffer reference (a remote one through the op's channel type)."""
         rd = self.rd
-        if not isinstance(ref, dict) or "index" not in ref or "size" not in ref:
-            raise rd.err(path, "a buffer reference needs 'index' and 'size'")
-        idx, n = ref["index"], ref["size"]
-        if not isinstance(idx, int) or not isinstance(n, int) or idx < 0 or n < 1:
-            raise rd.err(path, "index and size must be integers (size at least 1)")
-        if "buffer_id" in ref:
-            ids = op["_rb"].get(op["_t"], [])
-            b = ref["buffer_id"]
-            if not isinstance(b, int) or not 0 <= b < len(ids) or not 0 <= ids[b] < len(self.rbufs[r]):
+        idx, n = ref.index, ref.size        # integers, size at least 1 (checked as the operation was read)
+        if ref.buffer_id is not None:
+            ids = op.rbufs.get(op.t, [])
+            b = ref.buffer_id
+            if not 0 <= b < len(ids) or not 0 <= ids[b] < len(self.rbufs[r]):
                 raise rd.err(path + ("buffer_id",), "remote buffer id beyond the thread block's remote buffers")
             owner, letter = self.rbufs[r][ids[b]]
         else:
-            owner, letter = r, ref.get("type")
+            owner, letter = r, ref.type
             if letter not in BUF_OF_LETTER:
                 raise rd.err(path, f"bad buffer type {letter!r}")
         buf = BUF_OF_LETTER[letter]
@@ -495,138 +529,175 @@ class _Importer:
         if idx + n > limit:
             raise rd.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
         F = self.F
-        group = op.get("tbg_info")
-        if group and group["tbg_size"] > 1:
+        group = op.tbg
+        if group and group[1] > 1:
             # the executor cuts the operation's range into tbg_size equal parts (at sizes that are a
             # multiple of the alignment x chunks x F) and this block moves part tb_id
-            part = n * F // group["tbg_size"]
-            return owner, buf, idx * F + group["tb_id"] * part, part
+            part = n * F // group[1]
+            return owner, buf, idx * F + group[0] * part, part
         return owner, buf, idx * F, n * F
 
     def _build(self, plan) -> ProgramIR:
-        rd = self.rd
-        R = self.R
-        rows: list[list] = []           # rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, cnt
-        where: list[str] = []
-        paths: list[tuple] = []
-        # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
-        pending = defaultdict(list)
-        mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
-        bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
-        bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
-        bar_uses = defaultdict(int)
-        groups = defaultdict(list)
-        # reads attached to signals: (rank, type, channel, k) -> [(reader rank, path, region)]
-        nsig = defaultdict(int)
-        nwait = defaultdict(int)
-        # pass A: sends (puts and packets), signal groups; waits counted
-        emit_at: dict[tuple, list] = defaultdict(list)     # (rank, tb, op position) -> rows to emit there
-        packet_writes = defaultdict(list)                  # receiver -> [(lo, n, send)]
-        packet_reads = defaultdict(set)                    # reader -> boundaries of the packet regions it reads
-        local_pk = defaultdict(list)                       # rank -> packets it writes into its own scratch
-        self.pk_readers = defaultdict(list)
-        self.local_pk_by = {}                              # (rank, tb, op) -> its local packet write
-        self.pk_deps = []                                  # (reader row, packet write): flags order them
-        reads = []                                         # remote reads: (rank, tb, pos, peer, wait key, region)
-        last_wait = {}
-        msg_id = [0]
-
-        def new_msg():
-            msg_id[0] += 1
-            return msg_id[0]
-
+        """The plan's primitives, in two passes over every thread block's operations: first where
+        data goes (sends, signal groups, waits, packet regions, remote reads), then the rows in each
+        block's order with the dependencies semaphores, barriers and packet flags carry."""
+        self._start_build()
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op["name"]
-                t, ids = op["_t"], op["_ids"]
-                if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
-                    dsts = op.get("dst_buff", [])
-                    srcs = op.get("src_buff", [])
-                    first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
-                    for j, ref in enumerate(dsts[first_remote:], start=first_remote):
-                        if "buffer_id" not in ref:
-                            raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
-                        peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
-                        port_pkt = name == "ppkt" and t == "port"
-                        if port_pkt and (not srcs or srcs[0].get("type") != "s"):
-                            raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
-                                            "only packets of the rank's scratch are modelled")
-                        if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
-                            _, _, qi, qn = self._ref(op, srcs[0], p + ("src_buff", 0), r)
-                            sb, so, sn = Buf.SCRATCH, self.PK + qi, qn
-                            if sn != n:
-                                raise rd.err(p, "source and destination sizes differ")
-                        elif name in ("put", "pws", "pwsf", "ppkt"):
-                            s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
-                            if s is None:
-                                raise rd.err(p, f"'{name}' without a source")
-                            _, sb, so, sn = self._ref(op, s, p + ("src_buff", min(j, len(srcs) - 1)), r)
-                            if sn != n:
-                                raise rd.err(p, "source and destination sizes differ")
-                        else:
-                            _, sb, so, sn = self._ref(op, dsts[0], p + ("dst_buff", 0), r)
-                        c = self._channel_to(r, t, ids, j - first_remote, peer, p, ti)
-                        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
-                                "dst": (buf, idx, n), "path": p}
-                        emit_at[(r, ti, pos)].append(("send", send))
-                        if name in ("ppkt", "respkt", "recspkt", "rppkt"):
-                            if t != "memory" and name not in ("rppkt", "ppkt"):
-                                raise rd.err(p, f"'{name}' over a port channel is not modelled")
-                            packet_writes[peer].append((idx, n, send))
-                        else:
-                            # a memory put is announced by the block's next signal to that peer (the
-                            # signal's fence publishes every earlier write of the block); a port put
-                            # by the next signal on its own channel (the proxy keeps one order per channel)
-                            pending[(r, ti, peer) if t == "memory" else (r, ti, peer, c)].append(send)
-                    if name in ("pws", "pwsf") and t == "port":
-                        for c in ids:
-                            self._signal(r, t, c, pending, groups, nsig, ti)
-                if name in ("signal", "rlxsignal"):
-                    for c in ids:
-                        self._signal(r, t, c, pending, groups, nsig, ti)
-                        if t == "memory":
-                            mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, groups[(r, t, c)][-1]))
-                if name == "barrier":
-                    bkey = (op["barrier_id"], bar_uses[(r, ti, op["barrier_id"])])
-                    bar_uses[(r, ti, op["barrier_id"])] += 1
-                    bar_pass[(r, ti)].append((pos, bkey))
-                    bar_members[(r,) + bkey].append(ti)
-                if name in ("wait", "rlxwait"):
-                    for c in ids:
-                        k = nwait[(r, t, c)]
-                        nwait[(r, t, c)] += 1
-                        last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
-                        emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
-                if name in _PACKET_READS or (name == "ppkt" and t == "port"):
-                    srcs = op.get("src_buff", [])
-                    name = "rppkt" if name == "ppkt" else name
-                    for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
-                                                                                                else len(srcs)))):
-                        _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                        packet_reads[r].update((idx, idx + n))
-                        self.pk_readers[r].append((idx, idx + n))
-                if name in ("cpkt", "recpkt", "recspkt"):
-                    k = 0 if name == "cpkt" else 1
-                    _, _, idx, n = self._ref(op, op["dst_buff"][k], p + ("dst_buff", k), r)
-                    w = {"rank": r, "local": True, "path": p, "tb": ti}
-                    local_pk[r].append((idx, n, w))
-                    self.local_pk_by[(r, ti, pos)] = w
-                if name in ("get", "rre", "rres"):
-                    srcs = op.get("src_buff", [])
-                    first = 0 if name == "get" else 1
-                    for j, ref in enumerate(srcs[first:], start=first):
-                        if "buffer_id" not in ref:
-                            raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
-                        peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
-                        w = last_wait.get((r, ti, peer))
-                        if w is None:
-                            raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
-                                            f"signal from it in this thread block")
-                        reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
-                                      "path": p, "j": j})
-        # a packet write read in parts (by several operations) is sent in those parts
-        for peer, writes in list(packet_writes.items()):
-            cuts = sorted(packet_reads.get(peer, set()))
+                self._place(r, ti, pos, p, op)
+        self._cut_packet_writes()
+        self._count_packet_readers()
+        self._announce_across_barriers(self.pending, self.mem_signals, self.bar_pass, self.bar_members)
+        for key, lst in self.pending.items():
+            if lst:
+                raise self.rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
+                                                  f"after it: the peer cannot know when the data is there")
+        self._attach_reads()
+        self._start_rows()
+        for r, ti, ops in self.tbs:
+            for pos, (p, op) in enumerate(ops):
+                self._rows_of(r, ti, pos, p, op)
+            if not self.tb_rows.get((r, ti)):
+                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
+                # its place, so the program's thread blocks stay the plan's
+                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
+                self._add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
+        self._set_put_channels()
+        self._sync_deps()
+        return self._finish(self.rows, self.deps, self.tb_rows)
+
+    def _start_build(self):
+        """The state of pass A (where data goes)."""
+        self.rows: list[list] = []      # rank, tb, op, send_peer, recv_peer, channel, sb, so, db, do, cnt
+        self.where: list[str] = []
+        self.paths: list[tuple] = []
+        # signal groups: (rank, type, channel) -> [list of (send row, dst region)] per signal
+        self.pending = defaultdict(list)
+        self.mem_signals = defaultdict(list)     # (rank, tb) -> [(pos, peer, channel, its group)]
+        self.bar_pass = defaultdict(list)        # (rank, tb) -> [(pos, (barrier id, k-th pass))]
+        self.bar_members = defaultdict(list)     # (rank, barrier id, k) -> blocks passing it
+        self.bar_uses = defaultdict(int)
+        self.groups = defaultdict(list)
+        self.nsig = defaultdict(int)
+        self.nwait = defaultdict(int)
+        self.emit_at: dict[tuple, list] = defaultdict(list)  # (rank, tb, op position) -> rows to emit there
+        self.packet_writes = defaultdict(list)               # receiver -> [(lo, n, send)]
+        self.packet_reads = defaultdict(set)                 # reader -> boundaries of the packet regions it reads
+        self.local_pk = defaultdict(list)                    # rank -> packets it writes into its own scratch
+        self.pk_readers = defaultdict(list)
+        self.local_pk_by = {}                                # (rank, tb, op) -> its local packet write
+        self.pk_deps = []                                    # (reader row, packet write): flags order them
+        self.reads = []                                      # remote reads: (rank, tb, pos, peer, wait key, region)
+        self.last_wait = {}
+        self.chan_no: dict[tuple, int] = {}
+        self.chans_between: dict[tuple, int] = defaultdict(int)   # (sender, receiver) -> connections so far
+
+    # -- pass A: sends (puts and packets), signal groups; waits counted
+    def _place(self, r, ti, pos, p, op):
+        """Where one operation's data goes, and the synchronisation it counts."""
+        name, t, ids = op.name, op.t, op.ids
+        if name in ("put", "pws", "pwsf", "res", "rres", "ppkt", "respkt", "recspkt", "rppkt"):
+            first_remote = {"res": 1, "rres": 1, "respkt": 1, "recspkt": 2}.get(name, 0)
+            for j, ref in enumerate(op.dst[first_remote:], start=first_remote):
+                self._put(r, ti, pos, p, op, j, first_remote, ref)
+            if name in ("pws", "pwsf") and t == "port":
+                for c in ids:
+                    self._signal(r, t, c, self.pending, self.groups, self.nsig, ti)
+        if name in ("signal", "rlxsignal"):
+            for c in ids:
+                self._signal(r, t, c, self.pending, self.groups, self.nsig, ti)
+                if t == "memory":
+                    self.mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, self.groups[(r, t, c)][-1]))
+        if name == "barrier":
+            bkey = (op.barrier_id, self.bar_uses[(r, ti, op.barrier_id)])
+            self.bar_uses[(r, ti, op.barrier_id)] += 1
+            self.bar_pass[(r, ti)].append((pos, bkey))
+            self.bar_members[(r,) + bkey].append(ti)
+        if name in ("wait", "rlxwait"):
+            for c in ids:
+                k = self.nwait[(r, t, c)]
+                self.nwait[(r, t, c)] += 1
+                self.last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
+                self.emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
+        self._packet_places(r, ti, pos, p, op)
+
+    def _put(self, r, ti, pos, p, op, j, first_remote, ref):
+        """The send of one remote destination ``j`` of a put or packet operation."""
+        rd, name, t, ids = self.rd, op.name, op.t, op.ids
+        dsts, srcs = op.dst, op.src
+        if ref.buffer_id is None:
+            raise rd.err(p + ("dst_buff", j), f"'{name}' writes a peer's buffer: a buffer_id is needed")
+        peer, buf, idx, n = self._ref(op, ref, p + ("dst_buff", j), r)
+        port_pkt = name == "ppkt" and t == "port"
+        if port_pkt and (not srcs or srcs[0].type != "s"):
+            raise rd.err(p, "a port-channel ppkt sends packets already in the source buffer: "
+                            "only packets of the rank's scratch are modelled")
+        if name == "rppkt" or port_pkt:       # forwards the packets of its own scratch region
+            _, _, qi, qn = self._ref(op, srcs[0], p + ("src_buff", 0), r)
+            sb, so, sn = Buf.SCRATCH, self.PK + qi, qn
+            if sn != n:
+                raise rd.err(p, "source and destination sizes differ")
+        elif name in ("put", "pws", "pwsf", "ppkt"):
+            s = srcs[j] if j < len(srcs) else srcs[0] if srcs else None
+            if s is None:
+                raise rd.err(p, f"'{name}' without a source")
+            _, sb, so, sn = self._ref(op, s, p + ("src_buff", min(j, len(srcs) - 1)), r)
+            if sn != n:
+                raise rd.err(p, "source and destination sizes differ")
+        else:
+            _, sb, so, sn = self._ref(op, dsts[0], p + ("dst_buff", 0), r)
+        c = self._channel_to(r, t, ids, j - first_remote, peer, p, ti)
+        send = {"rank": r, "tb": ti, "pos": pos, "sb": sb, "so": so, "n": n, "peer": peer,
+                "dst": (buf, idx, n), "path": p}
+        self.emit_at[(r, ti, pos)].append(("send", send))
+        if name in ("ppkt", "respkt", "recspkt", "rppkt"):
+            if t != "memory" and name not in ("rppkt", "ppkt"):
+                raise rd.err(p, f"'{name}' over a port channel is not modelled")
+            self.packet_writes[peer].append((idx, n, send))
+        else:
+            # a memory put is announced by the block's next signal to that peer (the
+            # signal's fence publishes every earlier write of the block); a port put
+            # by the next signal on its own channel (the proxy keeps one order per channel)
+            self.pending[(r, ti, peer) if t == "memory" else (r, ti, peer, c)].append(send)
+
+    def _packet_places(self, r, ti, pos, p, op):
+        """The packet regions an operation reads, the packets it writes into its own scratch, and
+        its reads of a peer's buffer (after the block's latest wait towards that peer)."""
+        rd, name, t = self.rd, op.name, op.t
+        if name in _PACKET_READS or (name == "ppkt" and t == "port"):
+            srcs = op.src
+            name = "rppkt" if name == "ppkt" else name
+            for j in range(_PACKET_READS[name], min(len(srcs), _PACKET_READS[name] + (1 if name == "rppkt"
+                                                                                        else len(srcs)))):
+                _, _, idx, n = self._ref(op, srcs[j], p + ("src_buff", j), r)
+                self.packet_reads[r].update((idx, idx + n))
+                self.pk_readers[r].append((idx, idx + n))
+        if name in ("cpkt", "recpkt", "recspkt"):
+            k = 0 if name == "cpkt" else 1
+            _, _, idx, n = self._ref(op, op.dst[k], p + ("dst_buff", k), r)
+            w = {"rank": r, "local": True, "path": p, "tb": ti}
+            self.local_pk[r].append((idx, n, w))
+            self.local_pk_by[(r, ti, pos)] = w
+        if name in ("get", "rre", "rres"):
+            srcs = op.src
+            first = 0 if name == "get" else 1
+            for j, ref in enumerate(srcs[first:], start=first):
+                if ref.buffer_id is None:
+                    raise rd.err(p + ("src_buff", j), f"'{name}' reads a peer's buffer: a buffer_id is needed")
+                peer, buf, idx, n = self._ref(op, ref, p + ("src_buff", j), r)
+                w = self.last_wait.get((r, ti, peer))
+                if w is None:
+                    raise rd.err(p, f"rank {r} reads rank {peer}'s buffer without first waiting for a "
+                                    f"signal from it in this thread block")
+                self.reads.append({"rank": r, "tb": ti, "pos": pos, "peer": peer, "wait": w, "src": (buf, idx, n),
+                                   "path": p, "j": j})
+
+    def _cut_packet_writes(self):
+        """A packet write read in parts (by several operations) is sent in those parts; packet
+        writes into one region by two operations are refused."""
+        rd = self.rd
+        for peer, writes in list(self.packet_writes.items()):
+            cuts = sorted(self.packet_reads.get(peer, set()))
             parts = []
             for lo, n, send in writes:
                 bounds = [lo] + cuts[bisect_right(cuts, lo):bisect_left(cuts, lo + n)] + [lo + n]
@@ -638,24 +709,26 @@ class _Importer:
                     piece = dict(send, so=send["so"] + (a - lo), n=b - a, dst=(send["dst"][0], a, b - a))
                     pieces.append(piece)
                     parts.append((a, b - a, piece))
-                at = emit_at[(send["rank"], send["tb"], send["pos"])]
+                at = self.emit_at[(send["rank"], send["tb"], send["pos"])]
                 k = next(i for i, e in enumerate(at) if e[1] is send)
                 at[k:k + 1] = [("send", x) for x in pieces]
-            parts += local_pk.pop(peer, [])
+            parts += self.local_pk.pop(peer, [])
             parts.sort(key=lambda x: x[0])
             for (a, n, s1), (b, _, s2) in zip(parts, parts[1:]):
                 if b < a + n:
                     raise rd.err(s2["path"], f"rank {s2['rank']} puts packets into rank {peer}'s scratch where rank "
                                              f"{s1['rank']} puts packets too: which one a read sees is not fixed")
-            packet_writes[peer] = parts
-        for peer, parts in local_pk.items():
-            packet_writes[peer] = sorted(parts, key=lambda x: x[0])
+            self.packet_writes[peer] = parts
+        for peer, parts in self.local_pk.items():
+            self.packet_writes[peer] = sorted(parts, key=lambda x: x[0])
+
+    def _count_packet_readers(self):
         # a packet region read by one operation is received into that operation's place; one read
         # by several is received into the scratch (at self.PK + index) by the first and read there
         # (parts never straddle a read's bounds, which cut them: the parts a read covers are
         # those starting inside it)
         self.pk_los = {}
-        for peer, parts in packet_writes.items():
+        for peer, parts in self.packet_writes.items():
             los = [lo for lo, _, _ in parts]
             self.pk_los[peer] = los
             for _, _, w in parts:
@@ -665,28 +738,23 @@ class _Importer:
                     lo, n, w = parts[k]
                     if lo + n <= b:
                         w["readers"] += 1
-        self._announce_across_barriers(pending, mem_signals, bar_pass, bar_members)
-        for key, lst in pending.items():
-            if lst:
-                raise rd.err(lst[0]["path"], f"rank {key[0]} puts into rank {lst[0]['peer']} without a signal "
-                                             f"after it: the peer cannot know when the data is there")
-        chan_no: dict[tuple, int] = {}
-        chans_between: dict[tuple, int] = defaultdict(int)     # (sender, receiver) -> connections so far
 
-        def channel_no(key):
-            # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
-            # receiving thread blocks): a subsequence of the channel's messages, in their order
-            if key not in chan_no:
-                chan_no[key] = chans_between[key[1:3]]
-                chans_between[key[1:3]] += 1
-            return chan_no[key]
+    def _channel_no(self, key):
+        # one ProgramIR connection per (kind, sender, receiver, type, channel, sending and
+        # receiving thread blocks): a subsequence of the channel's messages, in their order
+        if key not in self.chan_no:
+            self.chan_no[key] = self.chans_between[key[1:3]]
+            self.chans_between[key[1:3]] += 1
+        return self.chan_no[key]
 
-        # the signal a read belongs to: the peer's k-th signal on the partner channel
-        sig_reads = defaultdict(list)
-        reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
-        for x in reads:
-            reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
-        for rd_ in reads:
+    def _attach_reads(self):
+        """The signal a read belongs to: the peer's k-th signal on the partner channel."""
+        rd = self.rd
+        self.sig_reads = defaultdict(list)
+        self.reads_at = defaultdict(list)            # (rank, tb, op position) -> its remote reads, in order
+        for x in self.reads:
+            self.reads_at[(x["rank"], x["tb"], x["pos"])].append(x)
+        for rd_ in self.reads:
             t, c, k = rd_["wait"]
             partner = self.pair.get((rd_["rank"], t, c))
             if partner is None:
@@ -695,98 +763,108 @@ class _Importer:
             if k >= len(sigs):
                 raise rd.err(rd_["path"], f"rank {rd_['rank']} reads rank {rd_['peer']}'s buffer after a wait "
                                           f"rank {rd_['peer']} never signals")
-            rd_["channel"] = channel_no(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
-            sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
-        # pass B: rows in every thread block's order
-        self.rows, self.where, self.paths = rows, where, paths
-        deps = []
-        sem_rel = defaultdict(list)
-        sem_acq = defaultdict(list)
-        barriers = defaultdict(list)
-        barrier_uses = defaultdict(int)
-        recv_for_send = {}
-        nsig2 = defaultdict(int)
-        tb_rows: dict[tuple, list[int]] = defaultdict(list)
+            rd_["channel"] = self._channel_no(("read", rd_["peer"], rd_["rank"], t, partner[0], sigs[k], rd_["tb"]))
+            self.sig_reads[(rd_["peer"], t, partner[0], k)].append(rd_)
 
-        def add(r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1):
-            rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
-            where.append(desc)
-            paths.append(path)
-            tb_rows[(r, ti)].append(len(rows) - 1)
-            return len(rows) - 1
+    # -- pass B: rows in every thread block's order
+    def _start_rows(self):
+        self.deps = []
+        self.sem_rel = defaultdict(list)
+        self.sem_acq = defaultdict(list)
+        self.barriers = defaultdict(list)
+        self.barrier_uses = defaultdict(int)
+        self.nsig2 = defaultdict(int)
+        self.tb_rows: dict[tuple, list[int]] = defaultdict(list)
 
+    def _add(self, r, ti, op, path, desc, sp=-1, rp=-1, ch=0, sb=Buf.NONE, so=0, db=Buf.NONE, do=0, n=1):
+        self.rows.append([r, ti, int(op), sp, rp, ch, int(sb), so, int(db), do, n])
+        self.where.append(desc)
+        self.paths.append(path)
+        self.tb_rows[(r, ti)].append(len(self.rows) - 1)
+        return len(self.rows) - 1
+
+    def _rows_of(self, r, ti, pos, p, op):
+        """One operation's rows: receives its waits announce, sends of data peers read at its
+        signals, its local data movement, its own sends, NOPs where it passes a semaphore or barrier."""
+        name = op.name
+        desc = f"rank {r} thread block {ti} operation {pos} ({name})"
+        self._receives_at_wait(r, ti, pos, p, desc)
+        # sends reading a peer's announced data at its signal
+        if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+            for c in op.ids:
+                t = op.t
+                k = self.nsig2[(r, t, c)]
+                self.nsig2[(r, t, c)] += 1
+                for rr in self.sig_reads.get((r, t, c, k), []):
+                    b, i, n = rr["src"]
+                    rr["send_row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
+                                               sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
+        self._local(r, ti, pos, p, op, desc)
+        for kind, what in self.emit_at.get((r, ti, pos), []):
+            if kind == "send":
+                s = what
+                s["row"] = self._add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
+                                     ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
+        self._sync_rows(r, ti, p, op, desc)
+
+    def _receives_at_wait(self, r, ti, pos, p, desc):
+        """Receives announced by a wait."""
+        rd = self.rd
+        for kind, what in self.emit_at.get((r, ti, pos), []):
+            if kind == "wait":
+                t, c, k = what
+                partner = self.pair.get((r, t, c))
+                if partner is None:
+                    raise rd.err(p, f"rank {r}'s {t} channel {c} has no partner channel on rank "
+                                    f"{self.chans[r][t][c]}")
+                peer = self.chans[r][t][c]
+                grp = self.groups.get((peer, t, partner[0]), [])
+                if k < len(grp):
+                    for s in grp[k]:
+                        b, i, n = s["dst"]
+                        ch = self._channel_no(s["key"] + (s["tb"], ti))
+                        s["channel"] = ch
+                        self._add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
+                                  db=b, do=i, n=n)
+
+    def _sync_rows(self, r, ti, p, op, desc):
+        """The order operations carry: a NOP stands where a semaphore or barrier is passed."""
+        name = op.name
+        if name == "sem_acquire":
+            at = self._add(r, ti, Op.NOP, p, desc)
+            for s in op.semaphore_ids:
+                self.sem_acq[(r, s)].append((ti, at, p))
+        if name == "sem_release":
+            at = self._add(r, ti, Op.NOP, p, desc)
+            for s in op.semaphore_ids:
+                self.sem_rel[(r, s)].append((ti, at, p))
+        if name == "barrier":
+            arrive = self._add(r, ti, Op.NOP, p, desc)
+            depart = self._add(r, ti, Op.NOP, p, desc)
+            # the k-th pass of a block through barrier b meets the k-th of the others
+            bkey = (r, op.barrier_id)
+            k = self.barrier_uses[(bkey, ti)]
+            self.barrier_uses[(bkey, ti)] += 1
+            self.barriers[bkey + (k,)].append((ti, arrive, depart, p))
+
+    def _set_put_channels(self):
+        """Put-message channels (set when their receive was placed)."""
+        rd = self.rd
         for r, ti, ops in self.tbs:
             for pos, (p, op) in enumerate(ops):
-                name = op["name"]
-                desc = f"rank {r} thread block {ti} operation {pos} ({name})"
-                first_row = len(rows)
-                # receives announced by a wait
-                for kind, what in emit_at.get((r, ti, pos), []):
-                    if kind == "wait":
-                        t, c, k = what
-                        partner = self.pair.get((r, t, c))
-                        if partner is None:
-                            raise rd.err(p, f"rank {r}'s {t} channel {c} has no partner channel on rank "
-                                            f"{self.chans[r][t][c]}")
-                        peer = self.chans[r][t][c]
-                        grp = groups.get((peer, t, partner[0]), [])
-                        if k < len(grp):
-                            for s in grp[k]:
-                                b, i, n = s["dst"]
-                                ch = channel_no(s["key"] + (s["tb"], ti))
-                                s["channel"] = ch
-                                add(r, ti, Op.RECV, p, desc + f" receiving from rank {peer}", rp=peer, ch=ch,
-                                    db=b, do=i, n=n)
-                # sends reading a peer's announced data at its signal
-                if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op["_t"] == "port"):
-                    for c in op["_ids"]:
-                        t = op["_t"]
-                        k = nsig2[(r, t, c)]
-                        nsig2[(r, t, c)] += 1
-                        for rr in sig_reads.get((r, t, c, k), []):
-                            b, i, n = rr["src"]
-                            rr["send_row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {rr['rank']}",
-                                                 sp=rr["rank"], ch=rr["channel"], sb=b, so=i, n=n)
-                self._local(r, ti, pos, p, op, desc, add, reads_at, packet_writes, channel_no)
-                for kind, what in emit_at.get((r, ti, pos), []):
-                    if kind == "send":
-                        s = what
-                        s["row"] = add(r, ti, Op.SEND, p, desc + f" sending to rank {s['peer']}", sp=s["peer"],
-                                       ch=-1, sb=s["sb"], so=s["so"], n=s["n"])
-                # the order operations carry: a NOP stands where a semaphore or barrier is passed
-                if name == "sem_acquire":
-                    at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.get("semaphore_ids", []):
-                        sem_acq[(r, s)].append((ti, at, p))
-                if name == "sem_release":
-                    at = add(r, ti, Op.NOP, p, desc)
-                    for s in op.get("semaphore_ids", []):
-                        sem_rel[(r, s)].append((ti, at, p))
-                if name == "barrier":
-                    arrive = add(r, ti, Op.NOP, p, desc)
-                    depart = add(r, ti, Op.NOP, p, desc)
-                    # the k-th pass of a block through barrier b meets the k-th of the others
-                    bkey = (r, op.get("barrier_id", 0))
-                    k = barrier_uses[(bkey, ti)]
-                    barrier_uses[(bkey, ti)] += 1
-                    barriers[bkey + (k,)].append((ti, arrive, depart, p))
-            if not tb_rows.get((r, ti)):
-                # a block that only synchronises (or has no operations) moves no data: a NOP keeps
-                # its place, so the program's thread blocks stay the plan's
-                at = ops[0][0] if ops else ("gpus", r, "threadblocks", ti)
-                add(r, ti, Op.NOP, at, f"rank {r} thread block {ti}")
-        # put-message channels (set when their receive was placed)
-        for r, ti, ops in self.tbs:
-            for pos, (p, op) in enumerate(ops):
-                for kind, s in emit_at.get((r, ti, pos), []):
+                for kind, s in self.emit_at.get((r, ti, pos), []):
                     if kind == "send":
                         if "channel" not in s:
                             raise rd.err(s["path"], f"rank {r} sends to rank {s['peer']}, but rank {s['peer']} "
                                                     f"never receives it (no matching wait or packet read)")
-                        rows[s["row"]][5] = s["channel"]
-        # semaphores: the k-th acquire after the k-th release; barriers: everyone before everyone
-        for key, acqs in sem_acq.items():
-            rels = sem_rel.get(key, [])
+                        self.rows[s["row"]][5] = s["channel"]
+
+    def _sync_deps(self):
+        """Semaphores: the k-th acquire after the k-th release; barriers: everyone before everyone;
+        packet reads after the packet writes whose flags they wait for."""
+        rd = self.rd
+        for key, acqs in self.sem_acq.items():
+            rels = self.sem_rel.get(key, [])
             sems = self.plan["gpus"][key[0]].get("semaphores", [])
             if key[1] >= len(sems) or not isinstance(sems[key[1]], dict):
                 raise rd.err(acqs[0][2], f"semaphore {key[1]} of rank {key[0]} is not declared")
@@ -801,17 +879,16 @@ class _Importer:
                     continue
                 if kk >= len(rels):
                     raise rd.err(p, f"semaphore {key[1]} of rank {key[0]} is acquired more often than released")
-                deps.append((at, rels[kk][1]))
-        for key, arr in barriers.items():
+                self.deps.append((at, rels[kk][1]))
+        for key, arr in self.barriers.items():
             for ti, _, depart, p in arr:
                 for tj, arrive, _, _ in arr:
                     if tj != ti:
-                        deps.append((depart, arrive))
+                        self.deps.append((depart, arrive))
         for row, w in self.pk_deps:
             if w.get("pk_row") is None:
                 raise rd.err(w["path"], "packets read before anything writes them")
-            deps.append((row, w["pk_row"]))
-        return self._finish(rows, deps, tb_rows)
+            self.deps.append((row, w["pk_row"]))
 
     def _channel_to(self, r, t, ids, j, peer, p, ti):
         """The channel an operation writing ``peer``'s buffer goes through: the one it names (which
@@ -872,113 +949,130 @@ class _Importer:
         nsig[(r, t, c)] += 1
         self.sig_tb[(r, t, c)].append(ti)
 
-    def _local(self, r, ti, pos, p, op, desc, add, reads, packet_writes, channel_no):
+    def _local(self, r, ti, pos, p, op, desc):
         """Local data operations, remote reads and packet reads of one operation."""
         rd = self.rd
-        name = op["name"]
+        name = op.name
         if name in ("copy",):
-            s = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
-            add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
+            s = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+            self._add(r, ti, Op.COPY, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=s[3])
             return
         if name in ("re", "res"):
-            srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op["src_buff"])]
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
+            srcs = [self._ref(op, s, p + ("src_buff", j), r) for j, s in enumerate(op.src)]
+            d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
             if any(s[0] != r for s in srcs):
                 raise rd.err(p, f"'{name}' reduces local buffers only")
-            self._reduce_local(r, ti, p, desc, add, srcs, d)
+            self._reduce_local(r, ti, p, desc, srcs, d)
             return
         if name in ("get", "rre", "rres"):
-            mine = reads.get((r, ti, pos), [])
-            if name == "get":
-                for x in mine:
-                    d = self._ref(op, op["dst_buff"][x["j"]], p + ("dst_buff", x["j"]), r)
-                    add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
-                        db=d[1], do=d[2], n=d[3])
-                return
-            s0 = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            d = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
-            acc = s0
-            for x in mine:
-                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
-                    ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
-                acc = d
+            self._remote_reads(r, ti, pos, p, op, desc)
             return
         if name == "cpkt":
-            sr = self._ref(op, op["src_buff"][0], p + ("src_buff", 0), r)
-            q = self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
-            self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2], db=Buf.SCRATCH,
-                                                        do=self.PK + q[2], n=sr[3])
+            sr = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+            q = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+            self.local_pk_by[(r, ti, pos)]["pk_row"] = self._add(r, ti, Op.COPY, p, desc, sb=sr[1], so=sr[2],
+                                                                 db=Buf.SCRATCH, do=self.PK + q[2], n=sr[3])
             return
-        if name == "ppkt" and op["_t"] == "port":
+        if name == "ppkt" and op.t == "port":
             name = "rppkt"            # packets of its own scratch, put as they are
         if name in _PACKET_READS:
-            srcs = op.get("src_buff", [])
-            first_pk = _PACKET_READS[name]
-            last = first_pk + 1 if name == "rppkt" else len(srcs)
-            d = None if name == "rppkt" else self._ref(op, op["dst_buff"][0], p + ("dst_buff", 0), r)
-            acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
-            for j in range(first_pk, last):
-                q = self._ref(op, srcs[j], p + ("src_buff", j), r)
-                lst, los = packet_writes.get(r, []), self.pk_los.get(r, [])
-                end = q[2] + q[3]
-                pieces = []
-                # the writes are disjoint and sorted: only the one before the first that starts
-                # inside the read may reach into it
-                for lo, n, s in lst[max(bisect_left(los, q[2]) - 1, 0):bisect_left(los, end)]:
-                    if lo + n <= q[2]:
-                        continue
-                    if lo >= q[2] and lo + n <= end:
-                        pieces.append((lo, n, s))
-                    elif s.get("local"):
-                        # part of packets this rank wrote itself (a thread-block group's share of
-                        # them): each packet's own flag makes the read wait for it
-                        a, b = max(lo, q[2]), min(lo + n, end)
-                        pieces.append((a, b - a, s))
-                cover = q[2]
-                for lo, n, s in pieces:
-                    if lo != cover:
-                        break
-                    cover += n
-                if cover != q[2] + q[3]:
-                    raise rd.err(p + ("src_buff", j), f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
-                                                      f"not exactly the regions packets are written into")
-                for lo, n, s in pieces:
-                    off = lo - q[2]
-                    slot = self.PK + lo
-                    if not s.get("local") and not s.get("received"):
-                        s["channel"] = channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
-                        s["received"] = True
-                        if d is not None and s.get("readers", 1) == 1:
-                            if acc is None:
-                                add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                    ch=s["channel"], db=d[1], do=d[2] + off, n=n)
-                            else:
-                                add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                    ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
-                            continue
-                        s["pk_row"] = add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
-                                       ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
-                        s["tb_in"] = ti
-                    elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
-                        # packets another block wrote here: their flags make this read wait for them
-                        self.pk_deps.append((add(r, ti, Op.NOP, p, desc), s))
-                    if d is None:
-                        continue            # rppkt: its sends read the slot
-                    if acc is None:
-                        add(r, ti, Op.COPY, p, desc, sb=Buf.SCRATCH, so=slot, db=d[1], do=d[2] + off, n=n)
-                    else:
-                        self._reduce_local(r, ti, p, desc, add, [(r, acc[1], acc[2] + off, n), (r, Buf.SCRATCH, slot, n)],
-                                           (r, d[1], d[2] + off, n))
-                if d is not None and acc is not None:
-                    acc = d
-            if name in ("recpkt", "recspkt"):
-                q = self._ref(op, op["dst_buff"][1], p + ("dst_buff", 1), r)
-                self.local_pk_by[(r, ti, pos)]["pk_row"] = add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
-                                                            db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
-            return
+            self._packet_reads(r, ti, pos, p, op, desc, name)
 
-    def _reduce_local(self, r, ti, p, desc, add, srcs, d):
+    def _remote_reads(self, r, ti, pos, p, op, desc):
+        """``get`` receives what it reads; ``rre``/``rres`` reduce each peer's region into place."""
+        mine = self.reads_at.get((r, ti, pos), [])
+        if op.name == "get":
+            for x in mine:
+                d = self._ref(op, op.dst[x["j"]], p + ("dst_buff", x["j"]), r)
+                self._add(r, ti, Op.RECV, p, desc + f" reading rank {x['peer']}", rp=x["peer"], ch=x["channel"],
+                          db=d[1], do=d[2], n=d[3])
+            return
+        s0 = self._ref(op, op.src[0], p + ("src_buff", 0), r)
+        d = self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+        acc = s0
+        for x in mine:
+            self._add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" reading rank {x['peer']}", rp=x["peer"],
+                      ch=x["channel"], sb=acc[1], so=acc[2], db=d[1], do=d[2], n=d[3])
+            acc = d
+
+    def _packet_reads(self, r, ti, pos, p, op, desc, name):
+        """An operation reading packets of its own scratch (``name``: ``rppkt`` for a port ppkt):
+        each source region in the pieces packets were written in, received, copied or reduced."""
+        srcs = op.src
+        first_pk = _PACKET_READS[name]
+        last = first_pk + 1 if name == "rppkt" else len(srcs)
+        d = None if name == "rppkt" else self._ref(op, op.dst[0], p + ("dst_buff", 0), r)
+        acc = None if first_pk == 0 else self._ref(op, srcs[0], p + ("src_buff", 0), r)
+        for j in range(first_pk, last):
+            q = self._ref(op, srcs[j], p + ("src_buff", j), r)
+            for lo, n, s in self._packet_pieces(r, q, p + ("src_buff", j)):
+                self._read_piece(r, ti, p, desc, lo - q[2], self.PK + lo, n, s, d, acc)
+            if d is not None and acc is not None:
+                acc = d
+        if name in ("recpkt", "recspkt"):
+            q = self._ref(op, op.dst[1], p + ("dst_buff", 1), r)
+            self.local_pk_by[(r, ti, pos)]["pk_row"] = self._add(r, ti, Op.COPY, p, desc, sb=d[1], so=d[2],
+                                                                 db=Buf.SCRATCH, do=self.PK + q[2], n=d[3])
+
+    def _packet_pieces(self, r, q, path):
+        """The packet writes that make up region ``q`` of rank ``r``'s packet scratch, in order;
+        a region that is not exactly such writes is refused at ``path``."""
+        lst, los = self.packet_writes.get(r, []), self.pk_los.get(r, [])
+        end = q[2] + q[3]
+        pieces = []
+        # the writes are disjoint and sorted: only the one before the first that starts
+        # inside the read may reach into it
+        for lo, n, s in lst[max(bisect_left(los, q[2]) - 1, 0):bisect_left(los, end)]:
+            if lo + n <= q[2]:
+                continue
+            if lo >= q[2] and lo + n <= end:
+                pieces.append((lo, n, s))
+            elif s.get("local"):
+                # part of packets this rank wrote itself (a thread-block group's share of
+                # them): each packet's own flag makes the read wait for it
+                a, b = max(lo, q[2]), min(lo + n, end)
+                pieces.append((a, b - a, s))
+        cover = q[2]
+        for lo, n, s in pieces:
+            if lo != cover:
+                break
+            cover += n
+        if cover != q[2] + q[3]:
+            raise self.rd.err(path, f"packets [{q[2]}, {q[2] + q[3]}) of rank {r}'s scratch are "
+                                    f"not exactly the regions packets are written into")
+        return pieces
+
+    def _read_piece(self, r, ti, p, desc, off, slot, n, s, d, acc):
+        """One packet write ``s`` read at offset ``off`` of the read (its packets in scratch
+        ``slot``): received where first read (into its place when one operation reads it), waited
+        for where another block wrote it, then copied or reduced into ``d`` (with ``acc``)."""
+        if not s.get("local") and not s.get("received"):
+            s["channel"] = self._channel_no(("pkt", s["rank"], r, id(s)))      # packets: a connection each
+            s["received"] = True
+            if d is not None and s.get("readers", 1) == 1:
+                if acc is None:
+                    self._add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                              ch=s["channel"], db=d[1], do=d[2] + off, n=n)
+                else:
+                    self._add(r, ti, Op.RECV_REDUCE_COPY, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                              ch=s["channel"], sb=acc[1], so=acc[2] + off, db=d[1], do=d[2] + off, n=n)
+                return
+            s["pk_row"] = self._add(r, ti, Op.RECV, p, desc + f" from rank {s['rank']}", rp=s["rank"],
+                                    ch=s["channel"], db=Buf.SCRATCH, do=slot, n=n)
+            s["tb_in"] = ti
+        elif s.get("tb_in", s.get("tb") if s.get("local") else None) != ti:
+            # packets another block wrote here: their flags make this read wait for them
+            self.pk_deps.append((self._add(r, ti, Op.NOP, p, desc), s))
+        if d is None:
+            return            # rppkt: its sends read the slot
+        if acc is None:
+            self._add(r, ti, Op.COPY, p, desc, sb=Buf.SCRATCH, so=slot, db=d[1], do=d[2] + off, n=n)
+        else:
+            self._reduce_local(r, ti, p, desc, [(r, acc[1], acc[2] + off, n), (r, Buf.SCRATCH, slot, n)],
+                               (r, d[1], d[2] + off, n))
+
+    def _reduce_local(self, r, ti, p, desc, srcs, d):
         """dst := src0 (+) src1 (+) ... as COPY / REDUCE primitives."""
         n = srcs[0][3]
         others = list(srcs)
@@ -986,12 +1080,11 @@ class _Importer:
             others.remove(next(s for s in srcs if s[1:3] == d[1:3]))
         else:
             first = others.pop(0)
-            add(r, ti, Op.COPY, p, desc, sb=first[1], so=first[2], db=d[1], do=d[2], n=n)
+            self._add(r, ti, Op.COPY, p, desc, sb=first[1], so=first[2], db=d[1], do=d[2], n=n)
         for s in others:
-            add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
+            self._add(r, ti, Op.REDUCE, p, desc, sb=s[1], so=s[2], db=d[1], do=d[2], n=n)
 
     def _finish(self, rows, deps, tb_rows) -> ProgramIR:
-        rd = self.rd
         R = self.R
         dp = [a for a, _ in deps]
         do = [b for _, b in deps]
@@ -1032,6 +1125,12 @@ class _Importer:
         if g:
             ir.stats["gpus_per_node"] = g
         ir.sort_canonical()
+        return self._checked(ir, seq, tb, rank)
+
+    def _checked(self, ir, seq, tb, rank) -> ProgramIR:
+        """``ir`` checked like an imported XML (structure, deadlock freedom, the collective's
+        postcondition, every access in bounds), each refusal located at its operation."""
+        rd = self.rd
         self.order_where = None
         from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
         from hccc.compiler.ir.extents import ExtentError, check_extents

@@ -71,6 +71,8 @@ class PlanOp:
     semaphore_ids: tuple[int, ...] | None = None
     barrier_id: int | None = None
     num_threadblocks: int | None = None
+    #: ``(tb_id, tbg_size)`` of a thread-block group's member (the block moves part ``tb_id``)
+    tbg: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.name not in OPERANDS or OPERANDS[self.name].body:
@@ -102,6 +104,8 @@ class PlanOp:
             d["barrier_id"] = self.barrier_id
         if self.num_threadblocks is not None:
             d["num_threadblocks"] = self.num_threadblocks
+        if self.tbg is not None:
+            d["tbg_info"] = {"tb_id": self.tbg[0], "tbg_size": self.tbg[1]}
         return d
 
     @staticmethod
@@ -126,11 +130,53 @@ class PlanOp:
         refs = {side: tuple(BufRef.from_dict(r) for r in d[side]) if side in d else None
                 for side in ("src_buff", "dst_buff")}
         tup = (lambda k: tuple(d[k]) if k in d else None)
+        tbg = (d["tbg_info"]["tb_id"], d["tbg_info"]["tbg_size"]) if "tbg_info" in d else None
         return PlanOp(name, refs["src_buff"], refs["dst_buff"], d.get("channel_type"), tup("channel_ids"),
-                      tup("semaphore_ids"), d.get("barrier_id"), d.get("num_threadblocks"))
+                      tup("semaphore_ids"), d.get("barrier_id"), d.get("num_threadblocks"), tbg)
+
+
+@dataclass(frozen=True)
+class BlockOp:
+    """An operation as the importer reads it inside its thread block: the :class:`PlanOp`, where it
+    stands in the plan (``path``), its channel type (``memory`` where it names none), its channel
+    ids resolved to the rank's channel list (``ids``) and the block's remote buffer table by channel
+    type (``rbufs``: type -> indices into the rank's ``remote_buffers``)."""
+    op: PlanOp
+    path: tuple
+    t: str
+    ids: tuple[int, ...]
+    rbufs: dict
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def src(self) -> tuple[BufRef, ...]:
+        return self.op.src or ()
+
+    @property
+    def dst(self) -> tuple[BufRef, ...]:
+        return self.op.dst or ()
+
+    @property
+    def semaphore_ids(self) -> tuple[int, ...]:
+        return self.op.semaphore_ids or ()
+
+    @property
+    def barrier_id(self) -> int | None:
+        return self.op.barrier_id
+
+    @property
+    def num_threadblocks(self) -> int | None:
+        return self.op.num_threadblocks
+
+    @property
+    def tbg(self) -> tuple[int, int] | None:
+        return self.op.tbg
 
 
 NOP = PlanOp("nop")
 
 
-__all__ = ["BufRef", "NOP", "PlanOp", "PlanOpError", "local", "remote"]
+__all__ = ["BlockOp", "BufRef", "NOP", "PlanOp", "PlanOpError", "local", "remote"]

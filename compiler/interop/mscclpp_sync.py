@@ -63,14 +63,14 @@ def _kind(name: str, ctype: str) -> str:
 
 
 def _is_port_ppkt(name, op):
-    return name == "ppkt" and op.get("_t") == "port"
+    return name == "ppkt" and op.t == "port"
 
 
 def _data_access(name, op, p, r, region):
     """The regions a data operation reads and writes with all the block's threads, as the race
     check compares them (packets carry their own flags, so packet regions are left out)."""
-    src = [region(op, x, p + ("src_buff", j), r) for j, x in enumerate(op.get("src_buff", []))]
-    dst = [region(op, x, p + ("dst_buff", j), r) for j, x in enumerate(op.get("dst_buff", []))]
+    src = [region(op, x, p + ("src_buff", j), r) for j, x in enumerate(op.src)]
+    dst = [region(op, x, p + ("dst_buff", j), r) for j, x in enumerate(op.dst)]
     if name == "ppkt" or name == "cpkt":
         return src, []
     if name == "upkt":
@@ -108,14 +108,15 @@ def _echo(prev, op, dst, r, region) -> bool:
     written, and ``upkt`` waits for the packet, so whichever thread's store lands last, the bytes
     hold that one value (as MSCCL++'s own hierarchical ReduceScatter writes it)."""
     (pp, pop), (up, uop) = prev, op
-    pname = pop["name"]
+    pname = pop.name
     k = PACKET_LOCAL_DST[pname]
     side, j = ("src_buff", 0) if pname == "cpkt" else ("dst_buff", 0)
-    if len(pop.get(side, [])) <= j or len(pop.get("dst_buff", [])) <= k or not uop.get("src_buff"):
+    refs = pop.src if side == "src_buff" else pop.dst
+    if len(refs) <= j or len(pop.dst) <= k or not uop.src:
         return False
-    plain = region(pop, pop[side][j], pp + (side, j), r)
-    pack = region(pop, pop["dst_buff"][k], pp + ("dst_buff", k), r)
-    src = region(uop, uop["src_buff"][0], up + ("src_buff", 0), r)
+    plain = region(pop, refs[j], pp + (side, j), r)
+    pack = region(pop, pop.dst[k], pp + ("dst_buff", k), r)
+    src = region(uop, uop.src[0], up + ("src_buff", 0), r)
     if src[:2] != pack[:2] or not (pack[2] <= src[2] and src[2] + src[3] <= pack[2] + pack[3]):
         return False
     return (dst[:2] == plain[:2] and dst[3] == src[3] and dst[2] - plain[2] == src[2] - pack[2]
@@ -130,8 +131,8 @@ def check_races(tbs, region, err) -> None:
         prev = None
         body_start = None
         for pos, (p, op) in enumerate(ops):
-            name = op["name"]
-            cur = _kind(name, op.get("_t", "memory"))
+            name = op.name
+            cur = _kind(name, op.t)
             acc = _data_access(name, op, p, r, region) if cur == "data" else ([], [])
             per = _per_payload(name, op)
             if prev is not None and name == "upkt" and prev[2] in PACKET_LOCAL_DST:
@@ -145,8 +146,8 @@ def check_races(tbs, region, err) -> None:
             last_of_body = in_body and (pos + 1 == len(ops) or ops[pos + 1][0][:-1] != p[:-1])
             if last_of_body and prev is not None:
                 bp, bop = ops[body_start]
-                bname = bop["name"]
-                bk = _kind(bname, bop.get("_t", "memory"))
+                bname = bop.name
+                bk = _kind(bname, bop.t)
                 bacc = _data_access(bname, bop, bp, r, region) if bk == "data" else ([], [])
                 _race(prev, (bk, bacc, bname, bp, _per_payload(bname, bop)), r, ti, err, wrap=True)
             if not in_body:
@@ -199,26 +200,26 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
     nwrites = 0
     for r, ti, ops in tbs:
         for pos, (p, op) in enumerate(ops):
-            name = op["name"]
+            name = op.name
             ids = []
             if name in PACKET_PUT_FROM or _is_port_ppkt(name, op):
                 first = PACKET_PUT_FROM.get(name, 0)
-                for j, ref in enumerate(op.get("dst_buff", [])[first:], start=first):
+                for j, ref in enumerate(op.dst[first:], start=first):
                     owner, _, lo, n = region(op, ref, p + ("dst_buff", j), r)
                     writes[owner].append((lo, lo + n, nwrites, p))
                     ids.append(nwrites)
                     nwrites += 1
             if name in PACKET_LOCAL_DST:
                 j = PACKET_LOCAL_DST[name]
-                owner, _, lo, n = region(op, op["dst_buff"][j], p + ("dst_buff", j), r)
+                owner, _, lo, n = region(op, op.dst[j], p + ("dst_buff", j), r)
                 writes[owner].append((lo, lo + n, nwrites, p))
                 ids.append(nwrites)
                 nwrites += 1
             if ids:
                 write_at[(r, ti, pos)] = ids
-            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.get("_t") == "port"):
-                for c in op["_ids"]:
-                    end = _partner(r, op["_t"], c, pair, chans, p, err)
+            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+                for c in op.ids:
+                    end = _partner(r, op.t, c, pair, chans, p, err)
                     signals_to[end] += 1
     his = {}
     for owner, lst in writes.items():
@@ -232,12 +233,12 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
     pending = {}                       # read key (rank, tb, pos) -> writes still to come
     for r, ti, ops in tbs:
         for pos, (p, op) in enumerate(ops):
-            name = op["name"]
+            name = op.name
             if _is_port_ppkt(name, op):
                 name = "rppkt"
             if name not in PACKET_READ_FROM:
                 continue
-            srcs = op.get("src_buff", [])
+            srcs = op.src
             first = PACKET_READ_FROM[name]
             last = first + 1 if name == "rppkt" else len(srcs)
             need = 0
@@ -267,8 +268,8 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
     releases = defaultdict(lambda: defaultdict(list))     # (rank, sem) -> block -> [pos]
     for r, ti, ops in tbs:
         for pos, (p, op) in enumerate(ops):
-            if op["name"] == "sem_release":
-                for sm in op["semaphore_ids"]:
+            if op.name == "sem_release":
+                for sm in op.semaphore_ids:
                     releases[(r, sm)][ti].append(pos)
     acquired = defaultdict(int)        # (rank, sem) -> acquires done
     sent = defaultdict(list)           # receiving end -> the signals raising it, in order
@@ -292,20 +293,20 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
         """The key ``b``'s operation ``i`` waits on, or None when it can run now."""
         r = b[0]
         op = ops[i][1]
-        name = op["name"]
+        name = op.name
         if name in ("wait", "rlxwait"):
-            for c in op["_ids"]:
-                end = (r, op["_t"], c)
+            for c in op.ids:
+                end = (r, op.t, c)
                 if inbound[end] <= expected[end]:
                     return ("ch",) + end
         elif name == "sem_acquire":
-            for s in op["semaphore_ids"]:
+            for s in op.semaphore_ids:
                 if sems[(r, s)] <= 0:
                     return ("sem", r, s)
         elif name == "barrier":
-            key = (r, op["barrier_id"])
+            key = (r, op.barrier_id)
             if b not in barrier_target:
-                n = op["num_threadblocks"]
+                n = op.num_threadblocks
                 barrier_target[b] = (arrivals[key] // n + 1) * n
                 arrivals[key] += 1
                 if i:
@@ -330,15 +331,15 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                 waiters[key].append(b)
                 break
             p, op = ops[i]
-            name = op["name"]
+            name = op.name
             preds = []
             if name in ("wait", "rlxwait"):
-                for c in op["_ids"]:
-                    end = (r, op["_t"], c)
+                for c in op.ids:
+                    end = (r, op.t, c)
                     preds.append(sent[end][expected[end]])
                     expected[end] += 1
             elif name == "sem_acquire":
-                for s in op["semaphore_ids"]:
+                for s in op.semaphore_ids:
                     sems[(r, s)] -= 1
                     acquired[(r, s)] += 1
                     need = acquired[(r, s)] - sem_init[r][s]
@@ -349,12 +350,12 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                         if j >= 1:
                             preds.append((r, rb, poss[min(j, len(poss)) - 1]))
             elif name == "sem_release":
-                for s in op["semaphore_ids"]:
+                for s in op.semaphore_ids:
                     sems[(r, s)] += 1
                     wake(("sem", r, s))
-            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.get("_t") == "port"):
-                for c in op["_ids"]:
-                    end = _partner(r, op["_t"], c, pair, chans, p, err)
+            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+                for c in op.ids:
+                    end = _partner(r, op.t, c, pair, chans, p, err)
                     inbound[end] += 1
                     sent[end].append((r, ti, i))
                     last_signal[end] = p
@@ -366,7 +367,7 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                         wake(("pk",) + key)
             if order is not None:
                 if name == "barrier":
-                    preds += members[(r, op["barrier_id"], passed.pop(b))]
+                    preds += members[(r, op.barrier_id, passed.pop(b))]
                 order.append(((r, ti, i), preds + reads_of.get((r, ti, i), [])))
             pc[b] = i + 1
     # ---- what is left: a deadlock, or counts the next call would inherit
@@ -387,7 +388,7 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
         init = sem_init[r][s]
         if v != init:
             at = next(p for rr, ti, ops in tbs if rr == r for p, op in ops
-                      if op["name"] in ("sem_release", "sem_acquire") and s in op["semaphore_ids"])
+                      if op.name in ("sem_release", "sem_acquire") and s in op.semaphore_ids)
             raise err(at, f"rank {r}'s semaphore {s} ends a call at {v}, not at its initial {init}: it is released "
                           f"{'more' if v > init else 'less'} often than acquired, so the next call "
                           + ("passes an acquire early (a race)" if v > init else "starts short"))
@@ -402,26 +403,26 @@ def _partner(r, t, c, pair, chans, path, err):
 
 
 def _why_stuck(r, ti, op, inbound, expected, signals_to, sems, arrivals, chans) -> str:
-    name = op["name"]
+    name = op.name
     head = f"deadlock under the executor: rank {r} thread block {ti} never passes this '{name}'"
     if name in ("wait", "rlxwait"):
-        for c in op["_ids"]:
-            end = (r, op["_t"], c)
+        for c in op.ids:
+            end = (r, op.t, c)
             if inbound[end] <= expected[end]:
                 k = expected[end] + 1
-                peer = chans[r][op["_t"]][c]
+                peer = chans[r][op.t][c]
                 total = signals_to.get(end, 0)
                 if total < k:
-                    return (f"{head}: it waits for signal {k} of the call on its {op['_t']} channel {c} from rank "
+                    return (f"{head}: it waits for signal {k} of the call on its {op.t} channel {c} from rank "
                             f"{peer}, which signals that channel only {total} time{'' if total == 1 else 's'} (a wait no signal satisfies)")
-                return (f"{head}: it waits for signal {k} on its {op['_t']} channel {c} from rank {peer}, "
+                return (f"{head}: it waits for signal {k} on its {op.t} channel {c} from rank {peer}, "
                         f"which is itself blocked before sending it (a cycle of waits)")
     if name == "sem_acquire":
-        s = next(s for s in op["semaphore_ids"] if sems[(r, s)] <= 0)
+        s = next(s for s in op.semaphore_ids if sems[(r, s)] <= 0)
         return f"{head}: semaphore {s} is never released enough for it"
     if name == "barrier":
-        return (f"{head}: barrier {op['barrier_id']} waits for {op['num_threadblocks']} thread blocks, "
-                f"{arrivals[(r, op['barrier_id'])]} arrive")
+        return (f"{head}: barrier {op.barrier_id} waits for {op.num_threadblocks} thread blocks, "
+                f"{arrivals[(r, op.barrier_id)]} arrive")
     return f"{head}: it reads packets whose writer never runs (a cycle of waits)"
 
 
@@ -465,10 +466,10 @@ def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
     for r, ti, ops in tbs:
         for pos, (p, op) in enumerate(ops):
             for side, writes in (("src_buff", False), ("dst_buff", True)):
-                for j, ref in enumerate(op.get(side, [])):
+                for j, ref in enumerate((op.src if side == "src_buff" else op.dst)):
                     owner, buf, lo, n = region(op, ref, p + (side, j), r)
                     if is_scratch(buf):
-                        by_owner[owner].append((lo, lo + n, writes, (r, ti, pos), op["name"], p))
+                        by_owner[owner].append((lo, lo + n, writes, (r, ti, pos), op.name, p))
     gap = 2 if double else 1
     for owner, acc in by_owner.items():
         acc.sort(key=lambda a: a[0])
@@ -500,4 +501,46 @@ def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
                                   f"calls; rank {a} must first wait for a signal that rank {b} sends after it)")
 
 
-__all__ = ["check_counts", "check_next_call", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
+__all__ = ["check_counts", "check_next_call", "check_pipeline_iterations", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
+
+
+def check_pipeline_iterations(tbs, contexts, region, is_scratch, err) -> None:
+    """Refuse pipelined operations of different thread blocks that touch overlapping bytes of one
+    scratch buffer, one of them writing, unless both pipelines cut their iterations alike
+    (``contexts``: a pipeline's path -> its ``(unit_size, num_chunks)``) and both ranges start at
+    the same chunk. Iteration ``i`` of a pipeline moves part ``i`` of every range it names, so
+    then iteration ``i`` of one meets only iteration ``i`` of the other, which the plan's
+    synchronisation orders as it orders the body (the importer models a body once). Otherwise
+    iteration ``i + 1`` of the writer reaches bytes iteration ``i`` of the other still reads or
+    writes, or the ``k``-th signal of one pipeline is not the ``k``-th iteration of the other, and
+    nothing the plan says orders them: a race between iterations of one call."""
+    by_owner = defaultdict(list)     # owner -> [(lo, hi, writes, (rank, tb), name, path, context)]
+    for r, ti, ops in tbs:
+        for p, op in ops:
+            if not (len(p) >= 4 and p[-2] == "ops" and p[-4] == "ops"):
+                continue                                 # not in a pipeline's body
+            reads, writes = _data_access(op.name, op, p, r, region)
+            for regions, w in ((reads, False), (writes, True)):
+                for owner, buf, lo, n in regions:
+                    if is_scratch(buf):
+                        by_owner[owner].append((lo, lo + n, w, (r, ti), op.name, p, contexts[p[:-2]]))
+    for owner, acc in by_owner.items():
+        acc.sort(key=lambda a: a[0])
+        for k, a in enumerate(acc):
+            for b in acc[k + 1:]:
+                if b[0] >= a[1]:
+                    break
+                if a[3] == b[3] or not (a[2] or b[2]) or (a[0] == b[0] and a[6] == b[6]):
+                    continue
+                w, o = (a, b) if a[2] else (b, a)
+                raise err(w[5], f"pipelined '{w[4]}' (rank {w[3][0]} thread block {w[3][1]}) writes rank {owner}'s "
+                                f"scratch parts [{w[0]}, {w[1]}) that pipelined '{o[4]}' (rank {o[3][0]} thread "
+                                f"block {o[3][1]}, at {'/'.join(map(str, o[5]))}) "
+                                f"{'writes' if o[2] else 'reads'} as [{o[0]}, {o[1]}): "
+                                + ("their ranges start at different chunks, so one iteration of the first "
+                                   "reaches the bytes another iteration of the second moves"
+                                   if a[6] == b[6] else
+                                   f"their pipelines cut iterations differently ({w[6]} and {o[6]}: unit size "
+                                   f"and chunks), so the k-th iteration of one is not the k-th of the other")
+                                + "; nothing orders the iterations: a race between iterations of one call")
+
