@@ -89,8 +89,14 @@ def test_a_plan_of_mscclpps_is_proven_and_runs_right_or_refused_for_its_reason(n
     for r, (o, w) in enumerate(zip(outs, expected_for(ir, ins))):
         if w is not None:
             np.testing.assert_array_equal(o, w, err_msg=f"{name}: rank {r}")
-    # the plan itself in the interpreter: calls in a row where its buffers allow
-    check_plan(plan, _size_multiple(plan), runs=1 if plan["inplace"] else 2)
+    # the plan itself in the interpreter: calls in a row where its buffers allow, each end rank
+    # in turn running its calls ahead of the others (no write of a later call into scratch a peer
+    # still reads for an earlier one)
+    mult = _size_multiple(plan)
+    check_plan(plan, mult, runs=1 if plan["inplace"] else 2)
+    if not plan["inplace"]:
+        for ahead in (0, len(plan["gpus"]) - 1):
+            check_plan(plan, mult, runs=3, eager=ahead, seed=ahead)
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ size (where the executor folds scratch offsets) neither claims anything."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -64,23 +63,17 @@ def test_a_plans_uint64_bound_survives_the_outdir(tmp_path):
     load_ir_json((tmp_path / "out" / f"{name}.ir.json").read_text())
 
 
-# ------------------------------------------------------------------ MSCCL++'s own DSL, where available
-DSL = os.environ.get("HCCC_MSCCLPP_DSL")          # MSCCL++'s python/ directory (its language package)
+# ------------------------------------------------------------------ MSCCL++'s own plans (its DSL's output)
+#: the plans MSCCL++'s DSL writes, in the repository (tests/mscclpp_corpus, written by its generate.py)
+CORPUS = Path(__file__).resolve().parent / "mscclpp_corpus"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DSL, reason="set HCCC_MSCCLPP_DSL to MSCCL++'s python/ directory")
 def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
-    """`python -m mscclpp --install`'s plans (two- and four-node AllReduce, reuse_resources),
-    generated here by MSCCL++'s DSL."""
-    import subprocess
-    import sys
-    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import mscclpp.__main__ as M\n"
-            "for c in M.default_algo_configs:\n"
-            "    p = c['function'](c['spec'], **c.get('additional_kwargs', {}))\n"
-            "    open(sys.argv[2] + '/' + c['filename'], 'w').write(p.to_json())\n")
-    subprocess.run([sys.executable, "-c", code, DSL, str(tmp_path)], check=True, timeout=600)
-    files = sorted(Path(tmp_path).glob("*.json"))
+    """`python -m mscclpp --install`'s plans (two- and four-node AllReduce, reuse_resources), as
+    MSCCL++'s DSL writes them: proven, right in the interpreter, the two-node one on hccc's kernels
+    in one process and through the Communicator across two emulated nodes."""
+    files = sorted(CORPUS.glob("installed__*.json"))
     assert len(files) == 4
     for f in files:
         plan = json.loads(f.read_text())
@@ -92,9 +85,10 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
         unit = 16 * plan["gpus"][0]["input_chunks"] * 28
         mult = 28 * -(-plan["min_message_size"] // unit)
         check_plan(plan, mult, runs=1)                         # in place: one call
+    two_node = CORPUS / "installed__allreduce_2nodes_1K_64K.json"
     # hccc's own kernels in CPU emulation (all 16 ranks in one process), in place as the plan says
     from hccc.cli import main
-    assert main(["run", str(tmp_path / "allreduce_2nodes_1K_64K.json"), "--sizes", "56K", "-n", "1", "-w", "0"]) == 0
+    assert main(["run", str(two_node), "--sizes", "56K", "-n", "1", "-w", "0"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
     # and through the Communicator, one process a rank, ranks 0-7 on one emulated node and 8-15 on
     # another (the plan's memory channels say nodes of 8), two calls in a row (minutes on 2 cores)
@@ -104,7 +98,7 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
     if not have_ucx():
         return
     require_torch()
-    ir = import_plan_text((tmp_path / "allreduce_2nodes_1K_64K.json").read_text(), "allreduce_2nodes_1K_64K.json")
+    ir = import_plan_text(two_node.read_text(), two_node.name)
     assert ir.stats["gpus_per_node"] == 8
     calls, want, _ = calls_for(ir, (56 << 10) // 4, seed=5)
     calls = [[{k: v for k, v in c.items() if k != "out"} for c in cs] * 2 for cs in calls]     # in place
@@ -117,54 +111,28 @@ def test_the_plans_mscclpp_installs_import(tmp_path, capsys):
 
 
 #: MSCCL++'s hierarchical LL plans (its ``default_algos``) at 2 nodes x 2 GPUs, as the DSL writes
-#: them with reuse_resources: (file, builder, collective, in place, extra arguments)
-TWO_NODE = [("allreduce_tbg1", "allreduce_multi_nodes", "AllReduce", True, {"thread_block_group_size": 1}),
-            ("allreduce_tbg2", "allreduce_multi_nodes", "AllReduce", True, {"thread_block_group_size": 2}),
-            ("reducescatter_tbg1", "reducescatter_multi_nodes", "ReduceScatter", True, {"thread_block_group_size": 1}),
-            ("reducescatter_tbg2", "reducescatter_multi_nodes", "ReduceScatter", True, {"thread_block_group_size": 2}),
-            ("allgather_in", "allgather_multi_nodes", "AllGather", True, {}),
-            ("allgather_out", "allgather_multi_nodes", "AllGather", False, {})]
-
-_GEN_TWO_NODE = """
-import json, sys, types
-dsl, out, jobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-pkg = types.ModuleType("mscclpp")          # the language alone: not the package's compiled core
-pkg.__path__ = [dsl + "/mscclpp"]
-sys.modules["mscclpp"] = pkg
-import mscclpp.default_algos as algos
-import mscclpp.language.collectives as colls
-from mscclpp.language.utils import AlgoSpec
-for name, fn, coll, inplace, kw in jobs:
-    spec = AlgoSpec(name=name, collective=getattr(colls, coll)(4, 1, inplace), nranks_per_node=2, world_size=4,
-                    in_place=inplace, instances=1, protocol="LL", auto_sync=False, num_threads_per_block=1024,
-                    reuse_resources=True, use_double_scratch_buffer=True, min_message_size=0,
-                    max_message_size=1 << 30, tags={})
-    open(out + "/" + name + ".json", "w").write(getattr(algos, fn)(spec, **kw).to_json())
-"""
+#: them with reuse_resources (the corpus' ``default_algos__NAME.json``): (name, in place)
+TWO_NODE = [("allreduce_tbg1", True), ("allreduce_tbg2", True), ("reducescatter_tbg1", True),
+            ("reducescatter_tbg2", True), ("allgather_in", True), ("allgather_out", False)]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not DSL, reason="set HCCC_MSCCLPP_DSL to MSCCL++'s python/ directory")
 def test_two_node_plans_run_across_two_emulated_nodes(tmp_path):
     """MSCCL++'s two-node AllReduce, ReduceScatter and AllGather (LL, reuse_resources,
     thread-block groups), 2 nodes x 2 ranks: proven, right in the interpreter (a rank running
     ahead included), and run by hccc's kernels through the Communicator with ranks 0-1 on one
     emulated node and 2-3 on another (every cross-node step over the network transport, UCX over
     TCP), three calls in a row, in place or out of place as each plan declares: 0 wrong elements."""
-    import subprocess
-    import sys
     from net_ranks import TCP, have_ucx
     from communicator_calls import calls_for, check, require_torch
     from rank_pool import RankPool
     if not have_ucx():
         pytest.skip("UCX (libucx-dev) not installed")
     require_torch()
-    subprocess.run([sys.executable, "-c", _GEN_TWO_NODE, DSL, str(tmp_path), json.dumps(TWO_NODE)],
-                   check=True, timeout=600)
     pool = RankPool(4, tmp_path)
     try:
-        for name, _, coll, inplace, _ in TWO_NODE:
-            text = (tmp_path / f"{name}.json").read_text()
+        for name, inplace in TWO_NODE:
+            text = (CORPUS / f"default_algos__{name}.json").read_text()
             plan = json.loads(text)
             ir = import_plan_text(text, f"{name}.json")
             assert ir.stats["gpus_per_node"] == 2 and ir.placements == (inplace,)

@@ -82,43 +82,7 @@ def test_the_kth_pass_through_a_barrier_meets_the_kth_of_the_others():
     import_plan_text(json.dumps(plan), "barriers.json")          # was a deadlock across passes
 
 
-# ------------------------------------------------------------------ MSCCL++'s own DSL, where available
-import os  # noqa: E402
-
-DSL = os.environ.get("HCCC_MSCCLPP_DSL")          # MSCCL++'s python/ directory (its language package)
-#: the DSL's test programs and the arguments they are generated with (4 GPUs; nodes of 4)
-DSL_PROGRAMS = [(f"single_node/{n}", ["--num_gpus", "4"]) for n in (
-    "allgather_pkt", "allgather_pkt_rppkt", "allreduce", "allreduce_naivy", "allreduce_pkt", "alltoall/alltoall",
-    "alltoall/alltoall_pipeline", "alltoall/alltoall_ring", "alltoall/alltoall_ring_oop",
-    "alltoall/alltoall_ring_peers")] + [("single_node/allgather", []), ("single_node/allgather_tbg", [])] + [
-    (f"multi_node/{n}", ["--gpus_per_node", "4"]) for n in (
-        "allgather", "allgather_pkt", "reducescatter", "reducescatter_pkt")] + [
-    ("multi_node/allgather_tbg", ["--num_gpus", "8", "--gpus_per_node", "4", "--tbg_size", "2"])]
-#: what the import still refuses among them, and why
-DSL_REFUSED: dict[str, str] = {}
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not DSL, reason="set HCCC_MSCCLPP_DSL to MSCCL++'s python/ directory")
-@pytest.mark.parametrize("prog,args", DSL_PROGRAMS, ids=[p for p, _ in DSL_PROGRAMS])
-def test_the_dsls_plans_are_proven_and_run_right(prog, args, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(DSL) / "mscclpp" / "language" / "tests" / f"{prog}.py"
-    out = subprocess.run([sys.executable, str(script), "--name", Path(prog).name] + args, check=True,
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=DSL)).stdout
-    plan = json.loads(out)
-    try:
-        import_plan_text(out, f"{Path(prog).name}.json")
-    except CompileError as exc:
-        assert prog in DSL_REFUSED and DSL_REFUSED[prog] in exc.diagnostics[0].message, exc.diagnostics[0].message
-        return
-    assert prog not in DSL_REFUSED
-    check_plan(plan, 4, runs=1 if plan["inplace"] else 2)
-    if not plan["inplace"]:              # calls in a row with one rank running ahead: no race between calls
-        for ahead in (0, len(plan["gpus"]) - 1):
-            check_plan(plan, 4, runs=3, eager=ahead, seed=ahead)
+# MSCCL++'s own DSL plans (thread-block groups among them): tests/test_mscclpp_corpus.py
 
 
 def test_a_groups_puts_are_announced_by_the_signal_after_its_barrier():
