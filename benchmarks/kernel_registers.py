@@ -29,23 +29,15 @@ DEFAULT = ["ring_allreduce_8", "hm_allreduce_4x8", "direct_alltoall_8", "ring_al
 
 
 def report(text: str) -> dict[str, dict]:
-    """``ptxas -v`` output -> function -> {spill_stores, spill_loads[, registers, stack]}."""
-    out: dict[str, dict] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.search(r"Function properties for (\S+)", line)
-        if m:
-            name = m.group(1)
-            out[name] = {}
-            continue
-        m = re.search(r"bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and name is not None:
-            out[name].update(spill_stores=int(m.group(1)), spill_loads=int(m.group(2)))
-            continue
-        m = re.search(r"Used (\d+) registers", line)
-        if m and name is not None:
-            c = re.search(r"(\d+) bytes cumulative stack size", line)
-            out[name].update(registers=int(m.group(1)), stack=int(c.group(1)) if c else 0)
+    """``ptxas -v`` output -> function -> {spill_stores, spill_loads[, registers, stack]} (the
+    entries' cumulative stack as ``stack``)."""
+    from hccc.runtime.cuda import ptxas_report
+    out = {}
+    for name, v in ptxas_report(text).items():
+        row = {"spill_stores": v["spill_stores"], "spill_loads": v["spill_loads"]} if "spill_stores" in v else {}
+        if "registers" in v:
+            row.update(registers=v["registers"], stack=v["cumulative_stack"])
+        out[name] = row
     return out
 
 

@@ -134,3 +134,26 @@ class CudaPlatform(GpuPlatform):
 
 
 register("cuda", CudaPlatform)
+
+
+def ptxas_report(text: str) -> dict[str, dict]:
+    """``ptxas -v`` output -> function name -> {stack, spill_stores, spill_loads, registers,
+    cumulative_stack} (the last two only for entries)."""
+    out: dict[str, dict] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = {}
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and name is not None:
+            out[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name is not None:
+            out[name]["registers"] = int(m.group(1))
+            c = re.search(r"(\d+) bytes cumulative stack size", line)
+            out[name]["cumulative_stack"] = int(c.group(1)) if c else 0   # (not printed when 0)
+    return out

@@ -23,7 +23,7 @@ import pytest
 
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import load_program
-from hccc.runtime.cuda import cuda_flags
+from hccc.runtime.cuda import cuda_flags, ptxas_report
 from hccc.runtime.gpu import translation_unit
 from hccc.runtime.platform import Instance
 
@@ -37,29 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET = 64
 #: cumulative stack of a kernel, bytes (the issue's bound; measured 0-8 with nvcc 13)
 STACK_BYTES = 64
-
-
-def ptxas_report(text: str) -> dict[str, dict]:
-    """``ptxas -v`` output -> function name -> {stack, spill_stores, spill_loads, registers,
-    cumulative_stack} (the last two only for entries)."""
-    out: dict[str, dict] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.search(r"Function properties for (\S+)", line)
-        if m:
-            name = m.group(1)
-            out[name] = {}
-            continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and name is not None:
-            out[name].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
-            continue
-        m = re.search(r"Used (\d+) registers", line)
-        if m and name is not None:
-            out[name]["registers"] = int(m.group(1))
-            c = re.search(r"(\d+) bytes cumulative stack size", line)
-            out[name]["cumulative_stack"] = int(c.group(1)) if c else 0   # (not printed when 0)
-    return out
 
 
 def test_report_parser():
