@@ -351,7 +351,7 @@ def test_processes_starting_together_compile_a_kernel_once(tmp_path):
     import time
     (tmp_path / "toy_kernels.py").write_text(_TOY_MODULE)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "HCCC_JIT": "numba"}
-    start = f"{time.time() + 3.0:.3f}"
+    start = f"{time.time() + 1.5:.3f}"          # after both have imported numba and hccc
     procs = [subprocess.Popen([sys.executable, "-c", _ONE_COMPILE, str(tmp_path), start], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
