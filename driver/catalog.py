@@ -84,11 +84,12 @@ class Entry:
     def even_shares(self, count: int) -> bool:
         """Whether ``count`` elements give every rank an equal share of the input (reduce-scatter)
         or output (all-gather) chunks, and all-to-all blocks split evenly, as torch's calls have."""
-        from hccc.runtime import reference
+        from hccc.compiler.ir.extents import count_unit
         from hccc.runtime.launcher import program_layout
         spec = SPECS[self.collective]
-        if spec.blockwise:
-            return count % reference.alltoall_unit(self.ir) == 0
+        # AllToAll: equal blocks (1 for the others; an entry not yet loaded: its collective's unit)
+        if count % (count_unit(self.ir) if self.ir is not None else spec.count_unit(self.nranks)):
+            return False
         if OWN not in (spec.input, spec.output):
             return True
         if count % self.nranks:

@@ -114,11 +114,9 @@ def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
     p = np.asarray(list(perm), dtype=np.int64)
     h = alg.header
     K = h.chunks_per_rank
-    if h.collective.blockwise:
-        n = h.nranks
-        chunk = (p[alg.chunk // (n * K)] * n + p[(alg.chunk // K) % n]) * K + alg.chunk % K
-    else:
-        chunk = p[alg.chunk // K] * K + alg.chunk % K
+    spec, n = h.collective.spec, h.nranks
+    src, dst, piece = spec.block_of(alg.chunk, n, n * K)
+    chunk = spec.block_id(p[src], p[dst], piece, n, n * K)
     from dataclasses import replace
     renamed = replace(h, root=int(p[h.root])) if h.collective.rooted else h
     rows = np.stack([p[alg.src], p[alg.dst], alg.step, chunk, alg.op.astype(np.int64)], axis=1)
@@ -283,7 +281,7 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
         h = alg.header
         spec = coll.spec
         final = set(final_rows(coll, h.nranks, C, h.root).tolist())
-        Cf = spec.chunks(h.nranks, C, spec.blockwise)
+        Cf = spec.full_chunks(h.nranks, C)
         for key, ws in writes.items():
             r, c = divmod(key, C)
             if spec.holds(spec.start, r, c, h.nranks, Cf, h.root):

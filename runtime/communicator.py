@@ -65,8 +65,9 @@ import numpy as np
 
 from hccc.compiler.backend.abi import PROTOS, resolve_proto
 from hccc.compiler.frontend.collectives import OWN, SPECS, CollectiveSpec
+from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.runtime import reference, shm
+from hccc.runtime import shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.kernel_abi import ErrorRecord
 from hccc.runtime.ll_epoch import LLEpochs
@@ -843,11 +844,10 @@ class Communicator:
             count = bx.n
         if count < 0:
             raise ValueError(f"{method}: needs an output array")
-        if spec.blockwise:
-            unit = reference.alltoall_unit(self.ir)
-            if count % unit:
-                raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
-                                 f"({self.world_size} ranks x {unit // self.world_size} pieces)")
+        unit = count_unit(self.ir)              # AllToAll: equal blocks (1 for the others)
+        if count % unit:
+            raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
+                             f"({self.world_size} ranks x {unit // self.world_size} pieces)")
         n_in, n_out, _scr, in_off, out_off = self._layout_row(count)
         copy_back = None
         if bool(inplace) not in self.ir.placements and not inplace and not self._at_place(bx, bo, in_off, out_off, es):
@@ -987,12 +987,12 @@ class Communicator:
                                       or getattr(send_counts, "is_cuda", False)):
                 raise ValueError(f"{method}: send_counts lives on the GPU: pass device_counts=True (the rows "
                                  "are gathered on the device), or a host row")
-            if not SPECS[self.collective].blockwise:
+            if not SPECS[self.collective].per_pair_counts:
                 raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
                                         "all_to_all_v needs an AllToAll program")
             if not device_counts:
                 counts = self._gather_rows(send_counts, method)
-        if not SPECS[self.collective].blockwise:
+        if not SPECS[self.collective].per_pair_counts:
             raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
                                     "all_to_all_v needs an AllToAll program")
         inplace = out is None

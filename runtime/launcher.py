@@ -901,9 +901,7 @@ class Runner:
         from hccc.runtime import alltoallv as av
         self._check_usable()
         ir, N = self.ir, self.nranks
-        # per-pair counts are AllToAllv's own runtime (hccc.runtime.alltoallv), which exists only
-        # for the blockwise collective: a name test, not a fact a spec field could stand for
-        if not SPECS[ir.collective].blockwise:
+        if not SPECS[ir.collective].per_pair_counts:
             raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
         if bool(inplace) not in ir.placements:
             raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")

@@ -247,3 +247,33 @@ def test_every_collective_simulates(name):
     res = sim.simulate(ir, topo, 1 << 20)
     assert res.time_us > 0 and res.algbw_GBps > 0
     assert res.busbw_GBps == pytest.approx(res.algbw_GBps * SPECS[name].busbw(8))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_segment_chunks_is_the_block_or_the_smaller_buffer(name):
+    """The unit instances rename chunks by: an AllToAll's block (its input's chunks over the
+    ranks), else the smaller of a program's input and output, as written out here per layout."""
+    spec = SPECS[name]
+    for n, k in ((2, 1), (4, 3), (8, 2)):
+        ins, outs, _ = spec.buffer_sizes(n, k)
+        want = ins // n if spec.blockwise else min(ins, outs)       # as the MSCCL export asked before
+        assert spec.segment_chunks(n, ins, outs) == want
+    assert spec.per_pair_counts == (name == "alltoall")
+
+
+def test_only_the_specs_and_alltoallv_ask_for_the_raw_chunk_model_flag():
+    """Code outside the collective specs asks them for a fact (``count_unit``, ``split_by_rank``,
+    ``per_pair_counts``, ``segment_chunks``, ...), not for AllToAll's ``blockwise`` flag; left:
+    the parser's size limits and the C2C breakdown table's own consistency check."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    allowed = {"compiler/frontend/collectives.py", "compiler/ir/vblocks.py", "compiler/frontend/rccl_parser.py",
+               "compiler/cluster/c2c.py"}
+    found = []
+    for d in ("compiler", "runtime", "driver", "util"):
+        for f in (root / d).rglob("*.py"):
+            rel = f.relative_to(root).as_posix()
+            if rel not in allowed and re.search(r"\.blockwise\b", f.read_text()):
+                found.append(rel)
+    assert found == []

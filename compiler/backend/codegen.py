@@ -91,7 +91,7 @@ def program_type(collective: str) -> str:
     (AllToAll: its kernels also run as AllToAllv, so its engine has that path), ``hccc_program``
     for every other (its engine is compiled without the AllToAllv path, and refuses counts)."""
     from hccc.compiler.frontend.collectives import spec_of
-    return "hccc_vprogram" if spec_of(collective).blockwise else "hccc_program"
+    return "hccc_vprogram" if spec_of(collective).per_pair_counts else "hccc_program"
 
 
 def threads_per_tb(nwarps: int, platform: str) -> int:
@@ -635,7 +635,7 @@ def _host_vtables(ir: ProgramIR, ints) -> dict:
     from hccc.compiler.frontend.collectives import spec_of
     from hccc.compiler.ir.vblocks import VBlockError, rank_tables, vblock_map
     # other collectives fail vblock_map at once; only an AllToAll needs the canonical copy
-    cir = ir if not spec_of(ir.collective).blockwise or _is_canonical(ir) else _sorted_copy(ir)
+    cir = ir if not spec_of(ir.collective).per_pair_counts or _is_canonical(ir) else _sorted_copy(ir)
     out = {"k": 0, "uses_scratch": 0, "placements": []}
     for inplace in (False, True):
         entry = {"name": "ip" if inplace else "oop", "ok": 0, "why": "", "table": "0", "first": "0, 0"}

@@ -211,6 +211,21 @@ class CollectiveSpec:
         return max(1, int(nranks)) if self.blockwise else 1
 
     @property
+    def per_pair_counts(self) -> bool:
+        """Its programs also run with a count per pair of ranks (an AllToAllv,
+        :mod:`hccc.runtime.alltoallv`): each rank's buffers are blocks, one per peer
+        (:attr:`blockwise`), whose sizes the kernels can read at run time."""
+        return self.blockwise
+
+    def segment_chunks(self, nranks: int, in_chunks: int, out_chunks: int) -> int:
+        """Chunks of the smallest unit the two buffers are laid out in: a block of a buffer laid out
+        by destination or source (:data:`TO`, :data:`FROM`: ``chunks / nranks``), else the whole
+        buffer (a rank's own part is its whole input or output); the lesser of the two."""
+        def unit(layout, chunks):
+            return int(chunks) // max(1, int(nranks)) if layout in (TO, FROM) else int(chunks)
+        return min(unit(self.input, in_chunks), unit(self.output, out_chunks))
+
+    @property
     def split_by_rank(self) -> bool:
         """A buffer is laid out by rank (:data:`OWN`, :data:`TO`, :data:`FROM`), so the full
         buffer's chunks must be a multiple of the ranks."""

@@ -177,7 +177,7 @@ def _segments(ir: ProgramIR, rows: Prims) -> Segments | None:
     """How ``k`` instances rename the chunks of these rows (:func:`~hccc.compiler.interop.msccl_tbs.segments`):
     the collective's own segment is an AllToAll's block, else the smaller of its input and output
     (an AllGather's input, a ReduceScatter's output, an AllReduce's whole buffer)."""
-    unit = ir.in_chunks // max(1, ir.nranks) if spec_of(ir.collective).blockwise else min(ir.in_chunks, ir.out_chunks)
+    unit = spec_of(ir.collective).segment_chunks(ir.nranks, ir.in_chunks, ir.out_chunks)
     return segments(rows, max(1, int(unit)), ir.scratch_chunks)
 
 

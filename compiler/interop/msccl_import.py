@@ -217,7 +217,7 @@ class _Importer:
         if max_b and min_b > max_b:
             raise self.err(a, f"minBytes={min_b} is more than maxBytes={max_b}: the algorithm would "
                               "serve no size (maxBytes=0 means no upper limit)", "minBytes")
-        if (OWN in (spec.input, spec.output) or spec.blockwise) and C % N:
+        if spec.split_by_rank and C % N:
             raise self.err(a, f"nchunksperloop={C} is not a multiple of ngpus={N}: every rank of the {coll} "
                               f"owns the same number of chunks", "nchunksperloop")
         k = C // N

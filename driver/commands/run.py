@@ -345,7 +345,7 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
         raise CompileError([Diagnostic(f"{where}: {msg}", None)])
 
     spec = spec_of(ir.collective)
-    if not spec.blockwise:
+    if not spec.per_pair_counts:
         refuse(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
     n = len(shape)
     if n != ir.nranks:
