@@ -297,3 +297,40 @@ def test_jit_compile_workload_runs_and_reports_as_json(tmp_path, capsys):
     jc.child(ROOT)
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["wall"] > 0 and all(len(entry) == 4 for entry in res["log"])
+
+
+def test_torch_backend_overhead_statistic_cancels_load_drift_and_bursts():
+    """benchmarks/torch_backend.py's overhead rounds: with calls whose cost the machine's load
+    scales (tripling over the run) and bursts that stall a call of each kind in every round
+    fifty-fold, every round's ratio is still the backend's true 1.05 (interleaved pairs meet the
+    same load; medians count a burst once); the percentile is the nearest-rank one."""
+    tb = _load("torch_backend")
+    now = [0.0]
+    calls = [0]
+    bursts = [True]
+    total = 2 * 10 * 8                      # calls in the run: 8 rounds of 10 pairs
+
+    def timed(cost):
+        def call():
+            calls[0] += 1
+            load = 1.0 + 2.0 * calls[0] / total
+            burst = 50.0 if bursts[0] and calls[0] % 20 in (7, 8) else 1.0    # a backend call, then a direct one
+            now[0] += cost * load * burst
+        return call
+    got = tb.interleaved(timed(1e-3), timed(1.05e-3), iters=10, rounds=8, clock=lambda: now[0])
+    assert calls[0] == total and len(got["ratios"]) == 8
+    assert all(abs(r - 1.05) < 0.01 for r in got["ratios"]), got["ratios"]
+    assert 1.0e3 < got["direct_us"] < 3.0e3 and abs(got["backend_us"] / got["direct_us"] - 1.05) < 0.02
+    # blocks of ten calls each, one kind after the other (what the benchmark did before), read the
+    # drift alone as overhead
+    now[0], calls[0], bursts[0] = 0.0, 0, False
+    d, b = timed(1e-3), timed(1.05e-3)
+    t0 = now[0]
+    for _ in range(10):
+        d()
+    t1 = now[0]
+    for _ in range(10):
+        b()
+    assert (now[0] - t1) / (t1 - t0) > 1.1
+    assert tb.percentile(range(1, 11), 90) == 9 and tb.percentile([5.0], 90) == 5.0
+    assert tb.percentile([4, 1, 3, 2], 50) == 2 and tb.percentile([4, 1, 3, 2], 100) == 4

@@ -66,3 +66,50 @@ def test_a_communicator_plans_each_call_shape_once(monkeypatch):
     assert made == [1000, 1 << 20]
     comm._proto = "simple"
     assert comm._plan(1000, 4)[0].proto == "simple" and made == [1000, 1 << 20, 1000]
+
+
+def test_a_call_shape_is_checked_and_routed_once_and_capture_is_refused_every_call(tmp_path, monkeypatch):
+    """An in-place call (all_reduce, broadcast, reduce) of one tensor works out its checks, route
+    and description on the first call of its shape (collective, op, root, dtype, device, count,
+    contiguity) and looks them up after; any other shape is worked out anew, and the refusal under
+    CUDA graph capture still holds on every call of a known shape."""
+    import datetime
+    import torch
+    import torch.distributed as dist
+    import hccc.torch
+    from hccc.torch import process_group as pgmod
+    catalog = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "torch" / "catalog4"
+    dist.init_process_group("hccc", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            pg_options=hccc.torch.Options(catalog=catalog),
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        routed = []
+        real = pgmod.HcccProcessGroup._route
+
+        def counting(self, coll, dev, tensors, nbytes, op, *a, **k):
+            routed.append((coll, tensors[0].dtype, nbytes, op, tensors[0].is_contiguous()))
+            return real(self, coll, dev, tensors, nbytes, op, *a, **k)
+        monkeypatch.setattr(pgmod.HcccProcessGroup, "_route", counting)
+        t = torch.arange(8.0)
+        for _ in range(3):
+            dist.all_reduce(t)
+        assert routed == [("allreduce", torch.float32, 32, "sum", True)]
+        base = torch.arange(16.0)
+        for x, op in ((torch.arange(8, dtype=torch.float64), dist.ReduceOp.SUM),   # another dtype
+                      (base[::2], dist.ReduceOp.SUM),                              # not contiguous
+                      (t, dist.ReduceOp.MAX),                                      # another op
+                      (torch.arange(9.0), dist.ReduceOp.SUM)):                     # another count
+            dist.all_reduce(x, op=op)
+            dist.all_reduce(x, op=op)
+        assert len(routed) == 5 and routed[2] == ("allreduce", torch.float32, 32, "sum", False)
+        dist.broadcast(t, src=0)                                                   # another call
+        assert len(routed) == 6
+        # one rank: every result is its own input (the strided one written back through its view)
+        assert torch.equal(t, torch.arange(8.0)) and torch.equal(base, torch.arange(16.0))
+        assert hccc.torch.stats()["fallback"] == {"allreduce": 11, "broadcast": 1}
+        monkeypatch.setattr(pgmod, "capture_active", lambda: True)
+        with pytest.raises(hccc.torch.CaptureError, match="CUDA graph is being captured"):
+            dist.all_reduce(t)
+        assert hccc.torch.stats()["fallback"] == {"allreduce": 11, "broadcast": 1}
+    finally:
+        dist.destroy_process_group()

@@ -37,6 +37,7 @@ the Communicator's (a dead rank: an error on every rank within the timeout), sur
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -68,6 +69,9 @@ _C = torch._C._distributed_c10d
 #: names where it has the op: :data:`hccc.runtime.launcher.OPS`)
 _TORCH_OPS = {"SUM": "sum", "MAX": "max", "MIN": "min", "AVG": "avg", "PRODUCT": "prod",
               "BAND": "band", "BOR": "bor", "BXOR": "bxor", "PREMUL_SUM": "premul_sum"}
+#: the same by torch's ReduceOp kind (``ReduceOp.op``), for the look-up every call makes
+_OP_NAMES = {getattr(dist.ReduceOp.RedOpType, m): n for m, n in _TORCH_OPS.items()
+             if hasattr(dist.ReduceOp.RedOpType, m)}
 _DEVICES = ("cpu", "cuda")
 #: distinct call signatures whose routes a group remembers; past this the memory starts afresh
 #: (a job has a few dozen signatures: its tensors' sizes, dtypes and ops; this bounds a job that
@@ -94,11 +98,19 @@ def _log_fallback(rank: int, coll: str, delegate: str, why: str) -> None:
     log.warning("hccc: %s falls back to %s: %s", coll, delegate, why)
 
 
+@functools.cache
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype's name without the module (``float32``), made once per dtype (every call's
+    counters name it)."""
+    return str(dtype).replace("torch.", "")
+
+
+@functools.cache
 def kernel_dtype(dtype: torch.dtype) -> str | None:
     """The runtime's name of a torch dtype its kernels implement (:data:`hccc.runtime.launcher.
-    DTYPES`: whatever the kernels gain is carried), else None."""
+    DTYPES`: whatever the kernels gain is carried), else None; looked up once per dtype."""
     from hccc.runtime.launcher import DTYPES
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     return name if name in DTYPES else None
 
 
@@ -314,6 +326,9 @@ def _op_name(opts) -> str:
     """torch's operation of a call as a stable name (never an object's text: a PREMUL_SUM op is an
     object whose text holds its address)."""
     op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    name = _OP_NAMES.get(getattr(op, "op", None))    # a ReduceOp's kind: one look-up per call
+    if name is not None:
+        return name
     for member, name in _TORCH_OPS.items():
         kind = getattr(dist.ReduceOp.RedOpType, member, None)
         if kind is not None and op == kind:
@@ -374,6 +389,8 @@ class HcccProcessGroup(dist.ProcessGroup):
             raise
         self._delegates: dict[str, object] = {}
         self._routes: dict[tuple, tuple] = {}
+        #: one-tensor call shape -> (device, route, description): what _in_place derives from it
+        self._shapes: dict[tuple, tuple] = {}
         self._comms: dict[tuple[str, str], object] = {}
         self.counters = {"hccc": Counter(), "fallback": Counter(), "delegated": Counter(),
                          "entries": Counter(), "reasons": Counter(), "protos": Counter()}
@@ -602,12 +619,16 @@ class HcccProcessGroup(dist.ProcessGroup):
             raise ValueError(f"hccc: {what}: tensors on {dev} are not supported (cpu or cuda)")
         return dev
 
-    def _check(self, what: str, inputs, outputs=()) -> torch.device:
+    @staticmethod
+    def _check_capture(what: str) -> None:
         if capture_active():
             raise CaptureError(
                 f"hccc: {what} was issued while a CUDA graph is being captured; hccc's collectives "
                 "meet their peers at host barriers, which a graph replay cannot repeat: issue it "
                 "outside torch.cuda.graph (or capture with an nccl process group)")
+
+    def _check(self, what: str, inputs, outputs=()) -> torch.device:
+        self._check_capture(what)
         tensors = [*inputs, *outputs]
         dev = self._device(tensors, what)
         dt = {t.dtype for t in tensors}
@@ -678,7 +699,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         self.counters[kind][coll] += 1
         if kind == "hccc":
             self.counters["entries"][what.name] += 1
-            self.carried[coll][str(dtype).replace("torch.", "")] += 1
+            self.carried[coll][dtype_name(dtype)] += 1
             return
         self.counters["reasons"][what] += 1
         if kind == "fallback":
@@ -736,14 +757,16 @@ class HcccProcessGroup(dist.ProcessGroup):
         ``text``: the call as every rank must make it (:func:`~hccc.torch.ledger.describe`; None for
         point-to-point calls, which the ranks make differently)."""
         result_dtype = _result_dtype(result)
-        self._count(coll, route, dev.type, result_dtype)
+        devtype = dev.type                  # (a property torch makes anew on every read)
+        self._count(coll, route, devtype, result_dtype)
         ready = None
-        if dev.type == "cuda":
+        if devtype == "cuda":
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(dev))
         kind, entry, kop, acc = route[0], route[1], route[2], route[3]
         if kind == "hccc":
             dtype = kernel_dtype(acc if acc is not None else result_dtype)
+            made = (entry.name, devtype)    # the communicator's key (:meth:`_communicator`)
 
             def fn():
                 t0 = time.perf_counter()
@@ -754,7 +777,9 @@ class HcccProcessGroup(dist.ProcessGroup):
                 def watch():
                     return self._ledger.conflict(seq, text, tag)
                 try:
-                    comm = self._communicator(entry, dev, dtype, kop, watch)
+                    comm = self._comms.get(made)
+                    if comm is None:
+                        comm = self._communicator(entry, dev, dtype, kop, watch)
                 except Exception as exc:
                     why = watch()
                     if why:
@@ -776,7 +801,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                 self.counters["protos"][comm.last_proto] += 1     # auto: LL for small calls
                 self.seconds["hccc"][coll] += time.perf_counter() - t0
         else:
-            backend = self._delegate(dev.type)
+            backend = self._delegate(devtype)
 
             def fn():
                 t0 = time.perf_counter()
@@ -831,25 +856,44 @@ class HcccProcessGroup(dist.ProcessGroup):
         """``(tensors, opts)``: one tensor, the collective's input and output (allreduce,
         broadcast, reduce)."""
         spec = call.spec
-        dev = self._check(call.name, tensors)
         op = _op_name(opts) if spec.reduces else None
         root = int(opts.rootRank) if spec.rooted else None
-        extra = "several tensors in one call" if len(tensors) != 1 else ""
         t = tensors[0]
-        route = self._route(call.collective, dev, tensors, t.numel() * t.element_size(), op or "sum",
-                            root=root, extra=extra, strided_ok=call.strided)
+        # one tensor (the common call): what its shape decides is looked up, not worked out again
+        shape = (call.method, op, root, t.dtype, t.device, t.numel(), t.is_contiguous()) \
+            if len(tensors) == 1 else None
+        got = self._shapes.get(shape) if shape is not None else None
+        if got is None:
+            dev = self._check(call.name, tensors)
+            extra = "several tensors in one call" if len(tensors) != 1 else ""
+            route = self._route(call.collective, dev, tensors, t.numel() * t.element_size(), op or "sum",
+                                root=root, extra=extra, strided_ok=call.strided)
+            got = (dev, route, self._text(call.kind, tensors, op=op, root=root))
+            if shape is not None:
+                if len(self._shapes) >= ROUTE_CACHE_MAX:
+                    self._shapes.clear()
+                self._shapes[shape] = got
+        else:
+            self._check_capture(call.name)      # the tensors' checks passed for this shape
+        dev, route, text = got
         n = self._size
         # a rank the result does not reach keeps its buffer (the algorithm may leave partial sums
         # in it): it runs on a copy
         receives = spec.end != ROOT or self._rank == root
 
+        def run_on(c, comm, kop):
+            if op == "avg":
+                _avg_sum(c, c, route[3:5], n, inplace=receives, receives=receives,
+                         run_sum=lambda y, _res: _run_spec(comm, spec, y, None, root, kop))
+            else:
+                _run_spec(comm, spec, c if receives else c.clone(), None, root, kop)
+
         def run(comm, kop):
+            if shape is not None and shape[-1]:     # contiguous: the tensor itself
+                run_on(t, comm, kop)
+                return
             with _contiguous(t) as c:
-                if op == "avg":
-                    _avg_sum(c, c, route[3:5], n, inplace=receives, receives=receives,
-                             run_sum=lambda y, _res: _run_spec(comm, spec, y, None, root, kop))
-                else:
-                    _run_spec(comm, spec, c if receives else c.clone(), None, root, kop)
+                run_on(c, comm, kop)
 
         def delegate(b):
             if op != "avg" or not self._avg_delegate(b):
@@ -861,8 +905,7 @@ class HcccProcessGroup(dist.ProcessGroup):
                              receives=receives,
                              run_sum=lambda y, _res: getattr(b, call.delegate_method)([y], sopts).wait())
             return None
-        return self._submit(call.collective, dev, route, run, delegate, tensors,
-                            self._text(call.kind, tensors, op=op, root=root))
+        return self._submit(call.collective, dev, route, run, delegate, tensors, text)
 
     def _single(self, call: TorchCall, output, input, opts, splits=None):
         """``(output, input, opts)``: one flat tensor per buffer, laid out as the spec's (the
