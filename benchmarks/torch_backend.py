@@ -16,7 +16,10 @@ load, however the machine's load drifts (it may be shared). A round's ratio is t
 backend calls over the median of its direct calls (a call preempted by another job's burst counts
 once, not in proportion to its length); shown per size: the median call of each kind over all
 rounds, and the median, the 90th percentile and the largest of the rounds' ratios (the 1.1x
-target of the backend's overhead holds for a round, not only for the median). The backend's own work per call: the
+target of the backend's overhead holds for a round, not only for the median), and the same
+figures of a control: the direct call timed against itself in the same pairs and rounds, whose
+ratios differ from 1 by the machine's noise alone (the least spread a round of that many pairs
+can show on that machine). The backend's own work per call: the
 same two loops (``--own-calls`` calls each, 5 alternating rounds, medians) on rank 0 alone (the
 other ranks wait idle) with the communicator's launch (its kernel and its two host barriers)
 stubbed out, so what is left is each layer's Python: the Communicator's call checks and plan,
@@ -109,7 +112,8 @@ def percentile(values, pct: float) -> float:
 def interleaved(direct, backend, iters: int, rounds: int, clock=time.perf_counter) -> dict:
     """``rounds`` rounds of ``iters`` pairs of calls ``direct()`` and ``backend()``, the order in
     a pair alternating, every call timed on its own: the median call of each kind (us) over every
-    round, and every round's ratio (median backend call / median direct call)."""
+    round, every round's ratio (median backend call / median direct call) and every call's time
+    (``calls_us``: per kind, per round, in call order)."""
     every = {"direct": [], "backend": []}
     ratios = []
     for _ in range(rounds):
@@ -123,9 +127,10 @@ def interleaved(direct, backend, iters: int, rounds: int, clock=time.perf_counte
         d, b = statistics.median(got["direct"]), statistics.median(got["backend"])
         ratios.append(b / d)
         for kind in every:
-            every[kind].extend(got[kind])
-    return {"direct_us": statistics.median(every["direct"]), "backend_us": statistics.median(every["backend"]),
-            "ratios": ratios}
+            every[kind].append(got[kind])
+    return {"direct_us": statistics.median(x for r in every["direct"] for x in r),
+            "backend_us": statistics.median(x for r in every["backend"] for x in r),
+            "ratios": ratios, "calls_us": every}
 
 
 def _own_work(dist, comm, t, calls: int) -> tuple[float, float]:
@@ -162,7 +167,7 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
                             pg_options=hccc.torch.Options(catalog=CATALOG),
                             timeout=datetime.timedelta(seconds=120))
     pg = dist.distributed_c10d._get_default_group()
-    out: dict = {"overhead": {}}
+    out: dict = {"overhead": {}, "control": {}}
     for nbytes in sizes:
         t = torch.ones(nbytes // 4)
         dist.all_reduce(t)                      # makes the entry's communicator, builds its kernel
@@ -173,6 +178,10 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
             dist.all_reduce(t)
         out["overhead"][nbytes] = interleaved(lambda: comm.all_reduce(t), lambda: dist.all_reduce(t),
                                               iters, rounds)
+        # the control: the direct call against itself, in the same pairs, rounds and statistic;
+        # its rounds' spread is what the machine's noise alone gives a ratio of rounds this size
+        out["control"][nbytes] = interleaved(lambda: comm.all_reduce(t), lambda: comm.all_reduce(t),
+                                             iters, rounds)
     out["carried"] = hccc.torch.stats()["hccc"].get("allreduce", 0)
     t = torch.ones(sizes[0] // 4)
     entry = pg.catalog.select("allreduce", world, sizes[0], "float32", "sum")[0]
@@ -195,7 +204,8 @@ def _rank(rank: int, world: int, tmp: str, sizes: list[int], iters: int, rounds:
 
 def run(world: int, sizes: list[int], iters: int, rounds: int, width: int, steps: int,
         own_calls: int = 2000) -> dict:
-    """Rank 0's measurements: ``overhead`` {bytes: :func:`interleaved`'s result}, ``own`` (direct
+    """Rank 0's measurements: ``overhead`` {bytes: :func:`interleaved`'s result}, ``control`` (the
+    same for the direct call against itself), ``own`` (direct
     us, backend us with the launch stubbed out), ``ddp`` {backend: ms}, ``carried`` (allreduce calls
     hccc's kernels ran)."""
     ctx = mp.get_context("spawn")
@@ -228,15 +238,19 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     res = run(args.ranks, sizes, args.iters, args.rounds, args.width, args.steps, args.own_calls)
-    rows = [[f"{n >> 10} KiB", f"{o['direct_us']:.0f}", f"{o['backend_us']:.0f}",
-             f"{statistics.median(o['ratios']):.2f}x", f"{percentile(o['ratios'], PERCENTILE):.2f}x",
-             f"{max(o['ratios']):.2f}x"]
-            for n, o in sorted(res["overhead"].items())]
+    rows = []
+    for n, o in sorted(res["overhead"].items()):
+        c = res["control"][n]
+        rows.append([f"{n >> 10} KiB", f"{o['direct_us']:.0f}", f"{o['backend_us']:.0f}",
+                     *(f"{f(r):.2f}x" for r in (o["ratios"], c["ratios"])
+                       for f in (statistics.median, lambda x: percentile(x, PERCENTILE), max))])
     print(f"dist.all_reduce through \"hccc\" vs the same Communicator called directly "
           f"({args.ranks} ranks, CPU emulation, rank 0; {args.rounds} rounds of {args.iters} "
-          f"interleaved pairs, every call timed)")
-    print("\n".join(table_lines(["size", "direct us", "backend us", "ratio: median round",
-                                  f"p{PERCENTILE} round", "worst round"], rows, {1, 2, 3, 4, 5})))
+          f"interleaved pairs, every call timed; a round's ratio: its median backend call over its "
+          f"median direct call; control: the direct call against itself)")
+    print("\n".join(table_lines(["size", "direct us", "backend us", "median round", f"p{PERCENTILE} round",
+                                  "worst round", "control: median", f"p{PERCENTILE}", "worst"],
+                                 rows, set(range(1, 9)))))
     print(f"allreduce calls carried by hccc's kernels: {res['carried']}")
     d, b = res["own"]
     print(f"each layer's own work per call, the launch stubbed out ({sizes[0] >> 10} KiB, rank 0 alone): "

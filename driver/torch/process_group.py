@@ -571,7 +571,7 @@ class HcccProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"hccc: rank {self._rank}: the process group is unusable after an "
                                f"earlier failure: {self._broken}")
         with self._state:
-            inline = self._pending == 0 and threading.current_thread() is not self._thread
+            inline = self._pending == 0 and threading.get_ident() != self._thread.ident
             self._pending += 1
         work = HcccWork(result, queued=not inline)
         if inline:
@@ -767,6 +767,7 @@ class HcccProcessGroup(dist.ProcessGroup):
         if kind == "hccc":
             dtype = kernel_dtype(acc if acc is not None else result_dtype)
             made = (entry.name, devtype)    # the communicator's key (:meth:`_communicator`)
+            protos, seconds = self.counters["protos"], self.seconds["hccc"]
 
             def fn():
                 t0 = time.perf_counter()
@@ -798,8 +799,8 @@ class HcccProcessGroup(dist.ProcessGroup):
                     comm.watch = None
                 # no comparison after the call: every rank's call met this one's on the same
                 # communicator, which compared their digests (call_tag) before its kernel ran
-                self.counters["protos"][comm.last_proto] += 1     # auto: LL for small calls
-                self.seconds["hccc"][coll] += time.perf_counter() - t0
+                protos[comm.last_proto] += 1     # auto: LL for small calls
+                seconds[coll] += time.perf_counter() - t0
         else:
             backend = self._delegate(devtype)
 
