@@ -11,7 +11,10 @@ package register, :func:`register`). Per call it
    dtype, op and root) run by a :class:`~hccc.runtime.Communicator` made on first use (group rank
    ``r`` is the algorithm's rank ``r``), or the delegate backend (gloo for CPU tensors, nccl --
    RCCL on ROCm -- for GPU tensors, or the backend the device map names for that device), with
-   the reason logged once per job (rank 0, once per reason);
+   the reason logged once per job (rank 0, once per reason); a one-tensor call (all_reduce,
+   broadcast, reduce) looks up what its shape decides -- the checks of step 2, the route, the
+   call's description -- after the first call of that shape (collective, op, root, dtype, device,
+   element count, contiguity), and only the capture check of step 1 runs on every call;
 4. runs the call at once in the caller's thread when no earlier call is pending, else queues it on
    the group's worker thread, which runs the calls one at a time in the order
    they were made (the same order on every rank), and returns a :class:`HcccWork` (``wait``,
