@@ -228,6 +228,8 @@ def one_rank(tmp_path):
 
 def test_registered_backend_falls_back_with_reasons(one_rank, caplog):
     import hccc.torch
+    from hccc.torch import process_group as pgmod
+    pgmod._LOGGED.clear()                         # a fallback logs once per process: start fresh
     assert "hccc" in dist.Backend.backend_list
     pg = one_rank()
     assert isinstance(pg, hccc.torch.HcccProcessGroup) and dist.get_backend() == "hccc"
