@@ -77,7 +77,7 @@ def test_split_exchanges_leave_one_key_per_rank(world):
 
     import torch.distributed as dist
     from hccc.runtime.bootstrap import StoreBootstrap
-    from hccc.torch.process_group import _forget_split_keys
+    from hccc.torch.forms import forget_split_keys as _forget_split_keys
     store = dist.HashStore()
     boot = StoreBootstrap(store, 0, world, name="entry/x")
     comm = types.SimpleNamespace(_boot=boot)

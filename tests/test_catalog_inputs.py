@@ -229,10 +229,10 @@ def test_the_torch_backend_refuses_a_fifo_catalog_at_once(tmp_path):
     """What ``init_process_group("hccc")`` loads on every rank: a FIFO named ``*.json`` is one clear
     error (before the group's timeout), not a rank blocked on the read."""
     pytest.importorskip("torch")
-    from hccc.torch import process_group as pg
+    from hccc.torch.options import load_catalog
     d = _catalog(tmp_path)
     os.mkfifo(d / "pipe.json")
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="FIFO"):
-        pg._catalog(d)
+        load_catalog(d)
     assert time.monotonic() - t0 < HANG_GUARD_S

@@ -228,8 +228,8 @@ def one_rank(tmp_path):
 
 def test_registered_backend_falls_back_with_reasons(one_rank, caplog):
     import hccc.torch
-    from hccc.torch import process_group as pgmod
-    pgmod._LOGGED.clear()                         # a fallback logs once per process: start fresh
+    from hccc.torch import routes
+    routes._LOGGED.clear()                         # a fallback logs once per process: start fresh
     assert "hccc" in dist.Backend.backend_list
     pg = one_rank()
     assert isinstance(pg, hccc.torch.HcccProcessGroup) and dist.get_backend() == "hccc"
@@ -270,7 +270,7 @@ def test_collectives_under_cuda_graph_capture_are_refused_before_queueing(one_ra
                  lambda: dist.all_gather_into_tensor(torch.empty(4), t), lambda: dist.barrier()):
         with pytest.raises(hccc.torch.CaptureError, match="CUDA graph is being captured"):
             call()
-    assert pg._queue.qsize() == 0
+    assert pg._calls_queue.queued() == 0
     s = hccc.torch.stats()
     assert s["hccc"] == {} and s["fallback"] == {} and s["delegated"] == {}
 
@@ -431,7 +431,7 @@ def test_ranks_with_different_ops_both_fail(no_catalog, ops):
 
 
 def hccc_op_name(op):
-    from hccc.torch.process_group import _op_name
+    from hccc.torch.routes import op_name as _op_name
     o = dist.AllreduceOptions()
     o.reduceOp = op
     return _op_name(o)
@@ -514,7 +514,7 @@ def test_empty_node_name_fails_every_rank_at_once(monkeypatch):
 # ------------------------------------------------------------------------------ routes and logging
 def test_premul_sum_reason_and_route_cache_are_stable(one_rank, caplog):
     pg = one_rank()
-    from hccc.torch.process_group import _op_name
+    from hccc.torch.routes import op_name as _op_name
     if not hasattr(dist, "_make_nccl_premul_sum"):
         pytest.skip("this torch has no PREMUL_SUM")
     ops = [dist._make_nccl_premul_sum(float(k)) for k in range(20)]
@@ -541,8 +541,8 @@ def hccc_stats():
 
 
 def test_a_fallback_is_logged_once_by_rank_zero(no_catalog, caplog):
-    from hccc.torch import process_group as pgmod
-    pgmod._LOGGED.clear()
+    from hccc.torch import routes
+    routes._LOGGED.clear()
     with caplog.at_level("WARNING", logger="hccc.torch"):
         out = ranks_in_threads([lambda pg: [pg.allreduce([torch.ones(2)]).wait() for _ in range(3)]
                                  + [pg.counters["reasons"]]] * 3, no_catalog)
@@ -596,7 +596,7 @@ def _avg_through_plan(cols, dtype, n):
     """The backend's AVG with the SUM done here, in the plan's dtype, rank after rank (as a ring
     adds)."""
     from hccc.runtime.launcher import DTYPES
-    from hccc.torch.process_group import _avg_input, _avg_output, avg_plan
+    from hccc.torch.averages import avg_input as _avg_input, avg_output as _avg_output, avg_plan
     acc, pre = avg_plan(dtype, DTYPES)
     ys = [_avg_input(torch.tensor(c, dtype=dtype), acc, pre, n, inplace=False) for c in cols]
     total = ys[0].clone()
@@ -633,7 +633,7 @@ def test_avg_is_the_average_where_it_is_representable(dtype, data):
         cols[r][j] = edges[data.draw(st.integers(0, len(edges) - 1))] if abs(picks[j]) < 1e4 else picks[j]
     if not dtype.is_floating_point:
         from hccc.runtime.launcher import DTYPES
-        from hccc.torch.process_group import avg_plan
+        from hccc.torch.averages import avg_plan
         if avg_plan(dtype, DTYPES)[0] == dtype:
             # summed in the tensor's own dtype (wraps, as NCCL's): only sums that fit are promised
             ii = torch.iinfo(dtype)

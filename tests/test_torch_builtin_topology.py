@@ -156,7 +156,7 @@ def test_a_detected_topology_is_written_once_by_its_contents_and_given_to_the_gr
     options carry it as the topology, said to be detected."""
     import hashlib
 
-    from hccc.torch.process_group import Options, _with_detected_topology
+    from hccc.torch.options import Options, with_detected_topology as _with_detected_topology
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)
     opts = Options().resolved()
@@ -176,7 +176,7 @@ def test_a_detected_topology_is_written_once_by_its_contents_and_given_to_the_gr
 @pytest.mark.parametrize("case", ["other size", "no nvml", "switched off", "cuda delegated"])
 def test_detection_that_does_not_apply_leaves_the_options_alone(tmp_path, monkeypatch, case):
     from hccc.compiler.cluster.detect import DetectError
-    from hccc.torch.process_group import Options, _with_detected_topology
+    from hccc.torch.options import Options, with_detected_topology as _with_detected_topology
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)
     devices, world, fail = {"cuda": "hccc"}, 4, None

@@ -12,7 +12,7 @@ def test_a_works_future_is_made_on_request_and_settled_exactly_once():
     """The work of a call run in the caller's thread has no event and no future until asked;
     asked before or after the call finishes (or fails), the future holds its result once."""
     import threading
-    from hccc.torch.process_group import HcccWork
+    from hccc.torch.work import HcccWork
     done = HcccWork("r", queued=False)
     assert done._done is None and done._future is None
     done._finish()

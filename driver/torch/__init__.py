@@ -15,8 +15,9 @@ calls took which route. The process group: :mod:`hccc.torch.process_group`.
 from __future__ import annotations
 
 from hccc.torch.ledger import CallMismatch
-from hccc.torch.process_group import (CaptureError, HcccProcessGroup, Options, capture_active,
-                                      register, stats)
+from hccc.torch.capture import CaptureError, capture_active
+from hccc.torch.options import Options
+from hccc.torch.process_group import HcccProcessGroup, register, stats
 
 register()
 
