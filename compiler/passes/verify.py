@@ -314,25 +314,30 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     """:func:`verify` by replaying the steps in order (the module docstring): every error found,
     in the documented order, each located; at most ``max_errors`` listed."""
     h = alg.header
-    coll = h.collective
     N = int(h.nranks)
-    C = int(h.nchunks)
     if N < 1:
         raise VerifyError([Diagnostic(f"nRanks must be at least 1, got {N}", h.location)],
                           ["bad-header"], 0, 1)
-    if coll.rooted and not 0 <= h.root < N:
+    if h.collective.rooted and not 0 <= h.root < N:
         raise VerifyError([Diagnostic(f"Root {h.root} is out of range (nRanks={N}: ranks 0..{N - 1})",
                                       h.location)], ["bad-header"], 0, 1)
-    n = len(alg)
-    src = np.asarray(alg.src, dtype=np.int64)
-    dst = np.asarray(alg.dst, dtype=np.int64)
-    step = np.asarray(alg.step, dtype=np.int64)
-    chunk = np.asarray(alg.chunk, dtype=np.int64)
-    op = np.asarray(alg.op, dtype=np.int64)
     col = _Collector(alg, max_errors)
-    what_coll = coll.dsl_name
+    arrays = tuple(np.asarray(a, dtype=np.int64) for a in (alg.src, alg.dst, alg.step, alg.chunk, alg.op))
+    bad = _static_checks(alg, *arrays, col)
+    state = _Replay(alg, *arrays, np.flatnonzero(~bad), col)
+    state.run()
+    if col.total == 0:
+        state.postcondition()
+    if col.diags:
+        raise VerifyError(col.diags, col.kinds, max(0, col.total - col.listed - col.summarised), col.total)
+    return VerifyReport(collective=h.collective, nranks=N, transfers=len(alg), steps=alg.nsteps)
 
-    # ---------------------------------------------------------------- static checks
+
+def _static_checks(alg: Algorithm, src, dst, step, chunk, op, col: _Collector) -> np.ndarray:
+    """The transfers that name something out of range (a rank, chunk, step, operation or
+    channel) or send to their own rank, each an error (the lowest kind of :data:`STATIC_KINDS`
+    that applies); returns which transfers are bad."""
+    N, C = int(alg.header.nranks), int(alg.header.nchunks)
     checks = (
         (src < 0) | (src >= N),
         (dst < 0) | (dst >= N),
@@ -342,7 +347,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
         src == dst,
         (alg.channels < 0) | (alg.channels > MAX_CHANNEL),
     )
-    kind_code = np.full(n, -1, dtype=np.int64)
+    kind_code = np.full(len(alg), -1, dtype=np.int64)
     for k in range(len(checks) - 1, -1, -1):  # lowest k wins
         kind_code[checks[k]] = k
     bad = kind_code >= 0
@@ -367,172 +372,194 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
         else:
             msg = f"channel {int(alg.channels[i])} is out of range (channels 0..{MAX_CHANNEL})"
         col.add(STATIC_KINDS[k], i, msg)
+    return bad
 
-    # ---------------------------------------------------------------- replay
-    # the state and the stamps have a row for each (rank, chunk) the program or the collective
-    # names, not for all N * C of them (an AllToAll's C is N * N * K: 134 million rows on 512 GPUs);
-    # ``ids`` numbers them in ascending order, so sorting ids sorts the keys
-    words = (N + 63) // 64
-    is_ag = not coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
-    keep = np.flatnonzero(~bad)
-    start_rank, start_id, start_set = coll.spec.start_holders(N, coll.spec.full_chunks(N, C), h.root)
-    rows, want = final_state(coll, N, C, h.root)
-    universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
-                                       start_rank * C + start_id, rows]))
-    universe = universe[np.r_[True, universe[1:] != universe[:-1]]] if len(universe) else universe
 
-    def ids(keys):
-        return np.searchsorted(universe, keys)
+class _Replay:
+    """The replay of the well-formed transfers ``keep``, step by step: which ranks' contributions
+    each (rank, chunk) holds (a bit row per (rank, chunk) the program or the collective names, not
+    for all N * C of them: an AllToAll's C is N * N * K, 134 million rows on 512 GPUs), the races
+    within a step, and the transfers that read or reduce what is not there."""
 
-    state = np.zeros((len(universe), words), dtype=np.uint64)
-    state[ids(start_rank * C + start_id)] = _single_bits(start_set, words)
-    if len(keep):
-        order = keep[stable_argsort(step[keep])]
-        S, D, T, K, O = src[order], dst[order], step[order], chunk[order], op[order]
-        WI, RI = ids(D * C + K), ids(S * C + K)
-        bounds = np.r_[0, np.flatnonzero(np.diff(T)) + 1, len(order)]
-        rstamp = np.full(len(universe), -1, dtype=np.int64)
-        race_stamp = np.full(len(universe), -1, dtype=np.int64)
+    def __init__(self, alg: Algorithm, src, dst, step, chunk, op, keep, col: _Collector):
+        h = alg.header
+        self.alg, self.col = alg, col
+        self.coll, self.N, self.C = h.collective, int(h.nranks), int(h.nchunks)
+        N, C = self.N, self.C
+        self.words = (N + 63) // 64
+        self.is_ag = not self.coll.reduces  # copy-only collectives (Allgather, Broadcast): no reductions
+        start_rank, start_id, start_set = self.coll.spec.start_holders(N, self.coll.spec.full_chunks(N, C), h.root)
+        self.rows, self.want = final_state(self.coll, N, C, h.root)
+        # ``ids`` numbers the keys in ascending order, so sorting ids sorts the keys
+        universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
+                                           start_rank * C + start_id, self.rows]))
+        self.universe = universe[np.r_[True, universe[1:] != universe[:-1]]] if len(universe) else universe
+        self.state = np.zeros((len(self.universe), self.words), dtype=np.uint64)
+        self.state[self.ids(start_rank * C + start_id)] = _single_bits(start_set, self.words)
+        self.order = keep[stable_argsort(step[keep])] if len(keep) else keep
+        o = self.order
+        self.S, self.D, self.T, self.K, self.O = src[o], dst[o], step[o], chunk[o], op[o]
+        self.rstamp = np.full(len(self.universe), -1, dtype=np.int64)
+        self.race_stamp = np.full(len(self.universe), -1, dtype=np.int64)
+
+    def ids(self, keys):
+        return np.searchsorted(self.universe, keys)
+
+    def run(self) -> None:
+        if not len(self.order):
+            return
+        C = self.C
+        WI, RI = self.ids(self.D * C + self.K), self.ids(self.S * C + self.K)
+        bounds = np.r_[0, np.flatnonzero(np.diff(self.T)) + 1, len(self.order)]
         for si in range(len(bounds) - 1):
             a, b = int(bounds[si]), int(bounds[si + 1])
-            idx = order[a:b]
-            s, d, c, o = S[a:b], D[a:b], K[a:b], O[a:b]
-            wk = d * C + c
-            rk = s * C + c
-            wi, ri = WI[a:b], RI[a:b]
-            t = int(T[a])
+            tr = (self.order[a:b], self.S[a:b], self.D[a:b], self.K[a:b], self.O[a:b], WI[a:b], RI[a:b])
             if b - a > 1:
-                # -- races
-                rstamp[ri] = si
-                srt = stable_argsort(wk)
-                sw = wk[srt]
-                dup_sorted = np.zeros(len(sw), dtype=bool)
-                dup_sorted[1:] = sw[1:] == sw[:-1]
-                ww_keys = sw[dup_sorted]    # sorted: distinct keys without np.unique (imports numpy.ma)
-                ww_keys = ww_keys[np.r_[True, ww_keys[1:] != ww_keys[:-1]]] if len(ww_keys) else ww_keys
-                wr_writer = rstamp[wi] == si  # writers whose key is also read in this step
-                if len(ww_keys) or wr_writer.any():
-                    race_stamp[ids(ww_keys)] = si
-                    race_stamp[wi[wr_writer]] = si
-                    involved = (race_stamp[wi] == si) | (race_stamp[ri] == si)
-                    errs: list[tuple[int, int, int, int]] = []  # (kind, index, other, key)
-                    if len(ww_keys):
-                        # second writer of each key: first duplicate in the sorted run
-                        first_dup = dup_sorted.copy()
-                        first_dup[2:] &= ~dup_sorted[1:-1]
-                        pos2 = srt[first_dup]
-                        first_of_run = np.zeros(len(sw), dtype=bool)
-                        first_of_run[0] = True
-                        first_of_run[1:] = ~dup_sorted[1:]
-                        first_pos = {int(kk): int(p) for kk, p in zip(sw[first_of_run], srt[first_of_run])}
-                        for p in pos2.tolist():
-                            errs.append((0, int(idx[p]), int(idx[first_pos[int(wk[p])]]), int(wk[p])))
-                    # write/read races on keys written once
-                    single = wr_writer.copy()
-                    if len(ww_keys):
-                        single &= ~np.isin(wk, ww_keys)
-                    if single.any():
-                        wkeys = wk[single]
-                        readers = np.flatnonzero(np.isin(rk, wkeys))
-                        rkeys, first_r = np.unique(rk[readers], return_index=True)
-                        first_reader = dict(zip(rkeys.tolist(), readers[first_r].tolist()))
-                        for p in np.flatnonzero(single).tolist():
-                            errs.append((1, int(idx[p]), int(idx[first_reader[int(wk[p])]]), int(wk[p])))
-                    errs.sort()
-                    for kind, i, other, key in errs:
-                        r_, c_ = divmod(key, C)
-                        if kind == 0:
-                            col.add("write-write-race", i, f"rank {r_} chunk {c_} is written twice at step {t}",
-                                    other, "the other write is at")
-                        else:
-                            col.add("read-write-race", i,
-                                    f"rank {r_} chunk {c_} is written and read at step {t}",
-                                    other, "it is read at")
-                    rest = ~involved
-                    idx, s, d, c, o, wk, rk = idx[rest], s[rest], d[rest], c[rest], o[rest], wk[rest], rk[rest]
-                    wi, ri = wi[rest], ri[rest]
-                    if not len(idx):
+                rest = self._races(si, int(self.T[a]), *tr)
+                if rest is not None:
+                    tr = tuple(x[rest] for x in tr)
+                    if not len(tr[0]):
                         continue
-            sv = state[ri]
-            dv = state[wi]
-            src_empty = ~sv.any(axis=1)
-            rrc = o == RRC
-            dst_empty = rrc & ~src_empty & ~dv.any(axis=1)
-            if is_ag:
-                ag_red = rrc & ~src_empty & ~dst_empty
-                overlap = np.zeros(len(idx), dtype=bool)
-            else:
-                ag_red = np.zeros(len(idx), dtype=bool)
-                overlap = rrc & ~src_empty & ~dst_empty & (sv & dv).any(axis=1)
-            errmask = src_empty | dst_empty | ag_red | overlap
-            if errmask.any():
-                for kind_i, m in enumerate((src_empty, dst_empty, ag_red, overlap)):
-                    for p in np.flatnonzero(m).tolist():
-                        i = int(idx[p])
-                        if col.full:
-                            col.total += 1
-                            continue
-                        s_, d_, c_ = int(s[p]), int(d[p]), int(c[p])
-                        if kind_i == 0:
-                            col.add("undefined-source", i,
-                                    f"rank {s_} does not hold chunk {c_} at step {t} "
-                                    f"(it sends it to rank {d_})")
-                        elif kind_i == 1:
-                            col.add("undefined-target", i,
-                                    f"rrc into rank {d_} chunk {c_} at step {t}, which holds no data yet "
-                                    f"(reduction into undefined data)")
-                        elif kind_i == 2:
-                            col.add("allgather-reduction", i,
-                                    f"reduction (rrc) of chunk {c_} from rank {s_} into rank {d_} at step {t} "
-                                    f"in {'an' if what_coll[0] in 'AEIOU' else 'a'} {what_coll}; use recv")
-                        else:
-                            both = _ranks_in(sv[p] & dv[p])
-                            cnt = _popcount(sv[p] & dv[p])
-                            lst = ", ".join(map(str, both)) + (", ..." if cnt > len(both) else "")
-                            col.add("double-count", i,
-                                    f"rrc of chunk {c_} from rank {s_} into rank {d_} at step {t} counts "
-                                    f"the contribution of {plural_noun(cnt, 'rank')} {lst} twice")
-                ok = ~errmask
-                wi, sv, dv, rrc = wi[ok], sv[ok], dv[ok], rrc[ok]
-            if len(wi):
-                newv = sv.copy()
-                if rrc.any():
-                    newv[rrc] |= dv[rrc]
-                state[wi] = newv
+            self._apply(int(self.T[a]), *tr)
 
-    # ---------------------------------------------------------------- postcondition
-    if col.total == 0:
-        if is_ag:   # copy-only: the one contribution the chunk started with
-            unmet = rows[~(state[ids(rows)] == _single_bits(want, words)).all(axis=1)]
+    def _races(self, si: int, t: int, idx, s, d, c, o, wi, ri):
+        """The write/write and read/write races of step ``t`` (the ``si``-th), each an error;
+        returns which of the step's transfers are not in one (None: no race)."""
+        C, col = self.C, self.col
+        wk, rk = d * C + c, s * C + c
+        self.rstamp[ri] = si
+        srt = stable_argsort(wk)
+        sw = wk[srt]
+        dup_sorted = np.zeros(len(sw), dtype=bool)
+        dup_sorted[1:] = sw[1:] == sw[:-1]
+        ww_keys = sw[dup_sorted]    # sorted: distinct keys without np.unique (imports numpy.ma)
+        ww_keys = ww_keys[np.r_[True, ww_keys[1:] != ww_keys[:-1]]] if len(ww_keys) else ww_keys
+        wr_writer = self.rstamp[wi] == si  # writers whose key is also read in this step
+        if not len(ww_keys) and not wr_writer.any():
+            return None
+        self.race_stamp[self.ids(ww_keys)] = si
+        self.race_stamp[wi[wr_writer]] = si
+        involved = (self.race_stamp[wi] == si) | (self.race_stamp[ri] == si)
+        errs: list[tuple[int, int, int, int]] = []  # (kind, index, other, key)
+        if len(ww_keys):
+            # second writer of each key: first duplicate in the sorted run
+            first_dup = dup_sorted.copy()
+            first_dup[2:] &= ~dup_sorted[1:-1]
+            pos2 = srt[first_dup]
+            first_of_run = np.zeros(len(sw), dtype=bool)
+            first_of_run[0] = True
+            first_of_run[1:] = ~dup_sorted[1:]
+            first_pos = {int(kk): int(p) for kk, p in zip(sw[first_of_run], srt[first_of_run])}
+            for p in pos2.tolist():
+                errs.append((0, int(idx[p]), int(idx[first_pos[int(wk[p])]]), int(wk[p])))
+        # write/read races on keys written once
+        single = wr_writer.copy()
+        if len(ww_keys):
+            single &= ~np.isin(wk, ww_keys)
+        if single.any():
+            readers = np.flatnonzero(np.isin(rk, wk[single]))
+            rkeys, first_r = np.unique(rk[readers], return_index=True)
+            first_reader = dict(zip(rkeys.tolist(), readers[first_r].tolist()))
+            for p in np.flatnonzero(single).tolist():
+                errs.append((1, int(idx[p]), int(idx[first_reader[int(wk[p])]]), int(wk[p])))
+        errs.sort()
+        for kind, i, other, key in errs:
+            r_, c_ = divmod(key, C)
+            if kind == 0:
+                col.add("write-write-race", i, f"rank {r_} chunk {c_} is written twice at step {t}",
+                        other, "the other write is at")
+            else:
+                col.add("read-write-race", i, f"rank {r_} chunk {c_} is written and read at step {t}",
+                        other, "it is read at")
+        return ~involved
+
+    def _apply(self, t: int, idx, s, d, c, o, wi, ri) -> None:
+        """Step ``t``'s race-free transfers: the ones that read an empty chunk, reduce into one,
+        reduce in a copy-only collective or count a contribution twice are errors; the others
+        move (recv) or merge (rrc) their source's contributions into their destination."""
+        sv, dv = self.state[ri], self.state[wi]
+        src_empty = ~sv.any(axis=1)
+        rrc = o == RRC
+        dst_empty = rrc & ~src_empty & ~dv.any(axis=1)
+        if self.is_ag:
+            ag_red = rrc & ~src_empty & ~dst_empty
+            overlap = np.zeros(len(idx), dtype=bool)
+        else:
+            ag_red = np.zeros(len(idx), dtype=bool)
+            overlap = rrc & ~src_empty & ~dst_empty & (sv & dv).any(axis=1)
+        errmask = src_empty | dst_empty | ag_red | overlap
+        if errmask.any():
+            for kind_i, m in enumerate((src_empty, dst_empty, ag_red, overlap)):
+                for p in np.flatnonzero(m).tolist():
+                    self._transfer_error(kind_i, t, int(idx[p]), int(s[p]), int(d[p]), int(c[p]),
+                                         sv[p] & dv[p])
+            ok = ~errmask
+            wi, sv, dv, rrc = wi[ok], sv[ok], dv[ok], rrc[ok]
+        if len(wi):
+            newv = sv.copy()
+            if rrc.any():
+                newv[rrc] |= dv[rrc]
+            self.state[wi] = newv
+
+    def _transfer_error(self, kind_i: int, t: int, i: int, s_: int, d_: int, c_: int, both) -> None:
+        col = self.col
+        if col.full:
+            col.total += 1
+            return
+        if kind_i == 0:
+            col.add("undefined-source", i,
+                    f"rank {s_} does not hold chunk {c_} at step {t} (it sends it to rank {d_})")
+        elif kind_i == 1:
+            col.add("undefined-target", i,
+                    f"rrc into rank {d_} chunk {c_} at step {t}, which holds no data yet "
+                    f"(reduction into undefined data)")
+        elif kind_i == 2:
+            what = self.coll.dsl_name
+            col.add("allgather-reduction", i,
+                    f"reduction (rrc) of chunk {c_} from rank {s_} into rank {d_} at step {t} "
+                    f"in {'an' if what[0] in 'AEIOU' else 'a'} {what}; use recv")
+        else:
+            ranks = _ranks_in(both)
+            cnt = _popcount(both)
+            lst = ", ".join(map(str, ranks)) + (", ..." if cnt > len(ranks) else "")
+            col.add("double-count", i,
+                    f"rrc of chunk {c_} from rank {s_} into rank {d_} at step {t} counts "
+                    f"the contribution of {plural_noun(cnt, 'rank')} {lst} twice")
+
+    def postcondition(self) -> None:
+        """The (rank, chunk) pairs that do not end as the collective says, the first few listed
+        and the rest summarised."""
+        col, rows, C, N, alg = self.col, self.rows, self.C, self.N, self.alg
+        held = self.state[self.ids(rows)]
+        if self.is_ag:   # copy-only: the one contribution the chunk started with
+            unmet = rows[~(held == _single_bits(self.want, self.words)).all(axis=1)]
         else:       # reducing: every rank's contribution
-            unmet = rows[~(state[ids(rows)] == _full_row(N, words)).all(axis=1)]
-        checked = len(rows)
-        if len(unmet):
-            listed = min(POSTCONDITION_LISTED, col.limit)
-            if len(unmet) == listed + 1:  # list it rather than summarise a single pair
-                listed += 1
-            what = coll.dsl_name
-            for row in unmet[:listed].tolist():
-                r_, c_ = divmod(row, C)
-                if coll.spec.end == DEST:   # one destination per id: name the block it is
-                    _alltoall_unmet(col, alg, r_, c_, n)
-                    continue
-                if is_ag:  # copy-only holdings are {owner} or empty: recv only copies
-                    msg = f"rank {r_} does not hold chunk {c_} at the end"
-                else:
-                    msg = (f"rank {r_} does not hold chunk {c_} at the end "
-                           f"(has contributions from {_popcount(state[ids(row)])} of {N} ranks)")
-                notes = (f"postcondition of {what}",)
-                if n == 0:
-                    notes += ("the program has no transfers",)
-                col.add_at(POSTCONDITION, h.location, msg, notes)
-            if len(unmet) > listed:
-                col.add_at(POSTCONDITION_SUMMARY, h.location,
-                           f"{len(unmet) - listed} more (rank, chunk) pairs do not meet the {what} postcondition "
-                           f"({len(unmet)} of {checked} in total)",
-                           count=False)
-                col.total += len(unmet) - listed
-                col.summarised += len(unmet) - listed
-    if col.diags:
-        raise VerifyError(col.diags, col.kinds, max(0, col.total - col.listed - col.summarised), col.total)
-    return VerifyReport(collective=coll, nranks=N, transfers=n, steps=alg.nsteps)
+            unmet = rows[~(held == _full_row(N, self.words)).all(axis=1)]
+        if not len(unmet):
+            return
+        listed = min(POSTCONDITION_LISTED, col.limit)
+        if len(unmet) == listed + 1:  # list it rather than summarise a single pair
+            listed += 1
+        what = self.coll.dsl_name
+        n = len(alg)
+        for row in unmet[:listed].tolist():
+            r_, c_ = divmod(row, C)
+            if self.coll.spec.end == DEST:   # one destination per id: name the block it is
+                _alltoall_unmet(col, alg, r_, c_, n)
+                continue
+            if self.is_ag:  # copy-only holdings are {owner} or empty: recv only copies
+                msg = f"rank {r_} does not hold chunk {c_} at the end"
+            else:
+                msg = (f"rank {r_} does not hold chunk {c_} at the end "
+                       f"(has contributions from {_popcount(self.state[self.ids(row)])} of {N} ranks)")
+            notes = (f"postcondition of {what}",)
+            if n == 0:
+                notes += ("the program has no transfers",)
+            col.add_at(POSTCONDITION, alg.header.location, msg, notes)
+        if len(unmet) > listed:
+            col.add_at(POSTCONDITION_SUMMARY, alg.header.location,
+                       f"{len(unmet) - listed} more (rank, chunk) pairs do not meet the {what} postcondition "
+                       f"({len(unmet)} of {len(rows)} in total)",
+                       count=False)
+            col.total += len(unmet) - listed
+            col.summarised += len(unmet) - listed
