@@ -111,127 +111,173 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
           forbid: set[tuple[int, int]] | None = None) -> LoweredProgram:
     """Lower the scheduled tasks of ``alg`` to primitives (see the module docstring)."""
     h = alg.header
-    coll = h.collective
-    N = h.nranks
-    C = h.nchunks
     T = alg.ntransfers
-    src = alg.src.astype(np.int64)
-    dst = alg.dst.astype(np.int64)
-    chunk = alg.chunk.astype(np.int64)
-    step = alg.step.astype(np.int64)
-    rrc = alg.op == RRC
     pipe = np.asarray(sched.subpipeline, dtype=np.int64)
     if len(pipe) != T or len(sched.order) != T:
         raise ValueError("schedule does not cover the algorithm's transfers")
-    pos = sched.position()
-    key_t = pipe * (T + 1) + pos + 1
-    K, root = h.chunks_per_rank, h.root
-    in_chunks, out_chunks, scratch_chunks = buffer_sizes(coll, N, K)
+    t = _Tasks(alg, pipe, sched.position())
+    bm = _buffer_map(t)
+    # the channels the program names; such a program is not fused: its channels already give
+    # each stream connections and thread blocks of its own
+    es = np.asarray(dag.edge_src, dtype=np.int64)
+    ed = np.asarray(dag.edge_dst, dtype=np.int64)
+    if fuse and alg.channel is None and len(es) and T:
+        fused_send, task_channel = _fuse(t, es, ed, forbid)
+    else:
+        fused_send, task_channel = np.full(T, -1, dtype=np.int64), alg.channels.copy()
+    is_fused_b = np.zeros(T, dtype=bool)
+    is_fused_b[fused_send[fused_send >= 0]] = True
+    send_tasks = np.flatnonzero(~is_fused_b)
+    cp = _local_copies(t, bm.a2a)
+    cols, key = _primitive_table(t, bm, cp, fused_send, task_channel, send_tasks)
+    dep_prim, dep_on = _dependencies(t, es, ed, fused_send, send_tasks, bm.a2a, len(cp.rank))
+    in_chunks, out_chunks, _ = buffer_sizes(h.collective, h.nranks, h.chunks_per_rank)
+    return LoweredProgram(
+        collective=h.collective, nranks=h.nranks, nchunks=t.Cf, in_chunks=in_chunks,
+        out_chunks=out_chunks, scratch_chunks=bm.scratch_chunks,
+        npipelines=sched.nsubpipelines if T else (1 if len(cp.rank) else 0),
+        cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int((fused_send >= 0).sum()),
+        root=int(h.root))
 
-    # ---------------------------------------------------------------- buffer mapping
-    first_write = np.full(N * C, NO_STEP, dtype=np.int64)
-    np.minimum.at(first_write, dst * C + chunk, step)
-    fw_src = first_write[src * C + chunk]
-    fw_dst = first_write[dst * C + chunk]
 
-    spec = coll.spec
-    Cf = spec.full_chunks(N, C)   # the full buffer's chunks
+class _Tasks:
+    """The transfers being lowered, as int64 arrays, with their schedule: ``pipe`` (each task's
+    sub-pipeline), ``pos`` (its position in the order) and ``key_t`` (the order within a
+    sub-pipeline, the tie-breaker of every key)."""
 
-    def input_offset(rank, ch, tasks, verb):
-        bad = ~spec.holds(spec.start, rank, ch, N, Cf, root)
+    def __init__(self, alg: Algorithm, pipe: np.ndarray, pos: np.ndarray):
+        h = alg.header
+        self.alg, self.spec, self.root = alg, h.collective.spec, h.root
+        self.N, self.C, self.T = h.nranks, h.nchunks, alg.ntransfers
+        self.src, self.dst = alg.src.astype(np.int64), alg.dst.astype(np.int64)
+        self.chunk, self.step = alg.chunk.astype(np.int64), alg.step.astype(np.int64)
+        self.rrc = alg.op == RRC
+        self.pipe, self.pos = pipe, pos
+        self.key_t = pipe * (self.T + 1) + pos + 1
+        self.Cf = self.spec.full_chunks(self.N, self.C)   # the full buffer's chunks
+        self.tasks = np.arange(self.T, dtype=np.int64)
+        self.first_write = np.full(self.N * self.C, NO_STEP, dtype=np.int64)
+        np.minimum.at(self.first_write, self.dst * self.C + self.chunk, self.step)
+
+    def input_offset(self, rank, ch, tasks, verb):
+        """The input slots of (rank, chunk) pairs the tasks read before any write; a rank that
+        does not start with its chunk is a located error."""
+        spec, alg = self.spec, self.alg
+        bad = ~spec.holds(spec.start, rank, ch, self.N, self.Cf, self.root)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             i = int(tasks[j])
             raise CompileError([Diagnostic(
                 f"rank {int(rank[j])} {verb} chunk {int(ch[j])} before holding it at step "
-                f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
-        return spec.slot("input", rank, ch, N, Cf)
+                f"{int(self.step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+        return spec.slot("input", rank, ch, self.N, self.Cf)
 
-    tasks = np.arange(T, dtype=np.int64)
-    a2a = None
-    if spec.crossed_overlay:
+
+@dataclass
+class _BufferMap:
+    """Where each task's send reads (``s_*``), its receive writes (``w_*``) and an rrc reads the
+    value it reduces into (``r_src_*``); ``a2a``: the AllToAll mapping, where the spec has one."""
+    s_buf: np.ndarray
+    s_off: np.ndarray
+    w_buf: np.ndarray
+    w_off: np.ndarray
+    r_src_buf: np.ndarray
+    r_src_off: np.ndarray
+    scratch_chunks: int
+    a2a: "_AlltoallMapping | None"
+
+
+def _buffer_map(t: _Tasks) -> _BufferMap:
+    """Each task's buffer locations (the module docstring)."""
+    h = t.alg.header
+    _, _, scratch_chunks = buffer_sizes(h.collective, t.N, h.chunks_per_rank)
+    r_src_buf = np.full(t.T, Buf.NONE, np.int8)
+    r_src_off = np.zeros(t.T, np.int64)
+    if t.spec.crossed_overlay:
         # a different mapping, not a special case: in place an arrival overwrites another id's
         # input slot, which the general one below never has to order (its overlays keep each id
         # in one slot); the mapping reads the ids and slots from the spec
-        a2a = _alltoall_mapping(alg, key_t, first_write)
-        s_buf, s_off, w_buf, w_off = a2a.s_buf, a2a.s_off, a2a.w_buf, a2a.w_off
-        scratch_chunks = a2a.scratch_chunks
-        r_src_buf = np.full(T, Buf.NONE, np.int8)
-        r_src_off = np.zeros(T, np.int64)
-    else:
-        # send side: read (src, c)
-        s_from_input = step < fw_src
-        s_buf, s_off = _write_location(coll, src, chunk, N, Cf, root)
-        if s_from_input.any():
-            idx = np.flatnonzero(s_from_input)
-            s_buf[idx] = Buf.INPUT
-            s_off[idx] = input_offset(src[idx], chunk[idx], idx, "sends")
-        # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
-        w_buf, w_off = _write_location(coll, dst, chunk, N, Cf, root)
-        r_src_buf = np.full(T, Buf.NONE, np.int8)
-        r_src_off = np.zeros(T, np.int64)
-        if rrc.any():
-            idx = np.flatnonzero(rrc)
-            first = step[idx] <= fw_dst[idx]
-            r_src_buf[idx] = np.where(first, np.int8(Buf.INPUT), w_buf[idx])
-            r_src_off[idx] = w_off[idx]
-            fi = idx[first]
-            if len(fi):
-                r_src_off[fi] = input_offset(dst[fi], chunk[fi], fi, "reduces into")
+        a2a = _alltoall_mapping(t.alg, t.key_t, t.first_write)
+        return _BufferMap(a2a.s_buf, a2a.s_off, a2a.w_buf, a2a.w_off, r_src_buf, r_src_off,
+                          a2a.scratch_chunks, a2a)
+    coll, src, dst, chunk, step, C = h.collective, t.src, t.dst, t.chunk, t.step, t.C
+    # send side: read (src, c)
+    s_from_input = step < t.first_write[src * C + chunk]
+    s_buf, s_off = _write_location(coll, src, chunk, t.N, t.Cf, t.root)
+    if s_from_input.any():
+        idx = np.flatnonzero(s_from_input)
+        s_buf[idx] = Buf.INPUT
+        s_off[idx] = t.input_offset(src[idx], chunk[idx], idx, "sends")
+    # receive side: write (dst, c); rrc also reads the old value (from input if this is the first write)
+    w_buf, w_off = _write_location(coll, dst, chunk, t.N, t.Cf, t.root)
+    if t.rrc.any():
+        idx = np.flatnonzero(t.rrc)
+        first = step[idx] <= t.first_write[dst * C + chunk][idx]
+        r_src_buf[idx] = np.where(first, np.int8(Buf.INPUT), w_buf[idx])
+        r_src_off[idx] = w_off[idx]
+        fi = idx[first]
+        if len(fi):
+            r_src_off[fi] = t.input_offset(dst[fi], chunk[fi], fi, "reduces into")
+    return _BufferMap(s_buf, s_off, w_buf, w_off, r_src_buf, r_src_off, scratch_chunks, None)
 
-    # ---------------------------------------------------------------- fusion
-    fused_send = np.full(T, -1, dtype=np.int64)   # a -> b (b's send rides on a's receive)
-    es = np.asarray(dag.edge_src, dtype=np.int64)
-    ed = np.asarray(dag.edge_dst, dtype=np.int64)
-    # the channels the program names; such a program is not fused: its channels already give
-    # each stream connections and thread blocks of its own
-    task_channel = alg.channels.copy()
-    if alg.channel is not None:
-        fuse = False
-    if fuse and len(es) and T:
-        cand = dst[es] == src[ed]
-        ca, cb = es[cand], ed[cand]
-        if forbid:
-            fb_ = np.array(sorted(x * T + y for x, y in forbid), dtype=np.int64)
-            keep = ~np.isin(ca * T + cb, fb_)
-            ca, cb = ca[keep], cb[keep]
-        # one send per receive: the first b in insertion order
-        o = lexsort((pos[cb], ca))
-        ca, cb = ca[o], cb[o]
-        refused = np.zeros(len(ca), dtype=bool)
-        while len(ca):
-            fused_send[:] = -1
-            a, b = ca[~refused], cb[~refused]
-            firsts = np.r_[True, a[1:] != a[:-1]] if len(a) else np.zeros(0, bool)
-            # b has a single writer-predecessor on its sending rank, so it is chosen at most once
-            fused_send[a[firsts]] = b[firsts]
-            _cut_rank_revisits(fused_send, src, dst)
-            is_fused_b = np.zeros(T, dtype=bool)
-            is_fused_b[fused_send[fused_send >= 0]] = True
-            task_channel = fused_channels(fused_send, is_fused_b, src, dst, key_t, N)
-            rkey, skey = _task_keys(key_t, fused_send, pipe, pos, T)
-            bad = _fifo_inversions(fused_send, task_channel, src, dst, rkey, skey, N)
-            if not len(bad):
-                break
-            refused |= np.isin(ca * T + cb, bad[:, 0] * T + bad[:, 1])
-    is_fused_b = np.zeros(T, dtype=bool)
-    is_fused_b[fused_send[fused_send >= 0]] = True
 
-    # ---------------------------------------------------------------- primitive table
-    send_tasks = np.flatnonzero(~is_fused_b)
-    nS = len(send_tasks)
-    nR = T
-    fa = fused_send >= 0
-    recv_op = np.where(rrc, Op.RECV_REDUCE_COPY, Op.RECV).astype(np.int8)
-    recv_op[fa & rrc] = Op.RECV_REDUCE_COPY_SEND
-    recv_op[fa & ~rrc] = Op.RECV_COPY_SEND
-    fb = np.maximum(fused_send, 0)
+def _fuse(t: _Tasks, es: np.ndarray, ed: np.ndarray, forbid) -> tuple[np.ndarray, np.ndarray]:
+    """Which task's send rides on which task's receive (``fused_send[a] = b``: b's send is fused
+    into a's receive; -1: none), and the tasks' channels: at most one send per receive, no pair in
+    ``forbid``, no rank revisited, and pairs that would invert a FIFO's order refused until none
+    does."""
+    T, src, dst = t.T, t.src, t.dst
+    fused_send = np.full(T, -1, dtype=np.int64)
+    task_channel = t.alg.channels.copy()
+    cand = dst[es] == src[ed]
+    ca, cb = es[cand], ed[cand]
+    if forbid:
+        fb_ = np.array(sorted(x * T + y for x, y in forbid), dtype=np.int64)
+        keep = ~np.isin(ca * T + cb, fb_)
+        ca, cb = ca[keep], cb[keep]
+    # one send per receive: the first b in insertion order
+    o = lexsort((t.pos[cb], ca))
+    ca, cb = ca[o], cb[o]
+    refused = np.zeros(len(ca), dtype=bool)
+    while len(ca):
+        fused_send[:] = -1
+        a, b = ca[~refused], cb[~refused]
+        firsts = np.r_[True, a[1:] != a[:-1]] if len(a) else np.zeros(0, bool)
+        # b has a single writer-predecessor on its sending rank, so it is chosen at most once
+        fused_send[a[firsts]] = b[firsts]
+        _cut_rank_revisits(fused_send, src, dst)
+        is_fused_b = np.zeros(T, dtype=bool)
+        is_fused_b[fused_send[fused_send >= 0]] = True
+        task_channel = fused_channels(fused_send, is_fused_b, src, dst, t.key_t, t.N)
+        rkey, skey = _task_keys(t.key_t, fused_send, t.pipe, t.pos, T)
+        bad = _fifo_inversions(fused_send, task_channel, src, dst, rkey, skey, t.N)
+        if not len(bad):
+            break
+        refused |= np.isin(ca * T + cb, bad[:, 0] * T + bad[:, 1])
+    return fused_send, task_channel
 
-    # local copies for output chunks that are never written
-    cr, cc = _missing_output_chunks(alg, first_write)
+
+@dataclass
+class _Copies:
+    """The local copies of a program: per copy its rank, source and destination slots, source
+    buffer, key, sub-pipeline and chunk count."""
+    rank: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    sbuf: np.ndarray
+    key: np.ndarray
+    pipe: np.ndarray
+    cnt: np.ndarray
+
+
+def _local_copies(t: _Tasks, a2a) -> _Copies:
+    """Copies of the output chunks that are never written (from the input), then an in-place
+    AllToAll's copies of the blocks that arrived in scratch; each rank's copies of consecutive
+    slots into consecutive slots become one copy of that many chunks."""
+    cr, cc = _missing_output_chunks(t.alg, t.first_write)
     nK = len(cr)
-    copy_src = spec.slot("input", cr, cc, N, Cf)
-    copy_dst = spec.slot("output", cr, cc, N, Cf)
+    copy_src = t.spec.slot("input", cr, cc, t.N, t.Cf)
+    copy_dst = t.spec.slot("output", cr, cc, t.N, t.Cf)
     copy_sbuf = np.full(nK, Buf.INPUT, np.int8)
     copy_key = np.zeros(nK, np.int64)
     copy_pipe = np.zeros(nK, np.int64)
@@ -244,9 +290,9 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         copy_src = np.concatenate([copy_src, a2a.copy_src])
         copy_dst = np.concatenate([copy_dst, a2a.copy_dst])
         copy_sbuf = np.concatenate([copy_sbuf, np.full(nA, Buf.SCRATCH, np.int8)])
-        last_key = int(key_t.max()) + 1 if T else 1
+        last_key = int(t.key_t.max()) + 1 if t.T else 1
         copy_key = np.concatenate([copy_key, last_key + np.arange(nA, dtype=np.int64)])
-        last_pipe = int(pipe.max()) if T else 0
+        last_pipe = int(t.pipe.max()) if t.T else 0
         copy_pipe = np.concatenate([copy_pipe, np.full(nA, last_pipe, np.int64)])
         nK += nA
     # each rank's copies of consecutive slots into consecutive slots: one primitive of that many
@@ -260,34 +306,51 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         copy_cnt = np.r_[cnt, np.ones(nK - plain, np.int64)]
         cr, copy_src, copy_dst = cr[keep], copy_src[keep], copy_dst[keep]
         copy_sbuf, copy_key, copy_pipe = copy_sbuf[keep], copy_key[keep], copy_pipe[keep]
-        nK = len(keep)
+    return _Copies(cr, copy_src, copy_dst, copy_sbuf, copy_key, copy_pipe, copy_cnt)
 
-    n = nS + nR + nK
+
+def _primitive_table(t: _Tasks, bm: _BufferMap, cp: _Copies, fused_send, task_channel,
+                     send_tasks) -> tuple[dict, np.ndarray]:
+    """The primitives' columns and keys: the unfused sends, then one receive per task (fused with
+    the send that rides on it), then the copies."""
+    T, src, dst, rrc = t.T, t.src, t.dst, t.rrc
+    nS, nR, nK = len(send_tasks), T, len(cp.rank)
+    fa = fused_send >= 0
+    recv_op = np.where(rrc, Op.RECV_REDUCE_COPY, Op.RECV).astype(np.int8)
+    recv_op[fa & rrc] = Op.RECV_REDUCE_COPY_SEND
+    recv_op[fa & ~rrc] = Op.RECV_COPY_SEND
+    fb = np.maximum(fused_send, 0)
     cols = {
-        "rank": np.concatenate([src[send_tasks], dst, cr]),
-        "pipeline": np.concatenate([pipe[send_tasks], pipe, copy_pipe]),
+        "rank": np.concatenate([src[send_tasks], dst, cp.rank]),
+        "pipeline": np.concatenate([t.pipe[send_tasks], t.pipe, cp.pipe]),
         "op": np.concatenate([np.full(nS, Op.SEND, np.int8), recv_op, np.full(nK, Op.COPY, np.int8)]),
         "send_peer": np.concatenate([dst[send_tasks], np.where(fa, dst[fb], -1), np.full(nK, -1)]),
         "recv_peer": np.concatenate([np.full(nS, -1), src, np.full(nK, -1)]),
         "channel": np.concatenate([task_channel[send_tasks], task_channel, np.zeros(nK, np.int64)]),
-        "src_buf": np.concatenate([s_buf[send_tasks], r_src_buf, copy_sbuf]),
-        "src_off": np.concatenate([s_off[send_tasks], r_src_off, copy_src]),
-        "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), w_buf,
+        "src_buf": np.concatenate([bm.s_buf[send_tasks], bm.r_src_buf, cp.sbuf]),
+        "src_off": np.concatenate([bm.s_off[send_tasks], bm.r_src_off, cp.src]),
+        "dst_buf": np.concatenate([np.full(nS, Buf.NONE, np.int8), bm.w_buf,
                                    np.full(nK, Buf.OUTPUT, np.int8)]),
-        "dst_off": np.concatenate([np.zeros(nS, np.int64), w_off, copy_dst]),
-        "count": np.r_[np.ones(nS + nR, np.int64), copy_cnt],
-        "task": np.concatenate([send_tasks, tasks, np.full(nK, -1)]),
+        "dst_off": np.concatenate([np.zeros(nS, np.int64), bm.w_off, cp.dst]),
+        "count": np.r_[np.ones(nS + nR, np.int64), cp.cnt],
+        "task": np.concatenate([send_tasks, t.tasks, np.full(nK, -1)]),
         "task2": np.concatenate([np.full(nS, -1), fused_send, np.full(nK, -1)]),
     }
-    rkey, skey = _task_keys(key_t, fused_send, pipe, pos, T)
-    key = np.concatenate([skey[send_tasks], rkey, _widen_keys(copy_key, T)])
+    rkey, skey = _task_keys(t.key_t, fused_send, t.pipe, t.pos, T)
+    key = np.concatenate([skey[send_tasks], rkey, _widen_keys(cp.key, T)])
+    return cols, key
 
-    # ---------------------------------------------------------------- dependencies
+
+def _dependencies(t: _Tasks, es, ed, fused_send, send_tasks, a2a, ncopies: int):
+    """The primitives' dependencies ``(dep_prim, dep_on)`` from the DAG's edges (RAW, WAW, WAR on
+    the ranks they share) and, in place, an AllToAll's overwrites."""
+    src, dst, T = t.src, t.dst, t.T
+    nS = len(send_tasks)
+    fa = fused_send >= 0
     send_prim = np.empty(T, dtype=np.int64)
     send_prim[send_tasks] = np.arange(nS)
-    recv_prim = nS + tasks
-    fused_b = fused_send[fa]
-    send_prim[fused_b] = recv_prim[np.flatnonzero(fa)]
+    recv_prim = nS + t.tasks
+    send_prim[fused_send[fa]] = recv_prim[np.flatnonzero(fa)]
     dp, do = [], []
     if len(es):
         # u wrote rank dst[u]: RAW (b reads it) or WAW (b writes it)
@@ -302,18 +365,13 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
         # in-place AllToAll: a block's arrival overwrites the input slot of the block going the
         # other way, so it waits until that block has been sent (every key grows along these)
         dp.append(recv_prim[a2a.dep_write]); do.append(send_prim[a2a.dep_read])
-        copy_base = nS + nR + (nK - len(a2a.copy_rank))
+        copy_base = nS + T + (ncopies - len(a2a.copy_rank))
         dp.append(copy_base + a2a.cdep_copy); do.append(np.where(
             a2a.cdep_is_write, recv_prim[a2a.cdep_task], send_prim[a2a.cdep_task]))
     dep_prim = np.concatenate(dp) if dp else np.zeros(0, np.int64)
     dep_on = np.concatenate(do) if do else np.zeros(0, np.int64)
     keep = dep_prim != dep_on
-    dep_prim, dep_on = dep_prim[keep], dep_on[keep]
-
-    return LoweredProgram(
-        collective=coll, nranks=N, nchunks=Cf, in_chunks=in_chunks, out_chunks=out_chunks,
-        scratch_chunks=scratch_chunks, npipelines=sched.nsubpipelines if T else (1 if nK else 0),
-        cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int(fa.sum()), root=int(root))
+    return dep_prim[keep], dep_on[keep]
 
 
 @dataclass
