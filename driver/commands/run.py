@@ -56,7 +56,7 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 from hccc.compiler.backend.abi import LL_AUTO_MAX_BYTES
 from hccc.args import (add_deprecated_flag, add_direct_option, add_program_options, add_topology_option, count_at_least,
@@ -401,14 +401,68 @@ def run(args) -> int:
 
 
 def _run_one(args) -> int:
-    from hccc.util.diagnostics import CompileError, Diagnostic
-    from hccc.runtime.launcher import ELEMENT_BYTES, Runner, check_program_memory, rank_ranges
     from hccc.runtime.platform import PlatformError
 
     if getattr(args, "sanitize", False):
         code = _sanitized(args)
         if code is not None:
             return code
+    plan = _plan(args)
+    if isinstance(plan, int):
+        return plan
+    try:
+        results, ran = _run_calls(args, plan)
+    except PlatformError as exc:
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
+    except ValueError as exc:
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
+    # -c 0 (nccl-tests): wrong elements do not fail the run; a stuck run still does
+    ok = all(r.ok if args.check else r.stuck is None for r in results)
+    if args.json:
+        print(json.dumps(_json_report(args, plan, ran, results, ok)))
+    else:
+        _print_summary(results, ok)
+    return 0 if ok else 1
+
+
+@dataclass
+class _RunPlan:
+    """What ``hccc run`` runs, worked out before anything is built: the program with its channels
+    and slot, its platforms, the calls (bytes, and an AllToAllv's counts) in the placements it is
+    proven for (``unproven``: the placements asked for that it is not), and how far its FIFOs' slot
+    may shrink."""
+    ir: object
+    plats: list
+    sweep: object
+    es: int
+    root: int
+    fit_slot: bool
+    least_slot: int
+    groups: list
+    unproven: list
+    calls: list
+    vnotes: list
+
+
+@dataclass
+class _Ran:
+    """How the kernels ran: threads per block, one grid or a kernel per rank, the libraries."""
+    nthreads: int
+    launch: str
+    libraries: dict
+
+
+def _plan(args):
+    """The run's :class:`_RunPlan`, or the exit status of a usage error or a program whose
+    buffers do not fit (said on stderr)."""
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    from hccc.runtime.launcher import ELEMENT_BYTES, check_program_memory
+    from hccc.runtime.platform import PlatformError
+    from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
+    from hccc.compiler.pipeline import apply_channels, manifest_codegen, manifest_path
+    from hccc.compiler.pipeline.readers import reader_for
 
     sweep = sweep_sizes(args)
     es = ELEMENT_BYTES[args.dtype]
@@ -417,9 +471,6 @@ def _run_one(args) -> int:
         sys.stderr.write(f"hccc run: error: size {bad[0]} is not a whole number of {args.dtype} "
                          f"elements ({es} bytes each)\n")
         return 2
-    from hccc.compiler.passes.slicing import DEFAULT_SLOT_BYTES
-    from hccc.compiler.pipeline import manifest_path
-    from hccc.compiler.pipeline.readers import reader_for
     # a slot of the default size, smaller where the FIFOs would not fit (programs lowered here:
     # .rccl, MSCCL XML, MSCCL++ plans; a ProgramIR or compiled output runs as given)
     fit_slot = args.chunk_size is None and manifest_path(args.algo) is None and \
@@ -432,34 +483,20 @@ def _run_one(args) -> int:
                          "nRanks), and hccc run drives every rank from this process: -g must be "
                          f"{ir.nranks} or left out\n")
         return 2
-    from hccc.compiler.pipeline import apply_channels
     # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
     # the device the run uses: its multiprocessors and the ranks placed on each)
     sms, per_device = _device_shape(args.backend, ir.nranks)
     ir = apply_channels(ir, program_options(args), ["cpu"] if args.backend == "cpu" else plats,
                         ranks_per_device=per_device, device_sms=sms)
     if args.codegen is None:
-        from hccc.compiler.pipeline import manifest_codegen, manifest_path
         mpath = manifest_path(args.algo)
         args.codegen = manifest_codegen(mpath) if mpath is not None else "specialized"
-    coll = ir.collective
-    root = root_column(coll, ir.root)
+    root = root_column(ir.collective, ir.root)
     if args.root is not None and root >= 0 and args.root != root:
         raise CompileError([Diagnostic(
             f"-r {args.root}: {ir.name} is compiled for root {root} (its Root); compile the program "
             f"for root {args.root} to run it there", None)])
-    if ir.algorithm_level:
-        # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
-        # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
-        # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
-        # chunk of each of the chunks its largest step moves.
-        # That slot is also the least one its FIFOs may shrink to.
-        most = max(sweep.sizes) * max(1, ir.nranks) // es
-        per_chunk = -(-most // max(1, ir.nchunks)) * es
-        least_slot = -(-per_chunk // 16) * 16 * ir.max_step_chunks
-        ir.chunk_bytes = max(ir.chunk_bytes, least_slot)
-    else:
-        least_slot = max(LEAST_FIT_SLOT, 16 * int(ir.max_step_chunks))
+    least_slot = _least_slot(ir, sweep, es)
     groups = placements(args)
     unproven = [g for g in groups if g not in ir.placements]
     if unproven and len(groups) == 1:
@@ -479,121 +516,152 @@ def _run_one(args) -> int:
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
-    results = []
+    return _RunPlan(ir=ir, plats=plats, sweep=sweep, es=es, root=root, fit_slot=fit_slot,
+                    least_slot=least_slot, groups=groups, unproven=unproven, calls=calls,
+                    vnotes=vnotes)
+
+
+def _least_slot(ir, sweep, es: int) -> int:
+    """The least slot the program's FIFOs may shrink to."""
+    if not ir.algorithm_level:
+        return max(LEAST_FIT_SLOT, 16 * int(ir.max_step_chunks))
+    # An MSCCL import proven only under the MSCCL runtimes' algorithm-level order (every micro-batch
+    # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
+    # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
+    # chunk of each of the chunks its largest step moves.
+    # That slot is also the least one its FIFOs may shrink to.
+    most = max(sweep.sizes) * max(1, ir.nranks) // es
+    per_chunk = -(-most // max(1, ir.nchunks)) * es
+    least_slot = -(-per_chunk // 16) * 16 * ir.max_step_chunks
+    ir.chunk_bytes = max(ir.chunk_bytes, least_slot)
+    return least_slot
+
+
+def _run_calls(args, plan: _RunPlan):
+    """Build the kernels and run every call in every placement, printing the table as it goes;
+    returns the results and how the kernels ran (:class:`_Ran`)."""
+    from hccc.runtime.launcher import Runner
     from hccc.progress import Progress
-    try:
-        with Progress("hccc run", enabled=not args.json) as progress:
-            with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
-                runner, slot_note = _runner_whose_fifos_fit(
-                    ir, fit_slot, least_slot,
-                    lambda: Runner(ir, args.backend, args.dtype, args.op, platforms=plats, nthreads=args.threads,
-                                   timeout_s=args.timeout, codegen=args.codegen,
-                                   one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
-                                   direct=args.direct))
-            with runner:
-                launch = "grid" if runner.grid_fn is not None else "per-rank"
-                libraries = {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
-                                  "library": str(runner.libraries[pl])}
-                             for pl, rs in runner.library_ranks.items()}
-                if not args.json:
-                    progress.print(
-                        f"# hccc run: {ir.name}: {coll} on {plural(ir.nranks, 'rank')}, backend {args.backend}, "
-                        f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
-                        f"{args.codegen} kernels, "
-                        + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
-                    if slot_note:
-                        progress.print(f"# {slot_note}")
-                    if runner.threads_note:
-                        progress.print(f"# {runner.threads_note}")
-                    if args.proto != "simple":
-                        progress.print(f"# protocol {args.proto}: "
-                                       + (f"LL up to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, Simple above"
-                                          if args.proto == "auto" else "LL")
-                                       + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
-                    for note in vnotes:
-                        progress.print(f"# {note}")
-                    if args.counts is None or len(calls) > 1:
-                        progress.print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
-                                       f"warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
+    ir, results = plan.ir, []
+    with Progress("hccc run", enabled=not args.json) as progress:
+        with progress.phase(f"building {ir.name} for {args.backend} ({args.dtype}, {args.op})"):
+            runner, slot_note = _runner_whose_fifos_fit(
+                ir, plan.fit_slot, plan.least_slot,
+                lambda: Runner(ir, args.backend, args.dtype, args.op, platforms=plan.plats, nthreads=args.threads,
+                               timeout_s=args.timeout, codegen=args.codegen,
+                               one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
+                               direct=args.direct))
+        with runner:
+            ran = _Ran(runner.block, "grid" if runner.grid_fn is not None else "per-rank",
+                       {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
+                             "library": str(runner.libraries[pl])}
+                        for pl, rs in runner.library_ranks.items()})
+            if not args.json:
+                _print_preamble(progress.print, args, plan, runner, ran, slot_note)
+            proto_notes = set()
+            task = progress.task(f"running {plural(len(plan.calls), 'size')}"
+                                 + (" out of place and in place" if len(plan.groups) > 1 else ""),
+                                 total=len(plan.calls) * len(plan.groups))
+            for nbytes, counts in plan.calls:
+                row, broken = [], False
+                for inplace in plan.groups:
+                    if counts is None:
+                        res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                         seed=args.seed, slice_bytes=args.slice_size, proto=args.proto,
+                                         check=args.check > 0, checks=max(args.check, 1))
                     else:
-                        progress.print(f"# warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
-                    if args.backend == "cpu":
-                        progress.print(EMULATED_NOTE)
-                    if len(libraries) > 1 or plats[0] != "cuda":
-                        progress.print("# " + "; ".join(
-                            f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
-                            f"({v['backend']})" for pl, v in libraries.items()))
-                    for g in unproven:
-                        progress.print(f"# {GROUP[g]}: not run ({ir.name} is proven {GROUP[not g]} only, as its "
-                                       f"MSCCL XML declares)")
-                    progress.print("#")
-                    for line in table_header(groups, COLUMNS):
-                        progress.print(line)
-                broken = False
-                proto_notes = set()
-                task = progress.task(f"running {plural(len(calls), 'size')}"
-                                     + (" out of place and in place" if len(groups) > 1 else ""),
-                                     total=len(calls) * len(groups))
-                for nbytes, counts in calls:
-                    row = []
-                    for inplace in groups:
-                        if counts is None:
-                            res = runner.run(nbytes, inplace=inplace, iters=args.iters, warmup=args.warmup,
-                                             seed=args.seed, slice_bytes=args.slice_size, proto=args.proto,
-                                             check=args.check > 0, checks=max(args.check, 1))
-                        else:
-                            res = runner.run_v(counts, inplace=inplace, iters=args.iters, warmup=args.warmup,
-                                               seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
-                        if runner.proto_note and runner.proto_note not in proto_notes and not args.json:
-                            proto_notes.add(runner.proto_note)
-                            progress.print(f"# --proto {args.proto}: {runner.proto_note}")
-                        task.advance()
-                        results.append(res)
-                        row.append(res)
-                        if res.stuck is not None and "host watchdog" in res.stuck:
-                            broken = True   # the platform may be unusable now
-                            break
-                    if not args.json:
-                        progress.print(table_left(nbytes, nbytes // es, args.dtype,
-                                                  redop_column(coll, args.op), root)
-                                       + "".join(_cells(r, args.check > 0) for r in row))
-                        for r in row:
-                            where = GROUP[r.inplace]
-                            if r.stuck is not None:
-                                progress.print(f"#   {where}: {r.stuck}")
-                            elif r.wrong:
-                                progress.print(f"#   {where}: first wrong: {r.first_wrong}")
-                            elif r.collective_wrong > 0:
-                                progress.print(
-                                    f"#   {where}: {ir.name} does not implement {coll}: "
-                                    f"{plural(r.collective_wrong, 'element')} of its reference run differ "
-                                    f"from the definition; first: {r.first_wrong}")
-                    if broken:
+                        res = runner.run_v(counts, inplace=inplace, iters=args.iters, warmup=args.warmup,
+                                           seed=args.seed, slice_bytes=args.slice_size, proto=args.proto)
+                    if runner.proto_note and runner.proto_note not in proto_notes and not args.json:
+                        proto_notes.add(runner.proto_note)
+                        progress.print(f"# --proto {args.proto}: {runner.proto_note}")
+                    task.advance()
+                    results.append(res)
+                    row.append(res)
+                    if res.stuck is not None and "host watchdog" in res.stuck:
+                        broken = True   # the platform may be unusable now
                         break
-                nthreads, pname = runner.block, args.backend
-    except PlatformError as exc:
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    except ValueError as exc:
-        sys.stderr.write(f"hccc: error: {exc}\n")
-        return 1
-    # -c 0 (nccl-tests): wrong elements do not fail the run; a stuck run still does
-    ok = all(r.ok if args.check else r.stuck is None for r in results)
-    if args.json:
-        print(json.dumps({"algorithm": ir.name, "collective": coll, "nranks": ir.nranks,
-                          "backend": pname, "emulated": args.backend == "cpu", "nthreads": nthreads, "ok": ok, "root": root, "codegen": args.codegen,
-                          "redop": redop_column(coll, args.op),
-                          "rank_platform": plats, "libraries": libraries, "launch": launch,
-                          **({"counts": args.counts, "counts_scaled": len(calls) > 1 or not sweep_is_default(args)}
-                             if args.counts is not None else {}),
-                          "results": [r.to_json() for r in results]}))
+                if not args.json:
+                    _print_row(progress.print, args, plan, nbytes, row)
+                if broken:
+                    break
+    return results, ran
+
+
+def _print_preamble(out, args, plan: _RunPlan, runner, ran: _Ran, slot_note) -> None:
+    """The lines above the table: what runs where, with which protocol, sizes and checks."""
+    ir = plan.ir
+    out(f"# hccc run: {ir.name}: {ir.collective} on {plural(ir.nranks, 'rank')}, backend {args.backend}, "
+        f"{plural(runner.block, 'thread')} per thread block, chunk size {ir.chunk_bytes} B, "
+        f"{args.codegen} kernels, "
+        + ("one grid for every rank" if runner.grid_fn is not None else "a kernel per rank"))
+    if slot_note:
+        out(f"# {slot_note}")
+    if runner.threads_note:
+        out(f"# {runner.threads_note}")
+    if args.proto != "simple":
+        out(f"# protocol {args.proto}: "
+            + (f"LL up to {LL_AUTO_MAX_BYTES // 1024} KiB of full buffer, Simple above"
+               if args.proto == "auto" else "LL")
+            + (" (direct-mode messages run Simple)" if args.direct != "off" else ""))
+    for note in plan.vnotes:
+        out(f"# {note}")
+    sweep = plan.sweep
+    if args.counts is None or len(plan.calls) > 1:
+        out(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step} "
+            f"warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
     else:
-        wrong = sum(max(r.wrong, 0) for r in results)
-        stuck = sum(r.stuck is not None for r in results)
-        notcoll = sum(r.collective_wrong > 0 for r in results)
-        if stuck or notcoll:
-            print(f"# {plural(stuck, 'stuck run')}"
-                  + (f", {plural(notcoll, 'run')} whose reference result is not the collective" if notcoll else ""))
-        print(f"# Out of bounds values : {wrong} {'OK' if ok else 'FAILED'}")
-        print(avg_busbw_line([r.busbw_GBps for r in results if r.stuck is None]))
-    return 0 if ok else 1
+        out(f"# warmup iters: {args.warmup} iters: {args.iters} validation: {args.check}")
+    if args.backend == "cpu":
+        out(EMULATED_NOTE)
+    libraries = ran.libraries
+    if len(libraries) > 1 or plan.plats[0] != "cuda":
+        from hccc.runtime.launcher import rank_ranges
+        out("# " + "; ".join(
+            f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
+            f"({v['backend']})" for pl, v in libraries.items()))
+    for g in plan.unproven:
+        out(f"# {GROUP[g]}: not run ({ir.name} is proven {GROUP[not g]} only, as its "
+            f"MSCCL XML declares)")
+    out("#")
+    for line in table_header(plan.groups, COLUMNS):
+        out(line)
+
+
+def _print_row(out, args, plan: _RunPlan, nbytes: int, row) -> None:
+    """One size's row of the table, and a line for each of its runs that went wrong."""
+    ir, coll = plan.ir, plan.ir.collective
+    out(table_left(nbytes, nbytes // plan.es, args.dtype, redop_column(coll, args.op), plan.root)
+        + "".join(_cells(r, args.check > 0) for r in row))
+    for r in row:
+        where = GROUP[r.inplace]
+        if r.stuck is not None:
+            out(f"#   {where}: {r.stuck}")
+        elif r.wrong:
+            out(f"#   {where}: first wrong: {r.first_wrong}")
+        elif r.collective_wrong > 0:
+            out(f"#   {where}: {ir.name} does not implement {coll}: "
+                f"{plural(r.collective_wrong, 'element')} of its reference run differ "
+                f"from the definition; first: {r.first_wrong}")
+
+
+def _json_report(args, plan: _RunPlan, ran: _Ran, results, ok: bool) -> dict:
+    ir = plan.ir
+    return {"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
+            "backend": args.backend, "emulated": args.backend == "cpu", "nthreads": ran.nthreads, "ok": ok,
+            "root": plan.root, "codegen": args.codegen, "redop": redop_column(ir.collective, args.op),
+            "rank_platform": plan.plats, "libraries": ran.libraries, "launch": ran.launch,
+            **({"counts": args.counts, "counts_scaled": len(plan.calls) > 1 or not sweep_is_default(args)}
+               if args.counts is not None else {}),
+            "results": [r.to_json() for r in results]}
+
+
+def _print_summary(results, ok: bool) -> None:
+    wrong = sum(max(r.wrong, 0) for r in results)
+    stuck = sum(r.stuck is not None for r in results)
+    notcoll = sum(r.collective_wrong > 0 for r in results)
+    if stuck or notcoll:
+        print(f"# {plural(stuck, 'stuck run')}"
+              + (f", {plural(notcoll, 'run')} whose reference result is not the collective" if notcoll else ""))
+    print(f"# Out of bounds values : {wrong} {'OK' if ok else 'FAILED'}")
+    print(avg_busbw_line([r.busbw_GBps for r in results if r.stuck is None]))
