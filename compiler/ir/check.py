@@ -82,6 +82,17 @@ def _i64(a: np.ndarray) -> np.ndarray:
 
 def check_structure(ir: ProgramIR) -> None:
     """Validate ranges, canonical order, buffers, peers, connection ownership and dependencies."""
+    p, ntbs = _columns(ir)
+    _check_order(ir, p, ntbs)
+    _check_codes(ir, p)
+    _check_peers(ir, p)
+    _check_connections(ir, p)
+    _check_deps(ir, p)
+
+
+def _columns(ir: ProgramIR) -> tuple[dict, np.ndarray]:
+    """The primitive table's columns as they are (comparisons need no widening; sums and keys are
+    made in int64) and the thread blocks per rank, after the header's and the columns' checks."""
     N = int(ir.nranks)
     if N < 1:
         raise IRFormatError(f"nranks must be at least 1, not {N}")
@@ -91,7 +102,6 @@ def check_structure(ir: ProgramIR) -> None:
     missing = [k for k in PRIM_COLUMNS if k not in ir.prims]
     if missing:
         raise IRFormatError(f"primitive table lacks {plural_noun(len(missing), 'column')} {', '.join(missing)}")
-    # the columns as they are (comparisons need no widening); sums and keys are made in int64
     p = {k: np.asarray(ir.prims[k]) for k in PRIM_COLUMNS}
     bad_dtype = [k for k, v in p.items() if v.dtype.kind not in "iub"]
     if bad_dtype:
@@ -105,6 +115,13 @@ def check_structure(ir: ProgramIR) -> None:
         raise IRFormatError(f"tbs_per_rank has {len(ntbs)} entries, expected nranks = {N}")
     if len(ntbs) and ntbs.min() < 0:
         raise IRFormatError("tbs_per_rank must not be negative")
+    return p, ntbs
+
+
+def _check_order(ir: ProgramIR, p: dict, ntbs: np.ndarray) -> None:
+    """Ranks, thread blocks and sequence numbers in range and in canonical order, without gaps,
+    and each rank using exactly its thread blocks."""
+    N, n = int(ir.nranks), len(p["rank"])
     rank, tb, seq = p["rank"], p["tb"], p["seq"]
     _fail(ir, (rank < 0) | (rank >= N), f"rank out of range 0..{N - 1}")
     _fail(ir, (tb < 0) | (tb >= ntbs[rank]), "tb out of range (tbs_per_rank)")
@@ -133,6 +150,11 @@ def check_structure(ir: ProgramIR) -> None:
     if len(badr):
         r = int(badr[0])
         raise IRFormatError(f"rank {r}: tbs_per_rank says {int(ntbs[r])} TBs but primitives use {int(used[r])}")
+
+
+def _check_codes(ir: ProgramIR, p: dict) -> None:
+    """Op and buffer codes, counts, channels, pipelines and task ids; each op's buffers present
+    exactly where it uses them, and their ranges within the buffers."""
     # op and buffer codes
     op = p["op"]
     _fail(ir, (op < 0) | (op >= len(Op)), f"invalid op code (valid: 0..{len(Op) - 1})")
@@ -155,6 +177,11 @@ def check_structure(ir: ProgramIR) -> None:
             _fail(ir, m & ((off < 0) | (np.add(off, p["count"], dtype=np.int64) > sizes[code])),
                   f"{side} range [{side}_off, {side}_off + count) exceeds the {nm} buffer "
                   f"({int(sizes[code])} chunks)")
+
+
+def _check_peers(ir: ProgramIR, p: dict) -> None:
+    """Send and receive peers in range, never the primitive's own rank, -1 where unused."""
+    N, rank, op = int(ir.nranks), p["rank"], p["op"]
     # peers
     sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     for nm, uses in (("send_peer", sends), ("recv_peer", recvs)):
@@ -163,6 +190,13 @@ def check_structure(ir: ProgramIR) -> None:
         _fail(ir, uses & (peer == rank), f"{nm} equals the primitive's own rank")
         _fail(ir, ~uses & (peer != -1), f"{nm} must be -1 for an op that does not "
                                         f"{'send' if nm == 'send_peer' else 'receive'}")
+
+
+def _check_connections(ir: ProgramIR, p: dict) -> None:
+    """Each end of a connection (rank, peer, channel) owned by one thread block, and as many
+    sends as receives on every connection."""
+    N, n, rank, tb, op = int(ir.nranks), len(p["rank"]), p["rank"], p["tb"], p["op"]
+    sends, recvs = _SEND_OPS[op], _RECV_OPS[op]
     # connection ends owned by one TB; sends and receives per connection balance
     nch = int(p["channel"].max()) + 1 if n else 1
     for nm, uses, d in (("send_peer", sends, 0), ("recv_peer", recvs, 1)):
@@ -196,6 +230,11 @@ def check_structure(ir: ProgramIR) -> None:
         ch, pair = k % nch, k // nch
         raise IRFormatError(f"connection rank {pair // N} -> rank {pair % N} channel {ch} has "
                             f"{plural(int(s_cnt[j]), 'send')} but {plural(int(r_cnt[j]), 'receive')}")
+
+
+def _check_deps(ir: ProgramIR, p: dict) -> None:
+    """Dependencies between existing primitives of one rank, none on itself."""
+    n, rank = len(p["rank"]), p["rank"]
     # dependencies
     dp = np.asarray(ir.dep_prim).astype(np.int64)
     do = np.asarray(ir.dep_on).astype(np.int64)
