@@ -422,32 +422,7 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     t2 = time.perf_counter()
     tm["codegen_analyse"] = t1 - t0
     tm["codegen_lines"] = t2 - t1
-    in_base, out_base = buffer_bases(ir)
-    ntbs_col = np.asarray(ir.ntbs, np.int64)
-    ntbs = [int(ntbs_col[r]) if r < len(ntbs_col) else 0 for r in range(ir.nranks)]
-    slices = ir.tb_slices()
-    by_rank: dict[int, list[tuple[int, slice]]] = {}
-    for (r, t), sl in slices.items():
-        by_rank.setdefault(r, []).append((t, sl))
-    for r, lst in by_rank.items():
-        ntbs[r] = max(ntbs[r], max(t for t, _ in lst) + 1)
-    tb_pipelines = _tb_pipeline_ranges(ir, slices)
-
-    max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
-    nch = channel_count(ir)
-    # every rank's awaited progress counters, one text for all ("S1, S2, ..., "), and where each
-    # primitive's start: a rank's deps array is a slice of it
-    ndeps_col = np.zeros(ir.nprims, np.int64)
-    if len(col.dep_owner):
-        ndeps_col[col.dep_owner] = col.dep_n
-    dep_at = np.r_[0, np.cumsum(ndeps_col)]
-    if len(col.dep_slots):
-        dep_text, dep_off = RowText(len(col.dep_slots)).int(col.dep_slots).render_view(", ")
-    else:
-        dep_text, dep_off = memoryview(b""), np.zeros(1, np.int64)
-    prank = np.asarray(ir.prims["rank"], np.int64)
-    ptb = np.asarray(ir.prims["tb"], np.int64)
-    rank_at = np.searchsorted(prank, np.arange(ir.nranks + 1))
+    lay = _Layout(ir, col)
     present = [pl for pl in PLATFORMS if any(pl in pls for pls in platforms)]
     nthreads = {pl: threads_per_tb(ir.nwarps, pl) for pl in present}
     common = dict(version=VERSION, name=name, collective=ir.collective, nranks=ir.nranks,
@@ -456,46 +431,107 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     rank_entries = []
     sources: dict[str, list[str]] = {pl: [] for pl in present}
     for r in range(ir.nranks):
-        pl = platforms[r][0]
-        source = f"{name}_r{r}.{EXT[pl]}"
-        kernel = f"hccc_{name}_r{r}"
-        tbs = []
-        bodies = []                    # (start, end, text) of each TB's rows, spliced in below
-        nprims = 0
-        for t, sl in sorted(by_rank.get(r, [])):
-            tbs.append(dict(index=t, nprims=sl.stop - sl.start,
-                            pipelines=tb_pipelines[sl.start], body=f"{_MARK}{len(bodies)}{_MARK}"))
-            bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1, text))
-            nprims += sl.stop - sl.start
-        lo, hi = int(rank_at[r]), int(rank_at[r + 1])
-        first = (np.searchsorted(ptb[lo:hi], np.arange(ntbs[r] + 1)) + lo).tolist()
-        tb_ranges = [(f - lo, int(dep_at[f] - dep_at[lo])) for f in first]
-        d0, d1 = int(dep_at[lo]), int(dep_at[hi])
-        deps_body = f"{_MARK}{len(bodies)}{_MARK}" if d1 > d0 else ""
-        if d1 > d0:
-            bodies.append((int(dep_off[d0]), int(dep_off[d1]) - 2, dep_text))
-        rank_sources = {}
-        for rpl in platforms[r]:
-            rsrc = f"{name}_r{r}.{EXT[rpl]}"
-            written[rsrc] = _splice(rank_tpl.render(
-                **common, source=rsrc, rank=r, platform=rpl, ntbs=ntbs[r], nprims=nprims,
-                nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
-                nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
-                ns=f"hccc_{name}_r{r}", nch=nch, nchunks=ir.nchunks, in_base=int(in_base[r]),
-                out_base=int(out_base[r]), chunk_bytes=ir.chunk_bytes,
-                max_cnt=max_cnt, tbs=tbs, tb_ranges=tb_ranges, deps=deps_body, ndeps=d1 - d0,
-                grid_source=f"{name}_grid.{EXT[rpl]}"), bodies)
-            sources[rpl].append(rsrc)
-            rank_sources[rpl] = rsrc
-        rank_entries.append(dict(rank=r, platform=pl, tbs=ntbs[r], blocks=nch * ntbs[r], kernel=kernel,
-                                 source=source,
-                                 sources=rank_sources,
-                                 send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
-                                 progress_slots=int(col.nprogress[r])))
+        rank_entries.append(_render_rank(ir, r, platforms[r], lay, col, (text, line_at), rank_tpl,
+                                         common, nthreads, written, sources))
 
     # the one-grid entry lays out each rank's blocks: channels x thread blocks
-    grid = grid_entries(env, ir, platforms, written, common, [nch * t for t in ntbs], nthreads)
+    grid = grid_entries(env, ir, platforms, written, common, [lay.nch * t for t in lay.ntbs], nthreads)
+    umbrella, libraries = _render_shared(env, ir, platforms, present, sources, common, rank_entries,
+                                         nthreads, lay, written)
+    t3 = time.perf_counter()
+    tm["codegen_render"] = t3 - t2
 
+    written["manifest.json"] = manifest_text(
+        ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
+        ranks=rank_entries, stats=program_stats(ir, col, lay.ntbs), extra_files=extra_files,
+        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
+        host_header=HOST_HEADER)
+
+    paths = written.close()
+    tm["codegen_write"] = time.perf_counter() - t3     # what is left of the IR JSON and the writes
+    return paths
+
+
+class _Layout:
+    """Where a program's rows go in its rank sources: each rank's thread blocks (``ntbs``, and
+    the rows of each: ``by_rank``), their pipelines, the ranks' first rows (``rank_at``), and
+    every rank's awaited progress counters as one text (``dep_text``: "S1, S2, ..., ", with each
+    primitive's start ``dep_at`` and each counter's offset ``dep_off``: a rank's deps array is a
+    slice of it)."""
+
+    def __init__(self, ir: ProgramIR, col):
+        self.in_base, self.out_base = buffer_bases(ir)
+        ntbs_col = np.asarray(ir.ntbs, np.int64)
+        self.ntbs = [int(ntbs_col[r]) if r < len(ntbs_col) else 0 for r in range(ir.nranks)]
+        slices = ir.tb_slices()
+        self.by_rank: dict[int, list[tuple[int, slice]]] = {}
+        for (r, t), sl in slices.items():
+            self.by_rank.setdefault(r, []).append((t, sl))
+        for r, lst in self.by_rank.items():
+            self.ntbs[r] = max(self.ntbs[r], max(t for t, _ in lst) + 1)
+        self.tb_pipelines = _tb_pipeline_ranges(ir, slices)
+        self.max_cnt = ir.max_step_chunks    # a scan of the whole table: once, not once per rank
+        self.nch = channel_count(ir)
+        ndeps_col = np.zeros(ir.nprims, np.int64)
+        if len(col.dep_owner):
+            ndeps_col[col.dep_owner] = col.dep_n
+        self.dep_at = np.r_[0, np.cumsum(ndeps_col)]
+        if len(col.dep_slots):
+            self.dep_text, self.dep_off = RowText(len(col.dep_slots)).int(col.dep_slots).render_view(", ")
+        else:
+            self.dep_text, self.dep_off = memoryview(b""), np.zeros(1, np.int64)
+        self.ptb = np.asarray(ir.prims["tb"], np.int64)
+        self.rank_at = np.searchsorted(np.asarray(ir.prims["rank"], np.int64), np.arange(ir.nranks + 1))
+
+
+def _render_rank(ir: ProgramIR, r: int, rank_platforms: list[str], lay: _Layout, col, lines,
+                 rank_tpl, common: dict, nthreads: dict, written: FileSink,
+                 sources: dict[str, list[str]]) -> dict:
+    """Rank ``r``'s source for each of its platforms (its thread blocks' rows spliced in), and its
+    entry of the manifest."""
+    text, line_at = lines
+    name = ir.name
+    pl = rank_platforms[0]
+    kernel = f"hccc_{name}_r{r}"
+    tbs = []
+    bodies = []                    # (start, end, text) of each TB's rows, spliced in below
+    nprims = 0
+    for t, sl in sorted(lay.by_rank.get(r, [])):
+        tbs.append(dict(index=t, nprims=sl.stop - sl.start,
+                        pipelines=lay.tb_pipelines[sl.start], body=f"{_MARK}{len(bodies)}{_MARK}"))
+        bodies.append((int(line_at[sl.start]), int(line_at[sl.stop]) - 1, text))
+        nprims += sl.stop - sl.start
+    lo, hi = int(lay.rank_at[r]), int(lay.rank_at[r + 1])
+    first = (np.searchsorted(lay.ptb[lo:hi], np.arange(lay.ntbs[r] + 1)) + lo).tolist()
+    tb_ranges = [(f - lo, int(lay.dep_at[f] - lay.dep_at[lo])) for f in first]
+    d0, d1 = int(lay.dep_at[lo]), int(lay.dep_at[hi])
+    deps_body = f"{_MARK}{len(bodies)}{_MARK}" if d1 > d0 else ""
+    if d1 > d0:
+        bodies.append((int(lay.dep_off[d0]), int(lay.dep_off[d1]) - 2, lay.dep_text))
+    rank_sources = {}
+    for rpl in rank_platforms:
+        rsrc = f"{name}_r{r}.{EXT[rpl]}"
+        written[rsrc] = _splice(rank_tpl.render(
+            **common, source=rsrc, rank=r, platform=rpl, ntbs=lay.ntbs[r], nprims=nprims,
+            nsend=len(col.send_conns[r]), nrecv=len(col.recv_conns[r]),
+            nprogress=int(col.nprogress[r]), kernel=kernel, nthreads=nthreads[rpl],
+            ns=f"hccc_{name}_r{r}", nch=lay.nch, nchunks=ir.nchunks, in_base=int(lay.in_base[r]),
+            out_base=int(lay.out_base[r]), chunk_bytes=ir.chunk_bytes,
+            max_cnt=lay.max_cnt, tbs=tbs, tb_ranges=tb_ranges, deps=deps_body, ndeps=d1 - d0,
+            grid_source=f"{name}_grid.{EXT[rpl]}"), bodies)
+        sources[rpl].append(rsrc)
+        rank_sources[rpl] = rsrc
+    return dict(rank=r, platform=pl, tbs=lay.ntbs[r], blocks=lay.nch * lay.ntbs[r], kernel=kernel,
+                source=f"{name}_r{r}.{EXT[pl]}", sources=rank_sources,
+                send_conns=col.send_conns[r], recv_conns=col.recv_conns[r],
+                progress_slots=int(col.nprogress[r]))
+
+
+def _render_shared(env, ir: ProgramIR, platforms: list, present: list[str], sources: dict,
+                   common: dict, rank_entries: list, nthreads: dict, lay: _Layout, written: FileSink):
+    """The files every rank's sources share: each platform's umbrella source, the headers, the
+    host API and the build files; returns the umbrella and library names per platform."""
+    name = ir.name
     umb_tpl = env.get_template("common/umbrella.j2")
     umbrella = {}
     for pl in present:
@@ -507,24 +543,13 @@ def _generate(ir: ProgramIR, outdir, written: FileSink, *, platforms: list[str],
     written["hccc_platform.h"] = env.get_template("common/hccc_platform.h.j2").render(**hdr_ctx)
     written["hccc_prims.h"] = env.get_template("common/hccc_prims.h.j2").render(**hdr_ctx)
     written["hccc_cpu_emu.h"] = env.get_template("common/hccc_cpu_emu.h.j2").render(**hdr_ctx)
-    written[HOST_HEADER] = _host_header(env, ir, rank_entries, nthreads, in_base, out_base)
+    written[HOST_HEADER] = _host_header(env, ir, rank_entries, nthreads, lay.in_base, lay.out_base)
     libraries = {pl: f"hccc_{name}_{pl}" for pl in present}
     build_ctx = dict(**common, platforms=present, libraries=libraries, sources=sources,
                      headers=list(HEADERS), codegen="specialized", dtypes=DTYPES, ops=REDOPS)
     written["CMakeLists.txt"] = env.get_template("build/CMakeLists.txt.j2").render(**build_ctx)
     written["Makefile"] = env.get_template("build/Makefile.j2").render(**build_ctx)
-    t3 = time.perf_counter()
-    tm["codegen_render"] = t3 - t2
-
-    written["manifest.json"] = manifest_text(
-        ir, written, name=name, nthreads=nthreads, codegen="specialized", headers=HEADERS, libraries=libraries,
-        ranks=rank_entries, stats=program_stats(ir, col, ntbs), extra_files=extra_files,
-        manifest_extra=manifest_extra, ir=ir_file, umbrella=umbrella, grid=grid,
-        host_header=HOST_HEADER)
-
-    paths = written.close()
-    tm["codegen_write"] = time.perf_counter() - t3     # what is left of the IR JSON and the writes
-    return paths
+    return umbrella, libraries
 
 
 #: marks where a TB's lines go in a rendered rank source (templates and names never hold NUL)
