@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
-from hccc.compiler.ir.program_ir import IRFormatError, ProgramIR
+from hccc.compiler.ir.program_ir import IRFormatError
+from hccc.compiler.ir.program_ir_json import decode_json
 from hccc.compiler.passes import slicing
 from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES
 from hccc.compiler.passes.slicing import (SlicePolicy, busiest_slots, critical_path, slot_share_bytes, thin_policies,
@@ -49,12 +50,12 @@ def test_the_header_policy_reaches_the_program_and_its_json(tmp_path):
     assert ir.slice_policy == SlicePolicy(128, 16384)
     d = json.loads(ir.to_json())
     assert d["slicing"] == {"micro_batches": 128, "min_slice_bytes": 16384}
-    back = ProgramIR.decode_json(ir.to_json())
+    back = decode_json(ir.to_json())
     assert back.slice_policy == SlicePolicy(128, 16384)
     plain = _program(tmp_path, _ring_text(4), "q.rccl")
     assert plain.slice_policy == SlicePolicy(DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES) == SlicePolicy(1, 16)
     assert "slicing" not in json.loads(plain.to_json())          # default: the JSON as before
-    assert ProgramIR.decode_json(plain.to_json()).slice_policy.is_default
+    assert decode_json(plain.to_json()).slice_policy.is_default
 
 
 @pytest.mark.parametrize("param, value, says", [
@@ -84,7 +85,7 @@ def test_a_bad_slicing_field_is_refused(tmp_path, slicing_field, says):
     d = json.loads(_program(tmp_path, _ring_text(3)).to_json())
     d["slicing"] = slicing_field
     with pytest.raises(IRFormatError, match=says):
-        ProgramIR.decode_json(json.dumps(d))
+        decode_json(json.dumps(d))
 
 
 # ----------------------------------------------------------------------------- who follows it

@@ -32,6 +32,7 @@ import numpy as np
 from hccc.compiler.ir.connections import describe_prim, match_connections
 from hccc.compiler.ir.extents import check_extents
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
+from hccc.compiler.ir.program_ir_json import decode_json
 from hccc.util.plural import plural, plural_noun
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
@@ -257,7 +258,7 @@ def _check_deps(ir: ProgramIR, p: dict) -> None:
 def load_ir_json(text: str) -> ProgramIR:
     """A ProgramIR from its JSON text, decoded and checked by :func:`check_loaded`
     (:class:`IRFormatError`)."""
-    ir = ProgramIR.decode_json(text)
+    ir = decode_json(text)
     check_loaded(ir)
     return ir
 

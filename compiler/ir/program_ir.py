@@ -276,14 +276,6 @@ class ProgramIR:
                   join_ints_view(self.dep_on), "]\n }\n}\n"]
         return parts
 
-    @classmethod
-    def decode_json(cls, text: str) -> "ProgramIR":
-        """Decode the JSON form (types, column lengths, value ranges); raises :class:`IRFormatError`
-        with a clear message. The structure is not checked here: read files with
-        :func:`hccc.compiler.ir.check.load_ir_json`, which decodes and then checks."""
-        from hccc.compiler.ir.program_ir_json import decode_program
-        return decode_program(cls, text)
-
 
 def int_list_text(a: np.ndarray) -> str:
     """``",".join(map(str, a))`` for an integer column, without a Python object per value

@@ -1,4 +1,5 @@
-"""Decoding a ProgramIR's JSON form (:meth:`hccc.compiler.ir.program_ir.ProgramIR.decode_json`):
+"""Decoding a ProgramIR's JSON form (:func:`decode_json`, the inverse of
+:meth:`hccc.compiler.ir.program_ir.ProgramIR.to_json`):
 every field's type, every column's length and every value's range checked before anything is
 allocated, each failure an :class:`~hccc.compiler.ir.program_ir.IRFormatError` located at its
 field. The structure (order, peers, connections) is checked after, by
@@ -13,7 +14,8 @@ import numpy as np
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.compiler.ir.program_ir import (CHUNK_ALIGN, COLLECTIVES, MAX_CHANNELS, MAX_CHUNK_BYTES, MAX_CHUNKS,
                                          MAX_PRIMS, MAX_RANKS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
-                                         OLD_SCHEMAS, PRIM_COLUMNS, ROOTED, SCHEMA, Buf, IRFormatError, Op)
+                                         OLD_SCHEMAS, PRIM_COLUMNS, ROOTED, SCHEMA, Buf, IRFormatError, Op,
+                                         ProgramIR)
 
 _OK = object()
 _TYPE_WORDS = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
@@ -36,8 +38,10 @@ def _json_type(v) -> str:
     return "object"
 
 
-def decode_program(cls, text: str):
-    """The ProgramIR (of class ``cls``) that ``text`` holds; an :class:`IRFormatError` otherwise."""
+def decode_json(text: str) -> ProgramIR:
+    """The ProgramIR that ``text`` holds (types, column lengths, value ranges checked); an
+    :class:`IRFormatError` with a clear message otherwise. The structure is not checked here: read
+    files with :func:`hccc.compiler.ir.check.load_ir_json`, which decodes and then checks."""
     from hccc.util.diagnostics import CompileError, SourceFile
     from hccc.util.limits import loads_json
     try:
@@ -46,7 +50,7 @@ def decode_program(cls, text: str):
         diag = exc.diagnostics[0]
         loc = diag.location
         raise IRFormatError(diag.message, loc.line if loc else 1, loc.col if loc else 1) from None
-    return _Decoder(text).program(cls, d)
+    return _Decoder(text).program(d)
 
 
 class _Decoder:
@@ -87,7 +91,7 @@ class _Decoder:
             raise IRFormatError(f"{where}: '{key}' has values outside {lo}..{hi}", *self.at(key))
         return np.asarray(col, dtype=np.int64)
 
-    def program(self, cls, d):
+    def program(self, d) -> ProgramIR:
         self.schema(d)
         name = self.need(d, "name", str)
         if not NAME_RE.fullmatch(name):
@@ -115,7 +119,7 @@ class _Decoder:
         if len(dp) and not n:
             raise IRFormatError("deps: 'prim' and 'on' must be equal-length lists of primitive indices")
         tbs = self.int_list(d, "tbs_per_rank", "top level", 0, MAX_TBS_PER_RANK, nranks)
-        return cls(name=name, collective=coll, nranks=nranks, nchunks=nchunks,
+        return ProgramIR(name=name, collective=coll, nranks=nranks, nchunks=nchunks,
                    in_chunks=sizes[0], out_chunks=sizes[1], scratch_chunks=sizes[2],
                    prims=prims, dep_prim=dp, dep_on=do,
                    nwarps=nwarps, chunk_bytes=chunk_bytes, npipelines=npipelines,

@@ -159,7 +159,7 @@ class BuiltinCatalog(Catalog):
     def _synthesized(self, collective: str, root: int | None) -> list[Entry]:
         """The program synthesis makes for the topology (built once per topology, collective and
         root, then read from the cache), or nothing, with the reason in :attr:`synth_notes`."""
-        from hccc.compiler.ir.program_ir import ProgramIR
+        from hccc.compiler.ir.program_ir_json import decode_json
         from hccc.runtime import cache
         if self._topo is None:
             from hccc.compiler.pipeline import load_cluster
@@ -193,13 +193,13 @@ class BuiltinCatalog(Catalog):
                 (where / "refused.txt").read_text().strip().splitlines()[0]
             return []
         from hccc.runtime.launcher import DTYPES, OPS
-        ir = ProgramIR.decode_json((where / f"{name}.json").read_text())
+        ir = decode_json((where / f"{name}.json").read_text())
         return [Entry(name=name, path=where / f"{name}.json", collective=ir.collective, nranks=int(ir.nranks),
                       root=int(ir.root) if root is not None else None, dtypes=tuple(DTYPES), ops=tuple(OPS),
                       min_bytes=0, max_bytes=None, ir=ir, outdir=False)]
 
     def _entry(self, collective: str, root, name: str, make, lo: int, hi: int | None) -> Entry:
-        from hccc.compiler.ir.program_ir import ProgramIR
+        from hccc.compiler.ir.program_ir_json import decode_json
         from hccc.compiler.passes.build import build_program
         from hccc.runtime import cache
         from hccc.runtime.launcher import DTYPES, OPS
@@ -208,7 +208,7 @@ class BuiltinCatalog(Catalog):
         def build(tmp: Path) -> None:
             (tmp / f"{name}.json").write_text(build_program(make(), name=name).to_json())
         path = cache.entry("torch_catalog", key, build, root=self._cache_dir) / f"{name}.json"
-        ir = ProgramIR.decode_json(path.read_text())
+        ir = decode_json(path.read_text())
         return Entry(name=name, path=path, collective=ir.collective, nranks=int(ir.nranks),
                      root=int(ir.root) if root is not None else None, dtypes=tuple(DTYPES),
                      ops=tuple(OPS), min_bytes=lo, max_bytes=hi, ir=ir, outdir=False)
