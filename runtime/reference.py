@@ -202,35 +202,69 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
             return_scratch: bool = False):
     """Run ``ir`` on ``inputs`` (one array per rank) and return each rank's output buffer."""
     check_structure(ir)
-    N, C = ir.nranks, ir.nchunks
-    if len(inputs) != N:
-        raise ValueError(f"expected {N} input buffers, got {len(inputs)}")
-    coll = ir.collective
-    dtype = np.asarray(inputs[0]).dtype
+    if len(inputs) != ir.nranks:
+        raise ValueError(f"expected {ir.nranks} input buffers, got {len(inputs)}")
     red = _reducer(op, bf16)
-    spec = spec_of(coll)
-    if op == "avg" and spec.reduces:
+    if op == "avg" and spec_of(ir.collective).reduces:
         # the kernels scale a rank's contribution where it is read from its input buffer: the
         # same as running the program on the scaled inputs
         inputs = avg_scaled(inputs, bf16)
-    if spec.input == OWN:
-        # the full buffer is the concatenation of all ranks' parts
-        count = int(sum(len(x) for x in inputs))
+    mem = _RankMemory(ir, inputs, inplace)
+    if ir.algorithm_level:
+        _run_in_prim_order(ir, mem.region, red, seed)
+        order = np.zeros(0, np.int64)   # done: the chain loop below has nothing to run
     else:
-        count = len(inputs[0])
-    if count % count_unit(ir):
-        raise ValueError(f"an {spec.title} of {count} elements per rank is not {count_unit(ir)} equal "
-                         f"blocks (use a multiple of {count_unit(ir)})")
-    for r in range(N):
-        want = input_length(coll, r, N, C, count) if spec.input == OWN else count
-        if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
-            raise ValueError(f"rank {r}: input must have {want} elements of {dtype}")
-    bounds = chunk_bounds(count, C)
+        comp, order = topological_components(ir, np.random.default_rng(seed) if seed is not None else None)
+    s, rcv = match_connections(ir)
+    nxt = np.full(ir.nprims, -1, dtype=np.int64)
+    nxt[s] = rcv
+    nxt_l = nxt.tolist()
+    ops = ir.prims["op"].tolist()
+    m_count = max(1, int(nmicro or 1))
+    cnts = ir.prims["count"].tolist()
+    for head in order.tolist():
+        chain = [head]
+        while nxt_l[chain[-1]] >= 0:
+            chain.append(nxt_l[chain[-1]])
+        for k in range(min(cnts[i] for i in chain)):
+            _run_chain_chunk(chain, k, ops, mem.region, red, m_count)
+    outs = [b[Buf.OUTPUT].copy() for b in mem.bufs]
+    if return_scratch:
+        return outs, [b[Buf.SCRATCH].copy() for b in mem.bufs]
+    return outs
 
-    def layout(slots: int, part: bool = True):
-        """(array length, slot start function) for a buffer of ``slots`` slots on rank r
-        (``part``: fewer than ``nchunks`` slots hold the rank's own part; scratch never does)."""
-        if slots < C and part:
+
+class _RankMemory:
+    """Every rank's input, output and scratch buffers for one run of ``ir`` on ``inputs`` (in
+    place: overlaid as the spec says; elsewhere filled with garbage), and the elements each
+    primitive's chunk touches (:meth:`region`)."""
+
+    def __init__(self, ir: ProgramIR, inputs: list[np.ndarray], inplace: bool):
+        N, C = ir.nranks, ir.nchunks
+        spec = spec_of(ir.collective)
+        self.dtype = dtype = np.asarray(inputs[0]).dtype
+        # an own-part input: the full buffer is the concatenation of all ranks' parts
+        self.count = count = int(sum(len(x) for x in inputs)) if spec.input == OWN else len(inputs[0])
+        if count % count_unit(ir):
+            raise ValueError(f"an {spec.title} of {count} elements per rank is not {count_unit(ir)} equal "
+                             f"blocks (use a multiple of {count_unit(ir)})")
+        for r in range(N):
+            want = input_length(ir.collective, r, N, C, count) if spec.input == OWN else count
+            if len(inputs[r]) != want or np.asarray(inputs[r]).dtype != dtype:
+                raise ValueError(f"rank {r}: input must have {want} elements of {dtype}")
+        self.ir, self.C = ir, C
+        self.bounds = chunk_bounds(count, C)
+        self.lay = {Buf.INPUT: self._layout(ir.in_chunks), Buf.OUTPUT: self._layout(ir.out_chunks)}
+        self.maxc = -(-count // C) if count else 0
+        self.anchors = chunk_anchors(ir).tolist()
+        self.P = dict(ir.prims)
+        self.bufs = [self._buffers(r, inputs[r], spec, inplace) for r in range(N)]
+
+    def _layout(self, slots: int):
+        """(array length, slot start function) for a buffer of ``slots`` slots on rank r (fewer
+        than ``nchunks`` slots hold the rank's own part)."""
+        bounds, C, count = self.bounds, self.C, self.count
+        if slots < C:
             def start(r, i):
                 return int(bounds[r * slots + i] - bounds[r * slots])
             return (lambda r: int(bounds[r * slots + slots] - bounds[r * slots])), start
@@ -239,18 +273,15 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
             return int((i // C) * count + bounds[i % C])
         return (lambda r: int(-(-slots // C) * count)), start_full
 
-    lay = {Buf.INPUT: layout(ir.in_chunks), Buf.OUTPUT: layout(ir.out_chunks)}
-    maxc = -(-count // C) if count else 0
-    anchors = chunk_anchors(ir).tolist()
-    bufs: list[dict[int, np.ndarray]] = []
-    g = _garbage(dtype)
-    for r in range(N):
-        inp = np.array(inputs[r], dtype=dtype, copy=True)
+    def _buffers(self, r: int, given, spec, inplace: bool) -> dict[int, np.ndarray]:
+        ir, bounds, dtype = self.ir, self.bounds, self.dtype
+        g = _garbage(dtype)
+        inp = np.array(given, dtype=dtype, copy=True)
         if inplace:   # the spec's overlay of the two buffers
             if spec.alias == "same":
                 out = inp
             elif spec.alias == "input in output":
-                out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
+                out = np.full(self.lay[Buf.OUTPUT][0](r), g, dtype=dtype)
                 kk = ir.in_chunks
                 s0 = int(bounds[r * kk])
                 out[s0:s0 + len(inp)] = inp
@@ -259,48 +290,24 @@ def execute(ir: ProgramIR, inputs: list[np.ndarray], *, op: str = "sum", inplace
                 kk = ir.out_chunks
                 out = inp[int(bounds[r * kk]):int(bounds[r * kk + kk])]
         else:
-            out = np.full(lay[Buf.OUTPUT][0](r), g, dtype=dtype)
-        scr = np.full(ir.scratch_chunks * maxc, g, dtype=dtype)
-        bufs.append({Buf.INPUT: inp, Buf.OUTPUT: out, Buf.SCRATCH: scr})
+            out = np.full(self.lay[Buf.OUTPUT][0](r), g, dtype=dtype)
+        scr = np.full(ir.scratch_chunks * self.maxc, g, dtype=dtype)
+        return {Buf.INPUT: inp, Buf.OUTPUT: out, Buf.SCRATCH: scr}
 
-    P = {k: v for k, v in ir.prims.items()}
-
-    def region(i: int, side: str, k: int) -> np.ndarray:
+    def region(self, i: int, side: str, k: int) -> np.ndarray:
         """The elements chunk ``k`` of primitive ``i`` touches on ``side``."""
+        P, C = self.P, self.C
         b = int(P[f"{side}_buf"][i])
         r = int(P["rank"][i])
         j = int(P[f"{side}_off"][i]) + k
-        n = chunk_size(anchors[i] + k, count, C) if C else 0
+        n = chunk_size(self.anchors[i] + k, self.count, C) if C else 0
         if b == Buf.SCRATCH:
-            return bufs[r][b][j * maxc:j * maxc + n]
-        start = lay[b][1]
+            return self.bufs[r][b][j * self.maxc:j * self.maxc + n]
+        start = self.lay[b][1]
         lo, hi = start(r, j), start(r, j + 1)
         if hi - lo != n:   # chunk_anchors proved this cannot happen
             raise AssertionError(f"primitive {i}: {side} chunk of {hi - lo} elements, anchor says {n}")
-        return bufs[r][b][lo:hi]
-
-    if ir.algorithm_level:
-        _run_in_prim_order(ir, region, red, seed)
-        order = np.zeros(0, np.int64)   # done: the chain loop below has nothing to run
-    else:
-        comp, order = topological_components(ir, np.random.default_rng(seed) if seed is not None else None)
-    s, rcv = match_connections(ir)
-    nxt = np.full(ir.nprims, -1, dtype=np.int64)
-    nxt[s] = rcv
-    nxt_l = nxt.tolist()
-    ops = P["op"].tolist()
-    m_count = max(1, int(nmicro or 1))
-    cnts = P["count"].tolist()
-    for head in order.tolist():
-        chain = [head]
-        while nxt_l[chain[-1]] >= 0:
-            chain.append(nxt_l[chain[-1]])
-        for k in range(min(cnts[i] for i in chain)):
-            _run_chain_chunk(chain, k, ops, region, red, m_count)
-    outs = [b[Buf.OUTPUT].copy() for b in bufs]
-    if return_scratch:
-        return outs, [b[Buf.SCRATCH].copy() for b in bufs]
-    return outs
+        return self.bufs[r][b][lo:hi]
 
 
 def _run_chain_chunk(chain, k, ops, region, red, m_count) -> None:
