@@ -14,8 +14,19 @@ operations touching the same bytes from each other: a plan that breaks this is r
 semaphore acquire, then a data operation; a data operation, then a signal, semaphore release or
 port-channel put; two data operations on the same bytes; ``barrier`` synchronises the whole block).
 
-Unsupported here (raises :class:`InterpError`): switch (NVLS) operations; ``reuse_resources`` at sizes
-where the plan's scratch outgrows the executor's shared scratch buffer (below that it is a plain plan).
+Switch (NVLS) channels bind one buffer (``buffer_type``) of every rank of a group (each of a
+channel's ``rank_groups`` is one channel, as the loader makes them; a rank binds only groups it is
+in, and members declare the groups they share in the same order); a reference
+``{"switch_channel_id": k, ...}`` names the block's ``k``-th switch channel, the same chunks on every
+member. ``glres`` adds the region over every member of its source channel's group (the multimem
+load-reduce) and stores the sum on every member of its destination's; ``gstore`` stores a local
+region on every member; ``gstorepkt`` reads LL packets of the rank's scratch (waiting for their
+flags) and writes them with this call's flag into every member's scratch. As in the kernel, the
+multimem address of a Simple operation carries no scratch half (the first half of a double scratch
+buffer), while ``gstorepkt`` writes the half of its call.
+
+Unsupported here (raises :class:`InterpError`): ``reuse_resources`` at sizes where the plan's scratch
+outgrows the executor's shared scratch buffer (below that it is a plain plan).
 """
 from __future__ import annotations
 
@@ -106,6 +117,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
         for rb in g.get("remote_buffers", []):
             if rb["type"] not in "ios" or not 0 <= rb["rank"] < len(plan["gpus"]):
                 raise InterpError(f"rank {r}: bad remote buffer {rb}")
+        nsw = _check_switch_channels(plan, r)
         nsem = len(g.get("semaphores", []))
         for tb in g["threadblocks"]:
             where = f"rank {r} thread block {tb['id']}"
@@ -113,7 +125,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
             for t, ids in tch.items():
                 if len(ids) > MAX_CHANNEL:
                     raise InterpError(f"{where}: more than MAX_CHANNEL {t} channels")
-                if t != "switch" and any(not 0 <= i < nch[t] for i in ids):
+                if any(not 0 <= i < (nsw if t == "switch" else nch[t]) for i in ids):
                     raise InterpError(f"{where}: channel id out of range")
             for ref in tb.get("remote_buffer_refs", []):
                 if len(ref["remote_buffer_ids"]) > MAX_CHANNEL:
@@ -128,6 +140,35 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
                     _check_op(o, where, tch, tb, nsem, sz)
             if count > MAX_OPERATION:
                 raise InterpError(f"{where}: {count} operations, more than MAX_OPERATION {MAX_OPERATION}")
+
+
+def _switch_groups(g) -> list:
+    """A rank's switch channels as the loader makes them: one per rank group, in order."""
+    return [(tuple(grp["ranks"]), ch["buffer_type"]) for ch in g.get("channels", [])
+            if ch["channel_type"] == "switch" for grp in ch["rank_groups"]]
+
+
+def _check_switch_channels(plan, r) -> int:
+    """The connection of rank r's switch channels: each group includes r (connectNvlsCollective
+    refuses a rank outside its group), and for every other member m the groups r shares with m
+    come in the order m declares the groups it shares with r (the members handshake group by
+    group). Returns how many switch channels r has."""
+    R = len(plan["gpus"])
+    mine = _switch_groups(plan["gpus"][r])
+    for ranks, letter in mine:
+        if letter not in ("i", "o", "s"):
+            raise InterpError(f"rank {r}: switch channel over bad buffer {letter!r}")
+        if r not in ranks or len(set(ranks)) != len(ranks) or any(not 0 <= m < R for m in ranks):
+            raise InterpError(f"rank {r}: switch channel group {list(ranks)} is not a group of distinct ranks "
+                              f"with rank {r} in it")
+        for m in ranks:
+            if m == r:
+                continue
+            a = [(frozenset(x), b) for x, b in mine if m in x]
+            theirs = [(frozenset(x), b) for x, b in _switch_groups(plan["gpus"][m]) if r in x]
+            if a != theirs:
+                raise InterpError(f"switch channels ranks {r} and {m} share differ: {a} and {theirs}")
+    return len(mine)
 
 
 def _check_op(op, where, tch, tb, nsem, sz):
@@ -172,6 +213,7 @@ class _Rank:
         for ch in g.get("channels", []):
             if ch["channel_type"] in self.chans:
                 self.chans[ch["channel_type"]].extend(ch["connected_to"])
+        self.switch = _switch_groups(g)
         self.inbound = {t: [0] * len(v) for t, v in self.chans.items()}
         self.expected = {t: [0] * len(v) for t, v in self.chans.items()}
         self.sems = [s["init_value"] for s in g.get("semaphores", [])]
@@ -187,6 +229,7 @@ class _Tb:
         self.tb = tb
         self.ch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
         self.rb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
+        self.sw = [i for c in tb.get("channels", []) if c["channel_type"] == "switch" for i in c["channel_ids"]]
         self.steps = [(op, 0, None) for op in tb["ops"]]      # pipelines expanded at launch
         self.pc = 0
         self.prev = None          # the last operation since a nop: (name, reads, writes)
@@ -413,9 +456,10 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         t.prev = None
         t.pc += 1
         return True
-    if name in SWITCH or any("switch_channel_id" in ref for side in ("src_buff", "dst_buff")
-                             for ref in op.get(side, [])):
-        raise InterpError(f"switch (NVLS) operation {name} is not modelled")
+    if name in SWITCH:
+        return _switch_step(ranks, t, op, offset, unit, half, flag, check_sync)
+    if any("switch_channel_id" in ref for side in ("src_buff", "dst_buff") for ref in op.get(side, [])):
+        raise InterpError(f"{name} names a switch channel: only glres, gstore and gstorepkt do")
     if name in ("signal", "rlxsignal"):
         for i in range(len(op["channel_ids"])):
             _signal(ranks, r, ctype, chan(i))
@@ -528,6 +572,59 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
     return _done(t, name, reads, writes, check_sync, packed)
 
 
+def _switch_ref(rk: _Rank, t: _Tb, op, ref, offset, unit):
+    """(members, buffer letter, byte lo, byte size) of a reference through a switch channel."""
+    members, letter = rk.switch[t.sw[ref["switch_channel_id"]]]
+    lo, n = rk.sz.span(ref["index"], ref["size"])
+    if unit is not None:
+        n = max(0, min(n - offset, unit))
+        lo += offset
+    lo, n = _tbg(op, lo, n, rk.sz.align)
+    return members, letter, lo, n
+
+
+def _switch_step(ranks, t: _Tb, op, offset, unit, half, flag, check_sync) -> bool:
+    """glres, gstore, gstorepkt (see the module's doc); False while gstorepkt's packets are not there."""
+    rk, r, name = ranks[t.rank], t.rank, op["name"]
+    dm, dl, dlo, dn = _switch_ref(rk, t, op, op["dst_buff"][0], offset, unit)
+    if name == "gstorepkt":
+        src = op["src_buff"][0]
+        if src.get("type") != "s":
+            raise InterpError("gstorepkt reads packets of a buffer other than the scratch")
+        _, _, lo, n = _span(rk, src, offset, unit, t, "switch")
+        lo, n = _tbg(op, lo, n, rk.sz.align)
+        a, b = lo // ELEM, (lo + n) // ELEM
+        if (rk.pk_flag[half][a:b] != flag).any():
+            return False
+        vals = rk.pk_val[half][a:b].copy()
+        if dl != "s":
+            raise InterpError("gstorepkt through a switch channel over a buffer other than the scratch")
+        for m in dm:
+            if m != r:
+                _no_overtaking(ranks, r, m, dlo, n, half, name)
+            k = ranks[m]
+            a2, b2 = dlo // ELEM, (dlo + n) // ELEM
+            k.pk_val[half][a2:b2], k.pk_flag[half][a2:b2] = vals, flag
+        return _done(t, name, [], [], check_sync)
+    if name == "glres":
+        sm, sl, slo, n = _switch_ref(rk, t, op, op["src_buff"][0], offset, unit)
+        val = sum(_view(ranks, m, sl, slo, n, 0).copy() for m in sm)
+        reads = [(m, sl, slo, n) for m in sm]
+    else:
+        src = op["src_buff"][0]
+        _, sl, slo, n = _span(rk, src, offset, unit, t, "switch")
+        slo, n = _tbg(op, slo, n, rk.sz.align)
+        val = _view(ranks, r, sl, slo, n, half).copy()
+        reads = [(r, sl, slo, n)]
+    writes = []
+    for m in dm:
+        if m != r and dl == "s":
+            _no_overtaking(ranks, r, m, dlo, n, 0, name)
+        _view(ranks, m, dl, dlo, n, 0)[:] = val
+        writes.append((m, dl, dlo, n))
+    return _done(t, name, reads, writes, check_sync)
+
+
 def _touches(rk: _Rank, t: _Tb, step) -> list:
     """The (rank, letter, lo, n) regions one step of a thread block names."""
     op, offset, unit = step
@@ -535,6 +632,10 @@ def _touches(rk: _Rank, t: _Tb, step) -> list:
     out = []
     for side in ("src_buff", "dst_buff"):
         for ref in op.get(side, []):
+            if "switch_channel_id" in ref:
+                members, letter, lo, n = _switch_ref(rk, t, op, ref, offset, unit)
+                out.extend((m, letter, lo, n) for m in members)
+                continue
             owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
             lo, n = _tbg(op, lo, n, rk.sz.align)
             out.append((t.rank if owner is None else owner, letter, lo, n))
