@@ -97,6 +97,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
             if per_chunk * g["scratch_chunks"] * (2 if plan["protocol"] == "LL" else 1) > room:
                 raise InterpError("reuse_resources: the scratch does not fit the shared buffer at this size "
                                   "(folded offsets are not modelled)")
+    nswitch = _check_switch_channels(plan)
     for r, g in enumerate(plan["gpus"]):
         if g["id"] != r:
             raise InterpError(f"gpus[{r}] has id {g['id']}")
@@ -117,7 +118,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
         for rb in g.get("remote_buffers", []):
             if rb["type"] not in "ios" or not 0 <= rb["rank"] < len(plan["gpus"]):
                 raise InterpError(f"rank {r}: bad remote buffer {rb}")
-        nsw = _check_switch_channels(plan, r)
+        nsw = nswitch[r]
         nsem = len(g.get("semaphores", []))
         for tb in g["threadblocks"]:
             where = f"rank {r} thread block {tb['id']}"
@@ -148,27 +149,27 @@ def _switch_groups(g) -> list:
             if ch["channel_type"] == "switch" for grp in ch["rank_groups"]]
 
 
-def _check_switch_channels(plan, r) -> int:
-    """The connection of rank r's switch channels: each group includes r (connectNvlsCollective
-    refuses a rank outside its group), and for every other member m the groups r shares with m
-    come in the order m declares the groups it shares with r (the members handshake group by
-    group). Returns how many switch channels r has."""
+def _check_switch_channels(plan) -> list[int]:
+    """The connection of every rank's switch channels: each group is of distinct ranks and
+    includes its rank (connectNvlsCollective refuses a rank outside its group), and for every
+    other member m the groups rank r shares with m come in the order m declares the groups it
+    shares with r (the members handshake group by group). Returns each rank's switch channels."""
     R = len(plan["gpus"])
-    mine = _switch_groups(plan["gpus"][r])
-    for ranks, letter in mine:
-        if letter not in ("i", "o", "s"):
-            raise InterpError(f"rank {r}: switch channel over bad buffer {letter!r}")
-        if r not in ranks or len(set(ranks)) != len(ranks) or any(not 0 <= m < R for m in ranks):
-            raise InterpError(f"rank {r}: switch channel group {list(ranks)} is not a group of distinct ranks "
-                              f"with rank {r} in it")
-        for m in ranks:
-            if m == r:
-                continue
+    groups = [_switch_groups(g) for g in plan["gpus"]]
+    for r, mine in enumerate(groups):
+        for ranks, letter in mine:
+            if letter not in ("i", "o", "s"):
+                raise InterpError(f"rank {r}: switch channel over bad buffer {letter!r}")
+            if r not in ranks or len(set(ranks)) != len(ranks) or any(not 0 <= m < R for m in ranks):
+                raise InterpError(f"rank {r}: switch channel group {list(ranks)} is not a group of distinct "
+                                  f"ranks with rank {r} in it")
+    for r, mine in enumerate(groups):
+        for m in {m for ranks, _ in mine for m in ranks if m != r}:
             a = [(frozenset(x), b) for x, b in mine if m in x]
-            theirs = [(frozenset(x), b) for x, b in _switch_groups(plan["gpus"][m]) if r in x]
+            theirs = [(frozenset(x), b) for x, b in groups[m] if r in x]
             if a != theirs:
                 raise InterpError(f"switch channels ranks {r} and {m} share differ: {a} and {theirs}")
-    return len(mine)
+    return [len(x) for x in groups]
 
 
 def _check_op(op, where, tch, tb, nsem, sz):

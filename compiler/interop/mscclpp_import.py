@@ -363,7 +363,7 @@ class _Importer:
             self.rbufs.append(bufs)
         # switch (NVLS) channels: their operations become memory-channel ones (mscclpp_switch)
         limit = {"i": self.ic, "o": self.oc}
-        self.switch = SwitchChannels(gpus, lambda m, x: limit.get(x, self.scratch[m]), rd.err)
+        self.switch = SwitchChannels(gpus, lambda m, x: limit.get(x, self.scratch[m]), rd.err, self.double)
         # the k-th channel of a type from A to B is the k-th from B to A
         # (linear in the channels: each rank's channels grouped by peer once)
         towards = defaultdict(list)          # (rank, type, peer) -> the rank's channels to peer, in order

@@ -63,10 +63,13 @@ class SwitchChannels:
     """The switch channels of every rank of a plan, checked; :meth:`expand` rewrites an operation.
 
     ``gpus`` is the plan's list of GPUs, ``chunks(rank, letter)`` the chunks of that rank's buffer,
-    ``err(path, message)`` the importer's located error."""
+    ``err(path, message)`` the importer's located error, ``double_scratch`` the plan's
+    ``use_double_scratch_buffer``."""
 
-    def __init__(self, gpus: list, chunks: Callable[[int, str], int], err: Callable[[tuple, str], Exception]):
+    def __init__(self, gpus: list, chunks: Callable[[int, str], int], err: Callable[[tuple, str], Exception],
+                 double_scratch: bool = False):
         self.err = err
+        self.double = double_scratch
         self.chunks = chunks
         self.R = len(gpus)
         self.groups: list[list[SwitchGroup]] = [self._read(r, g) for r, g in enumerate(gpus)]
@@ -171,6 +174,15 @@ class SwitchChannels:
                                              "must be the scratch ('s')")
             self._in_range(r, sref["type"], sref, spath)
         dg = self._group(r, dref, dpath, tb_switch, name)
+        if self.double and name != "gstorepkt":
+            for g, at in ((sg, spath), (dg, dpath)):
+                if g is not None and g.letter == "s":
+                    # the kernel's multimem address carries no scratch half (gstorepkt's does)
+                    raise err(at + ("switch_channel_id",), f"'{name}' through a switch channel over the scratch "
+                                                           f"of a plan with use_double_scratch_buffer: the "
+                                                           f"executor's multimem access always reaches the first "
+                                                           f"half, while the plan's own scratch accesses alternate "
+                                                           f"halves call by call")
         if name == "gstorepkt" and dg.letter != "s":
             raise err(dpath + ("switch_channel_id",), f"'gstorepkt' writes packets into the scratch of every "
                                                       f"member: its switch channel binds buffer '{dg.letter}'")
@@ -263,7 +275,7 @@ class SwitchChannels:
         have = self.chunks(owner, letter)
         lo, hi = ref["index"], ref["index"] + ref["size"]
         if hi > have:
-            raise self.err(path, f"chunks [{lo}, {hi}) of rank {owner}'s {letter} buffer"
+            raise self.err(path + ("index",), f"chunks [{lo}, {hi}) of rank {owner}'s {letter} buffer"
                                  + (" (a member of the switch channel's group)" if through else "")
                                  + f": it has {have}")
 
