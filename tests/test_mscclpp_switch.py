@@ -365,3 +365,25 @@ def test_every_switch_mutation_the_import_accepts_runs_right_in_the_interpreter(
             check_plan(plan, 6, seed=seed, runs=1 if plan["inplace"] else 2, eager=seed % len(plan["gpus"]))
         except InterpError as exc:
             raise AssertionError(f"the import accepted a plan ({what}) the interpreter rejects: {exc}") from None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make,kw", [
+    (plan_switch_allreduce, dict(R=4, k=2, inplace=False, nblocks=2, cuts=(1,))),
+    (plan_switch_allgather, dict(R=3, k=2, inplace=False, cuts=(1,))),
+    (plan_switch_packet_allgather, dict(R=4, k=1, inplace=False)),
+    (plan_switch_butterfly_allreduce, dict(k=2)),
+], ids=["glres_out", "gstore_out", "gstorepkt_out", "butterfly_in"])
+def test_a_switch_plan_runs_right_on_hcccs_kernels_in_cpu_emulation(make, kw, tmp_path, capsys, monkeypatch):
+    """``hccc run`` of the plan file: hccc's kernels, every rank in one process, in the placement
+    the plan declares."""
+    from hccc.cli import main
+    plan = make(**kw)
+    f = tmp_path / "switch.mscclpp.json"
+    f.write_text(json.dumps(plan))
+    size = 16 * plan["gpus"][0]["input_chunks"] * 4
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(f), "--sizes", str(size), "-n", "2", "-w", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Out of bounds values : 0 OK" in out
+    assert ("in-place" in out) if plan["inplace"] else ("out-of-place" in out)

@@ -25,9 +25,13 @@ The result is checked like an imported XML: structure, deadlock freedom, the col
 postcondition (:func:`hccc.compiler.ir.symbolic.prove`) in the placement the plan declares, every
 access in bounds. Writes into a peer are modelled where the peer synchronises on them: a plan
 that writes into a region its peer still reads (a race in the plan) is not detected. Refused with a
-located reason: switch (NVLS) channels and their operations, thread-block groups (``tbg_info``:
-parts of chunks), the packet copies ``cpkt``/``rppkt``/``recpkt``/``recspkt`` and port-channel
-packets, channels shared by thread blocks, signals nobody waits for.
+located reason: collectives hccc has no plan form of, channels shared by thread blocks that may
+run at once, signals nobody waits for, puts nothing announces (docs/mscclpp.md lists them).
+
+Switch (NVLS) operations (``glres``, ``gstore``, ``gstorepkt``) are rewritten, as each thread block
+is read, into the memory-channel operations above that do the same on every member's copy of the
+buffer (:mod:`hccc.compiler.interop.mscclpp_switch`), with remote buffers of their own; a block
+that acquires a semaphore another block releases may read the peers that block waited for.
 
 Each operation is read once, through :meth:`~hccc.compiler.interop.mscclpp_ops.PlanOp.from_dict`,
 into a :class:`~hccc.compiler.interop.mscclpp_ops.BlockOp` (:meth:`_Importer._scan`); the passes

@@ -30,8 +30,11 @@ element at a time), they are operations hccc already imports:
 
 Remote buffers the rewrite needs are added to the rank's table; the reads and puts then synchronise
 as the plan says with its signals, waits, semaphores and packet flags, and are proven like any
-other (a read of a member's copy must follow a wait towards that member in the same thread block,
-a put be followed by a signal to it). Every refusal is located at the field at fault.
+other (a read of a member's copy must follow a wait towards that member, a put be followed by a
+signal to it). ``glres``/``gstore`` through a channel over the scratch of a plan with
+``use_double_scratch_buffer`` are refused: the kernel's multimem address carries no scratch half
+(``gstorepkt``'s does), so the plan's own scratch accesses, which alternate halves, and the
+multimem ones part on every other call. Every refusal is located at the field at fault.
 """
 from __future__ import annotations
 
