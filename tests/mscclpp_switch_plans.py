@@ -4,6 +4,8 @@ test programs), with the sizes, rank counts, thread blocks and placement as para
 tests of the importer's switch rewrite and of the interpreter's switch semantics."""
 from __future__ import annotations
 
+import copy
+
 from mscclpp_plans import NOP, buf, gpu_entry, plan_obj
 
 
@@ -136,6 +138,24 @@ def plan_switch_butterfly_allreduce(k=2):
                  switch_channel("i", sorted((r, a))), switch_channel("i", sorted((r, b)))]
         gpus.append(gpu_entry(r, C, C, 0, chans, [], [tb]))
     return plan_obj("allreduce", gpus, inplace=True, name="switch_butterfly_allreduce")
+
+
+def grouped(plan):
+    """A one-block Simple switch plan with its switch operations moved by a thread-block group of
+    two: the block twice, on channels of its own, block b moving part b of each operation's range
+    (``tbg_info``), each with its own barriers around."""
+    for g in plan["gpus"]:
+        tb0 = g["threadblocks"][0]
+        tb1 = copy.deepcopy(tb0)
+        mem = g["channels"][0]["connected_to"]
+        tb1["channels"][0]["channel_ids"] = [len(mem) + c for c in tb0["channels"][0]["channel_ids"]]
+        g["channels"][0]["connected_to"] = mem * 2
+        for b, tb in enumerate((tb0, tb1)):
+            for o in tb["ops"]:
+                if o["name"] in ("glres", "gstore"):
+                    o["tbg_info"] = {"tb_id": b, "tbg_size": 2}
+        g["threadblocks"] = [tb0, dict(tb1, id=1)]
+    return plan
 
 
 SWITCH_HAND = [plan_switch_allreduce, plan_switch_allgather, plan_switch_packet_allgather,

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan, run_plan
 from mscclpp_plans import NOP, buf, gpu_entry, mem_buffer_refs, plan_obj, remote_buf, sync_op
-from mscclpp_switch_plans import (plan_switch_allgather, plan_switch_allreduce, plan_switch_butterfly_allreduce,
-                                  plan_switch_packet_allgather, switch_channel)
+from mscclpp_switch_plans import (grouped, plan_switch_allgather, plan_switch_allreduce,
+                                  plan_switch_butterfly_allreduce, plan_switch_packet_allgather, switch_channel)
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.runtime.reference import execute, expected_for, inputs_for
 from hccc.util.diagnostics import CompileError
@@ -48,7 +48,10 @@ def _proven_and_right(plan, mult=2):
     (plan_switch_packet_allgather, dict(R=4, k=2, inplace=True, cuts=(1,))),
     (plan_switch_packet_allgather, dict(R=3, k=1, inplace=False)),
     (plan_switch_butterfly_allreduce, dict(k=2)),
-], ids=["glres_in", "glres_out_2tbs", "gstore_in", "gstore_out_2tbs", "gstorepkt_in", "gstorepkt_out", "butterfly"])
+    (lambda **kw: grouped(plan_switch_allreduce(**kw)), dict(R=3, k=2, inplace=False)),
+    (lambda **kw: grouped(plan_switch_allgather(**kw)), dict(R=3, k=2, inplace=True)),
+], ids=["glres_in", "glres_out_2tbs", "gstore_in", "gstore_out_2tbs", "gstorepkt_in", "gstorepkt_out", "butterfly",
+        "glres_group_of_2", "gstore_group_of_2"])
 def test_a_plan_over_switch_channels_is_proven_and_runs_right(make, kw):
     _proven_and_right(make(**kw))
 
