@@ -730,10 +730,30 @@ def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarr
     raise InterpError(f"no oracle for {coll}")
 
 
+def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: int) -> list[np.ndarray]:
+    """The outputs after ``runs`` in-place calls in a row: each call's input is the buffer the call
+    before left (an in-place AllReduce sums again what it summed; an AllGather's input, the rank's
+    part of its output, is what it was)."""
+    ins = [np.array(x, dtype=np.float64) for x in inputs]
+    outs = ins
+    for _ in range(runs):
+        outs = oracle(coll, ins, out_elems)
+        if coll == "allgather":
+            n = len(ins[0])
+            ins = [o[r * n:(r + 1) * n].copy() for r, o in enumerate(outs)]
+        elif coll == "reducescatter":
+            if runs > 1:      # the call may leave anything in the rest of its input
+                raise InterpError("in-place ReduceScatter calls in a row have no defined result")
+        else:
+            ins = [o.copy() for o in outs]
+    return outs
+
+
 def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None) -> None:
     """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
-    every rank's output with the collective's; raises :class:`InterpError` naming the first
-    wrong element. ``eager``: see :func:`run_plan`."""
+    every rank's output with the collective's (in place: after ``runs`` calls, each on what the one
+    before left); raises :class:`InterpError` naming the first wrong element. ``eager``: see
+    :func:`run_plan`."""
     R = len(plan["gpus"])
     g = plan["gpus"][0]
     align = plan.get("buffer_alignment", 16)
@@ -744,7 +764,8 @@ def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager
     rng = np.random.default_rng(seed)
     inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
     outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager)
-    want = oracle(plan["collective"], inputs, out_bytes // ELEM)
+    want = (_calls_in_place(plan["collective"], inputs, out_bytes // ELEM, runs) if plan["inplace"]
+            else oracle(plan["collective"], inputs, out_bytes // ELEM))
     for r in range(R):
         bad = np.flatnonzero(~(outs[r] == want[r]))
         if len(bad):
