@@ -215,7 +215,7 @@ def _bad_other_op_on_switch(p):
 
 
 def _bad_group_size(p):
-    _switch_chan(p, 0)["rank_groups"][0]["size"] = 2
+    del _switch_chan(p, 0)["rank_groups"][0]["size"]      # the loader reads it
 
 
 HOSTILE_GLRES = [
@@ -237,7 +237,7 @@ HOSTILE_GLRES = [
     (_bad_two_sources, "'glres' needs exactly one 'src_buff' reference", '"src_buff"'),
     (_bad_no_switch_ref, "the reference needs a 'switch_channel_id'", '{'),
     (_bad_other_op_on_switch, "'copy' does not work over a switch channel", '"copy"'),
-    (_bad_group_size, "a switch channel's group of 3 ranks declares 'size' 2", '"size"'),
+    (_bad_group_size, "a switch channel's rank group needs 'size', a non-negative integer", '{'),
 ]
 
 

@@ -110,10 +110,10 @@ class SwitchChannels:
                 if r not in ranks:
                     raise err(gp + ("ranks",), f"rank {r}'s switch (NVLS) channel is over ranks {ranks}, a group "
                                                f"rank {r} is not in: the executor binds only a member's buffer")
-                size = grp.get("size", len(ranks))
-                if not _int(size) or size != len(ranks):
+                # the loader reads the group's 'size' (and keeps it unused): it must be an integer
+                if not _int(grp.get("size")) or grp["size"] < 0:
                     raise err(gp + (("size",) if "size" in grp else ()),
-                              f"a switch channel's group of {len(ranks)} ranks declares 'size' {size!r}")
+                              "a switch channel's rank group needs 'size', a non-negative integer")
                 out.append(SwitchGroup(tuple(ranks), letter, gp + ("ranks",)))
         return out
 
