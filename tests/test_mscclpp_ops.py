@@ -27,6 +27,8 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 KINDS = sorted(k for k, v in OPERANDS.items() if not v.body)
 small = st.integers(0, 1 << 20)
 ids = st.lists(st.integers(0, 15), min_size=1, max_size=4).map(tuple)
+#: a signal, wait or flush names each channel once (thread t works on the t-th)
+sync_ids = st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True).map(tuple)
 ref = st.one_of(st.builds(local, st.sampled_from("ios"), small, st.integers(1, 1 << 20)),
                 st.builds(remote, st.integers(0, 7), small, st.integers(1, 1 << 20)))
 
@@ -40,7 +42,7 @@ def plan_ops(draw, name):
     if need.dst or "src" in kw:
         kw["dst"] = tuple(draw(st.lists(ref, min_size=need.dst, max_size=need.dst + 2)))
     if need.channels or (need.src and draw(st.booleans())):
-        kw["channel_ids"] = draw(ids)
+        kw["channel_ids"] = draw(sync_ids if need.channels else ids)
         kw["channel_type"] = draw(st.sampled_from(CHANNEL_TYPES))
     if need.semaphores:
         kw["semaphore_ids"] = draw(ids)

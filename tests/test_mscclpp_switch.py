@@ -117,28 +117,8 @@ def test_a_switch_store_no_signal_announces_is_refused():
 def test_a_semaphore_hands_a_blocks_waits_to_the_block_that_acquires_it():
     """A remote read in a block after a semaphore the waiting block releases (as the DSL's
     pipelined NVLS AllReduce reads): accepted; released before the wait, refused."""
-    def plan(release_first):
-        gpus = []
-        for r in range(2):
-            p = 1 - r
-            ready = [sync_op("signal", [0]), sync_op("wait", [0]), NOP]
-            rel = {"name": "sem_release", "semaphore_ids": [0]}
-            tb0 = {"id": 0, "ops": ([rel, NOP] + ready) if release_first else (ready + [rel]),
-                   "channels": [{"channel_type": "memory", "channel_ids": [0]}]}
-            tb1 = {"id": 1, "ops": [{"name": "sem_acquire", "semaphore_ids": [0]}, NOP,
-                                    {"name": "rre", "src_buff": [buf("i", r), remote_buf(0, r)],
-                                     "dst_buff": [buf("o", r)], "channel_type": "memory"}, NOP,
-                                    {"name": "put", "src_buff": [buf("o", r)], "dst_buff": [remote_buf(1, r)],
-                                     "channel_type": "memory", "channel_ids": [0]},
-                                    NOP, sync_op("signal", [0]), sync_op("wait", [0])],
-                   "channels": [{"channel_type": "memory", "channel_ids": [1]}],
-                   "remote_buffer_refs": mem_buffer_refs([0, 1])}
-            gpus.append(gpu_entry(r, 2, 2, 0, [{"channel_type": "memory", "connected_to": [p, p]}],
-                                  [{"rank": p, "type": "i", "access_channel_types": ["memory"]},
-                                   {"rank": p, "type": "o", "access_channel_types": ["memory"]}], [tb0, tb1], sems=1))
-        return plan_obj("allreduce", gpus)
-    _proven_and_right(plan(False))
-    msg, line = _refused(plan(True))
+    _proven_and_right(_semaphore_plan([0], [0]))
+    msg, line = _refused(_semaphore_plan([0], [0], release_first=True))
     assert "reads rank 1's buffer without first waiting" in msg and '"rre"' in line
 
 
@@ -390,3 +370,89 @@ def test_a_switch_plan_runs_right_on_hcccs_kernels_in_cpu_emulation(make, kw, tm
     out = capsys.readouterr().out
     assert "Out of bounds values : 0 OK" in out
     assert ("in-place" in out) if plan["inplace"] else ("out-of-place" in out)
+
+
+# ------------------------------------------------------------------ hostile values anywhere in the switch fields
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 9), st.floats(allow_nan=False), st.text(max_size=3),
+                 st.lists(st.integers(-1, 4), max_size=3), st.dictionaries(st.sampled_from(["a", "size", "ranks"]),
+                                                                         st.integers(0, 3), max_size=2))
+SWITCH_KEYS = {"channels", "rank_groups", "ranks", "size", "buffer_type", "switch_channel_id", "src_buff", "dst_buff",
+               "channel_type", "channel_ids", "index", "remote_buffers"}
+
+
+def _paths(o, p=()):
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield p + (k,)
+            yield from _paths(v, p + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield p + (i,)
+            yield from _paths(v, p + (i,))
+
+
+@settings(max_examples=examples(40))
+@given(data=st.data())
+def test_any_value_in_a_switch_field_is_imported_or_refused_located(data):
+    """A value of any JSON kind put in any field on the way to a switch channel or operation (or
+    the field dropped): the import proves the plan or refuses it with a located error, never
+    anything else."""
+    plan = data.draw(st.sampled_from(FUZZED))()
+    for _ in range(data.draw(st.integers(1, 2))):
+        paths = [p for p in _paths(plan) if SWITCH_KEYS & {k for k in p if isinstance(k, str)}]
+        p = data.draw(st.sampled_from(paths))
+        parent = plan
+        for k in p[:-1]:
+            parent = parent[k]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            del parent[p[-1]]
+        else:
+            parent[p[-1]] = data.draw(JUNK)
+    try:
+        import_plan_text(json.dumps(plan), "junk.json")
+    except CompileError as exc:
+        assert exc.diagnostics[0].location is not None
+
+
+# ------------------------------------------------------------------ channels and semaphores named twice in one operation
+def test_a_wait_naming_one_channel_twice_is_refused_as_a_race():
+    """Thread t of a signal or wait works on the t-th channel it names: two threads on one channel
+    move its counts at once."""
+    plan = plan_switch_allreduce(R=3, k=1, inplace=False)
+    _ops(plan, 1)[3]["channel_ids"] = [1, 1]
+    msg, line = _refused(plan)
+    assert "'rlxwait' names channel 1 twice" in msg and '"channel_ids"' in line
+
+
+def _semaphore_plan(release_ids, acquire_ids, release_first=False):
+    """The read-reduce AllReduce on 2 ranks split over two blocks: block 0 signals and waits
+    towards the peer and releases semaphore 0 (``release_ids``), block 1 acquires it
+    (``acquire_ids``), reads and reduces the peer's chunk and puts the sum back. ``release_first``:
+    block 0 releases before it waits."""
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+        ready = [sync_op("signal", [0]), sync_op("wait", [0]), NOP]
+        release = {"name": "sem_release", "semaphore_ids": release_ids}
+        tb0 = {"id": 0, "ops": [release, NOP] + ready if release_first else ready + [release],
+               "channels": [{"channel_type": "memory", "channel_ids": [0]}]}
+        tb1 = {"id": 1, "ops": [{"name": "sem_acquire", "semaphore_ids": acquire_ids}, NOP,
+                                {"name": "rre", "src_buff": [buf("i", r), remote_buf(0, r)],
+                                 "dst_buff": [buf("o", r)], "channel_type": "memory"}, NOP,
+                                {"name": "put", "src_buff": [buf("o", r)], "dst_buff": [remote_buf(1, r)],
+                                 "channel_type": "memory", "channel_ids": [0]},
+                                NOP, sync_op("signal", [0]), sync_op("wait", [0])],
+               "channels": [{"channel_type": "memory", "channel_ids": [1]}],
+               "remote_buffer_refs": mem_buffer_refs([0, 1])}
+        gpus.append(gpu_entry(r, 2, 2, 0, [{"channel_type": "memory", "connected_to": [p, p]}],
+                              [{"rank": p, "type": "i", "access_channel_types": ["memory"]},
+                               {"rank": p, "type": "o", "access_channel_types": ["memory"]}], [tb0, tb1], sems=1))
+    return plan_obj("allreduce", gpus)
+
+
+def test_a_semaphore_named_twice_is_acquired_twice():
+    """The executor's semaphores are atomic counters: an acquire naming one twice takes two
+    releases. Released twice: proven and right; released once: a deadlock, refused."""
+    _proven_and_right(_semaphore_plan([0, 0], [0, 0]))
+    msg, line = _refused(_semaphore_plan([0], [0, 0]))
+    assert "sem_acquire" in line and "never passes" in msg

@@ -345,6 +345,9 @@ class _Importer:
         self.chans = []          # rank -> type -> [peer]
         self.rbufs = []
         for r, g in enumerate(gpus):
+            for key in ("channels", "remote_buffers"):
+                if not isinstance(g.get(key, []), list):
+                    raise rd.err(("gpus", r, key), f"'{key}' must be a list")
             lists = {"memory": [], "port": []}
             for k, ch in enumerate(g.get("channels", [])):
                 t = rd.get(ch, "channel_type", ("gpus", r, "channels", k), str)
