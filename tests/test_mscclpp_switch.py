@@ -194,6 +194,14 @@ def _bad_other_op_on_switch(p):
     o.update({"name": "copy", "src_buff": [buf("i", 0)], "dst_buff": [buf("o", 0)], "channel_type": "switch"})
 
 
+def _bad_ops_not_a_list(p):
+    p["gpus"][0]["threadblocks"][0]["ops"] = 3
+
+
+def _bad_channels_not_a_list(p):
+    p["gpus"][2]["channels"] = {"channel_type": "switch"}
+
+
 def _bad_group_size(p):
     del _switch_chan(p, 0)["rank_groups"][0]["size"]      # the loader reads it
 
@@ -218,6 +226,8 @@ HOSTILE_GLRES = [
     (_bad_no_switch_ref, "the reference needs a 'switch_channel_id'", '{'),
     (_bad_other_op_on_switch, "'copy' does not work over a switch channel", '"copy"'),
     (_bad_group_size, "a switch channel's rank group needs 'size', a non-negative integer", '{'),
+    (_bad_ops_not_a_list, "'ops' must be a list", '"ops"'),
+    (_bad_channels_not_a_list, "'channels' must be a list", '"channels"'),
 ]
 
 
@@ -334,10 +344,10 @@ def _mutate_switch(plan, data) -> str:
     return kind
 
 
-@settings(max_examples=examples(25))
+@settings(max_examples=examples(20))
 @given(data=st.data())
 def test_every_switch_mutation_the_import_accepts_runs_right_in_the_interpreter(data):
-    plan = data.draw(st.sampled_from(FUZZED))()
+    plan = json.loads(json.dumps(data.draw(st.sampled_from(FUZZED))()))      # no object shared with the builders
     what = [_mutate_switch(plan, data) for _ in range(data.draw(st.integers(1, 2)))]
     try:
         import_plan_text(json.dumps(plan), "mutant.json")
@@ -376,8 +386,6 @@ def test_a_switch_plan_runs_right_on_hcccs_kernels_in_cpu_emulation(make, kw, tm
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2, 9), st.floats(allow_nan=False), st.text(max_size=3),
                  st.lists(st.integers(-1, 4), max_size=3), st.dictionaries(st.sampled_from(["a", "size", "ranks"]),
                                                                          st.integers(0, 3), max_size=2))
-SWITCH_KEYS = {"channels", "rank_groups", "ranks", "size", "buffer_type", "switch_channel_id", "src_buff", "dst_buff",
-               "channel_type", "channel_ids", "index", "remote_buffers"}
 
 
 def _paths(o, p=()):
@@ -391,15 +399,14 @@ def _paths(o, p=()):
             yield from _paths(v, p + (i,))
 
 
-@settings(max_examples=examples(40))
+@settings(max_examples=examples(30))
 @given(data=st.data())
-def test_any_value_in_a_switch_field_is_imported_or_refused_located(data):
-    """A value of any JSON kind put in any field on the way to a switch channel or operation (or
-    the field dropped): the import proves the plan or refuses it with a located error, never
-    anything else."""
-    plan = data.draw(st.sampled_from(FUZZED))()
+def test_any_value_in_any_field_of_a_switch_plan_is_imported_or_refused_located(data):
+    """A value of any JSON kind put in any field of a plan over switch channels (or the field
+    dropped): the import proves the plan or refuses it with a located error, never anything else."""
+    plan = json.loads(json.dumps(data.draw(st.sampled_from(FUZZED))()))      # no object shared with the builders
     for _ in range(data.draw(st.integers(1, 2))):
-        paths = [p for p in _paths(plan) if SWITCH_KEYS & {k for k in p if isinstance(k, str)}]
+        paths = list(_paths(plan))
         p = data.draw(st.sampled_from(paths))
         parent = plan
         for k in p[:-1]:

@@ -286,7 +286,8 @@ class _Importer:
             tbs = g.get("threadblocks")
             for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
                 ops = tb.get("ops") if isinstance(tb, dict) else None
-                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o) for k, o in enumerate(ops or ())]
+                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o)
+                        for k, o in enumerate(ops if isinstance(ops, list) else ())]
                 while todo:
                     p, op = todo.pop()
                     if not isinstance(op, dict):
