@@ -428,7 +428,7 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         return _done(t, name, [], [], check_sync)
     if name == "sem_acquire":
         ids = op["semaphore_ids"]
-        if any(rk.sems[s] <= 0 for s in ids):
+        if any(rk.sems[s] < ids.count(s) for s in ids):      # atomic counters: named twice, taken twice
             return False
         for s in ids:
             rk.sems[s] -= 1
