@@ -50,10 +50,20 @@ def _proven_and_right(plan, mult=2):
     (plan_switch_butterfly_allreduce, dict(k=2)),
     (lambda **kw: grouped(plan_switch_allreduce(**kw)), dict(R=3, k=2, inplace=False)),
     (lambda **kw: grouped(plan_switch_allgather(**kw)), dict(R=3, k=2, inplace=True)),
+    (lambda **kw: _from_input(plan_switch_allgather(**kw)), dict(R=3, k=2, inplace=True)),
 ], ids=["glres_in", "glres_out_2tbs", "gstore_in", "gstore_out_2tbs", "gstorepkt_in", "gstorepkt_out", "butterfly",
-        "glres_group_of_2", "gstore_group_of_2"])
+        "glres_group_of_2", "gstore_group_of_2", "gstore_in_from_the_input"])
 def test_a_plan_over_switch_channels_is_proven_and_runs_right(make, kw):
     _proven_and_right(make(**kw))
+
+
+def _from_input(plan):
+    """An in-place AllGather whose stores name the rank's input (its part of the output) as source."""
+    for g in plan["gpus"]:
+        for o in g["threadblocks"][0]["ops"]:
+            if o["name"] == "gstore":
+                o["src_buff"][0] = buf("i", 0, g["input_chunks"])
+    return plan
 
 
 @settings(max_examples=examples(30))
