@@ -66,7 +66,7 @@ def _from_input(plan):
     return plan
 
 
-@settings(max_examples=examples(30))
+@settings(max_examples=examples(20))
 @given(kind=st.sampled_from(["glres", "gstore", "gstorepkt"]), R=st.integers(2, 5), k=st.integers(1, 3),
        cuts=st.sets(st.integers(1, 2)), inplace=st.booleans(), nblocks=st.integers(1, 2))
 def test_random_switch_reductions_and_stores_compute_their_collective(kind, R, k, cuts, inplace, nblocks):
