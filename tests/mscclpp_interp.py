@@ -14,8 +14,19 @@ operations touching the same bytes from each other: a plan that breaks this is r
 semaphore acquire, then a data operation; a data operation, then a signal, semaphore release or
 port-channel put; two data operations on the same bytes; ``barrier`` synchronises the whole block).
 
-Unsupported here (raises :class:`InterpError`): switch (NVLS) operations; ``reuse_resources`` at sizes
-where the plan's scratch outgrows the executor's shared scratch buffer (below that it is a plain plan).
+Switch (NVLS) channels bind one buffer (``buffer_type``) of every rank of a group (each of a
+channel's ``rank_groups`` is one channel, as the loader makes them; a rank binds only groups it is
+in, and members declare the groups they share in the same order); a reference
+``{"switch_channel_id": k, ...}`` names the block's ``k``-th switch channel, the same chunks on every
+member. ``glres`` adds the region over every member of its source channel's group (the multimem
+load-reduce) and stores the sum on every member of its destination's; ``gstore`` stores a local
+region on every member; ``gstorepkt`` reads LL packets of the rank's scratch (waiting for their
+flags) and writes them with this call's flag into every member's scratch. As in the kernel, the
+multimem address of a Simple operation carries no scratch half (the first half of a double scratch
+buffer), while ``gstorepkt`` writes the half of its call.
+
+Unsupported here (raises :class:`InterpError`): ``reuse_resources`` at sizes where the plan's scratch
+outgrows the executor's shared scratch buffer (below that it is a plain plan).
 """
 from __future__ import annotations
 
@@ -86,6 +97,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
             if per_chunk * g["scratch_chunks"] * (2 if plan["protocol"] == "LL" else 1) > room:
                 raise InterpError("reuse_resources: the scratch does not fit the shared buffer at this size "
                                   "(folded offsets are not modelled)")
+    nswitch = _check_switch_channels(plan)
     for r, g in enumerate(plan["gpus"]):
         if g["id"] != r:
             raise InterpError(f"gpus[{r}] has id {g['id']}")
@@ -106,6 +118,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
         for rb in g.get("remote_buffers", []):
             if rb["type"] not in "ios" or not 0 <= rb["rank"] < len(plan["gpus"]):
                 raise InterpError(f"rank {r}: bad remote buffer {rb}")
+        nsw = nswitch[r]
         nsem = len(g.get("semaphores", []))
         for tb in g["threadblocks"]:
             where = f"rank {r} thread block {tb['id']}"
@@ -113,7 +126,7 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
             for t, ids in tch.items():
                 if len(ids) > MAX_CHANNEL:
                     raise InterpError(f"{where}: more than MAX_CHANNEL {t} channels")
-                if t != "switch" and any(not 0 <= i < nch[t] for i in ids):
+                if any(not 0 <= i < (nsw if t == "switch" else nch[t]) for i in ids):
                     raise InterpError(f"{where}: channel id out of range")
             for ref in tb.get("remote_buffer_refs", []):
                 if len(ref["remote_buffer_ids"]) > MAX_CHANNEL:
@@ -128,6 +141,35 @@ def check_load(plan: dict, in_bytes: int, out_bytes: int) -> None:
                     _check_op(o, where, tch, tb, nsem, sz)
             if count > MAX_OPERATION:
                 raise InterpError(f"{where}: {count} operations, more than MAX_OPERATION {MAX_OPERATION}")
+
+
+def _switch_groups(g) -> list:
+    """A rank's switch channels as the loader makes them: one per rank group, in order."""
+    return [(tuple(grp["ranks"]), ch["buffer_type"]) for ch in g.get("channels", [])
+            if ch["channel_type"] == "switch" for grp in ch["rank_groups"]]
+
+
+def _check_switch_channels(plan) -> list[int]:
+    """The connection of every rank's switch channels: each group is of distinct ranks and
+    includes its rank (connectNvlsCollective refuses a rank outside its group), and for every
+    other member m the groups rank r shares with m come in the order m declares the groups it
+    shares with r (the members handshake group by group). Returns each rank's switch channels."""
+    R = len(plan["gpus"])
+    groups = [_switch_groups(g) for g in plan["gpus"]]
+    for r, mine in enumerate(groups):
+        for ranks, letter in mine:
+            if letter not in ("i", "o", "s"):
+                raise InterpError(f"rank {r}: switch channel over bad buffer {letter!r}")
+            if r not in ranks or len(set(ranks)) != len(ranks) or any(not 0 <= m < R for m in ranks):
+                raise InterpError(f"rank {r}: switch channel group {list(ranks)} is not a group of distinct "
+                                  f"ranks with rank {r} in it")
+    for r, mine in enumerate(groups):
+        for m in {m for ranks, _ in mine for m in ranks if m != r}:
+            a = [(frozenset(x), b) for x, b in mine if m in x]
+            theirs = [(frozenset(x), b) for x, b in groups[m] if r in x]
+            if a != theirs:
+                raise InterpError(f"switch channels ranks {r} and {m} share differ: {a} and {theirs}")
+    return [len(x) for x in groups]
 
 
 def _check_op(op, where, tch, tb, nsem, sz):
@@ -172,6 +214,7 @@ class _Rank:
         for ch in g.get("channels", []):
             if ch["channel_type"] in self.chans:
                 self.chans[ch["channel_type"]].extend(ch["connected_to"])
+        self.switch = _switch_groups(g)
         self.inbound = {t: [0] * len(v) for t, v in self.chans.items()}
         self.expected = {t: [0] * len(v) for t, v in self.chans.items()}
         self.sems = [s["init_value"] for s in g.get("semaphores", [])]
@@ -187,6 +230,7 @@ class _Tb:
         self.tb = tb
         self.ch = {c["channel_type"]: c["channel_ids"] for c in tb.get("channels", [])}
         self.rb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
+        self.sw = [i for c in tb.get("channels", []) if c["channel_type"] == "switch" for i in c["channel_ids"]]
         self.steps = [(op, 0, None) for op in tb["ops"]]      # pipelines expanded at launch
         self.pc = 0
         self.prev = None          # the last operation since a nop: (name, reads, writes)
@@ -384,7 +428,7 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         return _done(t, name, [], [], check_sync)
     if name == "sem_acquire":
         ids = op["semaphore_ids"]
-        if any(rk.sems[s] <= 0 for s in ids):
+        if any(rk.sems[s] < ids.count(s) for s in ids):      # atomic counters: named twice, taken twice
             return False
         for s in ids:
             rk.sems[s] -= 1
@@ -413,9 +457,10 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
         t.prev = None
         t.pc += 1
         return True
-    if name in SWITCH or any("switch_channel_id" in ref for side in ("src_buff", "dst_buff")
-                             for ref in op.get(side, [])):
-        raise InterpError(f"switch (NVLS) operation {name} is not modelled")
+    if name in SWITCH:
+        return _switch_step(ranks, t, op, offset, unit, half, flag, check_sync)
+    if any("switch_channel_id" in ref for side in ("src_buff", "dst_buff") for ref in op.get(side, [])):
+        raise InterpError(f"{name} names a switch channel: only glres, gstore and gstorepkt do")
     if name in ("signal", "rlxsignal"):
         for i in range(len(op["channel_ids"])):
             _signal(ranks, r, ctype, chan(i))
@@ -528,6 +573,59 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
     return _done(t, name, reads, writes, check_sync, packed)
 
 
+def _switch_ref(rk: _Rank, t: _Tb, op, ref, offset, unit):
+    """(members, buffer letter, byte lo, byte size) of a reference through a switch channel."""
+    members, letter = rk.switch[t.sw[ref["switch_channel_id"]]]
+    lo, n = rk.sz.span(ref["index"], ref["size"])
+    if unit is not None:
+        n = max(0, min(n - offset, unit))
+        lo += offset
+    lo, n = _tbg(op, lo, n, rk.sz.align)
+    return members, letter, lo, n
+
+
+def _switch_step(ranks, t: _Tb, op, offset, unit, half, flag, check_sync) -> bool:
+    """glres, gstore, gstorepkt (see the module's doc); False while gstorepkt's packets are not there."""
+    rk, r, name = ranks[t.rank], t.rank, op["name"]
+    dm, dl, dlo, dn = _switch_ref(rk, t, op, op["dst_buff"][0], offset, unit)
+    if name == "gstorepkt":
+        src = op["src_buff"][0]
+        if src.get("type") != "s":
+            raise InterpError("gstorepkt reads packets of a buffer other than the scratch")
+        _, _, lo, n = _span(rk, src, offset, unit, t, "switch")
+        lo, n = _tbg(op, lo, n, rk.sz.align)
+        a, b = lo // ELEM, (lo + n) // ELEM
+        if (rk.pk_flag[half][a:b] != flag).any():
+            return False
+        vals = rk.pk_val[half][a:b].copy()
+        if dl != "s":
+            raise InterpError("gstorepkt through a switch channel over a buffer other than the scratch")
+        for m in dm:
+            if m != r:
+                _no_overtaking(ranks, r, m, dlo, n, half, name)
+            k = ranks[m]
+            a2, b2 = dlo // ELEM, (dlo + n) // ELEM
+            k.pk_val[half][a2:b2], k.pk_flag[half][a2:b2] = vals, flag
+        return _done(t, name, [], [], check_sync)
+    if name == "glres":
+        sm, sl, slo, n = _switch_ref(rk, t, op, op["src_buff"][0], offset, unit)
+        val = sum(_view(ranks, m, sl, slo, n, 0).copy() for m in sm)
+        reads = [(m, sl, slo, n) for m in sm]
+    else:
+        src = op["src_buff"][0]
+        _, sl, slo, n = _span(rk, src, offset, unit, t, "switch")
+        slo, n = _tbg(op, slo, n, rk.sz.align)
+        val = _view(ranks, r, sl, slo, n, half).copy()
+        reads = [(r, sl, slo, n)]
+    writes = []
+    for m in dm:
+        if m != r and dl == "s":
+            _no_overtaking(ranks, r, m, dlo, n, 0, name)
+        _view(ranks, m, dl, dlo, n, 0)[:] = val
+        writes.append((m, dl, dlo, n))
+    return _done(t, name, reads, writes, check_sync)
+
+
 def _touches(rk: _Rank, t: _Tb, step) -> list:
     """The (rank, letter, lo, n) regions one step of a thread block names."""
     op, offset, unit = step
@@ -535,6 +633,10 @@ def _touches(rk: _Rank, t: _Tb, step) -> list:
     out = []
     for side in ("src_buff", "dst_buff"):
         for ref in op.get(side, []):
+            if "switch_channel_id" in ref:
+                members, letter, lo, n = _switch_ref(rk, t, op, ref, offset, unit)
+                out.extend((m, letter, lo, n) for m in members)
+                continue
             owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
             lo, n = _tbg(op, lo, n, rk.sz.align)
             out.append((t.rank if owner is None else owner, letter, lo, n))
@@ -628,10 +730,30 @@ def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarr
     raise InterpError(f"no oracle for {coll}")
 
 
+def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: int) -> list[np.ndarray]:
+    """The outputs after ``runs`` in-place calls in a row: each call's input is the buffer the call
+    before left (an in-place AllReduce sums again what it summed; an AllGather's input, the rank's
+    part of its output, is what it was)."""
+    ins = [np.array(x, dtype=np.float64) for x in inputs]
+    outs = ins
+    for _ in range(runs):
+        outs = oracle(coll, ins, out_elems)
+        if coll == "allgather":
+            n = len(ins[0])
+            ins = [o[r * n:(r + 1) * n].copy() for r, o in enumerate(outs)]
+        elif coll == "reducescatter":
+            if runs > 1:      # the call may leave anything in the rest of its input
+                raise InterpError("in-place ReduceScatter calls in a row have no defined result")
+        else:
+            ins = [o.copy() for o in outs]
+    return outs
+
+
 def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None) -> None:
     """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
-    every rank's output with the collective's; raises :class:`InterpError` naming the first
-    wrong element. ``eager``: see :func:`run_plan`."""
+    every rank's output with the collective's (in place: after ``runs`` calls, each on what the one
+    before left); raises :class:`InterpError` naming the first wrong element. ``eager``: see
+    :func:`run_plan`."""
     R = len(plan["gpus"])
     g = plan["gpus"][0]
     align = plan.get("buffer_alignment", 16)
@@ -642,7 +764,8 @@ def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager
     rng = np.random.default_rng(seed)
     inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
     outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager)
-    want = oracle(plan["collective"], inputs, out_bytes // ELEM)
+    want = (_calls_in_place(plan["collective"], inputs, out_bytes // ELEM, runs) if plan["inplace"]
+            else oracle(plan["collective"], inputs, out_bytes // ELEM))
     for r in range(R):
         bad = np.flatnonzero(~(outs[r] == want[r]))
         if len(bad):

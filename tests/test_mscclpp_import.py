@@ -99,7 +99,9 @@ def test_refusals_are_located(tmp_path):
     bad["gpus"][1]["channels"].append({"channel_type": "switch", "buffer_type": "o",
                                        "rank_groups": [{"size": 2, "ranks": [0, 1]}]})
     msg, line = _error(bad, tmp_path)
-    assert "switch (NVLS)" in msg and '"channel_type": "switch"' in line
+    # a switch channel only one member declares: the members connect each group together
+    assert "switch (NVLS) channel over ranks [0, 1] (buffer 'o') has no partner on rank 0" in msg
+    assert '"ranks"' in line
     bad = copy.deepcopy(plan)
     bad["gpus"][0]["threadblocks"][0]["ops"][3]["tbg_info"] = {"tb_id": 0, "tbg_size": 2}
     msg, line = _error(bad, tmp_path)                     # a group of one: half the chunk reduced

@@ -17,6 +17,7 @@ from hccc.compiler.interop.mscclpp_export import export_plan, plan_text
 from hccc.compiler.interop.mscclpp_operands import CHANNEL_TYPES, OPERANDS
 from hccc.compiler.interop.mscclpp_ops import BufRef, PlanOp, PlanOpError, local, remote
 from hccc.compiler.interop.mscclpp_plan import MAX_DEVICE_SYNCERS
+from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm
 from mscclpp_plans import corpus
@@ -26,6 +27,8 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 KINDS = sorted(k for k, v in OPERANDS.items() if not v.body)
 small = st.integers(0, 1 << 20)
 ids = st.lists(st.integers(0, 15), min_size=1, max_size=4).map(tuple)
+#: a signal, wait or flush names each channel once (thread t works on the t-th)
+sync_ids = st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True).map(tuple)
 ref = st.one_of(st.builds(local, st.sampled_from("ios"), small, st.integers(1, 1 << 20)),
                 st.builds(remote, st.integers(0, 7), small, st.integers(1, 1 << 20)))
 
@@ -39,7 +42,7 @@ def plan_ops(draw, name):
     if need.dst or "src" in kw:
         kw["dst"] = tuple(draw(st.lists(ref, min_size=need.dst, max_size=need.dst + 2)))
     if need.channels or (need.src and draw(st.booleans())):
-        kw["channel_ids"] = draw(ids)
+        kw["channel_ids"] = draw(sync_ids if need.channels else ids)
         kw["channel_type"] = draw(st.sampled_from(CHANNEL_TYPES))
     if need.semaphores:
         kw["semaphore_ids"] = draw(ids)
@@ -103,9 +106,10 @@ def test_exported_plan_operations_round_trip():
 
 def _through_ops(ops: list) -> list:
     """Every operation read into a PlanOp and written back (a pipeline's body, the importer reads it
-    operation by operation)."""
-    return [dict(o, ops=_through_ops(o["ops"])) if o["name"] == "pipeline" else PlanOp.from_dict(o).to_dict()
-            for o in ops]
+    operation by operation); switch operations, which the importer rewrites into memory-channel
+    PlanOps instead (mscclpp_switch), as they are."""
+    return [dict(o, ops=_through_ops(o["ops"])) if o["name"] == "pipeline" else
+            o if o["name"] in SWITCH_OPS else PlanOp.from_dict(o).to_dict() for o in ops]
 
 
 def test_every_corpus_plan_is_byte_identical_through_its_operations():

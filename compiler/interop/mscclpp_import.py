@@ -25,9 +25,13 @@ The result is checked like an imported XML: structure, deadlock freedom, the col
 postcondition (:func:`hccc.compiler.ir.symbolic.prove`) in the placement the plan declares, every
 access in bounds. Writes into a peer are modelled where the peer synchronises on them: a plan
 that writes into a region its peer still reads (a race in the plan) is not detected. Refused with a
-located reason: switch (NVLS) channels and their operations, thread-block groups (``tbg_info``:
-parts of chunks), the packet copies ``cpkt``/``rppkt``/``recpkt``/``recspkt`` and port-channel
-packets, channels shared by thread blocks, signals nobody waits for.
+located reason: collectives hccc has no plan form of, channels shared by thread blocks that may
+run at once, signals nobody waits for, puts nothing announces (docs/mscclpp.md lists them).
+
+Switch (NVLS) operations (``glres``, ``gstore``, ``gstorepkt``) are rewritten, as each thread block
+is read, into the memory-channel operations above that do the same on every member's copy of the
+buffer (:mod:`hccc.compiler.interop.mscclpp_switch`), with remote buffers of their own; a block
+that acquires a semaphore another block releases may read the peers that block waited for.
 
 Each operation is read once, through :meth:`~hccc.compiler.interop.mscclpp_ops.PlanOp.from_dict`,
 into a :class:`~hccc.compiler.interop.mscclpp_ops.BlockOp` (:meth:`_Importer._scan`); the passes
@@ -49,12 +53,11 @@ from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread
 from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_PLAN_SLOTS, NO_MAX_SIZE,
                                                 MAX_GROUP_PARTS, OP_NAMES, SHARED_SCRATCH_BYTES)
+from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS, SwitchChannels
 from hccc.compiler.interop.mscclpp_sync import (check_counts, check_next_call, check_pipeline_iterations,
                                                 check_races)
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, Op, ProgramIR
 
-_UNSUPPORTED = {"glres": "switch (NVLS) channels", "gstore": "switch (NVLS) channels",
-                "gstorepkt": "switch (NVLS) channels"}
 #: operations that read packets from the rank's own scratch (which sources: from this one on)
 _PACKET_READS = {"upkt": 0, "repkt": 1, "respkt": 1, "recpkt": 1, "recspkt": 1, "rppkt": 0}
 
@@ -283,7 +286,8 @@ class _Importer:
             tbs = g.get("threadblocks")
             for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
                 ops = tb.get("ops") if isinstance(tb, dict) else None
-                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o) for k, o in enumerate(ops or ())]
+                todo = [(("gpus", r, "threadblocks", ti, "ops", k), o)
+                        for k, o in enumerate(ops if isinstance(ops, list) else ())]
                 while todo:
                     p, op = todo.pop()
                     if not isinstance(op, dict):
@@ -342,12 +346,14 @@ class _Importer:
         self.chans = []          # rank -> type -> [peer]
         self.rbufs = []
         for r, g in enumerate(gpus):
+            for key in ("channels", "remote_buffers"):
+                if not isinstance(g.get(key, []), list):
+                    raise rd.err(("gpus", r, key), f"'{key}' must be a list")
             lists = {"memory": [], "port": []}
             for k, ch in enumerate(g.get("channels", [])):
                 t = rd.get(ch, "channel_type", ("gpus", r, "channels", k), str)
                 if t == "switch":
-                    raise rd.err(("gpus", r, "channels", k, "channel_type"), "switch (NVLS) channels are not modelled: hccc "
-                                                             "proves point-to-point plans")
+                    continue                 # read by SwitchChannels
                 if t not in lists:
                     raise rd.err(("gpus", r, "channels", k, "channel_type"), f"unknown channel type '{t}'")
                 for j, p in enumerate(rd.get(ch, "connected_to", ("gpus", r, "channels", k), list)):
@@ -363,6 +369,9 @@ class _Importer:
                     raise rd.err(("gpus", r, "remote_buffers", k), "bad remote buffer")
                 bufs.append((p, letter))
             self.rbufs.append(bufs)
+        # switch (NVLS) channels: their operations become memory-channel ones (mscclpp_switch)
+        limit = {"i": self.ic, "o": self.oc}
+        self.switch = SwitchChannels(gpus, lambda m, x: limit.get(x, self.scratch[m]), rd.err, self.double)
         # the k-th channel of a type from A to B is the k-th from B to A
         # (linear in the channels: each rank's channels grouped by peer once)
         towards = defaultdict(list)          # (rank, type, peer) -> the rank's channels to peer, in order
@@ -392,6 +401,9 @@ class _Importer:
         for r in range(self.R):
             for p in self.chans[r]["memory"]:
                 parent[find(r)] = find(p)
+        for ranks in self.switch.members():          # the switch maps its group's memory
+            for p in ranks:
+                parent[find(ranks[0])] = find(p)
         groups: dict[int, list[int]] = defaultdict(list)
         for r in range(self.R):
             groups[find(r)].append(r)
@@ -437,31 +449,41 @@ class _Importer:
         name = rd.get(op, "name", p, str)
         if name not in OP_NAMES:
             raise rd.err(p + ("name",), f"invalid operation type '{name}'")
-        if name in _UNSUPPORTED:
-            raise rd.err(p, f"'{name}' is not modelled ({_UNSUPPORTED[name]})")
+        if name in SWITCH_OPS:
+            return name               # rewritten by the caller (mscclpp_switch)
         if name == "pipeline":
             check_operation(op, p, rd.err, len(self.sem_init[r]))
             return name
         return PlanOp.from_dict(op, p, rd.err, len(self.sem_init[r]))
 
-    def _block_ops(self, r, tb, base) -> list[tuple[tuple, PlanOp]]:
-        """A thread block's operations in order, with their paths; a pipeline's body in place of
-        the pipeline (it runs once over the whole ranges)."""
+    def _block_ops(self, r, tb, base) -> list[tuple[tuple, PlanOp, dict | None]]:
+        """A thread block's operations in order, with their paths (and the remote-buffer table of
+        an operation a switch operation was rewritten into, ``None`` for the block's own); a
+        pipeline's body in place of the pipeline (it runs once over the whole ranges)."""
         rd = self.rd
+        # the block's switch channels (the loader concatenates every entry of that type)
+        tb_switch = [c for e in tb.get("channels", []) if e.get("channel_type") == "switch"
+                     for c in e.get("channel_ids", [])]
+
+        def expand(o, p):
+            parsed = self._operation(r, o, p)
+            if parsed in SWITCH_OPS:
+                return [(p, x, table) for x, table in self.switch.expand(r, o, p, tb_switch, self.rbufs[r])]
+            return [(p, parsed, None)]
         ops = []
         for k, op in enumerate(rd.get(tb, "ops", base, list)):
             p = base + ("ops", k)
-            parsed = self._operation(r, op, p)
-            if parsed != "pipeline":
-                ops.append((p, parsed))
+            if not (isinstance(op, dict) and op.get("name") == "pipeline"):
+                ops.extend(expand(op, p))
                 continue
+            self._operation(r, op, p)
             self.pipelines[p] = (op["iter_context"]["unit_size"], op["iter_context"]["num_chunks"])
             inner = []
             for j, o in enumerate(op["ops"]):
-                inner.append(self._operation(r, o, p + ("ops", j)))
-                if inner[-1] == "pipeline":
+                if isinstance(o, dict) and o.get("name") == "pipeline":
                     raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
-            sizes = {ref.size for o in inner for ref in (o.src or ()) + (o.dst or ())}
+                inner.extend(expand(o, p + ("ops", j)))
+            sizes = {ref.size for _, o, _ in inner for ref in (o.src or ()) + (o.dst or ())}
             if len(sizes) > 1:
                 raise rd.err(p, "a pipeline whose operations move different sizes: its iterations "
                                 "would cut different elements in different operations")
@@ -469,7 +491,7 @@ class _Importer:
                 raise rd.err(p + ("iter_context", "num_chunks"),
                              f"a pipeline over {op['iter_context']['num_chunks']} chunks whose operations move "
                              f"{sizes.pop()}: its iterations would not cover its operations' ranges exactly")
-            ops.extend((p + ("ops", j), o) for j, o in enumerate(inner))
+            ops.extend(inner)
         return ops
 
     def _scan_block(self, r, ti, tb):
@@ -485,10 +507,11 @@ class _Importer:
         self.tb_chans[(r, ti)] = tch
         trb = {c["access_channel_type"]: c["remote_buffer_ids"] for c in tb.get("remote_buffer_refs", [])}
         resolved = []
-        for p, op in self._block_ops(r, tb, base):
+        for p, op, table in self._block_ops(r, tb, base):
             t = op.channel_type or "memory"
             if t == "switch":
-                raise rd.err(p, "switch (NVLS) channels are not modelled")
+                raise rd.err(p, f"'{op.name}' does not work over a switch channel (only glres, gstore and "
+                                f"gstorepkt do)")
             ids = []
             for c in op.channel_ids or ():
                 if t not in tch or not isinstance(c, int) or not 0 <= c < len(tch[t]):
@@ -501,7 +524,7 @@ class _Importer:
                     users = self.owner.setdefault((r, t, g_c, op.name in ("wait", "rlxwait")), [])
                     if ti not in (u for u, _ in users):
                         users.append((ti, p))
-            resolved.append((p, BlockOp(op, p, t, tuple(ids), trb)))
+            resolved.append((p, BlockOp(op, p, t, tuple(ids), trb if table is None else table)))
         self.tbs.append((r, ti, resolved))
         if resolved and resolved[0][1].name == "sem_acquire":
             for sid in resolved[0][1].semaphore_ids:
@@ -589,6 +612,9 @@ class _Importer:
         self.pk_deps = []                                    # (reader row, packet write): flags order them
         self.reads = []                                      # remote reads: (rank, tb, pos, peer, wait key, region)
         self.last_wait = {}
+        self.waits_of = defaultdict(dict)                    # (rank, tb) -> {peer: its latest wait towards it}
+        self.sem_waits = defaultdict(list)                   # (rank, semaphore) -> waits handed over per release
+        self.sem_acquired = defaultdict(int)
         self.chan_no: dict[tuple, int] = {}
         self.chans_between: dict[tuple, int] = defaultdict(int)   # (sender, receiver) -> connections so far
 
@@ -608,6 +634,8 @@ class _Importer:
                 self._signal(r, t, c, self.pending, self.groups, self.nsig, ti)
                 if t == "memory":
                     self.mem_signals[(r, ti)].append((pos, self.chans[r][t][c], c, self.groups[(r, t, c)][-1]))
+        if name in ("sem_release", "sem_acquire"):
+            self._hand_over_waits(r, ti, op)
         if name == "barrier":
             bkey = (op.barrier_id, self.bar_uses[(r, ti, op.barrier_id)])
             self.bar_uses[(r, ti, op.barrier_id)] += 1
@@ -618,8 +646,24 @@ class _Importer:
                 k = self.nwait[(r, t, c)]
                 self.nwait[(r, t, c)] += 1
                 self.last_wait[(r, ti, self.chans[r][t][c])] = (t, c, k)
+                self.waits_of[(r, ti)][self.chans[r][t][c]] = (t, c, k)
                 self.emit_at[(r, ti, pos)].append(("wait", (t, c, k)))
         self._packet_places(r, ti, pos, p, op)
+
+    def _hand_over_waits(self, r, ti, op):
+        """A block's waits so far count for a block that acquires a semaphore it releases (the
+        ``k``-th acquire after the ``k``-th release): that block may read the peers the waits were
+        towards (a pipeline's reduce after a copy block's signal and wait)."""
+        for s in op.semaphore_ids:
+            if op.name == "sem_release":
+                self.sem_waits[(r, s)].append(dict(self.waits_of[(r, ti)]))
+                continue
+            k = self.sem_acquired[(r, s)] - self.sem_init[r][s]
+            self.sem_acquired[(r, s)] += 1
+            if 0 <= k < len(self.sem_waits[(r, s)]):
+                for peer, w in self.sem_waits[(r, s)][k].items():
+                    self.last_wait.setdefault((r, ti, peer), w)
+                    self.waits_of[(r, ti)].setdefault(peer, w)
 
     def _put(self, r, ti, pos, p, op, j, first_remote, ref):
         """The send of one remote destination ``j`` of a put or packet operation."""

@@ -83,6 +83,11 @@ def check_operation(op, path: tuple, err, nsem: int) -> None:
             raise err(path, f"'{name}' needs 'channel_ids': the channels it works on")
         if "channel_type" not in op:
             raise err(path, f"'{name}' needs a 'channel_type'")
+        twice = [c for k, c in enumerate(op["channel_ids"]) if c in op["channel_ids"][:k]]
+        if twice:
+            # thread t works on the t-th channel: two threads would move one channel's counters at once
+            raise err(path + ("channel_ids",), f"'{name}' names channel {twice[0]} twice: the executor's threads "
+                                               f"would signal or wait on it at the same time (a race on its counts)")
     if need.semaphores or "semaphore_ids" in op:
         ids = op.get("semaphore_ids")
         if not _ints(ids, 1 if need.semaphores else 0):

@@ -300,8 +300,8 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                 if inbound[end] <= expected[end]:
                     return ("ch",) + end
         elif name == "sem_acquire":
-            for s in op.semaphore_ids:
-                if sems[(r, s)] <= 0:
+            for s in set(op.semaphore_ids):       # a semaphore named k times is acquired k times
+                if sems[(r, s)] < op.semaphore_ids.count(s):
                     return ("sem", r, s)
         elif name == "barrier":
             key = (r, op.barrier_id)
@@ -418,7 +418,7 @@ def _why_stuck(r, ti, op, inbound, expected, signals_to, sems, arrivals, chans) 
                 return (f"{head}: it waits for signal {k} on its {op.t} channel {c} from rank {peer}, "
                         f"which is itself blocked before sending it (a cycle of waits)")
     if name == "sem_acquire":
-        s = next(s for s in op.semaphore_ids if sems[(r, s)] <= 0)
+        s = next(s for s in op.semaphore_ids if sems[(r, s)] < op.semaphore_ids.count(s))
         return f"{head}: semaphore {s} is never released enough for it"
     if name == "barrier":
         return (f"{head}: barrier {op.barrier_id} waits for {op.num_threadblocks} thread blocks, "
