@@ -17,8 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import alltoallv as av
+from hccc.runtime.call_buffers import as_buf, call_arrays, device_kind, sync_caller
+from hccc.util import dtypes as dtypes_table
 
 
 def block_tables(ir: ProgramIR, inplace: bool):
@@ -149,5 +152,140 @@ class Staging:
         return have[0]
 
 
+class RankAllToAllv:
+    """The AllToAllv calls of one rank of a job (:meth:`Communicator.all_to_all_v
+    <hccc.runtime.communicator.Communicator.all_to_all_v>`): rank ``rank`` of ``nranks`` running
+    ``ir`` on ``platform``, its arrays put in device memory through ``staging``
+    (:class:`Staging`) and its host segments ``hosts``
+    (:class:`~hccc.runtime.host_segment.HostSegments`) carrying counts rows. What it asks of its
+    rank, passed in: ``run(method, count, dtype, op, in_p, out_p, v)`` (one launch, the call's
+    barriers and comparison included), ``fail(why)`` (mark the rank failed; returns the error to
+    raise), ``barrier(what)``, ``next_call()`` (the number of the call about to be made) and
+    ``remote()`` (whether some peer is on another node). ``error``: the exception type of calls
+    the program cannot make."""
+
+    def __init__(self, ir: ProgramIR, rank: int, nranks: int, platform, staging: Staging, hosts, *,
+                 run, fail, barrier, next_call, remote, error=RuntimeError):
+        self.ir, self.rank, self.nranks, self.platform = ir, int(rank), int(nranks), platform
+        self.staging, self.hosts, self.error = staging, hosts, error
+        self._run, self._fail, self._barrier = run, fail, barrier
+        self._next_call, self._remote = next_call, remote
+        self._tables: dict = {}
+
+    def call(self, x, out=None, counts=None, *, sdispls=None, rdispls=None, device_counts: bool = False,
+             send_counts=None) -> None:
+        """One call (the arguments of :meth:`~hccc.runtime.communicator.Communicator.all_to_all_v`)."""
+        method = "all_to_all_v"
+        self._check_arguments(method, counts, sdispls, rdispls, device_counts, send_counts)
+        if send_counts is not None and not device_counts:
+            counts = self.gather_rows(send_counts, method)
+        inplace = out is None
+        if inplace and True not in self.ir.placements:
+            raise self.error(f"{self.ir.name} is proven out of place only; pass out=")
+        bx, bo = call_arrays(method, x, out, self.platform.name, same_buffer=inplace)
+        if not inplace and bx.overlaps(bo, dtypes_table.dtype(bx.dtype).bytes):
+            raise ValueError(f"{method}: input and output overlap; pass out=None for an in-place call")
+        vm, tables = self.tables(inplace)
+        map_p = self.staging.put(("map", inplace), tables[self.rank], keep=True)
+        if device_counts:
+            cnt_p = (self.gather_rows_on_device(send_counts, method) if send_counts is not None
+                     else self._device_array(counts, self.nranks ** 2, f"{method}: counts", "device counts"))
+            vcall = VCall(cnt_p, 0, map_p, -(-max(bx.n, bo.n) // vm.k))   # no piece exceeds a buffer
+        else:
+            try:           # the peers' buffers are not known here
+                hc = HostCounts.check(counts, self.nranks, vm.k, self._only_mine(bx.n), self._only_mine(bo.n),
+                                      sdispls, rdispls, inplace)
+            except av.CountsError as exc:
+                # the peers are told (this rank's state), so they fail at the call's barrier at once
+                # instead of waiting for a rank that will not come
+                raise self._fail(f"{method} #{self._next_call()}: {exc}") from None
+            vcall = VCall(self.staging.put("counts", hc.counts.ravel()),
+                          self.staging.put("displs", hc.displs) if hc.given else 0, map_p, hc.slot, hc.digest)
+        if self.platform.name != "cpu":
+            sync_caller(x)
+        self._run(method, max(vcall.slot, 1) * vm.k * self.nranks, bx.dtype, "sum", bx.ptr, bo.ptr, vcall)
+
+    def _only_mine(self, n: int) -> list:
+        return [n if r == self.rank else None for r in range(self.nranks)]
+
+    def _check_arguments(self, method, counts, sdispls, rdispls, device_counts, send_counts) -> None:
+        """The combinations of a call's counts arguments, and an AllToAll program."""
+        if send_counts is not None:
+            if counts is not None:
+                raise ValueError(f"{method}: pass counts (the whole matrix) or send_counts (this rank's "
+                                 "row), not both")
+            if sdispls is not None or rdispls is not None:
+                raise ValueError(f"{method}: send_counts takes packed displacements only")
+            if not device_counts and (hasattr(send_counts, "__cuda_array_interface__")
+                                      or getattr(send_counts, "is_cuda", False)):
+                raise ValueError(f"{method}: send_counts lives on the GPU: pass device_counts=True (the rows "
+                                 "are gathered on the device), or a host row")
+        if not SPECS[self.ir.collective].per_pair_counts:
+            raise self.error(f"{self.ir.name} implements {self.ir.collective}, not an AllToAll: "
+                             "all_to_all_v needs an AllToAll program")
+        if device_counts and (sdispls is not None or rdispls is not None):
+            raise ValueError(f"{method}: device counts take packed displacements only")
+
+    def _device_array(self, a, n: int, what: str, name: str) -> int:
+        """The address of ``a``, ``n`` int64 elements in the memory the kernels run in."""
+        kind = device_kind(self.platform.name)
+        b = as_buf(a, what)
+        if b.dtype != "int64" or b.n != n or b.device != kind:
+            raise ValueError(f"{what.split(':')[0]}: {name} must be {n} int64 elements on "
+                             f"{'the host' if kind == 'cpu' else 'the GPU'}, not {b.n} {b.dtype} on {b.device}")
+        return b.ptr
+
+    def gather_rows(self, row, method: str) -> np.ndarray:
+        """The counts matrix of a call with ``send_counts=row``: every rank posts its row in its
+        host segment, stamped with the call's number, and after a barrier reads every peer's
+        (:meth:`HostSegments.rows`). A peer whose row is not stamped with this call made another
+        call: every rank fails. A row this rank cannot use fails the call here (the peers see the
+        failure at the barrier)."""
+        call = self._next_call()
+        if self._remote():
+            raise self.error(f"rank {self.rank}: {method}: send_counts needs every rank on one node "
+                             "(the rows travel in the host segments, whose mirrors across nodes "
+                             "do not carry them); pass the whole counts matrix")
+        try:
+            mine = av.as_counts(row, self.nranks, "send_counts", row=True)
+        except av.CountsError as exc:
+            raise self._fail(f"{method} #{call}: {exc}") from None
+        self.hosts.post_row(call, mine)
+        self._barrier(f"{method} #{call} (counts rows)")
+        c, missing = self.hosts.rows(call, mine)
+        if c is None:
+            raise self._fail(f"{method} #{call}: rank {missing} did not pass its counts row for this call "
+                             "(every rank must pass send_counts=, or every rank the whole matrix)")
+        return c
+
+    def gather_rows_on_device(self, row, method: str) -> int:
+        """The counts matrix of a call with ``send_counts=row, device_counts=True``, in device
+        memory, assembled with no host read of any row: one AllToAllv call of the program itself
+        (int64 kernels) that gathers every rank's row into the whole matrix on every rank
+        (:func:`gather_rows_counts`: constants every rank knows, uploaded once)."""
+        N = self.nranks
+        row_p = self._device_array(row, N, f"{method}: send_counts", "device send_counts")
+        vm, tables = self.tables(False)
+        hc = gather_rows_counts(N, vm.k)
+        put = self.staging.put
+        vcall = VCall(put("rows counts", hc.counts.ravel(), keep=True), put("rows displs", hc.displs, keep=True),
+                      put(("map", False), tables[self.rank], keep=True), hc.slot, hc.digest)
+        mat_p = put("rows matrix", np.zeros(N * N, np.int64), keep=True)
+        if self.platform.name != "cpu":
+            sync_caller(row)
+        self._run(f"{method} (gathering the counts rows)", hc.equal, "int64", "sum", row_p, mat_p, vcall)
+        return mat_p
+
+    def tables(self, inplace: bool):
+        """The program's block-piece tables (:func:`block_tables`), once per placement."""
+        from hccc.compiler.ir.vblocks import VBlockError
+        if inplace not in self._tables:
+            try:
+                self._tables[inplace] = block_tables(self.ir, inplace)
+            except VBlockError as exc:
+                raise self.error(f"{self.ir.name} cannot run as an AllToAllv: {exc}") from None
+        return self._tables[inplace]
+
+
 __all__ = ["block_tables", "counts_digest", "buffer_lengths", "HostCounts", "gather_rows_counts", "VCall",
-           "Staging"]
+           "Staging", "RankAllToAllv"]

@@ -60,15 +60,14 @@ import socket
 import time
 from pathlib import Path
 
-import numpy as np
-
 from hccc.compiler.backend.abi import resolve_proto
 from hccc.compiler.frontend.collectives import SPECS, CollectiveSpec
 from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.runtime import alltoallv as av, shm
-from hccc.runtime.alltoallv_call import HostCounts, Staging, VCall, block_tables, gather_rows_counts
+from hccc.runtime import shm
+from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
+# (_as_buf, _Buf and torch_strided re-exported under their earlier names)
 from hccc.runtime.call_buffers import (Buf as _Buf, CallError, as_buf as _as_buf, call_arrays,  # noqa: F401
                                        device_kind, full_count, route, sync_caller, torch_strided)
 from hccc.runtime.generated import GeneratedProgram, check_codegen
@@ -283,7 +282,11 @@ class Communicator:
                 raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s)
         self._stream = pf.stream()
-        self._v = Staging(pf, self._allocs)
+        self._vcalls = RankAllToAllv(
+            self.ir, self.rank, self.world_size, pf, Staging(pf, self._allocs), self._hosts, run=self._run,
+            fail=lambda why: self._fail(why, abort_peers=False), barrier=self._barrier,
+            next_call=lambda: self._calls + 1, remote=lambda: bool(self._net is not None and self._net.remote),
+            error=CommunicatorError)
         self._calls = self._seq = 0
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
         self._call_plans: dict = {}
@@ -677,128 +680,18 @@ class Communicator:
         ``send_counts`` (instead of ``counts``): this rank's row only, ``send_counts[d]`` elements
         to rank ``d`` (host memory: a list, numpy array or CPU tensor), as a MoE router gives each
         rank. The ranks exchange their rows through their host segments at a barrier of the call
-        (:meth:`_gather_rows`), every rank assembles the same matrix, and the call goes on as with
+        (:meth:`RankAllToAllv.gather_rows <hccc.runtime.alltoallv_call.RankAllToAllv.gather_rows>`), every rank assembles the same matrix, and the call goes on as with
         ``counts`` (checked against this rank's buffers, digests compared): a rank that passes
         ``counts`` while the others pass rows fails the call on every rank. Displacements packed;
         ranks on one node (across nodes the host segments' mirrors do not carry the rows). With
         ``device_counts=True`` the row is ``nranks`` int64 in device memory and never read on the
         host: a first AllToAllv call of the same program gathers the rows into a matrix on the
-        device (:meth:`_gather_rows_on_device`), which the call then reads as device counts."""
+        device (:meth:`~hccc.runtime.alltoallv_call.RankAllToAllv.gather_rows_on_device`), which
+        the call then reads as device counts."""
         self._check_usable()
-        method = "all_to_all_v"
-        self._check_v_arguments(method, counts, sdispls, rdispls, device_counts, send_counts)
-        if send_counts is not None and not device_counts:
-            counts = self._gather_rows(send_counts, method)
-        inplace = out is None
-        if inplace and True not in self.ir.placements:
-            raise CommunicatorError(f"{self.ir.name} is proven out of place only; pass out=")
-        bx, bo = call_arrays(method, x, out, self._pf.name, same_buffer=inplace)
-        if not inplace and bx.overlaps(bo, ELEMENT_BYTES[bx.dtype]):
-            raise ValueError(f"{method}: input and output overlap; pass out=None for an in-place call")
-        vm, tables = self._vtables(inplace)
-        map_p = self._v.put(("map", inplace), tables[self.rank], keep=True)
-        if device_counts:
-            cnt_p = (self._gather_rows_on_device(send_counts, method) if send_counts is not None
-                     else self._device_array(counts, self.world_size ** 2, f"{method}: counts", "device counts"))
-            vcall = VCall(cnt_p, 0, map_p, -(-max(bx.n, bo.n) // vm.k))   # no piece exceeds a buffer
-        else:
-            try:
-                hc = HostCounts.check(counts, self.world_size, vm.k,
-                                      [bx.n if r == self.rank else None for r in range(self.world_size)],
-                                      [bo.n if r == self.rank else None for r in range(self.world_size)],
-                                      sdispls, rdispls, inplace)
-            except av.CountsError as exc:
-                # the peers are told (this rank's state), so they fail at the call's barrier at once
-                # instead of waiting for a rank that will not come
-                raise self._fail(f"{method} #{self._calls + 1}: {exc}", abort_peers=False) from None
-            vcall = VCall(self._v.put("counts", hc.counts.ravel()),
-                          self._v.put("displs", hc.displs) if hc.given else 0, map_p, hc.slot, hc.digest)
-        if self._pf.name != "cpu":
-            sync_caller(x)
-        self._run(method, max(vcall.slot, 1) * vm.k * self.world_size, bx.dtype, "sum", bx.ptr, bo.ptr,
-                  v=vcall)
-        return x if inplace else out
-
-    def _check_v_arguments(self, method, counts, sdispls, rdispls, device_counts, send_counts) -> None:
-        """The combinations of an AllToAllv call's counts arguments, and an AllToAll program."""
-        if send_counts is not None:
-            if counts is not None:
-                raise ValueError(f"{method}: pass counts (the whole matrix) or send_counts (this rank's "
-                                 "row), not both")
-            if sdispls is not None or rdispls is not None:
-                raise ValueError(f"{method}: send_counts takes packed displacements only")
-            if not device_counts and (hasattr(send_counts, "__cuda_array_interface__")
-                                      or getattr(send_counts, "is_cuda", False)):
-                raise ValueError(f"{method}: send_counts lives on the GPU: pass device_counts=True (the rows "
-                                 "are gathered on the device), or a host row")
-        if not SPECS[self.collective].per_pair_counts:
-            raise CommunicatorError(f"{self.ir.name} implements {self.collective}, not an AllToAll: "
-                                    "all_to_all_v needs an AllToAll program")
-        if device_counts and (sdispls is not None or rdispls is not None):
-            raise ValueError(f"{method}: device counts take packed displacements only")
-
-    def _device_array(self, a, n: int, what: str, name: str) -> int:
-        """The address of ``a``, ``n`` int64 elements in the memory the kernels run in."""
-        kind = device_kind(self._pf.name)
-        b = _as_buf(a, what)
-        if b.dtype != "int64" or b.n != n or b.device != kind:
-            raise ValueError(f"{what.split(':')[0]}: {name} must be {n} int64 elements on "
-                             f"{'the host' if kind == 'cpu' else 'the GPU'}, not {b.n} {b.dtype} on {b.device}")
-        return b.ptr
-
-    def _gather_rows(self, row, method: str) -> np.ndarray:
-        """The counts matrix of an ``all_to_all_v(send_counts=row)`` call: every rank posts its row
-        in its host segment, stamped with the call's number, and after a barrier reads every
-        peer's (:meth:`HostSegments.rows`). A peer whose row is not stamped with this call made
-        another call: every rank fails. A row this rank cannot use fails the call here (the peers
-        see the failure at the barrier)."""
-        N, call = self.world_size, self._calls + 1
-        if self._net is not None and self._net.remote:
-            raise CommunicatorError(f"rank {self.rank}: {method}: send_counts needs every rank on one node "
-                                    "(the rows travel in the host segments, whose mirrors across nodes "
-                                    "do not carry them); pass the whole counts matrix")
-        try:
-            mine = av.as_counts(row, N, "send_counts", row=True)
-        except av.CountsError as exc:
-            raise self._fail(f"{method} #{call}: {exc}", abort_peers=False) from None
-        self._hosts.post_row(call, mine)
-        self._barrier(f"{method} #{call} (counts rows)")
-        c, missing = self._hosts.rows(call, mine)
-        if c is None:
-            raise self._fail(abort_peers=False, why=
-                f"{method} #{call}: rank {missing} did not pass its counts row for this call (every rank "
-                "must pass send_counts=, or every rank the whole matrix)")
-        return c
-
-    def _gather_rows_on_device(self, row, method: str) -> int:
-        """The counts matrix of an ``all_to_all_v(send_counts=row, device_counts=True)`` call, in
-        device memory, assembled with no host read of any row: one AllToAllv call of the program
-        itself (int64 kernels) that gathers every rank's row into the whole matrix on every rank
-        (:func:`~hccc.runtime.alltoallv_call.gather_rows_counts`; its counts and displacements are
-        constants every rank knows, uploaded once)."""
-        N = self.world_size
-        row_p = self._device_array(row, N, f"{method}: send_counts", "device send_counts")
-        vm, tables = self._vtables(False)
-        hc = gather_rows_counts(N, vm.k)
-        vcall = VCall(self._v.put("rows counts", hc.counts.ravel(), keep=True),
-                      self._v.put("rows displs", hc.displs, keep=True),
-                      self._v.put(("map", False), tables[self.rank], keep=True), hc.slot, hc.digest)
-        mat_p = self._v.put("rows matrix", np.zeros(N * N, np.int64), keep=True)
-        if self._pf.name != "cpu":
-            sync_caller(row)
-        self._run(f"{method} (gathering the counts rows)", hc.equal, "int64", "sum", row_p, mat_p, v=vcall)
-        return mat_p
-
-    def _vtables(self, inplace: bool):
-        """The program's AllToAllv block-piece tables (:func:`~hccc.runtime.alltoallv_call.block_tables`), once."""
-        from hccc.compiler.ir.vblocks import VBlockError
-        cache_ = self.__dict__.setdefault("_vcache", {})
-        if inplace not in cache_:
-            try:
-                cache_[inplace] = block_tables(self.ir, inplace)
-            except VBlockError as exc:
-                raise CommunicatorError(f"{self.ir.name} cannot run as an AllToAllv: {exc}") from None
-        return cache_[inplace]
+        self._vcalls.call(x, out, counts, sdispls=sdispls, rdispls=rdispls, device_counts=device_counts,
+                          send_counts=send_counts)
+        return x if out is None else out
 
     # ------------------------------------------------------------------ teardown
     def _release(self) -> None:
