@@ -32,7 +32,7 @@ from hccc.runtime.platform import Platform, PlatformError
 from hccc.runtime.rank_kernels import RankKernels
 from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, grid_argument,
                                       synchronize_in_background)
-from hccc.runtime.rank_platforms import rank_groups, rank_platforms, resolve_platforms
+from hccc.runtime.rank_platforms import ranks_by_platform, rank_platforms, resolve_platforms
 from hccc.runtime.run_buffers import RunBuffers
 from hccc.util import dtypes as dtypes_table
 
@@ -82,7 +82,7 @@ class RankGroup:
         self._direct_receives: int | None = None
         try:
             self.rank_platform = rank_platforms(ir.nranks, backend, platforms)
-            self.library_ranks = rank_groups(self.rank_platform)
+            self.library_ranks = ranks_by_platform(self.rank_platform)
             self.platforms = resolve_platforms(ir, backend, self.library_ranks, self._owned)
             self.rank_pf: list[Platform] = [self.platforms[p] for p in self.rank_platform]
             self.platform = self.rank_pf[0] if ir.nranks else next(iter(self.platforms.values()), None)

@@ -61,7 +61,7 @@ def rank_platforms(nranks: int, backend, platforms) -> list[str]:
     return out
 
 
-def rank_groups(rank_platform: list[str]) -> dict[str, list[int]]:
+def ranks_by_platform(rank_platform: list[str]) -> dict[str, list[int]]:
     """Manifest platform -> its ranks, platforms in name order."""
     groups: dict[str, list[int]] = {}
     for r, p in enumerate(rank_platform):
@@ -104,7 +104,7 @@ def _backend_spec(ir: ProgramIR, backend, groups: dict[str, list[int]], owned: l
 
 def resolve_platforms(ir: ProgramIR, backend, groups: dict[str, list[int]], owned: list) -> dict[str, Platform]:
     """Manifest platform -> Platform object for every platform of ``groups``
-    (:func:`rank_groups`); refuses mappings that cannot run (a platform that cannot run those
+    (:func:`ranks_by_platform`); refuses mappings that cannot run (a platform that cannot run those
     sources, platforms without shared memory). Platforms this makes are appended to ``owned``."""
     spec = _backend_spec(ir, backend, groups, owned)
     # memory: FIFOs live in the receiver's memory, flags in rank 0's: every pair must share it
@@ -155,5 +155,5 @@ def refuse_unshared(ir: ProgramIR, groups: dict[str, list[int]], names: dict[str
         "ranks of each platform in their own process")
 
 
-__all__ = ["MANIFEST_PLATFORMS", "rank_ranges", "platform_label", "rank_platforms", "rank_groups",
+__all__ = ["MANIFEST_PLATFORMS", "rank_ranges", "platform_label", "rank_platforms", "ranks_by_platform",
            "resolve_platforms", "refuse_unshared"]
