@@ -5,7 +5,7 @@ oracle (hccc.runtime.alltoallv.expected) moving the blocks one by one."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from hccc.runtime import alltoallv as av
@@ -13,11 +13,16 @@ from hccc.runtime.alltoallv_call import HostCounts, VCall, buffer_lengths, count
 from hccc.runtime.kernel_abi import Args
 
 
+#: examples per property: each is a few numpy operations on a matrix of at most 5 x 5
+_EXAMPLES = settings(max_examples=30)
+
+
 def _matrices(max_n=5, max_count=9):
     return st.integers(1, max_n).flatmap(
         lambda n: hnp.arrays(np.int64, (n, n), elements=st.integers(0, max_count)))
 
 
+@_EXAMPLES
 @given(_matrices())
 def test_packed_buffers_are_the_row_and_column_sums(c):
     send, recv = buffer_lengths(c)
@@ -27,6 +32,7 @@ def test_packed_buffers_are_the_row_and_column_sums(c):
     assert hc.slot == int(((c + 1) // 2).max()) and hc.equal == hc.slot * 2 * len(c)
 
 
+@_EXAMPLES
 @given(_matrices())
 def test_in_place_buffers_hold_both_sides(c):
     c = c + c.T                                    # in place needs symmetric counts
@@ -35,6 +41,7 @@ def test_in_place_buffers_hold_both_sides(c):
     assert send == [max(int(a), int(b)) for a, b in zip(c.sum(axis=1), c.sum(axis=0))]
 
 
+@_EXAMPLES
 @given(_matrices(), st.data())
 def test_digest_tells_matrices_apart(c, data):
     d = counts_digest(c)
@@ -47,6 +54,7 @@ def test_digest_tells_matrices_apart(c, data):
     assert counts_digest(c, av.device_displs(sd, rd)) != d   # displacements passed: another call
 
 
+@_EXAMPLES
 @given(st.integers(1, 6), st.integers(1, 4), st.data())
 def test_gathering_rows_gives_every_rank_the_matrix(n, k, data):
     """Every rank sends its whole row to every rank; what each receives, moved block by block by
