@@ -382,9 +382,10 @@ class Communicator(ProcessRank):
         ``send_counts`` (instead of ``counts``): this rank's row only, ``send_counts[d]`` elements
         to rank ``d`` (host memory: a list, numpy array or CPU tensor), as a MoE router gives each
         rank. The ranks exchange their rows through their host segments at a barrier of the call
-        (:meth:`RankAllToAllv.gather_rows <hccc.runtime.alltoallv_call.RankAllToAllv.gather_rows>`), every rank assembles the same matrix, and the call goes on as with
-        ``counts`` (checked against this rank's buffers, digests compared): a rank that passes
-        ``counts`` while the others pass rows fails the call on every rank. Displacements packed;
+        (:meth:`~hccc.runtime.alltoallv_call.RankAllToAllv.gather_rows`), every rank assembles the
+        same matrix, and the call goes on as with ``counts`` (checked against this rank's buffers,
+        digests compared): a rank that passes ``counts`` while the others pass rows fails the call
+        on every rank. Displacements packed;
         ranks on one node (across nodes the host segments' mirrors do not carry the rows). With
         ``device_counts=True`` the row is ``nranks`` int64 in device memory and never read on the
         host: a first AllToAllv call of the same program gathers the rows into a matrix on the

@@ -176,9 +176,10 @@ class RankGroup:
                  warmup: int, iters: int, verify=None, checks: int = 1, keep: bool = False,
                  out_lens=None, vcall=None):
         """One run's launches of ``call``: allocate each rank's buffers (``lay``: layout rows,
-        :func:`~hccc.runtime.launcher.program_layout`), fill every rank's arguments (``vcall(rank, stage)``: an AllToAllv call's
-        :class:`~hccc.runtime.alltoallv_call.VCall` of the rank, ``stage(array)`` putting an array
-        in the rank's memory for this run), launch ``warmup + iters`` times, then read the outputs
+        :func:`~hccc.runtime.launcher.program_layout`), fill every rank's arguments
+        (``vcall(rank, stage)``: an AllToAllv call's :class:`~hccc.runtime.alltoallv_call.VCall`
+        of the rank and whether its pieces use scratch, ``stage(array)`` putting an array in the
+        rank's memory for this run), launch ``warmup + iters`` times, then read the outputs
         (``out_lens``: elements per rank, default the layout's) when asked to ``keep`` them or
         ``verify(outputs)`` them, the latter after ``checks`` launches each. Returns (times in us,
         why the last launch stuck or None, the first outputs read or None, the verdicts). The
