@@ -29,13 +29,17 @@ is the same recipe for one rank with the slot's whole share as its slice.
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from hccc.compiler.backend import abi
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
-from hccc.runtime.kernel_abi import Args, GridArgs, TableArgs, TableGridArgs, conn_table
+from hccc.runtime.kernel_abi import Args, ErrorRecord, GridArgs, TableArgs, TableGridArgs, conn_table
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 
 if TYPE_CHECKING:   # annotations only
@@ -368,5 +372,57 @@ class RankMemory:
             self.platform.memset(fifo, 0, abi.ORPHAN_HEADER + (self.plan.fifo_bytes if slots else 0))
 
 
+# ============================================================================ a launch's flags
+class LaunchFlags:
+    """The abort flag and the error record the kernels of a launch share: the abort flag at
+    ``abort``, host memory the host raises with a plain store (a copy could queue behind the
+    spinning kernels), and the error record (:class:`~hccc.runtime.kernel_abi.ErrorRecord`, the
+    first rank to give up claims it) at ``error`` in ``platform``'s memory. Both launchers clear
+    them before every launch and read them after it."""
+
+    def __init__(self, platform: "Platform", abort: int, error: int):
+        self.platform, self.abort, self.error = platform, int(abort), int(error)
+
+    def clear(self) -> None:
+        """Lower the abort flag and zero the error record (before a launch)."""
+        ctypes.c_uint32.from_address(self.abort).value = 0
+        self.platform.memset(self.error, 0, ctypes.sizeof(ErrorRecord))
+
+    def raise_abort(self) -> None:
+        """Raise the abort flag: a plain store, which no queued copy or kernel can hold back."""
+        ctypes.c_uint32.from_address(self.abort).value = 1
+
+    @property
+    def aborted(self) -> bool:
+        return ctypes.c_uint32.from_address(self.abort).value != 0
+
+    def record(self) -> ErrorRecord:
+        """The error record as the kernels left it."""
+        raw = np.zeros(ctypes.sizeof(ErrorRecord), dtype=np.uint8)
+        self.platform.memcpy_dtoh(raw, self.error)
+        return ErrorRecord.from_buffer_copy(raw.tobytes())
+
+
+def synchronize_in_background(platforms, name: str):
+    """Wait for every launch on ``platforms`` in a daemon thread, so that the caller can watch a
+    deadline (and its peers) meanwhile: (an Event set when done, the list that receives the
+    exception a synchronize raised, the thread)."""
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def waiter():
+        try:
+            for pf in platforms:
+                pf.synchronize()
+        except BaseException as exc:     # reported by the caller, in its own thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=waiter, name=name, daemon=True)
+    thread.start()
+    return done, failure, thread
+
+
 __all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "LaunchCall", "grid_argument",
-           "RankPlan", "RankMemory"]
+           "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background"]

@@ -291,6 +291,7 @@ def test_a_call_leaves_no_thread_of_its_own(tmp_path, monkeypatch):
     import threading
     import types
     from hccc.runtime import communicator as mod
+    from hccc.runtime import rank_memory     # the waiter: rank_memory.synchronize_in_background
 
     class Lingering(threading.Event):           # the waiter is late to end after reporting
         def set(self):
@@ -301,8 +302,8 @@ def test_a_call_leaves_no_thread_of_its_own(tmp_path, monkeypatch):
     ir = build_program(gen.ring_allreduce(1), chunk_bytes=256)
     with mod.Communicator(ir, rank=0, world_size=1, init_method=f"file://{tmp_path}/store",
                           timeout_s=20, kernel_timeout_s=10) as comm:
-        monkeypatch.setattr(mod, "threading", types.SimpleNamespace(Event=Lingering,
-                                                                    Thread=threading.Thread))
+        monkeypatch.setattr(rank_memory, "threading", types.SimpleNamespace(Event=Lingering,
+                                                                            Thread=threading.Thread))
         x = np.arange(64, dtype=np.float32)
         assert np.array_equal(comm.all_reduce(x), np.arange(64, dtype=np.float32))
         assert [t.name for t in threading.enumerate() if t.name == "hccc-comm-wait"] == []

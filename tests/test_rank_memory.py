@@ -11,10 +11,13 @@ import ctypes
 import json
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from hccc.compiler.backend import abi
 from hccc.compiler.backend.table_codegen import generate_table
@@ -200,3 +203,87 @@ def test_simulator_slots_are_the_abi_s():
     from hccc.runtime import simulator
     assert simulator.NSLOTS is abi.NSLOTS or simulator.NSLOTS == abi.NSLOTS
     assert "NSLOTS = " not in Path(simulator.__file__).read_text()
+
+
+# ---------------------------------------------------------------------------- packing, by hand
+_ADDR = st.integers(0, (1 << 64) - 1)
+_RING2 = build_program(gen.ring_allreduce(2), chunk_bytes=256)
+
+
+@given(_ADDR, _ADDR, st.integers(0, (1 << 63) - 1))
+def test_grid_arguments_against_an_independent_layout(ranks, first, nranks):
+    """``hccc_grid_args`` is ``{const hccc_args* ranks; int64_t nranks}`` and
+    ``hccc_table_grid_args`` ``{const hccc_table_args* ranks; const int32_t* first; int64_t
+    nranks}`` (hccc_prims.h, hccc_table.h): little-endian, 8-byte members, no padding. Written here
+    with struct, independently of the ABI records the runtime packs them from."""
+    assert grid_argument(ranks, nranks) == struct.pack("<Qq", ranks, nranks)
+    assert grid_argument(ranks, nranks, first=first) == struct.pack("<QQq", ranks, first, nranks)
+
+
+@given(_ADDR)
+def test_table_argument_is_the_rank_s_arguments_then_its_table(table):
+    """``hccc_table_args`` is ``{hccc_args a; const uint8_t* table}``: the rank's arguments, then
+    the address of its table (8 bytes, little-endian)."""
+    plan = RankPlan(rank=0, recv_conns=(), send_conns=(), progress_slots=1, nslots=abi.NSLOTS,
+                    slot_bytes=64)
+    pf = _Memory()
+    mem = RankMemory(plan, pf, pf.malloc)
+    mem.connect([plan], lambda peer: (0, 0))
+    args = mem.args(LaunchCall.plan(_RING2, 64, 4, 256), input=1, output=2, scratch=3, abort_flag=4,
+                    error=5, timeout_s=0)
+    assert mem.argument(args) == bytes(args)
+    mem.table = table
+    assert mem.argument(args) == bytes(args) + struct.pack("<Q", table)
+
+
+# ---------------------------------------------------------------------------- both launchers
+_VALUE_FIELDS = ("count", "timeout", "slice_bytes", "proto", "ll_epoch", "vcounts", "vdispls", "vmap", "vslot")
+
+
+@needs_gxx
+@pytest.mark.parametrize("codegen", ["specialized", "table"])
+def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, codegen):
+    """The same program and calls through the single-process Runner and a one-rank Communicator:
+    every launch's argument has the same values (count, spin-wait limit, slice, protocol, LL
+    epoch; in table mode the table's address after it), and its addresses are each launcher's own
+    rank memory (connection tables, progress counters, flags, table)."""
+    from communicator_calls import require_torch
+    require_torch()
+    from hccc.runtime.communicator import Communicator
+    from hccc.runtime.cpu import CpuPlatform
+    from hccc.runtime.launcher import Runner
+    seen = []
+    real = CpuPlatform.launch
+
+    def record(self, fn, grid, block, args, stream):
+        seen.append(bytes(args))
+        return real(self, fn, grid, block, args, stream)
+    monkeypatch.setattr(CpuPlatform, "launch", record)
+    ir = build_program(gen.ring_allreduce(1), chunk_bytes=256)
+    calls = [(100, "ll"), (100, "ll"), (64, "simple"), (100, "ll")]
+    with Runner(ir, "cpu", timeout_s=7, codegen=codegen, one_grid=False) as runner:
+        for count, proto in calls:
+            assert runner.run(count=count, proto=proto).ok
+        mine = [(runner.rank_mem[0], runner.flags)]
+    n_runner = len(seen)
+    with Communicator(ir, rank=0, world_size=1, init_method=f"file://{tmp_path}/store", codegen=codegen,
+                      timeout_s=20, kernel_timeout_s=7) as comm:
+        for count, proto in calls:
+            comm.proto = proto
+            x = np.arange(count, dtype=np.float32)
+            assert np.array_equal(comm.all_reduce(x), np.arange(count, dtype=np.float32))
+        mine.append((comm._mem, comm.flags))
+    assert n_runner == len(calls) and len(seen) == 2 * len(calls)
+    size = ctypes.sizeof(kernel_abi.Args)
+    for i in range(len(calls)):
+        got = []
+        for blob, (mem, flags) in ((seen[i], mine[0]), (seen[n_runner + i], mine[1])):
+            a = kernel_abi.Args.from_buffer_copy(blob[:size])
+            assert (a.send_conns, a.recv_conns, a.progress) == (mem.send_tab, mem.recv_tab, mem.progress)
+            assert (a.abort_flag, a.error) == (flags.abort, flags.error)
+            if codegen == "table":
+                assert len(blob) == size + 8 and struct.unpack("<Q", blob[size:])[0] == mem.table
+            else:
+                assert len(blob) == size
+            got.append({f: getattr(a, f) for f in _VALUE_FIELDS})
+        assert got[0] == got[1], (i, calls[i])

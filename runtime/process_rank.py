@@ -1,0 +1,392 @@
+"""One rank of a job in this process (the :class:`~hccc.runtime.communicator.Communicator` is this
+plus its bootstrap and the collective calls): its platform and kernel, the memory it owns
+(:class:`~hccc.runtime.rank_memory.RankMemory`), its flags and host segment
+(:class:`~hccc.runtime.host_segment.HostSegments`), and one launch of it: the call planned once per
+shape through the one per-call recipe (:class:`~hccc.runtime.rank_memory.LaunchCall`), posted and
+compared with every peer's at a host barrier, the counters reset, a second barrier (nobody sends
+into a FIFO before its receiver has reset it), the launch, and the wait for the kernel while the
+host watches its peers: a peer that died, closed or failed raises this rank's abort flag, a failure
+of this rank raises every peer's, and every rank then gets a :class:`CommunicatorError` naming the
+cause.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from hccc.compiler.backend.abi import resolve_proto
+from hccc.compiler.frontend.collectives import SPECS
+from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
+from hccc.runtime.host_segment import HostSegments, call_type
+from hccc.runtime.kernel_abi import ErrorRecord
+from hccc.runtime.launcher import ELEMENT_BYTES, describe_stuck, fit_block_threads, program_layout
+from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
+from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, launch_proto,
+                                      synchronize_in_background)
+
+#: the collective each method runs (ProgramIR collective names)
+METHODS = {name: spec.method for name, spec in SPECS.items()}
+_COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
+#: the CPU emulation's shared flags block: the abort flag at 0, the error record at 64
+_FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
+#: how often the wait for this rank's kernel looks at its peers
+_WATCH_S = 0.02
+#: calls of distinct shapes whose plan (protocol, slice, layout) a communicator keeps: a training
+#: job makes a handful of shapes (DDP's buckets, FSDP's shards), each planned once; planning a
+#: call (the slice model) took about 0.3 ms of a 4 KiB AllReduce's 8 ms on the CPU emulation
+_PLAN_CACHE_MAX = 256
+
+
+class CommunicatorError(RuntimeError):
+    """A collective or the set-up failed (message for the user); the communicator is unusable."""
+
+
+class ProcessRank:
+    """This process's rank of a job: what :class:`~hccc.runtime.communicator.Communicator` sets up
+    through its bootstrap (``ir``, ``rank``, ``world_size``, the generated program, the peers'
+    host segments) and launches on every collective call; see the module docstring. Made with
+    the FIFO protocol asked for (``proto``), how long barriers and calls wait for the peers
+    (``timeout_s``) and the kernel's own spin-wait limit (``kernel_timeout_s``); nothing is
+    allocated until the set-up calls :meth:`_allocate`."""
+
+    def __init__(self, proto: str, timeout_s: float, kernel_timeout_s: float):
+        self.proto = proto                # ValueError for anything but auto / simple / ll
+        #: the FIFO protocol the last call ran ("simple" or "ll"; None before the first call)
+        self.last_proto: str | None = None
+        #: why the last call's protocol is not the one ``proto`` asked for, or None
+        self.proto_note: str | None = None
+        #: the micro-batch slice (bytes) of the last call (None before the first call)
+        self.last_slice_bytes: int | None = None
+        self._closed, self._broken = False, None
+        self._net = self._pf = self._mem = self._hosts = self._scratch = self._abort = None
+        self._owned_pf = False
+        # what release() gives back: exported and imported segments, allocations, host flags
+        self._segments_own, self._imported, self._allocs, self._host_flag_ptrs = [], [], [], []
+        self._peer_flags: dict[int, int] = {}
+        #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
+        self._call_plans: dict = {}
+        self.timeout_s = float(timeout_s)
+        self.kernel_timeout_s = float(kernel_timeout_s)
+        #: a word the caller sets before a call that every rank's call must match (0: none): what
+        #: the caller was asked for beyond this call's collective, count, dtype and op (the torch
+        #: backend's description of the call: AVG and SUM run the same kernel)
+        self.call_tag = 0
+        #: a callable the waits poll (host barriers, the kernel's run): a reason to give up (a peer
+        #: that is making another call elsewhere), or None
+        self.watch = None
+
+    def _platform(self, backend, device, cache_dir) -> Platform:
+        """The Platform object of this rank, its device chosen."""
+        mine = self.rank_platform[self.rank]
+        if isinstance(backend, Platform):
+            pf = backend
+        elif backend == "cpu":
+            from hccc.runtime.cpu import CpuPlatform
+            pf = CpuPlatform(source_platform=mine, cache_dir=cache_dir)
+        else:
+            pf = get_platform(str(backend))
+        self._owned_pf = pf is not backend
+        if not pf.runs_sources(mine):
+            raise CommunicatorError(f"rank {self.rank} is a {mine.upper()} rank; the {pf.name} "
+                                    "platform cannot run it")
+        if device is None:
+            lr = os.environ.get("LOCAL_RANK", "")
+            device = int(lr) if lr.isdigit() else self.rank
+        self.device = int(device) % max(1, pf.device_count())
+        pf.set_device(self.device)
+        return pf
+
+    def _exported(self, n: int) -> int:
+        p = self._pf.ipc_malloc(n)
+        self._segments_own.append(p)
+        return p
+
+    def _local(self, n: int, peer: bool = False) -> int:
+        p = self._pf.malloc_peer(n) if peer else self._pf.malloc(n)
+        self._allocs.append(p)
+        return p
+
+    def _allocate(self) -> None:
+        """What this rank owns (:class:`RankMemory`: the control block and receive FIFOs exported
+        to the peers, orphan FIFOs and connection tables local; its table in table mode), its
+        flags, its host segment and its stream."""
+        pf = self._pf
+        self._mem = mem = RankMemory(self._plans[self.rank], pf, self._exported, self._local,
+                                     lambda n: self._local(n, peer=True))
+        self._shared_flags = pf.name == "cpu"
+        if self._shared_flags:
+            # abort flag and error record in shared memory every peer maps
+            self._flags = self._exported(_FLAGS_BYTES)
+            self._abort, self._error = self._flags, self._flags + 64
+        else:
+            # abort flag: pinned, mapped host memory of this process; error record: device memory
+            self._abort = pf.host_flags(64)
+            self._host_flag_ptrs.append(self._abort)
+            self._error = self._local(ctypes.sizeof(ErrorRecord))
+            self._flags = None
+        self.flags = LaunchFlags(pf, self._abort, self._error)
+        if self.codegen == "table":
+            try:
+                mem.load_table(self._prog.tables([self.rank])[self.rank])
+            except PlatformError as exc:
+                raise CommunicatorError(f"rank {self.rank}: {exc}") from None
+        self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s)
+        self._stream = pf.stream()
+        self._vcalls = RankAllToAllv(
+            self.ir, self.rank, self.world_size, pf, Staging(pf, self._allocs), self._hosts, run=self._run,
+            fail=lambda why: self._fail(why, abort_peers=False), barrier=self._barrier,
+            next_call=lambda: self._calls + 1, remote=lambda: bool(self._net is not None and self._net.remote),
+            error=CommunicatorError)
+        self._calls = self._seq = 0
+        #: LL flag epochs of this rank's FIFOs: every rank derives the same from the same calls
+        #: (compared per call), so the slots are zeroed only at the first LL call, after Simple
+        #: calls and when the epochs wrap (:mod:`hccc.runtime.ll_epoch`)
+        self.ll_epochs = LLEpochs()
+
+    def _kernel(self, dtype: str, op: str):
+        key = (dtype, op)
+        if key not in self._kernels:
+            pf, prog = self._pf, self._prog
+            lib = pf.build(prog.gendir, prog.manifest, Instance(dtype, op), ranks=[self.rank])
+            fn = pf.load(lib).function(prog.kernel_symbol(self.rank, dtype, op))
+            if self._auto_threads and self.grid > 0:   # fewer threads per block until the grid fits
+                flavour = self.rank_platform[self.rank]
+                self.block, note = fit_block_threads(
+                    self.block, flavour, lambda b: self.grid <= pf.max_resident_blocks(fn, b),
+                    least=pf.least_block_threads(flavour))
+                self.threads_note = note or self.threads_note
+            if self.grid > 0 and self.grid > pf.max_resident_blocks(fn, self.block):
+                raise CommunicatorError(
+                    f"rank {self.rank}'s kernel needs {self.grid} thread blocks of {self.block} "
+                    f"threads resident at once; at most {pf.max_resident_blocks(fn, self.block)} fit")
+            self._kernels[key] = fn
+        return self._kernels[key]
+
+    # ------------------------------------------------------------------ failure detection
+    def _fail(self, why: str, *, abort_peers: bool = True) -> CommunicatorError:
+        """Mark this communicator broken, tell the peers (state and reason; abort flags when they
+        may be waiting for this rank's kernel), return the error."""
+        self._broken = why
+        if self._hosts is not None:
+            self._hosts.report_failure(why)
+        if abort_peers:
+            self._abort_peers()
+        return CommunicatorError(f"rank {self.rank}: {why}")
+
+    def _abort_peers(self) -> None:
+        """Raise the peers' abort flags where they are mapped here (CPU emulation: shared
+        memory). On CUDA / HIP they are not: every peer's host watch sees this rank's failed state
+        in its host segment and raises its own flag."""
+        for f in self._peer_flags.values():
+            ctypes.c_uint32.from_address(f).value = 1
+
+    def _barrier(self, what: str) -> None:
+        """Host barrier through the host segments, watching the peers (:meth:`HostSegments.barrier`)."""
+        why = self._hosts.barrier(what, self.watch)
+        if why:
+            raise self._fail(why, abort_peers=False)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise CommunicatorError("the communicator is closed")
+        if self._broken:
+            raise CommunicatorError(f"rank {self.rank}: the communicator is unusable after an earlier "
+                                    f"failure: {self._broken}")
+
+    # ------------------------------------------------------------------ one collective
+    def _run(self, method: str, count: int, dtype: str, op: str, in_p: int, out_p: int, v=None) -> None:
+        """One launch of ``count`` elements (the full buffer), the one per-call recipe
+        (:mod:`hccc.runtime.rank_memory`); ``v``: an AllToAllv call's
+        :class:`~hccc.runtime.alltoallv_call.VCall` (``count`` is then its equal-size stand-in,
+        which sizes slice and protocol)."""
+        pf, ir = self._pf, self.ir
+        fn = self._kernel(dtype, op)
+        es = ELEMENT_BYTES[dtype]
+        call, lay = self._plan(count, es)
+        self.last_proto, self.proto_note, self.last_slice_bytes = call.proto, call.note, call.slice_bytes
+        epoch, zero = call.launch(self.ll_epochs)
+        self._calls += 1
+        what = f"{method} #{self._calls}"
+        self._hosts.post_call(self._calls, _COLL_CODE[ir.collective], count,
+                              call_type(dtype, op, call.proto, epoch, zero), self.call_tag,
+                              v.digest if v is not None else 0)
+        self._barrier(what)       # every rank finished its previous call
+        why = self._hosts.call_mismatch(what)
+        if why:
+            raise self._fail(why, abort_peers=False)
+        self._mem.reset(slots=zero)     # LL: zeroes only when no epoch keeps old lines apart
+        if self._net is not None and not self._net.reset(self.timeout_s):
+            raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
+        self.flags.clear()
+        scr = self._scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
+        try:           # every rank makes this call (compared above): every rank refuses it
+            call.check(ir)
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {what}: {exc}") from None
+        args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self._abort,
+                              error=self._error, timeout_s=self.kernel_timeout_s, epoch=epoch)
+        if v is not None:
+            v.apply(args, ir.scratch_chunks > 0)
+        self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
+        if self._net is not None:
+            self._net.shape(self.slot_bytes, ir.max_step_chunks, call.slice_bytes)
+        if self.grid > 0:
+            pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
+        self._wait(method)
+
+    def _plan(self, count: int, es: int):
+        """The call's protocol, slice and message bound (the one recipe:
+        :meth:`hccc.runtime.rank_memory.LaunchCall.plan`) and this rank's layout row, planned once
+        per call shape: every input to them is the shape, the protocol asked for and what the
+        communicator fixed when it was made."""
+        key = (count, es, self._proto)
+        got = self._call_plans.get(key)
+        if got is None:
+            call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
+                                   ll_refused=self._ll_refused())
+            got = self._remember(key, (call, self._layout_row(count)))
+        return got
+
+    def _layout_row(self, count: int):
+        """This rank's (input, output, scratch elements, input offset, output offset) at ``count``."""
+        got = self._call_plans.get(("layout", count))
+        return got if got is not None else self._remember(("layout", count),
+                                                          program_layout(self.ir, count)[self.rank])
+
+    def _remember(self, key, value):
+        if len(self._call_plans) >= _PLAN_CACHE_MAX:
+            self._call_plans.clear()
+        self._call_plans[key] = value
+        return value
+
+    @property
+    def proto(self) -> str:
+        """The FIFO protocol asked for: ``"auto"``, ``"simple"`` or ``"ll"`` (see the class)."""
+        return self._proto
+
+    @proto.setter
+    def proto(self, value: str) -> None:
+        resolve_proto(value, 0)           # ValueError for anything else
+        self._proto = value
+
+    def _choose_proto(self, nbytes: int) -> str:
+        """The FIFO protocol of a call of ``nbytes`` (full buffer) under :attr:`proto`; sets
+        :attr:`last_proto` and :attr:`proto_note`. Every rank computes it from the same call and
+        the same job, and the call check compares it."""
+        proto, note = launch_proto(self.ir, self.proto, nbytes, self.chunk_bytes, self._ll_refused())
+        self.last_proto, self.proto_note = proto, note
+        return proto
+
+    def _ll_refused(self) -> str | None:
+        """Why this job cannot run LL at all, or None."""
+        if self._net is None:
+            return None
+        return ("a job across nodes runs Simple: the network proxy forwards a FIFO slot when its tail "
+                "advances, and LL messages post no tail")
+
+    def _scratch_ptr(self, nbytes: int) -> int:
+        if self._scratch is None or self._scratch[1] < nbytes:
+            if self._scratch is not None:
+                self._pf.free(self._scratch[0])
+            self._scratch = (self._pf.malloc(max(nbytes, 16)), max(nbytes, 16))
+        return self._scratch[0]
+
+    def _wait(self, method: str) -> None:
+        """Wait for this rank's kernel, watching the peers; raise on any failure."""
+        done, failure, waiting = synchronize_in_background([self._pf], "hccc-comm-wait")
+        limit = self.timeout_s + 2 * self.kernel_timeout_s
+        deadline = time.monotonic() + limit
+        cause = None
+        while not done.wait(_WATCH_S):
+            bad = self._hosts.peer_problem(self._calls, self.watch)
+            if bad and cause is None:
+                cause = bad
+                self.flags.raise_abort()            # abort this rank's kernel
+                self._abort_peers()
+            if time.monotonic() > deadline:
+                if cause is None:
+                    cause = f"kernel still running after {limit:g} s"
+                    self.flags.raise_abort()
+                if time.monotonic() > deadline + max(5.0, self.kernel_timeout_s):
+                    self._broken = f"{cause}; the kernel ignores the abort flag"
+                    raise CommunicatorError(f"rank {self.rank}: {method}: {self._broken}")
+        # the waiter has set `done` and is about to end: join it, so that a call that returns or
+        # raises leaves no thread of its own behind
+        waiting.join(max(5.0, self.kernel_timeout_s))
+        if failure:
+            raise self._fail(f"{method}: {failure[0]}")
+        rec = self.flags.record()
+        if cause is None and not self.flags.aborted and not rec.valid:
+            # a finished call's puts (the last credits) land before the counters are reset
+            if self._net is not None and not self._net.drain(self.timeout_s):
+                raise self._fail(f"{method} #{self._calls}: the network did not complete this "
+                                 f"rank's last puts within {self.timeout_s:g} s")
+            self._hosts.mark_done(self._calls)
+            return
+        what = describe_stuck(self.ir, rec, self._pf.ticks_per_us) if rec.valid else None
+        if cause is None:
+            cause = self._hosts.peer_problem(self._calls, self.watch)
+            # a peer that aborted this kernel records why once its own kernel has stopped (across
+            # nodes its state travels through the proxy): give the reason a moment to arrive
+            until = time.monotonic() + 1.0
+            while cause is None and not what and time.monotonic() < until:
+                time.sleep(0.01)
+                cause = self._hosts.peer_problem(self._calls, self.watch)
+            cause = cause or ("aborted by a peer" if not what else None)
+        raise self._fail(f"{method} #{self._calls} failed: " + "; ".join(p for p in (cause, what) if p))
+
+    # ------------------------------------------------------------------ teardown
+    def _release(self) -> None:
+        pf = self._pf
+        if self._net is not None:         # the proxy stops before the memory it reads goes
+            self._net.drain(0.5 if self._broken else 2.0)   # the last state reaches the peers
+            self._net.close()
+            self._net = None
+        if self._hosts is not None:
+            self._hosts.close()
+            self._hosts = None
+        if pf is not None and not (self._broken and "ignores the abort flag" in self._broken):
+            _quietly(pf.ipc_close, self._imported)
+            _quietly(pf.free, self._segments_own + self._allocs + self._host_flag_ptrs
+                     + ([self._scratch[0]] if self._scratch else []))
+            if self._owned_pf:
+                pf.close()
+        elif pf is not None:
+            _quietly(pf.ipc_seal, self._segments_own)    # names only: the mappings stay with the kernel
+        self._imported, self._segments_own, self._allocs, self._scratch = [], [], [], None
+        self._host_flag_ptrs = []
+
+    def close(self) -> None:
+        """Release this rank's memory and mappings (peers see the communicator closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._hosts is not None and not self._broken:
+            self._hosts.mark_closed()
+        self._release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _quietly(release, items) -> None:
+    """``release(item)`` for each item, whatever fails (teardown gives back all it can)."""
+    for p in items:
+        try:
+            release(p)
+        except Exception:
+            pass
+
+
+__all__ = ["ProcessRank", "CommunicatorError", "METHODS"]

@@ -1,0 +1,470 @@
+"""N ranks of one program in one process (the :class:`~hccc.runtime.launcher.Runner` is this plus
+the oracle): the Platform object of every rank (:mod:`hccc.runtime.rank_platforms`), the generated
+sources (:class:`~hccc.runtime.generated.GeneratedProgram`), their placement and kernels
+(:class:`~hccc.runtime.rank_kernels.RankKernels`), every rank's :class:`RankMemory`, the flags,
+streams and the one-grid argument array, and one run of them all: each rank's buffers
+(:class:`~hccc.runtime.run_buffers.RunBuffers`), its arguments through the one per-call recipe
+(:mod:`hccc.runtime.rank_memory`), launches between timers, and a host watchdog on top of the
+kernels' own timeout.
+
+Mixed-vendor programs (HetCCL-SNU's device-code split): every rank has a manifest platform, every
+manifest platform present maps to a Platform object, and each Platform object builds one library
+from exactly the sources of its ranks and launches them. A rank's buffers, counters, connection
+tables and the FIFOs it receives on live in its platform's memory and the senders of the other
+platform write into them, so every pair of platforms of one run must share memory.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from hccc.compiler.backend import abi
+from hccc.compiler.frontend.collectives import spec_of
+from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
+from hccc.runtime.interrupts import deferred_interrupts
+from hccc.runtime.kernel_abi import (WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, TableArgs,
+                                     grid_first, op_name)
+from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.platform import Platform, PlatformError
+from hccc.runtime.rank_kernels import RankKernels
+from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, grid_argument,
+                                      synchronize_in_background)
+from hccc.runtime.rank_platforms import ranks_by_platform, rank_platforms, resolve_platforms
+from hccc.runtime.run_buffers import RunBuffers
+from hccc.util import dtypes as dtypes_table
+
+#: element types and reduction operators (the one table of them: hccc.util.dtypes)
+DTYPES = dtypes_table.DTYPE_NAMES
+OPS = dtypes_table.OP_NAMES
+#: the least time kernels get to end after the abort flag is raised by an interrupt or an error
+#: (the watchdog's own grace, :meth:`RankGroup._wait`: at least this, or twice the spin-wait timeout);
+#: a kernel ends at its next wait, which comes within a primitive's copy of at most one slot
+STOP_GRACE_S = 5.0
+
+
+class RankGroup:
+    """Every rank of ``ir`` in this process, built for ``dtype`` / ``op`` and set up once, launched
+    together at any size; see :class:`~hccc.runtime.launcher.Runner` for the arguments and the
+    bookkeeping attributes."""
+
+    def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
+                 op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
+                 cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None,
+                 codegen: str = "specialized", one_grid: bool | None = None, direct: str = "auto"):
+        check_codegen(codegen)
+        if direct not in DIRECT_MODES:
+            raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r} (expected one of {', '.join(DTYPES)})")
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r} (expected one of {', '.join(OPS)})")
+        if spec_of(ir.collective).reduces:
+            dtypes_table.check_instance(dtype, op)
+        else:
+            op = "sum"   # a collective that reduces nothing runs the same kernels under every op
+        if nthreads is not None and int(nthreads) < 1:
+            raise ValueError("nthreads must be positive")
+        self.ir, self.codegen, self.direct, self._one_grid = ir, codegen, direct, one_grid
+        self.dtype, self.op = dtype, op
+        self.timeout_s = float(timeout_s)
+        self.watchdog_s = watchdog_s
+        self.table_ptr: list[int] = []
+        self._allocs: list[tuple[Platform, int]] = []
+        self._owned: list[Platform] = []
+        self._broken: str | None = None
+        self._closed = False
+        #: what the last run's protocol request changed, or None: why LL ran Simple
+        #: (:func:`launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
+        self.proto_note = None
+        self._direct_receives: int | None = None
+        try:
+            self.rank_platform = rank_platforms(ir.nranks, backend, platforms)
+            self.library_ranks = ranks_by_platform(self.rank_platform)
+            self.platforms = resolve_platforms(ir, backend, self.library_ranks, self._owned)
+            self.rank_pf: list[Platform] = [self.platforms[p] for p in self.rank_platform]
+            self.platform = self.rank_pf[0] if ir.nranks else next(iter(self.platforms.values()), None)
+            self._setup(nthreads, cache_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self, nthreads, cache_dir) -> None:
+        """Generate (:class:`GeneratedProgram`), place and build (:class:`RankKernels`), allocate."""
+        for pf in self.platforms.values():
+            if cache_dir is not None and hasattr(pf, "cache_dir"):
+                pf.cache_dir = cache_dir
+        self.program = prog = GeneratedProgram(self.ir, self.rank_platform, cache_dir, self.codegen, self.direct)
+        self.gendir, self.manifest = prog.gendir, prog.manifest
+        self.nranks, self.nslots, self.chunk_bytes = prog.nranks, prog.nslots, prog.chunk_bytes
+        self.slot_bytes, self.rank_plans = prog.slot_bytes, prog.plans
+        check_fifo_memory(self.ir.name, self.rank_plans)     # the FIFOs fit before anything is built
+        self.kernels = k = RankKernels(self.ir, prog, self.platforms, self.rank_platform, self.library_ranks,
+                                       self.dtype, self.op, nthreads, self._one_grid)
+        # what the launches read, and the bookkeeping of the class docstring
+        self._distinct, self.placement, self.single_gpu, self.grid = k.distinct, k.placement, k.single_gpu, k.grid
+        self.libraries, self.modules, self.fns, self.rank_library = k.libraries, k.modules, k.fns, k.rank_library
+        self.module = self.modules[self.rank_platform[0]] if self.nranks else None
+        self.grid_fn, self.block_of, self.blocks, self.block = k.grid_fn, k.block_of, k.blocks, k.block
+        #: what was chosen instead of the emitted threads per block, and why (None: as emitted)
+        self.threads_note = k.threads_note
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """The size-independent memory: every rank's :class:`RankMemory` (the FIFO slots it
+        receives on and its control block in memory its peers reach, :meth:`Platform.malloc_peer`;
+        its connection tables, its table in table mode), the flags, the streams and the one-grid
+        entry's argument array. The same code allocates a one-rank-per-process Communicator's."""
+        N = self.nranks
+        self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
+                                    lambda n, r=r: self._malloc(r, n, peer=True),
+                                    lambda n, r=r: self._malloc(r, n))
+                         for r in range(N)]
+        for m in self.rank_mem:
+            m.connect(self.rank_plans, lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots))
+        #: LL flag epochs of these FIFOs (:mod:`hccc.runtime.ll_epoch`)
+        self.ll_epochs = LLEpochs()
+        self.ctrl = [m.ctrl for m in self.rank_mem]
+        self.ctrl_bytes = [m.plan.ctrl_bytes for m in self.rank_mem]
+        self.prog_ptr = [m.progress for m in self.rank_mem]
+        self.slots_ptr = [m.slots for m in self.rank_mem]
+        self.send_tab = [m.send_tab for m in self.rank_mem]
+        self.recv_tab = [m.recv_tab for m in self.rank_mem]
+        #: sends nobody receives: (rank, FIFO, header bytes), the FIFO in the sender's memory
+        self.orphans = [(r, f, abi.ORPHAN_HEADER) for r, m in enumerate(self.rank_mem) for f in m.orphans]
+        if self.program.table_mode:
+            tables = self.program.tables()
+            self.table_ptr = [self.rank_mem[r].load_table(tables[r]) for r in range(N)]
+        # the abort flag: pinned, mapped host memory; the error record: rank 0's memory (every
+        # rank's kernels reach it; the first to time out claims it with a CAS)
+        self.flags_pf = self.platform
+        self.abort_ptr = self.flags_pf.host_flags(64)
+        self._allocs.append((self.flags_pf, self.abort_ptr))
+        self.error_ptr = self._malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
+        self.flags = LaunchFlags(self.flags_pf, self.abort_ptr, self.error_ptr)
+        self.streams = []
+        for r in range(N):
+            self.rank_pf[r].set_device(self.placement[r])
+            self.streams.append(self.rank_pf[r].stream())
+        if self.grid_fn is not None:
+            # every rank's kernel argument in one device array (filled per launch); the table
+            # mode's entry also reads the first block of each rank from device memory
+            self.grid_args_ptr = self._malloc(0, N * ctypes.sizeof(TableArgs if self.table_ptr else Args))
+            if self.table_ptr:
+                first = grid_first(self.grid)
+                self.grid_first_ptr = self._malloc(0, len(first))
+                self.rank_pf[0].memcpy_htod(self.grid_first_ptr, np.frombuffer(first, np.uint8))
+
+    def _malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
+        """Memory on ``rank``'s platform and device (kept until :meth:`close`); ``peer``: memory
+        other ranks' kernels touch while running (:meth:`Platform.malloc_peer`)."""
+        pf = self.rank_pf[rank] if rank is not None else self.platform
+        pf.set_device(self.placement[rank] if rank is not None else 0)
+        ptr = pf.malloc_peer(int(nbytes)) if peer else pf.malloc(int(nbytes))
+        self._allocs.append((pf, ptr))
+        return ptr
+
+    def default_watchdog(self, nbytes: int) -> float:
+        total = nbytes * max(self.nranks, 1) * 4
+        return max(30.0, 3.0 * self.timeout_s) + total / 20e6
+
+    # ------------------------------------------------------------------ one run of every rank
+    def _execute(self, call: LaunchCall, lay, inplace: bool, dev_inputs, *, timeout_s, blocks,
+                 warmup: int, iters: int, verify=None, checks: int = 1, keep: bool = False,
+                 out_lens=None, vcall=None):
+        """One run's launches of ``call``: allocate each rank's buffers (``lay``: layout rows,
+        :func:`~hccc.runtime.launcher.program_layout`), fill every rank's arguments
+        (``vcall(rank, stage)``: an AllToAllv call's :class:`~hccc.runtime.alltoallv_call.VCall`
+        of the rank and whether its pieces use scratch, ``stage(array)`` putting an array in the
+        rank's memory for this run), launch ``warmup + iters`` times, then read the outputs
+        (``out_lens``: elements per rank, default the layout's) when asked to ``keep`` them or
+        ``verify(outputs)`` them, the latter after ``checks`` launches each. Returns (times in us,
+        why the last launch stuck or None, the first outputs read or None, the verdicts). The
+        buffers are freed before it returns; kernels are stopped before that on any error."""
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        out_lens = [row[1] for row in lay] if out_lens is None else out_lens
+        self.proto_note = call.note
+        bufs, outs, verdicts = RunBuffers(self.rank_pf, self.placement, self.dtype), None, []
+        try:
+            bufs.alloc(lay, inplace, call.element_bytes)
+            argv = [m.args(call, input=bufs[r][0], output=bufs[r][1], scratch=bufs[r][2],
+                           abort_flag=self.abort_ptr, error=self.error_ptr, timeout_s=timeout)
+                    for r, m in enumerate(self.rank_mem)]
+            if vcall is not None:
+                for r, a in enumerate(argv):
+                    v, uses_scratch = vcall(r, lambda h, r=r: bufs.stage(r, h))
+                    v.apply(a, uses_scratch)
+            self._direct(call, argv, bufs)
+            limit = self.watchdog_s if self.watchdog_s is not None else self.default_watchdog(
+                call.count * call.element_bytes)
+
+            def launch():
+                return self._launch_once(call, argv, bufs, lay, dev_inputs, blocks, limit)
+
+            times, stuck = self._timed_launches(launch, warmup, iters)
+            if stuck is None and (verify is not None or keep):
+                outs = bufs.outputs(out_lens)
+                if verify is not None:
+                    verdicts.append(verify(outs))
+                    for _ in range(checks - 1):     # nccl-tests' -c N: N checked launches
+                        _, stuck = launch()
+                        if stuck is not None:
+                            break
+                        verdicts.append(verify(bufs.outputs(out_lens)))
+        except BaseException:
+            # Ctrl-C (or any error) while kernels may still run: they stop before the buffers
+            # they use are freed below
+            self.stop_kernels()
+            raise
+        finally:
+            self._free_buffers(bufs)
+        return times, stuck, outs, verdicts
+
+    def _direct(self, call: LaunchCall, argv: list, bufs: list) -> None:
+        """Direct mode for a Simple launch (:meth:`_set_peers`); under LL every message goes
+        through the FIFO as lines (no peers array, so the kernels' direct-marked primitives take
+        the FIFO path; both ends of a message agree), which :attr:`proto_note` says."""
+        if call.proto != "ll":
+            self._set_peers(argv, bufs)
+        elif self.proto_note is None and self._peers_usable() and self.direct_receives():
+            n = self.direct_receives()
+            self.proto_note = (f"{n} direct-mode receive{'s' if n != 1 else ''} of {self.ir.name} "
+                               "run through the FIFO as LL lines (a direct write lands in the "
+                               "receiver's buffer, which has no room for LL's flags)")
+
+    def _set_peers(self, argv: list, bufs: list) -> None:
+        """Direct mode: give every rank the array of all ranks' ``hccc_args`` (``peers``), in its
+        own device memory, when all ranks run on one platform (one address space: the CPU
+        emulation, or GPUs of one process that reach each other's memory as they reach the FIFOs).
+        Not on HIP across several GPUs: the data buffers are ordinary (coarse-grained) device
+        memory there, which a peer GPU's writes need not reach coherently before the kernel ends
+        (the FIFOs are fine-grained). Otherwise ``peers`` stays 0 and every primitive uses the
+        FIFO. The arrays are freed with the run's buffers (appended to each rank's ``own`` list)."""
+        N = len(argv)
+        if N == 0 or not self._peers_usable():
+            return
+        blob = np.frombuffer(b"".join(bytes(a) for a in argv), np.uint8)
+        for r in range(N):
+            argv[r].peers = bufs.stage(r, blob)
+
+    def _peers_usable(self) -> bool:
+        """Whether :meth:`_set_peers` gives the ranks a peers array (direct mode can run)."""
+        if not self.rank_pf or len({pf.name for pf in self.rank_pf}) != 1:
+            return False
+        return not (self.rank_pf[0].name == "hip" and len(set(self.placement)) > 1)
+
+    def direct_receives(self) -> int:
+        """Receives of the program its kernels run in direct mode when the launch has a peers
+        array (``direct="auto"``: those :mod:`hccc.compiler.ir.direct` proves safe; 0 with
+        ``direct="off"``)."""
+        if self._direct_receives is None:
+            from hccc.compiler.backend.codegen import prepare_output
+            from hccc.compiler.backend.direct_fields import direct_fields
+            ir = prepare_output(self.ir, ".", self.rank_platform)[0]   # canonical, as generated
+            dx = direct_fields(ir, self.direct)
+            self._direct_receives = 0 if dx is None else int(((dx["direct"] & 2) != 0).sum())
+        return self._direct_receives
+
+    def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
+        """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid
+        entry once (every rank, ``sum(grid)`` blocks), between the start and the stop of one timer
+        per platform object; returns the timers."""
+        users = [pf for pf in self._distinct if any(self.rank_pf[r] is pf and self.grid[r] > 0
+                                                       for r in range(self.nranks))]
+        timers = []
+        try:
+            for pf in users:
+                timers.append(pf.timer())
+                timers[-1].start()
+            self.kernels.launch(args, blocks, self.streams, grid_arg, self.abort_ptr)
+        except BaseException:
+            # ranks already launched (or held back by a timer) wait for the others: abort them
+            try:
+                self._raise_abort()
+                for t in timers:
+                    t.stop()
+                self._wait(limit)
+            except Exception:
+                pass
+            raise
+        for t in timers:
+            t.stop()
+        return timers
+
+    def _names(self) -> str:
+        return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
+
+    def _free_buffers(self, bufs: RunBuffers) -> None:
+        """Free one run's buffers unless the runner is broken (kernels may still use them); a
+        Ctrl-C waits until done."""
+        with deferred_interrupts():
+            if not self._broken:
+                bufs.free()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise PlatformError("runner is closed")
+        if self._broken:
+            raise PlatformError(f"the {self._names()} platform is unusable after an earlier "
+                                f"run: {self._broken}")
+
+    def _launch_once(self, call, argv, bufs, lay, dev_inputs, blocks, limit: float):
+        """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
+        zero, args, grid_arg = self._launch_arguments(call, argv)
+        self._prepare(bufs, lay, dev_inputs, ll=zero)
+        timers = self._launch_all(args, blocks, limit, grid_arg)
+        stuck = self._wait(limit)
+        return timers, stuck if stuck is not None else self._error_message()
+
+    @staticmethod
+    def _timed_launches(launch, warmup: int, iters: int):
+        """``warmup + iters`` launches (``launch()``: timers and why it stuck), until one sticks:
+        (the timed launches' times in us, why the last stuck or None). Platforms hold their
+        launches until their timer stops (all ranks start together): a launch takes as long as
+        its slowest platform's part."""
+        times, stuck = [], None
+        for it in range(warmup + iters):
+            timers, stuck = launch()
+            if stuck is not None:
+                break
+            if it >= warmup:
+                times.append(max(t.elapsed_us() for t in timers))
+        return times, stuck
+
+    def _launch_arguments(self, call, argv):
+        """One launch's arguments: every launch of an LL run gets the next flag epoch (its
+        arguments change with it); the packed ``hccc_args`` of every rank and, for the one-grid
+        entry, its argument over them in device memory. Returns (whether the LL slots are zeroed,
+        the ranks' packed arguments, the grid argument or None)."""
+        epoch, zero = call.launch(self.ll_epochs)
+        for a in argv:
+            a.ll_epoch = epoch
+        args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
+        grid_arg = None
+        if self.grid_fn is not None:
+            self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(b"".join(args), np.uint8))
+            grid_arg = grid_argument(self.grid_args_ptr, len(argv),
+                                     self.grid_first_ptr if self.table_ptr else None)
+        return zero, args, grid_arg
+
+    def _prepare(self, bufs: RunBuffers, lay, dev_inputs, ll: bool = False) -> None:
+        """Zero counters, flags and the error record (and, with ``ll``, the FIFO slots: an LL
+        launch that :class:`~hccc.runtime.ll_epoch.LLEpochs` says must zero); outputs and scratch
+        to garbage and inputs in (:meth:`RunBuffers.fill`)."""
+        for m in self.rank_mem:
+            m.reset(slots=ll)
+        self.flags.clear()
+        bufs.fill(lay, dev_inputs)
+
+    def _wait(self, limit: float) -> str | None:
+        """Synchronize under the host watchdog; None when every kernel finished."""
+        done, failure, _ = synchronize_in_background(self._distinct, "hccc-synchronize")
+        if done.wait(limit):
+            if failure:
+                raise failure[0]
+            return None
+        self._raise_abort()
+        grace = max(STOP_GRACE_S, 2.0 * self.timeout_s)
+        if done.wait(grace):
+            rec = self._error_message()
+            return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
+                    + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
+        self._broken = (f"kernels still running {limit + grace:.0f} s after launch and ignore the "
+                        "abort flag")
+        return f"host watchdog: {self._broken}"
+
+    def stop_kernels(self) -> None:
+        """Stop every kernel this runner launched before anything they use is freed (an interrupt
+        or an error left them running): raise the abort flag and wait for every platform, with
+        Ctrl-C held back. Kernels still running after the grace time mark the runner broken, and a
+        broken runner never frees their memory."""
+        if self._broken or not hasattr(self, "flags"):
+            return
+        with deferred_interrupts():
+            try:
+                self._raise_abort()
+            except Exception:
+                pass
+            # (an aborted kernel's error is ignored: it has stopped all the same)
+            done, _, _ = synchronize_in_background(self._distinct, "hccc-stop")
+            if not done.wait(max(STOP_GRACE_S, 2.0 * self.timeout_s)):
+                self._broken = "kernels still running after an interrupt ignore the abort flag"
+
+    def _raise_abort(self) -> None:
+        """Raise the abort flag: a plain store into pinned host memory, which no queued copy or
+        kernel can hold back."""
+        self.flags.raise_abort()
+
+    def _error_message(self) -> str | None:
+        e = self.flags.record()
+        if not e.valid:
+            return "aborted without an error record" if self.flags.aborted else None
+        # the waited time is counted in the ticks of the reporting rank's platform
+        pf = self.rank_pf[e.rank] if 0 <= e.rank < self.nranks else self.flags_pf
+        return describe_stuck(self.ir, e, pf.ticks_per_us)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self._closed:
+            return
+        with deferred_interrupts():
+            self._release_all()
+
+    def _release_all(self) -> None:
+        self._closed = True
+        if self._broken:
+            return  # kernels may still use the memory: leave it
+        for pf, p in self._allocs:
+            try:
+                pf.free(p)
+            except Exception:
+                pass
+        self._allocs.clear()
+        for pf in self._owned:
+            pf.close()
+        self._owned.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
+    """"rank R, TB T stuck in <op> for chunk C (micro-batch M)" plus what it waited for."""
+    msg = (f"rank {e.rank}, TB {e.tb} stuck in {op_name(e.op)} for chunk {e.chunk} "
+           f"(micro-batch {e.microbatch})")
+    p = ir.prims
+    hit = np.flatnonzero((p["rank"] == e.rank) & (p["tb"] == e.tb) & (p["seq"] == e.seq))
+    peer = None
+    if len(hit):
+        i = int(hit[0])
+        if e.wait == WAIT_DATA:
+            peer = int(p["recv_peer"][i])
+        elif e.wait == WAIT_SLOT:
+            peer = int(p["send_peer"][i])
+    what = {WAIT_DATA: f"waiting for data from rank {peer}" if peer is not None else "waiting for data",
+            WAIT_SLOT: (f"waiting for a free FIFO slot towards rank {peer}" if peer is not None
+                        else "waiting for a free FIFO slot"),
+            WAIT_DEP: "waiting for another thread block of its rank"}.get(e.wait, "waiting")
+    if e.wait == WAIT_COUNTS and e.chunk < 0:
+        return (f"rank {e.rank}'s kernels refused the AllToAllv counts: they are not an AllToAll "
+                "program's, and have no AllToAllv path")
+    if e.wait == WAIT_COUNTS:
+        N = max(1, int(ir.nranks))
+        s, d = divmod(int(e.chunk), N)
+        return (f"rank {e.rank}'s kernels refused the AllToAllv counts matrix: counts[{s}][{d}] is negative "
+                "or its block's pieces exceed the scratch slots the call allocated")
+    extra = [what, f"primitive {e.seq}"]
+    if e.task >= 0:
+        extra.append(f"task {e.task}")
+    if ticks_per_us > 0:
+        extra.append(f"gave up after {e.waited / ticks_per_us / 1e6:.3g} s")
+    return msg + ": " + ", ".join(extra)
+
+
+__all__ = ["RankGroup", "describe_stuck", "STOP_GRACE_S"]
