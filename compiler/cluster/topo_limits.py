@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+#: nodes, GPUs per node and GPUs of one cluster (docs/files-and-limits.md). The GPUs of a cluster
+#: are the ranks of a program: a ProgramIR holds at most 2**16
+#: (:data:`~hccc.compiler.ir.program_ir.MAX_RANKS`); the importers refuse a node of more GPUs than
+#: a node here holds
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 1024
 MAX_RANKS = 65536
@@ -17,11 +21,16 @@ MAX_LINKS = 8_000_000
 MAX_LINK_ENTRIES = 32_768
 #: lines of one cluster file, counted before parsing (every node takes a line or more)
 MAX_TOPO_LINES = 8_192
+#: lanes of one link or device, and the largest bandwidth (GB/s per lane) and compute rate: far above
+#: any interconnect (one NVLink 4 link moves 25 GB/s each way), so that a typing slip is refused where it
+#: stands instead of skewing every logical capacity of the cluster
 MAX_LANES = 1 << 16
 MAX_BANDWIDTH_GBPS = 10**9
 #: the smallest bandwidth (GB/s, per lane) and GPU compute rate (gamma) accepted: 1 kB/s. Slower is no
 #: interconnect hccc could schedule for, and every ratio of link speeds (the logical capacities,
 #: :data:`~hccc.compiler.cluster.topology.MAX_LOGICAL_CAPACITY`) must stay representable
 MIN_BANDWIDTH_GBPS = Fraction(1, 10**6)
+#: the largest latency (us, 1,000 s) and chunk size (1 TiB): bounds that keep Eq. 1's exact fractions
+#: small, far past any real link or buffer
 MAX_LATENCY_US = 10**9
 MAX_CHUNK_SIZE = 1 << 40
