@@ -149,35 +149,23 @@ def format_topology(spec: ClusterSpec) -> str:
     """Write ``spec`` as .topo text (HeteCCL syntax plus the extensions it uses)."""
     out = _fmt_comment(spec.comment)
     out.append(f"define nodenum = {spec.nodenum if spec.nodenum is not None else len(spec.nodes)}")
-    if spec.chunksize is not None:
-        out.append(f"define chunksize = {spec.chunksize}")
-    if spec.latency:
-        out.append(f"define latency = {_fmt_scalar_map(spec.latency)}")
-    if spec.vendor:
-        out.append(f"define vendor = {spec.vendor}")
-    if spec.gpu:
-        out.append(f"define gpu = {spec.gpu}")
-    if spec.gamma is not None:
-        g = _fmt_scalar_map(spec.gamma) if isinstance(spec.gamma, dict) else format_number(spec.gamma)
-        out.append(f"define gamma = {g}")
+    gamma = spec.gamma
+    out += _defines(("chunksize", spec.chunksize, str, spec.chunksize is not None),
+                    ("latency", spec.latency, _fmt_scalar_map, bool(spec.latency)),
+                    ("vendor", spec.vendor, str, bool(spec.vendor)),
+                    ("gpu", spec.gpu, str, bool(spec.gpu)),
+                    ("gamma", gamma, _fmt_scalar_map if isinstance(gamma, dict) else format_number, gamma is not None))
     for name, node in zip(spec.node_names(), spec.nodes):
         out.append("")
         out.extend(_fmt_comment(node.comment))
         out.append(f"define {name} = {node.ngpus}")
-        if node.vendor:
-            out.append(f"define vendor = {node.vendor}")
-        if node.gpu:
-            out.append(f"define gpu = {node.gpu}")
-        if node.gamma is not None:
-            out.append(f"define gamma = {format_number(node.gamma)}")
-        if node.bandwidth is not None:
-            out.append(f"define bandwidth = {_fmt_bwmap(node.bandwidth)}")
-        if node.latency:
-            out.append(f"define latency = {_fmt_scalar_map(node.latency)}")
-        if node.nics:
-            out.append(f"define nic = {_fmt_list(node.nics)}")
-        if node.pcie:
-            out.append(f"define pcie = {_fmt_list(node.pcie)}")
+        out += _defines(("vendor", node.vendor, str, bool(node.vendor)),
+                        ("gpu", node.gpu, str, bool(node.gpu)),
+                        ("gamma", node.gamma, format_number, node.gamma is not None),
+                        ("bandwidth", node.bandwidth, _fmt_bwmap, node.bandwidth is not None),
+                        ("latency", node.latency, _fmt_scalar_map, bool(node.latency)),
+                        ("nic", node.nics, _fmt_list, bool(node.nics)),
+                        ("pcie", node.pcie, _fmt_list, bool(node.pcie)))
     for inter in spec.internodes:
         out.append("")
         out.extend(_fmt_comment(inter.comment))
@@ -185,6 +173,10 @@ def format_topology(spec: ClusterSpec) -> str:
         out.append(f"define internode = {pair}")
         bw = inter.bandwidth if isinstance(inter.bandwidth, str) else _fmt_bwmap(inter.bandwidth)
         out.append(f"define interbandwidth = {bw}")
-        if inter.latency:
-            out.append(f"define latency = {_fmt_scalar_map(inter.latency)}")
+        out += _defines(("latency", inter.latency, _fmt_scalar_map, bool(inter.latency)))
     return "\n".join(out) + "\n"
+
+
+def _defines(*statements) -> list[str]:
+    """``define KEY = VALUE`` for each ``(key, value, how it is written, whether it is written)``."""
+    return [f"define {key} = {fmt(value)}" for key, value, fmt, present in statements if present]
