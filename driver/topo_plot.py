@@ -184,20 +184,47 @@ def _spread(xs: list[float], lo: float, hi: float, gap: float) -> list[float]:
 
 def layout(topo: Topology) -> Scene:
     """Deterministic placement of everything :func:`draw` renders (units: one GPU pitch)."""
-    n = topo.nranks
-    compact = n > DETAIL_LIMIT
-    nodes = topo.nodes
-    tau = "" if topo.tau_ref is None else f", tau_ref = {topo.tau_ref * 1e6:.2f} us"
-    title = (f"{topo.name}: {plural(len(nodes), 'node')}, {plural(n, 'GPU')}, {plural(topo.nlinks, 'link')}, "
-             f"{plural(len(topo.groups), 'shared group')}"
-             f" (chunk {_size(topo.chunk_size)}{tau})")
+    compact = topo.nranks > DETAIL_LIMIT
     devices = [] if compact else _collect_devices(topo)
-    rank_node = topo.rank_node
+    intra, nics, cross = _sort_devices(topo, devices)
+    has_bus = bool(nics) or bool(np.any(topo.link_class == LINK_CLASSES.index("nic")))
+    dims = _box_dims(topo, compact, intra, nics)
+    rows = _place_boxes(topo, dims, compact, 2.2 if (has_bus or cross) else 1.2, has_bus)
+    _place_devices(rows, dims, intra, nics, cross, topo.rank_node, has_bus)
+    bus = []
+    if has_bus:    # one horizontal segment per row, joined by a vertical trunk on the left
+        for row, y in rows.bus_y.items():
+            bus.append((-0.6, y, rows.max_w + 0.3, y))
+        if rows.nrows > 1:
+            bus.append((-0.6, rows.bus_y[0], -0.6, rows.bus_y[rows.nrows - 1]))
+    lines: list[Line] = []
+    node_lines: list[NodeLine] = []
+    if compact:
+        node_lines = _node_lines(topo)
+    else:
+        lines = _gpu_lines(topo, _drawn_links(topo, devices))
+    boxes = rows.boxes
+    lowest = min([b.y for b in boxes] + [y - 0.5 for y in rows.bus_y.values()] if has_bus else [b.y for b in boxes])
+    lowest = min([lowest] + [d.y - 0.6 for d in devices])
+    height = -lowest + 0.3
+    return Scene(_title(topo), boxes, rows.gpu_xy, devices, lines, node_lines, bus, rows.bus_y, compact,
+                 rows.max_w + 1.2, height)
+
+
+def _title(topo: Topology) -> str:
+    tau = "" if topo.tau_ref is None else f", tau_ref = {topo.tau_ref * 1e6:.2f} us"
+    return (f"{topo.name}: {plural(len(topo.nodes), 'node')}, {plural(topo.nranks, 'GPU')}, "
+            f"{plural(topo.nlinks, 'link')}, {plural(len(topo.groups), 'shared group')}"
+            f" (chunk {_size(topo.chunk_size)}{tau})")
+
+
+def _sort_devices(topo: Topology, devices: list[Device]):
+    """Devices by where they go: inside one node (per node), a node's NICs (per node), across nodes."""
     intra: dict[int, list[Device]] = {}
     nics: dict[int, list[Device]] = {}
     cross: list[Device] = []
     for d in devices:
-        owners = {int(rank_node[r]) for r in d.ranks}
+        owners = {int(topo.rank_node[r]) for r in d.ranks}
         if len(owners) == 1:
             (o,) = owners
             if d.kind in NIC_KINDS:
@@ -208,11 +235,13 @@ def layout(topo: Topology) -> Scene:
         else:
             d.place = "cross"
             cross.append(d)
-    has_bus = bool(nics) or bool(np.any(topo.link_class == LINK_CLASSES.index("nic")))
+    return intra, nics, cross
 
-    # node box sizes
+
+def _box_dims(topo: Topology, compact: bool, intra: dict, nics: dict) -> list[tuple[float, float, int, int]]:
+    """(width, height, GPU columns, GPU rows) of each node's box."""
     dims = []
-    for nd in nodes:
+    for nd in topo.nodes:
         if compact:
             dims.append((3.0, 1.6, 0, 0))
             continue
@@ -223,68 +252,76 @@ def layout(topo: Topology) -> Scene:
         w = max(cols * 1.0 + 0.6, 0.9 * max(ndev, 1) + 0.6, 1.0 * nnic + 0.6, 3.0)
         h = rows * 1.0 + (0.9 if ndev else 0.0) + 0.9
         dims.append((w, h, cols, rows))
+    return dims
+
+
+@dataclass
+class _Rows:
+    """Node boxes in rows, their GPUs' positions and the y of each row's network bus."""
+
+    boxes: list[Box]
+    gpu_xy: np.ndarray
+    row_of: dict[int, int]
+    bus_y: dict[int, float]
+    max_w: float
+    nrows: int
+
+
+def _place_boxes(topo: Topology, dims: list, compact: bool, row_gap: float, has_bus: bool) -> _Rows:
+    nodes = topo.nodes
     gap_x = 1.4
-    row_gap = 2.2 if (has_bus or cross) else 1.2
-    boxes: list[Box] = []
-    gpu_xy = np.full((n, 2), np.nan)
     per_row = NODES_PER_ROW_COMPACT if compact else NODES_PER_ROW
-    nrows = int(math.ceil(len(nodes) / per_row))
+    out = _Rows([], np.full((topo.nranks, 2), np.nan), {}, {}, 0.0, int(math.ceil(len(nodes) / per_row)))
     y_top = 0.0
-    row_of: dict[int, int] = {}
-    bus_y: dict[int, float] = {}
-    max_w = 0.0
-    for row in range(nrows):
+    for row in range(out.nrows):
         members = list(range(row * per_row, min(len(nodes), (row + 1) * per_row)))
         rh = max(dims[i][1] for i in members)
         x = 0.0
         for i in members:
             w, h, cols, rows = dims[i]
             nd = nodes[i]
-            y0 = y_top - h
             what = f"{nd.ngpus} x {nd.model}" if nd.model else f"{nd.ngpus} GPU{'s' if nd.ngpus > 1 else ''}"
-            boxes.append(Box(i, x, y0, w, h, f"{nd.name}: {what} ({nd.vendor})"))
-            row_of[i] = row
+            out.boxes.append(Box(i, x, y_top - h, w, h, f"{nd.name}: {what} ({nd.vendor})"))
+            out.row_of[i] = row
             if not compact:
                 gx0 = x + (w - cols * 1.0) / 2 + 0.5
                 for k in range(nd.ngpus):
-                    gpu_xy[nd.offset + k] = (gx0 + (k % cols), y_top - 0.9 - 0.5 - (k // cols))
+                    out.gpu_xy[nd.offset + k] = (gx0 + (k % cols), y_top - 0.9 - 0.5 - (k // cols))
             x += w + gap_x
-        max_w = max(max_w, x - gap_x)
-        bus_y[row] = y_top - rh - (1.3 if has_bus else 0.6)
+        out.max_w = max(out.max_w, x - gap_x)
+        out.bus_y[row] = y_top - rh - (1.3 if has_bus else 0.6)
         y_top -= rh + row_gap
-    # intra-node devices: one row under the GPUs, near the mean x of their GPUs
-    for b in boxes:
+    return out
+
+
+def _place_devices(rows: _Rows, dims: list, intra: dict, nics: dict, cross: list[Device], rank_node: np.ndarray,
+                   has_bus: bool) -> None:
+    """Intra-node devices in a row under the GPUs, NICs just under each box, devices across nodes
+    between the rows above the bus; each near the mean x of its GPUs."""
+    gpu_xy = rows.gpu_xy
+    for b in rows.boxes:
         devs = intra.get(b.node, [])
         if not devs:
             continue
-        rows = dims[b.node][3]
-        y = b.y + b.h - 0.9 - rows * 1.0 - 0.35
+        y = b.y + b.h - 0.9 - dims[b.node][3] * 1.0 - 0.35
         xs = [float(np.mean(gpu_xy[list(d.ranks), 0])) for d in devs]
         for d, px in zip(devs, _spread(xs, b.x + 0.45, b.x + b.w - 0.45, 0.85)):
             d.x, d.y = px, y
-    # NICs: a row just under each node box
-    for b in boxes:
+    for b in rows.boxes:
         devs = nics.get(b.node, [])
         xs = [float(np.mean(gpu_xy[list(d.ranks), 0])) for d in devs]
         for d, px in zip(devs, _spread(xs, b.x + 0.3, b.x + b.w - 0.3, 1.0)):
             d.x, d.y = px, b.y - 0.55
-    # devices across nodes: between the rows, above the bus
     xs = [float(np.mean(gpu_xy[list(d.ranks), 0])) for d in cross]
-    for d, px in zip(cross, _spread(xs, 0.0, max(max_w, 1.0), 1.2)):
-        first_row = min(row_of[int(rank_node[r])] for r in d.ranks)
-        d.x, d.y = px, bus_y[first_row] + (0.55 if has_bus else 0.0)
-    # network bus: one horizontal segment per row, joined by a vertical trunk on the left
-    bus = []
-    if has_bus:
-        for row, y in bus_y.items():
-            bus.append((-0.6, y, max_w + 0.3, y))
-        if nrows > 1:
-            bus.append((-0.6, bus_y[0], -0.6, bus_y[nrows - 1]))
-    # lines for links outside every group
-    lines: list[Line] = []
-    node_lines: list[NodeLine] = []
-    # a link needs no line of its own when a drawn device stands for it: a NIC (with the bus), or a
-    # device whose GPUs include both ends (a PCIe uplink of one GPU does not stand for its peer links)
+    for d, px in zip(cross, _spread(xs, 0.0, max(rows.max_w, 1.0), 1.2)):
+        first_row = min(rows.row_of[int(rank_node[r])] for r in d.ranks)
+        d.x, d.y = px, rows.bus_y[first_row] + (0.55 if has_bus else 0.0)
+
+
+def _drawn_links(topo: Topology, devices: list[Device]) -> np.ndarray:
+    """Links that need no line of their own because a drawn device stands for them: a NIC (with the
+    bus), or a device whose GPUs include both ends (a PCIe uplink of one GPU does not stand for its
+    peer links)."""
     in_group = topo.link_class == LINK_CLASSES.index("nic")
     for d in devices:
         for gid in d.groups:
@@ -292,38 +329,42 @@ def layout(topo: Topology) -> Scene:
             if d.kind in NIC_KINDS:
                 in_group[m] = True
             else:
-                inside = np.zeros(n, dtype=bool)
+                inside = np.zeros(topo.nranks, dtype=bool)
                 inside[list(d.ranks)] = True
                 in_group[m[inside[topo.link_src[m]] & inside[topo.link_dst[m]]]] = True
-    cross_link = topo.rank_node[topo.link_src] != topo.rank_node[topo.link_dst]
-    if compact:
-        pairs: dict[tuple[int, int, str], int] = {}
-        for i in np.flatnonzero(cross_link & (topo.link_class != LINK_CLASSES.index("nic"))).tolist():
-            a, b = int(rank_node[topo.link_src[i]]), int(rank_node[topo.link_dst[i]])
-            key = (min(a, b), max(a, b), LINK_CLASSES[int(topo.link_class[i])])
-            pairs[key] = pairs.get(key, 0) + 1
-        node_lines = [NodeLine(a, b, c, k) for (a, b, c), k in sorted(pairs.items())]
-        if len(node_lines) > MAX_NODE_LINES:  # an all-to-all mesh of lines says nothing: leave it out
-            node_lines = []
-    else:
-        seen: dict[tuple[int, int, str], Line] = {}
-        free = np.flatnonzero(~in_group)
-        for i in free.tolist():
-            u, v = int(topo.link_src[i]), int(topo.link_dst[i])
-            cls = LINK_CLASSES[int(topo.link_class[i])]
-            key = (min(u, v), max(u, v), cls)
-            tot = float(topo.link_bandwidth[i] * topo.link_lanes[i]) / 1e9
-            if key in seen:
-                ln = seen[key]
-                ln.both = ln.both or (u, v) != (ln.u, ln.v)
-                ln.total_gbps = max(ln.total_gbps, tot)
-            else:
-                seen[key] = Line(u, v, cls, tot, False)
-        lines = [seen[k] for k in sorted(seen)]
-    lowest = min([b.y for b in boxes] + [y - 0.5 for y in bus_y.values()] if has_bus else [b.y for b in boxes])
-    lowest = min([lowest] + [d.y - 0.6 for d in devices])
-    height = -lowest + 0.3
-    return Scene(title, boxes, gpu_xy, devices, lines, node_lines, bus, bus_y, compact, max_w + 1.2, height)
+    return in_group
+
+
+def _node_lines(topo: Topology) -> list[NodeLine]:
+    """Compact drawings: one line per node pair and link class (none where there would be too many)."""
+    rank_node = topo.rank_node
+    cross_link = rank_node[topo.link_src] != rank_node[topo.link_dst]
+    pairs: dict[tuple[int, int, str], int] = {}
+    for i in np.flatnonzero(cross_link & (topo.link_class != LINK_CLASSES.index("nic"))).tolist():
+        a, b = int(rank_node[topo.link_src[i]]), int(rank_node[topo.link_dst[i]])
+        key = (min(a, b), max(a, b), LINK_CLASSES[int(topo.link_class[i])])
+        pairs[key] = pairs.get(key, 0) + 1
+    node_lines = [NodeLine(a, b, c, k) for (a, b, c), k in sorted(pairs.items())]
+    if len(node_lines) > MAX_NODE_LINES:  # an all-to-all mesh of lines says nothing: leave it out
+        return []
+    return node_lines
+
+
+def _gpu_lines(topo: Topology, in_group: np.ndarray) -> list[Line]:
+    """One line per connected GPU pair and class among the links no device stands for."""
+    seen: dict[tuple[int, int, str], Line] = {}
+    for i in np.flatnonzero(~in_group).tolist():
+        u, v = int(topo.link_src[i]), int(topo.link_dst[i])
+        cls = LINK_CLASSES[int(topo.link_class[i])]
+        key = (min(u, v), max(u, v), cls)
+        tot = float(topo.link_bandwidth[i] * topo.link_lanes[i]) / 1e9
+        if key in seen:
+            ln = seen[key]
+            ln.both = ln.both or (u, v) != (ln.u, ln.v)
+            ln.total_gbps = max(ln.total_gbps, tot)
+        else:
+            seen[key] = Line(u, v, cls, tot, False)
+    return [seen[k] for k in sorted(seen)]
 
 
 def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
@@ -332,8 +373,6 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import FancyBboxPatch
 
     sc = scene or layout(topo)
     x0, x1 = -1.2, max(sc.width, 4.0)
@@ -346,20 +385,41 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
     ax.set_ylim(y0, y1)
     ax.set_aspect("equal")
     ax.axis("off")
-    fs = 8
-    # node boxes
+    _draw_boxes(ax, topo, sc)
+    _draw_lines(ax, topo, sc)
+    _draw_bus(ax, sc)
+    _draw_devices(ax, sc)
+    if not sc.compact:
+        _draw_gpus(ax, topo, sc)
+    ax.legend(handles=_legend(topo, sc), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=_FONT, frameon=False)
+    ax.set_title(sc.title, fontsize=_FONT + 2)
+    out = Path(path)
+    fig.savefig(out, format="png", bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return out
+
+
+#: the font size of labels (points); titles are larger, small labels smaller
+_FONT = 8
+
+
+def _draw_boxes(ax, topo: Topology, sc: Scene) -> None:
+    from matplotlib.patches import FancyBboxPatch
+
     for b in sc.boxes:
         nd = topo.nodes[b.node]
         ax.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0.02,rounding_size=0.2",
                                     fc="#f4f4f4", ec=VENDOR_COLOR.get(nd.vendor, "#555555") if sc.compact else "#555555",
                                     lw=2.0 if sc.compact else 1.2, zorder=0))
-        ax.text(b.x + b.w / 2, b.y + b.h - 0.3, b.title, ha="center", va="center", fontsize=fs, zorder=5,
+        ax.text(b.x + b.w / 2, b.y + b.h - 0.3, b.title, ha="center", va="center", fontsize=_FONT, zorder=5,
                 fontweight="bold")
         if sc.compact:
             ax.text(b.x + b.w / 2, b.y + b.h / 2 - 0.2, f"ranks {nd.offset}-{nd.offset + nd.ngpus - 1}",
-                    ha="center", va="center", fontsize=fs - 1, color=VENDOR_COLOR.get(nd.vendor, "k"))
-    centre = {b.node: (b.x + b.w / 2, b.y + b.h / 2) for b in sc.boxes}
-    # lines
+                    ha="center", va="center", fontsize=_FONT - 1, color=VENDOR_COLOR.get(nd.vendor, "k"))
+
+
+def _draw_lines(ax, topo: Topology, sc: Scene) -> None:
+    """GPU-to-GPU lines (thicker for more bandwidth), or in compact drawings node-to-node lines."""
     bws = [ln.total_gbps for ln in sc.lines]
     lo, hi = (min(bws), max(bws)) if bws else (1.0, 1.0)
 
@@ -379,6 +439,7 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
                     arrowprops=dict(arrowstyle="<|-|>" if ln.both else "-|>", color=CLASS_COLOR[ln.cls],
                                     lw=width(ln.total_gbps), shrinkA=9, shrinkB=9, connectionstyle=style,
                                     mutation_scale=8))
+    centre = {b.node: (b.x + b.w / 2, b.y + b.h / 2) for b in sc.boxes}
     for nl in sc.node_lines:
         (x0, y0), (x1, y1) = centre[nl.a], centre[nl.b]
         ax.plot([x0, x1], [y0, y1], color=CLASS_COLOR[nl.cls], lw=1.5, zorder=0.5, alpha=0.6)
@@ -387,13 +448,18 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
             row_y = max((y for y in sc.bus_y.values() if y < b.y), default=None)
             if row_y is not None:
                 ax.plot([b.x + b.w / 2] * 2, [b.y, row_y], color=CLASS_COLOR["nic"], lw=1.5, zorder=0.5)
-    # bus
+
+
+def _draw_bus(ax, sc: Scene) -> None:
     for x0, y0, x1, y1 in sc.bus:
         ax.plot([x0, x1], [y0, y1], color=CLASS_COLOR["nic"], lw=4, solid_capstyle="round", zorder=0.5)
     if sc.bus:
         x0, y0 = sc.bus[0][0], sc.bus[0][1]
-        ax.text(x0, y0 - 0.3, "network (nic links)", fontsize=fs - 1, color=CLASS_COLOR["nic"], va="top")
-    # devices
+        ax.text(x0, y0 - 0.3, "network (nic links)", fontsize=_FONT - 1, color=CLASS_COLOR["nic"], va="top")
+
+
+def _draw_devices(ax, sc: Scene) -> None:
+    """Each device: spokes to its GPUs, its marker, its capacity, and a NIC's drop to the bus."""
     for d in sc.devices:
         color = CLASS_COLOR.get(d.kind) or DEVICE_COLOR.get(d.kind, "#7f7f7f")
         for r in d.ranks:
@@ -406,22 +472,30 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
         cap = _fmt(d.capacity_gbps)
         text = f"{d.copies} x {cap}" if d.copies > 1 else cap
         dy = -0.32
-        ax.text(d.x, d.y + dy, f"{text} GB/s", ha="center", va="top", fontsize=fs - 2, color=color, zorder=5)
+        ax.text(d.x, d.y + dy, f"{text} GB/s", ha="center", va="top", fontsize=_FONT - 2, color=color, zorder=5)
         if d.place == "nic" and sc.bus_y:
             row_y = min((y for y in sc.bus_y.values() if y < d.y), default=None, key=lambda y: d.y - y)
             if row_y is not None:
                 ax.plot([d.x, d.x], [d.y - 0.15, row_y], color=CLASS_COLOR["nic"], lw=1.5, zorder=1)
-    # GPUs
-    if not sc.compact:
-        for nd in topo.nodes:
-            for k in range(nd.ngpus):
-                r = nd.offset + k
-                x, y = sc.gpu_xy[r]
-                ax.add_patch(plt.Circle((x, y), 0.3, fc=VENDOR_COLOR.get(nd.vendor, "#999999"), ec="#222222",
-                                        lw=1.0, zorder=3))
-                ax.text(x, y, str(r), ha="center", va="center", fontsize=fs - 1, color="white",
-                        fontweight="bold", zorder=6)
-    # legend
+
+
+def _draw_gpus(ax, topo: Topology, sc: Scene) -> None:
+    import matplotlib.pyplot as plt
+
+    for nd in topo.nodes:
+        for k in range(nd.ngpus):
+            r = nd.offset + k
+            x, y = sc.gpu_xy[r]
+            ax.add_patch(plt.Circle((x, y), 0.3, fc=VENDOR_COLOR.get(nd.vendor, "#999999"), ec="#222222",
+                                    lw=1.0, zorder=3))
+            ax.text(x, y, str(r), ha="center", va="center", fontsize=_FONT - 1, color="white",
+                    fontweight="bold", zorder=6)
+
+
+def _legend(topo: Topology, sc: Scene) -> list:
+    """One entry per link class, vendor and kind of device drawn."""
+    from matplotlib.lines import Line2D
+
     used_cls = sorted({ln.cls for ln in sc.lines} | {nl.cls for nl in sc.node_lines}
                       | {d.kind for d in sc.devices if d.kind in CLASS_COLOR} | ({"nic"} if sc.bus else set()),
                       key=LINK_CLASSES.index)
@@ -442,9 +516,4 @@ def draw(topo: Topology, path: str | Path, scene: Scene | None = None) -> Path:
     if any(d.place == "nic" for d in sc.devices):
         handles.append(Line2D([], [], marker="s", ls="", mfc="white", mec=CLASS_COLOR["nic"], mew=2, ms=8,
                               label="NIC (egress/ingress capacity)"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=fs, frameon=False)
-    ax.set_title(sc.title, fontsize=fs + 2)
-    out = Path(path)
-    fig.savefig(out, format="png", bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    return out
+    return handles

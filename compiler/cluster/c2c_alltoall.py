@@ -129,7 +129,6 @@ def plan_c2c_alltoall(topology: Topology, *, hier: Hierarchy | None = None, chun
         raise C2CError(f"the pipeline depth must be at least 1, got {chunks_per_rank}")
     hier = hier if hier is not None else build_hierarchy(topology)
     N = topology.nranks
-    rc = hier.rank_cluster
     clusters = hier.clusters
     C = len(clusters)
     for c in clusters:
@@ -140,40 +139,65 @@ def plan_c2c_alltoall(topology: Topology, *, hier: Hierarchy | None = None, chun
         paths.update(_intra_paths(topology, c.ranks))
     ps, pd = topology.pairs()
     linked = set(zip(ps.tolist(), pd.tolist()))
-
-    def path(a: int, b: int) -> list[int]:
-        p = paths.get(a, {}).get(b)
-        if p is None:
-            raise C2CError(f"rank {b} cannot be reached from rank {a} inside their cluster")
-        return p
-
-    legs = []   # (chunk, [ranks gather ... x], (x, y) or None, [y ... j])
+    legs = []
     for a in range(C):
         for b in range(C):
-            ca, cb = clusters[a], clusters[b]
             if a == b:
-                for i in ca.ranks:
-                    for j in ca.ranks:
-                        if i != j:
-                            for k in range(K):
-                                legs.append(((i * N + j) * K + k, path(i, j), None, [j]))
-                continue
-            wa = _int_weights([ca.nic_gbps.get(x, 1) or 1 for x in ca.border_ranks])
-            wb = _int_weights([cb.nic_gbps.get(y, 1) or 1 for y in cb.border_ranks])
-            blocks = [(i, j, k) for k in range(K) for i in ca.ranks for j in cb.ranks]
-            xs = np.asarray(ca.border_ranks)[swrr(wa, len(blocks))]
-            ys = np.asarray(cb.border_ranks)[swrr(wb, len(blocks))]
-            for (i, j, k), x, y in zip(blocks, xs.tolist(), ys.tolist()):
-                if i in ca.border_ranks:
-                    x = i    # a border rank sends its own blocks itself
-                if j in cb.border_ranks:
-                    y = j    # and receives its own
-                if (x, y) not in linked:
-                    alt = [yy for yy in cb.border_ranks if (x, yy) in linked]
-                    if not alt:
-                        raise C2CError(f"border rank {x} of cluster {ca.name} has no link to cluster {cb.name}")
-                    y = alt[(i + j + k) % len(alt)]
-                legs.append(((i * N + j) * K + k, path(i, x), (x, y), path(y, j)))
+                legs += _intra_legs(clusters[a], paths, N, K)
+            else:
+                legs += _cross_legs(clusters[a], clusters[b], paths, linked, N, K)
+    arr, phase = _rows(legs)
+    nm = _sanitize(name if name else f"c2c_alltoall_{topology.name}")
+    return C2CAlltoall(topology, hier, K, arr, np.asarray(phase, np.int64), nm)
+
+
+#: one block's route: (chunk, [ranks of the gather ... x], (x, y) across clusters or None, [y ... j])
+Leg = tuple[int, list[int], "tuple[int, int] | None", list[int]]
+
+
+def _path(paths: dict, a: int, b: int) -> list[int]:
+    p = paths.get(a, {}).get(b)
+    if p is None:
+        raise C2CError(f"rank {b} cannot be reached from rank {a} inside their cluster")
+    return p
+
+
+def _intra_legs(ca, paths: dict, N: int, K: int) -> list[Leg]:
+    """Blocks between two ranks of one cluster: its shortest path."""
+    legs = []
+    for i in ca.ranks:
+        for j in ca.ranks:
+            if i != j:
+                for k in range(K):
+                    legs.append(((i * N + j) * K + k, _path(paths, i, j), None, [j]))
+    return legs
+
+
+def _cross_legs(ca, cb, paths: dict, linked: set, N: int, K: int) -> list[Leg]:
+    """Blocks from cluster ``ca`` to ``cb``: gathered to a border rank of ``ca`` (spread by NIC
+    speed), across to one of ``cb``, scattered to their ranks."""
+    legs = []
+    wa = _int_weights([ca.nic_gbps.get(x, 1) or 1 for x in ca.border_ranks])
+    wb = _int_weights([cb.nic_gbps.get(y, 1) or 1 for y in cb.border_ranks])
+    blocks = [(i, j, k) for k in range(K) for i in ca.ranks for j in cb.ranks]
+    xs = np.asarray(ca.border_ranks)[swrr(wa, len(blocks))]
+    ys = np.asarray(cb.border_ranks)[swrr(wb, len(blocks))]
+    for (i, j, k), x, y in zip(blocks, xs.tolist(), ys.tolist()):
+        if i in ca.border_ranks:
+            x = i    # a border rank sends its own blocks itself
+        if j in cb.border_ranks:
+            y = j    # and receives its own
+        if (x, y) not in linked:
+            alt = [yy for yy in cb.border_ranks if (x, yy) in linked]
+            if not alt:
+                raise C2CError(f"border rank {x} of cluster {ca.name} has no link to cluster {cb.name}")
+            y = alt[(i + j + k) % len(alt)]
+        legs.append(((i * N + j) * K + k, _path(paths, i, x), (x, y), _path(paths, y, j)))
+    return legs
+
+
+def _rows(legs: list[Leg]) -> tuple[np.ndarray, list[int]]:
+    """The transfers (src, dst, step, chunk, RECV) of every leg, and each one's phase."""
     longest_gather = max((len(g) - 1 for _, g, ex, _ in legs if ex is not None), default=0)
     rows, phase = [], []
     for c, g, ex, s in legs:
@@ -188,9 +212,7 @@ def plan_c2c_alltoall(topology: Topology, *, hier: Hierarchy | None = None, chun
         for h in range(len(s) - 1):
             rows.append((s[h], s[h + 1], longest_gather + 1 + h, c, RECV))
             phase.append(3)
-    arr = np.asarray(rows, np.int64).reshape(-1, 5)
-    nm = _sanitize(name if name else f"c2c_alltoall_{topology.name}")
-    return C2CAlltoall(topology, hier, K, arr, np.asarray(phase, np.int64), nm)
+    return np.asarray(rows, np.int64).reshape(-1, 5), phase
 
 
 __all__ = ["C2CAlltoall", "plan_c2c_alltoall", "min_cross_cluster_chunks", "PHASE_NAMES"]

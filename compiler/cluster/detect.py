@@ -88,61 +88,9 @@ def _detect(nvml, err) -> MachineNode:
         raise DetectError("NVML sees no GPU on this machine")
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
     notes: list[str] = []
-    gpus = []
-    busids = []
-    for i, h in enumerate(handles):
-        name = _text(nvml.nvmlDeviceGetName(h))
-        cc = _optional(nvml.nvmlDeviceGetCudaComputeCapability, h, err=err)
-        sm = cc[0] * 10 + cc[1] if cc else speeds.sm_of_model(name)
-        gen = _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h, err=err)
-        width = _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, h, err=err)
-        if gen not in speeds.PCIE_GEN_RATE:
-            gen = speeds.pcie_gen_of_model(name) or speeds.FALLBACK_PCIE_GEN
-            notes.append(f"GPU {i}: PCIe generation not reported, Gen{gen} assumed")
-        if not width or not 1 <= int(width) <= 32:
-            width = speeds.DEFAULT_PCIE_WIDTH
-        bus = _text(nvml.nvmlDeviceGetPciInfo(h).busId)
-        busids.append(_busid(bus))
-        gpus.append(Gpu(bus, speeds.model_name(name), sm, speeds.pcie_gbps(speeds.PCIE_GEN_RATE[gen], int(width))))
-    index = {b: i for i, b in enumerate(busids) if b is not None}
-    max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", DEFAULT_MAX_LINKS))
-    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
-    remote_type = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
-    nv = [[0] * n for _ in range(n)]
-    ports: dict[int, int] = {}
-    for a, h in enumerate(handles):
-        for link in range(max_links):
-            state = _optional(nvml.nvmlDeviceGetNvLinkState, h, link, err=err)
-            if state is None:           # no such link (or no NVLink at all): NVML says NOT_SUPPORTED
-                continue
-            if state != enabled:
-                continue
-            remote = _optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link, err=err)
-            rb = _busid(remote.busId) if remote is not None else None
-            kind = _optional(remote_type, h, link, err=err) if remote_type is not None else None
-            if rb in index and index[rb] != a and kind in (None, REMOTE_GPU):
-                nv[a][index[rb]] += 1
-            elif kind == REMOTE_SWITCH or (kind is None and rb not in index):
-                ports[a] = ports.get(a, 0) + 1
-            elif kind == REMOTE_IBMNPU:
-                notes.append(f"GPU {a}: NVLink {link} to the CPU is not modelled")
-    for a in range(n):
-        for b in range(a + 1, n):
-            if nv[a][b] != nv[b][a]:
-                notes.append(f"GPUs {a} and {b} count {nv[a][b]} and {nv[b][a]} NVLinks to each other: the fewer taken")
-                nv[a][b] = nv[b][a] = min(nv[a][b], nv[b][a])
-    rel = [["PIX"] * n for _ in range(n)]
-    unknown = 0
-    for a in range(n):
-        for b in range(a + 1, n):
-            level = _optional(nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b], err=err)
-            if level is None:           # not reported (some virtual machines): the farthest assumed
-                unknown += 1
-            rel[a][b] = rel[b][a] = LEVEL_RELATION.get(int(level), "SYS") if level is not None else "SYS"
-    if unknown:
-        notes.append(f"NVML did not say the PCIe path of {unknown} GPU pairs: taken as SYS (across the sockets)")
-    if any(rel[a][b] == "SYS" for a in range(n) for b in range(n)):
-        notes.append(f"SYS pairs cross the CPU sockets' link, taken at {speeds.UNKNOWN_INTER_SOCKET_GBPS} GB/s")
+    gpus, busids = _gpus(nvml, handles, err, notes)
+    nv, ports = _nvlinks(nvml, handles, {b: i for i, b in enumerate(busids) if b is not None}, err, notes)
+    rel = _pcie_relations(nvml, handles, err, notes)
     notes.append("NVML knows no NICs: this node has none (hccc topo --from-nccl reads them from NCCL's dump)")
     if len(ports) == 1:
         notes.append(f"GPU {next(iter(ports))} alone has NVLinks to an NVSwitch: left out")
@@ -169,3 +117,73 @@ def detect_topology():
     from hccc.compiler.cluster.machine import write_topology
     return write_topology([detect_machine()], "detected by hccc through NVML", "detected.topo")
 
+
+def _gpus(nvml, handles: list, err, notes: list[str]) -> tuple[list[Gpu], list]:
+    """Every GPU (model, compute capability, PCIe link) and its PCI bus id."""
+    gpus = []
+    busids = []
+    for i, h in enumerate(handles):
+        name = _text(nvml.nvmlDeviceGetName(h))
+        cc = _optional(nvml.nvmlDeviceGetCudaComputeCapability, h, err=err)
+        sm = cc[0] * 10 + cc[1] if cc else speeds.sm_of_model(name)
+        gen = _optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h, err=err)
+        width = _optional(nvml.nvmlDeviceGetMaxPcieLinkWidth, h, err=err)
+        if gen not in speeds.PCIE_GEN_RATE:
+            gen = speeds.pcie_gen_of_model(name) or speeds.FALLBACK_PCIE_GEN
+            notes.append(f"GPU {i}: PCIe generation not reported, Gen{gen} assumed")
+        if not width or not 1 <= int(width) <= 32:
+            width = speeds.DEFAULT_PCIE_WIDTH
+        bus = _text(nvml.nvmlDeviceGetPciInfo(h).busId)
+        busids.append(_busid(bus))
+        gpus.append(Gpu(bus, speeds.model_name(name), sm, speeds.pcie_gbps(speeds.PCIE_GEN_RATE[gen], int(width))))
+    return gpus, busids
+
+
+def _nvlinks(nvml, handles: list, index: dict, err, notes: list[str]) -> tuple[list[list[int]], dict[int, int]]:
+    """NVLinks per GPU pair (the fewer of the two ends' counts) and per GPU to an NVSwitch."""
+    n = len(handles)
+    max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", DEFAULT_MAX_LINKS))
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    remote_type = getattr(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", None)
+    nv = [[0] * n for _ in range(n)]
+    ports: dict[int, int] = {}
+    for a, h in enumerate(handles):
+        for link in range(max_links):
+            state = _optional(nvml.nvmlDeviceGetNvLinkState, h, link, err=err)
+            if state is None:           # no such link (or no NVLink at all): NVML says NOT_SUPPORTED
+                continue
+            if state != enabled:
+                continue
+            remote = _optional(nvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link, err=err)
+            rb = _busid(remote.busId) if remote is not None else None
+            kind = _optional(remote_type, h, link, err=err) if remote_type is not None else None
+            if rb in index and index[rb] != a and kind in (None, REMOTE_GPU):
+                nv[a][index[rb]] += 1
+            elif kind == REMOTE_SWITCH or (kind is None and rb not in index):
+                ports[a] = ports.get(a, 0) + 1
+            elif kind == REMOTE_IBMNPU:
+                notes.append(f"GPU {a}: NVLink {link} to the CPU is not modelled")
+    for a in range(n):
+        for b in range(a + 1, n):
+            if nv[a][b] != nv[b][a]:
+                notes.append(f"GPUs {a} and {b} count {nv[a][b]} and {nv[b][a]} NVLinks to each other: the fewer taken")
+                nv[a][b] = nv[b][a] = min(nv[a][b], nv[b][a])
+    return nv, ports
+
+
+def _pcie_relations(nvml, handles: list, err, notes: list[str]) -> list[list[str]]:
+    """The PCIe relation (PIX .. SYS) of every GPU pair, SYS where NVML does not say."""
+    n = len(handles)
+    rel = [["PIX"] * n for _ in range(n)]
+    unknown = 0
+    for a in range(n):
+        for b in range(a + 1, n):
+            level = _optional(nvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b], err=err)
+            if level is None:           # not reported (some virtual machines): the farthest assumed
+                unknown += 1
+            rel[a][b] = rel[b][a] = LEVEL_RELATION.get(int(level), "SYS") if level is not None else "SYS"
+    if unknown:
+        notes.append(f"NVML did not say the PCIe path of {unknown} GPU pairs: taken as SYS (across the sockets)")
+    if any(rel[a][b] == "SYS" for a in range(n) for b in range(n)):
+        notes.append(f"SYS pairs cross the CPU sockets' link, taken at {speeds.UNKNOWN_INTER_SOCKET_GBPS} GB/s")
+    return rel

@@ -244,6 +244,31 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
     r = _Reader(src)
     r.int_attr(root, "version", lo=0, hi=1000)
     notes: list[str] = []
+    gpu_els, sms = _gpu_elements(r, root)
+    node, local = _node(r, src, gpu_els, sms, notes)
+    _nvlinks(r, node, gpu_els, local, notes)
+    fabric_size = len(node.nvswitch)     # the pairs' count is checked before any path is worked out
+    check_pair_links(node.source, len(node.gpus), fabric_size * (fabric_size - 1) // 2)
+    paths = [_ancestors(g.parent) for g in gpu_els]
+    speeds_of = _PathSpeeds(r, notes)
+    _pcie_paths(r, node, gpu_els, paths, speeds_of, notes)
+    _pcie_switches(node, gpu_els, paths, speeds_of)
+    _nics(r, root, node, paths, notes)
+    hosts = {el.attrs.get("host_hash") for el in root.children if el.attrs.get("host_hash")}
+    if len(hosts) > 1:
+        notes.append(f"CPUs of {len(hosts)} hosts (host_hash) in one dump, NCCL's view of an NVLink domain "
+                     "across hosts: modelled as one node")
+    node.notes = list(dict.fromkeys(notes))      # once each, in the order found
+    fabric = (f"NVSwitch, {node.fabric_ports} NVLinks x {_n(node.nvlink_gbps)} GB/s per GPU" if node.nvswitch else
+              f"{len(node.nvlinks)} NVLink pairs" if node.nvlinks else "no NVLink")
+    nic_text = ", ".join(f"{n.name} {_n(n.gbps)} GB/s" for n in node.nics if n.gpus) or "no NIC"
+    node.describe = f"{len(node.gpus)} x {node.model or 'GPU'} (sm {min(sms)}), {fabric}; {nic_text}"
+    return node
+
+
+def _gpu_elements(r: _Reader, root: El) -> tuple[list[El], list[int]]:
+    """The ``<gpu>`` elements in rank order (``dev`` order where ranks are missing or repeated, else
+    the file's), and the compute capability of each."""
     gpu_els = [el for el in _walk(root) if el.tag == "gpu"]
     if not gpu_els:
         raise r.err(root, "the dump lists no <gpu>: NCCL writes the GPUs of the ranks on its node")
@@ -261,14 +286,18 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
             break
     else:
         order = list(range(len(gpu_els)))
-    gpu_els = [gpu_els[i] for i in order]
-    sms = [sms[i] for i in order]
+    return [gpu_els[i] for i in order], [sms[i] for i in order]
+
+
+def _node(r: _Reader, src: SourceFile, gpu_els: list[El], sms: list[int],
+          notes: list[str]) -> tuple[MachineNode, dict[tuple, int]]:
+    """The node and its GPUs (model from the PCI device id, PCIe link to the parent), and each
+    GPU's local id by PCI bus id."""
     busids = [r.busid(g.parent, "busid") for g in gpu_els]
     local = {b: i for i, b in enumerate(busids)}
     if len(local) < len(busids):
         dup = next(i for i, b in enumerate(busids) if busids.index(b) != i)
         raise r.err(gpu_els[dup].parent, "two GPUs with one PCI bus id")
-
     gpus = []
     for g, sm in zip(gpu_els, sms):
         pci = g.parent
@@ -280,38 +309,16 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
         gpus.append(Gpu(pci.attrs["busid"], name, sm, r.link_gbps(pci, notes)))
     node = MachineNode(Path(src.name).name, gpus, notes=notes)
     node.nvlink_gbps = speeds.nvlink_gbps(min(sms))
+    return node, local
 
-    # NVLinks, as each GPU lists them
+
+def _nvlinks(r: _Reader, node: MachineNode, gpu_els: list[El], local: dict[tuple, int], notes: list[str]) -> None:
+    """NVLinks as each GPU lists them: to another GPU of the dump (both ends' counts reconciled), to
+    the node's NVSwitch fabric, or noted and left out."""
     listed: dict[tuple[int, int], int] = {}
     for a, g in enumerate(gpu_els):
         for link in g.children:
-            if link.tag == "c2c":
-                notes.append(f"line {link.line}: GPU {a}'s C2C link to its CPU is not modelled")
-                continue
-            text = r.attr(link, "target")
-            m = _BUSID.fullmatch(text.strip())
-            target = tuple(int(x, 16) for x in m.groups()) if m else None
-            count = r.int_attr(link, "count", lo=1, hi=1024)
-            tclass = (link.attrs.get("tclass") or "").strip().lower()
-            if target is None and tclass != CLASS_NVSWITCH and text.strip().lower() != NVSWITCH_HIDDEN:
-                raise r.err(link, f"target=\"{printable(text, limit=30)}\" is not a PCI bus id "
-                                  "(DOMAIN:BUS:DEVICE.FUNCTION)")
-            if not tclass and target not in local:
-                tclass = CLASS_NVSWITCH     # NCCL's rule: a remote end it cannot see is an NVSwitch
-            if target in local and local[target] != a:
-                b = local[target]
-                listed[(a, b)] = listed.get((a, b), 0) + count
-            elif tclass == CLASS_NVSWITCH:
-                node.nvswitch[a] = node.nvswitch.get(a, 0) + count
-            elif tclass == CLASS_CPU_NVLINK or tclass.startswith("0x0600"):
-                notes.append(f"line {link.line}: GPU {a}'s {count} NVLinks to its CPU are not modelled")
-            elif tclass.startswith("0x03"):
-                notes.append(f"line {link.line}: GPU {a}'s {count} NVLinks to {link.attrs['target']} "
-                             "(a GPU outside this dump) are left out")
-            else:
-                raise r.err(link, f"NVLink target {printable(link.attrs['target'], limit=30)} is not a GPU of this "
-                                  f"dump, and its tclass \"{printable(tclass, limit=20)}\" is not an NVSwitch "
-                                  f"({CLASS_NVSWITCH}) or a CPU ({CLASS_CPU_NVLINK})")
+            _nvlink(r, node, a, link, local, listed, notes)
     for (a, b), n in listed.items():
         if a > b and (b, a) in listed:
             continue
@@ -331,18 +338,58 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
     if len(node.nvswitch) == 1:     # one GPU on a fabric reaches nobody through it
         node.nvswitch.clear()
 
-    # PCIe paths of the pairs NVLink does not join
-    fabric_size = len(node.nvswitch)
-    check_pair_links(node.source, len(gpus), fabric_size * (fabric_size - 1) // 2)
-    paths = [_ancestors(g.parent) for g in gpu_els]
-    link_bw: dict[int, Fraction] = {}
 
-    def bw_of(el: El) -> Fraction:
+def _nvlink(r: _Reader, node: MachineNode, a: int, link: El, local: dict[tuple, int],
+            listed: dict[tuple[int, int], int], notes: list[str]) -> None:
+    """One ``<nvlink>`` (or ``<c2c>``) of GPU ``a``."""
+    if link.tag == "c2c":
+        notes.append(f"line {link.line}: GPU {a}'s C2C link to its CPU is not modelled")
+        return
+    text = r.attr(link, "target")
+    m = _BUSID.fullmatch(text.strip())
+    target = tuple(int(x, 16) for x in m.groups()) if m else None
+    count = r.int_attr(link, "count", lo=1, hi=1024)
+    tclass = (link.attrs.get("tclass") or "").strip().lower()
+    if target is None and tclass != CLASS_NVSWITCH and text.strip().lower() != NVSWITCH_HIDDEN:
+        raise r.err(link, f"target=\"{printable(text, limit=30)}\" is not a PCI bus id "
+                          "(DOMAIN:BUS:DEVICE.FUNCTION)")
+    if not tclass and target not in local:
+        tclass = CLASS_NVSWITCH     # NCCL's rule: a remote end it cannot see is an NVSwitch
+    if target in local and local[target] != a:
+        b = local[target]
+        listed[(a, b)] = listed.get((a, b), 0) + count
+    elif tclass == CLASS_NVSWITCH:
+        node.nvswitch[a] = node.nvswitch.get(a, 0) + count
+    elif tclass == CLASS_CPU_NVLINK or tclass.startswith("0x0600"):
+        notes.append(f"line {link.line}: GPU {a}'s {count} NVLinks to its CPU are not modelled")
+    elif tclass.startswith("0x03"):
+        notes.append(f"line {link.line}: GPU {a}'s {count} NVLinks to {link.attrs['target']} "
+                     "(a GPU outside this dump) are left out")
+    else:
+        raise r.err(link, f"NVLink target {printable(link.attrs['target'], limit=30)} is not a GPU of this "
+                          f"dump, and its tclass \"{printable(tclass, limit=20)}\" is not an NVSwitch "
+                          f"({CLASS_NVSWITCH}) or a CPU ({CLASS_CPU_NVLINK})")
+
+
+class _PathSpeeds:
+    """The link of each ``<pci>`` element to its parent, read once (a note about it is made once)."""
+
+    def __init__(self, r: _Reader, notes: list[str]):
+        self.r, self.notes = r, notes
+        self._gbps: dict[int, Fraction] = {}
+
+    def __call__(self, el: El) -> Fraction:
         key = id(el)
-        if key not in link_bw:
-            link_bw[key] = r.link_gbps(el, notes)
-        return link_bw[key]
+        if key not in self._gbps:
+            self._gbps[key] = self.r.link_gbps(el, self.notes)
+        return self._gbps[key]
 
+
+def _pcie_paths(r: _Reader, node: MachineNode, gpu_els: list[El], paths: list[list[El]], speed: _PathSpeeds,
+                notes: list[str]) -> None:
+    """The PCIe path of every pair NVLink does not join, at its slowest hop (and the CPU sockets'
+    link where it crosses it)."""
+    gpus = node.gpus
     socket_notes = set()
     for a in range(len(gpus)):
         for b in range(a + 1, len(gpus)):
@@ -353,19 +400,27 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
             common = next(x for x in pa if id(x) in ids_b)
             hops = [x for x in pa[:pa.index(common)] if x.tag == "pci"] + \
                    [x for x in pb[:[id(y) for y in pb].index(id(common))] if x.tag == "pci"]
-            bw = min(bw_of(x) for x in hops) if hops else gpus[a].pcie_gbps
+            bw = min(speed(x) for x in hops) if hops else gpus[a].pcie_gbps
             if common.tag == "system":
-                cpu = _cpu_of(gpu_els[a])
-                fam = r.int_attr(cpu, "familyid", required=False, hi=10**6) if cpu is not None else None
-                mod = r.int_attr(cpu, "modelid", required=False, hi=10**6) if cpu is not None else None
-                sock, what = speeds.inter_socket_gbps(cpu.attrs.get("vendor") if cpu else None,
-                                                      cpu.attrs.get("arch") if cpu else None, fam, mod)
+                sock, what = _inter_socket(r, gpu_els[a])
                 socket_notes.add(f"PCIe paths between the CPU sockets cross the {what} at {sock} GB/s")
                 bw = min(bw, sock)
             node.pcie[(a, b)] = bw
     notes.extend(sorted(socket_notes))
 
-    # PCIe switches: the topmost bridge under a CPU holds the GPUs below it
+
+def _inter_socket(r: _Reader, gpu_el: El) -> tuple[Fraction, str]:
+    """The link between the CPU sockets, as the CPU above ``gpu_el`` names it."""
+    cpu = _cpu_of(gpu_el)
+    fam = r.int_attr(cpu, "familyid", required=False, hi=10**6) if cpu is not None else None
+    mod = r.int_attr(cpu, "modelid", required=False, hi=10**6) if cpu is not None else None
+    return speeds.inter_socket_gbps(cpu.attrs.get("vendor") if cpu else None,
+                                    cpu.attrs.get("arch") if cpu else None, fam, mod)
+
+
+def _pcie_switches(node: MachineNode, gpu_els: list[El], paths: list[list[El]], speed: _PathSpeeds) -> None:
+    """The topmost bridge under a CPU holds the GPUs below it, which share its uplink; a GPU right
+    under a CPU has its own root port."""
     groups: dict[int, list[int]] = {}
     top_of: dict[int, El] = {}
     for a, path in enumerate(paths):
@@ -381,46 +436,37 @@ def read_nccl_dump(src: SourceFile) -> MachineNode:
     for key, members in sorted(groups.items(), key=lambda kv: kv[1]):
         top = top_of[key]
         what = "PCIe switch" if len(members) > 1 or top is not gpu_els[members[0]].parent else "root port"
-        node.pcie_groups.append((tuple(members), bw_of(top), what))
+        node.pcie_groups.append((tuple(members), speed(top), what))
 
-    # NICs: every <net> a port, each GPU on its nearest
-    nets = [el for el in _walk(root) if el.tag == "net"]
+
+def _nics(r: _Reader, root: El, node: MachineNode, paths: list[list[El]], notes: list[str]) -> None:
+    """Every ``<net>`` a NIC port; each GPU on its nearest (a shared PCIe switch before the same CPU
+    before another CPU, then fewer hops, then the port with the fewest GPUs so far)."""
     nic_list: list[tuple[str, Fraction, El]] = []
-    for net in nets:
+    for net in (el for el in _walk(root) if el.tag == "net"):
         mbit = r.int_attr(net, "speed", lo=1, hi=10**8)
         name = printable(net.attrs.get("name") or f"net{len(nic_list)}", limit=40)
         nic_list.append((name, Fraction(mbit, 8000), net.parent.parent))   # <net> in <nic> in <pci>/<cpu>
-    if nic_list:
-        users: list[list[int]] = [[] for _ in nic_list]
-        for a, path in enumerate(paths):
-            ids = [id(x) for x in path]
+    if not nic_list:
+        return
+    users: list[list[int]] = [[] for _ in nic_list]
+    holder_paths = [_ancestors(holder) for _, _, holder in nic_list]
+    for a, path in enumerate(paths):
+        ids = [id(x) for x in path]
 
-            def distance(k):
-                holder = nic_list[k][2]
-                hp = _ancestors(holder)
-                common = next((x for x in hp if id(x) in ids), None)
-                i_a, i_n = ids.index(id(common)), [id(x) for x in hp].index(id(common))
-                level = PCIE_RELATIONS.index("PXB") if common.tag == "pci" else \
-                    PCIE_RELATIONS.index("PHB") if common.tag == "cpu" else PCIE_RELATIONS.index("SYS")
-                return level, i_a + i_n, len(users[k]), k
+        def distance(k):
+            hp = holder_paths[k]
+            common = next((x for x in hp if id(x) in ids), None)
+            i_a, i_n = ids.index(id(common)), [id(x) for x in hp].index(id(common))
+            level = PCIE_RELATIONS.index("PXB") if common.tag == "pci" else \
+                PCIE_RELATIONS.index("PHB") if common.tag == "cpu" else PCIE_RELATIONS.index("SYS")
+            return level, i_a + i_n, len(users[k]), k
 
-            users[min(range(len(nic_list)), key=distance)].append(a)
-        node.nics = [Nic(name, gbps, tuple(u)) for (name, gbps, _), u in zip(nic_list, users)]
-        unused = [name for (name, _, _), u in zip(nic_list, users) if not u]
-        if unused:
-            notes.append(f"NIC ports no GPU is nearest to, left out: {', '.join(unused)}")
-
-    hosts = {el.attrs.get("host_hash") for el in root.children if el.attrs.get("host_hash")}
-    if len(hosts) > 1:
-        notes.append(f"CPUs of {len(hosts)} hosts (host_hash) in one dump, NCCL's view of an NVLink domain "
-                     "across hosts: modelled as one node")
-    node.notes = list(dict.fromkeys(notes))      # once each, in the order found
-    model = node.model
-    fabric = (f"NVSwitch, {node.fabric_ports} NVLinks x {_n(node.nvlink_gbps)} GB/s per GPU" if node.nvswitch else
-              f"{len(node.nvlinks)} NVLink pairs" if node.nvlinks else "no NVLink")
-    nic_text = ", ".join(f"{n.name} {_n(n.gbps)} GB/s" for n in node.nics if n.gpus) or "no NIC"
-    node.describe = f"{len(gpus)} x {model or 'GPU'} (sm {min(sms)}), {fabric}; {nic_text}"
-    return node
+        users[min(range(len(nic_list)), key=distance)].append(a)
+    node.nics = [Nic(name, gbps, tuple(u)) for (name, gbps, _), u in zip(nic_list, users)]
+    unused = [name for (name, _, _), u in zip(nic_list, users) if not u]
+    if unused:
+        notes.append(f"NIC ports no GPU is nearest to, left out: {', '.join(unused)}")
 
 
 def _n(x: Fraction) -> str:

@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, SharedSpec,
-                                               format_topology, parse_topology)
+from hccc.compiler.cluster.topo_format import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec, SharedSpec,
+                                               format_topology)
+from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.cluster.topology import Topology
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable

@@ -315,25 +315,35 @@ class Topology:
         self.nranks = sum(nd.ngpus for nd in nodes)
         self.chunk_size = int(chunk_size)
         self.params = params
-        n = self.nranks
         self.rank_node = np.repeat(np.arange(len(nodes), dtype=np.int32),
                                    [nd.ngpus for nd in nodes]).astype(np.int32)
         self.link_src = np.ascontiguousarray(src, dtype=np.int32)
         self.link_dst = np.ascontiguousarray(dst, dtype=np.int32)
         self.link_param = np.ascontiguousarray(param_id, dtype=np.int32)
-        # exact chunking per parameter entry
-        used = np.unique(self.link_param)
         taus = [chunk_time(p.alpha_us, p.bandwidth_gbps, self.chunk_size) for p in params]
+        pcap, ref = self._chunking(taus)
+        self._link_columns(taus, pcap)
+        self.groups: tuple[SharedGroup, ...] = self._shared_groups(groups, ref)
+        self._index_groups()
+        self._index_pairs()
+
+    def _chunking(self, taus: list[Fraction]) -> tuple[list[int], int]:
+        """HeteCCL's Eq. 1, exactly, per parameter entry: sets ``tau_ref_exact`` and returns every
+        entry's logical capacity and the entry of the slowest link (-1 without links)."""
+        used = np.unique(self.link_param)
         self.tau_ref_exact: Fraction | None = max((taus[i] for i in used), default=None)
-        ref = -1
-        if self.tau_ref_exact is not None:
-            pcap = [logical_capacity(self.tau_ref_exact, t, p.lanes) for t, p in zip(taus, params)]
-            ref = next(i for i in used.tolist() if taus[i] == self.tau_ref_exact)
-            for i in used.tolist():
-                if pcap[i] > MAX_LOGICAL_CAPACITY:
-                    raise CapacityError("param", i, pcap[i], ref)
-        else:
-            pcap = [p.lanes for p in params]
+        if self.tau_ref_exact is None:
+            return [p.lanes for p in self.params], -1
+        pcap = [logical_capacity(self.tau_ref_exact, t, p.lanes) for t, p in zip(taus, self.params)]
+        ref = next(i for i in used.tolist() if taus[i] == self.tau_ref_exact)
+        for i in used.tolist():
+            if pcap[i] > MAX_LOGICAL_CAPACITY:
+                raise CapacityError("param", i, pcap[i], ref)
+        return pcap, ref
+
+    def _link_columns(self, taus: list[Fraction], pcap: list[int]) -> None:
+        """Per-link arrays of the parameter entries' class, speed, latency and capacity."""
+        params = self.params
         codes = np.array([CLASS_CODE[p.cls] for p in params] or [0], dtype=np.int8)
         bws = np.array([float(p.bandwidth_gbps * GB) for p in params] or [1.0])
         lanes = np.array([p.lanes for p in params] or [1], dtype=np.int32)
@@ -347,7 +357,10 @@ class Topology:
         self.link_beta = 1.0 / self.link_bandwidth if self.link_param.size else np.zeros(0)
         self.link_capacity = caps[self.link_param]  # C(u, v)
         self.link_tau = ptau[self.link_param]
-        # shared groups
+
+    def _shared_groups(self, groups: Sequence[tuple[str, str, str, np.ndarray, LinkParams]],
+                       ref: int) -> tuple[SharedGroup, ...]:
+        """The shared groups with their logical capacities ``C_g``."""
         glist: list[SharedGroup] = []
         for gid, (kind, direction, label, members, p) in enumerate(groups):
             tau_g = chunk_time(p.alpha_us, p.bandwidth_gbps, self.chunk_size)
@@ -357,10 +370,13 @@ class Topology:
                 raise CapacityError("group", gid, cg, ref)
             glist.append(SharedGroup(gid, kind, direction, label, np.asarray(members, np.int64),
                                      p.bandwidth_gbps, p.lanes, p.alpha_us, cg))
-        self.groups: tuple[SharedGroup, ...] = tuple(glist)
-        # link -> groups (CSR)
+        return tuple(glist)
+
+    def _index_groups(self) -> None:
+        """link -> groups (CSR)."""
+        glist = self.groups
         if glist:
-            gm = np.concatenate([g.members for g in glist]) if glist else np.zeros(0, np.int64)
+            gm = np.concatenate([g.members for g in glist])
             gg = np.repeat(np.arange(len(glist)), [g.members.size for g in glist])
         else:
             gm = np.zeros(0, np.int64)
@@ -368,8 +384,10 @@ class Topology:
         order = np.lexsort((gg, gm))
         self._lg_groups = gg[order].astype(np.int32)
         self._lg_ptr = np.searchsorted(gm[order], np.arange(self.link_src.size + 1)).astype(np.int64)
-        # pair index: sorted keys -> best link per (u, v)
-        key = self.link_src.astype(np.int64) * n + self.link_dst
+
+    def _index_pairs(self) -> None:
+        """Sorted (u, v) keys -> the best link per pair, all its links and their summed capacity."""
+        key = self.link_src.astype(np.int64) * self.nranks + self.link_dst
         total_bw = self.link_bandwidth * self.link_lanes
         order = np.lexsort((np.arange(key.size), self.link_alpha, -total_bw, -self.link_capacity, key))
         skey = key[order]
@@ -485,50 +503,59 @@ class Topology:
 
     def summary(self) -> dict:
         """Plain-data description (JSON-serialisable) for ``hccc topo --json``."""
-        vendors: dict[str, int] = {}
-        for nd in self.nodes:
-            vendors[nd.vendor] = vendors.get(nd.vendor, 0) + nd.ngpus
-        classes: dict[str, dict] = {}
-        counts = np.bincount(self.link_param, minlength=len(self.params)) if self.params else []
-        for pid, p in enumerate(self.params):
-            if not counts[pid]:
-                continue
-            entry = classes.setdefault(p.cls, {"links": 0, "variants": []})
-            entry["links"] += int(counts[pid])
-            tau = chunk_time(p.alpha_us, p.bandwidth_gbps, self.chunk_size)
-            entry["variants"].append({
-                "bandwidth_gbps": float(p.bandwidth_gbps), "lanes": p.lanes, "alpha_us": float(p.alpha_us),
-                "tau_s": float(tau),
-                "capacity": logical_capacity(self.tau_ref_exact, tau, p.lanes),
-                "links": int(counts[pid])})
-        for entry in classes.values():
-            entry["variants"].sort(key=lambda d: (d["bandwidth_gbps"], d["lanes"], d["alpha_us"]))
-        kinds: dict[str, int] = {}
-        for g in self.groups:
-            kinds[g.kind] = kinds.get(g.kind, 0) + 1
-        return {
-            "name": self.name,
-            "nranks": self.nranks,
-            "nnodes": len(self.nodes),
-            "chunk_size": self.chunk_size,
-            "tau_ref_s": self.tau_ref,
-            "nodes": [{"name": nd.name, "first_rank": nd.offset, "ngpus": nd.ngpus, "vendor": nd.vendor,
-                       "model": nd.model,
-                       "gamma_gbps": None if nd.gamma_gbps is None else float(nd.gamma_gbps)}
-                      for nd in self.nodes],
-            "vendors": dict(sorted(vendors.items())),
-            "links": self.nlinks,
-            "link_classes": {c: classes[c] for c in LINK_CLASSES if c in classes},
-            "shared_groups": {
-                "count": len(self.groups),
-                "by_kind": dict(sorted(kinds.items())),
-                "groups": [{"id": g.id, "kind": g.kind, "direction": g.direction, "label": g.label,
-                            "links": int(g.members.size), "bandwidth_gbps": float(g.bandwidth_gbps),
-                            "lanes": g.lanes, "capacity_gbps": float(g.bandwidth_gbps * g.lanes),
-                            "capacity": g.capacity} for g in self.groups],
-            },
-        }
+        return _summary(self)
 
     def __repr__(self) -> str:
         return (f"Topology({self.name!r}, nodes={len(self.nodes)}, ranks={self.nranks}, links={self.nlinks}, "
                 f"groups={len(self.groups)})")
+
+
+def _link_classes_summary(topo: Topology) -> dict[str, dict]:
+    """Links per class, and each class's variants (parameter entries) with their chunk time and capacity."""
+    classes: dict[str, dict] = {}
+    counts = np.bincount(topo.link_param, minlength=len(topo.params)) if topo.params else []
+    for pid, p in enumerate(topo.params):
+        if not counts[pid]:
+            continue
+        entry = classes.setdefault(p.cls, {"links": 0, "variants": []})
+        entry["links"] += int(counts[pid])
+        tau = chunk_time(p.alpha_us, p.bandwidth_gbps, topo.chunk_size)
+        entry["variants"].append({
+            "bandwidth_gbps": float(p.bandwidth_gbps), "lanes": p.lanes, "alpha_us": float(p.alpha_us),
+            "tau_s": float(tau),
+            "capacity": logical_capacity(topo.tau_ref_exact, tau, p.lanes),
+            "links": int(counts[pid])})
+    for entry in classes.values():
+        entry["variants"].sort(key=lambda d: (d["bandwidth_gbps"], d["lanes"], d["alpha_us"]))
+    return {c: classes[c] for c in LINK_CLASSES if c in classes}
+
+
+def _summary(topo: Topology) -> dict:
+    vendors: dict[str, int] = {}
+    for nd in topo.nodes:
+        vendors[nd.vendor] = vendors.get(nd.vendor, 0) + nd.ngpus
+    kinds: dict[str, int] = {}
+    for g in topo.groups:
+        kinds[g.kind] = kinds.get(g.kind, 0) + 1
+    return {
+        "name": topo.name,
+        "nranks": topo.nranks,
+        "nnodes": len(topo.nodes),
+        "chunk_size": topo.chunk_size,
+        "tau_ref_s": topo.tau_ref,
+        "nodes": [{"name": nd.name, "first_rank": nd.offset, "ngpus": nd.ngpus, "vendor": nd.vendor,
+                   "model": nd.model,
+                   "gamma_gbps": None if nd.gamma_gbps is None else float(nd.gamma_gbps)}
+                  for nd in topo.nodes],
+        "vendors": dict(sorted(vendors.items())),
+        "links": topo.nlinks,
+        "link_classes": _link_classes_summary(topo),
+        "shared_groups": {
+            "count": len(topo.groups),
+            "by_kind": dict(sorted(kinds.items())),
+            "groups": [{"id": g.id, "kind": g.kind, "direction": g.direction, "label": g.label,
+                        "links": int(g.members.size), "bandwidth_gbps": float(g.bandwidth_gbps),
+                        "lanes": g.lanes, "capacity_gbps": float(g.bandwidth_gbps * g.lanes),
+                        "capacity": g.capacity} for g in topo.groups],
+        },
+    }
