@@ -85,6 +85,34 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     after another in that thread block anyway, so merging adds no wait and saves thread blocks.
     """
     n = len(rows)
+    comps = _components(rows)
+    group = _merge_groups(rows, comps, merge_up_to)
+    table, owner = _group_tbs(rows, comps, group)
+    tb, order, seg = _place_local_rows(rows, owner, table)
+    idx, mem, starts = _positions(rows, tb, owner, order, table.ntbs)
+    tb_id = _tb_ids(rows, mem, starts, table)
+    out = _keep_split_order(rows, tb, order, seg)
+    nt = table.ntbs
+    lay = Layout(out, table.rank, table.send, table.recv, table.ch, table.htb, tb_id, np.zeros(nt, np.int64), tb,
+                 idx, np.zeros(n, np.int64), np.zeros(n, bool))
+    return _canonical(lay)
+
+
+@dataclass(slots=True)
+class _Components:
+    """The rows' components of connection ends (:func:`~hccc.compiler.interop.msccl_prims.end_components`)."""
+
+    n: int
+    pc: np.ndarray           # per row: its component (-1: a local row)
+    peer_rows: np.ndarray    # the rows in a component, in row order
+    size: np.ndarray         # per component: its rows
+    first_row: np.ndarray    # per component: its first row
+    last_row: np.ndarray     # per component: its last row
+    send: np.ndarray         # per component: its send peer or -1
+    recv: np.ndarray         # per component: its receive peer or -1
+
+
+def _components(rows: Prims) -> _Components:
     ends = end_components(rows)
     nc = ends.ncomp
     pc = ends.row_comp()
@@ -101,46 +129,88 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     comp_recv = np.full(nc, -1, np.int64)
     comp_send[ends.comp[ends.sends]] = ends.peer[ends.sends]
     comp_recv[ends.comp[~ends.sends]] = ends.peer[~ends.sends]
-    group = np.arange(nc)
-    if merge_up_to > 0 and nc:
-        h_rank, h_htb = rows.rank[last_row], rows.htb[last_row]
-        first_pos, ch = rows.pos[first_row], rows.ch[first_row]
-        cur = None
-        groups: list[list] = []      # [root, sends, receives, channel, size]
-        by_htb = lexsort((_half_steps(first_pos), h_htb, h_rank))
-        alone = np.ones(nc, bool)    # the only component of its hccc TB: nothing to merge
-        twin = (h_rank[by_htb][1:] == h_rank[by_htb][:-1]) & (h_htb[by_htb][1:] == h_htb[by_htb][:-1])
-        alone[by_htb[1:][twin]] = alone[by_htb[:-1][twin]] = False
-        for r in by_htb[~alone[by_htb]].tolist():
-            if (h_rank[r], h_htb[r]) != cur:
-                cur, groups = (h_rank[r], h_htb[r]), []
-            se, re_, c = comp_send[r] >= 0, comp_recv[r] >= 0, ch[r]
-            for g in groups:
-                if g[3] == c and not (g[1] and se) and not (g[2] and re_) and g[4] + size[r] <= merge_up_to:
-                    g[1] |= se
-                    g[2] |= re_
-                    g[4] += size[r]
-                    group[r] = g[0]
-                    break
-            else:
-                groups.append([r, se, re_, c, size[r]])
-    g_send = np.full(nc, -1, np.int64)
-    g_recv = np.full(nc, -1, np.int64)
-    np.maximum.at(g_send, group, comp_send)
-    np.maximum.at(g_recv, group, comp_recv)
-    # one TB per group, made in the order of the group's first row
-    gid = group[pc[peer_rows]]
+    return _Components(nc, pc, peer_rows, size, first_row, last_row, comp_send, comp_recv)
+
+
+def _merge_groups(rows: Prims, c: _Components, merge_up_to: int) -> np.ndarray:
+    """Per component: the component whose thread block it joins (itself where it joins none).
+    First fit among the components of its hccc thread block, by position (:func:`assign_tbs`)."""
+    group = np.arange(c.n)
+    if not (merge_up_to > 0 and c.n):
+        return group
+    h_rank, h_htb = rows.rank[c.last_row], rows.htb[c.last_row]
+    first_pos, ch = rows.pos[c.first_row], rows.ch[c.first_row]
+    cur = None
+    groups: list[list] = []      # [root, sends, receives, channel, size]
+    by_htb = lexsort((_half_steps(first_pos), h_htb, h_rank))
+    alone = np.ones(c.n, bool)   # the only component of its hccc TB: nothing to merge
+    twin = (h_rank[by_htb][1:] == h_rank[by_htb][:-1]) & (h_htb[by_htb][1:] == h_htb[by_htb][:-1])
+    alone[by_htb[1:][twin]] = alone[by_htb[:-1][twin]] = False
+    for r in by_htb[~alone[by_htb]].tolist():
+        if (h_rank[r], h_htb[r]) != cur:
+            cur, groups = (h_rank[r], h_htb[r]), []
+        se, re_, cc = c.send[r] >= 0, c.recv[r] >= 0, ch[r]
+        for g in groups:
+            if g[3] == cc and not (g[1] and se) and not (g[2] and re_) and g[4] + c.size[r] <= merge_up_to:
+                g[1] |= se
+                g[2] |= re_
+                g[4] += c.size[r]
+                group[r] = g[0]
+                break
+        else:
+            groups.append([r, se, re_, cc, c.size[r]])
+    return group
+
+
+@dataclass(slots=True)
+class _TbTable:
+    """The thread blocks made so far, one entry each, in the order made."""
+
+    rank: np.ndarray
+    send: np.ndarray
+    recv: np.ndarray
+    ch: np.ndarray
+    htb: np.ndarray
+
+    @property
+    def ntbs(self) -> int:
+        return len(self.rank)
+
+    def add_local(self, rank: np.ndarray, htb: np.ndarray) -> None:
+        """Append thread blocks without peers, on channel 0."""
+        m = len(rank)
+        self.rank = np.concatenate([self.rank, rank])
+        self.htb = np.concatenate([self.htb, htb])
+        self.ch = np.concatenate([self.ch, np.zeros(m, np.int64)])
+        self.send = np.concatenate([self.send, np.full(m, -1, np.int64)])
+        self.recv = np.concatenate([self.recv, np.full(m, -1, np.int64)])
+
+
+def _group_tbs(rows: Prims, c: _Components, group: np.ndarray) -> tuple[_TbTable, np.ndarray]:
+    """One thread block per group of components, made in the order of the group's first row;
+    (the table, per row its thread block or -1 for local rows)."""
+    g_send = np.full(c.n, -1, np.int64)
+    g_recv = np.full(c.n, -1, np.int64)
+    np.maximum.at(g_send, group, c.send)
+    np.maximum.at(g_recv, group, c.recv)
+    gid = group[c.pc[c.peer_rows]]
     gu, gfirst, _ = unique_first(gid)
     made = stable_argsort(gfirst)
-    tb_of_group = np.full(nc, -1, np.int64)
+    tb_of_group = np.full(c.n, -1, np.int64)
     tb_of_group[gu[made]] = np.arange(len(gu))
-    head = peer_rows[gfirst[made]]
-    tb_rank, tb_ch, tb_htb = rows.rank[head], rows.ch[head], rows.htb[head]
-    tb_send, tb_recv = g_send[gu[made]], g_recv[gu[made]]
-    owner = np.full(n, -1, np.int64)
-    owner[peer_rows] = tb_of_group[gid]
-    # local rows join the TB of the closest peer row before them in their hccc TB (after them
-    # when there is none); an hccc TB without peer rows gets a local TB
+    head = c.peer_rows[gfirst[made]]
+    table = _TbTable(rows.rank[head], g_send[gu[made]], g_recv[gu[made]], rows.ch[head], rows.htb[head])
+    owner = np.full(len(rows), -1, np.int64)
+    owner[c.peer_rows] = tb_of_group[gid]
+    return table, owner
+
+
+def _place_local_rows(rows: Prims, owner: np.ndarray, table: _TbTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's thread block: local rows join the TB of the closest peer row before them in
+    their hccc TB (after them when there is none); an hccc TB without peer rows gets a local TB
+    (added to ``table``). (per row its TB, the rows by (rank, hccc TB, position), where in that
+    order an hccc TB begins)."""
+    n = len(rows)
     order = lexsort((_half_steps(rows.pos), rows.htb, rows.rank))
     o = owner[order]
     seg = np.ones(n, bool)
@@ -153,45 +223,55 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     fill = np.where(last_valid >= begins[seg_id], o[np.maximum(last_valid, 0)],
                     np.where(first_valid[seg_id] < n, o[np.minimum(first_valid[seg_id], n - 1)], -1))
     lonely = np.flatnonzero(first_valid == n)          # hccc TBs without peer rows
-    nt = len(tb_rank)
-    fill = np.where(fill < 0, nt + np.searchsorted(lonely, seg_id), fill)
+    fill = np.where(fill < 0, table.ntbs + np.searchsorted(lonely, seg_id), fill)
     first_of = order[begins[lonely]]
-    tb_rank = np.concatenate([tb_rank, rows.rank[first_of]])
-    tb_htb = np.concatenate([tb_htb, rows.htb[first_of]])
-    tb_ch = np.concatenate([tb_ch, np.zeros(len(lonely), np.int64)])
-    tb_send = np.concatenate([tb_send, np.full(len(lonely), -1, np.int64)])
-    tb_recv = np.concatenate([tb_recv, np.full(len(lonely), -1, np.int64)])
+    table.add_local(rows.rank[first_of], rows.htb[first_of])
     tb = np.empty(n, np.int64)
     tb[order] = fill
-    # members by position; at equal positions (one component served by two hccc TBs) peer rows
-    # in row order, then local rows in (hccc TB, position) order
+    return tb, order, seg
+
+
+def _positions(rows: Prims, tb: np.ndarray, owner: np.ndarray, order: np.ndarray,
+               nt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per row its position in its TB, the rows by (TB, position), where each TB starts there).
+
+    Members by position; at equal positions (one component served by two hccc TBs) peer rows in
+    row order, then local rows in (hccc TB, position) order."""
+    n = len(rows)
+    at = np.arange(n)
     local = owner < 0
     second = np.empty(n, np.int64)
     second[order] = at
     second = np.where(local, second, np.arange(n))
     mem = lexsort((second, local, _half_steps(rows.pos), tb))
-    nt = len(tb_rank)
     counts = np.bincount(tb, minlength=nt)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     idx = np.empty(n, np.int64)
     idx[mem] = at - np.repeat(starts, counts)
-    # ids: a rank's TBs by (hccc TB, position of the first member), in order made at ties
-    first_pos = rows.pos[mem[starts]] if n else np.zeros(0)
-    by_id = lexsort((_half_steps(first_pos), tb_htb, tb_rank))
+    return idx, mem, starts
+
+
+def _tb_ids(rows: Prims, mem: np.ndarray, starts: np.ndarray, table: _TbTable) -> np.ndarray:
+    """Ids: a rank's TBs by (hccc TB, position of the first member), in order made at ties."""
+    nt = table.ntbs
+    first_pos = rows.pos[mem[starts]] if len(rows) else np.zeros(0)
+    by_id = lexsort((_half_steps(first_pos), table.htb, table.rank))
     tb_id = np.empty(nt, np.int64)
-    rk = tb_rank[by_id]
+    rk = table.rank[by_id]
     rstart = np.concatenate([[True], rk[1:] != rk[:-1]]) if nt else np.zeros(0, bool)
     rbeg = np.flatnonzero(rstart)
     tb_id[by_id] = np.arange(nt) - np.repeat(rbeg, np.diff(np.append(rbeg, nt)))
-    # where an hccc TB was split, its order is kept with waits
+    return tb_id
+
+
+def _keep_split_order(rows: Prims, tb: np.ndarray, order: np.ndarray, seg: np.ndarray) -> Prims:
+    """The rows with a wait wherever consecutive rows of an hccc TB went to different TBs."""
     same = ~seg[1:] & (tb[order][1:] != tb[order][:-1])
     wa = np.concatenate([rows.wait_a, order[1:][same]])
     wb = np.concatenate([rows.wait_b, order[:-1][same]])
     out = Prims(*(getattr(rows, f.name) for f in fields(Prims)))
-    out.wait_a, out.wait_b = unique_waits(wa, wb, n)
-    lay = Layout(out, tb_rank, tb_send, tb_recv, tb_ch, tb_htb, tb_id, np.zeros(nt, np.int64), tb, idx,
-                 np.zeros(n, np.int64), np.zeros(n, bool))
-    return _canonical(lay)
+    out.wait_a, out.wait_b = unique_waits(wa, wb, len(rows))
+    return out
 
 
 def _canonical(lay: Layout) -> Layout:
