@@ -269,6 +269,7 @@ def _claim_ends(rd: ElementReader, t: Tb, ends: dict[tuple, Tb]) -> None:
 # -- <step> ----------------------------------------------------------------------------------------
 def _read_steps(rd: ElementReader, t: Tb, gid: int, declared: dict, hdr: Header, moved: int) -> int:
     """Read ``t``'s steps; returns ``moved`` plus the chunks they move (bounded before the work)."""
+    bufsize = hdr.bufsize
     for pos, el in enumerate(rd.children(t.el)):
         st = _read_step(rd, el, pos, t, gid)
         moved += st.cnt
@@ -276,7 +277,7 @@ def _read_steps(rd: ElementReader, t: Tb, gid: int, declared: dict, hdr: Header,
             raise rd.err(el, f"the steps so far move {moved} chunks in all (the sum of their cnt), "
                              f"more than the {MAX_CHUNK_MOVES} hccc checks and runs", "cnt")
         _check_peers(rd, st, t)
-        _check_operands(rd, st, gid, declared, hdr)
+        _check_operands(rd, st, gid, declared, bufsize, hdr)
         t.steps.append(st)
     return moved
 
@@ -318,10 +319,11 @@ def _check_peers(rd: ElementReader, st: Step, t: Tb) -> None:
                             f"(recv=-1)", "type")
 
 
-def _check_operands(rd: ElementReader, st: Step, gid: int, declared: dict, hdr: Header) -> None:
-    """The chunks a step uses lie in its GPU's declared buffers and in the collective's."""
+def _check_operands(rd: ElementReader, st: Step, gid: int, declared: dict, bufsize: dict, hdr: Header) -> None:
+    """The chunks a step uses lie in its GPU's declared buffers (``declared``) and in the
+    collective's (``bufsize``: :attr:`Header.bufsize`)."""
     use_src, use_dst = USES[st.type]
-    bufsize, el, cnt = hdr.bufsize, st.el, st.cnt
+    el, cnt = st.el, st.cnt
     for side, used, off, b in (("src", use_src, st.srcoff, st.srcbuf), ("dst", use_dst, st.dstoff, st.dstbuf)):
         if not used:
             continue
