@@ -17,6 +17,7 @@ from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop import msccl_export as me
 from hccc.compiler.interop import msccl_prims as mp
 from hccc.compiler.interop import msccl_tbs as mt
+from hccc.compiler.interop import msccl_waits as mw
 from hccc.compiler.interop import msccl_text
 from hccc.compiler.interop.msccl_text import xml_text
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES, XmlLimits
@@ -108,7 +109,7 @@ def test_ranks_in_batches_and_text_in_pieces_change_nothing(monkeypatch, name, k
         ir = build_algorithm_level(alg) if level else build_program(alg)
         want = me.export_xml(ir, LIM, instances=k)
         with monkeypatch.context() as m:
-            m.setattr(mt, "CLOCK_ENTRIES", 1)
+            m.setattr(mw, "CLOCK_ENTRIES", 1)
             m.setattr(msccl_text, "LINES_AT_ONCE", 5)
             assert me.export_xml(ir, LIM, instances=k) == want
 
@@ -188,12 +189,12 @@ def test_vector_clocks_keep_exactly_the_waits_nothing_else_implies(lay, entries)
     order = _program_order(lay)
     before = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
     full = _closure(n, [(b, a) for a, b in before] + order)
-    old = mt.CLOCK_ENTRIES
-    mt.CLOCK_ENTRIES = entries
+    old = mw.CLOCK_ENTRIES
+    mw.CLOCK_ENTRIES = entries
     try:
-        mt.reduce_deps(lay)
+        mw.reduce_deps(lay)
     finally:
-        mt.CLOCK_ENTRIES = old
+        mw.CLOCK_ENTRIES = old
     kept = list(zip(lay.rows.wait_a.tolist(), lay.rows.wait_b.tolist()))
     assert set(kept) <= set(before)
     after = _closure(n, [(b, a) for a, b in kept] + order)

@@ -244,6 +244,17 @@ def _describe_tb(lay: Layout, t: int) -> str:
 
 def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
     """Every runtime limit on the laid-out (instantiated) export; raises naming each broken one."""
+    msgs, too_long = _step_limits(lay, lim)
+    msgs += _table_limits(ir, lay, lim)
+    if msgs:
+        err = export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
+        err.too_long = too_long          # a thread block's steps are among the limits broken
+        raise err
+
+
+def _step_limits(lay: Layout, lim: XmlLimits) -> tuple[list[str], bool]:
+    """The limits on steps: per thread block, chunks per step, chunk offsets, dependency targets;
+    (messages, whether a thread block has too many steps)."""
     msgs: list[str] = []
     rows = lay.rows
     nt = lay.ntbs
@@ -279,6 +290,13 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
         t = int(lay.tb[rows.wait_a[first]])
         msgs.append(f"{_describe_tb(lay, t)} waits for thread block {mtb[rows.wait_b[first]]} of its rank, but "
                     f"dependency targets must have ids <= {lim.max_dep_tb} in the target runtime")
+    return msgs, too_long
+
+
+def _table_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> list[str]:
+    """The limits on the thread-block table: channels, thread blocks per rank and per channel,
+    XML elements."""
+    msgs: list[str] = []
     nch = int(lay.tb_ch.max(initial=0)) + 1
     if nch > lim.max_channels:
         msgs.append(f"the program uses {nch} channels, but the target runtime has {lim.max_channels} "
@@ -289,23 +307,7 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
     over = ranks[per_rank[ranks] > lim.max_tbs]
     if len(over):
         msgs.append(f"rank {over[0]} needs {per_rank[over[0]]} thread blocks, more than the runtime's {lim.max_tbs}")
-    nch_all = nch
-    worst = None
-    for kind, peer, code in (("receiving", lay.tb_recv, 0), ("sending", lay.tb_send, 1)):
-        m = peer >= 0
-        if not m.any():
-            continue
-        keys, counts = np.unique((lay.tb_rank[m] * nch_all + lay.tb_ch[m]) * 2 + code, return_counts=True)
-        bad = keys[counts > lim.max_tbs_per_channel]
-        if len(bad) and (worst is None or bad[0] < worst[0]):
-            worst = (int(bad[0]), int(counts[counts > lim.max_tbs_per_channel][0]), kind)
-    if worst is not None:
-        key, c, kind = worst
-        rank, ch = divmod(key // 2, nch_all)
-        msgs.append(f"rank {rank} has {c} thread blocks {kind} on channel {ch}, but the runtime "
-                    f"allows {lim.max_tbs_per_channel} per channel, and spreading connections over "
-                    f"{lim.max_channels} channels does not make room (--xml-max-tbs-per-channel, "
-                    f"--xml-max-channels)")
+    msgs += _per_channel_limit(lay, lim, nch)
     steps = np.bincount(lay.tb_rank, weights=lay.tb_nsteps, minlength=nr).astype(np.int64)
     nodes = 1 + ir.nranks + per_rank + steps
     for rank in ranks.tolist():
@@ -316,10 +318,28 @@ def _check_limits(ir: ProgramIR, lay: Layout, lim: XmlLimits) -> None:
         if per_rank[rank] > lim.max_children or ir.nranks > lim.max_children:
             msgs.append(f"rank {rank}: more than {lim.max_children} child elements in one XML element")
             break
-    if msgs:
-        err = export_error(["the algorithm does not fit the MSCCL runtime: " + m for m in msgs])
-        err.too_long = too_long          # a thread block's steps are among the limits broken
-        raise err
+    return msgs
+
+
+def _per_channel_limit(lay: Layout, lim: XmlLimits, nch_all: int) -> list[str]:
+    """The first (rank, channel) with more receiving or sending thread blocks than allowed."""
+    worst = None
+    for kind, peer, code in (("receiving", lay.tb_recv, 0), ("sending", lay.tb_send, 1)):
+        m = peer >= 0
+        if not m.any():
+            continue
+        keys, counts = np.unique((lay.tb_rank[m] * nch_all + lay.tb_ch[m]) * 2 + code, return_counts=True)
+        bad = keys[counts > lim.max_tbs_per_channel]
+        if len(bad) and (worst is None or bad[0] < worst[0]):
+            worst = (int(bad[0]), int(counts[counts > lim.max_tbs_per_channel][0]), kind)
+    if worst is None:
+        return []
+    key, c, kind = worst
+    rank, ch = divmod(key // 2, nch_all)
+    return [f"rank {rank} has {c} thread blocks {kind} on channel {ch}, but the runtime "
+            f"allows {lim.max_tbs_per_channel} per channel, and spreading connections over "
+            f"{lim.max_channels} channels does not make room (--xml-max-tbs-per-channel, "
+            f"--xml-max-channels)"]
 
 
 def export_summary(text: str) -> dict:

@@ -28,56 +28,72 @@ def fuse_forwarding(rows: Prims) -> Prims | None:
     and ``S`` waits for nothing later than ``R``. Every wait then still goes from a smaller key to a
     larger one, as in the program. A fused receive-reduce whose stored result is overwritten on that
     rank before anything reads it sends without storing (``rrs``)."""
-    n = len(rows)
-    op, rank, htb = rows.op.tolist(), rows.rank.tolist(), rows.htb.tolist()
-    sp, rp, ch = rows.sp.tolist(), rows.rp.tolist(), rows.ch.tolist()
-    sbuf, soff, dbuf, doff, cnt = (c.tolist() for c in (rows.sbuf, rows.soff, rows.dbuf, rows.doff, rows.cnt))
-    key = [tuple(k) for k in rows.key.tolist()]
-    deps: list[set] = [set() for _ in range(n)]
-    for a, b in zip(rows.wait_a.tolist(), rows.wait_b.tolist()):
-        deps[a].add(b)
+    t = _RowLists(rows)
+    cand = _candidates(t)
+    if not cand:
+        return None
+    fused, merged = _choose_pairs(t, cand)
+    if not fused:
+        return None
+    return _fused_rows(rows, t, fused, merged)
+
+
+class _RowLists:
+    """The columns of the rows as Python lists (the pass walks them one row at a time), each
+    row's waits as a set, and each row's hccc TB as (rank, hccc TB)."""
+
+    def __init__(self, rows: Prims):
+        self.n = len(rows)
+        self.op, self.rank, self.htb = rows.op.tolist(), rows.rank.tolist(), rows.htb.tolist()
+        self.sp, self.rp, self.ch = rows.sp.tolist(), rows.rp.tolist(), rows.ch.tolist()
+        self.sbuf, self.soff, self.dbuf, self.doff, self.cnt = (
+            c.tolist() for c in (rows.sbuf, rows.soff, rows.dbuf, rows.doff, rows.cnt))
+        self.key = [tuple(k) for k in rows.key.tolist()]
+        self.deps: list[set] = [set() for _ in range(self.n)]
+        for a, b in zip(rows.wait_a.tolist(), rows.wait_b.tolist()):
+            self.deps[a].add(b)
+
+    def tb(self, i: int) -> tuple[int, int]:
+        return self.rank[i], self.htb[i]
+
+
+def _candidates(t: _RowLists) -> dict:
+    """(rank, receiving TB a, sending TB b) -> [(R, S)]: a send ``S`` that waits for a receive
+    ``R`` and reads exactly what it stored, each the only connection end of its hccc TB."""
     ends: dict = defaultdict(lambda: [set(), set()])     # (rank, htb) -> (send ends, recv ends)
-    for i in range(n):
-        if sp[i] >= 0:
-            ends[(rank[i], htb[i])][0].add((sp[i], ch[i]))
-        if rp[i] >= 0:
-            ends[(rank[i], htb[i])][1].add((rp[i], ch[i]))
+    for i in range(t.n):
+        if t.sp[i] >= 0:
+            ends[t.tb(i)][0].add((t.sp[i], t.ch[i]))
+        if t.rp[i] >= 0:
+            ends[t.tb(i)][1].add((t.rp[i], t.ch[i]))
     pure_recv = {k for k, (se, re_) in ends.items() if not se and len(re_) == 1}
     pure_send = {k for k, (se, re_) in ends.items() if len(se) == 1 and not re_}
     send, recv, rrc = int(Op.SEND), int(Op.RECV), int(Op.RECV_REDUCE_COPY)
-    cand: dict = defaultdict(list)       # (rank, a, b) -> [(R, S)]
-    for i in range(n):
-        if op[i] != send or (rank[i], htb[i]) not in pure_send:
+    cand: dict = defaultdict(list)
+    for i in range(t.n):
+        if t.op[i] != send or t.tb(i) not in pure_send:
             continue
-        for d in deps[i]:
-            if (op[d] in (recv, rrc) and (rank[d], htb[d]) in pure_recv and ch[d] == ch[i]
-                    and (dbuf[d], doff[d], cnt[d]) == (sbuf[i], soff[i], cnt[i])):
-                cand[(rank[i], htb[d], htb[i])].append((d, i))
-    if not cand:
-        return None
+        for d in t.deps[i]:
+            if (t.op[d] in (recv, rrc) and t.tb(d) in pure_recv and t.ch[d] == t.ch[i]
+                    and (t.dbuf[d], t.doff[d], t.cnt[d]) == (t.sbuf[i], t.soff[i], t.cnt[i])):
+                cand[(t.rank[i], t.htb[d], t.htb[i])].append((d, i))
+    return cand
+
+
+def _choose_pairs(t: _RowLists, cand: dict) -> tuple[dict[int, int], list]:
+    """The TB pairs merged, most candidates first, each TB at most once, only chains; (S -> R for
+    every fused pair, [(kept TB id, merged member order)])."""
     fused: dict[int, int] = {}           # S -> R
     members: dict = defaultdict(list)    # (rank, htb) -> member rows
-    for i in range(n):
-        members[(rank[i], htb[i])].append(i)
-    merged: list = []                   # (kept TB id, merged member order)
+    for i in range(t.n):
+        members[t.tb(i)].append(i)
+    merged: list = []
     used: set = set()
     for (r, a, b), pairs in sorted(cand.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1], kv[0][2])):
         if (r, a) in used or (r, b) in used:
             continue
-        order = _merge_order(key, deps, members[(r, a)], members[(r, b)])
-        where = {i: k for k, i in enumerate(order)}
-        bpos = sorted(where[i] for i in members[(r, b)])
-        fused_here = {}
-        for R, S in pairs:
-            pr, ps = where[R], where[S]
-            if not pr < ps or S in fused_here:
-                continue
-            # no other message of b between R and S (a connection keeps its order); S's other
-            # waits all come before R
-            between = bisect_left(bpos, ps) - bisect_right(bpos, pr)
-            if between or any((where[d] >= pr) if d in where else (key[d] >= key[R]) for d in deps[S] if d != R):
-                continue
-            fused_here[S] = R
+        order = _merge_order(t.key, t.deps, members[(r, a)], members[(r, b)])
+        fused_here = _fusable(t, pairs, order, members[(r, b)])
         # merge only chains: a pair of TBs that mostly forwards (most of either TB's steps fuse);
         # otherwise the merged TB would run two mostly unrelated connections in series
         if 2 * len(fused_here) < max(len(members[(r, a)]), len(members[(r, b)])):
@@ -85,28 +101,54 @@ def fuse_forwarding(rows: Prims) -> Prims | None:
         used |= {(r, a), (r, b)}
         merged.append((a, order))
         fused.update(fused_here)
-    if not fused:
-        return None
+    return fused, merged
+
+
+def _fusable(t: _RowLists, pairs: list, order: list[int], members_b: list[int]) -> dict[int, int]:
+    """S -> R for the candidate pairs that can become one step in the merged ``order``: no other
+    message of ``b`` between R and S (a connection keeps its order), S's other waits all before R."""
+    where = {i: k for k, i in enumerate(order)}
+    bpos = sorted(where[i] for i in members_b)
+    fused_here = {}
+    for R, S in pairs:
+        pr, ps = where[R], where[S]
+        if not pr < ps or S in fused_here:
+            continue
+        between = bisect_left(bpos, ps) - bisect_right(bpos, pr)
+        if between or any((where[d] >= pr) if d in where else (t.key[d] >= t.key[R]) for d in t.deps[S] if d != R):
+            continue
+        fused_here[S] = R
+    return fused_here
+
+
+def _fused_rows(rows: Prims, t: _RowLists, fused: dict[int, int], merged: list) -> Prims:
+    """The rows with the merged TBs' members renumbered, each fused pair one row at R's place
+    (sending to S's peer; R's result not stored when dead) and the S rows dropped."""
     out = rows.copy()
     for a, order in merged:          # merged TBs: members in the merged order, positions renumbered
         out.htb[order] = a
         out.pos[order] = np.arange(len(order), dtype=np.float64)
     by_rank: dict[int, list[int]] = defaultdict(list)
-    for i in range(n):
-        by_rank[rank[i]].append(i)
-    dead = _dead_after(rows, key, by_rank, fused)
+    for i in range(t.n):
+        by_rank[t.rank[i]].append(i)
+    dead = _dead_after(rows, t.key, by_rank, fused)
     S = np.array(list(fused), np.int64)
     R = np.array([fused[s] for s in S.tolist()], np.int64)
-    # the fused step sits at R's row: it sends to S's peer, and R's result is not stored when dead
     out.sp[R] = rows.sp[S]
     out.peer_x2[R] = rows.peer_x[S]
-    is_recv = rows.op[R] == recv
+    is_recv = rows.op[R] == int(Op.RECV)
     is_dead = np.isin(R, np.array(sorted(dead), np.int64))
     out.op[R] = np.where(is_recv, int(Op.RECV_COPY_SEND),
                          np.where(is_dead, int(Op.RECV_REDUCE_SEND), int(Op.RECV_REDUCE_COPY_SEND)))
     gone = ~is_recv & is_dead
     out.dbuf[R[gone]] = int(Buf.NONE)
     out.doff[R[gone]] = 0
+    return _without_sends(rows, out, S, R)
+
+
+def _without_sends(rows: Prims, out: Prims, S: np.ndarray, R: np.ndarray) -> Prims:
+    """``out`` without the rows ``S``, references to them (matches, waits) moved to ``R``."""
+    n = len(rows)
     keep = np.ones(n, bool)
     keep[S] = False
     new_of = np.cumsum(keep) - 1

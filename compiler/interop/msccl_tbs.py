@@ -10,8 +10,8 @@ one. In order:
    kept with waits;
 2. :func:`spread_channels`: connections move to other channels where a channel has too many peer
    TBs on one rank;
-3. :func:`reduce_deps`: waits implied by program order and other waits are dropped (vector clocks,
-   computed wave by wave over all ranks at once);
+3. :func:`~hccc.compiler.interop.msccl_waits.reduce_deps`: waits implied by program order and
+   other waits are dropped (vector clocks, computed wave by wave over all ranks at once);
 4. :func:`targets_first`: TBs that others wait for get the small ids (the runtimes store 8 bits);
 5. :func:`number_steps`: step numbers (extra waits of a row become ``nop`` steps before it);
 6. :func:`instantiate`: ``k`` instances of the layout (msccl-tools' ``instances``).
@@ -27,15 +27,9 @@ import numpy as np
 
 from hccc.compiler.interop.msccl_format import XmlLimits
 from hccc.compiler.interop.msccl_prims import Prims, end_components, unique_waits
+from hccc.compiler.interop.msccl_waits import OrderCycle, reduce_deps
 from hccc.compiler.ir.program_ir import Buf
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique_first
-
-
-class OrderCycle(AssertionError):
-    """Program order and waits of one rank's MSCCL thread blocks form a cycle: an internal error,
-    except after fusing a program whose thread blocks are not ordered like its steps (a task-level
-    program), where merging two thread blocks can order a pair against a path through a third one;
-    that fused export is then dropped for the plain one."""
 
 
 @dataclass(slots=True)
@@ -85,6 +79,34 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     after another in that thread block anyway, so merging adds no wait and saves thread blocks.
     """
     n = len(rows)
+    comps = _components(rows)
+    group = _merge_groups(rows, comps, merge_up_to)
+    table, owner = _group_tbs(rows, comps, group)
+    tb, order, seg = _place_local_rows(rows, owner, table)
+    idx, mem, starts = _positions(rows, tb, owner, order, table.ntbs)
+    tb_id = _tb_ids(rows, mem, starts, table)
+    out = _keep_split_order(rows, tb, order, seg)
+    nt = table.ntbs
+    lay = Layout(out, table.rank, table.send, table.recv, table.ch, table.htb, tb_id, np.zeros(nt, np.int64), tb,
+                 idx, np.zeros(n, np.int64), np.zeros(n, bool))
+    return _canonical(lay)
+
+
+@dataclass(slots=True)
+class _Components:
+    """The rows' components of connection ends (:func:`~hccc.compiler.interop.msccl_prims.end_components`)."""
+
+    n: int
+    pc: np.ndarray           # per row: its component (-1: a local row)
+    peer_rows: np.ndarray    # the rows in a component, in row order
+    size: np.ndarray         # per component: its rows
+    first_row: np.ndarray    # per component: its first row
+    last_row: np.ndarray     # per component: its last row
+    send: np.ndarray         # per component: its send peer or -1
+    recv: np.ndarray         # per component: its receive peer or -1
+
+
+def _components(rows: Prims) -> _Components:
     ends = end_components(rows)
     nc = ends.ncomp
     pc = ends.row_comp()
@@ -101,46 +123,88 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     comp_recv = np.full(nc, -1, np.int64)
     comp_send[ends.comp[ends.sends]] = ends.peer[ends.sends]
     comp_recv[ends.comp[~ends.sends]] = ends.peer[~ends.sends]
-    group = np.arange(nc)
-    if merge_up_to > 0 and nc:
-        h_rank, h_htb = rows.rank[last_row], rows.htb[last_row]
-        first_pos, ch = rows.pos[first_row], rows.ch[first_row]
-        cur = None
-        groups: list[list] = []      # [root, sends, receives, channel, size]
-        by_htb = lexsort((_half_steps(first_pos), h_htb, h_rank))
-        alone = np.ones(nc, bool)    # the only component of its hccc TB: nothing to merge
-        twin = (h_rank[by_htb][1:] == h_rank[by_htb][:-1]) & (h_htb[by_htb][1:] == h_htb[by_htb][:-1])
-        alone[by_htb[1:][twin]] = alone[by_htb[:-1][twin]] = False
-        for r in by_htb[~alone[by_htb]].tolist():
-            if (h_rank[r], h_htb[r]) != cur:
-                cur, groups = (h_rank[r], h_htb[r]), []
-            se, re_, c = comp_send[r] >= 0, comp_recv[r] >= 0, ch[r]
-            for g in groups:
-                if g[3] == c and not (g[1] and se) and not (g[2] and re_) and g[4] + size[r] <= merge_up_to:
-                    g[1] |= se
-                    g[2] |= re_
-                    g[4] += size[r]
-                    group[r] = g[0]
-                    break
-            else:
-                groups.append([r, se, re_, c, size[r]])
-    g_send = np.full(nc, -1, np.int64)
-    g_recv = np.full(nc, -1, np.int64)
-    np.maximum.at(g_send, group, comp_send)
-    np.maximum.at(g_recv, group, comp_recv)
-    # one TB per group, made in the order of the group's first row
-    gid = group[pc[peer_rows]]
+    return _Components(nc, pc, peer_rows, size, first_row, last_row, comp_send, comp_recv)
+
+
+def _merge_groups(rows: Prims, c: _Components, merge_up_to: int) -> np.ndarray:
+    """Per component: the component whose thread block it joins (itself where it joins none).
+    First fit among the components of its hccc thread block, by position (:func:`assign_tbs`)."""
+    group = np.arange(c.n)
+    if not (merge_up_to > 0 and c.n):
+        return group
+    h_rank, h_htb = rows.rank[c.last_row], rows.htb[c.last_row]
+    first_pos, ch = rows.pos[c.first_row], rows.ch[c.first_row]
+    cur = None
+    groups: list[list] = []      # [root, sends, receives, channel, size]
+    by_htb = lexsort((_half_steps(first_pos), h_htb, h_rank))
+    alone = np.ones(c.n, bool)   # the only component of its hccc TB: nothing to merge
+    twin = (h_rank[by_htb][1:] == h_rank[by_htb][:-1]) & (h_htb[by_htb][1:] == h_htb[by_htb][:-1])
+    alone[by_htb[1:][twin]] = alone[by_htb[:-1][twin]] = False
+    for r in by_htb[~alone[by_htb]].tolist():
+        if (h_rank[r], h_htb[r]) != cur:
+            cur, groups = (h_rank[r], h_htb[r]), []
+        se, re_, cc = c.send[r] >= 0, c.recv[r] >= 0, ch[r]
+        for g in groups:
+            if g[3] == cc and not (g[1] and se) and not (g[2] and re_) and g[4] + c.size[r] <= merge_up_to:
+                g[1] |= se
+                g[2] |= re_
+                g[4] += c.size[r]
+                group[r] = g[0]
+                break
+        else:
+            groups.append([r, se, re_, cc, c.size[r]])
+    return group
+
+
+@dataclass(slots=True)
+class _TbTable:
+    """The thread blocks made so far, one entry each, in the order made."""
+
+    rank: np.ndarray
+    send: np.ndarray
+    recv: np.ndarray
+    ch: np.ndarray
+    htb: np.ndarray
+
+    @property
+    def ntbs(self) -> int:
+        return len(self.rank)
+
+    def add_local(self, rank: np.ndarray, htb: np.ndarray) -> None:
+        """Append thread blocks without peers, on channel 0."""
+        m = len(rank)
+        self.rank = np.concatenate([self.rank, rank])
+        self.htb = np.concatenate([self.htb, htb])
+        self.ch = np.concatenate([self.ch, np.zeros(m, np.int64)])
+        self.send = np.concatenate([self.send, np.full(m, -1, np.int64)])
+        self.recv = np.concatenate([self.recv, np.full(m, -1, np.int64)])
+
+
+def _group_tbs(rows: Prims, c: _Components, group: np.ndarray) -> tuple[_TbTable, np.ndarray]:
+    """One thread block per group of components, made in the order of the group's first row;
+    (the table, per row its thread block or -1 for local rows)."""
+    g_send = np.full(c.n, -1, np.int64)
+    g_recv = np.full(c.n, -1, np.int64)
+    np.maximum.at(g_send, group, c.send)
+    np.maximum.at(g_recv, group, c.recv)
+    gid = group[c.pc[c.peer_rows]]
     gu, gfirst, _ = unique_first(gid)
     made = stable_argsort(gfirst)
-    tb_of_group = np.full(nc, -1, np.int64)
+    tb_of_group = np.full(c.n, -1, np.int64)
     tb_of_group[gu[made]] = np.arange(len(gu))
-    head = peer_rows[gfirst[made]]
-    tb_rank, tb_ch, tb_htb = rows.rank[head], rows.ch[head], rows.htb[head]
-    tb_send, tb_recv = g_send[gu[made]], g_recv[gu[made]]
-    owner = np.full(n, -1, np.int64)
-    owner[peer_rows] = tb_of_group[gid]
-    # local rows join the TB of the closest peer row before them in their hccc TB (after them
-    # when there is none); an hccc TB without peer rows gets a local TB
+    head = c.peer_rows[gfirst[made]]
+    table = _TbTable(rows.rank[head], g_send[gu[made]], g_recv[gu[made]], rows.ch[head], rows.htb[head])
+    owner = np.full(len(rows), -1, np.int64)
+    owner[c.peer_rows] = tb_of_group[gid]
+    return table, owner
+
+
+def _place_local_rows(rows: Prims, owner: np.ndarray, table: _TbTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's thread block: local rows join the TB of the closest peer row before them in
+    their hccc TB (after them when there is none); an hccc TB without peer rows gets a local TB
+    (added to ``table``). (per row its TB, the rows by (rank, hccc TB, position), where in that
+    order an hccc TB begins)."""
+    n = len(rows)
     order = lexsort((_half_steps(rows.pos), rows.htb, rows.rank))
     o = owner[order]
     seg = np.ones(n, bool)
@@ -153,45 +217,55 @@ def assign_tbs(rows: Prims, merge_up_to: int = 0) -> Layout:
     fill = np.where(last_valid >= begins[seg_id], o[np.maximum(last_valid, 0)],
                     np.where(first_valid[seg_id] < n, o[np.minimum(first_valid[seg_id], n - 1)], -1))
     lonely = np.flatnonzero(first_valid == n)          # hccc TBs without peer rows
-    nt = len(tb_rank)
-    fill = np.where(fill < 0, nt + np.searchsorted(lonely, seg_id), fill)
+    fill = np.where(fill < 0, table.ntbs + np.searchsorted(lonely, seg_id), fill)
     first_of = order[begins[lonely]]
-    tb_rank = np.concatenate([tb_rank, rows.rank[first_of]])
-    tb_htb = np.concatenate([tb_htb, rows.htb[first_of]])
-    tb_ch = np.concatenate([tb_ch, np.zeros(len(lonely), np.int64)])
-    tb_send = np.concatenate([tb_send, np.full(len(lonely), -1, np.int64)])
-    tb_recv = np.concatenate([tb_recv, np.full(len(lonely), -1, np.int64)])
+    table.add_local(rows.rank[first_of], rows.htb[first_of])
     tb = np.empty(n, np.int64)
     tb[order] = fill
-    # members by position; at equal positions (one component served by two hccc TBs) peer rows
-    # in row order, then local rows in (hccc TB, position) order
+    return tb, order, seg
+
+
+def _positions(rows: Prims, tb: np.ndarray, owner: np.ndarray, order: np.ndarray,
+               nt: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per row its position in its TB, the rows by (TB, position), where each TB starts there).
+
+    Members by position; at equal positions (one component served by two hccc TBs) peer rows in
+    row order, then local rows in (hccc TB, position) order."""
+    n = len(rows)
+    at = np.arange(n)
     local = owner < 0
     second = np.empty(n, np.int64)
     second[order] = at
     second = np.where(local, second, np.arange(n))
     mem = lexsort((second, local, _half_steps(rows.pos), tb))
-    nt = len(tb_rank)
     counts = np.bincount(tb, minlength=nt)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     idx = np.empty(n, np.int64)
     idx[mem] = at - np.repeat(starts, counts)
-    # ids: a rank's TBs by (hccc TB, position of the first member), in order made at ties
-    first_pos = rows.pos[mem[starts]] if n else np.zeros(0)
-    by_id = lexsort((_half_steps(first_pos), tb_htb, tb_rank))
+    return idx, mem, starts
+
+
+def _tb_ids(rows: Prims, mem: np.ndarray, starts: np.ndarray, table: _TbTable) -> np.ndarray:
+    """Ids: a rank's TBs by (hccc TB, position of the first member), in order made at ties."""
+    nt = table.ntbs
+    first_pos = rows.pos[mem[starts]] if len(rows) else np.zeros(0)
+    by_id = lexsort((_half_steps(first_pos), table.htb, table.rank))
     tb_id = np.empty(nt, np.int64)
-    rk = tb_rank[by_id]
+    rk = table.rank[by_id]
     rstart = np.concatenate([[True], rk[1:] != rk[:-1]]) if nt else np.zeros(0, bool)
     rbeg = np.flatnonzero(rstart)
     tb_id[by_id] = np.arange(nt) - np.repeat(rbeg, np.diff(np.append(rbeg, nt)))
-    # where an hccc TB was split, its order is kept with waits
+    return tb_id
+
+
+def _keep_split_order(rows: Prims, tb: np.ndarray, order: np.ndarray, seg: np.ndarray) -> Prims:
+    """The rows with a wait wherever consecutive rows of an hccc TB went to different TBs."""
     same = ~seg[1:] & (tb[order][1:] != tb[order][:-1])
     wa = np.concatenate([rows.wait_a, order[1:][same]])
     wb = np.concatenate([rows.wait_b, order[:-1][same]])
     out = Prims(*(getattr(rows, f.name) for f in fields(Prims)))
-    out.wait_a, out.wait_b = unique_waits(wa, wb, n)
-    lay = Layout(out, tb_rank, tb_send, tb_recv, tb_ch, tb_htb, tb_id, np.zeros(nt, np.int64), tb, idx,
-                 np.zeros(n, np.int64), np.zeros(n, bool))
-    return _canonical(lay)
+    out.wait_a, out.wait_b = unique_waits(wa, wb, len(rows))
+    return out
 
 
 def _canonical(lay: Layout) -> Layout:
@@ -274,130 +348,6 @@ def spread_channels(lay: Layout, lim: XmlLimits) -> None:
         for r, k in recvs.items():
             count[(r, c, 1)] += k
     lay.tb_ch = np.array(ch, np.int64)
-
-
-# ---------------------------------------------------------------------------------------------
-def _ranges(ptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(ptr[v], ptr[v+1])`` for the given nodes (a CSR row gather)."""
-    lo, hi = ptr[nodes], ptr[nodes + 1]
-    ln = hi - lo
-    tot = int(ln.sum())
-    if not tot:
-        return np.zeros(0, np.int64)
-    return np.repeat(lo - np.cumsum(ln) + ln, ln) + np.arange(tot)
-
-
-#: clock entries (rows x thread blocks of a rank) held at once: ranks are done in batches this big
-CLOCK_ENTRIES = 1 << 25
-
-
-def reduce_deps(lay: Layout) -> None:
-    """Drop same-TB waits and those implied by program order and other waits.
-
-    Vector clocks over one rank's thread blocks, propagated along program order and waits in waves
-    of rows whose predecessors are done, for a batch of ranks at once (waits stay within a rank; a
-    batch holds at most :data:`CLOCK_ENTRIES` clock entries). A sound under-approximation of
-    happens-before: kept waits may still be implied through other ranks, never the other way
-    round. A wait of row ``i`` for ``d`` is implied when ``i``'s predecessor in its TB already
-    follows ``d``, or when another wait of ``i`` follows ``d``."""
-    rows = lay.rows
-    n = len(rows)
-    mtb, idx, tb = lay.mtb, lay.idx, lay.tb
-    a, b = rows.wait_a, rows.wait_b
-    if np.any(rows.rank[a] != rows.rank[b]):
-        raise AssertionError("internal error: a wait between two ranks")
-    same = tb[a] == tb[b]
-    if np.any(same & (idx[b] > idx[a])):
-        raise OrderCycle("internal error: a primitive waits for a later one of its own thread block")
-    a, b = a[~same], b[~same]
-    mem = lay.members()
-    prev = np.full(n, -1, np.int64)              # the row before in its TB (-1: none)
-    follows = tb[mem][1:] == tb[mem][:-1]
-    prev[mem[1:][follows]] = mem[:-1][follows]
-    # batches of whole ranks, each with at most CLOCK_ENTRIES clock entries (or one rank)
-    by_rank = stable_argsort(rows.rank)
-    ranks, rstart = np.unique(rows.rank[by_rank], return_index=True)
-    rend = np.append(rstart[1:], n)
-    ntb = np.zeros(len(ranks), np.int64)
-    np.maximum.at(ntb, np.searchsorted(ranks, rows.rank), mtb + 1)
-    wait_order = stable_argsort(rows.rank[a])
-    a, b = a[wait_order], b[wait_order]
-    wbound = np.searchsorted(rows.rank[a], np.append(ranks, np.iinfo(np.int64).max))
-    keep = np.zeros(len(a), bool)
-    lo = 0
-    while lo < len(ranks):
-        hi, width = lo + 1, ntb[lo]
-        while hi < len(ranks) and (rend[hi] - rstart[lo]) * max(width, ntb[hi]) <= CLOCK_ENTRIES:
-            width = max(width, ntb[hi])
-            hi += 1
-        nodes = np.sort(by_rank[rstart[lo]:rend[hi - 1]])
-        e = slice(wbound[lo], wbound[hi])
-        keep[e] = _reduce_batch(nodes, prev, a[e], b[e], mtb, idx, int(width))
-        lo = hi
-    keep_a, keep_b = a[keep], b[keep]
-    o = lexsort((keep_b, keep_a))
-    rows.wait_a, rows.wait_b = keep_a[o], keep_b[o]
-
-
-def _reduce_batch(nodes: np.ndarray, prev_g: np.ndarray, a_g: np.ndarray, b_g: np.ndarray, mtb_g: np.ndarray,
-                  idx_g: np.ndarray, width: int) -> np.ndarray:
-    """Which waits ``a_g -> b_g`` (rows of the ranks ``nodes`` covers) :func:`reduce_deps` keeps."""
-    m = len(nodes)
-    a = np.searchsorted(nodes, a_g)
-    b = np.searchsorted(nodes, b_g)
-    mtb, idx = mtb_g[nodes], idx_g[nodes]
-    pg = prev_g[nodes]
-    prev = np.where(pg >= 0, np.searchsorted(nodes, pg), m)      # m: the zero clock
-    nxt = np.full(m, -1, np.int64)
-    nxt[prev[prev < m]] = np.flatnonzero(prev < m)
-    order = lexsort((b, a))
-    a, b = a[order], b[order]
-    in_ptr = np.searchsorted(a, np.arange(m + 1))                  # waits by waiter
-    by_b = stable_argsort(b)
-    out_ptr = np.searchsorted(b[by_b], np.arange(m + 1))
-    indeg = (prev < m).astype(np.int64) + np.diff(in_ptr)
-    vc = np.zeros((m + 1, width), np.int32 if idx.max(initial=0) >= 32767 else np.int16)
-    frontier = np.flatnonzero(indeg == 0)
-    done = 0
-    while len(frontier):
-        vc[frontier] = vc[prev[frontier]]
-        e = _ranges(in_ptr, frontier)
-        if len(e):       # waits of one row are adjacent: reduce them, then merge into its clock
-            w = a[e]
-            heads = np.flatnonzero(np.concatenate([[True], w[1:] != w[:-1]]))
-            vc[w[heads]] = np.maximum(vc[w[heads]], np.maximum.reduceat(vc[b[e]], heads, axis=0))
-        vc[frontier, mtb[frontier]] = idx[frontier] + 1
-        done += len(frontier)
-        nx = nxt[frontier]
-        succ = np.concatenate([nx[nx >= 0], a[by_b[_ranges(out_ptr, frontier)]]])
-        np.subtract.at(indeg, succ, 1)
-        ready = np.sort(succ[indeg[succ] == 0])
-        frontier = ready[np.concatenate([[True], ready[1:] != ready[:-1]])] if len(ready) else ready
-    if done < m:
-        raise OrderCycle("internal error: dependency cycle after splitting thread blocks")
-    keep = np.zeros(len(a), bool)
-    need = idx[b] + 1                            # a row follows d when its clock has d's TB at need
-    cand = np.flatnonzero(vc[prev[a], mtb[b]] < need)
-    # the other candidate waits of the same row: pairs within each row's candidates
-    ca = a[cand]
-    first = np.searchsorted(ca, ca)
-    size = np.searchsorted(ca, ca, side="right") - first
-    single = size == 1
-    keep[cand[single]] = True
-    multi = np.flatnonzero(~single)
-    if len(multi):
-        reps = size[multi]
-        j = np.repeat(multi, reps)                                  # candidate d, once per candidate e
-        e = np.repeat(first[multi], reps) + (np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps))
-        other = e != j
-        j, e = j[other], e[other]
-        d = b[cand[j]]
-        implied = np.zeros(len(cand), bool)
-        implied[j[vc[b[cand[e]], mtb[d]] >= need[cand[j]]]] = True
-        keep[cand[multi]] = ~implied[multi]
-    out = np.zeros(len(a), bool)
-    out[order] = keep
-    return out
 
 
 def targets_first(lay: Layout) -> None:

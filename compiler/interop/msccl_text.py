@@ -48,6 +48,22 @@ def step_fields(rows: Prims) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 def xml_text(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int) -> str:
     """The XML text of an instantiated layout (``k`` instances)."""
+    cols = _step_columns(lay)
+
+    def lines(lo: int, hi: int) -> tuple[memoryview, list[int]]:
+        st, ty, sl, o1, dl, o2, c, di, ds, h = (x[lo:hi] for x in cols)
+        blob, ends = column_lines(['      <step s="', st, '" type="', Choice(ty, _TYPES), '" srcbuf="',
+                                   Choice(sl, _SRC_LETTERS), '" srcoff="', o1, '" dstbuf="',
+                                   Choice(dl, _DST_LETTERS), '" dstoff="', o2, '" cnt="', c, '" depid="', di,
+                                   '" deps="', ds, '" hasdep="', h, '"/>'])
+        return memoryview(blob), [0, *ends.tolist()]
+
+    return _document(ir, lay, lim, k, lines)
+
+
+def _step_columns(lay: Layout) -> list[np.ndarray]:
+    """The attributes of every step line (nops and rows) as columns, in the file's order (TBs by
+    rank and id, steps): s, type, srcbuf, srcoff, dstbuf, dstoff, cnt, depid, deps, hasdep."""
     rows = lay.rows
     n = len(rows)
     mtb, s = lay.mtb, lay.s
@@ -67,25 +83,19 @@ def xml_text(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int) -> str:
     after = (np.bincount(a, minlength=n)[a] - (np.arange(len(a)) - np.searchsorted(a, a)) - 1)[nop]
     sb, so, db, do = step_fields(rows)
     m = len(na)
-    # the lines (nops, then rows) as columns, put in the file's order: TBs by rank and id, steps
     tb = np.concatenate([lay.tb[na], lay.tb])
     step = np.concatenate([s[na] - after, s])
     order = lexsort((step, lay.tb_id[tb], lay.tb_rank[tb]))
     none = np.full(m, int(Buf.NONE))
-    cols = [np.concatenate(c)[order] for c in (
+    return [np.concatenate(c)[order] for c in (
         (step[:m], s), (np.full(m, int(Op.NOP)), rows.op), (none, sb), (np.full(m, -1), np.where(sb != int(Buf.NONE), so, -1)),
         (none, db), (np.full(m, -1), np.where(db != int(Buf.NONE), do, -1)), (np.zeros(m, np.int64), rows.cnt),
         (mtb[nb], dep_id), (s[nb], dep_s), (np.zeros(m, np.int64), lay.hasdep.astype(np.int64)))]
-    del tb, step, order
 
-    def lines(lo: int, hi: int) -> tuple[memoryview, list[int]]:
-        st, ty, sl, o1, dl, o2, c, di, ds, h = (x[lo:hi] for x in cols)
-        blob, ends = column_lines(['      <step s="', st, '" type="', Choice(ty, _TYPES), '" srcbuf="',
-                                   Choice(sl, _SRC_LETTERS), '" srcoff="', o1, '" dstbuf="',
-                                   Choice(dl, _DST_LETTERS), '" dstoff="', o2, '" cnt="', c, '" depid="', di,
-                                   '" deps="', ds, '" hasdep="', h, '"/>'])
-        return memoryview(blob), [0, *ends.tolist()]
 
+def _document(ir: ProgramIR, lay: Layout, lim: XmlLimits, k: int, lines) -> str:
+    """The file: the ``<algo>``, ``<gpu>`` and ``<tb>`` elements around the step lines, which
+    ``lines(lo, hi)`` makes a few thousand at a time (whole thread blocks)."""
     nch = int(lay.tb_ch.max(initial=0)) + 1
     st_ = ir.stats or {}
     inplace = 1 if st_.get("msccl_inplace", True) else 0

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -169,125 +170,186 @@ def _bandwidth(p: _Profile, key: str, beta: Fraction, chunk: int, what: str) -> 
     return Fraction(chunk) / (beta * 1000)
 
 
+@dataclass
+class _Node:
+    """What a profile says of its node and of how its copies are joined."""
+
+    name: str
+    gpus: int                    # G: GPUs per node
+    nnodes: int
+    kind: str                    # NDv2 | DGX2 | HubAndSpoke | custom
+    chunk: int                   # bytes a beta moves
+    alpha: Fraction
+    vendor: str
+    model: str | None
+    betas: list                  # node_betas_list (none for custom)
+    nics: int = 0                # NICs per node (several nodes only)
+    r_alpha: Fraction = Fraction(0)
+    r_beta: Fraction = Fraction(0)
+
+
 def parse_taccl(text: str, name: str = "<input>") -> Topology:
     """A TACCL profile (JSON text) as a Topology; see the module docstring."""
+    p = _profile(text, name)
+    node = _read_node(p, name)
+    G = node.gpus
+    b = TopologyBuilder(node.name)
+    for k in range(node.nnodes):
+        b.add_node(f"node{k + 1}", G, node.vendor, node.model)
+    sw_groups = []
+    for k in range(node.nnodes):
+        if node.kind in ("DGX2", "HubAndSpoke"):
+            sw_groups += _switch_links(p, b, node, k)
+        elif node.kind == "NDv2":
+            _ndv2_links(p, b, node, k * G)
+        else:
+            _custom_links(p, b, node, k * G)
+    for label, direction, members, bw in sw_groups:
+        b.add_group("switch", direction, label, members, bw, 1, node.alpha)
+    if node.nnodes > 1:
+        _nic_links(p, b, node)
+    try:
+        return b.build(node.chunk)
+    except CapacityError as exc:
+        raise CompileError([Diagnostic(
+            f"the profile's link speeds are too far apart: one link holds {exc.capacity} chunks in the "
+            f"slowest link's chunk time (its logical capacity), over the limit of {MAX_LOGICAL_CAPACITY}",
+            Location(p.src, 1, 1))]) from None
+
+
+def _profile(text: str, name: str) -> _Profile:
     src = SourceFile(name, text)
     data = loads_json(src, parse_float=Decimal)
     if not isinstance(data, dict):
         raise CompileError([Diagnostic("a TACCL profile is a JSON object", Location(src, 1, 1))])
-    p = _Profile(src, data)
+    return _Profile(src, data)
+
+
+def _read_node(p: _Profile, name: str) -> _Node:
+    """The node's values, checked in the order the profile is read, and the remote link's."""
     pname = p.string("name", Path(name).stem if not name.startswith("<") else "taccl")
     G = p.integer("gpus_per_node", 1, MAX_GPUS_PER_NODE)
     nnodes = p.integer("nnodes", 1, MAX_NODES, default=1)
     if G * nnodes > MAX_RANKS:
         raise p.err("nnodes", f"{nnodes} nodes x {G} GPUs is more than {MAX_RANKS} GPUs")
-    kind = p.string("topology")
-    if kind is not None:
-        if kind.lower() not in KNOWN:
-            raise p.err("topology", f"unknown topology '{kind}' (expected NDv2, DGX2, HubAndSpoke or custom)")
-        kind = KNOWN[kind.lower()]
-    elif p.has("links"):
-        kind = "custom"
-    elif pname.lower().startswith("ndv2"):
-        kind = "NDv2"
-    elif pname.lower().startswith("dgx2"):
-        kind = "DGX2"
-    elif isinstance(data.get("node_betas_list"), list) and len(data["node_betas_list"]) == 1:
-        kind = "HubAndSpoke"
-    else:
-        raise p.err("node_betas_list", "cannot tell the node's wiring: add \"topology\": \"NDv2\", \"DGX2\", "
-                                       "\"HubAndSpoke\" or \"custom\" (with links and betas matrices)")
+    kind = _wiring(p, pname)
     chunk = p.integer("chunk_size", 1, 1 << 40, default=_chunk_from_name(pname) or (1 << 20))
     alpha = p.number("alpha", positive=False)
     vendor = (p.string("vendor", "nvidia") or "nvidia").lower()
     if vendor not in ("nvidia", "amd"):
         raise p.err("vendor", f"unknown vendor '{vendor}' (expected nvidia or amd)")
     model = p.string("gpu")
-
     if kind in ("NDv2", "DGX2"):
         want = 8 if kind == "NDv2" else 16
         if G != want:
             raise p.err("gpus_per_node", f"an {kind} node has {want} GPUs, but gpus_per_node = {G}")
-    nbetas = {"NDv2": 2, "DGX2": 1, "HubAndSpoke": 1}.get(kind)
-    betas: list[Fraction] = []
-    if nbetas is not None:
-        lst = p.need("node_betas_list")
-        if not isinstance(lst, list) or len(lst) != nbetas:
-            raise p.err("node_betas_list", f"\"node_betas_list\" of an {kind} node lists {plural(nbetas, 'beta')}"
-                                           + (" (two-NVLink pairs, one-NVLink pairs)" if kind == "NDv2" else ""))
-        betas = [p.number("node_betas_list", v, positive=True, what=f"\"node_betas_list\"[{i}]")
-                 for i, v in enumerate(lst)]
-    default_nics = {"NDv2": 1, "DGX2": 8}.get(kind)
+    node = _Node(pname, G, nnodes, kind, chunk, alpha, vendor, model, _read_betas(p, kind))
     if nnodes > 1:
-        nics = p.integer("nics_per_node", 1, G, default=default_nics,
-                         why=" (needed to join several nodes)")
-        if G % nics:
-            raise p.err("nics_per_node", f"{G} GPUs cannot be split evenly over {nics} NICs")
-        r_alpha = p.number("remote_alpha", positive=False)
-        r_beta = p.number("remote_beta", positive=True)
+        node.nics = p.integer("nics_per_node", 1, G, default={"NDv2": 1, "DGX2": 8}.get(kind),
+                              why=" (needed to join several nodes)")
+        if G % node.nics:
+            raise p.err("nics_per_node", f"{G} GPUs cannot be split evenly over {node.nics} NICs")
+        node.r_alpha = p.number("remote_alpha", positive=False)
+        node.r_beta = p.number("remote_beta", positive=True)
+    return node
 
-    b = TopologyBuilder(pname)
-    for k in range(nnodes):
-        b.add_node(f"node{k + 1}", G, vendor, model)
-    sw_groups = []
-    for k in range(nnodes):
-        off = k * G
-        if kind in ("DGX2", "HubAndSpoke"):
-            bw = _bandwidth(p, "node_betas_list", betas[0], chunk, "\"node_betas_list\"[0]")
-            pid = b.params("switch", bw, 1, alpha)
-            if G > 1:
-                src = np.repeat(np.arange(G), G - 1)
-                dst = np.array([h for g in range(G) for h in range(G) if h != g])
-                ids = b.add_links(off + src, off + dst, pid)
-                for g in range(G):
-                    sw_groups.append((f"node{k + 1} GPU {g} switch port egress", "egress", ids[src == g], bw))
-                    sw_groups.append((f"node{k + 1} GPU {g} switch port ingress", "ingress", ids[dst == g], bw))
-        elif kind == "NDv2":
-            for pairs, beta, what in ((NDV2_DOUBLE, betas[0], "[0]"), (NDV2_SINGLE, betas[1], "[1]")):
-                bw = _bandwidth(p, "node_betas_list", beta, chunk, f"\"node_betas_list\"{what}")
-                pid = b.params("direct", bw, 1, alpha)
-                a = np.array([x for x, y in pairs] + [y for x, y in pairs])
-                c = np.array([y for x, y in pairs] + [x for x, y in pairs])
-                b.add_links(off + a, off + c, pid)
-        else:
-            links = p.matrix("links", G, lanes=True)
-            bmat = p.matrix("betas", G, lanes=False)
-            for dst in range(G):
-                for s in range(G):
-                    if links[dst][s] <= 0:
-                        continue
-                    if s == dst:
-                        raise p.err("links", f"\"links\"[{dst}][{s}] links GPU {s} to itself")
-                    beta = bmat[dst][s]
-                    bw = _bandwidth(p, "betas", beta, chunk, f"\"betas\"[{dst}][{s}] (GPU {s} -> {dst})")
-                    pid = b.params("direct", bw, links[dst][s], alpha)
-                    b.add_links([off + s], [off + dst], pid)
-    for label, direction, members, bw in sw_groups:
-        b.add_group("switch", direction, label, members, bw, 1, alpha)
-    if nnodes > 1:
-        bw = _bandwidth(p, "remote_beta", r_beta, chunk, "\"remote_beta\"")
-        pid = b.params("nic", bw, 1, r_alpha)
-        N = G * nnodes
-        rank = np.arange(N)
-        src = np.repeat(rank, N)
-        dst = np.tile(rank, N)
-        cross = (src // G) != (dst // G)
-        src, dst = src[cross], dst[cross]
-        ids = b.add_links(src, dst, pid)
-        per = G // nics
-        nic_of = (rank // G) * nics + (rank % G) // per
-        for n_id in range(nnodes * nics):
-            node, local = divmod(n_id, nics)
-            label = f"node{node + 1} nic{local} (GPUs {local * per}..{local * per + per - 1})"
-            b.add_group("nic", "egress", label + " egress", ids[nic_of[src] == n_id], bw, 1, r_alpha)
-            b.add_group("nic", "ingress", label + " ingress", ids[nic_of[dst] == n_id], bw, 1, r_alpha)
-    try:
-        return b.build(chunk)
-    except CapacityError as exc:
-        raise CompileError([Diagnostic(
-            f"the profile's link speeds are too far apart: one link holds {exc.capacity} chunks in the "
-            f"slowest link's chunk time (its logical capacity), over the limit of {MAX_LOGICAL_CAPACITY}",
-            Location(p.src, 1, 1))]) from None
+
+def _wiring(p: _Profile, pname: str) -> str:
+    """The node's wiring: named, or told from the profile's keys and name."""
+    kind = p.string("topology")
+    if kind is not None:
+        if kind.lower() not in KNOWN:
+            raise p.err("topology", f"unknown topology '{kind}' (expected NDv2, DGX2, HubAndSpoke or custom)")
+        return KNOWN[kind.lower()]
+    if p.has("links"):
+        return "custom"
+    if pname.lower().startswith("ndv2"):
+        return "NDv2"
+    if pname.lower().startswith("dgx2"):
+        return "DGX2"
+    if isinstance(p.d.get("node_betas_list"), list) and len(p.d["node_betas_list"]) == 1:
+        return "HubAndSpoke"
+    raise p.err("node_betas_list", "cannot tell the node's wiring: add \"topology\": \"NDv2\", \"DGX2\", "
+                                   "\"HubAndSpoke\" or \"custom\" (with links and betas matrices)")
+
+
+def _read_betas(p: _Profile, kind: str) -> list[Fraction]:
+    """``node_betas_list`` of a wiring that has one (none for custom)."""
+    nbetas = {"NDv2": 2, "DGX2": 1, "HubAndSpoke": 1}.get(kind)
+    if nbetas is None:
+        return []
+    lst = p.need("node_betas_list")
+    if not isinstance(lst, list) or len(lst) != nbetas:
+        raise p.err("node_betas_list", f"\"node_betas_list\" of an {kind} node lists {plural(nbetas, 'beta')}"
+                                       + (" (two-NVLink pairs, one-NVLink pairs)" if kind == "NDv2" else ""))
+    return [p.number("node_betas_list", v, positive=True, what=f"\"node_betas_list\"[{i}]")
+            for i, v in enumerate(lst)]
+
+
+def _switch_links(p: _Profile, b: TopologyBuilder, node: _Node, k: int) -> list[tuple]:
+    """Node ``k``'s GPU pairs through its switch; returns its switch ports as shared groups
+    (label, direction, links, bandwidth)."""
+    G, off = node.gpus, k * node.gpus
+    bw = _bandwidth(p, "node_betas_list", node.betas[0], node.chunk, "\"node_betas_list\"[0]")
+    pid = b.params("switch", bw, 1, node.alpha)
+    groups = []
+    if G > 1:
+        src = np.repeat(np.arange(G), G - 1)
+        dst = np.array([h for g in range(G) for h in range(G) if h != g])
+        ids = b.add_links(off + src, off + dst, pid)
+        for g in range(G):
+            groups.append((f"node{k + 1} GPU {g} switch port egress", "egress", ids[src == g], bw))
+            groups.append((f"node{k + 1} GPU {g} switch port ingress", "ingress", ids[dst == g], bw))
+    return groups
+
+
+def _ndv2_links(p: _Profile, b: TopologyBuilder, node: _Node, off: int) -> None:
+    """The NVLink pairs of a hybrid cube mesh whose first GPU is ``off``."""
+    for pairs, beta, what in ((NDV2_DOUBLE, node.betas[0], "[0]"), (NDV2_SINGLE, node.betas[1], "[1]")):
+        bw = _bandwidth(p, "node_betas_list", beta, node.chunk, f"\"node_betas_list\"{what}")
+        pid = b.params("direct", bw, 1, node.alpha)
+        a = np.array([x for x, y in pairs] + [y for x, y in pairs])
+        c = np.array([y for x, y in pairs] + [x for x, y in pairs])
+        b.add_links(off + a, off + c, pid)
+
+
+def _custom_links(p: _Profile, b: TopologyBuilder, node: _Node, off: int) -> None:
+    """The links of the ``links`` and ``betas`` matrices (destination first), for the node whose
+    first GPU is ``off``."""
+    G = node.gpus
+    links = p.matrix("links", G, lanes=True)
+    bmat = p.matrix("betas", G, lanes=False)
+    for dst in range(G):
+        for s in range(G):
+            if links[dst][s] <= 0:
+                continue
+            if s == dst:
+                raise p.err("links", f"\"links\"[{dst}][{s}] links GPU {s} to itself")
+            beta = bmat[dst][s]
+            bw = _bandwidth(p, "betas", beta, node.chunk, f"\"betas\"[{dst}][{s}] (GPU {s} -> {dst})")
+            pid = b.params("direct", bw, links[dst][s], node.alpha)
+            b.add_links([off + s], [off + dst], pid)
+
+
+def _nic_links(p: _Profile, b: TopologyBuilder, node: _Node) -> None:
+    """Every GPU pair on different nodes, through the NICs (each an egress and an ingress group)."""
+    G, nics = node.gpus, node.nics
+    bw = _bandwidth(p, "remote_beta", node.r_beta, node.chunk, "\"remote_beta\"")
+    pid = b.params("nic", bw, 1, node.r_alpha)
+    N = G * node.nnodes
+    rank = np.arange(N)
+    src = np.repeat(rank, N)
+    dst = np.tile(rank, N)
+    cross = (src // G) != (dst // G)
+    src, dst = src[cross], dst[cross]
+    ids = b.add_links(src, dst, pid)
+    per = G // nics
+    nic_of = (rank // G) * nics + (rank % G) // per
+    for n_id in range(node.nnodes * nics):
+        nd, local = divmod(n_id, nics)
+        label = f"node{nd + 1} nic{local} (GPUs {local * per}..{local * per + per - 1})"
+        b.add_group("nic", "egress", label + " egress", ids[nic_of[src] == n_id], bw, 1, node.r_alpha)
+        b.add_group("nic", "ingress", label + " ingress", ids[nic_of[dst] == n_id], bw, 1, node.r_alpha)
 
 
 def load_taccl(path: str | Path) -> Topology:
