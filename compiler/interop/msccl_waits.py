@@ -3,14 +3,9 @@
 :class:`~hccc.compiler.interop.msccl_tbs.Layout`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
-
-if TYPE_CHECKING:
-    from hccc.compiler.interop.msccl_tbs import Layout
 
 
 class OrderCycle(AssertionError):
@@ -34,8 +29,9 @@ def _ranges(ptr: np.ndarray, nodes: np.ndarray) -> np.ndarray:
 CLOCK_ENTRIES = 1 << 25
 
 
-def reduce_deps(lay: Layout) -> None:
-    """Drop same-TB waits and those implied by program order and other waits.
+def reduce_deps(lay) -> None:
+    """Drop same-TB waits and those implied by program order and other waits of ``lay`` (a
+    :class:`~hccc.compiler.interop.msccl_tbs.Layout`, which imports this module).
 
     Vector clocks over one rank's thread blocks, propagated along program order and waits in waves
     of rows whose predecessors are done, for a batch of ranks at once (waits stay within a rank; a
