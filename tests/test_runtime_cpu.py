@@ -568,6 +568,27 @@ def test_build_is_cached_by_content(tmp_path):
         assert used.returncode == 0 and f"! {pch}" in used.stderr and "not used" not in used.stderr, used.stderr
 
 
+def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatch):
+    """A module is linked with gold where g++ has it (readelf: gold's version note), else with the
+    toolchain's own linker (a module of its own in the cache); both run right. A linker the
+    driver does not have is found missing."""
+    from hccc.runtime import cpu as cpu_module
+    assert not cpu_module.links_with("g++", "-fuse-ld=no-such-linker")
+    if not cpu_module.links_with("g++", cpu_module.FAST_LINKER):
+        pytest.skip("g++ has no gold linker here")
+    ir = ring_allreduce(2)
+    libs = {}
+    for gold in (True, False):
+        monkeypatch.setattr(cpu_module, "links_with", lambda exe, flag, gold=gold: gold)
+        with Runner(ir, CpuPlatform(opt="-O0", cache_dir=tmp_path), "int32", "max", cache_dir=tmp_path) as r:
+            libs[gold] = r.module.path
+            assert r.run(count=64).ok
+    notes = {g: subprocess.run(["readelf", "-n", str(p)], capture_output=True, text=True).stdout
+             for g, p in libs.items()}
+    assert libs[True] != libs[False]
+    assert "gold" in notes[True] and "gold" not in notes[False], notes
+
+
 @pytest.mark.slow   # 6 s: three g++ builds of two programs (compile-heavy)
 def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_path, monkeypatch):
     """The emitted headers are precompiled once per flags and shared by every program and instance
