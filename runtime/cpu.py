@@ -14,7 +14,8 @@ the headers are the same for every program and instance, and parsing them was mo
 compile; with them the instance is a macro the unit defines first, :data:`INSTANCE_SELECTOR`);
 the module is linked by gold where the compiler driver has it (:data:`FAST_LINKER`). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
-``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
+``HCCC_CPU_JOBS`` (translation units compiled at once, default the number of CPUs,
+:func:`build_jobs`), ``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
 :func:`thread_budget`), ``HCCC_CPU_SANITIZE`` (``address``: the
 AddressSanitizer build below).
 
@@ -136,6 +137,23 @@ def thread_budget() -> int:
             raise PlatformError(f"HCCC_CPU_MAX_THREADS must be a positive number of threads, not {env!r}")
         return v
     return max(64, min([MAX_THREADS, *_system_thread_limits()]))
+
+
+def build_jobs() -> int:
+    """How many translation units a build compiles at once: ``HCCC_CPU_JOBS`` where set (a
+    positive integer), else the number of CPUs. Each unit beyond the first costs g++ a start and
+    a load of the precompiled headers again, so where every core is busy anyway (the test suite's
+    workers, one per core) one unit a build is the least CPU time."""
+    env = os.environ.get("HCCC_CPU_JOBS")
+    if env is not None and env.strip():
+        try:
+            v = int(env.strip())
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise PlatformError(f"HCCC_CPU_JOBS must be a positive number of compiles, not {env!r}")
+        return v
+    return max(1, os.cpu_count() or 1)
 
 
 def asan_runtime(cxx: str | None = None) -> str | None:
@@ -337,7 +355,7 @@ class CpuPlatform(Platform):
         self.source_platform = source_platform
         self.cxx = cxx or os.environ.get("HCCC_CXX") or "g++"
         self.opt = opt or os.environ.get("HCCC_CPU_OPT") or "-O1"
-        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.jobs = max(1, jobs or build_jobs())
         self.cache_dir = cache_dir
         self.max_threads = max_threads or thread_budget()
         self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap

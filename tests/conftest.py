@@ -52,6 +52,12 @@ def pytest_configure(config):
     elif os.environ.get("HCCC_CPU_OPT_SET_BY_TESTS") and \
             os.environ.get("HCCC_CPU_OPT") == os.environ["HCCC_CPU_OPT_SET_BY_TESTS"]:
         DEFAULT_RUN_AT_O0 = True        # a worker of README's command: the -O0 is this file's, not the user's
+    # with pytest-xdist's workers (`-n N`) the cores are busy: a CPU-emulation build compiles its
+    # units on the worker's share of them (README's `-n 2` on 2 cores: one unit a build, which
+    # saves g++ a start and a load of the precompiled headers per unit); a user's own value wins
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1 and "HCCC_CPU_JOBS" not in os.environ:
+        os.environ["HCCC_CPU_JOBS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
 DEFAULT_RUN_AT_O0 = False   # set by pytest_configure

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import re
 import shutil
 import subprocess
@@ -566,6 +567,32 @@ def test_build_is_cached_by_content(tmp_path):
                                "-I", str(pch), "-include", "hccc_prims.h", "-I", str(out), "-fsyntax-only", str(unit)],
                               capture_output=True, text=True, cwd=str(tmp_path))
         assert used.returncode == 0 and f"! {pch}" in used.stderr and "not used" not in used.stderr, used.stderr
+
+
+def test_build_jobs_from_the_environment(tmp_path, monkeypatch):
+    """HCCC_CPU_JOBS sets how many units a build compiles at once (an 8-rank program in one unit
+    at 1, in two at 2: at least four ranks a unit); the platform's own argument wins; anything
+    but a positive integer is refused by name."""
+    import json
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
+    monkeypatch.delenv("HCCC_CPU_JOBS", raising=False)
+    assert cpu_module.build_jobs() == max(1, os.cpu_count() or 1)
+    ir = ring_allgather(8)
+    out = tmp_path / "src"
+    out.mkdir()
+    generate(ir, out, platforms=["cuda"] * ir.nranks)
+    man = json.loads((out / "manifest.json").read_text())
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("HCCC_CPU_JOBS", jobs)
+        pf = CpuPlatform(opt="-O0", cache_dir=tmp_path / jobs)
+        assert pf.jobs == int(jobs) and CpuPlatform(jobs=3).jobs == 3
+        lib = pf.build(out, man, Instance("float32", "sum"))
+        assert sorted(p.name for p in lib.parent.glob("unit*.cpp")) == [f"unit{i}.cpp" for i in range(int(jobs))]
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("HCCC_CPU_JOBS", bad)
+        with pytest.raises(PlatformError, match="HCCC_CPU_JOBS"):
+            CpuPlatform()
 
 
 def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatch):
