@@ -9,11 +9,13 @@ translation units of at least four ranks, at most one per CPU core, compiled in 
 shared headers are parsed once per unit, not once per rank) with ``-DHCCC_FOR_EACH_INSTANCE(X)=
 X(dtype, ctype, op, HCCC_OP)`` so only the requested instantiation is compiled, and linked with
 ``cpu_launcher.cpp`` (this package; its object is cached separately, it does not depend on the
-program), each unit starting from ``hccc_prims.h`` precompiled once per flags and instance (g++;
-cached too: the headers are the same for every program, and parsing them was most of a unit's
-compile). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
+program), each unit starting from ``hccc_prims.h`` precompiled once per flags (g++; cached too:
+the headers are the same for every program and instance, and parsing them was most of a unit's
+compile; with them the instance is a macro the unit defines first, :data:`INSTANCE_SELECTOR`);
+the module is linked by gold where the compiler driver has it (:data:`FAST_LINKER`). Libraries are cached by content hash (:mod:`hccc.runtime.cache`). C++17 suffices.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
-``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
+``HCCC_CPU_JOBS`` (translation units compiled at once, default the number of CPUs,
+:func:`build_jobs`), ``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
 :func:`thread_budget`), ``HCCC_CPU_SANITIZE`` (``address``: the
 AddressSanitizer build below).
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import ctypes
+import functools
 import mmap
 import os
 import re
@@ -72,6 +75,24 @@ SANITIZERS = ("address",)
 #: it, as on the GPUs (``hccc_mul_rn``) and in the numpy reference
 _CXX_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", "-fno-gnu-unique",
               "-fno-strict-aliasing", "-ffp-contract=off", "-DHCCC_PLATFORM_CPU=1", "-Wall"]
+
+#: the linker a module is linked with where the compiler driver has it: gold links a program's
+#: module (its units, the launcher and the engine objects) in about a quarter of the CPU time of
+#: the default BFD linker (0.02 s against 0.08 s for an 8-rank program, most of what a build
+#: costs once the shared objects are cached; a cold test run links some 340 modules). Not for the
+#: AddressSanitizer build, which keeps the toolchain's own linker.
+FAST_LINKER = "-fuse-ld=gold"
+
+
+@functools.lru_cache(maxsize=None)
+def links_with(exe: str, flag: str) -> bool:
+    """The compiler driver ``exe`` can link with ``flag`` (its linker is installed): probed once
+    per process by asking that linker for its version."""
+    try:
+        res = subprocess.run([exe, flag, "-Wl,--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return res.returncode == 0
 
 
 #: the most OS threads the emulation starts at once unless ``HCCC_CPU_MAX_THREADS`` says otherwise
@@ -118,6 +139,23 @@ def thread_budget() -> int:
     return max(64, min([MAX_THREADS, *_system_thread_limits()]))
 
 
+def build_jobs() -> int:
+    """How many translation units a build compiles at once: ``HCCC_CPU_JOBS`` where set (a
+    positive integer), else the number of CPUs. Each unit beyond the first costs g++ a start and
+    a load of the precompiled headers again, so where every core is busy anyway (the test suite's
+    workers, one per core) one unit a build is the least CPU time."""
+    env = os.environ.get("HCCC_CPU_JOBS")
+    if env is not None and env.strip():
+        try:
+            v = int(env.strip())
+        except ValueError:
+            v = 0
+        if v < 1:
+            raise PlatformError(f"HCCC_CPU_JOBS must be a positive number of compiles, not {env!r}")
+        return v
+    return max(1, os.cpu_count() or 1)
+
+
 def asan_runtime(cxx: str | None = None) -> str | None:
     """Path of the compiler's ASan runtime (``libasan.so``) to preload, or None without one."""
     exe = shutil.which(cxx or os.environ.get("HCCC_CXX") or "g++")
@@ -161,6 +199,20 @@ HCCC_FOR_EACH_INSTANCE(HCCC_ENGINE_)
 def instance_define(instance: Instance) -> str:
     """The ``-D`` that compiles only ``instance``'s kernels (dtype, C type, op, reduction constant)."""
     return f"-DHCCC_FOR_EACH_INSTANCE(X)={instance_expansion(instance)}"
+
+
+#: the macro that names a build's instance where the units start from the precompiled headers:
+#: the headers are precompiled with ``HCCC_FOR_EACH_INSTANCE(X)`` defined as it (:data:`PCH_DEFINE`,
+#: the same for every instance, so one precompiled header serves them all) and each unit defines
+#: it first (:func:`instance_selector`). On the command line it would make g++ refuse the
+#: precompiled header (a macro it names defined at use, not when precompiled).
+INSTANCE_SELECTOR = "HCCC_CPU_INSTANCE_"
+PCH_DEFINE = f"-DHCCC_FOR_EACH_INSTANCE(X)={INSTANCE_SELECTOR}(X)"
+
+
+def instance_selector(instance: Instance) -> str:
+    """The first line of a unit compiled with the precompiled headers: the build's instance."""
+    return f"#define {INSTANCE_SELECTOR}(X) {instance_expansion(instance)}\n"
 
 
 def _copy_headers(outdir: Path, headers: list[str], dest: Path) -> None:
@@ -303,7 +355,7 @@ class CpuPlatform(Platform):
         self.source_platform = source_platform
         self.cxx = cxx or os.environ.get("HCCC_CXX") or "g++"
         self.opt = opt or os.environ.get("HCCC_CPU_OPT") or "-O1"
-        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.jobs = max(1, jobs or build_jobs())
         self.cache_dir = cache_dir
         self.max_threads = max_threads or thread_budget()
         self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap
@@ -485,10 +537,11 @@ class CpuPlatform(Platform):
         # the launcher and the precompiled headers depend on the headers, not on the program
         headers_digest = cache.files_digest([outdir / h for h in headers], outdir)
         launcher_obj = self._launcher_object(outdir, headers, headers_digest, flags)
-        pch = self._prims_pch(outdir, headers, headers_digest, flags, define)
-        engine_obj = self._engine_object(outdir, headers, headers_digest, flags, define, pch)
+        pch = self._prims_pch(outdir, headers, headers_digest, flags)
+        engine_obj = self._engine_object(outdir, headers, headers_digest, flags, instance, pch)
+        link = [FAST_LINKER] if not self.sanitize and links_with(exe, FAST_LINKER) else []
         key = cache.content_key(
-            "cpu-module", compiler, " ".join(flags), define, launcher_obj.read_bytes(),
+            "cpu-module", compiler, " ".join(flags + link), define, launcher_obj.read_bytes(),
             engine_obj.read_bytes() if engine_obj is not None else b"",
             cache.files_digest([outdir / f for f in sources + headers], outdir))
         # translation units: a few ranks each (the headers are parsed once per unit), in parallel
@@ -499,7 +552,8 @@ class CpuPlatform(Platform):
             units = []
             for i, grp in enumerate(groups):
                 tu = tmp / f"unit{i}.cpp"
-                tu.write_text((ENGINE_EXTERN if engine_obj is not None else "")
+                tu.write_text((instance_selector(instance) if pch is not None else "")
+                              + (ENGINE_EXTERN if engine_obj is not None else "")
                               + "".join(f'#include "{f}"\n' for f in grp))
                 units.append(tu)
 
@@ -509,7 +563,7 @@ class CpuPlatform(Platform):
                 # directory, which -include searches first and which holds no header
                 pre = (["-I", str(pch), "-include", PCH_HEADER] if pch is not None
                        else ["-include", PCH_HEADER] if engine_obj is not None else [])
-                cmd = [exe, *flags, define, *pre, "-I", str(outdir), "-c", str(tu),
+                cmd = [exe, *flags, PCH_DEFINE if pch is not None else define, *pre, "-I", str(outdir), "-c", str(tu),
                        "-o", str(tu.with_suffix(".o"))]
                 return subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp))
 
@@ -522,7 +576,7 @@ class CpuPlatform(Platform):
             objs = [str(tu.with_suffix(".o")) for tu in units] + [str(launcher_obj)] + \
                 ([str(engine_obj)] if engine_obj is not None else [])
             san = ["-fsanitize=address"] if self.sanitize else []
-            res = subprocess.run([exe, "-shared", "-pthread", *san, *objs, "-o", str(tmp / "module.so")],
+            res = subprocess.run([exe, "-shared", "-pthread", *san, *link, *objs, "-o", str(tmp / "module.so")],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 raise PlatformError("linking the CPU module failed:\n" + res.stderr[-4000:])
@@ -531,11 +585,12 @@ class CpuPlatform(Platform):
 
         return cache.entry("cpu", key, make, root=self.cache_dir) / "module.so"
 
-    def _prims_pch(self, outdir: Path, headers: list[str], headers_digest: str, flags: list[str],
-                   define: str) -> Path | None:
+    def _prims_pch(self, outdir: Path, headers: list[str], headers_digest: str, flags: list[str]) -> Path | None:
         """The directory holding ``hccc_prims.h.gch``: the emitted headers precompiled by g++ with
-        the build's flags and instance (cached: like the launcher, it depends on the headers, the
-        flags and the instance only, so every program of one hccc version shares it). Parsing the
+        the build's flags (cached: like the launcher, it depends on the headers and the flags only,
+        so every program and every instance of one hccc version shares it: the instance is
+        :data:`INSTANCE_SELECTOR`, which the units define after it; one per instance cost a cold
+        test run some 30 s of g++). Parsing the
         headers is most of what a unit of a few ranks costs g++; the object code is the same with
         and without it. None (units parse the headers themselves) for the AddressSanitizer build
         (its debug information would name the headers where they were precompiled), for a
@@ -546,13 +601,13 @@ class CpuPlatform(Platform):
         if self.sanitize or PCH_HEADER not in headers or "clang" in self._compiler_id().lower():
             return None
         exe = self._cxx_exe
-        key = cache.content_key("cpu-pch", self._compiler_id(), " ".join(flags), define, headers_digest)
+        key = cache.content_key("cpu-pch", self._compiler_id(), " ".join(flags), PCH_DEFINE, headers_digest)
 
         def make(tmp: Path) -> None:
             src = tmp / "src"
             src.mkdir()
             _copy_headers(outdir, headers, src)
-            res = subprocess.run([exe, *flags, define, "-x", "c++-header", str(src / PCH_HEADER),
+            res = subprocess.run([exe, *flags, PCH_DEFINE, "-x", "c++-header", str(src / PCH_HEADER),
                                   "-o", str(tmp / f"{PCH_HEADER}.gch")], capture_output=True, text=True)
             shutil.rmtree(src)
             if res.returncode != 0:
@@ -564,7 +619,7 @@ class CpuPlatform(Platform):
             return None
 
     def _engine_object(self, outdir: Path, headers: list[str], headers_digest: str, flags: list[str],
-                       define: str, pch: Path | None) -> Path | None:
+                       instance: Instance, pch: Path | None) -> Path | None:
         """The engine (``hccc_run`` for the instance's dtype and op over a rank program) compiled
         once into an object (cached: it depends on the headers, the flags and the instance only,
         so every program of one hccc version shares it). The units declare it ``extern template``
@@ -574,6 +629,7 @@ class CpuPlatform(Platform):
         if PCH_HEADER not in headers:
             return None
         exe = self._cxx_exe
+        define = instance_define(instance)
         key = cache.content_key("cpu-engine", self._compiler_id(), " ".join(flags), define, headers_digest,
                                 ENGINE_SOURCE)
 
@@ -581,9 +637,13 @@ class CpuPlatform(Platform):
             src = tmp / "src"
             src.mkdir()
             _copy_headers(outdir, headers, src)
-            (src / "engine.cpp").write_text(ENGINE_SOURCE)
-            pre = ["-I", str(pch), "-include", PCH_HEADER] if pch is not None else ["-include", PCH_HEADER]
-            res = subprocess.run([exe, *flags, define, *pre, "-I", str(src), "-c", str(src / "engine.cpp"),
+            if pch is not None:     # the instance named after the precompiled headers (_prims_pch)
+                (src / "engine.cpp").write_text(instance_selector(instance) + ENGINE_SOURCE)
+                pre = [PCH_DEFINE, "-I", str(pch), "-include", PCH_HEADER]
+            else:
+                (src / "engine.cpp").write_text(ENGINE_SOURCE)
+                pre = [define, "-include", PCH_HEADER]
+            res = subprocess.run([exe, *flags, *pre, "-I", str(src), "-c", str(src / "engine.cpp"),
                                   "-o", str(tmp / "engine.o")], capture_output=True, text=True, cwd=str(src))
             shutil.rmtree(src)
             if res.returncode != 0:

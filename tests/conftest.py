@@ -52,6 +52,12 @@ def pytest_configure(config):
     elif os.environ.get("HCCC_CPU_OPT_SET_BY_TESTS") and \
             os.environ.get("HCCC_CPU_OPT") == os.environ["HCCC_CPU_OPT_SET_BY_TESTS"]:
         DEFAULT_RUN_AT_O0 = True        # a worker of README's command: the -O0 is this file's, not the user's
+    # with pytest-xdist's workers (`-n N`) the cores are busy: a CPU-emulation build compiles its
+    # units on the worker's share of them (README's `-n 2` on 2 cores: one unit a build, which
+    # saves g++ a start and a load of the precompiled headers per unit); a user's own value wins
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1 and "HCCC_CPU_JOBS" not in os.environ:
+        os.environ["HCCC_CPU_JOBS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
 DEFAULT_RUN_AT_O0 = False   # set by pytest_configure
@@ -171,3 +177,82 @@ def cuda_platform_or_skip():
         if os.environ.get("HCCC_REQUIRE_GPU"):
             pytest.fail(f"HCCC_REQUIRE_GPU is set but: {exc}")
         pytest.skip(str(exc))
+
+
+# ---------------------------------------------------------------- CPU seconds per test
+# `pytest -n 2 --cpu-durations=30` lists the tests that took the most CPU (user + system of the
+# test's process and of every child process it waited for: g++, the command line, rank processes),
+# each test's setup, call and teardown together, and the suite's total. CPU seconds rather than
+# wall time: on a shared machine a test's wall time is mostly other people's load, and the point
+# is what the suite costs a 2-core machine. A session fixture's setup counts for the first test
+# that asks for it; a cold cache's builds count for the first test that wants each of them.
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="list the N tests that took the most CPU seconds (user + system, child "
+                          "processes included) and the suite's total (0: the total only)")
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its waited-for children so far."""
+    import resource
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+_CPU_MARK = [0.0]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _CPU_MARK[0] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if item.config.getoption("cpu_durations") is None:
+        return
+    now = _cpu_seconds()
+    outcome.get_result().user_properties.append(("cpu_s", now - _CPU_MARK[0]))
+    _CPU_MARK[0] = now
+
+
+_CPU_BY_TEST: dict[str, float] = {}
+_CPU_BY_WORKER: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    for key, value in getattr(report, "user_properties", ()):
+        if key == "cpu_s":
+            _CPU_BY_TEST[report.nodeid] = _CPU_BY_TEST.get(report.nodeid, 0.0) + value
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and session.config.getoption("cpu_durations") is not None:
+        workeroutput["cpu_s"] = _cpu_seconds()      # the worker's whole process: imports, collection
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    out = getattr(node, "workeroutput", None) or {}
+    if "cpu_s" in out:
+        _CPU_BY_WORKER[node.gateway.id] = out["cpu_s"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = config.getoption("cpu_durations")
+    if n is None or hasattr(config, "workerinput"):
+        return
+    tr = terminalreporter
+    total = sum(_CPU_BY_TEST.values())
+    tr.write_sep("=", f"CPU seconds per test (user + system, child processes included)")
+    for nodeid, cpu in sorted(_CPU_BY_TEST.items(), key=lambda kv: -kv[1])[:n]:
+        tr.write_line(f"{cpu:8.2f}s {nodeid}")
+    tr.write_line(f"{total:8.2f}s in {len(_CPU_BY_TEST)} tests")
+    if _CPU_BY_WORKER:
+        whole = sum(_CPU_BY_WORKER.values())
+        tr.write_line(f"{whole:8.2f}s in the workers' processes in all ("
+                      + ", ".join(f"{w}: {s:.2f}s" for w, s in sorted(_CPU_BY_WORKER.items())) + ")")
+    else:
+        tr.write_line(f"{_cpu_seconds():8.2f}s in this process in all (imports and collection included)")

@@ -334,3 +334,15 @@ def test_torch_backend_overhead_statistic_cancels_load_drift_and_bursts():
     assert (now[0] - t1) / (t1 - t0) > 1.1
     assert tb.percentile(range(1, 11), 90) == 9 and tb.percentile([5.0], 90) == 5.0
     assert tb.percentile([4, 1, 3, 2], 50) == 2 and tb.percentile([4, 1, 3, 2], 100) == 4
+
+
+def test_cpu_builds_counts_the_cpu_of_a_cold_build_and_what_it_caches(capsys):
+    """cpu_builds.py: one program for one instance from an empty cache is one module, one engine
+    object, one precompiled header and one launcher object, and costs some CPU time."""
+    cb = _load("cpu_builds")
+    assert cb.main(["--programs", "1", "--instances", "1", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["builds"] == 1 and got["cpu_s"] > 0
+    assert got["entries"] == {"cpu": 1, "cpu_engine": 1, "cpu_pch": 1, "cpu_launcher": 1}
+    with pytest.raises(SystemExit):
+        cb.main(["--programs", "0"])

@@ -74,7 +74,11 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_combine(
 DTYPES = {"float32": (0, np.float32), "float16": (1, np.float16), "bfloat16": (2, np.uint16),
           "int32": (3, np.int32)}
 REDS = {"sum": 0, "max": 1, "min": 2}
-WARPS = (1, 4)
+#: emulated warp width -> the optimisation its harness is built with: 4 (threads beyond the last
+#: whole warp exist) at -O2, where strict aliasing and vectorisation would break lane accesses that
+#: are not aliasing-safe; 1 at -O0 (the test builds' level), the same source and checks at a third
+#: of -O2's g++ time (1.7 s against 4.7 s of CPU)
+WARPS = {1: "-O0", 4: "-O2"}
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +86,8 @@ def engines(tmp_path_factory):
     """warp width -> the harness library built against the emitted headers."""
     d = tmp_path_factory.mktemp("engine")
     libs = {}
-    for w in WARPS:
-        lib, _ = harness_library(d, HARNESS, f"engine_w{w}", warp=w, opt="-O2")
+    for w, opt in WARPS.items():
+        lib, _ = harness_library(d, HARNESS, f"engine_w{w}", warp=w, opt=opt)
         lib.hccc_test_combine.restype = ctypes.c_int
         lib.hccc_test_combine.argtypes = [ctypes.c_int] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_uint64]
         assert lib.hccc_test_combine(0, 0, 0, 1, 1, None, None, None, None, 0) == w
@@ -135,7 +139,7 @@ def cases(draw):
     offs = [draw(st.integers(0, lanes - 1)) if independent else shared for _ in range(4)]
     n = draw(st.one_of(st.integers(0, 40), st.integers(0, 3000), st.sampled_from([511, 512, 513, 1023, 1024])))
     return {"dtype": dtype, "op": draw(st.sampled_from(sorted(REDS))), "shape": shape, "offs": offs, "n": n,
-            "nthreads": draw(st.sampled_from([1, 2, 3, 4, 5, 8, 13])), "warp": draw(st.sampled_from(WARPS)),
+            "nthreads": draw(st.sampled_from([1, 2, 3, 4, 5, 8, 13])), "warp": draw(st.sampled_from(sorted(WARPS))),
             "seed": draw(st.integers(0, 2**32 - 1))}
 
 

@@ -358,3 +358,39 @@ def test_processes_starting_together_compile_a_kernel_once(tmp_path):
     assert all(p.returncode == 0 for p in procs), outs
     counts = [tuple(map(int, o.split())) for o, _ in outs]
     assert sorted(counts) == [(0, 1), (1, 0)], counts
+
+
+_CACHED_AFTER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import toy_kernels as t
+before = t.KERNELS._cached()
+if sys.argv[2] == "compile":
+    assert t.KERNELS.compiled()["toy_sum"](t.np.arange(4.0)) == 6.0
+    print(before, sum(t.KERNELS.compiled()["toy_sum"].dispatcher.stats.cache_misses.values()))
+else:
+    print(before)
+"""
+
+
+@needs_numba
+def test_a_cache_in_numba_cache_dir_counts_as_cached(tmp_path):
+    """With NUMBA_CACHE_DIR set numba writes its cache there, not beside the source: a process
+    after the one that compiled (numba's own cache miss counter says it compiled) finds the
+    kernels cached, and one with another, empty NUMBA_CACHE_DIR does not (the threshold was not
+    lowered under NUMBA_CACHE_DIR before: the lookup only knew ``__pycache__``)."""
+    import os
+    (tmp_path / "toy_kernels.py").write_text(_TOY_MODULE)
+
+    def run(cache, what):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / cache)}
+        env.pop("HCCC_JIT", None)
+        r = subprocess.run([sys.executable, "-c", _CACHED_AFTER, str(tmp_path), what], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    assert run("a", "compile") == ["False", "1"]
+    assert run("a", "look") == ["True"]
+    assert run("b", "look") == ["False"]
+    assert not (tmp_path / "__pycache__").exists() or not list((tmp_path / "__pycache__").glob("*.nbi"))

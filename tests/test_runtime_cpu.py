@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import re
 import shutil
 import subprocess
@@ -535,6 +536,13 @@ def test_cache_keys():
 
 
 def test_build_is_cached_by_content(tmp_path):
+    """A module per program and instance; the precompiled headers one per flags, shared by the
+    instances (the instance is a macro each unit defines after them), and g++ really loads them
+    for a unit of either instance (-H marks a precompiled header it loads with '!'; one it refuses
+    -Winvalid-pch names)."""
+    import json
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
     pf = CpuPlatform(opt="-O0", cache_dir=tmp_path)
     ir = ring_allreduce(2)
     with Runner(ir, pf, "int32", "max", cache_dir=tmp_path) as r1:
@@ -543,12 +551,75 @@ def test_build_is_cached_by_content(tmp_path):
         assert r2.module.path == lib1
     with Runner(ir, pf, "int32", "min", cache_dir=tmp_path) as r3:
         assert r3.module.path != lib1
+    pch, = (tmp_path / "cpu_pch").iterdir()
+    assert len(list((tmp_path / "cpu_engine").iterdir())) == 2
+    out = tmp_path / "src"
+    out.mkdir()
+    generate(ir, out, platforms=["cuda"] * ir.nranks)
+    rank0 = json.loads((out / "manifest.json").read_text())["ranks"][0]["source"]
+    for op in ("max", "min"):
+        unit = tmp_path / f"unit_{op}.cpp"
+        unit.write_text(cpu_module.instance_selector(Instance("int32", op)) + cpu_module.ENGINE_EXTERN
+                        + f'#include "{rank0}"\n')
+        # (the flags of the Runner's build: all ranks in this process, HCCC_SINGLE_GPU)
+        used = subprocess.run(["g++", *cpu_module._CXX_FLAGS, "-O0", "-DHCCC_SINGLE_GPU=1", cpu_module.PCH_DEFINE,
+                               "-Winvalid-pch", "-H",
+                               "-I", str(pch), "-include", "hccc_prims.h", "-I", str(out), "-fsyntax-only", str(unit)],
+                              capture_output=True, text=True, cwd=str(tmp_path))
+        assert used.returncode == 0 and f"! {pch}" in used.stderr and "not used" not in used.stderr, used.stderr
+
+
+def test_build_jobs_from_the_environment(tmp_path, monkeypatch):
+    """HCCC_CPU_JOBS sets how many units a build compiles at once (an 8-rank program in one unit
+    at 1, in two at 2: at least four ranks a unit); the platform's own argument wins; anything
+    but a positive integer is refused by name."""
+    import json
+    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime.platform import Instance
+    monkeypatch.delenv("HCCC_CPU_JOBS", raising=False)
+    assert cpu_module.build_jobs() == max(1, os.cpu_count() or 1)
+    ir = ring_allgather(8)
+    out = tmp_path / "src"
+    out.mkdir()
+    generate(ir, out, platforms=["cuda"] * ir.nranks)
+    man = json.loads((out / "manifest.json").read_text())
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("HCCC_CPU_JOBS", jobs)
+        pf = CpuPlatform(opt="-O0", cache_dir=tmp_path / jobs)
+        assert pf.jobs == int(jobs) and CpuPlatform(jobs=3).jobs == 3
+        lib = pf.build(out, man, Instance("float32", "sum"))
+        assert sorted(p.name for p in lib.parent.glob("unit*.cpp")) == [f"unit{i}.cpp" for i in range(int(jobs))]
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("HCCC_CPU_JOBS", bad)
+        with pytest.raises(PlatformError, match="HCCC_CPU_JOBS"):
+            CpuPlatform()
+
+
+def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatch):
+    """A module is linked with gold where g++ has it (readelf: gold's version note), else with the
+    toolchain's own linker (a module of its own in the cache); both run right. A linker the
+    driver does not have is found missing."""
+    from hccc.runtime import cpu as cpu_module
+    assert not cpu_module.links_with("g++", "-fuse-ld=no-such-linker")
+    if not cpu_module.links_with("g++", cpu_module.FAST_LINKER):
+        pytest.skip("g++ has no gold linker here")
+    ir = ring_allreduce(2)
+    libs = {}
+    for gold in (True, False):
+        monkeypatch.setattr(cpu_module, "links_with", lambda exe, flag, gold=gold: gold)
+        with Runner(ir, CpuPlatform(opt="-O0", cache_dir=tmp_path), "int32", "max", cache_dir=tmp_path) as r:
+            libs[gold] = r.module.path
+            assert r.run(count=64).ok
+    notes = {g: subprocess.run(["readelf", "-n", str(p)], capture_output=True, text=True).stdout
+             for g, p in libs.items()}
+    assert libs[True] != libs[False]
+    assert "gold" in notes[True] and "gold" not in notes[False], notes
 
 
 @pytest.mark.slow   # 6 s: three g++ builds of two programs (compile-heavy)
 def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_path, monkeypatch):
-    """The emitted headers are precompiled once per flags and instance and shared by every program
-    (one ``cpu_pch`` entry for two programs; a new one for another instance); g++ really uses it
+    """The emitted headers are precompiled once per flags and shared by every program and instance
+    (one ``cpu_pch`` entry for two programs and for another instance); g++ really uses it
     (-H marks a precompiled header it loads with '!'); and a library built without it has the
     same code (the same exported kernels, which compute the same results)."""
     import json
@@ -568,10 +639,9 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     assert len(pch) == 1 and (pch[0] / "hccc_prims.h.gch").stat().st_size > 0
     out, man, lib = libs["ar"]
     flags = [*cpu_module._CXX_FLAGS, "-O0"]
-    define = cpu_module.instance_define(inst)
     unit = tmp_path / "unit.cpp"
-    unit.write_text(f'#include "{man["ranks"][0]["source"]}"\n')
-    used = subprocess.run(["g++", *flags, define, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
+    unit.write_text(cpu_module.instance_selector(inst) + f'#include "{man["ranks"][0]["source"]}"\n')
+    used = subprocess.run(["g++", *flags, cpu_module.PCH_DEFINE, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
                            "-I", str(out), "-fsyntax-only", str(unit)], capture_output=True, text=True,
                           cwd=str(tmp_path))
     assert used.returncode == 0 and "! " in used.stderr and "hccc_prims.h.gch" in used.stderr, used.stderr
@@ -585,7 +655,7 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     monkeypatch.undo()
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     pf.build(out, man, Instance("int32", "max"))
-    assert len(list((tmp_path / "cache" / "cpu_pch").iterdir())) == 2
+    assert len(list((tmp_path / "cache" / "cpu_pch").iterdir())) == 1
     res = run_program(ring_allreduce(2), backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
     assert res.ok
 

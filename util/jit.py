@@ -68,6 +68,22 @@ def have_numba() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def numba_cache_dirs(source: str) -> list[Path]:
+    """Where numba keeps the cache of the functions of the file ``source`` (without importing
+    numba; its ``numba.core.caching`` locators, first that applies): ``$NUMBA_CACHE_DIR/<the
+    file's directory name>_<SHA-1 of the directory's absolute path>`` where that variable is set,
+    else the ``__pycache__`` beside the file, or (where that cannot be written) the same
+    ``<name>_<SHA-1>`` under the user's cache directory for numba."""
+    import hashlib
+    folder = os.path.dirname(os.path.abspath(source))
+    sub = f"{os.path.basename(folder)}_{hashlib.sha1(folder.encode()).hexdigest()}"
+    user = os.environ.get("NUMBA_CACHE_DIR", "")
+    if user:
+        return [Path(user) / sub]
+    import platformdirs
+    return [Path(folder) / "__pycache__", Path(platformdirs.user_cache_dir("numba", appauthor=False)) / sub]
+
+
 def jit_mode() -> str:
     """The ``HCCC_JIT`` override (``auto`` when unset); an unknown value is an error."""
     mode = os.environ.get("HCCC_JIT", "auto").strip().lower() or "auto"
@@ -127,8 +143,8 @@ class Kernels:
         return max(0, limit - self._plain_work)
 
     def _cached(self) -> bool:
-        """numba's cache index of every kernel is on disk beside the source (where numba writes
-        it: ``__pycache__/<file>.<function>-<line>.py<version>.nbi``), so compiling means loading,
+        """numba's cache index of every kernel is on disk (``<file>.<function>-<line>.py<version>.nbi``
+        in one of the directories :func:`numba_cache_dirs` names), so compiling means loading,
         well under a second. A guess about numba's layout that only moves the threshold."""
         if self._cache_seen is None:
             tag = f"py{sys.version_info.major}{sys.version_info.minor}"
@@ -136,8 +152,8 @@ class Kernels:
             for n in self._names:
                 code = self._ns[n].__code__
                 src = Path(code.co_filename)
-                idx = src.parent / "__pycache__" / f"{src.stem}.{self._ns[n].__qualname__}-{code.co_firstlineno}.{tag}.nbi"
-                found = found and idx.is_file()
+                name = f"{src.stem}.{self._ns[n].__qualname__}-{code.co_firstlineno}.{tag}.nbi"
+                found = found and any((d / name).is_file() for d in numba_cache_dirs(code.co_filename))
             self._cache_seen = found
         return self._cache_seen
 
