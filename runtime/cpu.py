@@ -127,16 +127,8 @@ def _system_thread_limits() -> list[int]:
 def thread_budget() -> int:
     """The emulation's thread budget: ``HCCC_CPU_MAX_THREADS`` where set (a positive integer),
     else :data:`MAX_THREADS` or half of what the system allows, whichever is less (at least 64)."""
-    env = os.environ.get("HCCC_CPU_MAX_THREADS")
-    if env is not None and env.strip():
-        try:
-            v = int(env.strip())
-        except ValueError:
-            v = 0
-        if v < 1:
-            raise PlatformError(f"HCCC_CPU_MAX_THREADS must be a positive number of threads, not {env!r}")
-        return v
-    return max(64, min([MAX_THREADS, *_system_thread_limits()]))
+    v = _positive_env("HCCC_CPU_MAX_THREADS", "threads")
+    return v if v is not None else max(64, min([MAX_THREADS, *_system_thread_limits()]))
 
 
 def build_jobs() -> int:
@@ -144,16 +136,23 @@ def build_jobs() -> int:
     positive integer), else the number of CPUs. Each unit beyond the first costs g++ a start and
     a load of the precompiled headers again, so where every core is busy anyway (the test suite's
     workers, one per core) one unit a build is the least CPU time."""
-    env = os.environ.get("HCCC_CPU_JOBS")
-    if env is not None and env.strip():
-        try:
-            v = int(env.strip())
-        except ValueError:
-            v = 0
-        if v < 1:
-            raise PlatformError(f"HCCC_CPU_JOBS must be a positive number of compiles, not {env!r}")
-        return v
-    return max(1, os.cpu_count() or 1)
+    v = _positive_env("HCCC_CPU_JOBS", "compiles")
+    return v if v is not None else max(1, os.cpu_count() or 1)
+
+
+def _positive_env(name: str, what: str) -> int | None:
+    """The positive integer the environment variable ``name`` holds (None: unset or blank); any
+    other value is a PlatformError saying it must be a positive number of ``what``."""
+    env = os.environ.get(name)
+    if env is None or not env.strip():
+        return None
+    try:
+        v = int(env.strip())
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise PlatformError(f"{name} must be a positive number of {what}, not {env!r}")
+    return v
 
 
 def asan_runtime(cxx: str | None = None) -> str | None:
