@@ -157,6 +157,13 @@ class SwitchChannels:
         if "tbg_info" in op:
             g = op["tbg_info"]
             tbg = (g["tb_id"], g["tbg_size"])      # checked with every other tbg_info
+        sref, dref, dpath, sg, dg = self._operands(r, op, p, tb_switch)
+        return self._rewrite(r, name, sref, dref, dpath, sg, dg, tbg, rbufs)
+
+    def _operands(self, r: int, op: dict, p: tuple, tb_switch: list):
+        """The one source and one destination reference of switch operation ``op``, checked, with
+        the destination's path and the switch groups they name (``None`` for a local source)."""
+        err, name = self.err, op["name"]
         srcs = self._refs(op, "src_buff", p)
         dsts = self._refs(op, "dst_buff", p)
         for side, refs in (("src_buff", srcs), ("dst_buff", dsts)):
@@ -192,6 +199,13 @@ class SwitchChannels:
         if sref["size"] != dref["size"]:
             raise err(dpath + ("size",), f"'{name}' moves {sref['size']} chunks from its source and "
                                          f"{dref['size']} into its destination: the sizes must agree")
+        return sref, dref, dpath, sg, dg
+
+    def _rewrite(self, r: int, name: str, sref: dict, dref: dict, dpath: tuple, sg, dg, tbg,
+                 rbufs: list) -> list[tuple[PlanOp, dict]]:
+        """The memory-channel operations a checked switch operation stands for, with the
+        remote-buffer table they index (remote buffers added to ``rbufs`` as needed)."""
+        err = self.err
         n, si, di = sref["size"], sref["index"], dref["index"]
         table: list[int] = []
 

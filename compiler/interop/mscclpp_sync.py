@@ -188,15 +188,27 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
     the releases an acquire needs whichever blocks release first, the blocks' operations before a
     barrier they pass together, the packet writes a read waits for); its block's previous
     operation precedes it too."""
-    inbound = defaultdict(int)         # (rank, type, channel) -> signals arrived this call
-    expected = defaultdict(int)        # (rank, type, channel) -> waits done
-    sems = {(r, s): v for r, vals in enumerate(sem_init) for s, v in enumerate(vals)}
-    arrivals = defaultdict(int)        # (rank, barrier id) -> arrivals this call
-    last_signal = {}                   # receiving end -> (path of the last signal raising it)
-    signals_to = defaultdict(int)      # receiving end -> signals the plan sends it per call
-    # ---- packets: which packet writes each packet read waits for
+    writes, write_at, signals_to = _writes_and_signals(tbs, pair, chans, region, err)
+    his = _check_packet_overlaps(writes, err)
+    readers_of, pending = _packet_reads(tbs, writes, his, region, err)
+    run = _CallRun(tbs, pair, chans, sem_init, err, order)
+    run.packets(write_at, readers_of, pending)
+    run.run()
+    run.check_left_over(signals_to)
+
+
+def _is_signal(name, op) -> bool:
+    """Whether an operation raises its channels' partner ends (a port channel's puts signal too)."""
+    return name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port")
+
+
+def _writes_and_signals(tbs, pair, chans, region, err):
+    """Packet writes into each rank's scratch (``writes``: owner -> ``[(lo, hi, write id, path)]``;
+    ``write_at``: ``(rank, tb, pos)`` -> its write ids) and the signals each receiving end gets
+    per call (``signals_to``)."""
     writes = defaultdict(list)         # rank -> [(lo, hi, write id)] of its scratch
     write_at = {}                      # (rank, tb, pos) -> [write id]
+    signals_to = defaultdict(int)      # receiving end -> signals the plan sends it per call
     nwrites = 0
     for r, ti, ops in tbs:
         for pos, (p, op) in enumerate(ops):
@@ -217,10 +229,16 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                 nwrites += 1
             if ids:
                 write_at[(r, ti, pos)] = ids
-            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
+            if _is_signal(name, op):
                 for c in op.ids:
                     end = _partner(r, op.t, c, pair, chans, p, err)
                     signals_to[end] += 1
+    return writes, write_at, signals_to
+
+
+def _check_packet_overlaps(writes, err) -> dict:
+    """Refuse two packet writes into the same scratch bytes in one call (``writes`` sorted in
+    place); returns each owner's write ends in that order."""
     his = {}
     for owner, lst in writes.items():
         lst.sort()
@@ -229,6 +247,13 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                 raise err(b[3], f"packets written into rank {owner}'s scratch chunks [{b[0]}, {min(a[1], b[1])}) by "
                                 f"two operations in one call: which one a read sees is not fixed")
         his[owner] = [w[1] for w in lst]
+    return his
+
+
+def _packet_reads(tbs, writes, his, region, err):
+    """Which packet writes each packet read waits for (``readers_of``: write id -> read keys
+    ``(rank, tb, pos)``), and how many per read (``pending``); a read of packets no operation
+    writes waits forever (refused)."""
     readers_of = defaultdict(list)     # write id -> [read key]
     pending = {}                       # read key (rank, tb, pos) -> writes still to come
     for r, ti, ops in tbs:
@@ -259,37 +284,56 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
                                                    f"[{cover}, {lo + n}) that no operation writes in a call: it "
                                                    f"waits for their flags forever")
             pending[(r, ti, pos)] = need
-    writer_of = {w: key for key, ids in write_at.items() for w in ids}
-    reads_of = defaultdict(list)       # read key -> the writes it waits for
-    for w, keys in readers_of.items():
-        for key in keys:
-            reads_of[key].append(writer_of[w])
-    # releases of each semaphore per block (each semaphore is acquired by one block)
-    releases = defaultdict(lambda: defaultdict(list))     # (rank, sem) -> block -> [pos]
-    for r, ti, ops in tbs:
-        for pos, (p, op) in enumerate(ops):
-            if op.name == "sem_release":
-                for sm in op.semaphore_ids:
-                    releases[(r, sm)][ti].append(pos)
-    acquired = defaultdict(int)        # (rank, sem) -> acquires done
-    sent = defaultdict(list)           # receiving end -> the signals raising it, in order
-    members = defaultdict(list)        # (rank, barrier id, target) -> the members' previous ops
-    passed = {}                        # block -> the arrival count of the barrier it just passed
-    # ---- the run: every block as far as it goes; a blocked block waits on one key
-    pc = {(r, ti): 0 for r, ti, _ in tbs}
-    ops_of = {(r, ti): ops for r, ti, ops in tbs}
-    waiters = defaultdict(list)        # key -> blocks blocked on it
-    barrier_target = {}                # block -> the arrival count its barrier waits for
-    ready = deque(pc)
-    queued = set(pc)
+    return readers_of, pending
 
-    def wake(key):
-        for b in waiters.pop(key, ()):
-            if b not in queued:
-                queued.add(b)
-                ready.append(b)
 
-    def blocked_on(b, ops, i):
+class _CallRun:
+    """One call of the plan run on its synchronisation: every block in program order as far as it
+    goes, a blocked block waiting on one key (a channel end, a semaphore, a barrier, a packet
+    read) until that key changes (an event-driven fixed point)."""
+
+    def __init__(self, tbs, pair, chans, sem_init, err, order):
+        self.tbs, self.pair, self.chans, self.sem_init, self.err, self.order = tbs, pair, chans, sem_init, err, order
+        self.inbound = defaultdict(int)         # (rank, type, channel) -> signals arrived this call
+        self.expected = defaultdict(int)        # (rank, type, channel) -> waits done
+        self.sems = {(r, s): v for r, vals in enumerate(sem_init) for s, v in enumerate(vals)}
+        self.arrivals = defaultdict(int)        # (rank, barrier id) -> arrivals this call
+        self.last_signal = {}                   # receiving end -> (path of the last signal raising it)
+        # releases of each semaphore per block (each semaphore is acquired by one block)
+        self.releases = defaultdict(lambda: defaultdict(list))     # (rank, sem) -> block -> [pos]
+        for r, ti, ops in tbs:
+            for pos, (p, op) in enumerate(ops):
+                if op.name == "sem_release":
+                    for sm in op.semaphore_ids:
+                        self.releases[(r, sm)][ti].append(pos)
+        self.acquired = defaultdict(int)        # (rank, sem) -> acquires done
+        self.sent = defaultdict(list)           # receiving end -> the signals raising it, in order
+        self.members = defaultdict(list)        # (rank, barrier id, target) -> the members' previous ops
+        self.passed = {}                        # block -> the arrival count of the barrier it just passed
+        self.pc = {(r, ti): 0 for r, ti, _ in tbs}
+        self.ops_of = {(r, ti): ops for r, ti, ops in tbs}
+        self.waiters = defaultdict(list)        # key -> blocks blocked on it
+        self.barrier_target = {}                # block -> the arrival count its barrier waits for
+        self.ready = deque(self.pc)
+        self.queued = set(self.pc)
+
+    def packets(self, write_at, readers_of, pending):
+        """The packet writes of each operation, the reads waiting for each write, and how many
+        writes each read still waits for; ``reads_of``: read key -> the writes it waits for."""
+        self.write_at, self.readers_of, self.pending = write_at, readers_of, pending
+        writer_of = {w: key for key, ids in write_at.items() for w in ids}
+        self.reads_of = defaultdict(list)
+        for w, keys in readers_of.items():
+            for key in keys:
+                self.reads_of[key].append(writer_of[w])
+
+    def wake(self, key):
+        for b in self.waiters.pop(key, ()):
+            if b not in self.queued:
+                self.queued.add(b)
+                self.ready.append(b)
+
+    def blocked_on(self, b, ops, i):
         """The key ``b``'s operation ``i`` waits on, or None when it can run now."""
         r = b[0]
         op = ops[i][1]
@@ -297,101 +341,116 @@ def check_counts(tbs, pair, chans, region, sem_init, err, order: list | None = N
         if name in ("wait", "rlxwait"):
             for c in op.ids:
                 end = (r, op.t, c)
-                if inbound[end] <= expected[end]:
+                if self.inbound[end] <= self.expected[end]:
                     return ("ch",) + end
         elif name == "sem_acquire":
             for s in set(op.semaphore_ids):       # a semaphore named k times is acquired k times
-                if sems[(r, s)] < op.semaphore_ids.count(s):
+                if self.sems[(r, s)] < op.semaphore_ids.count(s):
                     return ("sem", r, s)
         elif name == "barrier":
             key = (r, op.barrier_id)
-            if b not in barrier_target:
+            if b not in self.barrier_target:
                 n = op.num_threadblocks
-                barrier_target[b] = (arrivals[key] // n + 1) * n
-                arrivals[key] += 1
+                self.barrier_target[b] = (self.arrivals[key] // n + 1) * n
+                self.arrivals[key] += 1
                 if i:
-                    members[key + (barrier_target[b],)].append((r, b[1], i - 1))
-                wake(("bar",) + key)
-            if arrivals[key] < barrier_target[b]:
+                    self.members[key + (self.barrier_target[b],)].append((r, b[1], i - 1))
+                self.wake(("bar",) + key)
+            if self.arrivals[key] < self.barrier_target[b]:
                 return ("bar",) + key
-            passed[b] = barrier_target.pop(b)
-        if pending.get((r, b[1], i), 0) > 0:
+            self.passed[b] = self.barrier_target.pop(b)
+        if self.pending.get((r, b[1], i), 0) > 0:
             return ("pk", r, b[1], i)
         return None
 
-    while ready:
-        b = ready.popleft()
-        queued.discard(b)
-        ops = ops_of[b]
+    def run(self):
+        """Every block as far as it goes."""
+        while self.ready:
+            b = self.ready.popleft()
+            self.queued.discard(b)
+            ops = self.ops_of[b]
+            while self.pc[b] < len(ops):
+                i = self.pc[b]
+                key = self.blocked_on(b, ops, i)
+                if key is not None:
+                    self.waiters[key].append(b)
+                    break
+                self.step(b, i, *ops[i])
+                self.pc[b] = i + 1
+
+    def step(self, b, i, p, op):
+        """Operation ``i`` of block ``b``, which can run: the counts it changes, the blocks it
+        wakes, and (with ``order``) what it surely waited for."""
         r, ti = b
-        while pc[b] < len(ops):
-            i = pc[b]
-            key = blocked_on(b, ops, i)
-            if key is not None:
-                waiters[key].append(b)
-                break
-            p, op = ops[i]
-            name = op.name
-            preds = []
-            if name in ("wait", "rlxwait"):
-                for c in op.ids:
-                    end = (r, op.t, c)
-                    preds.append(sent[end][expected[end]])
-                    expected[end] += 1
-            elif name == "sem_acquire":
-                for s in op.semaphore_ids:
-                    sems[(r, s)] -= 1
-                    acquired[(r, s)] += 1
-                    need = acquired[(r, s)] - sem_init[r][s]
-                    by = releases[(r, s)]
-                    total = sum(len(v) for v in by.values())
-                    for rb, poss in by.items():
-                        j = need - (total - len(poss))     # this block's releases surely done
-                        if j >= 1:
-                            preds.append((r, rb, poss[min(j, len(poss)) - 1]))
-            elif name == "sem_release":
-                for s in op.semaphore_ids:
-                    sems[(r, s)] += 1
-                    wake(("sem", r, s))
-            if name in ("signal", "rlxsignal") or (name in ("pws", "pwsf") and op.t == "port"):
-                for c in op.ids:
-                    end = _partner(r, op.t, c, pair, chans, p, err)
-                    inbound[end] += 1
-                    sent[end].append((r, ti, i))
-                    last_signal[end] = p
-                    wake(("ch",) + end)
-            for w in write_at.get((r, ti, i), ()):
-                for key in readers_of.get(w, ()):
-                    pending[key] -= 1
-                    if pending[key] == 0:
-                        wake(("pk",) + key)
-            if order is not None:
-                if name == "barrier":
-                    preds += members[(r, op.barrier_id, passed.pop(b))]
-                order.append(((r, ti, i), preds + reads_of.get((r, ti, i), [])))
-            pc[b] = i + 1
-    # ---- what is left: a deadlock, or counts the next call would inherit
-    stuck = [(r, ti) for r, ti, ops in tbs if pc[(r, ti)] < len(ops)]
-    if stuck:
-        r, ti = stuck[0]
-        i = pc[(r, ti)]
-        p, op = ops_of[(r, ti)][i]
-        more = f" ({len(stuck) - 1} more thread blocks are stuck too)" if len(stuck) > 1 else ""
-        raise err(p, _why_stuck(r, ti, op, inbound, expected, signals_to, sems, arrivals, chans) + more)
-    for end, n in sorted(inbound.items()):
-        if n != expected[end]:
-            r, t, c = end
-            raise err(last_signal[end], f"{n} signals per call reach rank {r}'s {t} channel {c} (from rank "
-                                        f"{chans[r][t][c]}), which waits on it {expected[end]} times: the "
-                                        f"extra signals satisfy waits of the next call early (a race)")
-    for (r, s), v in sorted(sems.items()):
-        init = sem_init[r][s]
-        if v != init:
-            at = next(p for rr, ti, ops in tbs if rr == r for p, op in ops
-                      if op.name in ("sem_release", "sem_acquire") and s in op.semaphore_ids)
-            raise err(at, f"rank {r}'s semaphore {s} ends a call at {v}, not at its initial {init}: it is released "
-                          f"{'more' if v > init else 'less'} often than acquired, so the next call "
-                          + ("passes an acquire early (a race)" if v > init else "starts short"))
+        name = op.name
+        preds = []
+        if name in ("wait", "rlxwait"):
+            for c in op.ids:
+                end = (r, op.t, c)
+                preds.append(self.sent[end][self.expected[end]])
+                self.expected[end] += 1
+        elif name == "sem_acquire":
+            self.acquire(r, op, preds)
+        elif name == "sem_release":
+            for s in op.semaphore_ids:
+                self.sems[(r, s)] += 1
+                self.wake(("sem", r, s))
+        if _is_signal(name, op):
+            for c in op.ids:
+                end = _partner(r, op.t, c, self.pair, self.chans, p, self.err)
+                self.inbound[end] += 1
+                self.sent[end].append((r, ti, i))
+                self.last_signal[end] = p
+                self.wake(("ch",) + end)
+        for w in self.write_at.get((r, ti, i), ()):
+            for key in self.readers_of.get(w, ()):
+                self.pending[key] -= 1
+                if self.pending[key] == 0:
+                    self.wake(("pk",) + key)
+        if self.order is not None:
+            if name == "barrier":
+                preds += self.members[(r, op.barrier_id, self.passed.pop(b))]
+            self.order.append(((r, ti, i), preds + self.reads_of.get((r, ti, i), [])))
+
+    def acquire(self, r, op, preds):
+        """A ``sem_acquire``: takes one from each semaphore; the releases surely done before it
+        (whichever blocks release first) join ``preds``."""
+        for s in op.semaphore_ids:
+            self.sems[(r, s)] -= 1
+            self.acquired[(r, s)] += 1
+            need = self.acquired[(r, s)] - self.sem_init[r][s]
+            by = self.releases[(r, s)]
+            total = sum(len(v) for v in by.values())
+            for rb, poss in by.items():
+                j = need - (total - len(poss))     # this block's releases surely done
+                if j >= 1:
+                    preds.append((r, rb, poss[min(j, len(poss)) - 1]))
+
+    def check_left_over(self, signals_to):
+        """What is left: a deadlock, or counts the next call would inherit."""
+        err, chans, sem_init = self.err, self.chans, self.sem_init
+        stuck = [(r, ti) for r, ti, ops in self.tbs if self.pc[(r, ti)] < len(ops)]
+        if stuck:
+            r, ti = stuck[0]
+            i = self.pc[(r, ti)]
+            p, op = self.ops_of[(r, ti)][i]
+            more = f" ({len(stuck) - 1} more thread blocks are stuck too)" if len(stuck) > 1 else ""
+            raise err(p, _why_stuck(r, ti, op, self.inbound, self.expected, signals_to, self.sems, self.arrivals,
+                                    chans) + more)
+        for end, n in sorted(self.inbound.items()):
+            if n != self.expected[end]:
+                r, t, c = end
+                raise err(self.last_signal[end], f"{n} signals per call reach rank {r}'s {t} channel {c} (from rank "
+                                                 f"{chans[r][t][c]}), which waits on it {self.expected[end]} times: "
+                                                 f"the extra signals satisfy waits of the next call early (a race)")
+        for (r, s), v in sorted(self.sems.items()):
+            init = sem_init[r][s]
+            if v != init:
+                at = next(p for rr, ti, ops in self.tbs if rr == r for p, op in ops
+                          if op.name in ("sem_release", "sem_acquire") and s in op.semaphore_ids)
+                raise err(at, f"rank {r}'s semaphore {s} ends a call at {v}, not at its initial {init}: it is "
+                              f"released {'more' if v > init else 'less'} often than acquired, so the next call "
+                              + ("passes an acquire early (a race)" if v > init else "starts short"))
 
 
 def _partner(r, t, c, pair, chans, path, err):
@@ -439,37 +498,8 @@ def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
     ranks in between. ``order`` is :func:`check_counts`' happens-before graph of one call,
     ``is_scratch(buffer)`` tells a region's buffer (scratch is the plan's own, kept between
     calls; input and output are the caller's)."""
-    succ = defaultdict(list)
-    bwd = {}                     # operation -> ranks with an operation that happens before it (bits)
-    for node, preds in order:
-        r, ti, i = node
-        m = 1 << r
-        if i:
-            m |= bwd[(r, ti, i - 1)]
-        for q in preds:
-            m |= bwd[q]
-            succ[q].append(node)
-        bwd[node] = m
-    fwd = {}                     # operation -> ranks with an operation that happens after it (bits)
-    for node, _ in reversed(order):
-        r, ti, i = node
-        m = 1 << r
-        m |= fwd.get((r, ti, i + 1), 0)
-        for q in succ[node]:
-            m |= fwd[q]
-        fwd[node] = m
-    rank_reach = defaultdict(int)   # rank -> ranks its call reaches (its blocks' first operations)
-    for (r, ti, i), m in fwd.items():
-        if i == 0:
-            rank_reach[r] |= m
-    by_owner = defaultdict(list)    # owner -> [(lo, hi, writes, node, name, path)]
-    for r, ti, ops in tbs:
-        for pos, (p, op) in enumerate(ops):
-            for side, writes in (("src_buff", False), ("dst_buff", True)):
-                for j, ref in enumerate((op.src if side == "src_buff" else op.dst)):
-                    owner, buf, lo, n = region(op, ref, p + (side, j), r)
-                    if is_scratch(buf):
-                        by_owner[owner].append((lo, lo + n, writes, (r, ti, pos), op.name, p))
+    bwd, fwd, rank_reach = _reach(order)
+    by_owner = _scratch_accesses(tbs, region, is_scratch)
     gap = 2 if double else 1
     for owner, acc in by_owner.items():
         acc.sort(key=lambda a: a[0])
@@ -499,6 +529,49 @@ def check_next_call(tbs, order, region, is_scratch, double: bool, err) -> None:
                                   f"{b}'s '{r_name}' (thread block {r_node[1]}) of call k is done with the same "
                                   f"bytes: nothing orders rank {b}'s call k before that write (a race between "
                                   f"calls; rank {a} must first wait for a signal that rank {b} sends after it)")
+
+
+def _reach(order):
+    """Over one call's happens-before graph ``order``: per operation the ranks with an operation
+    that happens before it (``bwd``) and after it (``fwd``), as bit sets, and per rank the ranks its
+    call reaches (``rank_reach``: its blocks' first operations)."""
+    succ = defaultdict(list)
+    bwd = {}                     # operation -> ranks with an operation that happens before it (bits)
+    for node, preds in order:
+        r, ti, i = node
+        m = 1 << r
+        if i:
+            m |= bwd[(r, ti, i - 1)]
+        for q in preds:
+            m |= bwd[q]
+            succ[q].append(node)
+        bwd[node] = m
+    fwd = {}                     # operation -> ranks with an operation that happens after it (bits)
+    for node, _ in reversed(order):
+        r, ti, i = node
+        m = 1 << r
+        m |= fwd.get((r, ti, i + 1), 0)
+        for q in succ[node]:
+            m |= fwd[q]
+        fwd[node] = m
+    rank_reach = defaultdict(int)   # rank -> ranks its call reaches (its blocks' first operations)
+    for (r, ti, i), m in fwd.items():
+        if i == 0:
+            rank_reach[r] |= m
+    return bwd, fwd, rank_reach
+
+
+def _scratch_accesses(tbs, region, is_scratch):
+    """Every access of scratch bytes by owner: ``[(lo, hi, writes, node, name, path)]``."""
+    by_owner = defaultdict(list)    # owner -> [(lo, hi, writes, node, name, path)]
+    for r, ti, ops in tbs:
+        for pos, (p, op) in enumerate(ops):
+            for side, writes in (("src_buff", False), ("dst_buff", True)):
+                for j, ref in enumerate((op.src if side == "src_buff" else op.dst)):
+                    owner, buf, lo, n = region(op, ref, p + (side, j), r)
+                    if is_scratch(buf):
+                        by_owner[owner].append((lo, lo + n, writes, (r, ti, pos), op.name, p))
+    return by_owner
 
 
 __all__ = ["check_counts", "check_next_call", "check_pipeline_iterations", "check_races", "ACQUIRE", "RELEASE", "SYNC"]
