@@ -441,6 +441,21 @@ def test_a_wait_naming_one_channel_twice_is_refused_as_a_race():
     assert "'rlxwait' names channel 1 twice" in msg and '"channel_ids"' in line
 
 
+def test_a_wait_naming_one_channel_twice_through_its_blocks_table_is_refused_as_a_race():
+    """Two entries of a thread block's channel table may name one channel of the rank: a wait over
+    both is the same race (it crashed the synchronisation check before it was refused)."""
+    plan = plan_switch_allreduce(R=3, k=1, inplace=False)
+    tb = plan["gpus"][1]["threadblocks"][0]
+    wait = tb["ops"][3]
+    table = next(c for c in tb["channels"] if c["channel_type"] == wait["channel_type"])
+    c = wait["channel_ids"][0]
+    table["channel_ids"].append(table["channel_ids"][c])
+    wait["channel_ids"] = [c, len(table["channel_ids"]) - 1]
+    msg, line = _refused(plan)
+    assert (f"names channels {c} and {len(table['channel_ids']) - 1} of its thread block, which are both "
+            "the rank's" in msg) and '"channel_ids"' in line
+
+
 def _semaphore_plan(release_ids, acquire_ids, release_first=False):
     """The read-reduce AllReduce on 2 ranks split over two blocks: block 0 signals and waits
     towards the peer and releases semaphore 0 (``release_ids``), block 1 acquires it

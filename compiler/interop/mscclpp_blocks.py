@@ -157,6 +157,12 @@ class _BlockReader:
             g_c = tch[t][c]
             if not 0 <= g_c < len(self.layout.chans[r][t]):
                 raise self.rd.err(base + ("channels",), "channel id beyond the gpu's channels")
+            if g_c in ids:
+                # as one channel named twice (mscclpp_operands): thread t works on the t-th channel
+                first = op.channel_ids[ids.index(g_c)]
+                raise self.rd.err(p + ("channel_ids",), f"'{op.name}' names channels {first} and {c} of its "
+                                  f"thread block, which are both the rank's {t} channel {g_c}: the executor's "
+                                  "threads would signal or wait on it at the same time (a race on its counts)")
             ids.append(g_c)
             if op.name in _CHANNEL_SYNC:
                 users = self.owner.setdefault((r, t, g_c, op.name in ("wait", "rlxwait")), [])
