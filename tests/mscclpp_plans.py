@@ -16,6 +16,20 @@ from hccc.compiler.pipeline import load_algorithm
 EX = Path(__file__).resolve().parent.parent / "examples"
 
 
+def refused(plan):
+    """The first diagnostic of importing ``plan`` (which must be refused, located): its message and
+    the line of the plan's text it points at."""
+    import pytest
+    from hccc.compiler.interop.mscclpp_import import import_plan_text
+    from hccc.util.diagnostics import CompileError
+    text = json.dumps(plan, indent=2)
+    with pytest.raises(CompileError) as exc:
+        import_plan_text(text, "p.json")
+    d = exc.value.diagnostics[0]
+    assert d.location is not None, d.message
+    return d.message, text.splitlines()[d.location.line - 1]
+
+
 def gpu_entry(r, ic, oc, sc, channels, rbufs, tbs, sems=0):
     return {"id": r, "input_chunks": ic, "output_chunks": oc, "scratch_chunks": sc,
             "channels": channels, "remote_buffers": rbufs, "threadblocks": tbs,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan, run_plan
-from mscclpp_plans import NOP, buf, gpu_entry, mem_buffer_refs, plan_obj, remote_buf, sync_op
+from mscclpp_plans import NOP, buf, refused, gpu_entry, mem_buffer_refs, plan_obj, remote_buf, sync_op
 from mscclpp_switch_plans import (grouped, plan_switch_allgather, plan_switch_allreduce,
                                   plan_switch_butterfly_allreduce, plan_switch_packet_allgather, switch_channel)
 from hccc.compiler.interop.mscclpp_import import import_plan_text
@@ -98,29 +98,21 @@ def _ops(plan, r, t=0):
     return plan["gpus"][r]["threadblocks"][t]["ops"]
 
 
-def _refused(plan):
-    text = json.dumps(plan, indent=2)
-    with pytest.raises(CompileError) as exc:
-        import_plan_text(text, "p.json")
-    d = exc.value.diagnostics[0]
-    assert d.location is not None, d.message
-    return d.message, text.splitlines()[d.location.line - 1]
 
-
-def test_a_switch_reduce_before_the_peers_are_ready_is_refused():
+def test_a_switch_reduce_before_the_peers_are_ready_isrefused():
     plan = plan_switch_allreduce(R=2, k=1, inplace=True)
     ops = _ops(plan, 0)
     del ops[3]                                   # rank 0's first wait: it reads rank 1 unannounced
-    msg, _ = _refused(plan)
+    msg, _ = refused(plan)
     assert "rank 0 reads rank 1's buffer without first waiting" in msg or "wait" in msg
 
 
-def test_a_switch_store_no_signal_announces_is_refused():
+def test_a_switch_store_no_signal_announces_isrefused():
     plan = plan_switch_allgather(R=2, k=1, inplace=False)
     ops = _ops(plan, 1)
     k = next(i for i, o in enumerate(ops) if o["name"] == "gstore")
     ops.append(ops.pop(k))                       # rank 1 stores after its last signal
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "rank 1 puts into rank 0 without a signal" in msg and '"gstore"' in line
 
 
@@ -128,7 +120,7 @@ def test_a_semaphore_hands_a_blocks_waits_to_the_block_that_acquires_it():
     """A remote read in a block after a semaphore the waiting block releases (as the DSL's
     pipelined NVLS AllReduce reads): accepted; released before the wait, refused."""
     _proven_and_right(_semaphore_plan([0], [0]))
-    msg, line = _refused(_semaphore_plan([0], [0], release_first=True))
+    msg, line = refused(_semaphore_plan([0], [0], release_first=True))
     assert "reads rank 1's buffer without first waiting" in msg and '"rre"' in line
 
 
@@ -245,7 +237,7 @@ HOSTILE_GLRES = [
 def test_a_malformed_switch_channel_or_reduce_is_refused_where_it_is_wrong(spoil, msg, at):
     plan = plan_switch_allreduce(R=3, k=1, inplace=False)
     spoil(plan)
-    got, line = _refused(plan)
+    got, line = refused(plan)
     assert msg in got
     assert at in line, (got, line)
 
@@ -276,7 +268,7 @@ HOSTILE_STORES = [
 def test_a_malformed_switch_store_is_refused_where_it_is_wrong(make, spoil, msg, at):
     plan = make(R=2, k=1, inplace=False)
     spoil(plan)
-    got, line = _refused(plan)
+    got, line = refused(plan)
     assert msg in got
     assert at in line, (got, line)
 
@@ -294,7 +286,7 @@ def test_a_simple_multimem_access_of_a_double_scratch_is_refused_and_runs_wrong(
         k = next(i for i, o in enumerate(ops) if o["name"] == "gstore")
         ops[k]["dst_buff"][0]["index"] = r
         ops[-1:] = [ops[-1], NOP, {"name": "copy", "src_buff": [buf("s", 0, 2)], "dst_buff": [buf("o", 0, 2)]}]
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "use_double_scratch_buffer" in msg and '"switch_channel_id"' in line
     with pytest.raises(InterpError, match="expected"):                  # calls of both halves
         check_plan(plan, 1, runs=3)
@@ -437,7 +429,7 @@ def test_a_wait_naming_one_channel_twice_is_refused_as_a_race():
     move its counts at once."""
     plan = plan_switch_allreduce(R=3, k=1, inplace=False)
     _ops(plan, 1)[3]["channel_ids"] = [1, 1]
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "'rlxwait' names channel 1 twice" in msg and '"channel_ids"' in line
 
 
@@ -451,7 +443,7 @@ def test_a_wait_naming_one_channel_twice_through_its_blocks_table_is_refused_as_
     c = wait["channel_ids"][0]
     table["channel_ids"].append(table["channel_ids"][c])
     wait["channel_ids"] = [c, len(table["channel_ids"]) - 1]
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert (f"names channels {c} and {len(table['channel_ids']) - 1} of its thread block, which are both "
             "the rank's" in msg) and '"channel_ids"' in line
 
@@ -486,5 +478,5 @@ def test_a_semaphore_named_twice_is_acquired_twice():
     """The executor's semaphores are atomic counters: an acquire naming one twice takes two
     releases. Released twice: proven and right; released once: a deadlock, refused."""
     _proven_and_right(_semaphore_plan([0, 0], [0, 0]))
-    msg, line = _refused(_semaphore_plan([0], [0, 0]))
+    msg, line = refused(_semaphore_plan([0], [0, 0]))
     assert "sem_acquire" in line and "never passes" in msg

@@ -16,19 +16,10 @@ from conftest import examples
 from mscclpp_interp import InterpError, check_plan
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
-from mscclpp_plans import (HAND, NOP, corpus, plan_direct_allgather, plan_forwarded_packets_allgather,
+from mscclpp_plans import (HAND, NOP, corpus, refused, plan_direct_allgather, plan_forwarded_packets_allgather,
                            plan_packet_allgather, plan_pipelined_allreduce, plan_read_reduce_allreduce,
                            plan_semaphore_reducescatter, sync_op)
 
-
-def _refused(plan):
-    """The first diagnostic's message and the line of the plan's text it points at."""
-    text = json.dumps(plan, indent=2)
-    with pytest.raises(CompileError) as exc:
-        import_plan_text(text, "p.json")
-    d = exc.value.diagnostics[0]
-    assert d.location is not None, d.message
-    return d.message, text.splitlines()[d.location.line - 1]
 
 
 def _ops(plan, r, t=0):
@@ -40,7 +31,7 @@ def test_a_duplicated_wait_is_a_wait_no_signal_satisfies():
     plan = plan_read_reduce_allreduce()
     ops = _ops(plan, 1)
     ops.insert(1, copy.deepcopy(ops[1]))                  # the first wait, twice
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "a wait no signal satisfies" in msg and "rank 1 thread block 0" in msg and '"wait"' in line
     with pytest.raises(InterpError, match="deadlock"):    # the interpreter agrees
         check_plan(plan, 1)
@@ -49,7 +40,7 @@ def test_a_duplicated_wait_is_a_wait_no_signal_satisfies():
 def test_a_dropped_signal_is_refused_where_its_wait_hangs():
     plan = plan_read_reduce_allreduce()
     del _ops(plan, 0)[0]                                  # rank 0's first signal
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "deadlock under the executor" in msg and "rank 1" in msg and '"wait"' in line
 
 
@@ -58,14 +49,14 @@ def test_a_cycle_of_waits_is_a_deadlock_even_when_the_counts_match():
     for r in range(2):                                    # both ranks wait before they signal
         ops = _ops(plan, r)
         ops[0], ops[1] = ops[1], ops[0]
-    msg, _ = _refused(plan)
+    msg, _ = refused(plan)
     assert "a cycle of waits" in msg
 
 
 def test_an_extra_signal_is_refused_it_would_satisfy_the_next_call_early():
     plan = plan_read_reduce_allreduce()
     _ops(plan, 0).append(sync_op("signal", [0]))
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "next call early" in msg and '"signal"' in line
     with pytest.raises(InterpError, match="later call"):  # the interpreter agrees
         check_plan(plan, 1)
@@ -76,14 +67,14 @@ def test_a_barrier_short_of_its_thread_blocks_deadlocks():
     for g in plan["gpus"]:
         g["threadblocks"][1]["ops"][-1]["num_threadblocks"] = 3
         g["threadblocks"][0]["ops"][-1]["num_threadblocks"] = 3
-    msg, _ = _refused(plan)
+    msg, _ = refused(plan)
     assert "barrier 0 waits for 3 thread blocks" in msg
 
 
 def test_a_semaphore_released_less_than_acquired_deadlocks():
     plan = plan_semaphore_reducescatter()
     del plan["gpus"][0]["threadblocks"][0]["ops"][-1]     # the release
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "semaphore 0 is never released" in msg and '"sem_acquire"' in line
 
 
@@ -93,13 +84,13 @@ def test_a_wait_then_a_data_operation_without_a_nop_races():
     ops = _ops(plan, 0)
     assert ops[2] == NOP
     del ops[2]
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "no 'nop'" in msg and "'rre' directly after 'wait'" in msg and '"rre"' in line
     with pytest.raises(InterpError, match="no nop"):
         check_plan(plan, 1)
 
 
-def test_a_simple_plan_without_any_nop_is_refused():
+def test_a_simple_plan_without_any_nop_isrefused():
     for make in HAND:
         plan = make()
         for g in plan["gpus"]:
@@ -112,7 +103,7 @@ def test_a_simple_plan_without_any_nop_is_refused():
             import_plan_text(json.dumps(plan), "p.json")
             check_plan(plan, 2)
             continue
-        msg, _ = _refused(plan)
+        msg, _ = refused(plan)
         assert "no 'nop'" in msg, (make.__name__, msg)
 
 
@@ -121,25 +112,25 @@ def test_a_data_operation_then_a_signal_without_a_nop_races():
     ops = _ops(plan, 1)
     assert ops[6] == NOP and ops[7]["name"] == "signal"
     del ops[6]
-    msg, _ = _refused(plan)
+    msg, _ = refused(plan)
     assert "'signal' directly after 'put'" in msg
 
 
 @pytest.mark.parametrize("sid", [1, -1, 7, "0", None])
-def test_undeclared_or_negative_semaphores_are_refused(sid):
+def test_undeclared_or_negative_semaphores_arerefused(sid):
     for side in (0, -1):                                  # the release, the acquire
         plan = plan_semaphore_reducescatter()
         tbs = plan["gpus"][1]["threadblocks"]
         op = tbs[0]["ops"][-1] if side == -1 else tbs[1]["ops"][0]
         op["semaphore_ids"] = [sid]
-        msg, line = _refused(plan)
+        msg, line = refused(plan)
         assert "semaphore" in msg and ("not declared" in msg or "non-negative" in msg), msg
 
 
-def test_a_negative_initial_semaphore_value_is_refused():
+def test_a_negative_initial_semaphore_value_isrefused():
     plan = plan_semaphore_reducescatter()
     plan["gpus"][0]["semaphores"] = [{"init_value": -1}]
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "init_value" in msg and "init_value" in line
 
 
@@ -177,7 +168,7 @@ def test_thread_blocks_without_their_tables_get_a_located_error():
                        ("remote_buffer_refs", "access_channel_type")):
         plan = plan_read_reduce_allreduce()
         del plan["gpus"][0]["threadblocks"][0][key][0][field]
-        msg, _ = _refused(plan)
+        msg, _ = refused(plan)
         assert f"'{key}'" in msg
 
 
@@ -289,14 +280,14 @@ def test_pipelines_that_cut_iterations_differently_are_refused_naming_both():
     lands in 32-byte ones: one signal per iteration on each side, so rank 1's first reduction reads
     bytes rank 0's second iteration has not put yet. A body counted once hides it."""
     plan = _pipelines([(16, 1), (32, 1)])
-    msg, line = _refused(plan)
+    msg, line = refused(plan)
     assert "pipelined 'put' (rank 0 thread block 0)" in msg and "pipelined 're' (rank 1 thread block 0" in msg
     assert "race between iterations" in msg and '"name": "put"' in line
     assert _interpreter_fails(plan)
 
 
-def test_a_pipeline_over_other_chunks_than_its_ranges_is_refused():
-    msg, _ = _refused(_pipelines([(32, 2), (32, 2)]))
+def test_a_pipeline_over_other_chunks_than_its_ranges_isrefused():
+    msg, _ = refused(_pipelines([(32, 2), (32, 2)]))
     assert "pipeline over 2 chunks" in msg
     assert _interpreter_fails(_pipelines([(32, 2), (32, 2)]))
 
