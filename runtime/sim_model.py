@@ -146,77 +146,140 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
                               f"{plural(topo.nranks, 'GPU')}")
     p = ir.prims
     n = ir.nprims
-    op = p["op"].astype(np.int64)
-    flags = _FLAGS[op]
+    flags = _FLAGS[p["op"].astype(np.int64)]
     rank = p["rank"].astype(np.int64)
-    tb = p["tb"].astype(np.int64)
-    ntbs = np.asarray(ir.ntbs, dtype=np.int64)
-    tb_base = np.r_[0, np.cumsum(ntbs)].astype(np.int64)
-    gtb = tb_base[rank] + tb
-    G = int(tb_base[-1])
-    tb_ptr = np.searchsorted(gtb, np.arange(G + 1)).astype(np.int64)
-    tb_rank = np.repeat(np.arange(N, dtype=np.int64), ntbs)
-    tb_local = np.arange(G, dtype=np.int64) - tb_base[tb_rank]
-    count = p["count"].astype(np.int64)
-    ch = p["channel"].astype(np.int64)
-    nch = int(ch.max()) + 1 if n else 1
-    sends = (flags & F_SEND) > 0
-    recvs = (flags & F_RECV) > 0
-    speer = p["send_peer"].astype(np.int64)
-    rpeer = p["recv_peer"].astype(np.int64)
-    skey = np.where(sends, (rank * N + speer) * nch + ch, -1)
-    rkey = np.where(recvs, (rpeer * N + rank) * nch + ch, -1)
-    allk = np.concatenate([skey[sends], rkey[recvs]])
-    ukeys = np.unique(allk)
-    C = len(ukeys)
-    sconn = np.full(n, -1, dtype=np.int64)
-    rconn = np.full(n, -1, dtype=np.int64)
-    sconn[sends] = np.searchsorted(ukeys, skey[sends])
-    rconn[recvs] = np.searchsorted(ukeys, rkey[recvs])
-    spos = np.zeros(n, dtype=np.int64)
-    rpos = np.zeros(n, dtype=np.int64)
-    si = np.flatnonzero(sends)
-    ri = np.flatnonzero(recvs)
-    # FIFO positions count messages: one slot per primitive and micro-batch (see sim_engine)
-    spos[si] = _fifo_positions(sconn[si], np.ones(len(si), np.int64))
-    rpos[ri] = _fifo_positions(rconn[ri], np.ones(len(ri), np.int64))
-    chunks_s = np.bincount(sconn[si], weights=count[si], minlength=C).astype(np.int64)
-    chunks_r = np.bincount(rconn[ri], weights=count[ri], minlength=C).astype(np.int64)
-    if not np.array_equal(chunks_s, chunks_r):
-        raise SimulationError("a connection carries different numbers of chunks at its two ends")
-    c_total = np.bincount(sconn[si], minlength=C).astype(np.int64)
-    if not np.array_equal(c_total, np.bincount(rconn[ri], minlength=C).astype(np.int64)):
-        raise SimulationError("a connection carries different numbers of messages at its two ends")
-    c_stb = np.full(C, -1, dtype=np.int64)
-    c_rtb = np.full(C, -1, dtype=np.int64)
-    c_stb[sconn[si]] = gtb[si]
-    c_rtb[rconn[ri]] = gtb[ri]
-    if C and (c_stb.min() < 0 or c_rtb.min() < 0):
-        raise SimulationError("a connection has a sending end without a receiving end (or vice versa)")
-    pair = ukeys // nch
-    c_src = pair // N
-    c_dst = pair % N
-    # ---- links: one lookup per distinct ordered pair
+    tbs = _ThreadBlocks(ir, rank)
+    cn = _Connections(ir, flags, rank, tbs.gtb)
+    si = cn.si
+    c_link, c_alpha = _connection_links(ir, topo, cn)
+    p_link = np.full(n, -1, dtype=np.int64)
+    p_link[si] = c_link[cn.sconn[si]]
+    res_cap, rank_cres, link_res_ptr, link_res = _resources(topo, N)
+    # with a per-block limit, each sending TB's flow also crosses its block resource
+    nchannels = max(1, int(getattr(ir, "nchannels", 1) or 1))
+    limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
+    if limited:
+        bres0 = len(res_cap)
+        per_block = block_gbps_at(block_gbps, getattr(ir, "nwarps", BLOCK_GBPS_WARPS))
+        res_cap = np.concatenate([res_cap, np.full(tbs.G, nchannels * per_block * 1e9)])
+        route_res_ptr, route_res, p_route = _block_routes(tbs.gtb, si, p_link, link_res_ptr, link_res,
+                                                          topo.nlinks, bres0, n)
+    else:
+        route_res_ptr, route_res, p_route = link_res_ptr, link_res, p_link
+    # ---- dependencies
+    dp = np.asarray(ir.dep_prim, dtype=np.int64)
+    do = np.asarray(ir.dep_on, dtype=np.int64)
+    dep_ptr, dep_on = _csr(dp, do, n)
+    rdep_ptr, rdep_prim = _csr(do, dp, n)
+    rdep_tb = tbs.gtb[rdep_prim] if len(rdep_prim) else rdep_prim
+    chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
+    private = _private_resources(res_cap, tbs.gtb, si, p_route[si], route_res_ptr, route_res,
+                                 np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank],
+                                 link_res_ptr, link_res, res_cap[bres0] if limited else np.inf)
+    return SimProgram(
+        nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
+        tb_ptr=tbs.tb_ptr, tb_rank=tbs.tb_rank, tb_local=tbs.tb_local, p_flags=flags, p_sconn=cn.sconn,
+        p_rconn=cn.rconn, p_spos=cn.spos, p_rpos=cn.rpos, p_cnt=cn.count, p_chunk=chunk, p_rank=rank,
+        p_link=p_link, p_pipeline=p["pipeline"].astype(np.int64), dep_ptr=dep_ptr, dep_on=dep_on,
+        rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=cn.c_total, c_stb=cn.c_stb,
+        c_rtb=cn.c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=cn.c_src, c_dst=cn.c_dst,
+        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
+        link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=topo.nlinks, ngroups=len(topo.groups),
+        p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
+        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy,
+        path=critical_path(ir))
+
+
+class _ThreadBlocks:
+    """Every rank's thread blocks numbered globally (``gtb`` per primitive, ``G`` in all): each
+    one's first primitive (``tb_ptr``), rank and local number."""
+
+    def __init__(self, ir: ProgramIR, rank: np.ndarray):
+        N = int(ir.nranks)
+        ntbs = np.asarray(ir.ntbs, dtype=np.int64)
+        tb_base = np.r_[0, np.cumsum(ntbs)].astype(np.int64)
+        self.gtb = tb_base[rank] + ir.prims["tb"].astype(np.int64)
+        self.G = G = int(tb_base[-1])
+        self.tb_ptr = np.searchsorted(self.gtb, np.arange(G + 1)).astype(np.int64)
+        self.tb_rank = np.repeat(np.arange(N, dtype=np.int64), ntbs)
+        self.tb_local = np.arange(G, dtype=np.int64) - tb_base[self.tb_rank]
+
+
+class _Connections:
+    """The program's connections (one per sender, receiver and channel), numbered: each sending and
+    receiving primitive's connection (``sconn``, ``rconn``) and FIFO position (``spos``, ``rpos``),
+    each connection's messages, end thread blocks and ranks; both ends checked to match."""
+
+    def __init__(self, ir: ProgramIR, flags: np.ndarray, rank: np.ndarray, gtb: np.ndarray):
+        p, n, N = ir.prims, ir.nprims, int(ir.nranks)
+        self.count = count = p["count"].astype(np.int64)
+        ch = p["channel"].astype(np.int64)
+        nch = int(ch.max()) + 1 if n else 1
+        sends = (flags & F_SEND) > 0
+        recvs = (flags & F_RECV) > 0
+        skey = np.where(sends, (rank * N + p["send_peer"].astype(np.int64)) * nch + ch, -1)
+        rkey = np.where(recvs, (p["recv_peer"].astype(np.int64) * N + rank) * nch + ch, -1)
+        ukeys = np.unique(np.concatenate([skey[sends], rkey[recvs]]))
+        C = len(ukeys)
+        self.sconn = sconn = np.full(n, -1, dtype=np.int64)
+        self.rconn = rconn = np.full(n, -1, dtype=np.int64)
+        sconn[sends] = np.searchsorted(ukeys, skey[sends])
+        rconn[recvs] = np.searchsorted(ukeys, rkey[recvs])
+        self.spos = np.zeros(n, dtype=np.int64)
+        self.rpos = np.zeros(n, dtype=np.int64)
+        self.si = si = np.flatnonzero(sends)
+        ri = np.flatnonzero(recvs)
+        # FIFO positions count messages: one slot per primitive and micro-batch (see sim_engine)
+        self.spos[si] = _fifo_positions(sconn[si], np.ones(len(si), np.int64))
+        self.rpos[ri] = _fifo_positions(rconn[ri], np.ones(len(ri), np.int64))
+        chunks_s = np.bincount(sconn[si], weights=count[si], minlength=C).astype(np.int64)
+        chunks_r = np.bincount(rconn[ri], weights=count[ri], minlength=C).astype(np.int64)
+        if not np.array_equal(chunks_s, chunks_r):
+            raise SimulationError("a connection carries different numbers of chunks at its two ends")
+        self.c_total = np.bincount(sconn[si], minlength=C).astype(np.int64)
+        if not np.array_equal(self.c_total, np.bincount(rconn[ri], minlength=C).astype(np.int64)):
+            raise SimulationError("a connection carries different numbers of messages at its two ends")
+        self.c_stb = np.full(C, -1, dtype=np.int64)
+        self.c_rtb = np.full(C, -1, dtype=np.int64)
+        self.c_stb[sconn[si]] = gtb[si]
+        self.c_rtb[rconn[ri]] = gtb[ri]
+        if C and (self.c_stb.min() < 0 or self.c_rtb.min() < 0):
+            raise SimulationError("a connection has a sending end without a receiving end (or vice versa)")
+        self.pair = ukeys // nch
+        self.c_src = self.pair // N
+        self.c_dst = self.pair % N
+
+
+def _connection_links(ir: ProgramIR, topo: Topology, cn: _Connections) -> tuple[np.ndarray, np.ndarray]:
+    """Each connection's link and its latency, one lookup per distinct ordered pair of ranks; a
+    pair the cluster has no link for is a SimulationError naming a primitive that sends over it."""
+    N = int(ir.nranks)
+    C = len(cn.pair)
+    si, sconn = cn.si, cn.sconn
     c_link = np.empty(C, dtype=np.int64)
     c_alpha = np.empty(C, dtype=np.float64)
-    upairs, inv = np.unique(pair, return_inverse=True)
+    upairs, inv = np.unique(cn.pair, return_inverse=True)
     pair_link = np.empty(len(upairs), dtype=np.int64)
     pair_alpha = np.empty(len(upairs), dtype=np.float64)
     for j, pr in enumerate(upairs.tolist()):
         u, v = divmod(int(pr), N)
         lk = topo.link_between(u, v)
         if lk is None:
-            who = int(si[np.flatnonzero(c_src[sconn[si]] * N + c_dst[sconn[si]] == pr)[0]])
+            who = int(si[np.flatnonzero(cn.c_src[sconn[si]] * N + cn.c_dst[sconn[si]] == pr)[0]])
             raise SimulationError(
-                f"rank {u} sends to rank {v} (primitive {who}, task {int(p['task'][who])}) but the "
+                f"rank {u} sends to rank {v} (primitive {who}, task {int(ir.prims['task'][who])}) but the "
                 f"cluster '{topo.name}' has no link {u} -> {v}")
         pair_link[j] = lk.id
         pair_alpha[j] = lk.alpha
     c_link[:] = pair_link[inv.reshape(-1)]
     c_alpha[:] = pair_alpha[inv.reshape(-1)]
-    p_link = np.full(n, -1, dtype=np.int64)
-    p_link[si] = c_link[sconn[si]]
-    # ---- resources
+    return c_link, c_alpha
+
+
+def _resources(topo: Topology, N: int):
+    """The bandwidth resources: every link, every shared group, every rank's reduction rate
+    (``res_cap``; ``rank_cres`` each rank's, -1 where unlimited), and each link's resources (CSR:
+    the link itself, then its shared groups)."""
     L = topo.nlinks
     NG = len(topo.groups)
     res_cap = np.concatenate([
@@ -234,54 +297,30 @@ def prepare(ir: ProgramIR, topo: Topology, block_gbps: float | None = DEFAULT_BL
     lg_ptr, lg = _csr(gm, gg, L)
     link_res_ptr = lg_ptr + np.arange(L + 1, dtype=np.int64)
     link_res = np.empty(L + len(lg), dtype=np.int64)
-    first = link_res_ptr[:-1]
-    link_res[first] = np.arange(L)
+    link_res[link_res_ptr[:-1]] = np.arange(L)
     if len(lg):
         owner = np.repeat(np.arange(L), np.diff(lg_ptr))
         link_res[np.arange(len(lg)) + owner + 1] = L + lg
-    # ---- routes: with a per-block limit, each sending TB's flow also crosses its block resource
-    nchannels = max(1, int(getattr(ir, "nchannels", 1) or 1))
-    limited = block_gbps is not None and np.isfinite(block_gbps) and block_gbps > 0
-    if limited:
-        bres0 = len(res_cap)
-        per_block = block_gbps_at(block_gbps, getattr(ir, "nwarps", BLOCK_GBPS_WARPS))
-        res_cap = np.concatenate([res_cap, np.full(G, nchannels * per_block * 1e9)])
-        skeys = gtb[si] * max(L, 1) + p_link[si]
-        ukeys_r, rinv = np.unique(skeys, return_inverse=True)
-        r_tb, r_link = ukeys_r // max(L, 1), ukeys_r % max(L, 1)
-        llen = np.diff(link_res_ptr)[r_link]
-        route_res_ptr = np.r_[0, np.cumsum(llen + 1)].astype(np.int64)
-        route_res = np.empty(int(route_res_ptr[-1]), np.int64)
-        own = np.repeat(np.arange(len(ukeys_r)), llen)
-        j = np.arange(len(own)) - np.repeat(np.cumsum(llen) - llen, llen)   # position in the link's list
-        route_res[route_res_ptr[:-1][own] + j] = link_res[link_res_ptr[r_link][own] + j]
-        route_res[route_res_ptr[1:] - 1] = bres0 + r_tb
-        p_route = np.full(n, -1, dtype=np.int64)
-        p_route[si] = rinv
-    else:
-        route_res_ptr, route_res, p_route = link_res_ptr, link_res, p_link
-    # ---- dependencies
-    dp = np.asarray(ir.dep_prim, dtype=np.int64)
-    do = np.asarray(ir.dep_on, dtype=np.int64)
-    dep_ptr, dep_on = _csr(dp, do, n)
-    rdep_ptr, rdep_prim = _csr(do, dp, n)
-    rdep_tb = gtb[rdep_prim] if len(rdep_prim) else rdep_prim
-    chunk = chunk_anchors(ir).astype(np.int64)      # the slice anchors the kernels use
-    private = _private_resources(res_cap, gtb, si, p_route[si], route_res_ptr, route_res,
-                                 np.flatnonzero((flags & F_REDUCE) > 0), rank_cres[rank],
-                                 link_res_ptr, link_res, res_cap[bres0] if limited else np.inf)
-    return SimProgram(
-        nranks=N, nchunks=int(ir.nchunks), collective=ir.collective, chunk_bytes=int(ir.chunk_bytes),
-        tb_ptr=tb_ptr, tb_rank=tb_rank, tb_local=tb_local, p_flags=flags, p_sconn=sconn,
-        p_rconn=rconn, p_spos=spos, p_rpos=rpos, p_cnt=count, p_chunk=chunk, p_rank=rank,
-        p_link=p_link, p_pipeline=p["pipeline"].astype(np.int64), dep_ptr=dep_ptr, dep_on=dep_on,
-        rdep_ptr=rdep_ptr, rdep_tb=rdep_tb.astype(np.int64), c_total=c_total, c_stb=c_stb,
-        c_rtb=c_rtb, c_alpha=c_alpha, c_link=c_link, c_src=c_src, c_dst=c_dst,
-        link_res_ptr=link_res_ptr, link_res=link_res, res_cap=res_cap, rank_cres=rank_cres,
-        link_alpha=np.asarray(topo.link_alpha, dtype=np.float64), nlinks=L, ngroups=NG,
-        p_route=p_route, route_res_ptr=route_res_ptr, route_res=route_res, nchannels=nchannels,
-        block_gbps=float(block_gbps) if limited else None, res_private=private, policy=ir.slice_policy,
-        path=critical_path(ir))
+    return res_cap, rank_cres, link_res_ptr, link_res
+
+
+def _block_routes(gtb, si, p_link, link_res_ptr, link_res, L: int, bres0: int, n: int):
+    """Routes under a per-block limit: one per sending thread block and link, its link's resources
+    then the block's own (resource ``bres0 + block``); returns the routes (CSR) and each
+    primitive's route."""
+    skeys = gtb[si] * max(L, 1) + p_link[si]
+    ukeys_r, rinv = np.unique(skeys, return_inverse=True)
+    r_tb, r_link = ukeys_r // max(L, 1), ukeys_r % max(L, 1)
+    llen = np.diff(link_res_ptr)[r_link]
+    route_res_ptr = np.r_[0, np.cumsum(llen + 1)].astype(np.int64)
+    route_res = np.empty(int(route_res_ptr[-1]), np.int64)
+    own = np.repeat(np.arange(len(ukeys_r)), llen)
+    j = np.arange(len(own)) - np.repeat(np.cumsum(llen) - llen, llen)   # position in the link's list
+    route_res[route_res_ptr[:-1][own] + j] = link_res[link_res_ptr[r_link][own] + j]
+    route_res[route_res_ptr[1:] - 1] = bres0 + r_tb
+    p_route = np.full(n, -1, dtype=np.int64)
+    p_route[si] = rinv
+    return route_res_ptr, route_res, p_route
 
 
 def _private_resources(res_cap: np.ndarray, gtb: np.ndarray, sends: np.ndarray, routes: np.ndarray,
