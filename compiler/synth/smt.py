@@ -252,11 +252,40 @@ class SuffixWindow:
         self.has = has.astype(bool)
         miss = np.argwhere(~self.has)  # (rank, chunk)
         self.miss = miss
-        nc = task.nchunks
-        # earliest step at which a rank can hold each chunk (hop distance from the current holders)
+        early = self._earliest()
+        if (early[miss[:, 0], miss[:, 1]] > w).any():
+            self.impossible = True
+            return
+        node = np.asarray(net.levels[0], np.int64)
+        cand = self._candidates(early, node)
+        self.impossible = cand is None
+        if cand is None:
+            return
+        self.ck, self.cp, self.ct = cand
+        nvars = self.ck.size + miss.shape[0] * w
+        if nvars > max_vars:
+            self.too_big = True
+            return
+        z3 = _z3()
+        self.z3 = z3
+        s, ctx = _solver(z3)
+        self.solver = s
+        self.X = [z3.Bool(f"s{i}", ctx) for i in range(self.ck.size)]
+        # Has(k, r, t) for missing pairs, t = 1..w; constants elsewhere
+        self.H = {(k, r, t): z3.Bool(f"h{k}_{r}_{t}", ctx) for r, k in miss.tolist() for t in range(1, w + 1)}
+        self.cu = net.psrc[self.cp].astype(np.int64)
+        self.cv = net.pdst[self.cp].astype(np.int64)
+        self._encode_state()
+        self._encode_capacities(node)
+        self.add_groups(enforced)
+        self.goal = [self.H[(k, r, w)] for r, k in miss.tolist()]
+
+    def _earliest(self) -> np.ndarray:
+        """The earliest step at which each rank can hold each chunk (hop distance from the current
+        holders; ``1 << 30``: not within the window)."""
+        net, w = self.net, self.w
         INF = 1 << 30
         early = np.where(self.has, 0, INF).astype(np.int64)
-        ptr_in, in_pairs = net.in_csr()
         for d in range(1, w + 1):
             reach = np.zeros_like(self.has)
             can = early < d  # holders at the start of step d-1
@@ -264,18 +293,19 @@ class SuffixWindow:
             np.logical_or.at(reach, net.pdst, cs)
             newly = reach & (early == INF)
             early[newly] = d
-        if (early[miss[:, 0], miss[:, 1]] > w).any():
-            self.impossible = True
-            return
-        self.impossible = False
-        # candidate sends (k, p, t): v = pdst[p] misses k, src holds it by t (early[u,k] <= t) and t < w
+        return early
+
+    def _candidates(self, early: np.ndarray, node: np.ndarray):
+        """The candidate sends ``(chunks, pairs, steps)``: ``v = pdst[p]`` misses chunk ``k``, the
+        sender holds it by ``t`` (``early[u, k] <= t``) and ``t < w``; a chunk enters a node at most
+        once, and never again once the node holds it (bandwidth economy, as the greedy). None when
+        there is none."""
+        net, w, nc = self.net, self.w, self.task.nchunks
+        ptr_in, in_pairs = net.in_csr()
         cand_k, cand_p, cand_t = [], [], []
-        # bandwidth economy (as the greedy): a chunk enters a node at most once, and never again once
-        # the node holds it
-        node = np.asarray(net.levels[0], np.int64)
         node_has = np.zeros((int(node.max()) + 1, nc), bool)
         np.logical_or.at(node_has, node, self.has)
-        for v, k in miss.tolist():
+        for v, k in self.miss.tolist():
             pr = in_pairs[ptr_in[v]:ptr_in[v + 1]]
             if node_has[node[v], k]:
                 pr = pr[node[net.psrc[pr]] == node[v]]
@@ -288,82 +318,66 @@ class SuffixWindow:
                     cand_p.append(ok)
                     cand_t.append(np.full(ok.size, t))
         if not cand_k:
-            self.impossible = True
-            return
-        self.ck = np.concatenate(cand_k).astype(np.int64)
-        self.cp = np.concatenate(cand_p).astype(np.int64)
-        self.ct = np.concatenate(cand_t).astype(np.int64)
-        nvars = self.ck.size + miss.shape[0] * w
-        if nvars > max_vars:
-            self.too_big = True
-            return
-        z3 = _z3()
-        self.z3 = z3
-        s, ctx = _solver(z3)
-        self.solver = s
-        X = [z3.Bool(f"s{i}", ctx) for i in range(self.ck.size)]
-        self.X = X
-        # Has(k, r, t) for missing pairs, t = 1..w; constants elsewhere
-        H: dict[tuple[int, int, int], object] = {}
-        for r, k in miss.tolist():
-            for t in range(1, w + 1):
-                H[(k, r, t)] = z3.Bool(f"h{k}_{r}_{t}", ctx)
-        self.H = H
+            return None
+        return (np.concatenate(cand_k).astype(np.int64), np.concatenate(cand_p).astype(np.int64),
+                np.concatenate(cand_t).astype(np.int64))
 
-        def has_at(k, r, t):
-            if self.has[r, k]:
-                return True
-            if t == 0:
-                return False
-            return H[(k, r, t)]
+    def _has_at(self, k: int, r: int, t: int):
+        if self.has[r, k]:
+            return True
+        if t == 0:
+            return False
+        return self.H[(k, r, t)]
 
-        cu = net.psrc[self.cp].astype(np.int64)
-        cv = net.pdst[self.cp].astype(np.int64)
-        self.cu, self.cv = cu, cv
+    def _encode_state(self) -> None:
+        """Causality (Eq. 2: a send's sender holds the chunk, its receiver does not) and the
+        state's evolution (Eq. 3), with one sender per chunk, receiver and step."""
+        z3, s, X, H, w = self.z3, self.solver, self.X, self.H, self.w
         incoming: dict[tuple[int, int, int], list] = {}
         for i in range(self.ck.size):
-            k, u, v, t = int(self.ck[i]), int(cu[i]), int(cv[i]), int(self.ct[i])
-            hu = has_at(k, u, t)
+            k, u, v, t = int(self.ck[i]), int(self.cu[i]), int(self.cv[i]), int(self.ct[i])
+            hu = self._has_at(k, u, t)
             if hu is not True:  # causality: the sender holds the chunk (Eq. 2)
                 s.add(z3.Implies(X[i], hu))
             if t > 0:  # and the receiver does not (Eq. 2); at t = 0 it does not by construction
                 s.add(z3.Implies(X[i], z3.Not(H[(k, v, t)])))
             incoming.setdefault((k, v, t), []).append(X[i])
-        for r, k in miss.tolist():  # state evolution (Eq. 3) and one sender per step
+        for r, k in self.miss.tolist():  # state evolution (Eq. 3) and one sender per step
             for t in range(w):
                 xs = incoming.get((k, r, t), [])
-                prev = has_at(k, r, t)
+                prev = self._has_at(k, r, t)
                 rhs = z3.Or(prev, *xs) if (xs and prev is not False) else (z3.Or(*xs) if xs else prev)
                 s.add(H[(k, r, t + 1)] == rhs)
                 if len(xs) > 1:
                     s.add(z3.AtMost(*xs, 1))
+
+    def _encode_capacities(self, node: np.ndarray) -> None:
+        """A chunk enters a node at most once per window; link capacity (Eq. 4); with fan-out one,
+        a rank sends a chunk at most once a step (Eq. 8)."""
+        z3, s, X, net, w, nc = self.z3, self.solver, self.X, self.net, self.w, self.task.nchunks
+        cu, cv = self.cu, self.cv
+
+        def runs(key):
+            order = np.argsort(key, kind="stable")
+            sk = key[order]
+            starts = np.r_[0, np.flatnonzero(np.diff(sk)) + 1, sk.size]
+            return order, sk, zip(starts[:-1].tolist(), starts[1:].tolist())
         inter = node[cu] != node[cv]
         if inter.any():
-            key = node[cv[inter]] * nc + self.ck[inter]
             idx = np.flatnonzero(inter)
-            order = np.argsort(key, kind="stable")
-            sk = key[order]
-            starts = np.r_[0, np.flatnonzero(np.diff(sk)) + 1, sk.size]
-            for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            order, _, spans = runs(node[cv[inter]] * nc + self.ck[inter])
+            for a, b in spans:
                 if b - a > 1:
                     s.add(z3.AtMost(*[X[i] for i in idx[order[a:b]].tolist()], 1))
-        key_pt = self.cp * w + self.ct
-        order = np.argsort(key_pt, kind="stable")
-        sk = key_pt[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sk)) + 1, sk.size]
-        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):  # link capacity (Eq. 4)
+        order, sk, spans = runs(self.cp * w + self.ct)
+        for a, b in spans:  # link capacity (Eq. 4)
             q = int(sk[a] // w)
             _at_most(z3, s, [X[i] for i in order[a:b].tolist()], int(net.cap[q]))
-        if task.fanout_one:  # Eq. 8
-            key = (self.ck * net.nranks + cu) * w + self.ct
-            order = np.argsort(key, kind="stable")
-            sk = key[order]
-            starts = np.r_[0, np.flatnonzero(np.diff(sk)) + 1, sk.size]
-            for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        if self.task.fanout_one:  # Eq. 8
+            order, _, spans = runs((self.ck * net.nranks + cu) * w + self.ct)
+            for a, b in spans:
                 if b - a > 1:
                     _at_most(z3, s, [X[i] for i in order[a:b].tolist()], 1)
-        self.add_groups(enforced)
-        self.goal = [H[(k, r, w)] for r, k in miss.tolist()]
 
     def add_groups(self, mask: np.ndarray) -> None:
         """Encode the capacity of more shared groups (Eq. 5) in the live solver."""
