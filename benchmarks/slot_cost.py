@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, k, v)
 
     from hccc.runtime import launcher
+    from hccc.runtime.generated import DIRECT_MODES
     from hccc.runtime.platform import PlatformError, get_platform
 
     backend = args.backend
@@ -173,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     directs = [d for d in args.direct.split(",") if d]
     places = [p for p in args.placement.split(",") if p]
     bad = [w for w in warps if w != "auto" and not (w.isdigit() and int(w) >= 1)] + \
-          [d for d in directs if d not in launcher.DIRECT_MODES] + [p for p in places if p not in PLACEMENTS]
+          [d for d in directs if d not in DIRECT_MODES] + [p for p in places if p not in PLACEMENTS]
     if bad or not places:
         raise SystemExit(f"slot_cost: {bad[0] if bad else args.placement!r}: --nwarps takes auto or counts, "
-                         f"--direct {' or '.join(launcher.DIRECT_MODES)}, --placement out or in")
+                         f"--direct {' or '.join(DIRECT_MODES)}, --placement out or in")
     rows = []
     for name in (a for a in args.algorithms.split(",") if a):
         ir = program(name)

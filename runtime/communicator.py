@@ -67,11 +67,10 @@ from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import shm
 from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
-# (_as_buf, _Buf and torch_strided re-exported under their earlier names)
-from hccc.runtime.call_buffers import (Buf as _Buf, CallError, as_buf as _as_buf, call_arrays,  # noqa: F401
-                                       device_kind, full_count, route, sync_caller, torch_strided)
+from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
-from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS, check_fifo_memory
+from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
+from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table

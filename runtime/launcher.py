@@ -58,16 +58,10 @@ from hccc.runtime.busbw import busbw_factor
 from hccc.runtime.platform import Platform
 from hccc.runtime.rank_group import RankGroup
 from hccc.util import dtypes as dtypes_table
-# re-exported: callers import these from here too
-from hccc.runtime.generated import CODEGENS, DIRECT_MODES, generated_sources, rank_blocks  # noqa: F401
-from hccc.runtime.memory_limits import (FifoMemoryError, check_fifo_memory, check_run_memory,  # noqa: F401
-                                        plans_memory_bytes, run_memory_limit)
-from hccc.runtime.rank_group import STOP_GRACE_S, describe_stuck  # noqa: F401
-from hccc.runtime.rank_kernels import fit_block_threads  # noqa: F401
-from hccc.runtime.rank_platforms import MANIFEST_PLATFORMS, rank_ranges  # noqa: F401
-# the per-call recipe and what a rank owns
-from hccc.runtime.rank_memory import (LaunchCall, RankMemory, RankPlan, check_slice, grid_argument,  # noqa: F401
-                                      launch_proto, launch_slice_bytes)
+from hccc.runtime.generated import CODEGENS, generated_sources
+from hccc.runtime.memory_limits import check_run_memory
+from hccc.runtime.rank_group import describe_stuck
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan
 
 #: element types and reduction operators (the one table of them: hccc.util.dtypes)
 DTYPES = dtypes_table.DTYPE_NAMES

@@ -20,7 +20,9 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
 from hccc.runtime.kernel_abi import ErrorRecord
-from hccc.runtime.launcher import ELEMENT_BYTES, describe_stuck, fit_block_threads, program_layout
+from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
+from hccc.runtime.rank_group import describe_stuck
+from hccc.runtime.rank_kernels import fit_block_threads
 from hccc.runtime.ll_epoch import LLEpochs
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, launch_proto,

@@ -170,7 +170,7 @@ def test_every_rank_cuts_a_call_as_the_launchers_rule_says(pool):
     """Each rank's slice of a call (``last_slice_bytes``) is the one rule's
     (``launch_slice_bytes``, which the Runner and the simulator follow too:
     tests/test_slice_program_policy.py), under Simple and under LL (half the slot's share)."""
-    from hccc.runtime.launcher import launch_slice_bytes
+    from hccc.runtime.rank_memory import launch_slice_bytes
     ir = build_program(gen.ring_allreduce(2), chunk_bytes=64)
     xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(2)]
     calls = [[{"method": "all_reduce", "x": xs[r], "proto": proto} for proto in ("simple", "ll")] for r in range(2)]

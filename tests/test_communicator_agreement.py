@@ -106,7 +106,7 @@ def test_all_gather_from_a_block_of_its_own_output(pool):
 
 def test_tensors_whose_memory_is_not_their_values_are_refused():
     torch = pytest.importorskip("torch")
-    from hccc.runtime.communicator import _as_buf
+    from hccc.runtime.call_buffers import as_buf as _as_buf
     x = torch.arange(4, dtype=torch.float32)
     assert _as_buf(x, "x").n == 4
     with pytest.raises(ValueError, match="lazily negated"):

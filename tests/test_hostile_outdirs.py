@@ -24,7 +24,8 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import CompileOptions, compile_program, load_manifest, load_program
 from hccc.compiler.ir.check import load_ir_json
 from hccc.compiler.ir.program_ir import IRFormatError
-from hccc.runtime.launcher import RankPlan, check_fifo_memory, check_slice, plans_memory_bytes
+from hccc.runtime.memory_limits import check_fifo_memory, plans_memory_bytes
+from hccc.runtime.rank_memory import RankPlan, check_slice
 from hccc.runtime.platform import PlatformError
 
 from capped_runs import assert_fires, hccc

@@ -177,7 +177,7 @@ def test_kernel_model_v4_terms(monkeypatch):
     from hccc.compiler.passes import slicing
     from hccc.compiler.passes.channels import with_channels
     from hccc.compiler.pipeline import load_program
-    from hccc.runtime.launcher import launch_slice_bytes
+    from hccc.runtime.rank_memory import launch_slice_bytes
     kw = dict(hbm_gbs=3000, sms=132, launch_us=5.0)
     ir = load_program(model.ALGORITHMS["ring_allreduce_8"])
     small = model.v4(ir, 4 << 10, **kw)

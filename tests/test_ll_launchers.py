@@ -170,7 +170,7 @@ def _allreduce_calls(n_ranks, counts_protos, seed=0):
 
 
 def _run_allreduces(pool, ir, plan, protos):
-    from hccc.runtime.launcher import launch_slice_bytes
+    from hccc.runtime.rank_memory import launch_slice_bytes
     calls, wants = _allreduce_calls(ir.nranks, plan)
     replies = pool.run(ir.to_json(), ir.nranks, calls)
     for r, rep in enumerate(replies):

@@ -35,7 +35,8 @@ from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime import reference
-from hccc.runtime.launcher import Runner, launch_proto
+from hccc.runtime.launcher import Runner
+from hccc.runtime.rank_memory import launch_proto
 from conftest import examples, harness_library
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 

@@ -23,7 +23,8 @@ from hccc.compiler.backend.codegen import generate
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.runtime import cache, kernel_abi, reference
 from hccc.runtime.cpu import CpuPlatform
-from hccc.runtime.launcher import Runner, busbw_factor, run_program
+from hccc.runtime.launcher import Runner, run_program
+from hccc.runtime.busbw import busbw_factor
 from hccc.runtime.platform import PlatformError, get_platform
 from codegen_irs import ring_allgather, stuck_ir, ring_allreduce, ring_allreduce_fused
 
@@ -302,7 +303,7 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
         assert tuple(out[:3]) == kernel_abi.sizes() and out[3] == runner.nslots
     e = kernel_abi.ErrorRecord(claimed=1, valid=1, rank=3, tb=2, seq=1, op=int(Op.RECV_REDUCE_COPY),
                                wait=kernel_abi.WAIT_DATA, chunk=5, task=9, microbatch=4, waited=2000)
-    from hccc.runtime.launcher import describe_stuck
+    from hccc.runtime.rank_group import describe_stuck
     msg = describe_stuck(ir, e, 1000.0)
     assert msg.startswith("rank 3, TB 2 stuck in recv_reduce_copy for chunk 5 (micro-batch 4)")
 
@@ -745,7 +746,7 @@ class _WidePlatform(CpuPlatform):
 def test_runner_fits_threads_per_block_instead_of_refusing():
     """Without ``nthreads`` the Runner halves the threads per block until every block of the run
     can be resident, says so, and the run is right; with ``nthreads`` it refuses as before."""
-    from hccc.runtime.launcher import fit_block_threads
+    from hccc.runtime.rank_kernels import fit_block_threads
     ir = ring_allreduce(4)
     pf = _WidePlatform(max_threads=8 * 32)          # 8 blocks of 32 threads, not of 64
     with Runner(ir, pf) as runner:

@@ -26,7 +26,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from hccc.runtime.kernel_abi import Args
-from hccc.runtime.launcher import launch_slice_bytes
+from hccc.runtime.rank_memory import launch_slice_bytes
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda

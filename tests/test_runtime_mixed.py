@@ -26,7 +26,8 @@ from hccc.compiler.frontend.generators import hm_allgather_rccl, hm_allreduce_rc
 from hccc.compiler.pipeline import load_program
 from hccc.runtime import reference
 from hccc.runtime.cpu import CpuPlatform
-from hccc.runtime.launcher import Runner, rank_ranges
+from hccc.runtime.launcher import Runner
+from hccc.runtime.rank_platforms import rank_ranges
 from hccc.runtime.platform import Instance, Platform, PlatformError
 
 from cluster_texts import MIXED_2X2  # noqa: E402

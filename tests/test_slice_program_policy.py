@@ -120,7 +120,7 @@ def _launchers_agree(runner, ir, counts) -> None:
     simulator)."""
     from hccc.compiler.backend import abi
     from hccc.compiler.passes.channels import with_channels
-    from hccc.runtime.launcher import launch_slice_bytes
+    from hccc.runtime.rank_memory import launch_slice_bytes
     from hccc.runtime.simulator import simulate
     topo = _mesh(ir.nranks)
     share = slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)

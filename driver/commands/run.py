@@ -281,13 +281,13 @@ LEAST_FIT_SLOT = 4096
 
 def _runner_whose_fifos_fit(ir, fit: bool, least: int, make):
     """``make()``'s Runner and None; with ``fit``, where its FIFOs would pass the run's memory
-    limit (:class:`~hccc.runtime.launcher.FifoMemoryError`, raised before anything is built),
+    limit (:class:`~hccc.runtime.memory_limits.FifoMemoryError`, raised before anything is built),
     the program's slot halved until they fit, down to ``least`` bytes (:data:`LEAST_FIT_SLOT`, or
     for a program proven in the algorithm-level order the slot that holds one micro-batch of its
     largest step, which the last halving stops at): smaller slots are more micro-batches of the
     same program, never another result; and a note saying so. Without ``fit`` (the slot was
     given, or the program runs as given) the error stands."""
-    from hccc.runtime.launcher import FifoMemoryError
+    from hccc.runtime.memory_limits import FifoMemoryError
 
     first = int(ir.chunk_bytes)
     note, first_need = None, None
@@ -616,7 +616,7 @@ def _print_preamble(out, args, plan: _RunPlan, runner, ran: _Ran, slot_note) -> 
         out(EMULATED_NOTE)
     libraries = ran.libraries
     if len(libraries) > 1 or plan.plats[0] != "cuda":
-        from hccc.runtime.launcher import rank_ranges
+        from hccc.runtime.rank_platforms import rank_ranges
         out("# " + "; ".join(
             f"{pl.upper()} ranks {rank_ranges(v['ranks'])} from the {pl} library "
             f"({v['backend']})" for pl, v in libraries.items()))
