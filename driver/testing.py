@@ -118,6 +118,8 @@ def relabel_ranks(alg: Algorithm, perm: Sequence[int]) -> Algorithm:
     src, dst, piece = spec.block_of(alg.chunk, n, n * K)
     chunk = spec.block_id(p[src], p[dst], piece, n, n * K)
     from dataclasses import replace
+    if spec.parameter == "shift" and n and ((p - p[0]) % n != np.arange(n) % n).any():
+        raise ValueError("a SendRecv keeps its shift only under a rotation of the ranks")
     renamed = replace(h, root=int(p[h.root])) if h.collective.rooted else h
     rows = np.stack([p[alg.src], p[alg.dst], alg.step, chunk, alg.op.astype(np.int64)], axis=1)
     return Algorithm.from_rows(renamed, rows.tolist())
@@ -201,6 +203,13 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
             alg = _generator("tree", coll)(n, draw(trees(n)), root)
         else:
             alg = _generator("direct", coll)(n, root)
+    elif coll.spec.parameter == "shift":   # SendRecv: to the rank ``shift`` after
+        n = draw(st.integers(max(1, min_ranks), max_ranks))
+        shift = draw(st.integers(min(1, n - 1), n - 1))   # shift 0 (no transfer) only on one rank
+        if family == "ring":
+            alg = _generator("ring", coll)(n, shift, draw(ring_orders(n)))
+        else:
+            alg = _generator("direct", coll)(n, shift)
     else:
         n = draw(st.integers(max(1, min_ranks), max_ranks))
         if family == "ring":
@@ -213,7 +222,11 @@ def valid_programs(draw, collective: str | Collective | Sequence | None = None, 
     if max_chunks_per_rank > 1 and draw(st.integers(0, 3)) == 0:
         alg = gen.split_chunks(alg, draw(st.integers(2, max_chunks_per_rank)))
     if draw(st.booleans()):
-        alg = relabel_ranks(alg, draw(st.permutations(list(range(n)))))
+        if coll.spec.parameter == "shift":   # a renaming keeps "the rank shift after" only as a rotation
+            a = draw(st.integers(0, n - 1))
+            alg = relabel_ranks(alg, [(r + a) % n for r in range(n)])
+        else:
+            alg = relabel_ranks(alg, draw(st.permutations(list(range(n)))))
     if draw(st.booleans()):
         alg = renumber_steps(alg, draw(st.randoms(use_true_random=False)))
     return alg

@@ -111,14 +111,16 @@ def chunk_bounds(count: int, nchunks: int) -> np.ndarray:
 
 def input_length(collective: str, rank: int, nranks: int, nchunks: int, count: int) -> int:
     """Number of elements rank ``rank`` passes as input for a full buffer of ``count`` elements
-    (its own part where the collective's input is the rank's part; otherwise ``count`` rounded
-    down to the spec's count unit: AllToAll's whole blocks, :func:`alltoall_count`)."""
+    (its own part where the collective's input is the rank's part; otherwise ``count``), ``count``
+    first rounded down to the spec's count unit (AllToAll's whole blocks, SendRecv's equal parts:
+    :func:`alltoall_count`)."""
     spec = spec_of(collective)
+    count = alltoall_count(count, spec.count_unit(nranks))
     if spec.input == OWN:
         b = chunk_bounds(count, nchunks)
         k = nchunks // nranks
         return int(b[rank * k + k] - b[rank * k])
-    return alltoall_count(count, spec.count_unit(nranks))
+    return count
 
 
 def make_inputs(collective: str, nranks: int, count: int, dtype: str = "float32", *,

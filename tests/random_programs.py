@@ -28,6 +28,20 @@ def _bcast_rows(rng, n, c, root, t0):
     return rows, max(have.values())
 
 
+def _sendrecv_rows(rng, n, c, dest, t0):
+    """Chunk c from its owner to ``dest`` (SendRecv): a random broadcast tree from the owner, kept
+    whole (every other rank keeps a copy in scratch) or cut to its path to ``dest``."""
+    rows, _ = _bcast_rows(rng, n, c, c, t0)
+    if rng.integers(2):
+        return rows
+    parent = {d: (s, r) for r in rows for s, d in [r[:2]]}
+    path, at = [], dest
+    while at != c:
+        path.append(parent[at][1])
+        at = parent[at][0]
+    return path[::-1]
+
+
 def _reduce_rows(rng, n, c, root, t0):
     """Reduce chunk c onto root over a random tree: a node sends (rrc) after all its children did,
     siblings at distinct steps."""
@@ -111,10 +125,12 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
     rows = []
     if coll == Collective.ALLTOALL:
         return Algorithm.from_rows(Header(nranks=n, collective=coll, name=name), _alltoall_rows(rng, n))
-    top = int(rng.integers(n))   # Broadcast / Reduce / Gather / Scatter root
+    top = int(rng.integers(n))   # Broadcast / Reduce / Gather / Scatter root, SendRecv shift
     for c in range(n):
         t0 = int(rng.integers(0, 3))
-        if coll == Collective.BROADCAST:
+        if coll == Collective.SENDRECV:
+            rows += _sendrecv_rows(rng, n, c, (c + top) % n, t0)
+        elif coll == Collective.BROADCAST:
             rows += _bcast_rows(rng, n, c, top, t0)[0]
         elif coll == Collective.REDUCE:
             rows += _reduce_rows(rng, n, c, top, t0)[0]
@@ -131,7 +147,7 @@ def random_algorithm(coll: Collective, n: int, seed: int, name: str = "rand") ->
             r1, t_end = _reduce_rows(rng, n, c, root, t0)
             r2, _ = _bcast_rows(rng, n, c, root, t_end + 1 + int(rng.integers(0, 2)))
             rows += r1 + r2
-    h = Header(nranks=n, collective=coll, name=name, root=top if coll.rooted else 0)
+    h = Header(nranks=n, collective=coll, name=name, root=top if coll.spec.parameter else 0)
     return Algorithm.from_rows(h, rows)
 
 

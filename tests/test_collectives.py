@@ -106,6 +106,35 @@ def test_chunk_model_agrees_with_the_semantics(name, nranks, k, root):
 
 
 # --------------------------------------------------- the chunk model's facts, stated independently
+@settings(max_examples=20, deadline=None)
+@given(N=st.integers(1, 5), K=st.integers(1, 3), data=st.data())
+def test_sendrecv_spec_facts_agree_with_the_written_out_model(N, K, data):
+    """SendRecv's chunk model written out: rank ``i``'s piece ``k`` is id ``i*K + k``, sits at slot
+    ``k`` of rank ``i``'s input and must end at slot ``k`` of rank ``(i + shift) % N``'s output;
+    in place, that slot is the receiver's own piece ``k`` (the overlay is crossed)."""
+    spec = SPECS["sendrecv"]
+    shift = data.draw(st.integers(0, N - 1))
+    C = N * K
+    assert spec.parameter == "shift" and not spec.rooted and not spec.blockwise and not spec.reduces
+    assert spec.nids(N, C) == C and spec.count_unit(N) == N and spec.crossed_overlay
+    assert spec.alias == "same" and spec.buffer_sizes(N, K)[:2] == (K, K)
+    for i in range(N):
+        j = (i + shift) % N
+        for k in range(K):
+            cid = i * K + k
+            assert int(spec.slot("input", i, cid, N, C)) == k == int(spec.slot("output", j, cid, N, C))
+            assert int(spec.id_at("input", i, k, N, C, shift)) == cid
+            assert int(spec.id_at("output", j, k, N, C, shift)) == cid
+            assert bool(spec.holds(spec.start, i, cid, N, C, shift))
+            assert [bool(spec.holds(spec.end, r, cid, N, C, shift)) for r in range(N)] == [r == j for r in range(N)]
+            assert int(spec.id_at("input", j, spec.slot("output", j, cid, N, C), N, C, shift)) == j * K + k
+    r, ids, want = spec.end_holders(N, C, shift)
+    assert sorted(zip(r.tolist(), ids.tolist(), want.tolist())) == sorted(
+        ((i + shift) % N, i * K + k, i) for i in range(N) for k in range(K))
+    assert spec.busbw(N) == pytest.approx(1 / N)    # nccl-tests' sendrecv: busbw = one part / time
+
+
+
 def _alltoall_model(N, K):
     """AllToAll's chunk model written out piece by piece (not from the spec's arithmetic): rows
     ``(id, source, destination, piece, source's input slot, destination's output slot)``, ids
@@ -153,7 +182,7 @@ def test_blockwise_spec_facts_agree_with_the_written_out_alltoall_model(N, K):
     assert piece.tolist() == [r[3] for r in rows]
 
 
-@pytest.mark.parametrize("name", [n for n in SPECS if not SPECS[n].blockwise])
+@pytest.mark.parametrize("name", [n for n in SPECS if not SPECS[n].blockwise and n != "sendrecv"])
 @pytest.mark.parametrize("N,K", [(1, 1), (3, 2), (4, 1)])
 def test_other_collectives_spec_facts_are_the_trivial_cases(name, N, K):
     """Every other collective: ids are the full buffer's chunks, id ``r*K + k`` is piece ``k`` of
@@ -192,8 +221,7 @@ def test_every_collective_end_to_end(name, data):
     verify(alg)
     ir = build_program(alg, chunk_bytes=64)
     count = data.draw(st.integers(0, 40)) + ir.nranks
-    if SPECS[name].blockwise:
-        count = reference.alltoall_count(count, reference.alltoall_unit(ir))
+    count = reference.alltoall_count(count, reference.alltoall_unit(ir))   # AllToAll, SendRecv: N parts
     for inplace in (False, True):
         prove(ir, inplace)
         inputs = reference.inputs_for(ir, count, "int32", seed=count)

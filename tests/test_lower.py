@@ -87,6 +87,9 @@ def test_buffer_mapping_matches_brute_force(alg):
     if alg.header.collective is Collective.ALLTOALL:
         _check_alltoall_mapping(alg)
         return
+    if alg.header.collective is Collective.SENDRECV:
+        _check_sendrecv_mapping(alg)
+        return
     _, _, low = _lower_checked(alg, fuse=False)
     c = low.cols
     want = _oracle_locations(alg)
@@ -153,6 +156,47 @@ def _check_alltoall_mapping(alg):
             assert (c["src_buf"][i], c["src_off"][i]) == where[(s, ch)]
 
 
+def _check_sendrecv_mapping(alg):
+    """SendRecv's mapping by brute force (shift ``s``): rank ``i``'s piece ``k`` (chunk ``i*K + k``)
+    is read from input slot ``k`` on rank ``i`` until something arrives there; it arrives at
+    ``(i + s) % N`` in output slot ``k``, or, when it would land before that rank's own piece ``k``
+    (the same slot in place) has left, in scratch and a final copy to slot ``k``; every other
+    arrival goes to scratch, one slot per (rank, chunk), of the piece's size class."""
+    h = alg.header
+    N, K, s = h.nranks, h.chunks_per_rank, h.root
+    _, _, low = _lower_checked(alg, fuse=False)
+    c = low.cols
+    assert (low.in_chunks, low.out_chunks, low.nchunks) == (K, K, N * K)
+    where = {}
+    for i in np.flatnonzero(c["op"] == Op.RECV):
+        t = int(c["task"][i])
+        loc = (int(c["dst_buf"][i]), int(c["dst_off"][i]))
+        assert where.setdefault((int(alg.dst[t]), int(alg.chunk[t])), loc) == loc
+    copies = {(int(c["rank"][i]), int(c["src_buf"][i]), int(c["src_off"][i])): int(c["dst_off"][i])
+              for i in np.flatnonzero(c["op"] == Op.COPY)}
+    scratch_slots = {}
+    for (r, ch), (b, off) in where.items():
+        owner, k = divmod(ch, K)
+        dest = (owner + s) % N
+        if b == Buf.SCRATCH:
+            assert off % K == k and 0 <= off < low.scratch_chunks
+            assert scratch_slots.setdefault((r, off), ch) == ch
+            if r == dest:
+                assert copies[(r, Buf.SCRATCH, off)] == k
+        else:
+            assert (b, off, r) == (Buf.OUTPUT, k, dest)
+    first = {}
+    for (src, d, stp, ch, o) in alg.rows():
+        first[(d, ch)] = min(first.get((d, ch), stp), stp)
+    for i in np.flatnonzero(c["op"] == Op.SEND):
+        t = int(c["task"][i])
+        src, ch, stp = int(alg.src[t]), int(alg.chunk[t]), int(alg.step[t])
+        if stp < first.get((src, ch), 1 << 62):
+            assert ch // K == src and (c["src_buf"][i], c["src_off"][i]) == (Buf.INPUT, ch % K)
+        else:
+            assert (c["src_buf"][i], c["src_off"][i]) == where[(src, ch)]
+
+
 def test_buffer_sizes():
     assert buffer_sizes(Collective.ALLGATHER, 8) == (1, 8, 0)
     assert buffer_sizes(Collective.REDUCESCATTER, 8) == (8, 1, 8)
@@ -187,8 +231,8 @@ def test_local_copies_are_one_primitive_per_run(alg):
     one primitive (a unit per micro-batch, not K)."""
     from hccc.compiler.passes.verify import final_rows
 
-    if alg.header.collective is Collective.ALLTOALL:
-        return                      # its own block and its parked arrivals: _check_alltoall_mapping
+    if alg.header.collective in (Collective.ALLTOALL, Collective.SENDRECV):
+        return      # own blocks, parked arrivals: _check_alltoall_mapping, _check_sendrecv_mapping
     h = alg.header
     N, C = h.nranks, h.nchunks
     _, _, low = _lower_checked(alg, fuse=False)

@@ -25,7 +25,8 @@ STATIC_ORDER = ["src-out-of-range", "dst-out-of-range", "chunk-out-of-range", "n
 def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int]], root: int = 0, k: int = 1):
     """Sequential model: returns the sorted list of (phase, step, kind order, transfer, kind).
 
-    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce/Gather/Scatter;
+    ``k`` chunks per rank (chunk ``c`` belongs to rank ``c // k``), ``root`` for Broadcast/Reduce/Gather/Scatter,
+    the shift for SendRecv (chunk ``c`` ends at rank ``(c // k + root) % n``);
     Alltoall: ``n*n*k`` chunks, chunk ``c`` goes from rank ``c // (n*k)`` to rank ``(c // k) % n``."""
     errors = []
     live = []
@@ -37,11 +38,11 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
         else:
             live.append(i)
     copy_only = coll in (Collective.ALLGATHER, Collective.BROADCAST, Collective.ALLTOALL, Collective.GATHER,
-                         Collective.SCATTER)
+                         Collective.SCATTER, Collective.SENDRECV)
     if coll is Collective.ALLTOALL:
         state = {(r, c): (frozenset([r]) if r == c // (n * k) else frozenset())
                  for r in range(n) for c in range(nc)}
-    elif coll in (Collective.ALLGATHER, Collective.GATHER):
+    elif coll in (Collective.ALLGATHER, Collective.GATHER, Collective.SENDRECV):
         state = {(r, c): (frozenset([r]) if r == c // k else frozenset()) for r in range(n) for c in range(nc)}
     elif coll in (Collective.BROADCAST, Collective.SCATTER):
         state = {(r, c): (frozenset([r]) if r == root else frozenset()) for r in range(n) for c in range(nc)}
@@ -90,6 +91,8 @@ def reference(coll: Collective, n: int, rows: list[tuple[int, int, int, int, int
                     ok = (c // k) % n != r or state[(r, c)] == frozenset([c // (n * k)])
                 elif coll is Collective.ALLGATHER:
                     ok = state[(r, c)] == frozenset([c // k])
+                elif coll is Collective.SENDRECV:
+                    ok = (c // k + root) % n != r or state[(r, c)] == frozenset([c // k])
                 elif coll is Collective.BROADCAST:
                     ok = state[(r, c)] == frozenset([root])
                 elif coll is Collective.REDUCESCATTER:
@@ -155,7 +158,7 @@ def random_programs(draw):
     n = draw(st.integers(1, 5))
     coll = draw(st.sampled_from(list(Collective)))
     k = draw(st.sampled_from([1, 1, 2, 3]))
-    root = draw(st.integers(0, n - 1)) if coll.rooted else 0
+    root = draw(st.integers(0, n - 1)) if coll.spec.parameter else 0   # a root, SendRecv's shift
     oob = draw(st.booleans())
     lo, hi = (-1, n) if oob else (0, n - 1)
     nc = n * n * k if coll is Collective.ALLTOALL else n * k

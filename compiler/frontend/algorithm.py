@@ -51,7 +51,8 @@ class Header:
     gpu_per_node: int = 0        # 0 = not given
     nic_per_node: int = 0
     location: Location | None = None  # where the header is, for whole-program diagnostics
-    root: int = 0                # Broadcast / Reduce root (Root); 0 and unused for the others
+    root: int = 0                # the collective's rank parameter (CollectiveSpec.parameter): a rooted
+                                 # collective's root (Root), SendRecv's shift (Shift); 0 for the others
     chunks_per_rank: int = 1     # nChunksPerRank: chunks each rank owns (nchunks = nranks * this)
     micro_batches: int = DEFAULT_MICRO_BATCHES   # nMicroBatches: the slice policy (compiler/frontend/slice_policy.py)
     min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES   # MinSliceBytes: the slice policy's least slice

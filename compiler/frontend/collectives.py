@@ -25,6 +25,14 @@ output the ids it must end with, laid out as :data:`OWN` (``K`` slots, id ``r*K 
 ``j*K + k`` for the block to rank ``j``) or :data:`FROM` (AllToAll output: slot ``i*K + k`` for the
 block from rank ``i``). In-place runs overlay the two buffers: the same layout is one buffer; an
 :data:`OWN` buffer lies at chunk ``r*K`` of the :data:`FULL` one.
+
+SendRecv (each rank sends its part to the rank ``shift`` after it and receives the part of the rank
+``shift`` before it, MSCCL++'s ``sendrecv``) has one parameter besides the ranks, its ``shift``; it
+travels where a rooted collective's ``root`` does (:attr:`CollectiveSpec.parameter` names it), so
+every method taking ``root`` takes the shift for SendRecv. Its full buffer is every rank's part in
+rank order (``C = N*K`` chunks, as AllGather's output), its input the rank's own part (:data:`OWN`)
+and its output the peer's (:data:`FROM_PEER`); nccl-tests' ``S`` for it is one rank's part, so its
+bus-bandwidth factor is ``1/N`` of the full buffer's.
 """
 from __future__ import annotations
 
@@ -40,11 +48,15 @@ EVERY = "every rank"
 OWNER = "owner"          # rank c // K (blockwise: the block's source)
 ROOT = "root"
 DEST = "destination"     # blockwise: the block's destination rank
+PEER = "peer"            # the rank ``shift`` after the owner (SendRecv: ``(owner + shift) % N``)
 # buffer layouts
 OWN = "own"
 FULL = "full"
 TO = "by destination"
 FROM = "by source"
+FROM_PEER = "peer's part"   # SendRecv output: ``K`` slots, id ``p*K + j`` at slot ``j``, ``p = (r - shift) % N``
+#: layouts of ``K`` slots (a rank's part of the full buffer)
+PARTS = (OWN, FROM_PEER)
 #: ``want`` of :meth:`CollectiveSpec.end` for a chunk that must hold every rank's contribution
 ALL = -1
 
@@ -59,6 +71,11 @@ def _twice_ring(n: int) -> float:
 
 def _one(n: int) -> float:
     return 1.0
+
+
+def _per_rank(n: int) -> float:
+    # the full buffer is n parts and nccl-tests' sendrecv counts one: busbw = algbw of one part
+    return 1.0 / n
 
 
 def _int64(x):
@@ -122,6 +139,12 @@ def _scatter(inputs, red, nchunks, root):
     return [full[b[r * k]:b[r * k + k]].copy() for r in range(len(inputs))]
 
 
+def _sendrecv(inputs, red, nchunks, shift):
+    # rank r receives the whole input of rank r - shift (mod N)
+    N = len(inputs)
+    return [np.array(inputs[(r - int(shift)) % N], copy=True) for r in range(N)]
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """One collective (see the module docstring for the chunk model)."""
@@ -157,9 +180,18 @@ class CollectiveSpec:
         return ROOT in (self.start, self.end)
 
     @property
+    def parameter(self) -> str | None:
+        """The name of the collective's one rank parameter: ``"root"`` (rooted collectives),
+        ``"shift"`` (SendRecv: :data:`PEER`), None for the others. It is carried as ``root``
+        in the IR and the methods below."""
+        if self.rooted:
+            return "root"
+        return "shift" if PEER in (self.start, self.end) else None
+
+    @property
     def full_buffer(self) -> str:
         """``"input"`` or ``"output"``: the buffer nccl-tests' size ``S`` measures."""
-        return "output" if self.input == OWN else "input"
+        return "output" if self.input == OWN and self.output not in PARTS else "input"
 
     @property
     def msccl_refusal(self) -> str:
@@ -207,8 +239,9 @@ class CollectiveSpec:
     def count_unit(self, nranks: int) -> int:
         """A run's per-rank element count must be a multiple of this: ``nranks`` for a blockwise
         collective (every rank sends every other the same number of elements; nccl-tests rounds
-        its AllToAll sizes down the same way), 1 (any count) otherwise."""
-        return max(1, int(nranks)) if self.blockwise else 1
+        its AllToAll sizes down the same way) and for SendRecv (every rank's part is one size, so a
+        rank's output is laid out as its input), 1 (any count) otherwise."""
+        return max(1, int(nranks)) if self.blockwise or self.output == FROM_PEER else 1
 
     @property
     def per_pair_counts(self) -> bool:
@@ -241,6 +274,8 @@ class CollectiveSpec:
             return np.full(len(ids), int(root), np.int64), ids
         if where == OWNER:
             rank = self.block_of(ids, N, C)[0]
+        elif where == PEER:
+            rank = (self.block_of(ids, N, C)[0] + int(root)) % N
         elif where == DEST:
             rank = self.block_of(ids, N, C)[1]
         else:
@@ -278,7 +313,7 @@ class CollectiveSpec:
     def slots(self, buffer: str, nranks: int, nchunks: int) -> int:
         """Chunk slots of a rank's ``"input"`` or ``"output"`` buffer."""
         layout = self.input if buffer == "input" else self.output
-        return max(1, int(nchunks) // int(nranks)) if layout == OWN else int(nchunks)
+        return max(1, int(nchunks) // int(nranks)) if layout in PARTS else int(nchunks)
 
     def slot(self, buffer: str, rank, ids, nranks: int, nchunks: int):
         """Slot of chunk ``ids`` (int or array) in ``rank``'s ``"input"`` or ``"output"`` buffer
@@ -288,6 +323,8 @@ class CollectiveSpec:
         K = max(1, C // int(nranks))
         if layout == OWN:
             return ids - rank * K
+        if layout == FROM_PEER:
+            return ids % K
         if layout == FULL:
             return ids if not self.blockwise else ids % C
         src, dst, piece = self.block_of(ids, nranks, C)
@@ -295,15 +332,17 @@ class CollectiveSpec:
             return dst * K + piece
         return src * K + piece   # FROM
 
-    def id_at(self, buffer: str, rank, slot, nranks: int, nchunks: int):
+    def id_at(self, buffer: str, rank, slot, nranks: int, nchunks: int, root: int = 0):
         """The chunk id that ``slot`` (int or array) of ``rank``'s ``"input"`` or ``"output"``
-        buffer holds (inverse of :meth:`slot`)."""
+        buffer holds (inverse of :meth:`slot`; ``root``: SendRecv's shift)."""
         layout = self.input if buffer == "input" else self.output
         C = int(nchunks)
         K = max(1, C // int(nranks))
         rank, slot = _int64(rank), _int64(slot)
         if layout == OWN:
             return rank * K + slot
+        if layout == FROM_PEER:
+            return ((rank - int(root)) % int(nranks)) * K + slot
         if layout == FULL:
             return slot
         if layout == TO:
@@ -326,16 +365,19 @@ class CollectiveSpec:
         if where == ROOT:
             return rank == int(root)
         src, dst, _ = self.block_of(ids, nranks, nchunks)
+        if where == PEER:
+            return (src + int(root)) % int(nranks) == rank
         return (src if where == OWNER else dst) == rank    # DEST: the block's destination
 
     @property
     def scratch(self) -> bool:
         """Writes of chunks a rank does not keep go to scratch (the postcondition leaves out some
-        (rank, id) pairs, and they must not land in the output)."""
-        return self.end != EVERY and not self.blockwise
+        (rank, id) pairs, and they must not land in the output); a crossed overlay's lowering
+        (AllToAll, SendRecv) sizes its own scratch."""
+        return self.end != EVERY and not self.crossed_overlay
 
     def buffer_sizes(self, nranks: int, chunks_per_rank: int = 1) -> tuple[int, int, int]:
-        """``(in_chunks, out_chunks, scratch_chunks)`` of a lowered program (AllToAll's scratch is
+        """``(in_chunks, out_chunks, scratch_chunks)`` of a lowered program (AllToAll's and SendRecv's scratch is
         sized by its lowering)."""
         C = int(nranks) * int(chunks_per_rank)
         return (self.slots("input", nranks, C), self.slots("output", nranks, C),
@@ -345,9 +387,9 @@ class CollectiveSpec:
     def alias(self) -> str:
         """In-place overlay: ``"same"`` (input is output), ``"input in output"`` (the input is the
         rank's part of the output) or ``"output in input"``."""
-        if self.input == OWN and self.output != OWN:
+        if self.input in PARTS and self.output not in PARTS:
             return "input in output"
-        if self.output == OWN and self.input != OWN:
+        if self.output in PARTS and self.input not in PARTS:
             return "output in input"
         return "same"
 
@@ -375,6 +417,9 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
                    input=OWN, output=FULL, busbw=_ring, method="gather", semantics=_gather),
     CollectiveSpec("scatter", "Scatter", start=ROOT, end=OWNER, reduces=False,
                    input=FULL, output=OWN, busbw=_ring, method="scatter", semantics=_scatter),
+    CollectiveSpec("sendrecv", "SendRecv", start=OWNER, end=PEER, reduces=False,
+                   input=OWN, output=FROM_PEER, busbw=_per_rank, method="send_recv",
+                   semantics=_sendrecv),
 )}
 
 
@@ -445,4 +490,4 @@ def one_of(names, last: str = "or") -> str:
 
 
 __all__ = ["CollectiveSpec", "Collective", "SPECS", "NAMES", "DSL_NAMES", "spec_of", "one_of",
-           "EVERY", "OWNER", "ROOT", "DEST", "OWN", "FULL", "TO", "FROM", "ALL"]
+           "EVERY", "OWNER", "ROOT", "DEST", "PEER", "OWN", "FULL", "TO", "FROM", "FROM_PEER", "PARTS", "ALL"]

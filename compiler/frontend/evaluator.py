@@ -393,8 +393,10 @@ class Evaluator:
         prog = self.program
         top = Frame(1)
         h = prog.header
-        for name, val in zip(HEADER_VARS, (h.nranks, h.nchannels, h.nwarps, h.gpu_per_node,
-                                           h.nic_per_node, h.root, h.chunks_per_rank, h.nchunks)):
+        param = h.collective.spec.parameter   # Header.root is the root or SendRecv's shift
+        for name, val in zip(HEADER_VARS, (h.nranks, h.nchannels, h.nwarps, h.gpu_per_node, h.nic_per_node,
+                                           h.root if param == "root" else 0, h.chunks_per_rank, h.nchunks,
+                                           h.root if param == "shift" else 0)):
             top.vars[name] = (val, None, None)
         self.block(prog.body, top)
         return self.assemble()

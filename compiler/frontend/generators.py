@@ -463,6 +463,47 @@ def ring_scatter_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: 
               "((Root + i) % nRanks) * nChunksPerRank + j, recv)\n")
 
 
+# ====================================================================== SendRecv
+def _check_shift(n: int, shift: int, chunks_per_rank: int) -> None:
+    if n < 1:
+        raise ValueError("need at least one rank")
+    if not 0 <= shift < n:
+        raise ValueError(f"shift {shift} is out of range for {n} ranks (0..{n - 1})")
+    if chunks_per_rank < 1:
+        raise ValueError("chunks_per_rank must be at least 1")
+
+
+def direct_sendrecv(n: int, shift: int = 1, *, chunks_per_rank: int = 1,
+                    name: str = "direct_sendrecv") -> Algorithm:
+    """One-step SendRecv: every rank sends its chunks straight to the rank ``shift`` after it
+    (no transfer at all for shift 0: every rank's output is its own input)."""
+    _check_shift(n, shift, chunks_per_rank)
+    K = chunks_per_rank
+    r = np.arange(n, dtype=_I64)[:, None] if shift else np.zeros((0, 1), _I64)
+    j = np.arange(K, dtype=_I64)[None, :]
+    return _algorithm(_header(n, Collective.SENDRECV, name, root=shift, chunks_per_rank=K),
+                      _rows(r + 0 * j, (r + shift) % n + 0 * j, 0, r * K + j, RECV))
+
+
+def ring_sendrecv(n: int, shift: int = 1, order: Sequence[int] | None = None, *, chunks_per_rank: int = 1,
+                  name: str = "ring_sendrecv") -> Algorithm:
+    """SendRecv along a ring: rank ``r``'s chunks travel forward along ``order`` from ``r`` to
+    ``(r + shift) % n``, one hop a step, forwarded by every rank between (which keeps them in
+    scratch); with ``order`` the identity, each part makes ``shift`` hops."""
+    _check_shift(n, shift, chunks_per_rank)
+    p = _check_order(n, order)
+    pos = np.empty(n, _I64)
+    pos[p] = np.arange(n, dtype=_I64)
+    K, rows = chunks_per_rank, []
+    for r in range(n):
+        hops = int((pos[(r + shift) % n] - pos[r]) % n)
+        at = [int(p[(pos[r] + h) % n]) for h in range(hops + 1)]
+        for h in range(hops):
+            rows += [(at[h], at[h + 1], h, r * K + j, RECV) for j in range(K)]
+    return _algorithm(_header(n, Collective.SENDRECV, name, root=shift, chunks_per_rank=K),
+                      np.asarray(rows, dtype=_I64).reshape(-1, 5))
+
+
 def split_chunks(alg: Algorithm, k: int) -> Algorithm:
     """The same algorithm over ``k`` times as many chunks: every transfer of chunk ``c`` becomes ``k``
     transfers of chunks ``c*k .. c*k+k-1`` at the same step. Rank ``r``'s chunks ``r*K..`` become

@@ -422,17 +422,18 @@ _PARAMS = {
     "GPUPerNode": ("int", False, 0),
     "NICPerNode": ("int", False, 0),
     "Root": ("int", False, 0),            # extension: Broadcast / Reduce root
+    "Shift": ("int", False, 1),           # extension: SendRecv: each rank sends to the rank Shift after it
     "nChunksPerRank": ("int", False, 1),  # extension: chunks each rank owns (nChunks = nRanks * this)
     "nMicroBatches": ("int", False, DEFAULT_MICRO_BATCHES),   # extension: the slice policy's least micro-batches per chunk
     "MinSliceBytes": ("int", False, DEFAULT_MIN_SLICE_BYTES),  # extension: the slice policy's least slice (bytes)
 }
-_PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0,
+_PARAM_MIN = {"nRanks": 1, "nChannels": 1, "nWarps": 1, "GPUPerNode": 0, "NICPerNode": 0, "Root": 0, "Shift": 0,
               "nChunksPerRank": 1, "nMicroBatches": 1, "MinSliceBytes": SLICE_ALIGN}
 #: upper bound on nRanks * nChunksPerRank (the verifier's state has nRanks * nChunks rows)
 MAX_CHUNKS = 1 << 24
 # Header integers that the body may read as predefined variables.
 HEADER_VARS = ("nRanks", "nChannels", "nWarps", "GPUPerNode", "NICPerNode", "Root", "nChunksPerRank",
-               "nChunks")
+               "nChunks", "Shift")
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
 
@@ -511,15 +512,19 @@ class _Builder:
             if required and name not in seen:
                 raise CompileError.at(loc, f"missing required header parameter '{name}'")
         coll, nranks = seen["OpType"], seen["nRanks"]
-        if "Root" in seen:
-            rloc = self.tree_loc(params["Root"])
-            if not coll.rooted:
-                rooted = one_of([s.title for s in SPECS.values() if s.rooted], "and")
-                raise CompileError.at(rloc, f"header parameter 'Root' applies to {rooted}, "
+        for pname, kind in (("Root", "root"), ("Shift", "shift")):
+            if pname not in seen:
+                continue
+            rloc = self.tree_loc(params[pname])
+            if coll.spec.parameter != kind:
+                takers = one_of([s.title for s in SPECS.values() if s.parameter == kind], "and")
+                raise CompileError.at(rloc, f"header parameter '{pname}' applies to {takers}, "
                                             f"not {coll.dsl_name}")
-            if seen["Root"] >= nranks:
-                raise CompileError.at(rloc, f"Root {seen['Root']} is out of range (nRanks={nranks}: "
-                                            f"ranks 0..{nranks - 1})")
+            if seen[pname] >= nranks:
+                raise CompileError.at(rloc, f"{pname} {seen[pname]} is out of range (nRanks={nranks}: "
+                                            f"0..{nranks - 1})")
+        # the collective's rank parameter (Header.root): its root, or SendRecv's shift (1 unless given)
+        param = seen.get("Shift", 1 % nranks) if coll.spec.parameter == "shift" else seen.get("Root", 0)
         # AllToAll: one block per (source, destination); the verifier's state has nRanks rows per chunk
         blocks = nranks * nranks if coll.blockwise else 1
         if nranks * blocks * seen.get("nChunksPerRank", 1) > MAX_CHUNKS * (4 if coll.blockwise else 1):
@@ -541,7 +546,7 @@ class _Builder:
             name=seen.get("AlgoName", "algo"),
             nchannels=seen.get("nChannels", 1), nwarps=seen.get("nWarps", 16),
             gpu_per_node=seen.get("GPUPerNode", 0), nic_per_node=seen.get("NICPerNode", 0),
-            location=loc, root=seen.get("Root", 0), chunks_per_rank=seen.get("nChunksPerRank", 1),
+            location=loc, root=param, chunks_per_rank=seen.get("nChunksPerRank", 1),
             micro_batches=policy.micro_batches, min_slice_bytes=policy.min_slice,
             nchannels_given="nChannels" in seen,
         )

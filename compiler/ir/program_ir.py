@@ -150,6 +150,8 @@ PRIM_COLUMNS: dict[str, type] = {
 COLLECTIVES = NAMES
 #: those with a root rank
 ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
+#: those with a rank parameter, and its name in the JSON document: "root", or SendRecv's "shift"
+PARAMETERS = {name: spec.parameter for name, spec in SPECS.items() if spec.parameter}
 
 
 @dataclass
@@ -169,7 +171,7 @@ class ProgramIR:
     npipelines: int = 0        # number of sub-pipelines
     ntbs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # TBs per rank
     stats: dict = field(default_factory=dict)
-    root: int = 0              # Broadcast / Reduce root (0 for the other collectives)
+    root: int = 0              # the collective's rank parameter: a root, SendRecv's shift (0 for the others)
     nchannels: int = 1         # blocks (replicas) per TB: each moves its part of every slice
     micro_batches: int = DEFAULT_MICRO_BATCHES      # the slice policy (compiler/frontend/slice_policy.py):
     min_slice_bytes: int = DEFAULT_MIN_SLICE_BYTES  # least micro-batches per chunk, least slice
@@ -264,8 +266,8 @@ class ProgramIR:
             "buffer_names": [b.name.lower() for b in Buf],
             "stats": self.stats,
         }
-        if self.rooted:
-            head["root"] = int(self.root)
+        if self.collective in PARAMETERS:
+            head[PARAMETERS[self.collective]] = int(self.root)
         if not self.slice_policy.is_default:      # absent: hccc's default (older manifests too)
             head["slicing"] = self.slice_policy.as_dict()
         from hccc.compiler.ir.int_text import join_ints_view

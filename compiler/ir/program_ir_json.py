@@ -14,7 +14,7 @@ import numpy as np
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.compiler.ir.program_ir import (CHUNK_ALIGN, COLLECTIVES, MAX_CHANNELS, MAX_CHUNK_BYTES, MAX_CHUNKS,
                                          MAX_PRIMS, MAX_RANKS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
-                                         OLD_SCHEMAS, PRIM_COLUMNS, ROOTED, SCHEMA, Buf, IRFormatError, Op,
+                                         OLD_SCHEMAS, PARAMETERS, PRIM_COLUMNS, SCHEMA, Buf, IRFormatError, Op,
                                          ProgramIR)
 
 _OK = object()
@@ -100,7 +100,7 @@ class _Decoder:
         if coll not in COLLECTIVES:
             raise IRFormatError(f"unsupported collective '{coll[:40]}'")
         nranks = self.need_int(d, "nranks", 1, MAX_RANKS)
-        root = self.need_int(d, "root", 0, nranks - 1) if coll in ROOTED else 0
+        root = self.need_int(d, PARAMETERS[coll], 0, nranks - 1) if coll in PARAMETERS else 0
         nchunks = self.need_int(d, "nchunks", 1, MAX_CHUNKS)
         bufs = self.need(d, "buffers", dict)
         sizes = [self.need_int(bufs, k, 0, MAX_CHUNKS, "buffers") for k in ("input", "output", "scratch")]

@@ -412,7 +412,7 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     """
     h = alg.header
     N, K, C = h.nranks, h.chunks_per_rank, h.nchunks
-    spec = h.collective.spec
+    spec, root = h.collective.spec, h.root   # root: SendRecv's shift (the spec's parameter)
     Cf = spec.full_chunks(N, C)
     T = alg.ntransfers
     src = alg.src.astype(np.int64)
@@ -425,7 +425,7 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
                                        alg.location_of(i))])
     in_slot = spec.slot("input", src, chunk, N, Cf)
     from_input = step < first_write[src * C + chunk]
-    bad = from_input & ~spec.holds(spec.start, src, chunk, N, Cf)
+    bad = from_input & ~spec.holds(spec.start, src, chunk, N, Cf, root)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CompileError([Diagnostic(
@@ -439,7 +439,7 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     np.maximum.at(max_read, src[read_idx] * C + chunk[read_idx], key_t[read_idx])
     min_write = np.full(N * C, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(min_write, loc_w, key_t)
-    arriving = spec.holds(spec.end, dst, chunk, N, Cf) & ~spec.holds(spec.start, dst, chunk, N, Cf)
+    arriving = spec.holds(spec.end, dst, chunk, N, Cf, root) & ~spec.holds(spec.start, dst, chunk, N, Cf, root)
     # (rank, the id in its input slot that the arriving id's output slot overlays: the chunk it
     # sends to the arriving one's source)
     alias = dst * C + spec.id_at("input", dst, spec.slot("output", dst, chunk, N, Cf), N, Cf)
@@ -451,7 +451,7 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     wl = unique(loc_w)
     wr, wc = wl // C, wl % C
     w_piece = spec.block_of(wc, N, Cf)[2]
-    to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf) | redirect_loc[wl]
+    to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf, root) | redirect_loc[wl]
     # dense scratch blocks per rank (block ``c // K`` of the ``C // K`` blocks of K pieces)
     nb = C // K
     sb = wr[to_scratch] * nb + wc[to_scratch] // K
