@@ -67,8 +67,7 @@ def calls_for(ir, count: int, dtype: str = "float32", op: str = "sum", seed: int
     """(per-rank call lists, inputs, expected outputs) for one collective call of ``count``."""
     coll = ir.collective
     N = ir.nranks
-    if coll == "alltoall":
-        count = reference.alltoall_count(count, reference.alltoall_unit(ir))
+    count = reference.alltoall_count(count, reference.count_unit(ir))   # AllToAll, SendRecv: equal blocks
     inputs = reference.make_inputs(coll, N, count, dtype, nchunks=ir.nchunks, seed=seed)
     want = reference.expected(coll, inputs, op, nchunks=ir.nchunks, root=ir.root)
     spec = SPECS[coll]
@@ -112,6 +111,7 @@ PROGRAMS = {
     "alltoall": lambda: gen.ring_alltoall(3),
     "gather": lambda: gen.ring_gather(4, root=1, chunks_per_rank=2),
     "scatter": lambda: gen.tree_scatter(5, gen.binomial_tree(5, 2), root=2, chunks_per_rank=2),
+    "sendrecv": lambda: gen.ring_sendrecv(4, 2, [0, 2, 1, 3], chunks_per_rank=2),
 }
 
 
@@ -119,4 +119,4 @@ PROGRAMS = {
 INSTANCE = {"allreduce": ("float32", "sum"), "allgather": ("int32", "sum"),
             "reducescatter": ("int32", "max"), "broadcast": ("float32", "sum"),
             "reduce": ("float32", "min"), "alltoall": ("float32", "sum"), "gather": ("int32", "sum"),
-            "scatter": ("float32", "sum")}
+            "scatter": ("float32", "sum"), "sendrecv": ("int32", "sum")}

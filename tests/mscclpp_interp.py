@@ -713,8 +713,13 @@ def _done(t: _Tb, name, reads, writes, check_sync, packed=None) -> bool:
 
 
 # ------------------------------------------------------------------ the collective's postcondition
-def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarray]:
+def oracle(coll: str, inputs: list[np.ndarray], out_elems: int, shift: int = 1) -> list[np.ndarray]:
+    """Every rank's output. ``shift``: a SendRecv's, which the plan does not state; MSCCL++'s
+    executor test checks rank ``r`` against the input of rank ``r - (split_mask + 1)``, its DSL's
+    default split mask being 0."""
     R = len(inputs)
+    if coll == "sendrecv":
+        return [np.array(inputs[(r - shift) % R], copy=True) for r in range(R)]
     if coll == "allgather":
         full = np.concatenate(inputs)
         return [full.copy() for _ in range(R)]
@@ -730,14 +735,15 @@ def oracle(coll: str, inputs: list[np.ndarray], out_elems: int) -> list[np.ndarr
     raise InterpError(f"no oracle for {coll}")
 
 
-def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: int) -> list[np.ndarray]:
+def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: int,
+                    shift: int = 1) -> list[np.ndarray]:
     """The outputs after ``runs`` in-place calls in a row: each call's input is the buffer the call
     before left (an in-place AllReduce sums again what it summed; an AllGather's input, the rank's
     part of its output, is what it was)."""
     ins = [np.array(x, dtype=np.float64) for x in inputs]
     outs = ins
     for _ in range(runs):
-        outs = oracle(coll, ins, out_elems)
+        outs = oracle(coll, ins, out_elems, shift)
         if coll == "allgather":
             n = len(ins[0])
             ins = [o[r * n:(r + 1) * n].copy() for r, o in enumerate(outs)]
@@ -749,7 +755,8 @@ def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: i
     return outs
 
 
-def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None) -> None:
+def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None,
+               shift: int = 1) -> None:
     """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
     every rank's output with the collective's (in place: after ``runs`` calls, each on what the one
     before left); raises :class:`InterpError` naming the first wrong element. ``eager``: see
@@ -764,8 +771,8 @@ def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager
     rng = np.random.default_rng(seed)
     inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
     outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager)
-    want = (_calls_in_place(plan["collective"], inputs, out_bytes // ELEM, runs) if plan["inplace"]
-            else oracle(plan["collective"], inputs, out_bytes // ELEM))
+    want = (_calls_in_place(plan["collective"], inputs, out_bytes // ELEM, runs, shift) if plan["inplace"]
+            else oracle(plan["collective"], inputs, out_bytes // ELEM, shift))
     for r in range(R):
         bad = np.flatnonzero(~(outs[r] == want[r]))
         if len(bad):

@@ -26,11 +26,15 @@ FILES = sorted(e["file"] for e in INDEX["plans"] if "file" in e)
 
 #: what hccc refuses among MSCCL++'s plans, and the reason it gives: the DSL's unit tests are
 #: operation tests (collective ``test``: no collective to compute; the switch unit tests among
-#: them), and ``sendrecv`` is no collective of hccc's. Plans over switch (NVLS) channels are
-#: imported like the others (their multimem operations read as memory-channel ones)
-REFUSED = {"test": "unsupported collective 'test'", "sendrecv": "unsupported collective 'sendrecv'"}
+#: them). Plans over switch (NVLS) channels are imported like the others (their multimem
+#: operations read as memory-channel ones), and ``sendrecv`` plans as hccc's SendRecv
+REFUSED = {"test": "unsupported collective 'test'"}
 #: how many plans of the corpus each reason refuses, and how many are imported
-COUNTS = {"test": 37, "sendrecv": 2, "imported": 63}
+COUNTS = {"test": 37, "imported": 65}
+#: the SendRecv plans' shift, from the DSL program's arguments (``--split_mask``, 0 unless given:
+#: each rank sends to the rank ``split_mask + 1`` after it), the interpreter's oracle
+SENDRECV_SHIFT = {e["file"]: int(dict(zip(e["arguments"][::2], e["arguments"][1::2])).get("--split_mask", "0"), 0) + 1
+                  for e in INDEX["plans"] if "file" in e and e["program"].endswith("send_recv")}
 #: a plan this large (JSON bytes) or this wide (ranks) runs in the slow set: its import and
 #: interpretation take 1-4 s on 2 cores (the 8-GPU ring AllToAlls, the 4-node installed AllReduce)
 SLOW_BYTES, SLOW_RANKS = 300_000, 32
@@ -67,7 +71,8 @@ def test_the_corpus_covers_every_kind_of_plan_the_dsl_writes_and_the_counts_are_
     assert got == COUNTS
     doc = " ".join((CORPUS.parents[1] / "docs" / "mscclpp.md").read_text().split())
     assert f"the {COUNTS['imported']} plans of a collective hccc has" in doc
-    assert f"the {COUNTS['test']} unit tests" in doc and f"{COUNTS['sendrecv']} `sendrecv` plans" in doc
+    assert f"the {COUNTS['test']} unit tests" in doc
+    assert len(SENDRECV_SHIFT) == sum(p["collective"] == "sendrecv" for p in plans) >= 2
 
 
 def _cases(names):
@@ -91,6 +96,9 @@ def test_a_plan_of_mscclpps_is_proven_and_runs_right_or_refused_for_its_reason(n
         return
     ir = import_plan_text(text, name)
     assert ir.nranks == len(plan["gpus"]) and ir.collective == plan["collective"]
+    shift = SENDRECV_SHIFT.get(name, 1)
+    if ir.collective == "sendrecv":     # the shift the import read from the data flow: MSCCL++'s
+        assert ir.root == shift         # verifier's (receive from rank r - split_mask - 1)
     # hccc's reference executor on the imported program, as the plan places its buffers
     ins = inputs_for(ir, ir.nchunks * ir.nranks * 2, "float32", seed=1)
     outs = execute(ir, [x.copy() for x in ins], inplace=plan["inplace"])
@@ -101,12 +109,12 @@ def test_a_plan_of_mscclpps_is_proven_and_runs_right_or_refused_for_its_reason(n
     # in turn running its calls ahead of the others (no write of a later call into scratch a peer
     # still reads for an earlier one)
     mult = _size_multiple(plan)
-    check_plan(plan, mult, runs=1 if plan["inplace"] else 2)
+    check_plan(plan, mult, runs=1 if plan["inplace"] else 2, shift=shift)
     if not plan["inplace"] or _switch(plan):
         # (in place, each call on what the one before left: the NVLS plans here; every in-place
         # plan of a collective where that is defined in the slow set)
         for ahead in (0, len(plan["gpus"]) - 1):
-            check_plan(plan, mult, runs=3, eager=ahead, seed=ahead)
+            check_plan(plan, mult, runs=3, eager=ahead, seed=ahead, shift=shift)
 
 
 def _switch(plan) -> bool:

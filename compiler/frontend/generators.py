@@ -32,6 +32,7 @@ __all__ = [
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
     "direct_alltoall", "ring_alltoall", "hierarchical_alltoall",
     "direct_alltoall_rccl", "ring_alltoall_rccl", "hierarchical_alltoall_rccl",
+    "direct_sendrecv", "ring_sendrecv", "ring_sendrecv_rccl",
     "EXAMPLES",
 ]
 
@@ -915,6 +916,22 @@ def hierarchical_alltoall_rccl(nnodes: int, g: int, *, chunks_per_rank: int = 1,
 
 
 #: example file stem -> (builder, text generator), used by examples/generate.py and the tests
+def ring_sendrecv_rccl(n: int, shift: int = 1, *, chunks_per_rank: int = 1, name: str = "ring_sendrecv") -> str:
+    """ResCCLang text of :func:`ring_sendrecv` (identity ring order)."""
+    _check_shift(n, shift, chunks_per_rank)
+    kl, ks = _k_loop(chunks_per_rank, "            ")
+    body = "                " if kl else "            "
+    extra = f", nChunksPerRank={chunks_per_rank}" if chunks_per_rank > 1 else ""
+    return (f'def ResCCLAlgo(nRanks={n}, nChannels=1, nWarps=16, AlgoName="{name}", '
+            f'OpType="{Collective.SENDRECV.dsl_name}", Shift={shift}, GPUPerNode={n}, NICPerNode=1{extra}):\n'
+            + f"    N = {n}\n"
+            + "    # rank a's part travels Shift hops forward, hop h at step h (kept in scratch on the way)\n"
+            + "    for a in range(0, N):\n"
+            + "        for h in range(0, Shift):\n"
+            + kl
+            + f"{body}transfer((a + h) % N, (a + h + 1) % N, h, a{ks}, recv)\n")
+
+
 EXAMPLES = {
     **{f"hm_allreduce_{a}x{b}": (lambda a=a, b=b: hm_allreduce(a, b), lambda a=a, b=b: hm_allreduce_rccl(a, b))
        for a, b in ((2, 4), (2, 8), (4, 4), (4, 8))},
@@ -943,6 +960,8 @@ EXAMPLES = {
                           lambda: direct_alltoall_rccl(8, name="direct_alltoall_8")),
     "ring_alltoall_6": (lambda: ring_alltoall(6, chunks_per_rank=2, name="ring_alltoall_6"),
                         lambda: ring_alltoall_rccl(6, chunks_per_rank=2, name="ring_alltoall_6")),
+    "ring_sendrecv_8": (lambda: ring_sendrecv(8, 2, chunks_per_rank=2, name="ring_sendrecv_8"),
+                        lambda: ring_sendrecv_rccl(8, 2, chunks_per_rank=2, name="ring_sendrecv_8")),
     **{f"hierarchical_alltoall_{a}x{b}": (lambda a=a, b=b: hierarchical_alltoall(a, b),
                                           lambda a=a, b=b: hierarchical_alltoall_rccl(a, b))
        for a, b in ((2, 4), (2, 8))},

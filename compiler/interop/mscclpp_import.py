@@ -62,6 +62,7 @@ from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_rows import RowTable, write_rows
 from hccc.compiler.interop.mscclpp_sync import (check_counts, check_next_call, check_pipeline_iterations,
                                                 check_races)
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, IRFormatError, ProgramIR
 
 
@@ -180,6 +181,8 @@ def _checked(rd: PlanReader, layout: PlanLayout, table: RowTable, ir: ProgramIR,
         ir.stats["execution"] = "task"
     except DeadlockError:
         ir.stats["execution"] = "algorithm"
+    if SPECS[ir.collective].parameter == "shift":
+        ir.root = shift_of(ir, layout.inplace)
     try:
         prove(ir, layout.inplace, describe)
     except ProofError as exc:
@@ -191,4 +194,19 @@ def _checked(rd: PlanReader, layout: PlanLayout, table: RowTable, ir: ProgramIR,
     return ir
 
 
-__all__ = ["import_plan", "import_plan_text", "import_plan_obj", "check_synchronisation"]
+def shift_of(ir: ProgramIR, inplace: bool) -> int:
+    """A SendRecv plan's shift, which the plan does not write: where rank 0's part ends, read from
+    a symbolic run of the program (``(r - owner) % N`` for the part rank ``r``'s first output
+    chunk ends with; MSCCL++'s default, 1, where that chunk ends empty). The proof that follows
+    checks every rank against it, so a plan whose ranks disagree is refused there, located."""
+    from hccc.compiler.ir.symbolic import simulate
+    val, _, slots = simulate(ir, inplace)
+    N, K = ir.nranks, max(1, ir.nchunks // max(1, ir.nranks))
+    for r in range(N):
+        got = val[int(slots.phys(np.array([r]), np.array([int(Buf.OUTPUT)]), np.array([0]))[0])]
+        if isinstance(got, tuple):
+            return (r - got[0] // K) % N
+    return 1 % N
+
+
+__all__ = ["import_plan", "import_plan_text", "import_plan_obj", "check_synchronisation", "shift_of"]

@@ -77,9 +77,11 @@ def read_layout(rd: PlanReader, plan: dict) -> PlanLayout:
     R, ic, oc = _chunk_counts(rd, gpus)
     F = _refinement(rd, gpus)
     _bound_slots(rd, gpus, R, ic, oc, proto, F)
-    C = {"allgather": oc, "reducescatter": ic}.get(coll, ic)
+    # the full buffer's chunks: an AllGather's output, a ReduceScatter's input, every rank's part of
+    # a SendRecv (a rank's chunk j is hccc's chunk r * ic + j), the input otherwise
+    C = {"allgather": oc, "reducescatter": ic, "sendrecv": R * ic}.get(coll, ic)
     ok = {"allgather": oc == R * ic, "reducescatter": ic == R * oc, "allreduce": ic == oc,
-          "alltoall": ic == oc and ic % R == 0}[coll]
+          "alltoall": ic == oc and ic % R == 0, "sendrecv": ic == oc}[coll]
     if not ok or ic < 1 or oc < 1:
         raise rd.err(("gpus", 0, "input_chunks"), f"{coll} on {R} ranks with {ic} input and {oc} output "
                                                   f"chunks: the chunk counts do not fit the collective")

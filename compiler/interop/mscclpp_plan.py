@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.program_ir import Buf
 
 #: executor limits (execution_common.hpp)
@@ -64,8 +65,9 @@ MAX_PLAN_SLOTS = 1 << 22
 MAX_GROUP_PARTS = 1024
 
 PROTOCOLS = ("Simple", "LL")
-#: collectives hccc writes and reads as plans (the ``collective`` field)
-COLLECTIVES = ("allgather", "allreduce", "reducescatter", "alltoall")
+#: collectives hccc writes and reads as plans (the ``collective`` field): every collective but the
+#: rooted ones (a plan has no root); SendRecv's shift is not written either: its data flow says it
+COLLECTIVES = tuple(name for name, spec in SPECS.items() if not spec.rooted)
 
 LETTER_OF_BUF = {Buf.INPUT: "i", Buf.OUTPUT: "o", Buf.SCRATCH: "s"}
 BUF_OF_LETTER = {v: k for k, v in LETTER_OF_BUF.items()}
