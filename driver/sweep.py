@@ -36,7 +36,7 @@ def add_sweep_options(p: argparse.ArgumentParser, default_sizes: str, *, zero_ok
     """``--sizes LIST`` or ``-b MIN -e MAX [-f FACTOR | -i STEP]``."""
     item = size_or_zero if zero_ok else parse_size
     g = p.add_argument_group("sizes (nccl-tests: the collective's full buffer, e.g. AllReduce's per-rank "
-                             "buffer, AllGather's per-rank output)")
+                             "buffer, AllGather's per-rank output; SendRecv's every rank's part)")
     g.add_argument("--sizes", type=comma_list(item, "sizes", max_items=MAX_SIZES), default=None,
                    metavar="S1,S2,...",
                    help=f"explicit sizes (4096, 64K, 1.5M, 1G); not with -b/-e (default: {default_sizes})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hccc.compiler.frontend.collectives import OWN, PARTS, CollectiveSpec
+from hccc.compiler.frontend.collectives import OWN, CollectiveSpec
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.util import dtypes as dtypes_table
 
@@ -122,8 +122,7 @@ def full_count(spec: CollectiveSpec, method: str, bx: Buf, bo: Buf | None, unit:
     count = (bo.n if bo is not None else -1) if spec.full_buffer == "output" else bx.n
     if count < 0:
         raise ValueError(f"{method}: needs an output array")
-    if spec.full_buffer == "input" and spec.input in PARTS:   # the input is one of nranks equal parts
-        count *= nranks
+    count *= spec.parts_in_full(nranks)     # SendRecv: the input is one of nranks equal parts
     if count % unit:
         raise ValueError(f"{method}: {count} elements do not split into {unit} equal blocks "
                          f"({nranks} ranks x {unit // nranks} pieces)")

@@ -251,3 +251,12 @@ def test_a_plan_whose_ranks_send_to_peers_of_different_shifts_is_refused_located
     diag = exc.value.diagnostics[0]
     assert diag.location.source.name == "perm.json" and diag.location.line > 1
     assert "does not implement sendrecv" in diag.message and "must hold chunk" in diag.message, diag.message
+
+
+def test_a_plans_message_sizes_are_a_ranks_part_and_hccc_serves_every_ranks():
+    """MSCCL++ sizes a SendRecv message by one rank's buffer; hccc's size (a catalog's band, the
+    full buffer) is every rank's part: the imported band is the plan's times the ranks."""
+    plan = _direct_plan(4, [1, 2, 3, 0])
+    plan["min_message_size"], plan["max_message_size"] = 1024, 8192
+    ir = import_plan_text(json.dumps(plan), "sr.json")
+    assert (ir.stats["minBytes"], ir.stats["maxBytes"]) == (4 * 1024, 4 * 8192)

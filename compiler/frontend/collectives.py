@@ -188,6 +188,13 @@ class CollectiveSpec:
             return "root"
         return "shift" if PEER in (self.start, self.end) else None
 
+    def parts_in_full(self, nranks: int) -> int:
+        """How many times the buffer nccl-tests measures (:attr:`full_buffer`) fits in hccc's full
+        buffer: ``nranks`` for SendRecv (nccl-tests and MSCCL++ size it by one rank's part, hccc by
+        every rank's), 1 for the others."""
+        layout = self.input if self.full_buffer == "input" else self.output
+        return max(1, int(nranks)) if layout in PARTS and self.input in PARTS and self.output in PARTS else 1
+
     @property
     def full_buffer(self) -> str:
         """``"input"`` or ``"output"``: the buffer nccl-tests' size ``S`` measures."""

@@ -128,6 +128,7 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
     for r, ti, _ in blocks.tbs:
         ntbs[r] = max(ntbs[r], ti + 1)
     from hccc.compiler.passes.build import sanitize_identifier
+    parts = SPECS[layout.coll].parts_in_full(R)
     ir = ProgramIR(name=sanitize_identifier(str(plan.get("name", "mscclpp_plan"))[:64] or "mscclpp_plan"),
                    collective=layout.coll, nranks=R, nchunks=layout.C * layout.F, in_chunks=layout.ic * layout.F,
                    out_chunks=layout.oc * layout.F, scratch_chunks=max(layout.scratch) * layout.F + layout.PK,
@@ -135,9 +136,10 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
                    dep_on=np.asarray(do, np.int64), npipelines=1, ntbs=ntbs,
                    stats={"source": "mscclpp-plan", "proto": layout.proto, "msccl_inplace": layout.inplace,
                           "msccl_outofplace": not layout.inplace,
-                          "minBytes": layout.served[0],
+                          # hccc's full-buffer bytes: a plan's message is a SendRecv rank's part
+                          "minBytes": layout.served[0] * parts,
                           # (0: no bound; stats hold 64-bit integers, a plan's bound is uint64)
-                          "maxBytes": min(layout.served[1], (1 << 63) - 1)
+                          "maxBytes": min(layout.served[1] * parts, (1 << 63) - 1)
                           if "max_message_size" in plan or layout.served[2] else 0,
                           "transfers": int((cols["send_peer"] >= 0).sum()),
                           "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
