@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from hccc.compiler.frontend import generators as gen
+from hccc.compiler.frontend.collectives import spec_of
 from hccc.compiler.interop.msccl_export import export_xml
 from hccc.compiler.interop.msccl_format import LEGACY_LIMITS, XmlLimits
 from hccc.compiler.passes.build import build_program
@@ -26,7 +27,7 @@ EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.rccl"))
 def test_every_exportable_example_loads(name):
     ir = load_program(ROOT / "examples" / name)
     if ir.collective not in EXPORTABLE:
-        pytest.skip(f"{ir.collective}: MSCCL's <algo> has no root; not exported")
+        pytest.skip(f"{ir.collective}: not exported ({spec_of(ir.collective).msccl_refusal})")
     text = export_xml(ir, XmlLimits(min_bytes=1 << 20, max_bytes=1 << 30))
     assert load_time_errors(text) == []
 

@@ -51,9 +51,10 @@ for _p in ("allgather", "allgather_pkt", "reducescatter", "reducescatter_pkt"):
 _add("multi_node/allgather_tbg", {f"g{g}_n{n}_t{t}": ["--num_gpus", str(g), "--gpus_per_node", str(n),
                                                        "--tbg_size", str(t)]
                                   for g, n, t in ((4, 2, 2), (8, 4, 2), (8, 4, 4))})
-_add("multi_node/send_recv", {f"nodes{a}_g{n}_i{i}": ["--nnodes", str(a), "--gpus_per_node", str(n),
-                                                       "--instances", str(i)]
-                              for a, n, i in ((2, 2, 1), (2, 4, 2))})
+_add("multi_node/send_recv", {f"nodes{a}_g{n}_i{i}" + (f"_m{m}" if m else ""):
+                              ["--nnodes", str(a), "--gpus_per_node", str(n), "--instances", str(i)]
+                              + (["--split_mask", hex(m)] if m else [])
+                              for a, n, i, m in ((2, 2, 1, 0), (2, 4, 2, 0), (2, 4, 1, 1), (2, 4, 1, 3))})
 
 
 def _unit_tests(root: Path) -> None:
