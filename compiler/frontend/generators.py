@@ -68,11 +68,13 @@ def _header(n: int, coll: Collective, name: str, gpn: int | None = None, nic: in
                   root=root, chunks_per_rank=chunks_per_rank)
 
 
-def _check_root(n: int, root: int, chunks_per_rank: int) -> None:
+def _check_root(n: int, root: int, chunks_per_rank: int, what: str = "root") -> None:
+    """The rank count, the collective's rank parameter (a root, SendRecv's shift) and the chunks
+    per rank a generator is given."""
     if n < 1:
         raise ValueError("need at least one rank")
     if not 0 <= root < n:
-        raise ValueError(f"root {root} is out of range for {n} ranks")
+        raise ValueError(f"{what} {root} is out of range for {n} ranks (0..{n - 1})")
     if chunks_per_rank < 1:
         raise ValueError("chunks_per_rank must be at least 1")
 
@@ -465,20 +467,12 @@ def ring_scatter_rccl(n: int, root: int = 0, *, chunks_per_rank: int = 1, name: 
 
 
 # ====================================================================== SendRecv
-def _check_shift(n: int, shift: int, chunks_per_rank: int) -> None:
-    if n < 1:
-        raise ValueError("need at least one rank")
-    if not 0 <= shift < n:
-        raise ValueError(f"shift {shift} is out of range for {n} ranks (0..{n - 1})")
-    if chunks_per_rank < 1:
-        raise ValueError("chunks_per_rank must be at least 1")
-
 
 def direct_sendrecv(n: int, shift: int = 1, *, chunks_per_rank: int = 1,
                     name: str = "direct_sendrecv") -> Algorithm:
     """One-step SendRecv: every rank sends its chunks straight to the rank ``shift`` after it
     (no transfer at all for shift 0: every rank's output is its own input)."""
-    _check_shift(n, shift, chunks_per_rank)
+    _check_root(n, shift, chunks_per_rank, "shift")
     K = chunks_per_rank
     r = np.arange(n, dtype=_I64)[:, None] if shift else np.zeros((0, 1), _I64)
     j = np.arange(K, dtype=_I64)[None, :]
@@ -491,7 +485,7 @@ def ring_sendrecv(n: int, shift: int = 1, order: Sequence[int] | None = None, *,
     """SendRecv along a ring: rank ``r``'s chunks travel forward along ``order`` from ``r`` to
     ``(r + shift) % n``, one hop a step, forwarded by every rank between (which keeps them in
     scratch); with ``order`` the identity, each part makes ``shift`` hops."""
-    _check_shift(n, shift, chunks_per_rank)
+    _check_root(n, shift, chunks_per_rank, "shift")
     p = _check_order(n, order)
     pos = np.empty(n, _I64)
     pos[p] = np.arange(n, dtype=_I64)
@@ -918,7 +912,7 @@ def hierarchical_alltoall_rccl(nnodes: int, g: int, *, chunks_per_rank: int = 1,
 #: example file stem -> (builder, text generator), used by examples/generate.py and the tests
 def ring_sendrecv_rccl(n: int, shift: int = 1, *, chunks_per_rank: int = 1, name: str = "ring_sendrecv") -> str:
     """ResCCLang text of :func:`ring_sendrecv` (identity ring order)."""
-    _check_shift(n, shift, chunks_per_rank)
+    _check_root(n, shift, chunks_per_rank, "shift")
     kl, ks = _k_loop(chunks_per_rank, "            ")
     body = "                " if kl else "            "
     extra = f", nChunksPerRank={chunks_per_rank}" if chunks_per_rank > 1 else ""
