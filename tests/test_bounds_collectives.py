@@ -31,7 +31,9 @@ def _demand(coll: str, side: frozenset, n: int, root: int, M: float) -> float:
             "allreduce": M,                         # every chunk outside depends on S
             "alltoall": inside * outside * M / n,   # one M/n block per ordered pair across
             "gather": 0.0 if root in side else inside * M / n,      # S's blocks, for the root
-            "scatter": outside * M / n if root in side else 0.0}[coll]   # the root's blocks for the outside
+            "scatter": outside * M / n if root in side else 0.0,   # the root's blocks for the outside
+            # (root: the shift) the part of every rank of S whose peer is outside
+            "sendrecv": sum((r + root) % n not in side for r in side) * M / n}[coll]
 
 
 def _hub_flow(net: Network, side) -> float:
@@ -142,6 +144,9 @@ def _algorithms(coll: str, n: int, root: int):
         yield gen.ring_scatter(n, root)
         yield gen.direct_scatter(n, root)
         yield gen.tree_scatter(n, gen.binomial_tree(n, root), root)
+    elif coll == "sendrecv":
+        yield gen.direct_sendrecv(n, root)
+        yield gen.ring_sendrecv(n, root)
     else:
         yield gen.ring_reduce(n, root)
 

@@ -182,6 +182,7 @@ def test_sim_reports_sendrecv_bandwidths(capsys):
     assert doc["collective"] == "sendrecv" and doc["redop"] == "none"
     for r in doc["results"]:
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 8) and r["time_us"] > 0
+        assert 0 < r["cut_bound_us"] <= r["time_us"]      # the cluster's cut bound for the shift
 
 
 def test_msccl_xml_refuses_it_with_the_reason(tmp_path, capsys):

@@ -542,7 +542,7 @@ def _integer_max_flow(G):
 
 #: the collectives :func:`collective_cut_bound_seconds` knows
 BOUND_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "allreduce", "alltoall", "gather",
-                     "scatter")
+                     "scatter", "sendrecv")
 
 
 def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int,
@@ -564,6 +564,8 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
     * AllToAll (``total_bytes``: one rank's buffer): :func:`alltoall_cut_bound_seconds`.
     * Scatter (root in S) and Gather (root outside S): the blocks (``M/N`` each) of the ranks on
       the far side of the cut from the root cross it: :func:`rooted_cut_ratio`.
+    * SendRecv (``root``: its shift; ``total_bytes``: every rank's part): the part (``M/N``) of
+      every rank in S whose peer is outside S crosses the cut: :func:`shift_cut_ratio`.
     """
     if net.bw is None or net.gbw is None:
         raise ValueError("the network has no bandwidth view")
@@ -575,6 +577,10 @@ def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chu
         if n <= 1:
             return 0.0
         return rooted_cut_ratio(net, net.bw, net.gbw, int(root), toward_root=coll == "gather") * total_bytes / n
+    if coll == "sendrecv":   # total_bytes: every rank's part
+        if n <= 1:
+            return 0.0
+        return shift_cut_ratio(net, net.bw, net.gbw, int(root) % n) * total_bytes / n
     if coll == "allgather":
         return cut_bound_seconds(net, allgather_task(n, k), total_bytes)
     if coll == "reducescatter":
@@ -871,6 +877,26 @@ def rooted_cut_ratio(net: Network, pair_cap, group_cap, root: int, *, toward_roo
         if (int(root) in side) == toward_root:
             continue
         demand = len(side) if toward_root else n - len(side)
+        cap = fast(side) if fast is not None else _set_cut(G, side, n)
+        if cap <= 0:
+            raise ValueError(f"ranks {_ranges(sorted(side))} cannot reach the other ranks")
+        best = max(best, demand / cap)
+    return best
+
+
+def shift_cut_ratio(net: Network, pair_cap, group_cap, shift: int) -> float:
+    """``max over examined rank sets S`` of the parts that must cross ``cut(S -> V - S)``, per unit of
+    its capacity, for a SendRecv of ``shift``: one part for every rank of S whose peer
+    ``(r + shift) % N`` lies outside S. The sets are :func:`alltoall_cut_sets`' (every proper subset
+    up to :data:`ALLTOALL_ALL_SUBSETS` ranks): each gives a valid bound, so their maximum is one."""
+    n = net.nranks
+    fast = _set_cuts(net, pair_cap, group_cap)
+    G = hub_graph(net, pair_cap, group_cap) if fast is None else None
+    best = 0.0
+    for side in alltoall_cut_sets(net):
+        demand = sum((r + int(shift)) % n not in side for r in side)
+        if not demand:
+            continue
         cap = fast(side) if fast is not None else _set_cut(G, side, n)
         if cap <= 0:
             raise ValueError(f"ranks {_ranges(sorted(side))} cannot reach the other ranks")
