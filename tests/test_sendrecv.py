@@ -267,7 +267,7 @@ def test_a_plans_message_sizes_are_a_ranks_part_and_hccc_serves_every_ranks():
 def test_mscclpps_two_node_sendrecv_runs_across_two_emulated_nodes(tmp_path):
     """MSCCL++'s send_recv at 2 nodes x 2 GPUs (port channels between the nodes) through the
     Communicator, one process a rank, ranks 0-1 on one emulated node and 2-3 on another (UCX over
-    TCP), three calls in a row out of place: 0 wrong elements."""
+    TCP), three calls in a row out of place (the plan's placement): 0 wrong elements."""
     from communicator_calls import calls_for, check, require_torch
     from net_ranks import TCP, have_ucx
     from rank_pool import RankPool
@@ -277,7 +277,10 @@ def test_mscclpps_two_node_sendrecv_runs_across_two_emulated_nodes(tmp_path):
     path = ROOT / "tests" / "mscclpp_corpus" / "multi_node__send_recv__nodes2_g2_i1.json"
     ir = import_plan_text(path.read_text(), path.name)
     assert ir.collective == "sendrecv" and ir.root == 1 and ir.placements == (False,)
-    calls, want, _ = calls_for(ir, 4 * 1000, "float32", seed=3)
+    from hccc.runtime.launcher import program_layout
+    calls, want, count = calls_for(ir, 4 * 1000, "float32", seed=3)
+    layout = program_layout(ir, count)
+    calls = [[dict(c, out=layout[r][1]) for c in cs] for r, cs in enumerate(calls)]   # out of place
     pool = RankPool(4, tmp_path)
     try:
         replies = pool.run(ir.to_json(), 4, [cs * 3 for cs in calls], nodes=["a", "a", "b", "b"],
