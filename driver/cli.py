@@ -153,9 +153,9 @@ def _main(argv: list[str] | None) -> int:
         from hccc.allocator import tune_allocator
         tune_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
-    from hccc.util.diagnostics import CompileError, render_all
+    from hccc.util.diagnostics import CompileError
 
-    json_mode = False
+    call = _Call()
     from hccc.util.jit import jit_mode
     try:
         jit_mode()
@@ -163,66 +163,12 @@ def _main(argv: list[str] | None) -> int:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
     try:
-        if not argv:
-            sys.stderr.write("hccc: error: no algorithm or command given (see 'hccc help')\n")
-            _top_parser().print_usage(sys.stderr)
-            return 2
-        head = argv[0]
-        if head == "--table-kernels":
-            # the algorithm-independent generic kernels of the table mode, with build files
-            if len(argv) != 2:
-                sys.stderr.write("usage: hccc --table-kernels DIR\n")
-                return 2
-            from hccc.compiler.backend.table_codegen import write_generic_kernels
-            try:
-                write_generic_kernels(Path(argv[1]))
-            except OSError as exc:
-                sys.stderr.write(f"hccc: error: cannot write {printable(argv[1])}: {exc.strerror or exc}\n")
-                return 1
-            return 0
-        if argv == ["--cmake-dir"]:
-            # where find_package(hccc) finds hccc-config.cmake: cmake -Dhccc_DIR=$(hccc --cmake-dir)
-            from hccc.cmake_package import cmake_dir
-            print(cmake_dir())
-            return 0
-        if head in ("-h", "--help", "--version"):
-            _top_parser().parse_args(argv[:1])        # prints and exits
-            return 0
-        if head == "help":
-            return _help(argv[1:])
-        if head in COMMANDS:
-            name, rest = head, argv[1:]
-        elif head.startswith("-") or _looks_like_path(head):
-            name, rest = "compile", argv
-        else:
-            return _unknown_command(head)
-        parser = command_parser(name)
-        args = parser.parse_args(rest)
-        from hccc.sweep import usage_checks
-        usage_checks(parser, args)
-        args.argv = [name, *rest]          # the command line, for commands that re-run themselves
-        json_mode = bool(getattr(args, "json", False))
-        mod = importlib.import_module(COMMANDS[name])
-        inputs = getattr(mod, "INPUTS", None)
-        if inputs:
-            from hccc.inputs import check_inputs
-            check_inputs("hccc" if name == "compile" else f"hccc {name}", args, inputs)
-        from hccc.util.clock import compile_seconds
-        before = compile_seconds()
-        status = mod.run(args)
-        _compile_note(json_mode, compile_seconds() - before)
-        return status
+        status = _top_level(argv)
+        return status if status is not None else _dispatch(argv, call)
     except SystemExit as exc:          # argparse: help, version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except CompileError as err:
-        sys.stderr.write(render_all(err) + "\n")
-        if json_mode:
-            print(json.dumps({"valid": False, "errors": [
-                {"message": d.message,
-                 "file": d.location.source.name if d.location else None,
-                 "line": d.location.line if d.location else None,
-                 "col": d.location.col if d.location else None} for d in err.diagnostics]}))
-        return 1
+        return _compile_error(err, call.json_mode)
     except KeyboardInterrupt:
         sys.stderr.write("hccc: interrupted\n")
         return INTERRUPTED
@@ -237,6 +183,87 @@ def _main(argv: list[str] | None) -> int:
         sys.stderr.write(f"hccc: internal error: {type(exc).__name__}: {exc}\n"
                          "hccc: this is a bug in hccc; rerun with HCCC_DEBUG=1 for details\n")
         return 3
+
+
+class _Call:
+    """What :func:`_main`'s error handling needs to know of the command being run."""
+
+    def __init__(self) -> None:
+        #: the command was asked for JSON (``--json``): a compile error is printed as JSON too
+        self.json_mode = False
+
+
+def _top_level(argv: list[str]) -> int | None:
+    """The exit status of what the top level answers itself (no arguments, ``--table-kernels``,
+    ``--cmake-dir``, help and version), or None for a command to run."""
+    if not argv:
+        sys.stderr.write("hccc: error: no algorithm or command given (see 'hccc help')\n")
+        _top_parser().print_usage(sys.stderr)
+        return 2
+    head = argv[0]
+    if head == "--table-kernels":
+        # the algorithm-independent generic kernels of the table mode, with build files
+        if len(argv) != 2:
+            sys.stderr.write("usage: hccc --table-kernels DIR\n")
+            return 2
+        from hccc.compiler.backend.table_codegen import write_generic_kernels
+        try:
+            write_generic_kernels(Path(argv[1]))
+        except OSError as exc:
+            sys.stderr.write(f"hccc: error: cannot write {printable(argv[1])}: {exc.strerror or exc}\n")
+            return 1
+        return 0
+    if argv == ["--cmake-dir"]:
+        # where find_package(hccc) finds hccc-config.cmake: cmake -Dhccc_DIR=$(hccc --cmake-dir)
+        from hccc.cmake_package import cmake_dir
+        print(cmake_dir())
+        return 0
+    if head in ("-h", "--help", "--version"):
+        _top_parser().parse_args(argv[:1])        # prints and exits
+        return 0
+    if head == "help":
+        return _help(argv[1:])
+    return None
+
+
+def _dispatch(argv: list[str], call: _Call) -> int:
+    """Run the command ``argv`` names (a path or an option first: ``compile``)."""
+    head = argv[0]
+    if head in COMMANDS:
+        name, rest = head, argv[1:]
+    elif head.startswith("-") or _looks_like_path(head):
+        name, rest = "compile", argv
+    else:
+        return _unknown_command(head)
+    parser = command_parser(name)
+    args = parser.parse_args(rest)
+    from hccc.sweep import usage_checks
+    usage_checks(parser, args)
+    args.argv = [name, *rest]          # the command line, for commands that re-run themselves
+    call.json_mode = bool(getattr(args, "json", False))
+    mod = importlib.import_module(COMMANDS[name])
+    inputs = getattr(mod, "INPUTS", None)
+    if inputs:
+        from hccc.inputs import check_inputs
+        check_inputs("hccc" if name == "compile" else f"hccc {name}", args, inputs)
+    from hccc.util.clock import compile_seconds
+    before = compile_seconds()
+    status = mod.run(args)
+    _compile_note(call.json_mode, compile_seconds() - before)
+    return status
+
+
+def _compile_error(err, json_mode: bool) -> int:
+    """A compile error reported (rendered, and as JSON where asked): exit status 1."""
+    from hccc.util.diagnostics import render_all
+    sys.stderr.write(render_all(err) + "\n")
+    if json_mode:
+        print(json.dumps({"valid": False, "errors": [
+            {"message": d.message,
+             "file": d.location.source.name if d.location else None,
+             "line": d.location.line if d.location else None,
+             "col": d.location.col if d.location else None} for d in err.diagnostics]}))
+    return 1
 
 
 #: main()'s status after Ctrl-C

@@ -488,6 +488,25 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     verify(alg)
     check_on_topology(alg, topo)
     proven = clock.now()
+    why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
+    plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
+    text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
+    # what each phase took (work clock), with the search's own phases where it reports them
+    took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
+            "proof": round(proven - searched, 3), "text": round(clock.now() - proven, 3),
+            "closing_predicted": round(closing, 3)}
+    summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
+                       limit_cut, took)
+    return Program(text, plan, summary, result)
+
+
+def _report(result, bound: dict, fraction, sims, simulated: bool):
+    """What the program's text says of how it was made, and what its summary says of the
+    simulations: ``(why, not_simulated, fitted, limit_cut, extra)``, why its fraction of the bound
+    (or its channel count) was not simulated if it was not, the same for the summary, whether its
+    channels were fitted, what the time limit cut, and the comment lines (``extra``). Marks a
+    result the time limit cut as timed out, and adds the fractions of the AllReduce bounds to
+    ``bound``."""
     # why the program's fraction of the bound (or its channel count) was not simulated, if it was not
     why = ("no transfers: one GPU" if result.nranks < 2 else "simulator not installed" if not sims.available
            else "time limit" if sims.stopped else f"simulation failed: {sims.failed}" if sims.failed else
@@ -529,12 +548,13 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             bound["fraction_of_rs_ag"] = bound["rs_ag_seconds"] / t
             extra.append(f"{bound['fraction_of_allreduce_bound']:.4f} of the AllReduce bound, "
                          f"{bound['fraction_of_rs_ag']:.4f} of the ReduceScatter + AllGather optimum")
-    plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
-    text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
-    # what each phase took (work clock), with the search's own phases where it reports them
-    took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
-            "proof": round(proven - searched, 3), "text": round(clock.now() - proven, 3),
-            "closing_predicted": round(closing, 3)}
+    return why, not_simulated, fitted, limit_cut, extra
+
+
+def _summary(result, size: int, bound: dict, fraction, sims, simulated: bool, tried: dict, why, not_simulated,
+             fitted, limit_cut: list, took: dict) -> dict:
+    """The program's summary (``hccc synth --json``): its shape, bounds, method, simulations and
+    what each phase took (``took``, work clock)."""
     summary = {"collective": result.collective, "nranks": result.nranks, "steps": result.steps,
                "lower_bound_steps": result.lower_bound_steps, "seconds": round(result.seconds, 3),
                "gap": result.gap, "transfers": result.ntransfers,
@@ -550,7 +570,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
     if "candidates" in result.detail:
         summary["candidates"] = result.detail["candidates"]
     summary["not_fitted_because"] = why if simulated and fitted is False else None
-    return Program(text, plan, summary, result)
+    return summary
 
 
 #: channel counts :func:`_fit_channels` tries, fewest first

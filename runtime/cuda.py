@@ -4,7 +4,7 @@ Placement (:meth:`CudaPlatform.placement`):
 - *single GPU* (the test mode; with one visible GPU, or ``HCCC_CUDA_DEVICES=1``): every rank's
   kernel runs on one GPU, each rank on its own non-blocking stream (``CUDA_DEVICE_MAX_CONNECTIONS``
   defaults to 32 here so streams do not share hardware queues). The ranks' kernels spin on each
-  other, so all of their thread blocks must be resident at once: :func:`check_residency` is the
+  other, so all of their thread blocks must be resident at once: :func:`hccc.runtime.gpu_residency.check_residency` is the
   rule (occupancy x SMs, from the compiled kernels), ``max_resident_blocks`` feeds the launcher's
   check, and :meth:`CudaPlatform.launch` refuses a launch that would break it (raising the abort
   flag of the kernels already running) instead of deadlocking.

@@ -4,42 +4,36 @@ offers them under the names CuPy gives them (``hccc.runtime.cuda`` passes CuPy's
 modules, ``hccc.runtime.hip`` a ctypes binding of libamdhip64). What differs per runtime is gathered
 in class attributes and the ``_open_api`` / ``_detect_arch`` / ``_module_symbols`` / ``build`` hooks.
 
+The platform's parts, each a module named for what it holds: its memory (:mod:`hccc.runtime.gpu_memory`),
+its launches and what is in flight (:mod:`hccc.runtime.gpu_launch`, admitted by the residency rule of
+:mod:`hccc.runtime.gpu_residency`: every rank's thread blocks must be resident at once, since they
+spin on each other), its timers and their start gate (:mod:`hccc.runtime.gpu_timing`), the streams,
+modules and kernels it hands out (:mod:`hccc.runtime.gpu_handles`); this class holds the devices,
+streams and teardown.
+
 Also here, as plain functions: kernel symbols, the translation unit of a set of ranks, the compile
-cache, the ELF symbol reader and the residency rule (every rank's thread blocks must be resident at
-once, since they spin on each other); placement of ranks on devices.
+cache, the ELF symbol reader; placement of ranks on devices.
 """
 from __future__ import annotations
 
-import bisect
-import contextlib
-import ctypes
 import os
 import re
 import struct
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
 from hccc.runtime import cache
-from hccc.runtime.kernel_abi import Args
 from hccc.util import dtypes as dtypes_table
-from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Module, Platform, PlatformError,
-                                   Timer, instance_expansion)
+from hccc.runtime.gpu_calls import call_error, guard
+from hccc.runtime.gpu_handles import GpuFunction, GpuModule, GpuStream
+from hccc.runtime.gpu_launch import GpuLaunches
+from hccc.runtime.gpu_memory import GpuMemory
+from hccc.runtime.gpu_timing import GpuTimer, StartGate
+from hccc.runtime.platform import (CTYPES, RED_CONSTS, DevicePtr, Instance, Platform, PlatformError,
+                                   instance_expansion)
 
 GATE_SYMBOL = "hccc_runtime_gate"
-
-#: an exported GPU allocation: magic, platform name, size, the runtime's 64-byte IPC handle
-_IPC_HANDLE = struct.Struct("<8s8sQ64s")
-_IPC_MAGIC = b"HCCCIPC1"
-
-#: the gate kernel's one argument, ``hccc_gate_args``: the flag's address and the timeout in clock ticks
-GATE_ARGS = struct.Struct("<QQ")
-
-#: byte offset of ``abort_flag`` in the packed ``hccc_args``
-ARGS_ABORT_OFFSET = Args.abort_flag.offset
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FILENAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -264,53 +258,6 @@ def elf_symbols(data: bytes | str | Path) -> set[str]:
     return out
 
 
-# ---------------------------------------------------------------------------------- residency
-@dataclass(frozen=True)
-class ResidentKernel:
-    """One kernel that must be resident together with the others on one GPU."""
-
-    name: str
-    blocks: int        # grid size (thread blocks)
-    per_sm: int        # blocks of it one SM holds at once (the occupancy calculator's answer)
-    threads: int       # threads per block
-
-
-def residency_capacity(sms: int, kernels: Sequence[ResidentKernel]) -> int:
-    """Blocks that are guaranteed to be resident at once: ``sms * min(per_sm)`` over the kernels
-    that launch blocks. Sufficient because a block of any kernel uses at most ``1/per_sm_k <=
-    1/min(per_sm)`` of every SM resource, so an SM with fewer than ``min(per_sm)`` blocks accepts
-    any further block; exact when all kernels have the same occupancy."""
-    used = [k.per_sm for k in kernels if k.blocks > 0]
-    return sms * min(used) if used else 0
-
-
-def check_residency(sms: int, kernels: Sequence[ResidentKernel], *, device: str = "the GPU",
-                    max_kernels: int = 128) -> None:
-    """Raise PlatformError, with the numbers and what to change, unless every block of every
-    kernel can be resident at the same time (the kernels spin on each other)."""
-    live = [k for k in kernels if k.blocks > 0]
-    if not live:
-        return
-    if len(live) > max_kernels:
-        raise PlatformError(f"cannot run {len(live)} rank kernels at once on {device}: it runs at "
-                            f"most {max_kernels} kernels concurrently; spread the ranks over more GPUs")
-    dead = [k for k in live if k.per_sm <= 0]
-    if dead:
-        k = dead[0]
-        raise PlatformError(f"kernel {k.name} cannot run on {device}: not one block of {k.threads} "
-                            "threads fits on an SM (too many registers or threads); lower nWarps")
-    need = sum(k.blocks for k in live)
-    cap = residency_capacity(sms, live)
-    if need > cap:
-        worst = min(live, key=lambda k: k.per_sm)
-        raise PlatformError(
-            f"cannot run all ranks at once on {device}: their kernels need {need} thread blocks "
-            f"resident together but it holds at most {cap} ({sms} SMs x {worst.per_sm} blocks of "
-            f"{worst.threads} threads per SM for {worst.name}); the ranks spin on each other, so "
-            "they would deadlock. Use more GPUs, fewer ranks, fewer thread blocks per rank "
-            "(--tb-alloc state) or fewer warps per block (nWarps)")
-
-
 def placement_for(nranks: int, ndevices: int) -> list[int]:
     """Device of each rank: all on device 0 with one device; otherwise contiguous blocks of
     ``ceil(nranks / ndevices)`` ranks (one rank per GPU when there are enough GPUs)."""
@@ -320,184 +267,6 @@ def placement_for(nranks: int, ndevices: int) -> list[int]:
         return [0] * nranks
     per = -(-nranks // ndevices)
     return [r // per for r in range(nranks)]
-
-
-# ---------------------------------------------------------------------------------- runtime objects
-
-def _err(exc: BaseException) -> str:
-    return str(exc).strip() or type(exc).__name__
-
-
-@contextlib.contextmanager
-def _guard(what: str):
-    """Turn a failing runtime call into a PlatformError that says what was being done."""
-    try:
-        yield
-    except PlatformError:
-        raise
-    except Exception as exc:
-        raise PlatformError(f"{what} failed: {_err(exc)}") from None
-
-
-class GpuStream:
-    """A non-blocking stream on one device."""
-
-    def __init__(self, handle: int, device: int):
-        self.handle = handle
-        self.device = device
-
-    def __repr__(self) -> str:
-        return f"GpuStream(device={self.device})"
-
-
-class GpuFunction:
-    """A kernel of a loaded module; resolved per device at first use."""
-
-    def __init__(self, module: "GpuModule", symbol: str):
-        self.module = module
-        self.symbol = symbol
-        self._ptr: dict[int, int] = {}
-
-    def handle(self, device: int) -> int:
-        if device not in self._ptr:
-            pf = self.module.platform
-            mod = self.module.handle(device)
-            pf.set_device(device)
-            try:
-                self._ptr[device] = pf._driver.moduleGetFunction(mod, self.symbol)
-            except Exception as exc:
-                raise PlatformError(f"kernel {self.symbol} not found in {self.module.path}: {_err(exc)}") from None
-        return self._ptr[device]
-
-    def __repr__(self) -> str:
-        return f"GpuFunction({self.symbol})"
-
-
-class GpuModule(Module):
-    """A cubin, loaded into the context of each device that launches from it."""
-
-    def __init__(self, platform: "GpuPlatform", path: Path):
-        self.platform = platform
-        self.path = Path(path)
-        try:
-            self.symbols = platform._module_symbols(self.path)
-        except OSError as exc:
-            raise PlatformError(f"cannot read {self.path}: {exc.strerror}") from None
-        self._handles: dict[int, int] = {}
-        self._functions: dict[str, GpuFunction] = {}
-
-    def handle(self, device: int) -> int:
-        if device not in self._handles:
-            self.platform.set_device(device)
-            try:
-                self._handles[device] = self.platform._driver.moduleLoad(str(self.path))
-            except Exception as exc:
-                raise PlatformError(f"cannot load {self.path} on GPU {device}: {_err(exc)} (was it "
-                                    f"built for this GPU's architecture? see "
-                                    f"{self.platform.arch_env})") from None
-        return self._handles[device]
-
-    def function(self, symbol: str) -> GpuFunction:
-        if symbol not in self.symbols:
-            raise PlatformError(f"kernel {symbol} is not in {self.path.name} "
-                                f"(it has {len(self.symbols)} kernels)")
-        if symbol not in self._functions:
-            self._functions[symbol] = GpuFunction(self, symbol)
-        return self._functions[symbol]
-
-    def unload(self) -> None:
-        for dev, h in self._handles.items():
-            try:
-                self.platform.set_device(dev)
-                self.platform._driver.moduleUnload(h)
-            except Exception:
-                pass
-        self._handles.clear()
-
-
-class GpuTimer(Timer):
-    """Device time between two points, with the runtime's events.
-
-    ``start(stream)`` / ``stop(stream)`` with a stream time that stream alone. With no stream the
-    timer spans *every* stream the platform created (create the streams first): ``start()`` queues
-    the gate kernel on a control stream, records the start event behind it and makes every stream
-    wait for that event, so kernels launched afterwards stay queued; ``stop()`` records an event on
-    every stream, joins them on the control stream, records the stop event, then opens the gate.
-    All ranks thus start together and the host's launch loop is not part of the time.
-    """
-
-    def __init__(self, platform: "GpuPlatform"):
-        self.pf = platform
-        self._start: int | None = None
-        self._stop: int | None = None
-        self._dev = 0
-
-    def start(self, stream: GpuStream | None = None) -> None:
-        with _guard("starting the timer"):
-            self._start_(stream)
-
-    def stop(self, stream: GpuStream | None = None) -> None:
-        if self._start is None:
-            raise PlatformError("timer stopped before it was started")
-        with _guard("stopping the timer"):
-            self._stop_(stream)
-
-    def elapsed_us(self) -> float:
-        if self._start is None or self._stop is None:
-            raise PlatformError("timer read before it was started and stopped")
-        self.pf._open_gate()
-        rt = self.pf._runtime
-        with _guard("reading the timer"):
-            self.pf.set_device(self._dev)
-            rt.eventSynchronize(self._stop)
-            return float(rt.eventElapsedTime(self._start, self._stop)) * 1000.0
-
-    def _start_(self, stream: GpuStream | None) -> None:
-        rt = self.pf._runtime
-        self._stop = None
-        if stream is not None:
-            self._dev = stream.device
-            self.pf.set_device(stream.device)
-            self._start = self._new_event()
-            rt.eventRecord(self._start, stream.handle)
-            return
-        ctl = self.pf._control_stream()
-        self._dev = ctl.device
-        self.pf._close_gate(ctl)
-        self.pf.set_device(ctl.device)
-        self._start = self._new_event()
-        rt.eventRecord(self._start, ctl.handle)
-        for s in self.pf._streams:
-            if s is not ctl:
-                self.pf.set_device(s.device)
-                rt.streamWaitEvent(s.handle, self._start, 0)
-
-    def _stop_(self, stream: GpuStream | None) -> None:
-        rt = self.pf._runtime
-        if stream is not None:
-            self.pf.set_device(stream.device)
-            self._stop = self._new_event()
-            rt.eventRecord(self._stop, stream.handle)
-            return
-        ctl = self.pf._control_stream()
-        for s in self.pf._streams:
-            if s is not ctl:
-                self.pf.set_device(s.device)
-                ev = rt.eventCreateWithFlags(rt.eventDisableTiming)
-                rt.eventRecord(ev, s.handle)
-                self.pf.set_device(ctl.device)
-                rt.streamWaitEvent(ctl.handle, ev, 0)
-                rt.eventDestroy(ev)       # released once it completes
-        self.pf.set_device(ctl.device)
-        self._stop = self._new_event()
-        rt.eventRecord(self._stop, ctl.handle)
-        self.pf._open_gate()
-
-    def _new_event(self) -> int:
-        ev = self.pf._runtime.eventCreate()
-        self.pf._events.append((self.pf._current, ev))
-        return ev
-
 
 
 class GpuPlatform(Platform):
@@ -527,7 +296,7 @@ class GpuPlatform(Platform):
         try:
             count = int(rt.getDeviceCount())
         except Exception as exc:
-            raise PlatformError(f"no {self.api_name} device visible ({_err(exc)})") from None
+            raise PlatformError(f"no {self.api_name} device visible ({call_error(exc)})") from None
         if count <= 0:
             raise PlatformError(f"no {self.api_name} device visible")
         env = os.environ.get(self.devices_env, "").strip()
@@ -540,25 +309,15 @@ class GpuPlatform(Platform):
         self._streams: list[GpuStream] = []
         self._ctl: GpuStream | None = None
         self._events: list[tuple[int, int]] = []
-        self._allocs: dict[int, tuple[int, int]] = {}    # ptr -> (nbytes, device)
-        self._host_flags: dict[int, int] = {}            # pinned mapped host memory: ptr -> nbytes
-        self._alloc_keys: list[int] = []
-        self._imported: set[int] = set()                 # mapped from peers' IPC handles
         self._modules: list[GpuModule] = []
-        # since the last synchronize: per device, the latest kernel of each stream (kernels of one
-        # stream run one after another, so only one per stream must be resident), and the abort
-        # flags of every kernel launched
-        self._inflight: dict[int, dict[int, tuple[GpuFunction, int, int]]] = {}
-        self._abort_ptrs: set[int] = set()
-        self._gate: tuple[int, GpuFunction] | None = None   # (host flag pointer, kernel)
-        self._gate_fn: GpuFunction | None = None
-        # pinned host flags of the timing gate: released ones (a gate kernel may still read them)
-        # become free again after a synchronize
-        self._released_flags: list[int] = []
-        self._free_flags: list[int] = []
+        #: every allocation (:mod:`hccc.runtime.gpu_memory`)
+        self.memory = GpuMemory(self)
+        #: the kernels in flight since the last synchronize (:mod:`hccc.runtime.gpu_launch`)
+        self.launches = GpuLaunches(self)
+        #: the timing gate and its host flags (:mod:`hccc.runtime.gpu_timing`)
+        self.gate = StartGate(self)
         self._sms: dict[int, int] = {}
         self._names: dict[int, str] = {}
-        self._occupancy: dict[tuple[int, int, int], int] = {}
         try:
             self.set_device(0)
             self.sms(0)
@@ -568,7 +327,7 @@ class GpuPlatform(Platform):
         except PlatformError:
             raise
         except Exception as exc:
-            raise PlatformError(f"cannot use {self.api_name} device 0: {_err(exc)}") from None
+            raise PlatformError(f"cannot use {self.api_name} device 0: {call_error(exc)}") from None
         if self.timer_ticks_per_us is not None:
             self.ticks_per_us = float(self.timer_ticks_per_us)
         else:   # clock64() ticks: the fastest clock, so a timeout is never shorter than asked for
@@ -610,7 +369,7 @@ class GpuPlatform(Platform):
                 self._runtime.setDevice(index)
                 self._runtime.free(0)      # makes the primary context current for the driver API
             except Exception as exc:
-                raise PlatformError(f"cannot use GPU {index}: {_err(exc)}") from None
+                raise PlatformError(f"cannot use GPU {index}: {call_error(exc)}") from None
             self._current = index
 
     def placement(self, nranks: int) -> list[int]:
@@ -626,7 +385,7 @@ class GpuPlatform(Platform):
                 try:
                     ok = rt.deviceCanAccessPeer(a, b)
                 except Exception as exc:
-                    raise PlatformError(f"cannot query peer access GPU {a} -> GPU {b}: {_err(exc)}") from None
+                    raise PlatformError(f"cannot query peer access GPU {a} -> GPU {b}: {call_error(exc)}") from None
                 if not ok:
                     raise PlatformError(
                         f"GPU {a} cannot access GPU {b}'s memory (no peer access between them), "
@@ -637,160 +396,57 @@ class GpuPlatform(Platform):
                     rt.deviceEnablePeerAccess(b)
                 except Exception as exc:
                     if getattr(exc, "status", None) != 704:    # already enabled
-                        raise PlatformError(f"cannot enable peer access GPU {a} -> GPU {b}: {_err(exc)}") from None
+                        raise PlatformError(f"cannot enable peer access GPU {a} -> GPU {b}: {call_error(exc)}") from None
 
     def sms(self, device: int) -> int:
         if device not in self._sms:
             self._sms[device] = int(self._runtime.deviceGetAttribute(self.attr_sms, device))
         return self._sms[device]
 
-    # ---------------------------------------------------------------- memory
+    # ---------------------------------------------------------------- memory (GpuMemory)
     def malloc(self, nbytes: int) -> DevicePtr:
-        return self._device_alloc(nbytes, None)
+        return self.memory.malloc(nbytes)
 
     def malloc_peer(self, nbytes: int) -> DevicePtr:
-        return self._device_alloc(nbytes, self.peer_malloc_flags)
+        return self.memory.malloc_peer(nbytes)
 
     def host_flags(self, nbytes: int) -> DevicePtr:
-        size = max(int(nbytes), 8)
-        if self._current < 0:
-            self.set_device(0)
-        try:   # cudaHostAllocMapped / hipHostMallocMapped; with unified addressing one address
-            ptr = int(self._runtime.hostAlloc(size, 2))
-        except Exception as exc:
-            raise PlatformError(f"cannot allocate {size} bytes of pinned host memory: {_err(exc)}") from None
-        ctypes.memset(ptr, 0, size)
-        self._host_flags[ptr] = size
-        return ptr
-
-    def _device_alloc(self, nbytes: int, flags: int | None) -> DevicePtr:
-        if flags is None:
-            return self._track(nbytes, "", lambda size: int(self._runtime.malloc(size)))
-        return self._track(nbytes, "", lambda size: int(self._runtime.extMallocWithFlags(size, flags)))
-
-    def _track(self, nbytes: int, kind: str, alloc) -> DevicePtr:
-        """``alloc(size)`` on the current device, recorded for free/IPC and zeroed."""
-        if self._current < 0:
-            self.set_device(0)
-        dev = self._current
-        size = max(int(nbytes), 1)
-        try:
-            ptr = alloc(size)
-        except Exception as exc:
-            raise PlatformError(f"cannot allocate {size} {kind}bytes on GPU {dev}: {_err(exc)}") from None
-        self._allocs[ptr] = (size, dev)
-        bisect.insort(self._alloc_keys, ptr)
-        self.memset(ptr, 0, size)
-        return ptr
+        return self.memory.host_flags(nbytes)
 
     def free(self, ptr: DevicePtr) -> None:
-        if ptr in self._host_flags:
-            del self._host_flags[ptr]
-            with _guard("freeing pinned host memory"):
-                self._runtime.freeHost(ptr)
-            return
-        if ptr in self._imported:
-            self.ipc_close(ptr)
-            return
-        if ptr not in self._allocs:
-            raise PlatformError(f"free of a pointer this platform did not allocate: {ptr:#x}")
-        _size, dev = self._allocs.pop(ptr)
-        self._alloc_keys.remove(ptr)
-        self.set_device(dev)
-        with _guard(f"freeing GPU {dev} memory"):
-            self._runtime.free(ptr)
+        self.memory.free(ptr)
 
-    # ---------------------------------------------------------------- IPC (one rank per process)
     def _ipc_alloc(self, size: int) -> int:
         """Raw exportable device memory (CUDA: any cudaMalloc; HIP overrides: fine-grained)."""
         return int(self._runtime.malloc(size))
 
     def ipc_malloc(self, nbytes: int) -> DevicePtr:
-        return self._track(nbytes, "shareable ", self._ipc_alloc)
+        return self.memory.ipc_malloc(nbytes)
 
     def ipc_export(self, ptr: DevicePtr) -> bytes:
-        if ptr not in self._allocs or ptr in self._imported:
-            raise PlatformError(f"{ptr:#x} is not memory this process allocated for IPC")
-        size, dev = self._allocs[ptr]
-        self.set_device(dev)
-        with _guard(f"exporting GPU {dev} memory"):
-            raw = bytes(self._runtime.ipcGetMemHandle(ptr))
-        return _IPC_HANDLE.pack(_IPC_MAGIC, self.name.encode(), size, raw)
+        return self.memory.ipc_export(ptr)
 
     def ipc_import(self, handle: bytes) -> DevicePtr:
-        if not isinstance(handle, (bytes, bytearray)) or len(handle) != _IPC_HANDLE.size:
-            raise PlatformError("not a GPU IPC handle (wrong length)")
-        magic, plat, size, raw = _IPC_HANDLE.unpack(bytes(handle))
-        if magic != _IPC_MAGIC or plat.rstrip(b"\0").decode(errors="replace") != self.name:
-            raise PlatformError(f"not a {self.api_name} IPC handle")
-        if self._current < 0:
-            self.set_device(0)
-        dev = self._current
-        with _guard(f"importing a peer's {self.api_name} memory on GPU {dev}"):
-            ptr = int(self._runtime.ipcOpenMemHandle(raw, 1))   # lazy peer access
-        self._allocs[ptr] = (int(size), dev)
-        bisect.insort(self._alloc_keys, ptr)
-        self._imported.add(ptr)
-        return ptr
+        return self.memory.ipc_import(handle)
 
     def ipc_close(self, ptr: DevicePtr) -> None:
-        if ptr not in self._imported:
-            raise PlatformError(f"{ptr:#x} was not imported")
-        self._imported.discard(ptr)
-        _size, dev = self._allocs.pop(ptr)
-        self._alloc_keys.remove(ptr)
-        self.set_device(dev)
-        with _guard(f"closing a peer's {self.api_name} memory"):
-            self._runtime.ipcCloseMemHandle(ptr)
-
-    def _owner(self, ptr: int, nbytes: int) -> int:
-        """Device of the allocation holding [ptr, ptr + nbytes); PlatformError when out of bounds."""
-        i = bisect.bisect_right(self._alloc_keys, ptr) - 1
-        if i >= 0:
-            base = self._alloc_keys[i]
-            size, dev = self._allocs[base]
-            if ptr + nbytes <= base + size:
-                return dev
-        raise PlatformError(f"{nbytes} bytes at {ptr:#x} are not inside memory this platform allocated")
-
-    def _sync_legacy(self) -> None:
-        self._runtime.streamSynchronize(0)
+        self.memory.ipc_close(ptr)
 
     def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
-        arr = _host_array(src)
-        if arr.nbytes == 0:
-            return
-        self.set_device(self._owner(dst, arr.nbytes))
-        rt = self._runtime
-        with _guard(f"copying {arr.nbytes} bytes to the GPU"):
-            rt.memcpy(dst, arr.ctypes.data, arr.nbytes, rt.memcpyHostToDevice)
-            self._sync_legacy()
+        self.memory.memcpy_htod(dst, src)
 
     def memcpy_dtoh(self, dst: Any, src: DevicePtr) -> None:
-        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise PlatformError("memcpy_dtoh needs a writable C-contiguous numpy array")
-        if dst.nbytes == 0:
-            return
-        self.set_device(self._owner(src, dst.nbytes))
-        rt = self._runtime
-        with _guard(f"copying {dst.nbytes} bytes from the GPU"):
-            rt.memcpy(dst.ctypes.data, src, dst.nbytes, rt.memcpyDeviceToHost)
-            self._sync_legacy()
+        self.memory.memcpy_dtoh(dst, src)
 
     def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
-        if nbytes <= 0:
-            return
-        self.set_device(self._owner(ptr, nbytes))
-        with _guard(f"setting {nbytes} bytes of GPU memory"):
-            self._runtime.memset(ptr, int(value), int(nbytes))
-            self._sync_legacy()
+        self.memory.memset(ptr, value, nbytes)
 
     # ---------------------------------------------------------------- code
     def load(self, path: Path) -> GpuModule:
         mod = GpuModule(self, Path(path))
         self._modules.append(mod)
-        if GATE_SYMBOL in mod.symbols and self._gate_fn is None:
-            self._gate_fn = mod.function(GATE_SYMBOL)
+        if GATE_SYMBOL in mod.symbols and self.gate.fn is None:
+            self.gate.fn = mod.function(GATE_SYMBOL)
         return mod
 
     # ---------------------------------------------------------------- execution
@@ -800,7 +456,7 @@ class GpuPlatform(Platform):
         try:
             h = int(self._runtime.streamCreateWithFlags(self._runtime.streamNonBlocking))
         except Exception as exc:
-            raise PlatformError(f"cannot create a stream on GPU {self._current}: {_err(exc)}") from None
+            raise PlatformError(f"cannot create a stream on GPU {self._current}: {call_error(exc)}") from None
         s = GpuStream(h, self._current)
         self._streams.append(s)
         return s
@@ -808,7 +464,7 @@ class GpuPlatform(Platform):
     def _control_stream(self) -> GpuStream:
         if self._ctl is None:
             self.set_device(0)
-            with _guard("creating the control stream"):
+            with guard("creating the control stream"):
                 h = int(self._runtime.streamCreateWithFlags(self._runtime.streamNonBlocking))
             self._ctl = GpuStream(h, 0)
         return self._ctl
@@ -817,122 +473,19 @@ class GpuPlatform(Platform):
         """Threads per block to launch a kernel emitted for ``emitted`` threads with: all of them."""
         return int(emitted)
 
+    # launches (GpuLaunches)
     def launch(self, fn: Any, grid: int, block: int, args: bytes, stream: Any) -> None:
-        if grid <= 0:
-            self._check_launch(fn, stream)
-            return                      # a rank without thread blocks has nothing to run
-        args = bytes(args)
-        dev, params, _buf = self._launch_params(fn, grid, block, args, stream)
-        try:
-            self._driver.launchKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0, stream.handle,
-                                      ctypes.addressof(params), 0)
-        except Exception as exc:
-            self._abort_inflight()
-            raise PlatformError(f"launch of {fn.symbol} ({grid} x {block} threads) failed on GPU "
-                                f"{dev}: {_err(exc)}") from None
-        self._inflight.setdefault(dev, {})[stream.handle] = (fn, grid, block)
-        if len(args) >= ARGS_ABORT_OFFSET + 8:
-            self._abort_ptrs.add(struct.unpack_from("<Q", args, ARGS_ABORT_OFFSET)[0])
+        self.launches.launch(fn, grid, block, args, stream)
 
     def launch_grid(self, fn: Any, grid: int, block: int, args: bytes, stream: Any, *,
                     abort_flag: int = 0) -> None:
-        """The one-grid entry, launched cooperatively (``cuLaunchCooperativeKernel`` /
-        ``hipModuleLaunchCooperativeKernel``). A cooperative launch is the one launch the driver
-        starts only when every block of the grid can be resident at once (else it fails instead of
-        queueing blocks behind spinning ones), whatever else shares the GPU (MPS clients, a
-        profiler, CUDA_LAUNCH_BLOCKING, other processes' work): co-residency is the launch's
-        guarantee, not the stream scheduler's habit. The occupancy check runs first (as for every
-        launch, :meth:`_admit`), so the usual case of too many blocks gets a message with the
-        numbers rather than the driver's error code."""
-        if grid <= 0:
-            self._check_launch(fn, stream)
-            return
-        dev, params, _buf = self._launch_params(fn, grid, block, bytes(args), stream)
-        try:
-            try:
-                self._driver.launchCooperativeKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0,
-                                                     stream.handle, ctypes.addressof(params))
-            except NotImplementedError:
-                # a runtime without module cooperative launches (HIP before ROCm 6): one plain
-                # launch of a grid the occupancy check admitted; no other kernel of the run
-                # competes for its blocks, only other processes' work could
-                self._driver.launchKernel(fn.handle(dev), grid, 1, 1, block, 1, 1, 0, stream.handle,
-                                          ctypes.addressof(params), 0)
-        except Exception as exc:
-            self._abort_inflight()
-            raise PlatformError(
-                f"cooperative launch of {fn.symbol} ({grid} blocks of {block} threads, every rank "
-                f"on {self._device_name(dev)}) failed: {_err(exc)}; the driver starts it only when "
-                "every block fits on the GPU at once (other work on the GPU, or MPS limits, count "
-                "too): use fewer ranks per GPU, fewer thread blocks per rank (--tb-alloc state) "
-                "or fewer warps per block (nWarps)") from None
-        self._inflight.setdefault(dev, {})[stream.handle] = (fn, grid, block)
-        if abort_flag:    # the flag in the ranks' hccc_args (the grid's own argument holds none)
-            self._abort_ptrs.add(int(abort_flag))
-
-    def _check_launch(self, fn: Any, stream: Any) -> None:
-        if not isinstance(fn, GpuFunction):
-            raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
-        if not isinstance(stream, GpuStream):
-            raise PlatformError(f"not a {self.api_name} stream: {stream!r}")
-
-    def _launch_params(self, fn: Any, grid: int, block: int, args: bytes, stream: Any):
-        """Check and admit a launch on ``stream``'s device, make it current; returns (device, the
-        driver's kernel-parameter array, the argument buffer it points at: keep it alive until the
-        launch call returns)."""
-        self._check_launch(fn, stream)
-        dev = stream.device
-        self._admit(dev, fn, grid, block, stream)
-        self.set_device(dev)
-        buf = (ctypes.c_char * max(len(args), 1)).from_buffer_copy(args or b"\0")
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        return dev, params, buf
-
-    def _admit(self, dev: int, fn: GpuFunction, grid: int, block: int, stream: GpuStream) -> None:
-        """Refuse a launch whose blocks could not be resident together with the kernels already
-        launched on ``dev``'s other streams (the launcher should have checked first; this turns a
-        deadlock into an error)."""
-        others = {h: k for h, k in self._inflight.get(dev, {}).items() if h != stream.handle}
-        kernels = [self._resident(f, g, b, dev) for f, g, b in others.values()]
-        kernels.append(self._resident(fn, grid, block, dev))
-        try:
-            check_residency(self.sms(dev), kernels, device=self._device_name(dev),
-                            max_kernels=self.max_kernels)
-        except PlatformError:
-            self._abort_inflight()
-            raise
-
-    def _resident(self, fn: GpuFunction, grid: int, block: int, dev: int) -> ResidentKernel:
-        return ResidentKernel(fn.symbol, grid, self._per_sm(fn, block, dev), block)
-
-    def _per_sm(self, fn: GpuFunction, block: int, dev: int) -> int:
-        key = (id(fn), block, dev)
-        if key not in self._occupancy:
-            self.set_device(dev)
-            try:
-                self._occupancy[key] = int(self._driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                    fn.handle(dev), block, 0))
-            except Exception as exc:
-                raise PlatformError(f"occupancy query for {fn.symbol} failed: {_err(exc)}") from None
-        return self._occupancy[key]
-
-    def _abort_inflight(self) -> None:
-        """Raise the abort flag of every kernel launched since the last synchronize, so that those
-        already spinning exit instead of waiting for their timeout."""
-        one = struct.pack("<I", 1)
-        for ptr in sorted(self._abort_ptrs):
-            if ptr in self._host_flags:
-                ctypes.c_uint32.from_address(ptr).value = 1    # a plain store: queues behind nothing
-            elif ptr:
-                try:
-                    self.memcpy_htod(ptr, one)
-                except Exception:
-                    pass
-        self._open_gate()
+        """The one-grid entry, launched cooperatively once admitted (:meth:`GpuLaunches.launch_grid
+        <hccc.runtime.gpu_launch.GpuLaunches.launch_grid>`)."""
+        self.launches.launch_grid(fn, grid, block, args, stream, abort_flag=abort_flag)
 
     def synchronize(self) -> None:
-        self._open_gate()
-        devs = sorted({s.device for s in self._streams} | set(self._inflight) | {max(self._current, 0)}
+        self.gate.open()
+        devs = sorted({s.device for s in self._streams} | self.launches.devices() | {max(self._current, 0)}
                       | ({self._ctl.device} if self._ctl else set()))
         try:
             for d in devs:
@@ -941,12 +494,10 @@ class GpuPlatform(Platform):
         except PlatformError:
             raise
         except Exception as exc:
-            raise PlatformError(f"a kernel failed: {_err(exc)}") from None
+            raise PlatformError(f"a kernel failed: {call_error(exc)}") from None
         finally:
-            self._inflight.clear()
-            self._abort_ptrs.clear()
-        self._free_flags += self._released_flags     # every gate kernel has finished
-        self._released_flags = []
+            self.launches.clear()
+        self.gate.recycle()     # every gate kernel has finished
 
     def timer(self) -> GpuTimer:
         return GpuTimer(self)
@@ -955,40 +506,7 @@ class GpuPlatform(Platform):
         if not isinstance(fn, GpuFunction):
             raise PlatformError(f"not a {self.api_name} kernel: {fn!r}")
         dev = max(self._current, 0)
-        return self._per_sm(fn, block, dev) * self.sms(dev)
-
-    # ---------------------------------------------------------------- the start gate
-    def _close_gate(self, ctl: GpuStream) -> None:
-        """Queue the gate kernel on the control stream (no-op without a module holding it)."""
-        self._open_gate()
-        if self._gate_fn is None:
-            return
-        rt = self._runtime
-        self.set_device(ctl.device)
-        if self._free_flags:
-            flag = self._free_flags.pop()
-        else:
-            flag = int(rt.hostAlloc(8, 2))       # cudaHostAllocMapped; UVA: same address on device
-        ctypes.c_uint32.from_address(flag).value = 0
-        timeout = int(60 * 1_000_000 * self.ticks_per_us)     # never hold kernels back > 60 s
-        args = GATE_ARGS.pack(flag, timeout)
-        buf = (ctypes.c_char * len(args)).from_buffer_copy(args)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-        try:
-            self._driver.launchKernel(self._gate_fn.handle(ctl.device), 1, 1, 1, 1, 1, 1, 0, ctl.handle,
-                                      ctypes.addressof(params), 0)
-        except Exception as exc:
-            self._free_flags.append(flag)
-            raise PlatformError(f"cannot start the timing gate: {_err(exc)}") from None
-        self._gate = (flag, self._gate_fn)
-
-    def _open_gate(self) -> None:
-        if self._gate is None:
-            return
-        flag, _fn = self._gate
-        ctypes.c_uint32.from_address(flag).value = 1
-        self._gate = None
-        self._released_flags.append(flag)     # reused after the next synchronize
+        return self.launches.per_sm(fn, block, dev) * self.sms(dev)
 
     # ---------------------------------------------------------------- teardown
     def close(self) -> None:
@@ -997,12 +515,7 @@ class GpuPlatform(Platform):
             self.synchronize()
         except PlatformError:
             pass
-        for flag in self._released_flags + self._free_flags:
-            try:
-                rt.freeHost(flag)
-            except Exception:
-                pass
-        self._released_flags, self._free_flags = [], []
+        self.gate.free_flags()
         for dev, ev in self._events:
             try:
                 self.set_device(dev)
@@ -1018,7 +531,7 @@ class GpuPlatform(Platform):
                 pass
         self._streams.clear()
         self._ctl = None
-        for ptr in list(self._allocs) + list(self._host_flags):
+        for ptr in self.memory.pointers():
             try:
                 self.free(ptr)
             except Exception:
@@ -1026,15 +539,4 @@ class GpuPlatform(Platform):
         for m in self._modules:
             m.unload()
         self._modules.clear()
-        self._gate_fn = None
-
-
-
-def _host_array(src: Any) -> np.ndarray:
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return np.frombuffer(bytes(src), dtype=np.uint8)
-    if isinstance(src, np.ndarray):
-        return np.ascontiguousarray(src)
-    raise PlatformError(f"memcpy_htod needs a numpy array or bytes, not {type(src).__name__}")
-
-
+        self.gate.fn = None

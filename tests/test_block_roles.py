@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hccc.runtime.cpu as cpu
+import hccc.runtime.cpu_build as cpu_build
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.channels import with_channels
 from hccc.runtime.launcher import Runner
@@ -44,7 +45,7 @@ def wide(tmp_path_factory):
     """A CPU platform whose kernels model warps of WARP threads (its compile commands recorded in
     ``wide.commands``)."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(cpu, "_CXX_FLAGS", [*cpu._CXX_FLAGS, f"-DHCCC_WARP_SIZE={WARP}"])
+    mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS, f"-DHCCC_WARP_SIZE={WARP}"])
     commands: list[list[str]] = []
     real_run = cpu.subprocess.run
 

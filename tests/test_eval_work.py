@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.frontend import parse_rccl
-from hccc.compiler.frontend.evaluator import DEFAULT_MAX_WORK, STATEMENT_COST
+from hccc.compiler.frontend.eval_budget import DEFAULT_MAX_WORK, STATEMENT_COST
 from hccc.util.diagnostics import CompileError, render_all
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "direct_allgather_8.rccl"

@@ -44,7 +44,8 @@ import pytest
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.pipeline import load_program
 from hccc.runtime.cuda import cuda_flags
-from hccc.runtime.gpu import CTYPES, GATE_ARGS, GATE_SYMBOL, RED_CONSTS, translation_unit
+from hccc.runtime.gpu import CTYPES, GATE_SYMBOL, RED_CONSTS, translation_unit
+from hccc.runtime.gpu_timing import GATE_ARGS
 from hccc.runtime.kernel_abi import Args
 from hccc.runtime.hip import hip_flags
 from hccc.runtime.platform import Instance

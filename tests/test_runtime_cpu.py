@@ -542,7 +542,7 @@ def test_build_is_cached_by_content(tmp_path):
     for a unit of either instance (-H marks a precompiled header it loads with '!'; one it refuses
     -Winvalid-pch names)."""
     import json
-    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime import cpu_build
     from hccc.runtime.platform import Instance
     pf = CpuPlatform(opt="-O0", cache_dir=tmp_path)
     ir = ring_allreduce(2)
@@ -560,10 +560,10 @@ def test_build_is_cached_by_content(tmp_path):
     rank0 = json.loads((out / "manifest.json").read_text())["ranks"][0]["source"]
     for op in ("max", "min"):
         unit = tmp_path / f"unit_{op}.cpp"
-        unit.write_text(cpu_module.instance_selector(Instance("int32", op)) + cpu_module.ENGINE_EXTERN
+        unit.write_text(cpu_build.instance_selector(Instance("int32", op)) + cpu_build.ENGINE_EXTERN
                         + f'#include "{rank0}"\n')
         # (the flags of the Runner's build: all ranks in this process, HCCC_SINGLE_GPU)
-        used = subprocess.run(["g++", *cpu_module._CXX_FLAGS, "-O0", "-DHCCC_SINGLE_GPU=1", cpu_module.PCH_DEFINE,
+        used = subprocess.run(["g++", *cpu_build._CXX_FLAGS, "-O0", "-DHCCC_SINGLE_GPU=1", cpu_build.PCH_DEFINE,
                                "-Winvalid-pch", "-H",
                                "-I", str(pch), "-include", "hccc_prims.h", "-I", str(out), "-fsyntax-only", str(unit)],
                               capture_output=True, text=True, cwd=str(tmp_path))
@@ -600,14 +600,14 @@ def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatc
     """A module is linked with gold where g++ has it (readelf: gold's version note), else with the
     toolchain's own linker (a module of its own in the cache); both run right. A linker the
     driver does not have is found missing."""
-    from hccc.runtime import cpu as cpu_module
-    assert not cpu_module.links_with("g++", "-fuse-ld=no-such-linker")
-    if not cpu_module.links_with("g++", cpu_module.FAST_LINKER):
+    from hccc.runtime import cpu_build
+    assert not cpu_build.links_with("g++", "-fuse-ld=no-such-linker")
+    if not cpu_build.links_with("g++", cpu_build.FAST_LINKER):
         pytest.skip("g++ has no gold linker here")
     ir = ring_allreduce(2)
     libs = {}
     for gold in (True, False):
-        monkeypatch.setattr(cpu_module, "links_with", lambda exe, flag, gold=gold: gold)
+        monkeypatch.setattr(cpu_build, "links_with", lambda exe, flag, gold=gold: gold)
         with Runner(ir, CpuPlatform(opt="-O0", cache_dir=tmp_path), "int32", "max", cache_dir=tmp_path) as r:
             libs[gold] = r.module.path
             assert r.run(count=64).ok
@@ -624,7 +624,7 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     (-H marks a precompiled header it loads with '!'); and a library built without it has the
     same code (the same exported kernels, which compute the same results)."""
     import json
-    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime import cpu_build
     from hccc.runtime.platform import Instance
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     pf = CpuPlatform(opt="-O0")
@@ -639,14 +639,14 @@ def test_units_start_from_the_precompiled_headers_and_build_the_same_module(tmp_
     pch = list((tmp_path / "cache" / "cpu_pch").iterdir())
     assert len(pch) == 1 and (pch[0] / "hccc_prims.h.gch").stat().st_size > 0
     out, man, lib = libs["ar"]
-    flags = [*cpu_module._CXX_FLAGS, "-O0"]
+    flags = [*cpu_build._CXX_FLAGS, "-O0"]
     unit = tmp_path / "unit.cpp"
-    unit.write_text(cpu_module.instance_selector(inst) + f'#include "{man["ranks"][0]["source"]}"\n')
-    used = subprocess.run(["g++", *flags, cpu_module.PCH_DEFINE, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
+    unit.write_text(cpu_build.instance_selector(inst) + f'#include "{man["ranks"][0]["source"]}"\n')
+    used = subprocess.run(["g++", *flags, cpu_build.PCH_DEFINE, "-H", "-I", str(pch[0]), "-include", "hccc_prims.h",
                            "-I", str(out), "-fsyntax-only", str(unit)], capture_output=True, text=True,
                           cwd=str(tmp_path))
     assert used.returncode == 0 and "! " in used.stderr and "hccc_prims.h.gch" in used.stderr, used.stderr
-    monkeypatch.setattr(CpuPlatform, "_prims_pch", lambda self, *a: None)
+    monkeypatch.setattr(cpu_build.CpuToolchain, "_prims_pch", lambda self, *a: None)
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "plain"))
     plain = CpuPlatform(opt="-O0").build(out, man, inst)
     assert plain != lib
@@ -670,7 +670,7 @@ def test_a_programs_units_take_the_engine_from_the_shared_engine_object(tmp_path
     import json
     from hccc.compiler.passes.build import build_program
     from hccc.compiler.frontend import generators as gen
-    from hccc.runtime import cpu as cpu_module
+    from hccc.runtime import cpu_build
     from hccc.runtime.platform import Instance
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     pf = CpuPlatform(opt="-O0")
@@ -688,7 +688,7 @@ def test_a_programs_units_take_the_engine_from_the_shared_engine_object(tmp_path
         res = run_program(ir, backend=pf, nbytes=4096, dtype="float32", op="sum", iters=1, warmup=0)
         assert res.ok, ir.name
     d, man = out
-    flags = [*cpu_module._CXX_FLAGS, "-O0", cpu_module.instance_define(inst), "-include", "hccc_prims.h", "-I", str(d)]
+    flags = [*cpu_build._CXX_FLAGS, "-O0", cpu_build.instance_define(inst), "-include", "hccc_prims.h", "-I", str(d)]
 
     def engine_symbols(text):
         unit = tmp_path / "unit.cpp"
@@ -697,7 +697,7 @@ def test_a_programs_units_take_the_engine_from_the_shared_engine_object(tmp_path
                        cwd=str(tmp_path))
         nm = subprocess.run(["nm", str(tmp_path / "unit.o")], capture_output=True, text=True).stdout
         return {line.split()[-2] for line in nm.splitlines() if "hccc_run" in line}
-    assert engine_symbols(cpu_module.ENGINE_EXTERN) == {"U"}
+    assert engine_symbols(cpu_build.ENGINE_EXTERN) == {"U"}
     assert engine_symbols("") - {"U"}
 
 

@@ -32,8 +32,8 @@ from hccc.compiler.pipeline import CompileOptions, load_algorithm, load_program
 from hccc.runtime import cuda
 from hccc.runtime.cuda import build_cuda_module, normalise_arch, resolve_arch
 import hccc.runtime.gpu as gpu_module
-from hccc.runtime.gpu import (GATE_SYMBOL, ResidentKernel, check_residency, elf_symbols, grid_symbol, kernel_symbol,
-                              placement_for, residency_capacity, translation_unit)
+from hccc.runtime.gpu import GATE_SYMBOL, elf_symbols, grid_symbol, kernel_symbol, placement_for, translation_unit
+from hccc.runtime.gpu_residency import ResidentKernel, check_residency, residency_capacity
 from hccc.runtime.platform import Instance, PlatformError, get_platform
 from conftest import cuda_platform_or_skip
 

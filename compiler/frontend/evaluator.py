@@ -19,6 +19,11 @@ checked before the work they guard, and reported at the offending construct with
 first offending row, e.g. ``division by zero (n=3, r=0)``. The rows of an array result are scanned
 for overflow only when what is known of its operands' magnitudes (scalars, loop ranges, earlier
 results) does not already rule it out.
+
+Its parts: the row sets and how a loop's rows are written back (:mod:`eval_rows`), expressions
+(:mod:`eval_expr`), the limits and what was spent of them (:mod:`eval_budget`); this module holds the
+static analysis (carried names, sort keys), the statements and loops (:class:`Evaluator`) and the
+gathering of the transfers into an :class:`Algorithm` (:func:`assemble`).
 """
 from __future__ import annotations
 
@@ -28,25 +33,17 @@ import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm, TransferSite
 from hccc.util.diagnostics import CompileError, Diagnostic, Location, printable
-from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, INT_LIMIT, Assign, BinOp, For, Int, Neg, Pass, Program,
+from hccc.compiler.frontend.rccl_parser import (HEADER_VARS, Assign, BinOp, For, Int, Neg, Pass, Program,
                           Transfer, Var, gc_paused)
+from hccc.compiler.frontend.eval_budget import (DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS, DEFAULT_MAX_WORK,
+                                                STATEMENT_COST, Budget, trip_scalar)
+from hccc.compiler.frontend.eval_expr import value
+from hccc.compiler.frontend.eval_rows import (I64 as _I64, Frame, collapse, expansion, fail, first, full,
+                                              merge_sub)
 
-DEFAULT_MAX_TRANSFERS = 10 ** 7
-DEFAULT_MAX_ITERATIONS = 10 ** 8
-#: The evaluator's total work, in units of one row of one vectorised operation. Measured (CPython
-#: 3.11, numpy, one core): a vectorised operation costs about 10 ns a row, and one statement run
-#: once (by a loop with a carried name, which runs its body iteration by iteration) about 5 us, so
-#: :data:`STATEMENT_COST` row units. The default budget is about 1.5 s of evaluation at those rates
-#: and leaves room for the largest programs the transfer limit admits (10**7 transfers from a
-#: loop of a few operations a row: about 7 * 10**7 units); ``HCCC_MAX_RCCL_WORK`` raises it.
-DEFAULT_MAX_WORK = 150_000_000
-#: the work of running one statement (or one iteration of a loop) once, in row units (see above)
-STATEMENT_COST = 500
 # An expanded loop materialises at most this many rows at once; bigger loops run in pieces
 # (contiguous parent rows, or iteration ranges of one row) so memory stays bounded.
 CHUNK_ROWS = 1 << 22
-
-_I64 = np.int64
 
 
 # ------------------------------------------------------------------------- static analysis
@@ -93,12 +90,6 @@ def _fold(e):
     return None
 
 
-def _trip_scalar(start: int, stop: int, step: int) -> int:
-    if step > 0:
-        return max(0, (stop - start + step - 1) // step)
-    return max(0, (start - stop - step - 1) // (-step))
-
-
 def _analyze_block(stmts: list, defined: set, keys: dict) -> tuple[set, set, set]:
     """Returns (exposed reads, assigned names, definitely assigned after) for one iteration.
 
@@ -134,7 +125,7 @@ def _analyze_block(stmts: list, defined: set, keys: dict) -> tuple[set, set, set
             if all(v is not None for v in vals):
                 start, stop, step = (0, vals[0], 1) if len(vals) == 1 else (
                     (vals[0], vals[1], 1) if len(vals) == 2 else tuple(vals))
-                s.trip_known_positive = step != 0 and _trip_scalar(start, stop, step) > 0
+                s.trip_known_positive = step != 0 and trip_scalar(start, stop, step) > 0
             exposed |= e_body - d
             assigned |= a_body | {s.var}
             if s.trip_known_positive:
@@ -157,94 +148,6 @@ def analyze(program: Program) -> None:
     _mark_keys(program.body, False, False)
 
 
-# ------------------------------------------------------------------------------- frames
-class Frame:
-    """A row set. ``pidx[j]`` is the parent row of row ``j`` (``None``: identity mapping)."""
-
-    __slots__ = ("n", "parent", "pidx", "vars", "cache", "maps", "loop_var", "loop_val", "iter_idx",
-                 "bounds")
-
-    def __init__(self, n: int, parent: "Frame | None" = None, pidx: np.ndarray | None = None,
-                 loop_var: str | None = None):
-        self.n = n
-        self.parent = parent
-        self.pidx = pidx
-        # name -> (value, defined-mask, assigned-mask) for names assigned in this frame; masks are
-        # None when true for every row. "assigned" = written during this frame's own iteration
-        # (rows where a nested zero-trip loop skipped the write hold an older value).
-        self.vars: dict = {}
-        self.cache: dict = {}     # name -> (value, mask, bound) inherited from an ancestor, lifted
-        # name -> (array, b): every entry of that array (the value in ``vars`` while it is the
-        # same object) has magnitude <= b; lets expressions skip overflow scans (see _binop)
-        self.bounds: dict = {}
-        self.maps: dict = {}      # id(ancestor) -> composite row index (or None)
-        self.loop_var = loop_var
-        self.loop_val = None
-        self.iter_idx = None
-
-    def index_from(self, anc: "Frame"):
-        if anc is self:
-            return None
-        key = id(anc)
-        if key in self.maps:
-            return self.maps[key]
-        up = self.parent.index_from(anc)
-        if up is None:
-            idx = self.pidx
-        elif self.pidx is None:
-            idx = up
-        else:
-            idx = up[self.pidx]
-        self.maps[key] = idx
-        return idx
-
-    def lift(self, val, anc: "Frame"):
-        if not isinstance(val, np.ndarray):
-            return val
-        idx = self.index_from(anc)
-        return val if idx is None else val[idx]
-
-    def read(self, name: str):
-        """(value, mask) lifted to this frame's rows, or None when never assigned."""
-        v = self.read_bounded(name)
-        return None if v is None else (v[0], v[1])
-
-    def read_bounded(self, name: str):
-        """(value, mask, bound) lifted to this frame's rows, or None when never assigned.
-        ``bound``: a known bound on the magnitude of an array value, else None."""
-        v = self.vars.get(name)
-        if v is not None:
-            b = self.bounds.get(name)
-            return v[0], v[1], (b[1] if b is not None and b[0] is v[0] else None)
-        v = self.cache.get(name)
-        if v is not None:
-            return v
-        f = self.parent
-        while f is not None:
-            pv = f.vars.get(name)
-            if pv is not None:
-                val, mask = pv[0], pv[1]
-                b = f.bounds.get(name)
-                res = (self.lift(val, f), None if mask is None else self.lift(mask, f),
-                       b[1] if b is not None and b[0] is val else None)
-                self.cache[name] = res
-                return res
-            f = f.parent
-        return None
-
-    def describe(self, j: int) -> str:
-        parts = []
-        f = self
-        while f is not None:
-            if f.loop_var is not None:
-                v = f.loop_val
-                parts.append(f"{f.loop_var}={int(v[j]) if isinstance(v, np.ndarray) else int(v)}")
-            if f.pidx is not None:
-                j = int(f.pidx[j])
-            f = f.parent
-        return "(" + ", ".join(reversed(parts)) + ")" if parts else ""
-
-
 def _start_loc(e) -> Location:
     """Location of the leftmost token of an expression (binary nodes are located at their operator)."""
     while isinstance(e, BinOp):
@@ -252,141 +155,19 @@ def _start_loc(e) -> Location:
     return e.loc
 
 
-def _maxabs(a) -> int:
-    if isinstance(a, np.ndarray):
-        if a.size == 0:
-            return 0
-        return max(int(a.max()), -int(a.min()))
-    return abs(a)
-
-
-def _first(mask: np.ndarray) -> int:
-    return int(np.argmax(mask))
-
-
-def _full(n: int, v) -> np.ndarray:
-    """``np.full(n, v, dtype=int64)`` without its Python-level overhead."""
-    a = np.empty(n, dtype=_I64)
-    a.fill(v)
-    return a
-
-
 # ----------------------------------------------------------------------------- evaluator
 class Evaluator:
+    """One evaluation of a parsed program: its statements run over row sets (:class:`Frame`,
+    :mod:`hccc.compiler.frontend.eval_rows`), its expressions by :func:`~hccc.compiler.frontend.eval_expr.value`,
+    what they spend counted by a :class:`~hccc.compiler.frontend.eval_budget.Budget`; the transfers
+    each site made, gathered into an :class:`Algorithm` (:func:`assemble`)."""
+
     def __init__(self, program: Program, max_transfers: int, max_iterations: int,
                  max_work: int = DEFAULT_MAX_WORK):
         self.program = program
-        self.max_transfers = max_transfers
-        self.max_iterations = max_iterations
-        self.max_work = max_work
-        self.work = 0
-        self.iterations = 0
-        self.ntransfers = 0
+        self.budget = Budget(max_transfers, max_iterations, max_work)
+        #: per transfer site, its blocks of transfers: (argument columns, loop values, sort keys)
         self.blocks: list[list] = [[] for _ in program.transfers]
-
-    # ---------------------------------------------------------------- errors
-    @staticmethod
-    def _fail(loc: Location, msg: str, frame: Frame | None = None, row: int = 0):
-        if frame is not None and frame.n > 0:
-            suffix = frame.describe(row)
-            if suffix:
-                msg = f"{msg} {suffix}"
-        raise CompileError.at(loc, msg)
-
-    def _charge(self, units: int, loc: Location) -> None:
-        """Count ``units`` of work (:data:`DEFAULT_MAX_WORK`) before doing it; past the budget,
-        a located error at the construct that would do it."""
-        self.work += units
-        if self.work > self.max_work:
-            raise CompileError.at(loc, f"evaluation work limit exceeded: the program needs more than "
-                                       f"{self.max_work} units of work (one unit: one row of one "
-                                       f"operation; one statement run once: {STATEMENT_COST}); write "
-                                       f"fewer nested loops, or set HCCC_MAX_RCCL_WORK to raise the limit")
-
-    # ---------------------------------------------------------------- expressions
-    def ev(self, e, f: Frame, memo: dict | None = None):
-        return self._ev(e, f, {} if memo is None else memo)[0]
-
-    def _ev(self, e, f: Frame, memo: dict):
-        """(value, bound): ``bound`` >= the magnitude of every entry of an array value, or None
-        when not known; for a scalar value it is unused (None). ``memo``: key -> (value, bound)
-        of operations already evaluated over ``f`` since its variables last changed (programs
-        repeat subexpressions across the transfers of one loop body)."""
-        t = type(e)
-        if t is Int:
-            return e.value, None
-        if t is BinOp:
-            r = memo.get(e.key)
-            if r is None:
-                a, ba = self._ev(e.left, f, memo)
-                b, bb = self._ev(e.right, f, memo)
-                if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-                    self._charge(f.n, e.loc)
-                r = memo[e.key] = self._binop(e, a, b, f, ba, bb)
-            return r
-        if t is Var:
-            v = f.read_bounded(e.name)
-            if v is None:
-                self._fail(e.loc, f"name '{e.name}' is not defined", f)
-            val, mask, bound = v
-            if mask is not None and not mask.all():
-                self._fail(e.loc, f"name '{e.name}' is not defined", f, _first(~mask))
-            return val, bound
-        if t is Neg:
-            v, bound = self._ev(e.operand, f, memo)
-            return -v, bound
-        raise AssertionError(f"unknown expression {type(e).__name__}")  # pragma: no cover
-
-    def _binop(self, e: BinOp, a, b, f: Frame, ba, bb):
-        """``a op b`` and a bound on its magnitude (see :meth:`_ev`). Array overflow is found by
-        scanning the rows, which only runs when the operands' magnitudes (``ba`` / ``bb`` where
-        known, else measured) allow a result beyond INT_LIMIT."""
-        op = e.op
-        arr = isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
-        if op == "+" or op == "-":
-            if not arr:
-                r = a + b if op == "+" else a - b
-                if abs(r) > INT_LIMIT:
-                    self._overflow(e, f, 0)
-                return r, None
-            r = (a + b) if op == "+" else (a - b)
-            m = (_maxabs(a) if ba is None else ba) + (_maxabs(b) if bb is None else bb)
-            if m > INT_LIMIT:
-                bad = (r > INT_LIMIT) | (r < -INT_LIMIT)
-                if bad.any():
-                    self._overflow(e, f, _first(bad))
-                m = INT_LIMIT
-            return r, m
-        if op == "*":
-            if not arr:
-                r = a * b
-                if abs(r) > INT_LIMIT:
-                    self._overflow(e, f, 0)
-                return r, None
-            m = (_maxabs(a) if ba is None else ba) * (_maxabs(b) if bb is None else bb)
-            if m > INT_LIMIT:
-                aa = np.abs(np.broadcast_to(a, (f.n,)))
-                bb = np.abs(np.broadcast_to(b, (f.n,)))
-                bad = (aa != 0) & (bb > INT_LIMIT // np.where(aa == 0, 1, aa))
-                if bad.any():
-                    self._overflow(e, f, _first(bad))
-                m = INT_LIMIT
-            return a * b, m
-        # '/', '//', '%': Python floor semantics (numpy's integer ops agree).
-        what = "modulo by zero" if op == "%" else "division by zero"
-        if isinstance(b, np.ndarray):
-            zero = b == 0
-            if zero.any():
-                self._fail(e.loc, what, f, _first(zero))
-        elif b == 0:
-            self._fail(e.loc, what, f, 0)
-        if op == "%":   # |a % b| < |b|
-            return a % b, (abs(b) if bb is None and not isinstance(b, np.ndarray) else bb)
-        # |a // b| <= |a| for integers with b != 0
-        return a // b, (abs(a) if ba is None and not isinstance(a, np.ndarray) else ba)
-
-    def _overflow(self, e: BinOp, f: Frame, row: int):
-        self._fail(e.loc, f"integer overflow: result of '{e.op}' exceeds 2**62 in magnitude", f, row)
 
     # ---------------------------------------------------------------- statements
     def run(self) -> Algorithm:
@@ -399,12 +180,12 @@ class Evaluator:
                                            h.root if param == "shift" else 0)):
             top.vars[name] = (val, None, None)
         self.block(prog.body, top)
-        return self.assemble()
+        return assemble(prog, self.blocks)
 
     def block(self, stmts: list, f: Frame) -> None:
-        memo: dict = {}   # see _ev; emptied whenever a statement may change f's variables
+        memo: dict = {}   # see eval_expr.value; emptied whenever a statement may change f's variables
         for s in stmts:
-            self._charge(STATEMENT_COST + f.n, s.loc)
+            self.budget.charge(STATEMENT_COST + f.n, s.loc)
             t = type(s)
             if t is Transfer:
                 self.transfer(s, f, memo)
@@ -412,7 +193,7 @@ class Evaluator:
                 self.for_loop(s, f, memo)
                 memo.clear()
             elif t is Assign:
-                val, bound = self._ev(s.value, f, memo)
+                val, bound = value(s.value, f, memo, self.budget)
                 f.vars[s.name] = (val, None, None)
                 if bound is not None:
                     f.bounds[s.name] = (val, bound)
@@ -423,22 +204,22 @@ class Evaluator:
                 raise AssertionError(type(s).__name__)
 
     def transfer(self, s: Transfer, f: Frame, memo: dict) -> None:
-        vals = [self._ev(a, f, memo)[0] for a in s.args]
+        vals = [value(a, f, memo, self.budget)[0] for a in s.args]
         n = f.n
-        if self.ntransfers + n > self.max_transfers:
-            self._too_many_transfers(s)
-        self.ntransfers += n
-        cols = [v if isinstance(v, np.ndarray) else _full(n, v) for v in vals]
+        if not self.budget.fits_transfers(n):
+            self.budget.too_many_transfers(s)
+        self.budget.ntransfers += n
+        cols = [v if isinstance(v, np.ndarray) else full(n, v) for v in vals]
         lv = []
         keys = []
         fr = f
         while fr is not None:
             if fr.loop_var is not None:
                 v = f.lift(fr.loop_val, fr)
-                lv.append(v if isinstance(v, np.ndarray) else _full(n, v))
+                lv.append(v if isinstance(v, np.ndarray) else full(n, v))
                 if s.needs_key:
                     k = f.lift(fr.iter_idx, fr)
-                    keys.append(k if isinstance(k, np.ndarray) else _full(n, k))
+                    keys.append(k if isinstance(k, np.ndarray) else full(n, k))
             fr = fr.parent
         lv.reverse()
         keys.reverse()
@@ -446,13 +227,9 @@ class Evaluator:
         mat = np.array(lv).T if lv else np.zeros((n, 0), dtype=_I64)
         self.blocks[s.site].append((cols, mat, keys))
 
-    def _too_many_transfers(self, s: Transfer):
-        raise CompileError.at(s.loc, f"too many transfers: the program makes more than "
-                                     f"{self.max_transfers} (raise the max_transfers limit if "
-                                     f"this is intended)")
-
+    # ---------------------------------------------------------------- loops
     def range_args(self, s: For, f: Frame, memo: dict):
-        vals = [self._ev(a, f, memo)[0] for a in s.args]
+        vals = [value(a, f, memo, self.budget)[0] for a in s.args]
         if len(vals) == 1:
             start, stop, step = 0, vals[0], 1
         elif len(vals) == 2:
@@ -463,53 +240,20 @@ class Evaluator:
         if isinstance(step, np.ndarray):
             zero = step == 0
             if zero.any():
-                self._fail(step_loc, "range() step must not be zero", f, _first(zero))
+                fail(step_loc, "range() step must not be zero", f, first(zero))
         elif step == 0:
-            self._fail(step_loc, "range() step must not be zero", f, 0)
+            fail(step_loc, "range() step must not be zero", f, 0)
         return start, stop, step
-
-    def trips(self, start, stop, step, f: Frame, s: For):
-        """Per-row trip counts (int or int64 array) and their total, checked against the budget."""
-        budget = self.max_iterations - self.iterations
-        if not any(isinstance(x, np.ndarray) for x in (start, stop, step)):
-            t = _trip_scalar(start, stop, step)
-            total = t * f.n
-            if total > budget:
-                self._iteration_limit(s)
-            return t, total
-        n = f.n
-        st = np.broadcast_to(np.asarray(start, dtype=_I64), (n,))
-        sp = np.broadcast_to(np.asarray(stop, dtype=_I64), (n,))
-        sc = np.broadcast_to(np.asarray(step, dtype=_I64), (n,))
-        pos = sc > 0
-        hi = np.where(pos, sp, st)
-        lo = np.where(pos, st, sp)
-        # hi - lo is exact modulo 2**64, and < 2**64 when hi > lo (|values| <= 2**62).
-        d = hi.astype(np.uint64) - lo.astype(np.uint64)
-        a = np.abs(sc).astype(np.uint64)
-        t = d // a + (d % a != 0).astype(np.uint64)
-        t = np.where(hi > lo, t, np.uint64(0))
-        if int(t.max()) > budget:
-            self._iteration_limit(s)
-        t = t.astype(_I64)
-        total = int(t.sum())
-        if total > budget:
-            self._iteration_limit(s)
-        return t, total
-
-    def _iteration_limit(self, s: For):
-        raise CompileError.at(s.loc, f"loop iteration limit exceeded: the program would run more "
-                                     f"than {self.max_iterations} loop iterations")
 
     def for_loop(self, s: For, f: Frame, memo: dict) -> None:
         start, stop, step = self.range_args(s, f, memo)
-        t, total = self.trips(start, stop, step, f, s)
-        self.iterations += total
+        t, total = self.budget.trips(start, stop, step, f, s)
+        self.budget.iterations += total
         if total == 0:
             return
-        if s.direct_transfers and self.ntransfers + total > self.max_transfers:
-            self._too_many_transfers(s.direct_transfers[0])
-        self._charge(total, s.loc)           # the expanded rows, or the sequential loop's indices
+        if s.direct_transfers and not self.budget.fits_transfers(total):
+            self.budget.too_many_transfers(s.direct_transfers[0])
+        self.budget.charge(total, s.loc)           # the expanded rows, or the sequential loop's indices
         if s.carried:
             self.sequential(s, f, start, step, t)
         elif total <= CHUNK_ROWS:
@@ -542,27 +286,13 @@ class Evaluator:
                 sc = sub.lift(step, f)
                 st = sub.lift(start, f) + sc * i0
                 self.expanded(s, sub, st, sc, tsub, int(tsub.sum()), i0)
-                self._merge_sub(f, sub, sub.pidx)
+                merge_sub(f, sub, sub.pidx)
             r = r1
 
     def expanded(self, s: For, f: Frame, start, step, t, total: int, it_offset: int) -> None:
-        n = f.n
-        if not isinstance(t, np.ndarray):
-            if t == 1:
-                pidx, it = None, 0
-            else:
-                pidx = np.repeat(np.arange(n, dtype=_I64), t) if n > 1 else np.zeros(t, _I64)
-                it = np.arange(n * t, dtype=_I64) % t if n > 1 else np.arange(t, dtype=_I64)
-            last = None if t == 1 else np.arange(t - 1, n * t, t, dtype=_I64)
-            all_nz = True
-        else:
-            pidx = np.repeat(np.arange(n, dtype=_I64), t)
-            ends = np.cumsum(t)
-            it = np.arange(total, dtype=_I64) - np.repeat(ends - t, t)
-            last = ends - 1
-            all_nz = bool((t > 0).all())
-            if all_nz and total == n:
-                pidx, last = None, None
+        """The loop's body run once over its expanded rows (every iteration of every row of ``f``),
+        then each name it assigned written back into ``f`` (:func:`collapse`)."""
+        pidx, it, last, all_nz = expansion(f.n, t, total)
         e = Frame(total, f, pidx, s.var)
         st = e.lift(start, f)
         sc = e.lift(step, f)
@@ -575,57 +305,13 @@ class Evaluator:
             tmax = int(t.max()) if isinstance(t, np.ndarray) else t
             e.bounds[s.var] = (val, max(abs(st), abs(st + sc * (tmax - 1))))
         self.block(s.body, e)
-        # collapse: each group takes its last iteration's value; where the trip count was 0, or
-        # where no iteration of the group wrote the name, the value from before the loop stays.
-        for name, (v, m, a) in e.vars.items():
-            if a is None and all_nz:
-                if last is not None:
-                    if isinstance(v, np.ndarray):
-                        v = v[last]
-                    if m is not None:
-                        m = m[last]
-                f.vars[name] = (v, m, None)
-                continue
-            if a is None:
-                src = np.where(t > 0, last, -1)
-            else:
-                cand = np.where(a, np.arange(total, dtype=_I64), -1)
-                src = np.full(n, -1, dtype=_I64)
-                if isinstance(t, np.ndarray):
-                    ne = np.flatnonzero(t > 0)
-                    starts = (np.cumsum(t) - t)[ne]
-                else:
-                    ne = np.arange(n, dtype=_I64)
-                    starts = ne * t
-                src[ne] = np.maximum.reduceat(cand, starts)
-            rows = np.flatnonzero(src >= 0)
-            sel = src[rows]
-            self._merge(f, name, v[sel] if isinstance(v, np.ndarray) else v,
-                        None if m is None else m[sel], rows)
-
-    @staticmethod
-    def _merge(f: Frame, name: str, vals, mvals, rows: np.ndarray) -> None:
-        """Write ``vals`` (aligned with ``rows``) into ``f``'s rows ``rows``; others keep theirs."""
-        own = f.vars.get(name)
-        if own is not None:
-            ov, om, oa = own
-            asg = np.ones(f.n, dtype=bool) if oa is None else oa.copy()
-        else:
-            old = f.read(name)
-            asg = np.zeros(f.n, dtype=bool)
-            ov, om = old if old is not None else (0, np.zeros(f.n, dtype=bool))
-        base = np.array(np.broadcast_to(ov, (f.n,)), dtype=_I64)
-        bmask = np.ones(f.n, dtype=bool) if om is None else om.copy()
-        base[rows] = vals
-        bmask[rows] = True if mvals is None else mvals
-        asg[rows] = True
-        f.vars[name] = (base, None if bmask.all() else bmask, None if asg.all() else asg)
+        collapse(f, e, t, total, last, all_nz)
 
     def sequential(self, s: For, f: Frame, start, step, t) -> None:
         n = f.n
         maxt = int(t.max()) if isinstance(t, np.ndarray) else t
         for i in range(maxt):
-            self._charge(STATEMENT_COST, s.loc)
+            self.budget.charge(STATEMENT_COST, s.loc)
             if isinstance(t, np.ndarray) and not (t > i).all():
                 active = np.flatnonzero(t > i)
                 m = len(active)
@@ -637,70 +323,53 @@ class Evaluator:
             sf.iter_idx = i
             sf.vars[s.var] = (val, None, None)
             self.block(s.body, sf)
-            self._merge_sub(f, sf, active)
+            merge_sub(f, sf, active)
 
-    def _merge_sub(self, f: Frame, sf: Frame, active) -> None:
-        """Write back what sub-frame ``sf`` (rows ``active`` of ``f``; None: all) assigned.
 
-        Rows that ``sf`` did not write already hold ``f``'s current value, so only written rows
-        are copied."""
-        for name, (v, mk, a) in sf.vars.items():
-            if active is None and a is None:
-                f.vars[name] = (v, mk, None)
-                continue
-            if a is None:
-                rows = active
-                vals, mvals = v, mk
-            else:
-                sel = np.flatnonzero(a)
-                rows = sel if active is None else active[sel]
-                vals = v[sel] if isinstance(v, np.ndarray) else v
-                mvals = None if mk is None else mk[sel]
-            self._merge(f, name, vals, mvals, rows)
+# ---------------------------------------------------------------------------------- output
+def assemble(prog: Program, blocks_of: list[list]) -> Algorithm:
+    """The :class:`Algorithm` of ``prog``'s transfers, from each site's blocks (see
+    :attr:`Evaluator.blocks`), in site order and within a site in loop order."""
+    cols = [[], [], [], [], []]     # src, dst, step, chunk, channel
+    ops, sites_col, counts, loop_values, sites = [], [], [], [], []
+    named = any(len(tr.args) == 5 for tr in prog.transfers)   # some transfer names its channel
+    for tr in prog.transfers:
+        blocks = blocks_of[tr.site]
+        depth = len(tr.loop_vars)
+        sites.append(TransferSite(tr.loc, tuple(tr.loop_vars)))
+        if not blocks:
+            loop_values.append(np.zeros((0, depth), dtype=_I64))
+            continue
+        if len(blocks) == 1:
+            bc, mat, _ = blocks[0]
+        else:
+            bc = [np.concatenate([b[0][k] for b in blocks]) for k in range(len(tr.args))]
+            mat = np.concatenate([b[1] for b in blocks])
+            if tr.needs_key:
+                keys = [np.concatenate([b[2][k] for b in blocks]) for k in range(depth)]
+                order = np.lexsort(keys[::-1])
+                bc = [c[order] for c in bc]
+                mat = mat[order]
+        for k in range(4):
+            cols[k].append(np.asarray(bc[k], dtype=_I64))
+        cnt = len(bc[0])
+        if named:
+            cols[4].append(np.asarray(bc[4], dtype=_I64) if len(bc) > 4 else np.zeros(cnt, _I64))
+        ops.append(tr.op)
+        sites_col.append(tr.site)
+        counts.append(cnt)
+        loop_values.append(np.ascontiguousarray(mat, dtype=_I64))
 
-    # ---------------------------------------------------------------- output
-    def assemble(self) -> Algorithm:
-        prog = self.program
-        cols = [[], [], [], [], []]     # src, dst, step, chunk, channel
-        ops, sites_col, counts, loop_values, sites = [], [], [], [], []
-        named = any(len(tr.args) == 5 for tr in prog.transfers)   # some transfer names its channel
-        for tr in prog.transfers:
-            blocks = self.blocks[tr.site]
-            depth = len(tr.loop_vars)
-            sites.append(TransferSite(tr.loc, tuple(tr.loop_vars)))
-            if not blocks:
-                loop_values.append(np.zeros((0, depth), dtype=_I64))
-                continue
-            if len(blocks) == 1:
-                bc, mat, _ = blocks[0]
-            else:
-                bc = [np.concatenate([b[0][k] for b in blocks]) for k in range(len(tr.args))]
-                mat = np.concatenate([b[1] for b in blocks])
-                if tr.needs_key:
-                    keys = [np.concatenate([b[2][k] for b in blocks]) for k in range(depth)]
-                    order = np.lexsort(keys[::-1])
-                    bc = [c[order] for c in bc]
-                    mat = mat[order]
-            for k in range(4):
-                cols[k].append(np.asarray(bc[k], dtype=_I64))
-            cnt = len(bc[0])
-            if named:
-                cols[4].append(np.asarray(bc[4], dtype=_I64) if len(bc) > 4 else np.zeros(cnt, _I64))
-            ops.append(tr.op)
-            sites_col.append(tr.site)
-            counts.append(cnt)
-            loop_values.append(np.ascontiguousarray(mat, dtype=_I64))
+    def cat(parts, dtype):
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
-        def cat(parts, dtype):
-            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
-
-        return Algorithm(
-            header=prog.header,
-            src=cat(cols[0], _I64), dst=cat(cols[1], _I64), step=cat(cols[2], _I64),
-            chunk=cat(cols[3], _I64), op=np.repeat(np.array(ops, dtype=np.uint8), counts),
-            site=np.repeat(np.array(sites_col, dtype=_I64), counts),
-            sites=sites, loop_values=loop_values, channel=cat(cols[4], _I64) if named else None,
-        )
+    return Algorithm(
+        header=prog.header,
+        src=cat(cols[0], _I64), dst=cat(cols[1], _I64), step=cat(cols[2], _I64),
+        chunk=cat(cols[3], _I64), op=np.repeat(np.array(ops, dtype=np.uint8), counts),
+        site=np.repeat(np.array(sites_col, dtype=_I64), counts),
+        sites=sites, loop_values=loop_values, channel=cat(cols[4], _I64) if named else None,
+    )
 
 
 def work_budget() -> int:

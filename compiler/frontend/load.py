@@ -5,7 +5,8 @@ from pathlib import Path
 
 from hccc.compiler.frontend.algorithm import Algorithm
 from hccc.util.diagnostics import SourceFile
-from hccc.compiler.frontend.evaluator import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS, evaluate
+from hccc.compiler.frontend.eval_budget import DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_TRANSFERS
+from hccc.compiler.frontend.evaluator import evaluate
 from hccc.compiler.frontend.rccl_parser import parse_program
 
 

@@ -410,49 +410,132 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     block lands in scratch instead and one local copy at the very end (after the sends and the
     writes) moves it to the output; out of place that copy costs one extra pass over the block.
     """
+    t = _a2a_transfers(alg)
+    in_slot, from_input = _a2a_sends_from_input(t, alg, first_write)
+    read_idx = np.flatnonzero(from_input)
+    read_loc = t.src[read_idx] * t.C + t.chunk[read_idx]
+    loc_w, arriving, alias, redirect_loc = _a2a_inplace_hazards(t, key_t, read_idx, read_loc)
+    loc = _a2a_write_locations(t, loc_w, redirect_loc)
+    w_buf, w_off = loc.where(loc_w)
+    s_buf = np.full(t.T, Buf.INPUT, np.int8)
+    s_off = in_slot.copy()
+    later = ~from_input
+    if later.any():
+        s_buf[later], s_off[later] = loc.where(t.src[later] * t.C + t.chunk[later])
+
+    # waits of direct arrivals on the sends of their aliased blocks
+    direct = arriving & ~redirect_loc[loc_w]
+    dw, dr = _pairs_by_key(np.flatnonzero(direct), alias[direct], read_idx, read_loc)
+    # final copies of redirected arrivals, after their writes and the aliased sends
+    N, C, Cf, spec = t.N, t.C, t.Cf, t.spec
+    red_l = loc.wl[loc.to_scratch & redirect_loc[loc.wl]]
+    copy_rank, copy_chunk = red_l // C, red_l % C
+    c_buf, c_off = loc.where(red_l)
+    copy_dst = spec.slot("output", copy_rank, copy_chunk, N, Cf)
+    c_alias = copy_rank * C + spec.id_at("input", copy_rank, copy_dst, N, Cf)
+    cw, tw = _pairs_by_key(np.arange(len(red_l)), red_l, np.arange(t.T), loc_w)
+    cr, tr = _pairs_by_key(np.arange(len(red_l)), c_alias, read_idx, read_loc)
+    return _AlltoallMapping(
+        s_buf=s_buf, s_off=s_off, w_buf=w_buf, w_off=w_off, scratch_chunks=loc.scratch_chunks,
+        dep_write=dw, dep_read=dr, copy_rank=copy_rank, copy_src=c_off,
+        copy_dst=copy_dst,
+        cdep_copy=np.concatenate([cw, cr]), cdep_task=np.concatenate([tw, tr]),
+        cdep_is_write=np.r_[np.ones(len(cw), bool), np.zeros(len(cr), bool)])
+
+
+@dataclass
+class _A2ATransfers:
+    """An AllToAll program's shape (``N`` ranks, ``K`` chunks per block, ``C`` chunk ids of which
+    the collective's full buffers hold ``Cf``) and its transfers as int64 columns."""
+
+    N: int
+    K: int
+    C: int
+    Cf: int
+    spec: object
+    T: int
+    src: np.ndarray
+    dst: np.ndarray
+    chunk: np.ndarray
+    step: np.ndarray
+    root: int = 0           # the spec's rank parameter: SendRecv's shift
+
+
+def _a2a_transfers(alg: Algorithm) -> _A2ATransfers:
+    """The program's transfers (a reduction is refused, located: an AllToAll moves blocks only)."""
     h = alg.header
     N, K, C = h.nranks, h.chunks_per_rank, h.nchunks
-    spec, root = h.collective.spec, h.root   # root: SendRecv's shift (the spec's parameter)
-    Cf = spec.full_chunks(N, C)
-    T = alg.ntransfers
-    src = alg.src.astype(np.int64)
-    dst = alg.dst.astype(np.int64)
-    chunk = alg.chunk.astype(np.int64)
-    step = alg.step.astype(np.int64)
+    spec = h.collective.spec
+    t = _A2ATransfers(N, K, C, spec.full_chunks(N, C), spec, alg.ntransfers, alg.src.astype(np.int64),
+                      alg.dst.astype(np.int64), alg.chunk.astype(np.int64), alg.step.astype(np.int64), h.root)
     if (alg.op == RRC).any():
         i = int(np.flatnonzero(alg.op == RRC)[0])
         raise CompileError([Diagnostic(f"reduction (rrc) in an Alltoall {alg.describe(i)}".rstrip(),
                                        alg.location_of(i))])
-    in_slot = spec.slot("input", src, chunk, N, Cf)
-    from_input = step < first_write[src * C + chunk]
-    bad = from_input & ~spec.holds(spec.start, src, chunk, N, Cf, root)
+    return t
+
+
+def _a2a_sends_from_input(t: _A2ATransfers, alg: Algorithm, first_write: np.ndarray):
+    """(input slot of each transfer's chunk on its source, whether the send reads it there: before
+    the chunk is first written on that rank); a send of a chunk its rank never held is refused."""
+    spec, N, C, Cf = t.spec, t.N, t.C, t.Cf
+    in_slot = spec.slot("input", t.src, t.chunk, N, Cf)
+    from_input = t.step < first_write[t.src * C + t.chunk]
+    bad = from_input & ~spec.holds(spec.start, t.src, t.chunk, N, Cf, t.root)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CompileError([Diagnostic(
-            f"rank {int(src[i])} sends chunk {int(chunk[i])} before holding it at step "
-            f"{int(step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+            f"rank {int(t.src[i])} sends chunk {int(t.chunk[i])} before holding it at step "
+            f"{int(t.step[i])} {alg.describe(i)}".rstrip(), alg.location_of(i))])
+    return in_slot, from_input
 
-    # in-place hazards: per (rank, arriving chunk) location, the latest send of the aliased one
-    loc_w = dst * C + chunk
-    read_idx = np.flatnonzero(from_input)
+
+def _a2a_inplace_hazards(t: _A2ATransfers, key_t: np.ndarray, read_idx: np.ndarray, read_loc: np.ndarray):
+    """In-place hazards, per (rank, arriving chunk) location against the latest send of the chunk
+    its output slot overlays: ``(loc_w, arriving, alias, redirect_loc)``, each transfer's write
+    location, whether it delivers a chunk to its final owner, the (rank, chunk) location it aliases
+    in the input, and the write locations that must land in scratch instead."""
+    spec, N, C, Cf = t.spec, t.N, t.C, t.Cf
+    loc_w = t.dst * C + t.chunk
     max_read = np.full(N * C, -1, np.int64)
-    np.maximum.at(max_read, src[read_idx] * C + chunk[read_idx], key_t[read_idx])
+    np.maximum.at(max_read, read_loc, key_t[read_idx])
     min_write = np.full(N * C, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(min_write, loc_w, key_t)
-    arriving = spec.holds(spec.end, dst, chunk, N, Cf, root) & ~spec.holds(spec.start, dst, chunk, N, Cf, root)
+    arriving = spec.holds(spec.end, t.dst, t.chunk, N, Cf, t.root) & ~spec.holds(spec.start, t.dst, t.chunk, N, Cf, t.root)
     # (rank, the id in its input slot that the arriving id's output slot overlays: the chunk it
     # sends to the arriving one's source)
-    alias = dst * C + spec.id_at("input", dst, spec.slot("output", dst, chunk, N, Cf), N, Cf)
+    alias = t.dst * C + spec.id_at("input", t.dst, spec.slot("output", t.dst, t.chunk, N, Cf), N, Cf)
     redirect_loc = np.zeros(N * C, bool)
     hazard = arriving & (min_write[loc_w] <= max_read[alias])
     redirect_loc[loc_w[hazard]] = True
+    return loc_w, arriving, alias, redirect_loc
 
-    # write locations of every written (rank, chunk)
+
+@dataclass
+class _A2AWriteLocations:
+    """Where each written (rank, chunk) location ``wl`` (sorted) lives: output or dense scratch."""
+
+    wl: np.ndarray
+    to_scratch: np.ndarray
+    loc_buf: np.ndarray
+    loc_off: np.ndarray
+    scratch_chunks: int
+
+    def where(self, loc):
+        """(buffer, offset) of the written locations ``loc``."""
+        j = np.searchsorted(self.wl, loc)
+        return self.loc_buf[j], self.loc_off[j]
+
+
+def _a2a_write_locations(t: _A2ATransfers, loc_w: np.ndarray, redirect_loc: np.ndarray) -> _A2AWriteLocations:
+    """The write location of every written (rank, chunk): the output where the rank keeps the chunk
+    and it is not redirected, else dense scratch blocks per rank (block ``c // K`` of the
+    ``C // K`` blocks of K pieces)."""
+    spec, N, K, C, Cf = t.spec, t.N, t.K, t.C, t.Cf
     wl = unique(loc_w)
     wr, wc = wl // C, wl % C
     w_piece = spec.block_of(wc, N, Cf)[2]
-    to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf, root) | redirect_loc[wl]
-    # dense scratch blocks per rank (block ``c // K`` of the ``C // K`` blocks of K pieces)
+    to_scratch = ~spec.holds(spec.end, wr, wc, N, Cf, t.root) | redirect_loc[wl]
     nb = C // K
     sb = wr[to_scratch] * nb + wc[to_scratch] // K
     ub = unique(sb)
@@ -464,36 +547,7 @@ def _alltoall_mapping(alg: Algorithm, key_t: np.ndarray, first_write: np.ndarray
     loc_off[to_scratch] = dense * K + w_piece[to_scratch]
     per_rank = np.bincount(ub // nb, minlength=N) if len(ub) else np.zeros(N, np.int64)
     scratch_chunks = int(per_rank.max()) * K if len(ub) else 0
-
-    def where(loc):
-        j = np.searchsorted(wl, loc)
-        return loc_buf[j], loc_off[j]
-
-    w_buf, w_off = where(loc_w)
-    s_buf = np.full(T, Buf.INPUT, np.int8)
-    s_off = in_slot.copy()
-    later = ~from_input
-    if later.any():
-        s_buf[later], s_off[later] = where(src[later] * C + chunk[later])
-
-    # waits of direct arrivals on the sends of their aliased blocks
-    direct = arriving & ~redirect_loc[loc_w]
-    dw, dr = _pairs_by_key(np.flatnonzero(direct), alias[direct],
-                           read_idx, src[read_idx] * C + chunk[read_idx])
-    # final copies of redirected arrivals, after their writes and the aliased sends
-    red_l = wl[to_scratch & redirect_loc[wl]]
-    copy_rank, copy_chunk = red_l // C, red_l % C
-    c_buf, c_off = where(red_l)
-    copy_dst = spec.slot("output", copy_rank, copy_chunk, N, Cf)
-    c_alias = copy_rank * C + spec.id_at("input", copy_rank, copy_dst, N, Cf)
-    cw, tw = _pairs_by_key(np.arange(len(red_l)), red_l, np.arange(T), loc_w)
-    cr, tr = _pairs_by_key(np.arange(len(red_l)), c_alias, read_idx, src[read_idx] * C + chunk[read_idx])
-    return _AlltoallMapping(
-        s_buf=s_buf, s_off=s_off, w_buf=w_buf, w_off=w_off, scratch_chunks=scratch_chunks,
-        dep_write=dw, dep_read=dr, copy_rank=copy_rank, copy_src=c_off,
-        copy_dst=copy_dst,
-        cdep_copy=np.concatenate([cw, cr]), cdep_task=np.concatenate([tw, tr]),
-        cdep_is_write=np.r_[np.ones(len(cw), bool), np.zeros(len(cr), bool)])
+    return _A2AWriteLocations(wl, to_scratch, loc_buf, loc_off, scratch_chunks)
 
 
 def _pairs_by_key(a_idx: np.ndarray, a_key: np.ndarray, b_idx: np.ndarray, b_key: np.ndarray):

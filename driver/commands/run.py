@@ -143,6 +143,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--op", type=op_list(OPS, "run"), default="sum", metavar="|".join(OPS) + "|all",
                         help="reduction operator, nccl-tests' -o: one, a comma list, or all (shown as redop "
                              "'none' for collectives that reduce nothing); hccc run writes no files")
+    _add_nccl_options(parser)
+    _add_placement_options(parser)
+    _add_run_options(parser)
+    _add_kernel_options(parser)
+    parser.add_argument("--counts", metavar="FILE", default=None,
+                        help="an AllToAll program run as an AllToAllv (hccc sim --counts' file: one line per "
+                             "sending rank of elements to each rank, docs/alltoallv.md): without sizes, one row "
+                             "of exactly those counts; with --sizes or -b/-e, the matrix scaled at each size "
+                             "(size: the mean per-rank send buffer, nccl-tests' alltoall busbw factor); "
+                             "#wrong against a numpy oracle")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
+                             "buffer ending in a redzone: an out-of-bounds access stops the run with "
+                             "ASan's report (the run restarts itself with the ASan runtime preloaded)")
+    add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
+                        chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
+                                   "1M, halved while the FIFOs would pass the run's memory limit)")
+
+
+def _add_nccl_options(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' -c, -a and -g."""
     nccl = parser.add_argument_group("nccl-tests' other options")
     nccl.add_argument("-c", "--check", type=count_at_least(0), default=1, metavar="N",
                       help="nccl-tests' -c: N checked launches per size and placement (the last timed "
@@ -154,6 +176,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
                       help="nccl-tests' -g, GPUs per thread, i.e. the ranks: hccc run drives every rank of "
                            "the program from this process, so N must be its nRanks")
+
+
+def _add_placement_options(parser: argparse.ArgumentParser) -> None:
+    """The root, and in place or out of place."""
     parser.add_argument("-r", "--root", type=count_at_least(0, "a rank"), default=None, metavar="R",
                         help="root of a Broadcast, Reduce, Gather or Scatter: must be the program's "
                              "own Root (it is compiled in)")
@@ -168,6 +194,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_deprecated_flag(place, "--inplace", "--inplace-only", "inplace",
                         " on hccc run (hccc plan's --for-inplace writes a plan for in-place calls)")
     place.add_argument("--out-of-place", dest="out_of_place", action="store_true", help=argparse.SUPPRESS)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How each size runs: iterations, warm-up, timeout, threads, seed."""
     parser.add_argument("-n", "--iters", type=count_at_least(1), default=3, metavar="N",
                         help="timed runs per size")
     parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
@@ -179,6 +209,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
     parser.add_argument("--seed", type=count_at_least(0), default=0, metavar="S", help="input data seed")
+
+
+def _add_kernel_options(parser: argparse.ArgumentParser) -> None:
+    """The kernels' slice, protocol, code-generation mode, launch and direct mode."""
     parser.add_argument("--slice-size", type=_slice, default="auto", metavar="BYTES|auto",
                         help="micro-batch slice per launch (auto: for each size the slice of least "
                              "modelled time, a unit's fixed cost against the pipeline's fill, within "
@@ -198,20 +232,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "one device); per-rank: a kernel per rank, each in its own stream; auto: "
                              "grid whenever every rank is on one device (default: auto)")
     add_direct_option(parser)
-    parser.add_argument("--counts", metavar="FILE", default=None,
-                        help="an AllToAll program run as an AllToAllv (hccc sim --counts' file: one line per "
-                             "sending rank of elements to each rank, docs/alltoallv.md): without sizes, one row "
-                             "of exactly those counts; with --sizes or -b/-e, the matrix scaled at each size "
-                             "(size: the mean per-rank send buffer, nccl-tests' alltoall busbw factor); "
-                             "#wrong against a numpy oracle")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--sanitize", action="store_true",
-                        help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
-                             "buffer ending in a redzone: an out-of-bounds access stops the run with "
-                             "ASan's report (the run restarts itself with the ASan runtime preloaded)")
-    add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
-                        chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
-                                   "1M, halved while the FIFOs would pass the run's memory limit)")
 
 
 #: one placement's columns: (name, unit, width)

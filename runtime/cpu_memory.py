@@ -1,0 +1,169 @@
+"""The CPU emulation's memory (:class:`CpuMemory`, which :class:`hccc.runtime.cpu.CpuPlatform`
+allocates with): host memory, 256-byte aligned and zeroed (large blocks are anonymous mappings
+without huge pages, so FIFO slots sized for whole chunks cost only what a run touches); pointers
+are plain addresses. Shared memory between processes is POSIX shared memory (:mod:`hccc.runtime.shm`).
+
+Under AddressSanitizer every buffer (inputs, outputs, scratch, FIFO slots, counters) is its own
+``posix_memalign`` block, so ASan puts a poisoned redzone right after its last byte.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+from typing import Any
+
+import numpy as np
+
+from hccc.runtime import shm
+from hccc.runtime.platform import DevicePtr, PlatformError
+
+ALIGN = 256
+#: allocations from this size up are page-aligned anonymous mappings
+_MMAP_MIN = 1 << 16
+
+
+class CpuMemory:
+    """Every allocation of one platform (its own and those mapped from peers' segments), by
+    aligned address, and the copies in and out of them, checked against their bounds."""
+
+    def __init__(self, sanitize: bool):
+        self.sanitize = sanitize
+        self._libc = ctypes.CDLL(None) if sanitize else None
+        self._allocs: dict[int, Any] = {}          # aligned address -> backing array or mmap
+        self._starts: list[int] = []               # sorted aligned addresses
+        self._sizes: dict[int, int] = {}
+        self._imported: set[int] = set()           # addresses mapped from peers' segments
+
+    # ---------------------------------------------------------------- own memory
+    def malloc(self, nbytes: int) -> DevicePtr:
+        n = max(int(nbytes), 1)
+        if self.sanitize:
+            # one heap block per buffer: ASan poisons the bytes right after it
+            out = ctypes.c_void_p()
+            if self._libc.posix_memalign(ctypes.byref(out), ctypes.c_size_t(ALIGN), ctypes.c_size_t(n)):
+                raise PlatformError(f"out of memory allocating {n} bytes")
+            ptr = int(out.value)
+            ctypes.memset(ptr, 0, n)
+            backing: Any = None
+        elif n >= _MMAP_MIN:
+            # Anonymous pages, zeroed by the kernel when first touched, without transparent huge
+            # pages: FIFO slots are sized for whole chunks but small runs touch a few bytes of each,
+            # and zeroing a 2 MiB page per touched slot would dominate the run.
+            m = mmap.mmap(-1, n)
+            if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+                m.madvise(mmap.MADV_NOHUGEPAGE)
+            ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+            backing = m
+        else:
+            raw = np.zeros(n + ALIGN, dtype=np.uint8)
+            ptr = (raw.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
+            backing = raw
+        self._allocs[ptr] = backing
+        self._sizes[ptr] = n
+        bisect.insort(self._starts, ptr)
+        return ptr
+
+    def free(self, ptr: DevicePtr) -> None:
+        if ptr not in self._allocs or ptr in self._imported:
+            raise PlatformError(f"free of unknown pointer {ptr:#x}")
+        backing = self._allocs.pop(ptr)
+        if isinstance(backing, shm.Segment):
+            backing.close()
+        elif self.sanitize:
+            self._libc.free(ctypes.c_void_p(ptr))
+        elif isinstance(backing, mmap.mmap):
+            try:
+                backing.close()
+            except BufferError:
+                pass  # still exported (a ctypes view alive): the mapping goes with its last user
+        del self._sizes[ptr]
+        self._starts.pop(bisect.bisect_left(self._starts, ptr))
+
+    def _register(self, ptr: int, backing: Any, n: int) -> None:
+        self._allocs[ptr] = backing
+        self._sizes[ptr] = n
+        bisect.insort(self._starts, ptr)
+
+    # ---------------------------------------------------------------- IPC: POSIX shared memory
+    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+        try:
+            seg = shm.create(nbytes)
+        except shm.ShmError as exc:
+            raise PlatformError(str(exc)) from None
+        self._register(seg.address, seg, seg.size)
+        return seg.address
+
+    def _segment(self, ptr: DevicePtr) -> "shm.Segment":
+        seg = self._allocs.get(ptr)
+        if not isinstance(seg, shm.Segment):
+            raise PlatformError(f"{ptr:#x} is not shared memory of this platform")
+        return seg
+
+    def ipc_export(self, ptr: DevicePtr) -> bytes:
+        seg = self._segment(ptr)
+        if not seg.owner:
+            raise PlatformError(f"{ptr:#x} was imported from a peer; only its creator exports it")
+        return seg.handle
+
+    def ipc_import(self, handle: bytes) -> DevicePtr:
+        try:
+            seg = shm.attach(handle)
+        except shm.ShmError as exc:
+            raise PlatformError(str(exc)) from None
+        self._register(seg.address, seg, seg.size)
+        self._imported.add(seg.address)
+        return seg.address
+
+    def ipc_seal(self, ptr: DevicePtr) -> None:
+        self._segment(ptr).unlink()
+
+    def ipc_close(self, ptr: DevicePtr) -> None:
+        if ptr not in self._imported:
+            raise PlatformError(f"{ptr:#x} was not imported")
+        self._imported.discard(ptr)
+        seg = self._allocs.pop(ptr)
+        del self._sizes[ptr]
+        self._starts.pop(bisect.bisect_left(self._starts, ptr))
+        seg.close()
+
+    # ---------------------------------------------------------------- copies
+    def _check(self, ptr: int, nbytes: int) -> None:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if nbytes == 0:
+            return
+        if i < 0 or ptr + nbytes > self._starts[i] + self._sizes[self._starts[i]]:
+            raise PlatformError(f"memory access [{ptr:#x}, +{nbytes}) outside every allocation")
+
+    def memcpy_htod(self, dst: DevicePtr, src: Any) -> None:
+        if isinstance(src, (bytes, bytearray)):
+            self._check(dst, len(src))
+            ctypes.memmove(dst, bytes(src), len(src))
+            return
+        a = np.ascontiguousarray(src)
+        self._check(dst, a.nbytes)
+        ctypes.memmove(dst, a.ctypes.data, a.nbytes)
+
+    def memcpy_dtoh(self, dst: Any, src: DevicePtr) -> None:
+        if not (isinstance(dst, np.ndarray) and dst.flags.c_contiguous and dst.flags.writeable):
+            raise PlatformError("memcpy_dtoh needs a writable contiguous numpy array")
+        self._check(src, dst.nbytes)
+        ctypes.memmove(dst.ctypes.data, src, dst.nbytes)
+
+    def memset(self, ptr: DevicePtr, value: int, nbytes: int) -> None:
+        self._check(ptr, nbytes)
+        ctypes.memset(ptr, value, nbytes)
+
+    def close(self) -> None:
+        """Every shared segment closed and every allocation forgotten (the platform's own
+        memory goes with its last reference)."""
+        for backing in self._allocs.values():
+            if isinstance(backing, shm.Segment):
+                backing.close()
+        self._imported.clear()
+        self._allocs.clear()
+        self._sizes.clear()
+        self._starts.clear()
+
+
+__all__ = ["CpuMemory", "ALIGN"]
