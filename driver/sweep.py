@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from hccc.args import check_selection_band, comma_list, format_size, missing_cluster, parse_size, size_or_zero
-from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.frontend.collectives import SPECS, spec_of
 from hccc.util.diagnostics import CompileError, Diagnostic
 
 #: most sizes one sweep may produce
@@ -122,6 +122,12 @@ def redop_column(collective: str, op: str) -> str:
 
 def root_column(collective: str, root: int) -> int:
     return int(root) if collective.lower() in ROOTED else -1
+
+
+def shift_field(collective: str, param: int) -> dict:
+    """``{"shift": S}`` for a SendRecv (the JSON reports' field beside ``root``, which nccl-tests
+    prints -1 for it), nothing for the others."""
+    return {"shift": int(param)} if spec_of(collective).parameter == "shift" else {}
 
 
 def placements(args) -> list[bool]:

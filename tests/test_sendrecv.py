@@ -166,6 +166,7 @@ def test_run_on_the_kernels_has_no_wrong_element_and_nccl_tests_busbw(capsys, mo
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["collective"] == "sendrecv" and doc["redop"] == "none" and doc["ok"]
+    assert doc["root"] == -1 and doc["shift"] == 2       # nccl-tests prints no root for it
     assert {(r["bytes"], r["inplace"]) for r in doc["results"]} == \
         {(b, p) for b in (0, 64, 4096, 65536) for p in (False, True)}
     for r in doc["results"]:
@@ -179,7 +180,7 @@ def test_sim_reports_sendrecv_bandwidths(capsys):
                            "--json")
     assert rc == 0, err
     doc = json.loads(out)
-    assert doc["collective"] == "sendrecv" and doc["redop"] == "none"
+    assert doc["collective"] == "sendrecv" and doc["redop"] == "none" and doc["shift"] == 2
     for r in doc["results"]:
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 8) and r["time_us"] > 0
         assert 0 < r["cut_bound_us"] <= r["time_us"]      # the cluster's cut bound for the shift

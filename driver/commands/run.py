@@ -65,7 +65,7 @@ from hccc.args import (add_deprecated_flag, add_direct_option, add_program_optio
 from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
-from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column,
+from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
@@ -669,7 +669,8 @@ def _json_report(args, plan: _RunPlan, ran: _Ran, results, ok: bool) -> dict:
     ir = plan.ir
     return {"algorithm": ir.name, "collective": ir.collective, "nranks": ir.nranks,
             "backend": args.backend, "emulated": args.backend == "cpu", "nthreads": ran.nthreads, "ok": ok,
-            "root": plan.root, "codegen": args.codegen, "redop": redop_column(ir.collective, args.op),
+            "root": plan.root, **shift_field(ir.collective, ir.root), "codegen": args.codegen,
+            "redop": redop_column(ir.collective, args.op),
             "rank_platform": plan.plats, "libraries": ran.libraries, "launch": ran.launch,
             **({"counts": args.counts, "counts_scaled": len(plan.calls) > 1 or not sweep_is_default(args)}
                if args.counts is not None else {}),

@@ -52,8 +52,8 @@ from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, c
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
-from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_column, sweep_is_default, sweep_sizes,
-                        table_header, table_left)
+from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_column, shift_field,
+                        sweep_is_default, sweep_sizes, table_header, table_left)
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
 
@@ -424,6 +424,7 @@ def _report(args, topo, algo, scheduler, ir, prog, execution, slice_mode, result
         "slice": "fixed" if slice_mode is None else "auto", "dtype": args.dtype,
         "channels": int(ir.nchannels), "block_gbps": args.block_bw or None,
         "redop": redop_column(ir.collective, args.op), "root": root_column(ir.collective, ir.root),
+        **shift_field(ir.collective, ir.root),
         "results": [dict(r.summary(), cut_bound_us=None if getattr(r, "cut_bound_s", None) is None
                          else r.cut_bound_s * 1e6) for r in results],
         "tbs_per_rank_max": big.tbs_per_rank_max, "tbs_total": big.ntbs,
