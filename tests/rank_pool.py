@@ -184,13 +184,24 @@ def _worker(conn) -> None:
 
 
 class RankPool:
-    """``size`` worker processes; :meth:`run` runs one job on the first ``world`` of them."""
+    """Up to ``size`` worker processes; :meth:`run` runs one job on the first ``world`` of them.
+    ``lazy``: a worker is started when a job first needs it (a module's shared pool whose tests
+    run on 2-4 ranks starts 4 processes, not ``size``: each imports torch.distributed, about 3 s
+    of CPU); otherwise all ``size`` start at once (for tests that talk to :attr:`workers` directly)."""
 
-    def __init__(self, size: int, tmpdir: Path):
+    def __init__(self, size: int, tmpdir: Path, *, lazy: bool = False):
         self.ctx = mp.get_context("spawn")
         self.tmpdir = Path(tmpdir)
+        self.size = size
         self.workers = []
-        for _ in range(size):
+        if not lazy:
+            self.start(size)
+
+    def start(self, n: int) -> None:
+        """The first ``n`` workers running (those not started yet start now, together)."""
+        if n > self.size:
+            raise ValueError(f"the pool has {self.size} workers, {n} needed")
+        while len(self.workers) < n:
             parent, child = self.ctx.Pipe()
             p = self.ctx.Process(target=_worker, args=(child,), daemon=True)
             p.start()
@@ -201,8 +212,7 @@ class RankPool:
         """Run ``calls_per_rank[r]`` (a list of call dicts) on rank r of ``world``; returns each
         rank's reply (``ok`` and ``outputs``, or ``error``). ``ir_json``: one program for every
         rank, or a list of one per rank; ``per_rank``: rank -> job fields of that rank only."""
-        if world > len(self.workers):
-            raise ValueError(f"the pool has {len(self.workers)} workers, {world} needed")
+        self.start(world)
         url = "file://" + str(self.tmpdir / f"store-{uuid.uuid4().hex}")
         for r in range(world):
             job = {"ir": ir_json[r] if isinstance(ir_json, list) else ir_json, "rank": r, "world": world,
