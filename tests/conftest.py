@@ -228,6 +228,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    if "rank_pool" in sys.modules:      # its rank processes' server: ended and waited for
+        sys.modules["rank_pool"].stop_rank_server()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and session.config.getoption("cpu_durations") is not None:
         workeroutput["cpu_s"] = _cpu_seconds()      # the worker's whole process: imports, collection
