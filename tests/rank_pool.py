@@ -165,7 +165,12 @@ def resources(settle_s: float = 0.0) -> dict:
     return got
 
 
-def _worker(conn) -> None:
+def _worker(conn, environ: dict, cwd: str) -> None:
+    # the environment and directory of the test that started this rank, as a spawned process
+    # would have them (a forked one has its server's, from the first pool of the test process)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     import torch.distributed  # noqa: F401  (imported once, before the first job)
     while True:
         job = conn.recv()
@@ -192,8 +197,9 @@ def rank_context():
     """The multiprocessing context of rank processes: ``forkserver``, its server preloading
     :data:`PRELOAD` (one per test process, started with the first pool). Each rank is still a
     process of its own, forked from a single-threaded server that has run nothing but those
-    imports, so it starts as a spawned one would, without importing them again; what a job
-    imports of hccc (and the environment a job sets) is its own, as before."""
+    imports, so it starts as a spawned one would, without importing them again; it takes the
+    environment and working directory of the test that starts it (:func:`_worker`), and what a
+    job imports of hccc is its own, as before."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -229,7 +235,7 @@ class RankPool:
             raise ValueError(f"the pool has {self.size} workers, {n} needed")
         while len(self.workers) < n:
             parent, child = self.ctx.Pipe()
-            p = self.ctx.Process(target=_worker, args=(child,), daemon=True)
+            p = self.ctx.Process(target=_worker, args=(child, dict(os.environ), os.getcwd()), daemon=True)
             p.start()
             self.workers.append((p, parent))
 
