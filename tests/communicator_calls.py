@@ -34,7 +34,7 @@ POOL_SIZE = 8
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     require_torch()
-    p = RankPool(POOL_SIZE, tmp_path_factory.mktemp("stores"))
+    p = RankPool(POOL_SIZE, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

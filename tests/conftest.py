@@ -185,7 +185,9 @@ def cuda_platform_or_skip():
 # each test's setup, call and teardown together, and the suite's total. CPU seconds rather than
 # wall time: on a shared machine a test's wall time is mostly other people's load, and the point
 # is what the suite costs a 2-core machine. A session fixture's setup counts for the first test
-# that asks for it; a cold cache's builds count for the first test that wants each of them.
+# that asks for it; a cold cache's builds count for the first test that wants each of them; the
+# rank processes of tests/rank_pool.py count in the worker's total only (their server is ended and
+# waited for at the session's end).
 
 def pytest_addoption(parser):
     parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
@@ -228,6 +230,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    if "rank_pool" in sys.modules:      # its rank processes' server: ended and waited for
+        sys.modules["rank_pool"].stop_rank_server()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None and session.config.getoption("cpu_durations") is not None:
         workeroutput["cpu_s"] = _cpu_seconds()      # the worker's whole process: imports, collection

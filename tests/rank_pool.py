@@ -165,7 +165,12 @@ def resources(settle_s: float = 0.0) -> dict:
     return got
 
 
-def _worker(conn) -> None:
+def _worker(conn, environ: dict, cwd: str) -> None:
+    # the environment and directory of the test that started this rank, as a spawned process
+    # would have them (a forked one has its server's, from the first pool of the test process)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     import torch.distributed  # noqa: F401  (imported once, before the first job)
     while True:
         job = conn.recv()
@@ -183,16 +188,54 @@ def _worker(conn) -> None:
                        "trace": traceback.format_exc(), "resources": resources(settle_s=2.0)})
 
 
-class RankPool:
-    """``size`` worker processes; :meth:`run` runs one job on the first ``world`` of them."""
+#: what the pool's processes import before a job: the server they are forked from imports it
+#: once (torch.distributed alone is about 3 s of CPU, which every spawned rank paid again)
+PRELOAD = ["numpy", "torch.distributed", "rank_pool"]
 
-    def __init__(self, size: int, tmpdir: Path):
-        self.ctx = mp.get_context("spawn")
+
+def rank_context():
+    """The multiprocessing context of rank processes: ``forkserver``, its server preloading
+    :data:`PRELOAD` (one per test process, started with the first pool). Each rank is still a
+    process of its own, forked from a single-threaded server that has run nothing but those
+    imports, so it starts as a spawned one would, without importing them again; it takes the
+    environment and working directory of the test that starts it (:func:`_worker`), and what a
+    job imports of hccc is its own, as before."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def stop_rank_server() -> None:
+    """End the rank processes' server, if this process started one, and wait for it: the CPU
+    of the server and of every rank it forked (which it reaps) then counts as this process's
+    children's, as a spawned rank's did (``--cpu-durations``, ``/usr/bin/time``)."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
+class RankPool:
+    """Up to ``size`` worker processes; :meth:`run` runs one job on the first ``world`` of them.
+    ``lazy``: a worker is started when a job first needs it (a module's shared pool whose tests
+    run on 2-4 ranks starts 4 processes, not ``size``: each imports torch.distributed, about 3 s
+    of CPU); otherwise all ``size`` start at once (for tests that talk to :attr:`workers` directly)."""
+
+    def __init__(self, size: int, tmpdir: Path, *, lazy: bool = False):
+        self.ctx = rank_context()
         self.tmpdir = Path(tmpdir)
+        self.size = size
         self.workers = []
-        for _ in range(size):
+        if not lazy:
+            self.start(size)
+
+    def start(self, n: int) -> None:
+        """The first ``n`` workers running (those not started yet start now, together)."""
+        if n > self.size:
+            raise ValueError(f"the pool has {self.size} workers, {n} needed")
+        while len(self.workers) < n:
             parent, child = self.ctx.Pipe()
-            p = self.ctx.Process(target=_worker, args=(child,), daemon=True)
+            p = self.ctx.Process(target=_worker, args=(child, dict(os.environ), os.getcwd()), daemon=True)
             p.start()
             self.workers.append((p, parent))
 
@@ -201,8 +244,7 @@ class RankPool:
         """Run ``calls_per_rank[r]`` (a list of call dicts) on rank r of ``world``; returns each
         rank's reply (``ok`` and ``outputs``, or ``error``). ``ir_json``: one program for every
         rank, or a list of one per rank; ``per_rank``: rank -> job fields of that rank only."""
-        if world > len(self.workers):
-            raise ValueError(f"the pool has {len(self.workers)} workers, {world} needed")
+        self.start(world)
         url = "file://" + str(self.tmpdir / f"store-{uuid.uuid4().hex}")
         for r in range(world):
             job = {"ir": ir_json[r] if isinstance(ir_json, list) else ir_json, "rank": r, "world": world,

@@ -23,7 +23,7 @@ N = 3
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     pytest.importorskip("torch.distributed")
-    p = RankPool(N, tmp_path_factory.mktemp("stores"))
+    p = RankPool(N, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

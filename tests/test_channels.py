@@ -311,7 +311,7 @@ def pool3(tmp_path_factory):
     from communicator_calls import require_torch
     require_torch()
     from rank_pool import RankPool
-    p = RankPool(3, tmp_path_factory.mktemp("stores"))
+    p = RankPool(3, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

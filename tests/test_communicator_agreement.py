@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     pytest.importorskip("torch.distributed")
-    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    p = RankPool(4, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

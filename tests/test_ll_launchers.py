@@ -39,7 +39,7 @@ CROSSOVER = 128 * 1024
 def pool(tmp_path_factory):
     require_torch()
     # as many rank processes as the largest program of PROGRAMS (Scatter's binomial tree: 5)
-    p = RankPool(max(PROGRAMS[c]().header.nranks for c in PROGRAMS), tmp_path_factory.mktemp("stores"))
+    p = RankPool(max(PROGRAMS[c]().header.nranks for c in PROGRAMS), tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

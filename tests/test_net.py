@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not in
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     require_torch()
-    p = RankPool(4, tmp_path_factory.mktemp("stores"))
+    p = RankPool(4, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 

@@ -277,7 +277,7 @@ def test_exports_refuse_scatter_with_the_reason(tmp_path, capsys, cmd, why):
 def pool(tmp_path_factory):
     pytest.importorskip("torch.distributed")
     from rank_pool import RankPool
-    p = RankPool(3, tmp_path_factory.mktemp("stores"))
+    p = RankPool(3, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
 
