@@ -98,7 +98,7 @@ class Sharing:
                    self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, self.parts[1], self.parts[2],
                    part_cls_ptr, self.slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
                    np.empty(nslots, np.int64), np.zeros(nslots), np.zeros(nslots, np.int64),
-                   np.zeros(self.NCL, np.bool_), np.zeros(self.NCL), np.empty(nslots, np.int64), self.retime,
+                   np.zeros(self.NCL, np.bool_), np.empty(self.NCL, np.int64), np.empty(nslots, np.int64), self.retime,
                    self.retime_n, self.in_retime, self.counters)
         self.dirty_n[0] = 0
         eng._retime(self.t, self.retime, self.retime_n, self.in_retime, self.cls_rate, self.cls_vt, self.mkey,
@@ -188,6 +188,42 @@ def test_rates_stay_max_min_fair_as_flows_come_and_go(case, private, data):
     for _ in range(data.draw(st.integers(1, 6))):
         st_.t += data.draw(st.sampled_from([0.0, 1e-6]))    # before any flow could end (1e6 bytes)
         for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=4, unique=True)):
+            (st_.stop if g in st_.running else st_.start)(g)
+        if st_.running:
+            assert_max_min_fair(caps, routes, st_.share())
+        else:
+            st_.share()
+
+
+@st.composite
+def capped_flows(draw):
+    """Flows over a few shared resources, each also over a resource of its own (a cap once taken as
+    private) of many sizes, so that one filling freezes classes at several caps, between and at the
+    levels where shared resources fill."""
+    R = draw(st.integers(1, 4))
+    caps = [float(draw(st.sampled_from([4, 6, 10, 15, 24]))) * 1e9 for _ in range(R)]
+    G = draw(st.integers(2, 12))
+    routes = []
+    for g in range(G):
+        shared = sorted(draw(st.sets(st.integers(0, R - 1), min_size=1, max_size=R)))
+        caps.append(float(draw(st.sampled_from([0.5, 1, 1.5, 2, 3, 4, 5, 8, 30]))) * 1e9)
+        routes.append(shared + [len(caps) - 1])
+    return caps, routes
+
+
+@settings(max_examples=200, deadline=None)
+@given(capped_flows(), st.data())
+def test_flows_capped_at_many_levels_stay_max_min_fair(case, data):
+    """Classes whose caps come between, at and after the levels where shared resources fill, with
+    flows coming and going: max-min fair after every share (the filling's classes still rising are
+    looked at again at each cap, without those frozen since)."""
+    caps, routes = case
+    st_ = Sharing(caps, routes, private=True)
+    for g in range(len(routes)):
+        st_.start(g)
+    assert_max_min_fair(caps, routes, st_.share())
+    for _ in range(data.draw(st.integers(1, 4))):
+        for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=3, unique=True)):
             (st_.stop if g in st_.running else st_.start)(g)
         if st_.running:
             assert_max_min_fair(caps, routes, st_.share())
