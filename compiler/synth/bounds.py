@@ -36,6 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.synth.problem import Network, Task, allgather_task, broadcast_task
 
 
@@ -540,9 +541,9 @@ def _integer_max_flow(G):
     return flow
 
 
-#: the collectives :func:`collective_cut_bound_seconds` knows
-BOUND_COLLECTIVES = ("allgather", "reducescatter", "broadcast", "reduce", "allreduce", "alltoall", "gather",
-                     "scatter", "sendrecv")
+#: the collectives :func:`collective_cut_bound_seconds` knows: every one (its demand per cut, from
+#: the spec's pre- and postconditions, is in docs/bounds.md)
+BOUND_COLLECTIVES = tuple(SPECS)
 
 
 def collective_cut_bound_seconds(net: Network, collective: str, nranks: int, chunks_per_rank: int,

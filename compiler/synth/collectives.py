@@ -34,9 +34,9 @@ from hccc.compiler.cluster.topology import Topology
 from hccc.compiler.synth.bounds import (StepBound, alltoall_cut_bound_seconds, collective_bound_seconds,
                                        step_lower_bound, unreachable)
 from hccc.compiler.synth.cegis import Progress, TaskResult, synthesize_task
+from hccc.compiler.synth.plan import COLLECTIVES   # the one list, beside the options
 from hccc.compiler.synth.problem import Network, Schedule, Task, allgather_task, broadcast_task, network_from_topology
 
-COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 #: the step search's bandwidth bound (the packing LP for AllGather and ReduceScatter) gets at most
 #: this share of ``time_limit``
 BOUND_SHARE = 0.25

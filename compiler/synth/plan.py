@@ -14,6 +14,9 @@ from hccc.compiler.frontend.algorithm import Header
 from hccc.compiler.frontend.slice_policy import SlicePolicy
 
 #: how a schedule may be asked for: ``auto`` resolves per size (:func:`hccc.synth_select.choose_method`)
+#: the collectives synthesis makes programs for (``hccc synth``, :func:`hccc.synthesize`, the torch
+#: backend's catalog from a topology): the ones the packing or the step search builds
+COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 METHOD_CHOICES = ("auto", "trees", "search")
 #: the engines ``--for`` names (:mod:`hccc.synth_engines`)
 ENGINE_CHOICES = ("xml", "mscclpp")

@@ -37,7 +37,7 @@ from hccc.progress import Progress
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
 from hccc.util.limits import printable
-from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, METHOD_CHOICES, SynthOptions
+from hccc.compiler.synth.plan import AUTO_SEARCH_BELOW, COLLECTIVES, METHOD_CHOICES, SynthOptions
 # the selection lives in hccc.synth_select; its names stay importable from here
 from hccc.synth_select import (CHANNEL_STEPS, FIT_TOLERANCE, SIMULATE_MAX_RANKS, THIN_CHOOSE_MOST,  # noqa: F401
                                         THIN_GAIN, THIN_REACH, THIN_SLICES_BELOW, THIN_WHILE_CHOOSING,
@@ -96,8 +96,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help='print {"collective", "nranks", "steps", "lower_bound_steps", "seconds", "output", ...}')
 
-
-COLLECTIVES = ("allgather", "broadcast", "reducescatter", "allreduce", "alltoall")
 
 
 def options(args, cluster_name: str) -> SynthOptions:

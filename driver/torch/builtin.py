@@ -41,6 +41,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hccc.catalog import Catalog, Entry
+from hccc.compiler.synth.plan import COLLECTIVES
 
 #: the size band (full buffer, bytes) below which the latency-bound algorithms are preferred
 #: (recursive doubling's log2(n) steps against the ring's n-1): on the CPU emulation a step costs
@@ -54,7 +55,7 @@ SMALL_BYTES = 64 << 10
 #: is 60 s, halved so that a first call stays well inside torch's default collective timeout
 SYNTH_TIME_LIMIT_S = 30.0
 #: the collectives :func:`hccc.synthesize` makes programs for (reduce is not among them)
-SYNTH_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
+SYNTH_COLLECTIVES = COLLECTIVES
 
 
 def _layout(nodes: list[str]) -> tuple[int, int] | None:
