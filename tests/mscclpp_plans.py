@@ -219,14 +219,14 @@ def grouped_puts_allgather():
 @lru_cache(maxsize=None)
 def corpus() -> tuple[str, ...]:
     """Real plans as text: the hand-written ones (the DSL's styles, switch channels included) and
-    small exported ones."""
+    small exported ones (a SendRecv among them)."""
     out = [json.dumps(make()) for make in HAND + [grouped_copy_allgather, grouped_puts_allgather]]
     from mscclpp_switch_plans import (plan_switch_allgather, plan_switch_allreduce, plan_switch_butterfly_allreduce,
                                       plan_switch_packet_allgather)
     out += [json.dumps(p) for p in (plan_switch_allreduce(3, 1, False), plan_switch_allgather(2, 2, False, (1,)),
                                     plan_switch_packet_allgather(3, 1, False), plan_switch_butterfly_allreduce(1))]
     for name, kw in (("ring_allreduce_8", {}), ("hm_allgather_2x4", {}), ("ring_allgather_8", dict(protocol="LL")),
-                     ("ring_reducescatter_8", dict(instances=2))):
+                     ("ring_reducescatter_8", dict(instances=2)), ("ring_sendrecv_8", {})):
         a = load_algorithm(EX / f"{name}.rccl")
         verify(a)
         ir = build_program(a)

@@ -480,3 +480,22 @@ def test_a_semaphore_named_twice_is_acquired_twice():
     _proven_and_right(_semaphore_plan([0, 0], [0, 0]))
     msg, line = refused(_semaphore_plan([0], [0, 0]))
     assert "sem_acquire" in line and "never passes" in msg
+
+
+@pytest.mark.parametrize("make", [lambda: plan_switch_allgather(2, 2, False, (1,)),
+                                  lambda: plan_switch_allreduce(3, 1, False)], ids=["gstore", "glres"])
+def test_a_switch_operation_repeated_without_a_nop_is_a_race(make):
+    """The executor runs a switch operation as one operation: repeated with no ``nop`` between,
+    its threads store the same bytes of every member twice at once (a race the interpreter
+    reports). The import reads it as several memory-channel operations, and must still compare
+    them together with the operation before them; it once compared each part alone and accepted
+    the plan."""
+    plan = make()
+    ops = plan["gpus"][0]["threadblocks"][0]["ops"]
+    i = next(k for k, o in enumerate(ops) if o["name"] in ("gstore", "glres"))
+    ops.insert(i + 1, json.loads(json.dumps(ops[i])))
+    with pytest.raises(InterpError, match="no nop between data operations"):
+        check_plan(plan, 2)
+    msg, line = refused(plan)
+    assert f"'{ops[i]['name']}' directly after '{ops[i]['name']}'" in msg and "(a race)" in msg, msg
+    assert f'"name": "{ops[i]["name"]}"' in line

@@ -73,6 +73,9 @@ class PlanOp:
     num_threadblocks: int | None = None
     #: ``(tb_id, tbg_size)`` of a thread-block group's member (the block moves part ``tb_id``)
     tbg: tuple[int, int] | None = None
+    #: the switch operation (``glres``, ``gstore``, ``gstorepkt``) this one is a part of, where a
+    #: switch operation was rewritten into memory-channel ones (:mod:`.mscclpp_switch`)
+    switch: str | None = None
 
     def __post_init__(self):
         if self.name not in OPERANDS or OPERANDS[self.name].body:
@@ -150,6 +153,11 @@ class BlockOp:
     @property
     def name(self) -> str:
         return self.op.name
+
+    @property
+    def switch(self) -> str | None:
+        """The switch operation this one is a part of (None for the plan's own operations)."""
+        return self.op.switch
 
     @property
     def src(self) -> tuple[BufRef, ...]:

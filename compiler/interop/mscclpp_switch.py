@@ -38,7 +38,7 @@ multimem ones part on every other call. Every refusal is located at the field at
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hccc.compiler.interop.mscclpp_ops import PlanOp, local, remote
@@ -241,7 +241,7 @@ class SwitchChannels:
             if dst_peers:
                 ops.append(PlanOp("rppkt", (local("s", si, n),), tuple(rb(m, "s", di) for m in dst_peers),
                                   "memory", tbg=tbg))
-        return [(o, {"memory": list(table)}) for o in ops]
+        return [(replace(o, switch=name), {"memory": list(table)}) for o in ops]
 
     @staticmethod
     def _store(src, own_dst, peer_dsts, tbg) -> list[PlanOp]:

@@ -126,10 +126,13 @@ def _echo(prev, op, dst, r, region) -> bool:
 def check_races(tbs, region, err) -> None:
     """Refuse a first-threads operation and a data operation, or two data operations on the same
     bytes, that follow each other in a thread block with no ``nop`` or ``barrier`` between them.
-    A pipeline body is also checked across its wrap (its last operation, then its first)."""
+    A pipeline body is also checked across its wrap (its last operation, then its first). The
+    operations a switch operation was rewritten into (consecutive, at its path) are one operation
+    here, as the executor runs it: together against the operation before and the one after."""
     for r, ti, ops in tbs:
         prev = None
         body_start = None
+        group_p, before_group = None, None     # the switch operation being read, the unit before it
         for pos, (p, op) in enumerate(ops):
             name = op.name
             cur = _kind(name, op.t)
@@ -137,7 +140,16 @@ def check_races(tbs, region, err) -> None:
             per = _per_payload(name, op)
             if prev is not None and name == "upkt" and prev[2] in PACKET_LOCAL_DST:
                 acc = (acc[0], [w for w in acc[1] if not _echo(ops[pos - 1], (p, op), w, r, region)])
-            _race(prev, (cur, acc, name, p, per), r, ti, err)
+            if op.switch:
+                name = op.switch       # messages name the plan's operation, not its parts
+            if p == group_p and prev is not None and cur == "data" == prev[0]:
+                # one more part of the switch operation at p: its accesses join the parts before
+                acc, per = (prev[1][0] + acc[0], prev[1][1] + acc[1]), False
+                _race(before_group, (cur, acc, name, p, per), r, ti, err)
+            else:
+                before_group = prev
+                _race(prev, (cur, acc, name, p, per), r, ti, err)
+            group_p = p
             prev = None if cur == "sync" else (cur, acc, name, p, per)
             # a pipeline body (paths ... "ops", k, "ops", j) runs again from its start
             in_body = len(p) >= 2 and p[-2] == "ops" and len(p) >= 4 and p[-4] == "ops"
