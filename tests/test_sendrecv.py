@@ -102,6 +102,16 @@ def test_generators_refuse_bad_arguments(call, why):
         call()
 
 
+def test_verify_refuses_a_shift_out_of_range():
+    from dataclasses import replace
+    from hccc.compiler.passes.verify import VerifyError
+    alg = gen.direct_sendrecv(4, 1)
+    bad = type(alg)(replace(alg.header, root=4), alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.site,
+                    alg.sites, alg.loop_values)
+    with pytest.raises(VerifyError, match=r"Shift 4 is out of range \(nRanks=4: 0..3\)"):
+        verify(bad)
+
+
 def test_a_renaming_that_is_no_rotation_is_refused():
     from hccc.testing import relabel_ranks
     alg = gen.direct_sendrecv(4, 1)

@@ -219,9 +219,25 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     transfers (:func:`copies_hold`); any other, or one that proof does not accept, is replayed step
     by step (:func:`replay`), which finds and locates every error.
     """
+    _check_header(alg)
     if copies_hold(alg):
         return _report(alg)
     return replay(alg, max_errors=max_errors)
+
+
+def _check_header(alg: Algorithm) -> int:
+    """The header's rank count (returned) and rank parameter (a root, SendRecv's shift) in range."""
+    h = alg.header
+    N = int(h.nranks)
+    if N < 1:
+        raise VerifyError([Diagnostic(f"nRanks must be at least 1, got {N}", h.location)],
+                          ["bad-header"], 0, 1)
+    param = h.collective.spec.parameter
+    if param and not 0 <= h.root < N:
+        raise VerifyError([Diagnostic(f"{param.capitalize()} {h.root} is out of range (nRanks={N}: "
+                                      f"{'ranks ' if param == 'root' else ''}0..{N - 1})",
+                                      h.location)], ["bad-header"], 0, 1)
+    return N
 
 
 def _report(alg: Algorithm) -> VerifyReport:
@@ -314,13 +330,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     """:func:`verify` by replaying the steps in order (the module docstring): every error found,
     in the documented order, each located; at most ``max_errors`` listed."""
     h = alg.header
-    N = int(h.nranks)
-    if N < 1:
-        raise VerifyError([Diagnostic(f"nRanks must be at least 1, got {N}", h.location)],
-                          ["bad-header"], 0, 1)
-    if h.collective.rooted and not 0 <= h.root < N:
-        raise VerifyError([Diagnostic(f"Root {h.root} is out of range (nRanks={N}: ranks 0..{N - 1})",
-                                      h.location)], ["bad-header"], 0, 1)
+    N = _check_header(alg)
     col = _Collector(alg, max_errors)
     arrays = tuple(np.asarray(a, dtype=np.int64) for a in (alg.src, alg.dst, alg.step, alg.chunk, alg.op))
     bad = _static_checks(alg, *arrays, col)
