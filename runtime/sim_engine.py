@@ -211,8 +211,9 @@ def _heap_pop(hkey, hitem, hpos, hn, h, base):
     hn[h] = last
     hpos[item] = -1
     if last > 0:
-        _heap_put(hkey, hitem, hpos, base, 0, hkey[base + last], hitem[base + last])
-        _heap_down(hkey, hitem, hpos, base, 0, last)
+        top = np.int64(0)      # not a literal 0: numba would compile the heap again for it
+        _heap_put(hkey, hitem, hpos, base, top, hkey[base + last], hitem[base + last])
+        _heap_down(hkey, hitem, hpos, base, top, last)
     return item
 
 
@@ -352,6 +353,7 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_s
 def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn):
     """After the share of t: the next completion of every class listed (a member joined, or its
     rate changed), in the event heap: when its first member has carried what was left to it."""
+    ev = np.int64(0)       # the event heap (heap 0, at 0), not a literal 0 (see _heap_pop)
     for q in range(retime_n[0]):
         c = retime[q]
         in_retime[c] = False
@@ -359,7 +361,7 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
             te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
             if te < t:
                 te = t
-            _heap_set(hkey, hitem, hpos, hn, 0, 0, c, te)
+            _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
     retime_n[0] = 0
 
 
@@ -600,6 +602,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
+    ev = np.int64(0)       # the event heap (heap 0, at 0), not a literal 0 (see _heap_pop)
     G = tb_ptr.shape[0] - 1
     P = p_flags.shape[0]
     C = c_total.shape[0]
@@ -892,7 +895,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     c_vist[sc * NS + k % NS] = vt
                     c_posted[sc] = k + 1
                     if c_tail[sc] == k:
-                        _heap_set(hkey, hitem, hpos, hn, 0, 0, NCL + sc, vt)
+                        _heap_set(hkey, hitem, hpos, hn, ev, ev, NCL + sc, vt)
                 if (fl & F_RECV) and last:
                     rc = pr[p, PR_RCONN]
                     c_head[rc] = tb_rpost[g] + 1
@@ -969,7 +972,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         t = hkey[0]
         counters[3] += 1
         while hn[0] > 0 and hkey[0] == t:
-            item = _heap_pop(hkey, hitem, hpos, hn, 0, 0)
+            item = _heap_pop(hkey, hitem, hpos, hn, ev, ev)
             counters[0] += 1
             if item < NCL:
                 # the class's first member ends; the class's next completion follows
@@ -979,7 +982,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
                     if te < t:
                         te = t
-                    _heap_set(hkey, hitem, hpos, hn, 0, 0, c, te)
+                    _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
                 if take_over:
                     fl_pend[g] = True       # stopped after the worklist unless taken over
                     pend[pn] = g
@@ -1007,7 +1010,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                 c = item - NCL
                 c_tail[c] += 1
                 if c_tail[c] < c_posted[c]:
-                    _heap_set(hkey, hitem, hpos, hn, 0, 0, item, c_vist[c * NS + c_tail[c] % NS])
+                    _heap_set(hkey, hitem, hpos, hn, ev, ev, item, c_vist[c * NS + c_tail[c] % NS])
                 o = c_rtb[c]
                 if not in_wl[o] and tb_state[o] == S_READY:
                     in_wl[o] = True

@@ -201,7 +201,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
                 qn -= 1                      # heappop
                 if qn:
                     q[0] = q[qn]
-                    _qheap_sift_down(q, qn, 0)
+                    _qheap_sift_down(q, qn, np.int64(0))   # not a literal 0: one compile
                 continue
             nnew = 0
             for i in range(ntake):
@@ -257,7 +257,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
             # ---- priority drops by one: heapreplace with (-prio + 1, c)
             prio[c] -= 1
             q[0] = top + nchunks
-            _qheap_sift_down(q, qn, 0)
+            _qheap_sift_down(q, qn, np.int64(0))   # not a literal 0: one compile
         if norder == before:
             return sp_of, order, False
         # ---- close the sub-pipeline: parked tasks go back to the ready lists, in order
