@@ -86,13 +86,17 @@ class CpuMemory:
         bisect.insort(self._starts, ptr)
 
     # ---------------------------------------------------------------- IPC: POSIX shared memory
-    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+    def _mapped(self, make) -> "shm.Segment":
+        """The segment ``make()`` creates or attaches, registered as this platform's memory."""
         try:
-            seg = shm.create(nbytes)
+            seg = make()
         except shm.ShmError as exc:
             raise PlatformError(str(exc)) from None
         self._register(seg.address, seg, seg.size)
-        return seg.address
+        return seg
+
+    def ipc_malloc(self, nbytes: int) -> DevicePtr:
+        return self._mapped(lambda: shm.create(nbytes)).address
 
     def _segment(self, ptr: DevicePtr) -> "shm.Segment":
         seg = self._allocs.get(ptr)
@@ -107,11 +111,7 @@ class CpuMemory:
         return seg.handle
 
     def ipc_import(self, handle: bytes) -> DevicePtr:
-        try:
-            seg = shm.attach(handle)
-        except shm.ShmError as exc:
-            raise PlatformError(str(exc)) from None
-        self._register(seg.address, seg, seg.size)
+        seg = self._mapped(lambda: shm.attach(handle))
         self._imported.add(seg.address)
         return seg.address
 
