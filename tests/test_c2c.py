@@ -23,6 +23,7 @@ from hccc.compiler.cluster.hierarchy import hierarchy
 from hccc.compiler.cluster.topology import TopologyBuilder
 from hccc.compiler.passes.verify import verify
 from hccc.runtime.reference import execute, expected_for, inputs_for
+from cli_runs import run_cli
 from cluster_texts import MIXED_3, cluster_specs, topo_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,36 +338,36 @@ def test_swrr_prefixes_stay_proportional(weights, n):
 
 
 # ---------------------------------------------------------------------------------------- command line
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+def run_process(*args):
+    """hccc in a fresh process: output compared across runs must not depend on one process's state."""
+    return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow   # generates, checks and compiles three clusters' programs
 def test_cli_gen_check_compile(tmp_path):
     topo = str(CLUSTERS / "mixed_v100_w7800.topo")
     out = tmp_path / "ar.rccl"
-    r = run_cli("gen", "c2c", topo, "--collective", "allreduce", "--pipeline", "2", "-o", str(out))
+    r = run_process("gen", "c2c", topo, "--collective", "allreduce", "--pipeline", "2", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert "C2C Allreduce on 16 ranks, 2 clusters" in r.stdout
     text = out.read_text()
     assert text.startswith("# HetCCL C2C Allreduce for cluster 'mixed_v100_w7800'")
     assert "border ranks 0-7 (6.25 GB/s each)" in text and "pieces: 2" in text
     assert 'GPUPerNode=4, NICPerNode=1' in text
-    r2 = run_cli("gen", "c2c", topo, "--collective", "allreduce", "--pipeline", "2", "-o", str(tmp_path / "b.rccl"))
+    r2 = run_process("gen", "c2c", topo, "--collective", "allreduce", "--pipeline", "2", "-o", str(tmp_path / "b.rccl"))
     assert r2.returncode == 0 and (tmp_path / "b.rccl").read_bytes() == out.read_bytes()
-    r = run_cli("check", str(out), "--json")
+    r = run_process("check", str(out), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["valid"] is True
-    r = run_cli(str(out), "-o", str(tmp_path / "kernels"))
+    r = run_process(str(out), "-o", str(tmp_path / "kernels"))
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "kernels" / "manifest.json").read_text())
     assert manifest["nranks"] == 16
-    r = run_cli("gen", "c2c", topo, "--collective", "reducescatter", "--json", "--border", "one-per-nic",
+    r = run_process("gen", "c2c", topo, "--collective", "reducescatter", "--json", "--border", "one-per-nic",
                 "-o", str(tmp_path / "rs.rccl"))
     s = json.loads(r.stdout)
     assert s["collective"] == "reducescatter" and [c["border_ranks"] for c in s["clusters"]] == [[0, 4], [8, 12]]
     assert [c["cross_cluster_chunks_sent"] for c in s["clusters"]] == [8, 8]
-    r = run_cli("gen", "c2c", str(CLUSTERS / "h20_4x2_8x2.topo"), "--collective", "allgather",
+    r = run_process("gen", "c2c", str(CLUSTERS / "h20_4x2_8x2.topo"), "--collective", "allgather",
                 "--nodes-per-cluster", "2", "--intra", "mesh", "-o", "-")
     assert r.returncode == 0 and parse_rccl(r.stdout, "x.rccl").header.nranks == 24
 

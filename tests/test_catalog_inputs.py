@@ -22,6 +22,8 @@ from hccc.catalog import Catalog, CatalogError
 from hccc.util.diagnostics import CompileError, SourceFile, render_all
 from hccc.util.limits import MAX_JSON_DEPTH, loads_json
 
+from cli_runs import run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 RING = ROOT / "examples" / "direct_allgather_8.rccl"
 HCCC = [sys.executable, "-m", "hccc.cli"]
@@ -40,8 +42,8 @@ def _catalog(tmp_path: Path) -> Path:
 def built(tmp_path_factory) -> Path:
     """``RING`` compiled to an OUTDIR once for the module (copied into each test's catalog)."""
     out = tmp_path_factory.mktemp("built") / "built"
-    code, text = _cli(RING, "-o", out)
-    assert code == 0, text
+    r = run_cli(RING, "-o", out, env={"HCCC_DEBUG": None})
+    assert r.returncode == 0, r.stderr + r.stdout
     return out
 
 
@@ -52,6 +54,7 @@ def _with_outdir(tmp_path: Path, built: Path) -> tuple[Path, Path]:
 
 
 def _cli(*args):
+    """hccc in a subprocess, for a command that a regression would block (``HANG_GUARD_S`` ends it)."""
     r = subprocess.run([*HCCC, *map(str, args)], capture_output=True, text=True, timeout=HANG_GUARD_S,
                        stdin=subprocess.DEVNULL, env=dict(os.environ, HCCC_DEBUG=""))
     return r.returncode, r.stderr + r.stdout

@@ -13,6 +13,8 @@ import pytest
 from hccc.args import parse_size
 from hccc.cli import main
 
+from cli_runs import run_cli
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 RING4 = """\
@@ -28,9 +30,9 @@ def ResCCLAlgo(nRanks=4, nChannels=1, nWarps=16, AlgoName="ring4", OpType="Allre
 """
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+def run_process(*args: str) -> subprocess.CompletedProcess:
+    """hccc in a fresh process: output compared across runs must not depend on one process's state."""
+    return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 def tree_digest(d: Path) -> dict[str, str]:
@@ -56,9 +58,9 @@ def assert_located_error(proc: subprocess.CompletedProcess, path: Path, pattern:
 def test_compile_writes_manifest_and_is_deterministic(tmp_path):
     algo = write(tmp_path, RING4)
     out1, out2 = tmp_path / "k1", tmp_path / "k2"
-    p1 = run_cli(str(algo), "-o", str(out1))
+    p1 = run_process(str(algo), "-o", str(out1))
     assert p1.returncode == 0, p1.stderr
-    p2 = run_cli(str(algo), "-o", str(out2))
+    p2 = run_process(str(algo), "-o", str(out2))
     assert p2.returncode == 0, p2.stderr
     assert tree_digest(out1) == tree_digest(out2)
     man = json.loads((out1 / "manifest.json").read_text())
@@ -70,7 +72,7 @@ def test_compile_writes_manifest_and_is_deterministic(tmp_path):
         assert key in man["stats"]
     assert man["stats"]["transfers"] == 24
     # a rerun into the same directory replaces it with identical content
-    p3 = run_cli(str(algo), "-o", str(out1))
+    p3 = run_process(str(algo), "-o", str(out1))
     assert p3.returncode == 0 and tree_digest(out1) == tree_digest(out2)
 
 

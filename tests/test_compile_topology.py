@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hccc.cli import main
+from cli_runs import run_cli
 from hccc.compiler.frontend.algorithm import Algorithm, Collective, Header
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.cluster.topo_parser import parse_topology
@@ -65,7 +66,8 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_process(*args: str) -> subprocess.CompletedProcess:
+    """hccc in a fresh process: output compared across runs must not depend on one process's state."""
     return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True, timeout=600)
 
 
@@ -215,7 +217,7 @@ def test_platforms_for():
 
 
 def _compile(tmp_path: Path, algo: Path, topo: Path, out: str, *extra: str) -> dict:
-    p = run_cli(str(algo), "-o", str(tmp_path / out), "--topology", str(topo), *extra)
+    p = run_process(str(algo), "-o", str(tmp_path / out), "--topology", str(topo), *extra)
     assert p.returncode == 0, p.stderr
     return json.loads((tmp_path / out / "manifest.json").read_text())
 

@@ -1,14 +1,14 @@
 """``hccc xml``: exit codes, options, atomic output, located errors for XML input."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from hccc.cli import main
 from hccc.compiler.interop.msccl_xml import XmlLimits, export_xml
 from hccc.compiler.pipeline import load_program
+
+from cli_runs import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 RING = ROOT / "examples" / "ring_allgather_8.rccl"
@@ -56,11 +56,9 @@ def test_xml_input_is_reexported_and_errors_are_located(tmp_path, capsys):
 
 
 def test_usage_errors_exit_2():
-    r = subprocess.run([sys.executable, "-m", "hccc.cli", "xml", str(RING)], capture_output=True, text=True,
-                       timeout=120)
+    r = run_cli("xml", RING)
     assert r.returncode == 2 and "-o" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "hccc.cli", "xml", str(RING), "-o", "x.xml", "--proto", "LL256"],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli("xml", RING, "-o", "x.xml", "--proto", "LL256")
     assert r.returncode == 2
 
 

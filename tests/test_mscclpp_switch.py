@@ -6,14 +6,13 @@ are refused with located errors."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cli_runs import run_cli
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan, run_plan
 from mscclpp_plans import NOP, buf, refused, gpu_entry, mem_buffer_refs, plan_obj, remote_buf, sync_op
@@ -306,8 +305,7 @@ def test_a_malformed_switch_plan_exits_1_with_a_located_error_and_no_traceback(t
     _bad_region(plan)
     f = tmp_path / "bad.mscclpp.json"
     f.write_text(json.dumps(plan, indent=1))
-    proc = subprocess.run([sys.executable, "-m", "hccc", "check", str(f)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_cli("check", f, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"{f}:" in proc.stderr and ": error: chunks [5, 6) of rank 0's i buffer" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout

@@ -24,6 +24,7 @@ from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.runtime import reference
 
+from cli_runs import run_cli
 from rank_pool import RankPool, run_fresh
 from communicator_calls import no_leaks, require_torch, calls_for, check  # noqa: F401 (autouse fixture)
 from net_ranks import TCP, have_ucx, run_ranks
@@ -99,8 +100,7 @@ def test_declared_nodes_of_every_input_form(tmp_path):
     assert re.search(r"bad\.xml:\d+:\d+: error: nnodes=3 does not divide ngpus=4", render_all(err.value))
     # an OUTDIR compiled for a cluster: its nodes, whatever the header says
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "hccc", str(rccl), "-o", str(out), "--topology",
-                          str(root / "clusters" / "a100_topo1.topo")], capture_output=True, text=True)
+    res = run_cli(rccl, "-o", out, "--topology", root / "clusters" / "a100_topo1.topo")
     assert res.returncode == 0, res.stderr
     want, why = declared_nodes(out, ir)
     assert want == [0] * 4 + [1] * 4 and "a100_topo1" in why

@@ -5,7 +5,6 @@ programs of thin streams (compiler/passes/slicing.py: ``thin_policy``)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_M
 from hccc.compiler.passes.slicing import (SlicePolicy, busiest_slots, critical_path, slot_share_bytes, thin_policies,
                                           thin_policy)
 import slice_oracle as oracle
+from cli_runs import run_cli
 from hccc.compiler.pipeline import load_cluster, load_program
 from hccc.commands.synth import THIN_GAIN, THIN_SLICES_BELOW
 
@@ -68,7 +68,7 @@ def test_the_header_policy_reaches_the_program_and_its_json(tmp_path):
 def test_a_bad_policy_is_a_located_error(tmp_path, param, value, says):
     path = tmp_path / "bad.rccl"
     path.write_text(_ring_text(4, f", {param}={value}"))
-    proc = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(path)], capture_output=True, text=True)
+    proc = run_cli("check", path)
     assert proc.returncode == 1
     col = path.read_text().splitlines()[0].index(f"{param}=") + len(param) + 2
     assert f"bad.rccl:1:{col}: error: " in proc.stderr and says in proc.stderr

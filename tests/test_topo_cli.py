@@ -26,6 +26,7 @@ CLUSTERS = ROOT / "examples" / "clusters"
 EXAMPLES = sorted(p.name for p in CLUSTERS.glob("*.topo"))
 
 from cluster_texts import FIG10  # noqa: E402
+from cli_runs import run_cli  # noqa: E402
 
 # a homogeneous 2 x 4 mesh: every GPU pair NVLinked inside a node, one 12.5 GB/s NIC per node
 MESH = """\
@@ -53,7 +54,8 @@ CLASS_KEYS = {"class", "links", "bandwidth_gbps", "lanes", "total_gbps", "alpha_
 GROUP_KEYS = {"id", "kind", "direction", "label", "links", "bandwidth_gbps", "lanes", "capacity_gbps", "capacity"}
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_in_a_pipe(*args: str) -> subprocess.CompletedProcess:
+    """hccc in a process whose stdout is a real pipe (what a terminal check sees there)."""
     return subprocess.run([sys.executable, "-m", "hccc.cli", *args], capture_output=True, text=True, timeout=600)
 
 
@@ -160,7 +162,7 @@ def test_json_keys_are_documented():
 # text output
 # ---------------------------------------------------------------------------------------------
 def test_text_output_in_a_pipe():
-    p = run_cli("topo", str(CLUSTERS / "mixed_v100_w7800.topo"))
+    p = run_in_a_pipe("topo", str(CLUSTERS / "mixed_v100_w7800.topo"))
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "\x1b[" not in out  # no terminal escapes when not a terminal
