@@ -21,7 +21,7 @@ from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
 from hccc.runtime.kernel_abi import ErrorRecord
 from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
-from hccc.runtime.rank_group import describe_stuck
+from hccc.runtime.rank_launches import describe_stuck
 from hccc.runtime.rank_kernels import fit_block_threads
 from hccc.runtime.ll_epoch import LLEpochs
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
