@@ -53,6 +53,8 @@ class GroupMemory:
         allocs.append((platform, self.abort_ptr))
         self.error_ptr = self.malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
         self.flags = LaunchFlags(platform, self.abort_ptr, self.error_ptr)
+        #: (abort flag, error record)
+        self.flag_ptrs = (self.abort_ptr, self.error_ptr)
         self.grid_args_ptr = self.grid_first_ptr = None
 
     def malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:

@@ -6,9 +6,9 @@ plus its bootstrap and the collective calls): its platform and kernel, the memor
 shape through the one per-call recipe (:class:`~hccc.runtime.rank_memory.LaunchCall`), posted and
 compared with every peer's at a host barrier, the counters reset, a second barrier (nobody sends
 into a FIFO before its receiver has reset it), the launch, and the wait for the kernel while the
-host watches its peers (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`): a peer that died, closed or failed raises this rank's abort flag, a failure
-of this rank raises every peer's, and every rank then gets a :class:`CommunicatorError` naming the
-cause.
+host watches its peers (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`): a peer that died, closed
+or failed raises this rank's abort flag, a failure of this rank raises every peer's, and every rank
+then gets a :class:`CommunicatorError` naming the cause.
 """
 from __future__ import annotations
 

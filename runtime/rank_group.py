@@ -107,16 +107,16 @@ class RankGroup:
         self._allocate()
 
     def _allocate(self) -> None:
-        """The size-independent memory (:class:`~hccc.runtime.group_memory.GroupMemory`), the
-        streams, the one-grid entry's argument array and the launches under the watchdog
-        (:class:`~hccc.runtime.rank_launches.RankLaunches`)."""
+        """The size-independent memory (:class:`GroupMemory`), the streams, the one-grid entry's
+        arguments and the launches under the watchdog (:class:`RankLaunches`)."""
         tables = self.program.tables() if self.program.table_mode else None
         self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
                                         self._allocs, tables)
-        self.rank_mem, self.ll_epochs, self.orphans, self.table_ptr = mem.rank_mem, mem.ll_epochs, mem.orphans, mem.table_ptr
-        self.ctrl, self.ctrl_bytes, self.prog_ptr, self.slots_ptr = mem.ctrl, mem.ctrl_bytes, mem.prog_ptr, mem.slots_ptr
-        self.send_tab, self.recv_tab = mem.send_tab, mem.recv_tab
-        self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, mem.abort_ptr, mem.error_ptr
+        self.rank_mem, self.ll_epochs, self.orphans = mem.rank_mem, mem.ll_epochs, mem.orphans
+        self.table_ptr, self.ctrl, self.ctrl_bytes = mem.table_ptr, mem.ctrl, mem.ctrl_bytes
+        self.prog_ptr, self.slots_ptr, self.send_tab, self.recv_tab = (mem.prog_ptr, mem.slots_ptr,
+                                                                       mem.send_tab, mem.recv_tab)
+        self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
         for r in range(self.nranks):
             self.rank_pf[r].set_device(self.placement[r])
