@@ -195,7 +195,7 @@ class Communicator(ProcessRank):
         me = {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node": my_node,
               "platform": pf.name, "ctrl": pf.ipc_export(mem.ctrl).hex(),
               "slots": pf.ipc_export(mem.slots).hex(),
-              "flags": pf.ipc_export(self._flags).hex() if self._flags is not None else "",
+              "flags": pf.ipc_export(self._owned.flags_ptr).hex() if self._owned.flags_ptr is not None else "",
               "hostseg": self._hosts.own.handle.hex()}
         peers = [json.loads(b) for b in self._all_gather(json.dumps(me).encode(), "handles")]
         self.nodes = nodes = [p["node"] for p in peers]
@@ -207,7 +207,7 @@ class Communicator(ProcessRank):
             try:
                 self._net = net.NetLink(
                     self.rank, nodes, self._plans, mem, self._hosts.own.address, self._all_gather,
-                    self._local, pf.host_flags, cache_dir=cache_dir,
+                    self._owned.local, pf.host_flags, cache_dir=cache_dir,
                     stale_s=max(1.0, min(5.0, self.timeout_s / 3)))
             except net.TransportError as exc:
                 raise CommunicatorError(f"rank {self.rank} (node {my_node}): {exc}") from None
@@ -216,11 +216,11 @@ class Communicator(ProcessRank):
         bases = self._map_peers(peers, my_node)
         mem.connect(self._plans, lambda peer: bases.get(peer, (0, 0)))
         if self._net is not None:
-            self._host_flag_ptrs.append(self._net.mwords)
+            self._owned.host_flag_ptrs.append(self._net.mwords)
             self._net.wire()              # cross-node connections through the mirrors
         # every rank has mapped every segment: drop the names
         self._all_gather(b"", "mapped")
-        for p in self._segments_own:
+        for p in self._owned.segments_own:
             pf.ipc_seal(p)
         self._hosts.own.unlink()
 
@@ -243,12 +243,10 @@ class Communicator(ProcessRank):
         the control and slot blocks of the peers its connection tables point into (the receivers
         of its sends, the senders of what it receives) and, on the CPU emulation, their flags.
         Returns peer -> (control block, slot block) in this process."""
-        pf, targets, bases = self._pf, self._plans[self.rank].peers(), {}
+        targets, bases = self._plans[self.rank].peers(), {}
 
         def imported(handle: str) -> int:
-            p = pf.ipc_import(bytes.fromhex(handle))
-            self._imported.append(p)
-            return p
+            return self._owned.import_segment(bytes.fromhex(handle))
 
         try:
             for r, p in enumerate(peers):
@@ -259,8 +257,8 @@ class Communicator(ProcessRank):
                     continue
                 if r in targets:
                     bases[r] = (imported(p["ctrl"]), imported(p["slots"]))
-                if self._shared_flags:
-                    self._peer_flags[r] = imported(p["flags"])
+                if self._owned.shared_flags:
+                    self._owned.peer_flags[r] = imported(p["flags"])
                 self._hosts.attach(r, bytes.fromhex(p["hostseg"]))
         except (PlatformError, shm.ShmError) as exc:
             raise CommunicatorError(f"rank {self.rank}: cannot map a peer's memory: {exc}") from None

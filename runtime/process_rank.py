@@ -1,40 +1,34 @@
 """One rank of a job in this process (the :class:`~hccc.runtime.communicator.Communicator` is this
 plus its bootstrap and the collective calls): its platform and kernel, the memory it owns
-(:class:`~hccc.runtime.rank_memory.RankMemory`), its flags and host segment
+(:class:`~hccc.runtime.rank_memory.RankMemory`, every allocation of it in
+:class:`~hccc.runtime.rank_allocations.RankAllocations`), its flags and host segment
 (:class:`~hccc.runtime.host_segment.HostSegments`), and one launch of it: the call planned once per
 shape through the one per-call recipe (:class:`~hccc.runtime.rank_memory.LaunchCall`), posted and
 compared with every peer's at a host barrier, the counters reset, a second barrier (nobody sends
 into a FIFO before its receiver has reset it), the launch, and the wait for the kernel while the
-host watches its peers: a peer that died, closed or failed raises this rank's abort flag, a failure
-of this rank raises every peer's, and every rank then gets a :class:`CommunicatorError` naming the
-cause.
+host watches its peers (:func:`~hccc.runtime.kernel_wait.wait_for_kernel`): a peer that died, closed
+or failed raises this rank's abort flag, a failure of this rank raises every peer's, and every rank
+then gets a :class:`CommunicatorError` naming the cause.
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import time
 
 from hccc.compiler.backend.abi import resolve_proto
 from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime.alltoallv_call import RankAllToAllv, Staging
 from hccc.runtime.host_segment import HostSegments, call_type
-from hccc.runtime.kernel_abi import ErrorRecord
+from hccc.runtime.kernel_wait import wait_for_kernel
 from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
-from hccc.runtime.rank_group import describe_stuck
 from hccc.runtime.rank_kernels import fit_block_threads
 from hccc.runtime.ll_epoch import LLEpochs
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
-from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, launch_proto,
-                                      synchronize_in_background)
+from hccc.runtime.rank_allocations import RankAllocations
+from hccc.runtime.rank_memory import LaunchCall, RankMemory, launch_proto
 
 #: the collective each method runs (ProgramIR collective names)
 METHODS = {name: spec.method for name, spec in SPECS.items()}
 _COLL_CODE = {c: i + 1 for i, c in enumerate(sorted(METHODS))}
-#: the CPU emulation's shared flags block: the abort flag at 0, the error record at 64
-_FLAGS_BYTES = 64 + ctypes.sizeof(ErrorRecord)
-#: how often the wait for this rank's kernel looks at its peers
-_WATCH_S = 0.02
 #: calls of distinct shapes whose plan (protocol, slice, layout) a communicator keeps: a training
 #: job makes a handful of shapes (DDP's buckets, FSDP's shards), each planned once; planning a
 #: call (the slice model) took about 0.3 ms of a 4 KiB AllReduce's 8 ms on the CPU emulation
@@ -61,12 +55,10 @@ class ProcessRank:
         self.proto_note: str | None = None
         #: the micro-batch slice (bytes) of the last call (None before the first call)
         self.last_slice_bytes: int | None = None
-        self._closed, self._broken = False, None
-        self._net = self._pf = self._mem = self._hosts = self._scratch = self._abort = None
-        self._owned_pf = False
-        # what release() gives back: exported and imported segments, allocations, host flags
-        self._segments_own, self._imported, self._allocs, self._host_flag_ptrs = [], [], [], []
-        self._peer_flags: dict[int, int] = {}
+        self._closed, self._broken, self._owned_pf = False, None, False
+        self._net = self._pf = self._mem = self._hosts = None
+        #: what release() gives back (:class:`RankAllocations`; made with the memory)
+        self._owned: RankAllocations | None = None
         #: (count, element bytes, protocol asked) -> (LaunchCall, this rank's layout row)
         self._call_plans: dict = {}
         self.timeout_s = float(timeout_s)
@@ -80,55 +72,20 @@ class ProcessRank:
         self.watch = None
 
     def _platform(self, backend, device, cache_dir) -> Platform:
-        """The Platform object of this rank, its device chosen."""
-        mine = self.rank_platform[self.rank]
-        if isinstance(backend, Platform):
-            pf = backend
-        elif backend == "cpu":
-            from hccc.runtime.cpu import CpuPlatform
-            pf = CpuPlatform(source_platform=mine, cache_dir=cache_dir)
-        else:
-            pf = get_platform(str(backend))
-        self._owned_pf = pf is not backend
-        if not pf.runs_sources(mine):
-            raise CommunicatorError(f"rank {self.rank} is a {mine.upper()} rank; the {pf.name} "
-                                    "platform cannot run it")
-        if device is None:
-            lr = os.environ.get("LOCAL_RANK", "")
-            device = int(lr) if lr.isdigit() else self.rank
-        self.device = int(device) % max(1, pf.device_count())
-        pf.set_device(self.device)
+        """The Platform object of this rank, its device chosen (:func:`open_rank_platform`)."""
+        pf, self._owned_pf, self.device = open_rank_platform(backend, self.rank_platform[self.rank],
+                                                             self.rank, device, cache_dir)
         return pf
-
-    def _exported(self, n: int) -> int:
-        p = self._pf.ipc_malloc(n)
-        self._segments_own.append(p)
-        return p
-
-    def _local(self, n: int, peer: bool = False) -> int:
-        p = self._pf.malloc_peer(n) if peer else self._pf.malloc(n)
-        self._allocs.append(p)
-        return p
 
     def _allocate(self) -> None:
         """What this rank owns (:class:`RankMemory`: the control block and receive FIFOs exported
         to the peers, orphan FIFOs and connection tables local; its table in table mode), its
         flags, its host segment and its stream."""
         pf = self._pf
-        self._mem = mem = RankMemory(self._plans[self.rank], pf, self._exported, self._local,
-                                     lambda n: self._local(n, peer=True))
-        self._shared_flags = pf.name == "cpu"
-        if self._shared_flags:
-            # abort flag and error record in shared memory every peer maps
-            self._flags = self._exported(_FLAGS_BYTES)
-            self._abort, self._error = self._flags, self._flags + 64
-        else:
-            # abort flag: pinned, mapped host memory of this process; error record: device memory
-            self._abort = pf.host_flags(64)
-            self._host_flag_ptrs.append(self._abort)
-            self._error = self._local(ctypes.sizeof(ErrorRecord))
-            self._flags = None
-        self.flags = LaunchFlags(pf, self._abort, self._error)
+        self._owned = own = RankAllocations(pf)
+        self._mem = mem = RankMemory(self._plans[self.rank], pf, own.exported, own.local,
+                                     lambda n: own.local(n, peer=True))
+        self.flags = own.launch_flags()
         if self.codegen == "table":
             try:
                 mem.load_table(self._prog.tables([self.rank])[self.rank])
@@ -137,7 +94,7 @@ class ProcessRank:
         self._hosts = HostSegments(self.rank, self.world_size, self.timeout_s)
         self._stream = pf.stream()
         self._vcalls = RankAllToAllv(
-            self.ir, self.rank, self.world_size, pf, Staging(pf, self._allocs), self._hosts, run=self._run,
+            self.ir, self.rank, self.world_size, pf, Staging(pf, own.allocs), self._hosts, run=self._run,
             fail=lambda why: self._fail(why, abort_peers=False), barrier=self._barrier,
             next_call=lambda: self._calls + 1, remote=lambda: bool(self._net is not None and self._net.remote),
             error=CommunicatorError)
@@ -174,15 +131,8 @@ class ProcessRank:
         if self._hosts is not None:
             self._hosts.report_failure(why)
         if abort_peers:
-            self._abort_peers()
+            self._owned.abort_peers()
         return CommunicatorError(f"rank {self.rank}: {why}")
-
-    def _abort_peers(self) -> None:
-        """Raise the peers' abort flags where they are mapped here (CPU emulation: shared
-        memory). On CUDA / HIP they are not: every peer's host watch sees this rank's failed state
-        in its host segment and raises its own flag."""
-        for f in self._peer_flags.values():
-            ctypes.c_uint32.from_address(f).value = 1
 
     def _barrier(self, what: str) -> None:
         """Host barrier through the host segments, watching the peers (:meth:`HostSegments.barrier`)."""
@@ -222,13 +172,13 @@ class ProcessRank:
         if self._net is not None and not self._net.reset(self.timeout_s):
             raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
         self.flags.clear()
-        scr = self._scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
+        scr = self._owned.scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
         try:           # every rank makes this call (compared above): every rank refuses it
             call.check(ir)
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {what}: {exc}") from None
-        args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self._abort,
-                              error=self._error, timeout_s=self.kernel_timeout_s, epoch=epoch)
+        args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self.flags.abort,
+                              error=self.flags.error, timeout_s=self.kernel_timeout_s, epoch=epoch)
         if v is not None:
             v.apply(args, ir.scratch_chunks > 0)
         self._barrier(f"{what} (counters reset)")  # nobody sends into a stale FIFO
@@ -288,56 +238,20 @@ class ProcessRank:
         return ("a job across nodes runs Simple: the network proxy forwards a FIFO slot when its tail "
                 "advances, and LL messages post no tail")
 
-    def _scratch_ptr(self, nbytes: int) -> int:
-        if self._scratch is None or self._scratch[1] < nbytes:
-            if self._scratch is not None:
-                self._pf.free(self._scratch[0])
-            self._scratch = (self._pf.malloc(max(nbytes, 16)), max(nbytes, 16))
-        return self._scratch[0]
-
     def _wait(self, method: str) -> None:
-        """Wait for this rank's kernel, watching the peers; raise on any failure."""
-        done, failure, waiting = synchronize_in_background([self._pf], "hccc-comm-wait")
-        limit = self.timeout_s + 2 * self.kernel_timeout_s
-        deadline = time.monotonic() + limit
-        cause = None
-        while not done.wait(_WATCH_S):
-            bad = self._hosts.peer_problem(self._calls, self.watch)
-            if bad and cause is None:
-                cause = bad
-                self.flags.raise_abort()            # abort this rank's kernel
-                self._abort_peers()
-            if time.monotonic() > deadline:
-                if cause is None:
-                    cause = f"kernel still running after {limit:g} s"
-                    self.flags.raise_abort()
-                if time.monotonic() > deadline + max(5.0, self.kernel_timeout_s):
-                    self._broken = f"{cause}; the kernel ignores the abort flag"
-                    raise CommunicatorError(f"rank {self.rank}: {method}: {self._broken}")
-        # the waiter has set `done` and is about to end: join it, so that a call that returns or
-        # raises leaves no thread of its own behind
-        waiting.join(max(5.0, self.kernel_timeout_s))
-        if failure:
-            raise self._fail(f"{method}: {failure[0]}")
-        rec = self.flags.record()
-        if cause is None and not self.flags.aborted and not rec.valid:
-            # a finished call's puts (the last credits) land before the counters are reset
-            if self._net is not None and not self._net.drain(self.timeout_s):
-                raise self._fail(f"{method} #{self._calls}: the network did not complete this "
-                                 f"rank's last puts within {self.timeout_s:g} s")
-            self._hosts.mark_done(self._calls)
+        """Wait for this rank's kernel, watching the peers (:func:`wait_for_kernel`); raise on any
+        failure (a kernel that ignores the abort flag leaves the communicator broken)."""
+        got = wait_for_kernel(self._pf, self.flags, self._hosts, self._net, self.ir, call=self._calls,
+                              watch=self.watch, timeout_s=self.timeout_s,
+                              kernel_timeout_s=self.kernel_timeout_s,
+                              abort_peers=self._owned.abort_peers, method=method)
+        if got is None:
             return
-        what = describe_stuck(self.ir, rec, self._pf.ticks_per_us) if rec.valid else None
-        if cause is None:
-            cause = self._hosts.peer_problem(self._calls, self.watch)
-            # a peer that aborted this kernel records why once its own kernel has stopped (across
-            # nodes its state travels through the proxy): give the reason a moment to arrive
-            until = time.monotonic() + 1.0
-            while cause is None and not what and time.monotonic() < until:
-                time.sleep(0.01)
-                cause = self._hosts.peer_problem(self._calls, self.watch)
-            cause = cause or ("aborted by a peer" if not what else None)
-        raise self._fail(f"{method} #{self._calls} failed: " + "; ".join(p for p in (cause, what) if p))
+        why, kernel_running = got
+        if kernel_running:
+            self._broken = why
+            raise CommunicatorError(f"rank {self.rank}: {method}: {why}")
+        raise self._fail(why)
 
     # ------------------------------------------------------------------ teardown
     def _release(self) -> None:
@@ -349,16 +263,11 @@ class ProcessRank:
         if self._hosts is not None:
             self._hosts.close()
             self._hosts = None
-        if pf is not None and not (self._broken and "ignores the abort flag" in self._broken):
-            _quietly(pf.ipc_close, self._imported)
-            _quietly(pf.free, self._segments_own + self._allocs + self._host_flag_ptrs
-                     + ([self._scratch[0]] if self._scratch else []))
-            if self._owned_pf:
-                pf.close()
-        elif pf is not None:
-            _quietly(pf.ipc_seal, self._segments_own)    # names only: the mappings stay with the kernel
-        self._imported, self._segments_own, self._allocs, self._scratch = [], [], [], None
-        self._host_flag_ptrs = []
+        kernel_running = bool(self._broken and "ignores the abort flag" in self._broken)
+        if self._owned is not None:
+            self._owned.release(kernel_running)     # then only names go: the mappings stay
+        if pf is not None and not kernel_running and self._owned_pf:
+            pf.close()
 
     def close(self) -> None:
         """Release this rank's memory and mappings (peers see the communicator closed)."""
@@ -382,13 +291,26 @@ class ProcessRank:
             pass
 
 
-def _quietly(release, items) -> None:
-    """``release(item)`` for each item, whatever fails (teardown gives back all it can)."""
-    for p in items:
-        try:
-            release(p)
-        except Exception:
-            pass
+def open_rank_platform(backend, flavour: str, rank: int, device, cache_dir):
+    """The Platform object that runs ``rank`` (manifest platform ``flavour``) on ``backend``, its
+    device chosen (``device``, else ``LOCAL_RANK``, else the rank, modulo the devices present):
+    (the Platform object, whether it was made here and is closed with the rank, the device)."""
+    if isinstance(backend, Platform):
+        pf = backend
+    elif backend == "cpu":
+        from hccc.runtime.cpu import CpuPlatform
+        pf = CpuPlatform(source_platform=flavour, cache_dir=cache_dir)
+    else:
+        pf = get_platform(str(backend))
+    if not pf.runs_sources(flavour):
+        raise CommunicatorError(f"rank {rank} is a {flavour.upper()} rank; the {pf.name} "
+                                "platform cannot run it")
+    if device is None:
+        lr = os.environ.get("LOCAL_RANK", "")
+        device = int(lr) if lr.isdigit() else rank
+    device = int(device) % max(1, pf.device_count())
+    pf.set_device(device)
+    return pf, pf is not backend, device
 
 
 __all__ = ["ProcessRank", "CommunicatorError", "METHODS"]

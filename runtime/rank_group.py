@@ -1,11 +1,12 @@
 """N ranks of one program in one process (the :class:`~hccc.runtime.launcher.Runner` is this plus
 the oracle): the Platform object of every rank (:mod:`hccc.runtime.rank_platforms`), the generated
 sources (:class:`~hccc.runtime.generated.GeneratedProgram`), their placement and kernels
-(:class:`~hccc.runtime.rank_kernels.RankKernels`), every rank's :class:`RankMemory`, the flags,
-streams and the one-grid argument array, and one run of them all: each rank's buffers
+(:class:`~hccc.runtime.rank_kernels.RankKernels`), their memory
+(:class:`~hccc.runtime.group_memory.GroupMemory`: every rank's :class:`RankMemory`, the flags and
+the one-grid argument array), the streams, and one run of them all: each rank's buffers
 (:class:`~hccc.runtime.run_buffers.RunBuffers`), its arguments through the one per-call recipe
-(:mod:`hccc.runtime.rank_memory`), launches between timers, and a host watchdog on top of the
-kernels' own timeout.
+(:mod:`hccc.runtime.rank_memory`), and the launches between timers under a host watchdog on top of
+the kernels' own timeout (:class:`~hccc.runtime.rank_launches.RankLaunches`).
 
 Mixed-vendor programs (HetCCL-SNU's device-code split): every rank has a manifest platform, every
 manifest platform present maps to a Platform object, and each Platform object builds one library
@@ -15,23 +16,18 @@ platform write into them, so every pair of platforms of one run must share memor
 """
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
-from hccc.compiler.backend import abi
 from hccc.compiler.frontend.collectives import spec_of
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
+from hccc.runtime.group_memory import GroupMemory
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.kernel_abi import (WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, Args, ErrorRecord, TableArgs,
-                                     grid_first, op_name)
-from hccc.runtime.ll_epoch import LLEpochs
 from hccc.runtime.memory_limits import check_fifo_memory
 from hccc.runtime.platform import Platform, PlatformError
 from hccc.runtime.rank_kernels import RankKernels
-from hccc.runtime.rank_memory import (LaunchCall, LaunchFlags, RankMemory, grid_argument,
-                                      synchronize_in_background)
+from hccc.runtime.rank_launches import RankLaunches
+from hccc.runtime.rank_memory import LaunchCall
 from hccc.runtime.rank_platforms import ranks_by_platform, rank_platforms, resolve_platforms
 from hccc.runtime.run_buffers import RunBuffers
 from hccc.util import dtypes as dtypes_table
@@ -39,10 +35,6 @@ from hccc.util import dtypes as dtypes_table
 #: element types and reduction operators (the one table of them: hccc.util.dtypes)
 DTYPES = dtypes_table.DTYPE_NAMES
 OPS = dtypes_table.OP_NAMES
-#: the least time kernels get to end after the abort flag is raised by an interrupt or an error
-#: (the watchdog's own grace, :meth:`RankGroup._wait`: at least this, or twice the spin-wait timeout);
-#: a kernel ends at its next wait, which comes within a primitive's copy of at most one slot
-STOP_GRACE_S = 5.0
 
 
 class RankGroup:
@@ -74,7 +66,8 @@ class RankGroup:
         self.table_ptr: list[int] = []
         self._allocs: list[tuple[Platform, int]] = []
         self._owned: list[Platform] = []
-        self._broken: str | None = None
+        self.launches: RankLaunches | None = None
+        self.memory: GroupMemory | None = None
         self._closed = False
         #: what the last run's protocol request changed, or None: why LL ran Simple
         #: (:func:`launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
@@ -114,58 +107,29 @@ class RankGroup:
         self._allocate()
 
     def _allocate(self) -> None:
-        """The size-independent memory: every rank's :class:`RankMemory` (the FIFO slots it
-        receives on and its control block in memory its peers reach, :meth:`Platform.malloc_peer`;
-        its connection tables, its table in table mode), the flags, the streams and the one-grid
-        entry's argument array. The same code allocates a one-rank-per-process Communicator's."""
-        N = self.nranks
-        self.rank_mem = [RankMemory(self.rank_plans[r], self.rank_pf[r],
-                                    lambda n, r=r: self._malloc(r, n, peer=True),
-                                    lambda n, r=r: self._malloc(r, n))
-                         for r in range(N)]
-        for m in self.rank_mem:
-            m.connect(self.rank_plans, lambda peer: (self.rank_mem[peer].ctrl, self.rank_mem[peer].slots))
-        #: LL flag epochs of these FIFOs (:mod:`hccc.runtime.ll_epoch`)
-        self.ll_epochs = LLEpochs()
-        self.ctrl = [m.ctrl for m in self.rank_mem]
-        self.ctrl_bytes = [m.plan.ctrl_bytes for m in self.rank_mem]
-        self.prog_ptr = [m.progress for m in self.rank_mem]
-        self.slots_ptr = [m.slots for m in self.rank_mem]
-        self.send_tab = [m.send_tab for m in self.rank_mem]
-        self.recv_tab = [m.recv_tab for m in self.rank_mem]
-        #: sends nobody receives: (rank, FIFO, header bytes), the FIFO in the sender's memory
-        self.orphans = [(r, f, abi.ORPHAN_HEADER) for r, m in enumerate(self.rank_mem) for f in m.orphans]
-        if self.program.table_mode:
-            tables = self.program.tables()
-            self.table_ptr = [self.rank_mem[r].load_table(tables[r]) for r in range(N)]
-        # the abort flag: pinned, mapped host memory; the error record: rank 0's memory (every
-        # rank's kernels reach it; the first to time out claims it with a CAS)
-        self.flags_pf = self.platform
-        self.abort_ptr = self.flags_pf.host_flags(64)
-        self._allocs.append((self.flags_pf, self.abort_ptr))
-        self.error_ptr = self._malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
-        self.flags = LaunchFlags(self.flags_pf, self.abort_ptr, self.error_ptr)
+        """The size-independent memory (:class:`GroupMemory`), the streams, the one-grid entry's
+        arguments and the launches under the watchdog (:class:`RankLaunches`)."""
+        tables = self.program.tables() if self.program.table_mode else None
+        self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
+                                        self._allocs, tables)
+        self.rank_mem, self.ll_epochs, self.orphans = mem.rank_mem, mem.ll_epochs, mem.orphans
+        self.table_ptr, self.ctrl, self.ctrl_bytes = mem.table_ptr, mem.ctrl, mem.ctrl_bytes
+        self.prog_ptr, self.slots_ptr, self.send_tab, self.recv_tab = (mem.prog_ptr, mem.slots_ptr,
+                                                                       mem.send_tab, mem.recv_tab)
+        self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
-        for r in range(N):
+        for r in range(self.nranks):
             self.rank_pf[r].set_device(self.placement[r])
             self.streams.append(self.rank_pf[r].stream())
         if self.grid_fn is not None:
-            # every rank's kernel argument in one device array (filled per launch); the table
-            # mode's entry also reads the first block of each rank from device memory
-            self.grid_args_ptr = self._malloc(0, N * ctypes.sizeof(TableArgs if self.table_ptr else Args))
-            if self.table_ptr:
-                first = grid_first(self.grid)
-                self.grid_first_ptr = self._malloc(0, len(first))
-                self.rank_pf[0].memcpy_htod(self.grid_first_ptr, np.frombuffer(first, np.uint8))
+            mem.alloc_grid_args(self.grid)
+        self.launches = RankLaunches(self.ir, self.kernels, self.rank_pf, self._distinct, self.grid,
+                                     self.streams, self.flags, self.flags_pf, self.timeout_s)
 
-    def _malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
-        """Memory on ``rank``'s platform and device (kept until :meth:`close`); ``peer``: memory
-        other ranks' kernels touch while running (:meth:`Platform.malloc_peer`)."""
-        pf = self.rank_pf[rank] if rank is not None else self.platform
-        pf.set_device(self.placement[rank] if rank is not None else 0)
-        ptr = pf.malloc_peer(int(nbytes)) if peer else pf.malloc(int(nbytes))
-        self._allocs.append((pf, ptr))
-        return ptr
+    @property
+    def _broken(self) -> str | None:
+        """Why kernels of an earlier run still run (:attr:`RankLaunches.broken`), or None."""
+        return self.launches.broken if self.launches is not None else None
 
     def default_watchdog(self, nbytes: int) -> float:
         total = nbytes * max(self.nranks, 1) * 4
@@ -204,7 +168,7 @@ class RankGroup:
             def launch():
                 return self._launch_once(call, argv, bufs, lay, dev_inputs, blocks, limit)
 
-            times, stuck = self._timed_launches(launch, warmup, iters)
+            times, stuck = self.launches.timed(launch, warmup, iters)
             if stuck is None and (verify is not None or keep):
                 outs = bufs.outputs(out_lens)
                 if verify is not None:
@@ -268,35 +232,6 @@ class RankGroup:
             self._direct_receives = 0 if dx is None else int(((dx["direct"] & 2) != 0).sum())
         return self._direct_receives
 
-    def _launch_all(self, args, blocks, limit, grid_arg: bytes | None = None) -> list:
-        """Launch every rank's kernel through its own platform, or with ``grid_arg`` the one-grid
-        entry once (every rank, ``sum(grid)`` blocks), between the start and the stop of one timer
-        per platform object; returns the timers."""
-        users = [pf for pf in self._distinct if any(self.rank_pf[r] is pf and self.grid[r] > 0
-                                                       for r in range(self.nranks))]
-        timers = []
-        try:
-            for pf in users:
-                timers.append(pf.timer())
-                timers[-1].start()
-            self.kernels.launch(args, blocks, self.streams, grid_arg, self.abort_ptr)
-        except BaseException:
-            # ranks already launched (or held back by a timer) wait for the others: abort them
-            try:
-                self._raise_abort()
-                for t in timers:
-                    t.stop()
-                self._wait(limit)
-            except Exception:
-                pass
-            raise
-        for t in timers:
-            t.stop()
-        return timers
-
-    def _names(self) -> str:
-        return "+".join(sorted({pf.name for pf in self._distinct})) or "no"
-
     def _free_buffers(self, bufs: RunBuffers) -> None:
         """Free one run's buffers unless the runner is broken (kernels may still use them); a
         Ctrl-C waits until done."""
@@ -308,103 +243,23 @@ class RankGroup:
         if self._closed:
             raise PlatformError("runner is closed")
         if self._broken:
-            raise PlatformError(f"the {self._names()} platform is unusable after an earlier "
+            raise PlatformError(f"the {self.launches.names()} platform is unusable after an earlier "
                                 f"run: {self._broken}")
 
     def _launch_once(self, call, argv, bufs, lay, dev_inputs, blocks, limit: float):
         """One launch of every rank from fresh inputs: (timers, why it stuck or None)."""
-        zero, args, grid_arg = self._launch_arguments(call, argv)
-        self._prepare(bufs, lay, dev_inputs, ll=zero)
-        timers = self._launch_all(args, blocks, limit, grid_arg)
-        stuck = self._wait(limit)
-        return timers, stuck if stuck is not None else self._error_message()
-
-    @staticmethod
-    def _timed_launches(launch, warmup: int, iters: int):
-        """``warmup + iters`` launches (``launch()``: timers and why it stuck), until one sticks:
-        (the timed launches' times in us, why the last stuck or None). Platforms hold their
-        launches until their timer stops (all ranks start together): a launch takes as long as
-        its slowest platform's part."""
-        times, stuck = [], None
-        for it in range(warmup + iters):
-            timers, stuck = launch()
-            if stuck is not None:
-                break
-            if it >= warmup:
-                times.append(max(t.elapsed_us() for t in timers))
-        return times, stuck
-
-    def _launch_arguments(self, call, argv):
-        """One launch's arguments: every launch of an LL run gets the next flag epoch (its
-        arguments change with it); the packed ``hccc_args`` of every rank and, for the one-grid
-        entry, its argument over them in device memory. Returns (whether the LL slots are zeroed,
-        the ranks' packed arguments, the grid argument or None)."""
-        epoch, zero = call.launch(self.ll_epochs)
-        for a in argv:
-            a.ll_epoch = epoch
-        args = [m.argument(a) for m, a in zip(self.rank_mem, argv)]
-        grid_arg = None
-        if self.grid_fn is not None:
-            self.rank_pf[0].memcpy_htod(self.grid_args_ptr, np.frombuffer(b"".join(args), np.uint8))
-            grid_arg = grid_argument(self.grid_args_ptr, len(argv),
-                                     self.grid_first_ptr if self.table_ptr else None)
-        return zero, args, grid_arg
-
-    def _prepare(self, bufs: RunBuffers, lay, dev_inputs, ll: bool = False) -> None:
-        """Zero counters, flags and the error record (and, with ``ll``, the FIFO slots: an LL
-        launch that :class:`~hccc.runtime.ll_epoch.LLEpochs` says must zero); outputs and scratch
-        to garbage and inputs in (:meth:`RunBuffers.fill`)."""
-        for m in self.rank_mem:
-            m.reset(slots=ll)
-        self.flags.clear()
-        bufs.fill(lay, dev_inputs)
-
-    def _wait(self, limit: float) -> str | None:
-        """Synchronize under the host watchdog; None when every kernel finished."""
-        done, failure, _ = synchronize_in_background(self._distinct, "hccc-synchronize")
-        if done.wait(limit):
-            if failure:
-                raise failure[0]
-            return None
-        self._raise_abort()
-        grace = max(STOP_GRACE_S, 2.0 * self.timeout_s)
-        if done.wait(grace):
-            rec = self._error_message()
-            return (f"host watchdog: kernels still running after {limit:.0f} s; aborted"
-                    + (f" ({rec})" if rec else " (no thread block reported a timeout)"))
-        self._broken = (f"kernels still running {limit + grace:.0f} s after launch and ignore the "
-                        "abort flag")
-        return f"host watchdog: {self._broken}"
+        zero, args, grid_arg = self.memory.arguments(call, argv)
+        self.memory.prepare(bufs, lay, dev_inputs, ll=zero)
+        timers = self.launches.launch_all(args, blocks, limit, grid_arg)
+        stuck = self.launches.wait(limit)
+        return timers, stuck if stuck is not None else self.launches.error_message()
 
     def stop_kernels(self) -> None:
         """Stop every kernel this runner launched before anything they use is freed (an interrupt
-        or an error left them running): raise the abort flag and wait for every platform, with
-        Ctrl-C held back. Kernels still running after the grace time mark the runner broken, and a
-        broken runner never frees their memory."""
-        if self._broken or not hasattr(self, "flags"):
-            return
-        with deferred_interrupts():
-            try:
-                self._raise_abort()
-            except Exception:
-                pass
-            # (an aborted kernel's error is ignored: it has stopped all the same)
-            done, _, _ = synchronize_in_background(self._distinct, "hccc-stop")
-            if not done.wait(max(STOP_GRACE_S, 2.0 * self.timeout_s)):
-                self._broken = "kernels still running after an interrupt ignore the abort flag"
-
-    def _raise_abort(self) -> None:
-        """Raise the abort flag: a plain store into pinned host memory, which no queued copy or
-        kernel can hold back."""
-        self.flags.raise_abort()
-
-    def _error_message(self) -> str | None:
-        e = self.flags.record()
-        if not e.valid:
-            return "aborted without an error record" if self.flags.aborted else None
-        # the waited time is counted in the ticks of the reporting rank's platform
-        pf = self.rank_pf[e.rank] if 0 <= e.rank < self.nranks else self.flags_pf
-        return describe_stuck(self.ir, e, pf.ticks_per_us)
+        or an error left them running; :meth:`RankLaunches.stop`). Kernels still running after the
+        grace time mark the runner broken, and a broken runner never frees their memory."""
+        if self.launches is not None:
+            self.launches.stop()
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -434,37 +289,4 @@ class RankGroup:
         self.close()
 
 
-def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
-    """"rank R, TB T stuck in <op> for chunk C (micro-batch M)" plus what it waited for."""
-    msg = (f"rank {e.rank}, TB {e.tb} stuck in {op_name(e.op)} for chunk {e.chunk} "
-           f"(micro-batch {e.microbatch})")
-    p = ir.prims
-    hit = np.flatnonzero((p["rank"] == e.rank) & (p["tb"] == e.tb) & (p["seq"] == e.seq))
-    peer = None
-    if len(hit):
-        i = int(hit[0])
-        if e.wait == WAIT_DATA:
-            peer = int(p["recv_peer"][i])
-        elif e.wait == WAIT_SLOT:
-            peer = int(p["send_peer"][i])
-    what = {WAIT_DATA: f"waiting for data from rank {peer}" if peer is not None else "waiting for data",
-            WAIT_SLOT: (f"waiting for a free FIFO slot towards rank {peer}" if peer is not None
-                        else "waiting for a free FIFO slot"),
-            WAIT_DEP: "waiting for another thread block of its rank"}.get(e.wait, "waiting")
-    if e.wait == WAIT_COUNTS and e.chunk < 0:
-        return (f"rank {e.rank}'s kernels refused the AllToAllv counts: they are not an AllToAll "
-                "program's, and have no AllToAllv path")
-    if e.wait == WAIT_COUNTS:
-        N = max(1, int(ir.nranks))
-        s, d = divmod(int(e.chunk), N)
-        return (f"rank {e.rank}'s kernels refused the AllToAllv counts matrix: counts[{s}][{d}] is negative "
-                "or its block's pieces exceed the scratch slots the call allocated")
-    extra = [what, f"primitive {e.seq}"]
-    if e.task >= 0:
-        extra.append(f"task {e.task}")
-    if ticks_per_us > 0:
-        extra.append(f"gave up after {e.waited / ticks_per_us / 1e6:.3g} s")
-    return msg + ": " + ", ".join(extra)
-
-
-__all__ = ["RankGroup", "describe_stuck", "STOP_GRACE_S"]
+__all__ = ["RankGroup"]

@@ -190,11 +190,12 @@ def test_check_count_is_nccl_tests_check_iterations(tmp_path, capsys, monkeypatc
     N-1 more from fresh inputs), their wrong elements summed; -c 0 checks nothing. Counted at the
     runner: every launch and every comparison (each comparison here reports 2 wrong elements)."""
     from hccc.runtime.launcher import Runner
+    from hccc.runtime.rank_launches import RankLaunches
     ir = build_program(gen.ring_allgather(3), chunk_bytes=256)
     f = tmp_path / "ag.json"
     f.write_text(ir.to_json())
     launches, compares = [], []
-    real_launch = Runner._launch_all
+    real_launch = RankLaunches.launch_all
 
     def count_launch(self, *a, **k):
         launches.append(1)
@@ -203,7 +204,7 @@ def test_check_count_is_nccl_tests_check_iterations(tmp_path, capsys, monkeypatc
     def fake_compare(self, outs, inputs, inplace):
         compares.append(len(launches))
         return 2, "rank 0, output element 0: got 1.0, expected 2.0", 0, "reference"
-    monkeypatch.setattr(Runner, "_launch_all", count_launch)
+    monkeypatch.setattr(RankLaunches, "launch_all", count_launch)
     monkeypatch.setattr(Runner, "_compare", fake_compare)
     rc, out, _ = run_cli(capsys, "run", f, "--sizes", "3K", "-n", "2", "-w", "1", "-c", n,
                          "--out-of-place-only", "--json")

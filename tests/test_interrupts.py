@@ -43,7 +43,7 @@ def test_an_interrupt_stops_the_kernels_before_their_buffers_are_freed(monkeypat
             raise KeyboardInterrupt
 
         monkeypatch.setattr(pf, "free", free)
-        monkeypatch.setattr(runner, "_wait", interrupted)
+        monkeypatch.setattr(runner.launches, "wait", interrupted)
         with pytest.raises(KeyboardInterrupt):
             runner.run(count=4 * 4096, iters=3)
         assert frees and not any(frees), "a buffer was freed while a launch was still pending"

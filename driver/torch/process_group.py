@@ -27,7 +27,9 @@ whose adapters map torch's arguments onto the spec's buffers, root and op.
 Its parts: :mod:`~hccc.torch.options` (what the group is configured with),
 :mod:`~hccc.torch.agreement` (what the ranks agree on when the group is made),
 :mod:`~hccc.torch.routes` (a call's route), :mod:`~hccc.torch.forms` (torch's call forms),
-:mod:`~hccc.torch.work` (the calls' queue and works), :mod:`~hccc.torch.averages` (AVG as a SUM),
+:mod:`~hccc.torch.work` (the calls' queue and works), :mod:`~hccc.torch.jobs` (what a call runs on
+the worker: posted, run on a Communicator or the delegate, a peer's different call named),
+:mod:`~hccc.torch.averages` (AVG as a SUM),
 :mod:`~hccc.torch.ledger` (the comparison of the ranks' calls).
 
 GPU tensors: the call records an event on the caller's current stream; the worker waits for it,
@@ -43,10 +45,8 @@ the Communicator's (a dead rank: an error on every rank within the timeout), sur
 ``wait()``; the delegate gets the group's timeout.
 """
 from __future__ import annotations
-from __future__ import annotations
 
 import sys
-import time
 import weakref
 from collections import Counter, defaultdict
 from datetime import timedelta
@@ -57,17 +57,14 @@ import torch.distributed as dist
 from hccc.torch.agreement import agree, choice_inputs
 from hccc.torch.capture import CaptureError, capture_active
 from hccc.torch.forms import CallForms, install
-from hccc.torch.ledger import CallMismatch, ShmLedger, describe, digest
+from hccc.torch.jobs import CallJobs
+from hccc.torch.ledger import ShmLedger, describe
 from hccc.torch.options import Options, load_catalog, load_cluster, with_detected_topology
-from hccc.torch.routes import (ROUTE_CACHE_MAX, choose_route, dtype_name, kernel_dtype,
-                               log_fallback)
+from hccc.torch.routes import ROUTE_CACHE_MAX, choose_route, dtype_name, log_fallback
 from hccc.torch.work import CallQueue, HcccWork
 
 _C = torch._C._distributed_c10d
 _DEVICES = ("cpu", "cuda")
-#: seconds between looks at a delegate's work (and the peers' calls) once its first millisecond
-#: has passed: well below a gloo call's own time at any size worth measuring
-_DELEGATE_POLL_S = 0.0005
 
 _GROUPS: "weakref.WeakSet[HcccProcessGroup]" = weakref.WeakSet()
 
@@ -86,10 +83,6 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         #: device type -> backend named by the device map ("hccc" where hccc serves it)
         self.device_backends = dict(device_backends or {d: "hccc" for d in _DEVICES})
         self.disabled: str | None = None
-        self._broken: str | None = None
-        self._ledger = None
-        self._calls = 0
-        self._digests: dict[str, int] = {}
         self._texts: dict[tuple, str] = {}       # call shape -> its description
         # this rank's set-up: whatever fails is told to every peer at the agreement below, so that
         # every rank fails at once with the reason (not after the timeout, waiting for this one)
@@ -120,7 +113,7 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
             if ledger is not None:
                 ledger.close()
             raise
-        self.nodes, self._ledger, self.disabled = agreed.nodes, agreed.ledger, agreed.disabled
+        self.nodes, self.disabled = agreed.nodes, agreed.disabled
         if self.options.catalog is None and not self.disabled:
             from hccc.torch.builtin import BuiltinCatalog
             self.catalog = BuiltinCatalog(self._size, self.nodes, topology=self.options.topology,
@@ -129,7 +122,6 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         self._routes: dict[tuple, tuple] = {}
         #: one-tensor call shape -> (device, route, description): what _in_place derives from it
         self._shapes: dict[tuple, tuple] = {}
-        self._comms: dict[tuple[str, str], object] = {}
         self.counters = {"hccc": Counter(), "fallback": Counter(), "delegated": Counter(),
                          "entries": Counter(), "reasons": Counter(), "protos": Counter()}
         #: calls hccc's kernels carried, per collective and dtype
@@ -137,6 +129,9 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         #: seconds the worker spent on calls, per route kind and collective (where a step's time
         #: goes: benchmarks/torch_backend.py)
         self.seconds: dict[str, Counter] = defaultdict(Counter)
+        #: the calls' jobs: numbered, posted, run on a Communicator or the delegate
+        self._jobs = CallJobs(self._rank, self._size, self._store, agreed.ledger, self.timeout_s,
+                              self.kernel_timeout_s, self.counters["protos"], self.seconds)
         self._calls_queue = CallQueue(f"hccc-pg-{rank}")
         # the delegate of every device this process can use (gloo's connect is collective: every
         # rank makes it here, together)
@@ -190,9 +185,9 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         down or broken."""
         if self._calls_queue.closed:
             raise RuntimeError("hccc: the process group has been shut down")
-        if self._broken:
+        if self._jobs.broken:
             raise RuntimeError(f"hccc: rank {self._rank}: the process group is unusable after an "
-                               f"earlier failure: {self._broken}")
+                               f"earlier failure: {self._jobs.broken}")
         return self._calls_queue.submit(fn, result)
 
     def shutdown(self) -> None:
@@ -201,14 +196,7 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         if calls is None or calls.closed:
             return
         calls.close(self.timeout_s)
-        for comm in self._comms.values():
-            try:
-                comm.close()
-            except Exception:
-                pass
-        self._comms.clear()
-        if self._ledger is not None:
-            self._ledger.close()
+        self._jobs.close()
 
     def abort(self) -> None:
         self.shutdown()
@@ -283,50 +271,6 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
             name = name if name != "hccc" else ("gloo" if dev == "cpu" else "nccl")
             log_fallback(self._rank, coll, name, what)
 
-    def _communicator(self, entry, dev: torch.device, dtype: str, op: str, watch=None):
-        """The entry's Communicator, made on its first call (``watch``: polled while its set-up
-        waits for the peers, who may be making another call)."""
-        key = (entry.name, dev.type)
-        comm = self._comms.get(key)
-        if comm is None:
-            from hccc.runtime.bootstrap import StoreBootstrap
-            from hccc.runtime.communicator import Communicator
-            boot = StoreBootstrap(self._store, self._rank, self._size, name=f"entry/{entry.name}",
-                                  timeout_s=self.timeout_s, watch=watch)
-            backend = "cpu" if dev.type == "cpu" else ("hip" if torch.version.hip else "cuda")
-            comm = Communicator(entry.path if entry.outdir else entry.ir, bootstrap=boot,
-                                backend=backend, device=dev.index, timeout_s=self.timeout_s,
-                                kernel_timeout_s=self.kernel_timeout_s, dtype=dtype, op=op)
-            boot.watch = None                # set up: the first call's watch has done its part
-            self._comms[key] = comm
-        return comm
-
-    def _next_call(self, text: str) -> tuple[int, int]:
-        """Number and post this rank's next call (the worker's thread: calls in their order)."""
-        self._calls += 1
-        tag = self._digests.get(text)
-        if tag is None:
-            if len(self._digests) >= ROUTE_CACHE_MAX:
-                self._digests.clear()
-            tag = self._digests[text] = digest(text)
-        self._ledger.post(self._calls, text, tag)
-        return self._calls, tag
-
-    def _mismatch(self, why: str) -> CallMismatch:
-        self._broken = why
-        return CallMismatch(f"hccc: rank {self._rank}: {why}")
-
-    def _wait_delegate(self, work, seq: int, text: str, tag: int) -> None:
-        """Wait for a delegate's work, comparing the peers' calls meanwhile."""
-        start = time.monotonic()
-        while not work.is_completed():
-            why = self._ledger.conflict(seq, text, tag)
-            if why:
-                raise self._mismatch(why)
-            # yield for the first millisecond (most calls complete within it), then sleep
-            time.sleep(0 if time.monotonic() - start < 1e-3 else _DELEGATE_POLL_S)
-        work.wait()
-
     def _submit(self, coll: str, dev: torch.device, route: tuple, run_hccc, run_delegate, result,
                 text: str | None):
         """Queue the call on its route; ``run_hccc(comm, op)`` / ``run_delegate(backend)``;
@@ -340,79 +284,11 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(dev))
         if route[0] == "hccc":
-            fn = self._hccc_job(coll, dev, route, run_hccc, ready, text, result_dtype)
+            fn = self._jobs.hccc_job(coll, dev, route, run_hccc, ready, text, result_dtype)
         else:
-            fn = self._delegate_job(coll, route[0], self._delegate(devtype), run_delegate, ready, text)
+            fn = self._jobs.delegate_job(coll, route[0], self._delegate(devtype), run_delegate, ready,
+                                         text)
         return self._enqueue(fn, result)
-
-    def _hccc_job(self, coll: str, dev: torch.device, route: tuple, run_hccc, ready, text: str,
-                  result_dtype: torch.dtype):
-        """The job of a call on hccc's kernels: wait for the caller's stream, post the call, run it
-        on the entry's Communicator (made on the first call), naming a peer's different call."""
-        entry, kop, acc = route[1], route[2], route[3]
-        dtype = kernel_dtype(acc if acc is not None else result_dtype)
-        made = (entry.name, dev.type)       # the communicator's key (:meth:`_communicator`)
-        protos, seconds = self.counters["protos"], self.seconds["hccc"]
-
-        def fn():
-            t0 = time.perf_counter()
-            if ready is not None:
-                ready.synchronize()
-            seq, tag = self._next_call(text)
-
-            def watch():
-                return self._ledger.conflict(seq, text, tag)
-            try:
-                comm = self._comms.get(made)
-                if comm is None:
-                    comm = self._communicator(entry, dev, dtype, kop, watch)
-            except Exception as exc:
-                why = watch()
-                if why:
-                    raise self._mismatch(why) from None
-                raise exc
-            comm.call_tag = tag
-            comm.watch = watch
-            try:
-                run_hccc(comm, kop)
-            except Exception as exc:
-                why = self._ledger.conflict(seq, text, tag)
-                if why:
-                    raise self._mismatch(why) from None
-                raise exc
-            finally:
-                comm.watch = None
-            # no comparison after the call: every rank's call met this one's on the same
-            # communicator, which compared their digests (call_tag) before its kernel ran
-            protos[comm.last_proto] += 1     # auto: LL for small calls
-            seconds[coll] += time.perf_counter() - t0
-        return fn
-
-    def _delegate_job(self, coll: str, kind: str, backend, run_delegate, ready, text: str | None):
-        """The job of a call on the delegate ``backend``: posted and compared with the peers' calls
-        while it runs, unless it is point-to-point (``text`` None)."""
-        def fn():
-            t0 = time.perf_counter()
-            if ready is not None:
-                ready.synchronize()
-            if text is None:
-                work = run_delegate(backend)
-                if work is not None:
-                    work.wait()
-            else:
-                seq, tag = self._next_call(text)
-                work = run_delegate(backend)
-                if work is not None:
-                    self._wait_delegate(work, seq, text, tag)
-                self._ledger_settle(seq, text, tag)
-            self.seconds[kind][coll] += time.perf_counter() - t0
-        return fn
-
-    def _ledger_settle(self, seq: int, text: str, tag: int) -> None:
-        try:
-            self._ledger.settle(seq, text, tag, self.timeout_s)
-        except CallMismatch as exc:
-            raise CallMismatch(f"hccc: rank {self._rank}: {exc}") from None
 
     def _text(self, kind: str, tensors, *, op: str | None = None, counts=None, root=None) -> str:
         """The call's description (:func:`~hccc.torch.ledger.describe`), made once per call shape."""

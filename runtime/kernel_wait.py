@@ -1,0 +1,73 @@
+"""The wait for one rank's kernel (:class:`~hccc.runtime.process_rank.ProcessRank`) while the host
+watches its peers: a peer that died, closed or failed raises this rank's abort flag and the peers'
+mapped ones, a kernel past its limit is aborted, and a kernel that ignores the abort flag is given up
+on; a finished call's last network puts are drained before the call counts as done.
+"""
+from __future__ import annotations
+
+import time
+
+from hccc.runtime.rank_launches import describe_stuck
+from hccc.runtime.rank_memory import synchronize_in_background
+
+#: how often the wait for this rank's kernel looks at its peers
+WATCH_S = 0.02
+#: the least time an aborted kernel gets to stop, and the waiter thread to end (seconds; more
+#: with a longer spin-wait timeout): a kernel ends at its next wait, within one slot's copy
+ABORT_GRACE_S = 5.0
+#: how long a rank aborted by a peer waits for that peer's reason to arrive (its state crosses
+#: nodes through the network proxy)
+REASON_WAIT_S = 1.0
+
+
+def wait_for_kernel(pf, flags, hosts, net, ir, *, call: int, watch, timeout_s: float,
+                    kernel_timeout_s: float, abort_peers, method: str):
+    """Wait for the kernel of call number ``call`` on ``pf`` (``flags``: its
+    :class:`~hccc.runtime.rank_memory.LaunchFlags`; ``hosts``: the
+    :class:`~hccc.runtime.host_segment.HostSegments`; ``net``: the network proxy or None;
+    ``watch``: the caller's extra reason to give up, or None; ``abort_peers()`` raises the peers'
+    mapped abort flags). Returns None when the call finished, else (why it failed, whether the
+    kernel still runs because it ignores the abort flag)."""
+    done, failure, waiting = synchronize_in_background([pf], "hccc-comm-wait")
+    limit = timeout_s + 2 * kernel_timeout_s
+    deadline = time.monotonic() + limit
+    cause = None
+    while not done.wait(WATCH_S):
+        bad = hosts.peer_problem(call, watch)
+        if bad and cause is None:
+            cause = bad
+            flags.raise_abort()            # abort this rank's kernel
+            abort_peers()
+        if time.monotonic() > deadline:
+            if cause is None:
+                cause = f"kernel still running after {limit:g} s"
+                flags.raise_abort()
+            if time.monotonic() > deadline + max(ABORT_GRACE_S, kernel_timeout_s):
+                return f"{cause}; the kernel ignores the abort flag", True
+    # the waiter has set `done` and is about to end: join it, so that a call that returns or
+    # raises leaves no thread of its own behind
+    waiting.join(max(ABORT_GRACE_S, kernel_timeout_s))
+    if failure:
+        return f"{method}: {failure[0]}", False
+    rec = flags.record()
+    if cause is None and not flags.aborted and not rec.valid:
+        # a finished call's puts (the last credits) land before the counters are reset
+        if net is not None and not net.drain(timeout_s):
+            return (f"{method} #{call}: the network did not complete this rank's last puts within "
+                    f"{timeout_s:g} s"), False
+        hosts.mark_done(call)
+        return None
+    what = describe_stuck(ir, rec, pf.ticks_per_us) if rec.valid else None
+    if cause is None:
+        cause = hosts.peer_problem(call, watch)
+        # a peer that aborted this kernel records why once its own kernel has stopped (across
+        # nodes its state travels through the proxy): give the reason a moment to arrive
+        until = time.monotonic() + REASON_WAIT_S
+        while cause is None and not what and time.monotonic() < until:
+            time.sleep(0.01)
+            cause = hosts.peer_problem(call, watch)
+        cause = cause or ("aborted by a peer" if not what else None)
+    return f"{method} #{call} failed: " + "; ".join(p for p in (cause, what) if p), False
+
+
+__all__ = ["wait_for_kernel", "WATCH_S"]
