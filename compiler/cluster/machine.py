@@ -216,22 +216,11 @@ def node_from_relations(source: str, gpus: list[Gpu], nv: list[list[int]], rel: 
             node.pcie[(a, b)] = bw
     # PCIe switches: GPUs joined by PIX/PXB share a switch whose uplink is a GPU link wide (the input
     # does not say more); a GPU alone is on a root port of its own
-    parent = list(range(n))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a in range(n):
-        for b in range(a + 1, n):
-            if rel[a][b] in ("PIX", "PXB"):
-                parent[find(a)] = find(b)
-    groups: dict[int, list[int]] = {}
-    for g in range(n):
-        groups.setdefault(find(g), []).append(g)
-    for members in sorted(groups.values()):
+    import networkx as nx
+    switched = nx.Graph()
+    switched.add_nodes_from(range(n))
+    switched.add_edges_from((a, b) for a in range(n) for b in range(a + 1, n) if rel[a][b] in ("PIX", "PXB"))
+    for members in sorted(sorted(c) for c in nx.connected_components(switched)):
         bw = min(gpus[g].pcie_gbps for g in members)
         what = "PCIe switch" if len(members) > 1 else "root port"
         node.pcie_groups.append((tuple(members), bw, what))

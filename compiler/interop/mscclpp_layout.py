@@ -278,28 +278,18 @@ def node_size(layout: PlanLayout) -> int:
     the ranks joined by memory channels fall into two or more groups of one size G >= 2, rank r
     in group r // G, the plan is for nodes of G ranks (the runtime's placement check then
     reports a job that splits a group over nodes)."""
-    R = layout.R
-    parent = list(range(R))
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-    for r in range(R):
-        for p in layout.chans[r]["memory"]:
-            parent[find(r)] = find(p)
+    import networkx as nx
+    joined = nx.Graph()
+    joined.add_nodes_from(range(layout.R))
+    joined.add_edges_from((r, p) for r in range(layout.R) for p in layout.chans[r]["memory"])
     for ranks in layout.switch.members():          # the switch maps its group's memory
-        for p in ranks:
-            parent[find(ranks[0])] = find(p)
-    groups: dict[int, list[int]] = defaultdict(list)
-    for r in range(R):
-        groups[find(r)].append(r)
-    sizes = {len(m) for m in groups.values()}
+        joined.add_edges_from((ranks[0], p) for p in ranks)
+    groups = [sorted(c) for c in nx.connected_components(joined)]
+    sizes = {len(m) for m in groups}
     if len(groups) < 2 or len(sizes) != 1:
         return 0
     g = sizes.pop()
-    if g < 2 or any(m != list(range(m[0], m[0] + g)) or m[0] % g for m in groups.values()):
+    if g < 2 or any(m != list(range(m[0], m[0] + g)) or m[0] % g for m in groups):
         return 0
     return g
 
