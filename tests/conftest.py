@@ -58,6 +58,21 @@ def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None)
     if isinstance(workers, int) and workers > 1 and "HCCC_CPU_JOBS" not in os.environ:
         os.environ["HCCC_CPU_JOBS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    _steal_work(config)
+
+
+def _steal_work(config) -> None:
+    """README's ``-n 2`` distributes by work stealing unless ``--dist`` is given: each worker starts
+    on a contiguous half of the tests, so a module's tests (and its module-scoped fixtures: built
+    kernels, packings, corpora) mostly stay on one worker instead of alternating between both
+    (``load``'s round robin sets such a fixture up once per worker), and an idle worker takes tests
+    from the end of the other's queue, so neither waits on the other's tail. Set before
+    pytest-xdist's own ``pytest_configure`` (a conftest's runs first) reads the mode."""
+    if getattr(config.option, "dist", "no") != "load" or getattr(config.option, "distload", False):
+        return
+    if any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args):
+        return          # the user's own choice
+    config.option.dist = "worksteal"
 
 
 DEFAULT_RUN_AT_O0 = False   # set by pytest_configure

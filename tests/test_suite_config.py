@@ -58,3 +58,33 @@ def test_ci_runs_the_readme_command():
                      rf"{re.escape(test_cmd)} -m slow\nfi$", ci, re.M)
     assert "-m slow" in readme
     assert "unset HYPOTHESIS_PROFILE" in ci and "HYPOTHESIS_PROFILE=" not in ci
+
+
+@pytest.mark.parametrize("args, dist", [(("-n", "2"), "worksteal"), (("-n", "2", "--dist", "load"), "load"),
+                                        (("-n", "2", "--dist=loadfile"), "loadfile"), ((), "no")])
+def test_readme_command_steals_work_unless_told_otherwise(tmp_path, args, dist):
+    """README's ``-n 2`` schedules by work stealing (a module's tests stay together on a worker); a
+    ``--dist`` the user gives wins, and a run without workers distributes nothing. The conftest
+    is asked directly (``pytest_configure`` on a stand-in config), not through worker processes."""
+    import conftest
+    from types import SimpleNamespace
+    numprocesses = int(args[1]) if args else None
+    given = [a for a in args if a.startswith("--dist")]
+    mode = args[args.index("--dist") + 1] if "--dist" in args else \
+        (given[0].split("=", 1)[1] if given else ("load" if numprocesses else "no"))
+    config = SimpleNamespace(option=SimpleNamespace(dist=mode, distload=False, numprocesses=numprocesses),
+                             invocation_params=SimpleNamespace(args=tuple(args)))
+    conftest._steal_work(config)
+    assert config.option.dist == dist
+
+
+def test_workers_are_told_to_steal_work_before_xdist_reads_the_mode(tmp_path):
+    """The hook order the choice above relies on, end to end: a real ``-n 1`` run schedules by
+    work stealing (the conftest's ``pytest_configure`` ran before pytest-xdist's)."""
+    (tmp_path / "test_probe.py").write_text("def test_nothing():\n    pass\n")
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "1",
+                        str(tmp_path / "test_probe.py")], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WorkStealingScheduling" in r.stdout
