@@ -9,11 +9,13 @@ Stages, in order, per size (docs/architecture.md, *Synthesis*):
    candidates scored by the evaluator (:func:`tree_simulated_score`, :func:`simulated_score`);
 3. **fit**: channels (:func:`_fit_channels`) and slices (:func:`_thin_slices`) by the evaluator;
 4. **compare**: under ``auto`` the search where the trees fall short of
-   :data:`~.plan.AUTO_SEARCH_BELOW`, and the default program where a size was given, all timed by
-   the same evaluator, the fastest kept; ``--for`` keeps only what that engine exports (:mod:`hccc.synth_engines`);
-5. **emit**: the choices as a :class:`~.plan.SynthPlan`, the text by :func:`.emit.to_rccl`.
+   :data:`~hccc.compiler.synth.plan.AUTO_SEARCH_BELOW`, and the default program where a size was
+   given, all timed by the same evaluator, the fastest kept; ``--for`` keeps only what that engine
+   exports (:mod:`hccc.synth_engines`);
+5. **emit**: the choices as a :class:`~hccc.compiler.synth.plan.SynthPlan`, the text by
+   :func:`hccc.compiler.synth.emit.to_rccl`.
 
-:func:`synthesize_programs` runs the whole for every size of a :class:`~.plan.SynthOptions`,
+:func:`synthesize_programs` runs the whole for every size of a :class:`~hccc.compiler.synth.plan.SynthOptions`,
 sharing its time limit (one work-clock deadline, passed explicitly to every phase).
 """
 from __future__ import annotations
@@ -287,7 +289,7 @@ def tree_simulated_score(sims: "Simulations"):
 
 def choose_method(method: str, collective: str, nranks: int, nbytes: int) -> str:
     """The method ``--method`` asks for at a buffer of ``nbytes`` (see :data:`TREES_MIN_PER_RANK`; a
-    Broadcast packs trees on at most :data:`.broadcast_trees.MAX_RANKS` GPUs)."""
+    Broadcast packs trees on at most :data:`hccc.compiler.synth.broadcast_trees.MAX_RANKS` GPUs)."""
     from hccc.compiler.synth.broadcast_trees import MAX_RANKS as BROADCAST_TREE_RANKS
     from hccc.compiler.synth.trees import TREE_COLLECTIVES
 

@@ -4,8 +4,9 @@ Each :class:`TorchCall` names a method torch calls on a process group, the colle
 :data:`~hccc.compiler.frontend.collectives.SPECS` it runs as through an algorithm of the catalog
 (None: the delegate backend always carries it) and its *form*: how torch passes the buffers, which
 picks the adapter that turns the call's arguments into the collective's input and output buffer,
-root and op (:mod:`hccc.torch.process_group` makes every method from this table; the spec says the
-rest: whether it reduces, has a root, which buffer is the full one, how input and output overlay).
+root and op (:func:`hccc.torch.forms.install` makes every method of :mod:`hccc.torch.process_group`
+from this table; the spec says the rest: whether it reduces, has a root, which buffer is the full
+one, how input and output overlay).
 
 This module imports no torch, so that what does not need torch (``hccc catalog``'s list of the
 collectives a catalog should cover) reads the same table.

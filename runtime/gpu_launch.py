@@ -1,7 +1,7 @@
 """Kernel launches of the GPU platform (:class:`GpuLaunches`, one per
 :class:`hccc.runtime.gpu.GpuPlatform`): each launch checked and admitted (every block of the
 kernels in flight on a device must be resident at once, since they spin on each other:
-:func:`hccc.runtime.gpu.check_residency`), passed to the driver, and remembered until the next
+:func:`hccc.runtime.gpu_residency.check_residency`), passed to the driver, and remembered until the next
 synchronize with its abort flag, so that a launch that fails can tell those in flight to stop.
 """
 from __future__ import annotations

@@ -1,3 +1,3 @@
-"""Interoperability: MSCCL XML export and import (with the symbolic proof of imported programs) and
-TACCL topology profiles. May import frontend, cluster, ir and passes.
+"""Interoperability: MSCCL XML and MSCCL++ execution plans, exported and imported (with the symbolic
+proof of imported programs), and TACCL topology profiles. May import frontend, cluster, ir and passes.
 """

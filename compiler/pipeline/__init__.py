@@ -1,12 +1,13 @@
 """The whole compile: any input read by its reader, passes over one context, emitters into OUTDIR.
 
-- :mod:`.readers`: the input formats (``.rccl``, MSCCL ``.xml``, ProgramIR ``.json``), registered
-  once; every command finds its reader there.
+- :mod:`.readers`: the input formats (``.rccl``, MSCCL ``.xml``, MSCCL++ plan and ProgramIR
+  ``.json``), registered once; every command finds its reader there.
 - :mod:`.context`: :class:`CompileContext` (what one compile was given and what its passes made),
   :class:`Pass` and the runner that times the passes and runs a large compile's second thread.
 - :mod:`.compile`: THE list of passes (:func:`compile_passes`) and the entries.
 - :mod:`.cost_model`: the cost-model choices (thread-block allocation, fusion) as passes.
-- :mod:`.emitters`: what is written (specialised or table kernels, the MSCCL XML), registered.
+- :mod:`.emitters`: what is written (specialised or table kernels, the MSCCL XML, the MSCCL++
+  plan), registered.
 - :mod:`.options`, :mod:`.cluster`, :mod:`.manifest`: what a compile is asked for, the cluster it
   reads, compiled output read back.
 

@@ -10,7 +10,12 @@ hierarchy-aware greedy heuristic), :mod:`.check` (verification with counterexamp
 (step and bandwidth lower bounds), :mod:`.collectives` (AllGather, Broadcast, ReduceScatter,
 AllReduce), :mod:`.compose` (hierarchical composition over isomorphic pods), :mod:`.emit`
 (Algorithm and ResCCLang text); :mod:`.trees` (bandwidth-optimal spanning-tree packing) and
-:mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``).
+:mod:`.forest` (its AllGather / ReduceScatter / AllReduce programs: ``method="trees"``), with
+:mod:`.master_lp` (the packing LP in one HiGHS model), :mod:`.branchings` (integral packings at a
+chunk count), :mod:`.symmetry` (the cluster's automorphisms), :mod:`.exchanges` (shallower trees)
+and :mod:`.edmonds_kernel` (arborescences, compiled); :mod:`.broadcast_trees` (Broadcast by trees
+of its root), :mod:`.alltoall` (AllToAll: routing, then list scheduling), :mod:`.maxflow` (the
+cut bounds' exact max-flow) and :mod:`.budget` (the time the closing phases need, kept back).
 
 Choosing among programs: :mod:`hccc.synth_select` (the selection loop behind an ``Evaluator``, the simulator
 wired in by ``hccc synth`` and :func:`hccc.synthesize`), :mod:`.plan` (``SynthOptions``, and the
