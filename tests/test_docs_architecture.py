@@ -171,6 +171,17 @@ def test_every_code_name_occurs_in_the_source():
     assert not bad, f"docs/architecture.md names identifiers found nowhere in the source: {bad}"
 
 
+def test_every_module_is_on_the_map():
+    """Every module of the tree is named on the page, by its file (``runtime/rank_group.py``,
+    ``cuda.py``) or its import name (``hccc.testing``); the subcommands are named by their pattern,
+    ``driver/commands/<name>.py``. A new module gets its line on the map."""
+    named = {n.rpartition("/")[2] for n in file_names(PAGE_TEXT)}
+    missing = sorted(str(p.relative_to(ROOT)) for m, p in MODULES.items()
+                     if p.suffix == ".py" and p.name != "__init__.py" and p.name not in named
+                     and f"`{m}`" not in PAGE_TEXT and not m.startswith("hccc.commands."))
+    assert not missing, f"modules docs/architecture.md does not name (add one line for each): {missing}"
+
+
 def test_every_package_folder_is_on_the_map():
     """Each source package (``compiler/synth``, ``driver/torch``, ...) is named on the page."""
     folders = {str(p.parent.relative_to(ROOT)) for m, p in MODULES.items() if p.name == "__init__.py"}
