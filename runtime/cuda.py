@@ -18,7 +18,7 @@ Building: :func:`build_cuda_module` compiles the emitted sources of the chosen r
 when set, else the visible GPU's compute capability, else ``sm_90``. Cubins are cached by a hash of
 every input (sources, headers, flags, compiler version) under ``HCCC_CACHE_DIR`` (default
 ``~/.cache/hccc``). The module also holds ``hccc_runtime_gate``, a one-thread kernel that the timer
-uses to start all ranks together (see :class:`CudaTimer`).
+uses to start all ranks together (see :class:`hccc.runtime.gpu_timing.StartGate`).
 
 Kernel launches go through the driver API (``cuLaunchKernel``) with the packed ``hccc_args`` bytes,
 so no CuPy array types are involved. Importing this module never needs CuPy; creating the platform

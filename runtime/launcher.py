@@ -122,9 +122,9 @@ class RunResult:
     oracle: str | None = None
     #: every rank's output buffer (``Runner.run(keep_outputs=True)``; bfloat16 as float32)
     outputs: list | None = field(default=None, repr=False, compare=False)
-    #: micro-batch slice of the launch in bytes (:func:`launch_slice_bytes`)
+    #: micro-batch slice of the launch in bytes (:func:`~hccc.runtime.rank_memory.launch_slice_bytes`)
     slice_bytes: int = 0
-    #: FIFO protocol the launch ran: "simple" or "ll" (:func:`launch_proto`)
+    #: FIFO protocol the launch ran: "simple" or "ll" (:func:`~hccc.runtime.rank_memory.launch_proto`)
     proto: str = "simple"
     #: launches whose outputs were compared (nccl-tests' -c N; 0 when not checked)
     checks: int = 0
@@ -210,8 +210,8 @@ class Runner(RankGroup):
         micro-batch slice: ``"auto"`` sizes it for ``nbytes`` (:mod:`hccc.compiler.passes.slicing`), an
         int fixes it (a multiple of 16 of at most the compiled slot size). ``proto`` is the FIFO protocol:
         ``"simple"``, ``"ll"`` or ``"auto"`` (LL up to :data:`hccc.compiler.backend.abi.LL_AUTO_MAX_BYTES`);
-        :func:`launch_proto` says when LL falls back, :attr:`RunResult.proto` what ran and
-        :attr:`proto_note` why. ``checks`` (nccl-tests' ``-c N``, with ``check``): the outputs of the
+        :func:`~hccc.runtime.rank_memory.launch_proto` says when LL falls back, :attr:`RunResult.proto`
+        what ran and :attr:`proto_note` why. ``checks`` (nccl-tests' ``-c N``, with ``check``): the outputs of the
         last timed launch are compared, then ``checks - 1`` more launches run, each from fresh
         inputs and compared; :attr:`RunResult.wrong` sums the wrong elements of all ``checks``."""
         self._check_usable()

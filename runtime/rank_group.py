@@ -70,7 +70,7 @@ class RankGroup:
         self.memory: GroupMemory | None = None
         self._closed = False
         #: what the last run's protocol request changed, or None: why LL ran Simple
-        #: (:func:`launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
+        #: (:func:`~hccc.runtime.rank_memory.launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
         self.proto_note = None
         self._direct_receives: int | None = None
         try:

@@ -47,7 +47,7 @@ _MEMO_LOCK = threading.Lock()
 def match_connections(ir: ProgramIR) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(send_prim, recv_prim)``: the k-th send on each connection with its k-th receive.
 
-    Assumes :func:`check_structure` passed (canonical order, balanced connections), so the order
+    Assumes :func:`~hccc.compiler.ir.check.check_structure` passed (canonical order, balanced connections), so the order
     of a connection's sends is the ``seq`` order of the one TB owning that end.
 
     The result is computed once per set of columns (the very arrays, which hccc never changes in

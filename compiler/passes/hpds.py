@@ -59,9 +59,9 @@ until it closes, so re-examining it earlier is pointless); links carry the index
 sub-pipeline that used them (no clearing between sub-pipelines); the queue is a binary heap of
 ``(-priority, chunk)``. Rule I7 adds a heap of ``(ready time, task)`` per link (lazy deletion)
 and a few floats per task: O(log) per task, about 4x the time of Algorithm 1 alone on 2 M tasks.
-From :data:`COMPILED_FROM` tasks on (and when numba is installed) :func:`hpds` runs the same
-procedure over flat arrays, compiled (:mod:`hccc.compiler.passes.hpds_kernel`): the same schedule,
-task for task, about 15x faster. The list scheduler stays because plain Python runs it 3.4-3.8x
+From :data:`~hccc.compiler.passes.hpds_kernel.COMPILED_FROM` tasks on (and when numba is installed)
+:func:`hpds` runs the same procedure over flat arrays, compiled (:mod:`hccc.compiler.passes.hpds_kernel`):
+the same schedule, task for task, about 15x faster. The list scheduler stays because plain Python runs it 3.4-3.8x
 faster than the kernel's array loops (measured there).
 """
 from __future__ import annotations

@@ -45,7 +45,8 @@ a shared group feeds several ranks that must each get the data (docs/bounds.md).
 chunk's partial sums flow leaves-to-owner with ``rrc``, children of a rank reducing into it at
 distinct steps (two reductions into one (rank, chunk) never share a step).
 
-:func:`pack_trees` returns a :class:`Packing`; :func:`packing_rows` turns it into transfer rows.
+:func:`pack_trees` returns a :class:`Packing`; :func:`allgather_rows`, :func:`reducescatter_rows`
+and :func:`loop_rows` turn it into transfer rows.
 """
 from __future__ import annotations
 

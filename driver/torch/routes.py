@@ -25,7 +25,7 @@ _OP_NAMES = {getattr(dist.ReduceOp.RedOpType, m): n for m, n in _TORCH_OPS.items
 #: makes a new size every call)
 ROUTE_CACHE_MAX = 4096
 #: (delegate, reason) pairs this process has logged: a fallback is logged once per job, by the
-#: rank 0 of a group (every rank counts it: :func:`stats`)
+#: rank 0 of a group (every rank counts it: :func:`hccc.torch.process_group.stats`)
 _LOGGED: set[tuple[str, str]] = set()
 
 
