@@ -30,7 +30,7 @@ CODE_FOLDERS = ("compiler", "runtime", "driver", "util", "templates", "tests", "
 
 
 def code_spans(text: str) -> list[str]:
-    """The page's inline code spans (fenced blocks included: the pictures name files too)."""
+    """The page's inline code spans (the pictures' file names are read by :func:`file_names`)."""
     return re.findall(r"`([^`\n]+)`", text)
 
 
