@@ -1,4 +1,4 @@
-"""The ``hccc`` command line (DESIGN.md section 10): argparse subcommands, one module each.
+"""The ``hccc`` command line (docs/command-line.md): argparse subcommands, one module each.
 
     hccc ALGO -o OUTDIR [options]          the main form: the same as ``hccc compile ALGO -o OUTDIR``
     hccc COMMAND ...                       check, run, fuzz, sim, topo, synth, gen, xml, plan, balance

@@ -340,7 +340,7 @@ def _mutation_candidates(alg: Algorithm) -> dict[str, list]:
 def mutations(draw, alg: Algorithm) -> tuple[str, Algorithm]:
     """``(description, mutant)`` for a *valid*, non-empty ``alg``; every mutant must be rejected.
 
-    Kinds, and why the verifier's semantics (DESIGN.md section 3) must reject each:
+    Kinds, and why the verifier's semantics (the data model of ``hccc.compiler.frontend.algorithm``) must reject each:
 
     * ``duplicate``: a copy of transfer ``i`` in the same step. Two writes to one (rank, chunk)
       in one step: a race.

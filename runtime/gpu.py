@@ -1,4 +1,4 @@
-"""What the CUDA and HIP platforms share (DESIGN.md section 7): both runtimes have the same module,
+"""What the CUDA and HIP platforms share: both runtimes have the same module,
 stream, event and launch calls, so one :class:`GpuPlatform` drives either through an API object that
 offers them under the names CuPy gives them (``hccc.runtime.cuda`` passes CuPy's runtime and driver
 modules, ``hccc.runtime.hip`` a ctypes binding of libamdhip64). What differs per runtime is gathered

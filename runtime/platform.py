@@ -1,4 +1,4 @@
-"""The platform layer (DESIGN.md section 7): one interface for memory, modules and launches, with a
+"""The platform layer: one interface for memory, modules and launches, with a
 CPU-emulation, a CUDA and (where a HIP runtime is importable) a HIP implementation, chosen at start.
 
 Everything above this layer (``hccc.runtime.launcher``: buffers, FIFOs, kernel arguments, checking)

@@ -1,4 +1,4 @@
-"""Alpha-beta(-gamma) simulation of a ProgramIR on a cluster (DESIGN.md section 7).
+"""Alpha-beta(-gamma) simulation of a ProgramIR on a cluster.
 
 What is simulated (the semantics of the generated kernels, ``templates/common/hccc_prims.h.j2``):
 

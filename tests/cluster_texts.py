@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 
-# HeteCCL Fig. 10 / DESIGN.md section 4: a 2-GPU node and a 4-GPU node behind shared switches.
+# HeteCCL Fig. 10: a 2-GPU node and a 4-GPU node behind shared switches.
 FIG10 = """\
 define nodenum = 2
 define node1 = 2

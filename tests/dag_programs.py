@@ -22,7 +22,7 @@ def from_array(arr: np.ndarray, nranks: int, coll: Collective, gpn: int = 0) -> 
 
 
 def hm_allreduce(nodes: int, G: int) -> Algorithm:
-    """HM AllReduce (DESIGN.md section 3), built directly with numpy."""
+    """HM AllReduce, built directly with numpy."""
     N = nodes * G
     s = np.arange(N)
     o = np.arange(G - 1)

@@ -2,7 +2,7 @@
 symbolic prover, the reference executor against the collective's definition, and the emitted
 kernels in CPU emulation at uneven sizes and every dtype.
 
-The definition used as the oracle (:func:`_definition`) is written here from DESIGN.md section 3
+The definition used as the oracle (:func:`_definition`) is written here from the data model of compiler/frontend/algorithm.py
 with plain Python lists, independent of ``hccc.runtime.reference``.
 """
 from __future__ import annotations

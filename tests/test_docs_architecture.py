@@ -211,3 +211,16 @@ def test_the_checks_catch_made_up_names(line, why):
     bad_dotted = any(not resolves(n) for n in dotted_names(line))
     bad_name = any(not occurs(n) for n in identifiers(line))
     assert (bad_file, bad_dotted, bad_name) == (why == "file", why == "dotted", why == "name")
+
+
+def test_no_text_cites_a_design_document_outside_the_repository():
+    """Docstrings, comments and pages point at documents a reader of the repository can open: the
+    sources, docs/ and README.md. A citation of a design document kept elsewhere (``DESIGN.md``,
+    which is not in the tree) sends a newcomer nowhere."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    citing = [p for p in tracked if p.endswith((".py", ".md", ".j2", ".h", ".cpp", ".lark", ".toml"))
+              and not (ROOT / p).is_symlink() and "DESIGN.md" in (ROOT / p).read_text(errors="replace")
+              and p != "tests/test_docs_architecture.py"]
+    assert not (ROOT / "DESIGN.md").exists() and citing == []

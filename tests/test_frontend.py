@@ -16,7 +16,7 @@ H = 'ResCCLAlgo(nRanks=8, OpType="Allgather"):\n'
 
 
 def hm_allreduce_text(nodes: int, gpus: int = 8) -> str:
-    """The DESIGN.md section 3 HM AllReduce (ResCCL Fig. 16, reconstructed)."""
+    """The HM AllReduce (ResCCL Fig. 16, reconstructed)."""
     return f'''# HM AllReduce, {nodes} nodes x {gpus} GPUs
 def ResCCLAlgo(nRanks={nodes * gpus}, nChannels=4, nWarps=16, AlgoName="HM", OpType="Allreduce", GPUPerNode={gpus}, NICPerNode={gpus}):
     nNodes = {nodes}
@@ -61,7 +61,7 @@ def ResCCLAlgo(nRanks={nodes * gpus}, nChannels=4, nWarps=16, AlgoName="HM", OpT
 
 
 def hm_allreduce_numpy(nodes: int, G: int = 8):
-    """Direct construction of the four phases from DESIGN.md (independent of the DSL)."""
+    """Direct construction of the four phases from the data model (independent of the DSL)."""
     N = nodes * G
     n, r, b, o = (a.ravel() for a in np.meshgrid(np.arange(nodes), np.arange(G), np.arange(nodes),
                                                  np.arange(G - 1), indexing="ij"))

@@ -29,7 +29,7 @@ def sorted_rows(alg: Algorithm):
 
 # ---------------------------------------------------------------- independent oracles (plain loops)
 def hm_allreduce_loops(nn, g):
-    """DESIGN.md section 3, phase by phase, written as plain loops."""
+    """The HM AllReduce, phase by phase, written as plain loops."""
     n = nn * g
     rows = []
     for node in range(nn):

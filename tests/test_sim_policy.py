@@ -56,7 +56,7 @@ def test_simulate_records_the_slice_and_auto_beats_fixed_slots_at_64M():
 
 # ----------------------------------------------------------------------------- clusters
 def v100_4_8() -> str:
-    """HeteCCL's (4+8) cluster, V100 flavour (DESIGN.md section 4): a 4-GPU NVLink node and an
+    """HeteCCL's (4+8) cluster, V100 flavour: a 4-GPU NVLink node and an
     8-GPU node of two NVLink islands joined by a 48 GB/s UPI, GPU pairs behind 16 GB/s PCIe
     switches, one 100 Gbps NIC per GPU pair in both nodes."""
     def mesh(ids):

@@ -1,8 +1,8 @@
 """C2C AllToAll for mixed-vendor clusters (HetCCL's hierarchical breakdown, applied to AllToAll).
 
-Chunk ``(i*N + j)*K + k`` is piece ``k`` of the block rank ``i`` sends to rank ``j`` (DESIGN.md
-section 3). With ``hier`` splitting the ranks into homogeneous clusters, each with border ranks
-behind its NICs:
+Chunk ``(i*N + j)*K + k`` is piece ``k`` of the block rank ``i`` sends to rank ``j`` (the
+AllToAll layout of :mod:`hccc.compiler.frontend.collectives`). With ``hier`` splitting the ranks
+into homogeneous clusters, each with border ranks behind its NICs:
 
 * a block inside one cluster goes straight to its destination (over the fewest intra-cluster hops
   when the two ranks have no direct link), from step 0;

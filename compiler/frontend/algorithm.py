@@ -4,7 +4,7 @@ This is what the ``.rccl`` front end produces (and what synthesis and MSCCL impo
 what the verifier, the dependency DAG and the scheduler consume. Transfers are stored as parallel
 numpy arrays because real programs reach millions of them.
 
-Data model (DESIGN.md section 3): each rank's buffer holds ``nchunks = nranks * chunks_per_rank``
+Data model: each rank's buffer holds ``nchunks = nranks * chunks_per_rank``
 chunks (``chunks_per_rank`` is 1 unless the header says ``nChunksPerRank``); ``(rank, chunk)``
 names one chunk. Rank ``r`` owns chunks ``r*K .. r*K+K-1`` (``K = chunks_per_rank``): its AllGather
 input, its ReduceScatter output. Broadcast and Reduce have a ``root``: the rank whose buffer is

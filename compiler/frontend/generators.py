@@ -8,7 +8,7 @@ Every family has two forms that describe the same transfer set:
   which ``examples/generate.py`` writes to ``examples/*.rccl``.
 
 Rank ``G*n + r`` is GPU ``r`` of node ``n`` in the hierarchical (HM) algorithms. Step numbers
-follow DESIGN.md section 3; every generated algorithm verifies (see tests/test_generators.py).
+follow the data model of :mod:`hccc.compiler.frontend.algorithm`; every generated algorithm verifies (see tests/test_generators.py).
 """
 from __future__ import annotations
 
@@ -552,7 +552,7 @@ def _hm_intra_ag(nnodes: int, g: int, step0: int) -> np.ndarray:
 
 
 def hm_allreduce(nnodes: int, g: int, *, name: str | None = None) -> Algorithm:
-    """HM AllReduce (ResCCL Appendix A, DESIGN.md section 3) over ``nnodes`` nodes of ``g`` GPUs.
+    """HM AllReduce (ResCCL Appendix A) over ``nnodes`` nodes of ``g`` GPUs.
 
     Phases: intra full-mesh ReduceScatter (rrc, steps 0..nNodes*(G-1)-1), inter ring
     ReduceScatter (rrc), inter ring AllGather (recv), intra full-mesh AllGather (recv).
@@ -760,7 +760,7 @@ def hm_allgather_rccl(nnodes: int, g: int, *, name: str | None = None) -> str:
 
 
 # ====================================================================== AllToAll
-# Chunk (i*N + j)*K + k is piece k of the block rank i sends to rank j (DESIGN.md section 3).
+# Chunk (i*N + j)*K + k is piece k of the block rank i sends to rank j (the AllToAll layout of :mod:`hccc.compiler.frontend.collectives`).
 def direct_alltoall(n: int, *, chunks_per_rank: int = 1, name: str = "direct_alltoall") -> Algorithm:
     """All-pairs AllToAll: at step ``o - 1`` (``o = 1..n-1``) rank ``i`` sends its block for rank
     ``(i + o) % n`` straight there (every rank sends to one peer and receives from one per step)."""

@@ -1,4 +1,4 @@
-"""Dependency DAG of an Algorithm (ResCCL section 4.1, DESIGN.md section 5).
+"""Dependency DAG of an Algorithm (ResCCL section 4.1).
 
 A *task* is one transfer, i.e. one row of the :class:`~hccc.compiler.frontend.algorithm.Algorithm` table; task
 ids are row numbers.
@@ -29,7 +29,7 @@ Construction (vectorised):
 Communication dependencies are not edges: ``link[t]`` is a dense id of the connection the task
 uses, the directed pair ``(src, dst)`` and, in a program that names channels, the channel; equal
 ids share a link. Channels of one pair are connections of their own (FIFOs and thread blocks of
-their own, DESIGN.md section 5), so the schedulers treat them as separate links: counted as one,
+their own), so the schedulers treat them as separate links: counted as one,
 the streams of a tree program that share a pair, each on its channel, were ordered as if they ran
 one after another, and the chunks of one stream came out in different orders on the thread blocks
 of its tree (a100_topo4 tree AllReduce 0.80 -> 1.00 of ReduceScatter + AllGather's optimum in the

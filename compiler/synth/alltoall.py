@@ -3,7 +3,7 @@
 AllToAll is not a dissemination problem (each block has one destination), so it does not go
 through the CEGIS loop of :mod:`.cegis`. Instead:
 
-1. **Routing.** Every piece of every block (``(i*N + j)*K + k``, DESIGN.md section 3) gets a path
+1. **Routing.** Every piece of every block (``(i*N + j)*K + k``) gets a path
    from ``i`` to ``j`` over the cluster's rank pairs, chosen one piece at a time by Dijkstra with
    load-dependent weights: crossing pair ``p`` costs ``(load_p + 1) / C(p)`` plus, for each shared
    group ``g`` it belongs to, ``(load_g + 1) / C_g`` -- the steps the piece would add to the

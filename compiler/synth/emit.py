@@ -1,4 +1,4 @@
-"""Synthesised schedules as hccc Algorithms and ResCCLang text (DESIGN.md section 3).
+"""Synthesised schedules as hccc Algorithms and ResCCLang text (the AllToAll layout of :mod:`hccc.compiler.frontend.collectives`).
 
 The text is an ordinary ``.rccl`` program: a header comment (cluster, collective, steps and lower
 bound; never a timing, so one synthesis always writes the same bytes), the ``ResCCLAlgo(...)`` header and one ``transfer(src, dst, step, chunk, op)``
