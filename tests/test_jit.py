@@ -102,6 +102,25 @@ def test_compiled_for_leaves_small_work_to_the_callers_own_plain_path(monkeypatc
         k.compiled_for("_nope", 1)
 
 
+def test_compiled_for_lowers_its_threshold_only_where_the_cache_is_on_disk(monkeypatch):
+    """``cached_min_work``: the threshold where numba's cache of the kernels is on disk (loading,
+    not compiling); ``min_work`` where it is not, and ``min_work`` either way without it."""
+    monkeypatch.delenv("HCCC_JIT", raising=False)
+    monkeypatch.setattr(jit, "have_numba", lambda: True)
+    k = jit.Kernels({"__name__": "toy", "_twice": _twice}, ["_twice"], min_work=100, cached_min_work=10)
+    monkeypatch.setattr(k, "compiled", lambda: {"_twice": "the compiled _twice"})
+    monkeypatch.setattr(k, "_cached", lambda: False)
+    assert k.compiled_for("_twice", 99) is None
+    assert k.compiled_for("_twice", 100) == "the compiled _twice"
+    monkeypatch.setattr(k, "_cached", lambda: True)
+    assert k.compiled_for("_twice", 9) is None
+    assert k.compiled_for("_twice", 10) == "the compiled _twice"
+    plain = _toy(min_work=100)
+    monkeypatch.setattr(plain, "compiled", lambda: {"_twice": "the compiled _twice"})
+    monkeypatch.setattr(plain, "_cached", lambda: True)
+    assert plain.compiled_for("_twice", 99) is None
+
+
 def test_without_numba_nothing_compiles_and_require_says_why(monkeypatch):
     monkeypatch.setenv("HCCC_JIT", "numba")
     monkeypatch.setattr(jit, "have_numba", lambda: False)

@@ -108,7 +108,8 @@ class Kernels:
 
     def __init__(self, namespace: dict, names: Iterable[str], *, min_work: int,
                  parallel: Iterable[str] = (), nogil: bool = True, borrowed: Iterable[str] = (),
-                 compiled_globals: dict[str, Callable[[], object]] | None = None):
+                 compiled_globals: dict[str, Callable[[], object]] | None = None,
+                 cached_min_work: int | None = None):
         self._ns = namespace
         self._names = tuple(names)
         missing = [n for n in self._names if not callable(namespace.get(n))]
@@ -124,6 +125,9 @@ class Kernels:
             raise NameError(f"borrowing kernels {', '.join(sorted(self._borrowed))} must be kernels of "
                             f"{namespace.get('__name__')}, and not parallel ones")
         self.min_work = int(min_work)
+        # :meth:`compiled_for`'s threshold where numba's cache of the kernels is on disk (loading
+        # them costs a fraction of compiling); None: ``min_work`` either way
+        self.cached_min_work = None if cached_min_work is None else int(cached_min_work)
         self._nogil = nogil
         self._compiled: dict[str, Callable] | None = None
         self._plain_work = 0                 # work of the plain calls so far
@@ -176,15 +180,19 @@ class Kernels:
 
     def compiled_for(self, name: str, work: int) -> Callable | None:
         """For a module that keeps its own plain formulation (faster than the kernel run plain):
-        the compiled kernel ``name`` for a call of ``work`` from ``min_work`` on (``HCCC_JIT=numba``:
-        always), else ``None``, and the caller runs its plain version (``HCCC_JIT=python``, or
+        the compiled kernel ``name`` for a call of ``work`` from ``min_work`` on (from
+        ``cached_min_work`` where given and numba's cache of the kernels is on disk;
+        ``HCCC_JIT=numba``: always), else ``None``, and the caller runs its plain version (``HCCC_JIT=python``, or
         numba missing: always). Per call: small calls do not add up."""
         if name not in self._names:
             raise KeyError(f"{name} is not a kernel of {self._ns.get('__name__')}")
         mode = jit_mode()
         if mode == "python" or not have_numba():
             return None
-        if mode == "numba" or int(work) >= self.min_work:
+        least = self.min_work
+        if self.cached_min_work is not None and self._cached():
+            least = self.cached_min_work
+        if mode == "numba" or int(work) >= least:
             return self.compiled()[name]
         return None
 
