@@ -26,7 +26,7 @@ from hccc.util.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, p
                                            read_input_bytes)
 from hccc.util.diagnostics import SourceFile
 from hccc.compiler.pipeline import load_program
-from capped_runs import assert_fires, hccc
+from capped_runs import assert_fires, hccc, hccc_each
 from cli_runs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,12 +51,15 @@ def _in_process(*args, env=None) -> tuple[int, str, float]:
 
 # ----------------------------------------------------------------------------- input files
 def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path):
-    assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), pattern="character device")
     fifo, topo_fifo = tmp_path / "algo.rccl", tmp_path / "cluster.topo"
     os.mkfifo(fifo)
     os.mkfifo(topo_fifo)
-    for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]):
-        assert_fires(hccc(*cmd, timeout=60), pattern="FIFO")
+    cmds = [["/dev/zero", "-o", tmp_path / "o"], ["check", fifo], [fifo, "-o", tmp_path / "o"],
+            ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]]
+    dev_zero, *fifos = hccc_each(cmds, timeout=60)      # a read that blocks: the timeout fails it
+    assert_fires(dev_zero, pattern="character device")
+    for cmd, result in zip(cmds[1:], fifos):
+        assert_fires(result, pattern="FIFO")
     assert not (tmp_path / "o").exists()
 
 
@@ -115,10 +118,11 @@ def test_json_depth_and_integer_digits(depth, digits, kind):
 def test_huge_json_structures_fire_quickly(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
-    assert_fires(hccc(deep, "-o", tmp_path / "o"), pattern="nested more than")
     digits = tmp_path / "digits.json"
     digits.write_text('{"schema": "hccc.ir/1", "nranks": ' + "7" * 100_000 + "}")
-    assert_fires(hccc(digits, "-o", tmp_path / "o"), pattern="more than 24 digits")
+    nested, long_int = hccc_each([[deep, "-o", tmp_path / "o"], [digits, "-o", tmp_path / "o"]])
+    assert_fires(nested, pattern="nested more than")
+    assert_fires(long_int, pattern="more than 24 digits")
     for bad in ("NaN", "Infinity", "-Infinity"):          # small files: no work to guard, this process
         p = tmp_path / "nan.json"
         p.write_text('{"schema": "hccc.ir/1", "nranks": %s}' % bad)
@@ -202,7 +206,7 @@ def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
 
 
 # ----------------------------------------------------------------------------- command-line numbers
-@pytest.mark.parametrize("args", [
+ABSURD = [
     ["run", "{algo}", "--bytes", "999999999999999999999G"],
     ["run", "{algo}", "--bytes", "2T"],
     ["run", "{algo}", "--bytes", "1" + "0" * 5000],
@@ -219,13 +223,21 @@ def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
     ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--time-limit", "-5"],
     ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--pod-size", "9" * 50],
     ["balance", "--speeds", "1,2", "--batch", "9" * 40],
-])
-def test_absurd_command_line_numbers_are_usage_errors(tmp_path, args):
-    subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path,
-            "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
-    argv = [a.format(**subs) for a in args]
-    assert_fires(hccc(*argv), rc=2)
-    assert sorted(tmp_path.iterdir()) == []
+]
+
+
+def test_absurd_command_line_numbers_are_usage_errors(tmp_path):
+    """Every command line of :data:`ABSURD` a usage error; all of them in one capped process (each
+    the work it guards would take past the caps alone), each with a folder of its own for outputs."""
+    argvs = []
+    for k, args in enumerate(ABSURD):
+        (tmp_path / str(k)).mkdir()
+        subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path / str(k),
+                "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
+        argvs.append([a.format(**subs) for a in args])
+    for k, (argv, result) in enumerate(zip(argvs, hccc_each(argvs))):
+        assert_fires(result, rc=2)
+        assert sorted((tmp_path / str(k)).iterdir()) == [], argv
 
 
 def test_synth_chunks_per_rank_capped_before_work(tmp_path):
@@ -325,13 +337,14 @@ def _nodes_topo(n: int, per_line_entries: int = 1) -> str:
 def test_huge_cluster_files_refused_before_parsing(tmp_path):
     p = tmp_path / "n4096.topo"
     p.write_text(_nodes_topo(4096))
-    assert_fires(hccc("topo", p), pattern="8192-line limit")
     links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(256) for b in range(256) if a != b)
     q = tmp_path / "wide.topo"
     q.write_text("define nodenum = 1\ndefine node1 = 256\ndefine bandwidth = {direct => [" + links + "]}\n")
-    assert_fires(hccc("topo", q), pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
-    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q),
-                 pattern="more than 32768 link entries")
+    lines, wide, wide_check = hccc_each([["topo", p], ["topo", q],
+                                         ["check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q]])
+    assert_fires(lines, pattern="8192-line limit")
+    assert_fires(wide, pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
+    assert_fires(wide_check, pattern="more than 32768 link entries")
 
 
 @pytest.mark.slow
