@@ -49,3 +49,34 @@ def assert_fires(result, rc=1, pattern=None):
     assert "Traceback" not in out and "internal error" not in out
     if pattern:
         assert re.search(pattern, out), out
+
+
+#: the child of :func:`hccc_each`: each command line through :func:`cli_runs.run_cli`, one JSON line
+#: (exit status, stderr then stdout) written as each run ends
+_EACH = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from cli_runs import run_cli
+for argv in json.loads(sys.argv[2]):
+    r = run_cli(*argv)
+    print(json.dumps([r.returncode, r.stderr + r.stdout]), flush=True)
+"""
+
+
+def hccc_each(argvs: list[list[str]], timeout=300) -> list[tuple[int, str, float]]:
+    """Each command line of ``argvs`` run by hccc, one after the other in one subprocess under the
+    memory and CPU caps (together: each refusal costs milliseconds, and a run whose limit did not
+    fire would exceed either cap alone); a result like :func:`hccc`'s for each. Runs after one
+    that took the process down have none: the test fails naming the first of them."""
+    import json
+    e = dict(os.environ, HCCC_DEBUG="")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", _EACH, os.path.dirname(os.path.abspath(__file__)),
+                        json.dumps([[str(a) for a in argv] for argv in argvs])],
+                       capture_output=True, text=True, timeout=timeout, preexec_fn=cap_memory, env=e,
+                       stdin=subprocess.DEVNULL)
+    secs = time.perf_counter() - t0
+    done = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(done) == len(argvs), (f"exit {r.returncode} after {secs:.1f} s in the run of "
+                                     f"{argvs[len(done)]}: {r.stderr[-2000:]}")
+    return [(rc, out, secs) for rc, out in done]

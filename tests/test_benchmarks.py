@@ -212,11 +212,19 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     assert sc.slots_of(ir, 4 << 20, 64 << 10) == 8 * 8 and sc.slots_of(ir, 4 << 20, 16 << 10) == 8 * 32
     assert sc.slots_of(ir, 4 << 20, 16 << 10) == busiest_slots(ir, SlicePolicy(128, 16 << 10), 4 << 20, 1 << 20)
     assert sc.slope([1, 2, 3], [10, 12, 14]) == pytest.approx(2.0) and sc.slope([5, 5], [1, 2]) is None
+    # one warp a block: the slots are the program's, whatever the warps (8 ranks of the program's own
+    # 16 warps, the default, cost some 6 s of CPU in the emulation; the default is run below, small)
     assert sc.main(["--backend", "cpu", "--algorithms", "ring_allgather_8", "--sizes", "64K",
-                    "--slices", "4K,2K", "--iters", "1", "--warmup", "0", "--json"]) == 0
+                    "--slices", "4K,2K", "--nwarps", "1", "--iters", "1", "--warmup", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(r["slice"], r["slots"], r["wrong"]) for r in out["rows"]] == [(4096, 16, 0), (2048, 32, 0)]
     assert out["fits"][0]["slot_us"] is not None and out["backend"] == "cpu"
+    # the default warps (auto): the program's own count, where every block is resident
+    assert sc.main(["--backend", "cpu", "--algorithms", "ring_allgather:2", "--sizes", "8K", "--slices", "4K",
+                    "--iters", "1", "--warmup", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["nwarps"], r["slots"], r["wrong"]) for r in out["rows"]] == \
+        [(sc.program("ring_allgather:2").nwarps, 2, 0)]
     # the diagnostic axes: a generated program, warps, direct mode; one slope per combination
     assert sc.program("ring_allgather:2").nranks == 2 and sc.program("ring_allreduce:3").collective == "allreduce"
     for bad in ("ring_allgather:1", "nosuch:4", "no_such_example"):
@@ -232,7 +240,8 @@ def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     assert all(r["wrong"] == 0 and r["time_us"] is not None for r in out["rows"]) and len(out["rows"]) == 8
     # in place too: a row and a slope per placement, each checked by the oracle
     assert sc.main(["--backend", "cpu", "--algorithms", "ring_allreduce:3", "--sizes", "24K", "--slices",
-                    "4K,2K", "--placement", "out,in", "--iters", "1", "--warmup", "0", "--json"]) == 0
+                    "4K,2K", "--placement", "out,in", "--nwarps", "1", "--iters", "1", "--warmup", "0",
+                    "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [(r["inplace"], r["slice"], r["wrong"]) for r in out["rows"]] == \
         [(False, 4096, 0), (False, 2048, 0), (True, 4096, 0), (True, 2048, 0)]

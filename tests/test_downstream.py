@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from cli_runs import run_cli
 from conftest import require_tool, shm_leaks
 
 from hccc.util.dtypes import only_instance_flags
@@ -33,6 +34,14 @@ def _run(cmd, **kw):
     res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     assert res.returncode == 0, f"{cmd}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
     return res
+
+
+def _cmake_dir() -> str:
+    """The folder ``hccc --cmake-dir`` prints (in this process: the command itself is run by
+    :func:`_configure`, and by CMake for the version)."""
+    res = run_cli("--cmake-dir")
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
 
 
 def _configure(tmp_path, *defs):
@@ -134,8 +143,7 @@ def test_downstream_builds_with_hipcc(tmp_path, hipcc, codegen):
 def test_find_package_checks_the_version(tmp_path):
     require_tool("cmake")
     hccc = _hccc()
-    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
-    version = _run([hccc, "--version"]).stdout.split()[-1]
+    cmake_dir, version = _cmake_dir(), run_cli("--version").stdout.split()[-1]
     (tmp_path / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.21)\nproject(v LANGUAGES NONE)\n"
         "find_package(hccc ${WANT} REQUIRED)\nmessage(STATUS \"found hccc ${hccc_VERSION}\")\n")
@@ -247,7 +255,7 @@ def test_a_path_with_a_list_separator_is_refused_clearly(tmp_path):
     """CMake splits ``a;b.rccl`` into two arguments: hccc_add_collective says so instead."""
     require_tool("cmake")
     hccc = _hccc()
-    cmake_dir = _run([hccc, "--cmake-dir"]).stdout.strip()
+    cmake_dir = _cmake_dir()
     shutil.copy(ROOT / "examples" / "ring_allreduce_8.rccl", tmp_path / "a;b.rccl")
     (tmp_path / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.21)\nproject(p LANGUAGES CXX)\nfind_package(hccc REQUIRED)\n"

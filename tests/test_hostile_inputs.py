@@ -7,6 +7,8 @@ limit that fires before its work needs the interpreter's start-up and little mor
 4096-node cluster, allocating a huge scratch buffer, a minute of synthesis) would be killed by
 either cap. CPU time, unlike wall-clock time, does not grow with the load of a shared test
 machine, so the tests assert no wall-clock times (``benchmarks/input_limits.py`` prints them).
+Runs that guard no work (names from inputs that must reach the terminal escaped, a small input
+refused) are in this process (:func:`cli_runs.run_cli`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from hccc.util.limits import (MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, loads_json, p
                                            read_input_bytes)
 from hccc.util.diagnostics import SourceFile
 from hccc.compiler.pipeline import load_program
-from capped_runs import assert_fires, hccc
+from capped_runs import assert_fires, hccc, hccc_each
+from cli_runs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -34,19 +37,29 @@ LOCATED = re.compile(r"^\S+:\d+:\d+: error: ", re.M)
 @pytest.fixture(scope="module")
 def ir_text(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("ir") / "k"
-    code, msg, _ = hccc(EXAMPLES / "ring_allgather_8.rccl", "-o", out)
-    assert code == 0, msg
+    r = run_cli(EXAMPLES / "ring_allgather_8.rccl", "-o", out)      # a valid program: no limit to guard
+    assert r.returncode == 0, r.stderr
     return (out / "ring_allgather_8.ir.json").read_text()
+
+
+def _in_process(*args, env=None) -> tuple[int, str, float]:
+    """hccc in this process, for runs that guard no work (a small input refused, names to escape):
+    as :func:`capped_runs.hccc` gives it, (exit status, stderr then stdout, 0.0)."""
+    r = run_cli(*args, env={"HCCC_DEBUG": None, **(env or {})})
+    return r.returncode, r.stderr + r.stdout, 0.0
 
 
 # ----------------------------------------------------------------------------- input files
 def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path):
-    assert_fires(hccc("/dev/zero", "-o", tmp_path / "o"), pattern="character device")
     fifo, topo_fifo = tmp_path / "algo.rccl", tmp_path / "cluster.topo"
     os.mkfifo(fifo)
     os.mkfifo(topo_fifo)
-    for cmd in (["check", fifo], [fifo, "-o", tmp_path / "o"], ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]):
-        assert_fires(hccc(*cmd, timeout=60), pattern="FIFO")
+    cmds = [["/dev/zero", "-o", tmp_path / "o"], ["check", fifo], [fifo, "-o", tmp_path / "o"],
+            ["topo", topo_fifo], ["run", fifo, "--backend", "cpu"]]
+    dev_zero, *fifos = hccc_each(cmds, timeout=60)      # a read that blocks: the timeout fails it
+    assert_fires(dev_zero, pattern="character device")
+    for cmd, result in zip(cmds[1:], fifos):
+        assert_fires(result, pattern="FIFO")
     assert not (tmp_path / "o").exists()
 
 
@@ -57,10 +70,11 @@ def test_input_size_cap_fires_before_reading(tmp_path, suffix):
         f.truncate(100 << 30)
     cmd = ["topo", big] if suffix == ".topo" else ["check", big]
     assert_fires(hccc(*cmd), pattern="over the .* input limit")
+    # the limit set by the environment, on a file of 4 KiB (no work to guard: in this process)
     small = tmp_path / f"small{suffix}"
     small.write_bytes(b"#" * 4096)
-    assert_fires(hccc(*(["topo", small] if suffix == ".topo" else ["check", small]),
-                      env={"HCCC_MAX_INPUT_BYTES": "1K"}), pattern="over the 1.0 KiB input limit")
+    assert_fires(_in_process(*(["topo", small] if suffix == ".topo" else ["check", small]),
+                             env={"HCCC_MAX_INPUT_BYTES": "1K"}), pattern="over the 1.0 KiB input limit")
 
 
 @settings(max_examples=40)
@@ -104,14 +118,15 @@ def test_json_depth_and_integer_digits(depth, digits, kind):
 def test_huge_json_structures_fire_quickly(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
-    assert_fires(hccc(deep, "-o", tmp_path / "o"), pattern="nested more than")
     digits = tmp_path / "digits.json"
     digits.write_text('{"schema": "hccc.ir/1", "nranks": ' + "7" * 100_000 + "}")
-    assert_fires(hccc(digits, "-o", tmp_path / "o"), pattern="more than 24 digits")
-    for bad in ("NaN", "Infinity", "-Infinity"):
+    nested, long_int = hccc_each([[deep, "-o", tmp_path / "o"], [digits, "-o", tmp_path / "o"]])
+    assert_fires(nested, pattern="nested more than")
+    assert_fires(long_int, pattern="more than 24 digits")
+    for bad in ("NaN", "Infinity", "-Infinity"):          # small files: no work to guard, this process
         p = tmp_path / "nan.json"
         p.write_text('{"schema": "hccc.ir/1", "nranks": %s}' % bad)
-        assert_fires(hccc(p, "-o", tmp_path / "o"), pattern="not a number")
+        assert_fires(_in_process(p, "-o", tmp_path / "o"), pattern="not a number")
     assert not (tmp_path / "o").exists()
 
 
@@ -163,14 +178,20 @@ def test_ir_fields_of_wrong_type_or_range_are_located_errors(tmp_path_factory, i
     assert not type_changed, f"{path} = {value!r} (was {original!r}) was accepted"
 
 
-@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', "9" * 5000, str(10 ** 30)],
+#: chunk sizes whose acceptance would mean work (a 5000-digit integer to convert, a slot of 10**30
+#: bytes): refused under the caps; the others would compile an 8-rank program in a blink if
+#: accepted, so their refusal is checked in this process
+HUGE_CHUNKS = ("9" * 5000, str(10 ** 30))
+
+
+@pytest.mark.parametrize("value", ["0", "-16", "24", "1.5", "1e3", "null", '"1M"', *HUGE_CHUNKS],
                          ids=lambda v: v if len(v) < 40 else f"{len(v)}-digits")
 def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, value):
     text = re.sub(r'"chunk_bytes": \d+', f'"chunk_bytes": {value}', ir_text)
     assert text != ir_text
     p = tmp_path / "cb.json"
     p.write_text(text)
-    code, out, secs = hccc(p, "-o", tmp_path / "out")
+    code, out, secs = (hccc if value in HUGE_CHUNKS else _in_process)(p, "-o", tmp_path / "out")
     assert_fires((code, out, secs))
     assert LOCATED.search(out), out
     assert not (tmp_path / "out").exists()
@@ -185,7 +206,7 @@ def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
 
 
 # ----------------------------------------------------------------------------- command-line numbers
-@pytest.mark.parametrize("args", [
+ABSURD = [
     ["run", "{algo}", "--bytes", "999999999999999999999G"],
     ["run", "{algo}", "--bytes", "2T"],
     ["run", "{algo}", "--bytes", "1" + "0" * 5000],
@@ -202,13 +223,21 @@ def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
     ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--time-limit", "-5"],
     ["synth", "{topo}", "--collective", "allgather", "-o", "{tmp}/s.rccl", "--pod-size", "9" * 50],
     ["balance", "--speeds", "1,2", "--batch", "9" * 40],
-])
-def test_absurd_command_line_numbers_are_usage_errors(tmp_path, args):
-    subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path,
-            "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
-    argv = [a.format(**subs) for a in args]
-    assert_fires(hccc(*argv), rc=2)
-    assert sorted(tmp_path.iterdir()) == []
+]
+
+
+def test_absurd_command_line_numbers_are_usage_errors(tmp_path):
+    """Every command line of :data:`ABSURD` a usage error; all of them in one capped process (each
+    the work it guards would take past the caps alone), each with a folder of its own for outputs."""
+    argvs = []
+    for k, args in enumerate(ABSURD):
+        (tmp_path / str(k)).mkdir()
+        subs = {"algo": EXAMPLES / "ring_allgather_8.rccl", "tmp": tmp_path / str(k),
+                "topo": EXAMPLES / "clusters" / "v100_4_8.topo"}
+        argvs.append([a.format(**subs) for a in args])
+    for k, (argv, result) in enumerate(zip(argvs, hccc_each(argvs))):
+        assert_fires(result, rc=2)
+        assert sorted((tmp_path / str(k)).iterdir()) == [], argv
 
 
 def test_synth_chunks_per_rank_capped_before_work(tmp_path):
@@ -234,13 +263,15 @@ def test_printable_is_one_safe_line(text, limit):
 EVIL = "x\n#define EVIL 1\n\x1b[31mred\x1b[0m\u202e*/"
 
 
+
+
 def test_taccl_names_reach_the_terminal_escaped(tmp_path):
     prof = {"name": EVIL, "topology": "NDv2", "gpus_per_node": 8, "nics_per_node": 1, "alpha": 0.3, "node_betas_list": [23, 46],
             "node_invbws_list": [23, 46], "remote_invbw": 107, "remote_alpha": 2.6, "remote_beta": 105,
             "nnodes": 1}
     p = tmp_path / "prof.json"
     p.write_text(json.dumps(prof))
-    code, out, _ = hccc("topo", p)
+    code, out, _ = _in_process("topo", p)
     assert code == 0, out
     assert "\x1b" not in out and "\u202e" not in out and "\n#define EVIL" not in out
 
@@ -250,13 +281,13 @@ def test_topology_file_names_reach_generated_comments_escaped(tmp_path):
     evil = tmp_path / ("c\n#evil\x1b[2J.topo")
     evil.write_text(src.read_text())
     out = tmp_path / "c2c.rccl"
-    code, msg, _ = hccc("gen", "c2c", evil, "--collective", "allgather", "-o", out)
+    code, msg, _ = _in_process("gen", "c2c", evil, "--collective", "allgather", "-o", out)
     assert code == 0, msg
     assert "\x1b" not in msg
     text = out.read_text()
     assert "\x1b" not in text
     assert not any(line.startswith("#evil") for line in text.splitlines())
-    code, msg, _ = hccc("check", out)
+    code, msg, _ = _in_process("check", out)
     assert code == 0, msg
 
 
@@ -306,13 +337,14 @@ def _nodes_topo(n: int, per_line_entries: int = 1) -> str:
 def test_huge_cluster_files_refused_before_parsing(tmp_path):
     p = tmp_path / "n4096.topo"
     p.write_text(_nodes_topo(4096))
-    assert_fires(hccc("topo", p), pattern="8192-line limit")
     links = ", ".join(f"(({a},{b}) -> (25,2))" for a in range(256) for b in range(256) if a != b)
     q = tmp_path / "wide.topo"
     q.write_text("define nodenum = 1\ndefine node1 = 256\ndefine bandwidth = {direct => [" + links + "]}\n")
-    assert_fires(hccc("topo", q), pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
-    assert_fires(hccc("check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q),
-                 pattern="more than 32768 link entries")
+    lines, wide, wide_check = hccc_each([["topo", p], ["topo", q],
+                                         ["check", EXAMPLES / "ring_allgather_8.rccl", "--topology", q]])
+    assert_fires(lines, pattern="8192-line limit")
+    assert_fires(wide, pattern=r"wide\.topo:3:\d+: error: more than 32768 link entries")
+    assert_fires(wide_check, pattern="more than 32768 link entries")
 
 
 @pytest.mark.slow
@@ -383,7 +415,7 @@ def test_file_names_reach_the_terminal_escaped(tmp_path, evil):
     topo.write_text((EXAMPLES / "clusters" / "v100_4_8.topo").read_text())
     for args in (["check", algo], ["topo", topo], [algo, "-o", tmp_path / f"{evil}out"],
                  ["check", algo, "--topology", topo]):
-        code, out, _ = hccc(*args)
+        code, out, _ = _in_process(*args)
         assert code in (0, 1), out
         bad = [ch for ch in evil if not ch.isprintable() and ch != "\n"]   # output lines end in newlines
         assert not any(ch in out for ch in bad) and evil not in out, (args, out)
@@ -418,8 +450,9 @@ def _xml_moves(chunks: int, steps: int) -> str:
 def test_xml_whose_implied_work_is_too_large_is_refused_before_it(tmp_path, text, pattern):
     path = tmp_path / "big.xml"
     path.write_text(text)
-    assert_fires(hccc("check", path, timeout=120), pattern=pattern)
-    assert LOCATED.search(hccc("check", path, timeout=120)[1])
+    res = hccc("check", path, timeout=120)
+    assert_fires(res, pattern=pattern)
+    assert LOCATED.search(res[1]), res[1]
 
 
 def _ring_xml() -> str:

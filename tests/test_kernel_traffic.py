@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -75,15 +74,16 @@ def test_link_bytes_match_the_benchmarks_count(collective, data):
     assert sum(t.per_tb_reads.values()) == t.hbm_read
 
 
-def test_kernel_model_prints_before_and_after():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "64M"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    lines = res.stdout.splitlines()
+def test_kernel_model_prints_before_and_after(capsys, monkeypatch):
+    # the script's main in this process (its entry is sys.exit(main())); the folder it puts on
+    # sys.path for a checkout is taken off again
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    model = _script("kernel_model")
+    assert model.main(["--sizes", "64M"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     for alg in ("ring_allgather_8", "ring_allreduce_8", "hm_allreduce_4x8"):
         rows = {l.split()[2]: l for l in lines if l.startswith(alg)}
         assert {"v1", "v2"} <= set(rows), lines
-    model = _script("kernel_model")
     from hccc.compiler.pipeline import load_program
     ir = load_program(ROOT / "examples" / "ring_allgather_8.rccl")
     rows = {r["design"]: r for r in model.model(ir, 64 << 20, latency_ns=700, hbm_gbs=3350, channels=4)}
@@ -96,9 +96,8 @@ def test_kernel_model_prints_before_and_after():
     ch4 = rows["v2 + 4 channels"]
     assert v2["block_bound_busbw"] < ch4["block_bound_busbw"] < 4 * v2["block_bound_busbw"]
     assert not any(r["model_only"] for r in rows.values())
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "x"],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert model.main(["--sizes", "x"]) == 1
+    assert "bad --sizes 'x'" in capsys.readouterr().err
 
 
 def test_gpu_benchmark_hbm_bound_uses_the_traffic_model():
@@ -167,7 +166,7 @@ def test_ll_auto_threshold_is_the_model_crossover():
     assert model.ll_crossover(ir, **kw) == abi.LL_AUTO_MAX_BYTES
 
 
-def test_kernel_model_v4_terms(monkeypatch):
+def test_kernel_model_v4_terms(monkeypatch, capsys):
     """v4 (a design, every cost a constant of compiler/passes/slicing.py): the slice is the
     launchers'; the fill is the critical path's units beyond its whole runs at a unit's full cost
     and bytes; a block's steady time is the longer of its units' costs and its loads (the sync warp
@@ -206,10 +205,10 @@ def test_kernel_model_v4_terms(monkeypatch):
     monkeypatch.setattr(slicing, "UNIT_SECONDS", 2 * slicing.UNIT_SECONDS)   # one constant, read where it is
     assert model.v4(ir, 4 << 10, **kw)["block_us"] == pytest.approx(2 * small["block_us"], rel=1e-9)
     monkeypatch.undo()
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_model.py"), "--sizes", "4K", "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    d = json.loads(res.stdout)
+    monkeypatch.setattr(sys, "path", list(sys.path))       # the script's main, in this process
+    capsys.readouterr()
+    assert model.main(["--sizes", "4K", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
     assert d["v4"]["unit_us"] == pytest.approx(0.5) and d["v4"]["measured"] is False
     assert {r["design"] for r in d["v4_rows"]} == {"v4 simple (model)", "v4 ll (model)"}
     assert d["predictions"]["v4_ll_crossover_bytes"] == cross

@@ -464,9 +464,15 @@ def _publish(args):
     return str(c.entry("race", key, build, root=root)), (c.entry("race", key, build, root=root) / "value").read_text()
 
 
+#: the processes of the cache's races: forked (a spawned one imported this module again, about
+#: half a second of CPU each); each is a process of its own, with its own pid, file descriptors and
+#: locks, which is all the cache's turns and renames see
+RACE_CONTEXT = "fork"
+
+
 def test_cache_entry_is_atomic_under_concurrent_builders(tmp_path):
     key = cache.content_key("race", 1)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(RACE_CONTEXT)
     with ctx.Pool(4) as pool:
         got = pool.map(_publish, [(str(tmp_path), key, f"w{i}") for i in range(8)])
     paths = {p for p, _ in got}
@@ -502,7 +508,7 @@ def test_cache_entry_is_built_once_by_processes_that_want_it_at_once(tmp_path, f
     that build fails, the next in turn tries again (every process builds, each failing)."""
     key = cache.content_key("turns", fail)
     log = tmp_path / "builds.log"
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(RACE_CONTEXT)
     start, results = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_build_counted, args=(str(tmp_path / "c"), key, str(log), fail, start, results))
              for _ in range(4)]
@@ -586,10 +592,13 @@ def test_build_jobs_from_the_environment(tmp_path, monkeypatch):
     man = json.loads((out / "manifest.json").read_text())
     for jobs in ("1", "2"):
         monkeypatch.setenv("HCCC_CPU_JOBS", jobs)
-        pf = CpuPlatform(opt="-O0", cache_dir=tmp_path / jobs)
+        pf = CpuPlatform(opt="-O0", cache_dir=tmp_path / "cache")
         assert pf.jobs == int(jobs) and CpuPlatform(jobs=3).jobs == 3
         lib = pf.build(out, man, Instance("float32", "sum"))
         assert sorted(p.name for p in lib.parent.glob("unit*.cpp")) == [f"unit{i}.cpp" for i in range(int(jobs))]
+        # the module's entry gone (its key is the program's, not the units'): the next build
+        # compiles its units again, from the precompiled headers and objects this one cached
+        shutil.rmtree(lib.parent)
     for bad in ("0", "-2", "many"):
         monkeypatch.setenv("HCCC_CPU_JOBS", bad)
         with pytest.raises(PlatformError, match="HCCC_CPU_JOBS"):
@@ -606,9 +615,11 @@ def test_modules_are_linked_by_gold_where_the_driver_has_it(tmp_path, monkeypatc
         pytest.skip("g++ has no gold linker here")
     ir = ring_allreduce(2)
     libs = {}
+    # the user's cache (as the module's other runs): the precompiled headers, engine and launcher,
+    # which do not depend on the linker, are those the suite has built; the modules' keys name it
     for gold in (True, False):
         monkeypatch.setattr(cpu_build, "links_with", lambda exe, flag, gold=gold: gold)
-        with Runner(ir, CpuPlatform(opt="-O0", cache_dir=tmp_path), "int32", "max", cache_dir=tmp_path) as r:
+        with Runner(ir, CpuPlatform(opt="-O0"), "int32", "max") as r:
             libs[gold] = r.module.path
             assert r.run(count=64).ok
     notes = {g: subprocess.run(["readelf", "-n", str(p)], capture_output=True, text=True).stdout
