@@ -105,6 +105,44 @@ def test_a_rank_whose_call_fails_is_named_to_the_peer_waiting_for_it(tmp_path, r
     assert "refuses the all_reduce" in str(got[refusing][0]) and got[refusing][1] < PROMPT_S
 
 
+def test_a_call_refused_on_one_rank_fails_its_peer_at_once_and_then_the_refusing_rank(tmp_path):
+    """Rank 1 passes a tensor the group refuses (on the meta device) before queueing the call:
+    it raises at once, and its peer, waiting in gloo for that all_reduce, fails at once naming the
+    refusal (before: gloo's timeout), its group unusable; rank 1's next call, which its peer will
+    never make, fails at once too, naming the peer's unusable group."""
+    from hccc.torch import Options
+    from torch_ranks import ranks_in_threads
+    (tmp_path / "empty").mkdir()
+    seen = {}
+
+    def job(rank):
+        def run(pg):
+            pg.allreduce([torch.ones(4)]).wait()
+            if rank == 1:
+                with pytest.raises(ValueError, match="not supported"):
+                    pg.allreduce([torch.ones(4, device="meta")])
+                t0 = time.monotonic()
+                try:
+                    pg.allreduce([torch.ones(4)]).wait()
+                except Exception as exc:
+                    seen["next"] = (exc, time.monotonic() - t0)
+                return "done"
+            pg.allreduce([torch.ones(4)]).wait()
+        return run
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"),
+                           timeout_s=GROUP_TIMEOUT_S)
+    res, seconds = got[0]
+    assert type(res).__name__ == "CallMismatch" and seconds < PROMPT_S, (res, seconds)
+    assert ("call #2 of the group: rank 1 made allreduce(refused: ValueError: allreduce: tensors "
+            "on meta") in str(res), res
+    assert got[1][0] == "done", got[1]
+    exc, seconds = seen["next"]
+    assert type(exc).__name__ == "CallMismatch" and seconds < PROMPT_S, (exc, seconds)
+    assert ("call #3 of the group, allreduce(op=sum, float32, elements 4, cpu), cannot complete: "
+            "rank 0's group is unusable since its call #2: call #2 of the group: rank 1 made "
+            "allreduce(refused: ") in str(exc), exc
+
+
 # ------------------------------------------------------------------------------ failure records
 def _ledgers(kind, world):
     from hccc.torch.ledger import ShmLedger, StoreLedger
@@ -127,7 +165,8 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
     """Rank 2 records that its call 5 failed (a long, non-ASCII reason); ranks 0 and 1 waiting
     on call 5 are told (its reason, cut to the record's size); on call 4 or 6 (a later call the
     failed rank made after all) they are not; settle does not look (the call completed there);
-    a later failure replaces the record; a difference of calls is named before a failure."""
+    a later failure replaces the record; a difference of calls is named before a failure; a record
+    of a group unusable from a call on is seen for every later call."""
     from hccc.torch.ledger import FAIL_TEXT_BYTES, digest
     text = "allreduce(op=sum, float32, elements 8, cpu)"
     other = "barrier(cpu)"
@@ -143,7 +182,7 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
             seen = ls[r].conflict(5, text, digest(text))
             assert seen == (f"call #5 of the group, {text}, failed on rank 2: {cut}; the call "
                             "cannot complete without it"), seen
-            assert ls[r].failure(2, 5) == cut
+            assert ls[r].failure(2, 5) == (5, cut)
             assert ls[r].conflict(4, text, digest(text)) is None
             assert ls[r].conflict(6, text, digest(text)) is None
             ls[r].settle(5, text, digest(text), 1.0)
@@ -154,6 +193,15 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
             "failed on rank 2: ValueError: later; the call cannot complete without it")
         ls[1].post(6, other, digest(other))
         assert f"rank 1 made {other}" in ls[0].conflict(6, text, digest(text))
+        # a record for every later call (the group unusable on rank 2 since call 5): not for
+        # call 4 or 5's comparison as a call-5 failure, for 6 and on as the unusable group
+        ls[2].fail(5, "unusable", onward=True)
+        assert ls[0].conflict(4, text, digest(text)) is None
+        assert "failed on rank 2: unusable" in ls[0].conflict(5, text, digest(text))
+        for seq in (7, 70):
+            assert ls[0].conflict(seq, text, digest(text)) == (
+                f"call #{seq} of the group, {text}, cannot complete: rank 2's group is unusable "
+                "since its call #5: unusable")
     finally:
         for led in ls:
             led.close()

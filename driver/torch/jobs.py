@@ -94,8 +94,15 @@ class CallJobs:
         self.ledger.post(self.calls, text, tag)
         return self.calls, tag
 
-    def mismatch(self, why: str) -> CallMismatch:
+    def mismatch(self, why: str, seq: int) -> CallMismatch:
+        """The error of call ``seq``, given up on because of a peer (``why``): the group is
+        unusable here from now on, which the ledger tells the peers (their later calls would
+        wait for this rank's in vain)."""
         self.broken = why
+        try:
+            self.ledger.fail(seq, why, onward=True)
+        except Exception:
+            pass                        # (a ledger already closed: the group is shut down)
         return CallMismatch(f"hccc: rank {self.rank}: {why}")
 
     def failed(self, seq: int, exc: BaseException) -> None:
@@ -118,7 +125,7 @@ class CallJobs:
             why = self.ledger.conflict(seq, text, tag)
             if why:
                 outlive(work, backend)
-                raise self.mismatch(why)
+                raise self.mismatch(why, seq)
             # yield for the first millisecond (most calls complete within it), then sleep
             time.sleep(0 if time.monotonic() - start < _DELEGATE_SPIN_S else DELEGATE_POLL_S)
         try:
@@ -128,7 +135,7 @@ class CallJobs:
             # connections before this rank looked: its reason says more than the delegate's)
             why = self.ledger.conflict(seq, text, tag)
             if why:
-                raise self.mismatch(why) from None
+                raise self.mismatch(why, seq) from None
             raise
 
     def hccc_job(self, coll: str, dev: torch.device, route: tuple, run_hccc, ready, text: str,
@@ -164,7 +171,7 @@ class CallJobs:
             except Exception as exc:
                 why = watch()
                 if why:
-                    raise self.mismatch(why) from None
+                    raise self.mismatch(why, seq) from None
                 raise exc
             comm.call_tag = tag
             comm.watch = watch
@@ -173,7 +180,7 @@ class CallJobs:
             except Exception as exc:
                 why = self.ledger.conflict(seq, text, tag)
                 if why:
-                    raise self.mismatch(why) from None
+                    raise self.mismatch(why, seq) from None
                 raise exc
             finally:
                 comm.watch = None
@@ -204,6 +211,14 @@ class CallJobs:
                     self.failed(seq, exc)
                     raise
             self.seconds[kind][coll] += time.perf_counter() - t0
+        return fn
+
+    def refused_job(self, text: str):
+        """The job of a call this rank refused before queueing it (``text``: the call as refused):
+        it takes the call's number and posts it, so a peer waiting in that call sees the refusal
+        (:meth:`HcccProcessGroup._refused <hccc.torch.process_group.HcccProcessGroup._refused>`)."""
+        def fn():
+            self.next_call(text)
         return fn
 
     def ledger_settle(self, seq: int, text: str, tag: int) -> None:

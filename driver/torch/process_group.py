@@ -190,6 +190,18 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
                                f"earlier failure: {self._jobs.broken}")
         return self._calls_queue.submit(fn, result)
 
+    def _refused(self, kind: str, exc: Exception) -> None:
+        """This rank refused a ``kind`` call before queueing it (``exc``, about to be raised): the
+        call's number is taken all the same, by a job that posts it as refused, so that the ranks
+        keep numbering their calls alike and a peer waiting in that call fails at once, naming the
+        refusal, instead of at the timeout (nothing when the group is shut down or unusable)."""
+        jobs = getattr(self, "_jobs", None)
+        if jobs is None or self._calls_queue.closed or jobs.broken:
+            return
+        why = str(exc).removeprefix("hccc: ") or type(exc).__name__
+        self._calls_queue.submit(jobs.refused_job(f"{kind}(refused: {type(exc).__name__}: {why})"),
+                                 None)
+
     def shutdown(self) -> None:
         """Stop the worker (after the calls already queued) and close the communicators."""
         calls = getattr(self, "_calls_queue", None)
