@@ -134,7 +134,8 @@ class Ledger:
 
     def conflict(self, seq: int, text: str, tag: int) -> str | None:
         """The first peer whose call ``seq`` differs from this rank's, described; else the first
-        peer whose call ``seq`` failed, with its error; or None."""
+        peer whose call ``seq`` failed, or whose group is unusable since an earlier call, with its
+        error; or None."""
         peers = [r for r in range(self.size) if r != self.rank]
         for r in peers:
             why = self._differs(r, seq, tag, text, self.head(r, seq))

@@ -38,7 +38,8 @@ ready once the work completes (this path has not been run on a GPU here).
 
 Agreement: every rank's calls are numbered, described (kind, torch's op, dtype, counts, root) and
 compared (:mod:`hccc.torch.ledger`): ranks whose calls differ all get a :class:`CallMismatch` at
-once, on any route. When the group is made, every input to the choice of algorithm (catalog,
+once, on any route; so do the peers of a rank whose call failed or was refused before it was
+queued (:meth:`HcccProcessGroup._refused`: the call keeps its number). When the group is made, every input to the choice of algorithm (catalog,
 ``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map, version) and every rank's set-up outcome are
 compared: a difference or a failure is an error on every rank naming the ranks. Other failures are
 the Communicator's (a dead rank: an error on every rank within the timeout), surfacing from
