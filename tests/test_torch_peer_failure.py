@@ -6,8 +6,9 @@ on a gloo call that gloo cannot cancel (it ends at the group's timeout); gloo's 
 such a call, so whichever thread dropped the group's last reference stalled until then -- the
 garbage collector's, in a later test's rank thread, when the group sat in a reference cycle (an
 exception's traceback). The ledger's failure records (:meth:`hccc.torch.ledger.Ledger.fail`) are
-checked against their definition: reported for the failed call's number only, by
-:meth:`~hccc.torch.ledger.Ledger.conflict` and never by :meth:`~hccc.torch.ledger.Ledger.settle`.
+checked against their definition: a failed call's record is reported for that call's number only,
+by :meth:`~hccc.torch.ledger.Ledger.conflict` and not by :meth:`~hccc.torch.ledger.Ledger.settle`
+(the call completed there); an unusable group's for every later number, by both.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ dist = pytest.importorskip("torch.distributed")
 
 #: the groups' timeout, seconds: what a rank not told of its peer's failure waits
 GROUP_TIMEOUT_S = 15.0
-#: what "at once" allows on this loaded shared host: well under the timeout, well over a call
+#: what "at once" allows on a loaded host: well under the timeout, well over a call
 PROMPT_S = 6.0
 
 
@@ -167,7 +168,7 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
     failed rank made after all) they are not; settle does not look (the call completed there);
     a later failure replaces the record; a difference of calls is named before a failure; a record
     of a group unusable from a call on is seen for every later call."""
-    from hccc.torch.ledger import FAIL_TEXT_BYTES, digest
+    from hccc.torch.ledger import FAIL_TEXT_BYTES, CallMismatch, digest
     text = "allreduce(op=sum, float32, elements 8, cpu)"
     other = "barrier(cpu)"
     ls = _ledgers(kind, 3)
@@ -202,6 +203,9 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
             assert ls[0].conflict(seq, text, digest(text)) == (
                 f"call #{seq} of the group, {text}, cannot complete: rank 2's group is unusable "
                 "since its call #5: unusable")
+        ls[1].post(7, text, digest(text))
+        with pytest.raises(CallMismatch, match="rank 2's group is unusable since its call #5"):
+            ls[0].settle(7, text, digest(text), 1.0)
     finally:
         for led in ls:
             led.close()
