@@ -384,10 +384,6 @@ def test_torch_scatter_equals_gloo_and_hccc_carried_it(tmp_path, monkeypatch):
             assert "the root's scatter_list holds 2 tensors of 4/4 elements" in mine["bad"]
 
 
-# in the slow set: run in one process after tests/test_net.py's in-process proxies, the non-root
-# rank sometimes waits out the group's timeout instead of failing on the comparison (seen in the
-# default run's CI and on older commits; cause not found): a known, open flake
-@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["short", "dtype"])
 def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
     """Two ranks in threads on the delegate (an empty catalog): a good scatter first, then a root

@@ -340,6 +340,27 @@ def topology_job(rank: int, world: int, url: str):
     return {"checks": checks, "stats": hccc.torch.stats()}
 
 
+def root_with_a_bad_list(between):
+    """Jobs for :func:`ranks_in_threads` (``job(rank)``, two ranks): a good scatter from root 1,
+    then (both ranks past ``between``, a ``threading.Barrier(2)``) a root whose scatter_list is of
+    the wrong dtype: the root's call is refused, rank 0 waits in the delegate until told that the
+    calls differ."""
+    import torch
+    import torch.distributed as dist
+
+    def job(rank):
+        def run(pg):
+            opts = dist.ScatterOptions()
+            opts.rootRank = 1
+            lists = [[torch.arange(3.0) + 10 * r for r in range(2)]] if rank == 1 else []
+            pg.scatter([torch.zeros(3)], lists, opts).wait()
+            between.wait(timeout=30)
+            wrong = [[torch.ones(3, dtype=torch.int32)] * 2] if rank == 1 else []
+            pg.scatter([torch.zeros(3)], wrong, opts).wait()
+        return run
+    return job
+
+
 def ranks_in_threads(jobs, options=None, timeout_s=20.0, world=None):
     """Make a ``world``-rank HcccProcessGroup in one thread per rank on one store, then run
     ``jobs[r](pg)`` on rank r; each rank's (result or exception, seconds the job took)."""

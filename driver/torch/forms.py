@@ -7,6 +7,8 @@
 ``_submit`` they use; every AVG runs through :func:`~hccc.torch.averages.avg_sum`."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -388,12 +390,28 @@ def _method(call: TorchCall):
     else:
         def method(self, output_tensors, input_tensors, opts=None):
             return self._delegate_only(call, output_tensors, input_tensors, opts_of(opts))
+    if call.form not in (POINT, COALESCED):
+        # (point-to-point calls are not numbered; a coalesced call's are its per-tensor calls)
+        method = _numbered_if_refused(call, method)
     method.__name__ = method.__qualname__ = call.method
     method.torch_call = call            # the row it was made from
     method.__doc__ = (f"torch's ``{call.name}``: "
                       + (f"the {call.spec.title} collective ({call.form})" if call.spec is not None
                          else f"on the delegate ({call.form})") + ", from :data:`hccc.torch_calls.TORCH_CALLS`.")
     return method
+
+
+def _numbered_if_refused(call: TorchCall, method):
+    """``method``, whose refusal of a call before queueing it (its checks, its route) still takes
+    the call's number (:meth:`~hccc.torch.process_group.HcccProcessGroup._refused`)."""
+    @functools.wraps(method)
+    def numbered(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self._refused(call.kind, exc)
+            raise
+    return numbered
 
 
 def install(cls) -> None:

@@ -3,9 +3,19 @@ each call numbered and posted to the ledger (:mod:`hccc.torch.ledger`), then run
 through the catalog entry's :class:`~hccc.runtime.Communicator` (made on the entry's first call) or
 on the delegate backend, watched so that a peer's different call is named on every rank
 (:class:`~hccc.torch.ledger.CallMismatch`, after which the group is unusable: :attr:`CallJobs.broken`).
+A call that fails on a rank after it was posted is recorded in the ledger with its error, so that
+the peers waiting for that rank's part fail at once, naming it, instead of at the timeout.
+
+A delegate's work a rank gives up on (a peer made another call or failed) is still pending in the
+delegate, which cannot cancel it: it ends at the delegate's timeout. Until then the work and its
+backend are held by a thread of their own (:func:`outlive`), because a gloo process group's
+destructor waits for its pending work: had the group's last reference gone with the garbage
+collector, in whatever thread it ran (a later call's, a later group's), that thread would stall
+until the timeout.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
@@ -17,8 +27,24 @@ from hccc.torch.routes import ROUTE_CACHE_MAX, kernel_dtype
 #: seconds between looks at a delegate's work (and the peers' calls) once its first millisecond
 #: has passed: well below a gloo call's own time at any size worth measuring
 DELEGATE_POLL_S = 0.0005
+#: seconds between looks at an abandoned delegate's work (:func:`outlive`): it only has to end
+#: before the delegate's timeout is long past
+ABANDONED_POLL_S = 0.1
 #: how long a delegate's work is polled without sleeping (most calls complete within it)
 _DELEGATE_SPIN_S = 1e-3
+
+
+def outlive(work, backend) -> None:
+    """Hold a delegate's abandoned ``work`` and its ``backend`` on a thread of their own until the
+    work ends (at the delegate's timeout at the latest), then drop them there (see the module
+    docstring)."""
+    def hold(work, backend):
+        # polled, not waited for: a daemon thread blocked in the delegate's wait when the
+        # interpreter exits aborts the process (std::terminate)
+        while not work.is_completed():
+            time.sleep(ABANDONED_POLL_S)
+    threading.Thread(target=hold, args=(work, backend), name="hccc-abandoned-work",
+                     daemon=True).start()
 
 
 class CallJobs:
@@ -68,20 +94,49 @@ class CallJobs:
         self.ledger.post(self.calls, text, tag)
         return self.calls, tag
 
-    def mismatch(self, why: str) -> CallMismatch:
+    def mismatch(self, why: str, seq: int) -> CallMismatch:
+        """The error of call ``seq``, given up on because of a peer (``why``): the group is
+        unusable here from now on, which the ledger tells the peers (their later calls would
+        wait for this rank's in vain)."""
         self.broken = why
+        try:
+            self.ledger.fail(seq, why, onward=True)
+        except Exception:
+            pass                        # (a ledger already closed: the group is shut down)
         return CallMismatch(f"hccc: rank {self.rank}: {why}")
 
-    def wait_delegate(self, work, seq: int, text: str, tag: int) -> None:
-        """Wait for a delegate's work, comparing the peers' calls meanwhile."""
+    def failed(self, seq: int, exc: BaseException) -> None:
+        """Record in the ledger that this rank's posted call ``seq`` failed with ``exc``, for the
+        peers waiting for it; not an error that names a peer's call (each rank sees that peer's
+        call itself)."""
+        if isinstance(exc, CallMismatch):
+            return
+        why = str(exc).removeprefix("hccc: ") or type(exc).__name__
+        try:
+            self.ledger.fail(seq, f"{type(exc).__name__}: {why}")
+        except Exception:
+            pass                        # (a ledger already closed: the group is shut down)
+
+    def wait_delegate(self, work, seq: int, text: str, tag: int, backend=None) -> None:
+        """Wait for a delegate's work, comparing the peers' calls meanwhile; a work given up on
+        is held until it ends (:func:`outlive`)."""
         start = time.monotonic()
         while not work.is_completed():
             why = self.ledger.conflict(seq, text, tag)
             if why:
-                raise self.mismatch(why)
+                outlive(work, backend)
+                raise self.mismatch(why, seq)
             # yield for the first millisecond (most calls complete within it), then sleep
             time.sleep(0 if time.monotonic() - start < _DELEGATE_SPIN_S else DELEGATE_POLL_S)
-        work.wait()
+        try:
+            work.wait()
+        except Exception:
+            # (a peer that failed or made another call may have broken the delegate's
+            # connections before this rank looked: its reason says more than the delegate's)
+            why = self.ledger.conflict(seq, text, tag)
+            if why:
+                raise self.mismatch(why, seq) from None
+            raise
 
     def hccc_job(self, coll: str, dev: torch.device, route: tuple, run_hccc, ready, text: str,
                  result_dtype: torch.dtype):
@@ -97,7 +152,16 @@ class CallJobs:
             if ready is not None:
                 ready.synchronize()
             seq, tag = self.next_call(text)
+            try:
+                comm = run_posted(seq, tag)
+            except Exception as exc:
+                self.failed(seq, exc)
+                raise
+            protos[comm.last_proto] += 1     # auto: LL for small calls
+            seconds[coll] += time.perf_counter() - t0
 
+        def run_posted(seq: int, tag: int):
+            """Run the posted call ``seq`` on the entry's Communicator; returns it."""
             def watch():
                 return self.ledger.conflict(seq, text, tag)
             try:
@@ -107,7 +171,7 @@ class CallJobs:
             except Exception as exc:
                 why = watch()
                 if why:
-                    raise self.mismatch(why) from None
+                    raise self.mismatch(why, seq) from None
                 raise exc
             comm.call_tag = tag
             comm.watch = watch
@@ -116,14 +180,13 @@ class CallJobs:
             except Exception as exc:
                 why = self.ledger.conflict(seq, text, tag)
                 if why:
-                    raise self.mismatch(why) from None
+                    raise self.mismatch(why, seq) from None
                 raise exc
             finally:
                 comm.watch = None
             # no comparison after the call: every rank's call met this one's on the same
             # communicator, which compared their digests (call_tag) before its kernel ran
-            protos[comm.last_proto] += 1     # auto: LL for small calls
-            seconds[coll] += time.perf_counter() - t0
+            return comm
         return fn
 
     def delegate_job(self, coll: str, kind: str, backend, run_delegate, ready, text: str | None):
@@ -139,11 +202,23 @@ class CallJobs:
                     work.wait()
             else:
                 seq, tag = self.next_call(text)
-                work = run_delegate(backend)
-                if work is not None:
-                    self.wait_delegate(work, seq, text, tag)
-                self.ledger_settle(seq, text, tag)
+                try:
+                    work = run_delegate(backend)
+                    if work is not None:
+                        self.wait_delegate(work, seq, text, tag, backend)
+                    self.ledger_settle(seq, text, tag)
+                except Exception as exc:
+                    self.failed(seq, exc)
+                    raise
             self.seconds[kind][coll] += time.perf_counter() - t0
+        return fn
+
+    def refused_job(self, text: str):
+        """The job of a call this rank refused before queueing it (``text``: the call as refused):
+        it takes the call's number and posts it, so a peer waiting in that call sees the refusal
+        (:meth:`HcccProcessGroup._refused <hccc.torch.process_group.HcccProcessGroup._refused>`)."""
+        def fn():
+            self.next_call(text)
         return fn
 
     def ledger_settle(self, seq: int, text: str, tag: int) -> None:

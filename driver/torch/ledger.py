@@ -14,6 +14,9 @@ hosts). Then
 - while the call waits (a Communicator's host barrier or kernel, or the delegate's work), the rank
   compares its call with every peer's call of the same number (:meth:`Ledger.conflict`): a peer
   that made another call is an error at once, on both ranks, instead of a hang until the timeout;
+  so is a peer whose call of that number failed after it was posted, or whose group became
+  unusable at an earlier call (its error, which it records next to its ring: :meth:`Ledger.fail`),
+  which the waiting rank would otherwise wait out;
 - after a delegate's call the rank waits until every peer has posted that number and compares
   (:meth:`Ledger.settle`): two calls that completed although they differ (two delegate calls with
   different ops) are an error on every rank too. (A call that completed on one of hccc's
@@ -37,6 +40,11 @@ RING = 64
 SLOT_BYTES = 128
 _HEAD = struct.Struct("<QQ")
 TEXT_BYTES = SLOT_BYTES - _HEAD.size
+#: bytes of a rank's failure record, after its ring: the number of the call that failed, whether
+#: every later call fails too (the group is unusable there), then why (NUL-padded): room for a
+#: one-line error message; a longer one is cut
+FAIL_BYTES = 512
+FAIL_TEXT_BYTES = FAIL_BYTES - 16
 #: how often a waiting rank looks at its peers' calls through a store (a network round trip per
 #: peer; shared memory is read on every poll of the wait loops instead)
 STORE_POLL_S = 0.05
@@ -92,6 +100,24 @@ class Ledger:
     def close(self) -> None:
         pass
 
+    def fail(self, seq: int, why: str, onward: bool = False) -> None:
+        """Record that this rank's call ``seq`` (posted) failed, and why -- ``onward``: and every
+        later call, the group being unusable here: peers waiting for it are told at once
+        (:meth:`conflict`) instead of at the timeout. A rank keeps its latest record."""
+        raise NotImplementedError
+
+    def record(self, r: int) -> tuple[int, bool, str] | None:
+        """Rank ``r``'s failure record: (call number, onward, why), or None."""
+        raise NotImplementedError
+
+    def failure(self, r: int, seq: int) -> tuple[int, str] | None:
+        """(number of the failed call, why) when rank ``r`` recorded that its call ``seq`` failed,
+        or an earlier call after which every call fails; else None."""
+        got = self.record(r)
+        if got is None or not (got[0] == seq or (got[1] and 0 < got[0] < seq)):
+            return None
+        return got[0], got[2]
+
     def head(self, r: int, seq: int) -> tuple[int, int] | None:
         """(seq, digest) of rank ``r``'s slot for call ``seq``, without the text."""
         got = self.peer(r, seq)
@@ -107,18 +133,37 @@ class Ledger:
                 "every rank must make the same calls in the same order")
 
     def conflict(self, seq: int, text: str, tag: int) -> str | None:
-        """The first peer whose call ``seq`` differs from this rank's, described; or None."""
-        for r in range(self.size):
-            if r != self.rank:
-                why = self._differs(r, seq, tag, text, self.head(r, seq))
-                if why:
-                    return why
+        """The first peer whose call ``seq`` differs from this rank's, described; else the first
+        peer whose call ``seq`` failed, or whose group is unusable since an earlier call, with its
+        error; or None."""
+        peers = [r for r in range(self.size) if r != self.rank]
+        for r in peers:
+            why = self._differs(r, seq, tag, text, self.head(r, seq))
+            if why:
+                return why
+        for r in peers:
+            got = self.failure(r, seq)
+            if got is None:
+                continue
+            at, why = got
+            if at == seq:
+                return (f"call #{seq} of the group, {text}, failed on rank {r}: {why}; the call "
+                        "cannot complete without it")
+            return self._unusable(r, seq, text, at, why)
         return None
+
+    @staticmethod
+    def _unusable(r: int, seq: int, text: str, at: int, why: str) -> str:
+        return (f"call #{seq} of the group, {text}, cannot complete: rank {r}'s group is "
+                f"unusable since its call #{at}: {why}")
 
     def settle(self, seq: int, text: str, tag: int, timeout_s: float) -> None:
         """After call ``seq`` completed here: wait until every peer has posted it and compare
         (CallMismatch on a difference). A peer that is past it already (its slot reused) or does not
-        post within ``timeout_s`` is not compared: completing the call needed its part."""
+        post within ``timeout_s`` is not compared: completing the call needed its part. A peer's
+        failure of this call is not looked at (the call completed here), but a peer whose group is
+        unusable since an earlier call is a CallMismatch: what completed here met a call that peer
+        gave up on."""
         pending = [r for r in range(self.size) if r != self.rank]
         deadline = time.monotonic() + timeout_s
         while pending:
@@ -129,8 +174,11 @@ class Ledger:
                     why = self._differs(r, seq, tag, text, got)
                     if why:
                         raise CallMismatch(why)
-                else:
-                    left.append(r)
+                    continue
+                failed = self.failure(r, seq)
+                if failed is not None and failed[0] < seq:
+                    raise CallMismatch(self._unusable(r, seq, text, *failed))
+                left.append(r)
             pending = left
             if not pending or time.monotonic() > deadline:
                 return
@@ -138,12 +186,13 @@ class Ledger:
 
 
 class ShmLedger(Ledger):
-    """Rings in POSIX shared memory, one per rank, every rank mapping every ring (one host)."""
+    """Rings in POSIX shared memory, one per rank, every rank mapping every ring (one host); each
+    rank's failure record follows its ring."""
 
     def __init__(self, rank: int, size: int):
         from hccc.runtime import shm
         self.rank, self.size = int(rank), int(size)
-        self._own = shm.create(RING * SLOT_BYTES)
+        self._own = shm.create(RING * SLOT_BYTES + FAIL_BYTES)
         self._slot_text: dict[str, bytes] = {}
         self._rings: dict[int, object] = {self.rank: self._own}
 
@@ -168,14 +217,32 @@ class ShmLedger(Ledger):
         if raw is None:                 # a call's text, as its slot holds it, made once per text
             if len(self._slot_text) >= TEXT_CACHE_MAX:
                 self._slot_text.clear()
-            raw = text.encode()[:TEXT_BYTES]
-            raw = self._slot_text[text] = raw + b"\0" * (TEXT_BYTES - len(raw))
+            raw = self._slot_text[text] = _padded(text, TEXT_BYTES)
         m[at + _HEAD.size:at + SLOT_BYTES] = raw
         m[at + 8:at + 16] = tag.to_bytes(8, "little")
         m[at:at + 8] = seq.to_bytes(8, "little")          # the number last: the slot is complete
 
     def head(self, r: int, seq: int):
         return _HEAD.unpack_from(self._rings[r]._map, (seq % RING) * SLOT_BYTES)
+
+    def fail(self, seq: int, why: str, onward: bool = False) -> None:
+        m = self._own._map
+        at = RING * SLOT_BYTES
+        m[at:at + 8] = bytes(8)                            # incomplete while it is written
+        m[at + 16:at + FAIL_BYTES] = _padded(why, FAIL_TEXT_BYTES)
+        m[at + 8:at + 16] = int(onward).to_bytes(8, "little")
+        m[at:at + 8] = seq.to_bytes(8, "little")           # the number last: the record is complete
+
+    def record(self, r: int):
+        m = self._rings[r]._map
+        at = RING * SLOT_BYTES
+        seq, onward = _HEAD.unpack_from(m, at)
+        if not seq:
+            return None
+        why = bytes(m[at + 16:at + FAIL_BYTES]).split(b"\0", 1)[0].decode("utf-8", "replace")
+        if _HEAD.unpack_from(m, at) != (seq, onward):      # rewritten while being read
+            return None
+        return seq, bool(onward), why
 
     def peer(self, r: int, seq: int):
         m = self._rings[r]._map
@@ -197,8 +264,16 @@ class ShmLedger(Ledger):
         self._rings.clear()
 
 
+def _padded(text: str, size: int) -> bytes:
+    """``text`` as ``size`` bytes of UTF-8, cut or NUL-padded (a reader decodes a character cut in
+    two as a replacement character)."""
+    raw = text.encode()[:size]
+    return raw + b"\0" * (size - len(raw))
+
+
 class StoreLedger(Ledger):
-    """Rings as keys of the group's store (a group across hosts): ``call/<slot>/<rank>``."""
+    """Rings as keys of the group's store (a group across hosts): ``call/<slot>/<rank>``; a rank's
+    failure record ``failed/<rank>``."""
 
     poll_s = 0.005
 
@@ -208,6 +283,17 @@ class StoreLedger(Ledger):
 
     def post(self, seq: int, text: str, tag: int) -> None:
         self.store.set(f"call/{seq % RING}/{self.rank}", f"{seq}|{tag}|{text}".encode())
+
+    def fail(self, seq: int, why: str, onward: bool = False) -> None:
+        self.store.set(f"failed/{self.rank}",
+                       f"{seq}|{int(onward)}|".encode() + why.encode()[:FAIL_TEXT_BYTES])
+
+    def record(self, r: int):
+        key = f"failed/{r}"
+        if not self.store.check([key]):
+            return None
+        s, onward, why = bytes(self.store.get(key)).split(b"|", 2)
+        return int(s), onward == b"1", why.decode("utf-8", "replace")
 
     def peer(self, r: int, seq: int):
         key = f"call/{seq % RING}/{r}"

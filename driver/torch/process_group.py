@@ -38,7 +38,8 @@ ready once the work completes (this path has not been run on a GPU here).
 
 Agreement: every rank's calls are numbered, described (kind, torch's op, dtype, counts, root) and
 compared (:mod:`hccc.torch.ledger`): ranks whose calls differ all get a :class:`CallMismatch` at
-once, on any route. When the group is made, every input to the choice of algorithm (catalog,
+once, on any route; so do the peers of a rank whose call failed or was refused before it was
+queued (:meth:`HcccProcessGroup._refused`: the call keeps its number). When the group is made, every input to the choice of algorithm (catalog,
 ``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map, version) and every rank's set-up outcome are
 compared: a difference or a failure is an error on every rank naming the ranks. Other failures are
 the Communicator's (a dead rank: an error on every rank within the timeout), surfacing from
@@ -189,6 +190,18 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
             raise RuntimeError(f"hccc: rank {self._rank}: the process group is unusable after an "
                                f"earlier failure: {self._jobs.broken}")
         return self._calls_queue.submit(fn, result)
+
+    def _refused(self, kind: str, exc: Exception) -> None:
+        """This rank refused a ``kind`` call before queueing it (``exc``, about to be raised): the
+        call's number is taken all the same, by a job that posts it as refused, so that the ranks
+        keep numbering their calls alike and a peer waiting in that call fails at once, naming the
+        refusal, instead of at the timeout (nothing when the group is shut down or unusable)."""
+        jobs = getattr(self, "_jobs", None)
+        if jobs is None or self._calls_queue.closed or jobs.broken:
+            return
+        why = str(exc).removeprefix("hccc: ") or type(exc).__name__
+        self._calls_queue.submit(jobs.refused_job(f"{kind}(refused: {type(exc).__name__}: {why})"),
+                                 None)
 
     def shutdown(self) -> None:
         """Stop the worker (after the calls already queued) and close the communicators."""
