@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop import msccl_export as me
 from hccc.compiler.interop import msccl_prims as mp
@@ -183,7 +184,7 @@ def layouts(draw):
 
 
 @given(layouts(), st.sampled_from([1, 2, 1 << 25]))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(100), deadline=None)     # the thorough profile: ten times as many
 def test_vector_clocks_keep_exactly_the_waits_nothing_else_implies(lay, entries):
     """On random layouts (and with ranks done one, two or all at a time): the kept waits keep each
     rank's happens-before, and each kept wait is implied neither by its row's predecessor in its
