@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.backend.table_codegen import generate_table
 from hccc.compiler.frontend import generators as gen
@@ -173,7 +174,9 @@ def test_one_grid_table_kernels_match_oracle():
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce",
                                         "alltoall"])
-@settings(max_examples=3)
+# two programs a collective by default (the channel and direct-mode files draw one grid or a
+# kernel per rank for random programs too); the thorough profile ten times that
+@settings(max_examples=examples(2))
 @given(data=st.data())
 def test_random_programs_one_grid_and_per_rank_match_oracle(collective, data):
     """The same random program and size through the one grid and through a kernel per rank."""
