@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import examples
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, Algorithm, Collective, Header
 from hccc.util.diagnostics import CompileError
@@ -129,7 +130,8 @@ def test_text_generators_match_builders(text, build):
 
 
 # ------------------------------------------------------------------------------ lowering, proof, reference
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the thorough profile: ten times as many
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_programs("alltoall", max_ranks=6), st.sampled_from(["hpds", "rr"]), st.booleans(),
        st.integers(0, 60), st.integers(0, 3))
 def test_random_alltoall_programs_prove_and_compute(alg, scheduler, fuse, count, seed):
