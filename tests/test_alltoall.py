@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import examples
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, Algorithm, Collective, Header
 from hccc.util.diagnostics import CompileError
@@ -129,7 +130,8 @@ def test_text_generators_match_builders(text, build):
 
 
 # ------------------------------------------------------------------------------ lowering, proof, reference
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the thorough profile: ten times as many
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_programs("alltoall", max_ranks=6), st.sampled_from(["hpds", "rr"]), st.booleans(),
        st.integers(0, 60), st.integers(0, 3))
 def test_random_alltoall_programs_prove_and_compute(alg, scheduler, fuse, count, seed):
@@ -177,17 +179,27 @@ def test_uneven_count_is_rounded_to_whole_blocks():
 
 
 # ------------------------------------------------------------------------------ kernels
+EVERY_DTYPE = ["float32", "float16", "bfloat16", "int32"]
+
+
 @needs_gxx
-@pytest.mark.parametrize("make", [lambda: gen.direct_alltoall(4, chunks_per_rank=2),
-                                  lambda: gen.ring_alltoall(3, [2, 0, 1], chunks_per_rank=3),
-                                  lambda: gen.hierarchical_alltoall(2, 2, chunks_per_rank=2)])
-def test_kernels_match_at_uneven_sizes_every_dtype(make):
+# a kernel build a dtype: every dtype for the direct AllToAll, a 2-byte one and int32 (the run
+# below) for the relaying programs by default (an AllToAll moves elements, so only their size
+# matters to it), their other dtypes in the slow set
+@pytest.mark.parametrize("make,dtypes", [
+    (lambda: gen.direct_alltoall(4, chunks_per_rank=2), EVERY_DTYPE),
+    (lambda: gen.ring_alltoall(3, [2, 0, 1], chunks_per_rank=3), ["float16", "int32"]),
+    (lambda: gen.hierarchical_alltoall(2, 2, chunks_per_rank=2), ["bfloat16", "int32"]),
+    pytest.param(lambda: gen.ring_alltoall(3, [2, 0, 1], chunks_per_rank=3), ["float32", "bfloat16"],
+                 marks=pytest.mark.slow),
+    pytest.param(lambda: gen.hierarchical_alltoall(2, 2, chunks_per_rank=2), ["float32", "float16"],
+                 marks=pytest.mark.slow)])
+def test_kernels_match_at_uneven_sizes_every_dtype(make, dtypes):
     alg = make()
     n, k = alg.header.nranks, alg.header.chunks_per_rank
     # blocks of 1, 7 and 67 elements: pieces of unequal size, several micro-batches at 64 B slots
     counts = [n * b for b in (1, 7, 67)] + [n * 67 + 1]
-    assert_implements(alg, backend="cpu", counts=counts, dtypes=["float32", "float16", "bfloat16", "int32"],
-                      chunk_bytes=64)
+    assert_implements(alg, backend="cpu", counts=counts, dtypes=dtypes, chunk_bytes=64)
     ir = build_program(alg, chunk_bytes=64)
     res = run_case(ir, KernelCase(n * 29 * k + 5, "int32", "sum", True, 3))
     assert res.ok and res.wrong == 0 and res.count % n == 0 and res.oracle == "reference"

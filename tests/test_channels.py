@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.backend.codegen import generate
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.ir.check import load_ir_json
@@ -64,7 +65,9 @@ def test_parts_tile_the_slice_window_at_granules_as_evenly_as_they_allow(slice_e
 # ---------------------------------------------------------------------------- correctness, CPU
 @needs_gxx
 @pytest.mark.parametrize("collective", COLLECTIVES)
-@settings(max_examples=3, deadline=None)
+# two builds a collective by default (the kernel property, fused-channel and direct-mode files run
+# random programs of every collective too); the thorough profile runs ten times as many
+@settings(max_examples=examples(2), deadline=None)
 @given(data=st.data())
 def test_random_programs_with_several_channels_match_the_oracle(collective, data):
     """Random valid programs, K in {2, 3}: uneven counts, every dtype / op, in place and out of
@@ -82,19 +85,24 @@ def test_random_programs_with_several_channels_match_the_oracle(collective, data
 
 
 @needs_gxx
-# float16 and int32 run by default (float32 and bfloat16: the slow set; the one-grid and kernel
-# property tests run every dtype by default too)
-@pytest.mark.parametrize("dtype,k", [pytest.param("float32", 2, marks=pytest.mark.slow), ("float16", 3),
-                                     pytest.param("bfloat16", 2, marks=pytest.mark.slow), ("int32", 3),
-                                     pytest.param("float32", 1, marks=pytest.mark.slow)])   # the comparison
-def test_channels_every_dtype_and_op_uneven_counts(k, dtype):
+# by default float16 with sum and min and int32 with max: every op, a build each (float32, bfloat16
+# and the rest of float16 and int32: the slow set; the one-grid and kernel property tests run every
+# dtype by default too)
+@pytest.mark.parametrize("dtype,k,ops", [pytest.param("float32", 2, OPS, marks=pytest.mark.slow),
+                                         ("float16", 3, ("sum", "min")),
+                                         pytest.param("float16", 3, ("max",), marks=pytest.mark.slow),
+                                         pytest.param("bfloat16", 2, OPS, marks=pytest.mark.slow),
+                                         ("int32", 3, ("max",)),
+                                         pytest.param("int32", 3, ("sum", "min"), marks=pytest.mark.slow),
+                                         pytest.param("float32", 1, OPS, marks=pytest.mark.slow)])   # the comparison
+def test_channels_every_dtype_and_op_uneven_counts(k, dtype, ops):
     """One program with dependencies across TBs (HM AllReduce), every dtype with 2 or 3 channels
     (and one channel for comparison), every op, sizes with remainders (empty, one-element and
     ragged chunks, ragged last slices), in and out of place."""
     from hccc.testing import assert_kernels_match
     ir = with_channels(build_program(gen.hm_allreduce(2, 2), chunk_bytes=128), k)
     assert len(ir.dep_on), "the program must have cross-TB dependencies"
-    assert_kernels_match(ir, dtypes=[dtype], ops=OPS, counts=[0, 1, 5, 4 * 24 + 3, 4 * 96 * 3 + 7],
+    assert_kernels_match(ir, dtypes=[dtype], ops=ops, counts=[0, 1, 5, 4 * 24 + 3, 4 * 96 * 3 + 7],
                          nthreads=2)
 
 

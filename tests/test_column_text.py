@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.interop.column_text import Choice, column_lines
 
 _ints = st.integers(-(10 ** 18), 10 ** 18)
@@ -45,7 +46,7 @@ def _oracle(n, parts) -> list[str]:
 
 
 @given(pieces())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(100), deadline=None)    # the thorough profile: ten times as many
 def test_lines_equal_python_formatting(case):
     n, parts = case
     want = _oracle(n, parts)

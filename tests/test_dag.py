@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.frontend.algorithm import RECV, RRC
 import hccc.compiler.passes.dag as dag_module
 from hccc.compiler.passes import dag_kernel
@@ -35,7 +36,7 @@ def dag_adj(dag) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ property tests
-@settings(max_examples=150)
+@settings(max_examples=examples(100))     # the thorough profile: ten times as many
 @given(programs)
 def test_reachability_equals_naive_relation_and_is_reduced(alg):
     dag = build_dag(alg)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.ir.check import check_structure, load_ir_json
 from hccc.compiler.ir.extents import ExtentError, chunk_anchors, count_unit, same_size, size_witness
 from hccc.compiler.ir.program_ir import Buf, IRFormatError, Op
@@ -167,7 +168,7 @@ def _counts(ir):
     return [u * t for t in range(0, 2 * C + 3)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(100), deadline=None)     # the thorough profile: ten times as many
 @given(random_irs())
 def test_anchors_are_exact_or_the_program_is_refused(ir):
     if ir is None:
@@ -193,7 +194,7 @@ def test_anchors_are_exact_or_the_program_is_refused(ir):
                         assert {int(sz[_slot_chunk(ir, int(p["rank"][i]), b, off + k)])} == moved
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(100), deadline=None)     # the thorough profile: ten times as many
 @given(random_irs(scratch_ok=False))
 def test_without_scratch_refused_exactly_when_sizes_differ(ir):
     if ir is None:

@@ -238,7 +238,9 @@ def check_equivalent(stmts, nsites):
     return "ok"
 
 
-@settings(max_examples=examples(150))
+# most of an example is hypothesis drawing the nested program; the thorough profile runs ten
+# times as many
+@settings(max_examples=examples(100))
 @given(programs())
 def test_vectorised_equals_sequential(prog):
     stmts, nsites = prog
@@ -321,7 +323,7 @@ def prec_exprs(draw, depth=0):
     return f"{a} {op} {b}", f"{pa} {pyop} {pb}"
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(120))     # the thorough profile: ten times as many
 @given(prec_exprs(), st.booleans())
 def test_expression_semantics_match_python(pair, in_loop):
     text, py = pair
@@ -364,7 +366,7 @@ def test_overflow_bound_matches_big_ints(a, b, op, in_loop):
         assert alg.src.dtype == np.int64
 
 
-@settings(max_examples=examples(80))
+@settings(max_examples=examples(50))
 @given(programs(), st.integers(1, 4))
 def test_chunked_expansion_equals_sequential(prog, cap):
     """Big expanded loops run in pieces of CHUNK_ROWS rows; force tiny pieces."""
@@ -378,7 +380,7 @@ def test_chunked_expansion_equals_sequential(prog, cap):
         evaluator.CHUNK_ROWS = old
 
 
-@settings(max_examples=examples(50))
+@settings(max_examples=examples(35))
 @given(programs())
 def test_both_parser_paths_build_one_ast(prog):
     """The fast path of parse_program (the AST built during the lark parse) and the reference path

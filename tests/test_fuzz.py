@@ -27,19 +27,20 @@ def quick_builds(monkeypatch):
 
 
 def test_fuzz_an_example_passes(capsys):
+    # one operator: a kernel build for each (dtype, op) drawn; every operator is the kernel tests'
     rc = main(["fuzz", f"{REPO}/examples/ring_reducescatter_8.rccl", "--examples", "8", "--seed", "3",
-               "--dtypes", "int32,float16", "--json"])
+               "--dtypes", "int32,float16", "--ops", "max", "--json"])
     out = capsys.readouterr().out
     doc = json.loads(out)
     assert rc == 0 and doc["ok"] is True
     assert doc["cases"] == 9                      # the smoke run and 8 random cases
-    assert doc["chunk_bytes"] == 256 and set(doc["dtypes"]) <= {"int32", "float16"}
+    assert doc["chunk_bytes"] == 256 and set(doc["dtypes"]) <= {"int32", "float16"} and doc["ops"] == ["max"]
 
 
 def test_fuzz_text_summary(capsys, tmp_path):
     algo = tmp_path / "ag.rccl"
     algo.write_text(gen.ring_allgather_rccl(3, name="ag3"))
-    rc = main(["fuzz", str(algo), "--examples", "5", "--ops", "sum"])
+    rc = main(["fuzz", str(algo), "--examples", "5", "--ops", "sum", "--dtypes", "int32"])   # one build
     out = capsys.readouterr().out
     assert rc == 0 and out.startswith("hccc fuzz: ag3: 6 cases passed")
 
@@ -96,7 +97,10 @@ def test_fuzz_reports_a_program_that_is_not_its_collective(capsys, tmp_path):
 
 def test_fuzz_runs_an_algorithm_level_msccl_import(capsys):
     """An MSCCL import proven only in MSCCL's algorithm-level order is fuzzed with one micro-batch
-    per chunk (any more and the kernels' task-level order may deadlock it); slices vary otherwise."""
+    per chunk (any more and the kernels' task-level order may deadlock it); slices vary otherwise.
+    Two element sizes and one operator (a kernel build each): the micro-batches depend on the sizes
+    in bytes, not on the operator. Four cases: test_msccl_import's samples run this and the other
+    MSCCL samples at a size the slice would otherwise cut into many micro-batches."""
     xml = Path(__file__).resolve().parent.parent / "examples" / "msccl" / "allreduce_ring_4.xml"
-    assert main(["fuzz", str(xml), "--examples", "8"]) == 0
+    assert main(["fuzz", str(xml), "--examples", "4", "--dtypes", "int32,float16", "--ops", "sum"]) == 0
     assert "cases passed" in capsys.readouterr().out

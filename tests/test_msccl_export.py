@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler.frontend import generators as G
 from hccc.compiler.frontend.collectives import SPECS
@@ -63,7 +64,7 @@ def test_examples_round_trip(path):
 
 @given(valid_programs(SUPPORTED_COLLECTIVES, max_ranks=6), st.sampled_from(["hpds", "rr"]), st.sampled_from(["state", "connection"]),
        st.integers(0, 5))
-@settings(max_examples=40)
+@settings(max_examples=examples(25))     # the thorough profile: ten times as many
 def test_random_programs_round_trip(alg, scheduler, tb_alloc, seed):
     ir = build_program(alg, scheduler=scheduler, tb_alloc=tb_alloc)
     text = export_xml(ir, LEGACY_LIMITS)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.interop.msccl_format import SUPPORTED_COLLECTIVES
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.ir.check import IRFormatError, check_deadlock, check_fifo_order, check_structure, match_connections
@@ -88,7 +89,7 @@ def mutants(draw):
 
 
 @given(mutants())
-@settings(max_examples=150)
+@settings(max_examples=examples(100))     # the thorough profile: ten times as many
 def test_proof_agrees_with_the_reference_executor(case):
     """Proven => every run computes the collective; a value error => some run does not."""
     ir, inplace = case
@@ -229,7 +230,7 @@ def shuffled_programs(draw):
 
 
 @given(shuffled_programs(), st.sampled_from([None, 1, 2, 3]))
-@settings(max_examples=120)
+@settings(max_examples=examples(80))     # the thorough profile: ten times as many
 def test_buffered_deadlock_check_matches_brute_force(ir, capacity):
     try:
         check_structure(ir)

@@ -233,7 +233,7 @@ def _mutate(plan, data) -> str:
     return "none"
 
 
-@settings(max_examples=examples(60))
+@settings(max_examples=examples(40))
 @given(data=st.data())
 def test_every_mutation_the_checker_accepts_runs_right_in_the_interpreter(data):
     texts = corpus()

@@ -4,8 +4,6 @@ byte for byte; errors keep their order (verification first, then the checks, the
 generation) and a failed compile leaves no output directory."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -86,15 +84,15 @@ def test_a_failed_check_writes_nothing_and_wins_over_codegen(tmp_path, monkeypat
     _refused(alg, tmp_path / "o", AssertionError, "the checks failed")
 
 
-def test_timings_say_what_ran_beside(tmp_path):
-    """A program past the threshold, through the command line: ``--timings`` marks the stages."""
+def test_timings_say_what_ran_beside(tmp_path, monkeypatch):
+    """A program past the threshold, through the command line (in this process): ``--timings``
+    marks the stages."""
+    from cli_runs import run_cli
     from hccc.compiler.frontend.generators import hm_allreduce_rccl
     src = tmp_path / "hm.rccl"
     src.write_text(hm_allreduce_rccl(2, 8))
-    code = ("import sys; from hccc.compiler.pipeline import context; context.BESIDE_FROM = 0; "
-            "from hccc.cli import main; sys.exit(main())")
-    r = subprocess.run([sys.executable, "-c", code, str(src), "-o", str(tmp_path / "o"), "--timings"],
-                       capture_output=True, text=True, timeout=300)
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    r = run_cli(src, "-o", tmp_path / "o", "--timings")
     assert r.returncode == 0, r.stderr
     assert "verify" in r.stdout and "(beside schedule+lower, on a second thread)" in r.stdout
     assert "(beside codegen, on a second thread)" in r.stdout

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.cli import main
 from hccc.compiler.backend import table_format as tf
 from hccc.compiler.backend.table_codegen import generate_table
@@ -111,7 +112,9 @@ def test_tables_are_validated_on_load(tmp_path):
 
 @needs_gxx
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "alltoall", "reduce"])
-@settings(max_examples=4)
+# three builds a collective by default (the channel and direct-mode files draw table kernels for
+# random programs too); the thorough profile ten times that
+@settings(max_examples=examples(3))
 @given(data=st.data())
 def test_table_kernels_match_oracle(collective, data):
     """The generic kernels (CPU emulation of the very source the GPUs compile) running random

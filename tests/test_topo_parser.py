@@ -254,12 +254,13 @@ def test_huge_numbers_rejected():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from conftest import examples  # noqa: E402
 
 _ALPHABET = st.sampled_from(list("define nodenum=0123456789.-()[]{},>$#\n") + ["node1", "node2", "switch",
                                                                               "direct", "->", ">->", "=>"])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(150))     # the thorough profile: ten times as many
 @given(st.data())
 def test_mutated_input_never_crashes(data):
     """Any edit of a valid file either parses or fails with a located CompileError, never a traceback."""
@@ -277,7 +278,7 @@ def test_mutated_input_never_crashes(data):
         render(d)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(50))     # the thorough profile: ten times as many
 @given(st.text(max_size=200))
 def test_arbitrary_text_never_crashes(text):
     try:

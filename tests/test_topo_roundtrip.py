@@ -9,6 +9,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from hccc.compiler.cluster.topo_parser import (ClusterSpec, InternodeSpec, LinkSpec, NicSpec, NodeSpec,
                                                 SharedSpec, format_topology, parse_topology)
 
@@ -186,7 +187,7 @@ def size_of(chunk):
     return int(chunk[:-1]) * mult[chunk[-1]] if chunk[-1] in mult else int(chunk)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(40))     # the thorough profile: ten times as many
 @given(cluster_specs())
 def test_roundtrip_matches_spec(spec):
     text = format_topology(spec)

@@ -6,6 +6,7 @@ import collections
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import examples
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header
 from hccc.compiler.passes.verify import VerifyError, verify
@@ -31,7 +32,7 @@ def test_valid_programs_of_one_collective(coll, data):
     assert_implements(alg)
 
 
-@settings(max_examples=250, **SLOW_OK)
+@settings(max_examples=examples(150), **SLOW_OK)     # the thorough profile: ten times as many
 @given(st.data())
 def test_mutants_are_rejected(data):
     alg = data.draw(valid_programs(max_ranks=8, min_ranks=2))

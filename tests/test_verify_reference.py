@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from conftest import examples
 from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
 from hccc.util.diagnostics import Location, SourceFile
 from hccc.compiler.passes.verify import VerifyError, verify
@@ -169,7 +170,8 @@ def random_programs(draw):
     return coll, n, rows, root, k
 
 
-@settings(max_examples=400, deadline=None)
+# the thorough profile runs ten times as many
+@settings(max_examples=examples(250), deadline=None)
 @given(random_programs())
 def test_matches_reference_on_random_programs(prog):
     coll, n, rows, root, k = prog
@@ -191,7 +193,7 @@ def test_matches_reference_on_valid_programs(alg):
     compare(list(alg.rows()), h.collective, h.nranks, root=h.root, k=h.chunks_per_rank)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(130), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_matches_reference_on_mutants(data):
     alg = data.draw(valid_programs(max_ranks=6, min_ranks=2))
@@ -200,7 +202,7 @@ def test_matches_reference_on_mutants(data):
     compare(list(mutant.rows()), h.collective, h.nranks, root=h.root, k=h.chunks_per_rank)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_mutant_then_noise_matches_reference(data):
     """Mutants with an extra random transfer: later errors, cascades, postconditions."""
