@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from torch_ranks import ranks_in_threads
+from torch_ranks import ledgers, ranks_in_threads
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -721,22 +721,6 @@ def test_no_catalog_and_no_environment_runs_on_the_built_in_catalog(tmp_path, mo
 
 
 # ------------------------------------------------------------------------------ the call ledger
-def _ledgers(kind, world):
-    from hccc.torch.ledger import ShmLedger, StoreLedger
-    if kind == "store":
-        store = dist.HashStore()
-        ls = [StoreLedger(store, r, world) for r in range(world)]
-        for led in ls:
-            led.conflict_every_s = 0.0            # every look goes to the store
-        return ls
-    ls = [ShmLedger(r, world) for r in range(world)]
-    for led in ls:
-        led.attach([x.handle for x in ls])
-    for led in ls:
-        led.mapped()
-    return ls
-
-
 _call_texts = st.sampled_from(["allreduce(op=sum, float32, elements 8, cpu)",
                                "allreduce(op=avg, float32, elements 8, cpu)", "barrier(cpu)",
                                "broadcast(float32, elements 8, root 1, cpu)"])
@@ -750,7 +734,7 @@ def test_the_ledger_reports_a_difference_exactly_when_the_calls_differ(kind, cal
     comparison finds a difference exactly when the ranks' texts differ (the oracle: string
     equality), and the text it gives names both calls."""
     from hccc.torch.ledger import CallMismatch, digest
-    ls = _ledgers(kind, 3)
+    ls = ledgers(kind, 3)
     try:
         for seq, texts in enumerate(calls, start=1):
             for led, text in zip(ls, texts):

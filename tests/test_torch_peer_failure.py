@@ -21,6 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from torch_ranks import ledgers  # noqa: E402
+
 #: the groups' timeout, seconds: what a rank not told of its peer's failure waits
 GROUP_TIMEOUT_S = 15.0
 #: what "at once" allows on a loaded host: well under the timeout, well over a call
@@ -145,22 +147,6 @@ def test_a_call_refused_on_one_rank_fails_its_peer_at_once_and_then_the_refusing
 
 
 # ------------------------------------------------------------------------------ failure records
-def _ledgers(kind, world):
-    from hccc.torch.ledger import ShmLedger, StoreLedger
-    if kind == "store":
-        store = dist.HashStore()
-        ls = [StoreLedger(store, r, world) for r in range(world)]
-        for led in ls:
-            led.conflict_every_s = 0.0            # every look goes to the store
-        return ls
-    ls = [ShmLedger(r, world) for r in range(world)]
-    for led in ls:
-        led.attach([x.handle for x in ls])
-    for led in ls:
-        led.mapped()
-    return ls
-
-
 @pytest.mark.parametrize("kind", ["shm", "store"])
 def test_a_failure_record_is_seen_for_its_call_only(kind):
     """Rank 2 records that its call 5 failed (a long, non-ASCII reason); ranks 0 and 1 waiting
@@ -171,7 +157,7 @@ def test_a_failure_record_is_seen_for_its_call_only(kind):
     from hccc.torch.ledger import FAIL_TEXT_BYTES, CallMismatch, digest
     text = "allreduce(op=sum, float32, elements 8, cpu)"
     other = "barrier(cpu)"
-    ls = _ledgers(kind, 3)
+    ls = ledgers(kind, 3)
     try:
         for seq in (4, 5, 6):
             for led in ls:

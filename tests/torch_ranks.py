@@ -391,3 +391,23 @@ def ranks_in_threads(jobs, options=None, timeout_s=20.0, world=None):
     for t in ts:
         t.join(3 * timeout_s)
     return out
+
+
+def ledgers(kind: str, world: int) -> list:
+    """One call ledger per rank of a ``world``-rank group in this process: ``"shm"`` (shared
+    segments each rank attaches to the others') or ``"store"`` (one HashStore, every look going to
+    it), for tests that drive the ledger directly."""
+    import torch.distributed as dist
+    from hccc.torch.ledger import ShmLedger, StoreLedger
+    if kind == "store":
+        store = dist.HashStore()
+        ls = [StoreLedger(store, r, world) for r in range(world)]
+        for led in ls:
+            led.conflict_every_s = 0.0            # every look goes to the store
+        return ls
+    ls = [ShmLedger(r, world) for r in range(world)]
+    for led in ls:
+        led.attach([x.handle for x in ls])
+    for led in ls:
+        led.mapped()
+    return ls
