@@ -196,8 +196,7 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
 def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     """A packing prices its first :data:`PRICED_PLAIN` trees with the numpy formulation and the
     rest compiled: switching at once, or never, gives the very same packing (32 GCDs: both
-    formulations run, the matrices being under the compiled kernel's own threshold; 3 chunks per
-    rank: 69 trees priced, as many ways to differ as 6 chunks' 95 at half the time)."""
+    formulations run, the matrices being under the compiled kernel's own threshold)."""
     pytest.importorskip("numba")
     from hccc.compiler.synth import edmonds_kernel
     from hccc.compiler.synth import trees as tr
@@ -206,7 +205,7 @@ def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     assert net.nranks < edmonds_kernel.MIN_COMPILED_RANKS
     got = {}
     for plain in (0, 10**9):
-        p = tr.pack_trees(net, min_chunks=3, max_chunks=3, options=tr.PackOptions(priced_plain=plain))
+        p = tr.pack_trees(net, min_chunks=6, max_chunks=6, options=tr.PackOptions(priced_plain=plain))
         got[plain] = (p.rounded_time, p.lp_time, [(int(r), tuple(q.tolist()), int(c))
                                                    for r, q, c in zip(p.roots, p.parents, p.counts)])
     assert got[0] == got[10**9]
