@@ -121,6 +121,11 @@ def _pairs_and_groups(net, reverse: bool):
     return pairs, groups
 
 
+#: variables of a flow LP from which HiGHS' interior point (with its crossover: the same optimal
+#: vertex) is used instead of its simplex: one MI250 node's 14,336 variables take 2.5 s of CPU
+#: against 4.6 s, while 30 random clusters of at most 9 GPUs (under 6,000) take 0.7 s against 0.3 s
+FLOW_LP_INTERIOR_POINT_FROM = 10_000
+
 #: flow LPs solved in this process, by their whole input (a pure function of it: several tests
 #: ask for the optimum of one network)
 _FLOW_OPTIMA: dict = {}
@@ -192,7 +197,8 @@ def _solve_flow_optimum(net, sources, nbytes: float, reverse: bool) -> float:
     A_ub = sparse.csr_matrix((ub_v, (ub_r, ub_c)), shape=(row, NV))
     c = np.zeros(NV)
     c[T] = 1.0
-    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(row), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+    method = "highs-ipm" if NV >= FLOW_LP_INTERIOR_POINT_FROM else "highs"
+    res = linprog(c, A_ub=A_ub, b_ub=np.zeros(row), A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method=method)
     assert res.status == 0, res.message
     return float(res.fun)
 
