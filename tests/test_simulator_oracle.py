@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.backend.codegen import analyse
 from hccc.compiler.ir.program_ir import Op
