@@ -180,7 +180,7 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
     no_integral = tr.PackOptions(integral=False)       # the LP's trees only (no integral packing)
     topo = mi250(1)
     net = network_from_topology(topo)
-    best = {rev: optimum(net, rev) for rev in (False, True)}        # each LP solved once (4 s each)
+    best = {rev: optimum(net, rev) for rev in (False, True)}        # one LP (4 s): links alike both ways
     for coll, rev in (("allgather", False), ("reducescatter", True)):
         on = net.transposed() if rev else net
         pk = tr.pack_trees(on, min_chunks=chunks, max_chunks=chunks, options=no_integral)
