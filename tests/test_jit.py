@@ -115,6 +115,7 @@ def test_compiled_for_lowers_its_threshold_only_where_the_cache_is_on_disk(monke
     monkeypatch.setattr(k, "_cached", lambda: True)
     assert k.compiled_for("_twice", 9) is None
     assert k.compiled_for("_twice", 10) == "the compiled _twice"
+    assert k.plain_budget() == 10          # one threshold where cached, for pick's plain budget too
     plain = _toy(min_work=100)
     monkeypatch.setattr(plain, "compiled", lambda: {"_twice": "the compiled _twice"})
     monkeypatch.setattr(plain, "_cached", lambda: True)

@@ -125,8 +125,9 @@ class Kernels:
             raise NameError(f"borrowing kernels {', '.join(sorted(self._borrowed))} must be kernels of "
                             f"{namespace.get('__name__')}, and not parallel ones")
         self.min_work = int(min_work)
-        # :meth:`compiled_for`'s threshold where numba's cache of the kernels is on disk (loading
-        # them costs a fraction of compiling); None: ``min_work`` either way
+        # the threshold where numba's cache of the kernels is on disk (loading them costs a fraction
+        # of compiling); None: ``min_work // CACHED_DIVISOR`` for :meth:`pick` and ``min_work`` for
+        # :meth:`compiled_for` (whose callers' plain versions are faster than the kernels run plain)
         self.cached_min_work = None if cached_min_work is None else int(cached_min_work)
         self._nogil = nogil
         self._compiled: dict[str, Callable] | None = None
@@ -143,8 +144,14 @@ class Kernels:
             return None
         if mode == "numba" or self._compiled is not None:
             return 0
-        limit = self.min_work if not self._cached() else self.min_work // CACHED_DIVISOR
-        return max(0, limit - self._plain_work)
+        return max(0, self._least(self.min_work // CACHED_DIVISOR) - self._plain_work)
+
+    def _least(self, cached_default: int) -> int:
+        """The threshold: ``min_work``, or where numba's cache of the kernels is on disk
+        ``cached_min_work`` (``cached_default`` when that is not given)."""
+        if not self._cached():
+            return self.min_work
+        return cached_default if self.cached_min_work is None else self.cached_min_work
 
     def _cached(self) -> bool:
         """numba's cache index of every kernel is on disk (``<file>.<function>-<line>.py<version>.nbi``
@@ -189,10 +196,7 @@ class Kernels:
         mode = jit_mode()
         if mode == "python" or not have_numba():
             return None
-        least = self.min_work
-        if self.cached_min_work is not None and self._cached():
-            least = self.cached_min_work
-        if mode == "numba" or int(work) >= least:
+        if mode == "numba" or int(work) >= self._least(self.min_work):
             return self.compiled()[name]
         return None
 
