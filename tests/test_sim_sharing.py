@@ -187,12 +187,17 @@ def test_rates_stay_max_min_fair_as_flows_come_and_go(case, private, data):
     st_ = Sharing(caps, routes, private)
     for _ in range(data.draw(st.integers(1, 6))):
         st_.t += data.draw(st.sampled_from([0.0, 1e-6]))    # before any flow could end (1e6 bytes)
-        for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=4, unique=True)):
-            (st_.stop if g in st_.running else st_.start)(g)
-        if st_.running:
-            assert_max_min_fair(caps, routes, st_.share())
-        else:
-            st_.share()
+        _toggle_and_share(st_, caps, routes, data, 4)
+
+
+def _toggle_and_share(st_, caps, routes, data, most: int) -> None:
+    """Start or stop up to ``most`` drawn flows, then share: max-min fair whenever a flow runs."""
+    for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=most, unique=True)):
+        (st_.stop if g in st_.running else st_.start)(g)
+    if st_.running:
+        assert_max_min_fair(caps, routes, st_.share())
+    else:
+        st_.share()
 
 
 @st.composite
@@ -223,12 +228,7 @@ def test_flows_capped_at_many_levels_stay_max_min_fair(case, data):
         st_.start(g)
     assert_max_min_fair(caps, routes, st_.share())
     for _ in range(data.draw(st.integers(1, 4))):
-        for g in data.draw(st.lists(st.integers(0, len(routes) - 1), min_size=1, max_size=3, unique=True)):
-            (st_.stop if g in st_.running else st_.start)(g)
-        if st_.running:
-            assert_max_min_fair(caps, routes, st_.share())
-        else:
-            st_.share()
+        _toggle_and_share(st_, caps, routes, data, 3)
 
 
 def test_a_tie_freezes_every_full_resource_at_its_level():
