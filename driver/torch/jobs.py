@@ -34,6 +34,12 @@ ABANDONED_POLL_S = 0.1
 _DELEGATE_SPIN_S = 1e-3
 
 
+def error_text(exc: BaseException) -> str:
+    """How a rank's failed or refused call is told to its peers: the error's type and message
+    (without hccc's own prefix)."""
+    return f"{type(exc).__name__}: {str(exc).removeprefix('hccc: ') or type(exc).__name__}"
+
+
 def outlive(work, backend) -> None:
     """Hold a delegate's abandoned ``work`` and its ``backend`` on a thread of their own until the
     work ends (at the delegate's timeout at the latest), then drop them there (see the module
@@ -111,9 +117,8 @@ class CallJobs:
         call itself)."""
         if isinstance(exc, CallMismatch):
             return
-        why = str(exc).removeprefix("hccc: ") or type(exc).__name__
         try:
-            self.ledger.fail(seq, f"{type(exc).__name__}: {why}")
+            self.ledger.fail(seq, error_text(exc))
         except Exception:
             pass                        # (a ledger already closed: the group is shut down)
 

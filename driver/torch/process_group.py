@@ -39,9 +39,10 @@ ready once the work completes (this path has not been run on a GPU here).
 Agreement: every rank's calls are numbered, described (kind, torch's op, dtype, counts, root) and
 compared (:mod:`hccc.torch.ledger`): ranks whose calls differ all get a :class:`CallMismatch` at
 once, on any route; so do the peers of a rank whose call failed or was refused before it was
-queued (:meth:`HcccProcessGroup._refused`: the call keeps its number). When the group is made, every input to the choice of algorithm (catalog,
-``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map, version) and every rank's set-up outcome are
-compared: a difference or a failure is an error on every rank naming the ranks. Other failures are
+queued (:meth:`HcccProcessGroup._refused`: the call keeps its number). When the group is made,
+every input to the choice of algorithm (catalog, ``HCCC_CLUSTER``, ``HCCC_TOPOLOGY``, device map,
+version) and every rank's set-up outcome are compared: a difference or a failure is an error on
+every rank naming the ranks. Other failures are
 the Communicator's (a dead rank: an error on every rank within the timeout), surfacing from
 ``wait()``; the delegate gets the group's timeout.
 """
@@ -58,7 +59,7 @@ import torch.distributed as dist
 from hccc.torch.agreement import agree, choice_inputs
 from hccc.torch.capture import CaptureError, capture_active
 from hccc.torch.forms import CallForms, install
-from hccc.torch.jobs import CallJobs
+from hccc.torch.jobs import CallJobs, error_text
 from hccc.torch.ledger import ShmLedger, describe
 from hccc.torch.options import Options, load_catalog, load_cluster, with_detected_topology
 from hccc.torch.routes import ROUTE_CACHE_MAX, choose_route, dtype_name, log_fallback
@@ -199,9 +200,7 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         jobs = getattr(self, "_jobs", None)
         if jobs is None or self._calls_queue.closed or jobs.broken:
             return
-        why = str(exc).removeprefix("hccc: ") or type(exc).__name__
-        self._calls_queue.submit(jobs.refused_job(f"{kind}(refused: {type(exc).__name__}: {why})"),
-                                 None)
+        self._calls_queue.submit(jobs.refused_job(f"{kind}(refused: {error_text(exc)})"), None)
 
     def shutdown(self) -> None:
         """Stop the worker (after the calls already queued) and close the communicators."""
