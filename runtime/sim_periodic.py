@@ -10,7 +10,8 @@ micro-batches (``hccc synth``'s thin slices: 128 a chunk) costs many times one o
 :func:`simulate_periodic` simulates the same call cut to three counts of micro-batches
 (:func:`periodic_samples`, a FIFO's depth apart, the last in the call's phase; the same program,
 slice and chunks, every chunk shortened by whole slices, so each keeps its last, partial slice:
-:func:`cut_geometry`), takes the two periods between them, and where they agree (the part they
+:func:`cut_geometry`; three independent simulations, side by side on threads where they are large,
+:func:`hccc.runtime.simulator.side_by_side`), takes the two periods between them, and where they agree (the part they
 extrapolate uncertain by at most :data:`PERIODIC_TOLERANCE` of the time) returns ``T(M2)`` plus
 the whole periods from ``M2`` to ``M``. Where they do not,
 or where the call has too few micro-batches for the samples to save work
@@ -20,6 +21,7 @@ at 64 GPUs without symmetry*) and by ``tests/test_sim_periodic.py`` on random pr
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,7 +99,7 @@ def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | No
     takes them (``deadline``: every simulation of it runs by
     :func:`~hccc.runtime.simulator.simulate_by`, ending by that work-clock time or raising
     :class:`~hccc.runtime.simulator.SimulationStopped`)."""
-    from hccc.runtime.simulator import _call_geometry, prepare, simulate, simulate_by
+    from hccc.runtime.simulator import SIDE_BY_SIDE_UNITS, _call_geometry, prepare, side_by_side, simulate, simulate_by
 
     def run(**k):
         if deadline is None:
@@ -111,11 +113,17 @@ def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | No
     if kw.get("execution", "task") != "task" or geo.nmb < least_ratio * (m0 + m1 + m2):
         whole = run(slice_bytes=slice_bytes)
         return PeriodicTime(whole.time_s, geo.nmb, (geo.nmb,), (whole.time_s,), False, whole.events)
-    times, events = [], 0
-    for m in (m0, m1, m2):
-        r = run(call_geometry=(cut_geometry(geo, m), slice_b))
-        times.append(r.time_s)
-        events += r.events
+    def sample(m: int):
+        return run(call_geometry=(cut_geometry(geo, m), slice_b))
+
+    samples = (m0, m1, m2)
+    if int(prog.p_cnt.sum()) * (m0 + m1 + m2) >= SIDE_BY_SIDE_UNITS:
+        # three independent simulations: side by side, the longest first
+        done = side_by_side([functools.partial(sample, m) for m in reversed(samples)])[::-1]
+    else:
+        done = [sample(m) for m in samples]
+    times = [r.time_s for r in done]
+    events = sum(r.events for r in done)
     # one period is ``nslots`` micro-batches; the call is a whole number of them past the last sample
     p1, p2 = times[1] - times[0], times[2] - times[1]
     periods = (geo.nmb - m2) // nslots

@@ -43,6 +43,8 @@ What is simulated (the semantics of the generated kernels, ``templates/common/hc
 """
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -423,6 +425,29 @@ def simulate_sizes(program: ProgramIR | SimProgram, topo: Topology, sizes, *,
 SIDE_BY_SIDE_UNITS = 1_000_000
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def side_by_side(calls) -> list:
+    """The results of the callables ``calls``, run side by side on threads (the compiled event
+    loop releases the GIL), at most :func:`usable_cpus` at once, the first ones first (put the
+    longest first); in order, the first exception raised once every call has ended. One call, or
+    one CPU: run here, one after the other."""
+    calls = list(calls)
+    workers = min(len(calls), usable_cpus())
+    if workers <= 1:
+        return [c() for c in calls]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hccc-sim") as pool:
+        futures = [pool.submit(c) for c in calls]
+    return [f.result() for f in futures]
+
+
 def _units(prog: SimProgram, nbytes: int) -> int:
     """Slices one :func:`simulate` of ``prog`` at ``nbytes`` processes (auto slice)."""
     comm = (prog.p_flags & (eng.F_SEND | eng.F_RECV)) > 0
@@ -463,10 +488,8 @@ class SimulatedCost(CostModel):
             return simulate_sizes(prog, self.topo, self.sizes)
 
         big = max(self.sizes, default=0)
-        if len(progs) > 1 and all(_units(p, big) >= SIDE_BY_SIDE_UNITS for p in progs):
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(max_workers=len(progs), thread_name_prefix="hccc-sim") as pool:
-                results = list(pool.map(run, progs))
+        if all(_units(p, big) >= SIDE_BY_SIDE_UNITS for p in progs):
+            results = side_by_side([functools.partial(run, p) for p in progs])
         else:
             results = [run(p) for p in progs]
         for ir, prog, res in zip(irs, progs, results):

@@ -422,3 +422,45 @@ def test_a_cache_in_numba_cache_dir_counts_as_cached(tmp_path):
     assert look("a") is True
     assert look("b") is False
     assert not (tmp_path / "__pycache__").exists() or not list((tmp_path / "__pycache__").glob("*.nbi"))
+
+
+class _FakeDispatcher:
+    """Stands in for a numba dispatcher whose cache lives in ``where``: it records the signature
+    it was compiled for, and on each call whether the compile lock file was free then."""
+
+    def __init__(self, where):
+        import types
+        self._cache = types.SimpleNamespace(_cache_path=str(where))
+        self.py_func = types.SimpleNamespace(__qualname__="fake_kernel")
+        self.compiled_for = []
+        self.lock_free_in_call = []
+
+    def compile(self, sig):
+        self.compiled_for.append(sig)
+
+    def __call__(self, *args):
+        import fcntl
+        import os
+        fd = os.open(os.path.join(self._cache._cache_path, "fake_kernel.hccc-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.lock_free_in_call.append(True)
+        except OSError:
+            self.lock_free_in_call.append(False)
+        finally:
+            os.close(fd)
+        return sum(args)
+
+
+@needs_numba
+def test_the_compile_lock_is_held_for_the_compile_not_the_run(tmp_path):
+    """A kernel's first call compiles it for the call's argument types under the lock, then runs
+    it with the lock released, so that threads of one process running a kernel side by side (the
+    simulator's periodic samples) wait for its load, not for each other's work. Before, the whole
+    first call ran under the lock (the call found the lock held)."""
+    from hccc.util.jit import _OneCompiler
+    fake = _FakeDispatcher(tmp_path)
+    kernel = _OneCompiler(fake)
+    assert kernel(1, 2) == 3 and kernel(3, 4) == 7
+    assert len(fake.compiled_for) == 1 and len(fake.compiled_for[0]) == 2     # once, for both arguments
+    assert fake.lock_free_in_call == [True, True]

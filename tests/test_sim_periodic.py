@@ -100,6 +100,52 @@ def test_a_call_of_few_micro_batches_is_simulated_whole():
     assert found.time_s == simulate(prog, topo, nbytes, slice_bytes=None).time_s
 
 
+def test_the_samples_side_by_side_are_the_samples_one_after_the_other(monkeypatch):
+    """The three samples of a large call run side by side on threads (here from any size, on
+    three CPUs), and give what they give one after the other, exactly: each is its own simulation."""
+    import hccc.runtime.simulator as sim
+    from hccc.compiler.pipeline import load_algorithm, load_cluster
+    topo = load_cluster(CLUSTERS / "a100_topo1.topo")
+    prog = prepare(build_program(load_algorithm(EXAMPLES / "direct_allgather_8.rccl")), topo)
+    nbytes = prog.nchunks * 4096 * 60
+    monkeypatch.setattr(sim, "SIDE_BY_SIDE_UNITS", 0)
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 1)
+    alone = simulate_periodic(prog, topo, nbytes, slice_bytes=4096)
+    threads = []
+    real = sim.side_by_side
+
+    def recording(calls):
+        import threading
+        calls = list(calls)
+        threads.append(len(calls))
+        return real([lambda c=c: (threading.get_ident(), c())[1] for c in calls])
+
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(sim, "side_by_side", recording)
+    together = simulate_periodic(prog, topo, nbytes, slice_bytes=4096)
+    assert threads == [3] and alone.extrapolated
+    assert together == alone
+
+
+def test_side_by_side_keeps_the_order_and_raises_the_first_failure(monkeypatch):
+    import hccc.runtime.simulator as sim
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 2)
+    assert sim.side_by_side([lambda i=i: i * i for i in range(5)]) == [0, 1, 4, 9, 16]
+    ended = []
+
+    def fails(what):
+        def call():
+            ended.append(what)
+            raise ValueError(what)
+        return call
+
+    with pytest.raises(ValueError, match="first"):
+        sim.side_by_side([lambda: 1, fails("first"), fails("second")])
+    assert sorted(ended) == ["first", "second"]          # every call ran to its end
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 1)
+    assert sim.side_by_side([lambda: 7]) == [7]
+
+
 def test_a_latency_bound_pipeline_is_extrapolated_by_whole_fifo_periods():
     """Two ranks over links of 6 us latency, 256-byte slices: the FIFO's 8 slots set the pace,
     one round trip each 8 micro-batches (a staircase, no even period); the samples land in the

@@ -236,12 +236,13 @@ class Kernels:
 
 
 class _OneCompiler:
-    """A compiled twin whose first call in this process (where numba compiles it, or loads it from
-    its cache) holds a lock file beside numba's cache of it, so that processes starting together
-    (the ranks of a job, the workers of a test run) compile each kernel once: the others wait,
-    then load what the first one wrote (numba reads its cache index when it compiles). Every
-    later call goes straight to the dispatcher; without a lock (no cache directory, no ``flock``)
-    the first call runs unlocked, as numba alone would."""
+    """A compiled twin whose first call in this process compiles it for the call's argument types
+    (or loads it from numba's cache) holding a lock file beside numba's cache of it, so that
+    processes starting together (the ranks of a job, the workers of a test run) compile each
+    kernel once: the others wait, then load what the first one wrote (numba reads its cache index
+    when it compiles). The call itself runs after the lock is released, and every later call goes
+    straight to the dispatcher; without a lock (no cache directory, no ``flock``) the first
+    compile runs unlocked, as numba alone would."""
 
     __slots__ = ("dispatcher", "_first")
 
@@ -250,12 +251,19 @@ class _OneCompiler:
         self._first = True
 
     def __call__(self, *args, **kwargs):
-        if not self._first:
-            return self.dispatcher(*args, **kwargs)
-        with _compile_lock(self.dispatcher):
-            out = self.dispatcher(*args, **kwargs)
-        self._first = False
-        return out
+        if self._first:
+            if kwargs:          # numba types keyword calls itself: compiled by the call, under the lock
+                with _compile_lock(self.dispatcher):
+                    out = self.dispatcher(*args, **kwargs)
+                self._first = False
+                return out
+            import numba
+            # only the compile (or the load) holds the lock, not the run: threads of this process
+            # simulating side by side wait for each other's load, not for each other's work
+            with _compile_lock(self.dispatcher):
+                self.dispatcher.compile(tuple(numba.typeof(a) for a in args))
+            self._first = False
+        return self.dispatcher(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.dispatcher, name)
