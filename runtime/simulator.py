@@ -316,7 +316,7 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
         link_busy=np.asarray(res_busy[:L]), events=int(counters[0]), wall_s=wall,
         timeline=timeline,
         stats={"instants": int(counters[3]), "share_components": int(counters[1]),
-               "share_classes": int(counters[2])},
+               "share_classes": int(counters[2]), "shares_skipped": int(counters[4])},
         slice_bytes=int(slice_b), slot_bytes=int(prog.chunk_bytes))
 
 
