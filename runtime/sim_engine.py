@@ -37,7 +37,10 @@ are brought up to the time of the change in one pass, without reordering). All e
 instant are processed before bandwidth shares are recomputed, once per part (a connected
 component of the shared resources over all the program's classes) touched: progressive filling
 over classes, max-min fair, over the part's lists of classes with members (:func:`_share`). A
-unit of work is an event or a class re-shared.
+part whose count changes leave every full resource as it was and every other below its capacity
+keeps its rates (:func:`_needs_share`); another is filled again only from the least level the
+changes reach (:func:`_refill_level`), the classes frozen below it keeping their rates. A unit
+of work is an event or a class re-shared (one that rose in a filling).
 """
 from __future__ import annotations
 
