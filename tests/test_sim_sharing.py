@@ -1,4 +1,4 @@
-"""The simulator's bandwidth sharing (``sim_engine._share``) against the definition of max-min
+"""The simulator's bandwidth sharing (``sim_share._share``) against the definition of max-min
 fairness, not against another filling: an allocation is max-min fair exactly when it is feasible
 (no resource carries more than its capacity) and every flow has a *bottleneck*, a resource on its
 route that is full and on which no flow runs faster than it. Random flows over random shared
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime import sim_engine as eng
+from hccc.runtime import sim_share
 from hccc.runtime import sim_model
 from hccc.runtime.simulator import prepare, simulate
 
@@ -53,8 +54,8 @@ class Sharing:
         self.busy_t0, self.busy = np.zeros(R), np.zeros(R)
         self.hkey, self.hitem = np.empty(NCL), np.empty(NCL, np.int64)
         self.hpos, self.hn = np.full(NCL, -1, np.int64), np.zeros(1, np.int64)
-        self.parts = part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = eng._parts(R, NCL, cls.ptr, cls.sh)
-        self.sh_slot, self.slot_ptr, self.slot_cap = eng._slots(NCL, cls.ptr, cls.sh, self.res_cap, part_of,
+        self.parts = part_of, part_res_ptr, part_res, part_cls_ptr, part_cls = sim_share._parts(R, NCL, cls.ptr, cls.sh)
+        self.sh_slot, self.slot_ptr, self.slot_cap = sim_share._slots(NCL, cls.ptr, cls.sh, self.res_cap, part_of,
                                                                 part_res_ptr, part_res)
         nparts, nslots, nsh = len(part_cls_ptr) - 1, len(part_res), len(cls.sh)
         # the lists of classes with members (the engine's ``_cls_on``/``_cls_off`` keep them)
@@ -104,11 +105,11 @@ class Sharing:
         part_of, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, _ = self.lists
         nslots, nparts = len(slot_n), len(pact_n)
         chg, chg_n, chg_old, chg_mark = self.chg
-        nfull = eng._needs_share(self.dirty, int(self.dirty_n[0]), chg, int(chg_n[0]), chg_old, self.cls_n,
+        nfull = sim_share._needs_share(self.dirty, int(self.dirty_n[0]), chg, int(chg_n[0]), chg_old, self.cls_n,
                                  self.cls_rate, self.cls.ptr, sh_slot, self.slot_part, self.slot_use, self.slot_sat,
                                  self.slot_cap, np.zeros(nslots), np.empty(nslots, np.int64),
                                  np.zeros(nslots, np.int64), np.zeros(nparts, np.int64), self.epoch, self.counters)
-        eng._share(self.t, self.dirty, nfull, self.res_n, self.cls.ptr, self.cls.cap, self.cls_n,
+        sim_share._share(self.t, self.dirty, nfull, self.res_n, self.cls.ptr, self.cls.cap, self.cls_n,
                    self.cls_rate, self.cls_vt, self.mkey, self.mn, self.moff, self.parts[1], self.parts[2],
                    part_cls_ptr, self.slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
                    np.empty(nslots, np.int64), np.zeros(nslots), np.zeros(nslots, np.int64),
@@ -444,7 +445,7 @@ def test_parts_are_the_connected_components_of_the_classes(case):
     R, lists = case
     ptr = np.r_[0, np.cumsum([len(x) for x in lists])].astype(np.int64)
     sh = np.asarray([r for x in lists for r in sorted(x)], np.int64)
-    part_of, res_ptr, res, cls_ptr, cls = eng._parts(R, len(lists), ptr, sh)
+    part_of, res_ptr, res, cls_ptr, cls = sim_share._parts(R, len(lists), ptr, sh)
     g = nx.Graph()
     for c, x in enumerate(lists):
         g.add_nodes_from(("r", r) for r in x)
