@@ -246,7 +246,7 @@ def _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
 def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, part_of, sh_slot,
                 slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
                 res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey, mitem, mpos, mn, moff, retime, retime_n,
-                in_retime, dirty, dirty_n, dirty_mark, dirty_epoch, chg, chg_n, chg_old, chg_mark):
+                in_retime, dirty, dirty_n, dirty_mark, dirty_epoch):
     """Start TB g's flow of ``nbytes`` over resources ``res_ids[lo:hi]`` (``red``: a reduction's,
     on ``rank_cres``) at time t; ``c`` is its class. Every resource counts the flow (busy time,
     and ``res_n`` is how many flows a shared resource's filling divides); the class gains a
@@ -263,11 +263,9 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, c
         res_n[r] += 1
         if res_n[r] == 1:
             res_busy_t0[r] = t
-    a = cls_ptr[c]
-    if a < cls_ptr[c + 1]:
-        _note_count(c, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
     cls_n[c] += 1
     _member_join(g, c, nbytes, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n, in_retime)
+    a = cls_ptr[c]
     if a < cls_ptr[c + 1]:
         if cls_n[c] == 1:
             _cls_on(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos,
@@ -277,7 +275,7 @@ def _flow_start(g, c, res_ids, lo, hi, red, nbytes, t, cls_ptr, cls_sh, cls_n, c
 
 def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr, slot_cls, slot_inc,
                slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n, res_busy_t0, res_busy, fl_cls, fl_lo,
-               fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch, chg, chg_n, chg_old, chg_mark):
+               fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch):
     """TB g's ended flow leaves its resources and its class (and the class its lists when it
     has no member left: :func:`_cls_off`); its part is listed for the share."""
     for k in range(fl_lo[g], fl_hi[g]):
@@ -286,10 +284,8 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_s
         if res_n[r] == 0:
             res_busy[r] += t - res_busy_t0[r]
     c = fl_cls[g]
-    a = cls_ptr[c]
-    if a < cls_ptr[c + 1]:
-        _note_count(c, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
     cls_n[c] -= 1
+    a = cls_ptr[c]
     if a < cls_ptr[c + 1]:
         if cls_n[c] == 0:
             _cls_off(c, cls_ptr, part_of, cls_sh, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos,
@@ -447,6 +443,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     chg_n = np.zeros(1, np.int64)
     chg_old = np.zeros(NCL, np.int64)
     chg_mark = np.zeros(NCL, np.int64)
+    chg_next = np.empty(NCL, np.int64)
+    part_head = np.full(NPART, -1, np.int64)
     # a flow that ended at t stays on its resources until the worklist of t is done: the TB's next
     # flow over the same resources (``fl_key``: the link, or -1 - rank for a reduction) takes it
     # over at the same rate without a re-share (the set of flows, hence max-min, is unchanged)
@@ -626,18 +624,19 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                             _member_join(g, fl_cls[g], nb, t, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
                                          retime, retime_n, in_retime)
                             break
+                        _note_count(fl_cls[g], cls_ptr, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
                         _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr,
                                    slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
                                    res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
-                                   dirty_epoch, chg, chg_n, chg_old, chg_mark)
+                                   dirty_epoch)
                     fl_key[g] = key
                     red = nph == 1
                     ids = rank_cres if red else link_res
+                    _note_count(c, cls_ptr, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
                     _flow_start(g, c, ids, lo, hi, red, nb, t, cls_ptr, cls_sh, cls_n, cls_rate, cls_vt, part_of,
                                 sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n,
                                 cls_ppos, res_n, res_busy_t0, fl_cls, fl_lo, fl_hi, fl_red, fl_start, mkey, mitem,
-                                mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch,
-                                chg, chg_n, chg_old, chg_mark)
+                                mpos, mn, moff, retime, retime_n, in_retime, dirty, dirty_n, dirty_mark, dirty_epoch)
                     break
                 # ---- the unit is complete; the message with the primitive's last chunk
                 last = i + 1 == pr[p, PR_CNT]
@@ -698,21 +697,21 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             g = pend[q]
             if fl_pend[g]:
                 fl_pend[g] = False
+                _note_count(fl_cls[g], cls_ptr, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
                 _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr, slot_cls,
                            slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n, res_busy_t0,
-                           res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch,
-                           chg, chg_n, chg_old, chg_mark)
+                           res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark, dirty_epoch)
         pn = 0
         # ============================================ bandwidth shares for what changed at t
         if dirty_n[0] > 0:
-            nfull = _needs_share(dirty, dirty_n[0], chg, chg_n[0], chg_old, cls_n, cls_rate, cls_ptr, sh_slot,
-                                 slot_part, slot_use, slot_sat, slot_cap, du, touched, touch_mark, full_mark,
-                                 dirty_epoch, counters)
+            nfull = _needs_share(dirty, dirty_n[0], chg, chg_n[0], chg_next, part_head, chg_old, cls_n, cls_rate,
+                                 cls_ptr, sh_slot, slot_part, slot_use, slot_sat, slot_cap, du, touched, touch_mark,
+                                 full_mark, dirty_epoch, counters)
             _share(t, dirty, nfull, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff,
                    part_res_ptr, part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
                    comp_res, rem, cnt, rise, rising, stack, retime, retime_n, in_retime, slot_use, slot_sat,
-                   slot_part, fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, chg, chg_n[0], chg_old, chg_mark,
-                   dirty_epoch, sx, sn, counters)
+                   slot_part, fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, chg, chg_next, part_head, chg_old,
+                   chg_mark, dirty_epoch, sx, sn, counters)
             dirty_n[0] = 0
             chg_n[0] = 0
             dirty_epoch += 1
@@ -748,10 +747,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     pend[pn] = g
                     pn += 1
                 else:
+                    _note_count(fl_cls[g], cls_ptr, cls_n, chg, chg_n, chg_old, chg_mark, dirty_epoch)
                     _flow_stop(g, t, link_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_slot, slot_ptr,
                                slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, cls_ppos, res_n,
                                res_busy_t0, res_busy, fl_cls, fl_lo, fl_hi, fl_red, dirty, dirty_n, dirty_mark,
-                               dirty_epoch, chg, chg_n, chg_old, chg_mark)
+                               dirty_epoch)
                 tb_busy[g] += t - fl_start[g]
                 if g < rec_lim:
                     rec_tb[nrec] = g

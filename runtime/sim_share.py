@@ -28,18 +28,19 @@ SATURATED = 1e-12
 FREE_SLACK = 1e-9
 
 
-def _note_count(c, cls_n, chg, chg_n, chg_old, chg_mark, epoch):
-    """Class ``c``'s count of flows is about to change: its count before this instant is kept
-    (once an instant, ``epoch``) and the class listed for :func:`_needs_share`."""
-    if chg_mark[c] != epoch:
+def _note_count(c, cls_ptr, cls_n, chg, chg_n, chg_old, chg_mark, epoch):
+    """Class ``c``'s count of flows is about to change (a flow of it starts or stops): where it has
+    shared resources, its count before this instant is kept (once an instant, ``epoch``) and the
+    class listed for :func:`_needs_share`."""
+    if cls_ptr[c] < cls_ptr[c + 1] and chg_mark[c] != epoch:
         chg_mark[c] = epoch
         chg_old[c] = cls_n[c]
         chg[chg_n[0]] = c
         chg_n[0] += 1
 
 
-def _needs_share(dirty, ndirty, chg, nchg, chg_old, cls_n, cls_rate, cls_ptr, sh_slot, slot_part, slot_use,
-                 slot_sat, slot_cap, du, touched, touch_mark, full_mark, epoch, counters):
+def _needs_share(dirty, ndirty, chg, nchg, chg_next, part_head, chg_old, cls_n, cls_rate, cls_ptr, sh_slot, slot_part,
+                 slot_use, slot_sat, slot_cap, du, touched, touch_mark, full_mark, epoch, counters):
     """Keep in ``dirty[:ndirty]`` only the parts whose rates the counts changed at this instant
     (``chg[:nchg]``, with their counts before it) may change, and return how many; the others
     keep their rates, and their shared resources' use (``slot_use``) is brought up to date.
@@ -52,7 +53,12 @@ def _needs_share(dirty, ndirty, chg, nchg, chg_old, cls_n, cls_rate, cls_ptr, sh
     defines the max-min rates (each class at its cap or the largest on a full resource it uses).
     Most instants of a tree program only move flows between classes of equal rate, or change flows
     on resources with room left: the held-out 64-GPU AllReduce's simulation changed no rate in 82 %
-    of its shares (docs/measurements.md)."""
+    of its shares (docs/measurements.md).
+
+    The classes whose counts changed are linked per part for :func:`_share` (from
+    ``part_head[p]``, on through ``chg_next``, as places in ``chg``)."""
+    for d in range(ndirty):
+        part_head[dirty[d]] = -1
     nt = 0
     for q in range(nchg):
         c = chg[q]
@@ -61,8 +67,11 @@ def _needs_share(dirty, ndirty, chg, nchg, chg_old, cls_n, cls_rate, cls_ptr, sh
         if old == new:
             continue
         a = cls_ptr[c]
+        p = slot_part[sh_slot[a]]
+        chg_next[q] = part_head[p]
+        part_head[p] = q
         if old == 0:
-            full_mark[slot_part[sh_slot[a]]] = epoch
+            full_mark[p] = epoch
             continue
         d = (new - old) * cls_rate[c]
         for j in range(a, cls_ptr[c + 1]):
@@ -214,7 +223,7 @@ def _fill_level(k, L, slot_ptr, slot_cls, slot_n, slot_cap, cls_n, cls_rate, chg
     return lv if lv < L else L
 
 
-def _refill_level(p, chg, nchg, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_cap, cls_ptr, sh_slot, slot_part,
+def _refill_level(p, chg, chg_next, part_head, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_cap, cls_ptr, sh_slot,
                   slot_ptr, slot_cls, slot_n, slot_cap, sx, sn):
     """The level from which part ``p``'s filling may differ from its last one after the count
     changes of this instant (:func:`_share`): the least of the changed classes' rates and caps and
@@ -223,18 +232,19 @@ def _refill_level(p, chg, nchg, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_c
     touch fills), so every class frozen below it keeps its rate. 0.0: a changed class without a
     rate bounds it."""
     L = _INF
-    for q in range(nchg):
+    q = part_head[p]
+    while q >= 0:
         c = chg[q]
-        old = chg_old[c]
-        if old == cls_n[c] or slot_part[sh_slot[cls_ptr[c]]] != p:
-            continue
+        q = chg_next[q]
         if cls_cap[c] < L:
             L = cls_cap[c]
-        if old > 0 and cls_rate[c] < L:
+        if chg_old[c] > 0 and cls_rate[c] < L:
             L = cls_rate[c]
-    for q in range(nchg):
+    q = part_head[p]
+    while q >= 0:
         c = chg[q]
-        if cls_n[c] <= chg_old[c] or slot_part[sh_slot[cls_ptr[c]]] != p:
+        q = chg_next[q]
+        if cls_n[c] <= chg_old[c]:
             continue
         for j in range(cls_ptr[c], cls_ptr[c + 1]):
             lv = _fill_level(sh_slot[j], L, slot_ptr, slot_cls, slot_n, slot_cap, cls_n, cls_rate, chg_old, chg_mark,
@@ -247,7 +257,7 @@ def _refill_level(p, chg, nchg, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_c
 def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff, part_res_ptr,
            part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n, comp_res, rem, cnt,
            rise, rising, stack, retime, retime_n, in_retime, slot_use, slot_sat, slot_part, fill_res, smark, ord_cls,
-           ord_rate, ord_n, cls_opos, chg, nchg, chg_old, chg_mark, epoch, sx, sn, counters):
+           ord_rate, ord_n, cls_opos, chg, chg_next, part_head, chg_old, chg_mark, epoch, sx, sn, counters):
     """Max-min fair rates (progressive filling) on every dirty part (``dirty[:ndirty]``); a class
     whose rate changes has its members brought up to t and is listed for re-timing
     (:func:`_retime`). A *part* is a connected component of the shared resources and the classes
@@ -298,8 +308,8 @@ def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, m
         L0 = 0.0
         split = 0
         if ord_n[p] > 0:
-            L0 = _refill_level(p, chg, nchg, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_cap, cls_ptr, sh_slot,
-                               slot_part, slot_ptr, slot_cls, slot_n, slot_cap, sx, sn)
+            L0 = _refill_level(p, chg, chg_next, part_head, chg_old, chg_mark, epoch, cls_n, cls_rate, cls_cap, cls_ptr,
+                               sh_slot, slot_ptr, slot_cls, slot_n, slot_cap, sx, sn)
         if L0 > 0.0:
             lo = 0
             hi = ord_n[p]
@@ -318,9 +328,11 @@ def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, m
                     rise[c] = stamp
                     rising[nrising] = c
                     nrising += 1
-            for q in range(nchg):
+            q = part_head[p]
+            while q >= 0:
                 c = chg[q]
-                if cls_n[c] > 0 and rise[c] != stamp and slot_part[sh_slot[cls_ptr[c]]] == p:
+                q = chg_next[q]
+                if cls_n[c] > 0 and rise[c] != stamp:
                     rise[c] = stamp
                     rising[nrising] = c
                     nrising += 1
@@ -357,11 +369,18 @@ def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, m
                         arg = k
         else:
             # ---- from L0: the rising classes' resources, with what the classes below L0 leave
-            # (the classes changed at this instant that lost every member leave their old use too)
-            for q in range(nrising + nchg):
-                c = rising[q] if q < nrising else chg[q - nrising]
-                if q >= nrising and (cls_n[c] > 0 or slot_part[sh_slot[cls_ptr[c]]] != p):
-                    continue
+            # (the classes changed at this instant that lost every member, listed after the
+            # rising ones, leave their old use too)
+            nleft = nrising
+            q = part_head[p]
+            while q >= 0:
+                c = chg[q]
+                q = chg_next[q]
+                if cls_n[c] == 0:
+                    rising[nleft] = c
+                    nleft += 1
+            for q in range(nleft):
+                c = rising[q]
                 old = chg_old[c] if chg_mark[c] == epoch else cls_n[c]
                 used = old * cls_rate[c] if old > 0 else 0.0
                 for j in range(cls_ptr[c], cls_ptr[c + 1]):

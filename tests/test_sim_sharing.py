@@ -77,11 +77,12 @@ class Sharing:
         self.running: set[int] = set()
 
     def start(self, g: int, nbytes: float = 1e6) -> None:
+        sim_share._note_count(self.cls.route_cls[g], self.cls.ptr, self.cls_n, *self.chg, self.epoch)
         eng._flow_start(g, self.cls.route_cls[g], self.flat, self.ptr[g], self.ptr[g + 1], False, nbytes, self.t,
                         self.cls.ptr, self.cls.sh, self.cls_n, self.cls_rate, self.cls_vt, *self.lists,
                         self.res_n, self.busy_t0, *self.fl,
                         self.fl_start, self.mkey, self.mitem, self.mpos, self.mn, self.moff, self.retime,
-                        self.retime_n, self.in_retime, self.dirty, self.dirty_n, self.dirty_mark, self.epoch, *self.chg)
+                        self.retime_n, self.in_retime, self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
         self.running.add(g)
 
     def stop(self, g: int) -> None:
@@ -94,9 +95,10 @@ class Sharing:
         eng._heap_set(self.hkey, self.hitem, self.hpos, self.hn, 0, 0, c, nxt)
         if not self.mn[c]:
             assert eng._heap_pop(self.hkey, self.hitem, self.hpos, self.hn, 0, 0) == c
+        sim_share._note_count(c, self.cls.ptr, self.cls_n, *self.chg, self.epoch)
         eng._flow_stop(g, self.t, self.flat, self.flat, self.cls.ptr, self.cls.sh, self.cls_n, *self.lists,
                        self.res_n, self.busy_t0, self.busy, *self.fl,
-                       self.dirty, self.dirty_n, self.dirty_mark, self.epoch, *self.chg)
+                       self.dirty, self.dirty_n, self.dirty_mark, self.epoch)
         self.running.discard(g)
 
     def share(self) -> dict[int, float]:
@@ -105,8 +107,10 @@ class Sharing:
         part_of, sh_slot, slot_ptr, slot_cls, slot_inc, slot_n, inc_pos, part_cls_ptr, pact, pact_n, _ = self.lists
         nslots, nparts = len(slot_n), len(pact_n)
         chg, chg_n, chg_old, chg_mark = self.chg
-        nfull = sim_share._needs_share(self.dirty, int(self.dirty_n[0]), chg, int(chg_n[0]), chg_old, self.cls_n,
-                                 self.cls_rate, self.cls.ptr, sh_slot, self.slot_part, self.slot_use, self.slot_sat,
+        chg_next, part_head = np.empty(self.NCL, np.int64), np.full(nparts, -1, np.int64)
+        nfull = sim_share._needs_share(self.dirty, int(self.dirty_n[0]), chg, int(chg_n[0]), chg_next, part_head,
+                                 chg_old, self.cls_n, self.cls_rate, self.cls.ptr, sh_slot, self.slot_part,
+                                 self.slot_use, self.slot_sat,
                                  self.slot_cap, np.zeros(nslots), np.empty(nslots, np.int64),
                                  np.zeros(nslots, np.int64), np.zeros(nparts, np.int64), self.epoch, self.counters)
         sim_share._share(self.t, self.dirty, nfull, self.res_n, self.cls.ptr, self.cls.cap, self.cls_n,
@@ -115,7 +119,7 @@ class Sharing:
                    np.empty(nslots, np.int64), np.zeros(nslots), np.zeros(nslots, np.int64),
                    self.rise, np.empty(self.NCL, np.int64), np.empty(nslots, np.int64), self.retime,
                    self.retime_n, self.in_retime, self.slot_use, self.slot_sat, self.slot_part,
-                   np.empty(nslots, np.int64), self.smark, *self.order, chg, int(chg_n[0]), chg_old, chg_mark,
+                   np.empty(nslots, np.int64), self.smark, *self.order, chg, chg_next, part_head, chg_old, chg_mark,
                    self.epoch, np.empty(self.NCL), np.empty(self.NCL, np.int64), self.counters)
         self.dirty_n[0] = 0
         chg_n[0] = 0
