@@ -707,11 +707,12 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             nfull = _needs_share(dirty, dirty_n[0], chg, chg_n[0], chg_next, part_head, chg_old, cls_n, cls_rate,
                                  cls_ptr, sh_slot, slot_part, slot_use, slot_sat, slot_cap, du, touched, touch_mark,
                                  full_mark, dirty_epoch, counters)
-            _share(t, dirty, nfull, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff,
-                   part_res_ptr, part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact, pact_n,
-                   comp_res, rem, cnt, rise, rising, stack, retime, retime_n, in_retime, slot_use, slot_sat,
-                   slot_part, fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, chg, chg_next, part_head, chg_old,
-                   chg_mark, dirty_epoch, sx, sn, counters)
+            if nfull > 0:
+                _share(t, dirty, nfull, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, mkey, mn, moff,
+                       part_res_ptr, part_res, part_cls_ptr, slot_cap, sh_slot, slot_ptr, slot_cls, slot_n, pact,
+                       pact_n, comp_res, rem, cnt, rise, rising, stack, retime, retime_n, in_retime, slot_use,
+                       slot_sat, slot_part, fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, chg, chg_next,
+                       part_head, chg_old, chg_mark, dirty_epoch, sx, sn, counters)
             dirty_n[0] = 0
             chg_n[0] = 0
             dirty_epoch += 1
