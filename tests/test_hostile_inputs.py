@@ -63,13 +63,25 @@ def test_dev_zero_and_fifo_inputs_are_refused_at_once(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("suffix", [".rccl", ".topo", ".xml", ".json"])
-def test_input_size_cap_fires_before_reading(tmp_path, suffix):
-    big = tmp_path / f"big{suffix}"
-    with open(big, "wb") as f:              # sparse: 100 GiB that take no disk
-        f.truncate(100 << 30)
-    cmd = ["topo", big] if suffix == ".topo" else ["check", big]
-    assert_fires(hccc(*cmd), pattern="over the .* input limit")
+SIZE_CAP_SUFFIXES = [".rccl", ".topo", ".xml", ".json"]
+
+
+@pytest.fixture(scope="module")
+def huge_input_runs(tmp_path_factory):
+    """hccc on a file of 100 GiB of each suffix (sparse: no disk), all in one capped process."""
+    d = tmp_path_factory.mktemp("huge")
+    cmds = []
+    for suffix in SIZE_CAP_SUFFIXES:
+        big = d / f"big{suffix}"
+        with open(big, "wb") as f:
+            f.truncate(100 << 30)
+        cmds.append(["topo", big] if suffix == ".topo" else ["check", big])
+    return dict(zip(SIZE_CAP_SUFFIXES, hccc_each(cmds)))
+
+
+@pytest.mark.parametrize("suffix", SIZE_CAP_SUFFIXES)
+def test_input_size_cap_fires_before_reading(tmp_path, suffix, huge_input_runs):
+    assert_fires(huge_input_runs[suffix], pattern="over the .* input limit")
     # the limit set by the environment, on a file of 4 KiB (no work to guard: in this process)
     small = tmp_path / f"small{suffix}"
     small.write_bytes(b"#" * 4096)
@@ -442,16 +454,29 @@ def _xml_moves(chunks: int, steps: int) -> str:
             f'coll="allreduce" inplace="0">{gpus}</algo>')
 
 
-@pytest.mark.parametrize("text, pattern", [
-    (_xml_gpus(1024, 1024, 1 << 20), r"chunk slots, more than"),      # 1024 GPUs x 1 Mi scratch chunks
-    (_xml_gpus(4096, 4096, 0), r"chunk slots, more than"),            # 4096 x 4096
-    (_xml_moves(1 << 18, 2000), r"move \d+ chunks in all"),           # 4000 steps of 256 Ki chunks
-], ids=["1024-gpus-of-1Mi-scratch", "4096x4096", "4000-steps-of-256Ki"])
-def test_xml_whose_implied_work_is_too_large_is_refused_before_it(tmp_path, text, pattern):
-    path = tmp_path / "big.xml"
-    path.write_text(text)
-    res = hccc("check", path, timeout=120)
-    assert_fires(res, pattern=pattern)
+#: name -> (an MSCCL XML whose implied work is too large, what its refusal says)
+TOO_LARGE_XML = {
+    "1024-gpus-of-1Mi-scratch": (lambda: _xml_gpus(1024, 1024, 1 << 20), r"chunk slots, more than"),
+    "4096x4096": (lambda: _xml_gpus(4096, 4096, 0), r"chunk slots, more than"),
+    "4000-steps-of-256Ki": (lambda: _xml_moves(1 << 18, 2000), r"move \d+ chunks in all"),
+}
+
+
+@pytest.fixture(scope="module")
+def too_large_xml_runs(tmp_path_factory):
+    """``hccc check`` of each of :data:`TOO_LARGE_XML`, all in one capped process."""
+    d = tmp_path_factory.mktemp("xml")
+    paths = []
+    for name, (text, _) in TOO_LARGE_XML.items():
+        paths.append(d / f"{name}.xml")
+        paths[-1].write_text(text())
+    return dict(zip(TOO_LARGE_XML, hccc_each([["check", p] for p in paths], timeout=120)))
+
+
+@pytest.mark.parametrize("name", list(TOO_LARGE_XML))
+def test_xml_whose_implied_work_is_too_large_is_refused_before_it(name, too_large_xml_runs):
+    res = too_large_xml_runs[name]
+    assert_fires(res, pattern=TOO_LARGE_XML[name][1])
     assert LOCATED.search(res[1]), res[1]
 
 

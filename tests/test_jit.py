@@ -284,9 +284,9 @@ def test_a_simulation_stops_at_its_deadline(monkeypatch, mode):
     from hccc.runtime.simulator import _engine_args, geometry
     if not eng.HAVE_CLOCK:
         pytest.skip("no clock_gettime on this platform")
+    prog, _ = _sim_case()       # compiled before HCCC_JIT is set: the compiler's kernels stay plain
     monkeypatch.setenv("HCCC_JIT", mode)
     assert abs(eng.clock_now() - time.monotonic()) < 1.0 or eng._CLOCK_ID != time.CLOCK_MONOTONIC
-    prog, _ = _sim_case()
     geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
     full = eng.run_within(None, None, *args)

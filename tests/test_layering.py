@@ -12,7 +12,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from source_modules import MODULES
+from source_modules import MODULES, import_statements
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,7 @@ def _imports(mod: str, path: Path) -> list[tuple[str, int]]:
     """hccc modules imported by ``mod`` (anywhere in the file), with line numbers."""
     is_pkg = path.name == "__init__.py"
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in import_statements(path):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -7,6 +7,8 @@ import fnmatch
 import tomllib
 from pathlib import Path
 
+from source_modules import import_statements
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
@@ -94,7 +96,7 @@ def test_every_third_party_import_is_installable_by_a_user():
     missing = set()
     for folder in _folders().values():
         for path in folder.glob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in import_statements(path):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

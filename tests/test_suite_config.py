@@ -88,3 +88,31 @@ def test_workers_are_told_to_steal_work_before_xdist_reads_the_mode(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "WorkStealingScheduling" in r.stdout
+
+
+def test_a_parallel_runs_modules_are_prepared_once_before_its_workers_start(tmp_path, request):
+    """What ``-n N``'s controller does before its workers start (``conftest.prepare_imports``): a
+    test module's asserts rewritten into the pyc pytest's import looks for (loading it gives the
+    rewritten assert's message, where a plain one has none), a helper of the tests and a module of
+    the package compiled to their bytecode; a second run finds them all current and prepares none."""
+    import importlib.util
+
+    import conftest
+    from _pytest.assertion import rewrite
+    tests, package = tmp_path / "tests", tmp_path / "package"
+    tests.mkdir()
+    package.mkdir()
+    (tests / "test_probe.py").write_text("def test_probe():\n    got = [1, 2]\n    assert got == [1, 3]\n")
+    (tests / "probe_helper.py").write_text("X = 1\n")
+    (package / "module.py").write_text("Y = 2\n")
+    assert conftest.prepare_imports(request.config, tests, [package], 2) == 3
+    probe = tests / "test_probe.py"
+    code = rewrite._read_pyc(probe, rewrite.get_cache_dir(probe) / ("test_probe" + rewrite.PYC_TAIL))
+    assert code is not None
+    space: dict = {}
+    exec(code, space)
+    with pytest.raises(AssertionError, match=r"assert \[1, 2\] == \[1, 3\]"):
+        space["test_probe"]()
+    for module in (tests / "probe_helper.py", package / "module.py"):
+        assert Path(importlib.util.cache_from_source(str(module))).is_file(), module
+    assert conftest.prepare_imports(request.config, tests, [package], 2) == 0

@@ -193,6 +193,7 @@ def test_regrowing_rounds_an_mi250_node_to_its_optimum(chunks):
     assert best[False] / model_time(topo, tr.allgather_rows(old), chunks) < 0.94
 
 
+@pytest.mark.slow   # 4.6 s of two packings; test_compiled_arborescence_is_the_numpy_formulations holds the compiled pricing to the numpy one
 def test_pricing_compiled_after_a_few_trees_packs_the_same_trees():
     """A packing prices its first :data:`PRICED_PLAIN` trees with the numpy formulation and the
     rest compiled: switching at once, or never, gives the very same packing (32 GCDs: both
@@ -603,6 +604,7 @@ def test_fewer_warps_before_bundles(monkeypatch, collective, packing_without_cla
     assert res.detail["warps"] == 16 and res.detail["streams_per_bundle"] > 1
 
 
+@pytest.mark.slow   # 3.5 s at 512 GPUs; test_fewer_warps_before_bundles covers the 8 warps taken where 16 do not fit, and the compiled blocks' fit
 def test_512_multirail_allgather_is_resident_on_h100s():
     """512 H800s on 64 multi-rail nodes (one chunk per rank: a rank forwards 511 streams on
     channels of their own): the program needs more blocks than a GPU keeps at 16 warps, so it is

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+from source_modules import import_statements
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 README = TESTS / "README.md"
@@ -164,7 +166,7 @@ def test_import_names():
 def imported_test_modules(path: Path) -> set[str]:
     """The ``test_*`` modules ``path`` imports, at any depth (``import test_x``, ``from test_x import``)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in import_statements(path):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0].startswith("test_")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
