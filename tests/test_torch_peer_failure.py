@@ -146,6 +146,49 @@ def test_a_call_refused_on_one_rank_fails_its_peer_at_once_and_then_the_refusing
             "allreduce(refused: ") in str(exc), exc
 
 
+class _DoneWork:
+    """A delegate's work that completed at once."""
+
+    def is_completed(self):
+        return True
+
+    def wait(self):
+        return True
+
+
+def test_a_call_that_completed_against_a_peers_other_call_makes_the_group_unusable():
+    """The interleaving behind the test above, driven step by step: rank 1 refused its call #2
+    before queueing it, so its call #3 meets rank 0's call #2 in the delegate and both complete.
+    Rank 0's look after its call finds rank 1's refusal: its group is unusable from then on, and
+    rank 1's look after call #3, waiting for rank 0's post of #3, which never comes, is told so at
+    once (before: rank 0 recorded nothing, and rank 1's call #3 returned unchecked after the timeout,
+    its data exchanged with another call)."""
+    from collections import Counter, defaultdict
+    from hccc.torch.jobs import CallJobs
+    from hccc.torch.ledger import CallMismatch
+    timeout_s = 5.0
+    ls = ledgers("shm", 2)
+    try:
+        jobs = [CallJobs(r, 2, None, ls[r], timeout_s, timeout_s, Counter(), defaultdict(Counter))
+                for r in range(2)]
+        text = "allreduce(op=sum, float32, elements 4, cpu)"
+        for j in jobs:
+            j.next_call(text)                                # call #1 on both ranks
+        jobs[1].refused_job("allreduce(refused: ValueError: tensors on meta)")()    # rank 1's #2
+        with pytest.raises(CallMismatch, match="rank 1 made allreduce.refused"):
+            jobs[0].delegate_job("allreduce", "delegate", None, lambda b: _DoneWork(), None, text)()
+        assert jobs[0].broken is not None
+        assert ls[0].record(0)[:2] == (2, True)
+        t0 = time.monotonic()
+        with pytest.raises(CallMismatch, match=r"call #3 of the group, allreduce\(op=sum.*cannot complete: "
+                           r"rank 0's group is unusable since its call #2"):
+            jobs[1].delegate_job("allreduce", "delegate", None, lambda b: _DoneWork(), None, text)()
+        assert time.monotonic() - t0 < timeout_s / 2
+    finally:
+        for led in ls:
+            led.close()
+
+
 # ------------------------------------------------------------------------------ failure records
 @pytest.mark.parametrize("kind", ["shm", "store"])
 def test_a_failure_record_is_seen_for_its_call_only(kind):

@@ -227,10 +227,15 @@ class CallJobs:
         return fn
 
     def ledger_settle(self, seq: int, text: str, tag: int) -> None:
+        """Compare the completed call ``seq`` with the peers' (:meth:`Ledger.settle`). A difference
+        makes the group unusable here, as one found while the call waits does: the delegate met a
+        peer's other call, so its later calls would pair with the wrong ones, and a peer whose later
+        call met this one must learn it from the record (it waits for this rank's post of it, which
+        never comes, and would otherwise complete unchecked at the timeout)."""
         try:
             self.ledger.settle(seq, text, tag, self.timeout_s)
         except CallMismatch as exc:
-            raise CallMismatch(f"hccc: rank {self.rank}: {exc}") from None
+            raise self.mismatch(str(exc), seq) from None
 
     def close(self) -> None:
         """Close the communicators (the worker has stopped) and the ledger."""
