@@ -411,7 +411,9 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty = np.empty(NPART, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(NPART, np.int64)
-    dirty_epoch = 1
+    # an int64, not a literal 1: numba would compile every kernel it is passed to once for the
+    # literal (the first instant) and again for int64 (the later ones)
+    dirty_epoch = np.int64(1)
     comp_res = np.empty(NSLOT, np.int64)
     rem = np.zeros(NSLOT, np.float64)
     cnt = np.zeros(NSLOT, np.int64)

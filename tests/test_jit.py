@@ -188,6 +188,26 @@ def test_a_bad_hccc_jit_is_a_clear_error_of_the_command_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+@needs_numba
+def test_the_simulators_kernels_are_compiled_once_each(monkeypatch):
+    """numba compiles a kernel once per list of argument types, so every call site of the event loop
+    passes each kernel the same types: the instant's epoch, a literal 1 before the first instant
+    and an int64 after it, made numba compile eight kernels twice, the sharing among them (about a
+    fifth of the engine's first compile)."""
+    from hccc.compiler.cluster.topo_parser import load_topology
+    from hccc.compiler.pipeline import load_program
+    from hccc.runtime import sim_engine
+    from hccc.runtime.simulator import prepare, simulate
+    monkeypatch.setenv("HCCC_JIT", "numba")
+    topo = load_topology(ROOT / "examples" / "clusters" / "a100_topo1.topo")
+    simulate(prepare(load_program(ROOT / "examples" / "ring_allreduce_8.rccl"), topo), topo, 1 << 20,
+             slice_bytes="auto")
+    kernels = sim_engine.KERNELS.compiled()
+    assert kernels["run_engine"].signatures and kernels["_share"].signatures
+    twice = {n: [str(s) for s in k.signatures] for n, k in kernels.items() if len(k.signatures) > 1}
+    assert not twice, twice
+
+
 # ------------------------------------------------------------- compiled twins equal the plain code
 @pytest.mark.slow
 @needs_numba
