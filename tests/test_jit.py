@@ -188,23 +188,40 @@ def test_a_bad_hccc_jit_is_a_clear_error_of_the_command_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+#: simulates a small example compiled, then prints every engine kernel's numba signatures
+_ENGINE_SIGNATURES = r"""
+import json, os, sys
+from pathlib import Path
+os.environ["HCCC_JIT"] = "numba"
+from hccc.compiler.cluster.topo_parser import load_topology
+from hccc.compiler.pipeline import load_program
+from hccc.runtime import sim_engine
+from hccc.runtime.simulator import prepare, simulate
+root = Path(sys.argv[1])
+topo = load_topology(root / "examples" / "clusters" / "a100_topo1.topo")
+simulate(prepare(load_program(root / "examples" / "ring_allreduce_8.rccl"), topo), topo, 1 << 20, slice_bytes="auto")
+print(json.dumps({n: [str(s) for s in k.signatures] for n, k in sim_engine.KERNELS.compiled().items()}))
+"""
+
+
+@pytest.mark.slow
 @needs_numba
-def test_the_simulators_kernels_are_compiled_once_each(monkeypatch):
+def test_the_simulators_kernels_are_compiled_once_each(tmp_path):
     """numba compiles a kernel once per list of argument types, so every call site of the event loop
     passes each kernel the same types: the instant's epoch, a literal 1 before the first instant
     and an int64 after it, made numba compile eight kernels twice, the sharing among them (about a
-    fifth of the engine's first compile)."""
-    from hccc.compiler.cluster.topo_parser import load_topology
-    from hccc.compiler.pipeline import load_program
-    from hccc.runtime import sim_engine
-    from hccc.runtime.simulator import prepare, simulate
-    monkeypatch.setenv("HCCC_JIT", "numba")
-    topo = load_topology(ROOT / "examples" / "clusters" / "a100_topo1.topo")
-    simulate(prepare(load_program(ROOT / "examples" / "ring_allreduce_8.rccl"), topo), topo, 1 << 20,
-             slice_bytes="auto")
-    kernels = sim_engine.KERNELS.compiled()
-    assert kernels["run_engine"].signatures and kernels["_share"].signatures
-    twice = {n: [str(s) for s in k.signatures] for n, k in kernels.items() if len(k.signatures) > 1}
+    fifth of the engine's first compile). In a process of its own with an empty numba cache: a
+    kernel loaded from the cache types none of the kernels it calls (slow: the compile is the
+    engine's whole first compile, about 16 s of CPU)."""
+    import json
+    import os
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run([sys.executable, "-c", _ENGINE_SIGNATURES, str(ROOT)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    sigs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sigs["run_engine"] and sigs["_share"] and sigs["_flow_start"]
+    twice = {n: s for n, s in sigs.items() if len(s) > 1}
     assert not twice, twice
 
 
