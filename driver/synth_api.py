@@ -21,7 +21,10 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
     """The ``.rccl`` text ``hccc synth CLUSTER --collective COLLECTIVE`` writes with ``options``
     (``cluster``: a path to a ``.topo`` or TACCL profile, or a loaded Topology); with several
     ``sizes``, ``{size: text}`` (the files ``ALGO_<size>.rccl``). A :class:`CompileError` for bad
-    options or a cluster that cannot be synthesized for, as the command reports them."""
+    options (each value checked as the command's parser checks it, the option named as the command
+    spells it: :func:`hccc.synth_select.check_options`) or a cluster that cannot be synthesized for,
+    as the command reports them; a TypeError for an option it does not know or a cluster that is
+    neither a path nor a Topology."""
     from hccc.compiler.pipeline import load_cluster
     from hccc.synth_select import synthesize_programs
 
@@ -29,13 +32,26 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"synthesize() got unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    if "sizes" in options:
-        options["sizes"] = tuple(int(s) for s in options["sizes"] or ())
+    from hccc.compiler.cluster.topology import Topology
+
+    if "sizes" in options and options["sizes"] is not None and not isinstance(options["sizes"], (str, bytes)):
+        try:
+            options["sizes"] = tuple(options["sizes"])    # any iterable of sizes; each checked as given
+        except TypeError:
+            pass                                          # not iterable: refused as it is
+    elif "sizes" in options and options["sizes"] is None:
+        options["sizes"] = ()
+    if isinstance(options.get("method"), str):
+        options["method"] = options["method"].lower()     # as the command takes it
     if isinstance(cluster, (str, Path)):
         name, topo = Path(cluster).name, load_cluster(cluster)
-    else:
+    elif isinstance(cluster, Topology):
         name, topo = None, cluster
-    opts = SynthOptions(collective=str(collective).lower(), cluster_name=name, **options)
+    else:
+        raise TypeError(f"synthesize(): cluster is a path to a .topo or TACCL profile, or a loaded Topology, "
+                        f"not {type(cluster).__name__}")
+    opts = SynthOptions(collective=collective.lower() if isinstance(collective, str) else collective,
+                        cluster_name=name, **options)
     programs = synthesize_programs(topo, opts)
     if len(programs) == 1:
         return programs[0].text

@@ -92,6 +92,56 @@ class _QuietPhases:
         yield _QuietPhase()
 
 
+def _refuse(option: str, what: str, value) -> CompileError:
+    return CompileError([Diagnostic(f"{option}: expected {what}, got {printable(repr(value), limit=60)}", None)])
+
+
+def _check_values(opts: SynthOptions) -> None:
+    """Each option's type and range as ``hccc synth``'s argument parser checks them (the same
+    limits: :mod:`hccc.util.limits`), for the options :func:`hccc.synthesize` is given as Python
+    values: a CompileError naming the option as the command spells it."""
+    import math
+    from numbers import Integral, Real
+
+    from hccc.args import MAX_LIST_ITEMS
+    from hccc.util.limits import MAX_OPTION_BYTES, MAX_OPTION_COUNT, MAX_OPTION_SECONDS
+    from hccc.compiler.synth.plan import COLLECTIVES
+
+    def count(v, low: int) -> bool:
+        return isinstance(v, Integral) and not isinstance(v, bool) and low <= v <= MAX_OPTION_COUNT
+
+    def integer(low: int) -> str:
+        return f"an integer from {low} to {MAX_OPTION_COUNT}"
+
+    def size(v) -> bool:
+        return isinstance(v, Integral) and not isinstance(v, bool) and 1 <= v <= MAX_OPTION_BYTES
+
+    if not isinstance(opts.collective, str) or opts.collective.lower() not in COLLECTIVES:
+        raise _refuse("--collective", f"one of {', '.join(COLLECTIVES)}", opts.collective)
+    t = opts.time_limit
+    if isinstance(t, bool) or not isinstance(t, Real) or not math.isfinite(t) or not 0 < t <= MAX_OPTION_SECONDS:
+        raise _refuse("--time-limit", f"seconds > 0 and at most {MAX_OPTION_SECONDS:g} (one week)", t)
+    if not count(opts.root, 0):
+        raise _refuse("--root", integer(0), opts.root)
+    for flag, v in (("--chunks-per-rank", opts.chunks_per_rank), ("--pod-size", opts.pod_size)):
+        if v is not None and not count(v, 1):
+            raise _refuse(flag, integer(1), v)
+    if not count(opts.variants, 1):
+        raise _refuse("--variants", integer(1), opts.variants)
+    if not size(opts.select_size):
+        raise _refuse("--select-size", f"a whole number of bytes from 1 to {MAX_OPTION_BYTES}", opts.select_size)
+    if not isinstance(opts.sizes, tuple) or not all(size(v) for v in opts.sizes):
+        raise _refuse("--size", f"whole numbers of bytes from 1 to {MAX_OPTION_BYTES}", opts.sizes)
+    if len(opts.sizes) > MAX_LIST_ITEMS:
+        raise CompileError([Diagnostic(f"--size: at most {MAX_LIST_ITEMS} sizes, got {len(opts.sizes)}", None)])
+    for flag, v in (("--no-smt", opts.smt), ("--no-sim-select", opts.sim_select)):
+        if not isinstance(v, bool):
+            raise _refuse(flag, "True or False", v)
+    a = opts.auto_search_below
+    if isinstance(a, bool) or not isinstance(a, Real) or not math.isfinite(a) or a < 0:
+        raise _refuse("auto_search_below", "a fraction of the bound >= 0", a)
+
+
 def check_options(topo, opts: SynthOptions) -> SynthOptions:
     """``opts`` checked against ``topo`` before any work (a CompileError naming the option), with
     ``auto`` resolved to the search where a search-only option was given."""
@@ -99,6 +149,7 @@ def check_options(topo, opts: SynthOptions) -> SynthOptions:
     from hccc.compiler.synth.emit import dsl_collective
     from hccc.compiler.synth.plan import ENGINE_CHOICES, METHOD_CHOICES
 
+    _check_values(opts)
     coll = opts.collective.lower()
     if opts.method not in METHOD_CHOICES:
         raise CompileError([Diagnostic(f"unknown method {opts.method!r} (expected one of {', '.join(METHOD_CHOICES)})",

@@ -85,6 +85,52 @@ def test_api_refuses_what_the_command_refuses(c5):
         hccc.synthesize(c5, "allgather", chunk_per_rank=2)
 
 
+#: options the command's parser refuses, as Python values: (options, the flag named, the command's
+#: flags where it can spell the value; None where only Python can: a type no command line makes)
+BAD_OPTIONS = [
+    ({"time_limit": -1}, "--time-limit", ["--time-limit", "-1"]),
+    ({"time_limit": 0}, "--time-limit", ["--time-limit", "0"]),
+    ({"time_limit": float("nan")}, "--time-limit", ["--time-limit", "nan"]),
+    ({"time_limit": 8 * 24 * 3600}, "--time-limit", ["--time-limit", str(8 * 24 * 3600)]),
+    ({"time_limit": "10"}, "--time-limit", None),
+    ({"root": -1}, "--root", ["--root", "-1"]),
+    ({"chunks_per_rank": 0, "method": "search"}, "--chunks-per-rank", ["--chunks-per-rank", "0", "--method", "search"]),
+    ({"pod_size": 1 << 40, "method": "search"}, "--pod-size", ["--pod-size", str(1 << 40), "--method", "search"]),
+    ({"variants": 0}, "--variants", ["--variants", "0"]),
+    ({"select_size": 0}, "--select-size", ["--select-size", "0"]),
+    ({"select_size": 1.5}, "--select-size", ["--select-size", "1.5"]),
+    ({"sizes": (4096, 0)}, "--size", ["--size", "4096,0"]),
+    ({"sizes": tuple(range(1, 66))}, "--size", ["--size", ",".join(str(i) for i in range(1, 66))]),
+    ({"sizes": 4096}, "--size", None),
+    ({"smt": "no"}, "--no-smt", None),
+    ({"sim_select": 0}, "--no-sim-select", None),
+]
+
+
+@pytest.mark.parametrize("options,flag,argv", BAD_OPTIONS,
+                         ids=[f"{i}-{next(iter(o))}" for i, (o, _, _) in enumerate(BAD_OPTIONS)])
+def test_api_refuses_each_value_the_command_refuses_naming_its_option(c5, tmp_path, capsys, options, flag, argv):
+    """Before any work, and naming the option as the command spells it; where the command line can
+    spell the value, the command refuses it too (a usage error)."""
+    with pytest.raises(CompileError, match="^" + flag + ": "):
+        hccc.synthesize(c5, "allgather", **options)
+    if argv is not None:
+        out = tmp_path / "p.rccl"
+        assert main(["synth", str(c5), "--collective", "allgather", *argv, "-o", str(out)]) == 2
+        assert flag.split("-")[-1] in capsys.readouterr().err and not out.exists()
+
+
+def test_api_refuses_an_unknown_collective_and_a_cluster_it_cannot_read_as_the_command_does(c5):
+    with pytest.raises(CompileError, match="^--collective: expected one of allgather, .*got 'allgathr'"):
+        hccc.synthesize(c5, "allgathr")
+    with pytest.raises(CompileError, match="^--collective: .*got 'sendrecv'"):
+        hccc.synthesize(c5, "sendrecv")      # a collective, but not one synthesis makes
+    with pytest.raises(TypeError, match="cluster is a path .* not bytes"):
+        hccc.synthesize(c5.read_bytes(), "allgather")
+    # the method in any case, as the command takes it
+    assert hccc.synthesize(c5, "allgather", method="SEARCH") == hccc.synthesize(c5, "allgather", method="search")
+
+
 def test_the_emitter_writes_the_plan_it_is_given(c5):
     """The header's choices come from the SynthPlan alone: a plan with other channels and slices
     gives a header with those, whatever the result's report says."""
