@@ -188,39 +188,54 @@ def test_a_bad_hccc_jit_is_a_clear_error_of_the_command_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
-#: simulates a small example compiled, then prints every engine kernel's numba signatures
-_ENGINE_SIGNATURES = r"""
-import json, os, sys
+#: runs, compiled, a simulation, the step search, the tree packing (AllReduce, AllToAll, Broadcast) and
+#: a check, then prints every compiled kernel's numba signatures (hccc's Kernels, found by gc)
+_KERNEL_SIGNATURES = r"""
+import gc, json, os, sys
 from pathlib import Path
 os.environ["HCCC_JIT"] = "numba"
+from hccc.cli import main
 from hccc.compiler.cluster.topo_parser import load_topology
 from hccc.compiler.pipeline import load_program
-from hccc.runtime import sim_engine
 from hccc.runtime.simulator import prepare, simulate
-root = Path(sys.argv[1])
-topo = load_topology(root / "examples" / "clusters" / "a100_topo1.topo")
+from hccc.util.jit import Kernels
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+clusters = root / "examples" / "clusters"
+topo = load_topology(clusters / "a100_topo1.topo")
 simulate(prepare(load_program(root / "examples" / "ring_allreduce_8.rccl"), topo), topo, 1 << 20, slice_bytes="auto")
-print(json.dumps({n: [str(s) for s in k.signatures] for n, k in sim_engine.KERNELS.compiled().items()}))
+for cl, coll, extra in (("a100_topo1", "allgather", ["--method", "search"]), ("a100_topo2", "allreduce", []),
+                        ("a100_topo2", "alltoall", []), ("heteccl_fig10", "broadcast", [])):
+    assert main(["synth", str(clusters / f"{cl}.topo"), "--collective", coll, *extra, "-o", str(out / f"{cl}_{coll}.rccl")]) == 0
+assert main(["check", str(root / "examples" / "hm_allreduce_4x8.rccl")]) == 0
+sigs = {}
+for k in (o for o in gc.get_objects() if isinstance(o, Kernels)):
+    for n, tw in (k._compiled or {}).items():
+        sigs[tw.dispatcher.py_func.__module__ + "." + n] = [str(s) for s in tw.dispatcher.signatures]
+print(json.dumps(sigs))
 """
 
 
 @pytest.mark.slow
 @needs_numba
-def test_the_simulators_kernels_are_compiled_once_each(tmp_path):
-    """numba compiles a kernel once per list of argument types, so every call site of the event loop
-    passes each kernel the same types: the instant's epoch, a literal 1 before the first instant
-    and an int64 after it, made numba compile eight kernels twice, the sharing among them (about a
-    fifth of the engine's first compile). In a process of its own with an empty numba cache: a
-    kernel loaded from the cache types none of the kernels it calls (slow: the compile is the
-    engine's whole first compile, about 16 s of CPU)."""
+def test_every_kernel_is_compiled_once_per_call_site_types(tmp_path):
+    """numba compiles a kernel once per list of argument types, so a constant passed where a
+    variable of the same kind is passed elsewhere (a literal 0, -1 or False beside an int64 or a
+    bool) compiles it twice. The instant's epoch of the simulator, a literal 1 before its first
+    increment, made numba compile eight of the engine's kernels twice, the sharing among them (about
+    a fifth of the engine's first compile); the step search's, the max-flow's and the HPDS heap's
+    small kernels were compiled two to four times. In a process of its own with an empty numba cache
+    (a kernel loaded from the cache types none of the kernels it calls); slow: these are the
+    kernels' whole first compiles."""
     import json
     import os
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    out = subprocess.run([sys.executable, "-c", _ENGINE_SIGNATURES, str(ROOT)], capture_output=True, text=True,
-                         env=env, timeout=600)
+    out = subprocess.run([sys.executable, "-c", _KERNEL_SIGNATURES, str(ROOT), str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     sigs = json.loads(out.stdout.strip().splitlines()[-1])
-    assert sigs["run_engine"] and sigs["_share"] and sigs["_flow_start"]
+    for name in ("hccc.runtime.sim_engine.run_engine", "hccc.runtime.sim_share._share",
+                 "hccc.compiler.synth.greedy._fill_steps", "hccc.compiler.synth.maxflow._bfs"):
+        assert sigs.get(name), name          # the runs above compiled it
     twice = {n: s for n, s in sigs.items() if len(s) > 1}
     assert not twice, twice
 

@@ -165,7 +165,7 @@ def hpds_arrays(sptr, succ, indeg, link, cstart, nlinks):
     sp = 0
     while norder < n:
         before = norder
-        qn = 0
+        qn = np.int64(0)    # not a literal 0: _qheap_sift_down compiled once
         for c in range(nchunks):
             if remaining[c]:
                 q[qn] = -prio[c] * nchunks + c

@@ -66,7 +66,7 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
     G = gcap.shape[0]
     cap_rows = 1024
     out = np.zeros((cap_rows, 4), np.int64)
-    nout = 0
+    nout = np.int64(0)    # not a literal 0: _append compiled once
     missing = 0
     for v in range(N):
         for k in range(NC):
@@ -147,8 +147,8 @@ def _fill_steps(has, t0, max_steps, psrc, cap, in_ptr, in_pairs, pg_ptr, pg_idx,
                     # the rarest chunk first; among equally rare chunks the least loaded
                     # (sender, receiver, pair) wins
                     best_p = -1
-                    best_v = -1
-                    best_k = -1
+                    best_v = np.int64(-1)    # not literal -1s: _append compiled once
+                    best_k = np.int64(-1)
                     best_score = 1e300
                     for kk in range(NC):
                         k = korder[kk]

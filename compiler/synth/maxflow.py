@@ -132,14 +132,15 @@ def max_flow_arrays(n, eu, ev, ecap, s, t, sink_side):
     stack_v = np.empty(n + 1, np.int64)
     stack_e = np.empty(n + 1, np.int64)
     flow = 0
+    forward, backward = np.bool_(False), np.bool_(True)    # not literals: _bfs compiled once
     while True:
-        _bfs(n, head, nxt, to, res, s, False, level, queue)
+        _bfs(n, head, nxt, to, res, s, forward, level, queue)
         if level[t] < 0:
             break
         for x in range(n):
             it[x] = head[x]
         flow += _blocking_flow(head, nxt, to, res, s, t, level, it, stack_v, stack_e)
-    _bfs(n, head, nxt, to, res, t, True, level, queue)       # the vertices that still reach t
+    _bfs(n, head, nxt, to, res, t, backward, level, queue)   # the vertices that still reach t
     for x in range(n):
         sink_side[x] = level[x] >= 0
     return flow
