@@ -171,3 +171,18 @@ def test_list_outputs_asks_the_emitters(tmp_path, capsys, monkeypatch):
 def _refusal():
     from hccc.util.diagnostics import Diagnostic
     return CompileError([Diagnostic("too big", None)])
+
+
+@pytest.mark.parametrize("field,value", [("chunk_bytes", "1M"), ("chunk_bytes", 1.5), ("chunk_bytes", True),
+                                         ("max_transfers", None), ("xml_instances", "2"), ("channels", 2.0),
+                                         ("xml_fuse", "yes")])
+def test_compile_options_of_the_wrong_type_are_named_at_once(field, value):
+    """A Python caller's option of the wrong type is a TypeError naming the option when the options
+    are made, not an error from a comparison deep in a pass."""
+    with pytest.raises(TypeError, match=f"CompileOptions.{field} is"):
+        CompileOptions(**{field: value})
+
+
+def test_compile_options_take_numpy_integers():
+    import numpy as np
+    assert CompileOptions(chunk_bytes=np.int64(1 << 16), channels=np.int32(2)).chunk_bytes == 1 << 16

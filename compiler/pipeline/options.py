@@ -30,6 +30,15 @@ class CompileOptions:
     channels: int | None = None      # blocks per thread block; None = auto (passes/channels.py)
 
     def __post_init__(self):
+        from numbers import Integral
+
+        for name in ("chunk_bytes", "max_transfers", "xml_instances") + (("channels",) if self.channels is not None
+                                                                          else ()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise TypeError(f"CompileOptions.{name} is an integer, not {type(value).__name__} ({value!r:.40})")
+        if not isinstance(self.xml_fuse, bool):
+            raise TypeError(f"CompileOptions.xml_fuse is True or False, not {type(self.xml_fuse).__name__}")
         if self.fuse is True or self.fuse is False:
             self.fuse = "on" if self.fuse else "off"
         if self.fuse not in FUSE_MODES:
