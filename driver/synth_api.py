@@ -11,6 +11,7 @@ give the same bytes as the command, which runs the same selection (:mod:`hccc.sy
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
@@ -34,13 +35,11 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
         raise TypeError(f"synthesize() got unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     from hccc.compiler.cluster.topology import Topology
 
-    if "sizes" in options and options["sizes"] is not None and not isinstance(options["sizes"], (str, bytes)):
-        try:
-            options["sizes"] = tuple(options["sizes"])    # any iterable of sizes; each checked as given
-        except TypeError:
-            pass                                          # not iterable: refused as it is
-    elif "sizes" in options and options["sizes"] is None:
-        options["sizes"] = ()
+    sizes = options.get("sizes")
+    if sizes is None:
+        options.pop("sizes", None)
+    elif isinstance(sizes, Iterable) and not isinstance(sizes, (str, bytes)):
+        options["sizes"] = tuple(sizes)     # any iterable of sizes, each checked as given; else refused as is
     if isinstance(options.get("method"), str):
         options["method"] = options["method"].lower()     # as the command takes it
     if isinstance(cluster, (str, Path)):
