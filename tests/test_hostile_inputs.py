@@ -315,6 +315,21 @@ def test_long_rccl_refused_before_parsing(tmp_path):
                                                     r"100000-line limit")
 
 
+def test_an_nranks_the_transfers_do_not_fill_is_refused_before_its_proof_state(tmp_path):
+    """A small program under a header that claims thousands of ranks (a typo, or a hostile file):
+    ``hccc check`` refuses it at the header within the memory and CPU caps, where the proof once
+    asked for 8 GiB (4,096 ranks) or arrays of billions (8,192 and 65,536)."""
+    body = "".join(f"    transfer({r}, {(r + 1) % 8}, {k}, {(r - k) % 8}, recv)\n" for k in range(7) for r in range(8))
+    argvs = []
+    for n in (4096, 8192, 65536):
+        p = tmp_path / f"ag_{n}.rccl"
+        p.write_text(HEADER.replace("nRanks=2", f"nRanks={n}") + body)
+        argvs.append(["check", p])
+    for (_, p), res in zip(argvs, hccc_each(argvs, timeout=120)):
+        assert_fires(res, pattern=rf"{re.escape(p.name)}:1:1: error: nRanks=\d+: .*more than")
+        assert "the transfers use ranks 0..7" in res[1]
+
+
 @settings(max_examples=30)
 @given(body=st.integers(1, 40), cap=st.integers(2, 45))
 def test_rccl_line_cap_property(body, cap):

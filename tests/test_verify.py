@@ -238,6 +238,44 @@ def test_bad_header():
         verify(Algorithm.from_rows(Header(0, Collective.ALLGATHER), []))
 
 
+def test_a_header_whose_nranks_the_transfers_do_not_fill_is_refused_for_its_size_not_replayed():
+    """An 8-rank AllGather under a header of nRanks=4096: its replay would keep 8 GiB of state
+    (16.8 million rows of 4,096 bits), and nRanks=8192 would name 67 million holdings; both are
+    refused at the header, saying which ranks the transfers use, before that state is made."""
+    from hccc.compiler.passes.verify import MAX_PROOF_HOLDINGS, MAX_REPLAY_STATE_BYTES
+    rows = ring_ag_rows(8)
+    for n, said in ((4096, "the replay that checks this program step by step would keep 8G of state"),
+                    (8192, "pre- and postcondition name 67,117,056 (rank, chunk) holdings")):
+        err = errors_of(located("allgather", n, rows))
+        assert err.kinds == ["too-large"]
+        d = err.diagnostics[0]
+        assert d.message.startswith(f"nRanks={n}: ") and said in d.message, d.message
+        assert (d.location.line, d.location.col) == (1, 1)
+        assert d.notes == (f"the transfers use ranks 0..7 of the header's {n}",)
+    # the limits are what a whole program at those sizes needs: 4096 ranks' holdings are proven,
+    # and a 1,024-rank replay fits
+    assert 4096 * 4096 + 4096 <= MAX_PROOF_HOLDINGS < 8192 * 8192
+    assert 1024 * 1024 * 16 * 8 <= MAX_REPLAY_STATE_BYTES < 4096 * 4096 * 64 * 8
+
+
+def test_the_postcondition_compared_in_blocks_finds_what_one_comparison_finds(monkeypatch):
+    """The postcondition compares its rows a block at a time; with blocks of one row it lists and
+    counts the same unmet pairs as with the default."""
+    import hccc.compiler.passes.verify as v
+    cases = [located("allgather", 4, ring_ag_rows(4)[:-3]), located("allgather", 70, ring_ag_rows(70)[:-100])]
+    alg = gen.ring_allreduce(8)
+    cases.append(Algorithm.from_rows(Header(8, Collective.ALLREDUCE, location=Location(SRC, 1, 1)),
+                                     [r for r in alg.rows() if r[2] < 10]))
+    for case in cases:
+        whole = errors_of(case)
+        monkeypatch.setattr(v, "POSTCONDITION_BLOCK_BYTES", 1)
+        blocks = errors_of(case)
+        monkeypatch.undo()
+        assert [d.message for d in blocks.diagnostics] == [d.message for d in whole.diagnostics]
+        assert (blocks.total, blocks.kinds) == (whole.total, whole.kinds)
+        assert whole.kinds[0] == "postcondition"
+
+
 # ---------------------------------------------------------------- performance (printed, not asserted)
 @pytest.mark.slow
 def test_verify_1024_gpu_hm_allreduce_time(capsys):

@@ -292,6 +292,12 @@ class CollectiveSpec:
             rank, ids = rank[o], ids[o]
         return rank, ids
 
+    def holdings(self, where: str, nranks: int, nchunks: int) -> int:
+        """How many ``(rank, id)`` pairs :meth:`place` gives for ``where`` over a full buffer of
+        ``nchunks`` chunks, counted without making them."""
+        ids = self.nids(nranks, nchunks)
+        return int(nranks) * ids if where == EVERY else ids
+
     def start_holders(self, nranks: int, nchunks: int, root: int = 0):
         """The precondition: ``(rank, id, contributor)`` arrays, every holding its holder's own
         contribution, sorted by ``(rank, id)``."""

@@ -44,6 +44,7 @@ from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RRC, Algorithm, Collec
 from hccc.compiler.frontend.collectives import DEST
 from hccc.util.diagnostics import CompileError, Diagnostic, Location
 from hccc.util.plural import plural_noun
+from hccc.util.sizes import format_size
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
@@ -56,6 +57,20 @@ POSTCONDITION_SUMMARY = "postcondition-summary"  # "K more (rank, chunk) pairs .
 
 #: how many unmet postconditions are listed one by one before the summary
 POSTCONDITION_LISTED = 5
+
+#: the most (rank, chunk) holdings the pre- and postcondition may name together (each proof makes
+#: a few int64 arrays of them): a 4,096-GPU ring AllGather names 16.8 million (its 16.8 million
+#: transfers were proven over all at once, :func:`copies_hold`, in 11.4 s of CPU and 3.1 GiB at
+#: most, the program included); 8,192 GPUs would name 67 million. Past it, a header whose nRanks
+#: the transfers do not fill asked for arrays of billions before any error was found.
+MAX_PROOF_HOLDINGS = 1 << 25
+#: the most bytes the replay's state may take (a bit per rank in a row per (rank, chunk) it
+#: tracks): a 1,024-GPU AllReduce of one chunk per rank tracks 1,048,576 rows of 16 words, 128
+#: MiB. An 8-rank AllGather whose header said nRanks=4096 asked for 8 GiB and 26 s before it was
+#: refused (the replay runs where the program is wrong or reduces)
+MAX_REPLAY_STATE_BYTES = 1 << 30
+#: bytes of state rows the postcondition compares at a time (its copies stay this small)
+POSTCONDITION_BLOCK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -220,6 +235,7 @@ def verify(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     by step (:func:`replay`), which finds and locates every error.
     """
     _check_header(alg)
+    _check_holdings(alg)
     if copies_hold(alg):
         return _report(alg)
     return replay(alg, max_errors=max_errors)
@@ -238,6 +254,28 @@ def _check_header(alg: Algorithm) -> int:
                                       f"{'ranks ' if param == 'root' else ''}0..{N - 1})",
                                       h.location)], ["bad-header"], 0, 1)
     return N
+
+
+def _too_large(alg: Algorithm, what: str) -> VerifyError:
+    """The proof refused for its size, located at the header (with the ranks the transfers use,
+    where they are fewer than the header's: the usual cause is an nRanks the program does not fill)."""
+    h = alg.header
+    N = int(h.nranks)
+    used = int(max(np.max(alg.src, initial=-1), np.max(alg.dst, initial=-1))) + 1 if len(alg) else 0
+    notes = (f"the transfers use ranks 0..{used - 1} of the header's {N}",) if 0 < used < N else ()
+    return VerifyError([Diagnostic(f"nRanks={N}: {what}", h.location, notes=notes)], ["too-large"], 0, 1)
+
+
+def _check_holdings(alg: Algorithm) -> None:
+    """Refuse, before any array of them is made, a program whose pre- and postcondition name more
+    (rank, chunk) holdings than :data:`MAX_PROOF_HOLDINGS`."""
+    h = alg.header
+    N, spec = int(h.nranks), h.collective.spec
+    full = spec.full_chunks(N, int(h.nchunks))
+    n = spec.holdings(spec.start, N, full) + spec.holdings(spec.end, N, full)
+    if n > MAX_PROOF_HOLDINGS:
+        raise _too_large(alg, f"its collective's pre- and postcondition name {n:,} (rank, chunk) holdings, "
+                              f"more than the {MAX_PROOF_HOLDINGS:,} hccc proves")
 
 
 def _report(alg: Algorithm) -> VerifyReport:
@@ -404,6 +442,11 @@ class _Replay:
         universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
                                            start_rank * C + start_id, self.rows]))
         self.universe = universe[np.r_[True, universe[1:] != universe[:-1]]] if len(universe) else universe
+        need = len(self.universe) * self.words * 8
+        if need > MAX_REPLAY_STATE_BYTES:
+            raise _too_large(alg, f"the replay that checks this program step by step would keep "
+                                  f"{format_size(need)} of state ({len(self.universe):,} (rank, chunk) rows of "
+                                  f"{N} ranks' bits), more than the {format_size(MAX_REPLAY_STATE_BYTES)} it may")
         self.state = np.zeros((len(self.universe), self.words), dtype=np.uint64)
         self.state[self.ids(start_rank * C + start_id)] = _single_bits(start_set, self.words)
         self.order = keep[stable_argsort(step[keep])] if len(keep) else keep
@@ -540,11 +583,15 @@ class _Replay:
         """The (rank, chunk) pairs that do not end as the collective says, the first few listed
         and the rest summarised."""
         col, rows, C, N, alg = self.col, self.rows, self.C, self.N, self.alg
-        held = self.state[self.ids(rows)]
-        if self.is_ag:   # copy-only: the one contribution the chunk started with
-            unmet = rows[~(held == _single_bits(self.want, self.words)).all(axis=1)]
-        else:       # reducing: every rank's contribution
-            unmet = rows[~(held == _full_row(N, self.words)).all(axis=1)]
+        met = np.empty(len(rows), dtype=bool)
+        full = None if self.is_ag else _full_row(N, self.words)
+        block = max(1, POSTCONDITION_BLOCK_BYTES // (8 * self.words))
+        for a in range(0, len(rows), block):     # in blocks: the compared copies stay small
+            held = self.state[self.ids(rows[a:a + block])]
+            # copy-only: the one contribution the chunk started with; reducing: every rank's
+            goal = _single_bits(self.want[a:a + block], self.words) if self.is_ag else full
+            met[a:a + block] = (held == goal).all(axis=1)
+        unmet = rows[~met]
         if not len(unmet):
             return
         listed = min(POSTCONDITION_LISTED, col.limit)
