@@ -301,6 +301,23 @@ def test_command_line_channels(tmp_path):
     assert p.returncode in (0, 1) and "Traceback" not in p.stderr
 
 
+def test_a_header_count_that_cannot_run_is_located_at_the_header(tmp_path):
+    """``auto`` takes the .rccl header's nChannels for GPU code: where that count cannot run, the
+    error is located at the header and names nChannels, not a --channels nobody gave; a
+    command-line count that cannot run is still the option's error."""
+    from cli_runs import run_cli
+    alg = tmp_path / "ring.rccl"
+    alg.write_text(_ring_text(3).replace("nChannels=1", f"nChannels={MAX_CHANNELS + 1}"))
+    p = run_cli(alg, "-o", tmp_path / "out", "--target", "cuda")
+    assert p.returncode == 1 and not (tmp_path / "out").exists()
+    assert re.match(rf"^{re.escape(str(alg))}:1:1: error: nChannels={MAX_CHANNELS + 1} \(the header's\): "
+                    rf"{MAX_CHANNELS + 1} channels: must be 1\.\.{MAX_CHANNELS}", p.stderr), p.stderr
+    assert "--channels" not in p.stderr
+    # the CPU emulation runs one channel whatever the header says
+    p = run_cli("run", alg, "--sizes", "4096")
+    assert p.returncode == 0, p.stderr
+
+
 def _ring_text(n: int) -> str:
     lines = [f'def ResCCLAlgo(nRanks={n}, nChannels=1, nWarps=16, AlgoName="ring", OpType="Allreduce", '
              'GPUPerNode=8, NICPerNode=8):']

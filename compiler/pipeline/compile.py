@@ -88,7 +88,8 @@ def choose_allocation(ctx: CompileContext) -> None:
     the program gets."""
     from hccc.compiler.passes.channels import with_channels
     from hccc.compiler.pipeline.cost_model import faster_allocation
-    k = resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(), ctx.declared_channels)
+    k = resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(), ctx.declared_channels,
+                              declared_at=ctx.header_location)
     ctx.analyses["compared_channels"] = k
     fused = ctx.options.fused
     ctx.ir = faster_allocation(ctx.cost_model, with_channels(ctx.ir, k),
@@ -111,7 +112,7 @@ def channels(ctx: CompileContext) -> None:
     hardware rule of :mod:`hccc.compiler.passes.channels`)."""
     from hccc.compiler.passes.channels import with_channels
     ctx.ir = with_channels(ctx.ir, resolve_channel_count(ctx.ir, ctx.options, ctx.platforms(),
-                                                         ctx.declared_channels))
+                                                         ctx.declared_channels, declared_at=ctx.header_location))
 
 
 def codegen(ctx: CompileContext) -> dict:

@@ -106,6 +106,11 @@ class CompileContext:
         h = self.algorithm.header if self.algorithm is not None else None
         return int(h.nchannels) if h is not None and h.nchannels_given else 0
 
+    @property
+    def header_location(self):
+        """Where the input's ``.rccl`` header is (None for other inputs)."""
+        return self.algorithm.header.location if self.algorithm is not None else None
+
     def platforms(self) -> list[tuple[str, ...]]:
         """Each rank's platforms (:func:`~hccc.compiler.pipeline.options.platforms_for`)."""
         key = ("platforms", int(self.ir.nranks))

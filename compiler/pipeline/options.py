@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic, Location
 
 TARGETS = ("auto", "cuda", "hip", "all")
 FUSE_MODES = ("auto", "on", "off")
@@ -74,16 +74,21 @@ def platforms_for(nranks: int, target: str, topology=None) -> list[tuple[str, ..
 
 
 def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 0,
-                          ranks_per_device: int = 1, device_sms: int | None = None) -> int:
+                          ranks_per_device: int = 1, device_sms: int | None = None,
+                          declared_at: Location | None = None) -> int:
     """The channel count ``opts.channels`` asks for ``ir`` on ``platforms``
     (:func:`hccc.compiler.passes.channels.resolve_channels`); a count that cannot run is a
-    :class:`CompileError`."""
+    :class:`CompileError`, naming ``--channels`` where the command line asked for it, and the
+    header's nChannels (located at ``declared_at``, the header) where ``auto`` took that."""
     from hccc.compiler.passes.channels import ChannelError, resolve_channels
     names = [p[0] if isinstance(p, tuple) else p for p in platforms]
     try:
         return resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device,
                                 device_sms=device_sms)
     except ChannelError as exc:
+        if opts.channels is None and int(declared) > 0 and int(getattr(ir, "nchannels", 1) or 1) <= 1 \
+                and set(names) != {"cpu"}:
+            raise CompileError([Diagnostic(f"nChannels={int(declared)} (the header's): {exc}", declared_at)]) from None
         raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
 
 
