@@ -239,12 +239,13 @@ def test_bad_header():
 
 
 def test_a_header_whose_nranks_the_transfers_do_not_fill_is_refused_for_its_size_not_replayed():
-    """An 8-rank AllGather under a header of nRanks=4096: its replay would keep 8 GiB of state
-    (16.8 million rows of 4,096 bits), and nRanks=8192 would name 67 million holdings; both are
+    """An 8-rank AllGather under a header of nRanks=2500: its replay would keep 1.9 GiB of state
+    (6.25 million rows of 2,500 bits), and nRanks=8192 would name 67 million holdings; both are
     refused at the header, saying which ranks the transfers use, before that state is made."""
     from hccc.compiler.passes.verify import MAX_PROOF_HOLDINGS, MAX_REPLAY_STATE_BYTES
     rows = ring_ag_rows(8)
-    for n, said in ((4096, "the replay that checks this program step by step would keep 8G of state"),
+    for n, said in ((2500, "the replay that checks this program step by step would keep 1.9 GiB of state "
+                           "(6,250,000 (rank, chunk) rows of 2500 ranks' bits), more than the 1.0 GiB it may"),
                     (8192, "pre- and postcondition name 67,117,056 (rank, chunk) holdings")):
         err = errors_of(located("allgather", n, rows))
         assert err.kinds == ["too-large"]

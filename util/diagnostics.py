@@ -11,6 +11,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hccc.util.sizes import human_size
+
 
 @dataclass(frozen=True)
 class SourceFile:
@@ -156,13 +158,6 @@ def max_input_bytes() -> int:
     return DEFAULT_MAX_INPUT_BYTES if cap is None else cap
 
 
-def _human(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} bytes"
-
-
 def describe_mode(mode: int) -> str:
     """What a non-regular file is, in words (for refusals)."""
     if stat.S_ISDIR(mode):
@@ -204,7 +199,7 @@ def read_input_bytes(path: str | Path, *, limit: int | None = None, head: int | 
             return os.read(fd, max(0, head))
         if st.st_size > cap:
             raise CompileError([Diagnostic(
-                f"'{shown}' is {_human(st.st_size)}, over the {_human(cap)} input limit "
+                f"'{shown}' is {human_size(st.st_size)}, over the {human_size(cap)} input limit "
                 "(set HCCC_MAX_INPUT_BYTES to raise it)", None)])
         os.set_blocking(fd, True)
         chunks, total = [], 0
@@ -221,7 +216,7 @@ def read_input_bytes(path: str | Path, *, limit: int | None = None, head: int | 
                 sink(b)
         if total > cap:
             raise CompileError([Diagnostic(
-                f"'{shown}' grew past the {_human(cap)} input limit while being read", None)])
+                f"'{shown}' grew past the {human_size(cap)} input limit while being read", None)])
         return b"".join(chunks)
     except OSError as exc:
         raise CompileError([Diagnostic(f"cannot read '{shown}': {exc.strerror or exc}", None)]) from None

@@ -27,8 +27,9 @@ import re
 import stat
 from pathlib import Path
 
+from hccc.util.sizes import human_size
 from hccc.util.diagnostics import (DEFAULT_MAX_INPUT_BYTES, CompileError, Diagnostic, Location,
-                                                 SourceFile, _human, describe_mode, max_input_bytes, printable,
+                                                 SourceFile, describe_mode, max_input_bytes, printable,
                                                  read_input_bytes)
 
 #: integers in JSON inputs longer than this are refused (int64 has 19 digits)
@@ -269,7 +270,7 @@ def option_seconds(text: str, lo: float = 0.0, hi: float = MAX_OPTION_SECONDS, *
 def check_size(value: int, what: str = "size", hi: int = MAX_OPTION_BYTES) -> int:
     """Refuse a byte size over ``hi`` (default 1 TiB) as an :class:`OptionValueError`."""
     if value > hi:
-        raise OptionValueError(f"{what} {_short(value)} bytes is over the {_human(hi)} limit")
+        raise OptionValueError(f"{what} {_short(value)} bytes is over the {human_size(hi)} limit")
     return value
 
 

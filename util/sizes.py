@@ -46,3 +46,13 @@ def format_size(nbytes: int) -> str:
                 if scaled.denominator == 1:
                     return f"{whole}.{str(scaled.numerator % 10 ** digits).zfill(digits).rstrip('0')}{unit}"
     return str(n)
+
+
+def human_size(nbytes: int) -> str:
+    """A size as people read it, to one decimal in the largest binary unit it reaches: ``8.0 GiB``,
+    ``1.5 MiB``, ``512 bytes`` (approximate; :func:`format_size` is exact)."""
+    n = int(nbytes)
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"

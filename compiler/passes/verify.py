@@ -44,7 +44,7 @@ from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RRC, Algorithm, Collec
 from hccc.compiler.frontend.collectives import DEST
 from hccc.util.diagnostics import CompileError, Diagnostic, Location
 from hccc.util.plural import plural_noun
-from hccc.util.sizes import format_size
+from hccc.util.sizes import human_size
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort
 
 # Error kinds (machine-readable; VerifyError.kinds is parallel to VerifyError.diagnostics).
@@ -445,8 +445,8 @@ class _Replay:
         need = len(self.universe) * self.words * 8
         if need > MAX_REPLAY_STATE_BYTES:
             raise _too_large(alg, f"the replay that checks this program step by step would keep "
-                                  f"{format_size(need)} of state ({len(self.universe):,} (rank, chunk) rows of "
-                                  f"{N} ranks' bits), more than the {format_size(MAX_REPLAY_STATE_BYTES)} it may")
+                                  f"{human_size(need)} of state ({len(self.universe):,} (rank, chunk) rows of "
+                                  f"{N} ranks' bits), more than the {human_size(MAX_REPLAY_STATE_BYTES)} it may")
         self.state = np.zeros((len(self.universe), self.words), dtype=np.uint64)
         self.state[self.ids(start_rank * C + start_id)] = _single_bits(start_set, self.words)
         self.order = keep[stable_argsort(step[keep])] if len(keep) else keep
