@@ -192,9 +192,9 @@ def test_ir_fields_of_wrong_type_or_range_are_located_errors(tmp_path_factory, i
 
 def test_a_program_of_more_chunk_slots_than_its_proof_holds_is_refused_before_it(tmp_path, ir_text):
     """An 8-rank ProgramIR whose header fields claim 4,096 or 65,536 ranks (and the output buffer to
-    match): ``hccc check`` refuses it at ``buffers`` under the memory and CPU caps, where the proof
-    once took 127 s and 7.8 GB before ending "out of memory"."""
-    from hccc.compiler.ir.program_ir import MAX_SLOTS
+    match): ``hccc check`` refuses to prove it, located at ``buffers``, under the memory and CPU
+    caps, where the proof once took 127 s and 7.8 GB before ending "out of memory"."""
+    from hccc.compiler.ir.symbolic import MAX_PROOF_SLOTS
     argvs = []
     for n in (4096, 65536):
         doc = json.loads(ir_text)
@@ -205,8 +205,8 @@ def test_a_program_of_more_chunk_slots_than_its_proof_holds_is_refused_before_it
         p.write_text(json.dumps(doc))
         argvs.append(["check", p])
     for (_, p), res, n in zip(argvs, hccc_each(argvs, timeout=120), (4096, 65536)):
-        assert_fires(res, pattern=rf"{re.escape(p.name)}:1:\d+: error: buffers: {n} ranks x {n + 1} chunks each "
-                                  rf".* chunk slots, more than the {MAX_SLOTS:,}")
+        assert_fires(res, pattern=rf"{re.escape(p.name)}:1:\d+: error: {n} ranks x {n + 1} chunks each "
+                                  rf".* chunk slots, more than the {MAX_PROOF_SLOTS:,} hccc proves")
 
 
 #: chunk sizes whose acceptance would mean work (a 5000-digit integer to convert, a slot of 10**30
@@ -229,10 +229,8 @@ def test_chunk_bytes_on_the_compile_path(tmp_path, ir_text, value):
 
 
 def test_run_refuses_huge_scratch_before_allocating(tmp_path, ir_text):
-    """65,536 scratch chunks a rank: few enough slots for the proof's bound (``MAX_SLOTS``), 64 GiB of
-    buffers at 1 MiB, which the run's memory limit refuses before anything is allocated."""
     doc = json.loads(ir_text)
-    doc["buffers"]["scratch"] = 1 << 16
+    doc["buffers"]["scratch"] = 1 << 24
     p = tmp_path / "scratch.json"
     p.write_text(json.dumps(doc))
     assert_fires(hccc("run", p, "--backend", "cpu", "--bytes", "1M"), pattern="over the limit")

@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hccc.compiler.frontend.collectives import SPECS
-from hccc.compiler.ir.program_ir import MAX_SLOTS, Buf
+from hccc.compiler.ir.program_ir import Buf
+from hccc.compiler.ir.symbolic import MAX_PROOF_SLOTS
 
 #: executor limits (execution_common.hpp)
 MAX_OPERATION = 64
@@ -54,9 +55,9 @@ NO_MAX_SIZE = (1 << 64) - 1
 
 #: the most chunk slots a plan may declare, over all ranks (input + output + scratch chunks, the
 #: scratch twice with LL, where packets take a second region), checked from the declared counts
-#: before anything is allocated: the import's proof is the ProgramIR's, so its bound
-#: (:data:`hccc.compiler.ir.program_ir.MAX_SLOTS`, about 2 GB of proof)
-MAX_PLAN_SLOTS = MAX_SLOTS
+#: before anything is allocated: every import is proven, by the ProgramIR's proof, so its bound
+#: (:data:`hccc.compiler.ir.symbolic.MAX_PROOF_SLOTS`, about 2 GB of proof)
+MAX_PLAN_SLOTS = MAX_PROOF_SLOTS
 
 #: the most parts the import cuts a chunk into for thread-block groups (the least common multiple
 #: of a plan's ``tbg_size``s; MSCCL++'s DSL writes groups of up to a node's peers or SMs per peer:

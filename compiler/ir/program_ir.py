@@ -296,13 +296,6 @@ MAX_CHANNELS = 64
 MAX_PRIMS = 1 << 26
 CHUNK_ALIGN = 16
 MAX_CHUNK_BYTES = 1 << 30
-#: the most chunk slots (ranks x their input, output and scratch chunks) a program read from a
-#: file may declare: the symbolic proof (:mod:`hccc.compiler.ir.symbolic`) holds a Python value
-#: per slot of every rank, about 500 bytes each (an AllGather on 2,000 GPUs, 4 M slots: 2.0 GB and
-#: 40 s), so this bounds a check at about 2 GB; a 1,024-GPU AllGather of one chunk per rank needs
-#: 1 M. An 8-rank program declaring 4,096 ranks (16.8 M slots) took 127 s and 7.8 GB before ending
-#: "out of memory"
-MAX_SLOTS = 1 << 22
 
 
 class IRFormatError(Exception):

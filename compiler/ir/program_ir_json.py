@@ -13,7 +13,7 @@ import numpy as np
 
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.compiler.ir.program_ir import (CHUNK_ALIGN, COLLECTIVES, MAX_CHANNELS, MAX_CHUNK_BYTES, MAX_CHUNKS,
-                                         MAX_PRIMS, MAX_RANKS, MAX_SLOTS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
+                                         MAX_PRIMS, MAX_RANKS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
                                          OLD_SCHEMAS, PARAMETERS, PRIM_COLUMNS, SCHEMA, Buf, IRFormatError, Op,
                                          ProgramIR)
 
@@ -38,6 +38,13 @@ def _json_type(v) -> str:
     return "object"
 
 
+def key_position(text: str, key: str) -> tuple[int, int]:
+    """Line and column of the first ``"key":`` in a ProgramIR's text (1, 1 if absent)."""
+    m = re.search(r'"%s"\s*:' % re.escape(key), text)
+    off = m.start() if m else 0
+    return text.count("\n", 0, off) + 1, off - (text.rfind("\n", 0, off) + 1) + 1
+
+
 def decode_json(text: str) -> ProgramIR:
     """The ProgramIR that ``text`` holds (types, column lengths, value ranges checked); an
     :class:`IRFormatError` with a clear message otherwise. The structure is not checked here: read
@@ -60,11 +67,7 @@ class _Decoder:
         self.text = text
 
     def at(self, key: str) -> tuple[int, int]:
-        """Line and column of the first ``"key":`` in the text (1, 1 if absent)."""
-        text = self.text
-        m = re.search(r'"%s"\s*:' % re.escape(key), text)
-        off = m.start() if m else 0
-        return text.count("\n", 0, off) + 1, off - (text.rfind("\n", 0, off) + 1) + 1
+        return key_position(self.text, key)
 
     def need(self, obj, key, typ, where="top level"):
         if key not in obj or not isinstance(obj[key], typ) or isinstance(obj[key], bool):
@@ -104,10 +107,6 @@ class _Decoder:
         nchunks = self.need_int(d, "nchunks", 1, MAX_CHUNKS)
         bufs = self.need(d, "buffers", dict)
         sizes = [self.need_int(bufs, k, 0, MAX_CHUNKS, "buffers") for k in ("input", "output", "scratch")]
-        if nranks * sum(sizes) > MAX_SLOTS:      # the proof holds a value per slot: bounded before any
-            raise IRFormatError(f"buffers: {nranks} ranks x {sum(sizes)} chunks each (input {sizes[0]}, output "
-                                f"{sizes[1]}, scratch {sizes[2]}) = {nranks * sum(sizes):,} chunk slots, more "
-                                f"than the {MAX_SLOTS:,} hccc checks a program with", *self.at("buffers"))
         nwarps = self.need_int(d, "nwarps", 1, MAX_WARPS)
         chunk_bytes = self.need_int(d, "chunk_bytes", CHUNK_ALIGN, MAX_CHUNK_BYTES)
         if chunk_bytes % CHUNK_ALIGN:

@@ -51,6 +51,19 @@ from hccc.util.plural import plural, plural_noun
 _READS = np.array([Op(i).reads_src for i in range(len(Op))])
 _WRITES = np.array([Op(i).writes_dst for i in range(len(Op))])
 
+#: the most chunk slots (every rank's input, output and scratch chunks: :func:`proof_slots`) the
+#: proof takes: it holds a Python value per slot, about 500 bytes each (an AllGather on 2,000 GPUs,
+#: 4 M slots: 2.0 GB and 40 s), so this bounds a proof at about 2 GB; a 1,024-GPU AllGather of one
+#: chunk per rank needs 1 M. An 8-rank program whose ProgramIR declared 4,096 ranks (16.8 M
+#: slots) took 127 s and 7.8 GB before ending "out of memory"
+MAX_PROOF_SLOTS = 1 << 22
+
+
+def proof_slots(ir: ProgramIR) -> int:
+    """The chunk slots :func:`prove` holds a value for: every rank's input, output and scratch."""
+    return int(ir.nranks) * (int(ir.in_chunks) + int(ir.out_chunks) + int(ir.scratch_chunks))
+
+
 #: bytes of vector-clock storage per column block (int32 entries)
 VC_BUDGET = 1 << 26
 
@@ -633,5 +646,5 @@ def prove(ir: ProgramIR, inplace: bool = False, describe: Callable[[int], str] |
     check_postcondition(ir, inplace, order, describe)
 
 
-__all__ = ["ProofError", "Slots", "prim_order", "execution_order", "check_deadlock_buffered",
+__all__ = ["MAX_PROOF_SLOTS", "proof_slots", "ProofError", "Slots", "prim_order", "execution_order", "check_deadlock_buffered",
            "happens_before", "check_races", "simulate", "check_postcondition", "prove"]

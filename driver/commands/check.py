@@ -101,8 +101,17 @@ def _prove(path: str, ir) -> None:
     from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
     from hccc.compiler.ir.check import check_deadlock, check_fifo_order
     from hccc.compiler.ir.program_ir import IRFormatError
-    from hccc.compiler.ir.symbolic import ProofError, prove
+    from hccc.compiler.ir.program_ir_json import key_position
+    from hccc.compiler.ir.symbolic import MAX_PROOF_SLOTS, ProofError, proof_slots, prove
 
+    slots = proof_slots(ir)
+    if slots > MAX_PROOF_SLOTS:              # the proof holds a value per slot: refused before any
+        src = SourceFile.read(path)
+        sizes = (ir.in_chunks, ir.out_chunks, ir.scratch_chunks)
+        raise CompileError([Diagnostic(
+            f"{ir.nranks} ranks x {sum(sizes)} chunks each (input {sizes[0]}, output {sizes[1]}, scratch "
+            f"{sizes[2]}) = {slots:,} chunk slots, more than the {MAX_PROOF_SLOTS:,} hccc proves a program with",
+            Location(src, *key_position(src.text, "buffers")))])
     algorithm_level = ir.algorithm_level     # an imported MSCCL XML / MSCCL++ plan, as its stats say
     inplace = False
     try:
