@@ -32,11 +32,7 @@ def check_run_memory(name: str, nbytes: int, buffer_bytes: int) -> None:
     need = 4 * int(buffer_bytes)
     limit = run_memory_limit()
     if need > limit:
-        def human(n: int) -> str:
-            for u, s in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-                if n >= s:
-                    return f"{n / s:.1f} {u}"
-            return f"{n} bytes"
+        from hccc.util.sizes import human_size as human
         raise PlatformError(f"running {name} at {nbytes} bytes needs about {human(need)} of memory "
                             f"(its buffers, scratch included, are {human(buffer_bytes)}, checked against "
                             f"host copies), over the limit of {human(limit)}; set HCCC_MAX_RUN_BYTES to "

@@ -242,7 +242,7 @@ def test_a_header_whose_nranks_the_transfers_do_not_fill_is_refused_for_its_size
     """An 8-rank AllGather under a header of nRanks=2500: its replay would keep 1.9 GiB of state
     (6.25 million rows of 2,500 bits), and nRanks=8192 would name 67 million holdings; both are
     refused at the header, saying which ranks the transfers use, before that state is made."""
-    from hccc.compiler.passes.verify import MAX_PROOF_HOLDINGS, MAX_REPLAY_STATE_BYTES
+    from hccc.compiler.passes.verify import DEFAULT_PROOF_BYTES, HOLDINGS_PER_GIB
     rows = ring_ag_rows(8)
     for n, said in ((2500, "the replay that checks this program step by step would keep 1.9 GiB of state "
                            "(6,250,000 (rank, chunk) rows of 2500 ranks' bits), more than the 1.0 GiB it may"),
@@ -253,10 +253,24 @@ def test_a_header_whose_nranks_the_transfers_do_not_fill_is_refused_for_its_size
         assert d.message.startswith(f"nRanks={n}: ") and said in d.message, d.message
         assert (d.location.line, d.location.col) == (1, 1)
         assert d.notes == (f"the transfers use ranks 0..7 of the header's {n}",)
-    # the limits are what a whole program at those sizes needs: 4096 ranks' holdings are proven,
-    # and a 1,024-rank replay fits
-    assert 4096 * 4096 + 4096 <= MAX_PROOF_HOLDINGS < 8192 * 8192
-    assert 1024 * 1024 * 16 * 8 <= MAX_REPLAY_STATE_BYTES < 4096 * 4096 * 64 * 8
+        assert d.message.endswith("(HCCC_MAX_PROOF_BYTES raises it)")
+    # the default budget is what a whole program at those sizes needs: 4096 ranks' holdings are
+    # proven, and a 1,024-rank replay fits
+    assert 4096 * 4096 + 4096 <= HOLDINGS_PER_GIB * DEFAULT_PROOF_BYTES // (1 << 30) < 8192 * 8192
+    assert 1024 * 1024 * 16 * 8 <= DEFAULT_PROOF_BYTES < 4096 * 4096 * 64 * 8
+
+
+def test_hccc_max_proof_bytes_sets_the_proofs_budget(monkeypatch):
+    """HCCC_MAX_PROOF_BYTES moves the replay's limit both ways, and a value that is not a size is
+    an error naming the variable."""
+    alg = located("allgather", 600, ring_ag_rows(8))        # 360,000 rows of 10 words: 27.5 MiB
+    assert errors_of(alg).kinds[0] == "postcondition"       # the default budget: replayed
+    monkeypatch.setenv("HCCC_MAX_PROOF_BYTES", "16M")
+    err = errors_of(alg)
+    assert err.kinds == ["too-large"] and "more than the 16.0 MiB it may" in err.diagnostics[0].message
+    monkeypatch.setenv("HCCC_MAX_PROOF_BYTES", "lots")
+    with pytest.raises(CompileError, match="HCCC_MAX_PROOF_BYTES must be a positive size such as 8G, not 'LOTS'"):
+        verify(alg)
 
 
 def test_the_postcondition_compared_in_blocks_finds_what_one_comparison_finds(monkeypatch):

@@ -58,17 +58,19 @@ POSTCONDITION_SUMMARY = "postcondition-summary"  # "K more (rank, chunk) pairs .
 #: how many unmet postconditions are listed one by one before the summary
 POSTCONDITION_LISTED = 5
 
-#: the most (rank, chunk) holdings the pre- and postcondition may name together (each proof makes
-#: a few int64 arrays of them): a 4,096-GPU ring AllGather names 16.8 million (its 16.8 million
-#: transfers were proven over all at once, :func:`copies_hold`, in 11.4 s of CPU and 3.1 GiB at
-#: most, the program included); 8,192 GPUs would name 67 million. Past it, a header whose nRanks
-#: the transfers do not fill asked for arrays of billions before any error was found.
-MAX_PROOF_HOLDINGS = 1 << 25
-#: the most bytes the replay's state may take (a bit per rank in a row per (rank, chunk) it
-#: tracks): a 1,024-GPU AllReduce of one chunk per rank tracks 1,048,576 rows of 16 words, 128
-#: MiB. An 8-rank AllGather whose header said nRanks=4096 asked for 8 GiB and 26 s before it was
-#: refused (the replay runs where the program is wrong or reduces)
-MAX_REPLAY_STATE_BYTES = 1 << 30
+#: the proof's memory budget without ``HCCC_MAX_PROOF_BYTES``: the most bytes the replay's state
+#: may take (a bit per rank in a row per (rank, chunk) it tracks; the replay runs where a program
+#: is wrong or reduces). A 1,024-GPU AllReduce of one chunk per rank tracks 1,048,576 rows of 16
+#: words, 128 MiB; an 8-rank AllGather whose header said nRanks=4096 asked for 8 GiB and 26 s
+#: before its error
+DEFAULT_PROOF_BYTES = 1 << 30
+#: (rank, chunk) holdings the pre- and postcondition may name together per GiB of the budget
+#: (each proof makes a few int64 arrays of them): at the default, 33.5 million. A 4,096-GPU ring
+#: AllGather names 16.8 million (its 16.8 million transfers were proven over all at once,
+#: :func:`copies_hold`, in 11.4 s of CPU and 3.1 GiB at most, the program included); 8,192 GPUs
+#: would name 67 million. Past it, a header whose nRanks the transfers do not fill asked for
+#: arrays of billions before any error was found
+HOLDINGS_PER_GIB = 1 << 25
 #: bytes of state rows the postcondition compares at a time (its copies stay this small)
 POSTCONDITION_BLOCK_BYTES = 64 << 20
 
@@ -256,6 +258,19 @@ def _check_header(alg: Algorithm) -> int:
     return N
 
 
+def proof_budget() -> int:
+    """The proof's memory budget: ``HCCC_MAX_PROOF_BYTES`` (K/M/G/T suffixes) or
+    :data:`DEFAULT_PROOF_BYTES`."""
+    from hccc.util.diagnostics import env_size
+    from hccc.util.limits import printable
+    try:
+        cap = env_size("HCCC_MAX_PROOF_BYTES")
+    except ValueError as exc:
+        raise CompileError([Diagnostic(f"HCCC_MAX_PROOF_BYTES must be a positive size such as 8G, not "
+                                       f"'{printable(str(exc), limit=40)}'", None)]) from None
+    return DEFAULT_PROOF_BYTES if cap is None else cap
+
+
 def _too_large(alg: Algorithm, what: str) -> VerifyError:
     """The proof refused for its size, located at the header (with the ranks the transfers use,
     where they are fewer than the header's: the usual cause is an nRanks the program does not fill)."""
@@ -263,19 +278,21 @@ def _too_large(alg: Algorithm, what: str) -> VerifyError:
     N = int(h.nranks)
     used = int(max(np.max(alg.src, initial=-1), np.max(alg.dst, initial=-1))) + 1 if len(alg) else 0
     notes = (f"the transfers use ranks 0..{used - 1} of the header's {N}",) if 0 < used < N else ()
-    return VerifyError([Diagnostic(f"nRanks={N}: {what}", h.location, notes=notes)], ["too-large"], 0, 1)
+    return VerifyError([Diagnostic(f"nRanks={N}: {what} (HCCC_MAX_PROOF_BYTES raises it)", h.location, notes=notes)],
+                       ["too-large"], 0, 1)
 
 
 def _check_holdings(alg: Algorithm) -> None:
     """Refuse, before any array of them is made, a program whose pre- and postcondition name more
-    (rank, chunk) holdings than :data:`MAX_PROOF_HOLDINGS`."""
+    (rank, chunk) holdings than :data:`HOLDINGS_PER_GIB` per GiB of :func:`proof_budget`."""
     h = alg.header
     N, spec = int(h.nranks), h.collective.spec
     full = spec.full_chunks(N, int(h.nchunks))
     n = spec.holdings(spec.start, N, full) + spec.holdings(spec.end, N, full)
-    if n > MAX_PROOF_HOLDINGS:
+    most = HOLDINGS_PER_GIB * proof_budget() // (1 << 30)
+    if n > most:
         raise _too_large(alg, f"its collective's pre- and postcondition name {n:,} (rank, chunk) holdings, "
-                              f"more than the {MAX_PROOF_HOLDINGS:,} hccc proves")
+                              f"more than the {most:,} hccc proves")
 
 
 def _report(alg: Algorithm) -> VerifyReport:
@@ -442,11 +459,11 @@ class _Replay:
         universe = np.sort(np.concatenate([dst[keep] * C + chunk[keep], src[keep] * C + chunk[keep],
                                            start_rank * C + start_id, self.rows]))
         self.universe = universe[np.r_[True, universe[1:] != universe[:-1]]] if len(universe) else universe
-        need = len(self.universe) * self.words * 8
-        if need > MAX_REPLAY_STATE_BYTES:
+        need, budget = len(self.universe) * self.words * 8, proof_budget()
+        if need > budget:
             raise _too_large(alg, f"the replay that checks this program step by step would keep "
                                   f"{human_size(need)} of state ({len(self.universe):,} (rank, chunk) rows of "
-                                  f"{N} ranks' bits), more than the {human_size(MAX_REPLAY_STATE_BYTES)} it may")
+                                  f"{N} ranks' bits), more than the {human_size(budget)} it may")
         self.state = np.zeros((len(self.universe), self.words), dtype=np.uint64)
         self.state[self.ids(start_rank * C + start_id)] = _single_bits(start_set, self.words)
         self.order = keep[stable_argsort(step[keep])] if len(keep) else keep
