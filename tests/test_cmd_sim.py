@@ -12,6 +12,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.pipeline import load_algorithm, load_cluster
 from hccc.runtime.simulator import simulate
 from random_programs import sharing_rs4
+from cli_runs import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"
@@ -203,11 +204,20 @@ def test_plot_writes_an_image(capsys, tmp_path):
     assert "timeline of 16MB" in out
 
 
-def test_rank_mismatch_is_a_clean_error(capsys):
+def test_rank_mismatch_is_a_clean_error(capsys, tmp_path):
+    """A cluster of another GPU count: located at the .rccl header, with the cluster's node sizes,
+    as compile, run and check say it (for a ProgramIR, which has no header line, unlocated)."""
     rc, out, err = sim(capsys, str(EX / "hm_allreduce_4x8.rccl"), "--topology", TOPO1)
     assert rc == 1
-    assert "error: the program has 32 ranks but the cluster 'a100_topo1' has 8 GPUs" in err
+    assert re.search(r"hm_allreduce_4x8\.rccl:2:1: error: the algorithm has nRanks=32 but cluster "
+                     r"'a100_topo1\.topo' has 8 GPUs \(", err), err
     assert "Traceback" not in err
+    ir = tmp_path / "k"
+    assert run_cli(EX / "ring_allreduce_8.rccl", "-o", ir).returncode == 0
+    rc, out, err = sim(capsys, str(ir / "ring_allreduce_8.ir.json"), "--topology", str(EX / "clusters" / "h20_4x2_8.topo"))
+    assert rc == 1
+    assert "error: the program has 8 ranks but cluster 'h20_4x2_8.topo' has 16 GPUs (node1: 4, node2: 4, node3: 8)" \
+        in err, err
 
 
 def test_missing_link_is_a_clean_error(capsys, tmp_path):

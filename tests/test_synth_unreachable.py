@@ -119,7 +119,7 @@ def test_one_gpu_program_runs(tmp_path, capsys):
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
     eight = Path(__file__).resolve().parents[1] / "examples" / "ring_allgather_8.rccl"
     assert main(["sim", str(eight), "-t", str(topo), "--sizes", "1M"]) == 1
-    assert "has 8 ranks but the cluster 'one' has 1 GPU\n" in capsys.readouterr().err
+    assert "error: the algorithm has nRanks=8 but cluster 'one.topo' has 1 GPU (" in capsys.readouterr().err
 
 
 def test_alltoall_says_its_method(tmp_path, capsys):

@@ -124,8 +124,9 @@ def check_ir_on_topology(ir, topo: Topology, cluster_name: str | None = None) ->
     the rank counts agree and every connection ``rank -> send_peer`` has a link."""
     where = f" of cluster {cluster_name}" if cluster_name else ""
     if ir.nranks != topo.nranks:
+        cluster = f"cluster '{cluster_name}'" if cluster_name else "the cluster"
         raise CompileError([Diagnostic(
-            f"the program has {plural(ir.nranks, 'rank')} but the cluster{where} has {plural(topo.nranks, 'GPU')} "
+            f"the program has {plural(ir.nranks, 'rank')} but {cluster} has {plural(topo.nranks, 'GPU')} "
             f"({_node_sizes(topo)})", None)])
     sp = ir.prims["send_peer"]
     m = sp >= 0

@@ -169,14 +169,20 @@ def _load(args, algo: str, scheduler: str, cluster, sizes):
         if execution is None:  # an MSCCL import records whether it only runs algorithm-level
             ex = ir.stats.get("execution")
             execution = ex if ex in ("task", "algorithm") else "task"
+        if ir.nranks != cluster.topology.nranks:      # said as every command says it
+            from hccc.compiler.cluster.topology_check import check_ir_on_topology
+            check_ir_on_topology(ir, cluster.topology, cluster.name)
         return _channels(args, ir, cluster.topology), execution, None
     execution = execution or "task"
     alg = reader.read(path, opts)
     if execution == "task" and cluster.topology.nranks == alg.header.nranks:
         ir, cost = _compiled(args, alg, opts, cluster, sizes)
         return ir, execution, cost
-    verify(alg)           # the MSCCL-like baseline, or a cluster that does not fit (prepare says why)
+    verify(alg)           # the MSCCL-like baseline, or a cluster that does not fit
     topo = cluster.topology
+    if topo.nranks != alg.header.nranks:      # located at the header, as every command says it
+        from hccc.compiler.cluster.topology_check import check_on_topology
+        check_on_topology(alg, topo, cluster.name)
     ir = build_for_execution(alg, execution, scheduler=scheduler, tb_alloc=args.tb_alloc,
                              chunk_bytes=args.chunk_size or DEFAULT_SLOT_BYTES, topology=topo, sizes=sizes,
                              fuse=getattr(args, "fuse", "auto") == "on" and execution == "task")
