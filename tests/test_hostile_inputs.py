@@ -337,10 +337,11 @@ def test_long_rccl_refused_before_parsing(tmp_path):
 def test_an_nranks_the_transfers_do_not_fill_is_refused_before_its_proof_state(tmp_path):
     """A small program under a header that claims thousands of ranks (a typo, or a hostile file):
     ``hccc check`` refuses it at the header within the memory and CPU caps, where the proof once
-    asked for 1.9 GiB (2,500 ranks; 8 GiB at 4,096) or arrays of billions (8,192 and 65,536)."""
+    asked for 3.1 GiB of replay state (3,000 ranks: past the cap; 8 GiB at 4,096) or arrays of
+    billions (8,192 and 65,536)."""
     body = "".join(f"    transfer({r}, {(r + 1) % 8}, {k}, {(r - k) % 8}, recv)\n" for k in range(7) for r in range(8))
     argvs = []
-    for n in (2500, 8192, 65536):
+    for n in (3000, 8192, 65536):
         p = tmp_path / f"ag_{n}.rccl"
         p.write_text(HEADER.replace("nRanks=2", f"nRanks={n}") + body)
         argvs.append(["check", p])
