@@ -220,6 +220,28 @@ def test_rank_mismatch_is_a_clean_error(capsys, tmp_path):
         in err, err
 
 
+@pytest.mark.parametrize("make, key", [
+    (lambda d: run_cli(EX / "ring_allreduce_8.rccl", "-o", d) and d / "ring_allreduce_8.ir.json", '"nranks"'),
+    (lambda d: EX / "msccl" / "allreduce_ring_4.xml", "ngpus="),
+    (lambda d: Path(__file__).parent / "mscclpp_corpus" / "default_algos__allgather_in.json", '"gpus"'),
+], ids=["programir", "msccl-xml", "mscclpp-plan"])
+@pytest.mark.parametrize("command", ["sim", "check", "compile"])
+def test_a_program_file_of_another_rank_count_is_located_where_it_gives_its_ranks(tmp_path, make, key, command):
+    """A ProgramIR, an MSCCL XML or an MSCCL++ plan against a cluster of another GPU count: every
+    command's error is located at what gives the file's rank count."""
+    path = make(tmp_path / "k")
+    topo = str(EX / "clusters" / "h20_4x2_8.topo")
+    argv = {"sim": ["sim", path, "--topology", topo, "--sizes", "1M"], "check": ["check", path, "-t", topo],
+            "compile": [path, "-o", tmp_path / "out", "-t", topo]}[command]
+    r = run_cli(*argv)
+    assert r.returncode == 1
+    m = re.search(rf"^{re.escape(str(path))}:(\d+):(\d+): error: the program has \d+ ranks but cluster "
+                  r"'h20_4x2_8\.topo' has 16 GPUs", r.stderr, re.M)
+    assert m, r.stderr
+    line = Path(path).read_text().splitlines()[int(m[1]) - 1]
+    assert line[int(m[2]) - 1:].startswith(key)
+
+
 def test_missing_link_is_a_clean_error(capsys, tmp_path):
     topo = tmp_path / "line.topo"
     topo.write_text("define nodenum = 1\ndefine node1 = 3\n"

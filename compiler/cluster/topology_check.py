@@ -10,10 +10,12 @@ Everything is vectorised over the transfer table, so million-transfer programs s
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from hccc.compiler.frontend.algorithm import Algorithm
-from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
 from hccc.compiler.cluster.topology import LINK_CLASSES, Topology
 from hccc.util.plural import plural
 
@@ -119,15 +121,35 @@ def link_usage(alg: Algorithm, topo: Topology) -> dict:
             "transfers_by_class": {c: by_class[c] for c in LINK_CLASSES if c in by_class}}
 
 
-def check_ir_on_topology(ir, topo: Topology, cluster_name: str | None = None) -> None:
-    """A ProgramIR (read from IR JSON or MSCCL XML, so there are no source lines) against a cluster:
-    the rank counts agree and every connection ``rank -> send_peer`` has a link."""
+#: where a file read as a ProgramIR gives its rank count: a ProgramIR's key, an MSCCL XML's
+#: attribute, an MSCCL++ plan's list of GPUs (the first that the text has)
+_RANK_COUNT_AT = (re.compile(r'"nranks"\s*:'), re.compile(r'\bngpus\s*='), re.compile(r'"gpus"\s*:'))
+
+
+def _rank_count_location(path) -> Location | None:
+    """The place in the file at ``path`` that gives its program's rank count (None: no file, or it
+    cannot be read again)."""
+    if path is None:
+        return None
+    try:
+        src = SourceFile.read(path)
+    except (CompileError, OSError):
+        return None
+    m = next((m for m in (r.search(src.text) for r in _RANK_COUNT_AT) if m), None)
+    off = m.start() if m else 0
+    return Location(src, src.text.count("\n", 0, off) + 1, off - (src.text.rfind("\n", 0, off) + 1) + 1)
+
+
+def check_ir_on_topology(ir, topo: Topology, cluster_name: str | None = None, path=None) -> None:
+    """A ProgramIR (read from IR JSON, MSCCL XML or an MSCCL++ plan, so there are no source lines)
+    against a cluster: the rank counts agree (located, where the file ``path`` it was read from is
+    given, at what gives its rank count) and every connection ``rank -> send_peer`` has a link."""
     where = f" of cluster {cluster_name}" if cluster_name else ""
     if ir.nranks != topo.nranks:
         cluster = f"cluster '{cluster_name}'" if cluster_name else "the cluster"
         raise CompileError([Diagnostic(
             f"the program has {plural(ir.nranks, 'rank')} but {cluster} has {plural(topo.nranks, 'GPU')} "
-            f"({_node_sizes(topo)})", None)])
+            f"({_node_sizes(topo)})", _rank_count_location(path))])
     sp = ir.prims["send_peer"]
     m = sp >= 0
     src = ir.prims["rank"][m].astype(np.int64)

@@ -35,7 +35,7 @@ def fit_cluster(ctx: CompileContext) -> None:
     if ctx.algorithm is not None:
         topology_check.check_on_topology(ctx.algorithm, c.topology, c.name)
     else:
-        topology_check.check_ir_on_topology(ctx.ir, c.topology, c.name)
+        topology_check.check_ir_on_topology(ctx.ir, c.topology, c.name, ctx.inputs[0] if ctx.inputs else None)
     ctx.manifest["topology"] = c.manifest_entry()
 
 

@@ -148,7 +148,7 @@ def _check_program(args, reader) -> int:
         from hccc.compiler.pipeline import read_cluster
         from hccc.compiler.cluster.topology_check import check_ir_on_topology
         cluster = read_cluster(args.topology)
-        check_ir_on_topology(ir, cluster.topology, cluster.name)
+        check_ir_on_topology(ir, cluster.topology, cluster.name, args.algo)
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
     if ir.collective == "alltoall":
         summary["alltoallv"] = _alltoallv(ir)

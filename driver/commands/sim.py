@@ -171,7 +171,7 @@ def _load(args, algo: str, scheduler: str, cluster, sizes):
             execution = ex if ex in ("task", "algorithm") else "task"
         if ir.nranks != cluster.topology.nranks:      # said as every command says it
             from hccc.compiler.cluster.topology_check import check_ir_on_topology
-            check_ir_on_topology(ir, cluster.topology, cluster.name)
+            check_ir_on_topology(ir, cluster.topology, cluster.name, path)
         return _channels(args, ir, cluster.topology), execution, None
     execution = execution or "task"
     alg = reader.read(path, opts)
