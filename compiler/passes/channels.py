@@ -62,7 +62,13 @@ PLATFORMS = ("cpu", "cuda", "hip")
 
 
 class ChannelError(ValueError):
-    """A channel count that cannot run (out of range, or too many blocks per rank)."""
+    """A channel count that cannot run (out of range, or too many blocks per rank). ``declared``:
+    the count was the algorithm's own (its header's nChannels, which ``auto`` took), not one asked
+    for or chosen by the rule."""
+
+    def __init__(self, message: str, declared: bool = False):
+        super().__init__(message)
+        self.declared = declared
 
 
 def parse_channels(text) -> int | None:
@@ -144,6 +150,7 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
     for p in plats:
         if p not in PLATFORMS:
             raise ValueError(f"unknown platform {p!r}")
+    from_header = False
     if request is None:
         own = int(getattr(ir, "nchannels", 1) or 1)
         if own > 1:
@@ -152,6 +159,7 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
             k = 1
         elif int(declared) > 0:
             k = int(declared)          # the header's nChannels, 1 included
+            from_header = True
         elif device_sms:
             k = device_channels(ir, device_sms, ranks_per_device)
         else:
@@ -159,7 +167,7 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
     else:
         k = int(request)
     if not 1 <= k <= MAX_CHANNELS:
-        raise ChannelError(f"{k} channels: must be 1..{MAX_CHANNELS}")
+        raise ChannelError(f"{k} channels: must be 1..{MAX_CHANNELS}", from_header)
     t = most_tbs(ir)
     for p in plats:
         cap = max_blocks_per_rank(ir, p, sms, ranks_per_device)
@@ -170,7 +178,7 @@ def resolve_channels(request: int | None, ir: ProgramIR, platforms, sms: int | N
                 f"{k} channels x {t} thread blocks = {k * t} blocks per rank, more than a {p.upper()} "
                 f"device holds at once ({cap}: {m} multiprocessors x "
                 f"{max(1, THREADS_PER_SM[p] // _threads(ir, p))} blocks of {_threads(ir, p)} threads{shared}); "
-                f"use at most --channels {max(1, cap // t)}")
+                f"use at most --channels {max(1, cap // t)}", from_header)
     return k
 
 

@@ -86,8 +86,7 @@ def resolve_channel_count(ir, opts: CompileOptions, platforms, declared: int = 0
         return resolve_channels(opts.channels, ir, names, declared=declared, ranks_per_device=ranks_per_device,
                                 device_sms=device_sms)
     except ChannelError as exc:
-        if opts.channels is None and int(declared) > 0 and int(getattr(ir, "nchannels", 1) or 1) <= 1 \
-                and set(names) != {"cpu"}:
+        if exc.declared:
             raise CompileError([Diagnostic(f"nChannels={int(declared)} (the header's): {exc}", declared_at)]) from None
         raise CompileError([Diagnostic(f"--channels: {exc}", None)]) from None
 
