@@ -40,7 +40,7 @@ from pathlib import Path
 
 from hccc.compiler.frontend.collectives import OWN, SPECS
 from hccc.compiler.pipeline.readers import HEAD_BYTES
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, printable, read_input_bytes
+from hccc.util.diagnostics import CompileError, Diagnostic, SourceFile, printable, read_input_bytes
 from hccc.util.limits import loads_json
 
 #: what hccc's kernels implement (the Communicator's dtypes and ops: the runtime's own tables)
@@ -109,9 +109,7 @@ def _size(n: int) -> str:
 
 def _located(src: SourceFile, needle: str, msg: str) -> CatalogError:
     at = src.text.find(needle) if needle else -1
-    line = src.text.count("\n", 0, at) + 1 if at >= 0 else 1
-    col = at - (src.text.rfind("\n", 0, at) + 1) + 1 if at >= 0 else 1
-    return CatalogError([Diagnostic(msg, Location(src, line, col))])
+    return CatalogError([Diagnostic(msg, src.location_at(max(at, 0)))])
 
 
 def _read_index(directory: Path) -> tuple[dict[str, dict], bytes]:

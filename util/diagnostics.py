@@ -14,6 +14,11 @@ from pathlib import Path
 from hccc.util.sizes import human_size
 
 
+def line_col(text: str, offset: int) -> tuple[int, int]:
+    """The 1-based line and column of character ``offset`` of ``text``."""
+    return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
 @dataclass(frozen=True)
 class SourceFile:
     """A user input file: the name shown in diagnostics and its decoded text."""
@@ -45,6 +50,10 @@ class SourceFile:
             raise CompileError([Diagnostic(f"invalid UTF-8 byte 0x{data[off]:02x} (binary input?)",
                                            Location(cls(name, ""), line, col))]) from None
         return cls(name, text)
+
+    def location_at(self, offset: int) -> "Location":
+        """The line and column of character ``offset`` of the text."""
+        return Location(self, *line_col(self.text, offset))
 
     def line_text(self, line: int) -> str | None:
         lines = self.text.splitlines()

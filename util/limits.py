@@ -41,9 +41,7 @@ _LONG_INT = re.compile(r"-?\d{%d,}" % (MAX_JSON_INT_DIGITS + 1))
 
 
 def _located(src: SourceFile, offset: int, message: str) -> CompileError:
-    line = src.text.count("\n", 0, offset) + 1
-    col = offset - (src.text.rfind("\n", 0, offset) + 1) + 1
-    return CompileError([Diagnostic(message, Location(src, line, col))])
+    return CompileError([Diagnostic(message, src.location_at(offset))])
 
 
 class _TooLong(Exception):

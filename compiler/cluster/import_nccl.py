@@ -97,11 +97,9 @@ def parse_xml(src: SourceFile) -> El:
     """The element tree of an NCCL topology dump; every refusal is a located CompileError."""
     body = src.text.lstrip("\ufeff \t\r\n")       # a byte-order mark an editor wrote, whitespace
     if body and not body.startswith("<"):
-        off = len(src.text) - len(body)
-        line = src.text.count("\n", 0, off) + 1
-        col = off - (src.text.rfind("\n", 0, off) + 1) + 1
         raise CompileError([Diagnostic("not XML: NCCL's topology dump begins with <system> (the saved output of "
-                                       "nvidia-smi topo -m is read by --from-smi)", Location(src, line, col))])
+                                       "nvidia-smi topo -m is read by --from-smi)",
+                                       src.location_at(len(src.text) - len(body)))])
     p = safe_xml.new_parser()
     stack: list[El] = []
     root: list[El] = []

@@ -136,8 +136,7 @@ def _rank_count_location(path) -> Location | None:
     except (CompileError, OSError):
         return None
     m = next((m for m in (r.search(src.text) for r in _RANK_COUNT_AT) if m), None)
-    off = m.start() if m else 0
-    return Location(src, src.text.count("\n", 0, off) + 1, off - (src.text.rfind("\n", 0, off) + 1) + 1)
+    return src.location_at(m.start() if m else 0)
 
 
 def check_ir_on_topology(ir, topo: Topology, cluster_name: str | None = None, path=None) -> None:

@@ -107,9 +107,7 @@ class PlanReader:
         return self._offset(self._pos.get(p, 0))
 
     def _offset(self, off: int) -> Location:
-        line = self.src.text.count("\n", 0, off) + 1
-        col = off - (self.src.text.rfind("\n", 0, off) + 1) + 1
-        return Location(self.src, line, col)
+        return self.src.location_at(off)
 
     def err(self, path, msg: str) -> CompileError:
         return CompileError([Diagnostic(msg, self.loc(path))])

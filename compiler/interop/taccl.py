@@ -78,9 +78,7 @@ class _Profile:
         if key is not None:
             m = re.search(r'"' + re.escape(key) + r'"\s*:', self.src.text)
             if m:
-                line = self.src.text.count("\n", 0, m.start()) + 1
-                col = m.start() - (self.src.text.rfind("\n", 0, m.start()) + 1) + 1
-                return Location(self.src, line, col)
+                return self.src.location_at(m.start())
         return Location(self.src, 1, 1)
 
     def err(self, key: str | None, msg: str) -> CompileError:

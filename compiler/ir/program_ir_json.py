@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 
+from hccc.util.diagnostics import line_col
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, MAX_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
 from hccc.compiler.ir.program_ir import (CHUNK_ALIGN, COLLECTIVES, MAX_CHANNELS, MAX_CHUNK_BYTES, MAX_CHUNKS,
                                          MAX_PRIMS, MAX_RANKS, MAX_TBS_PER_RANK, MAX_WARPS, NAME_RE,
@@ -41,8 +42,7 @@ def _json_type(v) -> str:
 def key_position(text: str, key: str) -> tuple[int, int]:
     """Line and column of the first ``"key":`` in a ProgramIR's text (1, 1 if absent)."""
     m = re.search(r'"%s"\s*:' % re.escape(key), text)
-    off = m.start() if m else 0
-    return text.count("\n", 0, off) + 1, off - (text.rfind("\n", 0, off) + 1) + 1
+    return line_col(text, m.start() if m else 0)
 
 
 def decode_json(text: str) -> ProgramIR:
