@@ -292,9 +292,12 @@ def tree_simulated_score(sims: "Simulations"):
     thinned: dict[tuple, float] = {}     # candidates tried at smaller slices -> their score
     gains: list[float] = []              # what each try that ran a simulation gained (a share of its time)
 
-    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
-        cand = SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
+    def candidate(collective: str, rows, chunks_per_rank: int, channels: int, warps: int):
+        return SynthResult(collective, sims.topo.nranks, int(chunks_per_rank), None, rows, 0, 0, [], 0.0,
                            sims.topo.name, detail={"channels": int(channels), "warps": int(warps)})
+
+    def score(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> float:
+        cand = candidate(collective, rows, chunks_per_rank, channels, warps)
         base = sims._key(cand)                       # the rows hashed once, for every lookup below
         key = base + (int(channels),)
         if key in thinned:
@@ -334,7 +337,16 @@ def tree_simulated_score(sims: "Simulations"):
         return min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE) or \
             min(best) <= float(floor_s) * ((1 + FIT_TOLERANCE) if slack else 1.0)
 
+    def prefetch(collective: str, rows, chunks_per_rank: int, channels: int, warps: int) -> None:
+        """A candidate the selection will score first, prepared now (where the evaluator can:
+        ``prefetch``), for ``run_ahead`` to simulate before the selection runs: its score then
+        takes that time instead of simulating it."""
+        sims.prefetch(candidate(collective, rows, chunks_per_rank, channels, warps), int(channels))
+
     score.settled = settled
+    if getattr(sims, "ahead", False):
+        score.prefetch = prefetch
+        score.run_ahead = sims.run_ahead
     return score
 
 
@@ -414,6 +426,9 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
                               known_bound_seconds=known_bound)
         except ValueError as exc:
             raise CompileError([Diagnostic(f"{opts.cluster_name}: {exc}", None)]) from None
+        finally:
+            # simulations prepared for candidates the selection then did not score
+            getattr(sims, "drop_ahead", lambda: None)()
 
     made_at = clock.now()
     result = make(method)
@@ -668,10 +683,14 @@ class Simulations:
     of the bound), all ending by ``deadline`` (a work-clock time (:func:`hccc.util.clock.now`)): each program's
     time is kept, keyed by its transfers and channels, so none is simulated twice.
     ``stopped``: the deadline stopped a simulation or left no time to start one; ``failed``: why a
-    program could not be simulated (None: none failed)."""
+    program could not be simulated (None: none failed). ``ahead``: the selection may have a
+    candidate's simulation run before it scores it (:meth:`prefetch`, :meth:`run_ahead`: the tree
+    packing's AllReduce, beside the packing of its halves), which changes no time nor choice;
+    False: each is simulated when scored."""
 
-    def __init__(self, topo, nbytes: int, deadline: float):
+    def __init__(self, topo, nbytes: int, deadline: float, ahead: bool = True):
         self.topo = topo
+        self.ahead = bool(ahead)         # simulations may be prepared ahead of need (:meth:`prefetch`)
         self.nbytes = int(nbytes)
         self.deadline = float(deadline)
         self.times: dict[tuple, float] = {}
@@ -681,6 +700,8 @@ class Simulations:
         self.shapes_not_needed = 0       # tree shapes not simulated: one ran at the bound
         self.extrapolated = 0            # times extrapolated from a few micro-batches (PERIODIC_COLLECTIVES)
         self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
+        self.prefetched = 0              # simulations prepared ahead of need (:meth:`prefetch`)
+        self._ahead: dict[tuple, _Timing] = {}   # program -> its simulation, prepared by :meth:`prefetch`
         self._irs: dict[tuple, object] = {}
         self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
         self._bounds: dict[str, float] = {}
@@ -780,32 +801,71 @@ class Simulations:
     def seconds(self, result, channels: int | None) -> float | None:
         """Simulated seconds of ``result``'s program at ``nbytes`` with ``channels`` blocks per
         thread block (None: without the per-block limit); None when the deadline stopped it (or
-        left no time to start it) or the program cannot be simulated (``failed`` says why)."""
+        left no time to start it) or the program cannot be simulated (``failed`` says why). A
+        program :meth:`prefetch` prepared is taken from there (simulated by :meth:`run_ahead`
+        already, or now)."""
         if not self.available:
             return None
         key = self._key(result)
         tkey = key + (channels,)
         if tkey in self.times:
             return self.times[tkey]
+        timing = self._ahead.pop(tkey, None) or self._timing(result, key, channels)
+        return None if timing is None else self._record(tkey, timing)
+
+    def prefetch(self, result, channels: int | None) -> None:
+        """Prepare the simulation of ``result``'s program with ``channels`` now, for
+        :meth:`run_ahead` to run before :meth:`seconds` asks for it (the caller does other work on
+        another thread meanwhile: the compiled event loop releases the GIL). Nothing is kept of it
+        but its time, which is the one :meth:`seconds` would simulate (the same program, slice and
+        deadline), and nothing is counted until :meth:`seconds` takes it."""
+        if not self.available:
+            return
+        key = self._key(result)
+        tkey = key + (channels,)
+        if tkey in self.times or tkey in self._ahead:
+            return
+        timing = self._timing(result, key, channels)
+        if timing is not None:
+            self._ahead[tkey] = timing
+            self.prefetched += 1
+
+    def run_ahead(self) -> None:
+        """Run here the simulations :meth:`prefetch` prepared, each outcome kept for :meth:`seconds`."""
+        for timing in self._ahead.values():
+            timing.run()
+
+    def drop_ahead(self) -> None:
+        """Forget what :meth:`prefetch` prepared and nobody asked for."""
+        self._ahead = {}
+
+    def _timing(self, result, key: tuple, channels: int | None) -> "_Timing | None":
+        """The simulation of ``result``'s program (``key``) with ``channels``, prepared here; None
+        where the deadline leaves no time to start it or the program cannot be prepared
+        (``stopped`` or ``failed`` says so)."""
         if self.time_left <= 0:
             self.stopped = True
             return None
-        from hccc.runtime.simulator import SimulationError, SimulationStopped, prepare, simulate_by
+        from hccc.runtime.simulator import SimulationError, prepare
         from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS
-        from hccc.runtime.sim_periodic import simulate_periodic
 
         t0 = clock.now()
         try:
             ir = self._ir(result, key)
             ir.nchannels = int(channels or 1)
             prog = prepare(ir, self.topo, DEFAULT_BLOCK_GBPS if channels else None)
-            if key[0] in PERIODIC_COLLECTIVES:
-                # many micro-batches: their steady state's period extrapolated from a few
-                found = simulate_periodic(prog, self.topo, self.nbytes, slice_bytes="auto", deadline=self.deadline)
-                self.extrapolated += found.extrapolated
-                t = float(found.time_s)
-            else:
-                t = float(simulate_by(self.deadline, prog, self.topo, self.nbytes, slice_bytes="auto").time_s)
+        except (SimulationError, ValueError) as exc:
+            self.failed = str(exc)
+            self.longest_s = max(self.longest_s, clock.now() - t0)
+            return None
+        return _Timing(self, prog, key[0] in PERIODIC_COLLECTIVES, clock.now() - t0)
+
+    def _record(self, tkey: tuple, timing: "_Timing") -> float | None:
+        """``timing``'s outcome (run now where it has not run), kept as the time of the program
+        ``tkey``; None, with ``stopped`` or ``failed`` set, where the simulator stopped or refused it."""
+        from hccc.runtime.simulator import SimulationError, SimulationStopped
+        try:
+            t, extrapolated = timing.outcome()
         except SimulationStopped:
             self.stopped = True
             return None
@@ -813,10 +873,52 @@ class Simulations:
             self.failed = str(exc)
             return None
         finally:
-            self.longest_s = max(self.longest_s, clock.now() - t0)
+            self.longest_s = max(self.longest_s, timing.took)
+        self.extrapolated += extrapolated
         self.times[tkey] = t
-        self.walls[tkey] = clock.now() - t0
+        self.walls[tkey] = timing.took
         return t
+
+
+class _Timing:
+    """One simulation of a prepared program (``prog``) at the evaluator's size and deadline:
+    ``(seconds, whether extrapolated)``, through :func:`simulate_periodic` where ``periodic``
+    (AllGather and ReduceScatter: :data:`PERIODIC_COLLECTIVES`), else the whole call. :meth:`run`
+    runs it once (its error kept), :meth:`outcome` gives what it gave (running it first where it
+    has not run); ``took``: its seconds, the preparing included (work clock)."""
+
+    def __init__(self, sims: Simulations, prog, periodic: bool, prepared_s: float):
+        self.sims, self.prog, self.periodic = sims, prog, periodic
+        self.took = prepared_s
+        self._out: tuple | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        from hccc.runtime.simulator import SimulationError, simulate_by
+        from hccc.runtime.sim_periodic import simulate_periodic
+
+        if self._out is not None or self._error is not None:
+            return
+        sims, t0 = self.sims, clock.now()
+        try:
+            if self.periodic:
+                # many micro-batches: their steady state's period extrapolated from a few
+                found = simulate_periodic(self.prog, sims.topo, sims.nbytes, slice_bytes="auto",
+                                          deadline=sims.deadline)
+                self._out = (float(found.time_s), int(found.extrapolated))
+            else:
+                self._out = (float(simulate_by(sims.deadline, self.prog, sims.topo, sims.nbytes,
+                                               slice_bytes="auto").time_s), 0)
+        except (SimulationError, ValueError) as exc:     # SimulationStopped is a SimulationError
+            self._error = exc
+        finally:
+            self.took += clock.now() - t0
+
+    def outcome(self) -> tuple[float, int]:
+        self.run()
+        if self._error is not None:
+            raise self._error
+        return self._out
 
 
 def _fit_channels(result, topo, nbytes: int, sims: Simulations, tol: float = FIT_TOLERANCE) -> float | None:

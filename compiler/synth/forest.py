@@ -527,6 +527,7 @@ class _Setting:
     own_bw: bool = False         # ``bw`` is the network's own (no ``pair_bw`` given)
     nets: dict = field(default_factory=dict)
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
+    halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
 
     def left(self, share: int = 1) -> float:
         """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
@@ -543,36 +544,59 @@ class _Setting:
                                      f"{p.lower_bound / p.lp_time:.4f} of its LP time)")
 
 
-def _pack_halves(st: _Setting) -> tuple[dict, dict]:
-    """Stage 1: the AllGather and/or ReduceScatter packings, and the cut bound of each (seconds
-    per byte of a rank's data)."""
+def _half_nets(st: _Setting) -> bool:
+    """``st.nets``: the network each half of the collective packs its trees on, AllGather's own
+    and ReduceScatter's transposed; True where reversing every pair gives the network again
+    (bandwidths and groups alike: *mirror*), and ReduceScatter's in-trees are AllGather's
+    out-trees on it (packed once, ReduceScatter then reaches AllGather's time in the link model;
+    packed apart, the LP's ties fall another way)."""
+    net, bw = st.net, st.bw
+    mirror = net.is_self_transposed() and (st.own_bw or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
+    if st.coll in ("allgather", "allreduce"):
+        st.nets["allgather"] = net
+    if st.coll in ("reducescatter", "allreduce") and "reducescatter" not in st.nets:
+        st.nets["reducescatter"] = net if mirror else net.transposed()
+    return mirror
+
+
+def _half_cut_bounds(st: _Setting) -> dict[str, float]:
+    """The cut bound of each half of the collective (seconds per byte of a rank's data), on the
+    network it packs its trees on (:func:`_half_nets`; a mirror's ReduceScatter has AllGather's)."""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
 
-    net, coll, bw, n = st.net, st.coll, st.bw, st.net.nranks
-    packs: dict[str, tr.Packing] = {}
+    mirror, n = _half_nets(st), st.net.nranks
     cut: dict[str, float] = {}
+    for name in ("allgather", "reducescatter"):
+        if name in st.nets:
+            cut[name] = cut["allgather"] if mirror and "allgather" in cut else \
+                collective_cut_bound_seconds(st.nets[name], "allgather", n, 1, 0, float(n))
+    return cut
+
+
+def _pack_halves(st: _Setting, joint_later: bool, cut: dict[str, float] | None = None) -> tuple[dict, dict]:
+    """Stage 1: the AllGather and/or ReduceScatter packings, and the cut bound of each (seconds
+    per byte of a rank's data; ``cut``: computed already, :func:`_half_cut_bounds`).
+    ``joint_later``: an AllReduce's joint packing is still to be made (it shares the packing time
+    with them). Sets ``st.halves_s``, the time they took."""
+    t0 = clock.now()
+    net, coll, bw = st.net, st.coll, st.bw
+    later = int(joint_later and coll == "allreduce")
+    mirror = _half_nets(st)
+    cut = dict(cut) if cut is not None else _half_cut_bounds(st)
+    packs: dict[str, tr.Packing] = {}
     if coll in ("allgather", "allreduce"):
-        bound = cut["allgather"] = collective_cut_bound_seconds(net, "allgather", n, 1, 0, float(n))
-        packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=bound, max_chunks=st.max_chunks,
-                                           time_limit=st.left(3 if coll == "allreduce" else 1))
+        packs["allgather"] = tr.pack_trees(net, pair_bw=bw, bound=cut["allgather"], max_chunks=st.max_chunks,
+                                           time_limit=st.left(2 + later if coll == "allreduce" else 1))
         st.stopped(packs["allgather"], "AllGather")
-        st.nets["allgather"] = net
     if coll in ("reducescatter", "allreduce"):
-        # where reversing every pair gives the network again (bandwidths and groups alike), the
-        # in-trees are AllGather's out-trees on it: packed once, and ReduceScatter then reaches
-        # AllGather's time in the link model (packed apart, the LP's ties fall another way)
-        mirror = net.is_self_transposed() and (st.own_bw or np.array_equal(bw, bw[tr.transposed_pair_order(net)]))
-        tnet = net if mirror else net.transposed()
-        bound = cut["reducescatter"] = cut["allgather"] if mirror and "allgather" in cut else \
-            collective_cut_bound_seconds(tnet, "allgather", n, 1, 0, float(n))
         if mirror and "allgather" in packs:
             packs["reducescatter"] = packs["allgather"]
         else:
-            packs["reducescatter"] = tr.pack_trees(tnet, pair_bw=bw if mirror else st.half_bw("reducescatter"),
-                                                   bound=bound, max_chunks=st.max_chunks,
-                                                   time_limit=st.left(2 if coll == "allreduce" else 1))
+            packs["reducescatter"] = tr.pack_trees(st.nets["reducescatter"],
+                                                   pair_bw=bw if mirror else st.half_bw("reducescatter"),
+                                                   bound=cut["reducescatter"], max_chunks=st.max_chunks,
+                                                   time_limit=st.left(1 + later))
             st.stopped(packs["reducescatter"], "ReduceScatter")
-        st.nets["reducescatter"] = tnet
     if net.bw is not None and np.allclose(bw, net.bw):
         # the packings' proven bounds (cut or Lagrangian) on the network's own bandwidths: above the
         # cut bound where trees must pay for what no cut sees (docs/bounds.md, the packing bound)
@@ -586,7 +610,45 @@ def _pack_halves(st: _Setting) -> tuple[dict, dict]:
                                         bound=p.lower_bound, time_limit=st.left())
             st.stopped(packs[name], {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name]
                        + f" ({K} chunks per rank, as the other half)")
+    st.halves_s = clock.now() - t0
     return packs, cut
+
+
+def _joint(st: _Setting, share: int = 1) -> PackSet:
+    """The joint AllReduce packing: both halves packed to run at once (their loads together within
+    one time), in ``share`` of the packing time left; never slower in the link model, faster where
+    their bottlenecks differ; unshaped (the shaping passes check one half's loads)."""
+    jag, jrs = tr.pack_allreduce(st.net, pair_bw=st.bw, time_limit=st.left(share), max_chunks=joint_chunks_resident(
+        st.net.nranks, st.max_chunks, st.max_blocks, st.resident))
+    return PackSet({"allgather": jag, "reducescatter": jrs})
+
+
+def _joint_first(st: _Setting, builder: _Builder) -> tuple[PackSet | None, dict | None, bool]:
+    """Stage 1a, an AllReduce whose score can simulate a candidate ahead of the selection
+    (``score.prefetch`` and ``score.run_ahead``): the halves' cut bounds and the joint packing
+    made first. Where the joint packing is faster in the link model than the halves' cut bounds
+    together, which no packing of the halves beats, it is sure to go first in the selection loop
+    (:func:`_variants`; so on the held-out 64-GPU clusters), and the program the loop builds first
+    from it is built now and prepared for simulation: ``(joint, cut bounds, ahead)``, ``ahead``
+    true where the caller should run that simulation while the halves are packed on another
+    thread (stage 1, :func:`synthesize_trees`). The loop then takes that build
+    (:meth:`_Builder.program`) and its score that simulation's time: the ones it would have
+    made, so nothing it decides changes. A build whose blocks are not all resident is not scored
+    as it is (the loop re-rounds it first), and nothing is simulated ahead. ``(None, None,
+    False)`` (the joint packing made after the halves, as without a score) where the score
+    cannot simulate ahead or no packing time is left."""
+    prefetch = getattr(st.score, "prefetch", None)
+    if prefetch is None or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or st.left() <= 0:
+        return None, None, False
+    cut = _half_cut_bounds(st)
+    joint = _joint(st, 3)
+    if not joint.model_time() < sum(cut.values()) * (1 - 1e-9):
+        return joint, cut, False
+    job = Job(joint.chunks, joint, True, "")
+    split, (rows, _, ch, _, _, warps, fits, _) = builder.early(job, joint)
+    if fits:
+        prefetch(st.coll, rows, job.chunks * split, ch, warps)
+    return joint, cut, fits
 
 
 def _one_chunk(st: _Setting, first: PackSet) -> PackSet:
@@ -603,29 +665,24 @@ def _one_chunk(st: _Setting, first: PackSet) -> PackSet:
     return PackSet(out)
 
 
-def _variants(st: _Setting, packs: PackSet) -> list[tuple[int, PackSet | _Lazy, bool]]:
+def _variants(st: _Setting, packs: PackSet, joint: PackSet | None = None) -> list[tuple[int, PackSet | _Lazy, bool]]:
     """Stage 2: the packings programs are built from, in the order they are tried: the packings
-    apart, the joint AllReduce packing, one chunk per rank (packed when its turn comes)."""
+    apart, the joint AllReduce packing (``joint`` where :func:`_joint_first` made it), one chunk
+    per rank (packed when its turn comes)."""
     K = packs.chunks
     variants = [(K, packs, False)]
     # a further packing only while the packing time left is at least what the first ones took
     # (it solves an LP as large again): never where the limit binds
-    packed_s = clock.now() - st.t0
+    packed_s = st.halves_s
     if st.coll == "allreduce" and st.left() < packed_s:
         st.cut_by_limit.append("AllReduce joint packing skipped")
     elif st.coll == "allreduce":
-        # both halves packed to run at once (their loads together within one time): never slower
-        # in the link model, faster where their bottlenecks differ; unshaped (the shaping passes
-        # check one half's loads)
-        jag, jrs = tr.pack_allreduce(st.net, pair_bw=st.bw, time_limit=st.left(), max_chunks=joint_chunks_resident(
-            st.net.nranks, st.max_chunks, st.max_blocks, st.resident))
+        joint = joint or _joint(st)
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
         # ends the simulations before the other is simulated
-        ahead = st.score is None or max(jag.rounded_time, jrs.rounded_time) < \
-            sum(p.rounded_time for p in packs.values()) * (1 - 1e-9)
-        variants.insert(0 if ahead else 1, (jag.chunks_per_rank,
-                                            PackSet({"allgather": jag, "reducescatter": jrs}), True))
+        ahead = st.score is None or joint.model_time() < packs.model_time() * (1 - 1e-9)
+        variants.insert(0 if ahead else 1, (joint.chunks, joint, True))
     if st.score is not None and K > 1 and st.left() < packed_s:
         st.cut_by_limit.append("one-chunk packing skipped")
     elif st.score is not None and K > 1:
@@ -643,6 +700,7 @@ class _Builder:
     def __init__(self, st: _Setting):
         self.st = st
         self._shapes: list = []      # (packing, shape, the shaped packing)
+        self._early: list = []       # (job's chunks, shape, packings, its program) built ahead (:func:`_prefetch_first`)
 
     def shaped(self, name: str, p: tr.Packing, shape: str) -> tr.Packing:
         """``p`` (half ``name``) reshaped by ``shape``, made once per packing and shape."""
@@ -705,13 +763,24 @@ class _Builder:
         return np.concatenate(parts), info
 
     def program(self, job: Job, pk: PackSet):
-        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
+        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split (the one
+        :meth:`early` built, where it did)."""
+        for i, (chunks, shape, q, made) in enumerate(self._early):
+            if chunks == job.chunks and shape == job.shape and q is pk:
+                del self._early[i]
+                return made
         st = self.st
         split = split_for(job.chunks, st.net.nranks, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         return split, bundled(
             lambda m: self.build(job.shape, pk, split, m), lambda m, w: self.channels_of(pk, m, w),
             lambda m: stream_blocks(self.shaped_set(pk, job.shape), m),
             st.net.nranks, st.max_blocks, st.resident)
+
+    def early(self, job: Job, pk: PackSet):
+        """:meth:`program` built now, ahead of the selection loop, which then takes it from here."""
+        made = self.program(job, pk)
+        self._early.append((job.chunks, job.shape, pk, made))
+        return made
 
 
 class _Selection:
@@ -985,9 +1054,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
     fewer (None: no fewer warps), see :func:`bundled`.
 
-    Stages: the packings (:func:`_pack_halves`), the variants programs are built from
-    (:func:`_variants`), the selection loop building and scoring them (:class:`_Selection`, its
-    programs by :class:`_Builder`), the report (:func:`_detail`)."""
+    Stages: an AllReduce's joint packing and its first program started ahead
+    (:func:`_joint_first`), the packings (:func:`_pack_halves`), the variants programs are built from (:func:`_variants`), the
+    selection loop building and scoring them (:class:`_Selection`, its programs by
+    :class:`_Builder`), the report (:func:`_detail`)."""
     t0 = clock.now()
     coll = collective.lower()
     if coll not in tr.PACKED_COLLECTIVES:
@@ -998,9 +1068,20 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     st = _Setting(coll, net, np.asarray(net.bw if pair_bw is None else pair_bw, float), float(total_bytes) / max(n, 1),
                   block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
                   t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
-    packs, cut = _pack_halves(st)
+    builder = _Builder(st)
+    joint, cut, ahead = _joint_first(st, builder)
+    if ahead:
+        # the joint program's simulation here (the compiled event loop releases the GIL), the
+        # halves packed beside it
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-halves") as pool:
+            halves = pool.submit(_pack_halves, st, False, cut)
+            st.score.run_ahead()
+            packs, cut = halves.result()
+    else:
+        packs, cut = _pack_halves(st, joint_later=joint is None, cut=cut)
     apart = PackSet(packs)
-    selection = _Selection(st, _Builder(st), _variants(st, apart), apart)
+    selection = _Selection(st, builder, _variants(st, apart, joint), apart)
     candidates = selection.run()
     best = min(candidates, key=lambda c: c.rank)
     loops = best.info.pop("loops")

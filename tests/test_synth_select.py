@@ -1,0 +1,119 @@
+"""The selection's evaluator (``driver/synth_select.py``, :class:`Simulations`): a simulation run
+ahead of the selection (:meth:`Simulations.prefetch`, :meth:`Simulations.run_ahead`) is the very
+one the selection would have run, and an AllReduce's tree synthesis that runs its joint program's
+simulation beside the packing of its halves (``forest._joint_first``) writes what it writes
+without doing so."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.synth import forest, network_from_topology
+from hccc.compiler.synth.plan import SynthOptions
+from hccc.synth_select import Simulations, synthesize_programs, tree_simulated_score
+from hccc.util import clock
+
+CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
+
+
+def _program_text(topo, ahead: bool) -> tuple[str, list]:
+    made: list = []
+
+    def evaluator(t, nbytes, deadline):
+        made.append(Simulations(t, nbytes, deadline, ahead=ahead))
+        return made[-1]
+
+    prog, = synthesize_programs(topo, SynthOptions("allreduce", method="trees", time_limit=120.0),
+                                evaluator=evaluator)
+    return prog.text, made
+
+
+# h20_4_8 and v100_4_8: the joint packing beats the halves' cut bounds together, so its program
+# is simulated ahead; h20_4x3: it does not, and the joint packing is made after the halves
+@pytest.mark.parametrize("name, ahead", [("h20_4_8", True), ("v100_4_8", True), ("h20_4x3", False)])
+def test_an_allreduce_simulated_ahead_writes_what_it_writes_without(name, ahead):
+    topo = load_cluster(CLUSTERS / f"{name}.topo")
+    text, made = _program_text(topo, ahead=True)
+    plain, plain_made = _program_text(topo, ahead=False)
+    assert text == plain
+    assert sum(m.prefetched for m in made) == int(ahead)
+    assert sum(m.prefetched for m in plain_made) == 0
+
+
+def test_the_program_simulated_ahead_is_the_one_the_selection_scores_first(monkeypatch):
+    """The program built ahead (stage 1a) is, bit for bit, the first the selection loop scores,
+    whose score then runs no simulation of its own; the halves are packed on another thread while
+    this one runs the simulation."""
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    net = network_from_topology(topo)
+    sims = Simulations(topo, 1 << 30, clock.now() + 120)
+    score = tree_simulated_score(sims)
+    prefetched, scored, threads = [], [], {}
+    prefetch, run_ahead = score.prefetch, score.run_ahead
+
+    def spy_prefetch(*args):
+        prefetched.append(args)
+        prefetch(*args)
+
+    def spy_run_ahead():
+        threads["simulated"] = threading.current_thread()
+        run_ahead()
+
+    def spy_score(*args):
+        scored.append(args)
+        return score(*args)
+
+    spy_score.settled, spy_score.prefetch, spy_score.run_ahead = score.settled, spy_prefetch, spy_run_ahead
+    halves = forest._pack_halves
+
+    def spy_halves(*args, **kw):
+        threads["halves"] = threading.current_thread()
+        return halves(*args, **kw)
+
+    monkeypatch.setattr(forest, "_pack_halves", spy_halves)
+    simulated = []
+    real = sims._record
+    monkeypatch.setattr(sims, "_record", lambda tkey, timing: simulated.append(timing._out is not None) or
+                        real(tkey, timing))
+    forest.synthesize_trees(net, "allreduce", score=spy_score, time_limit=120.0)
+    assert len(prefetched) == 1 and scored
+    (c0, rows0, k0, ch0, w0), (c1, rows1, k1, ch1, w1) = prefetched[0], scored[0]
+    assert (c0, k0, ch0, w0) == (c1, k1, ch1, w1) and np.array_equal(rows0, rows1)
+    assert simulated[0]                    # the first score took the simulation run ahead
+    assert threads["simulated"] is threading.main_thread() and threads["halves"] is not threads["simulated"]
+
+
+def test_a_simulation_run_ahead_gives_the_time_a_score_would_and_runs_once(monkeypatch):
+    from hccc.compiler.synth import synthesize
+    from hccc.runtime import simulator
+
+    topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
+    res = synthesize(topo, "allgather", method="trees", time_limit=60.0)
+    want = Simulations(topo, 1 << 24, clock.now() + 60).seconds(res, 1)
+    calls = []
+    real = simulator.simulate_by
+    monkeypatch.setattr(simulator, "simulate_by", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sims = Simulations(topo, 1 << 24, clock.now() + 60)
+    sims.prefetch(res, 1)
+    sims.prefetch(res, 1)                  # once
+    assert sims.prefetched == 1 and not sims.times
+    sims.run_ahead()
+    ran = len(calls)
+    assert ran >= 1 and not sims.times     # nothing counted until asked for
+    assert sims.seconds(res, 1) == want and len(calls) == ran
+    assert sims.seconds(res, 1) == want and len(calls) == ran
+    # one prepared and never asked for is forgotten: a later score simulates it
+    other = Simulations(topo, 1 << 24, clock.now() + 60)
+    other.prefetch(res, 1)
+    other.drop_ahead()
+    assert other.seconds(res, 1) == want and len(calls) > ran
+
+
+def test_an_evaluator_without_ahead_gives_the_score_no_prefetch():
+    topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
+    assert not hasattr(tree_simulated_score(Simulations(topo, 1 << 24, clock.now() + 60, ahead=False)), "prefetch")
+    assert hasattr(tree_simulated_score(Simulations(topo, 1 << 24, clock.now() + 60)), "run_ahead")
