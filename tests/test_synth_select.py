@@ -33,7 +33,7 @@ def _program_text(topo, ahead: bool) -> tuple[str, list]:
 
 
 # h20_4_8 and v100_4_8: the joint packing beats the halves' cut bounds together, so its program
-# is simulated ahead; h20_4x3: it does not, and the joint packing is made after the halves
+# is simulated ahead; h20_4x3: it does not, and the halves are packed before the selection
 @pytest.mark.parametrize("name, ahead", [("h20_4_8", True), ("v100_4_8", True), ("h20_4x3", False)])
 def test_an_allreduce_simulated_ahead_writes_what_it_writes_without(name, ahead):
     topo = load_cluster(CLUSTERS / f"{name}.topo")
@@ -44,10 +44,10 @@ def test_an_allreduce_simulated_ahead_writes_what_it_writes_without(name, ahead)
     assert sum(m.prefetched for m in plain_made) == 0
 
 
-def test_the_program_simulated_ahead_is_the_one_the_selection_scores_first(monkeypatch):
-    """The program built ahead (stage 1a) is, bit for bit, the first the selection loop scores,
-    whose score then runs no simulation of its own; the halves are packed on another thread while
-    this one runs the simulation."""
+def test_the_first_score_is_simulated_ahead_while_another_thread_packs_the_halves(monkeypatch):
+    """The selection starts on the joint packing: its first score's program is prepared, simulated
+    on this thread while another packs the halves, and then scored from that simulation (none of
+    its own)."""
     topo = load_cluster(CLUSTERS / "h20_4_8.topo")
     net = network_from_topology(topo)
     sims = Simulations(topo, 1 << 30, clock.now() + 120)
@@ -117,3 +117,22 @@ def test_an_evaluator_without_ahead_gives_the_score_no_prefetch():
     topo = load_cluster(CLUSTERS / "heteccl_fig10.topo")
     assert not hasattr(tree_simulated_score(Simulations(topo, 1 << 24, clock.now() + 60, ahead=False)), "prefetch")
     assert hasattr(tree_simulated_score(Simulations(topo, 1 << 24, clock.now() + 60)), "run_ahead")
+
+
+def test_a_joint_packing_the_time_limit_skips_after_the_halves_starts_the_selection_again(monkeypatch):
+    """Where the halves, packed once the selection started on the joint packing, leave less time than
+    they took (the limit's rule for a further packing), the joint packing is no variant after all:
+    the selection starts again without it, and writes what the usual order writes."""
+    halves = forest._pack_halves
+
+    def slow_halves(st, *args, **kw):
+        out = halves(st, *args, **kw)
+        st.halves_s = 1e9           # as if they had taken longer than the time left
+        return out
+
+    monkeypatch.setattr(forest, "_pack_halves", slow_halves)
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    text, made = _program_text(topo, ahead=True)
+    plain, _ = _program_text(topo, ahead=False)
+    assert sum(m.prefetched for m in made) == 1       # the selection had started on the joint packing
+    assert text == plain and "AllReduce joint packing skipped" in text

@@ -528,6 +528,8 @@ class _Setting:
     nets: dict = field(default_factory=dict)
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
     halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
+    joint_made: PackSet | None = None    # the joint packing where made before the halves (:func:`_joint_first`)
+    halves_cut: dict | None = None       # the halves' cut bounds, where computed before them
 
     def left(self, share: int = 1) -> float:
         """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
@@ -623,32 +625,61 @@ def _joint(st: _Setting, share: int = 1) -> PackSet:
     return PackSet({"allgather": jag, "reducescatter": jrs})
 
 
-def _joint_first(st: _Setting, builder: _Builder) -> tuple[PackSet | None, dict | None, bool]:
+def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
     """Stage 1a, an AllReduce whose score can simulate a candidate ahead of the selection
     (``score.prefetch`` and ``score.run_ahead``): the halves' cut bounds and the joint packing
     made first. Where the joint packing is faster in the link model than the halves' cut bounds
     together, which no packing of the halves beats, it is sure to go first in the selection loop
-    (:func:`_variants`; so on the held-out 64-GPU clusters), and the program the loop builds first
-    from it is built now and prepared for simulation: ``(joint, cut bounds, ahead)``, ``ahead``
-    true where the caller should run that simulation while the halves are packed on another
-    thread (stage 1, :func:`synthesize_trees`). The loop then takes that build
-    (:meth:`_Builder.program`) and its score that simulation's time: the ones it would have
-    made, so nothing it decides changes. A build whose blocks are not all resident is not scored
-    as it is (the loop re-rounds it first), and nothing is simulated ahead. ``(None, None,
-    False)`` (the joint packing made after the halves, as without a score) where the score
-    cannot simulate ahead or no packing time is left."""
-    prefetch = getattr(st.score, "prefetch", None)
-    if prefetch is None or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or st.left() <= 0:
-        return None, None, False
+    (:func:`_variants`; so on the held-out 64-GPU clusters): ``(joint, cut bounds)``, and the loop
+    starts on it while the halves are still to be packed (:class:`_Later`); else None, and the
+    packings are made in the usual order (the joint packing, made already, is not made again)."""
+    if not hasattr(st.score, "prefetch") or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or \
+            st.left() <= 0:
+        return None
     cut = _half_cut_bounds(st)
     joint = _joint(st, 3)
+    st.joint_made = joint
     if not joint.model_time() < sum(cut.values()) * (1 - 1e-9):
-        return joint, cut, False
-    job = Job(joint.chunks, joint, True, "")
-    split, (rows, _, ch, _, _, warps, fits, _) = builder.early(job, joint)
-    if fits:
-        prefetch(st.coll, rows, job.chunks * split, ch, warps)
-    return joint, cut, fits
+        st.halves_cut = cut
+        return None
+    return joint, cut
+
+
+class _Restart(Exception):
+    """The halves packed, the joint packing is not a variant after all (the time limit skips it):
+    the selection starts again from ``variants``."""
+
+    def __init__(self, variants: list, apart: PackSet):
+        super().__init__("joint packing skipped")
+        self.variants, self.apart = variants, apart
+
+
+class _Later:
+    """The halves of an AllReduce whose selection starts on its joint packing (:func:`_joint_first`),
+    packed when the selection first needs them: at its first score, on another thread while the
+    calling one runs that score's simulation (``overlap``: ``score.run_ahead``), or (without
+    overlap) when its queue runs out or the time limit asks how many candidates are left.
+    :meth:`make` returns the variants after the joint one and the packings apart, and keeps the
+    halves' cut bounds (``cut``)."""
+
+    def __init__(self, st: _Setting, joint: PackSet, cut: dict):
+        self.st, self.joint, self.cut = st, joint, cut
+
+    def make(self, overlap: Callable[[], None] | None = None) -> tuple[list, PackSet]:
+        st = self.st
+        if overlap is None:
+            packs, self.cut = _pack_halves(st, False, self.cut)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-halves") as pool:
+                halves = pool.submit(_pack_halves, st, False, self.cut)
+                overlap()
+                packs, self.cut = halves.result()
+        apart = PackSet(packs)
+        variants = _variants(st, apart, self.joint)
+        if variants[0][1] is not self.joint:
+            raise _Restart(variants, apart)
+        return variants[1:], apart
 
 
 def _one_chunk(st: _Setting, first: PackSet) -> PackSet:
@@ -677,7 +708,7 @@ def _variants(st: _Setting, packs: PackSet, joint: PackSet | None = None) -> lis
     if st.coll == "allreduce" and st.left() < packed_s:
         st.cut_by_limit.append("AllReduce joint packing skipped")
     elif st.coll == "allreduce":
-        joint = joint or _joint(st)
+        joint = joint or st.joint_made or _joint(st)
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
         # ends the simulations before the other is simulated
@@ -700,7 +731,6 @@ class _Builder:
     def __init__(self, st: _Setting):
         self.st = st
         self._shapes: list = []      # (packing, shape, the shaped packing)
-        self._early: list = []       # (job's chunks, shape, packings, its program) built ahead (:func:`_prefetch_first`)
 
     def shaped(self, name: str, p: tr.Packing, shape: str) -> tr.Packing:
         """``p`` (half ``name``) reshaped by ``shape``, made once per packing and shape."""
@@ -763,24 +793,13 @@ class _Builder:
         return np.concatenate(parts), info
 
     def program(self, job: Job, pk: PackSet):
-        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split (the one
-        :meth:`early` built, where it did)."""
-        for i, (chunks, shape, q, made) in enumerate(self._early):
-            if chunks == job.chunks and shape == job.shape and q is pk:
-                del self._early[i]
-                return made
+        """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
         st = self.st
         split = split_for(job.chunks, st.net.nranks, REDUCE_SPLIT_LEAST if "reducescatter" in pk else 2)
         return split, bundled(
             lambda m: self.build(job.shape, pk, split, m), lambda m, w: self.channels_of(pk, m, w),
             lambda m: stream_blocks(self.shaped_set(pk, job.shape), m),
             st.net.nranks, st.max_blocks, st.resident)
-
-    def early(self, job: Job, pk: PackSet):
-        """:meth:`program` built now, ahead of the selection loop, which then takes it from here."""
-        made = self.program(job, pk)
-        self._early.append((job.chunks, job.shape, pk, made))
-        return made
 
 
 class _Selection:
@@ -789,23 +808,45 @@ class _Selection:
     the blocks do not fit or a program falls short of its packing, an integral packing's LP
     rounding), until the queue ends, no job can beat the best, or the deadline nears."""
 
-    def __init__(self, st: _Setting, builder: _Builder, variants: list, apart: PackSet):
-        self.st, self.builder, self.variants, self.apart = st, builder, variants, apart
+    def __init__(self, st: _Setting, builder: _Builder, variants: list, apart: PackSet | None,
+                 later: _Later | None = None):
+        self.st, self.builder, self.variants, self.apart, self.later = st, builder, variants, apart, later
         self.candidates: list[Candidate] = []
         self.not_needed = 0            # candidates not built (or not simulated): they cannot beat the best
         self.build_s = 0.0             # the longest a candidate took to build (and score)
-        shapes = tr.SHAPES if st.score is not None else tr.SHAPES[:1]
-        self.queue = deque(Job(kv, pk, joint, shape) for kv, pk, joint in variants
-                           for shape in (("",) if joint else shapes))
+        self.queue = deque(self._jobs(variants))
 
     # ------------------------------------------------------------ the loop
+    def _complete(self, overlap: Callable[[], None] | None = None) -> None:
+        """The variants still to come (:class:`_Later`) made and queued after the others."""
+        if self.later is not None:
+            later, self.later = self.later, None
+            rest, self.apart = later.make(overlap)
+            self.variants += rest
+            self.queue.extend(self._jobs(rest))
+
+    def _jobs(self, variants: list) -> list[Job]:
+        shapes = tr.SHAPES if self.st.score is not None else tr.SHAPES[:1]
+        return [Job(kv, pk, joint, shape) for kv, pk, joint in variants for shape in (("",) if joint else shapes)]
+
+    def _score(self, *program) -> float:
+        """The score of a program built; the first, where variants are still to come, simulated ahead
+        here while they are made on another thread (:meth:`_complete`)."""
+        if self.later is not None:
+            self.st.score.prefetch(*program)
+            self._complete(self.st.score.run_ahead)
+        return self.st.score(*program)
+
     def run(self) -> list[Candidate]:
         done = 0
-        while self.queue:
+        while self.queue or self.later is not None:
+            if not self.queue:
+                self._complete()
             job = self.queue.popleft()
             # the first candidate always; another only where it can be built well before the
             # deadline (as long again for the caller's work on the program)
             if self.candidates and clock.now() + 2 * self.build_s > self.st.deadline:
+                self._complete()
                 total = done + 1 + len(self.queue)
                 self.st.cut_by_limit.append(f"{total - done} of {total} candidate programs not built")
                 break
@@ -872,7 +913,7 @@ class _Selection:
             return
         # a program whose blocks are not all resident ranks after every one that is: it is
         # simulated only where none is (below), so its simulation never takes the time of theirs
-        sc = st.score(st.coll, rows, job.chunks * split, ch, warps) if st.score is not None and fits else None
+        sc = self._score(st.coll, rows, job.chunks * split, ch, warps) if st.score is not None and fits else None
         # without a simulator, the link model's time decides (then the fewest blocks)
         self.candidates.append(Candidate((not fits, sc if sc is not None else pk.model_time() * st.per_rank, blocks),
                                          job.shape, rows, info, job.chunks * split, pk, ch, split, most, blocks,
@@ -1054,8 +1095,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
     resident at once at :data:`WARPS` warps per block (None: no limit), ``resident(warps)`` at
     fewer (None: no fewer warps), see :func:`bundled`.
 
-    Stages: an AllReduce's joint packing and its first program started ahead
-    (:func:`_joint_first`), the packings (:func:`_pack_halves`), the variants programs are built from (:func:`_variants`), the
+    Stages: an AllReduce's joint packing first where it goes first (:func:`_joint_first`, the
+    halves then packed beside its first simulation: :class:`_Later`), the packings
+    (:func:`_pack_halves`), the variants programs are built from (:func:`_variants`), the
     selection loop building and scoring them (:class:`_Selection`, its programs by
     :class:`_Builder`), the report (:func:`_detail`)."""
     t0 = clock.now()
@@ -1069,20 +1111,21 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
                   t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
     builder = _Builder(st)
-    joint, cut, ahead = _joint_first(st, builder)
-    if ahead:
-        # the joint program's simulation here (the compiled event loop releases the GIL), the
-        # halves packed beside it
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hccc-halves") as pool:
-            halves = pool.submit(_pack_halves, st, False, cut)
-            st.score.run_ahead()
-            packs, cut = halves.result()
+    first = _joint_first(st)
+    if first is not None:
+        later = _Later(st, *first)
+        selection = _Selection(st, builder, [(first[0].chunks, first[0], True)], None, later)
+        try:
+            candidates = selection.run()
+        except _Restart as again:
+            selection = _Selection(st, builder, again.variants, again.apart)
+            candidates = selection.run()
+        cut = later.cut
     else:
-        packs, cut = _pack_halves(st, joint_later=joint is None, cut=cut)
-    apart = PackSet(packs)
-    selection = _Selection(st, builder, _variants(st, apart, joint), apart)
-    candidates = selection.run()
+        packs, cut = _pack_halves(st, joint_later=st.joint_made is None, cut=st.halves_cut)
+        apart = PackSet(packs)
+        selection = _Selection(st, builder, _variants(st, apart), apart)
+        candidates = selection.run()
     best = min(candidates, key=lambda c: c.rank)
     loops = best.info.pop("loops")
     lb = sum(_distance_bound(st.nets[name]) for name in best.packs.by_name)
