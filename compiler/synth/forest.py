@@ -629,10 +629,13 @@ def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
     """Stage 1a, an AllReduce whose score can simulate a candidate ahead of the selection
     (``score.prefetch`` and ``score.run_ahead``): the halves' cut bounds and the joint packing
     made first. Where the joint packing is faster in the link model than the halves' cut bounds
-    together, which no packing of the halves beats, it is sure to go first in the selection loop
-    (:func:`_variants`; so on the held-out 64-GPU clusters): ``(joint, cut bounds)``, and the loop
-    starts on it while the halves are still to be packed (:class:`_Later`); else None, and the
-    packings are made in the usual order (the joint packing, made already, is not made again)."""
+    together (on the network's own bandwidths no packing of the halves beats them), it goes first
+    in the selection loop (:func:`_variants`; so on the held-out 64-GPU clusters): ``(joint, cut
+    bounds)``, and the loop starts on it while the halves are still to be packed
+    (:class:`_Later`). Should the halves, once packed, put it second after all (pair bandwidths
+    other than the network's) or the time limit skip it, the loop starts again in the usual
+    order (:class:`_Restart`). Else None, and the packings are made in the usual order (the
+    joint packing, made already, is not made again)."""
     if not hasattr(st.score, "prefetch") or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or \
             st.left() <= 0:
         return None
@@ -646,8 +649,9 @@ def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
 
 
 class _Restart(Exception):
-    """The halves packed, the joint packing is not a variant after all (the time limit skips it):
-    the selection starts again from ``variants``."""
+    """The halves packed, the joint packing does not go first after all (they beat it in the link
+    model, or the time limit skips it): the selection starts again from ``variants``, in their
+    order (a simulation it ran ahead is taken where the same program is scored again)."""
 
     def __init__(self, variants: list, apart: PackSet):
         super().__init__("joint packing skipped")
