@@ -47,7 +47,9 @@ class Evaluator(Protocol):
     """How the selection times candidates at one message size, all by one deadline. ``hccc synth``
     and :func:`hccc.synthesize` use :class:`Simulations` (the alpha-beta simulator); another
     evaluator (a link model, a measurement) plugs in through ``synthesize_programs(evaluator=)``,
-    a callable ``(topo, nbytes, deadline) -> Evaluator``."""
+    a callable ``(topo, nbytes, deadline) -> Evaluator``. One whose ``ahead`` is true also has
+    ``prefetch(result, channels)``, ``run_ahead()`` and ``drop_ahead()`` (see :class:`Simulations`):
+    a candidate's timing prepared, run before it is scored, and what was not scored forgotten."""
 
     topo: object
     nbytes: int
