@@ -119,10 +119,39 @@ def test_an_evaluator_without_ahead_gives_the_score_no_prefetch():
     assert hasattr(tree_simulated_score(Simulations(topo, 1 << 24, clock.now() + 60)), "run_ahead")
 
 
-def test_a_joint_packing_the_time_limit_skips_after_the_halves_starts_the_selection_again(monkeypatch):
-    """Where the halves, packed once the selection started on the joint packing, leave less time than
-    they took (the limit's rule for a further packing), the joint packing is no variant after all:
-    the selection starts again without it, and writes what the usual order writes."""
+def test_a_joint_packing_the_halves_then_beat_starts_the_selection_again(monkeypatch):
+    """Where the halves, packed once the selection started on the joint packing, beat it in the link
+    model after all (as pair bandwidths other than the network's can make them), the selection
+    starts again with the halves first, and writes what the usual order writes."""
+    halves = forest._pack_halves
+
+    def faster_halves(st, *args, **kw):
+        packs, cut = halves(st, *args, **kw)
+        for p in packs.values():
+            p.rounded_time *= 1e-3          # as if their trees ran faster than the joint packing's
+        return packs, cut
+
+    monkeypatch.setattr(forest, "_pack_halves", faster_halves)
+    restarts = []
+    restart = forest._Restart
+
+    class Counted(restart):
+        def __init__(self, *args):
+            restarts.append(1)
+            super().__init__(*args)
+
+    monkeypatch.setattr(forest, "_Restart", Counted)
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    text, made = _program_text(topo, ahead=True)
+    plain, _ = _program_text(topo, ahead=False)
+    assert restarts == [1] and sum(m.prefetched for m in made) == 1
+    assert text == plain
+
+
+def test_a_joint_packing_made_first_stays_a_variant_where_the_time_left_would_skip_it(monkeypatch):
+    """The rule that skips the joint packing where less packing time is left than the halves took
+    spares the joint packing's time: made first, it is a variant whatever is left (it went first,
+    and is the program written)."""
     halves = forest._pack_halves
 
     def slow_halves(st, *args, **kw):
@@ -134,5 +163,5 @@ def test_a_joint_packing_the_time_limit_skips_after_the_halves_starts_the_select
     topo = load_cluster(CLUSTERS / "h20_4_8.topo")
     text, made = _program_text(topo, ahead=True)
     plain, _ = _program_text(topo, ahead=False)
-    assert sum(m.prefetched for m in made) == 1       # the selection had started on the joint packing
-    assert text == plain and "AllReduce joint packing skipped" in text
+    assert sum(m.prefetched for m in made) == 1
+    assert "AllReduce joint packing skipped" in plain and "joint packing skipped" not in text

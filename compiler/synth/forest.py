@@ -528,6 +528,7 @@ class _Setting:
     nets: dict = field(default_factory=dict)
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
     halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
+    halves_left: float = 0.0     # the packing time they left (``left()`` as they ended)
     joint_made: PackSet | None = None    # the joint packing where made before the halves (:func:`_joint_first`)
     halves_cut: dict | None = None       # the halves' cut bounds, where computed before them
 
@@ -613,6 +614,7 @@ def _pack_halves(st: _Setting, joint_later: bool, cut: dict[str, float] | None =
             st.stopped(packs[name], {"allgather": "AllGather", "reducescatter": "ReduceScatter"}[name]
                        + f" ({K} chunks per rank, as the other half)")
     st.halves_s = clock.now() - t0
+    st.halves_left = st.left()
     return packs, cut
 
 
@@ -633,9 +635,10 @@ def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
     in the selection loop (:func:`_variants`; so on the held-out 64-GPU clusters): ``(joint, cut
     bounds)``, and the loop starts on it while the halves are still to be packed
     (:class:`_Later`). Should the halves, once packed, put it second after all (pair bandwidths
-    other than the network's) or the time limit skip it, the loop starts again in the usual
-    order (:class:`_Restart`). Else None, and the packings are made in the usual order (the
-    joint packing, made already, is not made again)."""
+    other than the network's), the loop starts again in the usual order (:class:`_Restart`).
+    Else None, and the halves are packed next (the joint packing, made already, is not made
+    again). Made first, the joint packing is a variant even where the time left would have
+    skipped it after the halves (:func:`_variants`): its time is spent already."""
     if not hasattr(st.score, "prefetch") or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or \
             st.left() <= 0:
         return None
@@ -650,8 +653,8 @@ def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
 
 class _Restart(Exception):
     """The halves packed, the joint packing does not go first after all (they beat it in the link
-    model, or the time limit skips it): the selection starts again from ``variants``, in their
-    order (a simulation it ran ahead is taken where the same program is scored again)."""
+    model): the selection starts again from ``variants``, in their order (a simulation it ran
+    ahead is taken where the same program is scored again)."""
 
     def __init__(self, variants: list, apart: PackSet):
         super().__init__("joint packing skipped")
@@ -706,19 +709,24 @@ def _variants(st: _Setting, packs: PackSet, joint: PackSet | None = None) -> lis
     per rank (packed when its turn comes)."""
     K = packs.chunks
     variants = [(K, packs, False)]
-    # a further packing only while the packing time left is at least what the first ones took
-    # (it solves an LP as large again): never where the limit binds
+    # a further packing only while the packing time the packings left (as they ended, whatever
+    # ran since: an AllReduce's first simulation, :class:`_Later`) is at least what the halves
+    # took (it solves an LP as large again): never where the limit binds. A joint packing made
+    # already (:func:`_joint_first`) has cost its time: it is a variant whatever is left
     packed_s = st.halves_s
-    if st.coll == "allreduce" and st.left() < packed_s:
+    joint, left = joint or st.joint_made, st.halves_left
+    if st.coll == "allreduce" and joint is None and left < packed_s:
         st.cut_by_limit.append("AllReduce joint packing skipped")
     elif st.coll == "allreduce":
-        joint = joint or st.joint_made or _joint(st)
+        if joint is None:
+            joint = _joint(st)
+            left = st.left()            # what the packings left: the halves and this one
         # simulated first where it is faster in the link model; where it is not (the halves'
         # bottlenecks are the same links), the halves apart first: a program at the bound then
         # ends the simulations before the other is simulated
         ahead = st.score is None or joint.model_time() < packs.model_time() * (1 - 1e-9)
         variants.insert(0 if ahead else 1, (joint.chunks, joint, True))
-    if st.score is not None and K > 1 and st.left() < packed_s:
+    if st.score is not None and K > 1 and left < packed_s:
         st.cut_by_limit.append("one-chunk packing skipped")
     elif st.score is not None and K > 1:
         # one chunk per rank too: rounding loses a little of the optimum in the link model, but a
