@@ -1,8 +1,9 @@
 """The selection's evaluator (``driver/synth_select.py``, :class:`Simulations`): a simulation run
 ahead of the selection (:meth:`Simulations.prefetch`, :meth:`Simulations.run_ahead`) is the very
-one the selection would have run, and an AllReduce's tree synthesis that runs its joint program's
-simulation beside the packing of its halves (``forest._joint_first``) writes what it writes
-without doing so."""
+one the selection would have run; and an AllReduce's tree synthesis that starts its selection on
+the joint packing, simulating its first program while another thread packs the halves
+(``forest._joint_first``, ``forest._Later``), writes what the usual order writes, restart
+included (``forest._Restart``)."""
 from __future__ import annotations
 
 import threading
