@@ -529,8 +529,6 @@ class _Setting:
     cut_by_limit: list = field(default_factory=list)   # what the time limit cut (``detail["time_limit_cut"]``)
     halves_s: float = 0.0        # what the packings of the halves took (:func:`_pack_halves`)
     halves_left: float = 0.0     # the packing time they left (``left()`` as they ended)
-    joint_made: PackSet | None = None    # the joint packing where made before the halves (:func:`_joint_first`)
-    halves_cut: dict | None = None       # the halves' cut bounds, where computed before them
 
     def left(self, share: int = 1) -> float:
         """Seconds the next packing gets: its part (1 of ``share`` still to come) of the packing time."""
@@ -627,28 +625,25 @@ def _joint(st: _Setting, share: int = 1) -> PackSet:
     return PackSet({"allgather": jag, "reducescatter": jrs})
 
 
-def _joint_first(st: _Setting) -> tuple[PackSet, dict] | None:
+def _joint_first(st: _Setting) -> tuple[PackSet, dict, bool] | None:
     """Stage 1a, an AllReduce whose score can simulate a candidate ahead of the selection
     (``score.prefetch`` and ``score.run_ahead``): the halves' cut bounds and the joint packing
-    made first. Where the joint packing is faster in the link model than the halves' cut bounds
-    together (on the network's own bandwidths no packing of the halves beats them), it goes first
-    in the selection loop (:func:`_variants`; so on the held-out 64-GPU clusters): ``(joint, cut
-    bounds)``, and the loop starts on it while the halves are still to be packed
-    (:class:`_Later`). Should the halves, once packed, put it second after all (pair bandwidths
+    made first, ``(joint, cut bounds, first)``. ``first``: the joint packing is faster in the link
+    model than the halves' cut bounds together (on the network's own bandwidths no packing of the
+    halves beats them), so it goes first in the selection loop (:func:`_variants`; so on the
+    held-out 64-GPU clusters), and the loop starts on it while the halves are still to be packed
+    (:class:`_Later`); should the halves, once packed, put it second after all (pair bandwidths
     other than the network's), the loop starts again in the usual order (:class:`_Restart`).
-    Else None, and the halves are packed next (the joint packing, made already, is not made
-    again). Made first, the joint packing is a variant even where the time left would have
-    skipped it after the halves (:func:`_variants`): its time is spent already."""
+    Otherwise the halves are packed next, and the joint packing is not made again. Made first,
+    it is a variant even where the time left would have skipped it after the halves
+    (:func:`_variants`): its time is spent already. None (the usual order) where the score cannot
+    simulate ahead or no packing time is left."""
     if not hasattr(st.score, "prefetch") or not hasattr(st.score, "run_ahead") or st.coll != "allreduce" or \
             st.left() <= 0:
         return None
     cut = _half_cut_bounds(st)
     joint = _joint(st, 3)
-    st.joint_made = joint
-    if not joint.model_time() < sum(cut.values()) * (1 - 1e-9):
-        st.halves_cut = cut
-        return None
-    return joint, cut
+    return joint, cut, joint.model_time() < sum(cut.values()) * (1 - 1e-9)
 
 
 class _Restart(Exception):
@@ -657,7 +652,7 @@ class _Restart(Exception):
     ahead is taken where the same program is scored again)."""
 
     def __init__(self, variants: list, apart: PackSet):
-        super().__init__("joint packing skipped")
+        super().__init__("the joint packing goes after the halves")
         self.variants, self.apart = variants, apart
 
 
@@ -713,8 +708,7 @@ def _variants(st: _Setting, packs: PackSet, joint: PackSet | None = None) -> lis
     # ran since: an AllReduce's first simulation, :class:`_Later`) is at least what the halves
     # took (it solves an LP as large again): never where the limit binds. A joint packing made
     # already (:func:`_joint_first`) has cost its time: it is a variant whatever is left
-    packed_s = st.halves_s
-    joint, left = joint or st.joint_made, st.halves_left
+    packed_s, left = st.halves_s, st.halves_left
     if st.coll == "allreduce" and joint is None and left < packed_s:
         st.cut_by_limit.append("AllReduce joint packing skipped")
     elif st.coll == "allreduce":
@@ -1123,10 +1117,10 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
                   block_gbps, max_blocks, resident, max_chunks, score, t0, t0 + float(time_limit),
                   t0 + PACK_SHARE * float(time_limit), own_bw=pair_bw is None)
     builder = _Builder(st)
-    first = _joint_first(st)
-    if first is not None:
-        later = _Later(st, *first)
-        selection = _Selection(st, builder, [(first[0].chunks, first[0], True)], None, later)
+    joint, cut, first = _joint_first(st) or (None, None, False)
+    if first:
+        later = _Later(st, joint, cut)
+        selection = _Selection(st, builder, [(joint.chunks, joint, True)], None, later)
         try:
             candidates = selection.run()
         except _Restart as again:
@@ -1134,9 +1128,9 @@ def synthesize_trees(net: Network, collective: str, *, pair_bw: np.ndarray | Non
             candidates = selection.run()
         cut = later.cut
     else:
-        packs, cut = _pack_halves(st, joint_later=st.joint_made is None, cut=st.halves_cut)
+        packs, cut = _pack_halves(st, joint_later=joint is None, cut=cut)
         apart = PackSet(packs)
-        selection = _Selection(st, builder, _variants(st, apart), apart)
+        selection = _Selection(st, builder, _variants(st, apart, joint), apart)
         candidates = selection.run()
     best = min(candidates, key=lambda c: c.rank)
     loops = best.info.pop("loops")
