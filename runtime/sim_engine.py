@@ -89,7 +89,7 @@ PR_LINK = 9
 PR_RANK = 10
 PR_RDEP0 = 11       # the TBs that wait for it, rdep_tb[PR_RDEP0:PR_RDEP1]
 PR_RDEP1 = 12
-PR_WIDTH = 16       # two cache lines
+PR_WIDTH = 16       # int32 columns: one cache line
 
 # Interval kinds recorded for the timeline
 K_SEND = 0
@@ -324,7 +324,6 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
-    ev = np.int64(0)       # the event heap (heap 0, at 0), not a literal 0 (see _heap_pop)
     G = tb_ptr.shape[0] - 1
     P = p_flags.shape[0]
     C = c_total.shape[0]
@@ -411,9 +410,6 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     dirty = np.empty(NPART, np.int64)
     dirty_n = np.zeros(1, np.int64)
     dirty_mark = np.zeros(NPART, np.int64)
-    # an int64, not a literal 1: numba would compile every kernel it is passed to once for the
-    # literal (the first instant) and again for int64 (the later ones)
-    dirty_epoch = np.int64(1)
     comp_res = np.empty(NSLOT, np.int64)
     rem = np.zeros(NSLOT, np.float64)
     cnt = np.zeros(NSLOT, np.int64)
@@ -453,7 +449,6 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     fl_key = np.zeros(G, np.int64)
     fl_pend = np.zeros(G, np.bool_)
     pend = np.empty(G, np.int64)
-    pn = 0
     # ---- heap over NCL class items (a member's completion) and C visibility items
     NI = NCL + C
     hkey = np.empty(NI, np.float64)
@@ -463,7 +458,6 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     # ---- worklist of TBs to (re)try
     wl = np.empty(G, np.int64)
     in_wl = np.zeros(G, np.bool_)
-    wn = 0
     # ---- recording
     if rec_lim > G:
         rec_lim = G
@@ -477,10 +471,12 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     rec_kind = np.zeros(nrec_cap, np.int64)
     rec_t0 = np.zeros(nrec_cap, np.float64)
     rec_t1 = np.zeros(nrec_cap, np.float64)
-    nrec = 0
     # ---- each primitive's fields side by side (a row of ``pr``, columns ``PR_*``): a TB's step
-    # reads most of them, from one or two cache lines instead of a line of each array
-    pr = np.zeros((P, PR_WIDTH), np.int64)
+    # reads most of them, from one cache line (int32 columns, rows aligned) instead of a line of
+    # each array; the load of that line is the loop's costliest (docs/measurements.md)
+    raw = np.zeros((P + 1) * PR_WIDTH, np.int32)
+    lead = (64 - raw.ctypes.data % 64) % 64 // 4       # rows start on a cache line
+    pr = raw[lead:lead + P * PR_WIDTH].reshape((P, PR_WIDTH))
     for p in range(P):
         pr[p, PR_FLAGS] = p_flags[p]
         pr[p, PR_DEP0] = dep_ptr[p]
@@ -499,6 +495,74 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     # fillings (their stamp)]
     counters = np.zeros(6, np.int64)
 
+    status, t, nrec = _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline,
+                                  counters, clock,
+                                  (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t,
+                                   tb_busy, tb_finish, tb_bytes, tb_spost, tb_rpost, progress, wl, in_wl),
+                                  (pr, dep_on, rdep_tb, chunk_len),
+                                  (c_total, c_stb, c_rtb, c_alpha, c_head, c_posted, c_tail, c_vist, c_sstart),
+                                  (rank_cres, rank_cls, route_cls, link_res_ptr, link_res),
+                                  (fl_cls, fl_lo, fl_hi, fl_red, fl_start, fl_key, fl_pend, pend, res_n, res_busy_t0,
+                                   res_busy),
+                                  (cls_ptr, cls_sh, cls_cap, cls_n, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff,
+                                   retime, retime_n, in_retime),
+                                  (part_of, part_res_ptr, part_res, part_cls_ptr, sh_slot, slot_ptr, slot_cap,
+                                   slot_cls, slot_inc, slot_n, inc_pos, pact, pact_n, cls_ppos, dirty, dirty_n,
+                                   dirty_mark, comp_res, rem, cnt, rise, rising, stack, slot_use, slot_sat, slot_part,
+                                   fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, sx, sn, du, touched,
+                                   touch_mark, full_mark, chg, chg_n, chg_old, chg_mark, chg_next, part_head),
+                                  (hkey, hitem, hpos, hn),
+                                  (rec_tb, rec_prim, rec_mb, rec_kind, rec_t0, rec_t1))
+    t_end = 0.0
+    for g in range(G):
+        if tb_state[g] == S_DONE and tb_finish[g] > t_end:
+            t_end = tb_finish[g]
+    for r in range(R):
+        if res_n[r] > 0:
+            res_busy[r] += t - res_busy_t0[r]
+    return (status, t_end, t, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
+            counters, rec_tb[:nrec], rec_prim[:nrec], rec_mb[:nrec], rec_kind[:nrec], rec_t0[:nrec],
+            rec_t1[:nrec])
+
+
+def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline, counters, clock_ts,
+                tbs, prims, conns, routes, flows, classes, shares, events, recs):
+    """:func:`run_engine`'s event loop over the arrays it made, grouped in tuples by what they hold:
+    ``tbs``, the thread blocks: their primitives, where each is, its state and times; the worklist;
+    ``prims``, the primitives (``pr``'s rows), their dependencies and the chunks' lengths; ``conns``,
+    the connections and their FIFOs; ``routes``, the resources and classes of links and reductions;
+    ``flows``, the running flows and the resources they hold; ``classes``, the flow classes, their rates
+    and members; ``shares``, the sharing's parts, lists and workspace (:mod:`hccc.runtime.sim_share`);
+    ``events``, the event heap; ``recs``, the recorded busy intervals; ``counters`` and ``clock_ts`` as
+    in :func:`run_engine`. It allocates nothing, so it is compiled without reference counting, as
+    :data:`HELPERS` are: the helpers it calls per event take some forty arrays each, and a loop that
+    counts references counts every one up and down around every call (13 % of the samples of the
+    64-GPU AllReduce simulation in docs/measurements.md, *The event loop without reference counts*).
+    Returns ``(status, the time it stopped at, intervals recorded)``."""
+    (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t, tb_busy, tb_finish, tb_bytes,
+     tb_spost, tb_rpost, progress, wl, in_wl) = tbs
+    (pr, dep_on, rdep_tb, chunk_len) = prims
+    (c_total, c_stb, c_rtb, c_alpha, c_head, c_posted, c_tail, c_vist, c_sstart) = conns
+    (rank_cres, rank_cls, route_cls, link_res_ptr, link_res) = routes
+    (fl_cls, fl_lo, fl_hi, fl_red, fl_start, fl_key, fl_pend, pend, res_n, res_busy_t0, res_busy) = flows
+    (cls_ptr, cls_sh, cls_cap, cls_n, cls_rate, cls_vt, mkey, mitem, mpos, mn, moff, retime, retime_n,
+     in_retime) = classes
+    (part_of, part_res_ptr, part_res, part_cls_ptr, sh_slot, slot_ptr, slot_cap, slot_cls, slot_inc, slot_n, inc_pos,
+     pact, pact_n, cls_ppos, dirty, dirty_n, dirty_mark, comp_res, rem, cnt, rise, rising, stack, slot_use, slot_sat,
+     slot_part, fill_res, smark, ord_cls, ord_rate, ord_n, cls_opos, sx, sn, du, touched, touch_mark, full_mark, chg,
+     chg_n, chg_old, chg_mark, chg_next, part_head) = shares
+    (hkey, hitem, hpos, hn) = events
+    (rec_tb, rec_prim, rec_mb, rec_kind, rec_t0, rec_t1) = recs
+    ev = np.int64(0)       # the event heap (heap 0, at 0), not a literal 0 (see _heap_pop)
+    G = tb_ptr.shape[0] - 1
+    NCL = cls_cap.shape[0]
+    NS = nslots
+    # an int64, not a literal 1: numba would compile every kernel it is passed to once for the
+    # literal (the first instant) and again for int64 (the later ones)
+    dirty_epoch = np.int64(1)
+    wn = 0
+    pn = 0
+    nrec = 0
     ndone = 0
     for g in range(G):
         if tb_ptr[g + 1] == tb_ptr[g]:
@@ -727,7 +791,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
         if budget >= 0 and counters[0] + counters[2] > budget:
             status = STATUS_BUDGET
             break
-        if deadline > 0.0 and counters[3] % CLOCK_EVERY == 0 and _clock_now(clock) > deadline:
+        if deadline > 0.0 and counters[3] % CLOCK_EVERY == 0 and _clock_now(clock_ts) > deadline:
             status = STATUS_BUDGET
             break
         # ============================================ every event of the next instant
@@ -779,21 +843,11 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                     in_wl[o] = True
                     wl[wn] = o
                     wn += 1
-    t_end = 0.0
-    for g in range(G):
-        if tb_state[g] == S_DONE and tb_finish[g] > t_end:
-            t_end = tb_finish[g]
-    for r in range(R):
-        if res_n[r] > 0:
-            res_busy[r] += t - res_busy_t0[r]
-    return (status, t_end, t, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
-            counters, rec_tb[:nrec], rec_prim[:nrec], rec_mb[:nrec], rec_kind[:nrec], rec_t0[:nrec],
-            rec_t1[:nrec])
-
+    return status, t, nrec
 
 #: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
 #: arrays (compiled without reference counting, see :class:`hccc.util.jit.Kernels`)
-HELPERS = ("_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
+HELPERS = ("_event_loop", "_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
            "_note_count", "_needs_share", "_fill_level", "_refill_level",
            "_cls_on", "_cls_off", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_set_rate",
            "_share", "_retime")
