@@ -49,7 +49,9 @@ class Evaluator(Protocol):
     evaluator (a link model, a measurement) plugs in through ``synthesize_programs(evaluator=)``,
     a callable ``(topo, nbytes, deadline) -> Evaluator``. One whose ``ahead`` is true also has
     ``prefetch(result, channels)``, ``run_ahead()`` and ``drop_ahead()`` (see :class:`Simulations`):
-    a candidate's timing prepared, run before it is scored, and what was not scored forgotten."""
+    a candidate's timing prepared, run before it is scored, and what was not scored forgotten. One
+    with ``guess(result, channels)`` and ``drop_guesses()`` also takes ``seconds(result, channels,
+    then=...)``: a timing started beside another, on a guess of what the selection asks next."""
 
     topo: object
     nbytes: int
@@ -310,22 +312,38 @@ def tree_simulated_score(sims: "Simulations"):
         if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
             sims.shapes_not_needed += 1
             return float("inf")
-        t = sims.seconds(cand, int(channels))
-        if t is None:
-            return float("inf")
-        if collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and \
-                sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
-                not (best and min(best) <= sims.least_seconds(cand)) and \
-                not (best and gains and t > min(best) * (1 + THIN_REACH * max(gains))):
+        def thin_try(t: float) -> bool:
             # short of the bound, where smaller slices may fill its pipelines faster: scored at the
             # slices it would be written with (a candidate that trails at hccc's default may lead
             # at its own; none is tried that cannot beat the best whatever its slices, nor one
             # trailing it by more than smaller slices have gained so far, half as much again)
-            ran = len(sims.times)
-            thin = _thinner(cand, sims, t, int(channels))
-            if len(sims.times) > ran:
-                gains.append(0.0 if thin is None else 1.0 - thin / t)
-            t = thinned[key] = t if thin is None else thin
+            return collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and \
+                sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
+                not (best and min(best) <= sims.least_seconds(cand)) and \
+                not (best and gains and t > min(best) * (1 + THIN_REACH * max(gains)))
+
+        def guess(estimate: float, took: float) -> None:
+            # the default's time as its shorter samples tell it: the smaller slices that time would
+            # try first, started beside its longest sample (taken by _thinner where they are the
+            # ones it tries; stopped where not)
+            if thin_try(estimate):
+                policy = _thin_first(cand, sims, estimate, took)
+                if policy is not None:
+                    sims.guess(_sliced(cand, policy), int(channels))
+
+        guessing = collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and hasattr(sims, "guess")
+        t = sims.seconds(cand, int(channels), then=guess) if guessing else sims.seconds(cand, int(channels))
+        try:
+            if t is None:
+                return float("inf")
+            if thin_try(t):
+                ran = len(sims.times)
+                thin = _thinner(cand, sims, t, int(channels))
+                if len(sims.times) > ran:
+                    gains.append(0.0 if thin is None else 1.0 - thin / t)
+                t = thinned[key] = t if thin is None else thin
+        finally:
+            getattr(sims, "drop_guesses", lambda: None)()
         best.append(t)
         return t
 
@@ -429,8 +447,9 @@ def _select(opts, topo, size: int, deadline: float, phase, method: str | None = 
         except ValueError as exc:
             raise CompileError([Diagnostic(f"{opts.cluster_name}: {exc}", None)]) from None
         finally:
-            # simulations prepared for candidates the selection then did not score
+            # simulations prepared or started for candidates the selection then did not score
             getattr(sims, "drop_ahead", lambda: None)()
+            getattr(sims, "drop_guesses", lambda: None)()
 
     made_at = clock.now()
     result = make(method)
@@ -678,6 +697,9 @@ THIN_CHOOSE_MOST = 3
 #: this many times the most any such try gained so far (a share of its time): four MI250 nodes'
 #: AllGather, 2.0 % gained by the first, its third candidate 5.7 % behind, not tried (4.4 s)
 THIN_REACH = 1.5
+#: the most threads a process's periodic timings run their samples on (:meth:`Simulations.pool`; no
+#: more than the CPUs it may use): one per sample of a call (:func:`hccc.runtime.sim_periodic.periodic_samples`)
+SAMPLE_WORKERS = 3
 
 
 class Simulations:
@@ -687,8 +709,10 @@ class Simulations:
     ``stopped``: the deadline stopped a simulation or left no time to start one; ``failed``: why a
     program could not be simulated (None: none failed). ``ahead``: the selection may have a
     candidate's simulation run before it scores it (:meth:`prefetch`, :meth:`run_ahead`: the tree
-    packing's AllReduce, beside the packing of its halves), which changes no time nor choice;
-    False: each is simulated when scored."""
+    packing's AllReduce, beside the packing of its halves) or start one on a guess beside another
+    (:meth:`guess`: an AllGather's or ReduceScatter's candidate at smaller slices, beside the
+    longest sample of its default's), which changes no time nor choice; False: each is
+    simulated when scored."""
 
     def __init__(self, topo, nbytes: int, deadline: float, ahead: bool = True):
         self.topo = topo
@@ -704,6 +728,10 @@ class Simulations:
         self.longest_s = 0.0             # the longest simulation so far (preparing it included), seconds
         self.prefetched = 0              # simulations prepared ahead of need (:meth:`prefetch`)
         self._ahead: dict[tuple, _Timing] = {}   # program -> its simulation, prepared by :meth:`prefetch`
+        self._guessed: dict[tuple, _Timing] = {}   # program -> its simulation, started by :meth:`guess`
+        self.guessed = 0                 # simulations started on a guess (:meth:`guess`)
+        self.guesses_taken = 0           # of them, those :meth:`seconds` was asked for
+        self._pool = None
         self._irs: dict[tuple, object] = {}
         self._resident: dict[tuple, int] = {}    # program -> the most channels keeping it resident
         self._bounds: dict[str, float] = {}
@@ -800,20 +828,67 @@ class Simulations:
         :meth:`_key`, where the caller has it)."""
         return self.times.get((self._key(result) if key is None else key) + (channels,))
 
-    def seconds(self, result, channels: int | None) -> float | None:
+    def seconds(self, result, channels: int | None, then=None) -> float | None:
         """Simulated seconds of ``result``'s program at ``nbytes`` with ``channels`` blocks per
         thread block (None: without the per-block limit); None when the deadline stopped it (or
         left no time to start it) or the program cannot be simulated (``failed`` says why). A
         program :meth:`prefetch` prepared is taken from there (simulated by :meth:`run_ahead`
-        already, or now)."""
+        already, or now), one :meth:`guess` started from there (waited for). ``then(estimate,
+        took)``: called, where the program's samples run on the pool (:class:`_Timing`), once its
+        two shorter samples have ended, with the time they give the call and the seconds spent
+        so far, while the longest still runs (to start there, by :meth:`guess`, what may be asked
+        next)."""
         if not self.available:
             return None
         key = self._key(result)
         tkey = key + (channels,)
         if tkey in self.times:
             return self.times[tkey]
-        timing = self._ahead.pop(tkey, None) or self._timing(result, key, channels)
-        return None if timing is None else self._record(tkey, timing)
+        timing = self._guessed.pop(tkey, None)
+        self.guesses_taken += timing is not None
+        timing = timing or self._ahead.pop(tkey, None) or self._timing(result, key, channels)
+        if timing is None:
+            return None
+        timing.then = then
+        return self._record(tkey, timing)
+
+    def guess(self, result, channels: int | None) -> None:
+        """Start the simulation of ``result``'s program with ``channels`` on the pool's free
+        workers now, on a guess that :meth:`seconds` asks for it next (it then waits for it;
+        :meth:`drop_guesses` stops it). The same simulation :meth:`seconds` would run, started
+        sooner; nothing is counted until :meth:`seconds` takes it."""
+        if not self.available or not self.ahead or self._workers() < 2:
+            return
+        key = self._key(result)
+        tkey = key + (channels,)
+        if tkey in self.times or tkey in self._guessed:
+            return
+        from hccc.runtime.simulator import StopSwitch
+        said = self.stopped, self.failed      # a guess that cannot start says nothing of the programs asked for
+        timing = self._timing(result, key, channels, stop=StopSwitch())
+        self.stopped, self.failed = said
+        if timing is not None:
+            timing.start(self.pool())
+            self._guessed[tkey] = timing
+            self.guessed += 1
+
+    def drop_guesses(self) -> None:
+        """Stop the simulations :meth:`guess` started that nobody asked for."""
+        for timing in self._guessed.values():
+            timing.cancel()
+        self._guessed = {}
+
+    def _workers(self) -> int:
+        from hccc.runtime.simulator import usable_cpus
+        return min(SAMPLE_WORKERS, usable_cpus())
+
+    def pool(self):
+        """The threads the samples of periodic timings run on (:data:`SAMPLE_WORKERS` at most, as
+        many as this process may use), made on first use; None: one CPU, samples run in turn."""
+        if self._pool is None and self._workers() > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=self._workers(), thread_name_prefix="hccc-sim")
+        return self._pool
 
     def prefetch(self, result, channels: int | None) -> None:
         """Prepare the simulation of ``result``'s program with ``channels`` now, for
@@ -841,10 +916,10 @@ class Simulations:
         """Forget what :meth:`prefetch` prepared and nobody asked for."""
         self._ahead = {}
 
-    def _timing(self, result, key: tuple, channels: int | None) -> "_Timing | None":
+    def _timing(self, result, key: tuple, channels: int | None, stop=None) -> "_Timing | None":
         """The simulation of ``result``'s program (``key``) with ``channels``, prepared here; None
         where the deadline leaves no time to start it or the program cannot be prepared
-        (``stopped`` or ``failed`` says so)."""
+        (``stopped`` or ``failed`` says so). ``stop``: its stop switch, if any."""
         if self.time_left <= 0:
             self.stopped = True
             return None
@@ -860,7 +935,7 @@ class Simulations:
             self.failed = str(exc)
             self.longest_s = max(self.longest_s, clock.now() - t0)
             return None
-        return _Timing(self, prog, key[0] in PERIODIC_COLLECTIVES, clock.now() - t0)
+        return _Timing(self, prog, key[0] in PERIODIC_COLLECTIVES, clock.now() - t0, stop)
 
     def _record(self, tkey: tuple, timing: "_Timing") -> float | None:
         """``timing``'s outcome (run now where it has not run), kept as the time of the program
@@ -884,33 +959,79 @@ class Simulations:
 
 class _Timing:
     """One simulation of a prepared program (``prog``) at the evaluator's size and deadline:
-    ``(seconds, whether extrapolated)``, through :func:`simulate_periodic` where ``periodic``
-    (AllGather and ReduceScatter: :data:`PERIODIC_COLLECTIVES`), else the whole call. :meth:`run`
-    runs it once (its error kept), :meth:`outcome` gives what it gave (running it first where it
-    has not run); ``took``: its seconds, the preparing included (work clock)."""
+    ``(seconds, whether extrapolated)``, through :class:`~hccc.runtime.sim_periodic.PeriodicCall`
+    where ``periodic`` (AllGather and ReduceScatter: :data:`PERIODIC_COLLECTIVES`; its samples on
+    the evaluator's pool), else the whole call. :meth:`run` runs it once (its error kept),
+    :meth:`outcome` gives what it gave (running it first where it has not run); :meth:`start`
+    puts its samples on the pool now, :meth:`cancel` stops them (``stop``: its stop switch);
+    ``then``: see :meth:`Simulations.seconds`; ``took``: its seconds, the preparing included
+    (work clock; a started one's from its start, waiting for the pool included)."""
 
-    def __init__(self, sims: Simulations, prog, periodic: bool, prepared_s: float):
-        self.sims, self.prog, self.periodic = sims, prog, periodic
+    def __init__(self, sims: Simulations, prog, periodic: bool, prepared_s: float, stop=None):
+        self.sims, self.prog, self.periodic, self.stop = sims, prog, periodic, stop
         self.took = prepared_s
+        self.then = None
         self._out: tuple | None = None
         self._error: BaseException | None = None
+        self._call = None
+        self._futures: list | None = None
+        self._started_at: float | None = None
+
+    def _periodic_call(self):
+        from hccc.runtime.sim_periodic import PeriodicCall
+        if self._call is None:
+            sims = self.sims
+            self._call = PeriodicCall(self.prog, sims.topo, sims.nbytes, slice_bytes="auto", deadline=sims.deadline,
+                                      stop=self.stop)
+        return self._call
+
+    def start(self, pool) -> None:
+        """Put the samples on ``pool`` (where the call is cut; else it runs when asked for)."""
+        if not self.periodic or self._futures is not None or pool is None:
+            return
+        self._started_at = clock.now()
+        self._futures = [pool.submit(job) for job in self._periodic_call().jobs()]
+
+    def cancel(self) -> None:
+        """Stop the samples started: those not begun are dropped, the running ones stopped."""
+        for f in self._futures or ():
+            f.cancel()
+        if self.stop is not None:
+            self.stop.turn()
+
+    def _samples(self, call):
+        """The samples' results in the jobs' order: from the pool (calling ``then`` once the two
+        shorter ones have ended), else run here."""
+        if self._futures is None:
+            pool = self.sims.pool() if call.side_by_side() else None
+            if pool is None:
+                return [job() for job in call.jobs()]
+            self._futures = [pool.submit(job) for job in call.jobs()]
+        if self.then is not None and len(self._futures) == 3:
+            from concurrent.futures import wait
+            shorter = self._futures[:0:-1]          # the least sample first
+            wait(shorter)
+            if all(f.exception() is None for f in shorter):
+                since = self._started_at if self._started_at is not None else self._t0
+                self.then(call.estimate(tuple(f.result().time_s for f in shorter)), self.took + clock.now() - since)
+        return [f.result() for f in self._futures]
 
     def run(self) -> None:
         from hccc.runtime.simulator import SimulationError, simulate_by
-        from hccc.runtime.sim_periodic import simulate_periodic
 
         if self._out is not None or self._error is not None:
             return
-        sims, t0 = self.sims, clock.now()
+        sims = self.sims
+        self._t0 = t0 = self._started_at if self._started_at is not None else clock.now()
         try:
             if self.periodic:
                 # many micro-batches: their steady state's period extrapolated from a few
-                found = simulate_periodic(self.prog, sims.topo, sims.nbytes, slice_bytes="auto",
-                                          deadline=sims.deadline)
+                call = self._periodic_call()
+                found = call.finish(self._samples(call))
                 self._out = (float(found.time_s), int(found.extrapolated))
             else:
                 self._out = (float(simulate_by(sims.deadline, self.prog, sims.topo, sims.nbytes,
-                                               slice_bytes="auto").time_s), 0)
+                                               slice_bytes="auto", stop=self.stop).time_s), 0)
         except (SimulationError, ValueError) as exc:     # SimulationStopped is a SimulationError
             self._error = exc
         finally:
@@ -1082,16 +1203,9 @@ def _thinner(result, sims: Simulations, before: float, channels: int) -> float |
     wall time, scaled by the slots) is not started. The one found faster is kept
     (``result.detail["slicing"]``, the ``.rccl`` header's ``nMicroBatches`` and ``MinSliceBytes``);
     None, the policy unchanged, where none is."""
-    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
-
     key = sims._key(result)
-    ir = sims._ir(result, key)
     took = sims.walls.get(key + (channels,), sims.longest_s)
-    slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
-    for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
-        # its events grow with the slots: one that would not end before the deadline is not started
-        if took * busiest_slots(ir, policy, sims.nbytes, ir.chunk_bytes) / max(1, slots) > sims.time_left:
-            continue
+    for policy in _thin_tries(result, sims, before, took):
         result.detail["slicing"] = policy.as_dict()
         t = sims.seconds(result, channels)
         if t is not None and t < before * (1 - THIN_GAIN):
@@ -1100,6 +1214,30 @@ def _thinner(result, sims: Simulations, before: float, channels: int) -> float |
         if sims.time_left <= 0:
             break
     return None
+
+
+def _thin_tries(result, sims: Simulations, before: float, took: float):
+    """The slice policies :func:`_thinner` simulates, in its order (``before``: the program's
+    seconds at hccc's default slices, whose simulation took ``took`` seconds): those its thread
+    blocks can afford, smallest slice first, each looked at as it is reached, and skipped where
+    its simulation (its events grow with the slots) would not end before the deadline."""
+    from hccc.compiler.passes.slicing import busiest_slots, thin_policy
+
+    ir = sims._ir(result, sims._key(result))
+    slots = busiest_slots(ir, ir.slice_policy, sims.nbytes, ir.chunk_bytes)
+    for policy in thin_policy(ir, sims.nbytes, before, ir.chunk_bytes):
+        if took * busiest_slots(ir, policy, sims.nbytes, ir.chunk_bytes) / max(1, slots) <= sims.time_left:
+            yield policy
+
+
+def _thin_first(result, sims: Simulations, before: float, took: float):
+    """The first policy of :func:`_thin_tries` (None: none)."""
+    return next(iter(_thin_tries(result, sims, before, took)), None)
+
+
+def _sliced(result, policy):
+    """``result`` (its transfers shared) with the slice policy ``policy``."""
+    return replace(result, detail={**result.detail, "slicing": policy.as_dict()})
 
 
 def _simulated_fraction(result, sims: Simulations, bound_s: float) -> float | None:

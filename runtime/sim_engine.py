@@ -99,9 +99,11 @@ K_RECV = 2
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
 STATUS_BUDGET = 2     # the run spent its work budget (a plain run: rerun compiled) or passed its deadline
+STATUS_STOPPED = 3    # another thread turned the run's stop switch
 
 _INF = np.inf
 #: instants between two looks at the clock of a run with a deadline (a look costs ~20 ns compiled)
+#: and at its stop switch
 CLOCK_EVERY = 256
 
 
@@ -315,13 +317,14 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
                dep_ptr, dep_on, rdep_ptr, rdep_tb,
                c_total, c_stb, c_rtb, c_alpha,
                link_res_ptr, link_res, res_cap, rank_cres, chunk_len,
-               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, take_over, budget, deadline):
+               route_cls, rank_cls, cls_ptr, cls_sh, cls_cap, take_over, budget, deadline, stop):
     """Simulate; see the module docstring for the arrays. ``mode`` 0 = task-level (each primitive
     for every micro-batch before the next), 1 = algorithm-level (every micro-batch runs the TB's
     whole primitive list). Busy intervals of TBs ``0 .. rec_lim-1`` are recorded for the timeline.
     ``budget`` >= 0 stops the run with :data:`STATUS_BUDGET` once events plus flow classes re-shared
     exceed it (-1: no limit), and so does ``deadline`` > 0 once :func:`clock_now` passes it (looked at
-    every :data:`CLOCK_EVERY` instants). ``take_over``: a TB's next flow over the resources of the flow it
+    every :data:`CLOCK_EVERY` instants); ``stop``: one int64 that another thread may set, which ends
+    the run with :data:`STATUS_STOPPED` (looked at as often as the clock). ``take_over``: a TB's next flow over the resources of the flow it
     just ended, at the same instant, keeps that flow's rate without a re-share (False: every
     flow stops and starts, the reference the tests hold it to). Returns a tuple, unpacked by :func:`hccc.runtime.simulator.simulate`."""
     G = tb_ptr.shape[0] - 1
@@ -496,7 +499,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     counters = np.zeros(6, np.int64)
 
     status, t, nrec = _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline,
-                                  counters, clock,
+                                  stop, counters, clock,
                                   (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t,
                                    tb_busy, tb_finish, tb_bytes, tb_spost, tb_rpost, progress, wl, in_wl),
                                   (pr, dep_on, rdep_tb, chunk_len),
@@ -525,7 +528,7 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
             rec_t1[:nrec])
 
 
-def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline, counters, clock_ts,
+def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budget, deadline, stop, counters, clock_ts,
                 tbs, prims, conns, routes, flows, classes, shares, events, recs):
     """:func:`run_engine`'s event loop over the arrays it made, grouped in tuples by what they hold:
     ``tbs``, the thread blocks: their primitives, where each is, its state and times; the worklist;
@@ -533,8 +536,8 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
     the connections and their FIFOs; ``routes``, the resources and classes of links and reductions;
     ``flows``, the running flows and the resources they hold; ``classes``, the flow classes, their rates
     and members; ``shares``, the sharing's parts, lists and workspace (:mod:`hccc.runtime.sim_share`);
-    ``events``, the event heap; ``recs``, the recorded busy intervals; ``counters`` and ``clock_ts`` as
-    in :func:`run_engine`. It allocates nothing, so it is compiled without reference counting, as
+    ``events``, the event heap; ``recs``, the recorded busy intervals; ``stop``, ``counters`` and
+    ``clock_ts`` as in :func:`run_engine`. It allocates nothing, so it is compiled without reference counting, as
     :data:`HELPERS` are: the helpers it calls per event take some forty arrays each, and a loop that
     counts references counts every one up and down around every call (13 % of the samples of the
     64-GPU AllReduce simulation in docs/measurements.md, *The event loop without reference counts*).
@@ -791,9 +794,13 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
         if budget >= 0 and counters[0] + counters[2] > budget:
             status = STATUS_BUDGET
             break
-        if deadline > 0.0 and counters[3] % CLOCK_EVERY == 0 and _clock_now(clock_ts) > deadline:
-            status = STATUS_BUDGET
-            break
+        if counters[3] % CLOCK_EVERY == 0:
+            if stop[0] != 0:
+                status = STATUS_STOPPED
+                break
+            if deadline > 0.0 and _clock_now(clock_ts) > deadline:
+                status = STATUS_BUDGET
+                break
         # ============================================ every event of the next instant
         t = hkey[0]
         counters[3] += 1
@@ -855,6 +862,10 @@ KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_slots", "_clock_now", "run_e
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 
 
+#: the stop switch of a run nobody stops (:func:`run_engine`'s ``stop``)
+NO_STOP = np.zeros(1, np.int64)
+
+
 def run(*args):
     """:func:`run_within` without a budget or a deadline."""
     return run_within(None, None, *args)
@@ -867,8 +878,8 @@ def _clock_deadline(deadline: float | None) -> float:
     return max(1e-9, clock_now() + (float(deadline) - clock.now()))
 
 
-def run_within(budget, deadline, *args):
-    """:func:`run_engine` (every argument but ``budget`` and ``deadline``) stopped with
+def run_within(budget, deadline, *args, stop=None):
+    """:func:`run_engine` (every argument but ``budget``, ``deadline`` and ``stop``) stopped with
     :data:`STATUS_BUDGET` once ``budget`` events plus re-shared classes are spent or once the
     work-clock time (:func:`hccc.util.clock.now`) ``deadline`` passes (None: no limit). Plain Python while this
     process's simulations stay within :data:`MIN_COMPILED_WORK` events plus re-shared classes,
@@ -876,8 +887,10 @@ def run_within(budget, deadline, *args):
     with the whole budget (a run whose least work, an event per sending primitive and micro-batch,
     already reaches that limit runs compiled at once); numba's first compile of the engine in a
     process is not counted against the deadline (the work clock stands still while numba
-    compiles), nor is loading it from numba's cache (that moves the deadline on by its time)."""
+    compiles), nor is loading it from numba's cache (that moves the deadline on by its time).
+    ``stop``: the run's stop switch (:func:`run_engine`; None: none)."""
     b = -1 if budget is None else max(0, int(budget))
+    stop = NO_STOP if stop is None else stop
     plain = KERNELS.plain_budget()
     nmb, p_flags = args[2], args[7]
     least = int(np.count_nonzero(p_flags & F_SEND)) * int(nmb)   # an event per send and micro-batch
@@ -885,7 +898,7 @@ def run_within(budget, deadline, *args):
         plain = 0                   # the plain run could not finish: compiled from the start
     if plain is None or plain > 0:
         lim = b if plain is None else plain if b < 0 else min(b, plain)
-        out = run_engine(*args, lim, _clock_deadline(deadline))
+        out = run_engine(*args, lim, _clock_deadline(deadline), stop)
         counters = out[10]
         KERNELS.spend(int(counters[0] + counters[2]))
         if out[0] != STATUS_BUDGET or plain is None or lim == b or \
@@ -900,6 +913,6 @@ def run_within(budget, deadline, *args):
         if deadline is not None and not fn.signatures:
             import numba
             c0 = clock.now()
-            fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0)))
+            fn.compile(tuple(numba.typeof(a) for a in (*args, b, 0.0, stop)))
             deadline += clock.now() - c0        # loading the cache (a compile moves no work clock)
-        return fn(*args, b, _clock_deadline(deadline))
+        return fn(*args, b, _clock_deadline(deadline), stop)

@@ -90,6 +90,79 @@ def periodic_samples(nmb: int, nslots: int = NSLOTS) -> tuple[int, ...]:
     return first, first + int(nslots), first + 2 * int(nslots)
 
 
+class PeriodicCall:
+    """One call of ``nbytes`` timed as :func:`simulate_periodic` times it, in two halves: its
+    :meth:`jobs`, the sample simulations (none where the call is not cut), which the caller runs
+    where it likes (side by side on threads, a pool shared with other calls), and :meth:`finish`,
+    which takes their results, checks the periods and gives the time (simulating the whole call
+    there where the samples do not settle it). :meth:`estimate` reads the call's time from the two
+    shorter samples alone, a guess for what to start next before the longest ends. Arguments as
+    :func:`simulate_periodic`'s; ``stop``: a :class:`~hccc.runtime.simulator.StopSwitch` every
+    simulation of the call is given."""
+
+    def __init__(self, program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
+                 element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
+                 deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE,
+                 least_ratio: float = PERIODIC_LEAST_RATIO, stop=None, **kw):
+        from hccc.runtime.simulator import _call_geometry, prepare
+
+        self.prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
+        self.topo, self.nbytes, self.element_bytes = topo, int(nbytes), element_bytes
+        self.slice_bytes, self.deadline, self.tolerance, self.kw = slice_bytes, deadline, tolerance, kw
+        if stop is not None:
+            self.kw["stop"] = stop
+        self.nslots = int(kw.get("nslots", NSLOTS))
+        self.geo, self.slice_b = _call_geometry(self.prog, self.nbytes, slice_bytes, element_bytes)
+        self.samples = periodic_samples(self.geo.nmb, self.nslots)
+        self.cut = kw.get("execution", "task") == "task" and self.geo.nmb >= least_ratio * sum(self.samples)
+
+    def _run(self, **k):
+        from hccc.runtime.simulator import simulate, simulate_by
+        if self.deadline is None:
+            return simulate(self.prog, self.topo, self.nbytes, element_bytes=self.element_bytes, **k, **self.kw)
+        return simulate_by(self.deadline, self.prog, self.topo, self.nbytes, element_bytes=self.element_bytes,
+                           **k, **self.kw)
+
+    def _sample(self, m: int):
+        return self._run(call_geometry=(cut_geometry(self.geo, m), self.slice_b))
+
+    def jobs(self) -> list:
+        """The sample simulations, longest first (callables giving their results): none where the
+        call has too few micro-batches for samples to save work."""
+        return [functools.partial(self._sample, m) for m in reversed(self.samples)] if self.cut else []
+
+    def side_by_side(self) -> bool:
+        """The samples are large enough to be worth threads of their own."""
+        from hccc.runtime.simulator import SIDE_BY_SIDE_UNITS
+        return int(self.prog.p_cnt.sum()) * sum(self.samples) >= SIDE_BY_SIDE_UNITS
+
+    def estimate(self, shorter: tuple[float, float]) -> float:
+        """The call's time from the two shorter samples' times (least first): the period between
+        them extrapolated, a guess where the longest sample would settle it."""
+        m0, m1, _ = self.samples
+        return float(shorter[1] + (self.geo.nmb - m1) // self.nslots * (shorter[1] - shorter[0]))
+
+    def finish(self, results) -> PeriodicTime:
+        """The call's time from its :meth:`jobs`' results (in the jobs' order): extrapolated where the
+        two periods agree, else the whole call simulated here (as where it is not cut)."""
+        if not self.cut:
+            whole = self._run(slice_bytes=self.slice_bytes)
+            return PeriodicTime(whole.time_s, self.geo.nmb, (self.geo.nmb,), (whole.time_s,), False, whole.events)
+        done = list(results)[::-1]
+        times = [r.time_s for r in done]
+        events = sum(r.events for r in done)
+        m0, m1, m2 = self.samples
+        # one period is ``nslots`` micro-batches; the call is a whole number of them past the last sample
+        p1, p2 = times[1] - times[0], times[2] - times[1]
+        periods = (self.geo.nmb - m2) // self.nslots
+        est = times[2] + periods * p2
+        if est > 0 and abs(p2 - p1) * periods <= self.tolerance * est:
+            return PeriodicTime(float(est), self.geo.nmb, self.samples, tuple(times), True, events)
+        whole = self._run(slice_bytes=self.slice_bytes)
+        return PeriodicTime(whole.time_s, self.geo.nmb, (*self.samples, self.geo.nmb), (*times, whole.time_s), False,
+                            events + whole.events)
+
+
 def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | None = "auto",
                       element_bytes: int = DEFAULT_ELEMENT_BYTES, block_gbps: float | None = DEFAULT_BLOCK_GBPS,
                       deadline: float | None = None, tolerance: float = PERIODIC_TOLERANCE,
@@ -98,38 +171,12 @@ def simulate_periodic(program, topo, nbytes: int, *, slice_bytes: int | str | No
     ProgramIR or a prepared :class:`SimProgram`, the rest as :func:`hccc.runtime.simulator.simulate`
     takes them (``deadline``: every simulation of it runs by
     :func:`~hccc.runtime.simulator.simulate_by`, ending by that work-clock time or raising
-    :class:`~hccc.runtime.simulator.SimulationStopped`)."""
-    from hccc.runtime.simulator import SIDE_BY_SIDE_UNITS, _call_geometry, prepare, side_by_side, simulate, simulate_by
+    :class:`~hccc.runtime.simulator.SimulationStopped`). The samples run side by side on threads
+    where they are large (:class:`PeriodicCall` splits this for callers that run them elsewhere)."""
+    from hccc.runtime.simulator import side_by_side
 
-    def run(**k):
-        if deadline is None:
-            return simulate(prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
-        return simulate_by(deadline, prog, topo, nbytes, element_bytes=element_bytes, **k, **kw)
-
-    nslots = int(kw.get("nslots", NSLOTS))
-    prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
-    geo, slice_b = _call_geometry(prog, int(nbytes), slice_bytes, element_bytes)
-    m0, m1, m2 = periodic_samples(geo.nmb, nslots)
-    if kw.get("execution", "task") != "task" or geo.nmb < least_ratio * (m0 + m1 + m2):
-        whole = run(slice_bytes=slice_bytes)
-        return PeriodicTime(whole.time_s, geo.nmb, (geo.nmb,), (whole.time_s,), False, whole.events)
-    def sample(m: int):
-        return run(call_geometry=(cut_geometry(geo, m), slice_b))
-
-    samples = (m0, m1, m2)
-    if int(prog.p_cnt.sum()) * (m0 + m1 + m2) >= SIDE_BY_SIDE_UNITS:
-        # three independent simulations: side by side, the longest first
-        done = side_by_side([functools.partial(sample, m) for m in reversed(samples)])[::-1]
-    else:
-        done = [sample(m) for m in samples]
-    times = [r.time_s for r in done]
-    events = sum(r.events for r in done)
-    # one period is ``nslots`` micro-batches; the call is a whole number of them past the last sample
-    p1, p2 = times[1] - times[0], times[2] - times[1]
-    periods = (geo.nmb - m2) // nslots
-    est = times[2] + periods * p2
-    if est > 0 and abs(p2 - p1) * periods <= tolerance * est:
-        return PeriodicTime(float(est), geo.nmb, (m0, m1, m2), tuple(times), True, events)
-    whole = run(slice_bytes=slice_bytes)
-    return PeriodicTime(whole.time_s, geo.nmb, (m0, m1, m2, geo.nmb), (*times, whole.time_s), False,
-                        events + whole.events)
+    call = PeriodicCall(program, topo, nbytes, slice_bytes=slice_bytes, element_bytes=element_bytes,
+                        block_gbps=block_gbps, deadline=deadline, tolerance=tolerance, least_ratio=least_ratio, **kw)
+    jobs = call.jobs()
+    # three independent simulations: side by side, the longest first
+    return call.finish(side_by_side(jobs) if jobs and call.side_by_side() else [j() for j in jobs])

@@ -260,7 +260,8 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
              record: bool | int = False, nslots: int = NSLOTS,
              max_units: int | None = MAX_UNITS, slice_bytes: int | str | None = None,
              block_gbps: float | None = DEFAULT_BLOCK_GBPS, work_budget: int | None = None,
-             deadline: float | None = None, call_geometry: tuple[Geometry, int] | None = None) -> SimResult:
+             deadline: float | None = None, call_geometry: tuple[Geometry, int] | None = None,
+             stop: "StopSwitch | None" = None) -> SimResult:
     """Simulate one collective call of ``nbytes`` (the full buffer, nccl-tests' size).
 
     ``program`` is a ProgramIR or the result of :func:`prepare` (reuse it across sizes).
@@ -275,6 +276,8 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     at which it stops so (None: none; see :func:`simulate_by`).
     ``call_geometry``: the call's (geometry, slice bytes) as the caller computed them (an
     AllToAllv, :mod:`hccc.runtime.sim_alltoallv`), instead of ``nbytes`` and ``slice_bytes``'.
+    ``stop``: a :class:`StopSwitch` another thread may turn to end the run with
+    :class:`SimulationStopped`.
     Raises :class:`SimulationError` for a program that cannot run on ``topo`` or deadlocks.
     """
     prog = program if isinstance(program, SimProgram) else prepare(program, topo, block_gbps)
@@ -293,10 +296,15 @@ def simulate(program: ProgramIR | SimProgram, topo: Topology, nbytes: int, *,
     if deadline is not None:
         _check_work_floor(prog, geo, int(max(0.0, deadline - clock.now()) * work_rate()))
     t0 = clock.now()
-    out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots))
+    out = eng.run_within(work_budget, deadline, *_engine_args(prog, geo, execution, rec_lim, nslots),
+                         stop=None if stop is None else stop.flag)
     wall = clock.now() - t0
     (status, t_end, _t_last, tb_finish, tb_busy, res_busy, tb_state, tb_wait, tb_pos, tb_m,
      counters, r_tb, r_prim, r_mb, r_kind, r_t0, r_t1) = out
+    if status == eng.STATUS_STOPPED:
+        raise SimulationStopped(f"simulation stopped by its stop switch ({int(counters[0] + counters[2]):,} "
+                                f"events and re-shared flow classes)", work=int(counters[0] + counters[2]),
+                                wall_s=wall)
     if status == eng.STATUS_BUDGET:
         spent = work_budget is not None and counters[0] + counters[2] > work_budget
         why = "its work budget" if spent else "its deadline"
@@ -350,6 +358,22 @@ class SimulationStopped(SimulationError):
         super().__init__(message)
         self.work = int(work)
         self.wall_s = float(wall_s)
+
+
+class StopSwitch:
+    """What another thread turns to stop running simulations (:func:`simulate`'s ``stop``): each
+    event loop given it looks at it every :data:`~hccc.runtime.sim_engine.CLOCK_EVERY` instants and
+    ends with :class:`SimulationStopped`; one not yet started stops at once."""
+
+    def __init__(self):
+        self.flag = np.zeros(1, np.int64)
+
+    def turn(self) -> None:
+        self.flag[0] = 1
+
+    @property
+    def turned(self) -> bool:
+        return bool(self.flag[0])
 
 
 #: work (events plus re-shared flow classes) per second :func:`simulate_by` assumes, until this

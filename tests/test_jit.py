@@ -318,11 +318,11 @@ def test_a_plain_simulation_stops_when_its_budget_is_spent():
     prog, _ = _sim_case()
     geo = geometry(4 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
-    full = eng.run_engine(*args, -1, 0.0)
+    full = eng.run_engine(*args, -1, 0.0, eng.NO_STOP)
     assert full[0] == eng.STATUS_OK
     work = int(full[10][0] + full[10][2])
-    assert eng.run_engine(*args, work, 0.0)[0] == eng.STATUS_OK
-    cut = eng.run_engine(*args, work // 2, 0.0)
+    assert eng.run_engine(*args, work, 0.0, eng.NO_STOP)[0] == eng.STATUS_OK
+    cut = eng.run_engine(*args, work // 2, 0.0, eng.NO_STOP)
     assert cut[0] == eng.STATUS_BUDGET and work // 2 < cut[10][0] + cut[10][2] < work
 
 
@@ -347,6 +347,60 @@ def test_a_simulation_stops_at_its_deadline(monkeypatch, mode):
     assert (full[10] == later[10]).all()
     past = eng.run_within(None, clock.now() - 1, *args)
     assert past[0] == eng.STATUS_BUDGET and past[10][3] == 0     # no instant run
+
+
+@pytest.mark.parametrize("mode", ["python", pytest.param("numba", marks=needs_numba)])
+def test_a_simulation_stops_when_another_thread_turns_its_stop_switch(monkeypatch, mode):
+    """A switch turned before the run stops it at its first instant; one turned by another thread
+    while it runs stops it there (:class:`StopSwitch`, looked at every ``CLOCK_EVERY`` instants),
+    with :class:`SimulationStopped` and less work than the run's least; an untouched one changes
+    nothing, and a plain run stopped so is not rerun compiled."""
+    import threading
+
+    from hccc.runtime import sim_engine as eng
+    from hccc.runtime.simulator import SimulationStopped, StopSwitch, simulate
+    prog, topo = _sim_case()
+    monkeypatch.setenv("HCCC_JIT", mode)
+    small = 4 << 20
+    whole = simulate(prog, topo, small, slice_bytes=4096)
+    untouched = simulate(prog, topo, small, slice_bytes=4096, stop=StopSwitch())
+    assert (untouched.time_s, untouched.events) == (whole.time_s, whole.events)
+    turned = StopSwitch()
+    turned.turn()
+    with pytest.raises(SimulationStopped) as before:
+        simulate(prog, topo, small, slice_bytes=4096, stop=turned)
+    assert before.value.work == 0 and turned.turned
+    sends = int(np.count_nonzero(prog.p_flags & eng.F_SEND))
+    if mode == "python":
+        # the loop itself starts the thread that turns the switch: deterministic
+        switch, real = StopSwitch(), eng._event_loop
+
+        def watched(*a):
+            started = threading.Event()
+            threading.Thread(target=lambda: (started.wait(), switch.turn())).start()
+            started.set()
+            return real(*a)
+
+        monkeypatch.setattr(eng, "_event_loop", watched)
+        monkeypatch.setattr(eng.KERNELS, "plain_budget", lambda: 10 ** 9)      # plain, with a compiled rerun
+        monkeypatch.setattr(eng.KERNELS, "compiled", lambda: pytest.fail("a stopped plain run was rerun"))
+        with pytest.raises(SimulationStopped) as during:
+            simulate(prog, topo, 64 << 20, slice_bytes=4096, stop=switch)
+        assert during.value.work < sends * (64 << 20) // (prog.nchunks * 4096)
+        return
+    # compiled: a timer turns it while the loop runs (a larger call where the timer came too late)
+    for nbytes in (64 << 20, 256 << 20, 1 << 30):
+        switch = StopSwitch()
+        timer = threading.Timer(0.01, switch.turn)
+        timer.start()
+        try:
+            simulate(prog, topo, nbytes, slice_bytes=4096, stop=switch)
+        except SimulationStopped as exc:
+            assert exc.work < sends * nbytes // (prog.nchunks * 4096)      # the run's least work
+            return
+        finally:
+            timer.join()
+    pytest.fail("no run outlasted a timer of 10 ms")
 
 
 @pytest.mark.slow
@@ -375,7 +429,7 @@ def test_a_simulation_that_cannot_finish_plain_runs_compiled_at_once(monkeypatch
     prog, _ = _sim_case()
     geo = geometry(16 << 20, prog.nchunks, 64 << 10, 4)
     args = _engine_args(prog, geo, "task", 0, 8)
-    want = eng.run_engine(*args, -1, 0.0)
+    want = eng.run_engine(*args, -1, 0.0, eng.NO_STOP)
     least = int(np.count_nonzero(prog.p_flags & eng.F_SEND)) * geo.nmb
     monkeypatch.delenv("HCCC_JIT", raising=False)
     fresh = Kernels(vars(eng), eng.KERNELS._names, min_work=least)

@@ -190,3 +190,29 @@ def test_synth_times_a_thin_program_by_extrapolation():
     whole = simulate(ir, topo, 1 << 30, slice_bytes="auto").time_s
     assert prog.summary["fraction_of_bound"] == pytest.approx(prog.summary["bandwidth_bound"]["seconds"] / whole,
                                                               rel=PERIODIC_TOLERANCE)
+
+
+def test_a_periodic_call_in_halves_is_simulate_periodic_and_its_estimate_reads_the_shorter_samples():
+    """:class:`PeriodicCall`'s jobs (the samples, longest first) and :meth:`PeriodicCall.finish`
+    give exactly what :func:`simulate_periodic` gives; :meth:`PeriodicCall.estimate` extrapolates
+    the period between the two shorter samples (independently computed here from their own
+    simulations), which on this steady pipeline is the call's time within the quality slack."""
+    from hccc.compiler.pipeline import load_algorithm, load_cluster
+    from hccc.runtime.sim_periodic import PeriodicCall
+    topo = load_cluster(CLUSTERS / "a100_topo1.topo")
+    prog = prepare(build_program(load_algorithm(EXAMPLES / "direct_allgather_8.rccl")), topo)
+    nbytes = prog.nchunks * 4096 * 60
+    call = PeriodicCall(prog, topo, nbytes, slice_bytes=4096)
+    jobs = call.jobs()
+    assert call.cut and len(jobs) == 3
+    results = [job() for job in jobs]
+    assert [r.micro_batches for r in results] == sorted(call.samples, reverse=True)
+    found = call.finish(results)
+    assert found == simulate_periodic(prog, topo, nbytes, slice_bytes=4096) and found.extrapolated
+    geo = geometry(nbytes, prog.nchunks, 4096)
+    m0, m1, _ = periodic_samples(geo.nmb)
+    t0, t1 = (simulate(prog, topo, nbytes, call_geometry=(cut_geometry(geo, m), 4096)).time_s for m in (m0, m1))
+    assert call.estimate((t0, t1)) == t1 + (geo.nmb - m1) // 8 * (t1 - t0)
+    assert call.estimate((t0, t1)) == pytest.approx(found.time_s, rel=QUALITY_SLACK)
+    few = PeriodicCall(prog, topo, prog.nchunks * 4096 * 5, slice_bytes=4096)
+    assert not few.cut and few.jobs() == [] and few.finish([]).samples == (5,)

@@ -166,3 +166,62 @@ def test_a_joint_packing_made_first_stays_a_variant_where_the_time_left_would_sk
     plain, _ = _program_text(topo, ahead=False)
     assert sum(m.prefetched for m in made) == 1
     assert "AllReduce joint packing skipped" in plain and "joint packing skipped" not in text
+
+
+def _gathered_text(topo, collective: str, ahead: bool, size: int) -> tuple[str, list]:
+    made: list = []
+
+    def evaluator(t, nbytes, deadline):
+        made.append(Simulations(t, nbytes, deadline, ahead=ahead))
+        return made[-1]
+
+    prog, = synthesize_programs(topo, SynthOptions(collective, method="trees", time_limit=120.0, select_size=size),
+                                evaluator=evaluator)
+    return prog.text, made
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_smaller_slices_guessed_beside_the_longest_sample_are_the_ones_the_selection_takes(monkeypatch, collective):
+    """A candidate short of the bound is scored at smaller slices too: where its default's samples
+    run on the pool (here from any size, on two CPUs), the smaller slices its two shorter samples'
+    time would try are started beside its longest sample (:meth:`Simulations.guess`), and the
+    selection takes that simulation: the same text as where nothing is guessed. (A 12-GPU
+    cluster's default runs enough micro-batches to be cut into samples at 16 GiB, where its
+    programs come within a percent of the bound: every candidate is tried at smaller slices here,
+    as 64-GPU ones short of it are at 1 GiB.)"""
+    import hccc.runtime.simulator as sim
+    import hccc.synth_select as select
+    monkeypatch.setattr(sim, "SIDE_BY_SIDE_UNITS", 0)
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(select, "THIN_SLICES_BELOW", 2.0)
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    text, made = _gathered_text(topo, collective, True, 16 << 30)
+    plain, plain_made = _gathered_text(topo, collective, False, 16 << 30)
+    assert text == plain
+    assert sum(m.guesses_taken for m in made) >= 1
+    assert sum(m.guessed for m in plain_made) == 0
+
+
+def test_a_guess_nobody_asks_for_is_stopped_and_simulated_anew_when_asked(monkeypatch):
+    """:meth:`Simulations.drop_guesses` turns the stop switch of a guessed simulation and drops its
+    samples not begun; asked for afterwards, the program is simulated anew, to the time a fresh
+    evaluator gives it."""
+    import hccc.runtime.simulator as sim
+    from hccc.runtime.simulator import SimulationStopped
+    monkeypatch.setattr(sim, "SIDE_BY_SIDE_UNITS", 0)
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 2)
+    topo = load_cluster(CLUSTERS / "h20_4_8.topo")
+    prog, = synthesize_programs(topo, SynthOptions("allgather", method="trees", time_limit=120.0))
+    result = prog.result
+    sims = Simulations(topo, 1 << 30, clock.now() + 120)
+    sims.guess(result, 1)
+    timing, = sims._guessed.values()
+    futures = list(timing._futures)
+    assert len(futures) == 3 and sims.guessed == 1
+    sims.drop_guesses()
+    assert timing.stop.turned and not sims._guessed
+    for f in futures:
+        assert f.cancelled() or f.exception() is None or isinstance(f.exception(), SimulationStopped)
+    t = sims.seconds(result, 1)
+    assert sims.guesses_taken == 0
+    assert t == Simulations(topo, 1 << 30, clock.now() + 120).seconds(result, 1)
