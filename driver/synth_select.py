@@ -312,20 +312,22 @@ def tree_simulated_score(sims: "Simulations"):
         if best and min(best) <= sims.bound_seconds(collective) * (1 + FIT_TOLERANCE):
             sims.shapes_not_needed += 1
             return float("inf")
-        def thin_try(t: float) -> bool:
+        def thin_try(t: float | None) -> bool:
             # short of the bound, where smaller slices may fill its pipelines faster: scored at the
             # slices it would be written with (a candidate that trails at hccc's default may lead
             # at its own; none is tried that cannot beat the best whatever its slices, nor one
-            # trailing it by more than smaller slices have gained so far, half as much again)
+            # trailing it by more than smaller slices have gained so far, half as much again).
+            # ``t`` None: its time not known yet, the rules that read it taken to pass
             return collective in THIN_WHILE_CHOOSING and len(gains) < THIN_CHOOSE_MOST and \
-                sims.bound_seconds(collective) < t * THIN_SLICES_BELOW and \
+                (t is None or sims.bound_seconds(collective) < t * THIN_SLICES_BELOW) and \
                 not (best and min(best) <= sims.least_seconds(cand)) and \
-                not (best and gains and t > min(best) * (1 + THIN_REACH * max(gains)))
+                not (t is not None and best and gains and t > min(best) * (1 + THIN_REACH * max(gains)))
 
-        def guess(estimate: float, took: float) -> None:
-            # the default's time as its shorter samples tell it: the smaller slices that time would
-            # try first, started beside its longest sample (taken by _thinner where they are the
-            # ones it tries; stopped where not)
+        def guess(estimate: float | None, took: float) -> None:
+            # the default's time as its shorter samples tell it (None: simulated whole, nothing
+            # known yet): the smaller slices that time would try first, started beside its longest
+            # sample or its whole call (taken by _thinner where they are the ones it tries; stopped
+            # where not)
             if thin_try(estimate):
                 policy = _thin_first(cand, sims, estimate, took)
                 if policy is not None:
@@ -836,8 +838,9 @@ class Simulations:
         already, or now), one :meth:`guess` started from there (waited for). ``then(estimate,
         took)``: called, where the program's samples run on the pool (:class:`_Timing`), once its
         two shorter samples have ended, with the time they give the call and the seconds spent
-        so far, while the longest still runs (to start there, by :meth:`guess`, what may be asked
-        next)."""
+        so far, while the longest still runs; where its call is simulated whole, on the pool, as
+        it starts, with ``estimate`` None (to start beside it, by :meth:`guess`, what may be
+        asked next)."""
         if not self.available:
             return None
         key = self._key(result)
@@ -1027,7 +1030,14 @@ class _Timing:
             if self.periodic:
                 # many micro-batches: their steady state's period extrapolated from a few
                 call = self._periodic_call()
-                found = call.finish(self._samples(call))
+                pool = self.sims.pool() if self.then is not None and call.side_by_side() else None
+                if not call.cut and pool is not None:
+                    # simulated whole, on the pool: ``then`` may start a guess beside it at once
+                    whole = pool.submit(call.finish, [])
+                    self.then(None, self.took + clock.now() - t0)
+                    found = whole.result()
+                else:
+                    found = call.finish(self._samples(call))
                 self._out = (float(found.time_s), int(found.extrapolated))
             else:
                 self._out = (float(simulate_by(sims.deadline, self.prog, sims.topo, sims.nbytes,
@@ -1230,8 +1240,15 @@ def _thin_tries(result, sims: Simulations, before: float, took: float):
             yield policy
 
 
-def _thin_first(result, sims: Simulations, before: float, took: float):
-    """The first policy of :func:`_thin_tries` (None: none)."""
+def _thin_first(result, sims: Simulations, before: float | None, took: float):
+    """The first policy of :func:`_thin_tries` (None: none). ``before`` None (the time at hccc's
+    default not known yet): the policy first whatever that time is, the smallest slice of all where
+    the program affords it at its least time (:meth:`Simulations.least_seconds`, which no
+    simulation beats, and a longer time affords more), else None."""
+    from hccc.compiler.passes.slicing import thin_policies
+    if before is None:
+        first = next(iter(_thin_tries(result, sims, sims.least_seconds(result), took)), None)
+        return first if first is not None and first == thin_policies()[0] else None
     return next(iter(_thin_tries(result, sims, before, took)), None)
 
 

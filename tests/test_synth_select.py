@@ -180,23 +180,26 @@ def _gathered_text(topo, collective: str, ahead: bool, size: int) -> tuple[str, 
     return prog.text, made
 
 
+# at 16 GiB the 12-GPU cluster's default runs enough micro-batches to be cut into samples (its
+# programs there come within a percent of the bound: every candidate is tried at smaller slices
+# here, as 64-GPU ones short of it are at 1 GiB); at 1 GiB it is simulated whole
+@pytest.mark.parametrize("size", [16 << 30, 1 << 30])
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
-def test_smaller_slices_guessed_beside_the_longest_sample_are_the_ones_the_selection_takes(monkeypatch, collective):
-    """A candidate short of the bound is scored at smaller slices too: where its default's samples
-    run on the pool (here from any size, on two CPUs), the smaller slices its two shorter samples'
-    time would try are started beside its longest sample (:meth:`Simulations.guess`), and the
-    selection takes that simulation: the same text as where nothing is guessed. (A 12-GPU
-    cluster's default runs enough micro-batches to be cut into samples at 16 GiB, where its
-    programs come within a percent of the bound: every candidate is tried at smaller slices here,
-    as 64-GPU ones short of it are at 1 GiB.)"""
+def test_smaller_slices_guessed_beside_the_default_are_the_ones_the_selection_takes(monkeypatch, collective, size):
+    """A candidate short of the bound is scored at smaller slices too: where its default's
+    simulations run on the pool (here from any size, on two CPUs), the smaller slices it would try
+    next are started beside them (:meth:`Simulations.guess`): beside its longest sample, those its
+    two shorter samples' time would try; beside its whole call, the smallest slices of all where
+    its least time affords them. The selection takes that simulation: the same text as where
+    nothing is guessed."""
     import hccc.runtime.simulator as sim
     import hccc.synth_select as select
     monkeypatch.setattr(sim, "SIDE_BY_SIDE_UNITS", 0)
     monkeypatch.setattr(sim, "usable_cpus", lambda: 2)
     monkeypatch.setattr(select, "THIN_SLICES_BELOW", 2.0)
     topo = load_cluster(CLUSTERS / "h20_4_8.topo")
-    text, made = _gathered_text(topo, collective, True, 16 << 30)
-    plain, plain_made = _gathered_text(topo, collective, False, 16 << 30)
+    text, made = _gathered_text(topo, collective, True, size)
+    plain, plain_made = _gathered_text(topo, collective, False, size)
     assert text == plain
     assert sum(m.guesses_taken for m in made) >= 1
     assert sum(m.guessed for m in plain_made) == 0
