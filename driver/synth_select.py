@@ -713,8 +713,8 @@ class Simulations:
     candidate's simulation run before it scores it (:meth:`prefetch`, :meth:`run_ahead`: the tree
     packing's AllReduce, beside the packing of its halves) or start one on a guess beside another
     (:meth:`guess`: an AllGather's or ReduceScatter's candidate at smaller slices, beside the
-    longest sample of its default's), which changes no time nor choice; False: each is
-    simulated when scored."""
+    longest sample or the whole call of its default's), which changes no time nor choice; False:
+    each is simulated when scored."""
 
     def __init__(self, topo, nbytes: int, deadline: float, ahead: bool = True):
         self.topo = topo

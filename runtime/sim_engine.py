@@ -537,10 +537,10 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
     ``flows``, the running flows and the resources they hold; ``classes``, the flow classes, their rates
     and members; ``shares``, the sharing's parts, lists and workspace (:mod:`hccc.runtime.sim_share`);
     ``events``, the event heap; ``recs``, the recorded busy intervals; ``stop``, ``counters`` and
-    ``clock_ts`` as in :func:`run_engine`. It allocates nothing, so it is compiled without reference counting, as
-    :data:`HELPERS` are: the helpers it calls per event take some forty arrays each, and a loop that
-    counts references counts every one up and down around every call (13 % of the samples of the
-    64-GPU AllReduce simulation in docs/measurements.md, *The event loop without reference counts*).
+    ``clock_ts`` as in :func:`run_engine`. It allocates nothing, so it is compiled without reference
+    counting, as :data:`HELPERS` are: the helpers it calls per event take some forty arrays each, and a
+    loop that counts references counts every one up and down around every call (13 % of the samples of
+    the 64-GPU AllReduce simulation in docs/measurements.md, *The event loop without reference counts*).
     Returns ``(status, the time it stopped at, intervals recorded)``."""
     (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t, tb_busy, tb_finish, tb_bytes,
      tb_spost, tb_rpost, progress, wl, in_wl) = tbs
