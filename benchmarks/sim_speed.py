@@ -7,6 +7,7 @@ are made once, by this checkout's ``hccc synth``).
 
     python benchmarks/sim_speed.py                          # 16, 32 and 64 GPUs, AllGather
     python benchmarks/sim_speed.py --compare OTHER_CHECKOUT # the same under another source tree, side by side
+    python benchmarks/sim_speed.py --compare OTHER_CHECKOUT --rounds 4   # the two trees' processes in turn, 4 times
     python benchmarks/sim_speed.py --gpus 16,32 --collectives allgather,reducescatter
     python benchmarks/sim_speed.py --flavours h20,v100 --gpus 64 --collectives allgather,allreduce
 
@@ -14,7 +15,10 @@ Columns: transfers of the program, events and flow classes re-shared by the engi
 simulated time (which must not differ between the trees beyond rounding: the engines compute the
 same thing; ``same result`` says how far apart where not to the last bit), and
 the engine's wall time (the median of ``--repeats`` calls after one call that compiles it), with
-``--compare`` that of the other tree and the ratio.
+``--compare`` that of the other tree and the ratio. ``--rounds N`` runs the two trees' processes
+in turn N times (this tree first in odd rounds, the other first in even ones), and the walls are
+the medians of all their calls: a machine whose speed moves between runs then moves both trees
+alike.
 """
 from __future__ import annotations
 
@@ -80,6 +84,21 @@ def simulate_in(tree: Path, algo: Path, topo: Path, repeats: int) -> dict:
     return row
 
 
+def in_turn(trees: list[Path], algo: Path, topo: Path, repeats: int, rounds: int) -> list[dict]:
+    """Each tree's :func:`simulate_in` ``rounds`` times, the trees in turn (their order reversed every
+    other round); per tree, the last row with ``walls`` and ``wall_s`` over every round."""
+    walls: list[list[float]] = [[] for _ in trees]
+    rows: list[dict] = [{} for _ in trees]
+    for r in range(max(1, rounds)):
+        order = list(range(len(trees))) if r % 2 == 0 else list(range(len(trees)))[::-1]
+        for i in order:
+            rows[i] = simulate_in(trees[i], algo, topo, repeats)
+            walls[i] += rows[i]["walls"]
+    for row, w in zip(rows, walls):
+        row["walls"], row["wall_s"] = w, statistics.median(w)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="16,32,64", help="cluster sizes (of 16, 32, 48, 64)")
@@ -87,6 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flavours", default="h20", help="cluster flavours (h20, v100; comma-separated)")
     ap.add_argument("--repeats", type=int, default=1, help="timed calls per case (median)")
     ap.add_argument("--compare", type=Path, help="another checkout: its engine side by side")
+    ap.add_argument("--rounds", type=int, default=1, help="with --compare: the two trees in turn this many times")
     args = ap.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
@@ -101,11 +121,12 @@ def main(argv=None) -> int:
         for flavour, gpus in [(f, int(g)) for f in args.flavours.split(",") for g in args.gpus.split(",")]:
             for coll in args.collectives.split(","):
                 tpath, apath, transfers = make_program(gpus, coll, Path(tmp), flavour)
-                this = simulate_in(ROOT, apath, tpath, args.repeats)
+                trees = [ROOT] + ([args.compare.resolve()] if args.compare else [])
+                this, *others = in_turn(trees, apath, tpath, args.repeats, args.rounds if args.compare else 1)
                 cells = [f"{flavour} {gpus} GPUs", coll, f"{transfers:,}", f"{this['events']:,}",
                          f"{this['share_flows']:,}", f"{this['time_s'] * 1e6:.1f}", f"{this['wall_s']:.2f}"]
                 if args.compare:
-                    other = simulate_in(args.compare.resolve(), apath, tpath, args.repeats)
+                    other = others[0]
                     cells += [f"{other['wall_s']:.2f}", f"{other['wall_s'] / this['wall_s']:.2f}x",
                               "yes" if other["time_s"] == this["time_s"] else
                               f"{abs(other['time_s'] / this['time_s'] - 1):.0e} apart"]

@@ -307,8 +307,22 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
             te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
             if te < t:
                 te = t
+            if hpos[c] >= 0 and hkey[hpos[c]] <= te:
+                continue        # an earlier key stands, moved on when it comes up (_settle_top)
             _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
     retime_n[0] = 0
+
+
+def _settle_top(NCL, cls_rate, cls_vt, mkey, moff, hkey, hitem, hpos, hn):
+    """Move the event heap's first entries on to their classes' completions where :func:`_retime`
+    left them early, until the first is due."""
+    ev = np.int64(0)
+    while hn[0] > 0 and hitem[0] < NCL:
+        c = hitem[0]
+        te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+        if te <= hkey[0]:
+            return
+        _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
 
 
 # ---------------------------------------------------------------------------- the event loop
@@ -802,6 +816,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                 status = STATUS_BUDGET
                 break
         # ============================================ every event of the next instant
+        _settle_top(NCL, cls_rate, cls_vt, mkey, moff, hkey, hitem, hpos, hn)
         t = hkey[0]
         counters[3] += 1
         while hn[0] > 0 and hkey[0] == t:
@@ -850,6 +865,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                     in_wl[o] = True
                     wl[wn] = o
                     wn += 1
+            _settle_top(NCL, cls_rate, cls_vt, mkey, moff, hkey, hitem, hpos, hn)
     return status, t, nrec
 
 #: the event loop's helpers: they allocate nothing and return no array, so they borrow the loop's
@@ -857,7 +873,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
 HELPERS = ("_event_loop", "_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
            "_note_count", "_needs_share", "_fill_level", "_refill_level",
            "_cls_on", "_cls_off", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_set_rate",
-           "_share", "_retime")
+           "_share", "_retime", "_settle_top")
 KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_slots", "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 

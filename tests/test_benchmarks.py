@@ -198,6 +198,24 @@ def test_sim_speed_compares_two_trees_on_one_program():
         assert "allgather" in row and row.rstrip(" │").endswith("yes")
 
 
+def test_sim_speed_runs_the_trees_in_turn_and_takes_the_median_of_every_round(monkeypatch):
+    """sim_speed.py's ``--rounds``: the trees' processes in turn, the order reversed every other
+    round, and each tree's wall the median of all its calls (a stand-in for the processes)."""
+    ss = _load("sim_speed")
+    calls = []
+
+    def fake(tree, algo, topo, repeats):
+        calls.append(tree)
+        walls = [float(len(calls))] * repeats
+        return {"time_s": 1.0, "events": 1, "share_flows": 1, "walls": walls, "wall_s": walls[0]}
+
+    monkeypatch.setattr(ss, "simulate_in", fake)
+    this, other = ss.in_turn(["A", "B"], None, None, 2, 3)
+    assert calls == ["A", "B", "B", "A", "A", "B"]
+    assert this["walls"] == [1.0, 1.0, 4.0, 4.0, 5.0, 5.0] and this["wall_s"] == 4.0
+    assert other["walls"] == [2.0, 2.0, 3.0, 3.0, 6.0, 6.0] and other["wall_s"] == 3.0
+
+
 def test_slot_cost_counts_the_busiest_blocks_slots_and_fits_a_slope(capsys):
     """slot_cost.py: its slot count is slicing.busiest_slots' (by hand for the ring: each of its
     two thread blocks per rank runs 8 and 7 primitives), its slope is least squares, and a CPU

@@ -125,9 +125,19 @@ class Sharing:
         chg_n[0] = 0
         eng._retime(self.t, self.retime, self.retime_n, self.in_retime, self.cls_rate, self.cls_vt, self.mkey,
                     self.mn, self.moff, self.hkey, self.hitem, self.hpos, self.hn)
+        # every running class's key in the event heap is its next completion, or earlier where its
+        # rate fell (never later: no completion is missed); brought to the first entry, the
+        # earliest completion of all is due there (``_settle_top``)
+        due = {}
         for c in set(self.cls.route_cls[sorted(self.running)].tolist()):
             first = self.mkey[self.moff[c]]       # the bytes left to the class's first member
-            assert self.hkey[self.hpos[c]] == pytest.approx(self.cls_vt[c] + first / self.cls_rate[c], rel=1e-12)
+            due[c] = self.cls_vt[c] + first / self.cls_rate[c]
+            assert self.hkey[self.hpos[c]] <= due[c] * (1 + 1e-12)
+        if due:
+            eng._settle_top(self.NCL, self.cls_rate, self.cls_vt, self.mkey, self.moff, self.hkey, self.hitem,
+                            self.hpos, self.hn)
+            assert self.hkey[0] == pytest.approx(min(due.values()), rel=1e-12)
+            assert due[int(self.hitem[0])] == pytest.approx(self.hkey[0], rel=1e-12)
         self.epoch += 1
         self.check_lists()
         return {g: float(self.cls_rate[self.cls.route_cls[g]]) for g in self.running}
