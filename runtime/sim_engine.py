@@ -33,7 +33,10 @@ to its receiver). Each class keeps its running members in a heap of its own (slo
 ``moff[c]..moff[c+1]-1`` of one array) keyed by the bytes left to each at the class's time
 ``cls_vt``: every member runs at the class's rate, so the order of their completions is fixed
 while they run, and a change of rate re-times one event-heap item, not every member (the keys
-are brought up to the time of the change in one pass, without reordering). All events of one
+are brought up to the time of the change in one pass, without reordering); where the change moves
+the class's completion later, its earlier key stays until it comes first, and is then moved on to
+the completion (:func:`_settle_top`), so a class whose rate falls and rises again between two of
+its completions costs the heap nothing for the fall. All events of one
 instant are processed before bandwidth shares are recomputed, once per part (a connected
 component of the shared resources over all the program's classes) touched: progressive filling
 over classes, max-min fair, over the part's lists of classes with members
