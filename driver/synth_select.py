@@ -993,6 +993,9 @@ class _Timing:
         if not self.periodic or self._futures is not None or pool is None:
             return
         self._started_at = clock.now()
+        self._submit(pool)
+
+    def _submit(self, pool) -> None:
         self._futures = [pool.submit(job) for job in self._periodic_call().jobs()]
 
     def cancel(self) -> None:
@@ -1009,7 +1012,7 @@ class _Timing:
             pool = self.sims.pool() if call.side_by_side() else None
             if pool is None:
                 return [job() for job in call.jobs()]
-            self._futures = [pool.submit(job) for job in call.jobs()]
+            self._submit(pool)
         if self.then is not None and len(self._futures) == 3:
             from concurrent.futures import wait
             shorter = self._futures[:0:-1]          # the least sample first

@@ -299,6 +299,13 @@ def _flow_stop(g, t, route_res, rank_cres, cls_ptr, cls_sh, cls_n, part_of, sh_s
     fl_cls[g] = -1
 
 
+def _completion(c, cls_rate, cls_vt, mkey, moff):
+    """When class ``c``'s first member ends, at the class's rate: its event-heap key (the one
+    formula :func:`_retime`, :func:`_settle_top` and the event loop share, so a key moved on is
+    the key it would have been given)."""
+    return cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+
+
 def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hkey, hitem, hpos, hn):
     """After the share of t: the next completion of every class listed (a member joined, or its
     rate changed), in the event heap: when its first member has carried what was left to it."""
@@ -307,7 +314,7 @@ def _retime(t, retime, retime_n, in_retime, cls_rate, cls_vt, mkey, mn, moff, hk
         c = retime[q]
         in_retime[c] = False
         if mn[c] > 0:
-            te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+            te = _completion(c, cls_rate, cls_vt, mkey, moff)
             if te < t:
                 te = t
             if hpos[c] >= 0 and hkey[hpos[c]] <= te:
@@ -322,7 +329,7 @@ def _settle_top(NCL, cls_rate, cls_vt, mkey, moff, hkey, hitem, hpos, hn):
     ev = np.int64(0)
     while hn[0] > 0 and hitem[0] < NCL:
         c = hitem[0]
-        te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+        te = _completion(c, cls_rate, cls_vt, mkey, moff)
         if te <= hkey[0]:
             return
         _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
@@ -830,7 +837,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
                 c = item
                 g = _heap_pop(mkey, mitem, mpos, mn, c, moff[c])
                 if mn[c] > 0:
-                    te = cls_vt[c] + mkey[moff[c]] / cls_rate[c]
+                    te = _completion(c, cls_rate, cls_vt, mkey, moff)
                     if te < t:
                         te = t
                     _heap_set(hkey, hitem, hpos, hn, ev, ev, c, te)
@@ -876,7 +883,7 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
 HELPERS = ("_event_loop", "_heap_before", "_heap_put", "_heap_up", "_heap_down", "_heap_set", "_heap_pop", "_mark_dirty",
            "_note_count", "_needs_share", "_fill_level", "_refill_level",
            "_cls_on", "_cls_off", "_root", "_cls_advance", "_member_join", "_flow_start", "_flow_stop", "_set_rate",
-           "_share", "_retime", "_settle_top")
+           "_share", "_completion", "_retime", "_settle_top")
 KERNELS = Kernels(globals(), [*HELPERS, "_parts", "_slots", "_clock_now", "run_engine"], min_work=MIN_COMPILED_WORK, borrowed=HELPERS,
                   compiled_globals={"_CLOCK_GETTIME": _compiled_clock} if HAVE_CLOCK else None)
 

@@ -139,7 +139,7 @@ class PeriodicCall:
     def estimate(self, shorter: tuple[float, float]) -> float:
         """The call's time from the two shorter samples' times (least first): the period between
         them extrapolated, a guess where the longest sample would settle it."""
-        m0, m1, _ = self.samples
+        m1 = self.samples[1]
         return float(shorter[1] + (self.geo.nmb - m1) // self.nslots * (shorter[1] - shorter[0]))
 
     def finish(self, results) -> PeriodicTime:

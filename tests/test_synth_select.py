@@ -21,14 +21,16 @@ from hccc.util import clock
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
 
 
-def _program_text(topo, ahead: bool) -> tuple[str, list]:
+def _program_text(topo, ahead: bool, collective: str = "allreduce", size: int = 1 << 30) -> tuple[str, list]:
+    """The text ``hccc synth --method trees`` writes for ``collective`` chosen at ``size``, and the
+    evaluators it made (``Simulations(ahead=ahead)``)."""
     made: list = []
 
     def evaluator(t, nbytes, deadline):
         made.append(Simulations(t, nbytes, deadline, ahead=ahead))
         return made[-1]
 
-    prog, = synthesize_programs(topo, SynthOptions("allreduce", method="trees", time_limit=120.0),
+    prog, = synthesize_programs(topo, SynthOptions(collective, method="trees", time_limit=120.0, select_size=size),
                                 evaluator=evaluator)
     return prog.text, made
 
@@ -168,18 +170,6 @@ def test_a_joint_packing_made_first_stays_a_variant_where_the_time_left_would_sk
     assert "AllReduce joint packing skipped" in plain and "joint packing skipped" not in text
 
 
-def _gathered_text(topo, collective: str, ahead: bool, size: int) -> tuple[str, list]:
-    made: list = []
-
-    def evaluator(t, nbytes, deadline):
-        made.append(Simulations(t, nbytes, deadline, ahead=ahead))
-        return made[-1]
-
-    prog, = synthesize_programs(topo, SynthOptions(collective, method="trees", time_limit=120.0, select_size=size),
-                                evaluator=evaluator)
-    return prog.text, made
-
-
 # at 16 GiB the 12-GPU cluster's default runs enough micro-batches to be cut into samples (its
 # programs there come within a percent of the bound: every candidate is tried at smaller slices
 # here, as 64-GPU ones short of it are at 1 GiB); at 1 GiB it is simulated whole
@@ -198,8 +188,8 @@ def test_smaller_slices_guessed_beside_the_default_are_the_ones_the_selection_ta
     monkeypatch.setattr(sim, "usable_cpus", lambda: 2)
     monkeypatch.setattr(select, "THIN_SLICES_BELOW", 2.0)
     topo = load_cluster(CLUSTERS / "h20_4_8.topo")
-    text, made = _gathered_text(topo, collective, True, size)
-    plain, plain_made = _gathered_text(topo, collective, False, size)
+    text, made = _program_text(topo, True, collective, size)
+    plain, plain_made = _program_text(topo, False, collective, size)
     assert text == plain
     assert sum(m.guesses_taken for m in made) >= 1
     assert sum(m.guessed for m in plain_made) == 0
