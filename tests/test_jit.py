@@ -530,6 +530,53 @@ def test_a_cache_in_numba_cache_dir_counts_as_cached(tmp_path):
     assert not (tmp_path / "__pycache__").exists() or not list((tmp_path / "__pycache__").glob("*.nbi"))
 
 
+_CALLER_MODULE = """
+import numpy as np
+from hccc.util.jit import Kernels
+from toy_callee import toy_step
+
+
+def toy_total(x):
+    s = 0.0
+    for i in range(len(x)):
+        s += toy_step(x[i])
+    return s
+
+
+KERNELS = Kernels(globals(), ["toy_total", "toy_step"], min_work=1)
+"""
+
+_CALL_TOTAL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import toy_caller as t
+print(t.KERNELS.compiled()["toy_total"](t.np.arange(4.0)))
+"""
+
+
+@needs_numba
+def test_a_cached_kernel_is_compiled_again_when_a_kernel_it_calls_changes(tmp_path):
+    """A twin carries the code of the twins it calls, from other files too (the event loop carries
+    ``runtime/sim_share.py``), but numba checks only its own file against its cache: a process
+    after the callee's file changed ran the caller's cached code with the old callee inlined.
+    The cache is keyed by every file of the set (:func:`hccc.util.jit._sources_tag`)."""
+    import os
+    (tmp_path / "toy_caller.py").write_text(_CALLER_MODULE)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("HCCC_JIT", None)
+
+    def total(step: str) -> float:
+        (tmp_path / "toy_callee.py").write_text(f"def toy_step(v):\n    return {step}\n")
+        r = subprocess.run([sys.executable, "-c", _CALL_TOTAL, str(tmp_path)], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return float(r.stdout)
+
+    assert total("v") == 6.0
+    assert total("v") == 6.0           # from the cache
+    assert total("2.0 * v") == 12.0    # the caller's file unchanged, its callee's not
+
+
 class _FakeDispatcher:
     """Stands in for a numba dispatcher whose cache lives in ``where``: it records the signature
     it was compiled for, and on each call whether the compile lock file was free then."""

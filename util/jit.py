@@ -20,7 +20,9 @@ compile: what the tests use to exercise the compiled path on small inputs), ``au
 The compiled twins are made on first use, all of a module's kernels together, as copies of the
 functions whose globals see each other's compiled twin (numba resolves a kernel's calls through its
 globals); the module's own names stay the plain functions. numba's on-disk cache keys them by their
-source file and line, as it keys decorated functions. A kernel named in ``parallel`` is compiled
+source file and line, as it keys decorated functions, and by the sources of the whole set: a twin
+carries the code of the twins it calls, and numba checks only its own file (the twins' names carry
+a digest of every file the set comes from, :func:`_sources_tag`). A kernel named in ``parallel`` is compiled
 with ``parallel=True``, and its module's ``prange`` (this module's, which is ``range`` in plain
 Python) is numba's ``prange`` in the twin. A kernel named in ``borrowed`` (one that allocates no
 array and returns none) is compiled without numba's reference counting, so the arrays it is
@@ -84,6 +86,21 @@ def numba_cache_dirs(source: str) -> list[Path]:
     return [Path(folder) / "__pycache__", Path(platformdirs.user_cache_dir("numba", appauthor=False)) / sub]
 
 
+def _sources_tag(functions: Iterable[Callable]) -> str:
+    """A digest of the source files the kernels ``functions`` come from ('' where one cannot be
+    read). numba's cache checks only the file of the function it compiled, yet a twin calls the
+    other twins of its set and carries their code (the simulator's event loop carries the sharing
+    of ``runtime/sim_share.py``): a cache keyed by all of them is never older than one of them."""
+    import hashlib
+    digest = hashlib.sha1()
+    for path in sorted({fn.__code__.co_filename for fn in functions}):
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            return ""
+    return digest.hexdigest()[:12]
+
+
 def jit_mode() -> str:
     """The ``HCCC_JIT`` override (``auto`` when unset); an unknown value is an error."""
     mode = os.environ.get("HCCC_JIT", "auto").strip().lower() or "auto"
@@ -130,6 +147,7 @@ class Kernels:
         # :meth:`compiled_for` (whose callers' plain versions are faster than the kernels run plain)
         self.cached_min_work = None if cached_min_work is None else int(cached_min_work)
         self._nogil = nogil
+        self._tag: str | None = None         # :func:`_sources_tag` of the kernels, read on first use
         self._compiled: dict[str, Callable] | None = None
         self._plain_work = 0                 # work of the plain calls so far
         self._cache_seen: bool | None = None
@@ -154,7 +172,7 @@ class Kernels:
         return cached_default if self.cached_min_work is None else self.cached_min_work
 
     def _cached(self) -> bool:
-        """numba's cache index of every kernel is on disk (``<file>.<function>-<line>.py<version>.nbi``
+        """numba's cache index of every kernel is on disk (``<file>.<twin's name>-<line>.py<version>.nbi``
         in one of the directories :func:`numba_cache_dirs` names), so compiling means loading,
         well under a second. A guess about numba's layout that only moves the threshold."""
         if self._cache_seen is None:
@@ -163,10 +181,18 @@ class Kernels:
             for n in self._names:
                 code = self._ns[n].__code__
                 src = Path(code.co_filename)
-                name = f"{src.stem}.{self._ns[n].__qualname__}-{code.co_firstlineno}.{tag}.nbi"
+                name = f"{src.stem}.{self._twin_name(n)}-{code.co_firstlineno}.{tag}.nbi"
                 found = found and any((d / name).is_file() for d in numba_cache_dirs(code.co_filename))
             self._cache_seen = found
         return self._cache_seen
+
+    def _twin_name(self, name: str) -> str:
+        """The qualified name of kernel ``name``'s compiled twin, which names its files in numba's
+        cache: the function's, tagged with the sources of every kernel of the set
+        (:func:`_sources_tag`)."""
+        if self._tag is None:
+            self._tag = _sources_tag(self._ns[n] for n in self._names)
+        return f"{self._ns[name].__qualname__}_{self._tag}" if self._tag else self._ns[name].__qualname__
 
     def spend(self, work: int) -> None:
         """Count the work a plain call did (for kernels that learn their work as they run)."""
@@ -225,7 +251,7 @@ class Kernels:
                 for n in self._names:
                     fn = self._ns[n]
                     twin = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-                    twin.__qualname__ = fn.__qualname__
+                    twin.__qualname__ = self._twin_name(n)
                     twin.__module__ = fn.__module__
                     twin.__doc__ = fn.__doc__
                     opts = {"_nrt": False} if n in self._borrowed else {}
