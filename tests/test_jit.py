@@ -559,7 +559,8 @@ def test_a_cached_kernel_is_compiled_again_when_a_kernel_it_calls_changes(tmp_pa
     """A twin carries the code of the twins it calls, from other files too (the event loop carries
     ``runtime/sim_share.py``), but numba checks only its own file against its cache: a process
     after the callee's file changed ran the caller's cached code with the old callee inlined.
-    The cache is keyed by every file of the set (:func:`hccc.util.jit._sources_tag`)."""
+    The cache is keyed by every file of the set (:func:`hccc.util.jit._sources_tag`), and the
+    entries of older sources are removed when the set compiles (``Kernels._drop_older_caches``)."""
     import os
     (tmp_path / "toy_caller.py").write_text(_CALLER_MODULE)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
@@ -572,8 +573,15 @@ def test_a_cached_kernel_is_compiled_again_when_a_kernel_it_calls_changes(tmp_pa
         assert r.returncode == 0, r.stderr
         return float(r.stdout)
 
+    def cached() -> set[str]:
+        """The caller's cache index files (numba's, under NUMBA_CACHE_DIR)."""
+        return {p.name for p in (tmp_path / "cache").rglob("toy_caller.toy_total*.nbi")}
+
     assert total("v") == 6.0           # compiled, and cached
+    first = cached()
     assert total("2.0 * v") == 12.0    # the caller's file unchanged, its callee's not
+    # the entry of the older sources is gone: one entry per kernel and line, not one per version
+    assert len(first) == 1 and len(cached()) == 1 and cached() != first
 
 
 class _FakeDispatcher:

@@ -22,7 +22,8 @@ functions whose globals see each other's compiled twin (numba resolves a kernel'
 globals); the module's own names stay the plain functions. numba's on-disk cache keys them by their
 source file and line, as it keys decorated functions, and by the sources of the whole set: a twin
 carries the code of the twins it calls, and numba checks only its own file (the twins' names carry
-a digest of every file the set comes from, :func:`_sources_tag`). A kernel named in ``parallel`` is compiled
+a digest of every file the set comes from, :func:`_sources_tag`; the entries of other digests are
+removed as the set compiles). A kernel named in ``parallel`` is compiled
 with ``parallel=True``, and its module's ``prange`` (this module's, which is ``range`` in plain
 Python) is numba's ``prange`` in the twin. A kernel named in ``borrowed`` (one that allocates no
 array and returns none) is compiled without numba's reference counting, so the arrays it is
@@ -194,6 +195,35 @@ class Kernels:
             self._tag = _sources_tag(self._ns[n] for n in self._names)
         return f"{self._ns[name].__qualname__}_{self._tag}" if self._tag else self._ns[name].__qualname__
 
+    def _drop_older_caches(self) -> None:
+        """Remove numba's cache files of this set's kernels made from other sources (another
+        :func:`_sources_tag`, or none): they can never load again, and an edited or upgraded tree
+        would otherwise keep a set of them per version. Files that cannot be removed stay (the
+        compile locks, empty files named by kernel alone, stay too: another module's kernel of
+        the same name may hold one)."""
+        import re
+        if not self._tag:
+            return
+        older: dict[str, list] = {}          # cache folder -> patterns of its stale files
+        other = rf"(_(?!{self._tag}[-.])[0-9a-f]{{12}})?"
+        for n in self._names:
+            code = self._ns[n].__code__
+            stem, qual = re.escape(Path(code.co_filename).stem), re.escape(self._ns[n].__qualname__)
+            pattern = re.compile(rf"{stem}\.{qual}{other}-\d+\.py\d+\.(\d+\.)?nb[ic]$")
+            for folder in numba_cache_dirs(code.co_filename):
+                older.setdefault(str(folder), []).append(pattern)
+        for folder, patterns in older.items():
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                if any(p.match(name) for p in patterns):
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                    except OSError:
+                        pass
+
     def spend(self, work: int) -> None:
         """Count the work a plain call did (for kernels that learn their work as they run)."""
         with self._lock:
@@ -257,6 +287,7 @@ class Kernels:
                     opts = {"_nrt": False} if n in self._borrowed else {}
                     twins[n] = njit(cache=True, nogil=self._nogil, parallel=n in self._parallel, **opts)(twin)
                 glb.update(twins)
+                self._drop_older_caches()
                 self._compiled = {n: _OneCompiler(t) for n, t in twins.items()}
             return self._compiled
 
