@@ -57,6 +57,7 @@ import numpy as np
 from hccc.util.diagnostics import CompileError, Diagnostic, SourceFile
 from hccc.compiler.interop.mscclpp_blocks import PlanBlocks, read_blocks
 from hccc.compiler.interop.mscclpp_flow import Connections, trace_data
+from hccc.compiler.interop.mscclpp_groups import describe_part, explain_group_race
 from hccc.compiler.interop.mscclpp_layout import PlanLayout, node_size, read_layout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_rows import RowTable, write_rows
@@ -90,7 +91,7 @@ def import_plan_obj(plan: dict, src: SourceFile) -> ProgramIR:
     flow = trace_data(rd, layout, blocks, conns)
     table, deps = write_rows(rd, layout, blocks, flow, conns, gpus)
     ir, order = _program(plan, layout, blocks, table, deps)
-    return _checked(rd, layout, table, ir, order)
+    return _checked(rd, layout, blocks, table, ir, order)
 
 
 def check_synchronisation(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks) -> None:
@@ -153,9 +154,11 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
     return ir, np.lexsort((seq, tb, rank))
 
 
-def _checked(rd: PlanReader, layout: PlanLayout, table: RowTable, ir: ProgramIR, order) -> ProgramIR:
+def _checked(rd: PlanReader, layout: PlanLayout, blocks: PlanBlocks, table: RowTable, ir: ProgramIR,
+             order) -> ProgramIR:
     """``ir`` checked like an imported XML (structure, deadlock freedom, the collective's
-    postcondition, every access in bounds), each refusal located at its operation."""
+    postcondition, every access in bounds), each refusal located at its operation (a race on bytes
+    a thread-block group moves in the plan's chunks, with the executor's lines that make it one)."""
     from hccc.compiler.ir.check import DeadlockError, check_deadlock, check_fifo_order, check_structure
     from hccc.compiler.ir.extents import ExtentError, check_extents
     from hccc.compiler.ir.symbolic import ProofError, check_deadlock_buffered, prove
@@ -167,7 +170,10 @@ def _checked(rd: PlanReader, layout: PlanLayout, table: RowTable, ir: ProgramIR,
 
     def fail(exc, prefix=""):
         at = paths[exc.prims[0]] if getattr(exc, "prims", None) else ()
-        raise CompileError([Diagnostic(prefix + str(exc), rd.loc(at))]) from None
+        text = str(exc)
+        if getattr(exc, "kind", None) == "race" and exc.slot is not None and layout.F > 1:
+            text = _group_race(layout, blocks, ir, exc.slot, text)
+        raise CompileError([Diagnostic(prefix + text, rd.loc(at))]) from None
 
     try:
         check_structure(ir)
@@ -194,6 +200,27 @@ def _checked(rd: PlanReader, layout: PlanLayout, table: RowTable, ir: ProgramIR,
     except ExtentError as exc:
         fail(exc)
     return ir
+
+
+def _group_race(layout: PlanLayout, blocks: PlanBlocks, ir: ProgramIR, slot: int, text: str) -> str:
+    """A race message of a plan with thread-block groups: its slot named in the plan's chunks (and
+    the part of one), and, when operations of a group move those bytes, which ones and the
+    executor's lines that make it a race (:func:`~hccc.compiler.interop.mscclpp_groups.explain_group_race`)."""
+    from hccc.compiler.ir.symbolic import Slots
+    slots = Slots(ir, layout.inplace)
+    name = slots.name(slot)
+    head, _, num = name.rpartition("chunk ")
+    text = text.replace(f"data race on {name}", f"data race on {head}{describe_part(int(num), layout.F)}", 1)
+    accesses = []
+    for r, ti, ops in blocks.tbs:
+        for p, op in ops:
+            for side, verb, refs in (("src_buff", "reads", op.src), ("dst_buff", "writes", op.dst)):
+                for j, ref in enumerate(refs):
+                    owner, buf, lo, n = layout.region(op, ref, p + (side, j), r)
+                    first = int(slots.phys(owner, int(buf), lo))
+                    accesses.append((f"rank {r} thread block {ti}'s {op.switch or op.name} {verb}",
+                                     first, first + n, ref.index, ref.size, op.tbg))
+    return text + (explain_group_race(slot, accesses) or "")
 
 
 def shift_of(ir: ProgramIR, inplace: bool) -> int:

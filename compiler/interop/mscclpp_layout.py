@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hccc.compiler.frontend.collectives import SPECS
+from hccc.compiler.interop.mscclpp_groups import group_part
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_plan import (BUF_OF_LETTER, BUFFER_ALIGNMENT, COLLECTIVES, MAX_GROUP_PARTS,
                                                 MAX_PLAN_SLOTS, NO_MAX_SIZE, SHARED_SCRATCH_BYTES)
@@ -60,14 +61,8 @@ class PlanLayout:
         limit = {Buf.INPUT: self.ic, Buf.OUTPUT: self.oc, Buf.SCRATCH: self.scratch[owner]}[buf]
         if idx + n > limit:
             raise self.err(path, f"chunks [{idx}, {idx + n}) of rank {owner}'s {letter} buffer: it has {limit}")
-        F = self.F
-        group = op.tbg
-        if group and group[1] > 1:
-            # the executor cuts the operation's range into tbg_size equal parts (at sizes that are a
-            # multiple of the alignment x chunks x F) and this block moves part tb_id
-            part = n * F // group[1]
-            return owner, buf, idx * F + group[0] * part, part
-        return owner, buf, idx * F, n * F
+        # a thread-block group's member moves its part of the range (the executor's cut, mscclpp_groups)
+        return (owner, buf) + group_part(idx, n, self.F, op.tbg)
 
 
 def read_layout(rd: PlanReader, plan: dict) -> PlanLayout:

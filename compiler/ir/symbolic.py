@@ -70,12 +70,14 @@ VC_BUDGET = 1 << 26
 
 class ProofError(Exception):
     """The program is wrong: ``kind`` "value" (a wrong result), "race" or "deadlock"; ``prims`` are
-    the primitives to blame (the first one is the best place to point at)."""
+    the primitives to blame (the first one is the best place to point at); ``slot``: a race's
+    physical slot (:class:`Slots`), for a front end that names it in its own terms."""
 
-    def __init__(self, message: str, prims=(), kind: str = "value"):
+    def __init__(self, message: str, prims=(), kind: str = "value", slot: int | None = None):
         super().__init__(message)
         self.prims = [int(p) for p in prims]
         self.kind = kind  # "race" | "value"
+        self.slot = slot
 
 
 class _Poison:
@@ -477,7 +479,7 @@ def check_races(ir: ProgramIR, inplace: bool = False, pos: np.ndarray | None = N
             f"data race on {slots.name(int(qs[j]))}{' (in-place run)' if inplace else ''}: "
             f"{describe(y)} {verb(y)} it while {describe(x)} {verb(x)} it, and neither waits for the "
             f"other (add a dependency)" + (f"; {more} more {'slot races' if more == 1 else 'slots race'}" if more > 0 else ""),
-            [y, x], kind="race")
+            [y, x], kind="race", slot=int(qs[j]))
 
 
 # ---------------------------------------------------------------------------------------------

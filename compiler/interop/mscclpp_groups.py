@@ -1,0 +1,68 @@
+"""Thread-block groups (``tbg_info``) as MSCCL++'s executor runs them, and a race between the blocks
+of a group named in the plan's own terms.
+
+The executor's loader cuts every buffer range of an operation on its own: block ``tb_id`` of a
+group of ``tbg_size`` moves part ``tb_id`` of each range the operation names, the range's
+alignment units shared out ``nelems // tbg_size`` each, the first ``nelems % tbg_size`` parts one
+unit more (:data:`CUT_LINES`). Nothing joins the blocks of a group at run time: each block runs
+its own list, and a signal or wait is run by the block's own first threads on the block's own
+channels (:data:`SIGNAL_LINES`), so a signal publishes what its block did, not what its group did.
+Two operations of a group over different ranges therefore hand one block different bytes: block 1's
+part of chunks ``[0, 1)`` is the second half of chunk 0, block 0's part of chunks ``[0, 2)`` all of
+chunk 0. The import cuts every chunk into ``F`` parts (the least common multiple of the plan's group
+sizes) so that each block's share is whole parts (:func:`group_part`: the executor's cut at sizes
+whose chunks are a multiple of ``F`` alignment units) and proves the plan at that granularity;
+:func:`explain_group_race` adds, to a race the proof finds on bytes a group's operation moves,
+which operations move them and the executor's lines that make it a race.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+#: the MSCCL++ commit whose executor the lines below are quoted from (its ``main``, August 2026)
+EXECUTOR_COMMIT = "1f5f065"
+#: where the loader cuts an operation's source and destination ranges among a group's blocks
+#: (``calcOffset(size, tb_id, tbg_size)``, ``calcSize``) and the cut itself (``calcOffset``)
+CUT_LINES = ("src/core/executor/execution_plan.cc:541-545 (src_buff), 572-575 (dst_buff), "
+             "621-627 (calcOffset)")
+#: where a signal and a wait are run: by threads ``tid < nChannels`` of the block that runs them,
+#: each on one of that block's channels
+SIGNAL_LINES = "src/core/include/execution_kernel.hpp:83-99 (handleSignal), 102-118 (handleWait)"
+
+
+def group_part(idx: int, n: int, F: int, tbg: tuple[int, int] | None) -> tuple[int, int]:
+    """``(first part, parts)`` a block moves of chunks ``[idx, idx + n)``, in parts of ``1 / F``
+    chunk: part ``tb_id`` of ``tbg_size`` equal parts of the range (``F`` is a multiple of every
+    ``tbg_size``), the whole range without a group."""
+    if tbg and tbg[1] > 1:
+        part = n * F // tbg[1]
+        return idx * F + tbg[0] * part, part
+    return idx * F, n * F
+
+
+def describe_part(chunk_part: int, F: int) -> str:
+    """``chunk 3`` (F 1) or ``chunk 3 (part 1 of 2)``: a slot of the refined program in plan chunks."""
+    c, k = divmod(chunk_part, F)
+    return f"chunk {c}" if F == 1 else f"chunk {c} (part {k} of {F})"
+
+
+def explain_group_race(slot: int, accesses: Iterable[tuple[str, int, int, int, int, tuple[int, int] | None]]
+                       ) -> str | None:
+    """What to add to a race the proof found on physical ``slot`` when operations of thread-block
+    groups move its bytes (``None`` when none does). ``accesses``: ``(what, lo, hi, index, size,
+    tbg)`` for every buffer range of the plan's operations: ``what`` names the operation ("rank 1
+    thread block 0's copy writes"), ``[lo, hi)`` are the physical slots the block moves (the run's
+    aliasing of input and output applied), ``index`` and ``size`` the range as the plan writes it."""
+    movers = [f"{what} part {tbg[0]} of {tbg[1]} of chunks [{idx}, {idx + n})"
+              for what, lo, hi, idx, n, tbg in accesses if lo <= slot < hi and tbg and tbg[1] > 1]
+    if not movers:
+        return None
+    shown = "; ".join(movers[:4]) + (f"; {len(movers) - 4} more" if len(movers) > 4 else "")
+    return (f" (thread-block groups: {shown}. MSCCL++'s executor cuts each range of an operation among "
+            f"its group's blocks by itself ({CUT_LINES}, at MSCCL++ {EXECUTOR_COMMIT}), so operations of "
+            f"a group over different ranges give a block different bytes, and a signal or wait is run by "
+            f"its own block's threads on that block's channels ({SIGNAL_LINES}): a block's signal does not "
+            f"publish what the other blocks of its group wrote, nor does its wait order their reads)")
+
+
+__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "SIGNAL_LINES", "describe_part", "explain_group_race", "group_part"]
