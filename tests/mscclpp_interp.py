@@ -246,13 +246,19 @@ def _pipeline_steps(rk: _Rank, op):
 
 
 def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int = 0, runs: int = 1,
-             check_sync: bool = True, eager: int | None = None) -> list[np.ndarray]:
+             check_sync: bool = True, eager: int | None = None,
+             lazy: tuple[int, int] | None = None) -> list[np.ndarray]:
     """Run ``plan`` ``runs`` times on float64 ``inputs`` (one array per rank); returns the outputs
     (of the last run; every run computes the same). Raises :class:`InterpError` on a deadlock, a
     load-time check, a missing ``nop``, an unsupported operation, or a write into a peer's scratch
     by a later run while an operation of the peer's earlier run that touches those bytes has not
     run yet (a race between calls). ``eager``: a rank that moves as far as it can before the
-    others take each of their random steps (a schedule that lets it run calls ahead)."""
+    others take each of their random steps (a schedule that lets it run calls ahead). ``lazy``:
+    ``(rank, thread block id)`` of a block that moves only when no other block can (a slow block:
+    what it writes arrives late and what it reads is read late, so an operation that touches its
+    bytes without waiting for it, through the synchronisation of another block, gets the wrong
+    value or overwrites its source; the executor gives a block no order with the others but the
+    plan's signals, semaphores, barriers and packets)."""
     R = len(plan["gpus"])
     in_bytes = len(inputs[0]) * ELEM
     out_bytes = out_elems * ELEM
@@ -314,14 +320,17 @@ def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int 
         order = list(range(len(live)))
         rng.shuffle(order)
         moved = False
-        for k in order:
-            t = live[k]
-            if t is None:
-                continue
-            if t.pc == len(t.steps) or _step(ranks, t, plan, check_sync):
-                moved = True
-                if t.pc == len(t.steps):
-                    finish(k, t)
+        for slow in (False, True):
+            if slow and moved:
+                break                   # the lazy block moves only when no other block could
+            for k in order:
+                t = live[k]
+                if t is None or (lazy is not None and (t.rank, t.tb["id"]) == tuple(lazy)) != slow:
+                    continue
+                if t.pc == len(t.steps) or _step(ranks, t, plan, check_sync):
+                    moved = True
+                    if t.pc == len(t.steps):
+                        finish(k, t)
         live[:] = [t for t in live if t is not None]
         if live and not moved:
             stuck = "; ".join(f"rank {t.rank} tb {t.tb['id']} at op {t.pc} ({t.steps[t.pc][0]['name']})"
@@ -756,11 +765,11 @@ def _calls_in_place(coll: str, inputs: list[np.ndarray], out_elems: int, runs: i
 
 
 def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager: int | None = None,
-               shift: int = 1) -> None:
+               shift: int = 1, lazy: tuple[int, int] | None = None) -> None:
     """Run the plan at the size ``mult`` x (alignment x chunks) on random integer data and compare
     every rank's output with the collective's (in place: after ``runs`` calls, each on what the one
-    before left); raises :class:`InterpError` naming the first wrong element. ``eager``: see
-    :func:`run_plan`."""
+    before left); raises :class:`InterpError` naming the first wrong element. ``eager``, ``lazy``:
+    see :func:`run_plan`."""
     R = len(plan["gpus"])
     g = plan["gpus"][0]
     align = plan.get("buffer_alignment", 16)
@@ -770,7 +779,7 @@ def check_plan(plan: dict, mult: int = 1, *, seed: int = 0, runs: int = 2, eager
     out_bytes = in_bytes * g["output_chunks"] // g["input_chunks"]
     rng = np.random.default_rng(seed)
     inputs = [rng.integers(-1000, 1000, in_elems).astype(np.float64) for _ in range(R)]
-    outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager)
+    outs = run_plan(plan, inputs, out_bytes // ELEM, seed=seed, runs=runs, eager=eager, lazy=lazy)
     want = (_calls_in_place(plan["collective"], inputs, out_bytes // ELEM, runs, shift) if plan["inplace"]
             else oracle(plan["collective"], inputs, out_bytes // ELEM, shift))
     for r in range(R):

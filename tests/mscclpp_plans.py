@@ -216,6 +216,88 @@ def grouped_puts_allgather():
     return plan_obj("allgather", gpus)
 
 
+def grouped_reduce_allreduce(size=2, cuts=None, channel="memory"):
+    """A 2-rank in-place AllReduce whose data operations are moved by a thread-block group of
+    ``size`` blocks, block ``b`` synchronising with the peer's block ``b`` alone over channel ``b``
+    of ``size`` channels to the peer (per-block signals; the case of MSCCL++'s executor test plan
+    ``reduce_tbg``). Rank ``r`` owns chunks ``[size * r, size * (r + 1))`` of ``2 * size``.
+
+    ``channel`` "memory": each rank copies the peer's chunks of its input into its scratch (the
+    group: block ``b`` copies the peer's ``b``-th chunk), signals and waits, then reads the peer's
+    scratch, reduces and writes the sum into both inputs (``rres``), signals and waits. "port":
+    each rank puts the peer's chunks of its input into the peer's scratch (``put`` on the block's
+    port channel), signals and waits, reduces its chunks locally (``re``) and puts the sums into
+    the peer's input, signals and waits. "packets" (LL): each rank puts the peer's chunks as
+    packets into the peer's scratch (``ppkt``), then reduces the packets into its own chunks and
+    puts the sums as packets into the peer's scratch (``repkt``... as ``respkt``), and unpacks the
+    peer's sums (``upkt``): no signals, the packets' flags order every element.
+
+    ``cuts``: the reduction as one operation per run of chunks of these lengths (summing to
+    ``size``) instead of one over the rank's chunks (MSCCL++'s ``reduce_tbg`` reduces chunk 0 and
+    chunk 1 apart: ``(1, 1)``); the executor then gives block ``b`` part ``b`` of each run, bytes
+    another block of the peer wrote, so with signals it races."""
+    n = size
+    ll = channel == "packets"
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+        mine, theirs = n * r, n * p
+
+        def grp(op, b):
+            return dict(op, tbg_info={"tb_id": b, "tbg_size": n})
+
+        def per_chunk(make):
+            """The reduction over the rank's chunks, or one per run of ``cuts``."""
+            starts = [sum((cuts or (n,))[:j]) for j in range(len(cuts or (n,)))]
+            return [make(mine + a, k) for a, k in zip(starts, cuts or (n,))]
+
+        tbs = []
+        for b in range(n):
+            if channel == "memory":
+                sig = [sync_op("signal", [0]), NOP, sync_op("wait", [0]), NOP]
+                ops = [grp({"name": "copy", "src_buff": [buf("i", theirs, n)], "dst_buff": [buf("s", theirs, n)]}, b),
+                       NOP, *sig]
+                for idx, k in per_chunk(lambda i, k: (i, k)):
+                    ops += [grp({"name": "rres", "src_buff": [buf("i", idx, k), remote_buf(0, idx, k)],
+                                 "dst_buff": [buf("i", idx, k), remote_buf(1, idx, k)], "channel_type": "memory",
+                                 "reduce_op": "sum"}, b), NOP]
+                ops += sig
+                rbufs = [{"rank": p, "type": "s", "access_channel_types": ["memory"]},
+                         {"rank": p, "type": "i", "access_channel_types": ["memory"]}]
+                tb = {"id": b, "ops": ops, "channels": [mem_channels([b])], "remote_buffer_refs": mem_buffer_refs([0, 1])}
+            elif channel == "port":
+                sig = [{"name": "signal", "channel_ids": [0], "channel_type": "port"},
+                       {"name": "wait", "channel_ids": [0], "channel_type": "port"}, NOP]
+                ops = [grp({"name": "put", "src_buff": [buf("i", theirs, n)], "dst_buff": [remote_buf(0, theirs, n)],
+                            "channel_ids": [0], "channel_type": "port"}, b), *sig]
+                for idx, k in per_chunk(lambda i, k: (i, k)):
+                    ops += [grp({"name": "re", "src_buff": [buf("i", idx, k), buf("s", idx, k)],
+                                 "dst_buff": [buf("i", idx, k)], "reduce_op": "sum"}, b), NOP,
+                            grp({"name": "put", "src_buff": [buf("i", idx, k)], "dst_buff": [remote_buf(1, idx, k)],
+                                 "channel_ids": [0], "channel_type": "port"}, b)]
+                ops += sig
+                rbufs = [{"rank": p, "type": "s", "access_channel_types": ["port"]},
+                         {"rank": p, "type": "i", "access_channel_types": ["port"]}]
+                tb = {"id": b, "ops": ops, "channels": [{"channel_type": "port", "channel_ids": [b]}],
+                      "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0, 1]}]}
+            else:
+                # scratch: the peer's chunks as packets at [0, n), the peer's sums at [n, 2n)
+                ops = [grp({"name": "ppkt", "src_buff": [buf("i", theirs, n)], "dst_buff": [remote_buf(0, 0, n)],
+                            "channel_type": "memory"}, b)]
+                for idx, k in per_chunk(lambda i, k: (i, k)):
+                    ops += [grp({"name": "respkt", "src_buff": [buf("i", idx, k), buf("s", idx - mine, k)],
+                                 "dst_buff": [buf("i", idx, k), remote_buf(0, n + idx - mine, k)],
+                                 "channel_type": "memory", "reduce_op": "sum"}, b)]
+                ops += [grp({"name": "upkt", "src_buff": [buf("s", n, n)], "dst_buff": [buf("i", theirs, n)]}, b)]
+                rbufs = [{"rank": p, "type": "s", "access_channel_types": ["memory"]}]
+                tb = {"id": b, "ops": ops, "remote_buffer_refs": mem_buffer_refs([0])}
+            tbs.append(tb)
+        chans = [] if ll else [{"channel_type": channel, "connected_to": [p] * n}]
+        gpus.append(gpu_entry(r, 2 * n, 2 * n, 2 * n, chans, rbufs, tbs))
+    return plan_obj("allreduce", gpus, proto="LL" if ll else "Simple", inplace=True,
+                    name=f"grouped_reduce_{channel}_{size}" + "".join(f"_{k}" for k in cuts or ()))
+
+
 @lru_cache(maxsize=None)
 def corpus() -> tuple[str, ...]:
     """Real plans as text: the hand-written ones (the DSL's styles, switch channels included) and

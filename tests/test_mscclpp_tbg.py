@@ -2,7 +2,15 @@
 ``tbg_size`` parts and block ``tb_id`` of the group moves its part; the import cuts every chunk into
 parts (the least common multiple of the group sizes) so that each share is whole parts, proves the
 plan at that granularity, and the independent interpreter (which cuts bytes as the executor does)
-agrees. Also: the k-th pass of blocks through a barrier id meets the k-th of the others."""
+agrees. Also: the k-th pass of blocks through a barrier id meets the k-th of the others.
+
+A group whose blocks synchronise per block (each block signals and waits on a channel of its own,
+the case of MSCCL++'s executor test plan ``reduce_tbg``) is proven when every block reads what the
+peer's same block wrote; when two operations of the group cut different ranges (a reduction chunk
+by chunk after a copy of the chunks together), block ``b`` reads bytes another block of the peer
+wrote: the import refuses it as a race naming the executor's lines, and the interpreter, with that
+block slow (``lazy``), computes a wrong result. Packets carry their own flags: the same cut is no
+race there."""
 from __future__ import annotations
 
 import copy
@@ -10,17 +18,21 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from conftest import examples
 from mscclpp_interp import InterpError, check_plan
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.runtime.reference import execute, expected_for, inputs_for
-from mscclpp_plans import NOP, grouped_copy_allgather, grouped_puts_allgather, plan_direct_allgather
+from mscclpp_plans import (NOP, grouped_copy_allgather, grouped_puts_allgather, grouped_reduce_allreduce,
+                           plan_direct_allgather, refused)
 
 
-def _runs_right(ir):
+def _runs_right(ir, inplace=False):
     ins = inputs_for(ir, ir.nchunks * ir.nranks * 4, "float32", seed=3)
-    outs = execute(ir, [x.copy() for x in ins])
+    outs = execute(ir, [x.copy() for x in ins], inplace=inplace)
     for r, (o, w) in enumerate(zip(outs, expected_for(ir, ins))):
         np.testing.assert_array_equal(o, w, err_msg=f"rank {r}")
 
@@ -99,3 +111,89 @@ def test_a_groups_puts_are_announced_by_the_signal_after_its_barrier():
     with pytest.raises(CompileError) as exc:
         import_plan_text(json.dumps(bad), "grouped_puts.json")
     assert "without a signal" in exc.value.diagnostics[0].message
+
+
+# ---------------------------------------------------------------- per-block signals (reduce_tbg)
+def _interp_runs(plan, size, mults):
+    """For every block made slow in turn (and none), at each size: ``None`` when every run of the
+    interpreter is right, else the first failure."""
+    for mult in mults:
+        for lazy in [None] + [(r, b) for r in range(2) for b in range(size)]:
+            try:
+                check_plan(plan, mult, seed=mult, lazy=lazy)
+            except InterpError as e:
+                return f"mult {mult}, lazy {lazy}: {e}"
+    return None
+
+
+@pytest.mark.parametrize("channel", ["memory", "port", "packets"])
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_group_with_per_block_signals_over_like_ranges_is_proven_and_runs_right(channel, size):
+    plan = grouped_reduce_allreduce(size, channel=channel)
+    ir = import_plan_text(json.dumps(plan), "grouped_reduce.json")
+    assert ir.in_chunks == 2 * size * size                        # chunks cut into `size` parts
+    _runs_right(ir, inplace=True)
+    # at sizes whose chunks are not a multiple of the parts too: the executor's cut by alignment units
+    assert _interp_runs(plan, size, (1, 2, size, 3)) is None
+
+
+@pytest.mark.parametrize("channel", ["memory", "port"])
+@pytest.mark.parametrize("size,cuts", [(2, (1, 1)), (4, (1, 1, 1, 1)), (4, (2, 2)), (4, (1, 3))])
+def test_a_group_with_per_block_signals_over_ranges_cut_apart_races(channel, size, cuts):
+    """MSCCL++'s reduce_tbg (test/executor-tests/execution-plans at 1f5f065) in hccc's fixture: the
+    copy of chunks [s, s + size) by the group, then the reduction chunk by chunk by the group."""
+    plan = grouped_reduce_allreduce(size, cuts, channel)
+    msg, line = refused(plan)
+    assert "data race on rank" in msg and f"of {size})" in msg, msg
+    assert "thread-block groups:" in msg and f"part 1 of {size} of chunks" in msg, msg
+    for src in ("execution_plan.cc:541-545", "572-575", "621-627 (calcOffset)", "execution_kernel.hpp:83-99",
+                "102-118 (handleWait)", "1f5f065"):
+        assert src in msg, (src, msg)
+    assert '"name"' in line                                       # located at an operation of the plan
+    # the independent interpreter, one block slow, computes a wrong result: the race is real
+    assert _interp_runs(plan, size, (size,)) is not None
+
+
+@pytest.mark.parametrize("size,cuts", [(2, (1, 1)), (4, (1, 3))])
+def test_packets_order_every_element_so_a_group_over_ranges_cut_apart_is_no_race(size, cuts):
+    plan = grouped_reduce_allreduce(size, cuts, "packets")
+    _runs_right(import_plan_text(json.dumps(plan), "grouped_reduce.json"), inplace=True)
+    assert _interp_runs(plan, size, (1, size, 3)) is None
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(data=st.data())
+def test_the_import_accepts_a_grouped_reduction_exactly_when_no_slow_block_breaks_it(data):
+    """Random groups (2-4 blocks), cuts of the reduction and channels: the import's verdict is the
+    interpreter's (which cuts bytes as the executor's loader does and runs every block slow in
+    turn), at a size whose chunks are whole parts and at one whose chunks are not."""
+    size = data.draw(st.integers(2, 4), label="size")
+    cuts, left = [], size
+    while left:
+        k = data.draw(st.integers(1, left), label="run")
+        cuts.append(k)
+        left -= k
+    channel = data.draw(st.sampled_from(["memory", "port", "packets"]), label="channel")
+    plan = grouped_reduce_allreduce(size, tuple(cuts), channel)
+    try:
+        import_plan_text(json.dumps(plan), "grouped_reduce.json")
+        accepted = True
+    except CompileError as e:
+        assert "data race" in e.diagnostics[0].message and "execution_plan.cc" in e.diagnostics[0].message
+        accepted = False
+    failure = _interp_runs(plan, size, (size, size + 1))
+    assert accepted == (failure is None), failure
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size,channel", [(2, "memory"), (4, "port")])
+def test_a_grouped_reduction_runs_right_on_hcccs_kernels_in_cpu_emulation(size, channel, tmp_path, capsys,
+                                                                         monkeypatch):
+    """``hccc run`` of the plan file (hccc's kernels, both ranks in one process, in place)."""
+    from hccc.cli import main
+    path = tmp_path / "grouped_reduce.json"
+    path.write_text(json.dumps(grouped_reduce_allreduce(size, channel=channel), indent=1))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(path), "--sizes", str(16 * 2 * size * size * 3), "-n", "1", "-w", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "Out of bounds values : 0 OK" in out, out
