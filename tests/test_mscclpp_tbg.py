@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +184,24 @@ def test_the_import_accepts_a_grouped_reduction_exactly_when_no_slow_block_break
         accepted = False
     failure = _interp_runs(plan, size, (size, size + 1))
     assert accepted == (failure is None), failure
+
+
+CORPUS = Path(__file__).resolve().parent / "mscclpp_corpus"
+
+
+@pytest.mark.parametrize("name", ["single_node__allgather_tbg__default", "default_algos__allreduce_tbg2",
+                                  "default_algos__reducescatter_tbg2", "multi_node__allgather_tbg__g4_n2_t2"])
+def test_the_dsls_group_plans_hccc_accepts_are_right_with_every_block_slow(name):
+    """MSCCL++'s DSL plans with thread-block groups (the corpus), each block slow in turn, at a size
+    whose chunks are whole parts (F alignment units) and one whose chunks are not (F + 1)."""
+    plan = json.loads((CORPUS / f"{name}.json").read_text())
+    ir = import_plan_text(json.dumps(plan), f"{name}.json")
+    F = ir.in_chunks // plan["gpus"][0]["input_chunks"]
+    assert F > 1
+    runs = 1 if plan["inplace"] and plan["collective"] == "reducescatter" else 2
+    for mult in (F, F + 1):
+        for lazy in [(r, tb["id"]) for r, g in enumerate(plan["gpus"]) for tb in g["threadblocks"]]:
+            check_plan(plan, mult, seed=mult, lazy=lazy, runs=runs)
 
 
 @pytest.mark.slow

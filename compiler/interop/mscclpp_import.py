@@ -46,7 +46,9 @@ The import runs in phases, each in its own module, each handing the next what it
 5. :mod:`~hccc.compiler.interop.mscclpp_rows` (with :mod:`~hccc.compiler.interop.mscclpp_order`):
    the rows of every block in order and the dependencies its synchronisation carries;
 6. here: the ProgramIR, proven (located messages through
-   :mod:`~hccc.compiler.interop.mscclpp_locate`).
+   :mod:`~hccc.compiler.interop.mscclpp_locate`; a race on bytes a thread-block group moves named
+   in the plan's chunks with the executor's lines that make it one,
+   :mod:`~hccc.compiler.interop.mscclpp_groups`).
 """
 from __future__ import annotations
 
