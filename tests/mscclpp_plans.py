@@ -298,6 +298,30 @@ def grouped_reduce_allreduce(size=2, cuts=None, channel="memory"):
                     name=f"grouped_reduce_{channel}_{size}" + "".join(f"_{k}" for k in cuts or ()))
 
 
+def grouped_quarters_allreduce():
+    """:func:`grouped_reduce_allreduce`'s memory variant with the copy of the peer's two chunks cut
+    by a group of 4 (a half chunk per block) and each chunk reduced by a group of 2 (blocks 0-1
+    chunk 0, 2-3 chunk 1): block ``b`` reads the half the peer's block ``b`` copied, at sizes whose
+    chunks are an even number of alignment units; at odd ones the executor's parts of the two
+    ranges end on different units."""
+    gpus = []
+    for r in range(2):
+        p = 1 - r
+        sig = [sync_op("signal", [0]), NOP, sync_op("wait", [0]), NOP]
+        tbs = []
+        for b in range(4):
+            c = 2 * r + b // 2
+            ops = [{"name": "copy", "src_buff": [buf("i", 2 * p, 2)], "dst_buff": [buf("s", 2 * p, 2)],
+                    "tbg_info": {"tb_id": b, "tbg_size": 4}}, NOP, *sig,
+                   {"name": "rres", "src_buff": [buf("i", c), remote_buf(0, c)], "dst_buff": [buf("i", c), remote_buf(1, c)],
+                    "channel_type": "memory", "reduce_op": "sum", "tbg_info": {"tb_id": b % 2, "tbg_size": 2}}, NOP, *sig]
+            tbs.append({"id": b, "ops": ops, "channels": [mem_channels([b])], "remote_buffer_refs": mem_buffer_refs([0, 1])})
+        gpus.append(gpu_entry(r, 4, 4, 4, [{"channel_type": "memory", "connected_to": [p] * 4}],
+                              [{"rank": p, "type": "s", "access_channel_types": ["memory"]},
+                               {"rank": p, "type": "i", "access_channel_types": ["memory"]}], tbs))
+    return plan_obj("allreduce", gpus, inplace=True, name="grouped_quarters")
+
+
 @lru_cache(maxsize=None)
 def corpus() -> tuple[str, ...]:
     """Real plans as text: the hand-written ones (the DSL's styles, switch channels included) and

@@ -27,8 +27,8 @@ from mscclpp_interp import InterpError, check_plan
 from hccc.util.diagnostics import CompileError
 from hccc.compiler.interop.mscclpp_import import import_plan_text
 from hccc.runtime.reference import execute, expected_for, inputs_for
-from mscclpp_plans import (NOP, grouped_copy_allgather, grouped_puts_allgather, grouped_reduce_allreduce,
-                           plan_direct_allgather, refused)
+from mscclpp_plans import (NOP, grouped_copy_allgather, grouped_puts_allgather, grouped_quarters_allreduce,
+                           grouped_reduce_allreduce, plan_direct_allgather, refused)
 
 
 def _runs_right(ir, inplace=False):
@@ -184,6 +184,22 @@ def test_the_import_accepts_a_grouped_reduction_exactly_when_no_slow_block_break
         accepted = False
     failure = _interp_runs(plan, size, (size, size + 1))
     assert accepted == (failure is None), failure
+
+
+def test_a_group_over_chunks_its_size_does_not_divide_is_proven_only_at_sizes_of_whole_parts():
+    """The executor's parts are whole alignment units: a group of 4 over 2 chunks and a group of 2
+    over one chunk end their parts on the same unit only when a chunk is an even number of units.
+    The import proves the plan at whole parts and says where the proof stops; the interpreter, one
+    block slow, finds it wrong at 1, 3 and 5 units per chunk."""
+    plan = grouped_quarters_allreduce()
+    ir = import_plan_text(json.dumps(plan), "quarters.json")
+    assert "proven at message sizes whose chunks are a multiple of 4 x the alignment" in ir.stats["note"]
+    assert "execution_plan.cc:541-545" in ir.stats["note"]
+    assert _interp_runs(plan, 4, (2, 4, 8)) is None
+    for mult in (1, 3, 5):
+        assert _interp_runs(plan, 4, (mult,)) is not None
+    # a group over ranges its size divides is the executor's at every size: no note
+    assert "note" not in import_plan_text(json.dumps(grouped_reduce_allreduce(2)), "g.json").stats
 
 
 CORPUS = Path(__file__).resolve().parent / "mscclpp_corpus"

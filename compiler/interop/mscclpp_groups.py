@@ -40,6 +40,18 @@ def group_part(idx: int, n: int, F: int, tbg: tuple[int, int] | None) -> tuple[i
     return idx * F, n * F
 
 
+def uneven_groups_note(F: int) -> str:
+    """The stats note of a plan where a group of ``tbg_size`` cuts a range of ``n`` chunks that
+    ``tbg_size`` does not divide: the executor's parts are whole alignment units (``calcOffset``:
+    the first ``nelems % tbg_size`` parts one unit longer), so at a size whose chunks are not a
+    multiple of ``F`` units they end elsewhere than the import's (a group of 4 over 2 chunks of 5
+    units ends its parts at units 3, 6, 8, 10; a group of 2 over chunk 1 at 8), and the proof does
+    not cover those sizes."""
+    return (f"thread-block groups: proven at message sizes whose chunks are a multiple of {F} x the "
+            f"alignment; a group cuts a range of chunks its size does not divide, whose parts the "
+            f"executor rounds to whole alignment units at other sizes ({CUT_LINES})")
+
+
 def describe_part(chunk_part: int, F: int) -> str:
     """``chunk 3`` (F 1) or ``chunk 3 (part 1 of 2)``: a slot of the refined program in plan chunks."""
     c, k = divmod(chunk_part, F)
@@ -65,4 +77,5 @@ def explain_group_race(slot: int, accesses: Iterable[tuple[str, int, int, int, i
             f"publish what the other blocks of its group wrote, nor does its wait order their reads)")
 
 
-__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "SIGNAL_LINES", "describe_part", "explain_group_race", "group_part"]
+__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "SIGNAL_LINES", "describe_part", "explain_group_race", "group_part",
+           "uneven_groups_note"]

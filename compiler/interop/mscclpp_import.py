@@ -59,7 +59,7 @@ import numpy as np
 from hccc.util.diagnostics import CompileError, Diagnostic, SourceFile
 from hccc.compiler.interop.mscclpp_blocks import PlanBlocks, read_blocks
 from hccc.compiler.interop.mscclpp_flow import Connections, trace_data
-from hccc.compiler.interop.mscclpp_groups import describe_part, explain_group_race
+from hccc.compiler.interop.mscclpp_groups import describe_part, explain_group_race, uneven_groups_note
 from hccc.compiler.interop.mscclpp_layout import PlanLayout, node_size, read_layout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_rows import RowTable, write_rows
@@ -147,8 +147,11 @@ def _program(plan: dict, layout: PlanLayout, blocks: PlanBlocks, table: RowTable
                           "transfers": int((cols["send_peer"] >= 0).sum()),
                           "tbs_per_rank_max": int(ntbs.max()), "tbs_connection_based": int(ntbs.sum()),
                           "tbs_state_based": int(ntbs.sum())})
-    if layout.served[2]:
-        ir.stats["note"] = layout.served[2]
+    notes = [layout.served[2]] if layout.served[2] else []
+    if layout.uneven:
+        notes.append(uneven_groups_note(layout.F))
+    if notes:
+        ir.stats["note"] = "; ".join(notes)
     g = node_size(layout)
     if g:
         ir.stats["gpus_per_node"] = g

@@ -34,6 +34,7 @@ class PlanLayout:
     oc: int                        # output chunks
     C: int                         # chunks of the collective's full buffer
     F: int                         # parts per chunk (lcm of the thread-block group sizes)
+    uneven: bool                   # a group cuts a range whose chunks its size does not divide
     scratch: list[int]             # rank -> scratch chunks
     PK: int                        # packets of scratch region q live in ProgramIR scratch slot PK + q
     served: tuple                  # (least, largest message size, why the largest is lower) proven
@@ -70,7 +71,7 @@ def read_layout(rd: PlanReader, plan: dict) -> PlanLayout:
     coll, proto, inplace, reuse, double = _flags(rd, plan)
     gpus = rd.get(plan, "gpus", (), list)
     R, ic, oc = _chunk_counts(rd, gpus)
-    F = _refinement(rd, gpus)
+    F, uneven = _refinement(rd, gpus)
     _bound_slots(rd, gpus, R, ic, oc, proto, F)
     # the full buffer's chunks: an AllGather's output, a ReduceScatter's input, every rank's part of
     # a SendRecv (a rank's chunk j is hccc's chunk r * ic + j), the input otherwise
@@ -87,6 +88,7 @@ def read_layout(rd: PlanReader, plan: dict) -> PlanLayout:
     limit = {"i": ic, "o": oc}
     switch = SwitchChannels(gpus, lambda m, x: limit.get(x, scratch[m]), rd.err, double)
     return PlanLayout(coll=coll, proto=proto, inplace=inplace, double=double, R=R, ic=ic, oc=oc, C=C, F=F,
+                      uneven=uneven,
                       scratch=scratch, PK=max(scratch) * F if proto == "LL" else 0, served=served, chans=chans,
                       rbufs=rbufs, switch=switch, pair=_pairs(R, chans), err=rd.err)
 
@@ -153,10 +155,14 @@ def _bound_slots(rd: PlanReader, gpus: list, R: int, ic: int, oc: int, proto: st
                          f"than the {MAX_PLAN_SLOTS:,} hccc checks a plan with (docs/files-and-limits.md)")
 
 
-def _refinement(rd: PlanReader, gpus: list) -> int:
+def _refinement(rd: PlanReader, gpus: list) -> tuple[int, bool]:
     """The least common multiple of the plan's thread-block group sizes (1: none), bounded by
-    :data:`MAX_GROUP_PARTS`; every operation's ``tbg_info`` checked on the way."""
+    :data:`MAX_GROUP_PARTS`, every operation's ``tbg_info`` checked on the way; and whether a group
+    cuts a range of ``n`` chunks with ``tbg_size`` not dividing ``n`` (the executor's parts, whole
+    alignment units, then fall on the import's parts only at sizes whose chunks are a multiple of
+    the parts: :func:`~hccc.compiler.interop.mscclpp_groups.group_part`)."""
     F = 1
+    uneven = False
     for r, g in enumerate(gpus):
         tbs = g.get("threadblocks")
         for ti, tb in enumerate(tbs if isinstance(tbs, list) else ()):
@@ -178,10 +184,14 @@ def _refinement(rd: PlanReader, gpus: list) -> int:
                     raise rd.err(p + ("tbg_info",), "'tbg_info' needs integers 'tb_id' and 'tbg_size', "
                                                     "0 <= tb_id < tbg_size")
                 F = math.lcm(F, info["tbg_size"])
+                uneven = uneven or any(isinstance(ref, dict) and isinstance(ref.get("size"), int)
+                                       and ref["size"] % info["tbg_size"]
+                                       for side in ("src_buff", "dst_buff")
+                                       for ref in (op.get(side) if isinstance(op.get(side), list) else ()))
                 if F > MAX_GROUP_PARTS:
                     raise rd.err(p + ("tbg_info",), f"the plan's thread-block group sizes cut a chunk into "
                                                     f"{F} parts: hccc models at most {MAX_GROUP_PARTS}")
-    return F
+    return F, uneven
 
 
 def _served_sizes(rd: PlanReader, plan: dict, coll: str, proto: str, reuse: bool, double: bool, ic: int, oc: int,
