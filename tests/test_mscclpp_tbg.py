@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cli_runs import run_cli
 from conftest import examples
 from mscclpp_interp import InterpError, check_plan
 from hccc.util.diagnostics import CompileError
@@ -200,6 +201,22 @@ def test_a_group_over_chunks_its_size_does_not_divide_is_proven_only_at_sizes_of
         assert _interp_runs(plan, 4, (mult,)) is not None
     # a group over ranges its size divides is the executor's at every size: no note
     assert "note" not in import_plan_text(json.dumps(grouped_reduce_allreduce(2)), "g.json").stats
+
+
+def test_hccc_check_says_where_a_groups_proof_stops_and_refuses_the_race_located(tmp_path):
+    ok = tmp_path / "quarters.json"
+    ok.write_text(json.dumps(grouped_quarters_allreduce(), indent=1))
+    proc = run_cli("check", ok, cwd=tmp_path)
+    assert proc.returncode == 0 and "note: thread-block groups: proven at message sizes whose chunks are a " \
+        "multiple of 4 x the alignment" in proc.stdout, proc.stdout + proc.stderr
+    proc = run_cli("check", "--json", ok, cwd=tmp_path)
+    assert "multiple of 4 x the alignment" in json.loads(proc.stdout)["note"]
+    racy = tmp_path / "reduce_tbg.json"
+    racy.write_text(json.dumps(grouped_reduce_allreduce(2, (1, 1)), indent=1))
+    proc = run_cli("check", racy, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"{racy}:") and "error: the plan does not implement allreduce: data race" in proc.stderr
+    assert "execution_plan.cc:541-545" in proc.stderr and "execution_kernel.hpp:83-99" in proc.stderr
 
 
 CORPUS = Path(__file__).resolve().parent / "mscclpp_corpus"

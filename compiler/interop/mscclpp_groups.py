@@ -48,8 +48,8 @@ def uneven_groups_note(F: int) -> str:
     units ends its parts at units 3, 6, 8, 10; a group of 2 over chunk 1 at 8), and the proof does
     not cover those sizes."""
     return (f"thread-block groups: proven at message sizes whose chunks are a multiple of {F} x the "
-            f"alignment; a group cuts a range of chunks its size does not divide, whose parts the "
-            f"executor rounds to whole alignment units at other sizes ({CUT_LINES})")
+            f"alignment (a group cuts a range of chunks its size does not divide: at other sizes the "
+            f"executor rounds its parts to whole alignment units, {CUT_LINES})")
 
 
 def describe_part(chunk_part: int, F: int) -> str:

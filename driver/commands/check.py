@@ -152,6 +152,8 @@ def _check_program(args, reader) -> int:
         summary["topology"] = {"name": cluster.topology.name, "file": cluster.name, "sha256": cluster.sha256}
     if ir.collective == "alltoall":
         summary["alltoallv"] = _alltoallv(ir)
+    if ir.stats.get("note"):                 # where an import's proof stops (message sizes it covers)
+        summary["note"] = str(ir.stats["note"])
     if args.json:
         print(json.dumps(summary))
     else:
@@ -159,5 +161,7 @@ def _check_program(args, reader) -> int:
               f"{plural(summary['transfers'], 'transfer')}, "
               f"{plural(summary['tbs_per_rank_max'], 'thread block')} per rank at most, "
               f"{summary['execution']}-level execution)")
+        if "note" in summary:
+            print(f"  note: {printable(summary['note'], limit=1000)}")
         _print_alltoallv(summary)
     return 0
