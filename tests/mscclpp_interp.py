@@ -25,6 +25,10 @@ flags) and writes them with this call's flag into every member's scratch. As in 
 multimem address of a Simple operation carries no scratch half (the first half of a double scratch
 buffer), while ``gstorepkt`` writes the half of its call.
 
+A thread-block group's member moves its part of every range (the loader's ``calcOffset`` over the
+range's alignment units); inside a pipeline each iteration is a slice of that part, as the kernel
+cuts it, and an iteration that starts past the part (where the kernel's 32-bit size wraps) is refused.
+
 Unsupported here (raises :class:`InterpError`): ``reuse_resources`` at sizes where the plan's scratch
 outgrows the executor's shared scratch buffer (below that it is a plain plan).
 """
@@ -364,12 +368,10 @@ def _pair_channels(ranks):
                 rk.partner[(t, k)] = theirs[m]
 
 
-def _span(rk, ref, offset, unit, tb, chan_type):
-    """(rank, buffer letter, byte lo, byte size) of a buffer reference."""
-    lo, n = rk.sz.span(ref["index"], ref["size"])
-    if unit is not None:
-        n = max(0, min(n - offset, unit))
-        lo += offset
+def _span(rk, op, ref, offset, unit, tb, chan_type):
+    """(rank, buffer letter, byte lo, byte size) of a buffer reference: the block's part of the
+    range (thread-block groups), then a pipeline iteration's slice of that part."""
+    lo, n = _iteration(op, *_tbg(op, *rk.sz.span(ref["index"], ref["size"]), rk.sz.align), offset, unit)
     if "buffer_id" in ref:
         gid = tb.rb[chan_type][ref["buffer_id"]]
         rb = rk.g["remote_buffers"][gid]
@@ -388,6 +390,21 @@ def _view(ranks, owner, letter, lo, n, half):
     if lo // ELEM + n // ELEM > len(arr):
         raise InterpError(f"rank {owner} buffer {letter} access [{lo}, {lo + n}) beyond its {len(arr) * ELEM} bytes")
     return arr[lo // ELEM:(lo + n) // ELEM]
+
+
+def _iteration(op, lo, n, offset, unit):
+    """A pipeline iteration's slice ``[offset, offset + unit)`` of a block's range (the whole range
+    outside a pipeline). The loader cuts a group's part at load time and counts the iterations
+    over the whole range (``num_chunks`` chunks), and the kernel takes ``min(size - offset,
+    unitSize)`` in 32-bit unsigned arithmetic: an iteration past a group member's part would wrap
+    and move ``unitSize`` bytes beyond it, which is refused here."""
+    if unit is None:
+        return lo, n
+    if offset > n:
+        part = " (its part of its thread-block group's range)" if op.get("tbg_info") else ""
+        raise InterpError(f"'{op['name']}' in a pipeline: the iteration at byte {offset} starts past the "
+                          f"{n} bytes the block moves{part}: the executor would move {unit} bytes beyond them")
+    return lo + offset, min(n - offset, unit)
 
 
 def _tbg(op, lo, n, align):
@@ -416,8 +433,7 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
     def refs(side):
         out = []
         for ref in op.get(side, []):
-            owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
-            lo, n = _tbg(op, lo, n, align)
+            owner, letter, lo, n = _span(rk, op, ref, offset, unit, t, ctype)
             out.append((r if owner is None else owner, letter, lo, n, owner is not None))
         return out
 
@@ -585,11 +601,7 @@ def _step(ranks, t: _Tb, plan, check_sync) -> bool:
 def _switch_ref(rk: _Rank, t: _Tb, op, ref, offset, unit):
     """(members, buffer letter, byte lo, byte size) of a reference through a switch channel."""
     members, letter = rk.switch[t.sw[ref["switch_channel_id"]]]
-    lo, n = rk.sz.span(ref["index"], ref["size"])
-    if unit is not None:
-        n = max(0, min(n - offset, unit))
-        lo += offset
-    lo, n = _tbg(op, lo, n, rk.sz.align)
+    lo, n = _iteration(op, *_tbg(op, *rk.sz.span(ref["index"], ref["size"]), rk.sz.align), offset, unit)
     return members, letter, lo, n
 
 
@@ -601,8 +613,7 @@ def _switch_step(ranks, t: _Tb, op, offset, unit, half, flag, check_sync) -> boo
         src = op["src_buff"][0]
         if src.get("type") != "s":
             raise InterpError("gstorepkt reads packets of a buffer other than the scratch")
-        _, _, lo, n = _span(rk, src, offset, unit, t, "switch")
-        lo, n = _tbg(op, lo, n, rk.sz.align)
+        _, _, lo, n = _span(rk, op, src, offset, unit, t, "switch")
         a, b = lo // ELEM, (lo + n) // ELEM
         if (rk.pk_flag[half][a:b] != flag).any():
             return False
@@ -622,8 +633,7 @@ def _switch_step(ranks, t: _Tb, op, offset, unit, half, flag, check_sync) -> boo
         reads = [(m, sl, slo, n) for m in sm]
     else:
         src = op["src_buff"][0]
-        _, sl, slo, n = _span(rk, src, offset, unit, t, "switch")
-        slo, n = _tbg(op, slo, n, rk.sz.align)
+        _, sl, slo, n = _span(rk, op, src, offset, unit, t, "switch")
         val = _view(ranks, r, sl, slo, n, half).copy()
         reads = [(r, sl, slo, n)]
     writes = []
@@ -646,8 +656,7 @@ def _touches(rk: _Rank, t: _Tb, step) -> list:
                 members, letter, lo, n = _switch_ref(rk, t, op, ref, offset, unit)
                 out.extend((m, letter, lo, n) for m in members)
                 continue
-            owner, letter, lo, n = _span(rk, ref, offset, unit, t, ctype)
-            lo, n = _tbg(op, lo, n, rk.sz.align)
+            owner, letter, lo, n = _span(rk, op, ref, offset, unit, t, ctype)
             out.append((t.rank if owner is None else owner, letter, lo, n))
     return out
 

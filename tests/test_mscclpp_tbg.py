@@ -219,6 +219,33 @@ def test_hccc_check_says_where_a_groups_proof_stops_and_refuses_the_race_located
     assert "execution_plan.cc:541-545" in proc.stderr and "execution_kernel.hpp:83-99" in proc.stderr
 
 
+def _copy_in_a_pipeline(unit_size, max_message_size):
+    """The grouped reduction of 2 blocks, each block's copy of the peer's chunks in a pipeline."""
+    plan = grouped_reduce_allreduce(2)
+    plan["max_message_size"] = max_message_size
+    for g in plan["gpus"]:
+        for tb in g["threadblocks"]:
+            tb["ops"][0] = {"name": "pipeline", "iter_context": {"unit_size": unit_size, "num_chunks": 2},
+                            "ops": [tb["ops"][0], NOP]}
+    return plan
+
+
+def test_a_groups_operation_in_a_pipeline_of_several_iterations_is_refused():
+    """The executor counts a pipeline's iterations over its whole chunks and cuts each from the
+    block's part: past the part the 32-bit size wraps and the operation moves a whole unit beyond."""
+    plan = _copy_in_a_pipeline(16, 1 << 40)
+    msg, line = refused(plan)
+    assert "thread-block group inside a pipeline of more than one iteration" in msg
+    assert "execution_plan.cc:592-598" in msg and "execution_kernel.hpp:653-668" in msg and '"tbg_info"' in line
+    with pytest.raises(InterpError, match="starts past the 32 bytes the block moves"):
+        check_plan(plan, 2)                         # 2 chunks of 32 bytes, parts of 32, units of 16
+    # a pipeline of one iteration at every size the plan serves is the copy itself
+    one = _copy_in_a_pipeline(64, 128)              # chunks of at most 32 bytes, 2 of them
+    _runs_right(import_plan_text(json.dumps(one), "one.json"), inplace=True)
+    assert _interp_runs(one, 2, (1, 2)) is None
+    assert "pipeline" in refused(_copy_in_a_pipeline(32, 128))[0]     # two iterations at 128 bytes
+
+
 CORPUS = Path(__file__).resolve().parent / "mscclpp_corpus"
 
 

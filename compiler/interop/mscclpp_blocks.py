@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hccc.compiler.interop.mscclpp_groups import pipeline_past_part
 from hccc.compiler.interop.mscclpp_layout import PlanLayout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
@@ -118,6 +119,14 @@ class _BlockReader:
             raise rd.err(p + ("iter_context", "num_chunks"),
                          f"a pipeline over {op['iter_context']['num_chunks']} chunks whose operations move "
                          f"{sizes.pop()}: its iterations would not cover its operations' ranges exactly")
+        lay = self.layout
+        largest_chunk = lay.served[1] // (lay.oc if lay.coll == "allgather" else lay.ic)
+        for q, o, _ in inner:
+            if o.tbg and o.tbg[1] > 1:
+                why = pipeline_past_part(op["iter_context"]["num_chunks"], op["iter_context"]["unit_size"],
+                                         largest_chunk)
+                if why:
+                    raise rd.err(q + ("tbg_info",), why)
         return inner
 
     def block(self, r, ti, tb):

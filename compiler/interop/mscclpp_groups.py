@@ -13,7 +13,8 @@ chunk 0. The import cuts every chunk into ``F`` parts (the least common multiple
 sizes) so that each block's share is whole parts (:func:`group_part`: the executor's cut at sizes
 whose chunks are a multiple of ``F`` alignment units) and proves the plan at that granularity;
 :func:`explain_group_race` adds, to a race the proof finds on bytes a group's operation moves,
-which operations move them and the executor's lines that make it a race.
+which operations move them and the executor's lines that make it a race. A group's operation in a
+pipeline of several iterations runs past its part (:func:`pipeline_past_part`) and is refused.
 """
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ CUT_LINES = ("src/core/executor/execution_plan.cc:541-545 (src_buff), 572-575 (d
 #: where a signal and a wait are run: by threads ``tid < nChannels`` of the block that runs them,
 #: each on one of that block's channels
 SIGNAL_LINES = "src/core/include/execution_kernel.hpp:83-99 (handleSignal), 102-118 (handleWait)"
+
+#: where a pipeline's iterations are counted (over ``num_chunks`` whole chunks, not a group
+#: member's part) and cut (``offset = i * unitSize``; each operation moves
+#: ``min(size - offset, unitSize)`` of its part, in 32-bit unsigned arithmetic)
+PIPELINE_LINES = ("src/core/executor/execution_plan.cc:592-598 (nIterations), "
+                  "src/core/include/execution_kernel.hpp:653-668 (handlePipeline), 511 (handleCopy: "
+                  "min(op.inputBufferSizes[0] - offset, unitSize))")
 
 
 def group_part(idx: int, n: int, F: int, tbg: tuple[int, int] | None) -> tuple[int, int]:
@@ -50,6 +58,25 @@ def uneven_groups_note(F: int) -> str:
     return (f"thread-block groups: proven at message sizes whose chunks are a multiple of {F} x the "
             f"alignment (a group cuts a range of chunks its size does not divide: at other sizes the "
             f"executor rounds its parts to whole alignment units, {CUT_LINES})")
+
+
+def pipeline_past_part(num_chunks: int, unit_size: int, largest_chunk: int) -> str | None:
+    """Why a group member's operation in a pipeline may run past its part (``None``: never). The
+    executor counts the iterations over the pipeline's ``num_chunks`` chunks and each iteration
+    ``i`` takes ``min(part - i * unit_size, unit_size)`` bytes in unsigned 32-bit arithmetic: once an
+    iteration starts past the part (which several iterations do at most sizes) the difference wraps
+    and the operation moves ``unit_size`` bytes beyond it, into other members' parts and past the
+    range. Accepted only while every size the plan serves (chunks up to ``largest_chunk`` bytes) is
+    one iteration."""
+    if num_chunks * largest_chunk <= unit_size:
+        return None
+    return (f"an operation of a thread-block group inside a pipeline of more than one iteration (its "
+            f"{num_chunks} chunks of up to {largest_chunk} bytes in units of {unit_size}): the executor "
+            f"counts the iterations over the whole chunks and cuts each from the block's part of them, so at "
+            f"most such sizes an iteration starts past the part and moves {unit_size} bytes beyond it "
+            f"({PIPELINE_LINES}, "
+            f"at MSCCL++ {EXECUTOR_COMMIT}); keep the group out of the pipeline, or bound "
+            f"'max_message_size' so that the pipeline is one iteration")
 
 
 def describe_part(chunk_part: int, F: int) -> str:
@@ -77,5 +104,5 @@ def explain_group_race(slot: int, accesses: Iterable[tuple[str, int, int, int, i
             f"publish what the other blocks of its group wrote, nor does its wait order their reads)")
 
 
-__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "SIGNAL_LINES", "describe_part", "explain_group_race", "group_part",
-           "uneven_groups_note"]
+__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "PIPELINE_LINES", "SIGNAL_LINES", "describe_part", "explain_group_race",
+           "group_part", "pipeline_past_part", "uneven_groups_note"]
