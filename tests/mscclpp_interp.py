@@ -28,6 +28,7 @@ buffer), while ``gstorepkt`` writes the half of its call.
 A thread-block group's member moves its part of every range (the loader's ``calcOffset`` over the
 range's alignment units); inside a pipeline each iteration is a slice of that part, as the kernel
 cuts it, and an iteration that starts past the part (where the kernel's 32-bit size wraps) is refused.
+Packet operations in a pipeline run whole in every iteration (their handlers take no offset).
 
 Unsupported here (raises :class:`InterpError`): ``reuse_resources`` at sizes where the plan's scratch
 outgrows the executor's shared scratch buffer (below that it is a plain plan).
@@ -48,6 +49,8 @@ ACQUIRE = {"wait", "rlxwait", "sem_acquire"}
 #: run by the first threads only: they must not start before the data operations before them finished
 RELEASE = {"signal", "rlxsignal", "sem_release", "flush"}
 SWITCH = {"glres", "gstore", "gstorepkt"}
+#: LL packet operations: the kernel runs them without a pipeline iteration's offset and unit
+PACKET_OPS = {"ppkt", "rppkt", "respkt", "repkt", "recspkt", "recpkt", "upkt", "cpkt", "gstorepkt"}
 MAX_OPERATION, MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_LOCAL_BUFFER = 64, 16, 8, 2
 MAX_DEVICE_SEMAPHORES, MAX_DEVICE_SYNCERS = 16, 16
 SHARED_SCRATCH = 1 << 26      # the executor's scratch for reuse_resources plans (execution_common.hpp)
@@ -242,11 +245,14 @@ class _Tb:
 
 
 def _pipeline_steps(rk: _Rank, op):
+    """Every iteration's operations: a slice of each range, but packet operations, whose kernel
+    handlers take no offset, whole in every iteration."""
     ctx = op["iter_context"]
     sz = rk.sz
     ub = -(-(sz.size // sz.align) // sz.n) * sz.align
     n_iter = -(-(ctx["num_chunks"] * ub) // ctx["unit_size"])
-    return [(inner, i * ctx["unit_size"], ctx["unit_size"]) for i in range(n_iter) for inner in op["ops"]]
+    return [(inner, 0, None) if inner["name"] in PACKET_OPS else (inner, i * ctx["unit_size"], ctx["unit_size"])
+            for i in range(n_iter) for inner in op["ops"]]
 
 
 def run_plan(plan: dict, inputs: list[np.ndarray], out_elems: int, *, seed: int = 0, runs: int = 1,

@@ -154,3 +154,35 @@ def test_run_executes_a_plan_in_cpu_emulation(tmp_path, capsys):
     f.write_text(json.dumps(plan_forwarded_packets_allgather()))
     assert main(["run", str(f), "--sizes", "64K", "-n", "1", "-w", "0"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
+
+
+def _packet_reduce_allreduce(piped):
+    """2 ranks, LL, in place: each puts its input as packets into the peer's scratch and reduces the
+    peer's packets into its input (``repkt``), in a pipeline of 16-byte units when ``piped``."""
+    from mscclpp_plans import NOP, buf, gpu_entry, mem_buffer_refs, plan_obj, remote_buf
+    gpus = []
+    for r in range(2):
+        red = {"name": "repkt", "src_buff": [buf("i", 0), buf("s", 0)], "dst_buff": [buf("i", 0)], "reduce_op": "sum"}
+        ops = [{"name": "ppkt", "src_buff": [buf("i", 0)], "dst_buff": [remote_buf(0, 0)], "channel_type": "memory"},
+               NOP, {"name": "pipeline", "iter_context": {"unit_size": 16, "num_chunks": 1}, "ops": [red]}
+               if piped else red]
+        gpus.append(gpu_entry(r, 1, 1, 1, [], [{"rank": 1 - r, "type": "s", "access_channel_types": ["memory"]}],
+                              [{"id": 0, "ops": ops, "remote_buffer_refs": mem_buffer_refs([0])}]))
+    return plan_obj("allreduce", gpus, proto="LL", inplace=True)
+
+
+def test_a_packet_operation_in_a_pipeline_is_refused_it_runs_whole_in_every_iteration():
+    """The kernel calls the packet handlers without the iteration's offset: an in-place reduction
+    of packets in a pipeline of two iterations adds the peer's packets twice (the interpreter, which
+    runs it as the kernel does); the import refuses it, located, naming the executor's lines."""
+    from mscclpp_interp import InterpError
+    from mscclpp_plans import refused
+    plain = _packet_reduce_allreduce(False)
+    import_plan_text(json.dumps(plain), "plain.json")
+    check_plan(plain, 2, runs=1)
+    piped = _packet_reduce_allreduce(True)
+    msg, line = refused(piped)
+    assert "'repkt' inside a pipeline" in msg and "execution_kernel.hpp:742-768" in msg and '"repkt"' in line
+    check_plan(piped, 1, runs=1)                  # one iteration: the same
+    with pytest.raises(InterpError, match="wrong"):
+        check_plan(piped, 2, runs=1)              # two: the packets reduced twice

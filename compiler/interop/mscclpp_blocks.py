@@ -16,7 +16,7 @@ from hccc.compiler.interop.mscclpp_layout import PlanLayout
 from hccc.compiler.interop.mscclpp_locate import PlanReader
 from hccc.compiler.interop.mscclpp_operands import check_operation, check_thread_block, semaphore_inits
 from hccc.compiler.interop.mscclpp_ops import BlockOp, PlanOp
-from hccc.compiler.interop.mscclpp_plan import OP_NAMES
+from hccc.compiler.interop.mscclpp_plan import EXECUTOR_COMMIT, OP_NAMES, PACKET_HANDLER_LINES, PACKET_OPS
 from hccc.compiler.interop.mscclpp_switch import SWITCH_OPS
 
 #: operations that count on a channel end (signals raise the partner's count, waits consume)
@@ -110,6 +110,12 @@ class _BlockReader:
         for j, o in enumerate(op["ops"]):
             if isinstance(o, dict) and o.get("name") == "pipeline":
                 raise rd.err(p + ("ops", j), "a pipeline inside a pipeline")
+            if isinstance(o, dict) and o.get("name") in PACKET_OPS:
+                raise rd.err(p + ("ops", j, "name"),
+                             f"'{o['name']}' inside a pipeline: the executor runs a packet operation whole "
+                             f"in every iteration (its handler takes no iteration offset: "
+                             f"{PACKET_HANDLER_LINES} at MSCCL++ {EXECUTOR_COMMIT}), which hccc does not "
+                             f"model; move it out of the pipeline")
             inner.extend(self.expand(r, o, p + ("ops", j), tb_switch))
         sizes = {ref.size for _, o, _ in inner for ref in (o.src or ()) + (o.dst or ())}
         if len(sizes) > 1:

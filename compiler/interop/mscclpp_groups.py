@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-#: the MSCCL++ commit whose executor the lines below are quoted from (its ``main``, August 2026)
-EXECUTOR_COMMIT = "1f5f065"
+from hccc.compiler.interop.mscclpp_plan import EXECUTOR_COMMIT
+
 #: where the loader cuts an operation's source and destination ranges among a group's blocks
 #: (``calcOffset(size, tb_id, tbg_size)``, ``calcSize``) and the cut itself (``calcOffset``)
 CUT_LINES = ("src/core/executor/execution_plan.cc:541-545 (src_buff), 572-575 (dst_buff), "

@@ -75,6 +75,14 @@ BUF_OF_LETTER = {v: k for k, v in LETTER_OF_BUF.items()}
 #: operations that only synchronise (run on the first threads of the block)
 CONTROL_OPS = frozenset({"signal", "wait", "rlxsignal", "rlxwait", "flush", "sem_acquire", "sem_release",
                          "barrier"})
+#: the MSCCL++ commit whose executor source the format and its semantics were read from (its
+#: ``main``, August 2026); the ``*_LINES`` constants quote it
+EXECUTOR_COMMIT = "1f5f065"
+#: where the kernel calls the packet operations' handlers, without a pipeline iteration's offset
+PACKET_HANDLER_LINES = "src/core/include/execution_kernel.hpp:742-768, 780"
+#: LL packet operations: the kernel runs them without a pipeline iteration's offset and unit, whole
+#: in every iteration (:data:`PACKET_HANDLER_LINES`)
+PACKET_OPS = frozenset({"ppkt", "rppkt", "respkt", "repkt", "recspkt", "recpkt", "upkt", "cpkt", "gstorepkt"})
 #: every operation name the executor's loader accepts
 OP_NAMES = frozenset({"nop", "barrier", "put", "pws", "pwsf", "get", "copy", "signal", "wait", "flush", "re",
                       "res", "rre", "rres", "ppkt", "rppkt", "respkt", "cpkt", "upkt", "repkt", "recpkt",
