@@ -74,9 +74,8 @@ def pipeline_past_part(num_chunks: int, unit_size: int, largest_chunk: int) -> s
             f"{num_chunks} chunks of up to {largest_chunk} bytes in units of {unit_size}): the executor "
             f"counts the iterations over the whole chunks and cuts each from the block's part of them, so at "
             f"most such sizes an iteration starts past the part and moves {unit_size} bytes beyond it "
-            f"({PIPELINE_LINES}, "
-            f"at MSCCL++ {EXECUTOR_COMMIT}); keep the group out of the pipeline, or bound "
-            f"'max_message_size' so that the pipeline is one iteration")
+            f"({PIPELINE_LINES}, at MSCCL++ {EXECUTOR_COMMIT}); keep the group out of the pipeline, or "
+            f"bound 'max_message_size' so that the pipeline is one iteration")
 
 
 def describe_part(chunk_part: int, F: int) -> str:
@@ -104,5 +103,5 @@ def explain_group_race(slot: int, accesses: Iterable[tuple[str, int, int, int, i
             f"publish what the other blocks of its group wrote, nor does its wait order their reads)")
 
 
-__all__ = ["CUT_LINES", "EXECUTOR_COMMIT", "PIPELINE_LINES", "SIGNAL_LINES", "describe_part", "explain_group_race",
-           "group_part", "pipeline_past_part", "uneven_groups_note"]
+__all__ = ["CUT_LINES", "PIPELINE_LINES", "SIGNAL_LINES", "describe_part", "explain_group_race", "group_part",
+           "pipeline_past_part", "uneven_groups_note"]

@@ -215,7 +215,8 @@ def _group_race(layout: PlanLayout, blocks: PlanBlocks, ir: ProgramIR, slot: int
     slots = Slots(ir, layout.inplace)
     name = slots.name(slot)
     head, _, num = name.rpartition("chunk ")
-    text = text.replace(f"data race on {name}", f"data race on {head}{describe_part(int(num), layout.F)}", 1)
+    if not (head.endswith("scratch ") and int(num) >= layout.PK > 0):     # not an LL packet slot
+        text = text.replace(f"data race on {name}", f"data race on {head}{describe_part(int(num), layout.F)}", 1)
     accesses = []
     for r, ti, ops in blocks.tbs:
         for p, op in ops:
