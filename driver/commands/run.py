@@ -65,7 +65,8 @@ from hccc.args import (add_deprecated_flag, add_direct_option, add_program_optio
 from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
-from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column, shift_field,
+from hccc.sweep import (GROUP, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line,
+                        instance_combos, noop_notes, placements, ranks_error, say_notes, redop_column, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
@@ -133,8 +134,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the emulation header, one library per platform of a mixed program "
                              "(every thread block is a group of OS threads); cuda: a CUDA program on "
                              "a GPU through CuPy; hip: a HIP program on an AMD GPU")
-    add_topology_option(parser, help="cluster (.topo or TACCL .json): the program must fit it, and each "
-                                     "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
+    add_topology_option(parser, short=False,
+                        help="cluster (.topo or TACCL .json): the program must fit it, and each "
+                             "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
     add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
     parser.add_argument("-d", "--dtype", type=dtype_list(DTYPES), default="float32",
                         metavar="|".join(nccl_type_name(d) for d in DTYPES) + "|all",
@@ -164,7 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_nccl_options(parser: argparse.ArgumentParser) -> None:
-    """nccl-tests' -c, -a and -g."""
+    """nccl-tests' -c, -a, -t, -g, -N and those that change nothing here (said when given)."""
     nccl = parser.add_argument_group("nccl-tests' other options")
     nccl.add_argument("-c", "--check", type=count_at_least(0), default=1, metavar="N",
                       help="nccl-tests' -c: N checked launches per size and placement (the last timed "
@@ -173,9 +175,11 @@ def _add_nccl_options(parser: argparse.ArgumentParser) -> None:
     nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1, metavar="0|1|2|3",
                       help="nccl-tests' -a: report rank 0's time (0), the mean (1), min (2) or max (3) over "
                            "ranks; hccc run times one launch of every rank together, so all four are that time")
-    nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
-                      help="nccl-tests' -g, GPUs per thread, i.e. the ranks: hccc run drives every rank of "
-                           "the program from this process, so N must be its nRanks")
+    add_rank_options(nccl, "run")
+    nccl.add_argument("-N", "--run-cycles", type=count_at_least(1, "a cycle count"), default=1, metavar="N",
+                      help="nccl-tests' -N: run the whole sweep N times, printing every cycle's rows "
+                           "(nccl-tests' 0, forever, is not taken: give a count)")
+    add_nccl_noop_options(nccl, "run")
 
 
 def _add_placement_options(parser: argparse.ArgumentParser) -> None:
@@ -202,9 +206,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="timed runs per size")
     parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
                         help="untimed runs per size first (nccl-tests' warmup iters)")
-    parser.add_argument("--timeout", type=seconds(), default=10.0, metavar="SECONDS",
+    parser.add_argument("-T", "--timeout", type=seconds(), default=10.0, metavar="SECONDS",
                         help="a thread block that waits this long gives up and reports where it is "
-                             "stuck (0 = never, the host watchdog still applies)")
+                             "stuck (0 = never, the host watchdog still applies); nccl-tests' -T: a stuck "
+                             "run ends, a run that moves is not cut short")
     parser.add_argument("--threads", type=count_at_least(1), default=None, metavar="N",
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
@@ -409,7 +414,8 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
 
 def run(args) -> int:
     """Every (element type, operator) asked for, a table each; the worst exit status."""
-    combos = [(d, o) for d in args.dtype for o in args.op]
+    combos, left_out = instance_combos(args.dtype, args.op)
+    say_notes("run", noop_notes(args, "run") + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
     for dtype, op in combos:
         one = argparse.Namespace(**vars(args))
@@ -498,10 +504,9 @@ def _plan(args):
     if args.chunk_size is None:
         args.chunk_size = DEFAULT_SLOT_BYTES
     ir, plats = load_with_platforms(args)
-    if args.ngpus is not None and args.ngpus != ir.nranks:
-        sys.stderr.write(f"hccc run: error: -g {args.ngpus}: {ir.name} runs on {plural(ir.nranks, 'rank')} (its "
-                         "nRanks), and hccc run drives every rank from this process: -g must be "
-                         f"{ir.nranks} or left out\n")
+    why = ranks_error(args, ir.name, ir.nranks)
+    if why:
+        sys.stderr.write(f"hccc run: error: {why}\n")
         return 2
     # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
     # the device the run uses: its multiprocessors and the ranks placed on each)
@@ -579,10 +584,12 @@ def _run_calls(args, plan: _RunPlan):
             if not args.json:
                 _print_preamble(progress.print, args, plan, runner, ran, slot_note)
             proto_notes = set()
+            cycles = args.run_cycles
             task = progress.task(f"running {plural(len(plan.calls), 'size')}"
-                                 + (" out of place and in place" if len(plan.groups) > 1 else ""),
-                                 total=len(plan.calls) * len(plan.groups))
-            for nbytes, counts in plan.calls:
+                                 + (" out of place and in place" if len(plan.groups) > 1 else "")
+                                 + (f", {cycles} cycles" if cycles > 1 else ""),
+                                 total=len(plan.calls) * len(plan.groups) * cycles)
+            for nbytes, counts in plan.calls * cycles:
                 row, broken = [], False
                 for inplace in plan.groups:
                     if counts is None:
