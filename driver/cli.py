@@ -115,9 +115,9 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 def did_you_mean(word: str, choices) -> str:
     """`` (did you mean 'check'?)`` for the closest choice, or empty."""
-    import difflib
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    from hccc.util.diagnostics import closest
+    close = closest(word, choices)
+    return f" (did you mean '{close}'?)" if close is not None else ""
 
 
 def _looks_like_path(word: str) -> bool:
