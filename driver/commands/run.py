@@ -588,7 +588,8 @@ def _run_calls(args, plan: _RunPlan):
             task = progress.task(f"running {plural(len(plan.calls), 'size')}"
                                  + (" out of place and in place" if len(plan.groups) > 1 else "")
                                  + (f", {cycles} cycles" if cycles > 1 else ""),
-                                 total=len(plan.calls) * len(plan.groups) * cycles)
+                                 total=len(plan.calls) * len(plan.groups) * cycles,
+                                 sizes=[nbytes for nbytes, _ in plan.calls * cycles for _ in plan.groups])
             for nbytes, counts in plan.calls * cycles:
                 row, broken = [], False
                 for inplace in plan.groups:

@@ -267,7 +267,7 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
     record = (True if args.ranks is not None else PLOT_ROWS) if args.plot else 0
     results = []
-    task = progress.task(f"simulating {plural(len(sizes), 'size')} of {ir.name}", total=len(sizes))
+    task = progress.task(f"simulating {plural(len(sizes), 'size')} of {ir.name}", total=len(sizes), sizes=sizes)
     for i, size in enumerate(sizes):
         task.update(format_size(size))
         rec = record if i == largest else 0
