@@ -169,6 +169,24 @@ def say_notes(command: str, notes: list[str], *, json_mode: bool) -> None:
             print(f"# {note}", flush=True)
 
 
+#: nccl-tests' long option names that hccc spells otherwise (its underscores, its ``--datatype``),
+#: read as hccc's spelling, hidden from the help
+NCCL_LONG_NAMES = {"--datatype": "--dtype", "--warmup_iters": "--warmup", "--agg_iters": "--agg-iters",
+                   "--run_cycles": "--run-cycles", "--parallel_init": "--parallel-init",
+                   "--stream_null": "--stream-null", "--report_cputime": "--report-cputime",
+                   "--local_register": "--local-register"}
+
+
+def add_nccl_long_names(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' long names (:data:`NCCL_LONG_NAMES`) of the options ``parser`` has, as hidden
+    spellings of them (call after every option is added)."""
+    for theirs, ours in NCCL_LONG_NAMES.items():
+        action = parser._option_string_actions.get(ours)
+        if action is not None:
+            parser.add_argument(theirs, dest=action.dest, type=action.type, metavar=action.metavar,
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
 def _factor(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 2 or len(text.strip()) > 6:
         raise argparse.ArgumentTypeError(f"step factor must be an integer >= 2, got '{text}'")

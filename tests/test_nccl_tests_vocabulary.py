@@ -152,3 +152,24 @@ def test_t_for_the_cluster_elsewhere_still_works_and_warns(capsys, command, argv
     rc, out, err = cli(capsys, command, *argv)
     assert rc == 0, err
     assert f"hccc {command}: warning: -t is deprecated for the cluster" in err and "use --topology" in err
+
+
+@pytest.mark.parametrize("command", ["run", "sim", "fuzz"])
+def test_nccl_tests_long_names_are_read_as_hccc_spells_them(command):
+    """nccl-tests' ``--datatype``, ``--warmup_iters``, ``--run_cycles``, ... where the command has
+    the option: the same value as hccc's spelling gives, and hidden from the help."""
+    from hccc.sweep import NCCL_LONG_NAMES
+    base = [RING] + (["--topology", TOPO] if command == "sim" else [])
+    parser = command_parser(command)
+    values = {"--datatype": "half", "--run_cycles": "2", "--agg_iters": "3"}
+    tried = 0
+    for theirs, ours in NCCL_LONG_NAMES.items():
+        if ours not in parser._option_string_actions:
+            continue
+        value = values.get(theirs, "1")
+        a = parser.parse_args(base + [theirs, value])
+        b = parser.parse_args(base + [ours, value])
+        assert vars(a) == vars(b), theirs
+        assert theirs not in parser.format_help()
+        tried += 1
+    assert tried >= (1 if command == "fuzz" else 6)

@@ -21,7 +21,7 @@ from hccc.args import add_program_options, count_at_least, dtype_list, op_list, 
 from hccc.commands.run import DTYPES, OPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
-from hccc.sweep import add_rank_options, ranks_error
+from hccc.sweep import add_nccl_long_names, add_rank_options, ranks_error
 
 SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"
 INPUTS = {"algo": "algorithm"}
@@ -57,6 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
     add_program_options(parser, chunk_default="256", prefix="for .rccl input: ", fuse=True,
                         chunk_help="micro-batch slice size to compile with (a ProgramIR keeps its own)")
+    add_nccl_long_names(parser)
 
 
 def _load(args):

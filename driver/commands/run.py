@@ -65,7 +65,7 @@ from hccc.args import (add_deprecated_flag, add_direct_option, add_program_optio
 from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
-from hccc.sweep import (GROUP, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line,
+from hccc.sweep import (GROUP, add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line,
                         instance_combos, noop_notes, placements, ranks_error, say_notes, redop_column, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 
@@ -163,6 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
                         chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
                                    "1M, halved while the FIFOs would pass the run's memory limit)")
+    add_nccl_long_names(parser)
 
 
 def _add_nccl_options(parser: argparse.ArgumentParser) -> None:

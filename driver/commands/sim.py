@@ -53,7 +53,7 @@ from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, c
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
-from hccc.sweep import (add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line, instance_combos,
+from hccc.sweep import (add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line, instance_combos,
                         noop_notes, ranks_error, redop_column, say_notes, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 from hccc.util.diagnostics import CompileError, Diagnostic
@@ -139,6 +139,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="write bus bandwidth against size, one line per algorithm and scheduler, each with "
                         "the busbw its lower bound allows dashed (sizes: " + PLOT_SIZES + " unless given)")
     p.epilog = "columns after nccl-tests':\n  " + COLUMN_LEGEND
+    add_nccl_long_names(p)
 
 
 def _block_bw(text: str) -> float:
