@@ -121,6 +121,8 @@ def _topo(old: str, new: str) -> str:
     ("{direct =>", "{drect =>", "unknown connection type 'drect' in bandwidth; did you mean 'direct'?"),
     ("vendor = nvidia", "vendor = nvdia", "unknown vendor 'nvdia'; did you mean 'nvidia'?"),
     ("internode = all", "internode = al", "internode expects (nodeX, nodeY) or 'all'; did you mean 'all'?"),
+    ("interbandwidth = nic", "interbandwidth = nicc",
+     "interbandwidth expects a map {direct => [...], switch => [...]} or 'nic'; did you mean 'nic'?"),
 ])
 def test_topo_misspellings_are_named_with_what_was_meant(old, new, says):
     text = _topo(old, new)
@@ -128,6 +130,13 @@ def test_topo_misspellings_are_named_with_what_was_meant(old, new, says):
     bad = next(w for w in re.findall(r"[A-Za-z_]\w*", new) if w not in re.findall(r"[A-Za-z_]\w*", old))
     at = text.splitlines()[line - 1]
     assert msg.startswith(says) and at[col - 1:].startswith(bad), (line, col, msg)
+
+
+def test_a_misspelt_map_key_in_a_topo_file():
+    text = ("define nodenum = 1\ndefine node1 = 2\ndefine latency = {drect => 1}\n"
+            "define bandwidth = {direct => [((0,1) -> (25,1)), ((1,0) -> (25,1))]}\n")
+    line, col, msg = _error(lambda t: parse_topology(t, "c.topo"), text)
+    assert (line, col) == (3, 19) and msg.startswith("'drect' is not valid in latency here; did you mean 'direct'?")
 
 
 def _xml(old: str, new: str) -> str:

@@ -123,7 +123,8 @@ class ValueReader:
             ktok, v = item.children
             k = str(ktok)
             if k not in keys:
-                raise self.err(ktok, f"'{k}' is not valid in {what} here (expected one of: {', '.join(keys)})")
+                raise self.err(ktok, f"'{k}' is not valid in {what} here{did_you_mean(k, keys)} "
+                                     f"(expected one of: {', '.join(keys)})")
             if k in out:
                 raise self.err(ktok, f"'{k}' appears twice in {what}")
             vt = self.expect(v, "number", f"{what} '{k}'").children[0]
