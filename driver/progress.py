@@ -65,43 +65,65 @@ class Eta:
     fitted by least squares to the steps done so far. Unknown (None) until two steps of different
     sizes are done, unless every step has the same size (then each takes the mean time so far): one
     size alone cannot tell the fixed part from the proportional one, and a sweep's later, larger
-    sizes are where its time goes."""
+    sizes are where its time goes.
 
-    def __init__(self, sizes):
-        self.left = [float(x) for x in sizes]
-        self.done: list[tuple[float, float]] = []       # (size, seconds) of each step done
+    The steps are ``sizes`` repeated ``cycles`` times (``hccc run -N``); every update and estimate
+    takes constant time and memory (running sums, the fit's moments updated as Welford's are),
+    however many steps there are."""
+
+    def __init__(self, sizes, cycles: int = 1):
+        self.sizes = [float(x) for x in sizes]
+        self.steps = len(self.sizes) * max(0, int(cycles))
+        self.n = 0                                     # steps done
+        self._cycle_sum = sum(self.sizes)
+        self._left_sum = self._cycle_sum * max(0, int(cycles))
+        self._first: float | None = None
+        self._varied = False                           # two sizes among the steps done
+        self._mx = self._mt = self._sxx = self._sxt = 0.0   # means and co-moments of (size, seconds)
+        self._xx = self._xt = 0.0                      # raw sums (the fit through the origin)
 
     def step(self, seconds: float) -> None:
         """The next step is done, in ``seconds``."""
-        if self.left:
-            self.done.append((self.left.pop(0), max(0.0, float(seconds))))
+        if self.n >= self.steps:
+            return
+        x, t = self.sizes[self.n % len(self.sizes)], max(0.0, float(seconds))
+        self.n += 1
+        self._left_sum -= x
+        if self._first is None:
+            self._first = x
+        elif x != self._first:
+            self._varied = True
+        dx = x - self._mx
+        self._mx += dx / self.n
+        dt = t - self._mt
+        self._mt += dt / self.n
+        self._sxx += dx * (x - self._mx)
+        self._sxt += dx * (t - self._mt)
+        self._xx += x * x
+        self._xt += x * t
 
     def fit(self) -> tuple[float, float] | None:
         """``(a, b)``, or None while the steps done have fewer than two sizes."""
-        xs = [x for x, _ in self.done]
-        if len(set(xs)) < 2:
+        if not self._varied or self._sxx <= 0:
             return None
-        n = len(xs)
-        mx, mt = sum(xs) / n, sum(t for _, t in self.done) / n
-        sxx = sum((x - mx) ** 2 for x in xs)
-        b = sum((x - mx) * (t - mt) for x, t in self.done) / sxx
-        a = mt - b * mx
+        b = self._sxt / self._sxx
+        a = self._mt - b * self._mx
         if b < 0:                     # the constrained optimum lies on an edge
-            return mt, 0.0
+            return self._mt, 0.0
         if a < 0:
-            return 0.0, sum(x * t for x, t in self.done) / sum(x * x for x in xs)
+            return 0.0, self._xt / self._xx
         return a, b
 
     def seconds_left(self) -> float | None:
         """The fit's time of the steps left; where every step has one size, their mean time each."""
-        sizes = {x for x, _ in self.done}
-        if len(sizes) == 1 and set(self.left) <= sizes:
-            return len(self.left) * sum(t for _, t in self.done) / len(self.done)
+        left = self.steps - self.n
+        if self.n and not self._varied and all(x == self._first for x in self.sizes):
+            return left * self._mt
         ab = self.fit()
         if ab is None:
             return None
         a, b = ab
-        return sum(a + b * x for x in self.left)
+        return max(0.0, a * left + b * max(0.0, self._left_sum))
 
 
 def _eta_text(seconds: float | None) -> str:
@@ -115,10 +137,10 @@ class _Task:
     """Counted work inside a :class:`Progress`; with ``sizes`` (each step's size, in order) the live
     display shows the time left (:class:`Eta`)."""
 
-    def __init__(self, owner: "Progress", text: str, total: int | None, sizes=None):
+    def __init__(self, owner: "Progress", text: str, total: int | None, sizes=None, cycles: int = 1):
         self.owner, self.text, self.total, self.done = owner, text, total, 0
         self.id = None
-        self.eta = Eta(sizes) if sizes is not None else None
+        self.eta = Eta(sizes, cycles) if sizes is not None else None
         self._last = time.perf_counter()
         if owner.live is not None:
             self.id = owner.live.add_task(text, total=total, eta=_eta_text(None) if self.eta else "")
@@ -248,11 +270,12 @@ class Progress:
         finally:
             task.finish()
 
-    def task(self, text: str, total: int, *, sizes=None) -> _Task:
+    def task(self, text: str, total: int, *, sizes=None, cycles: int = 1) -> _Task:
         """Counted work (``total`` steps); call ``advance()`` per step. ``sizes``: each step's
-        size in order (a sweep's bytes), for the time left on the live display (:class:`Eta`)."""
+        size in order (a sweep's bytes), repeated ``cycles`` times, for the time left on the live
+        display (:class:`Eta`)."""
         self._plain(text)
-        return _Task(self, text, total, sizes)
+        return _Task(self, text, total, sizes, cycles)
 
     def print(self, line: str) -> None:
         """A line of the command's output on standard output (above the live display on a terminal)."""

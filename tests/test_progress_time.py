@@ -52,6 +52,22 @@ def test_the_time_left_is_the_cost_model_of_the_steps_left(sizes, a, per_gb, dat
     assert got == pytest.approx(sum(a + b * x for x in sizes[k:]), rel=1e-6, abs=1e-6)
 
 
+@given(st.lists(st.integers(1, 1 << 30), min_size=1, max_size=8), st.integers(1, 5), COST, COST, st.data())
+def test_cycles_of_a_sweep_count_as_the_sweep_repeated(sizes, cycles, a, per_gb, data):
+    b = per_gb / (1 << 30)
+    steps = sizes * cycles                       # the oracle: the steps written out
+    eta = Eta(sizes, cycles)
+    k = data.draw(st.integers(0, len(steps)))
+    for x in steps[:k]:
+        eta.step(a + b * x)
+    got = eta.seconds_left()
+    if len(set(steps[:k])) >= 2 or (k and len(set(steps)) == 1):
+        assert got == pytest.approx(sum(a + b * x for x in steps[k:]), rel=1e-6, abs=1e-6)
+    else:
+        assert got is None
+    assert Eta([1], 10 ** 12).steps == 10 ** 12            # constant memory, however many steps
+
+
 @given(SIZES, st.lists(COST, min_size=30, max_size=30), st.data())
 def test_the_time_left_is_never_negative_and_none_when_nothing_is_left(sizes, times, data):
     eta = Eta(sizes)

@@ -101,7 +101,7 @@ def run(args) -> int:
     with Progress("hccc fuzz", enabled=not args.json) as prog:
         task = prog.task(f"{ir.name} ({ir.collective}, {plural(ir.nranks, 'rank')}, chunk size {ir.chunk_bytes} B): "
                          f"{plural(args.examples, 'random case')} on {args.backend}; kernels are built on "
-                         "first use", total=args.examples, sizes=[1] * args.examples)
+                         "first use", total=args.examples, sizes=[1], cycles=args.examples)
 
         def progress(i, case, res):
             task.advance()

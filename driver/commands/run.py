@@ -590,8 +590,8 @@ def _run_calls(args, plan: _RunPlan):
                                  + (" out of place and in place" if len(plan.groups) > 1 else "")
                                  + (f", {cycles} cycles" if cycles > 1 else ""),
                                  total=len(plan.calls) * len(plan.groups) * cycles,
-                                 sizes=[nbytes for nbytes, _ in plan.calls * cycles for _ in plan.groups])
-            for nbytes, counts in plan.calls * cycles:
+                                 sizes=[nbytes for nbytes, _ in plan.calls for _ in plan.groups], cycles=cycles)
+            for nbytes, counts in (call for _ in range(cycles) for call in plan.calls):
                 row, broken = [], False
                 for inplace in plan.groups:
                     if counts is None:
