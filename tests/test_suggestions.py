@@ -91,6 +91,10 @@ def test_rccl_misspellings_are_named_with_what_was_meant(body, line, col, says):
 
 
 @pytest.mark.parametrize("header, col, says", [
+    ('def ResCCLAlg(nRanks=2, OpType="Allgather"):\n', 5,
+     "expected the 'ResCCLAlgo(...)' header, found identifier 'ResCCLAlg'; did you mean 'ResCCLAlgo'?"),
+    ('dfe ResCCLAlgo(nRanks=2, OpType="Allgather"):\n', 1,
+     "expected the 'ResCCLAlgo(...)' header, found identifier 'dfe'; did you mean 'def'?"),
     ('def ResCCLAlgo(nRanks=2, OpType="Allgathr"):\n', 33, "unknown OpType 'Allgathr'; did you mean 'Allgather'?"),
     ('def ResCCLAlgo(nRanks=2, OpType="Allgather", nChunkPerRank=1):\n', 46,
      "unknown header parameter 'nChunkPerRank'; did you mean 'nChunksPerRank'?"),

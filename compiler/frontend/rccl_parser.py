@@ -274,6 +274,8 @@ _KEYWORDS = {"DEF": "def", "FOR": "for", "IN": "in", "RANGE": "range", "TRANSFER
              "RRC": "rrc", "PASS": "pass"}
 #: the words a statement starts with, besides an assignment's name
 _STATEMENT_WORDS = ("transfer", "for", "pass")
+#: the one call that is a statement
+_STATEMENT_CALLS = ("transfer",)
 #: ResCCLang's only calls: transfer(...), a statement, and range(...), in a for loop's head
 _CALLS = ("transfer", "range")
 _WORD_BEFORE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[\t \f]*$")
@@ -294,8 +296,9 @@ def _misspelt_word(source: SourceFile, tok: Token, loc: Location, line_text: str
         if m is None or m.group(1) in _KEYWORDS.values() or m.group(1) == "ResCCLAlgo":
             return None
         name, at = m.group(1), Location(source, loc.line, m.start(1) + 1)
-        if before[:m.start(1)].strip() in ("", ";") or before[:m.start(1)].rstrip().endswith(";"):
-            return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _STATEMENT_WORDS[:1])} "
+        ahead = before[:m.start(1)].rstrip()
+        if not ahead or ahead.endswith(";"):          # the name starts a statement
+            return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _STATEMENT_CALLS)} "
                                        "(a statement is NAME = EXPRESSION, transfer(...), "
                                        "for NAME in range(...): or pass)")
         return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _CALLS)} (expressions "
@@ -362,7 +365,7 @@ def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
             return CompileError.at(loc, f"'{tok.value}' is a reserved word and cannot be used as a name")
         if tok.type == "NAME" and "RESCCLALGO" in expected:
             return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found identifier "
-                                        f"'{tok.value}'")
+                                        f"'{tok.value}'{did_you_mean(str(tok.value), ('ResCCLAlgo', 'def'))}")
         if "RESCCLALGO" in expected:
             return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found "
                                         f"{_describe_token(tok)}")
