@@ -182,3 +182,15 @@ def test_synth_reports_the_wall_time_from_its_start_in_parts(capsys, tmp_path):
 
 
 
+
+
+def test_compile_timings_end_with_the_wall_time_from_the_command_start(capsys, tmp_path):
+    before = time.perf_counter()
+    assert main([str(ROOT / "examples" / "ring_allreduce_8.rccl"), "-o", str(tmp_path / "out"), "--timings"]) == 0
+    waited = time.perf_counter() - before
+    lines = capsys.readouterr().out.splitlines()
+    total = re.fullmatch(r"  total +([0-9.]+) s  \(wall time from the command's start.*\)", lines[-1])
+    assert total, lines[-1]
+    stages = [float(m.group(1)) for ln in lines[:-1]
+              for m in [re.fullmatch(r"  \S+ +([0-9.]+) s", ln)] if m]       # one after another (none beside)
+    assert stages and sum(stages) <= float(total.group(1)) + 0.001 <= waited + 0.002
