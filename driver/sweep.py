@@ -13,11 +13,19 @@ and in place, and the table prints the two as column groups of one row::
 
 ``redop`` is ``none`` for collectives that reduce nothing (AllGather, Broadcast, AllToAll) and
 ``root`` is ``-1`` for collectives without a root.
+
+nccl-tests' vocabulary beyond the sweep: ``-d``/``-o`` lists and ``all``, a table per (type,
+operator) pair, ``all`` leaving out the pairs the kernels lack in one note (:func:`instance_combos`);
+``-t`` threads per process and ``-g`` GPUs per thread, whose product must be the program's ranks
+(:func:`add_rank_options`, :func:`ranks_error`); the options that change nothing here, accepted and
+said to (:func:`nccl_noop_flags`, :func:`noop_notes`); nccl-tests' long names
+(:data:`NCCL_LONG_NAMES`).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 
 from hccc.args import (check_selection_band, comma_list, count_at_least, format_size, missing_cluster, parse_size,
@@ -161,7 +169,6 @@ def noop_notes(args, command: str, *, model: bool = False) -> list[str]:
 def say_notes(command: str, notes: list[str], *, json_mode: bool) -> None:
     """Notes about the options, above a command's tables: ``# ...`` lines on standard output, or
     ``hccc COMMAND: note: ...`` on standard error where standard output is JSON."""
-    import sys
     for note in notes:
         if json_mode:
             sys.stderr.write(f"hccc {command}: note: {note}\n")

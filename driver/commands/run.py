@@ -29,6 +29,12 @@ ReduceScatter) or 1 (Broadcast, Reduce). Exit status 1 when an element is wrong 
 reported as "rank R, TB T stuck in <primitive> for chunk C (micro-batch M)", never hangs: kernels
 give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
+nccl-tests' options (``driver/sweep.py``): ``-d``/``-o`` take lists and ``all``, a table per
+(type, operator) pair, ``all`` leaving out the pairs the kernels lack (an integer ``avg``) in one
+note, a pair named outright refused before anything runs; ``-t`` x ``-g`` must be the program's
+ranks; ``-N`` repeats the sweep; ``-T`` is ``--timeout``; ``-m``, ``-p``, ``-z``, ``-y``, ``-G``,
+``-C``, ``-R`` change nothing and say so. On a terminal the sweep shows its time left.
+
 AllToAllv. ``--counts FILE`` runs an AllToAll program as an AllToAllv with the per-pair counts of
 FILE (the format ``hccc sim --counts`` reads, docs/alltoallv.md). Without sizes the table has one
 row, the file's counts in elements as given (the same call ``hccc sim --counts FILE`` models);
