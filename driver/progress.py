@@ -51,7 +51,7 @@ def interactive(stream=None) -> bool:
 
 #: the longest a live display goes without a sign of life: after this many seconds with nothing
 #: shown (before the first phase, between two, after the last), a spinner says the command is still
-#: working and since when. 2 s: long enough that a quick step between phases shows nothing, short
+#: working, after which phase, with the seconds it has been shown. 2 s: long enough that a quick step between phases shows nothing, short
 #: enough that nobody wonders whether the command hangs (it replaced 35 s of silence of a first
 #: ``hccc synth``)
 SILENCE_S = 2.0
@@ -222,7 +222,7 @@ class Progress:
 
     def _watch_silence(self) -> None:
         """(live display) After :data:`SILENCE_S` with no task shown, show that the command is
-        working, since when and after what; hide that again while a task is shown."""
+        working and after which phase; hide that again while a task is shown."""
         quiet_since, showing = time.perf_counter(), False
         while not self._stop.wait(SILENCE_POLL_S):
             live = self.live
