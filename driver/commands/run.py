@@ -421,6 +421,10 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
 
 def run(args) -> int:
     """Every (element type, operator) asked for, a table each; the worst exit status."""
+    if getattr(args, "sanitize", False):
+        code = _sanitized(args)      # once for the whole command: a child runs every pair
+        if code is not None:
+            return code
     combos, left_out = instance_combos(args.dtype, args.op)
     say_notes("run", noop_notes(args, "run") + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
@@ -436,10 +440,6 @@ def run(args) -> int:
 def _run_one(args) -> int:
     from hccc.runtime.platform import PlatformError
 
-    if getattr(args, "sanitize", False):
-        code = _sanitized(args)
-        if code is not None:
-            return code
     plan = _plan(args)
     if isinstance(plan, int):
         return plan
