@@ -73,6 +73,8 @@ RCCL_CASES = [
     ("    transfr(0, 1, 0, 0, recv)\n", 2, 5, "unknown function 'transfr'; did you mean 'transfer'?"),
     ("    x = 1; trnsfer(0, 1, 0, 0, recv)\n", 2, 12, "unknown function 'trnsfer'; did you mean 'transfer'?"),
     ("    foo(1)\n", 2, 5, "unknown function 'foo' (a statement is"),
+    ("    for i in range(2): transfr(i, 1 - i, i, i, recv)\n", 2, 24,
+     "unknown function 'transfr'; did you mean 'transfer'? (a statement is"),
     ("    x = rnge(2)\n", 2, 9, "unknown function 'rnge'; did you mean 'range'?"),
     ("    fro i in range(2):\n        pass\n", 2, 5, "unknown statement 'fro'; did you mean 'for'?"),
     ("    pas\n", 2, 5, "unknown statement 'pas'; did you mean 'pass'?"),

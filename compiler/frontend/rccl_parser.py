@@ -297,7 +297,7 @@ def _misspelt_word(source: SourceFile, tok: Token, loc: Location, line_text: str
             return None
         name, at = m.group(1), Location(source, loc.line, m.start(1) + 1)
         ahead = before[:m.start(1)].rstrip()
-        if not ahead or ahead.endswith(";"):          # the name starts a statement
+        if not ahead or ahead[-1] in ";:":            # the name starts a statement
             return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _STATEMENT_CALLS)} "
                                        "(a statement is NAME = EXPRESSION, transfer(...), "
                                        "for NAME in range(...): or pass)")
