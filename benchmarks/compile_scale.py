@@ -53,7 +53,8 @@ def run_one(nnodes: int, g: int, workdir: Path, codegen: str = "specialized") ->
     if proc.returncode != 0:
         raise SystemExit(f"hccc failed on {nnodes}x{g}:\n{stderr}")
     stages = {m.group(1): float(m.group(2))   # stages, and their phases as "stage/phase"
-              for m in re.finditer(r"^\s+(\S+)\s+([0-9.]+) s\b", stdout, re.M)}
+              for m in re.finditer(r"^\s+(\S+)\s+([0-9.]+) s\b", stdout, re.M)
+              if m.group(1) != "total"}                # (the last line: the whole command, as "wall")
     beside = {m.group(1): m.group(2) for m in re.finditer(r"^\s+(\S+)\s+[0-9.]+ s\s+\(beside (\S+),", stdout, re.M)}
     transfers = re.search(r"(\d+) transfers", stdout)
     tbs = re.search(r"TBs per rank <= (\d+)", stdout)

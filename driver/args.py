@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 from hccc.util.limits import check_size, option_int, option_seconds, printable
 from hccc.util.sizes import format_size, size_value
 
-__all__ = ["CommandParser", "HelpFormatter", "op_choice", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
+__all__ = ["Every", "CommandParser", "HelpFormatter", "op_choice", "parse_size", "size_or_zero", "positive_int", "count_at_least", "seconds",
            "comma_list", "choice_list", "add_program_options", "add_topology_option",
            "add_xml_limit_arguments", "xml_limits_from_args", "add_cluster_argument", "missing_cluster",
            "add_fuse_option", "format_size", "program_options"]
@@ -167,6 +167,12 @@ NCCL_TYPE_NAMES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32":
 NCCL_OPS = ("sum", "prod", "min", "max", "avg")
 
 
+class Every(list):
+    """The list ``all`` gives (every element type or operator of the kernels' table), told apart from
+    one the user spelt out: a command leaves the (type, operator) pairs the kernels lack out of
+    ``all`` (:func:`hccc.sweep.instance_combos`) but refuses one named explicitly."""
+
+
 def nccl_type_name(dtype: str) -> str:
     """nccl-tests' name of one of hccc's element types (the kernels' table, hccc.util.dtypes), or of
     another type nccl-tests knows; the name itself where neither has it."""
@@ -193,7 +199,7 @@ def dtype_list(known: Sequence[str]) -> Callable[[str], list[str]]:
 
     def parse(text: str) -> list[str]:
         if text.strip().lower() == "all":
-            return list(known)
+            return Every(known)
         return list(dict.fromkeys(comma_list(one, "element types")(text)))
     parse.__name__ = "element type"
     return parse
@@ -221,7 +227,7 @@ def op_list(ops: Sequence[str], command: str) -> Callable[[str], list[str]]:
 
     def parse(text: str) -> list[str]:
         if text.strip().lower() == "all":
-            return list(ops)
+            return Every(ops)
         if "," not in text:
             return [single(text)]
         return list(dict.fromkeys(comma_list(single, "operators")(text)))
@@ -303,17 +309,29 @@ TOPOLOGY_HELP = ("cluster description (.topo, or a TACCL profile .json): the alg
                  "GPU count and every transfer must use one of its links")
 
 
+#: the warning of ``-t`` where it still names the cluster
+T_DEPRECATED = " for the cluster (hccc run, sim and fuzz take -t as nccl-tests' thread count)"
+
+
 def add_topology_option(parser: argparse.ArgumentParser, *, required: bool = False, extra: str = "",
-                        help: str | None = None) -> None:
-    """``--topology T`` (``-t T``)."""
-    parser.add_argument("-t", "--topology", metavar="T", required=required, help=(help or TOPOLOGY_HELP) + extra)
+                        help: str | None = None, short: bool = True) -> None:
+    """``--topology T``; with ``short``, ``-t T`` too, a hidden spelling that warns (``-t`` is
+    nccl-tests' thread count on the commands that take nccl-tests' options, which pass
+    ``short=False``)."""
+    parser.add_argument("--topology", metavar="T", required=required, help=(help or TOPOLOGY_HELP) + extra)
+    if short:
+        parser.add_argument("-t", dest="topology", metavar="T", help=argparse.SUPPRESS,
+                            action=deprecated_alias("--topology", T_DEPRECATED))
 
 
 def add_cluster_argument(parser: argparse.ArgumentParser, dest: str, help: str) -> None:
-    """The cluster a command is about, as its positional ``T`` or as ``-t/--topology T`` (the
-    spelling of every other command); :func:`missing_cluster` says when neither was given."""
-    parser.add_argument(dest, metavar="T", nargs="?", default=argparse.SUPPRESS, help=help + " (or -t T)")
-    parser.add_argument("-t", "--topology", dest=dest, metavar="T", default=None, help=argparse.SUPPRESS)
+    """The cluster a command is about, as its positional ``T`` or as ``--topology T`` (the
+    spelling of every other command; ``-t T`` still read, with a warning); :func:`missing_cluster`
+    says when neither was given."""
+    parser.add_argument(dest, metavar="T", nargs="?", default=argparse.SUPPRESS, help=help + " (or --topology T)")
+    parser.add_argument("--topology", dest=dest, metavar="T", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("-t", dest=dest, metavar="T", default=None, help=argparse.SUPPRESS,
+                        action=deprecated_alias("--topology", T_DEPRECATED))
     parser.set_defaults(cluster_dest=dest)
 
 
@@ -321,7 +339,7 @@ def missing_cluster(args) -> str | None:
     """The usage error of a command of :func:`add_cluster_argument` given no cluster, or None."""
     dest = getattr(args, "cluster_dest", None)
     if dest and getattr(args, dest, None) is None:
-        return "the following arguments are required: T (a cluster description, .topo or TACCL .json; or -t T)"
+        return "the following arguments are required: T (a cluster description, .topo or TACCL .json; or --topology T)"
     return None
 
 

@@ -22,6 +22,11 @@ from __future__ import annotations
 # benchmarks/startup.py times both entry points)
 import signal
 import sys
+import time
+
+#: when this module was imported: the start of the ``hccc`` process where the system does not say
+#: (:func:`hccc.timing.process_start`)
+_IMPORTED = time.perf_counter()
 
 #: set by the first Ctrl-C; an extension module interrupted while it loads may turn the interrupt
 #: into an ImportError of its own (numpy: "PyCapsule_Import could not import module datetime")
@@ -115,9 +120,9 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 
 def did_you_mean(word: str, choices) -> str:
     """`` (did you mean 'check'?)`` for the closest choice, or empty."""
-    import difflib
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    from hccc.util.diagnostics import closest
+    close = closest(word, choices)
+    return f" (did you mean '{close}'?)" if close is not None else ""
 
 
 def _looks_like_path(word: str) -> bool:
@@ -149,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from hccc import timing
+    # the command's time counts from its start: the process's own, or this call's in a caller's
+    started = time.perf_counter() if argv is not None else timing.process_start() or _IMPORTED
     if argv is None:                   # the hccc process itself (not a caller's): its allocator policy
         from hccc.allocator import tune_allocator
         tune_allocator()
@@ -156,6 +164,7 @@ def _main(argv: list[str] | None) -> int:
     from hccc.util.diagnostics import CompileError
 
     call = _Call()
+    call.started = started
     from hccc.util.jit import jit_mode
     try:
         jit_mode()
@@ -191,6 +200,8 @@ class _Call:
     def __init__(self) -> None:
         #: the command was asked for JSON (``--json``): a compile error is printed as JSON too
         self.json_mode = False
+        #: the ``perf_counter()`` reading at the command's start (:mod:`hccc.timing`)
+        self.started: float | None = None
 
 
 def _top_level(argv: list[str]) -> int | None:
@@ -246,8 +257,10 @@ def _dispatch(argv: list[str], call: _Call) -> int:
     if inputs:
         from hccc.inputs import check_inputs
         check_inputs("hccc" if name == "compile" else f"hccc {name}", args, inputs)
+    from hccc import timing
     from hccc.util.clock import compile_seconds
     before = compile_seconds()
+    timing.start(call.started, compiled=before)
     status = mod.run(args)
     _compile_note(call.json_mode, compile_seconds() - before)
     return status

@@ -13,14 +13,25 @@ and in place, and the table prints the two as column groups of one row::
 
 ``redop`` is ``none`` for collectives that reduce nothing (AllGather, Broadcast, AllToAll) and
 ``root`` is ``-1`` for collectives without a root.
+
+nccl-tests' vocabulary beyond the sweep: ``-d``/``-o`` lists and ``all``, a table per (type,
+operator) pair, ``all`` leaving out the pairs the kernels lack in one note (:func:`instance_combos`);
+``-t`` threads per process and ``-g`` GPUs per thread, whose product must be the program's ranks
+(:func:`add_rank_options`, :func:`ranks_error`); the options that change nothing here, accepted and
+said to (:func:`nccl_noop_flags`, :func:`noop_notes`); nccl-tests' long names
+(:data:`NCCL_LONG_NAMES`).
 """
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 
-from hccc.args import check_selection_band, comma_list, format_size, missing_cluster, parse_size, size_or_zero
+from hccc.args import (check_selection_band, comma_list, count_at_least, format_size, missing_cluster, parse_size,
+                       size_or_zero)
+from hccc.util.limits import printable
+from hccc.util.plural import plural
 from hccc.compiler.frontend.collectives import SPECS, spec_of
 from hccc.util.diagnostics import CompileError, Diagnostic
 
@@ -56,6 +67,131 @@ def add_sweep_options(p: argparse.ArgumentParser, default_sizes: str, *, zero_ok
     for old, dest, typ in (("--minbytes", "minbytes", item), ("--maxbytes", "maxbytes", item),
                            ("--stepfactor", "stepfactor", _factor), ("--stepbytes", "stepbytes", parse_size)):
         p.add_argument(old, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
+
+
+def thread_count(text: str) -> int:
+    """Type of ``-t`` on ``hccc run``, ``sim`` and ``fuzz``: nccl-tests' thread count (``-t,
+    --nthreads``). ``-t`` once named the cluster there, so a value that is no count, e.g. a
+    ``.topo`` file, gets the option to use instead."""
+    t = text.strip()
+    if t.isascii() and t.isdigit() and len(t) <= 6 and int(t) >= 1:
+        return int(t)
+    hint = (f": did you mean --topology {printable(text, limit=60)}? (-t is nccl-tests' thread count; the "
+            "cluster is --topology)") if not t.lstrip("-").isdigit() else ""
+    raise argparse.ArgumentTypeError(f"expected a thread count >= 1 (nccl-tests' -t), got "
+                                     f"'{printable(text, limit=40)}'{hint}")
+
+
+def add_rank_options(group, command: str) -> None:
+    """nccl-tests' ``-t`` (threads per process) and ``-g`` (GPUs per thread): their product is the
+    ranks of one process; ``hccc COMMAND`` drives every rank of the program itself, so the product
+    must be its nRanks (:func:`ranks_error`)."""
+    group.add_argument("-t", "--nthreads", type=thread_count, default=None, metavar="N",
+                       help=f"nccl-tests' -t, threads per process: with -g, N x GPUS must be the program's "
+                            f"nRanks (hccc {command} drives every rank itself); the cluster is --topology")
+    group.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="GPUS",
+                       help=f"nccl-tests' -g, GPUs per thread: with -t, N x GPUS must be the program's nRanks "
+                            f"(hccc {command} drives every rank of the program itself)")
+
+
+def ranks_error(args, name: str, nranks: int) -> str | None:
+    """Why ``-t``/``-g`` do not fit a program of ``nranks`` ranks, or None (both absent, or their
+    product, each 1 when absent, is ``nranks``)."""
+    t, g = getattr(args, "nthreads", None), getattr(args, "ngpus", None)
+    if (t is None and g is None) or (t or 1) * (g or 1) == nranks:
+        return None
+    given = " ".join(f"-{k} {v}" for k, v in (("t", t), ("g", g)) if v is not None)
+    return (f"{given}: {name} runs on {plural(nranks, 'rank')} (its nRanks), and nccl-tests runs -t x -g ranks "
+            f"per process: give -t and -g whose product is {nranks}, or leave them out")
+
+
+@dataclass(frozen=True)
+class NcclFlag:
+    """One nccl-tests option a command accepts without an effect: its letter, long name, default,
+    what it does in nccl-tests and why it changes nothing here."""
+    short: str
+    long: str
+    default: int
+    meaning: str
+    why: str
+
+
+def nccl_noop_flags(command: str, *, model: bool) -> tuple[NcclFlag, ...]:
+    """nccl-tests' options that change nothing on ``hccc COMMAND`` (``model``: a simulation, where
+    timing and run options do not apply either)."""
+    flags = [
+        NcclFlag("-m", "--agg-iters", 1, "collectives aggregated per iteration",
+                 "every timed iteration is one launch of the program" if not model else
+                 "the model times one collective"),
+        NcclFlag("-p", "--parallel-init", 0, "initialise the communicators from threads",
+                 "every rank is set up in this process, in order" if not model else "nothing is initialised"),
+        NcclFlag("-z", "--blocking", 0, "wait for each collective before the next",
+                 "every launch is waited for already" if not model else "the model runs one collective"),
+        NcclFlag("-y", "--stream-null", 0, "launch on the default stream",
+                 "the kernels run on the platform's own streams" if not model else "nothing is launched"),
+        NcclFlag("-G", "--cudagraph", 0, "capture the iterations as a CUDA graph and replay it N times",
+                 "hccc's ranks meet at host barriers, which a graph replay cannot repeat" if not model
+                 else "nothing is launched"),
+        NcclFlag("-C", "--report-cputime", 0, "report CPU time instead of latency",
+                 "the time column is the kernels' time" if not model else "the time column is the model's"),
+        NcclFlag("-R", "--local-register", 0, "register the send/recv buffers (1 local, 2 symmetric)",
+                 "the buffers are hccc's own allocations, mapped for every rank already" if not model
+                 else "the model has no buffers"),
+    ]
+    if model:
+        flags += [NcclFlag("-N", "--run-cycles", 1, "repeat the sweep N times",
+                           "the model gives the same table every cycle"),
+                  NcclFlag("-T", "--timeout", 0, "end a test after N seconds",
+                           "a model does not hang")]
+    return tuple(flags)
+
+
+def add_nccl_noop_options(group, command: str, *, model: bool = False) -> None:
+    """:func:`nccl_noop_flags` as options (an integer >= 0 each); :func:`noop_notes` says what a
+    given one did not do."""
+    for f in nccl_noop_flags(command, model=model):
+        group.add_argument(f.short, f.long, dest="nccl_" + f.long[2:].replace("-", "_"), type=count_at_least(0),
+                           default=None, metavar="N",
+                           help=f"nccl-tests' {f.short}, {f.meaning}: accepted, no effect on hccc {command} "
+                                f"({f.why})")
+
+
+def noop_notes(args, command: str, *, model: bool = False) -> list[str]:
+    """One line for each no-op nccl-tests option given a value other than nccl-tests' default."""
+    notes = []
+    for f in nccl_noop_flags(command, model=model):
+        v = getattr(args, "nccl_" + f.long[2:].replace("-", "_"), None)
+        if v is not None and v != f.default:
+            notes.append(f"nccl-tests' {f.short} {v} ({f.meaning}): no effect on hccc {command}: {f.why}")
+    return notes
+
+
+def say_notes(command: str, notes: list[str], *, json_mode: bool) -> None:
+    """Notes about the options, above a command's tables: ``# ...`` lines on standard output, or
+    ``hccc COMMAND: note: ...`` on standard error where standard output is JSON."""
+    for note in notes:
+        if json_mode:
+            sys.stderr.write(f"hccc {command}: note: {note}\n")
+        else:
+            print(f"# {note}", flush=True)
+
+
+#: nccl-tests' long option names that hccc spells otherwise (its underscores, its ``--datatype``),
+#: read as hccc's spelling, hidden from the help
+NCCL_LONG_NAMES = {"--datatype": "--dtype", "--warmup_iters": "--warmup", "--agg_iters": "--agg-iters",
+                   "--run_cycles": "--run-cycles", "--parallel_init": "--parallel-init",
+                   "--stream_null": "--stream-null", "--report_cputime": "--report-cputime",
+                   "--local_register": "--local-register"}
+
+
+def add_nccl_long_names(parser: argparse.ArgumentParser) -> None:
+    """nccl-tests' long names (:data:`NCCL_LONG_NAMES`) of the options ``parser`` has, as hidden
+    spellings of them (call after every option is added)."""
+    for theirs, ours in NCCL_LONG_NAMES.items():
+        action = parser._option_string_actions.get(ours)
+        if action is not None:
+            parser.add_argument(theirs, dest=action.dest, type=action.type, metavar=action.metavar,
+                                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def _factor(text: str) -> int:
@@ -114,6 +250,33 @@ def sweep_sizes(args) -> Sweep:
 def _bound(sizes: list[int]) -> None:
     if len(sizes) > MAX_SIZES:
         raise CompileError([Diagnostic(f"the sweep gives more than {MAX_SIZES} sizes; use a larger step", None)])
+
+
+def instance_combos(dtypes: list[str], ops: list[str]) -> tuple[list[tuple[str, str]], str | None]:
+    """The (element type, operator) pairs a command runs, a table each, and the note of those left
+    out. A pair the kernels have no instance for (:func:`hccc.util.dtypes.instance_error`: an
+    integer avg) is left out where ``all`` asked for it (:class:`hccc.args.Every` on either side),
+    said in one note line; a pair the user named on both sides is refused (a :class:`CompileError`
+    with the reason), before anything runs."""
+    from hccc.args import Every
+    from hccc.util.dtypes import instance_error
+    pairs = [(d, o) for d in dtypes for o in ops]
+    lacking = [(d, o) for d, o in pairs if instance_error(d, o)]
+    if not lacking:
+        return pairs, None
+    if not (isinstance(dtypes, Every) or isinstance(ops, Every)):
+        d, o = lacking[0]
+        raise CompileError([Diagnostic(f"-d {d} -o {o}: {instance_error(d, o)}", None)])
+    kept = [p for p in pairs if p not in lacking]
+    if not kept:
+        d, o = lacking[0]
+        raise CompileError([Diagnostic(f"-d {d} -o {o}: {instance_error(d, o)}", None)])
+    by_op: dict[str, list[str]] = {}
+    for d, o in lacking:
+        by_op.setdefault(o, []).append(d)
+    left = "; ".join(f"-o {o} with -d {','.join(ds)}" for o, ds in by_op.items())
+    return kept, (f"left out of all: {left} (the kernels' {'/'.join(by_op)} is for floating types; "
+                  "for integers, run sum and divide by the number of ranks)")
 
 
 def redop_column(collective: str, op: str) -> str:

@@ -69,14 +69,14 @@ def test_nccl_tests_sweep_and_several_runs(capsys, tmp_path):
     busbw figure; the timeline shows the chosen ranks only."""
     ring = str(EX / "ring_allreduce_8.rccl")
     png, bw = tmp_path / "tl.png", tmp_path / "bw.png"
-    rc, out, err = sim(capsys, HM_AR, ring, "-t", TOPO1, "-b", "1M", "-e", "16M", "-f", "4",
+    rc, out, err = sim(capsys, HM_AR, ring, "--topology", TOPO1, "-b", "1M", "-e", "16M", "-f", "4",
                        "--scheduler", "hpds,rr", "--plot", str(png), "--ranks", "3", "--plot-busbw", str(bw))
     assert rc == 0, err
     rows = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
     assert [int(r.split()[0]) for r in rows] == [1 << 20, 4 << 20, 16 << 20] * 4
     assert out.count("# Avg bus bandwidth") == 4 and out.count("step: 4(factor)") == 4
     assert png.stat().st_size > 1000 and bw.stat().st_size > 1000
-    rc, out, _ = sim(capsys, HM_AR, ring, "-t", TOPO1, "-b", "1M", "-e", "4M", "--json")
+    rc, out, _ = sim(capsys, HM_AR, ring, "--topology", TOPO1, "-b", "1M", "-e", "4M", "--json")
     doc = json.loads(out)
     assert [d["algorithm"] for d in doc["runs"]] == ["hm_allreduce_2x4", "ring_allreduce_8"]
     assert all([r["bytes"] for r in d["results"]] == [1 << 20, 2 << 20, 4 << 20] for d in doc["runs"])
@@ -97,7 +97,7 @@ def test_timeline_ranks_pick_thread_blocks():
                                        (["-b", "1M", "-f", "2", "-i", "1K"], "exclude"),
                                        (["--ranks", "8", "--plot", "x.png"], "ranks 0..7")])
 def test_sweep_and_rank_errors(capsys, args, msg):
-    rc, _, err = sim(capsys, HM_AR, "-t", TOPO1, *args)
+    rc, _, err = sim(capsys, HM_AR, "--topology", TOPO1, *args)
     assert msg in err and "Traceback" not in err
     if msg != "ranks 0..7":      # contradictory sizes are usage errors: one line first, then the usage
         assert rc == 2 and msg in err.splitlines()[0] and err.splitlines()[1].startswith("usage: hccc sim")
@@ -231,8 +231,8 @@ def test_a_program_file_of_another_rank_count_is_located_where_it_gives_its_rank
     command's error is located at what gives the file's rank count."""
     path = make(tmp_path / "k")
     topo = str(EX / "clusters" / "h20_4x2_8.topo")
-    argv = {"sim": ["sim", path, "--topology", topo, "--sizes", "1M"], "check": ["check", path, "-t", topo],
-            "compile": [path, "-o", tmp_path / "out", "-t", topo]}[command]
+    argv = {"sim": ["sim", path, "--topology", topo, "--sizes", "1M"], "check": ["check", path, "--topology", topo],
+            "compile": [path, "-o", tmp_path / "out", "--topology", topo]}[command]
     r = run_cli(*argv)
     assert r.returncode == 1
     m = re.search(rf"^{re.escape(str(path))}:(\d+):(\d+): error: the program has \d+ ranks but cluster "

@@ -220,7 +220,7 @@ def test_notes_are_located():
     (["synth", RING, "--collective", "allgather", "-o", "x.rccl"], "is an algorithm; `hccc synth` reads a cluster"),
     ([TOPO, "-o", "OUT"], "is a cluster description; `hccc` reads an algorithm"),
     (["check", TOPO], "is a cluster description; `hccc check` reads an algorithm"),
-    (["sim", TOPO, "-t", TOPO], "is a cluster description; `hccc sim` reads an algorithm"),
+    (["sim", TOPO, "--topology", TOPO], "is a cluster description; `hccc sim` reads an algorithm"),
     (["run", TOPO], "is a cluster description; `hccc run` reads an algorithm"),
     (["check", RING, "--topology", RING], "`hccc check ... --topology` reads a cluster description"),
 ])
@@ -279,10 +279,10 @@ def test_progress_is_live_on_a_terminal_and_leaves_no_trace(monkeypatch):
 
 
 def test_sim_prints_one_line_per_phase_on_stderr(capsys):
-    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M,2M")
+    rc, out, err = cli(capsys, "sim", RING, "--topology", TOPO, "--sizes", "1M,2M")
     assert rc == 0
     assert err.splitlines() == ["hccc sim: building " + RING, "hccc sim: simulating 2 sizes of ring_allreduce_8"]
-    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "--json")
+    rc, out, err = cli(capsys, "sim", RING, "--topology", TOPO, "--sizes", "1M", "--json")
     assert rc == 0 and err == ""
 
 
@@ -316,9 +316,9 @@ def test_mistyped_options_get_did_you_mean(capsys, name):
 
 
 @pytest.mark.parametrize("concept, spellings", [
-    ("topology", {"compile": ("-t", "--topology"), "check": ("-t", "--topology"), "run": ("-t", "--topology"),
-                  "sim": ("-t", "--topology"), "topo": ("-t", "--topology"), "synth": ("-t", "--topology"),
-                  "gen": ("-t", "--topology")}),
+    ("topology", {name: ("--topology",) for name in ("compile", "check", "run", "sim", "topo", "synth", "gen")}),
+    ("thread count (nccl-tests' -t)", {name: ("-t", "--nthreads") for name in ("run", "sim", "fuzz")}),
+    ("GPUs per thread (nccl-tests' -g)", {name: ("-g", "--ngpus") for name in ("run", "sim", "fuzz")}),
     ("smallest size", {"run": ("-b", "--min-bytes"), "sim": ("-b", "--min-bytes")}),
     ("element type", {"run": ("-d", "--dtype"), "sim": ("-d", "--dtype"), "fuzz": ("-d", "--dtype")}),
     ("reduction", {"run": ("-o", "--op"), "sim": ("-o", "--op"), "fuzz": ("-o", "--op")}),
@@ -351,7 +351,7 @@ def test_dtypes_and_backends_agree_across_commands():
 
 
 def test_topology_as_option_on_commands_that_take_it_positionally(capsys):
-    rc, out, _ = cli(capsys, "topo", "-t", TOPO, "--json")
+    rc, out, _ = cli(capsys, "topo", "--topology", TOPO, "--json")
     assert rc == 0 and '"ranks"' in out or '"gpus"' in out or "nodes" in out
     rc2, out2, _ = cli(capsys, "topo", TOPO, "--json")
     assert rc2 == 0 and out2 == out
@@ -361,7 +361,7 @@ def test_topology_as_option_on_commands_that_take_it_positionally(capsys):
 
 @pytest.mark.parametrize("name", ["run", "sim"])
 def test_o_given_a_folder_explains_itself(capsys, name, tmp_path):
-    extra = ["-t", TOPO] if name == "sim" else []
+    extra = ["--topology", TOPO] if name == "sim" else []
     rc, _, err = cli(capsys, name, RING, *extra, "-o", f"{tmp_path}/out/")
     assert rc == 2
     assert "is not a reduction operator" in err and "nccl-tests' -o" in err and "hccc ALGO -o OUTDIR" in err
@@ -395,7 +395,7 @@ def test_sim_explains_its_columns_and_plots_a_curve(capsys, tmp_path, monkeypatc
         return seen["result"]
     monkeypatch.setattr(sim_plot, "plot_busbw", spy)
     png = tmp_path / "bw.png"
-    rc, out, _ = cli(capsys, "sim", RING, "-t", TOPO, "--plot-busbw", png, "--scheduler", "hpds,rr")
+    rc, out, _ = cli(capsys, "sim", RING, "--topology", TOPO, "--plot-busbw", png, "--scheduler", "hpds,rr")
     assert rc == 0 and png.stat().st_size > 0
     for word in ("bound:", "slice:", "mbatch:", "idle avg / max:"):
         assert word in out
@@ -513,12 +513,12 @@ def test_nccl_tests_type_and_operator_names(capsys):
     assert ns.dtype == ["float32", "float16"] and ns.op == ["max", "sum"]
     ns, _ = _parse(capsys, "fuzz", RING, "-d", "half", "-o", "all")
     assert ns.dtypes == ["float16"] and ns.ops == list(OPS)
-    ns, _ = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "all", "-o", "all")
+    ns, _ = _parse(capsys, "sim", RING, "--topology", TOPO, "-d", "all", "-o", "all")
     assert ns.dtype == list(DTYPES) and ns.op == list(OPS)
-    ns, _ = _parse(capsys, "sim", RING, "-t", TOPO, "-d", "half", "-o", "Min", "-n", "20", "-w", "5")
+    ns, _ = _parse(capsys, "sim", RING, "--topology", TOPO, "-d", "half", "-o", "Min", "-n", "20", "-w", "5")
     assert ns.dtype == ["float16"] and ns.op == ["min"]
     for op in NCCL_OPS:
-        ns, err = _parse(capsys, "sim", RING, "-t", TOPO, "-o", op)
+        ns, err = _parse(capsys, "sim", RING, "--topology", TOPO, "-o", op)
         assert (ns.op == [op]) if op in OPS else (ns == 2 and f"no '{op}' reduction" in err)
     ns, _ = _parse(capsys, "run", RING, "-c", "0", "-a", "3", "-g", "8", "-n", "20", "-w", "5")
     assert (ns.check, ns.average, ns.ngpus, ns.iters, ns.warmup) == (0, 3, 8, 20, 5)
@@ -529,10 +529,11 @@ def test_run_takes_nccl_tests_flags(capsys):
     rc, _, err = cli(capsys, "run", ag, "-g", "4", "--sizes", "4K")
     assert rc == 2 and "-g 4: ring_allgather_8 runs on 8 ranks" in err
     rc, out, err = cli(capsys, "run", ag, "-g", "8", "-c", "0", "-a", "0", "-d", "float,int32", "--sizes", "4K",
-                       "-n", "1", "-w", "0", "--out-of-place-only")
+                       "-n", "1", "-w", "0", "--out-of-place-only", "-N", "2", "-t", "1", "-z", "1")
     assert rc == 0, err
     rows = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert [r[2] for r in rows] == ["float32", "int32"]          # a table per type
+    assert [r[2] for r in rows] == ["float32"] * 2 + ["int32"] * 2   # a table per type, -N 2: each row twice
+    assert out.count("# nccl-tests' -z 1 (wait for each collective before the next): no effect on hccc run") == 1
     assert all(r[-1] == "N/A" for r in rows)                      # -c 0: nothing is reported checked
     assert out.count("validation: 0") == 2
 
@@ -540,17 +541,16 @@ def test_run_takes_nccl_tests_flags(capsys):
 def test_sim_takes_nccl_tests_flags(capsys, tmp_path):
     """hccc sim with nccl-tests' -c, -a, -g, -n, -w and -d/-o lists: accepted with what they mean
     for a model (a table per element type and operator; -g must be the ranks)."""
-    rc, out, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-c", "5", "-a", "3", "-g", "8", "-n",
+    rc, out, err = cli(capsys, "sim", RING, "--topology", TOPO, "--sizes", "1M", "-c", "5", "-a", "3", "-g", "8", "-n",
                        "20", "-w", "5", "-d", "float,half", "-o", "sum,MAX")
     assert rc == 0, err
     rows = [ln.split() for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
     assert [(r[1], r[2], r[3]) for r in rows] == [("262144", "float32", "sum"), ("262144", "float32", "max"),
                                                    ("524288", "float16", "sum"), ("524288", "float16", "max")]
     assert len({r[5] for r in rows}) == 1                    # the model's time does not depend on them
-    rc, _, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-g", "4")
-    assert rc == 2 and ("hccc sim: error: -g 4: ring_allreduce_8 runs on 8 ranks (its nRanks): -g must be "
-                        "that or left out") in err.splitlines()
-    rc, _, err = cli(capsys, "sim", RING, "-t", TOPO, "--sizes", "1M", "-d", "all", "--plot-busbw",
+    rc, _, err = cli(capsys, "sim", RING, "--topology", TOPO, "--sizes", "1M", "-g", "4")
+    assert rc == 2 and any(ln.startswith("hccc sim: error: -g 4: ring_allreduce_8 runs on 8 ranks (its nRanks)") for ln in err.splitlines())
+    rc, _, err = cli(capsys, "sim", RING, "--topology", TOPO, "--sizes", "1M", "-d", "all", "--plot-busbw",
                      str(tmp_path / "b.png"))
     assert rc == 2 and "give one -d and one -o" in err and not (tmp_path / "b.png").exists()
 
@@ -578,7 +578,7 @@ def test_old_spellings_warn_and_still_work(capsys):
 
 @pytest.mark.parametrize("name, argv, first", [
     ("run", ["-b", "8K", "-e", "4K"], "hccc run: error: -e 4K is below -b 8K"),
-    ("sim", ["-t", TOPO, "--sizes", "1M", "-b", "1M"], "hccc sim: error: give sizes either as --sizes"),
+    ("sim", ["--topology", TOPO, "--sizes", "1M", "-b", "1M"], "hccc sim: error: give sizes either as --sizes"),
     ("xml", ["-o", "x.xml", "--select-min-bytes", "4K", "--select-max-bytes", "1K"],
      "hccc xml: error: --select-max-bytes 1K is below --select-min-bytes 4K"),
     ("run", ["--frobnicate"], "hccc run: error: unrecognized arguments: --frobnicate")])

@@ -3,6 +3,7 @@ with the ASan runtime preloaded and the CPU platform's ``sanitize="address"`` bu
 ends in a redzone). Any out-of-bounds access aborts the child with ASan's report, printed here."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,3 +50,7 @@ def test_run_sanitize_option(tmp_path, capfd):
     assert "AddressSanitizer" not in out.err
     assert main(["run", str(xml), "--sanitize", "--backend", "cuda"]) == 2
     assert "--sanitize needs --backend cpu" in capfd.readouterr().err
+    # several element types: the command restarts once, and its child runs each type once
+    assert main(["run", str(xml), "--sanitize", "--bytes", "4", "-d", "float,int32", "--json"]) == 0
+    runs = [json.loads(ln) for ln in capfd.readouterr().out.splitlines() if ln.startswith("{")]
+    assert [r["results"][0]["dtype"] for r in runs] == ["float32", "int32"]

@@ -275,12 +275,12 @@ INPUT_AS_OUTPUT = {
     "plan": (EXAMPLES / "ring_allgather_8.rccl", ["plan", "{input}", "-o", "{input}"]),
     "synth": (EXAMPLES / "clusters" / "v100_4_8.topo", ["synth", "{input}", "--collective", "allgather", "-o",
                                                           "{input}"]),
-    "synth --size": (EXAMPLES / "clusters" / "v100_4_8.topo", ["synth", "-t", "{input}", "--collective", "allgather",
+    "synth --size": (EXAMPLES / "clusters" / "v100_4_8.topo", ["synth", "--topology", "{input}", "--collective", "allgather",
                                                                  "--size", "4K,1M", "-o", "{input}"]),
     "gen": (EXAMPLES / "clusters" / "mixed_v100_w7800.topo", ["gen", "c2c", "{input}", "--collective", "allgather",
                                                                "-o", "{input}"]),
     "topo --plot": (EXAMPLES / "clusters" / "v100_4_8.topo", ["topo", "{input}", "--plot", "{input}"]),
-    "sim --plot-busbw": (EXAMPLES / "clusters" / "a100_topo1.topo", ["sim", EXAMPLES / "ring_allgather_8.rccl", "-t",
+    "sim --plot-busbw": (EXAMPLES / "clusters" / "a100_topo1.topo", ["sim", EXAMPLES / "ring_allgather_8.rccl", "--topology",
                                                                       "{input}", "--plot-busbw", "{input}"]),
 }
 

@@ -148,7 +148,7 @@ def test_an_algorithm_given_as_the_counts_file_names_what_is_wanted(capsys, dire
     kind): an error that names both kinds, not an internal error."""
     argv = [command, str(direct4), "--counts", str(direct4)]
     if command == "sim":
-        argv[2:2] = ["-t", str(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "a100_topo1.topo")]
+        argv[2:2] = ["--topology", str(Path(__file__).resolve().parent.parent / "examples" / "clusters" / "a100_topo1.topo")]
     rc = main(argv)
     err = capsys.readouterr().err
     assert rc == 1 and f"{direct4} is an algorithm" in err and "reads a counts matrix" in err, err

@@ -235,7 +235,7 @@ def test_sim_reports_scatter_bandwidths(capsys):
     """nccl-tests' columns (busbw factor (n-1)/n), and the cluster's cut bound for a Scatter, which
     the program's simulated time never beats."""
     import json
-    rc, out, err = run_cli(capsys, "sim", EXAMPLE, "-t", CLUSTERS / "a100_topo1.topo", "--sizes", "1M,64M",
+    rc, out, err = run_cli(capsys, "sim", EXAMPLE, "--topology", CLUSTERS / "a100_topo1.topo", "--sizes", "1M,64M",
                            "--json")
     assert rc == 0, err
     doc = json.loads(out)

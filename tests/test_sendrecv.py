@@ -186,7 +186,7 @@ def test_run_on_the_kernels_has_no_wrong_element_and_nccl_tests_busbw(capsys, mo
 
 
 def test_sim_reports_sendrecv_bandwidths(capsys):
-    rc, out, err = run_cli(capsys, "sim", EXAMPLE, "-t", CLUSTERS / "a100_topo1.topo", "--sizes", "1M,64M",
+    rc, out, err = run_cli(capsys, "sim", EXAMPLE, "--topology", CLUSTERS / "a100_topo1.topo", "--sizes", "1M,64M",
                            "--json")
     assert rc == 0, err
     doc = json.loads(out)

@@ -59,11 +59,11 @@ def test_command_line_table_and_json(tmp_path, capsys):
     f = tmp_path / "counts.txt"
     c = np.arange(64).reshape(8, 8) * 1000
     f.write_text("# elements rank s sends to rank d\n" + "\n".join(", ".join(map(str, row)) for row in c) + "\n")
-    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    rc, out, err = sim(capsys, DIRECT8, "--topology", TOPO1, "--counts", str(f))
     assert rc == 0, err
     rows = [ln for ln in out.splitlines() if ln and not ln.startswith("#")]
     assert len(rows) == 1 and int(rows[0].split()[0]) == int(c.sum()) * 4 // 8
-    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f), "--json")
+    rc, out, err = sim(capsys, DIRECT8, "--topology", TOPO1, "--counts", str(f), "--json")
     d = json.loads(out)
     r = d["results"][0]
     assert d["counts"] == str(f) and r["bytes"] == int(c.sum()) * 4 // 8
@@ -79,17 +79,17 @@ def test_command_line_table_and_json(tmp_path, capsys):
 def test_bad_counts_files_are_located_errors(tmp_path, capsys, text, where, what):
     f = tmp_path / "c.txt"
     f.write_text(text)
-    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    rc, out, err = sim(capsys, DIRECT8, "--topology", TOPO1, "--counts", str(f))
     assert rc == 1 and f"{f}{where} error: {what}" in err and "Traceback" not in err
 
 
 def test_wrong_shape_and_wrong_collective_are_refused(tmp_path, capsys):
     f = tmp_path / "c.txt"
     f.write_text("1 2\n3 4\n")
-    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
+    rc, out, err = sim(capsys, DIRECT8, "--topology", TOPO1, "--counts", str(f))
     assert rc == 1 and "a 2 x 2 counts matrix, but direct_alltoall_8 has 8 ranks" in err
     f.write_text("\n".join(" ".join(["1"] * 8) for _ in range(8)))
-    rc, out, err = sim(capsys, str(ROOT / "examples" / "ring_allgather_8.rccl"), "-t", TOPO1, "--counts", str(f))
+    rc, out, err = sim(capsys, str(ROOT / "examples" / "ring_allgather_8.rccl"), "--topology", TOPO1, "--counts", str(f))
     assert rc == 1 and "per-pair counts apply to AllToAll programs only" in err
-    rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f), "--sizes", "1M")
+    rc, out, err = sim(capsys, DIRECT8, "--topology", TOPO1, "--counts", str(f), "--sizes", "1M")
     assert rc == 1 and "--counts gives the call's sizes" in err

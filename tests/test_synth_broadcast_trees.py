@@ -159,7 +159,7 @@ def test_synth_picks_the_trees_and_reaches_the_bound(cluster, root, tmp_path, ca
     d = json.loads(capsys.readouterr().out)
     assert d["method"] == "trees" and d["fraction_of_bound"] >= 0.98, d
     assert f"Root={root}" in out.read_text()
-    assert main(["check", str(out), "-t", str(topo)]) == 0
+    assert main(["check", str(out), "--topology", str(topo)]) == 0
 
 
 def test_what_synth_writes_runs_correct(tmp_path, capsys):

@@ -145,7 +145,7 @@ def test_capped_tree_synthesis_ends_in_time(tmp_path, coll):
     assert summary["timed_out"] or not cut
     assert ("# time limit: " in out.read_text()) == cut
     # with check's default limits: the 64-GPU program, without a symmetry, has its runs as loops
-    c = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(out), "-t", str(topo)],
+    c = subprocess.run([sys.executable, "-m", "hccc.cli", "check", str(out), "--topology", str(topo)],
                        capture_output=True, text=True, timeout=600,
                        env={k: v for k, v in os.environ.items() if k != "HCCC_MAX_SOURCE_LINES"})
     assert c.returncode == 0, c.stdout + c.stderr

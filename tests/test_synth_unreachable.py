@@ -118,7 +118,7 @@ def test_one_gpu_program_runs(tmp_path, capsys):
     assert main(["run", str(out), "--sizes", "4K,1M"]) == 0
     assert "Out of bounds values : 0 OK" in capsys.readouterr().out
     eight = Path(__file__).resolve().parents[1] / "examples" / "ring_allgather_8.rccl"
-    assert main(["sim", str(eight), "-t", str(topo), "--sizes", "1M"]) == 1
+    assert main(["sim", str(eight), "--topology", str(topo), "--sizes", "1M"]) == 1
     assert "error: the algorithm has nRanks=8 but cluster 'one.topo' has 1 GPU (" in capsys.readouterr().err
 
 

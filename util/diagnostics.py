@@ -14,6 +14,29 @@ from pathlib import Path
 from hccc.util.sizes import human_size
 
 
+#: how alike a word and a known name must be for a "did you mean" (difflib's ratio; 0.6 is difflib's
+#: own default, which takes ``transfr`` for ``transfer`` and ``rcc`` for ``rrc`` but not ``x`` for ``pass``)
+SUGGEST_CUTOFF = 0.6
+
+
+def closest(word: str, known) -> str | None:
+    """The known name a misspelt ``word`` most likely meant (difflib's close match, else one that
+    differs only in case), or None."""
+    import difflib
+    known = list(dict.fromkeys(known))
+    close = difflib.get_close_matches(word, known, n=1, cutoff=SUGGEST_CUTOFF)
+    if close:
+        return close[0]
+    return next((k for k in known if k.lower() == word.lower()), None)
+
+
+def did_you_mean(word: str, known) -> str:
+    """``"; did you mean 'X'?"`` for the closest known name (:func:`closest`), or empty: the end
+    of an error about an unknown ``word``."""
+    close = closest(word, known)
+    return f"; did you mean '{close}'?" if close is not None and close != word else ""
+
+
 def line_col(text: str, offset: int) -> tuple[int, int]:
     """The 1-based line and column of character ``offset`` of ``text``."""
     return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1

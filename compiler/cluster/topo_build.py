@@ -17,7 +17,7 @@ from hccc.compiler.cluster.topo_links import DeclaredLinks
 from hccc.compiler.cluster.topo_scopes import Defs, InterScope, NodeScope, Scopes
 from hccc.compiler.cluster.topo_values import ValueReader
 from hccc.compiler.cluster.topology import DEFAULT_ALPHA_US, DEFAULT_CHUNK_SIZE, Topology, TopologyBuilder
-from hccc.util.diagnostics import Location
+from hccc.util.diagnostics import Location, did_you_mean
 
 #: the link classes a latency map may name, by where it stands
 _CLUSTER_LATENCY = ("direct", "switch", "internode", "nic")
@@ -135,7 +135,8 @@ def _inter_links(links: DeclaredLinks, scopes: Scopes, defaults: _Defaults,
         bv = it.defs["interbandwidth"][1]
         if isinstance(bv, Tree) and bv.data == "name":
             if str(bv.children[0]) != "nic":
-                raise v.err(bv, "interbandwidth expects a map {direct => [...], switch => [...]} or 'nic'")
+                raise v.err(bv, "interbandwidth expects a map {direct => [...], switch => [...]} or 'nic'"
+                            + did_you_mean(str(bv.children[0]), ("nic",)))
             for x, y in pairs:
                 nic_pairs.append((x, y, defaults.alpha("nic", lat), v.loc(bv)))
             continue

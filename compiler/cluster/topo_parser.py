@@ -33,7 +33,7 @@ from hccc.compiler.cluster.topo_limits import (MAX_BANDWIDTH_GBPS, MAX_CHUNK_SIZ
 from hccc.compiler.cluster.topo_scopes import read_scopes
 from hccc.compiler.cluster.topo_values import ValueReader
 from hccc.compiler.cluster.topology import Topology
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, did_you_mean
 from hccc.util.limits import check_count, check_source_lines
 
 __all__ = ["parse_topology", "load_topology", "format_topology", "ClusterSpec", "InternodeSpec", "LinkSpec",
@@ -64,6 +64,8 @@ def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> CompileError:
         msg = f"unexpected character {ch!r}"
     elif isinstance(exc, UnexpectedToken):
         msg = f"unexpected '{exc.token}'"
+        if "DEFINE" in (exc.expected or ()):      # a misspelt 'define' (the only keyword a line starts with)
+            msg += did_you_mean(str(exc.token), ("define",))
     else:
         msg = "syntax error"
     expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None)

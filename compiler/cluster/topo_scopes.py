@@ -15,7 +15,7 @@ from lark import Token, Tree
 
 from hccc.compiler.cluster.topo_limits import MAX_CHUNK_SIZE, MAX_GPUS_PER_NODE, MAX_NODES, MAX_RANKS
 from hccc.compiler.cluster.topo_values import ValueReader
-from hccc.util.diagnostics import Location
+from hccc.util.diagnostics import Location, did_you_mean
 
 _NODE_RE = re.compile(r"node([0-9]+)")
 STATEMENTS = ("nodenum", "nodeK", "bandwidth", "internode", "interbandwidth", "latency", "vendor", "gpu",
@@ -87,7 +87,9 @@ class _ScopeReader:
         elif key in ("interbandwidth", "bandwidth", "nic", "pcie", "vendor", "gpu", "gamma", "latency"):
             self.scoped(key, name_tok, value)
         else:
-            raise self.v.err(name_tok, f"unknown definition '{key}'", notes=("known: " + ", ".join(STATEMENTS),))
+            known = [k for k in STATEMENTS if k != "nodeK"] + [f"node{len(self.scopes.nodes) + 1}"]
+            raise self.v.err(name_tok, f"unknown definition '{key}'{did_you_mean(key, known)}",
+                             notes=("known: " + ", ".join(STATEMENTS),))
 
     def nodenum(self, name_tok: Token, value) -> None:
         sc = self.scopes
@@ -128,7 +130,8 @@ class _ScopeReader:
         here = self.v.loc(name_tok)
         if isinstance(value, Tree) and value.data == "name":
             if str(value.children[0]) != "all":
-                raise self.v.err(value, "internode expects (nodeX, nodeY) or 'all'")
+                raise self.v.err(value, "internode expects (nodeX, nodeY) or 'all'"
+                                        + did_you_mean(str(value.children[0]), ("all",)))
             self.ctx = InterScope(None, here)
         else:
             pair = self.v.expect(value, "nodepair", "internode")

@@ -9,7 +9,7 @@ from lark import Token, Tree
 
 from hccc.compiler.cluster.topo_format import format_number
 from hccc.compiler.cluster.topo_limits import MAX_BANDWIDTH_GBPS, MAX_LANES, MIN_BANDWIDTH_GBPS
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, did_you_mean
 from hccc.util.sizes import SIZE_RE as _SIZE_RE, SIZE_SUFFIX as _SUFFIX
 
 #: how a diagnostic names each value form the grammar knows
@@ -71,7 +71,7 @@ class ValueReader:
         tok = self.expect(value, "name", "vendor").children[0]
         v = str(tok).lower()
         if v not in ("nvidia", "amd"):
-            raise self.err(tok, f"unknown vendor '{tok}' (expected nvidia or amd)")
+            raise self.err(tok, f"unknown vendor '{tok}'{did_you_mean(v, ('nvidia', 'amd'))} (expected nvidia or amd)")
         return v
 
     def model(self, value) -> str:
@@ -123,7 +123,8 @@ class ValueReader:
             ktok, v = item.children
             k = str(ktok)
             if k not in keys:
-                raise self.err(ktok, f"'{k}' is not valid in {what} here (expected one of: {', '.join(keys)})")
+                raise self.err(ktok, f"'{k}' is not valid in {what} here{did_you_mean(k, keys)} "
+                                     f"(expected one of: {', '.join(keys)})")
             if k in out:
                 raise self.err(ktok, f"'{k}' appears twice in {what}")
             vt = self.expect(v, "number", f"{what} '{k}'").children[0]
@@ -141,7 +142,8 @@ class ValueReader:
             k = str(ktok)
             if k not in ("direct", "switch"):
                 hint = " (use 'define interbandwidth = nic' for NIC links)" if k == "nic" else ""
-                raise self.err(ktok, f"unknown connection type '{k}' in {what} (expected direct or switch){hint}")
+                raise self.err(ktok, f"unknown connection type '{k}' in {what}"
+                                     f"{'' if hint else did_you_mean(k, ('direct', 'switch'))} (expected direct or switch){hint}")
             if k in seen:
                 raise self.err(ktok, f"connection type '{k}' appears twice in {what}")
             seen.add(k)

@@ -12,6 +12,7 @@ import numpy as np
 from hccc.compiler.frontend.rccl_parser import INT_LIMIT, BinOp, Int, Neg, Var
 from hccc.compiler.frontend.eval_budget import Budget
 from hccc.compiler.frontend.eval_rows import Frame, fail, first
+from hccc.util.diagnostics import did_you_mean
 
 
 def maxabs(a) -> int:
@@ -44,7 +45,7 @@ def value(e, f: Frame, memo: dict, budget: Budget):
     if t is Var:
         v = f.read_bounded(e.name)
         if v is None:
-            fail(e.loc, f"name '{e.name}' is not defined", f)
+            fail(e.loc, f"name '{e.name}' is not defined{did_you_mean(e.name, f.names())}", f)
         val, mask, bound = v
         if mask is not None and not mask.all():
             fail(e.loc, f"name '{e.name}' is not defined", f, first(~mask))

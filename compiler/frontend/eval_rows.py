@@ -86,6 +86,15 @@ class Frame:
             f = f.parent
         return None
 
+    def names(self) -> list[str]:
+        """Every name assigned in this frame or an enclosing one (what a misspelt name is matched
+        against)."""
+        out, f = [], self
+        while f is not None:
+            out += list(f.vars) + ([f.loop_var] if f.loop_var else [])
+            f = f.parent
+        return out
+
     def describe(self, j: int) -> str:
         parts = []
         f = self

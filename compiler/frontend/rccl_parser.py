@@ -14,7 +14,6 @@ reference path then runs instead, so diagnostics do not depend on the path.
 """
 from __future__ import annotations
 
-import difflib
 import gc
 import re
 import threading
@@ -29,7 +28,7 @@ from lark.lexer import BasicLexer, PatternStr, UnlessCallback
 from hccc.compiler.frontend.algorithm import RECV, RRC, Collective, Header
 from hccc.compiler.frontend.collectives import DSL_NAMES, SPECS, one_of
 from hccc.compiler.frontend.slice_policy import DEFAULT_MICRO_BATCHES, DEFAULT_MIN_SLICE_BYTES, SLICE_ALIGN, SlicePolicy
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, closest, did_you_mean
 from hccc.util.limits import check_source_lines
 
 # Bounds that are static properties of the text.
@@ -270,6 +269,53 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(parts[:-1]) + " or " + parts[-1]
 
 
+#: the keywords by terminal (what a misspelt word is matched against where the parser expects one)
+_KEYWORDS = {"DEF": "def", "FOR": "for", "IN": "in", "RANGE": "range", "TRANSFER": "transfer", "RECV": "recv",
+             "RRC": "rrc", "PASS": "pass"}
+#: the words a statement starts with, besides an assignment's name
+_STATEMENT_WORDS = ("transfer", "for", "pass")
+#: the one call that is a statement
+_STATEMENT_CALLS = ("transfer",)
+#: ResCCLang's only calls: transfer(...), a statement, and range(...), in a for loop's head
+_CALLS = ("transfer", "range")
+_WORD_BEFORE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)[\t \f]*$")
+_FIRST_WORD = re.compile(r"[\t \f]*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _misspelt_word(source: SourceFile, tok: Token, loc: Location, line_text: str,
+                   expected: set[str]) -> CompileError | None:
+    """The error of a name the parser cannot place, where it names what was meant: an unknown
+    function (``transfr(`` says "unknown function 'transfr'; did you mean 'transfer'?", not
+    "unexpected '('"), or a statement that starts with a misspelt keyword (``fro i in ...``,
+    ``pas``); located at the name. None for every other syntax error."""
+    if loc.line != (tok.line or 0):
+        return None
+    before = line_text[:loc.col - 1]
+    if tok.type == "LPAR":
+        m = _WORD_BEFORE.search(before)
+        if m is None or m.group(1) in _KEYWORDS.values() or m.group(1) == "ResCCLAlgo":
+            return None
+        name, at = m.group(1), Location(source, loc.line, m.start(1) + 1)
+        ahead = before[:m.start(1)].rstrip()
+        if not ahead or ahead[-1] in ";:":            # the name starts a statement
+            return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _STATEMENT_CALLS)} "
+                                       "(a statement is NAME = EXPRESSION, transfer(...), "
+                                       "for NAME in range(...): or pass)")
+        return CompileError.at(at, f"unknown function '{name}'{did_you_mean(name, _CALLS)} (expressions "
+                                   "call no functions: transfer(...) is a statement and range(...) "
+                                   "belongs in a for loop's head)")
+    m = _FIRST_WORD.match(line_text)
+    if m is None or tok.type == "EQUAL" or "EQUAL" not in expected or line_text[m.end(1):loc.col - 1].strip():
+        return None        # not the token right after a statement's first word
+    word = m.group(1)
+    hint = did_you_mean(word, _STATEMENT_WORDS)
+    if not hint:
+        return None
+    return CompileError.at(Location(source, loc.line, m.start(1) + 1),
+                           f"unknown statement '{word}'{hint} (a statement is NAME = EXPRESSION, "
+                           "transfer(...), for NAME in range(...): or pass)")
+
+
 def _end_location(source: SourceFile) -> Location:
     lines = source.text.split("\n")
     if len(lines) > 1 and lines[-1] == "":
@@ -319,7 +365,7 @@ def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
             return CompileError.at(loc, f"'{tok.value}' is a reserved word and cannot be used as a name")
         if tok.type == "NAME" and "RESCCLALGO" in expected:
             return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found identifier "
-                                        f"'{tok.value}'")
+                                        f"'{tok.value}'{did_you_mean(str(tok.value), ('ResCCLAlgo', 'def'))}")
         if "RESCCLALGO" in expected:
             return CompileError.at(loc, f"expected the 'ResCCLAlgo(...)' header, found "
                                         f"{_describe_token(tok)}")
@@ -345,11 +391,19 @@ def _syntax_error(exc: LarkError, source: SourceFile) -> CompileError:
         if expected == {"$END"}:
             return CompileError.at(loc, f"unexpected {_describe_token(tok)} after the algorithm "
                                         f"body (statements must be indented under the header)")
+        misspelt = _misspelt_word(source, tok, loc, line_text, expected)
+        if misspelt is not None:
+            return misspelt
         if not opened and "_NL" in expected:  # LALR lookaheads merged from other contexts
             expected -= {"RPAR", "COMMA"}
         want = _describe_expected(expected)
         msg = f"unexpected {_describe_token(tok)}"
-        if want:
+        # a misspelt keyword where one is expected: 'rnge' for 'range'
+        meant = closest(str(tok.value), [_KEYWORDS[e] for e in expected if e in _KEYWORDS]) \
+            if tok.type == "NAME" else None
+        if meant is not None:
+            msg += f"; did you mean '{meant}'?" + (f" (expected {want})" if want and want != f"'{meant}'" else "")
+        elif want:
             msg += f"; expected {want}"
         notes: tuple[str, ...] = ()
         if opened and opened[-1].line < loc.line:
@@ -498,11 +552,7 @@ class _Builder:
             name_tok, val = p.children
             name = str(name_tok)
             if name not in _PARAMS:
-                close = difflib.get_close_matches(name, list(_PARAMS), n=1)
-                if not close:
-                    close = [k for k in _PARAMS if k.lower() == name.lower()]
-                hint = f"; did you mean '{close[0]}'?" if close else \
-                    f" (known: {', '.join(_PARAMS)})"
+                hint = did_you_mean(name, _PARAMS) or f" (known: {', '.join(_PARAMS)})"
                 raise CompileError.at(self.loc(name_tok), f"unknown header parameter '{name}'{hint}")
             if name in seen:
                 raise CompileError.at(self.loc(name_tok), f"duplicate header parameter '{name}'")
@@ -580,7 +630,8 @@ class _Builder:
             c = Collective.parse(text)
             if c is None:
                 shown = text if len(text) <= 40 else text[:37] + "..."
-                raise CompileError.at(vloc, f"unknown OpType '{shown}' (expected {one_of(DSL_NAMES)})")
+                raise CompileError.at(vloc, f"unknown OpType '{shown}'{did_you_mean(text, DSL_NAMES)} "
+                                            f"(expected {one_of(DSL_NAMES)})")
             return c
         return text
 
@@ -658,8 +709,8 @@ class _Builder:
                 if word.lower() == "rrc":
                     return RRC
                 shown = raw if len(raw) <= 40 else raw[:37] + "..."
-                raise CompileError.at(self.tree_loc(a), f"unknown transfer op {shown} "
-                                                        f"(expected recv or rrc)")
+                raise CompileError.at(self.tree_loc(a), f"unknown transfer op {shown}"
+                                                        f"{did_you_mean(word, ('recv', 'rrc'))} (expected recv or rrc)")
         raise CompileError.at(self.node_loc(a), "transfer() argument 5 must be the operation "
                                                 "recv or rrc")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hccc.util import safe_xml
-from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile
+from hccc.util.diagnostics import CompileError, Diagnostic, Location, SourceFile, closest
 
 INT_RE = re.compile(r"-?[0-9]{1,18}")
 #: the element each element holds: <algo><gpu><tb><step>, nothing deeper
@@ -98,7 +98,11 @@ class ElementReader:
     def need(self, el: Element, names) -> None:
         missing = [a for a in names if a not in el.attrs]
         if missing:
-            raise self.err(el, f"<{el.tag}> lacks attribute(s) {', '.join(missing)}")
+            # an attribute it has that is no attribute of the element may be the missing one misspelt
+            others = [a for a in el.attrs if a not in names]
+            meant = [(o, m) for o in others for m in [closest(o, missing)] if m is not None]
+            hint = "".join(f"; '{o}': did you mean '{m}'?" for o, m in meant)
+            raise self.err(el, f"<{el.tag}> lacks attribute(s) {', '.join(missing)}{hint}")
 
     def int_(self, el: Element, name: str, lo: int | None = None, hi: int | None = None, what: str = "") -> int:
         v = el.attrs[name]

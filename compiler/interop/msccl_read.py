@@ -17,6 +17,7 @@ from hccc.compiler.frontend.collectives import OWN, SPECS
 from hccc.compiler.interop.msccl_elements import Element, ElementReader
 from hccc.compiler.interop.msccl_format import (BUF_OF_LETTER, COLLECTIVE_ALIASES, COLLECTIVE_OF_COLL, OP_OF_TYPE,
                                                 OTHER_COLLECTIVES, PROTOCOLS, SUPPORTED_COLLECTIVES)
+from hccc.util.diagnostics import did_you_mean
 
 MAX_GPUS = 4096
 MAX_CHUNKS = 1 << 20
@@ -130,7 +131,8 @@ def _collective(rd: ElementReader, a: Element) -> tuple[str, str]:
     """(protocol, ProgramIR collective) of ``<algo>``."""
     proto = a.attrs["proto"]
     if proto not in PROTOCOLS:
-        raise rd.err(a, f"unknown protocol '{proto}' (expected {', '.join(PROTOCOLS)})", "proto")
+        raise rd.err(a, f"unknown protocol '{proto}'{did_you_mean(proto, PROTOCOLS)} (expected {', '.join(PROTOCOLS)})",
+                     "proto")
     coll = COLLECTIVE_ALIASES.get(a.attrs["coll"], a.attrs["coll"])
     if coll not in SUPPORTED_COLLECTIVES:
         if coll in OTHER_COLLECTIVES:
@@ -139,7 +141,8 @@ def _collective(rd: ElementReader, a: Element) -> tuple[str, str]:
             why = (f"{spec.msccl_refusal}; hccc reads {', '.join(SUPPORTED_COLLECTIVES)} from MSCCL XML"
                    if spec is not None else f"hccc proves and runs {', '.join(SUPPORTED_COLLECTIVES)}")
             raise rd.err(a, f"unsupported collective '{coll}': {why}", "coll")
-        raise rd.err(a, f"unknown collective '{coll}' (expected {', '.join(SUPPORTED_COLLECTIVES)})", "coll")
+        raise rd.err(a, f"unknown collective '{coll}'{did_you_mean(coll, [*SUPPORTED_COLLECTIVES, *COLLECTIVE_ALIASES])} "
+                        f"(expected {', '.join(SUPPORTED_COLLECTIVES)})", "coll")
     return proto, COLLECTIVE_OF_COLL[coll]
 
 
@@ -290,7 +293,7 @@ def _read_step(rd: ElementReader, el: Element, pos: int, t: Tb, gid: int) -> Ste
                          f"must be numbered 0, 1, 2, ... in order, the runtimes count them that way", "s")
     typ = el.attrs["type"]
     if typ not in USES:
-        raise rd.err(el, f"unknown step type '{typ}' (expected {', '.join(USES)})", "type")
+        raise rd.err(el, f"unknown step type '{typ}'{did_you_mean(typ, USES)} (expected {', '.join(USES)})", "type")
     bufs = {}
     for side in ("src", "dst"):
         b = el.attrs[f"{side}buf"]

@@ -48,9 +48,9 @@ PAGES = {
     "sim": ("Simulate programs on a cluster with the alpha-beta model; nccl-tests table per program and "
             "scheduler, `--plot-busbw` for bus bandwidth against size, `--plot` for a timeline; `--counts FILE` "
             "runs an AllToAll program as one AllToAllv call of a counts matrix ([../alltoallv.md](../alltoallv.md)).",
-            ["hccc sim examples/hm_allreduce_2x4.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8",
-             "hccc sim examples/ring_scatter_8.rccl -t examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8",
-             "hccc sim examples/direct_alltoall_8.rccl -t examples/clusters/a100_topo1.topo "
+            ["hccc sim examples/hm_allreduce_2x4.rccl --topology examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8",
+             "hccc sim examples/ring_scatter_8.rccl --topology examples/clusters/a100_topo1.topo -b 1M -e 64M -f 8",
+             "hccc sim examples/direct_alltoall_8.rccl --topology examples/clusters/a100_topo1.topo "
              "--counts examples/alltoallv/moe_dispatch_8.txt"]),
     "topo": ("Summarise a cluster description: nodes, vendors, link classes with HeteCCL's logical "
              "capacities, shared groups and the vendor hierarchy. Or make one from what the machine "

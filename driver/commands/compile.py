@@ -46,7 +46,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depfile", metavar="FILE",
                    help="also write a Make-style depfile: OUTDIR/manifest.json depends on ALGO, the "
                         "topology and hccc's own compiler and template files")
-    p.add_argument("--timings", action="store_true", help="print the time spent in each stage and phase")
+    p.add_argument("--timings", action="store_true",
+                   help="print the time spent in each stage and phase, then the wall time from the command's start")
     add_xml_limit_arguments(p)
 
 
@@ -120,4 +121,16 @@ def run(args) -> int:
             for ph, pv in times.phases.items():
                 if ph.startswith(k + "/"):
                     print(f"    {ph:30s} {pv:8.3f} s")
+        _print_total()
     return 0
+
+
+def _print_total() -> None:
+    """``--timings``' last line: the wall time from the command's start (start-up and writing
+    included), numba's compiling in it named (:mod:`hccc.timing`)."""
+    from hccc import timing
+    spans = timing.Spans()
+    spans.mark("command")
+    compiling = spans.parts().get(timing.COMPILING)
+    print(f"  {'total':16s} {spans.total():8.3f} s  (wall time from the command's start"
+          + (f"; {timing.COMPILING} {compiling:.3f} s of it" if compiling else "") + ")")

@@ -21,6 +21,7 @@ from hccc.args import add_program_options, count_at_least, dtype_list, op_list, 
 from hccc.commands.run import DTYPES, OPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
+from hccc.sweep import add_nccl_long_names, add_rank_options, ranks_error
 
 SUMMARY = "run random sizes/dtypes/ops through the kernels and the oracle"
 INPUTS = {"algo": "algorithm"}
@@ -48,13 +49,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", dest="ops", type=op_list(OPS, "fuzz"), help=argparse.SUPPRESS)
     parser.add_argument("--max-microbatches", type=count_at_least(1), default=20, metavar="M",
                         help="largest size, in micro-batches per chunk")
-    parser.add_argument("--timeout", type=seconds(), default=5.0, metavar="SECONDS",
-                        help="kernel wait limit per run")
+    parser.add_argument("-T", "--timeout", type=seconds(), default=5.0, metavar="SECONDS",
+                        help="kernel wait limit per run (nccl-tests' -T: a stuck run ends)")
+    add_rank_options(parser.add_argument_group("nccl-tests' options"), "fuzz")
     parser.add_argument("--codegen", choices=("specialized", "table"), default="specialized",
                         help="run the specialised kernels or the generic table kernels")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
     add_program_options(parser, chunk_default="256", prefix="for .rccl input: ", fuse=True,
                         chunk_help="micro-batch slice size to compile with (a ProgramIR keeps its own)")
+    add_nccl_long_names(parser)
 
 
 def _load(args):
@@ -91,10 +94,14 @@ def run(args) -> int:
     from hccc.testing import fuzz_kernels
 
     ir = _load(args)
+    why = ranks_error(args, ir.name, ir.nranks)
+    if why:
+        sys.stderr.write(f"hccc fuzz: error: {why}\n")
+        return 2
     with Progress("hccc fuzz", enabled=not args.json) as prog:
         task = prog.task(f"{ir.name} ({ir.collective}, {plural(ir.nranks, 'rank')}, chunk size {ir.chunk_bytes} B): "
                          f"{plural(args.examples, 'random case')} on {args.backend}; kernels are built on "
-                         "first use", total=args.examples)
+                         "first use", total=args.examples, sizes=[1], cycles=args.examples)
 
         def progress(i, case, res):
             task.advance()

@@ -29,6 +29,12 @@ ReduceScatter) or 1 (Broadcast, Reduce). Exit status 1 when an element is wrong 
 reported as "rank R, TB T stuck in <primitive> for chunk C (micro-batch M)", never hangs: kernels
 give up after --timeout seconds of waiting, and a host watchdog backs that up).
 
+nccl-tests' options (``driver/sweep.py``): ``-d``/``-o`` take lists and ``all``, a table per
+(type, operator) pair, ``all`` leaving out the pairs the kernels lack (an integer ``avg``) in one
+note, a pair named outright refused before anything runs; ``-t`` x ``-g`` must be the program's
+ranks; ``-N`` repeats the sweep; ``-T`` is ``--timeout``; ``-m``, ``-p``, ``-z``, ``-y``, ``-G``,
+``-C``, ``-R`` change nothing and say so. On a terminal the sweep shows its time left.
+
 AllToAllv. ``--counts FILE`` runs an AllToAll program as an AllToAllv with the per-pair counts of
 FILE (the format ``hccc sim --counts`` reads, docs/alltoallv.md). Without sizes the table has one
 row, the file's counts in elements as given (the same call ``hccc sim --counts FILE`` models);
@@ -65,7 +71,8 @@ from hccc.args import (add_deprecated_flag, add_direct_option, add_program_optio
 from hccc.util.limits import printable
 from hccc.util.plural import plural
 from hccc.util import dtypes as dtypes_table
-from hccc.sweep import (GROUP, add_sweep_options, avg_busbw_line, placements, redop_column, root_column, shift_field,
+from hccc.sweep import (GROUP, add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line,
+                        instance_combos, noop_notes, placements, ranks_error, say_notes, redop_column, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 
 SUMMARY = "compile, run the kernels (CPU emulation, CUDA or HIP) and check every element"
@@ -133,8 +140,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the emulation header, one library per platform of a mixed program "
                              "(every thread block is a group of OS threads); cuda: a CUDA program on "
                              "a GPU through CuPy; hip: a HIP program on an AMD GPU")
-    add_topology_option(parser, help="cluster (.topo or TACCL .json): the program must fit it, and each "
-                                     "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
+    add_topology_option(parser, short=False,
+                        help="cluster (.topo or TACCL .json): the program must fit it, and each "
+                             "rank runs on its node's vendor's platform (NVIDIA: CUDA, AMD: HIP)")
     add_sweep_options(parser, DEFAULT_BYTES, zero_ok=True)
     parser.add_argument("-d", "--dtype", type=dtype_list(DTYPES), default="float32",
                         metavar="|".join(nccl_type_name(d) for d in DTYPES) + "|all",
@@ -161,10 +169,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
                         chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
                                    "1M, halved while the FIFOs would pass the run's memory limit)")
+    add_nccl_long_names(parser)
 
 
 def _add_nccl_options(parser: argparse.ArgumentParser) -> None:
-    """nccl-tests' -c, -a and -g."""
+    """nccl-tests' -c, -a, -t, -g, -N and those that change nothing here (said when given)."""
     nccl = parser.add_argument_group("nccl-tests' other options")
     nccl.add_argument("-c", "--check", type=count_at_least(0), default=1, metavar="N",
                       help="nccl-tests' -c: N checked launches per size and placement (the last timed "
@@ -173,9 +182,11 @@ def _add_nccl_options(parser: argparse.ArgumentParser) -> None:
     nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=1, metavar="0|1|2|3",
                       help="nccl-tests' -a: report rank 0's time (0), the mean (1), min (2) or max (3) over "
                            "ranks; hccc run times one launch of every rank together, so all four are that time")
-    nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
-                      help="nccl-tests' -g, GPUs per thread, i.e. the ranks: hccc run drives every rank of "
-                           "the program from this process, so N must be its nRanks")
+    add_rank_options(nccl, "run")
+    nccl.add_argument("-N", "--run-cycles", type=count_at_least(1, "a cycle count"), default=1, metavar="N",
+                      help="nccl-tests' -N: run the whole sweep N times, printing every cycle's rows "
+                           "(nccl-tests' 0, forever, is not taken: give a count)")
+    add_nccl_noop_options(nccl, "run")
 
 
 def _add_placement_options(parser: argparse.ArgumentParser) -> None:
@@ -202,9 +213,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="timed runs per size")
     parser.add_argument("-w", "--warmup", type=count_at_least(0), default=1, metavar="N",
                         help="untimed runs per size first (nccl-tests' warmup iters)")
-    parser.add_argument("--timeout", type=seconds(), default=10.0, metavar="SECONDS",
+    parser.add_argument("-T", "--timeout", type=seconds(), default=10.0, metavar="SECONDS",
                         help="a thread block that waits this long gives up and reports where it is "
-                             "stuck (0 = never, the host watchdog still applies)")
+                             "stuck (0 = never, the host watchdog still applies); nccl-tests' -T: a stuck "
+                             "run ends, a run that moves is not cut short")
     parser.add_argument("--threads", type=count_at_least(1), default=None, metavar="N",
                         help="threads per thread block (default: the emitted kernels' count on a "
                              "GPU, 2 on the CPU)")
@@ -409,7 +421,12 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
 
 def run(args) -> int:
     """Every (element type, operator) asked for, a table each; the worst exit status."""
-    combos = [(d, o) for d in args.dtype for o in args.op]
+    if getattr(args, "sanitize", False):
+        code = _sanitized(args)      # once for the whole command: a child runs every pair
+        if code is not None:
+            return code
+    combos, left_out = instance_combos(args.dtype, args.op)
+    say_notes("run", noop_notes(args, "run") + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
     for dtype, op in combos:
         one = argparse.Namespace(**vars(args))
@@ -423,10 +440,6 @@ def run(args) -> int:
 def _run_one(args) -> int:
     from hccc.runtime.platform import PlatformError
 
-    if getattr(args, "sanitize", False):
-        code = _sanitized(args)
-        if code is not None:
-            return code
     plan = _plan(args)
     if isinstance(plan, int):
         return plan
@@ -498,10 +511,9 @@ def _plan(args):
     if args.chunk_size is None:
         args.chunk_size = DEFAULT_SLOT_BYTES
     ir, plats = load_with_platforms(args)
-    if args.ngpus is not None and args.ngpus != ir.nranks:
-        sys.stderr.write(f"hccc run: error: -g {args.ngpus}: {ir.name} runs on {plural(ir.nranks, 'rank')} (its "
-                         "nRanks), and hccc run drives every rank from this process: -g must be "
-                         f"{ir.nranks} or left out\n")
+    why = ranks_error(args, ir.name, ir.nranks)
+    if why:
+        sys.stderr.write(f"hccc run: error: {why}\n")
         return 2
     # --channels (auto: the program's own count, else 1 on the CPU emulation, else the GPU rule for
     # the device the run uses: its multiprocessors and the ranks placed on each)
@@ -579,10 +591,13 @@ def _run_calls(args, plan: _RunPlan):
             if not args.json:
                 _print_preamble(progress.print, args, plan, runner, ran, slot_note)
             proto_notes = set()
+            cycles = args.run_cycles
             task = progress.task(f"running {plural(len(plan.calls), 'size')}"
-                                 + (" out of place and in place" if len(plan.groups) > 1 else ""),
-                                 total=len(plan.calls) * len(plan.groups))
-            for nbytes, counts in plan.calls:
+                                 + (" out of place and in place" if len(plan.groups) > 1 else "")
+                                 + (f", {cycles} cycles" if cycles > 1 else ""),
+                                 total=len(plan.calls) * len(plan.groups) * cycles,
+                                 sizes=[nbytes for nbytes, _ in plan.calls for _ in plan.groups], cycles=cycles)
+            for nbytes, counts in (call for _ in range(cycles) for call in plan.calls):
                 row, broken = [], False
                 for inplace in plan.groups:
                     if counts is None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hccc.util import dtypes as dtypes_table
@@ -52,7 +53,8 @@ from hccc.args import (add_fuse_option, channels_arg, choice_list, comma_list, c
 from hccc.compiler.passes.channels import DEFAULT_BLOCK_GBPS
 from hccc.util.plural import plural
 from hccc.progress import Progress
-from hccc.sweep import (add_sweep_options, avg_busbw_line, redop_column, root_column, shift_field,
+from hccc.sweep import (add_nccl_long_names, add_nccl_noop_options, add_rank_options, add_sweep_options, avg_busbw_line, instance_combos,
+                        noop_notes, ranks_error, redop_column, say_notes, root_column, shift_field,
                         sweep_is_default, sweep_sizes, table_header, table_left)
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.util.limits import printable
@@ -79,8 +81,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("algo", metavar="ALGO", nargs="+",
                    help="algorithm (.rccl), ProgramIR (.json) or MSCCL XML (.xml); several are simulated one "
                         "after the other (and drawn together by --plot-busbw)")
-    p.add_argument("--topology", "-t", required=True, metavar="T",
-                   help="cluster description (.topo, or a TACCL profile .json)")
+    p.add_argument("--topology", required=True, metavar="T",
+                   help="cluster description (.topo, or a TACCL profile .json); -t is nccl-tests' thread count")
     add_sweep_options(p, DEFAULT_SIZES, zero_ok=False)
     p.add_argument("--scheduler", type=choice_list(("hpds", "rr"), "schedulers"), default="hpds",
                    metavar="hpds|rr[,...]",
@@ -118,8 +120,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     nccl.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=None, metavar="0|1|2|3",
                       help="nccl-tests' time over ranks (rank 0, mean, min, max): accepted; the model's time "
                            "is the collective's, the same on every rank")
-    nccl.add_argument("-g", "--ngpus", type=count_at_least(1), default=None, metavar="N",
-                      help="nccl-tests' GPUs per thread, i.e. the ranks: must be every ALGO's nRanks")
+    add_rank_options(nccl, "sim")
+    add_nccl_noop_options(nccl, "sim", model=True)
     add_fuse_option(p, "for .rccl input, task-level execution: ")
     p.add_argument("--max-transfers", type=positive_int, default="10000000", metavar="N",
                    help="refuse programs with more transfers than this")
@@ -137,6 +139,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="write bus bandwidth against size, one line per algorithm and scheduler, each with "
                         "the busbw its lower bound allows dashed (sizes: " + PLOT_SIZES + " unless given)")
     p.epilog = "columns after nccl-tests':\n  " + COLUMN_LEGEND
+    add_nccl_long_names(p)
 
 
 def _block_bw(text: str) -> float:
@@ -251,9 +254,9 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
                 prog = prepare(ir, topo, args.block_bw or None)
             except SimulationError as exc:
                 raise CompileError([Diagnostic(str(exc), None)]) from None
-    if args.ngpus is not None and args.ngpus != ir.nranks:
-        raise _UsageError(f"-g {args.ngpus}: {ir.name} runs on {plural(int(ir.nranks), 'rank')} (its nRanks): "
-                          "-g must be that or left out")
+    why = ranks_error(args, ir.name, int(ir.nranks))
+    if why:
+        raise _UsageError(why)
     if args.ranks is not None:
         bad = [r for r in args.ranks if r >= ir.nranks]
         if bad:
@@ -265,7 +268,7 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
     record = (True if args.ranks is not None else PLOT_ROWS) if args.plot else 0
     results = []
-    task = progress.task(f"simulating {plural(len(sizes), 'size')} of {ir.name}", total=len(sizes))
+    task = progress.task(f"simulating {plural(len(sizes), 'size')} of {ir.name}", total=len(sizes), sizes=sizes)
     for i, size in enumerate(sizes):
         task.update(format_size(size))
         rec = record if i == largest else 0
@@ -323,23 +326,22 @@ def run(args) -> int:
     dtypes = args.dtype if isinstance(args.dtype, list) else [args.dtype]
     ops = args.op if isinstance(args.op, list) else [args.op]
     if len(dtypes) * len(ops) > 1 and (args.plot or args.plot_busbw):
-        import sys
         sys.stderr.write("hccc sim: error: --plot and --plot-busbw draw one element type and operator: "
                          "give one -d and one -o with them\n")
         return 2
+    combos, left_out = instance_combos(dtypes, ops)
+    say_notes("sim", noop_notes(args, "sim", model=True) + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
-    for dtype in dtypes:
-        for op in ops:
-            one = argparse.Namespace(**vars(args))
-            one.dtype, one.op = dtype, op
-            try:
-                status = max(status, _run_one(one))
-            except _UsageError as exc:
-                import sys
-                sys.stderr.write(f"hccc sim: error: {exc}\n")
-                return 2
-            if status not in (0, 1):
-                return status
+    for dtype, op in combos:
+        one = argparse.Namespace(**vars(args))
+        one.dtype, one.op = dtype, op
+        try:
+            status = max(status, _run_one(one))
+        except _UsageError as exc:
+            sys.stderr.write(f"hccc sim: error: {exc}\n")
+            return 2
+        if status not in (0, 1):
+            return status
     return status
 
 

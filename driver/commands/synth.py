@@ -17,7 +17,10 @@ command, the simulations after the search included (:class:`Simulations`); on th
 schedule so far is written, with its gap to the bound, and what was not simulated is said
 (``"not_simulated"``, ``"channels_fitted"`` in ``--json``); the proof and the text that follow the
 search get their predicted time out of the limit (:mod:`hccc.compiler.synth.budget`), and
-``"phase_seconds"`` says what each phase took. docs/synthesis.md: how channels are chosen.
+``"phase_seconds"`` says what each phase took (on the work clock, numba's compiling left out), and
+``"command_seconds"`` the command's wall time from its start, ``"total"``, in parts that add up to
+it (:mod:`hccc.timing`: start-up, synthesis, writing, and numba's compiling on a first run), also
+said on stderr. docs/synthesis.md: how channels are chosen.
 
 The command only reads its options, wires the simulator and a progress display into the selection
 loop (:func:`hccc.synth_select.synthesize_programs`) and writes what it returns:
@@ -34,6 +37,7 @@ from hccc.args import add_cluster_argument, comma_list, count_at_least, format_s
 from hccc.util import clock
 from hccc.util.plural import plural
 from hccc.progress import Progress
+from hccc import timing
 from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.backend.output_dir import check_output_file, write_text_atomically
 from hccc.util.limits import printable
@@ -118,28 +122,41 @@ def run(args) -> int:
     check_output_file(out, [args.topology])   # before the work: never a device, FIFO, symlink or the input
     if args.root is not None and args.collective != "broadcast":
         raise CompileError([Diagnostic(f"--root applies to --collective broadcast, not {args.collective}", None)])
-    topo = load_cluster(args.topology)
-    opts = options(args, Path(args.topology).name)
-    sizes = opts.program_sizes
-    outs = [out] if len(sizes) == 1 else [out.with_name(f"{out.stem}_{format_size(sz)}{out.suffix}") for sz in sizes]
-    for o in outs:
-        check_output_file(o, [args.topology])
+    spans = timing.Spans()
     with Progress("hccc synth", enabled=not args.json) as prog:
+        topo = load_cluster(args.topology)
+        opts = options(args, Path(args.topology).name)
+        sizes = opts.program_sizes
+        outs = [out] if len(sizes) == 1 else [out.with_name(f"{out.stem}_{format_size(sz)}{out.suffix}")
+                                              for sz in sizes]
+        for o in outs:
+            check_output_file(o, [args.topology])
+        spans.mark("start-up")
         try:
             programs = synthesize_programs(topo, opts, deadline=deadline,
                                            phases=lambda title, limit_s: prog.phase(title, limit_s=limit_s))
         except ValueError as exc:
             raise CompileError([Diagnostic(f"{args.topology}: {exc}", None)]) from None
-    summaries = []
-    for p, o in zip(programs, outs):
-        write_text_atomically(o, p.text, [args.topology])
-        summary = dict(p.summary, output=str(o))
-        summaries.append(summary)
-        if not args.json:
-            _say(p, summary, o)
+        spans.mark("synthesis")
+        for p, o in zip(programs, outs):
+            write_text_atomically(o, p.text, [args.topology])
+        spans.mark("writing")
+    took = _command_seconds(spans)
+    summaries = [dict(p.summary, output=str(o), command_seconds=took) for p, o in zip(programs, outs)]
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else {"programs": summaries}))
+    else:
+        for p, summary, o in zip(programs, summaries, outs):
+            _say(p, summary, o)
+        _say_time(programs, took)
     return 0
+
+
+def _command_seconds(spans: timing.Spans) -> dict:
+    """The command's wall time from its start, ``"total"``, and its parts, which add up to it:
+    ``"start-up"`` (the interpreter, the imports, the cluster), ``"synthesis"``, ``"writing"``
+    and, where numba compiled hccc's kernels (once after an install), that compiling."""
+    return {"total": round(spans.total(), 3), **{k: round(v, 3) for k, v in spans.parts().items()}}
 
 
 def _say(p, summary: dict, out: Path) -> None:
@@ -158,10 +175,23 @@ def _say(p, summary: dict, out: Path) -> None:
     print(f"hccc synth: {result.collective} on {plural(result.nranks, 'GPU')} by {summary['method']}: {result.steps} steps "
           f"({shape}), {result.ntransfers} transfers{frac}"
           f"{' (time limit reached)' if result.timed_out else ''} -> {printable(str(out))}")
-    # timings on stderr: standard output, like the file, is the same for the same synthesis
-    took = summary.get("phase_seconds") or {}
-    inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in took.items()
-                      if k not in ("search", "proof", "text", "closing_predicted"))
-    print(f"hccc synth: synthesis took {result.seconds:.2f} s" + (f" ({inner})" if inner else "")
-          + (f"; search and simulations {took['search']:.2f} s, proof {took['proof']:.2f} s, text {took['text']:.2f} s"
-             if took else ""), file=sys.stderr)
+
+
+
+def _say_time(programs, took: dict) -> None:
+    """The command's time on stderr (standard output, like the file, is the same for the same
+    synthesis): the wall time from its start and its parts, which add up to it, with what each
+    program's synthesis spent in its phases (the work clock: numba's compiling apart)."""
+    parts = [f"{k} {v:.2f} s" + (" (once after an install)" if k == timing.COMPILING else "")
+             for k, v in took.items() if k != "total"]
+    print(f"hccc synth: {took['total']:.2f} s from the command's start: {', '.join(parts)}", file=sys.stderr)
+    for p in programs:
+        phases = p.summary.get("phase_seconds") or {}
+        if not phases:
+            continue
+        inner = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in phases.items()
+                          if k not in ("search", "proof", "text", "closing_predicted"))
+        print(f"hccc synth: synthesis of {p.result.collective}"
+              + (f" for {format_size(p.plan.size)}" if len(programs) > 1 else "")
+              + f": search and simulations {phases['search']:.2f} s" + (f" ({inner})" if inner else "")
+              + f", proof {phases['proof']:.2f} s, text {phases['text']:.2f} s", file=sys.stderr)

@@ -307,7 +307,7 @@ def run(args) -> int:
                 args.topo_parser.error(f"{opt} goes with --from-nccl, --from-smi or --detect")
         if args.cluster is None:
             args.topo_parser.error("the following arguments are required: T (a cluster description, .topo or "
-                                   "TACCL .json; or -t T), or one of --from-nccl, --from-smi, --detect")
+                                   "TACCL .json; or --topology T), or one of --from-nccl, --from-smi, --detect")
     if importing:
         if args.plot:
             args.topo_parser.error("--plot draws a cluster file: import with -o, then hccc topo FILE --plot")
