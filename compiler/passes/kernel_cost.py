@@ -88,11 +88,11 @@ FLAG_ROUND_TRIP_US = 1.13
 LL_DATA_FRACTION = 0.5
 #: What launching a call costs per block of its grid, seconds. No run timed a launch alone: this is
 #: the fifth run's direct AllGather 8 at 4 KiB (127 us, "Programs": the program of the shortest
-#: critical path, 3 units) less its critical path by this model, over its 112 blocks (1.05 us; the
-#: first to fourth runs' same row gives 1.03-1.13 us with the v3 kernels' units). A hypothesis, not
+#: critical path, 3 units) less its critical path by this model, over its 112 blocks (1.07 us; the
+#: first to fourth runs' same row gives 0.96-1.04 us with the v3 kernels' units). A hypothesis, not
 #: a measurement: the blocks' start (the cooperative launch and each block reading its program)
 #: grows with the grid; ``benchmarks/kernel_model.py --recorded`` marks that row as the calibration.
-LAUNCH_SECONDS_PER_BLOCK = 1.05e-6
+LAUNCH_SECONDS_PER_BLOCK = 1.07e-6
 #: Bytes a second the H200's HBM reads and writes (the fifth run: "about 1.0 ms at the card's 4.3
 #: TB/s"; the first, third and fourth runs' device-to-device copy, 2.08-2.15 TB/s copied).
 HBM_BYTES_PER_SECOND = 4.3e12
@@ -141,35 +141,48 @@ class KernelCosts:
     def fixed_seconds(self, op_class: str, warps: float, proto: str = "simple") -> float:
         """A unit's cost beyond its bytes: its op's row at ``warps``; under LL a COPY unit's."""
         row = self.unit_us["COPY" if proto == "ll" else op_class]
-        return _interp_warps(tuple(row), self.warps, warps) * 1e-6
+        return _interp_warps(tuple(row), self.warps, warps) / 1e6
 
     def _copy_curve(self, warps: float) -> tuple[np.ndarray, np.ndarray]:
+        """(unit sizes, a COPY unit's time at each) of the copy-engine table at ``warps`` (the rates
+        interpolated between the table's warps, :func:`_interp_warps`)."""
         sizes = np.array([k * 1024 for k in self.copy_kib], np.float64)
         ws = tuple(sorted(self.copy_gbs))
         rates = np.array([_interp_warps(tuple(self.copy_gbs[w][i] for w in ws), ws, warps)
                           for i in range(len(sizes))])
-        times = sizes / (rates * 1e9)
-        return sizes, times - times[0]          # the part beyond the smallest unit's (its fixed cost)
+        return sizes, sizes / (rates * 1e9)
+
+    def copy_rate(self, unit_bytes: float, warps: float) -> float:
+        """Bytes a second one block of ``warps`` warps copies in COPY units of ``unit_bytes``: the
+        copy-engine table, its times interpolated between its unit sizes (the flat rate where a run
+        measured none)."""
+        if not self.copy_kib:
+            return float(self.flat_gbs) * 1e9
+        sizes, times = self._copy_curve(warps)
+        u = float(np.clip(unit_bytes, sizes[0], sizes[-1]))
+        return u / float(np.interp(u, sizes, times))
 
     def bytes_seconds(self, loads: float, warps: float) -> float:
         """What ``loads`` bytes of a unit's loads add to its fixed cost on a block of ``warps``
-        warps: the copy-engine curve (past its largest unit, that curve's last slope), or
-        ``loads`` at the flat rate."""
+        warps: the copy-engine table's time for a unit of that size less its smallest unit's (the
+        fixed part), linear from none at no bytes to it, past the largest unit the table's last
+        slope; or ``loads`` at the flat rate."""
         loads = max(0.0, float(loads))
         if not self.copy_kib:
             return loads / (float(self.flat_gbs) * 1e9)
-        sizes, extra = self._copy_curve(warps)
+        sizes, times = self._copy_curve(warps)
+        extra = times - times[0]
         if loads <= sizes[-1]:
             return float(np.interp(loads, np.r_[0.0, sizes], np.r_[0.0, extra]))
         slope = (extra[-1] - extra[-2]) / (sizes[-1] - sizes[-2])
         return float(extra[-1] + (loads - sizes[-1]) * slope)
 
     def peak_bytes_per_second(self, warps: float) -> float:
-        """A block's copy rate on long units (the copy curve's last slope, or the flat rate)."""
+        """A block's copy rate on long units (the copy-engine table's last slope, or the flat rate)."""
         if not self.copy_kib:
             return float(self.flat_gbs) * 1e9
-        sizes, extra = self._copy_curve(warps)
-        return float((sizes[-1] - sizes[-2]) / (extra[-1] - extra[-2]))
+        sizes, times = self._copy_curve(warps)
+        return float((sizes[-1] - sizes[-2]) / (times[-1] - times[-2]))
 
     def unit_seconds(self, op: int, moved: float, warps: float, proto: str = "simple", *,
                      direct: bool = False) -> float:
@@ -219,19 +232,18 @@ BLOCK_BYTES_PER_SECOND = V4_H200.peak_bytes_per_second(BLOCK_GBPS_WARPS)
 #: a 1 MiB slot's 16th; the fifth run measured 21.2 GB/s at it with 16 warps).
 SIM_UNIT_BYTES = 64 << 10
 #: GB/s one block of 16 warps moves on :data:`SIM_UNIT_BYTES` units (the simulator's per-block
-#: limit, ``hccc sim --block-bw``): a COPY unit's bytes over its whole time, fixed cost included.
-SIM_BLOCK_GBPS = round(SIM_UNIT_BYTES / (COPY_UNIT_SECONDS + V4_H200.bytes_seconds(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
-                       / 1e9, 1)
+#: limit, ``hccc sim --block-bw``): the fifth run's copy-engine table there, 21.2 GB/s.
+SIM_BLOCK_GBPS = round(V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS) / 1e9, 6)
 
 
 def block_gbps_at(block_gbps: float, nwarps: int) -> float:
     """GB/s a block of ``nwarps`` warps moves where one of :data:`BLOCK_GBPS_WARPS` moves
     ``block_gbps``: scaled as the fifth run's copy-engine rates at :data:`SIM_UNIT_BYTES` scale
-    with the warps (1, 4, 16 warps: 6.4, 14.9, 21.2 GB/s), never above ``block_gbps``."""
-    def rate(w: float) -> float:
-        return SIM_UNIT_BYTES / (V4_H200.fixed_seconds("COPY", w) + V4_H200.bytes_seconds(SIM_UNIT_BYTES, w))
+    with the warps (1, 4, 16 warps: 6.4, 14.9, 21.2 GB/s; between them linear in log2 of the
+    warps), never above ``block_gbps``."""
     w = max(1, int(nwarps))
-    return float(block_gbps) * min(1.0, rate(w) / rate(BLOCK_GBPS_WARPS))
+    return float(block_gbps) * min(1.0, V4_H200.copy_rate(SIM_UNIT_BYTES, w)
+                                   / V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
 
 
 # ---------------------------------------------------------------------------------------------
