@@ -568,6 +568,18 @@ def next_run_predictions() -> list[dict]:
         rows.append({"what": f"ring AllReduce 8 at 4 KiB, {proto}", "predicted_us": round(t.total * 1e6, 1),
                      "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
                      "target": "<= 15 us (one-shot: 8 us)"})
+    # the crossovers the model gives where hccc's rules hold a size of their own: --proto auto's
+    # LL_AUTO_MAX_BYTES and the built-in catalog's SMALL_BYTES (recursive doubling below it)
+    rd = load_program(ROOT / "examples" / "recursive_doubling_allgather_8.rccl")
+    sizes = [1 << e for e in range(12, 27)]
+    ll_up = max([n for n in sizes if predict(ar, n, c, kernels="v4", sms=sms, proto="ll").total
+                 < predict(ar, n, c, kernels="v4", sms=sms).total], default=0)
+    rd_up = max([n for n in sizes if predict(rd, n, c, kernels="v4", sms=sms).total
+                 < predict(ag, n, c, kernels="v4", sms=sms).total], default=0)
+    rows.append({"what": "LL faster than Simple (ring AllReduce 8, full buffer) up to", "predicted_bytes": ll_up,
+                 "predicted_us": None, "in_force_bytes": _auto_max(), "target": "--proto auto's switch"})
+    rows.append({"what": "recursive doubling AllGather 8 faster than ring up to", "predicted_bytes": rd_up,
+                 "predicted_us": None, "in_force_bytes": _small_bytes(), "target": "the built-in catalog's band"})
     for name, ir, n, placement in (("ring AllGather 8 at 256 MiB", ag, 256 << 20, "out"),
                                    ("HM AllReduce 4x8 at 32 MiB, in place", hm, 32 << 20, "in")):
         t = predict(ir, n, c, kernels="v4", sms=sms)
@@ -599,10 +611,19 @@ def print_recorded(rows: list[dict]) -> None:
           f"{sum(r['verdict'] == 'not predicted' for r in rows)})")
 
 
+def _small_bytes() -> int:
+    import importlib
+    return importlib.import_module("hccc.torch.builtin").SMALL_BYTES
+
+
 def print_predictions(rows: list[dict]) -> None:
     print("predicted for the next GPU run (hccc's costs: the fifth run's units; today's slices, channels "
           "and threads):")
     for r in rows:
+        if r["predicted_us"] is None:
+            print(f"  {r['what']} {format_size(r['predicted_bytes']) if r['predicted_bytes'] else 'no size'} "
+                  f"(in force: {format_size(r['in_force_bytes'])}, {r['target']})")
+            continue
         extra = "".join(f", {k} {r[k]}" for k in ("launch_us", "path_us", "units", "hbm_bound_us", "of_bound", "waits")
                         if k in r)
         print(f"  {r['what']}: {r['predicted_us']} us{extra} (target {r['target']})")

@@ -440,8 +440,24 @@ def test_predict_prints_the_next_runs_targets(capsys, monkeypatch):
     whats = [r["what"] for r in d]
     assert whats[0].startswith("per hop") and any("4 KiB" in w for w in whats)
     assert any("256 MiB" in w for w in whats) and any("4x8" in w for w in whats)
+    from hccc.compiler.backend import abi
+    from hccc.torch.builtin import SMALL_BYTES
+    cross = {r["what"].split()[0]: r for r in d if r["predicted_us"] is None}
+    assert cross["LL"]["in_force_bytes"] == abi.LL_AUTO_MAX_BYTES
+    assert cross["recursive"]["in_force_bytes"] == SMALL_BYTES
+    from hccc.compiler.pipeline import load_program
+    ar = load_program(model.ALGORITHMS["ring_allreduce_8"])
+    n = cross["LL"]["predicted_bytes"]
+    assert n & (n - 1) == 0 and n >= 4 * KiB        # a power of two at which LL wins, and not at twice it
+    at = {p: model.predict(ar, n, kc.V4_H200, kernels="v4", sms=132, proto=p).total for p in ("ll", "simple")}
+    assert at["ll"] < at["simple"]
+    assert model.predict(ar, 2 * n, kc.V4_H200, kernels="v4", sms=132, proto="ll").total >= \
+        model.predict(ar, 2 * n, kc.V4_H200, kernels="v4", sms=132).total
     for r in d:
-        assert r["predicted_us"] > 0 and r["target"]
+        assert r["target"]
+        if r["predicted_us"] is None:
+            continue
+        assert r["predicted_us"] > 0
         if "of_bound" in r:
             assert 0 < r["of_bound"] <= 1 and r["hbm_bound_us"] <= r["predicted_us"]
     hop = next(r for r in d if r["what"].startswith("per hop"))

@@ -5,9 +5,15 @@ One module holds every cost of the generated kernels; the slice policy
 (:mod:`hccc.compiler.passes.slicing`: a unit's cost ``c`` and a block's bandwidth ``B``), the
 simulator's per-block limit (:data:`SIM_BLOCK_GBPS`, ``hccc sim --block-bw``, and
 :func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
-``benchmarks/kernel_model.py`` read it. Each constant names the GPU run and the table of
-docs/measurements.md it comes from; ``benchmarks/recorded/gpu_runs.json`` holds those tables as
-data and tests/test_kernel_cost.py checks every constant against it.
+``benchmarks/kernel_model.py`` read it; ``--fuse``'s and the thread-block allocation's choices
+read it through the simulator. Two size thresholds are not derived from it yet: ``--proto
+auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's band for
+recursive doubling (``SMALL_BYTES``, 64 KiB); ``benchmarks/kernel_model.py --predict`` prints
+where this model puts them (its LL is checked against one recorded row only). The simulator
+takes a block's rate from here but charges no unit's fixed cost and no hop (its alpha-beta links
+stand for them). Each constant names the GPU run and the table of docs/measurements.md it comes
+from; ``benchmarks/recorded/gpu_runs.json`` holds those tables as data and
+tests/test_kernel_cost.py checks every constant against it.
 
 **Units** (the kernels' grain, docs/kernel-protocol.md): a unit is one micro-batch of one
 primitive on one block: wait for its inputs, move its slice, post. :class:`KernelCosts` holds one
