@@ -462,3 +462,11 @@ def test_predict_prints_the_next_runs_targets(capsys, monkeypatch):
             assert 0 < r["of_bound"] <= 1 and r["hbm_bound_us"] <= r["predicted_us"]
     hop = next(r for r in d if r["what"].startswith("per hop"))
     assert hop["predicted_us"] == pytest.approx((kc.FLAG_ROUND_TRIP_US / 2 + kc.UNIT_US["RECV"][-1]), rel=1e-6)
+
+
+def test_a_graph_past_the_bound_is_refused(monkeypatch):
+    ir = build_program(gen.ring_allgather(3))
+    monkeypatch.setattr(kc, "MAX_UNITS", 15 * 5)         # 15 primitives, 5 micro-batches fit
+    kc.program_time(ir, 3 * 16 * 5, kc.V4_H200, slice_bytes=16, warps=16)
+    with pytest.raises(ValueError, match=r"ring_allgather: 15 primitives x 6 micro-batches = 90 units"):
+        kc.program_time(ir, 3 * 16 * 6, kc.V4_H200, slice_bytes=16, warps=16)

@@ -56,7 +56,7 @@ from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
-           "LAUNCH_SECONDS_PER_BLOCK", "HBM_BYTES_PER_SECOND", "NSLOTS", "KernelCosts", "V4_H200",
+           "LAUNCH_SECONDS_PER_BLOCK", "MAX_UNITS", "HBM_BYTES_PER_SECOND", "NSLOTS", "KernelCosts", "V4_H200",
            "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
            "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "ProgramTime", "program_time",
            "unit_graph"]
@@ -99,6 +99,9 @@ LL_DATA_FRACTION = 0.5
 #: a measurement: the blocks' start (the cooperative launch and each block reading its program)
 #: grows with the grid; ``benchmarks/kernel_model.py --recorded`` marks that row as the calibration.
 LAUNCH_SECONDS_PER_BLOCK = 1.07e-6
+#: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
+#: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
+MAX_UNITS = 20_000_000
 #: Bytes a second the H200's HBM reads and writes (the fifth run: "about 1.0 ms at the card's 4.3
 #: TB/s"; the first, third and fourth runs' device-to-device copy, 2.08-2.15 TB/s copied).
 HBM_BYTES_PER_SECOND = 4.3e12
@@ -325,6 +328,10 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
 
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
     m = micro_batches(int(nbytes), int(program.nchunks), int(slice_bytes), int(element_bytes))
+    if int(program.nprims) * m > MAX_UNITS:
+        raise ValueError(f"{program.name}: {int(program.nprims)} primitives x {m} micro-batches = "
+                         f"{int(program.nprims) * m:,} units, more than the model composes ({MAX_UNITS:,}): "
+                         f"use larger slices")
     slots = costs.nslots if nslots is None else nslots
     moved = prim_bytes(program, int(nbytes), int(element_bytes)).astype(np.float64) / m / k
     ops = program.prims["op"].astype(np.int64)
