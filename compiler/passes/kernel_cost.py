@@ -279,7 +279,7 @@ class ProgramTime:
 
 def unit_graph(program, m: int, nslots: int | None = NSLOTS):
     """The units of ``program`` at ``m`` micro-batches a primitive as a graph: node ``p * m + i`` is
-    micro-batch ``i`` of primitive ``p``; returns ``(nodes, src, dst, kind)`` with ``kind`` 0 for a
+    micro-batch ``i`` of primitive ``p``; returns ``(nodes, src, dst, kind, m)`` with ``kind`` 0 for a
     block's order (no hop), 1 for a dependency or a message (a hop) and 2 for slot back-pressure
     (a hop back from the receiver to the sender, ``nslots`` messages later on the connection;
     ``None``: no back-pressure)."""
