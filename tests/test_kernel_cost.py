@@ -281,7 +281,7 @@ def test_two_ranks_send_and_receive_hand_derived(m, c_copy, c_send, c_recv, hop,
         assert R[-1] == pytest.approx(m * c_copy + m * (c_send + c_recv + 2 * hop) - hop, rel=1e-12)
 
 
-def _oracle_path(program, m: int, nslots: int, costs) -> float:
+def _oracle_path(program, nbytes: int, m: int, nslots: int, costs) -> float:
     """The longest path over units (seconds), built from the program's own columns in plain Python:
     a block's primitives in ``seq`` order, each over its micro-batches; dependencies and messages
     micro-batch by micro-batch, one hop each; a connection's message k + nslots after the receive
@@ -290,7 +290,7 @@ def _oracle_path(program, m: int, nslots: int, costs) -> float:
     p = program.prims
     n = len(p["rank"])
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
-    nbytes_unit = prim_bytes(program, _ORACLE_BYTES[0], 4).astype(float) / m / k
+    nbytes_unit = prim_bytes(program, nbytes, 4).astype(float) / m / k
     cost = [costs.unit_seconds(int(p["op"][i]), nbytes_unit[i], 16) for i in range(n)]
     hop = costs.flag_round_trip_us / 2 * 1e-6
     preds: dict = {}
@@ -342,8 +342,6 @@ def _oracle_path(program, m: int, nslots: int, costs) -> float:
     return max(end((i, j)) for i in range(n) for j in range(m))
 
 
-_ORACLE_BYTES = [0]
-
 
 def test_ring_of_three_against_the_oracle():
     """Ring AllGather 3 (a dependency chain around the ring) at 1, 4 and 12 micro-batches, with
@@ -352,11 +350,10 @@ def test_ring_of_three_against_the_oracle():
     costs = _flat(0.3, 1.1, 0.7, 0.4)
     for m in (1, 4, 12):
         n = 3 * 64 * m
-        _ORACLE_BYTES[0] = n
         for nslots in (0, 1, 2, 8):
             t = kc.program_time(ir, n, costs, slice_bytes=64, warps=16, nslots=nslots, direct=False)
             assert t.micro_batches == m
-            assert t.path == pytest.approx(_oracle_path(ir, m, nslots, costs), rel=1e-12), (m, nslots)
+            assert t.path == pytest.approx(_oracle_path(ir, n, m, nslots, costs), rel=1e-12), (m, nslots)
 
 
 @settings(max_examples=25, deadline=None)
@@ -367,15 +364,14 @@ def test_random_programs_against_the_oracle(alg, m, nslots):
     ir = build_program(alg)
     costs = kc.V4_H200
     n = ir.nchunks * 16 * m
-    _ORACLE_BYTES[0] = n
     try:
         t = kc.program_time(ir, n, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False)
     except ValueError as e:                  # too few slots for the program's order: the oracle agrees
         assert "cycle" in str(e)
         with pytest.raises(RecursionError):
-            _oracle_path(ir, m, nslots, costs)
+            _oracle_path(ir, n, m, nslots, costs)
         return
-    assert t.path == pytest.approx(_oracle_path(ir, m, nslots, costs), rel=1e-12)
+    assert t.path == pytest.approx(_oracle_path(ir, n, m, nslots, costs), rel=1e-12)
     assert t.total >= t.launch + max(t.path, t.hbm) * (1 - 1e-12)
 
 
