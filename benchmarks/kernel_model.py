@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_model.py [--sizes 64M,1G] [--latency-ns 700] [--hbm-gbs 3000]
                                       [--channels 4] [--sms 132] [--json]
+    python benchmarks/kernel_model.py --recorded [--predict] [--json]
 
 For ring AllGather 8, ring AllReduce 8 and HM AllReduce 4x8 (examples/), counted from each
 ProgramIR with :mod:`hccc.runtime.kernel_traffic`:
@@ -67,19 +68,19 @@ message (``--ll-sync-us``, default 0.2 us: a poll of a line another SM wrote), a
 bytes and with two 8-byte lines in flight per thread instead of eight 16-byte vectors. Its time uses the same terms; the crossover is the largest full-buffer size (powers of
 two) at which LL beats the v3 Simple protocol for ring AllReduce 8.
 
-v4 (the kernels' rebuild, a design: every number below is a model until a GPU measures it,
-``benchmarks/slot_anatomy.py``). Its terms are the slice policy's (compiler/passes/slicing.py),
-each a constant named there:
+v4 (the kernels' rebuild, the slice policy's terms: compiler/passes/slicing.py, each constant
+read from the kernel cost model, compiler/passes/kernel_cost.py, and measured on the fifth GPU
+run):
 
 - Per-unit cost: a unit (one micro-batch of one primitive on one block) costs its block
-  ``UNIT_SECONDS`` (0.5 us) beyond its bytes, a COPY unit ``COPY_UNIT_SECONDS`` (0.2 us), an LL
-  unit ``LL_UNIT_SECONDS`` (0.2 us: its lines carry their flags, so it waits for no flag word).
+  ``UNIT_SECONDS`` (2.56 us) beyond its bytes, a COPY unit ``COPY_UNIT_SECONDS`` (2.07 us), an LL
+  unit ``LL_UNIT_SECONDS`` (a COPY unit's: its lines carry their flags, so it waits for no flag word).
 - One sync warp off the data path: a block's waits and posts run on a warp of their own while
   its data warps copy, so where the next unit's inputs are already there the two overlap and a
   block's steady time is ``max(its units' costs, its loads / its bandwidth)``.
-- Per-block bandwidth: ``BLOCK_BYTES_PER_SECOND`` (100 GB/s of loads for a block of 16 warps,
-  Little's law for the v4 engine; a block of fewer warps in proportion, as the runtime halves the
-  threads until every block is resident); channels split each unit's slice.
+- Per-block bandwidth: ``BLOCK_BYTES_PER_SECOND`` (49 GB/s on long units for a block of 16 warps;
+  a block of fewer warps in proportion, as the runtime halves the threads until every block is
+  resident); channels split each unit's slice.
 - LL lines of 16 bytes, 8 data bytes and two 4-byte flags (NCCL's layout): a block moves
   ``LL_DATA_FRACTION`` (half) of its bandwidth as data, a slot holds half its Simple share, and
   every slot byte is written and read twice over in HBM.
@@ -90,6 +91,25 @@ each a constant named there:
 The slice is the one the launchers pick (``launch_slice_bytes``' rule: the model's, over the
 program's critical path, under LL within LL's share); time = launch + fill + max(HBM bytes / HBM
 bandwidth, the slowest block's steady time). The v4 LL crossover is the v3 one's for these terms.
+
+The kernel cost model against the recorded runs (``--recorded [--json]``). Every program row of
+every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/measurements.md) is
+predicted from that run's own unit-level figures (:func:`run_costs`): the model
+(:func:`hccc.compiler.passes.kernel_cost.program_time`) composes the units of the program's
+ProgramIR as the run launched it (every rank on the one GPU, the run-time channel rule, the
+threads halved until the grid is resident, direct mode where proven safe, the slice that run's
+launcher picked) along its critical path -- a block's order, dependencies and messages across
+ranks and blocks, each message a hop, slot back-pressure -- plus a launch cost per block, or its
+HBM bound if longer. No run timed a launch alone, so each run's launch cost per block is taken
+from its direct AllGather 8 at 4 KiB (the shortest critical path), marked ``calibration``. A row
+within ``EXPLAINED_WITHIN`` (30 %) is ``explained``; any other is ``unexplained`` and named with
+its hypothesis (``HYPOTHESES``), never fitted. JSON: ``{"rows": [{"run", "program", "bytes",
+"measured_us", "predicted_us", "verdict", ...}]}``.
+
+``--predict``: the same model with hccc's costs (the fifth run's units) and today's structure
+(the slice policy, channels and threads hccc picks now), for what the next GPU run checks: a hop,
+ring AllReduce 8 at 4 KiB, ring AllGather 8 at 256 MiB against its HBM bound, HM AllReduce 4x8 at
+32 MiB in place against its bound, each beside its target.
 """
 from __future__ import annotations
 
@@ -263,7 +283,7 @@ def v4(ir, nbytes: int, *, hbm_gbs: float, sms: int, launch_us: float, proto: st
        channels: int | None = None) -> dict:
     """One v4 row (module docstring): the rebuilt kernels' design, all ranks on one GPU of ``sms``
     multiprocessors, under ``proto`` ("simple" or "ll"); every cost is a constant of
-    :mod:`hccc.compiler.passes.slicing` (a model until measured)."""
+    :mod:`hccc.compiler.passes.slicing` (the kernel cost model's, measured on the fifth GPU run)."""
     from collections import Counter
 
     from hccc.compiler.backend import abi
@@ -327,16 +347,286 @@ def v4_ll_crossover(ir, **kw) -> int:
 
 
 def v4_constants() -> dict:
-    """The v4 rows' constants (compiler/passes/slicing.py), as printed: each a model until measured."""
+    """The v4 rows' constants (compiler/passes/slicing.py, read from compiler/passes/kernel_cost.py:
+    measured on the fifth GPU run), as printed."""
     from hccc.compiler.passes import slicing
     return {"unit_us": slicing.UNIT_SECONDS * 1e6, "copy_unit_us": slicing.COPY_UNIT_SECONDS * 1e6,
             "ll_unit_us": slicing.LL_UNIT_SECONDS * 1e6, "block_gbs": slicing.BLOCK_BYTES_PER_SECOND / 1e9,
-            "ll_data_fraction": slicing.LL_DATA_FRACTION, "measured": False}
+            "ll_data_fraction": slicing.LL_DATA_FRACTION, "measured": True}
 
 
 def _auto_max() -> int:
     from hccc.compiler.backend import abi
     return abi.LL_AUTO_MAX_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# --recorded and --predict: the kernel cost model (compiler/passes/kernel_cost.py) against the
+# recorded GPU runs (benchmarks/recorded/gpu_runs.json)
+# ---------------------------------------------------------------------------------------------
+RECORDED = ROOT / "benchmarks" / "recorded" / "gpu_runs.json"
+#: a row is explained when the model's time is within this share of the measured one
+EXPLAINED_WITHIN = 0.30
+#: the program each run's launch cost per block is taken from (the shortest critical path: 3 units)
+LAUNCH_ROW = ("direct_allgather_8", 4096)
+#: The v3 kernels' slice rule (compiler/passes/slicing.py before the slice model, the first to
+#: fourth runs): about this many micro-batches a chunk, none below ``V3_MIN_SLICE`` unless the
+#: chunk is smaller, none above the slot share.
+V3_MICRO_BATCHES = 32
+V3_MIN_SLICE = 64 << 10
+#: The slice model's constants when the fifth run was taken (compiler/passes/slicing.py at that
+#: commit: the v4 design targets, 0.5 us a unit and 0.2 us an LL unit, 100 GB/s a block): the
+#: slices that run used.
+V4_SLICE_COSTS = {"simple": (0.5e-6, 100e9), "ll": (0.2e-6, 50e9)}
+#: Rows the model does not explain, each with its hypothesis, by (program, size, kernels): a row is
+#: named here only when its prediction misses by more than ``EXPLAINED_WITHIN`` (both ways:
+#: tests/test_kernel_cost.py checks none is named that the model explains, and none is missing).
+HYPOTHESES = {
+    ("ring_broadcast_8", 32 << 20, "v3"):
+        "600x the model: its busiest block's 512 slots at 4.6 ms a slot against 7 us elsewhere (the "
+        "second run), so neither a unit's cost nor its bytes: the blocks of a chain of seven hops from "
+        "the root wait on a peer for long, and the waiting blocks' polls delayed the working ones (the "
+        "v4 engine's waiting blocks no longer starve a working one, the fifth run, and it ran 1,100x "
+        "faster there)",
+    ("ring_broadcast_8", 32 << 20, "v4"):
+        "3.6x the model: every hop of its chain forwards (RECV_COPY_SEND: reads the slot, writes the "
+        "destination and the next slot), a unit the fifth run's table has no row for; the model charges "
+        "it a RECV unit's fixed cost and its loads, not its second store, and a wait that spans a "
+        "whole unit at half a flag round trip (the static review: a receive takes three round trips, "
+        "tail poll, L1 invalidation, region-header load); unmeasured: slot_anatomy of a forwarding unit",
+    ("hm_allreduce_4x8", 32 << 20, "v3"):
+        "20-200x the model (631 ms in place against 62 out of place): 9 micro-batches against 8 slots "
+        "on a grid of 32 ranks; the model's back-pressure waits one hop per freed slot and finds none on "
+        "its longest path, while the engine runs later phases before earlier ones on adjacent "
+        "primitives (a convoy the model's per-block order cannot produce); in place adds what the model "
+        "does not see at all",
+    ("hm_allreduce_4x8", 32 << 20, "v4"):
+        "35x the model: the static review counts 2,048 blocks of one data warp (the model, from the "
+        "run-time channel rule: 512 blocks of 8 warps), 9 micro-batches against 8 slots, and 576 of "
+        "3,456 adjacent primitive pairs running a later phase before an earlier one: a back-pressure "
+        "convoy the model's task-level order and one-hop slot waits do not produce",
+    ("hm_allgather_4x8", 32 << 20, "v3"):
+        "0.55-0.58 of the measured time: 512 blocks at 256 threads, while the v3 units were timed at "
+        "16 warps on 128-block grids; the model charges these blocks the same unit and the v3 kit's "
+        "flat copy rate whatever their warps (the fifth run's copy table: 8 warps copy at 0.7-0.85 of "
+        "16), and its hierarchy's blocks share the card with 31 other ranks' (contention unmodelled)",
+    ("ring_allgather_8", 32 << 20, "v4"):
+        "about 250 us more than launch + critical path + HBM at 32 MiB, in neither the 4 KiB nor the "
+        "256 MiB rows: the model's per-block copy rate is one block's alone (the copy-engine table) "
+        "while 128 blocks copy at once; a unit that waits for HBM under that load would cost this at "
+        "mid sizes and hide under the HBM bound at large ones (unmeasured: slot_anatomy with a full "
+        "grid copying)",
+    ("ring_allreduce_8", 32 << 20, "v4"):
+        "as ring AllGather 8 at 32 MiB (about 430 us beyond the model, none at 4 KiB or 256 MiB): one "
+        "block's copy rate where 128 copy at once, its reductions loading twice",
+}
+
+
+def load_recorded(path: Path = RECORDED) -> dict:
+    """The recorded runs (``benchmarks/recorded/gpu_runs.json``), by run name."""
+    data = json.loads(Path(path).read_text())
+    return {r["run"]: r for r in data["runs"]}
+
+
+def run_costs(run: dict, runs: dict, launch_per_block_s: float = 0.0):
+    """:class:`~hccc.compiler.passes.kernel_cost.KernelCosts` from ``run``'s own unit-level
+    figures (module docstring of kernel_cost): the fifth run's unit, flag and copy tables for the v4
+    kernels; for the v3 kernels (first to fourth runs), the run's slot slope at 16 warps as every
+    unit's fixed cost (the fourth run measured none: the third run's, the same kernels and card),
+    the v3 kit's copy rate and the v3 protocol's flag round trip (the fifth run's baseline figures,
+    the only ones taken of the v3 kernels)."""
+    from hccc.compiler.passes.kernel_cost import KernelCosts
+    u = run["units"]
+    if run["kernels"] == "v4":
+        warps = tuple(u["unit_warps"])
+        return KernelCosts(
+            unit_us={k: tuple(v) for k, v in u["unit_us"].items()}, warps=warps,
+            flag_round_trip_us=u["flag_round_trip_us"]["v4"], launch_per_block_s=launch_per_block_s,
+            hbm_bytes_per_s=u["hbm_tbs"] * 1e12, copy_kib=tuple(u["copy_unit_kib"]),
+            copy_gbs={int(w): tuple(v) for w, v in u["copy_gbs"].items()}, source=run["section"])
+    own = runs[u["same_kernels_as"]]["units"] if "same_kernels_as" in u else u
+    if "slot_slope_us" in own:
+        slopes = list(own["slot_slope_us"].values())
+    else:           # --diagnose: ring AllGather 8, direct auto, the 16-warp column
+        slopes = [own["diagnose_slot_us"]["ring_allgather_8 auto"][own["diagnose_warps"].index(16)]]
+    slot = sum(slopes) / len(slopes)
+    fifth = runs["fifth"]["units"]
+    return KernelCosts(
+        unit_us={k: (slot,) for k in ("COPY", "SEND", "RECV", "RECV_REDUCE_COPY")}, warps=(16,),
+        flag_round_trip_us=fifth["flag_round_trip_us"]["v3"], launch_per_block_s=launch_per_block_s,
+        hbm_bytes_per_s=2 * max(u["device_copy_tbs"]) * 1e12, flat_gbs=fifth["v3_kit_copy_gbs_16_warps"],
+        source=run["section"])
+
+
+def _v3_slice(nbytes: int, nchunks: int, share: int, es: int = 4) -> int:
+    """The v3 kernels' slice (``V3_MICRO_BATCHES``, ``V3_MIN_SLICE``)."""
+    def up(x):
+        return -(-int(x) // 16) * 16
+    chunk = max(1, -(-(nbytes // es) // nchunks)) * es
+    return int(min(share - share % 16, max(up(-(-chunk // V3_MICRO_BATCHES)), min(up(V3_MIN_SLICE), up(chunk)))))
+
+
+def predict(ir, nbytes: int, costs, *, kernels: str, sms: int, proto: str = "simple", slice_bytes: int | None = None,
+            slice_costs: tuple | None = None):
+    """The model's :class:`~hccc.compiler.passes.kernel_cost.ProgramTime` of one call as a run
+    launched it: every rank on one GPU of ``sms`` SMs, the run-time channel rule, the threads
+    halved until the grid is resident, direct mode where proven safe, the slice the launcher of
+    those ``kernels`` picked (``slice_costs``: the slice model's constants then) unless given."""
+    from hccc.compiler.backend import abi
+    from hccc.compiler.passes import kernel_cost, slicing
+    from hccc.compiler.passes.channels import device_channels, with_channels
+
+    k = device_channels(ir, sms, ir.nranks)
+    prog = with_channels(ir, k)
+    blocks = len(set(zip(prog.prims["rank"].tolist(), prog.prims["tb"].tolist()))) * k
+    threads = v3_threads(blocks, sms)
+    share = slicing.slot_share_bytes(prog.chunk_bytes, prog.max_step_chunks)
+    if proto == "ll":
+        share = abi.ll_share_bytes(share) or share
+    if slice_bytes is None:
+        if kernels == "v3":
+            slice_bytes = _v3_slice(nbytes, prog.nchunks, share)
+        else:
+            slice_bytes = slicing.auto_slice_bytes(
+                nbytes, prog.nchunks, share, 4, path=slicing.critical_path(prog), nchannels=k, proto=proto,
+                policy=prog.slice_policy, costs=slice_costs)
+    return kernel_cost.program_time(prog, nbytes, costs, slice_bytes=int(slice_bytes), warps=threads // 32,
+                                    proto=proto)
+
+
+def _hypothesis(run: dict, row: dict) -> str:
+    return HYPOTHESES.get((row["program"], row["bytes"], run["kernels"]), "none recorded")
+
+
+def recorded(path: Path = RECORDED) -> list[dict]:
+    """Every program row of every recorded run with the model's time from that run's own unit-level
+    figures (:func:`run_costs`), its parts and its verdict: ``explained`` (within
+    ``EXPLAINED_WITHIN``), ``calibration`` (the row the run's launch cost is taken from),
+    ``unexplained`` (with its hypothesis) or ``not predicted`` (a program the repository does not
+    hold)."""
+    from hccc.compiler.pipeline import load_program
+
+    runs = load_recorded(path)
+    irs: dict = {}
+    out = []
+    for run in runs.values():
+        base = run_costs(run, runs)
+        slice_costs = V4_SLICE_COSTS if run["kernels"] == "v4" else {}
+
+        def one(row, costs):
+            ir = irs.get(row["program"])
+            if ir is None:
+                ir = irs[row["program"]] = load_program(ROOT / "examples" / f"{row['program']}.rccl")
+            return predict(ir, row["bytes"], costs, kernels=run["kernels"], sms=run["sms"], proto=row["proto"],
+                           slice_bytes=row.get("slice"), slice_costs=slice_costs.get(row["proto"]))
+
+        cal = next(r for r in run["rows"] if (r["program"], r["bytes"]) == LAUNCH_ROW)
+        t0 = one(cal, base)
+        per_block = (cal["us"] * 1e-6 - (t0.total - t0.launch)) / t0.blocks
+        costs = run_costs(run, runs, per_block)
+        for row in run["rows"]:
+            rec = {"run": run["run"], "card": run["card"], "kernels": run["kernels"], "program": row["program"],
+                   "bytes": row["bytes"], "proto": row["proto"], "placement": row["placement"],
+                   "slice": row.get("slice"), "measured_us": row["us"], "predicted_us": None}
+            if row.get("not_in_repository"):
+                rec.update(verdict="not predicted", hypothesis="the program was synthesised for the run and is "
+                                                               "not in the repository")
+                out.append(rec)
+                continue
+            t = one(row, costs)
+            rec.update(predicted_us=round(t.total * 1e6, 1), ratio=round(t.total * 1e6 / row["us"], 3),
+                       launch_us=round(t.launch * 1e6, 1), path_us=round(t.path * 1e6, 1),
+                       hbm_us=round(t.hbm * 1e6, 1), units=t.units, hops=t.hops, waits=t.waits, blocks=t.blocks,
+                       warps=t.warps, micro_batches=t.micro_batches, model_slice=t.slice,
+                       launch_per_block_us=round(per_block * 1e6, 3))
+            if row is cal:
+                rec["verdict"] = "calibration"
+            elif abs(rec["ratio"] - 1) <= EXPLAINED_WITHIN:
+                rec["verdict"] = "explained"
+            else:
+                rec.update(verdict="unexplained", hypothesis=_hypothesis(run, row))
+            out.append(rec)
+    return out
+
+
+def next_run_predictions() -> list[dict]:
+    """What the next GPU run checks, by this model with hccc's costs (kernel_cost.V4_H200: the
+    fifth run's units) and today's kernels' structure (the slice policy, channels and threads
+    hccc picks now), each beside its target."""
+    from hccc.compiler.passes import kernel_cost as kc
+    from hccc.compiler.pipeline import load_program
+
+    sms = H100_SMS
+    c = kc.V4_H200
+    ar = load_program(ALGORITHMS["ring_allreduce_8"])
+    ag = load_program(ALGORITHMS["ring_allgather_8"])
+    hm = load_program(ALGORITHMS["hm_allreduce_4x8"])
+    rows = [{"what": "per hop (a unit's post to the next block's unit: half a flag round trip + a RECV unit)",
+             "predicted_us": round((c.hop_seconds() + c.fixed_seconds("RECV", 16)) * 1e6, 3), "target": "<= 1 us"}]
+    for proto in ("simple", "ll"):
+        t = predict(ar, 4096, c, kernels="v4", sms=sms, proto=proto)
+        rows.append({"what": f"ring AllReduce 8 at 4 KiB, {proto}", "predicted_us": round(t.total * 1e6, 1),
+                     "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
+                     "target": "<= 15 us (one-shot: 8 us)"})
+    # the crossovers the model gives where hccc's rules hold a size of their own: --proto auto's
+    # LL_AUTO_MAX_BYTES and the built-in catalog's SMALL_BYTES (recursive doubling below it)
+    rd = load_program(ROOT / "examples" / "recursive_doubling_allgather_8.rccl")
+    sizes = [1 << e for e in range(12, 27)]
+    ll_up = max([n for n in sizes if predict(ar, n, c, kernels="v4", sms=sms, proto="ll").total
+                 < predict(ar, n, c, kernels="v4", sms=sms).total], default=0)
+    rd_up = max([n for n in sizes if predict(rd, n, c, kernels="v4", sms=sms).total
+                 < predict(ag, n, c, kernels="v4", sms=sms).total], default=0)
+    rows.append({"what": "LL faster than Simple (ring AllReduce 8, full buffer) up to", "predicted_bytes": ll_up,
+                 "predicted_us": None, "in_force_bytes": _auto_max(), "target": "--proto auto's switch"})
+    rows.append({"what": "recursive doubling AllGather 8 faster than ring up to", "predicted_bytes": rd_up,
+                 "predicted_us": None, "in_force_bytes": _small_bytes(), "target": "the built-in catalog's band"})
+    for name, ir, n, placement in (("ring AllGather 8 at 256 MiB", ag, 256 << 20, "out"),
+                                   ("HM AllReduce 4x8 at 32 MiB, in place", hm, 32 << 20, "in")):
+        t = predict(ir, n, c, kernels="v4", sms=sms)
+        rows.append({"what": name, "predicted_us": round(t.total * 1e6, 1), "hbm_bound_us": round(t.hbm * 1e6, 1),
+                     "of_bound": round(t.hbm / t.total, 3), "path_us": round(t.path * 1e6, 1), "waits": t.waits,
+                     "target": ">= 0.9 of its HBM bound" if "AllGather" in name else "<= 2x its HBM bound"})
+    return rows
+
+
+def print_recorded(rows: list[dict]) -> None:
+    head = (f"{'run':<7}{'program':<32}{'size':>7} {'proto':<7}{'pl':<4}{'slice':>7}{'measured':>10}{'model':>10}"
+            f"{'ratio':>7}{'launch':>8}{'path':>9}{'HBM':>8}{'units':>6}{'hops':>5}{'waits':>6}  verdict")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        pred = "-" if r["predicted_us"] is None else f"{r['predicted_us']:.0f}"
+        print(f"{r['run']:<7}{r['program'][:31]:<32}{format_size(r['bytes']):>7} {r['proto']:<7}{r['placement']:<4}"
+              f"{format_size(r['slice']) if r['slice'] else 'auto':>7}{r['measured_us']:>10.0f}{pred:>10}"
+              f"{r.get('ratio', float('nan')):>7.2f}{r.get('launch_us', 0):>8.0f}{r.get('path_us', 0):>9.0f}"
+              f"{r.get('hbm_us', 0):>8.0f}{r.get('units', 0):>6}{r.get('hops', 0):>5}{r.get('waits', 0):>6}  {r['verdict']}")
+    print()
+    for r in rows:
+        if r["verdict"] in ("unexplained", "not predicted"):
+            print(f"{r['run']} {r['program']} {format_size(r['bytes'])} {r['placement']}: {r['hypothesis']}")
+    n = sum(r["verdict"] == "explained" for r in rows)
+    m = sum(r["verdict"] in ("explained", "unexplained") for r in rows)
+    print(f"\n{n} of {m} predicted rows within {EXPLAINED_WITHIN:.0%} (calibration rows: "
+          f"{sum(r['verdict'] == 'calibration' for r in rows)}; not predicted: "
+          f"{sum(r['verdict'] == 'not predicted' for r in rows)})")
+
+
+def _small_bytes() -> int:
+    import importlib
+    return importlib.import_module("hccc.torch.builtin").SMALL_BYTES
+
+
+def print_predictions(rows: list[dict]) -> None:
+    print("predicted for the next GPU run (hccc's costs: the fifth run's units; today's slices, channels "
+          "and threads):")
+    for r in rows:
+        if r["predicted_us"] is None:
+            print(f"  {r['what']} {format_size(r['predicted_bytes']) if r['predicted_bytes'] else 'no size'} "
+                  f"(in force: {format_size(r['in_force_bytes'])}, {r['target']})")
+            continue
+        extra = "".join(f", {k} {r[k]}" for k in ("launch_us", "path_us", "units", "hbm_bound_us", "of_bound", "waits")
+                        if k in r)
+        print(f"  {r['what']}: {r['predicted_us']} us{extra} (target {r['target']})")
 
 
 def main(argv=None) -> int:
@@ -353,7 +643,29 @@ def main(argv=None) -> int:
     ap.add_argument("--launch-us", type=float, default=5.0, help="v3: launch of the one grid")
     ap.add_argument("--channels", type=int, default=4)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--recorded", action="store_true",
+                    help="the kernel cost model against every program row of the recorded GPU runs "
+                         "(benchmarks/recorded/gpu_runs.json), each from its run's own unit-level figures")
+    ap.add_argument("--predict", action="store_true",
+                    help="the kernel cost model's predictions for the next GPU run, beside the targets")
     args = ap.parse_args(argv)
+    if args.recorded or args.predict:
+        sys.path.insert(0, str(ROOT.parent))
+        out = {}
+        if args.recorded:
+            out["rows"] = recorded()
+        if args.predict:
+            out["predictions"] = next_run_predictions()
+        if args.json:
+            print(json.dumps(out, indent=1))
+            return 0
+        if args.recorded:
+            print_recorded(out["rows"])
+        if args.predict:
+            if args.recorded:
+                print()
+            print_predictions(out["predictions"])
+        return 0
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     except (ValueError, argparse.ArgumentTypeError):
@@ -434,7 +746,7 @@ def main(argv=None) -> int:
     print(f"  LL beats Simple up to {format_size(cross) if cross else 'no size'} (ring AllReduce 8, full buffer)")
     print()
     const = v4_constants()
-    print(f"v4 (a design; every cost a model until benchmarks/slot_anatomy.py measures it), all ranks on one GPU "
+    print(f"v4 (the slice policy's terms; its costs the kernel cost model's, measured on the fifth GPU run), all ranks on one GPU "
           f"of {args.sms} SMs: a unit {const['unit_us']:.2g} us (COPY {const['copy_unit_us']:.2g}, LL "
           f"{const['ll_unit_us']:.2g}) beyond its bytes, sync warp off the data path, "
           f"{const['block_gbs']:.0f} GB/s a block of 16 warps (LL data {const['ll_data_fraction']:.0%} of it: "

@@ -27,7 +27,9 @@ them, keep the FIFO.
 
 ``reads`` counts what a thread block must load per byte it moves: with ``L`` bytes of loads in
 flight per block and a memory latency ``t``, a block moves at most ``L / t / reads`` bytes per
-second (Little's law) -- the per-block limit the simulator and ``benchmarks/kernel_model.py`` use.
+second (Little's law; ``benchmarks/kernel_model.py``'s v1-v3 rows). The kernel cost model
+(:mod:`hccc.compiler.passes.kernel_cost`) charges a unit's loads, counted by these reads, at a
+block's measured copy rate instead.
 """
 from __future__ import annotations
 

@@ -12,14 +12,14 @@ A resource is identified by an integer: links ``0..L-1``, shared groups ``L..L+N
 reduction units of ranks ``L+NG..L+NG+N-1`` (only for ranks whose node declares ``gamma``), then
 with a per-block limit the data engine of each thread block ``L+NG+N+g``.
 
-Per-block limit. One GPU block keeps only so many bytes in flight (Little's law: about 8 KiB per
-SM at ~0.5 us memory latency, some 15-20 GB/s for the FIFO protocol's copies), so a block cannot
-fill a fast link alone; the kernels spread a connection over ``nchannels`` blocks
-(:mod:`hccc.compiler.passes.channels`). Each thread block's sends therefore also cross a resource
-of its own of capacity ``nchannels x block_gbps`` (default :data:`DEFAULT_BLOCK_GBPS`; None or
-infinity: no limit) at 16 warps per block, in proportion at fewer (``block_gbps_at``: a block of 8
-warps keeps half the bytes in flight): a connection runs at min(its fair share of link and
-groups, nchannels x block_gbps).
+Per-block limit. One GPU block moves only so many bytes a second (the kernels' cost model,
+:mod:`hccc.compiler.passes.kernel_cost`: about 21 GB/s on 64 KiB units with 16 warps, the fifth
+GPU run's copy-engine table), so a block cannot fill a fast link alone; the kernels spread a
+connection over ``nchannels`` blocks (:mod:`hccc.compiler.passes.channels`). Each thread block's
+sends therefore also cross a resource of its own of capacity ``nchannels x block_gbps`` (default
+:data:`DEFAULT_BLOCK_GBPS`; None or infinity: no limit) at 16 warps per block, scaled as that
+table's rates scale at fewer warps (``block_gbps_at``: 8 warps about 0.86 of it, 1 warp 0.31):
+a connection runs at min(its fair share of link and groups, nchannels x block_gbps).
 """
 from __future__ import annotations
 

@@ -365,3 +365,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                       + ", ".join(f"{w}: {s:.2f}s" for w, s in sorted(_CPU_BY_WORKER.items())) + ")")
     else:
         tr.write_line(f"{_cpu_seconds():8.2f}s in this process in all (imports and collection included)")
+
+
+@pytest.fixture
+def design_target_costs(monkeypatch):
+    """The slice policy under the v4 kernels' design targets (0.5 us a unit, 0.2 us a COPY or LL
+    unit, 100 GB/s a block) instead of the costs the kernel cost model holds (measured on the
+    fifth GPU run, compiler/passes/kernel_cost.py): the tests that explain the policy's arithmetic
+    on worked examples were written at these figures, and their examples' outcomes depend on them."""
+    from hccc.compiler.passes import slicing
+    monkeypatch.setattr(slicing, "UNIT_SECONDS", 0.5e-6)
+    monkeypatch.setattr(slicing, "COPY_UNIT_SECONDS", 0.2e-6)
+    monkeypatch.setattr(slicing, "LL_UNIT_SECONDS", 0.2e-6)
+    monkeypatch.setattr(slicing, "BLOCK_BYTES_PER_SECOND", 100e9)
+    return slicing

@@ -42,9 +42,10 @@ def test_table_has_one_row_per_size(capsys):
     assert float(fields[5]) == pytest.approx(ref.time_us, abs=0.01)
     assert float(fields[7]) == pytest.approx(ref.busbw_GBps, abs=0.01)
     # slice column: the model's slice for this program (CP(m) = 17, 19, 23, 35 units at m = 1, 2,
-    # 4, 8; 4 channels): 64M's 8 MiB chunks at the slot's 1 MiB (16 micro-batches would halve the
-    # parts but nearly double the units), 1M's 128 KiB chunks in two (two more units, half the
-    # bytes a unit)
+    # 4, 8; 4 channels; a unit 2.56 us and a block 49 GB/s, compiler/passes/kernel_cost.py): 64M's
+    # 8 MiB chunks at the slot's 1 MiB (16 micro-batches would halve the parts but nearly double
+    # the units), 1M's 128 KiB chunks whole (two micro-batches: two more units for half the bytes a
+    # unit, 55.0 us against 54.8)
     assert float(fields[8]) == pytest.approx(ref.lower_bound_s * 1e6, abs=0.01)     # progbound
     # cutbound: the cluster's, independent of the program: an AllReduce moves the whole buffer over
     # every cut (docs/bounds.md), here a100_topo1's two nodes of 4 GPUs behind 2 NICs of 12.5 GB/s
@@ -55,7 +56,7 @@ def test_table_has_one_row_per_size(capsys):
     assert float(fields[9]) == pytest.approx(cut * 1e6, abs=0.01) and float(fields[9]) <= float(fields[5])
     assert "progbound: the program's own bound" in out and "cutbound: the cluster's cut bound" in out
     assert fields[10] == "1M" and int(fields[11]) == ref.micro_batches == 8
-    assert rows[0].split()[10] == "64K"
+    assert rows[0].split()[10] == "128K"
     assert "state-based TBs" in out and "a100_topo1" in out and "slice per size" in out
     avg = out.splitlines()[-1]
     busbw = [float(r.split()[7]) for r in rows]
@@ -127,8 +128,8 @@ def test_json_schema_and_values(capsys):
     ir.nchannels = d["channels"]
     assert [r["chunk_bytes"] for r in d["results"]] == [program_slice_bytes(ir, r["bytes"], 1 << 20)
                                                         for r in d["results"]]
-    # the model's slices with the header's 4 channels: 128 KiB chunks in two, then the slot's share
-    assert [r["chunk_bytes"] for r in d["results"]] == [64 << 10, 1 << 20, 1 << 20]
+    # the model's slices with the header's 4 channels: 128 KiB chunks whole, then the slot's share
+    assert [r["chunk_bytes"] for r in d["results"]] == [128 << 10, 1 << 20, 1 << 20]
     assert all(r["slot_bytes"] == 1 << 20 for r in d["results"])
 
 
@@ -184,11 +185,11 @@ def test_ir_json_input(capsys, tmp_path):
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M,1G", "--json")
     assert rc == 0, err
     d = json.loads(out)
-    # the IR's 512 KiB slots bound the slice: 2 MiB chunks in the model's 6 slices (one channel:
-    # a unit's part is the whole slice, and the program's fill pays for more than the 4 a full
-    # slot gives), 128 MiB chunks in 256
+    # the IR's 512 KiB slots bound the slice: 2 MiB chunks in the 4 slices a full slot gives (one
+    # channel: a unit's part is the whole slice; at 2.56 us a unit, compiler/passes/kernel_cost.py,
+    # the program's fill no longer pays for more), 128 MiB chunks in 256
     assert d["chunk_bytes"] == 1 << 19
-    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(349536, 6), (1 << 19, 256)]
+    assert [(r["chunk_bytes"], r["micro_batches"]) for r in d["results"]] == [(1 << 19, 4), (1 << 19, 256)]
     rc, out, err = sim(capsys, str(p), "--topology", TOPO1, "--sizes", "16M", "--json", "--chunk-size", "1M")
     d = json.loads(out)
     assert d["chunk_bytes"] == 1 << 20 and d["results"][0]["micro_batches"] == 2

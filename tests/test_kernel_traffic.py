@@ -167,7 +167,7 @@ def test_ll_auto_threshold_is_the_model_crossover():
 
 
 def test_kernel_model_v4_terms(monkeypatch, capsys):
-    """v4 (a design, every cost a constant of compiler/passes/slicing.py): the slice is the
+    """v4 (every cost a constant of compiler/passes/slicing.py, the kernel cost model's): the slice is the
     launchers'; the fill is the critical path's units beyond its whole runs at a unit's full cost
     and bytes; a block's steady time is the longer of its units' costs and its loads (the sync warp
     off the data path), not their sum; LL moves half its bandwidth as data in 16-byte lines of 8;
@@ -186,9 +186,9 @@ def test_kernel_model_v4_terms(monkeypatch, capsys):
     cp = slicing.critical_path(prog)
     assert small["fill_us"] == pytest.approx(cp.fill(small["micro_batches"]) * (
         slicing.UNIT_SECONDS + part / slicing.BLOCK_BYTES_PER_SECOND) * 1e6, rel=1e-9)
-    # 4 KiB: its units bound the blocks (14 primitives, one micro-batch, 0.5 us each)
+    # 4 KiB: its units bound the blocks (14 primitives, one micro-batch, a unit's cost each)
     assert small["limit"] == "blocks" and small["sync_bound"]
-    assert small["block_us"] == pytest.approx(14 * 0.5, rel=1e-9)
+    assert small["block_us"] == pytest.approx(14 * slicing.UNIT_SECONDS * 1e6, rel=1e-9)
     assert small["time_us"] == pytest.approx(5.0 + small["fill_us"] + small["block_us"], rel=1e-9)
     # 1 GiB: HBM-bound; its blocks' loads outlast their units, which the sync warp hides
     big = model.v4(ir, 1 << 30, **kw)
@@ -209,6 +209,6 @@ def test_kernel_model_v4_terms(monkeypatch, capsys):
     capsys.readouterr()
     assert model.main(["--sizes", "4K", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["v4"]["unit_us"] == pytest.approx(0.5) and d["v4"]["measured"] is False
+    assert d["v4"]["unit_us"] == pytest.approx(slicing.UNIT_SECONDS * 1e6) and d["v4"]["measured"] is True
     assert {r["design"] for r in d["v4_rows"]} == {"v4 simple (model)", "v4 ll (model)"}
     assert d["predictions"]["v4_ll_crossover_bytes"] == cross

@@ -166,6 +166,7 @@ def test_a_latency_bound_pipeline_is_extrapolated_by_whole_fifo_periods():
         assert found.time_s == pytest.approx(simulate(prog, topo, 2 * 256 * nmb, slice_bytes=None).time_s, rel=1e-9)
 
 
+@pytest.mark.usefixtures("design_target_costs")
 def test_synth_times_a_thin_program_by_extrapolation():
     """``hccc synth``'s selection times AllGather programs through ``simulate_periodic``: a program
     written with thin slices (128 micro-batches a chunk) was extrapolated, and the fraction of the

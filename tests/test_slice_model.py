@@ -175,6 +175,7 @@ def test_a_longer_fill_never_gives_a_larger_slice(call, more):
     assert _slice(call, path=longer) <= _slice(call)
 
 
+@pytest.mark.usefixtures("design_target_costs")
 def test_more_channels_can_give_a_smaller_slice():
     """The granules break monotony in the channels (found by a search): 1,063 one-byte elements in
     one chunk, 576-byte shares, a fill of 12,566 units: 12 channels take 368-byte slices (three
@@ -186,6 +187,7 @@ def test_more_channels_can_give_a_smaller_slice():
 
 
 # ----------------------------------------------------------------------------- examples
+@pytest.mark.usefixtures("design_target_costs")
 def test_examples():
     # no fill: the fewest micro-batches, the smallest slice giving them
     assert auto_slice_bytes(64 * MiB, 8, MiB, path=CriticalPath.chain(8, 1)) == MiB

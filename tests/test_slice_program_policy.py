@@ -201,6 +201,7 @@ def _synth(tmp_path, capsys, name: str) -> tuple[dict, Path]:
     return json.loads(capsys.readouterr().out), out
 
 
+@pytest.mark.usefixtures("design_target_costs")
 def test_synth_keeps_smaller_slices_where_they_are_faster_and_affordable(tmp_path, capsys, monkeypatch):
     """At 16 MiB the tree program's chunks are 64 KiB, one slice each by the model (a unit costs
     as much as moving 50 KB, and the trees' fill is a few units): a pipeline fill the size cannot

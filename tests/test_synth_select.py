@@ -175,6 +175,7 @@ def test_a_joint_packing_made_first_stays_a_variant_where_the_time_left_would_sk
 # here, as 64-GPU ones short of it are at 1 GiB); at 1 GiB it is simulated whole
 @pytest.mark.parametrize("size", [16 << 30, 1 << 30])
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+@pytest.mark.usefixtures("design_target_costs")   # thin slices affordable at 0.5 us a unit
 def test_smaller_slices_guessed_beside_the_default_are_the_ones_the_selection_takes(monkeypatch, collective, size):
     """A candidate short of the bound is scored at smaller slices too: where its default's
     simulations run on the pool (here from any size, on two CPUs), the smaller slices it would try
@@ -195,6 +196,7 @@ def test_smaller_slices_guessed_beside_the_default_are_the_ones_the_selection_ta
     assert sum(m.guessed for m in plain_made) == 0
 
 
+@pytest.mark.usefixtures("design_target_costs")   # thin slices affordable at 0.5 us a unit
 def test_a_guess_nobody_asks_for_is_stopped_and_simulated_anew_when_asked(monkeypatch):
     """:meth:`Simulations.drop_guesses` turns the stop switch of a guessed simulation and drops its
     samples not begun; asked for afterwards, the program is simulated anew, to the time a fresh

@@ -3,9 +3,9 @@
 With ``K`` channels every TB of every rank runs as ``K`` blocks; block ``c`` (channel ``c``) moves
 elements ``[lo_c, hi_c)`` of every micro-batch slice window over connections, FIFOs and progress
 counters of its own (:func:`hccc.compiler.ir.program_ir.channel_part`, hccc_prims.h). One block
-keeps only so many bytes in flight (Little's law: about 8 KiB per SM, ~15-20 GB/s per block at
-GPU memory latencies), so a connection that must fill a fast link needs several blocks, as NCCL
-spreads a connection over its channels.
+moves only so many bytes a second (about 21 GB/s on 64 KiB units, 42 on 512 KiB ones: the fifth
+GPU run's copy-engine table, :mod:`hccc.compiler.passes.kernel_cost`), so a connection that must
+fill a fast link needs several blocks, as NCCL spreads a connection over its channels.
 
 Choosing ``K`` (``--channels``):
 
@@ -41,6 +41,8 @@ from __future__ import annotations
 import numpy as np
 
 from hccc.compiler.ir.program_ir import MAX_CHANNELS, ProgramIR
+from hccc.compiler.passes import kernel_cost
+from hccc.compiler.passes.kernel_cost import BLOCK_GBPS_WARPS, block_gbps_at
 from hccc.compiler.passes.slicing import slot_share_bytes
 
 #: multiprocessors of the nominal device of each platform (auto rule, block limit)
@@ -48,12 +50,10 @@ NOMINAL_SMS = {"cuda": 132, "hip": 104}
 #: resident threads per multiprocessor (H100: 2048; MI200 CU: 32 waves of 64)
 THREADS_PER_SM = {"cuda": 2048, "hip": 2048}
 WARP = {"cuda": 32, "hip": 64}
-#: GB/s one block moves through the FIFO protocol: ~8 KiB in flight per SM over ~0.4 us of memory
-#: latency (Little's law), the simulator's per-block limit (``hccc sim --block-bw``)
-DEFAULT_BLOCK_GBPS = 20.0
-#: warps per block at which a block moves :data:`DEFAULT_BLOCK_GBPS`; a block of fewer warps keeps
-#: proportionally fewer bytes in flight, so it moves proportionally less (:func:`block_gbps_at`)
-BLOCK_GBPS_WARPS = 16
+#: GB/s one block of :data:`BLOCK_GBPS_WARPS` warps moves, the simulator's per-block limit (``hccc
+#: sim --block-bw``): the kernels' cost model's (:data:`hccc.compiler.passes.kernel_cost.SIM_BLOCK_GBPS`,
+#: a block's rate on 64 KiB units as the fifth GPU run measured it: 21.1 GB/s)
+DEFAULT_BLOCK_GBPS = kernel_cost.SIM_BLOCK_GBPS
 #: the most channels ``auto`` picks
 AUTO_MAX = 8
 #: the least bytes of a full slice ``auto`` gives one channel
@@ -95,13 +95,6 @@ def most_tbs(ir: ProgramIR) -> int:
 def _threads(ir: ProgramIR, platform: str) -> int:
     w = WARP[platform]
     return max(w, min(1024, int(ir.nwarps) * w))
-
-
-def block_gbps_at(block_gbps: float, nwarps: int) -> float:
-    """GB/s a block of ``nwarps`` warps moves where one of :data:`BLOCK_GBPS_WARPS` moves
-    ``block_gbps``: in proportion below that (Little's law: each thread keeps the same loads in
-    flight), the same above it (the figure is not raised past what was measured)."""
-    return float(block_gbps) * min(1.0, max(1, int(nwarps)) / BLOCK_GBPS_WARPS)
 
 
 def max_blocks_per_rank(ir: ProgramIR, platform: str, sms: int | None = None,

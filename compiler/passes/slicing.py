@@ -68,12 +68,14 @@ nothing. The result is a multiple of 16 bytes, at least 16, at most the share, a
 function of its arguments: the launcher, the communicator and the simulator compute it alike
 (:func:`program_slice_bytes`).
 
-**Constants** (each a model until a GPU measures it: ``benchmarks/slot_anatomy.py``). With
-``c B`` = 50 KB, a unit's fixed cost is the time a block takes to move 50 KB: a program without
+**Constants**: the kernels' cost model's (:mod:`hccc.compiler.passes.kernel_cost`, measured on
+the fifth GPU run: a unit 2.56 us, a COPY or LL unit 2.07 us, a block 49 GB/s on long units). With
+``c B`` = 126 KB, a unit's fixed cost is the time a block takes to move 126 KB: a program without
 fill takes the largest slice, one whose fill is ``D - 1`` units about ``sqrt((D-1) chunk /
 (a K c B))`` micro-batches a chunk. Before the v4 kernels the policy was about 32 micro-batches
 a chunk and none below 64 KiB, tuned in the simulator, which leaves a unit's cost out; the v3
-kernels' unit measured 4.6-7.0 us since (``benchmarks/slot_cost.py``, docs/measurements.md).
+kernels' unit measured 4.6-7.0 us (``benchmarks/slot_cost.py``, docs/measurements.md), the v4
+design targets were 0.5 us a unit and 100 GB/s a block (the fifth run's slices).
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ __all__ = ["UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_
            "unit_seconds", "block_bytes_per_second", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "MAX_MICRO_BATCHES",
            "THIN_SLICE_BYTES", "THIN_POLICIES", "THIN_SLOT_SHARE", "SlicePolicy", "CriticalPath", "critical_path",
            "slice_range", "model_seconds", "auto_slice_bytes", "program_slice_bytes", "micro_batches",
-           "slot_share_bytes", "thin_policies", "busiest_tb_prims", "busiest_slots", "thin_policy"]
+           "slot_share_bytes", "primitive_graph", "matched_messages", "thin_policies", "busiest_tb_prims", "busiest_slots", "thin_policy"]
 
 import threading
 import weakref
@@ -91,39 +93,30 @@ from fractions import Fraction
 import numpy as np
 
 from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, SLICE_ALIGN, SlicePolicy
+from hccc.compiler.passes import kernel_cost
 
 # ---------------------------------------------------------------------------------------------
-# the constants of the model (one place; each a model until measured)
+# the model's costs: the kernels' cost model's (compiler/passes/kernel_cost.py, each constant there
+# naming the GPU run and table it comes from), re-exported under the names the policy uses
 # ---------------------------------------------------------------------------------------------
-#: What one unit (one micro-batch of one primitive) costs a thread block beyond the bytes it moves:
-#: waiting for its flags, posting its flags. 0.5 us: the v4 kernels' design target, a model. What a
-#: GPU measured (docs/measurements.md, *The fifth GPU run*, ``benchmarks/slot_anatomy.py`` on an
-#: H200: the slope of one block's time over its units, peers pre-satisfied): 2.46-2.65 us for
-#: SEND, RECV and RECV_REDUCE_COPY units with 4 and 16 warps, the v4 kernels as first built; their
-#: sync lane's per-unit path was cut after that run (its state and chunk walks had been read from
-#: shared memory in dependent chains) and has not been measured since. Set this from the next
-#: run's slope; the v3 kernels measured 4.6-7.0 us. The Simple protocol's; ``hccc synth`` weighs
-#: smaller slices with it too (:func:`thin_policy`).
-UNIT_SECONDS = 0.5e-6
-#: What a COPY unit costs a block beyond its bytes (no flag of a peer to wait for, none to post
-#: to one): the v4 target, 0.2 us (a model; measured 2.02-2.07 us with 4 and 16 warps on the same
-#: run, before the fast path). ``benchmarks/kernel_model.py`` counts copies at it; the slice policy
-#: counts every Simple unit at :data:`UNIT_SECONDS` (it errs toward fewer units).
-COPY_UNIT_SECONDS = 0.2e-6
-#: What a unit costs a block under the LL protocol beyond its bytes: a COPY unit's
-#: (:data:`COPY_UNIT_SECONDS`), a model. Its lines carry their flags, so it waits for no flag word
-#: and fences nothing; it only posts its slot's release, as a copy ends.
-LL_UNIT_SECONDS = COPY_UNIT_SECONDS
-#: Bytes a second one thread block's copy moves (Simple protocol): 100 GB/s, a model (Little's law
-#: for a block of 16 warps keeping 8 independent 16-byte loads a thread in flight, 64 KiB, over a
-#: loaded HBM latency of about 0.7 us: 94 GB/s). Measured on the fifth GPU run: 42 GB/s at 512 KiB
-#: units, 37 at 256 KiB, 21 at 64 KiB (16 warps; the v3 kit's plain loop 48): the engine does not
-#: yet keep that many loads in flight across a unit's end -- measure again with the next kernels.
-BLOCK_BYTES_PER_SECOND = 100e9
-#: Data bytes per byte of an LL line: 8 of a 16-byte line, the rest its two 4-byte flags (NCCL's
-#: layout, the v4 kernels; the v3 kernels' 8-byte lines carried 4): under LL a block moves this
-#: share of :data:`BLOCK_BYTES_PER_SECOND` as payload.
-LL_DATA_FRACTION = 0.5
+#: What one unit (one micro-batch of one primitive) costs a thread block beyond the bytes it moves
+#: (Simple): :data:`hccc.compiler.passes.kernel_cost.UNIT_SECONDS` (2.56 us, the fifth GPU run's
+#: units at 16 warps). ``hccc synth`` weighs smaller slices with it too (:func:`thin_policy`).
+UNIT_SECONDS = kernel_cost.UNIT_SECONDS
+#: What a COPY unit costs a block beyond its bytes: :data:`hccc.compiler.passes.kernel_cost.COPY_UNIT_SECONDS`
+#: (2.07 us). ``benchmarks/kernel_model.py`` counts copies at it; the slice policy counts every
+#: Simple unit at :data:`UNIT_SECONDS` (it errs toward fewer units).
+COPY_UNIT_SECONDS = kernel_cost.COPY_UNIT_SECONDS
+#: What a unit costs a block under the LL protocol beyond its bytes: a COPY unit's (its lines carry
+#: their flags, so it waits for no flag word): :data:`hccc.compiler.passes.kernel_cost.LL_UNIT_SECONDS`.
+LL_UNIT_SECONDS = kernel_cost.LL_UNIT_SECONDS
+#: Bytes a second one thread block's copy moves on long units (Simple):
+#: :data:`hccc.compiler.passes.kernel_cost.BLOCK_BYTES_PER_SECOND` (49 GB/s, the fifth run's
+#: copy-engine curve at 16 warps between its 256 and 512 KiB units).
+BLOCK_BYTES_PER_SECOND = kernel_cost.BLOCK_BYTES_PER_SECOND
+#: Data bytes per byte of an LL line (:data:`hccc.compiler.passes.kernel_cost.LL_DATA_FRACTION`):
+#: under LL a block moves this share of :data:`BLOCK_BYTES_PER_SECOND` as payload.
+LL_DATA_FRACTION = kernel_cost.LL_DATA_FRACTION
 #: the FIFO protocols the model knows (``hccc run --proto``)
 PROTOS = ("simple", "ll")
 
@@ -272,10 +265,49 @@ def critical_path(program) -> CriticalPath:
     return result
 
 
-def _graph(program) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    """(primitives, edge sources, edge targets, edge is a thread block's order) of ``program``."""
+def _matched(program) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(send primitives, their matched receives, the connection of each pair) of ``program``:
+    only the pairs of one connection (an unbalanced program pairs nothing else)."""
     from hccc.compiler.ir.connections import match_connections
 
+    p = program.prims
+    rank = p["rank"].astype(np.int64)
+    s, r = match_connections(program)
+    k = min(len(s), len(r))
+    s, r = np.asarray(s[:k], np.int64), np.asarray(r[:k], np.int64)
+    skey = np.zeros(0, np.int64)
+    if k:
+        N = max(1, int(program.nranks))
+        ch = p["channel"].astype(np.int64)
+        nch = int(ch.max()) + 1
+        skey = (rank[s] * N + p["send_peer"][s].astype(np.int64)) * nch + ch[s]
+        rkey = (p["recv_peer"][r].astype(np.int64) * N + rank[r]) * nch + ch[r]
+        same = skey == rkey
+        s, r, skey = s[same], r[same], skey[same]
+    return s, r, skey
+
+
+def matched_messages(program) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per connection of ``program``, its send primitives in the sender's order and the receive
+    each is matched with (the FIFO's messages, one per micro-batch of each pair)."""
+    s, r, key = _matched(program)
+    seq = program.prims["seq"].astype(np.int64)
+    out = []
+    for c in np.unique(key):
+        idx = np.flatnonzero(key == c)
+        idx = idx[np.argsort(seq[s[idx]], kind="stable")]
+        out.append((s[idx], r[idx]))
+    return out
+
+
+def primitive_graph(program) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(primitives, edge sources, edge targets, edge is a thread block's order) of ``program``: a
+    thread block's order, its dependencies and its matched sends and receives (module docstring)."""
+    return _graph(program)
+
+
+def _graph(program) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(primitives, edge sources, edge targets, edge is a thread block's order) of ``program``."""
     p = program.prims
     n = int(len(p["rank"]))
     rank = p["rank"].astype(np.int64)
@@ -286,17 +318,7 @@ def _graph(program) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     tb_src, tb_dst = order[nxt], order[nxt + 1]
     dep_src = np.asarray(program.dep_on, dtype=np.int64)
     dep_dst = np.asarray(program.dep_prim, dtype=np.int64)
-    s, r = match_connections(program)
-    k = min(len(s), len(r))
-    s, r = np.asarray(s[:k], np.int64), np.asarray(r[:k], np.int64)
-    if k:   # only the pairs of one connection (an unbalanced program pairs nothing else)
-        N = max(1, int(program.nranks))
-        ch = p["channel"].astype(np.int64)
-        nch = int(ch.max()) + 1
-        skey = (rank[s] * N + p["send_peer"][s].astype(np.int64)) * nch + ch[s]
-        rkey = (p["recv_peer"][r].astype(np.int64) * N + rank[r]) * nch + ch[r]
-        same = skey == rkey
-        s, r = s[same], r[same]
+    s, r, _ = _matched(program)
     src = np.concatenate([tb_src, dep_src, s])
     dst = np.concatenate([tb_dst, dep_dst, r])
     is_tb = np.zeros(len(src), dtype=bool)

@@ -11,6 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable
 
+#: Two predicted times within this share of each other are the same time: the simulator's floating
+#: point sums one program's steps in another order than an equal program's (a few units in the last
+#: place, some 1e-16 of a time), which must not decide a choice between programs that tie.
+SAME_TIME = 1e-9
+
 #: sizes at which the choices compare programs by default (nccl-tests' small and large regimes:
 #: latency-bound and bandwidth-bound)
 ALLOCATION_SIZES = (1 << 20, 64 << 20)
@@ -35,13 +40,18 @@ class CostModel(ABC):
         return [self.times(ir) for ir in irs]
 
 
+def not_slower(t: float, than: float) -> bool:
+    """``t`` is at most ``than``, or the same time (:data:`SAME_TIME`)."""
+    return float(t) <= float(than) * (1 + SAME_TIME)
+
+
 def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
     """State-based TB allocation that never costs time on the cluster: sharing a TB between units
     whose spans do not overlap can still delay the later unit (its micro-batch i waits for all of
     the earlier unit's micro-batches), so when state-based allocation shares anything, both
     allocations are predicted at ``cost.sizes`` and the one with the smaller total time is kept
-    (state-based on a tie: fewer TBs). ``build_connection()`` builds the connection-based program
-    from the same schedule. ``stats["tb_alloc_kept"]``, ``tb_alloc_state_s``,
+    (state-based on a tie, :func:`not_slower`: fewer TBs). ``build_connection()`` builds the
+    connection-based program from the same schedule. ``stats["tb_alloc_kept"]``, ``tb_alloc_state_s``,
     ``tb_alloc_connection_s``, ``tb_alloc_sizes`` and ``tb_alloc_topology`` record the comparison
     (flat: a ProgramIR's stats hold scalars only); ``stats["tb_alloc"]`` stays the mode asked for
     ("state") and ``ntbs`` are those of the kept allocation."""
@@ -52,7 +62,7 @@ def faster_allocation(cost: CostModel, state_ir, build_connection: Callable):
     conn = build_connection()
     conn.nchannels = ir.nchannels      # both allocations with the channels the program runs with
     t_state, t_conn = (sum(t) for t in cost.times_of([ir, conn]))
-    keep = ir if t_state <= t_conn else conn
+    keep = ir if not_slower(t_state, t_conn) else conn
     if keep is conn:
         conn.stats["tb_alloc"] = "state"
         conn.stats["tbs_state_based"] = st.get("tbs_connection_based")
@@ -69,18 +79,18 @@ def faster_fusion(cost: CostModel, plain_ir, fused_ir):
     byte (which the simulator does not charge), but its traffic runs on TBs and channels of its
     own, beside the unfused traffic of the same links, which can delay the schedule's critical
     chains; so both are predicted at ``cost.sizes`` and the fused one is kept only when it is at
-    least as fast at every size. ``stats["fusion_kept"]``, ``fusion_plain_s`` and
+    least as fast at every size (:func:`not_slower`). ``stats["fusion_kept"]``, ``fusion_plain_s`` and
     ``fusion_fused_s`` (totals over the sizes) record the comparison."""
     if not fused_ir.stats.get("fused"):
         keep, t_plain, t_fused = plain_ir, None, None
     else:
         t_plain = cost.times(plain_ir)
         t_fused = cost.times(fused_ir)
-        keep = fused_ir if all(f <= p for f, p in zip(t_fused, t_plain)) else plain_ir
+        keep = fused_ir if all(not_slower(f, p) for f, p in zip(t_fused, t_plain)) else plain_ir
     keep.stats.update({"fusion_kept": keep is fused_ir,
                        "fusion_plain_s": sum(t_plain) if t_plain else -1.0,
                        "fusion_fused_s": sum(t_fused) if t_fused else -1.0})
     return keep
 
 
-__all__ = ["CostModel", "ALLOCATION_SIZES", "faster_allocation", "faster_fusion"]
+__all__ = ["CostModel", "ALLOCATION_SIZES", "SAME_TIME", "not_slower", "faster_allocation", "faster_fusion"]

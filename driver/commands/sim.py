@@ -100,7 +100,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="blocks per thread block (default: auto, i.e. the .rccl nChannels or a given IR's own, "
                         "else from the GPUs' SM count, thread blocks and slice)")
     p.add_argument("--block-bw", type=_block_bw, default=DEFAULT_BLOCK_GBPS, metavar="GBPS",
-                   help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: in proportion; default: {DEFAULT_BLOCK_GBPS:g}; 0: none)")
+                   help=f"GB/s one block of 16 warps moves, the per-block limit (fewer warps: as the kernel cost model scales it; default: {DEFAULT_BLOCK_GBPS:g}, the measured rate on 64 KiB units; 0: none)")
     p.add_argument("-d", "--dtype", type=dtype_list(tuple(DTYPE_BYTES)), default="float32",
                    metavar="|".join(nccl_type_name(d) for d in DTYPE_BYTES) + "|all",
                    help="element type, nccl-tests' -d: its names (float, half, ...) or hccc's (float32, ...), "

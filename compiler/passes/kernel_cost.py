@@ -1,0 +1,406 @@
+"""The kernels' cost model: what a unit, a hop, a block's bytes, an LL line, the launch and a FIFO's
+slots cost on a GPU, and how a program's units compose into its time.
+
+One module holds every cost of the generated kernels; the slice policy
+(:mod:`hccc.compiler.passes.slicing`: a unit's cost ``c`` and a block's bandwidth ``B``), the
+simulator's per-block limit (:data:`SIM_BLOCK_GBPS`, ``hccc sim --block-bw``, and
+:func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
+``benchmarks/kernel_model.py`` read it; ``--fuse``'s and the thread-block allocation's choices
+read it through the simulator. Two size thresholds are not derived from it yet: ``--proto
+auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's band for
+recursive doubling (``SMALL_BYTES``, 64 KiB); ``benchmarks/kernel_model.py --predict`` prints
+where this model puts them (its LL is checked against one recorded row only). The simulator
+takes a block's rate from here but charges no unit's fixed cost and no hop (its alpha-beta links
+stand for them). Each constant names the GPU run and the table of docs/measurements.md it comes
+from; ``benchmarks/recorded/gpu_runs.json`` holds those tables as data and
+tests/test_kernel_cost.py checks every constant against it.
+
+**Units** (the kernels' grain, docs/kernel-protocol.md): a unit is one micro-batch of one
+primitive on one block: wait for its inputs, move its slice, post. :class:`KernelCosts` holds one
+kernel generation's unit-level figures on one card:
+
+- a unit's fixed cost by its op and the block's warps (:meth:`KernelCosts.fixed_seconds`): the
+  slope of one block's time over its units with the bytes fixed (the fifth run's
+  ``slot_anatomy`` table; the v3 kernels' ``slot_cost`` slope, every op alike);
+- its bytes (:meth:`KernelCosts.bytes_seconds`): the loads (``HBM_COST``'s reads per byte moved:
+  a reduction loads twice) at one block's copy rate by unit size and warps, interpolated in the
+  fifth run's copy-engine table (the time of a COPY unit of that size less that of the smallest
+  one, the fixed part), or at a flat rate where a run measured none; under LL a line carries
+  :data:`LL_DATA_FRACTION` of data, and a unit pays a COPY unit's fixed cost (it waits for no flag
+  word and posts none);
+- a hop (:meth:`KernelCosts.hop_seconds`): what a unit's post takes to reach the unit that waits
+  for it on another block, half a flag round trip between two SMs (the ping-pong of the fifth
+  run);
+- the launch (:meth:`KernelCosts.launch_seconds`): a cost per block of the grid (no run measured
+  a launch alone: see :data:`LAUNCH_SECONDS_PER_BLOCK`);
+- the HBM bound: every byte the kernels read or write (``kernel_traffic``) at the card's rate.
+
+**Composition** (:func:`program_time`): the program's units form a graph: a block runs its
+primitives in order, each over all its micro-batches (task-level execution, as the engine does);
+micro-batch ``i`` of a primitive waits for micro-batch ``i`` of the primitives it depends on and of
+the send its receive is matched with (one hop); and **slot back-pressure**: a connection's FIFO
+has :data:`NSLOTS` slots, so its message ``k + NSLOTS`` cannot be written before the receiver
+consumed message ``k`` (one hop back). The call takes the launch plus the longest path through
+that graph (each unit its cost, each hop its latency), or the HBM bound if longer. Nothing is
+fitted to a program: a program the model does not explain is named with a hypothesis by
+``benchmarks/kernel_model.py --recorded``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hccc.compiler.backend.abi import NSLOTS
+from hccc.compiler.ir.program_ir import Op
+
+__all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
+           "LAUNCH_SECONDS_PER_BLOCK", "MAX_UNITS", "HBM_BYTES_PER_SECOND", "NSLOTS", "KernelCosts", "V4_H200",
+           "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
+           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "ProgramTime", "program_time",
+           "unit_graph"]
+
+# ---------------------------------------------------------------------------------------------
+# the measured figures (docs/measurements.md, "The fifth GPU run": one H200, the v4 kernels)
+# ---------------------------------------------------------------------------------------------
+#: warps a block of the fifth run's unit table ran with (its columns)
+UNIT_WARPS = (1, 4, 16)
+#: What one unit costs its block beyond its bytes, us, by op and :data:`UNIT_WARPS` (the fifth
+#: run's table "What one unit costs, before and after", v4 rows: ``slot_anatomy`` units, one block,
+#: one primitive over 4 MiB in units of 64 KiB down to 1 KiB, peers pre-satisfied, the slope of the
+#: time over the units).
+UNIT_US = {
+    "COPY": (2.72, 2.02, 2.07),
+    "SEND": (3.14, 2.46, 2.47),
+    "RECV": (3.99, 2.55, 2.56),
+    "RECV_REDUCE_COPY": (4.05, 2.63, 2.65),
+}
+#: unit sizes (KiB) of the fifth run's copy-engine figures ("One block's copy engine")
+COPY_UNIT_KIB = (4, 16, 64, 256, 512)
+#: GB/s one block's COPY units moved over 64 MiB, by warps, at :data:`COPY_UNIT_KIB` (the fifth
+#: run, "One block's copy engine")
+COPY_GBS = {
+    16: (2.0, 7.7, 21.2, 36.9, 42.2),
+    4: (2.0, 7.3, 14.9, 20.0, 21.3),
+    1: (1.4, 3.7, 6.4, 7.7, 8.0),
+}
+#: A flag's round trip between two SMs, us: the v4 kernels' relaxed poll + acquire fence / release
+#: fence + relaxed post (the fifth run, "Flag round trip between two SMs"); a hop is half of it.
+FLAG_ROUND_TRIP_US = 1.13
+#: Data bytes per byte of an LL line: 8 of a 16-byte line, the rest its two 4-byte flags (the v4
+#: kernels' layout, docs/kernel-protocol.md: a structure, not a measurement). Under LL a block
+#: moves this share of its copy rate as payload, and a slot holds this share of its Simple bytes.
+LL_DATA_FRACTION = 0.5
+#: What launching a call costs per block of its grid, seconds. No run timed a launch alone: this is
+#: the fifth run's direct AllGather 8 at 4 KiB (127 us, "Programs": the program of the shortest
+#: critical path, 3 units) less its critical path by this model, over its 112 blocks (1.07 us; the
+#: first to fourth runs' same row gives 0.96-1.04 us with the v3 kernels' units). A hypothesis, not
+#: a measurement: the blocks' start (the cooperative launch and each block reading its program)
+#: grows with the grid; ``benchmarks/kernel_model.py --recorded`` marks that row as the calibration.
+LAUNCH_SECONDS_PER_BLOCK = 1.07e-6
+#: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
+#: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
+MAX_UNITS = 20_000_000
+#: Bytes a second the H200's HBM reads and writes (the fifth run: "about 1.0 ms at the card's 4.3
+#: TB/s"; the first, third and fourth runs' device-to-device copy, 2.08-2.15 TB/s copied).
+HBM_BYTES_PER_SECOND = 4.3e12
+
+
+def unit_class(op: int) -> str:
+    """The row of :data:`UNIT_US` a primitive's unit is charged at: a receive that reduces at
+    RECV_REDUCE_COPY's, another receive at RECV's, a send at SEND's, a copy (and REDUCE, NOP: no
+    peer) at COPY's."""
+    o = Op(int(op))
+    if o.receives:
+        return "RECV_REDUCE_COPY" if o.reduces else "RECV"
+    if o.sends:
+        return "SEND"
+    return "COPY"
+
+
+def _interp_warps(values: tuple[float, ...], warps_axis: tuple[int, ...], warps: float) -> float:
+    """``values`` at ``warps``, linear in log2(warps) between the axis' warps, clamped outside."""
+    x = math.log2(max(1.0, float(warps)))
+    xs = [math.log2(w) for w in warps_axis]
+    return float(np.interp(x, xs, values))
+
+
+@dataclass(frozen=True)
+class KernelCosts:
+    """One kernel generation's unit-level figures on one card (module docstring).
+
+    ``unit_us``: op class -> fixed cost a unit (us) at each of ``warps``; ``copy_kib`` and
+    ``copy_gbs`` (warps -> GB/s at each size): a block's copy rate by unit size, or ``flat_gbs``
+    (one rate, any size and warps) where none was measured; ``flag_round_trip_us``;
+    ``launch_per_block_s``; ``hbm_bytes_per_s`` (read + write); ``nslots`` (FIFO slots a
+    connection); ``source``: the run and tables these come from."""
+
+    unit_us: dict
+    warps: tuple[int, ...]
+    flag_round_trip_us: float
+    launch_per_block_s: float
+    hbm_bytes_per_s: float
+    copy_kib: tuple[int, ...] = ()
+    copy_gbs: dict = field(default_factory=dict)
+    flat_gbs: float | None = None
+    nslots: int = NSLOTS
+    source: str = ""
+
+    def fixed_seconds(self, op_class: str, warps: float, proto: str = "simple") -> float:
+        """A unit's cost beyond its bytes: its op's row at ``warps``; under LL a COPY unit's."""
+        row = self.unit_us["COPY" if proto == "ll" else op_class]
+        return _interp_warps(tuple(row), self.warps, warps) / 1e6
+
+    def _copy_curve(self, warps: float) -> tuple[np.ndarray, np.ndarray]:
+        """(unit sizes, a COPY unit's time at each) of the copy-engine table at ``warps`` (the rates
+        interpolated between the table's warps, :func:`_interp_warps`)."""
+        sizes = np.array([k * 1024 for k in self.copy_kib], np.float64)
+        ws = tuple(sorted(self.copy_gbs))
+        rates = np.array([_interp_warps(tuple(self.copy_gbs[w][i] for w in ws), ws, warps)
+                          for i in range(len(sizes))])
+        return sizes, sizes / (rates * 1e9)
+
+    def copy_rate(self, unit_bytes: float, warps: float) -> float:
+        """Bytes a second one block of ``warps`` warps copies in COPY units of ``unit_bytes``: the
+        copy-engine table, its times interpolated between its unit sizes (the flat rate where a run
+        measured none)."""
+        if not self.copy_kib:
+            return float(self.flat_gbs) * 1e9
+        sizes, times = self._copy_curve(warps)
+        u = float(np.clip(unit_bytes, sizes[0], sizes[-1]))
+        return u / float(np.interp(u, sizes, times))
+
+    def bytes_seconds(self, loads: float, warps: float) -> float:
+        """What ``loads`` bytes of a unit's loads add to its fixed cost on a block of ``warps``
+        warps: the copy-engine table's time for a unit of that size less its smallest unit's (the
+        fixed part), linear from none at no bytes to it, past the largest unit the table's last
+        slope; or ``loads`` at the flat rate."""
+        loads = max(0.0, float(loads))
+        if not self.copy_kib:
+            return loads / (float(self.flat_gbs) * 1e9)
+        sizes, times = self._copy_curve(warps)
+        extra = times - times[0]
+        if loads <= sizes[-1]:
+            return float(np.interp(loads, np.r_[0.0, sizes], np.r_[0.0, extra]))
+        slope = (extra[-1] - extra[-2]) / (sizes[-1] - sizes[-2])
+        return float(extra[-1] + (loads - sizes[-1]) * slope)
+
+    def peak_bytes_per_second(self, warps: float) -> float:
+        """A block's copy rate on long units (the copy-engine table's last slope, or the flat rate)."""
+        if not self.copy_kib:
+            return float(self.flat_gbs) * 1e9
+        sizes, times = self._copy_curve(warps)
+        return float((sizes[-1] - sizes[-2]) / (times[-1] - times[-2]))
+
+    def unit_seconds(self, op: int, moved: float, warps: float, proto: str = "simple", *,
+                     direct: bool = False) -> float:
+        """One unit of ``op`` (an :class:`Op` code) moving ``moved`` payload bytes on a block of
+        ``warps`` warps under ``proto``: its fixed cost plus its loads' time (reads per byte
+        moved as ``kernel_traffic`` counts them; ``direct``: a receive proven direct-safe, whose
+        data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data)."""
+        from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST
+        reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0]
+        loads = moved * reads / (LL_DATA_FRACTION if proto == "ll" else 1.0)
+        return self.fixed_seconds(unit_class(op), warps, proto) + self.bytes_seconds(loads, warps)
+
+    def hop_seconds(self) -> float:
+        """A post reaching the unit that waits for it on another block: half a flag round trip."""
+        return self.flag_round_trip_us * 0.5e-6
+
+    def launch_seconds(self, blocks: int) -> float:
+        """Launching a grid of ``blocks`` blocks."""
+        return self.launch_per_block_s * max(1, int(blocks))
+
+
+#: The v4 kernels on an H200, as the fifth run measured them: hccc's costs.
+V4_H200 = KernelCosts(
+    unit_us={k: tuple(v) for k, v in UNIT_US.items()}, warps=UNIT_WARPS, flag_round_trip_us=FLAG_ROUND_TRIP_US,
+    launch_per_block_s=LAUNCH_SECONDS_PER_BLOCK, hbm_bytes_per_s=HBM_BYTES_PER_SECOND, copy_kib=COPY_UNIT_KIB,
+    copy_gbs={w: tuple(v) for w, v in COPY_GBS.items()},
+    source="docs/measurements.md, The fifth GPU run (H200, kernels v4)")
+
+# ---------------------------------------------------------------------------------------------
+# what the slice policy and the simulator read (each derived from the figures above)
+# ---------------------------------------------------------------------------------------------
+#: warps of a block as the CUDA kernels are emitted (512 threads), at which the policy's figures hold
+BLOCK_GBPS_WARPS = 16
+#: The slice policy's ``c`` (Simple): a unit's fixed cost at 16 warps, the median of the fifth
+#: run's SEND, RECV and RECV_REDUCE_COPY rows (2.47, 2.56, 2.65 us): 2.56 us.
+UNIT_SECONDS = float(np.median([V4_H200.fixed_seconds(k, BLOCK_GBPS_WARPS)
+                                for k in ("SEND", "RECV", "RECV_REDUCE_COPY")]))
+#: A COPY unit's fixed cost at 16 warps (the fifth run's COPY row: 2.07 us).
+COPY_UNIT_SECONDS = V4_H200.fixed_seconds("COPY", BLOCK_GBPS_WARPS)
+#: An LL unit's fixed cost: a COPY unit's (its lines carry their flags: no flag word to wait for).
+LL_UNIT_SECONDS = COPY_UNIT_SECONDS
+#: The slice policy's ``B`` (Simple): a block of 16 warps' copy rate on long units, the slope of the
+#: fifth run's copy-engine curve between its 256 and 512 KiB units (49.3 GB/s).
+BLOCK_BYTES_PER_SECOND = V4_H200.peak_bytes_per_second(BLOCK_GBPS_WARPS)
+#: The unit the simulator's per-block limit is taken at: it charges no per-unit cost, so a block's
+#: rate there is its rate on units of the size hccc's slices reach at the simulator's sizes (64 KiB:
+#: a 1 MiB slot's 16th; the fifth run measured 21.2 GB/s at it with 16 warps).
+SIM_UNIT_BYTES = 64 << 10
+#: GB/s one block of 16 warps moves on :data:`SIM_UNIT_BYTES` units (the simulator's per-block
+#: limit, ``hccc sim --block-bw``): the fifth run's copy-engine table there, 21.2 GB/s.
+SIM_BLOCK_GBPS = round(V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS) / 1e9, 6)
+
+
+def block_gbps_at(block_gbps: float, nwarps: int) -> float:
+    """GB/s a block of ``nwarps`` warps moves where one of :data:`BLOCK_GBPS_WARPS` moves
+    ``block_gbps``: scaled as the fifth run's copy-engine rates at :data:`SIM_UNIT_BYTES` scale
+    with the warps (1, 4, 16 warps: 6.4, 14.9, 21.2 GB/s; between them linear in log2 of the
+    warps), never above ``block_gbps``."""
+    w = max(1, int(nwarps))
+    return float(block_gbps) * min(1.0, V4_H200.copy_rate(SIM_UNIT_BYTES, w)
+                                   / V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
+
+
+# ---------------------------------------------------------------------------------------------
+# composition: a program's units into its time
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProgramTime:
+    """One call's predicted time (seconds) and its parts: ``launch``, ``path`` (the longest chain
+    of units and hops), ``hbm`` (the HBM bound), ``units`` on the longest path, ``hops`` on it,
+    ``waits`` (back-pressure edges on it), ``blocks``, ``warps``, ``micro_batches``, ``slice``."""
+
+    total: float
+    launch: float
+    path: float
+    hbm: float
+    units: int
+    hops: int
+    waits: int
+    blocks: int
+    warps: int
+    micro_batches: int
+    slice: int
+
+
+def unit_graph(program, m: int, nslots: int | None = NSLOTS):
+    """The units of ``program`` at ``m`` micro-batches a primitive as a graph: node ``p * m + i`` is
+    micro-batch ``i`` of primitive ``p``; returns ``(nodes, src, dst, kind, m)`` with ``kind`` 0 for a
+    block's order (no hop), 1 for a dependency or a message (a hop) and 2 for slot back-pressure
+    (a hop back from the receiver to the sender, ``nslots`` messages later on the connection;
+    ``None``: no back-pressure)."""
+    from hccc.compiler.passes.slicing import primitive_graph
+    n, src, dst, is_tb = primitive_graph(program)
+    m = int(m)
+    i = np.arange(m, dtype=np.int64)
+    edges = []
+    # within a primitive: micro-batch i before i + 1
+    p = np.arange(n, dtype=np.int64)
+    if m > 1:
+        a = (p[:, None] * m + i[None, :-1]).ravel()
+        edges.append((a, a + 1, np.zeros(len(a), np.int64)))
+    # a block's order: the next primitive's first micro-batch after this one's last
+    ts, td = src[is_tb], dst[is_tb]
+    edges.append((ts * m + m - 1, td * m, np.zeros(len(ts), np.int64)))
+    # dependencies and messages: micro-batch i after micro-batch i
+    os_, od = src[~is_tb], dst[~is_tb]
+    a = (os_[:, None] * m + i[None, :]).ravel()
+    b = (od[:, None] * m + i[None, :]).ravel()
+    edges.append((a, b, np.ones(len(a), np.int64)))
+    if nslots:
+        from hccc.compiler.passes.slicing import matched_messages
+        for snd, rcv in matched_messages(program):      # one connection's messages, in order
+            snd = (snd[:, None] * m + i[None, :]).ravel()
+            rcv = (rcv[:, None] * m + i[None, :]).ravel()
+            k = len(snd)
+            if k > nslots:
+                edges.append((rcv[:k - nslots], snd[nslots:], np.full(k - nslots, 2, np.int64)))
+    es = np.concatenate([e[0] for e in edges])
+    ed = np.concatenate([e[1] for e in edges])
+    ek = np.concatenate([e[2] for e in edges])
+    return n * m, es, ed, ek, m
+
+
+def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
+                 element_bytes: int = 4, nslots: int | None = None, direct: bool = True) -> ProgramTime:
+    """The predicted time of one call of ``program`` (a ProgramIR, with its ``nchannels``) on a
+    full buffer of ``nbytes``, in slices of ``slice_bytes``, on blocks of ``warps`` warps
+    (module docstring). ``direct``: the receives :mod:`hccc.compiler.ir.direct` proves safe take
+    their data from the sender (``--direct auto``, single-process launches; Simple only);
+    ``nslots``: FIFO slots a connection (default the costs'; 0: no back-pressure). The HBM bound
+    counts ``kernel_traffic``'s bytes (LL's slots twice over)."""
+    from hccc.compiler.passes.slicing import micro_batches
+    from hccc.runtime.kernel_traffic import prim_bytes, traffic
+
+    k = max(1, int(getattr(program, "nchannels", 1) or 1))
+    m = micro_batches(int(nbytes), int(program.nchunks), int(slice_bytes), int(element_bytes))
+    if int(program.nprims) * m > MAX_UNITS:
+        raise ValueError(f"{program.name}: {int(program.nprims)} primitives x {m} micro-batches = "
+                         f"{int(program.nprims) * m:,} units, more than the model composes ({MAX_UNITS:,}): "
+                         f"use larger slices")
+    slots = costs.nslots if nslots is None else nslots
+    moved = prim_bytes(program, int(nbytes), int(element_bytes)).astype(np.float64) / m / k
+    ops = program.prims["op"].astype(np.int64)
+    use_direct = direct and proto == "simple"
+    if use_direct:
+        from hccc.compiler.ir.direct import direct_safe
+        is_direct = np.asarray(direct_safe(program), dtype=bool)
+    else:
+        is_direct = np.zeros(len(ops), dtype=bool)
+    blocks = len(set(zip(program.prims["rank"].tolist(), program.prims["tb"].tolist()))) * k
+    tr = traffic(program, int(nbytes), int(element_bytes), direct=use_direct)
+    hbm_bytes = tr.hbm + (2 * tr.link if proto == "ll" else 0)
+    t_hbm = float(hbm_bytes) / costs.hbm_bytes_per_s
+    cost = np.array([costs.unit_seconds(int(o), float(b), warps, proto, direct=bool(d))
+                     for o, b, d in zip(ops.tolist(), moved.tolist(), is_direct.tolist())])
+    nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
+    finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
+    launch = costs.launch_seconds(blocks)
+    return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
+                       hops=hops, waits=waits, blocks=blocks, warps=int(warps), micro_batches=m,
+                       slice=int(slice_bytes))
+
+
+def _longest(nodes: int, src, dst, kind, cost, hop: float):
+    """The longest path's finish time through the unit graph (Kahn's levels), and on it the hops,
+    the units and the back-pressure edges. A cycle (a program that cannot run with these slots)
+    raises ValueError."""
+    if nodes == 0:
+        return 0.0, 0, 0, 0
+    lat = np.where(kind > 0, hop, 0.0)
+    o = np.argsort(src, kind="stable")
+    e_dst, e_lat, e_kind = dst[o], lat[o], kind[o]
+    ptr = np.zeros(nodes + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=nodes), out=ptr[1:])
+    indeg = np.bincount(dst, minlength=nodes).astype(np.int64)
+    start = np.zeros(nodes)
+    # on the path into each node: (hops, units, waits) of its latest predecessor
+    hops = np.zeros(nodes, np.int64)
+    nunits = np.ones(nodes, np.int64)
+    waits = np.zeros(nodes, np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    finish = np.zeros(nodes)
+    seen = 0
+    while len(frontier):
+        seen += len(frontier)
+        finish[frontier] = start[frontier] + cost[frontier]
+        lo, cnt = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
+        tot = int(cnt.sum())
+        if not tot:
+            break
+        e = np.repeat(lo, cnt) + (np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+        u = np.repeat(frontier, cnt)
+        v = e_dst[e]
+        t = finish[u] + e_lat[e]
+        # the latest predecessor of each target wins (ties: any)
+        order = np.lexsort((t, v))
+        v_o, t_o, u_o, e_o = v[order], t[order], u[order], e[order]
+        last = np.r_[v_o[1:] != v_o[:-1], True]
+        vv, tt, uu, ee = v_o[last], t_o[last], u_o[last], e_o[last]
+        better = tt > start[vv]
+        vb, ub, eb = vv[better], uu[better], ee[better]
+        start[vb] = tt[better]
+        hops[vb] = hops[ub] + (e_kind[eb] > 0)
+        nunits[vb] = nunits[ub] + 1
+        waits[vb] = waits[ub] + (e_kind[eb] == 2)
+        uq, c = np.unique(v, return_counts=True)
+        indeg[uq] -= c
+        frontier = uq[indeg[uq] == 0]
+    if seen != nodes:
+        raise ValueError("the program's units form a cycle with these slots: it cannot run")
+    end = int(np.argmax(finish))
+    return float(finish[end]), int(hops[end]), int(nunits[end]), int(waits[end])
