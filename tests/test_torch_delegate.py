@@ -16,8 +16,10 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the torch backend needs torch (the 'test' extra)")
-dist = pytest.importorskip("torch.distributed")
+from conftest import needs_torch
+
+torch = needs_torch()
+dist = needs_torch("torch.distributed")
 
 from torch_ranks import ranks_in_threads  # noqa: E402
 
@@ -218,7 +220,7 @@ def test_every_call_on_a_catalog_without_algorithms_completes_on_the_delegate(tm
     """An empty catalog: float32 SUM, which the built-in catalog would serve, goes to gloo."""
     from hccc.torch import Options
     (tmp_path / "empty").mkdir()
-    _run_every_call(Options(catalog=tmp_path / "empty"), torch.float32, dist.ReduceOp.SUM)
+    _run_every_call(Options(catalog=tmp_path / "empty", builtin=False), torch.float32, dist.ReduceOp.SUM)
 
 
 @pytest.mark.parametrize("call", ["all_gather", "all_to_all_single", "gather", "scatter"])
@@ -229,7 +231,7 @@ def test_a_call_the_delegate_refuses_fails_on_every_rank_within_the_timeout(tmp_
     (tmp_path / "empty").mkdir()
     fn = next(c[1] for c in _calls(torch.complex64, dist.ReduceOp.SUM) if c[0] == call)
     out = ranks_in_threads([lambda pg, r=r: fn(pg, r) for r in range(WORLD)],
-                           Options(catalog=tmp_path / "empty"), timeout_s=GROUP_TIMEOUT_S)
+                           Options(catalog=tmp_path / "empty", builtin=False), timeout_s=GROUP_TIMEOUT_S)
     for r, res in enumerate(out):
         assert res is not None, f"rank {r} did not finish"
         assert isinstance(res[0], Exception), f"rank {r}: {call} did not fail"
@@ -255,7 +257,7 @@ def test_a_reduce_scatter_whose_peer_never_calls_fails_within_the_timeout(tmp_pa
     def rank1(pg):
         done.wait(4 * timeout_s)
 
-    out = ranks_in_threads([rank0, rank1], Options(catalog=tmp_path / "empty"), timeout_s=timeout_s)
+    out = ranks_in_threads([rank0, rank1], Options(catalog=tmp_path / "empty", builtin=False), timeout_s=timeout_s)
     res, secs = out[0]
     assert isinstance(res, Exception), res
     assert secs < timeout_s + DELEGATE_GRACE_S + 2.0, secs
