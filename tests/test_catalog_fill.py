@@ -157,3 +157,23 @@ def test_two_ranks_whose_catalog_holds_only_an_alltoall_gather_on_the_built_in_c
             assert st["fallback"] == {"allgather": 1}, st
             assert list(st["reasons"]) == ["the catalog has no allgather algorithm"], st
     del dist
+
+
+def test_ranks_that_disagree_on_the_filling_all_get_an_error_naming_it(tmp_path, monkeypatch):
+    """``HCCC_BUILTIN_CATALOG`` is an input to the choice: set differently on two ranks, both
+    ranks' set-up fails naming it; a value other than 0 or 1 is refused, naming the variable."""
+    needs_torch("torch.distributed")
+    from hccc.torch import Options
+    from torch_ranks import ranks_in_threads
+    d = _alltoall_only(tmp_path)
+    out = ranks_in_threads([lambda pg: None] * 2, [Options(catalog=d, builtin=True),
+                                                   Options(catalog=d, builtin=False)], timeout_s=20.0)
+    for res, _ in out:
+        assert isinstance(res, RuntimeError), res
+        assert "HCCC_BUILTIN_CATALOG" in str(res) and "rank 0" in str(res) and "rank 1" in str(res), res
+    monkeypatch.setenv("HCCC_BUILTIN_CATALOG", "yes")
+    with pytest.raises(ValueError, match="HCCC_BUILTIN_CATALOG must be 0 or 1; got 'yes'"):
+        Options(catalog=d).resolved()
+    monkeypatch.setenv("HCCC_BUILTIN_CATALOG", "0")
+    assert Options(catalog=d).resolved().builtin is False
+    assert Options(catalog=d, builtin=True).resolved().builtin is True
