@@ -187,6 +187,7 @@ def needs_torch(module: str = "torch"):
     CI requires every tool (HCCC_REQUIRE_COMPILERS=1: the torch backend and the Communicator must
     stay tested there). Test modules import torch through this only, never at their top: the suite
     collects without torch."""
+    __tracebackhide__ = True          # (a skip is reported at its caller's line)
     try:
         import importlib
         return importlib.import_module(module)
