@@ -3,7 +3,8 @@
 delegate's work object reports (gloo's reduce_scatter and send/recv never report completion).
 
 Two ranks in threads of this process (:func:`torch_ranks.ranks_in_threads`, which gives up on a
-rank after three timeouts: a hang fails the test instead of blocking the suite). Each collective at
+rank after three timeouts: a hang fails the test instead of blocking the suite). Each collective
+(and the coalesced forms) at
 dtypes and ops no catalog serves (int8, complex64, the bitwise ops), on the built-in catalog and on
 an empty one; each result against its definition computed here with torch arithmetic from inputs
 every rank recomputes. A delegate call that gloo refuses fails on both ranks, within the timeout;
@@ -135,6 +136,27 @@ def _calls(dtype, op):
         pg.recv([t], 0, 7).wait()
         return t
 
+    def allreduce_coalesced(pg, r):
+        ts = [ins[r].clone(), ins[r][:3].clone()]
+        pg.allreduce_coalesced(ts, _opts("AllreduceCoalescedOptions", op)).wait()
+        return torch.cat(ts)
+
+    def all_gather_into_tensor_coalesced(pg, r):
+        outs = [torch.zeros(WORLD * N, dtype=dtype), torch.zeros(WORLD * 2, dtype=dtype)]
+        pg.allgather_into_tensor_coalesced(outs, [ins[r], ins[r][:2].clone()], _opts("AllgatherOptions")).wait()
+        return torch.cat(outs)
+
+    def reduce_scatter_tensor_coalesced(pg, r):
+        outs = [torch.zeros(N, dtype=dtype), torch.zeros(N, dtype=dtype)]
+        pg.reduce_scatter_tensor_coalesced(outs, [full[r], full[r].flip(0)],
+                                           _opts("ReduceScatterOptions", op)).wait()
+        return torch.cat(outs)
+
+    def all_gather_coalesced(pg, r):
+        outs = [[torch.zeros(N, dtype=dtype)] for _ in range(WORLD)]      # per rank, per tensor
+        pg.allgather_coalesced(outs, [ins[r]], _opts("AllgatherOptions")).wait()
+        return torch.cat([o[0] for o in outs])
+
     def barrier(pg, r):
         pg.barrier(_opts("BarrierOptions")).wait()
         return None
@@ -156,6 +178,12 @@ def _calls(dtype, op):
         ("all_to_all_single", all_to_all_single, lambda r: torch.cat([f.chunk(WORLD)[r] for f in full])),
         ("all_to_all", all_to_all, lambda r: torch.cat([f.chunk(WORLD)[r] for f in full])),
         ("send_recv", send_recv, lambda r: ins[0] if r == 1 else None),
+        ("allreduce_coalesced", allreduce_coalesced, lambda r: torch.cat([red, red[:3]])),
+        ("all_gather_into_tensor_coalesced", all_gather_into_tensor_coalesced,
+         lambda r: torch.cat([torch.cat(ins), torch.cat([x[:2] for x in ins])])),
+        ("reduce_scatter_tensor_coalesced", reduce_scatter_tensor_coalesced,
+         lambda r: torch.cat([red_full.chunk(WORLD)[r], _reduce(op, [f.flip(0) for f in full]).chunk(WORLD)[r]])),
+        ("all_gather_coalesced", all_gather_coalesced, lambda r: torch.cat(ins)),
         ("barrier", barrier, lambda r: None),
     ]
 
@@ -168,7 +196,7 @@ CASES = [(torch.int8, dist.ReduceOp.SUM), (torch.int32, dist.ReduceOp.BAND),
          (torch.complex64, dist.ReduceOp.SUM)]
 #: the calls gloo serves complex tensors in
 COMPLEX_CALLS = {"allreduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce",
-                 "send_recv", "barrier"}
+                 "send_recv", "barrier", "allreduce_coalesced", "reduce_scatter_tensor_coalesced"}
 
 
 def _run_every_call(options, dtype, op):
