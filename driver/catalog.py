@@ -351,9 +351,46 @@ class Catalog:
         return rows
 
 
+class FilledCatalog(Catalog):
+    """A user's catalog (``first``: a directory's entries) whose gaps ``fill`` serves (the torch
+    backend's built-in catalog): a call goes to ``first``'s choice when one of its entries serves
+    it, else to ``fill``'s; its reason, when neither does, names both. :attr:`entries` lists
+    ``first``'s entries, then those ``fill`` has made; :meth:`source` says which an entry came
+    from."""
+
+    def __init__(self, first: Catalog, fill: Catalog, fill_name: str = "the built-in catalog"):
+        h = hashlib.sha256(f"{first.fingerprint}\0{fill.fingerprint}".encode()).hexdigest()
+        super().__init__(first.directory, [], h)
+        self.first, self.fill, self.fill_name = first, fill, fill_name
+        #: entries appear as calls ask for them where ``fill`` makes its own so
+        self.lazy = getattr(fill, "lazy", False)
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [*self.first.entries, *self.fill.entries]
+
+    @entries.setter
+    def entries(self, value) -> None:       # (Catalog.__init__ sets it: the parts hold them)
+        pass
+
+    def source(self, entry: Entry) -> str:
+        """Where ``entry`` came from: the user's directory or the catalog that fills its gaps."""
+        return "first" if any(e is entry for e in self.first.entries) else "fill"
+
+    def select(self, collective: str, world: int, nbytes: int, dtype: str, op: str,
+               root: int | None = None, cluster=None) -> tuple[Entry | None, str]:
+        entry, why = self.first.select(collective, world, nbytes, dtype, op, root, cluster)
+        if entry is not None:
+            return entry, ""
+        entry, why_fill = self.fill.select(collective, world, nbytes, dtype, op, root, cluster)
+        if entry is not None:
+            return entry, ""
+        return None, f"{why}; and {self.fill_name}: {why_fill}"
+
+
 def gap_text(gap: tuple[int, int | None]) -> str:
     lo, hi = gap
     return f"{_size(lo)} and up" if hi is None else f"{_size(lo)} .. {_size(hi)}"
 
 
-__all__ = ["Catalog", "CatalogError", "Entry", "KERNEL_DTYPES", "KERNEL_OPS", "gap_text"]
+__all__ = ["Catalog", "CatalogError", "Entry", "FilledCatalog", "KERNEL_DTYPES", "KERNEL_OPS", "gap_text"]

@@ -3,7 +3,6 @@ the rank pool fixture, the autouse check that no shared memory outlives a test, 
 with the collective's expected outputs (from :mod:`hccc.runtime.reference`), and the comparison."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -14,18 +13,14 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.runtime import reference, shm
 from hccc.runtime.launcher import program_layout
 
-from conftest import shm_leaks
+from conftest import needs_torch, shm_leaks
 from rank_pool import RankPool
 
 
 def require_torch():
-    """Skip the test where torch.distributed (the bootstrap) is missing; fail where it is required."""
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
-            pytest.fail("torch is required (HCCC_REQUIRE_COMPILERS is set) but not installed")
-        pytest.skip("torch (the optional 'dist' extra) is not installed: no bootstrap")
+    """Skip the test where torch.distributed (the bootstrap) is missing; fail where it is required
+    (:func:`conftest.needs_torch`)."""
+    needs_torch("torch.distributed")
 
 
 POOL_SIZE = 8

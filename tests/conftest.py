@@ -177,6 +177,26 @@ def examples(n: int) -> int:
     return n * max(1, settings.default.max_examples // 100)
 
 
+#: why a test that needs torch is skipped where it is missing: the extra that installs it
+TORCH_MISSING = "torch is not installed (the 'test' extra installs it: pip install -e '.[test]')"
+
+
+def needs_torch(module: str = "torch"):
+    """``module`` (torch or one of its modules) imported, or the test (or, at a module's top, the
+    module) skipped, naming the extra that installs torch (:data:`TORCH_MISSING`); a failure where
+    CI requires every tool (HCCC_REQUIRE_COMPILERS=1: the torch backend and the Communicator must
+    stay tested there). Test modules import torch through this only, never at their top: the suite
+    collects without torch."""
+    __tracebackhide__ = True          # (a skip is reported at its caller's line)
+    try:
+        import importlib
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail(f"{module} is required (HCCC_REQUIRE_COMPILERS is set): {TORCH_MISSING}")
+        return pytest.importorskip(module, reason=TORCH_MISSING)
+
+
 def require_tool(name: str) -> str:
     """Path of an external tool; skip the test when it is missing, unless CI demands it
     (HCCC_REQUIRE_COMPILERS=1: then a missing tool fails the test)."""

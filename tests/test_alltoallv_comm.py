@@ -9,6 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import needs_torch
+
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 
@@ -22,7 +24,7 @@ N = 3
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pytest.importorskip("torch.distributed")
+    needs_torch("torch.distributed")
     p = RankPool(N, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()

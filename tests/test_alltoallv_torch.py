@@ -10,8 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torch.distributed")
+from conftest import needs_torch
+
+torch = needs_torch()
+needs_torch("torch.distributed")
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

@@ -16,6 +16,8 @@ from json.decoder import scanstring
 from pathlib import Path
 
 import pytest
+
+from conftest import needs_torch
 from hypothesis import given, settings, strategies as st
 
 from hccc.catalog import Catalog, CatalogError
@@ -231,7 +233,7 @@ def test_duplicate_key_found_wherever_it_is(doc, data):
 def test_the_torch_backend_refuses_a_fifo_catalog_at_once(tmp_path):
     """What ``init_process_group("hccc")`` loads on every rank: a FIFO named ``*.json`` is one clear
     error (before the group's timeout), not a rank blocked on the read."""
-    pytest.importorskip("torch")
+    needs_torch()
     from hccc.torch.options import load_catalog
     d = _catalog(tmp_path)
     os.mkfifo(d / "pipe.json")

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
 from hccc.runtime.agreement import TERMS, first_difference, program_digest
-from conftest import examples
+from conftest import examples, needs_torch
 
 from rank_pool import RankPool
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pytest.importorskip("torch.distributed")
+    needs_torch("torch.distributed")
     p = RankPool(4, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
     p.close()
@@ -105,7 +105,7 @@ def test_all_gather_from_a_block_of_its_own_output(pool):
 
 
 def test_tensors_whose_memory_is_not_their_values_are_refused():
-    torch = pytest.importorskip("torch")
+    torch = needs_torch()
     from hccc.runtime.call_buffers import as_buf as _as_buf
     x = torch.arange(4, dtype=torch.float32)
     assert _as_buf(x, "x").n == 4

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import examples, shm_leaks
+from conftest import examples, shm_leaks, needs_torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -275,7 +275,7 @@ def test_exports_refuse_scatter_with_the_reason(tmp_path, capsys, cmd, why):
 # ------------------------------------------------------------------------------ the Communicator
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pytest.importorskip("torch.distributed")
+    needs_torch("torch.distributed")
     from rank_pool import RankPool
     p = RankPool(3, tmp_path_factory.mktemp("stores"), lazy=True)
     yield p
@@ -317,7 +317,7 @@ def test_communicator_scatter_in_and_out_of_place(pool):
 
 # ------------------------------------------------------------------------------ torch
 def test_built_in_catalog_offers_linear_and_across_nodes_the_binomial_tree():
-    from hccc.torch.builtin import plan
+    from hccc.builtin_catalog import plan
     one = plan("scatter", 4, ["a"] * 4, 1)
     assert [name for name, *_ in one] == ["direct_scatter_4_root1"]
     two = plan("scatter", 8, ["a"] * 4 + ["b"] * 4, 5)
@@ -365,7 +365,7 @@ def test_torch_scatter_equals_gloo_and_hccc_carried_it(tmp_path, monkeypatch):
     three roots), each result equal to gloo's, and a strided output (which gloo fills as if it
     were contiguous) right; a root whose scatter_list is one tensor short fails on every rank (the
     others are told the root's call differs)."""
-    pytest.importorskip("torch.distributed")
+    needs_torch("torch.distributed")
     for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
         monkeypatch.delenv(var, raising=False)
     from torch_ranks import scatter_job, spawn
@@ -389,8 +389,8 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
     """Two ranks in threads on the delegate (an empty catalog): a good scatter first, then a root
     whose list is one tensor short or of another dtype; the root's call is refused, the other rank
     is told the calls differ (instead of waiting for the root), both within seconds."""
-    torch = pytest.importorskip("torch")
-    dist = pytest.importorskip("torch.distributed")
+    torch = needs_torch()
+    dist = needs_torch("torch.distributed")
     from hccc.torch import Options
     from torch_ranks import ranks_in_threads
     (tmp_path / "empty").mkdir()
@@ -413,7 +413,7 @@ def test_a_root_whose_scatter_list_does_not_fit_fails_every_rank(tmp_path, bad):
             wrong = ([torch.ones(3)] if bad == "short" else [torch.ones(3, dtype=torch.int32)] * 2)
             pg.scatter([torch.zeros(3)], [wrong] if rank == 1 else [], opts).wait()
         return run
-    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"), timeout_s=10.0)
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty", builtin=False), timeout_s=10.0)
     assert first == {0: [0.0, 1.0, 2.0], 1: [10.0, 11.0, 12.0]}
     for rank, (res, seconds) in enumerate(got):
         assert isinstance(res, Exception), f"rank {rank}: {res}"
@@ -426,8 +426,8 @@ def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monk
     """Three ranks in threads of one process: the built-in catalog's linear scatter (root 1) gives
     what gloo gives (the same calls on the delegate, an empty catalog), and hccc's counters say
     hccc carried both calls (the slow set's test above takes seven dtypes through processes)."""
-    torch = pytest.importorskip("torch")
-    dist = pytest.importorskip("torch.distributed")
+    torch = needs_torch()
+    dist = needs_torch("torch.distributed")
     from hccc.torch import Options
     from torch_ranks import ranks_in_threads
     for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_TOPOLOGY", "HCCC_NODE"):
@@ -447,7 +447,7 @@ def test_torch_scatter_in_threads_equals_gloo_and_hccc_carried_it(tmp_path, monk
             return got, dict(pg.counters["hccc"]), dict(pg.carried["scatter"])
         return run
     ours = ranks_in_threads([job(r) for r in range(3)], Options(), timeout_s=60.0)
-    gloo = ranks_in_threads([job(r) for r in range(3)], Options(catalog=tmp_path / "empty"))
+    gloo = ranks_in_threads([job(r) for r in range(3)], Options(catalog=tmp_path / "empty", builtin=False))
     for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
         assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
         for a, b in zip(mine[0], theirs[0]):
@@ -473,8 +473,8 @@ def test_the_torch_example_catalog_has_a_scatter_entry():
 def test_the_torch_example_catalog_carries_scatter_from_its_root(tmp_path, monkeypatch):
     """Four ranks in threads with examples/torch/catalog4 get what gloo gives (an empty catalog)
     for a scatter from root 0, and hccc's counters say the catalog's ring carried it."""
-    torch = pytest.importorskip("torch")
-    dist = pytest.importorskip("torch.distributed")
+    torch = needs_torch()
+    dist = needs_torch("torch.distributed")
     from hccc.torch import Options
     from torch_ranks import ranks_in_threads
     CATALOG4 = TORCH_CATALOG
@@ -492,7 +492,7 @@ def test_the_torch_example_catalog_carries_scatter_from_its_root(tmp_path, monke
             return out, dict(pg.counters["hccc"])
         return run
     ours = ranks_in_threads([job(r) for r in range(4)], Options(catalog=CATALOG4), timeout_s=60.0)
-    gloo = ranks_in_threads([job(r) for r in range(4)], Options(catalog=tmp_path / "empty"))
+    gloo = ranks_in_threads([job(r) for r in range(4)], Options(catalog=tmp_path / "empty", builtin=False))
     for rank, ((mine, _), (theirs, _)) in enumerate(zip(ours, gloo)):
         assert not isinstance(mine, Exception) and not isinstance(theirs, Exception), (mine, theirs)
         assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[0], torch.arange(29.0) * (rank + 3) + rank)

@@ -46,16 +46,23 @@ def test_random_profiles_on_request(tmp_path):
     assert got.startswith("thorough False") and got.endswith(" 400")
 
 
-def test_ci_runs_the_readme_command():
+def test_ci_runs_the_readme_commands():
+    """.ci/run installs system packages only (apt-get), then runs README's two quick-start
+    commands exactly as written (and the slow set on request): the install is README's."""
     readme = (ROOT / "README.md").read_text()
     quick = re.search(r"## Quick start\n\n```sh\n(.*?)```", readme, re.S).group(1).splitlines()
-    test_cmd = quick[1].strip()
+    install_cmd, test_cmd = (line.strip() for line in quick)
     assert test_cmd == "pytest -n 2"
+    assert install_cmd.startswith("pip install -e '.[test") and "-o kernels/" in install_cmd
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(rf"^python3 -m {re.escape(test_cmd)}$", ci, re.M)
+    assert re.search(rf"^{re.escape(install_cmd)}\n{re.escape(test_cmd)}$", ci, re.M)
+    # nothing else installs Python packages: the quick start alone must do
+    assert [line for line in ci.splitlines() if re.search(r"\bpip\b", line)
+            and not line.lstrip().startswith("#")] == [install_cmd]
     # the slow tests, on request only: their 21 minutes would take CI past its 15
-    assert re.search(rf'^if \[ "\$\{{HCCC_CI_SLOW:-0\}}" = "1" \]; then\n\s+python3 -m '
+    assert re.search(rf'^if \[ "\$\{{HCCC_CI_SLOW:-0\}}" = "1" \]; then\n\s+'
                      rf"{re.escape(test_cmd)} -m slow\nfi$", ci, re.M)
+    assert "HCCC_REQUIRE_COMPILERS=1" in ci
     assert "-m slow" in readme
     assert "unset HYPOTHESIS_PROFILE" in ci and "HYPOTHESIS_PROFILE=" not in ci
 
@@ -116,3 +123,51 @@ def test_a_parallel_runs_modules_are_prepared_once_before_its_workers_start(tmp_
     for module in (tests / "probe_helper.py", package / "module.py"):
         assert Path(importlib.util.cache_from_source(str(module))).is_file(), module
     assert conftest.prepare_imports(request.config, tests, [package], 2) == 0
+
+
+def _imports_torch(node) -> bool:
+    names = ([a.name for a in node.names] if isinstance(node, __import__("ast").Import)
+             else [node.module or ""] if isinstance(node, __import__("ast").ImportFrom) else [])
+    return any(n in ("torch", "hccc.torch") or n.startswith(("torch.", "hccc.torch.")) for n in names)
+
+
+def _unguarded_torch_imports(path: Path) -> list[str]:
+    """``file:line`` of each top-level import of torch (or hccc.torch) in ``path`` that no earlier
+    top-level ``needs_torch()`` call guards."""
+    import ast
+    bad, guarded = [], False
+    for node in ast.parse(path.read_text()).body:
+        call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "needs_torch":
+            guarded = True
+        if guarded or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        bad += [f"{path.name}:{n.lineno}" for n in ast.walk(node) if _imports_torch(n)]
+    return bad
+
+
+def test_no_test_module_imports_torch_at_its_top_unguarded():
+    """The suite collects without torch: a test module's top-level import of torch (or of
+    hccc.torch, which imports it) comes after a top-level ``needs_torch()`` call, which skips the
+    module naming the extra; every other import of torch sits inside a function."""
+    bad = [b for path in sorted((ROOT / "tests").glob("*.py")) for b in _unguarded_torch_imports(path)]
+    assert bad == []
+
+
+def test_the_module_import_check_finds_an_unguarded_torch_import(tmp_path):
+    """The check above against modules that import torch at their top, guarded or not."""
+    import ast
+    assert _imports_torch(ast.parse("import torch.distributed as dist").body[0])
+    assert _imports_torch(ast.parse("from hccc.torch.builtin import plan").body[0])
+    assert not _imports_torch(ast.parse("from torch_ranks import spawn").body[0])
+    assert not _imports_torch(ast.parse("import torchvision").body[0])
+    assert not _imports_torch(ast.parse("from hccc.torch_calls import TORCH_CALLS").body[0])
+    cases = {"import pytest\nimport torch\n": ["m.py:2"],
+             "try:\n    import torch\nexcept ImportError:\n    torch = None\n": ["m.py:2"],
+             "from conftest import needs_torch\nneeds_torch()\nimport torch\n": [],
+             "from conftest import needs_torch\ndist = needs_torch('torch.distributed')\n"
+             "from hccc.torch import Options\n": [],
+             "def f():\n    import torch\n": []}
+    for text, want in cases.items():
+        (tmp_path / "m.py").write_text(text)
+        assert _unguarded_torch_imports(tmp_path / "m.py") == want, text

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hccc.torch.builtin import SYNTH_COLLECTIVES, BuiltinCatalog
+from conftest import needs_torch
+
+from hccc.builtin_catalog import SYNTH_COLLECTIVES, BuiltinCatalog
 
 #: 2 nodes x 2 GPUs, NVLink within a node and one NIC per node pair
 SMALL_TOPO = """# 2 nodes x 2 GPUs
@@ -123,7 +125,7 @@ def test_a_job_with_only_a_topology_runs_the_synthesized_programs(topo, tmp_path
     """4 processes, ``backend="hccc"``, no catalog, ``HCCC_TOPOLOGY`` the 2 x 2 topology: the 1 MiB
     AllReduce and AllGather run on the programs synthesized for it (the simulator's fastest there),
     with the right result on every rank."""
-    pytest.importorskip("torch")
+    needs_torch()
     for var in ("HCCC_ALGO_DIR", "HCCC_CLUSTER", "HCCC_NODE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HCCC_TOPOLOGY", str(topo))
@@ -156,6 +158,7 @@ def test_a_detected_topology_is_written_once_by_its_contents_and_given_to_the_gr
     options carry it as the topology, said to be detected."""
     import hashlib
 
+    needs_torch()                  # (hccc.torch.options: the torch backend's package)
     from hccc.torch.options import Options, with_detected_topology as _with_detected_topology
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)
@@ -176,6 +179,7 @@ def test_a_detected_topology_is_written_once_by_its_contents_and_given_to_the_gr
 @pytest.mark.parametrize("case", ["other size", "no nvml", "switched off", "cuda delegated"])
 def test_detection_that_does_not_apply_leaves_the_options_alone(tmp_path, monkeypatch, case):
     from hccc.compiler.cluster.detect import DetectError
+    needs_torch()                  # (hccc.torch.options: the torch backend's package)
     from hccc.torch.options import Options, with_detected_topology as _with_detected_topology
     monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("HCCC_DETECT_TOPOLOGY", raising=False)

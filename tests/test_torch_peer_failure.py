@@ -18,8 +18,10 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+from conftest import needs_torch
+
+torch = needs_torch()
+dist = needs_torch("torch.distributed")
 
 from torch_ranks import ledgers  # noqa: E402
 
@@ -39,7 +41,7 @@ def test_a_group_that_gave_up_on_a_delegate_call_is_collected_at_once(tmp_path):
     (tmp_path / "empty").mkdir()
     job = root_with_a_bad_list(threading.Barrier(2))
     t0 = time.monotonic()
-    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"),
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty", builtin=False),
                            timeout_s=GROUP_TIMEOUT_S)
     errors = [str(res) for res, _ in got]
     assert "the root's scatter_list" in errors[0] and "rank 1 made scatter(" in errors[0], errors
@@ -49,7 +51,7 @@ def test_a_group_that_gave_up_on_a_delegate_call_is_collected_at_once(tmp_path):
     assert took < PROMPT_S, f"the groups and their collection took {took:.1f} s"
     # a later group in the same process is not held up either
     job = root_with_a_bad_list(threading.Barrier(2))
-    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"),
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty", builtin=False),
                            timeout_s=GROUP_TIMEOUT_S)
     for rank, (res, seconds) in enumerate(got):
         assert isinstance(res, Exception) and seconds < PROMPT_S, (rank, res, seconds)
@@ -96,7 +98,7 @@ def test_a_rank_whose_call_fails_is_named_to_the_peer_waiting_for_it(tmp_path, r
                     except RuntimeError as exc:
                         after[rank] = str(exc)
         return run
-    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"),
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty", builtin=False),
                            timeout_s=GROUP_TIMEOUT_S)
     waiting = 1 - refusing
     res, seconds = got[waiting]
@@ -132,7 +134,7 @@ def test_a_call_refused_on_one_rank_fails_its_peer_at_once_and_then_the_refusing
                 return "done"
             pg.allreduce([torch.ones(4)]).wait()
         return run
-    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty"),
+    got = ranks_in_threads([job(0), job(1)], Options(catalog=tmp_path / "empty", builtin=False),
                            timeout_s=GROUP_TIMEOUT_S)
     res, seconds = got[0]
     assert type(res).__name__ == "CallMismatch" and seconds < PROMPT_S, (res, seconds)
@@ -247,7 +249,7 @@ from hccc.torch import Options
 from torch_ranks import ranks_in_threads
 from torch_ranks import root_with_a_bad_list
 job = root_with_a_bad_list(threading.Barrier(2))
-got = ranks_in_threads([job(0), job(1)], Options(catalog={empty!r}), timeout_s={timeout!r})
+got = ranks_in_threads([job(0), job(1)], Options(catalog={empty!r}, builtin=False), timeout_s={timeout!r})
 print("rank 0:", got[0][0])
 """
 

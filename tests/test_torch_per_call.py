@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+from conftest import needs_torch
+
+needs_torch()
 
 
 def test_a_works_future_is_made_on_request_and_settled_exactly_once():

@@ -7,7 +7,7 @@
 Every collective a training job makes (DDP, FSDP ``fully_shard``, tensor parallelism) is served
 by an algorithm of the catalog (:mod:`hccc.catalog`: the directory ``HCCC_ALGO_DIR``, or
 ``pg_options=hccc.torch.Options(catalog=DIR)``; without one, the built-in catalog of hccc's
-generators, :mod:`hccc.torch.builtin`) through :class:`hccc.runtime.Communicator`, or,
+generators, :mod:`hccc.builtin_catalog`) through :class:`hccc.runtime.Communicator`, or,
 where no algorithm serves it, by a delegate backend (gloo for CPU tensors, nccl -- RCCL on ROCm --
 for GPU tensors), each such fallback logged once per job with its reason. :func:`stats` counts which
 calls took which route. The process group: :mod:`hccc.torch.process_group`.

@@ -38,6 +38,9 @@ def choice_inputs(options, catalog, device_backends: dict[str, str]) -> dict[str
         else:
             d = file_digest(value)
             out[env] = [d, f"{value} [{d[:12]}]{given(key)}"]
+    fills = "1" if options.builtin else "0"
+    out["whether the built-in catalog fills the catalog's gaps (HCCC_BUILTIN_CATALOG)"] = [
+        fills, f"{fills}{given('builtin')}"]
     dmap = ",".join(f"{d}:{b}" for d, b in sorted(device_backends.items()))
     out["the device map"] = [dmap, dmap]
     from hccc import __version__

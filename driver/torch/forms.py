@@ -95,7 +95,8 @@ class CallForms:
                 with contiguous(x) as c:
                     avg_sum(c, c, None, n, inplace=receives,
                              receives=receives,
-                             run_sum=lambda y, _res: getattr(b, call.delegate_method)([y], sopts).wait())
+                             run_sum=lambda y, _res: self._jobs.wait_bounded(
+                                 getattr(b, call.delegate_method)([y], sopts), b, "an AVG's SUM"))
             return None
         return self._submit(call.collective, dev, route, run, delegate, tensors, text)
 
@@ -138,7 +139,8 @@ class CallForms:
                 return run_b(output, input, *rest, opts)
             sopts = _sum_options(call, None)
             avg_sum(input, output, None, n,
-                     inplace=False, receives=True, run_sum=lambda y, res: run_b(res, y, *rest, sopts).wait())
+                     inplace=False, receives=True, run_sum=lambda y, res: self._jobs.wait_bounded(
+                         run_b(res, y, *rest, sopts), b, "an AVG's SUM"))
             return None
         # the call is described by the rank's own part (the buffer that is not the full one)
         own = output if spec.output == OWN else input

@@ -6,12 +6,19 @@ on the delegate backend, watched so that a peer's different call is named on eve
 A call that fails on a rank after it was posted is recorded in the ledger with its error, so that
 the peers waiting for that rank's part fail at once, naming it, instead of at the timeout.
 
-A delegate's work a rank gives up on (a peer made another call or failed) is still pending in the
-delegate, which cannot cancel it: it ends at the delegate's timeout. Until then the work and its
-backend are held by a thread of their own (:func:`outlive`), because a gloo process group's
-destructor waits for its pending work: had the group's last reference gone with the garbage
-collector, in whatever thread it ran (a later call's, a later group's), that thread would stall
-until the timeout.
+A delegate's work is watched until it ends (:func:`watch_work`), whatever its work object reports:
+gloo's reduce_scatter and point-to-point works never report completion (``is_completed`` stays
+False, they have no future) and their ``wait`` ignores its timeout, so such a work is waited for by
+a thread of its own while the call's thread keeps comparing the peers' calls; every delegated call
+completes or fails within the group's timeout (:data:`DELEGATE_GRACE_S` past it at the latest,
+should the delegate's own timeout not fire).
+
+A delegate's work a rank gives up on (a peer made another call or failed, or the group's timeout
+passed) is still pending in the delegate, which cannot cancel it: it ends at the delegate's
+timeout. Until then the work and its backend are held by a thread of their own (:func:`outlive`,
+or the thread already waiting for it), because a gloo process group's destructor waits for its
+pending work: had the group's last reference gone with the garbage collector, in whatever thread
+it ran (a later call's, a later group's), that thread would stall until the timeout.
 """
 from __future__ import annotations
 
@@ -32,6 +39,10 @@ DELEGATE_POLL_S = 0.0005
 ABANDONED_POLL_S = 0.1
 #: how long a delegate's work is polled without sleeping (most calls complete within it)
 _DELEGATE_SPIN_S = 1e-3
+#: seconds a delegated call may run past the group's timeout before this rank gives up on it: the
+#: delegate gets the group's timeout and normally fails first, with its own message; this margin
+#: only has to cover its clock and its error's way back (gloo's come within 10 ms of its timeout)
+DELEGATE_GRACE_S = 2.0
 
 
 def error_text(exc: BaseException) -> str:
@@ -40,16 +51,73 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).removeprefix('hccc: ') or type(exc).__name__}"
 
 
-def outlive(work, backend) -> None:
-    """Hold a delegate's abandoned ``work`` and its ``backend`` on a thread of their own until the
-    work ends (at the delegate's timeout at the latest), then drop them there (see the module
-    docstring)."""
-    def hold(work, backend):
+class WorkWatch:
+    """Whether a delegate's ``work`` has ended, asked without blocking (:meth:`done`), however the
+    work reports it: ``is_completed``, else its future, else (a work with neither, such as gloo's
+    reduce_scatter and send/recv) a thread of its own blocked in the work's ``wait``, which the
+    delegate's timeout bounds; that thread holds ``backend`` with the work until it ends (see the
+    module docstring). :meth:`result` re-raises the work's error."""
+
+    def __init__(self, work, backend=None):
+        self.work = work
+        self._future = None
+        self._ended: threading.Event | None = None
+        self._error: BaseException | None = None
+        try:
+            self._future = work.get_future()
+        except Exception:               # (a work without a future: "not implemented")
+            self._future = None
+        if self._future is None:
+            self._ended = threading.Event()
+            threading.Thread(target=self._wait, args=(work, backend), name="hccc-delegate-wait",
+                             daemon=True).start()
+
+    def _wait(self, work, backend) -> None:
+        # blocked in the delegate until the work ends (its timeout at the latest); polling is not
+        # possible for a work that never reports its end. (A daemon thread whose wait returns
+        # while the interpreter is exiting aborts the process: only an abandoned work still pending
+        # as the process exits can be caught so, within its last milliseconds.)
+        try:
+            work.wait()
+        except BaseException as exc:
+            self._error = exc
+        self._ended.set()
+
+    def done(self) -> bool:
+        if self._ended is not None:
+            return self._ended.is_set()
+        return self.work.is_completed() or self._future.done()
+
+    def result(self) -> None:
+        """The work's outcome once :meth:`done`: returns, or raises the delegate's error."""
+        if self._ended is not None:
+            if self._error is not None:
+                raise self._error
+            return
+        self.work.wait()
+
+    def outlive(self, backend) -> None:
+        """This work is given up on: hold it and ``backend`` until it ends (:func:`outlive`; the
+        waiting thread already does for a work without a way to poll it)."""
+        if self._ended is None:
+            outlive(self, backend)
+
+
+def watch_work(work, backend=None) -> WorkWatch:
+    """A delegate's work and how to tell whether it has ended (:class:`WorkWatch`)."""
+    return WorkWatch(work, backend)
+
+
+def outlive(watch: WorkWatch, backend) -> None:
+    """Hold a delegate's abandoned work (``watch``, polled) and its ``backend`` on a thread of their
+    own until the work ends (at the delegate's timeout at the latest), then drop them there (see
+    the module docstring)."""
+    def hold(watch, backend):
         # polled, not waited for: a daemon thread blocked in the delegate's wait when the
         # interpreter exits aborts the process (std::terminate)
-        while not work.is_completed():
+        while not watch.done():
             time.sleep(ABANDONED_POLL_S)
-    threading.Thread(target=hold, args=(work, backend), name="hccc-abandoned-work",
+    threading.Thread(target=hold, args=(watch, backend), name="hccc-abandoned-work",
                      daemon=True).start()
 
 
@@ -111,6 +179,20 @@ class CallJobs:
             pass                        # (a ledger already closed: the group is shut down)
         return CallMismatch(f"hccc: rank {self.rank}: {why}")
 
+    def gave_up(self, seq: int, text: str, waited: float) -> TimeoutError:
+        """The error of delegated call ``seq`` (``text``) that has not ended ``waited`` seconds
+        after it began, past the group's timeout: the group is unusable here from now on (the
+        delegate's later calls would pair with this one's messages), which the ledger tells the
+        peers."""
+        why = (f"the delegated call {text} did not complete within the group's timeout "
+               f"({self.timeout_s:g} s; {waited:.1f} s waited)")
+        self.broken = why
+        try:
+            self.ledger.fail(seq, why, onward=True)
+        except Exception:
+            pass                        # (a ledger already closed: the group is shut down)
+        return TimeoutError(f"hccc: rank {self.rank}: {why}")
+
     def failed(self, seq: int, exc: BaseException) -> None:
         """Record in the ledger that this rank's posted call ``seq`` failed with ``exc``, for the
         peers waiting for it; not an error that names a peer's call (each rank sees that peer's
@@ -123,18 +205,34 @@ class CallJobs:
             pass                        # (a ledger already closed: the group is shut down)
 
     def wait_delegate(self, work, seq: int, text: str, tag: int, backend=None) -> None:
-        """Wait for a delegate's work, comparing the peers' calls meanwhile; a work given up on
-        is held until it ends (:func:`outlive`)."""
+        """Wait for a delegate's work (:class:`WorkWatch`), comparing the peers' calls meanwhile,
+        for the group's timeout at most (:data:`DELEGATE_GRACE_S` past it); a work given up on is
+        held until it ends (:func:`outlive`)."""
         start = time.monotonic()
-        while not work.is_completed():
+        watch = None
+        while True:
+            if watch is None:
+                if work.is_completed():
+                    break
+                if time.monotonic() - start >= _DELEGATE_SPIN_S:
+                    watch = watch_work(work, backend)
+            elif watch.done():
+                break
             why = self.ledger.conflict(seq, text, tag)
             if why:
-                outlive(work, backend)
+                (watch or watch_work(work, backend)).outlive(backend)
                 raise self.mismatch(why, seq)
+            waited = time.monotonic() - start
+            if waited > self.timeout_s + DELEGATE_GRACE_S:
+                watch.outlive(backend)
+                raise self.gave_up(seq, text, waited)
             # yield for the first millisecond (most calls complete within it), then sleep
-            time.sleep(0 if time.monotonic() - start < _DELEGATE_SPIN_S else DELEGATE_POLL_S)
+            time.sleep(0 if watch is None else DELEGATE_POLL_S)
         try:
-            work.wait()
+            if watch is None:
+                work.wait()
+            else:
+                watch.result()
         except Exception:
             # (a peer that failed or made another call may have broken the delegate's
             # connections before this rank looked: its reason says more than the delegate's)
@@ -142,6 +240,22 @@ class CallJobs:
             if why:
                 raise self.mismatch(why, seq) from None
             raise
+
+    def wait_bounded(self, work, backend, what: str = "a point-to-point call") -> None:
+        """Wait for a delegate's work without comparing the peers' calls (``what``: a
+        point-to-point call, whose peers' calls differ, or a part of a call, such as an AVG's SUM,
+        compared as a whole), for the group's timeout at most, as :meth:`wait_delegate` does."""
+        start = time.monotonic()
+        watch = watch_work(work, backend)
+        while not watch.done():
+            waited = time.monotonic() - start
+            if waited > self.timeout_s + DELEGATE_GRACE_S:
+                watch.outlive(backend)
+                raise TimeoutError(f"hccc: rank {self.rank}: {what} did not "
+                                   f"complete within the group's timeout ({self.timeout_s:g} s; "
+                                   f"{waited:.1f} s waited)")
+            time.sleep(DELEGATE_POLL_S)
+        watch.result()
 
     def hccc_job(self, coll: str, dev: torch.device, route: tuple, run_hccc, ready, text: str,
                  result_dtype: torch.dtype):
@@ -204,7 +318,7 @@ class CallJobs:
             if text is None:
                 work = run_delegate(backend)
                 if work is not None:
-                    work.wait()
+                    self.wait_bounded(work, backend)
             else:
                 seq, tag = self.next_call(text)
                 try:
@@ -249,4 +363,4 @@ class CallJobs:
             self.ledger.close()
 
 
-__all__ = ["CallJobs", "DELEGATE_POLL_S"]
+__all__ = ["CallJobs", "DELEGATE_GRACE_S", "DELEGATE_POLL_S", "WorkWatch", "watch_work"]

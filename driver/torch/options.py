@@ -14,17 +14,20 @@ from hccc.catalog import Catalog, CatalogError
 class Options:
     """The backend's options (``init_process_group(..., pg_options=Options(...))``; subgroups
     inherit the default group's). ``catalog``: the algorithm directory (default: the
-    ``HCCC_ALGO_DIR`` environment variable; none: the built-in catalog, :mod:`hccc.torch.builtin`).
+    ``HCCC_ALGO_DIR`` environment variable; none: the built-in catalog, :mod:`hccc.builtin_catalog`).
     ``cluster``: a cluster description (``.topo`` or TACCL ``.json``; default ``HCCC_CLUSTER``)
     whose simulated times break ties between entries. ``topology``: the machine's ``.topo``
     (default ``HCCC_TOPOLOGY``), the tie-break where no cluster is given. ``kernel_timeout_s``: the
-    kernels' spin-wait limit (default: the group's timeout, at most 30 s). Every rank must resolve
-    them alike (compared when the group is made)."""
+    kernels' spin-wait limit (default: the group's timeout, at most 30 s). ``builtin``: whether the
+    built-in catalog serves the calls the catalog directory's entries do not (default True;
+    ``HCCC_BUILTIN_CATALOG=0`` turns it off: such calls go to the delegate). Every rank must
+    resolve them alike (compared when the group is made)."""
 
     catalog: str | os.PathLike | None = None
     cluster: str | os.PathLike | None = None
     kernel_timeout_s: float | None = None
     topology: str | os.PathLike | None = None
+    builtin: bool | None = None
     _resolved: bool = field(default=False, repr=False)
     _sources: dict = field(default_factory=dict, repr=False)
 
@@ -39,7 +42,19 @@ class Options:
             given = getattr(self, key)
             vals[key] = given if given is not None else (os.environ.get(env) or None)
             sources[key] = label if given is not None else env
-        return Options(kernel_timeout_s=self.kernel_timeout_s, _resolved=True, _sources=sources, **vals)
+        builtin = self.builtin
+        sources["builtin"] = "Options(builtin=)" if builtin is not None else BUILTIN_ENV
+        if builtin is None:
+            env = os.environ.get(BUILTIN_ENV, "1").strip()
+            if env not in ("0", "1"):
+                raise ValueError(f"hccc: {BUILTIN_ENV} must be 0 or 1; got {env!r}")
+            builtin = env == "1"
+        return Options(kernel_timeout_s=self.kernel_timeout_s, builtin=bool(builtin), _resolved=True,
+                       _sources=sources, **vals)
+
+
+#: set to 0 to keep the built-in catalog from serving what the catalog directory lacks
+BUILTIN_ENV = "HCCC_BUILTIN_CATALOG"
 
 
 #: set to 0 to keep the backend from describing the machine through NVML when no topology is given

@@ -110,16 +110,21 @@ class HcccProcessGroup(CallForms, dist.ProcessGroup):
         try:
             agreed = agree(self._store, self._rank, self._size, self.timeout_s, problem=problem,
                            inputs=inputs, node=node, ledger=ledger,
-                           catalog_used=bool(self.catalog.entries) or self.options.catalog is None)
+                           catalog_used=(bool(self.catalog.entries) or self.options.catalog is None
+                                         or self.options.builtin))
         except BaseException:
             if ledger is not None:
                 ledger.close()
             raise
         self.nodes, self.disabled = agreed.nodes, agreed.disabled
-        if self.options.catalog is None and not self.disabled:
-            from hccc.torch.builtin import BuiltinCatalog
-            self.catalog = BuiltinCatalog(self._size, self.nodes, topology=self.options.topology,
-                                          topology_digest=inputs.get("HCCC_TOPOLOGY", [""])[0])
+        if (self.options.catalog is None or self.options.builtin) and not self.disabled:
+            # the built-in catalog: the whole catalog without a directory, else what fills its gaps
+            # (the directory's entries first)
+            from hccc.catalog import FilledCatalog
+            from hccc.builtin_catalog import BuiltinCatalog
+            builtin = BuiltinCatalog(self._size, self.nodes, topology=self.options.topology,
+                                     topology_digest=inputs.get("HCCC_TOPOLOGY", [""])[0])
+            self.catalog = builtin if self.options.catalog is None else FilledCatalog(self.catalog, builtin)
         self._delegates: dict[str, object] = {}
         self._routes: dict[tuple, tuple] = {}
         #: one-tensor call shape -> (device, route, description): what _in_place derives from it

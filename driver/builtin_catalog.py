@@ -1,4 +1,6 @@
-"""The built-in algorithm catalog of the ``"hccc"`` backend: what a job gets without ``HCCC_ALGO_DIR``.
+"""The built-in algorithm catalog of the ``"hccc"`` backend: what a job gets without ``HCCC_ALGO_DIR``,
+and what fills the gaps of a catalog directory (:class:`hccc.catalog.FilledCatalog`: the
+directory's entries first). It imports no torch (``hccc catalog --ranks`` lists it).
 
 For a group of any size it offers hccc's own generators (:mod:`hccc.compiler.frontend.generators`):
 
