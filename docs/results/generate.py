@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -147,7 +148,9 @@ def main(argv: list[str]) -> int:
             print(f"docs/measurements.md has no table {n!r} (add its markers)")
         return 1 if stale or missing else 0
     if new != text:
-        PAGE.write_text(new)
+        tmp = PAGE.with_name(PAGE.name + ".tmp")
+        tmp.write_text(new)
+        os.replace(tmp, PAGE)          # never a half-written page
     for n in missing:
         print(f"docs/measurements.md has no table {n!r} (add its markers)", file=sys.stderr)
     return 1 if missing else 0
