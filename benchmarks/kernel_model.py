@@ -46,8 +46,8 @@ Three terms the v2 rows leave out, each printed with its parameter:
   the posting warp's release store (``SYNC_RELEASE_US``, 0.5 us: a fence that drains its stores),
   each stalling one of the block's
   ``w`` warps: sync = 0.08 + (0.5 + 0.5) / w us (``overlapped_sync_us``): 0.14 us at 512 threads
-  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row; one
-  H200 measured about 7 us a slot before the claim: docs/measurements.md), not
+  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row; what an
+  H200 measured: docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it), not
   measurements; the lock-step v2 sync (one thread polls while the block waits at a barrier, two
   block barriers and a release per message) was 1.0 us; ``--sync-us X`` models any fixed cost.
   Overlap hides the sync from a block's throughput, not from a message's latency: each link of the

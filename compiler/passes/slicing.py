@@ -72,8 +72,8 @@ function of its arguments: the launcher, the communicator and the simulator comp
 ``c B`` = 50 KB, a unit's fixed cost is the time a block takes to move 50 KB: a program without
 fill takes the largest slice, one whose fill is ``D - 1`` units about ``sqrt((D-1) chunk /
 (a K c B))`` micro-batches a chunk. Before the v4 kernels the policy was about 32 micro-batches
-a chunk and none below 64 KiB, tuned in the simulator, which leaves a unit's cost out; the v3
-kernels' unit measured 4.6-7.0 us since (``benchmarks/slot_cost.py``, docs/measurements.md).
+a chunk and none below 64 KiB, tuned in the simulator, which leaves a unit's cost out; what a
+GPU measured since: docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it.
 """
 from __future__ import annotations
 
@@ -97,17 +97,18 @@ from hccc.compiler.frontend.slice_policy import MAX_MICRO_BATCHES, SLICE_ALIGN, 
 # ---------------------------------------------------------------------------------------------
 #: What one unit (one micro-batch of one primitive) costs a thread block beyond the bytes it moves:
 #: waiting for its flags, posting its flags. 0.5 us: the v4 kernels' design target, a model. What a
-#: GPU measured (docs/measurements.md, *The fifth GPU run*, ``benchmarks/slot_anatomy.py`` on an
-#: H200: the slope of one block's time over its units, peers pre-satisfied): 2.46-2.65 us for
-#: SEND, RECV and RECV_REDUCE_COPY units with 4 and 16 warps, the v4 kernels as first built; their
-#: sync lane's per-unit path was cut after that run (its state and chunk walks had been read from
-#: shared memory in dependent chains) and has not been measured since. Set this from the next
-#: run's slope; the v3 kernels measured 4.6-7.0 us. The Simple protocol's; ``hccc synth`` weighs
+#: GPU measured (``benchmarks/slot_anatomy.py`` on an H200, the slope of one block's time over its
+#: units, peers pre-satisfied:
+#: docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it): about five times this for
+#: the v4 kernels as first built; their sync lane's per-unit path was cut after that run (its state
+#: and chunk walks had been read from shared memory in dependent chains) and has not been measured
+#: since. Set this from the next run's slope. The Simple protocol's; ``hccc synth`` weighs
 #: smaller slices with it too (:func:`thin_policy`).
 UNIT_SECONDS = 0.5e-6
 #: What a COPY unit costs a block beyond its bytes (no flag of a peer to wait for, none to post
-#: to one): the v4 target, 0.2 us (a model; measured 2.02-2.07 us with 4 and 16 warps on the same
-#: run, before the fast path). ``benchmarks/kernel_model.py`` counts copies at it; the slice policy
+#: to one): the v4 target, 0.2 us (a model; measured ten times that on the same run, before the fast
+#: path: docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it).
+#: ``benchmarks/kernel_model.py`` counts copies at it; the slice policy
 #: counts every Simple unit at :data:`UNIT_SECONDS` (it errs toward fewer units).
 COPY_UNIT_SECONDS = 0.2e-6
 #: What a unit costs a block under the LL protocol beyond its bytes: a COPY unit's
@@ -116,9 +117,10 @@ COPY_UNIT_SECONDS = 0.2e-6
 LL_UNIT_SECONDS = COPY_UNIT_SECONDS
 #: Bytes a second one thread block's copy moves (Simple protocol): 100 GB/s, a model (Little's law
 #: for a block of 16 warps keeping 8 independent 16-byte loads a thread in flight, 64 KiB, over a
-#: loaded HBM latency of about 0.7 us: 94 GB/s). Measured on the fifth GPU run: 42 GB/s at 512 KiB
-#: units, 37 at 256 KiB, 21 at 64 KiB (16 warps; the v3 kit's plain loop 48): the engine does not
-#: yet keep that many loads in flight across a unit's end -- measure again with the next kernels.
+#: loaded HBM latency of about 0.7 us: 94 GB/s). Measured on an H200
+#: (docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it, one block's copy engine):
+#: under half of it at 512 KiB units and less at smaller ones: the engine does not yet keep that
+#: many loads in flight across a unit's end -- measure again with the next kernels.
 BLOCK_BYTES_PER_SECOND = 100e9
 #: Data bytes per byte of an LL line: 8 of a 16-byte line, the rest its two 4-byte flags (NCCL's
 #: layout, the v4 kernels; the v3 kernels' 8-byte lines carried 4): under LL a block moves this
