@@ -41,7 +41,8 @@ s), one line per step in the report:
    128 KiB), both in one process: wrong elements, time and busbw of each;
 4. ``vs_nccl``: ``benchmarks/vs_nccl.py --quick`` (4K, 1M, 64M; N = 8 first, then 4 and 2 while
    its share of the budget lasts);
-5. ``pathology``: the programs earlier runs found pathological (docs/measurements.md): ring
+5. ``pathology``: the programs earlier runs found pathological
+   (docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it): ring
    Broadcast 8 at 32 MiB, HM AllReduce 4x8 at 32 MiB in place, and AllGather synthesised for
    ``examples/clusters/h20_4_8.topo`` (``hccc synth --time-limit 20``; its cooperative grid fills
    an H100 / H200: 264 blocks) in table mode at 64 MiB, each against its HBM bound

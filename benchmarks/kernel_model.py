@@ -47,8 +47,8 @@ Three terms the v2 rows leave out, each printed with its parameter:
   the posting warp's release store (``SYNC_RELEASE_US``, 0.5 us: a fence that drains its stores),
   each stalling one of the block's
   ``w`` warps: sync = 0.08 + (0.5 + 0.5) / w us (``overlapped_sync_us``): 0.14 us at 512 threads
-  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row; one
-  H200 measured about 7 us a slot before the claim: docs/measurements.md), not
+  (16 warps), 0.33 us at 128, 1.08 us at one warp. These are assumptions (printed per row; what an
+  H200 measured: docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it), not
   measurements; the lock-step v2 sync (one thread polls while the block waits at a barrier, two
   block barriers and a release per message) was 1.0 us; ``--sync-us X`` models any fixed cost.
   Overlap hides the sync from a block's throughput, not from a message's latency: each link of the
@@ -93,7 +93,7 @@ program's critical path, under LL within LL's share); time = launch + fill + max
 bandwidth, the slowest block's steady time). The v4 LL crossover is the v3 one's for these terms.
 
 The kernel cost model against the recorded runs (``--recorded [--json]``). Every program row of
-every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/measurements.md) is
+every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/archive/measurements-log.md) is
 predicted from that run's own unit-level figures (:func:`run_costs`): the model
 (:func:`hccc.compiler.passes.kernel_cost.program_time`) composes the units of the program's
 ProgramIR as the run launched it (every rank on the one GPU, the run-time channel rule, the
@@ -613,7 +613,7 @@ def print_recorded(rows: list[dict]) -> None:
 
 def _small_bytes() -> int:
     import importlib
-    return importlib.import_module("hccc.torch.builtin").SMALL_BYTES
+    return importlib.import_module("hccc.builtin_catalog").SMALL_BYTES
 
 
 def print_predictions(rows: list[dict]) -> None:

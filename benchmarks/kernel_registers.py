@@ -9,8 +9,9 @@ builds (every rank's kernel and the one-grid entry, one instance; ``--system``: 
 build, else the single-GPU one; ``--table``: the table mode's generic kernels instead, which run
 every program and carry the AllToAllv path) and prints, per function of the call tree (one line for the
 copies ptxas makes per entry when they agree): its spill stores / loads in bytes, and per entry
-its registers and cumulative stack. The figures of docs/measurements.md ("The engine's registers
-under AllToAllv") are this script's. Needs ``nvcc``; a few seconds per example.
+its registers and cumulative stack. The figures of
+docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu are this script's. Needs
+``nvcc``; a few seconds per example.
 """
 from __future__ import annotations
 

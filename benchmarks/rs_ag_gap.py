@@ -16,7 +16,7 @@ of the bound in the link model; ``AG`` and ``RS`` each program's simulated fract
 bound; ``RS/AG`` their ratio of times; ``busy AG``/``busy RS`` the busiest link's share of the
 run with a flow on it.
 
-What it shows (docs/measurements.md, *ReduceScatter against AllGather on one packing*): in an
+What it shows (docs/measurements.md#reducescatter-against-allgather-on-one-packing): in an
 in-tree a rank sends its partial sum of a slice only once every child's slice has arrived, so
 every rank joins its subtree's paths, and a link waiting for the slowest of them idles where an
 AllGather's, fed by one parent whose data it keeps, would not.

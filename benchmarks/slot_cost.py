@@ -1,8 +1,8 @@
 """What one slot (one primitive's micro-batch: a flag waited for and one posted) costs a thread
 block on a GPU, beyond the bytes it moves: the per-unit cost of the slice policy's model
 (``UNIT_SECONDS``, compiler/passes/slicing.py, which ``hccc synth`` weighs smaller slices with too).
-On the v3 kernels this measured 4.6-7.0 us (docs/measurements.md); the model now holds the v4
-kernels' target.
+What the v3 kernels measured: docs/archive/measurements-log.md#the-third-gpu-run-one-nvidia-h200-every-rank-on-it;
+the model now holds the v4 kernels' target.
 
     python benchmarks/slot_cost.py [--backend cuda] [--algorithms ring_allgather_8,ring_allreduce_8]
                                    [--sizes 4M,64M] [--slices 64K,32K,16K,8K,4K] [--nwarps auto]
@@ -26,7 +26,8 @@ every block is resident) and ``--direct`` with the sender writing the receiver's
 proven safe (``auto``) or through the FIFO (``off``); every combination gets its own slope.
 
 The same axes take apart a program that runs far slower than its slots explain (the H100's ring
-Broadcast 8 and in-place HM AllReduce 4x8 at 32 MiB, docs/measurements.md): for example
+Broadcast 8 and in-place HM AllReduce 4x8 at 32 MiB,
+docs/measurements.md#every-example-on-a-gpu-one-nvidia-h100-every-rank-on-it): for example
 ``--algorithms ring_broadcast_8,ring_allgather_8 --sizes 1M,32M --slices 64K,256K --nwarps 16,4
 --direct auto,off`` or ``--algorithms hm_allreduce_4x8 --sizes 4M,32M --placement out,in``.
 

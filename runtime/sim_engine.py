@@ -500,7 +500,8 @@ def run_engine(mode, nslots, nmb, slice_elems, esize, rec_lim,
     rec_t1 = np.zeros(nrec_cap, np.float64)
     # ---- each primitive's fields side by side (a row of ``pr``, columns ``PR_*``): a TB's step
     # reads most of them, from one cache line (int32 columns, rows aligned) instead of a line of
-    # each array; the load of that line is the loop's costliest (docs/measurements.md)
+    # each array; the load of that line is the loop's costliest
+    # (docs/measurements.md#the-simulators-speed)
     raw = np.zeros((P + 1) * PR_WIDTH, np.int32)
     lead = (64 - raw.ctypes.data % 64) % 64 // 4       # rows start on a cache line
     pr = raw[lead:lead + P * PR_WIDTH].reshape((P, PR_WIDTH))
@@ -563,8 +564,9 @@ def _event_loop(mode, nslots, nmb, slice_elems, esize, rec_lim, take_over, budge
     ``events``, the event heap; ``recs``, the recorded busy intervals; ``stop``, ``counters`` and
     ``clock_ts`` as in :func:`run_engine`. It allocates nothing, so it is compiled without reference
     counting, as :data:`HELPERS` are: the helpers it calls per event take some forty arrays each, and a
-    loop that counts references counts every one up and down around every call (13 % of the samples of
-    the 64-GPU AllReduce simulation in docs/measurements.md, *The event loop without reference counts*).
+    loop that counts references counts every one up and down around every call (measured on a 64-GPU
+    AllReduce simulation:
+    docs/archive/measurements-log.md#the-event-loop-without-reference-counts-smaller-slices-guessed-beside-the-longest-sample-29-november-2026-later).
     Returns ``(status, the time it stopped at, intervals recorded)``."""
     (tb_ptr, tb_pos, tb_m, tb_i, tb_state, tb_phase, tb_wait, tb_depok, tb_ready_t, tb_busy, tb_finish, tb_bytes,
      tb_spost, tb_rpost, progress, wl, in_wl) = tbs

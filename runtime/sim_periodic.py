@@ -16,8 +16,9 @@ extrapolate uncertain by at most :data:`PERIODIC_TOLERANCE` of the time) returns
 the whole periods from ``M2`` to ``M``. Where they do not,
 or where the call has too few micro-batches for the samples to save work
 (:data:`PERIODIC_LEAST_RATIO`), the whole call is simulated, so the answer is never a guess
-beyond the check: measured against the whole simulation in docs/measurements.md (*Synthesis speed
-at 64 GPUs without symmetry*) and by ``tests/test_sim_periodic.py`` on random programs.
+beyond the check: measured against the whole simulation in
+docs/archive/measurements-log.md#the-thin-simulation-extrapolated-from-three-short-calls-runtimesim_periodicpy
+and by ``tests/test_sim_periodic.py`` on random programs.
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ PERIODIC_TOLERANCE = 1e-3
 #: simulate together (27 to 48 with 8 slots). A micro-batch costs the event loop less in the short
 #: samples, where fewer flows run at once, than in the whole call: ReduceScatter's programs at
 #: hccc's default slices (``synth_quality.py --asym 1`` and ``2``, 25 micro-batches), their samples
-#: of 1, 9 and 17 micro-batches took 2.9 and 3.6 s of CPU against the whole calls' 5.1 and 4.7 s
-#: (a loaded machine), and were extrapolated within 5e-9; below this, the samples would cost about
+#: of 1, 9 and 17 micro-batches cost a little over half the whole calls and were extrapolated
+#: within 5e-9 (docs/archive/measurements-log.md#the-thin-simulation-extrapolated-from-three-short-calls-runtimesim_periodicpy);
+#: below this, the samples would cost about
 #: the call, and the whole call besides where the check refuses them
 PERIODIC_LEAST_RATIO = 0.9
 

@@ -52,8 +52,8 @@ def _needs_share(dirty, ndirty, chg, nchg, chg_next, part_head, chg_old, cls_n, 
     every class still runs at the most its bottleneck allows and no resource is overfull, which
     defines the max-min rates (each class at its cap or the largest on a full resource it uses).
     Most instants of a tree program only move flows between classes of equal rate, or change flows
-    on resources with room left: the held-out 64-GPU AllReduce's simulation changed no rate in 82 %
-    of its shares (docs/measurements.md).
+    on resources with room left: the held-out 64-GPU AllReduce's simulation changed no rate in most
+    of its shares (docs/archive/measurements-log.md#the-allreduce-simulations-sharing-counted-29-november-2026).
 
     The classes whose counts changed are linked per part for :func:`_share` (from
     ``part_head[p]``, on through ``chg_next``, as places in ``chg``)."""
@@ -293,8 +293,9 @@ def _share(t, dirty, ndirty, res_n, cls_ptr, cls_cap, cls_n, cls_rate, cls_vt, m
     rising classes' old use). The rates are max-min's as a filling from zero gives them; their
     last bits may differ, as the levels are summed from ``L0``. A filling from zero (a part's first,
     or ``L0`` 0.0, or every class above ``L0``) starts from the capacities, as before. On the
-    held-out 64-GPU AllReduce and ReduceScatter, 29-38 % of the classes a filling from zero looked
-    at rated at or above the least rate among the changed classes (docs/measurements.md)."""
+    held-out 64-GPU AllReduce and ReduceScatter, about a third of the classes a filling from zero
+    looked at rated at or above the least rate among the changed classes
+    (docs/archive/measurements-log.md#filling-again-from-the-least-level-a-change-reaches-simulator-and-the-samples-side-by-side)."""
     for d in range(ndirty):
         p = dirty[d]
         ncl = pact_n[p]

@@ -1,7 +1,7 @@
 """The kernels' cost model (compiler/passes/kernel_cost.py), the recorded GPU runs it reads
 (benchmarks/recorded/gpu_runs.json) and ``benchmarks/kernel_model.py --recorded / --predict``.
 
-- the recorded data parses and says what docs/measurements.md's GPU-run tables say (parsed from
+- the recorded data parses and says what docs/archive/measurements-log.md's GPU-run tables say (parsed from
   the doc here, not copied), and the model's constants are that data;
 - the composition of units against oracles of their own: a hand-derived critical path of a 2-rank
   send/receive (with and without slot back-pressure), and a plain-Python longest path over units
@@ -31,7 +31,7 @@ from hccc.testing import valid_programs
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "recorded" / "gpu_runs.json"
-DOC = ROOT / "docs" / "measurements.md"
+DOC = ROOT / "docs" / "archive" / "measurements-log.md"   # the GPU runs' tables, word for word
 
 
 def _script(name):
@@ -436,7 +436,7 @@ def test_predict_prints_the_next_runs_targets(capsys, monkeypatch):
     assert whats[0].startswith("per hop") and any("4 KiB" in w for w in whats)
     assert any("256 MiB" in w for w in whats) and any("4x8" in w for w in whats)
     from hccc.compiler.backend import abi
-    from hccc.torch.builtin import SMALL_BYTES
+    from hccc.builtin_catalog import SMALL_BYTES
     cross = {r["what"].split()[0]: r for r in d if r["predicted_us"] is None}
     assert cross["LL"]["in_force_bytes"] == abi.LL_AUTO_MAX_BYTES
     assert cross["recursive"]["in_force_bytes"] == SMALL_BYTES

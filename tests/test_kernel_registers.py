@@ -5,11 +5,12 @@ on an SM (65,536 registers) and the runtime can keep every thread block of a run
 function of their call tree (the engine ``hccc_run`` and the once-per-block / once-per-primitive /
 on-timeout functions it calls) spills nothing, and a kernel's cumulative stack is at most
 STACK_BYTES: the engine's state lives in registers and shared memory, not in local memory (the v3
-kernels kept a 592-728-byte frame, which a full grid pushed out of L2: docs/measurements.md).
+kernels kept a 592-728-byte frame, which a full grid pushed out of L2:
+docs/archive/measurements-log.md#the-third-gpu-run-one-nvidia-h200-every-rank-on-it).
 Checked for ring AllReduce 8 (float32 sum) and HM AllReduce 4x8 (bfloat16 max), every rank and the
 one-grid entry, in single-GPU and system-scope builds, and for direct AllToAll 8 (float32), whose
 kernels also run as AllToAllv: their engine has the counts path (hccc_v_round), which must not cost
-the engine registers either (docs/measurements.md, "The engine's registers under AllToAllv"); and
+the engine registers either (docs/measurements.md#the-engines-registers-under-alltoallv-ptxas-no-gpu); and
 for the table mode's generic kernels (float32 sum), which run every program and so carry that path
 too."""
 from __future__ import annotations

@@ -76,7 +76,8 @@ def test_the_search_leaves_the_closing_phases_their_predicted_time(monkeypatch, 
 def test_alltoall_command_holds_its_limit_on_128_gpus(tmp_path, capsys):
     """The whole command, reading the cluster and writing the program included, on 128 GPUs with a
     one-second limit: its phases add up to the limit and the few seconds that cannot stop (the list
-    scheduler, the proof and the text; docs/measurements.md), with room for a loaded machine."""
+    scheduler, the proof and the text; docs/measurements.md#synthesis-speed-at-64-gpus-no-gpu), with
+    room for a loaded machine."""
     from hccc.cli import main
 
     p = tmp_path / "n16.topo"

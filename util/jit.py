@@ -32,7 +32,8 @@ passed cost no atomic count per call where numba does not inline it.
 Processes that start together (a job's ranks, a test run's workers) compile each kernel once: the
 first call of a compiled twin holds a lock file beside numba's cache of it, and the others wait for
 it and load what it wrote (:class:`_OneCompiler`; a cold run of the tests compiled the simulator's
-event loop, about 20 s of CPU, in both workers before).
+event loop in both workers before:
+docs/archive/measurements-log.md#the-test-suites-time-cold-pytest--n-2).
 
 This is the only way hccc compiles with numba. Where a module keeps a second, plain-Python
 formulation of an algorithm beside its kernel (a list or numpy version that plain Python runs much

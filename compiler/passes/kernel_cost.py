@@ -11,7 +11,7 @@ auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's 
 recursive doubling (``SMALL_BYTES``, 64 KiB); ``benchmarks/kernel_model.py --predict`` prints
 where this model puts them (its LL is checked against one recorded row only). The simulator
 takes a block's rate from here but charges no unit's fixed cost and no hop (its alpha-beta links
-stand for them). Each constant names the GPU run and the table of docs/measurements.md it comes
+stand for them). Each constant names the GPU run and the table of docs/archive/measurements-log.md it comes
 from; ``benchmarks/recorded/gpu_runs.json`` holds those tables as data and
 tests/test_kernel_cost.py checks every constant against it.
 
@@ -62,7 +62,7 @@ __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRI
            "unit_graph"]
 
 # ---------------------------------------------------------------------------------------------
-# the measured figures (docs/measurements.md, "The fifth GPU run": one H200, the v4 kernels)
+# the measured figures (docs/archive/measurements-log.md, "The fifth GPU run": one H200, the v4 kernels)
 # ---------------------------------------------------------------------------------------------
 #: warps a block of the fifth run's unit table ran with (its columns)
 UNIT_WARPS = (1, 4, 16)
@@ -218,7 +218,7 @@ V4_H200 = KernelCosts(
     unit_us={k: tuple(v) for k, v in UNIT_US.items()}, warps=UNIT_WARPS, flag_round_trip_us=FLAG_ROUND_TRIP_US,
     launch_per_block_s=LAUNCH_SECONDS_PER_BLOCK, hbm_bytes_per_s=HBM_BYTES_PER_SECOND, copy_kib=COPY_UNIT_KIB,
     copy_gbs={w: tuple(v) for w, v in COPY_GBS.items()},
-    source="docs/measurements.md, The fifth GPU run (H200, kernels v4)")
+    source="docs/archive/measurements-log.md, The fifth GPU run (H200, kernels v4)")
 
 # ---------------------------------------------------------------------------------------------
 # what the slice policy and the simulator read (each derived from the figures above)

@@ -74,7 +74,7 @@ the fifth GPU run: a unit 2.56 us, a COPY or LL unit 2.07 us, a block 49 GB/s on
 fill takes the largest slice, one whose fill is ``D - 1`` units about ``sqrt((D-1) chunk /
 (a K c B))`` micro-batches a chunk. Before the v4 kernels the policy was about 32 micro-batches
 a chunk and none below 64 KiB, tuned in the simulator, which leaves a unit's cost out; the v3
-kernels' unit measured 4.6-7.0 us (``benchmarks/slot_cost.py``, docs/measurements.md), the v4
+kernels' unit measured 4.6-7.0 us (``benchmarks/slot_cost.py``, docs/archive/measurements-log.md), the v4
 design targets were 0.5 us a unit and 100 GB/s a block (the fifth run's slices).
 """
 from __future__ import annotations

@@ -148,10 +148,9 @@ def share_tracks(order, rank_ptr, todo, ustart, uend, first, last, ptr, adj, key
 COMPILED_FROM = 200_000
 #: the same where numba's cache of these kernels is on disk (loading it, not compiling): the step
 #: search's programs on the held-out 64-GPU cluster (``benchmarks/synth_quality.py --asym 1``,
-#: ``hccc synth --method search``) give 24,000-25,000 pairs per build, and their reachability
-#: questions take the list version 0.3-0.5 s of CPU per build (four builds, one command), the
-#: loaded kernel a few milliseconds after its load: the command 4.35-4.6 s plain against 4.0 s
-#: (docs/measurements.md, *Synthesis speed at 64 GPUs: the seconds cut*)
+#: ``hccc synth --method search``) give 24,000-25,000 pairs per build (four builds, one command),
+#: whose reachability questions cost the list version more than loading the kernel does
+#: (docs/archive/measurements-log.md#synthesis-speed-at-64-gpus-the-seconds-cut-no-gpu)
 COMPILED_FROM_CACHED = 20_000
 KERNELS = Kernels(globals(), ["interval_labels", "share_tracks"], min_work=COMPILED_FROM,
                   cached_min_work=COMPILED_FROM_CACHED)

@@ -156,8 +156,8 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     # the scheduler's priority: long paths first, earlier hops first, then the blocks in the order
     # they were routed (by shift): each step's first transfers then come from every rank to every
     # other, the NIC groups fill evenly, and each step's scan ends soon after they are full (a
-    # 512-GPU AllToAll's scheduling 4.5 s -> 1.9 s of CPU against the blocks' own order, the same
-    # 2,016 steps)
+    # 512-GPU AllToAll's scheduling less than half the CPU of the blocks' own order, the same steps:
+    # docs/archive/measurements-log.md#alltoall-under---time-limit-every-phase)
     routed = np.empty(n * n, np.int64)
     routed[ii * n + jj] = np.arange(len(ii))
     rank = (tk % K) * len(ii) + routed[tk // K]

@@ -10,11 +10,11 @@ An AllToAll's search also leaves its list scheduler, which packs every routed ho
 cannot stop either, the time it will take (:func:`schedule_seconds`, from the transfers and the
 step lower bound), and routes no block past that point (the blocks left take their direct links).
 
-The model, measured on a 2-core machine without a GPU (``docs/measurements.md``, *AllToAll under
---time-limit*): the command ends by ``T + overhead``, the overhead being what the prediction
+The model, measured on a 2-core machine without a GPU
+(docs/measurements.md#synthesis-speed-at-64-gpus-no-gpu, *AllToAll under --time-limit*): the
+command ends by ``T + overhead``, the overhead being what the prediction
 misses plus, where ``T`` is shorter than the phases that cannot stop, those phases themselves: the
-list scheduler (AllToAll), the closing phases, and reading the cluster (512 GPUs: about 1.9 s,
-0.9 s and 1.5-2 s of CPU).
+list scheduler (AllToAll), the closing phases, and reading the cluster.
 """
 from __future__ import annotations
 

@@ -180,7 +180,8 @@ def _list_schedule(has, tu, tv, tk, tp, cap, pg_ptr, pg_idx, gcap, fanout_one, m
         # the scan ends early, exactly, once every transfer left in it needs a full group: no open
         # group has a user left to visit (``live``) and no transfer without a group is left
         # (a 512-GPU AllToAll, its NIC groups binding: 2,016 steps over up to 261,632 ready
-        # transfers, 4.1-4.5 s -> 1.5 s of CPU, the same steps)
+        # transfers in a third of the CPU of the full scan, the same steps:
+        # docs/archive/measurements-log.md#alltoall-under---time-limit-every-phase)
         live = 0
         for g in range(G):
             left_g[g] = ready_g[g]

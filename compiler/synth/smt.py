@@ -81,8 +81,8 @@ class SmtStats:
         one of at most as many candidates already exhausted its resource limit before beating its
         baseline (z3 answered ``unknown`` to its first, easiest target). A larger step under at
         least as many learned groups is no easier; each such call costs a whole
-        :data:`REPAIR_RLIMIT` and returns the baseline anyway (measured: three such calls, 3.1 s of
-        CPU of a 64-GPU heterogeneous AllGather's search, docs/measurements.md)."""
+        :data:`REPAIR_RLIMIT` and returns the baseline anyway (measured on a 64-GPU heterogeneous
+        AllGather's search: docs/archive/measurements-log.md#synthesis-speed-at-64-gpus-without-symmetry-the-speed-targets-no-gpu)."""
         if self.skip_unknown and self.repair_unknown_at and ncand >= self.repair_unknown_at:
             self.repairs_skipped += 1
             return True
