@@ -71,6 +71,7 @@ from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.rank_memory import budget_slot_capacity, fifo_budget_bytes
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table
@@ -171,6 +172,16 @@ class Communicator(ProcessRank):
         pf = self._pf = self._platform(backend, device, cache_dir)
         # this rank's kernel
         self._prog = prog = GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
+        # the FIFOs are exported before any call size is known: sized by the per-connection budget
+        # (HCCC_FIFO_BYTES), at most the compiled slot; larger calls pipeline through them
+        try:
+            self.fifo_bytes = fifo_budget_bytes()
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {exc}") from None
+        self.compiled_chunk_bytes = prog.chunk_bytes
+        self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes)
+        self._plans = [p.with_capacity(self.chunk_bytes, ir.max_step_chunks) for p in prog.plans]
+        self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)
         self.grid = prog.blocks(self.rank)
         self.block = prog.threads(self.rank_platform[self.rank], pf, nthreads)
@@ -179,7 +190,6 @@ class Communicator(ProcessRank):
         self.threads_note = None
         self._kernels: dict[tuple[str, str], object] = {}
         self._kernel(dtype, op)
-        self.chunk_bytes, self.slot_bytes, self._plans = prog.chunk_bytes, prog.slot_bytes, prog.plans
         check_fifo_memory(ir.name, self._plans, [self.rank])
         self._allocate()
 
@@ -273,7 +283,7 @@ class Communicator(ProcessRank):
         """Before anything is mapped: every rank runs the same program with the same memory
         layout and protocol (:mod:`hccc.runtime.agreement`), else every rank raises."""
         from hccc.runtime.agreement import first_difference, program_terms
-        mine = program_terms(self.ir, man, plats, codegen, dtype, op)
+        mine = program_terms(self.ir, man, plats, codegen, dtype, op, fifo_slot_bytes=self.slot_bytes)
         gathered = self._all_gather(json.dumps(mine, sort_keys=True).encode(), "program")
         why = first_difference([json.loads(b) for b in gathered])
         if why:
