@@ -1,0 +1,137 @@
+"""FIFO memory bounded by the call: a launch's slot capacity (``hccc_args::slot_cap``,
+:attr:`~hccc.runtime.rank_memory.LaunchCall.slot_cap`) holds a slice of each chunk of the call's
+largest message and no more, the Runner's FIFOs follow it (grown, never past the compiled slot),
+and the Communicator's are bounded by a per-connection budget (``HCCC_FIFO_BYTES``).
+
+The oracles are written from the ProgramIR and the kernels' arithmetic, not from the sizing code:
+the largest message a connection carries (its primitives' chunk counts times the call's largest
+chunk) and the micro-batches ``hccc_launch_init`` cuts (slice = min(slice_bytes, share) / element).
+The real files are those the compiled-slot sizing refused: msccl-tools' 16-rank all-pairs AllReduce
+and a 64-rank binary-tree AllReduce at 3 MB, MSCCL++'s installed two-node AllReduce plan (16 ranks)
+at 1 MiB.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import examples
+from hccc.compiler.backend import abi
+from hccc.compiler.backend.codegen import slot_bytes
+from hccc.compiler.ir.program_ir import Op
+from hccc.compiler.passes.build import build_program
+from hccc.runtime.generated import GeneratedProgram
+from hccc.runtime.memory_limits import plans_memory_bytes
+from hccc.runtime.rank_memory import LaunchCall, budget_slot_capacity
+from hccc.testing import valid_programs
+
+from msccl_texts import allpairs_allreduce, binary_tree_allreduce
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+CORPUS = Path(__file__).parent / "mscclpp_corpus"
+REGION_ROOM = abi.SLOT_OVERHEAD + 16    # a region's header and alignment, and its 16-byte rounding
+
+
+def largest_message(ir, count: int, es: int) -> int:
+    """Bytes of the largest message any connection carries in a call of ``count`` elements: the
+    most chunks a sending or receiving primitive moves, times the call's largest chunk."""
+    comm = np.array([Op(int(o)).sends or Op(int(o)).receives for o in ir.prims["op"]], dtype=bool)
+    most = int(ir.prims["count"][comm].max()) if comm.any() else 1
+    return max(1, most) * -(-count // ir.nchunks) * es
+
+
+def micro_batches(ir, count: int, es: int, cap: int, slice_bytes: int, ll: bool) -> int:
+    """The micro-batches ``hccc_launch_init`` cuts a chunk into with slot capacity ``cap``."""
+    mc = max(1, ir.max_step_chunks)
+    share = cap // mc
+    share = share - share % 16 if share >= 16 else share
+    if ll:
+        share = share // 2 - (share // 2) % 16 if share // 2 >= 16 else share // 2
+    sb = slice_bytes if 0 < slice_bytes < cap else cap
+    per = max(1, min(sb, share) // es)
+    return max(1, -(-(-(-count // ir.nchunks)) // per))
+
+
+@st.composite
+def calls(draw):
+    alg = draw(valid_programs(max_ranks=6))
+    chunk = draw(st.sampled_from([1 << 10, 1 << 16, 1 << 20]))
+    ir = build_program(alg, chunk_bytes=max(chunk, 16 * 64))
+    es = draw(st.sampled_from([2, 4, 8]))
+    count = draw(st.integers(1, 1 << 22))
+    proto = draw(st.sampled_from(["simple", "ll"]))
+    slice_bytes = draw(st.one_of(st.just("auto"), st.integers(1, ir.chunk_bytes // 16).map(lambda k: 16 * k)))
+    return ir, count, es, proto, slice_bytes
+
+
+@given(calls())
+@settings(max_examples=examples(60), deadline=None)
+def test_a_launch_slot_is_a_small_multiple_of_its_largest_message(case):
+    """A connection's FIFO for the call is at most 2 x NSLOTS times the call's largest message
+    (twice: LL's flag words) plus the regions' fixed room, never over the compiled slot's, and the
+    call runs in it the micro-batches it runs in the compiled slot."""
+    ir, count, es, proto, slice_bytes = case
+    call = LaunchCall.plan(ir, count, es, ir.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
+    mc = max(1, ir.max_step_chunks)
+    fifo = abi.NSLOTS * slot_bytes(call.slot_cap, mc)
+    assert fifo <= abi.NSLOTS * slot_bytes(ir.chunk_bytes, mc)
+    assert fifo <= 2 * abi.NSLOTS * (largest_message(ir, count, es) + mc * REGION_ROOM)
+    ll = call.proto == "ll"
+    assert micro_batches(ir, count, es, call.slot_cap, call.slice_bytes, ll) == \
+        micro_batches(ir, count, es, ir.chunk_bytes, call.slice_bytes, ll)
+
+
+@given(budget=st.integers(1, 1 << 26), mc=st.integers(1, 64), chunk=st.integers(1, 1 << 16))
+@settings(max_examples=examples(200), deadline=None)
+def test_the_communicator_budget_bounds_each_connection(budget, mc, chunk):
+    """The Communicator's slots (a per-connection budget, HCCC_FIFO_BYTES): NSLOTS slots carry at
+    most the budget of data (unless the least slot, one 16-byte share per region, is larger), at
+    most the compiled slot, and the compiled slot itself whenever it fits."""
+    class _Ir:
+        max_step_chunks = mc
+    compiled = 16 * mc * chunk
+    cap = budget_slot_capacity(_Ir, compiled, budget)
+    share = cap // mc - (cap // mc) % 16
+    assert cap <= compiled and share >= 16
+    assert abi.NSLOTS * mc * share <= max(budget, abi.NSLOTS * mc * 16)
+    if abi.NSLOTS * compiled <= budget:
+        assert cap == compiled
+
+
+def _program(kind: str, tmp_path):
+    from hccc.compiler.pipeline import load_program
+    if kind == "allpairs16":
+        path, nbytes = tmp_path / "allpairs16.xml", 3_000_000
+        path.write_text(allpairs_allreduce(16, 1))
+    elif kind == "tree64":
+        path, nbytes = tmp_path / "tree64.xml", 3_000_000
+        path.write_text(binary_tree_allreduce(64))
+    else:
+        path, nbytes = CORPUS / "installed__allreduce_2nodes_128K_2M.json", 1 << 20
+    return load_program(path), nbytes
+
+
+@pytest.mark.parametrize("kind", ["allpairs16", "tree64", "mscclpp_2nodes"])
+def test_real_files_need_fifos_of_their_call(kind, tmp_path):
+    """The files the compiled-slot sizing refused (85.8 GiB, 157.4 GiB, 15.8 GiB of FIFOs): their
+    FIFOs at the size that was refused, with the slot ``hccc run`` compiles them with (an
+    algorithm-level import: one chunk of the largest call per region), are a small multiple of
+    the message per connection."""
+    from hccc.commands.run import _least_slot
+    from types import SimpleNamespace
+    ir, nbytes = _program(kind, tmp_path)
+    es = 4
+    _least_slot(ir, SimpleNamespace(sizes=[nbytes]), es)
+    call = LaunchCall.plan(ir, nbytes // es, es, ir.chunk_bytes, proto="simple")
+    prog = GeneratedProgram(ir, ["cuda"] * ir.nranks, tmp_path / "cache")
+    plans = [p.with_capacity(call.slot_cap, ir.max_step_chunks) for p in prog.plans]
+    conns = sum(len(p.recv_conns) for p in plans)
+    need = plans_memory_bytes(plans)
+    compiled = plans_memory_bytes(prog.plans)
+    per_conn = 2 * abi.NSLOTS * (largest_message(ir, nbytes // es, es) + ir.max_step_chunks * REGION_ROOM)
+    assert need <= conns * per_conn + sum(p.ctrl_bytes for p in plans) + 16 * conns
+    assert need <= 2 << 30 and need * 4 < compiled, (need, compiled)
