@@ -121,7 +121,12 @@ class Communicator(ProcessRank):
     :attr:`last_proto` is the protocol the last call ran, :attr:`proto_note` why it is not the one
     asked for (or None): MSCCL imports and slots too small for LL lines run Simple
     (:func:`~hccc.runtime.rank_memory.launch_proto`), and so does a job across nodes (the network
-    proxy forwards a slot when its ``tail`` advances; LL messages post none).
+    proxy forwards a slot when its ``tail`` advances; LL messages post none). ``fifo_bytes``: the
+    data one connection's FIFO holds (its ``NSLOTS`` slots together, at most the compiled slot's;
+    default ``HCCC_FIFO_BYTES``, else :data:`~hccc.runtime.rank_memory.FIFO_BUDGET_BYTES`, 8 MiB):
+    the FIFOs are exported before any call size is known, so calls larger than that pipeline
+    through them in more micro-batches; every rank must give the same (:attr:`chunk_bytes` is the
+    slot capacity it gives, :attr:`compiled_chunk_bytes` the program's).
     """
 
     def __init__(self, algo, rank: int | None = None, world_size: int | None = None, *, group=None,
@@ -129,9 +134,11 @@ class Communicator(ProcessRank):
                  backend="cpu", device: int | None = None, name: str | None = None, options=None,
                  timeout_s: float = 60.0, kernel_timeout_s: float = 30.0, dtype: str = "float32",
                  op: str = "sum", nthreads: int | None = None, cache_dir=None,
-                 codegen: str | None = None, node: str | None = None, proto: str = "auto"):
+                 codegen: str | None = None, node: str | None = None, proto: str = "auto",
+                 fifo_bytes: int | None = None):
         super().__init__(proto, timeout_s, kernel_timeout_s)
         self._node, self._boot = node, None
+        self._fifo_request = fifo_bytes
         try:
             ir, plats, compiled = _load(algo, options)
             self._setup(ir, plats, compiled if codegen is None else codegen, rank, world_size,
@@ -175,7 +182,7 @@ class Communicator(ProcessRank):
         # the FIFOs are exported before any call size is known: sized by the per-connection budget
         # (HCCC_FIFO_BYTES), at most the compiled slot; larger calls pipeline through them
         try:
-            self.fifo_bytes = fifo_budget_bytes()
+            self.fifo_bytes = fifo_budget_bytes(self._fifo_request)
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         self.compiled_chunk_bytes = prog.chunk_bytes

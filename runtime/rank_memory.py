@@ -124,11 +124,19 @@ def call_slot_capacity(ir: ProgramIR, count: int, element_bytes: int, chunk_byte
     return min(int(chunk_bytes), mc * need)
 
 
-def fifo_budget_bytes() -> int:
+def fifo_budget_bytes(given: int | None = None) -> int:
     """Bytes of data one connection's FIFO may hold in a one-rank-per-process launcher (the
     :class:`~hccc.runtime.communicator.Communicator`, which exports its FIFOs before any call size
-    is known): ``HCCC_FIFO_BYTES`` (K/M/G suffixes), else :data:`FIFO_BUDGET_BYTES`."""
+    is known): ``given`` (its ``fifo_bytes`` option), else ``HCCC_FIFO_BYTES`` (K/M/G suffixes),
+    else :data:`FIFO_BUDGET_BYTES`. ValueError naming the option or variable for anything but a
+    positive whole number of bytes."""
     from hccc.util.diagnostics import env_size
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or int(given) <= 0:
+            from hccc.util.limits import printable
+            raise ValueError(f"fifo_bytes must be a positive whole number of bytes, not "
+                             f"{printable(repr(given), limit=40)}")
+        return int(given)
     try:
         got = env_size("HCCC_FIFO_BYTES")
     except ValueError as exc:

@@ -135,3 +135,83 @@ def test_real_files_need_fifos_of_their_call(kind, tmp_path):
     per_conn = 2 * abi.NSLOTS * (largest_message(ir, nbytes // es, es) + ir.max_step_chunks * REGION_ROOM)
     assert need <= conns * per_conn + sum(p.ctrl_bytes for p in plans) + 16 * conns
     assert need <= 2 << 30 and need * 4 < compiled, (need, compiled)
+
+
+# ---------------------------------------------------------------------------- the Runner
+@needs_gxx
+def test_the_runner_grows_its_fifos_with_the_calls():
+    """The Runner's FIFOs start at the least slot and grow to each larger call's slot (never past
+    the compiled one, never shrunk); every call is right, LL ones after a growth too (the new
+    slots are zeroed before the first LL launch in them)."""
+    from hccc.compiler.frontend import generators as gen
+    from hccc.runtime.launcher import Runner
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 16)
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
+        assert runner.fifo_capacity == 16 * ir.max_step_chunks
+        seen = []
+        for count, proto in [(64, "simple"), (4096, "simple"), (64, "ll"), (1 << 16, "ll"), (256, "simple"),
+                             (1 << 18, "simple")]:
+            res = runner.run(count=count, proto=proto)
+            assert res.ok, (count, proto, res.stuck)
+            call = LaunchCall.plan(ir, count, 4, ir.chunk_bytes, proto=res.proto)
+            seen.append(call.slot_cap)
+            assert runner.fifo_capacity == min(ir.chunk_bytes, max(16, *seen))
+            assert all(p.slot_bytes == slot_bytes(runner.fifo_capacity, ir.max_step_chunks)
+                       for p in runner.rank_plans)
+        assert runner.fifo_capacity == ir.chunk_bytes      # the largest call needs the whole slot
+
+
+# ---------------------------------------------------------------------------- the Communicator
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    pytest.importorskip("torch.distributed")
+    from rank_pool import RankPool
+    p = RankPool(4, tmp_path_factory.mktemp("stores"), lazy=True)
+    yield p
+    p.close()
+
+
+def _ring_json():
+    from hccc.compiler.frontend import generators as gen
+    return build_program(gen.ring_allreduce(4), chunk_bytes=1 << 16).to_json()
+
+
+@needs_gxx
+def test_the_communicator_pipelines_calls_through_its_budget(pool):
+    """With HCCC_FIFO_BYTES=1K a 64 KiB-slot program's connections hold 8 slots of 128 bytes: a
+    16 KiB call runs in slices of at most 128 bytes, right on every rank."""
+    x = [np.arange(4096, dtype=np.float32) * (r + 1) for r in range(4)]
+    calls = [[{"method": "all_reduce", "x": x[r]}] for r in range(4)]
+    replies = pool.run(_ring_json(), 4, calls, timeout=30.0, env={"HCCC_FIFO_BYTES": "1K"}, proto="simple")
+    want = np.arange(4096, dtype=np.float32) * 10
+    for r, rep in enumerate(replies):
+        assert rep["ok"], rep
+        assert np.array_equal(rep["outputs"][0], want), r
+        assert 0 < rep["slices"][0] <= 128, rep["slices"]
+
+
+@needs_gxx
+def test_ranks_with_different_budgets_all_refuse(pool):
+    replies = pool.run(_ring_json(), 4, [[{"method": "all_reduce", "x": np.ones(64, np.float32)}]] * 4,
+                       timeout=20.0, env={"HCCC_FIFO_BYTES": ""},     # (a rank's environment stays)
+                       per_rank={1: {"env": {"HCCC_FIFO_BYTES": "1K"}}})
+    for rep in replies:
+        assert not rep["ok"] and "do not run the same program" in rep["error"], rep
+        assert "has fifo_slot_bytes " in rep["error"], rep["error"]
+
+
+@needs_gxx
+def test_a_bad_budget_is_refused_by_name(pool):
+    replies = pool.run(_ring_json(), 4, [[{"method": "all_reduce", "x": np.ones(64, np.float32)}]] * 4,
+                       timeout=20.0, env={"HCCC_FIFO_BYTES": "lots"})
+    for rep in replies:
+        assert not rep["ok"] and "HCCC_FIFO_BYTES must be a positive size such as 8M, not 'LOTS'" in rep["error"], rep
+        assert "Traceback" not in rep["error"]
+
+
+def test_the_budget_option_is_checked():
+    from hccc.runtime.rank_memory import fifo_budget_bytes
+    assert fifo_budget_bytes(4096) == 4096
+    for bad in (0, -1, 1.5, "8M", True):
+        with pytest.raises(ValueError, match="fifo_bytes must be a positive whole number of bytes"):
+            fifo_budget_bytes(bad)

@@ -571,8 +571,9 @@ def _least_slot(ir, sweep, es: int) -> int:
     # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
     # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
     # chunk of each of the chunks its largest step moves.
-    # That slot is also the least one its FIFOs may shrink to.
-    most = max(sweep.sizes) * max(1, ir.nranks) // es
+    # That slot is also the least one its FIFOs may shrink to. A size is the collective's full
+    # buffer (nccl-tests' S, as Runner.run counts it), which the program cuts into nchunks chunks.
+    most = max(sweep.sizes) // es
     per_chunk = -(-most // max(1, ir.nchunks)) * es
     least_slot = -(-per_chunk // 16) * 16 * ir.max_step_chunks
     ir.chunk_bytes = max(ir.chunk_bytes, least_slot)
