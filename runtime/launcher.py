@@ -181,6 +181,11 @@ class Runner(RankGroup):
     False: a kernel per rank. :attr:`grid_fn` is the entry in use, or None. ``direct``: "auto"
     (default) generates direct mode for the receives :mod:`hccc.compiler.ir.direct` proves safe
     (the sender writes the receiver's destination), "off" keeps the FIFO for every primitive.
+    ``fifo_capacity``: the slot capacity to allocate the FIFOs with before anything is built (the
+    largest :attr:`~hccc.runtime.rank_memory.LaunchCall.slot_cap` the caller will run, as ``hccc
+    run`` gives its sweep's; default the least slot): a call that needs larger slots reallocates
+    them first (:meth:`~hccc.runtime.rank_group.RankGroup.fit_fifos`, up to the compiled
+    ``chunk_bytes``), :attr:`fifo_capacity` is what they hold now.
 
     Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
