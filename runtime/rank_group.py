@@ -73,6 +73,8 @@ class RankGroup:
         self.launches: RankLaunches | None = None
         self.memory: GroupMemory | None = None
         self._closed = False
+        #: why the FIFOs are gone (a reallocation that failed half-way), or None
+        self._no_fifos: str | None = None
         #: what the last run's protocol request changed, or None: why LL ran Simple
         #: (:func:`~hccc.runtime.rank_memory.launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
         self.proto_note = None
@@ -146,7 +148,11 @@ class RankGroup:
             return
         plans = self._plans_at(capacity)
         check_fifo_memory(self.ir.name, plans)
-        self.memory.refit(plans)
+        try:
+            self.memory.refit(plans)
+        except BaseException as exc:
+            self._no_fifos = f"reallocating its FIFOs for slots of {capacity} bytes failed: {exc}"
+            raise
         self.fifo_capacity, self.rank_plans, self.slot_bytes = capacity, plans, plans[0].slot_bytes
         self._mirror_memory()
 
@@ -275,6 +281,8 @@ class RankGroup:
     def _check_usable(self) -> None:
         if self._closed:
             raise PlatformError("runner is closed")
+        if self._no_fifos:
+            raise PlatformError(f"runner is unusable: {self._no_fifos}")
         if self._broken:
             raise PlatformError(f"the {self.launches.names()} platform is unusable after an earlier "
                                 f"run: {self._broken}")

@@ -161,6 +161,26 @@ def test_the_runner_grows_its_fifos_with_the_calls():
         assert runner.fifo_capacity == ir.chunk_bytes      # the largest call needs the whole slot
 
 
+@needs_gxx
+def test_a_runner_whose_fifos_could_not_grow_says_so(monkeypatch):
+    """A reallocation that fails half-way (out of memory) fails its call, and every later call
+    says why the runner is unusable; closing it frees what it holds."""
+    from hccc.compiler.frontend import generators as gen
+    from hccc.runtime.launcher import Runner
+    from hccc.runtime.platform import PlatformError
+    ir = build_program(gen.ring_allreduce(3), chunk_bytes=1 << 16)
+    with Runner(ir, "cpu", "float32", "sum", nthreads=2) as runner:
+        assert runner.run(count=48).ok
+
+        def out_of_memory(*_a, **_k):
+            raise PlatformError("out of memory allocating 1 bytes")
+        monkeypatch.setattr(runner.memory, "malloc", out_of_memory)
+        with pytest.raises(PlatformError, match="out of memory"):
+            runner.run(count=1 << 15)
+        with pytest.raises(PlatformError, match="runner is unusable: reallocating its FIFOs for slots of"):
+            runner.run(count=48)
+
+
 # ---------------------------------------------------------------------------- the Communicator
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
@@ -215,3 +235,21 @@ def test_the_budget_option_is_checked():
     for bad in (0, -1, 1.5, "8M", True):
         with pytest.raises(ValueError, match="fifo_bytes must be a positive whole number of bytes"):
             fifo_budget_bytes(bad)
+
+
+@needs_gxx
+def test_a_budget_across_nodes(pool):
+    """Two emulated nodes of two ranks (the network proxy forwards the slots over UCX's TCP): the
+    budget's 128-byte slots carry a 16 KiB AllReduce right, the proxy's slot layout the same as
+    the kernels'."""
+    from net_ranks import TCP, have_ucx
+    if not have_ucx():
+        pytest.skip("UCX (libucx-dev) not installed")
+    from communicator_calls import calls_for, check
+    from hccc.compiler.frontend import generators as gen
+    ir = build_program(gen.ring_allreduce(4, [0, 1, 2, 3]), chunk_bytes=1 << 16)
+    calls, want, count = calls_for(ir, 4096, "float32", "sum", 0)
+    replies = pool.run(ir.to_json(), 4, calls, nodes=["a", "a", "b", "b"],
+                       env={**TCP, "HCCC_FIFO_BYTES": "1K"}, timeout=30.0)
+    check(replies, want, f"{ir.name} across nodes in 1 KiB FIFOs ({count} x float32 sum)", 1)
+    assert all(0 < s <= 128 for rep in replies for s in rep["slices"]), [rep["slices"] for rep in replies]
