@@ -71,7 +71,9 @@ from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory
-from hccc.runtime.rank_memory import budget_slot_capacity, fifo_budget_bytes
+from hccc.compiler.backend.abi import NSLOTS
+from hccc.compiler.passes.slicing import budget_slot_capacity
+from hccc.runtime.rank_memory import fifo_budget_bytes
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table
@@ -123,7 +125,7 @@ class Communicator(ProcessRank):
     (:func:`~hccc.runtime.rank_memory.launch_proto`), and so does a job across nodes (the network
     proxy forwards a slot when its ``tail`` advances; LL messages post none). ``fifo_bytes``: the
     data one connection's FIFO holds (its ``NSLOTS`` slots together, at most the compiled slot's;
-    default ``HCCC_FIFO_BYTES``, else :data:`~hccc.runtime.rank_memory.FIFO_BUDGET_BYTES`, 8 MiB):
+    default ``HCCC_FIFO_BYTES``, else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`, 8 MiB):
     the FIFOs are exported before any call size is known, so calls larger than that pipeline
     through them in more micro-batches; every rank must give the same (:attr:`chunk_bytes` is the
     slot capacity it gives, :attr:`compiled_chunk_bytes` the program's).
@@ -186,7 +188,7 @@ class Communicator(ProcessRank):
         except ValueError as exc:
             raise CommunicatorError(f"rank {self.rank}: {exc}") from None
         self.compiled_chunk_bytes = prog.chunk_bytes
-        self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes)
+        self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes, NSLOTS)
         self._plans = [p.with_capacity(self.chunk_bytes, ir.max_step_chunks) for p in prog.plans]
         self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)

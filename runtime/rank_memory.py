@@ -38,7 +38,7 @@ import numpy as np
 
 from hccc.compiler.backend import abi
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
+from hccc.compiler.passes.slicing import FIFO_BUDGET_BYTES, program_slice_bytes, slot_share_bytes
 from hccc.runtime.kernel_abi import Args, ErrorRecord, GridArgs, TableArgs, TableGridArgs, conn_table
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 
@@ -128,7 +128,7 @@ def fifo_budget_bytes(given: int | None = None) -> int:
     """Bytes of data one connection's FIFO may hold in a one-rank-per-process launcher (the
     :class:`~hccc.runtime.communicator.Communicator`, which exports its FIFOs before any call size
     is known): ``given`` (its ``fifo_bytes`` option), else ``HCCC_FIFO_BYTES`` (K/M/G suffixes),
-    else :data:`FIFO_BUDGET_BYTES`. ValueError naming the option or variable for anything but a
+    else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`. ValueError naming the option or variable for anything but a
     positive whole number of bytes."""
     from hccc.util.diagnostics import env_size
     if given is not None:
@@ -142,27 +142,6 @@ def fifo_budget_bytes(given: int | None = None) -> int:
     except ValueError as exc:
         raise ValueError(f"HCCC_FIFO_BYTES must be a positive size such as 8M, not '{exc}'") from None
     return FIFO_BUDGET_BYTES if got is None else int(got)
-
-
-def budget_slot_capacity(ir: ProgramIR, chunk_bytes: int, budget: int) -> int:
-    """The slot capacity (as ``chunk_bytes``) whose ``NSLOTS`` slots carry at most ``budget`` bytes
-    of data: ``budget / NSLOTS`` cut to whole 16-byte shares of the program's ``max_step_chunks``
-    regions, at most ``chunk_bytes`` and at least one 16-byte share per region (the least slot the
-    kernels run)."""
-    mc = max(1, int(ir.max_step_chunks))
-    share = max(16, int(budget) // abi.NSLOTS // mc // 16 * 16)
-    if slot_share_bytes(chunk_bytes, mc) <= share:
-        return int(chunk_bytes)          # the compiled slot is within the budget: kept as it is
-    return mc * share
-
-
-#: The data one connection's FIFO holds in the one-rank-per-process launcher, unless
-#: ``HCCC_FIFO_BYTES`` says otherwise: ``NSLOTS`` slots of the default compile's slot capacity
-#: (``DEFAULT_SLOT_BYTES``, 1 MiB), so a program compiled with the defaults keeps its slots. Larger
-#: calls pipeline through it in more micro-batches, as NCCL's per-connection buffer
-#: (``NCCL_BUFFSIZE``, 4 MiB over its 8 steps) bounds its memory by channels and peers, not by the
-#: message.
-FIFO_BUDGET_BYTES = abi.NSLOTS * (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -508,5 +487,5 @@ def synchronize_in_background(platforms, name: str):
 
 
 __all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "call_slot_capacity", "fifo_budget_bytes",
-           "budget_slot_capacity", "FIFO_BUDGET_BYTES", "LaunchCall", "grid_argument",
+           "LaunchCall", "grid_argument",
            "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background"]

@@ -26,7 +26,8 @@ from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes.build import build_program
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.memory_limits import plans_memory_bytes
-from hccc.runtime.rank_memory import LaunchCall, budget_slot_capacity
+from hccc.compiler.passes.slicing import budget_slot_capacity
+from hccc.runtime.rank_memory import LaunchCall
 from hccc.testing import valid_programs
 
 from msccl_texts import allpairs_allreduce, binary_tree_allreduce
@@ -94,7 +95,7 @@ def test_the_communicator_budget_bounds_each_connection(budget, mc, chunk):
     class _Ir:
         max_step_chunks = mc
     compiled = 16 * mc * chunk
-    cap = budget_slot_capacity(_Ir, compiled, budget)
+    cap = budget_slot_capacity(_Ir, compiled, budget, abi.NSLOTS)
     share = cap // mc - (cap // mc) % 16
     assert cap <= compiled and share >= 16
     assert abi.NSLOTS * mc * share <= max(budget, abi.NSLOTS * mc * 16)
@@ -253,3 +254,74 @@ def test_a_budget_across_nodes(pool):
                        env={**TCP, "HCCC_FIFO_BYTES": "1K"}, timeout=30.0)
     check(replies, want, f"{ir.name} across nodes in 1 KiB FIFOs ({count} x float32 sum)", 1)
     assert all(0 < s <= 128 for rep in replies for s in rep["slices"]), [rep["slices"] for rep in replies]
+
+
+# ---------------------------------------------------------------------------- the C++ host API
+_HOST_PROBE = """#include "hccc_host.h"
+#include <cstdio>
+int main() {
+  printf("%llu %llu %llu\\n", (unsigned long long)HCCC_HOST_SLOT_CAP, (unsigned long long)HCCC_HOST_SLOT_BYTES,
+         (unsigned long long)HCCC_HOST_SHARE_BYTES);
+  return 0;
+}
+"""
+
+
+def _host_build(tmp_path, ir, sources: str, defines=()) -> Path:
+    import subprocess
+    from hccc.compiler.backend.codegen import generate
+    from hccc.util.dtypes import only_instance_flags
+    d = tmp_path / "gen"
+    if not d.exists():
+        d.mkdir()
+        generate(ir, d, platforms=["cuda"] * ir.nranks)
+    tu = tmp_path / f"tu{len(list(tmp_path.glob('tu*')))}.cpp"
+    tu.write_text(sources)
+    exe = tu.with_suffix("")
+    res = subprocess.run(["g++", "-std=c++17", "-O1", "-DHCCC_PLATFORM_CPU=1", *defines, f"-I{d}",
+                          *only_instance_flags("float32", "sum"), "-pthread", str(tu), "-o", str(exe), "-lrt"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return exe
+
+
+@needs_gxx
+def test_the_host_api_sizes_its_fifos_by_the_same_budget(tmp_path):
+    """hccc_host.h's slot capacity, slot and share (compile-time, HCCC_HOST_FIFO_DATA_BYTES) are the
+    Python Communicator's for the same budget: the compiled slot under the default budget where
+    it fits, the budget's otherwise."""
+    import subprocess
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.passes.slicing import FIFO_BUDGET_BYTES, slot_share_bytes
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 22)     # 4 MiB slots: over the default budget
+    for budget, defines in ((FIFO_BUDGET_BYTES, ()), (1024, ("-DHCCC_HOST_FIFO_DATA_BYTES=1024",)),
+                            (1 << 30, ("-DHCCC_HOST_FIFO_DATA_BYTES=(1ull<<30)",))):
+        exe = _host_build(tmp_path, ir, _HOST_PROBE, defines)
+        got = tuple(map(int, subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()))
+        cap = budget_slot_capacity(ir, ir.chunk_bytes, budget, abi.NSLOTS)
+        assert got == (cap, slot_bytes(cap, ir.max_step_chunks), slot_share_bytes(cap, ir.max_step_chunks)), budget
+        assert cap == (ir.chunk_bytes if budget >= abi.NSLOTS * ir.chunk_bytes else budget // abi.NSLOTS)
+
+
+@needs_gxx
+def test_host_api_calls_pipeline_through_a_small_budget(tmp_path):
+    """One process per rank through hccc_host.h with 1 KiB FIFOs (128-byte slots) for a 64 KiB-slot
+    program: Simple and LL calls, in and out of place, every element the sum."""
+    import subprocess
+    from hccc.compiler.frontend import generators as gen
+    ir = build_program(gen.ring_allreduce(4), chunk_bytes=1 << 16)
+    root = Path(__file__).resolve().parent
+    exe = _host_build(tmp_path, ir, f'#include "{ir.name}_cuda.cu"\n#include "{root / "host_proto_ranks.cpp"}"\n',
+                      ("-DHCCC_HOST_FIFO_DATA_BYTES=1024",))
+    out = tmp_path / "out"
+    out.mkdir()
+    counts = [4096, 1001, "3000:1", "64:1"]
+    res = subprocess.run([str(exe), str(out), "0", *map(str, counts)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    for k, c in enumerate(counts):
+        n = int(str(c).split(":")[0])
+        i = np.arange(n)
+        want = sum(((7 * r + 3 * i + k) % 17) - 8 for r in range(4)).astype(np.float32)
+        for r in range(4):
+            got = np.fromfile(out / f"r{r}_c{k}.bin", dtype=np.float32)
+            assert np.array_equal(got, want), (r, k)
