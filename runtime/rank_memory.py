@@ -14,6 +14,10 @@ one rank and reaches its peers through its bootstrap. Both launch a call through
    algorithm-level program (one micro-batch per chunk), else the slicing pass's choice within a
    chunk's share of a slot (LL's half of it under LL); a fixed slice is a positive multiple of 16 of
    at most the slot; an algorithm-level program refuses a slice that cuts its chunks.
+   **Slot capacity** (:func:`call_slot_capacity`, ``hccc_args::slot_cap``): the Runner's launch
+   uses the least slot that holds a slice of each chunk of the call's largest message (its FIFOs
+   follow it, :meth:`~hccc.runtime.rank_group.RankGroup.fit_fifos`); a Communicator's, the slot of
+   its per-connection budget (:func:`fifo_budget_bytes`), fixed when its FIFOs were exported.
 3. **LL epoch** (:class:`~hccc.runtime.ll_epoch.LLEpochs` from the call's bound on messages per
    connection, :func:`~hccc.runtime.ll_epoch.ll_messages_bound`): asked once per launch; it says
    whether the FIFO slots are zeroed before it (:meth:`RankMemory.reset`).
@@ -107,6 +111,7 @@ def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int)
             f"{need}-byte chunks of a {count}-element call into {m} micro-batches, which would stick: "
             f"it needs a slice and FIFO slot (--chunk-size) of at least {-(-need // 16) * 16} bytes")
 
+
 def call_slot_capacity(ir: ProgramIR, count: int, element_bytes: int, chunk_bytes: int, slice_bytes: int,
                        proto: str, largest_chunk: int | None = None) -> int:
     """The slot capacity (as ``chunk_bytes``: slots of ``HCCC_SLOT_BYTES(capacity, max_cnt)``) a
@@ -128,8 +133,8 @@ def fifo_budget_bytes(given: int | None = None) -> int:
     """Bytes of data one connection's FIFO may hold in a one-rank-per-process launcher (the
     :class:`~hccc.runtime.communicator.Communicator`, which exports its FIFOs before any call size
     is known): ``given`` (its ``fifo_bytes`` option), else ``HCCC_FIFO_BYTES`` (K/M/G suffixes),
-    else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`. ValueError naming the option or variable for anything but a
-    positive whole number of bytes."""
+    else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`. ValueError naming the option or
+    variable for anything but a positive whole number of bytes."""
     from hccc.util.diagnostics import env_size
     if given is not None:
         if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or int(given) <= 0:
@@ -328,7 +333,7 @@ class RankMemory:
     def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None,
                  malloc_orphan=None):
         self.plan, self.platform = plan, platform
-        #: every pointer this rank's memory allocated (what :meth:`GroupMemory.fit` frees)
+        #: every pointer this rank's memory allocated (what :meth:`GroupMemory.refit` frees)
         self.allocations: list[int] = []
 
         def kept(alloc):
