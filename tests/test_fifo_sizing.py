@@ -116,7 +116,8 @@ def _program(kind: str, tmp_path):
     return load_program(path), nbytes
 
 
-@pytest.mark.parametrize("kind", ["allpairs16", "tree64", "mscclpp_2nodes"])
+@pytest.mark.parametrize("kind", ["allpairs16", pytest.param("tree64", marks=pytest.mark.slow),      # 8 s each:
+                                  pytest.param("mscclpp_2nodes", marks=pytest.mark.slow)])  # their codegen
 def test_real_files_need_fifos_of_their_call(kind, tmp_path):
     """The files the compiled-slot sizing refused (85.8 GiB, 157.4 GiB, 15.8 GiB of FIFOs): their
     FIFOs at the size that was refused, with the slot ``hccc run`` compiles them with (an
@@ -304,6 +305,7 @@ def test_the_host_api_sizes_its_fifos_by_the_same_budget(tmp_path):
 
 
 @needs_gxx
+@pytest.mark.slow    # 8 s: the rank kernels and the host program built with g++
 def test_host_api_calls_pipeline_through_a_small_budget(tmp_path):
     """One process per rank through hccc_host.h with 1 KiB FIFOs (128-byte slots) for a 64 KiB-slot
     program: Simple and LL calls, in and out of place, every element the sum."""
