@@ -18,8 +18,8 @@ import numpy as np
 
 #: the terms in the order a difference is reported (the program digest last: a different channel
 #: count or slot size also changes the program, and is the clearer thing to name)
-TERMS = ("ranks", "codegen", "abi", "channels", "chunk_bytes", "slot_bytes", "slots", "platforms",
-         "dtype", "op", "collective", "program")
+TERMS = ("ranks", "codegen", "abi", "channels", "chunk_bytes", "slot_bytes", "slots", "fifo_slot_bytes",
+         "platforms", "dtype", "op", "collective", "program")
 
 
 def program_digest(ir) -> str:
@@ -46,10 +46,14 @@ def program_digest(ir) -> str:
     return h.hexdigest()
 
 
-def program_terms(ir, manifest: dict, platforms, codegen: str, dtype: str, op: str) -> dict:
+def program_terms(ir, manifest: dict, platforms, codegen: str, dtype: str, op: str,
+                  fifo_slot_bytes: int | None = None) -> dict:
     """The terms (:data:`TERMS`) of one rank: the program and what the manifest of its generated
-    kernels says about memory (channels, slot size and count) and protocol (ABI version)."""
-    return {"ranks": int(ir.nranks), "codegen": codegen, "abi": manifest.get("abi_version"),
+    kernels says about memory (channels, slot size and count) and protocol (ABI version), and the
+    slot the rank's FIFOs are allocated with (``fifo_slot_bytes``: the compiled slot cut to the
+    per-connection budget, ``HCCC_FIFO_BYTES``; default the manifest's ``slot_bytes``)."""
+    slot = int(manifest.get("slot_bytes", manifest["chunk_bytes"]))
+    return {"fifo_slot_bytes": slot if fifo_slot_bytes is None else int(fifo_slot_bytes),"ranks": int(ir.nranks), "codegen": codegen, "abi": manifest.get("abi_version"),
             "channels": int(manifest.get("nchannels", 1)), "chunk_bytes": int(manifest["chunk_bytes"]),
             "slot_bytes": int(manifest.get("slot_bytes", manifest["chunk_bytes"])),
             "slots": int(manifest.get("nslots", 0)), "platforms": ",".join(platforms),

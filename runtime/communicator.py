@@ -71,6 +71,9 @@ from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
 from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.compiler.backend.abi import NSLOTS
+from hccc.compiler.passes.slicing import budget_slot_capacity
+from hccc.runtime.rank_memory import fifo_budget_bytes
 from hccc.runtime.platform import PlatformError
 from hccc.runtime.process_rank import METHODS, CommunicatorError, ProcessRank
 from hccc.util import dtypes as dtypes_table
@@ -120,7 +123,12 @@ class Communicator(ProcessRank):
     :attr:`last_proto` is the protocol the last call ran, :attr:`proto_note` why it is not the one
     asked for (or None): MSCCL imports and slots too small for LL lines run Simple
     (:func:`~hccc.runtime.rank_memory.launch_proto`), and so does a job across nodes (the network
-    proxy forwards a slot when its ``tail`` advances; LL messages post none).
+    proxy forwards a slot when its ``tail`` advances; LL messages post none). ``fifo_bytes``: the
+    data one connection's FIFO holds (its ``NSLOTS`` slots together, at most the compiled slot's;
+    default ``HCCC_FIFO_BYTES``, else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`, 8 MiB):
+    the FIFOs are exported before any call size is known, so calls larger than that pipeline
+    through them in more micro-batches; every rank must give the same (:attr:`chunk_bytes` is the
+    slot capacity it gives, :attr:`compiled_chunk_bytes` the program's).
     """
 
     def __init__(self, algo, rank: int | None = None, world_size: int | None = None, *, group=None,
@@ -128,9 +136,11 @@ class Communicator(ProcessRank):
                  backend="cpu", device: int | None = None, name: str | None = None, options=None,
                  timeout_s: float = 60.0, kernel_timeout_s: float = 30.0, dtype: str = "float32",
                  op: str = "sum", nthreads: int | None = None, cache_dir=None,
-                 codegen: str | None = None, node: str | None = None, proto: str = "auto"):
+                 codegen: str | None = None, node: str | None = None, proto: str = "auto",
+                 fifo_bytes: int | None = None):
         super().__init__(proto, timeout_s, kernel_timeout_s)
         self._node, self._boot = node, None
+        self._fifo_request = fifo_bytes
         try:
             ir, plats, compiled = _load(algo, options)
             self._setup(ir, plats, compiled if codegen is None else codegen, rank, world_size,
@@ -171,6 +181,16 @@ class Communicator(ProcessRank):
         pf = self._pf = self._platform(backend, device, cache_dir)
         # this rank's kernel
         self._prog = prog = GeneratedProgram(ir, self.rank_platform, cache_dir, codegen)
+        # the FIFOs are exported before any call size is known: sized by the per-connection budget
+        # (HCCC_FIFO_BYTES), at most the compiled slot; larger calls pipeline through them
+        try:
+            self.fifo_bytes = fifo_budget_bytes(self._fifo_request)
+        except ValueError as exc:
+            raise CommunicatorError(f"rank {self.rank}: {exc}") from None
+        self.compiled_chunk_bytes = prog.chunk_bytes
+        self.chunk_bytes = budget_slot_capacity(ir, prog.chunk_bytes, self.fifo_bytes, NSLOTS)
+        self._plans = [p.with_capacity(self.chunk_bytes, ir.max_step_chunks) for p in prog.plans]
+        self.slot_bytes = self._plans[self.rank].slot_bytes
         self._agree(prog.manifest, self.rank_platform, codegen, dtype, op)
         self.grid = prog.blocks(self.rank)
         self.block = prog.threads(self.rank_platform[self.rank], pf, nthreads)
@@ -179,7 +199,6 @@ class Communicator(ProcessRank):
         self.threads_note = None
         self._kernels: dict[tuple[str, str], object] = {}
         self._kernel(dtype, op)
-        self.chunk_bytes, self.slot_bytes, self._plans = prog.chunk_bytes, prog.slot_bytes, prog.plans
         check_fifo_memory(ir.name, self._plans, [self.rank])
         self._allocate()
 
@@ -273,7 +292,7 @@ class Communicator(ProcessRank):
         """Before anything is mapped: every rank runs the same program with the same memory
         layout and protocol (:mod:`hccc.runtime.agreement`), else every rank raises."""
         from hccc.runtime.agreement import first_difference, program_terms
-        mine = program_terms(self.ir, man, plats, codegen, dtype, op)
+        mine = program_terms(self.ir, man, plats, codegen, dtype, op, fifo_slot_bytes=self.slot_bytes)
         gathered = self._all_gather(json.dumps(mine, sort_keys=True).encode(), "program")
         why = first_difference([json.loads(b) for b in gathered])
         if why:

@@ -28,8 +28,25 @@ class GroupMemory:
 
     def __init__(self, plans, rank_pf: list, placement, platform, allocs: list, tables=None):
         self.rank_pf, self.placement, self.platform, self.allocs = rank_pf, placement, platform, allocs
+        self._tables = tables
+        self._rank_memories(plans)
         N = len(plans)
-        self.rank_mem = [RankMemory(plans[r], rank_pf[r], lambda n, r=r: self.malloc(r, n, peer=True),
+        # the abort flag: pinned, mapped host memory; the error record: rank 0's memory (every
+        # rank's kernels reach it; the first to time out claims it with a CAS)
+        self.abort_ptr = platform.host_flags(64)
+        allocs.append((platform, self.abort_ptr))
+        self.error_ptr = self.malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
+        self.flags = LaunchFlags(platform, self.abort_ptr, self.error_ptr)
+        #: (abort flag, error record)
+        self.flag_ptrs = (self.abort_ptr, self.error_ptr)
+        self.grid_args_ptr = self.grid_first_ptr = None
+
+    def _rank_memories(self, plans) -> None:
+        """Every rank's :class:`RankMemory` of ``plans``, connected (and its table loaded in table
+        mode), with fresh LL epochs, and the lists of its pointers."""
+        N = len(plans)
+        self.plans = list(plans)
+        self.rank_mem = [RankMemory(plans[r], self.rank_pf[r], lambda n, r=r: self.malloc(r, n, peer=True),
                                     lambda n, r=r: self.malloc(r, n))
                          for r in range(N)]
         for m in self.rank_mem:
@@ -45,17 +62,21 @@ class GroupMemory:
         #: sends nobody receives: (rank, FIFO, header bytes), the FIFO in the sender's memory
         self.orphans = [(r, f, abi.ORPHAN_HEADER) for r, m in enumerate(self.rank_mem) for f in m.orphans]
         self.table_ptr: list[int] = []
-        if tables is not None:
-            self.table_ptr = [self.rank_mem[r].load_table(tables[r]) for r in range(N)]
-        # the abort flag: pinned, mapped host memory; the error record: rank 0's memory (every
-        # rank's kernels reach it; the first to time out claims it with a CAS)
-        self.abort_ptr = platform.host_flags(64)
-        allocs.append((platform, self.abort_ptr))
-        self.error_ptr = self.malloc(0 if N else None, ctypes.sizeof(ErrorRecord))
-        self.flags = LaunchFlags(platform, self.abort_ptr, self.error_ptr)
-        #: (abort flag, error record)
-        self.flag_ptrs = (self.abort_ptr, self.error_ptr)
-        self.grid_args_ptr = self.grid_first_ptr = None
+        if self._tables is not None:
+            self.table_ptr = [self.rank_mem[r].load_table(self._tables[r]) for r in range(N)]
+
+    def refit(self, plans) -> None:
+        """Replace every rank's memory by that of ``plans`` (FIFOs of another slot size; no kernel
+        runs): the old blocks, orphan FIFOs, connection tables and tables are freed first."""
+        for r, m in enumerate(self.rank_mem):
+            pf = self.rank_pf[r]
+            for ptr in m.allocations:
+                pf.free(ptr)
+                self.allocs.remove((pf, ptr))
+        epochs, self.rank_mem = self.ll_epochs, []
+        self._rank_memories(plans)
+        # the epochs go on (what was counted stays counted); the new slots hold no LL lines yet
+        epochs.dirty, self.ll_epochs = True, epochs
 
     def malloc(self, rank: int | None, nbytes: int, *, peer: bool = False) -> int:
         """Memory on ``rank``'s platform and device (kept until the group closes); ``peer``: memory

@@ -19,8 +19,9 @@ the other platform write into them, so every pair of platforms of one run must s
 runtime in one process share none, and the runner refuses such a mapping, naming the ranks.
 
 One :class:`Runner` holds one build (program x platforms x dtype x op) and the size-independent
-state: per rank the FIFOs it receives on (``NSLOTS * chunk_bytes`` slot bytes, in the receiver's
-memory), their head/tail counters, the progress counters of its TBs and its connection tables;
+state: per rank the FIFOs it receives on (``NSLOTS`` slots each, in the receiver's memory, sized
+for the largest call run so far: a slot holds a slice of each chunk a message carries, at most the
+compiled ``chunk_bytes``; :meth:`RankGroup.fit_fifos`), their head/tail counters, the progress counters of its TBs and its connection tables;
 globally the abort flag and the error record. :meth:`Runner.run` then allocates the size-dependent
 buffers (input, output, scratch), zeroes every counter, flag and the error record, uploads
 inputs (outputs and scratch start as garbage: NaN / INT_MIN, so an element never written shows
@@ -180,6 +181,11 @@ class Runner(RankGroup):
     False: a kernel per rank. :attr:`grid_fn` is the entry in use, or None. ``direct``: "auto"
     (default) generates direct mode for the receives :mod:`hccc.compiler.ir.direct` proves safe
     (the sender writes the receiver's destination), "off" keeps the FIFO for every primitive.
+    ``fifo_capacity``: the slot capacity to allocate the FIFOs with before anything is built (the
+    largest :attr:`~hccc.runtime.rank_memory.LaunchCall.slot_cap` the caller will run, as ``hccc
+    run`` gives its sweep's; default the least slot): a call that needs larger slots reallocates
+    them first (:meth:`~hccc.runtime.rank_group.RankGroup.fit_fifos`, up to the compiled
+    ``chunk_bytes``), :attr:`fifo_capacity` is what they hold now.
 
     Bookkeeping for callers and tests: :attr:`rank_platform` (manifest platform per rank),
     :attr:`platforms` (manifest platform -> Platform object), :attr:`libraries` (manifest platform
@@ -335,7 +341,8 @@ class Runner(RankGroup):
         vm, tables = self.vblocks(inplace)
         hc = HostCounts.check(c, N, vm.k, send_lens, recv_lens, sdispls, rdispls, inplace, pass_displs)
         es = ELEMENT_BYTES[self.dtype]
-        call = LaunchCall.plan(ir, hc.equal, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
+        call = LaunchCall.plan(ir, hc.equal, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
+                               largest_chunk=hc.slot)
         call.check(ir)
         scr_n = ir.scratch_chunks * hc.slot
         # before any buffer of the call exists, on the host (inputs, oracle) or the device

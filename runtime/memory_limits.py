@@ -62,14 +62,17 @@ class FifoMemoryError(PlatformError):
 
 def check_fifo_memory(name: str, plans, ranks=None) -> None:
     """Refuse (before allocating or building anything) FIFOs and control blocks that would not fit
-    :func:`run_memory_limit` (``--channels`` x ``--chunk-size`` x connections can ask for more
-    than the machine has) with :class:`FifoMemoryError`."""
+    :func:`run_memory_limit` (``--channels`` x the slot a call uses x connections can ask for more
+    than the machine has) with :class:`FifoMemoryError`. The single-process Runner sizes its
+    slots by the call (at most ``--chunk-size``), a Communicator by its per-connection budget
+    (``HCCC_FIFO_BYTES``)."""
+    from hccc.util.sizes import human_size as human
     need = plans_memory_bytes(plans, ranks)
     limit = run_memory_limit()
     if need > limit:
-        raise FifoMemoryError(f"{name}'s FIFOs need {need / (1 << 30):.1f} GiB ({len(plans)} ranks' "
+        raise FifoMemoryError(f"{name}'s FIFOs need {human(need)} ({len(plans)} ranks' "
                               f"connections x channels x {plans[0].nslots} slots of {plans[0].slot_bytes} "
-                              f"bytes), over the limit of {limit / (1 << 30):.1f} GiB; use a smaller "
+                              f"bytes), over the limit of {human(limit)}; use a smaller "
                               "--chunk-size or fewer --channels, or set HCCC_MAX_RUN_BYTES to change it",
                               need, limit)
 

@@ -176,7 +176,12 @@ class ProcessRank:
         try:           # every rank makes this call (compared above): every rank refuses it
             call.check(ir)
         except ValueError as exc:
-            raise CommunicatorError(f"rank {self.rank}: {what}: {exc}") from None
+            budget = ""
+            if self.chunk_bytes < self.compiled_chunk_bytes:
+                budget = (f" (this communicator's FIFO slots hold {self.chunk_bytes} bytes, not the compiled "
+                          f"{self.compiled_chunk_bytes}: HCCC_FIFO_BYTES, {self.fifo_bytes} bytes per "
+                          "connection, bounds them)")
+            raise CommunicatorError(f"rank {self.rank}: {what}: {exc}{budget}") from None
         args = self._mem.args(call, input=in_p, output=out_p, scratch=scr, abort_flag=self.flags.abort,
                               error=self.flags.error, timeout_s=self.kernel_timeout_s, epoch=epoch)
         if v is not None:
@@ -196,8 +201,9 @@ class ProcessRank:
         key = (count, es, self._proto)
         got = self._call_plans.get(key)
         if got is None:
+            # the FIFOs were exported at set-up with slots of this capacity: every launch keeps it
             call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=self._proto,
-                                   ll_refused=self._ll_refused())
+                                   ll_refused=self._ll_refused(), fit_slot=False)
             got = self._remember(key, (call, self._layout_row(count)))
         return got
 

@@ -45,8 +45,12 @@ class RankGroup:
     def __init__(self, ir: ProgramIR, backend="cpu", dtype: str = "float32",
                  op: str = "sum", *, platforms: list[str] | None = None, nthreads: int | None = None,
                  cache_dir=None, timeout_s: float = 10.0, watchdog_s: float | None = None,
-                 codegen: str = "specialized", one_grid: bool | None = None, direct: str = "auto"):
+                 codegen: str = "specialized", one_grid: bool | None = None, direct: str = "auto",
+                 fifo_capacity: int | None = None):
         check_codegen(codegen)
+        #: the slot capacity the FIFOs are first allocated with (the largest call a caller will
+        #: make, :attr:`LaunchCall.slot_cap`; None: the least); they grow with larger calls
+        self._first_capacity = fifo_capacity
         if direct not in DIRECT_MODES:
             raise ValueError(f"unknown direct mode {direct!r} (expected one of {', '.join(DIRECT_MODES)})")
         if dtype not in DTYPES:
@@ -69,6 +73,8 @@ class RankGroup:
         self.launches: RankLaunches | None = None
         self.memory: GroupMemory | None = None
         self._closed = False
+        #: why the FIFOs are gone (a reallocation that failed half-way), or None
+        self._no_fifos: str | None = None
         #: what the last run's protocol request changed, or None: why LL ran Simple
         #: (:func:`~hccc.runtime.rank_memory.launch_proto`), or that its direct-mode receives went through the FIFO as LL lines
         self.proto_note = None
@@ -93,7 +99,12 @@ class RankGroup:
         self.program = prog = GeneratedProgram(self.ir, self.rank_platform, cache_dir, self.codegen, self.direct)
         self.gendir, self.manifest = prog.gendir, prog.manifest
         self.nranks, self.nslots, self.chunk_bytes = prog.nranks, prog.nslots, prog.chunk_bytes
-        self.slot_bytes, self.rank_plans = prog.slot_bytes, prog.plans
+        # the FIFOs start at the least slot the kernels run (one 16-byte share per region) and grow
+        # with the calls (fit_fifos): their memory follows the largest call, not the compiled slot
+        least = 16 * max(1, int(self.ir.max_step_chunks))
+        self.fifo_capacity = min(self.chunk_bytes, max(least, int(self._first_capacity or least)))
+        self.rank_plans = self._plans_at(self.fifo_capacity)
+        self.slot_bytes = self.rank_plans[0].slot_bytes if self.rank_plans else prog.slot_bytes
         check_fifo_memory(self.ir.name, self.rank_plans)     # the FIFOs fit before anything is built
         self.kernels = k = RankKernels(self.ir, prog, self.platforms, self.rank_platform, self.library_ranks,
                                        self.dtype, self.op, nthreads, self._one_grid)
@@ -112,10 +123,7 @@ class RankGroup:
         tables = self.program.tables() if self.program.table_mode else None
         self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
                                         self._allocs, tables)
-        self.rank_mem, self.ll_epochs, self.orphans = mem.rank_mem, mem.ll_epochs, mem.orphans
-        self.table_ptr, self.ctrl, self.ctrl_bytes = mem.table_ptr, mem.ctrl, mem.ctrl_bytes
-        self.prog_ptr, self.slots_ptr, self.send_tab, self.recv_tab = (mem.prog_ptr, mem.slots_ptr,
-                                                                       mem.send_tab, mem.recv_tab)
+        self._mirror_memory()
         self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
         for r in range(self.nranks):
@@ -125,6 +133,36 @@ class RankGroup:
             mem.alloc_grid_args(self.grid)
         self.launches = RankLaunches(self.ir, self.kernels, self.rank_pf, self._distinct, self.grid,
                                      self.streams, self.flags, self.flags_pf, self.timeout_s)
+
+    def _plans_at(self, capacity: int) -> list:
+        """Every rank's plan with slots of ``capacity`` (as ``chunk_bytes``)."""
+        return [p.with_capacity(capacity, self.ir.max_step_chunks) for p in self.program.plans]
+
+    def fit_fifos(self, capacity: int) -> None:
+        """Make the FIFOs hold slots of ``capacity`` (a call's :attr:`LaunchCall.slot_cap`, at most
+        the compiled ``chunk_bytes``): reallocated larger, before the call's buffers, when the
+        call needs more than they hold (checked against the run's memory limit first,
+        :func:`~hccc.runtime.memory_limits.check_fifo_memory`); never shrunk."""
+        capacity = min(int(capacity), self.chunk_bytes)
+        if capacity <= self.fifo_capacity:
+            return
+        plans = self._plans_at(capacity)
+        check_fifo_memory(self.ir.name, plans)
+        try:
+            self.memory.refit(plans)
+        except BaseException as exc:
+            self._no_fifos = f"reallocating its FIFOs for slots of {capacity} bytes failed: {exc}"
+            raise
+        self.fifo_capacity, self.rank_plans, self.slot_bytes = capacity, plans, plans[0].slot_bytes
+        self._mirror_memory()
+
+    def _mirror_memory(self) -> None:
+        """The attributes that name the memory's pointers (tests and reports read them)."""
+        mem = self.memory
+        self.rank_mem, self.ll_epochs, self.orphans = mem.rank_mem, mem.ll_epochs, mem.orphans
+        self.table_ptr, self.ctrl, self.ctrl_bytes = mem.table_ptr, mem.ctrl, mem.ctrl_bytes
+        self.prog_ptr, self.slots_ptr, self.send_tab, self.recv_tab = (mem.prog_ptr, mem.slots_ptr,
+                                                                       mem.send_tab, mem.recv_tab)
 
     @property
     def _broken(self) -> str | None:
@@ -151,6 +189,7 @@ class RankGroup:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         out_lens = [row[1] for row in lay] if out_lens is None else out_lens
         self.proto_note = call.note
+        self.fit_fifos(call.slot_cap)
         bufs, outs, verdicts = RunBuffers(self.rank_pf, self.placement, self.dtype), None, []
         try:
             bufs.alloc(lay, inplace, call.element_bytes)
@@ -242,6 +281,8 @@ class RankGroup:
     def _check_usable(self) -> None:
         if self._closed:
             raise PlatformError("runner is closed")
+        if self._no_fifos:
+            raise PlatformError(f"runner is unusable: {self._no_fifos}")
         if self._broken:
             raise PlatformError(f"the {self.launches.names()} platform is unusable after an earlier "
                                 f"run: {self._broken}")

@@ -14,6 +14,10 @@ one rank and reaches its peers through its bootstrap. Both launch a call through
    algorithm-level program (one micro-batch per chunk), else the slicing pass's choice within a
    chunk's share of a slot (LL's half of it under LL); a fixed slice is a positive multiple of 16 of
    at most the slot; an algorithm-level program refuses a slice that cuts its chunks.
+   **Slot capacity** (:func:`call_slot_capacity`, ``hccc_args::slot_cap``): the Runner's launch
+   uses the least slot that holds a slice of each chunk of the call's largest message (its FIFOs
+   follow it, :meth:`~hccc.runtime.rank_group.RankGroup.fit_fifos`); a Communicator's, the slot of
+   its per-connection budget (:func:`fifo_budget_bytes`), fixed when its FIFOs were exported.
 3. **LL epoch** (:class:`~hccc.runtime.ll_epoch.LLEpochs` from the call's bound on messages per
    connection, :func:`~hccc.runtime.ll_epoch.ll_messages_bound`): asked once per launch; it says
    whether the FIFO slots are zeroed before it (:meth:`RankMemory.reset`).
@@ -38,7 +42,7 @@ import numpy as np
 
 from hccc.compiler.backend import abi
 from hccc.compiler.ir.program_ir import ProgramIR
-from hccc.compiler.passes.slicing import program_slice_bytes, slot_share_bytes
+from hccc.compiler.passes.slicing import FIFO_BUDGET_BYTES, program_slice_bytes, slot_share_bytes
 from hccc.runtime.kernel_abi import Args, ErrorRecord, GridArgs, TableArgs, TableGridArgs, conn_table
 from hccc.runtime.ll_epoch import LLEpochs, ll_messages_bound
 
@@ -107,6 +111,44 @@ def check_slice(ir: ProgramIR, count: int, element_bytes: int, slice_bytes: int)
             f"{need}-byte chunks of a {count}-element call into {m} micro-batches, which would stick: "
             f"it needs a slice and FIFO slot (--chunk-size) of at least {-(-need // 16) * 16} bytes")
 
+
+def call_slot_capacity(ir: ProgramIR, count: int, element_bytes: int, chunk_bytes: int, slice_bytes: int,
+                       proto: str, largest_chunk: int | None = None) -> int:
+    """The slot capacity (as ``chunk_bytes``: slots of ``HCCC_SLOT_BYTES(capacity, max_cnt)``) a
+    launch of ``count`` elements needs, at most ``chunk_bytes``: a region never holds more than one
+    slice (``slice_bytes``) of the call's largest chunk (``largest_chunk`` elements, default
+    ``ceil(count / nchunks)``; an AllToAllv call's largest block piece), rounded up to 16 bytes,
+    twice that under LL (half of a region's share carries data). The share it gives,
+    ``slot_share_bytes(capacity, max_step_chunks)``, is exactly that, never under 16 bytes, so
+    the slice, the micro-batches and the protocol of the call are those it has with ``chunk_bytes``
+    (the kernels' ``hccc_launch_init`` takes it from ``hccc_args::slot_cap``)."""
+    mc = max(1, int(ir.max_step_chunks))
+    chunk = int(largest_chunk) if largest_chunk is not None else -(-max(0, int(count)) // max(1, int(ir.nchunks)))
+    need = min(int(slice_bytes), max(1, chunk) * int(element_bytes))
+    need = max(16, -(-need // 16) * 16) * (2 if proto == "ll" else 1)
+    return min(int(chunk_bytes), mc * need)
+
+
+def fifo_budget_bytes(given: int | None = None) -> int:
+    """Bytes of data one connection's FIFO may hold in a one-rank-per-process launcher (the
+    :class:`~hccc.runtime.communicator.Communicator`, which exports its FIFOs before any call size
+    is known): ``given`` (its ``fifo_bytes`` option), else ``HCCC_FIFO_BYTES`` (K/M/G suffixes),
+    else :data:`~hccc.compiler.passes.slicing.FIFO_BUDGET_BYTES`. ValueError naming the option or
+    variable for anything but a positive whole number of bytes."""
+    from hccc.util.diagnostics import env_size
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or int(given) <= 0:
+            from hccc.util.limits import printable
+            raise ValueError(f"fifo_bytes must be a positive whole number of bytes, not "
+                             f"{printable(repr(given), limit=40)}")
+        return int(given)
+    try:
+        got = env_size("HCCC_FIFO_BYTES")
+    except ValueError as exc:
+        raise ValueError(f"HCCC_FIFO_BYTES must be a positive size such as 8M, not '{exc}'") from None
+    return FIFO_BUDGET_BYTES if got is None else int(got)
+
+
 @dataclass(frozen=True)
 class LaunchCall:
     """The values of one call, computed once (steps 1-3 of the module's recipe): ``count``
@@ -119,16 +161,21 @@ class LaunchCall:
     note: str | None
     slice_bytes: int
     messages: int
+    slot_cap: int
 
     @classmethod
     def plan(cls, ir: ProgramIR, count: int, element_bytes: int, chunk_bytes: int, *,
              proto: str = "simple", slice_bytes: int | str = "auto",
-             ll_refused: str | None = None) -> "LaunchCall":
+             ll_refused: str | None = None, fit_slot: bool = True,
+             largest_chunk: int | None = None) -> "LaunchCall":
         """The call of ``count`` elements of ``ir`` through slots of ``chunk_bytes`` under the
         requested ``proto`` and ``slice_bytes`` (``"auto"`` or bytes; ValueError for a fixed slice
         that is not a positive multiple of 16 of at most the slot). ``ll_refused``: see
         :func:`launch_proto`. The slice is not checked against an algorithm-level program here:
-        :meth:`check` does that, where the caller refuses the call."""
+        :meth:`check` does that, where the caller refuses the call. The launch's slot capacity
+        (:attr:`slot_cap`) is :func:`call_slot_capacity` with ``fit_slot`` (FIFOs allocated for
+        the call: ``largest_chunk`` as there), else ``chunk_bytes`` (FIFOs allocated before the
+        call, whose layout the launch keeps)."""
         count, es, chunk_bytes = int(count), int(element_bytes), int(chunk_bytes)
         run, note = launch_proto(ir, proto, count * es, chunk_bytes, ll_refused)
         if slice_bytes == "auto":
@@ -140,9 +187,11 @@ class LaunchCall:
             if slice_b <= 0 or slice_b % 16 or slice_b > chunk_bytes:
                 raise ValueError(f"slice of {slice_b} bytes: must be a positive multiple of 16 of at most "
                                  f"the slot size {chunk_bytes}")
-        msgs = ll_messages_bound(ir.nprims, count, ir.nchunks, es, chunk_bytes,
-                                 slot_share_bytes(chunk_bytes, ir.max_step_chunks), slice_b)
-        return cls(count, es, run, note, slice_b, msgs)
+        cap = (call_slot_capacity(ir, count, es, chunk_bytes, slice_b, run, largest_chunk) if fit_slot
+               else chunk_bytes)
+        msgs = ll_messages_bound(ir.nprims, count, ir.nchunks, es, cap,
+                                 slot_share_bytes(cap, ir.max_step_chunks), slice_b)
+        return cls(count, es, run, note, slice_b, msgs, cap)
 
     @property
     def proto_code(self) -> int:
@@ -264,6 +313,13 @@ class RankPlan:
         """Ranks whose memory this rank's connection tables point into."""
         return {p for p, _ in self.recv_conns} | {p for p, _ in self.send_conns}
 
+    def with_capacity(self, capacity: int, max_step_chunks: int) -> "RankPlan":
+        """This plan with slots of capacity ``capacity`` (as ``chunk_bytes``) for a program whose
+        messages carry up to ``max_step_chunks`` chunks: ``HCCC_SLOT_BYTES(capacity, max_cnt)``."""
+        from dataclasses import replace
+        from hccc.compiler.backend.codegen import slot_bytes
+        return replace(self, slot_bytes=slot_bytes(int(capacity), int(max_step_chunks)))
+
 
 class RankMemory:
     """Allocates and connects what one rank owns: its control block and slot block (through
@@ -277,8 +333,19 @@ class RankMemory:
     def __init__(self, plan: RankPlan, platform: Platform, malloc, malloc_local=None,
                  malloc_orphan=None):
         self.plan, self.platform = plan, platform
-        self._malloc_local = malloc_local or malloc
-        self._malloc_orphan = malloc_orphan or malloc
+        #: every pointer this rank's memory allocated (what :meth:`GroupMemory.refit` frees)
+        self.allocations: list[int] = []
+
+        def kept(alloc):
+            def allocate(n):
+                ptr = alloc(n)
+                self.allocations.append(ptr)
+                return ptr
+            return allocate
+
+        malloc = kept(malloc)
+        self._malloc_local = kept(malloc_local) if malloc_local else malloc
+        self._malloc_orphan = kept(malloc_orphan) if malloc_orphan else malloc
         self.ctrl = malloc(plan.ctrl_bytes)
         self.slots = malloc(plan.slots_bytes)
         self.progress = self.ctrl + plan.progress_offset
@@ -351,7 +418,7 @@ class RankMemory:
                     abort_flag=abort_flag, error=error,
                     timeout=int(timeout_s * 1e6 * ticks) if timeout_s > 0 else 0,
                     slice_bytes=call.slice_bytes, proto=call.proto_code, ll_epoch=int(epoch),
-                    peers=peers)
+                    peers=peers, slot_cap=call.slot_cap)
 
     def argument(self, args: Args) -> bytes:
         """The bytes this rank's kernel takes by value (step 4 of the recipe): ``hccc_args``, or in
@@ -424,5 +491,6 @@ def synchronize_in_background(platforms, name: str):
     return done, failure, thread
 
 
-__all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "LaunchCall", "grid_argument",
+__all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "call_slot_capacity", "fifo_budget_bytes",
+           "LaunchCall", "grid_argument",
            "RankPlan", "RankMemory", "LaunchFlags", "synchronize_in_background"]

@@ -177,3 +177,13 @@ def hierarchical_xml(nnodes: int, G: int, proto: str = "Simple") -> str:
             gpus.append(f'  <gpu id="{g}" i_chunks="{N}" o_chunks="{N}" s_chunks="{scr}">\n' + "\n".join(tbs)
                         + "\n  </gpu>")
     return _alltoall_algo(f"hierarchical_all_to_all_{nnodes}x{G}", proto, 2, N, N, gpus)
+
+
+def binary_tree_allreduce(n: int) -> str:
+    """A binary-tree AllReduce over ``n`` ranks (rank ``i``'s parent ``(i - 1) // 2``: the tree
+    ReduceScatter then the tree AllGather of :func:`~hccc.compiler.frontend.generators.tree_allreduce`)
+    in msccl-tools' XML, as the MSCCL XML export writes it (in and out of place)."""
+    from hccc.compiler.frontend import generators as gen
+    from hccc.compiler.interop.msccl_export import export_algorithm
+    edges = [((i - 1) // 2, i) for i in range(1, n)]
+    return export_algorithm(gen.tree_allreduce(n, edges, name=f"binary_tree_allreduce_{n}"), None)[1]

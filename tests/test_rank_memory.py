@@ -246,7 +246,8 @@ def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, 
     """The same program and calls through the single-process Runner and a one-rank Communicator:
     every launch's argument has the same values (count, spin-wait limit, slice, protocol, LL
     epoch; in table mode the table's address after it), and its addresses are each launcher's own
-    rank memory (connection tables, progress counters, flags, table)."""
+    rank memory (connection tables, progress counters, flags, table). The slot capacity differs
+    by design: the Runner's follows the call, the Communicator's its per-connection budget."""
     from communicator_calls import require_torch
     require_torch()
     from hccc.runtime.communicator import Communicator
@@ -261,10 +262,11 @@ def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, 
     monkeypatch.setattr(CpuPlatform, "launch", record)
     ir = build_program(gen.ring_allreduce(1), chunk_bytes=256)
     calls = [(100, "ll"), (100, "ll"), (64, "simple"), (100, "ll")]
+    runner_mems = []          # the Runner's FIFOs follow the calls (reallocated when one needs more)
     with Runner(ir, "cpu", timeout_s=7, codegen=codegen, one_grid=False) as runner:
         for count, proto in calls:
             assert runner.run(count=count, proto=proto).ok
-        mine = [(runner.rank_mem[0], runner.flags)]
+            runner_mems.append((runner.rank_mem[0], runner.flags))
     n_runner = len(seen)
     with Communicator(ir, rank=0, world_size=1, init_method=f"file://{tmp_path}/store", codegen=codegen,
                       timeout_s=20, kernel_timeout_s=7) as comm:
@@ -272,12 +274,12 @@ def test_runner_and_communicator_pack_the_same_arguments(tmp_path, monkeypatch, 
             comm.proto = proto
             x = np.arange(count, dtype=np.float32)
             assert np.array_equal(comm.all_reduce(x), np.arange(count, dtype=np.float32))
-        mine.append((comm._mem, comm.flags))
+        comm_mem = (comm._mem, comm.flags)
     assert n_runner == len(calls) and len(seen) == 2 * len(calls)
     size = ctypes.sizeof(kernel_abi.Args)
     for i in range(len(calls)):
         got = []
-        for blob, (mem, flags) in ((seen[i], mine[0]), (seen[n_runner + i], mine[1])):
+        for blob, (mem, flags) in ((seen[i], runner_mems[i]), (seen[n_runner + i], comm_mem)):
             a = kernel_abi.Args.from_buffer_copy(blob[:size])
             assert (a.send_conns, a.recv_conns, a.progress) == (mem.send_tab, mem.recv_tab, mem.progress)
             assert (a.abort_flag, a.error) == (flags.abort, flags.error)

@@ -294,8 +294,9 @@ def test_ranks_without_a_specified_output_are_not_compared(pf, monkeypatch):
 def test_kernel_abi_matches_the_header(pf, tmp_path):
     """The struct sizes the host packs equal the C++ sizeof of the emitted header's structs (the
     module checks it at load), and the error record decodes."""
-    # hccc_args: 13 words, ll_epoch (+ padding), then the AllToAllv words vcounts, vdispls, vmap, vslot
-    assert kernel_abi.sizes() == (144, 24, 56)
+    # hccc_args: 13 words, ll_epoch (+ padding), the AllToAllv words vcounts, vdispls, vmap, vslot,
+    # then the launch's slot capacity slot_cap
+    assert kernel_abi.sizes() == (152, 24, 56)
     ir = ring_allreduce(2)
     with Runner(ir, pf) as runner:
         out = (ctypes.c_uint64 * 4)()

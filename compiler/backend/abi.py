@@ -34,7 +34,7 @@ from hccc.compiler.backend.prim_fields import PD_FIELDS
 from hccc.compiler.ir.program_ir import Buf, Op
 
 #: ``HCCC_ABI_VERSION`` and the manifest's ``abi_version``
-VERSION = 8
+VERSION = 9
 
 #: FIFO slots per connection (``HCCC_NSLOTS``)
 NSLOTS = 8
@@ -184,6 +184,8 @@ ARGS: tuple[CField, ...] = (
     CField("vdispls", "const int64_t*", "AllToAllv: send then receive displacements (V_DISPLS), nullptr: packed"),
     CField("vmap", "const int32_t*", "AllToAllv: the rank's block-piece table (V_MAP)"),
     CField("vslot", "uint64_t", "AllToAllv: elements of one scratch slot (0: the program has no scratch)"),
+    CField("slot_cap", "uint64_t", "slot capacity of this launch, as chunk_bytes (its slots are "
+           "HCCC_SLOT_BYTES(slot_cap, max_cnt)); 0 or > chunk_bytes: chunk_bytes"),
 )
 
 # ---------------------------------------------------------------------------- AllToAllv

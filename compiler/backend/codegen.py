@@ -30,7 +30,7 @@ from hccc.compiler.ir.check import check_fifo_order, check_structure
 from hccc.compiler.ir.extents import buffer_bases, chunk_anchors
 from hccc.compiler.ir.int_text import RowText
 from hccc.compiler.ir.program_ir import NAME_RE, Buf, Op, ProgramIR
-from hccc.compiler.passes.slicing import slot_share_bytes
+from hccc.compiler.passes.slicing import FIFO_BUDGET_BYTES, slot_share_bytes
 from hccc.compiler.ir.sort_order import lexsort
 from hccc.util import dtypes as dtypes_table
 
@@ -647,8 +647,7 @@ def _host_header(env, ir: ProgramIR, rank_entries: list[dict], nthreads: dict, i
         vtables=_host_vtables(ir, ints), version=VERSION, name=ir.name, collective=ir.collective, nranks=ir.nranks,
         nchunks=ir.nchunks, scratch_chunks=ir.scratch_chunks, chunk_bytes=ir.chunk_bytes,
         in_chunks=ir.in_chunks, out_chunks=ir.out_chunks,
-        slot_bytes=slot_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
-        share_bytes=slot_share_bytes(int(ir.chunk_bytes), int(ir.max_step_chunks)),
+        max_cnt=max(1, int(ir.max_step_chunks)), fifo_budget=FIFO_BUDGET_BYTES,
         algorithm_level=bool(ir.algorithm_level), nprims=int(ir.nprims), nthreads=nthreads, tables=tables)
 
 

@@ -80,7 +80,7 @@ design targets were 0.5 us a unit and 100 GB/s a block (the fifth run's slices).
 from __future__ import annotations
 
 __all__ = ["UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "LL_DATA_FRACTION", "PROTOS",
-           "unit_seconds", "block_bytes_per_second", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "MAX_MICRO_BATCHES",
+           "unit_seconds", "block_bytes_per_second", "SLICE_ALIGN", "DEFAULT_SLOT_BYTES", "FIFO_BUDGET_BYTES", "budget_slot_capacity", "MAX_MICRO_BATCHES",
            "THIN_SLICE_BYTES", "THIN_POLICIES", "THIN_SLOT_SHARE", "SlicePolicy", "CriticalPath", "critical_path",
            "slice_range", "model_seconds", "auto_slice_bytes", "program_slice_bytes", "micro_batches",
            "slot_share_bytes", "primitive_graph", "matched_messages", "thin_policies", "busiest_tb_prims", "busiest_slots", "thin_policy"]
@@ -122,6 +122,14 @@ PROTOS = ("simple", "ll")
 
 #: The slot capacity compiled in by default (``--chunk-size``, CompileOptions.chunk_bytes).
 DEFAULT_SLOT_BYTES = 1 << 20
+#: The data one connection's FIFO holds in the one-rank-per-process launchers (the Python
+#: Communicator, unless ``HCCC_FIFO_BYTES`` or its ``fifo_bytes`` say otherwise; the C++ host API,
+#: unless ``HCCC_HOST_FIFO_DATA_BYTES`` is defined), which set their FIFOs up before any call size
+#: is known: 8 slots (``abi.NSLOTS``, the FIFO's) of the default compile's slot capacity, so a program compiled
+#: with the defaults keeps its slots. Larger calls pipeline through it in more micro-batches, as
+#: NCCL's per-connection buffer (``NCCL_BUFFSIZE``, 4 MiB over its 8 steps) bounds its memory by
+#: channels and peers, not by the message.
+FIFO_BUDGET_BYTES = 8 * DEFAULT_SLOT_BYTES
 #: The smallest floor :data:`THIN_POLICIES` offers a program: 16 KiB.
 THIN_SLICE_BYTES = 16 << 10
 #: The policies of smaller slices ``hccc synth`` may give a program of thin streams, smallest slice
@@ -167,6 +175,18 @@ def micro_batches(nbytes: int, nchunks: int, slice_bytes: int, element_bytes: in
     maxc = -(-count // int(nchunks))
     per = max(1, int(slice_bytes) // int(element_bytes))
     return max(1, -(-maxc // per))
+
+
+def budget_slot_capacity(program, chunk_bytes: int, budget: int, nslots: int) -> int:
+    """The slot capacity (as ``chunk_bytes``) whose ``nslots`` slots (``abi.NSLOTS``) carry at
+    most ``budget`` bytes of data for ``program`` (its ``max_step_chunks`` regions a slot):
+    ``chunk_bytes`` where its share fits, else ``budget / nslots`` cut to whole 16-byte shares of
+    the regions, at least one 16-byte share per region (the least slot the kernels run)."""
+    mc = max(1, int(program.max_step_chunks))
+    share = max(SLICE_ALIGN, int(budget) // max(1, int(nslots)) // mc // SLICE_ALIGN * SLICE_ALIGN)
+    if slot_share_bytes(chunk_bytes, mc) <= share:
+        return int(chunk_bytes)          # the compiled slot is within the budget: kept as it is
+    return mc * share
 
 
 def slot_share_bytes(slot_bytes: int, max_step_chunks: int = 1) -> int:

@@ -311,14 +311,34 @@ def _device_shape(backend: str, nranks: int) -> tuple[int | None, int]:
 LEAST_FIT_SLOT = 4096
 
 
-def _runner_whose_fifos_fit(ir, fit: bool, least: int, make):
+def _sweep_capacity(ir, plan, args) -> int:
+    """The slot capacity the FIFOs need for the run's largest call
+    (:attr:`~hccc.runtime.rank_memory.LaunchCall.slot_cap`, at most the program's slot): the
+    Runner allocates them so, before anything is built, and grows them only for a call that
+    needs more (an AllToAllv row: its largest block piece)."""
+    from hccc.runtime.rank_memory import LaunchCall
+    cap = 0
+    for nbytes, counts in plan.calls:
+        if counts is not None:
+            continue
+        try:
+            call = LaunchCall.plan(ir, nbytes // plan.es, plan.es, int(ir.chunk_bytes), proto=args.proto,
+                                   slice_bytes=args.slice_size)
+        except ValueError:          # the call refuses its slice when it runs
+            continue
+        cap = max(cap, call.slot_cap)
+    return cap
+
+
+def _runner_whose_fifos_fit(ir, fit: bool, least: int, make, capacity=lambda ir: int(ir.chunk_bytes)):
     """``make()``'s Runner and None; with ``fit``, where its FIFOs would pass the run's memory
     limit (:class:`~hccc.runtime.memory_limits.FifoMemoryError`, raised before anything is built),
     the program's slot halved until they fit, down to ``least`` bytes (:data:`LEAST_FIT_SLOT`, or
     for a program proven in the algorithm-level order the slot that holds one micro-batch of its
     largest step, which the last halving stops at): smaller slots are more micro-batches of the
-    same program, never another result; and a note saying so. Without ``fit`` (the slot was
-    given, or the program runs as given) the error stands."""
+    same program, never another result; and a note saying so. The FIFOs grow with the slot the
+    calls use (``capacity(ir)``: at most the program's), so the halving starts from it. Without
+    ``fit`` (the slot was given, or the program runs as given) the error stands."""
     from hccc.runtime.memory_limits import FifoMemoryError
 
     first = int(ir.chunk_bytes)
@@ -327,18 +347,20 @@ def _runner_whose_fifos_fit(ir, fit: bool, least: int, make):
         try:
             return make(), note
         except FifoMemoryError as exc:
-            slot = max(least, int(ir.chunk_bytes) // 2)
+            used = max(1, min(int(ir.chunk_bytes), int(capacity(ir))))
+            slot = max(least, used // 2)
             # the FIFOs grow with the slot: straight to the first halving that fits by that rate
-            while slot // 2 >= least and exc.need * slot / int(ir.chunk_bytes) > exc.limit:
+            while slot // 2 >= least and exc.need * slot / used > exc.limit:
                 slot //= 2
-            if exc.need * slot / int(ir.chunk_bytes) > exc.limit and slot > least:
+            if exc.need * slot / used > exc.limit and slot > least:
                 slot = least
-            if not fit or slot >= int(ir.chunk_bytes):
+            if not fit or slot >= used:
                 raise
             first_need = exc.need if first_need is None else first_need
             ir.chunk_bytes = slot
-            note = (f"chunk size {slot} B instead of {first} B: FIFOs of {first} B slots need "
-                    f"{first_need / (1 << 30):.1f} GiB, over the run's limit of {exc.limit / (1 << 30):.1f} GiB "
+            from hccc.util.sizes import human_size as human
+            note = (f"chunk size {slot} B instead of {first} B: the FIFOs of the run's largest call need "
+                    f"{human(first_need)}, over the run's limit of {human(exc.limit)} "
                     "(--chunk-size sets it; HCCC_MAX_RUN_BYTES the limit)")
 
 
@@ -561,8 +583,9 @@ def _least_slot(ir, sweep, es: int) -> int:
     # runs the whole step list). hccc's kernels run each primitive for all micro-batches first;
     # with a single micro-batch per chunk the two orders coincide, so make the slot hold one
     # chunk of each of the chunks its largest step moves.
-    # That slot is also the least one its FIFOs may shrink to.
-    most = max(sweep.sizes) * max(1, ir.nranks) // es
+    # That slot is also the least one its FIFOs may shrink to. A size is the collective's full
+    # buffer (nccl-tests' S, as Runner.run counts it), which the program cuts into nchunks chunks.
+    most = max(sweep.sizes) // es
     per_chunk = -(-most // max(1, ir.nchunks)) * es
     least_slot = -(-per_chunk // 16) * 16 * ir.max_step_chunks
     ir.chunk_bytes = max(ir.chunk_bytes, least_slot)
@@ -582,7 +605,8 @@ def _run_calls(args, plan: _RunPlan):
                 lambda: Runner(ir, args.backend, args.dtype, args.op, platforms=plan.plats, nthreads=args.threads,
                                timeout_s=args.timeout, codegen=args.codegen,
                                one_grid={"auto": None, "grid": True, "per-rank": False}[args.launch],
-                               direct=args.direct))
+                               direct=args.direct, fifo_capacity=_sweep_capacity(ir, plan, args)),
+                lambda ir: _sweep_capacity(ir, plan, args))
         with runner:
             ran = _Ran(runner.block, "grid" if runner.grid_fn is not None else "per-rank",
                        {pl: {"ranks": rs, "backend": runner.platforms[pl].name,
