@@ -57,7 +57,9 @@ def _lengths(vp: VProgram, counts: np.ndarray) -> np.ndarray:
     gg = np.where(live, g, 0)
     blk, k = gg // K, gg % K
     c = counts.ravel()[blk]
-    return np.where(live, (k + 1) * c // K - k * c // K, 0).astype(np.int64)
+    # floor(k * c / K) as k * q + floor(k * r / K) with c = q * K + r: no product past c
+    q, rem = c // K, c % K
+    return np.where(live, q + ((k + 1) * rem) // K - (k * rem) // K, 0).astype(np.int64)
 
 
 def simulate_v(vp: VProgram, topo, counts, *, element_bytes: int = DEFAULT_ELEMENT_BYTES,
@@ -78,7 +80,7 @@ def simulate_v(vp: VProgram, topo, counts, *, element_bytes: int = DEFAULT_ELEME
     slice_elems = max(1, slice_b // es)
     piece = av.scratch_slot(counts, vp.k)
     nmb = max(1, -(-piece // slice_elems))
-    total = int(counts.sum())
+    total = av.exact_sum(counts)
     per_rank = total * es // max(N, 1)
     geo = Geometry(per_rank, total, es, slice_elems, nmb, table)
     return simulate(vprog, topo, per_rank, execution=execution, element_bytes=es, record=record,

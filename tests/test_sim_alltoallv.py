@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hccc.cli import main
 from hccc.compiler.frontend import generators as gen
@@ -71,10 +73,14 @@ def test_command_line_table_and_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, where, what", [
-    ("1 2\n3 x\n", ":2:3:", "'x' is not a count"),
-    ("1 2\n3\n", ":2:2:", "row 1 has 1 counts"),
+    ("1 2 3 4 5 6 7 8\n3 x\n", ":2:3:", "'x' is not a count"),
+    ("1 2 3 4 5 6 7 8\n3\n", ":2:2:", "row 1 has 1 counts, but direct_alltoall_8 has 8 ranks"),
     ("1 -2\n3 4\n", ":1:3:", "'-2' is not a count"),
     ("# nothing\n\n", ":1:1:", "no counts"),
+    ("1 2\n3 4\n", ":1:4:", "row 0 has 2 counts, but direct_alltoall_8 has 8 ranks: a 8 x 8 matrix is needed"),
+    ("1 2 3 4 5 6 7 8 9\n", ":1:17:", "row 0 has more than 8 counts"),
+    ("0 0 0 0 0 0 0 0\n" * 9, ":9:1:", "more than 8 rows"),
+    ("0 0 0 0 0 0 0 0\n" * 7, ":8:1:", "the file ends after 7 rows"),
 ])
 def test_bad_counts_files_are_located_errors(tmp_path, capsys, text, where, what):
     f = tmp_path / "c.txt"
@@ -87,9 +93,64 @@ def test_wrong_shape_and_wrong_collective_are_refused(tmp_path, capsys):
     f = tmp_path / "c.txt"
     f.write_text("1 2\n3 4\n")
     rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f))
-    assert rc == 1 and "a 2 x 2 counts matrix, but direct_alltoall_8 has 8 ranks" in err
+    assert rc == 1 and "row 0 has 2 counts, but direct_alltoall_8 has 8 ranks" in err
     f.write_text("\n".join(" ".join(["1"] * 8) for _ in range(8)))
     rc, out, err = sim(capsys, str(ROOT / "examples" / "ring_allgather_8.rccl"), "-t", TOPO1, "--counts", str(f))
     assert rc == 1 and "per-pair counts apply to AllToAll programs only" in err
     rc, out, err = sim(capsys, DIRECT8, "-t", TOPO1, "--counts", str(f), "--sizes", "1M")
     assert rc == 1 and "--counts gives the call's sizes" in err
+
+
+# ---------------------------------------------------------------------------- counts files, streamed
+def _lines(rows, seps, notes):
+    """The text of a counts file with ``rows`` (lists of counts), each line's tokens joined by its
+    separator, a comment or blank line before some; and, as the oracle, each row's line number and
+    the column every token starts at (1-based)."""
+    text, where, ln = [], [], 0
+    for row, sep, note in zip(rows, seps, notes):
+        if note:
+            text.append(note)
+            ln += 1
+        cols, col = [], 1
+        for k, v in enumerate(row):
+            cols.append(col)
+            col += len(str(v)) + (len(sep) if k + 1 < len(row) else 0)
+        text.append(sep.join(str(v) for v in row) + ("  # a comment" if len(row) % 2 else ""))
+        ln += 1
+        where.append((ln, cols, col))
+    return "\n".join(text) + "\n", where
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5).flatmap(lambda w: st.tuples(
+    st.just(w), st.lists(st.lists(st.integers(0, 10 ** 6), min_size=w, max_size=w), min_size=1, max_size=6),
+    st.integers(1, 6), st.data())))
+def test_a_counts_file_stops_at_the_first_line_that_cannot_fit(tmp_path_factory, case):
+    """A file of R rows of W counts read for a program of n ranks: the matrix when R == W == n;
+    else a located error at the first line that cannot fit (a row of W > n counts at its count
+    n + 1, W < n at its end, row n + 1 at its first count, R < n at the end), from the line and
+    column oracle of how the file was written."""
+    from hccc.runtime.alltoallv import read_counts_file
+    from hccc.util.diagnostics import CompileError
+    w, rows, n, data = case
+    seps = data.draw(st.lists(st.sampled_from([" ", ", ", "\t", " ,  "]), min_size=len(rows), max_size=len(rows)))
+    notes = data.draw(st.lists(st.sampled_from(["", "# rank s", "   "]), min_size=len(rows), max_size=len(rows)))
+    text, where = _lines(rows, seps, notes)
+    f = tmp_path_factory.mktemp("counts") / "c.txt"
+    f.write_text(text)
+    if w != n:
+        ln, cols, end = where[0]
+        want = (ln, cols[n]) if w > n else (ln, end)
+    elif len(rows) > n:
+        ln, cols, _ = where[n]
+        want = (ln, cols[0])
+    elif len(rows) < n:
+        want = (where[-1][0] + 1, 1)
+    else:
+        assert read_counts_file(f, n, "p").tolist() == rows
+        return
+    with pytest.raises(CompileError) as exc:
+        read_counts_file(f, n, "p")
+    loc = exc.value.diagnostics[0].location
+    assert (loc.line, loc.col) == want, (str(exc.value.diagnostics[0].message), text)
+    assert "p has" in exc.value.diagnostics[0].message
