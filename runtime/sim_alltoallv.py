@@ -24,7 +24,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import alltoallv as av
 from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
 
-__all__ = ["VProgram", "prepare_v", "simulate_v"]
+__all__ = ["VProgram", "prepare_v", "simulate_v", "max_call_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,13 @@ def prepare_v(ir: ProgramIR, topo, block_gbps: float | None = DEFAULT_BLOCK_GBPS
     vm = vblock_map(ir, False)
     prog = prepare(ir, topo, block_gbps)
     return VProgram(ir, prog, vm.k, vm.start, vm.pieces)
+
+
+def max_call_bytes(nchunks: int) -> int:
+    """The largest equal-size stand-in (bytes) a call of a program of ``nchunks`` chunks may be
+    simulated as: the simulator's chunk bounds are int64 products of a chunk index (up to
+    ``nchunks``) and the call's size (:func:`hccc.runtime.sim_model.geometry`)."""
+    return ((1 << 63) - 1) // (int(nchunks) + 1)
 
 
 def _lengths(vp: VProgram, counts: np.ndarray) -> np.ndarray:
@@ -76,6 +83,12 @@ def simulate_v(vp: VProgram, topo, counts, *, element_bytes: int = DEFAULT_ELEME
     table = lens if len(lens) else np.zeros(1, np.int64)
     vprog = dataclasses.replace(prog, p_chunk=vp.start[:-1].astype(np.int64), nchunks=len(table))
     eq = av.equal_count(counts, vp.k)
+    if eq * es > max_call_bytes(prog.nchunks):
+        s, d = (int(i) for i in np.unravel_index(int(np.argmax(counts)), counts.shape))
+        raise av.CountsError(f"counts[{s}][{d}] = {int(counts[s, d])} elements of {es} bytes: the call is "
+                             f"sized as an equal AllToAll of {eq * es} bytes, past the "
+                             f"{max_call_bytes(prog.nchunks)} bytes the simulator's arithmetic holds for "
+                             f"{prog.nchunks} chunks")
     _, slice_b = _call_geometry(prog, eq * es, slice_bytes, es)
     slice_elems = max(1, slice_b // es)
     piece = av.scratch_slot(counts, vp.k)

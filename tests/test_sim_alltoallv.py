@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hccc.cli import main
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.passes.build import build_program
-from hccc.compiler.pipeline import load_cluster
+from hccc.compiler.pipeline import load_cluster, load_program
 from hccc.runtime.sim_alltoallv import prepare_v, simulate_v
 from hccc.runtime.simulator import prepare, simulate
 
@@ -154,3 +154,30 @@ def test_a_counts_file_stops_at_the_first_line_that_cannot_fit(tmp_path_factory,
     loc = exc.value.diagnostics[0].location
     assert (loc.line, loc.col) == want, (str(exc.value.diagnostics[0].message), text)
     assert "p has" in exc.value.diagnostics[0].message
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7), st.sampled_from([2 ** 40, 2 ** 55, 2 ** 61, 2 ** 62])),
+                max_size=3),
+       st.integers(0, 300), st.sampled_from([1, 2, 4, 8]))
+def test_simulated_counts_never_overflow(huge, base, es):
+    """Counts up to 2**62 of any element size: the simulation runs, or refuses the call (a
+    CountsError naming an entry, or the simulator's own size limits), and never overflows."""
+    from hccc.runtime.alltoallv import CountsError
+    from hccc.runtime.simulator import SimulationError
+    c = np.full((8, 8), base, np.int64)
+    for s, d, v in huge:
+        c[s, d] = v
+    topo = load_cluster(TOPO1)
+    vp = _VP or _VP.append(prepare_v(load_program(DIRECT8), topo)) or _VP
+    try:
+        res = simulate_v(vp[0], topo, c, element_bytes=es)
+    except CountsError as exc:
+        assert "counts[" in str(exc), str(exc)
+    except SimulationError:
+        pass
+    else:
+        assert res.time_us >= 0 and res.nbytes == sum(int(v) for v in c.ravel()) * es // 8
+
+
+_VP: list = []
