@@ -25,7 +25,7 @@ from hccc.runtime.platform import get_platform
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
 from msccl_texts import allpairs_allreduce, direct_allgather
-from test_host_alltoallv import fit_verdict   # the oracle of what fits a call's buffers
+from alltoallv_fit import fit_verdict      # the oracle of what fits a call's buffers
 
 pytestmark = pytest.mark.skipif(os.environ.get("HCCC_CPU_SANITIZE") != "address" or not asan_loaded(),
                                 reason="run through test_kernels_asan.py (ASan runtime preloaded)")
