@@ -306,14 +306,14 @@ class _CountsReader:
             if m is None:
                 return
             tok = m.group()
-            if m.end() == end and not final and (tok == "\r" or (tok[0] not in "#" and not _BREAK.fullmatch(tok)
-                                                                   and len(tok) <= _TOKEN_MAX)):
+            brk = _BREAK.fullmatch(tok) is not None
+            if m.end() == end and not final and (tok == "\r" or (tok != "#" and not brk and len(tok) <= _TOKEN_MAX)):
                 self.carry = tok        # (the rest of it may come with the next block)
                 return
             i = m.end()
             if tok == "#":
                 self.comment = True
-            elif _BREAK.fullmatch(tok):
+            elif brk:
                 self._end_line(buf)
                 self.ln += 1
                 self.line_start = self.base + m.end()

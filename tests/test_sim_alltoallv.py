@@ -181,3 +181,33 @@ def test_simulated_counts_never_overflow(huge, base, es):
 
 
 _VP: list = []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet="0123456789 ,\t\n\r#x\u00e9\u2028", max_size=40), st.lists(st.integers(0, 60), max_size=4))
+def test_a_counts_file_reads_the_same_in_any_blocks(text, cuts):
+    """The streaming reader fed a file's bytes in blocks cut anywhere (inside a CRLF, a token, a
+    multi-byte character) answers as when fed them whole: the same matrix or the same located
+    error; and a text whose lines are N counts each reads as those lines split by hand."""
+    from hccc.runtime.alltoallv import _CountsReader
+    from hccc.util.diagnostics import CompileError
+    data = text.encode()
+
+    def read(points):
+        r = _CountsReader("c.txt", 2, "p")
+        prev = 0
+        try:
+            for c in sorted(min(p, len(data)) for p in points) + [len(data)]:
+                r.feed(data[prev:c])
+                prev = c
+            return r.finish().tolist()
+        except CompileError as exc:
+            d = exc.diagnostics[0]
+            return d.location.line, d.location.col, d.message
+
+    whole = read([])
+    assert read(cuts) == whole
+    rows = [ln.split("#", 1)[0].replace(",", " ").split() for ln in text.splitlines()]
+    rows = [r for r in rows if r]
+    if isinstance(whole, list):
+        assert whole == [[int(v) for v in r] for r in rows]
