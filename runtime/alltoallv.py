@@ -17,10 +17,23 @@ block ``(r, p)`` where block ``(p, r)`` arrives, as MPI's in-place Alltoallv req
 """
 from __future__ import annotations
 
+import codecs
+import re
+from pathlib import Path
+
 import numpy as np
 
+from hccc.util.diagnostics import (CompileError, Diagnostic, Location, SourceFile, printable,
+                                   read_input_bytes)
+
 __all__ = ["CountsError", "as_counts", "packed_displs", "check_call", "scratch_slot", "equal_count",
-           "expected", "device_displs", "read_counts_file", "MAX_FILE_RANKS", "MAX_FILE_COUNT"]
+           "expected", "device_displs", "exact_sum", "read_counts_file", "MAX_ELEMENTS", "MAX_FILE_RANKS",
+           "MAX_FILE_COUNT"]
+
+#: the largest count, displacement or block end (elements) a call may name: 2**62, so that the sum
+#: of any two fits in int64 (every check below is written not to form a larger sum at all), and
+#: more elements than any memory holds
+MAX_ELEMENTS = 1 << 62
 
 
 class CountsError(ValueError):
@@ -30,7 +43,7 @@ class CountsError(ValueError):
 def as_counts(counts, nranks: int, what: str = "counts", *, row: bool = False) -> np.ndarray:
     """``counts`` as an ``nranks x nranks`` int64 array (with ``row``: one rank's row, ``nranks``
     counts); CountsError for another shape, a value that is not a non-negative integer, or one
-    past 2**62."""
+    past :data:`MAX_ELEMENTS`."""
     try:
         a = np.asarray(counts)
     except Exception as e:   # ragged nested lists
@@ -56,20 +69,52 @@ def as_counts(counts, nranks: int, what: str = "counts", *, row: bool = False) -
     if neg.any():
         name, v = entry(neg)
         raise CountsError(f"{name} = {int(v)}: a count must be >= 0")
-    big = a > 2 ** 62
+    big = a > MAX_ELEMENTS
     if big.any():
         name, v = entry(big)
-        raise CountsError(f"{name} = {int(v)} is too large")
+        raise CountsError(f"{name} = {int(v)} is too large (at most 2**62)")
     return a.astype(np.int64)
+
+
+def _first_past(cum: np.ndarray):
+    """The first index (row-major) where a running sum of counts (int64, each addend at most
+    :data:`MAX_ELEMENTS`) passes :data:`MAX_ELEMENTS`, or None. The first sum past it is at most
+    2**63, which int64 holds or wraps to -2**63: negative, while every earlier sum is not."""
+    bad = (cum > MAX_ELEMENTS) | (cum < 0)
+    return tuple(int(i) for i in np.argwhere(bad)[0]) if bad.any() else None
+
+
+def exact_sum(counts) -> int:
+    """The sum of non-negative int64 counts (each at most :data:`MAX_ELEMENTS`) as a Python
+    integer, however many: the high and low 31 bits are summed apart (no int64 sum wraps below
+    2**32 entries)."""
+    c = np.asarray(counts, np.int64)
+    return int((c >> 31).sum()) * (1 << 31) + int((c & ((1 << 31) - 1)).sum())
 
 
 def packed_displs(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(sd, rd)`` of packed buffers: ``sd[o][p]`` = sum of ``counts[o][j]`` for ``j < p`` (where
-    rank ``o`` sends from), ``rd[o][p]`` = sum of ``counts[i][o]`` for ``i < p`` (where it receives)."""
+    rank ``o`` sends from), ``rd[o][p]`` = sum of ``counts[i][o]`` for ``i < p`` (where it receives).
+    CountsError naming the entry where a rank's blocks pass :data:`MAX_ELEMENTS` in all (no
+    buffer holds them; the sums would wrap in int64)."""
     c = np.asarray(counts, np.int64)
-    sd = np.cumsum(c, axis=1) - c
-    rd = (np.cumsum(c, axis=0) - c).T.copy()
-    return sd, rd
+    rows, cols = np.cumsum(c, axis=1), np.cumsum(c, axis=0)
+    at = _first_past(rows)
+    if at is not None:
+        s, d = at
+        raise CountsError(f"rank {s}'s blocks to ranks 0..{d} (counts[{s}][0..{d}]) hold more than 2**62 "
+                          "elements: no send buffer holds them")
+    at = _first_past(cols.T)
+    if at is not None:
+        d, s = at
+        raise CountsError(f"rank {d}'s blocks from ranks 0..{s} (counts[0..{s}][{d}]) hold more than 2**62 "
+                          "elements: no receive buffer holds them")
+    return rows - c, (cols - c).T.copy()
+
+
+def _block_end(disp: int, count: int) -> int:
+    """Where a block ends (a Python integer: no wrap)."""
+    return int(disp) + int(count)
 
 
 def check_call(counts: np.ndarray, send_lens, recv_lens, sd=None, rd=None, inplace: bool = False):
@@ -95,17 +140,20 @@ def check_call(counts: np.ndarray, send_lens, recv_lens, sd=None, rd=None, inpla
     for r in range(N):
         for what, lens, disp, row in (("send", send_lens, sd, counts[r]), ("receive", recv_lens, rd, counts[:, r])):
             n = None if lens is None else lens[r]
-            if n is None:
-                continue
-            end = disp[r] + row
-            over = np.flatnonzero((row > 0) & (end > int(n)))
+            # (a buffer's length as given; the blocks are compared with it, never summed past it:
+            # a block of c elements at x fits n elements when c <= n and x <= n - c)
+            n = MAX_ELEMENTS if n is None else min(max(int(n), 0), MAX_ELEMENTS)
+            over = np.flatnonzero((row > 0) & ((row > n) | (disp[r] > n - row)))
             if len(over):
                 p = int(over[0])
                 blk = f"counts[{r}][{p}]" if what == "send" else f"counts[{p}][{r}]"
-                raise CountsError(f"rank {r}'s {what} buffer holds {int(n)} elements, but the block "
-                                  f"{'to' if what == 'send' else 'from'} rank {p} ({blk} = {int(row[p])} at "
-                                  f"element {int(disp[r, p])}) ends at {int(end[p])}")
-        # blocks that land in one receive buffer must not overlap (two writers of one element)
+                held = (f"rank {r}'s {what} buffer holds {n} elements" if lens is not None and lens[r] is not None
+                        else f"no {what} buffer holds more than 2**62 elements")
+                raise CountsError(f"{held}, but the block {'to' if what == 'send' else 'from'} rank {p} "
+                                  f"({blk} = {int(row[p])} at element {int(disp[r, p])}) ends at "
+                                  f"{_block_end(disp[r, p], row[p])}")
+        # blocks that land in one receive buffer must not overlap (two writers of one element);
+        # every block ends by 2**63 (checked above): no sum wraps
         live = np.flatnonzero(counts[:, r] > 0)
         if len(live) > 1:
             o = live[np.argsort(rd[r, live], kind="stable")]
@@ -114,15 +162,15 @@ def check_call(counts: np.ndarray, send_lens, recv_lens, sd=None, rd=None, inpla
             if len(clash):
                 a, b = int(o[clash[0]]), int(o[clash[0] + 1])
                 raise CountsError(f"rank {r} receives the blocks from ranks {a} and {b} into overlapping "
-                                  f"elements ([{int(rd[r, a])}, {int(rd[r, a] + counts[a, r])}) and "
-                                  f"[{int(rd[r, b])}, {int(rd[r, b] + counts[b, r])}))")
+                                  f"elements ([{int(rd[r, a])}, {_block_end(rd[r, a], counts[a, r])}) and "
+                                  f"[{int(rd[r, b])}, {_block_end(rd[r, b], counts[b, r])}))")
     return sd, rd
 
 
 def scratch_slot(counts: np.ndarray, k: int) -> int:
     """Elements of the largest block piece (``K`` pieces a block): a scratch slot's size."""
     c = np.asarray(counts, np.int64)
-    return int(((c + k - 1) // k).max()) if c.size else 0
+    return -(-int(c.max()) // int(k)) if c.size else 0
 
 
 def equal_count(counts: np.ndarray, k: int) -> int:
@@ -130,7 +178,7 @@ def equal_count(counts: np.ndarray, k: int) -> int:
     largest: what sizes the call's slice and protocol (the largest block gets the micro-batches
     the model picks for its size; smaller blocks ride in the same units)."""
     c = np.asarray(counts)
-    return scratch_slot(c, k) * k * len(c)
+    return scratch_slot(c, k) * int(k) * len(c)     # (Python integers: no wrap)
 
 
 def expected(sends: list[np.ndarray], recvs_before: list[np.ndarray], counts: np.ndarray, sd, rd) -> list[np.ndarray]:
@@ -158,41 +206,177 @@ MAX_FILE_RANKS = 4096
 MAX_FILE_COUNT = 1 << 48
 
 
-def read_counts_file(path) -> np.ndarray:
-    """A counts matrix from a text file (``hccc sim --counts``): one line per sending rank ``s``,
-    holding ``counts[s][0] .. counts[s][N-1]`` (elements, non-negative decimal integers) separated
-    by spaces, tabs or commas; ``#`` starts a comment; blank lines are skipped. Every row must
-    have ``N`` entries for ``N`` rows. Errors are :class:`~hccc.util.diagnostics.CompileError`
-    located at the line and column of the offending entry."""
-    import re
+#: what ends a line of a counts file (the breaks of ``str.splitlines``: a located error's line is
+#: the line an editor shows), a ``#`` comment, a token
+_SCAN = re.compile(r"\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]|#|[^\s,#]+")
+_BREAK = re.compile(r"\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+#: a token longer than this is refused as it streams in (a count has at most 15 digits)
+_TOKEN_MAX = 64
+#: characters of the offending line a located error shows
+_SHOWN = 200
 
-    from hccc.util.diagnostics import CompileError, Location, SourceFile
-    src = SourceFile.read(path)
-    rows, where = [], []
-    for ln, line in enumerate(src.text.splitlines(), start=1):
-        body = line.split("#", 1)[0]
-        toks = [(m.group(), m.start() + 1) for m in re.finditer(r"[^\s,]+", body)]
-        if not toks:
-            continue
-        row = []
-        for tok, col in toks:
-            if not re.fullmatch(r"[0-9]+", tok):
-                raise CompileError.at(Location(src, ln, col), f"'{tok[:40]}' is not a count: counts are "
-                                                              "non-negative whole numbers of elements")
-            v = int(tok) if len(tok) <= 20 else MAX_FILE_COUNT + 1
-            if v > MAX_FILE_COUNT:
-                raise CompileError.at(Location(src, ln, col), f"count {tok[:40]} is larger than {MAX_FILE_COUNT}")
-            row.append(v)
-        if len(rows) >= MAX_FILE_RANKS:
-            raise CompileError.at(Location(src, ln, 1), f"more than {MAX_FILE_RANKS} rows (ranks)")
-        rows.append(row)
-        where.append((ln, toks))
-    if not rows:
-        raise CompileError.at(Location(src, 1, 1), "no counts: expected one line of counts per sending rank")
-    n = len(rows)
-    for i, (row, (ln, toks)) in enumerate(zip(rows, where)):
-        if len(row) != n:
-            col = toks[n][1] if len(row) > n else len(src.text.splitlines()[ln - 1].split("#", 1)[0].rstrip()) + 1
-            raise CompileError.at(Location(src, ln, col), f"row {i} has {len(row)} counts, but the "
-                                                          f"file has {n} rows: a {n} x {n} matrix is needed")
-    return np.array(rows, dtype=np.int64)
+
+class _Shown(SourceFile):
+    """The one line of a counts file a located error shows (the file is never held whole)."""
+
+    def __init__(self, name: str, line: int, text: str | None):
+        super().__init__(name, "")
+        object.__setattr__(self, "_line", (line, text))
+
+    def line_text(self, line: int) -> str | None:
+        at, text = self._line
+        return text if line == at else None
+
+
+class _CountsReader:
+    """A counts file read as it streams in (:func:`read_counts_file`): one line at a time, the
+    matrix filled row by row, the first line that cannot fit the expected shape refused at once."""
+
+    def __init__(self, name: str, nranks: int | None, owner: str | None):
+        self.name, self.n, self.owner = name, nranks, owner
+        self.mat = None if nranks is None else np.zeros((nranks, nranks), np.int64)
+        self.rows = 0
+        self.row: list[int] = []
+        self.ln, self.line_start, self.total = 1, 0, 0
+        self.comment = False
+        self.carry, self.base = "", 0
+        self.tok_end = 1        # the column after the last token of the line
+        self.dec = codecs.getincrementaldecoder("utf-8")()
+
+    # ------------------------------------------------------------------ errors
+    def fail(self, col: int, message: str, buf: str | None = None):
+        text = None
+        if buf is not None and self.line_start >= self.base:
+            rest = buf[self.line_start - self.base:]
+            m = _BREAK.search(rest)
+            text = (rest[:m.start()] if m else rest)[:_SHOWN]
+        shown = text if text is not None and col <= len(text) + 1 else None
+        raise CompileError.at(Location(_Shown(self.name, self.ln, shown), self.ln, col), message)
+
+    def _needed(self) -> str:
+        n = self.n
+        who = f"{self.owner} has {n} ranks" if self.owner else f"row 0 has {n} counts"
+        return f"{who}: a {n} x {n} matrix is needed"
+
+    # ------------------------------------------------------------------ bytes and text
+    def feed(self, block: bytes) -> None:
+        try:
+            text = self.dec.decode(block)
+        except UnicodeDecodeError as exc:
+            good = bytes(exc.object[:exc.start]).decode("utf-8", errors="replace")
+            self._text(good, stop=True)
+            self.fail(self.total - self.line_start + 1,
+                      f"invalid UTF-8 byte 0x{exc.object[exc.start]:02x} (binary input?)")
+        nul = text.find("\x00")
+        if nul >= 0:
+            self._text(text[:nul], stop=True)
+            self.fail(self.total - self.line_start + 1, "file contains a NUL byte (binary input?)")
+        self._text(text)
+
+    def feed_end(self) -> None:
+        """The end of the file: a truncated UTF-8 sequence is refused, the last token scanned."""
+        try:
+            tail = self.dec.decode(b"", final=True)
+        except UnicodeDecodeError as exc:
+            self._text("", stop=True)
+            self.fail(self.total - self.line_start + 1,
+                      f"invalid UTF-8 byte 0x{exc.object[exc.start]:02x} (binary input?)")
+        self._text(tail, stop=True)
+
+    def _text(self, text: str, stop: bool = False) -> None:
+        buf = self.carry + text
+        self.base, self.carry = self.total - len(self.carry), ""
+        self.total += len(text)
+        self._scan(buf, final=stop)
+
+    def _scan(self, buf: str, final: bool) -> None:
+        i, end = 0, len(buf)
+        while i < end:
+            if self.comment:
+                m = _BREAK.search(buf, i)
+                if m is None:
+                    return
+                if m.group() == "\r" and m.end() == end and not final:
+                    self.carry = "\r"        # (maybe the first half of a \r\n)
+                    return
+                self.comment = False
+                i = m.start()
+                continue
+            m = _SCAN.search(buf, i)
+            if m is None:
+                return
+            tok = m.group()
+            brk = _BREAK.fullmatch(tok) is not None
+            if m.end() == end and not final and (tok == "\r" or (tok != "#" and not brk and len(tok) <= _TOKEN_MAX)):
+                self.carry = tok        # (the rest of it may come with the next block)
+                return
+            i = m.end()
+            if tok == "#":
+                self.comment = True
+            elif brk:
+                self._end_line(buf)
+                self.ln += 1
+                self.line_start = self.base + m.end()
+                self.tok_end = 1
+            else:
+                self._token(tok, self.base + m.start() - self.line_start + 1, buf)
+
+    def _token(self, tok: str, col: int, buf: str) -> None:
+        if not re.fullmatch(r"[0-9]+", tok):
+            self.fail(col, f"'{tok[:40]}' is not a count: counts are non-negative whole numbers of elements", buf)
+        v = int(tok) if len(tok) <= 20 else MAX_FILE_COUNT + 1
+        if v > MAX_FILE_COUNT:
+            self.fail(col, f"count {tok[:40]} is larger than {MAX_FILE_COUNT}", buf)
+        if not self.row:
+            if self.n is not None and self.rows >= self.n:
+                self.fail(col, f"more than {self.n} rows, but {self._needed()}", buf)
+            if self.rows >= MAX_FILE_RANKS:
+                self.fail(col, f"more than {MAX_FILE_RANKS} rows (ranks)", buf)
+        width = self.n if self.n is not None else MAX_FILE_RANKS
+        if len(self.row) >= width:
+            if self.n is None:
+                self.fail(col, f"more than {MAX_FILE_RANKS} counts in a row (ranks)", buf)
+            self.fail(col, f"row {self.rows} has more than {self.n} counts, but {self._needed()}", buf)
+        self.row.append(v)
+        self.tok_end = col + len(tok)
+
+    def _end_line(self, buf: str | None) -> None:
+        if not self.row:
+            return
+        if self.n is None:                  # no rank count given: the first row's
+            self.n = len(self.row)
+            self.mat = np.zeros((self.n, self.n), np.int64)
+        if len(self.row) != self.n:
+            self.fail(self.tok_end, f"row {self.rows} has {len(self.row)} counts, but {self._needed()}", buf)
+        self.mat[self.rows] = self.row
+        self.rows += 1
+        self.row = []
+
+    def finish(self) -> np.ndarray:
+        self.feed_end()
+        self._end_line(None)
+        if self.rows == 0:
+            self.ln = 1
+            self.fail(1, "no counts: expected one line of counts per sending rank")
+        if self.rows != self.n:
+            self.fail(1, f"the file ends after {self.rows} row{'s' if self.rows != 1 else ''}, but "
+                         f"{self._needed()}")
+        return self.mat
+
+
+def read_counts_file(path, nranks: int | None = None, owner: str | None = None) -> np.ndarray:
+    """A counts matrix from a text file (``hccc sim --counts``, ``hccc run --counts``): one line per
+    sending rank ``s``, holding ``counts[s][0] .. counts[s][N-1]`` (elements, non-negative decimal
+    integers) separated by spaces, tabs or commas; ``#`` starts a comment; blank lines are
+    skipped. ``nranks``: the program's rank count ``N`` (``owner``: the program's name, for the
+    messages), else ``N`` is the first row's width. The file is read as it streams in and checked
+    line by line: reading stops at the first line that cannot fit an ``N x N`` matrix (a row of
+    another width, a row past ``N``), so memory is the ``N x N`` matrix and one block of the file,
+    whatever the file holds. Errors are :class:`~hccc.util.diagnostics.CompileError` located at the
+    line and column of the offending entry."""
+    if nranks is not None and not 1 <= int(nranks) <= MAX_FILE_RANKS:
+        raise CompileError([Diagnostic(f"{printable(str(path))}: a counts file describes at most "
+                                       f"{MAX_FILE_RANKS} ranks, not {int(nranks)}", None)])
+    reader = _CountsReader(str(Path(path)), None if nranks is None else int(nranks), owner)
+    read_input_bytes(path, sink=reader.feed)
+    return reader.finish()

@@ -44,6 +44,20 @@ def counts_digest(counts: np.ndarray, displs: np.ndarray | None = None) -> int:
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") | 1
 
 
+def _end(disp: np.ndarray, row: np.ndarray, r: int, what: str) -> int:
+    """Where rank ``r``'s last block of ``row`` at ``disp`` ends (its buffer's least length);
+    CountsError naming the block that ends past :data:`~hccc.runtime.alltoallv.MAX_ELEMENTS`
+    (compared as ``disp > MAX - count``: no sum wraps)."""
+    over = np.flatnonzero(disp > av.MAX_ELEMENTS - row)
+    if len(over):
+        p = int(over[0])
+        blk = f"counts[{r}][{p}]" if what == "send" else f"counts[{p}][{r}]"
+        raise av.CountsError(f"the block {'to' if what == 'send' else 'from'} rank {p} ({blk} = {int(row[p])} "
+                             f"at element {int(disp[p])}) ends at {int(disp[p]) + int(row[p])}: no {what} "
+                             "buffer holds more than 2**62 elements")
+    return int((disp + row).max()) if len(row) else 0
+
+
 def buffer_lengths(counts: np.ndarray, sdispls=None, rdispls=None, send_lens=None, recv_lens=None,
                    inplace: bool = False) -> tuple[list[int], list[int]]:
     """Every rank's send and receive buffer lengths: as given, else just large enough for the
@@ -52,8 +66,8 @@ def buffer_lengths(counts: np.ndarray, sdispls=None, rdispls=None, send_lens=Non
     psd, prd = av.packed_displs(counts)
     sdv = psd if sdispls is None else av.as_counts(sdispls, N, "send displacements")
     rdv = prd if rdispls is None else av.as_counts(rdispls, N, "receive displacements")
-    need_s = [int((sdv[r] + counts[r]).max()) for r in range(N)]
-    need_r = [int((rdv[r] + counts[:, r]).max()) for r in range(N)]
+    need_s = [_end(sdv[r], counts[r], r, "send") for r in range(N)]
+    need_r = [_end(rdv[r], counts[:, r], r, "receive") for r in range(N)]
     if inplace:
         need_s = need_r = [max(a, b) for a, b in zip(need_s, need_r)]
     send = [int(n) for n in send_lens] if send_lens is not None else need_s
@@ -108,19 +122,29 @@ def gather_rows_counts(nranks: int, k: int) -> HostCounts:
 @dataclass(frozen=True)
 class VCall:
     """An AllToAllv launch's ``hccc_args`` members: device pointers to the counts, the
-    displacements (0: packed) and this rank's block-piece table, the scratch slot's elements and
-    the digest the ranks compare (0: device counts, not known on the host)."""
+    displacements (0: packed) and this rank's block-piece table, the scratch slot's elements, the
+    digest the ranks compare and the device pointer to every rank's buffer lengths
+    (:data:`hccc.compiler.backend.abi.V_LENS`: the kernels then check the counts against them;
+    0: the host checked them)."""
     counts: int
     displs: int
     vmap: int
     slot: int
     digest: int = 0
+    lens: int = 0
 
     def apply(self, args, uses_scratch: bool) -> None:
         """Fill ``args`` (``hccc_args``) with the call's members; ``vslot`` is the scratch slot
         only where the program's pieces go through scratch."""
         args.vcounts, args.vdispls, args.vmap = self.counts, self.displs, self.vmap
         args.vslot = self.slot if uses_scratch else 0
+        args.vlens = self.lens
+
+
+def device_lens(send_lens, recv_lens) -> np.ndarray:
+    """``hccc_args::vlens`` (:data:`hccc.compiler.backend.abi.V_LENS`): every rank's send buffer
+    length, then every rank's receive buffer length (elements)."""
+    return np.array([int(n) for n in send_lens] + [int(n) for n in recv_lens], np.int64)
 
 
 
@@ -190,7 +214,11 @@ class RankAllToAllv:
         if device_counts:
             cnt_p = (self.gather_rows_on_device(send_counts, method) if send_counts is not None
                      else self._device_array(counts, self.nranks ** 2, f"{method}: counts", "device counts"))
-            vcall = VCall(cnt_p, 0, map_p, -(-max(bx.n, bo.n) // vm.k))   # no piece exceeds a buffer
+            # every rank's buffers have this rank's lengths (the digest of the lengths is compared
+            # at the call's barrier), and the kernels check every block against them
+            lens = device_lens([bx.n] * self.nranks, [bo.n] * self.nranks)
+            vcall = VCall(cnt_p, 0, map_p, -(-max(bx.n, bo.n) // vm.k),   # no piece exceeds a buffer
+                          counts_digest(lens), self.staging.put("lens", lens))
         else:
             try:           # the peers' buffers are not known here
                 hc = HostCounts.check(counts, self.nranks, vm.k, self._only_mine(bx.n), self._only_mine(bo.n),
@@ -288,4 +316,5 @@ class RankAllToAllv:
 
 
 __all__ = ["block_tables", "counts_digest", "buffer_lengths", "HostCounts", "gather_rows_counts", "VCall",
+           "device_lens",
            "Staging", "RankAllToAllv"]

@@ -390,10 +390,13 @@ class Communicator(ProcessRank):
         ``device_counts=True``: ``counts`` is an int64 array of ``nranks * nranks`` elements in
         the memory the kernels run in (CPU emulation: host memory; CUDA: a GPU tensor, e.g. a
         router's output gathered to every rank), read by the kernels only, with no host sync:
-        they take the prefix sums and refuse a negative count themselves (every rank fails the
-        call). The host then cannot check or compare the counts: every rank must pass buffers
-        of one size (compared), scratch is sized for blocks up to a whole send buffer, and
-        displacements must be None (packed).
+        they take the prefix sums and, before anything moves, refuse a negative count, a block
+        past its sender's send buffer or its receiver's receive buffer, and in place an
+        asymmetric matrix (every rank fails the call, the entry named). The host then cannot
+        check or compare the counts: every rank must pass buffers of one size (their lengths
+        compared at the call's barrier: the kernels check every rank's blocks against them),
+        scratch is sized for blocks up to a whole send buffer, and displacements must be None
+        (packed).
 
         ``send_counts`` (instead of ``counts``): this rank's row only, ``send_counts[d]`` elements
         to rank ``d`` (host memory: a list, numpy array or CPU tensor), as a MoE router gives each

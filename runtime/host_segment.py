@@ -188,9 +188,10 @@ class HostSegments:
         for r, seg in self.peers.items():
             w = words(seg)
             if int(w[_H_VDIGEST]) != dig:
-                return (f"{what}: rank {r}'s AllToAllv counts (and displacements) differ from "
-                        f"this rank's (digest {int(w[_H_VDIGEST]):#018x}, this rank {dig:#018x}); "
-                        "every rank must pass the same counts matrix")
+                return (f"{what}: rank {r}'s AllToAllv counts (and displacements; with device counts, "
+                        f"its buffer lengths) differ from this rank's (digest {int(w[_H_VDIGEST]):#018x}, "
+                        f"this rank {dig:#018x}); every rank must pass the same counts matrix (with "
+                        "device counts, buffers of one size)")
             if int(w[_H_TAG]) != tag and int(w[_H_COUNT]) == count and int(w[_H_TYPE]) == typ:
                 return (f"{what}: rank {r}'s call differs from this rank's in what its caller asked "
                         f"for (call tag {int(w[_H_TAG]):#x}, this rank {tag:#x}); every rank must make "

@@ -74,6 +74,8 @@ def grid_first(blocks) -> bytes:
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
 WAIT_DATA, WAIT_SLOT, WAIT_DEP, WAIT_COUNTS = (dict(abi.WAITS)[k] for k in ("DATA", "SLOT", "DEP", "COUNTS"))
+#: why the kernels refused an AllToAllv call (``hccc_error::op`` under ``WAIT_COUNTS``), by name
+V_REFUSAL = {name: value for name, value, _ in abi.V_REFUSALS}
 
 
 def sizes() -> tuple[int, int, int]:
@@ -94,4 +96,4 @@ def conn_table(conns: list[tuple[int, int, int]]) -> bytes:
 
 __all__ = ["ABI_VERSION", "ctypes_fields", "Args", "Conn", "ErrorRecord", "TableArgs", "GridArgs",
            "TableGridArgs", "STRUCT_CLASSES", "grid_first", "WAIT_DATA", "WAIT_SLOT",
-           "WAIT_DEP", "WAIT_COUNTS", "sizes", "op_name", "conn_table"]
+           "WAIT_DEP", "WAIT_COUNTS", "V_REFUSAL", "sizes", "op_name", "conn_table"]

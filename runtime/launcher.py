@@ -54,7 +54,7 @@ from hccc.compiler.frontend.collectives import SPECS
 from hccc.compiler.ir.extents import count_unit
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import alltoallv as av, oracle, reference
-from hccc.runtime.alltoallv_call import HostCounts, VCall, block_tables, buffer_lengths
+from hccc.runtime.alltoallv_call import HostCounts, VCall, block_tables, buffer_lengths, device_lens
 from hccc.runtime.busbw import busbw_factor
 from hccc.runtime.platform import Platform
 from hccc.runtime.rank_group import RankGroup
@@ -361,9 +361,11 @@ class Runner(RankGroup):
                   oracle.from_device(np.full(recv_lens[r], *garbage), self.dtype) for r in range(N)]
         want = av.expected([np.array(x) for x in inputs], before, hc.counts, hc.sd, hc.rd)
 
-        def vcall(r, stage):
+        lens = device_lens(send_lens, recv_lens)
+
+        def vcall(r, stage):   # (the kernels check the counts against every buffer too)
             return VCall(stage(np.ascontiguousarray(hc.counts.ravel())), stage(hc.displs),
-                         stage(tables[r]), hc.slot), vm.uses_scratch
+                         stage(tables[r]), hc.slot, lens=stage(lens)), vm.uses_scratch
 
         # the buffers as run's layout rows: in place, one buffer at offset 0 of both
         lay = [(send_lens[r], recv_lens[r], scr_n, 0 if inplace else -1, -1) for r in range(N)]

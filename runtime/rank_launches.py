@@ -11,7 +11,8 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.kernel_abi import WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, ErrorRecord, op_name
+from hccc.runtime.kernel_abi import (V_REFUSAL, WAIT_COUNTS, WAIT_DATA, WAIT_DEP, WAIT_SLOT, ErrorRecord,
+                                     op_name)
 from hccc.runtime.rank_memory import synchronize_in_background
 
 #: the least time kernels get to end after the abort flag is raised by an interrupt or an error
@@ -145,10 +146,7 @@ def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
         return (f"rank {e.rank}'s kernels refused the AllToAllv counts: they are not an AllToAll "
                 "program's, and have no AllToAllv path")
     if e.wait == WAIT_COUNTS:
-        N = max(1, int(ir.nranks))
-        s, d = divmod(int(e.chunk), N)
-        return (f"rank {e.rank}'s kernels refused the AllToAllv counts matrix: counts[{s}][{d}] is negative "
-                "or its block's pieces exceed the scratch slots the call allocated")
+        return f"rank {e.rank}'s kernels refused the AllToAllv counts matrix: " + describe_refusal(ir, e)
     extra = [what, f"primitive {e.seq}"]
     if e.task >= 0:
         extra.append(f"task {e.task}")
@@ -157,4 +155,36 @@ def describe_stuck(ir: ProgramIR, e: ErrorRecord, ticks_per_us: float) -> str:
     return msg + ": " + ", ".join(extra)
 
 
-__all__ = ["RankLaunches", "describe_stuck", "STOP_GRACE_S"]
+def _signed(word: int) -> int:
+    """A record's uint64 word read as the int64 the kernels stored in it."""
+    word = int(word)
+    return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def describe_refusal(ir: ProgramIR, e: ErrorRecord) -> str:
+    """Why the kernels refused an AllToAllv call at launch (``hccc_error::op``, one of
+    :data:`hccc.compiler.backend.abi.V_REFUSALS`), naming the entry of the matrix."""
+    N = max(1, int(ir.nranks))
+    s, d = divmod(int(e.chunk), N)
+    cnt, at, n = int(e.task), _signed(e.microbatch), _signed(e.waited)
+    why = e.op
+    if why == V_REFUSAL["SEND"]:
+        return (f"rank {s}'s send buffer holds {n} elements, but the block to rank {d} (counts[{s}][{d}] = "
+                f"{cnt} at element {at}) does not fit in it")
+    if why == V_REFUSAL["RECV"]:
+        return (f"rank {d}'s receive buffer holds {n} elements, but the block from rank {s} (counts[{s}][{d}] "
+                f"= {cnt} at element {at}) does not fit in it")
+    if why == V_REFUSAL["OVERLAP"]:
+        return (f"rank {d} receives the blocks from ranks {n} and {s} into overlapping elements (counts[{s}][{d}] "
+                f"= {cnt} at element {at})")
+    if why == V_REFUSAL["ASYM"]:
+        return (f"an in-place AllToAllv needs symmetric counts: counts[{s}][{d}] = {cnt} but counts[{d}][{s}] "
+                f"= {at}")
+    if why == V_REFUSAL["DISPLS"]:
+        return (f"an in-place AllToAllv needs equal send and receive displacements: rank {s} sends to {d} "
+                f"from element {cnt} but receives from {d} at {at}")
+    return (f"counts[{s}][{d}] = {cnt} is negative or its block's pieces exceed the scratch slots the "
+            "call allocated")
+
+
+__all__ = ["RankLaunches", "describe_stuck", "describe_refusal", "STOP_GRACE_S"]

@@ -24,7 +24,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime import alltoallv as av
 from hccc.runtime.sim_model import DEFAULT_BLOCK_GBPS, DEFAULT_ELEMENT_BYTES, Geometry, SimProgram
 
-__all__ = ["VProgram", "prepare_v", "simulate_v"]
+__all__ = ["VProgram", "prepare_v", "simulate_v", "max_call_bytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,13 @@ def prepare_v(ir: ProgramIR, topo, block_gbps: float | None = DEFAULT_BLOCK_GBPS
     return VProgram(ir, prog, vm.k, vm.start, vm.pieces)
 
 
+def max_call_bytes(nchunks: int) -> int:
+    """The largest equal-size stand-in (bytes) a call of a program of ``nchunks`` chunks may be
+    simulated as: the simulator's chunk bounds are int64 products of a chunk index (up to
+    ``nchunks``) and the call's size (:func:`hccc.runtime.sim_model.geometry`)."""
+    return ((1 << 63) - 1) // (int(nchunks) + 1)
+
+
 def _lengths(vp: VProgram, counts: np.ndarray) -> np.ndarray:
     N, K = vp.prog.nranks, vp.k
     g = vp.pieces
@@ -57,7 +64,9 @@ def _lengths(vp: VProgram, counts: np.ndarray) -> np.ndarray:
     gg = np.where(live, g, 0)
     blk, k = gg // K, gg % K
     c = counts.ravel()[blk]
-    return np.where(live, (k + 1) * c // K - k * c // K, 0).astype(np.int64)
+    # floor(k * c / K) as k * q + floor(k * r / K) with c = q * K + r: no product past c
+    q, rem = c // K, c % K
+    return np.where(live, q + ((k + 1) * rem) // K - (k * rem) // K, 0).astype(np.int64)
 
 
 def simulate_v(vp: VProgram, topo, counts, *, element_bytes: int = DEFAULT_ELEMENT_BYTES,
@@ -74,11 +83,17 @@ def simulate_v(vp: VProgram, topo, counts, *, element_bytes: int = DEFAULT_ELEME
     table = lens if len(lens) else np.zeros(1, np.int64)
     vprog = dataclasses.replace(prog, p_chunk=vp.start[:-1].astype(np.int64), nchunks=len(table))
     eq = av.equal_count(counts, vp.k)
+    if eq * es > max_call_bytes(prog.nchunks):
+        s, d = (int(i) for i in np.unravel_index(int(np.argmax(counts)), counts.shape))
+        raise av.CountsError(f"counts[{s}][{d}] = {int(counts[s, d])} elements of {es} bytes: the call is "
+                             f"sized as an equal AllToAll of {eq * es} bytes, past the "
+                             f"{max_call_bytes(prog.nchunks)} bytes the simulator's arithmetic holds for "
+                             f"{prog.nchunks} chunks")
     _, slice_b = _call_geometry(prog, eq * es, slice_bytes, es)
     slice_elems = max(1, slice_b // es)
     piece = av.scratch_slot(counts, vp.k)
     nmb = max(1, -(-piece // slice_elems))
-    total = int(counts.sum())
+    total = av.exact_sum(counts)
     per_rank = total * es // max(N, 1)
     geo = Geometry(per_rank, total, es, slice_elems, nmb, table)
     return simulate(vprog, topo, per_rank, execution=execution, element_bytes=es, record=record,

@@ -6,10 +6,13 @@
 // per call (hccc_args::vdispls: every sd[o][p], then every rd[o][p]); MODE "inplace" runs with
 // input == output. MAX bounds the counts (hccc_host_v_scratch(MAX) scratch elements). Rank r's
 // send element i is r * 100000 + i + 1 (the receive buffer starts at -1); each rank writes its
-// receive buffer of call k to OUT/r<r>_c<k>.bin, or prints "rank R call K error wait W entry E"
-// when the kernels refuse the call (and stops).
+// receive buffer of call k to OUT/r<r>_c<k>.bin, or prints "rank R call K error wait W entry E
+// why O" when the kernels refuse the call (and stops). Every rank's buffers are exactly as long as
+// the call's blocks need (every rank works them out from the matrix: hccc_args::vlens), or, with
+// LENS, 2 x nranks int64 per call: every rank's send then receive buffer length, whatever the
+// counts say (hostile calls; the buffers are allocated exactly that long, for AddressSanitizer).
 //
-//   host_alltoallv_ranks OUT COUNTS DISPLS MODE MAX
+//   host_alltoallv_ranks OUT COUNTS DISPLS MODE MAX [LENS]
 //
 // Compiled with the rank kernels and -DHCCC_PLATFORM_CPU=1 (g++, the CPU emulation).
 #include "hccc_host.h"
@@ -44,8 +47,27 @@ std::vector<int64_t> read_all(const char* path) {
   return v;
 }
 
+// Rank r's send and receive buffer lengths: where its last block ends.
+void needed(const std::vector<int64_t>& counts, const std::vector<int64_t>& displs, int rank, bool inplace,
+            int64_t* n_send, int64_t* n_recv) {
+  uint64_t ns = 0, nr = 0, sd = 0, rd = 0;
+  for (int p = 0; p < N; ++p) {
+    const uint64_t cs = counts[rank * N + p], cr = counts[p * N + rank];
+    const uint64_t so = displs.empty() ? sd : displs[rank * N + p];
+    const uint64_t ro = displs.empty() ? rd : displs[N * N + rank * N + p];
+    if (cs && so + cs > ns) ns = so + cs;
+    if (cr && ro + cr > nr) nr = ro + cr;
+    sd += cs;
+    rd += cr;
+  }
+  if (inplace) ns = nr = ns > nr ? ns : nr;
+  *n_send = (int64_t)ns;
+  *n_recv = (int64_t)nr;
+}
+
 int run_rank(Shared* s, int rank, const char* out, const std::vector<int64_t>& all_counts,
-             const std::vector<int64_t>& all_displs, bool inplace, uint64_t max_count) {
+             const std::vector<int64_t>& all_displs, const std::vector<int64_t>& all_lens, bool inplace,
+             uint64_t max_count) {
   hccc_host_comm c;
   if (hccc_host_init(&c, rank)) {
     fprintf(stderr, "%s\n", c.error_text);
@@ -67,19 +89,15 @@ int run_rank(Shared* s, int rank, const char* out, const std::vector<int64_t>& a
     std::vector<int64_t> displs;
     if (!all_displs.empty())
       displs.assign(all_displs.begin() + k * 2 * N * N, all_displs.begin() + (k + 1) * 2 * N * N);
-    // buffer lengths: where the last block ends (the caller knows its own layout)
-    uint64_t n_send = 0, n_recv = 0, sd = 0, rd = 0;
-    for (int p = 0; p < N; ++p) {
-      const uint64_t cs = counts[rank * N + p], cr = counts[p * N + rank];
-      const uint64_t so = displs.empty() ? sd : displs[rank * N + p];
-      const uint64_t ro = displs.empty() ? rd : displs[N * N + rank * N + p];
-      if (cs && so + cs > n_send) n_send = so + cs;
-      if (cr && ro + cr > n_recv) n_recv = ro + cr;
-      sd += cs;
-      rd += cr;
-    }
-    if (inplace) n_send = n_recv = n_send > n_recv ? n_send : n_recv;
-    std::vector<float> in(n_send + 1), sep(n_recv + 1, -1.0f);
+    // every rank's buffer lengths (the kernels check the blocks against them)
+    std::vector<int64_t> lens(2 * N);
+    if (!all_lens.empty())
+      lens.assign(all_lens.begin() + k * 2 * N, all_lens.begin() + (k + 1) * 2 * N);
+    else
+      for (int r = 0; r < N; ++r) needed(counts, displs, r, inplace, &lens[r], &lens[N + r]);
+    const uint64_t n_send = (uint64_t)lens[rank], n_recv = (uint64_t)lens[N + rank];
+    // (at least one element: two empty buffers must not look like one, input == output)
+    std::vector<float> in(n_send ? n_send : 1), sep(inplace || !n_recv ? 1 : n_recv, -1.0f);
     std::vector<float> scratch(hccc_host_v_scratch(max_count) + 1);
     for (uint64_t i = 0; i < n_send; ++i) in[i] = float(rank * 100000 + i + 1);
     float* dst = inplace ? in.data() : sep.data();
@@ -90,7 +108,7 @@ int run_rank(Shared* s, int rank, const char* out, const std::vector<int64_t>& a
     pthread_barrier_wait(&s->barrier);   // every rank has reset
     hccc_args a;
     if (hccc_host_args_v(&c, &a, in.data(), dst, scratch.data(), max_count, counts.data(),
-                         displs.empty() ? nullptr : displs.data(), 20.0)) {
+                         displs.empty() ? nullptr : displs.data(), lens.data(), 20.0)) {
       fprintf(stderr, "%s\n", c.error_text);
       return 1;
     }
@@ -100,7 +118,7 @@ int run_rank(Shared* s, int rank, const char* out, const std::vector<int64_t>& a
     }
     hccc_error e;
     if (hccc_host_error(&c, &e)) {
-      printf("rank %d call %zu error wait %d entry %d\n", rank, k, e.wait, e.chunk);
+      printf("rank %d call %zu error wait %d entry %d why %d\n", rank, k, e.wait, e.chunk, e.op);
       fflush(stdout);
       break;
     }
@@ -118,11 +136,12 @@ int run_rank(Shared* s, int rank, const char* out, const std::vector<int64_t>& a
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s OUT COUNTS DISPLS MODE MAX\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: %s OUT COUNTS DISPLS MODE MAX [LENS]\n", argv[0]);
     return 2;
   }
   const std::vector<int64_t> counts = read_all(argv[2]), displs = read_all(argv[3]);
+  const std::vector<int64_t> lens = argc == 7 ? read_all(argv[6]) : std::vector<int64_t>();
   if (counts.empty() || counts.size() % (N * N)) return 2;
   const bool inplace = std::string(argv[4]) == "inplace";
   const uint64_t max_count = strtoull(argv[5], nullptr, 10);
@@ -139,7 +158,7 @@ int main(int argc, char** argv) {
     const pid_t p = fork();
     if (p < 0) return 2;
     if (p == 0) {
-      const int rc = run_rank(s, r, argv[1], counts, displs, inplace, max_count);
+      const int rc = run_rank(s, r, argv[1], counts, displs, lens, inplace, max_count);
       fflush(stdout);
       _exit(rc);
     }

@@ -6,7 +6,8 @@ poisoned redzone, and any access one element past a chunk aborts the child with 
 Random programs of every collective (hccc's lowering: sends, receives, fused forwarding
 primitives, local copies), imported MSCCL programs with multi-chunk steps, scratch, local
 ``cpy``/``re`` steps, at uneven sizes (empty, one-element and ragged chunks), in place and out of
-place. A few examples per run; ``HYPOTHESIS_PROFILE=thorough`` runs many more.
+place. A few examples per run; ``HYPOTHESIS_PROFILE=thorough`` runs many more. And AllToAllv
+through the Communicator with device counts drawn near and past the buffers they address.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import ctypes
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hccc.compiler.interop.msccl_xml import import_xml_text
@@ -24,6 +25,7 @@ from hccc.runtime.platform import get_platform
 from hccc.testing import KernelCase, describe_failure, kernel_cases, run_case, valid_programs
 
 from msccl_texts import allpairs_allreduce, direct_allgather
+from alltoallv_fit import fit_verdict      # the oracle of what fits a call's buffers
 
 pytestmark = pytest.mark.skipif(os.environ.get("HCCC_CPU_SANITIZE") != "address" or not asan_loaded(),
                                 reason="run through test_kernels_asan.py (ASan runtime preloaded)")
@@ -75,3 +77,60 @@ def test_imported_multi_chunk_steps_in_bounds(family, n, per, data):
                       data.draw(st.booleans(), label="inplace"), data.draw(st.sampled_from([1, 2])))
     res = run_case(ir, case, timeout_s=60)
     assert res.ok, describe_failure(case, res)
+
+
+# ---------------------------------------------------------------------------- AllToAllv device counts
+@pytest.fixture(scope="module")
+def comm_pool(tmp_path_factory):
+    """Three Communicator ranks (one process each, started here: under the ASan runtime this
+    process was started with, and with its HCCC_CPU_SANITIZE)."""
+    pytest.importorskip("torch.distributed")
+    from rank_pool import RankPool
+    p = RankPool(3, tmp_path_factory.mktemp("stores"), lazy=True)
+    yield p
+    p.close()
+
+
+@settings(max_examples=int(os.environ.get("HCCC_ASAN_COMM_EXAMPLES", "6")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_communicator_device_counts_stay_in_bounds(comm_pool, data):
+    """``Communicator.all_to_all_v(device_counts=True)`` with hypothesis-drawn matrices the host
+    never reads, near and past what the buffers (one size on every rank, ASan's redzone right after
+    each) hold, in and out of place: every call matches the definition, or every rank raises
+    the kernels' refusal of the entry the oracle of what fits names; no access past a buffer."""
+    import numpy as np
+    from hccc.compiler.frontend import generators as gen
+    from hccc.runtime.alltoallv_call import block_tables
+    n = 3
+    ir = build_program(gen.ring_alltoall(n))
+    inplace = data.draw(st.booleans(), label="inplace")
+    vm, _ = block_tables(ir, inplace)
+    c = np.array(data.draw(st.lists(st.lists(st.integers(0, 9), min_size=n, max_size=n), min_size=n, max_size=n),
+                           label="counts"), np.int64)
+    if inplace and data.draw(st.booleans(), label="symmetric"):
+        c = np.triu(c) + np.triu(c, 1).T
+    if data.draw(st.integers(0, 3), label="hostile entry") == 0:
+        at = data.draw(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), label="at")
+        c[at] = data.draw(st.sampled_from([-1, 2 ** 62, 2 ** 63 - 1, 40]), label="value")
+    need = max(max(int(np.clip(c[r], 0, 64).sum()), int(np.clip(c[:, r], 0, 64).sum())) for r in range(n))
+    length = max(1, need + data.draw(st.integers(-4, 2), label="slack"))
+    want = fit_verdict(c, [length] * n, [length] * n, inplace, vm.k, -(-length // vm.k))
+    calls = [[{"method": "all_to_all_v", "x": np.arange(length, dtype=np.float32) + 1000 * r,
+               **({} if inplace else {"out": length}),
+               "kwargs": {"counts": c.ravel(), "device_counts": True}}] for r in range(n)]
+    replies = comm_pool.run(ir.to_json(), n, calls, timeout=60.0)
+    if want is None:
+        sd = np.cumsum(c, axis=1) - c
+        for r, rep in enumerate(replies):
+            assert rep["ok"], (r, rep.get("error"), rep.get("trace"))
+            got = rep["outputs"][0]
+            for s in range(n):
+                k, at_r = int(c[s, r]), int(c[:s, r].sum())
+                assert got[at_r:at_r + k].tolist() == (np.arange(sd[s, r], sd[s, r] + k) + 1000 * s).tolist()
+    else:
+        why, x = want
+        entry = f"counts[{x // n}][{x % n}]"
+        for r, rep in enumerate(replies):
+            assert not rep["ok"] and "refused the AllToAllv counts" in rep["error"] and entry in rep["error"], \
+                (r, want, rep["error"])

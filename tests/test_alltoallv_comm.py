@@ -148,6 +148,55 @@ def test_rows_and_a_whole_matrix_mixed_or_a_bad_row_fail_on_every_rank(pool):
         assert not rep["ok"] and "rank 1" in rep["error"], f"rank {r}: {rep}"
 
 
+def _device_call(r, counts, n, inplace=False):
+    """Rank r's call with device counts (int64 in the kernels' memory) and buffers of n elements."""
+    x = np.arange(n, dtype=np.float32) + 1000 * r
+    call = {"method": "all_to_all_v", "x": x, "kwargs": {"counts": np.asarray(counts, np.int64).ravel(),
+                                                        "device_counts": True}}
+    if not inplace:
+        call["out"] = n
+    return call
+
+
+@pytest.mark.parametrize("counts, n, inplace, refusal", [
+    # column 1 sums to 27 past 10-element receive buffers: a write past rank 1's output
+    ([[0, 9, 0], [0, 9, 0], [0, 9, 0]], 10, False,
+     "rank 1's receive buffer holds 10 elements, but the block from rank 1 (counts[1][1] = 9 at element 9) "
+     "does not fit in it"),
+    # row 2 sums to 24 past 20-element send buffers: a read past rank 2's input, delivered to the peers
+    ([[0, 5, 1], [7, 0, 0], [12, 12, 0]], 20, False,
+     "rank 2's send buffer holds 20 elements, but the block to rank 1 (counts[2][1] = 12 at element 12) "
+     "does not fit in it"),
+    # one count past a whole buffer: the scratch slots (sized for a whole buffer) refuse it first
+    ([[0, 5, 1], [7, 0, 0], [2, 30, 4]], 20, False,
+     "counts[2][1] = 30 is negative or its block's pieces exceed the scratch slots"),
+    # prefix sums that wrap in int64 (the scratch slots hold a whole buffer: refused there first)
+    ([[2 ** 62, 2 ** 62, 0], [0, 0, 0], [0, 0, 0]], 10, False, "counts[0][0] = 4611686018427387904 is negative or "),
+    # in place with an asymmetric matrix: refused by the host for host counts, by the kernels here
+    ([[0, 5, 1], [7, 0, 0], [2, 30, 4]], 45, True,
+     "an in-place AllToAllv needs symmetric counts: counts[0][1] = 5 but counts[1][0] = 7"),
+])
+def test_device_counts_past_the_buffers_fail_on_every_rank(pool, counts, n, inplace, refusal):
+    """Device counts the host never reads, whose blocks leave the buffers they address: every
+    rank's kernels refuse the same entry at launch, before anything moves, and every rank raises
+    a CommunicatorError naming it."""
+    calls = [[_device_call(r, counts, n, inplace)] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=30.0)
+    for r, rep in enumerate(replies):
+        assert not rep["ok"], f"rank {r} ran: {rep}"
+        assert "CommunicatorError" in rep["error"] and refusal in rep["error"], (r, rep["error"])
+
+
+def test_device_counts_with_buffers_of_other_sizes_fail_on_every_rank(pool):
+    """Device counts are checked against every rank's buffers as this rank's: a rank whose buffers
+    differ is told at the call's barrier, on every rank."""
+    c = [[1, 1, 1], [1, 1, 1], [1, 1, 1]]
+    calls = [[_device_call(r, c, 3 if r != 2 else 4)] for r in range(N)]
+    replies = pool.run(_ir(), N, calls, timeout=30.0)
+    for r, rep in enumerate(replies):
+        assert not rep["ok"] and "buffer lengths" in rep["error"], (r, rep["error"])
+
+
 def test_across_two_emulated_nodes(tmp_path_factory):
     """2 nodes x 2 ranks (the network transport over UCX's TCP between the nodes): the hierarchical
     program, whose blocks cross the network once, as AllToAllv with per-call counts."""

@@ -538,3 +538,31 @@ def test_xml_size_limits_keep_real_programs():
     from hccc.compiler.interop.msccl_import import import_xml_text
     text = _ring_xml().replace('inplace="1"', 'inplace="1" minBytes="1024" maxBytes="0"')
     assert import_xml_text(text, "a.xml").nranks == 4          # maxBytes 0: no upper limit
+
+
+def test_a_large_counts_file_stops_at_its_first_line_that_cannot_fit(tmp_path):
+    """A 32 MB counts file within the documented limits (4096 counts a row) read for a 2-rank
+    program: refused at the first row's third count, having read one block of the file, in memory
+    bounded by the program (the 2 x 2 matrix and that block), not by the file."""
+    import time
+    import tracemalloc
+    from hccc.runtime.alltoallv import read_counts_file
+    f = tmp_path / "c.txt"
+    row = (" ".join(["123456789"] * 4096) + "\n").encode()
+    with open(f, "wb") as out:
+        for _ in range((32 << 20) // len(row) + 1):
+            out.write(row)
+    assert f.stat().st_size > 32 << 20
+    tracemalloc.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CompileError) as exc:
+            read_counts_file(f, 2, "a2a2")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - t0 < 5
+    d = exc.value.diagnostics[0]
+    assert (d.location.line, d.location.col) == (1, 21)
+    assert "row 0 has more than 2 counts, but a2a2 has 2 ranks" in d.message
+    assert peak < 8 << 20, peak

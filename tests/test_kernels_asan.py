@@ -38,6 +38,27 @@ def test_kernel_properties_under_address_sanitizer():
 
 @pytest.mark.skipif(shutil.which("g++") is None or asan_runtime() is None,
                     reason="g++ with an ASan runtime (libasan) is not installed")
+@pytest.mark.slow
+def test_communicator_device_counts_under_address_sanitizer():
+    """The Communicator's AllToAllv with hostile device counts (``kernels_under_asan.py``), alone:
+    its ranks are processes the child starts, so they run under the child's ASan runtime."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = asan_runtime()
+    env["HCCC_CPU_SANITIZE"] = "address"
+    env["ASAN_OPTIONS"] = "detect_leaks=0:halt_on_error=1:abort_on_error=0"
+    env.setdefault("HYPOTHESIS_PROFILE", "ci")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "-p", "no:randomly", "--rootdir", str(HERE), str(HERE / "kernels_under_asan.py"), "-k",
+           "communicator_device_counts"]
+    res = subprocess.run(cmd, cwd=str(HERE), env=env, capture_output=True, text=True, timeout=1500)
+    out = res.stdout[-6000:] + res.stderr[-6000:]
+    assert res.returncode == 0, out
+    assert "AddressSanitizer" not in res.stderr + res.stdout, out
+    assert "1 passed" in res.stdout, out
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or asan_runtime() is None,
+                    reason="g++ with an ASan runtime (libasan) is not installed")
 def test_run_sanitize_option(tmp_path, capfd):
     """``hccc run --sanitize`` restarts itself with the ASan runtime and runs the kernels there."""
     from hccc.cli import main

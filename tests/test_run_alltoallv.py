@@ -125,7 +125,7 @@ def test_wrong_program_shape_and_placement_are_refused_before_anything_runs(tmp_
     rc, out, err = run_cli(capsys, ag, "--counts", f)
     assert rc == 1 and f"{f}: ag4 implements" in err and "AllToAll programs only" in err
     rc, out, err = run_cli(capsys, direct4, "--counts", counts_file(tmp_path, [[1, 2], [3, 4]], "two.txt"))
-    assert rc == 1 and "a 2 x 2 counts matrix, but direct4 has 4 ranks" in err
+    assert rc == 1 and "row 0 has 2 counts, but direct4 has 4 ranks: a 4 x 4 matrix is needed" in err
     rc, out, err = run_cli(capsys, direct4, "--counts", f, "--inplace-only")
     assert rc == 1 and "an in-place AllToAllv needs symmetric counts" in err and "Traceback" not in err
     rc, out, err = run_cli(capsys, direct4, "--counts", counts_file(tmp_path, np.zeros((4, 4), int), "z.txt"),

@@ -296,7 +296,7 @@ def test_kernel_abi_matches_the_header(pf, tmp_path):
     module checks it at load), and the error record decodes."""
     # hccc_args: 13 words, ll_epoch (+ padding), the AllToAllv words vcounts, vdispls, vmap, vslot,
     # then the launch's slot capacity slot_cap
-    assert kernel_abi.sizes() == (152, 24, 56)
+    assert kernel_abi.sizes() == (160, 24, 56)
     ir = ring_allreduce(2)
     with Runner(ir, pf) as runner:
         out = (ctypes.c_uint64 * 4)()

@@ -813,7 +813,7 @@ def test_fake_platform_launch_passes_the_argument_bytes_and_refuses_oversubscrip
     s0, s1 = pf.stream(), pf.stream()
     assert [e[3] for e in fake.log if e[0] == "stream"] == [1, 1]       # non-blocking streams
     flag = pf.malloc(8)
-    # sizeof(hccc_args) (144 under ABI 8), the abort flag's pointer at its offset 56
+    # sizeof(hccc_args) (152 under ABI 9), the abort flag's pointer at its offset 56
     from hccc.runtime import kernel_abi
     args = bytes(range(56)) + flag.to_bytes(8, "little") + bytes(range(64, kernel_abi.sizes()[0]))
     pf.launch(k0, 5, 512, args, s0)

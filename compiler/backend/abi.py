@@ -184,6 +184,7 @@ ARGS: tuple[CField, ...] = (
     CField("vdispls", "const int64_t*", "AllToAllv: send then receive displacements (V_DISPLS), nullptr: packed"),
     CField("vmap", "const int32_t*", "AllToAllv: the rank's block-piece table (V_MAP)"),
     CField("vslot", "uint64_t", "AllToAllv: elements of one scratch slot (0: the program has no scratch)"),
+    CField("vlens", "const int64_t*", "AllToAllv: every rank's buffer lengths (V_LENS), nullptr: the host checked the counts"),
     CField("slot_cap", "uint64_t", "slot capacity of this launch, as chunk_bytes (its slots are "
            "HCCC_SLOT_BYTES(slot_cap, max_cnt)); 0 or > chunk_bytes: chunk_bytes"),
 )
@@ -202,6 +203,28 @@ V_DISPLS = ("sd", "rd")
 #: elements ``[k*c/K, (k+1)*c/K)`` of its ``c = counts[s][d]``), or -1 for a chunk that carries
 #: no block (it moves nothing)
 V_MAP = "offsets of each primitive's row, then the rows"
+#: ``hccc_args::vlens`` (AllToAllv, int64, ``2 * nranks`` elements): every rank's send buffer length,
+#: then every rank's receive buffer length (elements; in place both are the one buffer's). With it
+#: the kernels check, at launch and before anything moves, that every block at its displacement
+#: lies inside its sender's send buffer and its receiver's receive buffer (and the in-place and
+#: overlap rules of :func:`hccc.runtime.alltoallv.check_call`); every rank checks the whole
+#: matrix, so every rank refuses the same entry. nullptr: the host checked the counts
+#: (:func:`hccc.runtime.alltoallv.check_call`) and the kernels do not.
+V_LENS = ("send lengths", "receive lengths")
+#: why the kernels refused an AllToAllv call at launch (``hccc_error::wait`` = ``COUNTS``,
+#: ``hccc_error::op`` one of these, ``HCCC_VREF_*``): name, value, and what ``chunk`` (an entry
+#: ``s * nranks + d`` of the matrix), ``task``, ``microbatch`` and ``waited`` hold
+V_REFUSALS: tuple[tuple[str, int, str], ...] = (
+    ("COUNT", 0, "counts[s][d] is negative or a piece of it exceeds the scratch slots: task = the count"),
+    ("SEND", 1, "block (s, d) leaves rank s's send buffer: task = the count, microbatch = its "
+                "displacement, waited = the buffer's length"),
+    ("RECV", 2, "block (s, d) leaves rank d's receive buffer: task = the count, microbatch = its "
+                "displacement, waited = the buffer's length"),
+    ("OVERLAP", 3, "block (s, d) overlaps block (waited, d) in rank d's receive buffer: task = the "
+                   "count, microbatch = its displacement"),
+    ("ASYM", 4, "in place, counts[s][d] (task) differs from counts[d][s] (microbatch)"),
+    ("DISPLS", 5, "in place, rank s sends to d from element task but receives from d at microbatch"),
+)
 
 STRUCTS: dict[str, tuple[CField, ...]] = {"hccc_conn": CONN, "hccc_error": ERROR, "hccc_args": ARGS}
 
@@ -234,8 +257,9 @@ LAUNCH_STRUCTS: dict[str, tuple[CField, ...]] = {
 
 #: what a stuck TB was waiting for (``hccc_error::wait``)
 WAITS: tuple[tuple[str, int], ...] = (("DATA", 1), ("SLOT", 2), ("DEP", 3), ("COUNTS", 4))
-#: (``COUNTS``: not a wait: the kernels refused an AllToAllv counts matrix at the start, a negative
-#: count or a piece larger than a scratch slot; ``hccc_error::chunk`` is the count's index s*N+d)
+#: (``COUNTS``: not a wait: the kernels refused an AllToAllv counts matrix at the start, for the
+#: reason :data:`V_REFUSALS` names in ``hccc_error::op``; ``hccc_error::chunk`` is the count's index
+#: s*N+d, or -1 for counts given to a program that is not an AllToAll)
 
 # ---------------------------------------------------------------------------- primitive descriptor
 #: C type of each ``struct hccc_pd`` member (``int`` unless listed)
@@ -379,6 +403,7 @@ def c_enums() -> str:
     bufs = ", ".join(f"HCCC_BUF_{b.name} = {int(b)}" for b in Buf)
     waits = ", ".join(f"HCCC_WAIT_{n} = {v}" for n, v in WAITS)
     protos = ", ".join(f"HCCC_PROTO_{n} = {v}" for n, v in PROTOS)
+    vrefs = ", ".join(f"HCCC_VREF_{n} = {v}" for n, v, _ in V_REFUSALS)
     return ("// Primitive operations (values of ProgramIR's Op).\n"
             f"enum {{\n{ops}\n}};\n"
             "// Buffers (values of ProgramIR's Buf).\n"
@@ -387,6 +412,8 @@ def c_enums() -> str:
             f"enum {{ {waits} }};\n"
             "// FIFO protocols (hccc_args::proto).\n"
             f"enum {{ {protos} }};\n"
+            "// Why the kernels refused an AllToAllv call (hccc_error::op under HCCC_WAIT_COUNTS).\n"
+            f"enum {{ {vrefs} }};\n"
             f"#define HCCC_LL_LINE {LL_LINE}\n"
             f"#define HCCC_LL_DATA {LL_DATA}\n"
             f"#define HCCC_LL_FLAG_BASE {LL_FLAG_BASE}u\n"
@@ -396,7 +423,7 @@ def c_enums() -> str:
 __all__ = ["VERSION", "TIMER_TICKS_PER_US", "NSLOTS", "REGION_HEADER", "SLOT_OVERHEAD", "ORPHAN_HEADER", "CTRL_WORD", "CField",
            "PROTOS", "LL_LINE", "LL_DATA", "LL_FLAG_BASE", "LL_EPOCH_SHIFT", "LL_EPOCHS",
            "LL_EPOCH_MESSAGES", "ll_flag", "LL_ZERO_WHEN", "ll_zero", "ll_zero_c", "LL_AUTO_MAX_BYTES", "ll_share_bytes", "resolve_proto",
-           "CONN", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP",
+           "CONN", "ERROR", "ARGS", "STRUCTS", "V_DISPLS", "V_MAP", "V_LENS", "V_REFUSALS",
            "TABLE_ARGS", "GRID_ARGS", "TABLE_GRID_ARGS", "GRID_FIRST", "LAUNCH_STRUCTS", "WAITS", "PD_CALL_BASE", "PD_CALL_WAITS", "PD_CALL_DIRECT",
            "PD_ENUM_PREFIX", "PD_DEFAULT", "pd_struct_fields", "pd_call_fields", "pd_macro_name", "pd_macros",
            "CTRL_REGIONS", "ctrl_offset", "ctrl_bytes", "ctrl_offset_c", "ctrl_layout_comment", "c_struct",

@@ -370,9 +370,11 @@ def scaled_counts(shape, nbytes: int, element_bytes: int):
     together sends ``nranks * nbytes / element_bytes`` elements), as rccl-tests' ``alltoallv_perf``
     keeps one pattern over its size sweep. Exact integer arithmetic (entries up to 2**48)."""
     import numpy as np
+
+    from hccc.runtime.alltoallv import exact_sum
     n = len(shape)
     want = nbytes // element_bytes * n
-    total = int(shape.sum())
+    total = exact_sum(shape)            # (4096 x 4096 counts of 2**48 pass 2**63)
     if total == 0:
         return np.zeros_like(shape)
     return np.array([[int(c) * want // total for c in row] for row in shape.tolist()], dtype=np.int64)
@@ -389,10 +391,9 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
     from hccc.compiler.backend.codegen import _is_canonical, _sorted_copy
     from hccc.compiler.frontend.collectives import spec_of
     from hccc.compiler.ir.vblocks import VBlockError, vblock_map
-    from hccc.runtime.alltoallv import read_counts_file
+    from hccc.runtime.alltoallv import exact_sum, read_counts_file
     from hccc.util.diagnostics import CompileError, Diagnostic
 
-    shape = read_counts_file(args.counts)
     where = printable(str(args.counts))
 
     def refuse(msg):
@@ -401,9 +402,9 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
     spec = spec_of(ir.collective)
     if not spec.per_pair_counts:
         refuse(f"{ir.name} implements {spec.title}: per-pair counts apply to AllToAll programs only")
+    # read with the program's rank count: the first line that cannot fit stops the reading
+    shape = read_counts_file(args.counts, int(ir.nranks), ir.name)
     n = len(shape)
-    if n != ir.nranks:
-        refuse(f"a {n} x {n} counts matrix, but {ir.name} has {plural(int(ir.nranks), 'rank')}")
     cir = ir if _is_canonical(ir) else _sorted_copy(ir)
     asym = np.argwhere(shape != shape.T)
     run_groups, notes, whys = [], [], []
@@ -426,16 +427,16 @@ def alltoallv_calls(args, ir, sweep, element_bytes: int, groups: list[bool]):
     if not run_groups:
         refuse("; ".join(whys))
     if sweep_is_default(args):
-        calls = [(int(shape.sum()) * element_bytes // n, shape)]
-        notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, {int(shape.sum())} elements in all, largest "
+        calls = [(exact_sum(shape) * element_bytes // n, shape)]
+        notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, {exact_sum(shape)} elements in all, largest "
                         "block " + f"{int(shape.max())}; size = the mean per-rank send buffer")
     else:
-        if int(shape.sum()) == 0:
+        if not shape.any():
             refuse("every count is 0: a matrix scaled to the sweep's sizes needs a nonzero entry")
         calls = []
         for nbytes in sweep.sizes:
             c = scaled_counts(shape, nbytes, element_bytes)
-            calls.append((int(c.sum()) * element_bytes // n, c))
+            calls.append((exact_sum(c) * element_bytes // n, c))
         notes.insert(0, f"AllToAllv counts from {where}: {n} x {n}, scaled at each size (rounded down) to a "
                         "mean per-rank send buffer of that size; size = the mean per-rank send buffer")
     return calls, run_groups, notes

@@ -288,14 +288,16 @@ def _simulate_one(args, cluster, algo: str, scheduler: str, sizes: list[int], pr
 def _simulate_v(args, cluster, ir, execution, slice_mode, progress):
     """``--counts``: one AllToAllv call of the file's matrix (:mod:`hccc.runtime.sim_alltoallv`)."""
     from hccc.compiler.ir.vblocks import VBlockError
-    from hccc.runtime.alltoallv import CountsError
+    from hccc.runtime.alltoallv import CountsError, read_counts_file
     from hccc.runtime.sim_alltoallv import prepare_v, simulate_v
     from hccc.runtime.simulator import SimulationError
     topo = cluster.topology
-    counts = args.counts_matrix
-    if len(counts) != ir.nranks:
-        raise CompileError([Diagnostic(f"{args.counts}: a {len(counts)} x {len(counts)} counts matrix, but "
-                                       f"{ir.name} has {plural(int(ir.nranks), 'rank')}", None)])
+    # read with the program's rank count: the first line that cannot fit stops the reading (once
+    # per rank count)
+    n = int(ir.nranks)
+    if n not in args.counts_matrix:
+        args.counts_matrix[n] = read_counts_file(args.counts, n, ir.name)
+    counts = args.counts_matrix[n]
     try:
         vp = prepare_v(ir, topo, args.block_bw or None)
         with progress.phase(f"simulating {ir.name} as an AllToAllv"):
@@ -362,11 +364,10 @@ def _run_one(args) -> int:
             check_not_an_input(plot, [*args.algo, args.topology])    # before the work
     args.counts_matrix = None
     if args.counts is not None:
-        from hccc.runtime.alltoallv import read_counts_file
         if not sweep_is_default(args) or args.plot_busbw:
             raise CompileError([Diagnostic("--counts gives the call's sizes: --sizes, -b/-e/-f and --plot-busbw "
                                            "do not apply", None)])
-        args.counts_matrix = read_counts_file(args.counts)
+        args.counts_matrix = {}        # read per program, with its rank count (_simulate_v)
     cluster = read_cluster(args.topology)
     topo = cluster.topology
     runs = []
@@ -456,8 +457,9 @@ def _print_table(args, topo, sweep, algo, scheduler, ir, prog, execution, slice_
           + f"{format_size(int(ir.chunk_bytes))}B slots, "
           f"{'slice per size' if slice_mode else 'fixed slice'}, {args.dtype}")
     if getattr(args, "counts_matrix", None) is not None:
-        c = args.counts_matrix
-        print(f"# AllToAllv counts from {printable(str(args.counts))}: {len(c)} x {len(c)}, {int(c.sum())} elements in "
+        from hccc.runtime.alltoallv import exact_sum
+        c = args.counts_matrix[int(ir.nranks)]
+        print(f"# AllToAllv counts from {printable(str(args.counts))}: {len(c)} x {len(c)}, {exact_sum(c)} elements in "
               f"all, largest block {int(c.max())}; size = the mean per-rank send buffer")
     else:
         print(f"# minBytes {sweep.min_bytes} maxBytes {sweep.max_bytes} step: {sweep.step}")
