@@ -154,6 +154,7 @@ def _main(argv: list[str] | None) -> int:
         tune_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
     from hccc.util.diagnostics import CompileError
+    from hccc.util.trust import UntrustedCacheError
 
     call = _Call()
     from hccc.util.jit import jit_mode
@@ -174,6 +175,9 @@ def _main(argv: list[str] | None) -> int:
         return INTERRUPTED
     except MemoryError:
         sys.stderr.write("hccc: error: out of memory (try a smaller program or --max-transfers)\n")
+        return 1
+    except UntrustedCacheError as exc:  # a cache others could write (numba's, hccc's own)
+        sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
     except BrokenPipeError:
         return 1

@@ -15,11 +15,13 @@ never modified, so readers need no locks.
 ``~/Library/Caches/hccc`` on macOS).
 
 Trust: an entry holds code that is loaded into the process (a shared library's constructors run
-on load), so only the user's own entries are used. Directories are created 0700 and files 0600;
-before an entry is used, the root, its kind directory, the entry and every file in it must be
-owned by the user and writable by nobody else (and the root's parent must not let others replace
-the root: writable by others only with the sticky bit). Anything else is refused with a
-:class:`CacheTrustError` that names the path and the reason; nothing in it is loaded.
+on load), so only the user's own entries are used, by the rule every cache of hccc follows
+(:mod:`hccc.util.trust`). Directories are created 0700 and files 0600; before an entry is used,
+the root, its kind directory, the entry and every file in it must be owned by the user and
+writable by nobody else, and every directory above the root must be the user's or root's and not
+let others replace what is below it (writable by others only with the sticky bit). Anything else
+is refused with a :class:`CacheTrustError` that names the path and the reason; nothing in it is
+loaded.
 
 Temporary build directories are held under an ``flock`` while in use; those of killed runs (not
 held, older than a few seconds, owned by the user) are removed the next time an entry is built.
@@ -39,7 +41,7 @@ from typing import Callable, Iterable
 import platformdirs
 
 from hccc import __version__
-from hccc.util.limits import printable
+from hccc.util.trust import CacheTrust, UntrustedCacheError
 from hccc.runtime.platform import PlatformError
 
 #: marker written last into an entry: a directory without it is not a finished entry
@@ -52,59 +54,31 @@ STALE_AFTER_S = 1.0
 LOCK_WAIT_S = 600.0
 
 
-class CacheTrustError(PlatformError):
+class CacheTrustError(PlatformError, UntrustedCacheError):
     """A cache path hccc refuses to use: not the user's, or writable by others."""
 
 
-def _untrusted(path: Path, st: os.stat_result, what: str) -> CacheTrustError:
-    shown = printable(str(path))
-    if st.st_uid != os.geteuid():
-        why = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    else:
-        why = f"is writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):04o})"
-    return CacheTrustError(f"build cache: {what} '{shown}' {why}; refusing to use it, since its contents "
-                           "would be loaded as code (remove it, or set HCCC_CACHE_DIR to a directory of "
-                           "your own)")
+#: the rule every entry is held to before it is used (:mod:`hccc.util.trust`)
+TRUST = CacheTrust("build cache", "HCCC_CACHE_DIR", CacheTrustError)
 
 
 def _check_owned(path: Path, what: str, *, directory: bool) -> os.stat_result:
     """``path`` (not followed if a symbolic link) must be a directory / regular file of the user's,
     writable by nobody else."""
-    st = os.lstat(path)
-    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        raise CacheTrustError(f"build cache: {what} '{printable(str(path))}' is not a "
-                              f"{'directory' if directory else 'regular file'} (a symbolic link or "
-                              "something else); refusing to use it")
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise _untrusted(path, st, what)
-    return st
+    return TRUST.owned(path, what, directory=directory)
 
 
 def check_root(root: Path) -> None:
-    """The cache root must be the user's and writable by nobody else, and its parent must not let
-    others replace it (a world-writable parent needs the sticky bit)."""
-    _check_owned(root, "cache directory", directory=True)
-    parent = root.resolve().parent
-    try:
-        pst = os.stat(parent)
-    except OSError:
-        return
-    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX and pst.st_uid != os.geteuid():
-        raise CacheTrustError(f"build cache: the directory '{printable(str(parent))}' holding the cache "
-                              f"'{printable(str(root))}' is writable by others without the sticky bit, so they "
-                              "could replace the cache; refusing to use it (set HCCC_CACHE_DIR to a directory "
-                              "of your own)")
+    """The cache root must be the user's and writable by nobody else, and nobody else may be able
+    to replace it: every directory above it is the user's or root's, writable by others only with
+    the sticky bit."""
+    TRUST.owned(root, "cache directory", directory=True)
+    TRUST.path_above(root)
 
 
 def check_entry(final: Path) -> None:
     """Every part of the published entry ``final`` is the user's and writable by nobody else."""
-    _check_owned(final, "cache entry", directory=True)
-    for dirpath, dirnames, filenames in os.walk(final):
-        for d in dirnames:
-            _check_owned(Path(dirpath) / d, "cache entry directory", directory=True)
-        for f in filenames:
-            _check_owned(Path(dirpath) / f, "cache entry file", directory=False)
+    TRUST.tree(final, "cache entry")
 
 
 def _make_private(tmp: Path) -> None:
