@@ -182,6 +182,11 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:
         return 1
     except Exception as exc:  # an hccc bug, not bad input: say so plainly
+        from hccc.runtime.memory_limits import refused_memory
+        refused = refused_memory(exc)
+        if refused is not None:        # the system refused memory or a thread: not a bug either
+            sys.stderr.write(f"hccc: error: {refused}\n")
+            return 1
         if os.environ.get("HCCC_DEBUG"):
             traceback.print_exc()
         sys.stderr.write(f"hccc: internal error: {type(exc).__name__}: {exc}\n"

@@ -23,7 +23,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
 from hccc.runtime.group_memory import GroupMemory
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.memory_limits import check_fifo_memory, out_of_memory_at
 from hccc.runtime.platform import Platform, PlatformError
 from hccc.runtime.rank_kernels import RankKernels
 from hccc.runtime.rank_launches import RankLaunches
@@ -110,8 +110,9 @@ class RankGroup:
         """The size-independent memory (:class:`GroupMemory`), the streams, the one-grid entry's
         arguments and the launches under the watchdog (:class:`RankLaunches`)."""
         tables = self.program.tables() if self.program.table_mode else None
-        self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
-                                        self._allocs, tables)
+        with out_of_memory_at(f"allocating {self.ir.name}'s FIFOs and control blocks"):
+            self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
+                                            self._allocs, tables)
         self.rank_mem, self.ll_epochs, self.orphans = mem.rank_mem, mem.ll_epochs, mem.orphans
         self.table_ptr, self.ctrl, self.ctrl_bytes = mem.table_ptr, mem.ctrl, mem.ctrl_bytes
         self.prog_ptr, self.slots_ptr, self.send_tab, self.recv_tab = (mem.prog_ptr, mem.slots_ptr,
