@@ -196,36 +196,72 @@ def test_cli_refuses_a_shared_numba_cache(tmp_path):
 
 # ---------------------------------------------------------------- the rule itself, on any path
 
-MODES = st.sampled_from([0o700, 0o750, 0o755, 0o770, 0o775, 0o777, 0o1777, 0o1770, 0o711])
+MODES = st.sampled_from([0o700, 0o711, 0o750, 0o755, 0o770, 0o775, 0o777, 0o1777, 0o1770, 0o731, 0o733])
+
+def _renamable_by_another_user(paths: list[Path]) -> list[str]:
+    """The paths a second user (uid 65534, in the directories' group) can rename: the oracle, by
+    trying it in a child process that has become that user."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                       # the child: only system calls, then _exit
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(os.getegid())
+            os.setuid(65534)
+            done = []
+            for path in map(str, paths):
+                try:
+                    os.rename(path, path + ".moved")
+                except OSError:
+                    continue
+                os.rename(path + ".moved", path)
+                done.append(path)
+            os.write(w, "\n".join(done).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return data.split()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second user needs root")
 @settings(max_examples=30, deadline=None)
 @given(modes=st.lists(MODES, min_size=1, max_size=4))
-def test_path_above_refuses_exactly_what_others_could_replace(modes):
-    """A chain of directories with random modes under a private one: the path above the last is
-    accepted exactly when no directory on it lets anyone but its owner rename what is in it
-    (write for group or other without the sticky bit), which is what a second user could use."""
+def test_path_above_refuses_what_another_user_can_replace(modes):
+    """A chain of directories with random modes under a private one: whenever a second user can
+    actually rename a directory on the way to the cache (tried, as that user), the path is refused;
+    and a path with no directory writable by group or others without the sticky bit is accepted
+    (the rule is conservative: a writable directory others cannot reach is refused too)."""
     trust = CacheTrust("test cache", "TEST_DIR")
     with tempfile.TemporaryDirectory() as top:
-        os.chmod(top, 0o700)
+        os.chmod(top, 0o711)
         d = Path(top)
+        chain = []
         for m in modes:
             d = d / "d"
             d.mkdir()
             os.chmod(d, m)
+            chain.append(d)
         leaf = d / "cache"
         leaf.mkdir(mode=0o700)
-        replaceable = any((m & 0o022) and not (m & 0o1000) for m in modes)
         try:
             trust.path_above(leaf)
             accepted = True
         except UntrustedCacheError:
             accepted = False
-        finally:
-            for p in [leaf] + list(leaf.parents):
-                if str(p).startswith(top):
-                    os.chmod(p, 0o700)
-        assert accepted == (not replaceable)
+        renamable = _renamable_by_another_user(chain + [leaf])
+        for p in chain:
+            os.chmod(p, 0o700)
+        if renamable:
+            assert not accepted, renamable
+        if not any((m & 0o022) and not (m & 0o1000) for m in modes):
+            assert accepted
 
 
 def test_symlink_in_a_cache_is_refused(tmp_path):
