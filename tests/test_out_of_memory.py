@@ -37,10 +37,13 @@ runpy.run_module("hccc.cli", run_name="__main__")
 """
 
 
-def _hccc_limited(args: list[str], env: dict, limit: int = LIMIT) -> subprocess.CompletedProcess:
-    """``hccc ARGS`` in a process whose address space is limited to ``limit`` bytes."""
-    return subprocess.run([sys.executable, "-c", _LIMITED.format(limit=limit), *args], capture_output=True,
-                          text=True, env=env, timeout=600)
+def _hccc_limited(args: list[str], env: dict, limit: int = LIMIT) -> tuple[subprocess.CompletedProcess, int]:
+    """``hccc ARGS`` in a process whose address space is limited to ``limit`` bytes; its result
+    and its process id."""
+    p = subprocess.Popen([sys.executable, "-c", _LIMITED.format(limit=limit), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err), p.pid
 
 
 @pytest.fixture(scope="module")
@@ -55,34 +58,34 @@ def built(tmp_path_factory):
     return env
 
 
-def _ours() -> set:
-    return set(shm.ours())
+def _left_by(*pids: int) -> list[str]:
+    """The hccc segments in /dev/shm that the processes ``pids`` created (their names carry the
+    creator's process id; other processes of the machine may hold segments of their own)."""
+    return [n for n in shm.ours() if int(n.split("-")[1]) in pids]
 
 
 def test_run_over_the_address_space_limit_is_refused_before_it_starts(built):
     """Without HCCC_MAX_RUN_BYTES the run limit is at most half the address-space limit: the run
     is refused up front with the existing located message, which says where the limit comes from."""
-    before = _ours()
-    out = _hccc_limited(["run", str(ALGO), "-b", "512M", "-e", "512M"], built)
+    out, pid = _hccc_limited(["run", str(ALGO), "-b", "512M", "-e", "512M"], built)
     assert out.returncode == 1, out.stderr
     assert "running ring_allgather_8 at 536870912 bytes needs about" in out.stderr
     assert "address-space limit, ulimit -v" in out.stderr
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr
-    assert _ours() == before
+    assert _left_by(pid) == []
 
 
 def test_memory_refused_as_it_is_allocated_is_located(built):
     """With the up-front check lifted (HCCC_MAX_RUN_BYTES far above the limit) the allocation
     itself fails (mmap ENOMEM or numpy's MemoryError): exit 1, the program and size, the
     address-space limit, no traceback, no internal error, no segment left in /dev/shm."""
-    before = _ours()
     env = dict(built, HCCC_MAX_RUN_BYTES="1T")
-    out = _hccc_limited(["run", str(ALGO), "-b", "512M", "-e", "512M"], env)
+    out, pid = _hccc_limited(["run", str(ALGO), "-b", "512M", "-e", "512M"], env)
     assert out.returncode == 1, out.stderr
     assert "hccc: error: running ring_allgather_8 at 536870912 bytes: out of memory: the system refused" in out.stderr
     assert "this process's address space is limited to 3.0 GiB (ulimit -v)" in out.stderr
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr
-    assert _ours() == before
+    assert _left_by(pid) == []
 
 
 def test_run_limit_follows_the_address_space_limit(tmp_path):
@@ -127,15 +130,13 @@ def test_other_mapping_errors_stay_what_they_are(monkeypatch):
 def test_shared_segment_refused_is_out_of_memory_and_left_nowhere(monkeypatch, code):
     """A segment whose mapping is refused (address space) or whose size is (a full /dev/shm) is
     out of memory, and its name is gone from /dev/shm."""
-    before = _ours()
-
     def refuse(*_a, **_k):
         raise OSError(code, os.strerror(code))
     monkeypatch.setattr(shm.mmap, "mmap", refuse)
     mem = CpuMemory(sanitize=False)
     with pytest.raises(OutOfMemoryError, match="out of memory: the system refused shared memory"):
         mem.ipc_malloc(1 << 20)
-    assert _ours() == before
+    assert _left_by(os.getpid()) == []
 
 
 def test_attaching_a_segment_refused_is_out_of_memory(monkeypatch):
@@ -251,7 +252,6 @@ def test_communicator_set_up_refused_memory(tmp_path):
                     "    transfer(1, 0, 0, 1, recv)\n")
     url = "file://" + str(tmp_path / "store")
     env = dict(os.environ, HCCC_CACHE_DIR=str(tmp_path / "cache"), HCCC_DEBUG="")
-    before = _ours()
     procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), url, str(algo)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
@@ -260,4 +260,4 @@ def test_communicator_set_up_refused_memory(tmp_path):
                               "shared memory"), said
     assert said[0].startswith("CommunicatorError") and "out of memory" in said[0], said
     assert all("Traceback" not in o[1] for o in outs), outs
-    assert _ours() == before
+    assert _left_by(*(p.pid for p in procs)) == []
