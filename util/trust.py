@@ -6,11 +6,12 @@ someone else could have written there would run as the user. Every cache hccc re
 :class:`CacheTrust`'s rule before anything in it is read:
 
 - the cache's directory, and every directory and file in it that is read, is a real directory /
-  regular file (not a symbolic link), owned by the user and writable by nobody else (no group or
-  other write bit);
+  regular file (not a symbolic link), owned by the user and writable by nobody else (no other
+  write bit, no group write bit unless the group is the user's private group:
+  :func:`private_group`, as under the umask 002 of user-private-group systems);
 - every directory above it (the whole path, symbolic links resolved) is owned by the user or by
-  root, and is writable by others only with the sticky bit (``/tmp``), so nobody else can rename
-  a directory on the way and put one of their own in its place.
+  root, and is writable by others (so counted) only with the sticky bit (``/tmp``), so nobody else
+  can rename a directory on the way and put one of their own in its place.
 
 Anything else is refused with an error (the cache's :attr:`CacheTrust.error` class) that names the
 path and the reason and says how to point the cache somewhere private. Nothing is unpickled from a
@@ -19,6 +20,7 @@ from the grammar text once per process).
 """
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ class CacheTrust:
                                "(a symbolic link or something else)")
         if st.st_uid != os.geteuid():
             raise self._refuse(f"{what} '{shown}' is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
-        if st.st_mode & 0o022:
+        if writable_by_others(st):
             raise self._refuse(f"{what} '{shown}' is writable by {'others' if st.st_mode & 0o002 else 'its group'} "
                                f"(mode {stat.S_IMODE(st.st_mode):04o})")
         return st
@@ -69,7 +71,7 @@ class CacheTrust:
             except OSError:
                 continue
             shown = printable(str(parent))
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            if writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
                 raise self._refuse(f"the directory '{shown}' above '{printable(str(path))}' is writable by "
                                    f"{'others' if st.st_mode & 0o002 else 'its group'} without the sticky bit "
                                    f"(mode {stat.S_IMODE(st.st_mode):04o}), so they could replace what is below it")
@@ -109,6 +111,31 @@ class CacheTrust:
         self.tree(top, what)
 
 
+def writable_by_others(st: os.stat_result) -> bool:
+    """Someone besides the user may write the file or directory of ``st``: it is writable by
+    others, or by a group that is not the user's private group (:func:`private_group`)."""
+    return bool(st.st_mode & 0o002) or bool(st.st_mode & 0o020) and not private_group(st.st_gid)
+
+
+@functools.lru_cache(maxsize=None)
+def private_group(gid: int) -> bool:
+    """``gid`` is the user's private group (the user-private-group scheme of many Linux systems,
+    whose default umask 002 makes files group-writable): the user's own primary group, named as
+    the user, with no member but the user (never root's group 0, whose members vary). Only such a
+    group's write bit is not someone else's."""
+    if gid == 0:
+        return False
+    try:
+        import grp
+        import pwd
+        me = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError, OSError):
+        return False
+    return (gid == me.pw_gid and group.gr_name == me.pw_name
+            and all(member == me.pw_name for member in group.gr_mem))
+
+
 def _entries(top: Path) -> list:
     try:
         return list(os.scandir(top))
@@ -116,4 +143,4 @@ def _entries(top: Path) -> list:
         return []
 
 
-__all__ = ["CacheTrust", "UntrustedCacheError"]
+__all__ = ["CacheTrust", "UntrustedCacheError", "writable_by_others", "private_group"]
