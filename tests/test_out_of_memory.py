@@ -2,7 +2,7 @@
 (``ulimit -v``) ``hccc run`` refuses a run that cannot fit before it starts, and memory still
 refused as it is allocated (``mmap`` ENOMEM, numpy's MemoryError, a thread that cannot start,
 a shared segment that cannot be mapped) is the located out-of-memory message, exit status 1, no
-traceback and nothing left in /dev/shm; the Communicator says it too, on every rank."""
+traceback and nothing left in /dev/shm. (The Communicator's set-up refused: test_communicator.py.)"""
 from __future__ import annotations
 
 import errno
@@ -47,10 +47,10 @@ def _hccc_limited(args: list[str], env: dict, limit: int = LIMIT) -> tuple[subpr
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """A cache holding the program's CPU build (made without a limit: g++ is not under test)."""
-    cache = tmp_path_factory.mktemp("cache")
-    env = dict(os.environ, HCCC_CACHE_DIR=str(cache), HCCC_DEBUG="")
+def built():
+    """The program's CPU build in the cache the tests share (made without a limit: g++ is not
+    under test)."""
+    env = dict(os.environ, HCCC_DEBUG="")
     env.pop("HCCC_MAX_RUN_BYTES", None)
     out = subprocess.run([sys.executable, "-m", "hccc.cli", "run", str(ALGO), "-b", "4K", "-e", "4K"],
                          capture_output=True, text=True, env=env, timeout=600)
@@ -217,47 +217,3 @@ def test_cli_reports_refused_memory_anywhere(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("hccc: error: out of memory: the system refused a thread")
     assert "internal error" not in err
-
-
-# ---------------------------------------------------------------- the Communicator
-
-_RANK = """
-import json, os, sys
-import numpy as np
-from hccc.runtime import shm
-from hccc.runtime.communicator import Communicator
-rank, url, algo = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-if rank == 1:
-    real = shm.mmap.mmap
-    def refuse(fd, size, *a, **k):
-        if size >= (1 << 20):
-            raise OSError(12, "Cannot allocate memory")
-        return real(fd, size, *a, **k)
-    shm.mmap.mmap = refuse
-try:
-    with Communicator(algo, rank=rank, world_size=2, init_method=url, timeout_s=30) as comm:
-        pass
-    print("made")
-except Exception as exc:
-    print(type(exc).__name__ + ": " + str(exc))
-"""
-
-
-def test_communicator_set_up_refused_memory(tmp_path):
-    """A rank whose FIFO segment cannot be mapped: that rank says it is out of memory, naming
-    itself; its peer ends its set-up with the reason (not at the timeout); no segment is left."""
-    algo = tmp_path / "ring2.rccl"
-    algo.write_text('def ResCCLAlgo(nRanks=2, AlgoName="ring2", OpType="Allgather"):\n'
-                    "    transfer(0, 1, 0, 0, recv)\n"
-                    "    transfer(1, 0, 0, 1, recv)\n")
-    url = "file://" + str(tmp_path / "store")
-    env = dict(os.environ, HCCC_CACHE_DIR=str(tmp_path / "cache"), HCCC_DEBUG="")
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), url, str(algo)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    said = [o[0].strip().splitlines()[-1] if o[0].strip() else o[1] for o in outs]
-    assert said[1].startswith("CommunicatorError: rank 1: setting up: out of memory: the system refused "
-                              "shared memory"), said
-    assert said[0].startswith("CommunicatorError") and "out of memory" in said[0], said
-    assert all("Traceback" not in o[1] for o in outs), outs
-    assert _left_by(*(p.pid for p in procs)) == []
