@@ -46,8 +46,9 @@ def _run_memory_limit() -> tuple[int, str]:
 
 
 #: the default run limit is at most 1/N of the process's address-space limit, as it is 1/2 of the
-#: physical memory: the rest holds the interpreter, numpy, the compiled kernels and a 1 MiB stack
-#: per emulated thread
+#: physical memory: the rest holds the interpreter, numpy, the compiled kernels, the allocator's
+#: arenas and a stack per emulated thread (a policy, not a measurement: a run that still does not
+#: fit is refused as it allocates, :class:`OutOfMemoryError`)
 ADDRESS_SPACE_SHARE = 2
 
 
