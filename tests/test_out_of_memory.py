@@ -40,6 +40,9 @@ runpy.run_module("hccc.cli", run_name="__main__")
 def _hccc_limited(args: list[str], env: dict, limit: int = LIMIT) -> tuple[subprocess.CompletedProcess, int]:
     """``hccc ARGS`` in a process whose address space is limited to ``limit`` bytes; its result
     and its process id."""
+    # few malloc arenas (64 MiB of address space each, up to 8 per core): hccc itself stays well
+    # inside the limit on machines of many cores too
+    env = dict(env, MALLOC_ARENA_MAX="2")
     p = subprocess.Popen([sys.executable, "-c", _LIMITED.format(limit=limit), *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     out, err = p.communicate(timeout=600)
