@@ -78,6 +78,10 @@ def _run_job_as_given(job: dict, protos: list | None, epochs: list | None, slice
                 def die(*_a, **_k):
                     os.kill(os.getpid(), signal.SIGKILL)
                 comm._pf.launch = die
+            if call.get("launch_refused"):      # the system refuses the launch's threads
+                def refused(*_a, **_k):
+                    raise RuntimeError("can't start new thread")
+                comm._pf.launch = refused
             if call.get("stop_in_kernel"):      # stopped (SIGSTOP) instead of launching
                 def stop(*_a, **_k):
                     os.kill(os.getpid(), signal.SIGSTOP)
