@@ -162,6 +162,7 @@ def _main(argv: list[str] | None) -> int:
         tune_allocator()
     argv = list(sys.argv[1:] if argv is None else argv)
     from hccc.util.diagnostics import CompileError
+    from hccc.util.trust import UntrustedCacheError
 
     call = _Call()
     call.started = started
@@ -184,9 +185,17 @@ def _main(argv: list[str] | None) -> int:
     except MemoryError:
         sys.stderr.write("hccc: error: out of memory (try a smaller program or --max-transfers)\n")
         return 1
+    except UntrustedCacheError as exc:  # a cache others could write (numba's, hccc's own)
+        sys.stderr.write(f"hccc: error: {exc}\n")
+        return 1
     except BrokenPipeError:
         return 1
     except Exception as exc:  # an hccc bug, not bad input: say so plainly
+        from hccc.runtime.memory_limits import refused_memory
+        refused = refused_memory(exc)
+        if refused is not None:        # the system refused memory or a thread: not a bug either
+            sys.stderr.write(f"hccc: error: {refused}\n")
+            return 1
         if os.environ.get("HCCC_DEBUG"):
             traceback.print_exc()
         sys.stderr.write(f"hccc: internal error: {type(exc).__name__}: {exc}\n"

@@ -10,16 +10,25 @@ building copies of their own (after :data:`LOCK_WAIT_S` without the lock a proce
 one that still loses the race discards its copy and uses the winner's). Published entries are
 never modified, so readers need no locks.
 
+Integrity: the marker ``.complete``, written last, records the key and every file's size and
+SHA-256, and the entry's files and directories are fsynced before the rename that publishes it
+(the kind directory after it). Before an entry is used it is verified against its marker (hashed
+once per process while its files keep their inodes, sizes and change times); one that differs (a
+crash or power loss that left a file short, a file zeroed or changed, missing or extra, a damaged
+or missing marker) is moved aside, removed and built again, so a damaged library is never loaded.
+
 ``ROOT`` is ``$HCCC_CACHE_DIR`` when set, else the platform's user cache directory for hccc as
 ``platformdirs`` gives it (``$XDG_CACHE_HOME/hccc``, by default ``~/.cache/hccc``, on Linux;
 ``~/Library/Caches/hccc`` on macOS).
 
 Trust: an entry holds code that is loaded into the process (a shared library's constructors run
-on load), so only the user's own entries are used. Directories are created 0700 and files 0600;
-before an entry is used, the root, its kind directory, the entry and every file in it must be
-owned by the user and writable by nobody else (and the root's parent must not let others replace
-the root: writable by others only with the sticky bit). Anything else is refused with a
-:class:`CacheTrustError` that names the path and the reason; nothing in it is loaded.
+on load), so only the user's own entries are used, by the rule every cache of hccc follows
+(:mod:`hccc.util.trust`). Directories are created 0700 and files 0600; before an entry is used,
+the root, its kind directory, the entry and every file in it must be owned by the user and
+writable by nobody else, and every directory above the root must be the user's or root's and not
+let others replace what is below it (writable by others only with the sticky bit). Anything else
+is refused with a :class:`CacheTrustError` that names the path and the reason; nothing in it is
+loaded.
 
 Temporary build directories are held under an ``flock`` while in use; those of killed runs (not
 held, older than a few seconds, owned by the user) are removed the next time an entry is built.
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -40,6 +50,7 @@ import platformdirs
 
 from hccc import __version__
 from hccc.util.limits import printable
+from hccc.util.trust import CacheTrust, UntrustedCacheError
 from hccc.runtime.platform import PlatformError
 
 #: marker written last into an entry: a directory without it is not a finished entry
@@ -52,59 +63,31 @@ STALE_AFTER_S = 1.0
 LOCK_WAIT_S = 600.0
 
 
-class CacheTrustError(PlatformError):
+class CacheTrustError(PlatformError, UntrustedCacheError):
     """A cache path hccc refuses to use: not the user's, or writable by others."""
 
 
-def _untrusted(path: Path, st: os.stat_result, what: str) -> CacheTrustError:
-    shown = printable(str(path))
-    if st.st_uid != os.geteuid():
-        why = f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    else:
-        why = f"is writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):04o})"
-    return CacheTrustError(f"build cache: {what} '{shown}' {why}; refusing to use it, since its contents "
-                           "would be loaded as code (remove it, or set HCCC_CACHE_DIR to a directory of "
-                           "your own)")
+#: the rule every entry is held to before it is used (:mod:`hccc.util.trust`)
+TRUST = CacheTrust("build cache", "HCCC_CACHE_DIR", CacheTrustError)
 
 
 def _check_owned(path: Path, what: str, *, directory: bool) -> os.stat_result:
     """``path`` (not followed if a symbolic link) must be a directory / regular file of the user's,
     writable by nobody else."""
-    st = os.lstat(path)
-    kind_ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        raise CacheTrustError(f"build cache: {what} '{printable(str(path))}' is not a "
-                              f"{'directory' if directory else 'regular file'} (a symbolic link or "
-                              "something else); refusing to use it")
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise _untrusted(path, st, what)
-    return st
+    return TRUST.owned(path, what, directory=directory)
 
 
 def check_root(root: Path) -> None:
-    """The cache root must be the user's and writable by nobody else, and its parent must not let
-    others replace it (a world-writable parent needs the sticky bit)."""
-    _check_owned(root, "cache directory", directory=True)
-    parent = root.resolve().parent
-    try:
-        pst = os.stat(parent)
-    except OSError:
-        return
-    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX and pst.st_uid != os.geteuid():
-        raise CacheTrustError(f"build cache: the directory '{printable(str(parent))}' holding the cache "
-                              f"'{printable(str(root))}' is writable by others without the sticky bit, so they "
-                              "could replace the cache; refusing to use it (set HCCC_CACHE_DIR to a directory "
-                              "of your own)")
+    """The cache root must be the user's and writable by nobody else, and nobody else may be able
+    to replace it: every directory above it is the user's or root's, writable by others only with
+    the sticky bit."""
+    TRUST.owned(root, "cache directory", directory=True)
+    TRUST.path_above(root)
 
 
 def check_entry(final: Path) -> None:
     """Every part of the published entry ``final`` is the user's and writable by nobody else."""
-    _check_owned(final, "cache entry", directory=True)
-    for dirpath, dirnames, filenames in os.walk(final):
-        for d in dirnames:
-            _check_owned(Path(dirpath) / d, "cache entry directory", directory=True)
-        for f in filenames:
-            _check_owned(Path(dirpath) / f, "cache entry file", directory=False)
+    TRUST.tree(final, "cache entry")
 
 
 def _make_private(tmp: Path) -> None:
@@ -216,7 +199,7 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
         _check_owned(base, "cache directory", directory=True)
     if os.path.lexists(final / _DONE) or os.path.islink(final):
         check_entry(final)
-        if (final / _DONE).is_file():
+        if intact(final, key):
             return final
     try:
         base.mkdir(mode=0o700)
@@ -225,14 +208,117 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
     _check_owned(base, "cache directory", directory=True)
     turn = _take_turn(base / f".{key}.lock")
     try:
-        if (final / _DONE).is_file():
-            # built by the process whose turn it was while this one waited
+        if os.path.lexists(final):
             check_entry(final)
-            return final
+            if intact(final, key):
+                # built by the process whose turn it was while this one waited
+                return final
+            # damaged (a crash or power loss before its files reached the disk, a file cut short
+            # or changed) or never finished: moved aside, removed, and built again
+            _discard(base, key, final)
         return _build(base, key, final, build)
     finally:
         if turn is not None:
             _end_turn(base / f".{key}.lock", turn)
+
+
+#: the entries this process has verified, by path: what their files' stats were then (an entry
+#: is hashed once per process while its files keep their inodes, sizes and change times)
+_VERIFIED: dict[str, tuple] = {}
+#: a marker larger than this is not one hccc wrote (its manifest is a line per file)
+MAX_MARKER_BYTES = 1 << 22
+
+
+def _stats(final: Path) -> tuple:
+    """(relative path, inode, size, change time) of every file in the entry, sorted (the change
+    time moves with every write, and nobody can set it back)."""
+    out = []
+    for dirpath, _dirs, filenames in os.walk(final):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            st = os.lstat(p)
+            out.append((os.path.relpath(p, final), st.st_ino, st.st_size, st.st_ctime_ns))
+    return tuple(sorted(out))
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(tmp: Path) -> dict[str, list]:
+    """Every file of a built entry: relative path -> [size, SHA-256]."""
+    files = {}
+    for dirpath, _dirs, filenames in os.walk(tmp):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            files[os.path.relpath(p, tmp)] = [os.lstat(p).st_size, _file_sha256(p)]
+    return files
+
+
+def intact(final: Path, key: str) -> bool:
+    """The published entry ``final`` is whole: its marker names ``key`` and lists exactly the
+    entry's files, each of the size and SHA-256 recorded when it was built."""
+    try:
+        stats = _stats(final)
+        if _VERIFIED.get(str(final)) == stats:
+            return True
+        marker = final / _DONE
+        if os.lstat(marker).st_size > MAX_MARKER_BYTES:
+            return False
+        record = json.loads(marker.read_text(encoding="utf-8"))
+        files = record["files"]
+        if record.get("key") != key or not isinstance(files, dict):
+            return False
+        present = {rel: size for rel, _ino, size, _ctime in stats if rel != _DONE}
+        if set(present) != set(files):
+            return False
+        for rel, size in present.items():
+            want = files[rel]
+            if not (isinstance(want, list) and len(want) == 2 and want[0] == size):
+                return False
+        for rel in present:
+            if _file_sha256(str(final / rel)) != files[rel][1]:
+                return False
+        if _stats(final) != stats:
+            return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    _VERIFIED[str(final)] = stats
+    return True
+
+
+def _discard(base: Path, key: str, final: Path) -> None:
+    """Move the damaged entry ``final`` out of the way (one rename: nobody finds half of it) and
+    remove it."""
+    _VERIFIED.pop(str(final), None)
+    aside = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=base))
+    try:
+        os.rename(final, aside / "damaged")
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync_path(path: str, directory: bool) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(top: Path) -> None:
+    """Every file and directory under ``top`` (and ``top``) on disk, before it is published."""
+    for dirpath, _dirs, filenames in os.walk(top, topdown=False):
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if stat.S_ISREG(os.lstat(p).st_mode):
+                _fsync_path(p, directory=False)
+        _fsync_path(dirpath, directory=True)
 
 
 def _take_turn(path: Path) -> int | None:
@@ -279,17 +365,31 @@ def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> 
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         build(tmp)
-        (tmp / _DONE).write_text(key + "\n")
         _make_private(tmp)
+        marker = tmp / _DONE
+        if os.path.lexists(marker):
+            raise ValueError(f"a build of cache kind {base.name} wrote its own {_DONE}")
+        record = json.dumps({"key": key, "files": _manifest(tmp)}, sort_keys=True)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(record + "\n")
+        # durable before it is visible: a crash or power loss after the rename finds every file
+        # whole (and a damaged entry is rebuilt anyway: :func:`intact`)
+        _sync_tree(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
             # another process published the same key first (rename onto a non-empty directory
             # fails): use the winner's entry
-            if not (final / _DONE).is_file():
+            if not os.path.lexists(final / _DONE):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
             check_entry(final)
+            if not intact(final, key):
+                raise PlatformError(f"build cache: the entry '{printable(str(final))}' another process "
+                                    "published is damaged; remove it and run again") from None
+            return final
+        _fsync_path(str(base), directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -298,5 +398,5 @@ def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> 
     return final
 
 
-__all__ = ["cache_root", "content_key", "files_digest", "entry", "CacheTrustError", "check_root",
+__all__ = ["cache_root", "content_key", "files_digest", "entry", "intact", "CacheTrustError", "check_root",
            "check_entry", "clean_stale_builds", "STALE_AFTER_S", "LOCK_WAIT_S"]

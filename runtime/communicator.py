@@ -70,7 +70,7 @@ from hccc.runtime.bootstrap import Bootstrap, BootstrapError, make_bootstrap
 from hccc.runtime.call_buffers import CallError, call_arrays, device_kind, full_count, route, sync_caller
 from hccc.runtime.generated import GeneratedProgram, check_codegen
 from hccc.runtime.launcher import DTYPES, ELEMENT_BYTES, OPS
-from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.memory_limits import check_fifo_memory, refused_memory
 from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.passes.slicing import budget_slot_capacity
 from hccc.runtime.rank_memory import fifo_budget_bytes
@@ -148,12 +148,17 @@ class Communicator(ProcessRank):
                              name=name or ir.name), backend, device, dtype, op, nthreads, cache_dir)
             self._exchange(algo, cache_dir)
         except BaseException as exc:
+            refused = refused_memory(exc) if isinstance(exc, Exception) else None
+            if refused is not None:       # memory the system refused: said so, with the rank
+                exc = CommunicatorError(f"rank {getattr(self, 'rank', '?')}: setting up: {refused}")
             if self._boot is not None and isinstance(exc, Exception):
                 # the peers end their set-up at once with this reason, not at the timeout
                 why = str(exc)
                 prefix = f"rank {self.rank}: "
                 self._boot.fail(why[len(prefix):] if why.startswith(prefix) else why)
             self._release()
+            if refused is not None:
+                raise exc from None
             raise
 
     # ------------------------------------------------------------------ set-up

@@ -36,9 +36,13 @@ from typing import Any
 from hccc.runtime.cpu_build import CpuToolchain
 from hccc.runtime.cpu_memory import CpuMemory
 from hccc.runtime.kernel_abi import Args
+from hccc.runtime.memory_limits import out_of_memory
 from hccc.runtime.platform import DevicePtr, Instance, Module, Platform, PlatformError, Timer, register
 
 _ABORT_OFFSET = Args.abort_flag.offset
+#: how the launcher (cpu_launcher.cpp) begins the message of a launch the system has no memory or
+#: threads for (``new`` failing, ``pthread_create`` failing with EAGAIN)
+_NO_RESOURCES = ("out of memory", "cannot start")
 #: threads per TB when the caller does not choose (the emitted kernels ask for 512 and more)
 DEFAULT_BLOCK_THREADS = 2
 SANITIZERS = ("address",)
@@ -350,7 +354,11 @@ class CpuPlatform(Platform):
                 if flag:
                     ctypes.c_uint32.from_address(flag).value = 1
             self._release()
-            raise PlatformError(f"launch of {fn.symbol} failed: {err.value.decode(errors='replace')}")
+            why = err.value.decode(errors="replace")
+            if why.startswith(_NO_RESOURCES):
+                # no memory for the threads' stacks (an address-space limit) or no threads left
+                raise out_of_memory(f"the {grid} x {block} threads of {fn.symbol}", None, why)
+            raise PlatformError(f"launch of {fn.symbol} failed: {why}")
         rec = _Launch(fn.module, h)
         if hold:
             self._held.append(rec)

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #define HCCC_CPU_API extern "C" __attribute__((visibility("default")))
@@ -148,8 +149,25 @@ HCCC_CPU_API void hccc_cpu_start(void* h) {
   L->open_gate(1);
 }
 
+static void* launch(void* fn, int grid, int block, const void* args, uint64_t nargs, int start, char* err,
+                    uint64_t nerr);
+
+// A launch the system has no memory for (the blocks, the thread table) fails with a message, never
+// with an exception through the C interface (which would abort the process).
 HCCC_CPU_API void* hccc_cpu_launch(void* fn, int grid, int block, const void* args, uint64_t nargs,
                                    int start, char* err, uint64_t nerr) {
+  try {
+    return launch(fn, grid, block, args, nargs, start, err, nerr);
+  } catch (const std::bad_alloc&) {
+    snprintf(err, nerr, "out of memory for the launch of %d x %d threads", grid, block);
+  } catch (...) {
+    snprintf(err, nerr, "the launch of %d x %d threads failed", grid, block);
+  }
+  return nullptr;
+}
+
+static void* launch(void* fn, int grid, int block, const void* args, uint64_t nargs, int start, char* err,
+                    uint64_t nerr) {
   const bool known = nargs == sizeof(hccc_args) || nargs == sizeof(hccc_cpu_table_args) ||
                      nargs == sizeof(hccc_grid_args) || nargs == sizeof(hccc_cpu_table_grid_args);
   if (!known || grid < 0 || block < 1) {

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import mmap
 from typing import Any
 
 import numpy as np
 
 from hccc.runtime import shm
+from hccc.runtime.memory_limits import out_of_memory
 from hccc.runtime.platform import DevicePtr, PlatformError
 
 ALIGN = 256
@@ -42,7 +44,7 @@ class CpuMemory:
             # one heap block per buffer: ASan poisons the bytes right after it
             out = ctypes.c_void_p()
             if self._libc.posix_memalign(ctypes.byref(out), ctypes.c_size_t(ALIGN), ctypes.c_size_t(n)):
-                raise PlatformError(f"out of memory allocating {n} bytes")
+                raise out_of_memory("host memory", n)
             ptr = int(out.value)
             ctypes.memset(ptr, 0, n)
             backing: Any = None
@@ -50,13 +52,21 @@ class CpuMemory:
             # Anonymous pages, zeroed by the kernel when first touched, without transparent huge
             # pages: FIFO slots are sized for whole chunks but small runs touch a few bytes of each,
             # and zeroing a 2 MiB page per touched slot would dominate the run.
-            m = mmap.mmap(-1, n)
+            try:
+                m = mmap.mmap(-1, n)
+            except OSError as exc:
+                if exc.errno != errno.ENOMEM:
+                    raise
+                raise out_of_memory("host memory", n) from None
             if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
                 m.madvise(mmap.MADV_NOHUGEPAGE)
             ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
             backing = m
         else:
-            raw = np.zeros(n + ALIGN, dtype=np.uint8)
+            try:
+                raw = np.zeros(n + ALIGN, dtype=np.uint8)
+            except MemoryError:
+                raise out_of_memory("host memory", n) from None
             ptr = (raw.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
             backing = raw
         self._allocs[ptr] = backing
@@ -90,6 +100,8 @@ class CpuMemory:
         """The segment ``make()`` creates or attaches, registered as this platform's memory."""
         try:
             seg = make()
+        except shm.ShmNoMemory as exc:
+            raise out_of_memory("shared memory", exc.nbytes, str(exc)) from None
         except shm.ShmError as exc:
             raise PlatformError(str(exc)) from None
         self._register(seg.address, seg, seg.size)

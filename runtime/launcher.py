@@ -60,7 +60,7 @@ from hccc.runtime.platform import Platform
 from hccc.runtime.rank_group import RankGroup
 from hccc.util import dtypes as dtypes_table
 from hccc.runtime.generated import CODEGENS, generated_sources
-from hccc.runtime.memory_limits import check_run_memory
+from hccc.runtime.memory_limits import check_run_memory, out_of_memory_at
 from hccc.runtime.rank_launches import describe_stuck
 from hccc.runtime.rank_memory import LaunchCall, RankMemory, RankPlan
 
@@ -223,33 +223,35 @@ class Runner(RankGroup):
         self._check_usable()
         es = ELEMENT_BYTES[self.dtype]
         count = self._count_of(nbytes, count, es)
-        if iters < 1 or warmup < 0 or checks < 1:
-            raise ValueError("iters and checks must be >= 1 and warmup >= 0")
-        # the call's protocol, slice and message bound: the one recipe (hccc.runtime.rank_memory)
-        call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
-        call.check(self.ir)
-        block = self.block if nthreads is None else int(nthreads)
-        if block < 1:
-            raise ValueError("nthreads must be positive")
-        blocks = self.blocks if nthreads is None else [block] * self.nranks
-        if nthreads is not None and blocks != self.blocks:
-            self.kernels.check_residency(block)
-        lay = self.layout(count)
-        check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in lay) * es)
-        self._check_placement(inplace, lay)
-        inputs = self._inputs(inputs, lay, count, seed)
+        # memory the system refuses (an address-space limit) is said as such, with the program and size
+        with out_of_memory_at(f"running {self.ir.name} at {count * es} bytes"):
+            if iters < 1 or warmup < 0 or checks < 1:
+                raise ValueError("iters and checks must be >= 1 and warmup >= 0")
+            # the call's protocol, slice and message bound: the one recipe (hccc.runtime.rank_memory)
+            call = LaunchCall.plan(self.ir, count, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes)
+            call.check(self.ir)
+            block = self.block if nthreads is None else int(nthreads)
+            if block < 1:
+                raise ValueError("nthreads must be positive")
+            blocks = self.blocks if nthreads is None else [block] * self.nranks
+            if nthreads is not None and blocks != self.blocks:
+                self.kernels.check_residency(block)
+            lay = self.layout(count)
+            check_run_memory(self.ir.name, count * es, sum(a + b + c for a, b, c, _, _ in lay) * es)
+            self._check_placement(inplace, lay)
+            inputs = self._inputs(inputs, lay, count, seed)
 
-        times, stuck, outs, verdicts = self._execute(
-            call, lay, inplace, [oracle.to_device(x, self.dtype) for x in inputs],
-            timeout_s=timeout_s, blocks=blocks, warmup=warmup, iters=iters,
-            verify=(lambda outs: self._compare(outs, inputs, inplace)) if check else None, checks=checks,
-            keep=keep_outputs)
-        wrong = sum(v[0] for v in verdicts)
-        first = next((v[1] for v in verdicts if v[1] is not None), None)
-        coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (0, None)
-        return self._result(call, count * es, inplace, times, stuck, wrong, first,
-                            collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
-                            outputs=outs if keep_outputs else None, oracle=used, checks=len(verdicts))
+            times, stuck, outs, verdicts = self._execute(
+                call, lay, inplace, [oracle.to_device(x, self.dtype) for x in inputs],
+                timeout_s=timeout_s, blocks=blocks, warmup=warmup, iters=iters,
+                verify=(lambda outs: self._compare(outs, inputs, inplace)) if check else None, checks=checks,
+                keep=keep_outputs)
+            wrong = sum(v[0] for v in verdicts)
+            first = next((v[1] for v in verdicts if v[1] is not None), None)
+            coll_wrong, used = (verdicts[0][2], verdicts[0][3]) if verdicts else (0, None)
+            return self._result(call, count * es, inplace, times, stuck, wrong, first,
+                                collective_wrong=int(coll_wrong) if check else -1, nthreads=block,
+                                outputs=outs if keep_outputs else None, oracle=used, checks=len(verdicts))
 
     def _compare(self, outs, inputs, inplace: bool):
         """The oracle's verdict on one launch's outputs: (wrong, first wrong, collective_wrong,
@@ -332,54 +334,55 @@ class Runner(RankGroup):
         (a ValueError) before anything runs for counts the buffers cannot take."""
         self._check_usable()
         ir, N = self.ir, self.nranks
-        if not SPECS[ir.collective].per_pair_counts:
-            raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
-        if bool(inplace) not in ir.placements:
-            raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")
-        c = av.as_counts(counts, N)
-        send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
-        vm, tables = self.vblocks(inplace)
-        hc = HostCounts.check(c, N, vm.k, send_lens, recv_lens, sdispls, rdispls, inplace, pass_displs)
-        es = ELEMENT_BYTES[self.dtype]
-        call = LaunchCall.plan(ir, hc.equal, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
-                               largest_chunk=hc.slot)
-        call.check(ir)
-        scr_n = ir.scratch_chunks * hc.slot
-        # before any buffer of the call exists, on the host (inputs, oracle) or the device
-        check_run_memory(ir.name, sum(send_lens) * es,
-                         (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
-        npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
-        if inputs is None:
-            rng = np.random.default_rng(seed)
-            inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
-        else:
-            inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
-            if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
-                raise ValueError("inputs: one array per rank, of its send buffer's length")
-        garbage = (oracle.GARBAGE[self.dtype], oracle.DEVICE_DTYPE[self.dtype])
-        before = [np.array(inputs[r], copy=True) if inplace else
-                  oracle.from_device(np.full(recv_lens[r], *garbage), self.dtype) for r in range(N)]
-        want = av.expected([np.array(x) for x in inputs], before, hc.counts, hc.sd, hc.rd)
+        with out_of_memory_at(f"running {ir.name} as an AllToAllv"):
+            if not SPECS[ir.collective].per_pair_counts:
+                raise ValueError(f"{ir.name} is a {ir.collective}: per-pair counts need an AllToAll program")
+            if bool(inplace) not in ir.placements:
+                raise ValueError(f"{ir.name} is proven {'out of place' if inplace else 'in place'} only")
+            c = av.as_counts(counts, N)
+            send_lens, recv_lens = buffer_lengths(c, sdispls, rdispls, send_lens, recv_lens, inplace)
+            vm, tables = self.vblocks(inplace)
+            hc = HostCounts.check(c, N, vm.k, send_lens, recv_lens, sdispls, rdispls, inplace, pass_displs)
+            es = ELEMENT_BYTES[self.dtype]
+            call = LaunchCall.plan(ir, hc.equal, es, self.chunk_bytes, proto=proto, slice_bytes=slice_bytes,
+                                   largest_chunk=hc.slot)
+            call.check(ir)
+            scr_n = ir.scratch_chunks * hc.slot
+            # before any buffer of the call exists, on the host (inputs, oracle) or the device
+            check_run_memory(ir.name, sum(send_lens) * es,
+                             (sum(send_lens) + (0 if inplace else sum(recv_lens)) + N * scr_n) * es)
+            npdt = np.dtype(dtypes_table.dtype(self.dtype).numpy)
+            if inputs is None:
+                rng = np.random.default_rng(seed)
+                inputs = [rng.integers(-100, 101, size=int(n)).astype(npdt) for n in send_lens]
+            else:
+                inputs = [np.ascontiguousarray(x, dtype=npdt) for x in inputs]
+                if len(inputs) != N or any(len(x) != int(n) for x, n in zip(inputs, send_lens)):
+                    raise ValueError("inputs: one array per rank, of its send buffer's length")
+            garbage = (oracle.GARBAGE[self.dtype], oracle.DEVICE_DTYPE[self.dtype])
+            before = [np.array(inputs[r], copy=True) if inplace else
+                      oracle.from_device(np.full(recv_lens[r], *garbage), self.dtype) for r in range(N)]
+            want = av.expected([np.array(x) for x in inputs], before, hc.counts, hc.sd, hc.rd)
 
-        lens = device_lens(send_lens, recv_lens)
+            lens = device_lens(send_lens, recv_lens)
 
-        def vcall(r, stage):   # (the kernels check the counts against every buffer too)
-            return VCall(stage(np.ascontiguousarray(hc.counts.ravel())), stage(hc.displs),
-                         stage(tables[r]), hc.slot, lens=stage(lens)), vm.uses_scratch
+            def vcall(r, stage):   # (the kernels check the counts against every buffer too)
+                return VCall(stage(np.ascontiguousarray(hc.counts.ravel())), stage(hc.displs),
+                             stage(tables[r]), hc.slot, lens=stage(lens)), vm.uses_scratch
 
-        # the buffers as run's layout rows: in place, one buffer at offset 0 of both
-        lay = [(send_lens[r], recv_lens[r], scr_n, 0 if inplace else -1, -1) for r in range(N)]
-        times, stuck, outs, verdicts = self._execute(
-            call, lay, inplace, [oracle.to_device(x, self.dtype) for x in inputs], timeout_s=timeout_s,
-            blocks=self.blocks, warmup=warmup, iters=iters, out_lens=recv_lens, vcall=vcall,
-            verify=lambda outs: oracle.count_wrong(ir.collective, outs, want))
-        wrong, first = verdicts[0] if verdicts else (0, None)
-        # nccl-tests' alltoall convention with the mean per-rank send buffer as the size (as hccc sim
-        # --counts, hccc.runtime.sim_alltoallv): busbw = size / time * (n - 1) / n
-        per_rank = int(hc.counts.sum()) * es // max(N, 1)
-        return self._result(call, per_rank, inplace, times, stuck, wrong, first, collective_wrong=0,
-                            nthreads=self.block, oracle="alltoallv",
-                            outputs=outs if keep_outputs else None)
+            # the buffers as run's layout rows: in place, one buffer at offset 0 of both
+            lay = [(send_lens[r], recv_lens[r], scr_n, 0 if inplace else -1, -1) for r in range(N)]
+            times, stuck, outs, verdicts = self._execute(
+                call, lay, inplace, [oracle.to_device(x, self.dtype) for x in inputs], timeout_s=timeout_s,
+                blocks=self.blocks, warmup=warmup, iters=iters, out_lens=recv_lens, vcall=vcall,
+                verify=lambda outs: oracle.count_wrong(ir.collective, outs, want))
+            wrong, first = verdicts[0] if verdicts else (0, None)
+            # nccl-tests' alltoall convention with the mean per-rank send buffer as the size (as hccc sim
+            # --counts, hccc.runtime.sim_alltoallv): busbw = size / time * (n - 1) / n
+            per_rank = int(hc.counts.sum()) * es // max(N, 1)
+            return self._result(call, per_rank, inplace, times, stuck, wrong, first, collective_wrong=0,
+                                nthreads=self.block, oracle="alltoallv",
+                                outputs=outs if keep_outputs else None)
 
 
 def run_program(ir: ProgramIR, *, backend: str | Platform = "cpu", nbytes: int, dtype: str = "float32",

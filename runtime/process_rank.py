@@ -22,6 +22,7 @@ from hccc.runtime.kernel_wait import wait_for_kernel
 from hccc.runtime.launcher import ELEMENT_BYTES, program_layout
 from hccc.runtime.rank_kernels import fit_block_threads
 from hccc.runtime.ll_epoch import LLEpochs
+from hccc.runtime.memory_limits import refused_memory
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_allocations import RankAllocations
 from hccc.runtime.rank_memory import LaunchCall, RankMemory, launch_proto
@@ -172,7 +173,10 @@ class ProcessRank:
         if self._net is not None and not self._net.reset(self.timeout_s):
             raise self._fail("the network proxy did not reset its mirrors", abort_peers=False)
         self.flags.clear()
-        scr = self._owned.scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
+        try:
+            scr = self._owned.scratch_ptr((ir.scratch_chunks * v.slot if v is not None else lay[2]) * es)
+        except Exception as exc:
+            raise self._refused(exc, what) from None
         try:           # every rank makes this call (compared above): every rank refuses it
             call.check(ir)
         except ValueError as exc:
@@ -190,8 +194,20 @@ class ProcessRank:
         if self._net is not None:
             self._net.shape(self.slot_bytes, ir.max_step_chunks, call.slice_bytes)
         if self.grid > 0:
-            pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
+            try:
+                pf.launch(fn, self.grid, self.block, self._mem.argument(args), self._stream)
+            except Exception as exc:
+                raise self._refused(exc, what) from None
         self._wait(method)
+
+    def _refused(self, exc: Exception, what: str) -> Exception:
+        """Memory or threads the system refused during call ``what`` (:func:`refused_memory`):
+        the peers, which may already wait for this rank's kernel, are told and aborted, and the
+        error says it is out of memory; any other ``exc`` is returned as it is."""
+        refused = refused_memory(exc)
+        if refused is None:
+            return exc
+        return self._fail(f"{what}: {refused}")
 
     def _plan(self, count: int, es: int):
         """The call's protocol, slice and message bound (the one recipe:

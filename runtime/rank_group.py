@@ -23,7 +23,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.generated import DIRECT_MODES, GeneratedProgram, check_codegen
 from hccc.runtime.group_memory import GroupMemory
 from hccc.runtime.interrupts import deferred_interrupts
-from hccc.runtime.memory_limits import check_fifo_memory
+from hccc.runtime.memory_limits import check_fifo_memory, out_of_memory_at
 from hccc.runtime.platform import Platform, PlatformError
 from hccc.runtime.rank_kernels import RankKernels
 from hccc.runtime.rank_launches import RankLaunches
@@ -121,8 +121,9 @@ class RankGroup:
         """The size-independent memory (:class:`GroupMemory`), the streams, the one-grid entry's
         arguments and the launches under the watchdog (:class:`RankLaunches`)."""
         tables = self.program.tables() if self.program.table_mode else None
-        self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
-                                        self._allocs, tables)
+        with out_of_memory_at(f"allocating {self.ir.name}'s FIFOs and control blocks"):
+            self.memory = mem = GroupMemory(self.rank_plans, self.rank_pf, self.placement, self.platform,
+                                            self._allocs, tables)
         self._mirror_memory()
         self.flags_pf, self.flags, self.abort_ptr, self.error_ptr = self.platform, mem.flags, *mem.flag_ptrs
         self.streams = []
@@ -149,7 +150,8 @@ class RankGroup:
         plans = self._plans_at(capacity)
         check_fifo_memory(self.ir.name, plans)
         try:
-            self.memory.refit(plans)
+            with out_of_memory_at(f"reallocating {self.ir.name}'s FIFOs for slots of {capacity} bytes"):
+                self.memory.refit(plans)
         except BaseException as exc:
             self._no_fifos = f"reallocating its FIFOs for slots of {capacity} bytes failed: {exc}"
             raise

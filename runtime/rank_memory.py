@@ -487,8 +487,24 @@ def synchronize_in_background(platforms, name: str):
             done.set()
 
     thread = threading.Thread(target=waiter, name=name, daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if "can't start new thread" not in str(exc):
+            raise
+        # no thread to spare (no memory for its stack): the kernels already run and must finish
+        # before their memory is freed, so wait for them here (their own timeout still holds)
+        waiter()
+        thread = _Finished()
     return done, failure, thread
+
+
+class _Finished:
+    """Stands for the waiter thread where none could be started (it has run in the caller)."""
+
+    @staticmethod
+    def join(timeout=None) -> None:
+        return None
 
 
 __all__ = ["launch_proto", "launch_slice_bytes", "check_slice", "call_slot_capacity", "fifo_budget_bytes",

@@ -17,6 +17,7 @@ Addresses are plain host addresses (``int``), like every CPU-emulated device poi
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import re
@@ -38,6 +39,18 @@ SHM_DIR = "/dev/shm"
 
 class ShmError(RuntimeError):
     """A segment cannot be created, attached or released (message for the user)."""
+
+
+class ShmNoMemory(ShmError):
+    """The system has no memory (or no room in ``/dev/shm``) for a segment of ``nbytes``."""
+
+    def __init__(self, message: str, nbytes: int):
+        super().__init__(message)
+        self.nbytes = int(nbytes)
+
+
+#: what the system says when it has no memory or no room for a segment
+_NO_MEMORY = (errno.ENOMEM, errno.ENOSPC)
 
 
 class Segment:
@@ -93,8 +106,10 @@ def create(size: int) -> Segment:
     except OSError as exc:
         os.close(fd)
         _unlink(name)
-        raise ShmError(f"cannot size or map shared memory {name} ({size} bytes): "
-                       f"{exc.strerror or exc}") from None
+        message = f"cannot size or map shared memory {name} ({size} bytes): {exc.strerror or exc}"
+        if exc.errno in _NO_MEMORY:
+            raise ShmNoMemory(message, size) from None
+        raise ShmError(message) from None
     os.close(fd)
     return Segment(name, size, m, owner=True)
 
@@ -125,6 +140,11 @@ def attach(handle: bytes) -> Segment:
         if os.fstat(fd).st_size < size:
             raise ShmError(f"shared memory {name} is smaller than its handle says")
         m = mmap.mmap(fd, size)
+    except OSError as exc:
+        message = f"cannot map shared memory {name} ({size} bytes): {exc.strerror or exc}"
+        if exc.errno in _NO_MEMORY:
+            raise ShmNoMemory(message, size) from None
+        raise ShmError(message) from None
     finally:
         os.close(fd)
     return Segment(name, size, m, owner=False)
@@ -208,5 +228,5 @@ def reap_stale() -> list[str]:
     return gone
 
 
-__all__ = ["Segment", "ShmError", "create", "attach", "parse_handle", "process_alive", "ours",
+__all__ = ["Segment", "ShmError", "ShmNoMemory", "create", "attach", "parse_handle", "process_alive", "ours",
            "pid_namespace", "reap_stale", "start_time", "SHM_DIR"]

@@ -27,6 +27,26 @@ def _note(comm, protos: list | None, epochs: list | None, slices: list | None = 
 
 
 def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, slices: list | None = None):
+    refuse = job.get("refuse_mappings_from")
+    if refuse is None:
+        return _run_job_as_given(job, protos, epochs, slices)
+    # the system refuses every mapping of at least this many bytes (ENOMEM, as under ulimit -v)
+    import errno
+    import mmap
+    real = mmap.mmap
+
+    def mapping(fd, size, *a, **k):
+        if size >= refuse:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+        return real(fd, size, *a, **k)
+    mmap.mmap = mapping
+    try:
+        return _run_job_as_given(job, protos, epochs, slices)
+    finally:
+        mmap.mmap = real
+
+
+def _run_job_as_given(job: dict, protos: list | None, epochs: list | None, slices: list | None):
     from hccc.compiler.ir.check import load_ir_json
     from hccc.runtime.communicator import Communicator
 
@@ -58,6 +78,10 @@ def _run_job(job: dict, protos: list | None = None, epochs: list | None = None, 
                 def die(*_a, **_k):
                     os.kill(os.getpid(), signal.SIGKILL)
                 comm._pf.launch = die
+            if call.get("launch_refused"):      # the system refuses the launch's threads
+                def refused(*_a, **_k):
+                    raise RuntimeError("can't start new thread")
+                comm._pf.launch = refused
             if call.get("stop_in_kernel"):      # stopped (SIGSTOP) instead of launching
                 def stop(*_a, **_k):
                     os.kill(os.getpid(), signal.SIGSTOP)

@@ -204,6 +204,36 @@ def test_world_size_must_be_the_algorithms(pool):
         assert not rep["ok"] and "is an algorithm for 2 ranks; this job has 3" in rep["error"], rep
 
 
+def test_memory_refused_during_set_up_is_out_of_memory_on_every_rank(pool):
+    """Rank 1's system refuses its FIFO segment's mapping (ENOMEM, as under ``ulimit -v``): rank 1
+    says it is out of memory, naming itself; rank 0 ends its set-up with that reason (not at the
+    timeout); nothing is left in /dev/shm (the autouse fixture); a later communicator works."""
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=1 << 20)
+    calls, want, _ = calls_for(ir, 10)
+    replies = pool.run(ir.to_json(), 2, calls, per_rank={1: {"refuse_mappings_from": 1 << 20}})
+    assert not replies[1]["ok"] and replies[1]["error"].startswith(
+        "CommunicatorError: rank 1: setting up: out of memory: the system refused shared memory"), replies[1]
+    assert not replies[0]["ok"] and "rank 1" in replies[0]["error"] and "out of memory" in replies[0]["error"], \
+        replies[0]
+    check(pool.run(ir.to_json(), 2, calls), want, "after the failure")
+
+
+def test_threads_refused_at_the_launch_are_out_of_memory_on_every_rank(pool):
+    """Rank 1's launch cannot start its threads: rank 1 says it is out of memory; rank 0, whose
+    kernel already waits for rank 1's data, is aborted with that reason well before its kernel's
+    own timeout."""
+    ir = build_program(gen.ring_allgather(2), chunk_bytes=64)
+    calls, _, _ = calls_for(ir, 10)
+    calls[1] = [{**calls[1][0], "launch_refused": True}]
+    start = time.monotonic()
+    replies = pool.run(ir.to_json(), 2, calls, kernel_timeout=60.0)
+    assert time.monotonic() - start < 50
+    assert not replies[1]["ok"] and "out of memory: the system refused a thread" in replies[1]["error"], replies[1]
+    assert replies[1]["error"].startswith("CommunicatorError: rank 1: all_gather #1: "), replies[1]
+    assert not replies[0]["ok"] and "rank 1" in replies[0]["error"] and "out of memory" in replies[0]["error"], \
+        replies[0]
+
+
 @pytest.mark.slow
 def test_killed_peer_is_reported_by_every_rank_and_a_later_communicator_works(pool, tmp_path):
     ir = build_program(gen.ring_allreduce(3), chunk_bytes=64)

@@ -491,33 +491,6 @@ def test_token_soup_never_crashes(tokens):
         assert e.diagnostics[0].location is not None
 
 
-def test_grammar_cache_is_private_and_parses_alike(tmp_path, monkeypatch):
-    """The lark table cache lives in the user's hccc cache directory (not the shared temp dir),
-    and a parser loaded from it reads programs exactly as a freshly built one."""
-    import numpy as np
-    from pathlib import Path
-    from hccc.compiler.frontend import rccl_parser
-    from hccc.compiler.frontend.grammar_cache import lark_cache
-    from hccc.compiler.frontend.load import parse_rccl
-
-    monkeypatch.setenv("HCCC_CACHE_DIR", str(tmp_path))
-    path = lark_cache("rccl", "grammar text")
-    assert path and Path(path).parent == tmp_path / "lark"
-    assert lark_cache("rccl", "other grammar") != path
-    monkeypatch.setattr(rccl_parser, "_PARSER", None)
-    src = (Path(__file__).resolve().parent.parent / "examples" / "hm_allreduce_2x4.rccl").read_text()
-    first = parse_rccl(src, "a.rccl")          # builds the tables and stores them
-    assert list((tmp_path / "lark").glob("rccl-*.lark"))
-    monkeypatch.setattr(rccl_parser, "_PARSER", None)
-    second = parse_rccl(src, "a.rccl")         # loads them
-    for col in ("src", "dst", "step", "chunk", "op"):
-        assert np.array_equal(getattr(first, col), getattr(second, col))
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    monkeypatch.setenv("HCCC_CACHE_DIR", str(blocked))    # cannot make a directory there
-    assert lark_cache("rccl", "grammar text") is False
-
-
 def test_fast_parse_path_builds_the_reference_ast():
     """parse_program's fast path (AST built during the lark parse) gives the same AST as the
     reference path (parse tree, then _Builder) on every example, and declines bad programs,

@@ -23,7 +23,10 @@ globals); the module's own names stay the plain functions. numba's on-disk cache
 source file and line, as it keys decorated functions, and by the sources of the whole set: a twin
 carries the code of the twins it calls, and numba checks only its own file (the twins' names carry
 a digest of every file the set comes from, :func:`_sources_tag`; the entries of other digests are
-removed as the set compiles). A kernel named in ``parallel`` is compiled
+removed as the set compiles). numba unpickles its cache when it loads a kernel, so its cache
+directory is held to the rule of every cache hccc reads (:func:`cached_njit`, :mod:`hccc.util.trust`:
+the user's own, writable by nobody else, the whole path above it too), and what numba writes there
+under the user's umask is made private after each compile. A kernel named in ``parallel`` is compiled
 with ``parallel=True``, and its module's ``prange`` (this module's, which is ``range`` in plain
 Python) is numba's ``prange`` in the twin. A kernel named in ``borrowed`` (one that allocates no
 array and returns none) is compiled without numba's reference counting, so the arrays it is
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from hccc.util.clock import count_compiles
+from hccc.util.trust import CacheTrust, UntrustedCacheError
 
 MODES = ("auto", "python", "numba")
 #: with numba's cache on disk a module's threshold is this many times lower (loading is cheap)
@@ -86,6 +90,39 @@ def numba_cache_dirs(source: str) -> list[Path]:
         return [Path(user) / sub]
     import platformdirs
     return [Path(folder) / "__pycache__", Path(platformdirs.user_cache_dir("numba", appauthor=False)) / sub]
+
+
+#: numba's cache is unpickled when a kernel is loaded from it: held to the rule of every cache
+NUMBA_TRUST = CacheTrust("numba's cache", "NUMBA_CACHE_DIR", UntrustedCacheError)
+_TRUSTED_NUMBA_DIRS: set[str] = set()
+_TRUSTED_LOCK = threading.Lock()
+
+
+def cached_njit(fn: Callable, **options):
+    """``numba.njit(cache=True, **options)(fn)``, its cache directory held to the rule of every
+    cache hccc reads (:mod:`hccc.util.trust`) before anything in it is loaded: the user's own and
+    writable by nobody else, the path above it too. Where it is not, :class:`UntrustedCacheError`
+    says which path and why (numba would unpickle what someone else could have planted there).
+    Each directory is checked once per process (what numba writes there later is the user's)."""
+    from numba import njit
+    # the directories numba may make for this file's cache (with the user's umask: group-writable
+    # under 002), noted before it does: those it has just made are made private below (nobody else
+    # can add to them from then on, and what another user did put in them meanwhile is refused)
+    made = [d for c in numba_cache_dirs(fn.__code__.co_filename)
+            for d in ((c,) if c.name == "__pycache__" else (c, c.parent)) if not d.exists()]
+    dispatcher = njit(cache=True, **options)(fn)
+    where = getattr(getattr(dispatcher, "_cache", None), "_cache_path", None)
+    if where is None:      # a numba whose cache cannot be located: compile without one
+        from numba.core.caching import NullCache
+        dispatcher._cache = NullCache()
+        return dispatcher
+    for d in made:
+        NUMBA_TRUST.tighten(d, files=False)
+    with _TRUSTED_LOCK:
+        if where not in _TRUSTED_NUMBA_DIRS:
+            NUMBA_TRUST.directory(Path(where), "cache directory")
+            _TRUSTED_NUMBA_DIRS.add(where)
+    return dispatcher
 
 
 def _sources_tag(functions: Iterable[Callable]) -> str:
@@ -273,7 +310,6 @@ class Kernels:
             if self._compiled is None:
                 count_compiles()           # time limits leave out what numba compiles (util/clock.py)
                 import numba
-                from numba import njit
                 glb = dict(self._ns)
                 glb.update({name: make() for name, make in self._compiled_globals.items()})
                 if self._parallel:
@@ -286,7 +322,7 @@ class Kernels:
                     twin.__module__ = fn.__module__
                     twin.__doc__ = fn.__doc__
                     opts = {"_nrt": False} if n in self._borrowed else {}
-                    twins[n] = njit(cache=True, nogil=self._nogil, parallel=n in self._parallel, **opts)(twin)
+                    twins[n] = cached_njit(twin, nogil=self._nogil, parallel=n in self._parallel, **opts)
                 glb.update(twins)
                 self._drop_older_caches()
                 self._compiled = {n: _OneCompiler(t) for n, t in twins.items()}
@@ -349,6 +385,9 @@ class _compile_lock:
         return self
 
     def __exit__(self, *exc):
+        with _TRUSTED_LOCK:         # what numba wrote under the user's umask, made private
+            for where in _TRUSTED_NUMBA_DIRS:
+                NUMBA_TRUST.tighten(Path(where))
         if self._fd is not None:
             os.close(self._fd)      # (closing releases the lock)
         return False

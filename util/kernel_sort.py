@@ -94,17 +94,17 @@ def _merge_argsort(keys):
 def compiled_sort_range():
     """The compiled :func:`sort_range` (a heapsort), for ``Kernels(compiled_globals=...)``: one
     dispatcher per process, shared by the kernel modules."""
-    from numba import njit
+    from hccc.util.jit import cached_njit
 
-    return njit(cache=True, nogil=True)(_heap_sort_range)
+    return cached_njit(_heap_sort_range, nogil=True)
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_argsort_stable():
     """The compiled :func:`argsort_stable` (a merge sort), for ``Kernels(compiled_globals=...)``."""
-    from numba import njit
+    from hccc.util.jit import cached_njit
 
-    return njit(cache=True, nogil=True)(_merge_argsort)
+    return cached_njit(_merge_argsort, nogil=True)
 
 
 #: what a kernel module passes to ``Kernels(compiled_globals=...)`` for the names it imports from here

@@ -46,10 +46,10 @@ _GRAMMAR = Path(__file__).with_name("topo.lark")
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
-    from hccc.compiler.frontend.grammar_cache import lark_cache
+    # built from the grammar text once per process (about 10 ms), never from lark's disk cache (a
+    # pickle: it would run whatever code someone planted in it)
     text = _GRAMMAR.read_text(encoding="utf-8")
-    return Lark(text, parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False,
-                cache=lark_cache("topo", text))
+    return Lark(text, parser="lalr", lexer="contextual", propagate_positions=True, maybe_placeholders=False)
 
 
 def _syntax_error(source: SourceFile, exc: UnexpectedInput) -> CompileError:

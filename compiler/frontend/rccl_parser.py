@@ -206,10 +206,10 @@ class _Indenter:
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        from hccc.compiler.frontend.grammar_cache import lark_cache
+        # built from the grammar text once per process (about 20 ms), never from a disk cache:
+        # lark's cache is a pickle, which would run whatever code someone planted in it
         text = _GRAMMAR.read_text(encoding="utf-8")
-        _PARSER = Lark(text, parser="lalr", lexer="basic", postlex=_Indenter(),
-                       maybe_placeholders=True, cache=lark_cache("rccl", text))
+        _PARSER = Lark(text, parser="lalr", lexer="basic", postlex=_Indenter(), maybe_placeholders=True)
     return _PARSER
 
 
@@ -1062,11 +1062,9 @@ def _fast_parser() -> tuple:
     global _FAST
     base = _parser()
     if _FAST is None or _FAST[0] is not base:
-        from hccc.compiler.frontend.grammar_cache import lark_cache
         text = _GRAMMAR.read_text(encoding="utf-8")
         reducer = _Reduce()
-        lark = Lark(text, parser="lalr", lexer=_FastLexer, transformer=reducer,
-                    maybe_placeholders=True, cache=lark_cache("rccl-fast", text))
+        lark = Lark(text, parser="lalr", lexer=_FastLexer, transformer=reducer, maybe_placeholders=True)
         lexer = lark.parser.lexer
         if isinstance(lexer, _FastLexer):
             lexer.shared_tokens = _shared_tokens(lark)

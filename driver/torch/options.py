@@ -65,8 +65,9 @@ def with_detected_topology(options: Options, device_backends: dict, world: int, 
     """``options`` with the topology of this machine, detected through NVML, where none was given
     (``HCCC_TOPOLOGY``, ``Options(topology=)``), hccc serves the group's CUDA tensors, CUDA has
     devices, and the machine has as many GPUs as the group has ranks (the group is this machine's
-    GPUs: a group spanning hosts falls back anyway). The ``.topo`` is written into hccc's cache
-    under its contents' digest, so every rank of the machine names the same file and the group's
+    GPUs: a group spanning hosts falls back anyway). The ``.topo`` is written into hccc's build cache
+    (an entry keyed by its contents, the file named by their digest: the cache's trust rule and
+    integrity check hold for it), so every rank of the machine names the same file and the group's
     agreement compares its contents like a given topology's. Returns ``(options, note)``: the note
     says why nothing was detected (None when something was, or detection did not apply).
     ``detect``: the detector (default :func:`hccc.compiler.cluster.detect.detect_topology`)."""
@@ -89,13 +90,12 @@ def with_detected_topology(options: Options, device_backends: dict, world: int, 
         return options, (f"no topology detected: this machine has {ngpus} GPUs, the group {world} "
                          "ranks (set HCCC_TOPOLOGY to the cluster's .topo)")
     from hccc.runtime import cache
-    folder = cache.cache_root() / "detected_topology"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()}.topo"
-    if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+    name = f"{hashlib.sha256(text.encode()).hexdigest()}.topo"
+
+    def write(tmp: Path) -> None:
+        (tmp / name).write_text(text, encoding="utf-8")
+    # an entry of the build cache: held to its trust rule, verified against its digest when reused
+    path = cache.entry("detected_topology", cache.content_key("detected-topology", text), write) / name
     sources = dict(options._sources, topology="detected through NVML")
     return dataclasses.replace(options, topology=str(path), _sources=sources), None
 
