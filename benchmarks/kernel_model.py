@@ -95,7 +95,7 @@ bandwidth, the slowest block's steady time). The v4 LL crossover is the v3 one's
 The kernel cost model against the recorded runs (``--recorded [--json]``). Every program row of
 every GPU run (``benchmarks/recorded/gpu_runs.json``, transcribed from docs/archive/measurements-log.md) is
 predicted from that run's own unit-level figures (:func:`run_costs`): the model
-(:func:`hccc.compiler.passes.kernel_cost.program_time`) composes the units of the program's
+(:func:`hccc.runtime.kernel_time.program_time`) composes the units of the program's
 ProgramIR as the run launched it (every rank on the one GPU, the run-time channel rule, the
 threads halved until the grid is resident, direct mode where proven safe, the slice that run's
 launcher picked) along its critical path -- a block's order, dependencies and messages across
@@ -468,12 +468,13 @@ def _v3_slice(nbytes: int, nchunks: int, share: int, es: int = 4) -> int:
 
 def predict(ir, nbytes: int, costs, *, kernels: str, sms: int, proto: str = "simple", slice_bytes: int | None = None,
             slice_costs: tuple | None = None):
-    """The model's :class:`~hccc.compiler.passes.kernel_cost.ProgramTime` of one call as a run
+    """The model's :class:`~hccc.runtime.kernel_time.ProgramTime` of one call as a run
     launched it: every rank on one GPU of ``sms`` SMs, the run-time channel rule, the threads
     halved until the grid is resident, direct mode where proven safe, the slice the launcher of
     those ``kernels`` picked (``slice_costs``: the slice model's constants then) unless given."""
     from hccc.compiler.backend import abi
-    from hccc.compiler.passes import kernel_cost, slicing
+    from hccc.compiler.passes import slicing
+    from hccc.runtime import kernel_time
     from hccc.compiler.passes.channels import device_channels, with_channels
 
     k = device_channels(ir, sms, ir.nranks)
@@ -490,7 +491,7 @@ def predict(ir, nbytes: int, costs, *, kernels: str, sms: int, proto: str = "sim
             slice_bytes = slicing.auto_slice_bytes(
                 nbytes, prog.nchunks, share, 4, path=slicing.critical_path(prog), nchannels=k, proto=proto,
                 policy=prog.slice_policy, costs=slice_costs)
-    return kernel_cost.program_time(prog, nbytes, costs, slice_bytes=int(slice_bytes), warps=threads // 32,
+    return kernel_time.program_time(prog, nbytes, costs, slice_bytes=int(slice_bytes), warps=threads // 32,
                                     proto=proto)
 
 

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.ir.program_ir import Op
 from hccc.compiler.passes import kernel_cost as kc
+from hccc.runtime import kernel_time as kt
 from hccc.compiler.passes.build import build_program
 from hccc.testing import valid_programs
 
@@ -240,10 +241,10 @@ def test_a_unit_costs_more_with_more_bytes_and_fewer_warps(warps, a, b):
 def test_ll_unit_is_a_copy_units_fixed_cost_with_half_the_payload():
     c = kc.V4_H200
     s = 64 * KiB
-    assert c.unit_seconds(int(Op.SEND), s, 16, "ll") == pytest.approx(
+    assert kt.unit_seconds(c, int(Op.SEND), s, 16, "ll") == pytest.approx(
         c.fixed_seconds("COPY", 16) + c.bytes_seconds(2 * s, 16), rel=1e-12)
     # a reduction loads twice what it moves
-    assert c.unit_seconds(int(Op.RECV_REDUCE_COPY), s, 16) == pytest.approx(
+    assert kt.unit_seconds(c, int(Op.RECV_REDUCE_COPY), s, 16) == pytest.approx(
         c.fixed_seconds("RECV_REDUCE_COPY", 16) + c.bytes_seconds(2 * s, 16), rel=1e-12)
 
 
@@ -268,7 +269,7 @@ def test_two_ranks_send_and_receive_hand_derived(m, c_copy, c_send, c_recv, hop,
     ir = build_program(gen.ring_allgather(2))
     costs = _flat(c_copy, c_send, c_recv, hop, per_block=1e-6)
     n = 2 * 16 * m                           # 2 chunks of m 16-byte slices
-    t = kc.program_time(ir, n, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False)
+    t = kt.program_time(ir, n, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False)
     assert t.micro_batches == m and t.blocks == 4 and t.launch == pytest.approx(4e-6)
     s_prev, R = m * c_copy, []
     for i in range(m):
@@ -291,7 +292,7 @@ def _oracle_path(program, nbytes: int, m: int, nslots: int, costs) -> float:
     n = len(p["rank"])
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
     nbytes_unit = prim_bytes(program, nbytes, 4).astype(float) / m / k
-    cost = [costs.unit_seconds(int(p["op"][i]), nbytes_unit[i], 16) for i in range(n)]
+    cost = [kt.unit_seconds(costs, int(p["op"][i]), nbytes_unit[i], 16) for i in range(n)]
     hop = costs.flag_round_trip_us / 2 * 1e-6
     preds: dict = {}
 
@@ -351,7 +352,7 @@ def test_ring_of_three_against_the_oracle():
     for m in (1, 4, 12):
         n = 3 * 64 * m
         for nslots in (0, 1, 2, 8):
-            t = kc.program_time(ir, n, costs, slice_bytes=64, warps=16, nslots=nslots, direct=False)
+            t = kt.program_time(ir, n, costs, slice_bytes=64, warps=16, nslots=nslots, direct=False)
             assert t.micro_batches == m
             assert t.path == pytest.approx(_oracle_path(ir, n, m, nslots, costs), rel=1e-12), (m, nslots)
 
@@ -365,7 +366,7 @@ def test_random_programs_against_the_oracle(alg, m, nslots):
     costs = kc.V4_H200
     n = ir.nchunks * 16 * m
     try:
-        t = kc.program_time(ir, n, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False)
+        t = kt.program_time(ir, n, costs, slice_bytes=16, warps=16, nslots=nslots, direct=False)
     except ValueError as e:                  # too few slots for the program's order: the oracle agrees
         assert "cycle" in str(e)
         with pytest.raises(RecursionError):
@@ -379,7 +380,7 @@ def test_more_slots_never_slow_a_program():
     ir = build_program(gen.ring_allreduce(4))
     prev = math.inf
     for nslots in (1, 2, 4, 8, 0):
-        t = kc.program_time(ir, 4 * 16 * 10, kc.V4_H200, slice_bytes=16, warps=16, nslots=nslots, direct=False).path
+        t = kt.program_time(ir, 4 * 16 * 10, kc.V4_H200, slice_bytes=16, warps=16, nslots=nslots, direct=False).path
         assert t <= prev * (1 + 1e-12)
         prev = t
 
@@ -461,7 +462,7 @@ def test_predict_prints_the_next_runs_targets(capsys, monkeypatch):
 
 def test_a_graph_past_the_bound_is_refused(monkeypatch):
     ir = build_program(gen.ring_allgather(3))
-    monkeypatch.setattr(kc, "MAX_UNITS", 15 * 5)         # 15 primitives, 5 micro-batches fit
-    kc.program_time(ir, 3 * 16 * 5, kc.V4_H200, slice_bytes=16, warps=16)
+    monkeypatch.setattr(kt, "MAX_UNITS", 15 * 5)         # 15 primitives, 5 micro-batches fit
+    kt.program_time(ir, 3 * 16 * 5, kc.V4_H200, slice_bytes=16, warps=16)
     with pytest.raises(ValueError, match=r"ring_allgather: 15 primitives x 6 micro-batches = 90 units"):
-        kc.program_time(ir, 3 * 16 * 6, kc.V4_H200, slice_bytes=16, warps=16)
+        kt.program_time(ir, 3 * 16 * 6, kc.V4_H200, slice_bytes=16, warps=16)

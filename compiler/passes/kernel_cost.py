@@ -22,7 +22,7 @@ kernel generation's unit-level figures on one card:
 - a unit's fixed cost by its op and the block's warps (:meth:`KernelCosts.fixed_seconds`): the
   slope of one block's time over its units with the bytes fixed (the fifth run's
   ``slot_anatomy`` table; the v3 kernels' ``slot_cost`` slope, every op alike);
-- its bytes (:meth:`KernelCosts.bytes_seconds`): the loads (``HBM_COST``'s reads per byte moved:
+- its bytes (:meth:`KernelCosts.bytes_seconds`; a unit of an op: :func:`hccc.runtime.kernel_time.unit_seconds`): the loads (``HBM_COST``'s reads per byte moved:
   a reduction loads twice) at one block's copy rate by unit size and warps, interpolated in the
   fifth run's copy-engine table (the time of a COPY unit of that size less that of the smallest
   one, the fixed part), or at a flat rate where a run measured none; under LL a line carries
@@ -35,7 +35,8 @@ kernel generation's unit-level figures on one card:
   a launch alone: see :data:`LAUNCH_SECONDS_PER_BLOCK`);
 - the HBM bound: every byte the kernels read or write (``kernel_traffic``) at the card's rate.
 
-**Composition** (:func:`program_time`): the program's units form a graph: a block runs its
+**Composition** (:func:`hccc.runtime.kernel_time.program_time`, in the runtime layer: it counts
+the kernels' traffic with :mod:`hccc.runtime.kernel_traffic`): the program's units form a graph: a block runs its
 primitives in order, each over all its micro-batches (task-level execution, as the engine does);
 micro-batch ``i`` of a primitive waits for micro-batch ``i`` of the primitives it depends on and of
 the send its receive is matched with (one hop); and **slot back-pressure**: a connection's FIFO
@@ -52,14 +53,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hccc.compiler.backend.abi import NSLOTS
 from hccc.compiler.ir.program_ir import Op
 
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
-           "LAUNCH_SECONDS_PER_BLOCK", "MAX_UNITS", "HBM_BYTES_PER_SECOND", "NSLOTS", "KernelCosts", "V4_H200",
+           "LAUNCH_SECONDS_PER_BLOCK", "HBM_BYTES_PER_SECOND", "KernelCosts", "V4_H200",
            "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
-           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "ProgramTime", "program_time",
-           "unit_graph"]
+           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class"]
 
 # ---------------------------------------------------------------------------------------------
 # the measured figures (docs/archive/measurements-log.md, "The fifth GPU run": one H200, the v4 kernels)
@@ -99,9 +98,6 @@ LL_DATA_FRACTION = 0.5
 #: a measurement: the blocks' start (the cooperative launch and each block reading its program)
 #: grows with the grid; ``benchmarks/kernel_model.py --recorded`` marks that row as the calibration.
 LAUNCH_SECONDS_PER_BLOCK = 1.07e-6
-#: The most units (primitives x micro-batches) :func:`program_time` composes: its graph's memory and
-#: time grow with them (about 100 bytes and a microsecond a unit); a call past it is refused.
-MAX_UNITS = 20_000_000
 #: Bytes a second the H200's HBM reads and writes (the fifth run: "about 1.0 ms at the card's 4.3
 #: TB/s"; the first, third and fourth runs' device-to-device copy, 2.08-2.15 TB/s copied).
 HBM_BYTES_PER_SECOND = 4.3e12
@@ -134,7 +130,7 @@ class KernelCosts:
     ``copy_gbs`` (warps -> GB/s at each size): a block's copy rate by unit size, or ``flat_gbs``
     (one rate, any size and warps) where none was measured; ``flag_round_trip_us``;
     ``launch_per_block_s``; ``hbm_bytes_per_s`` (read + write); ``nslots`` (FIFO slots a
-    connection); ``source``: the run and tables these come from."""
+    connection; None: the kernel ABI's, ``abi.NSLOTS``); ``source``: the run and tables these come from."""
 
     unit_us: dict
     warps: tuple[int, ...]
@@ -144,7 +140,7 @@ class KernelCosts:
     copy_kib: tuple[int, ...] = ()
     copy_gbs: dict = field(default_factory=dict)
     flat_gbs: float | None = None
-    nslots: int = NSLOTS
+    nslots: int | None = None
     source: str = ""
 
     def fixed_seconds(self, op_class: str, warps: float, proto: str = "simple") -> float:
@@ -192,17 +188,6 @@ class KernelCosts:
             return float(self.flat_gbs) * 1e9
         sizes, times = self._copy_curve(warps)
         return float((sizes[-1] - sizes[-2]) / (times[-1] - times[-2]))
-
-    def unit_seconds(self, op: int, moved: float, warps: float, proto: str = "simple", *,
-                     direct: bool = False) -> float:
-        """One unit of ``op`` (an :class:`Op` code) moving ``moved`` payload bytes on a block of
-        ``warps`` warps under ``proto``: its fixed cost plus its loads' time (reads per byte
-        moved as ``kernel_traffic`` counts them; ``direct``: a receive proven direct-safe, whose
-        data the sender wrote; an LL line carries :data:`LL_DATA_FRACTION` of data)."""
-        from hccc.runtime.kernel_traffic import DIRECT_COST, HBM_COST
-        reads = (DIRECT_COST if direct else HBM_COST)[Op(int(op))][0]
-        loads = moved * reads / (LL_DATA_FRACTION if proto == "ll" else 1.0)
-        return self.fixed_seconds(unit_class(op), warps, proto) + self.bytes_seconds(loads, warps)
 
     def hop_seconds(self) -> float:
         """A post reaching the unit that waits for it on another block: half a flag round trip."""
@@ -253,154 +238,3 @@ def block_gbps_at(block_gbps: float, nwarps: int) -> float:
     w = max(1, int(nwarps))
     return float(block_gbps) * min(1.0, V4_H200.copy_rate(SIM_UNIT_BYTES, w)
                                    / V4_H200.copy_rate(SIM_UNIT_BYTES, BLOCK_GBPS_WARPS))
-
-
-# ---------------------------------------------------------------------------------------------
-# composition: a program's units into its time
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProgramTime:
-    """One call's predicted time (seconds) and its parts: ``launch``, ``path`` (the longest chain
-    of units and hops), ``hbm`` (the HBM bound), ``units`` on the longest path, ``hops`` on it,
-    ``waits`` (back-pressure edges on it), ``blocks``, ``warps``, ``micro_batches``, ``slice``."""
-
-    total: float
-    launch: float
-    path: float
-    hbm: float
-    units: int
-    hops: int
-    waits: int
-    blocks: int
-    warps: int
-    micro_batches: int
-    slice: int
-
-
-def unit_graph(program, m: int, nslots: int | None = NSLOTS):
-    """The units of ``program`` at ``m`` micro-batches a primitive as a graph: node ``p * m + i`` is
-    micro-batch ``i`` of primitive ``p``; returns ``(nodes, src, dst, kind, m)`` with ``kind`` 0 for a
-    block's order (no hop), 1 for a dependency or a message (a hop) and 2 for slot back-pressure
-    (a hop back from the receiver to the sender, ``nslots`` messages later on the connection;
-    ``None``: no back-pressure)."""
-    from hccc.compiler.passes.slicing import primitive_graph
-    n, src, dst, is_tb = primitive_graph(program)
-    m = int(m)
-    i = np.arange(m, dtype=np.int64)
-    edges = []
-    # within a primitive: micro-batch i before i + 1
-    p = np.arange(n, dtype=np.int64)
-    if m > 1:
-        a = (p[:, None] * m + i[None, :-1]).ravel()
-        edges.append((a, a + 1, np.zeros(len(a), np.int64)))
-    # a block's order: the next primitive's first micro-batch after this one's last
-    ts, td = src[is_tb], dst[is_tb]
-    edges.append((ts * m + m - 1, td * m, np.zeros(len(ts), np.int64)))
-    # dependencies and messages: micro-batch i after micro-batch i
-    os_, od = src[~is_tb], dst[~is_tb]
-    a = (os_[:, None] * m + i[None, :]).ravel()
-    b = (od[:, None] * m + i[None, :]).ravel()
-    edges.append((a, b, np.ones(len(a), np.int64)))
-    if nslots:
-        from hccc.compiler.passes.slicing import matched_messages
-        for snd, rcv in matched_messages(program):      # one connection's messages, in order
-            snd = (snd[:, None] * m + i[None, :]).ravel()
-            rcv = (rcv[:, None] * m + i[None, :]).ravel()
-            k = len(snd)
-            if k > nslots:
-                edges.append((rcv[:k - nslots], snd[nslots:], np.full(k - nslots, 2, np.int64)))
-    es = np.concatenate([e[0] for e in edges])
-    ed = np.concatenate([e[1] for e in edges])
-    ek = np.concatenate([e[2] for e in edges])
-    return n * m, es, ed, ek, m
-
-
-def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
-                 element_bytes: int = 4, nslots: int | None = None, direct: bool = True) -> ProgramTime:
-    """The predicted time of one call of ``program`` (a ProgramIR, with its ``nchannels``) on a
-    full buffer of ``nbytes``, in slices of ``slice_bytes``, on blocks of ``warps`` warps
-    (module docstring). ``direct``: the receives :mod:`hccc.compiler.ir.direct` proves safe take
-    their data from the sender (``--direct auto``, single-process launches; Simple only);
-    ``nslots``: FIFO slots a connection (default the costs'; 0: no back-pressure). The HBM bound
-    counts ``kernel_traffic``'s bytes (LL's slots twice over)."""
-    from hccc.compiler.passes.slicing import micro_batches
-    from hccc.runtime.kernel_traffic import prim_bytes, traffic
-
-    k = max(1, int(getattr(program, "nchannels", 1) or 1))
-    m = micro_batches(int(nbytes), int(program.nchunks), int(slice_bytes), int(element_bytes))
-    if int(program.nprims) * m > MAX_UNITS:
-        raise ValueError(f"{program.name}: {int(program.nprims)} primitives x {m} micro-batches = "
-                         f"{int(program.nprims) * m:,} units, more than the model composes ({MAX_UNITS:,}): "
-                         f"use larger slices")
-    slots = costs.nslots if nslots is None else nslots
-    moved = prim_bytes(program, int(nbytes), int(element_bytes)).astype(np.float64) / m / k
-    ops = program.prims["op"].astype(np.int64)
-    use_direct = direct and proto == "simple"
-    if use_direct:
-        from hccc.compiler.ir.direct import direct_safe
-        is_direct = np.asarray(direct_safe(program), dtype=bool)
-    else:
-        is_direct = np.zeros(len(ops), dtype=bool)
-    blocks = len(set(zip(program.prims["rank"].tolist(), program.prims["tb"].tolist()))) * k
-    tr = traffic(program, int(nbytes), int(element_bytes), direct=use_direct)
-    hbm_bytes = tr.hbm + (2 * tr.link if proto == "ll" else 0)
-    t_hbm = float(hbm_bytes) / costs.hbm_bytes_per_s
-    cost = np.array([costs.unit_seconds(int(o), float(b), warps, proto, direct=bool(d))
-                     for o, b, d in zip(ops.tolist(), moved.tolist(), is_direct.tolist())])
-    nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
-    finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
-    launch = costs.launch_seconds(blocks)
-    return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
-                       hops=hops, waits=waits, blocks=blocks, warps=int(warps), micro_batches=m,
-                       slice=int(slice_bytes))
-
-
-def _longest(nodes: int, src, dst, kind, cost, hop: float):
-    """The longest path's finish time through the unit graph (Kahn's levels), and on it the hops,
-    the units and the back-pressure edges. A cycle (a program that cannot run with these slots)
-    raises ValueError."""
-    if nodes == 0:
-        return 0.0, 0, 0, 0
-    lat = np.where(kind > 0, hop, 0.0)
-    o = np.argsort(src, kind="stable")
-    e_dst, e_lat, e_kind = dst[o], lat[o], kind[o]
-    ptr = np.zeros(nodes + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=nodes), out=ptr[1:])
-    indeg = np.bincount(dst, minlength=nodes).astype(np.int64)
-    start = np.zeros(nodes)
-    # on the path into each node: (hops, units, waits) of its latest predecessor
-    hops = np.zeros(nodes, np.int64)
-    nunits = np.ones(nodes, np.int64)
-    waits = np.zeros(nodes, np.int64)
-    frontier = np.flatnonzero(indeg == 0)
-    finish = np.zeros(nodes)
-    seen = 0
-    while len(frontier):
-        seen += len(frontier)
-        finish[frontier] = start[frontier] + cost[frontier]
-        lo, cnt = ptr[frontier], ptr[frontier + 1] - ptr[frontier]
-        tot = int(cnt.sum())
-        if not tot:
-            break
-        e = np.repeat(lo, cnt) + (np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-        u = np.repeat(frontier, cnt)
-        v = e_dst[e]
-        t = finish[u] + e_lat[e]
-        # the latest predecessor of each target wins (ties: any)
-        order = np.lexsort((t, v))
-        v_o, t_o, u_o, e_o = v[order], t[order], u[order], e[order]
-        last = np.r_[v_o[1:] != v_o[:-1], True]
-        vv, tt, uu, ee = v_o[last], t_o[last], u_o[last], e_o[last]
-        better = tt > start[vv]
-        vb, ub, eb = vv[better], uu[better], ee[better]
-        start[vb] = tt[better]
-        hops[vb] = hops[ub] + (e_kind[eb] > 0)
-        nunits[vb] = nunits[ub] + 1
-        waits[vb] = waits[ub] + (e_kind[eb] == 2)
-        uq, c = np.unique(v, return_counts=True)
-        indeg[uq] -= c
-        frontier = uq[indeg[uq] == 0]
-    if seen != nodes:
-        raise ValueError("the program's units form a cycle with these slots: it cannot run")
-    end = int(np.argmax(finish))
-    return float(finish[end]), int(hops[end]), int(nunits[end]), int(waits[end])
