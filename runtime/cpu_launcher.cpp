@@ -93,6 +93,8 @@ static_assert(sizeof(hccc_grid_args) != sizeof(hccc_cpu_table_grid_args) &&
 #define HCCC_CPU_IDLE_POLL_NS 1000000L
 // Fiber stacks kept for the next launch (beyond that many, finished fibers unmap theirs).
 #define HCCC_CPU_STACK_POOL 4096
+// What a worker thread is called (its /proc/<pid>/task/<tid>/comm).
+#define HCCC_CPU_WORKER_NAME "hccc-cpu-worker"
 // The most worker threads a module runs.
 #define HCCC_CPU_MAX_WORKERS 1024
 
@@ -300,6 +302,7 @@ void fiber_finished(Fiber* f);
 void* worker_main(void* p) {
   Worker* w = static_cast<Worker*>(p);
   Scheduler& s = sched();
+  pthread_setname_np(pthread_self(), HCCC_CPU_WORKER_NAME);
   tl_worker = w;
   hccc_cpu_fiber_sched = &fiber_hooks;
   size_t skipped = 0;    // parked fibers passed over since a fiber last ran
