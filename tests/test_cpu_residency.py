@@ -230,3 +230,22 @@ def test_a_one_grid_launch_is_cooperative_and_refused_when_it_cannot_be_resident
     # auto: a launch per rank
     with Runner(ir, platform(2), "float32", "sum", nthreads=1) as runner:
         assert runner.kernels.grid_fn is None
+
+
+def test_run_resident_blocks_option(tmp_path, capfd):
+    """``hccc run --resident-blocks K``: a program whose blocks wait on each other is refused with
+    the waits named (exit 1, no traceback); with K at least a rank's blocks it runs; other backends
+    are refused."""
+    from hccc.cli import main
+    from msccl_texts import allpairs_allreduce
+    xml = tmp_path / "allpairs.xml"
+    xml.write_text(allpairs_allreduce(2, 3))
+    assert main(["run", str(xml), "--resident-blocks", "1", "--bytes", "100"]) == 1
+    err = capfd.readouterr().err
+    assert "hccc: error: cannot run allpairs_2x3 with at most 1 block of a rank resident at once" in err, err
+    assert "waits on its block 1" in err and "Traceback" not in err, err
+    assert os.environ.get("HCCC_CPU_RESIDENT_BLOCKS") is None     # the option's setting is undone
+    assert main(["run", str(xml), "--resident-blocks", "64", "--bytes", "4,100", "--json"]) == 0
+    assert '"ok": true' in capfd.readouterr().out.replace("True", "true")
+    assert main(["run", str(xml), "--resident-blocks", "2", "--backend", "cuda"]) == 2
+    assert "--resident-blocks needs --backend cpu" in capfd.readouterr().err

@@ -1,7 +1,7 @@
 """The CPU emulation platform and the platform-neutral launcher.
 
 The generated kernels are compiled with g++ and the emulation header, every thread block runs as a
-group of OS threads, and the outputs are compared with numpy closed forms of the collectives (an
+group of emulated threads (fibers on a pool of OS threads), and the outputs are compared with numpy closed forms of the collectives (an
 oracle independent of the reference executor; the launcher's own check against the reference
 executor must agree). Covers remainders, many micro-batches with FIFO wrap-around, fused
 primitives, cross-TB dependencies, in-place runs, several threads per block with real barriers,
