@@ -6,7 +6,7 @@ them to the execution below.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
 ``HCCC_CPU_JOBS`` (translation units compiled at once, default the number of CPUs,
 :func:`build_jobs`), ``HCCC_CPU_MAX_THREADS`` (budget of emulated threads, default 16384 or half
-of the system's thread limits, :func:`thread_budget`), ``HCCC_CPU_WORKERS`` (OS threads that run
+of what the system's limit on memory mappings leaves room for, :func:`thread_budget`), ``HCCC_CPU_WORKERS`` (OS threads that run
 them, default the cores available, :func:`worker_count`), ``HCCC_CPU_RESIDENT_BLOCKS`` (the
 partial-residency mode below), ``HCCC_CPU_SANITIZE`` (``address``: the AddressSanitizer build
 below).
@@ -57,33 +57,25 @@ DEFAULT_BLOCK_THREADS = 2
 SANITIZERS = ("address",)
 
 
-#: the most OS threads the emulation starts at once unless ``HCCC_CPU_MAX_THREADS`` says otherwise
-#: (and less where the system allows fewer, :func:`thread_budget`): a thread holds a 256 KiB stack
-#: (reserved, little of it touched) and some 40 KiB resident; a synthesised 20-GPU ReduceScatter of
-#: 8,554 blocks ran in 348 MB at one thread per block (it was refused at the 8,192 this was before)
+#: the most emulated threads (fibers) the emulation holds at once unless ``HCCC_CPU_MAX_THREADS``
+#: says otherwise (and less where the system allows fewer, :func:`thread_budget`): a fiber holds a
+#: 256 KiB stack (reserved, little of it touched) and some 40 KiB resident; a synthesised 20-GPU
+#: ReduceScatter of 8,554 blocks ran in 348 MB at one thread per block (then OS threads)
 MAX_THREADS = 16384
+#: memory mappings a fiber's stack takes: the stack and its guard page below it
+MAPPINGS_PER_FIBER = 2
 
 
 def _system_thread_limits() -> list[int]:
-    """Half of each limit the system puts on this user's threads (RLIMIT_NPROC, the kernel's
-    ``threads-max``, a cgroup's ``pids.max``), the other half left to everything else."""
-    out = []
+    """Half of the fibers the system's limit on a process's memory mappings leaves room for
+    (``vm.max_map_count``, :data:`MAPPINGS_PER_FIBER` a fiber), the other half left to
+    everything else. (The fibers run on a few OS threads: the limits on threads do not bound them.)"""
     try:
-        import resource
-        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            out.append(int(soft) // 2)
-    except (ImportError, AttributeError, ValueError, OSError):
-        pass
-    for path in ("/proc/sys/kernel/threads-max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) > 0:
-            out.append(int(text) // 2)
-    return out
+        with open("/proc/sys/vm/max_map_count") as f:
+            text = f.read().strip()
+    except OSError:
+        return []
+    return [int(text) // MAPPINGS_PER_FIBER // 2] if text.isdigit() and int(text) > 0 else []
 
 
 def thread_budget() -> int:
@@ -462,10 +454,11 @@ class CpuPlatform(Platform):
         return max(0, self.max_threads // max(1, int(block)))
 
     def residency_advice(self, need: int, block: int) -> str:
-        """The emulation's limit is its thread budget (every block is ``block`` OS threads): a larger
-        budget, where the machine allows that many threads, runs the program as it is."""
+        """The emulation's limit is its thread budget (every block is ``block`` fibers): a larger
+        budget, where the machine allows that many stacks, runs the program as it is."""
         more = (f"raise the emulation's thread budget of {self.max_threads} with HCCC_CPU_MAX_THREADS="
-                f"{int(need) * int(block)} where the machine allows that many OS threads (one per thread of a block)")
+                f"{int(need) * int(block)} where the machine allows that many fiber stacks (one per thread "
+                "of a block: 256 KiB reserved each, two memory mappings, vm.max_map_count)")
         return more if int(block) <= 1 else "use fewer threads per block, or " + more
 
     def runs_sources(self, platform: str) -> bool:
