@@ -154,10 +154,20 @@ struct Scheduler {
   std::atomic<int> threads{0};         // worker threads alive
 };
 
-// The module's scheduler: never destroyed (a stuck launch's fibers may outlive everything).
+// The module's scheduler: never destroyed (a stuck launch's fibers may outlive everything). A
+// process forked while workers ran starts a scheduler of its own: the parent's threads (and any
+// lock they held) are not in the child.
+std::atomic<Scheduler*> the_sched{nullptr};
+void fork_child() { the_sched.store(new Scheduler()); }
 Scheduler& sched() {
-  static Scheduler* s = new Scheduler();
-  return *s;
+  Scheduler* s = the_sched.load(std::memory_order_acquire);
+  if (s != nullptr) return *s;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    the_sched.store(new Scheduler(), std::memory_order_release);
+    pthread_atfork(nullptr, nullptr, fork_child);
+  });
+  return *the_sched.load(std::memory_order_acquire);
 }
 
 thread_local Worker* tl_worker = nullptr;
