@@ -249,3 +249,39 @@ def test_run_resident_blocks_option(tmp_path, capfd):
     assert '"ok": true' in capfd.readouterr().out.replace("True", "true")
     assert main(["run", str(xml), "--resident-blocks", "2", "--backend", "cuda"]) == 2
     assert "--resident-blocks needs --backend cpu" in capfd.readouterr().err
+
+
+def _run_in_child(q):
+    from codegen_irs import stuck_ir
+    with Runner(stuck_ir(), CpuPlatform(opt="-O0", workers=WORKERS), "float32", "sum", nthreads=2,
+                timeout_s=0.5) as runner:
+        q.put(runner.run(count=16).stuck)
+
+
+def test_a_process_forked_while_workers_run_runs_kernels_of_its_own():
+    """The parent's worker threads (and any lock they held) are not in a forked child: the child's
+    launches of the same module get a scheduler of their own instead of waiting on workers that do
+    not exist there (its kernels run, time out and report where they are stuck)."""
+    import multiprocessing
+    from codegen_irs import stuck_ir
+    pf = CpuPlatform(opt="-O0", workers=WORKERS)
+    with Runner(stuck_ir(), pf, "float32", "sum", nthreads=2, timeout_s=4) as stuck:
+        t = threading.Thread(target=stuck.run, kwargs={"count": 16})
+        t.start()
+        try:
+            time.sleep(0.5)                     # its fibers wait on their workers now
+            assert any(m.os_threads() for m in stuck.kernels.modules.values())
+            ctx = multiprocessing.get_context("fork")
+            q = ctx.Queue()
+            child = ctx.Process(target=_run_in_child, args=(q,))
+            child.start()
+            child.join(60)
+            if child.is_alive():
+                child.kill()
+                child.join()
+                pytest.fail("the forked child's run hung")
+            assert child.exitcode == 0
+            report = q.get(timeout=5)
+            assert re.match(r"rank [01], TB 0 stuck in recv", report or ""), report
+        finally:
+            t.join()
