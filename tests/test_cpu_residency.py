@@ -18,7 +18,6 @@ import shutil
 import threading
 import time
 
-import numpy as np
 import pytest
 from conftest import examples
 from hypothesis import given, settings
