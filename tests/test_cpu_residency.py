@@ -165,6 +165,8 @@ def test_random_programs_run_with_k_resident_blocks_or_are_refused(data):
     k = data.draw(st.integers(1, MAX_K), label="K")
     hazards = residency_hazards(ir, k)
     assert {(w.rank, w.block, w.on_rank, w.on_block, w.kind) for w in hazards} == plain_hazards(ir, k)
+    # a rank per process checks its own blocks' waits (ProcessRank): together, every rank's
+    assert [w for r in range(ir.nranks) for w in residency_hazards(ir, k, [r])] == hazards
     # up to twice the FIFO's slots: a send waits for its receiver's block
     case = data.draw(kernel_cases(ir, dtypes=["float32"], ops=["sum"], max_microbatches=2 * NSLOTS,
                                   threads=(1, 2)), label="case")
