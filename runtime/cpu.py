@@ -5,9 +5,11 @@ Build: :mod:`hccc.runtime.cpu_build` (:class:`~hccc.runtime.cpu_build.CpuToolcha
 them to the execution below.
 Environment: ``HCCC_CXX`` (compiler, default ``g++``), ``HCCC_CPU_OPT`` (default ``-O1``),
 ``HCCC_CPU_JOBS`` (translation units compiled at once, default the number of CPUs,
-:func:`build_jobs`), ``HCCC_CPU_MAX_THREADS`` (thread budget, default 16384 or half of the system's thread limits,
-:func:`thread_budget`), ``HCCC_CPU_SANITIZE`` (``address``: the
-AddressSanitizer build below).
+:func:`build_jobs`), ``HCCC_CPU_MAX_THREADS`` (budget of emulated threads, default 16384 or half
+of what the system's limit on memory mappings leaves room for, :func:`thread_budget`), ``HCCC_CPU_WORKERS`` (OS threads that run
+them, default the cores available, :func:`worker_count`), ``HCCC_CPU_RESIDENT_BLOCKS`` (the
+partial-residency mode below), ``HCCC_CPU_SANITIZE`` (``address``: the AddressSanitizer build
+below).
 
 AddressSanitizer (``CpuPlatform(sanitize="address")``, ``hccc run --sanitize``). The kernels and
 the launcher are compiled with ``-fsanitize=address`` and every buffer (inputs, outputs, scratch,
@@ -16,10 +18,21 @@ after its last byte: a kernel that touches one element past a chunk's buffer sto
 with ASan's report. The ASan runtime must be the first library of the process
 (``LD_PRELOAD=`` :func:`asan_runtime`); the platform refuses to start otherwise.
 
-Execution (this module). A launch creates ``grid x block`` OS threads (one per emulated GPU thread)
-and returns at once; ``synchronize`` waits for every launch of every stream. Memory is host memory
-(:mod:`hccc.runtime.cpu_memory`); pointers are plain addresses. Timers use the steady clock (see
-:class:`CpuTimer`). Kernel timeouts are in nanoseconds.
+Execution (this module). A launch creates ``grid x block`` fibers (one per emulated GPU thread,
+``cpu_launcher.cpp``), run by a pool of at most :attr:`CpuPlatform.workers` OS threads per module
+(each fiber runs until it waits; every wait of the emulation yields to the pool, and the workers
+run at the same time), and returns at once; ``synchronize`` waits for every launch of every
+stream. Memory is host memory (:mod:`hccc.runtime.cpu_memory`); pointers are plain addresses.
+Timers use the steady clock (see :class:`CpuTimer`). Kernel timeouts are in nanoseconds.
+
+Partial residency (``CpuPlatform(resident_blocks=K)``, ``HCCC_CPU_RESIDENT_BLOCKS=K``, ``hccc run
+--resident-blocks K``): a launch runs at most K of its blocks at once, admitted in block order as a
+GPU dispatches them, a block's place taken by the next when it returns, as on a GPU whose SMs are
+held by other kernels. A block that waits on a block of its own launch not yet admitted then
+waits until its timeout (the run is reported stuck, naming the block): this mode finds such
+waits. The runtime refuses before launch what would wait so (:meth:`CpuPlatform.launch_residency`,
+:func:`hccc.runtime.rank_residency.check_rank_residency`), and a one-grid launch, cooperative,
+whenever its grid exceeds K.
 """
 from __future__ import annotations
 
@@ -48,33 +61,25 @@ DEFAULT_BLOCK_THREADS = 2
 SANITIZERS = ("address",)
 
 
-#: the most OS threads the emulation starts at once unless ``HCCC_CPU_MAX_THREADS`` says otherwise
-#: (and less where the system allows fewer, :func:`thread_budget`): a thread holds a 256 KiB stack
-#: (reserved, little of it touched) and some 40 KiB resident; a synthesised 20-GPU ReduceScatter of
-#: 8,554 blocks ran in 348 MB at one thread per block (it was refused at the 8,192 this was before)
+#: the most emulated threads (fibers) the emulation holds at once unless ``HCCC_CPU_MAX_THREADS``
+#: says otherwise (and less where the system allows fewer, :func:`thread_budget`): a fiber holds a
+#: 256 KiB stack (reserved, little of it touched) and some 40 KiB resident; a synthesised 20-GPU
+#: ReduceScatter of 8,554 blocks ran in 348 MB at one thread per block (then OS threads)
 MAX_THREADS = 16384
+#: memory mappings a fiber's stack takes: the stack and its guard page below it
+MAPPINGS_PER_FIBER = 2
 
 
 def _system_thread_limits() -> list[int]:
-    """Half of each limit the system puts on this user's threads (RLIMIT_NPROC, the kernel's
-    ``threads-max``, a cgroup's ``pids.max``), the other half left to everything else."""
-    out = []
+    """Half of the fibers the system's limit on a process's memory mappings leaves room for
+    (``vm.max_map_count``, :data:`MAPPINGS_PER_FIBER` a fiber), the other half left to
+    everything else. (The fibers run on a few OS threads: the limits on threads do not bound them.)"""
     try:
-        import resource
-        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            out.append(int(soft) // 2)
-    except (ImportError, AttributeError, ValueError, OSError):
-        pass
-    for path in ("/proc/sys/kernel/threads-max", "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) > 0:
-            out.append(int(text) // 2)
-    return out
+        with open("/proc/sys/vm/max_map_count") as f:
+            text = f.read().strip()
+    except OSError:
+        return []
+    return [int(text) // MAPPINGS_PER_FIBER // 2] if text.isdigit() and int(text) > 0 else []
 
 
 def thread_budget() -> int:
@@ -82,6 +87,24 @@ def thread_budget() -> int:
     else :data:`MAX_THREADS` or half of what the system allows, whichever is less (at least 64)."""
     v = _positive_env("HCCC_CPU_MAX_THREADS", "threads")
     return v if v is not None else max(64, min([MAX_THREADS, *_system_thread_limits()]))
+
+
+def worker_count() -> int:
+    """OS threads that run a module's fibers: ``HCCC_CPU_WORKERS`` where set (a positive integer),
+    else the cores this process may run on (more would only take turns on them)."""
+    v = _positive_env("HCCC_CPU_WORKERS", "threads")
+    if v is not None:
+        return v
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def residency_limit() -> int | None:
+    """The partial-residency mode's blocks per launch: ``HCCC_CPU_RESIDENT_BLOCKS`` where set (a
+    positive integer), else None (every block of a launch resident)."""
+    return _positive_env("HCCC_CPU_RESIDENT_BLOCKS", "blocks")
 
 
 def build_jobs() -> int:
@@ -162,8 +185,13 @@ class CpuModule(Module):
         lib = self.lib
         lib.hccc_cpu_abi.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.hccc_cpu_abi.restype = None
+        lib.hccc_cpu_configure.argtypes = [ctypes.c_int]
+        lib.hccc_cpu_configure.restype = None
+        lib.hccc_cpu_os_threads.argtypes = []
+        lib.hccc_cpu_os_threads.restype = ctypes.c_int
         lib.hccc_cpu_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
-                                        ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64]
+                                        ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                        ctypes.c_uint64]
         lib.hccc_cpu_launch.restype = ctypes.c_void_p
         lib.hccc_cpu_start.argtypes = [ctypes.c_void_p]
         lib.hccc_cpu_start.restype = None
@@ -181,6 +209,10 @@ class CpuModule(Module):
             raise PlatformError(f"{self.path}: kernel ABI mismatch (struct sizes {tuple(out[:3])}, "
                                 f"the host packs {sizes()})")
         self.nslots = int(out[3])
+
+    def os_threads(self) -> int:
+        """Worker threads this module runs now (0 when no launch of it is running)."""
+        return int(self.lib.hccc_cpu_os_threads())
 
     def function(self, symbol: str) -> CpuKernel:
         try:
@@ -237,15 +269,17 @@ class CpuTimer(Timer):
 
 class CpuPlatform(Platform):
     """The CPU emulation: modules built by its :class:`~hccc.runtime.cpu_build.CpuToolchain`,
-    buffers held by its :class:`~hccc.runtime.cpu_memory.CpuMemory`, and launches run as OS
-    threads (this class)."""
+    buffers held by its :class:`~hccc.runtime.cpu_memory.CpuMemory`, and launches run as fibers
+    on ``workers`` OS threads per module (this class); ``resident_blocks``: the partial-residency
+    mode (module docstring)."""
     name = "cpu"
     source_platform = "cuda"
     ticks_per_us = 1000.0
 
     def __init__(self, *, cxx: str | None = None, opt: str | None = None, jobs: int | None = None,
                  cache_dir: str | os.PathLike | None = None, max_threads: int | None = None,
-                 source_platform: str = "cuda", sanitize: str | None = None):
+                 source_platform: str = "cuda", sanitize: str | None = None,
+                 workers: int | None = None, resident_blocks: int | None = None):
         if source_platform not in ("cuda", "hip"):
             raise PlatformError(f"the CPU emulation runs cuda or hip sources, not {source_platform!r}")
         if sanitize is None:
@@ -266,6 +300,13 @@ class CpuPlatform(Platform):
                                       max(1, jobs or build_jobs()), sanitize)
         self.cache_dir = cache_dir
         self.max_threads = max_threads or thread_budget()
+        for name, v in (("workers", workers), ("resident_blocks", resident_blocks)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise PlatformError(f"{name} must be a positive integer, not {v!r}")
+        #: OS threads that run a module's fibers
+        self.workers = workers or worker_count()
+        #: the partial-residency mode: at most this many blocks of a launch at once (None: all)
+        self.resident_blocks = resident_blocks if resident_blocks is not None else residency_limit()
         #: every allocation, own and imported
         self.memory = CpuMemory(bool(sanitize))
         self._streams: list[CpuStream] = []
@@ -322,7 +363,9 @@ class CpuPlatform(Platform):
                                     cache_dir=self.cache_dir)
 
     def load(self, path: Path) -> CpuModule:
-        return CpuModule(Path(path))
+        module = CpuModule(Path(path))
+        module.lib.hccc_cpu_configure(int(self.workers))
+        return module
 
     # ---------------------------------------------------------------- execution
     def stream(self) -> CpuStream:
@@ -346,7 +389,7 @@ class CpuPlatform(Platform):
         err = ctypes.create_string_buffer(512)
         hold = self._held is not None
         h = fn.module.lib.hccc_cpu_launch(fn.address, int(grid), int(block), bytes(args), len(args),
-                                          0 if hold else 1, err, len(err))
+                                          int(self.resident_blocks or 0), 0 if hold else 1, err, len(err))
         if not h:
             # the ranks already launched would wait for this one until their timeout: abort them
             if len(args) >= _ABORT_OFFSET + 8:
@@ -364,6 +407,22 @@ class CpuPlatform(Platform):
             self._held.append(rec)
         stream.pending.append(rec)
         stream.last = rec
+
+    def launch_grid(self, fn: Any, grid: int, block: int, args: bytes, stream: Any, *,
+                    abort_flag: int = 0) -> None:
+        """The one-grid entry: a plain launch whose blocks all run at once, refused in the
+        partial-residency mode when they cannot (a one-grid launch is cooperative: its ranks'
+        blocks wait on each other)."""
+        k = self.resident_blocks
+        if k is not None and grid > k:
+            raise PlatformError(f"cannot launch {getattr(fn, 'symbol', 'the one-grid entry')} cooperatively: "
+                                f"its {grid} blocks wait on each other but at most {k} are resident at once "
+                                f"(HCCC_CPU_RESIDENT_BLOCKS={k}); launch each rank on its own (--launch per-rank)")
+        self.launch(fn, grid, block, args, stream)
+
+    def launch_residency(self) -> int | None:
+        """Blocks of one launch resident at once: the partial-residency mode's K, else None (all)."""
+        return self.resident_blocks
 
     def _hold(self) -> None:
         self._release()
@@ -403,10 +462,11 @@ class CpuPlatform(Platform):
         return max(0, self.max_threads // max(1, int(block)))
 
     def residency_advice(self, need: int, block: int) -> str:
-        """The emulation's limit is its thread budget (every block is ``block`` OS threads): a larger
-        budget, where the machine allows that many threads, runs the program as it is."""
+        """The emulation's limit is its thread budget (every block is ``block`` fibers): a larger
+        budget, where the machine allows that many stacks, runs the program as it is."""
         more = (f"raise the emulation's thread budget of {self.max_threads} with HCCC_CPU_MAX_THREADS="
-                f"{int(need) * int(block)} where the machine allows that many OS threads (one per thread of a block)")
+                f"{int(need) * int(block)} where the machine allows that many fiber stacks (one per thread "
+                "of a block: 256 KiB reserved each, two memory mappings, vm.max_map_count)")
         return more if int(block) <= 1 else "use fewer threads per block, or " + more
 
     def runs_sources(self, platform: str) -> bool:

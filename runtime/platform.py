@@ -22,7 +22,9 @@ Model (CUDA's, which the CPU emulation follows):
   generated kernels of different ranks spin on each other, so they must).
 - ``timer()`` measures device time between two points on a stream (CUDA events; host clock on CPU).
 - ``max_resident_blocks(fn, block)`` says how many blocks of ``fn`` can be resident at once, so the
-  launcher can refuse plainly instead of deadlocking.
+  launcher can refuse plainly instead of deadlocking; ``launch_residency()`` how many blocks of one
+  per-rank launch are sure to run at once (None: all; a rank whose blocks wait on each other needs
+  them all).
 - IPC, for one rank per process (:mod:`hccc.runtime.communicator`): ``ipc_malloc`` allocates memory
   that other processes of this host can map, ``ipc_export(ptr)`` gives its handle as opaque bytes
   (the caller moves them through its bootstrap), ``ipc_import(handle)`` maps a peer's memory here,
@@ -167,6 +169,14 @@ class Platform(abc.ABC):
 
     @abc.abstractmethod
     def max_resident_blocks(self, fn: Any, block: int) -> int: ...
+
+    def launch_residency(self) -> int | None:
+        """How many blocks of one per-rank launch are sure to be resident at once: None when all of
+        them are once the launch is admitted (the rule of :meth:`max_resident_blocks`); a number
+        where fewer may be (the CPU emulation's partial-residency mode), so that a rank whose
+        blocks wait on each other is refused before it is launched
+        (:func:`hccc.runtime.rank_residency.check_rank_residency`)."""
+        return None
 
     def block_threads(self, emitted: int) -> int:
         """Threads per block to launch when the caller does not choose; ``emitted`` is what the

@@ -26,6 +26,7 @@ from hccc.runtime.memory_limits import refused_memory
 from hccc.runtime.platform import Instance, Platform, PlatformError, get_platform
 from hccc.runtime.rank_allocations import RankAllocations
 from hccc.runtime.rank_memory import LaunchCall, RankMemory, launch_proto
+from hccc.runtime.rank_residency import check_rank_residency
 
 #: the collective each method runs (ProgramIR collective names)
 METHODS = {name: spec.method for name, spec in SPECS.items()}
@@ -121,6 +122,10 @@ class ProcessRank:
                 raise CommunicatorError(
                     f"rank {self.rank}'s kernel needs {self.grid} thread blocks of {self.block} "
                     f"threads resident at once; at most {pf.max_resident_blocks(fn, self.block)} fit")
+            try:   # only some blocks of a rank resident at once: none of its may wait on one not resident
+                check_rank_residency(self.ir, pf.launch_residency(), [self.rank])
+            except PlatformError as exc:
+                raise CommunicatorError(f"rank {self.rank}: {exc}") from None
             self._kernels[key] = fn
         return self._kernels[key]
 

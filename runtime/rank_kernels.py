@@ -14,6 +14,7 @@ from hccc.compiler.ir.program_ir import ProgramIR
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError
+from hccc.runtime.rank_residency import check_rank_residency, launch_residency
 from hccc.util.plural import plural
 
 
@@ -63,6 +64,7 @@ class RankKernels:
         self._place()
         self._build(Instance(dtype, op), one_grid)
         self._fit_threads(nthreads is None)
+        self.check_partial_residency()
 
     def _set_blocks(self) -> None:
         self.blocks = [self.block_of[p] for p in self.rank_platform]
@@ -102,6 +104,9 @@ class RankKernels:
         """The one-grid entry to launch, or None."""
         if one_grid is False or not self.rank_pf:
             return None
+        k = launch_residency(self.distinct)
+        if one_grid is None and k is not None and sum(self.grid) > k:
+            return None   # a partial-residency platform: a launch per rank (one grid is cooperative)
         p = self.rank_platform[0]
         sym = grid_symbol(self.program.manifest, p, inst) if self.single_gpu else None
         fn = None
@@ -162,6 +167,19 @@ class RankKernels:
                     f"cannot run {self.ir.name} on {pf.name}: its {len(rs)} ranks on "
                     f"device {d} need {need} thread blocks of {b} threads resident at once, "
                     f"but at most {cap} fit; {pf.residency_advice(need, b)}")
+
+    def check_partial_residency(self) -> None:
+        """Where a platform keeps only some blocks of a launch resident (``launch_residency``): a
+        one-grid launch, cooperative, must fit whole, and per-rank launches must have no wait that
+        a block not yet resident could leave unmet (:mod:`hccc.runtime.rank_residency`)."""
+        k = launch_residency(self.distinct)
+        if k is not None and self.grid_fn is not None and sum(self.grid) > k:
+            raise PlatformError(
+                f"cannot run {self.ir.name} as one grid: the launch is cooperative (its "
+                f"{sum(self.grid)} blocks wait on each other) but at most {k} blocks of a launch are "
+                "resident at once; launch each rank on its own (--launch per-rank)")
+        if self.grid_fn is None:
+            check_rank_residency(self.ir, k)
 
     def launch(self, args: list, blocks: list, streams: list, grid_arg: bytes | None, abort_flag: int) -> None:
         """Launch every rank's kernel (``args[r]``: its packed argument, ``blocks[r]`` threads per

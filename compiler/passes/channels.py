@@ -13,7 +13,7 @@ Choosing ``K`` (``--channels``):
 * ``auto`` (the default): a ProgramIR's own count when above 1 (a ``.json`` program's
   ``nchannels``, kept as given); otherwise per platform:
 
-  - CPU emulation (``hccc run --backend cpu``): 1 (more blocks only add OS threads there);
+  - CPU emulation (``hccc run --backend cpu``): 1 (more blocks only add emulated threads there);
   - CUDA / HIP: the ``.rccl`` header's ``nChannels`` when above 1 (the algorithm asks for it);
     otherwise ``min(8, SMs // (4 * T), share // 16 KiB)`` and at least 1, where ``T`` is the
     most TBs of a rank, ``SMs`` the device's multiprocessors (nominal: 132 for CUDA, an H100

@@ -83,8 +83,9 @@ OPS = dtypes_table.OP_NAMES
 #: nccl-tests' names of the element types (hccc's tables spell them as the -d/--dtype option does)
 TYPE_NAMES = {d.name: d.nccl for d in dtypes_table.DTYPES}
 #: what the times of the CPU emulation are
-EMULATED_NOTE = ("# CPU emulation: every thread block is a group of OS threads of this machine; the times "
-                 "and bandwidths measure that emulation, not a GPU (--backend cuda or hip times GPUs)")
+EMULATED_NOTE = ("# CPU emulation: every thread block is a group of fibers, run by a few OS threads of this "
+                 "machine; the times and bandwidths measure that emulation, not a GPU (--backend cuda or hip "
+                 "times GPUs)")
 DEFAULT_BYTES = "4K,64K,1M"
 #: the FIFO protocols of hccc's kernels (--proto's values; auto chooses per size)
 RUN_PROTOCOLS = {"auto": "auto", "simple": "simple", "ll": "ll"}
@@ -138,7 +139,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("cpu", "cuda", "hip"), default="cpu",
                         help="cpu: every rank's emitted source (.cu or .hip) compiled with g++ and "
                              "the emulation header, one library per platform of a mixed program "
-                             "(every thread block is a group of OS threads); cuda: a CUDA program on "
+                             "(every thread block is a group of fibers on a few OS threads); cuda: a CUDA program on "
                              "a GPU through CuPy; hip: a HIP program on an AMD GPU")
     add_topology_option(parser, short=False,
                         help="cluster (.topo or TACCL .json): the program must fit it, and each "
@@ -166,6 +167,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="(cpu backend) build the emitted kernels with AddressSanitizer, every "
                              "buffer ending in a redzone: an out-of-bounds access stops the run with "
                              "ASan's report (the run restarts itself with the ASan runtime preloaded)")
+    parser.add_argument("--resident-blocks", type=count_at_least(1), default=None, metavar="K",
+                        help="(cpu backend) partial residency: at most K blocks of a rank's launch run at "
+                             "once, admitted in block order as a GPU dispatches them "
+                             "(HCCC_CPU_RESIDENT_BLOCKS); a program with a block that could wait on a "
+                             "block not resident is refused before launch, naming the wait")
     add_program_options(parser, prefix="for .rccl input: ", fuse=True, chunk_default=None,
                         chunk_help="micro-batch slice (FIFO slot) size per chunk, e.g. 512K, 1.5M (default: "
                                    "1M, halved while the FIFOs would pass the run's memory limit)")
@@ -448,6 +454,10 @@ def run(args) -> int:
         code = _sanitized(args)      # once for the whole command: a child runs every pair
         if code is not None:
             return code
+    resident = getattr(args, "resident_blocks", None)
+    if resident is not None and args.backend != "cpu":
+        sys.stderr.write("hccc run: error: --resident-blocks needs --backend cpu\n")
+        return 2
     combos, left_out = instance_combos(args.dtype, args.op)
     say_notes("run", noop_notes(args, "run") + ([left_out] if left_out else []), json_mode=args.json)
     status = 0
@@ -466,7 +476,11 @@ def _run_one(args) -> int:
     plan = _plan(args)
     if isinstance(plan, int):
         return plan
+    resident = getattr(args, "resident_blocks", None)
+    before = os.environ.get("HCCC_CPU_RESIDENT_BLOCKS")
     try:
+        if resident is not None:      # the CPU platforms of this run read it
+            os.environ["HCCC_CPU_RESIDENT_BLOCKS"] = str(resident)
         results, ran = _run_calls(args, plan)
     except PlatformError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
@@ -474,6 +488,12 @@ def _run_one(args) -> int:
     except ValueError as exc:
         sys.stderr.write(f"hccc: error: {exc}\n")
         return 1
+    finally:
+        if resident is not None:
+            if before is None:
+                os.environ.pop("HCCC_CPU_RESIDENT_BLOCKS", None)
+            else:
+                os.environ["HCCC_CPU_RESIDENT_BLOCKS"] = before
     # -c 0 (nccl-tests): wrong elements do not fail the run; a stuck run still does
     ok = all(r.ok if args.check else r.stuck is None for r in results)
     if args.json:
