@@ -30,7 +30,9 @@ primitives.
 
 Local ``COPY`` primitives (never-written output chunks) use no connection and have no dependencies;
 they run first on TB 0. Within a TB, primitives run in order-key order (sub-pipeline, then insertion
-position of the task in the schedule), so units sharing a TB run one after the other.
+position of the task in the schedule), after the algorithm's step where the lowering gives one
+(``LoweredProgram.phase``, :mod:`hccc.compiler.passes.phase_order`): a TB never runs a later step's
+primitive before an earlier step's.
 """
 from __future__ import annotations
 
@@ -322,7 +324,9 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     tb = np.zeros(n, dtype=np.int64)
     tb[~local] = unit_tb[unit[~local]]
     rank = low.cols["rank"].astype(np.int64)
-    order = lexsort((low.key, tb, rank))
+    # a TB runs its primitives in (phase, key) order: compiler/passes/phase_order.py
+    phase = low.phase if low.phase is not None else np.zeros(n, np.int64)
+    order = lexsort((low.key, phase, tb, rank))
     rs, ts = rank[order], tb[order]
     newgrp = np.r_[True, (rs[1:] != rs[:-1]) | (ts[1:] != ts[:-1])] if n else np.zeros(0, bool)
     gstart = np.maximum.accumulate(np.where(newgrp, np.arange(n), 0)) if n else np.zeros(0, np.int64)
