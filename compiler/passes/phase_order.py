@@ -24,6 +24,21 @@ acyclic. A fused primitive ties two transfers of different steps (its receive an
 programs, and any whose dependencies ever go to a smaller step, keep the schedule's order
 (:func:`phase_keys` returns None).
 
+Micro-batches against slots. A primitive of ``M`` micro-batches on a connection of ``NSLOTS``
+slots (HM AllReduce 4x8 at 32 MiB: 9 against 8) has its sender wait, at micro-batch ``m >=
+NSLOTS``, for the receiver to consume message ``m - NSLOTS``. In this order that wait cannot hold
+up anything the receiver waits for: the message belongs to the same transfer or an earlier one of
+the connection (no larger order), so the receive's micro-batch waits only for primitives of a
+smaller order and for data the sender posted before it blocked; a full FIFO can stall a sender,
+never a block its receiver depends on. (The same holds for the schedule's key order alone; what
+the step order removes is the wait of an earlier step behind a later one.)
+
+Which order is faster depends on the machine: the kernels pay a fixed cost per unit, and a block
+that waits long delays everything behind it on the block, while on the alpha-beta simulator's
+links the schedule's order may send a chunk that is ready early sooner. Without a cluster the
+compile orders by step; with one, the cost model keeps the key order where it predicts it strictly
+faster (:func:`hccc.compiler.pipeline.cost_model.faster_order`, the compile's ``order`` pass).
+
 :func:`step_inversions` counts the adjacent pairs of a TB that run a later step first.
 """
 from __future__ import annotations
@@ -56,8 +71,8 @@ def phase_keys(step: np.ndarray, task: np.ndarray, task2: np.ndarray, key: np.nd
 
 
 def step_inversions(ir, step: np.ndarray, bounds: np.ndarray | None = None) -> int:
-    """Adjacent primitives of one TB of ``ir`` (a ProgramIR, sorted by rank, TB, seq) whose first
-    runs a later phase than the second. The phase of a primitive is ``step[task]``, or with
+    """Pairs of consecutive primitives of one TB of ``ir`` (in seq order, among those with a task)
+    whose first runs a later phase than the second. The phase of a primitive is ``step[task]``, or with
     ``bounds`` (increasing steps) the number of bounds at or below that step: the phases of an
     algorithm written as a few loops of steps. Primitives without a task are left out of the
     pairs."""

@@ -325,8 +325,12 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     tb[~local] = unit_tb[unit[~local]]
     rank = low.cols["rank"].astype(np.int64)
     # a TB runs its primitives in (phase, key) order: compiler/passes/phase_order.py
-    phase = low.phase if low.phase is not None else np.zeros(n, np.int64)
-    order = lexsort((low.key, phase, tb, rank))
+    order = lexsort((low.key, tb, rank))
+    moved = 0
+    if low.phase is not None:
+        by_phase = lexsort((low.key, low.phase, tb, rank))
+        moved = int(np.count_nonzero(by_phase != order))
+        order = by_phase
     rs, ts = rank[order], tb[order]
     newgrp = np.r_[True, (rs[1:] != rs[:-1]) | (ts[1:] != ts[:-1])] if n else np.zeros(0, bool)
     gstart = np.maximum.accumulate(np.where(newgrp, np.arange(n), 0)) if n else np.zeros(0, np.int64)
@@ -361,6 +365,8 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             "tbs_connection_based": int(conn_count.sum()),
             "tbs_per_rank_max": int(ntbs.max()) if N else 0,
             "fused": int(low.nfused),
+            # primitives whose place in their TB the step order changed (0: none, or no phase)
+            "phase_order_moved": moved,
         }, root=int(low.root))
     return ir
 
