@@ -414,7 +414,9 @@ HYPOTHESES = {
         "35x the model: the static review counts 2,048 blocks of one data warp (the model, from the "
         "run-time channel rule: 512 blocks of 8 warps), 9 micro-batches against 8 slots, and 576 of "
         "3,456 adjacent primitive pairs running a later phase before an earlier one: a back-pressure "
-        "convoy the model's task-level order and one-hop slot waits do not produce",
+        "convoy the model's task-level order and one-hop slot waits do not produce (today's program "
+        "runs none: compiler/passes/phase_order.py; the alpha-beta simulator, which holds a send "
+        "until its slot is free, finds no convoy either way; not re-measured)",
     ("hm_allgather_4x8", 32 << 20, "v3"):
         "0.55-0.58 of the measured time: 512 blocks at 256 threads, while the v3 units were timed at "
         "16 warps on 128-block grids; the model charges these blocks the same unit and the v3 kit's "
