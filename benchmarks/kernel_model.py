@@ -400,11 +400,23 @@ HYPOTHESES = {
         "its longest path, while the engine runs later phases before earlier ones on adjacent "
         "primitives (a convoy the model's per-block order cannot produce); in place adds what the model "
         "does not see at all",
+    ("hm_allreduce_4x4", 4 << 10, "v3"):
+        "0.68 of the measured time since thread blocks run their primitives in step order "
+        "(compiler/passes/phase_order.py; 0.95 before): the run's program sent a later step's chunk "
+        "before an earlier step's on the same block, which today's program does not; the model "
+        "predicts today's shorter critical path (22 units on it instead of 37), not re-measured",
+    ("hm_allreduce_4x8", 4 << 10, "v3"):
+        "0.58 of the measured time since thread blocks run their primitives in step order "
+        "(compiler/passes/phase_order.py; 0.74 before): the run's program ran 1,072 adjacent "
+        "primitive pairs of a block a later step first, today's none; the model predicts today's "
+        "shorter critical path (26 units on it instead of 52), not re-measured",
     ("hm_allreduce_4x8", 32 << 20, "v4"):
         "35x the model: the static review counts 2,048 blocks of one data warp (the model, from the "
         "run-time channel rule: 512 blocks of 8 warps), 9 micro-batches against 8 slots, and 576 of "
         "3,456 adjacent primitive pairs running a later phase before an earlier one: a back-pressure "
-        "convoy the model's task-level order and one-hop slot waits do not produce",
+        "convoy the model's task-level order and one-hop slot waits do not produce (today's program "
+        "runs none: compiler/passes/phase_order.py; the alpha-beta simulator, which holds a send "
+        "until its slot is free, finds no convoy either way; not re-measured)",
     ("hm_allgather_4x8", 32 << 20, "v3"):
         "0.55-0.58 of the measured time: 512 blocks at 256 threads, while the v3 units were timed at "
         "16 warps on 128-block grids; the model charges these blocks the same unit and the v3 kit's "

@@ -186,16 +186,19 @@ class Platform(abc.ABC):
     def residency_advice(self, need: int, block: int) -> str:
         """What the user can do when ``need`` blocks of ``block`` threads on one device would not be
         resident at once (the end of the launcher's refusal)."""
-        return "use fewer threads per block or fewer ranks per device"
+        return ("compile the program into fewer blocks per rank (--channels 1, --tb-alloc state), "
+                "or place fewer ranks on each device")
 
     def least_block_threads(self, flavour: str) -> int:
         """The fewest threads per block a kernel of ``flavour`` (``"cuda"``, ``"hip"``) may be
-        launched with here, when too many blocks would otherwise not be resident at once: a warp
-        on an NVIDIA GPU (its lane 0 waits and posts, the other lanes move data); two wavefronts
-        on AMD, whose lanes cannot wait for each other (a sync wave and a data wave); the CPU
-        emulation runs any count."""
+        launched with here, when too many blocks would otherwise not be resident at once: on a
+        GPU the sync warp (wavefront) and two data warps
+        (:func:`hccc.compiler.passes.kernel_cost.least_block_threads`: a block of one data warp
+        moves its units at a fraction of the rate, so a program is better packed into fewer
+        blocks); the CPU emulation runs any count."""
         from hccc.compiler.backend.codegen import WARP_SIZE
-        return int(WARP_SIZE.get(flavour, 1)) * (2 if flavour == "hip" else 1)
+        from hccc.compiler.passes.kernel_cost import least_block_threads
+        return least_block_threads(WARP_SIZE[flavour]) if flavour in WARP_SIZE else 1
 
     # ---------------------------------------------------------------- devices (one rank per GPU)
     def device_count(self) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hccc.compiler.backend.codegen import WARP_SIZE
 from hccc.compiler.ir.program_ir import ProgramIR
+from hccc.compiler.passes.kernel_cost import least_block_threads
 from hccc.runtime.generated import GeneratedProgram
 from hccc.runtime.gpu import grid_symbol
 from hccc.runtime.platform import Instance, Platform, PlatformError
@@ -19,12 +20,14 @@ from hccc.util.plural import plural
 
 
 def fit_block_threads(block: int, platform: str, fits, least: int | None = None) -> tuple[int, str | None]:
-    """The most threads per block, from ``block`` halving down to ``least`` (default: one warp of
-    ``platform``, "cuda" / "hip"; the running platform's :meth:`Platform.least_block_threads`),
+    """The most threads per block, from ``block`` halving down to ``least`` (default: the sync warp
+    and two data warps of ``platform``, "cuda" / "hip",
+    :func:`hccc.compiler.passes.kernel_cost.least_block_threads`; the running platform's
+    :meth:`Platform.least_block_threads`),
     for which ``fits(threads)`` holds, and a note saying so when that is fewer than ``block``;
     ``(block, None)`` when ``block`` fits or nothing does (the caller refuses)."""
     b = int(block)
-    floor = WARP_SIZE.get(platform, 32) if least is None else int(least)
+    floor = least_block_threads(WARP_SIZE.get(platform, 32)) if least is None else int(least)
     while not fits(b) and b // 2 >= floor:
         b //= 2
     if b == block or not fits(b):
@@ -123,8 +126,9 @@ class RankKernels:
 
     def _fit_threads(self, auto: bool) -> None:
         """Check that every block of the run can be resident at once; with ``auto`` threads (no
-        ``nthreads`` given), halve the threads per block (down to one warp on a GPU, one thread on
-        the CPU emulation: :meth:`Platform.least_block_threads`) until they can, and say
+        ``nthreads`` given), halve the threads per block (down to the sync warp and two data
+        warps on a GPU, one thread on the CPU emulation: :meth:`Platform.least_block_threads`)
+        until they can, and say
         so in :attr:`threads_note` (the kernels take any block size up to the emitted one)."""
         self.threads_note = None
         first = dict(self.block_of)

@@ -70,7 +70,7 @@ GB = 1e9
 
 __all__ = ["NSLOTS", "EXECUTIONS", "SimResult", "Timeline", "SimulationError", "SimulationStopped", "bus_factor",
            "simulate", "simulate_by", "simulate_sizes", "prepare", "step_schedule", "build_for_execution", "faster_fusion",
-           "faster_allocation", "SimulatedCost", "ALLOCATION_SIZES",
+           "faster_allocation", "faster_order", "SimulatedCost", "ALLOCATION_SIZES",
            "resolve_slice"]
 
 
@@ -545,6 +545,21 @@ def faster_allocation(alg, topo: Topology, state_ir: ProgramIR | None = None, *,
         alg, scheduler=scheduler, tb_alloc="connection", chunk_bytes=ir.chunk_bytes, fuse=fuse))
 
 
+def faster_order(alg, topo: Topology, ir: ProgramIR, *, sizes=ALLOCATION_SIZES, scheduler: str = "hpds",
+                 fuse: bool = False, block_gbps: float | None = DEFAULT_BLOCK_GBPS) -> ProgramIR:
+    """:func:`hccc.compiler.pipeline.cost_model.faster_order` by simulation on ``topo`` for a
+    program built outside a compile (``ir``: step-ordered, with the allocation it keeps); ``ir``
+    itself where the step order moved nothing."""
+    from hccc.compiler.passes.build import build_program
+    from hccc.compiler.pipeline.cost_model import faster_order as choose
+
+    if not ir.stats.get("phase_order_moved"):
+        return ir
+    mode = "connection" if ir.stats.get("tb_alloc_kept") == "connection" else ir.stats.get("tb_alloc", "state")
+    return choose(SimulatedCost(topo, sizes, block_gbps), ir, lambda: build_program(
+        alg, scheduler=scheduler, tb_alloc=mode, chunk_bytes=ir.chunk_bytes, fuse=fuse, phase_order=False))
+
+
 def faster_fusion(alg, topo: Topology, plain_ir: ProgramIR, fused_ir: ProgramIR | None = None, *,
                   sizes=ALLOCATION_SIZES, scheduler: str = "hpds",
                   chunk_bytes: int | None = None) -> ProgramIR:
@@ -574,7 +589,8 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
     ``task``: hccc's pipeline (``scheduler``, ``tb_alloc`` default state-based; ``fuse=True``
     lowers with receive-and-forward fusion, the compiler's ``--fuse``, for comparisons). With a
     ``topology``, state-based allocation is the faster of the two there (:func:`faster_allocation`
-    at ``sizes``).
+    at ``sizes``), and TBs run by step first unless the schedule's key order is strictly faster
+    there (:func:`faster_order`).
     ``algorithm``: the MSCCL-like baseline: transfers in step order (no cross-step fusion, since a
     fused pair would span two steps) and connection-based TBs unless ``tb_alloc`` says otherwise.
     """
@@ -586,6 +602,9 @@ def build_for_execution(alg, execution: str = "task", *, scheduler: str = "hpds"
         if topology is not None and (tb_alloc or "state") == "state":
             ir = faster_allocation(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse,
                                    block_gbps=block_gbps)
+        if topology is not None:
+            ir = faster_order(alg, topology, ir, sizes=sizes, scheduler=scheduler, fuse=fuse,
+                              block_gbps=block_gbps)
         return ir
     if execution == "algorithm":
         return build_algorithm_level(alg, tb_alloc=tb_alloc or "connection", chunk_bytes=chunk_bytes)

@@ -190,7 +190,7 @@ def sharing_rs4(tmp_path):
     """A random 4-rank ReduceScatter whose state-based allocation shares TBs (so the allocation
     choice simulates both allocations), written as ``rs4.rccl``, and a 4-GPU mesh ``mesh.topo`` for
     it; returns both paths as strings."""
-    alg = random_program("reducescatter", 4, 32, 1)
+    alg = random_program("reducescatter", 4, 80, 1)
     lines = ['def ResCCLAlgo(nRanks=4, OpType="Reducescatter", AlgoName="rs4"):']
     lines += [f"    transfer({s}, {d}, {t}, {c}, {'rrc' if o else 'recv'})"
               for s, d, t, c, o in zip(alg.src.tolist(), alg.dst.tolist(), alg.step.tolist(),

@@ -773,6 +773,13 @@ def test_runner_fits_threads_per_block_instead_of_refusing():
     assert b == 128 and note.startswith("128 threads per thread block instead of the emitted 512")
     assert fit_block_threads(512, "cuda", lambda b: True) == (512, None)
     assert fit_block_threads(512, "hip", lambda b: b < 64) == (512, None)    # below one warp: refuse
+    # never below the sync warp and two data warps (96 threads on CUDA, 192 on HIP): refuse
+    assert fit_block_threads(512, "cuda", lambda b: b <= 64) == (512, None)
+    assert fit_block_threads(1024, "hip", lambda b: b <= 128) == (1024, None)
+    assert fit_block_threads(1024, "hip", lambda b: b <= 256)[0] == 256
+    from hccc.runtime.platform import Platform
+    assert [Platform.least_block_threads(None, f) for f in ("cuda", "hip")] == [3 * 32, 3 * 64]
+    assert "--channels 1" in Platform.residency_advice(None, 2048, 128)
     assert fit_block_threads(2, "cuda", lambda b: b < 2, least=1)[0] == 1
 
 

@@ -42,7 +42,8 @@ def test_simulate_records_the_slice_and_auto_beats_fixed_slots_at_64M():
     the model, for this program's fill (CP(m) = 8 m + 20 at m = 16: its reduce-scatter, exchange
     and all-gather chained), about 12, which the link model finds much faster too."""
     topo = load_cluster(f"{REPO}/examples/clusters/a100_topo4.topo")
-    ir = build_for_execution(gen.hm_allreduce(4, 8), "task")
+    ir = build_for_execution(gen.hm_allreduce(4, 8), "task", topology=topo)   # key order kept there
+    assert ir.stats["phase_order_kept"] == "key"
     prog = prepare(ir, topo)
     fixed = simulate(prog, topo, 64 * MiB)
     auto = simulate(prog, topo, 64 * MiB, slice_bytes="auto")
@@ -115,7 +116,8 @@ def _busbw(cluster: str, coll: str, config: str) -> list[tuple[float, int]]:
             _cache[("topo", cluster)] = load()
         topo = _cache[("topo", cluster)]
         ex, sch = {"hpds": ("task", "hpds"), "rr": ("task", "rr"), "algorithm": ("algorithm", "hpds")}[config]
-        prog = prepare(build_for_execution(ALGOS[coll](nn, g), ex, scheduler=sch), topo)
+        # the program the tools build for the cluster (its allocation and TB order chosen there)
+        prog = prepare(build_for_execution(ALGOS[coll](nn, g), ex, scheduler=sch, topology=topo), topo)
         slices = (["auto"] * len(SIZES) if config == "hpds" else [sl for _, sl in _busbw(cluster, coll, "hpds")])
         rs = [simulate(prog, topo, s, execution=ex, slice_bytes=sl) for s, sl in zip(SIZES, slices)]
         _cache[key] = [(r.busbw_GBps, r.slice_bytes) for r in rs]

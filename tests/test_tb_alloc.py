@@ -351,10 +351,12 @@ def test_state_based_never_costs_time(alg, scheduler):
     assert ir.stats["tb_alloc"] == "state"
 
 
-@pytest.mark.parametrize("coll,n,seed", [("reducescatter", 4, 32), ("reducescatter", 4, 40)])
+@pytest.mark.parametrize("coll,n,seed", [("reducescatter", 4, 80), ("allreduce", 4, 28)])
 def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
-    """Random ReduceScatters where state-based sharing (15 vs 16, 19 vs 20 TBs) costs 2.2 % and
-    3.2 % of simulated time at 1 MB on a mesh: the tool keeps the connection-based allocation."""
+    """A random ReduceScatter and AllReduce where state-based sharing (19 vs 20, 21 vs 22 TBs)
+    costs 3.2 % and 34 % of simulated time at 1 MB on a mesh: the tool keeps the connection-based
+    allocation. (Since TBs run their primitives in step order, compiler/passes/phase_order.py, the
+    random ReduceScatters of seeds 32 and 40 no longer lose time by sharing.)"""
     alg = random_program(coll, n, seed, 1)
     (ts, t_s), (tc, t_c) = _state_vs_connection(alg, "hpds", 1 << 20)
     assert ts < tc and t_s > 1.02 * t_c
@@ -366,8 +368,8 @@ def test_sharing_that_costs_time_is_undone_by_the_choice(coll, n, seed):
 
 def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
     """`hccc ALGO -o OUT --topology T` simulates both allocations where state-based sharing happens
-    and emits the faster (the random ReduceScatter above: connection-based, 16 TBs); without a
-    cluster it keeps the state-based one (15 TBs)."""
+    and emits the faster (the random ReduceScatter above: connection-based, 20 TBs); without a
+    cluster it keeps the state-based one (19 TBs)."""
     from hccc.cli import main
     src, topo = sharing_rs4(tmp_path)
     assert main([str(src), "-o", str(tmp_path / "a"), "--topology", str(topo), "--chunk-size", "64K"]) == 0
@@ -375,7 +377,7 @@ def test_compile_with_a_cluster_keeps_the_faster_allocation(tmp_path):
     from hccc.compiler.pipeline import load_program
     with_cluster = load_program(tmp_path / "a" / "rs4.ir.json")
     without = load_program(tmp_path / "b" / "rs4.ir.json")
-    assert int(with_cluster.ntbs.sum()) == 16 and int(without.ntbs.sum()) == 15
+    assert int(with_cluster.ntbs.sum()) == 20 and int(without.ntbs.sum()) == 19
     assert with_cluster.stats["tb_alloc_kept"] == "connection"
     assert with_cluster.stats["tb_alloc_topology"] and "tb_alloc_kept" not in without.stats
 

@@ -10,6 +10,7 @@ raised as such.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -58,10 +59,12 @@ def check_program(ir: ProgramIR) -> None:
 
 def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str = "state",
                         chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = True,
-                        check: bool = True, timings: dict | None = None) -> ProgramIR:
+                        check: bool = True, timings: dict | None = None, phase_order: bool = True) -> ProgramIR:
     """Lower a scheduled algorithm, allocate TBs and run the IR checks (with fusion back-off).
     ``check=False`` (only without fusion: the back-off needs the checks) leaves them to the caller
-    (:func:`check_program`)."""
+    (:func:`check_program`). ``phase_order=False``: TBs run their primitives in the schedule's key
+    order, not by step first (:mod:`hccc.compiler.passes.phase_order`; the cost model compares
+    both)."""
     if not check and fuse:
         raise ValueError("fusion needs the IR checks (its back-off is driven by them)")
     nm = sanitize_identifier(name if name is not None else alg.header.name)
@@ -71,6 +74,8 @@ def build_from_schedule(alg: Algorithm, dag, sched: Schedule, *, tb_alloc: str =
     for attempt in range(MAX_FUSION_RETRIES + 2):
         t0 = time.perf_counter()
         low = lower(alg, dag, sched, fuse=use_fusion, forbid=forbid)
+        if not phase_order:
+            low = dataclasses.replace(low, phase=None)
         t1 = time.perf_counter()
         ir = allocate(low, tb_alloc, name=nm, nwarps=alg.header.nwarps, chunk_bytes=chunk_bytes)
         t2 = time.perf_counter()
@@ -117,7 +122,7 @@ def scheduler_name(scheduler: str) -> str:
 
 def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "state",
                   chunk_bytes: int = 1 << 20, name: str | None = None, fuse: bool = False,
-                  timings: dict | None = None, check: bool = True) -> ProgramIR:
+                  timings: dict | None = None, check: bool = True, phase_order: bool = True) -> ProgramIR:
     """Run dag -> schedule -> lower -> TB allocation -> checks; ``stats`` holds transfers,
     subpipelines, tbs_state_based, tbs_connection_based, tbs_per_rank_max, scheduler, tb_alloc.
     ``check=False`` (without ``fuse``) skips the IR checks; the caller runs :func:`check_program`.
@@ -128,7 +133,8 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     runs on channels and TBs of its own, one per connection pair (:mod:`.lower`), beside the unfused
     traffic of the same links, which the simulator finds slower on some programs
     (benchmarks/fusion.py), so the compiler fuses by default only where its cost model
-    (:func:`hccc.compiler.pipeline.cost_model.faster_fusion`) finds it never slower on the given cluster."""
+    (:func:`hccc.compiler.pipeline.cost_model.faster_fusion`) finds it never slower on the given cluster.
+    ``phase_order``: see :func:`build_from_schedule`."""
     from hccc.compiler.passes.dag import build_dag
     t = timings if timings is not None else {}
     t0 = time.perf_counter()
@@ -139,7 +145,7 @@ def build_program(alg: Algorithm, *, scheduler: str = "hpds", tb_alloc: str = "s
     t["dag"] = t1 - t0
     t["schedule"] = t2 - t1
     ir = build_from_schedule(alg, dag, sched, tb_alloc=tb_alloc, chunk_bytes=chunk_bytes, name=name,
-                             fuse=fuse, timings=t, check=check)
+                             fuse=fuse, timings=t, check=check, phase_order=phase_order)
     ir.stats["scheduler"] = scheduler_name(scheduler)
     return ir
 

@@ -58,7 +58,8 @@ from hccc.compiler.ir.program_ir import Op
 __all__ = ["UNIT_WARPS", "UNIT_US", "COPY_UNIT_KIB", "COPY_GBS", "FLAG_ROUND_TRIP_US", "LL_DATA_FRACTION",
            "LAUNCH_SECONDS_PER_BLOCK", "HBM_BYTES_PER_SECOND", "KernelCosts", "V4_H200",
            "UNIT_SECONDS", "COPY_UNIT_SECONDS", "LL_UNIT_SECONDS", "BLOCK_BYTES_PER_SECOND", "SIM_UNIT_BYTES",
-           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class"]
+           "SIM_BLOCK_GBPS", "BLOCK_GBPS_WARPS", "block_gbps_at", "unit_class", "LEAST_DATA_WARPS",
+           "least_block_threads"]
 
 # ---------------------------------------------------------------------------------------------
 # the measured figures (docs/archive/measurements-log.md, "The fifth GPU run": one H200, the v4 kernels)
@@ -84,6 +85,21 @@ COPY_GBS = {
     4: (2.0, 7.3, 14.9, 20.0, 21.3),
     1: (1.4, 3.7, 6.4, 7.7, 8.0),
 }
+#: The fewest data warps a GPU block is launched with when too many blocks would otherwise not be
+#: resident at once: the runtime halves the threads per block down to the sync warp and these
+#: (:func:`least_block_threads`), then refuses, saying to pack the program into fewer blocks
+#: (fewer channels, state-based thread blocks). The fifth run: one warp (in lock-step, lane 0 the
+#: sync lane) moved 6.4 GB/s on 64 KiB units where four warps moved 14.9, and paid 2.72 us a COPY
+#: unit against 2.02; HM AllReduce 4x8's 2,048 blocks of one data warp each took 77 ms for 32 MiB.
+LEAST_DATA_WARPS = 2
+
+
+def least_block_threads(warp: int) -> int:
+    """Threads of the smallest block the runtime launches on a GPU whose warp (wavefront) is
+    ``warp`` threads: the sync warp and :data:`LEAST_DATA_WARPS` data warps."""
+    return int(warp) * (1 + LEAST_DATA_WARPS)
+
+
 #: A flag's round trip between two SMs, us: the v4 kernels' relaxed poll + acquire fence / release
 #: fence + relaxed post (the fifth run, "Flag round trip between two SMs"); a hop is half of it.
 FLAG_ROUND_TRIP_US = 1.13

@@ -62,6 +62,7 @@ from hccc.util.diagnostics import CompileError, Diagnostic
 from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.schedule import Schedule
 from hccc.compiler.ir.sort_order import lexsort, stable_argsort, unique
+from hccc.compiler.passes.phase_order import phase_keys
 
 NO_STEP = np.iinfo(np.int64).max
 
@@ -85,6 +86,8 @@ class LoweredProgram:
     dep_on: np.ndarray
     nfused: int = 0
     root: int = 0                 # Broadcast / Reduce root
+    phase: np.ndarray | None = None   # int64 per primitive: a TB runs its primitives in (phase, key)
+                                      # order; None: key order (compiler/passes/phase_order.py)
 
     @property
     def nprims(self) -> int:
@@ -132,12 +135,13 @@ def lower(alg: Algorithm, dag, sched: Schedule, *, fuse: bool = True,
     cols, key = _primitive_table(t, bm, cp, fused_send, task_channel, send_tasks)
     dep_prim, dep_on = _dependencies(t, es, ed, fused_send, send_tasks, bm.a2a, len(cp.rank))
     in_chunks, out_chunks, _ = buffer_sizes(h.collective, h.nranks, h.chunks_per_rank)
+    phase = phase_keys(t.step, cols["task"], cols["task2"], key, dep_prim, dep_on)
     return LoweredProgram(
         collective=h.collective, nranks=h.nranks, nchunks=t.Cf, in_chunks=in_chunks,
         out_chunks=out_chunks, scratch_chunks=bm.scratch_chunks,
         npipelines=sched.nsubpipelines if T else (1 if len(cp.rank) else 0),
         cols=cols, key=key, dep_prim=dep_prim, dep_on=dep_on, nfused=int((fused_send >= 0).sum()),
-        root=int(h.root))
+        root=int(h.root), phase=phase)
 
 
 class _Tasks:

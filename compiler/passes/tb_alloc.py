@@ -30,7 +30,9 @@ primitives.
 
 Local ``COPY`` primitives (never-written output chunks) use no connection and have no dependencies;
 they run first on TB 0. Within a TB, primitives run in order-key order (sub-pipeline, then insertion
-position of the task in the schedule), so units sharing a TB run one after the other.
+position of the task in the schedule), after the algorithm's step where the lowering gives one
+(``LoweredProgram.phase``, :mod:`hccc.compiler.passes.phase_order`): a TB never runs a later step's
+primitive before an earlier step's.
 """
 from __future__ import annotations
 
@@ -322,7 +324,13 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
     tb = np.zeros(n, dtype=np.int64)
     tb[~local] = unit_tb[unit[~local]]
     rank = low.cols["rank"].astype(np.int64)
+    # a TB runs its primitives in (phase, key) order: compiler/passes/phase_order.py
     order = lexsort((low.key, tb, rank))
+    moved = 0
+    if low.phase is not None:
+        by_phase = lexsort((low.key, low.phase, tb, rank))
+        moved = int(np.count_nonzero(by_phase != order))
+        order = by_phase
     rs, ts = rank[order], tb[order]
     newgrp = np.r_[True, (rs[1:] != rs[:-1]) | (ts[1:] != ts[:-1])] if n else np.zeros(0, bool)
     gstart = np.maximum.accumulate(np.where(newgrp, np.arange(n), 0)) if n else np.zeros(0, np.int64)
@@ -357,6 +365,8 @@ def allocate(low: LoweredProgram, mode: str = "state", *, name: str = "algo", nw
             "tbs_connection_based": int(conn_count.sum()),
             "tbs_per_rank_max": int(ntbs.max()) if N else 0,
             "fused": int(low.nfused),
+            # primitives whose place in their TB the step order changed (0: none, or no phase)
+            "phase_order_moved": moved,
         }, root=int(low.root))
     return ir
 

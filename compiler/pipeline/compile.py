@@ -49,12 +49,15 @@ def schedule(ctx: CompileContext) -> None:
     ctx.schedule = build.schedule_algorithm(ctx.algorithm, ctx.dag, ctx.options.scheduler)
 
 
-def lowered(ctx: CompileContext, *, tb_alloc: str, fuse: bool, check: bool = True, timings=None):
+def lowered(ctx: CompileContext, *, tb_alloc: str, fuse: bool, check: bool = True, timings=None,
+            phase_order: bool = True):
     """The scheduled algorithm lowered and its thread blocks allocated (the IR checks, with
-    fusion's back-off, unless ``check=False``): a program the compile keeps or compares."""
+    fusion's back-off, unless ``check=False``): a program the compile keeps or compares.
+    ``phase_order=False``: TBs in the schedule's key order (the order choice's alternative)."""
     from hccc.compiler.passes import build
     ir = build.build_from_schedule(ctx.algorithm, ctx.dag, ctx.schedule, tb_alloc=tb_alloc,
-                                   chunk_bytes=ctx.options.chunk_bytes, fuse=fuse, check=check, timings=timings)
+                                   chunk_bytes=ctx.options.chunk_bytes, fuse=fuse, check=check, timings=timings,
+                                   phase_order=phase_order)
     ir.stats["scheduler"] = build.scheduler_name(ctx.options.scheduler)
     return ir
 
@@ -107,6 +110,21 @@ def choose_fusion(ctx: CompileContext) -> None:
     ctx.ir = faster_fusion(ctx.cost_model, ctx.ir, fused)
 
 
+def _choosing_order(ctx: CompileContext) -> bool:
+    return ctx.cost_model is not None and ctx.algorithm is not None and bool(ctx.ir.stats.get("phase_order_moved"))
+
+
+def choose_order(ctx: CompileContext) -> None:
+    """TBs in step order only where that costs no time on the cluster
+    (:func:`~hccc.compiler.pipeline.cost_model.faster_order`), against the schedule's key order
+    with the same allocation, fusion and channels."""
+    from hccc.compiler.pipeline.cost_model import faster_order
+    st = ctx.ir.stats
+    mode = "connection" if st.get("tb_alloc_kept") == "connection" else ctx.options.tb_alloc
+    ctx.ir = faster_order(ctx.cost_model, ctx.ir,
+                          partial(lowered, ctx, tb_alloc=mode, fuse=bool(st.get("fusion")), phase_order=False))
+
+
 def channels(ctx: CompileContext) -> None:
     """Blocks per thread block: ``--channels``, or auto (the algorithm's declared count, else the
     hardware rule of :mod:`hccc.compiler.passes.channels`)."""
@@ -143,6 +161,7 @@ def program_passes() -> list[Pass]:
         Pass("allocation", choose_allocation, when=_choosing, stage="tb_alloc choice"),
         Pass("fusion", choose_fusion, when=lambda ctx: _choosing(ctx) and ctx.options.fuse == "auto",
              stage="tb_alloc choice"),
+        Pass("order", choose_order, when=_choosing_order, stage="tb_alloc choice"),
     ]
 
 
