@@ -38,6 +38,21 @@ SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
 SCHEDULER_LOAD_SECONDS = 1.0
 
 
+#: what ``--time-limit T`` promises (docs/files-and-limits.md): the command ends by ``T`` plus
+#: this share of ``T`` plus :data:`OVERRUN_SECONDS` (what a phase that cannot stop may run past
+#: its share); a phase that would surely end later refuses up front instead (:func:`overruns`)
+OVERRUN_FRACTION = 0.1
+OVERRUN_SECONDS = 2.0
+
+
+def overruns(predicted: float, left: float) -> bool:
+    """True where work that cannot stop, predicted to take ``predicted`` seconds, would end past
+    what the limit allows when ``left`` seconds of it are left (:data:`OVERRUN_FRACTION` of them
+    plus :data:`OVERRUN_SECONDS` past them)."""
+    left = float(left)
+    return float(predicted) > left + OVERRUN_FRACTION * max(0.0, left) + OVERRUN_SECONDS
+
+
 def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
     """The fewest transfers any program of ``collective`` on ``nranks`` ranks with
     ``chunks_per_rank`` chunks per rank has: each of the ``nranks * chunks_per_rank`` chunks (an
@@ -66,5 +81,5 @@ def schedule_seconds(ntransfers: int, steps: int) -> float:
     return load + SCHEDULE_SECONDS_PER_TRANSFER_STEP * m * max(1, int(steps))
 
 
-__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "OVERRUN_FRACTION", "OVERRUN_SECONDS", "overruns", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
            "closing_seconds", "least_transfers", "schedule_seconds"]
