@@ -9,7 +9,6 @@ written by ``hccc synth`` and accepted by ``hccc check`` on its cluster.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -20,28 +19,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cluster_texts import h20_nodes_text
 from conftest import examples
-from hccc.compiler.cluster.topo_parser import format_topology, parse_topology
-from hccc.compiler.frontend.algorithm import MAX_CHANNEL
+from hccc.compiler.cluster.topo_parser import parse_topology
 from hccc.compiler.passes.verify import verify
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.synth import forest, synthesize, to_algorithm, to_rccl
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = ROOT / "examples" / "clusters"
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("cluster_gen", CLUSTERS / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def h20_cluster_text(nodes: int) -> str:
-    """``nodes`` 8-GPU H20 nodes (examples/clusters' H20 node), every pair of nodes through the NICs."""
-    g = _generator()
-    return format_topology(g.cluster([g.h20_node8() for _ in range(nodes)], f"{nodes} x 8 H20"))
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -92,7 +78,7 @@ def test_folded_tree_programs_are_proven_with_every_channel_in_range(monkeypatch
 @pytest.mark.slow     # about 10 s of CPU for the synthesis and 4 s for the check (loaded: 30 s and 16 s wall)
 def test_allreduce_on_74_nodes_of_8_gpus_is_accepted_by_check(tmp_path):
     topo = tmp_path / "h20_74x8.topo"
-    topo.write_text(h20_cluster_text(74))
+    topo.write_text(h20_nodes_text(74))
     out = tmp_path / "ar.rccl"
     hccc = [sys.executable, "-m", "hccc"]
     got = subprocess.run(hccc + ["synth", str(topo), "--collective", "allreduce", "--time-limit", "120",
