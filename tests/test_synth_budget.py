@@ -202,3 +202,23 @@ def test_a_short_limit_on_1024_gpus_ends_within_what_it_promises(tmp_path, capsy
         assert out.exists() and json.loads(got.out)["nranks"] == 1024
     else:
         assert rc == 1 and not out.exists() and "h20_128x8.topo: " in got.err
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_greedy_stopped_by_the_limit_says_what_would_help(monkeypatch, k):
+    """No greedy schedule complete by the limit: the refusal says how long the greedy ran and
+    suggests fewer chunks per rank only where there are several."""
+    from hccc.compiler.synth import cegis, network_from_topology
+    from hccc.compiler.synth.greedy import GreedyStopped
+    from hccc.compiler.synth.problem import allgather_task
+
+    def stopped(*a, **kw):
+        raise GreedyStopped("stopped")
+
+    monkeypatch.setattr(cegis, "_cegis", stopped)
+    net = network_from_topology(parse_topology(many_nodes_text(2), "n2.topo"))
+    with pytest.raises(GreedyStopped) as err:
+        cegis.synthesize_task(net, allgather_task(net.nranks, k), deadline=clock.now() + 5)
+    msg = str(err.value)
+    assert f"no complete schedule for 16 ranks and {16 * k} chunks" in msg and "stopped after" in msg
+    assert msg.endswith("raise --time-limit" + (" or use fewer chunks per rank" if k > 1 else ""))
