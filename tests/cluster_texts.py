@@ -132,3 +132,18 @@ def many_nodes_text(nodes: int, gpus: int = 8) -> str:
     for i in range(1, nodes + 1):
         lines += [f"define node{i} = {gpus}", f"define bandwidth = {{direct => [{mesh}]}}", f"define nic = {nics}"]
     return "\n".join(lines + ["define internode = all", "define interbandwidth = nic"]) + "\n"
+
+
+def h20_nodes_text(nodes: int) -> str:
+    """``nodes`` 8-GPU H20 nodes as examples/clusters writes them (NVSwitch, a 400 Gbps NIC per GPU
+    pair), every pair of nodes through the NICs: the large clusters of ``hccc synth`` at scale."""
+    import importlib.util
+    from pathlib import Path
+
+    from hccc.compiler.cluster.topo_parser import format_topology
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "generate.py"
+    spec = importlib.util.spec_from_file_location("cluster_gen", path)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    return format_topology(g.cluster([g.h20_node8() for _ in range(nodes)], f"{nodes} x 8 H20"))

@@ -5,9 +5,11 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from hccc.compiler.frontend import generators as gen
-from hccc.compiler.frontend.algorithm import RECV, RRC, Algorithm, Collective, Header, TransferSite
+from conftest import examples
+from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RECV, RRC, Algorithm, Collective, Header, TransferSite
 from hccc.util.diagnostics import CompileError, Location, SourceFile, render, render_all
 from hccc.compiler.passes.verify import VerifyError, VerifyReport, verify
 
@@ -302,3 +304,39 @@ def test_verify_1024_gpu_hm_allreduce_time(capsys):
     assert rep.transfers == 2_095_104 and rep.steps == 128 * 7 + 2 * 127 + 128
     with capsys.disabled():
         print(f"\n[perf] verify HM AllReduce 128x8 (2,095,104 transfers): {dt:.2f} s")
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(n=st.integers(2, 12), data=st.data())
+def test_errors_of_one_kind_at_one_place_are_one_diagnostic_counting_the_rest(n, data):
+    """Thousands of transfers failing alike at one place (one loop line, or a program without
+    locations such as synthesis makes) are one diagnostic per kind, its note counting the others."""
+    rows = [list(r) + [0] for r in ring_ag_rows(n)]
+    bad_ch = data.draw(st.sets(st.integers(0, len(rows) - 1), min_size=1))
+    for i in bad_ch:
+        rows[i][5] = MAX_CHANNEL + 1 + i
+    selfs = data.draw(st.sets(st.integers(0, len(rows) - 1).filter(lambda i: i not in bad_ch)))
+    for i in selfs:
+        rows[i][1] = rows[i][0]                 # a self transfer (a kind listed before channels)
+    located_at = data.draw(st.sampled_from([None, Location(SRC, 3, 5)]))
+    alg = Algorithm.from_rows(Header(n, Collective.ALLGATHER, location=located_at), rows)
+    err = errors_of(alg)
+    want = [("channel-out-of-range", len(bad_ch))] + ([("self-transfer", len(selfs))] if selfs else [])
+    want.sort(key=lambda kc: min(selfs if kc[0] == "self-transfer" else bad_ch))   # by transfer index
+    # the static errors first; the transfers they leave out of the replay leave later ones
+    # unfed (undefined sources): every kind, at the one place, is one diagnostic
+    assert err.kinds[:len(want)] == [k for k, _ in want]
+    assert len(set(err.kinds)) == len(err.kinds)
+    assert err.total >= len(selfs) + len(bad_ch) and err.more == 0
+    counted = sum(1 + int(str(d.notes[-1]).split()[0]) if d.notes and "same error" in str(d.notes[-1]) else 1
+                  for d in err.diagnostics)
+    assert counted == err.total
+    for diag, (kind, count) in zip(err.diagnostics, want):
+        assert diag.location == located_at
+        first = min(selfs if kind == "self-transfer" else bad_ch)
+        if kind == "channel-out-of-range":
+            assert f"channel {MAX_CHANNEL + 1 + first} is out of range" in diag.message
+        if count == 1:
+            assert not any("same error" in str(note) for note in diag.notes)
+        else:
+            assert f"{count - 1} other transfer" in str(diag.notes[-1])

@@ -33,6 +33,11 @@ Errors, in the order they are listed (and the order the tests' reference model u
    reducing ones every rank's; an AllToAll block that misses its destination is located at the
    chunk's last transfer when it has one), only when there was no other error (otherwise they are mostly a
    consequence of the errors already listed), located at the header.
+
+Errors of one kind at one place (a loop's line, every iteration failing alike; or, in a program
+whose transfers have no location, the whole program) are one diagnostic at the first of them, its
+last note counting the others and naming a few (``_Collector``), so thousands of transfers in
+error list no more diagnostics than there are kinds at distinct places (and at most ``max_errors``).
 """
 from __future__ import annotations
 
@@ -57,6 +62,9 @@ POSTCONDITION_SUMMARY = "postcondition-summary"  # "K more (rank, chunk) pairs .
 
 #: how many unmet postconditions are listed one by one before the summary
 POSTCONDITION_LISTED = 5
+#: how many further transfers with the error of a listed one, at its place, its note names (the
+#: rest it counts)
+SAME_NAMED = 3
 
 #: the proof's memory budget without ``HCCC_MAX_PROOF_BYTES``: the most bytes the replay's state
 #: may take (a bit per rank in a row per (rank, chunk) it tracks; the replay runs where a program
@@ -103,7 +111,11 @@ class VerifyError(CompileError):
 
 
 class _Collector:
-    """Keeps the first ``limit`` diagnostics and counts the rest."""
+    """Keeps the first ``limit`` diagnostics and counts the rest. Errors of one kind at one place
+    (a loop's line, whose every iteration fails alike, or, where transfers have no location, the
+    whole program) are one diagnostic, at the first of them, whose last note counts the others and
+    names the next few (:data:`SAME_NAMED`): a program with thousands of transfers in error lists as
+    many diagnostics as it has kinds of error at distinct places, at most ``limit``."""
 
     def __init__(self, alg: Algorithm, limit: int):
         self.alg = alg
@@ -113,6 +125,8 @@ class _Collector:
         self.total = 0
         self.listed = 0  # listed diagnostics that count as errors (not summaries)
         self.summarised = 0  # errors counted in a summary diagnostic
+        self._group: dict[tuple, int] = {}       # (kind, place) -> its diagnostic's index
+        self._same: dict[int, list] = {}         # diagnostic index -> [count, names of the first few]
 
     @property
     def full(self) -> bool:
@@ -127,16 +141,41 @@ class _Collector:
         return (f"{loc}" if loc is not None else f"transfer #{int(i)}") + self._suffix(i)
 
     def add(self, kind: str, i: int, message: str, other: int | None = None, other_what: str = "") -> None:
-        """Record an error located at transfer ``i`` (message gets the loop-value suffix)."""
+        """Record an error located at transfer ``i`` (message gets the loop-value suffix); one of
+        the same kind at the same place as a listed one is counted in that one's last note."""
         self.total += 1
+        loc = self.alg.location_of(int(i))
+        key = (kind, None if loc is None else (str(loc.source.name), loc.line, loc.col))
+        at = self._group.get(key)
+        if at is not None:
+            same = self._same.setdefault(at, [0, []])
+            same[0] += 1
+            if len(same[1]) < SAME_NAMED:
+                same[1].append(self._where(i) if loc is None else (self._suffix(i).strip() or f"transfer #{int(i)}"))
+            self.summarised += 1
+            return
         if self.full:
             return
         notes: tuple[str, ...] = ()
         if other is not None:
             notes = (f"{other_what} {self._where(other)}",)
-        self.diags.append(Diagnostic(message + self._suffix(i), self.alg.location_of(int(i)), notes=notes))
+        self._group[key] = len(self.diags)
+        self.diags.append(Diagnostic(message + self._suffix(i), loc, notes=notes))
         self.kinds.append(kind)
         self.listed += 1
+
+    def finished(self) -> list[Diagnostic]:
+        """The diagnostics, each that stands for others of its kind and place with the note that
+        counts them."""
+        out = list(self.diags)
+        for at, (count, names) in self._same.items():
+            d = out[at]
+            more = f", {count - len(names)} more" if count > len(names) else ""
+            here = "in the program" if d.location is None else "on this line"
+            note = (f"{count} {plural_noun(count, 'other transfer')} {here} with the same error: "
+                    f"{'; '.join(names)}{more}")
+            out[at] = Diagnostic(d.message, d.location, d.severity, tuple(d.notes) + (note,))
+        return out
 
     def add_at(self, kind: str, location: Location | None, message: str, notes=(), count: bool = True) -> None:
         if count:
@@ -394,7 +433,7 @@ def replay(alg: Algorithm, *, max_errors: int = 20) -> VerifyReport:
     if col.total == 0:
         state.postcondition()
     if col.diags:
-        raise VerifyError(col.diags, col.kinds, max(0, col.total - col.listed - col.summarised), col.total)
+        raise VerifyError(col.finished(), col.kinds, max(0, col.total - col.listed - col.summarised), col.total)
     return VerifyReport(collective=h.collective, nranks=N, transfers=len(alg), steps=alg.nsteps)
 
 

@@ -20,11 +20,12 @@ The step lower bound and the bandwidth cut bound are :func:`.bounds.alltoall_ste
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
 from hccc.compiler.synth.bounds import alltoall_step_bound
-from hccc.compiler.synth.budget import least_transfers, schedule_seconds
+from hccc.compiler.synth.budget import least_transfers, overruns, schedule_seconds
 from hccc.compiler.synth.compose import list_schedule
 from hccc.compiler.synth.problem import Network, Schedule, Task
 from hccc.util import clock
@@ -80,13 +81,18 @@ def _route(net: Network, src: int, dst: int, load_p: np.ndarray, load_g: np.ndar
 
 
 def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: float | None = None,
-                        deadline: Deadline | None = None):
+                        deadline: Deadline | None = None, must_end: Deadline | None = None):
     """``(schedule, lower_bound_steps, detail)`` for an AllToAll on ``net`` (see the module doc), by
     ``deadline`` (or within ``time_limit`` seconds; neither: 60 s): the step bound gets
     :data:`BOUND_SHARE` of it; the routing stops where the list scheduler's predicted time
     (:func:`.budget.schedule_seconds` of the hops and the step bound) is all that is left, and
     every block not yet routed then takes its direct link (a block without one is still routed).
-    ``detail["phase_seconds"]``: what the bound, the routing and the scheduling took."""
+    ``detail["phase_seconds"]``: what the bound, the routing and the scheduling took.
+
+    ``must_end``: the time by which the whole synthesis must end (``hccc synth --time-limit``, less
+    the closing phases' predicted time); where the list scheduler alone, which cannot stop, would
+    end past it by more than :func:`.budget.overruns` allows, the AllToAll is refused (a
+    ``ValueError`` saying what it needs) before any routing."""
     if deadline is None:
         deadline = Deadline.after(60.0 if time_limit is None else float(time_limit))
     n, K = net.nranks, int(chunks_per_rank)
@@ -97,7 +103,17 @@ def synthesize_alltoall(net: Network, chunks_per_rank: int = 1, *, time_limit: f
     lb = alltoall_step_bound(net, K, deadline=deadline.share(BOUND_SHARE))
     t_bound = clock.now()
     # the scheduler cannot stop: the routing leaves it its predicted time
-    deadline = Deadline(deadline.at - schedule_seconds(least_transfers("alltoall", n, K), lb))
+    hops = least_transfers("alltoall", n, K)
+    scheduling = schedule_seconds(hops, lb)
+    left = must_end.left() if must_end is not None else 0.0
+    if must_end is not None and overruns(scheduling, left):
+        leaves = (f"the time limit leaves it {left:.1f} s" if left > 0 else
+                  f"the time limit leaves it nothing ({-left:.1f} s short already)")
+        raise ValueError(f"the AllToAll's list scheduler alone needs about {scheduling:.1f} s for its "
+                         f"{hops:,} transfers over at least {lb:,} steps, and {leaves} once the proof and "
+                         f"the text have their predicted time; raise --time-limit by "
+                         f"{math.ceil(scheduling - left)} s or more")
+    deadline = Deadline(deadline.at - scheduling)
     out_ptr, out_idx = net.out_csr()
     load_p = np.zeros(net.npairs, np.int64)
     load_g = np.zeros(net.ngroups, np.int64)

@@ -416,6 +416,7 @@ def synthesize_broadcast_trees(net: Network, root: int, *, pair_bw: np.ndarray |
     counts = counts[used]
     r4, stream = broadcast_rows(parents, counts, pieces)
     rows = forest._rows(r4, RECV, 0, stream)
+    rows[:, 5] = forest.fold_channels(rows[:, 5])     # at most MAX_CHANNEL + 1 channels on a pair
     shared = False
     if max_blocks is not None and len(rows) and int(forest.blocks_per_rank(rows, n).max()) > max_blocks:
         rows[:, 5] = 0                    # the streams share each pair's one channel

@@ -25,6 +25,13 @@ from __future__ import annotations
 #: proven at once: reductions) 2.8 us; a 256-GPU AllGather by the step search (65,280 transfers,
 #: 30,000 of its runs folded into loops one by one) 0.11 + 0.52 s = 9.7 us. The largest, rounded up.
 CLOSING_SECONDS_PER_TRANSFER = 1e-5
+#: the same for an AllToAll, whose every transfer is a line of its own and whose proof is the
+#: copy proof over all transfers at once: 3.3 us measured unloaded (above); 1,024 GPUs (128 nodes
+#: x 8 H20, 1,047,552 transfers) 2.1 + 4.5 s of proof and text on a loaded 2-core machine, 6.3 us;
+#: rounded down to 5 us, so that the search's reserve does not refuse what the scheduler and the
+#: closing phases can do together within the limit (96 nodes x 8 at --time-limit 10: 2.9 s
+#: predicted, where 5.9 s left the scheduler too little and refused it)
+CLOSING_SECONDS_PER_ALLTOALL_TRANSFER = 5e-6
 #: CPU seconds of the AllToAll list scheduler (:func:`.compose.list_schedule`, compiled) per
 #: transfer and step: each step scans the transfers ready and not yet placed until every one left
 #: needs a full group, so its time grows as transfers x steps. Measured with the routing order as
@@ -36,6 +43,21 @@ SCHEDULE_SECONDS_PER_TRANSFER_STEP = 5e-9
 #: from its on-disk cache (measured 0.9 s; its compiling, once after an install, is not counted:
 #: the work clock stands still then)
 SCHEDULER_LOAD_SECONDS = 1.0
+
+
+#: what ``--time-limit T`` promises (docs/files-and-limits.md): the command ends by ``T`` plus
+#: this share of ``T`` plus :data:`OVERRUN_SECONDS` (what a phase that cannot stop may run past
+#: its share); a phase that would surely end later refuses up front instead (:func:`overruns`)
+OVERRUN_FRACTION = 0.1
+OVERRUN_SECONDS = 2.0
+
+
+def overruns(predicted: float, left: float) -> bool:
+    """True where work that cannot stop, predicted to take ``predicted`` seconds, would end past
+    what the limit allows when ``left`` seconds of it are left (:data:`OVERRUN_FRACTION` of them
+    plus :data:`OVERRUN_SECONDS` past them)."""
+    left = float(left)
+    return float(predicted) > left + OVERRUN_FRACTION * max(0.0, left) + OVERRUN_SECONDS
 
 
 def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> int:
@@ -51,9 +73,11 @@ def least_transfers(collective: str, nranks: int, chunks_per_rank: int = 1) -> i
     return n * (n - 1) * k * (2 if collective == "allreduce" else 1)
 
 
-def closing_seconds(ntransfers: int) -> float:
-    """Predicted seconds of the closing phases of a program of ``ntransfers`` transfers."""
-    return CLOSING_SECONDS_PER_TRANSFER * max(0, int(ntransfers))
+def closing_seconds(ntransfers: int, collective: str = "") -> float:
+    """Predicted seconds of the closing phases of a program of ``collective`` (any, where not
+    given) of ``ntransfers`` transfers."""
+    per = CLOSING_SECONDS_PER_ALLTOALL_TRANSFER if collective == "alltoall" else CLOSING_SECONDS_PER_TRANSFER
+    return per * max(0, int(ntransfers))
 
 
 def schedule_seconds(ntransfers: int, steps: int) -> float:
@@ -66,5 +90,5 @@ def schedule_seconds(ntransfers: int, steps: int) -> float:
     return load + SCHEDULE_SECONDS_PER_TRANSFER_STEP * m * max(1, int(steps))
 
 
-__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
+__all__ = ["CLOSING_SECONDS_PER_TRANSFER", "CLOSING_SECONDS_PER_ALLTOALL_TRANSFER", "OVERRUN_FRACTION", "OVERRUN_SECONDS", "overruns", "SCHEDULE_SECONDS_PER_TRANSFER_STEP", "SCHEDULER_LOAD_SECONDS",
            "closing_seconds", "least_transfers", "schedule_seconds"]

@@ -156,9 +156,10 @@ def synthesize_task(net: Network, task: Task, *, deadline: float, use_smt: bool 
         except GreedyStopped:
             if cands:
                 break       # keep the variants that finished
+            fewer = " or use fewer chunks per rank" if task.chunks_per_rank > 1 else ""
             raise GreedyStopped(f"no complete schedule for {task.nranks} ranks and {task.nchunks} chunks "
-                                f"within the time limit (the greedy alone needs longer); raise --time-limit "
-                                "or use fewer chunks per rank") from None
+                                f"within the time limit (the greedy alone needs longer, stopped after "
+                                f"{clock.now() - t_start:.1f} s); raise --time-limit{fewer}") from None
     steps = [c[0].nsteps for c in cands]
     pool = [i for i, c in enumerate(cands) if c[0].nsteps == min(steps)]
     if score is not None and len(pool) > 1:

@@ -235,7 +235,7 @@ def _alltoall(net: Network, k: int, t0: float, time_limit: float, bandwidth_boun
     n = net.nranks
     limit = Deadline(t0 + float(time_limit))
     # the cut bound in bytes after the routing: a share of what is left then, the emission after it
-    sched, lb, detail = synthesize_alltoall(net, k, deadline=limit.share(1 - A2A_BOUND_SHARE))
+    sched, lb, detail = synthesize_alltoall(net, k, deadline=limit.share(1 - A2A_BOUND_SHARE), must_end=limit)
     rows = _rows(sched, RECV, 0)
     steps = int(rows[:, 2].max()) + 1 if rows.size else 0
     if bandwidth_bound_bytes:

@@ -62,7 +62,7 @@ from typing import Callable
 
 import numpy as np
 
-from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.frontend.algorithm import MAX_CHANNEL, RECV, RRC
 from hccc.compiler.synth.problem import Network
 from hccc.compiler.synth import trees as tr
 
@@ -142,6 +142,31 @@ def pair_channels(src: np.ndarray, dst: np.ndarray, stream: np.ndarray) -> np.nd
     out = np.empty(len(src), np.int64)
     out[o] = idx - first
     return out
+
+
+def fold_channels(channel: np.ndarray, most: int | None = None) -> np.ndarray:
+    """``channel`` numbers folded onto ``0..most`` (default
+    :data:`~hccc.compiler.frontend.algorithm.MAX_CHANNEL`) where any exceeds ``most``: channel ``c`` of
+    ``0..top`` becomes ``c * (most + 1) // (top + 1)``, so neighbouring numbers share a channel
+    (on a pair: streams next to each other in stream order), each channel takes at most
+    ``ceil((top + 1) / (most + 1))`` of them, and the order of the numbers is kept (an AllReduce's
+    ReduceScatter channels stay below its AllGather's). A function of the number alone, so the
+    channels of a symmetric program's loops fold as their expansion does.
+
+    Why it is needed: a pair of ranks carries a stream of every tree that crosses it, and on a
+    cluster of many nodes every root's tree crosses each node's pairs, so the streams on one pair
+    grow with the nodes (74 nodes of 8 H20s: 131 per half of an AllReduce; 65,536 GPUs: thousands),
+    past what a transfer may name (:data:`~hccc.compiler.frontend.algorithm.MAX_CHANNEL`). A
+    shared channel is correct (its transfers keep their step order on one connection) and slower
+    only where its streams would have run side by side."""
+    most = MAX_CHANNEL if most is None else int(most)
+    ch = np.asarray(channel, np.int64)
+    if not len(ch):
+        return ch
+    top = int(ch.max())
+    if top <= int(most):
+        return ch
+    return ch * (int(most) + 1) // (top + 1)
 
 
 def bundles(packing: tr.Packing, split: int, most: int | None, trees=None) -> np.ndarray:
@@ -795,8 +820,17 @@ class _Builder:
             ch0 = int(rows[:, 5].max()) + 1 if len(rows) else ch0
             parts.append(rows)
             info[name] = sp
+        rows = np.concatenate(parts)
+        top = int(rows[:, 5].max()) if len(rows) else 0
+        if top > MAX_CHANNEL:
+            # more streams on a pair than a transfer may name channels: neighbours share (fold_channels)
+            rows[:, 5] = fold_channels(rows[:, 5])
+            for lp in loops:
+                if lp is not None:
+                    lp.rows[:, 6] = fold_channels(np.r_[lp.rows[:, 6], top])[:-1]
+            info["channels_folded"] = top + 1
         info["loops"] = loops if all(lp is not None for lp in loops) else None
-        return np.concatenate(parts), info
+        return rows, info
 
     def program(self, job: Job, pk: PackSet):
         """``bundled``'s program of ``pk`` shaped ``job.shape``, and its split."""
@@ -910,7 +944,7 @@ class _Selection:
                 return
         st, settled = self.st, self._settled()
         if fits and self.candidates and settled is not None and self._best_fits() and \
-                settled(st.coll, PackSet({k: v for k, v in info.items() if k != "loops"}).model_time("load_time")
+                settled(st.coll, PackSet({k: v for k, v in info.items() if k in ("reducescatter", "allgather")}).model_time("load_time")
                         * st.per_rank, slack=False):
             # built (and any re-rounding of it queued): its trees' time in the link model (as
             # shaped) is no less than the best program's, so it cannot win
@@ -1062,6 +1096,8 @@ def _detail(st: _Setting, best: Candidate, candidates: list, cut: dict, not_need
     if not_needed:
         detail["candidates_not_built"] = not_needed
     detail["channels_per_pair"] = int(best.rows[:, 5].max()) + 1 if len(best.rows) else 1
+    if "channels_folded" in info:          # more streams on a pair than channels (fold_channels)
+        detail["channels_folded_from"] = int(info["channels_folded"])
     return detail
 
 
