@@ -97,7 +97,12 @@ static_assert(sizeof(hccc_grid_args) != sizeof(hccc_cpu_table_grid_args) &&
 #define HCCC_CPU_IDLE_YIELDS 2
 #define HCCC_CPU_IDLE_FIRST_NS 10000L
 #define HCCC_CPU_IDLE_POLL_NS 1000000L
-// Fiber stacks kept for the next launch (beyond that many, finished fibers unmap theirs).
+// Fiber stacks kept for the next launch (beyond that many, finished fibers unmap theirs). The pool
+// lives while the module's workers do: the last worker to leave unmaps it (trim_stacks), so a
+// module no launch is using holds no stacks. (Each pooled stack is two memory mappings, its guard
+// page and its stack: a process loads many modules, and the system's mappings are bounded,
+// vm.max_map_count, 65,530 by default; pools kept by idle modules once exhausted them in a
+// long-lived test process.)
 #define HCCC_CPU_STACK_POOL 4096
 // What a worker thread is called (its /proc/<pid>/task/<tid>/comm).
 #define HCCC_CPU_WORKER_NAME "hccc-cpu-worker"
@@ -202,6 +207,17 @@ unsigned char* get_stack() {
     return nullptr;
   }
   return static_cast<unsigned char*>(m);
+}
+
+// Every pooled stack unmapped (the module's last worker is leaving; a stack handed out is not in the
+// pool, so a launch starting meanwhile keeps its own).
+void trim_stacks(Scheduler& s) {
+  std::vector<unsigned char*> drop;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    drop.swap(s.stacks);
+  }
+  for (unsigned char* m : drop) munmap(m, page_bytes() + HCCC_CPU_STACK_BYTES);
 }
 
 void put_stack(unsigned char* m) {
@@ -326,18 +342,23 @@ void* worker_main(void* p) {
   int idle = 0;          // passes that found nothing to run since a fiber last ran
   uint32_t epoch = s.epoch.load(std::memory_order_seq_cst);
   for (;;) {
-    Fiber* f;
-    size_t n;
+    Fiber* f = nullptr;
+    size_t n = 0;
+    bool last = false;
     {
       std::lock_guard<std::mutex> lock(w->mu);
       if (w->queue.empty()) {  // no fibers left: the thread ends (enqueue starts another)
         w->alive = false;
-        s.threads.fetch_sub(1);
-        return nullptr;
+        last = s.threads.fetch_sub(1) == 1;
+      } else {
+        f = w->queue.front();
+        w->queue.pop_front();
+        n = w->queue.size() + 1;
       }
-      f = w->queue.front();
-      w->queue.pop_front();
-      n = w->queue.size() + 1;
+    }
+    if (f == nullptr) {
+      if (last) trim_stacks(s);  // the module's last worker: no stack is kept idle
+      return nullptr;
     }
     if (f->park_addr != nullptr) {
       uint64_t now = 0;

@@ -103,6 +103,38 @@ def test_a_run_of_thousands_of_emulated_threads_holds_at_most_the_workers():
         assert all(m.os_threads() == 0 for m in runner.kernels.modules.values())
 
 
+def _fiber_stack_mappings() -> int:
+    """This process's private read-write mappings of exactly one fiber stack's size (256 KiB, the
+    launcher's HCCC_CPU_STACK_BYTES): the stacks the CPU emulation holds."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo == 256 * 1024 and parts[1] == "rw-p" and len(parts) < 6:
+                n += 1
+    return n
+
+
+def test_an_idle_module_holds_no_fiber_stacks():
+    """Once a module's launches have ended (its workers gone), it keeps none of its fibers' stacks:
+    a process loads many modules (every test worker does), and each pooled stack is two of the
+    system's bounded memory mappings (vm.max_map_count). Kept pools once exhausted them, and a
+    long-lived process then could not map stacks or start threads."""
+    ir = ring_allreduce(4)
+    ir.chunk_bytes = 64
+    before = _fiber_stack_mappings()
+    for dtype in ("float32", "int32"):          # two modules
+        pf = CpuPlatform(opt="-O0", workers=WORKERS)
+        with Runner(ir, pf, dtype, "sum", nthreads=32, one_grid=False, timeout_s=60) as runner:
+            assert runner.run(count=600).ok
+            deadline = time.monotonic() + 5
+            while any(m.os_threads() for m in runner.kernels.modules.values()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+    # (a few stacks of other threads may be that size too; the two modules ran 4 x 2 x 32 fibers each)
+    assert _fiber_stack_mappings() <= before + 4
+
+
 def test_worker_and_residency_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("HCCC_CPU_WORKERS", "3")
     monkeypatch.setenv("HCCC_CPU_RESIDENT_BLOCKS", "2")
