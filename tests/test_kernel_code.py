@@ -520,7 +520,7 @@ def test_the_hop_posts_after_the_data_barrier_without_a_global_load_or_a_call_in
             assert any(re.search(r"\bMEMBAR\b", x) for x in hop), (name, "no release before the post")
 
 
-#: instructions between the DATA barrier and the first post (24 with nvcc 13.0: shared-memory
+#: instructions between the DATA barrier and the first post (29 with nvcc 13.0: shared-memory
 #: loads of the descriptor's posts and the abort word, the null tests, the release fence)
 HOP_MAX = 40
 
