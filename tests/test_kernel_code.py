@@ -87,9 +87,10 @@ def function(funcs: dict[str, list[str]], part: str) -> list[str]:
     return funcs[names[0]]
 
 
-def loops(lines: list[str], *, innermost: bool = False) -> list[list[str]]:
+def loops(lines: list[str], *, innermost: bool = False, holding: str | None = None) -> list[list[str]]:
     """Bodies of the loops: from a label to a later branch back to it (``innermost``: only loops
-    that hold no other loop)."""
+    that hold no other loop; with ``holding``, a regular expression: only loops with a line that
+    matches it and no other such loop inside)."""
     label_at = {}
     for i, line in enumerate(lines):
         m = re.match(r"^(\$L__\w+|\.LBB\w+):", line)
@@ -100,6 +101,8 @@ def loops(lines: list[str], *, innermost: bool = False) -> list[list[str]]:
         m = re.search(r"\b(?:bra(?:\.uni)?|s_branch|s_cbranch_\w+)\s+(\$L__\w+|\.LBB\w+)", line)
         if m and m.group(1) in label_at and label_at[m.group(1)] < i:
             spans.append((label_at[m.group(1)], i))
+    if holding is not None:
+        spans = [(a, b) for a, b in spans if any(re.search(holding, x) for x in lines[a:b + 1])]
     if innermost:
         spans = [(a, b) for a, b in spans
                  if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
@@ -541,7 +544,8 @@ def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sou
     else:
         assert any(not any(flag_store.search(x) for x in body[i + 1:i + 4]) for i in wbl2), \
             "no system-scope release of a unit"
-    spins = [b for b in loops(body, innermost=True) if any("s_sleep" in x for x in b)]
+    # the innermost loops that sleep (a spin loop may hold the dependencies' poll loop)
+    spins = loops(body, innermost=True, holding=r"\bs_sleep\b")
     assert spins, "the spin loop does not sleep"
     for b in spins:
         assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in b), "cache maintenance in a spin"
