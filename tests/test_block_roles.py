@@ -171,7 +171,8 @@ def test_emulated_named_barriers_hand_each_value_to_every_data_thread(handoff_li
     assert (seen[:WARP] == -1).all()
 
 
-@pytest.mark.parametrize("nthreads", [2 * WARP, 2 * WARP + 1, 3 * WARP + 2])
+@settings(max_examples=6, deadline=None)
+@given(nthreads=st.integers(WARP + 1, 3 * WARP + 3))
 def test_a_barrier_of_the_data_warps_alone_waits_for_every_data_thread(handoff_lib, nthreads):
     """Oracle: the data warps' own barrier (the kernels' DATA barrier, which the sync warp does not
     take part in) completes only once every data thread arrived: the sync warp's exited lanes do
