@@ -12,6 +12,8 @@ build (one thread per warp) runs through every other kernel test.
 - a fixed program (ring AllReduce, 2 channels) under Simple and LL, in and out of place, uneven
   count: 0 wrong elements;
 - a deadlock: every warp leaves (the run returns, the error record names the wait);
+- the sync lane's dependency polls past the counters kept with a primitive (``-DHCCC_DEP_CACHE=1``:
+  the examples' second dependencies are read through the program): 0 wrong elements;
 - (slow) random valid programs of every collective, 1-3 channels, uneven counts, every dtype and
   op, both protocols, fused primitives, one grid or a kernel per rank, specialised or table kernels:
   0 wrong elements (a run that completes is also the check that no warp was left waiting).
@@ -227,6 +229,35 @@ def test_ring_allreduce_with_channels_and_partial_warps(wide, proto, inplace):
         case = KernelCase(count=count, dtype="float32", op="sum", inplace=inplace, nthreads=nthreads,
                           slice_bytes=64)
         res = run_case(ir, case, backend=wide, proto=proto)
+        assert res.ok and res.wrong == 0, describe_failure(case, res)
+
+
+@pytest.fixture(scope="module")
+def one_dep_cached(tmp_path_factory):
+    """A CPU platform whose kernels keep one dependency's counter per primitive with it
+    (``-DHCCC_DEP_CACHE=1``): every later dependency is polled through the program's slots."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS, "-DHCCC_DEP_CACHE=1"])
+    plat = cpu.CpuPlatform(opt="-O0", cache_dir=tmp_path_factory.mktemp("dep-cache"))
+    try:
+        yield plat
+    finally:
+        plat.close()
+        mp.undo()
+
+
+@pytest.mark.parametrize("example", ["hm_allreduce_2x4", "ring_allgather_8"])
+def test_dependencies_past_the_kept_counters_are_polled_through_the_program(one_dep_cached, example):
+    """The sync lane's dependency polls with one counter kept per primitive: the examples' second
+    dependencies take the other path (the program's slot, then the counter); 0 wrong elements,
+    uneven count, in and out of place, several data threads."""
+    from hccc.compiler.frontend.load import load_rccl
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    ir = build_program(load_rccl(root / "examples" / f"{example}.rccl"), chunk_bytes=64)
+    for inplace in (False, True):
+        case = KernelCase(count=8 * 3 * 40 + 5, dtype="float32", op="sum", inplace=inplace, nthreads=3,
+                          slice_bytes=64)
+        res = run_case(ir, case, backend=one_dep_cached, proto="simple")
         assert res.ok and res.wrong == 0, describe_failure(case, res)
 
 
