@@ -7,10 +7,13 @@ warps of 4 + 2, 4 + 4 + 1) and the one-warp block run against the reference exec
 build (one thread per warp) runs through every other kernel test.
 
 - the emulated named barriers against an oracle of the hand-off (and a thread that laps one is
-  stopped with a message);
+  stopped with a message), and a barrier of the data warps alone, which the sync warp's exited
+  lanes do not complete;
 - a fixed program (ring AllReduce, 2 channels) under Simple and LL, in and out of place, uneven
   count: 0 wrong elements;
 - a deadlock: every warp leaves (the run returns, the error record names the wait);
+- the sync lane's dependency polls past the counters kept with a primitive (``-DHCCC_DEP_CACHE=1``:
+  the examples' second dependencies are read through the program): 0 wrong elements;
 - (slow) random valid programs of every collective, 1-3 channels, uneven counts, every dtype and
   op, both protocols, fused primitives, one grid or a kernel per rank, specialised or table kernels:
   0 wrong elements (a run that completes is also the check that no warp was left waiting).
@@ -102,6 +105,43 @@ extern "C" __attribute__((visibility("default"))) int hccc_test_handoff(int nthr
   for (auto& t : ts) t.join();
   return HCCC_WARP_SIZE;
 }
+// The same hand-off with the data warps' own barrier (3, over their threads only, as the kernels'
+// DATA barrier): each data thread stores its round number in a cell of its own (all but the first
+// after a pause, so that a barrier completed early is caught), syncs on barrier 3, and the first
+// data thread then counts, in *bad, the cells that do not hold the round yet.
+extern "C" __attribute__((visibility("default"))) int hccc_test_data_barrier(int nthreads, int rounds,
+                                                                             int* bad) {
+  static hccc_cpu_block blk;
+  hccc_cpu_block_init(&blk, 0, nthreads);
+  static volatile int cells[64];
+  for (int t = 0; t < 64; ++t) cells[t] = 0;
+  struct job { int rounds; int* bad; } j{rounds, bad};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < nthreads; ++t)
+    ts.emplace_back([&, t] {
+      hccc_cpu_run_thread(+[](const job& x) {
+        const int t = hccc_tid(), W = HCCC_WARP_SIZE, nt = hccc_nthreads();
+        const int nbar = (nt + W - 1) / W * W;
+        if (t > 0 && t < W) return;
+        for (int k = 0; k < x.rounds; ++k) {
+          if (t == 0) {
+            hccc_bar_arrive(1, nbar);
+            hccc_bar_sync(2, nbar);
+          } else {
+            hccc_bar_sync(1, nbar);
+            if (t != W) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            cells[t] = k + 1;
+            hccc_bar_sync(3, nbar - W);
+            if (t == W)
+              for (int u = W; u < nt; ++u) *x.bad += cells[u] != k + 1;
+            hccc_bar_arrive(2, nbar);
+          }
+        }
+      }, j, &blk, t);
+    });
+  for (auto& t : ts) t.join();
+  return HCCC_WARP_SIZE;
+}
 """
 
 
@@ -111,6 +151,8 @@ def handoff_lib(tmp_path_factory):
     lib, so = harness_library(tmp_path_factory.mktemp("handoff"), HARNESS, "handoff", warp=WARP)
     lib.hccc_test_handoff.restype = ctypes.c_int
     lib.hccc_test_handoff.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.hccc_test_data_barrier.restype = ctypes.c_int
+    lib.hccc_test_data_barrier.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib, so
 
 
@@ -129,6 +171,27 @@ def test_emulated_named_barriers_hand_each_value_to_every_data_thread(handoff_li
     for t in range(WARP, nthreads):
         assert seen[t].tolist() == [100 + k for k in range(rounds)]
     assert (seen[:WARP] == -1).all()
+
+
+@settings(max_examples=6, deadline=None)
+@given(nthreads=st.integers(WARP + 1, 3 * WARP + 3))
+def test_a_barrier_of_the_data_warps_alone_waits_for_every_data_thread(handoff_lib, nthreads):
+    """Oracle: the data warps' own barrier (the kernels' DATA barrier, which the sync warp does not
+    take part in) completes only once every data thread arrived: the sync warp's exited lanes do
+    not count for it (a warp arrives with its exited lanes only where one of its lanes arrives),
+    the missing lanes of a partial last data warp do."""
+    import subprocess
+    import sys
+    _, so = handoff_lib
+    code = ("import ctypes\n"
+            f"lib = ctypes.CDLL({str(so)!r})\n"
+            "bad = ctypes.c_int(0)\n"
+            f"w = lib.hccc_test_data_barrier(ctypes.c_int({nthreads}), ctypes.c_int(3), ctypes.byref(bad))\n"
+            "print(w, bad.value)\n")
+    # (in a process of its own: a barrier that completes early leaves a thread in a phase of its own)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(WARP), "0"]
 
 
 def test_a_thread_that_laps_a_named_barrier_stops_the_emulation(handoff_lib):
@@ -166,6 +229,35 @@ def test_ring_allreduce_with_channels_and_partial_warps(wide, proto, inplace):
         case = KernelCase(count=count, dtype="float32", op="sum", inplace=inplace, nthreads=nthreads,
                           slice_bytes=64)
         res = run_case(ir, case, backend=wide, proto=proto)
+        assert res.ok and res.wrong == 0, describe_failure(case, res)
+
+
+@pytest.fixture(scope="module")
+def one_dep_cached(tmp_path_factory):
+    """A CPU platform whose kernels keep one dependency's counter per primitive with it
+    (``-DHCCC_DEP_CACHE=1``): every later dependency is polled through the program's slots."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(cpu_build, "_CXX_FLAGS", [*cpu_build._CXX_FLAGS, "-DHCCC_DEP_CACHE=1"])
+    plat = cpu.CpuPlatform(opt="-O0", cache_dir=tmp_path_factory.mktemp("dep-cache"))
+    try:
+        yield plat
+    finally:
+        plat.close()
+        mp.undo()
+
+
+@pytest.mark.parametrize("example", ["hm_allreduce_2x4", "ring_allgather_8"])
+def test_dependencies_past_the_kept_counters_are_polled_through_the_program(one_dep_cached, example):
+    """The sync lane's dependency polls with one counter kept per primitive: the examples' second
+    dependencies take the other path (the program's slot, then the counter); 0 wrong elements,
+    uneven count, in and out of place, several data threads."""
+    from hccc.compiler.frontend.load import load_rccl
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    ir = build_program(load_rccl(root / "examples" / f"{example}.rccl"), chunk_bytes=64)
+    for inplace in (False, True):
+        case = KernelCase(count=8 * 3 * 40 + 5, dtype="float32", op="sum", inplace=inplace, nthreads=3,
+                          slice_bytes=64)
+        res = run_case(ir, case, backend=one_dep_cached, proto="simple")
         assert res.ok and res.wrong == 0, describe_failure(case, res)
 
 

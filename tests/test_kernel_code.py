@@ -15,6 +15,9 @@ its per-unit path but the once-per-primitive ``hccc_sprim_load``, the once-per-b
   calls, no branches: the loops stay short).
 - The per-unit path: no call (PTX and SASS) but the three above, and no 64-bit division (PTX
   ``div/rem.u64``, SASS calls of ``__cuda_sm20_div/rem``).
+- The hop (SASS): between the data warps' own barrier after a unit (DATA) and the unit's first
+  posted flag, at most HOP_MAX instructions, none a global or generic load, a call, an L1
+  invalidation or another barrier; no local memory (LDL / STL) in any function of the kernels.
 - Sync: the data threads and the sync lane meet at named barriers (``bar.sync`` / ``bar.arrive``),
   never at a block-wide barrier inside a loop; no sequentially consistent fence; on sm_90 the
   acquire and release fences are ``fence.acquire`` / ``fence.release`` (no full ``fence.acq_rel``),
@@ -84,9 +87,10 @@ def function(funcs: dict[str, list[str]], part: str) -> list[str]:
     return funcs[names[0]]
 
 
-def loops(lines: list[str], *, innermost: bool = False) -> list[list[str]]:
+def loops(lines: list[str], *, innermost: bool = False, holding: str | None = None) -> list[list[str]]:
     """Bodies of the loops: from a label to a later branch back to it (``innermost``: only loops
-    that hold no other loop)."""
+    that hold no other loop; with ``holding``, a regular expression: only loops with a line that
+    matches it and no other such loop inside)."""
     label_at = {}
     for i, line in enumerate(lines):
         m = re.match(r"^(\$L__\w+|\.LBB\w+):", line)
@@ -97,6 +101,8 @@ def loops(lines: list[str], *, innermost: bool = False) -> list[list[str]]:
         m = re.search(r"\b(?:bra(?:\.uni)?|s_branch|s_cbranch_\w+)\s+(\$L__\w+|\.LBB\w+)", line)
         if m and m.group(1) in label_at and label_at[m.group(1)] < i:
             spans.append((label_at[m.group(1)], i))
+    if holding is not None:
+        spans = [(a, b) for a, b in spans if any(re.search(holding, x) for x in lines[a:b + 1])]
     if innermost:
         spans = [(a, b) for a, b in spans
                  if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
@@ -463,6 +469,65 @@ def test_the_per_unit_path_calls_nothing_and_divides_nothing_in_sass(sources, tm
     assert all(any(c in n for c in ("hccc_sprim_load", "hccc_launch_init", "hccc_v_round")) for n in divs), divs
 
 
+#: SASS: a load from global (or generic) memory, an L1 invalidation, a call, local memory (the stack)
+SASS_GLOBAL_LOAD = re.compile(r"\b(?:LDG|LD)(?:\.[\w.]+)?\s")
+SASS_LOCAL = re.compile(r"\b(?:LDL|STL)\b")
+#: a posted flag: a strong 64-bit store to global memory (relaxed st at gpu / sys scope)
+SASS_FLAG_STORE = re.compile(r"\bSTG\.E\.64\.STRONG\.(?:GPU|SYS)\b")
+
+
+@pytest.fixture(scope="module")
+def sass(sources):
+    """nvdisasm of rank 0's kernels (float32 sum, sm_90, system scope): function -> instruction
+    lines, and the engine's DATA barrier id (from the emitted header)."""
+    tool = _nvdisasm()
+    if tool is None:
+        if os.environ.get("HCCC_REQUIRE_COMPILERS"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    d, man = sources["cuda"]
+    src, cubin = d / "hop.cu", d / "hop.cubin"
+    src.write_text(translation_unit(man, Instance("float32", "sum"), [0], "cuda"))
+    res = subprocess.run([require_tool("nvcc"), *cuda_flags("sm_90", False, output="-cubin"), "-I", str(d),
+                          "-o", str(cubin), str(src)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    dis = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    assert dis.returncode == 0, dis.stderr[-2000:]
+    bar = re.search(r"#define HCCC_BAR_DATA (\d+)", (d / "hccc_prims.h").read_text())
+    assert bar, "no DATA barrier in the engine"
+    return sass_functions(dis.stdout), int(bar.group(1))
+
+
+def test_the_hop_posts_after_the_data_barrier_without_a_global_load_or_a_call_in_sass(sass):
+    """The hop off the critical path (sm_90 machine code of ring AllReduce 8, rank 0): once the
+    data warps meet at their own barrier (DATA) after moving a unit, the unit's flags are posted
+    within a few dozen instructions that load only shared memory: no global or generic load (no
+    counter, program row or region header read), no call, no L1 invalidation, no other barrier;
+    and the engine touches no local memory (no spill, no stack) anywhere."""
+    funcs, bar = sass
+    engines = {n: b for n, b in funcs.items() if "hccc_runI" in n}
+    assert engines, sorted(funcs)[:20]
+    for name, body in funcs.items():
+        assert not any(SASS_LOCAL.search(x) for x in body), (name, [x for x in body if SASS_LOCAL.search(x)][:4])
+    data_bar = re.compile(rf"\bBAR\.SYNC(?:\.DEFER_BLOCKING)?\s+{bar:#x}\b")
+    for name, body in engines.items():
+        at = [i for i, x in enumerate(body) if data_bar.search(x)]
+        assert at, (name, "no DATA barrier")
+        for i in at:
+            end = next((j for j in range(i + 1, len(body)) if SASS_FLAG_STORE.search(body[j])), None)
+            assert end is not None, (name, "no post after the DATA barrier")
+            hop = body[i + 1:end]
+            assert len(hop) <= HOP_MAX, (name, len(hop))
+            bad = [x for x in hop if SASS_GLOBAL_LOAD.search(x) or re.search(r"\b(?:CALL|CCTL|BAR)\b", x)]
+            assert not bad, (name, bad)
+            assert any(re.search(r"\bMEMBAR\b", x) for x in hop), (name, "no release before the post")
+
+
+#: instructions between the DATA barrier and the first post (29 with nvcc 13.0: shared-memory
+#: loads of the descriptor's posts and the abort word, the null tests, the release fence)
+HOP_MAX = 40
+
+
 @pytest.mark.parametrize("single", [False, True])
 def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sources, single):
     """gfx90a: a unit's release writes the L2 back (buffer_wbl2) only across GPUs; in a
@@ -479,7 +544,8 @@ def test_gfx90a_release_writes_back_l2_only_across_gpus_and_spin_loops_sleep(sou
     else:
         assert any(not any(flag_store.search(x) for x in body[i + 1:i + 4]) for i in wbl2), \
             "no system-scope release of a unit"
-    spins = [b for b in loops(body, innermost=True) if any("s_sleep" in x for x in b)]
+    # the innermost loops that sleep (a spin loop may hold the dependencies' poll loop)
+    spins = loops(body, innermost=True, holding=r"\bs_sleep\b")
     assert spins, "the spin loop does not sleep"
     for b in spins:
         assert not any(re.search(r"\bbuffer_(?:wbinvl1|invl2|wbl2)", x) for x in b), "cache maintenance in a spin"
