@@ -6,9 +6,12 @@ For a group of any size it offers hccc's own generators (:mod:`hccc.compiler.fro
 
 ============== =========================================================================
 allreduce      ring; hierarchical (``hm``: intra-node, inter-node ring, intra-node) when
-               the group spans nodes of equal size with contiguous ranks
-allgather      recursive doubling up to :data:`SMALL_BYTES` when the size is a power of
-               two, ring above (hierarchical across nodes, as allreduce)
+               the group spans nodes of equal size with contiguous ranks; within one node
+               the all-pairs program (``direct_allreduce``) up to :data:`SMALL_BYTES`
+allgather      within one node the one-step program (``direct_allgather``: one hop) up to
+               :data:`SMALL_BYTES`, recursive doubling instead from
+               :data:`RD_ALLGATHER_MIN_RANKS` ranks (a power of two) and on groups that span
+               nodes; ring above (hierarchical across nodes, as allreduce)
 reducescatter  ring (hierarchical across nodes)
 broadcast      ring from the call's root
 reduce         ring to the call's root
@@ -46,10 +49,21 @@ from hccc.catalog import Catalog, Entry
 from hccc.compiler.synth.plan import COLLECTIVES
 
 #: the size band (full buffer, bytes) below which the latency-bound algorithms are preferred
-#: (recursive doubling's log2(n) steps against the ring's n-1): on the CPU emulation a step costs
-#: a host-barrier round (tens of microseconds) while 64 KiB moves in a few microseconds, so the
-#: step count dominates below it
+#: (the one-step and all-pairs programs within a node, recursive doubling's log2(n) steps, against
+#: the ring's n-1): on the CPU emulation a step costs a host-barrier round (tens of microseconds)
+#: while 64 KiB moves in a few microseconds, so the step count dominates below it. The kernel cost
+#: model (:func:`hccc.compiler.passes.kernel_cost.program_time`, one rank per GPU, ``--proto
+#: auto``) puts ``direct_allreduce`` and ``direct_allgather`` ahead of the ring at every size up
+#: to it on 2 to 16 ranks (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against
+#: 40.5 for AllGather) and sets no crossover above it: it charges no link bandwidth, which an
+#: all-pairs program spreads over N-1 peers at once; the band stays where the step count is what
+#: a call pays (tests/test_one_shot.py recomputes the choice)
 SMALL_BYTES = 64 << 10
+#: the least group (a power of two) whose small AllGathers within one node take recursive doubling
+#: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
+#: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
+#: ahead on 16 (33.0 against 38.9), where the one-step program launches 15 blocks a rank to its 4
+RD_ALLGATHER_MIN_RANKS = 16
 
 #: the time limit of a synthesis for the built-in catalog (seconds, ``hccc synth --time-limit``): it
 #: delays the first call of a collective once per topology (later runs read the cache). A 2 x 2
@@ -82,17 +96,22 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
     from hccc.compiler.frontend import generators as gen
     hier = _layout(nodes)
     pow2 = world >= 2 and world & (world - 1) == 0
+    one_node = len(set(nodes)) == 1
     out: list[tuple] = []
     if collective == "allreduce":
         if hier:
             out.append((f"hm_allreduce_{hier[0]}x{hier[1]}", lambda: gen.hm_allreduce(*hier), 0, None))
         else:
+            if one_node:
+                out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
             out.append((f"ring_allreduce_{world}", lambda: gen.ring_allreduce(world), 0, None))
     elif collective == "allgather":
         if hier:
             out.append((f"hm_allgather_{hier[0]}x{hier[1]}", lambda: gen.hm_allgather(*hier), 0, None))
         else:
-            if pow2:
+            if one_node and not (pow2 and world >= RD_ALLGATHER_MIN_RANKS):
+                out.append((f"direct_allgather_{world}", lambda: gen.direct_allgather(world), 0, SMALL_BYTES))
+            elif pow2:
                 out.append((f"recursive_doubling_allgather_{world}",
                             lambda: gen.recursive_doubling_allgather(world), 0, SMALL_BYTES))
             out.append((f"ring_allgather_{world}", lambda: gen.ring_allgather(world), 0, None))
@@ -238,4 +257,4 @@ def _digest(path) -> str:
     return hashlib.sha256(read_input_bytes(path)).hexdigest()
 
 
-__all__ = ["BuiltinCatalog", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
+__all__ = ["BuiltinCatalog", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
