@@ -7,7 +7,9 @@ For a group of any size it offers hccc's own generators (:mod:`hccc.compiler.fro
 ============== =========================================================================
 allreduce      ring; hierarchical (``hm``: intra-node, inter-node ring, intra-node) when
                the group spans nodes of equal size with contiguous ranks; within one node
-               the all-pairs program (``direct_allreduce``) up to :data:`SMALL_BYTES`
+               the one-shot program (:func:`hccc.compiler.ir.one_shot.one_shot_allreduce`:
+               one hop) up to :data:`ONE_SHOT_BYTES`, the all-pairs program
+               (``direct_allreduce``) up to :data:`SMALL_BYTES`
 allgather      within one node the one-step program (``direct_allgather``: one hop) up to
                :data:`SMALL_BYTES`, recursive doubling instead from
                :data:`RD_ALLGATHER_MIN_RANKS` ranks (a power of two) and on groups that span
@@ -59,6 +61,12 @@ from hccc.compiler.synth.plan import COLLECTIVES
 #: all-pairs program spreads over N-1 peers at once; the band stays where the step count is what
 #: a call pays (tests/test_one_shot.py recomputes the choice)
 SMALL_BYTES = 64 << 10
+#: the size band (full buffer, bytes) of the one-shot AllReduce within one node: the largest power
+#: of two at which the kernel cost model (as for :data:`SMALL_BYTES`) puts it ahead of the
+#: all-pairs program on every group of 2 to 16 ranks (8 ranks: 36.4 us against 41.0 at 16 KiB,
+#: 47.1 against 41.4 at 32 KiB; at 4 KiB 28.9 against 40.8, the ring 75.4): its messages carry the
+#: whole buffer, n - 1 of them a rank, so above it the bytes cost more than the hops it saves
+ONE_SHOT_BYTES = 16 << 10
 #: the least group (a power of two) whose small AllGathers within one node take recursive doubling
 #: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
 #: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
@@ -102,7 +110,9 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
         if hier:
             out.append((f"hm_allreduce_{hier[0]}x{hier[1]}", lambda: gen.hm_allreduce(*hier), 0, None))
         else:
-            if one_node:
+            if one_node and world >= 2:
+                from hccc.compiler.ir.one_shot import one_shot_allreduce
+                out.append((f"one_shot_allreduce_{world}", lambda: one_shot_allreduce(world), 0, ONE_SHOT_BYTES))
                 out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
             out.append((f"ring_allreduce_{world}", lambda: gen.ring_allreduce(world), 0, None))
     elif collective == "allgather":
@@ -228,7 +238,13 @@ class BuiltinCatalog(Catalog):
         key = cache.content_key("torch-catalog", name, self.world, collective, root)
 
         def build(tmp: Path) -> None:
-            (tmp / f"{name}.json").write_text(build_program(make(), name=name).to_json())
+            from hccc.compiler.ir.program_ir import ProgramIR
+            made = make()                       # an Algorithm, or a ProgramIR built (and proven) whole
+            if isinstance(made, ProgramIR):
+                made.name = name
+            else:
+                made = build_program(made, name=name)
+            (tmp / f"{name}.json").write_text(made.to_json())
         path = cache.entry("torch_catalog", key, build, root=self._cache_dir) / f"{name}.json"
         ir = decode_json(path.read_text())
         return Entry(name=name, path=path, collective=ir.collective, nranks=int(ir.nranks),
@@ -257,4 +273,4 @@ def _digest(path) -> str:
     return hashlib.sha256(read_input_bytes(path)).hexdigest()
 
 
-__all__ = ["BuiltinCatalog", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
+__all__ = ["BuiltinCatalog", "ONE_SHOT_BYTES", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]

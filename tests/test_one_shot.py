@@ -1,8 +1,9 @@
-"""Small messages within a node: the one-step AllGather (``direct_allgather``: one dependent hop) and
-the all-pairs AllReduce (``direct_allreduce``: ``n`` hops) are proven for every group of 2 to 16
-ranks, run correct on the CPU emulation, and are what the built-in catalog (and so the torch
-backend) and ``--proto auto`` pick for them up to ``SMALL_BYTES``: the choice the kernel cost
-model makes, recomputed here."""
+"""Small messages within a node: the one-shot AllReduce (``one_shot_allreduce``, a ProgramIR: one
+dependent hop), the one-step AllGather (``direct_allgather``: one hop) and the all-pairs AllReduce
+(``direct_allreduce``: ``n`` hops) are proven for every group of 2 to 16 ranks, run correct on the
+CPU emulation, and are what the built-in catalog (and so the torch backend) and ``--proto auto``
+pick for them up to ``ONE_SHOT_BYTES`` / ``SMALL_BYTES``: the choice the kernel cost model makes,
+recomputed here."""
 from __future__ import annotations
 
 import shutil
@@ -13,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from hccc.compiler.backend import abi
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend.algorithm import RECV, RRC
+from hccc.compiler.ir.program_ir import Buf, Op
 from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.verify import verify
 
@@ -86,6 +88,65 @@ def test_direct_allreduce_text_parses_to_the_builder(n):
     assert sorted(parse_rccl(gen.direct_allreduce_rccl(n)).rows()) == sorted(gen.direct_allreduce(n).rows())
 
 
+def _messages(ir):
+    """Plain loops over the primitive table: each rank's sends (peer, buffer, chunks) and its
+    reductions in order (peer, source buffer)."""
+    sends, reds = {}, {}
+    p = ir.prims
+    for i in range(ir.nprims):
+        r, op = int(p["rank"][i]), Op(int(p["op"][i]))
+        if op == Op.SEND:
+            sends.setdefault(r, []).append((int(p["send_peer"][i]), Buf(int(p["src_buf"][i])), int(p["count"][i])))
+        elif op.receives:
+            reds.setdefault(r, []).append((int(p["seq"][i]), int(p["recv_peer"][i]), op))
+    return sends, reds
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 16))
+def test_one_shot_allreduce_is_proven_with_one_hop(n):
+    from hccc.compiler.ir.check import check_deadlock, check_fifo_order, check_structure
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    from hccc.compiler.ir.symbolic import prove
+    ir = one_shot_allreduce(n)
+    # proven again here, as `hccc check` proves a ProgramIR
+    check_structure(ir)
+    check_fifo_order(ir)
+    check_deadlock(ir)
+    for inplace in (False, True):
+        prove(ir, inplace)
+    # one hop: every rank sends its whole buffer (from its scratch copy) to every peer, and every
+    # receive reduces into the output, none of them forwarding anything
+    sends, reds = _messages(ir)
+    for r in range(n):
+        assert sorted(sends[r]) == [(q, Buf.SCRATCH, n) for q in range(n) if q != r]
+        assert sorted(q for _, q, _ in reds[r]) == [q for q in range(n) if q != r]
+        assert {op for *_, op in reds[r]} == {Op.RECV_REDUCE_COPY}
+    assert not any(Op(int(o)).sends and Op(int(o)).receives for o in ir.prims["op"])
+
+
+def test_one_shot_allreduce_refuses_one_rank():
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        one_shot_allreduce(1)
+
+
+# ---------------------------------------------------------------- the CPU emulation
+@needs_gxx
+@pytest.mark.parametrize("n,dtype,op", [(2, "float16", "max"), (3, "float32", "sum"), (4, "int32", "max"),
+                                        (5, "bfloat16", "min")])
+def test_one_shot_allreduce_runs_correct_on_the_cpu_emulation(n, dtype, op):
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    from hccc.testing import assert_kernels_match, kernel_runner
+    ir = one_shot_allreduce(n, chunk_bytes=64 * n)      # small slots: many micro-batches, FIFO wrap-around
+    counts = [0, 1, n, 7 * n + 3, 40 * n + 1]
+    assert_kernels_match(ir, dtypes=[dtype], ops=[op], counts=counts, inplace=(False, True))
+    runner = kernel_runner(ir, "cpu", dtype, op)
+    for count in counts[1:]:
+        for inplace in (False, True):
+            res = runner.run(count=count, proto="auto", inplace=inplace)
+            assert res.ok and res.proto == "ll", (count, inplace, res)
+
 # ---------------------------------------------------------------- the CPU emulation
 @needs_gxx
 @pytest.mark.parametrize("make,n,dtype,op", [
@@ -121,7 +182,8 @@ def _candidates(collective: str, n: int) -> dict:
     """Every program the catalog could serve a small call of one node with (the oracle's set,
     written out here, not read from the catalog)."""
     if collective == "allreduce":
-        return {"ring": gen.ring_allreduce(n), "direct": gen.direct_allreduce(n)}
+        from hccc.compiler.ir.one_shot import one_shot_allreduce
+        return {"ring": gen.ring_allreduce(n), "direct": gen.direct_allreduce(n), "one_shot": one_shot_allreduce(n)}
     out = {"ring": gen.ring_allgather(n), "direct": gen.direct_allgather(n)}
     if n & (n - 1) == 0:
         out["recursive_doubling"] = gen.recursive_doubling_allgather(n)
@@ -131,10 +193,11 @@ def _candidates(collective: str, n: int) -> dict:
 @pytest.mark.parametrize("collective,n", [("allreduce", 3), ("allreduce", 8), ("allgather", 4),
                                           ("allgather", 8), ("allgather", 9), ("allgather", 16)])
 def test_the_catalog_picks_what_the_kernel_cost_model_puts_first(collective, n, tmp_path):
-    from hccc.builtin_catalog import SMALL_BYTES, BuiltinCatalog
+    from hccc.builtin_catalog import ONE_SHOT_BYTES, SMALL_BYTES, BuiltinCatalog
+    from hccc.compiler.ir.program_ir import ProgramIR
     cat = BuiltinCatalog(n, ["node"] * n, cache_dir=tmp_path / "cache")
-    irs = {k: build_program(a) for k, a in _candidates(collective, n).items()}
-    for nbytes in (4 << 10, SMALL_BYTES):
+    irs = {k: a if isinstance(a, ProgramIR) else build_program(a) for k, a in _candidates(collective, n).items()}
+    for nbytes in (4 << 10, ONE_SHOT_BYTES, 2 * ONE_SHOT_BYTES, SMALL_BYTES):
         nbytes -= nbytes % (4 * n)                           # whole float32 shares for every rank
         best = min(irs, key=lambda k: _model_us(irs[k], nbytes))
         got, why = cat.select(collective, n, nbytes, "float32", "sum")
@@ -148,11 +211,25 @@ def test_the_catalog_picks_what_the_kernel_cost_model_puts_first(collective, n, 
     assert got is not None and got.name == f"ring_{collective}_{n}", why
 
 
+def test_the_one_shot_band_is_the_models_crossover():
+    """ONE_SHOT_BYTES: the largest power of two at which the model puts the one-shot AllReduce
+    ahead of the all-pairs one on every group of 2 to 16 ranks (a sample of them here)."""
+    from hccc.builtin_catalog import ONE_SHOT_BYTES
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+
+    def ahead(n, nbytes):
+        nbytes -= nbytes % (4 * n)
+        return _model_us(one_shot_allreduce(n), nbytes) < _model_us(build_program(gen.direct_allreduce(n)), nbytes)
+    assert all(ahead(n, ONE_SHOT_BYTES) for n in (2, 3, 8, 16))
+    assert not all(ahead(n, 2 * ONE_SHOT_BYTES) for n in (2, 3, 8, 16))
+
+
 def test_the_small_programs_stay_within_one_node():
-    from hccc.builtin_catalog import RD_ALLGATHER_MIN_RANKS, SMALL_BYTES, plan
+    from hccc.builtin_catalog import ONE_SHOT_BYTES, RD_ALLGATHER_MIN_RANKS, SMALL_BYTES, plan
     for n in range(2, 17):
         one = {name: (lo, hi) for name, _, lo, hi in plan("allreduce", n, ["a"] * n, None)}
-        assert one == {f"direct_allreduce_{n}": (0, SMALL_BYTES), f"ring_allreduce_{n}": (0, None)}
+        assert one == {f"one_shot_allreduce_{n}": (0, ONE_SHOT_BYTES), f"direct_allreduce_{n}": (0, SMALL_BYTES),
+                       f"ring_allreduce_{n}": (0, None)}
         ag = {name for name, *_ in plan("allgather", n, ["a"] * n, None)}
         small = (f"recursive_doubling_allgather_{n}" if n & (n - 1) == 0 and n >= RD_ALLGATHER_MIN_RANKS
                  else f"direct_allgather_{n}")
@@ -174,12 +251,12 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
     from hccc.torch import Options
     from hccc.torch.process_group import stats
     from torch_ranks import ranks_in_threads
-    world, small, big = 3, 96, SMALL_BYTES // 4 + 32          # float32 elements per rank
+    world, sizes = 3, (96, 8192, SMALL_BYTES // 4 + 32)      # float32 elements per rank
 
     def job(r):
         def run(pg):
             outs = []
-            for k in (small, big):
+            for k in sizes:
                 t = torch.arange(k, dtype=torch.float32) + r
                 pg.allreduce([t]).wait()
                 out = torch.zeros(world * k)
@@ -192,10 +269,13 @@ def test_the_torch_backend_runs_small_calls_on_the_small_programs():
     for r, res in enumerate(got):
         assert res is not None and not isinstance(res[0], BaseException), (r, res)
         outs, st = res[0]
-        for k, (t, out) in zip((small, big), outs):
+        for k, (t, out) in zip(sizes, outs):
             assert torch.equal(t, world * torch.arange(k, dtype=torch.float32) + sum(range(world)))
             assert torch.equal(out, torch.cat([torch.arange(k, dtype=torch.float32) + 100 * q
                                                for q in range(world)]))
-        assert st["entries"] == {"direct_allreduce_3": 1, "ring_allreduce_3": 1, "direct_allgather_3": 1,
-                                 "ring_allgather_3": 1}, st
-        assert st["protos"].get("ll", 0) >= 2, st
+        # AllReduce: 384 bytes one-shot, 32 KiB all-pairs, above 64 KiB the ring; AllGather's full
+        # buffer is 3 ranks' parts: 1,152 bytes one-step, then the ring
+        assert st["entries"] == {"one_shot_allreduce_3": 1, "direct_allreduce_3": 1, "ring_allreduce_3": 1,
+                                 "direct_allgather_3": 1, "ring_allgather_3": 2}, st
+        # --proto auto: LL up to LL_AUTO_MAX_BYTES (128 KiB), so all but the largest AllGather
+        assert st["protos"] == {"ll": 5, "simple": 1}, st
