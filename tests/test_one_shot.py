@@ -125,6 +125,14 @@ def test_one_shot_allreduce_is_proven_with_one_hop(n):
     assert not any(Op(int(o)).sends and Op(int(o)).receives for o in ir.prims["op"])
 
 
+def test_the_shipped_one_shot_example_checks(capsys):
+    from pathlib import Path
+    from hccc.cli import main
+    path = Path(__file__).resolve().parent.parent / "examples" / "one_shot_allreduce_8.json"
+    assert main(["check", str(path)]) == 0
+    assert "valid allreduce on 8 ranks" in capsys.readouterr().out
+
+
 def test_one_shot_allreduce_refuses_one_rank():
     from hccc.compiler.ir.one_shot import one_shot_allreduce
     with pytest.raises(ValueError, match="at least 2 ranks"):

@@ -26,7 +26,7 @@ import numpy as np
 
 from hccc.compiler.ir.program_ir import PRIM_COLUMNS, Buf, Op, ProgramIR
 
-__all__ = ["one_shot_allreduce"]
+__all__ = ["EXAMPLES", "one_shot_allreduce"]
 
 
 def one_shot_allreduce(n: int, *, name: str = "one_shot_allreduce", chunk_bytes: int = 1 << 20,
@@ -66,3 +66,7 @@ def one_shot_allreduce(n: int, *, name: str = "one_shot_allreduce", chunk_bytes:
     for inplace in (False, True):
         prove(ir, inplace)
     return ir
+
+
+#: the shipped examples (``examples/generate.py`` writes each as ``examples/<name>.json``)
+EXAMPLES = {"one_shot_allreduce_8": lambda: one_shot_allreduce(8, name="one_shot_allreduce_8")}
