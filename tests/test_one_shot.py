@@ -174,6 +174,20 @@ def test_the_small_programs_run_correct_on_the_cpu_emulation(make, n, dtype, op)
         assert res.ok and res.proto == "ll", (count, res)
 
 
+@needs_gxx
+@settings(max_examples=4, deadline=None)
+@given(data=st.data())
+def test_one_shot_allreduce_at_random_sizes_and_in_table_mode(data):
+    from hccc.compiler.ir.one_shot import one_shot_allreduce
+    from hccc.testing import describe_failure, kernel_cases, run_case
+    ir = one_shot_allreduce(3, chunk_bytes=192)
+    case = data.draw(kernel_cases(ir, dtypes=["float32", "int32"], ops=["sum", "max"], max_microbatches=12),
+                     label="case")
+    for codegen in ("specialized", "table"):
+        res = run_case(ir, case, codegen=codegen)
+        assert res.ok, (codegen, describe_failure(case, res))
+
+
 # ---------------------------------------------------------------- the built-in catalog's choice
 def _model_us(ir, nbytes: int) -> float:
     """The kernel cost model's time of one call as a torch job runs it: one rank per GPU, the
