@@ -70,7 +70,7 @@ ONE_SHOT_BYTES = 16 << 10
 #: the least group (a power of two) whose small AllGathers within one node take recursive doubling
 #: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
 #: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
-#: ahead on 16 (33.0 against 38.9), where the one-step program launches 15 blocks a rank to its 4
+#: ahead on 16 (33.0 against 38.9), where the one-step program launches 30 blocks a rank to its 8
 RD_ALLGATHER_MIN_RANKS = 16
 
 #: the time limit of a synthesis for the built-in catalog (seconds, ``hccc synth --time-limit``): it
