@@ -14,9 +14,12 @@ allgather      within one node the one-step program (``direct_allgather``: one h
                :data:`SMALL_BYTES`, recursive doubling instead from
                :data:`RD_ALLGATHER_MIN_RANKS` ranks (a power of two) and on groups that span
                nodes; ring above (hierarchical across nodes, as allreduce)
-reducescatter  ring (hierarchical across nodes)
-broadcast      ring from the call's root
-reduce         ring to the call's root
+reducescatter  ring (hierarchical across nodes); within one node the all-pairs program
+               (``direct_reducescatter``) up to :data:`SMALL_BYTES`
+broadcast      ring from the call's root; within one node the root's one-step program
+               (``direct_broadcast``: one hop) up to :data:`SMALL_BYTES`
+reduce         ring to the call's root; within one node every rank into the root
+               (``direct_reduce``) up to :data:`SMALL_BYTES`
 alltoall       direct (hierarchical across nodes)
 scatter        direct (linear) from the call's root; across nodes also the binomial tree
                (``tree_scatter`` over ``binomial_tree``), which the simulator picks where
@@ -55,9 +58,11 @@ from hccc.compiler.synth.plan import COLLECTIVES
 #: the ring's n-1): on the CPU emulation a step costs a host-barrier round (tens of microseconds)
 #: while 64 KiB moves in a few microseconds, so the step count dominates below it. The kernel cost
 #: model (:func:`hccc.compiler.passes.kernel_cost.program_time`, one rank per GPU, ``--proto
-#: auto``) puts ``direct_allreduce`` and ``direct_allgather`` ahead of the ring at every size up
-#: to it on 2 to 16 ranks (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against
-#: 40.5 for AllGather) and sets no crossover above it: it charges no link bandwidth, which an
+#: auto``) puts the direct (all-pairs, one-step) programs of AllReduce, AllGather,
+#: ReduceScatter, Broadcast and Reduce ahead of the ring at every size up to it on 2 to 16 ranks
+#: (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against 40.5 for AllGather, 35.5
+#: against 38.5 for ReduceScatter, 28.8 against 55.1 for Broadcast, 42.5 against 53.0 for
+#: Reduce) and sets no crossover above it: it charges no link bandwidth, which an
 #: all-pairs program spreads over N-1 peers at once; the band stays where the step count is what
 #: a call pays (tests/test_one_shot.py recomputes the choice)
 SMALL_BYTES = 64 << 10
@@ -130,10 +135,18 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
             out.append((f"hm_reducescatter_{hier[0]}x{hier[1]}", lambda: gen.hm_reducescatter(*hier),
                         0, None))
         else:
+            if one_node:
+                out.append((f"direct_reducescatter_{world}", lambda: gen.direct_reducescatter(world), 0,
+                            SMALL_BYTES))
             out.append((f"ring_reducescatter_{world}", lambda: gen.ring_reducescatter(world), 0, None))
     elif collective == "broadcast" and root is not None and 0 <= root < world:
+        if one_node:
+            out.append((f"direct_broadcast_{world}_root{root}", lambda: gen.direct_broadcast(world, root), 0,
+                        SMALL_BYTES))
         out.append((f"ring_broadcast_{world}_root{root}", lambda: gen.ring_broadcast(world, root), 0, None))
     elif collective == "reduce" and root is not None and 0 <= root < world:
+        if one_node:
+            out.append((f"direct_reduce_{world}_root{root}", lambda: gen.direct_reduce(world, root), 0, SMALL_BYTES))
         out.append((f"ring_reduce_{world}_root{root}", lambda: gen.ring_reduce(world, root), 0, None))
     elif collective == "scatter" and root is not None and 0 <= root < world:
         # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter is

@@ -2,8 +2,8 @@
 dependent hop), the one-step AllGather (``direct_allgather``: one hop) and the all-pairs AllReduce
 (``direct_allreduce``: ``n`` hops) are proven for every group of 2 to 16 ranks, run correct on the
 CPU emulation, and are what the built-in catalog (and so the torch backend) and ``--proto auto``
-pick for them up to ``ONE_SHOT_BYTES`` / ``SMALL_BYTES``: the choice the kernel cost model makes,
-recomputed here."""
+pick for them up to ``ONE_SHOT_BYTES`` / ``SMALL_BYTES``, as the direct ReduceScatter, Broadcast
+and Reduce are for theirs: the choice the kernel cost model makes, recomputed here."""
 from __future__ import annotations
 
 import shutil
@@ -206,31 +206,44 @@ def _candidates(collective: str, n: int) -> dict:
     if collective == "allreduce":
         from hccc.compiler.ir.one_shot import one_shot_allreduce
         return {"ring": gen.ring_allreduce(n), "direct": gen.direct_allreduce(n), "one_shot": one_shot_allreduce(n)}
+    if collective == "reducescatter":
+        return {"ring": gen.ring_reducescatter(n), "direct": gen.direct_reducescatter(n)}
+    if collective == "broadcast":
+        return {"ring": gen.ring_broadcast(n, ROOT), "direct": gen.direct_broadcast(n, ROOT)}
+    if collective == "reduce":
+        return {"ring": gen.ring_reduce(n, ROOT), "direct": gen.direct_reduce(n, ROOT)}
     out = {"ring": gen.ring_allgather(n), "direct": gen.direct_allgather(n)}
     if n & (n - 1) == 0:
         out["recursive_doubling"] = gen.recursive_doubling_allgather(n)
     return out
 
 
+#: the root of the rooted collectives' checks
+ROOT = 1
+
+
 @pytest.mark.parametrize("collective,n", [("allreduce", 3), ("allreduce", 8), ("allgather", 4),
-                                          ("allgather", 8), ("allgather", 9), ("allgather", 16)])
+                                          ("allgather", 8), ("allgather", 9), ("allgather", 16),
+                                          ("reducescatter", 3), ("reducescatter", 8), ("broadcast", 4),
+                                          ("broadcast", 8), ("reduce", 3), ("reduce", 8)])
 def test_the_catalog_picks_what_the_kernel_cost_model_puts_first(collective, n, tmp_path):
     from hccc.builtin_catalog import ONE_SHOT_BYTES, SMALL_BYTES, BuiltinCatalog
     from hccc.compiler.ir.program_ir import ProgramIR
     cat = BuiltinCatalog(n, ["node"] * n, cache_dir=tmp_path / "cache")
+    root = ROOT if collective in ("broadcast", "reduce") else None
     irs = {k: a if isinstance(a, ProgramIR) else build_program(a) for k, a in _candidates(collective, n).items()}
     for nbytes in (4 << 10, ONE_SHOT_BYTES, 2 * ONE_SHOT_BYTES, SMALL_BYTES):
         nbytes -= nbytes % (4 * n)                           # whole float32 shares for every rank
         best = min(irs, key=lambda k: _model_us(irs[k], nbytes))
-        got, why = cat.select(collective, n, nbytes, "float32", "sum")
+        got, why = cat.select(collective, n, nbytes, "float32", "sum", root=root)
         assert got is not None and got.name.startswith(best + "_"), (nbytes, got and got.name, why,
                                                                       {k: _model_us(v, nbytes) for k, v in irs.items()})
         # --proto auto runs it as LL
         from hccc.runtime.rank_memory import launch_proto
         assert launch_proto(got.ir, "auto", nbytes, got.ir.chunk_bytes) == ("ll", None)
     # above the band the ring again
-    got, why = cat.select(collective, n, 2 * SMALL_BYTES * n, "float32", "sum")
-    assert got is not None and got.name == f"ring_{collective}_{n}", why
+    got, why = cat.select(collective, n, 2 * SMALL_BYTES * n, "float32", "sum", root=root)
+    assert got is not None and got.name == f"ring_{collective}_{n}" + ("" if root is None else f"_root{ROOT}"), why
 
 
 def test_the_one_shot_band_is_the_models_crossover():
@@ -256,12 +269,18 @@ def test_the_small_programs_stay_within_one_node():
         small = (f"recursive_doubling_allgather_{n}" if n & (n - 1) == 0 and n >= RD_ALLGATHER_MIN_RANKS
                  else f"direct_allgather_{n}")
         assert ag == {small, f"ring_allgather_{n}"}
+        for coll, r in (("reducescatter", None), ("broadcast", 0), ("reduce", n - 1)):
+            tail = "" if r is None else f"_root{r}"
+            got = {name: (lo, hi) for name, _, lo, hi in plan(coll, n, ["a"] * n, r)}
+            assert got == {f"direct_{coll}_{n}{tail}": (0, SMALL_BYTES), f"ring_{coll}_{n}{tail}": (0, None)}
     # ranks of two nodes in no node-contiguous order (no hierarchical program): never all-pairs
     nodes = ["a", "b"] * 4
     assert [p[0] for p in plan("allreduce", 8, nodes, None)] == ["ring_allreduce_8"]
     assert [p[0] for p in plan("allgather", 8, nodes, None)] == ["recursive_doubling_allgather_8",
                                                                  "ring_allgather_8"]
     assert [p[0] for p in plan("allgather", 6, ["a", "b"] * 3, None)] == ["ring_allgather_6"]
+    assert [p[0] for p in plan("broadcast", 8, nodes, 2)] == ["ring_broadcast_8_root2"]
+    assert [p[0] for p in plan("reduce", 8, nodes, 2)] == ["ring_reduce_8_root2"]
 
 
 @needs_gxx

@@ -63,7 +63,7 @@ def test_a_topology_adds_the_synthesized_program_and_the_choice_times_every_entr
     assert "synth_broadcast_4_root2" in _names(cat, "broadcast", 2)
     assert next(e for e in cat.entries if e.name == "synth_broadcast_4_root2").ir.root == 2
     # reduce is not synthesized: generators only
-    assert _names(cat, "reduce", 1) == ["ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
+    assert _names(cat, "reduce", 1) == ["direct_reduce_4_root1", "ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
 
 
 def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp_path, monkeypatch):
