@@ -59,7 +59,7 @@ from hccc.compiler.synth.plan import COLLECTIVES
 #: while 64 KiB moves in a few microseconds, so the step count dominates below it. The kernel cost
 #: model (:func:`hccc.compiler.passes.kernel_cost.program_time`, one rank per GPU, ``--proto
 #: auto``) puts the direct (all-pairs, one-step) programs of AllReduce, AllGather,
-#: ReduceScatter, Broadcast and Reduce ahead of the ring at every size up to it on 2 to 16 ranks
+#: ReduceScatter, Broadcast and Reduce ahead of the ring at every size up to it on 3 to 16 ranks
 #: (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against 40.5 for AllGather, 35.5
 #: against 38.5 for ReduceScatter, 28.8 against 55.1 for Broadcast, 42.5 against 53.0 for
 #: Reduce) and sets no crossover above it: it charges no link bandwidth, which an
