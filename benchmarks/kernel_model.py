@@ -581,6 +581,13 @@ def next_run_predictions() -> list[dict]:
         rows.append({"what": f"ring AllReduce 8 at 4 KiB, {proto}", "predicted_us": round(t.total * 1e6, 1),
                      "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
                      "target": "<= 15 us (one-shot: 8 us)"})
+    # the small-message programs the built-in catalog picks within a node (one dependent hop each)
+    for name, ir in (("one-shot AllReduce 8", load_program(ROOT / "examples" / "one_shot_allreduce_8.json")),
+                     ("one-step AllGather 8", load_program(ROOT / "examples" / "direct_allgather_8.rccl"))):
+        t = predict(ir, 4096, c, kernels="v4", sms=sms, proto="ll")
+        rows.append({"what": f"{name} at 4 KiB, ll", "predicted_us": round(t.total * 1e6, 1),
+                     "launch_us": round(t.launch * 1e6, 1), "path_us": round(t.path * 1e6, 1), "units": t.units,
+                     "hops": t.hops, "target": "<= 8 us"})
     # the crossovers the model gives where hccc's rules hold a size of their own: --proto auto's
     # LL_AUTO_MAX_BYTES and the built-in catalog's SMALL_BYTES (recursive doubling below it)
     rd = load_program(ROOT / "examples" / "recursive_doubling_allgather_8.rccl")

@@ -6,12 +6,20 @@ For a group of any size it offers hccc's own generators (:mod:`hccc.compiler.fro
 
 ============== =========================================================================
 allreduce      ring; hierarchical (``hm``: intra-node, inter-node ring, intra-node) when
-               the group spans nodes of equal size with contiguous ranks
-allgather      recursive doubling up to :data:`SMALL_BYTES` when the size is a power of
-               two, ring above (hierarchical across nodes, as allreduce)
-reducescatter  ring (hierarchical across nodes)
-broadcast      ring from the call's root
-reduce         ring to the call's root
+               the group spans nodes of equal size with contiguous ranks; within one node
+               the one-shot program (:func:`hccc.compiler.ir.one_shot.one_shot_allreduce`:
+               one hop) up to :data:`ONE_SHOT_BYTES`, the all-pairs program
+               (``direct_allreduce``) up to :data:`SMALL_BYTES`
+allgather      within one node the one-step program (``direct_allgather``: one hop) up to
+               :data:`SMALL_BYTES`, recursive doubling instead from
+               :data:`RD_ALLGATHER_MIN_RANKS` ranks (a power of two) and on groups that span
+               nodes; ring above (hierarchical across nodes, as allreduce)
+reducescatter  ring (hierarchical across nodes); within one node the all-pairs program
+               (``direct_reducescatter``) up to :data:`SMALL_BYTES`
+broadcast      ring from the call's root; within one node the root's one-step program
+               (``direct_broadcast``: one hop) up to :data:`SMALL_BYTES`
+reduce         ring to the call's root; within one node every rank into the root
+               (``direct_reduce``) up to :data:`SMALL_BYTES`
 alltoall       direct (hierarchical across nodes)
 scatter        direct (linear) from the call's root; across nodes also the binomial tree
                (``tree_scatter`` over ``binomial_tree``), which the simulator picks where
@@ -46,10 +54,29 @@ from hccc.catalog import Catalog, Entry
 from hccc.compiler.synth.plan import COLLECTIVES
 
 #: the size band (full buffer, bytes) below which the latency-bound algorithms are preferred
-#: (recursive doubling's log2(n) steps against the ring's n-1): on the CPU emulation a step costs
-#: a host-barrier round (tens of microseconds) while 64 KiB moves in a few microseconds, so the
-#: step count dominates below it
+#: (the one-step and all-pairs programs within a node, recursive doubling's log2(n) steps, against
+#: the ring's n-1): on the CPU emulation a step costs a host-barrier round (tens of microseconds)
+#: while 64 KiB moves in a few microseconds, so the step count dominates below it. The kernel cost
+#: model (:func:`hccc.runtime.kernel_time.program_time`, one rank per GPU, ``--proto
+#: auto``) puts the direct (all-pairs, one-step) programs of AllReduce, AllGather,
+#: ReduceScatter, Broadcast and Reduce ahead of the ring at every size up to it on 3 to 16 ranks
+#: (8 ranks at 4 KiB: 40.8 us against 75.4 for AllReduce, 21.8 against 40.5 for AllGather, 35.5
+#: against 38.5 for ReduceScatter, 28.8 against 55.1 for Broadcast, 42.5 against 53.0 for
+#: Reduce) and sets no crossover above it: it charges no link bandwidth, which an
+#: all-pairs program spreads over N-1 peers at once; the band stays where the step count is what
+#: a call pays (tests/test_one_shot.py recomputes the choice)
 SMALL_BYTES = 64 << 10
+#: the size band (full buffer, bytes) of the one-shot AllReduce within one node: the largest power
+#: of two at which the kernel cost model (as for :data:`SMALL_BYTES`) puts it ahead of the
+#: all-pairs program on every group of 2 to 16 ranks (8 ranks: 36.4 us against 41.0 at 16 KiB,
+#: 47.1 against 41.4 at 32 KiB; at 4 KiB 28.9 against 40.8, the ring 75.4): its messages carry the
+#: whole buffer, n - 1 of them a rank, so above it the bytes cost more than the hops it saves
+ONE_SHOT_BYTES = 16 << 10
+#: the least group (a power of two) whose small AllGathers within one node take recursive doubling
+#: instead of the one-step program: the kernel cost model (as for :data:`SMALL_BYTES`) puts the
+#: one-step program ahead up to 8 ranks (21.8 us against 23.7 at 4 KiB) and recursive doubling
+#: ahead on 16 (33.0 against 38.9), where the one-step program launches 30 blocks a rank to its 8
+RD_ALLGATHER_MIN_RANKS = 16
 
 #: the time limit of a synthesis for the built-in catalog (seconds, ``hccc synth --time-limit``): it
 #: delays the first call of a collective once per topology (later runs read the cache). A 2 x 2
@@ -82,17 +109,24 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
     from hccc.compiler.frontend import generators as gen
     hier = _layout(nodes)
     pow2 = world >= 2 and world & (world - 1) == 0
+    one_node = len(set(nodes)) == 1
     out: list[tuple] = []
     if collective == "allreduce":
         if hier:
             out.append((f"hm_allreduce_{hier[0]}x{hier[1]}", lambda: gen.hm_allreduce(*hier), 0, None))
         else:
+            if one_node and world >= 2:
+                from hccc.compiler.ir.one_shot import one_shot_allreduce
+                out.append((f"one_shot_allreduce_{world}", lambda: one_shot_allreduce(world), 0, ONE_SHOT_BYTES))
+                out.append((f"direct_allreduce_{world}", lambda: gen.direct_allreduce(world), 0, SMALL_BYTES))
             out.append((f"ring_allreduce_{world}", lambda: gen.ring_allreduce(world), 0, None))
     elif collective == "allgather":
         if hier:
             out.append((f"hm_allgather_{hier[0]}x{hier[1]}", lambda: gen.hm_allgather(*hier), 0, None))
         else:
-            if pow2:
+            if one_node and not (pow2 and world >= RD_ALLGATHER_MIN_RANKS):
+                out.append((f"direct_allgather_{world}", lambda: gen.direct_allgather(world), 0, SMALL_BYTES))
+            elif pow2:
                 out.append((f"recursive_doubling_allgather_{world}",
                             lambda: gen.recursive_doubling_allgather(world), 0, SMALL_BYTES))
             out.append((f"ring_allgather_{world}", lambda: gen.ring_allgather(world), 0, None))
@@ -101,10 +135,18 @@ def plan(collective: str, world: int, nodes: list[str], root: int | None) -> lis
             out.append((f"hm_reducescatter_{hier[0]}x{hier[1]}", lambda: gen.hm_reducescatter(*hier),
                         0, None))
         else:
+            if one_node:
+                out.append((f"direct_reducescatter_{world}", lambda: gen.direct_reducescatter(world), 0,
+                            SMALL_BYTES))
             out.append((f"ring_reducescatter_{world}", lambda: gen.ring_reducescatter(world), 0, None))
     elif collective == "broadcast" and root is not None and 0 <= root < world:
+        if one_node:
+            out.append((f"direct_broadcast_{world}_root{root}", lambda: gen.direct_broadcast(world, root), 0,
+                        SMALL_BYTES))
         out.append((f"ring_broadcast_{world}_root{root}", lambda: gen.ring_broadcast(world, root), 0, None))
     elif collective == "reduce" and root is not None and 0 <= root < world:
+        if one_node:
+            out.append((f"direct_reduce_{world}_root{root}", lambda: gen.direct_reduce(world, root), 0, SMALL_BYTES))
         out.append((f"ring_reduce_{world}_root{root}", lambda: gen.ring_reduce(world, root), 0, None))
     elif collective == "scatter" and root is not None and 0 <= root < world:
         # hccc sim (tests/test_scatter.py keeps the comparison): on one node the linear scatter is
@@ -209,7 +251,13 @@ class BuiltinCatalog(Catalog):
         key = cache.content_key("torch-catalog", name, self.world, collective, root)
 
         def build(tmp: Path) -> None:
-            (tmp / f"{name}.json").write_text(build_program(make(), name=name).to_json())
+            from hccc.compiler.ir.program_ir import ProgramIR
+            made = make()                       # an Algorithm, or a ProgramIR built (and proven) whole
+            if isinstance(made, ProgramIR):
+                made.name = name
+            else:
+                made = build_program(made, name=name)
+            (tmp / f"{name}.json").write_text(made.to_json())
         path = cache.entry("torch_catalog", key, build, root=self._cache_dir) / f"{name}.json"
         ir = decode_json(path.read_text())
         return Entry(name=name, path=path, collective=ir.collective, nranks=int(ir.nranks),
@@ -238,4 +286,4 @@ def _digest(path) -> str:
     return hashlib.sha256(read_input_bytes(path)).hexdigest()
 
 
-__all__ = ["BuiltinCatalog", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]
+__all__ = ["BuiltinCatalog", "ONE_SHOT_BYTES", "RD_ALLGATHER_MIN_RANKS", "SMALL_BYTES", "SYNTH_COLLECTIVES", "SYNTH_TIME_LIMIT_S", "plan"]

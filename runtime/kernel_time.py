@@ -96,13 +96,17 @@ def unit_graph(program, m: int, nslots: int | None = NSLOTS):
 
 
 def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, warps: int, proto: str = "simple",
-                 element_bytes: int = 4, nslots: int | None = None, direct: bool = True) -> ProgramTime:
+                 element_bytes: int = 4, nslots: int | None = None, direct: bool = True,
+                 one_gpu: bool = True) -> ProgramTime:
     """The predicted time of one call of ``program`` (a ProgramIR, with its ``nchannels``) on a
     full buffer of ``nbytes``, in slices of ``slice_bytes``, on blocks of ``warps`` warps
     (module docstring). ``direct``: the receives :mod:`hccc.compiler.ir.direct` proves safe take
     their data from the sender (``--direct auto``, single-process launches; Simple only);
     ``nslots``: FIFO slots a connection (default the costs'; 0: no back-pressure). The HBM bound
-    counts ``kernel_traffic``'s bytes (LL's slots twice over)."""
+    counts ``kernel_traffic``'s bytes (LL's slots twice over). ``one_gpu``: every rank on one GPU,
+    as the recorded runs placed them (the launch is every rank's blocks, the HBM bound every
+    rank's bytes); False: one rank per GPU, as a job of processes runs (the torch backend, a
+    Communicator): the launch is the most blocks one rank has, the HBM bound one rank's share."""
     from hccc.compiler.passes.slicing import micro_batches
 
     k = max(1, int(getattr(program, "nchannels", 1) or 1))
@@ -120,15 +124,21 @@ def program_time(program, nbytes: int, costs: KernelCosts, *, slice_bytes: int, 
         is_direct = np.asarray(direct_safe(program), dtype=bool)
     else:
         is_direct = np.zeros(len(ops), dtype=bool)
-    blocks = len(set(zip(program.prims["rank"].tolist(), program.prims["tb"].tolist()))) * k
+    pairs = set(zip(program.prims["rank"].tolist(), program.prims["tb"].tolist()))
+    blocks = len(pairs) * k
     tr = traffic(program, int(nbytes), int(element_bytes), direct=use_direct)
     hbm_bytes = tr.hbm + (2 * tr.link if proto == "ll" else 0)
     t_hbm = float(hbm_bytes) / costs.hbm_bytes_per_s
+    launched = blocks
+    if not one_gpu:
+        per_rank = np.bincount(np.array([r for r, _ in pairs], dtype=np.int64)) if pairs else np.zeros(1, np.int64)
+        launched = int(per_rank.max()) * k
+        t_hbm /= max(1, int(program.nranks))
     cost = np.array([unit_seconds(costs, int(o), float(b), warps, proto, direct=bool(d))
                      for o, b, d in zip(ops.tolist(), moved.tolist(), is_direct.tolist())])
     nodes, src, dst, kind, m = unit_graph(program, m, slots or None)
     finish, hops, units, waits = _longest(nodes, src, dst, kind, np.repeat(cost, m), costs.hop_seconds())
-    launch = costs.launch_seconds(blocks)
+    launch = costs.launch_seconds(launched)
     return ProgramTime(total=launch + max(finish, t_hbm), launch=launch, path=finish, hbm=t_hbm, units=units,
                        hops=hops, waits=waits, blocks=blocks, warps=int(warps), micro_batches=m,
                        slice=int(slice_bytes))

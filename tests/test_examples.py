@@ -39,7 +39,9 @@ def test_required_examples_exist():
 
 def test_committed_examples_are_up_to_date(tmp_path):
     written = load_generate().generate(tmp_path)
-    assert [p.name for p in written] == sorted(f"{s}.rccl" for s in EXAMPLES)
+    from hccc.compiler.ir.one_shot import EXAMPLES as PROGRAM_EXAMPLES
+    assert [p.name for p in written] == (sorted(f"{s}.rccl" for s in EXAMPLES)
+                                         + sorted(f"{s}.json" for s in PROGRAM_EXAMPLES))
     for p in written:
         assert p.read_bytes() == (EXDIR / p.name).read_bytes(), f"{p.name}: run python examples/generate.py"
     again = load_generate().generate(tmp_path / "again")

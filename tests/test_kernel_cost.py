@@ -466,3 +466,16 @@ def test_a_graph_past_the_bound_is_refused(monkeypatch):
     kt.program_time(ir, 3 * 16 * 5, kc.V4_H200, slice_bytes=16, warps=16)
     with pytest.raises(ValueError, match=r"ring_allgather: 15 primitives x 6 micro-batches = 90 units"):
         kt.program_time(ir, 3 * 16 * 6, kc.V4_H200, slice_bytes=16, warps=16)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_one_rank_per_gpu_launches_the_busiest_ranks_blocks_and_shares_the_hbm(n):
+    """``one_gpu=False``: the launch is the most blocks one rank has (its ``ntbs``), the HBM bound
+    one rank's share; the path is the same program's."""
+    ir = build_program(gen.direct_allreduce(n))
+    c = kc.V4_H200
+    one = kt.program_time(ir, 1 << 20, c, slice_bytes=4096, warps=16)
+    per = kt.program_time(ir, 1 << 20, c, slice_bytes=4096, warps=16, one_gpu=False)
+    assert one.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.sum())))
+    assert per.launch == pytest.approx(c.launch_seconds(int(ir.ntbs.max())))
+    assert per.hbm == pytest.approx(one.hbm / n) and per.path == one.path

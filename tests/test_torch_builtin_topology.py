@@ -46,7 +46,7 @@ def test_a_topology_adds_the_synthesized_program_and_the_choice_times_every_entr
     from hccc.runtime.simulator import simulate
     cluster = load_cluster(topo)
     cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
-    assert _names(cat, "allgather") == ["recursive_doubling_allgather_4", "ring_allgather_4", "synth_allgather_4"]
+    assert _names(cat, "allgather") == ["direct_allgather_4", "ring_allgather_4", "synth_allgather_4"]
     synth = next(e for e in cat.entries if e.name == "synth_allgather_4")
     # the synthesized program computes its collective (hccc's reference executor)
     ins = inputs_for(synth.ir, synth.ir.nchunks * 4 * 3, "float32", seed=1)
@@ -63,7 +63,7 @@ def test_a_topology_adds_the_synthesized_program_and_the_choice_times_every_entr
     assert "synth_broadcast_4_root2" in _names(cat, "broadcast", 2)
     assert next(e for e in cat.entries if e.name == "synth_broadcast_4_root2").ir.root == 2
     # reduce is not synthesized: generators only
-    assert _names(cat, "reduce", 1) == ["ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
+    assert _names(cat, "reduce", 1) == ["direct_reduce_4_root1", "ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
 
 
 def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp_path, monkeypatch):
@@ -94,7 +94,7 @@ def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp
 
 def test_a_topology_of_another_size_or_one_synthesis_refuses_adds_nothing(topo, tmp_path, monkeypatch):
     cat = BuiltinCatalog(8, ["h"] * 8, cache_dir=tmp_path / "cache", topology=topo)
-    assert _names(cat, "allreduce") == ["ring_allreduce_8"]
+    assert _names(cat, "allreduce") == ["direct_allreduce_8", "one_shot_allreduce_8", "ring_allreduce_8"]
     assert "4 GPUs" in cat.synth_notes["allreduce"] and "8 ranks" in cat.synth_notes["allreduce"]
     import hccc
     from hccc.util.diagnostics import CompileError, Diagnostic

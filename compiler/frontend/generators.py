@@ -28,7 +28,7 @@ __all__ = [
     "ring_gather", "tree_gather", "direct_gather", "ring_gather_rccl",
     "ring_scatter", "tree_scatter", "direct_scatter", "binomial_tree", "ring_scatter_rccl",
     "split_chunks", "ring_broadcast_rccl", "ring_reduce_rccl",
-    "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl",
+    "ring_allgather_rccl", "ring_reducescatter_rccl", "ring_allreduce_rccl", "direct_allgather_rccl", "direct_allreduce_rccl",
     "recursive_doubling_allgather_rccl", "hm_allgather_rccl", "hm_allreduce_rccl",
     "direct_alltoall", "ring_alltoall", "hierarchical_alltoall",
     "direct_alltoall_rccl", "ring_alltoall_rccl", "hierarchical_alltoall_rccl",
@@ -117,7 +117,10 @@ def full_mesh_rows(group: Sequence[int], chunk: str, step0: int, op: int, *, sta
 
 
 def direct_allgather(n: int, *, name: str = "direct_allgather") -> Algorithm:
-    """One-step full-mesh AllGather: every rank sends its chunk to every other rank at step 0."""
+    """One-step full-mesh AllGather: every rank sends its chunk to every other rank at step 0.
+
+    The one-shot AllGather: one dependent hop whatever ``n`` (the ring takes ``n-1``, recursive
+    doubling ``log2(n)``); the built-in catalog's small AllGather within a node."""
     return _algorithm(_header(n, Collective.ALLGATHER, name),
                       full_mesh_rows(range(n), "src", 0, RECV, stagger=False))
 
@@ -129,7 +132,18 @@ def direct_reducescatter(n: int, *, name: str = "direct_reducescatter") -> Algor
 
 
 def direct_allreduce(n: int, *, name: str = "direct_allreduce") -> Algorithm:
-    """Full-mesh ReduceScatter (steps 0..n-2) then one-step full-mesh AllGather (step n-1)."""
+    """Full-mesh ReduceScatter (steps 0..n-2) then one-step full-mesh AllGather (step n-1).
+
+    ``n`` dependent hops (``n-1`` reductions into each chunk's owner, then one copy out; the ring
+    takes ``2(n-1)``); the built-in catalog's small AllReduce within a node. A one-shot AllReduce
+    (one hop: every rank sends its whole input to every peer and adds the ``n`` copies itself) is
+    no transfer program: a ``(rank, chunk)`` is one cell, holding the rank's input and its result
+    at once, with no scratch copy for a peer's contribution to land in; an ``rrc`` adds one peer's
+    cell into it, two in one step race, and a cell written in a step may not be read in it, so the
+    rank's own contribution cannot leave while it accumulates the others'. Every reduction of the
+    contributions into one cell is a dependent hop of its own: ``n-1`` of them here, in the least
+    units (a binomial tree per chunk takes ``ceil(log2(n))`` reduction steps but more units on its
+    path, and the kernel cost model puts it behind this program on 4 to 16 ranks)."""
     rs = full_mesh_rows(range(n), "dst", 0, RRC, stagger=True)
     ag = full_mesh_rows(range(n), "src", max(n - 1, 0), RECV, stagger=False)
     return _algorithm(_header(n, Collective.ALLREDUCE, name), np.concatenate([rs, ag]))
@@ -686,6 +700,20 @@ def direct_allgather_rccl(n: int, *, name: str = "direct_allgather") -> str:
             + "            transfer(r, (r + o + 1) % N, 0, r, recv)\n")
 
 
+def direct_allreduce_rccl(n: int, *, name: str = "direct_allreduce") -> str:
+    """ResCCLang text of :func:`direct_allreduce`."""
+    return (_head(n, Collective.ALLREDUCE, name, n, 1)
+            + f"    N = {n}\n"
+            + "    # full-mesh ReduceScatter: at step o rank r reduces the chunk of rank (r + o + 1) % N into it\n"
+            + "    for o in range(0, N - 1):\n"
+            + "        for r in range(0, N):\n"
+            + "            transfer(r, (r + o + 1) % N, o, (r + o + 1) % N, rrc)\n"
+            + "    # then every rank sends its reduced chunk to every other rank, all at step N - 1\n"
+            + "    for r in range(0, N):\n"
+            + "        for o in range(0, N - 1):\n"
+            + "            transfer(r, (r + o + 1) % N, N - 1, r, recv)\n")
+
+
 def recursive_doubling_allgather_rccl(n: int, *, name: str = "recursive_doubling_allgather") -> str:
     """ResCCLang text of :func:`recursive_doubling_allgather` (one block per doubling step, since
     ResCCLang has no power or xor operator: ``s xor h`` is ``s + h - 2*h*((s/h) % 2)``)."""
@@ -937,6 +965,8 @@ EXAMPLES = {
                              lambda: ring_reducescatter_rccl(8, name="ring_reducescatter_8")),
     "ring_allreduce_8": (lambda: ring_allreduce(8, name="ring_allreduce_8"),
                          lambda: ring_allreduce_rccl(8, name="ring_allreduce_8")),
+    "direct_allreduce_8": (lambda: direct_allreduce(8, name="direct_allreduce_8"),
+                           lambda: direct_allreduce_rccl(8, name="direct_allreduce_8")),
     "direct_allgather_8": (lambda: direct_allgather(8, name="direct_allgather_8"),
                            lambda: direct_allgather_rccl(8, name="direct_allgather_8")),
     "recursive_doubling_allgather_8": (

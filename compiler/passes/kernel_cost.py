@@ -6,8 +6,10 @@ One module holds every cost of the generated kernels; the slice policy
 simulator's per-block limit (:data:`SIM_BLOCK_GBPS`, ``hccc sim --block-bw``, and
 :func:`block_gbps_at`, through :mod:`hccc.compiler.passes.channels`) and
 ``benchmarks/kernel_model.py`` read it; ``--fuse``'s and the thread-block allocation's choices
-read it through the simulator. Two size thresholds are not derived from it yet: ``--proto
-auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's band for
+read it through the simulator; so do the built-in catalog's small-message choices within a node
+(``ONE_SHOT_BYTES``, ``RD_ALLGATHER_MIN_RANKS``: :func:`hccc.runtime.kernel_time.program_time` with ``one_gpu=False``,
+recomputed by tests/test_one_shot.py). Two size thresholds are not derived from it yet:
+``--proto auto``'s switch (``abi.LL_AUTO_MAX_BYTES``, 128 KiB) and the built-in catalog's band for
 recursive doubling (``SMALL_BYTES``, 64 KiB); ``benchmarks/kernel_model.py --predict`` prints
 where this model puts them (its LL is checked against one recorded row only). The simulator
 takes a block's rate from here but charges no unit's fixed cost and no hop (its alpha-beta links
