@@ -113,10 +113,13 @@ def test_compiled_arborescence_is_the_numpy_formulations(n, root, data):
 # ---------------------------------------------------------------- random clusters
 
 
-def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose():
+def test_the_reported_bound_is_the_optimum_where_the_cut_bound_is_loose(design_target_costs):
     """Where trees must pay for what no cut sees, the optimum (the flow LP above) lies above the cut
     bound (15 % here); hccc's cut bound is the recomputed cut bound, the bound it reports is the
-    optimum, and its programs reach 0.98 of that in the simulator."""
+    optimum, and its programs reach 0.98 of that in the simulator. (The slices at the v4 design
+    targets' unit cost: the alpha-beta simulator charges no unit, so at the measured 2.56 us a unit
+    the slice policy's fewer micro-batches fill the pipeline later than this simulator would need:
+    AllGather 0.981, ReduceScatter 0.976 of the optimum; at 0.5 us, 0.989 and 0.985.)"""
     from hccc.compiler.synth.bounds import collective_cut_bound_seconds
     from hccc.compiler.synth import bandwidth_cut_bound
 
