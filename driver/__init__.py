@@ -12,7 +12,8 @@ Compiling
     CompileOptions())`` (a ProgramIR as given).
 Synthesis
     ``synthesize(cluster, collective, **options)``: the ``.rccl`` text ``hccc synth`` writes with
-    the same options, byte for byte (:mod:`hccc.synth_api`).
+    the same options, byte for byte (:mod:`hccc.synth_api`); ``synthesize_program(...)``: the same
+    program whole, its ``algorithm`` (what the text parses to, for ``build_program``) beside its ``text``.
 Running and checking
     ``run_program(ir, backend="cpu", nbytes=...)`` (emitted kernels against the numpy oracle),
     ``Runner`` (the launcher behind it), ``simulate(ir, topology, nbytes)`` (alpha-beta model).
@@ -45,6 +46,7 @@ _API = {
     "Runner": "hccc.runtime.launcher",
     "simulate": "hccc.runtime.simulator",
     "synthesize": "hccc.synth_api",
+    "synthesize_program": "hccc.synth_api",
     "Communicator": "hccc.runtime.communicator",
     "CommunicatorError": "hccc.runtime.communicator",
 }

@@ -28,7 +28,7 @@ scatter        direct (linear) from the call's root; across nodes also the binom
 
 With a topology (``HCCC_TOPOLOGY`` or ``Options(topology=)``, a ``.topo`` or TACCL ``.json``) whose
 GPUs are as many as the group's ranks, each of allreduce, allgather, reducescatter, alltoall and
-broadcast also gets the program ``hccc synth`` makes for that topology (:func:`hccc.synthesize`,
+broadcast also gets the program ``hccc synth`` makes for that topology (:func:`hccc.synthesize_program`,
 within :data:`SYNTH_TIME_LIMIT_S`); the catalog's choice then times every entry on the topology
 (the process group's tie-break cluster) and takes the fastest. A topology that synthesis refuses,
 or one of another size, adds nothing (the reason is kept: :attr:`BuiltinCatalog.synth_notes`).
@@ -219,14 +219,14 @@ class BuiltinCatalog(Catalog):
                                 SYNTH_TIME_LIMIT_S)
 
         def build(tmp: Path) -> None:
-            from hccc import synthesize
+            from hccc import synthesize_program
             from hccc.compiler.passes.build import build_program
-            from hccc.compiler.pipeline import load_algorithm
             from hccc.util.diagnostics import CompileError, render_all
             try:
-                text = synthesize(self.topology, collective, root=root or 0, time_limit=SYNTH_TIME_LIMIT_S)
-                (tmp / f"{name}.rccl").write_text(text)
-                ir = build_program(load_algorithm(tmp / f"{name}.rccl"), name=name)
+                prog = synthesize_program(self.topology, collective, root=root or 0, time_limit=SYNTH_TIME_LIMIT_S)
+                # the text, kept for whoever reads the cache; the compiler takes the Algorithm it parses to
+                (tmp / f"{name}.rccl").write_text(prog.text)
+                ir = build_program(prog.algorithm, name=name)
             except CompileError as exc:
                 # (kept, so that later runs do not try again)
                 (tmp / "refused.txt").write_text(render_all(exc))

@@ -3,6 +3,11 @@
     import hccc
     text = hccc.synthesize("cluster.topo", "allgather", time_limit=30)
     texts = hccc.synthesize("cluster.topo", "allreduce", sizes=(64 << 10, 1 << 20))   # {size: text}
+    prog = hccc.synthesize_program("cluster.topo", "allgather", time_limit=30)
+    ir = hccc.build_program(prog.algorithm)        # the Algorithm prog.text parses to, not parsed
+
+:func:`synthesize_program` gives the whole :class:`~hccc.synth_select.Program` (the text, the
+verified Algorithm the compiler takes, the plan and the report), :func:`synthesize` its text.
 
 The options are :class:`~hccc.compiler.synth.plan.SynthOptions`' fields (``hccc synth``'s options
 by their Python names: ``root``, ``chunks_per_rank``, ``time_limit``, ``pod_size``, ``smt``,
@@ -18,6 +23,18 @@ from pathlib import Path
 from hccc.compiler.synth.plan import SynthOptions
 
 
+def synthesize_program(cluster, collective: str, **options):
+    """The :class:`~hccc.synth_select.Program` :func:`synthesize` writes the text of (with several
+    ``sizes``, ``{size: Program}``); the same arguments and errors. Its ``algorithm`` is what its
+    ``text`` parses to, verified on the cluster: compile that, not the text read back."""
+    from hccc.synth_select import synthesize_programs
+
+    programs = synthesize_programs(*_request(cluster, collective, options))
+    if len(programs) == 1:
+        return programs[0]
+    return {p.plan.size: p for p in programs}
+
+
 def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
     """The ``.rccl`` text ``hccc synth CLUSTER --collective COLLECTIVE`` writes with ``options``
     (``cluster``: a path to a ``.topo`` or TACCL profile, or a loaded Topology); with several
@@ -26,9 +43,13 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
     spells it: :func:`hccc.synth_select.check_options`) or a cluster that cannot be synthesized for,
     as the command reports them; a TypeError for an option it does not know or a cluster that is
     neither a path nor a Topology."""
-    from hccc.compiler.pipeline import load_cluster
-    from hccc.synth_select import synthesize_programs
+    got = synthesize_program(cluster, collective, **options)
+    return {size: p.text for size, p in got.items()} if isinstance(got, dict) else got.text
 
+
+def _request(cluster, collective, options: dict):
+    """``(topology, SynthOptions)`` for the arguments, each checked as :func:`synthesize` says."""
+    from hccc.compiler.pipeline import load_cluster
     known = {f.name for f in fields(SynthOptions)} - {"collective", "cluster_name"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -51,10 +72,7 @@ def synthesize(cluster, collective: str, **options) -> str | dict[int, str]:
                         f"not {type(cluster).__name__}")
     opts = SynthOptions(collective=collective.lower() if isinstance(collective, str) else collective,
                         cluster_name=name, **options)
-    programs = synthesize_programs(topo, opts)
-    if len(programs) == 1:
-        return programs[0].text
-    return {p.plan.size: p.text for p in programs}
+    return topo, opts
 
 
-__all__ = ["synthesize"]
+__all__ = ["synthesize", "synthesize_program"]

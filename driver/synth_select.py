@@ -80,12 +80,15 @@ class Evaluator(Protocol):
 @dataclass
 class Program:
     """One size's outcome: the ``.rccl`` text, the plan it was written from, the report (``hccc
-    synth --json``'s fields but ``output``) and the result."""
+    synth --json``'s fields but ``output``), the result, and the verified Algorithm the text
+    parses to (:func:`hccc.compiler.synth.emit.to_algorithm`: what the compiler takes, so nothing
+    reads the text back)."""
 
     text: str
     plan: SynthPlan
     summary: dict
     result: object
+    algorithm: object = None
 
 
 class _QuietPhases:
@@ -576,12 +579,13 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             result, fraction = _fit_engine(opts, topo, size, deadline, phase, result, sims, bound, simulated,
                                            make_eval)
     searched = clock.now()
-    alg = to_algorithm(result, topo)
+    # (the plan's header choices are the result's: the plan adds what was asked and tried)
+    plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
+    alg = to_algorithm(result, topo, plan)
     verify(alg)
     check_on_topology(alg, topo)
     proven = clock.now()
     why, not_simulated, fitted, limit_cut, extra = _report(result, bound, fraction, sims, simulated)
-    plan = SynthPlan.of(result, requested=opts.method, size=size, methods_tried=tried, engine=opts.engine)
     text = to_rccl(result, topo, plan, cluster=opts.cluster_name, extra_comments=extra)
     # what each phase took (work clock), with the search's own phases where it reports them
     took = {"search": round(searched - started, 3), **(result.detail.get("phase_seconds") or {}),
@@ -589,7 +593,7 @@ def _program(opts: SynthOptions, topo, size: int, deadline: float, phases, defau
             "closing_predicted": round(closing, 3)}
     summary = _summary(result, size, bound, fraction, sims, simulated, tried, why, not_simulated, fitted,
                        limit_cut, took)
-    return Program(text, plan, summary, result)
+    return Program(text, plan, summary, result, alg)
 
 
 def _report(result, bound: dict, fraction, sims, simulated: bool):

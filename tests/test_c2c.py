@@ -179,7 +179,9 @@ def test_rccl_text_round_trips(coll):
     plan = plan_c2c(topo, coll, pipeline=2, hier=hier, root=root_for(coll, topo))
     text = plan.rccl()
     alg = parse_rccl(text, "c2c.rccl")
-    assert sorted(alg.rows()) == sorted(plan.algorithm().rows())
+    # twins: the same transfers in the same order (the compiled program's), nChannels given in both
+    assert list(alg.rows()) == list(plan.algorithm().rows())
+    assert alg.header.nchannels_given and plan.algorithm().header.nchannels_given
     assert alg.header.nranks == topo.nranks and alg.header.collective == plan.collective
     assert alg.header.name == f"c2c_{coll}_triple" and alg.header.nic_per_node == 2
     assert alg.header.root == (root_for(coll, topo) or 0)
@@ -410,10 +412,16 @@ def test_examples_are_current_and_verify():
     spec.loader.exec_module(mod)
     texts = mod.examples()
     assert sorted(texts) == [f"c2c_{c}_mixed_v100_w7800.rccl" for c in sorted(COLLS)]
+    topo = load_topology(mod.CLUSTER)
     for name, text in texts.items():
         path = ROOT / "examples" / "c2c" / name
         assert path.read_text(encoding="utf-8") == text, f"{name}: run python examples/c2c/generate.py"
-        verify(parse_rccl(text, name))
+        alg = parse_rccl(text, name)
+        verify(alg)
+        # the file is the twin of its plan's Algorithm: the same transfers in the same order
+        coll = name.split("_")[1]
+        plan = plan_c2c(topo, coll, root=mod.ROOT if coll in ("broadcast", "reduce") else None)
+        assert list(alg.rows()) == list(plan.algorithm().rows()), name
     assert mod.main(["--check"]) == 0
 
 

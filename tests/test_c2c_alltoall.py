@@ -39,12 +39,26 @@ def test_valid_and_cross_cluster_bytes_at_the_minimum(name, border, k):
     assert len(np.unique(alg.chunk[cross])) == want
     borders = {r for c in hier.clusters for r in c.border_ranks}
     assert set(alg.src[cross].tolist()) <= borders and set(alg.dst[cross].tolist()) <= borders
-    # phases in order: gathers before the exchange, scatters after it
-    ph = plan.phase
+    # phases in order: gathers before the exchange, scatters after it (the plan's rows, phase by phase)
+    ph, step = plan.phase, plan.rows[:, 2]
     if (ph == 2).any():
-        ex = int(alg.step[ph == 2].max())
-        assert (alg.step[ph == 1] < ex).all() if (ph == 1).any() else True
-        assert (alg.step[ph == 3] > ex).all() if (ph == 3).any() else True
+        ex = int(step[ph == 2].max())
+        assert (step[ph == 1] < ex).all() if (ph == 1).any() else True
+        assert (step[ph == 3] > ex).all() if (ph == 3).any() else True
+
+
+@pytest.mark.parametrize("border,k", [("nic", 1), ("one-per-nic", 2)])
+def test_text_parses_to_the_algorithm_in_order(border, k):
+    """``rccl()`` and ``algorithm()`` are twins: the text parses to the same header and the same
+    transfers in the same order (the compiled program's)."""
+    import dataclasses
+    from hccc.compiler.frontend import parse_rccl
+    topo = load_cluster(CLUSTERS / "mixed_v100_w7800.topo")
+    plan = plan_c2c_alltoall(topo, hier=hierarchy(topo, border=border), chunks_per_rank=k)
+    alg, back = plan.algorithm(), parse_rccl(plan.rccl(), "a2a.rccl")
+    assert list(back.rows()) == list(alg.rows())
+    assert dataclasses.replace(back.header, location=None) == dataclasses.replace(alg.header, location=None)
+    assert back.header.nchannels_given == alg.header.nchannels_given
 
 
 def test_gather_happens_behind_a_shared_nic():

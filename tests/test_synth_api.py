@@ -148,3 +148,39 @@ def test_the_emitter_writes_the_plan_it_is_given(c5):
     h = header(p.result, topo, other)
     assert (h.nchannels, h.micro_batches, h.min_slice_bytes) == (p.plan.channels + 3, 4, 4096)
     assert header(p.result, topo, p.plan).nchannels == p.plan.channels
+
+
+@pytest.mark.parametrize("cluster,collective,options", [
+    ("c5", "allgather", {}),
+    ("c5", "broadcast", {"root": 1, "method": "search"}),
+    ("c5", "reducescatter", {"chunks_per_rank": 2}),
+    ("c5", "alltoall", {}),
+    ("c5", "allgather", {"sizes": (65536, 1 << 20)}),
+])
+def test_synthesize_program_hands_over_the_algorithm_its_text_parses_to(c5, monkeypatch, cluster, collective,
+                                                                        options):
+    """The Algorithm comes from the synthesis, not from its text read back, and is exactly what the
+    parser makes of that text: the same header (nChannels given included) and transfers in the
+    same order, so the compiler builds the same program from either."""
+    import dataclasses
+
+    from hccc.compiler.frontend import load, parse_rccl
+    from hccc.compiler.passes.build import build_program
+
+    def no_parse(*a, **k):
+        raise AssertionError("synthesis parsed .rccl text")
+    with monkeypatch.context() as m:
+        m.setattr(load, "parse_program", no_parse)
+        got = hccc.synthesize_program(c5, collective, **options)
+    progs = list(got.values()) if "sizes" in options else [got]
+    assert len(progs) == len(options.get("sizes", (0,)))
+    for prog in progs:
+        back = parse_rccl(prog.text, "synth.rccl")
+        assert list(prog.algorithm.rows()) == list(back.rows())
+        assert list(prog.algorithm.channels) == list(back.channels)
+        assert dataclasses.replace(prog.algorithm.header, location=None) == \
+            dataclasses.replace(back.header, location=None)
+        assert prog.algorithm.header.nchannels_given == back.header.nchannels_given
+        assert build_program(prog.algorithm).to_json() == build_program(back).to_json()
+    if "sizes" not in options:
+        assert hccc.synthesize(c5, collective, **options) == got.text    # synthesize() is its text

@@ -1,6 +1,8 @@
 """Large synthesised programs without a symmetry to loop over are written with their runs folded
 into loops (compiler/synth/emit.py ``_run_lines``): the text parses back to exactly the program's
-transfers (channels included), with far fewer lines than transfers."""
+transfers (channels included), with far fewer lines than transfers, and, read back by the parser
+line by line, its loops are the runs the specification takes (a plain greedy scan), folded and
+ordered as specified."""
 from __future__ import annotations
 
 import re
@@ -15,7 +17,6 @@ from conftest import examples
 
 from hccc.compiler.frontend.load import parse_rccl
 from hccc.compiler.pipeline import load_cluster
-from hccc.compiler.frontend.algorithm import OP_NAMES
 from hccc.compiler.synth import emit, synthesize
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "examples" / "clusters"
@@ -101,133 +102,107 @@ def test_folded_text_parses_back_to_any_rows(base, copies, stride):
 
 
 
-# ---------------------------------------------------------------- the oracle: the item-by-item folding
-# (``_run_lines`` and ``_first_runs`` as they were before the transfers in no run were written over
-# arrays: every run and every single transfer a Python item, folded and sorted one by one)
-def _item_lines(rows: np.ndarray) -> list[str]:
-    """Flat transfers as ResCCLang with their runs folded into loops: transfers of one pair and op
-    whose steps, chunks and channels advance by the same amounts from one to the next (the pieces
-    of a tree program's stream) become ``for p in range(0, n):`` over one ``transfer`` with
-    ``step0 + ds * p``, ``chunk0 + dc * p`` (and ``channel0 + dh * p``); consecutive such loops of
-    one pair and op, alike in their counts and advances, whose first transfers advance evenly (the
-    streams of a pair, a channel each) fold again into ``for q in range(0, m):`` around them, and
-    so on, up to :data:`emit.RUN_VARS` deep. A transfer in no run stays one line. The lines are ordered
-    by the step of each loop's first transfer. Parses back to exactly ``rows``."""
-    ops = dict(OP_NAMES)
-    ch = rows[:, 5] if rows.shape[1] > 5 else np.zeros(len(rows), np.int64)
-    order = np.lexsort((rows[:, 3], ch, rows[:, 4], rows[:, 1], rows[:, 0]))
-    # an item: (its first transfer [src, dst, step, chunk, op, channel], its loops innermost first,
-    # each (count, step advance, chunk advance, channel advance))
-    items = _item_runs(np.c_[rows[order, :5], ch[order]].astype(np.int64))
-
-    def alike(a, b) -> bool:
-        return a[0][:2] == b[0][:2] and a[0][4] == b[0][4] and a[1] == b[1]
-
-    def advance(a, b) -> tuple:
-        return b[0][2] - a[0][2], b[0][3] - a[0][3], b[0][5] - a[0][5]
-
-    for _ in emit.RUN_VARS[1:] if len(items) < len(rows) else ():
-        folded, k = [], 0
-        while k < len(items):
-            m = 1
-            if k + 1 < len(items) and alike(items[k], items[k + 1]):
-                adv = advance(items[k], items[k + 1])
-                m = 2
-                while k + m < len(items) and alike(items[k], items[k + m]) and \
-                        advance(items[k + m - 1], items[k + m]) == adv:
-                    m += 1
-            folded.append((items[k][0], items[k][1] + ((m,) + adv,)) if m > 1 else items[k])
-            k += m
-        if len(folded) == len(items):
-            break
-        items = folded
-
-    def term(start: int, loops: tuple, col: int) -> str:
-        text = str(start)
-        for loop, var in reversed(list(zip(loops, emit.RUN_VARS))):      # outermost first
-            d = loop[col]
-            if d:
-                text += f" + {d} * {var}" if d > 0 else f" - {-d} * {var}"
-        return text
-
-    groups = []
-    for x, loops in items:
-        if not loops:       # a single transfer (all of an AllToAll's at one chunk per block): no loop terms
-            groups.append((x[2], x[0], x[1], x[3], 0, [f"    transfer({x[0]}, {x[1]}, {x[2]}, {x[3]}, {ops[x[4]]}"
-                                                     f"{', ' + str(x[5]) if x[5] else ''})"]))
-            continue
-        depth = len(loops)
-        text = [f"    {'    ' * lev}for {emit.RUN_VARS[depth - 1 - lev]} in range(0, {loops[depth - 1 - lev][0]}):"
-                for lev in range(depth)]
-        chan = term(x[5], loops, 3)
-        text.append(f"    {'    ' * depth}transfer({x[0]}, {x[1]}, {term(x[2], loops, 1)}, {term(x[3], loops, 2)}, "
-                    f"{ops[x[4]]}{'' if chan == '0' else ', ' + chan})")
-        groups.append((x[2], x[0], x[1], x[3], depth, text))
-    groups.sort(key=lambda t: t[:4])
-    nloops = sum(1 for t in groups if t[4])
-    out = [f"    # {len(rows)} transfers: runs of one pair whose steps, chunks and channels advance evenly "
-           f"as loops, and runs of such runs ({nloops} loops, {len(groups) - nloops} single transfers)"]
-    for t in groups:
-        out.extend(t[5])
-    return out
+# ---------------------------------------------------------------- the oracle: the specification, read back
+def _spec_runs(rows: np.ndarray) -> list[list[tuple]]:
+    """The runs ``_run_lines`` must find, from its specification in plain Python: the rows in
+    (src, dst, op, channel, chunk) order, taken greedily from the first: a run is a row and the
+    rows after it of its pair and op while their step, chunk and channel advance by the first
+    advance (a row in no run is a run of one)."""
+    rows = sorted(map(tuple, rows.tolist()), key=lambda r: (r[0], r[1], r[4], r[5], r[3]))
+    runs, k = [], 0
+    while k < len(rows):
+        run = [rows[k]]
+        k += 1
+        if k < len(rows) and rows[k][:2] == run[0][:2] and rows[k][4] == run[0][4]:
+            adv = _advance(run[0], rows[k])
+            while k < len(rows) and rows[k][:2] == run[0][:2] and rows[k][4] == run[0][4] and \
+                    _advance(run[-1], rows[k]) == adv:
+                run.append(rows[k])
+                k += 1
+        runs.append(run)
+    return runs
 
 
-def _item_runs(base: np.ndarray) -> list:
-    """The first folding of :func:`_run_lines` over arrays: ``base`` (``src, dst, step, chunk, op,
-    channel`` rows, in pair, op, channel and chunk order) as its items, each a row and its loop
-    or none, taken greedily from the first row: a run is a row and the following ones of its pair
-    and op while their steps, chunks and channels advance by the first advance. (The rows of a
-    tree program are mostly in runs: only their first rows become Python lists.)"""
-    n = len(base)
-    if n < 2:
-        return [(x, ()) for x in base.tolist()]
-    same = (base[1:, 0] == base[:-1, 0]) & (base[1:, 1] == base[:-1, 1]) & (base[1:, 4] == base[:-1, 4])
-    adv = base[1:][:, [2, 3, 5]] - base[:-1][:, [2, 3, 5]]
-    # a run from row k has 2 + (how many advances after advance k repeat it) rows
-    even = same[:-1] & same[1:] & (adv[:-1] == adv[1:]).all(axis=1)
-    at = np.arange(len(even))
-    repeat = np.r_[np.minimum.accumulate(np.where(even, len(even), at)[::-1])[::-1] - at, 0]
-    length = np.r_[np.where(same, 2 + repeat, 1), 1].tolist()
-    starts, k = [], 0
-    while k < n:
-        starts.append(k)
-        k += length[k]
-    starts = np.asarray(starts, np.int64)
-    counts = np.asarray(length, np.int64)[starts]
-    folds = np.flatnonzero(counts > 1)
-    loops = [()] * len(starts)
-    for j, loop in zip(folds.tolist(), np.c_[counts[folds], adv[starts[folds]]].tolist()):
-        loops[j] = (tuple(loop),)
-    return list(zip(base[starts].tolist(), loops))
+def _advance(a: tuple, b: tuple) -> tuple:
+    return b[2] - a[2], b[3] - a[3], b[5] - a[5]
+
+
+def _check_folding(rows: np.ndarray) -> None:
+    """The lines ``_run_lines`` writes for ``rows`` (``src, dst, step, chunk, op, channel``), read
+    back by the parser (each transfer with its line and loop values): exactly ``rows``; each line
+    one pair and op; its innermost loops exactly the specification's runs (:func:`_spec_runs`),
+    single transfers included; the runs a line's outer loops fold alike (one count, one advance)
+    and consecutive in the specification's order, their first transfers advancing evenly; and the
+    lines in the order of their first transfers' (step, src, dst, chunk)."""
+    lines = emit._run_lines(rows)
+    nranks = int(rows[:, :2].max()) + 1
+    text = (f'def ResCCLAlgo(nRanks={nranks}, OpType="Allgather", AlgoName="t", '
+            f'nChunksPerRank={int(rows[:, 3].max()) + 1}):\n' + "\n".join(lines) + "\n")
+    alg = parse_rccl(text, "t.rccl")
+    back = np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op, alg.channels]
+    assert np.array_equal(_sorted(back), _sorted(rows))
+    got = [tuple(r) for r in back.tolist()]
+    # the innermost runs: one line's transfers at one value of its outer loop variables
+    inner: dict[tuple, list] = {}
+    site_of: dict[tuple, int] = {}
+    for i, r in enumerate(got):
+        b = alg.loop_bindings(i)
+        key = (int(alg.site[i]), tuple(sorted((k, v) for k, v in b.items() if k != emit.RUN_VARS[0])))
+        inner.setdefault(key, []).append(r)
+        site_of[key] = int(alg.site[i])
+    spec = _spec_runs(rows)
+    assert sorted(map(sorted, inner.values())) == sorted(map(sorted, spec))
+    # every line: one pair and op; its runs alike, consecutive in the spec's order, evenly apart
+    place: dict[tuple, list[int]] = {}
+    for j, run in enumerate(spec):
+        place.setdefault(tuple(sorted(run)), []).append(j)
+    by_site: dict[int, list] = {}
+    for key, run in inner.items():
+        by_site.setdefault(site_of[key], []).append(place[tuple(sorted(run))].pop())
+    for site, js in by_site.items():
+        js.sort()
+        assert js == list(range(js[0], js[0] + len(js))), site
+        runs = [spec[j] for j in js]
+        assert len({(r[0][0], r[0][1], r[0][4]) for r in runs}) == 1
+        assert len({(len(r), _advance(r[0], r[1]) if len(r) > 1 else None) for r in runs}) == 1
+        assert len({_advance(a[0], b[0]) for a, b in zip(runs, runs[1:])}) <= 1
+    # the lines in the order of their first transfers
+    firsts = []
+    for i, r in enumerate(got):
+        if not any(alg.loop_bindings(i).values()) and (not firsts or firsts[-1][0] != int(alg.site[i])):
+            firsts.append((int(alg.site[i]), (r[2], r[0], r[1], r[3])))
+    assert [f[0] for f in firsts] == sorted(by_site)
+    assert [f[1] for f in firsts] == sorted(f[1] for f in firsts)
 
 
 @settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.integers(0, 6), st.integers(0, 30),
                           st.integers(0, 1), st.sampled_from([0, 0, 0, 1, 7])), min_size=1, max_size=50),
        st.integers(1, 4), st.integers(1, 3), st.booleans())
-def test_lines_are_the_item_foldings(base, copies, stride, thin):
+def test_lines_fold_as_specified(base, copies, stride, thin):
     """Any rows (runs, runs of runs, single transfers between them, ties; ``thin``: one row per pair
-    and op, as an AllToAll's): the very lines the item-by-item folding writes."""
+    and op, as an AllToAll's): the lines fold them as specified (:func:`_check_folding`)."""
     rows = [list(r) for r in base]
     for c in range(1, copies):
         rows += [[r[0], r[1], r[2] + c * stride, r[3] + 31 * c, r[4], r[5] + 8 * c] for r in base]
     rows = np.array(rows, np.int64)
     if thin:
         rows = rows[np.unique(rows[:, [0, 1, 4]], axis=0, return_index=True)[1]]
-    assert emit._run_lines(rows) == _item_lines(rows)
+    _check_folding(rows)
 
 
-def test_a_synthesized_alltoall_is_written_as_the_item_folding_writes_it():
+def test_a_synthesized_alltoall_is_folded_as_specified():
     """A 32-GPU AllToAll (relayed blocks make a few runs among the single transfers) and a program
-    of single transfers only: the item folding's text, parsed back to the same transfers."""
+    of single transfers only: folded as specified, and its whole text parses back to its transfers."""
     from hccc.compiler.cluster.topo_parser import parse_topology
     from cluster_texts import many_nodes_text
 
     topo = parse_topology(many_nodes_text(4), "n4.topo")
     res = synthesize(topo, "alltoall", time_limit=1.0)
     rows = emit._sorted_rows(res)
-    assert emit._run_lines(rows) == _item_lines(rows)
-    one = rows[np.unique(rows[:, [0, 1]], axis=0, return_index=True)[1]]
-    assert emit._run_lines(one) == _item_lines(one)
+    rows6 = rows if rows.shape[1] > 5 else np.c_[rows, np.zeros(len(rows), np.int64)]
+    _check_folding(rows6)
+    one = rows6[np.unique(rows6[:, [0, 1]], axis=0, return_index=True)[1]]
+    _check_folding(one)
     alg = parse_rccl(emit.to_rccl(res, topo), "a.rccl")
     assert np.array_equal(_sorted(np.c_[alg.src, alg.dst, alg.step, alg.chunk, alg.op]), _sorted(rows))

@@ -66,6 +66,24 @@ def test_a_topology_adds_the_synthesized_program_and_the_choice_times_every_entr
     assert _names(cat, "reduce", 1) == ["direct_reduce_4_root1", "ring_reduce_4_root1"] and "reduce" not in SYNTH_COLLECTIVES
 
 
+def test_the_synthesized_entry_is_built_from_the_algorithm_and_keeps_its_text(topo, tmp_path, monkeypatch):
+    """Synthesis hands the catalog its Algorithm (no .rccl text is parsed); the text is kept beside
+    the program, and the program is the one the compiler makes from that text."""
+    from hccc.compiler.frontend import load, parse_rccl
+    from hccc.compiler.passes.build import build_program
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed .rccl text")
+    with monkeypatch.context() as m:
+        m.setattr(load, "parse_program", no_parse)
+        cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
+        synth = next(e for e in cat._entries("allreduce", None) if e.name == "synth_allreduce_4")
+    text = (synth.path.parent / "synth_allreduce_4.rccl").read_text()
+    assert text.startswith("# Synthesised by hccc synth")
+    assert synth.ir.to_json() == build_program(parse_rccl(text, "synth_allreduce_4.rccl"),
+                                               name="synth_allreduce_4").to_json()
+
+
 def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp_path, monkeypatch):
     import hccc
     cache = tmp_path / "cache"
@@ -74,7 +92,7 @@ def test_the_synthesis_is_cached_across_runs_by_the_topologys_contents(topo, tmp
 
     def refuse(*a, **k):
         raise AssertionError("synthesized again")
-    monkeypatch.setattr(hccc, "synthesize", refuse)
+    monkeypatch.setattr(hccc, "synthesize_program", refuse)
     again = BuiltinCatalog(4, ["h"] * 4, cache_dir=cache, topology=topo)      # a later run
     ir2 = next(e.ir for e in again._entries("reducescatter", None) if e.name.startswith("synth_"))
     assert ir2.to_json() == ir1.to_json()
@@ -103,7 +121,7 @@ def test_a_topology_of_another_size_or_one_synthesis_refuses_adds_nothing(topo, 
     def refuse(path, coll, **k):
         calls.append(coll)
         raise CompileError([Diagnostic(f"cannot synthesize {coll} here", None)])
-    monkeypatch.setattr(hccc, "synthesize", refuse)
+    monkeypatch.setattr(hccc, "synthesize_program", refuse)
     cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache", topology=topo)
     assert _names(cat, "alltoall") == ["direct_alltoall_4"]
     assert "cannot synthesize alltoall here" in cat.synth_notes["alltoall"]
@@ -113,7 +131,7 @@ def test_a_topology_of_another_size_or_one_synthesis_refuses_adds_nothing(topo, 
 
 def test_without_a_topology_nothing_is_synthesized(tmp_path, monkeypatch):
     import hccc
-    monkeypatch.setattr(hccc, "synthesize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("synthesized")))
+    monkeypatch.setattr(hccc, "synthesize_program", lambda *a, **k: (_ for _ in ()).throw(AssertionError("synthesized")))
     cat = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache")
     for coll in SYNTH_COLLECTIVES:
         assert not any(n.startswith("synth_") for n in _names(cat, coll, 0 if coll == "broadcast" else None))

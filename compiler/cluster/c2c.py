@@ -228,13 +228,15 @@ class C2CPlan:
         return int(np.unique(self.step).size)
 
     def algorithm(self) -> Algorithm:
-        """The transfers as an :class:`Algorithm` (one anonymous site)."""
+        """The transfers as an :class:`Algorithm` (one anonymous site), in the order of
+        :meth:`rccl`'s lines: what that text parses to, and so the same compiled program."""
         if self._alg is None:
             h = self.header()
             n = self.ntransfers
+            o = self._text_order()
             self._alg = Algorithm(
-                header=h, src=self.src.copy(), dst=self.dst.copy(), step=self.step.copy(),
-                chunk=self.chunk.copy(), op=self.op.astype(np.uint8), site=np.zeros(n, dtype=np.int64),
+                header=h, src=self.src[o], dst=self.dst[o], step=self.step[o],
+                chunk=self.chunk[o], op=self.op[o].astype(np.uint8), site=np.zeros(n, dtype=np.int64),
                 sites=[TransferSite(None, ())], loop_values=[np.zeros((n, 0), dtype=np.int64)])
         return self._alg
 
@@ -247,7 +249,13 @@ class C2CPlan:
                 nics.setdefault(int(topo.rank_node[b]), set()).add(c.nic_members.get(b, (b,)))
         return Header(nranks=self.nranks, collective=self.collective, name=self.name, nchannels=1,
                       nwarps=16, gpu_per_node=max(nd.ngpus for nd in topo.nodes),
-                      nic_per_node=max((len(v) for v in nics.values()), default=0), root=self.root)
+                      nic_per_node=max((len(v) for v in nics.values()), default=0), root=self.root,
+                      nchannels_given=True)      # (the text writes nChannels)
+
+    def _text_order(self) -> np.ndarray:
+        """The transfers in the order :meth:`rccl` writes them: by step, piece, stage, phase,
+        source, destination, chunk."""
+        return np.lexsort((self.chunk, self.dst, self.src, self.phase, self.stage, self.piece, self.step))
 
     def cross_cluster_chunks(self) -> tuple[np.ndarray, np.ndarray]:
         return cross_cluster_chunks(self.algorithm(), self.hierarchy)
@@ -330,7 +338,7 @@ class C2CPlan:
         out.append(f'def ResCCLAlgo(nRanks={h.nranks}, nChannels={h.nchannels}, nWarps={h.nwarps}, '
                    f'AlgoName="{h.name}", OpType="{h.collective.dsl_name}", {root}GPUPerNode={h.gpu_per_node}, '
                    f'NICPerNode={h.nic_per_node}):')
-        order = np.lexsort((self.chunk, self.dst, self.src, self.phase, self.stage, self.piece, self.step))
+        order = self._text_order()
         last = None
         text = _BREAKDOWNS[self.collective].phases
         for i in order.tolist():

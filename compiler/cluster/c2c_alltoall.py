@@ -51,11 +51,18 @@ class C2CAlltoall:
     def header(self) -> Header:
         gpn = max((nd.ngpus for nd in self.topology.nodes), default=self.nranks)
         return Header(nranks=self.nranks, collective=Collective.ALLTOALL, name=self.name,
-                      gpu_per_node=gpn, nic_per_node=0, chunks_per_rank=self.chunks_per_rank)
+                      gpu_per_node=gpn, nic_per_node=0, chunks_per_rank=self.chunks_per_rank,
+                      nchannels_given=True)      # (the text writes nChannels)
+
+    def _text_order(self) -> np.ndarray:
+        """The rows in the order :meth:`rccl` writes them: by step, phase, source, destination, chunk."""
+        return np.lexsort((self.rows[:, 3], self.rows[:, 1], self.rows[:, 0], self.phase, self.rows[:, 2]))
 
     def algorithm(self) -> Algorithm:
+        """The transfers as an :class:`Algorithm` (one anonymous site), in the order of
+        :meth:`rccl`'s lines: what that text parses to, and so the same compiled program."""
         h = self.header()
-        r = self.rows
+        r = self.rows[self._text_order()]
         n = len(r)
         return Algorithm(header=h, src=r[:, 0].copy(), dst=r[:, 1].copy(), step=r[:, 2].copy(),
                          chunk=r[:, 3].copy(), op=r[:, 4].astype(np.uint8), site=np.zeros(n, np.int64),
@@ -83,7 +90,7 @@ class C2CAlltoall:
                f'def ResCCLAlgo(nRanks={h.nranks}, nChannels=1, nWarps=16, AlgoName="{h.name}", '
                f'OpType="Alltoall", GPUPerNode={h.gpu_per_node}, NICPerNode=0, '
                f'nChunksPerRank={h.chunks_per_rank}):']
-        order = np.lexsort((self.rows[:, 3], self.rows[:, 1], self.rows[:, 0], self.phase, self.rows[:, 2]))
+        order = self._text_order()
         last = None
         for i in order.tolist():
             src, dst, step, chunk, _ = (int(x) for x in self.rows[i])

@@ -705,8 +705,8 @@ def direct_allreduce_rccl(n: int, *, name: str = "direct_allreduce") -> str:
     return (_head(n, Collective.ALLREDUCE, name, n, 1)
             + f"    N = {n}\n"
             + "    # full-mesh ReduceScatter: at step o rank r reduces the chunk of rank (r + o + 1) % N into it\n"
-            + "    for o in range(0, N - 1):\n"
-            + "        for r in range(0, N):\n"
+            + "    for r in range(0, N):\n"
+            + "        for o in range(0, N - 1):\n"
             + "            transfer(r, (r + o + 1) % N, o, (r + o + 1) % N, rrc)\n"
             + "    # then every rank sends its reduced chunk to every other rank, all at step N - 1\n"
             + "    for r in range(0, N):\n"
@@ -843,25 +843,18 @@ def hierarchical_alltoall(nnodes: int, g: int, *, chunks_per_rank: int = 1,
         raise ValueError("chunks_per_rank must be at least 1")
     N = nnodes * g
     name = name or f"hierarchical_alltoall_{nnodes}x{g}"
-    k = np.arange(K, dtype=_I64)
-    rows = []
-    # phase 1: (n, r) -> (n, r2) for every block of (n, r) destined to local id r2 != r
-    for o in range(1, g):
-        nn, r, m = np.meshgrid(np.arange(nnodes), np.arange(g), np.arange(nnodes), indexing="ij")
-        nn, r, m = (x.ravel()[:, None].astype(_I64) for x in (nn, r, m))
-        r2 = (r + o) % g
-        src = g * nn + r
-        dst = g * nn + r2
-        c = (src * N + g * m + r2) * K + k[None, :]
-        rows.append(_rows(src + 0 * c, dst + 0 * c, o - 1 + 0 * c, c, RECV))
-    # phase 2: (n, r2) -> (m, r2), the G blocks of node n's ranks for (m, r2)
-    for q in range(1, nnodes):
-        nn, r2, r = np.meshgrid(np.arange(nnodes), np.arange(g), np.arange(g), indexing="ij")
-        nn, r2, r = (x.ravel()[:, None].astype(_I64) for x in (nn, r2, r))
-        m = (nn + q) % nnodes
-        c = ((g * nn + r) * N + g * m + r2) * K + k[None, :]
-        rows.append(_rows(g * nn + r2 + 0 * c, g * m + r2 + 0 * c, g - 1 + q - 1 + 0 * c, c, RECV))
-    rows = np.concatenate(rows) if rows else np.zeros((0, 5), _I64)
+    # rows in the order of the loops of :func:`hierarchical_alltoall_rccl` (the order is the
+    # compiled program's: examples/hierarchical_alltoall_*.rccl are that text)
+    # phase 1, axes (n, r, o, m, k): (n, r) -> (n, r2 = (r + o) % G), every block of (n, r) for (m, r2)
+    nn, r, o, m, k = np.ix_(np.arange(nnodes), np.arange(g), np.arange(1, g), np.arange(nnodes), np.arange(K))
+    r2 = (r + o) % g
+    src = g * nn + r
+    p1 = _rows(src, g * nn + r2, o - 1, (src * N + g * m + r2) * K + k, RECV)
+    # phase 2, axes (n, s, q, r, k): (n, s) -> (m = (n + q) % nNodes, s), the G blocks of node n's ranks for (m, s)
+    nn, s, q, r, k = np.ix_(np.arange(nnodes), np.arange(g), np.arange(1, nnodes), np.arange(g), np.arange(K))
+    m = (nn + q) % nnodes
+    p2 = _rows(g * nn + s, g * m + s, g - 2 + q, ((g * nn + r) * N + g * m + s) * K + k, RECV)
+    rows = np.concatenate([p1, p2])
     return _algorithm(_header(N, Collective.ALLTOALL, name, gpn=g, nic=g, chunks_per_rank=K), rows)
 
 

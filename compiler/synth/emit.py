@@ -52,18 +52,23 @@ def _nic_per_node(topo: Topology | None) -> int:
 
 def header(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Header:
     """The program's header, every choice in it (channels, warps, chunks, slices) from ``plan``
-    (default: the plan ``result`` carries as made, :meth:`SynthPlan.of`)."""
+    (default: the plan ``result`` carries as made, :meth:`SynthPlan.of`). The text always writes
+    ``nChannels``, so the header says it was given, as the parser's does for that text."""
     plan = plan or SynthPlan.of(result)
     gpn = max((nd.ngpus for nd in topo.nodes), default=result.nranks) if topo is not None else result.nranks
     coll = dsl_collective(result.collective)
     return Header(nranks=result.nranks, collective=coll, name=algo_name(result),
                   nchannels=int(plan.channels), nwarps=int(plan.warps), gpu_per_node=gpn, nic_per_node=_nic_per_node(topo),
                   root=int(result.root or 0) if coll.rooted else 0, chunks_per_rank=int(plan.chunks_per_rank),
-                  micro_batches=plan.slicing.micro_batches, min_slice_bytes=plan.slicing.min_slice)
+                  micro_batches=plan.slicing.micro_batches, min_slice_bytes=plan.slicing.min_slice,
+                  nchannels_given=True)
 
 
 def to_algorithm(result: SynthResult, topo: Topology | None = None, plan: SynthPlan | None = None) -> Algorithm:
-    """The synthesised transfers as an :class:`Algorithm` (one anonymous site)."""
+    """The synthesised transfers as an :class:`Algorithm` (one anonymous site): what the text of
+    :func:`to_rccl` with the same ``plan`` parses to, header and transfers (in the text's order
+    where it is one ``transfer`` per line, below :data:`LOOPS_FROM_TRANSFERS`; loops give the same
+    transfers in loop order). Synthesis hands this to the compiler; the text is for the user."""
     rows = _sorted_rows(result)
     h = header(result, topo, plan)
     base = Algorithm.from_rows(h, [])  # one anonymous site at the header
