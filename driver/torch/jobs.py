@@ -172,11 +172,7 @@ class CallJobs:
         """The error of call ``seq``, given up on because of a peer (``why``): the group is
         unusable here from now on, which the ledger tells the peers (their later calls would
         wait for this rank's in vain)."""
-        self.broken = why
-        try:
-            self.ledger.fail(seq, why, onward=True)
-        except Exception:
-            pass                        # (a ledger already closed: the group is shut down)
+        self._break(seq, why)
         return CallMismatch(f"hccc: rank {self.rank}: {why}")
 
     def gave_up(self, seq: int, text: str, waited: float) -> TimeoutError:
@@ -186,12 +182,16 @@ class CallJobs:
         peers."""
         why = (f"the delegated call {text} did not complete within the group's timeout "
                f"({self.timeout_s:g} s; {waited:.1f} s waited)")
+        self._break(seq, why)
+        return TimeoutError(f"hccc: rank {self.rank}: {why}")
+
+    def _break(self, seq: int, why: str) -> None:
+        """The group unusable here from call ``seq`` on, for ``why``; the ledger tells the peers."""
         self.broken = why
         try:
             self.ledger.fail(seq, why, onward=True)
         except Exception:
             pass                        # (a ledger already closed: the group is shut down)
-        return TimeoutError(f"hccc: rank {self.rank}: {why}")
 
     def failed(self, seq: int, exc: BaseException) -> None:
         """Record in the ledger that this rank's posted call ``seq`` failed with ``exc``, for the
