@@ -90,6 +90,18 @@ def check_entry(final: Path) -> None:
     TRUST.tree(final, "cache entry")
 
 
+def _usable(final: Path, key: str) -> bool:
+    """The published entry ``final`` is trusted (:func:`check_entry`, whose refusal propagates) and
+    whole (:func:`intact`). An entry that vanishes while it is looked at (moved aside by another
+    process that found it damaged, which then builds it again in its turn) is not usable: the
+    caller takes its turn and finds the new one, instead of failing on the missing file."""
+    try:
+        check_entry(final)
+    except FileNotFoundError:
+        return False
+    return intact(final, key)
+
+
 def _make_private(tmp: Path) -> None:
     """Directories 0700, files 0600 (executables keep an owner-only execute bit)."""
     for dirpath, dirnames, filenames in os.walk(tmp):
@@ -197,10 +209,8 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
     final = base / key
     if os.path.lexists(base):
         _check_owned(base, "cache directory", directory=True)
-    if os.path.lexists(final / _DONE) or os.path.islink(final):
-        check_entry(final)
-        if intact(final, key):
-            return final
+    if (os.path.lexists(final / _DONE) or os.path.islink(final)) and _usable(final, key):
+        return final
     try:
         base.mkdir(mode=0o700)
     except FileExistsError:
@@ -209,8 +219,7 @@ def entry(kind: str, key: str, build: Callable[[Path], None], *,
     turn = _take_turn(base / f".{key}.lock")
     try:
         if os.path.lexists(final):
-            check_entry(final)
-            if intact(final, key):
+            if _usable(final, key):
                 # built by the process whose turn it was while this one waited
                 return final
             # damaged (a crash or power loss before its files reached the disk, a file cut short
@@ -384,8 +393,7 @@ def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> 
             if not os.path.lexists(final / _DONE):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
-            check_entry(final)
-            if not intact(final, key):
+            if not _usable(final, key):
                 raise PlatformError(f"build cache: the entry '{printable(str(final))}' another process "
                                     "published is damaged; remove it and run again") from None
             return final

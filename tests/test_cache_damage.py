@@ -91,6 +91,38 @@ def test_damaged_entries_are_rebuilt(tmp_path_factory, files, how, pick, fresh_p
     assert [p.name for p in (root / "k").iterdir() if p.name.startswith(".")] == []   # nothing left aside
 
 
+@settings(max_examples=25, deadline=None)
+@given(files=FILES, pick=st.integers(0, 1 << 16), fresh_process=st.booleans())
+def test_an_entry_moved_aside_while_it_is_checked_is_built_again(tmp_path_factory, files, pick,
+                                                                  fresh_process):
+    """Another process that found the entry damaged moves it aside (and builds it again in its
+    turn) while this one walks it for the trust check: the look-up takes its turn and returns a
+    whole entry holding what the build wrote, instead of failing on the file that vanished (the
+    ranks of one job sharing the built-in torch catalog's entries)."""
+    from hccc.util.trust import CacheTrust
+    root = tmp_path_factory.mktemp("cache")
+    key = cache.content_key("moved aside", repr(sorted(files.items())))
+    calls: list = []
+    final = cache.entry("k", key, _builder(files, calls), root=root)
+    if fresh_process:
+        cache._VERIFIED.clear()
+    victim = final / sorted(files)[pick % len(files)]
+    real = CacheTrust.owned
+    moved = []
+
+    def owned(self, path, what, *, directory):
+        if Path(path) == victim and not moved:       # listed, then gone before its look
+            cache._discard(root / "k", key, final)
+            moved.append(path)
+        return real(self, path, what, directory=directory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CacheTrust, "owned", owned)
+        again = cache.entry("k", key, _builder(files, calls), root=root)
+    assert moved and again == final and len(calls) == 2
+    assert _contents(final) == files and cache.intact(final, key)
+    assert [p.name for p in (root / "k").iterdir() if p.name.startswith(".")] == []
+
+
 def test_marker_records_every_file(tmp_path):
     """The marker lists each file with its size and SHA-256, computed here independently."""
     files = {"module.so": b"\x7fELF" + bytes(range(256)) * 9, "sub/x.h": b"#pragma once\n"}

@@ -164,3 +164,34 @@ def test_run_command_refuses_untrusted_entry(tmp_path):
     assert second.returncode == 1
     assert "writable by others" in second.stderr and str(modules[0]) in second.stderr
     assert "Traceback" not in second.stderr
+
+
+@settings(max_examples=30, deadline=None)
+@given(names=st.lists(st.sampled_from(["a.so", "b.o", "c.json", "d.gch"]), min_size=1, max_size=4, unique=True),
+       gone=st.sets(st.integers(0, 3)), bad=st.sets(st.integers(0, 3)))
+def test_the_trust_walk_passes_over_what_vanishes_and_still_refuses_what_stays(tmp_path_factory, names, gone, bad):
+    """A file renamed or removed between the walk's listing and its look (another of the user's
+    processes replacing a cache file) holds nothing to load: the walk passes over it; a file
+    writable by others that is still there is refused all the same."""
+    from hccc.util.trust import CacheTrust, UntrustedCacheError
+    top = tmp_path_factory.mktemp("tree")
+    os.chmod(top, 0o700)
+    for i, name in enumerate(names):
+        (top / name).write_bytes(b"x")
+        os.chmod(top / name, 0o666 if i in bad else 0o600)
+    vanish = {top / n for i, n in enumerate(names) if i in gone}
+    trust = CacheTrust("test cache", "TEST_DIR")
+    real = CacheTrust.owned
+
+    def owned(self, path, what, *, directory):
+        if Path(path) in vanish:
+            os.unlink(path)
+        return real(self, path, what, directory=directory)
+    refused = any(i in bad and i not in gone for i in range(len(names)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CacheTrust, "owned", owned)
+        if refused:
+            with pytest.raises(UntrustedCacheError, match="writable by others"):
+                trust.tree(top, "cache entry")
+        else:
+            trust.tree(top, "cache entry")

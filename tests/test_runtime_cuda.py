@@ -944,9 +944,12 @@ def test_fake_platform_refuses_a_grid_that_cannot_be_resident(nvcc):
     from hccc.runtime.launcher import Runner
     ir = load_program(EXAMPLES / "ring_allgather_8.rccl", CompileOptions(chunk_bytes=4096))
     total = sum(int(t) for t in ir.ntbs)
-    # the runner halves the threads per block down to one warp before it refuses
-    with pytest.raises(PlatformError, match=rf"need {total} thread blocks of 32 threads resident at "
-                                            rf"once, but at most {total - 1} fit"):
+    # the runner halves the emitted 512 threads per block while the half keeps the sync warp and
+    # two data warps (96 threads): 256, then 128, and refuses there, saying what to change
+    assert ir.nwarps * 32 == 512
+    with pytest.raises(PlatformError, match=rf"need {total} thread blocks of 128 threads resident at "
+                                            rf"once, but at most {total - 1} fit; compile the program "
+                                            rf"into fewer blocks per rank \(--channels 1"):
         Runner(ir, FakeCudaPlatform(FakeCuda(sms=total - 1, per_sm=1)), "float32", "sum")
     fake = FakeCuda(sms=total, per_sm=1)
     pf = FakeCudaPlatform(fake)

@@ -81,13 +81,18 @@ class CacheTrust:
                                    "what is below it")
 
     def tree(self, top: Path, what: str) -> None:
-        """``top`` and every directory and file in it are the user's and writable by nobody else."""
+        """``top`` and every directory and file in it are the user's and writable by nobody else.
+        What vanishes between the listing and its look (another of the user's processes renamed
+        or removed it: a cache file replaced, an entry moved aside) holds nothing to load and is
+        passed over; only the user can change what a checked directory holds."""
         self.owned(top, what, directory=True)
         for dirpath, dirnames, filenames in os.walk(top):
-            for d in dirnames:
-                self.owned(Path(dirpath) / d, f"{what} directory", directory=True)
-            for f in filenames:
-                self.owned(Path(dirpath) / f, f"{what} file", directory=False)
+            for names, kind, directory in ((dirnames, "directory", True), (filenames, "file", False)):
+                for name in names:
+                    try:
+                        self.owned(Path(dirpath) / name, f"{what} {kind}", directory=directory)
+                    except FileNotFoundError:
+                        continue
 
     @staticmethod
     def tighten(top: Path, *, files: bool = True) -> None:
