@@ -30,11 +30,15 @@ from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (every hook but build_editable unchanged)
 
 #: the line added to the editable wheel's ``.pth``: hccc's editable finders (setuptools names their
-#: module ``__editable___hccc_<version>_finder``) moved to the front of ``sys.meta_path``
-#: (a stable sort: the other finders keep their order; site runs the line with separate globals
-#: and locals, where a comprehension could not see a name the line binds)
-FINDER_FIRST = ("import sys; sys.meta_path.sort(key=lambda f: not getattr(f, '__module__', '')"
-                ".startswith('__editable___hccc_'))\n")
+#: module ``__editable___hccc_<version>_finder``) moved to the front of ``sys.meta_path`` (a stable
+#: sort: the other finders keep their order; site runs the line with separate globals and locals,
+#: where a comprehension could not see a name the line binds) -- unless a regular ``hccc`` package
+#: (one with an ``__init__.py``: a regular install, e.g. in a venv that also sees a system-wide
+#: editable one) is on ``sys.path`` as site runs the line: Python's own order then finds it first,
+#: as it should, and no namespace folder can shadow a regular package
+FINDER_FIRST = ("import sys, importlib.machinery as m; s = m.PathFinder.find_spec('hccc'); "
+                "(s is None or s.origin in (None, 'namespace')) and sys.meta_path.sort(key=lambda f: "
+                "not getattr(f, '__module__', '').startswith('__editable___hccc_'))\n")
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):

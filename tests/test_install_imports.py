@@ -107,6 +107,25 @@ def test_the_finder_first_line_moves_hccc_finders_first_and_keeps_the_others_ord
         "__editable___hccc_0_1_0_finder", "a", "b", "__editable___other_finder", "c"]
 
 
+def test_the_finder_first_line_leaves_the_order_to_a_regular_hccc_on_the_path(monkeypatch, tmp_path):
+    """A regular ``hccc`` package (an ``__init__.py``: a regular install, say in a venv that also
+    sees a system-wide editable one) on ``sys.path`` as site runs the line: the finders keep
+    Python's order, so that install is found first, as a regular package earlier on the path is;
+    an empty ``hccc`` folder there (a namespace portion) still gets the editable finder first."""
+    be = _load_backend()
+    names = ["a", "__editable___hccc_0_1_0_finder", "b"]
+    for regular, want in ((True, names), (False, [names[1], names[0], names[2]])):
+        site = tmp_path / ("regular" if regular else "namespace") / "site-packages"
+        (site / "hccc").mkdir(parents=True)
+        if regular:
+            (site / "hccc" / "__init__.py").write_text("__version__ = 'regular'\n")
+        finders = [type(f"F{i}", (), {"__module__": m}) for i, m in enumerate(names)]
+        monkeypatch.setattr(sys, "meta_path", list(finders))
+        monkeypatch.setattr(sys, "path", [str(site)])
+        exec(be.FINDER_FIRST, {}, {})
+        assert [f.__module__ for f in sys.meta_path] == want, regular
+
+
 def _venv_or_skip(tmp_path: Path) -> str:
     """A venv on the base interpreter's site-packages (its pip and setuptools, no network)."""
     base = getattr(sys, "_base_executable", sys.executable)
