@@ -177,7 +177,7 @@ def test_stream_blocks_counts_the_built_programs_thread_blocks():
 
 
 @pytest.mark.slow
-def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypatch):
+def test_a_program_short_of_its_packing_is_tried_with_half_the_streams(monkeypatch, design_target_costs):
     """A ReduceScatter whose packing rounds to many chunks per rank (14 GPUs, two nodes with deep
     trees): its program simulates more than ``FEWER_STREAMS_ABOVE`` slower than the packing's time
     in the link model (each of its many streams crosses a link at a small share of it, so its

@@ -34,7 +34,7 @@ def test_every_shape_is_a_cluster_of_its_size(name):
 
 @pytest.mark.parametrize("name", RUN)
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
-def test_shapes_reach_the_bound(tmp_path, capsys, name, collective):
+def test_shapes_reach_the_bound(tmp_path, capsys, name, collective, design_target_costs):
     topo = tmp_path / f"{name}.topo"
     topo.write_text(shape_text(name))
     out = tmp_path / "p.rccl"
