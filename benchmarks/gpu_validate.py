@@ -30,23 +30,36 @@ emulation (no busbw step: it needs CUDA), which is how the command itself is tes
 Exit status: 0 when every step passed, 1 otherwise, 2 for bad arguments.
 
 ``--quick``: what one short lease of a GPU answers, in about 6 minutes (``--budget``, default 360
-s), one line per step in the report:
+s: a lease is 15 minutes of device time, so a run and a rerun fit), one line per step in the
+report, then a table per group with the model's prediction beside every measured row:
 
 1. ``env``: the GPU, its SMs, the driver, nvcc, torch and NCCL versions; then (after the build
    pass) the device-to-device copy bandwidth (``gpu_common.py copy``, 1 GiB);
-2. ``slot``: ``benchmarks/slot_anatomy.py --quick --json FILE`` where that script exists, else
-   "not available";
-3. ``examples``: every ``examples/*.rccl`` through ``hccc run``, one grid, out of place: Simple
-   at 4 KiB and 32 MiB and LL at 4 KiB only (LL is the small-message protocol; its crossover is
-   128 KiB), both in one process: wrong elements, time and busbw of each;
-4. ``vs_nccl``: ``benchmarks/vs_nccl.py --quick`` (4K, 1M, 64M; N = 8 first, then 4 and 2 while
-   its share of the budget lasts);
-5. ``pathology``: the programs earlier runs found pathological
-   (docs/measurements.md#gpu-kernels-v4-one-nvidia-h200-every-rank-on-it): ring
-   Broadcast 8 at 32 MiB, HM AllReduce 4x8 at 32 MiB in place, and AllGather synthesised for
+2. ``slot``: ``benchmarks/slot_anatomy.py --quick --json FILE`` (unit slopes, flag round trips,
+   one block's copy rate) where that script exists, else "not available";
+3. ``latency``: ring AllReduce 8 at 4 KiB under Simple and LL, each fused and not; the one-shot
+   AllReduce 8 (``examples/one_shot_allreduce_8.json``) under LL and Simple; the one-step
+   AllGather 8 under LL (``--latency-iters`` timed calls after 5 warm-up ones; the kernels-v5
+   targets: 15 us, 8 us one-shot);
+4. ``large``: ring AllGather 8 and ring AllReduce 8 at 256 MiB, each against its HBM bound (the
+   target: 0.9 of it);
+5. ``hm``: HM AllReduce 4x8 at 32 MiB in place and out of place with the automatic slice, and in
+   place with the fewest micro-batches a chunk (the target: within 2x of its HBM bound);
+6. ``examples``: every ``examples/*.rccl`` through ``hccc run``, one grid, out of place: Simple
+   at 4 KiB and 32 MiB and LL at 4 KiB only, both in one process: wrong elements, time and busbw;
+7. ``torch``: ``benchmarks/torch_gpu_check.py``: the torch backend on CUDA tensors, 2 processes
+   on the one GPU, an ``all_reduce`` and an ``all_to_all_single`` with uneven splits, each against
+   the same call through gloo on CPU copies;
+8. ``vs_nccl``: ``benchmarks/vs_nccl.py --quick`` (4K, 1M, 64M; N = 8 first, then 4 and 2 while
+   its share of the budget lasts; the copy bound where the image's NCCL cannot run several ranks
+   on one GPU);
+9. ``pathology``: ring Broadcast 8 at 32 MiB and AllGather synthesised for
    ``examples/clusters/h20_4_8.topo`` (``hccc synth --time-limit 20``; its cooperative grid fills
    an H100 / H200: 264 blocks) in table mode at 64 MiB, each against its HBM bound
-   (``gpu_common.hbm_bytes`` at the copy's bandwidth).
+   (``gpu_common.hbm_bytes`` at the copy's bandwidth);
+10. ``model``: ``benchmarks/kernel_model.py``'s prediction of every row measured above (hccc's
+   kernel costs, the slices, channels and threads the run used), shown in the tables' "model"
+   column: a measured row without one says why.
 
 Before anything is timed a ``build`` step builds the kernels of the later steps, ``--build-jobs``
 at a time (nvcc takes over a minute for the specialised kernels of 32 ranks on two cores; built once,
@@ -276,12 +289,27 @@ def _data(step: Step, res) -> object:
 # ------------------------------------------------------------------------------ --quick
 #: the quick mode's groups in order, each with its share of the budget (fractions of it; a group
 #: may also spend what the groups before it left)
-QUICK_GROUPS = {"env": 0.04, "build": 0.28, "copy": 0.03, "slot": 0.11, "examples": 0.24, "vs_nccl": 0.20,
-                "pathology": 0.10}
+QUICK_GROUPS = {"env": 0.03, "build": 0.22, "copy": 0.02, "slot": 0.08, "latency": 0.08, "large": 0.07, "hm": 0.08,
+                "examples": 0.14, "torch": 0.06, "vs_nccl": 0.12, "pathology": 0.07, "model": 0.03}
 #: the programs earlier runs found pathological: (name, program, size, placement, extra options)
 PATHOLOGY = (("ring_broadcast_8", "examples/ring_broadcast_8.rccl", "32M", "--out-of-place", []),
-             ("hm_allreduce_4x8 in place", "examples/hm_allreduce_4x8.rccl", "32M", "--inplace", []),
              ("synth h20_4_8 allgather (table)", None, "64M", "--out-of-place", ["--codegen", "table"]))
+#: the small-message latency rows of kernels v5 (each its own process): (name, program, [(proto, fuse)])
+QUICK_LATENCY = (("ring_allreduce_8 4K", "examples/ring_allreduce_8.rccl",
+                  [("simple", "off"), ("simple", "on"), ("ll", "off"), ("ll", "on")]),
+                 ("one_shot_allreduce_8 4K", "examples/one_shot_allreduce_8.json", [("ll", None), ("simple", None)]),
+                 ("direct_allgather_8 4K", "examples/direct_allgather_8.rccl", [("ll", None)]))
+#: the bandwidth rows: (program, size), out of place, Simple, against the HBM bound
+QUICK_LARGE = (("ring_allgather_8", "256M"), ("ring_allreduce_8", "256M"))
+#: HM AllReduce 4x8 (the 77 ms pathology of kernels v4): (name, size, placement, slice: None for the
+#: automatic one, "chunk" for one micro-batch a chunk: the slice as large as a chunk, within a slot)
+QUICK_HM = (("in place, auto slices", "32M", "--inplace-only", None),
+            ("out of place, auto slices", "32M", "--out-of-place", None),
+            ("in place, one micro-batch", "32M", "--inplace-only", "chunk"))
+HM_PROGRAM = "examples/hm_allreduce_4x8.rccl"
+#: the quick mode's default budget: what one lease of a GPU leaves for one run and a rerun (a lease
+#: is 15 minutes of device time, the machine's start included)
+QUICK_BUDGET_S = 360.0
 SYNTH_TOPO = "examples/clusters/h20_4_8.topo"
 SYNTH_TIME_LIMIT = 20
 #: benchmarks/slot_anatomy.py: written beside the kernels; run when present
@@ -340,6 +368,68 @@ def build_run(args, ex: str) -> list:
             "--sizes", args.small, "-n", "1", "-w", "0", "--timeout", str(args.kernel_timeout), "--json"]
 
 
+def _run_line(args, prog: str, sizes: str, *extra: str, iters: int | None = None, warm: int = 1) -> list:
+    return ["run", str(ROOT / prog), "--backend", args.backend, "--sizes", sizes, *extra,
+            "-n", str(iters or args.iters), "-w", str(warm), "--timeout", str(args.kernel_timeout), "--json"]
+
+
+def _once(line: list) -> list:
+    """``line`` (an ``hccc run`` command line) made one untimed call: its kernels built."""
+    line = list(line)
+    line[line.index("-n") + 1], line[line.index("-w") + 1] = "1", "0"
+    return line
+
+
+def latency_runs(args) -> list:
+    """(step name, its ``hccc run`` command lines) of the latency group: :data:`QUICK_LATENCY` at
+    the small size, out of place, ``--latency-iters`` timed calls after 5 warm-up ones."""
+    out = []
+    for name, prog, variants in QUICK_LATENCY:
+        runs = [_run_line(args, prog, args.small, "--out-of-place", "--proto", proto,
+                          *(["--fuse", fuse] if fuse else []), iters=args.latency_iters, warm=5)
+                for proto, fuse in variants]
+        out.append((name.replace("4K", args.small), runs))
+    return out
+
+
+def large_runs(args) -> list:
+    """(step name, command lines) of the bandwidth group (the CPU emulation: the large size)."""
+    return [(f"{prog} {size if args.backend != 'cpu' else args.large}",
+             [_run_line(args, f"examples/{prog}.rccl", size if args.backend != "cpu" else args.large,
+                        "--out-of-place", "--proto", "simple")])
+            for prog, size in QUICK_LARGE]
+
+
+def fewest_batches_slice(prog: str, nbytes: int) -> int:
+    """The slice that gives each chunk of ``prog`` at ``nbytes`` the fewest micro-batches: the
+    whole chunk (16-byte aligned) where it fits one slot's share, else that share."""
+    from hccc.compiler.passes import slicing
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / prog)
+    share = slicing.slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)
+    chunk = nbytes // max(1, ir.nchunks)
+    return max(16, min(share, chunk - chunk % 16))
+
+
+def hm_runs(args) -> list:
+    """(step name, command lines) of HM AllReduce 4x8 (:data:`QUICK_HM`)."""
+    from hccc.args import parse_size
+    out = []
+    for name, size, place, slc in QUICK_HM:
+        size = size if args.backend != "cpu" else args.large
+        extra = [place, "--proto", "simple"]
+        if slc == "chunk":
+            extra += ["--slice-size", str(fewest_batches_slice(HM_PROGRAM, parse_size(size)))]
+        out.append((f"hm_allreduce_4x8 {size} {name}", [_run_line(args, HM_PROGRAM, size, *extra)]))
+    return out
+
+
+def torch_check_argv(args, js: str) -> list:
+    return [sys.executable, str(HERE / "torch_gpu_check.py"), "--device", "cpu" if args.backend == "cpu" else "cuda",
+            "--ranks", "2", "--sizes", args.small if args.backend == "cpu" else f"{args.small},1M", "--iters", "5",
+            "--timeout", LEFT, "--json", js]
+
+
 def plan_quick(args, workdir: Path) -> list[Step]:
     """The quick mode's steps (module docstring), in order."""
     py, me = sys.executable, str(Path(__file__).resolve())
@@ -347,9 +437,11 @@ def plan_quick(args, workdir: Path) -> list[Step]:
     steps = [Step("env", "environment", [py, str(HERE / "gpu_common.py"), "env"], 60.0)]
     if args.build_jobs > 0 and args.backend != "cpu":
         # the same programs and options as the steps below (the kernels are cached by content)
-        synth_run = [a for a in pathology_runs(args, workdir)[2][1]]
+        synth_run = next(list(run) for _, run, synth in pathology_runs(args, workdir) if synth)
         synth_run[synth_run.index("--sizes") + 1] = args.small
-        spec = {"jobs": args.build_jobs, "examples": [build_run(args, ex) for ex in args.examples],
+        # the latency group's kernels too (the one-shot program, the fused variants), one call each
+        extra = [_once(line) for _, lines in latency_runs(args) for line in lines]
+        spec = {"jobs": args.build_jobs, "examples": [build_run(args, ex) for ex in args.examples] + extra,
                 "synth": [synth_command(workdir), synth_run],
                 "vs_nccl": ([py, str(HERE / "vs_nccl.py"), *vs_nccl_args(args, ranks="8"), "--build-only",
                              "--build-jobs", "2", "--workdir", str(workdir / "vs_nccl_build")]
@@ -363,8 +455,14 @@ def plan_quick(args, workdir: Path) -> list[Step]:
     steps.append(Step("slot", "slot_anatomy --quick", [py, str(SLOT_ANATOMY), "--quick", "--json", js]
                       + (["--backend", args.backend] if args.backend != "cuda" else []), 120.0, data_file=js,
                       keep_stdout=True))
+    for group, runs in (("latency", latency_runs(args)), ("large", large_runs(args)), ("hm", hm_runs(args))):
+        for name, lines in runs:
+            steps.append(Step(group, name, run_worker_argv(lines), max(t, 90.0)))
     for ex in args.examples:
         steps.append(Step("examples", ex, run_worker_argv(example_runs(args, ex)), t))
+    js = str(workdir / "torch_gpu_check.json")
+    steps.append(Step("torch", "torch backend, 2 processes, vs gloo", torch_check_argv(args, js), 150.0,
+                      data_file=js))
     js = str(workdir / "vs_nccl.json")
     steps.append(Step("vs_nccl", "vs_nccl --quick", [py, str(HERE / "vs_nccl.py"), *vs_nccl_args(args),
                                                      "--json", js, "--budget", LEFT, "--build-jobs", "0",
@@ -373,6 +471,8 @@ def plan_quick(args, workdir: Path) -> list[Step]:
         steps.append(Step("pathology", name, run_worker_argv([run]), max(t, 90.0),
                           before=[run_worker_argv([synth_command(workdir)])] if synth else [],
                           creates=str(synth_output(workdir)) if synth else None))
+    steps.append(Step("model", "kernel_model beside every measured row",
+                      [py, me, "--model-worker", str(workdir / "model_rows.json")], 60.0))
     return steps
 
 
@@ -385,10 +485,58 @@ def _run_results(data) -> list:
     rows = []
     for run in (data or {}).get("runs", []):
         res = run.get("result") or {}
+        argv = run.get("argv") or []
+        opt = {k: argv[argv.index(k) + 1] if k in argv[:-1] else None for k in ("--fuse", "--slice-size")}
         for r in res.get("results", []):
             rows.append(dict(r, algorithm=res.get("algorithm"), nranks_run=res.get("nranks"),
-                             nthreads_run=res.get("nthreads"), launch=res.get("launch")))
+                             nthreads_run=res.get("nthreads"), launch=res.get("launch"),
+                             program=argv[1] if len(argv) > 1 and argv[0] == "run" else None,
+                             fuse=opt["--fuse"], slice=opt["--slice-size"]))
     return rows
+
+
+def model_key(row: dict) -> str:
+    """What identifies a measured run row to the model step."""
+    return "|".join(str(row.get(k)) for k in ("program", "bytes", "proto", "inplace", "fuse", "slice"))
+
+
+def model_rows(results: list) -> list:
+    """Every measured ``hccc run`` row of the results so far, as the model step reads them."""
+    out, seen = [], set()
+    for r in results:
+        if r.group in ("latency", "large", "hm", "examples", "pathology"):
+            for row in _run_results(r.data):
+                key = model_key(row)
+                if row.get("program") and row.get("time_us") and key not in seen:
+                    seen.add(key)
+                    out.append({"key": key, "program": row["program"], "bytes": row["bytes"],
+                                "proto": row.get("proto") or "simple", "fuse": row.get("fuse"),
+                                "slice": int(row["slice"]) if str(row.get("slice") or "").isdigit() else None})
+    return out
+
+
+def model_worker(path: str) -> int:
+    """The model step: ``benchmarks/kernel_model.py``'s prediction (hccc's kernel costs, today's
+    slices, channels and threads) of each row in the JSON file ``path``; one JSON object
+    ``{"rows": [{"key", "predicted_us", "error"}]}``. A row the model cannot predict says why."""
+    import kernel_model as km
+    from hccc.compiler.passes import kernel_cost as kc
+    from hccc.compiler.pipeline import CompileOptions, load_program
+    rows = json.loads(Path(path).read_text()) if Path(path).is_file() else []
+    costs = getattr(kc, "V4_H200", None)
+    progs, out = {}, []
+    for r in rows:
+        try:
+            key = (r["program"], r.get("fuse"))
+            if key not in progs:
+                progs[key] = load_program(r["program"], CompileOptions(fuse=r["fuse"]) if r.get("fuse") else None)
+            t = km.predict(progs[key], int(r["bytes"]), costs, kernels="v4", sms=km.H100_SMS, proto=r["proto"],
+                           slice_bytes=r.get("slice"))
+            out.append({"key": r["key"], "predicted_us": round(t.total * 1e6, 2), "error": None})
+        except Exception as exc:      # a row the model does not cover: said, not fatal
+            out.append({"key": r["key"], "predicted_us": None, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    print(json.dumps({"rows": out}))
+    return 0
 
 
 def add_bounds(data: dict, hbm_gbps: float) -> None:
@@ -442,14 +590,25 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
         rows = js.get("rows") if isinstance(js, dict) and isinstance(js.get("rows"), list) else None
         return True, (f"{len(rows)} rows" if rows is not None else common.tail(data.get("stdout", ""), 1, 200)
                       or "done")
-    if step.group in ("examples", "pathology") and isinstance(data, dict):
-        if step.group == "pathology" and copy_gbps:
+    if step.group == "torch" and isinstance(data, dict):
+        rows = data.get("rows", [])
+        parts = [f"{r['collective']} {_size(r['bytes'])}: {r['status']}, {r['hccc_us']:,.1f} us (gloo "
+                 f"{r['gloo_us']:,.1f})" for r in rows]
+        return bool(data.get("ok")), "; ".join(parts) + (f"; {data['error']}" if data.get("error") else "")
+    if step.group == "model" and isinstance(data, dict):
+        rows = data.get("rows", [])
+        bad = [r for r in rows if r.get("predicted_us") is None]
+        return True, (f"{len(rows) - len(bad)}/{len(rows)} measured rows predicted"
+                      + (f"; not predicted: {bad[0]['key']}: {bad[0]['error']}" if bad else ""))
+    if step.group in ("examples", "pathology", "latency", "large", "hm") and isinstance(data, dict):
+        if step.group in ("pathology", "large", "hm") and copy_gbps:
             add_bounds(data, copy_gbps)
         rows = _run_results(data)
         parts = []
         for r in rows:
             b = r.get("busbw_GBps")
-            part = (f"{r.get('proto', 'simple')} {_size(r['bytes'])} {'in' if r.get('inplace') else 'out'}: "
+            part = (f"{r.get('proto', 'simple')}{' fuse ' + r['fuse'] if r.get('fuse') else ''} {_size(r['bytes'])} "
+                    f"{'in' if r.get('inplace') else 'out'}: "
                     + (f"STUCK {r['stuck']}" if r.get("stuck") else
                        f"{r.get('wrong')} wrong, {_fmt_us(r.get('time_us'))}, "
                        + (f"{b:,.2f} GB/s" if isinstance(b, (int, float)) else "- GB/s")))
@@ -485,16 +644,42 @@ def summarise_quick(step: Step, data, copy_gbps: float | None) -> tuple[bool, st
 def quick_tables(results: list[Result]) -> list:
     """The report's tables after the step lines: examples, hccc vs NCCL, pathology, slot anatomy."""
     out = []
+    model = next((r for r in results if r.group == "model" and isinstance(r.data, dict)), None)
+    predicted = {m["key"]: m.get("predicted_us") for m in (model.data.get("rows", []) if model else [])}
+    for group, title in (("latency", "Small messages (one grid, out of place)"),
+                         ("large", "Bandwidth (one grid, out of place, Simple)"),
+                         ("hm", "HM AllReduce 4x8 (one grid, Simple)")):
+        rows = [(r, row) for r in results if r.group == group for row in _run_results(r.data)]
+        if not rows:
+            continue
+        out += ["", f"## {title}", "",
+                "| step | proto | fuse | slice | size | placement | #wrong | time (us) | model (us) | busbw (GB/s) | "
+                "HBM bound (us) | of bound |", "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r, row in rows:
+            out.append(f"| {r.name} | {row.get('proto')} | {row.get('fuse') or '-'} | "
+                       f"{_size(int(row['slice'])) if str(row.get('slice') or '').isdigit() else 'auto'} | "
+                       f"{_size(row['bytes'])} | {'in' if row.get('inplace') else 'out of'} place | "
+                       f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
+                       f"{_num(predicted.get(model_key(row)), 1)} | {_num(row.get('busbw_GBps'), 2)} | "
+                       f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
     ex = [(r, row) for r in results if r.group == "examples" for row in _run_results(r.data)]
     if ex:
         out += ["", "## Examples (one grid, out of place)", "",
-                "| example | ranks | threads | proto | size | #wrong | time (us) | algbw (GB/s) | busbw (GB/s) |",
-                "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+                "| example | ranks | threads | proto | size | #wrong | time (us) | model (us) | algbw (GB/s) | "
+                "busbw (GB/s) |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r, row in ex:
             out.append(f"| {r.name} | {row.get('nranks_run')} | {row.get('nthreads_run')} | {row.get('proto')} | "
                        f"{_size(row['bytes'])} | {'stuck' if row.get('stuck') else row.get('wrong')} | "
-                       f"{_num(row.get('time_us'), 1)} | {_num(row.get('algbw_GBps'), 2)} | "
-                       f"{_num(row.get('busbw_GBps'), 2)} |")
+                       f"{_num(row.get('time_us'), 1)} | {_num(predicted.get(model_key(row)), 1)} | "
+                       f"{_num(row.get('algbw_GBps'), 2)} | {_num(row.get('busbw_GBps'), 2)} |")
+    tc = next((r for r in results if r.group == "torch" and isinstance(r.data, dict)), None)
+    if tc is not None and tc.data.get("rows"):
+        out += ["", f"## The torch backend on {tc.data.get('device')} tensors, {tc.data.get('ranks')} processes, "
+                "against gloo on CPU copies", "",
+                "| call | bytes | hccc (us) | gloo (us) | status |", "|---|---:|---:|---:|---|"]
+        for row in tc.data["rows"]:
+            out.append(f"| {row['collective']} | {row['bytes']} | {_num(row['hccc_us'], 1)} | "
+                       f"{_num(row['gloo_us'], 1)} | {row['status']} |")
     vs = next((r for r in results if r.group == "vs_nccl" and isinstance(r.data, dict)), None)
     if vs is not None:
         d = vs.data
@@ -518,11 +703,12 @@ def quick_tables(results: list[Result]) -> list:
     pa = [(r, row) for r in results if r.group == "pathology" for row in _run_results(r.data)]
     if pa:
         out += ["", "## Pathological programs", "",
-                "| program | size | placement | #wrong | time (us) | HBM bound (us) | of bound |",
-                "|---|---:|---|---:|---:|---:|---:|"]
+                "| program | size | placement | #wrong | time (us) | model (us) | HBM bound (us) | of bound |",
+                "|---|---:|---|---:|---:|---:|---:|---:|"]
         for r, row in pa:
             out.append(f"| {r.name} | {_size(row['bytes'])} | {'in' if row.get('inplace') else 'out of'} place | "
                        f"{'stuck' if row.get('stuck') else row.get('wrong')} | {_num(row.get('time_us'), 1)} | "
+                       f"{_num(predicted.get(model_key(row)), 1)} | "
                        f"{_num(row.get('bound_us'), 1)} | {_sig(row.get('of_bound'))} |")
     slot = next((r for r in results if r.group == "slot" and r.status != "n/a"), None)
     if slot is not None and isinstance(slot.data, dict) and slot.data.get("stdout"):
@@ -647,6 +833,8 @@ def run_quick(args, started: str) -> list[Result]:
         elif step.group == "vs_nccl" and args.backend not in ("cuda", "cpu"):
             r = Result(step.group, step.name, "n/a", 0.0, f"not available on {args.backend} (vs_nccl runs CUDA)")
         else:
+            if step.group == "model":        # the rows measured so far, for the model to predict
+                Path(step.argv[-1]).write_text(json.dumps(model_rows(results)))
             r = run_step(step, left, lambda st, d, c=copy_gbps: summarise_quick(st, d, c))
         if step.group == "env" and isinstance(r.data, dict) and r.data.get("gpu"):
             device = r.data["gpu"]
@@ -660,6 +848,8 @@ def run_quick(args, started: str) -> list[Result]:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "--model-worker":
+        return model_worker(argv[1])
     if len(argv) == 2 and argv[0] in ("--run-worker", "--build-worker"):
         spec = json.loads(argv[1])
         return run_worker(spec) if argv[0] == "--run-worker" else build_worker(spec)
@@ -675,7 +865,7 @@ def main(argv=None) -> int:
                     help="examples to run (default: a list of twelve; quick: every example)")
     ap.add_argument("--step-timeout", type=float, default=None, help="seconds per step (default 120; quick 40)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole validation (default 480; quick 360)")
+                    help=f"seconds for the whole validation (default 480; quick {QUICK_BUDGET_S:.0f})")
     ap.add_argument("--skip", type=_names, default=[], help=f"steps to leave out ({', '.join(STEPS)})")
     ap.add_argument("--latency-iters", type=int, default=20, help="timed iterations of each latency step")
     ap.add_argument("--build-jobs", type=int, default=8, help="quick: kernel builds at once before timing (0: none)")
@@ -689,7 +879,7 @@ def main(argv=None) -> int:
     args.iters = args.iters if args.iters is not None else (3 if q else 5)
     args.examples = args.examples if args.examples is not None else (all_examples() if q else list(EXAMPLES))
     args.step_timeout = args.step_timeout if args.step_timeout is not None else (40.0 if q else 120.0)
-    args.budget = args.budget if args.budget is not None else (360.0 if q else 480.0)
+    args.budget = args.budget if args.budget is not None else (QUICK_BUDGET_S if q else 480.0)
     from hccc.args import parse_size
     bad = [s for s in args.skip if s not in STEPS]
     unknown = [e for e in args.examples if not (ROOT / "examples" / f"{e}.rccl").is_file()]

@@ -168,7 +168,7 @@ def test_latency_steps_from_a_cpu_run(tmp_path):
 # ------------------------------------------------------------------------------ --quick
 def _quick_args(v, backend="cuda", **kw):
     a = dict(backend=backend, quick=True, small="4K", large="32M", iters=3, examples=v.all_examples(),
-             step_timeout=40.0, budget=360.0, build_jobs=8, kernel_timeout=20.0, workdir=None)
+             step_timeout=40.0, budget=360.0, build_jobs=8, kernel_timeout=20.0, workdir=None, latency_iters=20)
     a.update(kw)
     return v.argparse.Namespace(**a)
 
@@ -178,8 +178,33 @@ def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
     args = _quick_args(v)
     steps = v.plan_quick(args, tmp_path)
     examples = sorted(p.stem for p in (ROOT / "examples").glob("*.rccl"))
-    assert [s.group for s in steps] == (["env", "build", "copy", "slot"] + ["examples"] * len(examples)
-                                        + ["vs_nccl"] + ["pathology"] * 3)
+    assert [s.group for s in steps] == (["env", "build", "copy", "slot", "latency", "latency", "latency", "large",
+                                         "large", "hm", "hm", "hm"] + ["examples"] * len(examples)
+                                        + ["torch", "vs_nccl", "pathology", "pathology", "model"])
+    # the latency rows: ring AllReduce 8 under both protocols, fused and not; the one-shot; the one-step
+    lat = {s.name: json.loads(s.argv[-1]) for s in steps if s.group == "latency"}
+    ring = lat["ring_allreduce_8 4K"]
+    assert [(r[r.index("--proto") + 1], r[r.index("--fuse") + 1]) for r in ring] == [
+        ("simple", "off"), ("simple", "on"), ("ll", "off"), ("ll", "on")]
+    assert all(r[r.index("--sizes") + 1] == "4K" and r[r.index("-n") + 1] == str(args.latency_iters)
+               and "--out-of-place" in r for rs in lat.values() for r in rs)
+    assert lat["one_shot_allreduce_8 4K"][0][1].endswith("one_shot_allreduce_8.json")
+    large = [json.loads(s.argv[-1])[0] for s in steps if s.group == "large"]
+    assert [(Path(r[1]).stem, r[r.index("--sizes") + 1]) for r in large] == [("ring_allgather_8", "256M"),
+                                                                             ("ring_allreduce_8", "256M")]
+    hm = [json.loads(s.argv[-1])[0] for s in steps if s.group == "hm"]
+    assert [("--inplace-only" in r, "--slice-size" in r) for r in hm] == [(True, False), (False, False),
+                                                                          (True, True)]
+    # the fewest micro-batches: HM 4x8's 32 chunks at 32 MiB are 1 MiB each, cut to a slot's share
+    from hccc.compiler.passes import slicing
+    from hccc.compiler.pipeline import load_program
+    ir = load_program(ROOT / "examples" / "hm_allreduce_4x8.rccl")
+    share = slicing.slot_share_bytes(ir.chunk_bytes, ir.max_step_chunks)
+    assert int(hm[2][hm[2].index("--slice-size") + 1]) == min(share, (32 << 20) // ir.nchunks)
+    torch_step = next(s for s in steps if s.group == "torch")
+    assert torch_step.argv[1].endswith("torch_gpu_check.py") and torch_step.argv[
+        torch_step.argv.index("--device") + 1] == "cuda" and torch_step.data_file.endswith(".json")
+    assert steps[-1].argv[-2] == "--model-worker"
     assert sorted(s.name for s in steps if s.group == "examples") == examples
     assert [s.name for s in steps if s.group == "examples"][:3] == list(v.EXAMPLES[:3])   # the full mode's first
     for s in (s for s in steps if s.group == "examples"):
@@ -193,15 +218,16 @@ def test_quick_plan_covers_every_step_of_a_short_lease(tmp_path):
     assert vs.argv[vs.argv.index("--budget") + 1] == v.LEFT and vs.data_file.endswith("vs_nccl.json")
     path = {s.name: s for s in steps if s.group == "pathology"}
     runs = {name: json.loads(s.argv[-1])[0] for name, s in path.items()}
-    assert [(r[r.index("--sizes") + 1], "--inplace" in r) for r in runs.values()] == [
-        ("32M", False), ("32M", True), ("64M", False)]
+    assert [r[r.index("--sizes") + 1] for r in runs.values()] == ["32M", "64M"]
     synth = path["synth h20_4_8 allgather (table)"]
     assert runs[synth.name][runs[synth.name].index("--codegen") + 1] == "table"
     before = json.loads(synth.before[0][-1])[0]
     assert before[:2] == ["synth", str(ROOT / "examples" / "clusters" / "h20_4_8.topo")]
     assert before[before.index("--time-limit") + 1] == "20" and synth.creates == before[before.index("-o") + 1]
     build = json.loads(steps[1].argv[-1])
-    assert len(build["examples"]) == len(examples) and build["jobs"] == 8
+    # every example, then each latency run once (the one-shot's and the fused kernels)
+    assert len(build["examples"]) == len(examples) + 7 and build["jobs"] == 8
+    assert all(r[r.index("-n") + 1] == "1" for r in build["examples"][len(examples):])
     assert build["synth"][0] == before and build["synth"][1][build["synth"][1].index("--sizes") + 1] == "4K"
     assert "--build-only" in build["vs_nccl"] and build["vs_nccl"][build["vs_nccl"].index("--ranks") + 1] == "8"
     slot = steps[3]
@@ -306,10 +332,21 @@ def test_quick_mode_from_a_cpu_run(tmp_path):
                  "--report", str(tmp_path / "r.md"), "--json", str(js), "--workdir", str(tmp_path / "w")])
     steps = json.loads(js.read_text())["steps"]
     assert rc == 0, steps
-    assert [s["group"] for s in steps] == ["env", "copy", "slot", "examples", "vs_nccl"] + ["pathology"] * 3
-    assert [r["proto"] for run in steps[3]["data"]["runs"] for r in run["result"]["results"]] == ["simple", "simple",
-                                                                                                   "ll"]
-    assert all("HBM bound" in s["summary"] for s in steps[-3:])
+    assert [s["group"] for s in steps] == (["env", "copy", "slot"] + ["latency"] * 3 + ["large"] * 2 + ["hm"] * 3
+                                           + ["examples", "torch", "vs_nccl", "pathology", "pathology", "model"])
+    ex = next(s for s in steps if s["group"] == "examples")
+    assert [r["proto"] for run in ex["data"]["runs"] for r in run["result"]["results"]] == ["simple", "simple", "ll"]
+    assert all("HBM bound" in s["summary"] for s in steps if s["group"] in ("pathology", "large", "hm"))
+    # every measured row has the model's prediction beside it, in the tables
+    keys = {v.model_key(row) for s in steps if s["group"] in ("latency", "large", "hm", "examples", "pathology")
+            for row in v._run_results(s["data"])}          # (a row measured twice is predicted once)
+    assert len(keys) > 12 and steps[-1]["summary"] == f"{len(keys)}/{len(keys)} measured rows predicted"
+    text = (tmp_path / "r.md").read_text()
+    for title in ("## Small messages", "## Bandwidth", "## HM AllReduce 4x8", "## The torch backend on cpu tensors"):
+        assert title in text
+    fused = [line for line in text.splitlines() if line.startswith("| ring_allreduce_8 4K | ll | on |")]
+    assert len(fused) == 1 and fused[0].split("|")[9].strip() not in ("", "-")      # the model column
+    assert "| all_to_all_single |" in text and text.count("| ok |") >= 2
 
 
 def test_a_step_runs_its_before_commands_unless_their_file_exists_and_gets_its_seconds(tmp_path):
@@ -324,3 +361,16 @@ def test_a_step_runs_its_before_commands_unless_their_file_exists_and_gets_its_s
     r = v.run_step(step, 100.0)
     assert r.status == "ok" and r.summary == "25"          # its 30 s less a margin of 5
     assert v.run_step(step, 12.0).summary == "7"            # never past what the budget leaves
+
+
+def test_the_torch_checks_uneven_splits_agree_between_sender_and_receiver():
+    """What rank r sends to rank p is what p expects from r, and no two peers get the same count."""
+    spec = importlib.util.spec_from_file_location("torch_gpu_check", ROOT / "benchmarks" / "torch_gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for world in (2, 3, 8):
+        splits = [mod.a2a_splits(world, r, 5) for r in range(world)]
+        for r in range(world):
+            assert len(set(splits[r][0])) == world and len(set(splits[r][1])) == world
+            for p in range(world):
+                assert splits[r][0][p] == splits[p][1][r] > 0
