@@ -49,6 +49,7 @@ from typing import Callable, Iterable
 import platformdirs
 
 from hccc import __version__
+from hccc.util.durable import fsync_path, sync_tree
 from hccc.util.limits import printable
 from hccc.util.trust import CacheTrust, UntrustedCacheError
 from hccc.runtime.platform import PlatformError
@@ -312,24 +313,6 @@ def _discard(base: Path, key: str, final: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def _fsync_path(path: str, directory: bool) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_tree(top: Path) -> None:
-    """Every file and directory under ``top`` (and ``top``) on disk, before it is published."""
-    for dirpath, _dirs, filenames in os.walk(top, topdown=False):
-        for f in filenames:
-            p = os.path.join(dirpath, f)
-            if stat.S_ISREG(os.lstat(p).st_mode):
-                _fsync_path(p, directory=False)
-        _fsync_path(dirpath, directory=True)
-
-
 def _take_turn(path: Path) -> int | None:
     """The per-key lock file ``path`` opened and locked (the caller builds, or uses what the
     previous holder built); None where it cannot be had: not a regular file of the user's, or
@@ -384,7 +367,7 @@ def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> 
             f.write(record + "\n")
         # durable before it is visible: a crash or power loss after the rename finds every file
         # whole (and a damaged entry is rebuilt anyway: :func:`intact`)
-        _sync_tree(tmp)
+        sync_tree(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -397,7 +380,7 @@ def _build(base: Path, key: str, final: Path, build: Callable[[Path], None]) -> 
                 raise PlatformError(f"build cache: the entry '{printable(str(final))}' another process "
                                     "published is damaged; remove it and run again") from None
             return final
-        _fsync_path(str(base), directory=True)
+        fsync_path(base, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hccc.util.diagnostics import CompileError, Diagnostic
+from hccc.util.durable import fsync_path, sync_parent, sync_tree
 from hccc.util.limits import printable
 
 MARKER = "manifest.json"
@@ -245,6 +246,8 @@ def _publish_into(tmp: Path, out: Path, new: set[str], owned: set[str]) -> None:
             fd, ptmp = tempfile.mkstemp(prefix=f".{MARKER}.tmp-", dir=out)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(provisional, f, indent=1, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
             os.chmod(ptmp, 0o644)
             os.replace(ptmp, out / MARKER)
         except (OSError, ValueError) as exc:
@@ -295,12 +298,15 @@ def atomic_output_dir(outdir: str | Path, inputs=()):
                 raise _refuse(f"refusing to publish '{_show(f.name)}': not a regular file")
             new.add(f.name)
         os.chmod(tmp, 0o755)
+        sync_tree(tmp)                  # the files' data on disk before any rename publishes them
         if os.path.isdir(out):
             owned = _plan(out, new, inputs)
             _publish_into(tmp, out, new, owned)
+            fsync_path(out, directory=True)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             os.rename(tmp, out)
+            sync_parent(out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _refuse(f"cannot write output directory '{_show(outdir)}': {exc.strerror or exc}") from None
@@ -367,11 +373,14 @@ def write_text_atomically(path: str | Path, text: str, inputs=()) -> None:
         _lock(fd)
         with os.fdopen(os.dup(fd), "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())        # the data on disk before the rename publishes it
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         check_output_file(path)        # the target may have changed meanwhile
         os.replace(tmp, path)
+        sync_parent(path)
     except BaseException as exc:
         try:
             os.unlink(tmp)
