@@ -176,7 +176,7 @@ class BuiltinCatalog(Catalog):
 
     def __init__(self, world: int, nodes: list[str], cache_dir=None, topology=None,
                  topology_digest: str | None = None):
-        from hccc.runtime.cache import content_key
+        from hccc.runtime.cache import compiler_digest, content_key
         self.world = int(world)
         self.nodes = list(nodes)
         self._cache_dir = cache_dir
@@ -185,9 +185,10 @@ class BuiltinCatalog(Catalog):
         self.topology_digest = "" if topology is None else topology_digest or _digest(topology)
         #: why a collective has no synthesized entry (a topology of another size, a refusal)
         self.synth_notes: dict[str, str] = {}
-        # what every rank derives its entries from (content_key adds hccc's version)
+        # what every rank derives its entries from (content_key adds hccc's version; the compiler's
+        # sources too: ranks whose compilers differ would build different programs)
         super().__init__(None, [], content_key("builtin catalog", self.world, "\0".join(self.nodes),
-                                               self.topology_digest))
+                                               self.topology_digest, compiler_digest()))
         self._made: dict[tuple[str, int | None], list[Entry]] = {}
         self._topo = None
 
@@ -216,7 +217,7 @@ class BuiltinCatalog(Catalog):
             return []
         name = f"synth_{collective}_{self.world}" + (f"_root{root}" if collective == "broadcast" else "")
         key = cache.content_key("torch-catalog-synth", name, self.topology_digest, collective, root,
-                                SYNTH_TIME_LIMIT_S)
+                                SYNTH_TIME_LIMIT_S, cache.compiler_digest())
 
         def build(tmp: Path) -> None:
             from hccc import synthesize_program
@@ -248,7 +249,7 @@ class BuiltinCatalog(Catalog):
         from hccc.compiler.passes.build import build_program
         from hccc.runtime import cache
         from hccc.runtime.launcher import DTYPES, OPS
-        key = cache.content_key("torch-catalog", name, self.world, collective, root)
+        key = cache.content_key("torch-catalog", name, self.world, collective, root, cache.compiler_digest())
 
         def build(tmp: Path) -> None:
             from hccc.compiler.ir.program_ir import ProgramIR

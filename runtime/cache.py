@@ -196,6 +196,21 @@ def files_digest(paths: Iterable[Path], root: Path | None = None) -> str:
     return h.hexdigest()
 
 
+_COMPILER_DIGEST: list[str] = []
+
+
+def compiler_digest() -> str:
+    """SHA-256 of the compiler's Python sources (the ``compiler`` package, read once a process):
+    part of the key of a cached *program* (a ProgramIR the compiler wrote, such as the torch
+    backend's built-in catalog entries), so that a changed compiler never reuses a program an
+    older one wrote under the same version number (a development tree, an editable install)."""
+    if not _COMPILER_DIGEST:
+        import hccc.compiler as compiler
+        top = Path(compiler.__file__).resolve().parent
+        _COMPILER_DIGEST.append(files_digest(sorted(top.rglob("*.py")) + sorted(top.rglob("*.lark")), root=top))
+    return _COMPILER_DIGEST[0]
+
+
 def entry(kind: str, key: str, build: Callable[[Path], None], *,
           root: str | os.PathLike | None = None) -> Path:
     """The directory of cache entry ``kind/key``, running ``build(tmpdir)`` to fill it if missing.

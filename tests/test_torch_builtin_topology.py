@@ -220,3 +220,18 @@ def test_detection_that_does_not_apply_leaves_the_options_alone(tmp_path, monkey
     else:
         assert note is None
     assert not (tmp_path / "cache" / "detected_topology").exists() or case == "other size"
+
+
+def test_a_changed_compiler_never_reuses_a_cached_program(tmp_path, monkeypatch):
+    """The cached entries are keyed by the compiler's sources, not by hccc's version alone: a tree
+    whose compiler changed under the same version builds its programs again (and its ranks do not
+    agree with ranks of the old compiler)."""
+    from hccc.runtime import cache
+    first = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache")
+    path1 = first._entries("allreduce", None)[0].path
+    assert BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache")._entries("allreduce", None)[0].path == path1
+    monkeypatch.setattr(cache, "_COMPILER_DIGEST", ["another compiler"])
+    other = BuiltinCatalog(4, ["h"] * 4, cache_dir=tmp_path / "cache")
+    assert other.fingerprint != first.fingerprint
+    path2 = other._entries("allreduce", None)[0].path
+    assert path2 != path1 and path2.read_text() == path1.read_text()     # built again, the same program
