@@ -100,13 +100,13 @@ def run(args) -> int:
     if args.depfile:
         from hccc.compiler.backend.depfile import write_depfile
         write_depfile(args.depfile, Path(args.output) / "manifest.json", inputs)
-    st = ir.stats
+    st, al = ir.stats, ir.allocation
     subp = st.get("subpipelines")
     print(f"hccc: {ir.name}: {ir.collective} on {plural(ir.nranks, 'rank')}, "
           f"{plural(int(st.get('transfers') or 0), 'transfer')}, "
           f"{plural(subp, 'sub-pipeline') if subp is not None else 'no sub-pipelines'}, "
-          f"TBs per rank <= {st.get('tbs_per_rank_max')} "
-          f"({st.get('tbs_state_based')} state-based vs {st.get('tbs_connection_based')} connection-based "
+          f"TBs per rank <= {al.tbs_per_rank_max} "
+          f"({al.tbs_state_based} state-based vs {al.tbs_connection_based} connection-based "
           f"in total), {plural(int(ir.nchannels), 'channel')} (blocks per TB); "
           f"{plural(len(files), 'file')} in {printable(str(args.output))}")
     if cluster is not None:
