@@ -192,6 +192,29 @@ def compile_passes() -> list[Pass]:
     ]
 
 
+#: the stages, in order, each with the pass that completes its representation (what ``--dump-after``
+#: names): the lowered program is complete once its IR checks ran (in a large compile they would
+#: otherwise run beside code generation); a given program has the last stage only.
+STAGES: dict[str, str] = {"algorithm": "topology", "dag": "dag", "schedule": "schedule", "lowered": "checks",
+                          "program-ir": "channels"}
+
+
+def run_until(ctx: CompileContext, stage: str) -> CompileContext:
+    """Run the compile's passes through ``stage`` (:data:`STAGES`), nothing written: ``ctx`` then
+    holds that stage's representation (:func:`hccc.compiler.pipeline.dumps.dump`). A given
+    program (no algorithm) has no stage before ``program-ir``: a :class:`CompileError`."""
+    from hccc.util.diagnostics import CompileError, Diagnostic
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r} (expected one of {', '.join(STAGES)})")
+    if ctx.algorithm is None and stage != "program-ir":
+        what = f"'{ctx.inputs[0].name}'" if ctx.inputs else "the input"
+        raise CompileError([Diagnostic(f"{what} is a program, not an algorithm: it has no '{stage}' stage "
+                                       "(only 'program-ir' can be dumped)", None)])
+    passes = compile_passes()
+    last = next(i for i, p in enumerate(passes) if p.name == STAGES[stage])
+    return run_passes(ctx, passes[:last + 1])
+
+
 # ---------------------------------------------------------------------------------- entries
 def context_for(source, opts: CompileOptions | None = None, *, cluster=None, cost_model=None,
                 xml_limits=None, times: StageTimes | None = None) -> CompileContext:
@@ -255,5 +278,5 @@ def compile_program(ir, outdir: str | Path, opts: CompileOptions, times: StageTi
     return ctx.ir, ctx.files, ctx.notes
 
 
-__all__ = ["compile_passes", "program_passes", "context_for", "compile", "build", "compile_algorithm",
-           "compile_program", "lowered"]
+__all__ = ["STAGES", "compile_passes", "program_passes", "context_for", "compile", "build", "compile_algorithm",
+           "compile_program", "lowered", "run_until"]
