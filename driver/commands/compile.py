@@ -155,9 +155,10 @@ def _dump(args, inputs) -> int:
     cluster = hccc_compile.cluster_of(args.topology) if args.topology is not None else None
     ctx = hccc_compile.context(args.algo, opts, topology=cluster, xml_limits=xml_limits_from_args(args))
     text = dump(run_until(ctx, args.dump_after), args.dump_after)
+    from hccc.compiler.passes.build import sanitize_identifier
+    name = sanitize_identifier(ctx.algorithm.header.name) if ctx.algorithm is not None else ctx.given.name
     suffix = ".rccl" if args.dump_after == "algorithm" else ".json"
-    write_export(args.output, text, args.algo, f"{ctx.algorithm.header.name if ctx.algorithm else ctx.given.name}"
-                                                f".{args.dump_after}{suffix}")
+    write_export(args.output, text, args.algo, f"{name}.{args.dump_after}{suffix}")
     return 0
 
 
