@@ -10,7 +10,8 @@ without scheduling). OUTDIR is replaced atomically: a failed compile leaves it u
 program-ir: :data:`hccc.compiler.pipeline.compile.STAGES`) and writes what it made into the file
 ``-o`` names instead (``-``: standard output), as :mod:`hccc.compiler.pipeline.dumps` says: the
 algorithm as ResCCLang, the DAG and the schedule as JSON, the lowered program and the final
-one as ProgramIR JSON, which ``hccc`` compiles to the same kernels.
+one as ProgramIR JSON, which ``hccc`` compiles to the same kernels (given ``--channels`` at its
+``nchannels``: ``auto`` takes a ProgramIR's own count only above 1).
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-after", metavar="STAGE", choices=tuple(STAGES),
                    help="stop after STAGE (" + ", ".join(STAGES) + ") and write what it made into the file -o "
                         "names instead of an OUTDIR: the algorithm as ResCCLang, the DAG and the schedule as JSON, "
-                        "the lowered program and the final ProgramIR as ProgramIR JSON (an input hccc compiles to "
-                        "the same kernels); a program given as input has the program-ir stage only")
+                        "the lowered program and the final ProgramIR as ProgramIR JSON (an input again: with "
+                        "--channels at its nchannels it compiles to the same kernels); a program given as input "
+                        "has the program-ir stage only")
     p.add_argument("--timings", action="store_true",
                    help="print the time spent in each stage and phase, then the wall time from the command's start")
     add_xml_limit_arguments(p)
