@@ -213,3 +213,10 @@ def test_a_dump_never_overwrites_its_input(tmp_path):
     assert algo.read_bytes() == before
     p = run_cli(str(algo), "--dump-after", "algorithm", "-o", str(tmp_path))
     assert p.returncode == 1 and "is a directory" in p.stderr
+
+
+@pytest.mark.parametrize("extra", [["--list-outputs"], ["--depfile", "d.d"], ["--timings"]])
+def test_a_dump_refuses_the_options_of_an_outdir(tmp_path, extra):
+    p = run_cli(str(EXAMPLES / "ring_allreduce_8.rccl"), "--dump-after", "dag", "-o", str(tmp_path / "d"), *extra)
+    assert p.returncode == 1 and f"{extra[0]} does not apply" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "d").exists()

@@ -84,7 +84,12 @@ def run(args) -> int:
 
     from hccc.compiler.backend.output_dir import check_not_an_input, check_output_dir
     inputs = [args.algo] + ([args.topology] if args.topology else [])
-    if args.dump_after and not args.list_outputs:
+    if args.dump_after:
+        clash = [o for o, v in (("--list-outputs", args.list_outputs), ("--depfile", args.depfile),
+                                ("--timings", args.timings)) if v]
+        if clash:
+            sys.stderr.write(f"hccc: error: --dump-after writes one stage's file: {', '.join(clash)} does not apply\n")
+            return 1
         return _dump(args, inputs)
     if not args.list_outputs:         # before any work: never write over, or remove, what is read
         check_output_dir(args.output, inputs)
