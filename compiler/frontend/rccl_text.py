@@ -40,15 +40,22 @@ def header_text(alg: Algorithm) -> str:
     return f"def ResCCLAlgo({', '.join(params)}):"
 
 
+#: rows turned into text at a time (a block's Python objects, not the whole table's, exist at once)
+ROWS_PER_BLOCK = 1 << 16
+
+
 def algorithm_text(alg: Algorithm) -> str:
     """``alg`` as ResCCLang text (see the module's docstring)."""
     lines = [header_text(alg)]
     if not len(alg.src):
         lines.append("    pass")
-    ops = {k: v for k, v in OP_NAMES.items()}
-    cols = np.stack([alg.src, alg.dst, alg.step, alg.chunk, alg.op.astype(np.int64), alg.channels], axis=1)
-    for s, d, st, c, op, ch in cols.tolist():
-        lines.append(f"    transfer({s}, {d}, {st}, {c}, {ops[op]}" + (f", {ch})" if ch else ")"))
+    chans = alg.channels
+    for lo in range(0, len(alg.src), ROWS_PER_BLOCK):
+        part = slice(lo, lo + ROWS_PER_BLOCK)
+        cols = np.stack([alg.src[part], alg.dst[part], alg.step[part], alg.chunk[part],
+                         alg.op[part].astype(np.int64), chans[part]], axis=1)
+        lines += [f"    transfer({s}, {d}, {st}, {c}, {OP_NAMES[op]}" + (f", {ch})" if ch else ")")
+                  for s, d, st, c, op, ch in cols.tolist()]
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@ import json
 
 import numpy as np
 
+from hccc.compiler.ir.program_ir import int_list_text
 from hccc.compiler.pipeline.context import CompileContext
 
 DAG_SCHEMA = "hccc.dag/1"
@@ -24,12 +25,21 @@ SCHEDULE_SCHEMA = "hccc.schedule/1"
 
 
 def _columns(obj, names) -> dict:
-    return {k: np.asarray(getattr(obj, k)).tolist() for k in names}
+    return {k: np.asarray(getattr(obj, k)) for k in names}
+
+
+def _json(v) -> str:
+    """``v`` as one line of JSON; an integer column joined without a Python object per value."""
+    if isinstance(v, np.ndarray):
+        return "[" + int_list_text(v).replace(",", ", ") + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_json(x)}" for k, x in v.items()) + "}"
+    return json.dumps(v)
 
 
 def _text(doc: dict) -> str:
     """``doc`` as JSON, a top-level entry a line (a column stays on its line)."""
-    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items()) + "\n}\n"
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {_json(v)}" for k, v in doc.items()) + "\n}\n"
 
 
 def dag_json(dag) -> str:
@@ -39,7 +49,7 @@ def dag_json(dag) -> str:
            "edges": _columns(dag, ("edge_src", "edge_dst")),
            "tasks": _columns(dag, ("link", "chunk_index")),
            "links": _columns(dag, ("link_src", "link_dst")),
-           "chunk_ids": np.asarray(dag.chunk_ids).tolist()}
+           "chunk_ids": np.asarray(dag.chunk_ids)}
     return _text(doc)
 
 
