@@ -220,3 +220,30 @@ def test_a_dump_refuses_the_options_of_an_outdir(tmp_path, extra):
     p = run_cli(str(EXAMPLES / "ring_allreduce_8.rccl"), "--dump-after", "dag", "-o", str(tmp_path / "d"), *extra)
     assert p.returncode == 1 and f"{extra[0]} does not apply" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("stage", ["algorithm", "lowered", "program-ir"])
+def test_a_dump_of_a_large_compile_joins_the_passes_beside(monkeypatch, stage):
+    """In a large compile verification runs beside scheduling and the IR checks beside code
+    generation: stopping after a stage still joins them (their errors are reported), and the dump
+    is the one-thread compile's."""
+    from hccc.compiler.pipeline import CompileOptions, StageTimes, context as pipeline
+    from hccc.compiler.pipeline.compile import context_for, run_until
+    from hccc.compiler.pipeline.dumps import dump
+    alg = load_algorithm(EXAMPLES / "hm_allreduce_2x4.rccl")
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 10 ** 9)
+    one = dump(run_until(context_for(alg, CompileOptions()), stage), stage)
+    monkeypatch.setattr(pipeline, "BESIDE_FROM", 0)
+    times = StageTimes()
+    two = dump(run_until(context_for(alg, CompileOptions(), times=times), stage), stage)
+    assert one == two
+    assert "verify" in times.beside and ("checks" in times.beside) == (stage != "algorithm")
+
+    from hccc.compiler.passes import build
+
+    def failing(ir):
+        raise AssertionError("internal error: checks failed")
+    monkeypatch.setattr(build, "check_program", failing)
+    if stage != "algorithm":
+        with pytest.raises(AssertionError, match="checks failed"):
+            run_until(context_for(alg, CompileOptions()), stage)
