@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cli_runs import run_cli
+from random_programs import algorithms
 from hccc.compiler.frontend import generators as gen
 from hccc.compiler.frontend import parse_rccl
 from hccc.compiler.frontend.rccl_text import algorithm_text
@@ -24,6 +25,7 @@ from hccc.compiler.passes.build import build_program
 from hccc.compiler.passes.dag import build_dag
 from hccc.compiler.pipeline import CompileContext, load_algorithm
 from hccc.compiler.pipeline.compile import STAGES
+from hccc.testing import valid_programs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -124,18 +126,20 @@ def test_an_example_algorithm_reads_back_from_its_text(path):
     assert _same_algorithm(parse_rccl(algorithm_text(alg), "dumped.rccl"), alg)
 
 
-@settings(max_examples=25, deadline=None)
-@given(data=st.data())
-def test_generated_algorithms_read_back_from_their_text(data):
-    n = data.draw(st.integers(2, 6), label="nranks")
-    make = data.draw(st.sampled_from([
-        lambda: gen.ring_allreduce(n), lambda: gen.ring_allgather(n),
-        lambda: gen.ring_broadcast(n, root=n - 1), lambda: gen.ring_reduce(n, root=1 % n),
-        lambda: gen.ring_scatter(n, chunks_per_rank=2), lambda: gen.direct_alltoall(n)]))
-    alg = make()
-    name = data.draw(st.text(st.characters(min_codepoint=1, max_codepoint=0x24F), min_size=1, max_size=10),
+@settings(max_examples=40, deadline=None)
+@given(alg=st.one_of(valid_programs(max_ranks=6), algorithms(max_ranks=6)), data=st.data())
+def test_random_algorithms_read_back_from_their_text(alg, data):
+    """Any algorithm (the families of hccc.testing, random ones), with any name, transfers on
+    channels and an nChannels written or not."""
+    escapes = st.sampled_from(list("\\\"'\n\r\t\x00nrt0"))     # what the string syntax escapes, and after what
+    name = data.draw(st.text(escapes | st.characters(min_codepoint=1, max_codepoint=0x24F), min_size=1, max_size=10),
                      label="name")
-    alg = dataclasses.replace(alg, header=dataclasses.replace(alg.header, name=name))
+    given_k = data.draw(st.booleans(), label="nChannels written")
+    header = dataclasses.replace(alg.header, name=name, nchannels_given=given_k,
+                                 nchannels=data.draw(st.integers(1, 4), label="nChannels") if given_k else 1)
+    channel = data.draw(st.none() | st.lists(st.integers(0, 3), min_size=alg.ntransfers, max_size=alg.ntransfers),
+                        label="channels")
+    alg = dataclasses.replace(alg, header=header, channel=None if channel is None else np.asarray(channel))
     assert _same_algorithm(parse_rccl(algorithm_text(alg), "dumped.rccl"), alg)
 
 
