@@ -94,10 +94,10 @@ def test_typed_records_round_trip_through_the_json_form(origin, allocation, extr
 
 @pytest.mark.parametrize("key, value, words", [
     ("execution", "sideways", "must be one of task, algorithm"),
-    ("execution", 3, "must be a str"),
+    ("execution", 3, "must be a string"),
     ("msccl_inplace", 1, "must be true or false"),
-    ("gpus_per_node", "8", "must be a int"),
-    ("tbs_state_based", True, "must be a int"),
+    ("gpus_per_node", "8", "must be an integer"),
+    ("tbs_state_based", True, "must be an integer"),
     ("tb_alloc_kept", "both", "must be one of state, connection"),
 ])
 def test_a_typed_entry_of_the_wrong_kind_is_refused_where_it_is(tmp_path, key, value, words):

@@ -199,6 +199,9 @@ RECORD_CHOICES = {"execution": ("task", "algorithm"), "tb_alloc": ("state", "con
                   "tb_alloc_kept": ("state", "connection")}
 
 
+_KIND_WORDS = {str: "a string", int: "an integer", bool: "true or false"}
+
+
 def record_entries(*records) -> dict:
     """The ``stats`` entries of typed records (:data:`RECORD_KEYS`; None fields left out)."""
     out: dict = {}
@@ -223,8 +226,7 @@ def split_stats(stats: dict) -> tuple[dict, Origin, Allocation]:
                 continue
             ok = isinstance(v, bool) if typ is bool else (isinstance(v, typ) and not isinstance(v, bool))
             if not ok:
-                raise ValueError(f"'stats' entry '{key}' must be {'a ' + typ.__name__ if typ is not bool else 'true or false'}"
-                                 f", not {v!r:.40}")
+                raise ValueError(f"'stats' entry '{key}' must be {_KIND_WORDS[typ]}, not {v!r:.40}")
             if key in RECORD_CHOICES and v not in RECORD_CHOICES[key]:
                 raise ValueError(f"'stats' entry '{key}' must be one of {', '.join(RECORD_CHOICES[key])}, not {v!r:.40}")
             values[f] = v
